@@ -1,0 +1,258 @@
+"""The AST of a `.mw` spec: pydantic models, one class per grammar rule.
+
+Every node carries a `span` (where it came from in the source). Spans never take part in
+equality of meaning: compare two trees with `same_meaning(a, b)`, which drops spans, so that
+`parse(fmt(tree))` can be checked against `tree`.
+
+Class names match the grammar's rule names (grammar/mw.lark), so the Lark transformer only
+converts terminals and builds these classes by name.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Span(BaseModel):
+    """A source range: 1-based line and column, end exclusive."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str = "<spec>"
+    line: int = 1
+    col: int = 1
+    end_line: int = 1
+    end_col: int = 1
+
+
+NO_SPAN = Span()
+
+
+class AstNode(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    span: Span = Field(default=NO_SPAN, repr=False)
+
+
+# A parameter value in a node header or a state declaration: `layers=28`, `flavor=audio_codec`,
+# `layer_pattern=[0,0,0,1]`.
+ArgValue = Union[int, float, str, list[int]]
+
+
+class Arg(AstNode):
+    name: str
+    value: ArgValue
+
+
+class Param(AstNode):
+    """`param max_output_tokens = 2048`: a named integer used by loops (`max=NAME`)."""
+
+    name: str
+    value: int
+
+
+class InputDecl(AstNode):
+    """`in text_inputs` or `in new_token stream` (fed by a stream chunk policy)."""
+
+    name: str
+    is_stream: bool = False
+
+
+class KvSequences(AstNode):
+    """`kv_sequences main cfg_text cfg_img`: KV sequences (labels) each request owns on this node."""
+
+    labels: list[str]
+
+
+class StateDecl(AstNode):
+    """A per-request state resource besides the paged KV cache.
+
+    `state recurrent(layers=18, heads=16, key_dim=128, value_dim=128)`: fixed-size recurrent
+    state slots for linear-attention layers (one slot per live request).
+    """
+
+    kind: Literal["recurrent"]
+    args: list[Arg] = []
+
+
+class CapDecl(AstNode):
+    """`cap decode 64`: the most rows a step of one walk may hold."""
+
+    walk: str
+    value: int
+
+
+class CaptureDecl(AstNode):
+    """A CUDA-graph bucket family.
+
+    batched: fixed tokens per row, key = batch size. packed: key = batch size x token bucket.
+    `walk` is None inside a `combine` block (the capture belongs to the combined walk).
+    """
+
+    walk: Optional[str] = None
+    family: Literal["batched", "packed"]
+    batch: list[int]
+    tokens: list[int] = []
+    tokens_per_row: int = 1
+
+
+class RowsLimit(AstNode):
+    """`rows prefill <= 4`: at most n rows of that walk inside a mixed step."""
+
+    walk: str
+    limit: int
+
+
+class CombineDecl(AstNode):
+    """`combine mixed = prefill + decode { ... }`: walks the scheduler may put in one step."""
+
+    name: str
+    walks: list[str]
+    cap: Optional[int] = None
+    rows: list[RowsLimit] = []
+    capture: Optional[CaptureDecl] = None
+    attention: Optional[Literal["split", "packed"]] = None
+
+
+class NodeDecl(AstNode):
+    name: str
+    engine: Literal["kv", "stateless"]
+    args: list[Arg] = []
+    is_tp: bool = False  # `tp`: the node may be tensor-parallel
+    is_async: bool = True  # `no_speculation`: the node opts out of async scheduling
+    kv_sequences: Optional[KvSequences] = None
+    states: list[StateDecl] = []
+    inputs: list[InputDecl] = []
+    caps: list[CapDecl] = []
+    captures: list[CaptureDecl] = []
+    combines: list[CombineDecl] = []
+
+
+class Edge(AstNode):
+    """`-> name: dest flags...`.
+
+    dest is a node name, `conductor` (handed back to the conductor) or `client`.
+    Flags: persist (kept by the conductor across walks), stream (to another partition through
+    its chunk policy), device (loop-back that stays on the device), count_tokens (counts toward
+    the request's output tokens); `modality` names what a client edge carries (text, audio, image).
+    """
+
+    name: str
+    dest: str
+    is_persist: bool = False
+    is_stream: bool = False
+    is_device: bool = False
+    is_count_tokens: bool = False
+    modality: Optional[str] = None
+
+
+class Call(AstNode):
+    """`LLM(text_inputs) -> ...`: one node run on its inputs, with its output edges."""
+
+    kind: Literal["call"] = "call"
+    node: str
+    inputs: list[str]
+    edges: list[Edge] = []
+
+
+class Parallel(AstNode):
+    kind: Literal["parallel"] = "parallel"
+    body: list["Section"]
+
+
+class Sequential(AstNode):
+    kind: Literal["sequential"] = "sequential"
+    body: list["Section"]
+
+
+class Loop(AstNode):
+    """`loop NAME max=N|PARAM [stop] { ... } [outputs a, b] [accumulate c]`."""
+
+    kind: Literal["loop"] = "loop"
+    name: Optional[str] = None  # only a named loop accepts an early stop
+    max_iters: Union[int, str]
+    has_stop: bool = False
+    body: list["Section"]
+    outputs: list[str] = []
+    accumulate: list[str] = []
+
+
+Section = Annotated[Union[Call, Parallel, Sequential, Loop], Field(discriminator="kind")]
+
+
+class Walk(AstNode):
+    name: str
+    body: list[Section]
+
+
+class ChunkPolicy(AstNode):
+    """How a stream is cut into chunks for its consumer partition.
+
+    window(size, stride=s): sliding window; left_context(chunk=c, context=k): chunks with k items
+    of overlap; fixed(size[, continue_after_done]): fixed-size chunks.
+    """
+
+    kind: Literal["window", "left_context", "fixed"]
+    size: int
+    stride: Optional[int] = None
+    context: Optional[int] = None
+    is_continue_after_done: bool = False
+
+
+class StreamSource(AstNode):
+    """`<- LLM.new_token window(28, stride=7)`: a producer partition's edge feeding this one."""
+
+    partition: str
+    edge: str
+    policy: ChunkPolicy
+
+
+class Stage(AstNode):
+    """One step of a partition's walk order: alternatives (`decode | image_gen`), optional (`?`)."""
+
+    walks: list[str]
+    is_optional: bool = False
+
+
+class Partition(AstNode):
+    """`partition LLM = prefill -> decode` or `partition SNAC = snac_chunk <- LLM.new_token ...`.
+
+    Requests move through the stages in order. A partition fed by streams with no explicit
+    initial walk self-triggers from its stream buffer.
+    """
+
+    name: str
+    stages: list[Stage]
+    streams: list[StreamSource] = []
+
+
+class Spec(AstNode):
+    model: str
+    params: list[Param] = []
+    nodes: list[NodeDecl] = []
+    walks: list[Walk] = []
+    partitions: list[Partition] = []
+
+
+Parallel.model_rebuild()
+Sequential.model_rebuild()
+Loop.model_rebuild()
+Walk.model_rebuild()
+
+
+def _drop_spans(value):
+    if isinstance(value, dict):
+        return {k: _drop_spans(v) for k, v in value.items() if k != "span"}
+    if isinstance(value, list):
+        return [_drop_spans(v) for v in value]
+    return value
+
+
+def meaning(tree: AstNode) -> dict:
+    """The tree as plain data without spans: what `same_meaning` compares."""
+    return _drop_spans(tree.model_dump())
+
+
+def same_meaning(a: AstNode, b: AstNode) -> bool:
+    return meaning(a) == meaning(b)

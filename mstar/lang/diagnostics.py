@@ -1,0 +1,106 @@
+"""Diagnostics: codes, spans, collection and rendering (as mypy does them).
+
+Every error is tied to a span; a pass adds diagnostics to a `Diagnostics` collection and goes
+on, so one run shows every error. Rendering:
+
+    specs/orpheus.mw:12:5: error[MW204]: message
+       12 |     cap prefill 16
+          |     ^^^^^^^^^^^^^^
+    specs/orpheus.mw:8:1: note: secondary message
+        8 | node LLM kv(...)
+          | ^^^^
+
+Codes and their one-line titles live in `mstar/lang/codes.py` (the registry); docs/diagnostics.md
+documents each one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from mstar.lang.ast import Span
+
+Severity = Literal["error", "warning", "note"]
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str
+    span: Optional[Span] = None
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    message: str
+    span: Span
+    severity: Severity = "error"
+    notes: tuple[Note, ...] = ()
+
+    def sort_key(self) -> tuple:
+        return (self.span.file, self.span.line, self.span.col, self.code, self.message)
+
+
+@dataclass
+class Diagnostics:
+    """A collection of diagnostics from one run; sources are kept to render source lines."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def add_source(self, file: str, text: str) -> None:
+        self.sources[file] = text
+
+    def error(self, code: str, message: str, span: Span, *notes: Note) -> None:
+        self.items.append(Diagnostic(code, message, span, "error", tuple(notes)))
+
+    def warning(self, code: str, message: str, span: Span, *notes: Note) -> None:
+        self.items.append(Diagnostic(code, message, span, "warning", tuple(notes)))
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.severity == "error" for d in self.items)
+
+    def sorted(self) -> list[Diagnostic]:
+        return sorted(set(self.items), key=Diagnostic.sort_key)
+
+    def render(self) -> str:
+        return "".join(render_diagnostic(d, self.sources) for d in self.sorted())
+
+
+def _source_excerpt(span: Span, sources: dict[str, str]) -> str:
+    text = sources.get(span.file)
+    if text is None:
+        return ""
+    lines = text.splitlines()
+    if not 1 <= span.line <= len(lines):
+        return ""
+    line_text = lines[span.line - 1].rstrip("\n")
+    gutter = f"{span.line:>5}"
+    end_col = span.end_col if span.end_line == span.line else len(line_text) + 1
+    width = max(1, end_col - span.col)
+    underline = " " * (span.col - 1) + "^" * width
+    pad = " " * len(gutter)
+    return f"{gutter} | {line_text}\n{pad} | {underline}\n"
+
+
+def render_diagnostic(diag: Diagnostic, sources: dict[str, str]) -> str:
+    s = diag.span
+    out = [f"{s.file}:{s.line}:{s.col}: {diag.severity}[{diag.code}]: {diag.message}\n"]
+    out.append(_source_excerpt(s, sources))
+    for note in diag.notes:
+        if note.span is None:
+            out.append(f"    note: {note.message}\n")
+        else:
+            n = note.span
+            out.append(f"{n.file}:{n.line}:{n.col}: note: {note.message}\n")
+            out.append(_source_excerpt(n, sources))
+    return "".join(out)
+
+
+class CompileError(Exception):
+    """Raised by the driver when a pass leaves errors; carries the whole collection."""
+
+    def __init__(self, diagnostics: Diagnostics):
+        super().__init__(diagnostics.render())
+        self.diagnostics = diagnostics
