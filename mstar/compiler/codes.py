@@ -1,0 +1,119 @@
+"""Diagnostic codes of the compiler's check passes (MW100-MW499): the registry.
+
+One constant per code, named after what it reports, and `TITLES`, the one-line title of each
+code. docs/diagnostics.md documents every code with an example. Ranges:
+
+    MW1xx  resolve           names to declarations
+    MW2xx  check_graph       walk and partition shape
+    MW30x  deployment        reading the deployment YAML
+    MW31x+ check_deployment  placement of nodes and walks on ranks
+    MW4xx  check_combine     combined walks, caps, captures, capture memory
+"""
+from __future__ import annotations
+
+# ---------------------------------------------------------------- resolve (MW1xx)
+UNKNOWN_NODE = "MW101"
+UNKNOWN_INPUT = "MW102"
+UNKNOWN_WALK = "MW103"
+UNKNOWN_PARAM = "MW104"
+UNKNOWN_PARTITION = "MW105"
+UNKNOWN_STREAM_EDGE = "MW106"
+DUPLICATE_NAME = "MW107"
+RESERVED_NAME = "MW108"
+
+# ---------------------------------------------------------------- check_graph (MW2xx)
+INPUT_NOT_PRODUCED = "MW201"
+CYCLE_WITHOUT_LOOP = "MW202"
+LOOP_OUTPUT_NOT_PRODUCED = "MW203"
+ACCUMULATE_OVERLAPS_OUTPUT = "MW204"
+EDGE_TO_ABSENT_NODE = "MW205"
+DEVICE_EDGE_NOT_LOOP_BACK = "MW206"
+WALK_ORDER_REPEATS = "MW207"
+PARTITION_CYCLE = "MW208"
+WALK_PARTITION_COUNT = "MW209"
+STREAM_MISMATCH = "MW210"
+EMPTY_SECTION = "MW211"
+BAD_LOOP_BOUND = "MW212"
+
+# ---------------------------------------------------------------- deployment file (MW30x)
+DEPLOYMENT_UNREADABLE = "MW301"
+DEPLOYMENT_SYNTAX = "MW302"
+DEPLOYMENT_UNKNOWN_KEY = "MW303"
+DEPLOYMENT_BAD_VALUE = "MW304"
+DEPLOYMENT_MISSING_KEY = "MW305"
+
+# ---------------------------------------------------------------- check_deployment (MW31x-MW39x)
+NOT_PLACED = "MW310"
+PLACED_TWICE = "MW311"
+PLACED_WITHOUT_WORK = "MW312"
+DEPLOYMENT_UNKNOWN_NODE = "MW313"
+DEPLOYMENT_UNKNOWN_WALK = "MW314"
+RANKS_NOT_MULTIPLE = "MW315"
+SHARDING_NOT_ALLOWED = "MW316"
+TWO_LOCKSTEP_NODES = "MW317"
+STREAM_CONSUMER_SPLIT = "MW318"
+MODEL_MISMATCH = "MW319"
+DUPLICATE_RANK = "MW320"
+KV_HANDOFF_TP_MISMATCH = "MW321"
+KV_POOL_TOO_SMALL = "MW322"
+
+# ---------------------------------------------------------------- check_combine (MW4xx)
+NOT_A_WALK_OF_NODE = "MW401"
+WALK_IN_TWO_COMBINES = "MW402"
+CAPTURE_KEY_SPLIT = "MW403"
+COMBINE_TP_GROUPS = "MW404"
+CAP_ABOVE_CAPTURE = "MW405"
+ROWS_ABOVE_CAPTURE = "MW406"
+ROWS_NOT_IN_COMBINE = "MW407"
+CAPTURE_MEMORY_OVER_BUDGET = "MW408"
+COMBINE_TOO_FEW_WALKS = "MW409"
+
+TITLES: dict[str, str] = {
+    UNKNOWN_NODE: "unknown node",
+    UNKNOWN_INPUT: "not an input of that node",
+    UNKNOWN_WALK: "unknown walk",
+    UNKNOWN_PARAM: "unknown loop parameter",
+    UNKNOWN_PARTITION: "unknown partition",
+    UNKNOWN_STREAM_EDGE: "stream source names no stream edge of its partition",
+    DUPLICATE_NAME: "name declared twice",
+    RESERVED_NAME: "reserved name used as a declaration",
+    INPUT_NOT_PRODUCED: "input produced by nothing",
+    CYCLE_WITHOUT_LOOP: "cycle outside a loop",
+    LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",
+    ACCUMULATE_OVERLAPS_OUTPUT: "accumulated output also a loop output",
+    EDGE_TO_ABSENT_NODE: "edge to a node the walk does not run",
+    DEVICE_EDGE_NOT_LOOP_BACK: "on-device edge that is not a loop-back to the same node",
+    WALK_ORDER_REPEATS: "partition walk order repeats a walk",
+    PARTITION_CYCLE: "partitions stream to each other in a cycle",
+    WALK_PARTITION_COUNT: "walk not in exactly one partition",
+    STREAM_MISMATCH: "stream edge, stream input and stream source disagree",
+    EMPTY_SECTION: "empty section",
+    BAD_LOOP_BOUND: "loop bound not a positive number",
+    DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
+    DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
+    DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",
+    DEPLOYMENT_BAD_VALUE: "deployment value of the wrong type or range",
+    DEPLOYMENT_MISSING_KEY: "required deployment key missing",
+    NOT_PLACED: "(node, walk) placed on no rank",
+    PLACED_TWICE: "(node, walk) placed by two node groups",
+    PLACED_WITHOUT_WORK: "node group places a node for a walk it does not run",
+    DEPLOYMENT_UNKNOWN_NODE: "deployment names an unknown node",
+    DEPLOYMENT_UNKNOWN_WALK: "deployment names an unknown walk",
+    RANKS_NOT_MULTIPLE: "ranks not a multiple of tp_size x sp_size",
+    SHARDING_NOT_ALLOWED: "tp_size or sp_size > 1 for a node not marked tp",
+    TWO_LOCKSTEP_NODES: "two lockstep (tp x sp > 1) nodes on one worker",
+    STREAM_CONSUMER_SPLIT: "stream consumer node split per walk",
+    MODEL_MISMATCH: "deployment model differs from the spec's model",
+    DUPLICATE_RANK: "rank listed twice in one node group",
+    KV_HANDOFF_TP_MISMATCH: "KV handed between walks of different TP world sizes",
+    KV_POOL_TOO_SMALL: "KV pool cannot hold one max_seq_len request",
+    NOT_A_WALK_OF_NODE: "combined walk names a walk that does not run the node",
+    WALK_IN_TWO_COMBINES: "walk in two combined walks of one node",
+    CAPTURE_KEY_SPLIT: "capture-key split",
+    COMBINE_TP_GROUPS: "combined walk spans TP groups on one worker",
+    CAP_ABOVE_CAPTURE: "cap above the largest captured batch",
+    ROWS_ABOVE_CAPTURE: "rows limit above the packed capture's batch sizes",
+    ROWS_NOT_IN_COMBINE: "rows limit for a walk outside the combined walk",
+    CAPTURE_MEMORY_OVER_BUDGET: "capture memory estimate over budget",
+    COMBINE_TOO_FEW_WALKS: "combined walk with fewer than two distinct walks",
+}

@@ -1,0 +1,412 @@
+"""The deployment: a serving YAML read into pydantic models, every key with its source span.
+
+In:  a path to `configs/<name>.yaml` and a `Diagnostics` collection.
+Out: `Deployment` (or None when the file is unreadable, not YAML, or of the wrong shape; the
+     reasons are added to the diagnostics, MW301-MW305, each at the offending key or value).
+
+The format is the reference system's serving YAML, read unchanged: `model`, `max_seq_len`,
+`node_groups` (`node_names`, `ranks`, `tp_size`, `sp_size`, `graph_walks`), `kv_cache`
+overrides, `max_concurrent_requests`, `model_kwargs`, `autocast_dtype`, `resources`,
+`max_prefill_chunk_size`, `scheduler_owns_chunking`, `max_step_tokens`, `dist_timeout_s`.
+Beside them, mstar's own keys: `kv_pool`, `capture_memory_budget_mb`,
+`speculation_mixes_walks`, `recurrent_state_slots`, `max_consecutive_follower_batches`.
+Any other key is an error at its line and column (with a "did you mean" when one is close).
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Iterable, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from mstar.compiler import codes
+from mstar.lang.ast import NO_SPAN, Span
+from mstar.lang.diagnostics import Diagnostics
+
+# The reference system's KV page defaults (KVCacheConfig), used when neither `kv_pool` nor
+# `kv_cache` sets a value.
+REFERENCE_PAGE_SIZE = 128
+REFERENCE_NUM_PAGES = 2048
+
+Scalar = Union[bool, int, float, str, None]
+
+
+class DeployModel(BaseModel):
+    """A mapping of the YAML. Spans live in private attributes so no YAML key can set them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    _span: Span = PrivateAttr(default=NO_SPAN)
+    _key_spans: dict[str, Span] = PrivateAttr(default_factory=dict)
+    _item_spans: dict[str, list[Span]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def span(self) -> Span:
+        """Where the mapping starts."""
+        return self._span
+
+    def span_of(self, key: str) -> Span:
+        """The span of `key` in the YAML, or of the whole mapping when the key was defaulted."""
+        return self._key_spans.get(key, self._span)
+
+    def item_span(self, key: str, index: int) -> Span:
+        """The span of item `index` of the list under `key`, or of the key itself."""
+        items = self._item_spans.get(key, [])
+        return items[index] if index < len(items) else self.span_of(key)
+
+
+class NodeGroup(DeployModel):
+    """Nodes placed on ranks. `graph_walks` None: every walk of those nodes."""
+
+    node_names: list[str] = Field(min_length=1)
+    ranks: list[int] = Field(min_length=1)
+    tp_size: int = Field(default=1, ge=1)
+    sp_size: int = Field(default=1, ge=1)
+    graph_walks: Optional[list[str]] = None
+
+    _index: int = PrivateAttr(default=0)
+
+    @property
+    def index(self) -> int:
+        """Position in the YAML list: the reference's stable group id."""
+        return self._index
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of one lockstep instance (tp x sp)."""
+        return self.tp_size * self.sp_size
+
+    def runs(self, node: str, walk: str) -> bool:
+        return node in self.node_names and (self.graph_walks is None or walk in self.graph_walks)
+
+
+class KvCacheOverrides(DeployModel):
+    """`kv_cache:` of the reference: overrides applied to every KV cache config."""
+
+    num_layers: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    num_qo_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    max_seq_len: Optional[int] = None
+    max_num_pages: Optional[int] = Field(default=None, ge=1)
+    page_size: Optional[int] = Field(default=None, ge=1)
+    cpu_offload_pages: Optional[int] = Field(default=None, ge=0)
+    nodes: Optional[list[str]] = None
+    attention_backend: Optional[str] = None
+    flashinfer_backend: Optional[str] = None
+
+
+class KvPoolNode(DeployModel):
+    """Per-node override inside `kv_pool.nodes`."""
+
+    page_size: Optional[int] = Field(default=None, ge=1)
+    num_pages: Optional[int] = Field(default=None, ge=1)
+
+
+class KvPool(DeployModel):
+    """`kv_pool:` (mstar): the paged KV pool of every kv node, with per-node overrides."""
+
+    page_size: Optional[int] = Field(default=None, ge=1)
+    num_pages: Optional[int] = Field(default=None, ge=1)
+    nodes: dict[str, KvPoolNode] = {}
+
+
+class KvPoolSize(BaseModel):
+    """The resolved pool of one node: what the plan's KvPoolPlan carries."""
+
+    model_config = ConfigDict(frozen=True)
+
+    page_size: int
+    num_pages: int
+
+
+class Deployment(DeployModel):
+    # ---- the reference system's keys
+    model: str
+    max_seq_len: int = Field(ge=1)
+    node_groups: list[NodeGroup] = Field(min_length=1)
+    kv_cache: KvCacheOverrides = KvCacheOverrides()
+    max_concurrent_requests: Optional[int] = Field(default=None, ge=1)
+    model_kwargs: dict[str, Any] = {}
+    autocast_dtype: Optional[str] = None
+    resources: dict[str, dict[str, Any]] = {}
+    max_prefill_chunk_size: Optional[int] = Field(default=None, ge=1)
+    scheduler_owns_chunking: bool = False
+    max_step_tokens: Optional[int] = Field(default=None, ge=1)
+    dist_timeout_s: Optional[float] = Field(default=None, gt=0)
+    # ---- mstar's own keys
+    kv_pool: KvPool = KvPool()
+    capture_memory_budget_mb: Optional[float] = Field(default=None, gt=0)
+    speculation_mixes_walks: list[str] = []  # "NODE" (every walk) or "NODE.WALK"
+    recurrent_state_slots: Optional[int] = Field(default=None, ge=1)
+    max_consecutive_follower_batches: int = Field(default=1, ge=1)
+
+    _name: str = PrivateAttr(default="")
+    _path: str = PrivateAttr(default="")
+
+    @property
+    def name(self) -> str:
+        """The config name: the file stem (`orpheus_tp2` for configs/orpheus_tp2.yaml)."""
+        return self._name
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def groups_for(self, node: str, walk: str) -> list[NodeGroup]:
+        """Node groups that run `node` for `walk` (normally one)."""
+        return [g for g in self.node_groups if g.runs(node, walk)]
+
+    def ranks(self) -> list[int]:
+        """Every rank any group uses, sorted: the workers."""
+        return sorted({r for g in self.node_groups for r in g.ranks})
+
+    def placements(self, pairs: Iterable[tuple[str, str]]) -> dict[int, list[tuple[str, str, NodeGroup]]]:
+        """rank -> the (node, walk, group) triples of `pairs` that rank runs, in `pairs` order."""
+        out: dict[int, list[tuple[str, str, NodeGroup]]] = {r: [] for r in self.ranks()}
+        for node, walk in pairs:
+            for group in self.groups_for(node, walk):
+                for rank in dict.fromkeys(group.ranks):
+                    out[rank].append((node, walk, group))
+        return out
+
+    def kv_pool_for(self, node: str) -> KvPoolSize:
+        """The KV pool of a kv node: kv_pool.nodes[node], else kv_pool, else kv_cache, else the
+        reference defaults (page 128, 2048 pages)."""
+        per_node = self.kv_pool.nodes.get(node, KvPoolNode())
+        page_size = _first(per_node.page_size, self.kv_pool.page_size, self.kv_cache.page_size,
+                           REFERENCE_PAGE_SIZE)
+        num_pages = _first(per_node.num_pages, self.kv_pool.num_pages, self.kv_cache.max_num_pages,
+                           REFERENCE_NUM_PAGES)
+        return KvPoolSize(page_size=page_size, num_pages=num_pages)
+
+    def mixes_walks(self, node: str, walk: str) -> bool:
+        """speculation_mixes_walks lists the node, or `node.walk`."""
+        return node in self.speculation_mixes_walks or f"{node}.{walk}" in self.speculation_mixes_walks
+
+    @property
+    def capture_memory_budget_bytes(self) -> Optional[int]:
+        if self.capture_memory_budget_mb is None:
+            return None
+        return int(self.capture_memory_budget_mb * 1024 * 1024)
+
+
+def _first(*values: Optional[int]) -> int:
+    return next(v for v in values if v is not None)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_deployment(path: str, diags: Diagnostics) -> Optional[Deployment]:
+    """Read and validate a deployment YAML. Errors go to `diags`; None when any was found."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        diags.error(codes.DEPLOYMENT_UNREADABLE, f"cannot read deployment file: {err}",
+                    Span(file=file))
+        return None
+    deployment = parse_deployment(text, file, diags)
+    if deployment is not None:
+        deployment._name = Path(path).stem
+        deployment._path = file
+    return deployment
+
+
+def parse_deployment(text: str, file: str, diags: Diagnostics) -> Optional[Deployment]:
+    """Validate deployment YAML text; `file` names it in spans. Name and path are left empty."""
+    diags.add_source(file, text)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        span = _mark_span(file, mark, mark) if mark is not None else Span(file=file)
+        problem = getattr(err, "problem", None) or str(err)
+        diags.error(codes.DEPLOYMENT_SYNTAX, f"not valid YAML: {problem}", span)
+        return None
+    if root is None:
+        diags.error(codes.DEPLOYMENT_MISSING_KEY, "the deployment file is empty", Span(file=file))
+        return None
+    reader = _Reader(file, diags)
+    data = reader.value(root, ())
+    if reader.has_errors:
+        return None
+    if not isinstance(data, dict):
+        diags.error(codes.DEPLOYMENT_BAD_VALUE, "a deployment must be a mapping of keys",
+                    reader.value_spans[()])
+        return None
+    try:
+        deployment = Deployment.model_validate(data)
+    except ValidationError as err:
+        _report_validation(err, reader, diags)
+        return None
+    _attach_spans(deployment, (), reader)
+    return deployment
+
+
+def _mark_span(file: str, start: yaml.Mark, end: yaml.Mark) -> Span:
+    if end.line != start.line or end.column <= start.column:
+        end_line, end_col = start.line + 1, start.column + 2
+    else:
+        end_line, end_col = end.line + 1, end.column + 1
+    return Span(file=file, line=start.line + 1, col=start.column + 1, end_line=end_line,
+                end_col=end_col)
+
+
+class _Reader:
+    """Turns a composed YAML node tree into plain data, recording a span per path.
+
+    A path is a tuple of keys and list indices from the root: ("node_groups", 0, "ranks").
+    """
+
+    def __init__(self, file: str, diags: Diagnostics):
+        self.file = file
+        self.diags = diags
+        self.key_spans: dict[tuple, Span] = {}
+        self.value_spans: dict[tuple, Span] = {}
+        self.has_errors = False
+        self._constructor = yaml.SafeLoader("")
+        self._open: set[int] = set()  # ids of collection nodes being read (alias cycles)
+
+    def span(self, node: yaml.Node) -> Span:
+        return _mark_span(self.file, node.start_mark, node.end_mark)
+
+    def value(self, node: yaml.Node, path: tuple) -> Any:
+        self.value_spans[path] = self.span(node)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            if id(node) in self._open:
+                self._error(codes.DEPLOYMENT_BAD_VALUE, "a value may not contain itself", node)
+                return None
+            self._open.add(id(node))
+            try:
+                return self._collection(node, path)
+            finally:
+                self._open.discard(id(node))
+        return self._scalar(node)
+
+    def _scalar(self, node: yaml.Node) -> Any:
+        try:
+            return self._constructor.construct_object(node)
+        except yaml.YAMLError as err:
+            problem = getattr(err, "problem", None) or str(err)
+            self._error(codes.DEPLOYMENT_BAD_VALUE, f"unsupported value: {problem}", node)
+            return None
+
+    def _collection(self, node: yaml.Node, path: tuple) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+                if not isinstance(key, str):
+                    self._error(codes.DEPLOYMENT_BAD_VALUE, "a key must be a plain string", key_node)
+                    continue
+                if key in out:
+                    self._error(codes.DEPLOYMENT_BAD_VALUE, f"key '{key}' given twice", key_node)
+                    continue
+                self.key_spans[path + (key,)] = self.span(key_node)
+                out[key] = self.value(value_node, path + (key,))
+            return out
+        return [self.value(item, path + (i,)) for i, item in enumerate(node.value)]
+
+    def _error(self, code: str, message: str, node: yaml.Node) -> None:
+        self.has_errors = True
+        self.diags.error(code, message, self.span(node))
+
+    def key_span(self, path: tuple) -> Span:
+        """The key's span for a mapping entry, else the value's, else the nearest parent's."""
+        while path:
+            if path in self.key_spans:
+                return self.key_spans[path]
+            if path in self.value_spans:
+                return self.value_spans[path]
+            path = path[:-1]
+        return self.value_spans.get((), Span(file=self.file))
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _model_at(path: tuple) -> Optional[type[DeployModel]]:
+    """The DeployModel class that validates the mapping at `path`, if any."""
+    model: Any = Deployment
+    for part in path:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, DeployModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _inner_model(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, DeployModel) else None
+
+
+def _inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, DeployModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _report_validation(err: ValidationError, reader: _Reader, diags: Diagnostics) -> None:
+    seen: set[tuple] = set()
+    for item in err.errors():
+        loc = tuple(item["loc"])
+        if loc in seen:
+            continue
+        seen.add(loc)
+        kind = item["type"]
+        where = _dotted(loc)
+        if kind == "extra_forbidden":
+            key = str(loc[-1])
+            owner = _model_at(loc[:-1])
+            allowed = sorted(owner.model_fields) if owner is not None else []
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            scope = f" in {_dotted(loc[:-1])}" if len(loc) > 1 else ""
+            diags.error(codes.DEPLOYMENT_UNKNOWN_KEY, f"unknown key '{key}'{scope}{hint}",
+                        reader.key_span(loc))
+        elif kind == "missing":
+            parent = loc[:-1]
+            span = reader.value_spans.get(parent) or reader.key_span(parent)
+            diags.error(codes.DEPLOYMENT_MISSING_KEY, f"missing required key '{where}'", span)
+        else:
+            span = reader.value_spans.get(loc) or reader.key_span(loc)
+            got = item.get("input")
+            shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) or got is None else ""
+            message = item["msg"][0].lower() + item["msg"][1:]
+            diags.error(codes.DEPLOYMENT_BAD_VALUE, f"{where}: {message}{shown}", span)
+
+
+def _attach_spans(model: DeployModel, path: tuple, reader: _Reader) -> None:
+    model._span = reader.value_spans.get(path, Span(file=reader.file))
+    for key in type(model).model_fields:
+        key_path = path + (key,)
+        if key_path in reader.key_spans:
+            model._key_spans[key] = reader.key_spans[key_path]
+        value = getattr(model, key)
+        if isinstance(value, list):
+            model._item_spans[key] = [
+                reader.value_spans.get(key_path + (i,), model.span_of(key)) for i in range(len(value))
+            ]
+            for i, item in enumerate(value):
+                if isinstance(item, DeployModel):
+                    _attach_spans(item, key_path + (i,), reader)
+                    if isinstance(item, NodeGroup):
+                        item._index = i
+        elif isinstance(value, dict):
+            for sub_key, item in value.items():
+                if isinstance(item, DeployModel):
+                    _attach_spans(item, key_path + (sub_key,), reader)
+        elif isinstance(value, DeployModel):
+            _attach_spans(value, key_path, reader)
