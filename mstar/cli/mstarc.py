@@ -1,0 +1,217 @@
+"""mstarc: the compiler's command line.
+
+    mstarc compile SPEC [--config FILE] [-o PLAN]   spec + deployment -> plan + glue
+    mstarc check SPEC [--config FILE]               passes 1-5 only, writes nothing
+    mstarc explain PLAN [--no-verify]               the plan's tables, readable
+    mstarc fmt SPEC [--check | --write]             canonical spec text
+    mstarc regen [--check] [--root DIR]             rebuild (or check) all of generated/
+    mstarc graph SPEC -o FILE.svg                   draw the walks
+    mstarc bench [--json] [--runs N]                compile-time benchmark per spec
+
+Exit status: 0 ok, 1 errors in the input (diagnostics on stderr), 2 usage. No input file,
+however broken, gives a traceback. Heavy libraries (rich, matplotlib, jinja2) are imported only
+by the commands that need them, and torch never.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
+
+
+def _report(diags) -> None:
+    text = diags.render()
+    sys.stderr.write(text)
+    num_errors = sum(d.severity == "error" for d in diags.items)
+    if num_errors:
+        sys.stderr.write(f"mstarc: {num_errors} error{'s' if num_errors != 1 else ''}\n")
+
+
+def cmd_compile(args) -> int:
+    from mstar.compiler.driver import compile_spec
+    from mstar.compiler.emit import write_outputs
+    from mstar.lang.diagnostics import Diagnostics
+
+    diags = Diagnostics()
+    result = compile_spec(args.spec, args.config, diags, args.output)
+    _report(diags)
+    if result is None:
+        return EXIT_INPUT
+    write_outputs(result.plan_path, result.plan_text, result.glue_path, result.glue_text)
+    print(f"wrote {result.plan_path} and {result.glue_path}")
+    return EXIT_OK
+
+
+def cmd_check(args) -> int:
+    from mstar.compiler.driver import check_spec
+    from mstar.lang.diagnostics import Diagnostics
+
+    diags = Diagnostics()
+    checked = check_spec(args.spec, args.config, diags)
+    _report(diags)
+    if checked is None:
+        return EXIT_INPUT
+    print(f"{args.spec} with {checked.config_path}: ok")
+    return EXIT_OK
+
+
+def cmd_explain(args) -> int:
+    from rich.console import Console
+
+    from mstar.plan.explain import print_plan
+    from mstar.plan.io import PlanError, load_plan
+
+    try:
+        plan = load_plan(args.plan, verify=not args.no_verify)
+    except PlanError as e:
+        sys.stderr.write(f"mstarc: {e}\n")
+        return EXIT_INPUT
+    print_plan(plan, Console())
+    return EXIT_OK
+
+
+def cmd_fmt(args) -> int:
+    from mstar.lang.diagnostics import Diagnostics
+    from mstar.lang.fmt import format_spec
+    from mstar.lang.parser import parse
+
+    diags = Diagnostics()
+    path = Path(args.spec)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        sys.stderr.write(f"mstarc: cannot read spec {path}: {getattr(e, 'strerror', None) or e}\n")
+        return EXIT_INPUT
+    spec = parse(text, str(path), diags)
+    if spec is None or diags.has_errors:
+        _report(diags)
+        return EXIT_INPUT
+    formatted = format_spec(spec)
+    if args.check:
+        if formatted != text:
+            sys.stderr.write(f"mstarc: {path} is not in canonical form (run mstarc fmt --write {path})\n")
+            return EXIT_INPUT
+        return EXIT_OK
+    if args.write:
+        if formatted != text:
+            path.write_text(formatted, encoding="utf-8")
+            print(f"formatted {path}")
+        return EXIT_OK
+    sys.stdout.write(formatted)
+    return EXIT_OK
+
+
+def cmd_regen(args) -> int:
+    from mstar.compiler import regen
+    from mstar.lang.diagnostics import Diagnostics
+
+    root = Path(args.root)
+    diags = Diagnostics()
+    expected = regen.expected_outputs(root, diags)
+    _report(diags)
+    if diags.has_errors:
+        return EXIT_INPUT
+    if args.check:
+        stale = regen.stale_files(root, expected)
+        for item in stale:
+            sys.stderr.write(f"stale: {item.path} ({item.reason})\n")
+        if stale:
+            sys.stderr.write("mstarc: generated/ is out of date; run `mstarc regen`\n")
+            return EXIT_INPUT
+        print(f"generated/ is up to date ({len(expected)} files)")
+        return EXIT_OK
+    changed = regen.write(root, expected)
+    for item in changed:
+        print(f"{'removed' if item.reason == 'orphan' else 'wrote'} {item.path}")
+    print(f"generated/: {len(expected)} files, {len(changed)} changed")
+    return EXIT_OK
+
+
+def cmd_graph(args) -> int:
+    from mstar.compiler.driver import load_checked_spec
+    from mstar.lang.diagnostics import Diagnostics
+
+    diags = Diagnostics()
+    spec = load_checked_spec(args.spec, diags)
+    _report(diags)
+    if spec is None:
+        return EXIT_INPUT
+    from mstar.compiler.graph_picture import draw_walks
+
+    draw_walks(spec, Path(args.output))
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_bench(args) -> int:
+    from mstar.cli.mstarc_bench import run_bench
+
+    return run_bench(Path(args.root), args.runs, args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mstarc", description="Compile .mw walk-graph specs into plans.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
+    p.add_argument("-o", "--output", metavar="PLAN", help="plan path (default generated/<config>.plan)")
+    p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("check", help="run every check, write nothing")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
+    p.set_defaults(run=cmd_check)
+
+    p = sub.add_parser("explain", help="print a plan's tables")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--no-verify", action="store_true", help="do not re-hash the spec, deployment and glue")
+    p.set_defaults(run=cmd_explain)
+
+    p = sub.add_parser("fmt", help="print a spec in canonical form")
+    p.add_argument("spec", metavar="SPEC")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 when the file is not canonical")
+    mode.add_argument("--write", action="store_true", help="rewrite the file in canonical form")
+    p.set_defaults(run=cmd_fmt)
+
+    p = sub.add_parser("regen", help="rebuild generated/ from every configs/*.yaml")
+    p.add_argument("--check", action="store_true", help="exit 1 listing stale files, write nothing")
+    p.add_argument("--root", default=".", metavar="DIR", help="repository root (default .)")
+    p.set_defaults(run=cmd_regen)
+
+    p = sub.add_parser("graph", help="draw a spec's walks as SVG")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.svg")
+    p.set_defaults(run=cmd_graph)
+
+    p = sub.add_parser("bench", help="compile time per spec (whole process and in-process work)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--runs", type=int, default=5, metavar="N", help="runs per measurement (median)")
+    p.add_argument("--root", default=".", metavar="DIR", help="repository root (default .)")
+    p.set_defaults(run=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return EXIT_INPUT
+    except Exception as e:  # a bug in mstarc, not in the input: say so without a traceback
+        if os.environ.get("MSTARC_TRACEBACK"):
+            raise
+        sys.stderr.write(
+            f"mstarc: internal error ({type(e).__name__}: {e}); this is a bug in mstarc, not in "
+            "your input. Set MSTARC_TRACEBACK=1 to see where.\n"
+        )
+        return EXIT_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""The compiler driver: one spec + one deployment -> a plan and its glue, pass by pass.
+
+    compile_spec(spec_path, config_path, diags) -> CompileResult | None
+
+Reads as a table of contents: read the inputs, then
+
+    1 parse            mstar.lang.parser.parse
+    2 resolve          mstar.compiler.resolve
+    3 check_graph      mstar.compiler.check_graph
+      load_deployment  mstar.compiler.deployment
+    4 check_deployment mstar.compiler.check_deployment
+    5 check_combine    mstar.compiler.check_combine
+    6 lower            mstar.compiler.lower
+      glue             mstar.compiler.glue.render_glue
+    7 emit             mstar.compiler.emit
+
+stopping after any pass that left an error in `diags` (the caller renders them). A missing or
+unreadable spec file is a diagnostic (MW500; a deployment file, load_deployment's MW301), never
+an exception. Nothing is written here:
+`emit.write_outputs(...)` writes a result's files.
+
+Default paths: the config of `specs/<model>.mw` is `configs/<model>.yaml` beside `specs/`; the
+outputs of config `X` go to `generated/X.plan` and `generated/X_glue.py` beside `specs/`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mstar.compiler import check_combine, check_deployment, check_graph, emit, lower, resolve
+from mstar.compiler.deployment import load_deployment
+from mstar.lang.ast import Span
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.parser import parse
+from mstar.plan.io import sha256_bytes
+from mstar.plan.schema import COMPILER_VERSION, Hashes, Header, Plan
+
+# The driver's own diagnostic: an input file that cannot be read.
+MW500 = "MW500"
+
+
+@dataclass
+class CompileResult:
+    """What one compile produced; `plan_text`/`glue_text` are exactly the bytes to write."""
+
+    spec: object  # mstar.lang.ast.Spec
+    deployment: object  # mstar.compiler.deployment.Deployment
+    plan: Plan
+    plan_text: str
+    glue_text: str
+    plan_path: Path
+    glue_path: Path
+    seconds_per_pass: dict[str, float] = field(default_factory=dict)
+
+
+def default_config_path(spec_path: str | os.PathLike, model: str) -> Path:
+    """configs/<model>.yaml in the directory above the spec's (specs/../configs)."""
+    return Path(spec_path).parent.parent / "configs" / f"{model}.yaml"
+
+
+def default_plan_path(spec_path: str | os.PathLike, config_path: str | os.PathLike) -> Path:
+    """generated/<config name>.plan in the directory above the spec's."""
+    return Path(spec_path).parent.parent / "generated" / f"{Path(config_path).stem}.plan"
+
+
+def glue_path_for(plan_path: Path) -> Path:
+    """The glue file written next to a plan: generated/orpheus.plan -> generated/orpheus_glue.py."""
+    return plan_path.with_name(f"{plan_path.stem}_glue.py")
+
+
+def _read_input(path: Path, what: str, diags: Diagnostics) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        diags.error(MW500, f"{what} file not found: {path}", Span(file=str(path)))
+    except IsADirectoryError:
+        diags.error(MW500, f"{what} path is a directory, not a file: {path}", Span(file=str(path)))
+    except OSError as e:
+        diags.error(MW500, f"cannot read {what} file {path}: {e.strerror or e}", Span(file=str(path)))
+    return None
+
+
+def _decode(data: bytes, path: Path, what: str, diags: Diagnostics) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        diags.error(MW500, f"{what} file {path} is not UTF-8 text (byte {e.start})", Span(file=str(path)))
+        return None
+
+
+def _header(spec, spec_path: Path, config_path: Path, plan_path: Path, glue_path: Path,
+            spec_bytes: bytes, config_bytes: bytes) -> Header:
+    base = plan_path.resolve().parent
+    return Header(
+        compiler_version=COMPILER_VERSION,
+        model=spec.model,
+        deployment=config_path.stem,
+        spec_path=os.path.relpath(spec_path.resolve(), base),
+        deployment_path=os.path.relpath(config_path.resolve(), base),
+        glue_path=os.path.relpath(glue_path.resolve(), base),
+        hashes=Hashes(spec=sha256_bytes(spec_bytes), deployment=sha256_bytes(config_bytes), glue=""),
+    )
+
+
+class _Timer:
+    """Seconds spent per pass, for `mstarc bench`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self._start
+        self._start = now
+
+
+def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[object, bytes] | None:
+    """Passes 1-3 on the spec file: (spec, its bytes), or None when diags holds errors."""
+    spec_bytes = _read_input(spec_path, "spec", diags)
+    spec_text = None if spec_bytes is None else _decode(spec_bytes, spec_path, "spec", diags)
+    if spec_text is None:
+        return None
+    timer.lap("read")
+    spec = parse(spec_text, str(spec_path), diags)
+    timer.lap("parse")
+    if spec is None or diags.has_errors:
+        return None
+    resolve.run(spec, diags)
+    timer.lap("resolve")
+    if diags.has_errors:
+        return None
+    check_graph.run(spec, diags)
+    timer.lap("check_graph")
+    if diags.has_errors:
+        return None
+    return spec, spec_bytes
+
+
+def load_checked_spec(spec_path: str | os.PathLike, diags: Diagnostics):
+    """A spec that passed parse, resolve and check_graph (no deployment needed: `mstarc graph`),
+    or None when diags holds errors."""
+    loaded = _load_spec(Path(spec_path), diags, _Timer())
+    return None if loaded is None else loaded[0]
+
+
+@dataclass
+class Checked:
+    """A spec and deployment that passed every check (passes 1-5), with their file bytes."""
+
+    spec: object
+    deployment: object
+    spec_path: Path
+    config_path: Path
+    spec_bytes: bytes
+    config_bytes: bytes
+
+
+def check_spec(
+    spec_path: str | os.PathLike,
+    config_path: str | os.PathLike | None,
+    diags: Diagnostics,
+    timer: _Timer | None = None,
+) -> Checked | None:
+    """Passes 1-5 (`mstarc check`); None when `diags` holds errors. config_path None: the
+    spec's default config."""
+    timer = timer or _Timer()
+    spec_path = Path(spec_path)
+    loaded = _load_spec(spec_path, diags, timer)
+    if loaded is None:
+        return None
+    spec, spec_bytes = loaded
+
+    config_path = Path(config_path) if config_path is not None else default_config_path(spec_path, spec.model)
+    deployment = load_deployment(str(config_path), diags)  # an unreadable file is its MW301
+    timer.lap("load_deployment")
+    if deployment is None or diags.has_errors:
+        return None
+    config_bytes = _read_input(config_path, "deployment", diags)
+    if config_bytes is None:
+        return None
+    check_deployment.run(spec, deployment, diags)
+    timer.lap("check_deployment")
+    if diags.has_errors:
+        return None
+    check_combine.run(spec, deployment, diags)
+    timer.lap("check_combine")
+    if diags.has_errors:
+        return None
+    return Checked(spec, deployment, spec_path, config_path, spec_bytes, config_bytes)
+
+
+def compile_spec(
+    spec_path: str | os.PathLike,
+    config_path: str | os.PathLike | None,
+    diags: Diagnostics,
+    plan_path: str | os.PathLike | None = None,
+) -> CompileResult | None:
+    """Compile one spec against one deployment (passes 1-7); None when `diags` holds errors.
+
+    config_path None: the spec's default config. plan_path None: generated/<config>.plan.
+    """
+    timer = _Timer()
+    checked = check_spec(spec_path, config_path, diags, timer)
+    if checked is None:
+        return None
+    spec, deployment = checked.spec, checked.deployment
+    if plan_path is None:
+        plan_path = default_plan_path(checked.spec_path, checked.config_path)
+    plan_path = Path(plan_path)
+    glue_path = glue_path_for(plan_path)
+    header = _header(spec, checked.spec_path, checked.config_path, plan_path, glue_path,
+                     checked.spec_bytes, checked.config_bytes)
+    plan = lower.run(spec, deployment, header)
+    timer.lap("lower")
+    glue_text = render_glue(plan)
+    timer.lap("glue")
+    plan = emit.finish(plan, glue_text)
+    plan_text = emit.plan_text(plan)
+    timer.lap("emit")
+    return CompileResult(spec, deployment, plan, plan_text, glue_text, plan_path, glue_path, timer.seconds)
+
+
+def render_glue(plan: Plan) -> str:
+    """The Triton glue of a plan (GLUE helper's templates); imported here, on use, because it
+    pulls in Jinja2, which `mstarc check` does not need."""
+    from mstar.compiler.glue import render_glue as render
+
+    return render(plan)

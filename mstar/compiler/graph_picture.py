@@ -1,0 +1,223 @@
+"""`mstarc graph`: a checked spec's walks drawn as one SVG picture (written directly, no
+graphviz binary or plotting library needed).
+
+In:  a `Spec` that passed resolve and check_graph. Out: `draw_walks(spec, path)` writes the SVG;
+`walks_svg(spec) -> str` returns it.
+
+One panel per walk, sections left to right, parallel members stacked. A call is a box; an edge
+to another node is an arrow (loop-backs curve back underneath, dashed when they stay on the
+device); edges to the conductor, the client or a stream are listed under their box with their
+flags. Loops are dashed frames labelled with name, bound, stop and on-device. The last panel
+lists each node's combined walks (cap, rows limits, attention) and the partitions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+
+from mstar.compiler.lower_walks import lower_partitions, lower_walks
+from mstar.lang import ast
+from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, ParallelPlan, WalkPlan
+
+BOX_W, BOX_H = 170, 44
+COL_W, ROW_H = 250, 150
+MARGIN = 30
+TITLE_H = 34
+LINE_H = 15
+FONT = "font-family='DejaVu Sans, Arial, sans-serif'"
+
+
+@dataclass
+class _Box:
+    call: CallPlan
+    col: int
+    row: int
+    loop_depth: int
+
+    @property
+    def x(self) -> float:
+        return MARGIN + self.col * COL_W
+
+    def y(self, top: float) -> float:
+        return top + TITLE_H + self.row * ROW_H + self.loop_depth * 4
+
+
+@dataclass
+class _Frame:
+    loop: LoopPlan
+    first_col: int
+    last_col: int
+    rows: int
+    depth: int
+
+
+@dataclass
+class _Layout:
+    boxes: list[_Box] = field(default_factory=list)
+    frames: list[_Frame] = field(default_factory=list)
+    num_rows: int = 1
+
+
+def _place(sections: list, col: int, row: int, depth: int, out: _Layout) -> tuple[int, int]:
+    """Place sections from column `col`; returns (next free column, rows used)."""
+    rows_used = 1
+    for section in sections:
+        if isinstance(section, CallPlan):
+            out.boxes.append(_Box(section, col, row, depth))
+            col += 1
+        elif isinstance(section, ParallelPlan):
+            next_col, member_row = col, row
+            for member in section.body:
+                end, used = _place([member], col, member_row, depth, out)
+                next_col = max(next_col, end)
+                member_row += used
+            rows_used = max(rows_used, member_row - row)
+            col = next_col
+        elif isinstance(section, LoopPlan):
+            start = col
+            col, used = _place(section.body, col, row, depth + 1, out)
+            out.frames.append(_Frame(section, start, col - 1, used, depth))
+            rows_used = max(rows_used, used)
+        else:
+            col, used = _place(section.body, col, row, depth, out)
+            rows_used = max(rows_used, used)
+    out.num_rows = max(out.num_rows, row + rows_used)
+    return col, rows_used
+
+
+def _flags(edge: EdgePlan) -> str:
+    flags = [n for n, on in (("persist", edge.is_persist), ("device", edge.is_device),
+                             ("count_tokens", edge.is_count_tokens)) if on]
+    if edge.modality:
+        flags.append(edge.modality)
+    return f" [{', '.join(flags)}]" if flags else ""
+
+
+def _target(boxes: list[_Box], source: _Box, edge: EdgePlan) -> _Box | None:
+    """The box an edge points at: for a loop-back the earliest call of that node at or before
+    the source, else the next call of that node after it."""
+    same = [b for b in boxes if b.call.node == edge.dest]
+    if edge.is_loop_back:
+        earlier = [b for b in same if b.col <= source.col]
+        return earlier[0] if earlier else None
+    later = [b for b in same if b.col > source.col]
+    return later[0] if later else None
+
+
+def _text(x: float, y: float, text: str, size: int = 12, anchor: str = "start", weight: str = "normal") -> str:
+    return (f"<text x='{x:.0f}' y='{y:.0f}' {FONT} font-size='{size}' text-anchor='{anchor}' "
+            f"font-weight='{weight}'>{escape(text)}</text>")
+
+
+def _walk_panel(walk: WalkPlan, top: float) -> tuple[list[str], float, float]:
+    """SVG elements of one walk; returns (elements, height, width)."""
+    layout = _Layout()
+    num_cols, _ = _place(walk.body, 0, 0, 0, layout)
+    parts = [_text(MARGIN, top + 18, f"walk {walk.name}  (partition {walk.partition})", 15, weight="bold")]
+    for frame in sorted(layout.frames, key=lambda f: f.depth):
+        pad = 14 - 4 * frame.depth
+        x0 = MARGIN + frame.first_col * COL_W - pad
+        x1 = MARGIN + frame.last_col * COL_W + BOX_W + pad
+        y0 = top + TITLE_H - pad + 8
+        y1 = top + TITLE_H + frame.rows * ROW_H - 12
+        loop = frame.loop
+        label = f"loop {loop.name} max={loop.max_iters}" + (" stop" if loop.has_stop else "") + (
+            " on-device" if loop.is_on_device else "")
+        parts.append(f"<rect x='{x0:.0f}' y='{y0:.0f}' width='{x1 - x0:.0f}' height='{y1 - y0:.0f}' "
+                     "fill='none' stroke='#7a5195' stroke-dasharray='6 4' rx='8'/>")
+        parts.append(_text(x0 + 6, y1 - 5, label, 11))
+    for box in layout.boxes:
+        x, y = box.x, box.y(top)
+        call = box.call
+        parts.append(f"<rect x='{x:.0f}' y='{y:.0f}' width='{BOX_W}' height='{BOX_H}' rx='6' "
+                     "fill='#e8f1fa' stroke='#1f4e79'/>")
+        parts.append(_text(x + BOX_W / 2, y + 18, call.node, 13, "middle", "bold"))
+        parts.append(_text(x + BOX_W / 2, y + 34, f"({', '.join(call.inputs)})", 10, "middle"))
+        line = 0
+        for edge in call.edges:
+            target = _target(layout.boxes, box, edge) if edge.dest_kind == "node" else None
+            if target is None:
+                dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
+                if edge.dest_kind == "stream":
+                    dest = f"{edge.dest} (stream to {edge.stream_partition})"
+                parts.append(_text(x, y + BOX_H + 14 + line * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
+                line += 1
+                continue
+            tx, ty = target.x, target.y(top)
+            dash = " stroke-dasharray='4 3'" if edge.is_device else ""
+            if edge.is_loop_back:
+                sx, sy = x + BOX_W * 0.6, y + BOX_H
+                ex, ey = tx + BOX_W * 0.4, ty + BOX_H
+                depth = 55 + 10 * line
+                path = f"M{sx:.0f},{sy:.0f} C{sx:.0f},{sy + depth:.0f} {ex:.0f},{ey + depth:.0f} {ex:.0f},{ey + 2:.0f}"
+                parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
+                label_x = (sx + ex) / 2 if sx != ex else sx + 30
+                parts.append(_text(label_x, max(sy, ey) + depth * 0.75 + 4, f"{edge.name}{_flags(edge)} (loop-back)", 10, "middle"))
+            else:
+                sx, sy = x + BOX_W, y + BOX_H / 2
+                ex, ey = tx, ty + BOX_H / 2
+                parts.append(f"<line x1='{sx:.0f}' y1='{sy:.0f}' x2='{ex - 2:.0f}' y2='{ey:.0f}' "
+                             f"stroke='#1f4e79'{dash} marker-end='url(#arrow)'/>")
+                parts.append(_text((sx + ex) / 2, (sy + ey) / 2 - 6, f"{edge.name}{_flags(edge)}", 10, "middle"))
+    height = TITLE_H + layout.num_rows * ROW_H + 30
+    width = 2 * MARGIN + max(1, num_cols) * COL_W
+    return parts, height, width
+
+
+def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float]:
+    lines = []
+    for node in spec.nodes:
+        for combine in node.combines:
+            extras = []
+            if combine.cap is not None:
+                extras.append(f"cap {combine.cap}")
+            extras += [f"rows {r.walk} <= {r.limit}" for r in combine.rows]
+            if combine.attention:
+                extras.append(f"attention {combine.attention}")
+            if combine.capture is not None:
+                extras.append(f"capture {combine.capture.family}")
+            lines.append(f"{node.name}: combine {combine.name} = {' + '.join(combine.walks)}"
+                         + (f"  ({', '.join(extras)})" if extras else ""))
+    if not lines:
+        lines.append("(no combined walks)")
+    for partition in lower_partitions(spec):
+        stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in partition.stages)
+        streams = "; ".join(f"<- {s.producer_partition}.{s.edge} {s.policy.kind}({s.policy.size})"
+                            for s in partition.streams)
+        lines.append(f"partition {partition.name} = {stages} {streams}".rstrip())
+    parts = [_text(MARGIN, top + 18, "combined walks and partitions", 15, weight="bold")]
+    for i, line in enumerate(lines):
+        parts.append(_text(MARGIN, top + TITLE_H + 8 + i * (LINE_H + 3), line, 12))
+    return parts, TITLE_H + 16 + len(lines) * (LINE_H + 3)
+
+
+def walks_svg(spec: ast.Spec) -> str:
+    params = {p.name: p.value for p in spec.params}
+    walks = {w.name: w for w in lower_walks(spec, params)}
+    parts: list[str] = []
+    top, width = 0.0, 600.0
+    for walk_decl in spec.walks:  # source order reads better than sorted
+        panel, height, panel_width = _walk_panel(walks[walk_decl.name], top)
+        parts += panel
+        top += height
+        width = max(width, panel_width)
+    legend, height = _legend(spec, top)
+    parts += legend
+    top += height
+    head = (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{top:.0f}' "
+        f"viewBox='0 0 {width:.0f} {top:.0f}'>\n"
+        f"<title>{escape(spec.model)} walks</title>\n"
+        "<defs><marker id='arrow' markerWidth='10' markerHeight='8' refX='9' refY='4' orient='auto'>"
+        "<path d='M0,0 L10,4 L0,8 z' fill='#1f4e79'/></marker>"
+        "<marker id='arrow-back' markerWidth='10' markerHeight='8' refX='9' refY='4' orient='auto'>"
+        "<path d='M0,0 L10,4 L0,8 z' fill='#c0392b'/></marker></defs>\n"
+        f"<rect width='100%' height='100%' fill='white'/>\n"
+    )
+    return head + "\n".join(parts) + "\n</svg>\n"
+
+
+def draw_walks(spec: ast.Spec, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(walks_svg(spec), encoding="utf-8")

@@ -1,0 +1,120 @@
+"""Pass 6, lower: a checked spec + its deployment -> the plan tables (mstar/plan/schema.py).
+
+In:  a `Spec` that passed resolve/check_graph, a `Deployment` that passed check_deployment and
+     check_combine, and the `Header` the driver built (emit fills in the glue hash later).
+Out: `run(spec, deployment, header) -> Plan`, every list sorted so two runs give equal plans.
+
+    params      name -> value
+    nodes       engine, flavour, dims (the spec's node args), KV sequences, recurrent state slots
+    walks       section trees with loops (lower_walks)
+    partitions  stages, initial walk, streams (lower_walks)
+    deployment  KV pools, max_seq_len, admission limit, capture budget, follower fairness
+    workers     per rank: placements, keys + mixtures, routes, speculation, TP groups (lower_workers)
+
+Defaults applied here (documented in docs/plan.md): KV pools as `Deployment.kv_pool_for` resolves
+them (kv_pool.nodes, kv_pool, kv_cache, then page 128 x 2048 pages); recurrent state
+slots = the deployment's `recurrent_state_slots` (else `max_concurrent_requests`, else
+UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture is capped at
+`max_concurrent_requests`, else UNBOUNDED_ROWS.
+"""
+from __future__ import annotations
+
+from mstar.compiler.deployment import Deployment
+from mstar.compiler.lower_walks import lower_partitions, lower_walks
+from mstar.compiler.lower_workers import lower_workers
+from mstar.lang import ast
+from mstar.plan.schema import (
+    DeploymentPlan,
+    Header,
+    KvPoolPlan,
+    NodePlan,
+    Plan,
+    RecurrentState,
+)
+
+# Rows per step when nothing bounds a walk (no cap, no capture, no admission limit).
+UNBOUNDED_ROWS = 256
+NON_DIM_ARGS = {"flavor"}
+
+
+def _args(args: list[ast.Arg]) -> dict:
+    return {a.name: (list(a.value) if isinstance(a.value, list) else a.value) for a in args}
+
+
+def row_limit(deployment: Deployment) -> int:
+    """Rows per step when neither a cap nor a capture bounds a walk."""
+    return deployment.max_concurrent_requests or UNBOUNDED_ROWS
+
+
+def _recurrent(node: ast.NodeDecl, deployment: Deployment) -> RecurrentState | None:
+    for state in node.states:
+        if state.kind != "recurrent":
+            continue
+        args = _args(state.args)
+        num_requests = deployment.recurrent_state_slots or row_limit(deployment)
+        return RecurrentState(
+            num_layers=int(args.get("layers", 0)),
+            num_heads=int(args.get("heads", 0)),
+            key_dim=int(args.get("key_dim", 0)),
+            value_dim=int(args.get("value_dim", 0)),
+            num_slots=num_requests + 1,
+        )
+    return None
+
+
+def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
+    nodes = []
+    for node in spec.nodes:
+        args = _args(node.args)
+        flavor = args.get("flavor") if node.engine == "stateless" else None
+        nodes.append(
+            NodePlan(
+                name=node.name,
+                engine=node.engine,
+                flavor=str(flavor) if flavor is not None else None,
+                dims={k: v for k, v in sorted(args.items()) if k not in NON_DIM_ARGS},
+                kv_sequences=list(node.kv_sequences.labels) if node.kv_sequences else ["main"],
+                recurrent=_recurrent(node, deployment),
+                inputs=sorted(i.name for i in node.inputs if not i.is_stream),
+                stream_inputs=sorted(i.name for i in node.inputs if i.is_stream),
+                is_tp=node.is_tp,
+                is_async=node.is_async,
+            )
+        )
+    return sorted(nodes, key=lambda n: n.name)
+
+
+def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
+    max_seq_len = deployment.kv_cache.max_seq_len or deployment.max_seq_len
+    pools = []
+    for node in spec.nodes:
+        if node.engine == "kv":
+            pool = deployment.kv_pool_for(node.name)
+            pools.append(KvPoolPlan(node=node.name, page_size=pool.page_size, num_pages=pool.num_pages,
+                                    max_seq_len=max_seq_len))
+    scalars = (int, float, str, bool)
+    return DeploymentPlan(
+        max_seq_len=deployment.max_seq_len,
+        max_concurrent_requests=deployment.max_concurrent_requests,
+        capture_memory_budget_bytes=deployment.capture_memory_budget_bytes,
+        max_consecutive_follower_batches=deployment.max_consecutive_follower_batches,
+        kv_pools=sorted(pools, key=lambda p: p.node),
+        # Only scalar kwargs reach the plan; nested ones are for the model constructor alone.
+        model_kwargs={k: v for k, v in sorted(deployment.model_kwargs.items()) if isinstance(v, scalars)},
+    )
+
+
+def run(spec: ast.Spec, deployment: Deployment, header: Header) -> Plan:
+    """Every table of the plan for `spec` placed by `deployment` (see the module docstring)."""
+    params = {p.name: p.value for p in spec.params}
+    walks = lower_walks(spec, params)
+    partitions = lower_partitions(spec)
+    return Plan(
+        header=header,
+        params=dict(sorted(params.items())),
+        nodes=lower_nodes(spec, deployment),
+        walks=walks,
+        partitions=partitions,
+        deployment=lower_deployment(spec, deployment),
+        workers=lower_workers(spec, deployment, walks, partitions, row_limit(deployment)),
+    )

@@ -1,0 +1,164 @@
+"""Lowering, part 2: scheduling keys of one node on one worker, with their mixture tables.
+
+In:  a node's declaration, the walks of that node this worker runs (`walks_here`, spec order),
+     the lowered walks, the TP size per walk on this worker, the row cap used when neither a cap
+     nor a capture bounds a walk.
+Out: `lower_node_keys(...) -> (keys: list[KeyPlan], walk_to_key: dict[walk, key name])`.
+
+Rules (DESIGN.md "cap", "capture"):
+- A combined walk becomes one key `NODE:COMBINE` on a worker that runs at least two of its
+  walks; its walks are those, in the combine's order (bit i of a mask = walks[i]). A walk that
+  combines with nothing here (or whose partners run elsewhere, as in prefill/decode
+  disaggregation) is its own key `NODE:WALK`.
+- A one-walk step keeps that walk's cap (its `cap`, else its capture's largest batch, else the
+  fallback) and replays that walk's own capture; attention is "decode" for a walk that loops its
+  output back into the node, "prefill" otherwise, "none" for stateless nodes.
+- A mixed step takes the combine's own cap when given, else the smallest cap among the walks
+  present; it replays the combine's capture (or runs eagerly) with the combine's attention route
+  (default "split").
+- batch_pad is a direct lookup sized to the largest batch any step using the family may hold.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from mstar.compiler import capture_memory
+from mstar.lang import ast
+from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, WalkPlan
+
+from mstar.compiler.lower_walks import is_decode_like
+
+DEFAULT_MIXED_ATTENTION = "split"
+
+
+def family_name(node: str, owner: str) -> str:
+    """Capture family of a walk or combined walk of a node: `LLM:decode`, `LLM:mixed`."""
+    return f"{node}:{owner}"
+
+
+def walk_captures(node: ast.NodeDecl, walk: str) -> list[ast.CaptureDecl]:
+    return [c for c in node.captures if c.walk == walk]
+
+
+def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
+    """Most rows of a one-walk step: the declared cap, else the largest captured batch."""
+    for cap in node.caps:
+        if cap.walk == walk:
+            return cap.value
+    batches = [b for c in walk_captures(node, walk) for b in c.batch]
+    return max(batches) if batches else fallback_cap
+
+
+def batch_pad_table(batch_sizes: list[int], max_rows: int) -> list[int]:
+    """table[b] = smallest captured batch size >= b, 0 above every size; table[0] = 0."""
+    sizes = sorted(batch_sizes)
+    table = [0]
+    for b in range(1, max(max_rows, sizes[-1] if sizes else 0) + 1):
+        i = bisect_left(sizes, b)
+        table.append(sizes[i] if i < len(sizes) else 0)
+    return table
+
+
+def _single_attention(node: ast.NodeDecl, walk: WalkPlan) -> str:
+    if node.engine == "stateless":
+        return "none"
+    captures = walk_captures(node, walk.name)
+    is_one_token = all(c.family == "batched" and c.tokens_per_row == 1 for c in captures)
+    return "decode" if is_decode_like(walk, node.name) and is_one_token else "prefill"
+
+
+def _family(node, capture, name, max_rows, tp_size) -> CaptureFamily:
+    return CaptureFamily(
+        name=name,
+        kind=capture.family,
+        batch_sizes=sorted(capture.batch),
+        token_buckets=sorted(capture.tokens) if capture.family == "packed" else [],
+        tokens_per_row=capture.tokens_per_row if capture.family == "batched" else 1,
+        batch_pad=batch_pad_table(capture.batch, max_rows),
+        num_graphs=capture_memory.num_graphs(capture),
+        memory_bytes=capture_memory.estimate_family_bytes(node, capture, tp_size),
+    )
+
+
+def _key(
+    node: ast.NodeDecl,
+    name: str,
+    walks: list[str],
+    combine: ast.CombineDecl | None,
+    walk_plans: dict[str, WalkPlan],
+    tp_size: int,
+    fallback_cap: int,
+) -> KeyPlan:
+    caps = {w: walk_cap(node, w, fallback_cap) for w in walks}
+    mixtures = [MixtureEntry(mask=0, walks=[], cap=0, attention="none")]
+    family_rows: dict[str, int] = {}  # family name -> largest cap of a step that replays it
+    for mask in range(1, 1 << len(walks)):
+        present = [w for i, w in enumerate(walks) if mask >> i & 1]
+        if len(present) == 1:
+            walk = present[0]
+            cap = caps[walk]
+            own = walk_captures(node, walk)
+            capture = family_name(node.name, walk) if own else None
+            entry = MixtureEntry(
+                mask=mask, walks=present, cap=cap, label=walk, capture=capture,
+                attention=_single_attention(node, walk_plans[walk]),
+            )
+        else:
+            cap = combine.cap if combine.cap is not None else min(caps[w] for w in present)
+            capture = family_name(node.name, combine.name) if combine.capture else None
+            if node.engine == "stateless":
+                attention = "none"
+            else:
+                attention = combine.attention or DEFAULT_MIXED_ATTENTION
+            entry = MixtureEntry(mask=mask, walks=present, cap=cap, capture=capture, attention=attention)
+        mixtures.append(entry)
+        if entry.capture is not None:
+            family_rows[entry.capture] = max(family_rows.get(entry.capture, 0), cap)
+
+    families = []
+    for walk in walks:
+        own = walk_captures(node, walk)
+        if own:
+            fname = family_name(node.name, walk)
+            families.append(_family(node, own[0], fname, family_rows.get(fname, 0), tp_size))
+    if combine is not None and combine.capture is not None and len(walks) > 1:
+        fname = family_name(node.name, combine.name)
+        families.append(_family(node, combine.capture, fname, family_rows.get(fname, 0), tp_size))
+
+    rows_limits = {}
+    if combine is not None and len(walks) > 1:
+        rows_limits = {r.walk: r.limit for r in combine.rows if r.walk in walks}
+    return KeyPlan(
+        name=name,
+        node=node.name,
+        walks=walks,
+        is_combined=len(walks) > 1,
+        mixtures=mixtures,
+        rows_limits=rows_limits,
+        captures=sorted(families, key=lambda f: f.name),
+    )
+
+
+def lower_node_keys(
+    node: ast.NodeDecl,
+    walks_here: list[str],
+    walk_plans: dict[str, WalkPlan],
+    tp_sizes: dict[str, int],
+    fallback_cap: int,
+) -> tuple[list[KeyPlan], dict[str, str]]:
+    """Keys of `node` on one worker and the walk -> key name map (see the module docstring)."""
+    keys: list[KeyPlan] = []
+    walk_to_key: dict[str, str] = {}
+    for combine in node.combines:
+        members = [w for w in combine.walks if w in walks_here and w not in walk_to_key]
+        if len(members) < 2:
+            continue
+        name = family_name(node.name, combine.name)
+        keys.append(_key(node, name, members, combine, walk_plans, tp_sizes[members[0]], fallback_cap))
+        walk_to_key.update({w: name for w in members})
+    for walk in walks_here:
+        if walk not in walk_to_key:
+            name = family_name(node.name, walk)
+            keys.append(_key(node, name, [walk], None, walk_plans, tp_sizes[walk], fallback_cap))
+            walk_to_key[walk] = name
+    return sorted(keys, key=lambda k: k.name), walk_to_key

@@ -1,0 +1,182 @@
+"""`mstarc explain PLAN`: a plan's tables printed for people (rich tables).
+
+In:  a loaded `Plan`. Out: `explain_text(plan, width) -> str` (plain text, no colour codes), or
+`print_plan(plan, console)` onto a rich Console. Reads the plan only; imports neither the
+language nor the compiler.
+"""
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from mstar.plan.schema import CallPlan, EdgePlan, KeyPlan, LoopPlan, ParallelPlan, Plan, WorkerPlan
+
+MIB = 1024 * 1024
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", show_lines=False, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def _edge_text(edge: EdgePlan) -> str:
+    dest = edge.dest or edge.dest_kind
+    if edge.dest_kind == "stream":
+        dest = f"{edge.dest} stream->{edge.stream_partition}"
+    flags = [
+        name
+        for name, on in (
+            ("persist", edge.is_persist),
+            ("device", edge.is_device),
+            ("loop-back", edge.is_loop_back),
+            ("count_tokens", edge.is_count_tokens),
+        )
+        if on
+    ]
+    if edge.modality:
+        flags.append(edge.modality)
+    return f"-> {edge.name}: {dest}" + (f" [{', '.join(flags)}]" if flags else "")
+
+
+def _add_sections(tree: Tree, sections: list) -> None:
+    for section in sections:
+        if isinstance(section, CallPlan):
+            branch = tree.add(f"{section.node}({', '.join(section.inputs)})")
+            for edge in section.edges:
+                branch.add(_edge_text(edge))
+        elif isinstance(section, LoopPlan):
+            stop = " stop" if section.has_stop else ""
+            device = " on-device" if section.is_on_device else ""
+            back = ", ".join(f"{e.name}->{e.dest}" for e in section.loop_back) or "none"
+            extra = ""
+            if section.outputs:
+                extra += f" outputs {', '.join(section.outputs)}"
+            if section.accumulate:
+                extra += f" accumulate {', '.join(section.accumulate)}"
+            branch = tree.add(
+                f"loop {section.name} max={section.max_iters}{stop}{device} loop-back: {back}{extra}"
+            )
+            _add_sections(branch, section.body)
+        else:
+            word = "parallel" if isinstance(section, ParallelPlan) else "sequential"
+            _add_sections(tree.add(word), section.body)
+
+
+def _key_table(key: KeyPlan) -> Table:
+    limits = ", ".join(f"{w} <= {n}" for w, n in sorted(key.rows_limits.items()))
+    title = f"key {key.name} (walks: {', '.join(key.walks)}" + (f"; rows {limits}" if limits else "") + ")"
+    table = _table(title, "mask", "walks", "cap", "capture", "attention")
+    for entry in key.mixtures[1:]:
+        table.add_row(
+            format(entry.mask, f"0{len(key.walks)}b"),
+            " + ".join(entry.walks),
+            str(entry.cap),
+            entry.capture or "eager",
+            entry.attention,
+        )
+    return table
+
+
+def _worker(console: Console, worker: WorkerPlan) -> None:
+    console.rule(f"worker rank {worker.rank}  (capture memory {worker.capture_memory_bytes / MIB:.1f} MiB)")
+    table = _table("placements", "node/walk", "key")
+    for pair in worker.placements:
+        table.add_row(pair, worker.walk_to_key[pair])
+    console.print(table)
+    for key in worker.keys:
+        console.print(_key_table(key))
+    families = [f for key in worker.keys for f in key.captures]
+    if families:
+        table = _table("capture families", "name", "kind", "batch sizes", "token buckets", "graphs", "MiB")
+        for f in families:
+            table.add_row(
+                f.name, f.kind, " ".join(map(str, f.batch_sizes)),
+                " ".join(map(str, f.token_buckets)) or f"{f.tokens_per_row}/row",
+                str(f.num_graphs), f"{f.memory_bytes / MIB:.1f}",
+            )
+        console.print(table)
+    table = _table("routes", "node/walk", "edge", "to", "ranks")
+    for r in worker.routes:
+        to = r.dest_kind if not r.dest_node else f"{r.dest_kind} {r.dest_node}"
+        if r.stream_partition:
+            to += f" (partition {r.stream_partition})"
+        if r.modality:
+            to += f" [{r.modality}]"
+        table.add_row(f"{r.node}/{r.walk}", r.edge, to, " ".join(map(str, r.dest_ranks)))
+    console.print(table)
+    table = _table("speculation", "node/walk", "can speculate", "mixes walks")
+    for s in worker.speculation:
+        table.add_row(f"{s.node}/{s.walk}", "yes" if s.can_speculate else "no", "yes" if s.mixes_walks else "no")
+    console.print(table)
+    if worker.tp_groups:
+        table = _table("TP groups", "node", "walks", "ranks", "tp x sp", "leader")
+        for g in worker.tp_groups:
+            table.add_row(g.node, " ".join(g.walks), " ".join(map(str, g.ranks)),
+                          f"{g.tp_size} x {g.sp_size}", str(g.leader))
+        console.print(table)
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    h = plan.header
+    console.rule(f"plan {h.model} / {h.deployment}")
+    console.print(
+        f"schema {h.schema_version}, mstarc {h.compiler_version}\n"
+        f"spec {h.spec_path} ({h.hashes.spec[:12]})\n"
+        f"deployment {h.deployment_path} ({h.hashes.deployment[:12]})\n"
+        f"glue {h.glue_path} ({h.hashes.glue[:12]})"
+    )
+    if plan.params:
+        console.print("params: " + ", ".join(f"{k} = {v}" for k, v in plan.params.items()))
+    table = _table("nodes", "name", "engine", "dims", "kv sequences", "recurrent slots", "inputs", "stream inputs", "tp", "async")
+    for n in plan.nodes:
+        dims = " ".join(f"{k}={v}" for k, v in n.dims.items())
+        table.add_row(
+            n.name, n.engine + (f" ({n.flavor})" if n.flavor else ""), dims,
+            " ".join(n.kv_sequences) if n.engine == "kv" else "",
+            str(n.recurrent.num_slots) if n.recurrent else "",
+            " ".join(n.inputs), " ".join(n.stream_inputs),
+            "yes" if n.is_tp else "", "yes" if n.is_async else "no",
+        )
+    console.print(table)
+    for walk in plan.walks:
+        tree = Tree(f"walk {walk.name} (partition {walk.partition})")
+        _add_sections(tree, walk.body)
+        console.print(tree)
+    table = _table("partitions", "name", "stages", "initial walk", "streams in")
+    for p in plan.partitions:
+        stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in p.stages)
+        streams = "; ".join(
+            f"{s.producer_partition}.{s.edge} -> {s.consumer_node} {s.policy.kind}({s.policy.size}"
+            + (f", stride={s.policy.stride}" if s.policy.stride is not None else "")
+            + (f", context={s.policy.context}" if s.policy.context is not None else "")
+            + (", continue" if s.policy.is_continue_after_done else "") + ")"
+            for s in p.streams
+        )
+        table.add_row(p.name, stages, p.initial_walk or "(stream-triggered)", streams)
+    console.print(table)
+    d = plan.deployment
+    budget = "none" if d.capture_memory_budget_bytes is None else f"{d.capture_memory_budget_bytes / MIB:.0f} MiB"
+    console.print(
+        f"deployment: max_seq_len {d.max_seq_len}, max concurrent requests "
+        f"{d.max_concurrent_requests or 'unlimited'}, capture budget {budget}, "
+        f"follower batches in a row {d.max_consecutive_follower_batches}"
+    )
+    table = _table("KV pools", "node", "page size", "pages", "max seq len")
+    for pool in d.kv_pools:
+        table.add_row(pool.node, str(pool.page_size), str(pool.num_pages), str(pool.max_seq_len))
+    console.print(table)
+    for worker in plan.workers:
+        _worker(console, worker)
+
+
+def explain_text(plan: Plan, width: int = 120) -> str:
+    """The explanation as plain text."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
+    print_plan(plan, console)
+    return buffer.getvalue()

@@ -1,0 +1,174 @@
+"""Write and read plans: canonical JSON text in, a validated `Plan` out.
+
+    dump_plan(plan) -> str          canonical text: sorted keys, indent 1, trailing newline
+    load_plan(path, verify=True)    -> Plan, or PlanError with a message that says what is wrong
+                                       and the `mstarc compile ...` command that fixes it
+    content_hash(plan) -> str       sha256 of the canonical text with header.content_sha256 empty
+
+`load_plan` refuses: an unreadable, truncated or non-JSON file; a plan of another schema or
+compiler version; one that fails schema validation; one whose text was edited by hand
+(content hash); and, with `verify`, one whose spec, deployment or glue file on disk no longer has
+the sha256 recorded in the header. Header paths are relative to the plan file's directory.
+
+This package is shared by the compiler and the runtime and imports neither of them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from mstar.plan.schema import COMPILER_VERSION, SCHEMA_VERSION, Plan
+
+
+class PlanError(Exception):
+    """A plan that cannot be used; the message is meant for the user, as is."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    with open(path, "rb") as f:
+        return sha256_bytes(f.read())
+
+
+def _canonical(data: dict) -> str:
+    return json.dumps(data, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def _plan_data(plan: Plan) -> dict:
+    return plan.model_dump(mode="json", by_alias=True)
+
+
+def content_hash(plan: Plan) -> str:
+    """sha256 of the plan's canonical text with `header.content_sha256` blanked."""
+    data = _plan_data(plan)
+    data["header"]["content_sha256"] = ""
+    return sha256_bytes(_canonical(data).encode("utf-8"))
+
+
+def dump_plan(plan: Plan) -> str:
+    """The canonical text of a plan. Two equal plans give identical bytes."""
+    return _canonical(_plan_data(plan))
+
+
+def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
+    """`mstarc compile SPEC --config CONFIG -o PLAN` with paths as the user would type them."""
+    base = Path(plan_path).parent
+    spec = _display(base / str(header.get("spec_path", "SPEC")))
+    config = _display(base / str(header.get("deployment_path", "CONFIG")))
+    return f"mstarc compile {spec} --config {config} -o {_display(Path(plan_path))}"
+
+
+def _display(path: Path) -> str:
+    """A path relative to the working directory when that is shorter, else as given."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return rel if len(rel) <= len(str(path)) else str(path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"plan {path} does not exist; compile one with `mstarc compile SPEC`") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanError(f"cannot read plan {path}: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(
+            f"plan {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+            "it was truncated or edited. Recompile it with `mstarc compile SPEC --config CONFIG`"
+            " or `mstarc regen`"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("header"), dict):
+        raise PlanError(f"plan {path} has no header object; it is not an mstarc plan")
+    return data
+
+
+def _check_versions(path: Path, header: dict) -> None:
+    how = recompile_command(path, header)
+    schema_version = header.get("schema_version")
+    if schema_version != SCHEMA_VERSION:
+        raise PlanError(
+            f"plan {path} has schema version {schema_version!r}, this mstar reads version "
+            f"{SCHEMA_VERSION}; recompile: {how}"
+        )
+    compiler_version = header.get("compiler_version")
+    if compiler_version != COMPILER_VERSION:
+        raise PlanError(
+            f"plan {path} was written by mstarc {compiler_version!r}, this is mstarc "
+            f"{COMPILER_VERSION}; recompile: {how}"
+        )
+
+
+def _validate(path: Path, data: dict) -> Plan:
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors()[:5]:
+            where = ".".join(str(p) for p in err["loc"]) or "<plan>"
+            problems.append(f"  {where}: {err['msg']}")
+        more = "" if e.error_count() <= 5 else f"\n  ... and {e.error_count() - 5} more"
+        raise PlanError(
+            f"plan {path} does not match the plan schema (edited by hand?):\n"
+            + "\n".join(problems)
+            + more
+            + f"\nrecompile: {recompile_command(path, data['header'])}"
+        ) from None
+
+
+def _check_inputs(path: Path, plan: Plan) -> None:
+    header = plan.header
+    how = recompile_command(path, header.model_dump())
+    base = path.parent
+    inputs = [
+        ("spec", header.spec_path, header.hashes.spec),
+        ("deployment", header.deployment_path, header.hashes.deployment),
+        ("glue", header.glue_path, header.hashes.glue),
+    ]
+    for what, rel, expected in inputs:
+        file = base / rel
+        try:
+            actual = sha256_file(file)
+        except OSError as e:
+            raise PlanError(
+                f"plan {path}: cannot read its {what} file {_display(file)} "
+                f"({e.strerror or e}); recompile: {how}"
+            ) from None
+        if actual != expected:
+            raise PlanError(
+                f"plan {path} is stale: its {what} file {_display(file)} changed since the plan "
+                f"was compiled (sha256 {actual[:12]}..., plan has {expected[:12]}...); "
+                f"recompile: {how}"
+            )
+
+
+def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:
+    """Read, validate and (with `verify`) re-check a plan against its inputs on disk.
+
+    Raises PlanError (never another exception for a bad file) naming what is wrong and how to
+    recompile. Without `verify` the input files are not re-hashed (the content hash, versions
+    and schema are always checked).
+    """
+    path = Path(path)
+    data = _read_json(path)
+    _check_versions(path, data["header"])
+    plan = _validate(path, data)
+    if plan.header.content_sha256 != content_hash(plan):
+        raise PlanError(
+            f"plan {path} was edited after it was compiled (content hash mismatch); "
+            f"recompile: {recompile_command(path, data['header'])}"
+        )
+    if verify:
+        _check_inputs(path, plan)
+    return plan
