@@ -1,0 +1,152 @@
+"""Parse `.mw` source text into a `Spec` AST, reporting syntax errors as MW0xx diagnostics.
+
+    parse(text, file, diags) -> Spec | None
+
+Never raises on any input text: syntax errors, numbers out of range and even unexpected failures
+inside Lark become diagnostics, and the result is None when any error was added.
+
+Error collection: the whole file is parsed once. When that fails, the file is cut into its
+top-level declarations (lines starting at column 1 with `model`, `param`, `node`, `walk` or
+`partition`) and each one is parsed alone, so one run reports the first syntax error of every
+broken declaration (at most one error per declaration).
+
+Cache: the Lark parser (LALR(1), contextual lexer) is built once per process, on first use, and
+kept in a module-level variable; Lark's own `cache=True` also keeps the built tables in the system
+temp directory so that a fresh process loads them instead of rebuilding them.
+"""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from lark import Lark
+from lark.exceptions import LarkError, UnexpectedInput, VisitError
+from lark.lexer import PatternStr
+
+from mstar.lang import ast
+from mstar.lang import codes
+from mstar.lang.build import AstBuilder
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.syntax_errors import ErrorExplainer
+
+GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "mw.lark"
+
+# A line that starts a top-level declaration: where error recovery cuts the file.
+_DECLARATION_START = re.compile(r"^(model|param|node|walk|partition)\b", re.MULTILINE)
+# A keyword terminal of the grammar: a word ending at a word boundary.
+_KEYWORD_PATTERN = re.compile(r"^([a-z_]+)\\b$")
+_BLANK_OR_COMMENT = re.compile(r"\A(\s|#[^\n]*)*\Z")
+
+
+@lru_cache(maxsize=1)
+def _lark() -> Lark:
+    """The parser, built once per process (see the module docstring on caching)."""
+    return Lark(
+        GRAMMAR_PATH.read_text(encoding="utf-8"),
+        start=["spec", "chunk"],
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        maybe_placeholders=True,
+        cache=True,
+    )
+
+
+@lru_cache(maxsize=1)
+def _explainer() -> ErrorExplainer:
+    """Terminal name (without the leading `_` of filtered keywords) -> its literal text, if any."""
+    terminals: dict[str, Optional[str]] = {}
+    for terminal in _lark().terminals:
+        keyword = _KEYWORD_PATTERN.match(terminal.pattern.value)
+        if isinstance(terminal.pattern, PatternStr):
+            text: Optional[str] = terminal.pattern.value
+        elif keyword is not None:
+            text = keyword.group(1)
+        else:
+            text = None
+        terminals[terminal.name.lstrip("_")] = text
+    return ErrorExplainer(terminals)
+
+
+def parse(text: str, file: str, diags: Diagnostics) -> Optional[ast.Spec]:
+    """Parse one spec. Adds the source to `diags`; on any error adds diagnostics and returns None."""
+    diags.add_source(file, text)
+    num_errors_before = _num_errors(diags)
+    try:
+        spec = _parse_checked(text, file, diags)
+    except Exception as error:  # a bug in the parser or Lark must not become a traceback
+        diags.error(codes.INTERNAL_PARSER_ERROR,
+                    f"internal parser error ({type(error).__name__}: {_first_line(error)}); "
+                    f"please report it with this spec",
+                    ast.Span(file=file, line=1, col=1, end_line=1, end_col=2))
+        return None
+    if spec is None or _num_errors(diags) > num_errors_before:
+        return None
+    return spec
+
+
+def _parse_checked(text: str, file: str, diags: Diagnostics) -> Optional[ast.Spec]:
+    try:
+        tree = _lark().parse(text, start="spec")
+    except UnexpectedInput as error:
+        _report_by_declaration(text, file, diags, error)
+        return None
+    return _build(tree, file, diags)
+
+
+def _build(tree, file: str, diags: Diagnostics):
+    try:
+        return AstBuilder(file, diags).transform(tree)
+    except VisitError as error:
+        raise error.orig_exc from error
+
+
+def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error: UnexpectedInput) -> None:
+    """Re-parse each top-level declaration alone and report the first error of each."""
+    explainer = _explainer()
+    num_reported = 0
+    starts = [m.start() for m in _DECLARATION_START.finditer(text)]
+    bounds = [0] + starts + [len(text)]
+    models_seen = 0
+    for begin, end in zip(bounds, bounds[1:]):
+        piece = text[begin:end]
+        if _BLANK_OR_COMMENT.match(piece):
+            continue
+        # Pad with the newlines before the piece so Lark reports lines of the whole file.
+        padded = "\n" * text.count("\n", 0, begin) + piece
+        start = _DECLARATION_START.match(piece)
+        if start is not None and start.group(1) == "model":
+            models_seen += 1
+        try:
+            tree = _lark().parse(padded, start="chunk")
+        except UnexpectedInput as error:
+            problem = explainer.explain(error, padded, file)
+            diags.error(problem.code, problem.message, problem.span)
+            num_reported += 1
+            continue
+        except LarkError:
+            continue
+        item = _build(tree, file, diags)
+        is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
+        if is_model and models_seen > 1:
+            diags.error(codes.MODEL_LINE, "`model` may appear only once, as the first line of the spec",
+                        item.span)
+            num_reported += 1
+        elif not is_model and models_seen == 0 and num_reported == 0:
+            diags.error(codes.MODEL_LINE, "a spec starts with `model NAME`; this declaration comes first",
+                        item.span)
+            num_reported += 1
+    if num_reported == 0:
+        problem = explainer.explain(whole_error, text, file)
+        diags.error(problem.code, problem.message, problem.span)
+
+
+def _num_errors(diags: Diagnostics) -> int:
+    return sum(1 for d in diags.items if d.severity == "error")
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"

@@ -1,0 +1,262 @@
+"""Turn Lark's syntax errors into MW0xx diagnostics with plain-word expectations and named hints.
+
+In: an `UnexpectedInput` from the LALR parser, the source text and the terminal patterns of the
+grammar. Out: one (code, message, span) per error. Common mistakes (a missing `{` or `}`, `=` for
+`<=` in `rows`, a missing `->` before an edge, an unknown engine kind / capture family / attention
+route / chunk policy / state kind / edge flag, a `cap` without a number, a reserved word used as a
+name, a misplaced `model` line) get their own code and message; anything else is MW001-MW003 with
+the list of what the grammar expected there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from lark import Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from mstar.lang import ast
+from mstar.lang import codes
+
+# Terminal names whose text is a word of the language: seen where a name is expected they are
+# reserved words, not names.
+_WORD_TERMINALS_EXCLUDED = {"NAME", "INT", "SIGNED_INT", "SIGNED_FLOAT", "STRING", "COMMENT", "WS"}
+
+_REGEX_WORDS = {
+    "NAME": "a name",
+    "INT": "a number",
+    "SIGNED_INT": "a number",
+    "SIGNED_FLOAT": "a decimal number",
+    "STRING": "a quoted string",
+    "$END": "end of file",
+}
+
+_EDGE_FLAGS = "persist, stream, device, count_tokens"
+
+
+@dataclass(frozen=True)
+class SyntaxProblem:
+    code: str
+    message: str
+    span: ast.Span
+
+
+class ErrorExplainer:
+    """Explains syntax errors of one grammar; `terminals` maps terminal name -> literal text or None."""
+
+    def __init__(self, terminals: dict[str, Optional[str]]):
+        self.terminals = terminals
+        self.keywords = {name for name, text in terminals.items()
+                         if text is not None and text.isidentifier() and name not in _WORD_TERMINALS_EXCLUDED}
+
+    # ---- words ------------------------------------------------------------------------------
+
+    def describe_terminal(self, name: str) -> str:
+        if name in _REGEX_WORDS:
+            return _REGEX_WORDS[name]
+        text = self.terminals.get(name)
+        return f"`{text}`" if text is not None else name.lower()
+
+    def describe_expected(self, expected) -> str:
+        words = sorted({self.describe_terminal(n) for n in expected})
+        if not words:
+            return "nothing more"
+        if len(words) == 1:
+            return words[0]
+        return "one of " + ", ".join(words)
+
+    def describe_token(self, token: Token) -> str:
+        if token.type == "$END":
+            return "end of file"
+        if token.type == "NAME":
+            return f"name `{token}`"
+        return f"`{_short(str(token))}`"
+
+    # ---- main entry ---------------------------------------------------------------------------
+
+    def explain(self, error: UnexpectedInput, text: str, file: str) -> SyntaxProblem:
+        if isinstance(error, UnexpectedToken):
+            return self._explain_token(error, text, file)
+        if isinstance(error, UnexpectedCharacters):
+            char = text[error.pos_in_stream] if 0 <= error.pos_in_stream < len(text) else "?"
+            span = ast.Span(file=file, line=error.line, col=error.column,
+                            end_line=error.line, end_col=error.column + 1)
+            expected = self.describe_expected(error.allowed or ())
+            return SyntaxProblem(codes.UNEXPECTED_CHARACTER,
+                                 f"unexpected character {_show_char(char)}; expected {expected}", span)
+        span = ast.Span(file=file, line=getattr(error, "line", 1) or 1,
+                        col=getattr(error, "column", 1) or 1)
+        return SyntaxProblem(codes.UNEXPECTED_TOKEN, f"syntax error: {error}", span)
+
+    def _explain_token(self, error: UnexpectedToken, text: str, file: str) -> SyntaxProblem:
+        token = _normalised(error.token)
+        expected = {name.lstrip("_") for name in error.expected}
+        stack = _value_stack(error)
+        if token.type == "$END":
+            span = _end_span(text, file)
+        else:
+            span = _token_span(token, file)
+        where = self.describe_token(token)
+        plain = f"unexpected {where}; expected {self.describe_expected(expected)}"
+
+        if token.type == "$END":
+            brace = _last_token(stack, "LBRACE")
+            if "RBRACE" in expected and brace is not None:
+                return SyntaxProblem(codes.MISSING_RBRACE,
+                                     f"missing `}}`: the block opened at line {brace.line} "
+                                     f"is not closed before the end of the declaration", span)
+            return SyntaxProblem(codes.UNEXPECTED_END,
+                                 f"unexpected end of file; expected {self.describe_expected(expected)}", span)
+        if expected == {"MODEL"}:
+            return SyntaxProblem(codes.MODEL_LINE,
+                                 f"a spec starts with `model NAME`; found {where}", span)
+        if token.type == "MODEL":
+            return SyntaxProblem(codes.MODEL_LINE,
+                                 "`model` may appear only once, as the first line of the spec", span)
+        if token.type == "NAME":
+            named = self._explain_unknown_word(token, expected)
+            if named is not None:
+                return SyntaxProblem(named[0], named[1], span)
+        if "RBRACE" in expected and token.type in {"NODE", "WALK", "PARTITION", "PARAM"}:
+            brace = _last_token(stack, "LBRACE")
+            line = brace.line if brace is not None else token.line
+            return SyntaxProblem(codes.MISSING_RBRACE,
+                                 f"missing `}}`: the block opened at line {line} is not closed "
+                                 f"before this `{token}`", span)
+        if token.type == "LPAR" and stack and _is_keyword(stack[-1], self.keywords):
+            return SyntaxProblem(codes.RESERVED_WORD,
+                                 f"`{stack[-1]}` is a reserved word and cannot name a node here",
+                                 _token_span(stack[-1], file))
+        if token.type in self.keywords and "NAME" in expected:
+            return SyntaxProblem(codes.RESERVED_WORD,
+                                 f"`{token}` is a reserved word and cannot be used as a name here; "
+                                 f"expected {self.describe_expected(expected)}", span)
+        if token.type == "EQUAL" and "LE" in expected:
+            return SyntaxProblem(codes.ROWS_NEEDS_LE,
+                                 "a rows limit is written `rows WALK <= N`, with `<=` instead of `=`", span)
+        if _last_keyword(stack, self.keywords) == "CAP" and "INT" in expected:
+            return SyntaxProblem(codes.CAP_WITHOUT_NUMBER,
+                                 f"`cap` needs a number of rows (`cap WALK N` in a node, `cap N` in a "
+                                 f"combine); found {where}", span)
+        if token.type == "COLON" and "LPAR" in expected and stack and _is_name(stack[-1]):
+            return SyntaxProblem(codes.MISSING_ARROW,
+                                 f"missing `->` before the edge `{stack[-1]}:` (write `-> {stack[-1]}: DEST`)",
+                                 span)
+        flag = _stray_flag(stack)
+        if flag is not None and "LPAR" in expected:
+            return SyntaxProblem(codes.UNKNOWN_EDGE_FLAG,
+                                 f"unknown edge flag `{flag}`; edge flags are {_EDGE_FLAGS}, and a client "
+                                 f"edge is written `-> NAME: client MODALITY`", _token_span(flag, file))
+        if "LBRACE" in expected:
+            return SyntaxProblem(codes.MISSING_LBRACE,
+                                 f"missing `{{`: {plain}", span)
+        return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain, span)
+
+    def _explain_unknown_word(self, token: Token, expected: set[str]) -> Optional[tuple[str, str]]:
+        """A name found where only certain words may stand: engine kind, capture family, ..."""
+        if expected and expected <= {"KV", "STATELESS"}:
+            return (codes.UNKNOWN_ENGINE,
+                    f"unknown engine kind `{token}`; an engine is `kv` or `stateless`")
+        if {"BATCHED", "PACKED"} <= expected and "NAME" not in expected:
+            return (codes.UNKNOWN_CAPTURE_FAMILY,
+                    f"unknown capture family `{token}`; a capture is `batched` or `packed`")
+        if expected == {"SPLIT", "PACKED"}:
+            return (codes.UNKNOWN_ATTENTION_ROUTE,
+                    f"unknown attention route `{token}`; the route is `split` or `packed`")
+        if {"WINDOW", "LEFT_CONTEXT", "FIXED"} <= expected:
+            return (codes.UNKNOWN_CHUNK_POLICY,
+                    f"unknown chunk policy `{token}`; a stream is cut by `window(SIZE, stride=N)`, "
+                    f"`left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`")
+        if expected == {"STATE_KIND"}:
+            return (codes.UNKNOWN_STATE_KIND,
+                    f"unknown state kind `{token}`; the state kind is `recurrent`")
+        return None
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def _normalised(token: Token) -> Token:
+    """The token with the `_` of filtered keyword terminals dropped from its type."""
+    if token.type.startswith("_") and token.type != "$END":
+        return Token.new_borrow_pos(token.type.lstrip("_"), token.value, token)
+    return token
+
+
+def _value_stack(error: UnexpectedToken) -> list:
+    parser = getattr(error, "interactive_parser", None)
+    state = getattr(parser, "parser_state", None)
+    return list(getattr(state, "value_stack", None) or [])
+
+
+def _last_token(stack: list, type_name: str) -> Optional[Token]:
+    for item in reversed(stack):
+        if isinstance(item, Token) and item.type.lstrip("_") == type_name:
+            return item
+    return None
+
+
+def _last_keyword(stack: list, keywords: set[str]) -> Optional[str]:
+    for item in reversed(stack):
+        if isinstance(item, Token) and item.type.lstrip("_") in keywords:
+            return item.type.lstrip("_")
+        if isinstance(item, Tree):
+            return None
+    return None
+
+
+def _is_keyword(item, keywords: set[str]) -> bool:
+    return isinstance(item, Token) and item.type.lstrip("_") in keywords
+
+
+def _is_name(item) -> bool:
+    return isinstance(item, Token) and item.type == "NAME"
+
+
+def _stray_flag(stack: list) -> Optional[Token]:
+    """A name just after an edge, on the edge's own line: most likely a misspelt edge flag.
+
+    The parser took it as the start of a new call, so the stack ends with [.., call, NAME].
+    """
+    if len(stack) < 2 or not _is_name(stack[-1]):
+        return None
+    previous = stack[-2]
+    # Lark keeps a run of sections in a helper tree (`__walk_star_3`): look at its last section.
+    while isinstance(previous, Tree) and previous.data.startswith("__") and previous.children:
+        previous = previous.children[-1]
+    if not isinstance(previous, Tree) or previous.data != "call" or not previous.children:
+        return None
+    last = previous.children[-1]
+    if not isinstance(last, Tree) or last.data != "edge" or last.meta.empty:
+        return None
+    return stack[-1] if last.meta.end_line == stack[-1].line else None
+
+
+def _token_span(token: Token, file: str) -> ast.Span:
+    line = token.line or 1
+    col = token.column or 1
+    end_line = token.end_line or line
+    end_col = token.end_column or col + 1
+    if end_line == line and end_col <= col:
+        end_col = col + 1
+    return ast.Span(file=file, line=line, col=col, end_line=end_line, end_col=end_col)
+
+
+def _end_span(text: str, file: str) -> ast.Span:
+    """The place just after the last character that is not blank or a comment."""
+    lines = text.splitlines() or [""]
+    for index in range(len(lines) - 1, -1, -1):
+        content = lines[index].split("#", 1)[0].rstrip()
+        if content:
+            col = len(content) + 1
+            return ast.Span(file=file, line=index + 1, col=col, end_line=index + 1, end_col=col + 1)
+    return ast.Span(file=file, line=1, col=1, end_line=1, end_col=2)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def _show_char(char: str) -> str:
+    if char.isprintable() and char not in "` ":
+        return f"`{char}`"
+    return f"U+{ord(char):04X} {char!r}"
