@@ -1,0 +1,261 @@
+"""Torch references of the generated glue kernels, and the buffers both work on.
+
+The compiler renders one Triton module per plan (`generated/<config>_glue.py`, see
+docs/glue.md). Each scheduling key of a kv node gets two kernels there:
+
+- `pack_step`: per-row metadata in, the packed FlashInfer-style step layout out (token ids,
+  positions, KV write slots, qo_indptr, kv_indptr, kv_indices, last-page lengths, the row's
+  last-token logits index), padded to the step's bucket;
+- `scatter_after_sampling`: each row's sampled token to the on-device loop-back buffer, the
+  stream buffer and the host-visible output, as the row's walk asks.
+
+This module holds the same two functions in plain torch (`pack_step`, `scatter_after_sampling`),
+used by the tests as the specification of the kernels and by the runtime as the CPU path, plus
+the static buffers both sides write into (allocated once, before the first step) and the host
+checks the generated launchers share. It imports neither triton nor the compiler.
+
+All index tensors are int32 (FlashInfer refuses int64 indices).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+INDEX_DTYPE = torch.int32
+
+
+@dataclass(frozen=True)
+class GlueConstants:
+    """The plan's constants one key's kernels are specialised on (rendered into the glue file).
+
+    Bit i of a mask stands for `walks[i]` (the key's walk order, as in the plan's mixtures).
+    """
+
+    key: str  # KeyPlan.name
+    node: str
+    walks: tuple[str, ...]
+    page_size: int
+    max_rows: int  # most rows any step of the key holds: max of the caps and captured batches
+    device_loop_mask: int  # walks whose sampled token loops back on the device
+    stream_mask: int  # walks whose sampled token goes to a stream buffer
+    host_mask: int  # walks whose sampled token the host must see (edges off the device, stop checks)
+    batch_sizes: tuple[int, ...]  # captured batch sizes of every capture family of the key
+    max_tokens: int  # largest captured token count (packed bucket, or batch x tokens per row)
+
+    def has_walk(self, mask: int, walk_index: int) -> bool:
+        return 0 <= walk_index < len(self.walks) and (mask >> walk_index) & 1 == 1
+
+
+@dataclass
+class RowInputs:
+    """Per-row metadata of one step, rows 0..num_rows-1 valid (static device buffers).
+
+    `host_tokens` holds the rows' new token ids concatenated in row order (the packed order);
+    a row fed from the device loop-back buffer has one entry there, which is ignored.
+    `slot` is the row's sequence slot: its page-table row and its loop-back / stream entry.
+    """
+
+    walk_index: torch.Tensor  # [max_rows] index into GlueConstants.walks
+    num_tokens: torch.Tensor  # [max_rows] new tokens this step
+    context_len: torch.Tensor  # [max_rows] tokens already in the row's KV sequence
+    loop_iter: torch.Tensor  # [max_rows] iteration of the enclosing loop (0 outside loops)
+    slot: torch.Tensor  # [max_rows]
+    is_emitting: torch.Tensor  # [max_rows] 1 when this step yields the row's next token
+    stream_pos: torch.Tensor  # [max_rows] where the row's token goes in its stream buffer
+    host_tokens: torch.Tensor  # [max_tokens]
+
+    @classmethod
+    def allocate(cls, constants: GlueConstants, max_tokens: int, device: torch.device | str) -> "RowInputs":
+        rows = lambda: torch.zeros(constants.max_rows, dtype=INDEX_DTYPE, device=device)  # noqa: E731
+        return cls(rows(), rows(), rows(), rows(), rows(), rows(), rows(),
+                   torch.zeros(max_tokens, dtype=INDEX_DTYPE, device=device))
+
+
+@dataclass
+class PackBuffers:
+    """What `pack_step` writes: the step's packed layout, valid up to the padded batch / bucket."""
+
+    tokens: torch.Tensor  # [max_tokens] token ids; padding tokens are 0
+    positions: torch.Tensor  # [max_tokens] absolute positions; padding tokens are 0
+    kv_slots: torch.Tensor  # [max_tokens] page * page_size + offset of each new token's K/V
+    qo_indptr: torch.Tensor  # [max_rows + 1]
+    kv_indptr: torch.Tensor  # [max_rows + 1]
+    kv_indices: torch.Tensor  # [max_pages] pages of every row after this step's append
+    kv_last_page_len: torch.Tensor  # [max_rows] 1..page_size for real rows, 0 for padding rows
+    logits_index: torch.Tensor  # [max_rows] each row's last token in the packed order
+
+    @classmethod
+    def allocate(cls, constants: GlueConstants, max_tokens: int, max_pages: int,
+                 device: torch.device | str) -> "PackBuffers":
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=INDEX_DTYPE, device=device)
+
+        rows = constants.max_rows
+        return cls(zeros(max_tokens), zeros(max_tokens), zeros(max_tokens), zeros(rows + 1),
+                   zeros(rows + 1), zeros(max_pages), zeros(rows), zeros(rows))
+
+
+@dataclass
+class TokenBuffers:
+    """Where sampled tokens go: kept across steps, indexed by sequence slot (host_out by row)."""
+
+    loop_back: torch.Tensor  # [num_slots] the next input token of rows looping on the device
+    stream_tokens: torch.Tensor  # [num_slots, stream_capacity]
+    host_out: torch.Tensor  # [max_rows] device side of the host-visible copy
+
+    @classmethod
+    def allocate(cls, constants: GlueConstants, num_slots: int, stream_capacity: int,
+                 device: torch.device | str) -> "TokenBuffers":
+        return cls(torch.zeros(num_slots, dtype=INDEX_DTYPE, device=device),
+                   torch.zeros(num_slots, stream_capacity, dtype=INDEX_DTYPE, device=device),
+                   torch.zeros(constants.max_rows, dtype=INDEX_DTYPE, device=device))
+
+
+@dataclass(frozen=True)
+class KeyGlue:
+    """One key's entry in a glue module's `KEYS`: its constants and its two launchers.
+
+    The launchers take the same arguments as `pack_step` / `scatter_after_sampling` below,
+    without the leading `constants`.
+    """
+
+    constants: GlueConstants
+    pack_step: Callable[..., None]
+    scatter_after_sampling: Callable[..., None]
+
+
+class GlueLaunchError(ValueError):
+    """A launch whose sizes do not fit the key's constants or the given buffers."""
+
+
+def check_pack_launch(constants: GlueConstants, num_rows: int, padded_batch: int, token_bucket: int,
+                      inputs: RowInputs, page_table: torch.Tensor, out: PackBuffers) -> None:
+    """Host-side checks on sizes only (no device read): raise GlueLaunchError with the reason."""
+    _check_rows(constants, num_rows)
+    if padded_batch < num_rows or padded_batch > constants.max_rows:
+        raise GlueLaunchError(
+            f"{constants.key}: padded batch {padded_batch} must lie in [{num_rows}, {constants.max_rows}]")
+    if padded_batch != num_rows and padded_batch not in constants.batch_sizes:
+        raise GlueLaunchError(
+            f"{constants.key}: padded batch {padded_batch} is not a captured batch size "
+            f"{list(constants.batch_sizes)} (an eager step pads to its own row count)")
+    if token_bucket < 0 or token_bucket > min(out.tokens.numel(), inputs.host_tokens.numel()):
+        raise GlueLaunchError(
+            f"{constants.key}: token bucket {token_bucket} exceeds the token buffers "
+            f"({out.tokens.numel()} packed, {inputs.host_tokens.numel()} host)")
+    if page_table.dim() != 2:
+        raise GlueLaunchError(f"{constants.key}: page table must be 2-D [slots, pages per sequence]")
+    if out.kv_indices.numel() < num_rows * page_table.shape[1]:
+        raise GlueLaunchError(
+            f"{constants.key}: kv_indices holds {out.kv_indices.numel()} pages, a step of {num_rows} "
+            f"rows may need {num_rows * page_table.shape[1]}")
+
+
+def check_scatter_launch(constants: GlueConstants, num_rows: int, sampled: torch.Tensor) -> None:
+    _check_rows(constants, num_rows)
+    if sampled.numel() < num_rows:
+        raise GlueLaunchError(f"{constants.key}: {sampled.numel()} sampled tokens for {num_rows} rows")
+
+
+def _check_rows(constants: GlueConstants, num_rows: int) -> None:
+    if num_rows < 0 or num_rows > constants.max_rows:
+        raise GlueLaunchError(f"{constants.key}: {num_rows} rows, the key holds at most {constants.max_rows}")
+
+
+def pack_step(constants: GlueConstants, num_rows: int, padded_batch: int, token_bucket: int,
+              inputs: RowInputs, page_table: torch.Tensor, loop_back: torch.Tensor,
+              out: PackBuffers, pad_slot: int) -> None:
+    """Write the packed layout of rows 0..num_rows-1, padded to `padded_batch` rows and
+    `token_bucket` tokens, into `out` (see `pack_step` in docs/glue.md for each buffer).
+
+    Row i owns packed tokens [qo_indptr[i], qo_indptr[i+1]) at positions context_len[i] + t; its
+    KV sequence after the step has L = context_len + num_tokens tokens on ceil(L / page_size)
+    pages, the first ones of its page-table row. Padding rows are zero-length segments (offsets
+    repeat, last-page length 0); padding tokens are token 0 at position 0 writing K/V to
+    `pad_slot` (a reserved dummy page's slot, so a captured graph never touches live pages).
+    Tokens past `token_bucket` and pages past kv_indices' end are not written.
+    """
+    check_pack_launch(constants, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    page_size = constants.page_size
+    counts = inputs.num_tokens[:num_rows].long().cpu()
+    contexts = inputs.context_len[:num_rows].long().cpu()
+    seq_lens = contexts + counts
+    pages = (seq_lens + page_size - 1) // page_size
+    if num_rows and int(pages.max()) > page_table.shape[1]:
+        raise GlueLaunchError(f"{constants.key}: a row needs more pages than its page-table row holds")
+    qo = torch.zeros(padded_batch + 1, dtype=torch.long)
+    kv = torch.zeros(padded_batch + 1, dtype=torch.long)
+    qo[1:num_rows + 1] = torch.cumsum(counts, 0)
+    kv[1:num_rows + 1] = torch.cumsum(pages, 0)
+    qo[num_rows + 1:] = qo[num_rows]
+    kv[num_rows + 1:] = kv[num_rows]
+    last = torch.zeros(padded_batch, dtype=torch.long)
+    last[:num_rows] = torch.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
+
+    num_step_tokens = int(qo[num_rows])
+    tokens = torch.zeros(num_step_tokens, dtype=torch.long)
+    positions = torch.zeros(num_step_tokens, dtype=torch.long)
+    kv_slots = torch.zeros(num_step_tokens, dtype=torch.long)
+    kv_indices = torch.zeros(int(kv[num_rows]), dtype=torch.long)
+    host_tokens = inputs.host_tokens.long().cpu()
+    table = page_table.long().cpu()
+    for i in range(num_rows):
+        start, stop = int(qo[i]), int(qo[i + 1])
+        slot = int(inputs.slot[i])
+        row_pos = torch.arange(int(contexts[i]), int(seq_lens[i]))
+        is_from_device = (constants.has_walk(constants.device_loop_mask, int(inputs.walk_index[i]))
+                          and int(inputs.loop_iter[i]) > 0)
+        if is_from_device:
+            tokens[start:stop] = int(loop_back[slot])
+        else:
+            tokens[start:stop] = host_tokens[start:stop]
+        positions[start:stop] = row_pos
+        kv_slots[start:stop] = table[slot, row_pos // page_size] * page_size + row_pos % page_size
+        kv_indices[int(kv[i]):int(kv[i + 1])] = table[slot, :int(pages[i])]
+
+    num_written = min(num_step_tokens, token_bucket)
+    _write(out.tokens, 0, tokens[:num_written])
+    _write(out.positions, 0, positions[:num_written])
+    _write(out.kv_slots, 0, kv_slots[:num_written])
+    num_pad_tokens = max(token_bucket - num_step_tokens, 0)
+    _write(out.tokens, num_written, torch.zeros(num_pad_tokens, dtype=torch.long))
+    _write(out.positions, num_written, torch.zeros(num_pad_tokens, dtype=torch.long))
+    _write(out.kv_slots, num_written, torch.full((num_pad_tokens,), pad_slot, dtype=torch.long))
+    _write(out.kv_indices, 0, kv_indices[:out.kv_indices.numel()])
+    _write(out.qo_indptr, 0, qo)
+    _write(out.kv_indptr, 0, kv)
+    _write(out.kv_last_page_len, 0, last)
+    _write(out.logits_index, 0, torch.clamp(qo[1:] - 1, min=0))
+
+
+def scatter_after_sampling(constants: GlueConstants, num_rows: int, sampled: torch.Tensor,
+                           inputs: RowInputs, buffers: TokenBuffers) -> None:
+    """Send each emitting row's sampled token where its walk needs it.
+
+    For row i < num_rows with is_emitting[i] != 0, of walk w and slot s:
+    loop_back[s] = token when w loops back on the device; stream_tokens[s, stream_pos[i]] =
+    token when w streams (positions outside the buffer are dropped); host_out[i] = token when
+    the host must see w's token. Every other entry is left as it was.
+    """
+    check_scatter_launch(constants, num_rows, sampled)
+    capacity = buffers.stream_tokens.shape[1]
+    for i in range(num_rows):
+        if int(inputs.is_emitting[i]) == 0:
+            continue
+        walk, slot, token = int(inputs.walk_index[i]), int(inputs.slot[i]), int(sampled[i])
+        if constants.has_walk(constants.device_loop_mask, walk):
+            buffers.loop_back[slot] = token
+        stream_pos = int(inputs.stream_pos[i])
+        if constants.has_walk(constants.stream_mask, walk) and 0 <= stream_pos < capacity:
+            buffers.stream_tokens[slot, stream_pos] = token
+        if constants.has_walk(constants.host_mask, walk):
+            buffers.host_out[i] = token
+
+
+def _write(dest: torch.Tensor, start: int, values: torch.Tensor) -> None:
+    """Copy `values` into dest[start:] (dest's dtype and device)."""
+    if values.numel():
+        dest[start:start + values.numel()] = values.to(dtype=dest.dtype, device=dest.device)
+

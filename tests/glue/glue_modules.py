@@ -1,0 +1,34 @@
+"""Glue modules for the kernel tests: rendered from the hand-built plan, or checked in."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from glue_plans import tiny_plan
+
+from mstar.compiler.glue import render_glue
+from mstar.runtime.glue_loader import load_glue
+from mstar.runtime.glue_reference import KeyGlue
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_glue_module(directory: Path, page_size: int) -> ModuleType:
+    path = directory / f"tiny_p{page_size}_glue.py"
+    path.write_text(render_glue(tiny_plan(page_size=page_size, num_workers=2, differing_worker=True),
+                                "tiny", f"tiny_p{page_size}"))
+    return load_glue(path)
+
+
+def key_glues(module: ModuleType) -> list[KeyGlue]:
+    """Each distinct KeyGlue of the module once, in worker then key order."""
+    seen: list[KeyGlue] = []
+    for rank in sorted(module.GLUE_BY_WORKER):
+        for key in sorted(module.GLUE_BY_WORKER[rank]):
+            if all(module.GLUE_BY_WORKER[rank][key] is not known for known in seen):
+                seen.append(module.GLUE_BY_WORKER[rank][key])
+    return seen
+
+
+def generated_glue_files() -> list[Path]:
+    return sorted((REPO_ROOT / "generated").glob("*_glue.py"))
