@@ -165,7 +165,15 @@ class AstBuilder(Transformer):
         return str(children[0])
 
     def string_value(self, children):
-        return json.loads(str(children[0]))
+        token = children[0]
+        try:
+            return json.loads(str(token), strict=False)
+        except ValueError as error:
+            self.diags.error(codes.INVALID_STRING,
+                             f"invalid quoted string: {error.msg if hasattr(error, 'msg') else error}; "
+                             f"strings use JSON escapes such as \\\" and \\n",
+                             self._token_span(token))
+            return ""
 
     def list_value(self, children):
         return [self._int(c) for c in children if c is not None]

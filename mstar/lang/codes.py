@@ -24,6 +24,7 @@ UNKNOWN_STATE_KIND = "MW016"
 DUPLICATE_SETTING = "MW020"
 CAPTURE_WITHOUT_BATCH = "MW021"
 NUMBER_OUT_OF_RANGE = "MW022"
+INVALID_STRING = "MW023"
 INTERNAL_PARSER_ERROR = "MW099"
 
 TITLES: dict[str, str] = {
@@ -46,5 +47,6 @@ TITLES: dict[str, str] = {
     DUPLICATE_SETTING: "a setting given twice",
     CAPTURE_WITHOUT_BATCH: "a capture without `batch=[...]`",
     NUMBER_OUT_OF_RANGE: "a number out of range",
+    INVALID_STRING: "a quoted string with an invalid escape",
     INTERNAL_PARSER_ERROR: "internal parser error (a bug: please report it)",
 }
