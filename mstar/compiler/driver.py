@@ -224,8 +224,9 @@ def compile_spec(
 
 
 def render_glue(plan: Plan) -> str:
-    """The Triton glue of a plan (GLUE helper's templates); imported here, on use, because it
-    pulls in Jinja2, which `mstarc check` does not need."""
+    """The Triton glue of a plan (GLUE helper's templates). The glue reads the plan's tables,
+    never its hashes; model and config names only go into its header comment. Imported here,
+    on use, because it pulls in Jinja2, which `mstarc check` does not need."""
     from mstar.compiler.glue import render_glue as render
 
-    return render(plan)
+    return render(plan, plan.header.model, plan.header.deployment)

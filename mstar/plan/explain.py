@@ -10,6 +10,7 @@ import io
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from mstar.plan.schema import CallPlan, EdgePlan, KeyPlan, LoopPlan, ParallelPlan, Plan, WorkerPlan
@@ -17,8 +18,15 @@ from mstar.plan.schema import CallPlan, EdgePlan, KeyPlan, LoopPlan, ParallelPla
 MIB = 1024 * 1024
 
 
+class _Table(Table):
+    """A table whose cells are plain text: `[persist]` is data here, not rich markup."""
+
+    def add_row(self, *cells: str) -> None:
+        super().add_row(*(Text(c) for c in cells))
+
+
 def _table(title: str, *columns: str) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=False, pad_edge=False)
+    table = _Table(title=Text(title), title_justify="left", show_lines=False, pad_edge=False)
     for column in columns:
         table.add_column(column, overflow="fold")
     return table
@@ -46,9 +54,9 @@ def _edge_text(edge: EdgePlan) -> str:
 def _add_sections(tree: Tree, sections: list) -> None:
     for section in sections:
         if isinstance(section, CallPlan):
-            branch = tree.add(f"{section.node}({', '.join(section.inputs)})")
+            branch = tree.add(Text(f"{section.node}({', '.join(section.inputs)})"))
             for edge in section.edges:
-                branch.add(_edge_text(edge))
+                branch.add(Text(_edge_text(edge)))
         elif isinstance(section, LoopPlan):
             stop = " stop" if section.has_stop else ""
             device = " on-device" if section.is_on_device else ""
@@ -59,12 +67,12 @@ def _add_sections(tree: Tree, sections: list) -> None:
             if section.accumulate:
                 extra += f" accumulate {', '.join(section.accumulate)}"
             branch = tree.add(
-                f"loop {section.name} max={section.max_iters}{stop}{device} loop-back: {back}{extra}"
+                Text(f"loop {section.name} max={section.max_iters}{stop}{device} loop-back: {back}{extra}")
             )
             _add_sections(branch, section.body)
         else:
             word = "parallel" if isinstance(section, ParallelPlan) else "sequential"
-            _add_sections(tree.add(word), section.body)
+            _add_sections(tree.add(Text(word)), section.body)
 
 
 def _key_table(key: KeyPlan) -> Table:
@@ -83,7 +91,7 @@ def _key_table(key: KeyPlan) -> Table:
 
 
 def _worker(console: Console, worker: WorkerPlan) -> None:
-    console.rule(f"worker rank {worker.rank}  (capture memory {worker.capture_memory_bytes / MIB:.1f} MiB)")
+    console.rule(Text(f"worker rank {worker.rank}  (capture memory {worker.capture_memory_bytes / MIB:.1f} MiB)"))
     table = _table("placements", "node/walk", "key")
     for pair in worker.placements:
         table.add_row(pair, worker.walk_to_key[pair])
@@ -123,15 +131,15 @@ def _worker(console: Console, worker: WorkerPlan) -> None:
 
 def print_plan(plan: Plan, console: Console) -> None:
     h = plan.header
-    console.rule(f"plan {h.model} / {h.deployment}")
-    console.print(
+    console.rule(Text(f"plan {h.model} / {h.deployment}"))
+    console.print(Text(
         f"schema {h.schema_version}, mstarc {h.compiler_version}\n"
         f"spec {h.spec_path} ({h.hashes.spec[:12]})\n"
         f"deployment {h.deployment_path} ({h.hashes.deployment[:12]})\n"
         f"glue {h.glue_path} ({h.hashes.glue[:12]})"
-    )
+    ))
     if plan.params:
-        console.print("params: " + ", ".join(f"{k} = {v}" for k, v in plan.params.items()))
+        console.print(Text("params: " + ", ".join(f"{k} = {v}" for k, v in plan.params.items())))
     table = _table("nodes", "name", "engine", "dims", "kv sequences", "recurrent slots", "inputs", "stream inputs", "tp", "async")
     for n in plan.nodes:
         dims = " ".join(f"{k}={v}" for k, v in n.dims.items())
@@ -144,7 +152,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         )
     console.print(table)
     for walk in plan.walks:
-        tree = Tree(f"walk {walk.name} (partition {walk.partition})")
+        tree = Tree(Text(f"walk {walk.name} (partition {walk.partition})"))
         _add_sections(tree, walk.body)
         console.print(tree)
     table = _table("partitions", "name", "stages", "initial walk", "streams in")
@@ -161,11 +169,11 @@ def print_plan(plan: Plan, console: Console) -> None:
     console.print(table)
     d = plan.deployment
     budget = "none" if d.capture_memory_budget_bytes is None else f"{d.capture_memory_budget_bytes / MIB:.0f} MiB"
-    console.print(
+    console.print(Text(
         f"deployment: max_seq_len {d.max_seq_len}, max concurrent requests "
         f"{d.max_concurrent_requests or 'unlimited'}, capture budget {budget}, "
         f"follower batches in a row {d.max_consecutive_follower_batches}"
-    )
+    ))
     table = _table("KV pools", "node", "page size", "pages", "max seq len")
     for pool in d.kv_pools:
         table.add_row(pool.node, str(pool.page_size), str(pool.num_pages), str(pool.max_seq_len))

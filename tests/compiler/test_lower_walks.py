@@ -1,0 +1,95 @@
+"""Lowering of walks: loop-back derivation, loop names and bounds, partitions, streams."""
+from compiler_helpers import TTS_SPEC, spec_from
+
+from mstar.compiler.lower_walks import (
+    has_device_loop_back,
+    is_decode_like,
+    iter_calls,
+    iter_loops,
+    lower_partitions,
+    lower_walks,
+)
+
+
+def _walks(text):
+    spec = spec_from(text)
+    return {w.name: w for w in lower_walks(spec, {p.name: p.value for p in spec.params})}
+
+
+LOOPS_SPEC = """
+model loops
+param steps = 49
+node A stateless { in x in y }
+node B stateless { in x in z }
+node C stateless { in x }
+walk self_edge {
+    loop max=3 { A(x, y) -> x: A device -> y: A device }
+}
+walk later_to_earlier {
+    loop gen max=steps {
+        sequential {
+            parallel {
+                A(x, y) -> z: B
+                C(x)
+            }
+            B(x, z) -> x: A -> y: A -> x: C -> out: client image
+        }
+    }
+}
+walk two_unnamed {
+    loop max=2 { A(x, y) -> x: A -> y: A }
+    loop max=4 { C(x) -> x: C device }
+}
+partition P = self_edge -> later_to_earlier -> two_unnamed
+"""
+
+
+def test_self_edge_is_loop_back_and_on_device():
+    walk = _walks(LOOPS_SPEC)["self_edge"]
+    (loop,) = iter_loops(walk.body)
+    assert loop.name == "self_edge.loop0"
+    assert [(e.name, e.dest) for e in loop.loop_back] == [("x", "A"), ("y", "A")]
+    assert loop.is_on_device and not loop.has_stop
+    assert all(e.is_loop_back for call in iter_calls(walk.body) for e in call.edges)
+    assert has_device_loop_back(walk, "A")
+
+
+def test_later_section_to_earlier_is_loop_back_forward_edge_is_not():
+    walk = _walks(LOOPS_SPEC)["later_to_earlier"]
+    (loop,) = iter_loops(walk.body)
+    assert loop.name == "gen" and loop.max_iters == 49  # param resolved
+    assert [(e.dest, e.name) for e in loop.loop_back] == [("A", "x"), ("A", "y"), ("C", "x")]
+    assert not loop.is_on_device  # the loop-backs visit the host
+    edges = {(c.node, e.name, e.dest_kind): e for c in iter_calls(walk.body) for e in c.edges}
+    assert not edges[("A", "z", "node")].is_loop_back  # forward inside the loop
+    assert not edges[("B", "out", "client")].is_loop_back
+    assert edges[("B", "out", "client")].modality == "image"
+    assert loop.nodes == ["A", "C", "B"]
+
+
+def test_unnamed_loops_are_numbered_per_walk():
+    walk = _walks(LOOPS_SPEC)["two_unnamed"]
+    loops = list(iter_loops(walk.body))
+    assert [l.name for l in loops] == ["two_unnamed.loop0", "two_unnamed.loop1"]
+    assert [l.is_on_device for l in loops] == [False, True]
+
+
+def test_tts_walks_partitions_and_streams():
+    spec = spec_from(TTS_SPEC)
+    walks = _walks(TTS_SPEC)
+    assert sorted(walks) == ["chunk", "decode", "prefill"]
+    assert walks["prefill"].partition == "LLM" and walks["chunk"].partition == "CODEC"
+    prefill_edges = list(iter_calls(walks["prefill"].body))[0].edges
+    assert [(e.dest_kind, e.dest, e.stream_partition) for e in prefill_edges] == [
+        ("conductor", "", None), ("stream", "codec", "CODEC"),
+    ]
+    assert prefill_edges[0].is_persist and prefill_edges[0].is_count_tokens
+    assert is_decode_like(walks["decode"], "LLM") and not is_decode_like(walks["prefill"], "LLM")
+    partitions = {p.name: p for p in lower_partitions(spec)}
+    assert partitions["LLM"].initial_walk == "prefill"
+    assert [s.walks for s in partitions["LLM"].stages] == [["prefill"], ["decode"]]
+    codec = partitions["CODEC"]
+    assert codec.initial_walk is None  # self-triggered from its stream buffer
+    (stream,) = codec.streams
+    assert (stream.producer_partition, stream.edge, stream.consumer_node) == ("LLM", "new_token", "codec")
+    assert (stream.policy.kind, stream.policy.size, stream.policy.stride) == ("window", 14, 7)
