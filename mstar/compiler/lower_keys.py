@@ -11,8 +11,9 @@ Rules (DESIGN.md "cap", "capture"):
   combines with nothing here (or whose partners run elsewhere, as in prefill/decode
   disaggregation) is its own key `NODE:WALK`.
 - A one-walk step keeps that walk's cap (its `cap`, else its capture's largest batch, else the
-  fallback) and replays that walk's own capture; attention is "decode" for a walk that loops its
-  output back into the node, "prefill" otherwise, "none" for stateless nodes.
+  fallback) and replays that walk's own capture; attention is "decode" for a walk that loops one
+  token a row back into the node (see `_single_attention`), "prefill" otherwise, "none" for
+  stateless nodes.
 - A mixed step takes the combine's own cap when given, else the smallest cap among the walks
   present; it replays the combine's capture (or runs eagerly) with the combine's attention route
   (default "split").
@@ -26,7 +27,7 @@ from mstar.compiler import capture_memory
 from mstar.lang import ast
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, WalkPlan
 
-from mstar.compiler.lower_walks import is_decode_like
+from mstar.compiler.lower_walks import loops_back_into
 
 DEFAULT_MIXED_ATTENTION = "split"
 
@@ -60,11 +61,22 @@ def batch_pad_table(batch_sizes: list[int], max_rows: int) -> list[int]:
 
 
 def _single_attention(node: ast.NodeDecl, walk: WalkPlan) -> str:
+    """Attention kernels of a one-walk step. "decode" (one query token a row) when the walk
+    feeds the node's output back to it and that token is one row's single input: its captures
+    are all batched with one token a row, and, without a capture to say so, the loop-back stays
+    on the device (a sampled token; a latent fed back through the host, as in image generation,
+    is many tokens and runs on prefill kernels)."""
     if node.engine == "stateless":
         return "none"
+    feedback = loops_back_into(walk, node.name)
     captures = walk_captures(node, walk.name)
-    is_one_token = all(c.family == "batched" and c.tokens_per_row == 1 for c in captures)
-    return "decode" if is_decode_like(walk, node.name) and is_one_token else "prefill"
+    if not feedback:
+        return "prefill"
+    if captures:
+        is_one_token = all(c.family == "batched" and c.tokens_per_row == 1 for c in captures)
+    else:
+        is_one_token = all(e.is_device for e in feedback)
+    return "decode" if is_one_token else "prefill"
 
 
 def _family(node, capture, name, max_rows, tp_size) -> CaptureFamily:

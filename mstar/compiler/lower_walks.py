@@ -285,12 +285,9 @@ def iter_loops(sections: list[SectionPlan]) -> Iterator[LoopPlan]:
             yield from iter_loops(section.body)
 
 
-def is_decode_like(walk: WalkPlan, node: str) -> bool:
-    """Does `node` run one token per row in `walk`: inside a loop that feeds it back its own
-    output (autoregressive decode)."""
-    return any(
-        node in loop.nodes and any(e.dest == node for e in loop.loop_back) for loop in iter_loops(walk.body)
-    )
+def loops_back_into(walk: WalkPlan, node: str) -> list[EdgePlan]:
+    """The loop-back edges of `walk` that feed `node` (its own output fed back to it)."""
+    return [e for loop in iter_loops(walk.body) if node in loop.nodes for e in loop.loop_back if e.dest == node]
 
 
 def has_device_loop_back(walk: WalkPlan, node: str) -> bool:

@@ -81,7 +81,7 @@ def _key_table(key: KeyPlan) -> Table:
     table = _table(title, "mask", "walks", "cap", "capture", "attention")
     for entry in key.mixtures[1:]:
         table.add_row(
-            format(entry.mask, f"0{len(key.walks)}b"),
+            f"{entry.mask} ({entry.mask:0{len(key.walks)}b})",
             " + ".join(entry.walks),
             str(entry.cap),
             entry.capture or "eager",
@@ -140,17 +140,20 @@ def print_plan(plan: Plan, console: Console) -> None:
     ))
     if plan.params:
         console.print(Text("params: " + ", ".join(f"{k} = {v}" for k, v in plan.params.items())))
-    table = _table("nodes", "name", "engine", "dims", "kv sequences", "recurrent slots", "inputs", "stream inputs", "tp", "async")
+    table = _table("nodes", "name", "engine", "state", "inputs", "stream inputs", "flags")
     for n in plan.nodes:
-        dims = " ".join(f"{k}={v}" for k, v in n.dims.items())
-        table.add_row(
-            n.name, n.engine + (f" ({n.flavor})" if n.flavor else ""), dims,
-            " ".join(n.kv_sequences) if n.engine == "kv" else "",
-            str(n.recurrent.num_slots) if n.recurrent else "",
-            " ".join(n.inputs), " ".join(n.stream_inputs),
-            "yes" if n.is_tp else "", "yes" if n.is_async else "no",
-        )
+        state = ""
+        if n.engine == "kv":
+            state = "kv " + " ".join(n.kv_sequences)
+        if n.recurrent:
+            state += f"; recurrent {n.recurrent.num_slots} slots"
+        flags = " ".join(f for f, on in (("tp", n.is_tp), ("no_speculation", not n.is_async)) if on)
+        table.add_row(n.name, n.engine + (f" ({n.flavor})" if n.flavor else ""), state,
+                      " ".join(n.inputs), " ".join(n.stream_inputs), flags)
     console.print(table)
+    for n in plan.nodes:
+        if n.dims:
+            console.print(Text(f"  {n.name} dims: " + " ".join(f"{k}={v}" for k, v in n.dims.items())))
     for walk in plan.walks:
         tree = Tree(Text(f"walk {walk.name} (partition {walk.partition})"))
         _add_sections(tree, walk.body)

@@ -103,3 +103,29 @@ def test_batch_pad_direct_lookup():
 )
 def test_batch_pad_table(sizes, max_rows, expected):
     assert batch_pad_table(sizes, max_rows) == expected
+
+
+IMAGE_LOOP = """
+model img
+node LLM kv(layers=1, kv_heads=1, qo_heads=1, head_dim=8, hidden=8, vocab=16) {
+    in tokens in latents
+    cap gen 1
+}
+node dec stateless { in latents }
+walk text { loop tl max=4 stop { LLM(tokens) -> tokens: LLM device -> t: client text } }
+walk gen {
+    loop max=3 { LLM(latents) -> latents: LLM } outputs latents
+    dec(latents) -> image: client image
+}
+partition P = text | gen
+"""
+
+
+def test_attention_of_host_loop_back_is_prefill_device_loop_back_is_decode():
+    config = "model: img\nmax_seq_len: 64\nnode_groups:\n  - node_names: [LLM, dec]\n    ranks: [0]\n"
+    plan = lower.run(spec_from(IMAGE_LOOP), deployment_from(config), blank_header())
+    keys = {k.name: k for k in plan.workers[0].keys}
+    assert keys["LLM:text"].mixtures[1].attention == "decode"  # sampled token, on the device
+    assert keys["LLM:gen"].mixtures[1].attention == "prefill"  # latents through the host
+    assert keys["LLM:gen"].mixtures[1].cap == 1
+    assert keys["LLM:text"].mixtures[1].cap == 256  # no cap, no capture, no admission limit

@@ -3,11 +3,11 @@ from compiler_helpers import TTS_SPEC, spec_from
 
 from mstar.compiler.lower_walks import (
     has_device_loop_back,
-    is_decode_like,
     iter_calls,
     iter_loops,
     lower_partitions,
     lower_walks,
+    loops_back_into,
 )
 
 
@@ -84,7 +84,8 @@ def test_tts_walks_partitions_and_streams():
         ("conductor", "", None), ("stream", "codec", "CODEC"),
     ]
     assert prefill_edges[0].is_persist and prefill_edges[0].is_count_tokens
-    assert is_decode_like(walks["decode"], "LLM") and not is_decode_like(walks["prefill"], "LLM")
+    assert [e.name for e in loops_back_into(walks["decode"], "LLM")] == ["text_inputs"]
+    assert loops_back_into(walks["prefill"], "LLM") == []
     partitions = {p.name: p for p in lower_partitions(spec)}
     assert partitions["LLM"].initial_walk == "prefill"
     assert [s.walks for s in partitions["LLM"].stages] == [["prefill"], ["decode"]]

@@ -1,0 +1,110 @@
+"""`mstarc bench`: how long compiling takes, per spec/config pair.
+
+Two numbers per pair, each the median of N runs:
+- process: wall time of a whole `python -m mstar.cli.mstarc compile SPEC --config C -o TMP`
+  process (interpreter start, imports, compile, write). Target: < 0.5 s on a 2-core machine.
+- own work: `compile_spec` in this process after a warm-up (the compiler's own work, imports
+  excluded), with its split per pass. Target: < 50 ms for the largest spec.
+Plus two baselines: a bare interpreter start, and interpreter + the compiler's imports, so the
+process number can be read as start + imports + own work + writing.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROCESS_TARGET_S = 0.5
+OWN_WORK_TARGET_S = 0.050
+COMPILER_IMPORTS = "import mstar.cli.mstarc, mstar.compiler.driver, mstar.compiler.glue"
+
+
+def _median_process_seconds(argv: list[str], runs: int, cwd: Path) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(root: Path, runs: int) -> dict:
+    """Every number of the benchmark as plain data."""
+    from mstar.compiler import regen
+    from mstar.compiler.driver import compile_spec
+    from mstar.lang.diagnostics import Diagnostics
+
+    diags = Diagnostics()
+    pairs = regen.config_pairs(root, diags)
+    python = sys.executable
+    report = {
+        "runs": runs,
+        "python_start_s": _median_process_seconds([python, "-c", "pass"], runs, root),
+        "imports_s": _median_process_seconds([python, "-c", COMPILER_IMPORTS], runs, root),
+        "pairs": [],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec, config in pairs:
+            out = Path(tmp) / f"{config.stem}.plan"
+            argv = [python, "-m", "mstar.cli.mstarc", "compile", str(spec), "--config", str(config), "-o", str(out)]
+            # warm-up (grammar load, template cache), and pairs with errors are left out
+            if compile_spec(spec, config, Diagnostics(), out) is None:
+                report["pairs"].append({"config": config.stem, "error": "does not compile"})
+                continue
+            process_s = _median_process_seconds(argv, runs, root)
+            totals, per_pass = [], {}
+            for _ in range(runs):
+                start = time.perf_counter()
+                result = compile_spec(spec, config, Diagnostics(), out)
+                totals.append(time.perf_counter() - start)
+                for name, seconds in (result.seconds_per_pass if result else {}).items():
+                    per_pass.setdefault(name, []).append(seconds)
+            report["pairs"].append({
+                "spec": str(spec.relative_to(root)) if spec.is_relative_to(root) else str(spec),
+                "config": config.stem,
+                "process_s": process_s,
+                "own_work_s": statistics.median(totals),
+                "own_work_per_pass_s": {k: statistics.median(v) for k, v in per_pass.items()},
+            })
+    return report
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:7.1f}"
+
+
+def print_report(report: dict) -> None:
+    print(f"median of {report['runs']} runs; python start {_ms(report['python_start_s'])} ms, "
+          f"python + compiler imports {_ms(report['imports_s'])} ms")
+    timed = [pair for pair in report["pairs"] if "error" not in pair]
+    passes = sorted({p for pair in timed for p in pair["own_work_per_pass_s"]},
+                    key=lambda p: max(pair["own_work_per_pass_s"].get(p, 0) for pair in timed),
+                    reverse=True)[:4]
+    header = f"{'config':28} {'process ms':>10} {'own ms':>8}  " + "  ".join(f"{p:>12}" for p in passes)
+    print(header)
+    print("-" * len(header))
+    for pair in report["pairs"]:
+        if "error" in pair:
+            print(f"{pair['config']:28} {pair['error']}")
+            continue
+        cells = "  ".join(f"{_ms(pair['own_work_per_pass_s'].get(p, 0)):>12}" for p in passes)
+        flag = "" if pair["process_s"] < PROCESS_TARGET_S and pair["own_work_s"] < OWN_WORK_TARGET_S else "  over target"
+        print(f"{pair['config']:28} {_ms(pair['process_s']):>10} {_ms(pair['own_work_s']):>8}  {cells}{flag}")
+    print(f"targets: process < {PROCESS_TARGET_S * 1000:.0f} ms, own work < {OWN_WORK_TARGET_S * 1000:.0f} ms "
+          "(per-pass columns: the slowest passes, ms)")
+
+
+def run_bench(root: Path, runs: int, as_json: bool) -> int:
+    if runs < 1:
+        print("mstarc bench: --runs must be at least 1", file=sys.stderr)
+        return 2
+    report = measure(root, runs)
+    if as_json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+    else:
+        print_report(report)
+    return 0
