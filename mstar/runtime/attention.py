@@ -1,0 +1,68 @@
+"""Attention over the paged KV cache on the CPU, one packed step at a time.
+
+A step packs its rows along one token axis: a prompt chunk is a segment of many tokens, a decode
+row a segment of one token; both kinds sit side by side in one call (the plan's `split` and
+`packed` routes are the same computation here). Each segment first writes its new K/V at its
+positions (unless it only reads, like an image-flow step), then attends over its whole sequence:
+causally for text, bidirectionally within the segment for image tokens.
+
+Every segment is computed on its own, so a row's numbers do not depend on which rows share its step
+(the batch-invariance the tests check).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Segment:
+    """One row's tokens in a packed step.
+
+    `flat_index` holds the cache indices of positions `0 .. num_cached + num_tokens - 1` for a row
+    that writes, or `0 .. num_cached - 1` for a read-only row.
+    """
+
+    start: int
+    num_tokens: int
+    num_cached: int
+    flat_index: torch.Tensor
+    is_causal: bool = True
+    is_write: bool = True
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cache_k: torch.Tensor, cache_v: torch.Tensor,
+                    segments: list[Segment], scale: float) -> torch.Tensor:
+    """q `[N, Hq, D]`, k/v `[N, Hkv, D]` for the step's N tokens; cache_k/v `[S, Hkv, D]` (one layer).
+
+    Writes the step's K/V into the cache for writing segments and returns `[N, Hq, D]`.
+    """
+    out = torch.empty_like(q)
+    group = q.shape[1] // k.shape[1]
+    for seg in segments:
+        q_seg, k_seg, v_seg = q[seg.start:seg.end], k[seg.start:seg.end], v[seg.start:seg.end]
+        if seg.is_write:
+            new_index = seg.flat_index[seg.num_cached:]
+            cache_k[new_index] = k_seg
+            cache_v[new_index] = v_seg
+            keys, values = cache_k[seg.flat_index], cache_v[seg.flat_index]
+        else:
+            old_index = seg.flat_index[:seg.num_cached]
+            keys = torch.cat([cache_k[old_index], k_seg])
+            values = torch.cat([cache_v[old_index], v_seg])
+        keys = keys.repeat_interleave(group, dim=1)
+        values = values.repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,shd->hts", q_seg, keys) * scale
+        if seg.is_causal:
+            query_pos = torch.arange(seg.num_tokens).unsqueeze(1) + seg.num_cached
+            key_pos = torch.arange(keys.shape[0]).unsqueeze(0)
+            scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
+        out[seg.start:seg.end] = torch.einsum("hts,shd->thd", probs, values)
+    return out

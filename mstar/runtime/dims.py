@@ -1,0 +1,244 @@
+"""Model dimensions per node kind, read from a plan node's `dims` (or shrunk to `tiny` for the CPU).
+
+In: a `NodePlan` (its `dims` dict, `recurrent` state, engine and flavour) and a mode, `"spec"` (the
+spec's numbers as written) or `"tiny"` (small numbers that keep the structure: the query-head /
+kv-head ratio, the linear/full layer pattern, the codec's window). Out: frozen dataclasses the torch
+models are built from. Keys missing from a spec fall back to the defaults below, so a spec only
+needs to state what makes its model different.
+
+`layer_pattern` is a list of flags, 1 = full (softmax) attention, 0 = gated delta-net linear
+attention. A list as long as `layers` gives every layer; a shorter list is a unit repeated to
+`layers` (`[0, 0, 0, 1]` = three linear layers then one full layer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, Optional
+
+from mstar.plan.schema import NodePlan
+
+DimsMode = Literal["tiny", "spec"]
+DIMS_MODES = ("tiny", "spec")
+
+
+class DimsError(ValueError):
+    """A node's dims cannot describe a model (bad type, bad ratio, bad pattern)."""
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """A Llama-style decoder, optionally with gated delta-net layers and an image-flow head."""
+
+    num_layers: int
+    num_kv_heads: int
+    num_qo_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    layer_is_full: tuple[bool, ...]  # per layer: softmax attention (True) or gated delta-net
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    is_tied_embeddings: bool = False
+    # gated delta-net layers (unused when every layer is full attention)
+    num_linear_heads: int = 2
+    linear_key_dim: int = 16
+    linear_value_dim: int = 16
+    conv_kernel: int = 4
+    # image-flow head (BAGEL image_gen): latents are `latent_tokens` rows of `latent_channels`
+    latent_channels: int = 4
+    latent_tokens: int = 16
+
+    @property
+    def num_full_layers(self) -> int:
+        return sum(self.layer_is_full)
+
+    @property
+    def num_linear_layers(self) -> int:
+        return len(self.layer_is_full) - self.num_full_layers
+
+    @property
+    def has_linear_layers(self) -> bool:
+        return self.num_linear_layers > 0
+
+
+@dataclass(frozen=True)
+class CodecDims:
+    """A SNAC-like codec decoder: codes in, audio samples out."""
+
+    codebook: int
+    hidden: int
+    samples_per_token: int
+    sample_rate: int
+    keep_frame: int  # which frame of a sliding window the codec keeps (SNAC keeps the 2nd of 4)
+
+
+@dataclass(frozen=True)
+class EncoderDims:
+    """A small transformer encoder over patches (vision) or feature frames (audio)."""
+
+    hidden: int
+    num_layers: int
+    num_heads: int
+    feature_dim: int  # width of one input patch / frame
+    num_tokens: int  # patches or frames synthesised when the media is absent
+
+
+@dataclass(frozen=True)
+class ImageDecoderDims:
+    """A VAE-like decoder: a latent grid to an RGB image."""
+
+    latent_channels: int
+    latent_tokens: int  # a square grid: sqrt must be an integer
+    hidden: int
+    upscale: int  # image pixels per latent cell along each side
+
+
+def _int(node: NodePlan, key: str, default: int) -> int:
+    value = node.dims.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DimsError(f"node {node.name}: dims {key}={value!r} must be a positive integer")
+    return value
+
+
+def _float(node: NodePlan, key: str, default: float) -> float:
+    value = node.dims.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise DimsError(f"node {node.name}: dims {key}={value!r} must be a positive number")
+    return float(value)
+
+
+def layer_pattern(node: NodePlan, num_layers: int) -> tuple[bool, ...]:
+    """Per-layer `is_full` flags from `layer_pattern` (see the module docstring).
+
+    A node with recurrent state but no pattern gets the Qwen3.5 default: every 4th layer full.
+    """
+    pattern = node.dims.get("layer_pattern")
+    if pattern is None:
+        if node.recurrent is None:
+            return (True,) * num_layers
+        return tuple((i + 1) % 4 == 0 for i in range(num_layers))
+    if isinstance(pattern, str):
+        names = [p.strip() for p in pattern.split(",") if p.strip()]
+        flags = [{"full": 1, "linear": 0}.get(p, -1) for p in names]
+    elif isinstance(pattern, list):
+        flags = list(pattern)
+    else:
+        flags = [-1]
+    if not flags or any(f not in (0, 1) for f in flags):
+        raise DimsError(
+            f"node {node.name}: layer_pattern={pattern!r} must be a list of 0 (linear) / 1 (full)"
+        )
+    return tuple(bool(flags[i % len(flags)]) for i in range(num_layers))
+
+
+def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
+    """Dims of a kv node's decoder. `tiny` keeps the head ratio and one unit of the layer pattern."""
+    num_layers = _int(node, "layers", 2)
+    num_kv_heads = _int(node, "kv_heads", 1)
+    num_qo_heads = _int(node, "qo_heads", num_kv_heads)
+    if num_qo_heads % num_kv_heads:
+        raise DimsError(
+            f"node {node.name}: qo_heads={num_qo_heads} is not a multiple of kv_heads={num_kv_heads}"
+        )
+    head_dim = _int(node, "head_dim", 64)
+    hidden = _int(node, "hidden", num_qo_heads * head_dim)
+    full = layer_pattern(node, num_layers)
+    recurrent = node.recurrent
+    dims = DecoderDims(
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        num_qo_heads=num_qo_heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        intermediate=_int(node, "intermediate", 4 * hidden),
+        vocab=_int(node, "vocab", 32000),
+        layer_is_full=full,
+        rope_theta=_float(node, "rope_theta", 10000.0),
+        num_linear_heads=recurrent.num_heads if recurrent else _int(node, "linear_heads", 2),
+        linear_key_dim=recurrent.key_dim if recurrent else _int(node, "linear_key_dim", 16),
+        linear_value_dim=recurrent.value_dim if recurrent else _int(node, "linear_value_dim", 16),
+        conv_kernel=_int(node, "conv_kernel", 4),
+        latent_channels=_int(node, "latent_channels", 16),
+        latent_tokens=_int(node, "latent_tokens", 4096),
+    )
+    if recurrent is not None and recurrent.num_layers != dims.num_linear_layers:
+        raise DimsError(
+            f"node {node.name}: recurrent state declares {recurrent.num_layers} layers but the "
+            f"layer pattern has {dims.num_linear_layers} linear-attention layers"
+        )
+    if mode == "spec":
+        return dims
+    unit = _pattern_unit(full)
+    ratio = num_qo_heads // num_kv_heads
+    tiny_kv = min(num_kv_heads, 2)
+    return replace(
+        dims,
+        num_layers=len(unit) if node.recurrent or "layer_pattern" in node.dims else 2,
+        num_kv_heads=tiny_kv,
+        num_qo_heads=tiny_kv * min(ratio, 4),
+        head_dim=16,
+        hidden=64,
+        intermediate=128,
+        vocab=min(dims.vocab, 512),
+        layer_is_full=unit if node.recurrent or "layer_pattern" in node.dims else (True, True),
+        num_linear_heads=2,
+        linear_key_dim=16,
+        linear_value_dim=16,
+        latent_channels=4,
+        latent_tokens=16,
+    )
+
+
+def _pattern_unit(full: tuple[bool, ...]) -> tuple[bool, ...]:
+    """The shortest prefix that repeats to `full` (one block of the 3:1 pattern)."""
+    for size in range(1, len(full) + 1):
+        if all(full[i] == full[i % size] for i in range(len(full))):
+            return full[:size]
+    return full
+
+
+def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
+    """Dims of an audio codec; `tiny` makes few samples per token and a narrow network."""
+    dims = CodecDims(
+        codebook=_int(node, "codebook", 4096),
+        hidden=_int(node, "hidden", 256),
+        samples_per_token=_int(node, "samples_per_token", 292),
+        sample_rate=_int(node, "sample_rate", 24000),
+        keep_frame=node.dims.get("keep_frame", 1) if isinstance(node.dims.get("keep_frame", 1), int) else 1,
+    )
+    if mode == "spec":
+        return dims
+    return replace(dims, codebook=min(dims.codebook, 256), hidden=32, samples_per_token=32)
+
+
+def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:
+    """Dims of a vision or audio encoder."""
+    dims = EncoderDims(
+        hidden=_int(node, "hidden", 1024),
+        num_layers=_int(node, "layers", 4),
+        num_heads=_int(node, "heads", 16),
+        feature_dim=_int(node, "feature_dim", 128 if is_audio else 588),
+        num_tokens=_int(node, "num_tokens", 256),
+    )
+    if dims.hidden % dims.num_heads:
+        raise DimsError(f"node {node.name}: hidden={dims.hidden} is not a multiple of heads={dims.num_heads}")
+    if mode == "spec":
+        return dims
+    return replace(dims, hidden=32, num_layers=1, num_heads=2, feature_dim=16 if is_audio else 48, num_tokens=8)
+
+
+def image_decoder_dims(node: NodePlan, mode: DimsMode, latent: Optional[DecoderDims]) -> ImageDecoderDims:
+    """Dims of a latents-to-image decoder; the latent shape follows the producing LLM's flow head."""
+    dims = ImageDecoderDims(
+        latent_channels=latent.latent_channels if latent else _int(node, "latent_channels", 16),
+        latent_tokens=latent.latent_tokens if latent else _int(node, "latent_tokens", 4096),
+        hidden=_int(node, "hidden", 128),
+        upscale=_int(node, "upscale", 16),
+    )
+    side = round(dims.latent_tokens ** 0.5)
+    if side * side != dims.latent_tokens:
+        raise DimsError(f"node {node.name}: latent_tokens={dims.latent_tokens} is not a square grid")
+    if mode == "spec":
+        return dims
+    return replace(dims, hidden=16, upscale=8)

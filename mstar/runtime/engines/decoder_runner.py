@@ -1,0 +1,284 @@
+"""Runs the rows of one kv node's step: allocate KV pages and state slots, pack, forward, sample.
+
+In: `(StepRow, CallInfo)` pairs of one step (rows may belong to different walks: a mixed step).
+Out: a `RowResult` per row that ran or failed alone, and the ids of rows that could not get memory
+(nothing ran for them; the scheduler holds and retries them).
+
+Inputs per row (see docs/engine.md): token-id values are embedded, embedding tensors (encoder
+output, hidden states of another LLM) are added in (through a seeded adapter when their width is not
+the node's hidden), masks and signals are ignored. A call that takes `latents` is an image-flow
+step: latents and `time_index` in, one Euler step of the flow out; it reads the KV context without
+writing it. Outputs per edge name: `latents`, `time_index`, names with `mask` (a bool tensor),
+names with `states` / `embeds` / `hidden` (hidden states; the last row only on a loop-back to
+itself), names starting `v_` (the flow velocity), anything else a sampled token id `[id]`.
+
+Memory: pages are allocated per step, all or nothing per row. A request starts on the node only
+when the pages it may need (prompt + max_tokens) fit beside what already-started requests may still
+need, so running requests can always finish and a full pool never deadlocks.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from mstar.plan.schema import NodePlan
+from mstar.runtime.attention import Segment
+from mstar.runtime.dims import DecoderDims
+from mstar.runtime.engines.request_state import RequestState
+from mstar.runtime.engines.values import InputError, classify, synthesise
+from mstar.runtime.kv.cache import KvCache
+from mstar.runtime.kv.pages import PagePool
+from mstar.runtime.kv.slots import SlotPool
+from mstar.runtime.models.decoder import Decoder, DecoderBatch
+from mstar.runtime.models.gdn import LinearStates
+from mstar.runtime.models.kinds import CallInfo
+from mstar.runtime.sampling import sample_token
+from mstar.runtime.step import RowResult, StepRow
+
+
+@dataclass
+class _Prepared:
+    row: StepRow
+    call: CallInfo
+    request: RequestState
+    embeds: torch.Tensor  # [T, hidden]
+    tokens_fed: list[int]
+    is_flow: bool = False
+    latents: Optional[torch.Tensor] = None
+    time_index: int = 0
+
+
+def output_kind(name: str) -> str:
+    """What an output edge of a kv node carries, by its name (table in the module docstring)."""
+    if name in ("latents", "time_index"):
+        return name
+    if "mask" in name:
+        return "mask"
+    if name.startswith("v_"):
+        return "velocity"
+    if any(word in name for word in ("states", "embeds", "hidden")):
+        return "hidden"
+    return "token"
+
+
+class DecoderRunner:
+    def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
+                 max_seq_len: int, slots: Optional[SlotPool], seed: int):
+        self.node = node
+        self.dims = dims
+        self.model = model
+        self.max_seq_len = max_seq_len
+        self.seed = seed
+        self.pool = PagePool(num_pages, page_size)
+        self.cache = KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim)
+        self.slots = slots
+        self.states = (LinearStates.zeros(dims.num_linear_layers, slots.num_slots, 2 * dims.num_linear_heads
+                                          * dims.linear_key_dim + dims.num_linear_heads * dims.linear_value_dim,
+                                          dims.conv_kernel, dims.num_linear_heads, dims.linear_key_dim,
+                                          dims.linear_value_dim) if slots else None)
+        self.stop_tokens = _node_stop_tokens(node)
+        self._budgets: dict[str, int] = {}  # started request -> pages it may need
+        self._adapters: dict[tuple[str, int], torch.Tensor] = {}
+
+    # ------------------------------------------------------------------ requests
+
+    def _budget_tokens(self, request: RequestState) -> int:
+        return len(request.prompt_tokens) + (request.params.max_tokens or 0)
+
+    def refusal(self, request: RequestState) -> Optional[str]:
+        """Why the request can never run on this node, or None when it can."""
+        num_tokens = self._budget_tokens(request)
+        if num_tokens > self.max_seq_len:
+            return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
+                    f"({request.params.max_tokens}) = {num_tokens} tokens exceeds max_seq_len {self.max_seq_len}")
+        num_pages = self.pool.pages_for(num_tokens)
+        if num_pages > self.pool.num_pages:
+            return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
+                    f"({request.params.max_tokens}) = {num_tokens} tokens need {num_pages} KV pages of "
+                    f"{self.pool.page_size} but the pool has only {self.pool.num_pages}")
+        return None
+
+    def end_request(self, request_id: str) -> None:
+        self.pool.free_request(request_id)
+        self._budgets.pop(request_id, None)
+        if self.slots:
+            self.slots.release(request_id)
+
+    # ------------------------------------------------------------------ a step
+
+    def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> tuple[list[RowResult], list[str]]:
+        results: list[RowResult] = []
+        failed: list[str] = []
+        ready: list[_Prepared] = []
+        for row, call, request in rows:
+            try:
+                prepared = self._prepare(row, call, request)
+            except InputError as error:
+                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                continue
+            problem = self._allocate(prepared)
+            if problem == "no memory":
+                failed.append(row.request_id)
+            elif problem:
+                results.append(RowResult(row.request_id, error=problem))
+            else:
+                ready.append(prepared)
+        if ready:
+            results.extend(self._forward(ready))
+        return results, failed
+
+    def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
+        if "latents" in call.inputs:
+            return self._prepare_flow(row, call, request)
+        parts: list[torch.Tensor] = []
+        tokens_fed: list[int] = []
+        for name in call.inputs:
+            value = classify(name, row.inputs.get(name))
+            if value.kind == "tokens":
+                parts.append(self.model.embed_tokens(value.tensor))
+                tokens_fed.extend(value.tensor.tolist())
+            elif value.kind == "embeddings":
+                parts.append(self._adapt(name, value.tensor))
+        num_tokens = max((p.shape[0] for p in parts), default=1)
+        embeds = torch.zeros(num_tokens, self.dims.hidden)
+        for part in parts:
+            embeds[:part.shape[0]] += part
+        return _Prepared(row, call, request, embeds, tokens_fed)
+
+    def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
+        if self.dims.has_linear_layers:
+            raise InputError("image flow steps on a node with linear-attention layers are not supported")
+        shape = (self.dims.latent_tokens, self.dims.latent_channels)
+        value = classify("latents", row.inputs.get("latents"))
+        if value.kind == "signal":
+            latents = synthesise(request.params.seed, self.node.name, "latents", shape)
+        elif value.kind == "embeddings" and tuple(value.tensor.shape) == shape:
+            latents = value.tensor
+        else:
+            raise InputError(f"latents must be a float tensor of shape {shape}")
+        time_index = _as_int(row.inputs.get("time_index"), row.loop_iter)
+        embeds = self.model.embed_latents(latents, time_index, call.loop_max_iters)
+        return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index)
+
+    def _adapt(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
+        """Embeddings of another width are mapped to `hidden` by a fixed seeded projection."""
+        width = embeds.shape[1]
+        if width == self.dims.hidden:
+            return embeds
+        key = (name, width)
+        if key not in self._adapters:
+            generator = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{self.node.name}/{name}/{width}".encode()))
+            self._adapters[key] = torch.randn(self.dims.hidden, width, generator=generator) * width ** -0.5
+        return embeds @ self._adapters[key].T
+
+    def _allocate(self, item: _Prepared) -> Optional[str]:
+        """Pages (and a slot) for one row: None when granted, "no memory", or an error message."""
+        request_id = item.row.request_id
+        key = (request_id, item.row.kv_sequence)
+        num_new = 0 if item.is_flow else item.embeds.shape[0]
+        if self.pool.num_tokens(key) + num_new > self.max_seq_len:
+            return (f"node {self.node.name}: sequence would grow to {self.pool.num_tokens(key) + num_new} "
+                    f"tokens, past max_seq_len {self.max_seq_len}")
+        needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
+        if needs_slot and self.slots.num_free_slots == 0:
+            return "no memory"
+        if request_id not in self._budgets:
+            budget = min(self.pool.pages_for(self._budget_tokens(item.request)), self.pool.num_pages)
+            if self.pool.num_free_pages - self._outstanding_pages() < max(budget, self.pool.num_new_pages(key, num_new)):
+                return "no memory"
+            self._budgets[request_id] = budget
+        if not self.pool.reserve(key, num_new):
+            return "no memory"
+        if needs_slot:
+            self.states.clear(self.slots.acquire(request_id))
+        return None
+
+    def _outstanding_pages(self) -> int:
+        """Pages started requests may still claim (their budget minus what they hold)."""
+        return sum(max(0, budget - self.pool.num_pages_held(rid)) for rid, budget in self._budgets.items())
+
+    def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
+        segments, bounds, positions, slots = [], [], [], []
+        start = 0
+        for item in ready:
+            key = (item.row.request_id, item.row.kv_sequence)
+            num_tokens, num_cached = item.embeds.shape[0], self.pool.num_tokens(key)
+            num_positions = num_cached + (0 if item.is_flow else num_tokens)
+            flat = self.cache.flat_positions(self.pool.page_table(key), num_positions)
+            segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=not item.is_flow,
+                                    is_write=not item.is_flow))
+            bounds.append((start, start + num_tokens))
+            positions.append(torch.arange(num_cached, num_cached + num_tokens))
+            slots.append(self.slots.slot_of(item.row.request_id) if self.slots else 0)
+            start += num_tokens
+        batch = DecoderBatch(torch.cat(positions), bounds, segments, slots)
+        with torch.no_grad():
+            hidden = self.model(torch.cat([item.embeds for item in ready]), batch, self.cache, self.states)
+            results = [self._outputs(item, hidden[a:b]) for item, (a, b) in zip(ready, bounds)]
+        for item in ready:
+            if not item.is_flow:
+                self.pool.commit((item.row.request_id, item.row.kv_sequence), item.embeds.shape[0])
+        return results
+
+    def _outputs(self, item: _Prepared, hidden: torch.Tensor) -> RowResult:
+        node, request = self.node.name, item.request
+        history = request.history.setdefault(node, [])
+        history.extend(item.tokens_fed)
+        result = RowResult(item.row.request_id)
+        kinds = {name: output_kind(name) for name in item.call.output_names}
+        token = None
+        if "token" in kinds.values() and not item.is_flow:
+            logits = self.model.logits(hidden[-1:])[0]
+            token = sample_token(logits, request.params, torch.tensor(history, dtype=torch.long),
+                                 request.generator(node))
+            request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+            max_tokens = request.params.max_tokens
+            result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
+                              or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
+        velocity = self.model.velocity(hidden) if item.is_flow else None
+        for name, kind in kinds.items():
+            if kind == "token":
+                if token is not None:
+                    result.outputs[name] = [token]
+            elif kind == "latents" and item.is_flow:
+                result.outputs[name] = item.latents + velocity / max(item.call.loop_max_iters, 1)
+            elif kind == "time_index":
+                result.outputs[name] = item.time_index + 1
+            elif kind == "mask":
+                result.outputs[name] = torch.ones(hidden.shape[0], dtype=torch.bool)
+            elif kind == "velocity" and item.is_flow:
+                result.outputs[name] = velocity
+            elif kind in ("hidden", "velocity", "latents"):
+                result.outputs[name] = hidden[-1:].clone() if self._is_self_loop(item.call, name) else hidden.clone()
+        return result
+
+    def _is_self_loop(self, call: CallInfo, name: str) -> bool:
+        return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)
+
+
+def _as_int(value: object, default: int) -> int:
+    """An integer signal (`time_index`) from an int, a one-element list or tensor; else `default`."""
+    if isinstance(value, bool) or value is None:
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() >= 1:
+        return int(value.reshape(-1)[0])
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+        return int(value[0])
+    return default
+
+
+def _node_stop_tokens(node: NodePlan) -> frozenset[int]:
+    """Stop tokens a spec states on the node (`stop_token=…`, `eos_token=…` or a list `stop_tokens=[…]`)."""
+    found: set[int] = set()
+    for key in ("stop_token", "stop_tokens", "eos_token", "eos_token_id"):
+        value = node.dims.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+        elif isinstance(value, list):
+            found.update(v for v in value if isinstance(v, int))
+    return frozenset(found)

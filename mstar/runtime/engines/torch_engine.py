@@ -1,0 +1,183 @@
+"""TorchEngine: the real engine on the CPU (torch models, paged KV cache, sampling).
+
+`TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None)` builds one model per plan
+node (kind from `mstar.runtime.models.kinds`, dims from `mstar.runtime.dims`) and implements the
+`mstar.runtime.step.Engine` protocol:
+- `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
+  max_tokens past a node's KV pool or max_seq_len, bad sampling settings);
+- `run_step(step)` -> `StepResult`: per-row outputs keyed by the output edge names of that row's
+  (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot;
+- `end_request(id)` frees its pages and slots.
+One engine serves every worker of the plan (one KV pool per kv node, shared by its walks, so a
+prefill/decode split across ranks needs no KV transfer on the CPU).
+
+Start-up refusals (`EngineError`, a clear message): a kind the engine has no model for, bad dims, a
+recurrent slot pool too small, a `--weights` checkpoint that does not fit the node.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+from mstar.plan.schema import NodePlan, Plan
+from mstar.runtime.dims import DIMS_MODES, DecoderDims, DimsError, codec_dims, decoder_dims, encoder_dims, image_decoder_dims
+from mstar.runtime.engines.decoder_runner import DecoderRunner
+from mstar.runtime.engines.request_state import RequestState
+from mstar.runtime.engines.stateless_runners import CodecRunner, EncoderRunner, ImageDecoderRunner
+from mstar.runtime.kv.slots import SlotPool, SlotPoolError
+from mstar.runtime.models.codec import CodecDecoder
+from mstar.runtime.models.decoder import Decoder
+from mstar.runtime.models.encoders import MediaEncoder
+from mstar.runtime.models.image_decoder import ImageDecoder
+from mstar.runtime.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
+from mstar.runtime.sampling import SamplingError
+from mstar.runtime.step import RowResult, Step, StepResult
+from mstar.runtime.weights import WeightsError, init_random, load_llama_weights, read_llama_config
+
+Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
+DEFAULT_PAGE_SIZE = 16
+DEFAULT_NUM_PAGES = 1024
+
+
+class EngineError(ValueError):
+    """The engine cannot start for this plan and these options (the message says why)."""
+
+
+class TorchEngine:
+    def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str] = None, seed: int = 0,
+                 num_pages: Optional[int] = None):
+        if dims not in DIMS_MODES:
+            raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
+        if num_pages is not None and num_pages <= 0:
+            raise EngineError(f"--kv-pages {num_pages}: must be a positive number of pages")
+        self.plan = plan
+        self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
+        self.requests: dict[str, RequestState] = {}
+        self.decoder_dims: dict[str, DecoderDims] = {}
+        try:
+            kinds = {node.name: node_kind(plan, node, self.calls) for node in plan.nodes}
+            self.runners: dict[str, Runner] = {}
+            # Decoders first: encoders size their heads and image decoders their latents after them.
+            for node in sorted(plan.nodes, key=lambda n: kinds[n.name] != "decoder"):
+                self.runners[node.name] = self._build(node, kinds[node.name], dims, weights_dir, seed, num_pages)
+        except (DimsError, NodeKindError, SlotPoolError, WeightsError) as error:
+            raise EngineError(str(error)) from None
+
+    # ------------------------------------------------------------------ start-up
+
+    def _build(self, node: NodePlan, kind: str, mode: str, weights_dir: Optional[str], seed: int,
+               num_pages: Optional[int]) -> Runner:
+        if kind == "decoder":
+            return self._build_decoder(node, mode, weights_dir, seed, num_pages)
+        if kind == "codec":
+            model = CodecDecoder(codec_dims(node, mode))
+            init_random(model, seed, node.name)
+            return CodecRunner(node, model, self._stream_policy(node.name))
+        if kind == "encoder":
+            dims = encoder_dims(node, mode, is_audio_encoder(node))
+            widths = {}
+            for (name, _), call in self.calls.items():
+                if name == node.name:
+                    for edge in call.edges:
+                        dest = self.decoder_dims.get(edge.dest) if edge.dest_kind == "node" else None
+                        widths[edge.name] = dest.hidden if dest else dims.hidden
+            model = MediaEncoder(dims, widths)
+            init_random(model, seed, node.name)
+            return EncoderRunner(node, model)
+        latent_source = self._latent_source()
+        model = ImageDecoder(image_decoder_dims(node, mode, latent_source))
+        init_random(model, seed, node.name)
+        return ImageDecoderRunner(node, model)
+
+    def _build_decoder(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
+                       num_pages: Optional[int]) -> DecoderRunner:
+        dims = decoder_dims(node, mode)
+        if weights_dir is not None:
+            if dims.has_linear_layers:
+                raise WeightsError(f"--weights {weights_dir}: node {node.name} has gated delta-net layers; "
+                                   "only plain Llama checkpoints load (LlamaForCausalLM)")
+            dims = read_llama_config(weights_dir)
+        self.decoder_dims[node.name] = dims
+        model = Decoder(dims)
+        init_random(model, seed, node.name)
+        if weights_dir is not None:
+            load_llama_weights(model, weights_dir, dims.is_tied_embeddings)
+        pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
+        page_size = pool.page_size if pool else _dim_int(node, "page_size", DEFAULT_PAGE_SIZE)
+        max_seq_len = pool.max_seq_len if pool else _dim_int(node, "max_seq_len", self.plan.deployment.max_seq_len)
+        pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
+        slots = None
+        if dims.has_linear_layers:
+            max_concurrent = self.plan.deployment.max_concurrent_requests
+            num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
+            slots = SlotPool(node.name, num_slots, max_concurrent)
+        return DecoderRunner(node, dims, model, page_size, pages, max_seq_len, slots, seed)
+
+    def _stream_policy(self, node: str):
+        for partition in self.plan.partitions:
+            for stream in partition.streams:
+                if stream.consumer_node == node:
+                    return stream.policy
+        return None
+
+    def _latent_source(self) -> Optional[DecoderDims]:
+        """Dims of the decoder that runs an image flow (a call taking `latents`), if any."""
+        for (name, _), call in self.calls.items():
+            if "latents" in call.inputs and name in self.decoder_dims:
+                return self.decoder_dims[name]
+        return None
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    def add_request(self, request_id: str, request: Any) -> Optional[str]:
+        try:
+            state = RequestState.from_request(request_id, request)
+        except (SamplingError, TypeError, ValueError) as error:
+            return f"request {request_id}: {error}"
+        for runner in self.runners.values():
+            reason = runner.refusal(state)
+            if reason:
+                return f"request {request_id} can never fit: {reason}"
+        self.requests[request_id] = state
+        return None
+
+    def run_step(self, step: Step) -> StepResult:
+        started = time.perf_counter()
+        runner = self.runners.get(step.node)
+        results: list[RowResult] = []
+        rows = []
+        for row in step.rows:
+            call = self.calls.get((step.node, row.walk))
+            request = self.requests.get(row.request_id)
+            if runner is None or call is None:
+                results.append(RowResult(row.request_id, error=f"the plan has no call of node {step.node} in walk {row.walk}"))
+            elif request is None:
+                results.append(RowResult(row.request_id, error=f"request {row.request_id} was never added to the engine"))
+            else:
+                rows.append((row, call, request))
+        failed: list[str] = []
+        if rows:
+            ran, failed = runner.run(rows)
+            results.extend(ran)
+        return StepResult(rows=results, allocation_failed=failed, elapsed_s=time.perf_counter() - started)
+
+    def end_request(self, request_id: str) -> None:
+        for runner in self.runners.values():
+            runner.end_request(request_id)
+        self.requests.pop(request_id, None)
+
+
+def _dim_int(node: NodePlan, key: str, default: int) -> int:
+    value = node.dims.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def build(plan: Plan, args: Any) -> TorchEngine:
+    """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`."""
+    return TorchEngine(
+        plan,
+        dims=getattr(args, "dims", None) or "tiny",
+        weights_dir=getattr(args, "weights", None),
+        seed=getattr(args, "seed", None) or 0,
+        num_pages=getattr(args, "kv_pages", None),
+    )

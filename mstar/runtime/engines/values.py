@@ -1,0 +1,82 @@
+"""Turning the conductor's edge values into tensors, and synthesising absent media.
+
+Edge values are opaque to the conductor: token ids arrive as lists of ints (or lists of such lists
+when a stream chunk concatenates items), embeddings and latents as float tensors (or lists of them),
+masks as bool tensors, signals such as `time_index` as ints. `classify` sorts one value into
+tokens / embeddings / nothing-to-feed; `synthesise` makes deterministic stand-in media from the
+request seed when the conductor found none (it passes None).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+
+
+class InputError(ValueError):
+    """A row's input value has a form the node cannot consume (the row fails alone)."""
+
+
+ValueKind = Literal["tokens", "embeddings", "signal"]
+
+
+@dataclass
+class Classified:
+    kind: ValueKind
+    tensor: Optional[torch.Tensor] = None  # tokens: long [T]; embeddings: float [T, width]
+
+
+def _flatten(value: Any) -> list[Any]:
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, (list, tuple)):
+            out.extend(_flatten(item))
+        else:
+            out.append(item)
+    return out
+
+
+def classify(name: str, value: Any) -> Classified:
+    """Sort one input value (see the module docstring); raises InputError for anything else."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return Classified("signal")
+    if isinstance(value, torch.Tensor):
+        return _classify_tensor(name, value)
+    if isinstance(value, (list, tuple)):
+        items = _flatten(value)
+        if not items:
+            return Classified("signal")
+        if all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            return Classified("tokens", torch.tensor(items, dtype=torch.long))
+        if all(isinstance(i, torch.Tensor) for i in items):
+            parts = [_classify_tensor(name, i) for i in items]
+            kinds = {p.kind for p in parts} - {"signal"}
+            if not kinds:
+                return Classified("signal")
+            if len(kinds) > 1:
+                raise InputError(f"input {name}: a list mixing token and embedding tensors")
+            kept = [p.tensor for p in parts if p.kind != "signal"]
+            if kinds == {"embeddings"} and len({t.shape[1] for t in kept}) > 1:
+                raise InputError(f"input {name}: embedding tensors of different widths in one chunk")
+            return Classified(kinds.pop(), torch.cat(kept))
+    raise InputError(f"input {name}: cannot use a value of type {type(value).__name__}")
+
+
+def _classify_tensor(name: str, value: torch.Tensor) -> Classified:
+    if value.dtype == torch.bool or value.numel() == 0:
+        return Classified("signal")
+    if not value.is_floating_point():
+        return Classified("tokens", value.reshape(-1).long())
+    if value.dim() == 1:
+        return Classified("embeddings", value.float().unsqueeze(0))
+    if value.dim() == 2:
+        return Classified("embeddings", value.float())
+    raise InputError(f"input {name}: a float tensor of shape {tuple(value.shape)} (need [tokens, width])")
+
+
+def synthesise(seed: int, node: str, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Deterministic N(0, 1) stand-in media of `shape` for (request seed, node, input name)."""
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{node}/{name}".encode()))
+    return torch.randn(shape, generator=generator)

@@ -1,0 +1,63 @@
+"""Media writers for `mstar run --out DIR`: audio chunks to WAV, image tensors to PNG.
+
+`write_wav(path, chunks, sample_rate)`: int16 (or float in [-1, 1]) sample tensors/lists, in order,
+concatenated into one mono 16-bit WAV (stdlib `wave`). `write_png(path, image)`: a `[3, H, W]` (or
+`[H, W, 3]`) tensor in [0, 1] to an 8-bit RGB PNG (matplotlib's writer, which brings PIL).
+`is_audio` / `is_image` tell a client emission's kind from its value when its modality is absent.
+"""
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+DEFAULT_SAMPLE_RATE = 24000
+
+
+def _as_int16(chunk: Any) -> np.ndarray:
+    array = chunk.detach().cpu().numpy() if isinstance(chunk, torch.Tensor) else np.asarray(chunk)
+    array = array.reshape(-1)
+    if array.dtype.kind == "f":
+        array = np.clip(array, -1.0, 1.0) * 32767.0
+    return array.astype(np.int16)
+
+
+def write_wav(path: str | Path, chunks: Iterable[Any], sample_rate: int = DEFAULT_SAMPLE_RATE) -> int:
+    """Write the concatenated chunks as mono 16-bit PCM; returns the number of samples written."""
+    samples = [_as_int16(c) for c in chunks]
+    data = np.concatenate(samples) if samples else np.zeros(0, dtype=np.int16)
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(data.astype("<i2").tobytes())
+    return int(data.shape[0])
+
+
+def write_png(path: str | Path, image: Any) -> tuple[int, int]:
+    """Write an RGB image in [0, 1] (`[3, H, W]` or `[H, W, 3]`); returns (height, width)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import image as mpimg
+
+    array = image.detach().cpu().float().numpy() if isinstance(image, torch.Tensor) else np.asarray(image, dtype=float)
+    if array.ndim == 3 and array.shape[0] == 3 and array.shape[-1] != 3:
+        array = array.transpose(1, 2, 0)
+    if array.ndim != 3 or array.shape[-1] != 3:
+        raise ValueError(f"an image must be [3, H, W] or [H, W, 3], got shape {array.shape}")
+    mpimg.imsave(str(path), (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8))
+    return int(array.shape[0]), int(array.shape[1])
+
+
+def is_image(value: Any) -> bool:
+    """A float tensor shaped like an RGB image."""
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 3 and 3 in (value.shape[0], value.shape[-1])
+
+
+def is_audio(value: Any) -> bool:
+    """A 1-D int16 sample tensor (what the codecs emit)."""
+    return isinstance(value, torch.Tensor) and value.dtype == torch.int16 and value.dim() == 1

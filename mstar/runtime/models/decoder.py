@@ -1,0 +1,124 @@
+"""The kv node model: a Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+
+Layers are full softmax attention over the paged KV cache, or gated delta-net linear attention over
+recurrent slots (the Qwen3.5 3:1 pattern), as `DecoderDims.layer_is_full` says. Besides the token
+embedding and the LM head the model has a small image-flow head for BAGEL-style `image_gen`: latent
+rows and a timestep are projected in, and a velocity is read out of the same hidden states.
+
+Parameter names follow Hugging Face's LlamaForCausalLM (`model.layers.{i}.self_attn.q_proj.weight`,
+...) so a Llama checkpoint loads by name (see `mstar.runtime.weights`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from mstar.runtime.attention import Segment, paged_attention
+from mstar.runtime.dims import DecoderDims
+from mstar.runtime.kv.cache import KvCache
+from mstar.runtime.models.gdn import GatedDeltaNet, LinearStates
+from mstar.runtime.models.layers import Bounds, RMSNorm, SwiGLU, rotary, seg_linear
+
+
+@dataclass
+class DecoderBatch:
+    """A packed step: token positions, row spans, attention segments and recurrent slots per row."""
+
+    positions: torch.Tensor  # [N] absolute position of every token
+    bounds: Bounds
+    segments: list[Segment]
+    slots: list[int]  # recurrent slot per row (unused without linear layers)
+
+
+class FullAttention(nn.Module):
+    def __init__(self, dims: DecoderDims):
+        super().__init__()
+        self.dims = dims
+        self.q_proj = nn.Linear(dims.hidden, dims.num_qo_heads * dims.head_dim, bias=False)
+        self.k_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
+        self.v_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
+        self.o_proj = nn.Linear(dims.num_qo_heads * dims.head_dim, dims.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: DecoderBatch, cache_k: torch.Tensor,
+                cache_v: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        n = x.shape[0]
+        q = seg_linear(x, self.q_proj.weight, batch.bounds).view(n, d.num_qo_heads, d.head_dim)
+        k = seg_linear(x, self.k_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
+        v = seg_linear(x, self.v_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
+        q = rotary(q, batch.positions, d.rope_theta)
+        k = rotary(k, batch.positions, d.rope_theta)
+        out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5)
+        return seg_linear(out.reshape(n, -1), self.o_proj.weight, batch.bounds)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dims: DecoderDims, is_full: bool):
+        super().__init__()
+        self.is_full = is_full
+        self.input_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
+        if is_full:
+            self.self_attn = FullAttention(dims)
+        else:
+            self.linear_attn = GatedDeltaNet(dims.hidden, dims.num_linear_heads, dims.linear_key_dim,
+                                             dims.linear_value_dim, dims.conv_kernel, dims.rms_eps)
+        self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
+        self.mlp = SwiGLU(dims.hidden, dims.intermediate)
+
+
+class Decoder(nn.Module):
+    def __init__(self, dims: DecoderDims):
+        super().__init__()
+        self.dims = dims
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(dims.vocab, dims.hidden)
+        self.model.layers = nn.ModuleList(DecoderLayer(dims, is_full) for is_full in dims.layer_is_full)
+        self.model.norm = RMSNorm(dims.hidden, dims.rms_eps)
+        self.lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
+        self.flow = nn.Module()
+        self.flow.latent_in = nn.Linear(dims.latent_channels, dims.hidden, bias=False)
+        self.flow.time_in = nn.Linear(dims.hidden, dims.hidden, bias=False)
+        self.flow.latent_out = nn.Linear(dims.hidden, dims.latent_channels, bias=False)
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (any integers; taken modulo the vocabulary) -> `[T, hidden]`."""
+        return self.model.embed_tokens(token_ids.long() % self.dims.vocab)
+
+    def embed_latents(self, latents: torch.Tensor, time_index: int, num_steps: int) -> torch.Tensor:
+        """Latent rows `[n, C]` at flow step `time_index` of `num_steps` -> `[n, hidden]`."""
+        t = time_index / max(num_steps, 1)
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(self.dims.hidden // 2) / (self.dims.hidden // 2))
+        time_features = torch.cat([torch.sin(t * freqs), torch.cos(t * freqs)])
+        if time_features.shape[0] < self.dims.hidden:
+            time_features = torch.cat([time_features, torch.zeros(1)])
+        bounds = [(0, latents.shape[0])]
+        return seg_linear(latents, self.flow.latent_in.weight, bounds) + self.flow.time_in(time_features)
+
+    def velocity(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states of latent rows -> flow velocity `[n, C]`."""
+        return seg_linear(hidden, self.flow.latent_out.weight, [(0, hidden.shape[0])])
+
+    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """`[R, hidden]` (one row per request) -> `[R, vocab]`, row by row (batch-invariant)."""
+        return seg_linear(last_hidden, self.lm_head.weight, [(i, i + 1) for i in range(last_hidden.shape[0])])
+
+    def forward(self, x: torch.Tensor, batch: DecoderBatch, cache: Optional[KvCache],
+                states: Optional[LinearStates]) -> torch.Tensor:
+        """Input embeddings `[N, hidden]` -> final normed hidden states `[N, hidden]`."""
+        num_full = num_linear = 0
+        for layer in self.model.layers:
+            normed = layer.input_layernorm(x)
+            if layer.is_full:
+                mixed = layer.self_attn(normed, batch, cache.k[num_full], cache.v[num_full])
+                num_full += 1
+            else:
+                mixed = layer.linear_attn(normed, batch.bounds, batch.slots, states.conv[num_linear],
+                                          states.ssm[num_linear])
+                num_linear += 1
+            x = x + mixed
+            x = x + layer.mlp(layer.post_attention_layernorm(x), batch.bounds)
+        return self.model.norm(x)
