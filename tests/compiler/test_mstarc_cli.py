@@ -1,0 +1,147 @@
+"""mstarc commands: exit codes (0 ok, 1 input errors, 2 usage), outputs, no tracebacks."""
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from mstar.cli.mstarc import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    """A copy of specs/ and configs/ (llama and orpheus only) in a scratch repository."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "configs").mkdir()
+    for name in ("llama", "orpheus"):
+        shutil.copy(ROOT / "specs" / f"{name}.mw", tmp_path / "specs")
+    for config in ("llama", "orpheus", "orpheus_pd_disaggregated"):
+        shutil.copy(ROOT / "configs" / f"{config}.yaml", tmp_path / "configs")
+    return tmp_path
+
+
+def test_compile_default_paths_and_explain(repo, capsys):
+    assert main(["compile", str(repo / "specs" / "orpheus.mw")]) == 0
+    plan = repo / "generated" / "orpheus.plan"
+    assert plan.is_file() and (repo / "generated" / "orpheus_glue.py").is_file()
+    capsys.readouterr()
+    assert main(["explain", str(plan)]) == 0
+    out = capsys.readouterr().out
+    assert "LLM:mixed" in out and "decode_loop" in out and "worker rank 1" in out
+
+
+def test_compile_twice_gives_identical_bytes(repo):
+    spec, config = repo / "specs" / "orpheus.mw", repo / "configs" / "orpheus_pd_disaggregated.yaml"
+    outputs = []
+    for name in ("a", "b"):
+        out = repo / name / "x.plan"
+        assert main(["compile", str(spec), "--config", str(config), "-o", str(out)]) == 0
+        outputs.append((out.read_bytes(), (repo / name / "x_glue.py").read_bytes()))
+    assert outputs[0] == outputs[1]
+
+
+def test_input_errors_exit_1_with_diagnostics(repo, capsys):
+    assert main(["compile", str(repo / "specs" / "missing.mw")]) == 1
+    assert "error[MW500]: spec file not found" in capsys.readouterr().err
+    broken = repo / "specs" / "broken.mw"
+    broken.write_text("model broken\nnode X kv {\n")
+    assert main(["compile", str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert "broken.mw:" in err and "error[MW0" in err and "Traceback" not in err
+    assert main(["check", str(repo / "specs" / "llama.mw"), "--config", str(repo / "nope.yaml")]) == 1
+    assert "error[MW301]" in capsys.readouterr().err
+    # a spec whose default config does not exist
+    (repo / "configs" / "llama.yaml").unlink()
+    assert main(["check", str(repo / "specs" / "llama.mw")]) == 1
+    assert "llama.yaml" in capsys.readouterr().err
+
+
+def test_check_writes_nothing(repo, capsys):
+    assert main(["check", str(repo / "specs" / "llama.mw")]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert not (repo / "generated").exists()
+
+
+def test_explain_refuses_stale_plan(repo, capsys):
+    assert main(["compile", str(repo / "specs" / "llama.mw")]) == 0
+    spec = repo / "specs" / "llama.mw"
+    spec.write_text(spec.read_text() + "\n")
+    assert main(["explain", str(repo / "generated" / "llama.plan")]) == 1
+    err = capsys.readouterr().err
+    assert "stale" in err and "mstarc compile" in err
+    assert main(["explain", "--no-verify", str(repo / "generated" / "llama.plan")]) == 0
+
+
+@pytest.mark.parametrize("argv", [[], ["nonsense"], ["compile"], ["fmt", "x.mw", "--check", "--write"],
+                                  ["graph", "x.mw"], ["bench", "--runs", "x"]])
+def test_usage_errors_exit_2(argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+
+
+def test_fmt_check_and_write(repo, capsys):
+    spec = repo / "specs" / "llama.mw"
+    assert main(["fmt", "--write", str(spec)]) == 0
+    assert main(["fmt", "--check", str(spec)]) == 0
+    canonical = spec.read_text()
+    spec.write_text(canonical.replace("\n", "\n\n", 3))
+    assert main(["fmt", "--check", str(spec)]) == 1
+    capsys.readouterr()
+    assert main(["fmt", str(spec)]) == 0
+    assert capsys.readouterr().out == canonical
+    assert main(["fmt", str(repo / "specs" / "missing.mw")]) == 1
+
+
+def test_regen_check_write_and_orphans(repo, capsys):
+    assert main(["regen", "--check", "--root", str(repo)]) == 1
+    assert "stale: " in capsys.readouterr().err
+    assert main(["regen", "--root", str(repo)]) == 0
+    generated = sorted(p.name for p in (repo / "generated").iterdir())
+    assert generated == ["llama.plan", "llama_glue.py", "orpheus.plan", "orpheus_glue.py",
+                         "orpheus_pd_disaggregated.plan", "orpheus_pd_disaggregated_glue.py"]
+    assert main(["regen", "--check", "--root", str(repo)]) == 0
+    (repo / "generated" / "old.plan").write_text("{}")
+    (repo / "configs" / "llama.yaml").write_text((repo / "configs" / "llama.yaml").read_text() + "\n# changed\n")
+    capsys.readouterr()
+    assert main(["regen", "--check", "--root", str(repo)]) == 1
+    err = capsys.readouterr().err
+    assert "old.plan (orphan)" in err and "llama.plan (differs)" in err
+    assert main(["regen", "--root", str(repo)]) == 0
+    assert not (repo / "generated" / "old.plan").exists()
+    assert main(["regen", "--check", "--root", str(repo)]) == 0
+
+
+def test_regen_reports_config_without_spec(repo, capsys):
+    (repo / "configs" / "ghost.yaml").write_text("model: ghost\nmax_seq_len: 8\nnode_groups:\n  - node_names: [X]\n    ranks: [0]\n")
+    assert main(["regen", "--check", "--root", str(repo)]) == 1
+    assert "names model 'ghost'" in capsys.readouterr().err
+
+
+def test_graph_writes_svg(repo):
+    out = repo / "pictures" / "orpheus.svg"
+    assert main(["graph", str(repo / "specs" / "orpheus.mw"), "-o", str(out)]) == 0
+    root = ElementTree.parse(out).getroot()
+    text = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
+    for expected in ("walk prefill", "walk decode", "walk snac_chunk", "loop decode_loop",
+                     "combine mixed = prefill + decode", "(loop-back)"):
+        assert expected in text
+
+
+def test_no_traceback_and_no_torch_in_a_real_process(repo):
+    """The console entry point as a process: a broken input exits 1 without a traceback, and
+    the compiler never imports torch (it would cost seconds per compile)."""
+    code = ("import sys; from mstar.cli.mstarc import main; rc = main(sys.argv[1:]); "
+            "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'; "
+            "sys.exit(rc)")
+    good = subprocess.run([sys.executable, "-c", code, "compile", str(repo / "specs" / "llama.mw")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert good.returncode == 0, good.stderr
+    (repo / "specs" / "bad.mw").write_bytes(b"\xff\xfe model")
+    bad = subprocess.run([sys.executable, "-m", "mstar.cli.mstarc", "compile", str(repo / "specs" / "bad.mw")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr and "not UTF-8" in bad.stderr
