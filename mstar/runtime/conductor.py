@@ -1,0 +1,324 @@
+"""The conductor: requests through their partitions' walks (reference notes 0.4).
+
+In: requests (`submit`), row results (`on_row`), failures and cancellations. Out, drained by the
+driver after each call: `ready_out` rows (request id, node, walk, num_tokens) to put on the
+schedulers of the ranks that run them, and `ended_out` request ids whose engine resources and
+scheduler rows must be freed. It never touches workers, schedulers or tensors itself.
+
+- Admission: at most deployment.max_concurrent_requests at once, the rest wait FIFO. The engine
+  may refuse a request (`add_request` returns a reason, e.g. it can never fit): it fails alone.
+- Each partition runs its route's walks stage by stage (`PartitionState`); a stream-consumer
+  partition (no initial walk) starts a run whenever a chunk is ready, and is done once its
+  streams are exhausted; a partition whose walk waits on a stream that will never deliver ends.
+- Token counting: every value produced under a name of the partition's count_tokens edges
+  (once per row) adds its element count; at max_tokens the partition ends ("length").
+- When a partition ends, the streams it produces are marked producer-done (final chunks flow).
+- A request ends when every partition is done; a row error fails the request alone.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Optional
+
+from mstar.plan.schema import CallPlan, Plan, WalkPlan
+from mstar.runtime.partition_state import PartitionState
+from mstar.runtime.request import Request, RequestRecord, count_elements, num_tokens_of
+from mstar.runtime.step import Engine, RowResult, StepRow
+from mstar.runtime.streams import StreamBuffer
+from mstar.runtime.walk_state import ActiveCall
+
+
+class RouteError(Exception):
+    """A request's route does not match its partitions' stages."""
+
+
+def _walk_edges(walk: WalkPlan):
+    stack = list(walk.body)
+    while stack:
+        section = stack.pop()
+        if isinstance(section, CallPlan):
+            yield from section.edges
+        else:
+            stack.extend(section.body)
+
+
+class _RequestState:
+    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled")
+
+    def __init__(self, record: RequestRecord):
+        self.record = record
+        self.partitions: list[PartitionState] = []
+        self.by_walk: dict[str, PartitionState] = {}  # walk name -> its partition
+        self.context: dict[str, int] = {}  # kv node -> tokens in its KV sequence
+        self.buffers: dict[tuple[str, str], StreamBuffer] = {}  # (consumer partition, edge)
+        self.signalled: set[str] = set()  # partitions whose end was sent to their streams
+
+
+class Conductor:
+    def __init__(self, plan: Plan, engine: Engine, clock: Callable[[], float]):
+        self.plan = plan
+        self.engine = engine
+        self.clock = clock
+        self.walks = {walk.name: walk for walk in plan.walks}
+        self.kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
+        self.stream_inputs = {node.name: set(node.stream_inputs) for node in plan.nodes}
+        self.max_concurrent = plan.deployment.max_concurrent_requests
+        self.count_names: dict[str, frozenset[str]] = {}
+        for part in plan.partitions:
+            names = set()
+            for stage in part.stages:
+                for walk_name in stage.walks:
+                    names.update(e.name for e in _walk_edges(self.walks[walk_name]) if e.is_count_tokens)
+            self.count_names[part.name] = frozenset(names)
+        self.records: dict[str, RequestRecord] = {}
+        self.active: dict[str, _RequestState] = {}
+        self.waiting: deque[RequestRecord] = deque()
+        self.num_finished = 0
+        self.ready_out: list[tuple[str, str, str, int]] = []
+        self.ended_out: list[str] = []
+
+    # ------------------------------------------------------------ requests in
+
+    def submit(self, request: Request) -> RequestRecord:
+        """A request arrives now; it is admitted at once or waits (FIFO)."""
+        if request.id in self.records:
+            raise RouteError(f"request id {request.id!r} was submitted twice")
+        record = RequestRecord(request=request, arrival_s=self.clock())
+        self.records[request.id] = record
+        self.waiting.append(record)
+        self._admit()
+        return record
+
+    def _admit(self) -> None:
+        while self.waiting and (self.max_concurrent is None or len(self.active) < self.max_concurrent):
+            record = self.waiting.popleft()
+            self._start(record)
+
+    def _route_of(self, request: Request) -> dict[str, list[WalkPlan]]:
+        unknown = set(request.route) - {p.name for p in self.plan.partitions}
+        if unknown:
+            raise RouteError(f"route names unknown partitions {sorted(unknown)}")
+        routes = {}
+        for part in self.plan.partitions:
+            if part.name not in request.route:
+                routes[part.name] = [self.walks[stage.walks[0]] for stage in part.stages]
+                continue
+            wanted = request.route[part.name]
+            taken: list[WalkPlan] = []
+            index = 0
+            for stage in part.stages:
+                if index < len(wanted) and wanted[index] in stage.walks:
+                    taken.append(self.walks[wanted[index]])
+                    index += 1
+                elif not (stage.is_optional or not wanted):
+                    raise RouteError(
+                        f"partition {part.name}: stage {stage.walks} is not optional and the route "
+                        f"{wanted} does not take it"
+                    )
+            if index != len(wanted):
+                raise RouteError(f"partition {part.name}: route {wanted} does not follow the stages")
+            routes[part.name] = taken
+        return routes
+
+    def _start(self, record: RequestRecord) -> None:
+        request = record.request
+        record.admit_s = self.clock()
+        try:
+            routes = self._route_of(request)
+        except RouteError as error:
+            self._finish_unadmitted(record, f"error: {error}")
+            return
+        reason = self.engine.add_request(request.id, request)
+        if reason is not None:
+            self._finish_unadmitted(record, f"error: {reason}")
+            return
+        state = _RequestState(record)
+        self.active[request.id] = state
+        buffers = state.buffers
+        for part in self.plan.partitions:
+            for stream in part.streams:
+                buffers[(part.name, stream.edge)] = StreamBuffer(stream.policy)
+        for part in self.plan.partitions:
+            ps = PartitionState(
+                part, routes[part.name], record, buffers, self.stream_inputs,
+                self.count_names[part.name], self.clock,
+            )
+            state.partitions.append(ps)
+            for walk in ps.walks:
+                state.by_walk[walk.name] = ps
+        for ps in state.partitions:
+            ps.other_stores = [other.store for other in state.partitions if other is not ps]
+        self._pump(state)
+
+    def _finish_unadmitted(self, record: RequestRecord, reason: str) -> None:
+        self.num_finished += 1
+        record.finish_reason = reason
+        record.finish_s = self.clock()
+
+    # ------------------------------------------------------------ rows
+
+    def ready_call(self, request_id: str, node: str, walk: str) -> Optional[ActiveCall]:
+        """The ready call a scheduled row stands for; None when it went stale (request ended,
+        partition ended) - the driver then leaves the row out of the step."""
+        state = self.active.get(request_id)
+        if state is None:
+            return None
+        ps = state.by_walk.get(walk)
+        if ps is None or ps.run is None or ps.run.name != walk:
+            return None
+        call = ps.run.active.get(node)
+        if call is None or not call.is_ready:
+            return None
+        return call
+
+    def step_row(self, request_id: str, node: str, walk: str) -> Optional[StepRow]:
+        call = self.ready_call(request_id, node, walk)
+        if call is None:
+            return None
+        return StepRow(
+            request_id=request_id,
+            walk=walk,
+            num_tokens=self.num_tokens(call),
+            context_len=self.active[request_id].context.get(node, 0),
+            inputs=call.inputs,
+            loop_iter=call.loop_iter,
+        )
+
+    @staticmethod
+    def num_tokens(call: ActiveCall) -> int:
+        if not call.inputs:
+            return 1
+        return max(num_tokens_of(value) for value in call.inputs.values())
+
+    def on_row(self, node: str, walk: str, num_tokens: int, result: RowResult) -> None:
+        """A row of a step ran (num_tokens: what it fed). Results of stale rows are ignored."""
+        state = self.active.get(result.request_id)
+        if state is None:
+            return
+        if result.error is not None:
+            self.fail(result.request_id, f"error: {result.error}")
+            return
+        ps = state.by_walk.get(walk)
+        if ps is None or ps.run is None or ps.run.name != walk or node not in ps.run.active:
+            return
+        if node in self.kv_nodes:
+            state.context[node] = state.context.get(node, 0) + num_tokens
+        run = ps.run
+        run.complete(node, result.outputs, result.is_stop)
+        if ps.count_names:
+            self._count(state, ps, result.outputs)
+        if run.is_done and ps.run is run:
+            ps.finish_run()
+        self._pump(state)
+
+    def _count(self, state: _RequestState, ps: PartitionState, outputs: dict[str, Any]) -> None:
+        record = state.record
+        num = 0
+        for name in ps.count_names:
+            if name in outputs:
+                value = outputs[name]
+                num += count_elements(value)
+                if isinstance(value, list):
+                    record.output_tokens.extend(value)
+                else:
+                    record.output_tokens.append(value)
+        if num == 0:
+            return
+        now = self.clock()
+        if record.first_token_s is None:
+            record.first_token_s = now
+        record.token_times_s.append(now)
+        record.num_output_tokens += num
+        ps.num_tokens += num
+        if ps.num_tokens >= record.request.max_tokens and not ps.is_done:
+            ps.end(is_length=True)
+
+    # ------------------------------------------------------------ progress
+
+    def _pump(self, state: _RequestState) -> None:
+        """Start walks, re-check waiting calls, end partitions, propagate producer-done, and
+        collect ready rows, until nothing changes."""
+        is_changed = True
+        while is_changed:
+            is_changed = False
+            for ps in state.partitions:
+                if ps.is_done:
+                    continue
+                run = ps.run
+                if run is None:
+                    if ps.is_drained():
+                        ps.end()
+                    elif ps.start_next() is None:
+                        continue
+                    is_changed = True
+                    run = ps.run
+                    if run is None:
+                        continue
+                else:
+                    run.retry_waiting()
+                if run.is_done:
+                    ps.finish_run()
+                    is_changed = True
+                elif ps.is_starved():
+                    ps.end()
+                    is_changed = True
+                if run.new_ready:
+                    for call in run.new_ready:
+                        if not run.is_cancelled:
+                            self.ready_out.append((state.record.request.id, call.node, run.name, self.num_tokens(call)))
+                    run.new_ready.clear()
+            for ps in state.partitions:
+                if ps.is_done and ps.name not in state.signalled:
+                    self._signal_done(state, ps)
+                    is_changed = True
+        if all(ps.is_done for ps in state.partitions):
+            reason = "length" if any(ps.is_length for ps in state.partitions) else "stop"
+            self._end(state, reason)
+
+    def _signal_done(self, state: _RequestState, ps: PartitionState) -> None:
+        state.signalled.add(ps.name)
+        for part in self.plan.partitions:
+            for stream in part.streams:
+                if stream.producer_partition == ps.name:
+                    state.buffers[(part.name, stream.edge)].mark_producer_done()
+
+    # ------------------------------------------------------------ endings
+
+    def fail(self, request_id: str, reason: str) -> None:
+        """End one request now with `reason` (an error, or a cancellation); the others go on."""
+        state = self.active.get(request_id)
+        if state is not None:
+            for ps in state.partitions:
+                ps.end()
+            self._end(state, reason)
+            return
+        record = self.records.get(request_id)
+        if record is not None and not record.is_finished:
+            self.waiting.remove(record)
+            self._finish_unadmitted(record, reason)
+
+    def cancel(self, request_id: str) -> None:
+        self.fail(request_id, "cancelled")
+
+    def _end(self, state: _RequestState, reason: str) -> None:
+        record = state.record
+        self.num_finished += 1
+        record.finish_reason = reason
+        record.finish_s = self.clock()
+        del self.active[record.request.id]
+        self.ended_out.append(record.request.id)
+        self.engine.end_request(record.request.id)
+        self._admit()
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def num_active(self) -> int:
+        return len(self.active)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def is_idle(self) -> bool:
+        return not self.active and not self.waiting

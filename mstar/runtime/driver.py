@@ -1,0 +1,370 @@
+"""The run loop: arrivals -> conductor -> per-worker schedulers -> engine -> conductor.
+
+In: a plan, an engine, a workload. Out: the conductor's request records and per-step metrics.
+
+Event loop (one process drives every worker of the plan):
+- every idle worker takes its pending speculative batch, else `next_batch()`; the batch becomes
+  a Step (each row's inputs from the conductor; rows that went stale are left out), the engine
+  runs it, and its completion is queued at start + elapsed (simulated engines: the SimClock
+  then jumps to it; real engines: elapsed is wall time, so workers effectively take turns);
+- right after a step of an on-device loop starts, the worker asks its scheduler to speculate
+  step N+1 (the rows whose loop has iterations left continue); those rows are not added back
+  when N's results arrive, and rows of N+1 whose request stopped in N are left out of it;
+- a completion is post-processed in one pass: each row result goes to the conductor, then the
+  rows that became ready go to the schedulers of the ranks running them (a TP group: all its
+  ranks; data-parallel replicas: one per request by a hash of its id);
+- allocation_failed: the whole step is retried later (scheduler.hold: nothing lost), a
+  speculation built on it is discarded;
+- TP groups: the leader's batch is registered on its followers; the leader's results are
+  post-processed only once every follower ran its copy (lockstep);
+- a step whose engine call raises fails the requests of that step alone.
+When nothing runs and nothing can, the clock jumps to the next arrival or hold deadline; if
+requests remain with no way forward they fail with "error: stalled" (never a hang).
+"""
+from __future__ import annotations
+
+import heapq
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from mstar.plan.schema import LoopPlan, Plan
+from mstar.runtime.batch import Batch
+from mstar.runtime.conductor import Conductor
+from mstar.runtime.metrics import StepLog
+from mstar.runtime.request import Request
+from mstar.runtime.scheduler import WorkerScheduler
+from mstar.runtime.step import Engine, RowResult, Step, StepResult
+
+
+@dataclass
+class Workload:
+    """Requests with arrival times (open loop), or a closed loop of `concurrency` clients that
+    each send their next request when the previous one finishes (arrival times ignored)."""
+
+    requests: list[Request]
+    closed_concurrency: Optional[int] = None
+    cancellations: list[tuple[float, str]] = field(default_factory=list)  # (time, request id)
+
+
+@dataclass
+class _Launch:
+    worker: int
+    batch: Batch
+    step: Optional[Step]
+    result: StepResult
+    start_s: float
+    sched_s: float
+    continuing: set[str] = field(default_factory=set)  # rows a speculation already covers
+
+
+class Driver:
+    def __init__(
+        self,
+        plan: Plan,
+        engine: Engine,
+        *,
+        clock: Optional[Callable[[], float]] = None,
+        on_finish: Optional[Callable[[int], None]] = None,
+    ):
+        self.plan = plan
+        self.engine = engine
+        self.is_simulated = bool(getattr(engine, "is_simulated", False))
+        if clock is None:
+            clock = getattr(engine, "clock", None) or time.monotonic
+        self.clock = clock
+        self.conductor = Conductor(plan, engine, clock)
+        self.schedulers = {w.rank: WorkerScheduler(w, plan.deployment, clock=clock) for w in plan.workers}
+        self.on_finish = on_finish
+        self.log = StepLog()
+        self._instances = self._placement_instances()
+        self._followers: dict[tuple[int, str], list[int]] = {}  # (leader rank, node) -> follower ranks
+        for worker in plan.workers:
+            for group in worker.tp_groups:
+                if group.leader == worker.rank:
+                    self._followers[(worker.rank, group.node)] = [r for r in group.ranks if r != worker.rank]
+        self._spec_walks = {
+            (w.rank, s.node, s.walk) for w in plan.workers for s in w.speculation if s.can_speculate
+        }
+        self._loop_walks = self._walks_with_loops()
+        self._busy: set[int] = set()
+        self._spec: dict[int, tuple[Batch, set[str]]] = {}  # worker -> (speculative batch, continuing rows)
+        self._covered: dict[int, set[tuple[str, str, str]]] = {w.rank: set() for w in plan.workers}
+        self._inflight: list[tuple[float, int, _Launch]] = []
+        self._seq = 0
+        self._pending_tp: dict[tuple[int, str], deque] = {}  # (follower, node) -> leader launches
+        self._tp_waiting: dict[int, set[int]] = {}  # id(leader launch) -> followers still to run
+        self._tp_done_leaders: dict[int, _Launch] = {}
+        self._num_finished = 0
+
+    # ------------------------------------------------------------ placement
+
+    def _placement_instances(self) -> dict[tuple[str, str], list[tuple[int, ...]]]:
+        """(node, walk) -> instances that run it: a TP group's ranks (leader first) or one rank."""
+        instances: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+        for worker in self.plan.workers:
+            for placement in worker.placements:
+                node, walk = placement.split("/", 1)
+                group = next((g for g in worker.tp_groups if g.node == node and walk in g.walks), None)
+                if group is None:
+                    instance: tuple[int, ...] = (worker.rank,)
+                else:
+                    instance = (group.leader,) + tuple(r for r in group.ranks if r != group.leader)
+                found = instances.setdefault((node, walk), [])
+                if instance not in found:
+                    found.append(instance)
+        return instances
+
+    def _walks_with_loops(self) -> set[str]:
+        names = set()
+        for walk in self.plan.walks:
+            stack = list(walk.body)
+            while stack:
+                section = stack.pop()
+                if isinstance(section, LoopPlan):
+                    names.add(walk.name)
+                if not hasattr(section, "node"):
+                    stack.extend(section.body)
+        return names
+
+    def _ranks_for(self, request_id: str, node: str, walk: str) -> tuple[int, ...]:
+        instances = self._instances.get((node, walk))
+        if not instances:
+            raise RuntimeError(f"the plan places no worker for {node}/{walk}")
+        if len(instances) == 1:
+            return instances[0]
+        return instances[zlib.crc32(request_id.encode()) % len(instances)]
+
+    # ------------------------------------------------------------ conductor outputs
+
+    def _drain(self) -> None:
+        conductor = self.conductor
+        if conductor.ready_out:
+            ready, conductor.ready_out = conductor.ready_out, []
+            for request_id, node, walk, num_tokens in ready:
+                for rank in self._ranks_for(request_id, node, walk):
+                    covered = self._covered[rank]
+                    key = (request_id, node, walk)
+                    if key in covered:
+                        covered.discard(key)
+                        continue
+                    self.schedulers[rank].add_ready(request_id, node, walk, num_tokens)
+        if conductor.ended_out:
+            ended, conductor.ended_out = conductor.ended_out, []
+            for request_id in ended:
+                for scheduler in self.schedulers.values():
+                    scheduler.remove(request_id)
+            self._num_finished += len(ended)
+            if self.on_finish is not None:
+                self.on_finish(len(ended))
+
+    # ------------------------------------------------------------ steps
+
+    def _to_step(self, rank: int, batch: Batch) -> Optional[Step]:
+        rows = []
+        for request_id, walk in zip(batch.request_ids, batch.walks):
+            row = self.conductor.step_row(request_id, batch.node, walk)
+            if row is not None:
+                rows.append(row)
+        if not rows:
+            return None
+        label = batch.label
+        if len(rows) != batch.num_rows and label is None and len({r.walk for r in rows}) == 1:
+            label = rows[0].walk
+        return Step(
+            worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=label, rows=rows,
+            attention=batch.attention, capture=batch.capture, padded_batch=batch.padded_batch,
+            token_bucket=batch.token_bucket, is_speculative=batch.is_speculative,
+        )
+
+    def _launch(self, rank: int) -> bool:
+        scheduler = self.schedulers[rank]
+        started = time.perf_counter()
+        spec = self._spec.pop(rank, None)
+        continuing: set[str] = set()
+        if spec is not None:
+            batch, continuing = spec
+            # N was post-processed: covered rows that did not come back stopped in N.
+            self._uncover(rank, batch, continuing)
+        else:
+            batch = scheduler.next_batch()
+        sched_s = time.perf_counter() - started
+        if batch is None:
+            return False
+        now = self.clock()
+        if batch.is_follower:
+            return self._launch_follower(rank, batch, now, sched_s)
+        step = self._to_step(rank, batch)
+        if step is None:
+            return True  # every row went stale; the worker looks again
+        try:
+            result = self.engine.run_step(step)
+        except Exception as error:  # the engine failed this step: its requests fail alone
+            for row in step.rows:
+                self.conductor.fail(row.request_id, f"error: engine failed the step: {error}")
+            self._drain()
+            return True
+        launch = _Launch(rank, batch, step, result, now, sched_s, continuing)
+        for follower in self._followers.get((rank, batch.node), ()):
+            self.schedulers[follower].register_follow(batch)
+            self._pending_tp.setdefault((follower, batch.node), deque()).append(launch)
+            self._tp_waiting.setdefault(id(launch), set()).add(follower)
+        if not result.allocation_failed:
+            self._maybe_speculate(rank, batch, step)
+        self._busy.add(rank)
+        self._seq += 1
+        finish = now + result.elapsed_s if self.is_simulated else self.clock()
+        heapq.heappush(self._inflight, (finish, self._seq, launch))
+        return True
+
+    def _launch_follower(self, rank: int, batch: Batch, now: float, sched_s: float) -> bool:
+        result = StepResult(rows=[])
+        if getattr(self.engine, "can_run_followers", False):
+            step = Step(
+                worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=batch.label,
+                rows=[], attention=batch.attention, capture=batch.capture,
+                padded_batch=batch.padded_batch, token_bucket=batch.token_bucket,
+            )
+            result = StepResult(rows=[], elapsed_s=self.engine.step_time(step))
+        launch = _Launch(rank, batch, None, result, now, sched_s)
+        self._busy.add(rank)
+        self._seq += 1
+        finish = now + result.elapsed_s if self.is_simulated else self.clock()
+        heapq.heappush(self._inflight, (finish, self._seq, launch))
+        return True
+
+    def _maybe_speculate(self, rank: int, batch: Batch, step: Step) -> None:
+        walks = set(batch.walks)
+        if not any((rank, batch.node, walk) in self._spec_walks for walk in walks):
+            return
+        continuing = []
+        for row in step.rows:
+            call = self.conductor.ready_call(row.request_id, batch.node, row.walk)
+            if call is not None and call.loop is not None and call.loop.iteration + 1 < call.loop.plan.max_iters:
+                continuing.append(row.request_id)
+        if not continuing:
+            return
+        spec = self.schedulers[rank].speculate(batch, continuing)
+        if spec is None:
+            return
+        in_spec = set(spec.request_ids)
+        covered = {rid for rid in continuing if rid in in_spec}
+        walk_of = dict(zip(spec.request_ids, spec.walks))
+        for request_id in covered:
+            self._covered[rank].add((request_id, batch.node, walk_of[request_id]))
+        self._spec[rank] = (spec, covered)
+
+    # ------------------------------------------------------------ completions
+
+    def _complete(self, launch: _Launch) -> None:
+        rank = launch.worker
+        if launch.step is None:  # a TP follower ran its leader's batch
+            self._busy.discard(rank)
+            self.log.add(launch, 0.0, self.clock())
+            queue = self._pending_tp.get((rank, launch.batch.node))
+            leader = queue.popleft() if queue else None
+            if leader is not None:
+                waiting = self._tp_waiting[id(leader)]
+                waiting.discard(rank)
+                if not waiting and id(leader) in self._tp_done_leaders:
+                    del self._tp_waiting[id(leader)]
+                    self._postprocess(self._tp_done_leaders.pop(id(leader)))
+            return
+        if self._tp_waiting.get(id(launch)):
+            # Lockstep: the leader stays busy until every follower ran its copy.
+            self._tp_done_leaders[id(launch)] = launch
+            return
+        self._tp_waiting.pop(id(launch), None)
+        self._postprocess(launch)
+
+    def _uncover(self, rank: int, batch: Batch, request_ids: set[str]) -> None:
+        covered = self._covered[rank]
+        for request_id, walk in zip(batch.request_ids, batch.walks):
+            if request_id in request_ids:
+                covered.discard((request_id, batch.node, walk))
+
+    def _postprocess(self, launch: _Launch) -> None:
+        started = time.perf_counter()
+        rank, batch, step, result = launch.worker, launch.batch, launch.step, launch.result
+        self._busy.discard(rank)
+        scheduler = self.schedulers[rank]
+        if result.allocation_failed:
+            scheduler.hold(batch, result.allocation_failed)
+            spec = self._spec.pop(rank, None)
+            if spec is not None:
+                scheduler.discard(spec[0])
+                self._uncover(rank, spec[0], spec[1])
+        else:
+            conductor = self.conductor
+            by_id = {row.request_id: row for row in step.rows}
+            seen = set()
+            for row_result in result.rows:
+                row = by_id.get(row_result.request_id)
+                if row is None or row_result.request_id in seen:
+                    continue
+                seen.add(row_result.request_id)
+                conductor.on_row(step.node, row.walk, row.num_tokens, row_result)
+            for row in step.rows:
+                if row.request_id not in seen:
+                    conductor.fail(row.request_id, "error: the engine returned no result for the row")
+        self._drain()
+        end = self.clock()
+        self.log.add(launch, time.perf_counter() - started, end)
+
+    # ------------------------------------------------------------ main loop
+
+    def run(self, workload: Workload) -> None:
+        """Run every request of the workload to completion (or failure)."""
+        pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
+        cancels = deque(sorted(workload.cancellations))
+        closed = workload.closed_concurrency
+        num_sent = 0
+        total = len(pending)
+        while True:
+            now = self.clock()
+            if closed is not None:
+                while pending and num_sent - self.conductor.num_finished < closed:
+                    self.conductor.submit(pending.popleft())
+                    num_sent += 1
+            else:
+                while pending and pending[0].arrival_s <= now:
+                    self.conductor.submit(pending.popleft())
+                    num_sent += 1
+            while cancels and cancels[0][0] <= now:
+                self.conductor.cancel(cancels.popleft()[1])
+            self._drain()
+            for rank in self.schedulers:
+                if rank not in self._busy:
+                    while self._launch(rank) and rank not in self._busy:
+                        pass
+            if self._inflight:
+                finish, _, launch = heapq.heappop(self._inflight)
+                if self.is_simulated:
+                    self.clock.advance_to(finish)
+                self._complete(launch)
+                continue
+            if num_sent == total and self.conductor.is_idle():
+                return
+            wake = [t for t in (s.next_hold_deadline() for s in self.schedulers.values()) if t is not None]
+            if closed is None and pending:
+                wake.append(pending[0].arrival_s)
+            if cancels:
+                wake.append(cancels[0][0])
+            if not wake:
+                if not self.conductor.active and not pending:
+                    return
+                for request_id in list(self.conductor.active):
+                    self.conductor.fail(request_id, "error: stalled: no row of the request can run")
+                self._drain()
+                continue
+            self._sleep_until(min(wake))
+
+    def _sleep_until(self, when: float) -> None:
+        if self.is_simulated:
+            self.clock.advance_to(when)
+        else:
+            delay = when - self.clock()
+            if delay > 0:
+                time.sleep(delay)

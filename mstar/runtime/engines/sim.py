@@ -1,0 +1,225 @@
+"""A simulated engine: runs steps by a cost model instead of models, with a small KV pool.
+
+In: the plan; per step, a `Step`. Out: a `StepResult` whose outputs are small placeholders
+(a kv node emits one token, as a one-element list, under each output edge name of its call; a
+stateless node emits a one-element list holding the row's input length) and whose `elapsed_s`
+is the modelled step time. The driver advances a `SimClock` by it, so runs are reproducible and
+take only host time.
+
+Per-request behaviour: a kv node reports is_stop once it has sampled `max_tokens` tokens for the
+request (the conductor applies stops only in loops that have a stop check).
+
+KV pool (per kv node, pages of page_size tokens): on a request's first row at a node the engine
+reserves the pages of its whole sequence, min(prompt + max_tokens, max_seq_len) tokens; when the
+pool is short the step fails whole (nothing runs) and names the short rows in allocation_failed,
+so the scheduler holds them. Reserving up front means a request that got its pages always
+finishes, so held rows never wait on each other forever. A request that could never fit the
+pool is refused by add_request.
+
+Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine"):
+
+    time = launch + num_rows_run * per_row + w * (num_tokens * per_token + sum_context * per_context)
+
+    launch:      CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else
+                 EAGER_LAUNCH_S; a split-attention mixed step adds SPLIT_EXTRA_S.
+    num_rows_run: padded_batch for captured steps (padding rows cost like real ones), else rows.
+    w:           node weight = layers * hidden / (28 * 3072) for kv nodes (1 for an Orpheus-size
+                 LLM), STATELESS_WEIGHT for stateless nodes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from mstar.plan.schema import CallPlan, Plan
+from mstar.runtime.step import RowResult, Step, StepResult
+
+CAPTURED_LAUNCH_S = 0.0003
+EAGER_LAUNCH_S = 0.0015
+SPLIT_EXTRA_S = 0.0002
+PER_ROW_S = 0.00005
+PER_TOKEN_S = 0.00002
+PER_CONTEXT_S = 0.00000002
+STATELESS_WEIGHT = 0.2
+
+
+class SimClock:
+    """Simulated seconds; only the driver moves it."""
+
+    def __init__(self, start: float = 0.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_to(self, when: float) -> None:
+        if when > self.now:
+            self.now = when
+
+
+@dataclass
+class _KvPool:
+    page_size: int
+    num_pages: int
+    max_seq_len: int
+    num_free: int
+
+
+class SimEngine:
+    """Engine protocol (mstar.runtime.step.Engine) by a cost model.
+
+    num_pages overrides every kv node's pool size. inject_oom(step) -> request ids lets tests
+    fail a step out of memory on purpose; inject_error maps a request id to an error message
+    that its first row reports.
+    """
+
+    is_simulated = True
+    can_run_followers = True
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        seed: int = 0,
+        num_pages: Optional[int] = None,
+        inject_oom: Optional[Callable[[Step], list[str]]] = None,
+        inject_error: Optional[dict[str, str]] = None,
+    ):
+        self.plan = plan
+        self.clock = SimClock()
+        self.seed = seed
+        self.inject_oom = inject_oom
+        self.inject_error = dict(inject_error or {})
+        self.pools: dict[str, _KvPool] = {}
+        for pool in plan.deployment.kv_pools:
+            pages = num_pages if num_pages is not None else pool.num_pages
+            self.pools[pool.node] = _KvPool(pool.page_size, pages, pool.max_seq_len, pages)
+        self.weights: dict[str, float] = {}
+        for node in plan.nodes:
+            if node.engine == "kv":
+                layers = node.dims.get("layers", 28)
+                hidden = node.dims.get("hidden", 3072)
+                is_numeric = isinstance(layers, int) and isinstance(hidden, int)
+                self.weights[node.name] = layers * hidden / (28 * 3072) if is_numeric else 1.0
+                if node.name not in self.pools:
+                    seq = plan.deployment.max_seq_len
+                    self.pools[node.name] = _KvPool(16, 1 << 30, seq, 1 << 30)
+            else:
+                self.weights[node.name] = STATELESS_WEIGHT
+        # (node, walk) -> output edge names (loop-backs on the device carry no value).
+        self.out_names: dict[tuple[str, str], list[str]] = {}
+        for walk in plan.walks:
+            stack = list(walk.body)
+            while stack:
+                section = stack.pop()
+                if isinstance(section, CallPlan):
+                    names = self.out_names.setdefault((section.node, walk.name), [])
+                    for edge in section.edges:
+                        if not edge.is_device and edge.name not in names:
+                            names.append(edge.name)
+                else:
+                    stack.extend(section.body)
+        self.requests: dict[str, Any] = {}
+        self.reserved: dict[tuple[str, str], int] = {}  # (request, kv node) -> pages
+        self.num_sampled: dict[tuple[str, str], int] = {}
+        self.num_steps = 0
+
+    # ------------------------------------------------------------ Engine protocol
+
+    def add_request(self, request_id: str, spec: Any) -> Optional[str]:
+        need_tokens = len(spec.prompt_tokens) + spec.max_tokens
+        for node, pool in self.pools.items():
+            pages = self._pages_for(pool, need_tokens)
+            if pages > pool.num_pages:
+                return (
+                    f"can never fit: needs {pages} KV pages of {pool.page_size} tokens on {node} "
+                    f"(prompt {len(spec.prompt_tokens)} + max_tokens {spec.max_tokens}), "
+                    f"the pool has {pool.num_pages}"
+                )
+        self.requests[request_id] = spec
+        return None
+
+    def end_request(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        for node, pool in self.pools.items():
+            pages = self.reserved.pop((request_id, node), 0)
+            pool.num_free += pages
+            self.num_sampled.pop((request_id, node), None)
+
+    def run_step(self, step: Step) -> StepResult:
+        self.num_steps += 1
+        node = step.node
+        pool = self.pools.get(node)
+        if pool is not None:
+            short = self._reserve(step, pool)
+            if short:
+                return StepResult(rows=[], allocation_failed=short, elapsed_s=CAPTURED_LAUNCH_S)
+        if self.inject_oom is not None:
+            short = self.inject_oom(step)
+            if short:
+                return StepResult(rows=[], allocation_failed=list(short), elapsed_s=CAPTURED_LAUNCH_S)
+        results = [self._row_result(step, row) for row in step.rows]
+        return StepResult(rows=results, elapsed_s=self.step_time(step))
+
+    # ------------------------------------------------------------ internals
+
+    @staticmethod
+    def _pages_for(pool: _KvPool, num_tokens: int) -> int:
+        return math.ceil(min(num_tokens, pool.max_seq_len) / pool.page_size)
+
+    def _reserve(self, step: Step, pool: _KvPool) -> list[str]:
+        """Reserve whole-sequence pages for rows new to this node; all or nothing per step."""
+        node = step.node
+        wanted = []
+        for row in step.rows:
+            key = (row.request_id, node)
+            if key not in self.reserved and row.request_id in self.requests:
+                spec = self.requests[row.request_id]
+                wanted.append((key, self._pages_for(pool, len(spec.prompt_tokens) + spec.max_tokens)))
+        if not wanted:
+            return []
+        num_free = pool.num_free
+        short = []
+        for key, pages in wanted:
+            if pages <= num_free:
+                num_free -= pages
+            else:
+                short.append(key[0])
+        if short:
+            return short
+        for key, pages in wanted:
+            self.reserved[key] = pages
+        pool.num_free = num_free
+        return []
+
+    def _row_result(self, step: Step, row) -> RowResult:
+        request_id = row.request_id
+        error = self.inject_error.pop(request_id, None)
+        if error is not None:
+            return RowResult(request_id, error=error)
+        names = self.out_names.get((step.node, row.walk), ())
+        if step.node not in self.weights or step.node not in self.pools:
+            return RowResult(request_id, outputs={name: [row.num_tokens] for name in names})
+        key = (request_id, step.node)
+        count = self.num_sampled.get(key, 0) + 1
+        self.num_sampled[key] = count
+        token = (count * 7919 + len(request_id) * 104729 + self.seed) % 4096
+        spec = self.requests.get(request_id)
+        is_stop = spec is not None and count >= spec.max_tokens
+        return RowResult(request_id, outputs={name: [token] for name in names}, is_stop=is_stop)
+
+    def step_time(self, step: Step) -> float:
+        """The cost model (module docstring)."""
+        is_captured = step.padded_batch > 0
+        launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
+        if step.attention == "split":
+            launch += SPLIT_EXTRA_S
+        num_rows = step.padded_batch if is_captured else len(step.rows)
+        num_tokens = 0
+        num_context = 0
+        for row in step.rows:
+            num_tokens += row.num_tokens
+            num_context += row.context_len
+        weight = self.weights.get(step.node, STATELESS_WEIGHT)
+        return launch + num_rows * PER_ROW_S + weight * (num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)

@@ -1,0 +1,132 @@
+"""Stream buffers and chunk policies between partitions (reference notes 2.8).
+
+A producer partition pushes values on a stream edge; the consumer's buffer turns the items into
+chunks by its policy:
+
+- window(size, stride): chunk = items[pos:pos+size] once that many items exist; pos += stride.
+- left_context(chunk, context): the first chunk is items[0:chunk] and advances chunk-context;
+  every later chunk is items[pos:pos+chunk+context] (context old items + chunk new) and
+  advances chunk.
+- fixed(size, continue_after_done): chunk = items[pos:pos+size]; pos += size.
+
+After the producer is done, items not yet covered by any chunk are flushed as one final partial
+chunk (for window and left_context it starts at pos, so it keeps its overlap). When every item
+was already covered, there is no final chunk: the buffer is simply finished (we never hand the
+engine an empty chunk). With continue_after_done a fixed buffer is never finished: once drained
+it answers every poll with an empty chunk, so a consumer that needs one input per step keeps
+running (Qwen3-Omni's Talker after the Thinker ends).
+
+Items: a pushed list is extended item by item; any other value is one item. A chunk is a list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from mstar.plan.schema import ChunkPolicyPlan
+
+
+@dataclass
+class Chunk:
+    items: list[Any]
+    is_final: bool
+
+
+class StreamBuffer:
+    """Items of one stream edge for one request, cut into chunks by a policy."""
+
+    def __init__(self, policy: ChunkPolicyPlan):
+        self._policy = policy
+        self._items: list[Any] = []
+        self._pos = 0  # where the next chunk starts
+        self._covered = 0  # items[0:covered] are in some chunk already
+        self._num_chunks = 0
+        self.is_producer_done = False
+        self.is_finished = False  # the final chunk was taken (or there was nothing left)
+
+    def push(self, value: Any) -> None:
+        if isinstance(value, list):
+            self._items.extend(value)
+        else:
+            self._items.append(value)
+
+    def mark_producer_done(self) -> None:
+        self.is_producer_done = True
+
+    @property
+    def num_items(self) -> int:
+        return len(self._items)
+
+    def _next_span(self) -> tuple[int, int, int]:
+        """(start, end, next pos) of the next full chunk by the policy."""
+        policy = self._policy
+        if policy.kind == "window":
+            stride = policy.stride or policy.size
+            return self._pos, self._pos + policy.size, self._pos + stride
+        if policy.kind == "left_context":
+            context = policy.context or 0
+            if self._num_chunks == 0:
+                return 0, policy.size, policy.size - context
+            return self._pos, self._pos + policy.size + context, self._pos + policy.size
+        return self._pos, self._pos + policy.size, self._pos + policy.size
+
+    def has_chunk(self) -> bool:
+        """Whether poll() would give a chunk now (without taking it)."""
+        if self.is_finished:
+            return False
+        _, end, _ = self._next_span()
+        if end <= len(self._items):
+            return True
+        if not self.is_producer_done:
+            return False
+        # A keep-alive empty chunk, or a final partial chunk of uncovered items.
+        return self._policy.is_continue_after_done or self._covered < len(self._items)
+
+    @property
+    def is_exhausted(self) -> bool:
+        """No chunk will ever come again: finished, or producer done with every item covered."""
+        if self.is_finished:
+            return True
+        return (
+            self.is_producer_done
+            and not self._policy.is_continue_after_done
+            and self._covered >= len(self._items)
+        )
+
+    def poll(self) -> Optional[Chunk]:
+        """Take the next chunk, or None when the policy is not satisfied yet.
+
+        When the producer is done and every item was already covered, returns None and sets
+        is_finished (no empty final chunk).
+        """
+        if self.is_finished:
+            return None
+        start, end, next_pos = self._next_span()
+        if end <= len(self._items):
+            self._take(start, end, next_pos)
+            return Chunk(self._items[start:end], is_final=False)
+        if not self.is_producer_done:
+            return None
+        if self._policy.is_continue_after_done:
+            if self._pos < len(self._items):
+                start = self._pos
+                self._take(start, len(self._items), len(self._items))
+                return Chunk(self._items[start:], is_final=False)
+            return Chunk([], is_final=False)
+        self.is_finished = True
+        if self._covered >= len(self._items):
+            return None
+        chunk = Chunk(self._items[start:], is_final=True)
+        self._covered = len(self._items)
+        return chunk
+
+    def _take(self, start: int, end: int, next_pos: int) -> None:
+        self._pos = next_pos
+        self._covered = max(self._covered, end)
+        self._num_chunks += 1
+        # Drop items no later chunk can reach, so long streams stay small.
+        if self._pos > 4096:
+            drop = self._pos
+            del self._items[:drop]
+            self._pos -= drop
+            self._covered = max(0, self._covered - drop)

@@ -1,0 +1,155 @@
+"""Workloads: generated request traces, or requests read from a JSONL file.
+
+Generated (`generate`): `num_requests` requests with prompt and output lengths drawn uniformly
+from inclusive ranges (the output length is the request's max_tokens), token ids drawn from a
+small vocabulary, all from one seed. Arrivals:
+- poisson: exponential gaps at `rate` requests/s;
+- staggered: one request every 1/rate s;
+- closed: `concurrency` clients, each sending its next request when its previous one finishes.
+
+File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
+"max_tokens": int} and optionally "temperature", "top_p", "seed"; blank lines are skipped. Every
+request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
+raises WorkloadError naming the file, the line and what is wrong.
+"""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Optional
+
+from mstar.runtime.driver import Workload
+from mstar.runtime.request import Request
+
+ARRIVALS = ("poisson", "staggered", "closed")
+VOCAB_SIZE = 1000
+
+
+class WorkloadError(Exception):
+    """Bad workload input (a range, an arrival kind, a prompts file line)."""
+
+
+def parse_range(text: str, what: str) -> tuple[int, int]:
+    """`A..B` (or a single `N`) -> (A, B) with 1 <= A <= B."""
+    parts = text.split("..")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise WorkloadError(f"{what}: expected A..B or N with integers, got {text!r}") from None
+    if low < 1 or high < low:
+        raise WorkloadError(f"{what}: need 1 <= A <= B, got {text!r}")
+    return low, high
+
+
+def generate(
+    num_requests: int,
+    *,
+    prompt_len: tuple[int, int],
+    output_len: tuple[int, int],
+    arrival: str = "closed",
+    concurrency: int = 8,
+    rate: float = 100.0,
+    seed: int = 0,
+) -> Workload:
+    if arrival not in ARRIVALS:
+        raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if num_requests < 0:
+        raise WorkloadError(f"--requests must be >= 0, got {num_requests}")
+    if concurrency < 1:
+        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
+    if rate <= 0:
+        raise WorkloadError(f"--rate must be > 0, got {rate}")
+    rng = random.Random(seed)
+    requests = []
+    now = 0.0
+    for index in range(num_requests):
+        num_prompt = rng.randint(*prompt_len)
+        prompt = [rng.randrange(VOCAB_SIZE) for _ in range(num_prompt)]
+        if arrival == "poisson":
+            now += rng.expovariate(rate)
+        elif arrival == "staggered":
+            now = index / rate
+        requests.append(
+            Request(
+                id=f"req-{index:06d}",
+                prompt_tokens=prompt,
+                max_tokens=rng.randint(*output_len),
+                seed=seed * 1_000_003 + index,
+                arrival_s=now if arrival != "closed" else 0.0,
+            )
+        )
+    return Workload(requests, closed_concurrency=concurrency if arrival == "closed" else None)
+
+
+def _field(obj: dict[str, Any], name: str, kinds: tuple, where: str, *, is_required: bool) -> Any:
+    if name not in obj:
+        if is_required:
+            raise WorkloadError(f"{where}: missing required field {name!r}")
+        return None
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind_names = " or ".join(k.__name__ for k in kinds)
+        raise WorkloadError(f"{where}: field {name!r} must be {kind_names}, got {value!r}")
+    return value
+
+
+def parse_prompt_line(line: str, where: str) -> Request:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed"}
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+    request_id = _field(obj, "id", (str,), where, is_required=True)
+    tokens = _field(obj, "prompt_tokens", (list,), where, is_required=True)
+    if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+        raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
+    max_tokens = _field(obj, "max_tokens", (int,), where, is_required=True)
+    if max_tokens < 1:
+        raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
+    temperature = _field(obj, "temperature", (int, float), where, is_required=False)
+    if temperature is not None and temperature < 0:
+        raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {temperature}")
+    top_p = _field(obj, "top_p", (int, float), where, is_required=False)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
+    seed = _field(obj, "seed", (int,), where, is_required=False)
+    return Request(
+        id=request_id,
+        prompt_tokens=list(tokens),
+        max_tokens=max_tokens,
+        temperature=float(temperature) if temperature is not None else None,
+        top_p=float(top_p) if top_p is not None else None,
+        seed=seed,
+    )
+
+
+def read_prompts(path: str, concurrency: Optional[int] = None) -> Workload:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.readlines()
+    except OSError as error:
+        raise WorkloadError(f"cannot read prompts file {path}: {error.strerror}") from None
+    requests = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        request = parse_prompt_line(line, where)
+        if request.id in seen:
+            raise WorkloadError(f"{where}: duplicate id {request.id!r} (first on line {seen[request.id]})")
+        seen[request.id] = number
+        requests.append(request)
+    if not requests:
+        raise WorkloadError(f"{path}: no requests in the file")
+    return Workload(requests, closed_concurrency=concurrency)
