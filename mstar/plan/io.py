@@ -1,6 +1,7 @@
 """Write and read plans: canonical JSON text in, a validated `Plan` out.
 
-    dump_plan(plan) -> str          canonical text: sorted keys, indent 1, trailing newline
+    dump_plan(plan) -> str          canonical text: sorted keys, indent 1, lists of scalars on one
+                                    line, trailing newline
     load_plan(path, verify=True)    -> Plan, or PlanError with a message that says what is wrong
                                        and the `mstarc compile ...` command that fixes it
     content_hash(plan) -> str       sha256 of the canonical text with header.content_sha256 empty
@@ -37,8 +38,38 @@ def sha256_file(path: str | os.PathLike) -> str:
         return sha256_bytes(f.read())
 
 
+def _is_flat(value) -> bool:
+    return isinstance(value, list) and not any(isinstance(v, (list, dict)) for v in value)
+
+
+def _emit(value, indent: int, out: list[str]) -> None:
+    """JSON with sorted keys, one key per line (indent 1), and lists of scalars on one line
+    (`"batch_sizes": [1, 2, 4]`) so tables stay short and diffs stay readable."""
+    pad = " " * (indent + 1)
+    if isinstance(value, dict) and value:
+        out.append("{\n")
+        items = sorted(value.items())
+        for i, (key, item) in enumerate(items):
+            out.append(f"{pad}{json.dumps(key, ensure_ascii=False)}: ")
+            _emit(item, indent + 1, out)
+            out.append(",\n" if i < len(items) - 1 else "\n")
+        out.append(" " * indent + "}")
+    elif isinstance(value, list) and value and not _is_flat(value):
+        out.append("[\n")
+        for i, item in enumerate(value):
+            out.append(pad)
+            _emit(item, indent + 1, out)
+            out.append(",\n" if i < len(value) - 1 else "\n")
+        out.append(" " * indent + "]")
+    else:
+        out.append(json.dumps(value, ensure_ascii=False, separators=(", ", ": ")))
+
+
 def _canonical(data: dict) -> str:
-    return json.dumps(data, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    out: list[str] = []
+    _emit(data, 0, out)
+    out.append("\n")
+    return "".join(out)
 
 
 def _plan_data(plan: Plan) -> dict:
