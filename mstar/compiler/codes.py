@@ -34,6 +34,7 @@ WALK_PARTITION_COUNT = "MW209"
 STREAM_MISMATCH = "MW210"
 EMPTY_SECTION = "MW211"
 BAD_LOOP_BOUND = "MW212"
+STOP_WITHOUT_NAME = "MW213"
 
 # ---------------------------------------------------------------- deployment file (MW30x)
 DEPLOYMENT_UNREADABLE = "MW301"
@@ -89,6 +90,7 @@ TITLES: dict[str, str] = {
     STREAM_MISMATCH: "stream edge, stream input and stream source disagree",
     EMPTY_SECTION: "empty section",
     BAD_LOOP_BOUND: "loop bound not a positive number",
+    STOP_WITHOUT_NAME: "early stop on an unnamed loop",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
     DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
     DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Annotated, Any, Iterable, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -48,7 +48,10 @@ class DeployModel(BaseModel):
         return self._span
 
     def span_of(self, key: str) -> Span:
-        """The span of `key` in the YAML, or of the whole mapping when the key was defaulted."""
+        """The span of `key` in the YAML, or of the whole mapping when the key was defaulted.
+
+        An entry of a mapping-valued field is `field.entry` (`span_of("nodes.LLM")`).
+        """
         return self._key_spans.get(key, self._span)
 
     def item_span(self, key: str, index: int) -> Span:
@@ -61,7 +64,7 @@ class NodeGroup(DeployModel):
     """Nodes placed on ranks. `graph_walks` None: every walk of those nodes."""
 
     node_names: list[str] = Field(min_length=1)
-    ranks: list[int] = Field(min_length=1)
+    ranks: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
     tp_size: int = Field(default=1, ge=1)
     sp_size: int = Field(default=1, ge=1)
     graph_walks: Optional[list[str]] = None
@@ -406,6 +409,8 @@ def _attach_spans(model: DeployModel, path: tuple, reader: _Reader) -> None:
                         item._index = i
         elif isinstance(value, dict):
             for sub_key, item in value.items():
+                if key_path + (sub_key,) in reader.key_spans:
+                    model._key_spans[f"{key}.{sub_key}"] = reader.key_spans[key_path + (sub_key,)]
                 if isinstance(item, DeployModel):
                     _attach_spans(item, key_path + (sub_key,), reader)
         elif isinstance(value, DeployModel):

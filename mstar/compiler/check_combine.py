@@ -1,0 +1,199 @@
+"""Pass 5, check combined walks, caps and captures, and the capture memory of each worker.
+
+In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
+     checks run), the run's `Diagnostics`.
+Out: nothing; adds MW401-MW409 diagnostics.
+
+Spec-level rules, per node:
+- a combined walk lists at least two distinct walks, each a walk that runs the node;
+- a walk is in at most one combined walk of the node;
+- no capture-key split: the walks of a combined walk without a capture of its own fall in one
+  capture family (all eager, or all batched with the same tokens per row, or all packed);
+- caps covered by captures: a walk's cap, and a combined walk's cap when it has its own capture,
+  is at most the largest captured batch size (a larger cap means steps that run eagerly);
+- `rows W <= n`: W is a walk of the combined walk, and n is at most the largest batch size of
+  the combined walk's packed capture.
+Per worker (deployment):
+- the walks of a combined walk that this worker runs share one node group (TP group), or all run
+  at world size 1; walks the worker does not run are not judged, so a prefill/decode split needs
+  no change to the spec;
+- the capture memory estimate (capture_memory.py) of every capture family the worker holds is
+  within capture_memory_budget_mb.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mstar.compiler import capture_memory, codes
+from mstar.compiler.check_deployment import spec_pairs
+from mstar.compiler.deployment import Deployment
+from mstar.compiler.resolve import name_span, walk_nodes
+from mstar.lang import ast
+from mstar.lang.diagnostics import Diagnostics, Note
+
+
+@dataclass(frozen=True)
+class WorkerCapture:
+    """One capture family a worker holds: `node:walk` or `node:combined walk`."""
+
+    name: str
+    node: ast.NodeDecl
+    capture: ast.CaptureDecl
+    tp_size: int
+    num_bytes: int
+
+
+def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) -> None:
+    runs = {w.name: set(walk_nodes(w)) for w in spec.walks}
+    for node in spec.nodes:
+        _check_node(node, runs, diags)
+    if deployment is None:
+        return
+    for node in spec.nodes:
+        _check_tp_groups(node, deployment, diags)
+    _check_memory(spec, deployment, diags)
+
+
+def capture_family(node: ast.NodeDecl, walk: str) -> tuple:
+    """The capture family of a walk on a node: ("eager",), ("batched", tokens per row), ("packed",)."""
+    capture = next((c for c in node.captures if c.walk == walk), None)
+    if capture is None:
+        return ("eager",)
+    if capture.family == "batched":
+        return ("batched", capture.tokens_per_row)
+    return ("packed",)
+
+
+def _family_text(family: tuple) -> str:
+    if family[0] == "batched":
+        return f"batched ({family[1]} token{'s' if family[1] != 1 else ''} a row)"
+    return family[0]
+
+
+def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
+    owner: dict[str, ast.CombineDecl] = {}
+    caps = {c.walk: c.value for c in node.caps}
+    for cap in node.caps:
+        capture = next((c for c in node.captures if c.walk == cap.walk), None)
+        if capture is not None and capture.batch and cap.value > max(capture.batch):
+            _cap_error(f"cap {cap.walk} {cap.value}", cap.value, capture, cap.span, diags)
+    for combine in node.combines:
+        distinct = list(dict.fromkeys(combine.walks))
+        if len(distinct) < 2:
+            diags.error(codes.COMBINE_TOO_FEW_WALKS,
+                        f"combined walk {combine.name} needs at least two distinct walks, got "
+                        f"{' + '.join(combine.walks)}", name_span(combine.span, combine.name, diags))
+        for walk in distinct:
+            if walk in runs and node.name not in runs[walk]:
+                diags.error(codes.NOT_A_WALK_OF_NODE,
+                            f"walk {walk} does not run {node.name}, so it cannot be part of "
+                            f"{node.name}'s combined walk {combine.name}",
+                            name_span(combine.span, walk, diags, skip=1 if walk == combine.name else 0))
+            if walk in owner:
+                diags.error(codes.WALK_IN_TWO_COMBINES,
+                            f"walk {walk} is already in combined walk {owner[walk].name} of "
+                            f"{node.name}; a walk joins at most one",
+                            name_span(combine.span, walk, diags), Note("first here", owner[walk].span))
+            else:
+                owner[walk] = combine
+        families = {w: capture_family(node, w) for w in distinct if w in runs}
+        if combine.capture is None and len(set(families.values())) > 1:
+            listed = ", ".join(f"{w}: {_family_text(f)}" for w, f in families.items())
+            diags.error(codes.CAPTURE_KEY_SPLIT,
+                        f"capture-key split: the walks of {combine.name} fall in different capture "
+                        f"families ({listed}) and {combine.name} has no capture of its own, so no "
+                        f"single capture can replay a mixed step; give it a `capture`",
+                        name_span(combine.span, combine.name, diags))
+        _check_combine_caps(combine, caps, diags)
+
+
+def _cap_error(what: str, cap: int, capture: ast.CaptureDecl, span: ast.Span,
+               diags: Diagnostics) -> None:
+    largest = max(capture.batch)
+    diags.error(codes.CAP_ABOVE_CAPTURE,
+                f"{what} is above the largest captured batch size {largest}: steps of "
+                f"{largest + 1}-{cap} rows would run eagerly; capture batch {cap} or lower the cap "
+                f"to {largest}", span, Note("the capture", capture.span))
+
+
+def _check_combine_caps(combine: ast.CombineDecl, caps: dict[str, int], diags: Diagnostics) -> None:
+    capture = combine.capture
+    walk_caps = [caps[w] for w in combine.walks if w in caps]
+    cap = combine.cap if combine.cap is not None else (min(walk_caps) if walk_caps else None)
+    if capture is not None and capture.batch and cap is not None and cap > max(capture.batch):
+        what = f"cap {cap} of combined walk {combine.name}"
+        if combine.cap is None:
+            what += " (the smallest cap of its walks)"
+        _cap_error(what, cap, capture, combine.span, diags)
+    for rows in combine.rows:
+        if rows.walk not in combine.walks:
+            diags.error(codes.ROWS_NOT_IN_COMBINE,
+                        f"rows limit for {rows.walk}, which is not a walk of {combine.name} "
+                        f"({' + '.join(combine.walks)})", rows.span)
+        elif capture is not None and capture.family == "packed" and capture.batch \
+                and rows.limit > max(capture.batch):
+            diags.error(codes.ROWS_ABOVE_CAPTURE,
+                        f"rows {rows.walk} <= {rows.limit} is above the largest batch size "
+                        f"{max(capture.batch)} of {combine.name}'s packed capture",
+                        rows.span, Note("the capture", capture.span))
+
+
+def _check_tp_groups(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostics) -> None:
+    for combine in node.combines:
+        by_rank = deployment.placements((node.name, w) for w in dict.fromkeys(combine.walks))
+        for rank, placed in sorted(by_rank.items()):
+            groups = {g.index: g for _, _, g in placed}
+            if len(groups) < 2 or all(g.world_size == 1 for g in groups.values()):
+                continue
+            described = "; ".join(
+                f"{', '.join(w for _, w, g2 in placed if g2.index == i)} in node group {i} "
+                f"(world size {g.world_size})" for i, g in sorted(groups.items()))
+            diags.error(codes.COMBINE_TP_GROUPS,
+                        f"on rank {rank} the walks of {node.name}'s combined walk {combine.name} run "
+                        f"in different TP groups: {described}; a mixed step needs one lockstep group",
+                        name_span(combine.span, combine.name, diags),
+                        *(Note(f"node group {i}", g.span) for i, g in sorted(groups.items())))
+
+
+def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[WorkerCapture]]:
+    """rank -> the capture families it holds, with their estimated bytes on that rank."""
+    nodes = {n.name: n for n in spec.nodes}
+    out: dict[int, list[WorkerCapture]] = {}
+    for rank, placed in deployment.placements(spec_pairs(spec)).items():
+        families: dict[str, WorkerCapture] = {}
+        for node_name, walk, group in placed:
+            node = nodes[node_name]
+            found = [(f"{node_name}:{walk}", c) for c in node.captures if c.walk == walk]
+            found += [(f"{node_name}:{c.name}", c.capture) for c in node.combines
+                      if walk in c.walks and c.capture is not None]
+            for name, capture in found:
+                if name not in families:
+                    num_bytes = capture_memory.estimate_family_bytes(node, capture, group.tp_size)
+                    families[name] = WorkerCapture(name, node, capture, group.tp_size, num_bytes)
+        out[rank] = list(families.values())
+    return out
+
+
+def _check_memory(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
+    budget = deployment.capture_memory_budget_bytes
+    if budget is None:
+        return
+    for rank, families in sorted(worker_captures(spec, deployment).items()):
+        total = sum(f.num_bytes for f in families)
+        if total <= budget:
+            continue
+        largest = max(families, key=lambda f: f.num_bytes)
+        by_node: dict[str, list[WorkerCapture]] = {}
+        for family in sorted(families, key=lambda f: -f.num_bytes):
+            by_node.setdefault(family.node.name, []).append(family)
+        parts = "; ".join(
+            f"{node} {sum(capture_memory.num_graphs(f.capture) for f in fams)} buckets: "
+            + ", ".join(f"{f.name} {capture_memory.num_graphs(f.capture)} buckets "
+                        f"{capture_memory.format_mib(f.num_bytes)}" for f in fams)
+            for node, fams in by_node.items())
+        diags.error(codes.CAPTURE_MEMORY_OVER_BUDGET,
+                    f"capture memory estimate on rank {rank} is {capture_memory.format_mib(total)}, "
+                    f"over capture_memory_budget_mb {deployment.capture_memory_budget_mb:g} "
+                    f"({parts})", largest.capture.span,
+                    Note("the budget", deployment.span_of("capture_memory_budget_mb")))

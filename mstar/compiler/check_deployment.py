@@ -1,0 +1,185 @@
+"""Pass 4, check the deployment: every (node, walk) placed once, sharding rules of the reference.
+
+In:  a `Spec` that passed resolve, a loaded `Deployment`, the run's `Diagnostics`.
+Out: nothing; adds MW310-MW322 diagnostics, located in the deployment YAML (with notes into the
+     spec where that helps).
+
+Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's own keys):
+- the deployment's `model` is the spec's model;
+- node_names, graph_walks, kv_pool.nodes, kv_cache.nodes and speculation_mixes_walks name
+  nodes and walks of the spec;
+- every (node, walk) the spec's walks run is placed by exactly one node group; a group's
+  explicit graph_walks only lists walks its nodes run;
+- len(ranks) is a multiple of tp_size x sp_size; no rank twice in a group;
+- tp_size or sp_size > 1 only for nodes marked `tp`; at most one lockstep (tp x sp > 1) node
+  per worker;
+- a node with a stream input runs all its walks in one group, and a lockstep such node is not
+  restricted to some walks;
+- a kv node's walks share one world size (the KV cache moves between them: PD split needs equal
+  TP on both sides);
+- each kv node's pool holds at least one max_seq_len request.
+"""
+from __future__ import annotations
+
+from mstar.compiler import codes
+from mstar.compiler.deployment import Deployment, NodeGroup
+from mstar.compiler.resolve import iter_calls, suggestion, walk_nodes
+from mstar.lang import ast
+from mstar.lang.diagnostics import Diagnostics, Note
+
+
+def spec_pairs(spec: ast.Spec) -> list[tuple[str, str]]:
+    """Every (node, walk) the spec runs, in walk then first-use order."""
+    return [(node, walk.name) for walk in spec.walks for node in walk_nodes(walk)]
+
+
+def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
+    if deployment.model != spec.model:
+        diags.error(codes.MODEL_MISMATCH,
+                    f"deployment is for model '{deployment.model}' but the spec is model '{spec.model}'",
+                    deployment.span_of("model"), Note("the spec's model", spec.span))
+    nodes = {n.name: n for n in spec.nodes}
+    walks = {w.name for w in spec.walks}
+    pairs = spec_pairs(spec)
+    runs = set(pairs)
+    _check_names(deployment, nodes, walks, runs, diags)
+    _check_groups(deployment, nodes, diags)
+    _check_placement(spec, deployment, pairs, diags)
+    _check_workers(deployment, diags)
+    _check_kv_nodes(spec, deployment, pairs, diags)
+
+
+def _check_names(deployment: Deployment, nodes: dict[str, ast.NodeDecl], walks: set[str],
+                 runs: set[tuple[str, str]], diags: Diagnostics) -> None:
+    def node_known(name: str, span) -> bool:
+        if name in nodes:
+            return True
+        diags.error(codes.DEPLOYMENT_UNKNOWN_NODE,
+                    f"unknown node '{name}'{suggestion(name, nodes)}", span)
+        return False
+
+    def walk_known(name: str, span) -> bool:
+        if name in walks:
+            return True
+        diags.error(codes.DEPLOYMENT_UNKNOWN_WALK,
+                    f"unknown walk '{name}'{suggestion(name, walks)}", span)
+        return False
+
+    for group in deployment.node_groups:
+        known = [n for i, n in enumerate(group.node_names)
+                 if node_known(n, group.item_span("node_names", i))]
+        for i, walk in enumerate(group.graph_walks or []):
+            span = group.item_span("graph_walks", i)
+            if walk_known(walk, span) and known and not any((n, walk) in runs for n in known):
+                diags.error(codes.PLACED_WITHOUT_WORK,
+                            f"graph_walks lists {walk}, but {' and '.join(known)} "
+                            f"{'does' if len(known) == 1 else 'do'} not run in walk {walk}", span)
+    for name in deployment.kv_pool.nodes:
+        node_known(name, deployment.kv_pool.span_of(f"nodes.{name}"))
+    for i, name in enumerate(deployment.kv_cache.nodes or []):
+        node_known(name, deployment.kv_cache.item_span("nodes", i))
+    for i, entry in enumerate(deployment.speculation_mixes_walks):
+        span = deployment.item_span("speculation_mixes_walks", i)
+        node, _, walk = entry.partition(".")
+        if node_known(node, span) and walk and walk_known(walk, span) and (node, walk) not in runs:
+            diags.error(codes.PLACED_WITHOUT_WORK, f"{node} does not run in walk {walk}", span)
+
+
+def _check_groups(deployment: Deployment, nodes: dict[str, ast.NodeDecl], diags: Diagnostics) -> None:
+    for group in deployment.node_groups:
+        seen: set[int] = set()
+        for i, rank in enumerate(group.ranks):
+            if rank in seen:
+                diags.error(codes.DUPLICATE_RANK, f"rank {rank} is listed twice in this node group",
+                            group.item_span("ranks", i))
+            seen.add(rank)
+        if len(group.ranks) % group.world_size:
+            diags.error(codes.RANKS_NOT_MULTIPLE,
+                        f"{len(group.ranks)} ranks cannot form instances of tp_size x sp_size = "
+                        f"{group.tp_size} x {group.sp_size} = {group.world_size}",
+                        group.span_of("ranks"))
+        if group.world_size > 1:
+            for i, name in enumerate(group.node_names):
+                node = nodes.get(name)
+                if node is not None and not node.is_tp:
+                    key = "tp_size" if group.tp_size > 1 else "sp_size"
+                    diags.error(codes.SHARDING_NOT_ALLOWED,
+                                f"{key} {getattr(group, key)} for node {name}, which is not marked `tp`",
+                                group.item_span("node_names", i), Note("the node", node.span))
+
+
+def _check_placement(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[str, str]],
+                     diags: Diagnostics) -> None:
+    calls = {(c.node, w.name): c for w in spec.walks for c in iter_calls(w.body)}
+    for node, walk in pairs:
+        groups = deployment.groups_for(node, walk)
+        if not groups:
+            diags.error(codes.NOT_PLACED,
+                        f"{node} in walk {walk} is placed on no rank: no node group lists {node} "
+                        f"for walk {walk}", deployment.span_of("node_groups"),
+                        Note(f"{node} runs in walk {walk} here", calls[(node, walk)].span))
+        for extra in groups[1:]:
+            diags.error(codes.PLACED_TWICE,
+                        f"{node} in walk {walk} is placed by node groups {groups[0].index} and "
+                        f"{extra.index}; list its ranks in one group (extra ranks are replicas)",
+                        extra.span, Note("first placed here", groups[0].span))
+    for node in spec.nodes:
+        if not any(d.is_stream for d in node.inputs):
+            continue
+        groups = {g.index: g for w in spec.walks if node.name in walk_nodes(w)
+                  for g in deployment.groups_for(node.name, w.name)}
+        if len(groups) > 1:
+            first, *rest = sorted(groups)
+            diags.error(codes.STREAM_CONSUMER_SPLIT,
+                        f"{node.name} consumes a stream, so all its walks run in one node group; "
+                        f"groups {', '.join(str(i) for i in sorted(groups))} split it",
+                        groups[rest[0]].span, Note("also placed here", groups[first].span))
+        for group in groups.values():
+            if group.world_size > 1 and group.graph_walks is not None:
+                diags.error(codes.STREAM_CONSUMER_SPLIT,
+                            f"{node.name} consumes a stream, so its lockstep group may not be "
+                            f"restricted to some walks", group.span_of("graph_walks"))
+
+
+def _check_workers(deployment: Deployment, diags: Diagnostics) -> None:
+    lockstep: dict[int, dict[str, NodeGroup]] = {}
+    for group in deployment.node_groups:
+        if group.world_size > 1:
+            for rank in group.ranks:
+                for name in group.node_names:
+                    lockstep.setdefault(rank, {}).setdefault(name, group)
+    for rank, by_node in sorted(lockstep.items()):
+        if len(by_node) > 1:
+            names = sorted(by_node)
+            later = max(by_node.values(), key=lambda g: g.index)
+            diags.error(codes.TWO_LOCKSTEP_NODES,
+                        f"rank {rank} would host lockstep nodes {' and '.join(names)}; a worker runs "
+                        f"at most one node with tp_size x sp_size > 1", later.span_of("ranks"))
+
+
+def _check_kv_nodes(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[str, str]],
+                    diags: Diagnostics) -> None:
+    for node in spec.nodes:
+        if node.engine != "kv":
+            continue
+        sizes = {g.world_size: g for n, w in pairs if n == node.name
+                 for g in deployment.groups_for(n, w)}
+        if len(sizes) > 1:
+            low, high = min(sizes), max(sizes)
+            diags.error(codes.KV_HANDOFF_TP_MISMATCH,
+                        f"{node.name}'s walks run at world sizes {low} and {high}; its KV cache "
+                        f"cannot move between different TP world sizes", sizes[high].span,
+                        Note(f"world size {low} here", sizes[low].span))
+        if not any(n == node.name for n, _ in pairs):
+            continue
+        pool = deployment.kv_pool_for(node.name)
+        if pool.num_pages * pool.page_size < deployment.max_seq_len:
+            if node.name in deployment.kv_pool.nodes:
+                span = deployment.kv_pool.span_of(f"nodes.{node.name}")
+            else:
+                span = deployment.span_of("kv_pool" if "kv_pool" in deployment.model_fields_set
+                                          else "max_seq_len")
+            diags.error(codes.KV_POOL_TOO_SMALL,
+                        f"KV pool of {node.name} holds {pool.num_pages} pages x {pool.page_size} = "
+                        f"{pool.num_pages * pool.page_size} tokens, less than one max_seq_len "
+                        f"{deployment.max_seq_len} request", span)

@@ -1,0 +1,349 @@
+"""Pass 3, check the graph: walks, loops and partitions are well formed.
+
+In:  a `Spec` that passed resolve, and the run's `Diagnostics`.
+Out: nothing; adds MW201-MW213 diagnostics.
+
+Where a call's input may come from (MW201 when none applies):
+1. an edge of the same walk that reaches the call: from an earlier section of a sequence, or
+   from a sibling of a `parallel`;
+2. a stream: the input is declared `in NAME stream` and the walk's partition has a stream
+   source `<- PARTITION.NAME policy`;
+3. the conductor, which holds the request's data and the edges earlier walks persisted
+   (`-> x: conductor persist`). It feeds (a) every input of a walk's *entry calls* - calls that
+   no edge of the walk reaches; (b) at any call, an input whose name is a *request input* or a
+   *persisted edge* of the walk's partition (request inputs: the inputs of the entry calls of
+   the partition's walks); (c) at any call, an input that no edge of the whole spec delivers
+   to that node: nothing in the model computes it, so it is request data (Qwen3-Omni's
+   `video_second_per_grid`, which the conductor hands to the Thinker after the vision encoder).
+   So MW201 means: the input is something the model computes (some edge delivers it to that
+   node), this call is reached by other edges of the walk, yet no edge of this walk, stream or
+   persisted edge carries it here - typically a missing edge from an encoder.
+A loop-back edge feeds its call from the second iteration on; the first iteration's value comes
+from rule 1 or 3 (`decode`'s LLM is an entry call: the conductor hands it the persisted token).
+
+Loop-backs (as the reference derives them): an edge from a call to itself, or to a call of an
+earlier (or the same) section of a sequence, when a loop encloses both. Any other backward edge,
+or a cycle among parallel siblings, is MW202.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import networkx as nx
+
+from mstar.compiler import codes
+from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, iter_sections, name_span
+from mstar.lang import ast
+from mstar.lang.diagnostics import Diagnostics, Note
+
+
+@dataclass
+class Site:
+    """One call of a walk and where it sits: a path of (container id, index) from the walk body."""
+
+    call: ast.Call
+    path: tuple[tuple[int, int], ...]
+
+
+@dataclass
+class WalkFlow:
+    """The data flow of one walk: every edge between its calls, classified."""
+
+    walk: ast.Walk
+    sites: list[Site] = field(default_factory=list)
+    containers: dict[int, ast.AstNode] = field(default_factory=dict)  # id -> Walk/section
+    # (source site index, edge, target site index) per relation
+    forward: list[tuple[int, ast.Edge, int]] = field(default_factory=list)
+    loop_back: list[tuple[int, ast.Edge, int]] = field(default_factory=list)
+    backward: list[tuple[int, ast.Edge, int]] = field(default_factory=list)
+
+    def is_entry(self, index: int) -> bool:
+        return not any(target == index for _, _, target in self.forward)
+
+
+def walk_flow(walk: ast.Walk) -> WalkFlow:
+    """Sites of a walk and its intra-walk edges split into forward, loop-back and backward."""
+    flow = WalkFlow(walk)
+    flow.containers[id(walk)] = walk
+    _collect(walk.body, id(walk), (), flow)
+    by_node: dict[str, list[int]] = {}
+    for i, site in enumerate(flow.sites):
+        by_node.setdefault(site.call.node, []).append(i)
+    for i, site in enumerate(flow.sites):
+        for edge in site.call.edges:
+            if edge.dest in SPECIAL_DESTS or edge.is_stream:
+                continue
+            for j in by_node.get(edge.dest, []):
+                if edge.name not in flow.sites[j].call.inputs:
+                    continue
+                relation = _relation(flow, i, j)
+                getattr(flow, relation).append((i, edge, j))
+    return flow
+
+
+def _collect(body: Sequence[ast.Section], container: int, path: tuple, flow: WalkFlow) -> None:
+    for index, section in enumerate(body):
+        here = path + ((container, index),)
+        if isinstance(section, ast.Call):
+            flow.sites.append(Site(section, here))
+        else:
+            flow.containers[id(section)] = section
+            _collect(section.body, id(section), here, flow)
+
+
+def _relation(flow: WalkFlow, source: int, target: int) -> str:
+    a, b = flow.sites[source].path, flow.sites[target].path
+    depth = 0
+    while depth < min(len(a), len(b)) and a[depth] == b[depth]:
+        depth += 1
+    shared = [flow.containers[c] for c, _ in a[:depth]]
+    if source != target:
+        container = flow.containers[a[depth][0]]
+        shared.append(container)
+        if isinstance(container, ast.Parallel):
+            return "forward"
+        if a[depth][1] < b[depth][1]:
+            return "forward"
+    return "loop_back" if any(isinstance(c, ast.Loop) for c in shared) else "backward"
+
+
+def run(spec: ast.Spec, diags: Diagnostics) -> None:
+    params = {p.name: p.value for p in spec.params}
+    partition_of = _check_partitions(spec, diags)
+    flows = {w.name: walk_flow(w) for w in spec.walks}
+    conductor_names = _conductor_names(spec, flows, partition_of)
+    delivered = {(e.dest, e.name) for w in spec.walks for c in iter_calls(w.body) for e in c.edges}
+    partitions = {p.name: p for p in spec.partitions}
+    nodes = {n.name: n for n in spec.nodes}
+    for walk in spec.walks:
+        flow = flows[walk.name]
+        partition = partitions.get(partition_of.get(walk.name, ""))
+        _check_sections(walk, params, diags)
+        _check_edges(flow, nodes, diags)
+        _check_inputs(flow, nodes, partition, conductor_names.get(partition_of.get(walk.name), set()),
+                      delivered, diags)
+    _check_streams(spec, partition_of, diags)
+
+
+# ---------------------------------------------------------------- sections and loops
+
+
+def _check_sections(walk: ast.Walk, params: dict[str, int], diags: Diagnostics) -> None:
+    if not walk.body:
+        diags.error(codes.EMPTY_SECTION, f"walk {walk.name} is empty", walk.span)
+    for section in iter_sections(walk.body):
+        if isinstance(section, ast.Call):
+            continue
+        if not section.body:
+            diags.error(codes.EMPTY_SECTION, f"empty {section.kind} in walk {walk.name}", section.span)
+        if not isinstance(section, ast.Loop):
+            continue
+        bound = params.get(section.max_iters) if isinstance(section.max_iters, str) else section.max_iters
+        if bound is not None and bound < 1:
+            diags.error(codes.BAD_LOOP_BOUND,
+                        f"loop bound must be at least 1, got {bound}", section.span)
+        if section.has_stop and section.name is None:
+            diags.error(codes.STOP_WITHOUT_NAME,
+                        "an early `stop` needs a named loop (`loop NAME max=...`): the stop check "
+                        "names the loop it ends", section.span)
+        produced = {e.name for call in iter_calls(section.body) for e in call.edges}
+        for name in list(section.outputs) + list(section.accumulate):
+            if name not in produced:
+                diags.error(codes.LOOP_OUTPUT_NOT_PRODUCED,
+                            f"loop output '{name}' is produced by no edge inside the loop",
+                            name_span(_tail_span(section), name, diags))
+        for name in sorted(set(section.outputs) & set(section.accumulate)):
+            diags.error(codes.ACCUMULATE_OVERLAPS_OUTPUT,
+                        f"'{name}' is both a loop output and accumulated: the final value and the "
+                        f"per-iteration list would share one name",
+                        name_span(_tail_span(section), name, diags, skip=1))
+
+
+def _tail_span(loop: ast.Loop) -> ast.Span:
+    """The part of a loop's span after its body: where `outputs` and `accumulate` are written."""
+    if not loop.body:
+        return loop.span
+    end = loop.body[-1].span
+    return ast.Span(file=loop.span.file, line=end.end_line, col=end.end_col,
+                    end_line=loop.span.end_line, end_col=loop.span.end_col)
+
+
+# ---------------------------------------------------------------- edges and inputs
+
+
+def _check_edges(flow: WalkFlow, nodes: dict[str, ast.NodeDecl], diags: Diagnostics) -> None:
+    walk = flow.walk
+    in_walk = {s.call.node for s in flow.sites}
+    loop_back_edges = {id(e) for _, e, _ in flow.loop_back}
+    for site in flow.sites:
+        for edge in site.call.edges:
+            if edge.is_device and (id(edge) not in loop_back_edges or edge.dest != site.call.node):
+                diags.error(codes.DEVICE_EDGE_NOT_LOOP_BACK,
+                            f"`device` edge '{edge.name}' must loop back to {site.call.node} inside a "
+                            f"loop: only a loop-back to the same node can stay on the device",
+                            edge.span)
+            if edge.dest in SPECIAL_DESTS or edge.is_stream or edge.dest not in nodes:
+                continue
+            if edge.dest not in in_walk:
+                diags.error(codes.EDGE_TO_ABSENT_NODE,
+                            f"edge '{edge.name}' goes to {edge.dest}, which walk {walk.name} does not "
+                            f"run (a cross-partition edge needs `stream`)",
+                            name_span(edge.span, edge.dest, diags))
+            elif not any(edge.name in s.call.inputs for s in flow.sites if s.call.node == edge.dest):
+                diags.error(codes.EDGE_TO_ABSENT_NODE,
+                            f"edge '{edge.name}' goes to {edge.dest}, but no call of {edge.dest} in "
+                            f"walk {walk.name} takes '{edge.name}'",
+                            name_span(edge.span, edge.name, diags))
+    for source, edge, target in flow.backward:
+        diags.error(codes.CYCLE_WITHOUT_LOOP,
+                    f"edge '{edge.name}' from {flow.sites[source].call.node} goes back to "
+                    f"{flow.sites[target].call.node}, which runs earlier, outside any loop",
+                    edge.span, Note("the target call", flow.sites[target].call.span))
+    graph = nx.DiGraph()
+    graph.add_edges_from((s, t, {"edge": e}) for s, e, t in flow.forward)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return
+    names = " -> ".join(flow.sites[s].call.node for s, _ in cycle)
+    first = graph.edges[cycle[0]]["edge"]
+    diags.error(codes.CYCLE_WITHOUT_LOOP,
+                f"calls of walk {walk.name} feed each other in a cycle outside any loop: "
+                f"{names} -> {flow.sites[cycle[0][0]].call.node}", first.span)
+
+
+def _conductor_names(spec: ast.Spec, flows: dict[str, WalkFlow],
+                     partition_of: dict[str, str]) -> dict[Optional[str], set[str]]:
+    """partition -> request inputs and persisted edge names its walks may take from the conductor."""
+    names: dict[Optional[str], set[str]] = {}
+    for walk in spec.walks:
+        flow = flows[walk.name]
+        bucket = names.setdefault(partition_of.get(walk.name), set())
+        for i, site in enumerate(flow.sites):
+            if flow.is_entry(i):
+                bucket.update(site.call.inputs)
+            bucket.update(e.name for e in site.call.edges if e.is_persist or e.dest == "conductor")
+    return names
+
+
+def _check_inputs(flow: WalkFlow, nodes: dict[str, ast.NodeDecl], partition: Optional[ast.Partition],
+                  conductor_names: set[str], delivered: set[tuple[str, str]],
+                  diags: Diagnostics) -> None:
+    fed: dict[int, set[str]] = {}
+    for _, edge, target in flow.forward:
+        fed.setdefault(target, set()).add(edge.name)
+    streamed = {s.edge for s in partition.streams} if partition is not None else set()
+    for i, site in enumerate(flow.sites):
+        node = nodes.get(site.call.node)
+        if node is None:
+            continue
+        stream_inputs = {d.name for d in node.inputs if d.is_stream}
+        for name in site.call.inputs:
+            if name in fed.get(i, ()):
+                continue
+            if name in stream_inputs:
+                if name not in streamed:
+                    where = f"partition {partition.name}" if partition is not None else "its partition"
+                    diags.error(codes.INPUT_NOT_PRODUCED,
+                                f"stream input '{name}' of {node.name} is fed by no stream source of "
+                                f"{where} (add `<- PARTITION.{name} policy`)",
+                                name_span(site.call.span, name, diags))
+                continue
+            if flow.is_entry(i) or name in conductor_names or (node.name, name) not in delivered:
+                continue
+            diags.error(codes.INPUT_NOT_PRODUCED,
+                        f"input '{name}' of {node.name} in walk {flow.walk.name} is produced by "
+                        f"nothing: other walks compute it, but no earlier edge of this walk carries "
+                        f"it, and it is neither a request input nor a persisted edge of the partition",
+                        name_span(site.call.span, name, diags))
+
+
+# ---------------------------------------------------------------- partitions and streams
+
+
+def _check_partitions(spec: ast.Spec, diags: Diagnostics) -> dict[str, str]:
+    """Walk -> its partition (the first that lists it), reporting MW207-MW209."""
+    partition_of: dict[str, str] = {}
+    listed: dict[str, list[ast.Partition]] = {}
+    for partition in spec.partitions:
+        seen: set[str] = set()
+        for stage in partition.stages:
+            for walk in stage.walks:
+                if walk in seen:
+                    diags.error(codes.WALK_ORDER_REPEATS,
+                                f"partition {partition.name} lists walk {walk} twice: a walk order "
+                                f"runs forward only (loops belong inside a walk)",
+                                name_span(stage.span, walk, diags))
+                    continue
+                seen.add(walk)
+                listed.setdefault(walk, []).append(partition)
+                partition_of.setdefault(walk, partition.name)
+    for walk in spec.walks:
+        owners = listed.get(walk.name, [])
+        if not owners:
+            diags.error(codes.WALK_PARTITION_COUNT,
+                        f"walk {walk.name} is in no partition: a request could never run it",
+                        name_span(walk.span, walk.name, diags))
+        elif len(owners) > 1:
+            diags.error(codes.WALK_PARTITION_COUNT,
+                        f"walk {walk.name} is in partitions {', '.join(p.name for p in owners)}; a walk "
+                        f"belongs to exactly one", name_span(walk.span, walk.name, diags),
+                        *(Note(f"listed by partition {p.name}", p.span) for p in owners))
+    graph = nx.DiGraph()
+    names = {p.name for p in spec.partitions}
+    for partition in spec.partitions:
+        for source in partition.streams:
+            if source.partition in names:
+                graph.add_edge(source.partition, partition.name, span=source.span)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return partition_of
+    path = " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}"
+    diags.error(codes.PARTITION_CYCLE,
+                f"partitions stream to each other in a cycle ({path}): none could start first",
+                graph.edges[cycle[-1]]["span"])
+    return partition_of
+
+
+def _check_streams(spec: ast.Spec, partition_of: dict[str, str], diags: Diagnostics) -> None:
+    nodes = {n.name: n for n in spec.nodes}
+    walks = {w.name: w for w in spec.walks}
+    # (partition, node) -> inputs its walks' calls take
+    takes: dict[tuple[str, str], set[str]] = {}
+    for walk in spec.walks:
+        for call in iter_calls(walk.body):
+            takes.setdefault((partition_of.get(walk.name, ""), call.node), set()).update(call.inputs)
+    sources = {(s.partition, s.edge): p for p in spec.partitions for s in p.streams}
+    for walk in spec.walks:
+        producer = partition_of.get(walk.name, "")
+        for call in iter_calls(walk.body):
+            for edge in call.edges:
+                if not edge.is_stream:
+                    continue
+                dest = nodes.get(edge.dest)
+                if dest is None:
+                    diags.error(codes.STREAM_MISMATCH,
+                                f"stream edge '{edge.name}' must go to a node of another partition, "
+                                f"not {edge.dest}", edge.span)
+                    continue
+                consumer = sources.get((producer, edge.name))
+                if consumer is None or edge.name not in takes.get((consumer.name, dest.name), set()):
+                    diags.error(codes.STREAM_MISMATCH,
+                                f"stream edge '{edge.name}' to {dest.name} has no consumer: no partition "
+                                f"has `<- {producer}.{edge.name}` and runs {dest.name} on "
+                                f"'{edge.name}'", edge.span)
+                elif not any(d.name == edge.name and d.is_stream for d in dest.inputs):
+                    diags.error(codes.STREAM_MISMATCH,
+                                f"stream edge '{edge.name}' feeds {dest.name}, whose input "
+                                f"'{edge.name}' is not declared `stream`", edge.span)
+    for partition in spec.partitions:
+        consumers = {c.node for stage in partition.stages for w in stage.walks if w in walks
+                     for c in iter_calls(walks[w].body)}
+        for source in partition.streams:
+            if not any(d.name == source.edge and d.is_stream
+                       for n in consumers if n in nodes for d in nodes[n].inputs):
+                diags.error(codes.STREAM_MISMATCH,
+                            f"partition {partition.name} takes stream '{source.edge}' but none of its "
+                            f"walks runs a node with a `stream` input '{source.edge}'", source.span)

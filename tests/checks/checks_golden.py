@@ -1,0 +1,56 @@
+"""Run the check passes on a fixture the way the compiler driver does, for golden tests.
+
+A fixture is `fixtures/NAME.expected` (the exact rendered diagnostics) with its inputs:
+- `fixtures/NAME.mw`, checked alone (passes 2, 3 and the spec-level part of 5) unless
+- `fixtures/NAME.yaml` is there too (then passes 4 and 5 run against it);
+- without `NAME.mw`, the spec is `fixtures/base.mw` and the deployment `fixtures/NAME.yaml`
+  (which may be absent on purpose: MW301).
+Like the driver, it stops after the first pass that leaves an error. Paths are rendered
+relative to tests/checks, so run with that as the working directory.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from mstar.compiler import check_combine, check_deployment, check_graph, resolve
+from mstar.compiler.deployment import load_deployment
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.parser import parse
+
+HERE = Path(__file__).parent
+FIXTURES = HERE / "fixtures"
+
+
+def fixture_inputs(name: str) -> tuple[str, Optional[str]]:
+    """(spec path, deployment path or None), relative to tests/checks."""
+    if (FIXTURES / f"{name}.mw").exists():
+        spec = f"fixtures/{name}.mw"
+        config = f"fixtures/{name}.yaml" if (FIXTURES / f"{name}.yaml").exists() else None
+        return spec, config
+    return "fixtures/base.mw", f"fixtures/{name}.yaml"
+
+
+def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -> None:
+    spec = parse((HERE / spec_path).read_text(encoding="utf-8"), spec_path, diags)
+    if spec is None or diags.has_errors:
+        return
+    for step in (resolve.run, check_graph.run):
+        step(spec, diags)
+        if diags.has_errors:
+            return
+    deployment = None
+    if config_path is not None:
+        deployment = load_deployment(config_path, diags)
+        if deployment is None or diags.has_errors:
+            return
+        check_deployment.run(spec, deployment, diags)
+        if diags.has_errors:
+            return
+    check_combine.run(spec, deployment, diags)
+
+
+def render_fixture(name: str) -> str:
+    diags = Diagnostics()
+    run_checks(*fixture_inputs(name), diags)
+    return diags.render()

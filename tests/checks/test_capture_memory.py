@@ -1,0 +1,90 @@
+"""Capture memory estimate and the budget check (MW408): growing a capture set is caught."""
+from mstar.compiler import capture_memory, check_combine
+from mstar.compiler.deployment import parse_deployment
+from mstar.lang import ast
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.parser import parse
+
+SPEC = """model grow
+node LLM kv(layers=28, kv_heads=4, qo_heads=28, head_dim=128, hidden=3584, vocab=152064) {{
+    in text_inputs
+    capture decode batched batch={decode}
+    capture prefill packed batch={prefill_batch} tokens=[128, 256, 512, 1024, 2048, 4096]
+    combine mixed = prefill + decode {{
+        capture packed batch={mixed_batch} tokens={mixed_tokens}
+    }}
+}}
+
+walk prefill {{
+    LLM(text_inputs) -> new_token: conductor persist
+}}
+
+walk decode {{
+    loop decode_loop max=64 stop {{
+        LLM(text_inputs) -> text_inputs: LLM device
+    }}
+}}
+
+partition P = prefill -> decode
+"""
+# 7 + 2 x 6 + 2 x 5 = 29 buckets, as the reference's node had before its capture set grew.
+NARROW = dict(decode="[1, 2, 4, 8, 16, 32, 64]", prefill_batch="[1, 2]", mixed_batch="[1, 4]",
+              mixed_tokens="[128, 256, 512, 1024, 2048]")
+# 8 + 4 x 6 + 4 x 9 = 68 buckets.
+WIDE = dict(decode="[1, 2, 4, 8, 16, 32, 64, 128]", prefill_batch="[1, 2, 4, 8]",
+            mixed_batch="[1, 4, 16, 64]",
+            mixed_tokens="[128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]")
+CONFIG = """model: grow
+max_seq_len: 32768
+node_groups:
+  - node_names: [LLM]
+    ranks: [0]
+capture_memory_budget_mb: 8192
+"""
+
+
+def _check(captures: dict) -> tuple[Diagnostics, ast.Spec]:
+    diags = Diagnostics()
+    spec = parse(SPEC.format(**captures), "grow.mw", diags)
+    deployment = parse_deployment(CONFIG, "grow.yaml", diags)
+    assert spec is not None and deployment is not None
+    check_combine.run(spec, deployment, diags)
+    return diags, spec
+
+
+def test_narrow_capture_set_fits():
+    diags, spec = _check(NARROW)
+    assert diags.items == []
+    node = spec.nodes[0]
+    total = sum(capture_memory.num_graphs(c) for c in node.captures) + \
+        capture_memory.num_graphs(node.combines[0].capture)
+    assert total == 29
+
+
+def test_growing_the_capture_set_past_the_budget_is_caught():
+    diags, _ = _check(WIDE)
+    assert [d.code for d in diags.items] == ["MW408"]
+    message = diags.items[0].message
+    assert message.startswith("capture memory estimate on rank 0 is ")
+    assert "over capture_memory_budget_mb 8192" in message
+    assert "LLM 68 buckets" in message
+    assert "LLM:mixed 36 buckets" in message
+    assert "grow.yaml:6:1: note: the budget" in diags.render()
+
+
+def test_estimate_counts_buckets_slots_and_tp():
+    node = ast.NodeDecl(name="N", engine="kv", args=[ast.Arg(name="hidden", value=1024),
+                                                     ast.Arg(name="vocab", value=1000)])
+    batched = ast.CaptureDecl(walk="decode", family="batched", batch=[1, 2, 4])
+    packed = ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2], tokens=[64, 128, 256])
+    assert capture_memory.num_graphs(batched) == 3
+    assert capture_memory.num_graphs(packed) == 6
+    one = capture_memory.estimate_family_bytes(node, batched, 1)
+    two = capture_memory.estimate_family_bytes(node, batched, 2)
+    overhead = 2 * 3 * capture_memory.GRAPH_OVERHEAD_BYTES
+    assert two - overhead == (one - overhead) // 2
+    stateless = node.model_copy(update={"engine": "stateless"})
+    assert capture_memory.estimate_family_bytes(stateless, batched, 1) * 2 == one
+    # More buckets never cost less.
+    wider = batched.model_copy(update={"batch": [1, 2, 4, 8]})
+    assert capture_memory.estimate_family_bytes(node, wider, 1) > one
