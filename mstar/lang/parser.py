@@ -70,6 +70,15 @@ def _explainer() -> ErrorExplainer:
     return ErrorExplainer(terminals)
 
 
+def keywords() -> frozenset[str]:
+    """The words of the language (`node`, `stream`, `client`, ...).
+
+    A keyword is read as a keyword wherever the grammar allows one, and as a name where only a
+    name may stand; a declaration named like a keyword may therefore not be usable everywhere.
+    """
+    return frozenset(text for text in _explainer().terminals.values() if text and text.isidentifier())
+
+
 def parse(text: str, file: str, diags: Diagnostics) -> Optional[ast.Spec]:
     """Parse one spec. Adds the source to `diags`; on any error adds diagnostics and returns None."""
     diags.add_source(file, text)
@@ -123,7 +132,7 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
             tree = _lark().parse(padded, start="chunk")
         except UnexpectedInput as error:
             problem = explainer.explain(error, padded, file)
-            diags.error(problem.code, problem.message, problem.span)
+            diags.error(problem.code, problem.message, problem.span, *problem.notes)
             num_reported += 1
             continue
         except LarkError:
@@ -140,7 +149,7 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
             num_reported += 1
     if num_reported == 0:
         problem = explainer.explain(whole_error, text, file)
-        diags.error(problem.code, problem.message, problem.span)
+        diags.error(problem.code, problem.message, problem.span, *problem.notes)
 
 
 def _num_errors(diags: Diagnostics) -> int:

@@ -17,6 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 
 from mstar.lang import ast
 from mstar.lang import codes
+from mstar.lang.diagnostics import Note
 
 # Terminal names whose text is a word of the language: seen where a name is expected they are
 # reserved words, not names.
@@ -39,6 +40,7 @@ class SyntaxProblem:
     code: str
     message: str
     span: ast.Span
+    notes: tuple[Note, ...] = ()
 
 
 class ErrorExplainer:
@@ -104,7 +106,8 @@ class ErrorExplainer:
             if "RBRACE" in expected and brace is not None:
                 return SyntaxProblem(codes.MISSING_RBRACE,
                                      f"missing `}}`: the block opened at line {brace.line} "
-                                     f"is not closed before the end of the declaration", span)
+                                     f"is not closed before the end of the declaration", span,
+                                     (Note("the block opened here", _token_span(brace, file)),))
             return SyntaxProblem(codes.UNEXPECTED_END,
                                  f"unexpected end of file; expected {self.describe_expected(expected)}", span)
         if expected == {"MODEL"}:
@@ -119,10 +122,11 @@ class ErrorExplainer:
                 return SyntaxProblem(named[0], named[1], span)
         if "RBRACE" in expected and token.type in {"NODE", "WALK", "PARTITION", "PARAM"}:
             brace = _last_token(stack, "LBRACE")
-            line = brace.line if brace is not None else token.line
-            return SyntaxProblem(codes.MISSING_RBRACE,
-                                 f"missing `}}`: the block opened at line {line} is not closed "
-                                 f"before this `{token}`", span)
+            if brace is not None:
+                return SyntaxProblem(codes.MISSING_RBRACE,
+                                     f"missing `}}`: the block opened at line {brace.line} is not closed "
+                                     f"before this `{token}`", span,
+                                     (Note("the block opened here", _token_span(brace, file)),))
         if token.type == "LPAR" and stack and _is_keyword(stack[-1], self.keywords):
             return SyntaxProblem(codes.RESERVED_WORD,
                                  f"`{stack[-1]}` is a reserved word and cannot name a node here",

@@ -1,0 +1,218 @@
+"""Golden tests: one per parse diagnostic code, with the exact rendered text.
+
+Each case is (code, source, rendered diagnostics of `parse(source, "bad.mw", diags)`).
+"""
+import pytest
+
+from mstar.lang import codes
+from mstar.lang.build import AstBuilder
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.parser import parse
+
+CASES = [
+    (
+        'MW001',
+        'model m\nparam x = $3\n',
+        'bad.mw:2:11: error[MW001]: unexpected character `$`; expected a number\n'
+        '    2 | param x = $3\n'
+        '      |           ^\n',
+    ),
+    (
+        'MW002',
+        'model m\nparam x = 3 4\n',
+        'bad.mw:2:13: error[MW002]: unexpected `4`; expected one of `node`, `param`, `partition`, `walk`\n'
+        '    2 | param x = 3 4\n'
+        '      |             ^\n',
+    ),
+    (
+        'MW003',
+        'model m\nparam x =\n',
+        'bad.mw:2:10: error[MW003]: unexpected end of file; expected a number\n'
+        '    2 | param x =\n'
+        '      |          ^\n',
+    ),
+    (
+        'MW004',
+        'model m\nwalk w\n    LLM(x)\n}\n',
+        'bad.mw:3:5: error[MW004]: missing `{`: unexpected name `LLM`; expected `{`\n'
+        '    3 |     LLM(x)\n'
+        '      |     ^^^\n',
+    ),
+    (
+        'MW005',
+        'model m\nnode L kv {\n    combine c = a + b {\n        rows a = 4\n    }\n}\n',
+        'bad.mw:4:16: error[MW005]: a rows limit is written `rows WALK <= N`, with `<=` instead of `=`\n'
+        '    4 |         rows a = 4\n'
+        '      |                ^\n',
+    ),
+    (
+        'MW006',
+        'model m\nwalk w {\n    LLM(x) new_token: conductor\n}\n',
+        'bad.mw:3:21: error[MW006]: missing `->` before the edge `new_token:` (write `-> new_token: DEST`)\n'
+        '    3 |     LLM(x) new_token: conductor\n'
+        '      |                     ^\n',
+    ),
+    (
+        'MW007',
+        'model m\nnode L kvv(layers=1) {\n}\n',
+        'bad.mw:2:8: error[MW007]: unknown engine kind `kvv`; an engine is `kv` or `stateless`\n'
+        '    2 | node L kvv(layers=1) {\n'
+        '      |        ^^^\n',
+    ),
+    (
+        'MW008',
+        'model m\nnode L kv {\n    cap decode\n    in x\n}\n',
+        'bad.mw:4:5: error[MW008]: `cap` needs a number of rows (`cap WALK N` in a node, `cap N` in a combine); found `in`\n'
+        '    4 |     in x\n'
+        '      |     ^^\n',
+    ),
+    (
+        'MW009',
+        'model m\nnode L kv {\n    in x\n\nwalk w {\n    L(x)\n}\n',
+        'bad.mw:3:9: error[MW009]: missing `}`: the block opened at line 2 is not closed before the end of the declaration\n'
+        '    3 |     in x\n'
+        '      |         ^\n'
+        'bad.mw:2:11: note: the block opened here\n'
+        '    2 | node L kv {\n'
+        '      |           ^\n',
+    ),
+    (
+        'MW010',
+        'model m\nwalk w {\n    loop(x) -> y: z\n}\n',
+        'bad.mw:3:5: error[MW010]: `loop` is a reserved word and cannot name a node here\n'
+        '    3 |     loop(x) -> y: z\n'
+        '      |     ^^^^\n',
+    ),
+    (
+        'MW011',
+        'node L kv {\n}\n',
+        'bad.mw:1:1: error[MW011]: a spec starts with `model NAME`; this declaration comes first\n'
+        '    1 | node L kv {\n'
+        '      | ^^^^^^^^^^^\n',
+    ),
+    (
+        'MW012',
+        'model m\nnode L kv {\n    capture d batchd batch=[1]\n}\n',
+        'bad.mw:3:15: error[MW012]: unknown capture family `batchd`; a capture is `batched` or `packed`\n'
+        '    3 |     capture d batchd batch=[1]\n'
+        '      |               ^^^^^^\n',
+    ),
+    (
+        'MW013',
+        'model m\nnode L kv {\n    combine c = a + b {\n        attention spilt\n    }\n}\n',
+        'bad.mw:4:19: error[MW013]: unknown attention route `spilt`; the route is `split` or `packed`\n'
+        '    4 |         attention spilt\n'
+        '      |                   ^^^^^\n',
+    ),
+    (
+        'MW014',
+        'model m\npartition P = a <- L.x windw(28, stride=7)\n',
+        'bad.mw:2:24: error[MW014]: unknown chunk policy `windw`; a stream is cut by `window(SIZE, stride=N)`, `left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`\n'
+        '    2 | partition P = a <- L.x windw(28, stride=7)\n'
+        '      |                        ^^^^^\n',
+    ),
+    (
+        'MW015',
+        'model m\nwalk w {\n    L(x) -> y: L persit\n    L(y)\n}\n',
+        'bad.mw:3:18: error[MW015]: unknown edge flag `persit`; edge flags are persist, stream, device, count_tokens, and a client edge is written `-> NAME: client MODALITY`\n'
+        '    3 |     L(x) -> y: L persit\n'
+        '      |                  ^^^^^^\n',
+    ),
+    (
+        'MW016',
+        'model m\nnode L kv {\n    state recur(layers=1)\n}\n',
+        'bad.mw:3:11: error[MW016]: unknown state kind `recur`; the state kind is `recurrent`\n'
+        '    3 |     state recur(layers=1)\n'
+        '      |           ^^^^^\n',
+    ),
+    (
+        'MW020',
+        'model m\nnode L kv {\n    capture d batched batch=[1] batch=[2]\n}\n',
+        'bad.mw:3:33: error[MW020]: `batch` is given twice in this capture\n'
+        '    3 |     capture d batched batch=[1] batch=[2]\n'
+        '      |                                 ^^^^^^^^^\n',
+    ),
+    (
+        'MW021',
+        'model m\nnode L kv {\n    capture d batched tokens_per_row=6\n}\n',
+        'bad.mw:3:5: error[MW021]: this capture has no `batch=[...]` list of batch sizes\n'
+        '    3 |     capture d batched tokens_per_row=6\n'
+        '      |     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n',
+    ),
+    (
+        'MW022',
+        'model m\nparam x = 99999999999999999999999\n',
+        'bad.mw:2:11: error[MW022]: number `99999999999999999999999` is out of range (at most 9223372036854775807)\n'
+        '    2 | param x = 99999999999999999999999\n'
+        '      |           ^^^^^^^^^^^^^^^^^^^^^^^\n',
+    ),
+    (
+        'MW023',
+        'model m\nnode L kv(s="\\q") {\n}\n',
+        'bad.mw:2:13: error[MW023]: invalid quoted string: Invalid \\escape; strings use JSON escapes such as \\" and \\n\n'
+        '    2 | node L kv(s="\\q") {\n'
+        '      |             ^^^^\n',
+    ),
+]
+
+
+@pytest.mark.parametrize("code, source, expected", CASES, ids=[c[0] for c in CASES])
+def test_parse_error_golden(code, source, expected):
+    diags = Diagnostics()
+    assert parse(source, "bad.mw", diags) is None
+    assert [d.code for d in diags.items] == [code]
+    assert diags.render() == expected
+
+
+def test_every_parse_code_has_a_golden_case_and_a_title():
+    tested = {case[0] for case in CASES} | {codes.INTERNAL_PARSER_ERROR}
+    registered = {value for name, value in vars(codes).items() if name.isupper() and isinstance(value, str)}
+    assert registered == tested
+    assert set(codes.TITLES) == registered
+
+
+def test_one_error_per_broken_declaration():
+    source = (
+        "model m\n"
+        "walk w\n"
+        "    LLM(x)\n"
+        "}\n"
+        "node L kvv {}\n"
+        "node ok kv {}\n"
+        "partition P = a <- L.x windw(28, stride=7)\n"
+    )
+    diags = Diagnostics()
+    assert parse(source, "bad.mw", diags) is None
+    assert [(d.code, d.span.line) for d in diags.sorted()] == [("MW004", 3), ("MW007", 5), ("MW014", 7)]
+
+
+def test_second_model_line_is_refused():
+    diags = Diagnostics()
+    assert parse("model m\nmodel n\n", "bad.mw", diags) is None
+    assert [(d.code, d.span.line) for d in diags.items] == [("MW011", 2)]
+
+
+def test_empty_file_expects_a_model_line():
+    diags = Diagnostics()
+    assert parse("# nothing here\n", "empty.mw", diags) is None
+    (diagnostic,) = diags.items
+    assert diagnostic.code == codes.UNEXPECTED_END and "`model`" in diagnostic.message
+
+
+def test_keyword_is_a_name_where_only_a_name_may_stand():
+    diags = Diagnostics()
+    spec = parse("model m\nnode stream kv {\n    in tokens stream\n}\n", "ok.mw", diags)
+    assert spec is not None, diags.render()
+    assert spec.nodes[0].name == "stream" and spec.nodes[0].inputs[0].name == "tokens"
+
+
+def test_internal_failure_becomes_a_diagnostic(monkeypatch):
+    def broken(self, *args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(AstBuilder, "param", broken)
+    diags = Diagnostics()
+    assert parse("model m\nparam x = 1\n", "bad.mw", diags) is None
+    (diagnostic,) = diags.items
+    assert diagnostic.code == codes.INTERNAL_PARSER_ERROR
+    assert "RuntimeError: boom" in diagnostic.message
