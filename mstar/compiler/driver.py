@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mstar.compiler import check_combine, check_deployment, check_graph, emit, lower, resolve
-from mstar.compiler.deployment import load_deployment
-from mstar.lang.ast import Span
+from mstar.compiler.deployment import Deployment, load_deployment
+from mstar.lang.ast import Span, Spec
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 from mstar.plan.io import sha256_bytes
@@ -45,8 +45,8 @@ MW500 = "MW500"
 class CompileResult:
     """What one compile produced; `plan_text`/`glue_text` are exactly the bytes to write."""
 
-    spec: object  # mstar.lang.ast.Spec
-    deployment: object  # mstar.compiler.deployment.Deployment
+    spec: Spec
+    deployment: Deployment
     plan: Plan
     plan_text: str
     glue_text: str
@@ -90,7 +90,7 @@ def _decode(data: bytes, path: Path, what: str, diags: Diagnostics) -> str | Non
         return None
 
 
-def _header(spec, spec_path: Path, config_path: Path, plan_path: Path, glue_path: Path,
+def _header(spec: Spec, spec_path: Path, config_path: Path, plan_path: Path, glue_path: Path,
             spec_bytes: bytes, config_bytes: bytes) -> Header:
     base = plan_path.resolve().parent
     return Header(
@@ -117,7 +117,7 @@ class _Timer:
         self._start = now
 
 
-def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[object, bytes] | None:
+def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[Spec, bytes] | None:
     """Passes 1-3 on the spec file: (spec, its bytes), or None when diags holds errors."""
     spec_bytes = _read_input(spec_path, "spec", diags)
     spec_text = None if spec_bytes is None else _decode(spec_bytes, spec_path, "spec", diags)
@@ -139,7 +139,7 @@ def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[obje
     return spec, spec_bytes
 
 
-def load_checked_spec(spec_path: str | os.PathLike, diags: Diagnostics):
+def load_checked_spec(spec_path: str | os.PathLike, diags: Diagnostics) -> Spec | None:
     """A spec that passed parse, resolve and check_graph (no deployment needed: `mstarc graph`),
     or None when diags holds errors."""
     loaded = _load_spec(Path(spec_path), diags, _Timer())
@@ -150,8 +150,8 @@ def load_checked_spec(spec_path: str | os.PathLike, diags: Diagnostics):
 class Checked:
     """A spec and deployment that passed every check (passes 1-5), with their file bytes."""
 
-    spec: object
-    deployment: object
+    spec: Spec
+    deployment: Deployment
     spec_path: Path
     config_path: Path
     spec_bytes: bytes

@@ -21,7 +21,7 @@ from mstar.lang import ast
 from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, ParallelPlan, WalkPlan
 
 BOX_W, BOX_H = 170, 44
-COL_W, ROW_H = 250, 150
+COL_W, ROW_H = 250, 170
 MARGIN = 30
 TITLE_H = 34
 LINE_H = 15
@@ -134,22 +134,25 @@ def _walk_panel(walk: WalkPlan, top: float) -> tuple[list[str], float, float]:
                      "fill='#e8f1fa' stroke='#1f4e79'/>")
         parts.append(_text(x + BOX_W / 2, y + 18, call.node, 13, "middle", "bold"))
         parts.append(_text(x + BOX_W / 2, y + 34, f"({', '.join(call.inputs)})", 10, "middle"))
-        line = 0
-        for edge in call.edges:
-            target = _target(layout.boxes, box, edge) if edge.dest_kind == "node" else None
+        targets = [(e, _target(layout.boxes, box, e) if e.dest_kind == "node" else None) for e in call.edges]
+        listed = [e for e, target in targets if target is None]
+        for line, edge in enumerate(listed):
+            dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
+            if edge.dest_kind == "stream":
+                dest = f"{edge.dest} (stream to {edge.stream_partition})"
+            parts.append(_text(x, y + BOX_H + 14 + line * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
+        num_curves = 0
+        for edge, target in targets:
             if target is None:
-                dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
-                if edge.dest_kind == "stream":
-                    dest = f"{edge.dest} (stream to {edge.stream_partition})"
-                parts.append(_text(x, y + BOX_H + 14 + line * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
-                line += 1
                 continue
             tx, ty = target.x, target.y(top)
             dash = " stroke-dasharray='4 3'" if edge.is_device else ""
             if edge.is_loop_back:
                 sx, sy = x + BOX_W * 0.6, y + BOX_H
                 ex, ey = tx + BOX_W * 0.4, ty + BOX_H
-                depth = 55 + 10 * line
+                # below the edges listed under the box, one curve a little deeper than the last
+                depth = 30 + LINE_H * len(listed) + 14 * num_curves
+                num_curves += 1
                 path = f"M{sx:.0f},{sy:.0f} C{sx:.0f},{sy + depth:.0f} {ex:.0f},{ey + depth:.0f} {ex:.0f},{ey + 2:.0f}"
                 parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
                 label_x = (sx + ex) / 2 if sx != ex else sx + 30
