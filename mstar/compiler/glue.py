@@ -173,6 +173,8 @@ def _calls_of(body: list[SectionPlan], node: str, is_in_stop_loop: bool) -> Iter
 
 def _walk_test(indices: tuple[int, ...], var: str) -> str:
     """Triton expression: is walk index `var` one of `indices` (rendered only when non-empty)."""
+    if len(indices) == 1:
+        return f"{var} == {indices[0]}"
     return " | ".join(f"({var} == {i})" for i in indices)
 
 

@@ -145,8 +145,9 @@ def check_pack_launch(constants: GlueConstants, num_rows: int, padded_batch: int
         raise GlueLaunchError(
             f"{constants.key}: token bucket {token_bucket} exceeds the token buffers "
             f"({out.tokens.numel()} packed, {inputs.host_tokens.numel()} host)")
-    if page_table.dim() != 2:
-        raise GlueLaunchError(f"{constants.key}: page table must be 2-D [slots, pages per sequence]")
+    if page_table.dim() != 2 or page_table.stride(1) != 1:
+        raise GlueLaunchError(
+            f"{constants.key}: page table must be 2-D [slots, pages per sequence] with contiguous rows")
     if out.kv_indices.numel() < num_rows * page_table.shape[1]:
         raise GlueLaunchError(
             f"{constants.key}: kv_indices holds {out.kv_indices.numel()} pages, a step of {num_rows} "

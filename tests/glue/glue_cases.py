@@ -13,7 +13,7 @@ import torch
 from mstar.runtime import glue_reference as ref
 from mstar.runtime.glue_reference import GlueConstants, PackBuffers, RowInputs, TokenBuffers
 
-NUM_SLOTS = 16
+MIN_SLOTS = 16
 STREAM_CAPACITY = 8
 PAD_SLOT = 3  # slot 3 of page 0, the dummy page
 MAX_SEQ_LEN = 64
@@ -28,13 +28,19 @@ class Step:
     page_table: torch.Tensor
     sampled: torch.Tensor
 
+    @property
+    def num_slots(self) -> int:
+        return self.page_table.shape[0]
 
-def random_step(constants: GlueConstants, gen: torch.Generator, device: str) -> Step:
-    """A step of random rows of the key's walks, padded to a captured bucket or run eagerly."""
+
+def random_step(constants: GlueConstants, gen: torch.Generator, device: str, max_rows: int) -> Step:
+    """A step of at most `max_rows` random rows of the key's walks, padded to a captured bucket
+    or run eagerly."""
     def randint(low: int, high: int, size=()) -> torch.Tensor:
         return torch.randint(low, high + 1, size, generator=gen)
 
-    num_rows = int(randint(0, constants.max_rows))
+    num_rows = int(randint(0, min(max_rows, constants.max_rows)))
+    num_slots = max(MIN_SLOTS, constants.max_rows)
     num_walks = len(constants.walks)
     walk_index = randint(0, num_walks - 1, (num_rows,))
     # Walk 0 rows are prompt chunks, the others one-token steps (as prefill / decode are).
@@ -48,7 +54,7 @@ def random_step(constants: GlueConstants, gen: torch.Generator, device: str) -> 
     inputs = RowInputs.allocate(constants, max_tokens, device)
     fields = {
         "walk_index": walk_index, "num_tokens": num_tokens, "context_len": context_len,
-        "loop_iter": randint(0, 2, (num_rows,)), "slot": torch.randperm(NUM_SLOTS, generator=gen)[:num_rows],
+        "loop_iter": randint(0, 2, (num_rows,)), "slot": torch.randperm(num_slots, generator=gen)[:num_rows],
         "is_emitting": randint(0, 1, (num_rows,)), "stream_pos": randint(-1, STREAM_CAPACITY, (num_rows,)),
     }
     for name, values in fields.items():
@@ -56,7 +62,7 @@ def random_step(constants: GlueConstants, gen: torch.Generator, device: str) -> 
     inputs.host_tokens.copy_(randint(0, 999, (max_tokens,)).to(device))
     pages_per_seq = -(-MAX_SEQ_LEN // constants.page_size)
     # Page 0 is the dummy page; live pages are distinct so a wrong gather shows.
-    page_table = (torch.randperm(NUM_SLOTS * pages_per_seq, generator=gen) + 1).reshape(NUM_SLOTS, pages_per_seq)
+    page_table = (torch.randperm(num_slots * pages_per_seq, generator=gen) + 1).reshape(num_slots, pages_per_seq)
     sampled = randint(0, 99_999, (constants.max_rows,))
     return Step(num_rows, padded_batch, token_bucket, inputs, page_table.to(torch.int32).to(device),
                 sampled.to(device))
@@ -71,8 +77,8 @@ def garbage_pack_buffers(constants: GlueConstants, step: Step, gen: torch.Genera
     return out
 
 
-def garbage_token_buffers(constants: GlueConstants, gen: torch.Generator, device: str) -> TokenBuffers:
-    buffers = TokenBuffers.allocate(constants, NUM_SLOTS, STREAM_CAPACITY, device)
+def garbage_token_buffers(constants: GlueConstants, step: Step, gen: torch.Generator, device: str) -> TokenBuffers:
+    buffers = TokenBuffers.allocate(constants, step.num_slots, STREAM_CAPACITY, device)
     for field in dataclasses.fields(buffers):
         buffer = getattr(buffers, field.name)
         buffer.copy_(torch.randint(-50, 50, buffer.shape, generator=gen).to(device))
@@ -90,11 +96,11 @@ def _assert_same(expected, actual, what: str) -> None:
             raise AssertionError(f"{what}: {field.name} differs\n reference {want.tolist()}\n kernel    {got.tolist()}")
 
 
-def compare_pack(key_glue: ref.KeyGlue, seed: int, device: str) -> None:
+def compare_pack(key_glue: ref.KeyGlue, seed: int, device: str, max_rows: int = 1 << 30) -> None:
     constants = key_glue.constants
     gen = torch.Generator().manual_seed(seed)
-    step = random_step(constants, gen, device)
-    loop_back = torch.randint(0, 999, (NUM_SLOTS,), generator=gen).to(torch.int32).to(device)
+    step = random_step(constants, gen, device, max_rows)
+    loop_back = torch.randint(0, 999, (step.num_slots,), generator=gen).to(torch.int32).to(device)
     expected = garbage_pack_buffers(constants, step, gen, device)
     actual = _clone(expected)
     ref.pack_step(constants, step.num_rows, step.padded_batch, step.token_bucket, step.inputs, step.page_table,
@@ -104,11 +110,11 @@ def compare_pack(key_glue: ref.KeyGlue, seed: int, device: str) -> None:
     _assert_same(expected, actual, f"pack_step seed {seed} ({step.num_rows} rows -> {step.padded_batch})")
 
 
-def compare_scatter(key_glue: ref.KeyGlue, seed: int, device: str) -> None:
+def compare_scatter(key_glue: ref.KeyGlue, seed: int, device: str, max_rows: int = 1 << 30) -> None:
     constants = key_glue.constants
     gen = torch.Generator().manual_seed(seed)
-    step = random_step(constants, gen, device)
-    expected = garbage_token_buffers(constants, gen, device)
+    step = random_step(constants, gen, device, max_rows)
+    expected = garbage_token_buffers(constants, step, gen, device)
     actual = _clone(expected)
     ref.scatter_after_sampling(constants, step.num_rows, step.sampled, step.inputs, expected)
     key_glue.scatter_after_sampling(step.num_rows, step.sampled, step.inputs, actual)

@@ -32,3 +32,11 @@ def key_glues(module: ModuleType) -> list[KeyGlue]:
 
 def generated_glue_files() -> list[Path]:
     return sorted((REPO_ROOT / "generated").glob("*_glue.py"))
+
+
+def sample_generated_glue_files() -> list[Path]:
+    """The checked-in glue the kernel tests run: orpheus's (prefill + decode looping on the
+    device, streaming to the codec) when present, else the first one; [] before any exist."""
+    files = generated_glue_files()
+    preferred = [path for path in files if path.name == "orpheus_glue.py"]
+    return preferred or files[:1]

@@ -12,23 +12,25 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 before triton is imported")
 
 import glue_cases  # noqa: E402
-from glue_modules import generated_glue_files, key_glues, tiny_glue_module  # noqa: E402
+from glue_modules import key_glues, sample_generated_glue_files, tiny_glue_module  # noqa: E402
 
-SEEDS = range(12)
+SEEDS = range(8)
+# The interpreter runs each program in Python: keep steps small.
+MAX_ROWS = 12
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_pack_step_matches_reference(tmp_path, page_size):
     for key_glue in key_glues(tiny_glue_module(tmp_path, page_size)):
         for seed in SEEDS:
-            glue_cases.compare_pack(key_glue, seed, "cpu")
+            glue_cases.compare_pack(key_glue, seed, "cpu", MAX_ROWS)
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_scatter_after_sampling_matches_reference(tmp_path, page_size):
     for key_glue in key_glues(tiny_glue_module(tmp_path, page_size)):
         for seed in SEEDS:
-            glue_cases.compare_scatter(key_glue, seed, "cpu")
+            glue_cases.compare_scatter(key_glue, seed, "cpu", MAX_ROWS)
 
 
 def test_kernels_are_interpreted(tmp_path):
@@ -38,11 +40,11 @@ def test_kernels_are_interpreted(tmp_path):
     assert isinstance(module._pack_step_llm_mixed_kernel, interpreter.InterpretedFunction)
 
 
-@pytest.mark.parametrize("path", generated_glue_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sample_generated_glue_files(), ids=lambda p: p.name)
 def test_generated_glue_matches_reference(path):
     from mstar.runtime.glue_loader import load_glue
 
     for key_glue in key_glues(load_glue(path)):
-        for seed in range(4):
-            glue_cases.compare_pack(key_glue, seed, "cpu")
-            glue_cases.compare_scatter(key_glue, seed, "cpu")
+        for seed in range(3):
+            glue_cases.compare_pack(key_glue, seed, "cpu", MAX_ROWS)
+            glue_cases.compare_scatter(key_glue, seed, "cpu", MAX_ROWS)

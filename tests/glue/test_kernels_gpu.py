@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import glue_cases
-from glue_modules import generated_glue_files, key_glues, tiny_glue_module
+from glue_modules import key_glues, sample_generated_glue_files, tiny_glue_module
 
 pytestmark = [
     pytest.mark.gpu,
@@ -20,7 +20,7 @@ def test_kernels_match_reference_on_gpu(tmp_path, page_size):
         torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("path", generated_glue_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sample_generated_glue_files(), ids=lambda p: p.name)
 def test_generated_glue_on_gpu(path):
     from mstar.runtime.glue_loader import load_glue
 

@@ -1,0 +1,48 @@
+"""load_glue: a generated file by path, with readable errors."""
+import pytest
+from glue_modules import generated_glue_files
+from glue_plans import tiny_plan
+
+from mstar.compiler.glue import render_glue
+from mstar.plan.io import load_plan
+from mstar.runtime.glue_loader import GlueLoadError, load_glue
+
+
+def test_loads_a_rendered_module(tmp_path):
+    path = tmp_path / "tiny_glue.py"
+    path.write_text(render_glue(tiny_plan(), "tiny", "tiny"))
+    module = load_glue(path)
+    key_glue = module.GLUE_BY_WORKER[0]["LLM:mixed"]
+    assert key_glue.constants.page_size == 4
+    assert load_glue(path) is not module  # a fresh module each load
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(GlueLoadError, match="mstarc regen"):
+        load_glue(tmp_path / "nope_glue.py")
+
+
+def test_broken_file(tmp_path):
+    path = tmp_path / "bad_glue.py"
+    path.write_text("GLUE_BY_WORKER = {\n")
+    with pytest.raises(GlueLoadError, match="failed to import .*SyntaxError"):
+        load_glue(path)
+
+
+def test_file_without_tables(tmp_path):
+    path = tmp_path / "empty_glue.py"
+    path.write_text("X = 1\n")
+    with pytest.raises(GlueLoadError, match="no GLUE_BY_WORKER"):
+        load_glue(path)
+
+
+@pytest.mark.parametrize("glue_path", generated_glue_files(), ids=lambda p: p.name)
+def test_generated_glue_covers_the_plans_kv_keys(glue_path):
+    """Every checked-in glue file loads, and has glue for exactly its plan's kv-node keys."""
+    plan = load_plan(glue_path.with_name(glue_path.name.removesuffix("_glue.py") + ".plan"), verify=False)
+    kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
+    expected = {worker.rank: sorted(key.name for key in worker.keys if key.node in kv_nodes)
+                for worker in plan.workers}
+    module = load_glue(glue_path)
+    got = {rank: sorted(module.GLUE_BY_WORKER.get(rank, {})) for rank in expected}
+    assert got == expected
