@@ -40,6 +40,7 @@ class BaselineScheduler:
         self.max_follow = max(1, deployment.max_consecutive_follower_batches)
         self._clock = clock
         self.ready: list[_Row] = []
+        self.placed: dict[tuple[str, str], _Row] = {}  # (request, key) -> its ready or held row
         self.holds: list[tuple[float, int, list[_Row]]] = []
         self.num_holds_made = 0
         self.removed: set[str] = set()
@@ -97,9 +98,9 @@ class BaselineScheduler:
             self.add_ready(rid, node, walk, count)
 
     def _push(self, row: _Row) -> None:
-        for other in self.ready + [r for _, _, rows in self.holds for r in rows]:
-            if other.request_id == row.request_id and other.key == row.key:
-                raise DuplicateRowError(f"request {row.request_id!r} already has a row under key {row.key}")
+        if (row.request_id, row.key) in self.placed:
+            raise DuplicateRowError(f"request {row.request_id!r} already has a row under key {row.key}")
+        self.placed[(row.request_id, row.key)] = row
         row.seq = self.next_seq
         self.next_seq += 1
         self.ready.append(row)
@@ -159,8 +160,7 @@ class BaselineScheduler:
     def _finish(
         self, key: KeyPlan, chosen: list[_Row], first: list[_Row], first_walk: Optional[str], is_speculative: bool
     ) -> Batch:
-        for row in chosen:
-            self.ready.remove(row)
+        self._unready(chosen)
         self.num_steps += 1
         self.last_run[key.name] = self.num_steps
         rows: list[_Row] = []
@@ -241,28 +241,37 @@ class BaselineScheduler:
                 self._push(row)
         for walk in [w for w in dict.fromkeys(batch.walks) if w in by_walk]:
             for row in by_walk[walk]:
-                for other in self.ready + [r for _, _, rows in self.holds for r in rows]:
-                    if other.request_id == row.request_id and other.key == row.key:
-                        raise DuplicateRowError(f"request {row.request_id!r} already has a row under key {row.key}")
+                if (row.request_id, row.key) in self.placed:
+                    raise DuplicateRowError(f"request {row.request_id!r} already has a row under key {row.key}")
+                self.placed[(row.request_id, row.key)] = row
             self.holds.append((deadline, self.num_holds_made, by_walk[walk]))
             self.num_holds_made += 1
 
     def discard(self, batch: Batch) -> None:
         for rid, walk, count in zip(batch.request_ids, batch.walks, batch.num_tokens):
-            taken = any(r.request_id == rid and r.key == batch.key
-                        for r in self.ready + [r for _, _, rows in self.holds for r in rows])
-            if not taken and (rid not in self.removed or self._names_in_follow(rid)):
+            if (rid, batch.key) not in self.placed and (rid not in self.removed or self._names_in_follow(rid)):
                 self._push(_Row(rid, batch.key, walk, count, 0))
 
     def remove(self, request_id: str) -> None:
         self.removed.add(request_id)
         named = self._names_in_follow(request_id)
-        self.ready = [
+        dropped = [
             row for row in self.ready
-            if row.request_id != request_id or (named and self._is_followed(self._key(row.key)))
+            if row.request_id == request_id and not (named and self._is_followed(self._key(row.key)))
         ]
+        self._unready(dropped)
         for _, _, rows in self.holds:
+            for row in rows:
+                if row.request_id == request_id:
+                    del self.placed[(row.request_id, row.key)]
             rows[:] = [row for row in rows if row.request_id != request_id]
+
+    def _unready(self, rows: list[_Row]) -> None:
+        """Take rows out of the ready list (scheduled or dropped)."""
+        gone = {id(row) for row in rows}
+        self.ready = [row for row in self.ready if id(row) not in gone]
+        for row in rows:
+            del self.placed[(row.request_id, row.key)]
 
     def _expire_holds(self) -> None:
         now = self._clock()
@@ -292,8 +301,7 @@ class BaselineScheduler:
             if not match:
                 return None
             found.append(match[0])
-        for row in found:
-            self.ready.remove(row)
+        self._unready(found)
         self.follow.pop(0)
         self.num_consecutive += 1
         self.num_steps += 1

@@ -62,13 +62,14 @@ def compose(
         return Composition(mask | 1 << walk, takes, num_rows + take)
 
     counts = list(counts) if counts is not None else [0] * num_walks
-    limits, is_mixed = tables.limits, tables.is_mixed
+    limits, is_mixed, limited = tables.limits, tables.is_mixed, tables.limited_walks
     heads = [0] * num_walks  # next unscanned row per walk
     open_walks = with_rows
     while open_walks:
         # The walk holding the oldest unscanned row, and the oldest head among the others.
         walk = open_walks[0]
-        head_seq = seqs[walk][heads[walk]]
+        walk_seqs = seqs[walk]
+        head_seq = walk_seqs[heads[walk]]
         next_seq = _AFTER_ALL
         for other in open_walks[1:]:
             seq = seqs[other][heads[other]]
@@ -76,24 +77,24 @@ def compose(
                 next_seq, walk, head_seq = head_seq, other, seq
             elif seq < next_seq:
                 next_seq = seq
+        walk_seqs = seqs[walk]
         bit = 1 << walk
         if not mask & bit:
             # The row would add a walk to the step: the new mask's cap and limits decide.
             new_mask = mask | bit
             counts[walk] += 1
-            if caps[new_mask] > num_rows and tables.fits_limits(new_mask, counts):
-                mask = new_mask
-                num_rows += 1
-                heads[walk] += 1
-                takes[walk] += 1
-                if heads[walk] == len(seqs[walk]):
-                    open_walks.remove(walk)
-            else:
+            if caps[new_mask] <= num_rows or any(counts[w] > limit for w, limit in limited[new_mask]):
                 counts[walk] -= 1
                 open_walks.remove(walk)
-            continue
+                continue
+            mask = new_mask
+            num_rows += 1
+            heads[walk] += 1
+            takes[walk] += 1
+            if heads[walk] == len(walk_seqs):
+                open_walks.remove(walk)
+                continue
         # A run of this walk's rows older than every other walk's head, under a fixed mask.
-        walk_seqs = seqs[walk]
         start = heads[walk]
         end = len(walk_seqs) if next_seq == _AFTER_ALL else bisect_left(walk_seqs, next_seq, start)
         room = caps[mask] - num_rows
@@ -113,22 +114,22 @@ def make_batch(
     worker: int,
     tables: KeyTables,
     mask: int,
-    ids_per_walk: list[list[str]],
-    tokens_per_walk: list[list[int]],
+    parts: list[tuple[int, list[str], list[int]]],
     is_speculative: bool = False,
 ) -> Batch:
-    """Assemble a Batch from per-walk row lists (rows grouped by walk, in the key's walk order),
+    """Assemble a Batch from (walk index, request ids, tokens) parts in the key's walk order,
     with label, attention and capture bucket looked up for the mask."""
     walks = tables.walks
-    request_ids: list[str] = []
-    row_walks: list[str] = []
-    num_tokens: list[int] = []
-    for w, ids in enumerate(ids_per_walk):
-        if ids:
+    if len(parts) == 1:
+        walk, request_ids, num_tokens = parts[0]
+        row_walks = [walks[walk]] * len(request_ids)
+    else:
+        request_ids, row_walks, num_tokens = [], [], []
+        for walk, ids, tokens in parts:
             request_ids += ids
-            row_walks += [walks[w]] * len(ids)
-            num_tokens += tokens_per_walk[w]
-    pick = tables.pick_capture(mask, len(request_ids), sum(num_tokens))
+            row_walks += [walks[walk]] * len(ids)
+            num_tokens += tokens
+    pick = tables.pick_capture(mask, len(request_ids), num_tokens)
     return Batch(
         worker=worker,
         key=tables.name,

@@ -38,6 +38,7 @@ class KeyTables:
 
     caps[mask], labels[mask], attention[mask], families[mask], is_mixed[mask]: per mixture mask.
     limits[w]: most rows of walk w in a mixed step (NO_LIMIT when the plan gives none).
+    limited_walks[mask]: (walk, limit) for each walk of a mixed mask that has a rows limit.
     """
 
     index: int
@@ -51,6 +52,7 @@ class KeyTables:
     families: list[Optional[CaptureFamily]]
     is_mixed: list[bool]
     limits: list[int]
+    limited_walks: list[list[tuple[int, int]]]
     is_followed: bool
 
     @classmethod
@@ -91,18 +93,18 @@ class KeyTables:
             families=picked,
             is_mixed=[bin(mask).count("1") > 1 for mask in range(num_masks)],
             limits=[key.rows_limits.get(walk, NO_LIMIT) for walk in key.walks],
+            limited_walks=[
+                [
+                    (w, key.rows_limits[walk]) for w, walk in enumerate(key.walks)
+                    if mask >> w & 1 and walk in key.rows_limits
+                ] if bin(mask).count("1") > 1 else []
+                for mask in range(num_masks)
+            ],
             is_followed=is_followed,
         )
 
-    def fits_limits(self, mask: int, counts: list[int]) -> bool:
-        """Whether per-walk row counts respect the rows limits of a step with this mask."""
-        if not self.is_mixed[mask]:
-            return True
-        limits = self.limits
-        return all(counts[w] <= limits[w] for w in range(len(limits)) if mask >> w & 1)
-
-    def pick_capture(self, mask: int, num_rows: int, total_tokens: int) -> CapturePick:
-        """The bucket a step of `num_rows` rows and `total_tokens` tokens pads to (or eager)."""
+    def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int]) -> CapturePick:
+        """The bucket a step of `num_rows` rows with these per-row token counts pads to (or eager)."""
         family = self.families[mask]
         if family is None:
             return EAGER
@@ -113,7 +115,7 @@ class KeyTables:
         if family.kind == "batched":
             return CapturePick(family.name, padded, 0)
         buckets = family.token_buckets
-        at = bisect_left(buckets, total_tokens)
+        at = bisect_left(buckets, sum(num_tokens))
         if at == len(buckets):
             return EAGER
         return CapturePick(family.name, padded, buckets[at])

@@ -54,32 +54,28 @@ class KeyQueue:
         self.tokens[walk].extend(tokens)
         self.num_ready += count
 
-    def take(self, takes: list[int]) -> tuple[list[list[str]], list[list[int]]]:
-        """Remove the first takes[w] rows of each walk; return their ids and tokens per walk.
+    def take(self, takes: list[int]) -> list[tuple[int, list[str], list[int]]]:
+        """Remove the first takes[w] rows of each walk; return (walk, ids, tokens) for each walk
+        that gives rows, in walk order.
 
         Raises LostRowError if the rows handed out plus the rows left differ from the rows held
         before (every row given to the builder comes back: scheduled or still ready).
         """
-        taken_ids: list[list[str]] = []
-        taken_tokens: list[list[int]] = []
+        parts: list[tuple[int, list[str], list[int]]] = []
         num_taken = 0
         for w, count in enumerate(takes):
-            if count == 0:
-                taken_ids.append([])
-                taken_tokens.append([])
-                continue
-            ids = self.ids[w]
-            chosen = ids[:count]
-            taken_ids.append(chosen)
-            taken_tokens.append(self.tokens[w][:count])
-            del ids[:count]
-            del self.seqs[w][:count]
-            del self.tokens[w][:count]
-            self.present.difference_update(chosen)
-            num_taken += len(chosen)
+            if count:
+                ids, tokens = self.ids[w], self.tokens[w]
+                chosen = ids[:count]
+                parts.append((w, chosen, tokens[:count]))
+                del ids[:count]
+                del self.seqs[w][:count]
+                del tokens[:count]
+                self.present.difference_update(chosen)
+                num_taken += count
         self.num_ready -= num_taken
         self.check_accounting()
-        return taken_ids, taken_tokens
+        return parts
 
     def take_rows(self, walk: int, request_ids: Sequence[str]) -> list[int]:
         """Remove the named rows of one walk (any positions); return their tokens in the order

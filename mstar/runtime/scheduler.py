@@ -86,17 +86,17 @@ class WorkerScheduler:
             self._queues.append(KeyQueue(key.name, tables.walks))
             self._specs.append([spec_by_pair.get((key.node, walk)) for walk in key.walks])
             self._key_index[key.name] = index
-        # `node/walk` -> (key index, walk index), only for pairs this worker runs.
-        self._placement: dict[str, tuple[int, int]] = {}
+        # (node, walk) -> (key index, walk index), only for pairs this worker runs.
+        self._placement: dict[tuple[str, str], tuple[int, int]] = {}
         for pair in worker.placements:
             key_name = worker.walk_to_key.get(pair)
             if key_name is None or key_name not in self._key_index:
                 raise UnknownPlacementError(f"worker {worker.rank}: placement {pair} has no scheduling key")
             key = self._key_index[key_name]
-            walk = pair.split("/", 1)[1]
+            node, walk = pair.split("/", 1)
             if walk not in self._tables[key].walk_index:
                 raise UnknownPlacementError(f"worker {worker.rank}: walk {walk} of {pair} is not in key {key_name}")
-            self._placement[pair] = (key, self._tables[key].walk_index[walk])
+            self._placement[(node, walk)] = (key, self._tables[key].walk_index[walk])
         self._led = [i for i, tables in enumerate(self._tables) if not tables.is_followed]
         self._last_run = [0] * len(self._tables)  # step number of each key's last step (0 = never)
         self._num_steps = 0
@@ -127,7 +127,7 @@ class WorkerScheduler:
         """Many rows of one (node, walk) became ready, in this order (e.g. a decode step's
         continuing rows). `num_tokens` is one count for all or one per row. Same errors as
         `add_ready`. Costs no per-row Python work beyond C-level list and set operations."""
-        placement = self._placement.get(f"{node}/{walk}")
+        placement = self._placement.get((node, walk))
         if placement is None:
             raise UnknownPlacementError(f"worker {self.rank} does not run walk {walk} of node {node}")
         key, walk_index = placement
@@ -162,18 +162,18 @@ class WorkerScheduler:
             if batch is not None:
                 return batch
         self._follow.num_consecutive = 0
-        queues, last_run = self._queues, self._last_run
+        queues = self._queues
         candidates = [key for key in self._led if queues[key].num_ready]
         if len(candidates) > 1:
-            candidates.sort(key=last_run.__getitem__)  # stable: ties keep the plan's key order
+            candidates.sort(key=self._last_run.__getitem__)  # stable: ties keep the plan's key order
         for key in candidates:
             tables, queue = self._tables[key], queues[key]
             composition = compose(tables, queue)
             if composition.num_rows == 0:
                 continue
-            ids_per_walk, tokens_per_walk = queue.take(composition.takes)
+            parts = queue.take(composition.takes)
             self._mark_run(key)
-            return make_batch(self.rank, tables, composition.mask, ids_per_walk, tokens_per_walk)
+            return make_batch(self.rank, tables, composition.mask, parts)
         return None
 
     def speculate(
@@ -213,14 +213,18 @@ class WorkerScheduler:
         )
         if chain is None:
             return None
-        ids_per_walk, tokens_per_walk = queue.take(chain.composition.takes)
-        ids_per_walk[chain.walk] = chain.continuing + ids_per_walk[chain.walk]
-        tokens_per_walk[chain.walk] = chain.continuing_tokens + tokens_per_walk[chain.walk]
+        parts = queue.take(chain.composition.takes)
+        # The continuing rows lead their walk's part; walks stay in key order.
+        fresh = next((part for part in parts if part[0] == chain.walk), None)
+        if fresh is None:
+            parts.append((chain.walk, chain.continuing, chain.continuing_tokens))
+            parts.sort(key=lambda part: part[0])
+        else:
+            at = parts.index(fresh)
+            parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
         self._mark_run(key)
         self._follow.num_consecutive = 0
-        return make_batch(
-            self.rank, tables, chain.composition.mask, ids_per_walk, tokens_per_walk, is_speculative=True
-        )
+        return make_batch(self.rank, tables, chain.composition.mask, parts, is_speculative=True)
 
     # ------------------------------------------------------------ failures
 
@@ -297,7 +301,7 @@ class WorkerScheduler:
 
     def is_follower_of(self, node: str, walk: str) -> bool:
         """True when this worker runs (node, walk) only as a TP follower (never composes it)."""
-        placement = self._placement.get(f"{node}/{walk}")
+        placement = self._placement.get((node, walk))
         return placement is not None and self._tables[placement[0]].is_followed
 
     # ------------------------------------------------------------ state
