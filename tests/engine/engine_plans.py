@@ -67,7 +67,8 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
              node: str = "LLM") -> dict[str, list[int]]:
     """Greedy-run every prompt to `max_tokens` tokens; request i starts at step i * start_every.
 
-    Rows that fail allocation are retried in a later step (the scheduler's hold). Stops a request
+    When a step fails allocation nothing ran: the failed rows sit out the next step, the others
+    are retried at once (the scheduler's hold). Stops a request
     at its stop flag or at max_tokens.
     """
     from mstar.runtime.request import Request
@@ -78,16 +79,20 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
     for rid in prompts:
         reason = engine.add_request(rid, Request(id=rid, prompt_tokens=prompts[rid], max_tokens=max_tokens))
         assert reason is None, reason
+    held: set[str] = set()  # rows that failed allocation sit out one step (the scheduler's hold)
     for step_index in range(10_000):
         rows = []
         for i, rid in enumerate(waiting):
-            if i * start_every <= step_index:
+            if i * start_every <= step_index and rid not in held:
                 rows.append(StepRow(rid, "prefill", len(prompts[rid]), 0, {"text_inputs": prompts[rid]}))
-        for rid in running:
+        for rid in sorted(running - held):
             rows.append(StepRow(rid, "decode", 1, 0, {"text_inputs": [tokens[rid][-1]]}))
         if not rows and not waiting:
             return tokens
-        result = engine.run_step(step(node, rows))
+        result = engine.run_step(step(node, rows)) if rows else None
+        held = set(result.allocation_failed) if result else set()
+        if result is None:
+            continue
         for row in result.rows:
             assert row.error is None, row.error
             tokens[row.request_id].append(row.outputs["new_token"][0])

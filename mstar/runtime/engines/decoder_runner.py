@@ -12,7 +12,8 @@ writing it. Outputs per edge name: `latents`, `time_index`, names with `mask` (a
 names with `states` / `embeds` / `hidden` (hidden states; the last row only on a loop-back to
 itself), names starting `v_` (the flow velocity), anything else a sampled token id `[id]`.
 
-Memory: pages are allocated per step, all or nothing per row. A request starts on the node only
+Memory: pages are allocated per step, all or nothing per step (when a row cannot get pages or a
+slot, no row runs; the runtime holds the failed rows and re-queues the rest). A request starts on the node only
 when the pages it may need (prompt + max_tokens) fit beside what already-started requests may still
 need, so running requests can always finish and a full pool never deadlocks.
 """
@@ -110,25 +111,27 @@ class DecoderRunner:
     # ------------------------------------------------------------------ a step
 
     def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> tuple[list[RowResult], list[str]]:
+        """All or nothing: when any row cannot get memory, nothing runs (the runtime's contract:
+        the failed rows are held, the others go back to their ready queues)."""
         results: list[RowResult] = []
-        failed: list[str] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
             try:
-                prepared = self._prepare(row, call, request)
+                ready.append(self._prepare(row, call, request))
             except InputError as error:
                 results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
-                continue
-            problem = self._allocate(prepared)
-            if problem == "no memory":
-                failed.append(row.request_id)
-            elif problem:
-                results.append(RowResult(row.request_id, error=problem))
-            else:
-                ready.append(prepared)
+        for item in list(ready):
+            problem = self._length_problem(item)
+            if problem:
+                ready.remove(item)
+                results.append(RowResult(item.row.request_id, error=problem))
+        failed = self._memory_shortfall(ready)
+        if failed:
+            return results, failed
+        self._grant(ready)
         if ready:
             results.extend(self._forward(ready))
-        return results, failed
+        return results, []
 
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if "latents" in call.inputs:
@@ -174,27 +177,61 @@ class DecoderRunner:
             self._adapters[key] = torch.randn(self.dims.hidden, width, generator=generator) * width ** -0.5
         return embeds @ self._adapters[key].T
 
-    def _allocate(self, item: _Prepared) -> Optional[str]:
-        """Pages (and a slot) for one row: None when granted, "no memory", or an error message."""
-        request_id = item.row.request_id
-        key = (request_id, item.row.kv_sequence)
-        num_new = 0 if item.is_flow else item.embeds.shape[0]
-        if self.pool.num_tokens(key) + num_new > self.max_seq_len:
-            return (f"node {self.node.name}: sequence would grow to {self.pool.num_tokens(key) + num_new} "
-                    f"tokens, past max_seq_len {self.max_seq_len}")
-        needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
-        if needs_slot and self.slots.num_free_slots == 0:
-            return "no memory"
-        if request_id not in self._budgets:
-            budget = min(self.pool.pages_for(self._budget_tokens(item.request)), self.pool.num_pages)
-            if self.pool.num_free_pages - self._outstanding_pages() < max(budget, self.pool.num_new_pages(key, num_new)):
-                return "no memory"
-            self._budgets[request_id] = budget
-        if not self.pool.reserve(key, num_new):
-            return "no memory"
-        if needs_slot:
-            self.states.clear(self.slots.acquire(request_id))
+    def _num_new(self, item: _Prepared) -> int:
+        """Positions the row writes (an image-flow row reads only)."""
+        return 0 if item.is_flow else item.embeds.shape[0]
+
+    def _length_problem(self, item: _Prepared) -> Optional[str]:
+        key = (item.row.request_id, item.row.kv_sequence)
+        length = self.pool.num_tokens(key) + self._num_new(item)
+        if length > self.max_seq_len:
+            return f"node {self.node.name}: sequence would grow to {length} tokens, past max_seq_len {self.max_seq_len}"
         return None
+
+    def _memory_shortfall(self, ready: list[_Prepared]) -> list[str]:
+        """Ids of rows that cannot get their pages (or a slot) this step; nothing is changed.
+
+        A started request may use pages up to its budget before others' outstanding needs; a new
+        request starts only when its whole budget fits beside them (see the module docstring).
+        """
+        num_free = self.pool.num_free_pages
+        outstanding = self._outstanding_pages()
+        num_free_slots = self.slots.num_free_slots if self.slots else 0
+        failed = []
+        for item in ready:
+            request_id = item.row.request_id
+            num_pages = self.pool.num_new_pages((request_id, item.row.kv_sequence), self._num_new(item))
+            needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
+            if request_id in self._budgets:
+                remaining = max(0, self._budgets[request_id] - self.pool.num_pages_held(request_id))
+                is_granted = num_pages <= num_free - (outstanding - remaining)
+                claimed = -min(num_pages, remaining)
+            else:
+                budget = self._budget_pages(item.request)
+                is_granted = max(budget, num_pages) <= num_free - outstanding
+                claimed = max(0, budget - num_pages)
+            if not is_granted or (needs_slot and num_free_slots == 0):
+                failed.append(request_id)
+                continue
+            num_free -= num_pages
+            outstanding += claimed
+            num_free_slots -= needs_slot
+        return failed
+
+    def _grant(self, ready: list[_Prepared]) -> None:
+        """Reserve pages and slots for rows `_memory_shortfall` cleared."""
+        for item in ready:
+            request_id = item.row.request_id
+            if request_id not in self._budgets:
+                self._budgets[request_id] = self._budget_pages(item.request)
+            is_reserved = self.pool.reserve((request_id, item.row.kv_sequence), self._num_new(item))
+            if not is_reserved:
+                raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
+            if self.slots is not None and self.slots.slot_of(request_id) is None:
+                self.states.clear(self.slots.acquire(request_id))
+
+    def _budget_pages(self, request: RequestState) -> int:
+        return min(self.pool.pages_for(self._budget_tokens(request)), self.pool.num_pages)
 
     def _outstanding_pages(self) -> int:
         """Pages started requests may still claim (their budget minus what they hold)."""

@@ -8,7 +8,7 @@ node (kind from `mstar.runtime.models.kinds`, dims from `mstar.runtime.dims`) an
 - `run_step(step)` -> `StepResult`: per-row outputs keyed by the output edge names of that row's
   (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot;
 - `end_request(id)` frees its pages and slots.
-One engine serves every worker of the plan (one KV pool per kv node, shared by its walks, so a
+With tiny dims the engine sets torch to one thread (see `__init__`). One engine serves every worker of the plan (one KV pool per kv node, shared by its walks, so a
 prefill/decode split across ranks needs no KV transfer on the CPU).
 
 Start-up refusals (`EngineError`, a clear message): a kind the engine has no model for, bad dims, a
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 from typing import Any, Optional, Union
+
+import torch
 
 from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.dims import DIMS_MODES, DecoderDims, DimsError, codec_dims, decoder_dims, encoder_dims, image_decoder_dims
@@ -50,6 +52,10 @@ class TorchEngine:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
             raise EngineError(f"--kv-pages {num_pages}: must be a positive number of pages")
+        if dims == "tiny":
+            # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
+            # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
+            torch.set_num_threads(1)
         self.plan = plan
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         self.requests: dict[str, RequestState] = {}

@@ -1,0 +1,85 @@
+"""KV pool and slot pool limits: allocation failure holds rows (nothing lost), a request that can
+never fit is refused by add_request, and too few recurrent slots are refused at start-up."""
+import pytest
+
+from engine_plans import generate, hybrid_plan, llm_plan, step
+from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
+from mstar.runtime.kv.pages import PagePool
+from mstar.runtime.request import Request
+from mstar.runtime.step import StepRow
+
+
+def test_page_pool_reserve_is_all_or_nothing():
+    pool = PagePool(num_pages=3, page_size=4)
+    assert pool.reserve(("a", "main"), 9)  # 3 pages
+    assert not pool.reserve(("b", "main"), 1)
+    assert pool.page_table(("b", "main")) == [] and pool.num_free_pages == 0
+    pool.free_request("a")
+    assert pool.num_free_pages == 3 and pool.reserve(("b", "main"), 1)
+
+
+def test_full_pool_fails_rows_and_every_request_still_finishes():
+    prompts = {f"r{i}": [i + 1] * 10 for i in range(6)}
+    # 4 pages of 8 positions: each request needs 2 pages (10 prompt + 6 new), so two run at a time.
+    small = TorchEngine(llm_plan(num_pages=4, page_size=8))
+    big = TorchEngine(llm_plan(num_pages=64, page_size=8))
+    failed_rows = []
+    original = small.run_step
+
+    def spy(s):
+        result = original(s)
+        failed_rows.extend(result.allocation_failed)
+        return result
+
+    small.run_step = spy
+    assert generate(small, prompts, 6) == generate(big, prompts, 6)
+    assert failed_rows, "the small pool should have failed some rows"
+
+
+def test_allocation_failure_runs_nothing_in_the_step():
+    engine = TorchEngine(llm_plan(num_pages=2, page_size=8))
+    for rid in ("a", "b"):
+        assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1] * 8, max_tokens=8)) is None
+    prefill = {rid: StepRow(rid, "prefill", 8, 0, {"text_inputs": [1] * 8}) for rid in "ab"}
+    result = engine.run_step(step("LLM", list(prefill.values())))
+    # b cannot start beside a (each may need 2 pages); the step runs nothing and names b.
+    assert result.rows == [] and result.allocation_failed == ["b"]
+    assert engine.runners["LLM"].pool.num_free_pages == 2
+    first = engine.run_step(step("LLM", [prefill["a"]]))
+    again = TorchEngine(llm_plan(num_pages=2, page_size=8))
+    again.add_request("a", Request(id="a", prompt_tokens=[1] * 8, max_tokens=8))
+    assert first.rows[0].outputs == again.run_step(step("LLM", [prefill["a"]])).rows[0].outputs
+    engine.end_request("a")
+    result = engine.run_step(step("LLM", [prefill["b"]]))
+    assert [r.request_id for r in result.rows] == ["b"] and not result.allocation_failed
+
+
+def test_request_that_can_never_fit_is_refused():
+    engine = TorchEngine(llm_plan(num_pages=4, page_size=8))
+    reason = engine.add_request("big", Request(id="big", prompt_tokens=[1] * 30, max_tokens=10))
+    assert reason is not None and "need 5 KV pages" in reason and "only 4" in reason
+    assert engine.add_request("ok", Request(id="ok", prompt_tokens=[1] * 20, max_tokens=10)) is None
+
+
+def test_bad_sampling_settings_are_refused():
+    engine = TorchEngine(llm_plan())
+    reason = engine.add_request("t", Request(id="t", prompt_tokens=[1], max_tokens=2, top_p=1.5))
+    assert reason is not None and "top_p" in reason
+
+
+def test_too_few_recurrent_slots_refused_at_start():
+    with pytest.raises(EngineError, match="slot 0 is the padding sink"):
+        TorchEngine(hybrid_plan(num_slots=1))
+    with pytest.raises(EngineError, match="max_concurrent_requests=8"):
+        from engine_plans import LLM_DIMS
+        from mstar.plan.schema import RecurrentState
+
+        recurrent = RecurrentState(num_layers=3, num_heads=2, key_dim=16, value_dim=16, num_slots=4)
+        TorchEngine(llm_plan(dict(LLM_DIMS, layers=4, layer_pattern=[0, 0, 0, 1]), recurrent=recurrent,
+                             max_concurrent=8))
+
+
+def test_slot_pool_full_holds_rows_until_a_request_ends():
+    prompts = {f"r{i}": [i + 2] * 5 for i in range(4)}
+    # 3 slots = sink + 2 requests at a time.
+    assert generate(TorchEngine(hybrid_plan(num_slots=3)), prompts, 4) == generate(TorchEngine(hybrid_plan()), prompts, 4)
