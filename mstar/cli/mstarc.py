@@ -40,7 +40,11 @@ def cmd_compile(args) -> int:
     _report(diags)
     if result is None:
         return EXIT_INPUT
-    write_outputs(result.plan_path, result.plan_text, result.glue_path, result.glue_text)
+    try:
+        write_outputs(result.plan_path, result.plan_text, result.glue_path, result.glue_text)
+    except OSError as e:
+        sys.stderr.write(f"mstarc: cannot write {e.filename or result.plan_path}: {e.strerror or e}\n")
+        return EXIT_INPUT
     print(f"wrote {result.plan_path} and {result.glue_path}")
     return EXIT_OK
 
@@ -97,7 +101,11 @@ def cmd_fmt(args) -> int:
         return EXIT_OK
     if args.write:
         if formatted != text:
-            path.write_text(formatted, encoding="utf-8")
+            try:
+                path.write_text(formatted, encoding="utf-8")
+            except OSError as e:
+                sys.stderr.write(f"mstarc: cannot write {path}: {e.strerror or e}\n")
+                return EXIT_INPUT
             print(f"formatted {path}")
         return EXIT_OK
     sys.stdout.write(formatted)
@@ -141,7 +149,11 @@ def cmd_graph(args) -> int:
         return EXIT_INPUT
     from mstar.compiler.graph_picture import draw_walks
 
-    draw_walks(spec, Path(args.output))
+    try:
+        draw_walks(spec, Path(args.output))
+    except OSError as e:
+        sys.stderr.write(f"mstarc: cannot write {args.output}: {e.strerror or e}\n")
+        return EXIT_INPUT
     print(f"wrote {args.output}")
     return EXIT_OK
 

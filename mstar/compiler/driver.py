@@ -200,7 +200,8 @@ def compile_spec(
 ) -> CompileResult | None:
     """Compile one spec against one deployment (passes 1-7); None when `diags` holds errors.
 
-    config_path None: the spec's default config. plan_path None: generated/<config>.plan.
+    config_path None: the spec's default config. plan_path None: generated/<config>.plan; an
+    existing directory: <config>.plan inside it.
     """
     timer = _Timer()
     checked = check_spec(spec_path, config_path, diags, timer)
@@ -210,6 +211,8 @@ def compile_spec(
     if plan_path is None:
         plan_path = default_plan_path(checked.spec_path, checked.config_path)
     plan_path = Path(plan_path)
+    if plan_path.is_dir():  # `-o generated/`: the default name inside that folder
+        plan_path = plan_path / f"{checked.config_path.stem}.plan"
     glue_path = glue_path_for(plan_path)
     header = _header(spec, checked.spec_path, checked.config_path, plan_path, glue_path,
                      checked.spec_bytes, checked.config_bytes)

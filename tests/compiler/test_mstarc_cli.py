@@ -145,3 +145,14 @@ def test_no_traceback_and_no_torch_in_a_real_process(repo):
     bad = subprocess.run([sys.executable, "-m", "mstar.cli.mstarc", "compile", str(repo / "specs" / "bad.mw")],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr and "not UTF-8" in bad.stderr
+
+
+def test_output_folder_and_unwritable_output(repo, capsys):
+    out_dir = repo / "out"
+    out_dir.mkdir()
+    assert main(["compile", str(repo / "specs" / "llama.mw"), "-o", str(out_dir)]) == 0
+    assert (out_dir / "llama.plan").is_file() and (out_dir / "llama_glue.py").is_file()
+    blocker = repo / "blocker"
+    blocker.write_text("a file, not a folder")
+    assert main(["compile", str(repo / "specs" / "llama.mw"), "-o", str(blocker / "x.plan")]) == 1
+    assert "mstarc: cannot write" in capsys.readouterr().err
