@@ -5,6 +5,7 @@
     load_plan(path, verify=True)    -> Plan, or PlanError with a message that says what is wrong
                                        and the `mstarc compile ...` command that fixes it
     content_hash(plan) -> str       sha256 of the canonical text with header.content_sha256 empty
+    input_paths(plan_path, plan)    {"spec", "deployment", "glue"} -> the input files' paths
 
 `load_plan` refuses: an unreadable, truncated or non-JSON file; a plan of another schema or
 compiler version; one that fails schema validation; one whose text was edited by hand
@@ -159,16 +160,11 @@ def _validate(path: Path, data: dict) -> Plan:
 
 
 def _check_inputs(path: Path, plan: Plan) -> None:
-    header = plan.header
-    how = recompile_command(path, header.model_dump())
-    base = path.parent
-    inputs = [
-        ("spec", header.spec_path, header.hashes.spec),
-        ("deployment", header.deployment_path, header.hashes.deployment),
-        ("glue", header.glue_path, header.hashes.glue),
-    ]
-    for what, rel, expected in inputs:
-        file = base / rel
+    how = recompile_command(path, plan.header.model_dump())
+    hashes = plan.header.hashes
+    expected_hashes = {"spec": hashes.spec, "deployment": hashes.deployment, "glue": hashes.glue}
+    for what, file in input_paths(path, plan).items():
+        expected = expected_hashes[what]
         try:
             actual = sha256_file(file)
         except OSError as e:
@@ -182,6 +178,18 @@ def _check_inputs(path: Path, plan: Plan) -> None:
                 f"was compiled (sha256 {actual[:12]}..., plan has {expected[:12]}...); "
                 f"recompile: {how}"
             )
+
+
+def input_paths(plan_path: str | os.PathLike, plan: Plan) -> dict[str, Path]:
+    """The plan's inputs on disk: {"spec", "deployment", "glue"} -> path (header paths are
+    relative to the plan's directory). The runtime imports the glue from `["glue"]`."""
+    base = Path(plan_path).parent
+    header = plan.header
+    return {
+        "spec": base / header.spec_path,
+        "deployment": base / header.deployment_path,
+        "glue": base / header.glue_path,
+    }
 
 
 def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:

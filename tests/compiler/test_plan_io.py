@@ -121,3 +121,11 @@ def test_plan_package_imports_neither_language_nor_compiler():
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_input_paths(plan_file):
+    from mstar.plan.io import input_paths
+
+    paths = input_paths(plan_file, load_plan(plan_file))
+    assert paths["glue"] == plan_file.with_name("tts_glue.py")
+    assert paths["spec"].resolve() == (plan_file.parent.parent / "specs" / "tts.mw").resolve()
