@@ -163,7 +163,9 @@ def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[Wo
     for rank, placed in deployment.placements(spec_pairs(spec)).items():
         families: dict[str, WorkerCapture] = {}
         for node_name, walk, group in placed:
-            node = nodes[node_name]
+            node = nodes.get(node_name)
+            if node is None:  # an unresolved name: resolve has reported it
+                continue
             found = [(f"{node_name}:{walk}", c) for c in node.captures if c.walk == walk]
             found += [(f"{node_name}:{c.name}", c.capture) for c in node.combines
                       if walk in c.walks and c.capture is not None]

@@ -267,6 +267,9 @@ def _check_partitions(spec: ast.Spec, diags: Diagnostics) -> dict[str, str]:
     partition_of: dict[str, str] = {}
     listed: dict[str, list[ast.Partition]] = {}
     for partition in spec.partitions:
+        if not partition.stages:
+            diags.error(codes.EMPTY_SECTION, f"partition {partition.name} runs no walk",
+                        name_span(partition.span, partition.name, diags))
         seen: set[str] = set()
         for stage in partition.stages:
             for walk in stage.walks:

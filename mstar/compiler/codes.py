@@ -88,7 +88,7 @@ TITLES: dict[str, str] = {
     PARTITION_CYCLE: "partitions stream to each other in a cycle",
     WALK_PARTITION_COUNT: "walk not in exactly one partition",
     STREAM_MISMATCH: "stream edge, stream input and stream source disagree",
-    EMPTY_SECTION: "empty section",
+    EMPTY_SECTION: "empty section or partition",
     BAD_LOOP_BOUND: "loop bound not a positive number",
     STOP_WITHOUT_NAME: "early stop on an unnamed loop",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
