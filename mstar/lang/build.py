@@ -1,19 +1,23 @@
 """Build the AST (mstar/lang/ast.py) from a Lark parse tree of grammar/mw.lark.
 
 In: a Lark tree whose rules are named after the AST classes (snake_case), made with
-`propagate_positions=True`, and a Diagnostics collection. Out: AST nodes, each with the span of
-its rule. Problems the grammar cannot see but the AST cannot hold (a setting given twice, a capture
-without `batch=`, a number out of range) become MW020-MW022 diagnostics; the builder goes on so one
-run reports them all, and the caller drops the tree when any error was added.
+`keep_all_tokens=True` and `maybe_placeholders=True`, and a Diagnostics collection. Out: AST nodes,
+each with the span of its rule, from its first to its last token (keywords and braces included).
+Spans are computed here from the tokens rather than by Lark's `propagate_positions`, which costs
+more than the whole rest of the parse.
+
+Problems the grammar cannot see but the AST cannot hold (a setting given twice, a capture without
+`batch=`, a number out of range, a bad string escape) become MW020-MW023 diagnostics; the builder
+goes on so one run reports them all, and the caller drops the tree when any error was added.
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
-from lark import Token, Transformer, v_args
+from lark import Token, Transformer
 
 from mstar.lang import ast
 from mstar.lang import codes
@@ -25,33 +29,58 @@ MAX_INT = 2**63 - 1
 
 
 @dataclass(frozen=True)
-class _Setting:
-    """An option or statement that fills one field of its parent (`cap 64`, `batch=[...]`)."""
+class _Part:
+    """A piece of a rule that is not an AST node itself (`cap 64`, `batch=[...]`, an engine kind)."""
 
     key: str
     value: Any
     span: ast.Span
 
 
+def _names(children: Iterable) -> list[str]:
+    return [str(c) for c in children if isinstance(c, Token) and c.type == "NAME"]
+
+
+def _has_token(children: Iterable, type_name: str) -> bool:
+    return any(isinstance(c, Token) and c.type == type_name for c in children)
+
+
+def _of(children: Iterable, cls) -> list:
+    return [c for c in children if isinstance(c, cls)]
+
+
+def _part(children: Iterable, key: str) -> Optional[_Part]:
+    return next((c for c in children if isinstance(c, _Part) and c.key == key), None)
+
+
 class AstBuilder(Transformer):
-    """Lark transformer: one method per grammar rule, each returning an AST node or a part of one."""
+    """Lark transformer: one method per grammar rule, each returning an AST node or a `_Part`."""
 
     def __init__(self, file: str, diags: Diagnostics):
-        super().__init__()
+        super().__init__(visit_tokens=False)
         self.file = file
         self.diags = diags
 
-    # ---- helpers ----------------------------------------------------------------------------
+    # ---- spans and numbers --------------------------------------------------------------------
 
-    def _span(self, meta) -> ast.Span:
-        if getattr(meta, "empty", True):
+    def _span(self, children: list) -> ast.Span:
+        """From the start of the first positioned child to the end of the last one."""
+        first = next((c for c in children if c is not None), None)
+        last = next((c for c in reversed(children) if c is not None), None)
+        if first is None:
             return ast.Span(file=self.file)
-        return ast.Span(file=self.file, line=meta.line, col=meta.column,
-                        end_line=meta.end_line, end_col=meta.end_column)
+        if isinstance(first, Token):
+            line, col = first.line, first.column
+        else:
+            line, col = first.span.line, first.span.col
+        if isinstance(last, Token):
+            end_line, end_col = last.end_line, last.end_column
+        else:
+            end_line, end_col = last.span.end_line, last.span.end_col
+        return ast.Span(file=self.file, line=line, col=col, end_line=end_line, end_col=end_col)
 
     def _token_span(self, token: Token) -> ast.Span:
-        return ast.Span(file=self.file, line=token.line, col=token.column,
-                        end_line=token.end_line, end_col=token.end_column)
+        return self._span([token])
 
     def _int(self, token: Token) -> int:
         # Python refuses int() of more than 4300 digits; anything past 64 bits is refused anyway.
@@ -63,328 +92,296 @@ class AstBuilder(Transformer):
             return 0
         return int(text)
 
-    def _float(self, token: Token) -> float:
-        value = float(str(token))
-        if not math.isfinite(value):
-            self.diags.error(codes.NUMBER_OUT_OF_RANGE,
-                             f"number `{str(token)[:30]}` is out of range for a decimal number",
-                             self._token_span(token))
-            return 0.0
-        return value
+    def _ints(self, children: list) -> list[int]:
+        return [self._int(c) for c in children
+                if isinstance(c, Token) and c.type in ("INT", "SIGNED_INT")]
 
-    def _settings(self, items: list, owner: str) -> dict[str, _Setting]:
+    def _settings(self, parts: list[_Part], owner: str) -> dict[str, _Part]:
         """Settings by key; a key given twice is reported and the first one kept."""
-        found: dict[str, _Setting] = {}
-        for item in items:
-            if not isinstance(item, _Setting):
-                continue
+        found: dict[str, _Part] = {}
+        for item in parts:
             if item.key in found:
-                self.diags.error(codes.DUPLICATE_SETTING,
-                                 f"`{item.key}` is given twice in this {owner}",
+                self.diags.error(codes.DUPLICATE_SETTING, f"`{item.key}` is given twice in this {owner}",
                                  item.span)
                 continue
             found[item.key] = item
         return found
 
-    @staticmethod
-    def _names(children: list) -> list[str]:
-        return [str(c) for c in children if isinstance(c, Token) and c.type == "NAME"]
+    def _one(self, items: list, what: str, owner: str):
+        """The first of `items` (or None); any further one is reported as given twice."""
+        for extra in items[1:]:
+            self.diags.error(codes.DUPLICATE_SETTING, f"`{what}` is given twice in this {owner}", extra.span)
+        return items[0] if items else None
 
     # ---- top level --------------------------------------------------------------------------
 
-    @v_args(meta=True)
-    def spec(self, meta, children):
-        model = children[0]
-        items = children[1:]
+    def spec(self, children):
         return ast.Spec(
-            span=self._span(meta),
-            model=model.value,
-            params=[i for i in items if isinstance(i, ast.Param)],
-            nodes=[i for i in items if isinstance(i, ast.NodeDecl)],
-            walks=[i for i in items if isinstance(i, ast.Walk)],
-            partitions=[i for i in items if isinstance(i, ast.Partition)],
+            span=self._span(children),
+            model=_part(children, "model").value,
+            params=_of(children, ast.Param),
+            nodes=_of(children, ast.NodeDecl),
+            walks=_of(children, ast.Walk),
+            partitions=_of(children, ast.Partition),
         )
 
     def chunk(self, children):
         return children[0]
 
-    @v_args(meta=True)
-    def model_decl(self, meta, children):
-        return _Setting("model", str(children[0]), self._span(meta))
+    def model_decl(self, children):
+        return _Part("model", _names(children)[0], self._span(children))
 
-    @v_args(meta=True)
-    def param(self, meta, children):
-        return ast.Param(span=self._span(meta), name=str(children[0]), value=self._int(children[1]))
+    def param(self, children):
+        return ast.Param(span=self._span(children), name=_names(children)[0],
+                         value=self._ints(children)[0])
 
     # ---- nodes ------------------------------------------------------------------------------
 
-    @v_args(meta=True)
-    def node_decl(self, meta, children):
-        name, engine, arg_list, *rest = children
-        flags = [c for c in rest if isinstance(c, Token)]
-        stmts = [c for c in rest if not isinstance(c, Token)]
-        kv_sequences = [s for s in stmts if isinstance(s, ast.KvSequences)]
-        for extra in kv_sequences[1:]:
-            self.diags.error(codes.DUPLICATE_SETTING,
-                             "`kv_sequences` is given twice in this node", extra.span)
+    def node_decl(self, children):
+        arg_list = _part(children, "args")
+        flags = {p.value for p in children if isinstance(p, _Part) and p.key == "flag"}
         return ast.NodeDecl(
-            span=self._span(meta),
-            name=str(name),
-            engine=engine,
-            args=arg_list or [],
-            is_tp=any(f.type == "TP" for f in flags),
-            is_async=not any(f.type == "NO_SPECULATION" for f in flags),
-            kv_sequences=kv_sequences[0] if kv_sequences else None,
-            states=[s for s in stmts if isinstance(s, ast.StateDecl)],
-            inputs=[s for s in stmts if isinstance(s, ast.InputDecl)],
-            caps=[s for s in stmts if isinstance(s, ast.CapDecl)],
-            captures=[s for s in stmts if isinstance(s, ast.CaptureDecl)],
-            combines=[s for s in stmts if isinstance(s, ast.CombineDecl)],
+            span=self._span(children),
+            name=_names(children)[0],
+            engine=_part(children, "engine").value,
+            args=arg_list.value if arg_list is not None else [],
+            is_tp="TP" in flags,
+            is_async="NO_SPECULATION" not in flags,
+            kv_sequences=self._one(_of(children, ast.KvSequences), "kv_sequences", "node"),
+            states=_of(children, ast.StateDecl),
+            inputs=_of(children, ast.InputDecl),
+            caps=_of(children, ast.CapDecl),
+            captures=_of(children, ast.CaptureDecl),
+            combines=_of(children, ast.CombineDecl),
         )
 
     def engine(self, children):
-        return str(children[0])
+        return _Part("engine", str(children[0]), self._span(children))
 
     def node_flag(self, children):
-        return children[0]
+        return _Part("flag", children[0].type, self._span(children))
 
     def arg_list(self, children):
-        return [c for c in children if c is not None]
+        return _Part("args", _of(children, ast.Arg), self._span(children))
 
-    @v_args(meta=True)
-    def arg(self, meta, children):
-        return ast.Arg(span=self._span(meta), name=str(children[0]), value=children[1])
+    def arg(self, children):
+        return ast.Arg(span=self._span(children), name=str(children[0]), value=children[2].value)
 
     def int_value(self, children):
-        return self._int(children[0])
+        return _Part("value", self._int(children[0]), self._span(children))
 
     def float_value(self, children):
-        return self._float(children[0])
+        token = children[0]
+        value = float(str(token))
+        if not math.isfinite(value):
+            self.diags.error(codes.NUMBER_OUT_OF_RANGE,
+                             f"number `{str(token)[:30]}` is out of range for a decimal number",
+                             self._token_span(token))
+            value = 0.0
+        return _Part("value", value, self._span(children))
 
     def name_value(self, children):
-        return str(children[0])
+        return _Part("value", str(children[0]), self._span(children))
 
     def string_value(self, children):
         token = children[0]
         try:
-            return json.loads(str(token), strict=False)
+            value = json.loads(str(token), strict=False)
         except ValueError as error:
+            reason = getattr(error, "msg", str(error))
             self.diags.error(codes.INVALID_STRING,
-                             f"invalid quoted string: {error.msg if hasattr(error, 'msg') else error}; "
-                             f"strings use JSON escapes such as \\\" and \\n",
+                             f"invalid quoted string: {reason}; strings use JSON escapes such as \\\" and \\n",
                              self._token_span(token))
-            return ""
+            value = ""
+        return _Part("value", value, self._span(children))
 
     def list_value(self, children):
-        return [self._int(c) for c in children if c is not None]
+        return _Part("value", self._ints(children), self._span(children))
 
-    @v_args(meta=True)
-    def input_decl(self, meta, children):
-        return ast.InputDecl(span=self._span(meta), name=str(children[0]),
-                             is_stream=children[1] is not None)
+    def input_decl(self, children):
+        return ast.InputDecl(span=self._span(children), name=_names(children)[0],
+                             is_stream=_has_token(children, "STREAM"))
 
-    @v_args(meta=True)
-    def kv_sequences(self, meta, children):
-        return ast.KvSequences(span=self._span(meta), labels=self._names(children))
+    def kv_sequences(self, children):
+        return ast.KvSequences(span=self._span(children), labels=_names(children))
 
-    @v_args(meta=True)
-    def state_decl(self, meta, children):
-        return ast.StateDecl(span=self._span(meta), kind=str(children[0]), args=children[1] or [])
+    def state_decl(self, children):
+        arg_list = _part(children, "args")
+        return ast.StateDecl(span=self._span(children), kind=str(children[1]),
+                             args=arg_list.value if arg_list is not None else [])
 
-    @v_args(meta=True)
-    def cap_decl(self, meta, children):
-        return ast.CapDecl(span=self._span(meta), walk=str(children[0]),
-                           value=self._int(children[1]))
+    def cap_decl(self, children):
+        return ast.CapDecl(span=self._span(children), walk=_names(children)[0],
+                           value=self._ints(children)[0])
 
-    @v_args(meta=True)
-    def capture_decl(self, meta, children):
-        walk, family, *opts = children
-        span = self._span(meta)
-        settings = self._settings(opts, "capture")
+    def capture_decl(self, children):
+        span = self._span(children)
+        options = [c for c in children if isinstance(c, _Part) and c.key != "family"]
+        settings = self._settings(options, "capture")
         if "batch" not in settings:
             self.diags.error(codes.CAPTURE_WITHOUT_BATCH,
                              "this capture has no `batch=[...]` list of batch sizes", span)
+        walks = _names(children)
         return ast.CaptureDecl(
             span=span,
-            walk=str(walk) if walk is not None else None,
-            family=family,
+            walk=walks[0] if walks else None,
+            family=_part(children, "family").value,
             batch=settings["batch"].value if "batch" in settings else [],
             tokens=settings["tokens"].value if "tokens" in settings else [],
             tokens_per_row=settings["tokens_per_row"].value if "tokens_per_row" in settings else 1,
         )
 
     def family(self, children):
-        return str(children[0])
+        return _Part("family", str(children[0]), self._span(children))
 
-    @v_args(meta=True)
-    def batch_opt(self, meta, children):
-        return _Setting("batch", children[0], self._span(meta))
+    def batch_opt(self, children):
+        return _Part("batch", children[-1].value, self._span(children))
 
-    @v_args(meta=True)
-    def tokens_opt(self, meta, children):
-        return _Setting("tokens", children[0], self._span(meta))
+    def tokens_opt(self, children):
+        return _Part("tokens", children[-1].value, self._span(children))
 
-    @v_args(meta=True)
-    def tokens_per_row_opt(self, meta, children):
-        return _Setting("tokens_per_row", self._int(children[0]), self._span(meta))
+    def tokens_per_row_opt(self, children):
+        return _Part("tokens_per_row", self._ints(children)[0], self._span(children))
 
     def int_list(self, children):
-        return [self._int(c) for c in children if c is not None]
+        return _Part("ints", self._ints(children), self._span(children))
 
-    @v_args(meta=True)
-    def combine_decl(self, meta, children):
-        name = str(children[0])
-        walks = self._names(children[1:])
-        stmts = [c for c in children[1:] if not isinstance(c, Token)]
-        captures = [s for s in stmts if isinstance(s, ast.CaptureDecl)]
-        for extra in captures[1:]:
-            self.diags.error(codes.DUPLICATE_SETTING,
-                             "`capture` is given twice in this combine", extra.span)
-        settings = self._settings(stmts, "combine")
+    def combine_decl(self, children):
+        names = _names(children)
+        settings = self._settings(
+            [c for c in children if isinstance(c, _Part) and c.key in ("cap", "attention")], "combine")
         return ast.CombineDecl(
-            span=self._span(meta),
-            name=name,
-            walks=walks,
+            span=self._span(children),
+            name=names[0],
+            walks=names[1:],
             cap=settings["cap"].value if "cap" in settings else None,
-            rows=[s for s in stmts if isinstance(s, ast.RowsLimit)],
-            capture=captures[0] if captures else None,
+            rows=_of(children, ast.RowsLimit),
+            capture=self._one(_of(children, ast.CaptureDecl), "capture", "combine"),
             attention=settings["attention"].value if "attention" in settings else None,
         )
 
-    @v_args(meta=True)
-    def combine_cap(self, meta, children):
-        return _Setting("cap", self._int(children[0]), self._span(meta))
+    def combine_cap(self, children):
+        return _Part("cap", self._ints(children)[0], self._span(children))
 
-    @v_args(meta=True)
-    def rows_limit(self, meta, children):
-        return ast.RowsLimit(span=self._span(meta), walk=str(children[0]),
-                             limit=self._int(children[2]))
+    def rows_limit(self, children):
+        return ast.RowsLimit(span=self._span(children), walk=_names(children)[0],
+                             limit=self._ints(children)[0])
 
-    @v_args(meta=True)
-    def attention(self, meta, children):
-        return _Setting("attention", children[0], self._span(meta))
+    def attention(self, children):
+        return _Part("attention", children[-1].value, self._span(children))
 
     def route(self, children):
-        return str(children[0])
+        return _Part("route", str(children[0]), self._span(children))
 
     # ---- walks ------------------------------------------------------------------------------
 
-    @v_args(meta=True)
-    def walk(self, meta, children):
-        return ast.Walk(span=self._span(meta), name=str(children[0]), body=children[1:])
+    def walk(self, children):
+        return ast.Walk(span=self._span(children), name=_names(children)[0], body=_sections(children))
 
-    @v_args(meta=True)
-    def call(self, meta, children):
-        node = children[0]
-        rest = children[1:]
-        return ast.Call(
-            span=self._span(meta),
-            node=str(node),
-            inputs=self._names(rest),
-            edges=[c for c in rest if isinstance(c, ast.Edge)],
-        )
+    def call(self, children):
+        names = _names(children)
+        return ast.Call(span=self._span(children), node=names[0], inputs=names[1:],
+                        edges=_of(children, ast.Edge))
 
-    @v_args(meta=True)
-    def edge(self, meta, children):
-        _arrow, name, (dest, modality), *flags = children
-        kinds = {f.type for f in flags}
+    def edge(self, children):
+        dest = _part(children, "dest")
+        flags = {c.value for c in children if isinstance(c, _Part) and c.key == "flag"}
         return ast.Edge(
-            span=self._span(meta),
-            name=str(name),
-            dest=dest,
-            is_persist="PERSIST" in kinds,
-            is_stream="STREAM" in kinds,
-            is_device="DEVICE" in kinds,
-            is_count_tokens="COUNT_TOKENS" in kinds,
-            modality=modality,
+            span=self._span(children),
+            name=_names(children)[0],
+            dest=dest.value[0],
+            is_persist="PERSIST" in flags,
+            is_stream="STREAM" in flags,
+            is_device="DEVICE" in flags,
+            is_count_tokens="COUNT_TOKENS" in flags,
+            modality=dest.value[1],
         )
 
     def node_dest(self, children):
-        return (str(children[0]), None)
+        return _Part("dest", (str(children[0]), None), self._span(children))
 
     def client_dest(self, children):
-        return ("client", str(children[1]))
+        return _Part("dest", ("client", str(children[1])), self._span(children))
 
     def edge_flag(self, children):
-        return children[0]
+        return _Part("flag", children[0].type, self._span(children))
 
-    @v_args(meta=True)
-    def parallel(self, meta, children):
-        return ast.Parallel(span=self._span(meta), body=children)
+    def parallel(self, children):
+        return ast.Parallel(span=self._span(children), body=_sections(children))
 
-    @v_args(meta=True)
-    def sequential(self, meta, children):
-        return ast.Sequential(span=self._span(meta), body=children)
+    def sequential(self, children):
+        return ast.Sequential(span=self._span(children), body=_sections(children))
 
-    @v_args(meta=True)
-    def loop(self, meta, children):
-        name, max_iters, stop, *rest = children
-        outputs, accumulate = rest[-2], rest[-1]
+    def loop(self, children):
+        # children: _LOOP, [NAME], _MAX, "=", max_iters, [STOP], "{", sections..., "}", [outputs], [accumulate]
+        name = children[1]
+        outputs = _part(children, "outputs")
+        accumulate = _part(children, "accumulate")
         return ast.Loop(
-            span=self._span(meta),
+            span=self._span(children),
             name=str(name) if name is not None else None,
-            max_iters=max_iters,
-            has_stop=stop is not None,
-            body=rest[:-2],
-            outputs=outputs or [],
-            accumulate=accumulate or [],
+            max_iters=_part(children, "max").value,
+            has_stop=_has_token(children, "STOP"),
+            body=_sections(children),
+            outputs=outputs.value if outputs is not None else [],
+            accumulate=accumulate.value if accumulate is not None else [],
         )
 
     def max_number(self, children):
-        return self._int(children[0])
+        return _Part("max", self._int(children[0]), self._span(children))
 
     def max_param(self, children):
-        return str(children[0])
+        return _Part("max", str(children[0]), self._span(children))
 
     def loop_outputs(self, children):
-        return self._names(children)
+        return _Part("outputs", _names(children), self._span(children))
 
     def loop_accumulate(self, children):
-        return self._names(children)
+        return _Part("accumulate", _names(children), self._span(children))
 
     # ---- partitions -------------------------------------------------------------------------
 
-    @v_args(meta=True)
-    def partition(self, meta, children):
-        rest = children[1:]
+    def partition(self, children):
         return ast.Partition(
-            span=self._span(meta),
-            name=str(children[0]),
-            stages=[c for c in rest if isinstance(c, ast.Stage)],
-            streams=[c for c in rest if isinstance(c, ast.StreamSource)],
+            span=self._span(children),
+            name=_names(children)[0],
+            stages=_of(children, ast.Stage),
+            streams=_of(children, ast.StreamSource),
         )
 
-    @v_args(meta=True)
-    def single_stage(self, meta, children):
-        return ast.Stage(span=self._span(meta), walks=[str(children[0])],
-                         is_optional=children[1] is not None)
+    def single_stage(self, children):
+        return ast.Stage(span=self._span(children), walks=_names(children),
+                         is_optional=_has_token(children, "QMARK"))
 
-    @v_args(meta=True)
-    def alt_stage(self, meta, children):
-        return ast.Stage(span=self._span(meta), walks=self._names(children))
+    def alt_stage(self, children):
+        return ast.Stage(span=self._span(children), walks=_names(children))
 
-    @v_args(meta=True)
-    def group_stage(self, meta, children):
-        return ast.Stage(span=self._span(meta), walks=self._names(children),
-                         is_optional=children[-1] is not None)
+    def group_stage(self, children):
+        return ast.Stage(span=self._span(children), walks=_names(children),
+                         is_optional=_has_token(children, "QMARK"))
 
-    @v_args(meta=True)
-    def stream_source(self, meta, children):
-        return ast.StreamSource(span=self._span(meta), partition=str(children[0]),
-                                edge=str(children[1]), policy=children[2])
+    def stream_source(self, children):
+        names = _names(children)
+        return ast.StreamSource(span=self._span(children), partition=names[0], edge=names[1],
+                                policy=_of(children, ast.ChunkPolicy)[0])
 
-    @v_args(meta=True)
-    def window(self, meta, children):
-        stride: Optional[Token] = children[1]
-        return ast.ChunkPolicy(span=self._span(meta), kind="window", size=self._int(children[0]),
-                               stride=self._int(stride) if stride is not None else None)
+    def window(self, children):
+        sizes = self._ints(children)
+        return ast.ChunkPolicy(span=self._span(children), kind="window", size=sizes[0],
+                               stride=sizes[1] if len(sizes) > 1 else None)
 
-    @v_args(meta=True)
-    def left_context(self, meta, children):
-        return ast.ChunkPolicy(span=self._span(meta), kind="left_context",
-                               size=self._int(children[0]), context=self._int(children[1]))
+    def left_context(self, children):
+        sizes = self._ints(children)
+        return ast.ChunkPolicy(span=self._span(children), kind="left_context", size=sizes[0],
+                               context=sizes[1])
 
-    @v_args(meta=True)
-    def fixed(self, meta, children):
-        return ast.ChunkPolicy(span=self._span(meta), kind="fixed", size=self._int(children[0]),
-                               is_continue_after_done=children[1] is not None)
+    def fixed(self, children):
+        return ast.ChunkPolicy(span=self._span(children), kind="fixed", size=self._ints(children)[0],
+                               is_continue_after_done=_has_token(children, "CONTINUE_AFTER_DONE"))
+
+
+_SECTION_TYPES = (ast.Call, ast.Parallel, ast.Sequential, ast.Loop)
+
+
+def _sections(children: list) -> list:
+    return [c for c in children if isinstance(c, _SECTION_TYPES)]

@@ -48,7 +48,7 @@ def _lark() -> Lark:
         start=["spec", "chunk"],
         parser="lalr",
         lexer="contextual",
-        propagate_positions=True,
+        keep_all_tokens=True,  # the builder computes spans from every token (see build.py)
         maybe_placeholders=True,
         cache=True,
     )

@@ -230,9 +230,21 @@ def _stray_flag(stack: list) -> Optional[Token]:
     if not isinstance(previous, Tree) or previous.data != "call" or not previous.children:
         return None
     last = previous.children[-1]
-    if not isinstance(last, Tree) or last.data != "edge" or last.meta.empty:
+    if not isinstance(last, Tree) or last.data != "edge":
         return None
-    return stack[-1] if last.meta.end_line == stack[-1].line else None
+    edge_end = _final_token(last)
+    return stack[-1] if edge_end is not None and edge_end.end_line == stack[-1].line else None
+
+
+def _final_token(tree: Tree) -> Optional[Token]:
+    for child in reversed(tree.children):
+        if isinstance(child, Token):
+            return child
+        if isinstance(child, Tree):
+            found = _final_token(child)
+            if found is not None:
+                return found
+    return None
 
 
 def _token_span(token: Token, file: str) -> ast.Span:
