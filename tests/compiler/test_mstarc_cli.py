@@ -156,3 +156,16 @@ def test_output_folder_and_unwritable_output(repo, capsys):
     blocker.write_text("a file, not a folder")
     assert main(["compile", str(repo / "specs" / "llama.mw"), "-o", str(blocker / "x.plan")]) == 1
     assert "mstarc: cannot write" in capsys.readouterr().err
+
+
+def test_bench_json_smoke(repo, capsys):
+    import json
+
+    for extra in ("orpheus.yaml", "orpheus_pd_disaggregated.yaml"):
+        (repo / "configs" / extra).unlink()
+    (repo / "specs" / "orpheus.mw").unlink()
+    assert main(["bench", "--json", "--runs", "1", "--root", str(repo)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (pair,) = report["pairs"]
+    assert pair["config"] == "llama" and pair["process_s"] > 0 and pair["own_work_s"] > 0
+    assert "lower" in pair["own_work_per_pass_s"]
