@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Optional, Union
+from typing import Annotated, Any, Iterable, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -29,9 +29,6 @@ from mstar.lang.diagnostics import Diagnostics
 # `kv_cache` sets a value.
 REFERENCE_PAGE_SIZE = 128
 REFERENCE_NUM_PAGES = 2048
-
-Scalar = Union[bool, int, float, str, None]
-
 
 class DeployModel(BaseModel):
     """A mapping of the YAML. Spans live in private attributes so no YAML key can set them."""

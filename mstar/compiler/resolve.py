@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Sequence
 
 from mstar.compiler import codes
 from mstar.lang import ast
-from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.diagnostics import Diagnostics, Note
 
 SPECIAL_DESTS = ("conductor", "client")
 
@@ -82,9 +82,7 @@ def _duplicates(items: Iterable, key, what: str, diags: Diagnostics) -> None:
             first[name] = item
 
 
-def _note_first(item) -> "Note":
-    from mstar.lang.diagnostics import Note
-
+def _note_first(item: ast.AstNode) -> Note:
     return Note("first declared here", item.span)
 
 
