@@ -265,6 +265,7 @@ class BaselineScheduler:
                 if row.request_id == request_id:
                     del self.placed[(row.request_id, row.key)]
             rows[:] = [row for row in rows if row.request_id != request_id]
+        self.holds = [hold for hold in self.holds if hold[2]]
 
     def _unready(self, rows: list[_Row]) -> None:
         """Take rows out of the ready list (scheduled or dropped)."""

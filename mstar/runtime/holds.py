@@ -62,4 +62,8 @@ class Holds:
                 del hold.tokens[at]
                 self.num_rows -= 1
                 keys.append(hold.key)
+        if keys:
+            # Emptied holds go, so deadlines and emptiness speak only of rows still held.
+            self._heap = [hold for hold in self._heap if hold.request_ids]
+            heapq.heapify(self._heap)
         return keys

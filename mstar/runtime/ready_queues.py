@@ -116,11 +116,13 @@ class KeyQueue:
 
     def check_accounting(self) -> None:
         """Every present request is ready or held here; raise LostRowError naming one that is not."""
-        if len(self.present) == self.num_ready + len(self.held):
+        num_listed = sum(map(len, self.ids))
+        if num_listed == self.num_ready and len(self.present) == num_listed + len(self.held):
             return
         ready = {rid for ids in self.ids for rid in ids}
         lost = sorted(self.present - ready - self.held)
         raise LostRowError(
             f"key {self.name}: row(s) of request(s) {lost[:5]} were handed to the builder and not "
-            f"handed back ({len(self.present)} present, {self.num_ready} ready, {len(self.held)} held)"
+            f"handed back ({len(self.present)} present, {num_listed} listed ready of {self.num_ready} counted, "
+            f"{len(self.held)} held)"
         )

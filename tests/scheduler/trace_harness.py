@@ -230,7 +230,7 @@ class Runner:
 # ---------------------------------------------------------------- traces
 
 
-def ops_strategy(max_ops: int = 40):
+def ops_strategy(max_ops: int = 80):
     """Random traces: bursts of arrivals (a first walk, then a looping walk), ticks (maybe
     speculate, finish the step in flight with maybe an out-of-memory failure, build the next),
     cancellations and clock advances."""
