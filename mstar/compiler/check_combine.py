@@ -5,7 +5,8 @@ In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only 
 Out: nothing; adds MW401-MW409 diagnostics.
 
 Spec-level rules, per node:
-- a combined walk lists at least two distinct walks, each a walk that runs the node;
+- a combined walk lists at least two distinct walks, each a walk that runs the node (and every
+  cap and capture of the node is for a walk that runs it);
 - a walk is in at most one combined walk of the node;
 - no capture-key split: the walks of a combined walk without a capture of its own fall in one
   capture family (all eager, or all batched with the same tokens per row, or all packed);
@@ -74,6 +75,12 @@ def _family_text(family: tuple) -> str:
 def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
     owner: dict[str, ast.CombineDecl] = {}
     caps = {c.walk: c.value for c in node.caps}
+    for decl in [*node.caps, *node.captures]:
+        if decl.walk in runs and node.name not in runs[decl.walk]:
+            what = "cap" if isinstance(decl, ast.CapDecl) else "capture"
+            diags.error(codes.NOT_A_WALK_OF_NODE,
+                        f"{what} for walk {decl.walk}, which does not run {node.name}",
+                        name_span(decl.span, decl.walk, diags))
     for cap in node.caps:
         capture = next((c for c in node.captures if c.walk == cap.walk), None)
         if capture is not None and capture.batch and cap.value > max(capture.batch):

@@ -109,7 +109,7 @@ TITLES: dict[str, str] = {
     DUPLICATE_RANK: "rank listed twice in one node group",
     KV_HANDOFF_TP_MISMATCH: "KV handed between walks of different TP world sizes",
     KV_POOL_TOO_SMALL: "KV pool cannot hold one max_seq_len request",
-    NOT_A_WALK_OF_NODE: "combined walk names a walk that does not run the node",
+    NOT_A_WALK_OF_NODE: "combined walk, cap or capture for a walk that does not run the node",
     WALK_IN_TWO_COMBINES: "walk in two combined walks of one node",
     CAPTURE_KEY_SPLIT: "capture-key split",
     COMBINE_TP_GROUPS: "combined walk spans TP groups on one worker",
