@@ -60,7 +60,7 @@ class ErrorExplainer:
         return f"`{text}`" if text is not None else name.lower()
 
     def describe_expected(self, expected) -> str:
-        words = sorted({self.describe_terminal(n) for n in expected})
+        words = sorted({self.describe_terminal(n.lstrip("_") if n != "$END" else n) for n in expected})
         if not words:
             return "nothing more"
         if len(words) == 1:
