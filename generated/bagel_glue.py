@@ -37,7 +37,7 @@ LLM_IMAGE_GEN_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=1,
     batch_sizes=(),
-    max_tokens=0,
+    token_buckets=(),
 )
 
 
@@ -176,7 +176,7 @@ LLM_MIXED_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=3,
     batch_sizes=(1, 2, 4, 8, 16, 32, 64),
-    max_tokens=8192,
+    token_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
 )
 
 
@@ -323,7 +323,7 @@ LLM_PREFILL_VAE_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=0,
     batch_sizes=(),
-    max_tokens=0,
+    token_buckets=(),
 )
 
 
@@ -460,7 +460,7 @@ LLM_PREFILL_VIT_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=1,
     batch_sizes=(),
-    max_tokens=0,
+    token_buckets=(),
 )
 
 

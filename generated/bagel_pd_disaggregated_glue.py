@@ -37,7 +37,7 @@ LLM_DECODE_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=1,
     batch_sizes=(1, 2, 4, 8, 16, 32, 64),
-    max_tokens=64,
+    token_buckets=(1, 2, 4, 8, 16, 32, 64),
 )
 
 
@@ -184,7 +184,7 @@ LLM_IMAGE_GEN_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=1,
     batch_sizes=(),
-    max_tokens=0,
+    token_buckets=(),
 )
 
 
@@ -323,7 +323,7 @@ LLM_PREFILL_TEXT_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=1,
     batch_sizes=(1, 2, 4),
-    max_tokens=2048,
+    token_buckets=(128, 256, 512, 1024, 2048),
 )
 
 
@@ -462,7 +462,7 @@ LLM_PREFILL_VAE_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=0,
     batch_sizes=(),
-    max_tokens=0,
+    token_buckets=(),
 )
 
 
@@ -599,7 +599,7 @@ LLM_PREFILL_VIT_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=1,
     batch_sizes=(),
-    max_tokens=0,
+    token_buckets=(),
 )
 
 

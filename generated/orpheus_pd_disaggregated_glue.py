@@ -37,7 +37,7 @@ LLM_DECODE_CONSTANTS = GlueConstants(
     stream_mask=1,
     host_mask=1,
     batch_sizes=(1, 2, 4, 8, 16, 32, 64),
-    max_tokens=64,
+    token_buckets=(1, 2, 4, 8, 16, 32, 64),
 )
 
 
@@ -188,7 +188,7 @@ LLM_PREFILL_CONSTANTS = GlueConstants(
     stream_mask=1,
     host_mask=1,
     batch_sizes=(1, 2, 4, 8, 16),
-    max_tokens=1024,
+    token_buckets=(32, 64, 128, 256, 512, 1024),
 )
 
 

@@ -37,7 +37,7 @@ TALKER_TALKER_LAST_PREFILL_CONSTANTS = GlueConstants(
     stream_mask=1,
     host_mask=1,
     batch_sizes=(1, 2, 4, 8, 16, 32),
-    max_tokens=192,
+    token_buckets=(6, 12, 24, 48, 96, 192),
 )
 
 
@@ -180,7 +180,7 @@ TALKER_TALKER_MIXED_CONSTANTS = GlueConstants(
     stream_mask=2,
     host_mask=2,
     batch_sizes=(1, 2, 4, 8, 16, 32),
-    max_tokens=1024,
+    token_buckets=(1, 2, 4, 8, 16, 32, 128, 256, 512, 1024),
 )
 
 
@@ -323,7 +323,7 @@ THINKER_PREFILL_AUDIO_CONSTANTS = GlueConstants(
     stream_mask=1,
     host_mask=1,
     batch_sizes=(1, 2, 4),
-    max_tokens=2048,
+    token_buckets=(128, 256, 512, 1024, 2048),
 )
 
 
@@ -466,7 +466,7 @@ THINKER_PREFILL_VISION_CONSTANTS = GlueConstants(
     stream_mask=1,
     host_mask=1,
     batch_sizes=(1,),
-    max_tokens=16384,
+    token_buckets=(128, 256, 512, 1024, 2048, 4096, 8192, 16384),
 )
 
 
@@ -609,7 +609,7 @@ THINKER_THINKER_MIXED_CONSTANTS = GlueConstants(
     stream_mask=3,
     host_mask=3,
     batch_sizes=(1, 2, 4, 8, 16, 32),
-    max_tokens=4096,
+    token_buckets=(1, 2, 4, 8, 16, 32, 128, 256, 512, 1024, 2048, 4096),
 )
 
 

@@ -57,7 +57,7 @@ class KeyGlueSpec:
     stream_walks: tuple[int, ...]
     host_walks: tuple[int, ...]
     batch_sizes: tuple[int, ...]
-    max_tokens: int
+    token_buckets: tuple[int, ...]
     ranks: tuple[int, ...]  # workers whose plan holds this key with these constants
 
     def names(self, indices: tuple[int, ...]) -> str:
@@ -133,18 +133,15 @@ def _key_constants(key: KeyPlan, page_size: int, walks: dict) -> tuple:
             raise GlueError(f"key `{key.name}` names walk `{walk_name}`, which the plan lacks")
         flags.append(walk_flags(walks[walk_name].body, key.node))
     batch_sizes = sorted({b for family in key.captures for b in family.batch_sizes})
-    max_tokens = max(
-        [max(f.token_buckets) if f.kind == "packed" and f.token_buckets else
-         max(f.batch_sizes, default=0) * f.tokens_per_row for f in key.captures],
-        default=0,
-    )
+    token_buckets = sorted({t for f in key.captures for t in (
+        f.token_buckets if f.kind == "packed" else [b * f.tokens_per_row for b in f.batch_sizes])})
     max_rows = max([entry.cap for entry in key.mixtures] + batch_sizes + [1])
     return (
         key.name, key.node, tuple(key.walks), page_size, max_rows, _next_power_of_two(max_rows),
         tuple(i for i, f in enumerate(flags) if f.is_device_loop),
         tuple(i for i, f in enumerate(flags) if f.is_stream),
         tuple(i for i, f in enumerate(flags) if f.is_host),
-        tuple(batch_sizes), max_tokens,
+        tuple(batch_sizes), tuple(token_buckets),
     )
 
 

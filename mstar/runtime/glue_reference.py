@@ -42,7 +42,13 @@ class GlueConstants:
     stream_mask: int  # walks whose sampled token goes to a stream buffer
     host_mask: int  # walks whose sampled token the host must see (edges off the device, stop checks)
     batch_sizes: tuple[int, ...]  # captured batch sizes of every capture family of the key
-    max_tokens: int  # largest captured token count (packed bucket, or batch x tokens per row)
+    # Captured token counts: packed families' token buckets, batched families' batch x tokens per row.
+    token_buckets: tuple[int, ...]
+
+    @property
+    def max_tokens(self) -> int:
+        """The largest captured token count (0 when the key captures nothing)."""
+        return max(self.token_buckets, default=0)
 
     def has_walk(self, mask: int, walk_index: int) -> bool:
         return 0 <= walk_index < len(self.walks) and (mask >> walk_index) & 1 == 1
@@ -137,10 +143,16 @@ def check_pack_launch(constants: GlueConstants, num_rows: int, padded_batch: int
     if padded_batch < num_rows or padded_batch > constants.max_rows:
         raise GlueLaunchError(
             f"{constants.key}: padded batch {padded_batch} must lie in [{num_rows}, {constants.max_rows}]")
+    # A padded step replays a capture: both its sizes are captured ones. An eager step pads
+    # nothing (padded_batch == num_rows) and may take any token count.
     if padded_batch != num_rows and padded_batch not in constants.batch_sizes:
         raise GlueLaunchError(
             f"{constants.key}: padded batch {padded_batch} is not a captured batch size "
             f"{list(constants.batch_sizes)} (an eager step pads to its own row count)")
+    if padded_batch != num_rows and token_bucket not in constants.token_buckets:
+        raise GlueLaunchError(
+            f"{constants.key}: token bucket {token_bucket} of a padded step is not a captured "
+            f"token count {list(constants.token_buckets)}")
     if token_bucket < 0 or token_bucket > min(out.tokens.numel(), inputs.host_tokens.numel()):
         raise GlueLaunchError(
             f"{constants.key}: token bucket {token_bucket} exceeds the token buffers "

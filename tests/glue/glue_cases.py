@@ -47,9 +47,12 @@ def random_step(constants: GlueConstants, gen: torch.Generator, device: str, max
     num_tokens = torch.where(walk_index == 0, randint(1, 12, (num_rows,)), 1)
     context_len = randint(0, MAX_SEQ_LEN - 13, (num_rows,))
     total = int(num_tokens.sum())
-    bigger = [b for b in constants.batch_sizes if b >= num_rows]
-    padded_batch = bigger[0] if bigger and int(randint(0, 1)) else num_rows
-    token_bucket = total + int(randint(0, 9))
+    bigger_batches = [b for b in constants.batch_sizes if b >= num_rows]
+    bigger_buckets = [t for t in constants.token_buckets if t >= total]
+    if bigger_batches and bigger_buckets and int(randint(0, 1)):  # replays a capture
+        padded_batch, token_bucket = bigger_batches[0], bigger_buckets[0]
+    else:  # eager
+        padded_batch, token_bucket = num_rows, total + int(randint(0, 9))
     max_tokens = max(constants.max_tokens, token_bucket, 1)
     inputs = RowInputs.allocate(constants, max_tokens, device)
     fields = {

@@ -9,7 +9,7 @@ from mstar.runtime.glue_reference import GlueConstants, GlueLaunchError, PackBuf
 
 CONSTANTS = GlueConstants(key="LLM:mixed", node="LLM", walks=("prefill", "decode"), page_size=4, max_rows=8,
                           device_loop_mask=0b10, stream_mask=0b11, host_mask=0b01, batch_sizes=(1, 2, 4, 8),
-                          max_tokens=32)
+                          token_buckets=(1, 2, 4, 8, 16, 32))
 NUM_SLOTS, PAGES_PER_SEQ, PAD_SLOT = 6, 8, 2
 # Slot s owns pages 10*s + 1, 10*s + 2, ...
 PAGE_TABLE = torch.tensor([[10 * s + p + 1 for p in range(PAGES_PER_SEQ)] for s in range(NUM_SLOTS)],
@@ -35,23 +35,23 @@ def _pack(rows, host_tokens, padded_batch, token_bucket, loop_back=None):
 
 def test_pack_worked_example():
     # FlashInfer's own example: old lengths 5, 17, 0 appending 1, 3, 4 tokens, padded to 4 rows
-    # and a 12-token bucket. Row 1 is a decode row past its first iteration: its token comes
+    # and a 16-token bucket. Row 1 is a decode row past its first iteration: its token comes
     # from the loop-back buffer, not from host_tokens.
     rows = [dict(walk_index=0, num_tokens=1, context_len=5, slot=1),
             dict(walk_index=1, num_tokens=3, context_len=17, slot=3, loop_iter=2),
             dict(walk_index=0, num_tokens=4, context_len=0, slot=0)]
-    out = _pack(rows, [7, 8, 8, 8, 9, 9, 9, 9], padded_batch=4, token_bucket=12)
+    out = _pack(rows, [7, 8, 8, 8, 9, 9, 9, 9], padded_batch=4, token_bucket=16)
     assert out.qo_indptr[:5].tolist() == [0, 1, 4, 8, 8]
-    assert out.positions[:12].tolist() == [5, 17, 18, 19, 0, 1, 2, 3, 0, 0, 0, 0]
-    assert out.tokens[:12].tolist() == [7, 503, 503, 503, 9, 9, 9, 9, 0, 0, 0, 0]
+    assert out.positions[:16].tolist() == [5, 17, 18, 19, 0, 1, 2, 3] + [0] * 8
+    assert out.tokens[:16].tolist() == [7, 503, 503, 503, 9, 9, 9, 9] + [0] * 8
     # pages: 6 tokens -> 2, 20 -> 5, 4 -> 1
     assert out.kv_indptr[:5].tolist() == [0, 2, 7, 8, 8]
     assert out.kv_indices[:8].tolist() == [11, 12, 31, 32, 33, 34, 35, 1]
     assert out.kv_last_page_len[:4].tolist() == [2, 4, 4, 0]
     assert out.logits_index[:4].tolist() == [0, 3, 7, 7]
     # slot = page * 4 + position % 4; padding tokens go to the dummy slot
-    assert out.kv_slots[:12].tolist() == [12 * 4 + 1, 35 * 4 + 1, 35 * 4 + 2, 35 * 4 + 3,
-                                          1 * 4, 1 * 4 + 1, 1 * 4 + 2, 1 * 4 + 3] + [PAD_SLOT] * 4
+    assert out.kv_slots[:16].tolist() == [12 * 4 + 1, 35 * 4 + 1, 35 * 4 + 2, 35 * 4 + 3,
+                                          1 * 4, 1 * 4 + 1, 1 * 4 + 2, 1 * 4 + 3] + [PAD_SLOT] * 8
 
 
 def test_first_decode_iteration_takes_the_host_token():
@@ -67,7 +67,9 @@ def _steps(draw):
             for _ in range(num_rows)]
     total = sum(r["num_tokens"] for r in rows)
     padded_batch = draw(st.sampled_from([num_rows] + [b for b in CONSTANTS.batch_sizes if b >= num_rows]))
-    return rows, padded_batch, total + draw(st.integers(0, CONSTANTS.max_tokens - total))
+    if padded_batch == num_rows:
+        return rows, padded_batch, total + draw(st.integers(0, CONSTANTS.max_tokens - total))
+    return rows, padded_batch, draw(st.sampled_from([t for t in CONSTANTS.token_buckets if t >= total]))
 
 
 @given(_steps())
@@ -113,6 +115,7 @@ def test_scatter_sends_tokens_where_the_walk_needs_them():
     (3, 2, 4, "must lie in"),
     (3, 5, 4, "not a captured batch size"),
     (1, 1, 33, "exceeds the token buffers"),
+    (3, 4, 5, "not a captured token count"),
 ])
 def test_pack_launch_checks(num_rows, padded_batch, token_bucket, match):
     out = PackBuffers.allocate(CONSTANTS, CONSTANTS.max_tokens, CONSTANTS.max_rows * PAGES_PER_SEQ, "cpu")

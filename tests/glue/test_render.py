@@ -45,7 +45,7 @@ def test_constants_follow_the_plan():
     assert spec.host_walks == (0, 1)
     assert spec.max_rows == 8 and spec.block_rows == 8
     assert spec.batch_sizes == (1, 2, 4, 8)
-    assert spec.max_tokens == 64
+    assert spec.token_buckets == (1, 2, 4, 8, 16, 32, 64)
 
 
 def test_page_size_and_masks_are_literals_in_the_kernels():

@@ -37,7 +37,7 @@ LLM_MIXED_CONSTANTS = GlueConstants(
     stream_mask=3,
     host_mask=3,
     batch_sizes=(1, 2, 4, 8),
-    max_tokens=64,
+    token_buckets=(1, 2, 4, 8, 16, 32, 64),
 )
 
 
@@ -188,7 +188,7 @@ LLM_MIXED_2_CONSTANTS = GlueConstants(
     stream_mask=3,
     host_mask=3,
     batch_sizes=(1, 2, 4, 8, 16),
-    max_tokens=64,
+    token_buckets=(1, 16, 32, 64),
 )
 
 
