@@ -13,8 +13,8 @@ Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's
 - len(ranks) is a multiple of tp_size x sp_size; no rank twice in a group;
 - tp_size or sp_size > 1 only for nodes marked `tp`; at most one lockstep (tp x sp > 1) node
   per worker;
-- a node with a stream input runs all its walks in one group, and a lockstep such node is not
-  restricted to some walks;
+- a node with a stream input runs all its walks on the same ranks (its stream buffers live
+  there), and a lockstep such node is not restricted to some walks;
 - a kv node's walks share one world size (the KV cache moves between them: PD split needs equal
   TP on both sides);
 - each kv node's pool holds at least one max_seq_len request.
@@ -128,12 +128,14 @@ def _check_placement(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[s
             continue
         groups = {g.index: g for w in spec.walks if node.name in walk_nodes(w)
                   for g in deployment.groups_for(node.name, w.name)}
-        if len(groups) > 1:
-            first, *rest = sorted(groups)
+        by_ranks = {tuple(sorted(g.ranks)): g for _, g in sorted(groups.items())}
+        if len(by_ranks) > 1:
+            first, second = list(by_ranks.values())[:2]
             diags.error(codes.STREAM_CONSUMER_SPLIT,
-                        f"{node.name} consumes a stream, so all its walks run in one node group; "
-                        f"groups {', '.join(str(i) for i in sorted(groups))} split it",
-                        groups[rest[0]].span, Note("also placed here", groups[first].span))
+                        f"{node.name} consumes a stream, so all its walks run on the same ranks; "
+                        f"node groups {first.index} (ranks {sorted(first.ranks)}) and {second.index} "
+                        f"(ranks {sorted(second.ranks)}) split it",
+                        second.span, Note("also placed here", first.span))
         for group in groups.values():
             if group.world_size > 1 and group.graph_walks is not None:
                 diags.error(codes.STREAM_CONSUMER_SPLIT,
