@@ -213,7 +213,11 @@ class BaselineScheduler:
         else:
             ids = list(continuing)
         tokens = [num_tokens] * len(ids) if isinstance(num_tokens, int) else list(num_tokens)
-        first = [_Row(rid, key.name, walk, t, -1) for rid, t in zip(ids, tokens) if rid not in self.removed]
+        walk_of = dict(zip(running.request_ids, running.walks))
+        first = [
+            _Row(rid, key.name, walk, t, -1) for rid, t in zip(ids, tokens)
+            if rid not in self.removed and (running.label is not None or walk_of.get(rid) == walk)
+        ]
         if not first or len(first) > self._entry(key, {walk}).cap:
             return None
         mine = [row for row in self.ready if row.key == key.name]

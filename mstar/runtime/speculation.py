@@ -79,6 +79,13 @@ def plan_chain_step(
         tokens = [num_tokens] * len(rows)
     else:
         tokens = list(num_tokens)
+    if continuing is not None and running.label is None:
+        # A mixed step: only rows of the chain's walk loop back on the device.
+        name = tables.walks[walk]
+        walk_of = dict(zip(running.request_ids, running.walks))
+        kept = [i for i, rid in enumerate(rows) if walk_of.get(rid) == name]
+        rows = [rows[i] for i in kept]
+        tokens = [tokens[i] for i in kept]
     if removed and not removed.isdisjoint(rows):
         kept = [i for i, rid in enumerate(rows) if rid not in removed]
         rows = [rows[i] for i in kept]

@@ -9,7 +9,6 @@ rank 0 leads and rank 1 follows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Optional
 
 from hypothesis import strategies as st
@@ -166,7 +165,3 @@ def worker_cases(draw, with_tp: Optional[bool] = None, max_keys: int = 3) -> Wor
     leader = assemble_worker(0, keys, specs, [group])
     follower = assemble_worker(1, keys, specs, [group])
     return WorkerCase(leader, follower, deployment, tp_key.name)
-
-
-def all_subsets(walks: list[str]) -> list[tuple[str, ...]]:
-    return [c for n in range(1, len(walks) + 1) for c in combinations(walks, n)]

@@ -151,3 +151,13 @@ def test_speculation_drops_removed_rows_and_needs_an_on_device_loop():
     sched.add_ready("p", "LLM", "prefill", 8)
     prompt = sched.next_batch()
     assert prompt.label == "prefill" and sched.speculate(prompt) is None
+
+
+def test_a_mixed_steps_chain_continues_only_rows_of_its_looping_walk():
+    sched = llm_scheduler(mixes_walks=True)
+    sched.add_ready_many(["a"], "LLM", "decode")
+    sched.add_ready("p", "LLM", "prefill", 9)
+    running = sched.next_batch()
+    assert running.mask == 3
+    spec = sched.speculate(running, ["a", "p"])  # p's next walk is a conductor transition
+    assert spec.request_ids == ["a"] and spec.label == "decode"

@@ -42,10 +42,16 @@ def starvation_bound(num_ahead: int, num_keys: int, max_follow: int) -> int:
 class Runner:
     """Runs one scheduler (`make(worker, deployment, clock)`) under a trace."""
 
-    def __init__(self, make, worker: WorkerPlan, deployment: DeploymentPlan) -> None:
+    def __init__(
+        self, make, worker: WorkerPlan, deployment: DeploymentPlan, arrival_keys: Optional[list[str]] = None
+    ) -> None:
+        """arrival_keys: keys requests arrive on (default: all; a TP follower's followed keys
+        cannot take part in a one-worker trace)."""
         self.now = 0.0
         self.worker = worker
-        self.keys: dict[str, KeyPlan] = {key.name: key for key in worker.keys}
+        self.keys: dict[str, KeyPlan] = {
+            key.name: key for key in worker.keys if arrival_keys is None or key.name in arrival_keys
+        }
         self.sched = make(worker, deployment, lambda: self.now)
         self.max_follow = max(1, deployment.max_consecutive_follower_batches)
         self.reqs: dict[str, Req] = {}
