@@ -11,7 +11,8 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
   partition (no initial walk) starts a run whenever a chunk is ready, and is done once its
   streams are exhausted; a partition whose walk waits on a stream that will never deliver ends.
 - Token counting: every value produced under a name of the partition's count_tokens edges
-  (once per row) adds its element count; at max_tokens the partition ends ("length").
+  (once per row; a partition without such edges counts its text edges to the client) adds its
+  element count; at max_tokens the partition ends ("length").
 - When a partition ends, the streams it produces are marked producer-done (final chunks flow).
 - A request ends when every partition is done; a row error fails the request alone.
 """
@@ -69,6 +70,13 @@ class Conductor:
             for stage in part.stages:
                 for walk_name in stage.walks:
                     names.update(e.name for e in _walk_edges(self.walks[walk_name]) if e.is_count_tokens)
+            if not names:  # no count_tokens edge: text sent to the client counts
+                for stage in part.stages:
+                    for walk_name in stage.walks:
+                        names.update(
+                            e.name for e in _walk_edges(self.walks[walk_name])
+                            if e.dest_kind == "client" and e.modality == "text"
+                        )
             self.count_names[part.name] = frozenset(names)
         self.records: dict[str, RequestRecord] = {}
         self.active: dict[str, _RequestState] = {}
@@ -101,7 +109,7 @@ class Conductor:
         routes = {}
         for part in self.plan.partitions:
             if part.name not in request.route:
-                routes[part.name] = [self.walks[stage.walks[0]] for stage in part.stages]
+                routes[part.name] = [self.walks[st.walks[0]] for st in part.stages if not st.is_optional]
                 continue
             wanted = request.route[part.name]
             taken: list[WalkPlan] = []

@@ -7,6 +7,10 @@ is taken, in order, from a stream buffer (stream inputs only), a persisted value
 name, for `text_inputs` the prompt the first time and afterwards the latest persisted value of
 the partition (Orpheus: prefill's new_token feeds decode), else the request's media (None when
 absent: the engine synthesises it). Persisted values a walk used are unpersisted when it ends.
+
+A stream-consumer partition (no initial walk) starts a walk only when one of its streams has a
+chunk. With one stage it re-runs that walk per chunk until its streams are exhausted (SNAC,
+Code2Wav); with several stages it runs each once, in order (Qwen3-Omni's Talker).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class PartitionState:
         self.count_names = count_names
         self.clock = clock
         self.is_self_triggered = plan.initial_walk is None
+        self.is_repeating = self.is_self_triggered and len(walks) == 1
         self.stage = 0
         self.run: Optional[WalkRun] = None
         self.store: dict[str, Any] = {}  # persisted values by edge name, latest last
@@ -57,7 +62,7 @@ class PartitionState:
             return None
         if self.is_self_triggered and not any(buf.has_chunk() for buf in self.own_buffers):
             return None
-        walk = self.walks[min(self.stage, len(self.walks) - 1)]
+        walk = self.walks[0] if self.is_repeating else self.walks[self.stage]
         self.run = WalkRun(walk, self, self, self.stream_inputs)
         self.run.start()
         return self.run
@@ -69,7 +74,9 @@ class PartitionState:
         self.used_persisted.clear()
         self.run = None
         self.stage += 1
-        if self.stage >= len(self.walks) and not self.is_self_triggered:
+        # A one-stage stream consumer re-runs its walk per chunk (SNAC, Code2Wav) until its
+        # streams are exhausted; any other partition is done after its last stage (Talker).
+        if self.stage >= len(self.walks) and not self.is_repeating:
             self.is_done = True
 
     def end(self, is_length: bool = False) -> None:
@@ -94,7 +101,7 @@ class PartitionState:
 
     def is_drained(self) -> bool:
         """Self-triggered partition with no run and no chunk that will ever come."""
-        return self.is_self_triggered and self.run is None and all(
+        return self.is_repeating and self.run is None and all(
             buf.is_exhausted for buf in self.own_buffers
         )
 

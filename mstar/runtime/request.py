@@ -17,7 +17,7 @@ class Request:
     route: partition name -> the walks this request takes in that partition, one per stage it
     takes, in stage order (an optional stage may be left out; an empty list leaves the partition
     out entirely, as for the audio partitions of a text-only request). A partition absent from
-    route takes the first alternative of every stage.
+    route takes the first alternative of every stage that is not optional.
     media: external inputs a walk may need besides the prompt (`image_inputs`, ...), by input
     name; opaque to the runtime (None lets the engine synthesise them).
     """

@@ -8,7 +8,8 @@ small vocabulary, all from one seed. Arrivals:
 - closed: `concurrency` clients, each sending its next request when its previous one finishes.
 
 File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
-"max_tokens": int} and optionally "temperature", "top_p", "seed"; blank lines are skipped. Every
+"max_tokens": int} and optionally "temperature", "top_p", "seed", "route" ({partition: [walk,
+...]}, see Request.route); blank lines are skipped. Every
 request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
 raises WorkloadError naming the file, the line and what is wrong.
 """
@@ -44,6 +45,18 @@ def parse_range(text: str, what: str) -> tuple[int, int]:
     if low < 1 or high < low:
         raise WorkloadError(f"{what}: need 1 <= A <= B, got {text!r}")
     return low, high
+
+
+def parse_route(items: list[str]) -> dict[str, list[str]]:
+    """`--route PARTITION=WALK,WALK` items -> {partition: [walks]} (an empty list after `=`
+    leaves the partition out)."""
+    route: dict[str, list[str]] = {}
+    for item in items:
+        partition, sep, walks = item.partition("=")
+        if not sep or not partition.strip():
+            raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {item!r}")
+        route[partition.strip()] = [w.strip() for w in walks.split(",") if w.strip()]
+    return route
 
 
 def generate(
@@ -105,7 +118,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
         raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed"}
+    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "route"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -123,6 +136,10 @@ def parse_prompt_line(line: str, where: str) -> Request:
     if top_p is not None and not 0 < top_p <= 1:
         raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
     seed = _field(obj, "seed", (int,), where, is_required=False)
+    route = _field(obj, "route", (dict,), where, is_required=False) or {}
+    for partition, walks in route.items():
+        if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
+            raise WorkloadError(f"{where}: 'route' must map partition names to lists of walk names")
     return Request(
         id=request_id,
         prompt_tokens=list(tokens),
@@ -130,6 +147,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
         temperature=float(temperature) if temperature is not None else None,
         top_p=float(top_p) if top_p is not None else None,
         seed=seed,
+        route=route,
     )
 
 

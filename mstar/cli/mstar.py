@@ -1,0 +1,210 @@
+"""`mstar`: run a compiled plan (`mstar run`) and benchmark the scheduler (`mstar bench scheduler`).
+
+    mstar run --plan generated/orpheus.plan                       # torch engine, tiny dims
+    mstar run --plan generated/orpheus.plan --engine sim --requests 10000
+    mstar run --plan P --prompts prompts.jsonl --out outdir --report run.json --timeline run.png
+    mstar bench scheduler --json
+
+Exit status: 0 when every request ran (a request that failed alone is reported, not fatal);
+1 for a refused plan, a bad workload or an engine that cannot start (one message, no
+traceback); 2 for bad command-line usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from mstar.runtime.workload import ARRIVALS, WorkloadError, generate, parse_range, parse_route, read_prompts
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as `mstar: error: <message>`, exit 1."""
+
+
+def _run_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="run a compiled plan on a workload and print its metrics",
+                         description="Run a compiled plan on a generated workload or a prompts file.")
+    run.add_argument("--plan", required=True, help="compiled plan (generated/<config>.plan)")
+    run.add_argument("--engine", choices=("torch", "sim"), default="torch",
+                     help="torch: real models on the CPU (default); sim: cost-model engine")
+    run.add_argument("--requests", type=int, default=8, help="generated requests (default 8)")
+    run.add_argument("--concurrency", type=int, default=8,
+                     help="closed-loop clients (default 8); with --prompts, requests in flight")
+    run.add_argument("--prompt-len", default="8..32", help="prompt length range A..B (default 8..32)")
+    run.add_argument("--output-len", default="32..64", help="max output tokens range A..B (default 32..64)")
+    run.add_argument("--arrival", choices=ARRIVALS, default="closed", help="arrival process (default closed)")
+    run.add_argument("--rate", type=float, default=100.0, help="requests/s for poisson and staggered (default 100)")
+    run.add_argument("--seed", type=int, default=0, help="workload and engine seed (default 0)")
+    run.add_argument("--prompts", help="JSONL file of requests instead of a generated workload")
+    run.add_argument("--route", action="append", default=[], metavar="PARTITION=WALK,WALK",
+                     help="walks every request takes in a partition (repeatable), e.g. LLM=prefill_text,image_gen")
+    run.add_argument("--out", help="directory for outputs.jsonl and media (WAV, PNG)")
+    run.add_argument("--report", help="write the metrics as JSON to this file")
+    run.add_argument("--timeline", help="draw step composition and latency over time to this PNG")
+    run.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine model dims (default tiny)")
+    run.add_argument("--weights", help="torch engine: local checkpoint directory (config.json + *.safetensors)")
+    run.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mstar", description="Run compiled mstar plans.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench.add_argument("what", choices=("scheduler",), help="what to benchmark")
+    return parser
+
+
+def _load_plan(path: str):
+    from mstar.plan.io import PlanError, load_plan
+
+    try:
+        return load_plan(path)
+    except PlanError as error:
+        raise CliError(str(error)) from None
+
+
+def _engine(plan: Any, args: argparse.Namespace) -> Any:
+    if args.kv_pages is not None and args.kv_pages <= 0:
+        raise CliError(f"--kv-pages must be a positive number of pages, got {args.kv_pages}")
+    if args.engine == "sim":
+        from mstar.runtime.engines.sim import SimEngine
+
+        return SimEngine(plan, seed=args.seed, num_pages=args.kv_pages)
+    try:
+        from mstar.runtime.engines import torch_engine
+    except ImportError as error:
+        raise CliError(f"the torch engine is not available ({error}); use --engine sim") from None
+    try:
+        return torch_engine.build(plan, args)
+    except ValueError as error:  # EngineError and the engine's other start-up refusals
+        raise CliError(str(error)) from None
+
+
+def _workload(args: argparse.Namespace) -> Any:
+    try:
+        route = parse_route(args.route)
+        if args.prompts:
+            workload = read_prompts(args.prompts, concurrency=args.concurrency)
+        else:
+            workload = generate(
+                args.requests,
+                prompt_len=parse_range(args.prompt_len, "--prompt-len"),
+                output_len=parse_range(args.output_len, "--output-len"),
+                arrival=args.arrival,
+                concurrency=args.concurrency,
+                rate=args.rate,
+                seed=args.seed,
+            )
+    except WorkloadError as error:
+        raise CliError(str(error)) from None
+    for request in workload.requests:
+        for partition, walks in route.items():
+            request.route.setdefault(partition, walks)
+    return workload
+
+
+def _tokens_json(values: list[Any]) -> list[Any]:
+    out = []
+    for value in values:
+        item = getattr(value, "tolist", None)
+        out.append(item() if callable(item) else value)
+    return out
+
+
+def _write_outputs(out_dir: str, records: list[Any], plan: Any) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    sample_rate = next(
+        (n.dims["sample_rate"] for n in plan.nodes if isinstance(n.dims.get("sample_rate"), int)), 24000
+    )
+    with open(os.path.join(out_dir, "outputs.jsonl"), "w", encoding="utf-8") as handle:
+        for record in records:
+            ttft = None
+            if record.first_token_s is not None:
+                ttft = round((record.first_token_s - record.arrival_s) * 1000.0, 3)
+            line = {"id": record.request.id, "output_tokens": _tokens_json(record.output_tokens),
+                    "ttft_ms": ttft, "finish_reason": record.finish_reason}
+            handle.write(json.dumps(line) + "\n")
+    audio = {r.request.id: [e.value for e in r.emissions if e.modality == "audio"] for r in records}
+    images = {r.request.id: [e.value for e in r.emissions if e.modality == "image"] for r in records}
+    if not any(audio.values()) and not any(images.values()):
+        return
+    from mstar.runtime import media
+
+    for request_id, chunks in audio.items():
+        if chunks:
+            media.write_wav(os.path.join(out_dir, f"{request_id}.wav"), chunks, sample_rate)
+    for request_id, values in images.items():
+        for index, image in enumerate(values):
+            suffix = "" if len(values) == 1 else f"_{index}"
+            try:
+                media.write_png(os.path.join(out_dir, f"{request_id}{suffix}.png"), image)
+            except ValueError as error:
+                print(f"mstar: warning: {request_id}: image not written: {error}", file=sys.stderr)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from mstar.runtime.driver import Driver
+    from mstar.runtime.metrics import render_table, summarize
+
+    plan = _load_plan(args.plan)
+    workload = _workload(args)
+    engine = _engine(plan, args)
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(workload.requests), desc="requests", unit="req", file=sys.stderr,
+                        disable=not sys.stderr.isatty())
+    driver = Driver(plan, engine, on_finish=progress.update if progress is not None else None)
+    started = time.perf_counter()
+    driver.run(workload)
+    host_wall_s = time.perf_counter() - started
+    if progress is not None:
+        progress.close()
+    records = list(driver.conductor.records.values())
+    summary = summarize(records, driver.log, host_wall_s)
+    summary["plan"] = args.plan
+    summary["engine"] = args.engine
+    from rich.console import Console
+
+    Console().print(render_table(summary))
+    for record in records:
+        if record.is_failed:
+            print(f"mstar: request {record.request.id} failed: {record.finish_reason}", file=sys.stderr)
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as handle:
+            json.dump(summary, handle, indent=2, sort_keys=True)
+    if args.timeline:
+        from mstar.runtime.timeline import draw
+
+        draw(driver.log, records, args.timeline)
+    if args.out:
+        _write_outputs(args.out, records, plan)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "scheduler"]:
+        from mstar.runtime import bench_scheduler
+
+        return bench_scheduler.main(argv[2:])
+    args = _parser().parse_args(argv)
+    try:
+        return run_command(args)
+    except CliError as error:
+        print(f"mstar: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"mstar: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
