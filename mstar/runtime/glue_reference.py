@@ -74,9 +74,13 @@ class RowInputs:
 
     @classmethod
     def allocate(cls, constants: GlueConstants, max_tokens: int, device: torch.device | str) -> "RowInputs":
-        rows = lambda: torch.zeros(constants.max_rows, dtype=INDEX_DTYPE, device=device)  # noqa: E731
-        return cls(rows(), rows(), rows(), rows(), rows(), rows(), rows(),
-                   torch.zeros(max_tokens, dtype=INDEX_DTYPE, device=device))
+        """Zeroed buffers for steps of up to max_rows rows and `max_tokens` new tokens."""
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=INDEX_DTYPE, device=device)
+
+        rows = constants.max_rows
+        return cls(zeros(rows), zeros(rows), zeros(rows), zeros(rows), zeros(rows), zeros(rows), zeros(rows),
+                   zeros(max_tokens))
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Kernel-vs-reference cases run under Triton's interpreter on CPU tensors.
 
-Not collected on its own (the name lacks `test_`): test_kernels_interpreted.py runs it in a
+Not collected on its own (the name lacks `test_`): test_glue_kernels_interpreted.py runs it in a
 fresh `python3 -m pytest` with TRITON_INTERPRET=1 set before triton is first imported, which is
 the only way the interpreter takes effect (triton fixes it when its own library is decorated).
 """

@@ -29,7 +29,7 @@ def test_source_has_the_generated_header_and_compiles():
 
 def test_matches_golden_file():
     """The exact output for the tiny plan. After an intended template change, rewrite it with
-    MSTAR_UPDATE_GOLDEN=1 python3 -m pytest tests/glue/test_render.py and review the diff."""
+    MSTAR_UPDATE_GOLDEN=1 python3 -m pytest tests/glue/test_glue_render.py and review the diff."""
     source = render_glue(tiny_plan(num_workers=2, differing_worker=True), "tiny", "tiny")
     if os.environ.get("MSTAR_UPDATE_GOLDEN") == "1":
         GOLDEN.parent.mkdir(exist_ok=True)
