@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 from mstar.compiler.deployment import load_deployment, parse_deployment
 from mstar.lang.diagnostics import Diagnostics
@@ -119,3 +120,15 @@ def test_unreadable_file(tmp_path):
 def test_broken_input_never_raises(text):
     dep, diags = _load_text(text)
     assert dep is None and diags.has_errors
+
+YAML_PIECES = ["model: m\n", "max_seq_len: 8\n", "node_groups:\n", "  - node_names: [A]\n",
+               "    ranks: [0]\n", "    tp_size: 2\n", "kv_pool: {page_size: 0}\n", "- x\n", ": \n",
+               "  bad\n", "&a [*a]\n", "'\n", "[\n", "{a: 1, a: 2}\n", "ranks: [-1]\n", "\t\n",
+               "model: [1]\n", "speculation_mixes_walks: LLM\n", "!!binary x\n"]
+
+
+@given(st.lists(st.sampled_from(YAML_PIECES), max_size=8), st.text(max_size=20))
+def test_any_text_gives_diagnostics_never_an_exception(pieces, noise):
+    dep, diags = _load_text("".join(pieces) + noise)
+    assert (dep is None) == diags.has_errors
+    diags.render()
