@@ -57,9 +57,11 @@ class WalkFlow:
     forward: list[tuple[int, ast.Edge, int]] = field(default_factory=list)
     loop_back: list[tuple[int, ast.Edge, int]] = field(default_factory=list)
     backward: list[tuple[int, ast.Edge, int]] = field(default_factory=list)
+    reached: set[int] = field(default_factory=set)  # sites some forward edge reaches
 
     def is_entry(self, index: int) -> bool:
-        return not any(target == index for _, _, target in self.forward)
+        """An entry call: no edge of the walk reaches it, so the conductor feeds its inputs."""
+        return index not in self.reached
 
 
 def walk_flow(walk: ast.Walk) -> WalkFlow:
@@ -79,6 +81,7 @@ def walk_flow(walk: ast.Walk) -> WalkFlow:
                     continue
                 relation = _relation(flow, i, j)
                 getattr(flow, relation).append((i, edge, j))
+    flow.reached = {target for _, _, target in flow.forward}
     return flow
 
 
