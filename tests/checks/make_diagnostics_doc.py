@@ -1,0 +1,189 @@
+"""Write docs/diagnostics.md: every diagnostic code with its explanation and a rendered example.
+
+    python3 tests/checks/make_diagnostics_doc.py          # rewrite docs/diagnostics.md
+    python3 tests/checks/make_diagnostics_doc.py --check  # exit 1 when the file is stale
+
+Examples of the parse codes (MW0xx) are rendered from the small inputs below; examples of the
+check codes (MW1xx-MW4xx) are the golden fixtures of tests/checks/fixtures, rendered exactly as
+test_golden.py expects them. tests/checks/test_docs.py fails when the document is stale.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from checks_golden import FIXTURES, render_fixture  # noqa: E402
+from mstar.compiler import codes as comp_codes  # noqa: E402
+from mstar.lang import codes as lang_codes  # noqa: E402
+from mstar.lang.diagnostics import Diagnostics  # noqa: E402
+from mstar.lang.parser import parse  # noqa: E402
+
+DOC = ROOT / "docs" / "diagnostics.md"
+
+HEAD = "model m\n"
+NODE = "node LLM kv(layers=2) {\n    in text_inputs\n%s}\n"
+lang_cases = {
+ "MW001": (HEAD + "node LLM kv(layers=2) {\n    in text_inputs $\n}\n", "A character that no token of the language starts with. Remove it; comments start with `#`."),
+ "MW002": (HEAD + "param x = 1 2\n", "The parser found a token it cannot use here; the message lists what it expected. Common mistakes (missing braces, arrows, `<=`, unknown words) have their own codes below."),
+ "MW003": (HEAD + "param x =", "The file ends in the middle of a declaration."),
+ "MW004": (HEAD + "walk w\n    LLM(text_inputs)\n}\n", "A `node`, `walk`, `parallel`, `sequential`, `loop` or `combine` header must be followed by `{`."),
+ "MW005": (HEAD + NODE % "    combine mixed = prefill + decode {\n        rows prefill = 4\n    }\n", "A rows limit bounds the rows of one walk in a mixed step and is written `rows WALK <= N`."),
+ "MW006": (HEAD + "walk w {\n    LLM(text_inputs) new_token: client text\n}\n", "Every output edge of a call starts with `->`."),
+ "MW007": (HEAD + "node LLM kvcache(layers=2) {\n    in text_inputs\n}\n", "A node's engine is `kv` (paged KV cache) or `stateless`."),
+ "MW008": (HEAD + NODE % "    cap decode\n", "`cap WALK N` in a node, `cap N` in a combine: the number of rows is required."),
+ "MW009": (HEAD + "walk w {\n    loop max=4 {\n        LLM(text_inputs)\n}\n", "A block is still open when the declaration (or the file) ends; the note shows where it was opened."),
+ "MW010": (HEAD + "walk w {\n    loop(x) -> y: client text\n}\n", "Keywords (`loop`, `walk`, `stream`, `client`, ...) cannot be used as names."),
+ "MW011": ("param x = 1\nmodel m\n", "A spec starts with exactly one `model NAME` line."),
+ "MW012": (HEAD + NODE % "    capture decode bucketed batch=[1, 2]\n", "A capture family is `batched` (fixed tokens per row) or `packed` (batch x token buckets)."),
+ "MW013": (HEAD + NODE % "    combine mixed = prefill + decode {\n        attention fused\n    }\n", "A combined walk's attention route is `split` or `packed`."),
+ "MW014": (HEAD + "partition S = chunk <- P.x sliding(28, stride=7)\n", "A stream is cut by `window(SIZE, stride=N)`, `left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`."),
+ "MW015": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client text persistent\n}\n", "Edge flags are `persist`, `stream`, `device` and `count_tokens`; a client edge names one modality."),
+ "MW016": (HEAD + NODE % "    state conv(layers=2)\n", "The only state kind besides the KV cache is `recurrent`."),
+ "MW020": (HEAD + NODE % "    combine mixed = prefill + decode {\n        cap 8\n        cap 16\n    }\n", "A setting that fills one field (a combine's `cap`, `capture`, `attention`, a node's `kv_sequences`, ...) may be given once."),
+ "MW021": (HEAD + NODE % "    capture decode batched tokens_per_row=2\n", "Every capture lists its batch sizes with `batch=[...]`."),
+ "MW022": (HEAD + "param x = 99999999999999999999999\n", "Numbers must fit a signed 64-bit integer."),
+ "MW023": (HEAD + 'node LLM kv(name="a\\q") {\n    in text_inputs\n}\n', "Quoted strings use JSON escapes."),
+}
+lang_no_example = {"MW099": "An unexpected failure inside the parser. This is a bug in mstar, never a problem of the input: please report it with the spec that caused it."}
+
+explain = {
+ "MW101": "A call or an edge names a node that no `node` declares. Edge destinations are a node, `conductor` or `client MODALITY`.",
+ "MW102": "A call passes, or an edge delivers, a name that is not one of the node's `in` declarations. The reference asserts the same at run time (an edge name must be a declared input of its node).",
+ "MW103": "A `cap`, `capture`, `combine`, `rows` limit or partition stage names a walk that no `walk` declares.",
+ "MW104": "A loop bound `max=NAME` names no `param`.",
+ "MW105": "A stream source `<- PARTITION.EDGE` names no partition.",
+ "MW106": "A stream source names an edge that no walk of the producer partition sends with the `stream` flag.",
+ "MW107": "Params, nodes, walks and partitions each have their own namespace, in which a name is declared once; so are a node's inputs, caps, captures (per walk) and combined walks, and the named loops of a walk.",
+ "MW108": "`conductor` is an edge destination, so no node may take that name.",
+ "MW201": "Where an input may come from: an earlier edge of the same walk (or a parallel sibling); a stream, when the input is declared `in NAME stream` and the walk's partition has a stream source `<- P.NAME`; or the conductor, which feeds every input of a walk's entry calls (calls no edge of the walk reaches), any request input (an input of an entry call of a walk of the partition) or persisted edge (`-> x: conductor persist`) of the partition, and any input that no edge of the spec delivers to that node (request data). MW201 therefore means the model computes the input elsewhere but nothing brings it to this call - typically a missing edge from an encoder - or a stream input without a stream source.",
+ "MW202": "An edge that goes back to a call that ran earlier is a loop-back only when a loop encloses both calls (as the reference derives loop-backs). Outside a loop the target would wait forever. Parallel siblings that feed each other in a cycle are reported too.",
+ "MW203": "A loop's `outputs` and `accumulate` names are matched by name to edges produced inside the loop; a name nothing inside produces would be silently dropped by the reference.",
+ "MW204": "A name is either the final value of the loop (`outputs`) or the per-iteration list (`accumulate`), never both (the reference raises ValueError).",
+ "MW205": "A plain edge to a node must reach a call of that node in the same walk that takes the edge's name. Edges to another partition are stream edges.",
+ "MW206": "`device` keeps a value on the device between iterations; only a loop-back edge to the same node can do that.",
+ "MW207": "A partition's walk order runs forward; repetition belongs in a loop inside a walk.",
+ "MW208": "Partitions that stream to each other in a cycle cannot start: each would wait for the other.",
+ "MW209": "Every walk belongs to exactly one partition, whose walk order says when a request runs it.",
+ "MW210": "A stream edge, the consumer's `in NAME stream` declaration and the consumer partition's `<- PRODUCER.NAME` source must agree: the edge needs a partition that takes it and runs the target node on it, the target input must be declared `stream`, and a stream source needs a walk whose node has that stream input.",
+ "MW211": "A walk, loop, parallel or sequential section with nothing in it, or a partition that runs no walk.",
+ "MW212": "A loop runs at least once: its bound (a number or a param's value) must be at least 1.",
+ "MW213": "The early-stop check names the loop it ends, so `stop` needs a named loop.",
+ "MW301": "The deployment file is missing, is a directory, or is not UTF-8 text.",
+ "MW302": "The deployment file is not valid YAML; the position is where the YAML parser gave up.",
+ "MW303": "A key that neither the reference system's serving YAML nor mstar's own keys define. The suggestion is the closest known key of the same mapping.",
+ "MW304": "A value of the wrong type or range (strict: `tp_size: \"2\"` is a string, not a number), a key given twice, a non-string key, or a YAML tag mstar does not read.",
+ "MW305": "`model`, `max_seq_len` and `node_groups` (and `node_names` and `ranks` in each group) are required, as in the reference.",
+ "MW310": "Every (node, walk) a walk runs must be placed by a node group: a group lists the node and either has no `graph_walks` or lists the walk.",
+ "MW311": "Two node groups place the same (node, walk): the reference's routing would keep only the last. Data-parallel replicas are extra ranks in one group.",
+ "MW312": "A group's explicit `graph_walks` (or a `speculation_mixes_walks` entry `NODE.WALK`) names a walk its nodes do not run.",
+ "MW313": "`node_names`, `kv_pool.nodes`, `kv_cache.nodes` or `speculation_mixes_walks` names a node the spec does not declare.",
+ "MW314": "`graph_walks` or `speculation_mixes_walks` names a walk the spec does not declare.",
+ "MW315": "A group's ranks form instances of tp_size x sp_size ranks each (extra instances are data-parallel replicas), so their number is a multiple of it (asserted by the reference).",
+ "MW316": "Only nodes marked `tp` may be sharded (the reference raises ValueError). The language has one marker for lockstep sharding, so sp_size > 1 needs `tp` as well.",
+ "MW317": "A worker hosts at most one lockstep (tp_size x sp_size > 1) node (NotImplementedError in the reference).",
+ "MW318": "A node that consumes a stream keeps one stream buffer per request on its worker, so all its walks run on the same ranks, and a lockstep stream consumer may not restrict its group to some walks (the reference's `assert_stream_consumer_compatibility`).",
+ "MW319": "The deployment's `model` must be the spec's `model`.",
+ "MW320": "A rank appears twice in one group's `ranks`.",
+ "MW321": "A kv node's KV cache moves between its walks (prefill to decode); the reference rejects transfers between different TP world sizes, so a PD split needs equal TP on both sides.",
+ "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must hold at least one request of `max_seq_len` tokens.",
+ "MW401": "A combined walk batches rows of several walks of one node; every walk it names must run that node. Likewise a node's `cap` and `capture` lines are for walks that run it.",
+ "MW402": "A walk belongs to at most one combined walk of a node: its rows get one scheduling key.",
+ "MW403": "Capture-key split: the combined walk's walks fall in different capture families (eager, batched with N tokens a row, packed) and the combined walk has no capture of its own, so no single CUDA graph could replay a mixed step. Give the combined walk a `capture` (usually packed).",
+ "MW404": "On each worker, the walks of a combined walk that this worker runs share one node group (TP group), or all run at world size 1: a mixed step is one lockstep launch. Walks the worker does not run are not judged, so prefill/decode disaggregation needs no change to the spec.",
+ "MW405": "A cap above the largest captured batch size means steps of more rows than any graph holds: they run eagerly. Raise the capture's batch sizes or lower the cap. (A walk without a capture runs eagerly by design and is not reported; a combined walk's cap is checked against its own capture; with no `cap` the largest captured batch is the cap.)",
+ "MW406": "A rows limit above the largest batch size of the combined walk's packed capture could never be reached by a replayed step.",
+ "MW407": "A rows limit bounds one of the combined walk's own walks.",
+ "MW408": "The estimated capture memory (capture_memory.py: shared static buffers sized by the largest bucket, per-graph outputs, logits and fixed cost, divided by TP, twice for kv nodes' double buffering) of all capture families on one worker exceeds `capture_memory_budget_mb`. The message lists every family with its bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to boot) shows up here at compile time.",
+ "MW409": "A combined walk needs at least two distinct walks.",
+}
+
+def lang_example(code: str) -> str:
+    text, _ = lang_cases[code]
+    diags = Diagnostics()
+    parse(text, "example.mw", diags)
+    out = diags.render()
+    if f"[{code}]" not in out:
+        raise SystemExit(f"the example of {code} now reports something else:\n{out}")
+    return out
+
+def check_example(code: str) -> tuple[list[str], str]:
+    names = sorted(p.stem for p in FIXTURES.glob(f"{code}_*.expected"))
+    out = "\n".join(render_fixture(n) for n in names)
+    return names, out
+
+
+def build() -> str:
+    lines = []
+    w = lines.append
+    w("# Diagnostics\n")
+    w("Every diagnostic mstar prints has a code, a message, the file, line and column it is about, the")
+    w("source line with an underline, and notes pointing at related places:\n")
+    w("```\nfile:line:col: error[MWnnn]: message\n   nn | source line\n      |     ^^^^^^\nfile:line:col: note: secondary message\n```\n")
+    w("All diagnostics of a run are collected and printed together, sorted by file and position; the")
+    w("compiler stops after the first pass that reported an error. Exit status: 0 no error, 1 errors in")
+    w("the input, 2 usage. No input file, however broken, produces a Python traceback: that would be a bug.\n")
+    w("| range | pass | registry |\n|---|---|---|")
+    w("| MW001-MW099 | parse (`mstar.lang.parser`) | `mstar/lang/codes.py` |")
+    w("| MW101-MW199 | resolve: names to declarations | `mstar/compiler/codes.py` |")
+    w("| MW201-MW299 | check_graph: walks, loops, partitions, streams | `mstar/compiler/codes.py` |")
+    w("| MW301-MW309 | reading the deployment YAML | `mstar/compiler/codes.py` |")
+    w("| MW310-MW399 | check_deployment: placement and sharding | `mstar/compiler/codes.py` |")
+    w("| MW401-MW499 | check_combine: combined walks, caps, captures, capture memory | `mstar/compiler/codes.py` |")
+    w("| MW500 | the compiler driver: input files | `mstar/compiler/driver.py` |\n")
+    w("Examples of MW1xx-MW4xx are the golden fixtures in `tests/checks/fixtures/` (a `.mw` spec, a")
+    w("`.yaml` deployment, or both; deployment fixtures without a spec of their own are checked against")
+    w("`fixtures/base.mw`), printed exactly as the tests expect.\n")
+
+    w("## Parse (MW0xx)\n")
+    for code, title in lang_codes.TITLES.items():
+        w(f"### {code}: {title}\n")
+        if code in lang_cases:
+            w(lang_cases[code][1] + "\n")
+            w("```\n" + lang_example(code).rstrip("\n") + "\n```\n")
+        else:
+            w(lang_no_example[code] + "\n")
+
+    sections = [("Resolve (MW1xx)", "MW1"), ("Graph (MW2xx)", "MW2"), ("Deployment file (MW30x)", "MW30"),
+                ("Deployment placement (MW31x-MW32x)", "MW3"), ("Combined walks, caps, captures, memory (MW4xx)", "MW4")]
+    done = set()
+    for heading, prefix in sections:
+        w(f"## {heading}\n")
+        for code, title in comp_codes.TITLES.items():
+            if not code.startswith(prefix) or code in done:
+                continue
+            done.add(code)
+            w(f"### {code}: {title}\n")
+            w(explain[code] + "\n")
+            names, out = check_example(code)
+            w("Example (" + ", ".join(f"`tests/checks/fixtures/{n}`" for n in names) + "):\n")
+            w("```\n" + out.rstrip("\n") + "\n```\n")
+    w("## Driver (MW5xx)\n")
+    w("### MW500: input file cannot be read\n")
+    w("The spec file (or a config named by `mstarc regen`) is missing, is a directory or is not UTF-8 text;")
+    w("`mstarc regen` also reports a config whose `model` has no `specs/<model>.mw`.\n")
+    w("```\nspecs/orpheuss.mw:1:1: error[MW500]: spec file not found: specs/orpheuss.mw\n```\n")
+    if done != set(comp_codes.TITLES):
+        raise SystemExit(f"no section for {sorted(set(comp_codes.TITLES) - done)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    os.chdir(HERE)  # fixture paths render relative to tests/checks
+    text = build()
+    if "--check" in argv:
+        if DOC.read_text(encoding="utf-8") != text:
+            print("docs/diagnostics.md is stale: run python3 tests/checks/make_diagnostics_doc.py")
+            return 1
+        return 0
+    DOC.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
