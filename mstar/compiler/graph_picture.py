@@ -20,8 +20,8 @@ from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.lang import ast
 from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, ParallelPlan, WalkPlan
 
-BOX_W, BOX_H = 170, 44
-COL_W, ROW_H = 250, 170
+BOX_W, BOX_H = 200, 46
+COL_W, ROW_H = 290, 180
 MARGIN = 30
 TITLE_H = 34
 LINE_H = 15
@@ -105,6 +105,26 @@ def _target(boxes: list[_Box], source: _Box, edge: EdgePlan) -> _Box | None:
     return later[0] if later else None
 
 
+def _text_width(text: str, size: int) -> float:
+    """A generous estimate of a sans-serif text's width, to size frames and the picture."""
+    return len(text) * size * 0.62
+
+
+def _wrap(text: str, size: int, width: float, max_lines: int) -> list[str]:
+    """`text` cut at spaces into lines that fit `width`; the last line ends with "..." when the
+    text does not fit in `max_lines`."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and _text_width(f"{lines[-1]} {word}", size) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1].rstrip(",") + " ..."
+    return lines
+
+
 def _text(x: float, y: float, text: str, size: int = 12, anchor: str = "start", weight: str = "normal") -> str:
     return (f"<text x='{x:.0f}' y='{y:.0f}' {FONT} font-size='{size}' text-anchor='{anchor}' "
             f"font-weight='{weight}'>{escape(text)}</text>")
@@ -124,6 +144,7 @@ def _walk_panel(walk: WalkPlan, top: float) -> tuple[list[str], float, float]:
         loop = frame.loop
         label = f"loop {loop.name} max={loop.max_iters}" + (" stop" if loop.has_stop else "") + (
             " on-device" if loop.is_on_device else "")
+        x1 = max(x1, x0 + _text_width(label, 11) + 12)
         parts.append(f"<rect x='{x0:.0f}' y='{y0:.0f}' width='{x1 - x0:.0f}' height='{y1 - y0:.0f}' "
                      "fill='none' stroke='#7a5195' stroke-dasharray='6 4' rx='8'/>")
         parts.append(_text(x0 + 6, y1 - 5, label, 11))
@@ -132,8 +153,9 @@ def _walk_panel(walk: WalkPlan, top: float) -> tuple[list[str], float, float]:
         call = box.call
         parts.append(f"<rect x='{x:.0f}' y='{y:.0f}' width='{BOX_W}' height='{BOX_H}' rx='6' "
                      "fill='#e8f1fa' stroke='#1f4e79'/>")
-        parts.append(_text(x + BOX_W / 2, y + 18, call.node, 13, "middle", "bold"))
-        parts.append(_text(x + BOX_W / 2, y + 34, f"({', '.join(call.inputs)})", 10, "middle"))
+        parts.append(_text(x + BOX_W / 2, y + 16, call.node, 13, "middle", "bold"))
+        for i, line in enumerate(_wrap(f"({', '.join(call.inputs)})", 9, BOX_W - 8, 2)):
+            parts.append(_text(x + BOX_W / 2, y + 29 + i * 11, line, 9, "middle"))
         targets = [(e, _target(layout.boxes, box, e) if e.dest_kind == "node" else None) for e in call.edges]
         listed = [e for e, target in targets if target is None]
         for line, edge in enumerate(listed):
@@ -142,33 +164,39 @@ def _walk_panel(walk: WalkPlan, top: float) -> tuple[list[str], float, float]:
                 dest = f"{edge.dest} (stream to {edge.stream_partition})"
             parts.append(_text(x, y + BOX_H + 14 + line * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
         num_curves = 0
+        num_forward: dict[int, int] = {}  # target box -> forward edges drawn to it so far
         for edge, target in targets:
             if target is None:
                 continue
             tx, ty = target.x, target.y(top)
             dash = " stroke-dasharray='4 3'" if edge.is_device else ""
             if edge.is_loop_back:
-                sx, sy = x + BOX_W * 0.6, y + BOX_H
-                ex, ey = tx + BOX_W * 0.4, ty + BOX_H
-                # below the edges listed under the box, one curve a little deeper than the last
-                depth = 30 + LINE_H * len(listed) + 14 * num_curves
+                # From the source's right side, under the edges listed below the box, into the
+                # target's left side (for a self edge: around the box's bottom).
+                sx, sy = x + BOX_W, y + BOX_H * 0.75
+                ex, ey = tx, ty + BOX_H * 0.75
+                drop = BOX_H * 0.25 + 18 + LINE_H * len(listed) + 16 * num_curves
                 num_curves += 1
-                path = f"M{sx:.0f},{sy:.0f} C{sx:.0f},{sy + depth:.0f} {ex:.0f},{ey + depth:.0f} {ex:.0f},{ey + 2:.0f}"
+                control_y = sy + drop / 0.75  # a cubic with both controls at c reaches 3/4 of c
+                path = f"M{sx:.0f},{sy:.0f} C{sx + 60:.0f},{control_y:.0f} {ex - 60:.0f},{control_y:.0f} {ex:.0f},{ey:.0f}"
                 parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
-                label_x = (sx + ex) / 2 if sx != ex else sx + 30
-                parts.append(_text(label_x, max(sy, ey) + depth * 0.75 + 4, f"{edge.name}{_flags(edge)} (loop-back)", 10, "middle"))
+                parts.append(_text((sx + ex) / 2, sy + drop + 12, f"{edge.name}{_flags(edge)} (loop-back)", 10, "middle"))
             else:
+                index = num_forward.get(id(target), 0)
+                num_forward[id(target)] = index + 1
                 sx, sy = x + BOX_W, y + BOX_H / 2
                 ex, ey = tx, ty + BOX_H / 2
                 parts.append(f"<line x1='{sx:.0f}' y1='{sy:.0f}' x2='{ex - 2:.0f}' y2='{ey:.0f}' "
                              f"stroke='#1f4e79'{dash} marker-end='url(#arrow)'/>")
-                parts.append(_text((sx + ex) / 2, (sy + ey) / 2 - 6, f"{edge.name}{_flags(edge)}", 10, "middle"))
-    height = TITLE_H + layout.num_rows * ROW_H + 30
+                # labels of several edges to one box stack upwards, one line each
+                label_y = (sy + ey) / 2 - 6 - index * 12
+                parts.append(_text((sx + ex) / 2, label_y, f"{edge.name}{_flags(edge)}", 10, "middle"))
+    height = TITLE_H + layout.num_rows * ROW_H + 10
     width = 2 * MARGIN + max(1, num_cols) * COL_W
     return parts, height, width
 
 
-def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float]:
+def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float, float]:
     lines = []
     for node in spec.nodes:
         for combine in node.combines:
@@ -192,7 +220,8 @@ def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float]:
     parts = [_text(MARGIN, top + 18, "combined walks and partitions", 15, weight="bold")]
     for i, line in enumerate(lines):
         parts.append(_text(MARGIN, top + TITLE_H + 8 + i * (LINE_H + 3), line, 12))
-    return parts, TITLE_H + 16 + len(lines) * (LINE_H + 3)
+    width = 2 * MARGIN + max(_text_width(line, 12) for line in lines)
+    return parts, TITLE_H + 16 + len(lines) * (LINE_H + 3), width
 
 
 def walks_svg(spec: ast.Spec) -> str:
@@ -205,9 +234,10 @@ def walks_svg(spec: ast.Spec) -> str:
         parts += panel
         top += height
         width = max(width, panel_width)
-    legend, height = _legend(spec, top)
+    legend, height, legend_width = _legend(spec, top)
     parts += legend
     top += height
+    width = max(width, legend_width)
     head = (
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{top:.0f}' "
         f"viewBox='0 0 {width:.0f} {top:.0f}'>\n"
