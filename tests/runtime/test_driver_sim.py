@@ -1,0 +1,116 @@
+"""The driver with the simulated engine on the generated plans."""
+import pytest
+
+from mstar.runtime.driver import Driver, Workload
+from mstar.runtime.engines.sim import SimEngine
+from mstar.runtime.metrics import summarize
+from mstar.runtime.request import Request
+from mstar.runtime.workload import generate
+
+from runtime_plans import ROOT, generated
+
+PLANS = sorted(p.stem for p in (ROOT / "generated").glob("*.plan"))
+
+
+def run(plan, workload, **engine_kw):
+    engine = SimEngine(plan, **engine_kw)
+    driver = Driver(plan, engine)
+    driver.run(workload)
+    return driver
+
+
+def small_workload(n=40, seed=0, arrival="poisson"):
+    return generate(n, prompt_len=(4, 40), output_len=(1, 40), arrival=arrival, concurrency=6, rate=400.0, seed=seed)
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_every_generated_plan_runs_every_request_to_completion(name):
+    driver = run(generated(name), small_workload())
+    records = driver.conductor.records.values()
+    assert len(records) == 40
+    assert all(r.finish_reason in ("length", "stop") for r in records), {r.finish_reason for r in records}
+    assert all(s.is_idle() for s in driver.schedulers.values())
+    assert not driver.engine.reserved  # every KV page given back
+
+
+def test_same_plan_workload_and_seed_give_the_same_schedule():
+    def schedule():
+        driver = run(generated("orpheus"), small_workload(seed=3))
+        log = driver.log
+        records = sorted((r.request.id, r.finish_s, tuple(r.output_tokens)) for r in driver.conductor.records.values())
+        return list(zip(log.key, log.start_s, log.walk_rows, log.num_tokens)), records
+
+    assert schedule() == schedule()
+
+
+def test_out_of_memory_holds_rows_and_loses_nothing():
+    plan = generated("orpheus")
+    # 12 pages of 16 tokens: only about two requests fit at once, so steps fail and rows wait.
+    driver = run(plan, small_workload(30, arrival="staggered"), num_pages=12)
+    summary = summarize(driver.conductor.records.values(), driver.log, 0.0)
+    assert summary["num_oom_steps"] > 0
+    assert summary["num_completed"] == 30
+    for record in driver.conductor.records.values():
+        assert record.num_output_tokens == record.request.max_tokens
+
+
+def test_injected_out_of_memory_is_retried():
+    plan = generated("llama")
+    failures = {"count": 0}
+
+    def every_third_step(step):
+        failures["count"] += 1
+        return [step.rows[0].request_id] if failures["count"] % 3 == 0 else []
+
+    driver = run(plan, small_workload(20), inject_oom=every_third_step)
+    assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
+    assert sum(driver.log.is_oom) > 0
+
+
+def test_oversized_request_fails_alone_with_a_reason():
+    plan = generated("orpheus")
+    requests = [Request(id=f"r{i}", prompt_tokens=[1] * 10, max_tokens=20) for i in range(5)]
+    requests.append(Request(id="huge", prompt_tokens=[1] * 400, max_tokens=10))
+    driver = run(plan, Workload(requests, closed_concurrency=3), num_pages=16)
+    records = driver.conductor.records
+    assert records["huge"].finish_reason.startswith("error: can never fit")
+    assert all(records[f"r{i}"].finish_reason == "length" for i in range(5))
+
+
+def test_row_error_fails_one_request_and_the_rest_finish():
+    plan = generated("orpheus")
+    driver = run(plan, small_workload(20), inject_error={"req-000004": "NaN in logits"})
+    records = driver.conductor.records
+    assert records["req-000004"].finish_reason == "error: NaN in logits"
+    assert sum(r.finish_reason == "length" for r in records.values()) == 19
+
+
+def test_tp_followers_run_the_leaders_batches():
+    driver = run(generated("orpheus_tp2"), small_workload(20))
+    assert sum(driver.log.is_follower) > 0
+    leader = [(k, w) for k, w, f in zip(driver.log.key, driver.log.walk_rows, driver.log.is_follower) if not f and k.startswith("LLM")]
+    follower = [(k, w) for k, w, f in zip(driver.log.key, driver.log.walk_rows, driver.log.is_follower) if f]
+    assert sorted(map(str, leader)) == sorted(map(str, follower))  # every leader batch, whole
+
+
+def test_speculation_chains_decode_steps():
+    driver = run(generated("llama"), small_workload(20, arrival="closed"))
+    assert sum(driver.log.is_speculative) > 0
+    assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
+
+
+def test_cancellation_mid_run():
+    plan = generated("orpheus")
+    workload = small_workload(20)
+    arrival = {r.id: r.arrival_s for r in workload.requests}
+    workload.cancellations = [
+        (arrival["req-000001"] + 0.001, "req-000001"),  # while it runs
+        (0.0, "req-000019"),  # before it arrives: ignored
+        (10.0, "req-000002"),  # after it finished: ignored
+    ]
+    driver = run(plan, workload)
+    records = driver.conductor.records
+    assert records["req-000001"].finish_reason == "cancelled"
+    assert records["req-000019"].finish_reason == records["req-000002"].finish_reason == "length"
+    assert all(r.is_finished for r in records.values())
+    assert not driver.engine.reserved
