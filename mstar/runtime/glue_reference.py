@@ -50,9 +50,6 @@ class GlueConstants:
         """The largest captured token count (0 when the key captures nothing)."""
         return max(self.token_buckets, default=0)
 
-    def has_walk(self, mask: int, walk_index: int) -> bool:
-        return 0 <= walk_index < len(self.walks) and (mask >> walk_index) & 1 == 1
-
 
 @dataclass
 class RowInputs:
@@ -195,51 +192,35 @@ def pack_step(constants: GlueConstants, num_rows: int, padded_batch: int, token_
     Tokens past `token_bucket` and pages past kv_indices' end are not written.
     """
     check_pack_launch(constants, num_rows, padded_batch, token_bucket, inputs, page_table, out)
-    page_size = constants.page_size
-    counts = inputs.num_tokens[:num_rows].long().cpu()
-    contexts = inputs.context_len[:num_rows].long().cpu()
-    seq_lens = contexts + counts
-    pages = (seq_lens + page_size - 1) // page_size
+    page_size, device = constants.page_size, out.tokens.device
+    counts = inputs.num_tokens[:num_rows].long()
+    contexts = inputs.context_len[:num_rows].long()
+    slots = inputs.slot[:num_rows].long()
+    pages = (contexts + counts + page_size - 1) // page_size
     if num_rows and int(pages.max()) > page_table.shape[1]:
         raise GlueLaunchError(f"{constants.key}: a row needs more pages than its page-table row holds")
-    qo = torch.zeros(padded_batch + 1, dtype=torch.long)
-    kv = torch.zeros(padded_batch + 1, dtype=torch.long)
-    qo[1:num_rows + 1] = torch.cumsum(counts, 0)
-    kv[1:num_rows + 1] = torch.cumsum(pages, 0)
-    qo[num_rows + 1:] = qo[num_rows]
-    kv[num_rows + 1:] = kv[num_rows]
-    last = torch.zeros(padded_batch, dtype=torch.long)
-    last[:num_rows] = torch.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
+    qo, kv, last = step_offsets(constants, counts, contexts, padded_batch)
 
-    num_step_tokens = int(qo[num_rows])
-    tokens = torch.zeros(num_step_tokens, dtype=torch.long)
-    positions = torch.zeros(num_step_tokens, dtype=torch.long)
-    kv_slots = torch.zeros(num_step_tokens, dtype=torch.long)
-    kv_indices = torch.zeros(int(kv[num_rows]), dtype=torch.long)
-    host_tokens = inputs.host_tokens.long().cpu()
-    table = page_table.long().cpu()
-    for i in range(num_rows):
-        start, stop = int(qo[i]), int(qo[i + 1])
-        slot = int(inputs.slot[i])
-        row_pos = torch.arange(int(contexts[i]), int(seq_lens[i]))
-        is_from_device = (constants.has_walk(constants.device_loop_mask, int(inputs.walk_index[i]))
-                          and int(inputs.loop_iter[i]) > 0)
-        if is_from_device:
-            tokens[start:stop] = int(loop_back[slot])
-        else:
-            tokens[start:stop] = host_tokens[start:stop]
-        positions[start:stop] = row_pos
-        kv_slots[start:stop] = table[slot, row_pos // page_size] * page_size + row_pos % page_size
-        kv_indices[int(kv[i]):int(kv[i + 1])] = table[slot, :int(pages[i])]
+    # Per new token: its row, and its index inside the row's segment.
+    rows = torch.arange(num_rows, device=device)
+    token_row = torch.repeat_interleave(rows, counts)
+    num_step_tokens = token_row.numel()
+    positions = contexts[token_row] + torch.arange(num_step_tokens, device=device) - qo[token_row]
+    is_from_device = _has_walk(constants.device_loop_mask, len(constants.walks), inputs.walk_index[:num_rows])
+    is_from_device &= inputs.loop_iter[:num_rows] > 0
+    table = page_table.long()
+    tokens = torch.where(is_from_device[token_row], loop_back.long()[slots[token_row]],
+                         inputs.host_tokens[:num_step_tokens].long())
+    kv_slots = table[slots[token_row], positions // page_size] * page_size + positions % page_size
+    page_row = torch.repeat_interleave(rows, pages)
+    kv_indices = table[slots[page_row], torch.arange(page_row.numel(), device=device) - kv[page_row]]
 
     num_written = min(num_step_tokens, token_bucket)
-    _write(out.tokens, 0, tokens[:num_written])
-    _write(out.positions, 0, positions[:num_written])
-    _write(out.kv_slots, 0, kv_slots[:num_written])
     num_pad_tokens = max(token_bucket - num_step_tokens, 0)
-    _write(out.tokens, num_written, torch.zeros(num_pad_tokens, dtype=torch.long))
-    _write(out.positions, num_written, torch.zeros(num_pad_tokens, dtype=torch.long))
-    _write(out.kv_slots, num_written, torch.full((num_pad_tokens,), pad_slot, dtype=torch.long))
+    pad = torch.zeros(num_pad_tokens, dtype=torch.long, device=device)
+    _write(out.tokens, 0, torch.cat([tokens[:num_written], pad]))
+    _write(out.positions, 0, torch.cat([positions[:num_written], pad]))
+    _write(out.kv_slots, 0, torch.cat([kv_slots[:num_written], pad + pad_slot]))
     _write(out.kv_indices, 0, kv_indices[:out.kv_indices.numel()])
     _write(out.qo_indptr, 0, qo)
     _write(out.kv_indptr, 0, kv)
@@ -257,18 +238,50 @@ def scatter_after_sampling(constants: GlueConstants, num_rows: int, sampled: tor
     the host must see w's token. Every other entry is left as it was.
     """
     check_scatter_launch(constants, num_rows, sampled)
-    capacity = buffers.stream_tokens.shape[1]
-    for i in range(num_rows):
-        if int(inputs.is_emitting[i]) == 0:
-            continue
-        walk, slot, token = int(inputs.walk_index[i]), int(inputs.slot[i]), int(sampled[i])
-        if constants.has_walk(constants.device_loop_mask, walk):
-            buffers.loop_back[slot] = token
-        stream_pos = int(inputs.stream_pos[i])
-        if constants.has_walk(constants.stream_mask, walk) and 0 <= stream_pos < capacity:
-            buffers.stream_tokens[slot, stream_pos] = token
-        if constants.has_walk(constants.host_mask, walk):
-            buffers.host_out[i] = token
+    num_walks = len(constants.walks)
+    walks = inputs.walk_index[:num_rows]
+    slots = inputs.slot[:num_rows].long()
+    tokens = sampled[:num_rows].to(buffers.loop_back.dtype)
+    is_emitting = inputs.is_emitting[:num_rows] != 0
+    to_loop = is_emitting & _has_walk(constants.device_loop_mask, num_walks, walks)
+    buffers.loop_back[slots[to_loop]] = tokens[to_loop]
+    stream_pos = inputs.stream_pos[:num_rows].long()
+    to_stream = is_emitting & _has_walk(constants.stream_mask, num_walks, walks)
+    to_stream &= (stream_pos >= 0) & (stream_pos < buffers.stream_tokens.shape[1])
+    buffers.stream_tokens[slots[to_stream], stream_pos[to_stream]] = tokens[to_stream]
+    to_host = is_emitting & _has_walk(constants.host_mask, num_walks, walks)
+    buffers.host_out[:num_rows][to_host] = tokens[to_host]
+
+
+def step_offsets(constants: GlueConstants, num_tokens: torch.Tensor, context_len: torch.Tensor,
+                 padded_batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qo_indptr, kv_indptr, kv_last_page_len) of a step, int64 on num_tokens' device, exactly
+    as `pack_step` writes them; one entry per real row in `num_tokens` / `context_len`.
+
+    FlashInfer's `plan()` reads these on the host: pass the rows' CPU tensors here, next to the
+    device-side `pack_step` launch, instead of copying the kernel's output back (a sync).
+    """
+    page_size = constants.page_size
+    counts, seq_lens = num_tokens.long(), context_len.long() + num_tokens.long()
+    pages = (seq_lens + page_size - 1) // page_size
+    last = torch.zeros(padded_batch, dtype=torch.long, device=counts.device)
+    last[:counts.numel()] = torch.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
+    return _offsets(counts, padded_batch), _offsets(pages, padded_batch), last
+
+
+def _offsets(sizes: torch.Tensor, padded_batch: int) -> torch.Tensor:
+    """[padded_batch + 1] CSR offsets of `sizes`; padding rows repeat the total (zero length)."""
+    offsets = torch.zeros(padded_batch + 1, dtype=torch.long, device=sizes.device)
+    offsets[1:sizes.numel() + 1] = torch.cumsum(sizes, 0)
+    offsets[sizes.numel() + 1:] = offsets[sizes.numel()]
+    return offsets
+
+
+def _has_walk(mask: int, num_walks: int, walk_index: torch.Tensor) -> torch.Tensor:
+    """Per walk index: is it a walk of the key (0 <= w < num_walks) with bit w of `mask` set."""
+    walk = walk_index.long()
+    is_valid = (walk >= 0) & (walk < num_walks)
+    return is_valid & (((mask >> walk.clamp(0, max(num_walks - 1, 0))) & 1) == 1)
 
 
 def _write(dest: torch.Tensor, start: int, values: torch.Tensor) -> None:

@@ -44,7 +44,7 @@ def random_step(constants: GlueConstants, gen: torch.Generator, device: str, max
     num_walks = len(constants.walks)
     walk_index = randint(0, num_walks - 1, (num_rows,))
     # Walk 0 rows are prompt chunks, the others one-token steps (as prefill / decode are).
-    num_tokens = torch.where(walk_index == 0, randint(1, 12, (num_rows,)), 1)
+    num_tokens = torch.where(walk_index == 0, randint(0, 12, (num_rows,)), 1)
     context_len = randint(0, MAX_SEQ_LEN - 13, (num_rows,))
     total = int(num_tokens.sum())
     bigger_batches = [b for b in constants.batch_sizes if b >= num_rows]

@@ -54,6 +54,12 @@ def test_pack_worked_example():
                                           1 * 4, 1 * 4 + 1, 1 * 4 + 2, 1 * 4 + 3] + [PAD_SLOT] * 8
 
 
+def test_step_offsets_are_what_pack_step_writes():
+    counts, contexts = torch.tensor([1, 3, 4]), torch.tensor([5, 17, 0])
+    qo, kv, last = ref.step_offsets(CONSTANTS, counts, contexts, padded_batch=4)
+    assert (qo.tolist(), kv.tolist(), last.tolist()) == ([0, 1, 4, 8, 8], [0, 2, 7, 8, 8], [2, 4, 4, 0])
+
+
 def test_first_decode_iteration_takes_the_host_token():
     out = _pack([dict(walk_index=1, num_tokens=1, context_len=3, slot=2, loop_iter=0)], [42], 1, 1)
     assert out.tokens[0] == 42
