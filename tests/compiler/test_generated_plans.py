@@ -64,3 +64,23 @@ def test_generated_is_up_to_date():
 def test_checked_in_plans_load_and_verify(plan):
     loaded = load_plan(plan)
     assert loaded.header.glue_path == f"{plan.stem}_glue.py"
+
+
+def _compiled(config_name: str, tmp_path):
+    spec, config = _pair(ROOT / "configs" / f"{config_name}.yaml")
+    diags = Diagnostics()
+    result = compile_spec(spec, config, diags, tmp_path / f"{config_name}.plan")
+    assert result is not None, diags.render()
+    return result.plan
+
+
+def test_pd_disaggregated_configs_key_each_walk_on_its_worker(tmp_path):
+    orpheus = _compiled("orpheus_pd_disaggregated", tmp_path)
+    ranks = {w.rank: w.walk_to_key for w in orpheus.workers}
+    assert ranks[0]["LLM/prefill"] == "LLM:prefill" and ranks[1] == {"LLM/decode": "LLM:decode"}
+    colocated = _compiled("orpheus", tmp_path)
+    assert colocated.workers[0].walk_to_key["LLM/prefill"] == "LLM:mixed"
+    bagel = _compiled("bagel_pd_disaggregated", tmp_path)
+    bagel_ranks = {w.rank: w.walk_to_key for w in bagel.workers}
+    assert bagel_ranks[0]["LLM/prefill_text"] == "LLM:prefill_text"
+    assert bagel_ranks[1]["LLM/decode"] == "LLM:decode"
