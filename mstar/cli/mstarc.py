@@ -117,6 +117,10 @@ def cmd_regen(args) -> int:
     from mstar.lang.diagnostics import Diagnostics
 
     root = Path(args.root)
+    if not (root / "configs").is_dir() or not (root / "specs").is_dir():
+        sys.stderr.write(f"mstarc: {root} has no configs/ and specs/; run from the repository root "
+                         "or pass --root\n")
+        return EXIT_INPUT
     diags = Diagnostics()
     expected = regen.expected_outputs(root, diags)
     _report(diags)

@@ -169,3 +169,8 @@ def test_bench_json_smoke(repo, capsys):
     (pair,) = report["pairs"]
     assert pair["config"] == "llama" and pair["process_s"] > 0 and pair["own_work_s"] > 0
     assert "lower" in pair["own_work_per_pass_s"]
+
+
+def test_regen_outside_a_repository(tmp_path, capsys):
+    assert main(["regen", "--check", "--root", str(tmp_path)]) == 1
+    assert "no configs/ and specs/" in capsys.readouterr().err
