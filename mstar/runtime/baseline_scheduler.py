@@ -15,9 +15,8 @@ from typing import Callable, Optional, Sequence, Union
 
 from mstar.plan.schema import DeploymentPlan, KeyPlan, WorkerPlan
 from mstar.runtime.batch import Batch
+from mstar.runtime.scheduler import HOLD_BACKOFF_S
 from mstar.runtime.sched_errors import DuplicateRowError, SchedulerError, UnknownPlacementError
-
-HOLD_BACKOFF_S = 0.05
 
 
 @dataclass

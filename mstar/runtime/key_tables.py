@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from mstar.plan.schema import CaptureFamily, KeyPlan
+from mstar.runtime.sched_errors import SchedulerError
 
 #: Stands for "no rows limit" for a walk: larger than any cap.
 NO_LIMIT = 1 << 62
 
 
-class PlanTableError(ValueError):
+class PlanTableError(SchedulerError):
     """The plan's tables for a key are inconsistent (a missing mixture mask, an unknown capture)."""
 
 

@@ -3,6 +3,7 @@ import pytest
 from plan_factory import assemble_worker, build_key
 
 from mstar.plan.schema import DeploymentPlan, SpeculationPlan
+from mstar.runtime.key_tables import PlanTableError
 from mstar.runtime.scheduler import (
     DuplicateRowError,
     LostRowError,
@@ -141,3 +142,10 @@ def test_speculation_plan_defaults_do_not_matter_for_building():
     spec = SpeculationPlan(node="LLM", walk="decode", can_speculate=True, mixes_walks=False)
     sched = scheduler(llm(), specs=[spec])
     assert sched.next_batch() is None and sched.is_idle()
+
+
+def test_a_plan_with_a_missing_mixture_is_refused_with_a_clear_error():
+    key = llm()
+    broken = key.model_copy(update={"mixtures": key.mixtures[:3]})
+    with pytest.raises(PlanTableError, match=r"LLM:mixed: no mixture entry for masks \[3\]"):
+        scheduler(broken)
