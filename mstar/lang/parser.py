@@ -121,6 +121,7 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
     models_seen = 0
     for begin, end in zip(bounds, bounds[1:]):
         piece = text[begin:end]
+        is_last = _BLANK_OR_COMMENT.match(text[end:]) is not None
         if _BLANK_OR_COMMENT.match(piece):
             continue
         # Pad with the newlines before the piece so Lark reports lines of the whole file.
@@ -131,7 +132,7 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
         try:
             tree = _lark().parse(padded, start="chunk")
         except UnexpectedInput as error:
-            problem = explainer.explain(error, padded, file)
+            problem = explainer.explain(error, padded, file, is_declaration=True, is_last=is_last)
             diags.error(problem.code, problem.message, problem.span, *problem.notes)
             num_reported += 1
             continue

@@ -76,9 +76,12 @@ class ErrorExplainer:
 
     # ---- main entry ---------------------------------------------------------------------------
 
-    def explain(self, error: UnexpectedInput, text: str, file: str) -> SyntaxProblem:
+    def explain(self, error: UnexpectedInput, text: str, file: str, *,
+                is_declaration: bool = False, is_last: bool = True) -> SyntaxProblem:
+        """One problem for `error`, found parsing `text` (the whole file, or one declaration of it
+        when `is_declaration`; `is_last` says whether that declaration ends the file)."""
         if isinstance(error, UnexpectedToken):
-            return self._explain_token(error, text, file)
+            return self._explain_token(error, text, file, is_declaration, is_last)
         if isinstance(error, UnexpectedCharacters):
             char = text[error.pos_in_stream] if 0 <= error.pos_in_stream < len(text) else "?"
             span = ast.Span(file=file, line=error.line, col=error.column,
@@ -90,9 +93,13 @@ class ErrorExplainer:
                         col=getattr(error, "column", 1) or 1)
         return SyntaxProblem(codes.UNEXPECTED_TOKEN, f"syntax error: {error}", span)
 
-    def _explain_token(self, error: UnexpectedToken, text: str, file: str) -> SyntaxProblem:
+    def _explain_token(self, error: UnexpectedToken, text: str, file: str,
+                       is_declaration: bool, is_last: bool) -> SyntaxProblem:
         token = _normalised(error.token)
-        expected = {name.lstrip("_") for name in error.expected}
+        expected = {name.lstrip("_") if name != "$END" else name for name in _accepted(error)}
+        if is_declaration and "$END" in expected and token.type != "$END":
+            # The declaration may end here: the file may go on with the next declaration.
+            expected |= {"PARAM", "NODE", "WALK", "PARTITION"}
         stack = _value_stack(error)
         if token.type == "$END":
             span = _end_span(text, file)
@@ -108,8 +115,9 @@ class ErrorExplainer:
                                      f"missing `}}`: the block opened at line {brace.line} "
                                      f"is not closed before the end of the declaration", span,
                                      (Note("the block opened here", _token_span(brace, file)),))
+            ending = "end of file" if is_last else "end of the declaration"
             return SyntaxProblem(codes.UNEXPECTED_END,
-                                 f"unexpected end of file; expected {self.describe_expected(expected)}", span)
+                                 f"unexpected {ending}; expected {self.describe_expected(expected)}", span)
         if expected == {"MODEL"}:
             return SyntaxProblem(codes.MODEL_LINE,
                                  f"a spec starts with `model NAME`; found {where}", span)
@@ -186,6 +194,18 @@ def _normalised(token: Token) -> Token:
     return token
 
 
+def _accepted(error: UnexpectedToken) -> set[str]:
+    """The terminals the parser could take at the error: Lark's own list when the lexer failed
+    leaves out the end of input, so ask the parser state itself when it is there."""
+    parser = getattr(error, "interactive_parser", None)
+    if parser is not None:
+        try:
+            return set(parser.accepts())
+        except Exception:  # a failed probe only costs the better list, never the diagnostic
+            pass
+    return set(error.expected or ())
+
+
 def _value_stack(error: UnexpectedToken) -> list:
     parser = getattr(error, "interactive_parser", None)
     state = getattr(parser, "parser_state", None)
@@ -259,7 +279,7 @@ def _token_span(token: Token, file: str) -> ast.Span:
 
 def _end_span(text: str, file: str) -> ast.Span:
     """The place just after the last character that is not blank or a comment."""
-    lines = text.splitlines() or [""]
+    lines = text.split("\n")  # lines as Lark counts them
     for index in range(len(lines) - 1, -1, -1):
         content = lines[index].split("#", 1)[0].rstrip()
         if content:

@@ -20,7 +20,7 @@ CASES = [
     (
         'MW002',
         'model m\nparam x = 3 4\n',
-        'bad.mw:2:13: error[MW002]: unexpected `4`; expected one of `node`, `param`, `partition`, `walk`\n'
+        'bad.mw:2:13: error[MW002]: unexpected `4`; expected one of `node`, `param`, `partition`, `walk`, end of file\n'
         '    2 | param x = 3 4\n'
         '      |             ^\n',
     ),
@@ -216,3 +216,12 @@ def test_internal_failure_becomes_a_diagnostic(monkeypatch):
     (diagnostic,) = diags.items
     assert diagnostic.code == codes.INTERNAL_PARSER_ERROR
     assert "RuntimeError: boom" in diagnostic.message
+
+
+def test_a_declaration_cut_short_before_the_next_one_says_so():
+    diags = Diagnostics()
+    assert parse("model m\nparam x =\nnode a kv {}\n", "bad.mw", diags) is None
+    (diagnostic,) = diags.items
+    assert diagnostic.code == codes.UNEXPECTED_END
+    assert diagnostic.message == "unexpected end of the declaration; expected a number"
+    assert (diagnostic.span.line, diagnostic.span.col) == (2, 10)
