@@ -14,7 +14,6 @@ lists), not over rows: one-walk keys decide in O(1), mixed keys in O(walk altern
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 
 from mstar.runtime.batch import Batch
@@ -47,15 +46,15 @@ def compose(
     walk, how many rows of that walk's queue join (a prefix). `Composition.num_rows` includes the
     rows given in advance.
     """
-    seqs = queue.seqs
-    num_walks = len(seqs)
+    ids, runs = queue.ids, queue.runs
+    num_walks = len(ids)
     takes = [0] * num_walks
     caps = tables.caps
-    with_rows = [w for w in range(num_walks) if seqs[w]]
+    with_rows = [w for w in range(num_walks) if ids[w]]
     if len(with_rows) == 1 and (mask == 0 or mask == 1 << with_rows[0]):
         # One walk and no mixing: the walk's own cap bounds the step, no rows limits apply.
         walk = with_rows[0]
-        take = min(len(seqs[walk]), caps[1 << walk] - num_rows)
+        take = min(len(ids[walk]), caps[1 << walk] - num_rows)
         if take <= 0:
             return Composition(mask, takes, num_rows)
         takes[walk] = take
@@ -68,16 +67,15 @@ def compose(
     while open_walks:
         # The walk holding the oldest unscanned row, and the oldest head among the others.
         walk = open_walks[0]
-        walk_seqs = seqs[walk]
-        head_seq = walk_seqs[heads[walk]]
+        head_seq = runs[walk].seq_at(heads[walk])
         next_seq = _AFTER_ALL
         for other in open_walks[1:]:
-            seq = seqs[other][heads[other]]
+            seq = runs[other].seq_at(heads[other])
             if seq < head_seq:
                 next_seq, walk, head_seq = head_seq, other, seq
             elif seq < next_seq:
                 next_seq = seq
-        walk_seqs = seqs[walk]
+        num_walk_rows = len(ids[walk])
         bit = 1 << walk
         if not mask & bit:
             # The row would add a walk to the step: the new mask's cap and limits decide.
@@ -91,12 +89,12 @@ def compose(
             num_rows += 1
             heads[walk] += 1
             takes[walk] += 1
-            if heads[walk] == len(walk_seqs):
+            if heads[walk] == num_walk_rows:
                 open_walks.remove(walk)
                 continue
         # A run of this walk's rows older than every other walk's head, under a fixed mask.
         start = heads[walk]
-        end = len(walk_seqs) if next_seq == _AFTER_ALL else bisect_left(walk_seqs, next_seq, start)
+        end = num_walk_rows if next_seq == _AFTER_ALL else runs[walk].index_at_or_after(next_seq, start)
         room = caps[mask] - num_rows
         if is_mixed[mask]:
             room = min(room, limits[walk] - counts[walk])
@@ -105,7 +103,7 @@ def compose(
         takes[walk] += take
         counts[walk] += take
         num_rows += take
-        if take < end - start or heads[walk] == len(walk_seqs):
+        if take < end - start or heads[walk] == num_walk_rows:
             open_walks.remove(walk)
     return Composition(mask, takes, num_rows)
 

@@ -68,7 +68,8 @@ class CodecDims:
 
     codebook: int
     hidden: int
-    samples_per_token: int
+    num_quantizers: int  # codes per frame (Qwen3-Omni's Code2Wav: 16; SNAC's flattened stream: 1)
+    samples_per_token: int  # samples per frame
     sample_rate: int
     keep_frame: int  # which frame of a sliding window the codec keeps (SNAC keeps the 2nd of 4)
 
@@ -203,13 +204,15 @@ def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
     dims = CodecDims(
         codebook=_int(node, "codebook", 4096),
         hidden=_int(node, "hidden", 256),
+        num_quantizers=_int(node, "quantizers", 1),
         samples_per_token=_int(node, "samples_per_token", 292),
         sample_rate=_int(node, "sample_rate", 24000),
         keep_frame=node.dims.get("keep_frame", 1) if isinstance(node.dims.get("keep_frame", 1), int) else 1,
     )
     if mode == "spec":
         return dims
-    return replace(dims, codebook=min(dims.codebook, 256), hidden=32, samples_per_token=32)
+    return replace(dims, codebook=min(dims.codebook, 256), hidden=32, num_quantizers=min(dims.num_quantizers, 4),
+                   samples_per_token=32)
 
 
 def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:

@@ -1,7 +1,8 @@
 """Ready rows of one scheduling key, kept columnar: per walk, parallel FIFO lists.
 
-For walk index w: `ids[w]` (request ids), `seqs[w]` (arrival sequence numbers, strictly
-increasing within and across walks, so merged FIFO order is by seq) and `tokens[w]`. Rows enter
+For walk index w: `ids[w]` (request ids), `runs[w]` (their arrival sequence numbers, strictly
+increasing within and across walks so merged FIFO order is by sequence, kept as runs: see
+seq_runs.py) and `tokens[w]`. Rows enter
 in blocks and leave as prefixes of each walk's lists, so the cost per step is a few C-level list
 operations whatever the number of rows. `present` holds every request with a ready or held row
 under the key; it catches duplicates and lost rows.
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from mstar.runtime.sched_errors import DuplicateRowError, LostRowError
+from mstar.runtime.seq_runs import SeqRuns
 
 
 class KeyQueue:
@@ -21,7 +23,7 @@ class KeyQueue:
         self.walks = walks
         num_walks = len(walks)
         self.ids: list[list[str]] = [[] for _ in range(num_walks)]
-        self.seqs: list[list[int]] = [[] for _ in range(num_walks)]
+        self.runs: list[SeqRuns] = [SeqRuns() for _ in range(num_walks)]
         self.tokens: list[list[int]] = [[] for _ in range(num_walks)]
         self.present: set[str] = set()
         self.held: set[str] = set()
@@ -50,7 +52,7 @@ class KeyQueue:
                 present.difference_update(request_ids)  # all were new: undo exactly this add
                 raise DuplicateRowError(f"a request id repeats among rows added under key {self.name}")
         self.ids[walk].extend(request_ids)
-        self.seqs[walk].extend(range(first_seq, first_seq + count))
+        self.runs[walk].append(first_seq, count)
         self.tokens[walk].extend(tokens)
         self.num_ready += count
 
@@ -69,7 +71,7 @@ class KeyQueue:
                 chosen = ids[:count]
                 parts.append((w, chosen, tokens[:count]))
                 del ids[:count]
-                del self.seqs[w][:count]
+                self.runs[w].drop_front(count)
                 del tokens[:count]
                 self.present.difference_update(chosen)
                 num_taken += count
@@ -81,7 +83,8 @@ class KeyQueue:
         """Remove the named rows of one walk (any positions); return their tokens in the order
         named. Every named row must be ready (callers check with `has_rows` first)."""
         wanted = set(request_ids)
-        ids, seqs, tokens = self.ids[walk], self.seqs[walk], self.tokens[walk]
+        ids, tokens = self.ids[walk], self.tokens[walk]
+        seqs = self.runs[walk].to_list()
         token_of: dict[str, int] = {}
         kept: list[int] = []
         for i, rid in enumerate(ids):
@@ -90,7 +93,7 @@ class KeyQueue:
             else:
                 kept.append(i)
         self.ids[walk] = [ids[i] for i in kept]
-        self.seqs[walk] = [seqs[i] for i in kept]
+        self.runs[walk].reset([seqs[i] for i in kept])
         self.tokens[walk] = [tokens[i] for i in kept]
         self.present.difference_update(wanted)
         self.num_ready -= len(ids) - len(kept)
@@ -107,7 +110,10 @@ class KeyQueue:
             if request_id in ids:
                 at = ids.index(request_id)
                 del ids[at]
-                del self.seqs[w][at]
+                runs = self.runs[w]
+                seqs = runs.to_list()
+                del seqs[at]
+                runs.reset(seqs)
                 del self.tokens[w][at]
                 self.present.discard(request_id)
                 self.num_ready -= 1

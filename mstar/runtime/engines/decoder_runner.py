@@ -9,8 +9,9 @@ output, hidden states of another LLM) are added in (through a seeded adapter whe
 the node's hidden), masks and signals are ignored. A call that takes `latents` is an image-flow
 step: latents and `time_index` in, one Euler step of the flow out; it reads the KV context without
 writing it. Outputs per edge name: `latents`, `time_index`, names with `mask` (a bool tensor),
-names with `states` / `embeds` / `hidden` (hidden states; the last row only on a loop-back to
-itself), names starting `v_` (the flow velocity), anything else a sampled token id `[id]`.
+names with `states` / `hidden` (the hidden states of every token of the row), names with
+`embeds` (the last token's hidden state: the next input embedding), names starting `v_` (the flow velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec
+of Q > 1 quantizers, one frame: a tensor of Q codes).
 
 Memory: pages are allocated per step, all or nothing per step (when a row cannot get pages or a
 slot, no row runs; the runtime holds the failed rows and re-queues the rest). A request starts on the node only
@@ -67,7 +68,10 @@ def output_kind(name: str) -> str:
 
 class DecoderRunner:
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
-                 max_seq_len: int, slots: Optional[SlotPool], seed: int):
+                 max_seq_len: int, slots: Optional[SlotPool], seed: int,
+                 code_frames: Optional[dict[str, tuple[int, int]]] = None):
+        """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
+        that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav)."""
         self.node = node
         self.dims = dims
         self.model = model
@@ -83,6 +87,8 @@ class DecoderRunner:
         self.stop_tokens = _node_stop_tokens(node)
         self._budgets: dict[str, int] = {}  # started request -> pages it may need
         self._adapters: dict[tuple[str, int], torch.Tensor] = {}
+        self.code_frames = code_frames or {}
+        self._code_heads: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ requests
 
@@ -278,7 +284,9 @@ class DecoderRunner:
         velocity = self.model.velocity(hidden) if item.is_flow else None
         for name, kind in kinds.items():
             if kind == "token":
-                if token is not None:
+                if token is not None and name in self.code_frames:
+                    result.outputs[name] = self._code_frame(name, token, hidden[-1])
+                elif token is not None:
                     result.outputs[name] = [token]
             elif kind == "latents" and item.is_flow:
                 result.outputs[name] = item.latents + velocity / max(item.call.loop_max_iters, 1)
@@ -289,8 +297,23 @@ class DecoderRunner:
             elif kind == "velocity" and item.is_flow:
                 result.outputs[name] = velocity
             elif kind in ("hidden", "velocity", "latents"):
-                result.outputs[name] = hidden[-1:].clone() if self._is_self_loop(item.call, name) else hidden.clone()
+                is_last_only = "embeds" in name or self._is_self_loop(item.call, name)
+                result.outputs[name] = hidden[-1:].clone() if is_last_only else hidden.clone()
         return result
+
+    def _code_frame(self, name: str, token: int, last_hidden: torch.Tensor) -> torch.Tensor:
+        """One frame of codes: the sampled token, then one greedy code per further quantizer from a
+        fixed seeded head (a stand-in for Qwen3-Omni's code predictor). One stream item."""
+        num_quantizers, codebook = self.code_frames[name]
+        if num_quantizers == 1:
+            return torch.tensor([token])
+        if name not in self._code_heads:
+            seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/code_head".encode())
+            generator = torch.Generator().manual_seed(seed)
+            self._code_heads[name] = torch.randn((num_quantizers - 1) * codebook, self.dims.hidden,
+                                                 generator=generator) * self.dims.hidden ** -0.5
+        scores = (self._code_heads[name] @ last_hidden).view(num_quantizers - 1, codebook)
+        return torch.cat([torch.tensor([token]), scores.argmax(-1)])
 
     def _is_self_loop(self, call: CallInfo, name: str) -> bool:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)

@@ -3,7 +3,8 @@
 Rows are computed one by one (these nodes hold no KV and their inputs differ in size per row).
 Each returns the same value under every output edge name of its (node, walk) call.
 
-- codec: codes in (a list of ints, or a chunk of such lists) -> int16 samples. With a sliding
+- codec: codes in (a list of ints, or a chunk of per-frame code tensors; grouped into frames of
+  `quantizers` codes) -> int16 samples; an empty chunk gives no samples. With a sliding
   `window(size, stride)` stream policy a short window is padded to `size` by repeating its last code
   and the codec keeps frame `keep_frame` (stride codes' worth of samples) of each window, as SNAC does
   in Orpheus; with `left_context(chunk, context)` it drops the samples of the context codes it has
@@ -74,22 +75,23 @@ class CodecRunner(StatelessRunner):
 
     def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
         codes = self._first_value(row, call, "tokens")
-        if codes is None:
-            raise InputError("no audio codes in the row's inputs")
-        spt = self.model.dims.samples_per_token
+        if codes is None:  # an empty chunk decodes to no audio
+            return torch.zeros(0, dtype=torch.int16)
+        frames = self.model.frames(codes)
+        spf = self.model.dims.samples_per_token
         policy = self.policy
         if policy is not None and policy.kind == "window":
             stride = policy.stride or policy.size
-            if codes.shape[0] < policy.size:
-                codes = torch.cat([codes, codes[-1:].expand(policy.size - codes.shape[0])])
-            start = self.model.dims.keep_frame * stride * spt
-            return self.model(codes)[start:start + stride * spt]
+            if frames.shape[0] < policy.size:
+                frames = torch.cat([frames, frames[-1:].expand(policy.size - frames.shape[0], -1)])
+            start = self.model.dims.keep_frame * stride * spf
+            return self.model(frames)[start:start + stride * spf]
         if policy is not None and policy.kind == "left_context":
             seen = request.num_items_seen.get(self.node.name, 0)
-            num_context = min(policy.context or 0, seen, codes.shape[0])
-            request.num_items_seen[self.node.name] = seen + codes.shape[0] - num_context
-            return self.model(codes)[num_context * spt:]
-        return self.model(codes)
+            num_context = min(policy.context or 0, seen, frames.shape[0])
+            request.num_items_seen[self.node.name] = seen + frames.shape[0] - num_context
+            return self.model(frames)[num_context * spf:]
+        return self.model(frames)
 
 
 class EncoderRunner(StatelessRunner):

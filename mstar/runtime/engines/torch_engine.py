@@ -117,7 +117,20 @@ class TorchEngine:
             max_concurrent = self.plan.deployment.max_concurrent_requests
             num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
             slots = SlotPool(node.name, num_slots, max_concurrent)
-        return DecoderRunner(node, dims, model, page_size, pages, max_seq_len, slots, seed)
+        return DecoderRunner(node, dims, model, page_size, pages, max_seq_len, slots, seed,
+                             self._code_frames(node.name, mode))
+
+    def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:
+        """Token edges of `node` that feed a multi-quantizer codec -> (quantizers, codebook)."""
+        codecs = {n.name: n for n in self.plan.nodes if n.engine == "stateless" and n.flavor == "audio_codec"}
+        frames = {}
+        for (name, _), call in self.calls.items():
+            if name == node:
+                for edge in call.edges:
+                    if edge.dest in codecs and edge.dest_kind in ("node", "stream"):
+                        dims = codec_dims(codecs[edge.dest], mode)
+                        frames[edge.name] = (dims.num_quantizers, dims.codebook)
+        return frames
 
     def _stream_policy(self, node: str):
         for partition in self.plan.partitions:
