@@ -9,8 +9,8 @@ every walk present when the step first becomes mixed). Rows of one walk keep the
 once a row of walk w is pushed out, later rows of w stay out of this step too, so the rows
 scheduled are a prefix of each walk's queue. Rows pushed out stay in their queue (`returned`).
 
-Cost: the decisions run over runs of consecutive same-walk rows (found by bisect on the seq
-lists), not over rows: one-walk keys decide in O(1), mixed keys in O(walk alternations).
+Cost: the decisions run over runs of consecutive same-walk rows (found by bisect on each walk's
+sequence runs), not over rows: one-walk keys decide in O(1), mixed keys in O(walk alternations).
 """
 from __future__ import annotations
 
