@@ -305,8 +305,6 @@ class DecoderRunner:
         """One frame of codes: the sampled token, then one greedy code per further quantizer from a
         fixed seeded head (a stand-in for Qwen3-Omni's code predictor). One stream item."""
         num_quantizers, codebook = self.code_frames[name]
-        if num_quantizers == 1:
-            return torch.tensor([token])
         if name not in self._code_heads:
             seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/code_head".encode())
             generator = torch.Generator().manual_seed(seed)

@@ -129,7 +129,8 @@ class TorchEngine:
                 for edge in call.edges:
                     if edge.dest in codecs and edge.dest_kind in ("node", "stream"):
                         dims = codec_dims(codecs[edge.dest], mode)
-                        frames[edge.name] = (dims.num_quantizers, dims.codebook)
+                        if dims.num_quantizers > 1:  # one code per item needs no frames
+                            frames[edge.name] = (dims.num_quantizers, dims.codebook)
         return frames
 
     def _stream_policy(self, node: str):
