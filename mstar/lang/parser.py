@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from lark import Lark
-from lark.exceptions import LarkError, UnexpectedInput, VisitError
+from lark.exceptions import UnexpectedInput, VisitError
 from lark.lexer import PatternStr
 
 from mstar.lang import ast
@@ -37,7 +37,6 @@ GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "mw.lark"
 _DECLARATION_START = re.compile(r"^(model|param|node|walk|partition)\b", re.MULTILINE)
 # A keyword terminal of the grammar: a word ending at a word boundary.
 _KEYWORD_PATTERN = re.compile(r"^([a-z_]+)\\b$")
-_BLANK_OR_COMMENT = re.compile(r"\A(\s|#[^\n]*)*\Z")
 
 
 @lru_cache(maxsize=1)
@@ -56,7 +55,7 @@ def _lark() -> Lark:
 
 @lru_cache(maxsize=1)
 def _explainer() -> ErrorExplainer:
-    """Terminal name (without the leading `_` of filtered keywords) -> its literal text, if any."""
+    """The error explainer of this grammar, given each terminal's literal text (None for regexes)."""
     terminals: dict[str, Optional[str]] = {}
     for terminal in _lark().terminals:
         keyword = _KEYWORD_PATTERN.match(terminal.pattern.value)
@@ -121,8 +120,8 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
     models_seen = 0
     for begin, end in zip(bounds, bounds[1:]):
         piece = text[begin:end]
-        is_last = _BLANK_OR_COMMENT.match(text[end:]) is not None
-        if _BLANK_OR_COMMENT.match(piece):
+        is_last = _is_blank(text[end:])
+        if _is_blank(piece):
             continue
         # Pad with the newlines before the piece so Lark reports lines of the whole file.
         padded = "\n" * text.count("\n", 0, begin) + piece
@@ -135,8 +134,6 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
             problem = explainer.explain(error, padded, file, is_declaration=True, is_last=is_last)
             diags.error(problem.code, problem.message, problem.span, *problem.notes)
             num_reported += 1
-            continue
-        except LarkError:
             continue
         item = _build(tree, file, diags)
         is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
@@ -151,6 +148,11 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
     if num_reported == 0:
         problem = explainer.explain(whole_error, text, file)
         diags.error(problem.code, problem.message, problem.span, *problem.notes)
+
+
+def _is_blank(text: str) -> bool:
+    """Only whitespace and comments (checked line by line: a regex here backtracks badly)."""
+    return all(not line.split("#", 1)[0].strip() for line in text.split("\n"))
 
 
 def _num_errors(diags: Diagnostics) -> int:

@@ -225,3 +225,11 @@ def test_a_declaration_cut_short_before_the_next_one_says_so():
     assert diagnostic.code == codes.UNEXPECTED_END
     assert diagnostic.message == "unexpected end of the declaration; expected a number"
     assert (diagnostic.span.line, diagnostic.span.col) == (2, 10)
+
+
+def test_many_hashes_before_an_error_parse_quickly():
+    # A regex for "blank or comment" once backtracked exponentially on this input.
+    source = "model m\nwalk w {\n" + "# " * 40 + "\n$\n"
+    diags = Diagnostics()
+    assert parse(source, "bad.mw", diags) is None
+    assert [d.code for d in diags.items] == [codes.UNEXPECTED_CHARACTER]
