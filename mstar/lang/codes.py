@@ -25,6 +25,7 @@ DUPLICATE_SETTING = "MW020"
 CAPTURE_WITHOUT_BATCH = "MW021"
 NUMBER_OUT_OF_RANGE = "MW022"
 INVALID_STRING = "MW023"
+NESTING_TOO_DEEP = "MW024"
 INTERNAL_PARSER_ERROR = "MW099"
 
 TITLES: dict[str, str] = {
@@ -48,5 +49,6 @@ TITLES: dict[str, str] = {
     CAPTURE_WITHOUT_BATCH: "a capture without `batch=[...]`",
     NUMBER_OUT_OF_RANGE: "a number out of range",
     INVALID_STRING: "a quoted string with an invalid escape",
+    NESTING_TOO_DEEP: "blocks nested too deeply",
     INTERNAL_PARSER_ERROR: "internal parser error (a bug: please report it)",
 }

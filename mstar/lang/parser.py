@@ -33,6 +33,10 @@ from mstar.lang.syntax_errors import ErrorExplainer
 
 GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "mw.lark"
 
+# Blocks nest at most this deep: every later pass walks the tree recursively, and no real walk
+# comes near it.
+MAX_NESTING = 100
+_BRACE_OR_SKIPPED = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|[{}]')
 # A line that starts a top-level declaration: where error recovery cuts the file.
 _DECLARATION_START = re.compile(r"^(model|param|node|walk|partition)\b", re.MULTILINE)
 # A keyword terminal of the grammar: a word ending at a word boundary.
@@ -101,7 +105,36 @@ def _parse_checked(text: str, file: str, diags: Diagnostics) -> Optional[ast.Spe
     except UnexpectedInput as error:
         _report_by_declaration(text, file, diags, error)
         return None
+    if _reports_deep_nesting(text, file, diags):
+        return None
     return _build(tree, file, diags)
+
+
+def _reports_deep_nesting(text: str, file: str, diags: Diagnostics) -> bool:
+    """Adds MW024 and says True when blocks nest deeper than MAX_NESTING."""
+    too_deep = _first_brace_too_deep(text)
+    if too_deep is None:
+        return False
+    line, col = too_deep
+    diags.error(codes.NESTING_TOO_DEEP,
+                f"blocks are nested more than {MAX_NESTING} levels deep here; flatten the walk",
+                ast.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1))
+    return True
+
+
+def _first_brace_too_deep(text: str) -> Optional[tuple[int, int]]:
+    """(line, col) of the first `{` deeper than MAX_NESTING, outside comments and strings."""
+    depth = 0
+    for match in _BRACE_OR_SKIPPED.finditer(text):
+        brace = match.group()
+        if brace == "{":
+            depth += 1
+            if depth > MAX_NESTING:
+                line = text.count("\n", 0, match.start()) + 1
+                return line, match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
+        elif brace == "}":
+            depth -= 1
+    return None
 
 
 def _build(tree, file: str, diags: Diagnostics):
@@ -133,6 +166,9 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
         except UnexpectedInput as error:
             problem = explainer.explain(error, padded, file, is_declaration=True, is_last=is_last)
             diags.error(problem.code, problem.message, problem.span, *problem.notes)
+            num_reported += 1
+            continue
+        if _reports_deep_nesting(padded, file, diags):
             num_reported += 1
             continue
         item = _build(tree, file, diags)

@@ -165,7 +165,7 @@ def test_parse_error_golden(code, source, expected):
 
 
 def test_every_parse_code_has_a_golden_case_and_a_title():
-    tested = {case[0] for case in CASES} | {codes.INTERNAL_PARSER_ERROR}
+    tested = {case[0] for case in CASES} | {codes.INTERNAL_PARSER_ERROR, codes.NESTING_TOO_DEEP}
     registered = {value for name, value in vars(codes).items() if name.isupper() and isinstance(value, str)}
     assert registered == tested
     assert set(codes.TITLES) == registered
@@ -233,3 +233,21 @@ def test_many_hashes_before_an_error_parse_quickly():
     diags = Diagnostics()
     assert parse(source, "bad.mw", diags) is None
     assert [d.code for d in diags.items] == [codes.UNEXPECTED_CHARACTER]
+
+
+def test_blocks_nested_too_deep_golden():
+    source = "model m\nwalk w {\n" + "parallel {\n" * 100 + "a()\n" + "}\n" * 101
+    diags = Diagnostics()
+    assert parse(source, "bad.mw", diags) is None
+    assert diags.render() == (
+        "bad.mw:102:10: error[MW024]: blocks are nested more than 100 levels deep here; flatten the walk\n"
+        "  102 | parallel {\n"
+        "      |          ^\n"
+    )
+
+
+def test_deep_nesting_in_one_declaration_of_a_broken_file():
+    source = "model m\nparam x =\nwalk w {\n" + "parallel {\n" * 100 + "a()\n" + "}\n" * 101
+    diags = Diagnostics()
+    assert parse(source, "bad.mw", diags) is None
+    assert [d.code for d in diags.sorted()] == [codes.UNEXPECTED_END, codes.NESTING_TOO_DEEP]
