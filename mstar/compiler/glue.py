@@ -80,6 +80,10 @@ class KeyGlueSpec:
 def render_glue(plan: Plan, model: str, deployment: str) -> str:
     """The glue module's source for `plan`; `model` and `deployment` only name the inputs in the
     header comment (pass the spec's model name and the config name, e.g. `orpheus_tp2`)."""
+    for label, name in (("model", model), ("deployment", deployment)):
+        # They land in comments and a docstring: one printable line keeps the module valid.
+        if not name.isprintable() or '"""' in name:
+            raise GlueError(f"{label} name {name!r} cannot go into the glue file's header")
     specs = glue_specs(plan)
     worker_keys = {
         rank: sorted((spec.key, spec.ident) for spec in specs if rank in spec.ranks)

@@ -79,3 +79,8 @@ def test_walk_flags_of_a_walk_without_device_edges():
     prefill = next(w for w in tiny_plan().walks if w.name == "prefill")
     flags = walk_flags(prefill.body, "LLM")
     assert (flags.is_device_loop, flags.is_stream, flags.is_host) == (False, True, True)
+
+
+def test_names_that_would_break_the_header_are_refused():
+    with pytest.raises(GlueError, match="header"):
+        render_glue(tiny_plan(), "tiny\nimport os", "tiny")
