@@ -69,3 +69,36 @@ def test_qwen3_omni_text_and_audio():
     assert emitted(record, "text")
     audio = emitted(record, "audio")
     assert audio and all(is_audio(c) for c in audio) and sum(c.numel() for c in audio) > 0
+
+
+def test_small_kv_pool_holds_and_retries_and_an_oversized_request_fails_alone():
+    path = GENERATED / "llama.plan"
+    if not path.exists():
+        pytest.skip("llama plan not generated")
+    plan = load_plan(str(path))
+    page_size = next(p.page_size for p in plan.deployment.kv_pools if p.node == "LLM")
+    # Room for about two requests at a time; eight requests arrive together; one can never fit.
+    num_pages = 2 * -(-(4 + 12) // page_size)
+    engine = TorchEngine(plan, num_pages=num_pages)
+    failed = []
+    original = engine.run_step
+
+    def spy(step):
+        result = original(step)
+        failed.extend(result.allocation_failed)
+        return result
+
+    engine.run_step = spy
+    requests = [Request(id=f"r{i}", prompt_tokens=[i + 1] * 4, max_tokens=12) for i in range(8)]
+    requests.append(Request(id="huge", prompt_tokens=[1] * (num_pages * page_size), max_tokens=8))
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    records = driver.conductor.records
+    assert failed, "the small pool never filled up"
+    assert records["huge"].finish_reason.startswith("error") and "can never fit" in records["huge"].finish_reason
+    roomy = Driver(plan, TorchEngine(plan))
+    roomy.run(Workload(requests[:8]))
+    for i in range(8):
+        assert records[f"r{i}"].finish_reason == "length"
+        # held and retried rows lose nothing: the same tokens as with a roomy pool
+        assert emitted(records[f"r{i}"], "text") == emitted(roomy.conductor.records[f"r{i}"], "text")
