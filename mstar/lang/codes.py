@@ -21,6 +21,7 @@ UNKNOWN_ATTENTION_ROUTE = "MW013"
 UNKNOWN_CHUNK_POLICY = "MW014"
 UNKNOWN_EDGE_FLAG = "MW015"
 UNKNOWN_STATE_KIND = "MW016"
+CLIENT_WITHOUT_MODALITY = "MW017"
 DUPLICATE_SETTING = "MW020"
 CAPTURE_WITHOUT_BATCH = "MW021"
 NUMBER_OUT_OF_RANGE = "MW022"
@@ -45,6 +46,7 @@ TITLES: dict[str, str] = {
     UNKNOWN_CHUNK_POLICY: "unknown stream chunk policy",
     UNKNOWN_EDGE_FLAG: "unknown edge flag",
     UNKNOWN_STATE_KIND: "unknown state kind",
+    CLIENT_WITHOUT_MODALITY: "a client edge without a modality",
     DUPLICATE_SETTING: "a setting given twice",
     CAPTURE_WITHOUT_BATCH: "a capture without `batch=[...]`",
     NUMBER_OUT_OF_RANGE: "a number out of range",

@@ -159,9 +159,16 @@ class ErrorExplainer:
             return SyntaxProblem(codes.UNKNOWN_EDGE_FLAG,
                                  f"unknown edge flag `{flag}`; edge flags are {_EDGE_FLAGS}, and a client "
                                  f"edge is written `-> NAME: client MODALITY`", _token_span(flag, file))
-        if "LBRACE" in expected:
+        if stack and isinstance(stack[-1], Token) and stack[-1].type == "CLIENT" and "NAME" in expected:
+            return SyntaxProblem(codes.CLIENT_WITHOUT_MODALITY,
+                                 "a client edge names what it carries: `-> NAME: client MODALITY` "
+                                 f"(text, audio, image, ...); found {where}", span)
+        previous = _previous_token(stack)
+        if "LBRACE" in expected and (previous is None or previous.end_line < token.line):
+            # The header's line ended and the block's body started without its `{`.
             return SyntaxProblem(codes.MISSING_LBRACE,
-                                 f"missing `{{`: {plain}", span)
+                                 f"missing `{{` at the end of line {previous.end_line if previous else 1}: "
+                                 f"{plain}", span)
         return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain, span)
 
     def _explain_unknown_word(self, token: Token, expected: set[str]) -> Optional[tuple[str, str]]:
@@ -225,6 +232,18 @@ def _last_keyword(stack: list, keywords: set[str]) -> Optional[str]:
             return item.type.lstrip("_")
         if isinstance(item, Tree):
             return None
+    return None
+
+
+def _previous_token(stack: list) -> Optional[Token]:
+    """The last token the parser took before the error."""
+    for item in reversed(stack):
+        if isinstance(item, Token):
+            return item
+        if isinstance(item, Tree):
+            found = _final_token(item)
+            if found is not None:
+                return found
     return None
 
 

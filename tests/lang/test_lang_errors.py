@@ -34,7 +34,7 @@ CASES = [
     (
         'MW004',
         'model m\nwalk w\n    LLM(x)\n}\n',
-        'bad.mw:3:5: error[MW004]: missing `{`: unexpected name `LLM`; expected `{`\n'
+        'bad.mw:3:5: error[MW004]: missing `{` at the end of line 2: unexpected name `LLM`; expected `{`\n'
         '    3 |     LLM(x)\n'
         '      |     ^^^\n',
     ),
@@ -124,6 +124,13 @@ CASES = [
         'bad.mw:3:11: error[MW016]: unknown state kind `recur`; the state kind is `recurrent`\n'
         '    3 |     state recur(layers=1)\n'
         '      |           ^^^^^\n',
+    ),
+    (
+        'MW017',
+        'model m\nwalk w {\n    L(x) -> y: client\n}\n',
+        'bad.mw:4:1: error[MW017]: a client edge names what it carries: `-> NAME: client MODALITY` (text, audio, image, ...); found `}`\n'
+        '    4 | }\n'
+        '      | ^\n',
     ),
     (
         'MW020',
