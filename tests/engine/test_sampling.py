@@ -71,3 +71,15 @@ def test_stop_token_and_max_tokens_set_is_stop():
     probe.add_request("s", {"prompt_tokens": [1, 2], "max_tokens": 9, "stop_tokens": [token]})
     row = probe.run_step(step("LLM", [StepRow("s", "prefill", 2, 0, {"text_inputs": [1, 2]})])).rows[0]
     assert row.outputs["new_token"] == [token] and row.is_stop  # its stop token was sampled
+
+
+def test_on_device_loop_back_arriving_as_none_uses_the_engine_kept_token():
+    plain, kept = TorchEngine(llm_plan()), TorchEngine(llm_plan())
+    for engine in (plain, kept):
+        engine.add_request("r", Request(id="r", prompt_tokens=[4, 5, 6], max_tokens=9))
+    prefill = StepRow("r", "prefill", 3, 0, {"text_inputs": [4, 5, 6]})
+    token = plain.run_step(step("LLM", [prefill])).rows[0].outputs["new_token"]
+    kept.run_step(step("LLM", [prefill]))
+    explicit = plain.run_step(step("LLM", [StepRow("r", "decode", 1, 0, {"text_inputs": token})])).rows[0]
+    implicit = kept.run_step(step("LLM", [StepRow("r", "decode", 1, 0, {"text_inputs": None})])).rows[0]
+    assert implicit.outputs == explicit.outputs

@@ -145,7 +145,11 @@ class DecoderRunner:
         parts: list[torch.Tensor] = []
         tokens_fed: list[int] = []
         for name in call.inputs:
-            value = classify(name, row.inputs.get(name))
+            raw = row.inputs.get(name)
+            if raw is None and name in self._device_loop_backs(call):
+                # An on-device loop-back the conductor never saw: the engine kept the token.
+                raw = request.last_token.get(self.node.name)
+            value = classify(name, raw)
             if value.kind == "tokens":
                 parts.append(self.model.embed_tokens(value.tensor))
                 tokens_fed.extend(value.tensor.tolist())
@@ -278,6 +282,7 @@ class DecoderRunner:
             token = sample_token(logits, request.params, torch.tensor(history, dtype=torch.long),
                                  request.generator(node))
             request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+            request.last_token[node] = [token]
             max_tokens = request.params.max_tokens
             result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
                               or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
@@ -312,6 +317,9 @@ class DecoderRunner:
                                                  generator=generator) * self.dims.hidden ** -0.5
         scores = (self._code_heads[name] @ last_hidden).view(num_quantizers - 1, codebook)
         return torch.cat([torch.tensor([token]), scores.argmax(-1)])
+
+    def _device_loop_backs(self, call: CallInfo) -> set[str]:
+        return {e.name for e in call.edges if e.is_device and e.is_loop_back and e.dest == self.node.name}
 
     def _is_self_loop(self, call: CallInfo, name: str) -> bool:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)

@@ -19,6 +19,7 @@ class RequestState:
     history: dict[str, list[int]] = field(default_factory=dict)  # node -> token ids fed so far
     num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
     num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
+    last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
     _generators: dict[str, torch.Generator] = field(default_factory=dict)
 
     @classmethod
