@@ -9,7 +9,7 @@ trace can be compared (determinism, fast vs baseline scheduler).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from hypothesis import strategies as st
