@@ -72,7 +72,8 @@ def _source_excerpt(span: Span, sources: dict[str, str]) -> str:
     text = sources.get(span.file)
     if text is None:
         return ""
-    lines = text.splitlines()
+    # Lark counts lines by \n only; splitlines() would also break on \f and \u2028.
+    lines = text.split("\n")
     if not 1 <= span.line <= len(lines):
         return ""
     line_text = lines[span.line - 1].rstrip("\n")

@@ -45,12 +45,13 @@ lang_cases = {
  "MW014": (HEAD + "partition S = chunk <- P.x sliding(28, stride=7)\n", "A stream is cut by `window(SIZE, stride=N)`, `left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`."),
  "MW015": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client text persistent\n}\n", "Edge flags are `persist`, `stream`, `device` and `count_tokens`; a client edge names one modality."),
  "MW016": (HEAD + NODE % "    state conv(layers=2)\n", "The only state kind besides the KV cache is `recurrent`."),
+ "MW017": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client\n}\n", "A client edge names what it carries: `-> NAME: client MODALITY`."),
  "MW020": (HEAD + NODE % "    combine mixed = prefill + decode {\n        cap 8\n        cap 16\n    }\n", "A setting that fills one field (a combine's `cap`, `capture`, `attention`, a node's `kv_sequences`, ...) may be given once."),
  "MW021": (HEAD + NODE % "    capture decode batched tokens_per_row=2\n", "Every capture lists its batch sizes with `batch=[...]`."),
  "MW022": (HEAD + "param x = 99999999999999999999999\n", "Numbers must fit a signed 64-bit integer."),
  "MW023": (HEAD + 'node LLM kv(name="a\\q") {\n    in text_inputs\n}\n', "Quoted strings use JSON escapes."),
 }
-lang_no_example = {"MW099": "An unexpected failure inside the parser. This is a bug in mstar, never a problem of the input: please report it with the spec that caused it."}
+lang_no_example = {"MW024": "Blocks nested more than 100 deep; every pass walks the tree recursively.", "MW099": "An unexpected failure inside the parser. This is a bug in mstar, never a problem of the input: please report it with the spec that caused it."}
 
 explain = {
  "MW101": "A call or an edge names a node that no `node` declares. Edge destinations are a node, `conductor` or `client MODALITY`.",
