@@ -16,8 +16,9 @@ recurrent slot pool too small, a `--weights` checkpoint that does not fit the no
 """
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -39,6 +40,7 @@ from mstar.runtime.weights import WeightsError, init_random, load_llama_weights,
 Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
+MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and activations need the rest)
 
 
 class EngineError(ValueError):
@@ -60,6 +62,7 @@ class TorchEngine:
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}
+        self._num_weight_bytes = 0
         try:
             kinds = {node.name: node_kind(plan, node, self.calls) for node in plan.nodes}
             self.runners: dict[str, Runner] = {}
@@ -76,7 +79,8 @@ class TorchEngine:
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
         if kind == "codec":
-            model = CodecDecoder(codec_dims(node, mode))
+            dims = codec_dims(node, mode)
+            model = self._new(node.name, lambda: CodecDecoder(dims))
             init_random(model, seed, node.name)
             return CodecRunner(node, model, self._stream_policy(node.name))
         if kind == "encoder":
@@ -87,11 +91,12 @@ class TorchEngine:
                     for edge in call.edges:
                         dest = self.decoder_dims.get(edge.dest) if edge.dest_kind == "node" else None
                         widths[edge.name] = dest.hidden if dest else dims.hidden
-            model = MediaEncoder(dims, widths)
+            model = self._new(node.name, lambda: MediaEncoder(dims, widths))
             init_random(model, seed, node.name)
             return EncoderRunner(node, model)
         latent_source = self._latent_source()
-        model = ImageDecoder(image_decoder_dims(node, mode, latent_source))
+        image_dims = image_decoder_dims(node, mode, latent_source)
+        model = self._new(node.name, lambda: ImageDecoder(image_dims))
         init_random(model, seed, node.name)
         return ImageDecoderRunner(node, model)
 
@@ -104,7 +109,7 @@ class TorchEngine:
                                    "only plain Llama checkpoints load (LlamaForCausalLM)")
             dims = read_llama_config(weights_dir)
         self.decoder_dims[node.name] = dims
-        model = Decoder(dims)
+        model = self._new(node.name, lambda: Decoder(dims))
         init_random(model, seed, node.name)
         if weights_dir is not None:
             load_llama_weights(model, weights_dir, dims.is_tied_embeddings)
@@ -132,6 +137,19 @@ class TorchEngine:
                         if dims.num_quantizers > 1:  # one code per item needs no frames
                             frames[edge.name] = (dims.num_quantizers, dims.codebook)
         return frames
+
+    def _new(self, node: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """Build a model after checking, on the meta device, that every model so far fits in memory."""
+        with torch.device("meta"):
+            probe = factory()
+        self._num_weight_bytes += sum(p.numel() * p.element_size() for p in probe.parameters())
+        limit = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_FRACTION)
+        if self._num_weight_bytes > limit:
+            raise EngineError(
+                f"node {node}: the models' weights need {self._num_weight_bytes / 2**30:.1f} GiB but this "
+                f"machine allows {limit / 2**30:.1f} GiB; use --dims tiny (or a smaller checkpoint)"
+            )
+        return factory()
 
     def _stream_policy(self, node: str):
         for partition in self.plan.partitions:
