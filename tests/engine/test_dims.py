@@ -40,3 +40,12 @@ def test_bad_dims_are_refused():
                         recurrent=RecurrentState(num_layers=6, num_heads=2, key_dim=8, value_dim=8, num_slots=3))
     with pytest.raises(DimsError, match="recurrent state declares 6 layers"):
         decoder_dims(mismatch, "tiny")
+
+
+def test_spec_dims_too_large_for_the_machine_are_refused():
+    from engine_plans import LLM_DIMS, llm_plan
+    from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
+
+    huge = dict(LLM_DIMS, vocab=2**40)
+    with pytest.raises(EngineError, match="GiB but this machine allows"):
+        TorchEngine(llm_plan(huge), dims="spec")
