@@ -207,11 +207,13 @@ class Driver:
             self._drain()
             return True
         launch = _Launch(rank, batch, step, result, now, sched_s, continuing)
-        for follower in self._followers.get((rank, batch.node), ()):
-            self.schedulers[follower].register_follow(batch)
-            self._pending_tp.setdefault((follower, batch.node), deque()).append(launch)
-            self._tp_waiting.setdefault(id(launch), set()).add(follower)
         if not result.allocation_failed:
+            # Every rank of a TP group fails the same allocation, so a failed step is not
+            # followed: the followers keep their rows for the retry.
+            for follower in self._followers.get((rank, batch.node), ()):
+                self.schedulers[follower].register_follow(batch)
+                self._pending_tp.setdefault((follower, batch.node), deque()).append(launch)
+                self._tp_waiting.setdefault(id(launch), set()).add(follower)
             self._maybe_speculate(rank, batch, step)
         self._busy.add(rank)
         self._seq += 1
@@ -353,6 +355,13 @@ class Driver:
             if cancels:
                 wake.append(cancels[0][0])
             if not wake:
+                if self._tp_done_leaders:  # followers that will never run: release the leaders
+                    self._tp_waiting.clear()
+                    self._pending_tp.clear()
+                    for leader in list(self._tp_done_leaders.values()):
+                        self._postprocess(leader)
+                    self._tp_done_leaders.clear()
+                    continue
                 if not self.conductor.active and not pending:
                     return
                 for request_id in list(self.conductor.active):

@@ -1,0 +1,82 @@
+"""`mstar run` and `mstar bench scheduler` through the CLI entry point."""
+import json
+
+from mstar.cli.mstar import main
+
+from runtime_plans import ROOT
+
+ORPHEUS = str(ROOT / "generated" / "orpheus.plan")
+
+
+def test_missing_plan_exits_1_with_a_message(capsys, tmp_path):
+    assert main(["run", "--plan", str(tmp_path / "nope.plan"), "--engine", "sim"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mstar: error:") and "Traceback" not in err
+
+
+def test_corrupt_plan_exits_1_with_a_message(capsys, tmp_path):
+    bad = tmp_path / "bad.plan"
+    bad.write_text('{"header": 3}')
+    assert main(["run", "--plan", str(bad), "--engine", "sim"]) == 1
+    err = capsys.readouterr().err
+    assert "mstar: error:" in err and "Traceback" not in err
+
+
+def test_sim_run_200_requests_with_report_timeline_and_outputs(capsys, tmp_path):
+    report, timeline, out = tmp_path / "r.json", tmp_path / "t.png", tmp_path / "out"
+    code = main(["run", "--plan", ORPHEUS, "--engine", "sim", "--requests", "200", "--no-progress",
+                 "--report", str(report), "--timeline", str(timeline), "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "requests/s" in printed and "TTFT" in printed
+    summary = json.loads(report.read_text())
+    assert summary["num_requests"] == 200 and summary["num_completed"] == 200
+    assert {"p50", "p90", "p99"} <= set(summary["ttft_ms"]) and summary["tokens_per_s"] > 0
+    assert "LLM:mixed" in summary["step_composition"]
+    assert timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = (out / "outputs.jsonl").read_text().splitlines()
+    assert len(lines) == 200
+    first = json.loads(lines[0])
+    assert set(first) == {"id", "output_tokens", "ttft_ms", "finish_reason"}
+    assert (out / f"{first['id']}.wav").exists()
+
+
+def test_prompts_file_runs_and_bad_lines_are_named(capsys, tmp_path):
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"id": "a", "prompt_tokens": [1, 2, 3], "max_tokens": 5}\n\n'
+                    '{"id": "b", "prompt_tokens": [4], "max_tokens": 3, "temperature": 0.7, "top_p": 0.9, "seed": 1}\n')
+    assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompts", str(good), "--no-progress"]) == 0
+    assert "2 (2 ok, 0 failed)" in capsys.readouterr().out
+    for text, expected in [
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 5}\n{"id": "b", "max_tokens": 5}\n', "p.jsonl:2: missing required field 'prompt_tokens'"),
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 0}\n', "'max_tokens' must be >= 1"),
+        ('{"id": "a", "prompt_tokens": "hi", "max_tokens": 3}\n', "field 'prompt_tokens' must be list"),
+        ('not json\n', "p.jsonl:1: not valid JSON"),
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, "colour": 1}\n', "unknown field(s) ['colour']"),
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3}\n{"id": "a", "prompt_tokens": [1], "max_tokens": 3}\n', "duplicate id 'a'"),
+    ]:
+        good.write_text(text)
+        assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompts", str(good)]) == 1
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, err
+
+
+def test_bad_ranges_and_routes_exit_1(capsys):
+    assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompt-len", "9..3"]) == 1
+    assert "--prompt-len: need 1 <= A <= B" in capsys.readouterr().err
+    assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--route", "nonsense"]) == 1
+    assert "--route: expected PARTITION=WALK,WALK" in capsys.readouterr().err
+
+
+def test_a_route_the_plan_does_not_have_fails_the_requests_not_the_run(capsys):
+    code = main(["run", "--plan", ORPHEUS, "--engine", "sim", "--requests", "3", "--no-progress",
+                 "--route", "LLM=prefill"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "3 failed" in captured.out and "stage ['decode'] is not optional" in captured.err
+
+
+def test_bench_scheduler_is_wired(capsys):
+    assert main(["bench", "scheduler", "--json", "--iters", "3", "--warmup", "0"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "decode_64" in result["scenarios"]
