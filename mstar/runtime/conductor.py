@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from mstar.plan.schema import CallPlan, Plan, WalkPlan
 from mstar.runtime.partition_state import PartitionState
-from mstar.runtime.request import Request, RequestRecord, count_elements, num_tokens_of
+from mstar.runtime.request import Request, RequestRecord, count_elements
 from mstar.runtime.step import Engine, RowResult, StepRow
 from mstar.runtime.streams import StreamBuffer
 from mstar.runtime.walk_state import ActiveCall
@@ -186,17 +186,11 @@ class Conductor:
         return StepRow(
             request_id=request_id,
             walk=walk,
-            num_tokens=self.num_tokens(call),
+            num_tokens=call.num_tokens,
             context_len=self.active[request_id].context.get(node, 0),
             inputs=call.inputs,
             loop_iter=call.loop_iter,
         )
-
-    @staticmethod
-    def num_tokens(call: ActiveCall) -> int:
-        if not call.inputs:
-            return 1
-        return max(num_tokens_of(value) for value in call.inputs.values())
 
     def on_row(self, node: str, walk: str, num_tokens: int, result: RowResult) -> None:
         """A row of a step ran (num_tokens: what it fed). Results of stale rows are ignored."""
@@ -247,6 +241,7 @@ class Conductor:
         """Start walks, re-check waiting calls, end partitions, propagate producer-done, and
         collect ready rows, until nothing changes."""
         is_changed = True
+        is_any_done = True  # partitions may have ended before this call (max tokens, routes)
         while is_changed:
             is_changed = False
             for ps in state.partitions:
@@ -254,31 +249,33 @@ class Conductor:
                     continue
                 run = ps.run
                 if run is None:
-                    if ps.is_drained():
-                        ps.end()
-                    elif ps.start_next() is None:
+                    run = ps.start_next()
+                    if run is None:
+                        if ps.is_drained():
+                            ps.end()
+                            is_any_done = True
                         continue
                     is_changed = True
-                    run = ps.run
-                    if run is None:
-                        continue
-                else:
+                elif run.waiting:
                     run.retry_waiting()
+                if run.new_ready:
+                    request_id = state.record.request.id
+                    for call in run.new_ready:
+                        self.ready_out.append((request_id, call.node, run.name, call.num_tokens))
+                    run.new_ready.clear()
                 if run.is_done:
                     ps.finish_run()
                     is_changed = True
-                elif ps.is_starved():
+                    is_any_done = is_any_done or ps.is_done
+                elif run.waiting and ps.is_starved():
                     ps.end()
-                    is_changed = True
-                if run.new_ready:
-                    for call in run.new_ready:
-                        if not run.is_cancelled:
-                            self.ready_out.append((state.record.request.id, call.node, run.name, self.num_tokens(call)))
-                    run.new_ready.clear()
-            for ps in state.partitions:
-                if ps.is_done and ps.name not in state.signalled:
-                    self._signal_done(state, ps)
-                    is_changed = True
+                    is_changed = is_any_done = True
+            if is_any_done:
+                is_any_done = False
+                for ps in state.partitions:
+                    if ps.is_done and ps.name not in state.signalled:
+                        self._signal_done(state, ps)
+                        is_changed = True
         if all(ps.is_done for ps in state.partitions):
             reason = "length" if any(ps.is_length for ps in state.partitions) else "stop"
             self._end(state, reason)

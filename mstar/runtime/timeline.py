@@ -1,6 +1,7 @@
 """`--timeline FILE.png`: step composition and latency over the run, drawn with matplotlib (Agg).
 
-Top: rows per step over time, stacked by walk (one point per non-follower step, at its start).
+Top: mean rows per step over time, stacked by walk (steps binned by start time; TP follower
+copies left out).
 Bottom: each request's TTFT (at its first token) and the mean inter-token gap (at its finish).
 """
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from mstar.runtime.metrics import StepLog
+
+NUM_BINS = 150
 
 
 def draw(log: StepLog, records: list[Any], path: str) -> None:
@@ -18,16 +21,13 @@ def draw(log: StepLog, records: list[Any], path: str) -> None:
 
     walks = sorted({walk for rows in log.walk_rows for walk in rows})
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    times = [t for t, f in zip(log.start_s, log.is_follower) if not f]
-    base = [0] * len(times)
-    for walk in walks:
-        counts = [rows.get(walk, 0) for rows, f in zip(log.walk_rows, log.is_follower) if not f]
-        top.bar(times, counts, bottom=base, width=_bar_width(times), label=walk, align="edge")
-        base = [b + c for b, c in zip(base, counts)]
-    top.set_ylabel("rows per step")
-    top.set_title("step composition")
-    if walks:
+    steps = [(t, rows) for t, rows, f in zip(log.start_s, log.walk_rows, log.is_follower) if not f]
+    if steps and walks:
+        centers, means = _binned(steps, walks)
+        top.stackplot(centers, [means[walk] for walk in walks], labels=walks, step="mid")
         top.legend(loc="upper right", fontsize="small", ncol=min(len(walks), 4))
+    top.set_ylabel("mean rows per step")
+    top.set_title("step composition (rows per walk, averaged over time bins)")
     ttft = [(r.first_token_s, (r.first_token_s - r.arrival_s) * 1000.0) for r in records if r.first_token_s is not None]
     itl = []
     for record in records:
@@ -48,7 +48,18 @@ def draw(log: StepLog, records: list[Any], path: str) -> None:
     plt.close(figure)
 
 
-def _bar_width(times: list[float]) -> float:
-    if len(times) < 2:
-        return 0.001
-    return max((times[-1] - times[0]) / len(times), 1e-6)
+def _binned(steps: list[tuple[float, dict[str, int]]], walks: list[str]) -> tuple[list[float], dict[str, list[float]]]:
+    """Mean rows of each walk per step, in up to NUM_BINS equal time bins (empty bins: 0)."""
+    start, end = steps[0][0], max(t for t, _ in steps)
+    num_bins = min(NUM_BINS, len(steps))
+    width = max((end - start) / num_bins, 1e-9)
+    sums = {walk: [0.0] * num_bins for walk in walks}
+    counts = [0] * num_bins
+    for t, rows in steps:
+        index = min(int((t - start) / width), num_bins - 1)
+        counts[index] += 1
+        for walk, num in rows.items():
+            sums[walk][index] += num
+    centers = [start + (i + 0.5) * width for i in range(num_bins)]
+    means = {walk: [s / c if c else 0.0 for s, c in zip(sums[walk], counts)] for walk in walks}
+    return centers, means

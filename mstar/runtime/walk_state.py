@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, ParallelPlan, SectionPlan, WalkPlan
+from mstar.runtime.request import num_tokens_of
 
 
 class InputSource(Protocol):
@@ -46,7 +47,7 @@ class WalkStateError(Exception):
 class ActiveCall:
     """A call of the walk that has been reached and has not completed yet."""
 
-    __slots__ = ("run", "plan", "parent", "loop", "inputs", "is_ready")
+    __slots__ = ("run", "plan", "parent", "loop", "inputs", "is_ready", "num_tokens")
 
     def __init__(self, run: "WalkRun", plan: CallPlan, parent: "_Frame", loop: Optional["_LoopFrame"]):
         self.run = run
@@ -55,6 +56,7 @@ class ActiveCall:
         self.loop = loop
         self.inputs: dict[str, Any] = {}
         self.is_ready = False
+        self.num_tokens = 1  # tokens the row feeds: the largest over its inputs, 1 without any
 
     @property
     def node(self) -> str:
@@ -283,6 +285,8 @@ class WalkRun:
             else:
                 inputs[name] = self.source.take(node, name)
         call.inputs = inputs
+        if inputs:
+            call.num_tokens = max(num_tokens_of(value) for value in inputs.values())
         call.is_ready = True
         self.new_ready.append(call)
         return True
