@@ -55,7 +55,8 @@ def write_png(path: str | Path, image: Any) -> tuple[int, int]:
 
 def is_image(value: Any) -> bool:
     """A float tensor shaped like an RGB image."""
-    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 3 and 3 in (value.shape[0], value.shape[-1])
+    return (isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() == 3
+            and 3 in (value.shape[0], value.shape[-1]))
 
 
 def is_audio(value: Any) -> bool:

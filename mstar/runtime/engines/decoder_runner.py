@@ -1,22 +1,23 @@
 """Runs the rows of one kv node's step: allocate KV pages and state slots, pack, forward, sample.
 
-In: `(StepRow, CallInfo)` pairs of one step (rows may belong to different walks: a mixed step).
+In: `(StepRow, CallInfo, RequestState)` triples of one step (rows may belong to different walks: a mixed step).
 Out: a `RowResult` per row that ran or failed alone, and the ids of rows that could not get memory
 (nothing ran for them; the scheduler holds and retries them).
 
 Inputs per row (see docs/engine.md): token-id values are embedded, embedding tensors (encoder
-output, hidden states of another LLM) are added in (through a seeded adapter when their width is not
-the node's hidden), masks and signals are ignored. A call that takes `latents` is an image-flow
+output, hidden states of another LLM) are added in (through a seeded adapter when their width is
+not the node's hidden), masks and signals are ignored. A call that takes `latents` is an image-flow
 step: latents and `time_index` in, one Euler step of the flow out; it reads the KV context without
 writing it. Outputs per edge name: `latents`, `time_index`, names with `mask` (a bool tensor),
-names with `states` / `hidden` (the hidden states of every token of the row), names with
-`embeds` (the last token's hidden state: the next input embedding), names starting `v_` (the flow velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec
-of Q > 1 quantizers, one frame: a tensor of Q codes).
+names with `states` / `hidden` (the hidden states of every token of the row), names with `embeds`
+(the last token's hidden state: the next input embedding), names starting `v_` (the flow
+velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec of Q > 1
+quantizers, one frame: a tensor of Q codes).
 
 Memory: pages are allocated per step, all or nothing per step (when a row cannot get pages or a
-slot, no row runs; the runtime holds the failed rows and re-queues the rest). A request starts on the node only
-when the pages it may need (prompt + max_tokens) fit beside what already-started requests may still
-need, so running requests can always finish and a full pool never deadlocks.
+slot, no row runs; the runtime holds the failed rows and re-queues the rest). A request starts on
+the node only when the pages it may need (prompt + max_tokens) fit beside what already-started
+requests may still need, so running requests can always finish and a full pool never deadlocks.
 """
 from __future__ import annotations
 
@@ -183,7 +184,8 @@ class DecoderRunner:
             return embeds
         key = (name, width)
         if key not in self._adapters:
-            generator = torch.Generator().manual_seed(zlib.crc32(f"{self.seed}/{self.node.name}/{name}/{width}".encode()))
+            seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/{width}".encode())
+            generator = torch.Generator().manual_seed(seed)
             self._adapters[key] = torch.randn(self.dims.hidden, width, generator=generator) * width ** -0.5
         return embeds @ self._adapters[key].T
 

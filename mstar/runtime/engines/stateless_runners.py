@@ -108,7 +108,8 @@ class EncoderRunner(StatelessRunner):
             except InputError as error:
                 results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
                 continue
-            results.append(RowResult(row.request_id, outputs={n: outputs[n] for n in call.output_names if n in outputs}))
+            named = {name: outputs[name] for name in call.output_names if name in outputs}
+            results.append(RowResult(row.request_id, outputs=named))
         return results, []
 
     def _features(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:

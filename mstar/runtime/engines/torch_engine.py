@@ -8,8 +8,9 @@ node (kind from `mstar.runtime.models.kinds`, dims from `mstar.runtime.dims`) an
 - `run_step(step)` -> `StepResult`: per-row outputs keyed by the output edge names of that row's
   (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot;
 - `end_request(id)` frees its pages and slots.
-With tiny dims the engine sets torch to one thread (see `__init__`). One engine serves every worker of the plan (one KV pool per kv node, shared by its walks, so a
-prefill/decode split across ranks needs no KV transfer on the CPU).
+With tiny dims the engine sets torch to one thread (see `__init__`). One engine serves every
+worker of the plan (one KV pool per kv node, shared by its walks, so a prefill/decode split across
+ranks needs no KV transfer on the CPU).
 
 Start-up refusals (`EngineError`, a clear message): a kind the engine has no model for, bad dims, a
 recurrent slot pool too small, a `--weights` checkpoint that does not fit the node.
@@ -23,7 +24,9 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from mstar.plan.schema import NodePlan, Plan
-from mstar.runtime.dims import DIMS_MODES, DecoderDims, DimsError, codec_dims, decoder_dims, encoder_dims, image_decoder_dims
+from mstar.runtime.dims import (
+    DIMS_MODES, DecoderDims, DimsError, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
+)
 from mstar.runtime.engines.decoder_runner import DecoderRunner
 from mstar.runtime.engines.request_state import RequestState
 from mstar.runtime.engines.stateless_runners import CodecRunner, EncoderRunner, ImageDecoderRunner
@@ -188,9 +191,11 @@ class TorchEngine:
             call = self.calls.get((step.node, row.walk))
             request = self.requests.get(row.request_id)
             if runner is None or call is None:
-                results.append(RowResult(row.request_id, error=f"the plan has no call of node {step.node} in walk {row.walk}"))
+                error = f"the plan has no call of node {step.node} in walk {row.walk}"
+                results.append(RowResult(row.request_id, error=error))
             elif request is None:
-                results.append(RowResult(row.request_id, error=f"request {row.request_id} was never added to the engine"))
+                error = f"request {row.request_id} was never added to the engine"
+                results.append(RowResult(row.request_id, error=error))
             else:
                 rows.append((row, call, request))
         failed: list[str] = []
