@@ -60,8 +60,12 @@ class PartitionState:
         """Start the walk of the current stage; None when the partition has nothing to start."""
         if self.is_done or self.run is not None:
             return None
-        if self.is_self_triggered and not any(buf.has_chunk() for buf in self.own_buffers):
-            return None
+        if self.is_self_triggered:
+            for buf in self.own_buffers:
+                if buf.has_chunk():
+                    break
+            else:
+                return None
         walk = self.walks[0] if self.is_repeating else self.walks[self.stage]
         self.run = WalkRun(walk, self, self, self.stream_inputs)
         self.run.start()

@@ -43,6 +43,7 @@ class StreamBuffer:
         self._num_chunks = 0
         self.is_producer_done = False
         self.is_finished = False  # the final chunk was taken (or there was nothing left)
+        self._next_end = self._next_span()[1]  # a full chunk exists once this many items do
 
     def push(self, value: Any) -> None:
         if isinstance(value, list):
@@ -72,12 +73,9 @@ class StreamBuffer:
 
     def has_chunk(self) -> bool:
         """Whether poll() would give a chunk now (without taking it)."""
-        if self.is_finished:
-            return False
-        _, end, _ = self._next_span()
-        if end <= len(self._items):
-            return True
-        if not self.is_producer_done:
+        if self._next_end <= len(self._items):
+            return not self.is_finished
+        if self.is_finished or not self.is_producer_done:
             return False
         # A keep-alive empty chunk, or a final partial chunk of uncovered items.
         return self._policy.is_continue_after_done or self._covered < len(self._items)
@@ -130,3 +128,4 @@ class StreamBuffer:
             del self._items[:drop]
             self._pos -= drop
             self._covered = max(0, self._covered - drop)
+        self._next_end = self._next_span()[1]

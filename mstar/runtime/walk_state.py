@@ -178,8 +178,14 @@ class _LoopFrame(_Frame):
         return self._run_iterations()
 
     def _run_iterations(self) -> bool:
+        sections = self.plan.body
+        is_one_call = len(sections) == 1 and isinstance(sections[0], CallPlan)
         while True:
-            body = _SeqFrame(self.run, self.plan.body, self, self)
+            # A one-call body (a decode loop) needs no sequence frame around its call.
+            if is_one_call:
+                body = ActiveCall(self.run, sections[0], self, self)
+            else:
+                body = _SeqFrame(self.run, sections, self, self)
             if not body.start():
                 return False
             if self._end_iteration():
