@@ -68,16 +68,15 @@ def build(trace):
     return Workload(requests, closed_concurrency=trace["closed"], cancellations=cancels)
 
 
-class Recorder:
-    """Wraps a SimEngine: remembers every row of every step that ran."""
+class RecordingSim(SimEngine):
+    """The simulated engine, remembering every row of every step that ran."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.rows = []
-        self.num_steps = 0
 
     def run_step(self, step):
-        result = self.engine.run_step(step)
+        result = super().run_step(step)
         if not result.allocation_failed:
             self.rows.extend((step.node, row.request_id, row.num_tokens, row.context_len) for row in step.rows)
         return result
@@ -93,11 +92,7 @@ def test_random_traces_lose_and_duplicate_nothing(trace):
         counter["steps"] += 1
         return [step.rows[0].request_id] if counter["steps"] in trace["oom_steps"] else []
 
-    engine = SimEngine(plan, num_pages=trace["num_pages"], inject_oom=inject_oom, inject_error=errors)
-    recorder = Recorder(engine)
-    engine_run_step = engine.run_step
-    engine.run_step = recorder.run_step
-    recorder.engine = type("E", (), {"run_step": staticmethod(engine_run_step)})()
+    engine = RecordingSim(plan, num_pages=trace["num_pages"], inject_oom=inject_oom, inject_error=errors)
     workload = build(trace)
     driver = Driver(plan, engine)
     driver.run(workload)
@@ -120,7 +115,7 @@ def test_random_traces_lose_and_duplicate_nothing(trace):
     # No row lost or run twice: per (request, kv node), context grows by exactly what ran.
     kv_nodes = {n.name for n in plan.nodes if n.engine == "kv"}
     context = {}
-    for node, rid, num_tokens, context_len in recorder.rows:
+    for node, rid, num_tokens, context_len in engine.rows:
         if node in kv_nodes:
             assert context.get((rid, node), 0) == context_len, (rid, node)
             context[(rid, node)] = context_len + num_tokens
