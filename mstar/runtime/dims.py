@@ -19,6 +19,7 @@ from mstar.plan.schema import NodePlan
 
 DimsMode = Literal["tiny", "spec"]
 DIMS_MODES = ("tiny", "spec")
+DECODER_STYLES = ("llama", "qwen3_5")
 
 
 class DimsError(ValueError):
@@ -40,14 +41,23 @@ class DecoderDims:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     is_tied_embeddings: bool = False
+    # "llama", or "qwen3_5": zero-centred norms (1 + w), q/k norms, a sigmoid output gate per
+    # attention head, partial rotary
+    style: str = "llama"
+    partial_rotary: float = 1.0  # fraction of head_dim that rotates
     # gated delta-net layers (unused when every layer is full attention)
-    num_linear_heads: int = 2
+    num_linear_heads: int = 2  # q/k heads
+    num_linear_value_heads: int = 2  # v heads (a multiple of the q/k heads)
     linear_key_dim: int = 16
     linear_value_dim: int = 16
     conv_kernel: int = 4
     # image-flow head (BAGEL image_gen): latents are `latent_tokens` rows of `latent_channels`
     latent_channels: int = 4
     latent_tokens: int = 16
+
+    @property
+    def rotary_dim(self) -> int:
+        return max(2, int(self.head_dim * self.partial_rotary) // 2 * 2)
 
     @property
     def num_full_layers(self) -> int:
@@ -146,6 +156,10 @@ def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
     hidden = _int(node, "hidden", num_qo_heads * head_dim)
     full = layer_pattern(node, num_layers)
     recurrent = node.recurrent
+    style = node.dims.get("style", "llama" if all(full) else "qwen3_5")
+    if style not in DECODER_STYLES:
+        raise DimsError(f"node {node.name}: style={style!r} is not one of {', '.join(DECODER_STYLES)}")
+    num_linear_heads = recurrent.num_heads if recurrent else _int(node, "linear_heads", 2)
     dims = DecoderDims(
         num_layers=num_layers,
         num_kv_heads=num_kv_heads,
@@ -156,13 +170,19 @@ def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
         vocab=_int(node, "vocab", 32000),
         layer_is_full=full,
         rope_theta=_float(node, "rope_theta", 10000.0),
-        num_linear_heads=recurrent.num_heads if recurrent else _int(node, "linear_heads", 2),
+        style=style,
+        partial_rotary=_float(node, "partial_rotary", 0.25 if style == "qwen3_5" else 1.0),
+        num_linear_heads=num_linear_heads,
+        num_linear_value_heads=_int(node, "linear_value_heads", num_linear_heads),
         linear_key_dim=recurrent.key_dim if recurrent else _int(node, "linear_key_dim", 16),
         linear_value_dim=recurrent.value_dim if recurrent else _int(node, "linear_value_dim", 16),
         conv_kernel=_int(node, "conv_kernel", 4),
         latent_channels=_int(node, "latent_channels", 16),
         latent_tokens=_int(node, "latent_tokens", 4096),
     )
+    if dims.num_linear_value_heads % dims.num_linear_heads:
+        raise DimsError(f"node {node.name}: linear_value_heads={dims.num_linear_value_heads} is not a multiple "
+                        f"of the {dims.num_linear_heads} linear q/k heads")
     if recurrent is not None and recurrent.num_layers != dims.num_linear_layers:
         raise DimsError(
             f"node {node.name}: recurrent state declares {recurrent.num_layers} layers but the "
@@ -184,6 +204,7 @@ def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
         vocab=min(dims.vocab, 512),
         layer_is_full=unit if node.recurrent or "layer_pattern" in node.dims else (True, True),
         num_linear_heads=2,
+        num_linear_value_heads=2 * (dims.num_linear_value_heads // dims.num_linear_heads),
         linear_key_dim=16,
         linear_value_dim=16,
         latent_channels=4,

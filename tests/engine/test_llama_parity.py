@@ -58,7 +58,7 @@ def test_tied_checkpoint_loads(tmp_path):
 
 def test_other_architecture_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    with pytest.raises(EngineError, match="GPT2LMHeadModel does not fit a Llama decoder"):
+    with pytest.raises(EngineError, match="GPT2LMHeadModel is not one the engine loads"):
         TorchEngine(llm_plan(), weights_dir=str(tmp_path))
 
 
@@ -70,5 +70,5 @@ def test_missing_checkpoint_is_refused(tmp_path):
 def test_llama_checkpoint_on_hybrid_node_is_refused(checkpoint):
     from engine_plans import hybrid_plan
 
-    with pytest.raises(EngineError, match="gated delta-net layers"):
+    with pytest.raises(EngineError, match="checkpoint is a plain Llama decoder but node LLM is a Qwen3.5"):
         TorchEngine(hybrid_plan(), weights_dir=str(checkpoint[0]))

@@ -81,10 +81,11 @@ class DecoderRunner:
         self.pool = PagePool(num_pages, page_size)
         self.cache = KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim)
         self.slots = slots
-        self.states = (LinearStates.zeros(dims.num_linear_layers, slots.num_slots, 2 * dims.num_linear_heads
-                                          * dims.linear_key_dim + dims.num_linear_heads * dims.linear_value_dim,
-                                          dims.conv_kernel, dims.num_linear_heads, dims.linear_key_dim,
-                                          dims.linear_value_dim) if slots else None)
+        conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
+                    + dims.num_linear_value_heads * dims.linear_value_dim)
+        self.states = (LinearStates.zeros(dims.num_linear_layers, slots.num_slots, conv_dim, dims.conv_kernel,
+                                          dims.num_linear_value_heads, dims.linear_key_dim, dims.linear_value_dim)
+                       if slots else None)
         self.stop_tokens = _node_stop_tokens(node)
         self._budgets: dict[str, int] = {}  # started request -> pages it may need
         self._adapters: dict[tuple[str, int], torch.Tensor] = {}

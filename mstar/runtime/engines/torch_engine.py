@@ -38,7 +38,7 @@ from mstar.runtime.models.image_decoder import ImageDecoder
 from mstar.runtime.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
 from mstar.runtime.sampling import SamplingError
 from mstar.runtime.step import RowResult, Step, StepResult
-from mstar.runtime.weights import WeightsError, init_random, load_llama_weights, read_llama_config
+from mstar.runtime.weights import WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config
 
 Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
 DEFAULT_PAGE_SIZE = 16
@@ -107,15 +107,17 @@ class TorchEngine:
                        num_pages: Optional[int]) -> DecoderRunner:
         dims = decoder_dims(node, mode)
         if weights_dir is not None:
-            if dims.has_linear_layers:
-                raise WeightsError(f"--weights {weights_dir}: node {node.name} has gated delta-net layers; "
-                                   "only plain Llama checkpoints load (LlamaForCausalLM)")
-            dims = read_llama_config(weights_dir)
+            checkpoint = read_checkpoint_config(weights_dir)
+            if checkpoint.style != dims.style:
+                kinds = {"llama": "a plain Llama decoder", "qwen3_5": "a Qwen3.5 gated delta-net hybrid"}
+                raise WeightsError(f"--weights {weights_dir}: the checkpoint is {kinds[checkpoint.style]} but "
+                                   f"node {node.name} is {kinds[dims.style]}")
+            dims = checkpoint
         self.decoder_dims[node.name] = dims
         model = self._new(node.name, lambda: Decoder(dims))
         init_random(model, seed, node.name)
         if weights_dir is not None:
-            load_llama_weights(model, weights_dir, dims.is_tied_embeddings)
+            load_checkpoint_weights(model, weights_dir, dims.is_tied_embeddings)
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
         page_size = pool.page_size if pool else _dim_int(node, "page_size", DEFAULT_PAGE_SIZE)
         max_seq_len = pool.max_seq_len if pool else _dim_int(node, "max_seq_len", self.plan.deployment.max_seq_len)

@@ -1,12 +1,14 @@
 """The kv node model: a Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
 
 Layers are full softmax attention over the paged KV cache, or gated delta-net linear attention over
-recurrent slots (the Qwen3.5 3:1 pattern), as `DecoderDims.layer_is_full` says. Besides the token
+recurrent slots (the Qwen3.5 3:1 pattern), as `DecoderDims.layer_is_full` says. The `qwen3_5`
+style adds Qwen3.5's details: zero-centred norms, q/k norms, gated attention output, partial RoPE. Besides the token
 embedding and the LM head the model has a small image-flow head for BAGEL-style `image_gen`: latent
 rows and a timestep are projected in, and a velocity is read out of the same hidden states.
 
-Parameter names follow Hugging Face's LlamaForCausalLM (`model.layers.{i}.self_attn.q_proj.weight`,
-...) so a Llama checkpoint loads by name (see `mstar.runtime.weights`).
+Parameter names follow Hugging Face's LlamaForCausalLM and Qwen3_5ForCausalLM
+(`model.layers.{i}.self_attn.q_proj.weight`, `model.layers.{i}.linear_attn.in_proj_qkv.weight`, ...)
+so those checkpoints load by name (see `mstar.runtime.weights`).
 """
 from __future__ import annotations
 
@@ -35,38 +37,57 @@ class DecoderBatch:
 
 
 class FullAttention(nn.Module):
+    """Grouped-query attention over the paged cache; with the qwen3_5 style also per-head q/k
+    RMSNorm before RoPE, partial rotary, and a sigmoid gate (from q_proj) on the output."""
+
     def __init__(self, dims: DecoderDims):
         super().__init__()
         self.dims = dims
-        self.q_proj = nn.Linear(dims.hidden, dims.num_qo_heads * dims.head_dim, bias=False)
+        self.is_gated = dims.style == "qwen3_5"
+        q_width = dims.num_qo_heads * dims.head_dim * (2 if self.is_gated else 1)
+        self.q_proj = nn.Linear(dims.hidden, q_width, bias=False)
         self.k_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
         self.v_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
         self.o_proj = nn.Linear(dims.num_qo_heads * dims.head_dim, dims.hidden, bias=False)
+        if self.is_gated:
+            self.q_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=True)
+            self.k_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=True)
 
     def forward(self, x: torch.Tensor, batch: DecoderBatch, cache_k: torch.Tensor,
                 cache_v: torch.Tensor) -> torch.Tensor:
         d = self.dims
         n = x.shape[0]
-        q = seg_linear(x, self.q_proj.weight, batch.bounds).view(n, d.num_qo_heads, d.head_dim)
+        q = seg_linear(x, self.q_proj.weight, batch.bounds)
         k = seg_linear(x, self.k_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
         v = seg_linear(x, self.v_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
-        q = rotary(q, batch.positions, d.rope_theta)
-        k = rotary(k, batch.positions, d.rope_theta)
-        out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5)
-        return seg_linear(out.reshape(n, -1), self.o_proj.weight, batch.bounds)
+        gate = None
+        if self.is_gated:
+            # q_proj gives [query | gate] per head (not two halves of the whole output).
+            q, gate = q.view(n, d.num_qo_heads, 2 * d.head_dim).split(d.head_dim, dim=-1)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(n, d.num_qo_heads, d.head_dim)
+        rotary_dim = d.rotary_dim if d.partial_rotary < 1.0 else 0
+        q = rotary(q, batch.positions, d.rope_theta, rotary_dim)
+        k = rotary(k, batch.positions, d.rope_theta, rotary_dim)
+        out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5).reshape(n, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(n, -1))
+        return seg_linear(out, self.o_proj.weight, batch.bounds)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, dims: DecoderDims, is_full: bool):
         super().__init__()
         self.is_full = is_full
-        self.input_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
+        is_centred = dims.style == "qwen3_5"
+        self.input_layernorm = RMSNorm(dims.hidden, dims.rms_eps, is_centred)
         if is_full:
             self.self_attn = FullAttention(dims)
         else:
             self.linear_attn = GatedDeltaNet(dims.hidden, dims.num_linear_heads, dims.linear_key_dim,
-                                             dims.linear_value_dim, dims.conv_kernel, dims.rms_eps)
-        self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
+                                             dims.linear_value_dim, dims.conv_kernel, dims.rms_eps,
+                                             dims.num_linear_value_heads)
+        self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps, is_centred)
         self.mlp = SwiGLU(dims.hidden, dims.intermediate)
 
 
@@ -77,7 +98,7 @@ class Decoder(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(dims.vocab, dims.hidden)
         self.model.layers = nn.ModuleList(DecoderLayer(dims, is_full) for is_full in dims.layer_is_full)
-        self.model.norm = RMSNorm(dims.hidden, dims.rms_eps)
+        self.model.norm = RMSNorm(dims.hidden, dims.rms_eps, dims.style == "qwen3_5")
         self.lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
         self.flow = nn.Module()
         self.flow.latent_in = nn.Linear(dims.latent_channels, dims.hidden, bias=False)

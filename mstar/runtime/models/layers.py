@@ -22,24 +22,34 @@ def seg_linear(x: torch.Tensor, weight: torch.Tensor, bounds: Bounds) -> torch.T
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * w, normalised in fp32 (Llama's convention: a plain multiplier w)."""
+    """x / rms(x) * w, normalised in fp32.
 
-    def __init__(self, dim: int, eps: float):
+    Llama multiplies by a plain w (initialised to 1); Qwen3.5 stores w centred on zero and
+    multiplies by 1 + w in fp32 (`is_zero_centred`, initialised to 0).
+    """
+
+    def __init__(self, dim: int, eps: float, is_zero_centred: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.is_zero_centred = is_zero_centred
+        self.weight = nn.Parameter(torch.zeros(dim) if is_zero_centred else torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.is_zero_centred:
+            return (x32 * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama rotary embedding on `x` `[N, heads, head_dim]` at integer `positions` `[N]`.
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int = 0) -> torch.Tensor:
+    """Rotary embedding on `x` `[N, heads, head_dim]` at integer `positions` `[N]`.
 
-    Half rotation: dim i pairs with dim i + head_dim/2 (HF's rotate_half).
+    Half rotation: dim i pairs with dim i + rotary_dim/2 (HF's rotate_half). Only the first
+    `rotary_dim` dims rotate (Qwen3.5's partial rotary); 0 means all of them.
     """
+    if rotary_dim and rotary_dim < x.shape[-1]:
+        return torch.cat([rotary(x[..., :rotary_dim], positions, theta), x[..., rotary_dim:]], dim=-1)
     head_dim = x.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     freqs = positions.float().unsqueeze(1) * inv_freq.unsqueeze(0)
