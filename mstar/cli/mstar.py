@@ -149,7 +149,8 @@ def _write_outputs(out_dir: str, records: list[Any], plan: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from mstar.runtime.driver import Driver
+    from mstar.runtime.driver import Driver, DriverError
+    from mstar.runtime.key_tables import PlanTableError
     from mstar.runtime.metrics import render_table, summarize
 
     plan = _load_plan(args.plan)
@@ -161,9 +162,12 @@ def run_command(args: argparse.Namespace) -> int:
 
         progress = tqdm(total=len(workload.requests), desc="requests", unit="req", file=sys.stderr,
                         disable=not sys.stderr.isatty())
-    driver = Driver(plan, engine, on_finish=progress.update if progress is not None else None)
-    started = time.perf_counter()
-    driver.run(workload)
+    try:
+        driver = Driver(plan, engine, on_finish=progress.update if progress is not None else None)
+        started = time.perf_counter()
+        driver.run(workload)
+    except (DriverError, PlanTableError) as error:  # a plan whose tables do not hold together
+        raise CliError(str(error)) from None
     host_wall_s = time.perf_counter() - started
     if progress is not None:
         progress.close()

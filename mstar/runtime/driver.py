@@ -30,13 +30,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from mstar.plan.schema import LoopPlan, Plan
+from mstar.plan.schema import Plan
 from mstar.runtime.batch import Batch
 from mstar.runtime.conductor import Conductor
 from mstar.runtime.metrics import StepLog
 from mstar.runtime.request import Request
 from mstar.runtime.scheduler import WorkerScheduler
-from mstar.runtime.step import Engine, RowResult, Step, StepResult
+from mstar.runtime.step import Engine, Step, StepResult
+
+
+class DriverError(Exception):
+    """The plan cannot be driven (a (node, walk) that no worker runs)."""
 
 
 @dataclass
@@ -88,7 +92,7 @@ class Driver:
         self._spec_walks = {
             (w.rank, s.node, s.walk) for w in plan.workers for s in w.speculation if s.can_speculate
         }
-        self._loop_walks = self._walks_with_loops()
+        self._keys = {(w.rank, key.name): key for w in plan.workers for key in w.keys}
         self._busy: set[int] = set()
         self._spec: dict[int, tuple[Batch, set[str]]] = {}  # worker -> (speculative batch, continuing rows)
         self._covered: dict[int, set[tuple[str, str, str]]] = {w.rank: set() for w in plan.workers}
@@ -97,7 +101,6 @@ class Driver:
         self._pending_tp: dict[tuple[int, str], deque] = {}  # (follower, node) -> leader launches
         self._tp_waiting: dict[int, set[int]] = {}  # id(leader launch) -> followers still to run
         self._tp_done_leaders: dict[int, _Launch] = {}
-        self._num_finished = 0
 
     # ------------------------------------------------------------ placement
 
@@ -117,22 +120,10 @@ class Driver:
                     found.append(instance)
         return instances
 
-    def _walks_with_loops(self) -> set[str]:
-        names = set()
-        for walk in self.plan.walks:
-            stack = list(walk.body)
-            while stack:
-                section = stack.pop()
-                if isinstance(section, LoopPlan):
-                    names.add(walk.name)
-                if not hasattr(section, "node"):
-                    stack.extend(section.body)
-        return names
-
     def _ranks_for(self, request_id: str, node: str, walk: str) -> tuple[int, ...]:
         instances = self._instances.get((node, walk))
         if not instances:
-            raise RuntimeError(f"the plan places no worker for {node}/{walk}")
+            raise DriverError(f"the plan places no worker for {node}/{walk}; recompile the plan")
         if len(instances) == 1:
             return instances[0]
         return instances[zlib.crc32(request_id.encode()) % len(instances)]
@@ -156,7 +147,6 @@ class Driver:
             for request_id in ended:
                 for scheduler in self.schedulers.values():
                     scheduler.remove(request_id)
-            self._num_finished += len(ended)
             if self.on_finish is not None:
                 self.on_finish(len(ended))
 
@@ -170,14 +160,27 @@ class Driver:
                 rows.append(row)
         if not rows:
             return None
-        label = batch.label
-        if len(rows) != batch.num_rows and label is None and len({r.walk for r in rows}) == 1:
-            label = rows[0].walk
-        return Step(
-            worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=label, rows=rows,
+        step = Step(
+            worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=batch.label, rows=rows,
             attention=batch.attention, capture=batch.capture, padded_batch=batch.padded_batch,
             token_bucket=batch.token_bucket, is_speculative=batch.is_speculative,
         )
+        if len(rows) != batch.num_rows:
+            self._recompose(rank, step)
+        return step
+
+    def _recompose(self, rank: int, step: Step) -> None:
+        """Stale rows were left out: when that removed a walk from the step, take the mixture
+        entry of the walks left and run eagerly (the batch's capture no longer applies)."""
+        key = self._keys[(rank, step.key)]
+        mask = 0
+        for row in step.rows:
+            mask |= 1 << key.walks.index(row.walk)
+        if mask == step.mask:
+            return  # same walks, fewer rows: the padded bucket still holds them
+        entry = next(e for e in key.mixtures if e.mask == mask)
+        step.mask, step.label, step.attention = mask, entry.label, entry.attention
+        step.capture, step.padded_batch, step.token_bucket = None, 0, 0
 
     def _launch(self, rank: int) -> bool:
         scheduler = self.schedulers[rank]
