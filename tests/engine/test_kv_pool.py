@@ -34,6 +34,7 @@ def test_full_pool_fails_rows_and_every_request_still_finishes():
     small.run_step = spy
     assert generate(small, prompts, 6) == generate(big, prompts, 6)
     assert failed_rows, "the small pool should have failed some rows"
+    assert small.runners["LLM"].pool.num_free_pages == 4  # every page came back
 
 
 def test_allocation_failure_runs_nothing_in_the_step():
@@ -82,4 +83,6 @@ def test_too_few_recurrent_slots_refused_at_start():
 def test_slot_pool_full_holds_rows_until_a_request_ends():
     prompts = {f"r{i}": [i + 2] * 5 for i in range(4)}
     # 3 slots = sink + 2 requests at a time.
-    assert generate(TorchEngine(hybrid_plan(num_slots=3)), prompts, 4) == generate(TorchEngine(hybrid_plan()), prompts, 4)
+    engine = TorchEngine(hybrid_plan(num_slots=3))
+    assert generate(engine, prompts, 4) == generate(TorchEngine(hybrid_plan()), prompts, 4)
+    assert engine.runners["LLM"].slots.num_free_slots == 2  # every slot came back

@@ -90,12 +90,18 @@ class DecoderRunner:
         self._budgets: dict[str, int] = {}  # started request -> pages it may need
         self._adapters: dict[tuple[str, int], torch.Tensor] = {}
         self.code_frames = code_frames or {}
+        self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
         self._code_heads: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ requests
 
     def _budget_tokens(self, request: RequestState) -> int:
         return len(request.prompt_tokens) + (request.params.max_tokens or 0)
+
+    def _start_budget_pages(self, request: RequestState) -> int:
+        """Pages a request may need here: its text plus the media tokens encoders may feed in."""
+        num_tokens = self._budget_tokens(request) + self.num_media_tokens
+        return min(self.pool.pages_for(num_tokens), self.pool.num_pages)
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
@@ -220,7 +226,7 @@ class DecoderRunner:
                 is_granted = num_pages <= num_free - (outstanding - remaining)
                 claimed = -min(num_pages, remaining)
             else:
-                budget = self._budget_pages(item.request)
+                budget = self._start_budget_pages(item.request)
                 is_granted = max(budget, num_pages) <= num_free - outstanding
                 claimed = max(0, budget - num_pages)
             if not is_granted or (needs_slot and num_free_slots == 0):
@@ -236,15 +242,12 @@ class DecoderRunner:
         for item in ready:
             request_id = item.row.request_id
             if request_id not in self._budgets:
-                self._budgets[request_id] = self._budget_pages(item.request)
+                self._budgets[request_id] = self._start_budget_pages(item.request)
             is_reserved = self.pool.reserve((request_id, item.row.kv_sequence), self._num_new(item))
             if not is_reserved:
                 raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
             if self.slots is not None and self.slots.slot_of(request_id) is None:
                 self.states.clear(self.slots.acquire(request_id))
-
-    def _budget_pages(self, request: RequestState) -> int:
-        return min(self.pool.pages_for(self._budget_tokens(request)), self.pool.num_pages)
 
     def _outstanding_pages(self) -> int:
         """Pages started requests may still claim (their budget minus what they hold)."""

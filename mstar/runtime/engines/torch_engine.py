@@ -74,6 +74,18 @@ class TorchEngine:
                 self.runners[node.name] = self._build(node, kinds[node.name], dims, weights_dir, seed, num_pages)
         except (DimsError, NodeKindError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
+        self._count_media_tokens()
+
+    def _count_media_tokens(self) -> None:
+        """Tell each decoder how many tokens its encoders may feed a request (for start budgets)."""
+        for (name, _), call in self.calls.items():
+            runner = self.runners[name]
+            if isinstance(runner, EncoderRunner):
+                fed = {edge.dest for edge in call.edges if edge.dest_kind == "node"}
+                for dest in fed:
+                    target = self.runners.get(dest)
+                    if isinstance(target, DecoderRunner):
+                        target.num_media_tokens += runner.model.dims.num_tokens
 
     # ------------------------------------------------------------------ start-up
 
