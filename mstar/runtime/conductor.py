@@ -276,9 +276,11 @@ class Conductor:
                     if ps.is_done and ps.name not in state.signalled:
                         self._signal_done(state, ps)
                         is_changed = True
-        if all(ps.is_done for ps in state.partitions):
-            reason = "length" if any(ps.is_length for ps in state.partitions) else "stop"
-            self._end(state, reason)
+        for ps in state.partitions:
+            if not ps.is_done:
+                return
+        reason = "length" if any(ps.is_length for ps in state.partitions) else "stop"
+        self._end(state, reason)
 
     def _signal_done(self, state: _RequestState, ps: PartitionState) -> None:
         state.signalled.add(ps.name)

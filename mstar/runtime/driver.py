@@ -13,8 +13,8 @@ Event loop (one process drives every worker of the plan):
 - a completion is post-processed in one pass: each row result goes to the conductor, then the
   rows that became ready go to the schedulers of the ranks running them (a TP group: all its
   ranks; data-parallel replicas: one per request by a hash of its id);
-- allocation_failed: the whole step is retried later (scheduler.hold: nothing lost), a
-  speculation built on it is discarded;
+- allocation_failed: nothing of the step ran; it is retried later (scheduler.hold: nothing
+  lost), a speculation built on it is discarded; rows the engine failed alone still fail;
 - TP groups: the leader's batch is registered on its followers; the leader's results are
   post-processed only once every follower ran its copy (lockstep);
 - a step whose engine call raises fails the requests of that step alone.
@@ -134,14 +134,21 @@ class Driver:
         conductor = self.conductor
         if conductor.ready_out:
             ready, conductor.ready_out = conductor.ready_out, []
+            # One add_ready_many per (rank, node, walk), rows in the order they became ready.
+            groups: dict[tuple[int, str, str], tuple[list[str], list[int]]] = {}
             for request_id, node, walk, num_tokens in ready:
                 for rank in self._ranks_for(request_id, node, walk):
                     covered = self._covered[rank]
-                    key = (request_id, node, walk)
-                    if key in covered:
-                        covered.discard(key)
+                    if covered and (request_id, node, walk) in covered:
+                        covered.discard((request_id, node, walk))
                         continue
-                    self.schedulers[rank].add_ready(request_id, node, walk, num_tokens)
+                    group = groups.get((rank, node, walk))
+                    if group is None:
+                        group = groups[(rank, node, walk)] = ([], [])
+                    group[0].append(request_id)
+                    group[1].append(num_tokens)
+            for (rank, node, walk), (request_ids, num_tokens) in groups.items():
+                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens)
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
             for request_id in ended:
@@ -301,6 +308,9 @@ class Driver:
             if spec is not None:
                 scheduler.discard(spec[0])
                 self._uncover(rank, spec[0], spec[1])
+            for row_result in result.rows:  # rows that failed alone still fail (nothing else ran)
+                if row_result.error is not None:
+                    self.conductor.fail(row_result.request_id, f"error: {row_result.error}")
         else:
             conductor = self.conductor
             by_id = {row.request_id: row for row in step.rows}

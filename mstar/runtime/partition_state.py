@@ -105,9 +105,12 @@ class PartitionState:
 
     def is_drained(self) -> bool:
         """Self-triggered partition with no run and no chunk that will ever come."""
-        return self.is_repeating and self.run is None and all(
-            buf.is_exhausted for buf in self.own_buffers
-        )
+        if not self.is_repeating or self.run is not None:
+            return False
+        for buf in self.own_buffers:
+            if not buf.is_producer_done or not buf.is_exhausted:
+                return False
+        return True
 
     # ------------------------------------------------------------ InputSource
 

@@ -47,20 +47,17 @@ class WalkStateError(Exception):
 class ActiveCall:
     """A call of the walk that has been reached and has not completed yet."""
 
-    __slots__ = ("run", "plan", "parent", "loop", "inputs", "is_ready", "num_tokens")
+    __slots__ = ("run", "plan", "node", "parent", "loop", "inputs", "is_ready", "num_tokens")
 
     def __init__(self, run: "WalkRun", plan: CallPlan, parent: "_Frame", loop: Optional["_LoopFrame"]):
         self.run = run
         self.plan = plan
+        self.node = plan.node
         self.parent = parent
         self.loop = loop
         self.inputs: dict[str, Any] = {}
         self.is_ready = False
         self.num_tokens = 1  # tokens the row feeds: the largest over its inputs, 1 without any
-
-    @property
-    def node(self) -> str:
-        return self.plan.node
 
     @property
     def loop_iter(self) -> int:
@@ -280,8 +277,9 @@ class WalkRun:
 
     def _try_ready(self, call: ActiveCall) -> bool:
         node = call.node
-        if not all(self._has_input(node, name) for name in call.plan.inputs):
-            return False
+        for name in call.plan.inputs:
+            if not self._has_input(node, name):
+                return False
         inputs = {}
         for name in call.plan.inputs:
             if (node, name) in self.inbox:

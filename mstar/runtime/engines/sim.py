@@ -159,8 +159,7 @@ class SimEngine:
             short = self.inject_oom(step)
             if short:
                 return StepResult(rows=[], allocation_failed=list(short), elapsed_s=CAPTURED_LAUNCH_S)
-        results = [self._row_result(step, row) for row in step.rows]
-        return StepResult(rows=results, elapsed_s=self.step_time(step))
+        return StepResult(rows=self._row_results(step), elapsed_s=self.step_time(step))
 
     # ------------------------------------------------------------ internals
 
@@ -193,21 +192,29 @@ class SimEngine:
         pool.num_free = num_free
         return []
 
-    def _row_result(self, step: Step, row) -> RowResult:
-        request_id = row.request_id
-        error = self.inject_error.pop(request_id, None)
-        if error is not None:
-            return RowResult(request_id, error=error)
-        names = self.out_names.get((step.node, row.walk), ())
-        if step.node not in self.weights or step.node not in self.pools:
-            return RowResult(request_id, outputs={name: [row.num_tokens] for name in names})
-        key = (request_id, step.node)
-        count = self.num_sampled.get(key, 0) + 1
-        self.num_sampled[key] = count
-        token = (count * 7919 + len(request_id) * 104729 + self.seed) % 4096
-        spec = self.requests.get(request_id)
-        is_stop = spec is not None and count >= spec.max_tokens
-        return RowResult(request_id, outputs={name: [token] for name in names}, is_stop=is_stop)
+    def _row_results(self, step: Step) -> list[RowResult]:
+        """One pass over the rows: placeholder outputs, sampled counts, stops, injected errors."""
+        node = step.node
+        is_kv = node in self.pools
+        errors = self.inject_error
+        results = []
+        for row in step.rows:
+            request_id = row.request_id
+            if errors and request_id in errors:
+                results.append(RowResult(request_id, error=errors.pop(request_id)))
+                continue
+            names = self.out_names.get((node, row.walk), ())
+            if not is_kv:
+                results.append(RowResult(request_id, outputs={name: [row.num_tokens] for name in names}))
+                continue
+            key = (request_id, node)
+            count = self.num_sampled.get(key, 0) + 1
+            self.num_sampled[key] = count
+            token = (count * 7919 + len(request_id) * 104729 + self.seed) % 4096
+            spec = self.requests.get(request_id)
+            is_stop = spec is not None and count >= spec.max_tokens
+            results.append(RowResult(request_id, outputs={name: [token] for name in names}, is_stop=is_stop))
+        return results
 
     def step_time(self, step: Step) -> float:
         """The cost model (module docstring)."""
