@@ -1,0 +1,76 @@
+"""Workload generation and the closed loop."""
+import pytest
+
+from mstar.runtime.driver import Driver
+from mstar.runtime.engines.sim import SimEngine
+from mstar.runtime.step import RowResult, StepResult
+from mstar.runtime.workload import WorkloadError, generate, parse_range, parse_route
+
+from runtime_plans import generated
+
+
+def test_generate_is_seeded_and_within_ranges():
+    a = generate(50, prompt_len=(3, 9), output_len=(2, 4), arrival="poisson", rate=10.0, seed=7)
+    b = generate(50, prompt_len=(3, 9), output_len=(2, 4), arrival="poisson", rate=10.0, seed=7)
+    assert [(r.prompt_tokens, r.max_tokens, r.arrival_s) for r in a.requests] == \
+           [(r.prompt_tokens, r.max_tokens, r.arrival_s) for r in b.requests]
+    assert all(3 <= len(r.prompt_tokens) <= 9 and 2 <= r.max_tokens <= 4 for r in a.requests)
+    times = [r.arrival_s for r in a.requests]
+    assert times == sorted(times) and times[0] > 0 and a.closed_concurrency is None
+    staggered = generate(4, prompt_len=(1, 1), output_len=(1, 1), arrival="staggered", rate=4.0)
+    assert [r.arrival_s for r in staggered.requests] == [0.0, 0.25, 0.5, 0.75]
+    closed = generate(4, prompt_len=(1, 1), output_len=(1, 1), arrival="closed", concurrency=3)
+    assert closed.closed_concurrency == 3
+
+
+@pytest.mark.parametrize("text,message", [("5..2", "need 1 <= A <= B"), ("a..b", "expected A..B"), ("0", "need 1"), ("1..2..3", "expected")])
+def test_bad_ranges(text, message):
+    with pytest.raises(WorkloadError, match=message):
+        parse_range(text, "--prompt-len")
+
+
+def test_parse_route():
+    assert parse_route(["LLM=prefill_text, image_gen", "Talker="]) == {"LLM": ["prefill_text", "image_gen"], "Talker": []}
+    with pytest.raises(WorkloadError):
+        parse_route(["=x"])
+
+
+def test_closed_loop_keeps_at_most_c_requests_in_flight():
+    plan = generated("orpheus")
+    driver = Driver(plan, SimEngine(plan))
+    driver.run(generate(40, prompt_len=(4, 20), output_len=(5, 30), arrival="closed", concurrency=4))
+    records = list(driver.conductor.records.values())
+    events = sorted([(r.arrival_s, 1) for r in records] + [(r.finish_s, -1) for r in records])
+    in_flight = peak = 0
+    for _, delta in events:
+        in_flight += delta
+        peak = max(peak, in_flight)
+    assert peak <= 4 and all(r.finish_reason == "length" for r in records)
+
+
+class ErrorBesideOom(SimEngine):
+    """The first step holding r1 also fails r0 out of memory: nothing runs, r1's row fails alone."""
+
+    is_done = False
+
+    def run_step(self, step):
+        ids = [row.request_id for row in step.rows]
+        if not self.is_done and "r1" in ids and "r0" in ids:
+            self.is_done = True
+            return StepResult(rows=[RowResult("r1", error="bad input")], allocation_failed=["r0"])
+        return super().run_step(step)
+
+
+def test_rows_failed_alone_in_an_out_of_memory_step_still_fail():
+    from mstar.runtime.driver import Workload
+    from mstar.runtime.request import Request
+
+    plan = generated("llama")
+    engine = ErrorBesideOom(plan)
+    driver = Driver(plan, engine)
+    driver.run(Workload([Request(id=f"r{i}", prompt_tokens=[1, 2, 3], max_tokens=6) for i in range(3)]))
+    records = driver.conductor.records
+    assert engine.is_done
+    assert records["r1"].finish_reason == "error: bad input"
+    assert records["r0"].finish_reason == records["r2"].finish_reason == "length"
+    assert records["r0"].num_output_tokens == 6
