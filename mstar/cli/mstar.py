@@ -33,7 +33,7 @@ def _run_parser(sub: Any) -> None:
                      help="torch: real models on the CPU (default); sim: cost-model engine")
     run.add_argument("--requests", type=int, default=8, help="generated requests (default 8)")
     run.add_argument("--concurrency", type=int, default=8,
-                     help="closed-loop clients (default 8); with --prompts, requests in flight")
+                     help="closed-loop clients (default 8; --arrival closed and --prompts)")
     run.add_argument("--prompt-len", default="8..32", help="prompt length range A..B (default 8..32)")
     run.add_argument("--output-len", default="32..64", help="max output tokens range A..B (default 32..64)")
     run.add_argument("--arrival", choices=ARRIVALS, default="closed", help="arrival process (default closed)")
