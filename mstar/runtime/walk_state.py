@@ -68,15 +68,13 @@ class ActiveCall:
         return False  # a call never completes while it starts
 
 
-class _Frame:
-    parent: Any
+class _Frame(Protocol):
+    """A section being interpreted. `start()` begins it and returns True when it completed at
+    once (nothing to run); otherwise it later calls `parent.child_done(self)` when it ends."""
 
-    def start(self) -> bool:
-        """Begin; True when the frame completed at once (nothing to run)."""
-        raise NotImplementedError
+    def start(self) -> bool: ...
 
-    def child_done(self, child: Any) -> None:
-        raise NotImplementedError
+    def child_done(self, child: Any) -> None: ...
 
 
 def _make(run: "WalkRun", section: SectionPlan, parent: Any, loop: Optional["_LoopFrame"]) -> Any:
@@ -89,7 +87,7 @@ def _make(run: "WalkRun", section: SectionPlan, parent: Any, loop: Optional["_Lo
     return _SeqFrame(run, section.body, parent, loop)
 
 
-class _SeqFrame(_Frame):
+class _SeqFrame:
     def __init__(self, run: "WalkRun", body: list, parent: Any, loop: Optional["_LoopFrame"]):
         self.run, self.body, self.parent, self.loop = run, body, parent, loop
         self.index = 0
@@ -110,7 +108,7 @@ class _SeqFrame(_Frame):
             self.parent.child_done(self)
 
 
-class _ParFrame(_Frame):
+class _ParFrame:
     def __init__(self, run: "WalkRun", body: list, parent: Any, loop: Optional["_LoopFrame"]):
         self.run, self.body, self.parent, self.loop = run, body, parent, loop
         self.num_running = 0
@@ -158,7 +156,7 @@ def _shape(plan: LoopPlan) -> _LoopShape:
     return shape
 
 
-class _LoopFrame(_Frame):
+class _LoopFrame:
     def __init__(self, run: "WalkRun", plan: LoopPlan, parent: Any, loop: Optional["_LoopFrame"]):
         self.run, self.plan, self.parent, self.outer = run, plan, parent, loop
         self.shape = _shape(plan)
