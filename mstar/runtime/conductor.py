@@ -179,18 +179,24 @@ class Conductor:
             return None
         return call
 
-    def step_row(self, request_id: str, node: str, walk: str) -> Optional[StepRow]:
-        call = self.ready_call(request_id, node, walk)
-        if call is None:
-            return None
-        return StepRow(
-            request_id=request_id,
-            walk=walk,
-            num_tokens=call.num_tokens,
-            context_len=self.active[request_id].context.get(node, 0),
-            inputs=call.inputs,
-            loop_iter=call.loop_iter,
-        )
+    def step_rows(self, node: str, request_ids: list[str], walks: list[str]) -> tuple[list[StepRow], list[str]]:
+        """The rows of a scheduled batch that are still live, and the ids of those whose loop
+        has iterations left after this one (what a speculative next step may continue)."""
+        rows = []
+        continuing = []
+        for request_id, walk in zip(request_ids, walks):
+            call = self.ready_call(request_id, node, walk)
+            if call is None:
+                continue
+            loop = call.loop
+            rows.append(StepRow(
+                request_id=request_id, walk=walk, num_tokens=call.num_tokens,
+                context_len=self.active[request_id].context.get(node, 0), inputs=call.inputs,
+                loop_iter=loop.iteration if loop is not None else 0,
+            ))
+            if loop is not None and loop.iteration + 1 < loop.plan.max_iters:
+                continuing.append(request_id)
+        return rows, continuing
 
     def on_row(self, node: str, walk: str, num_tokens: int, result: RowResult) -> None:
         """A row of a step ran (num_tokens: what it fed). Results of stale rows are ignored."""

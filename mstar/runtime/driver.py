@@ -159,14 +159,12 @@ class Driver:
 
     # ------------------------------------------------------------ steps
 
-    def _to_step(self, rank: int, batch: Batch) -> Optional[Step]:
-        rows = []
-        for request_id, walk in zip(batch.request_ids, batch.walks):
-            row = self.conductor.step_row(request_id, batch.node, walk)
-            if row is not None:
-                rows.append(row)
+    def _to_step(self, rank: int, batch: Batch) -> tuple[Optional[Step], list[str]]:
+        """The batch as a Step (stale rows left out; None when none is left), and the rows
+        whose loop goes on after this step."""
+        rows, continuing = self.conductor.step_rows(batch.node, batch.request_ids, batch.walks)
         if not rows:
-            return None
+            return None, continuing
         step = Step(
             worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=batch.label, rows=rows,
             attention=batch.attention, capture=batch.capture, padded_batch=batch.padded_batch,
@@ -174,7 +172,7 @@ class Driver:
         )
         if len(rows) != batch.num_rows:
             self._recompose(rank, step)
-        return step
+        return step, continuing
 
     def _recompose(self, rank: int, step: Step) -> None:
         """Stale rows were left out: when that removed a walk from the step, take the mixture
@@ -206,7 +204,7 @@ class Driver:
         now = self.clock()
         if batch.is_follower:
             return self._launch_follower(rank, batch, now, sched_s)
-        step = self._to_step(rank, batch)
+        step, loop_rows = self._to_step(rank, batch)
         if step is None:
             return True  # every row went stale; the worker looks again
         try:
@@ -224,7 +222,7 @@ class Driver:
                 self.schedulers[follower].register_follow(batch)
                 self._pending_tp.setdefault((follower, batch.node), deque()).append(launch)
                 self._tp_waiting.setdefault(id(launch), set()).add(follower)
-            self._maybe_speculate(rank, batch, step)
+            self._maybe_speculate(rank, batch, loop_rows)
         self._busy.add(rank)
         self._seq += 1
         finish = now + result.elapsed_s if self.is_simulated else self.clock()
@@ -247,16 +245,11 @@ class Driver:
         heapq.heappush(self._inflight, (finish, self._seq, launch))
         return True
 
-    def _maybe_speculate(self, rank: int, batch: Batch, step: Step) -> None:
-        walks = set(batch.walks)
-        if not any((rank, batch.node, walk) in self._spec_walks for walk in walks):
-            return
-        continuing = []
-        for row in step.rows:
-            call = self.conductor.ready_call(row.request_id, batch.node, row.walk)
-            if call is not None and call.loop is not None and call.loop.iteration + 1 < call.loop.plan.max_iters:
-                continuing.append(row.request_id)
+    def _maybe_speculate(self, rank: int, batch: Batch, continuing: list[str]) -> None:
+        """continuing: rows of the batch whose loop has iterations left after this step."""
         if not continuing:
+            return
+        if not any((rank, batch.node, walk) in self._spec_walks for walk in set(batch.walks)):
             return
         spec = self.schedulers[rank].speculate(batch, continuing)
         if spec is None:

@@ -35,9 +35,10 @@ class Harness:
             if not self.queue:
                 return
             request_id, node, walk, _ = self.queue.popleft()
-            row = self.conductor.step_row(request_id, node, walk)
-            if row is None:
+            rows, _ = self.conductor.step_rows(node, [request_id], [walk])
+            if not rows:
                 continue
+            row = rows[0]
             self.ran.append((request_id, node, walk, row))
             step = Step(worker=0, key=f"{node}:{walk}", node=node, mask=1, label=walk, rows=[row], attention="prefill")
             result = self.engine.run_step(step)
