@@ -14,6 +14,7 @@ from mstar.plan.schema import (
 )
 from mstar.runtime.step import Step, StepRow
 
+HOLD_STEPS = 3
 LLM_DIMS = {"layers": 2, "kv_heads": 2, "qo_heads": 4, "head_dim": 16, "hidden": 64, "vocab": 512,
             "intermediate": 128}
 
@@ -67,8 +68,8 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
              node: str = "LLM") -> dict[str, list[int]]:
     """Greedy-run every prompt to `max_tokens` tokens; request i starts at step i * start_every.
 
-    When a step fails allocation nothing ran: the failed rows sit out the next step, the others
-    are retried at once (the scheduler's hold). Stops a request
+    When a step fails allocation nothing ran: the failed rows sit out a few steps, the others are
+    retried at once (the scheduler's hold). Stops a request
     at its stop flag or at max_tokens.
     """
     from mstar.runtime.request import Request
@@ -79,20 +80,22 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
     for rid in prompts:
         reason = engine.add_request(rid, Request(id=rid, prompt_tokens=prompts[rid], max_tokens=max_tokens))
         assert reason is None, reason
-    held: set[str] = set()  # rows that failed allocation sit out one step (the scheduler's hold)
+    # Rows that failed allocation sit out HOLD_STEPS steps (the scheduler's timed hold); with a
+    # one-step hold, two unstartable newcomers could take turns failing every step forever.
+    held_until: dict[str, int] = {}
     for step_index in range(10_000):
         rows = []
         for i, rid in enumerate(waiting):
-            if i * start_every <= step_index and rid not in held:
+            if i * start_every <= step_index and held_until.get(rid, -1) < step_index:
                 rows.append(StepRow(rid, "prefill", len(prompts[rid]), 0, {"text_inputs": prompts[rid]}))
-        for rid in sorted(running - held):
+        for rid in sorted(r for r in running if held_until.get(r, -1) < step_index):
             rows.append(StepRow(rid, "decode", 1, 0, {"text_inputs": [tokens[rid][-1]]}))
-        if not rows and not waiting:
+        if not waiting and not running:
             return tokens
         result = engine.run_step(step(node, rows)) if rows else None
-        held = set(result.allocation_failed) if result else set()
         if result is None:
             continue
+        held_until.update({rid: step_index + HOLD_STEPS for rid in result.allocation_failed})
         for row in result.rows:
             assert row.error is None, row.error
             tokens[row.request_id].append(row.outputs["new_token"][0])
