@@ -86,3 +86,15 @@ def test_slot_pool_full_holds_rows_until_a_request_ends():
     engine = TorchEngine(hybrid_plan(num_slots=3))
     assert generate(engine, prompts, 4) == generate(TorchEngine(hybrid_plan()), prompts, 4)
     assert engine.runners["LLM"].slots.num_free_slots == 2  # every slot came back
+
+
+def test_partial_steps_run_the_rows_that_got_memory():
+    engine = TorchEngine(llm_plan(num_pages=2, page_size=8), runs_partial_steps=True)
+    for rid in ("a", "b"):
+        assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1] * 8, max_tokens=8)) is None
+    rows = [StepRow(rid, "prefill", 8, 0, {"text_inputs": [1] * 8}) for rid in "ab"]
+    result = engine.run_step(step("LLM", rows))
+    assert [r.request_id for r in result.rows] == ["a"] and result.allocation_failed == ["b"]
+    prompts = {f"r{i}": [i + 1] * 10 for i in range(6)}
+    partial = TorchEngine(llm_plan(num_pages=4, page_size=8), runs_partial_steps=True)
+    assert generate(partial, prompts, 6) == generate(TorchEngine(llm_plan()), prompts, 6)

@@ -124,9 +124,11 @@ class DecoderRunner:
 
     # ------------------------------------------------------------------ a step
 
-    def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> tuple[list[RowResult], list[str]]:
-        """All or nothing: when any row cannot get memory, nothing runs (the runtime's contract:
-        the failed rows are held, the others go back to their ready queues)."""
+    def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]],
+            is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        """All or nothing by default: when any row cannot get memory, nothing runs (the driver's
+        contract: the failed rows are held, the others go back to their ready queues). With
+        `is_partial_ok` the rows that got memory run and only the others are reported failed."""
         results: list[RowResult] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
@@ -140,12 +142,13 @@ class DecoderRunner:
                 ready.remove(item)
                 results.append(RowResult(item.row.request_id, error=problem))
         failed = self._memory_shortfall(ready)
-        if failed:
+        if failed and not is_partial_ok:
             return results, failed
+        ready = [item for item in ready if item.row.request_id not in failed]
         self._grant(ready)
         if ready:
             results.extend(self._forward(ready))
-        return results, []
+        return results, failed
 
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if "latents" in call.inputs:

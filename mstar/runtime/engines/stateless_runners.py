@@ -37,7 +37,8 @@ class StatelessRunner:
     def __init__(self, node: NodePlan):
         self.node = node
 
-    def run(self, rows: Rows) -> tuple[list[RowResult], list[str]]:
+    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        """Stateless rows never wait for memory (`is_partial_ok` changes nothing)."""
         results = []
         for row, call, request in rows:
             try:
@@ -99,7 +100,7 @@ class EncoderRunner(StatelessRunner):
         super().__init__(node)
         self.model = model
 
-    def run(self, rows: Rows) -> tuple[list[RowResult], list[str]]:
+    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
         results = []
         for row, call, request in rows:
             try:

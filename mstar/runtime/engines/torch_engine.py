@@ -52,7 +52,10 @@ class EngineError(ValueError):
 
 class TorchEngine:
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str] = None, seed: int = 0,
-                 num_pages: Optional[int] = None):
+                 num_pages: Optional[int] = None, runs_partial_steps: bool = False):
+        """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
+        results come back beside `allocation_failed`). Off by default: today's driver re-queues the
+        whole step of a failed allocation, so the engine must run none of it."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -62,6 +65,7 @@ class TorchEngine:
             # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
             torch.set_num_threads(1)
         self.plan = plan
+        self.runs_partial_steps = runs_partial_steps
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}
@@ -214,7 +218,7 @@ class TorchEngine:
                 rows.append((row, call, request))
         failed: list[str] = []
         if rows:
-            ran, failed = runner.run(rows)
+            ran, failed = runner.run(rows, self.runs_partial_steps)
             results.extend(ran)
         return StepResult(rows=results, allocation_failed=failed, elapsed_s=time.perf_counter() - started)
 
