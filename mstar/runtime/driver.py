@@ -39,6 +39,9 @@ from mstar.runtime.scheduler import WorkerScheduler
 from mstar.runtime.step import Engine, Step, StepResult
 
 
+MIN_WAIT_S = 1e-4  # shortest idle wait when nothing can run yet
+
+
 class DriverError(Exception):
     """The plan cannot be driven (a (node, walk) that no worker runs)."""
 
@@ -347,19 +350,26 @@ class Driver:
                 if rank not in self._busy:
                     while self._launch(rank) and rank not in self._busy:
                         pass
+            wake = [t for t in (s.next_hold_deadline() for s in self.schedulers.values()) if t is not None]
+            if closed is None and pending:
+                wake.append(pending[0].arrival_s)
+            if cancels:
+                wake.append(cancels[0][0])
             if self._inflight:
-                finish, _, launch = heapq.heappop(self._inflight)
+                finish = self._inflight[0][0]
+                # Simulated time: an arrival, cancellation or hold expiry before the next
+                # completion happens first (idle workers may start then).
+                early = [t for t in wake if now < t < finish]
+                if self.is_simulated and early:
+                    self.clock.advance_to(min(early))
+                    continue
+                _, _, launch = heapq.heappop(self._inflight)
                 if self.is_simulated:
                     self.clock.advance_to(finish)
                 self._complete(launch)
                 continue
             if num_sent == total and self.conductor.is_idle():
                 return
-            wake = [t for t in (s.next_hold_deadline() for s in self.schedulers.values()) if t is not None]
-            if closed is None and pending:
-                wake.append(pending[0].arrival_s)
-            if cancels:
-                wake.append(cancels[0][0])
             if not wake:
                 if self._tp_done_leaders:  # followers that will never run: release the leaders
                     self._tp_waiting.clear()
@@ -374,12 +384,12 @@ class Driver:
                     self.conductor.fail(request_id, "error: stalled: no row of the request can run")
                 self._drain()
                 continue
-            self._sleep_until(min(wake))
+            self._sleep_until(min(wake), now)
 
-    def _sleep_until(self, when: float) -> None:
+    def _sleep_until(self, when: float, now: float) -> None:
+        # A deadline already past that released nothing: move on a little rather than spin.
+        when = max(when, now + MIN_WAIT_S)
         if self.is_simulated:
             self.clock.advance_to(when)
         else:
-            delay = when - self.clock()
-            if delay > 0:
-                time.sleep(delay)
+            time.sleep(max(0.0, when - self.clock()))
