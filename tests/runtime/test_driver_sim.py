@@ -114,3 +114,19 @@ def test_cancellation_mid_run():
     assert records["req-000019"].finish_reason == records["req-000002"].finish_reason == "length"
     assert all(r.is_finished for r in records.values())
     assert not driver.engine.reserved
+
+
+def test_a_step_that_lost_a_walk_to_stale_rows_runs_that_mixture_eagerly():
+    from mstar.runtime.step import Step, StepRow
+
+    plan = generated("orpheus")
+    driver = Driver(plan, SimEngine(plan))
+    key = next(k for k in plan.workers[0].keys if k.name == "LLM:mixed")
+    mixed = next(e for e in key.mixtures if len(e.walks) == 2)
+    step = Step(worker=0, key=key.name, node="LLM", mask=mixed.mask, label=None,
+                rows=[StepRow("r1", "decode", 1, 9)], attention=mixed.attention, capture=mixed.capture,
+                padded_batch=4, token_bucket=128)
+    driver._recompose(0, step)
+    decode = next(e for e in key.mixtures if e.walks == ["decode"])
+    assert (step.mask, step.label, step.attention) == (decode.mask, "decode", decode.attention)
+    assert (step.capture, step.padded_batch, step.token_bucket) == (None, 0, 0)
