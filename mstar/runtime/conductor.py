@@ -1,6 +1,6 @@
 """The conductor: requests through their partitions' walks (reference notes 0.4).
 
-In: requests (`submit`), row results (`on_row`), failures and cancellations. Out, drained by the
+In: requests (`submit`), step results (`on_step`), failures and cancellations. Out, drained by the
 driver after each call: `ready_out` rows (request id, node, walk, num_tokens) to put on the
 schedulers of the ranks that run them, and `ended_out` request ids whose engine resources and
 scheduler rows must be freed. It never touches workers, schedulers or tensors itself.
@@ -198,26 +198,39 @@ class Conductor:
                 continuing.append(request_id)
         return rows, continuing
 
-    def on_row(self, node: str, walk: str, num_tokens: int, result: RowResult) -> None:
-        """A row of a step ran (num_tokens: what it fed). Results of stale rows are ignored."""
-        state = self.active.get(result.request_id)
-        if state is None:
-            return
-        if result.error is not None:
-            self.fail(result.request_id, f"error: {result.error}")
-            return
-        ps = state.by_walk.get(walk)
-        if ps is None or ps.run is None or ps.run.name != walk or node not in ps.run.active:
-            return
-        if node in self.kv_nodes:
-            state.context[node] = state.context.get(node, 0) + num_tokens
-        run = ps.run
-        run.complete(node, result.outputs, result.is_stop)
-        if ps.count_names:
-            self._count(state, ps, result.outputs)
-        if run.is_done and ps.run is run:
-            ps.finish_run()
-        self._pump(state)
+    def on_step(self, node: str, rows: list[StepRow], results: list[RowResult]) -> None:
+        """A step of `node` ran: one pass over its row results. A row without a result (or an
+        engine answering twice for a row) fails that request; results of stale rows (their
+        request or partition ended meanwhile) are ignored."""
+        by_id = {row.request_id: row for row in rows}
+        is_kv = node in self.kv_nodes
+        active = self.active
+        for result in results:
+            request_id = result.request_id
+            row = by_id.pop(request_id, None)
+            state = active.get(request_id)
+            if state is None:
+                continue
+            if row is None:
+                self.fail(request_id, "error: the engine returned a result for a row it was not given")
+                continue
+            if result.error is not None:
+                self.fail(request_id, f"error: {result.error}")
+                continue
+            ps = state.by_walk.get(row.walk)
+            run = ps.run if ps is not None else None
+            if run is None or run.name != row.walk or node not in run.active:
+                continue
+            if is_kv:
+                state.context[node] = state.context.get(node, 0) + row.num_tokens
+            run.complete(node, result.outputs, result.is_stop)
+            if ps.count_names:
+                self._count(state, ps, result.outputs)
+            if run.is_done and ps.run is run:
+                ps.finish_run()
+            self._pump(state)
+        for request_id in by_id:
+            self.fail(request_id, "error: the engine returned no result for the row")
 
     def _count(self, state: _RequestState, ps: PartitionState, outputs: dict[str, Any]) -> None:
         record = state.record

@@ -308,18 +308,7 @@ class Driver:
                 if row_result.error is not None:
                     self.conductor.fail(row_result.request_id, f"error: {row_result.error}")
         else:
-            conductor = self.conductor
-            by_id = {row.request_id: row for row in step.rows}
-            seen = set()
-            for row_result in result.rows:
-                row = by_id.get(row_result.request_id)
-                if row is None or row_result.request_id in seen:
-                    continue
-                seen.add(row_result.request_id)
-                conductor.on_row(step.node, row.walk, row.num_tokens, row_result)
-            for row in step.rows:
-                if row.request_id not in seen:
-                    conductor.fail(row.request_id, "error: the engine returned no result for the row")
+            self.conductor.on_step(step.node, step.rows, result.rows)
         self._drain()
         end = self.clock()
         self.log.add(launch, time.perf_counter() - started, end)

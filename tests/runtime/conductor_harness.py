@@ -47,6 +47,6 @@ class Harness:
             if self.respond is not None:
                 row_result = self.respond(node, row, row_result)
             self.engine.clock.advance_to(self.engine.clock() + 0.001)
-            self.conductor.on_row(node, walk, row.num_tokens, row_result)
+            self.conductor.on_step(node, [row], [row_result])
             self._collect()
         raise AssertionError("the harness did not settle")

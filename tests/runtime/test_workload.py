@@ -74,3 +74,28 @@ def test_rows_failed_alone_in_an_out_of_memory_step_still_fail():
     assert records["r1"].finish_reason == "error: bad input"
     assert records["r0"].finish_reason == records["r2"].finish_reason == "length"
     assert records["r0"].num_output_tokens == 6
+
+
+class DropsR1(SimEngine):
+    """Answers without r1's row once."""
+
+    is_done = False
+
+    def run_step(self, step):
+        result = super().run_step(step)
+        if not self.is_done and any(r.request_id == "r1" for r in result.rows):
+            self.is_done = True
+            result.rows = [r for r in result.rows if r.request_id != "r1"]
+        return result
+
+
+def test_a_row_the_engine_did_not_answer_fails_its_request_alone():
+    from mstar.runtime.driver import Workload
+    from mstar.runtime.request import Request
+
+    plan = generated("orpheus")
+    driver = Driver(plan, DropsR1(plan))
+    driver.run(Workload([Request(id=f"r{i}", prompt_tokens=[1, 2], max_tokens=8) for i in range(3)]))
+    records = driver.conductor.records
+    assert records["r1"].finish_reason == "error: the engine returned no result for the row"
+    assert records["r0"].finish_reason == records["r2"].finish_reason == "length"
