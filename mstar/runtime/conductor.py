@@ -30,7 +30,7 @@ from mstar.runtime.walk_state import ActiveCall
 
 
 class RouteError(Exception):
-    """A request's route does not match its partitions' stages."""
+    """A request's route does not match its partitions' stages (or its id was used before)."""
 
 
 def _walk_edges(walk: WalkPlan):
@@ -44,6 +44,8 @@ def _walk_edges(walk: WalkPlan):
 
 
 class _RequestState:
+    """One admitted request: its partitions, their stream buffers, and KV context per node."""
+
     __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled")
 
     def __init__(self, record: RequestRecord):
@@ -56,6 +58,9 @@ class _RequestState:
 
 
 class Conductor:
+    """Requests through partitions and walks (module docstring). `engine` is only asked to
+    add and end requests; `clock` stamps arrivals, tokens and endings (the run clock)."""
+
     def __init__(self, plan: Plan, engine: Engine, clock: Callable[[], float]):
         self.plan = plan
         self.engine = engine
