@@ -130,3 +130,16 @@ def test_a_step_that_lost_a_walk_to_stale_rows_runs_that_mixture_eagerly():
     decode = next(e for e in key.mixtures if e.walks == ["decode"])
     assert (step.mask, step.label, step.attention) == (decode.mask, "decode", decode.attention)
     assert (step.capture, step.padded_batch, step.token_bucket) == (None, 0, 0)
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_the_plans_routes_agree_with_where_the_driver_sends_rows(name):
+    # The driver sends a ready row to the ranks placing (node, walk); every route of the plan
+    # to a node must name exactly those ranks.
+    plan = generated(name)
+    driver = Driver(plan, SimEngine(plan))
+    for worker in plan.workers:
+        for route in worker.routes:
+            if route.dest_kind == "node":
+                instances = driver._instances[(route.dest_node, route.walk)]
+                assert sorted(route.dest_ranks) == sorted({r for instance in instances for r in instance})
