@@ -214,7 +214,7 @@ def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float, float]:
         lines.append("(no combined walks)")
     for partition in lower_partitions(spec):
         stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in partition.stages)
-        streams = "; ".join(f"<- {s.producer_partition}.{s.edge} {s.policy.kind}({s.policy.size})"
+        streams = "; ".join(f"<- {s.producer_partition}.{s.edge} {_policy_text(s.policy)}"
                             for s in partition.streams)
         lines.append(f"partition {partition.name} = {stages} {streams}".rstrip())
     parts = [_text(MARGIN, top + 18, "combined walks and partitions", 15, weight="bold")]
@@ -254,3 +254,15 @@ def walks_svg(spec: ast.Spec) -> str:
 def draw_walks(spec: ast.Spec, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(walks_svg(spec), encoding="utf-8")
+
+
+def _policy_text(policy) -> str:
+    """A chunk policy as the language writes it: window(28, stride=7), fixed(1, continue_after_done)."""
+    args = [f"chunk={policy.size}" if policy.kind == "left_context" else str(policy.size)]
+    if policy.stride is not None:
+        args.append(f"stride={policy.stride}")
+    if policy.context is not None:
+        args.append(f"context={policy.context}")
+    if policy.is_continue_after_done:
+        args.append("continue_after_done")
+    return f"{policy.kind}({', '.join(args)})"
