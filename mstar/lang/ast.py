@@ -1,8 +1,9 @@
 """The AST of a `.mw` spec: pydantic models, one class per grammar rule.
 
-Every node carries a `span` (where it came from in the source). Spans never take part in
-equality of meaning: compare two trees with `same_meaning(a, b)`, which drops spans, so that
-`parse(fmt(tree))` can be checked against `tree`.
+Every node carries a `span` (where it came from in the source) and the `#` comments kept with it
+(see `AstNode`). Neither spans nor comments take part in equality of meaning: compare two trees
+with `same_meaning(a, b)`, which drops them, so that `parse(fmt(tree))` can be checked against
+`tree`.
 
 Class names match the grammar's rule names (grammar/mw.lark), so the Lark transformer only
 converts terminals and builds these classes by name.
@@ -30,9 +31,21 @@ NO_SPAN = Span()
 
 
 class AstNode(BaseModel):
+    """Base of every AST class.
+
+    Comments are kept on the constructs the formatter starts on a line of their own (the model
+    line, params, node statements, walks, sections, edges, partitions, stream sources; see
+    mstar/lang/comments.py): `comments_before` holds the full-line comments directly above the
+    construct, `comment_after` the comment that ends the construct's first line. A comment is
+    its source text from `#` on, without trailing whitespace; an empty string in a list of
+    comments stands for one blank line kept after a comment.
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     span: Span = Field(default=NO_SPAN, repr=False)
+    comments_before: list[str] = Field(default=[], repr=False)
+    comment_after: Optional[str] = Field(default=None, repr=False)
 
 
 # A parameter value in a node header or a state declaration: `layers=28`, `flavor=audio_codec`,
@@ -113,6 +126,13 @@ class CombineDecl(AstNode):
     rows: list[RowsLimit] = []
     capture: Optional[CaptureDecl] = None
     attention: Optional[Literal["split", "packed"]] = None
+    # `cap` and `attention` are plain settings rather than AST nodes, so their lines' comments
+    # live here (same meaning as AstNode's comment fields).
+    cap_comments_before: list[str] = Field(default=[], repr=False)
+    cap_comment_after: Optional[str] = Field(default=None, repr=False)
+    attention_comments_before: list[str] = Field(default=[], repr=False)
+    attention_comment_after: Optional[str] = Field(default=None, repr=False)
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
 class NodeDecl(AstNode):
@@ -127,6 +147,7 @@ class NodeDecl(AstNode):
     caps: list[CapDecl] = []
     captures: list[CaptureDecl] = []
     combines: list[CombineDecl] = []
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
 class Edge(AstNode):
@@ -159,11 +180,13 @@ class Call(AstNode):
 class Parallel(AstNode):
     kind: Literal["parallel"] = "parallel"
     body: list["Section"]
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
 class Sequential(AstNode):
     kind: Literal["sequential"] = "sequential"
     body: list["Section"]
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
 class Loop(AstNode):
@@ -176,6 +199,7 @@ class Loop(AstNode):
     body: list["Section"]
     outputs: list[str] = []
     accumulate: list[str] = []
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
 Section = Annotated[Union[Call, Parallel, Sequential, Loop], Field(discriminator="kind")]
@@ -184,6 +208,7 @@ Section = Annotated[Union[Call, Parallel, Sequential, Loop], Field(discriminator
 class Walk(AstNode):
     name: str
     body: list[Section]
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
 class ChunkPolicy(AstNode):
@@ -228,11 +253,14 @@ class Partition(AstNode):
 
 
 class Spec(AstNode):
+    """A whole spec. Its `comments_before` / `comment_after` belong to the `model` line."""
+
     model: str
     params: list[Param] = []
     nodes: list[NodeDecl] = []
     walks: list[Walk] = []
     partitions: list[Partition] = []
+    comments_end: list[str] = Field(default=[], repr=False)  # full-line comments at the end of file
 
 
 Parallel.model_rebuild()
@@ -241,17 +269,24 @@ Loop.model_rebuild()
 Walk.model_rebuild()
 
 
-def _drop_spans(value):
+# Fields that say where a construct came from or what the author wrote beside it, not what it means.
+NOT_MEANING = frozenset({
+    "span", "comments_before", "comment_after", "comments_end", "cap_comments_before",
+    "cap_comment_after", "attention_comments_before", "attention_comment_after",
+})
+
+
+def _drop_not_meaning(value):
     if isinstance(value, dict):
-        return {k: _drop_spans(v) for k, v in value.items() if k != "span"}
+        return {k: _drop_not_meaning(v) for k, v in value.items() if k not in NOT_MEANING}
     if isinstance(value, list):
-        return [_drop_spans(v) for v in value]
+        return [_drop_not_meaning(v) for v in value]
     return value
 
 
 def meaning(tree: AstNode) -> dict:
-    """The tree as plain data without spans: what `same_meaning` compares."""
-    return _drop_spans(tree.model_dump())
+    """The tree as plain data without spans and comments: what `same_meaning` compares."""
+    return _drop_not_meaning(tree.model_dump())
 
 
 def same_meaning(a: AstNode, b: AstNode) -> bool:

@@ -9,6 +9,10 @@ more than the whole rest of the parse.
 Problems the grammar cannot see but the AST cannot hold (a setting given twice, a capture without
 `batch=`, a number out of range, a bad string escape) become MW020-MW023 diagnostics; the builder
 goes on so one run reports them all, and the caller drops the tree when any error was added.
+
+Comments: the builder records in `anchors` the places comments may belong to that the tree does not
+show (the `}` of each block, the `cap` / `attention` lines of a combine); mstar/lang/comments.py
+uses them with the tree to attach the source's comments.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from lark import Token, Transformer
 
 from mstar.lang import ast
 from mstar.lang import codes
+from mstar.lang.comments import Anchor
 from mstar.lang.diagnostics import Diagnostics
 
 # Numbers beyond a signed 64-bit integer cannot be meant; refusing them keeps later passes and the
@@ -60,6 +65,7 @@ class AstBuilder(Transformer):
         super().__init__(visit_tokens=False)
         self.file = file
         self.diags = diags
+        self.anchors: list[Anchor] = []
 
     # ---- spans and numbers --------------------------------------------------------------------
 
@@ -113,6 +119,12 @@ class AstBuilder(Transformer):
             self.diags.error(codes.DUPLICATE_SETTING, f"`{what}` is given twice in this {owner}", extra.span)
         return items[0] if items else None
 
+    def _closed(self, node: ast.AstNode, children: list) -> ast.AstNode:
+        """`node` (a block), after recording its closing `}` as the anchor of its end comments."""
+        brace = next(c for c in reversed(children) if isinstance(c, Token) and c.type == "RBRACE")
+        self.anchors.append(Anchor(brace.line, brace.column, node, "end"))
+        return node
+
     # ---- top level --------------------------------------------------------------------------
 
     def spec(self, children):
@@ -140,7 +152,7 @@ class AstBuilder(Transformer):
     def node_decl(self, children):
         arg_list = _part(children, "args")
         flags = {p.value for p in children if isinstance(p, _Part) and p.key == "flag"}
-        return ast.NodeDecl(
+        return self._closed(ast.NodeDecl(
             span=self._span(children),
             name=_names(children)[0],
             engine=_part(children, "engine").value,
@@ -153,7 +165,7 @@ class AstBuilder(Transformer):
             caps=_of(children, ast.CapDecl),
             captures=_of(children, ast.CaptureDecl),
             combines=_of(children, ast.CombineDecl),
-        )
+        ), children)
 
     def engine(self, children):
         return _Part("engine", str(children[0]), self._span(children))
@@ -250,7 +262,7 @@ class AstBuilder(Transformer):
         names = _names(children)
         settings = self._settings(
             [c for c in children if isinstance(c, _Part) and c.key in ("cap", "attention")], "combine")
-        return ast.CombineDecl(
+        combine = ast.CombineDecl(
             span=self._span(children),
             name=names[0],
             walks=names[1:],
@@ -259,6 +271,9 @@ class AstBuilder(Transformer):
             capture=self._one(_of(children, ast.CaptureDecl), "capture", "combine"),
             attention=settings["attention"].value if "attention" in settings else None,
         )
+        for key, setting in settings.items():
+            self.anchors.append(Anchor(setting.span.line, setting.span.col, combine, key))
+        return self._closed(combine, children)
 
     def combine_cap(self, children):
         return _Part("cap", self._ints(children)[0], self._span(children))
@@ -276,7 +291,8 @@ class AstBuilder(Transformer):
     # ---- walks ------------------------------------------------------------------------------
 
     def walk(self, children):
-        return ast.Walk(span=self._span(children), name=_names(children)[0], body=_sections(children))
+        return self._closed(ast.Walk(span=self._span(children), name=_names(children)[0],
+                                     body=_sections(children)), children)
 
     def call(self, children):
         names = _names(children)
@@ -307,17 +323,17 @@ class AstBuilder(Transformer):
         return _Part("flag", children[0].type, self._span(children))
 
     def parallel(self, children):
-        return ast.Parallel(span=self._span(children), body=_sections(children))
+        return self._closed(ast.Parallel(span=self._span(children), body=_sections(children)), children)
 
     def sequential(self, children):
-        return ast.Sequential(span=self._span(children), body=_sections(children))
+        return self._closed(ast.Sequential(span=self._span(children), body=_sections(children)), children)
 
     def loop(self, children):
         # children: _LOOP, [NAME], _MAX, "=", max_iters, [STOP], "{", sections..., "}", [outputs], [accumulate]
         name = children[1]
         outputs = _part(children, "outputs")
         accumulate = _part(children, "accumulate")
-        return ast.Loop(
+        return self._closed(ast.Loop(
             span=self._span(children),
             name=str(name) if name is not None else None,
             max_iters=_part(children, "max").value,
@@ -325,7 +341,7 @@ class AstBuilder(Transformer):
             body=_sections(children),
             outputs=outputs.value if outputs is not None else [],
             accumulate=accumulate.value if accumulate is not None else [],
-        )
+        ), children)
 
     def max_number(self, children):
         return _Part("max", self._int(children[0]), self._span(children))

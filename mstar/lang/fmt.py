@@ -6,12 +6,21 @@ Canonical form: 4-space indentation, one construct per line, a blank line betwee
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
 order. Inside a node: inputs, kv_sequences, states, caps, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
-headers longer than 100 characters wrap their arguments, aligned after the `(`. Comments are not
-part of the AST and are not kept.
+headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
-Property (tested): `same_meaning(parse(format_spec(tree)), tree)` for every tree the parser can
-produce. A tree the language cannot write (for example a client edge without a modality, or a
-`window` policy with a `context`) raises ValueError naming the construct.
+Comments (the AST's comment fields, see mstar/lang/comments.py) are written back: the comments
+above a construct on the lines before it, at its indentation; its trailing comment after its first
+line, two spaces after the code; the comments at the end of a block before its `}` (at the end of
+the spec, after a blank line). One blank line is kept after a comment where the tree has one. A
+call whose single edge has comments of its own above it, or whose call and edge both have a
+trailing comment, writes the edge on the next line. Comments move with their construct when the
+canonical order moves it.
+
+Properties (tested): `same_meaning(parse(format_spec(tree)), tree)` for every tree the parser can
+produce; formatting parsed text again gives the same text; every comment of the text is written, in
+the same order when the text's declarations were in canonical order. A tree the language cannot
+write (for example a client edge without a modality, a `window` policy with a `context`, or a
+comment that does not start with `#` or spans lines) raises ValueError naming the construct.
 """
 from __future__ import annotations
 
@@ -27,38 +36,79 @@ _BARE_WORD = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def format_spec(spec: ast.Spec) -> str:
-    blocks = [f"model {spec.model}"]
+    """The canonical text of `spec`, ending with a newline."""
+    blocks = [_line(spec, f"model {spec.model}")]
     if spec.params:
-        blocks.append("\n".join(f"param {p.name} = {p.value}" for p in spec.params))
+        blocks.append([line for p in spec.params for line in _line(p, f"param {p.name} = {p.value}")])
     blocks.extend(_node(n) for n in spec.nodes)
     blocks.extend(_walk(w) for w in spec.walks)
     if spec.partitions:
-        blocks.append("\n".join(_partition(p) for p in spec.partitions))
-    return "\n\n".join(blocks) + "\n"
+        blocks.append([line for p in spec.partitions for line in _partition(p)])
+    if _comment_lines(spec.comments_end, is_end=True):
+        blocks.append(_comment_lines(spec.comments_end, is_end=True))
+    return "\n\n".join("\n".join(block) for block in blocks) + "\n"
+
+
+# ---- comments -----------------------------------------------------------------------------------
+
+def _line(node: ast.AstNode, text: str) -> list[str]:
+    """A construct written on one line, with the comments above it and its trailing comment."""
+    return _comment_lines(node.comments_before) + [_trailed(text, node.comment_after)]
+
+
+def _trailed(text: str, comment) -> str:
+    return text if comment is None else f"{text}  {_comment(comment)}"
+
+
+def _comment_lines(comments: list[str], is_end: bool = False) -> list[str]:
+    """Comment lines, "" for a kept blank line: never first, never two in a row, last only above
+    a construct (not when `is_end`, the comments before a `}` or the end of the file)."""
+    lines: list[str] = []
+    for comment in comments:
+        if comment:
+            lines.append(_comment(comment))
+        elif lines and lines[-1]:
+            lines.append("")
+    if is_end and lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _comment(comment: str) -> str:
+    if not comment.startswith("#") or "\n" in comment:
+        raise ValueError(f"format_spec: comment {comment[:40]!r} must start with `#` and stay on one line")
+    return comment.rstrip(" \t\r\f")
+
+
+def _indented(lines: list[str]) -> list[str]:
+    """`lines` one level deeper; blank lines stay empty."""
+    return [INDENT + line if line else "" for line in lines]
 
 
 # ---- nodes --------------------------------------------------------------------------------------
 
-def _node(node: ast.NodeDecl) -> str:
+def _node(node: ast.NodeDecl) -> list[str]:
     start = f"node {node.name} {node.engine}"
     flags = (" tp" if node.is_tp else "") + ("" if node.is_async else " no_speculation") + " {"
-    lines = _wrapped_args(start, [f"{a.name}={_value(a.value)}" for a in node.args], flags)
+    header = _wrapped_args(start, [f"{a.name}={_value(a.value)}" for a in node.args], flags)
+    # The trailing comment goes on the header's first line: the line the parser attaches it from.
+    body: list[str] = []
     for decl in node.inputs:
-        lines.append(INDENT + f"in {decl.name}" + (" stream" if decl.is_stream else ""))
+        body += _line(decl, f"in {decl.name}" + (" stream" if decl.is_stream else ""))
     if node.kv_sequences is not None:
         if not node.kv_sequences.labels:
             raise ValueError(f"format_spec: node {node.name}: kv_sequences needs at least one label")
-        lines.append(INDENT + "kv_sequences " + " ".join(node.kv_sequences.labels))
+        body += _line(node.kv_sequences, "kv_sequences " + " ".join(node.kv_sequences.labels))
     for state in node.states:
-        lines.append(INDENT + f"state {state.kind}" + (_args(state.args) if state.args else ""))
+        body += _line(state, f"state {state.kind}" + (_args(state.args) if state.args else ""))
     for cap in node.caps:
-        lines.append(INDENT + f"cap {cap.walk} {cap.value}")
+        body += _line(cap, f"cap {cap.walk} {cap.value}")
     for capture in node.captures:
-        lines.append(INDENT + _capture(capture))
+        body += _line(capture, _capture(capture))
     for combine in node.combines:
-        lines.extend(INDENT + line for line in _combine(combine, node.name))
-    lines.append("}")
-    return "\n".join(lines)
+        body += _combine(combine, node.name)
+    return (_comment_lines(node.comments_before) + [_trailed(header[0], node.comment_after)] + header[1:]
+            + _indented(body + _comment_lines(node.comments_end, is_end=True)) + ["}"])
 
 
 def _wrapped_args(start: str, args: list[str], end: str) -> list[str]:
@@ -113,27 +163,26 @@ def _capture(capture: ast.CaptureDecl) -> str:
 def _combine(combine: ast.CombineDecl, node_name: str) -> list[str]:
     if not combine.walks:
         raise ValueError(f"format_spec: node {node_name}: combine {combine.name} needs at least one walk")
-    lines = [f"combine {combine.name} = " + " + ".join(combine.walks) + " {"]
+    body: list[str] = []
     if combine.cap is not None:
-        lines.append(INDENT + f"cap {combine.cap}")
+        body += _comment_lines(combine.cap_comments_before)
+        body.append(_trailed(f"cap {combine.cap}", combine.cap_comment_after))
     for rows in combine.rows:
-        lines.append(INDENT + f"rows {rows.walk} <= {rows.limit}")
+        body += _line(rows, f"rows {rows.walk} <= {rows.limit}")
     if combine.capture is not None:
-        lines.append(INDENT + _capture(combine.capture))
+        body += _line(combine.capture, _capture(combine.capture))
     if combine.attention is not None:
-        lines.append(INDENT + f"attention {combine.attention}")
-    lines.append("}")
-    return lines
+        body += _comment_lines(combine.attention_comments_before)
+        body.append(_trailed(f"attention {combine.attention}", combine.attention_comment_after))
+    header = f"combine {combine.name} = " + " + ".join(combine.walks) + " {"
+    return (_line(combine, header) + _indented(body + _comment_lines(combine.comments_end, is_end=True))
+            + ["}"])
 
 
 # ---- walks --------------------------------------------------------------------------------------
 
-def _walk(walk: ast.Walk) -> str:
-    lines = [f"walk {walk.name} {{"]
-    for section in walk.body:
-        lines.extend(INDENT + line for line in _section(section))
-    lines.append("}")
-    return "\n".join(lines)
+def _walk(walk: ast.Walk) -> list[str]:
+    return _block(walk, f"walk {walk.name}", "")
 
 
 def _section(section) -> list[str]:
@@ -142,23 +191,28 @@ def _section(section) -> list[str]:
     if isinstance(section, ast.Loop):
         return _loop(section)
     keyword = "parallel" if isinstance(section, ast.Parallel) else "sequential"
-    return _block(keyword, section.body, "")
+    return _block(section, keyword, "")
 
 
-def _block(header: str, body: list, closing_suffix: str) -> list[str]:
-    lines = [header + " {"]
-    for section in body:
-        lines.extend(INDENT + line for line in _section(section))
-    lines.append("}" + closing_suffix)
-    return lines
+def _block(block, header: str, closing_suffix: str) -> list[str]:
+    """A walk or section: `header {`, its sections indented, `}` and the suffix."""
+    body = [line for section in block.body for line in _section(section)]
+    return (_line(block, header + " {") + _indented(body + _comment_lines(block.comments_end, is_end=True))
+            + ["}" + closing_suffix])
 
 
 def _call(call: ast.Call) -> list[str]:
     head = f"{call.node}(" + ", ".join(call.inputs) + ")"
-    edges = [_edge(e) for e in call.edges]
-    if len(edges) == 1:
-        return [f"{head} {edges[0]}"]
-    return [head] + [INDENT + e for e in edges]
+    if not call.edges:
+        return _line(call, head)
+    (first, *others) = call.edges
+    # One edge shares the call's line unless its comments need lines of their own (see the module
+    # docstring); the parser then gives a trailing comment on that line to the call.
+    if not others and not first.comments_before and (call.comment_after is None or first.comment_after is None):
+        comment = call.comment_after if call.comment_after is not None else first.comment_after
+        return _comment_lines(call.comments_before) + [_trailed(f"{head} {_edge(first)}", comment)]
+    edges = [line for edge in call.edges for line in _line(edge, _edge(edge))]
+    return _line(call, head) + _indented(edges)
 
 
 def _edge(edge: ast.Edge) -> str:
@@ -184,18 +238,18 @@ def _loop(loop: ast.Loop) -> list[str]:
         suffix += " outputs " + ", ".join(loop.outputs)
     if loop.accumulate:
         suffix += " accumulate " + ", ".join(loop.accumulate)
-    return _block(header, loop.body, suffix)
+    return _block(loop, header, suffix)
 
 
 # ---- partitions ---------------------------------------------------------------------------------
 
-def _partition(partition: ast.Partition) -> str:
+def _partition(partition: ast.Partition) -> list[str]:
     text = f"partition {partition.name} ="
     if partition.stages:
         text += " " + " -> ".join(_stage(s, partition.name) for s in partition.stages)
-    for stream in partition.streams:
-        text += f"\n{INDENT}<- {stream.partition}.{stream.edge} {_policy(stream.policy)}"
-    return text
+    streams = [line for stream in partition.streams
+               for line in _line(stream, f"<- {stream.partition}.{stream.edge} {_policy(stream.policy)}")]
+    return _line(partition, text) + _indented(streams)
 
 
 def _stage(stage: ast.Stage, partition: str) -> str:

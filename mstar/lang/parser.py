@@ -10,6 +10,9 @@ top-level declarations (lines starting at column 1 with `model`, `param`, `node`
 `partition`) and each one is parsed alone, so one run reports the first syntax error of every
 broken declaration (at most one error per declaration).
 
+Comments: after a successful parse, mstar/lang/comments.py attaches every `#` comment to the
+construct it belongs to (the AST's comment fields), so that the formatter can write them back.
+
 Cache: the Lark parser (LALR(1), contextual lexer) is built once per process, on first use, and
 kept in a module-level variable; Lark's own `cache=True` also keeps the built tables in the system
 temp directory so that a fresh process loads them instead of rebuilding them.
@@ -28,6 +31,7 @@ from lark.lexer import PatternStr
 from mstar.lang import ast
 from mstar.lang import codes
 from mstar.lang.build import AstBuilder
+from mstar.lang.comments import attach_comments
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.syntax_errors import ErrorExplainer
 
@@ -107,7 +111,10 @@ def _parse_checked(text: str, file: str, diags: Diagnostics) -> Optional[ast.Spe
         return None
     if _reports_deep_nesting(text, file, diags):
         return None
-    return _build(tree, file, diags)
+    builder = AstBuilder(file, diags)
+    spec = _build(tree, builder)
+    attach_comments(spec, text, builder.anchors)
+    return spec
 
 
 def _reports_deep_nesting(text: str, file: str, diags: Diagnostics) -> bool:
@@ -137,9 +144,9 @@ def _first_brace_too_deep(text: str) -> Optional[tuple[int, int]]:
     return None
 
 
-def _build(tree, file: str, diags: Diagnostics):
+def _build(tree, builder: AstBuilder):
     try:
-        return AstBuilder(file, diags).transform(tree)
+        return builder.transform(tree)
     except VisitError as error:
         raise error.orig_exc from error
 
@@ -171,7 +178,7 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
         if _reports_deep_nesting(padded, file, diags):
             num_reported += 1
             continue
-        item = _build(tree, file, diags)
+        item = _build(tree, AstBuilder(file, diags))
         is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
         if is_model and models_seen > 1:
             diags.error(codes.MODEL_LINE, "`model` may appear only once, as the first line of the spec",
