@@ -30,6 +30,18 @@ def _report(diags) -> None:
         sys.stderr.write(f"mstarc: {num_errors} error{'s' if num_errors != 1 else ''}\n")
 
 
+def _write_problem(target, error: OSError) -> str:
+    """`mstarc: cannot write TARGET: why`, naming the path that failed when it is not TARGET
+    (a parent directory that could not be made because a file has its name, say)."""
+    why = error.strerror or str(error)
+    failed = error.filename
+    if isinstance(error, FileExistsError) and failed:
+        why = f"{failed} exists and is not a directory"
+    elif failed and str(failed) != str(target):
+        why = f"{why}: {failed}"
+    return f"mstarc: cannot write {target}: {why}\n"
+
+
 def cmd_compile(args) -> int:
     from mstar.compiler.driver import compile_spec
     from mstar.compiler.emit import write_outputs
@@ -43,7 +55,7 @@ def cmd_compile(args) -> int:
     try:
         write_outputs(result.plan_path, result.plan_text, result.glue_path, result.glue_text)
     except OSError as e:
-        sys.stderr.write(f"mstarc: cannot write {e.filename or result.plan_path}: {e.strerror or e}\n")
+        sys.stderr.write(_write_problem(result.plan_path, e))
         return EXIT_INPUT
     print(f"wrote {result.plan_path} and {result.glue_path}")
     return EXIT_OK
@@ -104,7 +116,7 @@ def cmd_fmt(args) -> int:
             try:
                 path.write_text(formatted, encoding="utf-8")
             except OSError as e:
-                sys.stderr.write(f"mstarc: cannot write {path}: {e.strerror or e}\n")
+                sys.stderr.write(_write_problem(path, e))
                 return EXIT_INPUT
             print(f"formatted {path}")
         return EXIT_OK
@@ -156,7 +168,7 @@ def cmd_graph(args) -> int:
     try:
         draw_walks(spec, Path(args.output))
     except OSError as e:
-        sys.stderr.write(f"mstarc: cannot write {args.output}: {e.strerror or e}\n")
+        sys.stderr.write(_write_problem(args.output, e))
         return EXIT_INPUT
     print(f"wrote {args.output}")
     return EXIT_OK

@@ -98,12 +98,15 @@ def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
 
 
 def _display(path: Path) -> str:
-    """A path relative to the working directory when that is shorter, else as given."""
+    """A path relative to the working directory when that is shorter, else absolute; `..`
+    segments from joining header paths to the plan's directory are folded first, so a plan
+    outside the working directory names `/x/specs/a.mw`, not `../../x/specs/a.mw`."""
+    folded = os.path.normpath(os.path.abspath(path))
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(folded)
     except ValueError:
-        return str(path)
-    return rel if len(rel) <= len(str(path)) else str(path)
+        return folded
+    return rel if len(rel) <= len(folded) else folded
 
 
 def _read_json(path: Path) -> dict:
