@@ -1,0 +1,305 @@
+"""Bad input to `mstarc` and `mstar run` gives a clear message and exit 1 (2 for usage), never a
+Python traceback or an "internal error".
+
+Each case calls the command's `main()` in-process (no interpreter start per case, so the file
+stays fast) and checks the exit status, a fragment of the message, and that neither a traceback
+nor mstarc's internal-error fallback appears. Inputs are built in `tmp_path` from copies of the
+repository's specs and configs; nothing under the repository is written.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mstar.cli import mstar as mstar_cli
+from mstar.cli import mstarc as mstarc_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _call(main, argv, capsys) -> tuple[int, str]:
+    """(exit status, stdout + stderr) of one in-process CLI call."""
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as stop:  # argparse usage errors
+        status = stop.code
+    captured = capsys.readouterr()
+    return status, captured.out + captured.err
+
+
+def _expect(main, argv, capsys, status: int, fragment: str) -> str:
+    actual, text = _call(main, argv, capsys)
+    assert "Traceback" not in text, text
+    assert "internal error" not in text, text
+    assert actual == status, text
+    assert fragment in text, text
+    return text
+
+
+def mstarc(argv, capsys, status, fragment):
+    return _expect(mstarc_cli.main, argv, capsys, status, fragment)
+
+
+def mstar(argv, capsys, status, fragment):
+    return _expect(mstar_cli.main, argv, capsys, status, fragment)
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    """A copy of specs/ and configs/ (so stale-plan edits touch nothing in the repository)."""
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    return tmp_path
+
+
+def _yaml(work: Path, name: str, text: str) -> Path:
+    path = work / "configs" / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+ORPHEUS_GROUPS = """
+node_groups:
+  - node_names: [LLM]
+    ranks: [0]
+  - node_names: [snac_decoder]
+    ranks: [1]
+"""
+
+
+# ---------------------------------------------------------------- mstarc: specs and configs
+
+def test_usage_errors_exit_2(capsys):
+    mstarc([], capsys, 2, "required: COMMAND")
+    mstarc(["frob"], capsys, 2, "invalid choice")
+    mstarc(["graph", "specs/bagel.mw"], capsys, 2, "-o/--output")
+
+
+def test_malformed_spec(work, capsys):
+    bad = work / "specs" / "bad.mw"
+    bad.write_text("model foo\nnode x {\n")
+    for command in ("compile", "check", "graph"):
+        extra = ["-o", work / "x.svg"] if command == "graph" else []
+        mstarc([command, bad, *extra], capsys, 1, "error[MW002]")
+    mstarc(["fmt", bad], capsys, 1, "error[MW002]")
+
+
+def test_missing_spec(work, capsys):
+    mstarc(["check", work / "nope.mw"], capsys, 1, "spec file not found")
+    mstarc(["fmt", work / "nope.mw"], capsys, 1, "cannot read spec")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("model: [unclosed\n", "not valid YAML"),
+    ("", "the deployment file is empty"),
+    ("- a\n- b\n", "must be a mapping"),
+    ('model: "orpheus"\nmax_seq_len: 1024\nbogus_key: 3\n' + ORPHEUS_GROUPS, "unknown key 'bogus_key'"),
+    ('model: "orpheus"\nmax_seq_len: "lots"\n' + ORPHEUS_GROUPS, "input should be a valid integer"),
+    ('model: "orpheus"\nmax_seq_len: -5\n' + ORPHEUS_GROUPS, "greater than or equal to 1"),
+    ('model: "orpheus"\n' + ORPHEUS_GROUPS, "missing required key 'max_seq_len'"),
+    ('model: "orpheus"\nmax_seq_len: 64\nnode_groups:\n  - node_names: [LLM]\n    ranks: 0\n',
+     "input should be a valid list"),
+    ('model: "orpheus"\nmax_seq_len: 64\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n'
+     "    tensor_parallel_size: 2\n", "unknown key 'tensor_parallel_size'"),
+])
+def test_malformed_config(work, capsys, text, fragment):
+    config = _yaml(work, "bad", text)
+    mstarc(["check", work / "specs" / "orpheus.mw", "--config", config], capsys, 1, fragment)
+    mstarc(["compile", work / "specs" / "orpheus.mw", "--config", config], capsys, 1, fragment)
+    assert not (work / "generated").exists()
+
+
+def test_missing_config(work, capsys):
+    mstarc(["check", work / "specs" / "llama.mw", "--config", work / "nope.yaml"], capsys, 1,
+           "cannot read deployment file")
+
+
+def test_config_of_another_model(work, capsys):
+    text = mstarc(["check", work / "specs" / "llama.mw", "--config", work / "configs" / "orpheus.yaml"],
+                  capsys, 1, "error[MW319]")
+    assert "deployment is for model 'orpheus' but the spec is model 'llama'" in text
+
+
+@pytest.mark.parametrize("groups, fragment", [
+    # ranks not a multiple of tp
+    ("  - node_names: [LLM]\n    ranks: [0, 1, 2]\n    tp_size: 2\n"
+     "  - node_names: [snac_decoder]\n    ranks: [0]\n", "error[MW315]"),
+    # a node placed nowhere
+    ("  - node_names: [LLM]\n    ranks: [0]\n", "error[MW310]"),
+    # two lockstep nodes on one worker
+    ("  - node_names: [LLM]\n    ranks: [0, 1]\n    tp_size: 2\n"
+     "  - node_names: [snac_decoder]\n    ranks: [0, 1]\n    tp_size: 2\n", "error[MW317]"),
+    # tp on a node not marked `tp`
+    ("  - node_names: [LLM]\n    ranks: [0]\n"
+     "  - node_names: [snac_decoder]\n    ranks: [1, 2]\n    tp_size: 2\n", "error[MW316]"),
+    ("  - node_names: [LLM]\n    ranks: [0]\n    tp_size: 0\n"
+     "  - node_names: [snac_decoder]\n    ranks: [-1]\n", "greater than or equal to"),
+])
+def test_impossible_deployment(work, capsys, groups, fragment):
+    config = _yaml(work, "bad", f'model: "orpheus"\nmax_seq_len: 1024\nnode_groups:\n{groups}')
+    mstarc(["check", work / "specs" / "orpheus.mw", "--config", config], capsys, 1, fragment)
+
+
+def test_capture_over_memory_budget(work, capsys):
+    config = _yaml(work, "bad", 'model: "orpheus"\nmax_seq_len: 1024\ncapture_memory_budget_mb: 1\n'
+                   + ORPHEUS_GROUPS)
+    text = mstarc(["check", work / "specs" / "orpheus.mw", "--config", config], capsys, 1, "error[MW408]")
+    assert "over capture_memory_budget_mb 1" in text
+
+
+def test_unwritable_outputs(work, capsys):
+    blocker = work / "a_file"
+    blocker.write_text("")
+    spec = work / "specs" / "bagel.mw"
+    mstarc(["graph", spec, "-o", blocker / "b.svg"], capsys, 1, "exists and is not a directory")
+    mstarc(["graph", spec, "-o", work], capsys, 1, f"cannot write {work}")
+    mstarc(["compile", work / "specs" / "llama.mw", "-o", blocker / "x.plan"], capsys, 1,
+           "exists and is not a directory")
+
+
+# ---------------------------------------------------------------- plans
+
+@pytest.fixture
+def plan(work, capsys) -> Path:
+    """A freshly compiled llama plan in the work copy."""
+    mstarc(["compile", work / "specs" / "llama.mw"], capsys, 0, "wrote")
+    return work / "generated" / "llama.plan"
+
+
+def _refused(plan_path, capsys, fragment):
+    mstarc(["explain", plan_path], capsys, 1, fragment)
+    mstar(["run", "--plan", plan_path, "--engine", "sim", "--no-progress"], capsys, 1, fragment)
+
+
+def test_stale_plan(work, plan, capsys):
+    with open(work / "specs" / "llama.mw", "a") as f:
+        f.write("# edited after compiling\n")
+    _refused(plan, capsys, "is stale: its spec file")
+    # the recompile command names the spec by a direct path, not ../../ from the working directory
+    _, text = _call(mstarc_cli.main, ["explain", str(plan)], capsys)
+    assert f"mstarc compile {work / 'specs' / 'llama.mw'}" in text or "mstarc compile specs/" in text
+    mstarc(["explain", "--no-verify", plan], capsys, 0, "plan llama")
+
+
+def test_tampered_plan(plan, capsys):
+    text = plan.read_text()
+    assert '"num_pages": 8192' in text
+    plan.write_text(text.replace('"num_pages": 8192', '"num_pages": 8193', 1))
+    _refused(plan, capsys, "content hash mismatch")
+
+
+def test_truncated_plan(plan, capsys):
+    plan.write_text(plan.read_text()[:3000])
+    _refused(plan, capsys, "is not valid JSON")
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (b"hello\n", "is not valid JSON"),
+    (b"[1, 2]\n", "has no header object"),
+    (b"{}\n", "has no header object"),
+    (b"\xff\xfe\x00bin", "cannot read plan"),
+])
+def test_plan_that_is_not_a_plan(tmp_path, capsys, content, fragment):
+    path = tmp_path / "x.plan"
+    path.write_bytes(content)
+    _refused(path, capsys, fragment)
+
+
+def test_missing_plan_path(tmp_path, capsys):
+    _refused(tmp_path / "nope.plan", capsys, "does not exist")
+    _refused(tmp_path, capsys, "cannot read plan")
+
+
+def test_plan_schema_violation_with_a_matching_hash(plan, capsys):
+    """A hand edit that also fixed the content hash still fails schema validation cleanly."""
+    data = json.loads(plan.read_text())
+    data["deployment"]["kv_pools"][0]["num_pages"] = "many"
+    plan.write_text(json.dumps(data))
+    _refused(plan, capsys, "does not match the plan schema")
+
+
+def test_explain_every_generated_plan(capsys):
+    for path in sorted((ROOT / "generated").glob("*.plan")):
+        mstarc(["explain", path], capsys, 0, f" / {path.stem} ")
+
+
+# ---------------------------------------------------------------- mstar run
+
+LLAMA = ROOT / "generated" / "llama.plan"
+RUN = ["run", "--plan", LLAMA, "--no-progress"]
+
+
+def _prompts(tmp_path, *lines) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(line if isinstance(line, str) else json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+GOOD = {"id": "a", "prompt_tokens": [1, 2, 3], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("lines, fragment", [
+    ([GOOD, "{bad json\n"], "prompts.jsonl:2: not valid JSON"),
+    ([{"id": "a", "prompt_tokens": [1, 2]}], ":1: missing required field 'max_tokens'"),
+    ([{**GOOD, "max_tokens": -1}], "'max_tokens' must be >= 1"),
+    ([{**GOOD, "max_tokens": 0}], "'max_tokens' must be >= 1"),
+    ([{**GOOD, "max_tokens": True}], "'max_tokens' must be int"),
+    ([{**GOOD, "prompt_tokens": [1, -2]}], "non-negative integers"),
+    ([{**GOOD, "prompt_tokens": []}], "non-empty list"),
+    ([{**GOOD, "prompt_tokens": [1.5]}], "non-negative integers"),
+    ([{**GOOD, "temperature": -1}], "'temperature' must be >= 0"),
+    ([{**GOOD, "top_p": 0}], "'top_p' must be in (0, 1]"),
+    ([GOOD, GOOD], "duplicate"),
+    ([{**GOOD, "colour": "red"}], "unknown field"),
+    ([], "no requests in the file"),
+])
+def test_bad_prompts_file(tmp_path, capsys, lines, fragment):
+    mstar([*RUN, "--engine", "sim", "--prompts", _prompts(tmp_path, *lines)], capsys, 1, fragment)
+
+
+def test_missing_prompts_file(tmp_path, capsys):
+    mstar([*RUN, "--engine", "sim", "--prompts", tmp_path / "nope.jsonl"], capsys, 1,
+          "cannot read prompts file")
+
+
+def test_request_too_big_for_the_kv_pool_fails_alone(tmp_path, capsys):
+    prompts = _prompts(tmp_path, {"id": "big", "prompt_tokens": [1] * 200, "max_tokens": 8},
+                       *({"id": f"s{i}", "prompt_tokens": [1, 2, 3], "max_tokens": 4} for i in range(3)))
+    text = mstar([*RUN, "--prompts", prompts, "--kv-pages", 4], capsys, 0, "4 (3 ok, 1 failed)")
+    assert "request big failed" in text and "the pool has only 4" in text
+
+
+def test_kv_pages_one_fails_every_request_cleanly(capsys):
+    mstar([*RUN, "--requests", 2, "--kv-pages", 1], capsys, 0, "2 (0 ok, 2 failed)")
+
+
+@pytest.mark.parametrize("argv, status, fragment", [
+    (["--kv-pages", 0], 1, "--kv-pages must be a positive"),
+    (["--kv-pages", -3], 1, "--kv-pages must be a positive"),
+    (["--requests", -1], 1, "--requests must be >= 0"),
+    (["--prompt-len", "5..2"], 1, "need 1 <= A <= B"),
+    (["--prompt-len", "0..2"], 1, "need 1 <= A <= B"),
+    (["--output-len", "x"], 1, "--output-len"),
+    (["--concurrency", 0], 1, "--concurrency must be >= 1"),
+    (["--arrival", "poisson", "--rate", 0], 1, "--rate must be > 0"),
+    (["--route", "garbage"], 1, "expected PARTITION=WALK,WALK"),
+    (["--requests", "many"], 2, "invalid int value"),
+    (["--engine", "gpu"], 2, "invalid choice"),
+])
+def test_bad_run_options(capsys, argv, status, fragment):
+    mstar([*RUN, "--engine", "sim", *argv], capsys, status, fragment)
+
+
+def test_zero_requests(capsys):
+    mstar([*RUN, "--engine", "sim", "--requests", 0], capsys, 0, "0 (0 ok, 0 failed)")
+
+
+def test_bad_weights_dirs(tmp_path, capsys):
+    mstar([*RUN, "--weights", tmp_path / "nope"], capsys, 1, "no config.json there")
+    (tmp_path / "config.json").write_text("not json")
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: not valid JSON")
+    (tmp_path / "config.json").write_text('{"vocab_size": 10}')
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "is not one the engine loads")
