@@ -187,7 +187,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.timeline:
         from mstar.runtime.timeline import draw
 
-        draw(driver.log, records, args.timeline)
+        draw(driver.log, records, args.timeline, origin_s=driver.origin_s)
     if args.out:
         _write_outputs(args.out, records, plan)
     return 0

@@ -13,8 +13,13 @@ Event loop (one process drives every worker of the plan):
 - a completion is post-processed in one pass: each row result goes to the conductor, then the
   rows that became ready go to the schedulers of the ranks running them (a TP group: all its
   ranks; data-parallel replicas: one per request by a hash of its id);
-- allocation_failed: nothing of the step ran; it is retried later (scheduler.hold: nothing
-  lost), a speculation built on it is discarded; rows the engine failed alone still fail;
+- allocation_failed, with an engine that runs partial steps (`runs_partial_steps`, the
+  default of the torch and simulated engines): the rows that got memory ran and are
+  post-processed as usual; only the failed rows are held (scheduler.hold on a batch of just
+  those rows: 50 ms backoff, then back to their queue) and retried. With an all-or-nothing
+  engine nothing of the step ran: the whole batch goes back, the failed rows held. Either way
+  nothing is lost or run twice; rows the engine failed alone still fail; a step with failed
+  rows is neither speculated on nor followed by TP followers for its failed rows;
 - TP groups: the leader's batch is registered on its followers; the leader's results are
   post-processed only once every follower ran its copy (lockstep);
 - a step whose engine call raises fails the requests of that step alone.
@@ -23,6 +28,7 @@ requests remain with no way forward they fail with "error: stalled" (never a han
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 import zlib
@@ -36,7 +42,7 @@ from mstar.runtime.conductor import Conductor
 from mstar.runtime.metrics import StepLog
 from mstar.runtime.request import Request
 from mstar.runtime.scheduler import WorkerScheduler
-from mstar.runtime.step import Engine, Step, StepResult
+from mstar.runtime.step import Engine, Step, StepResult, StepRow
 
 
 MIN_WAIT_S = 1e-4  # shortest idle wait when nothing can run yet
@@ -65,6 +71,7 @@ class _Launch:
     start_s: float
     sched_s: float
     continuing: set[str] = field(default_factory=set)  # rows a speculation already covers
+    ran_rows: list[StepRow] = field(default_factory=list)  # rows of the step the engine ran
 
 
 class Driver:
@@ -79,6 +86,8 @@ class Driver:
         self.plan = plan
         self.engine = engine
         self.is_simulated = bool(getattr(engine, "is_simulated", False))
+        # An engine that runs the rows that got memory beside allocation_failed ones.
+        self.runs_partial_steps = bool(getattr(engine, "runs_partial_steps", False))
         if clock is None:
             clock = getattr(engine, "clock", None) or time.monotonic
         self.clock = clock
@@ -86,6 +95,7 @@ class Driver:
         self.schedulers = {w.rank: WorkerScheduler(w, plan.deployment, clock=clock) for w in plan.workers}
         self.on_finish = on_finish
         self.log = StepLog()
+        self.origin_s = self.clock()  # run clock at the start of `run`: times are relative to it
         self._instances = self._placement_instances()
         self._followers: dict[tuple[int, str], list[int]] = {}  # (leader rank, node) -> follower ranks
         for worker in plan.workers:
@@ -217,14 +227,26 @@ class Driver:
                 self.conductor.fail(row.request_id, f"error: engine failed the step: {error}")
             self._drain()
             return True
-        launch = _Launch(rank, batch, step, result, now, sched_s, continuing)
-        if not result.allocation_failed:
-            # Every rank of a TP group fails the same allocation, so a failed step is not
-            # followed: the followers keep their rows for the retry.
+        failed = result.allocation_failed
+        if not failed:
+            ran_rows, followed = step.rows, batch
+        elif self.runs_partial_steps:
+            failed_set = set(failed)
+            ran_rows = [row for row in step.rows if row.request_id not in failed_set]
+            followed = _sub_batch(batch, [rid not in failed_set for rid in batch.request_ids]) if ran_rows else None
+        else:
+            ran_rows, followed = [], None
+        launch = _Launch(rank, batch, step, result, now, sched_s, continuing, ran_rows)
+        if followed is not None:
+            # Every rank of a TP group fails the same allocation, so failed rows are not
+            # followed: the followers keep them ready for the retry.
             for follower in self._followers.get((rank, batch.node), ()):
-                self.schedulers[follower].register_follow(batch)
+                self.schedulers[follower].register_follow(followed)
                 self._pending_tp.setdefault((follower, batch.node), deque()).append(launch)
                 self._tp_waiting.setdefault(id(launch), set()).add(follower)
+        if not failed:
+            # A step with failed rows is not speculated on: its rows come back through the
+            # conductor (ran) or the hold (failed), never through a chain.
             self._maybe_speculate(rank, batch, loop_rows)
         self._busy.add(rank)
         self._seq += 1
@@ -298,17 +320,19 @@ class Driver:
         rank, batch, step, result = launch.worker, launch.batch, launch.step, launch.result
         self._busy.discard(rank)
         scheduler = self.schedulers[rank]
-        if result.allocation_failed:
-            scheduler.hold(batch, result.allocation_failed)
-            spec = self._spec.pop(rank, None)
-            if spec is not None:
-                scheduler.discard(spec[0])
-                self._uncover(rank, spec[0], spec[1])
+        failed = result.allocation_failed
+        if not failed:
+            self.conductor.on_step(step.node, step.rows, result.rows)
+        elif self.runs_partial_steps:
+            # Only the failed rows are held; the rows that ran come back through the conductor.
+            failed_set = set(failed)
+            scheduler.hold(_sub_batch(batch, [rid in failed_set for rid in batch.request_ids]))
+            self.conductor.on_step(step.node, launch.ran_rows, result.rows)
+        else:
+            scheduler.hold(batch, failed)  # nothing ran: every row goes back, the failed ones held
             for row_result in result.rows:  # rows that failed alone still fail (nothing else ran)
                 if row_result.error is not None:
                     self.conductor.fail(row_result.request_id, f"error: {row_result.error}")
-        else:
-            self.conductor.on_step(step.node, step.rows, result.rows)
         self._drain()
         end = self.clock()
         self.log.add(launch, time.perf_counter() - started, end)
@@ -316,9 +340,11 @@ class Driver:
     # ------------------------------------------------------------ main loop
 
     def run(self, workload: Workload) -> None:
-        """Run every request of the workload to completion (or failure)."""
+        """Run every request of the workload to completion (or failure). Arrival and
+        cancellation times are seconds from the start of the run (`origin_s` on the run clock)."""
+        origin = self.origin_s = self.clock()
         pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
-        cancels = deque(sorted(workload.cancellations))
+        cancels = deque(sorted((origin + t, rid) for t, rid in workload.cancellations))
         closed = workload.closed_concurrency
         num_sent = 0
         total = len(pending)
@@ -329,7 +355,7 @@ class Driver:
                     self.conductor.submit(pending.popleft())
                     num_sent += 1
             else:
-                while pending and pending[0].arrival_s <= now:
+                while pending and origin + pending[0].arrival_s <= now:
                     self.conductor.submit(pending.popleft())
                     num_sent += 1
             while cancels and cancels[0][0] <= now:
@@ -341,7 +367,7 @@ class Driver:
                         pass
             wake = [t for t in (s.next_hold_deadline() for s in self.schedulers.values()) if t is not None]
             if closed is None and pending:
-                wake.append(pending[0].arrival_s)
+                wake.append(origin + pending[0].arrival_s)
             if cancels:
                 wake.append(cancels[0][0])
             if self._inflight:
@@ -382,3 +408,13 @@ class Driver:
             self.clock.advance_to(when)
         else:
             time.sleep(max(0.0, when - self.clock()))
+
+
+def _sub_batch(batch: Batch, is_kept: list[bool]) -> Batch:
+    """The rows of `batch` flagged in `is_kept` (per row, in order), as a batch of the same step."""
+    return dataclasses.replace(
+        batch,
+        request_ids=[rid for rid, keep in zip(batch.request_ids, is_kept) if keep],
+        walks=[walk for walk, keep in zip(batch.walks, is_kept) if keep],
+        num_tokens=[num for num, keep in zip(batch.num_tokens, is_kept) if keep],
+    )

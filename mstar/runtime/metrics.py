@@ -34,7 +34,8 @@ class StepLog:
         self.is_speculative: list[bool] = []
         self.is_follower: list[bool] = []
         self.is_captured: list[bool] = []
-        self.is_oom: list[bool] = []
+        self.is_oom: list[bool] = []  # some row failed allocation
+        self.num_held_rows: list[int] = []  # rows that failed allocation (held and retried)
 
     def __len__(self) -> int:
         return len(self.key)
@@ -46,9 +47,12 @@ class StepLog:
         self.start_s.append(launch.start_s)
         self.end_s.append(end_s)
         self.key.append(batch.key)
-        walks = [row.walk for row in step.rows] if step is not None else batch.walks
+        # Rows the engine ran: a partial step leaves out its allocation_failed rows (held and
+        # retried, logged again in the step that runs them).
+        rows = launch.ran_rows
+        walks = [row.walk for row in rows] if step is not None else batch.walks
         self.num_rows.append(len(walks))
-        self.num_tokens.append(sum(row.num_tokens for row in step.rows) if step is not None else batch.total_tokens)
+        self.num_tokens.append(sum(row.num_tokens for row in rows) if step is not None else batch.total_tokens)
         self.walk_rows.append(dict(Counter(walks)))
         self.sched_s.append(launch.sched_s)
         self.post_s.append(post_s)
@@ -56,6 +60,7 @@ class StepLog:
         self.is_follower.append(batch.is_follower)
         self.is_captured.append(batch.padded_batch > 0)
         self.is_oom.append(bool(launch.result.allocation_failed))
+        self.num_held_rows.append(len(launch.result.allocation_failed))
 
 
 def _percentiles(values: Iterable[float], scale: float) -> dict[str, float]:
@@ -108,6 +113,7 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
         "num_speculative_steps": int(sum(log.is_speculative)),
         "num_follower_steps": int(sum(log.is_follower)),
         "num_oom_steps": int(sum(log.is_oom)),
+        "num_oom_rows": int(sum(log.num_held_rows)),
         "scheduler_us_per_step": _percentiles(log.sched_s, 1e6),
         "postprocess_us_per_step": _percentiles(log.post_s, 1e6),
         "step_composition": dict(sorted(composition.items())),
@@ -136,6 +142,9 @@ def render_table(summary: dict[str, Any]):
     table.add_row(
         "steps (speculative, follower, out-of-memory)",
         f"{summary['num_steps']} ({summary['num_speculative_steps']}, {summary['num_follower_steps']}, {summary['num_oom_steps']})",
+    )
+    table.add_row(
+        "rows held out of memory", f"{summary['num_oom_rows']}",
     )
     for key, entry in summary["step_composition"].items():
         walks = ", ".join(f"{w} {n:.1f}" for w, n in entry["mean_rows_per_walk"].items())

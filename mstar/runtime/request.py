@@ -28,6 +28,8 @@ class Request:
     temperature: Optional[float] = None  # None: greedy
     top_p: Optional[float] = None
     seed: Optional[int] = None
+    repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)
+    stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
     route: dict[str, list[str]] = field(default_factory=dict)
     media: dict[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # when the client sends it (workload time, seconds from the start)

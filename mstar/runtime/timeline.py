@@ -3,6 +3,8 @@
 Top: mean rows per step over time, stacked by walk (steps binned by start time; TP follower
 copies left out).
 Bottom: each request's TTFT (at its first token) and the mean inter-token gap (at its finish).
+The x axis is seconds since the run started (`origin_s`, the run clock at the start: 0 under the
+simulated engine, a monotonic reading under a real one).
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from mstar.runtime.metrics import StepLog
 NUM_BINS = 150
 
 
-def draw(log: StepLog, records: list[Any], path: str) -> None:
+def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> None:
+    """Write the PNG to `path`; times on the run clock are drawn as seconds since `origin_s`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,24 +24,25 @@ def draw(log: StepLog, records: list[Any], path: str) -> None:
 
     walks = sorted({walk for rows in log.walk_rows for walk in rows})
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    steps = [(t, rows) for t, rows, f in zip(log.start_s, log.walk_rows, log.is_follower) if not f]
+    steps = [(t - origin_s, rows) for t, rows, f in zip(log.start_s, log.walk_rows, log.is_follower) if not f]
     if steps and walks:
         centers, means = _binned(steps, walks)
         top.stackplot(centers, [means[walk] for walk in walks], labels=walks, step="mid")
         top.legend(loc="upper right", fontsize="small", ncol=min(len(walks), 4))
     top.set_ylabel("mean rows per step")
     top.set_title("step composition (rows per walk, averaged over time bins)")
-    ttft = [(r.first_token_s, (r.first_token_s - r.arrival_s) * 1000.0) for r in records if r.first_token_s is not None]
+    ttft = [(r.first_token_s - origin_s, (r.first_token_s - r.arrival_s) * 1000.0)
+            for r in records if r.first_token_s is not None]
     itl = []
     for record in records:
         times_s = record.token_times_s
         if len(times_s) > 1 and record.finish_s is not None:
-            itl.append((record.finish_s, (times_s[-1] - times_s[0]) / (len(times_s) - 1) * 1000.0))
+            itl.append((record.finish_s - origin_s, (times_s[-1] - times_s[0]) / (len(times_s) - 1) * 1000.0))
     if ttft:
         bottom.scatter(*zip(*ttft), s=6, label="TTFT (at first token)")
     if itl:
         bottom.scatter(*zip(*itl), s=6, label="mean inter-token (at finish)")
-    bottom.set_xlabel("run time (s)")
+    bottom.set_xlabel("seconds since the run started")
     bottom.set_ylabel("ms")
     bottom.set_title("latency")
     if ttft or itl:

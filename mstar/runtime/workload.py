@@ -8,8 +8,9 @@ small vocabulary, all from one seed. Arrivals:
 - closed: `concurrency` clients, each sending its next request when its previous one finishes.
 
 File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
-"max_tokens": int} and optionally "temperature", "top_p", "seed", "route" ({partition: [walk,
-...]}, see Request.route); blank lines are skipped. Every
+"max_tokens": int} and optionally "temperature", "top_p", "seed", "repetition_penalty" (> 0),
+"stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route); blank lines
+are skipped. Every
 request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
 raises WorkloadError naming the file, the line and what is wrong.
 """
@@ -118,7 +119,8 @@ def parse_prompt_line(line: str, where: str) -> Request:
         raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "route"}
+    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "repetition_penalty",
+             "stop_tokens", "route"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -136,6 +138,12 @@ def parse_prompt_line(line: str, where: str) -> Request:
     if top_p is not None and not 0 < top_p <= 1:
         raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
     seed = _field(obj, "seed", (int,), where, is_required=False)
+    penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
+    if penalty is not None and not penalty > 0:
+        raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {penalty}")
+    stop_tokens = _field(obj, "stop_tokens", (list,), where, is_required=False) or []
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_tokens):
+        raise WorkloadError(f"{where}: 'stop_tokens' must be a list of non-negative integers")
     route = _field(obj, "route", (dict,), where, is_required=False) or {}
     for partition, walks in route.items():
         if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
@@ -147,6 +155,8 @@ def parse_prompt_line(line: str, where: str) -> Request:
         temperature=float(temperature) if temperature is not None else None,
         top_p=float(top_p) if top_p is not None else None,
         seed=seed,
+        repetition_penalty=float(penalty) if penalty is not None else None,
+        stop_tokens=list(stop_tokens),
         route=route,
     )
 

@@ -37,8 +37,8 @@ def test_full_pool_fails_rows_and_every_request_still_finishes():
     assert small.runners["LLM"].pool.num_free_pages == 4  # every page came back
 
 
-def test_allocation_failure_runs_nothing_in_the_step():
-    engine = TorchEngine(llm_plan(num_pages=2, page_size=8))
+def test_all_or_nothing_allocation_failure_runs_nothing_in_the_step():
+    engine = TorchEngine(llm_plan(num_pages=2, page_size=8), runs_partial_steps=False)
     for rid in ("a", "b"):
         assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1] * 8, max_tokens=8)) is None
     prefill = {rid: StepRow(rid, "prefill", 8, 0, {"text_inputs": [1] * 8}) for rid in "ab"}
@@ -89,7 +89,7 @@ def test_slot_pool_full_holds_rows_until_a_request_ends():
 
 
 def test_partial_steps_run_the_rows_that_got_memory():
-    engine = TorchEngine(llm_plan(num_pages=2, page_size=8), runs_partial_steps=True)
+    engine = TorchEngine(llm_plan(num_pages=2, page_size=8))  # partial steps are the default
     for rid in ("a", "b"):
         assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1] * 8, max_tokens=8)) is None
     rows = [StepRow(rid, "prefill", 8, 0, {"text_inputs": [1] * 8}) for rid in "ab"]

@@ -1,7 +1,8 @@
 """Property test: random traces through the driver, scheduler and simulated engine.
 
 Over random arrivals, prompt and output lengths, routes, small KV pools, injected out-of-memory
-failures, row errors and cancellations: every submitted request finishes exactly once, either
+failures of single rows (partial steps: the other rows of the step run), row errors and
+cancellations: every submitted request finishes exactly once, either
 completed or failed with a reason that was caused on purpose; no row is lost or run twice (for
 every request and kv node, each row's context_len is the sum of the tokens its earlier rows fed);
 every KV page and every scheduler row is given back at the end.
@@ -77,8 +78,12 @@ class RecordingSim(SimEngine):
 
     def run_step(self, step):
         result = super().run_step(step)
-        if not result.allocation_failed:
-            self.rows.extend((step.node, row.request_id, row.num_tokens, row.context_len) for row in step.rows)
+        # Partial steps: the rows that got memory ran; the allocation_failed ones did not.
+        failed = set(result.allocation_failed)
+        self.rows.extend(
+            (step.node, row.request_id, row.num_tokens, row.context_len)
+            for row in step.rows if row.request_id not in failed
+        )
         return result
 
 

@@ -1,4 +1,7 @@
 """Workload generation and the closed loop."""
+import dataclasses
+import re
+
 import pytest
 
 from mstar.runtime.driver import Driver
@@ -49,7 +52,8 @@ def test_closed_loop_keeps_at_most_c_requests_in_flight():
 
 
 class ErrorBesideOom(SimEngine):
-    """The first step holding r1 also fails r0 out of memory: nothing runs, r1's row fails alone."""
+    """An all-or-nothing engine: the first step holding r1 also fails r0 out of memory; nothing
+    runs, r1's row fails alone."""
 
     is_done = False
 
@@ -66,7 +70,7 @@ def test_rows_failed_alone_in_an_out_of_memory_step_still_fail():
     from mstar.runtime.request import Request
 
     plan = generated("llama")
-    engine = ErrorBesideOom(plan)
+    engine = ErrorBesideOom(plan, runs_partial_steps=False)
     driver = Driver(plan, engine)
     driver.run(Workload([Request(id=f"r{i}", prompt_tokens=[1, 2, 3], max_tokens=6) for i in range(3)]))
     records = driver.conductor.records
@@ -74,6 +78,42 @@ def test_rows_failed_alone_in_an_out_of_memory_step_still_fail():
     assert records["r1"].finish_reason == "error: bad input"
     assert records["r0"].finish_reason == records["r2"].finish_reason == "length"
     assert records["r0"].num_output_tokens == 6
+
+
+class ErrorBesideOomPartial(SimEngine):
+    """A partial step: the first step holding r0, r1 and r2 fails r0 out of memory, r1 alone
+    with an error, and runs r2."""
+
+    is_done = False
+
+    def run_step(self, step):
+        ids = [row.request_id for row in step.rows]
+        if not self.is_done and {"r0", "r1", "r2"} <= set(ids):
+            self.is_done = True
+            others = [row for row in step.rows if row.request_id not in ("r0", "r1")]
+            ran = super().run_step(dataclasses.replace(step, rows=others))
+            self.ran_rows = [r.request_id for r in ran.rows]
+            rows = [RowResult("r1", error="bad input")] + ran.rows
+            return StepResult(rows=rows, allocation_failed=["r0"], elapsed_s=ran.elapsed_s)
+        return super().run_step(step)
+
+
+def test_partial_step_runs_the_rows_that_got_memory_and_fails_errors_alone():
+    from mstar.runtime.driver import Workload
+    from mstar.runtime.request import Request
+
+    plan = generated("llama")
+    engine = ErrorBesideOomPartial(plan)
+    driver = Driver(plan, engine)
+    driver.run(Workload([Request(id=f"r{i}", prompt_tokens=[1, 2, 3], max_tokens=6) for i in range(3)]))
+    records = driver.conductor.records
+    assert engine.is_done and engine.ran_rows == ["r2"]
+    assert records["r1"].finish_reason == "error: bad input"
+    assert records["r0"].finish_reason == records["r2"].finish_reason == "length"
+    assert records["r0"].num_output_tokens == records["r2"].num_output_tokens == 6
+    # r2 advanced in the failing step; r0 waited out its hold.
+    assert records["r2"].first_token_s < records["r0"].first_token_s
+    assert sum(driver.log.num_held_rows) == 1
 
 
 class DropsR1(SimEngine):
@@ -99,3 +139,47 @@ def test_a_row_the_engine_did_not_answer_fails_its_request_alone():
     records = driver.conductor.records
     assert records["r1"].finish_reason == "error: the engine returned no result for the row"
     assert records["r0"].finish_reason == records["r2"].finish_reason == "length"
+
+
+def test_prompt_lines_take_stop_tokens_and_repetition_penalty():
+    from mstar.runtime.sampling import SamplingParams
+    from mstar.runtime.workload import parse_prompt_line
+
+    request = parse_prompt_line(
+        '{"id": "a", "prompt_tokens": [1], "max_tokens": 3, "stop_tokens": [7, 9], "repetition_penalty": 1.3}', "f:1")
+    assert request.stop_tokens == [7, 9] and request.repetition_penalty == 1.3
+    params = SamplingParams.from_request(request)  # the names the engine reads
+    assert params.stop_tokens == frozenset({7, 9}) and params.repetition_penalty == 1.3
+    plain = SamplingParams.from_request(parse_prompt_line('{"id": "b", "prompt_tokens": [1], "max_tokens": 3}', "f:2"))
+    assert plain.stop_tokens == frozenset() and plain.repetition_penalty == 1.0
+    for text, message in [
+        ('"stop_tokens": [1, -2]', "'stop_tokens' must be a list of non-negative integers"),
+        ('"stop_tokens": 5', "field 'stop_tokens' must be list"),
+        ('"repetition_penalty": 0', "'repetition_penalty' must be > 0"),
+        ('"repetition_penalty": "x"', "field 'repetition_penalty' must be int or float"),
+    ]:
+        with pytest.raises(WorkloadError, match=re.escape(message)):
+            parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, ' + text + '}', "f:1")
+
+
+def test_arrivals_and_timeline_are_relative_to_the_run_start(monkeypatch, tmp_path):
+    """On a clock that does not start at 0 (a real engine's monotonic clock), workload arrival
+    times count from the run start, and the timeline's x axis is seconds since then."""
+    import matplotlib.pyplot as plt
+
+    from mstar.runtime import timeline
+
+    plan = generated("orpheus")
+    engine = SimEngine(plan)
+    engine.clock.now = 3000.0
+    driver = Driver(plan, engine)
+    workload = generate(6, prompt_len=(4, 4), output_len=(3, 3), arrival="staggered", rate=10.0)
+    driver.run(workload)
+    assert driver.origin_s == 3000.0
+    records = list(driver.conductor.records.values())
+    assert [r.arrival_s - 3000.0 for r in records] == pytest.approx([r.arrival_s for r in workload.requests])
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    timeline.draw(driver.log, records, str(tmp_path / "t.png"), origin_s=driver.origin_s)
+    low, high = figures[0].axes[1].get_xlim()
+    assert -1.0 < low and high < 10.0  # seconds since the start, not 3000 s

@@ -10,15 +10,18 @@ Per-request behaviour: a kv node reports is_stop once it has sampled `max_tokens
 request (the conductor applies stops only in loops that have a stop check).
 
 KV pool (per kv node, pages of page_size tokens): on a request's first row at a node the engine
-reserves the pages of its whole sequence, min(prompt + max_tokens, max_seq_len) tokens; when the
-pool is short the step fails whole (nothing runs) and names the short rows in allocation_failed,
-so the scheduler holds them. Reserving up front means a request that got its pages always
+reserves the pages of its whole sequence, min(prompt + max_tokens, max_seq_len) tokens, rows in
+step order; rows the pool is short for are named in allocation_failed (nothing ran for them, the
+scheduler holds them) and, with `runs_partial_steps` (the default), the other rows run in the same
+step; without it the step runs nothing (all or nothing, and nothing is reserved). Reserving up front means a request that got its pages always
 finishes, so held rows never wait on each other forever. A request that could never fit the
 pool is refused by add_request.
 
 Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine"):
 
     time = launch + num_rows_run * per_row + w * (num_tokens * per_token + sum_context * per_context)
+
+    (over the rows that ran; a step in which no row ran costs CAPTURED_LAUNCH_S)
 
     launch:      CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else
                  EAGER_LAUNCH_S; a split-attention mixed step adds SPLIT_EXTRA_S.
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import CallPlan, Plan
-from mstar.runtime.step import RowResult, Step, StepResult
+from mstar.runtime.step import RowResult, Step, StepResult, StepRow
 
 CAPTURED_LAUNCH_S = 0.0003
 EAGER_LAUNCH_S = 0.0015
@@ -70,8 +73,9 @@ class SimEngine:
     """Engine protocol (mstar.runtime.step.Engine) by a cost model.
 
     num_pages overrides every kv node's pool size. inject_oom(step) -> request ids lets tests
-    fail a step out of memory on purpose; inject_error maps a request id to an error message
-    that its first row reports.
+    fail rows of a step out of memory on purpose; inject_error maps a request id to an error
+    message that its first row reports. runs_partial_steps: rows that got memory run beside
+    the allocation_failed ones (default); False: a step with any failed row runs nothing.
     """
 
     is_simulated = True
@@ -85,8 +89,10 @@ class SimEngine:
         num_pages: Optional[int] = None,
         inject_oom: Optional[Callable[[Step], list[str]]] = None,
         inject_error: Optional[dict[str, str]] = None,
+        runs_partial_steps: bool = True,
     ):
         self.plan = plan
+        self.runs_partial_steps = runs_partial_steps
         self.clock = SimClock()
         self.seed = seed
         self.inject_oom = inject_oom
@@ -151,15 +157,28 @@ class SimEngine:
         self.num_steps += 1
         node = step.node
         pool = self.pools.get(node)
+        short: list[str] = []
         if pool is not None:
             short = self._reserve(step, pool)
-            if short:
+            if short and not self.runs_partial_steps:
                 return StepResult(rows=[], allocation_failed=short, elapsed_s=CAPTURED_LAUNCH_S)
         if self.inject_oom is not None:
-            short = self.inject_oom(step)
-            if short:
-                return StepResult(rows=[], allocation_failed=list(short), elapsed_s=CAPTURED_LAUNCH_S)
-        return StepResult(rows=self._row_results(step), elapsed_s=self.step_time(step))
+            injected = [rid for rid in self.inject_oom(step) if rid not in short]
+            if injected and not self.runs_partial_steps:
+                return StepResult(rows=[], allocation_failed=injected, elapsed_s=CAPTURED_LAUNCH_S)
+            short.extend(injected)
+        if not short:
+            return StepResult(rows=self._row_results(step.node, step.rows), elapsed_s=self.step_time(step))
+        failed = set(short)
+        rows = [row for row in step.rows if row.request_id not in failed]
+        if not rows:
+            return StepResult(rows=[], allocation_failed=short, elapsed_s=CAPTURED_LAUNCH_S)
+        ran = Step(
+            worker=step.worker, key=step.key, node=node, mask=step.mask, label=step.label, rows=rows,
+            attention=step.attention, capture=step.capture, padded_batch=step.padded_batch,
+            token_bucket=step.token_bucket, is_speculative=step.is_speculative,
+        )
+        return StepResult(rows=self._row_results(node, rows), allocation_failed=short, elapsed_s=self.step_time(ran))
 
     # ------------------------------------------------------------ internals
 
@@ -168,7 +187,8 @@ class SimEngine:
         return math.ceil(min(num_tokens, pool.max_seq_len) / pool.page_size)
 
     def _reserve(self, step: Step, pool: _KvPool) -> list[str]:
-        """Reserve whole-sequence pages for rows new to this node; all or nothing per step."""
+        """Reserve whole-sequence pages for rows new to this node, in step order; returns the
+        rows the pool is short for. All or nothing per step without runs_partial_steps."""
         node = step.node
         wanted = []
         for row in step.rows:
@@ -180,25 +200,26 @@ class SimEngine:
             return []
         num_free = pool.num_free
         short = []
+        granted = []
         for key, pages in wanted:
             if pages <= num_free:
                 num_free -= pages
+                granted.append((key, pages))
             else:
                 short.append(key[0])
-        if short:
+        if short and not self.runs_partial_steps:
             return short
-        for key, pages in wanted:
+        for key, pages in granted:
             self.reserved[key] = pages
         pool.num_free = num_free
-        return []
+        return short
 
-    def _row_results(self, step: Step) -> list[RowResult]:
-        """One pass over the rows: placeholder outputs, sampled counts, stops, injected errors."""
-        node = step.node
+    def _row_results(self, node: str, rows: list[StepRow]) -> list[RowResult]:
+        """One pass over the rows that run: placeholder outputs, sampled counts, stops, injected errors."""
         is_kv = node in self.pools
         errors = self.inject_error
         results = []
-        for row in step.rows:
+        for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
                 results.append(RowResult(request_id, error=errors.pop(request_id)))

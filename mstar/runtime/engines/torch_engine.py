@@ -1,12 +1,13 @@
 """TorchEngine: the real engine on the CPU (torch models, paged KV cache, sampling).
 
-`TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None)` builds one model per plan
+`TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None, runs_partial_steps=True)` builds one model per plan
 node (kind from `mstar.runtime.models.kinds`, dims from `mstar.runtime.dims`) and implements the
 `mstar.runtime.step.Engine` protocol:
 - `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
   max_tokens past a node's KV pool or max_seq_len, bad sampling settings);
 - `run_step(step)` -> `StepResult`: per-row outputs keyed by the output edge names of that row's
-  (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot;
+  (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot
+  (nothing ran for them; the other rows ran, unless `runs_partial_steps` is off);
 - `end_request(id)` frees its pages and slots.
 With tiny dims the engine sets torch to one thread (see `__init__`). One engine serves every
 worker of the plan (one KV pool per kv node, shared by its walks, so a prefill/decode split across
@@ -52,10 +53,11 @@ class EngineError(ValueError):
 
 class TorchEngine:
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str] = None, seed: int = 0,
-                 num_pages: Optional[int] = None, runs_partial_steps: bool = False):
+                 num_pages: Optional[int] = None, runs_partial_steps: bool = True):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
-        results come back beside `allocation_failed`). Off by default: today's driver re-queues the
-        whole step of a failed allocation, so the engine must run none of it."""
+        results come back beside `allocation_failed`; the driver post-processes them and holds
+        only the failed rows). False: all or nothing per step (a step with a failed row runs
+        nothing; the driver then puts the whole batch back)."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:

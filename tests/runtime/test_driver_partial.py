@@ -1,0 +1,67 @@
+"""Partial steps through the driver with the torch engine: when a small KV pool fails some rows of
+a step, the other rows of that step run and are post-processed in it; only the failed rows are
+held and retried; every request finishes with the greedy tokens of a roomy-pool run."""
+import pytest
+
+from mstar.runtime.driver import Driver, Workload
+from mstar.runtime.request import Request
+
+from runtime_plans import generated
+
+torch_engine = pytest.importorskip("mstar.runtime.engines.torch_engine")
+
+
+def _tokens(record):
+    return [list(e.value) for e in record.emissions if e.modality == "text"], list(record.output_tokens)
+
+
+def test_rows_that_got_memory_advance_in_the_failing_step():
+    plan = generated("llama")
+    page_size = next(p.page_size for p in plan.deployment.kv_pools if p.node == "LLM")
+    num_pages = 2 * -(-(4 + 12) // page_size)  # room for about two requests at a time
+    engine = torch_engine.TorchEngine(plan, num_pages=num_pages)
+    partial_steps = []
+    original = engine.run_step
+
+    def spy(step):
+        result = original(step)
+        if result.allocation_failed:
+            failed = set(result.allocation_failed)
+            ran = {r.request_id for r in result.rows if r.error is None}
+            assert ran == {row.request_id for row in step.rows} - failed  # the others ran
+            if ran:
+                partial_steps.append((ran, failed))
+        return result
+
+    engine.run_step = spy
+    requests = [Request(id=f"r{i}", prompt_tokens=[i + 1] * 4, max_tokens=12) for i in range(8)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    assert partial_steps, "no step both failed rows and ran others"
+    roomy = Driver(plan, torch_engine.TorchEngine(plan))
+    roomy.run(Workload([Request(id=r.id, prompt_tokens=r.prompt_tokens, max_tokens=r.max_tokens) for r in requests]))
+    for request in requests:
+        record = driver.conductor.records[request.id]
+        assert record.finish_reason == "length" and record.num_output_tokens == 12
+        assert _tokens(record) == _tokens(roomy.conductor.records[request.id])
+    assert engine.runners["LLM"].pool.num_free_pages == num_pages  # every page came back
+    # Every held row was retried and the log counts rows that ran, not held ones.
+    assert sum(driver.log.num_held_rows) >= len(partial_steps)
+    assert all(s.is_idle() for s in driver.schedulers.values())
+
+
+def test_all_or_nothing_engine_still_runs_every_request():
+    plan = generated("llama")
+    page_size = next(p.page_size for p in plan.deployment.kv_pools if p.node == "LLM")
+    num_pages = 2 * -(-(4 + 12) // page_size)
+    engine = torch_engine.TorchEngine(plan, num_pages=num_pages, runs_partial_steps=False)
+    requests = [Request(id=f"r{i}", prompt_tokens=[i + 1] * 4, max_tokens=12) for i in range(6)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    roomy = Driver(plan, torch_engine.TorchEngine(plan))
+    roomy.run(Workload([Request(id=r.id, prompt_tokens=r.prompt_tokens, max_tokens=r.max_tokens) for r in requests]))
+    assert any(driver.log.is_oom)
+    for request in requests:
+        record = driver.conductor.records[request.id]
+        assert record.finish_reason == "length"
+        assert _tokens(record) == _tokens(roomy.conductor.records[request.id])
