@@ -303,3 +303,12 @@ def test_bad_weights_dirs(tmp_path, capsys):
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: not valid JSON")
     (tmp_path / "config.json").write_text('{"vocab_size": 10}')
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "is not one the engine loads")
+
+
+
+def test_token_id_outside_the_vocabulary_is_taken_modulo_the_vocabulary(tmp_path, capsys):
+    """Documented behaviour (docs/engine.md, "Inputs"): token ids are taken modulo the vocabulary,
+    so an id past the spec's vocab=128256 runs rather than being refused. (Reported: with
+    `--weights` this silently feeds a different token; see the QA report.)"""
+    prompts = _prompts(tmp_path, {"id": "past", "prompt_tokens": [1, 128256, 99_999_999], "max_tokens": 3})
+    mstar([*RUN, "--prompts", prompts], capsys, 0, "1 (1 ok, 0 failed)")
