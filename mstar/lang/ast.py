@@ -37,8 +37,7 @@ class AstNode(BaseModel):
     line, params, node statements, walks, sections, edges, partitions, stream sources; see
     mstar/lang/comments.py): `comments_before` holds the full-line comments directly above the
     construct, `comment_after` the comment that ends the construct's first line. A comment is
-    its source text from `#` on, without trailing whitespace; an empty string in a list of
-    comments stands for one blank line kept after a comment.
+    its source text from `#` on, without trailing whitespace.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -16,8 +16,7 @@ Where a comment goes:
   `}  # done`) goes above the next construct or `}` that follows it: `comments_before` of that
   construct, `comments_end` of the block that `}` closes, or `comments_end` of the Spec at the
   end of the file.
-- One blank line after a comment is kept (as an empty string in the list) when more comments or
-  the construct follow; blank lines elsewhere are the formatter's business.
+- Blank lines are not kept: the formatter decides where blank lines go.
 
 Comments are found with a regular expression rather than from Lark's tokens: `attach_comments`
 only runs on text that parsed, where `#` occurs only in comments and quoted strings, and the
@@ -32,7 +31,6 @@ from typing import NamedTuple
 from mstar.lang import ast
 
 _COMMENT_OR_STRING = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"')
-_BLANK_LINE = re.compile(r"\n[ \t\r\f]*\n")
 # The grammar's whitespace (WS) that may end a comment's line; not kept.
 _SPACE = " \t\r\f"
 
@@ -72,7 +70,7 @@ def attach_comments(spec: ast.Spec, text: str, anchors: list[Anchor]) -> None:
     everything = sorted(anchors + _construct_anchors(spec), key=lambda a: (a.line, a.col))
     everything.append(Anchor(len(line_starts) + 1, 1, spec, "end"))
     keys = [(a.line, a.col) for a in everything]
-    above: dict[int, list[re.Match]] = {}  # index in `everything` -> its full-line comments
+    above: dict[int, list[str]] = {}  # index in `everything` -> its full-line comments
     for comment in comments:
         line = bisect_right(line_starts, comment.start())
         line_start = line_starts[line - 1]
@@ -83,13 +81,9 @@ def attach_comments(spec: ast.Spec, text: str, anchors: list[Anchor]) -> None:
         if owner is not None:
             _set_after(owner, _clean(comment.group()))
         else:
-            above.setdefault(bisect_right(keys, (line, col)), []).append(comment)
+            above.setdefault(bisect_right(keys, (line, col)), []).append(_clean(comment.group()))
     for index, group in above.items():
-        anchor = everything[index]
-        # A blank line is kept between comments and the construct below them, not before a `}`.
-        is_blank_kept_at_end = anchor.slot != "end"
-        anchor_offset = line_starts[anchor.line - 1] + anchor.col - 1 if is_blank_kept_at_end else len(text)
-        _set_before(anchor, _with_blank_lines(group, text, anchor_offset, is_blank_kept_at_end))
+        _set_before(everything[index], group)
 
 
 def _construct_anchors(spec: ast.Spec) -> list[Anchor]:
@@ -116,19 +110,6 @@ def _first_start_on_line(anchors: list[Anchor], keys: list[tuple[int, int]], lin
             return anchors[index]
         index += 1
     return None
-
-
-def _with_blank_lines(group: list[re.Match], text: str, anchor_offset: int, is_blank_kept_at_end: bool):
-    """The comments of `group` in order, with "" where a blank line follows one of them."""
-    result: list[str] = []
-    for comment, following in zip(group, group[1:]):
-        result.append(_clean(comment.group()))
-        if _BLANK_LINE.search(text, comment.end(), following.start()):
-            result.append("")
-    result.append(_clean(group[-1].group()))
-    if is_blank_kept_at_end and _BLANK_LINE.search(text, group[-1].end(), anchor_offset):
-        result.append("")
-    return result
 
 
 def _clean(comment: str) -> str:

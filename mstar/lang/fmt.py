@@ -11,10 +11,9 @@ headers longer than 100 characters wrap their arguments, aligned after the `(`.
 Comments (the AST's comment fields, see mstar/lang/comments.py) are written back: the comments
 above a construct on the lines before it, at its indentation; its trailing comment after its first
 line, two spaces after the code; the comments at the end of a block before its `}` (at the end of
-the spec, after a blank line). One blank line is kept after a comment where the tree has one. A
-call whose single edge has comments of its own above it, or whose call and edge both have a
-trailing comment, writes the edge on the next line. Comments move with their construct when the
-canonical order moves it.
+the spec, after a blank line). Blank lines of the source are not kept. A call whose single edge
+has comments above it, or whose call and edge both have a trailing comment, writes that edge on
+the next line. Comments move with their construct when the canonical order moves it.
 
 Properties (tested): `same_meaning(parse(format_spec(tree)), tree)` for every tree the parser can
 produce; formatting parsed text again gives the same text; every comment of the text is written, in
@@ -44,8 +43,8 @@ def format_spec(spec: ast.Spec) -> str:
     blocks.extend(_walk(w) for w in spec.walks)
     if spec.partitions:
         blocks.append([line for p in spec.partitions for line in _partition(p)])
-    if _comment_lines(spec.comments_end, is_end=True):
-        blocks.append(_comment_lines(spec.comments_end, is_end=True))
+    if spec.comments_end:
+        blocks.append(_comment_lines(spec.comments_end))
     return "\n\n".join("\n".join(block) for block in blocks) + "\n"
 
 
@@ -60,18 +59,8 @@ def _trailed(text: str, comment) -> str:
     return text if comment is None else f"{text}  {_comment(comment)}"
 
 
-def _comment_lines(comments: list[str], is_end: bool = False) -> list[str]:
-    """Comment lines, "" for a kept blank line: never first, never two in a row, last only above
-    a construct (not when `is_end`, the comments before a `}` or the end of the file)."""
-    lines: list[str] = []
-    for comment in comments:
-        if comment:
-            lines.append(_comment(comment))
-        elif lines and lines[-1]:
-            lines.append("")
-    if is_end and lines and not lines[-1]:
-        lines.pop()
-    return lines
+def _comment_lines(comments: list[str]) -> list[str]:
+    return [_comment(c) for c in comments]
 
 
 def _comment(comment: str) -> str:
@@ -81,8 +70,7 @@ def _comment(comment: str) -> str:
 
 
 def _indented(lines: list[str]) -> list[str]:
-    """`lines` one level deeper; blank lines stay empty."""
-    return [INDENT + line if line else "" for line in lines]
+    return [INDENT + line for line in lines]
 
 
 # ---- nodes --------------------------------------------------------------------------------------
@@ -108,7 +96,7 @@ def _node(node: ast.NodeDecl) -> list[str]:
     for combine in node.combines:
         body += _combine(combine, node.name)
     return (_comment_lines(node.comments_before) + [_trailed(header[0], node.comment_after)] + header[1:]
-            + _indented(body + _comment_lines(node.comments_end, is_end=True)) + ["}"])
+            + _indented(body + _comment_lines(node.comments_end)) + ["}"])
 
 
 def _wrapped_args(start: str, args: list[str], end: str) -> list[str]:
@@ -175,8 +163,7 @@ def _combine(combine: ast.CombineDecl, node_name: str) -> list[str]:
         body += _comment_lines(combine.attention_comments_before)
         body.append(_trailed(f"attention {combine.attention}", combine.attention_comment_after))
     header = f"combine {combine.name} = " + " + ".join(combine.walks) + " {"
-    return (_line(combine, header) + _indented(body + _comment_lines(combine.comments_end, is_end=True))
-            + ["}"])
+    return _line(combine, header) + _indented(body + _comment_lines(combine.comments_end)) + ["}"]
 
 
 # ---- walks --------------------------------------------------------------------------------------
@@ -197,8 +184,8 @@ def _section(section) -> list[str]:
 def _block(block, header: str, closing_suffix: str) -> list[str]:
     """A walk or section: `header {`, its sections indented, `}` and the suffix."""
     body = [line for section in block.body for line in _section(section)]
-    return (_line(block, header + " {") + _indented(body + _comment_lines(block.comments_end, is_end=True))
-            + ["}" + closing_suffix])
+    closing = ["}" + closing_suffix]
+    return _line(block, header + " {") + _indented(body + _comment_lines(block.comments_end)) + closing
 
 
 def _call(call: ast.Call) -> list[str]:
@@ -208,7 +195,8 @@ def _call(call: ast.Call) -> list[str]:
     (first, *others) = call.edges
     # One edge shares the call's line unless its comments need lines of their own (see the module
     # docstring); the parser then gives a trailing comment on that line to the call.
-    if not others and not first.comments_before and (call.comment_after is None or first.comment_after is None):
+    can_share_line = not first.comments_before and (call.comment_after is None or first.comment_after is None)
+    if not others and can_share_line:
         comment = call.comment_after if call.comment_after is not None else first.comment_after
         return _comment_lines(call.comments_before) + [_trailed(f"{head} {_edge(first)}", comment)]
     edges = [line for edge in call.edges for line in _line(edge, _edge(edge))]
