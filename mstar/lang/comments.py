@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from mstar.lang import ast
 
@@ -102,7 +102,8 @@ def _construct_anchors(spec: ast.Spec) -> list[Anchor]:
     return found
 
 
-def _first_start_on_line(anchors: list[Anchor], keys: list[tuple[int, int]], line: int, col: int):
+def _first_start_on_line(anchors: list[Anchor], keys: list[tuple[int, int]], line: int,
+                         col: int) -> Optional[Anchor]:
     """The first anchor other than a `}` on `line` before column `col`, or None."""
     index = bisect_left(keys, (line, 0))
     while index < len(anchors) and keys[index] < (line, col):
