@@ -138,7 +138,7 @@ class Deployment(DeployModel):
     dist_timeout_s: Optional[float] = Field(default=None, gt=0)
     # ---- mstar's own keys
     kv_pool: KvPool = KvPool()
-    capture_memory_budget_mb: Optional[float] = Field(default=None, gt=0)
+    capture_memory_budget_mb: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     speculation_mixes_walks: list[str] = []  # "NODE" (every walk) or "NODE.WALK"
     recurrent_state_slots: Optional[int] = Field(default=None, ge=1)
     max_consecutive_follower_batches: int = Field(default=1, ge=1)

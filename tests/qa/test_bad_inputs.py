@@ -312,3 +312,18 @@ def test_token_id_outside_the_vocabulary_is_taken_modulo_the_vocabulary(tmp_path
     `--weights` this silently feeds a different token; see the QA report.)"""
     prompts = _prompts(tmp_path, {"id": "past", "prompt_tokens": [1, 128256, 99_999_999], "max_tokens": 3})
     mstar([*RUN, "--prompts", prompts], capsys, 0, "1 (1 ok, 0 failed)")
+
+
+def test_infinite_capture_budget_is_refused(work, capsys):
+    for value in (".inf", ".nan"):
+        config = _yaml(work, "bad", f'model: "orpheus"\nmax_seq_len: 1024\ncapture_memory_budget_mb: {value}\n'
+                       + ORPHEUS_GROUPS)
+        mstarc(["check", work / "specs" / "orpheus.mw", "--config", config], capsys, 1,
+               "capture_memory_budget_mb: input should be a finite number")
+
+
+def test_kv_pool_too_large_to_allocate(capsys):
+    """A page count the host cannot hold stops the run at start-up with a message, not a
+    MemoryError (the sim engine keeps no KV tensors, so it runs)."""
+    mstar([*RUN, "--requests", 1, "--kv-pages", 10**14], capsys, 1, "cannot allocate a KV cache")
+    mstar([*RUN, "--engine", "sim", "--requests", 1, "--kv-pages", 10**14], capsys, 0, "1 (1 ok, 0 failed)")

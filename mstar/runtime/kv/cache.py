@@ -12,13 +12,25 @@ import torch
 from mstar.runtime.kv.pages import PagePool
 
 
+class KvCacheError(ValueError):
+    """The KV tensors of a pool cannot be allocated (the message names the pool and a way out)."""
+
+
 class KvCache:
     def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32):
         size = pool.num_pages * pool.page_size
         self.pool = pool
-        self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
+        try:
+            self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
+            self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
+        except (RuntimeError, MemoryError) as error:  # torch reports an impossible allocation as RuntimeError
+            num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
+            raise KvCacheError(
+                f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "
+                f"({num_bytes / 2**30:.1f} GiB for {num_layers} layers): {str(error).splitlines()[0]}; "
+                "lower kv_pool.num_pages in the deployment or pass --kv-pages N"
+            ) from None
 
     def flat_positions(self, page_table: list[int], num_tokens: int) -> torch.Tensor:
         """Flat cache indices of positions 0..num_tokens-1 of a sequence with this page table."""

@@ -26,13 +26,16 @@ class PagePool:
             raise ValueError(f"a KV pool needs positive num_pages and page_size, got {num_pages}, {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
-        # Pop from the end: low page ids are handed out first, which keeps tests readable.
-        self._free = list(range(num_pages - 1, -1, -1))
+        # Free pages are those returned (a stack: the last freed is reused first) plus the
+        # never-used ids `_num_fresh..num_pages-1`, handed out in increasing order. Keeping the
+        # untouched ids as a counter rather than a list makes a huge pool cost nothing up front.
+        self._freed: list[int] = []
+        self._num_fresh = 0
         self._seqs: dict[SeqKey, _Sequence] = {}
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._free)
+        return len(self._freed) + self.num_pages - self._num_fresh
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages a sequence of `num_tokens` positions occupies."""
@@ -62,12 +65,18 @@ class PagePool:
         All or nothing: False (and no change) when the free list is too short.
         """
         num_needed = self.num_new_pages(key, num_new_tokens)
-        if num_needed > len(self._free):
+        if num_needed > self.num_free_pages:
             return False
         seq = self._seqs.setdefault(key, _Sequence())
         for _ in range(num_needed):
-            seq.pages.append(self._free.pop())
+            seq.pages.append(self._take_page())
         return True
+
+    def _take_page(self) -> int:
+        if self._freed:
+            return self._freed.pop()
+        self._num_fresh += 1
+        return self._num_fresh - 1
 
     def commit(self, key: SeqKey, num_new_tokens: int) -> None:
         """Record that `num_new_tokens` positions were written (after `reserve`)."""
@@ -77,4 +86,4 @@ class PagePool:
     def free_request(self, request_id: str) -> None:
         """Return every page of every sequence of the request to the free list."""
         for key in [k for k in self._seqs if k[0] == request_id]:
-            self._free.extend(reversed(self._seqs.pop(key).pages))
+            self._freed.extend(reversed(self._seqs.pop(key).pages))
