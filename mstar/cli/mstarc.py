@@ -6,7 +6,7 @@
     mstarc fmt SPEC [--check | --write]             canonical spec text
     mstarc regen [--check] [--root DIR]             rebuild (or check) all of generated/
     mstarc graph SPEC -o FILE.svg                   draw the walks
-    mstarc bench [--json] [--runs N]                compile-time benchmark per spec
+    mstarc bench [--json] [--runs N] [--root DIR]   compile-time benchmark per spec
 
 Exit status: 0 ok, 1 errors in the input (diagnostics on stderr), 2 usage. No input file,
 however broken, gives a traceback. Heavy libraries (rich, matplotlib, jinja2) are imported only

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mstar.compiler import check_combine, check_deployment, check_graph, emit, lower, resolve
+from mstar.compiler.codes import DEPLOYMENT_UNREADABLE
 from mstar.compiler.deployment import Deployment, load_deployment
 from mstar.lang.ast import Span, Spec
 from mstar.lang.diagnostics import Diagnostics
@@ -173,7 +174,14 @@ def check_spec(
         return None
     spec, spec_bytes = loaded
 
-    config_path = Path(config_path) if config_path is not None else default_config_path(spec_path, spec.model)
+    if config_path is None:
+        config_path = default_config_path(spec_path, spec.model)
+        if not config_path.exists():
+            diags.error(DEPLOYMENT_UNREADABLE,
+                        f"no --config given, and the default deployment for model {spec.model!r}, "
+                        f"{config_path}, does not exist; pass --config FILE", Span(file=str(spec_path)))
+            return None
+    config_path = Path(config_path)
     deployment = load_deployment(str(config_path), diags)  # an unreadable file is its MW301
     timer.lap("load_deployment")
     if deployment is None or diags.has_errors:

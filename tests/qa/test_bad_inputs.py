@@ -327,3 +327,18 @@ def test_kv_pool_too_large_to_allocate(capsys):
     MemoryError (the sim engine keeps no KV tensors, so it runs)."""
     mstar([*RUN, "--requests", 1, "--kv-pages", 10**14], capsys, 1, "cannot allocate a KV cache")
     mstar([*RUN, "--engine", "sim", "--requests", 1, "--kv-pages", 10**14], capsys, 0, "1 (1 ok, 0 failed)")
+
+
+def test_no_config_and_no_default_config(tmp_path, capsys):
+    spec = tmp_path / "specs" / "llama.mw"
+    spec.parent.mkdir()
+    shutil.copy(ROOT / "specs" / "llama.mw", spec)
+    for command in ("check", "compile"):
+        mstarc([command, spec], capsys, 1, "no --config given, and the default deployment for model 'llama'")
+
+
+def test_compile_into_a_directory(work, capsys):
+    out = work / "out"
+    out.mkdir()
+    mstarc(["compile", work / "specs" / "llama.mw", "-o", out], capsys, 0, "wrote")
+    assert (out / "llama.plan").is_file() and (out / "llama_glue.py").is_file()
