@@ -151,6 +151,7 @@ def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -
 
     Tensors the decoder has no use for (a vision tower, multi-token-prediction layers) are skipped.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     files = sorted(Path(weights_dir).glob("*.safetensors"))
@@ -158,7 +159,11 @@ def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -
         raise WeightsError(f"--weights {weights_dir}: no *.safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update({_checkpoint_name(k): v for k, v in load_file(str(file)).items()})
+        try:
+            loaded = load_file(str(file))
+        except (SafetensorError, OSError) as error:  # a truncated, corrupt or unreadable file
+            raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+        tensors.update({_checkpoint_name(k): v for k, v in loaded.items()})
     if is_tied and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}

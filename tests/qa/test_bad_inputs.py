@@ -342,3 +342,20 @@ def test_compile_into_a_directory(work, capsys):
     out.mkdir()
     mstarc(["compile", work / "specs" / "llama.mw", "-o", out], capsys, 0, "wrote")
     assert (out / "llama.plan").is_file() and (out / "llama_glue.py").is_file()
+
+
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                "vocab_size": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+def test_bad_checkpoints(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_CONFIG))
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "no *.safetensors files")
+    (tmp_path / "model.safetensors").write_text("not a safetensors file")
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "cannot read model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "num_attention_heads": "four"}))
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: missing or bad field")
+    (tmp_path / "config.json").write_text("[1, 2]")
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: not a JSON object")
