@@ -26,7 +26,6 @@ from mstar.runtime.partition_state import PartitionState
 from mstar.runtime.request import Request, RequestRecord, count_elements
 from mstar.runtime.step import Engine, RowResult, StepRow
 from mstar.runtime.streams import StreamBuffer
-from mstar.runtime.walk_state import ActiveCall
 
 
 class RouteError(Exception):
@@ -170,36 +169,29 @@ class Conductor:
 
     # ------------------------------------------------------------ rows
 
-    def ready_call(self, request_id: str, node: str, walk: str) -> Optional[ActiveCall]:
-        """The ready call a scheduled row stands for; None when it went stale (request ended,
-        partition ended) - the driver then leaves the row out of the step."""
-        state = self.active.get(request_id)
-        if state is None:
-            return None
-        ps = state.by_walk.get(walk)
-        if ps is None or ps.run is None or ps.run.name != walk:
-            return None
-        call = ps.run.active.get(node)
-        if call is None or not call.is_ready:
-            return None
-        return call
-
     def step_rows(self, node: str, request_ids: list[str], walks: list[str]) -> tuple[list[StepRow], list[str]]:
         """The rows of a scheduled batch that are still live, and the ids of those whose loop
-        has iterations left after this one (what a speculative next step may continue)."""
+        has iterations left after this one (what a speculative next step may continue). A row
+        is stale (left out) when its request or partition ended, its walk is no longer the
+        partition's current run, or its call is no longer ready."""
         rows = []
         continuing = []
+        active = self.active
         for request_id, walk in zip(request_ids, walks):
-            call = self.ready_call(request_id, node, walk)
-            if call is None:
+            state = active.get(request_id)
+            if state is None:
+                continue
+            ps = state.by_walk.get(walk)
+            run = ps.run if ps is not None else None
+            if run is None or run.walk.name != walk:
+                continue
+            call = run.active.get(node)
+            if call is None or not call.is_ready:
                 continue
             loop = call.loop
-            rows.append(StepRow(
-                request_id=request_id, walk=walk, num_tokens=call.num_tokens,
-                context_len=self.active[request_id].context.get(node, 0), inputs=call.inputs,
-                loop_iter=loop.iteration if loop is not None else 0,
-            ))
-            if loop is not None and loop.iteration + 1 < loop.plan.max_iters:
+            iteration = loop.iteration if loop is not None else 0
+            rows.append(StepRow(request_id, walk, call.num_tokens, state.context.get(node, 0), call.inputs, iteration))
+            if loop is not None and iteration + 1 < loop.plan.max_iters:
                 continuing.append(request_id)
         return rows, continuing
 
@@ -210,6 +202,7 @@ class Conductor:
         by_id = {row.request_id: row for row in rows}
         is_kv = node in self.kv_nodes
         active = self.active
+        now = self.clock()  # one time stamp for the step's token events
         for result in results:
             request_id = result.request_id
             row = by_id.pop(request_id, None)
@@ -227,30 +220,33 @@ class Conductor:
             if run is None or run.name != row.walk or node not in run.active:
                 continue
             if is_kv:
-                state.context[node] = state.context.get(node, 0) + row.num_tokens
-            run.complete(node, result.outputs, result.is_stop)
-            if ps.count_names:
-                self._count(state, ps, result.outputs)
+                context = state.context
+                context[node] = context.get(node, 0) + row.num_tokens
+            outputs = result.outputs
+            run.complete(node, outputs, result.is_stop)
+            if not ps.count_names.isdisjoint(outputs):
+                self._count(state, ps, outputs, now)
             if run.is_done and ps.run is run:
                 ps.finish_run()
-            self._pump(state)
+            self._pump(state, is_any_done=ps.is_done)
         for request_id in by_id:
             self.fail(request_id, "error: the engine returned no result for the row")
 
-    def _count(self, state: _RequestState, ps: PartitionState, outputs: dict[str, Any]) -> None:
+    def _count(self, state: _RequestState, ps: PartitionState, outputs: dict[str, Any], now: float) -> None:
+        """Count the values under the partition's count names (tokens at time `now`)."""
         record = state.record
         num = 0
         for name in ps.count_names:
             if name in outputs:
                 value = outputs[name]
-                num += count_elements(value)
                 if isinstance(value, list):
+                    num += len(value)
                     record.output_tokens.extend(value)
                 else:
+                    num += count_elements(value)
                     record.output_tokens.append(value)
         if num == 0:
             return
-        now = self.clock()
         if record.first_token_s is None:
             record.first_token_s = now
         record.token_times_s.append(now)
@@ -261,11 +257,12 @@ class Conductor:
 
     # ------------------------------------------------------------ progress
 
-    def _pump(self, state: _RequestState) -> None:
+    def _pump(self, state: _RequestState, is_any_done: bool = True) -> None:
         """Start walks, re-check waiting calls, end partitions, propagate producer-done, and
-        collect ready rows, until nothing changes."""
+        collect ready rows, until nothing changes. is_any_done: a partition may have ended
+        before this call (max tokens, routes) without its end sent to its streams; False only
+        when the caller knows none did (a row result that ended no partition)."""
         is_changed = True
-        is_any_done = True  # partitions may have ended before this call (max tokens, routes)
         while is_changed:
             is_changed = False
             for ps in state.partitions:

@@ -97,6 +97,8 @@ class Driver:
         self.log = StepLog()
         self.origin_s = self.clock()  # run clock at the start of `run`: times are relative to it
         self._instances = self._placement_instances()
+        # (node, walk) -> ranks, for pairs one instance runs (most of them): no per-row choice.
+        self._single_instance = {pair: found[0] for pair, found in self._instances.items() if len(found) == 1}
         self._followers: dict[tuple[int, str], list[int]] = {}  # (leader rank, node) -> follower ranks
         for worker in plan.workers:
             for group in worker.tp_groups:
@@ -148,13 +150,18 @@ class Driver:
         if conductor.ready_out:
             ready, conductor.ready_out = conductor.ready_out, []
             # One add_ready_many per (rank, node, walk), rows in the order they became ready.
+            # A (node, walk) run by one instance (the plan decided it) needs no per-row hash.
+            single = self._single_instance
+            is_any_covered = any(self._covered.values())
             groups: dict[tuple[int, str, str], tuple[list[str], list[int]]] = {}
             for request_id, node, walk, num_tokens in ready:
-                for rank in self._ranks_for(request_id, node, walk):
-                    covered = self._covered[rank]
-                    if covered and (request_id, node, walk) in covered:
-                        covered.discard((request_id, node, walk))
-                        continue
+                ranks = single.get((node, walk)) or self._ranks_for(request_id, node, walk)
+                for rank in ranks:
+                    if is_any_covered:
+                        covered = self._covered[rank]
+                        if (request_id, node, walk) in covered:
+                            covered.discard((request_id, node, walk))
+                            continue
                     group = groups.get((rank, node, walk))
                     if group is None:
                         group = groups[(rank, node, walk)] = ([], [])

@@ -131,7 +131,10 @@ class _LoopShape:
     """What a loop's body produces, computed once per LoopPlan."""
 
     def __init__(self, plan: LoopPlan):
+        self.plan = plan  # kept alive, so its id (the cache key) is never reused by another plan
         self.inside_nodes = set(plan.nodes)
+        # A one-call body (a decode loop) needs no sequence frame around its call.
+        self.is_one_call = len(plan.body) == 1 and isinstance(plan.body[0], CallPlan)
         self.loop_back = {(e.name, e.dest) for e in plan.loop_back}
         self.produced_inside: set[tuple[str, str]] = set()
         stack = list(plan.body)
@@ -149,11 +152,54 @@ _SHAPES: dict[int, _LoopShape] = {}
 
 
 def _shape(plan: LoopPlan) -> _LoopShape:
-    # Keyed by identity: plans are frozen and live as long as the run, so ids are stable.
+    # Keyed by identity (plans are frozen); the shape keeps its plan alive, so the id is stable.
     shape = _SHAPES.get(id(plan))
-    if shape is None:
+    if shape is None or shape.plan is not plan:
         shape = _SHAPES[id(plan)] = _LoopShape(plan)
     return shape
+
+
+# Edge routes of a call, decided once per CallPlan from the loops around it (innermost first).
+_LOOP_BACK, _INBOX, _SINK, _HELD, _ACCUMULATE = range(5)
+
+_ROUTES: dict[int, tuple[CallPlan, list[tuple]]] = {}  # id -> (the plan, kept alive; its routes)
+
+
+def _routes(plan: CallPlan, loop: Optional["_LoopFrame"]) -> list[tuple]:
+    """Per output edge of `plan`: (name, is_device, action, depth, edge, inbox key), where depth
+    is how many `outer` hops from the call's innermost loop lead to the loop the value goes to
+    (loop-backs, held outputs, accumulated values). The rules of `WalkRun._route` (and, for
+    loop-backs, the innermost loop declaring the edge), applied once: the loop nesting of a call is fixed by the plan. Keyed by identity (plans are
+    frozen); the entry keeps its plan alive, so the id is never reused by another plan."""
+    cached = _ROUTES.get(id(plan))
+    if cached is not None and cached[0] is plan:
+        return cached[1]
+    shapes = []  # the loop frames around the call, innermost first
+    frame = loop
+    while frame is not None:
+        shapes.append(frame)
+        frame = frame.outer
+    routes = []
+    for edge in plan.edges:
+        action, depth = _INBOX if edge.dest_kind == "node" else _SINK, 0
+        if edge.is_loop_back:
+            # The innermost loop that declares it (else the innermost loop; outside any loop
+            # the edge raises when it is delivered).
+            action = _LOOP_BACK
+            depth = next((i for i, f in enumerate(shapes) if (edge.name, edge.dest) in f.shape.loop_back), 0)
+        else:
+            for i, f in enumerate(shapes):
+                if edge.dest_kind == "node" and edge.dest in f.shape.inside_nodes:
+                    break
+                if edge.name in f.plan.outputs:
+                    action, depth = _HELD, i
+                    break
+                if edge.name in f.plan.accumulate:
+                    action, depth = _ACCUMULATE, i
+                    break
+        routes.append((edge.name, edge.is_device, action, depth, edge, (edge.dest, edge.name)))
+    _ROUTES[id(plan)] = (plan, routes)
+    return routes
 
 
 class _LoopFrame:
@@ -174,9 +220,8 @@ class _LoopFrame:
 
     def _run_iterations(self) -> bool:
         sections = self.plan.body
-        is_one_call = len(sections) == 1 and isinstance(sections[0], CallPlan)
+        is_one_call = self.shape.is_one_call
         while True:
-            # A one-call body (a decode loop) needs no sequence frame around its call.
             if is_one_call:
                 body = ActiveCall(self.run, sections[0], self, self)
             else:
@@ -187,7 +232,13 @@ class _LoopFrame:
                 return True
 
     def child_done(self, child: Any) -> None:
-        if self._end_iteration() or self._run_iterations():
+        if self._end_iteration():
+            self.parent.child_done(self)
+        elif self.shape.is_one_call:
+            # The next iteration of a one-call body (a decode step): its call, activated
+            # directly (a call never completes while it starts).
+            self.run._activate(ActiveCall(self.run, self.plan.body[0], self, self))
+        elif self._run_iterations():
             self.parent.child_done(self)
 
     def _end_iteration(self) -> bool:
@@ -275,7 +326,13 @@ class WalkRun:
 
     def _try_ready(self, call: ActiveCall) -> bool:
         node = call.node
-        for name in call.plan.inputs:
+        inbox = self.inbox
+        names = call.plan.inputs
+        if all((node, name) in inbox for name in names):
+            # Every input came by an edge of this run (a decode iteration's loop-back).
+            inputs = {name: inbox[(node, name)] for name in names}
+            return self._mark_ready(call, inputs)
+        for name in names:
             if not self._has_input(node, name):
                 return False
         inputs = {}
@@ -286,9 +343,12 @@ class WalkRun:
                 inputs[name] = self.scope[name]
             else:
                 inputs[name] = self.source.take(node, name)
+        return self._mark_ready(call, inputs)
+
+    def _mark_ready(self, call: ActiveCall, inputs: dict[str, Any]) -> bool:
         call.inputs = inputs
         if inputs:
-            call.num_tokens = max(num_tokens_of(value) for value in inputs.values())
+            call.num_tokens = max(map(num_tokens_of, inputs.values()))
         call.is_ready = True
         self.new_ready.append(call)
         return True
@@ -307,17 +367,35 @@ class WalkRun:
             raise WalkStateError(f"walk {self.name}: no ready call of node {node}")
         self.num_calls_done += 1
         loop = call.loop
-        for edge in call.plan.edges:
-            if edge.name in outputs:
-                value = outputs[edge.name]
-            elif edge.is_device:
+        routes = _routes(call.plan, loop)
+        for name, is_device, action, depth, edge, key in routes:
+            if name in outputs:
+                value = outputs[name]
+            elif is_device:
                 value = None  # stays on the device; the engine keeps it
             else:
                 continue
-            if edge.is_loop_back:
-                self._loop_back(edge, value, loop)
+            if action == _SINK:
+                self.sink.deliver(edge, value)
+                continue
+            if action == _INBOX:
+                self.inbox[key] = value
+                if edge.is_persist:
+                    self.sink.deliver(edge, value)
+                continue
+            target = loop
+            for _ in range(depth):
+                target = target.outer
+            if action == _LOOP_BACK:
+                if target is None:
+                    raise WalkStateError(f"walk {self.name}: loop-back edge {name} outside any loop")
+                target.next_inbox[key] = value
+                target.loop_back_latest[name] = value
+            elif action == _HELD:
+                target.held[(name, edge.dest_kind, edge.dest)] = (edge, value)
             else:
-                self._route(edge, value, loop)
+                entry = target.accumulated.setdefault((name, edge.dest_kind, edge.dest), (edge, []))
+                entry[1].append(value)
         if is_stop:
             stopping = loop
             while stopping is not None and not stopping.plan.has_stop:
@@ -325,16 +403,6 @@ class WalkRun:
             if stopping is not None:
                 stopping.is_stop_requested = True
         call.parent.child_done(call)
-
-    def _loop_back(self, edge: EdgePlan, value: Any, loop: Optional[_LoopFrame]) -> None:
-        target = loop
-        while target is not None and (edge.name, edge.dest) not in target.shape.loop_back:
-            target = target.outer
-        target = target or loop
-        if target is None:
-            raise WalkStateError(f"walk {self.name}: loop-back edge {edge.name} outside any loop")
-        target.next_inbox[(edge.dest, edge.name)] = value
-        target.loop_back_latest[edge.name] = value
 
     def _route(self, edge: EdgePlan, value: Any, loop: Optional[_LoopFrame]) -> None:
         """Deliver an edge value through the enclosing loops' output rules."""
