@@ -191,3 +191,33 @@ def test_stream_consumer_with_a_stream_that_never_comes_ends():
     record = harness.submit(request(max_tokens=3))
     harness.run()
     assert record.finish_reason == "stop" and [n for _, n, _, _ in harness.ran] == ["A"]
+
+
+def test_nested_loops_route_inner_outputs_through_the_outer_loop():
+    """outer (2 iterations) { inner (2 iterations) { A(x) -> x loop-back to the inner loop, y
+    accumulated by the inner loop, z held by the inner loop and then by the outer loop };
+    C(y) -> w accumulated by the outer loop }; B(w, z) -> client. The edge routes of A are
+    decided once per call from its loop nesting (depth 0: the inner loop, 1: the outer)."""
+    a, c, b = kv_node("A", ["x"]), stateless_node("C", ["y"]), stateless_node("B", ["w", "z"])
+    inner_body = [call("A", ["x"], edge("x", "node", "A", is_loop_back=True), edge("y", "node", "C"),
+                       edge("z", "node", "B"))]
+    inner = loop("inner", 2, inner_body, nodes=["A"], outputs=("z",), accumulate=("y",))
+    outer = loop("outer", 2, [inner, call("C", ["y"], edge("w", "node", "B"))], nodes=["A", "C"],
+                 outputs=("z",), accumulate=("w",))
+    w = walk("gen", "P", outer, call("B", ["w", "z"], edge("out", "client", modality="text")))
+    plan = hand_plan([w], [partition("P", ["gen"])], [a, c, b])
+    values = iter(range(100))
+
+    def numbered(node, row, result):
+        return RowResult(result.request_id, {name: next(values) for name in result.outputs})
+
+    harness = Harness(plan, respond=numbered)
+    record = harness.submit(request(max_tokens=1000))
+    harness.run()
+    ran = [(node, row.inputs) for _, node, _, row in harness.ran]
+    assert [n for n, _ in ran] == ["A", "A", "C", "A", "A", "C", "B"]
+    # A numbers x, y, z; C numbers w. Outer iteration 1: A -> 0,1,2 then 3,4,5; C(y=[1, 4]) -> 6.
+    # Outer iteration 2: A -> 7,8,9 then 10,11,12; C(y=[8, 11]) -> 13.
+    assert ran[2][1]["y"] == [1, 4] and ran[5][1]["y"] == [8, 11]
+    assert ran[6][1] == {"w": [6, 13], "z": 12}
+    assert record.finish_reason == "stop" and len(record.emissions) == 1
