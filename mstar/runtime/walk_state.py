@@ -253,8 +253,7 @@ class _LoopFrame:
         inbox = self.run.inbox
         for key in self.shape.produced_inside:
             inbox.pop(key, None)
-        for (dest, name), value in self.next_inbox.items():
-            inbox[(dest, name)] = value
+        inbox.update(self.next_inbox)  # keys are (dest node, name), as in the inbox
         self.next_inbox.clear()
         return False
 
@@ -328,9 +327,14 @@ class WalkRun:
         node = call.node
         inbox = self.inbox
         names = call.plan.inputs
-        if all((node, name) in inbox for name in names):
+        inputs = {}
+        for name in names:
+            key = (node, name)
+            if key not in inbox:
+                break
+            inputs[name] = inbox[key]
+        else:
             # Every input came by an edge of this run (a decode iteration's loop-back).
-            inputs = {name: inbox[(node, name)] for name in names}
             return self._mark_ready(call, inputs)
         for name in names:
             if not self._has_input(node, name):
@@ -347,7 +351,9 @@ class WalkRun:
 
     def _mark_ready(self, call: ActiveCall, inputs: dict[str, Any]) -> bool:
         call.inputs = inputs
-        if inputs:
+        if len(inputs) == 1:
+            call.num_tokens = num_tokens_of(next(iter(inputs.values())))
+        elif inputs:
             call.num_tokens = max(map(num_tokens_of, inputs.values()))
         call.is_ready = True
         self.new_ready.append(call)
@@ -367,7 +373,8 @@ class WalkRun:
             raise WalkStateError(f"walk {self.name}: no ready call of node {node}")
         self.num_calls_done += 1
         loop = call.loop
-        routes = _routes(call.plan, loop)
+        cached = _ROUTES.get(id(call.plan))
+        routes = cached[1] if cached is not None and cached[0] is call.plan else _routes(call.plan, loop)
         for name, is_device, action, depth, edge, key in routes:
             if name in outputs:
                 value = outputs[name]
