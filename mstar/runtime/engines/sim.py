@@ -218,23 +218,24 @@ class SimEngine:
         """One pass over the rows that run: placeholder outputs, sampled counts, stops, injected errors."""
         is_kv = node in self.pools
         errors = self.inject_error
+        out_names, num_sampled, requests, seed = self.out_names, self.num_sampled, self.requests, self.seed
         results = []
+        append = results.append
         for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
-                results.append(RowResult(request_id, error=errors.pop(request_id)))
+                append(RowResult(request_id, error=errors.pop(request_id)))
                 continue
-            names = self.out_names.get((node, row.walk), ())
+            names = out_names.get((node, row.walk), ())
             if not is_kv:
-                results.append(RowResult(request_id, outputs={name: [row.num_tokens] for name in names}))
+                append(RowResult(request_id, _placeholders(names, row.num_tokens)))
                 continue
             key = (request_id, node)
-            count = self.num_sampled.get(key, 0) + 1
-            self.num_sampled[key] = count
-            token = (count * 7919 + len(request_id) * 104729 + self.seed) % 4096
-            spec = self.requests.get(request_id)
-            is_stop = spec is not None and count >= spec.max_tokens
-            results.append(RowResult(request_id, outputs={name: [token] for name in names}, is_stop=is_stop))
+            count = num_sampled.get(key, 0) + 1
+            num_sampled[key] = count
+            token = (count * 7919 + len(request_id) * 104729 + seed) % 4096
+            spec = requests.get(request_id)
+            append(RowResult(request_id, _placeholders(names, token), spec is not None and count >= spec.max_tokens))
         return results
 
     def step_time(self, step: Step) -> float:
@@ -251,3 +252,10 @@ class SimEngine:
             num_context += row.context_len
         weight = self.weights.get(step.node, STATELESS_WEIGHT)
         return launch + num_rows * PER_ROW_S + weight * (num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)
+
+
+def _placeholders(names: list[str], value: int) -> dict[str, list[int]]:
+    """A one-element list of `value` under each name (a list of its own per name)."""
+    if len(names) == 1:
+        return {names[0]: [value]}
+    return {name: [value] for name in names}
