@@ -68,8 +68,9 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
              node: str = "LLM") -> dict[str, list[int]]:
     """Greedy-run every prompt to `max_tokens` tokens; request i starts at step i * start_every.
 
-    When a step fails allocation nothing ran: the failed rows sit out a few steps, the others are
-    retried at once (the scheduler's hold). Stops a request
+    Rows named in allocation_failed did not run and sit out a few steps (the scheduler's hold);
+    the other rows ran (partial steps, the default) or, with an all-or-nothing engine, are
+    retried at once. Stops a request
     at its stop flag or at max_tokens.
     """
     from mstar.runtime.request import Request
