@@ -306,12 +306,13 @@ def test_bad_weights_dirs(tmp_path, capsys):
 
 
 
-def test_token_id_outside_the_vocabulary_is_taken_modulo_the_vocabulary(tmp_path, capsys):
-    """Documented behaviour (docs/engine.md, "Inputs"): token ids are taken modulo the vocabulary,
-    so an id past the spec's vocab=128256 runs rather than being refused. (Reported: with
-    `--weights` this silently feeds a different token; see the QA report.)"""
-    prompts = _prompts(tmp_path, {"id": "past", "prompt_tokens": [1, 128256, 99_999_999], "max_tokens": 3})
-    mstar([*RUN, "--prompts", prompts], capsys, 0, "1 (1 ok, 0 failed)")
+def test_token_id_outside_the_vocabulary_fails_alone(tmp_path, capsys):
+    """A prompt id past the spec's vocab=128256 is refused (it would silently feed another token
+    with --weights); the other request of the file still finishes."""
+    prompts = _prompts(tmp_path, {"id": "past", "prompt_tokens": [1, 128256, 99_999_999], "max_tokens": 3},
+                       {"id": "fine", "prompt_tokens": [1, 128255], "max_tokens": 3})
+    out = mstar([*RUN, "--prompts", prompts], capsys, 0, "2 (1 ok, 1 failed)")
+    assert "outside the vocabulary [0, 128256)" in out
 
 
 def test_infinite_capture_budget_is_refused(work, capsys):

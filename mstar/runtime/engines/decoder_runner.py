@@ -105,6 +105,13 @@ class DecoderRunner:
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
+        vocab = int(self.node.dims.get("vocab", 0))
+        if vocab and "text_inputs" in self.node.inputs:
+            # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
+            # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
+            bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                return f"node {self.node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
         num_tokens = self._budget_tokens(request)
         if num_tokens > self.max_seq_len:
             return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
@@ -126,9 +133,9 @@ class DecoderRunner:
 
     def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]],
             is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
-        """All or nothing by default: when any row cannot get memory, nothing runs (the driver's
-        contract: the failed rows are held, the others go back to their ready queues). With
-        `is_partial_ok` the rows that got memory run and only the others are reported failed."""
+        """With `is_partial_ok` (the engines' default) the rows that got memory run and only the
+        others are reported failed; the driver holds those and post-processes the rest. Without
+        it, all or nothing: when any row cannot get memory, nothing runs."""
         results: list[RowResult] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
