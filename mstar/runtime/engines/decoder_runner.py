@@ -14,8 +14,8 @@ names with `states` / `hidden` (the hidden states of every token of the row), na
 velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec of Q > 1
 quantizers, one frame: a tensor of Q codes).
 
-Memory: pages are allocated per step, all or nothing per step (when a row cannot get pages or a
-slot, no row runs; the runtime holds the failed rows and re-queues the rest). A request starts on
+Memory: pages are allocated per step; a row that cannot get pages or a slot does not run and is
+reported in allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
 the node only when the pages it may need (prompt + max_tokens) fit beside what already-started
 requests may still need, so running requests can always finish and a full pool never deadlocks.
 """
