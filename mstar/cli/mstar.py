@@ -18,7 +18,9 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from mstar.runtime.workload import ARRIVALS, WorkloadError, generate, parse_range, parse_route, read_prompts
+from mstar.runtime.workload import (
+    ARRIVALS, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
+)
 
 
 class CliError(Exception):
@@ -86,11 +88,14 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         raise CliError(str(error)) from None
 
 
-def _workload(args: argparse.Namespace) -> Any:
+def _workload(args: argparse.Namespace, plan: Any) -> Any:
+    """The run's requests, each route checked against the plan's partitions and walks."""
+    names = route_names(plan)
     try:
         route = parse_route(args.route)
+        check_route(route, names, "--route")
         if args.prompts:
-            workload = read_prompts(args.prompts, concurrency=args.concurrency)
+            workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names)
         else:
             workload = generate(
                 args.requests,
@@ -107,6 +112,36 @@ def _workload(args: argparse.Namespace) -> Any:
         for partition, walks in route.items():
             request.route.setdefault(partition, walks)
     return workload
+
+
+def _check_file_target(option: str, path: str) -> None:
+    """Refuse a file output that cannot be written: a directory, or an unwritable place."""
+    if os.path.isdir(path):
+        raise CliError(f"{option} {path} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as error:
+        raise CliError(f"{option} {path}: cannot create directory {parent}: {error.strerror}") from None
+    target = path if os.path.exists(path) else parent
+    if not os.access(target, os.W_OK):
+        raise CliError(f"{option} {path} is not writable")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Check --out, --report and --timeline before the run, so a bad path costs no run time."""
+    if args.out:
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise CliError(f"--out {args.out} exists and is not a directory")
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as error:
+            raise CliError(f"--out {args.out}: cannot create directory: {error.strerror}") from None
+        if not os.access(args.out, os.W_OK):
+            raise CliError(f"--out {args.out} is not writable")
+    for option, path in (("--report", args.report), ("--timeline", args.timeline)):
+        if path:
+            _check_file_target(option, path)
 
 
 def _tokens_json(values: list[Any]) -> list[Any]:
@@ -151,10 +186,11 @@ def _write_outputs(out_dir: str, records: list[Any], plan: Any) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from mstar.runtime.driver import Driver, DriverError
     from mstar.runtime.key_tables import PlanTableError
-    from mstar.runtime.metrics import render_table, summarize
+    from mstar.runtime.metrics import error_lines, render_table, summarize
 
     plan = _load_plan(args.plan)
-    workload = _workload(args)
+    workload = _workload(args, plan)
+    _check_outputs(args)
     engine = _engine(plan, args)
     progress = None
     if not args.no_progress:
@@ -178,9 +214,8 @@ def run_command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     Console().print(render_table(summary))
-    for record in records:
-        if record.is_failed:
-            print(f"mstar: request {record.request.id} failed: {record.finish_reason}", file=sys.stderr)
+    for line in error_lines(records):
+        print(f"mstar: {line}", file=sys.stderr)
     if args.report:
         with open(args.report, "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=2, sort_keys=True)

@@ -6,12 +6,18 @@ In: the driver's launches (`StepLog.add`) and the conductor's request records. O
 Times: `*_s` fields are run-clock seconds (simulated seconds under the sim engine, wall seconds
 under a real one); scheduler and postprocess times are host wall time on this machine.
 TTFT = first output token (or first client emission) - arrival; inter-token latency = gaps
-between a request's successive token events.
+between a request's successive token events. A percentile with no sample (no request produced
+a token) is None in the summary and "-" in the table.
+
+Finish reasons: the summary's `finish_reasons` counts each full reason text; `finish_kinds`
+counts them by kind (the text before the first ':', e.g. "error"); `failed_requests` maps each
+failed request's id to its full reason. The table shows the kinds;
+`error_lines` lists the distinct failure texts (one line each, counted) for stderr.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import numpy as np
 
@@ -63,10 +69,11 @@ class StepLog:
         self.num_held_rows.append(len(launch.result.allocation_failed))
 
 
-def _percentiles(values: Iterable[float], scale: float) -> dict[str, float]:
+def _percentiles(values: Iterable[float], scale: float) -> dict[str, Optional[float]]:
+    """p50/p90/p99/mean of `values` times `scale`; all None when there is no value."""
     array = np.fromiter(values, dtype=float)
     if array.size == 0:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
     p50, p90, p99 = np.percentile(array, [50, 90, 99]) * scale
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(array.mean() * scale)}
 
@@ -97,11 +104,17 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
         entry["mean_rows"] = entry["rows"] / steps
         entry["mean_rows_per_walk"] = {w: n / steps for w, n in sorted(entry.pop("walk_rows").items())}
         del entry["rows"]
+    reasons = Counter(r.finish_reason or "unfinished" for r in records)
+    kinds: Counter = Counter()
+    for reason, count in reasons.items():
+        kinds[reason.split(":", 1)[0].strip()] += count
     return {
         "num_requests": len(records),
         "num_completed": len(finished) - len(failed),
         "num_failed": len(failed),
-        "finish_reasons": dict(sorted(Counter(r.finish_reason or "unfinished" for r in records).items())),
+        "finish_reasons": dict(sorted(reasons.items())),
+        "finish_kinds": dict(sorted(kinds.items())),
+        "failed_requests": {r.request.id: r.finish_reason for r in failed},
         "duration_s": duration,
         "host_wall_s": host_wall_s,
         "requests_per_s": (len(finished) - len(failed)) / duration,
@@ -120,6 +133,34 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
     }
 
 
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def error_lines(records: Iterable[RequestRecord], *, limit: int = 5, width: int = 160) -> list[str]:
+    """The distinct failure reasons of a run's records, most frequent first, each as one line
+    naming a request that failed so (at most `limit`, then an "and N more" line); empty when
+    nothing failed."""
+    ids: dict[str, list[str]] = {}
+    for record in records:
+        if record.is_failed:
+            ids.setdefault(record.finish_reason, []).append(record.request.id)
+    ordered = sorted(ids.items(), key=lambda item: (-len(item[1]), item[0]))
+    lines = []
+    for reason, request_ids in ordered[:limit]:
+        who = (f"request {request_ids[0]} failed" if len(request_ids) == 1
+               else f"{len(request_ids)} requests failed (first {request_ids[0]})")
+        lines.append(f"{who}: {_one_line(reason, width)}")
+    if len(ordered) > limit:
+        lines.append(f"and {len(ordered) - limit} more distinct failure reason(s) (see --report)")
+    return lines
+
+
+def _cell(value: Optional[float], digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def render_table(summary: dict[str, Any]):
     """A rich Table of the summary (import rich lazily: only the CLI prints)."""
     from rich.table import Table
@@ -128,17 +169,17 @@ def render_table(summary: dict[str, Any]):
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("requests", f"{summary['num_requests']} ({summary['num_completed']} ok, {summary['num_failed']} failed)")
-    table.add_row("finish reasons", ", ".join(f"{k}: {v}" for k, v in summary["finish_reasons"].items()))
+    table.add_row("finish reasons", ", ".join(f"{k}: {v}" for k, v in summary["finish_kinds"].items()))
     table.add_row("run time (s)", f"{summary['duration_s']:.3f}")
     table.add_row("host wall time (s)", f"{summary['host_wall_s']:.3f}")
     table.add_row("requests/s", f"{summary['requests_per_s']:.2f}")
     table.add_row("output tokens/s", f"{summary['tokens_per_s']:.1f}")
     for name, label in (("ttft_ms", "TTFT ms"), ("itl_ms", "inter-token ms")):
         p = summary[name]
-        table.add_row(label + " p50/p90/p99", f"{p['p50']:.2f} / {p['p90']:.2f} / {p['p99']:.2f}")
+        table.add_row(label + " p50/p90/p99", " / ".join(_cell(p[q], 2) for q in ("p50", "p90", "p99")))
     for name, label in (("scheduler_us_per_step", "scheduler us/step"), ("postprocess_us_per_step", "postprocess us/step")):
         p = summary[name]
-        table.add_row(label + " p50/p90", f"{p['p50']:.1f} / {p['p90']:.1f}")
+        table.add_row(label + " p50/p90", " / ".join(_cell(p[q], 1) for q in ("p50", "p90")))
     table.add_row(
         "steps (speculative, follower, out-of-memory)",
         f"{summary['num_steps']} ({summary['num_speculative_steps']}, {summary['num_follower_steps']}, {summary['num_oom_steps']})",

@@ -13,9 +13,14 @@ File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [i
 are skipped. Every
 request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
 raises WorkloadError naming the file, the line and what is wrong.
+
+Routes (`check_route`): given the plan's `route_names` ({partition: walks of its stages}), a
+route naming an unknown partition or a walk outside that partition's stages is a WorkloadError
+(with a "did you mean" when a known name is close), found before anything runs.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import random
 from typing import Any, Optional
@@ -58,6 +63,33 @@ def parse_route(items: list[str]) -> dict[str, list[str]]:
             raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {item!r}")
         route[partition.strip()] = [w.strip() for w in walks.split(",") if w.strip()]
     return route
+
+
+def route_names(plan: Any) -> dict[str, list[str]]:
+    """A plan -> {partition name: the walks of its stages, in stage order}."""
+    return {part.name: [w for stage in part.stages for w in stage.walks] for part in plan.partitions}
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where: str) -> None:
+    """Raise WorkloadError (prefixed by `where`) when `route` names a partition or walk that
+    `names` (from `route_names`) does not have. Stage order is left to the conductor."""
+    for partition, walks in route.items():
+        if partition not in names:
+            raise WorkloadError(
+                f"{where}: unknown partition {partition!r}{_did_you_mean(partition, list(names))}"
+                f" (partitions: {', '.join(sorted(names))})"
+            )
+        for walk in walks:
+            if walk not in names[partition]:
+                raise WorkloadError(
+                    f"{where}: partition {partition!r} has no walk {walk!r}"
+                    f"{_did_you_mean(walk, names[partition])} (walks: {', '.join(names[partition])})"
+                )
 
 
 def generate(
@@ -161,7 +193,10 @@ def parse_prompt_line(line: str, where: str) -> Request:
     )
 
 
-def read_prompts(path: str, concurrency: Optional[int] = None) -> Workload:
+def read_prompts(
+    path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None
+) -> Workload:
+    """Read a prompts file; with `names` (from `route_names`) each line's route is checked too."""
     try:
         with open(path, encoding="utf-8") as handle:
             lines = handle.readlines()
@@ -174,6 +209,8 @@ def read_prompts(path: str, concurrency: Optional[int] = None) -> Workload:
             continue
         where = f"{path}:{number}"
         request = parse_prompt_line(line, where)
+        if names is not None:
+            check_route(request.route, names, where)
         if request.id in seen:
             raise WorkloadError(f"{where}: duplicate id {request.id!r} (first on line {seen[request.id]})")
         seen[request.id] = number

@@ -360,3 +360,54 @@ def test_bad_checkpoints(tmp_path, capsys):
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: missing or bad field")
     (tmp_path / "config.json").write_text("[1, 2]")
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: not a JSON object")
+
+
+@pytest.mark.parametrize("route, fragment", [
+    ("Nope=prefill", "--route: unknown partition 'Nope'"),
+    ("LLM=nope", "partition 'LLM' has no walk 'nope'"),
+    ("LLM=prefil", "did you mean 'prefill'?"),
+    ("LMM=prefill", "did you mean 'LLM'?"),
+])
+def test_route_unknown_to_the_plan_is_refused_before_the_run(capsys, route, fragment):
+    mstar([*RUN, "--engine", "sim", "--route", route], capsys, 1, fragment)
+
+
+def test_prompts_file_route_unknown_to_the_plan_names_the_line(tmp_path, capsys):
+    prompts = _prompts(tmp_path, GOOD, {**GOOD, "id": "b", "route": {"LLM": ["prefil", "decode"]}})
+    mstar([*RUN, "--engine", "sim", "--prompts", prompts], capsys, 1,
+          "prompts.jsonl:2: partition 'LLM' has no walk 'prefil'; did you mean 'prefill'?")
+
+
+def test_unwritable_outputs_are_refused_before_the_run(tmp_path, capsys):
+    existing = tmp_path / "file.txt"
+    existing.write_text("x")
+    mstar([*RUN, "--engine", "sim", "--report", tmp_path], capsys, 1, f"--report {tmp_path} is a directory")
+    mstar([*RUN, "--engine", "sim", "--timeline", tmp_path], capsys, 1, "--timeline")
+    text = mstar([*RUN, "--engine", "sim", "--out", existing], capsys, 1, "--out")
+    assert "is not a directory" in text and "requests/s" not in text  # nothing ran
+    mstar([*RUN, "--engine", "sim", "--report", existing / "r.json"], capsys, 1, "--report")
+
+
+def test_output_parents_are_created(tmp_path, capsys):
+    report, out = tmp_path / "a" / "b" / "r.json", tmp_path / "c" / "out"
+    mstar([*RUN, "--engine", "sim", "--requests", 2, "--report", report, "--out", out], capsys, 0, "2 (2 ok")
+    assert report.is_file() and (out / "outputs.jsonl").is_file()
+
+
+def test_failures_are_grouped_in_the_table_and_listed_below(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    text = mstar([*RUN, "--engine", "sim", "--requests", 8, "--kv-pages", 1, "--report", report], capsys, 0,
+                 "error: 8")
+    lines = [line for line in text.splitlines() if line.startswith("mstar: ")]
+    assert len(lines) == 6 and lines[-1].startswith("mstar: and 3 more")
+    summary = json.loads(report.read_text())
+    assert summary["finish_kinds"] == {"error": 8} and len(summary["failed_requests"]) == 8
+    assert all(reason.startswith("error: can never fit") for reason in summary["failed_requests"].values())
+
+
+def test_zero_requests_show_no_latency_numbers(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    text = mstar([*RUN, "--engine", "sim", "--requests", 0, "--report", report], capsys, 0, "- / - / -")
+    assert "0.00 / 0.00" not in text
+    summary = json.loads(report.read_text())
+    assert summary["ttft_ms"]["p50"] is None and summary["itl_ms"]["mean"] is None

@@ -183,3 +183,33 @@ def test_arrivals_and_timeline_are_relative_to_the_run_start(monkeypatch, tmp_pa
     timeline.draw(driver.log, records, str(tmp_path / "t.png"), origin_s=driver.origin_s)
     low, high = figures[0].axes[1].get_xlim()
     assert -1.0 < low and high < 10.0  # seconds since the start, not 3000 s
+
+
+def test_check_route_names_unknown_partitions_and_walks():
+    from mstar.runtime.workload import check_route, route_names
+
+    names = route_names(generated("llama"))
+    assert names == {"LLM": ["prefill", "decode"]}
+    check_route({"LLM": ["prefill", "decode"]}, names, "--route")
+    with pytest.raises(WorkloadError, match="x.jsonl:3: unknown partition 'Nope'"):
+        check_route({"Nope": ["prefill"]}, names, "x.jsonl:3")
+    with pytest.raises(WorkloadError, match="no walk 'decod'; did you mean 'decode'"):
+        check_route({"LLM": ["decod"]}, names, "--route")
+
+
+def test_error_lines_are_one_line_each_deduplicated_and_capped():
+    from types import SimpleNamespace
+
+    from mstar.runtime.metrics import error_lines
+
+    def record(request_id, reason):
+        return SimpleNamespace(is_failed=reason.startswith("error"), finish_reason=reason,
+                               request=SimpleNamespace(id=request_id))
+
+    records = [record("a", "error: boom\n  at line 2"), record("b", "error: boom\n  at line 2"),
+               record("c", "length")] + [record(f"x{i}", f"error: other {i}") for i in range(6)]
+    lines = error_lines(records, limit=5, width=40)
+    assert lines[0] == "2 requests failed (first a): error: boom at line 2"
+    assert len(lines) == 6 and lines[-1].startswith("and 2 more")
+    assert all("\n" not in line for line in lines)
+    assert error_lines([record("c", "length")]) == []
