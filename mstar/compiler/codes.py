@@ -3,7 +3,7 @@
 One constant per code, named after what it reports, and `TITLES`, the one-line title of each
 code. docs/diagnostics.md documents every code with an example. Ranges:
 
-    MW1xx  resolve           names to declarations
+    MW1xx  resolve           names to declarations; check_args: node and state arguments
     MW2xx  check_graph       walk and partition shape
     MW30x  deployment        reading the deployment YAML
     MW31x+ check_deployment  placement of nodes and walks on ranks
@@ -20,6 +20,10 @@ UNKNOWN_PARTITION = "MW105"
 UNKNOWN_STREAM_EDGE = "MW106"
 DUPLICATE_NAME = "MW107"
 RESERVED_NAME = "MW108"
+UNKNOWN_ARG = "MW109"
+BAD_ARG_VALUE = "MW110"
+MISSING_STATE_ARG = "MW111"
+DIMS_INCONSISTENT = "MW112"
 
 # ---------------------------------------------------------------- check_graph (MW2xx)
 INPUT_NOT_PRODUCED = "MW201"
@@ -78,6 +82,10 @@ TITLES: dict[str, str] = {
     UNKNOWN_STREAM_EDGE: "stream source names no stream edge of its partition",
     DUPLICATE_NAME: "name declared twice",
     RESERVED_NAME: "reserved name used as a declaration",
+    UNKNOWN_ARG: "argument the engine does not read",
+    BAD_ARG_VALUE: "argument value of the wrong kind",
+    MISSING_STATE_ARG: "state declaration missing an argument",
+    DIMS_INCONSISTENT: "node dims that describe no model",
     INPUT_NOT_PRODUCED: "input produced by nothing",
     CYCLE_WITHOUT_LOOP: "cycle outside a loop",
     LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",

@@ -5,7 +5,7 @@
 Reads as a table of contents: read the inputs, then
 
     1 parse            mstar.lang.parser.parse
-    2 resolve          mstar.compiler.resolve
+    2 resolve          mstar.compiler.resolve, then mstar.compiler.check_args
     3 check_graph      mstar.compiler.check_graph
       load_deployment  mstar.compiler.deployment
     4 check_deployment mstar.compiler.check_deployment
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mstar.compiler import check_combine, check_deployment, check_graph, emit, lower, resolve
+from mstar.compiler import check_args, check_combine, check_deployment, check_graph, emit, lower, resolve
 from mstar.compiler.codes import DEPLOYMENT_UNREADABLE
 from mstar.compiler.deployment import Deployment, load_deployment
 from mstar.lang.ast import Span, Spec
@@ -130,6 +130,8 @@ def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[Spec
     if spec is None or diags.has_errors:
         return None
     resolve.run(spec, diags)
+    if not diags.has_errors:
+        check_args.run(spec, diags)
     timer.lap("resolve")
     if diags.has_errors:
         return None

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
+from mstar.compiler.node_args import DECODER_STYLES, layer_is_full
 from mstar.plan.schema import NodePlan
 
 DimsMode = Literal["tiny", "spec"]
 DIMS_MODES = ("tiny", "spec")
-DECODER_STYLES = ("llama", "qwen3_5")
 
 
 class DimsError(ValueError):
@@ -120,27 +120,14 @@ def _float(node: NodePlan, key: str, default: float) -> float:
 
 
 def layer_pattern(node: NodePlan, num_layers: int) -> tuple[bool, ...]:
-    """Per-layer `is_full` flags from `layer_pattern` (see the module docstring).
-
-    A node with recurrent state but no pattern gets the Qwen3.5 default: every 4th layer full.
-    """
+    """Per-layer `is_full` flags (the rule is node_args.layer_is_full, shared with the compiler)."""
     pattern = node.dims.get("layer_pattern")
-    if pattern is None:
-        if node.recurrent is None:
-            return (True,) * num_layers
-        return tuple((i + 1) % 4 == 0 for i in range(num_layers))
-    if isinstance(pattern, str):
-        names = [p.strip() for p in pattern.split(",") if p.strip()]
-        flags = [{"full": 1, "linear": 0}.get(p, -1) for p in names]
-    elif isinstance(pattern, list):
-        flags = list(pattern)
-    else:
-        flags = [-1]
-    if not flags or any(f not in (0, 1) for f in flags):
+    flags = layer_is_full(pattern, num_layers, node.recurrent is not None)
+    if flags is None:
         raise DimsError(
             f"node {node.name}: layer_pattern={pattern!r} must be a list of 0 (linear) / 1 (full)"
         )
-    return tuple(bool(flags[i % len(flags)]) for i in range(num_layers))
+    return flags
 
 
 def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from mstar.compiler import check_combine, check_deployment, check_graph, resolve
+from mstar.compiler import check_args, check_combine, check_deployment, check_graph, resolve
 from mstar.compiler.deployment import load_deployment
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
@@ -35,7 +35,7 @@ def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -
     spec = parse((HERE / spec_path).read_text(encoding="utf-8"), spec_path, diags)
     if spec is None or diags.has_errors:
         return
-    for step in (resolve.run, check_graph.run):
+    for step in (resolve.run, check_args.run, check_graph.run):
         step(spec, diags)
         if diags.has_errors:
             return

@@ -355,9 +355,9 @@ def _as_int(value: object, default: int) -> int:
 
 
 def _node_stop_tokens(node: NodePlan) -> frozenset[int]:
-    """Stop tokens a spec states on the node (`stop_token=…`, `eos_token=…` or a list `stop_tokens=[…]`)."""
+    """Stop tokens a spec states on the node (`stop_token=…` or a list `stop_tokens=[…]`)."""
     found: set[int] = set()
-    for key in ("stop_token", "stop_tokens", "eos_token", "eos_token_id"):
+    for key in ("stop_token", "stop_tokens"):
         value = node.dims.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             found.add(value)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Literal
 
+from mstar.compiler.node_args import NODE_KINDS
 from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, NodePlan, Plan, SectionPlan
 
 NodeKind = Literal["decoder", "codec", "image_decoder", "encoder"]
-NODE_KINDS = ("decoder", "codec", "image_decoder", "encoder")
 
 
 class NodeKindError(ValueError):
