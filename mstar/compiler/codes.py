@@ -24,6 +24,7 @@ UNKNOWN_ARG = "MW109"
 BAD_ARG_VALUE = "MW110"
 MISSING_STATE_ARG = "MW111"
 DIMS_INCONSISTENT = "MW112"
+NO_MODEL_FOR_NODE = "MW113"
 
 # ---------------------------------------------------------------- check_graph (MW2xx)
 INPUT_NOT_PRODUCED = "MW201"
@@ -86,6 +87,7 @@ TITLES: dict[str, str] = {
     BAD_ARG_VALUE: "argument value of the wrong kind",
     MISSING_STATE_ARG: "state declaration missing an argument",
     DIMS_INCONSISTENT: "node dims that describe no model",
+    NO_MODEL_FOR_NODE: "stateless node the runtime has no model for",
     INPUT_NOT_PRODUCED: "input produced by nothing",
     CYCLE_WITHOUT_LOOP: "cycle outside a loop",
     LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",

@@ -9,7 +9,7 @@ Reads as a table of contents: read the inputs, then
     3 check_graph      mstar.compiler.check_graph
       load_deployment  mstar.compiler.deployment
     4 check_deployment mstar.compiler.check_deployment
-    5 check_combine    mstar.compiler.check_combine
+    5 check_combine    mstar.compiler.check_combine, then check_args.run_models
     6 lower            mstar.compiler.lower
       glue             mstar.compiler.glue.render_glue
     7 emit             mstar.compiler.emit
@@ -196,6 +196,8 @@ def check_spec(
     if diags.has_errors:
         return None
     check_combine.run(spec, deployment, diags)
+    if not diags.has_errors:
+        check_args.run_models(spec, diags)
     timer.lap("check_combine")
     if diags.has_errors:
         return None

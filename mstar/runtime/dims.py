@@ -225,10 +225,15 @@ def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
 
 def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:
     """Dims of a vision or audio encoder."""
+    # Defaults that always fit each other: hidden 1024 (or 64 per head when only `heads` is given),
+    # heads 16 (or the largest count below it that divides `hidden`). The compiler checks `hidden`
+    # against `heads` when a spec gives both (MW112).
+    hidden = _int(node, "hidden", 64 * node.dims["heads"] if isinstance(node.dims.get("heads"), int) else 1024)
+    default_heads = next(h for h in range(16, 0, -1) if hidden % h == 0)
     dims = EncoderDims(
-        hidden=_int(node, "hidden", 1024),
+        hidden=hidden,
         num_layers=_int(node, "layers", 4),
-        num_heads=_int(node, "heads", 16),
+        num_heads=_int(node, "heads", default_heads),
         feature_dim=_int(node, "feature_dim", 128 if is_audio else 588),
         num_tokens=_int(node, "num_tokens", 256),
     )

@@ -48,6 +48,8 @@ def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -
         if diags.has_errors:
             return
     check_combine.run(spec, deployment, diags)
+    if not diags.has_errors:
+        check_args.run_models(spec, diags)
 
 
 def render_fixture(name: str) -> str:
