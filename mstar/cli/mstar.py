@@ -48,7 +48,9 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--report", help="write the metrics as JSON to this file")
     run.add_argument("--timeline", help="draw step composition and latency over time to this PNG")
     run.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine model dims (default tiny)")
-    run.add_argument("--weights", help="torch engine: local checkpoint directory (config.json + *.safetensors)")
+    run.add_argument("--weights", action="append", metavar="[NODE=]DIR",
+                     help="torch engine: a local checkpoint directory (config.json + *.safetensors) for "
+                          "the plan's kv node; NODE=DIR when the plan has several (repeat per node)")
     run.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -10,12 +10,18 @@ Qwen3_5ForConditionalGeneration: style `qwen3_5`), and refuses with a `WeightsEr
 (another architecture, biases, scaled RoPE, a non-SiLU activation); `load_checkpoint_weights(model,
 dir)` copies the tensors in by name, checking every shape. The engine refuses a checkpoint whose
 style is not the node's (a Llama checkpoint on the Qwen3.5 hybrid node, or the reverse).
+
+Which node gets which checkpoint: `weights_by_node(kv_nodes, entries)` reads the `--weights`
+entries, each `DIR` or `NODE=DIR`. A bare `DIR` needs a plan with exactly one kv node; with
+several (Qwen3-Omni's Thinker and Talker) each checkpoint names its node, and the nodes without
+one keep random weights.
 """
 from __future__ import annotations
 
 import json
 import zlib
 from pathlib import Path
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -32,6 +38,33 @@ MODEL_TYPE_STYLES = {"llama": "llama", "qwen3_5": "qwen3_5", "qwen3_5_text": "qw
 
 class WeightsError(ValueError):
     """A checkpoint is missing, malformed, or does not fit the node."""
+
+
+def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]]) -> dict[str, str]:
+    """{kv node: checkpoint dir} from `--weights` entries (`DIR` or `NODE=DIR`); WeightsError
+    for an unknown node, a node named twice, or a bare DIR when the plan has several kv nodes."""
+    if entries is None:
+        return {}
+    if isinstance(entries, str):
+        entries = [entries]
+    assigned: dict[str, str] = {}
+    for entry in entries:
+        node, sep, directory = entry.partition("=")
+        if not sep or (node not in kv_nodes and Path(entry).exists()):
+            node, directory = "", entry  # a bare directory (its path may contain '=')
+        if not node:
+            if len(kv_nodes) != 1:
+                raise WeightsError(
+                    f"--weights {entry}: the plan has {len(kv_nodes)} kv nodes "
+                    f"({', '.join(kv_nodes) or 'none'}); name the one it is for: --weights NODE=DIR")
+            node = kv_nodes[0]
+        elif node not in kv_nodes:
+            raise WeightsError(f"--weights {entry}: {node!r} is not a kv node of the plan "
+                               f"(kv nodes: {', '.join(kv_nodes) or 'none'})")
+        if node in assigned:
+            raise WeightsError(f"--weights {entry}: node {node} already gets {assigned[node]}")
+        assigned[node] = directory
+    return assigned
 
 
 def param_seed(seed: int, node: str, name: str) -> int:

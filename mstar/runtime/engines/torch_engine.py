@@ -39,7 +39,9 @@ from mstar.runtime.models.image_decoder import ImageDecoder
 from mstar.runtime.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
 from mstar.runtime.sampling import SamplingError
 from mstar.runtime.step import RowResult, Step, StepResult
-from mstar.runtime.weights import WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config
+from mstar.runtime.weights import (
+    WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config, weights_by_node,
+)
 
 Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
 DEFAULT_PAGE_SIZE = 16
@@ -52,12 +54,13 @@ class EngineError(ValueError):
 
 
 class TorchEngine:
-    def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str] = None, seed: int = 0,
+    def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
                  num_pages: Optional[int] = None, runs_partial_steps: bool = True):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
         results come back beside `allocation_failed`; the driver post-processes them and holds
         only the failed rows). False: all or nothing per step (a step with a failed row runs
-        nothing; the driver then puts the whole batch back)."""
+        nothing; the driver then puts the whole batch back).
+        weights_dir: `--weights` entries, each `DIR` or `NODE=DIR` (weights.weights_by_node)."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -73,11 +76,13 @@ class TorchEngine:
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
         try:
+            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir)
             kinds = {node.name: node_kind(plan, node, self.calls) for node in plan.nodes}
             self.runners: dict[str, Runner] = {}
             # Decoders first: encoders size their heads and image decoders their latents after them.
             for node in sorted(plan.nodes, key=lambda n: kinds[n.name] != "decoder"):
-                self.runners[node.name] = self._build(node, kinds[node.name], dims, weights_dir, seed, num_pages)
+                self.runners[node.name] = self._build(node, kinds[node.name], dims, checkpoints.get(node.name),
+                                                      seed, num_pages)
         except (DimsError, NodeKindError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
         self._count_media_tokens()
