@@ -30,6 +30,8 @@ class Request:
     seed: Optional[int] = None
     repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
+    cfg_text_scale: Optional[float] = None  # image-flow guidance (mstar/runtime/guidance.py); None: 4.0
+    cfg_img_scale: Optional[float] = None  # None: 1.0 (off)
     route: dict[str, list[str]] = field(default_factory=dict)
     media: dict[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # when the client sends it (workload time, seconds from the start)

@@ -20,7 +20,6 @@ class StepRow:
     context_len: int  # tokens already in this row's KV sequence before the step
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> value (token ids, tensors)
     loop_iter: int = 0  # iteration of the enclosing loop, 0 outside loops
-    kv_sequence: str = "main"
 
 
 @dataclass

@@ -9,7 +9,8 @@ small vocabulary, all from one seed. Arrivals:
 
 File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
 "max_tokens": int} and optionally "temperature", "top_p", "seed", "repetition_penalty" (> 0),
-"stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route); blank lines
+"stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route),
+"cfg_text_scale" and "cfg_img_scale" (>= 0, image-flow guidance, see mstar/runtime/guidance.py); blank lines
 are skipped. Every
 request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
 raises WorkloadError naming the file, the line and what is wrong.
@@ -152,7 +153,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "repetition_penalty",
-             "stop_tokens", "route"}
+             "stop_tokens", "route", "cfg_text_scale", "cfg_img_scale"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -176,6 +177,12 @@ def parse_prompt_line(line: str, where: str) -> Request:
     stop_tokens = _field(obj, "stop_tokens", (list,), where, is_required=False) or []
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_tokens):
         raise WorkloadError(f"{where}: 'stop_tokens' must be a list of non-negative integers")
+    scales = {}
+    for name in ("cfg_text_scale", "cfg_img_scale"):
+        scale = _field(obj, name, (int, float), where, is_required=False)
+        if scale is not None and scale < 0:
+            raise WorkloadError(f"{where}: {name!r} must be >= 0, got {scale}")
+        scales[name] = float(scale) if scale is not None else None
     route = _field(obj, "route", (dict,), where, is_required=False) or {}
     for partition, walks in route.items():
         if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
@@ -190,6 +197,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
         repetition_penalty=float(penalty) if penalty is not None else None,
         stop_tokens=list(stop_tokens),
         route=route,
+        **scales,
     )
 
 

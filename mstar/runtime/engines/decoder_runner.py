@@ -14,6 +14,11 @@ names with `states` / `hidden` (the hidden states of every token of the row), na
 velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec of Q > 1
 quantizers, one frame: a tensor of Q codes).
 
+Guidance (BAGEL, see mstar/runtime/guidance.py): on a node with `kv_sequences main cfg_text
+cfg_img`, a guided request's writing rows extend two of the three sequences and its image-flow rows
+read all three; each (row, sequence) pair is one segment of the packed step, and the flow rows'
+three velocities are combined into one. Other requests use `main` only.
+
 Memory: pages are allocated per step; a row that cannot get pages or a slot does not run and is
 reported in allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
 the node only when the pages it may need (prompt + max_tokens) fit beside what already-started
@@ -32,6 +37,10 @@ from mstar.runtime.attention import Segment
 from mstar.runtime.dims import DecoderDims
 from mstar.runtime.engines.request_state import RequestState
 from mstar.runtime.engines.values import InputError, classify, synthesise
+from mstar.runtime.guidance import (
+    CFG_IMG, CFG_TEXT, MAIN, combine, has_guidance_sequences, in_interval, sequences_read,
+    sequences_written,
+)
 from mstar.runtime.kv.cache import KvCache
 from mstar.runtime.kv.pages import PagePool
 from mstar.runtime.kv.slots import SlotPool
@@ -52,6 +61,11 @@ class _Prepared:
     is_flow: bool = False
     latents: Optional[torch.Tensor] = None
     time_index: int = 0
+    writes: tuple[str, ...] = (MAIN,)  # KV sequences the row extends (none for a flow row)
+    reads: tuple[str, ...] = (MAIN,)  # KV sequences a flow row attends over
+
+    def keys(self) -> list[tuple[str, str]]:
+        return [(self.row.request_id, label) for label in self.writes]
 
 
 def output_kind(name: str) -> str:
@@ -70,9 +84,11 @@ def output_kind(name: str) -> str:
 class DecoderRunner:
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, slots: Optional[SlotPool], seed: int,
-                 code_frames: Optional[dict[str, tuple[int, int]]] = None):
+                 code_frames: Optional[dict[str, tuple[int, int]]] = None,
+                 flow_walks: frozenset[str] = frozenset()):
         """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
-        that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav)."""
+        that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). flow_walks: the walks
+        whose call on this node is an image-flow step (a request taking one may be guided)."""
         self.node = node
         self.dims = dims
         self.model = model
@@ -92,16 +108,30 @@ class DecoderRunner:
         self.code_frames = code_frames or {}
         self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
         self._code_heads: dict[str, torch.Tensor] = {}
+        self.flow_walks = flow_walks
+        self.has_guidance = has_guidance_sequences(node.kv_sequences) and not dims.has_linear_layers
 
     # ------------------------------------------------------------------ requests
 
     def _budget_tokens(self, request: RequestState) -> int:
         return len(request.prompt_tokens) + (request.params.max_tokens or 0)
 
+    def is_guided(self, request: RequestState) -> bool:
+        """Whether the request keeps the three guidance sequences here (guidance.py's rule)."""
+        return (self.has_guidance and request.guidance.is_on
+                and not self.flow_walks.isdisjoint(request.route_walks))
+
+    def _needed_pages(self, request: RequestState) -> int:
+        """Pages a request may need here: its text plus the media tokens encoders may feed in;
+        when guided also cfg_text (the media) and cfg_img (the text)."""
+        text, media = self._budget_tokens(request), self.num_media_tokens
+        pages = self.pool.pages_for(text + media)
+        if self.is_guided(request):
+            pages += self.pool.pages_for(media) + self.pool.pages_for(text)
+        return pages
+
     def _start_budget_pages(self, request: RequestState) -> int:
-        """Pages a request may need here: its text plus the media tokens encoders may feed in."""
-        num_tokens = self._budget_tokens(request) + self.num_media_tokens
-        return min(self.pool.pages_for(num_tokens), self.pool.num_pages)
+        return min(self._needed_pages(request), self.pool.num_pages)
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
@@ -121,6 +151,10 @@ class DecoderRunner:
             return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
                     f"({request.params.max_tokens}) = {num_tokens} tokens need {num_pages} KV pages of "
                     f"{self.pool.page_size} but the pool has only {self.pool.num_pages}")
+        if self.is_guided(request) and self._needed_pages(request) > self.pool.num_pages:
+            return (f"node {self.node.name}: with guidance the request keeps three KV sequences "
+                    f"({self._needed_pages(request)} pages of {self.pool.page_size}) but the pool has only "
+                    f"{self.pool.num_pages}; lower max_tokens, or set cfg_text_scale and cfg_img_scale to 1")
         return None
 
     def end_request(self, request_id: str) -> None:
@@ -177,7 +211,8 @@ class DecoderRunner:
         embeds = torch.zeros(num_tokens, self.dims.hidden)
         for part in parts:
             embeds[:part.shape[0]] += part
-        return _Prepared(row, call, request, embeds, tokens_fed)
+        writes = sequences_written(is_text=bool(tokens_fed), is_guided=self.is_guided(request))
+        return _Prepared(row, call, request, embeds, tokens_fed, writes=writes)
 
     def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if self.dims.has_linear_layers:
@@ -192,7 +227,8 @@ class DecoderRunner:
             raise InputError(f"latents must be a float tensor of shape {shape}")
         time_index = _as_int(row.inputs.get("time_index"), row.loop_iter)
         embeds = self.model.embed_latents(latents, time_index, call.loop_max_iters)
-        return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index)
+        return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index,
+                         writes=(), reads=sequences_read(self.is_guided(request)))
 
     def _adapt(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
         """Embeddings of another width are mapped to `hidden` by a fixed seeded projection."""
@@ -211,10 +247,11 @@ class DecoderRunner:
         return 0 if item.is_flow else item.embeds.shape[0]
 
     def _length_problem(self, item: _Prepared) -> Optional[str]:
-        key = (item.row.request_id, item.row.kv_sequence)
-        length = self.pool.num_tokens(key) + self._num_new(item)
-        if length > self.max_seq_len:
-            return f"node {self.node.name}: sequence would grow to {length} tokens, past max_seq_len {self.max_seq_len}"
+        for key in item.keys():
+            length = self.pool.num_tokens(key) + self._num_new(item)
+            if length > self.max_seq_len:
+                return (f"node {self.node.name}: sequence {key[1]} would grow to {length} tokens, past "
+                        f"max_seq_len {self.max_seq_len}")
         return None
 
     def _memory_shortfall(self, ready: list[_Prepared]) -> list[str]:
@@ -229,7 +266,7 @@ class DecoderRunner:
         failed = []
         for item in ready:
             request_id = item.row.request_id
-            num_pages = self.pool.num_new_pages((request_id, item.row.kv_sequence), self._num_new(item))
+            num_pages = sum(self.pool.num_new_pages(key, self._num_new(item)) for key in item.keys())
             needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
             if request_id in self._budgets:
                 remaining = max(0, self._budgets[request_id] - self.pool.num_pages_held(request_id))
@@ -253,7 +290,7 @@ class DecoderRunner:
             request_id = item.row.request_id
             if request_id not in self._budgets:
                 self._budgets[request_id] = self._start_budget_pages(item.request)
-            is_reserved = self.pool.reserve((request_id, item.row.kv_sequence), self._num_new(item))
+            is_reserved = all(self.pool.reserve(key, self._num_new(item)) for key in item.keys())
             if not is_reserved:
                 raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
             if self.slots is not None and self.slots.slot_of(request_id) is None:
@@ -264,29 +301,51 @@ class DecoderRunner:
         return sum(max(0, budget - self.pool.num_pages_held(rid)) for rid, budget in self._budgets.items())
 
     def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
-        segments, bounds, positions, slots = [], [], [], []
+        """One packed forward: a segment per (row, KV sequence) it writes or reads; the first
+        segment of each row (its `main` one) gives its outputs."""
+        segments, bounds, positions, slots, embeds = [], [], [], [], []
+        spans: list[dict[str, tuple[int, int]]] = []  # per item: sequence label -> token span
         start = 0
         for item in ready:
-            key = (item.row.request_id, item.row.kv_sequence)
-            num_tokens, num_cached = item.embeds.shape[0], self.pool.num_tokens(key)
-            num_positions = num_cached + (0 if item.is_flow else num_tokens)
-            flat = self.cache.flat_positions(self.pool.page_table(key), num_positions)
-            segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=not item.is_flow,
-                                    is_write=not item.is_flow))
-            bounds.append((start, start + num_tokens))
-            positions.append(torch.arange(num_cached, num_cached + num_tokens))
-            slots.append(self.slots.slot_of(item.row.request_id) if self.slots else 0)
-            start += num_tokens
+            num_tokens = item.embeds.shape[0]
+            spans.append({})
+            for label in item.reads if item.is_flow else item.writes:
+                key = (item.row.request_id, label)
+                num_cached = self.pool.num_tokens(key)
+                num_positions = num_cached + (0 if item.is_flow else num_tokens)
+                flat = self.cache.flat_positions(self.pool.page_table(key), num_positions)
+                segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=not item.is_flow,
+                                        is_write=not item.is_flow))
+                bounds.append((start, start + num_tokens))
+                positions.append(torch.arange(num_cached, num_cached + num_tokens))
+                slots.append(self.slots.slot_of(item.row.request_id) if self.slots else 0)
+                embeds.append(item.embeds)
+                spans[-1][label] = (start, start + num_tokens)
+                start += num_tokens
         batch = DecoderBatch(torch.cat(positions), bounds, segments, slots)
         with torch.no_grad():
-            hidden = self.model(torch.cat([item.embeds for item in ready]), batch, self.cache, self.states)
-            results = [self._outputs(item, hidden[a:b]) for item, (a, b) in zip(ready, bounds)]
+            hidden = self.model(torch.cat(embeds), batch, self.cache, self.states)
+            results = []
+            for item, span in zip(ready, spans):
+                main = hidden[slice(*span[MAIN])]
+                velocity = self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()})
+                results.append(self._outputs(item, main, velocity))
         for item in ready:
-            if not item.is_flow:
-                self.pool.commit((item.row.request_id, item.row.kv_sequence), item.embeds.shape[0])
+            for key in item.keys():
+                self.pool.commit(key, item.embeds.shape[0])
         return results
 
-    def _outputs(self, item: _Prepared, hidden: torch.Tensor) -> RowResult:
+    def _flow_velocity(self, item: _Prepared, hidden: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+        """A flow row's velocity: `main`'s, or the guided combination inside the interval."""
+        if not item.is_flow:
+            return None
+        v_main = self.model.velocity(hidden[MAIN])
+        if CFG_TEXT not in hidden or not in_interval(item.time_index, item.call.loop_max_iters):
+            return v_main
+        return combine(v_main, self.model.velocity(hidden[CFG_TEXT]), self.model.velocity(hidden[CFG_IMG]),
+                       item.request.guidance)
+
+    def _outputs(self, item: _Prepared, hidden: torch.Tensor, velocity: Optional[torch.Tensor]) -> RowResult:
         node, request = self.node.name, item.request
         history = request.history.setdefault(node, [])
         history.extend(item.tokens_fed)
@@ -302,7 +361,6 @@ class DecoderRunner:
             max_tokens = request.params.max_tokens
             result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
                               or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
-        velocity = self.model.velocity(hidden) if item.is_flow else None
         for name, kind in kinds.items():
             if kind == "token":
                 if token is not None and name in self.code_frames:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from mstar.runtime.guidance import GuidanceParams
 from mstar.runtime.sampling import SamplingParams
 
 
@@ -16,6 +17,8 @@ class RequestState:
     params: SamplingParams
     prompt_tokens: list[int]
     media: dict[str, Any] = field(default_factory=dict)
+    guidance: GuidanceParams = field(default_factory=GuidanceParams)
+    route_walks: frozenset[str] = frozenset()  # every walk the request's explicit route names
     history: dict[str, list[int]] = field(default_factory=dict)  # node -> token ids fed so far
     num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
     num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
@@ -30,6 +33,8 @@ class RequestState:
             params=SamplingParams.from_request(request),
             prompt_tokens=[int(t) for t in (get("prompt_tokens") or [])],
             media=dict(get("media") or {}),
+            guidance=GuidanceParams.from_request(request),
+            route_walks=frozenset(walk for walks in (get("route") or {}).values() for walk in walks),
         )
 
     def generator(self, node: str) -> torch.Generator:

@@ -37,6 +37,7 @@ from mstar.runtime.models.decoder import Decoder
 from mstar.runtime.models.encoders import MediaEncoder
 from mstar.runtime.models.image_decoder import ImageDecoder
 from mstar.runtime.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
+from mstar.runtime.guidance import GuidanceError
 from mstar.runtime.sampling import SamplingError
 from mstar.runtime.step import RowResult, Step, StepResult
 from mstar.runtime.weights import (
@@ -150,8 +151,10 @@ class TorchEngine:
             max_concurrent = self.plan.deployment.max_concurrent_requests
             num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
             slots = SlotPool(node.name, num_slots, max_concurrent)
+        flow_walks = frozenset(walk for (name, walk), call in self.calls.items()
+                               if name == node.name and "latents" in call.inputs)
         return DecoderRunner(node, dims, model, page_size, pages, max_seq_len, slots, seed,
-                             self._code_frames(node.name, mode))
+                             self._code_frames(node.name, mode), flow_walks)
 
     def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:
         """Token edges of `node` that feed a multi-quantizer codec -> (quantizers, codebook)."""
@@ -198,7 +201,7 @@ class TorchEngine:
     def add_request(self, request_id: str, request: Any) -> Optional[str]:
         try:
             state = RequestState.from_request(request_id, request)
-        except (SamplingError, TypeError, ValueError) as error:
+        except (SamplingError, GuidanceError, TypeError, ValueError) as error:
             return f"request {request_id}: {error}"
         for runner in self.runners.values():
             reason = runner.refusal(state)
