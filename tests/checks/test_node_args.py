@@ -103,3 +103,38 @@ def test_stateless_node_with_state_and_a_kv_only_argument():
     text = diags.render()
     assert "'vocab' is not an argument of a stateless node" in text
     assert "error[MW112]: state recurrent on stateless node enc" in text
+
+
+def _args_diagnostics(node_text: str) -> str:
+    from mstar.compiler import check_args
+    from mstar.lang.parser import parse
+    diags = Diagnostics()
+    spec = parse(f"model m\n{node_text}\n", "m.mw", diags)
+    assert spec is not None, diags.render()
+    check_args.run(spec, diags)
+    return diags.render()
+
+
+@pytest.mark.parametrize("node_text, fragment", [
+    ("node L kv(layers=2, layers=3) {\n    in x\n}", "error[MW107]: argument 'layers' is given twice"),
+    ("node L kv(layers=4, layer_pattern=[0, 0, 0, 1]) {\n    in x\n"
+     "    state recurrent(layers=3, heads=2, key_dim=4, value_dim=4)\n"
+     "    state recurrent(layers=3, heads=2, key_dim=4, value_dim=4)\n}", "error[MW107]: node L declares state twice"),
+    ("node L kv(layers=4, layer_pattern=[0, 1]) {\n    in x\n}",
+     "the layer pattern has 2 linear-attention layers but the node declares no `state recurrent(...)`"),
+    ("node L kv(layers=4, layer_pattern=[0, 0, 0, 1], linear_value_heads=3) {\n    in x\n"
+     "    state recurrent(layers=3, heads=2, key_dim=4, value_dim=4)\n}",
+     "linear_value_heads=3 is not a multiple of the 2 linear q/k heads"),
+    ("node L kv(layers=2, stop_tokens=[1, 99], vocab=50) {\n    in x\n}", "stop_tokens 99 is outside the vocabulary (vocab=50)"),
+    ("node E stateless(flavor=enc_dec, hidden=100, heads=16) {\n    in x\n}", "hidden=100 is not a multiple of heads=16"),
+    ("node L kv(layers=2, latent_tokens=15) {\n    in x\n}", "latent_tokens=15 is not a square grid"),
+    ("node L kv(layers=2, partial_rotary=1.5) {\n    in x\n}", "partial_rotary=1.5 must be a number in (0, 1]"),
+])
+def test_argument_diagnostics(node_text, fragment):
+    assert fragment in _args_diagnostics(node_text)
+
+
+def test_well_formed_arguments_give_nothing():
+    assert _args_diagnostics("node L kv(layers=8, kv_heads=2, qo_heads=8, layer_pattern=[0, 0, 0, 1], vocab=64,"
+                             " stop_tokens=[1, 2], rope_theta=1e4, style=qwen3_5) {\n    in x\n"
+                             "    state recurrent(layers=6, heads=2, key_dim=4, value_dim=4)\n}") == ""
