@@ -81,6 +81,11 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
             diags.error(codes.NOT_A_WALK_OF_NODE,
                         f"{what} for walk {decl.walk}, which does not run {node.name}",
                         name_span(decl.span, decl.walk, diags))
+    bidirectional = set(node.bidirectional.walks) if node.bidirectional else set()
+    for walk in sorted(bidirectional):
+        if walk in runs and node.name not in runs[walk]:
+            diags.error(codes.NOT_A_WALK_OF_NODE, f"bidirectional walk {walk}, which does not run {node.name}",
+                        name_span(node.bidirectional.span, walk, diags))
     for cap in node.caps:
         capture = next((c for c in node.captures if c.walk == cap.walk), None)
         if capture is not None and capture.batch and cap.value > max(capture.batch):
@@ -104,6 +109,13 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
                             name_span(combine.span, walk, diags), Note("first here", owner[walk].span))
             else:
                 owner[walk] = combine
+        masked = [w for w in distinct if w in bidirectional]
+        if masked and len(masked) < len(distinct):
+            causal = [w for w in distinct if w not in bidirectional]
+            diags.error(codes.COMBINE_MIXES_MASKS,
+                        f"combined walk {combine.name} mixes bidirectional {', '.join(masked)} with causal "
+                        f"{', '.join(causal)}: one packed attention call has one mask",
+                        name_span(combine.span, combine.name, diags), Note("the bidirectional walks", node.bidirectional.span))
         families = {w: capture_family(node, w) for w in distinct if w in runs}
         if combine.capture is None and len(set(families.values())) > 1:
             listed = ", ".join(f"{w}: {_family_text(f)}" for w, f in families.items())

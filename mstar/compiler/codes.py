@@ -73,6 +73,7 @@ ROWS_ABOVE_CAPTURE = "MW406"
 ROWS_NOT_IN_COMBINE = "MW407"
 CAPTURE_MEMORY_OVER_BUDGET = "MW408"
 COMBINE_TOO_FEW_WALKS = "MW409"
+COMBINE_MIXES_MASKS = "MW410"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -128,4 +129,5 @@ TITLES: dict[str, str] = {
     ROWS_NOT_IN_COMBINE: "rows limit for a walk outside the combined walk",
     CAPTURE_MEMORY_OVER_BUDGET: "capture memory estimate over budget",
     COMBINE_TOO_FEW_WALKS: "combined walk with fewer than two distinct walks",
+    COMBINE_MIXES_MASKS: "combined walk mixes causal and bidirectional walks",
 }

@@ -74,6 +74,7 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                 flavor=str(flavor) if flavor is not None else None,
                 dims={k: v for k, v in sorted(args.items()) if k not in NON_DIM_ARGS},
                 kv_sequences=list(node.kv_sequences.labels) if node.kv_sequences else ["main"],
+                bidirectional_walks=sorted(set(node.bidirectional.walks)) if node.bidirectional else [],
                 recurrent=_recurrent(node, deployment),
                 inputs=sorted(i.name for i in node.inputs if not i.is_stream),
                 stream_inputs=sorted(i.name for i in node.inputs if i.is_stream),

@@ -118,7 +118,12 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
     if node.kv_sequences is not None and len(set(node.kv_sequences.labels)) < len(node.kv_sequences.labels):
         diags.error(codes.DUPLICATE_NAME, f"kv_sequences of node {node.name} lists a label twice",
                     node.kv_sequences.span)
+    if node.bidirectional is not None and len(set(node.bidirectional.walks)) < len(node.bidirectional.walks):
+        diags.error(codes.DUPLICATE_NAME, f"bidirectional of node {node.name} lists a walk twice",
+                    node.bidirectional.span)
     refs: list[tuple[str, ast.Span]] = [(c.walk, c.span) for c in node.caps]
+    if node.bidirectional is not None:
+        refs += [(w, node.bidirectional.span) for w in node.bidirectional.walks]
     refs += [(c.walk, c.span) for c in node.captures if c.walk is not None]
     for combine in node.combines:
         refs += [(w, combine.span) for w in combine.walks]

@@ -77,6 +77,13 @@ class KvSequences(AstNode):
     labels: list[str]
 
 
+class Bidirectional(AstNode):
+    """`bidirectional prefill_vit prefill_vae`: walks whose rows on this node attend to all of
+    their own tokens (and the cached context), not causally. Other walks attend causally."""
+
+    walks: list[str]
+
+
 class StateDecl(AstNode):
     """A per-request state resource besides the paged KV cache.
 
@@ -141,6 +148,7 @@ class NodeDecl(AstNode):
     is_tp: bool = False  # `tp`: the node may be tensor-parallel
     is_async: bool = True  # `no_speculation`: the node opts out of async scheduling
     kv_sequences: Optional[KvSequences] = None
+    bidirectional: Optional[Bidirectional] = None
     states: list[StateDecl] = []
     inputs: list[InputDecl] = []
     caps: list[CapDecl] = []

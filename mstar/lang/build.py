@@ -160,6 +160,7 @@ class AstBuilder(Transformer):
             is_tp="TP" in flags,
             is_async="NO_SPECULATION" not in flags,
             kv_sequences=self._one(_of(children, ast.KvSequences), "kv_sequences", "node"),
+            bidirectional=self._one(_of(children, ast.Bidirectional), "bidirectional", "node"),
             states=_of(children, ast.StateDecl),
             inputs=_of(children, ast.InputDecl),
             caps=_of(children, ast.CapDecl),
@@ -216,6 +217,9 @@ class AstBuilder(Transformer):
 
     def kv_sequences(self, children):
         return ast.KvSequences(span=self._span(children), labels=_names(children))
+
+    def bidirectional(self, children):
+        return ast.Bidirectional(span=self._span(children), walks=_names(children))
 
     def state_decl(self, children):
         arg_list = _part(children, "args")

@@ -4,7 +4,7 @@
 
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
-order. Inside a node: inputs, kv_sequences, states, caps, captures, combines. A call with one edge
+order. Inside a node: inputs, kv_sequences, bidirectional, states, caps, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
@@ -87,6 +87,10 @@ def _node(node: ast.NodeDecl) -> list[str]:
         if not node.kv_sequences.labels:
             raise ValueError(f"format_spec: node {node.name}: kv_sequences needs at least one label")
         body += _line(node.kv_sequences, "kv_sequences " + " ".join(node.kv_sequences.labels))
+    if node.bidirectional is not None:
+        if not node.bidirectional.walks:
+            raise ValueError(f"format_spec: node {node.name}: bidirectional needs at least one walk")
+        body += _line(node.bidirectional, "bidirectional " + " ".join(node.bidirectional.walks))
     for state in node.states:
         body += _line(state, f"state {state.kind}" + (_args(state.args) if state.args else ""))
     for cap in node.caps:

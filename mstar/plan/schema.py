@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -71,6 +71,7 @@ class NodePlan(PlanModel):
     # intermediate, and kind-specific ones (window, samples_per_token, layer_pattern as a list).
     dims: dict[str, Union[int, float, str, list[int]]]
     kv_sequences: list[str] = ["main"]  # KV labels per request (kv nodes)
+    bidirectional_walks: list[str] = []  # walks whose rows attend to all their own tokens (sorted)
     recurrent: Optional[RecurrentState] = None
     inputs: list[str]
     stream_inputs: list[str] = []

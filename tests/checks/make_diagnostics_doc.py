@@ -98,7 +98,7 @@ explain = {
  "MW320": "A rank appears twice in one group's `ranks`.",
  "MW321": "A kv node's KV cache moves between its walks (prefill to decode); the reference rejects transfers between different TP world sizes, so a PD split needs equal TP on both sides.",
  "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must hold at least one request of `max_seq_len` tokens.",
- "MW401": "A combined walk batches rows of several walks of one node; every walk it names must run that node. Likewise a node's `cap` and `capture` lines are for walks that run it.",
+ "MW401": "A combined walk batches rows of several walks of one node; every walk it names must run that node. Likewise a node's `cap`, `capture` and `bidirectional` lines are for walks that run it.",
  "MW402": "A walk belongs to at most one combined walk of a node: its rows get one scheduling key.",
  "MW403": "Capture-key split: the combined walk's walks fall in different capture families (eager, batched with N tokens a row, packed) and the combined walk has no capture of its own, so no single CUDA graph could replay a mixed step. Give the combined walk a `capture` (usually packed).",
  "MW404": "On each worker, the walks of a combined walk that this worker runs share one node group (TP group), or all run at world size 1: a mixed step is one lockstep launch. Walks the worker does not run are not judged, so prefill/decode disaggregation needs no change to the spec.",
@@ -107,6 +107,7 @@ explain = {
  "MW407": "A rows limit bounds one of the combined walk's own walks.",
  "MW408": "The estimated capture memory (capture_memory.py: shared static buffers sized by the largest bucket, per-graph outputs, logits and fixed cost, divided by TP, twice for kv nodes' double buffering) of all capture families on one worker exceeds `capture_memory_budget_mb`. The message lists every family with its bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to boot) shows up here at compile time.",
  "MW409": "A combined walk needs at least two distinct walks.",
+ "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",
 }
 
 def lang_example(code: str) -> str:

@@ -8,7 +8,7 @@ from compiler_helpers import COLOCATED, TTS_SPEC, deployment_from, spec_from
 
 from mstar.compiler import emit, lower
 from mstar.plan.io import PlanError, dump_plan, load_plan, sha256_bytes
-from mstar.plan.schema import COMPILER_VERSION, GENERATED_MARKER, Hashes, Header
+from mstar.plan.schema import COMPILER_VERSION, GENERATED_MARKER, SCHEMA_VERSION, Hashes, Header
 
 GLUE = "# generated glue (test)\n"
 
@@ -89,7 +89,7 @@ def test_schema_violation_and_versions(plan_file):
     plan_file.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="schema version 99"):
         load_plan(plan_file)
-    data["header"]["schema_version"] = 1
+    data["header"]["schema_version"] = SCHEMA_VERSION
     data["header"]["compiler_version"] = "0.0.1"
     plan_file.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="written by mstarc '0.0.1'"):

@@ -64,6 +64,7 @@ nodes = st.builds(
     is_tp=st.booleans(),
     is_async=st.booleans(),
     kv_sequences=st.none() | st.builds(ast.KvSequences, labels=name_lists),
+    bidirectional=st.none() | st.builds(ast.Bidirectional, walks=name_lists),
     states=small_lists(st.builds(ast.StateDecl, kind=st.just("recurrent"), args=args)),
     inputs=small_lists(st.builds(ast.InputDecl, name=names, is_stream=st.booleans())),
     caps=small_lists(st.builds(ast.CapDecl, walk=names, value=counts)),

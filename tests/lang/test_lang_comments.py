@@ -242,7 +242,8 @@ def test_comments_survive_format_in_order(case):
     assert format_spec(again) == formatted
 
 
-_HOSTS = (ast.Spec, ast.Param, ast.NodeDecl, ast.InputDecl, ast.KvSequences, ast.StateDecl, ast.CapDecl,
+_HOSTS = (ast.Spec, ast.Param, ast.NodeDecl, ast.InputDecl, ast.KvSequences, ast.Bidirectional, ast.StateDecl,
+          ast.CapDecl,
           ast.CaptureDecl, ast.CombineDecl, ast.RowsLimit, ast.Walk, ast.Call, ast.Edge, ast.Parallel,
           ast.Sequential, ast.Loop, ast.Partition, ast.StreamSource)
 

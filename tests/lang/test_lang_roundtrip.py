@@ -34,6 +34,7 @@ def test_format_is_a_fixed_point(tree):
         (ast.ChunkPolicy(kind="fixed", size=1, stride=2), "fixed"),
         (ast.ChunkPolicy(kind="left_context", size=25), "left_context"),
         (ast.KvSequences(labels=[]), "kv_sequences"),
+        (ast.Bidirectional(walks=[]), "bidirectional"),
         (ast.CombineDecl(name="mixed", walks=[]), "combine"),
         (ast.Stage(walks=[]), "stage"),
     ],
@@ -53,6 +54,8 @@ def _spec_holding(tree):
         return ast.Spec(model="m", partitions=[ast.Partition(name="Q", stages=[], streams=[stream])])
     if isinstance(tree, ast.KvSequences):
         return ast.Spec(model="m", nodes=[ast.NodeDecl(name="n", engine="kv", kv_sequences=tree)])
+    if isinstance(tree, ast.Bidirectional):
+        return ast.Spec(model="m", nodes=[ast.NodeDecl(name="n", engine="kv", bidirectional=tree)])
     if isinstance(tree, ast.CombineDecl):
         return ast.Spec(model="m", nodes=[ast.NodeDecl(name="n", engine="kv", combines=[tree])])
     return ast.Spec(model="m", partitions=[ast.Partition(name="Q", stages=[tree])])

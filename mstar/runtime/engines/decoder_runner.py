@@ -109,6 +109,7 @@ class DecoderRunner:
         self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
         self._code_heads: dict[str, torch.Tensor] = {}
         self.flow_walks = flow_walks
+        self.bidirectional_walks = frozenset(node.bidirectional_walks)
         self.has_guidance = has_guidance_sequences(node.kv_sequences) and not dims.has_linear_layers
 
     # ------------------------------------------------------------------ requests
@@ -314,7 +315,8 @@ class DecoderRunner:
                 num_cached = self.pool.num_tokens(key)
                 num_positions = num_cached + (0 if item.is_flow else num_tokens)
                 flat = self.cache.flat_positions(self.pool.page_table(key), num_positions)
-                segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=not item.is_flow,
+                is_causal = not item.is_flow and item.row.walk not in self.bidirectional_walks
+                segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=is_causal,
                                         is_write=not item.is_flow))
                 bounds.append((start, start + num_tokens))
                 positions.append(torch.arange(num_cached, num_cached + num_tokens))
