@@ -53,7 +53,8 @@ def choice(*names: str) -> ArgKind:
     return ArgKind("choice", names)
 
 
-# kv nodes: a decoder (Llama-style, or a Qwen3.5 gated delta-net hybrid, optionally with BAGEL's
+# kv nodes (the KV pool's page size, page count and max_seq_len belong to the deployment, not
+# here: a `page_size=` argument is MW109): a decoder (Llama-style, or a Qwen3.5 gated delta-net hybrid, optionally with BAGEL's
 # image-flow head) over a paged KV cache.
 KV_ARGS: dict[str, ArgKind] = {
     "layers": INT, "kv_heads": INT, "qo_heads": INT, "head_dim": INT, "hidden": INT,
@@ -61,7 +62,7 @@ KV_ARGS: dict[str, ArgKind] = {
     "style": choice(*DECODER_STYLES), "layer_pattern": PATTERN,
     "linear_heads": INT, "linear_value_heads": INT, "linear_key_dim": INT, "linear_value_dim": INT,
     "conv_kernel": INT, "latent_channels": INT, "latent_tokens": INT,
-    "page_size": INT, "max_seq_len": INT, "kind": choice(*NODE_KINDS),
+    "kind": choice(*NODE_KINDS),
     "stop_token": INDEX, "stop_tokens": TOKEN_IDS,
 }
 

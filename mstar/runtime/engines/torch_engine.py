@@ -143,8 +143,9 @@ class TorchEngine:
         if weights_dir is not None:
             load_checkpoint_weights(model, weights_dir, dims.is_tied_embeddings)
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
-        page_size = pool.page_size if pool else _dim_int(node, "page_size", DEFAULT_PAGE_SIZE)
-        max_seq_len = pool.max_seq_len if pool else _dim_int(node, "max_seq_len", self.plan.deployment.max_seq_len)
+        # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
+        page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
+        max_seq_len = pool.max_seq_len if pool else self.plan.deployment.max_seq_len
         pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
         slots = None
         if dims.has_linear_layers:
@@ -236,11 +237,6 @@ class TorchEngine:
         for runner in self.runners.values():
             runner.end_request(request_id)
         self.requests.pop(request_id, None)
-
-
-def _dim_int(node: NodePlan, key: str, default: int) -> int:
-    value = node.dims.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def build(plan: Plan, args: Any) -> TorchEngine:

@@ -22,13 +22,14 @@ class SlotPool:
         if num_slots < 2:
             raise SlotPoolError(
                 f"node {node}: {num_slots} recurrent state slot(s) leave none for requests "
-                "(slot 0 is the padding sink); set recurrent_state_slots to at least 2 in the deployment"
+                "(slot 0 is the padding sink); set recurrent_state_slots to at least 1 in the deployment (the "
+                "compiler adds the sink)"
             )
         if max_concurrent_requests is not None and num_slots - 1 < max_concurrent_requests:
             raise SlotPoolError(
                 f"node {node}: {num_slots} recurrent state slots (one is the padding sink) cannot hold "
                 f"max_concurrent_requests={max_concurrent_requests} requests; set recurrent_state_slots "
-                f"to at least {max_concurrent_requests + 1}"
+                f"to at least {max_concurrent_requests} in the deployment (the compiler adds the sink)"
             )
         self.node = node
         self.num_slots = num_slots
