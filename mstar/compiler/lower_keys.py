@@ -5,7 +5,7 @@ In:  a node's declaration, the walks of that node this worker runs (`walks_here`
      nor a capture bounds a walk.
 Out: `lower_node_keys(...) -> (keys: list[KeyPlan], walk_to_key: dict[walk, key name])`.
 
-Rules (DESIGN.md "cap", "capture"):
+Rules (docs/plan.md, keys and mixture tables):
 - A combined walk becomes one key `NODE:COMBINE` on a worker that runs at least two of its
   walks; its walks are those, in the combine's order (bit i of a mask = walks[i]). A walk that
   combines with nothing here (or whose partners run elsewhere, as in prefill/decode
