@@ -144,6 +144,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for option, path in (("--report", args.report), ("--timeline", args.timeline)):
         if path:
             _check_file_target(option, path)
+    if args.timeline:
+        from mstar.runtime.timeline import format_problem
+
+        problem = format_problem(args.timeline)
+        if problem:
+            raise CliError(f"--timeline {args.timeline}: {problem}")
 
 
 def _tokens_json(values: list[Any]) -> list[Any]:

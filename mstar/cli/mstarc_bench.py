@@ -124,6 +124,10 @@ def run_bench(root: Path, runs: int, as_json: bool) -> int:
     if runs < 1:
         print("mstarc bench: --runs must be at least 1", file=sys.stderr)
         return 2
+    if not (root / "configs").is_dir() or not (root / "specs").is_dir():
+        print(f"mstarc: {root} has no configs/ and specs/; run from the repository root or pass --root",
+              file=sys.stderr)
+        return 1
     report = measure(root, runs)
     if as_json:
         print(json.dumps(report, indent=1, sort_keys=True))

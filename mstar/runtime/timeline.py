@@ -8,11 +8,26 @@ simulated engine, a monotonic reading under a real one).
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Optional
 
 from mstar.runtime.metrics import StepLog
 
 NUM_BINS = 150
+
+
+def format_problem(path: str) -> Optional[str]:
+    """Why matplotlib cannot write `path` (its suffix names no image format it knows), else None;
+    checked before the run so a typo costs no run time. No suffix writes a PNG."""
+    suffix = os.path.splitext(path)[1][1:].lower()
+    if not suffix:
+        return None
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix in formats:
+        return None
+    return f"cannot draw a .{suffix} file; name it .png (or .{', .'.join(sorted(formats))})"
 
 
 def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> None:
@@ -48,7 +63,8 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     if ttft or itl:
         bottom.legend(loc="upper right", fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    # no suffix: a PNG at exactly `path` (matplotlib would otherwise write `path`.png)
+    figure.savefig(path, dpi=100, format=None if os.path.splitext(path)[1] else "png")
     plt.close(figure)
 
 

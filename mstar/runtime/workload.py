@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import random
 from typing import Any, Optional
 
@@ -31,6 +32,10 @@ from mstar.runtime.request import Request
 
 ARRIVALS = ("poisson", "staggered", "closed")
 VOCAB_SIZE = 1000
+# a generated workload is built in memory before the run starts: bound it so a typo (an extra
+# zero or ten) is refused at once instead of filling memory
+MAX_GENERATED_REQUESTS = 10_000_000
+MAX_GENERATED_PROMPT_LEN = 1_000_000
 
 
 class WorkloadError(Exception):
@@ -107,9 +112,15 @@ def generate(
         raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if num_requests < 0:
         raise WorkloadError(f"--requests must be >= 0, got {num_requests}")
+    if num_requests > MAX_GENERATED_REQUESTS:
+        raise WorkloadError(f"--requests must be at most {MAX_GENERATED_REQUESTS}, got {num_requests}")
+    if prompt_len[1] > MAX_GENERATED_PROMPT_LEN:
+        raise WorkloadError(
+            f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got {prompt_len[1]}"
+        )
     if concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
-    if rate <= 0:
+    if not rate > 0:  # also NaN, which no comparison accepts
         raise WorkloadError(f"--rate must be > 0, got {rate}")
     rng = random.Random(seed)
     requests = []
@@ -142,6 +153,14 @@ def _field(obj: dict[str, Any], name: str, kinds: tuple, where: str, *, is_requi
     if isinstance(value, bool) or not isinstance(value, kinds):
         kind_names = " or ".join(k.__name__ for k in kinds)
         raise WorkloadError(f"{where}: field {name!r} must be {kind_names}, got {value!r}")
+    if float in kinds:
+        try:
+            is_finite = math.isfinite(value)
+        except OverflowError:  # an int past the float range
+            is_finite = False
+        if not is_finite:
+            shown = value if isinstance(value, float) else f"a {len(str(value))}-digit integer"
+            raise WorkloadError(f"{where}: field {name!r} must be a finite number, got {shown}")
     return value
 
 
@@ -150,6 +169,8 @@ def parse_prompt_line(line: str, where: str) -> Request:
         obj = json.loads(line)
     except json.JSONDecodeError as error:
         raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except ValueError:  # an integer literal past Python's digit limit (4300 by default)
+        raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "repetition_penalty",
@@ -205,11 +226,18 @@ def read_prompts(
     path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None
 ) -> Workload:
     """Read a prompts file; with `names` (from `route_names`) each line's route is checked too."""
+    if concurrency is not None and concurrency < 1:
+        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # -sig: a leading byte-order mark is skipped
             lines = handle.readlines()
     except OSError as error:
         raise WorkloadError(f"cannot read prompts file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise WorkloadError(
+            f"cannot read prompts file {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} "
+            f"at offset {error.start}); it must be JSON lines"
+        ) from None
     requests = []
     seen: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):

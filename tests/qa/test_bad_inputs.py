@@ -420,3 +420,67 @@ def test_zero_requests_show_no_latency_numbers(tmp_path, capsys):
     assert "0.00 / 0.00" not in text
     summary = json.loads(report.read_text())
     assert summary["ttft_ms"]["p50"] is None and summary["itl_ms"]["mean"] is None
+
+
+# ---------------------------------------------------------------- found by fuzzing the CLIs
+
+@pytest.mark.parametrize("text, fragment", [
+    # a binary file was a UnicodeDecodeError traceback
+    (b"\xff\xfe\x00bin\n", "prompts.jsonl: not UTF-8 text (byte 0xff at offset 0)"),
+    # an integer literal past Python's 4300-digit limit was a ValueError traceback
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 1' + b"0" * 5000 + b"}\n",
+     "prompts.jsonl:1: a number on this line has too many digits to read"),
+    # an int past the float range was an OverflowError traceback
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "temperature": 1' + b"0" * 400 + b"}\n",
+     "field 'temperature' must be a finite number, got a 401-digit integer"),
+    # NaN / Infinity (Python's json reads them) were accepted: a blank image, a NaN temperature
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "cfg_img_scale": Infinity}\n',
+     "field 'cfg_img_scale' must be a finite number, got inf"),
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "cfg_text_scale": NaN}\n',
+     "field 'cfg_text_scale' must be a finite number, got nan"),
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "temperature": NaN}\n',
+     "field 'temperature' must be a finite number"),
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "repetition_penalty": Infinity}\n',
+     "field 'repetition_penalty' must be a finite number"),
+])
+def test_unreadable_prompts_lines(tmp_path, capsys, text, fragment):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(text)
+    mstar([*RUN, "--engine", "sim", "--prompts", path], capsys, 1, fragment)
+
+
+def test_prompts_file_with_a_byte_order_mark(tmp_path, capsys):
+    """A BOM (as some editors write) was refused as 'Unexpected UTF-8 BOM'; it is skipped."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n")
+    mstar([*RUN, "--engine", "sim", "--prompts", path], capsys, 0, "1 (1 ok, 0 failed)")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    # each of these hung: no requests ever admitted, or a workload too big to build
+    (["--prompts", "PROMPTS", "--concurrency", 0], "--concurrency must be >= 1, got 0"),
+    (["--prompts", "PROMPTS", "--concurrency", -3], "--concurrency must be >= 1, got -3"),
+    (["--requests", 10**30], "--requests must be at most 10000000"),
+    (["--prompt-len", 10**30], "--prompt-len must be at most 1000000 tokens"),
+    (["--arrival", "poisson", "--rate", "nan"], "--rate must be > 0, got nan"),
+    (["--arrival", "staggered", "--rate", "nan"], "--rate must be > 0, got nan"),
+])
+def test_workload_options_that_hung(tmp_path, capsys, argv, fragment):
+    prompts = _prompts(tmp_path, GOOD)
+    argv = [prompts if a == "PROMPTS" else a for a in argv]
+    mstar([*RUN, "--engine", "sim", *argv], capsys, 1, fragment)
+
+
+def test_timeline_in_a_format_matplotlib_cannot_write(tmp_path, capsys):
+    """`--timeline x.txt` ran the whole workload, then died with matplotlib's ValueError."""
+    text = mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t.txt"], capsys, 1,
+                 "cannot draw a .txt file; name it .png")
+    assert "requests/s" not in text  # refused before the run
+    # no suffix: a PNG at exactly that path (matplotlib alone would write t.png)
+    mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t"], capsys, 0, "1 (1 ok")
+    assert (tmp_path / "t").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "t.png").exists()
+
+
+def test_bench_with_a_root_that_is_no_repository(tmp_path, capsys):
+    """`mstarc bench --root /nonexistent` was an internal error (FileNotFoundError)."""
+    mstarc(["bench", "--runs", 1, "--root", tmp_path / "nope"], capsys, 1, "has no configs/ and specs/")
