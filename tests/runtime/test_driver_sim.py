@@ -86,11 +86,30 @@ def test_row_error_fails_one_request_and_the_rest_finish():
 
 
 def test_tp_followers_run_the_leaders_batches():
-    driver = run(generated("orpheus_tp2"), small_workload(20))
-    assert sum(driver.log.is_follower) > 0
-    leader = [(k, w) for k, w, f in zip(driver.log.key, driver.log.walk_rows, driver.log.is_follower) if not f and k.startswith("LLM")]
-    follower = [(k, w) for k, w, f in zip(driver.log.key, driver.log.walk_rows, driver.log.is_follower) if f]
-    assert sorted(map(str, leader)) == sorted(map(str, follower))  # every leader batch, whole
+    """Every leader batch of the TP node runs on the follower, whole: the same rows in the same
+    order (lockstep ranks must lay out a step alike), and in the leader's order of steps."""
+    plan = generated("orpheus_tp2")
+    driver = Driver(plan, SimEngine(plan))
+    tp_ranks = {rank for w in plan.workers for g in w.tp_groups if g.node == "LLM" for rank in g.ranks}
+    leader_rank = next(g.leader for w in plan.workers for g in w.tp_groups if g.node == "LLM")
+    ran = {rank: [] for rank in tp_ranks}
+    add = driver.log.add
+
+    def record(launch, *args):
+        batch = launch.batch
+        if batch.node == "LLM":
+            ran[launch.worker].append((batch.key, batch.mask, tuple(batch.request_ids), tuple(batch.walks),
+                                       batch.is_follower))
+        return add(launch, *args)
+
+    driver.log.add = record
+    driver.run(small_workload(20))
+    assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
+    leader = [b[:4] for b in ran[leader_rank]]
+    assert leader and not any(b[4] for b in ran[leader_rank])
+    for rank in tp_ranks - {leader_rank}:
+        assert all(b[4] for b in ran[rank])  # a follower never composes the TP node's steps
+        assert [b[:4] for b in ran[rank]] == leader  # every leader batch, whole, in order
 
 
 def test_speculation_chains_decode_steps():
