@@ -52,6 +52,11 @@ def _run_parser(sub: Any) -> None:
                      help="torch engine: a local checkpoint directory (config.json + *.safetensors) for "
                           "the plan's kv node; NODE=DIR when the plan has several (repeat per node)")
     run.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
+    run.add_argument("--device", default="cpu",
+                     help="torch engine: cpu (fp32, default) or cuda[:N] (bf16 autocast, KV cache in bf16)")
+    run.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto",
+                     help="torch engine attention: FlashInfer on a GPU where it can run (auto, default), "
+                          "the torch path, or FlashInfer required")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -60,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler",), help="what to benchmark")
+    bench.add_argument("what", choices=("scheduler", "attention"),
+                       help="scheduler: host time per step decision; attention: FlashInfer vs torch on a GPU")
     return parser
 
 
@@ -242,6 +248,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime import bench_scheduler
 
         return bench_scheduler.main(argv[2:])
+    if argv[:2] == ["bench", "attention"]:
+        from mstar.runtime import bench_attention
+
+        return bench_attention.main(argv[2:])
     args = _parser().parse_args(argv)
     try:
         return run_command(args)

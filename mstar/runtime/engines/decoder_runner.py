@@ -37,6 +37,7 @@ from mstar.runtime.attention import Segment
 from mstar.runtime.dims import DecoderDims
 from mstar.runtime.engines.request_state import RequestState
 from mstar.runtime.engines.values import InputError, classify, synthesise
+from mstar.runtime.flashinfer_attention import FlashInferAttention
 from mstar.runtime.guidance import (
     CFG_IMG, CFG_TEXT, MAIN, combine, has_guidance_sequences, in_interval, sequences_read,
     sequences_written,
@@ -47,6 +48,7 @@ from mstar.runtime.kv.slots import SlotPool
 from mstar.runtime.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.models.gdn import LinearStates
 from mstar.runtime.models.kinds import CallInfo
+from mstar.runtime.placement import CPU, Placement
 from mstar.runtime.sampling import sample_token
 from mstar.runtime.step import RowResult, StepRow
 
@@ -85,22 +87,28 @@ class DecoderRunner:
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, slots: Optional[SlotPool], seed: int,
                  code_frames: Optional[dict[str, tuple[int, int]]] = None,
-                 flow_walks: frozenset[str] = frozenset()):
+                 flow_walks: frozenset[str] = frozenset(), placement: Placement = CPU,
+                 flashinfer: Optional[FlashInferAttention] = None):
         """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
         that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). flow_walks: the walks
-        whose call on this node is an image-flow step (a request taking one may be guided)."""
+        whose call on this node is an image-flow step (a request taking one may be guided).
+        placement: where the model runs (the KV cache and recurrent states are allocated there);
+        flashinfer: the GPU attention backend, or None for the torch path."""
         self.node = node
         self.dims = dims
         self.model = model
         self.max_seq_len = max_seq_len
         self.seed = seed
         self.pool = PagePool(num_pages, page_size)
-        self.cache = KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim)
+        self.cache = KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim,
+                             dtype=placement.kv_dtype, device=placement.device)
+        self.flashinfer = flashinfer
         self.slots = slots
         conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
                     + dims.num_linear_value_heads * dims.linear_value_dim)
         self.states = (LinearStates.zeros(dims.num_linear_layers, slots.num_slots, conv_dim, dims.conv_kernel,
-                                          dims.num_linear_value_heads, dims.linear_key_dim, dims.linear_value_dim)
+                                          dims.num_linear_value_heads, dims.linear_key_dim, dims.linear_value_dim,
+                                          device=placement.device)
                        if slots else None)
         self.stop_tokens = _node_stop_tokens(node)
         self._budgets: dict[str, int] = {}  # started request -> pages it may need
@@ -304,7 +312,7 @@ class DecoderRunner:
     def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
         """One packed forward: a segment per (row, KV sequence) it writes or reads; the first
         segment of each row (its `main` one) gives its outputs."""
-        segments, bounds, positions, slots, embeds = [], [], [], [], []
+        segments, bounds, positions, slots, embeds, tables = [], [], [], [], [], []
         spans: list[dict[str, tuple[int, int]]] = []  # per item: sequence label -> token span
         start = 0
         for item in ready:
@@ -314,7 +322,9 @@ class DecoderRunner:
                 key = (item.row.request_id, label)
                 num_cached = self.pool.num_tokens(key)
                 num_positions = num_cached + (0 if item.is_flow else num_tokens)
-                flat = self.cache.flat_positions(self.pool.page_table(key), num_positions)
+                table = self.pool.page_table(key)
+                flat = self.cache.flat_positions(table, num_positions)
+                tables.append(table)
                 is_causal = not item.is_flow and item.row.walk not in self.bidirectional_walks
                 segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=is_causal,
                                         is_write=not item.is_flow))
@@ -325,6 +335,10 @@ class DecoderRunner:
                 spans[-1][label] = (start, start + num_tokens)
                 start += num_tokens
         batch = DecoderBatch(torch.cat(positions), bounds, segments, slots)
+        if self.flashinfer is not None and all(s.is_causal and s.is_write for s in segments):
+            rows = [(s.num_tokens, s.num_cached, table) for s, table in zip(segments, tables)]
+            new_index = torch.cat([s.flat_index[s.num_cached:] for s in segments])
+            batch.attend = self.flashinfer.plan_step(rows, new_index, self.dims.head_dim ** -0.5)
         with torch.no_grad():
             hidden = self.model(torch.cat(embeds), batch, self.cache, self.states)
             results = []

@@ -1,6 +1,7 @@
-"""TorchEngine: the real engine on the CPU (torch models, paged KV cache, sampling).
+"""TorchEngine: the real engine (torch models, paged KV cache, sampling) on the CPU or a CUDA GPU.
 
-`TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None, runs_partial_steps=True)` builds one model per plan
+`TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None, runs_partial_steps=True,
+device="cpu", attention="auto")` builds one model per plan
 node (kind from `mstar.runtime.models.kinds`, dims from `mstar.runtime.dims`) and implements the
 `mstar.runtime.step.Engine` protocol:
 - `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
@@ -14,7 +15,12 @@ worker of the plan (one KV pool per kv node, shared by its walks, so a prefill/d
 ranks needs no KV transfer on the CPU).
 
 Start-up refusals (`EngineError`, a clear message): a kind the engine has no model for, bad dims, a
-recurrent slot pool too small, a `--weights` checkpoint that does not fit the node.
+recurrent slot pool too small, a `--weights` checkpoint that does not fit the node, a `--device`
+this machine lacks, `--attention flashinfer` where FlashInfer cannot run.
+
+On a GPU (`device="cuda"`) the models run through `placement.OnDevice` (bf16 autocast, host values
+at the runner boundary) and kv nodes plan FlashInfer per step where it can run
+(`flashinfer_attention.py`); the CPU path is the exact fp32 reference.
 """
 from __future__ import annotations
 
@@ -31,13 +37,15 @@ from mstar.runtime.dims import (
 from mstar.runtime.engines.decoder_runner import DecoderRunner
 from mstar.runtime.engines.request_state import RequestState
 from mstar.runtime.engines.stateless_runners import CodecRunner, EncoderRunner, ImageDecoderRunner
+from mstar.runtime.flashinfer_attention import FlashInferAttention, unavailable_reason
+from mstar.runtime.guidance import GuidanceError
 from mstar.runtime.kv.slots import SlotPool, SlotPoolError
 from mstar.runtime.models.codec import CodecDecoder
 from mstar.runtime.models.decoder import Decoder
 from mstar.runtime.models.encoders import MediaEncoder
 from mstar.runtime.models.image_decoder import ImageDecoder
 from mstar.runtime.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
-from mstar.runtime.guidance import GuidanceError
+from mstar.runtime.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.sampling import SamplingError
 from mstar.runtime.step import RowResult, Step, StepResult
 from mstar.runtime.weights import (
@@ -47,6 +55,7 @@ from mstar.runtime.weights import (
 Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
+ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
 MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and activations need the rest)
 
 
@@ -56,16 +65,27 @@ class EngineError(ValueError):
 
 class TorchEngine:
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
-                 num_pages: Optional[int] = None, runs_partial_steps: bool = True):
+                 num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
+                 attention: str = "auto"):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
         results come back beside `allocation_failed`; the driver post-processes them and holds
         only the failed rows). False: all or nothing per step (a step with a failed row runs
         nothing; the driver then puts the whole batch back).
-        weights_dir: `--weights` entries, each `DIR` or `NODE=DIR` (weights.weights_by_node)."""
+        weights_dir: `--weights` entries, each `DIR` or `NODE=DIR` (weights.weights_by_node).
+        device: `cpu` (fp32, the reference path) or `cuda[:N]` (models via placement.OnDevice).
+        attention: `torch`, `flashinfer` (a GPU, head_dim 64/128/256, the gpu extra) or `auto`
+        (FlashInfer where it can run, else torch)."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
             raise EngineError(f"--kv-pages {num_pages}: must be a positive number of pages")
+        if attention not in ATTENTION_BACKENDS:
+            raise EngineError(f"--attention {attention!r}: choose one of {', '.join(ATTENTION_BACKENDS)}")
+        try:
+            self.placement = resolve_device(device)
+        except DeviceError as error:
+            raise EngineError(str(error)) from None
+        self.attention = attention
         if dims == "tiny":
             # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
             # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
@@ -109,7 +129,7 @@ class TorchEngine:
             dims = codec_dims(node, mode)
             model = self._new(node.name, lambda: CodecDecoder(dims))
             init_random(model, seed, node.name)
-            return CodecRunner(node, model, self._stream_policy(node.name))
+            return CodecRunner(node, self._place(model), self._stream_policy(node.name))
         if kind == "encoder":
             dims = encoder_dims(node, mode, is_audio_encoder(node))
             widths = {}
@@ -120,12 +140,12 @@ class TorchEngine:
                         widths[edge.name] = dest.hidden if dest else dims.hidden
             model = self._new(node.name, lambda: MediaEncoder(dims, widths))
             init_random(model, seed, node.name)
-            return EncoderRunner(node, model)
+            return EncoderRunner(node, self._place(model))
         latent_source = self._latent_source()
         image_dims = image_decoder_dims(node, mode, latent_source)
         model = self._new(node.name, lambda: ImageDecoder(image_dims))
         init_random(model, seed, node.name)
-        return ImageDecoderRunner(node, model)
+        return ImageDecoderRunner(node, self._place(model))
 
     def _build_decoder(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
@@ -154,8 +174,30 @@ class TorchEngine:
             slots = SlotPool(node.name, num_slots, max_concurrent)
         flow_walks = frozenset(walk for (name, walk), call in self.calls.items()
                                if name == node.name and "latents" in call.inputs)
-        return DecoderRunner(node, dims, model, page_size, pages, max_seq_len, slots, seed,
-                             self._code_frames(node.name, mode), flow_walks)
+        return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
+                             self._code_frames(node.name, mode), flow_walks, self.placement,
+                             self._flashinfer(node, dims, page_size))
+
+    def _place(self, model: torch.nn.Module) -> Any:
+        """The model itself on the CPU; on a GPU, wrapped so that its runner stays device-free."""
+        return model if self.placement.is_cpu else OnDevice(model, self.placement)
+
+    def _flashinfer(self, node: NodePlan, dims: DecoderDims, page_size: int) -> Optional[FlashInferAttention]:
+        """The node's FlashInfer backend, None for the torch path (`attention` rules in __init__)."""
+        if self.attention == "torch" or dims.num_full_layers == 0:
+            return None
+        reason = unavailable_reason(self.placement.device, dims.head_dim)
+        if reason is not None:
+            if self.attention == "flashinfer":
+                raise EngineError(f"--attention flashinfer: node {node.name}: {reason}")
+            return None
+        return FlashInferAttention(self.placement.device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
+                                   page_size)
+
+    def attention_backends(self) -> dict[str, str]:
+        """kv node -> the attention backend its steps use where they can (for the report)."""
+        return {name: "flashinfer" if runner.flashinfer is not None else "torch"
+                for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
 
     def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:
         """Token edges of `node` that feed a multi-quantizer codec -> (quantizers, codebook)."""
@@ -247,4 +289,6 @@ def build(plan: Plan, args: Any) -> TorchEngine:
         weights_dir=getattr(args, "weights", None),
         seed=getattr(args, "seed", None) or 0,
         num_pages=getattr(args, "kv_pages", None),
+        device=getattr(args, "device", None) or "cpu",
+        attention=getattr(args, "attention", None) or "auto",
     )

@@ -18,13 +18,13 @@ class KvCacheError(ValueError):
 
 class KvCache:
     def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")):
         size = pool.num_pages * pool.page_size
         self.pool = pool
         try:
-            self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
-            self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype) for _ in range(num_layers)]
-        except (RuntimeError, MemoryError) as error:  # torch reports an impossible allocation as RuntimeError
+            self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError  # torch reports an impossible allocation as RuntimeError
             num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
             raise KvCacheError(
                 f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "

@@ -13,8 +13,8 @@ so those checkpoints load by name (see `mstar.runtime.weights`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -34,6 +34,13 @@ class DecoderBatch:
     bounds: Bounds
     segments: list[Segment]
     slots: list[int]  # recurrent slot per row (unused without linear layers)
+    # Attention over the paged cache for this step: (q, k, v, cache_k, cache_v, scale) -> out.
+    # None: the torch path (`paged_attention` over `segments`); a GPU step may plan FlashInfer.
+    attend: Optional[Callable[..., torch.Tensor]] = None
+
+    def to_device(self, device: torch.device) -> "DecoderBatch":
+        segments = [replace(s, flat_index=s.flat_index.to(device)) for s in self.segments]
+        return replace(self, positions=self.positions.to(device), segments=segments)
 
 
 class FullAttention(nn.Module):
@@ -69,7 +76,13 @@ class FullAttention(nn.Module):
         rotary_dim = d.rotary_dim if d.partial_rotary < 1.0 else 0
         q = rotary(q, batch.positions, d.rope_theta, rotary_dim)
         k = rotary(k, batch.positions, d.rope_theta, rotary_dim)
-        out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5).reshape(n, -1)
+        # The cache's dtype rules (fp32 on the CPU, bf16 on a GPU, whatever autocast produced).
+        q, k, v = q.to(cache_k.dtype), k.to(cache_k.dtype), v.to(cache_k.dtype)
+        if batch.attend is not None:
+            out = batch.attend(q, k, v, cache_k, cache_v, d.head_dim ** -0.5)
+        else:
+            out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5)
+        out = out.reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))
         return seg_linear(out, self.o_proj.weight, batch.bounds)

@@ -29,10 +29,11 @@ class LinearStates:
 
     @classmethod
     def zeros(cls, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int,
-              num_heads: int, key_dim: int, value_dim: int) -> "LinearStates":
+              num_heads: int, key_dim: int, value_dim: int,
+              device: torch.device = torch.device("cpu")) -> "LinearStates":
         return cls(
-            conv=[torch.zeros(num_slots, conv_dim, conv_kernel - 1) for _ in range(num_layers)],
-            ssm=[torch.zeros(num_slots, num_heads, key_dim, value_dim) for _ in range(num_layers)],
+            conv=[torch.zeros(num_slots, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
+            ssm=[torch.zeros(num_slots, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
         )
 
     def clear(self, slot: int) -> None:
