@@ -98,15 +98,15 @@ def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
 
 
 def _display(path: Path) -> str:
-    """A path relative to the working directory when that is shorter, else absolute; `..`
+    """A path relative to the working directory when it lies below it, else absolute; `..`
     segments from joining header paths to the plan's directory are folded first, so a plan
-    outside the working directory names `/x/specs/a.mw`, not `../../x/specs/a.mw`."""
+    outside the working directory names `/x/specs/a.mw`, never `../../x/specs/a.mw`."""
     folded = os.path.normpath(os.path.abspath(path))
     try:
         rel = os.path.relpath(folded)
     except ValueError:
         return folded
-    return rel if len(rel) <= len(folded) else folded
+    return folded if rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
 
 
 def _read_json(path: Path) -> dict:

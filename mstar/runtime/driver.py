@@ -24,7 +24,9 @@ Event loop (one process drives every worker of the plan):
   post-processed only once every follower ran its copy (lockstep);
 - a step whose engine call raises fails the requests of that step alone.
 When nothing runs and nothing can, the clock jumps to the next arrival or hold deadline; if
-requests remain with no way forward they fail with "error: stalled" (never a hang).
+requests remain with no way forward they fail with "error: stalled" (never a hang). Held rows
+that keep failing to get memory while no row of any step runs for NO_PROGRESS_LIMIT_S (run
+clock) fail the same way: a pool that never frees (a leak) cannot turn into an endless retry loop.
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ from mstar.runtime.step import Engine, Step, StepResult, StepRow
 
 
 MIN_WAIT_S = 1e-4  # shortest idle wait when nothing can run yet
+# Held rows retried this long (run clock) while no row of any step ran: the memory they wait for
+# is never coming back (an engine that leaks pages). Fail them rather than retry forever.
+NO_PROGRESS_LIMIT_S = 30.0
 
 
 class DriverError(Exception):
@@ -328,6 +333,8 @@ class Driver:
         self._busy.discard(rank)
         scheduler = self.schedulers[rank]
         failed = result.allocation_failed
+        if len(failed) < len(step.rows):
+            self._last_progress_s = self.clock()
         if not failed:
             self.conductor.on_step(step.node, step.rows, result.rows)
         elif self.runs_partial_steps:
@@ -349,7 +356,7 @@ class Driver:
     def run(self, workload: Workload) -> None:
         """Run every request of the workload to completion (or failure). Arrival and
         cancellation times are seconds from the start of the run (`origin_s` on the run clock)."""
-        origin = self.origin_s = self.clock()
+        origin = self.origin_s = self._last_progress_s = self.clock()
         pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
         cancels = deque(sorted((origin + t, rid) for t, rid in workload.cancellations))
         closed = workload.closed_concurrency
@@ -404,6 +411,15 @@ class Driver:
                     return
                 for request_id in list(self.conductor.active):
                     self.conductor.fail(request_id, "error: stalled: no row of the request can run")
+                self._drain()
+                continue
+            if ((closed is not None or not pending) and not cancels
+                    and now - self._last_progress_s > NO_PROGRESS_LIMIT_S
+                    and self.conductor.active):
+                for request_id in list(self.conductor.active):
+                    self.conductor.fail(request_id, f"error: stalled: its rows were held for memory and "
+                                                    f"retried for {NO_PROGRESS_LIMIT_S:.0f} s while no step "
+                                                    "made progress (the memory is never freed)")
                 self._drain()
                 continue
             self._sleep_until(min(wake), now)

@@ -162,3 +162,24 @@ def test_the_plans_routes_agree_with_where_the_driver_sends_rows(name):
             if route.dest_kind == "node":
                 instances = driver._instances[(route.dest_node, route.walk)]
                 assert sorted(route.dest_ranks) == sorted({r for instance in instances for r in instance})
+
+
+class _LeakingEngine(SimEngine):
+    """A sim engine whose pool never has room: every row of every step fails allocation."""
+
+    def run_step(self, step):
+        result = super().run_step(step)
+        result.rows = []
+        result.allocation_failed = [row.request_id for row in step.rows]
+        return result
+
+
+@pytest.mark.parametrize("closed", [None, 2])
+def test_rows_held_forever_fail_as_stalled_instead_of_hanging(closed):
+    plan = generated("orpheus")
+    driver = Driver(plan, _LeakingEngine(plan))
+    requests = [Request(id=f"r{i}", prompt_tokens=[1, 2, 3], max_tokens=4) for i in range(3)]
+    driver.run(Workload(requests, closed_concurrency=closed))
+    records = driver.conductor.records
+    assert len(records) == 3 and all("stalled: its rows were held for memory" in r.finish_reason
+                                     for r in records.values())
