@@ -261,6 +261,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as error:
         print(f"mstar: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("mstar: interrupted", file=sys.stderr)
+        return 1
+    except Exception as error:  # a bug (or a plan edited by hand with its hash redone): no traceback
+        if os.environ.get("MSTAR_TRACEBACK"):
+            raise
+        print(f"mstar: internal error ({type(error).__name__}: {error}); this is a bug in mstar, or the "
+              "plan was edited by hand (recompile it with mstarc). Set MSTAR_TRACEBACK=1 to see where.",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from mstar.plan.references import describe, reference_problems
 from mstar.plan.schema import COMPILER_VERSION, SCHEMA_VERSION, Plan
 
 
@@ -210,6 +211,12 @@ def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:
         raise PlanError(
             f"plan {path} was edited after it was compiled (content hash mismatch); "
             f"recompile: {recompile_command(path, data['header'])}"
+        )
+    problems = reference_problems(plan)
+    if problems:
+        raise PlanError(
+            f"plan {path}: its tables do not fit together ({describe(problems)}); mstarc does not "
+            f"write such a plan, so it was edited by hand. Recompile: {recompile_command(path, data['header'])}"
         )
     if verify:
         _check_inputs(path, plan)

@@ -484,3 +484,13 @@ def test_timeline_in_a_format_matplotlib_cannot_write(tmp_path, capsys):
 def test_bench_with_a_root_that_is_no_repository(tmp_path, capsys):
     """`mstarc bench --root /nonexistent` was an internal error (FileNotFoundError)."""
     mstarc(["bench", "--runs", 1, "--root", tmp_path / "nope"], capsys, 1, "has no configs/ and specs/")
+
+
+def test_an_unexpected_error_is_reported_without_a_traceback(monkeypatch, capsys):
+    """A bug (or a hand-edited plan whose hash was recomputed) ends with a one-line message."""
+    def broken(args):
+        raise KeyError("LLM")
+    monkeypatch.setattr(mstar_cli, "run_command", broken)
+    status, text = _call(mstar_cli.main, RUN, capsys)  # _expect refuses "internal error" itself
+    assert status == 1 and "Traceback" not in text
+    assert "internal error (KeyError: 'LLM'); this is a bug in mstar" in text

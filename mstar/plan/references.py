@@ -1,0 +1,121 @@
+"""Cross-references of a plan's tables: every name one table uses is declared by another.
+
+The schema checks each table's shape; this checks that they fit together, so that a plan edited by
+hand (with its content hash recomputed) is refused by `load_plan` with the first problems named,
+instead of failing deep inside the scheduler or the conductor. mstarc never writes such a plan.
+
+    reference_problems(plan) -> list[str]     empty for a consistent plan
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, Plan, SectionPlan
+
+MAX_PROBLEMS = 5
+
+
+def _sections(body: list[SectionPlan], in_loop: bool = False) -> Iterator[tuple[SectionPlan, bool]]:
+    for section in body:
+        yield section, in_loop
+        if not isinstance(section, CallPlan):
+            yield from _sections(section.body, in_loop or isinstance(section, LoopPlan))
+
+
+def reference_problems(plan: Plan) -> list[str]:
+    problems: list[str] = []
+    nodes = {n.name for n in plan.nodes}
+    walks = {w.name for w in plan.walks}
+    partitions = {p.name for p in plan.partitions}
+    for what, names in (("node", [n.name for n in plan.nodes]), ("walk", [w.name for w in plan.walks]),
+                        ("partition", [p.name for p in plan.partitions]),
+                        ("worker rank", [str(w.rank) for w in plan.workers])):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            problems.append(f"{what} {repeated[0]} is declared twice")
+
+    def edge_problems(edge: EdgePlan, where: str) -> None:
+        if edge.dest_kind in ("node", "stream") and edge.dest not in nodes:
+            problems.append(f"{where}: edge {edge.name} goes to unknown node {edge.dest!r}")
+        if edge.stream_partition is not None and edge.stream_partition not in partitions:
+            problems.append(f"{where}: edge {edge.name} streams to unknown partition {edge.stream_partition!r}")
+
+    for walk in plan.walks:
+        where = f"walk {walk.name}"
+        if walk.partition not in partitions:
+            problems.append(f"{where}: unknown partition {walk.partition!r}")
+        problems.extend(f"{where}: unknown node {n!r}" for n in walk.nodes if n not in nodes)
+        for section, in_loop in _sections(walk.body):
+            if isinstance(section, CallPlan):
+                if section.node not in nodes:
+                    problems.append(f"{where}: a call of unknown node {section.node!r}")
+                for edge in section.edges:
+                    edge_problems(edge, where)
+                    if edge.is_loop_back and not in_loop:
+                        problems.append(f"{where}: loop-back edge {edge.name} outside any loop")
+            elif isinstance(section, LoopPlan):
+                problems.extend(f"{where}: loop {section.name} runs unknown node {n!r}"
+                                for n in section.nodes if n not in nodes)
+                for edge in section.loop_back:
+                    edge_problems(edge, where)
+                if section.max_iters < 1:
+                    problems.append(f"{where}: loop {section.name} has max_iters {section.max_iters}")
+    for part in plan.partitions:
+        where = f"partition {part.name}"
+        for stage in part.stages:
+            problems.extend(f"{where}: stage walk {w!r} is not a walk" for w in stage.walks if w not in walks)
+        if part.initial_walk is not None and part.initial_walk not in walks:
+            problems.append(f"{where}: initial walk {part.initial_walk!r} is not a walk")
+        for stream in part.streams:
+            if stream.producer_partition not in partitions:
+                problems.append(f"{where}: stream from unknown partition {stream.producer_partition!r}")
+            if stream.consumer_node not in nodes:
+                problems.append(f"{where}: stream into unknown node {stream.consumer_node!r}")
+            if stream.policy.size < 1:
+                problems.append(f"{where}: stream {stream.edge} has chunk size {stream.policy.size}")
+    for pool in plan.deployment.kv_pools:
+        if pool.node not in nodes:
+            problems.append(f"kv pool of unknown node {pool.node!r}")
+        if min(pool.page_size, pool.num_pages, pool.max_seq_len) < 1:
+            problems.append(f"kv pool of {pool.node}: page_size, num_pages and max_seq_len must be positive")
+    for worker in plan.workers:
+        _worker_problems(worker, nodes, walks, problems)
+    return problems
+
+
+def _worker_problems(worker, nodes: set[str], walks: set[str], problems: list[str]) -> None:
+    where = f"worker {worker.rank}"
+    keys = {k.name: k for k in worker.keys}
+    for placement in worker.placements:
+        node, _, walk = placement.partition("/")
+        if node not in nodes or walk not in walks:
+            problems.append(f"{where}: placement {placement!r} names an unknown node or walk")
+        if keys.get(worker.walk_to_key.get(placement, "")) is None:
+            problems.append(f"{where}: placement {placement!r} has no scheduling key")
+    for key in worker.keys:
+        if key.node not in nodes:
+            problems.append(f"{where}: key {key.name} of unknown node {key.node!r}")
+        problems.extend(f"{where}: key {key.name} has unknown walk {w!r}" for w in key.walks if w not in walks)
+        if len(key.mixtures) != 1 << len(key.walks):
+            problems.append(f"{where}: key {key.name} has {len(key.mixtures)} mixtures for "
+                            f"{len(key.walks)} walks (needs {1 << len(key.walks)})")
+        captures = {c.name for c in key.captures}
+        for entry in key.mixtures:
+            if entry.capture is not None and entry.capture not in captures:
+                problems.append(f"{where}: key {key.name} replays unknown capture {entry.capture!r}")
+            if entry.mask and entry.cap < 1:
+                problems.append(f"{where}: key {key.name} mask {entry.mask} has cap {entry.cap}")
+        problems.extend(f"{where}: key {key.name} limits unknown walk {w!r}"
+                        for w in key.rows_limits if w not in key.walks)
+    for spec in worker.speculation:
+        if f"{spec.node}/{spec.walk}" not in worker.placements:
+            problems.append(f"{where}: speculation for {spec.node}/{spec.walk}, which it does not run")
+    for route in worker.routes:
+        if route.node not in nodes or route.walk not in walks:
+            problems.append(f"{where}: route of unknown {route.node}/{route.walk}")
+
+
+def describe(problems: list[str]) -> str:
+    shown = "; ".join(problems[:MAX_PROBLEMS])
+    more = len(problems) - MAX_PROBLEMS
+    return shown + (f"; and {more} more" if more > 0 else "")

@@ -1,0 +1,59 @@
+"""A plan whose tables do not fit together (edited by hand, hash recomputed) is refused by load_plan
+with the problem named, instead of failing inside the scheduler or conductor."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
+from mstar.plan.references import reference_problems
+from mstar.plan.schema import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _edit_orpheus(edit):
+    """The orpheus plan's JSON edited by `edit`, re-validated, with its content hash recomputed."""
+    data = json.loads((ROOT / "generated" / "orpheus.plan").read_text())
+    edit(data)
+    plan = Plan.model_validate(data)
+    return plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
+
+
+def _edge_to_nowhere(data):
+    prefill = next(w for w in data["walks"] if w["name"] == "prefill")
+    prefill["body"][0]["edges"][0].update(dest_kind="node", dest="nowhere")
+
+
+EDITS = {
+    "placement without a key": (lambda d: d["workers"][0]["walk_to_key"].clear(), "has no scheduling key"),
+    "stage walk renamed": (lambda d: d["partitions"][0]["stages"][0]["walks"].__setitem__(0, "prefil"),
+                           "stage walk 'prefil' is not a walk"),
+    "zero page size": (lambda d: d["deployment"]["kv_pools"][0].update(page_size=0),
+                       "page_size, num_pages and max_seq_len must be positive"),
+    "key walk unknown": (lambda d: d["workers"][0]["keys"][0]["walks"].__setitem__(0, "x"), "has unknown walk 'x'"),
+    "mixtures cut": (lambda d: d["workers"][0]["keys"][0]["mixtures"].pop(), "mixtures for"),
+    "edge to nowhere": (_edge_to_nowhere, "unknown node 'nowhere'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDITS))
+def test_hand_edited_plans_are_refused(name, tmp_path):
+    edit, fragment = EDITS[name]
+    plan = _edit_orpheus(edit)
+    assert any(fragment in problem for problem in reference_problems(plan)), reference_problems(plan)
+    for sub in ("specs", "configs"):
+        shutil.copytree(ROOT / sub, tmp_path / sub)
+    path = tmp_path / "generated" / "orpheus.plan"
+    path.parent.mkdir()
+    shutil.copy(ROOT / "generated" / "orpheus_glue.py", path.parent)
+    path.write_text(dump_plan(plan))
+    with pytest.raises(PlanError, match="tables do not fit together") as error:
+        load_plan(path)
+    assert fragment in str(error.value) and "mstarc compile" in str(error.value)
+
+
+def test_compiled_plans_have_no_problems():
+    for path in sorted((ROOT / "generated").glob("*.plan")):
+        assert reference_problems(load_plan(path)) == [], path.name
