@@ -90,6 +90,9 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engines import torch_engine
     except ImportError as error:
         raise CliError(f"the torch engine is not available ({error}); use --engine sim") from None
+    if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
+        print("mstar: building the models at the spec's dims (random weights are drawn on the CPU; "
+              "a 1B model takes about a minute)...", file=sys.stderr, flush=True)
     try:
         return torch_engine.build(plan, args)
     except ValueError as error:  # EngineError and the engine's other start-up refusals
