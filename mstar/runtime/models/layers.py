@@ -3,7 +3,9 @@
 `seg_linear` multiplies each row's token span on its own. CPU matrix kernels pick different
 blockings for different row counts, so one big matmul over a packed step gives a row slightly
 different numbers depending on its neighbours; per-span matmuls make a request's output the same
-whether it runs alone or beside others (batch invariance), at a small cost on the CPU.
+whether it runs alone or beside others (batch invariance), at a small cost on the CPU. On a GPU
+one launch per span would dominate the step, so there it is one matmul: the GPU path does not
+promise batch invariance (FlashInfer's split-KV attention does not either).
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ Bounds = list[tuple[int, int]]  # [start, end) token spans of a packed step, in 
 
 
 def seg_linear(x: torch.Tensor, weight: torch.Tensor, bounds: Bounds) -> torch.Tensor:
-    """`x @ weight.T`, computed span by span (see the module docstring)."""
-    if len(bounds) == 1:
+    """`x @ weight.T`, computed span by span on the CPU (see the module docstring)."""
+    if len(bounds) == 1 or x.device.type != "cpu":
         return F.linear(x, weight)
     return torch.cat([F.linear(x[start:end], weight) for start, end in bounds])
 
