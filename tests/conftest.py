@@ -2,8 +2,12 @@
 
 Hypothesis profiles: `ci` (the default, used by .ci/run) keeps property runs short on a 2-core
 machine; `long` runs many more examples: `HYPOTHESIS_PROFILE=long python3 -m pytest tests`.
+Every test runs under a hang guard (below): MSTAR_TEST_TIMEOUT_S, default 600 s.
 """
 import os
+import signal
+
+import pytest
 
 from hypothesis import HealthCheck, settings
 
@@ -14,3 +18,26 @@ settings.register_profile(
     "long", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# A hung test (an endless scheduling loop, say) must fail rather than stall CI until the job's
+# limit: SIGALRM raises in the test after this long, so pytest reports it as an ordinary failure
+# with its traceback, and the other tests go on.
+TEST_TIMEOUT_S = int(os.environ.get("MSTAR_TEST_TIMEOUT_S", "600"))
+
+
+class HangTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise HangTimeout(f"the test ran past {TEST_TIMEOUT_S} s (MSTAR_TEST_TIMEOUT_S): probably a hang")
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.alarm(TEST_TIMEOUT_S)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
