@@ -25,6 +25,8 @@ def _sections(body: list[SectionPlan], in_loop: bool = False) -> Iterator[tuple[
 def reference_problems(plan: Plan) -> list[str]:
     problems: list[str] = []
     nodes = {n.name for n in plan.nodes}
+    node_inputs = {n.name: set(n.inputs) | set(n.stream_inputs) for n in plan.nodes}
+    stream_inputs = {n.name: set(n.stream_inputs) for n in plan.nodes}
     walks = {w.name for w in plan.walks}
     partitions = {p.name for p in plan.partitions}
     for what, names in (("node", [n.name for n in plan.nodes]), ("walk", [w.name for w in plan.walks]),
@@ -49,6 +51,9 @@ def reference_problems(plan: Plan) -> list[str]:
             if isinstance(section, CallPlan):
                 if section.node not in nodes:
                     problems.append(f"{where}: a call of unknown node {section.node!r}")
+                else:
+                    problems.extend(f"{where}: {section.node} is called with {name!r}, not one of its inputs"
+                                    for name in section.inputs if name not in node_inputs[section.node])
                 for edge in section.edges:
                     edge_problems(edge, where)
                     if edge.is_loop_back and not in_loop:
@@ -71,6 +76,13 @@ def reference_problems(plan: Plan) -> list[str]:
                 problems.append(f"{where}: stream from unknown partition {stream.producer_partition!r}")
             if stream.consumer_node not in nodes:
                 problems.append(f"{where}: stream into unknown node {stream.consumer_node!r}")
+            elif stream.edge not in stream_inputs[stream.consumer_node]:
+                problems.append(f"{where}: stream {stream.edge} feeds {stream.consumer_node}, which has no such "
+                                "stream input")
+            elif not any(isinstance(s, CallPlan) and s.node == stream.consumer_node and stream.edge in s.inputs
+                         for w in plan.walks if w.partition == part.name for s, _ in _sections(w.body)):
+                problems.append(f"{where}: no walk of the partition calls {stream.consumer_node} on stream "
+                                f"{stream.edge}, so its chunks would wait forever")
             if stream.policy.size < 1:
                 problems.append(f"{where}: stream {stream.edge} has chunk size {stream.policy.size}")
     for pool in plan.deployment.kv_pools:

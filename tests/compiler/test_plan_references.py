@@ -26,7 +26,18 @@ def _edge_to_nowhere(data):
     prefill["body"][0]["edges"][0].update(dest_kind="node", dest="nowhere")
 
 
+def _codec_called_without_its_stream(data):
+    chunk = next(w for w in data["walks"] if w["name"] == "snac_chunk")
+    chunk["body"][0]["inputs"] = []  # the run hung: the stream's chunks never had a consumer
+
+
+def _stream_input_renamed(data):
+    next(n for n in data["nodes"] if n["name"] == "snac_decoder")["stream_inputs"] = ["LLM"]  # hung too
+
+
 EDITS = {
+    "stream chunks without a consumer call": (_codec_called_without_its_stream, "would wait forever"),
+    "stream input renamed": (_stream_input_renamed, "which has no such stream input"),
     "placement without a key": (lambda d: d["workers"][0]["walk_to_key"].clear(), "has no scheduling key"),
     "stage walk renamed": (lambda d: d["partitions"][0]["stages"][0]["walks"].__setitem__(0, "prefil"),
                            "stage walk 'prefil' is not a walk"),
