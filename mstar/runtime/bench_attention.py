@@ -24,6 +24,23 @@ PAGE_SIZE = 16
 ROWS = [(1, 200 + 23 * i) for i in range(30)] + [(300, 0), (700, 0)]  # (new tokens, cached tokens)
 
 
+def paged_step(rows: list[tuple[int, int]], page_size: int, num_pages: int, device: torch.device,
+               generator: torch.Generator) -> tuple[list[Segment], list[list[int]], int]:
+    """A packed step over a cache of `num_pages` pages: per (new tokens, cached tokens) row a
+    segment whose page table takes random free pages. Returns (segments, page tables, tokens)."""
+    free = torch.randperm(num_pages, generator=generator).tolist()
+    segments, tables, start = [], [], 0
+    for num_tokens, num_cached in rows:
+        total = num_tokens + num_cached
+        table = [free.pop() for _ in range(-(-total // page_size))]
+        pos = torch.arange(total)
+        flat = torch.tensor(table)[pos // page_size] * page_size + pos % page_size
+        segments.append(Segment(start, num_tokens, num_cached, flat.to(device)))
+        tables.append(table)
+        start += num_tokens
+    return segments, tables, start
+
+
 def _time_us(fn: Callable[[], object], iters: int) -> float:
     for _ in range(3):
         fn()
@@ -45,16 +62,7 @@ def run(iters: int, head_dim: int, qo_heads: int, kv_heads: int) -> dict:
     device = torch.device("cuda")
     generator = torch.Generator().manual_seed(0)
     num_pages = sum(-(-(n + c) // PAGE_SIZE) for n, c in ROWS) + 8
-    free = torch.randperm(num_pages, generator=generator).tolist()
-    segments, tables, start = [], [], 0
-    for num_tokens, num_cached in ROWS:
-        total = num_tokens + num_cached
-        table = [free.pop() for _ in range(-(-total // PAGE_SIZE))]
-        pos = torch.arange(total)
-        flat = torch.tensor(table)[pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE
-        segments.append(Segment(start, num_tokens, num_cached, flat.to(device)))
-        tables.append(table)
-        start += num_tokens
+    segments, tables, start = paged_step(ROWS, PAGE_SIZE, num_pages, device, generator)
     shape = lambda heads: (start, heads, head_dim)  # noqa: E731
     q = torch.randn(shape(qo_heads), generator=generator).to(device, torch.bfloat16)
     k = torch.randn(shape(kv_heads), generator=generator).to(device, torch.bfloat16)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_plans import LLM_DIMS, generate, llm_plan  # noqa: E402
 
 from mstar.plan.io import load_plan  # noqa: E402
-from mstar.runtime.attention import Segment, paged_attention  # noqa: E402
+from mstar.runtime.attention import paged_attention  # noqa: E402
 from mstar.runtime.driver import Driver, Workload  # noqa: E402
 from mstar.runtime.engines.torch_engine import TorchEngine  # noqa: E402
 from mstar.runtime.request import Request  # noqa: E402
@@ -27,23 +27,14 @@ FI_DIMS = dict(LLM_DIMS, head_dim=64, hidden=256, qo_heads=8, kv_heads=2, interm
 def test_flashinfer_mixed_step_matches_the_torch_path():
     """Decode rows (one token after a context) beside prompt chunks (with and without a cached
     prefix), one packed call, against paged_attention on the same bf16 cache."""
+    from mstar.runtime.bench_attention import paged_step
     from mstar.runtime.flashinfer_attention import FlashInferAttention
 
     torch.manual_seed(0)
     device, page_size, hq, hkv, d = torch.device("cuda"), 16, 8, 2, 64
     num_pages = 64
     rows = [(1, 40), (1, 3), (37, 0), (20, 17), (1, 16)]  # (new tokens, cached tokens)
-    free = list(torch.randperm(num_pages).tolist())
-    tables, segments, start = [], [], 0
-    for num_tokens, num_cached in rows:
-        total = num_tokens + num_cached
-        table = [free.pop() for _ in range(-(-total // page_size))]
-        pos = torch.arange(total)
-        flat = torch.tensor(table)[pos // page_size] * page_size + pos % page_size
-        segments.append(Segment(start, num_tokens, num_cached, flat.to(device)))
-        tables.append(table)
-        start += num_tokens
-    n = start
+    segments, tables, n = paged_step(rows, page_size, num_pages, device, torch.Generator().manual_seed(0))
     q, k, v = (torch.randn(n, h, d, device=device, dtype=torch.bfloat16) for h in (hq, hkv, hkv))
     cache = [torch.randn(num_pages * page_size, hkv, d, device=device, dtype=torch.bfloat16) for _ in range(2)]
     caches_torch = [c.clone() for c in cache]
