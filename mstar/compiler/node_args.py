@@ -10,7 +10,7 @@ reads a dim this registry does not list.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 ArgValue = Union[int, float, str, list]
 
@@ -135,6 +135,3 @@ def layer_is_full(pattern: Optional[ArgValue], num_layers: int, has_recurrent: b
         return None
     return tuple(bool(flags[i % len(flags)]) for i in range(num_layers))
 
-
-def known_args(engine: str) -> Sequence[str]:
-    return sorted(ENGINE_ARGS[engine])

@@ -99,7 +99,3 @@ class OnDevice:
         if inspect.ismethod(attr):
             return lambda *args, **kwargs: self._call(attr, *args, **kwargs)
         return attr
-
-    @property
-    def module(self) -> torch.nn.Module:
-        return self._module

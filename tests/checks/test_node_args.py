@@ -71,41 +71,8 @@ def test_layer_pattern_rule():
     assert layer_is_full([2], 3, has_recurrent=False) is None
 
 
-@given(st.sampled_from(sorted(ENGINE_ARGS["kv"])), st.integers(min_value=1, max_value=64))
-def test_a_registered_name_is_never_unknown(name, value):
-    from mstar.compiler import check_args
-    from mstar.lang.parser import parse
-    diags = Diagnostics()
-    spec = parse(f"model m\nnode LLM kv({name}={value}) {{\n    in x\n}}\n", "m.mw", diags)
-    check_args.run(spec, diags)
-    assert "MW109" not in diags.render()
-
-
-def test_recurrent_state_args_are_all_required():
-    from mstar.compiler import check_args
-    from mstar.lang.parser import parse
-    diags = Diagnostics()
-    spec = parse("model m\nnode LLM kv(layers=4, layer_pattern=[0, 0, 0, 1]) {\n    in x\n"
-                 "    state recurrent(layers=3)\n}\n", "m.mw", diags)
-    check_args.run(spec, diags)
-    text = diags.render()
-    assert "MW111" in text and "heads, key_dim, value_dim" in text
-    assert set(RECURRENT_ARGS) == {"layers", "heads", "key_dim", "value_dim"}
-
-
-def test_stateless_node_with_state_and_a_kv_only_argument():
-    from mstar.compiler import check_args
-    from mstar.lang.parser import parse
-    diags = Diagnostics()
-    spec = parse("model m\nnode enc stateless(flavor=enc_dec, vocab=10) {\n    in x\n"
-                 "    state recurrent(layers=1, heads=1, key_dim=1, value_dim=1)\n}\n", "m.mw", diags)
-    check_args.run(spec, diags)
-    text = diags.render()
-    assert "'vocab' is not an argument of a stateless node" in text
-    assert "error[MW112]: state recurrent on stateless node enc" in text
-
-
 def _args_diagnostics(node_text: str) -> str:
+    """check_args' rendered diagnostics for a spec holding just this node."""
     from mstar.compiler import check_args
     from mstar.lang.parser import parse
     diags = Diagnostics()
@@ -113,6 +80,25 @@ def _args_diagnostics(node_text: str) -> str:
     assert spec is not None, diags.render()
     check_args.run(spec, diags)
     return diags.render()
+
+
+@given(st.sampled_from(sorted(ENGINE_ARGS["kv"])), st.integers(min_value=1, max_value=64))
+def test_a_registered_name_is_never_unknown(name, value):
+    assert "MW109" not in _args_diagnostics(f"node LLM kv({name}={value}) {{\n    in x\n}}")
+
+
+def test_recurrent_state_args_are_all_required():
+    text = _args_diagnostics("node LLM kv(layers=4, layer_pattern=[0, 0, 0, 1]) {\n    in x\n"
+                             "    state recurrent(layers=3)\n}")
+    assert "MW111" in text and "heads, key_dim, value_dim" in text
+    assert set(RECURRENT_ARGS) == {"layers", "heads", "key_dim", "value_dim"}
+
+
+def test_stateless_node_with_state_and_a_kv_only_argument():
+    text = _args_diagnostics("node enc stateless(flavor=enc_dec, vocab=10) {\n    in x\n"
+                             "    state recurrent(layers=1, heads=1, key_dim=1, value_dim=1)\n}")
+    assert "'vocab' is not an argument of a stateless node" in text
+    assert "error[MW112]: state recurrent on stateless node enc" in text
 
 
 @pytest.mark.parametrize("node_text, fragment", [

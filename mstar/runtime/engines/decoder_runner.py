@@ -201,7 +201,7 @@ class DecoderRunner:
         return results, failed
 
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
-        if "latents" in call.inputs:
+        if call.is_image_flow:
             return self._prepare_flow(row, call, request)
         parts: list[torch.Tensor] = []
         tokens_fed: list[int] = []

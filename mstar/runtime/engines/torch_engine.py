@@ -173,7 +173,7 @@ class TorchEngine:
             num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
             slots = SlotPool(node.name, num_slots, max_concurrent)
         flow_walks = frozenset(walk for (name, walk), call in self.calls.items()
-                               if name == node.name and "latents" in call.inputs)
+                               if name == node.name and call.is_image_flow)
         return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
                              self._code_frames(node.name, mode), flow_walks, self.placement,
                              self._flashinfer(node, dims, page_size))
@@ -235,7 +235,7 @@ class TorchEngine:
     def _latent_source(self) -> Optional[DecoderDims]:
         """Dims of the decoder that runs an image flow (a call taking `latents`), if any."""
         for (name, _), call in self.calls.items():
-            if "latents" in call.inputs and name in self.decoder_dims:
+            if call.is_image_flow and name in self.decoder_dims:
                 return self.decoder_dims[name]
         return None
 

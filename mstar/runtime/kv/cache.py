@@ -24,7 +24,7 @@ class KvCache:
         try:
             self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
             self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError  # torch reports an impossible allocation as RuntimeError
+        except (RuntimeError, MemoryError) as error:  # torch reports an impossible allocation (CPU or GPU) as RuntimeError
             num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
             raise KvCacheError(
                 f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "

@@ -37,6 +37,11 @@ class CallInfo:
     loop_max_iters: int = 0  # of the innermost loop around the call, 0 outside loops
 
     @property
+    def is_image_flow(self) -> bool:
+        """A call that takes `latents` is an image-flow step (BAGEL's image_gen)."""
+        return "latents" in self.inputs
+
+    @property
     def output_names(self) -> list[str]:
         """Distinct output edge names in first-seen order (one value per name per row)."""
         return list(dict.fromkeys(edge.name for edge in self.edges))
