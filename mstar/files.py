@@ -1,0 +1,116 @@
+"""Bounded reads and atomic writes: how every file mstar reads or replaces is handled.
+
+In: a path, a size limit and a human name for the file ("spec", "deployment", "plan", ...).
+Out: its text or bytes, or an `InputFileError` whose message names the file and the problem.
+Writes go to a temporary file beside the target, are flushed and fsynced, then renamed over it,
+so the old file survives any failure (a full disk, an interrupt) and readers never see half a file.
+
+This module sits below every other package (lang, compiler, plan, runtime, cli may all import it)
+and imports none of them.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+KIB = 1024
+MIB = 1024 * KIB
+
+# Limits per kind of file, far above any real file of that kind and far below what would hurt.
+MAX_SPEC_BYTES = 1 * MIB
+MAX_DEPLOYMENT_BYTES = 1 * MIB
+MAX_PLAN_BYTES = 16 * MIB
+MAX_PROMPTS_BYTES = 256 * MIB
+MAX_JSON_CONFIG_BYTES = 4 * MIB  # a checkpoint's config.json, a safetensors index
+
+
+class InputFileError(Exception):
+    """A file that cannot be read as asked (missing, not a regular file, too large, not text)."""
+
+
+def _check_regular(path: Path, what: str) -> int:
+    """The file's size; refuses anything but a regular file (a FIFO or /dev/zero reads forever)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(f"{what} {path}: no such file") from None
+    except OSError as error:
+        raise InputFileError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputFileError(f"{what} {path}: is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputFileError(f"{what} {path}: not a regular file (a device, FIFO or socket is refused)")
+    return info.st_size
+
+
+def read_bytes_bounded(path: PathLike, *, max_bytes: int, what: str) -> bytes:
+    """The whole file, refused when it is not a regular file or larger than `max_bytes`."""
+    path = Path(path)
+    size = _check_regular(path, what)
+    if size > max_bytes:
+        raise InputFileError(f"{what} {path}: {size} bytes is over the limit of {max_bytes} bytes")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)  # the file may have grown since the stat
+    except OSError as error:
+        raise InputFileError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    if len(data) > max_bytes:
+        raise InputFileError(f"{what} {path}: over the limit of {max_bytes} bytes")
+    return data
+
+
+def read_text_bounded(path: PathLike, *, max_bytes: int, what: str) -> str:
+    """The file as UTF-8 text (a leading byte-order mark is dropped); see `read_bytes_bounded`."""
+    data = read_bytes_bounded(path, max_bytes=max_bytes, what=what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputFileError(f"{what} {path}: not UTF-8 text (byte {error.start})") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Replace `path` with `data` all at once; on any failure the old file is left as it was and
+    the `OSError` raised names `path`."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():
+            # Keep the permissions the user gave the file (mkstemp creates 0600).
+            os.chmod(temp_name, stat.S_IMODE(os.stat(path).st_mode))
+        else:
+            os.chmod(temp_name, 0o644 & ~_umask())
+        os.replace(temp_name, path)
+    except OSError as error:
+        try:
+            os.unlink(temp_name)
+        except OSError:
+            pass
+        raise OSError(error.errno, f"cannot write {path}: {error.strerror or error}") from None
+    except BaseException:
+        try:
+            os.unlink(temp_name)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
