@@ -74,9 +74,10 @@ def read_text_bounded(path: PathLike, *, max_bytes: int, what: str) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: PathLike, data: bytes, *, mode: int | None = None) -> None:
     """Replace `path` with `data` all at once; on any failure the old file is left as it was and
-    the `OSError` raised names `path`."""
+    the `OSError` raised names `path`. `mode`: the new file's permissions (default: the old
+    file's, or 0644 less the umask for a new file)."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -85,7 +86,9 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if path.exists():
+        if mode is not None:
+            os.chmod(temp_name, mode)
+        elif path.exists():
             # Keep the permissions the user gave the file (mkstemp creates 0600).
             os.chmod(temp_name, stat.S_IMODE(os.stat(path).st_mode))
         else:
@@ -105,9 +108,9 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: PathLike, text: str) -> None:
+def atomic_write_text(path: PathLike, text: str, *, mode: int | None = None) -> None:
     """`atomic_write_bytes` of `text` in UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
 
 
 def _umask() -> int:

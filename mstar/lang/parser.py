@@ -14,8 +14,9 @@ Comments: after a successful parse, mstar/lang/comments.py attaches every `#` co
 construct it belongs to (the AST's comment fields), so that the formatter can write them back.
 
 Cache: the Lark parser (LALR(1), contextual lexer) is built once per process, on first use, and
-kept in a module-level variable; Lark's own `cache=True` also keeps the built tables in the system
-temp directory so that a fresh process loads them instead of rebuilding them.
+kept by `lru_cache`; between processes mstar/lang/grammar_cache.py keeps the built tables in a
+private per-user folder (never Lark's own `cache=True`, which unpickles a file from the shared
+temp folder).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from mstar.lang import codes
 from mstar.lang.build import AstBuilder
 from mstar.lang.comments import attach_comments
 from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.grammar_cache import load_or_build
 from mstar.lang.syntax_errors import ErrorExplainer
 
 GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "mw.lark"
@@ -47,18 +49,20 @@ _DECLARATION_START = re.compile(r"^(model|param|node|walk|partition)\b", re.MULT
 _KEYWORD_PATTERN = re.compile(r"^([a-z_]+)\\b$")
 
 
+_LARK_OPTIONS = dict(
+    start=["spec", "chunk"],
+    parser="lalr",
+    lexer="contextual",
+    keep_all_tokens=True,  # the builder computes spans from every token (see build.py)
+    maybe_placeholders=True,
+)
+
+
 @lru_cache(maxsize=1)
 def _lark() -> Lark:
     """The parser, built once per process (see the module docstring on caching)."""
-    return Lark(
-        GRAMMAR_PATH.read_text(encoding="utf-8"),
-        start=["spec", "chunk"],
-        parser="lalr",
-        lexer="contextual",
-        keep_all_tokens=True,  # the builder computes spans from every token (see build.py)
-        maybe_placeholders=True,
-        cache=True,
-    )
+    grammar = GRAMMAR_PATH.read_text(encoding="utf-8")
+    return load_or_build(grammar, _LARK_OPTIONS, lambda: Lark(grammar, **_LARK_OPTIONS))
 
 
 @lru_cache(maxsize=1)
