@@ -6,14 +6,14 @@
 Per scheduling key of a kv node: `pack_step_<key>` packs a step's rows into the padded
 FlashInfer layout, `scatter_after_sampling_<key>` sends sampled tokens to the loop-back buffer,
 the stream buffer and the host-visible output. Each equals the function of the same name in
-`mstar.runtime.glue_reference` given the key's constants. Launchers allocate nothing: they
+`mstar.runtime.engine.glue_reference` given the key's constants. Launchers allocate nothing: they
 write into the static buffers they are given. The runtime finds a key's glue in
 `GLUE_BY_WORKER[rank][key name]`.
 """
 import triton
 import triton.language as tl
 
-from mstar.runtime.glue_reference import (
+from mstar.runtime.engine.glue_reference import (
     GlueConstants,
     KeyGlue,
     PackBuffers,

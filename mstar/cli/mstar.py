@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from mstar.runtime.workload import (
+from mstar.runtime.serve.workload import (
     ARRIVALS, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
 )
 
@@ -83,11 +83,11 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
     if args.kv_pages is not None and args.kv_pages <= 0:
         raise CliError(f"--kv-pages must be a positive number of pages, got {args.kv_pages}")
     if args.engine == "sim":
-        from mstar.runtime.engines.sim import SimEngine
+        from mstar.runtime.engine.sim import SimEngine
 
         return SimEngine(plan, seed=args.seed, num_pages=args.kv_pages)
     try:
-        from mstar.runtime.engines import torch_engine
+        from mstar.runtime.engine import torch_engine
     except ImportError as error:
         raise CliError(f"the torch engine is not available ({error}); use --engine sim") from None
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
@@ -154,7 +154,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if path:
             _check_file_target(option, path)
     if args.timeline:
-        from mstar.runtime.timeline import format_problem
+        from mstar.runtime.serve.timeline import format_problem
 
         problem = format_problem(args.timeline)
         if problem:
@@ -186,7 +186,7 @@ def _write_outputs(out_dir: str, records: list[Any], plan: Any) -> None:
     images = {r.request.id: [e.value for e in r.emissions if e.modality == "image"] for r in records}
     if not any(audio.values()) and not any(images.values()):
         return
-    from mstar.runtime import media
+    from mstar.runtime.serve import media
 
     for request_id, chunks in audio.items():
         if chunks:
@@ -201,9 +201,9 @@ def _write_outputs(out_dir: str, records: list[Any], plan: Any) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from mstar.runtime.driver import Driver, DriverError
-    from mstar.runtime.key_tables import PlanTableError
-    from mstar.runtime.metrics import error_lines, render_table, summarize
+    from mstar.runtime.serve.driver import Driver, DriverError
+    from mstar.runtime.scheduler.key_tables import PlanTableError
+    from mstar.runtime.serve.metrics import error_lines, render_table, summarize
 
     plan = _load_plan(args.plan)
     workload = _workload(args, plan)
@@ -237,7 +237,7 @@ def run_command(args: argparse.Namespace) -> int:
         with open(args.report, "w", encoding="utf-8") as handle:
             json.dump(summary, handle, indent=2, sort_keys=True)
     if args.timeline:
-        from mstar.runtime.timeline import draw
+        from mstar.runtime.serve.timeline import draw
 
         draw(driver.log, records, args.timeline, origin_s=driver.origin_s)
     if args.out:
@@ -248,11 +248,11 @@ def run_command(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["bench", "scheduler"]:
-        from mstar.runtime import bench_scheduler
+        from mstar.runtime.serve import bench_scheduler
 
         return bench_scheduler.main(argv[2:])
     if argv[:2] == ["bench", "attention"]:
-        from mstar.runtime import bench_attention
+        from mstar.runtime.serve import bench_attention
 
         return bench_attention.main(argv[2:])
     args = _parser().parse_args(argv)

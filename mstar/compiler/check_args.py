@@ -7,7 +7,7 @@ Out: nothing; adds MW107 (an argument given twice), MW109 (an argument the engin
      a multiple of KV heads, recurrent state whose layer count differs from the layer pattern's
      linear-attention layers, state on a stateless node, ...); `run_models`, after the deployment
      checks: MW113 (a stateless node the runtime cannot pick a model for: the rule of
-     mstar/runtime/models/kinds.py, on the AST).
+     mstar/runtime/engine/models/kinds.py, on the AST).
 
 Without this pass a typo in a dim name silently falls back to the runtime's default, and a value
 such as `layers=abc` only fails when the plan is lowered or run.
@@ -18,7 +18,7 @@ import math
 from typing import Optional
 
 from mstar.compiler import codes
-from mstar.compiler.node_args import (
+from mstar.plan.node_args import (
     ENGINE_ARGS, RECURRENT_ARGS, ArgKind, layer_is_full, value_fits,
 )
 from mstar.compiler.resolve import iter_calls, name_span, suggestion

@@ -7,7 +7,7 @@ Out: the Python source of `generated/<config>_glue.py`: per scheduling key of a 
      constants (page size, the key's walk order, which walks loop back on the device, stream
      or need the host, the largest step, captured batch sizes), their host launchers, and the
      `KEYS` / `WORKER_KEYS` tables the runtime looks them up in. docs/glue.md describes them;
-     `mstar.runtime.glue_reference` holds the torch functions they must equal.
+     `mstar.runtime.engine.glue_reference` holds the torch functions they must equal.
 
 Same plan and names in, same bytes out: every table is walked in sorted order.
 """

@@ -1,4 +1,4 @@
-"""The node-argument registry (mstar/compiler/node_args.py) agrees with what the runtime reads,
+"""The node-argument registry (mstar/plan/node_args.py) agrees with what the runtime reads,
 and its value rules and layer-pattern rule behave as documented."""
 import re
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from mstar.compiler.node_args import (
+from mstar.plan.node_args import (
     ENGINE_ARGS, INDEX, INT, NUMBER, FRACTION, PATTERN, RECURRENT_ARGS, TOKEN_IDS, choice,
     layer_is_full, value_fits,
 )
@@ -28,7 +28,7 @@ def runtime_dim_reads() -> set[str]:
         text = path.read_text(encoding="utf-8")
         for pattern in READ_PATTERNS:
             names.update(re.findall(pattern, text))
-    runner = (RUNTIME / "engines" / "decoder_runner.py").read_text(encoding="utf-8")
+    runner = (RUNTIME / "engine" / "runners" / "decoder.py").read_text(encoding="utf-8")
     keys = re.search(r'for key in \(([^)]*)\)', runner)
     names.update(re.findall(r'"([a-z_]+)"', keys.group(1)))
     cli = (ROOT / "mstar" / "cli" / "mstar.py").read_text(encoding="utf-8")

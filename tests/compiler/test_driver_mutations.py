@@ -73,7 +73,7 @@ def argument_edits(draw):
         m = draw(st.sampled_from(args))
         text = text[:m.start(2)] + value + text[m.end(2):]
     else:
-        from mstar.compiler.node_args import KV_ARGS, RECURRENT_ARGS, STATELESS_ARGS
+        from mstar.plan.node_args import KV_ARGS, RECURRENT_ARGS, STATELESS_ARGS
         name = draw(st.sampled_from(sorted(set(KV_ARGS) | set(STATELESS_ARGS) | set(RECURRENT_ARGS))))
         opener = draw(st.sampled_from([m.start() for m in re.finditer(r"\b(kv|stateless|recurrent)\(", text)]))
         paren = text.index("(", opener) + 1
@@ -100,8 +100,8 @@ def test_edited_arguments_never_raise(case, tmp_path_factory):
 
 
 def build_every_model_dims(plan) -> None:
-    from mstar.runtime.dims import codec_dims, decoder_dims, encoder_dims, image_decoder_dims
-    from mstar.runtime.models.kinds import call_table, node_kind
+    from mstar.runtime.engine.dims import codec_dims, decoder_dims, encoder_dims, image_decoder_dims
+    from mstar.runtime.engine.models.kinds import call_table, node_kind
     calls = call_table(plan)
     for node in plan.nodes:
         kind = node_kind(plan, node, calls)

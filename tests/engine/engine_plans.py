@@ -73,7 +73,7 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
     retried at once. Stops a request
     at its stop flag or at max_tokens.
     """
-    from mstar.runtime.request import Request
+    from mstar.runtime.conductor.request import Request
 
     tokens: dict[str, list[int]] = {rid: [] for rid in prompts}
     waiting = list(prompts)

@@ -2,7 +2,7 @@
 from hypothesis import given, settings, strategies as st
 
 from engine_plans import generate, hybrid_plan, llm_plan
-from mstar.runtime.engines.torch_engine import TorchEngine
+from mstar.runtime.engine.torch_engine import TorchEngine
 
 PROMPTS = {
     "a": [3, 14, 15, 92, 65, 35, 89, 79],

@@ -9,10 +9,10 @@ from mstar.compiler.driver import compile_spec
 from mstar.compiler.emit import write_outputs
 from mstar.lang.diagnostics import Diagnostics
 from mstar.plan.io import load_plan
-from mstar.runtime.attention import Segment, paged_attention
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.engines.torch_engine import TorchEngine
-from mstar.runtime.request import Request
+from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.conductor.request import Request
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 import pytest
 
 from mstar.plan.schema import NodePlan, RecurrentState
-from mstar.runtime.dims import DimsError, decoder_dims, layer_pattern
+from mstar.runtime.engine.dims import DimsError, decoder_dims, layer_pattern
 
 
 def node(**dims):
@@ -44,7 +44,7 @@ def test_bad_dims_are_refused():
 
 def test_spec_dims_too_large_for_the_machine_are_refused():
     from engine_plans import LLM_DIMS, llm_plan
-    from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
+    from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
 
     huge = dict(LLM_DIMS, vocab=2**40)
     with pytest.raises(EngineError, match="GiB but this machine allows"):

@@ -1,6 +1,6 @@
 """Every checked-in spec runs end to end through the conductor, scheduler and torch engine on the
 CPU with tiny dims: llama and qwen3_5 text, orpheus WAV audio, bagel a PNG image, qwen3_omni text and
-audio. Media are written with mstar.runtime.media as `mstar run --out` does."""
+audio. Media are written with mstar.runtime.serve.media as `mstar run --out` does."""
 import wave
 from pathlib import Path
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from mstar.plan.io import load_plan
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.engines.torch_engine import TorchEngine
-from mstar.runtime.media import is_audio, is_image, write_png, write_wav
-from mstar.runtime.request import Request
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.media import is_audio, is_image, write_png, write_wav
+from mstar.runtime.conductor.request import Request
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 

@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from mstar.runtime.attention import Segment, paged_attention
+from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
 
 
 class _StandInWrapper:
@@ -44,7 +44,7 @@ class _StandInWrapper:
 def test_plan_layout_matches_the_torch_path(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer",
                         types.SimpleNamespace(BatchPrefillWithPagedKVCacheWrapper=_StandInWrapper))
-    from mstar.runtime.flashinfer_attention import FlashInferAttention
+    from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 
     torch.manual_seed(0)
     page_size, hq, hkv, d, num_pages = 4, 4, 2, 8, 32

@@ -6,8 +6,8 @@ import torch
 
 from engine_plans import hybrid_plan, step
 from mstar.plan.schema import CallPlan, EdgePlan, WalkPlan
-from mstar.runtime.engines.torch_engine import TorchEngine
-from mstar.runtime.request import Request
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import StepRow
 
 SEQUENCE = [11, 3, 250, 77, 9, 140, 2, 33, 400, 5, 61, 18]
@@ -59,7 +59,7 @@ def test_state_lives_in_the_request_slot_and_is_zeroed_for_a_new_request():
 
 def test_recurrence_matches_transformers_reference():
     qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
-    from mstar.runtime.models.gdn import GatedDeltaNet
+    from mstar.runtime.engine.models.gdn import GatedDeltaNet
 
     torch.manual_seed(0)
     layer = GatedDeltaNet(hidden=32, num_heads=2, key_dim=8, value_dim=8, conv_kernel=4, eps=1e-6)

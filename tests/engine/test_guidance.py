@@ -1,4 +1,4 @@
-"""Classifier-free guidance on BAGEL's three KV sequences (mstar/runtime/guidance.py): which
+"""Classifier-free guidance on BAGEL's three KV sequences (mstar/runtime/engine/runners/guidance.py): which
 sequences a guided request's rows write and read, the velocity formula, and that guidance changes
 the image while an unguided request keeps `main` only."""
 from pathlib import Path
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from mstar.plan.io import load_plan
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.engines.torch_engine import TorchEngine
-from mstar.runtime.guidance import GuidanceError, GuidanceParams, combine, in_interval, sequences_written
-from mstar.runtime.request import Request
-from mstar.runtime.workload import WorkloadError, parse_prompt_line
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.engine.runners.guidance import GuidanceError, GuidanceParams, combine, in_interval, sequences_written
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.workload import WorkloadError, parse_prompt_line
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 IMAGE_ROUTE = {"LLM": ["prefill_vit", "prefill_text", "image_gen"]}

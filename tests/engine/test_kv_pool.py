@@ -3,9 +3,9 @@ never fit is refused by add_request, and too few recurrent slots are refused at 
 import pytest
 
 from engine_plans import generate, hybrid_plan, llm_plan, step
-from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
-from mstar.runtime.kv.pages import PagePool
-from mstar.runtime.request import Request
+from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
+from mstar.runtime.engine.kv.pages import PagePool
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import StepRow
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine_plans import generate, llm_plan
-from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
+from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
 
 transformers = pytest.importorskip("transformers")
 

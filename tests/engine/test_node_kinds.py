@@ -8,8 +8,8 @@ import torch
 
 from engine_plans import step
 from mstar.plan.io import load_plan
-from mstar.runtime.engines.torch_engine import TorchEngine
-from mstar.runtime.request import Request
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import StepRow
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"

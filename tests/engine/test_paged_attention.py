@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
-from mstar.runtime.attention import Segment, paged_attention
-from mstar.runtime.kv.pages import PagePool
+from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
+from mstar.runtime.engine.kv.pages import PagePool
 
 HEADS_Q, HEADS_KV, DIM, PAGE = 4, 2, 8, 4
 

@@ -1,12 +1,12 @@
-"""The GPU placement plumbing (mstar/runtime/placement.py), exercised on the CPU: a model wrapped in
+"""The GPU placement plumbing (mstar/runtime/engine/placement.py), exercised on the CPU: a model wrapped in
 `OnDevice` (arguments moved in, results moved back to host fp32, methods delegated) gives exactly
 the unwrapped reference's tokens. The GPU itself is tested in tests/gpu/."""
 import pytest
 import torch
 
 from engine_plans import generate, hybrid_plan, llm_plan
-from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
-from mstar.runtime.placement import CPU, OnDevice, resolve_device, to_host
+from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
+from mstar.runtime.engine.placement import CPU, OnDevice, resolve_device, to_host
 
 PROMPTS = {"a": [5, 6, 7, 8, 9], "b": [3, 1], "c": [11, 12, 13]}
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine_plans import generate, hybrid_plan, llm_plan
-from mstar.runtime.engines.torch_engine import EngineError, TorchEngine
+from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
 
 transformers = pytest.importorskip("transformers")
 qwen3_5 = pytest.importorskip("transformers.models.qwen3_5")

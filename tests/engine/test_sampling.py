@@ -4,9 +4,9 @@ import torch
 from hypothesis import given, strategies as st
 
 from engine_plans import llm_plan, step
-from mstar.runtime.engines.torch_engine import TorchEngine
-from mstar.runtime.request import Request
-from mstar.runtime.sampling import SamplingParams, apply_repetition_penalty, sample_token
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.sampling import SamplingParams, apply_repetition_penalty, sample_token
 from mstar.runtime.step import StepRow
 
 

@@ -1,7 +1,7 @@
-"""`--weights [NODE=]DIR`: which kv node gets which checkpoint (mstar.runtime.weights.weights_by_node)."""
+"""`--weights [NODE=]DIR`: which kv node gets which checkpoint (mstar.runtime.engine.weights.weights_by_node)."""
 import pytest
 
-from mstar.runtime.weights import WeightsError, weights_by_node
+from mstar.runtime.engine.weights import WeightsError, weights_by_node
 
 
 def test_a_bare_directory_goes_to_the_only_kv_node():

@@ -10,8 +10,8 @@ import dataclasses
 
 import torch
 
-from mstar.runtime import glue_reference as ref
-from mstar.runtime.glue_reference import GlueConstants, PackBuffers, RowInputs, TokenBuffers
+from mstar.runtime.engine import glue_reference as ref
+from mstar.runtime.engine.glue_reference import GlueConstants, PackBuffers, RowInputs, TokenBuffers
 
 MIN_SLOTS = 16
 STREAM_CAPACITY = 8

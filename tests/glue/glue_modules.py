@@ -7,8 +7,8 @@ from types import ModuleType
 from glue_plans import tiny_plan
 
 from mstar.compiler.glue import render_glue
-from mstar.runtime.glue_loader import load_glue
-from mstar.runtime.glue_reference import KeyGlue
+from mstar.runtime.engine.glue_loader import load_glue
+from mstar.runtime.engine.glue_reference import KeyGlue
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

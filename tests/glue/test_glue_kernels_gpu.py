@@ -22,7 +22,7 @@ def test_kernels_match_reference_on_gpu(tmp_path, page_size):
 
 @pytest.mark.parametrize("path", sample_generated_glue_files(), ids=lambda p: p.name)
 def test_generated_glue_on_gpu(path):
-    from mstar.runtime.glue_loader import load_glue
+    from mstar.runtime.engine.glue_loader import load_glue
 
     for key_glue in key_glues(load_glue(path)):
         for seed in range(8):

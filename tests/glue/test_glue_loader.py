@@ -5,7 +5,7 @@ from glue_plans import tiny_plan
 
 from mstar.compiler.glue import render_glue
 from mstar.plan.io import load_plan
-from mstar.runtime.glue_loader import GlueLoadError, load_glue
+from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 
 
 def test_loads_a_rendered_module(tmp_path):

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mstar.runtime import glue_reference as ref
-from mstar.runtime.glue_reference import GlueConstants, GlueLaunchError, PackBuffers, RowInputs, TokenBuffers
+from mstar.runtime.engine import glue_reference as ref
+from mstar.runtime.engine.glue_reference import GlueConstants, GlueLaunchError, PackBuffers, RowInputs, TokenBuffers
 
 CONSTANTS = GlueConstants(key="LLM:mixed", node="LLM", walks=("prefill", "decode"), page_size=4, max_rows=8,
                           device_loop_mask=0b10, stream_mask=0b11, host_mask=0b01, batch_sizes=(1, 2, 4, 8),

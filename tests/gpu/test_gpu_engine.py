@@ -10,10 +10,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_plans import LLM_DIMS, generate, llm_plan  # noqa: E402
 
 from mstar.plan.io import load_plan  # noqa: E402
-from mstar.runtime.attention import paged_attention  # noqa: E402
-from mstar.runtime.driver import Driver, Workload  # noqa: E402
-from mstar.runtime.engines.torch_engine import TorchEngine  # noqa: E402
-from mstar.runtime.request import Request  # noqa: E402
+from mstar.runtime.engine.attention.torch_paged import paged_attention  # noqa: E402
+from mstar.runtime.serve.driver import Driver, Workload  # noqa: E402
+from mstar.runtime.engine.torch_engine import TorchEngine  # noqa: E402
+from mstar.runtime.conductor.request import Request  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,8 +27,8 @@ FI_DIMS = dict(LLM_DIMS, head_dim=64, hidden=256, qo_heads=8, kv_heads=2, interm
 def test_flashinfer_mixed_step_matches_the_torch_path():
     """Decode rows (one token after a context) beside prompt chunks (with and without a cached
     prefix), one packed call, against paged_attention on the same bf16 cache."""
-    from mstar.runtime.bench_attention import paged_step
-    from mstar.runtime.flashinfer_attention import FlashInferAttention
+    from mstar.runtime.serve.bench_attention import paged_step
+    from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 
     torch.manual_seed(0)
     device, page_size, hq, hkv, d = torch.device("cuda"), 16, 8, 2, 64

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Optional
 
-from mstar.runtime.conductor import Conductor
-from mstar.runtime.engines.sim import SimEngine
+from mstar.runtime.conductor.conductor import Conductor
+from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.step import RowResult, Step, StepRow
 
 

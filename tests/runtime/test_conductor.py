@@ -1,7 +1,7 @@
 """The conductor's walk machine, driven one row at a time (no scheduler)."""
 from mstar.plan.schema import ChunkPolicyPlan, StreamPlan
-from mstar.runtime.engines.sim import SimEngine
-from mstar.runtime.request import Request
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import RowResult
 
 from conductor_harness import Harness

@@ -3,12 +3,12 @@ a step, the other rows of that step run and are post-processed in it; only the f
 held and retried; every request finishes with the greedy tokens of a roomy-pool run."""
 import pytest
 
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.request import Request
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.conductor.request import Request
 
 from runtime_plans import generated
 
-torch_engine = pytest.importorskip("mstar.runtime.engines.torch_engine")
+torch_engine = pytest.importorskip("mstar.runtime.engine.torch_engine")
 
 
 def _tokens(record):

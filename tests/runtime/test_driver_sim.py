@@ -1,11 +1,11 @@
 """The driver with the simulated engine on the generated plans."""
 import pytest
 
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.engines.sim import SimEngine
-from mstar.runtime.metrics import summarize
-from mstar.runtime.request import Request
-from mstar.runtime.workload import generate
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.serve.metrics import summarize
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.workload import generate
 
 from runtime_plans import ROOT, generated
 

@@ -9,9 +9,9 @@ every KV page and every scheduler row is given back at the end.
 """
 from hypothesis import given, strategies as st
 
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.engines.sim import SimEngine
-from mstar.runtime.request import Request
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.conductor.request import Request
 
 from runtime_plans import generated
 

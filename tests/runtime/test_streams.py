@@ -1,6 +1,6 @@
 """Chunk policies of stream buffers (reference notes 2.8)."""
 from mstar.plan.schema import ChunkPolicyPlan
-from mstar.runtime.streams import StreamBuffer
+from mstar.runtime.conductor.streams import StreamBuffer
 
 
 def drain(buf: StreamBuffer) -> list[tuple[list, bool]]:

@@ -3,9 +3,9 @@ tree implies, exactly, through the driver and scheduler, for several requests at
 from hypothesis import given, strategies as st
 
 from mstar.plan.schema import ParallelPlan, SequentialPlan
-from mstar.runtime.driver import Driver, Workload
-from mstar.runtime.engines.sim import SimEngine
-from mstar.runtime.request import Request
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.conductor.request import Request
 
 from runtime_plans import call, edge, hand_plan, loop, partition, stateless_node, walk
 

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from mstar.runtime.driver import Driver
-from mstar.runtime.engines.sim import SimEngine
+from mstar.runtime.serve.driver import Driver
+from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.step import RowResult, StepResult
-from mstar.runtime.workload import WorkloadError, generate, parse_range, parse_route
+from mstar.runtime.serve.workload import WorkloadError, generate, parse_range, parse_route
 
 from runtime_plans import generated
 
@@ -66,8 +66,8 @@ class ErrorBesideOom(SimEngine):
 
 
 def test_rows_failed_alone_in_an_out_of_memory_step_still_fail():
-    from mstar.runtime.driver import Workload
-    from mstar.runtime.request import Request
+    from mstar.runtime.serve.driver import Workload
+    from mstar.runtime.conductor.request import Request
 
     plan = generated("llama")
     engine = ErrorBesideOom(plan, runs_partial_steps=False)
@@ -99,8 +99,8 @@ class ErrorBesideOomPartial(SimEngine):
 
 
 def test_partial_step_runs_the_rows_that_got_memory_and_fails_errors_alone():
-    from mstar.runtime.driver import Workload
-    from mstar.runtime.request import Request
+    from mstar.runtime.serve.driver import Workload
+    from mstar.runtime.conductor.request import Request
 
     plan = generated("llama")
     engine = ErrorBesideOomPartial(plan)
@@ -130,8 +130,8 @@ class DropsR1(SimEngine):
 
 
 def test_a_row_the_engine_did_not_answer_fails_its_request_alone():
-    from mstar.runtime.driver import Workload
-    from mstar.runtime.request import Request
+    from mstar.runtime.serve.driver import Workload
+    from mstar.runtime.conductor.request import Request
 
     plan = generated("orpheus")
     driver = Driver(plan, DropsR1(plan))
@@ -142,8 +142,8 @@ def test_a_row_the_engine_did_not_answer_fails_its_request_alone():
 
 
 def test_prompt_lines_take_stop_tokens_and_repetition_penalty():
-    from mstar.runtime.sampling import SamplingParams
-    from mstar.runtime.workload import parse_prompt_line
+    from mstar.runtime.engine.sampling import SamplingParams
+    from mstar.runtime.serve.workload import parse_prompt_line
 
     request = parse_prompt_line(
         '{"id": "a", "prompt_tokens": [1], "max_tokens": 3, "stop_tokens": [7, 9], "repetition_penalty": 1.3}', "f:1")
@@ -167,7 +167,7 @@ def test_arrivals_and_timeline_are_relative_to_the_run_start(monkeypatch, tmp_pa
     times count from the run start, and the timeline's x axis is seconds since then."""
     import matplotlib.pyplot as plt
 
-    from mstar.runtime import timeline
+    from mstar.runtime.serve import timeline
 
     plan = generated("orpheus")
     engine = SimEngine(plan)
@@ -186,7 +186,7 @@ def test_arrivals_and_timeline_are_relative_to_the_run_start(monkeypatch, tmp_pa
 
 
 def test_check_route_names_unknown_partitions_and_walks():
-    from mstar.runtime.workload import check_route, route_names
+    from mstar.runtime.serve.workload import check_route, route_names
 
     names = route_names(generated("llama"))
     assert names == {"LLM": ["prefill", "decode"]}
@@ -200,7 +200,7 @@ def test_check_route_names_unknown_partitions_and_walks():
 def test_error_lines_are_one_line_each_deduplicated_and_capped():
     from types import SimpleNamespace
 
-    from mstar.runtime.metrics import error_lines
+    from mstar.runtime.serve.metrics import error_lines
 
     def record(request_id, reason):
         return SimpleNamespace(is_failed=reason.startswith("error"), finish_reason=reason,

@@ -1,7 +1,7 @@
 """`mstar bench scheduler`: output shape only (no timing assertions)."""
 import json
 
-from mstar.runtime import bench_scheduler
+from mstar.runtime.serve import bench_scheduler
 
 
 def test_bench_prints_one_json_object_with_every_scenario(capsys):

@@ -3,8 +3,8 @@ import pytest
 from plan_factory import assemble_worker, build_key
 
 from mstar.plan.schema import DeploymentPlan, SpeculationPlan
-from mstar.runtime.key_tables import PlanTableError
-from mstar.runtime.scheduler import (
+from mstar.runtime.scheduler.key_tables import PlanTableError
+from mstar.runtime.scheduler.scheduler import (
     DuplicateRowError,
     LostRowError,
     UnknownPlacementError,

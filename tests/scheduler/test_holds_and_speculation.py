@@ -2,7 +2,7 @@
 from plan_factory import assemble_worker, build_key
 
 from mstar.plan.schema import DeploymentPlan, SpeculationPlan
-from mstar.runtime.scheduler import HOLD_BACKOFF_S, WorkerScheduler
+from mstar.runtime.scheduler.scheduler import HOLD_BACKOFF_S, WorkerScheduler
 
 DEPLOYMENT = DeploymentPlan(max_seq_len=4096, kv_pools=[])
 

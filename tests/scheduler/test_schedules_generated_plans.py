@@ -6,8 +6,8 @@ import pytest
 from trace_harness import Runner, run_ops
 
 from mstar.plan.io import PlanError, load_plan
-from mstar.runtime.baseline_scheduler import BaselineScheduler
-from mstar.runtime.scheduler import WorkerScheduler
+from mstar.runtime.scheduler.baseline import BaselineScheduler
+from mstar.runtime.scheduler.scheduler import WorkerScheduler
 
 PLANS = sorted((Path(__file__).resolve().parents[2] / "generated").glob("*.plan"))
 

@@ -4,7 +4,7 @@ from bisect import bisect_left
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mstar.runtime.seq_runs import SeqRuns
+from mstar.runtime.scheduler.seq_runs import SeqRuns
 
 OPS = st.lists(
     st.one_of(

@@ -7,7 +7,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from plan_factory import worker_cases
 from trace_harness import Runner
 
-from mstar.runtime.scheduler import WorkerScheduler
+from mstar.runtime.scheduler.scheduler import WorkerScheduler
 
 
 class SchedulerMachine(RuleBasedStateMachine):

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 from plan_factory import assemble_worker, build_key, worker_cases
 
 from mstar.plan.schema import DeploymentPlan, TPGroup
-from mstar.runtime.baseline_scheduler import BaselineScheduler
-from mstar.runtime.scheduler import SchedulerError, WorkerScheduler
+from mstar.runtime.scheduler.baseline import BaselineScheduler
+from mstar.runtime.scheduler.scheduler import SchedulerError, WorkerScheduler
 
 
 def pair(max_follow=1):

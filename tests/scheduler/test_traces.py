@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from plan_factory import worker_cases
 from trace_harness import Runner, ops_strategy, run_ops
 
-from mstar.runtime.baseline_scheduler import BaselineScheduler
-from mstar.runtime.scheduler import WorkerScheduler
+from mstar.runtime.scheduler.baseline import BaselineScheduler
+from mstar.runtime.scheduler.scheduler import WorkerScheduler
 
 
 # More examples than the project's short `ci` default (still seconds); `long` raises it further.

@@ -15,7 +15,7 @@ from typing import Optional
 from hypothesis import strategies as st
 
 from mstar.plan.schema import DeploymentPlan, KeyPlan, WorkerPlan
-from mstar.runtime.batch import Batch
+from mstar.runtime.scheduler.batch import Batch
 
 
 @dataclass

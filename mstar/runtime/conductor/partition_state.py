@@ -1,0 +1,156 @@
+"""One partition of one request: its stages, current walk run, persisted values, token count.
+
+The conductor owns one `PartitionState` per (request, partition). It is the walk run's input
+source (stream chunks, persisted values, the request's prompt and media) and output sink
+(persist, client, stream). Hand-off rule between walks: an input no edge of the walk produced
+is taken, in order, from a stream buffer (stream inputs only), a persisted value of the same
+name, for `text_inputs` the prompt the first time and afterwards the latest persisted value of
+the partition (Orpheus: prefill's new_token feeds decode), else the request's media (None when
+absent: the engine synthesises it). Persisted values a walk used are unpersisted when it ends.
+
+A stream-consumer partition (no initial walk) starts a walk only when one of its streams has a
+chunk. With one stage it re-runs that walk per chunk until its streams are exhausted (SNAC,
+Code2Wav); with several stages it runs each once, in order (Qwen3-Omni's Talker).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from mstar.plan.schema import EdgePlan, PartitionPlan, WalkPlan
+from mstar.runtime.conductor.request import Emission, RequestRecord
+from mstar.runtime.conductor.streams import StreamBuffer
+from mstar.runtime.conductor.walk_state import WalkRun
+
+
+class PartitionState:
+    def __init__(
+        self,
+        plan: PartitionPlan,
+        walks: list[WalkPlan],
+        record: RequestRecord,
+        buffers: dict[tuple[str, str], StreamBuffer],
+        stream_inputs: dict[str, set[str]],
+        count_names: frozenset[str],
+        clock: Callable[[], float],
+    ):
+        self.plan = plan
+        self.name = plan.name
+        self.walks = walks  # the request's route through the stages
+        self.record = record
+        self.buffers = buffers  # shared by the request's partitions: (consumer partition, edge)
+        self.own_buffers = [buf for (part, _), buf in buffers.items() if part == plan.name]
+        self.stream_inputs = stream_inputs
+        self.count_names = count_names
+        self.clock = clock
+        self.is_self_triggered = plan.initial_walk is None
+        self.is_repeating = self.is_self_triggered and len(walks) == 1
+        self.stage = 0
+        self.run: Optional[WalkRun] = None
+        self.store: dict[str, Any] = {}  # persisted values by edge name, latest last
+        self.used_persisted: set[str] = set()
+        self.is_prompt_used = False
+        self.num_tokens = 0
+        self.is_done = not walks
+        self.is_length = False  # ended by max_tokens
+        self.other_stores: list[dict[str, Any]] = []  # the request's other partitions' stores
+
+    # ------------------------------------------------------------ walks
+
+    def start_next(self) -> Optional[WalkRun]:
+        """Start the walk of the current stage; None when the partition has nothing to start."""
+        if self.is_done or self.run is not None:
+            return None
+        if self.is_self_triggered:
+            for buf in self.own_buffers:
+                if buf.has_chunk():
+                    break
+            else:
+                return None
+        walk = self.walks[0] if self.is_repeating else self.walks[self.stage]
+        self.run = WalkRun(walk, self, self, self.stream_inputs)
+        self.run.start()
+        return self.run
+
+    def finish_run(self) -> None:
+        """The current walk run ended: unpersist what it used, move to the next stage."""
+        for name in self.used_persisted:
+            self.store.pop(name, None)
+        self.used_persisted.clear()
+        self.run = None
+        self.stage += 1
+        # A one-stage stream consumer re-runs its walk per chunk (SNAC, Code2Wav) until its
+        # streams are exhausted; any other partition is done after its last stage (Talker).
+        if self.stage >= len(self.walks) and not self.is_repeating:
+            self.is_done = True
+
+    def end(self, is_length: bool = False) -> None:
+        """End the partition now (max tokens, or its streams ran dry)."""
+        if self.run is not None:
+            self.run.cancel()
+            self.run = None
+        self.is_done = True
+        self.is_length = self.is_length or is_length
+
+    def is_starved(self) -> bool:
+        """The run waits on a stream input that will never come again."""
+        run = self.run
+        if run is None or not run.waiting:
+            return False
+        for call in run.waiting:
+            for name in call.plan.inputs:
+                buf = self.buffers.get((self.name, name))
+                if buf is not None and name in self.stream_inputs.get(call.node, ()) and buf.is_exhausted:
+                    return True
+        return False
+
+    def is_drained(self) -> bool:
+        """Self-triggered partition with no run and no chunk that will ever come."""
+        if not self.is_repeating or self.run is not None:
+            return False
+        for buf in self.own_buffers:
+            if not buf.is_producer_done or not buf.is_exhausted:
+                return False
+        return True
+
+    # ------------------------------------------------------------ InputSource
+
+    def can_supply(self, node: str, name: str) -> bool:
+        if name in self.stream_inputs.get(node, ()):
+            buf = self.buffers.get((self.name, name))
+            return buf is not None and buf.has_chunk()
+        return True
+
+    def take(self, node: str, name: str) -> Any:
+        if name in self.stream_inputs.get(node, ()):
+            chunk = self.buffers[(self.name, name)].poll()
+            return chunk.items if chunk is not None else []
+        if name in self.store:
+            self.used_persisted.add(name)
+            return self.store[name]
+        if name == "text_inputs":
+            if not self.is_prompt_used:
+                self.is_prompt_used = True
+                return self.record.request.prompt_tokens
+            if self.store:
+                latest = next(reversed(self.store))
+                self.used_persisted.add(latest)
+                return self.store[latest]
+        for store in self.other_stores:
+            if name in store:
+                return store[name]
+        return self.record.request.media.get(name)
+
+    # ------------------------------------------------------------ OutputSink
+
+    def deliver(self, edge: EdgePlan, value: Any) -> None:
+        if edge.is_persist:
+            self.store.pop(edge.name, None)  # re-insert: latest persisted value last
+            self.store[edge.name] = value
+        if edge.dest_kind == "client":
+            self.record.emissions.append(Emission(self.clock(), edge.name, edge.modality, value))
+            if self.record.first_token_s is None:
+                self.record.first_token_s = self.clock()
+        elif edge.dest_kind == "stream":
+            buf = self.buffers.get((edge.stream_partition or "", edge.name))
+            if buf is not None:
+                buf.push(value)

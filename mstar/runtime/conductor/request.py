@@ -1,0 +1,94 @@
+"""A request as the runtime sees it, and what the runtime records about it while it runs.
+
+`Request` is what a client sends (prompt, sampling settings, which stage alternatives to take,
+opaque media). `RequestRecord` is the conductor's bookkeeping for one admitted request: times,
+tokens counted, client emissions, how it finished. Both are plain data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class Request:
+    """One client request.
+
+    route: partition name -> the walks this request takes in that partition, one per stage it
+    takes, in stage order (an optional stage may be left out; an empty list leaves the partition
+    out entirely, as for the audio partitions of a text-only request). A partition absent from
+    route takes the first alternative of every stage that is not optional.
+    media: external inputs a walk may need besides the prompt (`image_inputs`, ...), by input
+    name; opaque to the runtime (None lets the engine synthesise them).
+    """
+
+    id: str
+    prompt_tokens: list[int]
+    max_tokens: int
+    temperature: Optional[float] = None  # None: greedy
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)
+    stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
+    cfg_text_scale: Optional[float] = None  # image-flow guidance (mstar/runtime/engine/runners/guidance.py); None: 4.0
+    cfg_img_scale: Optional[float] = None  # None: 1.0 (off)
+    route: dict[str, list[str]] = field(default_factory=dict)
+    media: dict[str, Any] = field(default_factory=dict)
+    arrival_s: float = 0.0  # when the client sends it (workload time, seconds from the start)
+
+
+@dataclass
+class Emission:
+    """A value the request sent to the client (or counted as output tokens)."""
+
+    time_s: float
+    edge: str
+    modality: Optional[str]
+    value: Any
+
+
+@dataclass
+class RequestRecord:
+    """The conductor's record of one request; finish_reason is set exactly once."""
+
+    request: Request
+    arrival_s: float
+    admit_s: Optional[float] = None
+    first_token_s: Optional[float] = None
+    finish_s: Optional[float] = None
+    finish_reason: Optional[str] = None  # "stop", "length", "done", "error: ...", "cancelled"
+    num_output_tokens: int = 0
+    output_tokens: list[Any] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)  # one per token event (for ITL)
+    emissions: list[Emission] = field(default_factory=list)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def is_failed(self) -> bool:
+        return self.finish_reason is not None and self.finish_reason.startswith(("error", "cancelled"))
+
+
+def count_elements(value: Any) -> int:
+    """Output tokens a value stands for: len of a list/tuple, numel of a tensor/array, else 1."""
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    numel = getattr(value, "numel", None)
+    if callable(numel):
+        return int(numel())
+    size = getattr(value, "size", None)
+    if isinstance(size, int):  # numpy arrays
+        return size
+    return 1
+
+
+def num_tokens_of(value: Any) -> int:
+    """Tokens a row input feeds: len of a list, shape[0] of a tensor, else 1."""
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    return 1

@@ -1,0 +1,1 @@
+"""Paged attention backends: the torch reference (CPU) and FlashInfer (GPU)."""

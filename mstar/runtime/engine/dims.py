@@ -1,0 +1,260 @@
+"""Model dimensions per node kind, read from a plan node's `dims` (or shrunk to `tiny` for the CPU).
+
+In: a `NodePlan` (its `dims` dict, `recurrent` state, engine and flavour) and a mode, `"spec"` (the
+spec's numbers as written) or `"tiny"` (small numbers that keep the structure: the query-head /
+kv-head ratio, the linear/full layer pattern, the codec's window). Out: frozen dataclasses the torch
+models are built from. Keys missing from a spec fall back to the defaults below, so a spec only
+needs to state what makes its model different.
+
+`layer_pattern` is a list of flags, 1 = full (softmax) attention, 0 = gated delta-net linear
+attention. A list as long as `layers` gives every layer; a shorter list is a unit repeated to
+`layers` (`[0, 0, 0, 1]` = three linear layers then one full layer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, Optional
+
+from mstar.plan.node_args import DECODER_STYLES, layer_is_full
+from mstar.plan.schema import NodePlan
+
+DimsMode = Literal["tiny", "spec"]
+DIMS_MODES = ("tiny", "spec")
+
+
+class DimsError(ValueError):
+    """A node's dims cannot describe a model (bad type, bad ratio, bad pattern)."""
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """A Llama-style decoder, optionally with gated delta-net layers and an image-flow head."""
+
+    num_layers: int
+    num_kv_heads: int
+    num_qo_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    layer_is_full: tuple[bool, ...]  # per layer: softmax attention (True) or gated delta-net
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-5
+    is_tied_embeddings: bool = False
+    # "llama", or "qwen3_5": zero-centred norms (1 + w), q/k norms, a sigmoid output gate per
+    # attention head, partial rotary
+    style: str = "llama"
+    partial_rotary: float = 1.0  # fraction of head_dim that rotates
+    # gated delta-net layers (unused when every layer is full attention)
+    num_linear_heads: int = 2  # q/k heads
+    num_linear_value_heads: int = 2  # v heads (a multiple of the q/k heads)
+    linear_key_dim: int = 16
+    linear_value_dim: int = 16
+    conv_kernel: int = 4
+    # image-flow head (BAGEL image_gen): latents are `latent_tokens` rows of `latent_channels`
+    latent_channels: int = 4
+    latent_tokens: int = 16
+
+    @property
+    def rotary_dim(self) -> int:
+        return max(2, int(self.head_dim * self.partial_rotary) // 2 * 2)
+
+    @property
+    def num_full_layers(self) -> int:
+        return sum(self.layer_is_full)
+
+    @property
+    def num_linear_layers(self) -> int:
+        return len(self.layer_is_full) - self.num_full_layers
+
+    @property
+    def has_linear_layers(self) -> bool:
+        return self.num_linear_layers > 0
+
+
+@dataclass(frozen=True)
+class CodecDims:
+    """A SNAC-like codec decoder: codes in, audio samples out."""
+
+    codebook: int
+    hidden: int
+    num_quantizers: int  # codes per frame (Qwen3-Omni's Code2Wav: 16; SNAC's flattened stream: 1)
+    samples_per_token: int  # samples per frame
+    sample_rate: int
+    keep_frame: int  # which frame of a sliding window the codec keeps (SNAC keeps the 2nd of 4)
+
+
+@dataclass(frozen=True)
+class EncoderDims:
+    """A small transformer encoder over patches (vision) or feature frames (audio)."""
+
+    hidden: int
+    num_layers: int
+    num_heads: int
+    feature_dim: int  # width of one input patch / frame
+    num_tokens: int  # patches or frames synthesised when the media is absent
+
+
+@dataclass(frozen=True)
+class ImageDecoderDims:
+    """A VAE-like decoder: a latent grid to an RGB image."""
+
+    latent_channels: int
+    latent_tokens: int  # a square grid: sqrt must be an integer
+    hidden: int
+    upscale: int  # image pixels per latent cell along each side
+
+
+def _int(node: NodePlan, key: str, default: int) -> int:
+    value = node.dims.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DimsError(f"node {node.name}: dims {key}={value!r} must be a positive integer")
+    return value
+
+
+def _float(node: NodePlan, key: str, default: float) -> float:
+    value = node.dims.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise DimsError(f"node {node.name}: dims {key}={value!r} must be a positive number")
+    return float(value)
+
+
+def layer_pattern(node: NodePlan, num_layers: int) -> tuple[bool, ...]:
+    """Per-layer `is_full` flags (the rule is node_args.layer_is_full, shared with the compiler)."""
+    pattern = node.dims.get("layer_pattern")
+    flags = layer_is_full(pattern, num_layers, node.recurrent is not None)
+    if flags is None:
+        raise DimsError(
+            f"node {node.name}: layer_pattern={pattern!r} must be a list of 0 (linear) / 1 (full)"
+        )
+    return flags
+
+
+def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
+    """Dims of a kv node's decoder. `tiny` keeps the head ratio and one unit of the layer pattern."""
+    num_layers = _int(node, "layers", 2)
+    num_kv_heads = _int(node, "kv_heads", 1)
+    num_qo_heads = _int(node, "qo_heads", num_kv_heads)
+    if num_qo_heads % num_kv_heads:
+        raise DimsError(
+            f"node {node.name}: qo_heads={num_qo_heads} is not a multiple of kv_heads={num_kv_heads}"
+        )
+    head_dim = _int(node, "head_dim", 64)
+    hidden = _int(node, "hidden", num_qo_heads * head_dim)
+    full = layer_pattern(node, num_layers)
+    recurrent = node.recurrent
+    style = node.dims.get("style", "llama" if all(full) else "qwen3_5")
+    if style not in DECODER_STYLES:
+        raise DimsError(f"node {node.name}: style={style!r} is not one of {', '.join(DECODER_STYLES)}")
+    num_linear_heads = recurrent.num_heads if recurrent else _int(node, "linear_heads", 2)
+    dims = DecoderDims(
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        num_qo_heads=num_qo_heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        intermediate=_int(node, "intermediate", 4 * hidden),
+        vocab=_int(node, "vocab", 32000),
+        layer_is_full=full,
+        rope_theta=_float(node, "rope_theta", 10000.0),
+        style=style,
+        partial_rotary=_float(node, "partial_rotary", 0.25 if style == "qwen3_5" else 1.0),
+        num_linear_heads=num_linear_heads,
+        num_linear_value_heads=_int(node, "linear_value_heads", num_linear_heads),
+        linear_key_dim=recurrent.key_dim if recurrent else _int(node, "linear_key_dim", 16),
+        linear_value_dim=recurrent.value_dim if recurrent else _int(node, "linear_value_dim", 16),
+        conv_kernel=_int(node, "conv_kernel", 4),
+        latent_channels=_int(node, "latent_channels", 16),
+        latent_tokens=_int(node, "latent_tokens", 4096),
+    )
+    if dims.num_linear_value_heads % dims.num_linear_heads:
+        raise DimsError(f"node {node.name}: linear_value_heads={dims.num_linear_value_heads} is not a multiple "
+                        f"of the {dims.num_linear_heads} linear q/k heads")
+    if recurrent is not None and recurrent.num_layers != dims.num_linear_layers:
+        raise DimsError(
+            f"node {node.name}: recurrent state declares {recurrent.num_layers} layers but the "
+            f"layer pattern has {dims.num_linear_layers} linear-attention layers"
+        )
+    if mode == "spec":
+        return dims
+    unit = _pattern_unit(full)
+    ratio = num_qo_heads // num_kv_heads
+    tiny_kv = min(num_kv_heads, 2)
+    return replace(
+        dims,
+        num_layers=len(unit) if node.recurrent or "layer_pattern" in node.dims else 2,
+        num_kv_heads=tiny_kv,
+        num_qo_heads=tiny_kv * min(ratio, 4),
+        head_dim=16,
+        hidden=64,
+        intermediate=128,
+        vocab=min(dims.vocab, 512),
+        layer_is_full=unit if node.recurrent or "layer_pattern" in node.dims else (True, True),
+        num_linear_heads=2,
+        num_linear_value_heads=2 * (dims.num_linear_value_heads // dims.num_linear_heads),
+        linear_key_dim=16,
+        linear_value_dim=16,
+        latent_channels=4,
+        latent_tokens=16,
+    )
+
+
+def _pattern_unit(full: tuple[bool, ...]) -> tuple[bool, ...]:
+    """The shortest prefix that repeats to `full` (one block of the 3:1 pattern)."""
+    for size in range(1, len(full) + 1):
+        if all(full[i] == full[i % size] for i in range(len(full))):
+            return full[:size]
+    return full
+
+
+def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
+    """Dims of an audio codec; `tiny` makes few samples per token and a narrow network."""
+    dims = CodecDims(
+        codebook=_int(node, "codebook", 4096),
+        hidden=_int(node, "hidden", 256),
+        num_quantizers=_int(node, "quantizers", 1),
+        samples_per_token=_int(node, "samples_per_token", 292),
+        sample_rate=_int(node, "sample_rate", 24000),
+        keep_frame=node.dims.get("keep_frame", 1) if isinstance(node.dims.get("keep_frame", 1), int) else 1,
+    )
+    if mode == "spec":
+        return dims
+    return replace(dims, codebook=min(dims.codebook, 256), hidden=32, num_quantizers=min(dims.num_quantizers, 4),
+                   samples_per_token=32)
+
+
+def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:
+    """Dims of a vision or audio encoder."""
+    # Defaults that always fit each other: hidden 1024 (or 64 per head when only `heads` is given),
+    # heads 16 (or the largest count below it that divides `hidden`). The compiler checks `hidden`
+    # against `heads` when a spec gives both (MW112).
+    hidden = _int(node, "hidden", 64 * node.dims["heads"] if isinstance(node.dims.get("heads"), int) else 1024)
+    default_heads = next(h for h in range(16, 0, -1) if hidden % h == 0)
+    dims = EncoderDims(
+        hidden=hidden,
+        num_layers=_int(node, "layers", 4),
+        num_heads=_int(node, "heads", default_heads),
+        feature_dim=_int(node, "feature_dim", 128 if is_audio else 588),
+        num_tokens=_int(node, "num_tokens", 256),
+    )
+    if dims.hidden % dims.num_heads:
+        raise DimsError(f"node {node.name}: hidden={dims.hidden} is not a multiple of heads={dims.num_heads}")
+    if mode == "spec":
+        return dims
+    return replace(dims, hidden=32, num_layers=1, num_heads=2, feature_dim=16 if is_audio else 48, num_tokens=8)
+
+
+def image_decoder_dims(node: NodePlan, mode: DimsMode, latent: Optional[DecoderDims]) -> ImageDecoderDims:
+    """Dims of a latents-to-image decoder; the latent shape follows the producing LLM's flow head."""
+    dims = ImageDecoderDims(
+        latent_channels=latent.latent_channels if latent else _int(node, "latent_channels", 16),
+        latent_tokens=latent.latent_tokens if latent else _int(node, "latent_tokens", 4096),
+        hidden=_int(node, "hidden", 128),
+        upscale=_int(node, "upscale", 16),
+    )
+    side = round(dims.latent_tokens ** 0.5)
+    if side * side != dims.latent_tokens:
+        raise DimsError(f"node {node.name}: latent_tokens={dims.latent_tokens} is not a square grid")
+    if mode == "spec":
+        return dims
+    return replace(dims, hidden=16, upscale=8)

@@ -1,0 +1,40 @@
+"""KV tensors of one kv node: per full-attention layer, K and V over every page's positions.
+
+Layout: `k[layer]` is `[num_pages * page_size, num_kv_heads, head_dim]`, so position p of a sequence
+with page table `pt` lives at flat index `pt[p // page_size] * page_size + p % page_size`. The
+tensors are allocated with `torch.empty` (untouched memory costs nothing until written), and only
+positions a sequence has written are ever read.
+"""
+from __future__ import annotations
+
+import torch
+
+from mstar.runtime.engine.kv.pages import PagePool
+
+
+class KvCacheError(ValueError):
+    """The KV tensors of a pool cannot be allocated (the message names the pool and a way out)."""
+
+
+class KvCache:
+    def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")):
+        size = pool.num_pages * pool.page_size
+        self.pool = pool
+        try:
+            self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        except (RuntimeError, MemoryError) as error:  # torch reports an impossible allocation (CPU or GPU) as RuntimeError
+            num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
+            raise KvCacheError(
+                f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "
+                f"({num_bytes / 2**30:.1f} GiB for {num_layers} layers): {str(error).splitlines()[0]}; "
+                "lower kv_pool.num_pages in the deployment or pass --kv-pages N"
+            ) from None
+
+    def flat_positions(self, page_table: list[int], num_tokens: int) -> torch.Tensor:
+        """Flat cache indices of positions 0..num_tokens-1 of a sequence with this page table."""
+        page_size = self.pool.page_size
+        positions = torch.arange(num_tokens)
+        pages = torch.tensor(page_table, dtype=torch.long)
+        return pages[positions // page_size] * page_size + positions % page_size

@@ -1,0 +1,158 @@
+"""The kv node model: a Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU).
+
+Layers are full softmax attention over the paged KV cache, or gated delta-net linear attention over
+recurrent slots (the Qwen3.5 3:1 pattern), as `DecoderDims.layer_is_full` says. The `qwen3_5`
+style adds Qwen3.5's details: zero-centred norms, q/k norms, gated attention output, partial RoPE. Besides the token
+embedding and the LM head the model has a small image-flow head for BAGEL-style `image_gen`: latent
+rows and a timestep are projected in, and a velocity is read out of the same hidden states.
+
+Parameter names follow Hugging Face's LlamaForCausalLM and Qwen3_5ForCausalLM
+(`model.layers.{i}.self_attn.q_proj.weight`, `model.layers.{i}.linear_attn.in_proj_qkv.weight`, ...)
+so those checkpoints load by name (see `mstar.runtime.engine.weights`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
+from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.kv.cache import KvCache
+from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
+from mstar.runtime.engine.models.layers import Bounds, RMSNorm, SwiGLU, rotary, seg_linear
+
+
+@dataclass
+class DecoderBatch:
+    """A packed step: token positions, row spans, attention segments and recurrent slots per row."""
+
+    positions: torch.Tensor  # [N] absolute position of every token
+    bounds: Bounds
+    segments: list[Segment]
+    slots: list[int]  # recurrent slot per row (unused without linear layers)
+    # Attention over the paged cache for this step: (q, k, v, cache_k, cache_v, scale) -> out.
+    # None: the torch path (`paged_attention` over `segments`); a GPU step may plan FlashInfer.
+    attend: Optional[Callable[..., torch.Tensor]] = None
+
+    def to_device(self, device: torch.device) -> "DecoderBatch":
+        segments = [replace(s, flat_index=s.flat_index.to(device)) for s in self.segments]
+        return replace(self, positions=self.positions.to(device), segments=segments)
+
+
+class FullAttention(nn.Module):
+    """Grouped-query attention over the paged cache; with the qwen3_5 style also per-head q/k
+    RMSNorm before RoPE, partial rotary, and a sigmoid gate (from q_proj) on the output."""
+
+    def __init__(self, dims: DecoderDims):
+        super().__init__()
+        self.dims = dims
+        self.is_gated = dims.style == "qwen3_5"
+        q_width = dims.num_qo_heads * dims.head_dim * (2 if self.is_gated else 1)
+        self.q_proj = nn.Linear(dims.hidden, q_width, bias=False)
+        self.k_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
+        self.v_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
+        self.o_proj = nn.Linear(dims.num_qo_heads * dims.head_dim, dims.hidden, bias=False)
+        if self.is_gated:
+            self.q_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=True)
+            self.k_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=True)
+
+    def forward(self, x: torch.Tensor, batch: DecoderBatch, cache_k: torch.Tensor,
+                cache_v: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        n = x.shape[0]
+        q = seg_linear(x, self.q_proj.weight, batch.bounds)
+        k = seg_linear(x, self.k_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
+        v = seg_linear(x, self.v_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
+        gate = None
+        if self.is_gated:
+            # q_proj gives [query | gate] per head (not two halves of the whole output).
+            q, gate = q.view(n, d.num_qo_heads, 2 * d.head_dim).split(d.head_dim, dim=-1)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(n, d.num_qo_heads, d.head_dim)
+        rotary_dim = d.rotary_dim if d.partial_rotary < 1.0 else 0
+        q = rotary(q, batch.positions, d.rope_theta, rotary_dim)
+        k = rotary(k, batch.positions, d.rope_theta, rotary_dim)
+        # The cache's dtype rules (fp32 on the CPU, bf16 on a GPU, whatever autocast produced).
+        q, k, v = q.to(cache_k.dtype), k.to(cache_k.dtype), v.to(cache_k.dtype)
+        if batch.attend is not None:
+            out = batch.attend(q, k, v, cache_k, cache_v, d.head_dim ** -0.5)
+        else:
+            out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5)
+        out = out.reshape(n, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(n, -1))
+        return seg_linear(out, self.o_proj.weight, batch.bounds)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dims: DecoderDims, is_full: bool):
+        super().__init__()
+        self.is_full = is_full
+        is_centred = dims.style == "qwen3_5"
+        self.input_layernorm = RMSNorm(dims.hidden, dims.rms_eps, is_centred)
+        if is_full:
+            self.self_attn = FullAttention(dims)
+        else:
+            self.linear_attn = GatedDeltaNet(dims.hidden, dims.num_linear_heads, dims.linear_key_dim,
+                                             dims.linear_value_dim, dims.conv_kernel, dims.rms_eps,
+                                             dims.num_linear_value_heads)
+        self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps, is_centred)
+        self.mlp = SwiGLU(dims.hidden, dims.intermediate)
+
+
+class Decoder(nn.Module):
+    def __init__(self, dims: DecoderDims):
+        super().__init__()
+        self.dims = dims
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(dims.vocab, dims.hidden)
+        self.model.layers = nn.ModuleList(DecoderLayer(dims, is_full) for is_full in dims.layer_is_full)
+        self.model.norm = RMSNorm(dims.hidden, dims.rms_eps, dims.style == "qwen3_5")
+        self.lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
+        self.flow = nn.Module()
+        self.flow.latent_in = nn.Linear(dims.latent_channels, dims.hidden, bias=False)
+        self.flow.time_in = nn.Linear(dims.hidden, dims.hidden, bias=False)
+        self.flow.latent_out = nn.Linear(dims.hidden, dims.latent_channels, bias=False)
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (any integers; taken modulo the vocabulary) -> `[T, hidden]`."""
+        return self.model.embed_tokens(token_ids.long() % self.dims.vocab)
+
+    def embed_latents(self, latents: torch.Tensor, time_index: int, num_steps: int) -> torch.Tensor:
+        """Latent rows `[n, C]` at flow step `time_index` of `num_steps` -> `[n, hidden]`."""
+        t = time_index / max(num_steps, 1)
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(self.dims.hidden // 2) / (self.dims.hidden // 2))
+        time_features = torch.cat([torch.sin(t * freqs), torch.cos(t * freqs)])
+        if time_features.shape[0] < self.dims.hidden:
+            time_features = torch.cat([time_features, torch.zeros(1)])
+        bounds = [(0, latents.shape[0])]
+        return seg_linear(latents, self.flow.latent_in.weight, bounds) + self.flow.time_in(time_features)
+
+    def velocity(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states of latent rows -> flow velocity `[n, C]`."""
+        return seg_linear(hidden, self.flow.latent_out.weight, [(0, hidden.shape[0])])
+
+    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """`[R, hidden]` (one row per request) -> `[R, vocab]`, row by row (batch-invariant)."""
+        return seg_linear(last_hidden, self.lm_head.weight, [(i, i + 1) for i in range(last_hidden.shape[0])])
+
+    def forward(self, x: torch.Tensor, batch: DecoderBatch, cache: Optional[KvCache],
+                states: Optional[LinearStates]) -> torch.Tensor:
+        """Input embeddings `[N, hidden]` -> final normed hidden states `[N, hidden]`."""
+        num_full = num_linear = 0
+        for layer in self.model.layers:
+            normed = layer.input_layernorm(x)
+            if layer.is_full:
+                mixed = layer.self_attn(normed, batch, cache.k[num_full], cache.v[num_full])
+                num_full += 1
+            else:
+                mixed = layer.linear_attn(normed, batch.bounds, batch.slots, states.conv[num_linear],
+                                          states.ssm[num_linear])
+                num_linear += 1
+            x = x + mixed
+            x = x + layer.mlp(layer.post_attention_layernorm(x), batch.bounds)
+        return self.model.norm(x)

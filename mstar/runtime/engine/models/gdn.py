@@ -1,0 +1,120 @@
+"""Gated delta-net linear attention (the Qwen3.5 `linear_attention` layer), CPU torch reference.
+
+Per token t and value head: S <- exp(g_t) S; u = beta_t (v_t - S^T k_t); S <- S + k_t u^T;
+o_t = S^T q_t, with q, k L2-normalised (q scaled by d_k^-1/2), beta = sigmoid(b),
+g = -exp(A_log) softplus(a + dt_bias). Before that a causal depthwise conv (width K, then SiLU)
+runs over the [q|k|v] projection; after it a gated RMSNorm (plain w, times silu(z)) and out_proj.
+
+What crosses steps, per request and layer, lives in a slot of `LinearStates`: the last K-1 pre-conv
+columns and the [HV, d_k, d_v] state (fp32). A prompt in chunks, or a prompt then decode steps,
+therefore computes the same thing as one pass over the whole sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar.runtime.engine.models.layers import Bounds, seg_linear
+
+
+@dataclass
+class LinearStates:
+    """Slot-indexed state of every gated delta-net layer of one node (slot 0 is the padding sink)."""
+
+    conv: list[torch.Tensor]  # per linear layer: [num_slots, conv_dim, K-1]
+    ssm: list[torch.Tensor]  # per linear layer: [num_slots, HV, d_k, d_v], fp32
+
+    @classmethod
+    def zeros(cls, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int,
+              num_heads: int, key_dim: int, value_dim: int,
+              device: torch.device = torch.device("cpu")) -> "LinearStates":
+        return cls(
+            conv=[torch.zeros(num_slots, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
+            ssm=[torch.zeros(num_slots, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
+        )
+
+    def clear(self, slot: int) -> None:
+        """Zero a slot on allocation: a fresh request starts from zero history."""
+        for conv, ssm in zip(self.conv, self.ssm):
+            conv[slot].zero_()
+            ssm[slot].zero_()
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
+
+
+class _GateNormWeight(nn.Module):
+    """Holds the gated RMSNorm's plain multiplier (named `norm.weight` as in checkpoints)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, hidden: int, num_heads: int, key_dim: int, value_dim: int, conv_kernel: int,
+                 eps: float, num_value_heads: int = 0):
+        super().__init__()
+        self.num_heads, self.key_dim, self.value_dim = num_heads, key_dim, value_dim
+        self.num_value_heads = num_value_heads or num_heads
+        self.conv_kernel, self.eps = conv_kernel, eps
+        self.conv_dim = 2 * num_heads * key_dim + self.num_value_heads * value_dim
+        self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden, self.num_value_heads * value_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden, self.num_value_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden, self.num_value_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_value_heads))
+        self.dt_bias = nn.Parameter(torch.ones(self.num_value_heads))
+        self.norm = _GateNormWeight(value_dim)
+        self.out_proj = nn.Linear(self.num_value_heads * value_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, bounds: Bounds, slots: list[int], conv_state: torch.Tensor,
+                ssm_state: torch.Tensor) -> torch.Tensor:
+        """x `[N, hidden]` packed by `bounds`; `slots[i]` is span i's state slot. Updates the states."""
+        mixed = seg_linear(x, self.in_proj_qkv.weight, bounds)
+        z = seg_linear(x, self.in_proj_z.weight, bounds)
+        beta = torch.sigmoid(seg_linear(x, self.in_proj_b.weight, bounds).float())
+        a = seg_linear(x, self.in_proj_a.weight, bounds).float()
+        g = -self.A_log.float().exp() * F.softplus(a + self.dt_bias.float())
+        out = torch.empty(x.shape[0], self.num_value_heads, self.value_dim, dtype=x.dtype)
+        for (start, end), slot in zip(bounds, slots):
+            conv_out = self._conv(mixed[start:end], conv_state, slot)
+            out[start:end] = self._recur(conv_out, g[start:end], beta[start:end], ssm_state, slot)
+        normed = out.float() * torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        gated = self.norm.weight * normed.to(x.dtype) * F.silu(z.view_as(out).float()).to(x.dtype)
+        return seg_linear(gated.reshape(x.shape[0], -1), self.out_proj.weight, bounds)
+
+    def _conv(self, cols: torch.Tensor, conv_state: torch.Tensor, slot: int) -> torch.Tensor:
+        """Causal depthwise conv of `cols` `[T, C]` after the slot's K-1 stored columns, then SiLU."""
+        window = torch.cat([conv_state[slot], cols.T], dim=1)  # [C, K-1+T]
+        conv_state[slot] = window[:, window.shape[1] - (self.conv_kernel - 1):]
+        conv = F.conv1d(window.unsqueeze(0), self.conv1d.weight, groups=self.conv_dim)
+        return F.silu(conv[0].T)  # [T, C]
+
+    def _recur(self, cols: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_state: torch.Tensor,
+               slot: int) -> torch.Tensor:
+        """The gated delta rule over one span's tokens, from and back into the slot's state."""
+        num_tokens = cols.shape[0]
+        key_width = self.num_heads * self.key_dim
+        q = _l2norm(cols[:, :key_width].reshape(num_tokens, self.num_heads, self.key_dim).float())
+        k = _l2norm(cols[:, key_width:2 * key_width].reshape(num_tokens, self.num_heads, self.key_dim).float())
+        v = cols[:, 2 * key_width:].reshape(num_tokens, self.num_value_heads, self.value_dim).float()
+        group = self.num_value_heads // self.num_heads
+        if group > 1:
+            q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
+        q = q * self.key_dim ** -0.5
+        state = ssm_state[slot].clone()
+        outs = []
+        for t in range(num_tokens):
+            state = state * g[t].exp()[:, None, None]
+            predicted = torch.einsum("hk,hkv->hv", k[t], state)
+            update = (v[t] - predicted) * beta[t][:, None]
+            state = state + k[t][:, :, None] * update[:, None, :]
+            outs.append(torch.einsum("hk,hkv->hv", q[t], state))
+        ssm_state[slot] = state
+        return torch.stack(outs).to(cols.dtype)

@@ -1,0 +1,440 @@
+"""Runs the rows of one kv node's step: allocate KV pages and state slots, pack, forward, sample.
+
+In: `(StepRow, CallInfo, RequestState)` triples of one step (rows may belong to different walks: a mixed step).
+Out: a `RowResult` per row that ran or failed alone, and the ids of rows that could not get memory
+(nothing ran for them; the scheduler holds and retries them).
+
+Inputs per row (see docs/engine.md): token-id values are embedded, embedding tensors (encoder
+output, hidden states of another LLM) are added in (through a seeded adapter when their width is
+not the node's hidden), masks and signals are ignored. A call that takes `latents` is an image-flow
+step: latents and `time_index` in, one Euler step of the flow out; it reads the KV context without
+writing it. Outputs per edge name: `latents`, `time_index`, names with `mask` (a bool tensor),
+names with `states` / `hidden` (the hidden states of every token of the row), names with `embeds`
+(the last token's hidden state: the next input embedding), names starting `v_` (the flow
+velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec of Q > 1
+quantizers, one frame: a tensor of Q codes).
+
+Guidance (BAGEL, see mstar/runtime/engine/runners/guidance.py): on a node with `kv_sequences main cfg_text
+cfg_img`, a guided request's writing rows extend two of the three sequences and its image-flow rows
+read all three; each (row, sequence) pair is one segment of the packed step, and the flow rows'
+three velocities are combined into one. Other requests use `main` only.
+
+Memory: pages are allocated per step; a row that cannot get pages or a slot does not run and is
+reported in allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
+the node only when the pages it may need (prompt + max_tokens) fit beside what already-started
+requests may still need, so running requests can always finish and a full pool never deadlocks.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from mstar.plan.schema import NodePlan
+from mstar.runtime.engine.attention.torch_paged import Segment
+from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.runners.values import InputError, classify, synthesise
+from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
+from mstar.runtime.engine.runners.guidance import (
+    CFG_IMG, CFG_TEXT, MAIN, combine, has_guidance_sequences, in_interval, sequences_read,
+    sequences_written,
+)
+from mstar.runtime.engine.kv.cache import KvCache
+from mstar.runtime.engine.kv.pages import PagePool
+from mstar.runtime.engine.kv.slots import SlotPool
+from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
+from mstar.runtime.engine.models.gdn import LinearStates
+from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.placement import CPU, Placement
+from mstar.runtime.engine.sampling import sample_token
+from mstar.runtime.step import RowResult, StepRow
+
+
+@dataclass
+class _Prepared:
+    row: StepRow
+    call: CallInfo
+    request: RequestState
+    embeds: torch.Tensor  # [T, hidden]
+    tokens_fed: list[int]
+    is_flow: bool = False
+    latents: Optional[torch.Tensor] = None
+    time_index: int = 0
+    writes: tuple[str, ...] = (MAIN,)  # KV sequences the row extends (none for a flow row)
+    reads: tuple[str, ...] = (MAIN,)  # KV sequences a flow row attends over
+
+    def keys(self) -> list[tuple[str, str]]:
+        return [(self.row.request_id, label) for label in self.writes]
+
+
+def output_kind(name: str) -> str:
+    """What an output edge of a kv node carries, by its name (table in the module docstring)."""
+    if name in ("latents", "time_index"):
+        return name
+    if "mask" in name:
+        return "mask"
+    if name.startswith("v_"):
+        return "velocity"
+    if any(word in name for word in ("states", "embeds", "hidden")):
+        return "hidden"
+    return "token"
+
+
+class DecoderRunner:
+    def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
+                 max_seq_len: int, slots: Optional[SlotPool], seed: int,
+                 code_frames: Optional[dict[str, tuple[int, int]]] = None,
+                 flow_walks: frozenset[str] = frozenset(), placement: Placement = CPU,
+                 flashinfer: Optional[FlashInferAttention] = None):
+        """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
+        that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). flow_walks: the walks
+        whose call on this node is an image-flow step (a request taking one may be guided).
+        placement: where the model runs (the KV cache and recurrent states are allocated there);
+        flashinfer: the GPU attention backend, or None for the torch path."""
+        self.node = node
+        self.dims = dims
+        self.model = model
+        self.max_seq_len = max_seq_len
+        self.seed = seed
+        self.pool = PagePool(num_pages, page_size)
+        self.cache = KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim,
+                             dtype=placement.kv_dtype, device=placement.device)
+        self.flashinfer = flashinfer
+        self.slots = slots
+        conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
+                    + dims.num_linear_value_heads * dims.linear_value_dim)
+        self.states = (LinearStates.zeros(dims.num_linear_layers, slots.num_slots, conv_dim, dims.conv_kernel,
+                                          dims.num_linear_value_heads, dims.linear_key_dim, dims.linear_value_dim,
+                                          device=placement.device)
+                       if slots else None)
+        self.stop_tokens = _node_stop_tokens(node)
+        self._budgets: dict[str, int] = {}  # started request -> pages it may need
+        self._adapters: dict[tuple[str, int], torch.Tensor] = {}
+        self.code_frames = code_frames or {}
+        self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
+        self._code_heads: dict[str, torch.Tensor] = {}
+        self.flow_walks = flow_walks
+        self.bidirectional_walks = frozenset(node.bidirectional_walks)
+        self.has_guidance = has_guidance_sequences(node.kv_sequences) and not dims.has_linear_layers
+
+    # ------------------------------------------------------------------ requests
+
+    def _budget_tokens(self, request: RequestState) -> int:
+        return len(request.prompt_tokens) + (request.params.max_tokens or 0)
+
+    def is_guided(self, request: RequestState) -> bool:
+        """Whether the request keeps the three guidance sequences here (guidance.py's rule)."""
+        return (self.has_guidance and request.guidance.is_on
+                and not self.flow_walks.isdisjoint(request.route_walks))
+
+    def _needed_pages(self, request: RequestState) -> int:
+        """Pages a request may need here: its text plus the media tokens encoders may feed in;
+        when guided also cfg_text (the media) and cfg_img (the text)."""
+        text, media = self._budget_tokens(request), self.num_media_tokens
+        pages = self.pool.pages_for(text + media)
+        if self.is_guided(request):
+            pages += self.pool.pages_for(media) + self.pool.pages_for(text)
+        return pages
+
+    def _start_budget_pages(self, request: RequestState) -> int:
+        return min(self._needed_pages(request), self.pool.num_pages)
+
+    def refusal(self, request: RequestState) -> Optional[str]:
+        """Why the request can never run on this node, or None when it can."""
+        vocab = int(self.node.dims.get("vocab", 0))
+        if vocab and "text_inputs" in self.node.inputs:
+            # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
+            # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
+            bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                return f"node {self.node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        num_tokens = self._budget_tokens(request)
+        if num_tokens > self.max_seq_len:
+            return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
+                    f"({request.params.max_tokens}) = {num_tokens} tokens exceeds max_seq_len {self.max_seq_len}")
+        num_pages = self.pool.pages_for(num_tokens)
+        if num_pages > self.pool.num_pages:
+            return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
+                    f"({request.params.max_tokens}) = {num_tokens} tokens need {num_pages} KV pages of "
+                    f"{self.pool.page_size} but the pool has only {self.pool.num_pages}")
+        if self.is_guided(request) and self._needed_pages(request) > self.pool.num_pages:
+            return (f"node {self.node.name}: with guidance the request keeps three KV sequences "
+                    f"({self._needed_pages(request)} pages of {self.pool.page_size}) but the pool has only "
+                    f"{self.pool.num_pages}; lower max_tokens, or set cfg_text_scale and cfg_img_scale to 1")
+        return None
+
+    def end_request(self, request_id: str) -> None:
+        self.pool.free_request(request_id)
+        self._budgets.pop(request_id, None)
+        if self.slots:
+            self.slots.release(request_id)
+
+    # ------------------------------------------------------------------ a step
+
+    def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]],
+            is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        """With `is_partial_ok` (the engines' default) the rows that got memory run and only the
+        others are reported failed; the driver holds those and post-processes the rest. Without
+        it, all or nothing: when any row cannot get memory, nothing runs."""
+        results: list[RowResult] = []
+        ready: list[_Prepared] = []
+        for row, call, request in rows:
+            try:
+                ready.append(self._prepare(row, call, request))
+            except InputError as error:
+                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+        for item in list(ready):
+            problem = self._length_problem(item)
+            if problem:
+                ready.remove(item)
+                results.append(RowResult(item.row.request_id, error=problem))
+        failed = self._memory_shortfall(ready)
+        if failed and not is_partial_ok:
+            return results, failed
+        ready = [item for item in ready if item.row.request_id not in failed]
+        self._grant(ready)
+        if ready:
+            results.extend(self._forward(ready))
+        return results, failed
+
+    def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
+        if call.is_image_flow:
+            return self._prepare_flow(row, call, request)
+        parts: list[torch.Tensor] = []
+        tokens_fed: list[int] = []
+        for name in call.inputs:
+            raw = row.inputs.get(name)
+            if raw is None and name in self._device_loop_backs(call):
+                # An on-device loop-back the conductor never saw: the engine kept the token.
+                raw = request.last_token.get(self.node.name)
+            value = classify(name, raw)
+            if value.kind == "tokens":
+                parts.append(self.model.embed_tokens(value.tensor))
+                tokens_fed.extend(value.tensor.tolist())
+            elif value.kind == "embeddings":
+                parts.append(self._adapt(name, value.tensor))
+        num_tokens = max((p.shape[0] for p in parts), default=1)
+        embeds = torch.zeros(num_tokens, self.dims.hidden)
+        for part in parts:
+            embeds[:part.shape[0]] += part
+        writes = sequences_written(is_text=bool(tokens_fed), is_guided=self.is_guided(request))
+        return _Prepared(row, call, request, embeds, tokens_fed, writes=writes)
+
+    def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
+        if self.dims.has_linear_layers:
+            raise InputError("image flow steps on a node with linear-attention layers are not supported")
+        shape = (self.dims.latent_tokens, self.dims.latent_channels)
+        value = classify("latents", row.inputs.get("latents"))
+        if value.kind == "signal":
+            latents = synthesise(request.params.seed, self.node.name, "latents", shape)
+        elif value.kind == "embeddings" and tuple(value.tensor.shape) == shape:
+            latents = value.tensor
+        else:
+            raise InputError(f"latents must be a float tensor of shape {shape}")
+        time_index = _as_int(row.inputs.get("time_index"), row.loop_iter)
+        embeds = self.model.embed_latents(latents, time_index, call.loop_max_iters)
+        return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index,
+                         writes=(), reads=sequences_read(self.is_guided(request)))
+
+    def _adapt(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
+        """Embeddings of another width are mapped to `hidden` by a fixed seeded projection."""
+        width = embeds.shape[1]
+        if width == self.dims.hidden:
+            return embeds
+        key = (name, width)
+        if key not in self._adapters:
+            seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/{width}".encode())
+            generator = torch.Generator().manual_seed(seed)
+            self._adapters[key] = torch.randn(self.dims.hidden, width, generator=generator) * width ** -0.5
+        return embeds @ self._adapters[key].T
+
+    def _num_new(self, item: _Prepared) -> int:
+        """Positions the row writes (an image-flow row reads only)."""
+        return 0 if item.is_flow else item.embeds.shape[0]
+
+    def _length_problem(self, item: _Prepared) -> Optional[str]:
+        for key in item.keys():
+            length = self.pool.num_tokens(key) + self._num_new(item)
+            if length > self.max_seq_len:
+                return (f"node {self.node.name}: sequence {key[1]} would grow to {length} tokens, past "
+                        f"max_seq_len {self.max_seq_len}")
+        return None
+
+    def _memory_shortfall(self, ready: list[_Prepared]) -> list[str]:
+        """Ids of rows that cannot get their pages (or a slot) this step; nothing is changed.
+
+        A started request may use pages up to its budget before others' outstanding needs; a new
+        request starts only when its whole budget fits beside them (see the module docstring).
+        """
+        num_free = self.pool.num_free_pages
+        outstanding = self._outstanding_pages()
+        num_free_slots = self.slots.num_free_slots if self.slots else 0
+        failed = []
+        for item in ready:
+            request_id = item.row.request_id
+            num_pages = sum(self.pool.num_new_pages(key, self._num_new(item)) for key in item.keys())
+            needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
+            if request_id in self._budgets:
+                remaining = max(0, self._budgets[request_id] - self.pool.num_pages_held(request_id))
+                is_granted = num_pages <= num_free - (outstanding - remaining)
+                claimed = -min(num_pages, remaining)
+            else:
+                budget = self._start_budget_pages(item.request)
+                is_granted = max(budget, num_pages) <= num_free - outstanding
+                claimed = max(0, budget - num_pages)
+            if not is_granted or (needs_slot and num_free_slots == 0):
+                failed.append(request_id)
+                continue
+            num_free -= num_pages
+            outstanding += claimed
+            num_free_slots -= needs_slot
+        return failed
+
+    def _grant(self, ready: list[_Prepared]) -> None:
+        """Reserve pages and slots for rows `_memory_shortfall` cleared."""
+        for item in ready:
+            request_id = item.row.request_id
+            if request_id not in self._budgets:
+                self._budgets[request_id] = self._start_budget_pages(item.request)
+            is_reserved = all(self.pool.reserve(key, self._num_new(item)) for key in item.keys())
+            if not is_reserved:
+                raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
+            if self.slots is not None and self.slots.slot_of(request_id) is None:
+                self.states.clear(self.slots.acquire(request_id))
+
+    def _outstanding_pages(self) -> int:
+        """Pages started requests may still claim (their budget minus what they hold)."""
+        return sum(max(0, budget - self.pool.num_pages_held(rid)) for rid, budget in self._budgets.items())
+
+    def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
+        """One packed forward: a segment per (row, KV sequence) it writes or reads; the first
+        segment of each row (its `main` one) gives its outputs."""
+        segments, bounds, positions, slots, embeds, tables = [], [], [], [], [], []
+        spans: list[dict[str, tuple[int, int]]] = []  # per item: sequence label -> token span
+        start = 0
+        for item in ready:
+            num_tokens = item.embeds.shape[0]
+            spans.append({})
+            for label in item.reads if item.is_flow else item.writes:
+                key = (item.row.request_id, label)
+                num_cached = self.pool.num_tokens(key)
+                num_positions = num_cached + (0 if item.is_flow else num_tokens)
+                table = self.pool.page_table(key)
+                flat = self.cache.flat_positions(table, num_positions)
+                tables.append(table)
+                is_causal = not item.is_flow and item.row.walk not in self.bidirectional_walks
+                segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=is_causal,
+                                        is_write=not item.is_flow))
+                bounds.append((start, start + num_tokens))
+                positions.append(torch.arange(num_cached, num_cached + num_tokens))
+                slots.append(self.slots.slot_of(item.row.request_id) if self.slots else 0)
+                embeds.append(item.embeds)
+                spans[-1][label] = (start, start + num_tokens)
+                start += num_tokens
+        batch = DecoderBatch(torch.cat(positions), bounds, segments, slots)
+        if self.flashinfer is not None and all(s.is_causal and s.is_write for s in segments):
+            rows = [(s.num_tokens, s.num_cached, table) for s, table in zip(segments, tables)]
+            new_index = torch.cat([s.flat_index[s.num_cached:] for s in segments])
+            batch.attend = self.flashinfer.plan_step(rows, new_index, self.dims.head_dim ** -0.5)
+        with torch.no_grad():
+            hidden = self.model(torch.cat(embeds), batch, self.cache, self.states)
+            results = []
+            for item, span in zip(ready, spans):
+                main = hidden[slice(*span[MAIN])]
+                velocity = self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()})
+                results.append(self._outputs(item, main, velocity))
+        for item in ready:
+            for key in item.keys():
+                self.pool.commit(key, item.embeds.shape[0])
+        return results
+
+    def _flow_velocity(self, item: _Prepared, hidden: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+        """A flow row's velocity: `main`'s, or the guided combination inside the interval."""
+        if not item.is_flow:
+            return None
+        v_main = self.model.velocity(hidden[MAIN])
+        if CFG_TEXT not in hidden or not in_interval(item.time_index, item.call.loop_max_iters):
+            return v_main
+        return combine(v_main, self.model.velocity(hidden[CFG_TEXT]), self.model.velocity(hidden[CFG_IMG]),
+                       item.request.guidance)
+
+    def _outputs(self, item: _Prepared, hidden: torch.Tensor, velocity: Optional[torch.Tensor]) -> RowResult:
+        node, request = self.node.name, item.request
+        history = request.history.setdefault(node, [])
+        history.extend(item.tokens_fed)
+        result = RowResult(item.row.request_id)
+        kinds = {name: output_kind(name) for name in item.call.output_names}
+        token = None
+        if "token" in kinds.values() and not item.is_flow:
+            logits = self.model.logits(hidden[-1:])[0]
+            token = sample_token(logits, request.params, torch.tensor(history, dtype=torch.long),
+                                 request.generator(node))
+            request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+            request.last_token[node] = [token]
+            max_tokens = request.params.max_tokens
+            result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
+                              or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
+        for name, kind in kinds.items():
+            if kind == "token":
+                if token is not None and name in self.code_frames:
+                    result.outputs[name] = self._code_frame(name, token, hidden[-1])
+                elif token is not None:
+                    result.outputs[name] = [token]
+            elif kind == "latents" and item.is_flow:
+                result.outputs[name] = item.latents + velocity / max(item.call.loop_max_iters, 1)
+            elif kind == "time_index":
+                result.outputs[name] = item.time_index + 1
+            elif kind == "mask":
+                result.outputs[name] = torch.ones(hidden.shape[0], dtype=torch.bool)
+            elif kind == "velocity" and item.is_flow:
+                result.outputs[name] = velocity
+            elif kind in ("hidden", "velocity", "latents"):
+                is_last_only = "embeds" in name or self._is_self_loop(item.call, name)
+                result.outputs[name] = hidden[-1:].clone() if is_last_only else hidden.clone()
+        return result
+
+    def _code_frame(self, name: str, token: int, last_hidden: torch.Tensor) -> torch.Tensor:
+        """One frame of codes: the sampled token, then one greedy code per further quantizer from a
+        fixed seeded head (a stand-in for Qwen3-Omni's code predictor). One stream item."""
+        num_quantizers, codebook = self.code_frames[name]
+        if name not in self._code_heads:
+            seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/code_head".encode())
+            generator = torch.Generator().manual_seed(seed)
+            self._code_heads[name] = torch.randn((num_quantizers - 1) * codebook, self.dims.hidden,
+                                                 generator=generator) * self.dims.hidden ** -0.5
+        scores = (self._code_heads[name] @ last_hidden).view(num_quantizers - 1, codebook)
+        return torch.cat([torch.tensor([token]), scores.argmax(-1)])
+
+    def _device_loop_backs(self, call: CallInfo) -> set[str]:
+        return {e.name for e in call.edges if e.is_device and e.is_loop_back and e.dest == self.node.name}
+
+    def _is_self_loop(self, call: CallInfo, name: str) -> bool:
+        return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)
+
+
+def _as_int(value: object, default: int) -> int:
+    """An integer signal (`time_index`) from an int, a one-element list or tensor; else `default`."""
+    if isinstance(value, bool) or value is None:
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() >= 1:
+        return int(value.reshape(-1)[0])
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], int):
+        return int(value[0])
+    return default
+
+
+def _node_stop_tokens(node: NodePlan) -> frozenset[int]:
+    """Stop tokens a spec states on the node (`stop_token=…` or a list `stop_tokens=[…]`)."""
+    found: set[int] = set()
+    for key in ("stop_token", "stop_tokens"):
+        value = node.dims.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+        elif isinstance(value, list):
+            found.update(v for v in value if isinstance(v, int))
+    return frozenset(found)

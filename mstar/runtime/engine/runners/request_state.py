@@ -1,0 +1,45 @@
+"""What the torch engine keeps per request: sampling settings, generators, token history, counters."""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mstar.runtime.engine.runners.guidance import GuidanceParams
+from mstar.runtime.engine.sampling import SamplingParams
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    params: SamplingParams
+    prompt_tokens: list[int]
+    media: dict[str, Any] = field(default_factory=dict)
+    guidance: GuidanceParams = field(default_factory=GuidanceParams)
+    route_walks: frozenset[str] = frozenset()  # every walk the request's explicit route names
+    history: dict[str, list[int]] = field(default_factory=dict)  # node -> token ids fed so far
+    num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
+    num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
+    last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
+    _generators: dict[str, torch.Generator] = field(default_factory=dict)
+
+    @classmethod
+    def from_request(cls, request_id: str, request: Any) -> "RequestState":
+        get = request.get if isinstance(request, dict) else (lambda name, default=None: getattr(request, name, default))
+        return cls(
+            request_id=request_id,
+            params=SamplingParams.from_request(request),
+            prompt_tokens=[int(t) for t in (get("prompt_tokens") or [])],
+            media=dict(get("media") or {}),
+            guidance=GuidanceParams.from_request(request),
+            route_walks=frozenset(walk for walks in (get("route") or {}).values() for walk in walks),
+        )
+
+    def generator(self, node: str) -> torch.Generator:
+        """This request's sampling generator on `node`, seeded once from the request seed."""
+        if node not in self._generators:
+            seed = zlib.crc32(f"{self.params.seed}/{node}".encode())
+            self._generators[node] = torch.Generator().manual_seed(seed)
+        return self._generators[node]

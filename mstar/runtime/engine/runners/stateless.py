@@ -1,0 +1,141 @@
+"""Runs the rows of a stateless node's step: codec, media encoder, or image decoder.
+
+Rows are computed one by one (these nodes hold no KV and their inputs differ in size per row).
+Each returns the same value under every output edge name of its (node, walk) call.
+
+- codec: codes in (a list of ints, or a chunk of per-frame code tensors; grouped into frames of
+  `quantizers` codes) -> int16 samples; an empty chunk gives no samples. With a sliding
+  `window(size, stride)` stream policy a short window is padded to `size` by repeating its last code
+  and the codec keeps frame `keep_frame` (stride codes' worth of samples) of each window, as SNAC does
+  in Orpheus; with `left_context(chunk, context)` it drops the samples of the context codes it has
+  already decoded; otherwise it keeps everything.
+- encoder: media features `[n, feature_dim]` in (synthesised from the request seed when absent) ->
+  one embedding tensor per output edge, as wide as the node that edge feeds.
+- image_decoder: latents in -> an RGB image tensor `[3, H, W]` in [0, 1].
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from mstar.plan.schema import ChunkPolicyPlan, NodePlan
+from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.runners.values import InputError, classify, synthesise
+from mstar.runtime.engine.models.codec import CodecDecoder
+from mstar.runtime.engine.models.encoders import MediaEncoder
+from mstar.runtime.engine.models.image_decoder import ImageDecoder
+from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.step import RowResult, StepRow
+
+Rows = list[tuple[StepRow, CallInfo, RequestState]]
+
+
+class StatelessRunner:
+    """Shared row loop: subclasses turn one row's inputs into one output value."""
+
+    def __init__(self, node: NodePlan):
+        self.node = node
+
+    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        """Stateless rows never wait for memory (`is_partial_ok` changes nothing)."""
+        results = []
+        for row, call, request in rows:
+            try:
+                with torch.no_grad():
+                    value = self.compute(row, call, request)
+            except InputError as error:
+                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                continue
+            results.append(RowResult(row.request_id, outputs={name: value for name in call.output_names}))
+        return results, []
+
+    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> object:
+        raise NotImplementedError
+
+    def refusal(self, request: RequestState) -> Optional[str]:
+        return None
+
+    def end_request(self, request_id: str) -> None:
+        return None
+
+    def _first_value(self, row: StepRow, call: CallInfo, kind: str) -> Optional[torch.Tensor]:
+        """The first input of `kind` (tokens or embeddings) among the call's inputs, else None."""
+        for name in call.inputs:
+            value = classify(name, row.inputs.get(name))
+            if value.kind == kind:
+                return value.tensor
+        return None
+
+
+class CodecRunner(StatelessRunner):
+    def __init__(self, node: NodePlan, model: CodecDecoder, policy: Optional[ChunkPolicyPlan]):
+        super().__init__(node)
+        self.model = model
+        self.policy = policy
+
+    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+        codes = self._first_value(row, call, "tokens")
+        if codes is None:  # an empty chunk decodes to no audio
+            return torch.zeros(0, dtype=torch.int16)
+        frames = self.model.frames(codes)
+        spf = self.model.dims.samples_per_token
+        policy = self.policy
+        if policy is not None and policy.kind == "window":
+            stride = policy.stride or policy.size
+            if frames.shape[0] < policy.size:
+                frames = torch.cat([frames, frames[-1:].expand(policy.size - frames.shape[0], -1)])
+            start = self.model.dims.keep_frame * stride * spf
+            return self.model(frames)[start:start + stride * spf]
+        if policy is not None and policy.kind == "left_context":
+            seen = request.num_items_seen.get(self.node.name, 0)
+            num_context = min(policy.context or 0, seen, frames.shape[0])
+            request.num_items_seen[self.node.name] = seen + frames.shape[0] - num_context
+            return self.model(frames)[num_context * spf:]
+        return self.model(frames)
+
+
+class EncoderRunner(StatelessRunner):
+    def __init__(self, node: NodePlan, model: MediaEncoder):
+        super().__init__(node)
+        self.model = model
+
+    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        results = []
+        for row, call, request in rows:
+            try:
+                with torch.no_grad():
+                    outputs = self.model(self._features(row, call, request))
+            except InputError as error:
+                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                continue
+            named = {name: outputs[name] for name in call.output_names if name in outputs}
+            results.append(RowResult(row.request_id, outputs=named))
+        return results, []
+
+    def _features(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+        dims = self.model.dims
+        features = self._first_value(row, call, "embeddings")
+        if features is None:
+            name = call.inputs[0] if call.inputs else "media"
+            return synthesise(request.params.seed, self.node.name, name, (dims.num_tokens, dims.feature_dim))
+        if features.shape[1] != dims.feature_dim or features.shape[0] > 4096:
+            raise InputError(f"media features of shape {tuple(features.shape)}; the encoder takes "
+                             f"[n <= 4096, {dims.feature_dim}]")
+        return features
+
+
+class ImageDecoderRunner(StatelessRunner):
+    def __init__(self, node: NodePlan, model: ImageDecoder):
+        super().__init__(node)
+        self.model = model
+
+    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+        dims = self.model.dims
+        shape = (dims.latent_tokens, dims.latent_channels)
+        latents = self._first_value(row, call, "embeddings")
+        if latents is None:
+            latents = synthesise(request.params.seed, self.node.name, "latents", shape)
+        if tuple(latents.shape) != shape:
+            raise InputError(f"latents of shape {tuple(latents.shape)}; the decoder takes {shape}")
+        return self.model(latents)

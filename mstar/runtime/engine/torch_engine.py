@@ -1,0 +1,294 @@
+"""TorchEngine: the real engine (torch models, paged KV cache, sampling) on the CPU or a CUDA GPU.
+
+`TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None, runs_partial_steps=True,
+device="cpu", attention="auto")` builds one model per plan
+node (kind from `mstar.runtime.engine.models.kinds`, dims from `mstar.runtime.engine.dims`) and implements the
+`mstar.runtime.step.Engine` protocol:
+- `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
+  max_tokens past a node's KV pool or max_seq_len, bad sampling settings);
+- `run_step(step)` -> `StepResult`: per-row outputs keyed by the output edge names of that row's
+  (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot
+  (nothing ran for them; the other rows ran, unless `runs_partial_steps` is off);
+- `end_request(id)` frees its pages and slots.
+With tiny dims the engine sets torch to one thread (see `__init__`). One engine serves every
+worker of the plan (one KV pool per kv node, shared by its walks, so a prefill/decode split across
+ranks needs no KV transfer on the CPU).
+
+Start-up refusals (`EngineError`, a clear message): a kind the engine has no model for, bad dims, a
+recurrent slot pool too small, a `--weights` checkpoint that does not fit the node, a `--device`
+this machine lacks, `--attention flashinfer` where FlashInfer cannot run.
+
+On a GPU (`device="cuda"`) the models run through `placement.OnDevice` (bf16 autocast, host values
+at the runner boundary) and kv nodes plan FlashInfer per step where it can run
+(`flashinfer_attention.py`); the CPU path is the exact fp32 reference.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from mstar.plan.schema import NodePlan, Plan
+from mstar.runtime.engine.dims import (
+    DIMS_MODES, DecoderDims, DimsError, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
+)
+from mstar.runtime.engine.runners.decoder import DecoderRunner
+from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner
+from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
+from mstar.runtime.engine.runners.guidance import GuidanceError
+from mstar.runtime.engine.kv.slots import SlotPool, SlotPoolError
+from mstar.runtime.engine.models.codec import CodecDecoder
+from mstar.runtime.engine.models.decoder import Decoder
+from mstar.runtime.engine.models.encoders import MediaEncoder
+from mstar.runtime.engine.models.image_decoder import ImageDecoder
+from mstar.runtime.engine.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
+from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
+from mstar.runtime.engine.sampling import SamplingError
+from mstar.runtime.step import RowResult, Step, StepResult
+from mstar.runtime.engine.weights import (
+    WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config, weights_by_node,
+)
+
+Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
+DEFAULT_PAGE_SIZE = 16
+DEFAULT_NUM_PAGES = 1024
+ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
+MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and activations need the rest)
+
+
+class EngineError(ValueError):
+    """The engine cannot start for this plan and these options (the message says why)."""
+
+
+class TorchEngine:
+    def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
+                 num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
+                 attention: str = "auto"):
+        """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
+        results come back beside `allocation_failed`; the driver post-processes them and holds
+        only the failed rows). False: all or nothing per step (a step with a failed row runs
+        nothing; the driver then puts the whole batch back).
+        weights_dir: `--weights` entries, each `DIR` or `NODE=DIR` (weights.weights_by_node).
+        device: `cpu` (fp32, the reference path) or `cuda[:N]` (models via placement.OnDevice).
+        attention: `torch`, `flashinfer` (a GPU, head_dim 64/128/256, the gpu extra) or `auto`
+        (FlashInfer where it can run, else torch)."""
+        if dims not in DIMS_MODES:
+            raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
+        if num_pages is not None and num_pages <= 0:
+            raise EngineError(f"--kv-pages {num_pages}: must be a positive number of pages")
+        if attention not in ATTENTION_BACKENDS:
+            raise EngineError(f"--attention {attention!r}: choose one of {', '.join(ATTENTION_BACKENDS)}")
+        try:
+            self.placement = resolve_device(device)
+        except DeviceError as error:
+            raise EngineError(str(error)) from None
+        self.attention = attention
+        if dims == "tiny":
+            # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
+            # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
+            torch.set_num_threads(1)
+        self.plan = plan
+        self.runs_partial_steps = runs_partial_steps
+        self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
+        self.requests: dict[str, RequestState] = {}
+        self.decoder_dims: dict[str, DecoderDims] = {}
+        self._num_weight_bytes = 0
+        try:
+            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir)
+            kinds = {node.name: node_kind(plan, node, self.calls) for node in plan.nodes}
+            self.runners: dict[str, Runner] = {}
+            # Decoders first: encoders size their heads and image decoders their latents after them.
+            for node in sorted(plan.nodes, key=lambda n: kinds[n.name] != "decoder"):
+                self.runners[node.name] = self._build(node, kinds[node.name], dims, checkpoints.get(node.name),
+                                                      seed, num_pages)
+        except (DimsError, NodeKindError, SlotPoolError, WeightsError) as error:
+            raise EngineError(str(error)) from None
+        self._count_media_tokens()
+
+    def _count_media_tokens(self) -> None:
+        """Tell each decoder how many tokens its encoders may feed a request (for start budgets)."""
+        for (name, _), call in self.calls.items():
+            runner = self.runners[name]
+            if isinstance(runner, EncoderRunner):
+                fed = {edge.dest for edge in call.edges if edge.dest_kind == "node"}
+                for dest in fed:
+                    target = self.runners.get(dest)
+                    if isinstance(target, DecoderRunner):
+                        target.num_media_tokens += runner.model.dims.num_tokens
+
+    # ------------------------------------------------------------------ start-up
+
+    def _build(self, node: NodePlan, kind: str, mode: str, weights_dir: Optional[str], seed: int,
+               num_pages: Optional[int]) -> Runner:
+        if kind == "decoder":
+            return self._build_decoder(node, mode, weights_dir, seed, num_pages)
+        if kind == "codec":
+            dims = codec_dims(node, mode)
+            model = self._new(node.name, lambda: CodecDecoder(dims))
+            init_random(model, seed, node.name)
+            return CodecRunner(node, self._place(model), self._stream_policy(node.name))
+        if kind == "encoder":
+            dims = encoder_dims(node, mode, is_audio_encoder(node))
+            widths = {}
+            for (name, _), call in self.calls.items():
+                if name == node.name:
+                    for edge in call.edges:
+                        dest = self.decoder_dims.get(edge.dest) if edge.dest_kind == "node" else None
+                        widths[edge.name] = dest.hidden if dest else dims.hidden
+            model = self._new(node.name, lambda: MediaEncoder(dims, widths))
+            init_random(model, seed, node.name)
+            return EncoderRunner(node, self._place(model))
+        latent_source = self._latent_source()
+        image_dims = image_decoder_dims(node, mode, latent_source)
+        model = self._new(node.name, lambda: ImageDecoder(image_dims))
+        init_random(model, seed, node.name)
+        return ImageDecoderRunner(node, self._place(model))
+
+    def _build_decoder(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
+                       num_pages: Optional[int]) -> DecoderRunner:
+        dims = decoder_dims(node, mode)
+        if weights_dir is not None:
+            checkpoint = read_checkpoint_config(weights_dir)
+            if checkpoint.style != dims.style:
+                kinds = {"llama": "a plain Llama decoder", "qwen3_5": "a Qwen3.5 gated delta-net hybrid"}
+                raise WeightsError(f"--weights {weights_dir}: the checkpoint is {kinds[checkpoint.style]} but "
+                                   f"node {node.name} is {kinds[dims.style]}")
+            dims = checkpoint
+        self.decoder_dims[node.name] = dims
+        model = self._new(node.name, lambda: Decoder(dims))
+        init_random(model, seed, node.name)
+        if weights_dir is not None:
+            load_checkpoint_weights(model, weights_dir, dims.is_tied_embeddings)
+        pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
+        # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
+        page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
+        max_seq_len = pool.max_seq_len if pool else self.plan.deployment.max_seq_len
+        pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
+        slots = None
+        if dims.has_linear_layers:
+            max_concurrent = self.plan.deployment.max_concurrent_requests
+            num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
+            slots = SlotPool(node.name, num_slots, max_concurrent)
+        flow_walks = frozenset(walk for (name, walk), call in self.calls.items()
+                               if name == node.name and call.is_image_flow)
+        return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
+                             self._code_frames(node.name, mode), flow_walks, self.placement,
+                             self._flashinfer(node, dims, page_size))
+
+    def _place(self, model: torch.nn.Module) -> Any:
+        """The model itself on the CPU; on a GPU, wrapped so that its runner stays device-free."""
+        return model if self.placement.is_cpu else OnDevice(model, self.placement)
+
+    def _flashinfer(self, node: NodePlan, dims: DecoderDims, page_size: int) -> Optional[FlashInferAttention]:
+        """The node's FlashInfer backend, None for the torch path (`attention` rules in __init__)."""
+        if self.attention == "torch" or dims.num_full_layers == 0:
+            return None
+        reason = unavailable_reason(self.placement.device, dims.head_dim)
+        if reason is not None:
+            if self.attention == "flashinfer":
+                raise EngineError(f"--attention flashinfer: node {node.name}: {reason}")
+            return None
+        return FlashInferAttention(self.placement.device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
+                                   page_size)
+
+    def attention_backends(self) -> dict[str, str]:
+        """kv node -> the attention backend its steps use where they can (for the report)."""
+        return {name: "flashinfer" if runner.flashinfer is not None else "torch"
+                for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
+
+    def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:
+        """Token edges of `node` that feed a multi-quantizer codec -> (quantizers, codebook)."""
+        codecs = {n.name: n for n in self.plan.nodes if n.engine == "stateless" and n.flavor == "audio_codec"}
+        frames = {}
+        for (name, _), call in self.calls.items():
+            if name == node:
+                for edge in call.edges:
+                    if edge.dest in codecs and edge.dest_kind in ("node", "stream"):
+                        dims = codec_dims(codecs[edge.dest], mode)
+                        if dims.num_quantizers > 1:  # one code per item needs no frames
+                            frames[edge.name] = (dims.num_quantizers, dims.codebook)
+        return frames
+
+    def _new(self, node: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """Build a model after checking, on the meta device, that every model so far fits in memory."""
+        with torch.device("meta"):
+            probe = factory()
+        self._num_weight_bytes += sum(p.numel() * p.element_size() for p in probe.parameters())
+        limit = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_FRACTION)
+        if self._num_weight_bytes > limit:
+            raise EngineError(
+                f"node {node}: the models' weights need {self._num_weight_bytes / 2**30:.1f} GiB but this "
+                f"machine allows {limit / 2**30:.1f} GiB; use --dims tiny (or a smaller checkpoint)"
+            )
+        return factory()
+
+    def _stream_policy(self, node: str):
+        for partition in self.plan.partitions:
+            for stream in partition.streams:
+                if stream.consumer_node == node:
+                    return stream.policy
+        return None
+
+    def _latent_source(self) -> Optional[DecoderDims]:
+        """Dims of the decoder that runs an image flow (a call taking `latents`), if any."""
+        for (name, _), call in self.calls.items():
+            if call.is_image_flow and name in self.decoder_dims:
+                return self.decoder_dims[name]
+        return None
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    def add_request(self, request_id: str, request: Any) -> Optional[str]:
+        try:
+            state = RequestState.from_request(request_id, request)
+        except (SamplingError, GuidanceError, TypeError, ValueError) as error:
+            return f"request {request_id}: {error}"
+        for runner in self.runners.values():
+            reason = runner.refusal(state)
+            if reason:
+                return f"request {request_id} can never fit: {reason}"
+        self.requests[request_id] = state
+        return None
+
+    def run_step(self, step: Step) -> StepResult:
+        started = time.perf_counter()
+        runner = self.runners.get(step.node)
+        results: list[RowResult] = []
+        rows = []
+        for row in step.rows:
+            call = self.calls.get((step.node, row.walk))
+            request = self.requests.get(row.request_id)
+            if runner is None or call is None:
+                error = f"the plan has no call of node {step.node} in walk {row.walk}"
+                results.append(RowResult(row.request_id, error=error))
+            elif request is None:
+                error = f"request {row.request_id} was never added to the engine"
+                results.append(RowResult(row.request_id, error=error))
+            else:
+                rows.append((row, call, request))
+        failed: list[str] = []
+        if rows:
+            ran, failed = runner.run(rows, self.runs_partial_steps)
+            results.extend(ran)
+        return StepResult(rows=results, allocation_failed=failed, elapsed_s=time.perf_counter() - started)
+
+    def end_request(self, request_id: str) -> None:
+        for runner in self.runners.values():
+            runner.end_request(request_id)
+        self.requests.pop(request_id, None)
+
+
+def build(plan: Plan, args: Any) -> TorchEngine:
+    """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`."""
+    return TorchEngine(
+        plan,
+        dims=getattr(args, "dims", None) or "tiny",
+        weights_dir=getattr(args, "weights", None),
+        seed=getattr(args, "seed", None) or 0,
+        num_pages=getattr(args, "kv_pages", None),
+        device=getattr(args, "device", None) or "cpu",
+        attention=getattr(args, "attention", None) or "auto",
+    )

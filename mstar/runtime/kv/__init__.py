@@ -1,6 +1,0 @@
-"""The engine's per-request memory: paged KV pages (bookkeeping and tensors) and recurrent slots."""
-from mstar.runtime.kv.cache import KvCache
-from mstar.runtime.kv.pages import PagePool
-from mstar.runtime.kv.slots import SlotPool, SlotPoolError
-
-__all__ = ["KvCache", "PagePool", "SlotPool", "SlotPoolError"]

@@ -1,0 +1,122 @@
+"""Per-key lookup tables, built once from the plan when a scheduler starts.
+
+Input: one KeyPlan of a WorkerPlan (and whether this worker only follows it under TP).
+Output: flat lists indexed by mixture mask or walk index, so a step decides caps, labels,
+attention routes and capture buckets by indexing, never by searching the plan.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Optional
+
+from mstar.plan.schema import CaptureFamily, KeyPlan
+from mstar.runtime.scheduler.errors import SchedulerError
+
+#: Stands for "no rows limit" for a walk: larger than any cap.
+NO_LIMIT = 1 << 62
+
+
+class PlanTableError(SchedulerError):
+    """The plan's tables for a key are inconsistent (a missing mixture mask, an unknown capture)."""
+
+
+@dataclass(frozen=True)
+class CapturePick:
+    """Where a step of a given size lands: capture name or None (eager), padded batch, token bucket."""
+
+    capture: Optional[str]
+    padded_batch: int
+    token_bucket: int
+
+
+EAGER = CapturePick(None, 0, 0)
+
+
+@dataclass
+class KeyTables:
+    """Everything the builder needs about one scheduling key, as direct lookups.
+
+    caps[mask], labels[mask], attention[mask], families[mask], is_mixed[mask]: per mixture mask.
+    limits[w]: most rows of walk w in a mixed step (NO_LIMIT when the plan gives none).
+    limited_walks[mask]: (walk, limit) for each walk of a mixed mask that has a rows limit.
+    """
+
+    index: int
+    name: str
+    node: str
+    walks: list[str]
+    walk_index: dict[str, int]
+    caps: list[int]
+    labels: list[Optional[str]]
+    attention: list[str]
+    families: list[Optional[CaptureFamily]]
+    is_mixed: list[bool]
+    limits: list[int]
+    limited_walks: list[list[tuple[int, int]]]
+    is_followed: bool
+
+    @classmethod
+    def from_plan(cls, index: int, key: KeyPlan, is_followed: bool) -> "KeyTables":
+        num_masks = 1 << len(key.walks)
+        by_mask = {entry.mask: entry for entry in key.mixtures}
+        missing = [mask for mask in range(1, num_masks) if mask not in by_mask]
+        if missing:
+            raise PlanTableError(f"key {key.name}: no mixture entry for masks {missing}")
+        families = {family.name: family for family in key.captures}
+        caps = [0] * num_masks
+        labels: list[Optional[str]] = [None] * num_masks
+        attention = ["none"] * num_masks
+        picked: list[Optional[CaptureFamily]] = [None] * num_masks
+        for mask in range(1, num_masks):
+            entry = by_mask[mask]
+            caps[mask] = entry.cap
+            labels[mask] = entry.label
+            attention[mask] = entry.attention
+            if entry.capture is not None:
+                if entry.capture not in families:
+                    raise PlanTableError(
+                        f"key {key.name}: mixture {entry.walks} names unknown capture {entry.capture}"
+                    )
+                picked[mask] = families[entry.capture]
+        unknown = sorted(set(key.rows_limits) - set(key.walks))
+        if unknown:
+            raise PlanTableError(f"key {key.name}: rows limits for walks not in the key: {unknown}")
+        return cls(
+            index=index,
+            name=key.name,
+            node=key.node,
+            walks=list(key.walks),
+            walk_index={walk: i for i, walk in enumerate(key.walks)},
+            caps=caps,
+            labels=labels,
+            attention=attention,
+            families=picked,
+            is_mixed=[bin(mask).count("1") > 1 for mask in range(num_masks)],
+            limits=[key.rows_limits.get(walk, NO_LIMIT) for walk in key.walks],
+            limited_walks=[
+                [
+                    (w, key.rows_limits[walk]) for w, walk in enumerate(key.walks)
+                    if mask >> w & 1 and walk in key.rows_limits
+                ] if bin(mask).count("1") > 1 else []
+                for mask in range(num_masks)
+            ],
+            is_followed=is_followed,
+        )
+
+    def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int]) -> CapturePick:
+        """The bucket a step of `num_rows` rows with these per-row token counts pads to (or eager)."""
+        family = self.families[mask]
+        if family is None:
+            return EAGER
+        pad = family.batch_pad
+        padded = pad[num_rows] if num_rows < len(pad) else 0
+        if padded == 0:
+            return EAGER
+        if family.kind == "batched":
+            return CapturePick(family.name, padded, 0)
+        buckets = family.token_buckets
+        at = bisect_left(buckets, sum(num_tokens))
+        if at == len(buckets):
+            return EAGER
+        return CapturePick(family.name, padded, buckets[at])

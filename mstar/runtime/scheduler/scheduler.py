@@ -1,0 +1,393 @@
+"""Per-worker scheduler: ready rows per scheduling key -> one `Batch` per step.
+
+A row is one request's readiness at one (node, walk) on this worker. The scheduler keeps ready
+rows per scheduling key (WorkerPlan.walk_to_key), composes steps with the FIFO batch builder
+under the plan's caps and rows limits, chooses among keys least-recently-run first, builds
+speculative steps for on-device loops, holds rows after out-of-memory failures and runs a TP
+leader's batches on followers. It only looks things up in the plan's tables; it touches no
+tensors. docs/runtime.md "## Scheduler" describes each behaviour.
+
+How the conductor drives it (one worker):
+
+    sched = WorkerScheduler(plan.workers[rank], plan.deployment, clock=time.monotonic)
+    sched.add_ready(rid, "LLM", "prefill", num_tokens=len(prompt))   # a row became ready
+    batch = sched.next_batch()                 # None: nothing can run now
+    ... engine.run_step(step built from batch) ...
+    spec = sched.speculate(batch)              # while it runs: step N+1 of an on-device loop, or None
+    # after the step: rows that are ready again come back through add_ready / add_ready_many,
+    # except rows already scheduled in `spec`;
+    # allocation_failed ids -> sched.hold(batch, ids); a built batch that will not run -> discard.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence, Union
+
+from mstar.plan.schema import DeploymentPlan, SpeculationPlan, WorkerPlan
+from mstar.runtime.scheduler.batch import Batch
+from mstar.runtime.scheduler.batch_builder import compose, make_batch
+from mstar.runtime.scheduler.holds import Holds
+from mstar.runtime.scheduler.key_tables import KeyTables
+from mstar.runtime.scheduler.ready_queues import KeyQueue
+from mstar.runtime.scheduler.errors import (
+    DuplicateRowError,
+    LostRowError,
+    SchedulerError,
+    UnknownPlacementError,
+)
+from mstar.runtime.scheduler.speculation import plan_chain_step
+from mstar.runtime.scheduler.tp_follow import FollowQueue, rows_by_walk
+
+__all__ = [
+    "HOLD_BACKOFF_S",
+    "DuplicateRowError",
+    "LostRowError",
+    "SchedulerError",
+    "UnknownPlacementError",
+    "WorkerScheduler",
+]
+
+#: Out-of-memory backoff: held rows are invisible to the builder for this long.
+HOLD_BACKOFF_S = 0.05
+
+
+class WorkerScheduler:
+    """Scheduler of one worker (rank) of a plan.
+
+    worker:     the plan's WorkerPlan for this rank (keys, mixtures, caps, buckets, speculation,
+                TP groups).
+    deployment: the plan's DeploymentPlan (max_consecutive_follower_batches).
+    clock:      seconds, monotonic; injected so tests and the simulated engine control holds.
+    """
+
+    def __init__(
+        self,
+        worker: WorkerPlan,
+        deployment: DeploymentPlan,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rank = worker.rank
+        self._clock = clock
+        followed = {
+            (group.node, walk)
+            for group in worker.tp_groups
+            if group.leader != worker.rank
+            for walk in group.walks
+        }
+        self._tables: list[KeyTables] = []
+        self._queues: list[KeyQueue] = []
+        self._specs: list[list[Optional[SpeculationPlan]]] = []
+        self._key_index: dict[str, int] = {}
+        spec_by_pair = {(spec.node, spec.walk): spec for spec in worker.speculation}
+        for index, key in enumerate(worker.keys):
+            is_followed = any((key.node, walk) in followed for walk in key.walks)
+            tables = KeyTables.from_plan(index, key, is_followed)
+            self._tables.append(tables)
+            self._queues.append(KeyQueue(key.name, tables.walks))
+            self._specs.append([spec_by_pair.get((key.node, walk)) for walk in key.walks])
+            self._key_index[key.name] = index
+        # (node, walk) -> (key index, walk index), only for pairs this worker runs.
+        self._placement: dict[tuple[str, str], tuple[int, int]] = {}
+        for pair in worker.placements:
+            key_name = worker.walk_to_key.get(pair)
+            if key_name is None or key_name not in self._key_index:
+                raise UnknownPlacementError(f"worker {worker.rank}: placement {pair} has no scheduling key")
+            key = self._key_index[key_name]
+            node, walk = pair.split("/", 1)
+            if walk not in self._tables[key].walk_index:
+                raise UnknownPlacementError(f"worker {worker.rank}: walk {walk} of {pair} is not in key {key_name}")
+            self._placement[(node, walk)] = (key, self._tables[key].walk_index[walk])
+        self._led = [i for i, tables in enumerate(self._tables) if not tables.is_followed]
+        self._last_run = [0] * len(self._tables)  # step number of each key's last step (0 = never)
+        self._num_steps = 0
+        self._next_seq = 0
+        self._holds = Holds()
+        self._follow = FollowQueue(deployment.max_consecutive_follower_batches)
+        self._removed: set[str] = set()
+
+    # ------------------------------------------------------------ rows in
+
+    def add_ready(self, request_id: str, node: str, walk: str, num_tokens: int = 1) -> None:
+        """A row became ready: `request_id` can run `walk` on `node` with `num_tokens` tokens.
+
+        Raises UnknownPlacementError when this worker does not run (node, walk), and
+        DuplicateRowError when the request already has a ready or held row under that key.
+        Rows of a request removed with `remove` are dropped (pending removal), unless a queued
+        TP leader batch still names the request.
+        """
+        self.add_ready_many([request_id], node, walk, num_tokens)
+
+    def add_ready_many(
+        self,
+        request_ids: Sequence[str],
+        node: str,
+        walk: str,
+        num_tokens: Union[int, Sequence[int]] = 1,
+    ) -> None:
+        """Many rows of one (node, walk) became ready, in this order (e.g. a decode step's
+        continuing rows). `num_tokens` is one count for all or one per row. Same errors as
+        `add_ready`. Costs no per-row Python work beyond C-level list and set operations."""
+        placement = self._placement.get((node, walk))
+        if placement is None:
+            raise UnknownPlacementError(f"worker {self.rank} does not run walk {walk} of node {node}")
+        key, walk_index = placement
+        count = len(request_ids)
+        if isinstance(num_tokens, int):
+            tokens = [num_tokens] * count
+        else:
+            tokens = list(num_tokens)
+            if len(tokens) != count:
+                raise SchedulerError(f"{count} rows of {node}/{walk} but {len(tokens)} token counts")
+        if self._removed and not self._removed.isdisjoint(request_ids):
+            kept = [i for i, rid in enumerate(request_ids) if rid not in self._removed or self._follow.names(rid)]
+            request_ids = [request_ids[i] for i in kept]
+            tokens = [tokens[i] for i in kept]
+            count = len(request_ids)
+        self._queues[key].add(walk_index, request_ids, self._next_seq, tokens, is_new=True)
+        self._next_seq += count
+
+    # ------------------------------------------------------------ steps out
+
+    def next_batch(self) -> Optional[Batch]:
+        """Compose the next step, or None when nothing can run now.
+
+        Order: expire holds; the head TP follower batch when all its rows are ready (at most
+        deployment.max_consecutive_follower_batches in a row while local work waits); else the
+        least-recently-run key with ready rows, composed by the FIFO builder. The rows chosen
+        leave the ready queues (they are in flight until the conductor adds them back)."""
+        if self._holds:
+            self._expire_holds()
+        if self._follow:
+            batch = self._try_follow()
+            if batch is not None:
+                return batch
+        self._follow.num_consecutive = 0
+        queues = self._queues
+        candidates = [key for key in self._led if queues[key].num_ready]
+        if len(candidates) > 1:
+            candidates.sort(key=self._last_run.__getitem__)  # stable: ties keep the plan's key order
+        for key in candidates:
+            tables, queue = self._tables[key], queues[key]
+            composition = compose(tables, queue)
+            if composition.num_rows == 0:
+                continue
+            parts = queue.take(composition.takes)
+            self._mark_run(key)
+            return make_batch(self.rank, tables, composition.mask, parts)
+        return None
+
+    def speculate(
+        self,
+        running: Batch,
+        continuing: Optional[Sequence[str]] = None,
+        num_tokens: Union[int, Sequence[int]] = 1,
+    ) -> Optional[Batch]:
+        """Step N+1 of an on-device loop, built while `running` (step N) runs; None = do not
+        speculate (build with `next_batch` after N's results instead).
+
+        continuing: the rows of `running` that will run the loop again (None = every row of
+        running's speculating walk); rows of removed requests are dropped. num_tokens: tokens
+        each continuing row feeds (one count or one per continuing row). Speculation applies
+        when the plan's SpeculationPlan for (node, walk) says can_speculate. The chain stays on
+        its own walk and merges fresh rows of that walk up to the cap. It yields (None) when any
+        other locally ready work would be left waiting: a row of another walk of the same key
+        (with speculation_mixes_walks on, such rows are merged instead and it yields only if
+        some cannot fit), a fresh row of its own walk pushed out by the cap, a ready row of
+        another key, or a TP follower batch. The continuing rows are in the returned batch;
+        the conductor must not add them back after step N."""
+        key = self._key_index.get(running.key)
+        if key is None:
+            raise UnknownPlacementError(f"worker {self.rank} has no key {running.key}")
+        if self._holds:
+            self._expire_holds()
+        if not isinstance(num_tokens, int) and continuing is not None and len(num_tokens) != len(continuing):
+            raise SchedulerError(f"{len(continuing)} continuing rows but {len(num_tokens)} token counts")
+        queues = self._queues
+        is_other_work_waiting = bool(self._follow) or any(
+            queues[other].num_ready for other in self._led if other != key
+        )
+        tables, queue = self._tables[key], queues[key]
+        chain = plan_chain_step(
+            tables, queue, self._specs[key], running, continuing, num_tokens,
+            self._removed, is_other_work_waiting,
+        )
+        if chain is None:
+            return None
+        parts = queue.take(chain.composition.takes)
+        # The continuing rows lead their walk's part; walks stay in key order.
+        fresh = next((part for part in parts if part[0] == chain.walk), None)
+        if fresh is None:
+            parts.append((chain.walk, chain.continuing, chain.continuing_tokens))
+            parts.sort(key=lambda part: part[0])
+        else:
+            at = parts.index(fresh)
+            parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
+        self._mark_run(key)
+        self._follow.num_consecutive = 0
+        return make_batch(self.rank, tables, chain.composition.mask, parts, is_speculative=True)
+
+    # ------------------------------------------------------------ failures
+
+    def hold(
+        self,
+        batch: Batch,
+        request_ids: Optional[Sequence[str]] = None,
+        seconds: float = HOLD_BACKOFF_S,
+    ) -> None:
+        """`batch` failed out of memory and nothing ran: every row goes back to its ready queue;
+        the rows named by `request_ids` (every row when None) are held for `seconds` first.
+        Rows of removed requests are dropped. Held rows keep their place in the key (a second
+        row for the same request is a DuplicateRowError) but are not considered until the hold
+        expires; then they rejoin the end of their ready queue."""
+        key = self._batch_key(batch)
+        named = set(batch.request_ids) if request_ids is None else set(request_ids)
+        deadline = self._clock() + seconds
+        queue = self._queues[key]
+        for walk, rows, tokens in self._walk_runs(key, batch):
+            kept = [i for i, rid in enumerate(rows) if rid not in self._removed or self._follow.names(rid)]
+            held = [i for i in kept if rows[i] in named]
+            back = [i for i in kept if rows[i] not in named]
+            if back:
+                queue.add(walk, [rows[i] for i in back], self._next_seq, [tokens[i] for i in back], is_new=True)
+                self._next_seq += len(back)
+            if held:
+                held_ids = [rows[i] for i in held]
+                if not queue.present.isdisjoint(held_ids):
+                    dup = next(rid for rid in held_ids if rid in queue.present)
+                    raise DuplicateRowError(f"request {dup!r} already has a ready or held row under key {queue.name}")
+                queue.present.update(held_ids)
+                queue.held.update(held_ids)
+                self._holds.add(deadline, key, walk, held_ids, [tokens[i] for i in held])
+
+    def discard(self, batch: Batch) -> None:
+        """A built batch will not run (e.g. a speculation whose source step failed): its rows
+        go back to their ready queues, except rows already ready or held under that key and
+        rows of removed requests."""
+        key = self._batch_key(batch)
+        queue = self._queues[key]
+        for walk, rows, tokens in self._walk_runs(key, batch):
+            back = [
+                i for i, rid in enumerate(rows)
+                if rid not in queue.present and (rid not in self._removed or self._follow.names(rid))
+            ]
+            if back:
+                queue.add(walk, [rows[i] for i in back], self._next_seq, [tokens[i] for i in back], is_new=True)
+                self._next_seq += len(back)
+
+    def remove(self, request_id: str) -> None:
+        """Pending removal: drop the request's ready and held rows; it is never scheduled again
+        (later rows for it are dropped, and speculation leaves it out). On a TP follower, rows
+        that a queued leader batch names stay: the leader has already run or committed them."""
+        self._removed.add(request_id)
+        is_named = self._follow.names(request_id)
+        for key, queue in enumerate(self._queues):
+            if request_id in queue.present and not (is_named and self._tables[key].is_followed):
+                queue.drop_request(request_id)
+        for key in self._holds.drop_request(request_id):
+            queue = self._queues[key]
+            queue.held.discard(request_id)
+            queue.present.discard(request_id)
+
+    # ------------------------------------------------------------ TP
+
+    def register_follow(self, leader_batch: Batch) -> None:
+        """This worker is a TP follower of `leader_batch`'s node: queue the leader's batch. Queued
+        batches run in order, each with all its rows or not at all (the follower waits until
+        every row is ready here)."""
+        key = self._batch_key(leader_batch)
+        if not self._tables[key].is_followed:
+            raise SchedulerError(f"worker {self.rank} leads key {leader_batch.key}; it cannot follow it")
+        self._follow.push(leader_batch)
+
+    def is_follower_of(self, node: str, walk: str) -> bool:
+        """True when this worker runs (node, walk) only as a TP follower (never composes it)."""
+        placement = self._placement.get((node, walk))
+        return placement is not None and self._tables[placement[0]].is_followed
+
+    # ------------------------------------------------------------ state
+
+    def num_ready(self) -> int:
+        """Rows ready now (held rows excluded)."""
+        return sum(queue.num_ready for queue in self._queues)
+
+    def num_held(self) -> int:
+        return self._holds.num_rows
+
+    def num_follow_queued(self) -> int:
+        """Leader batches waiting to run on this follower."""
+        return len(self._follow)
+
+    def next_hold_deadline(self) -> Optional[float]:
+        """Clock time when the earliest hold expires; None when nothing is held."""
+        return self._holds.next_deadline()
+
+    def is_idle(self) -> bool:
+        """Nothing ready, held or queued to follow."""
+        return not self._follow and not self._holds and self.num_ready() == 0
+
+    # ------------------------------------------------------------ internals
+
+    def _mark_run(self, key: int) -> None:
+        self._num_steps += 1
+        self._last_run[key] = self._num_steps
+
+    def _batch_key(self, batch: Batch) -> int:
+        key = self._key_index.get(batch.key)
+        if key is None:
+            raise UnknownPlacementError(f"worker {self.rank} has no key {batch.key}")
+        return key
+
+    def _walk_runs(self, key: int, batch: Batch):
+        """Yield (walk index, request ids, tokens) per run of consecutive same-walk rows."""
+        walk_index = self._tables[key].walk_index
+        start = 0
+        walks = batch.walks
+        for end in range(1, len(walks) + 1):
+            if end == len(walks) or walks[end] != walks[start]:
+                if walks[start] not in walk_index:
+                    raise UnknownPlacementError(f"walk {walks[start]} is not in key {batch.key}")
+                yield walk_index[walks[start]], batch.request_ids[start:end], batch.num_tokens[start:end]
+                start = end
+
+    def _expire_holds(self) -> None:
+        for hold in self._holds.pop_expired(self._clock()):
+            queue = self._queues[hold.key]
+            queue.held.difference_update(hold.request_ids)
+            queue.add(hold.walk, hold.request_ids, self._next_seq, hold.tokens, is_new=False)
+            self._next_seq += len(hold.request_ids)
+
+    def _has_local_work(self) -> bool:
+        queues = self._queues
+        return any(queues[key].num_ready for key in self._led)
+
+    def _try_follow(self) -> Optional[Batch]:
+        """The head leader batch with all its rows taken, or None (waiting or deferred)."""
+        head = self._follow.head()
+        if self._follow.is_deferred(self._has_local_work()):
+            return None
+        key = self._batch_key(head)
+        tables, queue = self._tables[key], self._queues[key]
+        groups = [(tables.walk_index[walk], rows) for walk, rows in rows_by_walk(head).items()]
+        if not all(queue.has_rows(walk, rows) for walk, rows in groups):
+            return None
+        tokens_of: dict[str, int] = {}
+        for walk, rows in groups:
+            tokens_of.update(zip(rows, queue.take_rows(walk, rows)))
+        self._follow.pop()
+        self._follow.num_consecutive += 1
+        self._mark_run(key)
+        return Batch(
+            worker=self.rank,
+            key=head.key,
+            node=head.node,
+            mask=head.mask,
+            label=head.label,
+            request_ids=list(head.request_ids),
+            walks=list(head.walks),
+            num_tokens=[tokens_of[rid] for rid in head.request_ids],
+            capture=head.capture,
+            padded_batch=head.padded_batch,
+            token_bucket=head.token_bucket,
+            attention=head.attention,
+            is_follower=True,
+        )

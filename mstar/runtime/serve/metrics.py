@@ -1,0 +1,193 @@
+"""Run metrics: a columnar log of steps, and the summary of a run.
+
+In: the driver's launches (`StepLog.add`) and the conductor's request records. Out:
+`summarize(...) -> dict` (the --report JSON), `render_table(summary)` (a rich table).
+
+Times: `*_s` fields are run-clock seconds (simulated seconds under the sim engine, wall seconds
+under a real one); scheduler and postprocess times are host wall time on this machine.
+TTFT = first output token (or first client emission) - arrival; inter-token latency = gaps
+between a request's successive token events. A percentile with no sample (no request produced
+a token) is None in the summary and "-" in the table.
+
+Finish reasons: the summary's `finish_reasons` counts each full reason text; `finish_kinds`
+counts them by kind (the text before the first ':', e.g. "error"); `failed_requests` maps each
+failed request's id to its full reason. The table shows the kinds;
+`error_lines` lists the distinct failure texts (one line each, counted) for stderr.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from mstar.runtime.conductor.request import RequestRecord
+
+
+class StepLog:
+    """One entry per step run (TP follower copies included), as parallel lists."""
+
+    def __init__(self) -> None:
+        self.worker: list[int] = []
+        self.start_s: list[float] = []
+        self.end_s: list[float] = []
+        self.key: list[str] = []
+        self.num_rows: list[int] = []
+        self.num_tokens: list[int] = []
+        self.walk_rows: list[dict[str, int]] = []
+        self.sched_s: list[float] = []
+        self.post_s: list[float] = []
+        self.is_speculative: list[bool] = []
+        self.is_follower: list[bool] = []
+        self.is_captured: list[bool] = []
+        self.is_oom: list[bool] = []  # some row failed allocation
+        self.num_held_rows: list[int] = []  # rows that failed allocation (held and retried)
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def add(self, launch: Any, post_s: float, end_s: float) -> None:
+        batch = launch.batch
+        step = launch.step
+        self.worker.append(launch.worker)
+        self.start_s.append(launch.start_s)
+        self.end_s.append(end_s)
+        self.key.append(batch.key)
+        # Rows the engine ran: a partial step leaves out its allocation_failed rows (held and
+        # retried, logged again in the step that runs them).
+        rows = launch.ran_rows
+        walks = [row.walk for row in rows] if step is not None else batch.walks
+        self.num_rows.append(len(walks))
+        self.num_tokens.append(sum(row.num_tokens for row in rows) if step is not None else batch.total_tokens)
+        self.walk_rows.append(dict(Counter(walks)))
+        self.sched_s.append(launch.sched_s)
+        self.post_s.append(post_s)
+        self.is_speculative.append(batch.is_speculative)
+        self.is_follower.append(batch.is_follower)
+        self.is_captured.append(batch.padded_batch > 0)
+        self.is_oom.append(bool(launch.result.allocation_failed))
+        self.num_held_rows.append(len(launch.result.allocation_failed))
+
+
+def _percentiles(values: Iterable[float], scale: float) -> dict[str, Optional[float]]:
+    """p50/p90/p99/mean of `values` times `scale`; all None when there is no value."""
+    array = np.fromiter(values, dtype=float)
+    if array.size == 0:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    p50, p90, p99 = np.percentile(array, [50, 90, 99]) * scale
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(array.mean() * scale)}
+
+
+def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float) -> dict[str, Any]:
+    records = list(records)
+    finished = [r for r in records if r.is_finished]
+    failed = [r for r in finished if r.is_failed]
+    start = min((r.arrival_s for r in records), default=0.0)
+    end = max((r.finish_s for r in finished if r.finish_s is not None), default=start)
+    duration = max(end - start, 1e-9)
+    num_tokens = sum(r.num_output_tokens for r in records)
+    ttfts = (r.first_token_s - r.arrival_s for r in records if r.first_token_s is not None)
+    gaps: list[float] = []
+    for record in records:
+        times = record.token_times_s
+        gaps.extend(b - a for a, b in zip(times, times[1:]))
+    composition: dict[str, dict[str, Any]] = {}
+    for key, num_rows, walk_rows, is_follower in zip(log.key, log.num_rows, log.walk_rows, log.is_follower):
+        if is_follower:
+            continue
+        entry = composition.setdefault(key, {"steps": 0, "rows": 0, "walk_rows": Counter()})
+        entry["steps"] += 1
+        entry["rows"] += num_rows
+        entry["walk_rows"].update(walk_rows)
+    for entry in composition.values():
+        steps = entry["steps"]
+        entry["mean_rows"] = entry["rows"] / steps
+        entry["mean_rows_per_walk"] = {w: n / steps for w, n in sorted(entry.pop("walk_rows").items())}
+        del entry["rows"]
+    reasons = Counter(r.finish_reason or "unfinished" for r in records)
+    kinds: Counter = Counter()
+    for reason, count in reasons.items():
+        kinds[reason.split(":", 1)[0].strip()] += count
+    return {
+        "num_requests": len(records),
+        "num_completed": len(finished) - len(failed),
+        "num_failed": len(failed),
+        "finish_reasons": dict(sorted(reasons.items())),
+        "finish_kinds": dict(sorted(kinds.items())),
+        "failed_requests": {r.request.id: r.finish_reason for r in failed},
+        "duration_s": duration,
+        "host_wall_s": host_wall_s,
+        "requests_per_s": (len(finished) - len(failed)) / duration,
+        "output_tokens": num_tokens,
+        "tokens_per_s": num_tokens / duration,
+        "ttft_ms": _percentiles(ttfts, 1000.0),
+        "itl_ms": _percentiles(gaps, 1000.0),
+        "num_steps": len(log),
+        "num_speculative_steps": int(sum(log.is_speculative)),
+        "num_follower_steps": int(sum(log.is_follower)),
+        "num_oom_steps": int(sum(log.is_oom)),
+        "num_oom_rows": int(sum(log.num_held_rows)),
+        "scheduler_us_per_step": _percentiles(log.sched_s, 1e6),
+        "postprocess_us_per_step": _percentiles(log.post_s, 1e6),
+        "step_composition": dict(sorted(composition.items())),
+    }
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def error_lines(records: Iterable[RequestRecord], *, limit: int = 5, width: int = 160) -> list[str]:
+    """The distinct failure reasons of a run's records, most frequent first, each as one line
+    naming a request that failed so (at most `limit`, then an "and N more" line); empty when
+    nothing failed."""
+    ids: dict[str, list[str]] = {}
+    for record in records:
+        if record.is_failed:
+            ids.setdefault(record.finish_reason, []).append(record.request.id)
+    ordered = sorted(ids.items(), key=lambda item: (-len(item[1]), item[0]))
+    lines = []
+    for reason, request_ids in ordered[:limit]:
+        who = (f"request {request_ids[0]} failed" if len(request_ids) == 1
+               else f"{len(request_ids)} requests failed (first {request_ids[0]})")
+        lines.append(f"{who}: {_one_line(reason, width)}")
+    if len(ordered) > limit:
+        lines.append(f"and {len(ordered) - limit} more distinct failure reason(s) (see --report)")
+    return lines
+
+
+def _cell(value: Optional[float], digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_table(summary: dict[str, Any]):
+    """A rich Table of the summary (import rich lazily: only the CLI prints)."""
+    from rich.table import Table
+
+    table = Table(title="mstar run", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("requests", f"{summary['num_requests']} ({summary['num_completed']} ok, {summary['num_failed']} failed)")
+    table.add_row("finish reasons", ", ".join(f"{k}: {v}" for k, v in summary["finish_kinds"].items()))
+    table.add_row("run time (s)", f"{summary['duration_s']:.3f}")
+    table.add_row("host wall time (s)", f"{summary['host_wall_s']:.3f}")
+    table.add_row("requests/s", f"{summary['requests_per_s']:.2f}")
+    table.add_row("output tokens/s", f"{summary['tokens_per_s']:.1f}")
+    for name, label in (("ttft_ms", "TTFT ms"), ("itl_ms", "inter-token ms")):
+        p = summary[name]
+        table.add_row(label + " p50/p90/p99", " / ".join(_cell(p[q], 2) for q in ("p50", "p90", "p99")))
+    for name, label in (("scheduler_us_per_step", "scheduler us/step"), ("postprocess_us_per_step", "postprocess us/step")):
+        p = summary[name]
+        table.add_row(label + " p50/p90", " / ".join(_cell(p[q], 1) for q in ("p50", "p90")))
+    table.add_row(
+        "steps (speculative, follower, out-of-memory)",
+        f"{summary['num_steps']} ({summary['num_speculative_steps']}, {summary['num_follower_steps']}, {summary['num_oom_steps']})",
+    )
+    table.add_row(
+        "rows held out of memory", f"{summary['num_oom_rows']}",
+    )
+    for key, entry in summary["step_composition"].items():
+        walks = ", ".join(f"{w} {n:.1f}" for w, n in entry["mean_rows_per_walk"].items())
+        table.add_row(f"rows/step {key}", f"{entry['mean_rows']:.1f} ({walks})")
+    return table

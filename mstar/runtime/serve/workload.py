@@ -1,0 +1,256 @@
+"""Workloads: generated request traces, or requests read from a JSONL file.
+
+Generated (`generate`): `num_requests` requests with prompt and output lengths drawn uniformly
+from inclusive ranges (the output length is the request's max_tokens), token ids drawn from a
+small vocabulary, all from one seed. Arrivals:
+- poisson: exponential gaps at `rate` requests/s;
+- staggered: one request every 1/rate s;
+- closed: `concurrency` clients, each sending its next request when its previous one finishes.
+
+File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
+"max_tokens": int} and optionally "temperature", "top_p", "seed", "repetition_penalty" (> 0),
+"stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route),
+"cfg_text_scale" and "cfg_img_scale" (>= 0, image-flow guidance, see mstar/runtime/engine/runners/guidance.py); blank lines
+are skipped. Every
+request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
+raises WorkloadError naming the file, the line and what is wrong.
+
+Routes (`check_route`): given the plan's `route_names` ({partition: walks of its stages}), a
+route naming an unknown partition or a walk outside that partition's stages is a WorkloadError
+(with a "did you mean" when a known name is close), found before anything runs.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import random
+from typing import Any, Optional
+
+from mstar.runtime.serve.driver import Workload
+from mstar.runtime.conductor.request import Request
+
+ARRIVALS = ("poisson", "staggered", "closed")
+VOCAB_SIZE = 1000
+# a generated workload is built in memory before the run starts: bound it so a typo (an extra
+# zero or ten) is refused at once instead of filling memory
+MAX_GENERATED_REQUESTS = 10_000_000
+MAX_GENERATED_PROMPT_LEN = 1_000_000
+
+
+class WorkloadError(Exception):
+    """Bad workload input (a range, an arrival kind, a prompts file line)."""
+
+
+def parse_range(text: str, what: str) -> tuple[int, int]:
+    """`A..B` (or a single `N`) -> (A, B) with 1 <= A <= B."""
+    parts = text.split("..")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise WorkloadError(f"{what}: expected A..B or N with integers, got {text!r}") from None
+    if low < 1 or high < low:
+        raise WorkloadError(f"{what}: need 1 <= A <= B, got {text!r}")
+    return low, high
+
+
+def parse_route(items: list[str]) -> dict[str, list[str]]:
+    """`--route PARTITION=WALK,WALK` items -> {partition: [walks]} (an empty list after `=`
+    leaves the partition out)."""
+    route: dict[str, list[str]] = {}
+    for item in items:
+        partition, sep, walks = item.partition("=")
+        if not sep or not partition.strip():
+            raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {item!r}")
+        route[partition.strip()] = [w.strip() for w in walks.split(",") if w.strip()]
+    return route
+
+
+def route_names(plan: Any) -> dict[str, list[str]]:
+    """A plan -> {partition name: the walks of its stages, in stage order}."""
+    return {part.name: [w for stage in part.stages for w in stage.walks] for part in plan.partitions}
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where: str) -> None:
+    """Raise WorkloadError (prefixed by `where`) when `route` names a partition or walk that
+    `names` (from `route_names`) does not have. Stage order is left to the conductor."""
+    for partition, walks in route.items():
+        if partition not in names:
+            raise WorkloadError(
+                f"{where}: unknown partition {partition!r}{_did_you_mean(partition, list(names))}"
+                f" (partitions: {', '.join(sorted(names))})"
+            )
+        for walk in walks:
+            if walk not in names[partition]:
+                raise WorkloadError(
+                    f"{where}: partition {partition!r} has no walk {walk!r}"
+                    f"{_did_you_mean(walk, names[partition])} (walks: {', '.join(names[partition])})"
+                )
+
+
+def generate(
+    num_requests: int,
+    *,
+    prompt_len: tuple[int, int],
+    output_len: tuple[int, int],
+    arrival: str = "closed",
+    concurrency: int = 8,
+    rate: float = 100.0,
+    seed: int = 0,
+) -> Workload:
+    if arrival not in ARRIVALS:
+        raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if num_requests < 0:
+        raise WorkloadError(f"--requests must be >= 0, got {num_requests}")
+    if num_requests > MAX_GENERATED_REQUESTS:
+        raise WorkloadError(f"--requests must be at most {MAX_GENERATED_REQUESTS}, got {num_requests}")
+    if prompt_len[1] > MAX_GENERATED_PROMPT_LEN:
+        raise WorkloadError(
+            f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got {prompt_len[1]}"
+        )
+    if concurrency < 1:
+        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
+    if not rate > 0:  # also NaN, which no comparison accepts
+        raise WorkloadError(f"--rate must be > 0, got {rate}")
+    rng = random.Random(seed)
+    requests = []
+    now = 0.0
+    for index in range(num_requests):
+        num_prompt = rng.randint(*prompt_len)
+        prompt = [rng.randrange(VOCAB_SIZE) for _ in range(num_prompt)]
+        if arrival == "poisson":
+            now += rng.expovariate(rate)
+        elif arrival == "staggered":
+            now = index / rate
+        requests.append(
+            Request(
+                id=f"req-{index:06d}",
+                prompt_tokens=prompt,
+                max_tokens=rng.randint(*output_len),
+                seed=seed * 1_000_003 + index,
+                arrival_s=now if arrival != "closed" else 0.0,
+            )
+        )
+    return Workload(requests, closed_concurrency=concurrency if arrival == "closed" else None)
+
+
+def _field(obj: dict[str, Any], name: str, kinds: tuple, where: str, *, is_required: bool) -> Any:
+    if name not in obj:
+        if is_required:
+            raise WorkloadError(f"{where}: missing required field {name!r}")
+        return None
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind_names = " or ".join(k.__name__ for k in kinds)
+        raise WorkloadError(f"{where}: field {name!r} must be {kind_names}, got {value!r}")
+    if float in kinds:
+        try:
+            is_finite = math.isfinite(value)
+        except OverflowError:  # an int past the float range
+            is_finite = False
+        if not is_finite:
+            shown = value if isinstance(value, float) else f"a {len(str(value))}-digit integer"
+            raise WorkloadError(f"{where}: field {name!r} must be a finite number, got {shown}")
+    return value
+
+
+def parse_prompt_line(line: str, where: str) -> Request:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except ValueError:  # an integer literal past Python's digit limit (4300 by default)
+        raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "repetition_penalty",
+             "stop_tokens", "route", "cfg_text_scale", "cfg_img_scale"}
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+    request_id = _field(obj, "id", (str,), where, is_required=True)
+    tokens = _field(obj, "prompt_tokens", (list,), where, is_required=True)
+    if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+        raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
+    max_tokens = _field(obj, "max_tokens", (int,), where, is_required=True)
+    if max_tokens < 1:
+        raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
+    temperature = _field(obj, "temperature", (int, float), where, is_required=False)
+    if temperature is not None and temperature < 0:
+        raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {temperature}")
+    top_p = _field(obj, "top_p", (int, float), where, is_required=False)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
+    seed = _field(obj, "seed", (int,), where, is_required=False)
+    penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
+    if penalty is not None and not penalty > 0:
+        raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {penalty}")
+    stop_tokens = _field(obj, "stop_tokens", (list,), where, is_required=False) or []
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_tokens):
+        raise WorkloadError(f"{where}: 'stop_tokens' must be a list of non-negative integers")
+    scales = {}
+    for name in ("cfg_text_scale", "cfg_img_scale"):
+        scale = _field(obj, name, (int, float), where, is_required=False)
+        if scale is not None and scale < 0:
+            raise WorkloadError(f"{where}: {name!r} must be >= 0, got {scale}")
+        scales[name] = float(scale) if scale is not None else None
+    route = _field(obj, "route", (dict,), where, is_required=False) or {}
+    for partition, walks in route.items():
+        if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
+            raise WorkloadError(f"{where}: 'route' must map partition names to lists of walk names")
+    return Request(
+        id=request_id,
+        prompt_tokens=list(tokens),
+        max_tokens=max_tokens,
+        temperature=float(temperature) if temperature is not None else None,
+        top_p=float(top_p) if top_p is not None else None,
+        seed=seed,
+        repetition_penalty=float(penalty) if penalty is not None else None,
+        stop_tokens=list(stop_tokens),
+        route=route,
+        **scales,
+    )
+
+
+def read_prompts(
+    path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None
+) -> Workload:
+    """Read a prompts file; with `names` (from `route_names`) each line's route is checked too."""
+    if concurrency is not None and concurrency < 1:
+        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
+    try:
+        with open(path, encoding="utf-8-sig") as handle:  # -sig: a leading byte-order mark is skipped
+            lines = handle.readlines()
+    except OSError as error:
+        raise WorkloadError(f"cannot read prompts file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise WorkloadError(
+            f"cannot read prompts file {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} "
+            f"at offset {error.start}); it must be JSON lines"
+        ) from None
+    requests = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        request = parse_prompt_line(line, where)
+        if names is not None:
+            check_route(request.route, names, where)
+        if request.id in seen:
+            raise WorkloadError(f"{where}: duplicate id {request.id!r} (first on line {seen[request.id]})")
+        seen[request.id] = number
+        requests.append(request)
+    if not requests:
+        raise WorkloadError(f"{path}: no requests in the file")
+    return Workload(requests, closed_concurrency=concurrency)
