@@ -65,15 +65,18 @@ class Diagnostics:
         return sorted(set(self.items), key=Diagnostic.sort_key)
 
     def render(self) -> str:
-        return "".join(render_diagnostic(d, self.sources) for d in self.sorted())
+        lines_by_file: dict[str, list[str]] = {}  # each source split once, however many diagnostics
+        return "".join(render_diagnostic(d, self.sources, lines_by_file) for d in self.sorted())
 
 
-def _source_excerpt(span: Span, sources: dict[str, str]) -> str:
-    text = sources.get(span.file)
-    if text is None:
-        return ""
-    # Lark counts lines by \n only; splitlines() would also break on \f and \u2028.
-    lines = text.split("\n")
+def _source_excerpt(span: Span, sources: dict[str, str], lines_by_file: dict[str, list[str]]) -> str:
+    lines = lines_by_file.get(span.file)
+    if lines is None:
+        text = sources.get(span.file)
+        if text is None:
+            return ""
+        # Lark counts lines by \n only; splitlines() would also break on \f and \u2028.
+        lines = lines_by_file[span.file] = text.split("\n")
     if not 1 <= span.line <= len(lines):
         return ""
     line_text = lines[span.line - 1].rstrip("\n")
@@ -85,17 +88,20 @@ def _source_excerpt(span: Span, sources: dict[str, str]) -> str:
     return f"{gutter} | {line_text}\n{pad} | {underline}\n"
 
 
-def render_diagnostic(diag: Diagnostic, sources: dict[str, str]) -> str:
+def render_diagnostic(diag: Diagnostic, sources: dict[str, str],
+                      lines_by_file: Optional[dict[str, list[str]]] = None) -> str:
+    """One diagnostic with its source lines; `lines_by_file` caches the split sources across calls."""
+    lines_by_file = {} if lines_by_file is None else lines_by_file
     s = diag.span
     out = [f"{s.file}:{s.line}:{s.col}: {diag.severity}[{diag.code}]: {diag.message}\n"]
-    out.append(_source_excerpt(s, sources))
+    out.append(_source_excerpt(s, sources, lines_by_file))
     for note in diag.notes:
         if note.span is None:
             out.append(f"    note: {note.message}\n")
         else:
             n = note.span
             out.append(f"{n.file}:{n.line}:{n.col}: note: {note.message}\n")
-            out.append(_source_excerpt(n, sources))
+            out.append(_source_excerpt(n, sources, lines_by_file))
     return "".join(out)
 
 

@@ -8,7 +8,8 @@ inside Lark become diagnostics, and the result is None when any error was added.
 Error collection: the whole file is parsed once. When that fails, the file is cut into its
 top-level declarations (lines starting at column 1 with `model`, `param`, `node`, `walk` or
 `partition`) and each one is parsed alone, so one run reports the first syntax error of every
-broken declaration (at most one error per declaration).
+broken declaration (at most one error per declaration, at most MAX_SYNTAX_ERRORS in all). The
+recovery is linear in the file's size.
 
 Comments: after a successful parse, mstar/lang/comments.py attaches every `#` comment to the
 construct it belongs to (the AST's comment fields), so that the formatter can write them back.
@@ -33,15 +34,18 @@ from mstar.lang import ast
 from mstar.lang import codes
 from mstar.lang.build import AstBuilder
 from mstar.lang.comments import attach_comments
-from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.diagnostics import Diagnostics, Note
 from mstar.lang.grammar_cache import load_or_build
-from mstar.lang.syntax_errors import ErrorExplainer
+from mstar.lang.syntax_errors import ErrorExplainer, shift_tokens
 
 GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "mw.lark"
 
 # Blocks nest at most this deep: every later pass walks the tree recursively, and no real walk
 # comes near it.
 MAX_NESTING = 100
+# Error recovery stops after this many syntax errors: a file that broken is fixed from the top,
+# and reporting all of them would only cost time.
+MAX_SYNTAX_ERRORS = 100
 _BRACE_OR_SKIPPED = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|[{}]')
 # A line that starts a top-level declaration: where error recovery cuts the file.
 _DECLARATION_START = re.compile(r"^(model|param|node|walk|partition)\b", re.MULTILINE)
@@ -126,11 +130,16 @@ def _reports_deep_nesting(text: str, file: str, diags: Diagnostics) -> bool:
     too_deep = _first_brace_too_deep(text)
     if too_deep is None:
         return False
-    line, col = too_deep
-    diags.error(codes.NESTING_TOO_DEEP,
-                f"blocks are nested more than {MAX_NESTING} levels deep here; flatten the walk",
-                ast.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1))
+    diags.error(codes.NESTING_TOO_DEEP, _too_deep_message(), _point_span(file, *too_deep))
     return True
+
+
+def _too_deep_message() -> str:
+    return f"blocks are nested more than {MAX_NESTING} levels deep here; flatten the walk"
+
+
+def _point_span(file: str, line: int, col: int) -> ast.Span:
+    return ast.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
 
 
 def _first_brace_too_deep(text: str) -> Optional[tuple[int, int]]:
@@ -156,42 +165,64 @@ def _build(tree, builder: AstBuilder):
 
 
 def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error: UnexpectedInput) -> None:
-    """Re-parse each top-level declaration alone and report the first error of each."""
+    """Re-parse each top-level declaration alone and report the first error of each, stopping
+    after MAX_SYNTAX_ERRORS.
+
+    Linear in the file's size: each declaration is parsed on its own text and its tokens'
+    lines are moved down afterwards (padding it with the newlines before it made the whole
+    recovery quadratic), and which declaration is the last one is found once.
+    """
     explainer = _explainer()
     num_reported = 0
     starts = [m.start() for m in _DECLARATION_START.finditer(text)]
     bounds = [0] + starts + [len(text)]
+    pieces = [text[begin:end] for begin, end in zip(bounds, bounds[1:])]
+    last_filled = max((i for i, piece in enumerate(pieces) if not _is_blank(piece)), default=-1)
     models_seen = 0
-    for begin, end in zip(bounds, bounds[1:]):
-        piece = text[begin:end]
-        is_last = _is_blank(text[end:])
+    num_lines_before = 0
+    for index, piece in enumerate(pieces):
+        line_offset = num_lines_before
+        num_lines_before += piece.count("\n")
+        if index > last_filled:
+            break
         if _is_blank(piece):
             continue
-        # Pad with the newlines before the piece so Lark reports lines of the whole file.
-        padded = "\n" * text.count("\n", 0, begin) + piece
         start = _DECLARATION_START.match(piece)
         if start is not None and start.group(1) == "model":
             models_seen += 1
+        problems: list[tuple[str, str, ast.Span, tuple]] = []
         try:
-            tree = _lark().parse(padded, start="chunk")
+            tree = _lark().parse(piece, start="chunk")
         except UnexpectedInput as error:
-            problem = explainer.explain(error, padded, file, is_declaration=True, is_last=is_last)
-            diags.error(problem.code, problem.message, problem.span, *problem.notes)
+            problem = explainer.explain(error, piece, file, is_declaration=True,
+                                        is_last=index == last_filled, line_offset=line_offset)
+            problems.append((problem.code, problem.message, problem.span, problem.notes))
+        else:
+            too_deep = _first_brace_too_deep(piece)
+            if too_deep is not None:
+                line, col = too_deep
+                problems.append((codes.NESTING_TOO_DEEP, _too_deep_message(),
+                                 _point_span(file, line + line_offset, col), ()))
+            else:
+                shift_tokens([tree], line_offset, set())
+                item = _build(tree, AstBuilder(file, diags))
+                is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
+                if is_model and models_seen > 1:
+                    diags.error(codes.MODEL_LINE,
+                                "`model` may appear only once, as the first line of the spec", item.span)
+                    num_reported += 1
+                elif not is_model and models_seen == 0 and num_reported == 0:
+                    diags.error(codes.MODEL_LINE,
+                                "a spec starts with `model NAME`; this declaration comes first", item.span)
+                    num_reported += 1
+        for code, message, span, notes in problems:
             num_reported += 1
-            continue
-        if _reports_deep_nesting(padded, file, diags):
-            num_reported += 1
-            continue
-        item = _build(tree, AstBuilder(file, diags))
-        is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
-        if is_model and models_seen > 1:
-            diags.error(codes.MODEL_LINE, "`model` may appear only once, as the first line of the spec",
-                        item.span)
-            num_reported += 1
-        elif not is_model and models_seen == 0 and num_reported == 0:
-            diags.error(codes.MODEL_LINE, "a spec starts with `model NAME`; this declaration comes first",
-                        item.span)
-            num_reported += 1
+            if num_reported >= MAX_SYNTAX_ERRORS and index < last_filled:
+                notes += (Note(f"mstarc stops after {MAX_SYNTAX_ERRORS} syntax errors; "
+                               "fix these and run it again"),)
+            diags.error(code, message, span, *notes)
+        if num_reported >= MAX_SYNTAX_ERRORS:
+            break
     if num_reported == 0:
         problem = explainer.explain(whole_error, text, file)
         diags.error(problem.code, problem.message, problem.span, *problem.notes)

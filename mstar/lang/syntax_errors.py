@@ -77,11 +77,15 @@ class ErrorExplainer:
     # ---- main entry ---------------------------------------------------------------------------
 
     def explain(self, error: UnexpectedInput, text: str, file: str, *,
-                is_declaration: bool = False, is_last: bool = True) -> SyntaxProblem:
+                is_declaration: bool = False, is_last: bool = True, line_offset: int = 0) -> SyntaxProblem:
         """One problem for `error`, found parsing `text` (the whole file, or one declaration of it
-        when `is_declaration`; `is_last` says whether that declaration ends the file)."""
+        when `is_declaration`; `is_last` says whether that declaration ends the file).
+        `line_offset`: the number of lines of the file before `text`; every line in the problem
+        is a line of the file (the error's tokens are moved down in place)."""
+        if line_offset:
+            _shift_error(error, line_offset)
         if isinstance(error, UnexpectedToken):
-            return self._explain_token(error, text, file, is_declaration, is_last)
+            return self._explain_token(error, text, file, is_declaration, is_last, line_offset)
         if isinstance(error, UnexpectedCharacters):
             char = text[error.pos_in_stream] if 0 <= error.pos_in_stream < len(text) else "?"
             span = ast.Span(file=file, line=error.line, col=error.column,
@@ -94,7 +98,7 @@ class ErrorExplainer:
         return SyntaxProblem(codes.UNEXPECTED_TOKEN, f"syntax error: {error}", span)
 
     def _explain_token(self, error: UnexpectedToken, text: str, file: str,
-                       is_declaration: bool, is_last: bool) -> SyntaxProblem:
+                       is_declaration: bool, is_last: bool, line_offset: int) -> SyntaxProblem:
         token = _normalised(error.token)
         expected = {name.lstrip("_") if name != "$END" else name for name in _accepted(error)}
         if is_declaration and "$END" in expected and token.type != "$END":
@@ -102,7 +106,7 @@ class ErrorExplainer:
             expected |= {"PARAM", "NODE", "WALK", "PARTITION"}
         stack = _value_stack(error)
         if token.type == "$END":
-            span = _end_span(text, file)
+            span = _end_span(text, file, line_offset)
         else:
             span = _token_span(token, file)
         where = self.describe_token(token)
@@ -296,15 +300,42 @@ def _token_span(token: Token, file: str) -> ast.Span:
     return ast.Span(file=file, line=line, col=col, end_line=end_line, end_col=end_col)
 
 
-def _end_span(text: str, file: str) -> ast.Span:
+def _end_span(text: str, file: str, line_offset: int = 0) -> ast.Span:
     """The place just after the last character that is not blank or a comment."""
     lines = text.split("\n")  # lines as Lark counts them
     for index in range(len(lines) - 1, -1, -1):
         content = lines[index].split("#", 1)[0].rstrip()
         if content:
             col = len(content) + 1
-            return ast.Span(file=file, line=index + 1, col=col, end_line=index + 1, end_col=col + 1)
-    return ast.Span(file=file, line=1, col=1, end_line=1, end_col=2)
+            line = line_offset + index + 1
+            return ast.Span(file=file, line=line, col=col, end_line=line, end_col=col + 1)
+    return ast.Span(file=file, line=line_offset + 1, col=1, end_line=line_offset + 1, end_col=2)
+
+
+def shift_tokens(values, num_lines: int, seen: set[int]) -> None:
+    """Move every token in `values` (tokens and trees, recursively) down by `num_lines` lines;
+    `seen` holds the ids of tokens already moved, so a shared token moves once."""
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Tree):
+            stack.extend(value.children)
+        elif isinstance(value, Token) and id(value) not in seen:
+            seen.add(id(value))
+            if isinstance(value.line, int):
+                value.line += num_lines
+            if isinstance(value.end_line, int):
+                value.end_line += num_lines
+
+
+def _shift_error(error: UnexpectedInput, num_lines: int) -> None:
+    """The error's line, its token and the parser's value stack, moved down by `num_lines`."""
+    if isinstance(getattr(error, "line", None), int):
+        error.line += num_lines
+    seen: set[int] = set()
+    token = getattr(error, "token", None)
+    shift_tokens([token] if token is not None else [], num_lines, seen)
+    shift_tokens(_value_stack(error) if isinstance(error, UnexpectedToken) else [], num_lines, seen)
 
 
 def _short(text: str) -> str:
