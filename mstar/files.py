@@ -14,7 +14,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Optional, Sequence, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -76,12 +76,64 @@ def read_text_bounded(path: PathLike, *, max_bytes: int, what: str) -> str:
 
 def atomic_write_bytes(path: PathLike, data: bytes, *, mode: int | None = None) -> None:
     """Replace `path` with `data` all at once; on any failure the old file is left as it was and
-    the `OSError` raised names `path`. `mode`: the new file's permissions (default: the old
-    file's, or 0644 less the umask for a new file)."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    the `OSError` raised names `path` (its `filename`). `mode`: the new file's permissions
+    (default: the old file's, or 0644 less the umask for a new file)."""
+    atomic_write_many([(path, data)], mode=mode)
+
+
+def atomic_write_text(path: PathLike, text: str, *, mode: int | None = None) -> None:
+    """`atomic_write_bytes` of `text` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+
+
+def atomic_write_many(files: Sequence[tuple[PathLike, bytes]], *, mode: int | None = None) -> None:
+    """Replace several files that belong together (a plan and its glue), all or none.
+
+    Every new file is written and fsynced to a temporary beside its target first; a failure
+    there (a full disk) changes nothing. Then each is renamed over its target in the order
+    given, the old file kept under a backup name (a hard link) until all are in place; if a
+    rename fails, the files already replaced get their old content back. The `OSError` raised
+    names the file that failed (its `filename`).
+    """
+    temps: list[tuple[Path, str]] = []
     try:
+        for path, data in files:
+            path = Path(path)
+            temps.append((path, _write_temp(path, data, mode)))
+    except BaseException:
+        for _, temp in temps:
+            _unlink_quietly(temp)
+        raise
+    replaced: list[tuple[Path, bool, Optional[str]]] = []  # (target, had a file, its backup)
+    try:
+        for path, temp in temps:
+            existed = path.is_file()
+            backup = _backup(path) if existed else None
+            try:
+                os.replace(temp, path)
+            except OSError as error:
+                if backup is not None:
+                    _unlink_quietly(backup)
+                raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+            replaced.append((path, existed, backup))
+    except BaseException:
+        for _, temp in temps:
+            _unlink_quietly(temp)
+        for path, existed, backup in reversed(replaced):
+            _restore(path, existed, backup)
+        raise
+    for _, _, backup in replaced:
+        if backup is not None:
+            _unlink_quietly(backup)
+
+
+def _write_temp(path: Path, data: bytes, mode: int | None) -> str:
+    """`data` in a new fsynced temporary file beside `path`, with the permissions `path` will
+    have; the temporary's name. Raises an `OSError` naming `path`."""
+    directory = path.parent if str(path.parent) else Path(".")
+    temp_name = None
+    try:
+        fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -93,24 +145,49 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, mode: int | None = None) 
             os.chmod(temp_name, stat.S_IMODE(os.stat(path).st_mode))
         else:
             os.chmod(temp_name, 0o644 & ~_umask())
-        os.replace(temp_name, path)
+        return temp_name
     except OSError as error:
-        try:
-            os.unlink(temp_name)
-        except OSError:
-            pass
-        raise OSError(error.errno, f"cannot write {path}: {error.strerror or error}") from None
+        if temp_name is not None:
+            _unlink_quietly(temp_name)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from None
     except BaseException:
-        try:
-            os.unlink(temp_name)
-        except OSError:
-            pass
+        if temp_name is not None:
+            _unlink_quietly(temp_name)
         raise
 
 
-def atomic_write_text(path: PathLike, text: str, *, mode: int | None = None) -> None:
-    """`atomic_write_bytes` of `text` in UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"), mode=mode)
+def _backup(path: Path) -> Optional[str]:
+    """A hard link to `path`'s current file under a temporary name (None when the file system
+    cannot link: then a failed later rename cannot be undone)."""
+    directory = path.parent if str(path.parent) else Path(".")
+    for attempt in range(100):
+        name = str(directory / f".{path.name}.{os.getpid()}.{attempt}.old")
+        try:
+            os.link(path, name)
+            return name
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def _restore(path: Path, existed: bool, backup: Optional[str]) -> None:
+    """Put the old file back after a failed group write, or remove a file that was new."""
+    try:
+        if backup is not None:
+            os.replace(backup, path)
+        elif not existed:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
 
 
 def _umask() -> int:

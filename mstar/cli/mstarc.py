@@ -90,6 +90,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_fmt(args) -> int:
+    from mstar.files import atomic_write_text
     from mstar.lang.diagnostics import Diagnostics
     from mstar.lang.fmt import format_spec
     from mstar.lang.parser import parse
@@ -114,7 +115,7 @@ def cmd_fmt(args) -> int:
     if args.write:
         if formatted != text:
             try:
-                path.write_text(formatted, encoding="utf-8")
+                atomic_write_text(path, formatted)
             except OSError as e:
                 sys.stderr.write(_write_problem(path, e))
                 return EXIT_INPUT
@@ -147,7 +148,11 @@ def cmd_regen(args) -> int:
             return EXIT_INPUT
         print(f"generated/ is up to date ({len(expected)} files)")
         return EXIT_OK
-    changed = regen.write(root, expected)
+    try:
+        changed = regen.write(root, expected)
+    except OSError as e:
+        sys.stderr.write(_write_problem(e.filename or root / "generated", e))
+        return EXIT_INPUT
     for item in changed:
         print(f"{'removed' if item.reason == 'orphan' else 'wrote'} {item.path}")
     print(f"generated/: {len(expected)} files, {len(changed)} changed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mstar.files import atomic_write_many
 from mstar.plan.io import content_hash, dump_plan, sha256_bytes
 from mstar.plan.schema import Plan
 
@@ -27,8 +28,10 @@ def plan_text(plan: Plan) -> str:
 
 
 def write_outputs(plan_path: Path, plan_body: str, glue_path: Path, glue_text: str) -> None:
-    """Write the plan and its glue, creating their directory. Bytes are written exactly (no
-    newline translation) so a rewrite of an unchanged plan is byte-identical."""
-    for path, text in ((glue_path, glue_text), (plan_path, plan_body)):
+    """Write the plan and its glue, creating their directory: both or neither (temporaries,
+    then renames, the glue first; see mstar.files.atomic_write_many), so a failure leaves the
+    old plan and the glue it was compiled with. Bytes are written exactly (no newline
+    translation) so a rewrite of an unchanged plan is byte-identical."""
+    for path in (glue_path, plan_path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.encode("utf-8"))
+    atomic_write_many([(glue_path, glue_text.encode("utf-8")), (plan_path, plan_body.encode("utf-8"))])

@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
+from mstar.files import atomic_write_text
 from mstar.lang import ast
 from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, ParallelPlan, WalkPlan
 
@@ -253,7 +254,7 @@ def walks_svg(spec: ast.Spec) -> str:
 
 def draw_walks(spec: ast.Spec, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(walks_svg(spec), encoding="utf-8")
+    atomic_write_text(path, walks_svg(spec))
 
 
 def _policy_text(policy) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mstar.compiler.deployment import load_deployment
 from mstar.compiler.driver import MW500, compile_spec
+from mstar.files import atomic_write_many
 from mstar.lang.diagnostics import Diagnostics
 
 
@@ -70,13 +71,16 @@ def stale_files(root: Path, expected: dict[Path, str]) -> list[Stale]:
 
 
 def write(root: Path, expected: dict[Path, str]) -> list[Stale]:
-    """Bring generated/ up to date; returns what was changed."""
+    """Bring generated/ up to date; returns what was changed. Every changed file is replaced in
+    one group (mstar.files.atomic_write_many): a failure leaves generated/ as it was, each plan
+    with the glue it was compiled with; orphans are removed only after that."""
     changed = stale_files(root, expected)
+    writes = [item.path for item in changed if item.reason != "orphan"]
+    for path in writes:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_many([(path, expected[path].encode("utf-8")) for path in writes])
     for item in changed:
         if item.reason == "orphan":
             item.path.unlink()
-        else:
-            item.path.parent.mkdir(parents=True, exist_ok=True)
-            item.path.write_bytes(expected[item.path].encode("utf-8"))
     return changed
 
