@@ -26,6 +26,26 @@ class DimsError(ValueError):
     """A node's dims cannot describe a model (bad type, bad ratio, bad pattern)."""
 
 
+ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a checkpoint scales RoPE (config.json's `rope_scaling` / `rope_parameters`); the
+    formulas are in `mstar.runtime.engine.models.rope`. `default` is plain RoPE."""
+
+    kind: str = "default"  # one of ROPE_KINDS
+    factor: float = 1.0
+    original_max_position: int = 0  # llama3, yarn: the pre-training context length
+    max_position: int = 0  # dynamic: max_position_embeddings, where the NTK stretch starts
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    attention_factor: float = 1.0  # yarn: cos and sin are scaled by it
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    is_truncated: bool = True  # yarn: round the correction range to whole dims
+
+
 @dataclass(frozen=True)
 class DecoderDims:
     """A Llama-style decoder, optionally with gated delta-net layers and an image-flow head."""
@@ -45,6 +65,15 @@ class DecoderDims:
     # attention head, partial rotary
     style: str = "llama"
     partial_rotary: float = 1.0  # fraction of head_dim that rotates
+    rope: RopeScaling = RopeScaling()
+    # per-architecture attention details (a checkpoint's config.json sets them; specs keep the
+    # defaults of their style): RMSNorm of each q/k head before RoPE (Qwen3; the qwen3_5 style
+    # always has it, zero-centred), biases on q/k/v, on o_proj, on the MLP projections
+    has_qk_norm: bool = False
+    has_qkv_bias: bool = False
+    has_o_bias: bool = False
+    has_mlp_bias: bool = False
+    architecture: str = ""  # the checkpoint's model type, for messages ("" for a spec's random model)
     # gated delta-net layers (unused when every layer is full attention)
     num_linear_heads: int = 2  # q/k heads
     num_linear_value_heads: int = 2  # v heads (a multiple of the q/k heads)

@@ -4,11 +4,9 @@ Random: every parameter gets its own generator seeded from (seed, node, paramete
 node's weights do not depend on which other nodes exist or in which order they are built. Matrices
 are N(0, 1/fan_in) (embeddings N(0, 1)), biases zero, norm scales one.
 
-Checkpoint: `read_checkpoint_config(dir)` gives the dims from config.json for a LlamaForCausalLM
-(style `llama`) or a Qwen3.5 text model (Qwen3_5ForCausalLM, or the text part of
-Qwen3_5ForConditionalGeneration: style `qwen3_5`), and refuses with a `WeightsError` anything else
-(another architecture, biases, scaled RoPE, a non-SiLU activation); `load_checkpoint_weights(model,
-dir)` copies the tensors in by name, checking every shape. The engine refuses a checkpoint whose
+Checkpoint: `read_checkpoint_config(dir)` (in `checkpoint_config`) gives the dims from
+config.json, or refuses with a `WeightsError`; `load_checkpoint_weights(model, dir)` copies the
+tensors in by name, checking every shape. The engine refuses a checkpoint whose
 style is not the node's (a Llama checkpoint on the Qwen3.5 hybrid node, or the reverse).
 
 Which node gets which checkpoint: `weights_by_node(kv_nodes, entries)` reads the `--weights`
@@ -18,7 +16,6 @@ one keep random weights.
 """
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 from typing import Optional, Union
@@ -26,18 +23,9 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.checkpoint_config import WeightsError, read_checkpoint_config
 
-ARCHITECTURE_STYLES = {
-    "LlamaForCausalLM": "llama",
-    "Qwen3_5ForCausalLM": "qwen3_5",
-    "Qwen3_5ForConditionalGeneration": "qwen3_5",  # its text model; the vision tower is skipped
-}
-MODEL_TYPE_STYLES = {"llama": "llama", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
-
-
-class WeightsError(ValueError):
-    """A checkpoint is missing, malformed, or does not fit the node."""
+__all__ = ["WeightsError", "init_random", "load_checkpoint_weights", "read_checkpoint_config", "weights_by_node"]
 
 
 def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]]) -> dict[str, str]:
@@ -86,91 +74,6 @@ def init_random(module: nn.Module, seed: int, node: str) -> None:
             fan_in = param[0].numel()
             std = 1.0 if name.rsplit(".", 1)[0] in embeddings else fan_in ** -0.5
             param.copy_(torch.randn(param.shape, generator=generator) * std)
-
-
-def _style_of(config: dict, path: Path) -> str:
-    architectures = config.get("architectures") or []
-    for arch in architectures:
-        if arch in ARCHITECTURE_STYLES:
-            return ARCHITECTURE_STYLES[arch]
-    model_type = config.get("model_type")
-    if model_type in MODEL_TYPE_STYLES and not architectures:
-        return MODEL_TYPE_STYLES[model_type]
-    found = ", ".join(architectures) or model_type or "unknown"
-    raise WeightsError(f"{path}: architecture {found} is not one the engine loads "
-                       f"({', '.join(ARCHITECTURE_STYLES)})")
-
-
-def read_checkpoint_config(weights_dir: str) -> DecoderDims:
-    """Dims (and style) of the checkpoint in `weights_dir`, or a WeightsError saying why it cannot load."""
-    path = Path(weights_dir) / "config.json"
-    if not path.is_file():
-        raise WeightsError(f"--weights {weights_dir}: no config.json there (expected a Llama-layout checkpoint)")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise WeightsError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise WeightsError(f"{path}: not a JSON object")
-    style = _style_of(config, path)
-    if isinstance(config.get("text_config"), dict):  # a VLM checkpoint: the text model's config
-        config = {**config["text_config"], "tie_word_embeddings": config.get(
-            "tie_word_embeddings", config["text_config"].get("tie_word_embeddings", False))}
-    for flag in ("attention_bias", "mlp_bias"):
-        if config.get(flag):
-            raise WeightsError(f"{path}: {flag}=true is not supported by the engine's decoder")
-    if config.get("hidden_act", "silu") != "silu":
-        raise WeightsError(f"{path}: hidden_act={config['hidden_act']!r}; the engine's decoder uses silu")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise WeightsError(f"{path}: rope_type {rope_type!r} is not supported (only unscaled RoPE)")
-    try:
-        return _dims(config, style, rope)
-    except (KeyError, TypeError, ValueError) as error:
-        raise WeightsError(f"{path}: missing or bad field ({error})") from None
-
-
-def _dims(config: dict, style: str, rope: dict) -> DecoderDims:
-    hidden = int(config["hidden_size"])
-    num_heads = int(config["num_attention_heads"])
-    num_layers = int(config["num_hidden_layers"])
-    common = dict(
-        num_layers=num_layers,
-        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-        num_qo_heads=num_heads,
-        head_dim=int(config.get("head_dim") or hidden // num_heads),
-        hidden=hidden,
-        intermediate=int(config["intermediate_size"]),
-        vocab=int(config["vocab_size"]),
-        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-        rms_eps=float(config.get("rms_norm_eps", 1e-6)),
-        is_tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        style=style,
-    )
-    if style == "llama":
-        return DecoderDims(layer_is_full=(True,) * num_layers, **common)
-    if config.get("attn_output_gate", True) is not True:
-        raise ValueError("attn_output_gate=false is not supported")
-    types = config.get("layer_types") or [
-        "full_attention" if (i + 1) % int(config.get("full_attention_interval", 4)) == 0 else "linear_attention"
-        for i in range(num_layers)]
-    if len(types) != num_layers or set(types) - {"full_attention", "linear_attention"}:
-        raise ValueError(f"layer_types {types!r}")
-    num_linear_heads = int(config["linear_num_key_heads"])
-    num_value_heads = int(config["linear_num_value_heads"])
-    if num_value_heads % num_linear_heads:
-        raise ValueError("linear_num_value_heads is not a multiple of linear_num_key_heads")
-    return DecoderDims(
-        layer_is_full=tuple(t == "full_attention" for t in types),
-        partial_rotary=float(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))),
-        num_linear_heads=num_linear_heads,
-        num_linear_value_heads=num_value_heads,
-        linear_key_dim=int(config["linear_key_head_dim"]),
-        linear_value_dim=int(config["linear_value_head_dim"]),
-        conv_kernel=int(config.get("linear_conv_kernel_dim", 4)),
-        **common,
-    )
 
 
 def _checkpoint_name(name: str) -> str:

@@ -23,7 +23,8 @@ from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
-from mstar.runtime.engine.models.layers import Bounds, RMSNorm, SwiGLU, rotary, seg_linear
+from mstar.runtime.engine.models.layers import Bounds, RMSNorm, SwiGLU, seg_linear
+from mstar.runtime.engine.models.rope import apply_rotary, span_lengths
 
 
 @dataclass
@@ -44,38 +45,44 @@ class DecoderBatch:
 
 
 class FullAttention(nn.Module):
-    """Grouped-query attention over the paged cache; with the qwen3_5 style also per-head q/k
-    RMSNorm before RoPE, partial rotary, and a sigmoid gate (from q_proj) on the output."""
+    """Grouped-query attention over the paged cache. Options from the dims: biases on q/k/v and o
+    (Llama's attention_bias, Qwen2's q/k/v), per-head q/k RMSNorm before RoPE (Qwen3), scaled or
+    partial RoPE; the qwen3_5 style has zero-centred q/k norms and a sigmoid gate (from q_proj)
+    on the output."""
 
     def __init__(self, dims: DecoderDims):
         super().__init__()
         self.dims = dims
         self.is_gated = dims.style == "qwen3_5"
         q_width = dims.num_qo_heads * dims.head_dim * (2 if self.is_gated else 1)
-        self.q_proj = nn.Linear(dims.hidden, q_width, bias=False)
-        self.k_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
-        self.v_proj = nn.Linear(dims.hidden, dims.num_kv_heads * dims.head_dim, bias=False)
-        self.o_proj = nn.Linear(dims.num_qo_heads * dims.head_dim, dims.hidden, bias=False)
-        if self.is_gated:
-            self.q_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=True)
-            self.k_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=True)
+        kv_width = dims.num_kv_heads * dims.head_dim
+        self.q_proj = nn.Linear(dims.hidden, q_width, bias=dims.has_qkv_bias)
+        self.k_proj = nn.Linear(dims.hidden, kv_width, bias=dims.has_qkv_bias)
+        self.v_proj = nn.Linear(dims.hidden, kv_width, bias=dims.has_qkv_bias)
+        self.o_proj = nn.Linear(dims.num_qo_heads * dims.head_dim, dims.hidden, bias=dims.has_o_bias)
+        self.has_qk_norm = self.is_gated or dims.has_qk_norm
+        if self.has_qk_norm:
+            self.q_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=self.is_gated)
+            self.k_norm = RMSNorm(dims.head_dim, dims.rms_eps, is_zero_centred=self.is_gated)
 
     def forward(self, x: torch.Tensor, batch: DecoderBatch, cache_k: torch.Tensor,
                 cache_v: torch.Tensor) -> torch.Tensor:
         d = self.dims
         n = x.shape[0]
-        q = seg_linear(x, self.q_proj.weight, batch.bounds)
-        k = seg_linear(x, self.k_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
-        v = seg_linear(x, self.v_proj.weight, batch.bounds).view(n, d.num_kv_heads, d.head_dim)
+        q = seg_linear(x, self.q_proj.weight, batch.bounds, self.q_proj.bias)
+        k = seg_linear(x, self.k_proj.weight, batch.bounds, self.k_proj.bias).view(n, d.num_kv_heads, d.head_dim)
+        v = seg_linear(x, self.v_proj.weight, batch.bounds, self.v_proj.bias).view(n, d.num_kv_heads, d.head_dim)
         gate = None
         if self.is_gated:
             # q_proj gives [query | gate] per head (not two halves of the whole output).
             q, gate = q.view(n, d.num_qo_heads, 2 * d.head_dim).split(d.head_dim, dim=-1)
-            q, k = self.q_norm(q), self.k_norm(k)
         q = q.reshape(n, d.num_qo_heads, d.head_dim)
+        if self.has_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         rotary_dim = d.rotary_dim if d.partial_rotary < 1.0 else 0
-        q = rotary(q, batch.positions, d.rope_theta, rotary_dim)
-        k = rotary(k, batch.positions, d.rope_theta, rotary_dim)
+        seq_lens = span_lengths(batch.positions, batch.bounds) if d.rope.kind == "dynamic" else None
+        q = apply_rotary(q, batch.positions, d.rope_theta, rotary_dim, d.rope, seq_lens)
+        k = apply_rotary(k, batch.positions, d.rope_theta, rotary_dim, d.rope, seq_lens)
         # The cache's dtype rules (fp32 on the CPU, bf16 on a GPU, whatever autocast produced).
         q, k, v = q.to(cache_k.dtype), k.to(cache_k.dtype), v.to(cache_k.dtype)
         if batch.attend is not None:
@@ -85,7 +92,7 @@ class FullAttention(nn.Module):
         out = out.reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))
-        return seg_linear(out, self.o_proj.weight, batch.bounds)
+        return seg_linear(out, self.o_proj.weight, batch.bounds, self.o_proj.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -101,7 +108,7 @@ class DecoderLayer(nn.Module):
                                              dims.linear_value_dim, dims.conv_kernel, dims.rms_eps,
                                              dims.num_linear_value_heads)
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps, is_centred)
-        self.mlp = SwiGLU(dims.hidden, dims.intermediate)
+        self.mlp = SwiGLU(dims.hidden, dims.intermediate, dims.has_mlp_bias)
 
 
 class Decoder(nn.Module):

@@ -1,0 +1,189 @@
+"""A Hugging Face checkpoint's config.json -> the `DecoderDims` its weights need.
+
+In: a checkpoint directory. Out: `DecoderDims` (style, dims, RoPE kind, per-architecture attention
+details), or a `WeightsError` saying why the engine cannot load it.
+
+Architectures (config.json's `architectures`, else its `model_type`):
+- `LlamaForCausalLM` (style `llama`): `attention_bias` (q/k/v/o) and `mlp_bias` as configured;
+- `Qwen2ForCausalLM` (style `llama`): biases on q/k/v, none on o_proj;
+- `Qwen3ForCausalLM` (style `llama`): RMSNorm of every q/k head before RoPE, `attention_bias`;
+- `Qwen3_5ForCausalLM`, or the text model of `Qwen3_5ForConditionalGeneration` (style `qwen3_5`):
+  the gated delta-net hybrid, its layer types, linear-attention dims and partial rotary.
+RoPE: `rope_parameters` (transformers 5) or `rope_scaling` (older files), of kind `default`,
+`linear`, `dynamic`, `yarn` or `llama3`; `rope_theta` and `partial_rotary_factor` may sit inside
+it or at the top level. Refused: other architectures and RoPE kinds, sliding-window attention, an
+activation other than SiLU.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from mstar.runtime.engine.dims import ROPE_KINDS, DecoderDims, RopeScaling
+
+
+class WeightsError(ValueError):
+    """A checkpoint is missing, malformed, or does not fit the node."""
+
+
+# architecture -> (style, model type)
+ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", "llama"),
+    "Qwen2ForCausalLM": ("llama", "qwen2"),
+    "Qwen3ForCausalLM": ("llama", "qwen3"),
+    "Qwen3_5ForCausalLM": ("qwen3_5", "qwen3_5"),
+    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5"),  # its text model; the vision tower is skipped
+}
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM"}
+
+
+def _architecture_of(config: dict, path: Path) -> tuple[str, str]:
+    architectures = config.get("architectures") or []
+    for arch in architectures:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    model_type = config.get("model_type")
+    if model_type in MODEL_TYPES and not architectures:
+        return ARCHITECTURES[MODEL_TYPES[model_type]]
+    found = ", ".join(architectures) or model_type or "unknown"
+    raise WeightsError(f"{path}: architecture {found} is not one the engine loads "
+                       f"({', '.join(ARCHITECTURES)})")
+
+
+def read_checkpoint_config(weights_dir: str) -> DecoderDims:
+    """Dims (and style) of the checkpoint in `weights_dir`, or a WeightsError saying why it cannot load."""
+    path = Path(weights_dir) / "config.json"
+    if not path.is_file():
+        raise WeightsError(f"--weights {weights_dir}: no config.json there (expected a Hugging Face checkpoint)")
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise WeightsError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"{path}: not a JSON object")
+    style, architecture = _architecture_of(config, path)
+    if isinstance(config.get("text_config"), dict):  # a VLM checkpoint: the text model's config
+        config = {**config["text_config"], "tie_word_embeddings": config.get(
+            "tie_word_embeddings", config["text_config"].get("tie_word_embeddings", False))}
+    if config.get("hidden_act", "silu") != "silu":
+        raise WeightsError(f"{path}: hidden_act={config['hidden_act']!r}; the engine's decoder uses silu")
+    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
+        raise WeightsError(f"{path}: sliding-window attention is not supported by the engine's decoder")
+    try:
+        rope = _rope_parameters(config)
+        return _dims(config, style, architecture, rope, _rope_scaling(config, rope))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        raise WeightsError(f"{path}: missing or bad field ({error})") from None
+
+
+def _rope_parameters(config: dict) -> dict:
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters {rope!r} is not an object")
+    if set(rope) & {"full_attention", "sliding_attention"}:
+        raise ValueError("RoPE parameters per layer type are not supported")
+    return rope
+
+
+def _rope_scaling(config: dict, rope: dict) -> RopeScaling:
+    """The RoPE kind and its numbers, with transformers' defaults for the optional ones."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ROPE_KINDS:
+        raise ValueError(f"rope_type {kind!r} is not supported (the engine has {', '.join(ROPE_KINDS)})")
+    if kind == "default":
+        return RopeScaling()
+    max_position = int(config.get("max_position_embeddings", 0))
+    # A top-level original_max_position_embeddings wins (Phi-3 keeps it there), as in transformers.
+    original = int(config.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                   or max_position)
+    factor = rope.get("factor")
+    if kind == "yarn" and factor is None:
+        factor = max_position / original
+    factor = float(factor)
+    if factor <= 0:
+        raise ValueError(f"rope factor {factor} must be positive")
+    if kind == "dynamic" and max_position <= 0:
+        raise ValueError("dynamic RoPE needs max_position_embeddings")
+    if kind in ("llama3", "yarn") and original <= 0:
+        raise ValueError(f"{kind} RoPE needs original_max_position_embeddings")
+    if kind == "llama3":
+        return RopeScaling(kind=kind, factor=factor, original_max_position=original,
+                           low_freq_factor=float(rope["low_freq_factor"]),
+                           high_freq_factor=float(rope["high_freq_factor"]))
+    if kind == "yarn":
+        return RopeScaling(kind=kind, factor=factor, original_max_position=original,
+                           attention_factor=_yarn_attention_factor(rope, factor),
+                           beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
+                           is_truncated=bool(rope.get("truncate", True)))
+    return RopeScaling(kind=kind, factor=factor, max_position=max_position)  # linear, dynamic
+
+
+def _yarn_attention_factor(rope: dict, factor: float) -> float:
+    """YaRN's cos/sin scale: given, or 0.1 ln(factor) + 1 (with DeepSeek's mscale ratio when set)."""
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rope.get("mscale") and rope.get("mscale_all_dim"):
+        return float(mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"]))
+    return mscale(factor)
+
+
+def _dims(config: dict, style: str, architecture: str, rope: dict, scaling: RopeScaling) -> DecoderDims:
+    hidden = int(config["hidden_size"])
+    num_heads = int(config["num_attention_heads"])
+    num_layers = int(config["num_hidden_layers"])
+    has_attention_bias = bool(config.get("attention_bias", False))
+    common = dict(
+        num_layers=num_layers,
+        num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+        num_qo_heads=num_heads,
+        head_dim=int(config.get("head_dim") or hidden // num_heads),
+        hidden=hidden,
+        intermediate=int(config["intermediate_size"]),
+        vocab=int(config["vocab_size"]),
+        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        rope=scaling,
+        rms_eps=float(config.get("rms_norm_eps", 1e-6)),
+        is_tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        style=style,
+        architecture=architecture,
+    )
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if style == "llama":
+        return DecoderDims(
+            layer_is_full=(True,) * num_layers,
+            partial_rotary=float(partial if partial is not None else 1.0),
+            has_qk_norm=architecture == "qwen3",
+            has_qkv_bias=has_attention_bias or architecture == "qwen2",
+            has_o_bias=has_attention_bias and architecture != "qwen2",
+            has_mlp_bias=bool(config.get("mlp_bias", False)),
+            **common,
+        )
+    if has_attention_bias or config.get("mlp_bias"):
+        raise ValueError("attention_bias / mlp_bias on a Qwen3.5 model")
+    if config.get("attn_output_gate", True) is not True:
+        raise ValueError("attn_output_gate=false is not supported")
+    types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % int(config.get("full_attention_interval", 4)) == 0 else "linear_attention"
+        for i in range(num_layers)]
+    if len(types) != num_layers or set(types) - {"full_attention", "linear_attention"}:
+        raise ValueError(f"layer_types {types!r}")
+    num_linear_heads = int(config["linear_num_key_heads"])
+    num_value_heads = int(config["linear_num_value_heads"])
+    if num_value_heads % num_linear_heads:
+        raise ValueError("linear_num_value_heads is not a multiple of linear_num_key_heads")
+    return DecoderDims(
+        layer_is_full=tuple(t == "full_attention" for t in types),
+        partial_rotary=float(partial if partial is not None else 0.25),
+        num_linear_heads=num_linear_heads,
+        num_linear_value_heads=num_value_heads,
+        linear_key_dim=int(config["linear_key_head_dim"]),
+        linear_value_dim=int(config["linear_value_head_dim"]),
+        conv_kernel=int(config.get("linear_conv_kernel_dim", 4)),
+        **common,
+    )
