@@ -1,13 +1,20 @@
-"""Plain data between the scheduler and an engine: a step in, per-row results out.
+"""The step contract: plain data between the run loop and an engine, a step in, results out.
 
 The scheduler and batch builder build `Step`s and touch no tensors; an engine (simulated or
 torch) runs a step and answers with a `StepResult`. Keeping this interface narrow lets the
 simulated engine and the real one plug into the same conductor and scheduler.
+
+    caps = engine.caps                 # EngineCaps: what the engine can do, as data
+    handle = engine.launch(step)       # starts the step; the host may compose step N+1 now
+    result = engine.wait(handle)       # StepResult of that step
+
+A step carries everything the plan decided for it (key, mixture mask, capture bucket, attention
+route); an engine runs it as given and refuses one that disagrees with its plan row.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 
 @dataclass
@@ -54,13 +61,66 @@ class StepResult:
     elapsed_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class EngineCaps:
+    """What an engine can do, as data (the run loop reads these and never probes the engine).
+
+    is_simulated:       `StepResult.elapsed_s` is modelled time: the run loop moves `clock` by it
+                        (`clock` then needs `advance_to(when)`); else elapsed is wall time.
+    runs_partial_steps: rows that got memory run beside the `allocation_failed` ones; else a step
+                        with a failed row runs nothing (all or nothing).
+    can_run_followers:  a TP follower's copy of a step costs time on this engine, so the run loop
+                        launches it (a step with no rows); else followers cost nothing here.
+    clock:              the run clock (seconds); None = wall time (`time.monotonic`).
+    """
+
+    is_simulated: bool = False
+    runs_partial_steps: bool = True
+    can_run_followers: bool = False
+    clock: Optional[Callable[[], float]] = None
+
+
+@dataclass
+class StepHandle:
+    """A launched step. `result` is set once the engine has it (at launch for engines that run a
+    step at once, the CPU reference and the simulator); `pending` is engine-owned state of a step
+    still running (a device event, for example)."""
+
+    step: Step
+    result: Optional[StepResult] = None
+    pending: Any = None
+
+
 class Engine(Protocol):
     """What the runtime needs from an engine."""
+
+    caps: EngineCaps
 
     def add_request(self, request_id: str, spec: Any) -> Optional[str]:
         """Prepare per-request state; returns an error message if the request can never fit."""
 
-    def run_step(self, step: Step) -> StepResult: ...
+    def launch(self, step: Step) -> StepHandle:
+        """Start the step; it may still be running on return."""
+
+    def wait(self, handle: StepHandle) -> StepResult:
+        """The result of a launched step (blocks until it is done)."""
 
     def end_request(self, request_id: str) -> None:
         """Free the request's KV pages and state slots."""
+
+
+class RunsAtLaunch:
+    """`launch`/`wait` for an engine whose `run_step(step) -> StepResult` runs a step at once
+    (the CPU torch reference, the simulator): launch runs it, wait hands the result back.
+    `run_step` is that engine's synchronous body; the run loop only calls launch and wait."""
+
+    def run_step(self, step: Step) -> StepResult:
+        raise NotImplementedError
+
+    def launch(self, step: Step) -> StepHandle:
+        return StepHandle(step, self.run_step(step))
+
+    def wait(self, handle: StepHandle) -> StepResult:
+        if handle.result is None:
+            raise RuntimeError("wait on a step handle this engine never launched")
+        return handle.result

@@ -2,6 +2,7 @@
 import pytest
 
 from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.serve.steps import recompose
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve.metrics import summarize
 from mstar.runtime.conductor.request import Request
@@ -145,7 +146,7 @@ def test_a_step_that_lost_a_walk_to_stale_rows_runs_that_mixture_eagerly():
     step = Step(worker=0, key=key.name, node="LLM", mask=mixed.mask, label=None,
                 rows=[StepRow("r1", "decode", 1, 9)], attention=mixed.attention, capture=mixed.capture,
                 padded_batch=4, token_bucket=128)
-    driver._recompose(0, step)
+    recompose(key, step)
     decode = next(e for e in key.mixtures if e.walks == ["decode"])
     assert (step.mask, step.label, step.attention) == (decode.mask, "decode", decode.attention)
     assert (step.capture, step.padded_batch, step.token_bucket) == (None, 0, 0)
@@ -160,7 +161,7 @@ def test_the_plans_routes_agree_with_where_the_driver_sends_rows(name):
     for worker in plan.workers:
         for route in worker.routes:
             if route.dest_kind == "node":
-                instances = driver._instances[(route.dest_node, route.walk)]
+                instances = driver.routing.instances[(route.dest_node, route.walk)]
                 assert sorted(route.dest_ranks) == sorted({r for instance in instances for r in instance})
 
 

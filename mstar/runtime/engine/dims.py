@@ -204,11 +204,14 @@ def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
             f"node {node.name}: recurrent state declares {recurrent.num_layers} layers but the "
             f"layer pattern has {dims.num_linear_layers} linear-attention layers"
         )
-    if mode == "spec":
-        return dims
-    unit = _pattern_unit(full)
-    ratio = num_qo_heads // num_kv_heads
-    tiny_kv = min(num_kv_heads, 2)
+    return dims if mode == "spec" else _tiny_decoder_dims(node, dims)
+
+
+def _tiny_decoder_dims(node: NodePlan, dims: DecoderDims) -> DecoderDims:
+    """`tiny` dims: the head ratio and one unit of the layer pattern kept, every width small."""
+    unit = _pattern_unit(dims.layer_is_full)
+    ratio = dims.num_qo_heads // dims.num_kv_heads
+    tiny_kv = min(dims.num_kv_heads, 2)
     return replace(
         dims,
         num_layers=len(unit) if node.recurrent or "layer_pattern" in node.dims else 2,

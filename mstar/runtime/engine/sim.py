@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import CallPlan, Plan
-from mstar.runtime.step import RowResult, Step, StepResult, StepRow
+from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 CAPTURED_LAUNCH_S = 0.0003
 EAGER_LAUNCH_S = 0.0015
@@ -69,7 +69,7 @@ class _KvPool:
     num_free: int
 
 
-class SimEngine:
+class SimEngine(RunsAtLaunch):
     """Engine protocol (mstar.runtime.step.Engine) by a cost model.
 
     num_pages overrides every kv node's pool size. inject_oom(step) -> request ids lets tests
@@ -77,9 +77,6 @@ class SimEngine:
     message that its first row reports. runs_partial_steps: rows that got memory run beside
     the allocation_failed ones (default); False: a step with any failed row runs nothing.
     """
-
-    is_simulated = True
-    can_run_followers = True
 
     def __init__(
         self,
@@ -94,6 +91,8 @@ class SimEngine:
         self.plan = plan
         self.runs_partial_steps = runs_partial_steps
         self.clock = SimClock()
+        self.caps = EngineCaps(is_simulated=True, runs_partial_steps=runs_partial_steps, can_run_followers=True,
+                               clock=self.clock)
         self.seed = seed
         self.inject_oom = inject_oom
         self.inject_error = dict(inject_error or {})
@@ -154,6 +153,8 @@ class SimEngine:
             self.num_sampled.pop((request_id, node), None)
 
     def run_step(self, step: Step) -> StepResult:
+        if not step.rows:  # a TP follower's copy of its leader's step: it costs time, nothing more
+            return StepResult(rows=[], elapsed_s=self.step_time(step))
         self.num_steps += 1
         node = step.node
         pool = self.pools.get(node)

@@ -47,7 +47,7 @@ from mstar.runtime.engine.models.image_decoder import ImageDecoder
 from mstar.runtime.engine.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
 from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
-from mstar.runtime.step import RowResult, Step, StepResult
+from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config, weights_by_node,
 )
@@ -63,7 +63,7 @@ class EngineError(ValueError):
     """The engine cannot start for this plan and these options (the message says why)."""
 
 
-class TorchEngine:
+class TorchEngine(RunsAtLaunch):
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
                  num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
                  attention: str = "auto"):
@@ -92,6 +92,8 @@ class TorchEngine:
             torch.set_num_threads(1)
         self.plan = plan
         self.runs_partial_steps = runs_partial_steps
+        # One engine serves every worker: a TP follower's copy of a step has nothing to run here.
+        self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}

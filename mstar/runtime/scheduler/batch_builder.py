@@ -52,29 +52,14 @@ def compose(
     caps = tables.caps
     with_rows = [w for w in range(num_walks) if ids[w]]
     if len(with_rows) == 1 and (mask == 0 or mask == 1 << with_rows[0]):
-        # One walk and no mixing: the walk's own cap bounds the step, no rows limits apply.
-        walk = with_rows[0]
-        take = min(len(ids[walk]), caps[1 << walk] - num_rows)
-        if take <= 0:
-            return Composition(mask, takes, num_rows)
-        takes[walk] = take
-        return Composition(mask | 1 << walk, takes, num_rows + take)
+        return _compose_one_walk(with_rows[0], len(ids[with_rows[0]]), caps, num_rows, mask, takes)
 
     counts = list(counts) if counts is not None else [0] * num_walks
     limits, is_mixed, limited = tables.limits, tables.is_mixed, tables.limited_walks
     heads = [0] * num_walks  # next unscanned row per walk
     open_walks = with_rows
     while open_walks:
-        # The walk holding the oldest unscanned row, and the oldest head among the others.
-        walk = open_walks[0]
-        head_seq = runs[walk].seq_at(heads[walk])
-        next_seq = _AFTER_ALL
-        for other in open_walks[1:]:
-            seq = runs[other].seq_at(heads[other])
-            if seq < head_seq:
-                next_seq, walk, head_seq = head_seq, other, seq
-            elif seq < next_seq:
-                next_seq = seq
+        walk, next_seq = _oldest_head(open_walks, runs, heads)
         num_walk_rows = len(ids[walk])
         bit = 1 << walk
         if not mask & bit:
@@ -106,6 +91,31 @@ def compose(
         if take < end - start or heads[walk] == num_walk_rows:
             open_walks.remove(walk)
     return Composition(mask, takes, num_rows)
+
+
+def _compose_one_walk(walk: int, num_ready: int, caps: list[int], num_rows: int, mask: int,
+                      takes: list[int]) -> Composition:
+    """One walk and no mixing: the walk's own cap bounds the step, no rows limits apply."""
+    take = min(num_ready, caps[1 << walk] - num_rows)
+    if take <= 0:
+        return Composition(mask, takes, num_rows)
+    takes[walk] = take
+    return Composition(mask | 1 << walk, takes, num_rows + take)
+
+
+def _oldest_head(open_walks: list[int], runs, heads: list[int]) -> tuple[int, int]:
+    """The walk holding the oldest unscanned row, and the oldest head among the other walks
+    (`_AFTER_ALL` when there is none)."""
+    walk = open_walks[0]
+    head_seq = runs[walk].seq_at(heads[walk])
+    next_seq = _AFTER_ALL
+    for other in open_walks[1:]:
+        seq = runs[other].seq_at(heads[other])
+        if seq < head_seq:
+            next_seq, walk, head_seq = head_seq, other, seq
+        elif seq < next_seq:
+            next_seq = seq
+    return walk, next_seq
 
 
 def make_batch(
