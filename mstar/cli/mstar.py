@@ -6,15 +6,23 @@
     mstar bench scheduler --json
 
 Exit status: 0 when every request ran (a request that failed alone is reported, not fatal);
-1 for a refused plan, a bad workload or an engine that cannot start (one message, no
-traceback); 2 for bad command-line usage.
+1 for a refused plan, a bad workload, an engine that cannot start or an output that could not be
+written (one message naming the file, no traceback); 2 for bad command-line usage; 128 + the
+signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP) for an interrupted run.
+
+Results are written as each request finishes (mstar/runtime/serve/results.py). On SIGINT,
+SIGTERM or SIGHUP the run stops admitting and returns after the step in progress (a second
+signal: at once); the command then writes the report (`"interrupted": "SIGINT"`) and the
+timeline and prints one line saying what was kept.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any, Optional, Sequence
 
@@ -161,88 +169,213 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise CliError(f"--timeline {args.timeline}: {problem}")
 
 
-def _tokens_json(values: list[Any]) -> list[Any]:
-    out = []
-    for value in values:
-        item = getattr(value, "tolist", None)
-        out.append(item() if callable(item) else value)
-    return out
+class _Interrupted(BaseException):
+    """A signal that ends the command now (before the run, or a second one during it). A
+    BaseException, like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _write_outputs(out_dir: str, records: list[Any], plan: Any) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    sample_rate = next(
-        (n.dims["sample_rate"] for n in plan.nodes if isinstance(n.dims.get("sample_rate"), int)), 24000
-    )
-    with open(os.path.join(out_dir, "outputs.jsonl"), "w", encoding="utf-8") as handle:
-        for record in records:
-            ttft = None
-            if record.first_token_s is not None:
-                ttft = round((record.first_token_s - record.arrival_s) * 1000.0, 3)
-            line = {"id": record.request.id, "output_tokens": _tokens_json(record.output_tokens),
-                    "ttft_ms": ttft, "finish_reason": record.finish_reason}
-            handle.write(json.dumps(line) + "\n")
-    audio = {r.request.id: [e.value for e in r.emissions if e.modality == "audio"] for r in records}
-    images = {r.request.id: [e.value for e in r.emissions if e.modality == "image"] for r in records}
-    if not any(audio.values()) and not any(images.values()):
-        return
-    from mstar.runtime.serve import media
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP while `mstar run` works (a context manager).
 
-    for request_id, chunks in audio.items():
-        if chunks:
-            media.write_wav(os.path.join(out_dir, f"{request_id}.wav"), chunks, sample_rate)
-    for request_id, values in images.items():
-        for index, image in enumerate(values):
-            suffix = "" if len(values) == 1 else f"_{index}"
-            try:
-                media.write_png(os.path.join(out_dir, f"{request_id}{suffix}.png"), image)
-            except ValueError as error:
-                print(f"mstar: warning: {request_id}: image not written: {error}", file=sys.stderr)
+    Before the run a signal ends the command at once (`_Interrupted`). During the run the first
+    one stops the driver (it returns after the step in progress) and a second one ends the run
+    at once; either way the command then writes what finished. After the run, while the report
+    and timeline are written, a first signal is only noted (the exit status says which) and a
+    second one ends the command (a report to a FIFO nobody reads would otherwise block it).
+    """
+
+    HANDLED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.driver: Any = None
+        self.is_writing = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for signum in self.HANDLED:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        is_first = self.signum is None
+        if is_first:
+            self.signum = signum
+        if is_first and (self.is_writing or self.driver is not None):
+            if not self.is_writing:
+                self.driver.stop()
+            return
+        raise _Interrupted(self.signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+
+def _write_report(path: str, summary: dict[str, Any]) -> Optional[str]:
+    """None, or the message of a failed write (the outputs are already on disk either way)."""
+    from mstar.runtime.serve.results import OutputError, write_output_file
+
+    try:
+        write_output_file(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    except OutputError as error:
+        return f"--report: {error}"
+    return None
+
+
+def _draw_timeline(path: str, driver: Any, records: list[Any]) -> Optional[str]:
+    from mstar.runtime.serve.results import OutputError
+    from mstar.runtime.serve.timeline import draw
+
+    try:
+        draw(driver.log, records, path, origin_s=driver.origin_s)
+    except OutputError as error:
+        return f"--timeline: {error}"
+    return None
+
+
+def _say(text: str) -> None:
+    """A line on stderr; a closed terminal (SIGHUP) loses it rather than failing the command."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def run_command(args: argparse.Namespace) -> int:
+    with _Signals() as signals:
+        try:
+            return _run(args, signals)
+        except _Interrupted as stop:
+            _say(f"mstar: interrupted by {signal.Signals(stop.signum).name} before the run started; "
+                 "nothing was written")
+            return 128 + stop.signum
+
+
+def _run(args: argparse.Namespace, signals: _Signals) -> int:
     from mstar.runtime.serve.driver import Driver, DriverError
     from mstar.runtime.scheduler.key_tables import PlanTableError
-    from mstar.runtime.serve.metrics import error_lines, render_table, summarize
+    from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
 
     plan = _load_plan(args.plan)
     workload = _workload(args, plan)
     _check_outputs(args)
     engine = _engine(plan, args)
+    writer = None
+    if args.out:
+        try:
+            writer = ResultWriter(args.out, sample_rate_of(plan))
+        except OutputError as error:
+            raise CliError(str(error)) from None
     progress = None
     if not args.no_progress:
         from tqdm import tqdm
 
         progress = tqdm(total=len(workload.requests), desc="requests", unit="req", file=sys.stderr,
                         disable=not sys.stderr.isatty())
+    problems: list[str] = []
+
+    def on_finish(request_ids: list[str]) -> None:
+        # Each request's results go to disk as it finishes, so an interrupt loses none of them.
+        if progress is not None:
+            progress.update(len(request_ids))
+        if writer is None or problems:
+            return
+        for request_id in request_ids:
+            try:
+                writer.write(driver.conductor.records[request_id])
+            except OutputError as error:  # a full disk: stop, keep what was written, say where
+                problems.append(f"--out: {error}")
+                driver.stop()
+                return
+
     try:
-        driver = Driver(plan, engine, on_finish=progress.update if progress is not None else None)
-        started = time.perf_counter()
-        driver.run(workload)
+        driver = Driver(plan, engine, on_finish=on_finish)
     except (DriverError, PlanTableError) as error:  # a plan whose tables do not hold together
         raise CliError(str(error)) from None
+    signals.driver = driver
+    started = time.perf_counter()
+    try:
+        driver.run(workload)
+    except (DriverError, PlanTableError) as error:
+        if writer is not None:
+            writer.close()
+        raise CliError(str(error)) from None
+    except _Interrupted:
+        pass  # a second signal: the step in progress is abandoned; what finished is kept
+    finally:
+        signals.is_writing = True
     host_wall_s = time.perf_counter() - started
     if progress is not None:
         progress.close()
+    if writer is not None:
+        try:
+            writer.close()
+        except OutputError as error:
+            problems.append(f"--out: {error}")
     records = list(driver.conductor.records.values())
+    num_unfinished = sum(1 for r in records if not r.is_finished) + len(workload.requests) - len(records)
+    try:
+        _finish(args, driver, records, host_wall_s, num_unfinished, signals, problems)
+    except _Interrupted:
+        problems.append("stopped by a second signal while writing the report and timeline")
+    for problem in problems:
+        _say(f"mstar: error: {problem}")
+    if signals.signum:
+        _say(f"mstar: interrupted by {signals.name}: " + _kept(args, writer, records, num_unfinished, problems))
+        return 128 + signals.signum
+    return 1 if problems else 0
+
+
+def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall_s: float, num_unfinished: int,
+            signals: _Signals, problems: list[str]) -> None:
+    """The table, the report and the timeline of a run that ended (or was stopped)."""
+    from mstar.runtime.serve.metrics import error_lines, render_table, summarize
+
     summary = summarize(records, driver.log, host_wall_s)
     summary["plan"] = args.plan
     summary["engine"] = args.engine
-    from rich.console import Console
+    summary["interrupted"] = signals.name or None
+    summary["num_unfinished"] = num_unfinished
+    if not signals.signum:
+        try:
+            from rich.console import Console
 
-    Console().print(render_table(summary))
-    for line in error_lines(records):
-        print(f"mstar: {line}", file=sys.stderr)
+            Console().print(render_table(summary))
+        except OSError:
+            pass
+        for line in error_lines(records):
+            _say(f"mstar: {line}")
     if args.report:
-        with open(args.report, "w", encoding="utf-8") as handle:
-            json.dump(summary, handle, indent=2, sort_keys=True)
+        problem = _write_report(args.report, summary)
+        if problem:
+            problems.append(problem)
     if args.timeline:
-        from mstar.runtime.serve.timeline import draw
+        problem = _draw_timeline(args.timeline, driver, records)
+        if problem:
+            problems.append(problem)
 
-        draw(driver.log, records, args.timeline, origin_s=driver.origin_s)
-    if args.out:
-        _write_outputs(args.out, records, plan)
-    return 0
+
+def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinished: int,
+          problems: list[str]) -> str:
+    """What an interrupted run kept, in one line."""
+    num_finished = sum(1 for r in records if r.is_finished)
+    parts = [f"{num_finished} requests finished, {num_unfinished} not"]
+    if writer is not None:
+        parts.append(f"kept {writer.num_lines} in {writer.path} with {writer.num_media} media files")
+    is_report_written = not any(p.startswith(("--report", "stopped")) for p in problems)
+    if args.report and is_report_written:
+        parts.append(f"report {args.report} marked interrupted")
+    return "; ".join(parts)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -264,9 +397,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as error:
         print(f"mstar: error: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before `mstar run` set its own handlers
         print("mstar: interrupted", file=sys.stderr)
-        return 1
+        return 128 + signal.SIGINT
     except Exception as error:  # a bug (or a plan edited by hand with its hash redone): no traceback
         if os.environ.get("MSTAR_TRACEBACK"):
             raise

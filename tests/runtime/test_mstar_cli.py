@@ -2,6 +2,7 @@
 import json
 
 from mstar.cli.mstar import main
+from mstar.runtime.serve.results import media_name
 
 from runtime_plans import ROOT
 
@@ -37,8 +38,8 @@ def test_sim_run_200_requests_with_report_timeline_and_outputs(capsys, tmp_path)
     lines = (out / "outputs.jsonl").read_text().splitlines()
     assert len(lines) == 200
     first = json.loads(lines[0])
-    assert set(first) == {"id", "output_tokens", "ttft_ms", "finish_reason"}
-    assert (out / f"{first['id']}.wav").exists()
+    assert set(first) == {"id", "output_tokens", "ttft_ms", "finish_reason", "media"}
+    assert first["media"] == [media_name(first["id"], ".wav")] and (out / first["media"][0]).exists()
 
 
 def test_prompts_file_runs_and_bad_lines_are_named(capsys, tmp_path):

@@ -8,7 +8,8 @@ Out: a `RunClock`:
                                  simulated clock (elapsed is modelled), now on a wall clock (the
                                  engine already waited for the step, so workers take turns)
     advance_to(when)             simulated: the clock jumps to `when`; wall: nothing
-    sleep_until(when, now)       wait idle until `when` (at least MIN_WAIT_S past `now`)
+    sleep_until(when, now)       wait idle until `when` (at least MIN_WAIT_S past `now`, at most
+                                 MAX_WAIT_S at once: the loop looks again, and sleeps again)
     can_jump_ahead               simulated: an event before the next completion happens first
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 from mstar.runtime.step import EngineCaps
 
 MIN_WAIT_S = 1e-4  # shortest idle wait when nothing can run yet
+MAX_WAIT_S = 0.1  # longest idle sleep at once: the run loop sees a Driver.stop() this soon
 
 
 class ClockError(ValueError):
@@ -48,4 +50,4 @@ class RunClock:
         if self.can_jump_ahead:
             self.advance_to(when)
         else:
-            time.sleep(max(0.0, when - self.now()))
+            time.sleep(min(MAX_WAIT_S, max(0.0, when - self.now())))

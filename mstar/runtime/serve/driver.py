@@ -28,6 +28,11 @@ When nothing runs and nothing can, the clock jumps to the next arrival or hold d
 requests remain with no way forward they fail with "error: stalled" (never a hang). Held rows
 that keep failing to get memory while no row of any step runs for NO_PROGRESS_LIMIT_S (run
 clock) fail the same way: a pool that never frees (a leak) cannot turn into an endless retry loop.
+
+`on_finish(request_ids)` is called with the ids of the requests that just ended (their records
+are final), in the order they ended. `stop()` (safe to call from a signal handler: it only sets
+a flag) makes `run` return at the top of its next iteration, after the step being
+post-processed: nothing more is admitted or launched, and requests not yet ended stay unfinished.
 """
 from __future__ import annotations
 
@@ -80,7 +85,7 @@ class _Arrivals:
 
 class Driver:
     def __init__(self, plan: Plan, engine: Engine, *, clock: Optional[Callable[[], float]] = None,
-                 on_finish: Optional[Callable[[int], None]] = None):
+                 on_finish: Optional[Callable[[list[str]], None]] = None):
         self.plan = plan
         self.engine = engine
         self.caps = engine.caps
@@ -88,6 +93,7 @@ class Driver:
         self.conductor = Conductor(plan, engine, self.clock)
         self.schedulers = {w.rank: WorkerScheduler(w, plan.deployment, clock=self.clock) for w in plan.workers}
         self.on_finish = on_finish
+        self.is_stopped = False
         self.log = StepLog()
         self.origin_s = self._last_progress_s = self.clock()  # run clock at the start of `run`
         self.routing = Routing(plan)
@@ -127,7 +133,7 @@ class Driver:
                 for scheduler in self.schedulers.values():
                     scheduler.remove(request_id)
             if self.on_finish is not None:
-                self.on_finish(len(ended))
+                self.on_finish(ended)
 
     # ------------------------------------------------------------ steps
 
@@ -206,6 +212,10 @@ class Driver:
 
     # ------------------------------------------------------------ main loop
 
+    def stop(self) -> None:
+        """Make `run` return soon (see the module docstring); only sets a flag."""
+        self.is_stopped = True
+
     def run(self, workload: Workload) -> None:
         """Run every request of the workload to completion (or failure). Arrival and
         cancellation times are seconds from the start of the run (`origin_s` on the run clock)."""
@@ -214,7 +224,7 @@ class Driver:
                              deque(sorted((origin + t, rid) for t, rid in workload.cancellations)),
                              workload.closed_concurrency)
         total = len(arrivals.pending)
-        while True:
+        while not self.is_stopped:
             now = self.clock()
             self._admit(arrivals, now)
             self._drain()

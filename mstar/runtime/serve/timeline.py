@@ -8,10 +8,12 @@ simulated engine, a monotonic reading under a real one).
 """
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, Optional
 
 from mstar.runtime.serve.metrics import StepLog
+from mstar.runtime.serve.results import write_output_file
 
 NUM_BINS = 150
 
@@ -31,7 +33,8 @@ def format_problem(path: str) -> Optional[str]:
 
 
 def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> None:
-    """Write the PNG to `path`; times on the run clock are drawn as seconds since `origin_s`."""
+    """Write the PNG to `path` (replaced atomically: see results.write_output_file, whose
+    OutputError names the file); times on the run clock are drawn as seconds since `origin_s`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,8 +67,10 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
         bottom.legend(loc="upper right", fontsize="small")
     figure.tight_layout()
     # no suffix: a PNG at exactly `path` (matplotlib would otherwise write `path`.png)
-    figure.savefig(path, dpi=100, format=None if os.path.splitext(path)[1] else "png")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=100, format=os.path.splitext(path)[1][1:].lower() or "png")
     plt.close(figure)
+    write_output_file(path, buffer.getvalue())
 
 
 def _binned(steps: list[tuple[float, dict[str, int]]], walks: list[str]) -> tuple[list[float], dict[str, list[float]]]:

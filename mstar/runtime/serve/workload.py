@@ -11,7 +11,10 @@ File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [i
 "max_tokens": int} and optionally "temperature", "top_p", "seed", "repetition_penalty" (> 0),
 "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route),
 "cfg_text_scale" and "cfg_img_scale" (>= 0, image-flow guidance, see mstar/runtime/engine/runners/guidance.py); blank lines
-are skipped. Every
+are skipped. An id is 1 to MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's
+files under --out; no path separator, NUL or space). The file is read through
+mstar.files.read_bytes_bounded: a regular file of at most MAX_PROMPTS_BYTES (a FIFO or
+/dev/zero is refused at once). Every
 request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
 raises WorkloadError naming the file, the line and what is wrong.
 
@@ -25,8 +28,10 @@ import difflib
 import json
 import math
 import random
+import re
 from typing import Any, Optional
 
+from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
 
@@ -36,6 +41,8 @@ VOCAB_SIZE = 1000
 # zero or ten) is refused at once instead of filling memory
 MAX_GENERATED_REQUESTS = 10_000_000
 MAX_GENERATED_PROMPT_LEN = 1_000_000
+MAX_ID_CHARS = 128
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:@+=-]+")
 
 
 class WorkloadError(Exception):
@@ -164,6 +171,15 @@ def _field(obj: dict[str, Any], name: str, kinds: tuple, where: str, *, is_requi
     return value
 
 
+def _check_id(request_id: str, where: str) -> None:
+    if not 1 <= len(request_id) <= MAX_ID_CHARS:
+        raise WorkloadError(f"{where}: 'id' must be 1 to {MAX_ID_CHARS} characters, got {len(request_id)}")
+    if not ID_PATTERN.fullmatch(request_id):
+        bad = next(c for c in request_id if not ID_PATTERN.fullmatch(c))
+        raise WorkloadError(f"{where}: 'id' may hold only letters, digits and . _ : @ + = - "
+                            f"(it names the request's output files), got {bad!r} in {request_id[:40]!r}")
+
+
 def parse_prompt_line(line: str, where: str) -> Request:
     try:
         obj = json.loads(line)
@@ -179,6 +195,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
     request_id = _field(obj, "id", (str,), where, is_required=True)
+    _check_id(request_id, where)
     tokens = _field(obj, "prompt_tokens", (list,), where, is_required=True)
     if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
         raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
@@ -229,15 +246,18 @@ def read_prompts(
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
-        with open(path, encoding="utf-8-sig") as handle:  # -sig: a leading byte-order mark is skipped
-            lines = handle.readlines()
-    except OSError as error:
-        raise WorkloadError(f"cannot read prompts file {path}: {error.strerror}") from None
+        data = read_bytes_bounded(path, max_bytes=MAX_PROMPTS_BYTES, what="prompts file")
+        text = data.decode("utf-8-sig")  # -sig: a leading byte-order mark is skipped
+    except InputFileError as error:
+        raise WorkloadError(f"cannot read {error}") from None
     except UnicodeDecodeError as error:
         raise WorkloadError(
             f"cannot read prompts file {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} "
             f"at offset {error.start}); it must be JSON lines"
         ) from None
+    # Line ends as Python's universal newlines read them (str.splitlines would also split on
+    # U+2028 and other characters a JSON string may hold raw).
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     requests = []
     seen: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):

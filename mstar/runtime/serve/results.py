@@ -1,0 +1,172 @@
+"""`mstar run --out DIR`: each request's results written the moment it finishes.
+
+In: an output directory, the audio sample rate, and finished request records, one `write` call
+per request as it ends. Out, in DIR:
+- `outputs.jsonl`: one JSON line per finished request, in the order they finished:
+  `{"id", "output_tokens", "ttft_ms", "finish_reason", "media"}` (`media`: the request's file
+  names in DIR). Each line goes out in one unbuffered write, so an interrupt or a crash keeps
+  every line written before it whole, and a line is written only after its media files are.
+- media: a request's audio chunks as one WAV, its images as PNGs, each written under a
+  temporary name beside the final one and renamed (mstar.files.atomic_write_bytes), so a file
+  under its final name is always complete.
+
+A write that fails (a full disk) removes its temporary file, cuts outputs.jsonl back to its last
+whole line, and raises `OutputError` naming the file and what was kept. `close()` fsyncs
+outputs.jsonl.
+
+`write_output_file(path, data)` writes one whole output file (a report, a timeline): a regular
+file (or a new one) is replaced atomically, the old one left as it was on a failure; a device or
+FIFO (`/dev/stdout`, `/dev/full`) is written in place, never replaced. Failures: OutputError.
+
+File names (`media_name`): the id with each character outside [A-Za-z0-9._-] replaced by `_`,
+leading dots dropped, cut to 64 characters, then `-` and the first 8 hex digits of the id's
+sha256: two ids never share a name, and no id (`/abs`, `../x`, `a/b`) names a path outside DIR.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from typing import Any
+
+MAX_NAME_STEM = 64
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class OutputError(Exception):
+    """A file under --out could not be written (the message names it and what was kept)."""
+
+
+def media_name(request_id: str, suffix: str) -> str:
+    """A file name for one of the request's media files (rules in the module docstring)."""
+    stem = _UNSAFE.sub("_", request_id).lstrip(".")[:MAX_NAME_STEM]
+    digest = hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{stem}-{digest}{suffix}" if stem else f"{digest}{suffix}"
+
+
+def sample_rate_of(plan: Any, default: int = 24000) -> int:
+    """The audio sample rate a node of the plan declares (`sample_rate` dim), else `default`."""
+    return next((n.dims["sample_rate"] for n in plan.nodes if isinstance(n.dims.get("sample_rate"), int)), default)
+
+
+def _tokens_json(values: list[Any]) -> list[Any]:
+    out = []
+    for value in values:
+        item = getattr(value, "tolist", None)
+        out.append(item() if callable(item) else value)
+    return out
+
+
+class ResultWriter:
+    """Writes finished requests into `out_dir` (created if missing); see the module docstring."""
+
+    def __init__(self, out_dir: str, sample_rate: int):
+        self.out_dir = out_dir
+        self.sample_rate = sample_rate
+        self.path = os.path.join(out_dir, "outputs.jsonl")
+        self.num_lines = 0
+        self.num_media = 0
+        self._size = 0  # bytes of whole lines in outputs.jsonl
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        except OSError as error:
+            raise OutputError(f"cannot write {self.path}: {error.strerror or error}") from None
+
+    def write(self, record: Any) -> None:
+        """The finished request's media files, then its line in outputs.jsonl."""
+        request_id = record.request.id
+        media = self._write_media(request_id, record.emissions)
+        ttft = None
+        if record.first_token_s is not None:
+            ttft = round((record.first_token_s - record.arrival_s) * 1000.0, 3)
+        line = {"id": request_id, "output_tokens": _tokens_json(record.output_tokens), "ttft_ms": ttft,
+                "finish_reason": record.finish_reason, "media": media}
+        self._append((json.dumps(line) + "\n").encode("utf-8"))
+        self.num_lines += 1
+
+    def _write_media(self, request_id: str, emissions: list[Any]) -> list[str]:
+        audio = [e.value for e in emissions if e.modality == "audio"]
+        images = [e.value for e in emissions if e.modality == "image"]
+        if not audio and not images:
+            return []
+        from mstar.runtime.serve import media
+
+        names = []
+        if audio:
+            data, _ = media.wav_bytes(audio, self.sample_rate)
+            names.append(self._write_file(media_name(request_id, ".wav"), data))
+        for index, image in enumerate(images):
+            try:
+                data, _ = media.png_bytes(image)
+            except ValueError as error:
+                print(f"mstar: warning: {request_id}: image not written: {error}", file=sys.stderr)
+                continue
+            suffix = ".png" if len(images) == 1 else f"_{index}.png"
+            names.append(self._write_file(media_name(request_id, suffix), data))
+        return names
+
+    def _write_file(self, name: str, data: bytes) -> str:
+        from mstar.files import atomic_write_bytes
+
+        path = os.path.join(self.out_dir, name)
+        try:
+            atomic_write_bytes(path, data)
+        except OSError as error:
+            raise OutputError(f"cannot write {path}: {_reason(error)}; {self._kept()}") from None
+        self.num_media += 1
+        return name
+
+    def _append(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError as error:
+            try:  # a line cut short by a full disk is removed: the file ends on a whole line
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass
+            raise OutputError(f"cannot write {self.path}: {error.strerror or error}; {self._kept()}") from None
+        self._size += len(data)
+
+    def _kept(self) -> str:
+        return f"{self.path} holds the {self.num_lines} requests written before it"
+
+    def close(self) -> None:
+        """Flush outputs.jsonl to the disk and close it (idempotent)."""
+        if self._fd < 0:
+            return
+        fd, self._fd = self._fd, -1
+        try:
+            os.fsync(fd)
+        except OSError as error:
+            raise OutputError(f"cannot write {self.path}: {error.strerror or error}") from None
+        finally:
+            os.close(fd)
+
+
+def write_output_file(path: str, data: bytes) -> None:
+    """Write `data` as the whole of `path` (rules in the module docstring)."""
+    import stat
+
+    from mstar.files import atomic_write_bytes
+
+    try:
+        is_special = os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode)
+        if is_special:  # renaming over a device node would replace the device itself
+            with open(path, "wb") as handle:
+                handle.write(data)
+        else:
+            atomic_write_bytes(path, data)
+    except OSError as error:
+        raise OutputError(f"cannot write {path}: {_reason(error)}") from None
+
+
+def _reason(error: OSError) -> str:
+    """The OS's reason without the path atomic_write_bytes already put in its message."""
+    return error.strerror.split(": ", 1)[-1] if error.strerror and error.strerror.startswith("cannot write") \
+        else (error.strerror or str(error))
