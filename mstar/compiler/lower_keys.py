@@ -21,10 +21,9 @@ Rules (docs/plan.md, keys and mixture tables):
 """
 from __future__ import annotations
 
-from bisect import bisect_left
-
 from mstar.compiler import capture_memory
 from mstar.lang import ast
+from mstar.plan.buckets import batch_pad_table
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, WalkPlan
 
 from mstar.compiler.lower_walks import loops_back_into
@@ -48,16 +47,6 @@ def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
             return cap.value
     batches = [b for c in walk_captures(node, walk) for b in c.batch]
     return max(batches) if batches else fallback_cap
-
-
-def batch_pad_table(batch_sizes: list[int], max_rows: int) -> list[int]:
-    """table[b] = smallest captured batch size >= b, 0 above every size; table[0] = 0."""
-    sizes = sorted(batch_sizes)
-    table = [0]
-    for b in range(1, max(max_rows, sizes[-1] if sizes else 0) + 1):
-        i = bisect_left(sizes, b)
-        table.append(sizes[i] if i < len(sizes) else 0)
-    return table
 
 
 def _single_attention(node: ast.NodeDecl, walk: WalkPlan) -> str:

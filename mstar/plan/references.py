@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, Plan, SectionPlan
+from mstar.plan.buckets import batch_pad_table, family_max_rows
+from mstar.plan.schema import CallPlan, EdgePlan, KeyPlan, LoopPlan, Plan, SectionPlan
 
 MAX_PROBLEMS = 5
 
@@ -91,19 +92,22 @@ def reference_problems(plan: Plan) -> list[str]:
         if min(pool.page_size, pool.num_pages, pool.max_seq_len) < 1:
             problems.append(f"kv pool of {pool.node}: page_size, num_pages and max_seq_len must be positive")
     for worker in plan.workers:
-        _worker_problems(worker, nodes, walks, problems)
+        _worker_problems(worker, nodes, walks, {n.name for n in plan.nodes if n.engine == "kv"}, problems)
     return problems
 
 
-def _worker_problems(worker, nodes: set[str], walks: set[str], problems: list[str]) -> None:
+def _worker_problems(worker, nodes: set[str], walks: set[str], kv_nodes: set[str], problems: list[str]) -> None:
     where = f"worker {worker.rank}"
     keys = {k.name: k for k in worker.keys}
     for placement in worker.placements:
         node, _, walk = placement.partition("/")
         if node not in nodes or walk not in walks:
             problems.append(f"{where}: placement {placement!r} names an unknown node or walk")
-        if keys.get(worker.walk_to_key.get(placement, "")) is None:
+        key = keys.get(worker.walk_to_key.get(placement, ""))
+        if key is None:
             problems.append(f"{where}: placement {placement!r} has no scheduling key")
+        elif key.node != node or walk not in key.walks:
+            problems.append(f"{where}: walk_to_key[{placement}] is key {key.name}, which does not run {placement}")
     for key in worker.keys:
         if key.node not in nodes:
             problems.append(f"{where}: key {key.name} of unknown node {key.node!r}")
@@ -111,20 +115,67 @@ def _worker_problems(worker, nodes: set[str], walks: set[str], problems: list[st
         if len(key.mixtures) != 1 << len(key.walks):
             problems.append(f"{where}: key {key.name} has {len(key.mixtures)} mixtures for "
                             f"{len(key.walks)} walks (needs {1 << len(key.walks)})")
-        captures = {c.name for c in key.captures}
-        for entry in key.mixtures:
-            if entry.capture is not None and entry.capture not in captures:
-                problems.append(f"{where}: key {key.name} replays unknown capture {entry.capture!r}")
-            if entry.mask and entry.cap < 1:
-                problems.append(f"{where}: key {key.name} mask {entry.mask} has cap {entry.cap}")
+        problems.extend(f"{where}: key {key.name}: walk_to_key[{key.node}/{w}] is "
+                        f"{worker.walk_to_key.get(f'{key.node}/{w}')!r}, not this key"
+                        for w in key.walks if worker.walk_to_key.get(f"{key.node}/{w}") != key.name)
+        _mixture_problems(f"{where}: key {key.name}", key, kv_nodes, problems)
+        _capture_problems(f"{where}: key {key.name}", key, problems)
         problems.extend(f"{where}: key {key.name} limits unknown walk {w!r}"
                         for w in key.rows_limits if w not in key.walks)
+        problems.extend(f"{where}: key {key.name}: rows_limits[{w}] is {n}, must be at least 1"
+                        for w, n in key.rows_limits.items() if n < 1)
     for spec in worker.speculation:
         if f"{spec.node}/{spec.walk}" not in worker.placements:
             problems.append(f"{where}: speculation for {spec.node}/{spec.walk}, which it does not run")
     for route in worker.routes:
         if route.node not in nodes or route.walk not in walks:
             problems.append(f"{where}: route of unknown {route.node}/{route.walk}")
+
+
+def _mixture_problems(where: str, key: KeyPlan, kv_nodes: set[str], problems: list[str]) -> None:
+    """Mixture i is the step holding exactly the walks of mask i: its mask, walks and label say so;
+    a step with rows has a cap; a kv node's step has an attention route; a capture it replays exists."""
+    captures = {c.name for c in key.captures}
+    for index, entry in enumerate(key.mixtures):
+        present = [w for i, w in enumerate(key.walks) if index >> i & 1]
+        if entry.mask != index:
+            problems.append(f"{where}: mixtures[{index}] has mask {entry.mask} (the table is indexed by mask)")
+        if entry.walks != present:
+            problems.append(f"{where}: mixtures[{index}].walks is {entry.walks}, mask {index} holds {present}")
+        label = present[0] if len(present) == 1 else None
+        if entry.label != label:
+            problems.append(f"{where}: mixtures[{index}].label is {entry.label!r}, mask {index} needs {label!r}")
+        if index and entry.cap < 1:
+            problems.append(f"{where}: mixtures[{index}] (mask {index}) has cap {entry.cap}")
+        if not index and entry.cap:
+            problems.append(f"{where}: mixtures[0] (the empty step) has cap {entry.cap}")
+        if index and entry.attention == "none" and key.node in kv_nodes:
+            problems.append(f"{where}: mixtures[{index}].attention is none on kv node {key.node}")
+        if entry.capture is not None and entry.capture not in captures:
+            problems.append(f"{where}: mixtures[{index}] replays unknown capture {entry.capture!r}")
+
+
+def _capture_problems(where: str, key: KeyPlan, problems: list[str]) -> None:
+    """Bucket tables agree with the sizes they are built from: batch_pad is rebuilt from
+    batch_sizes (sized to the largest cap replaying the family) and must be the same table."""
+    for family in key.captures:
+        sizes, buckets = family.batch_sizes, family.token_buckets
+        if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
+            problems.append(f"{where}: capture {family.name}: batch_sizes {sizes} must be positive, sorted, distinct")
+            continue
+        if family.kind == "packed" and (not buckets or buckets != sorted(set(buckets)) or buckets[0] < 1):
+            problems.append(f"{where}: capture {family.name}: token_buckets {buckets} must be positive, sorted, "
+                            "distinct")
+        if family.kind == "batched" and buckets:
+            problems.append(f"{where}: capture {family.name}: a batched family has token_buckets {buckets}")
+        expected = batch_pad_table(sizes, family_max_rows(key, family.name))
+        if family.batch_pad != expected:
+            at = next((b for b, (x, y) in enumerate(zip(family.batch_pad, expected)) if x != y),
+                      min(len(family.batch_pad), len(expected)))
+            got = family.batch_pad[at] if at < len(family.batch_pad) else "nothing"
+            want = expected[at] if at < len(expected) else "nothing"
+            problems.append(f"{where}: capture {family.name}: batch_pad disagrees with batch_sizes {sizes}: it pads "
+                            f"{at} rows to {got}, batch_sizes give {want}")
 
 
 def describe(problems: list[str]) -> str:

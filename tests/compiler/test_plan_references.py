@@ -35,7 +35,47 @@ def _stream_input_renamed(data):
     next(n for n in data["nodes"] if n["name"] == "snac_decoder")["stream_inputs"] = ["LLM"]  # hung too
 
 
+def _key(data, name="LLM:mixed"):
+    return next(k for k in data["workers"][0]["keys"] if k["name"] == name)
+
+
+def _family(data, name="LLM:prefill"):
+    return next(c for c in _key(data)["captures"] if c["name"] == name)
+
+
+def _pad_to_uncaptured_size(data):
+    _family(data)["batch_pad"][3] = 3  # batch_sizes [1, 2, 4, 8, 16]: 3 rows would "replay" a size never captured
+
+
+def _batch_sizes_without_their_table(data):
+    _family(data)["batch_sizes"] = [1, 2, 8, 16]  # batch_pad still pads 3 rows to 4
+
+
 EDITS = {
+    "batch_pad pads to an uncaptured size": (_pad_to_uncaptured_size,
+                                             "batch_pad disagrees with batch_sizes [1, 2, 4, 8, 16]: it pads 3 "
+                                             "rows to 3, batch_sizes give 4"),
+    "batch_sizes edited without batch_pad": (_batch_sizes_without_their_table,
+                                             "batch_pad disagrees with batch_sizes [1, 2, 8, 16]"),
+    "token buckets unsorted": (lambda d: _family(d).update(token_buckets=[64, 32, 128]),
+                               "token_buckets [64, 32, 128] must be positive, sorted, distinct"),
+    "mixture mask disagrees with its index": (lambda d: _key(d)["mixtures"][1].update(mask=2),
+                                              "mixtures[1] has mask 2"),
+    "mixture walks disagree with the key": (lambda d: _key(d)["mixtures"][1].update(walks=["decode"]),
+                                            "mixtures[1].walks is ['decode'], mask 1 holds ['prefill']"),
+    "mixture label of another walk": (lambda d: _key(d)["mixtures"][2].update(label="prefill"),
+                                      "mixtures[2].label is 'prefill', mask 2 needs 'decode'"),
+    "mixture without a cap": (lambda d: _key(d)["mixtures"][3].update(cap=0), "mixtures[3] (mask 3) has cap 0"),
+    "mixture replays a capture that does not exist": (lambda d: _key(d)["mixtures"][3].update(capture="LLM:other"),
+                                                      "mixtures[3] replays unknown capture 'LLM:other'"),
+    "kv mixture without attention": (lambda d: _key(d)["mixtures"][3].update(attention="none"),
+                                     "mixtures[3].attention is none on kv node LLM"),
+    "key walks out of their mixtures' order": (lambda d: _key(d).update(walks=["decode", "prefill"]),
+                                               "mixtures[1].walks is ['prefill'], mask 1 holds ['decode']"),
+    "walk_to_key names another key": (lambda d: d["workers"][1]["walk_to_key"].update(
+                                          {"snac_decoder/snac_chunk": "LLM:mixed"}),
+                                      "walk_to_key[snac_decoder/snac_chunk] is 'LLM:mixed', not this key"),
+    "rows limit of zero": (lambda d: _key(d).update(rows_limits={"prefill": 0}), "rows_limits[prefill] is 0"),
     "stream chunks without a consumer call": (_codec_called_without_its_stream, "would wait forever"),
     "stream input renamed": (_stream_input_renamed, "which has no such stream input"),
     "placement without a key": (lambda d: d["workers"][0]["walk_to_key"].clear(), "has no scheduling key"),

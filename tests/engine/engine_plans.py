@@ -3,14 +3,17 @@
 `llm_plan()` is a one-node Llama plan (prefill -> decode loop); `hybrid_plan()` the same with a
 gated delta-net layer pattern; `generate()` drives an engine the way the conductor would: each step
 holds the prompt chunk of every newly started request and one decode row per running one.
+`with_worker(plan)` gives a plan one worker with an eager key per node over every walk calling it
+(one-walk steps on decode kernels for a walk that loops a token back into the node on the device,
+else prefill; mixed steps packed); `step(plan, node, rows)` is the step of those rows under it.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from mstar.plan.schema import (
-    CallPlan, DeploymentPlan, EdgePlan, Hashes, Header, KvPoolPlan, LoopPlan, NodePlan,
-    PartitionPlan, Plan, RecurrentState, StagePlan, WalkPlan,
+    CallPlan, DeploymentPlan, EdgePlan, Hashes, Header, KeyPlan, KvPoolPlan, LoopPlan, MixtureEntry, NodePlan,
+    PartitionPlan, Plan, RecurrentState, StagePlan, WalkPlan, WorkerPlan,
 )
 from mstar.runtime.step import Step, StepRow
 
@@ -39,9 +42,47 @@ def llm_walks(node: str = "LLM", max_iters: int = 64) -> list[WalkPlan]:
 
 def make_plan(nodes: list[NodePlan], walks: list[WalkPlan], partitions: list[PartitionPlan],
               kv_pools: list[KvPoolPlan], model: str = "test", max_concurrent: Optional[int] = None) -> Plan:
-    return Plan(header=header(model), params={}, nodes=nodes, walks=walks, partitions=partitions,
-                deployment=DeploymentPlan(max_seq_len=4096, max_concurrent_requests=max_concurrent,
-                                          kv_pools=kv_pools), workers=[])
+    return with_worker(Plan(header=header(model), params={}, nodes=nodes, walks=walks, partitions=partitions,
+                            deployment=DeploymentPlan(max_seq_len=4096, max_concurrent_requests=max_concurrent,
+                                                      kv_pools=kv_pools), workers=[]))
+
+
+def _sections(body):
+    for section in body:
+        yield section
+        if not isinstance(section, CallPlan):
+            yield from _sections(section.body)
+
+
+def _attention(node: NodePlan, walk: WalkPlan) -> str:
+    if node.engine == "stateless":
+        return "none"
+    loops_back = any(isinstance(s, LoopPlan) and any(e.is_device and e.dest == node.name for e in s.loop_back)
+                     for s in _sections(walk.body))
+    return "decode" if loops_back else "prefill"
+
+
+def with_worker(plan: Plan, cap: int = 4096) -> Plan:
+    keys, walk_to_key = [], {}
+    for node in plan.nodes:
+        walks = [w for w in plan.walks if any(isinstance(s, CallPlan) and s.node == node.name
+                                              for s in _sections(w.body))]
+        if not walks:
+            continue
+        name = f"{node.name}:all"
+        mixtures = [MixtureEntry(mask=0, walks=[], cap=0, attention="none")]
+        for mask in range(1, 1 << len(walks)):
+            present = [w for i, w in enumerate(walks) if mask >> i & 1]
+            single = len(present) == 1
+            attention = _attention(node, present[0]) if single else ("none" if node.engine == "stateless" else "packed")
+            mixtures.append(MixtureEntry(mask=mask, walks=[w.name for w in present], cap=cap,
+                                         label=present[0].name if single else None, attention=attention))
+        keys.append(KeyPlan(name=name, node=node.name, walks=[w.name for w in walks], is_combined=len(walks) > 1,
+                            mixtures=mixtures))
+        walk_to_key.update({f"{node.name}/{w.name}": name for w in walks})
+    worker = WorkerPlan(rank=0, placements=sorted(walk_to_key), walk_to_key=walk_to_key, keys=keys, routes=[],
+                        speculation=[], tp_groups=[], capture_memory_bytes=0)
+    return plan.model_copy(update={"workers": [worker]})
 
 
 def llm_plan(dims: Optional[dict] = None, num_pages: int = 64, page_size: int = 16,
@@ -60,8 +101,20 @@ def hybrid_plan(num_slots: int = 9, num_pages: int = 64) -> Plan:
     return llm_plan(dims, num_pages=num_pages, recurrent=recurrent)
 
 
-def step(node: str, rows: list[StepRow]) -> Step:
-    return Step(worker=0, key=f"{node}:mixed", node=node, mask=0, label=None, rows=rows, attention="split")
+def step(plan: Plan, node: str, rows: list[StepRow]) -> Step:
+    """The eager step of `rows` (walks of `node`) under the plan's key for them, on the first worker
+    that runs them all."""
+    for worker in plan.workers:
+        names = {worker.walk_to_key.get(f"{node}/{row.walk}") for row in rows}
+        key = next((k for k in worker.keys if {k.name} == names), None)
+        if key is not None:
+            mask = 0
+            for row in rows:
+                mask |= 1 << key.walks.index(row.walk)
+            entry = key.mixtures[mask]
+            return Step(worker=worker.rank, key=key.name, node=node, mask=mask, label=entry.label, rows=rows,
+                        attention=entry.attention)
+    raise AssertionError(f"no worker of the plan runs {node} for walks {sorted({r.walk for r in rows})}")
 
 
 def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every: int = 0,
@@ -93,7 +146,7 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
             rows.append(StepRow(rid, "decode", 1, 0, {"text_inputs": [tokens[rid][-1]]}))
         if not waiting and not running:
             return tokens
-        result = engine.run_step(step(node, rows)) if rows else None
+        result = engine.run_step(step(engine.plan, node, rows)) if rows else None
         if result is None:
             continue
         held_until.update({rid: step_index + HOLD_STEPS for rid in result.allocation_failed})

@@ -4,7 +4,7 @@ transformers' Qwen3.5 reference."""
 import pytest
 import torch
 
-from engine_plans import hybrid_plan, step
+from engine_plans import hybrid_plan, step, with_worker
 from mstar.plan.schema import CallPlan, EdgePlan, WalkPlan
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.conductor.request import Request
@@ -18,7 +18,7 @@ def states_plan():
     plan = hybrid_plan()
     walk = WalkPlan(name="states", partition="LLM", nodes=["LLM"], body=[CallPlan(
         node="LLM", inputs=["text_inputs"], edges=[EdgePlan(name="hidden_states", dest_kind="conductor")])])
-    return plan.model_copy(update={"walks": plan.walks + [walk]})
+    return with_worker(plan.model_copy(update={"walks": plan.walks + [walk]}))
 
 
 def run_chunks(chunks):
@@ -26,7 +26,7 @@ def run_chunks(chunks):
     engine.add_request("r", Request(id="r", prompt_tokens=SEQUENCE, max_tokens=4))
     outs = []
     for chunk in chunks:
-        result = engine.run_step(step("LLM", [StepRow("r", "states", len(chunk), 0, {"text_inputs": chunk})]))
+        result = engine.run_step(step(engine.plan, "LLM", [StepRow("r", "states", len(chunk), 0, {"text_inputs": chunk})]))
         outs.append(result.rows[0].outputs["hidden_states"])
     return torch.cat(outs), engine
 
@@ -51,7 +51,7 @@ def test_state_lives_in_the_request_slot_and_is_zeroed_for_a_new_request():
     assert runner.states.ssm[0][0].abs().sum() == 0  # the sink slot is untouched
     engine.end_request("r")
     engine.add_request("s", Request(id="s", prompt_tokens=SEQUENCE, max_tokens=4))
-    fresh = engine.run_step(step("LLM", [StepRow("s", "states", 12, 0, {"text_inputs": SEQUENCE})]))
+    fresh = engine.run_step(step(engine.plan, "LLM", [StepRow("s", "states", 12, 0, {"text_inputs": SEQUENCE})]))
     whole, _ = run_chunks([SEQUENCE])
     assert runner.slots.slot_of("s") == slot  # the freed slot is reused ...
     torch.testing.assert_close(fresh.rows[0].outputs["hidden_states"], whole)  # ... from zero

@@ -42,16 +42,16 @@ def test_all_or_nothing_allocation_failure_runs_nothing_in_the_step():
     for rid in ("a", "b"):
         assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1] * 8, max_tokens=8)) is None
     prefill = {rid: StepRow(rid, "prefill", 8, 0, {"text_inputs": [1] * 8}) for rid in "ab"}
-    result = engine.run_step(step("LLM", list(prefill.values())))
+    result = engine.run_step(step(engine.plan, "LLM", list(prefill.values())))
     # b cannot start beside a (each may need 2 pages); the step runs nothing and names b.
     assert result.rows == [] and result.allocation_failed == ["b"]
     assert engine.runners["LLM"].pool.num_free_pages == 2
-    first = engine.run_step(step("LLM", [prefill["a"]]))
+    first = engine.run_step(step(engine.plan, "LLM", [prefill["a"]]))
     again = TorchEngine(llm_plan(num_pages=2, page_size=8))
     again.add_request("a", Request(id="a", prompt_tokens=[1] * 8, max_tokens=8))
-    assert first.rows[0].outputs == again.run_step(step("LLM", [prefill["a"]])).rows[0].outputs
+    assert first.rows[0].outputs == again.run_step(step(again.plan, "LLM", [prefill["a"]])).rows[0].outputs
     engine.end_request("a")
-    result = engine.run_step(step("LLM", [prefill["b"]]))
+    result = engine.run_step(step(engine.plan, "LLM", [prefill["b"]]))
     assert [r.request_id for r in result.rows] == ["b"] and not result.allocation_failed
 
 
@@ -93,7 +93,7 @@ def test_partial_steps_run_the_rows_that_got_memory():
     for rid in ("a", "b"):
         assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1] * 8, max_tokens=8)) is None
     rows = [StepRow(rid, "prefill", 8, 0, {"text_inputs": [1] * 8}) for rid in "ab"]
-    result = engine.run_step(step("LLM", rows))
+    result = engine.run_step(step(engine.plan, "LLM", rows))
     assert [r.request_id for r in result.rows] == ["a"] and result.allocation_failed == ["b"]
     prompts = {f"r{i}": [i + 1] * 10 for i in range(6)}
     partial = TorchEngine(llm_plan(num_pages=4, page_size=8), runs_partial_steps=True)

@@ -26,7 +26,7 @@ def engine_for(name, **requests):
 
 
 def run(engine, node, walk, inputs, rid="r"):
-    result = engine.run_step(step(node, [StepRow(rid, walk, 1, 0, inputs)]))
+    result = engine.run_step(step(engine.plan, node, [StepRow(rid, walk, 1, 0, inputs)]))
     assert not result.allocation_failed and result.rows[0].error is None, result.rows[0].error
     return result.rows[0]
 

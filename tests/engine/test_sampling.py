@@ -42,7 +42,7 @@ def sampled_tokens(prompts, seeds, num_steps=6):
     out = {rid: [] for rid in prompts}
     rows = [StepRow(rid, "prefill", len(p), 0, {"text_inputs": p}) for rid, p in prompts.items()]
     for _ in range(num_steps):
-        result = engine.run_step(step("LLM", rows))
+        result = engine.run_step(step(engine.plan, "LLM", rows))
         rows = []
         for row in result.rows:
             token = row.outputs["new_token"][0]
@@ -62,14 +62,14 @@ def test_seeded_sampling_is_reproducible_and_independent_of_neighbours():
 def test_stop_token_and_max_tokens_set_is_stop():
     engine = TorchEngine(llm_plan())
     engine.add_request("m", Request(id="m", prompt_tokens=[1, 2], max_tokens=2))
-    first = engine.run_step(step("LLM", [StepRow("m", "prefill", 2, 0, {"text_inputs": [1, 2]})])).rows[0]
+    first = engine.run_step(step(engine.plan, "LLM", [StepRow("m", "prefill", 2, 0, {"text_inputs": [1, 2]})])).rows[0]
     token = first.outputs["new_token"][0]
     assert not first.is_stop
-    second = engine.run_step(step("LLM", [StepRow("m", "decode", 1, 0, {"text_inputs": [token]})])).rows[0]
+    second = engine.run_step(step(engine.plan, "LLM", [StepRow("m", "decode", 1, 0, {"text_inputs": [token]})])).rows[0]
     assert second.is_stop  # max_tokens reached
     probe = TorchEngine(llm_plan())
     probe.add_request("s", {"prompt_tokens": [1, 2], "max_tokens": 9, "stop_tokens": [token]})
-    row = probe.run_step(step("LLM", [StepRow("s", "prefill", 2, 0, {"text_inputs": [1, 2]})])).rows[0]
+    row = probe.run_step(step(probe.plan, "LLM", [StepRow("s", "prefill", 2, 0, {"text_inputs": [1, 2]})])).rows[0]
     assert row.outputs["new_token"] == [token] and row.is_stop  # its stop token was sampled
 
 
@@ -78,8 +78,8 @@ def test_on_device_loop_back_arriving_as_none_uses_the_engine_kept_token():
     for engine in (plain, kept):
         engine.add_request("r", Request(id="r", prompt_tokens=[4, 5, 6], max_tokens=9))
     prefill = StepRow("r", "prefill", 3, 0, {"text_inputs": [4, 5, 6]})
-    token = plain.run_step(step("LLM", [prefill])).rows[0].outputs["new_token"]
-    kept.run_step(step("LLM", [prefill]))
-    explicit = plain.run_step(step("LLM", [StepRow("r", "decode", 1, 0, {"text_inputs": token})])).rows[0]
-    implicit = kept.run_step(step("LLM", [StepRow("r", "decode", 1, 0, {"text_inputs": None})])).rows[0]
+    token = plain.run_step(step(plain.plan, "LLM", [prefill])).rows[0].outputs["new_token"]
+    kept.run_step(step(kept.plan, "LLM", [prefill]))
+    explicit = plain.run_step(step(plain.plan, "LLM", [StepRow("r", "decode", 1, 0, {"text_inputs": token})])).rows[0]
+    implicit = kept.run_step(step(kept.plan, "LLM", [StepRow("r", "decode", 1, 0, {"text_inputs": None})])).rows[0]
     assert implicit.outputs == explicit.outputs

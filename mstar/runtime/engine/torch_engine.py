@@ -47,6 +47,7 @@ from mstar.runtime.engine.models.image_decoder import ImageDecoder
 from mstar.runtime.engine.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
 from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
+from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config, weights_by_node,
@@ -94,6 +95,7 @@ class TorchEngine(RunsAtLaunch):
         self.runs_partial_steps = runs_partial_steps
         # One engine serves every worker: a TP follower's copy of a step has nothing to run here.
         self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
+        self.checker = StepChecker(plan)
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}
@@ -256,7 +258,10 @@ class TorchEngine(RunsAtLaunch):
         return None
 
     def run_step(self, step: Step) -> StepResult:
+        """Runs the step as the plan row it names (`step_check.py`): a step that disagrees with
+        its row is a StepContractError, and kv rows attend by the row's attention route."""
         started = time.perf_counter()
+        plan_row = self.checker.check(step)
         runner = self.runners.get(step.node)
         results: list[RowResult] = []
         rows = []
@@ -273,7 +278,10 @@ class TorchEngine(RunsAtLaunch):
                 rows.append((row, call, request))
         failed: list[str] = []
         if rows:
-            ran, failed = runner.run(rows, self.runs_partial_steps)
+            if isinstance(runner, DecoderRunner):
+                ran, failed = runner.run(rows, self.runs_partial_steps, step.attention, plan_row.decode_walks)
+            else:
+                ran, failed = runner.run(rows, self.runs_partial_steps)
             results.extend(ran)
         return StepResult(rows=results, allocation_failed=failed, elapsed_s=time.perf_counter() - started)
 

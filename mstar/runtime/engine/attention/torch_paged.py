@@ -1,8 +1,8 @@
 """Attention over the paged KV cache on the CPU, one packed step at a time.
 
 A step packs its rows along one token axis: a prompt chunk is a segment of many tokens, a decode
-row a segment of one token; both kinds sit side by side in one call (the plan's `split` and
-`packed` routes are the same computation here). Each segment first writes its new K/V at its
+row a segment of one token; both kinds may sit side by side in one call (routes.py calls this
+once per path of the step's attention route). Each segment first writes its new K/V at its
 positions (unless it only reads, like an image-flow step), then attends over its whole sequence:
 causally for text, bidirectionally within the segment for image tokens.
 
@@ -12,6 +12,7 @@ Every segment is computed on its own, so a row's numbers do not depend on which 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -30,6 +31,7 @@ class Segment:
     flat_index: torch.Tensor
     is_causal: bool = True
     is_write: bool = True
+    is_decode: bool = False  # the row's walk runs on decode kernels (a `split` step's decode part)
 
     @property
     def end(self) -> int:
@@ -38,12 +40,13 @@ class Segment:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cache_k: torch.Tensor, cache_v: torch.Tensor,
-                    segments: list[Segment], scale: float) -> torch.Tensor:
+                    segments: list[Segment], scale: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q `[N, Hq, D]`, k/v `[N, Hkv, D]` for the step's N tokens; cache_k/v `[S, Hkv, D]` (one layer).
 
-    Writes the step's K/V into the cache for writing segments and returns `[N, Hq, D]`.
+    Writes the step's K/V into the cache for writing segments and returns `[N, Hq, D]`: `out`
+    (filled at these segments' tokens only) when given, else a new tensor.
     """
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     group = q.shape[1] // k.shape[1]
     for seg in segments:
         q_seg, k_seg, v_seg = q[seg.start:seg.end], k[seg.start:seg.end], v[seg.start:seg.end]

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
+from mstar.runtime.engine.attention.routes import attend
+from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
@@ -36,8 +37,10 @@ class DecoderBatch:
     segments: list[Segment]
     slots: list[int]  # recurrent slot per row (unused without linear layers)
     # Attention over the paged cache for this step: (q, k, v, cache_k, cache_v, scale) -> out.
-    # None: the torch path (`paged_attention` over `segments`); a GPU step may plan FlashInfer.
+    # None: the torch path of the step's attention `route` (attention/routes.py) over `segments`;
+    # a GPU step may plan FlashInfer.
     attend: Optional[Callable[..., torch.Tensor]] = None
+    route: str = "packed"  # the plan's attention route of the step (MixtureEntry.attention)
 
     def to_device(self, device: torch.device) -> "DecoderBatch":
         segments = [replace(s, flat_index=s.flat_index.to(device)) for s in self.segments]
@@ -88,7 +91,7 @@ class FullAttention(nn.Module):
         if batch.attend is not None:
             out = batch.attend(q, k, v, cache_k, cache_v, d.head_dim ** -0.5)
         else:
-            out = paged_attention(q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5)
+            out = attend(batch.route, q, k, v, cache_k, cache_v, batch.segments, d.head_dim ** -0.5)
         out = out.reshape(n, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))

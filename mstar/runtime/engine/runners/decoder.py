@@ -33,6 +33,7 @@ from typing import Optional
 import torch
 
 from mstar.plan.schema import NodePlan
+from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.runners.request_state import RequestState
@@ -119,6 +120,7 @@ class DecoderRunner:
         self.flow_walks = flow_walks
         self.bidirectional_walks = frozenset(node.bidirectional_walks)
         self.has_guidance = has_guidance_sequences(node.kv_sequences) and not dims.has_linear_layers
+        self._route, self._decode_walks = "packed", frozenset()  # the running step's (set by `run`)
 
     # ------------------------------------------------------------------ requests
 
@@ -174,11 +176,13 @@ class DecoderRunner:
 
     # ------------------------------------------------------------------ a step
 
-    def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]],
-            is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+    def run(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
+            route: str = "packed", decode_walks: frozenset[str] = frozenset()) -> tuple[list[RowResult], list[str]]:
         """With `is_partial_ok` (the engines' default) the rows that got memory run and only the
         others are reported failed; the driver holds those and post-processes the rest. Without
-        it, all or nothing: when any row cannot get memory, nothing runs."""
+        it, all or nothing: when any row cannot get memory, nothing runs. `route` is the step's
+        attention route from the plan (attention/routes.py); `decode_walks` the walks whose rows
+        a `split` step attends on decode kernels."""
         results: list[RowResult] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
@@ -186,6 +190,11 @@ class DecoderRunner:
                 ready.append(self._prepare(row, call, request))
             except InputError as error:
                 results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+        long = next((item for item in ready if item.embeds.shape[0] != 1), None) if route == "decode" else None
+        if long is not None:
+            raise RouteError(f"node {self.node.name}: attention route decode takes one token a row, but "
+                             f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
+        self._route, self._decode_walks = route, decode_walks
         for item in list(ready):
             problem = self._length_problem(item)
             if problem:
@@ -327,14 +336,14 @@ class DecoderRunner:
                 tables.append(table)
                 is_causal = not item.is_flow and item.row.walk not in self.bidirectional_walks
                 segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=is_causal,
-                                        is_write=not item.is_flow))
+                                        is_write=not item.is_flow, is_decode=item.row.walk in self._decode_walks))
                 bounds.append((start, start + num_tokens))
                 positions.append(torch.arange(num_cached, num_cached + num_tokens))
                 slots.append(self.slots.slot_of(item.row.request_id) if self.slots else 0)
                 embeds.append(item.embeds)
                 spans[-1][label] = (start, start + num_tokens)
                 start += num_tokens
-        batch = DecoderBatch(torch.cat(positions), bounds, segments, slots)
+        batch = DecoderBatch(torch.cat(positions), bounds, segments, slots, route=self._route)
         if self.flashinfer is not None and all(s.is_causal and s.is_write for s in segments):
             rows = [(s.num_tokens, s.num_cached, table) for s, table in zip(segments, tables)]
             new_index = torch.cat([s.flat_index[s.num_cached:] for s in segments])

@@ -1,0 +1,118 @@
+"""The step contract, engine side: a step is checked against its plan row before it runs.
+
+In: the plan (its workers' keys, mixtures and capture families) and a `Step`. Out:
+`StepChecker.check(step) -> StepRow` (the plan row the step runs under), or a `StepContractError`
+whose message names the step field that disagrees with the plan:
+
+- `key`: the step's worker has that scheduling key, of the step's node;
+- `mask`: a mixture of the key (not the empty step), and exactly the walks of the step's rows;
+- `rows`: at most the mixture's cap, and in a mixed step at most the key's `rows_limits` per walk;
+- `label` and `attention`: the mixture's own; a route of `none` on a kv node is refused (it would
+  run attention the plan says is not there);
+- `capture`, `padded_batch`, `token_bucket`: eager (none, 0, 0), or the mixture's capture family
+  with the padded batch one of its `batch_sizes` and at least the rows, and (packed families) the
+  token bucket one of its `token_buckets` and at least the step's tokens; a batched family has no
+  token bucket.
+The engine decides nothing the plan decided; it only refuses a step the plan does not allow.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, Plan
+from mstar.runtime.step import Step
+
+
+class StepContractError(ValueError):
+    """A step that disagrees with its plan row; the message names the field."""
+
+
+@dataclass(frozen=True)
+class StepPlanRow:
+    """What the engine runs a step under: its key, its mixture entry, and the key's walks whose
+    one-walk steps run on decode kernels (a `split` step attends those rows separately)."""
+
+    key: KeyPlan
+    entry: MixtureEntry
+    decode_walks: frozenset[str]
+
+
+class StepChecker:
+    def __init__(self, plan: Plan):
+        self.keys = {(w.rank, k.name): k for w in plan.workers for k in w.keys}
+        self.families = {(w.rank, k.name): {c.name: c for c in k.captures} for w in plan.workers for k in w.keys}
+        self.is_kv = {n.name: n.engine == "kv" for n in plan.nodes}
+        self.decode_walks = {
+            where: frozenset(walk for i, walk in enumerate(key.walks)
+                             if key.mixtures[1 << i].attention == "decode")
+            for where, key in self.keys.items()
+        }
+
+    def check(self, step: Step) -> StepPlanRow:
+        where = f"step of key {step.key} on worker {step.worker}"
+        key = self.keys.get((step.worker, step.key))
+        if key is None:
+            raise StepContractError(f"{where}: key: worker {step.worker} has no scheduling key {step.key!r}")
+        if key.node != step.node:
+            raise StepContractError(f"{where}: node: the key runs node {key.node}, the step names {step.node}")
+        if not 0 < step.mask < len(key.mixtures):
+            raise StepContractError(f"{where}: mask {step.mask} is not a mixture of the key "
+                                    f"(masks 1..{len(key.mixtures) - 1})")
+        entry = key.mixtures[step.mask]
+        _check_rows(where, key, entry, step)
+        if step.label != entry.label:
+            raise StepContractError(f"{where}: label {step.label!r}, the plan's mixture has {entry.label!r}")
+        if step.attention == "none" and self.is_kv.get(step.node, False):
+            raise StepContractError(f"{where}: attention route none on a step of kv node {step.node}: "
+                                    "its rows need attention over their KV cache")
+        if step.attention != entry.attention:
+            raise StepContractError(f"{where}: attention {step.attention!r}, the plan's mixture "
+                                    f"{entry.walks} has {entry.attention!r}")
+        _check_capture(where, self.families[(step.worker, step.key)], entry, step)
+        return StepPlanRow(key, entry, self.decode_walks[(step.worker, step.key)])
+
+
+def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> None:
+    counts = Counter(row.walk for row in step.rows)
+    unknown = sorted(set(counts) - set(entry.walks))
+    if unknown:
+        raise StepContractError(f"{where}: mask {step.mask}: rows of walk {unknown[0]}, which the mixture "
+                                f"{entry.walks} does not hold")
+    missing = sorted(set(entry.walks) - set(counts)) if step.rows else []
+    if missing:
+        raise StepContractError(f"{where}: mask {step.mask}: the mixture {entry.walks} has no row of "
+                                f"walk {missing[0]}")
+    if len(step.rows) > entry.cap:
+        raise StepContractError(f"{where}: rows: {len(step.rows)} rows, past the mixture's cap {entry.cap}")
+    if len(entry.walks) > 1:
+        for walk, count in counts.items():
+            limit = key.rows_limits.get(walk)
+            if limit is not None and count > limit:
+                raise StepContractError(f"{where}: rows: {count} rows of walk {walk}, past the key's "
+                                        f"rows_limits {limit}")
+
+
+def _check_capture(where: str, families: dict[str, CaptureFamily], entry: MixtureEntry, step: Step) -> None:
+    if step.padded_batch == 0:
+        if step.capture is not None or step.token_bucket:
+            raise StepContractError(f"{where}: an eager step (padded_batch 0) names capture {step.capture!r} "
+                                    f"and token_bucket {step.token_bucket}")
+        return
+    if step.capture is None or step.capture != entry.capture:
+        raise StepContractError(f"{where}: capture {step.capture!r} with padded_batch {step.padded_batch}, "
+                                f"the plan's mixture replays {entry.capture!r}")
+    family = families.get(step.capture)
+    if family is None:
+        raise StepContractError(f"{where}: capture {step.capture!r} is not a capture family of the key")
+    if step.padded_batch not in family.batch_sizes or step.padded_batch < len(step.rows):
+        raise StepContractError(f"{where}: padded_batch {step.padded_batch} for {len(step.rows)} rows is not "
+                                f"a captured batch size of {family.name} (batch_sizes {family.batch_sizes})")
+    if family.kind == "batched":
+        if step.token_bucket:
+            raise StepContractError(f"{where}: token_bucket {step.token_bucket} on batched capture {family.name}")
+        return
+    num_tokens = sum(row.num_tokens for row in step.rows)
+    if step.token_bucket not in family.token_buckets or step.token_bucket < num_tokens:
+        raise StepContractError(f"{where}: token_bucket {step.token_bucket} for {num_tokens} tokens is not a "
+                                f"token bucket of {family.name} (token_buckets {family.token_buckets})")
