@@ -5,9 +5,8 @@ Out: nothing; adds MW107 (an argument given twice), MW109 (an argument the engin
      with a "did you mean" and the known names), MW110 (a value of the wrong kind), MW111 (a
      `state recurrent` argument missing) and MW112 (dims that describe no model: query heads not
      a multiple of KV heads, recurrent state whose layer count differs from the layer pattern's
-     linear-attention layers, state on a stateless node, ...); `run_models`, after the deployment
-     checks: MW113 (a stateless node the runtime cannot pick a model for: the rule of
-     mstar/runtime/engine/models/kinds.py, on the AST).
+     linear-attention layers, state on a stateless node, ...). A node's model kind is stated in
+     the language, not an argument (check_roles.py, MW113).
 
 Without this pass a typo in a dim name silently falls back to the runtime's default, and a value
 such as `layers=abc` only fails when the plan is lowered or run.
@@ -21,7 +20,7 @@ from mstar.compiler import codes
 from mstar.plan.node_args import (
     ENGINE_ARGS, RECURRENT_ARGS, ArgKind, layer_is_full, value_fits,
 )
-from mstar.compiler.resolve import iter_calls, name_span, suggestion
+from mstar.compiler.resolve import name_span, suggestion
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
 
@@ -39,13 +38,6 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
                 states_ok = False
         if header_ok and states_ok:
             _check_consistency(node, diags)
-
-
-def run_models(spec: ast.Spec, diags: Diagnostics) -> None:
-    """MW113, run after the other checks (a stateless node in a broken walk has broken edges too)."""
-    for node in spec.nodes:
-        if node.engine == "stateless":
-            _check_has_model(spec, node, diags)
 
 
 def _check_args(args: list[ast.Arg], registry: dict[str, ArgKind], what: str,
@@ -134,23 +126,6 @@ def _check_consistency(node: ast.NodeDecl, diags: Diagnostics) -> None:
     latent = value.get("latent_tokens")
     if latent is not None and math.isqrt(latent) ** 2 != latent:
         problem(f"latent_tokens={latent} is not a square grid", "latent_tokens")
-
-
-def _check_has_model(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -> None:
-    """MW113: the runtime builds a codec (flavor audio_codec), an image decoder (sends an image to
-    the client) or an encoder (feeds a kv node directly); `kind=...` forces one."""
-    args = {a.name: a.value for a in node.args}
-    if "kind" in args or args.get("flavor") == "audio_codec":
-        return
-    kv_nodes = {n.name for n in spec.nodes if n.engine == "kv"}
-    edges = [edge for walk in spec.walks for call in iter_calls(walk.body) if call.node == node.name
-             for edge in call.edges]
-    if any(edge.modality == "image" or (edge.dest in kv_nodes and not edge.is_stream) for edge in edges):
-        return
-    diags.error(codes.NO_MODEL_FOR_NODE,
-                f"stateless node {node.name} is not an audio codec (flavor=audio_codec), sends no image "
-                "to the client and feeds no kv node, so the runtime has no model for it; set "
-                "kind=encoder|codec|image_decoder", name_span(node.span, node.name, diags))
 
 
 def _state_arg(state: ast.StateDecl, name: str) -> int:

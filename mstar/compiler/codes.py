@@ -8,6 +8,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW30x  deployment        reading the deployment YAML
     MW31x+ check_deployment  placement of nodes and walks on ranks
     MW4xx  check_combine     combined walks, caps, captures, capture memory
+    MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
 """
 from __future__ import annotations
 
@@ -24,7 +25,16 @@ UNKNOWN_ARG = "MW109"
 BAD_ARG_VALUE = "MW110"
 MISSING_STATE_ARG = "MW111"
 DIMS_INCONSISTENT = "MW112"
-NO_MODEL_FOR_NODE = "MW113"
+MISSING_MODEL_KIND = "MW113"
+INPUT_WITHOUT_ROLE = "MW114"
+UNKNOWN_OUTPUT = "MW115"
+NO_PROMPT_INPUT = "MW116"
+ROLE_MISMATCH = "MW117"
+CLIENT_MODALITY_MISMATCH = "MW118"
+BAD_PROMPT = "MW119"
+UNKNOWN_KV_SEQUENCE = "MW120"
+KV_ACCESS_MISMATCH = "MW121"
+ROLE_FOR_KIND = "MW122"
 
 # ---------------------------------------------------------------- check_graph (MW2xx)
 INPUT_NOT_PRODUCED = "MW201"
@@ -88,7 +98,16 @@ TITLES: dict[str, str] = {
     BAD_ARG_VALUE: "argument value of the wrong kind",
     MISSING_STATE_ARG: "state declaration missing an argument",
     DIMS_INCONSISTENT: "node dims that describe no model",
-    NO_MODEL_FOR_NODE: "stateless node the runtime has no model for",
+    MISSING_MODEL_KIND: "stateless node without a model kind",
+    INPUT_WITHOUT_ROLE: "input without a role",
+    UNKNOWN_OUTPUT: "edge that is not a declared output of its node",
+    NO_PROMPT_INPUT: "walk where requests enter takes no prompt",
+    ROLE_MISMATCH: "output role that does not fit the destination input's role",
+    CLIENT_MODALITY_MISMATCH: "client modality that does not fit the output's role",
+    BAD_PROMPT: "prompt on an input that cannot take it",
+    UNKNOWN_KV_SEQUENCE: "guidance or kv access naming no KV sequence of the node",
+    KV_ACCESS_MISMATCH: "kv access missing or not what the walk does",
+    ROLE_FOR_KIND: "role the node's model kind does not take or produce",
     INPUT_NOT_PRODUCED: "input produced by nothing",
     CYCLE_WITHOUT_LOOP: "cycle outside a loop",
     LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",

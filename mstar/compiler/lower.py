@@ -2,10 +2,12 @@
 
 In:  a `Spec` that passed resolve/check_graph, a `Deployment` that passed check_deployment and
      check_combine, and the `Header` the driver built (emit fills in the glue hash later).
-Out: `run(spec, deployment, header) -> Plan`, every list sorted so two runs give equal plans.
+Out: `run(spec, deployment, header) -> Plan`; nodes, walks, partitions and keys in declaration
+     order, lookup tables sorted, so two runs give equal plans and a renaming moves nothing.
 
     params      name -> value
-    nodes       engine, flavour, dims (the spec's node args), KV sequences, recurrent state slots
+    nodes       engine, model kind, dims (the spec's node args), input and output roles, KV
+                sequences with each walk's reads / writes, guidance, recurrent state slots
     walks       section trees with loops (lower_walks)
     partitions  stages, initial walk, streams (lower_walks)
     deployment  KV pools, max_seq_len, admission limit, capture budget, follower fairness
@@ -19,22 +21,28 @@ UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture i
 """
 from __future__ import annotations
 
+from mstar.compiler.check_roles import model_kind
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.compiler.lower_workers import lower_workers
 from mstar.lang import ast
 from mstar.plan.schema import (
     DeploymentPlan,
+    GuidancePlan,
     Header,
+    InputPlan,
+    KvAccessPlan,
     KvPoolPlan,
     NodePlan,
+    OutputPlan,
     Plan,
     RecurrentState,
 )
 
 # Rows per step when nothing bounds a walk (no cap, no capture, no admission limit).
 UNBOUNDED_ROWS = 256
-NON_DIM_ARGS = {"flavor"}
+# The label of a kv node's one KV sequence when the spec declares none (a label is for people).
+DEFAULT_KV_SEQUENCE = "main"
 
 
 def _args(args: list[ast.Arg]) -> dict:
@@ -62,27 +70,63 @@ def _recurrent(node: ast.NodeDecl, deployment: Deployment) -> RecurrentState | N
     return None
 
 
+def _kv_access(spec: ast.Spec, node: ast.NodeDecl, labels: list[str]) -> list[KvAccessPlan]:
+    """Per walk that calls a kv node, in walk order: the spec's `kv W ...` line, else the first
+    sequence (read by an image-flow walk, written by any other)."""
+    if node.engine != "kv":
+        return []
+    stated = {a.walk: a for a in node.kv_access}
+    flows = {d.name for d in node.inputs if d.role == "flow_latents"}
+    access = []
+    for walk in spec.walks:
+        calls = [c for c in _calls(walk.body) if c.node == node.name]
+        if not calls:
+            continue
+        if walk.name in stated:
+            access.append(KvAccessPlan(walk=walk.name, reads=list(stated[walk.name].reads),
+                                       writes=list(stated[walk.name].writes)))
+        elif any(flows & set(c.inputs) for c in calls):
+            access.append(KvAccessPlan(walk=walk.name, reads=[labels[0]]))
+        else:
+            access.append(KvAccessPlan(walk=walk.name, writes=[labels[0]]))
+    return access
+
+
+def _calls(sections: list):
+    for section in sections:
+        if isinstance(section, ast.Call):
+            yield section
+        else:
+            yield from _calls(section.body)
+
+
 def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
+    """Nodes in declaration order (a node's position is what the runtime seeds its weights by)."""
     nodes = []
     for node in spec.nodes:
         args = _args(node.args)
-        flavor = args.get("flavor") if node.engine == "stateless" else None
+        labels = list(node.kv_sequences.labels) if node.kv_sequences else [DEFAULT_KV_SEQUENCE]
         nodes.append(
             NodePlan(
                 name=node.name,
                 engine=node.engine,
-                flavor=str(flavor) if flavor is not None else None,
-                dims={k: v for k, v in sorted(args.items()) if k not in NON_DIM_ARGS},
-                kv_sequences=list(node.kv_sequences.labels) if node.kv_sequences else ["main"],
+                model_kind=model_kind(node),
+                dims=dict(sorted(args.items())),
+                kv_sequences=labels,
+                kv_access=_kv_access(spec, node, labels),
+                guidance=[GuidancePlan(label=g.label, drops=g.drops, scale=g.scale) for g in node.guidance],
                 bidirectional_walks=sorted(set(node.bidirectional.walks)) if node.bidirectional else [],
                 recurrent=_recurrent(node, deployment),
                 inputs=sorted(i.name for i in node.inputs if not i.is_stream),
                 stream_inputs=sorted(i.name for i in node.inputs if i.is_stream),
+                input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt, is_stream=i.is_stream)
+                             for i in node.inputs],
+                outputs=[OutputPlan(name=o.name, role=o.role) for o in node.outputs],
                 is_tp=node.is_tp,
                 is_async=node.is_async,
             )
         )
-    return sorted(nodes, key=lambda n: n.name)
+    return nodes
 
 
 def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:

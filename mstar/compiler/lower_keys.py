@@ -162,4 +162,4 @@ def lower_node_keys(
             name = family_name(node.name, walk)
             keys.append(_key(node, name, [walk], None, walk_plans, tp_sizes[walk], fallback_cap))
             walk_to_key[walk] = name
-    return sorted(keys, key=lambda k: k.name), walk_to_key
+    return keys, walk_to_key

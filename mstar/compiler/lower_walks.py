@@ -186,7 +186,7 @@ def _stream_targets(spec: ast.Spec, partition_of: dict[str, str]) -> dict[tuple[
     for walk in spec.walks:
         nodes_of_partition.setdefault(partition_of[walk.name], set()).update(_first_use_nodes(walk.body))
     targets: dict[tuple[str, str, str], str] = {}
-    for partition in sorted(spec.partitions, key=lambda p: p.name):
+    for partition in spec.partitions:
         for source in partition.streams:
             for node in sorted(nodes_of_partition.get(partition.name, ())):
                 targets.setdefault((source.partition, source.edge, node), partition.name)
@@ -194,7 +194,7 @@ def _stream_targets(spec: ast.Spec, partition_of: dict[str, str]) -> dict[tuple[
 
 
 def lower_walks(spec: ast.Spec, params: dict[str, int]) -> list[WalkPlan]:
-    """Every walk of the spec as a WalkPlan tree, sorted by name."""
+    """Every walk of the spec as a WalkPlan tree, in declaration order."""
     partition_of = walk_partitions(spec)
     targets = _stream_targets(spec, partition_of)
     walks = []
@@ -208,7 +208,7 @@ def lower_walks(spec: ast.Spec, params: dict[str, int]) -> list[WalkPlan]:
                 body=_lower_sections(walk.body, ctx),
             )
         )
-    return sorted(walks, key=lambda w: w.name)
+    return walks
 
 
 def _consumer_node(spec: ast.Spec, partition: ast.Partition, source: ast.StreamSource) -> str:
@@ -228,7 +228,7 @@ def _consumer_node(spec: ast.Spec, partition: ast.Partition, source: ast.StreamS
 
 
 def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
-    """Partitions sorted by name. A partition fed by streams self-triggers from its stream
+    """Partitions in declaration order (the implicit one last). A partition fed by streams self-triggers from its stream
     buffers (initial_walk None); any other starts at the first walk of its first stage."""
     partitions = []
     for partition in spec.partitions:
@@ -261,7 +261,7 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
                 initial_walk=unlisted[0],
             )
         )
-    return sorted(partitions, key=lambda p: p.name)
+    return partitions
 
 
 # ---------------------------------------------------------------- reading lowered walks

@@ -2,7 +2,8 @@
 
 In:  the checked spec, the loaded deployment (`groups_for(node, walk)`, node groups with ranks,
      tp_size, sp_size, graph_walks; `speculation_mixes_walks`), the lowered walks and partitions.
-Out: `lower_workers(...) -> list[WorkerPlan]`, sorted by rank, every list inside sorted.
+Out: `lower_workers(...) -> list[WorkerPlan]`, sorted by rank; keys in declaration order (node,
+     then its combined walks, then its other walks), every other list inside sorted.
 
 Per rank: placements (`node/walk` pairs placed on it), keys and walk_to_key (lower_keys),
 routes (each output edge of a placed pair -> destination ranks, stream partition, client or
@@ -153,7 +154,7 @@ def lower_workers(
                 rank=rank,
                 placements=sorted(placements),
                 walk_to_key=walk_to_key,
-                keys=sorted(keys, key=lambda k: k.name),
+                keys=keys,
                 routes=sorted(routes, key=lambda r: (r.node, r.walk, r.edge, r.dest_kind, r.dest_node)),
                 speculation=sorted(speculation, key=lambda s: (s.node, s.walk)),
                 tp_groups=_tp_groups(spec, deployment, walks, rank),

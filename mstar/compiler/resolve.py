@@ -112,6 +112,9 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
 def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> None:
     what = f"in node {node.name}"
     _duplicates(node.inputs, lambda i: i.name, f"input of node {node.name}", diags)
+    _duplicates(node.outputs, lambda o: o.name, f"output of node {node.name}", diags)
+    _duplicates(node.guidance, lambda g: g.label, f"guidance label of node {node.name}", diags)
+    _duplicates(node.kv_access, lambda a: a.walk, f"kv access {what} for walk", diags)
     _duplicates(node.caps, lambda c: c.walk, f"cap {what} for walk", diags)
     _duplicates(node.captures, lambda c: c.walk, f"capture {what} for walk", diags)
     _duplicates(node.combines, lambda c: c.name, f"combined walk {what}", diags)
@@ -122,6 +125,7 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
         diags.error(codes.DUPLICATE_NAME, f"bidirectional of node {node.name} lists a walk twice",
                     node.bidirectional.span)
     refs: list[tuple[str, ast.Span]] = [(c.walk, c.span) for c in node.caps]
+    refs += [(a.walk, a.span) for a in node.kv_access]
     if node.bidirectional is not None:
         refs += [(w, node.bidirectional.span) for w in node.bidirectional.walks]
     refs += [(c.walk, c.span) for c in node.captures if c.walk is not None]

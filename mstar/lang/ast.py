@@ -64,11 +64,62 @@ class Param(AstNode):
     value: int
 
 
+# ---- roles: what a value is (docs/language.md "Roles"). The plan carries the same words
+# (mstar/plan/schema.py); tests/lang/test_lang_roles.py checks that the two lists agree.
+
+# What an input takes: token ids; embeddings or hidden states (added to the token embeddings);
+# a mask; an image flow's latents or time index; media features (an encoder's input); a signal
+# the models do not read (metadata such as grid sizes).
+InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "flow_time", "media", "signal"]
+# What an output carries: sampled token ids; the last token's hidden state (`embeddings`, the next
+# input embedding) or every token's (`hidden`); a mask; a flow velocity, the next latents or time
+# index; audio samples; an image.
+OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
+                     "image"]
+Modality = Literal["text", "image", "audio"]
+# The model of a stateless node (a kv node is always a decoder).
+ModelKind = Literal["audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
+INPUT_ROLES: tuple[str, ...] = InputRole.__args__  # type: ignore[attr-defined]
+OUTPUT_ROLES: tuple[str, ...] = OutputRole.__args__  # type: ignore[attr-defined]
+MODALITIES: tuple[str, ...] = Modality.__args__  # type: ignore[attr-defined]
+MODEL_KINDS: tuple[str, ...] = ModelKind.__args__  # type: ignore[attr-defined]
+
+
 class InputDecl(AstNode):
-    """`in text_inputs` or `in new_token stream` (fed by a stream chunk policy)."""
+    """`in text_inputs: tokens prompt text`, `in new_token stream: tokens` (fed by a stream chunk
+    policy). `role` None: the author wrote none (the compiler reports it); `prompt`: the modality of
+    the request's prompt this input receives."""
 
     name: str
     is_stream: bool = False
+    role: Optional[InputRole] = None
+    prompt: Optional[Modality] = None
+
+
+class OutputDecl(AstNode):
+    """`out new_token: tokens`: a value the node produces; edges of its calls carry outputs by name."""
+
+    name: str
+    role: OutputRole
+
+
+class GuidanceDecl(AstNode):
+    """`guidance cfg_text drops text scale=4.0`: a KV sequence kept without the prompt's `drops`
+    part, for classifier-free guidance, and its default scale (a request may set its own)."""
+
+    label: str
+    drops: Modality
+    scale: float
+
+
+class KvAccess(AstNode):
+    """`kv image_gen reads main cfg_text cfg_img` / `kv prefill_text writes main cfg_img`: the KV
+    sequences a walk's rows on this node attend over without extending (`reads`) and extend
+    (`writes`, which they attend over too)."""
+
+    walk: str
+    reads: list[str] = []
+    writes: list[str] = []
 
 
 class KvSequences(AstNode):
@@ -144,13 +195,17 @@ class CombineDecl(AstNode):
 class NodeDecl(AstNode):
     name: str
     engine: Literal["kv", "stateless"]
+    model_kind: Optional[ModelKind] = None  # `stateless audio_codec`: stateless nodes only
     args: list[Arg] = []
     is_tp: bool = False  # `tp`: the node may be tensor-parallel
     is_async: bool = True  # `no_speculation`: the node opts out of async scheduling
     kv_sequences: Optional[KvSequences] = None
+    guidance: list[GuidanceDecl] = []
+    kv_access: list[KvAccess] = []
     bidirectional: Optional[Bidirectional] = None
     states: list[StateDecl] = []
     inputs: list[InputDecl] = []
+    outputs: list[OutputDecl] = []
     caps: list[CapDecl] = []
     captures: list[CaptureDecl] = []
     combines: list[CombineDecl] = []
@@ -164,6 +219,7 @@ class Edge(AstNode):
     Flags: persist (kept by the conductor across walks), stream (to another partition through
     its chunk policy), device (loop-back that stays on the device), count_tokens (counts toward
     the request's output tokens); `modality` names what a client edge carries (text, audio, image).
+    `name` is an output of the calling node and, for a node destination, an input of that node.
     """
 
     name: str
@@ -172,7 +228,7 @@ class Edge(AstNode):
     is_stream: bool = False
     is_device: bool = False
     is_count_tokens: bool = False
-    modality: Optional[str] = None
+    modality: Optional[Modality] = None
 
 
 class Call(AstNode):

@@ -16,6 +16,7 @@ uses them with the tree to attach the source's comments.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass
@@ -119,6 +120,18 @@ class AstBuilder(Transformer):
             self.diags.error(codes.DUPLICATE_SETTING, f"`{what}` is given twice in this {owner}", extra.span)
         return items[0] if items else None
 
+    def _word(self, token: Token, allowed: tuple[str, ...], what: str) -> Optional[str]:
+        """`token` when it is one of `allowed`, else None after an MW018 naming the choices."""
+        word = str(token)
+        if word in allowed:
+            return word
+        close = difflib.get_close_matches(word, allowed, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        self.diags.error(codes.UNKNOWN_ROLE_WORD,
+                         f"unknown {what} `{word[:40]}` (one of {', '.join(allowed)}){hint}",
+                         self._token_span(token))
+        return None
+
     def _closed(self, node: ast.AstNode, children: list) -> ast.AstNode:
         """`node` (a block), after recording its closing `}` as the anchor of its end comments."""
         brace = next(c for c in reversed(children) if isinstance(c, Token) and c.type == "RBRACE")
@@ -155,21 +168,27 @@ class AstBuilder(Transformer):
         return self._closed(ast.NodeDecl(
             span=self._span(children),
             name=_names(children)[0],
-            engine=_part(children, "engine").value,
+            engine=_part(children, "engine").value[0],
+            model_kind=_part(children, "engine").value[1],
             args=arg_list.value if arg_list is not None else [],
             is_tp="TP" in flags,
             is_async="NO_SPECULATION" not in flags,
             kv_sequences=self._one(_of(children, ast.KvSequences), "kv_sequences", "node"),
+            guidance=_of(children, ast.GuidanceDecl),
+            kv_access=_of(children, ast.KvAccess),
             bidirectional=self._one(_of(children, ast.Bidirectional), "bidirectional", "node"),
             states=_of(children, ast.StateDecl),
             inputs=_of(children, ast.InputDecl),
+            outputs=_of(children, ast.OutputDecl),
             caps=_of(children, ast.CapDecl),
             captures=_of(children, ast.CaptureDecl),
             combines=_of(children, ast.CombineDecl),
         ), children)
 
     def engine(self, children):
-        return _Part("engine", str(children[0]), self._span(children))
+        kind = children[1] if len(children) > 1 else None
+        model_kind = None if kind is None else self._word(kind, ast.MODEL_KINDS, "model kind")
+        return _Part("engine", (str(children[0]), model_kind), self._span(children))
 
     def node_flag(self, children):
         return _Part("flag", children[0].type, self._span(children))
@@ -212,8 +231,39 @@ class AstBuilder(Transformer):
         return _Part("value", self._ints(children), self._span(children))
 
     def input_decl(self, children):
-        return ast.InputDecl(span=self._span(children), name=_names(children)[0],
-                             is_stream=_has_token(children, "STREAM"))
+        words = [c for c in children if isinstance(c, Token) and c.type == "NAME"]
+        role = self._word(words[1], ast.INPUT_ROLES, "input role") if len(words) > 1 else None
+        prompt = self._word(words[2], ast.MODALITIES, "prompt modality") if len(words) > 2 else None
+        return ast.InputDecl(span=self._span(children), name=str(words[0]),
+                             is_stream=_has_token(children, "STREAM"), role=role, prompt=prompt)
+
+    def output_decl(self, children):
+        words = [c for c in children if isinstance(c, Token) and c.type == "NAME"]
+        role = self._word(words[1], ast.OUTPUT_ROLES, "output role") or "tokens"
+        return ast.OutputDecl(span=self._span(children), name=str(words[0]), role=role)
+
+    def guidance_decl(self, children):
+        words = [c for c in children if isinstance(c, Token) and c.type == "NAME"]
+        number = next(c for c in children if isinstance(c, Token) and c.type in ("SIGNED_INT", "SIGNED_FLOAT"))
+        scale = self._int(number) if number.type == "SIGNED_INT" else float(str(number))
+        if not math.isfinite(scale) or scale < 0:
+            self.diags.error(codes.NUMBER_OUT_OF_RANGE,
+                             f"guidance scale `{str(number)[:30]}` must be a finite number >= 0",
+                             self._token_span(number))
+            scale = 1.0
+        drops = self._word(words[1], ast.MODALITIES, "dropped modality") or "text"
+        return ast.GuidanceDecl(span=self._span(children), label=str(words[0]), drops=drops, scale=float(scale))
+
+    def kv_access(self, children):
+        # children: KV, NAME, then `reads` NAME+ and/or `writes` NAME+
+        walk, reads, writes = str(children[1]), [], []
+        current = None
+        for child in children[2:]:
+            if isinstance(child, Token) and child.type in ("_READS", "_WRITES"):
+                current = reads if child.type == "_READS" else writes
+            elif isinstance(child, Token) and child.type == "NAME" and current is not None:
+                current.append(str(child))
+        return ast.KvAccess(span=self._span(children), walk=walk, reads=reads, writes=writes)
 
     def kv_sequences(self, children):
         return ast.KvSequences(span=self._span(children), labels=_names(children))
@@ -321,7 +371,8 @@ class AstBuilder(Transformer):
         return _Part("dest", (str(children[0]), None), self._span(children))
 
     def client_dest(self, children):
-        return _Part("dest", ("client", str(children[1])), self._span(children))
+        modality = self._word(children[1], ast.MODALITIES, "client modality")
+        return _Part("dest", ("client", modality or "text"), self._span(children))
 
     def edge_flag(self, children):
         return _Part("flag", children[0].type, self._span(children))

@@ -22,6 +22,7 @@ UNKNOWN_CHUNK_POLICY = "MW014"
 UNKNOWN_EDGE_FLAG = "MW015"
 UNKNOWN_STATE_KIND = "MW016"
 CLIENT_WITHOUT_MODALITY = "MW017"
+UNKNOWN_ROLE_WORD = "MW018"
 DUPLICATE_SETTING = "MW020"
 CAPTURE_WITHOUT_BATCH = "MW021"
 NUMBER_OUT_OF_RANGE = "MW022"
@@ -47,6 +48,7 @@ TITLES: dict[str, str] = {
     UNKNOWN_EDGE_FLAG: "unknown edge flag",
     UNKNOWN_STATE_KIND: "unknown state kind",
     CLIENT_WITHOUT_MODALITY: "a client edge without a modality",
+    UNKNOWN_ROLE_WORD: "unknown role, modality or model kind",
     DUPLICATE_SETTING: "a setting given twice",
     CAPTURE_WITHOUT_BATCH: "a capture without `batch=[...]`",
     NUMBER_OUT_OF_RANGE: "a number out of range",

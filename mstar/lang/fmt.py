@@ -4,7 +4,8 @@
 
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
-order. Inside a node: inputs, kv_sequences, bidirectional, states, caps, captures, combines. A call with one edge
+order. Inside a node: inputs, outputs, kv_sequences, guidance, kv access, bidirectional, states,
+caps, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
@@ -77,16 +78,26 @@ def _indented(lines: list[str]) -> list[str]:
 
 def _node(node: ast.NodeDecl) -> list[str]:
     start = f"node {node.name} {node.engine}"
+    if node.model_kind is not None:
+        if node.engine != "stateless":
+            raise ValueError(f"format_spec: node {node.name}: only a stateless node states a model kind")
+        start += f" {node.model_kind}"
     flags = (" tp" if node.is_tp else "") + ("" if node.is_async else " no_speculation") + " {"
     header = _wrapped_args(start, [f"{a.name}={_value(a.value)}" for a in node.args], flags)
     # The trailing comment goes on the header's first line: the line the parser attaches it from.
     body: list[str] = []
     for decl in node.inputs:
-        body += _line(decl, f"in {decl.name}" + (" stream" if decl.is_stream else ""))
+        body += _line(decl, _input(decl, node.name))
+    for out in node.outputs:
+        body += _line(out, f"out {out.name}: {out.role}")
     if node.kv_sequences is not None:
         if not node.kv_sequences.labels:
             raise ValueError(f"format_spec: node {node.name}: kv_sequences needs at least one label")
         body += _line(node.kv_sequences, "kv_sequences " + " ".join(node.kv_sequences.labels))
+    for guidance in node.guidance:
+        body += _line(guidance, f"guidance {guidance.label} drops {guidance.drops} scale={_scale(guidance.scale)}")
+    for access in node.kv_access:
+        body += _line(access, _kv_access(access, node.name))
     if node.bidirectional is not None:
         if not node.bidirectional.walks:
             raise ValueError(f"format_spec: node {node.name}: bidirectional needs at least one walk")
@@ -101,6 +112,32 @@ def _node(node: ast.NodeDecl) -> list[str]:
         body += _combine(combine, node.name)
     return (_comment_lines(node.comments_before) + [_trailed(header[0], node.comment_after)] + header[1:]
             + _indented(body + _comment_lines(node.comments_end)) + ["}"])
+
+
+def _input(decl: ast.InputDecl, node: str) -> str:
+    text = f"in {decl.name}" + (" stream" if decl.is_stream else "")
+    if decl.role is None:
+        if decl.prompt is not None:
+            raise ValueError(f"format_spec: node {node}: input {decl.name} has a prompt but no role")
+        return text
+    return text + f": {decl.role}" + (f" prompt {decl.prompt}" if decl.prompt is not None else "")
+
+
+def _scale(scale: float) -> str:
+    if scale != scale or scale in (float("inf"), float("-inf")) or scale < 0:
+        raise ValueError(f"format_spec: a guidance scale must be a finite number >= 0, not {scale}")
+    return repr(float(scale))
+
+
+def _kv_access(access: ast.KvAccess, node: str) -> str:
+    if not access.reads and not access.writes:
+        raise ValueError(f"format_spec: node {node}: kv {access.walk} needs reads or writes")
+    text = f"kv {access.walk}"
+    if access.reads:
+        text += " reads " + " ".join(access.reads)
+    if access.writes:
+        text += " writes " + " ".join(access.writes)
+    return text
 
 
 def _wrapped_args(start: str, args: list[str], end: str) -> list[str]:

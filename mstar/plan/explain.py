@@ -140,17 +140,25 @@ def print_plan(plan: Plan, console: Console) -> None:
     ))
     if plan.params:
         console.print(Text("params: " + ", ".join(f"{k} = {v}" for k, v in plan.params.items())))
-    table = _table("nodes", "name", "engine", "state", "inputs", "stream inputs", "flags")
+    table = _table("nodes", "name", "engine", "state", "inputs", "outputs", "flags")
     for n in plan.nodes:
         state = ""
         if n.engine == "kv":
             state = "kv " + " ".join(n.kv_sequences)
+            state += "".join(f"; guidance {g.label} drops {g.drops} x{g.scale:g}" for g in n.guidance)
         if n.recurrent:
             state += f"; recurrent {n.recurrent.num_slots} slots"
         flags = " ".join(f for f, on in (("tp", n.is_tp), ("no_speculation", not n.is_async)) if on)
-        table.add_row(n.name, n.engine + (f" ({n.flavor})" if n.flavor else ""), state,
-                      " ".join(n.inputs), " ".join(n.stream_inputs), flags)
+        inputs = ", ".join(f"{r.name}{' stream' if r.is_stream else ''}: {r.role}"
+                           + (f" prompt {r.prompt}" if r.prompt else "") for r in n.input_roles)
+        outputs = ", ".join(f"{o.name}: {o.role}" for o in n.outputs)
+        table.add_row(n.name, f"{n.engine} ({n.model_kind})", state, inputs, outputs, flags)
     console.print(table)
+    for n in plan.nodes:
+        for access in n.kv_access:
+            reads = f" reads {' '.join(access.reads)}" if access.reads else ""
+            writes = f" writes {' '.join(access.writes)}" if access.writes else ""
+            console.print(Text(f"  {n.name} kv {access.walk}{reads}{writes}"))
     for n in plan.nodes:
         if n.dims:
             console.print(Text(f"  {n.name} dims: " + " ".join(f"{k}={v}" for k, v in n.dims.items())))

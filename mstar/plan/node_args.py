@@ -3,7 +3,7 @@
 A node header's `(name=value, ...)` and a `state recurrent(...)` declaration carry the model's
 dims. The compiler checks them against this registry (check_args.py, MW109-MW112) so that a typo
 such as `kv_head=8` is an error at compile time instead of a silently used default at run time;
-the runtime (mstar/runtime/engine/dims.py, models/kinds.py) takes its choices and the layer-pattern rule
+the runtime (mstar/runtime/engine/dims.py) takes its choices and the layer-pattern rule
 from here, so the two cannot drift apart. tests/checks/test_node_args.py fails when the runtime
 reads a dim this registry does not list.
 """
@@ -15,8 +15,6 @@ from typing import Optional, Union
 ArgValue = Union[int, float, str, list]
 
 DECODER_STYLES = ("llama", "qwen3_5")
-NODE_KINDS = ("decoder", "codec", "image_decoder", "encoder")
-STATELESS_FLAVORS = ("enc_dec", "audio_codec")
 LAYER_KIND_FLAGS = {"full": 1, "linear": 0}
 
 
@@ -62,13 +60,12 @@ KV_ARGS: dict[str, ArgKind] = {
     "style": choice(*DECODER_STYLES), "layer_pattern": PATTERN,
     "linear_heads": INT, "linear_value_heads": INT, "linear_key_dim": INT, "linear_value_dim": INT,
     "conv_kernel": INT, "latent_channels": INT, "latent_tokens": INT,
-    "kind": choice(*NODE_KINDS),
     "stop_token": INDEX, "stop_tokens": TOKEN_IDS,
 }
 
-# stateless nodes: an encoder, an audio codec or an image decoder (models/kinds.py picks which).
+# stateless nodes: an encoder, an audio codec or an image decoder (the spec states which:
+# `node NAME stateless KIND`).
 STATELESS_ARGS: dict[str, ArgKind] = {
-    "flavor": choice(*STATELESS_FLAVORS), "kind": choice(*NODE_KINDS),
     "hidden": INT, "layers": INT, "heads": INT, "feature_dim": INT, "num_tokens": INT,
     "codebook": INT, "quantizers": INT, "samples_per_token": INT, "sample_rate": INT,
     "keep_frame": INDEX, "latent_channels": INT, "latent_tokens": INT, "upscale": INT,

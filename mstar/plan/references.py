@@ -23,10 +23,41 @@ def _sections(body: list[SectionPlan], in_loop: bool = False) -> Iterator[tuple[
             yield from _sections(section.body, in_loop or isinstance(section, LoopPlan))
 
 
+def _role_problems(plan: Plan, problems: list[str]) -> None:
+    """Roles: every input has exactly one, kv access and guidance name the node's sequences and
+    walks, a kv node is a decoder and a stateless node is not."""
+    walks = {w.name for w in plan.walks}
+    for node in plan.nodes:
+        where = f"node {node.name}"
+        declared = [r.name for r in node.input_roles]
+        if sorted(declared) != sorted(node.inputs + node.stream_inputs):
+            problems.append(f"{where}: input_roles {sorted(declared)} do not match its inputs "
+                            f"{sorted(node.inputs + node.stream_inputs)}")
+        problems.extend(f"{where}: stream input {r.name} takes the prompt"
+                        for r in node.input_roles if r.prompt is not None and r.is_stream)
+        if (node.engine == "kv") != (node.model_kind == "decoder"):
+            problems.append(f"{where}: a {node.engine} node cannot be model_kind {node.model_kind}")
+        outputs = [o.name for o in node.outputs]
+        if len(set(outputs)) < len(outputs):
+            problems.append(f"{where}: an output is declared twice")
+        labels = node.kv_sequences
+        for access in node.kv_access:
+            if access.walk not in walks:
+                problems.append(f"{where}: kv access of unknown walk {access.walk!r}")
+            problems.extend(f"{where}: walk {access.walk} uses unknown KV sequence {label!r}"
+                            for label in access.reads + access.writes if label not in labels)
+        for guidance in node.guidance:
+            if guidance.label not in labels[1:]:
+                problems.append(f"{where}: guidance label {guidance.label!r} is not one of its KV sequences "
+                                "after the first")
+
+
 def reference_problems(plan: Plan) -> list[str]:
     problems: list[str] = []
     nodes = {n.name for n in plan.nodes}
     node_inputs = {n.name: set(n.inputs) | set(n.stream_inputs) for n in plan.nodes}
+    node_outputs = {n.name: {o.name for o in n.outputs} for n in plan.nodes}
+    _role_problems(plan, problems)
     stream_inputs = {n.name: set(n.stream_inputs) for n in plan.nodes}
     walks = {w.name for w in plan.walks}
     partitions = {p.name for p in plan.partitions}
@@ -57,6 +88,8 @@ def reference_problems(plan: Plan) -> list[str]:
                                     for name in section.inputs if name not in node_inputs[section.node])
                 for edge in section.edges:
                     edge_problems(edge, where)
+                    if section.node in nodes and edge.name not in node_outputs[section.node]:
+                        problems.append(f"{where}: edge {edge.name} is not an output of {section.node}")
                     if edge.is_loop_back and not in_loop:
                         problems.append(f"{where}: loop-back edge {edge.name} outside any loop")
             elif isinstance(section, LoopPlan):

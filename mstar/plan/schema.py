@@ -5,7 +5,12 @@ and validated by these models on load. The runtime knows a model only through it
 package imports neither the language nor the compiler.
 
 Walk names inside a scheduling key are ordered; bit i of a mixture mask stands for
-`KeyPlan.walks[i]`. Lists are kept sorted by the compiler so two compiles give identical bytes.
+`KeyPlan.walks[i]`. Nodes, walks, partitions and each worker's keys are in the spec's declaration
+order (a position in these lists never depends on a name, so renaming changes no position);
+lookup tables (routes, speculation, placements) are sorted. Two compiles give identical bytes.
+
+What each value is comes from the spec's roles, as enums (docs/language.md "Roles"): the runtime
+reads meaning from these fields, never from a name.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -63,18 +68,65 @@ class RecurrentState(PlanModel):
     num_slots: int  # from the deployment; includes the sink slot
 
 
+# ---- roles (the words of the language's roles; mstar/lang/ast.py has the same lists)
+InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "flow_time", "media", "signal"]
+OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
+                     "image"]
+Modality = Literal["text", "image", "audio"]
+ModelKind = Literal["decoder", "audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
+
+
+class InputPlan(PlanModel):
+    """One input of a node and what it takes; `prompt`: it receives the request's prompt of that
+    modality (text prompt tokens, or the request's media of that modality)."""
+
+    name: str
+    role: InputRole
+    prompt: Optional[Modality] = None
+    is_stream: bool = False
+
+
+class OutputPlan(PlanModel):
+    """One output of a node: edges of its calls carry it by name."""
+
+    name: str
+    role: OutputRole
+
+
+class KvAccessPlan(PlanModel):
+    """The KV sequences a walk's rows on a kv node attend over without extending (`reads`) and
+    extend (`writes`). Unguided requests use the node's first sequence only."""
+
+    walk: str
+    reads: list[str] = []
+    writes: list[str] = []
+
+
+class GuidancePlan(PlanModel):
+    """A KV sequence kept without the prompt's `drops` part, combined into an image flow's velocity
+    with `scale` unless the request sets its own (in declaration order; see guidance.py)."""
+
+    label: str
+    drops: Modality
+    scale: float
+
+
 class NodePlan(PlanModel):
     name: str
     engine: Literal["kv", "stateless"]
-    flavor: Optional[str] = None  # stateless flavour: enc_dec, audio_codec, ...
+    model_kind: ModelKind  # kv nodes are decoders; stateless nodes state theirs in the spec
     # Model dimensions from the spec: layers, kv_heads, qo_heads, head_dim, hidden, vocab,
     # intermediate, and kind-specific ones (window, samples_per_token, layer_pattern as a list).
     dims: dict[str, Union[int, float, str, list[int]]]
-    kv_sequences: list[str] = ["main"]  # KV labels per request (kv nodes)
+    kv_sequences: list[str] = ["main"]  # KV labels per request (kv nodes); the first holds the whole prompt
+    kv_access: list[KvAccessPlan] = []  # per walk that calls the node (kv nodes), in walk order
+    guidance: list[GuidancePlan] = []
     bidirectional_walks: list[str] = []  # walks whose rows attend to all their own tokens (sorted)
     recurrent: Optional[RecurrentState] = None
     inputs: list[str]
     stream_inputs: list[str] = []
+    input_roles: list[InputPlan]  # every input (stream or not), in declaration order
+    outputs: list[OutputPlan]  # in declaration order
     is_tp: bool = False
     is_async: bool = True
 
@@ -92,7 +144,7 @@ class EdgePlan(PlanModel):
     is_device: bool = False  # on-device loop-back: the value never visits the host
     is_loop_back: bool = False
     is_count_tokens: bool = False
-    modality: Optional[str] = None
+    modality: Optional[Modality] = None
     stream_partition: Optional[str] = None  # consumer partition for dest_kind == "stream"
 
 
@@ -228,7 +280,7 @@ class RouteEntry(PlanModel):
     dest_node: str = ""
     dest_ranks: list[int] = []
     stream_partition: Optional[str] = None
-    modality: Optional[str] = None
+    modality: Optional[Modality] = None
 
 
 class TPGroup(PlanModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from mstar.compiler import check_args, check_combine, check_deployment, check_graph, resolve
+from mstar.compiler import check_args, check_combine, check_deployment, check_graph, check_roles, resolve
 from mstar.compiler.deployment import load_deployment
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
@@ -49,7 +49,7 @@ def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -
             return
     check_combine.run(spec, deployment, diags)
     if not diags.has_errors:
-        check_args.run_models(spec, diags)
+        check_roles.run(spec, diags)
 
 
 def render_fixture(name: str) -> str:

@@ -7,7 +7,7 @@ from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 
 SPEC = """model m
-node vit stateless(flavor=enc_dec) {
+node vit stateless vision_encoder {
     in image_inputs
 }
 node LLM kv(layers=2, vocab=64) {

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from hypothesis import given, strategies as st
 
-from mstar.compiler import check_args, check_combine, check_deployment, check_graph, resolve
+from mstar.compiler import check_args, check_combine, check_deployment, check_graph, check_roles, resolve
 from mstar.compiler.deployment import parse_deployment
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
@@ -76,5 +76,5 @@ def test_mutations_never_raise(case):
     if deployment is not None:
         check_deployment.run(spec, deployment, diags)
     check_combine.run(spec, deployment, diags)
-    check_args.run_models(spec, diags)
+    check_roles.run(spec, diags)
     diags.render()

@@ -44,8 +44,7 @@ def test_every_dim_the_runtime_reads_is_registered():
 
 
 def test_every_registered_dim_is_read_by_the_runtime():
-    # `flavor` is lowered into NodePlan.flavor, not into dims
-    registered = (set(ENGINE_ARGS["kv"]) | set(ENGINE_ARGS["stateless"])) - {"flavor"}
+    registered = set(ENGINE_ARGS["kv"]) | set(ENGINE_ARGS["stateless"])
     assert registered - runtime_dim_reads() == set()
 
 
@@ -95,7 +94,7 @@ def test_recurrent_state_args_are_all_required():
 
 
 def test_stateless_node_with_state_and_a_kv_only_argument():
-    text = _args_diagnostics("node enc stateless(flavor=enc_dec, vocab=10) {\n    in x\n"
+    text = _args_diagnostics("node enc stateless vision_encoder(vocab=10) {\n    in x\n"
                              "    state recurrent(layers=1, heads=1, key_dim=1, value_dim=1)\n}")
     assert "'vocab' is not an argument of a stateless node" in text
     assert "error[MW112]: state recurrent on stateless node enc" in text
@@ -112,7 +111,7 @@ def test_stateless_node_with_state_and_a_kv_only_argument():
      "    state recurrent(layers=3, heads=2, key_dim=4, value_dim=4)\n}",
      "linear_value_heads=3 is not a multiple of the 2 linear q/k heads"),
     ("node L kv(layers=2, stop_tokens=[1, 99], vocab=50) {\n    in x\n}", "stop_tokens 99 is outside the vocabulary (vocab=50)"),
-    ("node E stateless(flavor=enc_dec, hidden=100, heads=16) {\n    in x\n}", "hidden=100 is not a multiple of heads=16"),
+    ("node E stateless vision_encoder(hidden=100, heads=16) {\n    in x\n}", "hidden=100 is not a multiple of heads=16"),
     ("node L kv(layers=2, latent_tokens=15) {\n    in x\n}", "latent_tokens=15 is not a square grid"),
     ("node L kv(layers=2, partial_rotary=1.5) {\n    in x\n}", "partial_rotary=1.5 must be a number in (0, 1]"),
 ])

@@ -39,7 +39,9 @@ model tts
 param max_output_tokens = 100
 
 node LLM kv(layers=2, kv_heads=2, qo_heads=4, head_dim=16, hidden=64, vocab=128) tp {
-    in text_inputs
+    in text_inputs: tokens prompt text
+    out text_inputs: tokens
+    out new_token: tokens
     cap prefill 8
     cap decode 32
     capture decode batched batch=[1, 2, 4, 8, 16, 32]
@@ -51,8 +53,9 @@ node LLM kv(layers=2, kv_heads=2, qo_heads=4, head_dim=16, hidden=64, vocab=128)
     }
 }
 
-node codec stateless(flavor=audio_codec) {
-    in new_token stream
+node codec stateless audio_codec {
+    in new_token stream: tokens
+    out audio: audio
     capture chunk batched batch=[1, 2, 4]
 }
 

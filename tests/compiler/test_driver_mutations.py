@@ -95,22 +95,20 @@ def test_edited_arguments_never_raise(case, tmp_path_factory):
     assert (result is None) == diags.has_errors
     diags.render()
     if result is not None:
-        # what the compiler accepts, the runtime can build: no DimsError / NodeKindError at start
+        # what the compiler accepts, the runtime can build: no DimsError at start
         build_every_model_dims(result.plan)
 
 
 def build_every_model_dims(plan) -> None:
     from mstar.runtime.engine.dims import codec_dims, decoder_dims, encoder_dims, image_decoder_dims
-    from mstar.runtime.engine.models.kinds import call_table, node_kind
-    calls = call_table(plan)
     for node in plan.nodes:
-        kind = node_kind(plan, node, calls)
+        kind = node.model_kind
         for mode in ("spec", "tiny"):
             if kind == "decoder":
                 decoder_dims(node, mode)
-            elif kind == "codec":
+            elif kind == "audio_codec":
                 codec_dims(node, mode)
-            elif kind == "encoder":
-                encoder_dims(node, mode, is_audio=False)
+            elif kind in ("vision_encoder", "audio_encoder"):
+                encoder_dims(node, mode, is_audio=kind == "audio_encoder")
             else:
                 image_decoder_dims(node, mode, None)

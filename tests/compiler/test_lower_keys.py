@@ -8,7 +8,9 @@ from mstar.compiler.lower_keys import batch_pad_table
 THREE_WALKS = """
 model three
 node LLM kv(layers=1, kv_heads=1, qo_heads=1, head_dim=8, hidden=8, vocab=16) {
-    in tokens
+    in tokens: tokens prompt text
+    out tokens: tokens
+    out out: tokens
     cap a 8
     cap b 32
     cap c 4
@@ -108,10 +110,11 @@ def test_batch_pad_table(sizes, max_rows, expected):
 IMAGE_LOOP = """
 model img
 node LLM kv(layers=1, kv_heads=1, qo_heads=1, head_dim=8, hidden=8, vocab=16) {
-    in tokens in latents
+    in tokens: tokens prompt text in latents: flow_latents
+    out tokens: tokens out t: tokens out latents: flow_latents
     cap gen 1
 }
-node dec stateless { in latents }
+node dec stateless image_decoder { in latents: flow_latents out image: image }
 walk text { loop tl max=4 stop { LLM(tokens) -> tokens: LLM device -> t: client text } }
 walk gen {
     loop max=3 { LLM(latents) -> latents: LLM } outputs latents

@@ -65,14 +65,15 @@ def test_tp_groups_and_deployment_tables():
     assert plan.deployment.max_concurrent_requests == 64
     nodes = {n.name: n for n in plan.nodes}
     assert nodes["LLM"].is_tp and nodes["LLM"].dims["hidden"] == 64 and nodes["LLM"].kv_sequences == ["main"]
-    assert nodes["codec"].flavor == "audio_codec" and "flavor" not in nodes["codec"].dims
+    assert nodes["codec"].model_kind == "audio_codec" and nodes["LLM"].model_kind == "decoder"
     assert nodes["codec"].stream_inputs == ["new_token"] and nodes["codec"].inputs == []
 
 
 RECURRENT = """
 model gdn
 node LLM kv(layers=4, kv_heads=2, qo_heads=4, head_dim=16, hidden=64, vocab=128) {
-    in tokens
+    in tokens: tokens prompt text
+    out out: tokens
     kv_sequences main cfg
     state recurrent(layers=3, heads=4, key_dim=16, value_dim=32)
     cap w 4

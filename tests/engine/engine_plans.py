@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from plan_roles import node_plan
 from mstar.plan.schema import (
     CallPlan, DeploymentPlan, EdgePlan, Hashes, Header, KeyPlan, KvPoolPlan, LoopPlan, MixtureEntry, NodePlan,
     PartitionPlan, Plan, RecurrentState, StagePlan, WalkPlan, WorkerPlan,
@@ -87,7 +88,7 @@ def with_worker(plan: Plan, cap: int = 4096) -> Plan:
 
 def llm_plan(dims: Optional[dict] = None, num_pages: int = 64, page_size: int = 16,
              recurrent: Optional[RecurrentState] = None, max_concurrent: Optional[int] = None) -> Plan:
-    node = NodePlan(name="LLM", engine="kv", dims=dims or LLM_DIMS, inputs=["text_inputs"], recurrent=recurrent)
+    node = node_plan("LLM", "kv", llm_walks(), dims=dims or LLM_DIMS, inputs=["text_inputs"], recurrent=recurrent)
     partition = PartitionPlan(name="LLM", stages=[StagePlan(walks=["prefill"]), StagePlan(walks=["decode"])],
                               initial_walk="prefill")
     return make_plan([node], llm_walks(), [partition],

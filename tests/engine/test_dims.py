@@ -1,12 +1,13 @@
 """Tiny dims keep each node's structure (head ratio, layer pattern); bad dims are refused clearly."""
 import pytest
 
+from plan_roles import node_plan
 from mstar.plan.schema import NodePlan, RecurrentState
 from mstar.runtime.engine.dims import DimsError, decoder_dims, layer_pattern
 
 
 def node(**dims):
-    return NodePlan(name="LLM", engine="kv", dims=dims, inputs=["text_inputs"])
+    return node_plan("LLM", "kv", [], dims=dims, inputs=["text_inputs"])
 
 
 def test_tiny_keeps_head_ratio_and_spec_keeps_numbers():
@@ -17,7 +18,7 @@ def test_tiny_keeps_head_ratio_and_spec_keeps_numbers():
 
 
 def test_tiny_keeps_one_unit_of_the_layer_pattern():
-    qwen = NodePlan(name="LLM", engine="kv", inputs=["text_inputs"],
+    qwen = node_plan("LLM", "kv", [], inputs=["text_inputs"],
                     dims={"layers": 24, "kv_heads": 2, "qo_heads": 8, "head_dim": 256, "layer_pattern": [0, 0, 0, 1]},
                     recurrent=RecurrentState(num_layers=18, num_heads=16, key_dim=128, value_dim=128, num_slots=9))
     assert decoder_dims(qwen, "spec").num_linear_layers == 18
@@ -36,7 +37,7 @@ def test_bad_dims_are_refused():
         decoder_dims(node(kv_heads=3, qo_heads=4), "tiny")
     with pytest.raises(DimsError, match="positive integer"):
         decoder_dims(node(layers="many"), "tiny")
-    mismatch = NodePlan(name="LLM", engine="kv", inputs=[], dims={"layers": 8, "layer_pattern": [0, 1]},
+    mismatch = node_plan("LLM", "kv", [], inputs=[], dims={"layers": 8, "layer_pattern": [0, 1]},
                         recurrent=RecurrentState(num_layers=6, num_heads=2, key_dim=8, value_dim=8, num_slots=3))
     with pytest.raises(DimsError, match="recurrent state declares 6 layers"):
         decoder_dims(mismatch, "tiny")

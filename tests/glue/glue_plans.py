@@ -1,6 +1,7 @@
 """Small hand-built plans for the glue tests (an Orpheus-like LLM + codec on one or two workers)."""
 from __future__ import annotations
 
+from plan_roles import node_plan
 from mstar.plan.schema import (
     CallPlan,
     CaptureFamily,
@@ -95,9 +96,9 @@ def tiny_plan(page_size: int = 4, glue_hash: str = "0" * 64, num_workers: int = 
     return Plan(
         header=_header(glue_hash),
         params={"max_output_tokens": 16},
-        nodes=[NodePlan(name="LLM", engine="kv", dims={"layers": 2, "vocab": 100}, inputs=["text_inputs"]),
-               NodePlan(name="codec", engine="stateless", flavor="audio_codec", dims={}, inputs=["new_token"],
-                        stream_inputs=["new_token"])],
+        nodes=[node_plan("LLM", "kv", _walks(), dims={"layers": 2, "vocab": 100}, inputs=["text_inputs"]),
+               node_plan("codec", "stateless", _walks(), dims={}, inputs=["new_token"], stream_inputs=["new_token"],
+                         output_roles={"audio_chunk": "audio"})],
         walks=_walks(),
         partitions=[PartitionPlan(name="LLM", stages=[StagePlan(walks=["prefill"]), StagePlan(walks=["decode"])],
                                   initial_walk="prefill"),

@@ -56,17 +56,40 @@ combines = st.builds(
     attention=st.none() | st.sampled_from(["split", "packed"]),
 )
 
+@st.composite
+def inputs(draw):
+    role = draw(st.none() | st.sampled_from(ast.INPUT_ROLES))
+    prompt = draw(st.none() | st.sampled_from(ast.MODALITIES)) if role is not None else None
+    return ast.InputDecl(name=draw(names), is_stream=draw(st.booleans()), role=role, prompt=prompt)
+
+
+scales = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False) | st.integers(0, 9).map(float)
+kv_accesses = st.builds(ast.KvAccess, walk=names, reads=small_lists(names), writes=small_lists(names)).filter(
+    lambda a: a.reads or a.writes)
+
+
+@st.composite
+def engines(draw):
+    engine = draw(st.sampled_from(["kv", "stateless"]))
+    kind = draw(st.none() | st.sampled_from(ast.MODEL_KINDS)) if engine == "stateless" else None
+    return engine, kind
+
+
 nodes = st.builds(
-    ast.NodeDecl,
+    lambda engine, **fields: ast.NodeDecl(engine=engine[0], model_kind=engine[1], **fields),
     name=names,
-    engine=st.sampled_from(["kv", "stateless"]),
+    engine=engines(),
     args=args,
     is_tp=st.booleans(),
     is_async=st.booleans(),
     kv_sequences=st.none() | st.builds(ast.KvSequences, labels=name_lists),
+    guidance=small_lists(st.builds(ast.GuidanceDecl, label=names, drops=st.sampled_from(ast.MODALITIES),
+                                   scale=scales)),
+    kv_access=small_lists(kv_accesses),
     bidirectional=st.none() | st.builds(ast.Bidirectional, walks=name_lists),
     states=small_lists(st.builds(ast.StateDecl, kind=st.just("recurrent"), args=args)),
-    inputs=small_lists(st.builds(ast.InputDecl, name=names, is_stream=st.booleans())),
+    inputs=small_lists(inputs()),
+    outputs=small_lists(st.builds(ast.OutputDecl, name=names, role=st.sampled_from(ast.OUTPUT_ROLES))),
     caps=small_lists(st.builds(ast.CapDecl, walk=names, value=counts)),
     captures=small_lists(captures(st.none() | names)),
     combines=small_lists(combines),
@@ -79,7 +102,7 @@ def edges(draw):
     return ast.Edge(
         name=draw(names),
         dest="client" if is_client else draw(names),
-        modality=draw(names) if is_client else None,
+        modality=draw(st.sampled_from(ast.MODALITIES)) if is_client else None,
         is_persist=draw(st.booleans()),
         is_stream=draw(st.booleans()),
         is_device=draw(st.booleans()),

@@ -192,7 +192,7 @@ def test_a_comment_that_cannot_be_written_is_refused():
 
 # A comment's text holds a marker that canonical code never contains (names are ASCII and quoted
 # strings are written with ASCII escapes), so each comment can be found in the formatted text.
-_comment_texts = st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)),
+_comment_texts = st.text(alphabet=st.characters(blacklist_characters="\n\u00a7", blacklist_categories=("Cs",)),
                          max_size=12)
 
 
@@ -242,7 +242,8 @@ def test_comments_survive_format_in_order(case):
     assert format_spec(again) == formatted
 
 
-_HOSTS = (ast.Spec, ast.Param, ast.NodeDecl, ast.InputDecl, ast.KvSequences, ast.Bidirectional, ast.StateDecl,
+_HOSTS = (ast.Spec, ast.Param, ast.NodeDecl, ast.InputDecl, ast.OutputDecl, ast.KvSequences, ast.GuidanceDecl,
+          ast.KvAccess, ast.Bidirectional, ast.StateDecl,
           ast.CapDecl,
           ast.CaptureDecl, ast.CombineDecl, ast.RowsLimit, ast.Walk, ast.Call, ast.Edge, ast.Parallel,
           ast.Sequential, ast.Loop, ast.Partition, ast.StreamSource)

@@ -133,6 +133,14 @@ CASES = [
         '      | ^\n',
     ),
     (
+        'MW018',
+        'model m\nnode L kv {\n    in x: token\n}\n',
+        'bad.mw:3:11: error[MW018]: unknown input role `token` (one of tokens, embeddings, hidden, mask, flow_latents, '
+        'flow_time, media, signal); did you mean \'tokens\'?\n'
+        '    3 |     in x: token\n'
+        '      |           ^^^^^\n',
+    ),
+    (
         'MW020',
         'model m\nnode L kv {\n    capture d batched batch=[1] batch=[2]\n}\n',
         'bad.mw:3:33: error[MW020]: `batch` is given twice in this capture\n'

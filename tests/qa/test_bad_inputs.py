@@ -308,7 +308,7 @@ def test_bad_weights_dirs(tmp_path, capsys):
 def test_weights_for_the_wrong_node(tmp_path, capsys):
     """A plan with several kv nodes needs NODE=DIR; an unknown or repeated node is refused."""
     omni = ["run", "--plan", str(Path(LLAMA).parent / "qwen3_omni.plan"), "--no-progress"]
-    mstar([*omni, "--weights", tmp_path], capsys, 1, "the plan has 2 kv nodes (Talker, Thinker); name the one")
+    mstar([*omni, "--weights", tmp_path], capsys, 1, "the plan has 2 kv nodes (Thinker, Talker); name the one")
     mstar([*RUN, "--weights", f"Thinker={tmp_path}"], capsys, 1, "'Thinker' is not a kv node of the plan (kv nodes: LLM)")
     mstar([*RUN, "--weights", f"LLM={tmp_path}", "--weights", f"LLM={tmp_path}"], capsys, 1,
           "node LLM already gets")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from plan_roles import with_roles
 from mstar.plan.io import load_plan
 from mstar.plan.schema import (
     CallPlan, DeploymentPlan, EdgePlan, Hashes, Header, KeyPlan, KvPoolPlan, LoopPlan, MixtureEntry,
@@ -55,18 +56,21 @@ def hand_plan(walks: list[WalkPlan], partitions: list[PartitionPlan], nodes: lis
                     glue_path="", hashes=Hashes(spec="", deployment="", glue=""))
     kv_pools = [KvPoolPlan(node=n.name, page_size=16, num_pages=num_pages, max_seq_len=4096)
                 for n in nodes if n.engine == "kv"]
+    nodes = [with_roles(n, walks) if not n.input_roles and not n.outputs else n for n in nodes]
     return Plan(header=header, params={}, nodes=nodes, walks=walks, partitions=partitions,
                 deployment=DeploymentPlan(max_seq_len=4096, max_concurrent_requests=max_concurrent, kv_pools=kv_pools),
                 workers=[one_worker(walks, nodes)])
 
 
 def kv_node(name: str, inputs: list[str], stream_inputs: tuple[str, ...] = ()) -> NodePlan:
-    return NodePlan(name=name, engine="kv", dims={"layers": 2, "hidden": 64}, inputs=inputs,
-                    stream_inputs=list(stream_inputs))
+    """Roles are filled in by `hand_plan` from the walks (plan_roles.with_roles)."""
+    return NodePlan(name=name, engine="kv", model_kind="decoder", dims={"layers": 2, "hidden": 64}, inputs=inputs,
+                    stream_inputs=list(stream_inputs), input_roles=[], outputs=[])
 
 
 def stateless_node(name: str, inputs: list[str], stream_inputs: tuple[str, ...] = ()) -> NodePlan:
-    return NodePlan(name=name, engine="stateless", dims={}, inputs=inputs, stream_inputs=list(stream_inputs))
+    return NodePlan(name=name, engine="stateless", model_kind="audio_codec", dims={}, inputs=inputs,
+                    stream_inputs=list(stream_inputs), input_roles=[], outputs=[])
 
 
 def edge(name: str, kind: str = "node", dest: str = "", **flags) -> EdgePlan:

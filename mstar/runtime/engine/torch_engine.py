@@ -2,7 +2,7 @@
 
 `TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None, runs_partial_steps=True,
 device="cpu", attention="auto")` builds one model per plan
-node (kind from `mstar.runtime.engine.models.kinds`, dims from `mstar.runtime.engine.dims`) and implements the
+node (the kind the spec states, `NodePlan.model_kind`; dims from `mstar.runtime.engine.dims`) and implements the
 `mstar.runtime.step.Engine` protocol:
 - `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
   max_tokens past a node's KV pool or max_seq_len, bad sampling settings);
@@ -44,7 +44,7 @@ from mstar.runtime.engine.models.codec import CodecDecoder
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.encoders import MediaEncoder
 from mstar.runtime.engine.models.image_decoder import ImageDecoder
-from mstar.runtime.engine.models.kinds import CallInfo, NodeKindError, call_table, is_audio_encoder, node_kind
+from mstar.runtime.engine.models.kinds import CallInfo, call_table
 from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
 from mstar.runtime.engine.step_check import StepChecker
@@ -102,13 +102,11 @@ class TorchEngine(RunsAtLaunch):
         self._num_weight_bytes = 0
         try:
             checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir)
-            kinds = {node.name: node_kind(plan, node, self.calls) for node in plan.nodes}
             self.runners: dict[str, Runner] = {}
             # Decoders first: encoders size their heads and image decoders their latents after them.
-            for node in sorted(plan.nodes, key=lambda n: kinds[n.name] != "decoder"):
-                self.runners[node.name] = self._build(node, kinds[node.name], dims, checkpoints.get(node.name),
-                                                      seed, num_pages)
-        except (DimsError, NodeKindError, SlotPoolError, WeightsError) as error:
+            for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
+                self.runners[node.name] = self._build(node, dims, checkpoints.get(node.name), seed, num_pages)
+        except (DimsError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
         self._count_media_tokens()
 
@@ -125,17 +123,18 @@ class TorchEngine(RunsAtLaunch):
 
     # ------------------------------------------------------------------ start-up
 
-    def _build(self, node: NodePlan, kind: str, mode: str, weights_dir: Optional[str], seed: int,
+    def _build(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
                num_pages: Optional[int]) -> Runner:
+        kind = node.model_kind
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
-        if kind == "codec":
+        if kind == "audio_codec":
             dims = codec_dims(node, mode)
             model = self._new(node.name, lambda: CodecDecoder(dims))
             init_random(model, seed, node.name)
             return CodecRunner(node, self._place(model), self._stream_policy(node.name))
-        if kind == "encoder":
-            dims = encoder_dims(node, mode, is_audio_encoder(node))
+        if kind in ("vision_encoder", "audio_encoder"):
+            dims = encoder_dims(node, mode, kind == "audio_encoder")
             widths = {}
             for (name, _), call in self.calls.items():
                 if name == node.name:
@@ -205,7 +204,7 @@ class TorchEngine(RunsAtLaunch):
 
     def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:
         """Token edges of `node` that feed a multi-quantizer codec -> (quantizers, codebook)."""
-        codecs = {n.name: n for n in self.plan.nodes if n.engine == "stateless" and n.flavor == "audio_codec"}
+        codecs = {n.name: n for n in self.plan.nodes if n.model_kind == "audio_codec"}
         frames = {}
         for (name, _), call in self.calls.items():
             if name == node:
