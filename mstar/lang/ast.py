@@ -47,7 +47,7 @@ class AstNode(BaseModel):
     comment_after: Optional[str] = Field(default=None, repr=False)
 
 
-# A parameter value in a node header or a state declaration: `layers=28`, `flavor=audio_codec`,
+# A parameter value in a node header or a state declaration: `layers=28`, `style=llama`,
 # `layer_pattern=[0,0,0,1]`.
 ArgValue = Union[int, float, str, list[int]]
 
