@@ -114,6 +114,21 @@ class CodecDims:
 
 
 @dataclass(frozen=True)
+class SnacDims:
+    """The SNAC audio decoder (hubertsiuzdak/snac), from its checkpoint's config.json."""
+
+    sampling_rate: int
+    latent_dim: int  # width of the summed codebook latents
+    decoder_dim: int  # channels after the first conv; halved by every decoder block
+    decoder_rates: tuple[int, ...]  # upsampling of each decoder block
+    codebook_size: int
+    codebook_dim: int
+    vq_strides: tuple[int, ...]  # time stride of each codebook, coarsest first (24 kHz: 4, 2, 1)
+    has_noise: bool  # noise blocks after each upsampling
+    is_depthwise: bool  # depthwise first conv and residual convs
+
+
+@dataclass(frozen=True)
 class EncoderDims:
     """A small transformer encoder over patches (vision) or feature frames (audio)."""
 
