@@ -73,8 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "attention"),
-                       help="scheduler: host time per step decision; attention: FlashInfer vs torch on a GPU")
+    bench.add_argument("what", choices=("scheduler", "attention", "load"),
+                       help="scheduler: host time per step decision; attention: FlashInfer vs torch on a GPU; "
+                            "load: checkpoint load time")
     return parser
 
 
@@ -388,6 +389,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_attention
 
         return bench_attention.main(argv[2:])
+    if argv[:2] == ["bench", "load"]:
+        from mstar.runtime.serve import bench_load
+
+        return bench_load.main(argv[2:])
     args = _parser().parse_args(argv)
     try:
         return run_command(args)

@@ -81,3 +81,12 @@ def test_bench_scheduler_is_wired(capsys):
     assert main(["bench", "scheduler", "--json", "--iters", "3", "--warmup", "0"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert "decode_64" in result["scenarios"]
+
+
+def test_bench_load_is_wired(capsys, tmp_path):
+    args = ["bench", "load", "--json", "--layers", "1", "--hidden", "256", "--vocab", "512", "--dir", str(tmp_path)]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["params"] > 512 * 256 and result["load_s"] > 0
+    assert (tmp_path / "config.json").is_file()
+    assert main(["bench", "load", "--hidden", "100"]) == 1

@@ -50,7 +50,7 @@ from mstar.runtime.engine.sampling import SamplingError
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
 from mstar.runtime.engine.weights import (
-    WeightsError, init_random, load_checkpoint_weights, read_checkpoint_config, weights_by_node,
+    WeightsError, init_random, load_decoder, read_checkpoint_config, weights_by_node,
 )
 
 Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
@@ -161,10 +161,13 @@ class TorchEngine(RunsAtLaunch):
                                    f"node {node.name} is {kinds[dims.style]}")
             dims = checkpoint
         self.decoder_dims[node.name] = dims
-        model = self._new(node.name, lambda: Decoder(dims))
-        init_random(model, seed, node.name)
-        if weights_dir is not None:
-            load_checkpoint_weights(model, weights_dir, dims.is_tied_embeddings)
+        if weights_dir is None:
+            model = self._new(node.name, lambda: Decoder(dims))
+            init_random(model, seed, node.name)
+        else:
+            self._check_memory(node.name, lambda: Decoder(dims))
+            model = load_decoder(lambda: Decoder(dims), weights_dir, dims.is_tied_embeddings,
+                                 self.placement.device, seed=seed, node=node.name)
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
         # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
         page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
@@ -217,6 +220,10 @@ class TorchEngine(RunsAtLaunch):
 
     def _new(self, node: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         """Build a model after checking, on the meta device, that every model so far fits in memory."""
+        self._check_memory(node, factory)
+        return factory()
+
+    def _check_memory(self, node: str, factory: Callable[[], torch.nn.Module]) -> None:
         with torch.device("meta"):
             probe = factory()
         self._num_weight_bytes += sum(p.numel() * p.element_size() for p in probe.parameters())
@@ -226,7 +233,6 @@ class TorchEngine(RunsAtLaunch):
                 f"node {node}: the models' weights need {self._num_weight_bytes / 2**30:.1f} GiB but this "
                 f"machine allows {limit / 2**30:.1f} GiB; use --dims tiny (or a smaller checkpoint)"
             )
-        return factory()
 
     def _stream_policy(self, node: str):
         for partition in self.plan.partitions:

@@ -5,8 +5,9 @@ node's weights do not depend on which other nodes exist or in which order they a
 are N(0, 1/fan_in) (embeddings N(0, 1)), biases zero, norm scales one.
 
 Checkpoint: `read_checkpoint_config(dir)` (in `checkpoint_config`) gives the dims from
-config.json, or refuses with a `WeightsError`; `load_checkpoint_weights(model, dir)` copies the
-tensors in by name, checking every shape. The engine refuses a checkpoint whose
+config.json, or refuses with a `WeightsError`; `load_decoder(factory, dir, ...)` builds the decoder
+on the meta device and fills it shard by shard from memory-mapped files, straight into the target
+dtype and device (`load_checkpoint_weights` copies the tensors in by name, checking every shape). The engine refuses a checkpoint whose
 style is not the node's (a Llama checkpoint on the Qwen3.5 hybrid node, or the reverse).
 
 Which node gets which checkpoint: `weights_by_node(kv_nodes, entries)` reads the `--weights`
@@ -18,14 +19,15 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
 
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_checkpoint_config
 
-__all__ = ["WeightsError", "init_random", "load_checkpoint_weights", "read_checkpoint_config", "weights_by_node"]
+__all__ = ["WeightsError", "init_random", "load_checkpoint_weights", "load_decoder", "read_checkpoint_config",
+           "weights_by_node"]
 
 
 def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]]) -> dict[str, str]:
@@ -59,11 +61,14 @@ def param_seed(seed: int, node: str, name: str) -> int:
     return zlib.crc32(f"{seed}/{node}/{name}".encode())
 
 
-def init_random(module: nn.Module, seed: int, node: str) -> None:
-    """Fill every parameter of `module` deterministically (rules in the module docstring)."""
+def init_random(module: nn.Module, seed: int, node: str, names: Optional[set[str]] = None) -> None:
+    """Fill every parameter of `module` (or only those in `names`) deterministically (rules in the
+    module docstring)."""
     embeddings = {name for name, m in module.named_modules() if isinstance(m, nn.Embedding)}
     with torch.no_grad():
         for name, param in module.named_parameters():
+            if names is not None and name not in names:
+                continue
             if param.dim() < 2:
                 # 1-D parameters keep their constructor values: norm scales 1, biases 0,
                 # gated delta-net decay parameters at their documented starts.
@@ -82,35 +87,75 @@ def _checkpoint_name(name: str) -> str:
     return "model." + name[len(prefix):] if name.startswith(prefix) else name
 
 
-def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -> None:
-    """Copy the checkpoint's tensors into a `Decoder` built from `read_checkpoint_config`'s dims.
-
-    Tensors the decoder has no use for (a vision tower, multi-token-prediction layers) are skipped.
-    """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def _tensor_index(weights_dir: str) -> dict[str, tuple[Path, str]]:
+    """{decoder parameter name: (shard file, tensor name in it)}, from the shards' headers only."""
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(Path(weights_dir).glob("*.safetensors"))
     if not files:
         raise WeightsError(f"--weights {weights_dir}: no *.safetensors files")
-    tensors: dict[str, torch.Tensor] = {}
+    index: dict[str, tuple[Path, str]] = {}
     for file in files:
         try:
-            loaded = load_file(str(file))
+            with safe_open(str(file), framework="pt") as shard:
+                index.update({_checkpoint_name(key): (file, key) for key in shard.keys()})
         except (SafetensorError, OSError) as error:  # a truncated, corrupt or unreadable file
             raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
-        tensors.update({_checkpoint_name(k): v for k, v in loaded.items()})
-    if is_tied and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-    params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
-    missing = sorted(set(params) - set(tensors))
+    return index
+
+
+def load_decoder(factory: Callable[[], nn.Module], weights_dir: str, is_tied: bool,
+                 device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+                 seed: int = 0, node: str = "") -> nn.Module:
+    """A decoder built by `factory` with the checkpoint's weights, on `device` in `dtype`.
+
+    The model is built on the meta device (no memory, no initialisation), given uninitialised
+    storage on `device`, then filled shard by shard and tensor by tensor from memory-mapped files,
+    each tensor converted to `dtype` as it is copied in: host memory holds the model (when
+    `device` is the CPU) and one checkpoint tensor at a time, never a second copy of the model.
+    Parameters the checkpoint does not have (the image-flow head) get random weights from `seed`.
+    """
+    with torch.device("meta"):
+        model = factory().to(dtype)
+    model = model.to_empty(device=device)
+    not_loaded = load_checkpoint_weights(model, weights_dir, is_tied)
+    init_random(model, seed, node, not_loaded)
+    return model
+
+
+def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -> set[str]:
+    """Copy the checkpoint's tensors into a `Decoder` built from `read_checkpoint_config`'s dims,
+    shard by shard (see `load_decoder`). With tied embeddings and no `lm_head.weight` in the
+    checkpoint, the LM head shares the embedding's storage. Returns the names of the parameters
+    the checkpoint has no tensor for (only the image-flow head's `flow.*` may be absent).
+
+    Tensors the decoder has no use for (a vision tower, multi-token-prediction layers) are skipped.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    index = _tensor_index(weights_dir)
+    if is_tied and "lm_head.weight" not in index and hasattr(model, "lm_head"):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
+    wanted = {name for name in params if not name.startswith("flow.")}
+    missing = sorted(wanted - set(index))
     if missing:
         raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
                            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+    by_file: dict[Path, list[str]] = {}
+    for name in sorted(wanted):
+        by_file.setdefault(index[name][0], []).append(name)
     with torch.no_grad():
-        for name, param in params.items():
-            tensor = tensors[name]
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise WeightsError(f"--weights {weights_dir}: {name} has shape {tuple(tensor.shape)}, "
-                                   f"config.json implies {tuple(param.shape)}")
-            param.copy_(tensor.to(param.dtype))
+        for file, names in by_file.items():
+            try:
+                with safe_open(str(file), framework="pt", device="cpu") as shard:
+                    for name in names:
+                        key, param = index[name][1], params[name]
+                        shape = tuple(shard.get_slice(key).get_shape())
+                        if shape != tuple(param.shape):
+                            raise WeightsError(f"--weights {weights_dir}: {name} has shape {shape}, "
+                                               f"config.json implies {tuple(param.shape)}")
+                        param.copy_(shard.get_tensor(key))
+            except (SafetensorError, OSError) as error:
+                raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+    return set(params) - wanted

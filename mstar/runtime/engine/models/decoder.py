@@ -119,7 +119,9 @@ class Decoder(nn.Module):
         super().__init__()
         self.dims = dims
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(dims.vocab, dims.hidden)
+        # No N(0, 1) fill here: init_random or a checkpoint sets every weight, and at a 128k vocabulary
+        # that fill costs seconds (even on the meta device, where the loader builds the model).
+        self.model.embed_tokens = nn.Embedding(dims.vocab, dims.hidden, _weight=torch.empty(dims.vocab, dims.hidden))
         self.model.layers = nn.ModuleList(DecoderLayer(dims, is_full) for is_full in dims.layer_is_full)
         self.model.norm = RMSNorm(dims.hidden, dims.rms_eps, dims.style == "qwen3_5")
         self.lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)

@@ -1,0 +1,120 @@
+"""`mstar bench load`: how long a checkpoint takes to load into the engine's decoder on this machine.
+
+Writes a random checkpoint in the published Llama layout (config.json + bf16 safetensors shards of
+at most 1 GB, the way `save_pretrained` shards), shaped like Llama-3.2-1B unless told otherwise,
+then times what `mstar run --weights` does with it: read config.json, build the decoder on the
+meta device, and load shard by shard (memory-mapped, tensor by tensor, straight into the target
+dtype and device; `mstar.runtime.engine.weights`). Prints the load time, the parameters per second
+and the growth of the process's peak resident memory (the model itself plus one tensor at a time;
+a full fp32 copy of the checkpoint would show as twice the model).
+
+The checkpoint is written once per run into a temporary folder (or `--dir`, kept and reused when it
+already holds one); writing it is not timed.
+
+Usage: mstar bench load [--json] [--dir DIR] [--layers N] [--hidden N] [--vocab N] [--device D]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+SHARD_BYTES = 1 << 30
+
+
+def llama_config(num_layers: int, hidden: int, vocab: int) -> dict:
+    """Llama-3.2-1B's shape (16 layers, hidden 2048, 32 heads of 64, 8 kv heads, MLP 8192, vocab
+    128256, tied embeddings, llama3 RoPE) with the sizes given."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+            "num_hidden_layers": num_layers, "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 256,
+            "head_dim": 64, "intermediate_size": 4 * hidden, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192}, "rope_theta": 500000.0}
+
+
+def write_checkpoint(directory: Path, config: dict) -> int:
+    """Random bf16 tensors named as transformers names them; returns the parameter count."""
+    from safetensors.torch import save_file
+
+    from mstar.runtime.engine.checkpoint_config import read_checkpoint_config
+    from mstar.runtime.engine.models.decoder import Decoder
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    dims = read_checkpoint_config(str(directory))
+    with torch.device("meta"):
+        shapes = {name: tuple(p.shape) for name, p in Decoder(dims).named_parameters()
+                  if not name.startswith("flow.") and name != "lm_head.weight"}
+    generator = torch.Generator().manual_seed(0)
+    shard: dict[str, torch.Tensor] = {}
+    num_params, num_shards, size = 0, 0, 0
+    for name, shape in shapes.items():
+        tensor = torch.empty(shape, dtype=torch.bfloat16).normal_(0, 0.02, generator=generator)
+        shard[name], size, num_params = tensor, size + tensor.numel() * 2, num_params + tensor.numel()
+        if size >= SHARD_BYTES:
+            num_shards += 1
+            save_file(shard, str(directory / f"model-{num_shards:05d}.safetensors"), metadata={"format": "pt"})
+            shard, size = {}, 0
+    if shard:
+        save_file(shard, str(directory / f"model-{num_shards + 1:05d}.safetensors"), metadata={"format": "pt"})
+    return num_params
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure(directory: Path, device: str) -> dict:
+    from mstar.runtime.engine.checkpoint_config import read_checkpoint_config
+    from mstar.runtime.engine.models.decoder import Decoder
+    from mstar.runtime.engine.weights import load_decoder
+
+    before = _peak_rss_bytes()
+    started = time.perf_counter()
+    dims = read_checkpoint_config(str(directory))
+    model = load_decoder(lambda: Decoder(dims), str(directory), dims.is_tied_embeddings, torch.device(device))
+    elapsed = time.perf_counter() - started
+    num_params = sum(p.numel() for p in model.parameters())
+    num_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"load_s": round(elapsed, 3), "params": num_params, "params_per_s": round(num_params / elapsed),
+            "model_gib": round(num_bytes / 2**30, 2), "peak_rss_growth_gib": round((_peak_rss_bytes() - before) / 2**30, 2),
+            "checkpoint_gib": round(sum(f.stat().st_size for f in directory.glob("*.safetensors")) / 2**30, 2),
+            "device": device, "threads": torch.get_num_threads()}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mstar bench load", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--dir", help="where to write (and keep) the checkpoint; reused when it holds one")
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--hidden", type=int, default=2048, help="a multiple of 256")
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    if args.layers <= 0 or args.vocab <= 0 or args.hidden <= 0 or args.hidden % 256:
+        print("mstar bench load: --layers and --vocab must be positive, --hidden a positive multiple of 256",
+              file=sys.stderr)
+        return 1
+    config = llama_config(args.layers, args.hidden, args.vocab)
+    with tempfile.TemporaryDirectory(prefix="mstar-bench-load-") as scratch:
+        directory = Path(args.dir) if args.dir else Path(scratch)
+        if not (directory / "config.json").is_file():
+            print(f"writing a random checkpoint to {directory} ...", file=sys.stderr)
+            write_checkpoint(directory, config)
+        result = measure(directory, args.device)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"loaded {result['params'] / 1e9:.2f} B parameters ({result['checkpoint_gib']} GiB of bf16 "
+              f"safetensors -> {result['model_gib']} GiB on {result['device']}) in {result['load_s']:.2f} s "
+              f"({result['params_per_s'] / 1e9:.2f} B params/s); peak resident memory grew by "
+              f"{result['peak_rss_growth_gib']} GiB")
+    return 0
