@@ -341,9 +341,11 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
             signals: _Signals, problems: list[str]) -> None:
     """The table, the report and the timeline of a run that ended (or was stopped)."""
     from mstar.runtime.serve.metrics import error_lines, render_table, summarize
+    from mstar.runtime.serve.plan_summary import plan_summary
 
     summary = summarize(records, driver.log, host_wall_s)
     summary["plan"] = args.plan
+    summary["plan_summary"] = plan_summary(driver.plan)
     summary["engine"] = args.engine
     summary["interrupted"] = signals.name or None
     summary["num_unfinished"] = num_unfinished

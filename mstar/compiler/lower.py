@@ -137,15 +137,14 @@ def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
             pool = deployment.kv_pool_for(node.name)
             pools.append(KvPoolPlan(node=node.name, page_size=pool.page_size, num_pages=pool.num_pages,
                                     max_seq_len=max_seq_len))
-    scalars = (int, float, str, bool)
+    # model_kwargs of the reference YAML are read by the deployment loader but not lowered: no
+    # part of the runtime has a use for them (a checkpoint's own config.json gives its dims).
     return DeploymentPlan(
         max_seq_len=deployment.max_seq_len,
         max_concurrent_requests=deployment.max_concurrent_requests,
         capture_memory_budget_bytes=deployment.capture_memory_budget_bytes,
         max_consecutive_follower_batches=deployment.max_consecutive_follower_batches,
         kv_pools=sorted(pools, key=lambda p: p.node),
-        # Only scalar kwargs reach the plan; nested ones are for the model constructor alone.
-        model_kwargs={k: v for k, v in sorted(deployment.model_kwargs.items()) if isinstance(v, scalars)},
     )
 
 

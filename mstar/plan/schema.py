@@ -316,7 +316,6 @@ class DeploymentPlan(PlanModel):
     capture_memory_budget_bytes: Optional[int] = None
     max_consecutive_follower_batches: int = 1
     kv_pools: list[KvPoolPlan]
-    model_kwargs: dict[str, Union[int, float, str, bool]] = {}
 
 
 class Plan(PlanModel):

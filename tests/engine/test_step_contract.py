@@ -157,3 +157,21 @@ def test_rows_past_the_cap_and_a_wrong_label_or_route_are_refused():
     def key(s):
         s.key = "LLM:nothing"
     _refused(key, r"key: worker 0 has no scheduling key 'LLM:nothing'")
+
+
+def test_a_row_past_a_batched_captures_tokens_per_row_is_refused():
+    def edit(s):
+        s.rows = [StepRow("a", "decode", 2, 3, {"text_inputs": [1, 2]})]
+        s.mask, s.label, s.attention = 2, "decode", "decode"
+        s.capture, s.padded_batch, s.token_bucket = "LLM:decode", 1, 0
+    _refused(edit, r"request a feeds 2 tokens, past the 1 tokens a row of batched capture LLM:decode holds")
+
+
+def test_a_mixed_step_on_a_key_that_combines_nothing_is_refused():
+    data = generated("orpheus").model_dump(mode="json", by_alias=True)
+    data["workers"][0]["keys"][0]["is_combined"] = False
+    plan = Plan.model_validate(data)
+    engine = _engine(plan)
+    mixed = step(plan, "LLM", [_prefill("b"), StepRow("a", "decode", 1, 3, {"text_inputs": [1]})])
+    with pytest.raises(StepContractError, match="which combines no walks"):
+        engine.run_step(mixed)

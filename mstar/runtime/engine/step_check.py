@@ -6,7 +6,9 @@ whose message names the step field that disagrees with the plan:
 
 - `key`: the step's worker has that scheduling key, of the step's node;
 - `mask`: a mixture of the key (not the empty step), and exactly the walks of the step's rows;
-- `rows`: at most the mixture's cap, and in a mixed step at most the key's `rows_limits` per walk;
+- `rows`: at most the mixture's cap, and in a mixed step at most the key's `rows_limits` per walk
+  (a mixed step only on a combined key); on a kv node's batched capture at most its
+  `tokens_per_row` tokens a row (a stateless node's tokens are its input items, not captured ones);
 - `label` and `attention`: the mixture's own; a route of `none` on a kv node is refused (it would
   run attention the plan says is not there);
 - `capture`, `padded_batch`, `token_bucket`: eager (none, 0, 0), or the mixture's capture family
@@ -69,7 +71,7 @@ class StepChecker:
         if step.attention != entry.attention:
             raise StepContractError(f"{where}: attention {step.attention!r}, the plan's mixture "
                                     f"{entry.walks} has {entry.attention!r}")
-        _check_capture(where, self.families[(step.worker, step.key)], entry, step)
+        _check_capture(where, self.families[(step.worker, step.key)], entry, step, self.is_kv.get(step.node, False))
         return StepPlanRow(key, entry, self.decode_walks[(step.worker, step.key)])
 
 
@@ -86,6 +88,9 @@ def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> No
     if len(step.rows) > entry.cap:
         raise StepContractError(f"{where}: rows: {len(step.rows)} rows, past the mixture's cap {entry.cap}")
     if len(entry.walks) > 1:
+        if not key.is_combined:
+            raise StepContractError(f"{where}: mask {step.mask}: a step of walks {entry.walks} on key {key.name}, "
+                                    "which combines no walks")
         for walk, count in counts.items():
             limit = key.rows_limits.get(walk)
             if limit is not None and count > limit:
@@ -93,7 +98,8 @@ def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> No
                                         f"rows_limits {limit}")
 
 
-def _check_capture(where: str, families: dict[str, CaptureFamily], entry: MixtureEntry, step: Step) -> None:
+def _check_capture(where: str, families: dict[str, CaptureFamily], entry: MixtureEntry, step: Step,
+                   is_kv: bool) -> None:
     if step.padded_batch == 0:
         if step.capture is not None or step.token_bucket:
             raise StepContractError(f"{where}: an eager step (padded_batch 0) names capture {step.capture!r} "
@@ -111,6 +117,10 @@ def _check_capture(where: str, families: dict[str, CaptureFamily], entry: Mixtur
     if family.kind == "batched":
         if step.token_bucket:
             raise StepContractError(f"{where}: token_bucket {step.token_bucket} on batched capture {family.name}")
+        long = next((row for row in step.rows if row.num_tokens > family.tokens_per_row), None)
+        if long is not None and is_kv:
+            raise StepContractError(f"{where}: rows: request {long.request_id} feeds {long.num_tokens} tokens, past "
+                                    f"the {family.tokens_per_row} tokens a row of batched capture {family.name} holds")
         return
     num_tokens = sum(row.num_tokens for row in step.rows)
     if step.token_bucket not in family.token_buckets or step.token_bucket < num_tokens:

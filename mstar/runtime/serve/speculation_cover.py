@@ -25,7 +25,11 @@ from mstar.runtime.serve.steps import sub_batch
 class SpeculationCover:
     def __init__(self, plan: Plan, schedulers: dict[int, WorkerScheduler]):
         self.schedulers = schedulers
-        self.walks = {(w.rank, s.node, s.walk) for w in plan.workers for s in w.speculation if s.can_speculate}
+        # A node the spec marks no_speculation (not is_async) never speculates, whatever a
+        # speculation row says.
+        is_async = {node.name: node.is_async for node in plan.nodes}
+        self.walks = {(w.rank, s.node, s.walk) for w in plan.workers for s in w.speculation
+                      if s.can_speculate and is_async.get(s.node, False)}
         self.pending: dict[int, tuple[Batch, set[str]]] = {}  # worker -> (speculative batch, continuing rows)
         self.covered: dict[int, set[tuple[str, str, str]]] = {w.rank: set() for w in plan.workers}
 
