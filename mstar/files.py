@@ -27,24 +27,34 @@ MAX_DEPLOYMENT_BYTES = 1 * MIB
 MAX_PLAN_BYTES = 16 * MIB
 MAX_PROMPTS_BYTES = 256 * MIB
 MAX_JSON_CONFIG_BYTES = 4 * MIB  # a checkpoint's config.json, a safetensors index
+MAX_GLUE_BYTES = 4 * MIB  # a plan's generated Triton glue
 
 
 class InputFileError(Exception):
-    """A file that cannot be read as asked (missing, not a regular file, too large, not text)."""
+    """A file that cannot be read as asked (missing, not a regular file, too large, not text).
+
+    str(): "WHAT PATH: REASON"; `what`, `path` and `reason` are kept for callers that word
+    their own message."""
+
+    def __init__(self, what: str, path, reason: str):
+        super().__init__(f"{what} {path}: {reason}")
+        self.what, self.path, self.reason = what, path, reason
 
 
 def _check_regular(path: Path, what: str) -> int:
     """The file's size; refuses anything but a regular file (a FIFO or /dev/zero reads forever)."""
+    if "\0" in str(path):
+        raise InputFileError(what, repr(str(path)), "a path may not contain a NUL byte")
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise InputFileError(f"{what} {path}: no such file") from None
-    except OSError as error:
-        raise InputFileError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+        raise InputFileError(what, path, "no such file") from None
+    except (OSError, ValueError) as error:  # ValueError: a path the OS cannot take at all
+        raise InputFileError(what, path, f"cannot read it ({getattr(error, 'strerror', None) or error})") from None
     if stat.S_ISDIR(info.st_mode):
-        raise InputFileError(f"{what} {path}: is a directory, not a file")
+        raise InputFileError(what, path, "is a directory, not a file")
     if not stat.S_ISREG(info.st_mode):
-        raise InputFileError(f"{what} {path}: not a regular file (a device, FIFO or socket is refused)")
+        raise InputFileError(what, path, "not a regular file (a device, FIFO or socket is refused)")
     return info.st_size
 
 
@@ -53,14 +63,14 @@ def read_bytes_bounded(path: PathLike, *, max_bytes: int, what: str) -> bytes:
     path = Path(path)
     size = _check_regular(path, what)
     if size > max_bytes:
-        raise InputFileError(f"{what} {path}: {size} bytes is over the limit of {max_bytes} bytes")
+        raise InputFileError(what, path, f"{size} bytes is over the limit of {max_bytes} bytes")
     try:
         with open(path, "rb") as handle:
             data = handle.read(max_bytes + 1)  # the file may have grown since the stat
     except OSError as error:
-        raise InputFileError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+        raise InputFileError(what, path, f"cannot read it ({error.strerror or error})") from None
     if len(data) > max_bytes:
-        raise InputFileError(f"{what} {path}: over the limit of {max_bytes} bytes")
+        raise InputFileError(what, path, f"over the limit of {max_bytes} bytes")
     return data
 
 
@@ -70,7 +80,7 @@ def read_text_bounded(path: PathLike, *, max_bytes: int, what: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise InputFileError(f"{what} {path}: not UTF-8 text (byte {error.start})") from None
+        raise InputFileError(what, path, f"not UTF-8 text (byte {error.start})") from None
     return text[1:] if text.startswith("\ufeff") else text
 
 

@@ -90,7 +90,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_fmt(args) -> int:
-    from mstar.files import atomic_write_text
+    from mstar.files import MAX_SPEC_BYTES, InputFileError, atomic_write_text, read_text_bounded
     from mstar.lang.diagnostics import Diagnostics
     from mstar.lang.fmt import format_spec
     from mstar.lang.parser import parse
@@ -98,9 +98,9 @@ def cmd_fmt(args) -> int:
     diags = Diagnostics()
     path = Path(args.spec)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        sys.stderr.write(f"mstarc: cannot read spec {path}: {getattr(e, 'strerror', None) or e}\n")
+        text = read_text_bounded(path, max_bytes=MAX_SPEC_BYTES, what="spec")
+    except InputFileError as e:
+        sys.stderr.write(f"mstarc: cannot read {e}\n")
         return EXIT_INPUT
     spec = parse(text, str(path), diags)
     if spec is None or diags.has_errors:

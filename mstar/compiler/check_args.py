@@ -7,6 +7,9 @@ Out: nothing; adds MW107 (an argument given twice), MW109 (an argument the engin
      a multiple of KV heads, recurrent state whose layer count differs from the layer pattern's
      linear-attention layers, state on a stateless node, ...). A node's model kind is stated in
      the language, not an argument (check_roles.py, MW113).
+     MW123: dims past what the runtime can allocate, with the memory they imply
+     (mstar/compiler/memory_bounds.py), checked before MW112 so that no later pass builds
+     anything per layer of a billion-layer node.
 
 Without this pass a typo in a dim name silently falls back to the runtime's default, and a value
 such as `layers=abc` only fails when the plan is lowered or run.
@@ -17,6 +20,7 @@ import math
 from typing import Optional
 
 from mstar.compiler import codes
+from mstar.compiler.memory_bounds import MAX_DIM, MAX_LAYERS, MAX_NODE_BYTES, format_bytes, weight_bytes
 from mstar.plan.node_args import (
     ENGINE_ARGS, RECURRENT_ARGS, ArgKind, layer_is_full, value_fits,
 )
@@ -36,7 +40,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
                 diags.error(codes.DUPLICATE_NAME, f"node {node.name} declares state twice",
                             state.span, Note("first declared here", node.states[0].span))
                 states_ok = False
-        if header_ok and states_ok:
+        if header_ok and states_ok and _within_bounds(node, diags):
             _check_consistency(node, diags)
 
 
@@ -64,6 +68,36 @@ def _check_args(args: list[ast.Arg], registry: dict[str, ArgKind], what: str,
                         f"{arg.name}={_show(arg.value)} must be {kind.describe}", arg.span)
             ok = False
     return ok
+
+
+def _within_bounds(node: ast.NodeDecl, diags: Diagnostics) -> bool:
+    """MW123: dims the runtime could not allocate (a count past MAX_DIM, layers past MAX_LAYERS,
+    weights past MAX_NODE_BYTES), stating the memory the dims imply; True when none."""
+    args = {a.name: a.value for a in node.args}
+    state_args = {a.name: a.value for a in node.states[0].args} if node.states else None
+    implied = weight_bytes(node.engine, args, state_args)
+    memory = (f"its dims imply at least {format_bytes(implied)} of weights and state "
+              f"(at most {format_bytes(MAX_NODE_BYTES)} per node)")
+    for arg in node.args + [a for state in node.states for a in state.args]:
+        values = arg.value if isinstance(arg.value, list) else [arg.value]
+        largest = max((v for v in values if isinstance(v, int) and not isinstance(v, bool)), default=0)
+        limit = MAX_LAYERS if arg.name == "layers" else MAX_DIM
+        if largest > limit:
+            what = "layers" if arg.name == "layers" else "any count or size"
+            diags.error(codes.DIMS_TOO_LARGE,
+                        f"node {node.name}: {arg.name}={_show_big(largest)} is more than the runtime "
+                        f"can allocate ({what}: at most {limit}); {memory}", arg.span)
+            return False
+    if implied > MAX_NODE_BYTES:
+        target = next((a for a in node.args if a.name == "layers"), node)
+        diags.error(codes.DIMS_TOO_LARGE, f"node {node.name}: {memory}", target.span)
+        return False
+    return True
+
+
+def _show_big(value: int) -> str:
+    text = str(value) if value < 10**30 else f"about 10**{len(str(value)) - 1}"
+    return text
 
 
 def _check_state(node: ast.NodeDecl, state: ast.StateDecl, diags: Diagnostics) -> bool:

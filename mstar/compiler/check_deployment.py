@@ -1,7 +1,7 @@
 """Pass 4, check the deployment: every (node, walk) placed once, sharding rules of the reference.
 
 In:  a `Spec` that passed resolve, a loaded `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW310-MW322 diagnostics, located in the deployment YAML (with notes into the
+Out: nothing; adds MW310-MW323 diagnostics, located in the deployment YAML (with notes into the
      spec where that helps).
 
 Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's own keys):
@@ -22,6 +22,7 @@ Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's
 from __future__ import annotations
 
 from mstar.compiler import codes
+from mstar.compiler.memory_bounds import MAX_NODE_BYTES, format_bytes, kv_pool_bytes
 from mstar.compiler.deployment import Deployment, NodeGroup
 from mstar.compiler.resolve import iter_calls, suggestion, walk_nodes
 from mstar.lang import ast
@@ -175,12 +176,19 @@ def _check_kv_nodes(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[st
         if not any(n == node.name for n, _ in pairs):
             continue
         pool = deployment.kv_pool_for(node.name)
-        if pool.num_pages * pool.page_size < deployment.max_seq_len:
-            if node.name in deployment.kv_pool.nodes:
-                span = deployment.kv_pool.span_of(f"nodes.{node.name}")
-            else:
-                span = deployment.span_of("kv_pool" if "kv_pool" in deployment.model_fields_set
-                                          else "max_seq_len")
+        if node.name in deployment.kv_pool.nodes:
+            span = deployment.kv_pool.span_of(f"nodes.{node.name}")
+        else:
+            span = deployment.span_of("kv_pool" if "kv_pool" in deployment.model_fields_set
+                                      else "max_seq_len")
+        pool_bytes = kv_pool_bytes({a.name: a.value for a in node.args}, pool.page_size, pool.num_pages)
+        if pool_bytes > MAX_NODE_BYTES:
+            diags.error(codes.KV_POOL_TOO_LARGE,
+                        f"KV pool of {node.name}: {pool.num_pages} pages x {pool.page_size} tokens "
+                        f"with the node's layers, kv_heads and head_dim take at least "
+                        f"{format_bytes(pool_bytes)}, more than the runtime can allocate "
+                        f"({format_bytes(MAX_NODE_BYTES)})", span)
+        elif pool.num_pages * pool.page_size < deployment.max_seq_len:
             diags.error(codes.KV_POOL_TOO_SMALL,
                         f"KV pool of {node.name} holds {pool.num_pages} pages x {pool.page_size} = "
                         f"{pool.num_pages * pool.page_size} tokens, less than one max_seq_len "

@@ -1,7 +1,7 @@
 """Pass 3, check the graph: walks, loops and partitions are well formed.
 
 In:  a `Spec` that passed resolve, and the run's `Diagnostics`.
-Out: nothing; adds MW201-MW213 diagnostics.
+Out: nothing; adds MW201-MW214 diagnostics.
 
 Where a call's input may come from (MW201 when none applies):
 1. an edge of the same walk that reaches the call: from an earlier section of a sequence, or
@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 from graphlib import CycleError, TopologicalSorter
 
 from mstar.compiler import codes
+from mstar.compiler.memory_bounds import MAX_LOOP_ITERATIONS
 from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, iter_sections, name_span
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -123,6 +124,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
         flow = flows[walk.name]
         partition = partitions.get(partition_of.get(walk.name, ""))
         _check_sections(walk, params, diags)
+        _check_loop_nests(walk, params, diags)
         _check_edges(flow, nodes, diags)
         _check_inputs(flow, nodes, partition, conductor_names.get(partition_of.get(walk.name), set()),
                       delivered, diags)
@@ -161,6 +163,38 @@ def _check_sections(walk: ast.Walk, params: dict[str, int], diags: Diagnostics) 
                         f"'{name}' is both a loop output and accumulated: the final value and the "
                         f"per-iteration list would share one name",
                         name_span(_tail_span(section), name, diags, skip=1))
+
+
+def _check_loop_nests(walk: ast.Walk, params: dict[str, int], diags: Diagnostics) -> None:
+    """MW214: the maximum iterations of nested loops multiply into the steps one request may
+    take; past MAX_LOOP_ITERATIONS a request could run for days (twenty nested `loop max=3`).
+    Reported once per walk, at the innermost loop where the product first passes the limit."""
+    stack: list[tuple[Sequence[ast.Section], int, list[ast.Loop]]] = [(walk.body, 1, [])]
+    while stack:
+        body, product, loops = stack.pop()
+        for section in body:
+            if isinstance(section, ast.Call):
+                continue
+            inner_product, inner_loops = product, loops
+            if isinstance(section, ast.Loop):
+                bound = params.get(section.max_iters) if isinstance(section.max_iters, str) else section.max_iters
+                inner_product = product * max(1, bound or 1)
+                inner_loops = loops + [section]
+                if inner_product > MAX_LOOP_ITERATIONS:
+                    bounds = " x ".join(str(_loop_bound(loop, params)) for loop in inner_loops)
+                    diags.error(codes.LOOP_NEST_TOO_LONG,
+                                f"walk {walk.name}: these nested loops may run {bounds} = "
+                                f"{inner_product:,} iterations for one request, more than the limit "
+                                f"of {MAX_LOOP_ITERATIONS:,}; lower a loop's max or nest fewer loops",
+                                section.span,
+                                *[Note("an enclosing loop", loop.span) for loop in inner_loops[:-1][:3]])
+                    return
+            stack.append((section.body, inner_product, inner_loops))
+
+
+def _loop_bound(loop: ast.Loop, params: dict[str, int]) -> int:
+    bound = params.get(loop.max_iters) if isinstance(loop.max_iters, str) else loop.max_iters
+    return max(1, bound or 1)
 
 
 def _tail_span(loop: ast.Loop) -> ast.Span:

@@ -35,6 +35,7 @@ BAD_PROMPT = "MW119"
 UNKNOWN_KV_SEQUENCE = "MW120"
 KV_ACCESS_MISMATCH = "MW121"
 ROLE_FOR_KIND = "MW122"
+DIMS_TOO_LARGE = "MW123"
 
 # ---------------------------------------------------------------- check_graph (MW2xx)
 INPUT_NOT_PRODUCED = "MW201"
@@ -50,6 +51,7 @@ STREAM_MISMATCH = "MW210"
 EMPTY_SECTION = "MW211"
 BAD_LOOP_BOUND = "MW212"
 STOP_WITHOUT_NAME = "MW213"
+LOOP_NEST_TOO_LONG = "MW214"
 
 # ---------------------------------------------------------------- deployment file (MW30x)
 DEPLOYMENT_UNREADABLE = "MW301"
@@ -72,6 +74,7 @@ MODEL_MISMATCH = "MW319"
 DUPLICATE_RANK = "MW320"
 KV_HANDOFF_TP_MISMATCH = "MW321"
 KV_POOL_TOO_SMALL = "MW322"
+KV_POOL_TOO_LARGE = "MW323"
 
 # ---------------------------------------------------------------- check_combine (MW4xx)
 NOT_A_WALK_OF_NODE = "MW401"
@@ -108,6 +111,7 @@ TITLES: dict[str, str] = {
     UNKNOWN_KV_SEQUENCE: "guidance or kv access naming no KV sequence of the node",
     KV_ACCESS_MISMATCH: "kv access missing or not what the walk does",
     ROLE_FOR_KIND: "role the node's model kind does not take or produce",
+    DIMS_TOO_LARGE: "node dims past what the runtime can allocate",
     INPUT_NOT_PRODUCED: "input produced by nothing",
     CYCLE_WITHOUT_LOOP: "cycle outside a loop",
     LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",
@@ -121,6 +125,7 @@ TITLES: dict[str, str] = {
     EMPTY_SECTION: "empty section or partition",
     BAD_LOOP_BOUND: "loop bound not a positive number",
     STOP_WITHOUT_NAME: "early stop on an unnamed loop",
+    LOOP_NEST_TOO_LONG: "nested loops whose maximum iterations multiply past the limit",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
     DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
     DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",
@@ -139,6 +144,7 @@ TITLES: dict[str, str] = {
     DUPLICATE_RANK: "rank listed twice in one node group",
     KV_HANDOFF_TP_MISMATCH: "KV handed between walks of different TP world sizes",
     KV_POOL_TOO_SMALL: "KV pool cannot hold one max_seq_len request",
+    KV_POOL_TOO_LARGE: "KV pool past what the runtime can allocate",
     NOT_A_WALK_OF_NODE: "combined walk, cap or capture for a walk that does not run the node",
     WALK_IN_TWO_COMBINES: "walk in two combined walks of one node",
     CAPTURE_KEY_SPLIT: "capture-key split",

@@ -15,6 +15,7 @@ Any other key is an error at its line and column (with a "did you mean" when one
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Optional
 
@@ -22,6 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from mstar.compiler import codes
+from mstar.compiler.memory_bounds import MAX_NUM_PAGES, MAX_PAGE_SIZE
+from mstar.files import MAX_DEPLOYMENT_BYTES, InputFileError, read_text_bounded
 from mstar.lang.ast import NO_SPAN, Span
 from mstar.lang.diagnostics import Diagnostics
 
@@ -29,6 +32,14 @@ from mstar.lang.diagnostics import Diagnostics
 # `kv_cache` sets a value.
 REFERENCE_PAGE_SIZE = 128
 REFERENCE_NUM_PAGES = 2048
+
+# Bounds on the YAML itself, checked on the composed node graph before any value is built: a
+# 1 KB file of nested aliases ("billion laughs") expands to billions of values, and deep nesting
+# exhausts the recursion of every later step. Real deployments have a few hundred values.
+MAX_YAML_DEPTH = 64
+MAX_YAML_VALUES = 100_000
+# Integers a deployment may hold anywhere (model_kwargs included): int64.
+MAX_YAML_INT = 2**63 - 1
 
 class DeployModel(BaseModel):
     """A mapping of the YAML. Spans live in private attributes so no YAML key can set them."""
@@ -90,8 +101,8 @@ class KvCacheOverrides(DeployModel):
     num_qo_heads: Optional[int] = None
     head_dim: Optional[int] = None
     max_seq_len: Optional[int] = None
-    max_num_pages: Optional[int] = Field(default=None, ge=1)
-    page_size: Optional[int] = Field(default=None, ge=1)
+    max_num_pages: Optional[int] = Field(default=None, ge=1, le=MAX_NUM_PAGES)
+    page_size: Optional[int] = Field(default=None, ge=1, le=MAX_PAGE_SIZE)
     cpu_offload_pages: Optional[int] = Field(default=None, ge=0)
     nodes: Optional[list[str]] = None
     attention_backend: Optional[str] = None
@@ -101,15 +112,15 @@ class KvCacheOverrides(DeployModel):
 class KvPoolNode(DeployModel):
     """Per-node override inside `kv_pool.nodes`."""
 
-    page_size: Optional[int] = Field(default=None, ge=1)
-    num_pages: Optional[int] = Field(default=None, ge=1)
+    page_size: Optional[int] = Field(default=None, ge=1, le=MAX_PAGE_SIZE)
+    num_pages: Optional[int] = Field(default=None, ge=1, le=MAX_NUM_PAGES)
 
 
 class KvPool(DeployModel):
     """`kv_pool:` (mstar): the paged KV pool of every kv node, with per-node overrides."""
 
-    page_size: Optional[int] = Field(default=None, ge=1)
-    num_pages: Optional[int] = Field(default=None, ge=1)
+    page_size: Optional[int] = Field(default=None, ge=1, le=MAX_PAGE_SIZE)
+    num_pages: Optional[int] = Field(default=None, ge=1, le=MAX_NUM_PAGES)
     nodes: dict[str, KvPoolNode] = {}
 
 
@@ -204,10 +215,10 @@ def load_deployment(path: str, diags: Diagnostics) -> Optional[Deployment]:
     """Read and validate a deployment YAML. Errors go to `diags`; None when any was found."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        diags.error(codes.DEPLOYMENT_UNREADABLE, f"cannot read deployment file: {err}",
-                    Span(file=file))
+        text = read_text_bounded(path, max_bytes=MAX_DEPLOYMENT_BYTES, what="deployment")
+    except InputFileError as err:
+        diags.error(codes.DEPLOYMENT_UNREADABLE, f"cannot read deployment file {err.path}: {err.reason}",
+                    Span(file=repr(file) if "\0" in file else file))
         return None
     deployment = parse_deployment(text, file, diags)
     if deployment is not None:
@@ -220,7 +231,7 @@ def parse_deployment(text: str, file: str, diags: Diagnostics) -> Optional[Deplo
     """Validate deployment YAML text; `file` names it in spans. Name and path are left empty."""
     diags.add_source(file, text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_BoundedLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         span = _mark_span(file, mark, mark) if mark is not None else Span(file=file)
@@ -229,6 +240,12 @@ def parse_deployment(text: str, file: str, diags: Diagnostics) -> Optional[Deplo
         return None
     if root is None:
         diags.error(codes.DEPLOYMENT_MISSING_KEY, "the deployment file is empty", Span(file=file))
+        return None
+    num_values = _expanded_size(root, {}, set())
+    if num_values > MAX_YAML_VALUES:
+        diags.error(codes.DEPLOYMENT_SYNTAX,
+                    f"the deployment expands to {_count(num_values)} values (YAML aliases repeating "
+                    f"collections?); at most {MAX_YAML_VALUES} are read", _mark_span(file, root.start_mark, root.start_mark))
         return None
     reader = _Reader(file, diags)
     data = reader.value(root, ())
@@ -245,6 +262,54 @@ def parse_deployment(text: str, file: str, diags: Diagnostics) -> Optional[Deplo
         return None
     _attach_spans(deployment, (), reader)
     return deployment
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing values nested deeper than MAX_YAML_DEPTH: in the scanner
+    for `[`/`{` (its simple-key bookkeeping is quadratic in the flow depth: 5,000 brackets took
+    seconds) and in the composer for any nesting (its recursion would end in a RecursionError)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(None, None, f"values nested more than {MAX_YAML_DEPTH} levels deep",
+                                            self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"values nested more than {MAX_YAML_DEPTH} levels deep",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_ids: set[int]) -> int:
+    """How many values `node` becomes once every alias is expanded, computed on the composed
+    graph (each distinct node once), so a billion-laughs file is measured, never expanded. A
+    node that contains itself counts as one (the reader reports it)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_ids or not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        return 1
+    open_ids.add(key)
+    children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) else node.value
+    total = 1 + sum(_expanded_size(child, sizes, open_ids) for child in children)
+    open_ids.discard(key)
+    sizes[key] = total
+    return total
+
+
+def _count(number: int) -> str:
+    return f"{number:,}" if number < 10**15 else f"about 10**{len(str(number)) - 1}"
 
 
 def _mark_span(file: str, start: yaml.Mark, end: yaml.Mark) -> Span:
@@ -289,11 +354,19 @@ class _Reader:
 
     def _scalar(self, node: yaml.Node) -> Any:
         try:
-            return self._constructor.construct_object(node)
+            value = self._constructor.construct_object(node)
         except yaml.YAMLError as err:
             problem = getattr(err, "problem", None) or str(err)
             self._error(codes.DEPLOYMENT_BAD_VALUE, f"unsupported value: {problem}", node)
             return None
+        except (ValueError, OverflowError) as err:  # an integer of thousands of digits, say
+            self._error(codes.DEPLOYMENT_BAD_VALUE, f"unsupported value: {err}", node)
+            return None
+        problem = _scalar_problem(value)
+        if problem is not None:
+            self._error(codes.DEPLOYMENT_BAD_VALUE, problem, node)
+            return None
+        return value
 
     def _collection(self, node: yaml.Node, path: tuple) -> Any:
         if isinstance(node, yaml.MappingNode):
@@ -324,6 +397,28 @@ class _Reader:
                 return self.value_spans[path]
             path = path[:-1]
         return self.value_spans.get((), Span(file=self.file))
+
+
+def _scalar_problem(value: Any) -> Optional[str]:
+    """Why a scalar cannot be a deployment value (it must survive into the plan's JSON)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if abs(value) > MAX_YAML_INT:
+            return f"integer {_count(abs(value))} is out of range (at most {MAX_YAML_INT} in magnitude)"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (f"{value} is not a finite number; a deployment "
+                                                   "holds finite numbers only")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return (f"string holds {value[err.start]!r}, an unpaired surrogate, which is not text "
+                    "(write the character itself)")
+        return None
+    return (f"a {type(value).__name__} value is not a deployment value (strings, numbers, booleans, "
+            "lists and mappings only)")
 
 
 def _dotted(path: tuple) -> str:

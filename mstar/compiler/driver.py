@@ -34,6 +34,7 @@ from mstar.compiler import (
 )
 from mstar.compiler.codes import DEPLOYMENT_UNREADABLE
 from mstar.compiler.deployment import Deployment, load_deployment
+from mstar.files import MAX_DEPLOYMENT_BYTES, MAX_SPEC_BYTES, InputFileError, read_bytes_bounded
 from mstar.lang.ast import Span, Spec
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
@@ -73,15 +74,23 @@ def glue_path_for(plan_path: Path) -> Path:
     return plan_path.with_name(f"{plan_path.stem}_glue.py")
 
 
+# The most bytes each input may have (mstar/files.py; docs/limits.md).
+_INPUT_LIMITS = {"spec": MAX_SPEC_BYTES, "deployment": MAX_DEPLOYMENT_BYTES}
+
+
 def _read_input(path: Path, what: str, diags: Diagnostics) -> bytes | None:
+    """The file's bytes, or None with MW500: missing, not a regular file (a FIFO or /dev/zero
+    would read forever), over its size limit, unreadable."""
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        diags.error(MW500, f"{what} file not found: {path}", Span(file=str(path)))
-    except IsADirectoryError:
-        diags.error(MW500, f"{what} path is a directory, not a file: {path}", Span(file=str(path)))
-    except OSError as e:
-        diags.error(MW500, f"cannot read {what} file {path}: {e.strerror or e}", Span(file=str(path)))
+        return read_bytes_bounded(path, max_bytes=_INPUT_LIMITS[what], what=what)
+    except InputFileError as e:
+        span = Span(file=repr(str(path)) if "\0" in str(path) else str(path))
+        if e.reason == "no such file":
+            diags.error(MW500, f"{what} file not found: {path}", span)
+        elif e.reason.startswith("is a directory"):
+            diags.error(MW500, f"{what} path is a directory, not a file: {path}", span)
+        else:
+            diags.error(MW500, f"cannot read {what} file {e.path}: {e.reason}", span)
     return None
 
 

@@ -22,6 +22,9 @@ from mstar.lang.ast import Span
 
 Severity = Literal["error", "warning", "note"]
 
+# Source lines longer than this are shown as a window around the error's column.
+MAX_EXCERPT_CHARS = 160
+
 
 @dataclass(frozen=True)
 class Note:
@@ -80,10 +83,19 @@ def _source_excerpt(span: Span, sources: dict[str, str], lines_by_file: dict[str
     if not 1 <= span.line <= len(lines):
         return ""
     line_text = lines[span.line - 1].rstrip("\n")
-    gutter = f"{span.line:>5}"
+    col = span.col
     end_col = span.end_col if span.end_line == span.line else len(line_text) + 1
-    width = max(1, end_col - span.col)
-    underline = " " * (span.col - 1) + "^" * width
+    if len(line_text) > MAX_EXCERPT_CHARS:
+        # A very long line (a minified file): show a window around the column, not the line.
+        start = max(0, min(col - 1 - MAX_EXCERPT_CHARS // 2, len(line_text) - MAX_EXCERPT_CHARS))
+        before = "..." if start > 0 else ""
+        after = "..." if start + MAX_EXCERPT_CHARS < len(line_text) else ""
+        line_text = before + line_text[start:start + MAX_EXCERPT_CHARS] + after
+        shift = len(before) - start
+        col, end_col = col + shift, min(end_col + shift, len(before) + MAX_EXCERPT_CHARS + 1)
+    gutter = f"{span.line:>5}"
+    width = max(1, end_col - col)
+    underline = " " * (col - 1) + "^" * width
     pad = " " * len(gutter)
     return f"{gutter} | {line_text}\n{pad} | {underline}\n"
 

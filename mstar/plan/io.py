@@ -23,6 +23,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from mstar.files import (
+    MAX_DEPLOYMENT_BYTES, MAX_GLUE_BYTES, MAX_PLAN_BYTES, MAX_SPEC_BYTES, InputFileError,
+    read_bytes_bounded, read_text_bounded,
+)
 from mstar.plan.references import describe, reference_problems
 from mstar.plan.schema import COMPILER_VERSION, SCHEMA_VERSION, Plan
 
@@ -35,9 +39,27 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        return sha256_bytes(f.read())
+def sha256_file(path: str | os.PathLike, max_bytes: int = MAX_PLAN_BYTES, what: str = "file") -> str:
+    """sha256 of a regular file of at most `max_bytes` (InputFileError otherwise)."""
+    return sha256_bytes(read_bytes_bounded(path, max_bytes=max_bytes, what=what))
+
+
+# The most bytes each input a plan names may have when it is re-hashed.
+_INPUT_LIMITS = {"spec": MAX_SPEC_BYTES, "deployment": MAX_DEPLOYMENT_BYTES, "glue": MAX_GLUE_BYTES}
+# Integers in a plan: int64, as everything that reads them.
+_MAX_PLAN_INT = 2**63 - 1
+
+
+def _plan_int(text: str) -> int:
+    """json's int hook: refuses integers outside int64 before Python converts thousands of digits."""
+    if len(text.lstrip("-")) > 19 or abs(int(text)) > _MAX_PLAN_INT:
+        raise ValueError(f"integer {text[:20]}{'...' if len(text) > 20 else ''} is out of range")
+    return int(text)
+
+
+def _plan_constant(text: str):
+    """json's hook for NaN and Infinity, which are not JSON: a plan never holds them."""
+    raise ValueError(f"{text} is not a JSON number")
 
 
 def _is_flat(value) -> bool:
@@ -111,20 +133,21 @@ def _display(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
+    if "\0" not in str(path) and not path.exists():
+        raise PlanError(f"plan {path} does not exist; compile one with `mstarc compile SPEC`")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"plan {path} does not exist; compile one with `mstarc compile SPEC`") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlanError(f"cannot read plan {path}: {e}") from None
+        text = read_text_bounded(path, max_bytes=MAX_PLAN_BYTES, what="plan")
+    except InputFileError as e:
+        raise PlanError(f"cannot read {e}") from None
+    how = "it was truncated or edited. Recompile it with `mstarc compile SPEC --config CONFIG` or `mstarc regen`"
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_plan_int, parse_constant=_plan_constant)
     except json.JSONDecodeError as e:
-        raise PlanError(
-            f"plan {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
-            "it was truncated or edited. Recompile it with `mstarc compile SPEC --config CONFIG`"
-            " or `mstarc regen`"
-        ) from None
+        raise PlanError(f"plan {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); {how}") from None
+    except RecursionError:
+        raise PlanError(f"plan {path} nests its values too deeply to be a plan; {how}") from None
+    except ValueError as e:  # from the hooks above
+        raise PlanError(f"plan {path} is not a valid plan ({e}); {how}") from None
     if not isinstance(data, dict) or not isinstance(data.get("header"), dict):
         raise PlanError(f"plan {path} has no header object; it is not an mstarc plan")
     return data
@@ -170,12 +193,10 @@ def _check_inputs(path: Path, plan: Plan) -> None:
     for what, file in input_paths(path, plan).items():
         expected = expected_hashes[what]
         try:
-            actual = sha256_file(file)
-        except OSError as e:
-            raise PlanError(
-                f"plan {path}: cannot read its {what} file {_display(file)} "
-                f"({e.strerror or e}); recompile: {how}"
-            ) from None
+            actual = sha256_file(file, _INPUT_LIMITS[what], what)
+        except InputFileError as e:
+            shown = e.path if "\0" in str(file) else _display(file)  # e.path: the repr of a NUL path
+            raise PlanError(f"plan {path}: cannot read its {what} file {shown} ({e.reason}); recompile: {how}") from None
         if actual != expected:
             raise PlanError(
                 f"plan {path} is stale: its {what} file {_display(file)} changed since the plan "
