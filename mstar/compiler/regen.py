@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mstar.compiler.deployment import load_deployment
 from mstar.compiler.driver import MW500, compile_spec
-from mstar.files import atomic_write_many
+from mstar.files import MAX_GLUE_BYTES, MAX_PLAN_BYTES, InputFileError, atomic_write_many, read_bytes_bounded
 from mstar.lang.diagnostics import Diagnostics
 
 
@@ -62,12 +62,22 @@ def stale_files(root: Path, expected: dict[Path, str]) -> list[Stale]:
     for path, text in sorted(expected.items()):
         if not path.is_file():
             stale.append(Stale(path, "missing"))
-        elif path.read_bytes() != text.encode("utf-8"):
+        elif _current_bytes(path) != text.encode("utf-8"):
             stale.append(Stale(path, "differs"))
     for path in _generated_files(root):
         if path not in expected:
             stale.append(Stale(path, "orphan"))
     return stale
+
+
+def _current_bytes(path: Path) -> bytes | None:
+    """What a generated file holds now; None (so: differs) when it cannot be read as a file of
+    its kind (too large, not a regular file)."""
+    limit = MAX_PLAN_BYTES if path.suffix == ".plan" else MAX_GLUE_BYTES
+    try:
+        return read_bytes_bounded(path, max_bytes=limit, what="generated file")
+    except InputFileError:
+        return None
 
 
 def write(root: Path, expected: dict[Path, str]) -> list[Stale]:

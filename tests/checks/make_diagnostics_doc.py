@@ -92,10 +92,10 @@ explain = {
  "MW212": "A loop runs at least once: its bound (a number or a param's value) must be at least 1.",
  "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop where the product passes the limit, with the enclosing loops as notes.",
  "MW213": "The early-stop check names the loop it ends, so `stop` needs a named loop.",
- "MW301": "The deployment file is missing, is a directory, or is not UTF-8 text.",
- "MW302": "The deployment file is not valid YAML; the position is where the YAML parser gave up.",
+ "MW301": "The deployment file is missing, is a directory, is not a regular file (a FIFO or `/dev/zero`), is larger than 1 MiB (docs/limits.md), or is not UTF-8 text.",
+ "MW302": "The deployment file is not valid YAML; the position is where the YAML parser gave up. Also: values nested more than 64 levels deep, or more than 100,000 values once YAML aliases are expanded (a \"billion laughs\" file, measured on the composed graph without expanding it); docs/limits.md.",
  "MW303": "A key that neither the reference system's serving YAML nor mstar's own keys define. The suggestion is the closest known key of the same mapping.",
- "MW304": "A value of the wrong type or range (strict: `tp_size: \"2\"` is a string, not a number), a key given twice, a non-string key, or a YAML tag mstar does not read.",
+ "MW304": "A value of the wrong type or range (strict: `tp_size: \"2\"` is a string, not a number), a key given twice, a non-string key, or a YAML tag mstar does not read. Anywhere in the file (`model_kwargs` too): a number that is not finite (`.nan`, `.inf`), an integer outside int64, a string with an unpaired surrogate, a date or binary value; KV pool sizes past 2**31 - 1 pages or 2**20 tokens a page.",
  "MW305": "`model`, `max_seq_len` and `node_groups` (and `node_names` and `ranks` in each group) are required, as in the reference.",
  "MW310": "Every (node, walk) a walk runs must be placed by a node group: a group lists the node and either has no `graph_walks` or lists the walk.",
  "MW311": "Two node groups place the same (node, walk): the reference's routing would keep only the last. Data-parallel replicas are extra ranks in one group.",
@@ -185,7 +185,7 @@ def build() -> str:
             w("```\n" + out.rstrip("\n") + "\n```\n")
     w("## Driver (MW5xx)\n")
     w("### MW500: input file cannot be read\n")
-    w("The spec file (or a config named by `mstarc regen`) is missing, is a directory or is not UTF-8 text;")
+    w("The spec file (or a config named by `mstarc regen`) is missing, is a directory, is not a regular file (a FIFO or `/dev/zero` would read forever), is larger than 1 MiB (docs/limits.md) or is not UTF-8 text;")
     w("`mstarc regen` also reports a config whose `model` has no `specs/<model>.mw`.\n")
     w("```\nspecs/orpheuss.mw:1:1: error[MW500]: spec file not found: specs/orpheuss.mw\n```\n")
     if done != set(comp_codes.TITLES):
