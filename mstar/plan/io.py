@@ -7,10 +7,14 @@
     content_hash(plan) -> str       sha256 of the canonical text with header.content_sha256 empty
     input_paths(plan_path, plan)    {"spec", "deployment", "glue"} -> the input files' paths
 
-`load_plan` refuses: an unreadable, truncated or non-JSON file; a plan of another schema or
+`load_plan` refuses: an unreadable, truncated or non-JSON file, one that is not a regular file
+or is over MAX_PLAN_BYTES, JSON nested too deeply, integers outside int64, NaN or Infinity
+(docs/limits.md); a plan of another schema or
 compiler version; one that fails schema validation; one whose text was edited by hand
 (content hash); and, with `verify`, one whose spec, deployment or glue file on disk no longer has
-the sha256 recorded in the header. Header paths are relative to the plan file's directory.
+the sha256 recorded in the header (each read bounded: a regular file of at most its kind's
+size, so a path edited to /dev/zero or a FIFO fails at once). Header paths are relative to the
+plan file's directory.
 
 This package is shared by the compiler and the runtime and imports neither of them.
 """
