@@ -73,9 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "attention", "load"),
+    bench.add_argument("what", choices=("scheduler", "attention", "load", "engine"),
                        help="scheduler: host time per step decision; attention: FlashInfer vs torch on a GPU; "
-                            "load: checkpoint load time")
+                            "load: checkpoint load time; engine: engine steps against the floor on a GPU")
     return parser
 
 
@@ -395,6 +395,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_load
 
         return bench_load.main(argv[2:])
+    if argv[:2] == ["bench", "engine"]:
+        from mstar.runtime.engine.gpu import bench
+
+        return bench.main(argv[2:])
     args = _parser().parse_args(argv)
     try:
         return run_command(args)

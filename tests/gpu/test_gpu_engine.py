@@ -58,8 +58,10 @@ def test_flashinfer_engine_follows_the_cpu_reference():
     cpu = generate(TorchEngine(llm_plan(FI_DIMS), dims="spec"), prompts, 4, start_every=1)
     engine = TorchEngine(llm_plan(FI_DIMS), dims="spec", device="cuda", attention="flashinfer")
     gpu = generate(engine, prompts, 4, start_every=1)
-    assert engine.attention_backends() == {"LLM": "flashinfer"}
-    assert engine.runners["LLM"].flashinfer.num_steps > 0
+    # A plain Llama takes the device fast path (bf16 weights on the device, engine/gpu/); a
+    # hand-built plan lists no captures, so its steps run eagerly through FlashInfer.
+    assert engine.attention_backends() == {"LLM": "device"}
+    assert engine.runners["LLM"].executor.num_eager_steps > 0
     assert sum(cpu[r][0] == gpu[r][0] for r in prompts) >= 2, (cpu, gpu)
 
 

@@ -161,6 +161,9 @@ class TorchEngine(RunsAtLaunch):
                                    f"node {node.name} is {kinds[dims.style]}")
             dims = checkpoint
         self.decoder_dims[node.name] = dims
+        fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
+        if fast is not None:
+            return fast
         if weights_dir is None:
             model = self._new(node.name, lambda: Decoder(dims))
             init_random(model, seed, node.name)
@@ -184,6 +187,17 @@ class TorchEngine(RunsAtLaunch):
                              self._code_frames(node.name, mode), flow_walks, self.placement,
                              self._flashinfer(node, dims, page_size))
 
+    def _fast_gpu_runner(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str], seed: int,
+                         num_pages: Optional[int], mode: str) -> Optional[DecoderRunner]:
+        """On a GPU, a plain decoder runs on the device fast path (engine/gpu/), unless
+        `--attention torch` or the node needs the general runner (its reasons in gpu/runner.py)."""
+        if self.placement.is_cpu or self.attention == "torch":
+            return None
+        from mstar.runtime.engine.gpu import setup
+
+        return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
+                                 self._code_frames(node.name, mode))
+
     def _place(self, model: torch.nn.Module) -> Any:
         """The model itself on the CPU; on a GPU, wrapped so that its runner stays device-free."""
         return model if self.placement.is_cpu else OnDevice(model, self.placement)
@@ -202,7 +216,7 @@ class TorchEngine(RunsAtLaunch):
 
     def attention_backends(self) -> dict[str, str]:
         """kv node -> the attention backend its steps use where they can (for the report)."""
-        return {name: "flashinfer" if runner.flashinfer is not None else "torch"
+        return {name: runner.attention_backend()
                 for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
 
     def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:

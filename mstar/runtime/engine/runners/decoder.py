@@ -101,8 +101,7 @@ class DecoderRunner:
         self.max_seq_len = max_seq_len
         self.seed = seed
         self.pool = PagePool(num_pages, page_size)
-        self.cache = KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim,
-                             dtype=placement.kv_dtype, device=placement.device)
+        self.cache = self._new_cache(dims, placement)
         self.flashinfer = flashinfer
         self.slots = slots
         conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
@@ -121,6 +120,15 @@ class DecoderRunner:
         self.bidirectional_walks = frozenset(node.bidirectional_walks)
         self.has_guidance = has_guidance_sequences(node.kv_sequences) and not dims.has_linear_layers
         self._route, self._decode_walks = "packed", frozenset()  # the running step's (set by `run`)
+
+    def _new_cache(self, dims: DecoderDims, placement: Placement) -> KvCache:
+        """The node's KV tensors (the GPU fast path's runner lays them out its own way)."""
+        return KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim,
+                       dtype=placement.kv_dtype, device=placement.device)
+
+    def attention_backend(self) -> str:
+        """The attention backend this node's steps use where they can (for the report)."""
+        return "flashinfer" if self.flashinfer is not None else "torch"
 
     # ------------------------------------------------------------------ requests
 

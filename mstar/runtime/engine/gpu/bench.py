@@ -1,0 +1,237 @@
+"""`mstar bench engine`: the GPU engine's step times against the floor and HF transformers.
+
+For a plan's first kv node at its spec dims with random bf16 weights, in one run on one GPU:
+decode steps of 1, 8 and 64 rows at context 1024, a mixed step (63 decode rows beside one
+512-token prompt), a 16 x 1024-token prefill; beside each, its floor: the larger of (bytes the step
+must read, at the device-to-device copy bandwidth measured in this run) and (its FLOPs, at the bf16
+matmul rate measured in this run); HF transformers' LlamaForCausalLM on the same shapes (eager
+with a DynamicCache; with `--hf-compiled` also a static cache under torch.compile
+mode="reduce-overhead"); and the decode family's capture memory, measured against the plan's
+estimate. A step's time is the engine's whole step (pack, plan, replay or run, sample, copy back),
+wall time per step, median of `--iters`.
+
+Usage: mstar bench engine [--plan P] [--json] [--iters N] [--hf-compiled]
+Needs a CUDA GPU with FlashInfer; elsewhere it says so and exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+
+CONTEXT = 1024
+DECODE_ROWS = (1, 8, 64)
+
+
+def _median_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
+    src = torch.randn(1 << 28, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_ms = _median_ms(lambda: dst.copy_(src), 20)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    matmul_ms = _median_ms(lambda: a @ b, 20)
+    del src, dst
+    return 2 * (1 << 30) / (copy_ms / 1e3), 2 * 8192 ** 3 / (matmul_ms / 1e3)
+
+
+class Shapes:
+    """Bytes and FLOPs of a step of `rows` (new tokens, cached tokens) for these dims."""
+
+    def __init__(self, dims, weight_bytes: int, matmul_params: int):
+        self.dims, self.weight_bytes, self.matmul_params = dims, weight_bytes, matmul_params
+
+    def floor_ms(self, rows: list[tuple[int, int]], bandwidth: float, rate: float) -> float:
+        d = self.dims
+        per_token_kv = d.num_full_layers * 2 * d.num_kv_heads * d.head_dim * 2
+        kv_bytes = sum((new + cached) * per_token_kv for new, cached in rows)
+        num_tokens = sum(new for new, _ in rows)
+        attention = sum(4 * d.num_full_layers * d.num_qo_heads * d.head_dim * new * (cached + (new + 1) / 2)
+                        for new, cached in rows)
+        flops = 2 * num_tokens * self.matmul_params + attention
+        return max((self.weight_bytes + kv_bytes) / bandwidth, flops / rate) * 1e3
+
+
+def _rows(executor, rows: list[tuple[int, int]], page_size: int):
+    """RowSpecs over distinct pages: prompts feed token ids, decode rows loop back on the device."""
+    from mstar.runtime.engine.gpu.packing import RowSpec
+
+    specs, next_page = [], 0
+    for index, (new, cached) in enumerate(rows):
+        num_pages = -(-(new + cached) // page_size)
+        table = list(range(next_page, next_page + num_pages))
+        next_page += num_pages
+        tokens = None if new == 1 and cached else [(7 * index + t) % 1000 for t in range(new)]
+        specs.append(RowSpec(tokens, cached, table, index))
+    return specs
+
+
+def _replay_ms(executor, batch: int, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    executor.graphs.replay(batch)
+    start.record()
+    for _ in range(iters):
+        executor.graphs.replay(batch)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _profile(executor, batch: int) -> list[dict]:
+    """Device time per kernel name over 10 replays of the decode graph of `batch` rows (top 12)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            executor.graphs.replay(batch)
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]
+    return [{"kernel": e.key[:90], "us_per_replay": round(e.device_time_total / 10, 1), "calls_per_replay": e.count // 10}
+            for e in events]
+
+
+def _engine_step_ms(executor, rows, page_size: int, iters: int) -> float:
+    specs = _rows(executor, rows, page_size)
+    return _median_ms(lambda: executor.collect(executor.launch(specs)), iters)
+
+
+def build(plan, node) -> tuple:
+    from mstar.runtime.engine.dims import decoder_dims
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+    from mstar.runtime.engine.gpu.executor import StepExecutor
+    from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
+    from mstar.runtime.engine.gpu.runner import decode_family
+
+    device = torch.device("cuda")
+    dims = decoder_dims(node, "spec")
+    model = build_decoder(dims, device, torch.bfloat16, node=node.name, seed=0, is_fast_random=True)
+    page_size = 16
+    num_pages = 64 * (CONTEXT // page_size + 1) + 1024 + 64
+    kv = PagedKv(dims.num_full_layers, num_pages, page_size, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
+    kv.data.normal_()
+    family = decode_family(plan, node.name)
+    executor = StepExecutor(DecoderForward(model, dims, kv, 8192 + 1), kv, device, num_pages + 1,
+                            family.batch_pad if family else None, is_flashinfer=True)
+    return dims, model, kv, family, executor
+
+
+def run_engine(plan, node, iters: int, profile_rows: int = 0) -> tuple[dict, object]:
+    dims, model, kv, family, executor = build(plan, node)
+    params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
+    weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
+    matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
+    shapes = Shapes(dims, weight_bytes, matmul_params)
+    bandwidth, rate = ceilings()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    measured = executor.capture() if family else 0
+    capture_s = time.perf_counter() - start
+    cases = {str(r): [(1, CONTEXT)] * r for r in DECODE_ROWS}
+    out = {"decode": {}, "device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": round(bandwidth / 1e12, 3),
+           "matmul_tflop_s": round(rate / 1e12, 1), "capture_s": round(capture_s, 2),
+           "dims": {"layers": dims.num_layers, "hidden": dims.hidden, "vocab": dims.vocab}}
+    for name, rows in cases.items():
+        ms = _engine_step_ms(executor, rows, kv.page_size, iters)
+        out["decode"][name] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3)}
+        batch = executor.bucket(_rows(executor, rows, kv.page_size))
+        if batch:  # the device's share: the graph replay alone, timed with events
+            out["decode"][name]["replay_ms"] = round(_replay_ms(executor, batch, iters), 3)
+    out["decode_graph_steps"] = executor.num_graph_steps
+    for key, rows in (("mixed_63_1", [(1, CONTEXT)] * 63 + [(512, 0)]), ("prefill_16x1024", [(1024, 0)] * 16)):
+        ms = _engine_step_ms(executor, rows, kv.page_size, max(iters // 4, 3))
+        num_tokens = sum(n for n, _ in rows)
+        flops = 2 * num_tokens * matmul_params
+        out[key] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
+                    "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1)}
+    if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
+        out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
+                                                                   kv.page_size)))
+    if family:
+        out["capture"] = {family.name: {"measured_mb": round(measured / 2 ** 20, 1),
+                                        "estimate_mb": round(family.memory_bytes / 2 ** 20, 1)}}
+    del executor, model, kv
+    torch.cuda.empty_cache()
+    return out, dims
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mstar bench engine", description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", default="generated/llama.plan")
+    parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--hf-compiled", action="store_true",
+                        help="also time HF with a static cache under torch.compile (minutes of compiling)")
+    parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="also list the top kernels of the decode graph of ROWS rows (torch profiler)")
+    args = parser.parse_args(argv)
+    if args.iters < 1:
+        parser.error("--iters must be positive")
+    reason = _unavailable()
+    if reason is not None:
+        print(f"mstar bench engine: {reason}", file=sys.stderr)
+        return 1
+    from mstar.plan.io import PlanError, load_plan
+
+    try:
+        plan = load_plan(args.plan)
+    except PlanError as error:
+        print(f"mstar bench engine: {error}", file=sys.stderr)
+        return 1
+    node = next((n for n in plan.nodes if n.engine == "kv"), None)
+    if node is None:
+        print(f"mstar bench engine: {args.plan} has no kv node", file=sys.stderr)
+        return 1
+    result, dims = run_engine(plan, node, args.iters, args.profile)
+    if not args.no_hf:
+        from mstar.runtime.engine.gpu import bench_hf
+
+        bench_hf.add_hf(result, dims, args.iters, args.hf_compiled)
+    print(json.dumps(result, sort_keys=True) if args.json else _table(result))
+    return 0
+
+
+def _unavailable() -> Optional[str]:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (torch sees none here); nothing was measured"
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError as error:
+        return f"needs FlashInfer ({error}); pip install -e '.[gpu]'"
+    return None
+
+
+def _table(result: dict) -> str:
+    lines = [f"{result['device']}: copy {result['copy_bandwidth_tb_s']} TB/s, bf16 matmul "
+             f"{result['matmul_tflop_s']} TFLOP/s", f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'HF compiled':>13}"]
+    cases = [(f"decode {k}", v) for k, v in result["decode"].items()]
+    cases += [(k, result[k]) for k in ("mixed_63_1", "prefill_16x1024")]
+    for name, value in cases:
+        hf = value.get("hf_compiled_ms")
+        lines.append(f"{name:<18}{value['ms']:>10.3f}{value['floor_ms']:>10.3f}{value['ms'] / value['floor_ms']:>9.2f}"
+                     f"{'' if hf is None else f'{hf:>13.3f}'}")
+    if "hf_eager_decode_64_ms" in result:
+        lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
+    for kernel in result.get("profile", []):
+        lines.append(f"  {kernel['us_per_replay']:>9.1f} us  x{kernel['calls_per_replay']:<4} {kernel['kernel']}")
+    for family, value in result.get("capture", {}).items():
+        lines.append(f"capture {family}: measured {value['measured_mb']} MiB, estimate {value['estimate_mb']} MiB")
+    return "\n".join(lines)

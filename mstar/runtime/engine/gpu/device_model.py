@@ -1,0 +1,113 @@
+"""A Llama-style `Decoder` built straight on a device in one dtype (bf16 on a GPU), no fp32 copy there.
+
+In: `DecoderDims`, a device, a dtype, and where the weights come from: the engine's seeded random
+init (`weights.init_random`'s values, drawn on the host one parameter at a time, so a GPU model has
+the CPU reference's weights), a fast on-device random init (benchmarks), or a local checkpoint
+(safetensors read straight onto the device). Out: the `Decoder` module whose parameters live on the
+device; nothing is autocast.
+
+`unsupported_reason(dims)` says why a decoder cannot take this path (linear-attention layers,
+dynamic NTK RoPE, a 1-D parameter with no known start value); None when it can.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.models.decoder import Decoder
+from mstar.runtime.engine.models.layers import RMSNorm
+from mstar.runtime.engine.weights import WeightsError, param_seed
+
+__all__ = ["build_decoder", "unsupported_reason"]
+
+
+def unsupported_reason(dims: DecoderDims) -> Optional[str]:
+    """Why `dims` cannot run on the device fast path, or None."""
+    if dims.has_linear_layers:
+        return "gated delta-net layers are not on the GPU fast path yet"
+    if dims.style != "llama":
+        return f"style {dims.style} is not on the GPU fast path yet"
+    if dims.rope.kind == "dynamic":
+        return "dynamic NTK RoPE (per-request frequencies) is not on the GPU fast path"
+    return None
+
+
+def _start_value(module: nn.Module, name: str) -> Optional[float]:
+    """The constructor value of a 1-D parameter: norm scales 1 (0 when zero-centred), biases 0."""
+    if isinstance(module, RMSNorm):
+        return 0.0 if module.is_zero_centred else 1.0
+    if name == "bias":
+        return 0.0
+    return None
+
+
+def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *, node: str, seed: int,
+                  weights_dir: Optional[str] = None, is_fast_random: bool = False) -> Decoder:
+    """The decoder with every parameter allocated on `device` in `dtype` and filled (module docstring)."""
+    with torch.device("meta"):
+        model = Decoder(dims)
+    embeddings = {name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
+    generator = torch.Generator(device=device) if is_fast_random else None
+    for module_name, module in model.named_modules():
+        for name, meta in list(module.named_parameters(recurse=False)):
+            full = f"{module_name}.{name}" if module_name else name
+            value = torch.empty(meta.shape, dtype=dtype, device=device)
+            if meta.dim() < 2:
+                start = _start_value(module, name)
+                if start is None:
+                    raise WeightsError(f"parameter {full}: no start value on the GPU fast path")
+                value.fill_(start)
+            else:
+                std = 1.0 if module_name in embeddings else meta[0].numel() ** -0.5
+                if generator is not None:
+                    generator.manual_seed(param_seed(seed, node, full))
+                    value.normal_(0.0, std, generator=generator)
+                else:
+                    host = torch.Generator().manual_seed(param_seed(seed, node, full))
+                    value.copy_(torch.randn(meta.shape, generator=host) * std)
+            module._parameters[name] = nn.Parameter(value, requires_grad=False)
+    if weights_dir is not None:
+        _load_checkpoint(model, weights_dir, dims.is_tied_embeddings, device)
+    return model
+
+
+def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: torch.device) -> None:
+    """Copy checkpoint tensors, read onto the device, into the model by name (shapes checked)."""
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(Path(weights_dir).glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"--weights {weights_dir}: no *.safetensors files")
+    params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
+    prefix = "model.language_model."
+    found: set[str] = set()
+    with torch.no_grad():
+        for file in files:
+            try:
+                with safe_open(str(file), framework="pt", device=str(device)) as handle:
+                    for key in handle.keys():
+                        name = "model." + key[len(prefix):] if key.startswith(prefix) else key
+                        targets = [name]
+                        if is_tied and name == "model.embed_tokens.weight":
+                            targets.append("lm_head.weight")
+                        for target in targets:
+                            if target in params and target not in found:
+                                _copy(params[target], handle.get_tensor(key), target, weights_dir)
+                                found.add(target)
+            except (SafetensorError, OSError) as error:
+                raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+    missing = sorted(set(params) - found)
+    if missing:
+        raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
+                           + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, weights_dir: str) -> None:
+    if tuple(tensor.shape) != tuple(param.shape):
+        raise WeightsError(f"--weights {weights_dir}: {name} has shape {tuple(tensor.shape)}, "
+                           f"config.json implies {tuple(param.shape)}")
+    param.copy_(tensor)

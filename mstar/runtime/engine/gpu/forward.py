@@ -1,0 +1,125 @@
+"""One step of a plain decoder over a paged KV cache, on flat device tensors (graph-capturable).
+
+In: the step's token ids `[N]`, positions `[N]`, the flat cache slot each token writes `[N]`, each
+row's last-token index `[R]`, and an `attend(layer, q, k_pages, v_pages) -> out` callable (FlashInfer
+on a GPU, `torch_attend` elsewhere) already planned for the step. Out: logits `[R, vocab]` in fp32.
+
+Nothing here reads host memory or synchronises: RoPE's cos/sin come from tables built at start-up,
+the KV write is an index copy into the cache, so the whole call can be captured in a CUDA graph.
+The KV cache (`PagedKv`) is `[layers, 2, pages + 1, page_size, kv_heads, head_dim]`: K and V of a
+layer have identical strides (FlashInfer's NHD pages) and the extra last page is a dummy that
+padding rows of a captured step read and write, so they never touch a request's pages.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.models.decoder import Decoder
+from mstar.runtime.engine.models.rope import inverse_frequencies
+
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class PagedKv:
+    """The node's KV pages on the device, plus one dummy page (module docstring)."""
+
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.num_pages, self.page_size = num_pages, page_size
+        self.dummy_page = num_pages
+        self.data = torch.empty(num_layers, 2, num_pages + 1, page_size, num_kv_heads, head_dim,
+                                dtype=dtype, device=device)
+
+    @property
+    def dummy_slot(self) -> int:
+        return self.dummy_page * self.page_size
+
+    def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data[layer, 0], self.data[layer, 1]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+class DecoderForward:
+    """The step function of one decoder (module docstring); holds no per-step state."""
+
+    def __init__(self, model: Decoder, dims: DecoderDims, kv: PagedKv, max_positions: int):
+        self.model, self.dims, self.kv = model, dims, kv
+        device = model.lm_head.weight.device
+        rotary = dims.rotary_dim if dims.partial_rotary < 1.0 else dims.head_dim
+        self.rotary = rotary
+        inv_freq = inverse_frequencies(dims.rope, dims.rope_theta, rotary)
+        freqs = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1) * inv_freq.unsqueeze(0)
+        scale = dims.rope.attention_factor
+        # [max_positions, rotary/2] each, fp32: gathered by position every step.
+        self.cos = (freqs.cos() * scale).to(device)
+        self.sin = (freqs.sin() * scale).to(device)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Half rotation of the first `rotary` dims (Hugging Face's rotate_half), in fp32."""
+        half = self.rotary // 2
+        x32 = x.float()
+        first, second, rest = x32[..., :half], x32[..., half:self.rotary], x32[..., self.rotary:]
+        out = torch.cat([first * cos - second * sin, second * cos + first * sin, rest], dim=-1)
+        return out.to(x.dtype)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+                 last_index: torch.Tensor, attend: Attend) -> torch.Tensor:
+        d = self.dims
+        model = self.model
+        n = ids.shape[0]
+        x = model.model.embed_tokens.weight[ids.long() % d.vocab]
+        cos = self.cos[positions.long()].unsqueeze(1)
+        sin = self.sin[positions.long()].unsqueeze(1)
+        slots = write_slots.long()
+        for index, layer in enumerate(model.model.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, d.num_qo_heads, d.head_dim)
+            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, d.num_kv_heads, d.head_dim)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, d.num_kv_heads, d.head_dim)
+            if attn.has_qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            k_pages, v_pages = self.kv.pages(index)
+            k_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots, k.to(k_pages.dtype))
+            v_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots, v.to(v_pages.dtype))
+            out = attend(index, q.to(k_pages.dtype), k_pages, v_pages).reshape(n, -1)
+            x = x + F.linear(out.to(x.dtype), attn.o_proj.weight, attn.o_proj.bias)
+            mlp = layer.mlp
+            h = layer.post_attention_layernorm(x)
+            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+            x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        last = model.model.norm(x[last_index.long()])
+        return F.linear(last, model.lm_head.weight).float()
+
+
+def torch_attend(qo_indptr: list[int], kv_indptr: list[int], kv_indices: torch.Tensor,
+                 last_page_len: list[int], page_size: int, scale: float) -> Attend:
+    """Causal paged attention in torch over FlashInfer's CSR arrays (the CPU stand-in for tests):
+    query j of a row with q new tokens over kv_len keys sees keys 0..kv_len-q+j."""
+    def attend(_layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(q)
+        group = q.shape[1] // k_pages.shape[2]
+        for row in range(len(qo_indptr) - 1):
+            start, end = qo_indptr[row], qo_indptr[row + 1]
+            pages = kv_indices[kv_indptr[row]:kv_indptr[row + 1]].long()
+            if end == start or pages.numel() == 0:
+                continue
+            kv_len = (pages.numel() - 1) * page_size + last_page_len[row]
+            keys = k_pages[pages].flatten(0, 1)[:kv_len].repeat_interleave(group, dim=1)
+            values = v_pages[pages].flatten(0, 1)[:kv_len].repeat_interleave(group, dim=1)
+            scores = torch.einsum("thd,shd->hts", q[start:end].float(), keys.float()) * scale
+            query_pos = torch.arange(end - start).unsqueeze(1) + kv_len - (end - start)
+            scores = scores.masked_fill(torch.arange(kv_len).unsqueeze(0) > query_pos, float("-inf"))
+            out[start:end] = torch.einsum("hts,shd->thd", torch.softmax(scores, -1), values.float()).to(q.dtype)
+        return out
+
+    return attend

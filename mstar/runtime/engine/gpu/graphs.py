@@ -1,0 +1,66 @@
+"""CUDA graphs of a batched decode family: one graph per batch size, captured at start-up in one pool.
+
+In: the step function (`DecoderForward`), the FlashInfer decode wrappers (`FlashInferSteps`), the
+device token table (loop-back tokens), the family's batch sizes, the dummy cache slot.
+Out: `DecodeGraphs`, whose `replay(batch)` runs a step whose inputs were copied into
+`inputs[batch]` (the packing layout of `packing.py` at T = R = batch) and whose decode wrapper was
+planned; `logits[batch]` and `greedy[batch]` then hold the step's outputs. `measured_bytes` is the
+growth of the device memory torch reserved across the family's capture (graphs, their pool, the
+static buffers), the figure the plan's compile-time estimate is checked against.
+
+Sizes are captured largest first so smaller graphs reuse the pool's blocks.
+"""
+from __future__ import annotations
+
+import torch
+
+from mstar.runtime.engine.gpu.attention import FlashInferSteps
+from mstar.runtime.engine.gpu.forward import DecoderForward
+from mstar.runtime.engine.gpu.packing import NUM_ROW_FIELDS, NUM_TOKEN_FIELDS, pack
+
+NUM_FIELDS = NUM_TOKEN_FIELDS + NUM_ROW_FIELDS
+
+
+class DecodeGraphs:
+    def __init__(self, forward: DecoderForward, attention: FlashInferSteps, loop_tokens: torch.Tensor,
+                 batch_sizes: list[int], dummy_slot: int, device: torch.device):
+        self.forward, self.attention, self.loop_tokens = forward, attention, loop_tokens
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.greedy: dict[int, torch.Tensor] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        torch.cuda.synchronize(device)
+        # Capture empties the allocator's cache first: empty it here too, so the growth is the family's.
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(device)
+        pool = torch.cuda.graph_pool_handle()
+        for batch in sorted(batch_sizes, reverse=True):
+            self._capture(batch, dummy_slot, pool, device)
+        torch.cuda.synchronize(device)
+        self.measured_bytes = torch.cuda.memory_reserved(device) - before
+
+    def body(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        fields = self.inputs[batch].view(NUM_FIELDS, batch)
+        ids, positions, slots, src, last_index = fields[0], fields[1], fields[2], fields[3], fields[4]
+        ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
+        logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch))
+        return logits, logits.argmax(-1)
+
+    def _capture(self, batch: int, dummy_slot: int, pool: object, device: torch.device) -> None:
+        dummy_page = dummy_slot // self.attention.page_size
+        packed = pack([], self.attention.page_size, dummy_page, padded_rows=batch, padded_tokens=batch)
+        self.inputs[batch] = torch.from_numpy(packed.host).to(device)
+        self.attention.plan_decode(batch, packed)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(2):  # warm up: FlashInfer's first run and cuBLAS's handles outside the graph
+                self.body(batch)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool), torch.no_grad():
+            self.logits[batch], self.greedy[batch] = self.body(batch)
+        self.graphs[batch] = graph
+
+    def replay(self, batch: int) -> None:
+        self.graphs[batch].replay()

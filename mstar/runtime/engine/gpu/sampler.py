@@ -1,0 +1,53 @@
+"""Token sampling on the device for a whole step: greedy, or temperature with top-p, per-row seeds.
+
+In: logits `[R, vocab]` (fp32), per row a temperature (0 = greedy), top_p, seed and counter (the
+number of tokens the request has sampled on the node). Out: token ids `[R]` (int64), on the device.
+
+Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
+on its own request only (not on its neighbours, nor on a generator's state that a CUDA graph could
+freeze), and the same seed gives the same tokens again. A draw is Gumbel-max over the tokens top-p
+keeps, which samples softmax(logits / temperature) restricted to that nucleus.
+"""
+from __future__ import annotations
+
+import torch
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX_2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _shift(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser in wrapping int64 arithmetic."""
+    z = (z ^ _shift(z, 30)) * _MIX_1
+    z = (z ^ _shift(z, 27)) * _MIX_2
+    return z ^ _shift(z, 31)
+
+
+def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`[R, vocab]` float64 uniforms in (0, 1), a pure function of (seed, counter, token id)."""
+    row = _mix(seeds.long() * _GOLDEN + counters.long())
+    token = torch.arange(vocab, device=seeds.device, dtype=torch.long) * _GOLDEN
+    bits = _shift(_mix(row.unsqueeze(1) + token.unsqueeze(0)), 11)
+    return (bits.double() + 0.5) * 2.0 ** -53
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
+           counters: torch.Tensor) -> torch.Tensor:
+    """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax."""
+    greedy = logits.argmax(-1)
+    is_sampled = temperature > 0
+    scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+    is_kept_sorted = (torch.cumsum(sorted_probs, -1) - sorted_probs) < top_p.unsqueeze(1)
+    is_kept = torch.zeros_like(is_kept_sorted).scatter_(1, order, is_kept_sorted)
+    gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
+    drawn = torch.where(is_kept, scaled + gumbel, torch.full_like(scaled, float("-inf"))).argmax(-1)
+    return torch.where(is_sampled, drawn, greedy)

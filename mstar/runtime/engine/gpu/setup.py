@@ -1,0 +1,41 @@
+"""Building a kv node's GPU fast-path runner, or None when the node needs the general one.
+
+In: the plan, the node, its dims, the call table, the placement (a CUDA device), the checkpoint
+directory (or None for seeded random weights), the seed, `--kv-pages`, the node's code frames.
+Out: a `GpuDecoderRunner` with bf16 weights built on the device, its KV pages there, and the
+decode family's CUDA graphs captured; None when the dims, the node's calls or the machine
+(no FlashInfer, a head dim it does not compile) rule the fast path out.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from mstar.plan.schema import NodePlan, Plan
+from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
+from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.placement import Placement
+
+DEFAULT_PAGE_SIZE = 16
+DEFAULT_NUM_PAGES = 1024
+
+
+def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
+                placement: Placement, weights_dir: Optional[str], seed: int, num_pages: Optional[int],
+                code_frames: dict) -> Optional[GpuDecoderRunner]:
+    reason = (unsupported_reason(dims) or fast_path_reason(node, calls)
+              or unavailable_reason(placement.device, dims.head_dim))
+    if reason is not None or code_frames:
+        return None
+    pool = next((p for p in plan.deployment.kv_pools if p.node == node.name), None)
+    page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
+    max_seq_len = pool.max_seq_len if pool else plan.deployment.max_seq_len
+    pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
+    model = build_decoder(dims, placement.device, torch.bfloat16, node=node.name, seed=seed,
+                          weights_dir=weights_dir)
+    return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
+                            decode_family(plan, node.name), is_flashinfer=True)

@@ -1,0 +1,129 @@
+"""The GPU fast path's logic on the CPU (fp32, torch attention over FlashInfer's CSR arrays):
+packing, the flat forward, the device token table (loop-back), device sampling and the runner,
+against the reference `DecoderRunner`. Graphs and FlashInfer run only in tests/gpu/."""
+import numpy as np
+import pytest
+import torch
+
+from engine_plans import generate, llm_plan
+from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
+from mstar.runtime.engine.gpu.packing import RowSpec, pack
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.gpu.sampler import hashed_uniform, sample
+from mstar.runtime.engine.models.kinds import call_table
+from mstar.runtime.engine.placement import CPU
+from mstar.runtime.engine.torch_engine import TorchEngine
+
+
+def _fast_engine(plan, num_pages=64):
+    """A CPU engine whose LLM runner is the fast path's, in fp32 with the reference's weights."""
+    engine = TorchEngine(plan, num_pages=num_pages)
+    reference = engine.runners["LLM"]
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, node="LLM", seed=0)
+    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
+                                             None, is_flashinfer=False)
+    return engine
+
+
+def test_device_model_has_the_reference_weights():
+    engine = TorchEngine(llm_plan())
+    reference = engine.runners["LLM"].model
+    model = build_decoder(engine.runners["LLM"].dims, torch.device("cpu"), torch.float32, node="LLM", seed=0)
+    for (name, expected), (other, got) in zip(reference.named_parameters(), model.named_parameters()):
+        assert name == other and torch.equal(expected, got), name
+
+
+def test_packing_lays_out_rows_and_padding():
+    rows = [RowSpec([5, 6, 7], 0, [3], 0), RowSpec(None, 17, [1, 4], 2)]
+    packed = pack(rows, 16, 9, padded_rows=4, padded_tokens=8)
+    ids, pos, slots, src, last, row_slot = np.split(packed.host, np.cumsum(packed.field_sizes())[:-1])
+    assert ids.tolist() == [5, 6, 7, 0, 0, 0, 0, 0]
+    assert pos.tolist() == [0, 1, 2, 17, 0, 0, 0, 0]
+    assert slots.tolist() == [48, 49, 50, 4 * 16 + 1] + [9 * 16] * 4  # padding writes the dummy page
+    assert src.tolist() == [-1, -1, -1, 2, -1, -1, -1, -1]
+    assert last.tolist() == [2, 3, 4, 5] and row_slot.tolist() == [0, 2, 0, 0]
+    assert packed.qo_indptr.tolist() == [0, 3, 4, 5, 6]
+    assert packed.kv_indptr.tolist() == [0, 1, 3, 4, 5]
+    assert packed.kv_indices.tolist() == [3, 1, 4, 9, 9]
+    assert packed.last_page_len.tolist() == [3, 2, 1, 1]
+
+
+def test_fast_runner_follows_the_reference_greedy_tokens():
+    plan = llm_plan()
+    prompts = {f"r{i}": [1 + i, 7, 3 + 2 * i, 11][: 2 + i % 3] for i in range(5)}
+    expected = generate(TorchEngine(plan), prompts, 8, start_every=1)
+    got = generate(_fast_engine(plan), prompts, 8, start_every=1)
+    assert got == expected
+
+
+def test_loop_back_tokens_stay_on_the_device():
+    """A decode row the conductor sends without its token is fed from the device token table."""
+    from mstar.runtime.conductor.request import Request
+    from engine_plans import step
+    from mstar.runtime.step import StepRow
+
+    plan = llm_plan()
+    runs = []
+    for is_device in (False, True):
+        engine = _fast_engine(plan)
+        engine.add_request("a", Request(id="a", prompt_tokens=[4, 5, 6], max_tokens=5))
+        tokens = [engine.run_step(step("LLM", [StepRow("a", "prefill", 3, 0, {"text_inputs": [4, 5, 6]})]))
+                  .rows[0].outputs["new_token"][0]]
+        for _ in range(3):
+            inputs = {} if is_device else {"text_inputs": [tokens[-1]]}
+            result = engine.run_step(step("LLM", [StepRow("a", "decode", 1, 0, inputs)]))
+            tokens.append(result.rows[0].outputs["new_token"][0])
+        runs.append(tokens)
+    assert runs[0] == runs[1]
+
+
+def test_device_sampling_is_seeded_per_row_and_follows_top_p():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    temperature = torch.tensor([0.0, 1.0, 1.0])
+    top_p = torch.tensor([1.0, 1.0, 1e-6])
+    seeds, counters = torch.tensor([1, 2, 3]), torch.tensor([0, 0, 0])
+    first = sample(logits, temperature, top_p, seeds, counters)
+    assert first[0] == logits[0].argmax() and first[2] == logits[2].argmax()  # greedy; top_p keeps the top
+    assert torch.equal(first, sample(logits, temperature, top_p, seeds, counters))
+    draws = [int(sample(logits[1:2], temperature[1:2], top_p[1:2], seeds[1:2], torch.tensor([c])))
+             for c in range(400)]
+    assert len(set(draws)) > 10  # fresh draws per counter
+    probs = torch.softmax(logits[1], -1)
+    top = int(probs.argmax())
+    assert abs(draws.count(top) / 400 - float(probs[top])) < 0.08
+    u = hashed_uniform(seeds, counters, 1000)
+    assert float(u.min()) > 0 and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.02
+
+
+def test_fast_path_reasons():
+    plan = llm_plan()
+    calls = call_table(plan)
+    assert fast_path_reason(plan.nodes[0], calls) is None
+    assert decode_family(plan, "LLM") is None  # a hand-built plan lists no captures
+    hybrid = TorchEngine(llm_plan(dict(plan.nodes[0].dims, layers=4, layer_pattern=[0, 0, 0, 1]),
+                                  recurrent=None)).runners["LLM"].dims
+    assert "gated delta-net" in unsupported_reason(hybrid)
+
+
+def test_fast_runner_refuses_a_repetition_penalty():
+    from mstar.runtime.conductor.request import Request
+
+    engine = _fast_engine(llm_plan())
+    reason = engine.add_request("a", Request(id="a", prompt_tokens=[1], max_tokens=2, repetition_penalty=1.2))
+    assert reason is not None and "repetition_penalty" in reason
+
+
+@pytest.mark.parametrize("temperature", [0.8])
+def test_fast_runner_samples_with_a_temperature(temperature):
+    from mstar.runtime.conductor.request import Request
+    from engine_plans import step
+    from mstar.runtime.step import StepRow
+
+    outs = []
+    for _ in range(2):
+        engine = _fast_engine(llm_plan())
+        engine.add_request("a", Request(id="a", prompt_tokens=[1, 2], max_tokens=3, temperature=temperature, seed=7))
+        result = engine.run_step(step("LLM", [StepRow("a", "prefill", 2, 0, {"text_inputs": [1, 2]})]))
+        outs.append(result.rows[0].outputs["new_token"])
+    assert outs[0] == outs[1]
