@@ -127,3 +127,12 @@ def test_fast_runner_samples_with_a_temperature(temperature):
         result = engine.run_step(step("LLM", [StepRow("a", "prefill", 2, 0, {"text_inputs": [1, 2]})]))
         outs.append(result.rows[0].outputs["new_token"])
     assert outs[0] == outs[1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_bench_engine_refuses_cleanly_without_a_gpu(capsys):
+    from mstar.cli.mstar import main
+
+    assert main(["bench", "engine", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "needs a CUDA GPU" in captured.err and captured.out == ""

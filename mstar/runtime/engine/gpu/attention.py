@@ -12,6 +12,8 @@ compiled module serves both wrappers; plan() always runs outside the graph.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from mstar.runtime.engine.gpu.forward import Attend
@@ -22,7 +24,8 @@ WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs (the prefill planner's n
 
 class FlashInferSteps:
     def __init__(self, device: torch.device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                 page_size: int, max_pages: int, decode_batch_sizes: list[int]):
+                 page_size: int, max_pages: int, decode_batch_sizes: list[int], is_tensor_core: Optional[bool] = None):
+        """is_tensor_core: the decode kernel; None picks tensor cores for grouped-query ratios >= 4."""
         import flashinfer
 
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
@@ -34,7 +37,7 @@ class FlashInferSteps:
         self.indptr = torch.zeros(max_batch + 1, dtype=torch.int32, device=device)
         self.indices = torch.zeros(max_pages + max_batch, dtype=torch.int32, device=device)
         self.last_len = torch.zeros(max(max_batch, 1), dtype=torch.int32, device=device)
-        self.is_tensor_core = num_qo_heads // num_kv_heads >= 4
+        self.is_tensor_core = num_qo_heads // num_kv_heads >= 4 if is_tensor_core is None else is_tensor_core
         extra = {"backend": "fa2"} if self.is_tensor_core else {}
         self.decode = {
             batch: flashinfer.BatchDecodeWithPagedKVCacheWrapper(

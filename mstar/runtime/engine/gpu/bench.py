@@ -113,7 +113,7 @@ def _engine_step_ms(executor, rows, page_size: int, iters: int) -> float:
     return _median_ms(lambda: executor.collect(executor.launch(specs)), iters)
 
 
-def build(plan, node) -> tuple:
+def build(plan, node, is_tensor_core=None) -> tuple:
     from mstar.runtime.engine.dims import decoder_dims
     from mstar.runtime.engine.gpu.device_model import build_decoder
     from mstar.runtime.engine.gpu.executor import StepExecutor
@@ -129,12 +129,12 @@ def build(plan, node) -> tuple:
     kv.data.normal_()
     family = decode_family(plan, node.name)
     executor = StepExecutor(DecoderForward(model, dims, kv, 8192 + 1), kv, device, num_pages + 1,
-                            family.batch_pad if family else None, is_flashinfer=True)
+                            family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core)
     return dims, model, kv, family, executor
 
 
-def run_engine(plan, node, iters: int, profile_rows: int = 0) -> tuple[dict, object]:
-    dims, model, kv, family, executor = build(plan, node)
+def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None) -> tuple[dict, object]:
+    dims, model, kv, family, executor = build(plan, node, is_tensor_core)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
     matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
@@ -182,6 +182,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="also list the top kernels of the decode graph of ROWS rows (torch profiler)")
+    parser.add_argument("--decode-kernel", choices=("auto", "tensor", "cuda"), default="auto",
+                        help="FlashInfer decode kernel: tensor cores (the prefill kernels), CUDA cores, or auto "
+                             "(tensor cores for grouped-query ratios >= 4)")
     args = parser.parse_args(argv)
     if args.iters < 1:
         parser.error("--iters must be positive")
@@ -200,7 +203,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if node is None:
         print(f"mstar bench engine: {args.plan} has no kv node", file=sys.stderr)
         return 1
-    result, dims = run_engine(plan, node, args.iters, args.profile)
+    is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
+    result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core)
     if not args.no_hf:
         from mstar.runtime.engine.gpu import bench_hf
 

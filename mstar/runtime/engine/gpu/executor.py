@@ -46,7 +46,8 @@ class Pending:
 
 class StepExecutor:
     def __init__(self, forward: DecoderForward, kv: PagedKv, device: torch.device, max_rows: int,
-                 decode_batch_pad: Optional[list[int]] = None, is_flashinfer: bool = False):
+                 decode_batch_pad: Optional[list[int]] = None, is_flashinfer: bool = False,
+                 is_tensor_core: Optional[bool] = None):
         """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs."""
         self.forward, self.kv, self.device = forward, kv, device
         self.is_cuda = device.type == "cuda"
@@ -60,7 +61,7 @@ class StepExecutor:
             sizes = sorted({b for b in self.batch_pad if b})
             dims = forward.dims
             self.attention = FlashInferSteps(device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
-                                             kv.page_size, kv.num_pages, sizes)
+                                             kv.page_size, kv.num_pages, sizes, is_tensor_core)
         self._staging = torch.empty(0, dtype=torch.int32)
         self._device_in = torch.empty(0, dtype=torch.int32, device=device)
         self._tokens_out = self._host(torch.empty(max_rows, dtype=torch.long))
