@@ -67,11 +67,11 @@ def test_loop_back_tokens_stay_on_the_device():
     for is_device in (False, True):
         engine = _fast_engine(plan)
         engine.add_request("a", Request(id="a", prompt_tokens=[4, 5, 6], max_tokens=5))
-        tokens = [engine.run_step(step("LLM", [StepRow("a", "prefill", 3, 0, {"text_inputs": [4, 5, 6]})]))
+        tokens = [engine.run_step(step(engine.plan, "LLM", [StepRow("a", "prefill", 3, 0, {"text_inputs": [4, 5, 6]})]))
                   .rows[0].outputs["new_token"][0]]
         for _ in range(3):
             inputs = {} if is_device else {"text_inputs": [tokens[-1]]}
-            result = engine.run_step(step("LLM", [StepRow("a", "decode", 1, 0, inputs)]))
+            result = engine.run_step(step(engine.plan, "LLM", [StepRow("a", "decode", 1, 0, inputs)]))
             tokens.append(result.rows[0].outputs["new_token"][0])
         runs.append(tokens)
     assert runs[0] == runs[1]
@@ -124,7 +124,7 @@ def test_fast_runner_samples_with_a_temperature(temperature):
     for _ in range(2):
         engine = _fast_engine(llm_plan())
         engine.add_request("a", Request(id="a", prompt_tokens=[1, 2], max_tokens=3, temperature=temperature, seed=7))
-        result = engine.run_step(step("LLM", [StepRow("a", "prefill", 2, 0, {"text_inputs": [1, 2]})]))
+        result = engine.run_step(step(engine.plan, "LLM", [StepRow("a", "prefill", 2, 0, {"text_inputs": [1, 2]})]))
         outs.append(result.rows[0].outputs["new_token"])
     assert outs[0] == outs[1]
 

@@ -30,7 +30,7 @@ class FlashInferSteps:
 
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.page_size = page_size
-        self.scale = head_dim ** -0.5
+        self.sm_scale = head_dim ** -0.5
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.eager = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         max_batch = max(decode_batch_sizes, default=0)
@@ -50,14 +50,14 @@ class FlashInferSteps:
     def plan_eager(self, packed: PackedStep) -> Attend:
         hq, hkv, d = self.heads
         self.eager.plan(packed.qo_indptr, packed.kv_indptr, packed.kv_indices, packed.last_page_len,
-                        hq, hkv, d, self.page_size, causal=True, sm_scale=self.scale,
+                        hq, hkv, d, self.page_size, causal=True, sm_scale=self.sm_scale,
                         q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
         return lambda _layer, q, k_pages, v_pages: self.eager.run(q, (k_pages, v_pages))
 
     def plan_decode(self, batch: int, packed: PackedStep) -> None:
         hq, hkv, d = self.heads
         self.decode[batch].plan(packed.kv_indptr, packed.kv_indices, packed.last_page_len, hq, hkv, d,
-                                self.page_size, sm_scale=self.scale, q_data_type=torch.bfloat16,
+                                self.page_size, sm_scale=self.sm_scale, q_data_type=torch.bfloat16,
                                 kv_data_type=torch.bfloat16)
 
     def decode_attend(self, batch: int) -> Attend:

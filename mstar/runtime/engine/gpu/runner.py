@@ -62,6 +62,11 @@ def decode_family(plan: Plan, node: str) -> Optional[CaptureFamily]:
     return None
 
 
+def _no_embeds(num_tokens: int) -> torch.Tensor:
+    """The fast path embeds on the device: the host item carries only its token count (`[T, 0]`)."""
+    return torch.empty(num_tokens, 0)
+
+
 @dataclass
 class _Item(_Prepared):
     is_loop_back: bool = False
@@ -105,10 +110,10 @@ class GpuDecoderRunner(DecoderRunner):
         for name in call.inputs:
             raw = row.inputs.get(name)
             if raw is None and name in self._device_loop_backs(call) and node in request.last_token:
-                return _Item(row, call, request, None, list(request.last_token[node]), is_loop_back=True)
+                return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]), is_loop_back=True)
             value = classify(name, raw)
             if value.kind == "tokens":
-                return _Item(row, call, request, None, value.tensor.tolist())
+                return _Item(row, call, request, _no_embeds(value.tensor.numel()), value.tensor.tolist())
             if value.kind == "embeddings":
                 raise InputError(f"input {name}: embeddings are not on the GPU fast path")
         raise InputError("a row with no token to feed is not on the GPU fast path")
