@@ -3,14 +3,15 @@
 `with_roles(node, walks, prompt="text_inputs", kind=None, output_roles=None, input_roles=None)`
 returns the node with `input_roles` (every input `tokens` unless `input_roles` says otherwise; the
 input named `prompt` takes the text prompt), `outputs` (every edge name its calls in `walks` carry,
-`tokens` unless `output_roles` says otherwise) and `model_kind` (a kv node is a decoder, a stateless
+`tokens` unless `output_roles` says otherwise; `walks` are section trees, as hand-built plans write them) and `model_kind` (a kv node is a decoder, a stateless
 one an audio codec unless `kind` says otherwise). Test data only: the runtime never sees the names.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from mstar.plan.schema import CallPlan, InputPlan, NodePlan, OutputPlan, WalkPlan
+from mstar.compiler.walk_tree import TreeCall as CallPlan, WalkTree as WalkPlan
+from mstar.plan.schema import InputPlan, NodePlan, OutputPlan
 
 
 def _calls(sections):

@@ -9,7 +9,8 @@ The format is the reference system's serving YAML, read unchanged: `model`, `max
 overrides, `max_concurrent_requests`, `model_kwargs`, `autocast_dtype`, `resources`,
 `max_prefill_chunk_size`, `scheduler_owns_chunking`, `max_step_tokens`, `dist_timeout_s`.
 Beside them, mstar's own keys: `kv_pool`, `capture_memory_budget_mb`,
-`speculation_mixes_walks`, `recurrent_state_slots`, `max_consecutive_follower_batches`.
+`speculation_mixes_walks`, `recurrent_state_slots`, `max_consecutive_follower_batches`,
+`replica_policy`.
 Any other key is an error at its line and column (with a "did you mean" when one is close).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import difflib
 import math
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Optional
+from typing import Annotated, Any, Iterable, Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -153,6 +154,8 @@ class Deployment(DeployModel):
     speculation_mixes_walks: list[str] = []  # "NODE" (every walk) or "NODE.WALK"
     recurrent_state_slots: Optional[int] = Field(default=None, ge=1)
     max_consecutive_follower_batches: int = Field(default=1, ge=1)
+    # How a request picks one of several data-parallel replicas of a (node, walk).
+    replica_policy: Literal["request_hash", "round_robin"] = "request_hash"
 
     _name: str = PrivateAttr(default="")
     _path: str = PrivateAttr(default="")

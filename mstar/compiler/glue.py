@@ -16,11 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import jinja2
 
-from mstar.plan.schema import CallPlan, KeyPlan, LoopPlan, ParallelPlan, Plan, SectionPlan, SequentialPlan
+from mstar.plan.schema import KeyPlan, Plan, WalkPlan
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 MODULE_TEMPLATE = "glue.py.j2"
@@ -135,7 +134,7 @@ def _key_constants(key: KeyPlan, page_size: int, walks: dict) -> tuple:
     for walk_name in key.walks:
         if walk_name not in walks:
             raise GlueError(f"key `{key.name}` names walk `{walk_name}`, which the plan lacks")
-        flags.append(walk_flags(walks[walk_name].body, key.node))
+        flags.append(walk_flags(walks[walk_name], key.node))
     batch_sizes = sorted({b for family in key.captures for b in family.batch_sizes})
     token_buckets = sorted({t for f in key.captures for t in (
         f.token_buckets if f.kind == "packed" else [b * f.tokens_per_row for b in f.batch_sizes])})
@@ -149,27 +148,18 @@ def _key_constants(key: KeyPlan, page_size: int, walks: dict) -> tuple:
     )
 
 
-def walk_flags(body: list[SectionPlan], node: str) -> WalkFlags:
-    """Where the token sampled by `node` in a walk of this body goes."""
+def walk_flags(walk: WalkPlan, node: str) -> WalkFlags:
+    """Where the token sampled by `node` in `walk` goes (read from the walk's call table)."""
     is_device_loop = is_stream = is_host = False
-    for call, is_in_stop_loop in _calls_of(body, node, False):
+    for call in walk.calls:
+        if call.node != node:
+            continue
         for edge in call.edges:
             is_device_loop |= edge.is_device
             is_stream |= edge.dest_kind == "stream"
             is_host |= not edge.is_device
-        is_host |= is_in_stop_loop
+        is_host |= call.stop_loop is not None  # a stop check reads the token on the host
     return WalkFlags(is_device_loop, is_stream, is_host)
-
-
-def _calls_of(body: list[SectionPlan], node: str, is_in_stop_loop: bool) -> Iterator[tuple[CallPlan, bool]]:
-    for section in body:
-        if isinstance(section, CallPlan):
-            if section.node == node:
-                yield section, is_in_stop_loop
-        elif isinstance(section, LoopPlan):
-            yield from _calls_of(section.body, node, is_in_stop_loop or section.has_stop)
-        elif isinstance(section, (ParallelPlan, SequentialPlan)):
-            yield from _calls_of(section.body, node, is_in_stop_loop)
 
 
 def _walk_test(indices: tuple[int, ...], var: str) -> str:

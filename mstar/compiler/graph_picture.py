@@ -19,7 +19,7 @@ from pathlib import Path
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.files import atomic_write_text
 from mstar.lang import ast
-from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, ParallelPlan, WalkPlan
+from mstar.compiler.walk_tree import TreeCall, TreeEdge, TreeLoop, TreeParallel, WalkTree
 
 BOX_W, BOX_H = 200, 46
 COL_W, ROW_H = 290, 180
@@ -31,7 +31,7 @@ FONT = "font-family='DejaVu Sans, Arial, sans-serif'"
 
 @dataclass
 class _Box:
-    call: CallPlan
+    call: TreeCall
     col: int
     row: int
     loop_depth: int
@@ -46,7 +46,7 @@ class _Box:
 
 @dataclass
 class _Frame:
-    loop: LoopPlan
+    loop: TreeLoop
     first_col: int
     last_col: int
     rows: int
@@ -64,10 +64,10 @@ def _place(sections: list, col: int, row: int, depth: int, out: _Layout) -> tupl
     """Place sections from column `col`; returns (next free column, rows used)."""
     rows_used = 1
     for section in sections:
-        if isinstance(section, CallPlan):
+        if isinstance(section, TreeCall):
             out.boxes.append(_Box(section, col, row, depth))
             col += 1
-        elif isinstance(section, ParallelPlan):
+        elif isinstance(section, TreeParallel):
             next_col, member_row = col, row
             for member in section.body:
                 end, used = _place([member], col, member_row, depth, out)
@@ -75,7 +75,7 @@ def _place(sections: list, col: int, row: int, depth: int, out: _Layout) -> tupl
                 member_row += used
             rows_used = max(rows_used, member_row - row)
             col = next_col
-        elif isinstance(section, LoopPlan):
+        elif isinstance(section, TreeLoop):
             start = col
             col, used = _place(section.body, col, row, depth + 1, out)
             out.frames.append(_Frame(section, start, col - 1, used, depth))
@@ -87,7 +87,7 @@ def _place(sections: list, col: int, row: int, depth: int, out: _Layout) -> tupl
     return col, rows_used
 
 
-def _flags(edge: EdgePlan) -> str:
+def _flags(edge: TreeEdge) -> str:
     flags = [n for n, on in (("persist", edge.is_persist), ("device", edge.is_device),
                              ("count_tokens", edge.is_count_tokens)) if on]
     if edge.modality:
@@ -95,7 +95,7 @@ def _flags(edge: EdgePlan) -> str:
     return f" [{', '.join(flags)}]" if flags else ""
 
 
-def _target(boxes: list[_Box], source: _Box, edge: EdgePlan) -> _Box | None:
+def _target(boxes: list[_Box], source: _Box, edge: TreeEdge) -> _Box | None:
     """The box an edge points at: for a loop-back the earliest call of that node at or before
     the source, else the next call of that node after it."""
     same = [b for b in boxes if b.call.node == edge.dest]
@@ -131,7 +131,7 @@ def _text(x: float, y: float, text: str, size: int = 12, anchor: str = "start", 
             f"font-weight='{weight}'>{escape(text)}</text>")
 
 
-def _walk_panel(walk: WalkPlan, top: float) -> tuple[list[str], float, float]:
+def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
     """SVG elements of one walk; returns (elements, height, width)."""
     layout = _Layout()
     num_cols, _ = _place(walk.body, 0, 0, 0, layout)

@@ -8,10 +8,12 @@ Out: `run(spec, deployment, header) -> Plan`; nodes, walks, partitions and keys 
     params      name -> value
     nodes       engine, model kind, dims (the spec's node args), input and output roles, KV
                 sequences with each walk's reads / writes, guidance, recurrent state slots
-    walks       section trees with loops (lower_walks)
+    walks       walk tables: calls with input sources, edge actions, next calls, instances;
+                joins; loops (lower_walks builds section trees, lower_tables the tables)
     partitions  stages, initial walk, streams (lower_walks)
-    deployment  KV pools, max_seq_len, admission limit, capture budget, follower fairness
-    workers     per rank: placements, keys + mixtures, routes, speculation, TP groups (lower_workers)
+    deployment  KV pools, max_seq_len, admission limit, capture budget, follower fairness,
+                replica policy
+    workers     per rank: placements, keys + mixtures, speculation, TP groups (lower_workers)
 
 Defaults applied here (documented in docs/plan.md): KV pools as `Deployment.kv_pool_for` resolves
 them (kv_pool.nodes, kv_pool, kv_cache, then page 128 x 2048 pages); recurrent state
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 from mstar.compiler.check_roles import model_kind
 from mstar.compiler.deployment import Deployment
+from mstar.compiler.lower_tables import lower_walk_tables
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
-from mstar.compiler.lower_workers import lower_workers
+from mstar.compiler.lower_workers import call_instances, lower_workers
 from mstar.lang import ast
 from mstar.plan.schema import (
     DeploymentPlan,
@@ -144,6 +147,7 @@ def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
         max_concurrent_requests=deployment.max_concurrent_requests,
         capture_memory_budget_bytes=deployment.capture_memory_budget_bytes,
         max_consecutive_follower_batches=deployment.max_consecutive_follower_batches,
+        replica_policy=deployment.replica_policy,
         kv_pools=sorted(pools, key=lambda p: p.node),
     )
 
@@ -151,14 +155,16 @@ def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
 def run(spec: ast.Spec, deployment: Deployment, header: Header) -> Plan:
     """Every table of the plan for `spec` placed by `deployment` (see the module docstring)."""
     params = {p.name: p.value for p in spec.params}
-    walks = lower_walks(spec, params)
+    trees = lower_walks(spec, params)
     partitions = lower_partitions(spec)
+    nodes = lower_nodes(spec, deployment)
+    workers = lower_workers(spec, deployment, trees, row_limit(deployment))
     return Plan(
         header=header,
         params=dict(sorted(params.items())),
-        nodes=lower_nodes(spec, deployment),
-        walks=walks,
+        nodes=nodes,
+        walks=lower_walk_tables(trees, partitions, nodes, call_instances(workers)),
         partitions=partitions,
         deployment=lower_deployment(spec, deployment),
-        workers=lower_workers(spec, deployment, walks, partitions, row_limit(deployment)),
+        workers=workers,
     )

@@ -24,9 +24,9 @@ from __future__ import annotations
 from mstar.compiler import capture_memory
 from mstar.lang import ast
 from mstar.plan.buckets import batch_pad_table
-from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, WalkPlan
+from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry
 
-from mstar.compiler.lower_walks import loops_back_into
+from mstar.compiler.walk_tree import WalkTree, loops_back_into
 
 DEFAULT_MIXED_ATTENTION = "split"
 
@@ -49,7 +49,7 @@ def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
     return max(batches) if batches else fallback_cap
 
 
-def _single_attention(node: ast.NodeDecl, walk: WalkPlan) -> str:
+def _single_attention(node: ast.NodeDecl, walk: WalkTree) -> str:
     """Attention kernels of a one-walk step. "decode" (one query token a row) when the walk
     feeds the node's output back to it and that token is one row's single input: its captures
     are all batched with one token a row, and, without a capture to say so, the loop-back stays
@@ -86,7 +86,7 @@ def _key(
     name: str,
     walks: list[str],
     combine: ast.CombineDecl | None,
-    walk_plans: dict[str, WalkPlan],
+    walk_plans: dict[str, WalkTree],
     tp_size: int,
     fallback_cap: int,
 ) -> KeyPlan:
@@ -143,7 +143,7 @@ def _key(
 def lower_node_keys(
     node: ast.NodeDecl,
     walks_here: list[str],
-    walk_plans: dict[str, WalkPlan],
+    walk_plans: dict[str, WalkTree],
     tp_sizes: dict[str, int],
     fallback_cap: int,
 ) -> tuple[list[KeyPlan], dict[str, str]]:

@@ -1,8 +1,9 @@
-"""Lowering, part 1: walks and partitions of a checked spec -> WalkPlan / PartitionPlan trees.
+"""Lowering, part 1: walks and partitions of a checked spec -> section trees / PartitionPlans.
 
 In:  a resolved, checked `Spec` (names resolve, loops are well formed).
-Out: `lower_walks(spec) -> list[WalkPlan]` and `lower_partitions(spec) -> list[PartitionPlan]`,
-     plus small readers over lowered walks (`iter_calls`, `iter_loops`, `walk_partition`).
+Out: `lower_walks(spec) -> list[WalkTree]` (mstar/compiler/walk_tree.py, which also has the
+     readers `iter_calls`, `iter_loops`, ...) and `lower_partitions(spec) -> list[PartitionPlan]`.
+     `lower_tables` turns the trees into the plan's walk tables.
 
 Loop-back edges are derived structurally, as the reference system does: inside a loop, an edge
 from a node to itself, or, inside a sequential list of sections, an edge from a later section to
@@ -16,19 +17,16 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from mstar.lang import ast
-from mstar.plan.schema import (
-    CallPlan,
-    ChunkPolicyPlan,
-    EdgePlan,
-    LoopPlan,
-    ParallelPlan,
-    PartitionPlan,
-    SectionPlan,
-    SequentialPlan,
-    StagePlan,
-    StreamPlan,
-    WalkPlan,
+from mstar.compiler.walk_tree import (
+    TreeCall,
+    TreeEdge,
+    TreeLoop,
+    TreeParallel,
+    TreeSection,
+    TreeSequential,
+    WalkTree,
 )
+from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan, StagePlan, StreamPlan
 
 # Walks that no partition lists form one implicit partition, as in the reference system.
 DEFAULT_PARTITION = "default"
@@ -94,7 +92,7 @@ class _WalkContext:
     num_unnamed_loops: int = 0
 
 
-def _lower_edge(edge: ast.Edge, ctx: _WalkContext) -> EdgePlan:
+def _lower_edge(edge: ast.Edge, ctx: _WalkContext) -> TreeEdge:
     if edge.dest == CONDUCTOR:
         dest_kind, dest = "conductor", ""
     elif edge.dest == CLIENT:
@@ -106,7 +104,7 @@ def _lower_edge(edge: ast.Edge, ctx: _WalkContext) -> EdgePlan:
     stream_partition = None
     if dest_kind == "stream":
         stream_partition = ctx.stream_targets.get((ctx.partition, edge.name, edge.dest))
-    return EdgePlan(
+    return TreeEdge(
         name=edge.name,
         dest_kind=dest_kind,
         dest=dest,
@@ -119,7 +117,7 @@ def _lower_edge(edge: ast.Edge, ctx: _WalkContext) -> EdgePlan:
     )
 
 
-def _lower_loop(loop: ast.Loop, ctx: _WalkContext) -> LoopPlan:
+def _lower_loop(loop: ast.Loop, ctx: _WalkContext) -> TreeLoop:
     if loop.name is None:
         name = f"{ctx.walk}.loop{ctx.num_unnamed_loops}"
         ctx.num_unnamed_loops += 1
@@ -135,7 +133,7 @@ def _lower_loop(loop: ast.Loop, ctx: _WalkContext) -> LoopPlan:
             if id(edge) in own_ids:
                 loop_back[(edge.dest, edge.name)] = _lower_edge(edge, ctx)
     loop_back_edges = [loop_back[k] for k in sorted(loop_back)]
-    return LoopPlan(
+    return TreeLoop(
         name=name,
         max_iters=max_iters,
         has_stop=loop.has_stop,
@@ -148,18 +146,18 @@ def _lower_loop(loop: ast.Loop, ctx: _WalkContext) -> LoopPlan:
     )
 
 
-def _lower_sections(sections: list, ctx: _WalkContext) -> list[SectionPlan]:
-    out: list[SectionPlan] = []
+def _lower_sections(sections: list, ctx: _WalkContext) -> list[TreeSection]:
+    out: list[TreeSection] = []
     for section in sections:
         if isinstance(section, ast.Call):
             edges = [_lower_edge(e, ctx) for e in section.edges]
-            out.append(CallPlan(node=section.node, inputs=list(section.inputs), edges=edges))
+            out.append(TreeCall(node=section.node, inputs=list(section.inputs), edges=edges))
         elif isinstance(section, ast.Loop):
             out.append(_lower_loop(section, ctx))
         elif isinstance(section, ast.Parallel):
-            out.append(ParallelPlan(body=_lower_sections(section.body, ctx)))
+            out.append(TreeParallel(body=_lower_sections(section.body, ctx)))
         else:
-            out.append(SequentialPlan(body=_lower_sections(section.body, ctx)))
+            out.append(TreeSequential(body=_lower_sections(section.body, ctx)))
     return out
 
 
@@ -193,15 +191,15 @@ def _stream_targets(spec: ast.Spec, partition_of: dict[str, str]) -> dict[tuple[
     return targets
 
 
-def lower_walks(spec: ast.Spec, params: dict[str, int]) -> list[WalkPlan]:
-    """Every walk of the spec as a WalkPlan tree, in declaration order."""
+def lower_walks(spec: ast.Spec, params: dict[str, int]) -> list[WalkTree]:
+    """Every walk of the spec as a section tree, in declaration order."""
     partition_of = walk_partitions(spec)
     targets = _stream_targets(spec, partition_of)
     walks = []
     for walk in spec.walks:
         ctx = _WalkContext(spec, walk.name, partition_of[walk.name], params, targets)
         walks.append(
-            WalkPlan(
+            WalkTree(
                 name=walk.name,
                 partition=ctx.partition,
                 nodes=_first_use_nodes(walk.body),
@@ -262,34 +260,3 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
             )
         )
     return partitions
-
-
-# ---------------------------------------------------------------- reading lowered walks
-
-
-def iter_calls(sections: list[SectionPlan]) -> Iterator[CallPlan]:
-    """Every call of a lowered section tree, loops included, in source order."""
-    for section in sections:
-        if isinstance(section, CallPlan):
-            yield section
-        else:
-            yield from iter_calls(section.body)
-
-
-def iter_loops(sections: list[SectionPlan]) -> Iterator[LoopPlan]:
-    """Every loop of a lowered section tree (outer before inner), in source order."""
-    for section in sections:
-        if isinstance(section, LoopPlan):
-            yield section
-        if not isinstance(section, CallPlan):
-            yield from iter_loops(section.body)
-
-
-def loops_back_into(walk: WalkPlan, node: str) -> list[EdgePlan]:
-    """The loop-back edges of `walk` that feed `node` (its own output fed back to it)."""
-    return [e for loop in iter_loops(walk.body) if node in loop.nodes for e in loop.loop_back if e.dest == node]
-
-
-def has_device_loop_back(walk: WalkPlan, node: str) -> bool:
-    """Does `node` run inside a loop of `walk` whose loop-backs all stay on the device."""
-    return any(loop.is_on_device and node in loop.nodes for loop in iter_loops(walk.body))

@@ -1,27 +1,24 @@
 """Lowering, part 3: the per-worker tables (one WorkerPlan per rank the deployment uses).
 
 In:  the checked spec, the loaded deployment (`groups_for(node, walk)`, node groups with ranks,
-     tp_size, sp_size, graph_walks; `speculation_mixes_walks`), the lowered walks and partitions.
+     tp_size, sp_size, graph_walks; `speculation_mixes_walks`), the lowered walks (section trees).
 Out: `lower_workers(...) -> list[WorkerPlan]`, sorted by rank; keys in declaration order (node,
      then its combined walks, then its other walks), every other list inside sorted.
 
 Per rank: placements (`node/walk` pairs placed on it), keys and walk_to_key (lower_keys),
-routes (each output edge of a placed pair -> destination ranks, stream partition, client or
-conductor), speculation switches, the TP groups (tp*sp > 1 instances) holding the rank, and the
-capture memory of its keys' capture families.
+speculation switches, the TP groups (tp*sp > 1 instances) holding the rank, and the capture
+memory of its keys' capture families. `call_instances(workers)` reads them back into the
+(node, walk) -> instances table the walk tables carry per call (lower_tables).
 """
 from __future__ import annotations
 
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_keys import lower_node_keys
-from mstar.compiler.lower_walks import has_device_loop_back, iter_calls
+from mstar.compiler.walk_tree import WalkTree, has_device_loop_back
 from mstar.lang import ast
 from mstar.plan.schema import (
-    PartitionPlan,
-    RouteEntry,
     SpeculationPlan,
     TPGroup,
-    WalkPlan,
     WorkerPlan,
 )
 
@@ -52,37 +49,7 @@ def _tp_size(deployment: Deployment, node: str, walk: str, rank: int) -> int:
     return 1
 
 
-def _routes(deployment: Deployment, node: str, walk: WalkPlan, partitions: dict[str, PartitionPlan]) -> list[RouteEntry]:
-    routes: dict[tuple, RouteEntry] = {}
-    for call in iter_calls(walk.body):
-        if call.node != node:
-            continue
-        for edge in call.edges:
-            dest_ranks: list[int] = []
-            if edge.dest_kind == "node":
-                dest_ranks = _pair_ranks(deployment, edge.dest, walk.name)
-            elif edge.dest_kind == "stream" and edge.stream_partition in partitions:
-                consumer = partitions[edge.stream_partition]
-                ranks = set()
-                for stage in consumer.stages:
-                    for consumer_walk in stage.walks:
-                        ranks.update(_pair_ranks(deployment, edge.dest, consumer_walk))
-                dest_ranks = sorted(ranks)
-            route = RouteEntry(
-                node=node,
-                walk=walk.name,
-                edge=edge.name,
-                dest_kind=edge.dest_kind,
-                dest_node=edge.dest,
-                dest_ranks=dest_ranks,
-                stream_partition=edge.stream_partition,
-                modality=edge.modality,
-            )
-            routes[(edge.name, edge.dest_kind, edge.dest)] = route
-    return [routes[k] for k in sorted(routes)]
-
-
-def _tp_groups(spec: ast.Spec, deployment: Deployment, walks: list[WalkPlan], rank: int) -> list[TPGroup]:
+def _tp_groups(spec: ast.Spec, deployment: Deployment, walks: list[WalkTree], rank: int) -> list[TPGroup]:
     groups = []
     for group in deployment.node_groups:
         if group.world_size <= 1:
@@ -109,17 +76,15 @@ def _tp_groups(spec: ast.Spec, deployment: Deployment, walks: list[WalkPlan], ra
 def lower_workers(
     spec: ast.Spec,
     deployment: Deployment,
-    walks: list[WalkPlan],
-    partitions: list[PartitionPlan],
+    walks: list[WalkTree],
     fallback_cap: int,
 ) -> list[WorkerPlan]:
     """One WorkerPlan per rank used by the deployment (see the module docstring)."""
     walk_plans = {w.name: w for w in walks}
-    partition_plans = {p.name: p for p in partitions}
     spec_walk_order = [w.name for w in spec.walks]
     workers = []
     for rank in deployment.ranks():
-        placements, walk_to_key, keys, routes, speculation = [], {}, [], [], []
+        placements, walk_to_key, keys, speculation = [], {}, [], []
         for node in spec.nodes:
             walks_here = [
                 w for w in spec_walk_order
@@ -134,7 +99,6 @@ def lower_workers(
                 pair = f"{node.name}/{walk}"
                 placements.append(pair)
                 walk_to_key[pair] = node_walk_to_key[walk]
-                routes.extend(_routes(deployment, node.name, walk_plans[walk], partition_plans))
                 is_lockstep = _lockstep_size(deployment, node.name, walk, rank) > 1
                 speculation.append(
                     SpeculationPlan(
@@ -155,10 +119,27 @@ def lower_workers(
                 placements=sorted(placements),
                 walk_to_key=walk_to_key,
                 keys=keys,
-                routes=sorted(routes, key=lambda r: (r.node, r.walk, r.edge, r.dest_kind, r.dest_node)),
                 speculation=sorted(speculation, key=lambda s: (s.node, s.walk)),
                 tp_groups=_tp_groups(spec, deployment, walks, rank),
                 capture_memory_bytes=sum(families.values()),
             )
         )
     return workers
+
+
+def call_instances(workers: list[WorkerPlan]) -> dict[tuple[str, str], list[list[int]]]:
+    """(node, walk) -> the instances that run it, in rank order: a TP group's ranks with its
+    leader first, or one rank. More than one instance: data-parallel replicas."""
+    instances: dict[tuple[str, str], list[list[int]]] = {}
+    for worker in workers:
+        for placement in worker.placements:
+            node, walk = placement.split("/", 1)
+            group = next((g for g in worker.tp_groups if g.node == node and walk in g.walks), None)
+            if group is None:
+                instance = [worker.rank]
+            else:
+                instance = [group.leader] + [r for r in group.ranks if r != group.leader]
+            found = instances.setdefault((node, walk), [])
+            if instance not in found:
+                found.append(instance)
+    return instances

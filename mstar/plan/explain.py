@@ -11,9 +11,8 @@ import io
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-from rich.tree import Tree
 
-from mstar.plan.schema import CallPlan, EdgePlan, KeyPlan, LoopPlan, ParallelPlan, Plan, WorkerPlan
+from mstar.plan.schema import EdgePlan, InputPlan, KeyPlan, NextPlan, Plan, WalkPlan, WorkerPlan
 
 MIB = 1024 * 1024
 
@@ -32,7 +31,7 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
-def _edge_text(edge: EdgePlan) -> str:
+def _edge_text(edge: EdgePlan, walk: WalkPlan) -> str:
     dest = edge.dest or edge.dest_kind
     if edge.dest_kind == "stream":
         dest = f"{edge.dest} stream->{edge.stream_partition}"
@@ -41,38 +40,77 @@ def _edge_text(edge: EdgePlan) -> str:
         for name, on in (
             ("persist", edge.is_persist),
             ("device", edge.is_device),
-            ("loop-back", edge.is_loop_back),
             ("count_tokens", edge.is_count_tokens),
         )
         if on
     ]
     if edge.modality:
         flags.append(edge.modality)
-    return f"-> {edge.name}: {dest}" + (f" [{', '.join(flags)}]" if flags else "")
+    text = f"{edge.name}: {dest}" + (f" [{', '.join(flags)}]" if flags else "")
+    if edge.action == "slot":
+        return f"{text} => slot {edge.slot}"
+    if edge.action == "loop_back":
+        return f"{text} => loop-back of {walk.loops[edge.loop].name} into slot {edge.slot}"
+    if edge.action in ("loop_output", "loop_accumulate"):
+        word = "output" if edge.action == "loop_output" else "accumulated"
+        return f"{text} => {word} of {walk.loops[edge.loop].name} (exit {edge.exit})"
+    return text
 
 
-def _add_sections(tree: Tree, sections: list) -> None:
-    for section in sections:
-        if isinstance(section, CallPlan):
-            branch = tree.add(Text(f"{section.node}({', '.join(section.inputs)})"))
-            for edge in section.edges:
-                branch.add(Text(_edge_text(edge)))
-        elif isinstance(section, LoopPlan):
-            stop = " stop" if section.has_stop else ""
-            device = " on-device" if section.is_on_device else ""
-            back = ", ".join(f"{e.name}->{e.dest}" for e in section.loop_back) or "none"
-            extra = ""
-            if section.outputs:
-                extra += f" outputs {', '.join(section.outputs)}"
-            if section.accumulate:
-                extra += f" accumulate {', '.join(section.accumulate)}"
-            branch = tree.add(
-                Text(f"loop {section.name} max={section.max_iters}{stop}{device} loop-back: {back}{extra}")
+def _input_text(source: InputPlan) -> str:
+    slots = " or ".join(f"slot {s}" for s in source.slots)
+    if source.is_wait:
+        return f"{source.name} <- {slots} (waits)"
+    return f"{source.name} <- " + (f"{slots}, else " if slots else "") + source.source
+
+
+def _next_text(then: NextPlan, walk: WalkPlan) -> str:
+    if then.kind == "start":
+        parts = [f"enter {walk.loops[i].name}" for i in then.loops]
+        parts += [f"arm join {i}" for i in then.joins]
+        parts.append("calls " + " ".join(map(str, then.calls)))
+        return "; ".join(parts)
+    if then.kind == "join":
+        return f"join {then.target}"
+    if then.kind == "loop_end":
+        return f"end iteration of {walk.loops[then.target].name}"
+    return "walk ends"
+
+
+def _walk_tables(console: Console, walk: WalkPlan) -> None:
+    console.print(Text(f"walk {walk.name} (partition {walk.partition}): starts with {_next_text(walk.start, walk)}"))
+    table = _table(f"walk {walk.name}: calls", "#", "node", "inputs", "edges", "then", "loop", "ranks")
+    for index, call in enumerate(walk.calls):
+        loop = "" if call.loop is None else walk.loops[call.loop].name
+        if call.stop_loop is not None:
+            loop += f" (stop ends {walk.loops[call.stop_loop].name})"
+        counted = f"; counts {', '.join(call.counted)}" if call.counted else ""
+        table.add_row(
+            str(index), call.node, "; ".join(_input_text(i) for i in call.inputs),
+            "; ".join(_edge_text(e, walk) for e in call.edges) + counted, _next_text(call.then, walk), loop,
+            " | ".join(" ".join(map(str, instance)) for instance in call.instances),
+        )
+    console.print(table)
+    if walk.loops:
+        table = _table(f"walk {walk.name}: loops", "name", "max", "stop", "body", "then", "clears", "exits")
+        for loop in walk.loops:
+            exits = "; ".join(
+                f"{x.kind} {x.name} -> " + (f"slot {x.slot}" if x.edge is None else _edge_text(x.edge, walk))
+                for x in loop.exits
             )
-            _add_sections(branch, section.body)
-        else:
-            word = "parallel" if isinstance(section, ParallelPlan) else "sequential"
-            _add_sections(tree.add(Text(word)), section.body)
+            table.add_row(
+                loop.name + (" (on device)" if loop.is_on_device else ""), str(loop.max_iters),
+                "yes" if loop.has_stop else "no", _next_text(loop.body, walk), _next_text(loop.then, walk),
+                " ".join(map(str, loop.cleared_slots)), exits,
+            )
+        console.print(table)
+    if walk.joins:
+        table = _table(f"walk {walk.name}: parallel joins", "#", "members", "then")
+        for index, join in enumerate(walk.joins):
+            table.add_row(str(index), str(join.num_members), _next_text(join.then, walk))
+        console.print(table)
+    if walk.slots:
+        console.print(Text(f"walk {walk.name} slots: " + ", ".join(f"{i} {s}" for i, s in enumerate(walk.slots))))
 
 
 def _key_table(key: KeyPlan) -> Table:
@@ -108,15 +146,6 @@ def _worker(console: Console, worker: WorkerPlan) -> None:
                 str(f.num_graphs), f"{f.memory_bytes / MIB:.1f}",
             )
         console.print(table)
-    table = _table("routes", "node/walk", "edge", "to", "ranks")
-    for r in worker.routes:
-        to = r.dest_kind if not r.dest_node else f"{r.dest_kind} {r.dest_node}"
-        if r.stream_partition:
-            to += f" (partition {r.stream_partition})"
-        if r.modality:
-            to += f" [{r.modality}]"
-        table.add_row(f"{r.node}/{r.walk}", r.edge, to, " ".join(map(str, r.dest_ranks)))
-    console.print(table)
     table = _table("speculation", "node/walk", "can speculate", "mixes walks")
     for s in worker.speculation:
         table.add_row(f"{s.node}/{s.walk}", "yes" if s.can_speculate else "no", "yes" if s.mixes_walks else "no")
@@ -163,9 +192,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         if n.dims:
             console.print(Text(f"  {n.name} dims: " + " ".join(f"{k}={v}" for k, v in n.dims.items())))
     for walk in plan.walks:
-        tree = Tree(Text(f"walk {walk.name} (partition {walk.partition})"))
-        _add_sections(tree, walk.body)
-        console.print(tree)
+        _walk_tables(console, walk)
     table = _table("partitions", "name", "stages", "initial walk", "streams in")
     for p in plan.partitions:
         stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in p.stages)
@@ -183,7 +210,7 @@ def print_plan(plan: Plan, console: Console) -> None:
     console.print(Text(
         f"deployment: max_seq_len {d.max_seq_len}, max concurrent requests "
         f"{d.max_concurrent_requests or 'unlimited'}, capture budget {budget}, "
-        f"follower batches in a row {d.max_consecutive_follower_batches}"
+        f"follower batches in a row {d.max_consecutive_follower_batches}, replicas by {d.replica_policy}"
     ))
     table = _table("KV pools", "node", "page size", "pages", "max seq len")
     for pool in d.kv_pools:

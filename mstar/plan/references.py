@@ -11,16 +11,97 @@ from __future__ import annotations
 from typing import Iterator
 
 from mstar.plan.buckets import batch_pad_table, family_max_rows
-from mstar.plan.schema import CallPlan, EdgePlan, KeyPlan, LoopPlan, Plan, SectionPlan
+from mstar.plan.schema import EdgePlan, KeyPlan, NextPlan, Plan, WalkPlan
 
 MAX_PROBLEMS = 5
 
 
-def _sections(body: list[SectionPlan], in_loop: bool = False) -> Iterator[tuple[SectionPlan, bool]]:
-    for section in body:
-        yield section, in_loop
-        if not isinstance(section, CallPlan):
-            yield from _sections(section.body, in_loop or isinstance(section, LoopPlan))
+def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[str]],
+                    node_outputs: dict[str, set[str]], partitions: set[str]) -> Iterator[str]:
+    """Every index of a walk's tables within its lists; every name declared."""
+    where = f"walk {walk.name}"
+    num_calls, num_joins, num_loops, num_slots = len(walk.calls), len(walk.joins), len(walk.loops), len(walk.slots)
+
+    def next_problems(then: NextPlan, what: str) -> Iterator[str]:
+        if then.kind == "start" and not then.calls:
+            yield f"{where}: {what} starts no call"
+        for name, indices, size in (("call", then.calls, num_calls), ("join", then.joins, num_joins),
+                                    ("loop", then.loops, num_loops)):
+            yield from (f"{where}: {what} names {name} {i}, which the walk lacks" for i in indices if not 0 <= i < size)
+        size = {"join": num_joins, "loop_end": num_loops}.get(then.kind)
+        if size is not None and (then.target is None or not 0 <= then.target < size):
+            yield f"{where}: {what} ends {then.kind} {then.target}, which the walk lacks"
+
+    def edge_problems(edge: EdgePlan, what: str) -> Iterator[str]:
+        if edge.dest_kind in ("node", "stream") and edge.dest not in nodes:
+            yield f"{where}: edge {edge.name} goes to unknown node {edge.dest!r}"
+        if edge.stream_partition is not None and edge.stream_partition not in partitions:
+            yield f"{where}: edge {edge.name} streams to unknown partition {edge.stream_partition!r}"
+        if edge.action in ("slot", "loop_back") and (edge.slot is None or not 0 <= edge.slot < num_slots):
+            yield f"{where}: {what} edge {edge.name} writes slot {edge.slot}, which the walk lacks"
+        if edge.action in ("loop_back", "loop_output", "loop_accumulate"):
+            if edge.loop is None or not 0 <= edge.loop < num_loops:
+                yield f"{where}: {what} edge {edge.name} names loop {edge.loop}, which the walk lacks"
+            elif edge.action != "loop_back":
+                exits = walk.loops[edge.loop].exits
+                if edge.exit is None or not 0 <= edge.exit < len(exits) or exits[edge.exit].edge is None:
+                    yield f"{where}: {what} edge {edge.name} names exit {edge.exit} of loop {edge.loop}, which it lacks"
+
+    if walk.partition not in partitions:
+        yield f"{where}: unknown partition {walk.partition!r}"
+    yield from (f"{where}: unknown node {n!r}" for n in walk.nodes if n not in nodes)
+    yield from next_problems(walk.start, "its start")
+    for index, call in enumerate(walk.calls):
+        what = f"call {index}"
+        if call.node not in nodes:
+            yield f"{where}: a call of unknown node {call.node!r}"
+        else:
+            yield from (f"{where}: {call.node} is called with {i.name!r}, not one of its inputs"
+                        for i in call.inputs if i.name not in node_inputs[call.node])
+        for source in call.inputs:
+            yield from (f"{where}: {what} reads slot {s}, which the walk lacks"
+                        for s in source.slots if not 0 <= s < num_slots)
+            if source.is_wait and not source.slots:
+                yield f"{where}: {what} waits for {source.name} in no slot"
+        for edge in call.edges:
+            yield from edge_problems(edge, what)
+            if call.node in nodes and edge.name not in node_outputs[call.node]:
+                yield f"{where}: edge {edge.name} is not an output of {call.node}"
+        for name, loop in (("loop", call.loop), ("stop loop", call.stop_loop)):
+            if loop is not None and not 0 <= loop < num_loops:
+                yield f"{where}: {what} has {name} {loop}, which the walk lacks"
+        yield from next_problems(call.then, what)
+    for index, join in enumerate(walk.joins):
+        if join.num_members < 1:
+            yield f"{where}: join {index} has {join.num_members} members"
+        yield from next_problems(join.then, f"join {index}")
+    for index, loop in enumerate(walk.loops):
+        what = f"loop {loop.name}"
+        yield from (f"{where}: {what} runs unknown node {n!r}" for n in loop.nodes if n not in nodes)
+        if loop.max_iters < 1:
+            yield f"{where}: {what} has max_iters {loop.max_iters}"
+        if loop.parent is not None and not 0 <= loop.parent < index:
+            yield f"{where}: {what} has parent {loop.parent}, not an earlier loop"
+        if loop.body.kind != "start":
+            yield f"{where}: {what} body is not a start"
+        yield from next_problems(loop.body, what)
+        yield from next_problems(loop.then, what)
+        if loop.then.kind == "loop_end" and loop.then.target is not None and loop.then.target >= index:
+            yield f"{where}: {what} ends loop {loop.then.target} when it exits, not an outer loop"
+        yield from (f"{where}: {what} clears slot {s}, which the walk lacks"
+                    for s in loop.cleared_slots if not 0 <= s < num_slots)
+        for exit in loop.exits:
+            if exit.kind == "scope":
+                if exit.slot is None or not 0 <= exit.slot < num_slots:
+                    yield f"{where}: {what} writes its output {exit.name} to slot {exit.slot}, which the walk lacks"
+            elif exit.edge is None:
+                yield f"{where}: {what} hands on {exit.name} by no edge"
+            else:
+                if exit.edge.action in ("loop_output", "loop_accumulate", "loop_back") and (
+                        exit.edge.loop is None or not 0 <= exit.edge.loop < index):
+                    yield f"{where}: {what} hands {exit.name} on to loop {exit.edge.loop}, not an outer loop"
+                    continue
+                yield from edge_problems(exit.edge, what)
 
 
 def _role_problems(plan: Plan, problems: list[str]) -> None:
@@ -68,37 +149,12 @@ def reference_problems(plan: Plan) -> list[str]:
         if repeated:
             problems.append(f"{what} {repeated[0]} is declared twice")
 
-    def edge_problems(edge: EdgePlan, where: str) -> None:
-        if edge.dest_kind in ("node", "stream") and edge.dest not in nodes:
-            problems.append(f"{where}: edge {edge.name} goes to unknown node {edge.dest!r}")
-        if edge.stream_partition is not None and edge.stream_partition not in partitions:
-            problems.append(f"{where}: edge {edge.name} streams to unknown partition {edge.stream_partition!r}")
-
+    ranks = {w.rank for w in plan.workers}
     for walk in plan.walks:
-        where = f"walk {walk.name}"
-        if walk.partition not in partitions:
-            problems.append(f"{where}: unknown partition {walk.partition!r}")
-        problems.extend(f"{where}: unknown node {n!r}" for n in walk.nodes if n not in nodes)
-        for section, in_loop in _sections(walk.body):
-            if isinstance(section, CallPlan):
-                if section.node not in nodes:
-                    problems.append(f"{where}: a call of unknown node {section.node!r}")
-                else:
-                    problems.extend(f"{where}: {section.node} is called with {name!r}, not one of its inputs"
-                                    for name in section.inputs if name not in node_inputs[section.node])
-                for edge in section.edges:
-                    edge_problems(edge, where)
-                    if section.node in nodes and edge.name not in node_outputs[section.node]:
-                        problems.append(f"{where}: edge {edge.name} is not an output of {section.node}")
-                    if edge.is_loop_back and not in_loop:
-                        problems.append(f"{where}: loop-back edge {edge.name} outside any loop")
-            elif isinstance(section, LoopPlan):
-                problems.extend(f"{where}: loop {section.name} runs unknown node {n!r}"
-                                for n in section.nodes if n not in nodes)
-                for edge in section.loop_back:
-                    edge_problems(edge, where)
-                if section.max_iters < 1:
-                    problems.append(f"{where}: loop {section.name} has max_iters {section.max_iters}")
+        problems.extend(_index_problems(walk, nodes, node_inputs, node_outputs, partitions))
+        problems.extend(f"walk {walk.name}: {call.node} runs on rank {rank}, which the plan lacks"
+                        for call in walk.calls for instance in call.instances for rank in instance
+                        if rank not in ranks)
     for part in plan.partitions:
         where = f"partition {part.name}"
         for stage in part.stages:
@@ -113,8 +169,8 @@ def reference_problems(plan: Plan) -> list[str]:
             elif stream.edge not in stream_inputs[stream.consumer_node]:
                 problems.append(f"{where}: stream {stream.edge} feeds {stream.consumer_node}, which has no such "
                                 "stream input")
-            elif not any(isinstance(s, CallPlan) and s.node == stream.consumer_node and stream.edge in s.inputs
-                         for w in plan.walks if w.partition == part.name for s, _ in _sections(w.body)):
+            elif not any(c.node == stream.consumer_node and any(i.name == stream.edge for i in c.inputs)
+                         for w in plan.walks if w.partition == part.name for c in w.calls):
                 problems.append(f"{where}: no walk of the partition calls {stream.consumer_node} on stream "
                                 f"{stream.edge}, so its chunks would wait forever")
             if stream.policy.size < 1:
@@ -160,9 +216,6 @@ def _worker_problems(worker, nodes: set[str], walks: set[str], kv_nodes: set[str
     for spec in worker.speculation:
         if f"{spec.node}/{spec.walk}" not in worker.placements:
             problems.append(f"{where}: speculation for {spec.node}/{spec.walk}, which it does not run")
-    for route in worker.routes:
-        if route.node not in nodes or route.walk not in walks:
-            problems.append(f"{where}: route of unknown {route.node}/{route.walk}")
 
 
 def _mixture_problems(where: str, key: KeyPlan, kv_nodes: set[str], problems: list[str]) -> None:

@@ -14,7 +14,7 @@ reads meaning from these fields, never from a name.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -131,11 +131,46 @@ class NodePlan(PlanModel):
     is_async: bool = True
 
 
-# ---------------------------------------------------------------- walks
+# ---------------------------------------------------------------- walks (tables)
+#
+# A walk is lowered into tables (docs/plan.md "walks"): its calls, each with where every input
+# comes from, what each output edge does and what follows the call; its parallel joins; its
+# loops. A request's progress through a walk is a position in these tables (the active calls,
+# join counters, loop iterations) plus a few small arrays (value slots, loop outputs). Indices
+# are positions in the walk's own lists: `calls`, `joins`, `loops`, `slots`.
+
+
+class InputSourcePlan(PlanModel):
+    """Where one input of a call comes from: the first filled run slot of `slots`, else `source`."""
+
+    name: str
+    # Value slots of the walk run an edge of this walk fills for this input (a forward edge, a
+    # loop-back from the previous iteration, a loop output), then a loop output that only
+    # loop-backs produced (by name). The first filled one is the value.
+    slots: list[int] = []
+    # A parallel sibling's edge fills slots[0]: the call waits for it instead of taking `source`.
+    is_wait: bool = False
+    # When no slot is filled: "stream" (a chunk of the walk's partition's stream buffer of this
+    # name; the call waits for one), "prompt" (the input's role takes the request's prompt of
+    # modality `prompt`: for text the prompt tokens, the first time the partition takes them, and
+    # afterwards the partition's latest persisted value; for image or audio the request's media
+    # of that input), "persisted" (a value some walk persisted under this name: the partition's
+    # own, then another partition's; else the request's media of that name), "media" (the
+    # request's media of that name, None if absent).
+    source: Literal["stream", "prompt", "persisted", "media"]
+    prompt: Optional[Modality] = None
 
 
 class EdgePlan(PlanModel):
-    """An output edge. dest_kind says where it goes; for `node`, dest is the node's name."""
+    """An output edge of a call and what the conductor does with its value.
+
+    action: "slot" writes run slot `slot` (a node's input later in this walk); "loop_back" writes
+    `slot` for the next iteration of loop `loop`; "loop_output" / "loop_accumulate" hold the value
+    (the last one / every iteration's, as a list) in exit `exit` of loop `loop`, which takes its
+    own edge action when the loop ends; "sink" leaves the walk: the conductor (a persisted value),
+    the client (an emission of `modality`) or a stream (the buffer of `stream_partition`).
+    is_persist also stores the value under `name` for later walks (whatever the action).
+    """
 
     name: str
     dest_kind: Literal["node", "conductor", "client", "stream"]
@@ -146,48 +181,83 @@ class EdgePlan(PlanModel):
     is_count_tokens: bool = False
     modality: Optional[Modality] = None
     stream_partition: Optional[str] = None  # consumer partition for dest_kind == "stream"
+    action: Literal["slot", "loop_back", "loop_output", "loop_accumulate", "sink"]
+    slot: Optional[int] = None
+    loop: Optional[int] = None
+    exit: Optional[int] = None
 
 
-class CallPlan(PlanModel):
-    kind: Literal["call"] = "call"
-    node: str
-    inputs: list[str]
-    edges: list[EdgePlan]
+class NextPlan(PlanModel):
+    """What follows a finished call, parallel section or loop.
+
+    "start": enter `loops` (iteration 0), arm `joins` (each counts its members), activate
+    `calls` (a section's first calls); "join": one member of parallel `target` ended; "loop_end":
+    an iteration of loop `target` ended (another one starts, or the loop exits); "walk_end".
+    """
+
+    kind: Literal["start", "join", "loop_end", "walk_end"]
+    calls: list[int] = []
+    joins: list[int] = []
+    loops: list[int] = []
+    target: Optional[int] = None
 
 
-class ParallelPlan(PlanModel):
-    kind: Literal["parallel"] = "parallel"
-    body: list["SectionPlan"]
+class JoinPlan(PlanModel):
+    """A parallel section: it ends when `num_members` members have ended; then `then`."""
+
+    num_members: int
+    then: NextPlan
 
 
-class SequentialPlan(PlanModel):
-    kind: Literal["sequential"] = "sequential"
-    body: list["SectionPlan"]
+class LoopExitPlan(PlanModel):
+    """A value a loop hands on when it exits: an output (the final iteration's value of an edge),
+    an accumulated edge (every iteration's value, as a list) - each then takes `edge`'s action -
+    or a loop output that only loop-backs produced ("scope": the last loop-back value of `name`,
+    written into run slot `slot` for later calls of the walk)."""
+
+    kind: Literal["output", "accumulate", "scope"]
+    name: str
+    edge: Optional[EdgePlan] = None  # output / accumulate: the onward action
+    slot: Optional[int] = None  # scope
 
 
 class LoopPlan(PlanModel):
-    kind: Literal["loop"] = "loop"
-    name: str  # unnamed loops get `<walk>.loop<i>`; only has_stop loops stop early
+    name: str  # unnamed loops get `<walk>.loop<i>`
     max_iters: int  # params resolved
-    has_stop: bool
+    has_stop: bool  # a row's stop flag ends it after the current iteration
+    parent: Optional[int] = None  # the enclosing loop
     nodes: list[str]
-    loop_back: list[EdgePlan]
-    is_on_device: bool  # every loop-back edge stays on the device
-    outputs: list[str]
-    accumulate: list[str]
-    body: list["SectionPlan"]
+    is_on_device: bool  # there are loop-back edges and every one stays on the device
+    body: NextPlan  # kind "start": how each iteration begins
+    then: NextPlan  # after the last iteration
+    cleared_slots: list[int] = []  # slots the body fills: emptied when a new iteration begins
+    exits: list[LoopExitPlan] = []
 
 
-SectionPlan = Annotated[
-    Union[CallPlan, ParallelPlan, SequentialPlan, LoopPlan], Field(discriminator="kind")
-]
+class CallPlan(PlanModel):
+    """One call of a node in a walk (a position of the walk tables)."""
+
+    node: str
+    inputs: list[InputSourcePlan]
+    edges: list[EdgePlan]
+    counted: list[str] = []  # outputs whose elements count as the request's output tokens
+    loop: Optional[int] = None  # the innermost loop around the call
+    stop_loop: Optional[int] = None  # the innermost has_stop loop around it: where a stop goes
+    then: NextPlan
+    # Ranks that run (node, this walk): one instance per data-parallel replica, each a TP group's
+    # ranks with the leader first (a single rank otherwise). deployment.replica_policy picks one.
+    instances: list[list[int]]
 
 
 class WalkPlan(PlanModel):
     name: str
     partition: str
     nodes: list[str]  # nodes the walk runs, in first-use order
-    body: list[SectionPlan]
+    start: NextPlan  # kind "start": the walk's first calls
+    calls: list[CallPlan]  # in source order
+    joins: list[JoinPlan] = []
+    loops: list[LoopPlan] = []  # outer before inner, in source order
+    slots: list[str] = []  # value slots of a run, for people: `NODE.input` or `loop output NAME`
 
 
 # ---------------------------------------------------------------- partitions
@@ -270,19 +340,6 @@ class SpeculationPlan(PlanModel):
     mixes_walks: bool  # speculation_mixes_walks from the deployment
 
 
-class RouteEntry(PlanModel):
-    """Where one output edge of (node, walk) goes from this worker."""
-
-    node: str
-    walk: str
-    edge: str
-    dest_kind: Literal["node", "conductor", "client", "stream"]
-    dest_node: str = ""
-    dest_ranks: list[int] = []
-    stream_partition: Optional[str] = None
-    modality: Optional[Modality] = None
-
-
 class TPGroup(PlanModel):
     node: str
     walks: list[str]
@@ -297,7 +354,6 @@ class WorkerPlan(PlanModel):
     placements: list[str]  # `node/walk` pairs this worker runs
     walk_to_key: dict[str, str]  # `node/walk` -> KeyPlan.name
     keys: list[KeyPlan]
-    routes: list[RouteEntry]
     speculation: list[SpeculationPlan]
     tp_groups: list[TPGroup]  # groups this rank belongs to
     capture_memory_bytes: int
@@ -315,6 +371,11 @@ class DeploymentPlan(PlanModel):
     max_concurrent_requests: Optional[int] = None
     capture_memory_budget_bytes: Optional[int] = None
     max_consecutive_follower_batches: int = 1
+    # How a request picks one instance of a (node, walk) that several data-parallel replicas run
+    # (CallPlan.instances): "request_hash" = crc32 of the request id, "round_robin" = in the
+    # order requests first need one. Either way a request keeps its replica index for every call,
+    # so its decode runs where its prefill left the KV cache.
+    replica_policy: Literal["request_hash", "round_robin"] = "request_hash"
     kv_pools: list[KvPoolPlan]
 
 
@@ -330,7 +391,4 @@ class Plan(PlanModel):
     workers: list[WorkerPlan]
 
 
-ParallelPlan.model_rebuild()
-SequentialPlan.model_rebuild()
-LoopPlan.model_rebuild()
-WalkPlan.model_rebuild()
+

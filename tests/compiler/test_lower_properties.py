@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from mstar.compiler.lower_keys import batch_pad_table, lower_node_keys
 from mstar.lang import ast
-from mstar.plan.schema import WalkPlan
+from mstar.compiler.walk_tree import WalkTree as WalkPlan
 
 sizes = st.lists(st.integers(1, 128), min_size=1, max_size=8, unique=True)
 

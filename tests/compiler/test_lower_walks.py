@@ -1,14 +1,8 @@
 """Lowering of walks: loop-back derivation, loop names and bounds, partitions, streams."""
 from compiler_helpers import TTS_SPEC, spec_from
 
-from mstar.compiler.lower_walks import (
-    has_device_loop_back,
-    iter_calls,
-    iter_loops,
-    lower_partitions,
-    lower_walks,
-    loops_back_into,
-)
+from mstar.compiler.lower_walks import lower_partitions, lower_walks
+from mstar.compiler.walk_tree import has_device_loop_back, iter_calls, iter_loops, loops_back_into
 
 
 def _walks(text):

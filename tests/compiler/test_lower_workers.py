@@ -1,4 +1,4 @@
-"""Per-worker tables: placements, walk_to_key under disaggregation, routes, speculation, TP."""
+"""Per-worker tables: placements, walk_to_key under disaggregation, call instances, speculation, TP."""
 from compiler_helpers import COLOCATED, PD_SPLIT, TP2, TTS_SPEC, blank_header, deployment_from, spec_from
 
 from mstar.compiler import lower
@@ -29,15 +29,20 @@ def test_pd_split_each_worker_keys_its_own_walk():
 
 
 def test_routes_follow_placement():
+    # Routing lives in the walk tables: each call lists the instances (ranks) that run it, and
+    # each edge says where its value goes.
     plan = _plan(PD_SPLIT)
-    prefill_rank, decode_rank = plan.workers
-    routes = {(r.node, r.walk, r.edge, r.dest_kind): r for r in decode_rank.routes}
-    assert routes[("LLM", "decode", "text_inputs", "node")].dest_ranks == [1]
-    stream = routes[("LLM", "decode", "new_token", "stream")]
-    assert stream.dest_node == "codec" and stream.dest_ranks == [0] and stream.stream_partition == "CODEC"
-    routes0 = {(r.node, r.walk, r.edge, r.dest_kind): r for r in prefill_rank.routes}
-    assert routes0[("codec", "chunk", "audio", "client")].modality == "audio"
-    assert routes0[("LLM", "prefill", "new_token", "conductor")].dest_ranks == []
+    calls = {(c.node, w.name): c for w in plan.walks for c in w.calls}
+    assert calls[("LLM", "decode")].instances == [[1]]
+    assert calls[("LLM", "prefill")].instances == [[0]] and calls[("codec", "chunk")].instances == [[0]]
+    edges = {(e.name, e.dest_kind): e for e in calls[("LLM", "decode")].edges}
+    assert edges[("text_inputs", "node")].action == "loop_back"
+    stream = edges[("new_token", "stream")]
+    assert stream.dest == "codec" and stream.stream_partition == "CODEC" and stream.action == "sink"
+    (audio,) = calls[("codec", "chunk")].edges
+    assert audio.modality == "audio" and audio.action == "sink"
+    (persist,) = [e for e in calls[("LLM", "prefill")].edges if e.dest_kind == "conductor"]
+    assert persist.is_persist and persist.action == "sink"
 
 
 def test_speculation_switches():

@@ -23,12 +23,12 @@ def _edit_orpheus(edit):
 
 def _edge_to_nowhere(data):
     prefill = next(w for w in data["walks"] if w["name"] == "prefill")
-    prefill["body"][0]["edges"][0].update(dest_kind="node", dest="nowhere")
+    prefill["calls"][0]["edges"][0].update(dest_kind="node", dest="nowhere")
 
 
 def _codec_called_without_its_stream(data):
     chunk = next(w for w in data["walks"] if w["name"] == "snac_chunk")
-    chunk["body"][0]["inputs"] = []  # the run hung: the stream's chunks never had a consumer
+    chunk["calls"][0]["inputs"] = []  # the run hung: the stream's chunks never had a consumer
 
 
 def _stream_input_renamed(data):
@@ -49,6 +49,28 @@ def _pad_to_uncaptured_size(data):
 
 def _batch_sizes_without_their_table(data):
     _family(data)["batch_sizes"] = [1, 2, 8, 16]  # batch_pad still pads 3 rows to 4
+
+
+def _walk(data, name):
+    return next(w for w in data["walks"] if w["name"] == name)
+
+
+def _next_call_out_of_range(data):
+    _walk(data, "prefill")["calls"][0]["then"] = {"kind": "start", "calls": [7]}
+
+
+def _slot_out_of_range(data):
+    decode = _walk(data, "decode")
+    next(e for e in decode["calls"][0]["edges"] if e["action"] == "loop_back")["slot"] = 5
+
+
+def _loop_exit_ends_itself(data):
+    decode = _walk(data, "decode")
+    decode["loops"][0]["then"] = {"kind": "loop_end", "target": 0}  # would end its iteration forever
+
+
+def _unknown_rank(data):
+    _walk(data, "decode")["calls"][0]["instances"] = [[7]]
 
 
 EDITS = {
@@ -76,6 +98,10 @@ EDITS = {
                                           {"snac_decoder/snac_chunk": "LLM:mixed"}),
                                       "walk_to_key[snac_decoder/snac_chunk] is 'LLM:mixed', not this key"),
     "rows limit of zero": (lambda d: _key(d).update(rows_limits={"prefill": 0}), "rows_limits[prefill] is 0"),
+    "next call out of range": (_next_call_out_of_range, "names call 7, which the walk lacks"),
+    "slot out of range": (_slot_out_of_range, "writes slot 5, which the walk lacks"),
+    "loop exit ends itself": (_loop_exit_ends_itself, "ends loop 0 when it exits, not an outer loop"),
+    "call on an unknown rank": (_unknown_rank, "runs on rank 7, which the plan lacks"),
     "stream chunks without a consumer call": (_codec_called_without_its_stream, "would wait forever"),
     "stream input renamed": (_stream_input_renamed, "which has no such stream input"),
     "placement without a key": (lambda d: d["workers"][0]["walk_to_key"].clear(), "has no scheduling key"),

@@ -12,9 +12,12 @@ from __future__ import annotations
 from typing import Optional
 
 from plan_roles import node_plan
+from mstar.compiler.lower_tables import tables_for
+from mstar.compiler.walk_tree import TreeCall as CallPlan, TreeEdge as EdgePlan, TreeLoop as LoopPlan
+from mstar.compiler.walk_tree import WalkTree as WalkPlan
 from mstar.plan.schema import (
-    CallPlan, DeploymentPlan, EdgePlan, Hashes, Header, KeyPlan, KvPoolPlan, LoopPlan, MixtureEntry, NodePlan,
-    PartitionPlan, Plan, RecurrentState, StagePlan, WalkPlan, WorkerPlan,
+    DeploymentPlan, Hashes, Header, KeyPlan, KvPoolPlan, MixtureEntry, NodePlan, PartitionPlan, Plan,
+    RecurrentState, StagePlan, WorkerPlan,
 )
 from mstar.runtime.step import Step, StepRow
 
@@ -43,31 +46,26 @@ def llm_walks(node: str = "LLM", max_iters: int = 64) -> list[WalkPlan]:
 
 def make_plan(nodes: list[NodePlan], walks: list[WalkPlan], partitions: list[PartitionPlan],
               kv_pools: list[KvPoolPlan], model: str = "test", max_concurrent: Optional[int] = None) -> Plan:
-    return with_worker(Plan(header=header(model), params={}, nodes=nodes, walks=walks, partitions=partitions,
+    """`walks` are section trees, lowered here into walk tables (a call runs on rank 0)."""
+    plan = with_worker(Plan(header=header(model), params={}, nodes=nodes,
+                            walks=tables_for(walks, partitions, nodes, []), partitions=partitions,
                             deployment=DeploymentPlan(max_seq_len=4096, max_concurrent_requests=max_concurrent,
                                                       kv_pools=kv_pools), workers=[]))
+    return plan.model_copy(update={"walks": tables_for(walks, partitions, nodes, plan.workers)})
 
 
-def _sections(body):
-    for section in body:
-        yield section
-        if not isinstance(section, CallPlan):
-            yield from _sections(section.body)
-
-
-def _attention(node: NodePlan, walk: WalkPlan) -> str:
+def _attention(node: NodePlan, walk) -> str:
     if node.engine == "stateless":
         return "none"
-    loops_back = any(isinstance(s, LoopPlan) and any(e.is_device and e.dest == node.name for e in s.loop_back)
-                     for s in _sections(walk.body))
+    loops_back = any(e.is_device and e.action == "loop_back" and e.dest == node.name
+                     for call in walk.calls for e in call.edges)
     return "decode" if loops_back else "prefill"
 
 
 def with_worker(plan: Plan, cap: int = 4096) -> Plan:
     keys, walk_to_key = [], {}
     for node in plan.nodes:
-        walks = [w for w in plan.walks if any(isinstance(s, CallPlan) and s.node == node.name
-                                              for s in _sections(w.body))]
+        walks = [w for w in plan.walks if any(call.node == node.name for call in w.calls)]
         if not walks:
             continue
         name = f"{node.name}:all"
@@ -81,7 +79,7 @@ def with_worker(plan: Plan, cap: int = 4096) -> Plan:
         keys.append(KeyPlan(name=name, node=node.name, walks=[w.name for w in walks], is_combined=len(walks) > 1,
                             mixtures=mixtures))
         walk_to_key.update({f"{node.name}/{w.name}": name for w in walks})
-    worker = WorkerPlan(rank=0, placements=sorted(walk_to_key), walk_to_key=walk_to_key, keys=keys, routes=[],
+    worker = WorkerPlan(rank=0, placements=sorted(walk_to_key), walk_to_key=walk_to_key, keys=keys,
                         speculation=[], tp_groups=[], capture_memory_bytes=0)
     return plan.model_copy(update={"workers": [worker]})
 

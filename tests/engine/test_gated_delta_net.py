@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from engine_plans import hybrid_plan, step, with_worker
-from mstar.plan.schema import CallPlan, EdgePlan, WalkPlan
+from mstar.compiler.lower_tables import tables_for
+from mstar.compiler.walk_tree import TreeCall as CallPlan, TreeEdge as EdgePlan, WalkTree as WalkPlan
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import StepRow
@@ -18,7 +19,8 @@ def states_plan():
     plan = hybrid_plan()
     walk = WalkPlan(name="states", partition="LLM", nodes=["LLM"], body=[CallPlan(
         node="LLM", inputs=["text_inputs"], edges=[EdgePlan(name="hidden_states", dest_kind="conductor")])])
-    return with_worker(plan.model_copy(update={"walks": plan.walks + [walk]}))
+    (table,) = tables_for([walk], plan.partitions, plan.nodes, [])
+    return with_worker(plan.model_copy(update={"walks": plan.walks + [table]}))
 
 
 def run_chunks(chunks):

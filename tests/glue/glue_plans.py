@@ -2,22 +2,21 @@
 from __future__ import annotations
 
 from plan_roles import node_plan
+from mstar.compiler.lower_tables import tables_for
+from mstar.compiler.walk_tree import TreeCall as CallPlan, TreeEdge as EdgePlan, TreeLoop as LoopPlan
+from mstar.compiler.walk_tree import WalkTree as WalkPlan
 from mstar.plan.schema import (
-    CallPlan,
     CaptureFamily,
     DeploymentPlan,
-    EdgePlan,
     Hashes,
     Header,
     KeyPlan,
     KvPoolPlan,
-    LoopPlan,
     MixtureEntry,
     NodePlan,
     PartitionPlan,
     Plan,
     StagePlan,
-    WalkPlan,
     WorkerPlan,
 )
 
@@ -80,7 +79,7 @@ def _worker(rank: int, decode_batches: list[int]) -> WorkerPlan:
     return WorkerPlan(rank=rank, placements=["LLM/decode", "LLM/prefill", "codec/codec_chunk"],
                       walk_to_key={"LLM/prefill": "LLM:mixed", "LLM/decode": "LLM:mixed",
                                    "codec/codec_chunk": "codec:codec_chunk"},
-                      keys=[_codec_key(), _llm_key(decode_batches)], routes=[], speculation=[], tp_groups=[],
+                      keys=[_codec_key(), _llm_key(decode_batches)], speculation=[], tp_groups=[],
                       capture_memory_bytes=0)
 
 
@@ -93,16 +92,18 @@ def tiny_plan(page_size: int = 4, glue_hash: str = "0" * 64, num_workers: int = 
     """
     workers = [_worker(rank, [1, 2, 4, 8] if rank == 0 or not differing_worker else [1, 16])
                for rank in range(num_workers)]
+    nodes = [node_plan("LLM", "kv", _walks(), dims={"layers": 2, "vocab": 100}, inputs=["text_inputs"]),
+             node_plan("codec", "stateless", _walks(), dims={}, inputs=["new_token"], stream_inputs=["new_token"],
+                       output_roles={"audio_chunk": "audio"})]
+    partitions = [PartitionPlan(name="LLM", stages=[StagePlan(walks=["prefill"]), StagePlan(walks=["decode"])],
+                                initial_walk="prefill"),
+                  PartitionPlan(name="CODEC", stages=[StagePlan(walks=["codec_chunk"])], initial_walk=None)]
     return Plan(
         header=_header(glue_hash),
         params={"max_output_tokens": 16},
-        nodes=[node_plan("LLM", "kv", _walks(), dims={"layers": 2, "vocab": 100}, inputs=["text_inputs"]),
-               node_plan("codec", "stateless", _walks(), dims={}, inputs=["new_token"], stream_inputs=["new_token"],
-                         output_roles={"audio_chunk": "audio"})],
-        walks=_walks(),
-        partitions=[PartitionPlan(name="LLM", stages=[StagePlan(walks=["prefill"]), StagePlan(walks=["decode"])],
-                                  initial_walk="prefill"),
-                    PartitionPlan(name="CODEC", stages=[StagePlan(walks=["codec_chunk"])], initial_walk=None)],
+        nodes=nodes,
+        walks=tables_for(_walks(), partitions, nodes, workers),
+        partitions=partitions,
         deployment=DeploymentPlan(max_seq_len=64, kv_pools=[KvPoolPlan(node="LLM", page_size=page_size,
                                                                        num_pages=64, max_seq_len=64)]),
         workers=workers,

@@ -77,7 +77,7 @@ def test_kv_node_without_pool_is_an_error():
 
 def test_walk_flags_of_a_walk_without_device_edges():
     prefill = next(w for w in tiny_plan().walks if w.name == "prefill")
-    flags = walk_flags(prefill.body, "LLM")
+    flags = walk_flags(prefill, "LLM")
     assert (flags.is_device_loop, flags.is_stream, flags.is_host) == (False, True, True)
 
 

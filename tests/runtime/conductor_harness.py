@@ -26,7 +26,8 @@ class Harness:
         return record
 
     def _collect(self):
-        self.queue.extend(self.conductor.ready_out)
+        for node, walk, request_ids, num_tokens in self.conductor.ready_out:
+            self.queue.extend((rid, node, walk, num) for rid, num in zip(request_ids, num_tokens))
         self.conductor.ready_out.clear()
         self.conductor.ended_out.clear()
 

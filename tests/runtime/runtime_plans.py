@@ -1,9 +1,10 @@
 """Plans for the runtime tests: the checked-in generated plans, and small hand-built ones.
 
 `generated(name)` loads generated/<name>.plan without re-hashing its inputs (so a spec edit in
-progress elsewhere does not break these tests). `hand_plan(walks, partitions, nodes)` wraps
-hand-written walks in a one-worker plan with one eager key per (node, walk), cap 8, so the
-driver and scheduler can run them.
+progress elsewhere does not break these tests). `hand_plan(walks, partitions, nodes)` lowers
+hand-written walks (section trees, mstar/compiler/walk_tree.py) into walk tables and wraps them
+in a one-worker plan with one eager key per (node, walk), cap 8, so the driver and scheduler can
+run them.
 """
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from pathlib import Path
 from typing import Optional
 
 from plan_roles import with_roles
+from mstar.compiler.lower_tables import lower_walk_tables
+from mstar.compiler.walk_tree import TreeCall as CallPlan, TreeEdge as EdgePlan, TreeLoop as LoopPlan
+from mstar.compiler.walk_tree import WalkTree as WalkPlan
 from mstar.plan.io import load_plan
 from mstar.plan.schema import (
-    CallPlan, DeploymentPlan, EdgePlan, Hashes, Header, KeyPlan, KvPoolPlan, LoopPlan, MixtureEntry,
-    NodePlan, PartitionPlan, Plan, SpeculationPlan, StagePlan, WalkPlan, WorkerPlan,
+    DeploymentPlan, Hashes, Header, KeyPlan, KvPoolPlan, MixtureEntry, NodePlan, PartitionPlan, Plan,
+    SpeculationPlan, StagePlan, WorkerPlan,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +51,7 @@ def one_worker(walks: list[WalkPlan], nodes: list[NodePlan], cap: int = 8) -> Wo
     speculation = [SpeculationPlan(node=p.split("/")[0], walk=p.split("/")[1], can_speculate=False, mixes_walks=False)
                    for p in placements]
     return WorkerPlan(rank=0, placements=placements, walk_to_key={p: p.replace("/", ":") for p in placements},
-                      keys=keys, routes=[], speculation=speculation, tp_groups=[], capture_memory_bytes=0)
+                      keys=keys, speculation=speculation, tp_groups=[], capture_memory_bytes=0)
 
 
 def hand_plan(walks: list[WalkPlan], partitions: list[PartitionPlan], nodes: list[NodePlan],
@@ -57,7 +61,9 @@ def hand_plan(walks: list[WalkPlan], partitions: list[PartitionPlan], nodes: lis
     kv_pools = [KvPoolPlan(node=n.name, page_size=16, num_pages=num_pages, max_seq_len=4096)
                 for n in nodes if n.engine == "kv"]
     nodes = [with_roles(n, walks) if not n.input_roles and not n.outputs else n for n in nodes]
-    return Plan(header=header, params={}, nodes=nodes, walks=walks, partitions=partitions,
+    instances = {(call.node, walk.name): [[0]] for walk in walks for call in _calls(walk)}
+    tables = lower_walk_tables(walks, partitions, nodes, instances)
+    return Plan(header=header, params={}, nodes=nodes, walks=tables, partitions=partitions,
                 deployment=DeploymentPlan(max_seq_len=4096, max_concurrent_requests=max_concurrent, kv_pools=kv_pools),
                 workers=[one_worker(walks, nodes)])
 

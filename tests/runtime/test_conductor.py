@@ -93,7 +93,7 @@ def test_loop_outputs_deliver_the_last_value_and_accumulate_every_iteration():
 
 
 def test_parallel_members_are_ready_together():
-    from mstar.plan.schema import ParallelPlan
+    from mstar.compiler.walk_tree import TreeParallel as ParallelPlan
 
     a, b, c = stateless_node("A", ["p"]), stateless_node("B", ["p"]), stateless_node("C", ["a", "b"])
     w = walk("w", "P", ParallelPlan(body=[call("A", ["p"], edge("a", "node", "C")), call("B", ["p"], edge("b", "node", "C"))]),

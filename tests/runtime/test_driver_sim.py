@@ -153,16 +153,19 @@ def test_a_step_that_lost_a_walk_to_stale_rows_runs_that_mixture_eagerly():
 
 
 @pytest.mark.parametrize("name", PLANS)
-def test_the_plans_routes_agree_with_where_the_driver_sends_rows(name):
-    # The driver sends a ready row to the ranks placing (node, walk); every route of the plan
-    # to a node must name exactly those ranks.
+def test_the_call_tables_route_rows_to_the_ranks_that_place_them(name):
+    # The driver sends a ready row to the instances the walk tables list for (node, walk): they
+    # must be exactly the ranks whose placements hold the pair, a TP group's leader first.
     plan = generated(name)
     driver = Driver(plan, SimEngine(plan))
-    for worker in plan.workers:
-        for route in worker.routes:
-            if route.dest_kind == "node":
-                instances = driver.routing.instances[(route.dest_node, route.walk)]
-                assert sorted(route.dest_ranks) == sorted({r for instance in instances for r in instance})
+    for walk in plan.walks:
+        for call in walk.calls:
+            placed = {w.rank for w in plan.workers if f"{call.node}/{walk.name}" in w.placements}
+            instances = driver.routing.instances[(call.node, walk.name)]
+            assert sorted(r for instance in instances for r in instance) == sorted(placed)
+            for instance in instances:
+                groups = [g for w in plan.workers for g in w.tp_groups if g.node == call.node and instance[0] in g.ranks]
+                assert all(g.leader == instance[0] for g in groups)
 
 
 class _LeakingEngine(SimEngine):

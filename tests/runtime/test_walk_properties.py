@@ -2,7 +2,7 @@
 tree implies, exactly, through the driver and scheduler, for several requests at once."""
 from hypothesis import given, strategies as st
 
-from mstar.plan.schema import ParallelPlan, SequentialPlan
+from mstar.compiler.walk_tree import TreeParallel as ParallelPlan, TreeSequential as SequentialPlan
 from mstar.runtime.serve.driver import Driver, Workload
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.conductor.request import Request

@@ -109,7 +109,7 @@ def assemble_worker(
     placements = sorted(f"{key.node}/{walk}" for key in keys for walk in key.walks)
     walk_to_key = {f"{key.node}/{walk}": key.name for key in keys for walk in key.walks}
     return WorkerPlan(
-        rank=rank, placements=placements, walk_to_key=walk_to_key, keys=keys, routes=[],
+        rank=rank, placements=placements, walk_to_key=walk_to_key, keys=keys,
         speculation=specs, tp_groups=tp_groups, capture_memory_bytes=0,
     )
 

@@ -10,9 +10,13 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 - Each partition runs its route's walks stage by stage (`PartitionState`); a stream-consumer
   partition (no initial walk) starts a run whenever a chunk is ready, and is done once its
   streams are exhausted; a partition whose walk waits on a stream that will never deliver ends.
-- Token counting: every value produced under a name of the partition's count_tokens edges
-  (once per row; a partition without such edges counts its text edges to the client) adds its
-  element count; at max_tokens the partition ends ("length").
+- Token counting: every value a row produced under one of its call's `counted` outputs (the
+  partition's count_tokens edges, or without any its text edges to the client: the compiler
+  decides) adds its element count; at max_tokens the partition ends ("length").
+- Post-process (`on_step`) advances the rows of a step together: rows at a loop step (a decode
+  iteration) in one pass over the step's rows (conductor/loop_pass.py), touching a request's
+  partitions only when a row leaves that shape (its loop ends or stops, max_tokens, an error);
+  every other row through its walk run's tables (conductor/walk_run.py).
 - When a partition ends, the streams it produces are marked producer-done (final chunks flow).
 - A request ends when every partition is done; a row error fails the request alone.
 """
@@ -21,25 +25,17 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional
 
-from mstar.plan.schema import CallPlan, Plan, WalkPlan
+from mstar.plan.schema import Plan
+from mstar.runtime.conductor.loop_pass import advance_loop_rows
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
-from mstar.runtime.step import Engine, RowResult, StepRow
 from mstar.runtime.conductor.streams import StreamBuffer
+from mstar.runtime.conductor.tables import RunWalk
+from mstar.runtime.step import Engine, RowResult, StepRow
 
 
 class RouteError(Exception):
     """A request's route does not match its partitions' stages (or its id was used before)."""
-
-
-def _walk_edges(walk: WalkPlan):
-    stack = list(walk.body)
-    while stack:
-        section = stack.pop()
-        if isinstance(section, CallPlan):
-            yield from section.edges
-        else:
-            stack.extend(section.body)
 
 
 class _RequestState:
@@ -64,29 +60,21 @@ class Conductor:
         self.plan = plan
         self.engine = engine
         self.clock = clock
-        self.walks = {walk.name: walk for walk in plan.walks}
+        self.walks = {walk.name: RunWalk(walk) for walk in plan.walks}
         self.kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
-        self.stream_inputs = {node.name: set(node.stream_inputs) for node in plan.nodes}
         self.max_concurrent = plan.deployment.max_concurrent_requests
-        self.count_names: dict[str, frozenset[str]] = {}
+        # Streams a partition produces: the (consumer partition, edge) buffers it ends.
+        self.produced: dict[str, list[tuple[str, str]]] = {}
         for part in plan.partitions:
-            names = set()
-            for stage in part.stages:
-                for walk_name in stage.walks:
-                    names.update(e.name for e in _walk_edges(self.walks[walk_name]) if e.is_count_tokens)
-            if not names:  # no count_tokens edge: text sent to the client counts
-                for stage in part.stages:
-                    for walk_name in stage.walks:
-                        names.update(
-                            e.name for e in _walk_edges(self.walks[walk_name])
-                            if e.dest_kind == "client" and e.modality == "text"
-                        )
-            self.count_names[part.name] = frozenset(names)
+            for stream in part.streams:
+                self.produced.setdefault(stream.producer_partition, []).append((part.name, stream.edge))
+        self.is_columnar = True  # False: every row through its walk run (the reference path)
         self.records: dict[str, RequestRecord] = {}
         self.active: dict[str, _RequestState] = {}
         self.waiting: deque[RequestRecord] = deque()
         self.num_finished = 0
-        self.ready_out: list[tuple[str, str, str, int]] = []
+        # Rows that became ready, grouped: (node, walk, request ids, tokens per row).
+        self.ready_out: list[tuple[str, str, list[str], list[int]]] = []
         self.ended_out: list[str] = []
 
     # ------------------------------------------------------------ requests in
@@ -106,7 +94,7 @@ class Conductor:
             record = self.waiting.popleft()
             self._start(record)
 
-    def _route_of(self, request: Request) -> dict[str, list[WalkPlan]]:
+    def _route_of(self, request: Request) -> dict[str, list[RunWalk]]:
         unknown = set(request.route) - {p.name for p in self.plan.partitions}
         if unknown:
             raise RouteError(f"route names unknown partitions {sorted(unknown)}")
@@ -116,7 +104,7 @@ class Conductor:
                 routes[part.name] = [self.walks[st.walks[0]] for st in part.stages if not st.is_optional]
                 continue
             wanted = request.route[part.name]
-            taken: list[WalkPlan] = []
+            taken: list[RunWalk] = []
             index = 0
             for stage in part.stages:
                 if index < len(wanted) and wanted[index] in stage.walks:
@@ -151,10 +139,7 @@ class Conductor:
             for stream in part.streams:
                 buffers[(part.name, stream.edge)] = StreamBuffer(stream.policy)
         for part in self.plan.partitions:
-            ps = PartitionState(
-                part, routes[part.name], record, buffers, self.stream_inputs,
-                self.count_names[part.name], self.clock,
-            )
+            ps = PartitionState(part, routes[part.name], record, buffers, self.clock)
             state.partitions.append(ps)
             for walk in ps.walks:
                 state.by_walk[walk.name] = ps
@@ -183,22 +168,36 @@ class Conductor:
                 continue
             ps = state.by_walk.get(walk)
             run = ps.run if ps is not None else None
-            if run is None or run.walk.name != walk:
+            if run is None or run.name != walk:
                 continue
-            call = run.active.get(node)
-            if call is None or not call.is_ready:
+            active_call = run.active.get(node)
+            if active_call is None or not active_call.is_ready:
                 continue
-            loop = call.loop
-            iteration = loop.iteration if loop is not None else 0
-            rows.append(StepRow(request_id, walk, call.num_tokens, state.context.get(node, 0), call.inputs, iteration))
-            if loop is not None and iteration + 1 < loop.plan.max_iters:
+            loop = active_call.call.loop
+            if loop is None:
+                rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
+                                    active_call.inputs, 0))
+                continue
+            iteration = run.loops[loop].iteration
+            rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
+                                active_call.inputs, iteration))
+            if iteration + 1 < run.walk.loops[loop].max_iters:
                 continuing.append(request_id)
         return rows, continuing
 
     def on_step(self, node: str, rows: list[StepRow], results: list[RowResult]) -> None:
-        """A step of `node` ran: one pass over its row results. A row without a result (or an
-        engine answering twice for a row) fails that request; results of stale rows (their
-        request or partition ended meanwhile) are ignored."""
+        """A step of `node` ran: advance its rows. Rows at a loop step go through one columnar
+        pass (while the engine answered each row in order); the rest row by row."""
+        if self.is_columnar:
+            rows, results = advance_loop_rows(self, node, rows, results)
+            if not rows and not results:
+                return
+        self.on_rows(node, rows, results)
+
+    def on_rows(self, node: str, rows: list[StepRow], results: list[RowResult]) -> None:
+        """Row by row: each result goes to its walk run. A row without a result (or an engine
+        answering twice for a row) fails that request; results of stale rows (their request or
+        partition ended meanwhile) are ignored."""
         by_id = {row.request_id: row for row in rows}
         is_kv = node in self.kv_nodes
         active = self.active
@@ -217,26 +216,35 @@ class Conductor:
                 continue
             ps = state.by_walk.get(row.walk)
             run = ps.run if ps is not None else None
-            if run is None or run.name != row.walk or node not in run.active:
+            if run is None or run.name != row.walk:
+                continue
+            active_call = run.active.get(node)
+            if active_call is None:
                 continue
             if is_kv:
                 context = state.context
                 context[node] = context.get(node, 0) + row.num_tokens
             outputs = result.outputs
+            counted = active_call.call.counted
             run.complete(node, outputs, result.is_stop)
-            if not ps.count_names.isdisjoint(outputs):
-                self._count(state, ps, outputs, now)
-            if run.is_done and ps.run is run:
-                ps.finish_run()
-            self._pump(state, is_any_done=ps.is_done)
+            if counted:
+                self.count(state, ps, counted, outputs, now)
+            self.after_row(state, ps, run)
         for request_id in by_id:
             self.fail(request_id, "error: the engine returned no result for the row")
 
-    def _count(self, state: _RequestState, ps: PartitionState, outputs: dict[str, Any], now: float) -> None:
-        """Count the values under the partition's count names (tokens at time `now`)."""
+    def after_row(self, state: _RequestState, ps: PartitionState, run) -> None:
+        """A row of `run` (ps's walk run) was applied: end the run if it is done, then pump."""
+        if run.is_done and ps.run is run:
+            ps.finish_run()
+        self._pump(state, is_any_done=ps.is_done)
+
+    def count(self, state: _RequestState, ps: PartitionState, counted: tuple, outputs: dict[str, Any],
+              now: float) -> None:
+        """Count the values under the call's counted outputs (tokens at time `now`)."""
         record = state.record
         num = 0
-        for name in ps.count_names:
+        for name in counted:
             if name in outputs:
                 value = outputs[name]
                 if isinstance(value, list):
@@ -282,7 +290,7 @@ class Conductor:
                 if run.new_ready:
                     request_id = state.record.request.id
                     for call in run.new_ready:
-                        self.ready_out.append((request_id, call.node, run.name, call.num_tokens))
+                        self.ready_out.append((call.node, run.name, [request_id], [call.num_tokens]))
                     run.new_ready.clear()
                 if run.is_done:
                     ps.finish_run()
@@ -305,10 +313,8 @@ class Conductor:
 
     def _signal_done(self, state: _RequestState, ps: PartitionState) -> None:
         state.signalled.add(ps.name)
-        for part in self.plan.partitions:
-            for stream in part.streams:
-                if stream.producer_partition == ps.name:
-                    state.buffers[(part.name, stream.edge)].mark_producer_done()
+        for key in self.produced.get(ps.name, ()):
+            state.buffers[key].mark_producer_done()
 
     # ------------------------------------------------------------ endings
 

@@ -2,11 +2,12 @@
 
 The conductor owns one `PartitionState` per (request, partition). It is the walk run's input
 source (stream chunks, persisted values, the request's prompt and media) and output sink
-(persist, client, stream). Hand-off rule between walks: an input no edge of the walk produced
-is taken, in order, from a stream buffer (stream inputs only), a persisted value of the same
-name, for `text_inputs` the prompt the first time and afterwards the latest persisted value of
-the partition (Orpheus: prefill's new_token feeds decode), else the request's media (None when
-absent: the engine synthesises it). Persisted values a walk used are unpersisted when it ends.
+(persist, client, stream). Hand-off rule between walks, by the input's source in the walk
+tables: "stream" takes a chunk of the partition's buffer of that name; the others take a
+persisted value of the same name (the partition's own first), else for "prompt" the prompt the
+first time the partition takes one and afterwards its latest persisted value (Orpheus:
+prefill's new_token feeds decode), else the request's media (None when absent: the engine
+synthesises it). Persisted values a walk used are unpersisted when it ends.
 
 A stream-consumer partition (no initial walk) starts a walk only when one of its streams has a
 chunk. With one stage it re-runs that walk per chunk until its streams are exhausted (SNAC,
@@ -16,21 +17,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from mstar.plan.schema import EdgePlan, PartitionPlan, WalkPlan
+from mstar.plan.schema import EdgePlan, PartitionPlan
 from mstar.runtime.conductor.request import Emission, RequestRecord
 from mstar.runtime.conductor.streams import StreamBuffer
-from mstar.runtime.conductor.walk_state import WalkRun
+from mstar.runtime.conductor.tables import PROMPT, STREAM, RunWalk
+from mstar.runtime.conductor.walk_run import WalkRun
 
 
 class PartitionState:
     def __init__(
         self,
         plan: PartitionPlan,
-        walks: list[WalkPlan],
+        walks: list[RunWalk],
         record: RequestRecord,
         buffers: dict[tuple[str, str], StreamBuffer],
-        stream_inputs: dict[str, set[str]],
-        count_names: frozenset[str],
         clock: Callable[[], float],
     ):
         self.plan = plan
@@ -39,8 +39,6 @@ class PartitionState:
         self.record = record
         self.buffers = buffers  # shared by the request's partitions: (consumer partition, edge)
         self.own_buffers = [buf for (part, _), buf in buffers.items() if part == plan.name]
-        self.stream_inputs = stream_inputs
-        self.count_names = count_names
         self.clock = clock
         self.is_self_triggered = plan.initial_walk is None
         self.is_repeating = self.is_self_triggered and len(walks) == 1
@@ -67,7 +65,7 @@ class PartitionState:
             else:
                 return None
         walk = self.walks[0] if self.is_repeating else self.walks[self.stage]
-        self.run = WalkRun(walk, self, self, self.stream_inputs)
+        self.run = WalkRun(walk, self, self)
         self.run.start()
         return self.run
 
@@ -96,11 +94,12 @@ class PartitionState:
         run = self.run
         if run is None or not run.waiting:
             return False
-        for call in run.waiting:
-            for name in call.plan.inputs:
-                buf = self.buffers.get((self.name, name))
-                if buf is not None and name in self.stream_inputs.get(call.node, ()) and buf.is_exhausted:
-                    return True
+        for active in run.waiting:
+            for name, _, _, source in active.call.inputs:
+                if source == STREAM:
+                    buf = self.buffers.get((self.name, name))
+                    if buf is None or buf.is_exhausted:  # no buffer: no stream feeds it
+                        return True
         return False
 
     def is_drained(self) -> bool:
@@ -114,20 +113,20 @@ class PartitionState:
 
     # ------------------------------------------------------------ InputSource
 
-    def can_supply(self, node: str, name: str) -> bool:
-        if name in self.stream_inputs.get(node, ()):
+    def can_supply(self, name: str, source: int) -> bool:
+        if source == STREAM:
             buf = self.buffers.get((self.name, name))
             return buf is not None and buf.has_chunk()
         return True
 
-    def take(self, node: str, name: str) -> Any:
-        if name in self.stream_inputs.get(node, ()):
+    def take(self, name: str, source: int) -> Any:
+        if source == STREAM:
             chunk = self.buffers[(self.name, name)].poll()
             return chunk.items if chunk is not None else []
         if name in self.store:
             self.used_persisted.add(name)
             return self.store[name]
-        if name == "text_inputs":
+        if source == PROMPT:
             if not self.is_prompt_used:
                 self.is_prompt_used = True
                 return self.record.request.prompt_tokens

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from mstar.plan.schema import CallPlan, Plan
+from mstar.plan.schema import Plan
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 CAPTURED_LAUNCH_S = 0.0003
@@ -115,16 +115,11 @@ class SimEngine(RunsAtLaunch):
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
         self.out_names: dict[tuple[str, str], list[str]] = {}
         for walk in plan.walks:
-            stack = list(walk.body)
-            while stack:
-                section = stack.pop()
-                if isinstance(section, CallPlan):
-                    names = self.out_names.setdefault((section.node, walk.name), [])
-                    for edge in section.edges:
-                        if not edge.is_device and edge.name not in names:
-                            names.append(edge.name)
-                else:
-                    stack.extend(section.body)
+            for call in walk.calls:
+                names = self.out_names.setdefault((call.node, walk.name), [])
+                for edge in call.edges:
+                    if not edge.is_device and edge.name not in names:
+                        names.append(edge.name)
         self.requests: dict[str, Any] = {}
         self.reserved: dict[tuple[str, str], int] = {}  # (request, kv node) -> pages
         self.num_sampled: dict[tuple[str, str], int] = {}

@@ -67,7 +67,7 @@ def orpheus_like_worker(decode_cap: int = 64) -> tuple[WorkerPlan, DeploymentPla
     )
     worker = WorkerPlan(
         rank=0, placements=["LLM/decode", "LLM/prefill"],
-        walk_to_key={"LLM/decode": "LLM:mixed", "LLM/prefill": "LLM:mixed"}, keys=[key], routes=[],
+        walk_to_key={"LLM/decode": "LLM:mixed", "LLM/prefill": "LLM:mixed"}, keys=[key],
         speculation=[
             SpeculationPlan(node="LLM", walk="decode", can_speculate=True, mixes_walks=False),
             SpeculationPlan(node="LLM", walk="prefill", can_speculate=False, mixes_walks=False),

@@ -113,23 +113,23 @@ class Driver:
         conductor = self.conductor
         if conductor.ready_out:
             ready, conductor.ready_out = conductor.ready_out, []
-            ranks_of, cover = self.routing.ranks, self.cover
-            is_any_covered = cover.is_any_covered
+            routing, cover = self.routing, self.cover
             groups: dict[tuple[int, str, str], tuple[list[str], list[int]]] = {}
-            for request_id, node, walk, num_tokens in ready:
-                for rank in ranks_of(request_id, node, walk):
-                    if is_any_covered and cover.is_covered(rank, request_id, node, walk):
-                        continue
-                    group = groups.get((rank, node, walk))
-                    if group is None:
-                        group = groups[(rank, node, walk)] = ([], [])
-                    group[0].append(request_id)
-                    group[1].append(num_tokens)
+            for node, walk, request_ids, num_tokens in ready:
+                ranks = routing.single.get((node, walk))
+                if ranks is not None:  # one instance runs it (the plan decided): the group as is
+                    for rank in ranks:
+                        _add(groups, (rank, node, walk), *cover.uncovered(rank, node, walk, request_ids, num_tokens))
+                    continue
+                for request_id, num in zip(request_ids, num_tokens):
+                    for rank in routing.ranks(request_id, node, walk):
+                        _add(groups, (rank, node, walk), *cover.uncovered(rank, node, walk, [request_id], [num]))
             for (rank, node, walk), (request_ids, num_tokens) in groups.items():
                 self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens)
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
             for request_id in ended:
+                self.routing.forget(request_id)
                 for scheduler in self.schedulers.values():
                     scheduler.remove(request_id)
             if self.on_finish is not None:
@@ -311,3 +311,15 @@ class Driver:
                                             "made progress (the memory is never freed)")
         self._drain()
         return True
+
+
+def _add(groups: dict, key: tuple[int, str, str], request_ids: list[str], num_tokens: list[int]) -> None:
+    """Append ready rows to the (rank, node, walk) group."""
+    if not request_ids:
+        return
+    group = groups.get(key)
+    if group is None:
+        groups[key] = (list(request_ids), list(num_tokens))
+    else:
+        group[0].extend(request_ids)
+        group[1].extend(num_tokens)

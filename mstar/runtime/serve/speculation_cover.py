@@ -10,7 +10,8 @@ In: the plan's speculation switches and the per-rank schedulers. Out: `Speculati
     cancel(rank)                        step N had rows that got no memory: drop N+1 (its fresh rows
                                         go back to their queues; its continuing rows come back
                                         through the conductor or the hold)
-    is_covered(rank, request_id, node, walk)  a ready row that N+1 already holds (uncovers it)
+    uncovered(rank, node, walk, request_ids, num_tokens)  ready rows less those N+1 already holds
+                                        (each covered row is skipped once, then uncovered)
 """
 from __future__ import annotations
 
@@ -31,11 +32,8 @@ class SpeculationCover:
         self.walks = {(w.rank, s.node, s.walk) for w in plan.workers for s in w.speculation
                       if s.can_speculate and is_async.get(s.node, False)}
         self.pending: dict[int, tuple[Batch, set[str]]] = {}  # worker -> (speculative batch, continuing rows)
-        self.covered: dict[int, set[tuple[str, str, str]]] = {w.rank: set() for w in plan.workers}
-
-    @property
-    def is_any_covered(self) -> bool:
-        return any(self.covered.values())
+        # rank -> (node, walk) -> rows the pending step N+1 of that rank already runs
+        self.covered: dict[int, dict[tuple[str, str], set[str]]] = {w.rank: {} for w in plan.workers}
 
     def speculate(self, rank: int, batch: Batch, continuing: list[str]) -> None:
         """continuing: rows of the batch whose loop has iterations left after this step."""
@@ -47,8 +45,9 @@ class SpeculationCover:
         in_spec = set(spec.request_ids)
         covered = {rid for rid in continuing if rid in in_spec}
         walk_of = dict(zip(spec.request_ids, spec.walks))
+        rank_covered = self.covered[rank]
         for request_id in covered:
-            self.covered[rank].add((request_id, batch.node, walk_of[request_id]))
+            rank_covered.setdefault((batch.node, walk_of[request_id]), set()).add(request_id)
         self.pending[rank] = (spec, covered)
 
     def take(self, rank: int) -> Optional[tuple[Batch, set[str]]]:
@@ -67,15 +66,24 @@ class SpeculationCover:
         if fresh.num_rows:
             self.schedulers[rank].discard(fresh)
 
-    def is_covered(self, rank: int, request_id: str, node: str, walk: str) -> bool:
-        covered = self.covered[rank]
-        if (request_id, node, walk) in covered:
-            covered.discard((request_id, node, walk))
-            return True
-        return False
+    def uncovered(self, rank: int, node: str, walk: str, request_ids: list[str],
+                  num_tokens: list[int]) -> tuple[list[str], list[int]]:
+        """The ready rows of (node, walk) for `rank` that N+1 does not already hold; the ones it
+        holds are uncovered (a row is covered once)."""
+        covered = self.covered[rank].get((node, walk))
+        if not covered:
+            return request_ids, num_tokens
+        hits = covered.intersection(request_ids)
+        if not hits:
+            return request_ids, num_tokens
+        covered -= hits
+        kept = [i for i, rid in enumerate(request_ids) if rid not in hits]
+        return [request_ids[i] for i in kept], [num_tokens[i] for i in kept]
 
     def _uncover(self, rank: int, batch: Batch, request_ids: set[str]) -> None:
         covered = self.covered[rank]
         for request_id, walk in zip(batch.request_ids, batch.walks):
             if request_id in request_ids:
-                covered.discard((request_id, batch.node, walk))
+                rows = covered.get((batch.node, walk))
+                if rows is not None:
+                    rows.discard(request_id)

@@ -8,9 +8,9 @@ Nothing here reads meaning from a name: a name is only a key into the plan's rol
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
-from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, NodePlan, Plan, SectionPlan
+from mstar.plan.schema import EdgePlan, NodePlan, Plan
 
 
 @dataclass
@@ -43,30 +43,21 @@ class CallInfo:
         return list(dict.fromkeys(edge.name for edge in self.edges))
 
 
-def _calls(sections: list[SectionPlan], max_iters: int) -> Iterator[tuple[CallPlan, int]]:
-    for section in sections:
-        if isinstance(section, CallPlan):
-            yield section, max_iters
-        elif isinstance(section, LoopPlan):
-            yield from _calls(section.body, section.max_iters)
-        else:
-            yield from _calls(section.body, max_iters)
-
-
 def call_table(plan: Plan) -> dict[tuple[str, str], CallInfo]:
     """(node, walk) -> CallInfo, built once at engine start."""
     nodes: dict[str, NodePlan] = {n.name: n for n in plan.nodes}
     table: dict[tuple[str, str], CallInfo] = {}
     for walk in plan.walks:
-        for call, max_iters in _calls(walk.body, 0):
+        for call in walk.calls:
+            max_iters = walk.loops[call.loop].max_iters if call.loop is not None else 0
             info = table.setdefault((call.node, walk.name), CallInfo(call.node, walk.name))
-            info.inputs.extend(name for name in call.inputs if name not in info.inputs)
+            info.inputs.extend(i.name for i in call.inputs if i.name not in info.inputs)
             info.edges.extend(call.edges)
             info.loop_max_iters = max(info.loop_max_iters, max_iters)
             node = nodes.get(call.node)
             if node is not None:
                 roles = {r.name: r.role for r in node.input_roles}
                 outputs = {o.name: o.role for o in node.outputs}
-                info.input_roles.update((name, roles[name]) for name in call.inputs if name in roles)
+                info.input_roles.update((i.name, roles[i.name]) for i in call.inputs if i.name in roles)
                 info.output_roles.update((e.name, outputs[e.name]) for e in call.edges if e.name in outputs)
     return table

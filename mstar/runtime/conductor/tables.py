@@ -1,0 +1,119 @@
+"""The plan's walk tables, prepared once per plan for the conductor's inner loops.
+
+In:  a `WalkPlan` (mstar/plan/schema.py: calls, joins, loops, slots). Out: `RunWalk`, the same
+tables as tuples of small ints and strings (no pydantic attribute access per row), plus what the
+columnar pass needs to know about each call:
+
+    RunCall.inputs   (name, slots, is_wait, source code) per input
+    RunCall.edges    (name, action code, slot, loop, exit, is_device, is_persist, edge plan, scope exit)
+    RunCall.is_loop_step   the call is the whole body of its loop and every input comes from that
+                     loop's loop-backs written by this call: finishing an iteration re-readies
+                     the same call from the slots alone (a decode step). The conductor advances
+                     rows of such calls in one pass (conductor/loop_pass.py).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, NextPlan, WalkPlan
+
+# Input sources (InputSourcePlan.source). PROMPT: the text prompt rule; OUTSIDE: a persisted
+# value of that name, else the request's media of that name (an image or audio prompt, a
+# persisted value, media).
+STREAM, PROMPT, OUTSIDE = range(3)
+
+
+def source_code(source: str, prompt) -> int:
+    if source == "stream":
+        return STREAM
+    return PROMPT if source == "prompt" and prompt == "text" else OUTSIDE
+# Edge actions (EdgePlan.action)
+SLOT, LOOP_BACK, LOOP_OUTPUT, LOOP_ACCUMULATE, SINK = range(5)
+ACTIONS = {"slot": SLOT, "loop_back": LOOP_BACK, "loop_output": LOOP_OUTPUT,
+           "loop_accumulate": LOOP_ACCUMULATE, "sink": SINK}
+# Transitions (NextPlan.kind)
+START, JOIN, LOOP_END, WALK_END = range(4)
+KINDS = {"start": START, "join": JOIN, "loop_end": LOOP_END, "walk_end": WALK_END}
+
+
+class RunNext:
+    __slots__ = ("kind", "calls", "joins", "loops", "target")
+
+    def __init__(self, plan: NextPlan):
+        self.kind = KINDS[plan.kind]
+        self.calls = tuple(plan.calls)
+        self.joins = tuple(plan.joins)
+        self.loops = tuple(plan.loops)
+        self.target = plan.target
+
+
+def edge_entry(edge: EdgePlan, scope_exit: Optional[int] = None) -> tuple:
+    return (edge.name, ACTIONS[edge.action], edge.slot, edge.loop, edge.exit, edge.is_device,
+            edge.is_persist, edge, scope_exit)
+
+
+class RunLoop:
+    __slots__ = ("name", "max_iters", "has_stop", "body", "then", "cleared", "exits", "scope_exits")
+
+    def __init__(self, plan: LoopPlan):
+        self.name = plan.name
+        self.max_iters = plan.max_iters
+        self.has_stop = plan.has_stop
+        self.body = RunNext(plan.body)
+        self.then = RunNext(plan.then)
+        self.cleared = tuple(plan.cleared_slots)
+        # (kind, name, onward edge entry or None, slot or None) in the plan's order
+        self.exits = tuple(
+            (x.kind, x.name, edge_entry(x.edge) if x.edge is not None else None, x.slot) for x in plan.exits
+        )
+        self.scope_exits = {x.name: i for i, x in enumerate(plan.exits) if x.kind == "scope"}
+
+
+class RunCall:
+    __slots__ = ("index", "node", "inputs", "edges", "counted", "loop", "stop_loop", "then",
+                 "is_loop_step", "loop_back_slots", "plan")
+
+    def __init__(self, index: int, plan: CallPlan, loops: list[RunLoop]):
+        self.index = index
+        self.plan = plan
+        self.node = plan.node
+        self.inputs = tuple((i.name, tuple(i.slots), i.is_wait, source_code(i.source, i.prompt)) for i in plan.inputs)
+        edges = []
+        for edge in plan.edges:
+            scope_exit = None
+            if edge.action == "loop_back" and edge.loop is not None:
+                scope_exit = loops[edge.loop].scope_exits.get(edge.name)
+            edges.append(edge_entry(edge, scope_exit))
+        self.edges = tuple(edges)
+        self.counted = tuple(plan.counted)
+        self.loop = plan.loop
+        self.stop_loop = plan.stop_loop
+        self.then = RunNext(plan.then)
+        # Slots this call's own loop-backs into its loop fill for the next iteration.
+        self.loop_back_slots = {e.slot for e in plan.edges if e.action == "loop_back" and e.loop == plan.loop}
+        self.is_loop_step = self._is_loop_step(loops)
+
+    def _is_loop_step(self, loops: list[RunLoop]) -> bool:
+        if self.loop is None or self.then.kind != LOOP_END or self.then.target != self.loop:
+            return False
+        body = loops[self.loop].body
+        if body.calls != (self.index,) or body.joins or body.loops:
+            return False
+        # Every input is refilled by this call's own loop-back (a device loop-back always is;
+        # a host one only when the engine returned the value: checked per row).
+        return all(slots and slots[0] in self.loop_back_slots and not is_wait
+                   for _, slots, is_wait, _ in self.inputs)
+
+
+class RunWalk:
+    __slots__ = ("name", "partition", "calls", "loops", "joins", "start", "num_slots", "plan")
+
+    def __init__(self, plan: WalkPlan):
+        self.plan = plan
+        self.name = plan.name
+        self.partition = plan.partition
+        self.loops = tuple(RunLoop(loop) for loop in plan.loops)
+        self.calls = tuple(RunCall(i, call, list(self.loops)) for i, call in enumerate(plan.calls))
+        self.joins = tuple((join.num_members, RunNext(join.then)) for join in plan.joins)
+        self.start = RunNext(plan.start)
+        self.num_slots = len(plan.slots)
