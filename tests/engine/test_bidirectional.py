@@ -35,7 +35,7 @@ def bagel_plan(tmp_path: Path, bidirectional: bool):
 
 def image(plan) -> torch.Tensor:
     driver = Driver(plan, TorchEngine(plan))
-    driver.run(Workload([Request(id="i", prompt_tokens=[1, 2], max_tokens=4, seed=2, cfg_text_scale=1.0,
+    driver.run(Workload([Request(id="i", prompt_tokens=[1, 2], max_tokens=4, seed=2, guidance={"cfg_text": 1.0},
                                  route={"LLM": ["prefill_vit", "prefill_text", "image_gen"]})]))
     record = driver.conductor.records["i"]
     assert record.finish_reason in ("stop", "done"), record.finish_reason

@@ -42,13 +42,13 @@ def test_sharded_checkpoint_matches_transformers(tmp_path):
 def test_tied_head_shares_storage_and_dtype_is_the_target(tmp_path):
     reference = tiny_llama(tmp_path, is_tied=True)
     dims = read_checkpoint_config(str(tmp_path))
-    model = load_decoder(lambda: Decoder(dims), str(tmp_path), True, dtype=torch.bfloat16, seed=3, node="LLM")
+    model = load_decoder(lambda: Decoder(dims), str(tmp_path), True, dtype=torch.bfloat16, seed=3, position=0)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     torch.testing.assert_close(model.model.embed_tokens.weight,
                                reference.model.embed_tokens.weight.to(torch.bfloat16))
     seeded = Decoder(dims)  # the flow head is not in the checkpoint: seeded as with random weights
-    init_random(seeded, 3, "LLM")
+    init_random(seeded, 3, 0)
     torch.testing.assert_close(model.flow.latent_in.weight, seeded.flow.latent_in.weight.to(torch.bfloat16))
 
 

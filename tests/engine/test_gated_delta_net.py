@@ -7,6 +7,7 @@ import torch
 from engine_plans import hybrid_plan, step, with_worker
 from mstar.compiler.lower_tables import tables_for
 from mstar.compiler.walk_tree import TreeCall as CallPlan, TreeEdge as EdgePlan, WalkTree as WalkPlan
+from mstar.plan.schema import OutputPlan
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import StepRow
@@ -20,7 +21,9 @@ def states_plan():
     walk = WalkPlan(name="states", partition="LLM", nodes=["LLM"], body=[CallPlan(
         node="LLM", inputs=["text_inputs"], edges=[EdgePlan(name="hidden_states", dest_kind="conductor")])])
     (table,) = tables_for([walk], plan.partitions, plan.nodes, [])
-    return with_worker(plan.model_copy(update={"walks": plan.walks + [table]}))
+    (node,) = plan.nodes
+    node = node.model_copy(update={"outputs": node.outputs + [OutputPlan(name="hidden_states", role="hidden")]})
+    return with_worker(plan.model_copy(update={"walks": plan.walks + [table], "nodes": [node]}))
 
 
 def run_chunks(chunks):

@@ -1,6 +1,7 @@
-"""Classifier-free guidance on BAGEL's three KV sequences (mstar/runtime/engine/runners/guidance.py): which
+"""Classifier-free guidance on BAGEL's three KV sequences (mstar/runtime/engine/runners/guidance.py), from
+the spec's roles (`guidance cfg_text drops text scale=4.0`, `kv WALK reads/writes ...`): which
 sequences a guided request's rows write and read, the velocity formula, and that guidance changes
-the image while an unguided request keeps `main` only."""
+the image while an unguided request keeps its first sequence only."""
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from mstar.plan.io import load_plan
 from mstar.runtime.serve.driver import Driver, Workload
 from mstar.runtime.engine.torch_engine import TorchEngine
-from mstar.runtime.engine.runners.guidance import GuidanceError, GuidanceParams, combine, in_interval, sequences_written
+from mstar.runtime.engine.runners.guidance import GuidanceError, GuidanceParams, NodeGuidance, in_interval
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.workload import WorkloadError, parse_prompt_line
 
@@ -63,7 +64,7 @@ def test_an_unguided_request_keeps_main_only():
     written: dict = {}
     run([Request(id="t", prompt_tokens=[4, 5], max_tokens=4),  # text route: no image-flow walk
          Request(id="off", prompt_tokens=[1, 2], max_tokens=4, route={"LLM": ["prefill_text", "image_gen"]},
-                 cfg_text_scale=1.0, cfg_img_scale=1.0)], written)
+                 guidance={"cfg_text": 1.0, "cfg_img": 1.0})], written)
     assert {label for _, label in written} == {"main"}
 
 
@@ -71,54 +72,69 @@ def test_guidance_changes_the_image_and_scale_one_is_the_unguided_image():
     route = {"LLM": ["prefill_text", "image_gen"]}
     records = run([Request(id="guided", prompt_tokens=[1, 2, 3], max_tokens=4, route=route, seed=3),
                    Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=4, route=route, seed=3,
-                           cfg_text_scale=1.0)])
+                           guidance={"cfg_text": 1.0})])
     guided, plain = image_of(records["guided"]), image_of(records["plain"])
     assert guided.shape == plain.shape and not torch.equal(guided, plain)
     alone = run([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=4, route=route, seed=3,
-                         cfg_text_scale=1.0)])
+                         guidance={"cfg_text": 1.0})])
     assert torch.equal(image_of(alone["plain"]), plain)  # batch-invariant beside a guided row
 
 
 def test_a_guided_image_does_not_depend_on_its_neighbours():
-    request = dict(prompt_tokens=[7, 8], max_tokens=4, route=IMAGE_ROUTE, seed=5, cfg_img_scale=2.0)
+    request = dict(prompt_tokens=[7, 8], max_tokens=4, route=IMAGE_ROUTE, seed=5, guidance={"cfg_img": 2.0})
     alone = run([Request(id="g", **request)])
     crowded = run([Request(id="g", **request), Request(id="n", prompt_tokens=[3, 4, 5], max_tokens=6),
                    Request(id="m", prompt_tokens=[9], max_tokens=4, route=IMAGE_ROUTE, seed=1)])
     assert torch.equal(image_of(alone["g"]), image_of(crowded["g"]))
 
 
+def bagel_guidance() -> NodeGuidance:
+    return NodeGuidance.of(next(n for n in bagel().nodes if n.name == "LLM"))
+
+
+def combine(v_main, v_text, v_img, text_scale, img_scale):
+    params = GuidanceParams({"cfg_text": text_scale, "cfg_img": img_scale})
+    return bagel_guidance().combine({"main": v_main, "cfg_text": v_text, "cfg_img": v_img}, params)
+
+
 def test_combine_formula():
     v_main, v_text, v_img = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     # scales of 1 give back v_main
-    assert torch.allclose(combine(v_main, v_text, v_img, GuidanceParams(1.0, 1.0)), v_main)
+    assert torch.allclose(combine(v_main, v_text, v_img, 1.0, 1.0), v_main)
     # text guidance: 1 + 4 * (2 - 1) = 5 along x, renormed to |v_main| = 2
-    assert torch.allclose(combine(v_main, v_text, v_img, GuidanceParams(4.0, 1.0)), torch.tensor([2.0, 0.0]))
+    assert torch.allclose(combine(v_main, v_text, v_img, 4.0, 1.0), torch.tensor([2.0, 0.0]))
     # a weak guidance below |v_main| is not scaled up
-    small = combine(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0]), v_img, GuidanceParams(4.0, 1.0))
+    small = combine(torch.tensor([1.0, 0.0]), torch.tensor([1.0, 0.0]), v_img, 4.0, 1.0)
     assert torch.allclose(small, torch.tensor([1.0, 0.0]))
     # image guidance pushes away from v_cfg_img, then renorms
-    v = combine(v_main, v_main, v_img, GuidanceParams(1.0, 2.0))  # v_img + 2 (v_main - v_img) = (4, -1)
+    v = combine(v_main, v_main, v_img, 1.0, 2.0)  # v_img + 2 (v_main - v_img) = (4, -1)
     assert torch.allclose(v, torch.tensor([4.0, -1.0]) * 2.0 / torch.tensor([4.0, -1.0]).norm())
 
 
 def test_interval_and_written_sequences():
     # noise level 1 - step/steps: 1.0 at step 0 (inside (0.4, 1.0]), 0.4 at step 6 (outside)
     assert in_interval(0, 10) and in_interval(5, 10) and not in_interval(6, 10) and not in_interval(9, 10)
-    assert sequences_written(is_text=True, is_guided=True) == ("main", "cfg_img")
-    assert sequences_written(is_text=False, is_guided=True) == ("main", "cfg_text")
-    assert sequences_written(is_text=True, is_guided=False) == ("main",)
+    guidance = bagel_guidance()
+    assert guidance.written("prefill_text", is_guided=True) == ("main", "cfg_img")
+    assert guidance.written("prefill_vit", is_guided=True) == ("main", "cfg_text")
+    assert guidance.written("prefill_text", is_guided=False) == ("main",)
+    assert guidance.read("image_gen", is_guided=True) == ("main", "cfg_text", "cfg_img")
+    assert guidance.guided_walks == {"image_gen"} and guidance.defaults == (4.0, 1.0)
 
 
 def test_bad_scales_are_refused():
-    with pytest.raises(GuidanceError, match="cfg_text_scale must be a number >= 0"):
-        GuidanceParams.from_request({"cfg_text_scale": -1})
-    with pytest.raises(WorkloadError, match="'cfg_img_scale' must be >= 0"):
-        parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "cfg_img_scale": -2}', "p:1")
-    request = parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "cfg_text_scale": 2}', "p:1")
-    assert request.cfg_text_scale == 2.0 and request.cfg_img_scale is None
+    with pytest.raises(GuidanceError, match="guidance scale of cfg_text must be a number >= 0"):
+        GuidanceParams.from_request({"guidance": {"cfg_text": -1}})
+    with pytest.raises(WorkloadError, match="guidance scale of 'cfg_img' must be >= 0"):
+        parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "guidance": {"cfg_img": -2}}', "p:1")
+    request = parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "guidance": {"cfg_text": 2}}',
+                                "p:1")
+    assert request.guidance == {"cfg_text": 2.0}
     engine = TorchEngine(bagel())
-    assert "cfg_text_scale must be" in engine.add_request("x", {"prompt_tokens": [1], "max_tokens": 2,
-                                                                 "cfg_text_scale": "high"})
+    assert "must be a number" in engine.add_request("x", {"prompt_tokens": [1], "max_tokens": 2,
+                                                          "guidance": {"cfg_text": "high"}})
+    assert "'cfg_txt' is not a guidance label of the plan (labels: cfg_text, cfg_img)" in engine.add_request(
+        "y", {"prompt_tokens": [1], "max_tokens": 2, "guidance": {"cfg_txt": 2.0}})
 
 
 def test_a_guided_request_too_big_for_three_sequences_fails_alone():
@@ -129,4 +145,4 @@ def test_a_guided_request_too_big_for_three_sequences_fails_alone():
     big = {"prompt_tokens": [1] * page_size, "max_tokens": page_size, "route": IMAGE_ROUTE}
     assert engine.add_request("plain", {**big, "route": {}}) is None
     reason = engine.add_request("guided", big)
-    assert reason and "with guidance the request keeps three KV sequences" in reason
+    assert reason and "with guidance the request keeps 3 KV sequences" in reason

@@ -18,8 +18,10 @@ class Request:
     takes, in stage order (an optional stage may be left out; an empty list leaves the partition
     out entirely, as for the audio partitions of a text-only request). A partition absent from
     route takes the first alternative of every stage that is not optional.
-    media: external inputs a walk may need besides the prompt (`image_inputs`, ...), by input
-    name; opaque to the runtime (None lets the engine synthesise them).
+    media: the request's media by modality (`image`, `audio`): the input the spec marks `prompt
+    image` (or `audio`) receives it; opaque to the runtime (absent lets the engine synthesise it).
+    guidance: scales by guidance label (the spec's `guidance LABEL ...`; a label left out keeps its
+    default scale).
     """
 
     id: str
@@ -30,8 +32,7 @@ class Request:
     seed: Optional[int] = None
     repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
-    cfg_text_scale: Optional[float] = None  # image-flow guidance (mstar/runtime/engine/runners/guidance.py); None: 4.0
-    cfg_img_scale: Optional[float] = None  # None: 1.0 (off)
+    guidance: dict[str, float] = field(default_factory=dict)  # image-flow guidance (runners/guidance.py)
     route: dict[str, list[str]] = field(default_factory=dict)
     media: dict[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # when the client sends it (workload time, seconds from the start)

@@ -97,6 +97,8 @@ class TorchEngine(RunsAtLaunch):
         self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
         self.checker = StepChecker(plan)
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
+        # A node's position in the plan seeds its random weights (a name never does).
+        self.positions = {node.name: index for index, node in enumerate(plan.nodes)}
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
@@ -131,24 +133,24 @@ class TorchEngine(RunsAtLaunch):
         if kind == "audio_codec":
             dims = codec_dims(node, mode)
             model = self._new(node.name, lambda: CodecDecoder(dims))
-            init_random(model, seed, node.name)
-            return CodecRunner(node, self._place(model), self._stream_policy(node.name))
+            init_random(model, seed, self.positions[node.name])
+            return CodecRunner(node, self._place(model), self._stream_policy(node.name), self.positions[node.name])
         if kind in ("vision_encoder", "audio_encoder"):
             dims = encoder_dims(node, mode, kind == "audio_encoder")
-            widths = {}
+            widths = {output.name: dims.hidden for output in node.outputs}
             for (name, _), call in self.calls.items():
                 if name == node.name:
                     for edge in call.edges:
                         dest = self.decoder_dims.get(edge.dest) if edge.dest_kind == "node" else None
                         widths[edge.name] = dest.hidden if dest else dims.hidden
-            model = self._new(node.name, lambda: MediaEncoder(dims, widths))
-            init_random(model, seed, node.name)
-            return EncoderRunner(node, self._place(model))
+            model = self._new(node.name, lambda: MediaEncoder(dims, list(widths.values())))
+            init_random(model, seed, self.positions[node.name])
+            return EncoderRunner(node, self._place(model), self.positions[node.name])
         latent_source = self._latent_source()
         image_dims = image_decoder_dims(node, mode, latent_source)
         model = self._new(node.name, lambda: ImageDecoder(image_dims))
-        init_random(model, seed, node.name)
-        return ImageDecoderRunner(node, self._place(model))
+        init_random(model, seed, self.positions[node.name])
+        return ImageDecoderRunner(node, self._place(model), self.positions[node.name])
 
     def _build_decoder(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
@@ -166,11 +168,11 @@ class TorchEngine(RunsAtLaunch):
             return fast
         if weights_dir is None:
             model = self._new(node.name, lambda: Decoder(dims))
-            init_random(model, seed, node.name)
+            init_random(model, seed, self.positions[node.name])
         else:
             self._check_memory(node.name, lambda: Decoder(dims))
             model = load_decoder(lambda: Decoder(dims), weights_dir, dims.is_tied_embeddings,
-                                 self.placement.device, seed=seed, node=node.name)
+                                 self.placement.device, seed=seed, position=self.positions[node.name])
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
         # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
         page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
@@ -181,10 +183,8 @@ class TorchEngine(RunsAtLaunch):
             max_concurrent = self.plan.deployment.max_concurrent_requests
             num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
             slots = SlotPool(node.name, num_slots, max_concurrent)
-        flow_walks = frozenset(walk for (name, walk), call in self.calls.items()
-                               if name == node.name and call.is_image_flow)
         return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
-                             self._code_frames(node.name, mode), flow_walks, self.placement,
+                             self._code_frames(node.name, mode), self.positions[node.name], self.placement,
                              self._flashinfer(node, dims, page_size))
 
     def _fast_gpu_runner(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str], seed: int,
@@ -269,6 +269,11 @@ class TorchEngine(RunsAtLaunch):
             state = RequestState.from_request(request_id, request)
         except (SamplingError, GuidanceError, TypeError, ValueError) as error:
             return f"request {request_id}: {error}"
+        labels = [g.label for node in self.plan.nodes for g in node.guidance]
+        unknown = sorted(set(state.guidance.scales) - set(labels))
+        if unknown:
+            return (f"request {request_id}: guidance {unknown[0]!r} is not a guidance label of the plan "
+                    f"(labels: {', '.join(labels) or 'none'})")
         for runner in self.runners.values():
             reason = runner.refusal(state)
             if reason:

@@ -1,7 +1,8 @@
 """Model weights: random from a seed, or a local checkpoint (config.json + *.safetensors).
 
-Random: every parameter gets its own generator seeded from (seed, node, parameter name), so a
-node's weights do not depend on which other nodes exist or in which order they are built. Matrices
+Random: every parameter gets its own generator seeded from (seed, the node's position in the plan,
+the parameter's module path), so a node's weights do not depend on the order they are built in nor
+on any name the spec's author chose. Matrices
 are N(0, 1/fan_in) (embeddings N(0, 1)), biases zero, norm scales one.
 
 Checkpoint: `read_checkpoint_config(dir)` (in `checkpoint_config`) gives the dims from
@@ -57,13 +58,14 @@ def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]
     return assigned
 
 
-def param_seed(seed: int, node: str, name: str) -> int:
-    return zlib.crc32(f"{seed}/{node}/{name}".encode())
+def param_seed(seed: int, position: int, name: str) -> int:
+    """The seed of parameter `name` (a torch module path) of the plan's node at `position`."""
+    return zlib.crc32(f"{seed}/{position}/{name}".encode())
 
 
-def init_random(module: nn.Module, seed: int, node: str, names: Optional[set[str]] = None) -> None:
+def init_random(module: nn.Module, seed: int, position: int, names: Optional[set[str]] = None) -> None:
     """Fill every parameter of `module` (or only those in `names`) deterministically (rules in the
-    module docstring)."""
+    module docstring); `position`: the node's index in the plan."""
     embeddings = {name for name, m in module.named_modules() if isinstance(m, nn.Embedding)}
     with torch.no_grad():
         for name, param in module.named_parameters():
@@ -75,7 +77,7 @@ def init_random(module: nn.Module, seed: int, node: str, names: Optional[set[str
                 if name.endswith("bias") and "dt_bias" not in name:
                     param.zero_()
                 continue
-            generator = torch.Generator().manual_seed(param_seed(seed, node, name))
+            generator = torch.Generator().manual_seed(param_seed(seed, position, name))
             fan_in = param[0].numel()
             std = 1.0 if name.rsplit(".", 1)[0] in embeddings else fan_in ** -0.5
             param.copy_(torch.randn(param.shape, generator=generator) * std)
@@ -106,7 +108,7 @@ def _tensor_index(weights_dir: str) -> dict[str, tuple[Path, str]]:
 
 def load_decoder(factory: Callable[[], nn.Module], weights_dir: str, is_tied: bool,
                  device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
-                 seed: int = 0, node: str = "") -> nn.Module:
+                 seed: int = 0, position: int = 0) -> nn.Module:
     """A decoder built by `factory` with the checkpoint's weights, on `device` in `dtype`.
 
     The model is built on the meta device (no memory, no initialisation), given uninitialised
@@ -119,7 +121,7 @@ def load_decoder(factory: Callable[[], nn.Module], weights_dir: str, is_tied: bo
         model = factory().to(dtype)
     model = model.to_empty(device=device)
     not_loaded = load_checkpoint_weights(model, weights_dir, is_tied)
-    init_random(model, seed, node, not_loaded)
+    init_random(model, seed, position, not_loaded)
     return model
 
 

@@ -10,7 +10,7 @@ small vocabulary, all from one seed. Arrivals:
 File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
 "max_tokens": int} and optionally "temperature", "top_p", "seed", "repetition_penalty" (> 0),
 "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route),
-"cfg_text_scale" and "cfg_img_scale" (>= 0, image-flow guidance, see mstar/runtime/engine/runners/guidance.py); blank lines
+"guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance labels, see mstar/runtime/engine/runners/guidance.py); blank lines
 are skipped. An id is 1 to MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's
 files under --out; no path separator, NUL or space). The file is read through
 mstar.files.read_bytes_bounded: a regular file of at most MAX_PROMPTS_BYTES (a FIFO or
@@ -190,7 +190,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "repetition_penalty",
-             "stop_tokens", "route", "cfg_text_scale", "cfg_img_scale"}
+             "stop_tokens", "route", "guidance"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -215,12 +215,13 @@ def parse_prompt_line(line: str, where: str) -> Request:
     stop_tokens = _field(obj, "stop_tokens", (list,), where, is_required=False) or []
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_tokens):
         raise WorkloadError(f"{where}: 'stop_tokens' must be a list of non-negative integers")
+    guidance = _field(obj, "guidance", (dict,), where, is_required=False) or {}
     scales = {}
-    for name in ("cfg_text_scale", "cfg_img_scale"):
-        scale = _field(obj, name, (int, float), where, is_required=False)
-        if scale is not None and scale < 0:
-            raise WorkloadError(f"{where}: {name!r} must be >= 0, got {scale}")
-        scales[name] = float(scale) if scale is not None else None
+    for label, scale in guidance.items():
+        scale = _field(guidance, label, (int, float), f"{where}: 'guidance'", is_required=True)
+        if scale < 0:
+            raise WorkloadError(f"{where}: guidance scale of {label!r} must be >= 0, got {scale}")
+        scales[label] = float(scale)
     route = _field(obj, "route", (dict,), where, is_required=False) or {}
     for partition, walks in route.items():
         if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
@@ -235,7 +236,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
         repetition_penalty=float(penalty) if penalty is not None else None,
         stop_tokens=list(stop_tokens),
         route=route,
-        **scales,
+        guidance=scales,
     )
 
 

@@ -2,7 +2,8 @@
 
 features `[n, feature_dim]` -> a linear patch/frame embedding plus a learned position table ->
 `num_layers` pre-norm transformer blocks with bidirectional attention -> one linear head per output
-edge (`img_emb`, `vision_embeds`, `deepstack`, ...), each sized for the node that edge feeds.
+of the node (BAGEL's `img_emb`; Qwen3-Omni's `vision_embeds`, `deepstack`), in the node's output
+order, each sized for the node it feeds.
 """
 from __future__ import annotations
 
@@ -35,20 +36,20 @@ class _Block(nn.Module):
 
 
 class MediaEncoder(nn.Module):
-    def __init__(self, dims: EncoderDims, output_widths: dict[str, int]):
-        """`output_widths`: output edge name -> embedding width that edge carries."""
+    def __init__(self, dims: EncoderDims, output_widths: list[int]):
+        """`output_widths`: the embedding width of each output, in the node's output order."""
         super().__init__()
         self.dims = dims
         self.embed = nn.Linear(dims.feature_dim, dims.hidden)
         self.positions = nn.Parameter(torch.zeros(MAX_POSITIONS, dims.hidden))
         self.blocks = nn.ModuleList(_Block(dims.hidden, dims.num_heads) for _ in range(dims.num_layers))
         self.norm = nn.LayerNorm(dims.hidden)
-        self.heads = nn.ModuleDict({name: nn.Linear(dims.hidden, width) for name, width in output_widths.items()})
+        self.heads = nn.ModuleList(nn.Linear(dims.hidden, width) for width in output_widths)
 
-    def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
-        """features `[n, feature_dim]` (n <= 4096) -> {edge name: `[n, width]`}."""
+    def forward(self, features: torch.Tensor) -> list[torch.Tensor]:
+        """features `[n, feature_dim]` (n <= 4096) -> one `[n, width]` per output, in order."""
         x = self.embed(features) + self.positions[:features.shape[0]]
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
-        return {name: head(x) for name, head in self.heads.items()}
+        return [head(x) for head in self.heads]

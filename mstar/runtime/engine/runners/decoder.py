@@ -4,20 +4,24 @@ In: `(StepRow, CallInfo, RequestState)` triples of one step (rows may belong to 
 Out: a `RowResult` per row that ran or failed alone, and the ids of rows that could not get memory
 (nothing ran for them; the scheduler holds and retries them).
 
-Inputs per row (see docs/engine.md): token-id values are embedded, embedding tensors (encoder
-output, hidden states of another LLM) are added in (through a seeded adapter when their width is
-not the node's hidden), masks and signals are ignored. A call that takes `latents` is an image-flow
-step: latents and `time_index` in, one Euler step of the flow out; it reads the KV context without
-writing it. Outputs per edge name: `latents`, `time_index`, names with `mask` (a bool tensor),
-names with `states` / `hidden` (the hidden states of every token of the row), names with `embeds`
-(the last token's hidden state: the next input embedding), names starting `v_` (the flow
-velocity), anything else a sampled token id `[id]` (or, on an edge feeding a codec of Q > 1
-quantizers, one frame: a tensor of Q codes).
+Inputs per row, by the role the spec gives them (docs/language.md "Roles"; see docs/engine.md):
+token-id values are embedded, embedding tensors (encoder output, hidden states of another LLM) are
+added in (through a seeded adapter when their width is not the node's hidden), masks and signals
+are ignored. A call that takes `flow_latents` is an image-flow step: latents and the `flow_time`
+input in, one Euler step of the flow out; it reads the KV context without writing it. Outputs per
+edge, by the output's role: `tokens` a sampled token id `[id]` (or, on an edge feeding a codec of
+Q > 1 quantizers, one frame: a tensor of Q codes), `hidden` the hidden states of every token of the
+row (the last one when it loops back to this node), `embeddings` the last token's hidden state
+(the next input embedding), `mask` a bool tensor, `velocity` the flow velocity, `flow_latents` and
+`flow_time` the flow's next latents and time index.
 
-Guidance (BAGEL, see mstar/runtime/engine/runners/guidance.py): on a node with `kv_sequences main cfg_text
-cfg_img`, a guided request's writing rows extend two of the three sequences and its image-flow rows
-read all three; each (row, sequence) pair is one segment of the packed step, and the flow rows'
-three velocities are combined into one. Other requests use `main` only.
+Guidance (BAGEL, see mstar/runtime/engine/runners/guidance.py): on a node with guidance sequences, a
+guided request's writing rows extend the sequences their walk `writes` and its image-flow rows read
+the walk's `reads`; each (row, sequence) pair is one segment of the packed step, and the flow rows'
+velocities are combined into one. Other requests use the first sequence only.
+
+Random parts (adapters, code heads, stand-in latents) are seeded by the node's position in the plan
+and the input's or output's position on the node, never by a name.
 
 Memory: pages are allocated per step; a row that cannot get pages or a slot does not run and is
 reported in allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
@@ -39,10 +43,7 @@ from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import InputError, classify, synthesise
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
-from mstar.runtime.engine.runners.guidance import (
-    CFG_IMG, CFG_TEXT, MAIN, combine, has_guidance_sequences, in_interval, sequences_read,
-    sequences_written,
-)
+from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
 from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.slots import SlotPool
@@ -64,36 +65,22 @@ class _Prepared:
     is_flow: bool = False
     latents: Optional[torch.Tensor] = None
     time_index: int = 0
-    writes: tuple[str, ...] = (MAIN,)  # KV sequences the row extends (none for a flow row)
-    reads: tuple[str, ...] = (MAIN,)  # KV sequences a flow row attends over
+    writes: tuple[str, ...] = ()  # KV sequences the row extends (none for a flow row)
+    reads: tuple[str, ...] = ()  # KV sequences a flow row attends over
 
     def keys(self) -> list[tuple[str, str]]:
         return [(self.row.request_id, label) for label in self.writes]
-
-
-def output_kind(name: str) -> str:
-    """What an output edge of a kv node carries, by its name (table in the module docstring)."""
-    if name in ("latents", "time_index"):
-        return name
-    if "mask" in name:
-        return "mask"
-    if name.startswith("v_"):
-        return "velocity"
-    if any(word in name for word in ("states", "embeds", "hidden")):
-        return "hidden"
-    return "token"
 
 
 class DecoderRunner:
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, slots: Optional[SlotPool], seed: int,
                  code_frames: Optional[dict[str, tuple[int, int]]] = None,
-                 flow_walks: frozenset[str] = frozenset(), placement: Placement = CPU,
+                 position: int = 0, placement: Placement = CPU,
                  flashinfer: Optional[FlashInferAttention] = None):
         """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
-        that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). flow_walks: the walks
-        whose call on this node is an image-flow step (a request taking one may be guided).
-        placement: where the model runs (the KV cache and recurrent states are allocated there);
+        that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). position: the node's
+        index in the plan (what its random parts are seeded by). placement: where the model runs (the KV cache and recurrent states are allocated there);
         flashinfer: the GPU attention backend, or None for the torch path."""
         self.node = node
         self.dims = dims
@@ -116,9 +103,13 @@ class DecoderRunner:
         self.code_frames = code_frames or {}
         self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
         self._code_heads: dict[str, torch.Tensor] = {}
-        self.flow_walks = flow_walks
+        self.position = position
+        self.input_positions = {r.name: i for i, r in enumerate(node.input_roles)}
+        self.output_positions = {o.name: i for i, o in enumerate(node.outputs)}
+        self.takes_text_prompt = any(r.prompt == "text" for r in node.input_roles)
         self.bidirectional_walks = frozenset(node.bidirectional_walks)
-        self.has_guidance = has_guidance_sequences(node.kv_sequences) and not dims.has_linear_layers
+        self.guidance = NodeGuidance.of(node)
+        self.has_guidance = bool(self.guidance.labels) and not dims.has_linear_layers
         self._route, self._decode_walks = "packed", frozenset()  # the running step's (set by `run`)
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> KvCache:
@@ -137,16 +128,18 @@ class DecoderRunner:
 
     def is_guided(self, request: RequestState) -> bool:
         """Whether the request keeps the three guidance sequences here (guidance.py's rule)."""
-        return (self.has_guidance and request.guidance.is_on
-                and not self.flow_walks.isdisjoint(request.route_walks))
+        return (self.has_guidance and self.guidance.is_on(request.guidance)
+                and not self.guidance.guided_walks.isdisjoint(request.route_walks))
 
     def _needed_pages(self, request: RequestState) -> int:
         """Pages a request may need here: its text plus the media tokens encoders may feed in;
-        when guided also cfg_text (the media) and cfg_img (the text)."""
+        when guided also each guidance sequence (the media for one that drops the text, the text
+        for one that drops the media)."""
         text, media = self._budget_tokens(request), self.num_media_tokens
         pages = self.pool.pages_for(text + media)
         if self.is_guided(request):
-            pages += self.pool.pages_for(media) + self.pool.pages_for(text)
+            for guidance in self.node.guidance:
+                pages += self.pool.pages_for(media if guidance.drops == "text" else text)
         return pages
 
     def _start_budget_pages(self, request: RequestState) -> int:
@@ -155,7 +148,7 @@ class DecoderRunner:
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
         vocab = int(self.node.dims.get("vocab", 0))
-        if vocab and "text_inputs" in self.node.inputs:
+        if vocab and self.takes_text_prompt:
             # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
             # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
             bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
@@ -171,9 +164,10 @@ class DecoderRunner:
                     f"({request.params.max_tokens}) = {num_tokens} tokens need {num_pages} KV pages of "
                     f"{self.pool.page_size} but the pool has only {self.pool.num_pages}")
         if self.is_guided(request) and self._needed_pages(request) > self.pool.num_pages:
-            return (f"node {self.node.name}: with guidance the request keeps three KV sequences "
-                    f"({self._needed_pages(request)} pages of {self.pool.page_size}) but the pool has only "
-                    f"{self.pool.num_pages}; lower max_tokens, or set cfg_text_scale and cfg_img_scale to 1")
+            labels = ", ".join(self.guidance.labels)
+            return (f"node {self.node.name}: with guidance the request keeps {1 + len(self.guidance.labels)} KV "
+                    f"sequences ({self._needed_pages(request)} pages of {self.pool.page_size}) but the pool has "
+                    f"only {self.pool.num_pages}; lower max_tokens, or set the guidance scales ({labels}) to 1")
         return None
 
     def end_request(self, request_id: str) -> None:
@@ -227,6 +221,8 @@ class DecoderRunner:
             if raw is None and name in self._device_loop_backs(call):
                 # An on-device loop-back the conductor never saw: the engine kept the token.
                 raw = request.last_token.get(self.node.name)
+            if call.input_roles.get(name) in ("mask", "signal"):
+                continue  # read by no model here
             value = classify(name, raw)
             if value.kind == "tokens":
                 parts.append(self.model.embed_tokens(value.tensor))
@@ -237,24 +233,25 @@ class DecoderRunner:
         embeds = torch.zeros(num_tokens, self.dims.hidden)
         for part in parts:
             embeds[:part.shape[0]] += part
-        writes = sequences_written(is_text=bool(tokens_fed), is_guided=self.is_guided(request))
+        writes = self.guidance.written(row.walk, self.is_guided(request))
         return _Prepared(row, call, request, embeds, tokens_fed, writes=writes)
 
     def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if self.dims.has_linear_layers:
             raise InputError("image flow steps on a node with linear-attention layers are not supported")
         shape = (self.dims.latent_tokens, self.dims.latent_channels)
-        value = classify("latents", row.inputs.get("latents"))
+        latents_input, time_input = call.input_with("flow_latents"), call.input_with("flow_time")
+        value = classify(latents_input or "", row.inputs.get(latents_input or ""))
         if value.kind == "signal":
-            latents = synthesise(request.params.seed, self.node.name, "latents", shape)
+            latents = synthesise(request.params.seed, self.position, self.input_positions.get(latents_input, 0), shape)
         elif value.kind == "embeddings" and tuple(value.tensor.shape) == shape:
             latents = value.tensor
         else:
             raise InputError(f"latents must be a float tensor of shape {shape}")
-        time_index = _as_int(row.inputs.get("time_index"), row.loop_iter)
+        time_index = _as_int(row.inputs.get(time_input) if time_input else None, row.loop_iter)
         embeds = self.model.embed_latents(latents, time_index, call.loop_max_iters)
         return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index,
-                         writes=(), reads=sequences_read(self.is_guided(request)))
+                         writes=(), reads=self.guidance.read(row.walk, self.is_guided(request)))
 
     def _adapt(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
         """Embeddings of another width are mapped to `hidden` by a fixed seeded projection."""
@@ -263,7 +260,7 @@ class DecoderRunner:
             return embeds
         key = (name, width)
         if key not in self._adapters:
-            seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/{width}".encode())
+            seed = zlib.crc32(f"{self.seed}/{self.position}/in{self.input_positions.get(name, 0)}/{width}".encode())
             generator = torch.Generator().manual_seed(seed)
             self._adapters[key] = torch.randn(self.dims.hidden, width, generator=generator) * width ** -0.5
         return embeds @ self._adapters[key].T
@@ -360,7 +357,8 @@ class DecoderRunner:
             hidden = self.model(torch.cat(embeds), batch, self.cache, self.states)
             results = []
             for item, span in zip(ready, spans):
-                main = hidden[slice(*span[MAIN])]
+                first = span.get(self.guidance.first) or next(iter(span.values()))
+                main = hidden[slice(*first)]
                 velocity = self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()})
                 results.append(self._outputs(item, main, velocity))
         for item in ready:
@@ -369,47 +367,49 @@ class DecoderRunner:
         return results
 
     def _flow_velocity(self, item: _Prepared, hidden: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
-        """A flow row's velocity: `main`'s, or the guided combination inside the interval."""
+        """A flow row's velocity: the first sequence's, or the guided combination inside the interval."""
         if not item.is_flow:
             return None
-        v_main = self.model.velocity(hidden[MAIN])
-        if CFG_TEXT not in hidden or not in_interval(item.time_index, item.call.loop_max_iters):
-            return v_main
-        return combine(v_main, self.model.velocity(hidden[CFG_TEXT]), self.model.velocity(hidden[CFG_IMG]),
-                       item.request.guidance)
+        first = self.guidance.first if self.guidance.first in hidden else next(iter(hidden))
+        v_first = self.model.velocity(hidden[first])
+        if len(hidden) == 1 or not in_interval(item.time_index, item.call.loop_max_iters):
+            return v_first
+        velocities = {label: self.model.velocity(h) for label, h in hidden.items() if label != first}
+        velocities[first] = v_first
+        return self.guidance.combine(velocities, item.request.guidance)
 
     def _outputs(self, item: _Prepared, hidden: torch.Tensor, velocity: Optional[torch.Tensor]) -> RowResult:
         node, request = self.node.name, item.request
         history = request.history.setdefault(node, [])
         history.extend(item.tokens_fed)
         result = RowResult(item.row.request_id)
-        kinds = {name: output_kind(name) for name in item.call.output_names}
+        roles = {name: item.call.output_roles.get(name, "tokens") for name in item.call.output_names}
         token = None
-        if "token" in kinds.values() and not item.is_flow:
+        if "tokens" in roles.values() and not item.is_flow:
             logits = self.model.logits(hidden[-1:])[0]
             token = sample_token(logits, request.params, torch.tensor(history, dtype=torch.long),
-                                 request.generator(node))
+                                 request.generator(node, self.position))
             request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
             request.last_token[node] = [token]
             max_tokens = request.params.max_tokens
             result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
                               or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
-        for name, kind in kinds.items():
-            if kind == "token":
+        for name, role in roles.items():
+            if role == "tokens":
                 if token is not None and name in self.code_frames:
                     result.outputs[name] = self._code_frame(name, token, hidden[-1])
                 elif token is not None:
                     result.outputs[name] = [token]
-            elif kind == "latents" and item.is_flow:
+            elif role == "flow_latents" and item.is_flow:
                 result.outputs[name] = item.latents + velocity / max(item.call.loop_max_iters, 1)
-            elif kind == "time_index":
+            elif role == "flow_time":
                 result.outputs[name] = item.time_index + 1
-            elif kind == "mask":
+            elif role == "mask":
                 result.outputs[name] = torch.ones(hidden.shape[0], dtype=torch.bool)
-            elif kind == "velocity" and item.is_flow:
+            elif role == "velocity" and item.is_flow:
                 result.outputs[name] = velocity
-            elif kind in ("hidden", "velocity", "latents"):
-                is_last_only = "embeds" in name or self._is_self_loop(item.call, name)
+            else:  # hidden states (a flow output on a row that runs no flow gives them too)
+                is_last_only = role == "embeddings" or self._is_self_loop(item.call, name)
                 result.outputs[name] = hidden[-1:].clone() if is_last_only else hidden.clone()
         return result
 
@@ -418,7 +418,7 @@ class DecoderRunner:
         fixed seeded head (a stand-in for Qwen3-Omni's code predictor). One stream item."""
         num_quantizers, codebook = self.code_frames[name]
         if name not in self._code_heads:
-            seed = zlib.crc32(f"{self.seed}/{self.node.name}/{name}/code_head".encode())
+            seed = zlib.crc32(f"{self.seed}/{self.position}/out{self.output_positions.get(name, 0)}/code_head".encode())
             generator = torch.Generator().manual_seed(seed)
             self._code_heads[name] = torch.randn((num_quantizers - 1) * codebook, self.dims.hidden,
                                                  generator=generator) * self.dims.hidden ** -0.5

@@ -1,35 +1,34 @@
-"""Classifier-free guidance for image-flow steps (BAGEL): which KV sequences a row writes and reads,
-and how the velocities of the three sequences combine.
+"""Classifier-free guidance for image-flow steps (BAGEL), from the plan's roles: which KV sequences a
+row writes and reads, and how the velocities of the sequences combine.
 
-A kv node that declares `kv_sequences main cfg_text cfg_img` keeps, for a guided request, three
-contexts of the same prompt (reference section 1.2):
-- `main`: everything (images and text);
-- `cfg_text`: without the text, so it sees only the images (the text-unconditioned branch);
-- `cfg_img`: without the images, so it sees only the text (the image-unconditioned branch).
-So a row that feeds token ids (prefill_text, decode) writes `main` and `cfg_img`; a row that feeds
-embeddings (prefill_vit, prefill_vae) writes `main` and `cfg_text`. An image-flow step reads all
-three and combines the velocities as BAGEL does:
+In: a kv `NodePlan` (`kv_sequences`, `kv_access` per walk, `guidance` labels with the prompt part
+each drops and its default scale) and a request's `GuidanceParams` (scales it sets, by label).
+Out: `NodeGuidance`, which answers per walk which sequences a row writes or reads, and combines.
 
-    v = v_cfg_text + text_scale * (v_main - v_cfg_text)
-    v = v_cfg_img + img_scale * (v - v_cfg_img)            (only when img_scale > 1)
-    v = v * clamp(|v_main| / |v|, max=1)                   (global renorm)
+The first KV sequence holds the whole prompt; each guidance sequence is kept without part of it
+(BAGEL, reference section 1.2: `cfg_text` drops the text and sees the images only, `cfg_img` drops
+the images and sees the text only), so each walk writes the sequences its spec line names (a text
+row `main cfg_img`, an image row `main cfg_text`). An image-flow row reads its walk's `reads` and
+combines the velocities in guidance order, as BAGEL does:
+
+    v = v_first
+    v = v_g + scale_g * (v - v_g)         for each guidance label g (a later one only when scale_g > 1)
+    v = v * clamp(|v_first| / |v|, max=1)  (global renorm)
 
 inside the guidance interval (noise level 1 - step/steps in (0.4, 1.0], the reference default);
-outside it, v = v_main. A request is guided on a node when its route takes a walk with an
-image-flow call on that node and a scale is above 1 (defaults: text 4.0, image 1.0, the
-reference's generation defaults). Unguided requests use `main` only.
+outside it, v = v_first. A request is guided on a node when its route takes a walk that reads a
+guidance sequence there and a scale is above 1 (the spec's defaults: BAGEL's 4.0 for text and 1.0
+for images). Unguided requests use the first sequence only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-MAIN, CFG_TEXT, CFG_IMG = "main", "cfg_text", "cfg_img"
-CFG_LABELS = (CFG_TEXT, CFG_IMG)
-DEFAULT_TEXT_SCALE = 4.0
-DEFAULT_IMG_SCALE = 1.0
+from mstar.plan.schema import NodePlan
+
 INTERVAL = (0.4, 1.0)
 
 
@@ -39,53 +38,72 @@ class GuidanceError(ValueError):
 
 @dataclass(frozen=True)
 class GuidanceParams:
-    text_scale: float = DEFAULT_TEXT_SCALE
-    img_scale: float = DEFAULT_IMG_SCALE
+    """Scales a request sets, by guidance label; a label it leaves out keeps the spec's default."""
 
-    @property
-    def is_on(self) -> bool:
-        return self.text_scale > 1.0 or self.img_scale > 1.0
+    scales: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_request(cls, request: Any) -> "GuidanceParams":
         get = request.get if isinstance(request, dict) else (lambda name: getattr(request, name, None))
-        values = {}
-        for field_name, key in (("text_scale", "cfg_text_scale"), ("img_scale", "cfg_img_scale")):
-            value = get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise GuidanceError(f"{key} must be a number >= 0, got {value!r}")
-            values[field_name] = float(value)
-        return cls(**values)
+        given = get("guidance") or {}
+        if not isinstance(given, dict):
+            raise GuidanceError(f"guidance must map guidance labels to scales, got {given!r}")
+        scales = {}
+        for label, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise GuidanceError(f"guidance scale of {label} must be a number >= 0, got {value!r}")
+            scales[str(label)] = float(value)
+        return cls(scales)
 
 
-def has_guidance_sequences(labels: list[str]) -> bool:
-    return MAIN in labels and all(label in labels for label in CFG_LABELS)
+@dataclass(frozen=True)
+class NodeGuidance:
+    """The guidance roles of one kv node (module docstring)."""
 
+    first: str
+    labels: tuple[str, ...]
+    defaults: tuple[float, ...]
+    writes: dict[str, tuple[str, ...]]
+    reads: dict[str, tuple[str, ...]]
+    guided_walks: frozenset[str]  # walks that read a guidance sequence
 
-def sequences_written(is_text: bool, is_guided: bool) -> tuple[str, ...]:
-    """The KV sequences a writing row extends: text rows skip cfg_text, embedding rows cfg_img."""
-    if not is_guided:
-        return (MAIN,)
-    return (MAIN, CFG_IMG) if is_text else (MAIN, CFG_TEXT)
+    @classmethod
+    def of(cls, node: NodePlan) -> "NodeGuidance":
+        labels = tuple(g.label for g in node.guidance)
+        return cls(
+            first=node.kv_sequences[0],
+            labels=labels,
+            defaults=tuple(g.scale for g in node.guidance),
+            writes={a.walk: tuple(a.writes) for a in node.kv_access},
+            reads={a.walk: tuple(a.reads) for a in node.kv_access},
+            guided_walks=frozenset(a.walk for a in node.kv_access if set(a.reads) & set(labels)),
+        )
 
+    def scales(self, params: GuidanceParams) -> tuple[float, ...]:
+        return tuple(params.scales.get(label, default) for label, default in zip(self.labels, self.defaults))
 
-def sequences_read(is_guided: bool) -> tuple[str, ...]:
-    """The KV sequences an image-flow row attends over, in the order `combine` takes them."""
-    return (MAIN, CFG_TEXT, CFG_IMG) if is_guided else (MAIN,)
+    def is_on(self, params: GuidanceParams) -> bool:
+        return any(scale > 1.0 for scale in self.scales(params))
+
+    def written(self, walk: str, is_guided: bool) -> tuple[str, ...]:
+        """The KV sequences a writing row of `walk` extends."""
+        return (self.writes.get(walk) or (self.first,)) if is_guided else (self.first,)
+
+    def read(self, walk: str, is_guided: bool) -> tuple[str, ...]:
+        """The KV sequences an image-flow row of `walk` attends over (the first one first)."""
+        return (self.reads.get(walk) or (self.first,)) if is_guided else (self.first,)
+
+    def combine(self, velocities: dict[str, torch.Tensor], params: GuidanceParams) -> torch.Tensor:
+        """The guided velocity from each read sequence's (formula in the module docstring)."""
+        v_first = velocities[self.first]
+        v = v_first
+        for index, (label, scale) in enumerate(zip(self.labels, self.scales(params))):
+            if label in velocities and (index == 0 or scale > 1.0):
+                v = velocities[label] + scale * (v - velocities[label])
+        norm = (v_first.norm() / (v.norm() + 1e-8)).clamp(max=1.0)
+        return v * norm
 
 
 def in_interval(time_index: int, num_steps: int) -> bool:
     noise = 1.0 - time_index / max(num_steps, 1)
     return INTERVAL[0] < noise <= INTERVAL[1]
-
-
-def combine(v_main: torch.Tensor, v_cfg_text: torch.Tensor, v_cfg_img: Optional[torch.Tensor],
-            params: GuidanceParams) -> torch.Tensor:
-    """The guided velocity (formula in the module docstring)."""
-    v = v_cfg_text + params.text_scale * (v_main - v_cfg_text)
-    if params.img_scale > 1.0 and v_cfg_img is not None:
-        v = v_cfg_img + params.img_scale * (v - v_cfg_img)
-    scale = (v_main.norm() / (v.norm() + 1e-8)).clamp(max=1.0)
-    return v * scale

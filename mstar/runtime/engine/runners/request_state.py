@@ -16,7 +16,6 @@ class RequestState:
     request_id: str
     params: SamplingParams
     prompt_tokens: list[int]
-    media: dict[str, Any] = field(default_factory=dict)
     guidance: GuidanceParams = field(default_factory=GuidanceParams)
     route_walks: frozenset[str] = frozenset()  # every walk the request's explicit route names
     history: dict[str, list[int]] = field(default_factory=dict)  # node -> token ids fed so far
@@ -32,14 +31,14 @@ class RequestState:
             request_id=request_id,
             params=SamplingParams.from_request(request),
             prompt_tokens=[int(t) for t in (get("prompt_tokens") or [])],
-            media=dict(get("media") or {}),
             guidance=GuidanceParams.from_request(request),
             route_walks=frozenset(walk for walks in (get("route") or {}).values() for walk in walks),
         )
 
-    def generator(self, node: str) -> torch.Generator:
-        """This request's sampling generator on `node`, seeded once from the request seed."""
+    def generator(self, node: str, position: int) -> torch.Generator:
+        """This request's sampling generator on `node`, seeded once from the request seed and the
+        node's position in the plan (not its name: a renaming changes no sample)."""
         if node not in self._generators:
-            seed = zlib.crc32(f"{self.params.seed}/{node}".encode())
+            seed = zlib.crc32(f"{self.params.seed}/{position}".encode())
             self._generators[node] = torch.Generator().manual_seed(seed)
         return self._generators[node]

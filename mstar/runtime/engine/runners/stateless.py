@@ -10,8 +10,11 @@ Each returns the same value under every output edge name of its (node, walk) cal
   in Orpheus; with `left_context(chunk, context)` it drops the samples of the context codes it has
   already decoded; otherwise it keeps everything.
 - encoder: media features `[n, feature_dim]` in (synthesised from the request seed when absent) ->
-  one embedding tensor per output edge, as wide as the node that edge feeds.
+  one embedding tensor per output, as wide as the node that output feeds.
 - image_decoder: latents in -> an RGB image tensor `[3, H, W]` in [0, 1].
+
+Each reads the input of the role its kind takes (`tokens`, `media`, `flow_latents`); stand-in media
+are seeded by the node's and the input's positions, never by a name.
 """
 from __future__ import annotations
 
@@ -34,8 +37,11 @@ Rows = list[tuple[StepRow, CallInfo, RequestState]]
 class StatelessRunner:
     """Shared row loop: subclasses turn one row's inputs into one output value."""
 
-    def __init__(self, node: NodePlan):
+    def __init__(self, node: NodePlan, position: int = 0):
+        """position: the node's index in the plan (what stand-in media are seeded by)."""
         self.node = node
+        self.position = position
+        self.input_positions = {r.name: i for i, r in enumerate(node.input_roles)}
 
     def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
         """Stateless rows never wait for memory (`is_partial_ok` changes nothing)."""
@@ -59,23 +65,30 @@ class StatelessRunner:
     def end_request(self, request_id: str) -> None:
         return None
 
-    def _first_value(self, row: StepRow, call: CallInfo, kind: str) -> Optional[torch.Tensor]:
-        """The first input of `kind` (tokens or embeddings) among the call's inputs, else None."""
+    def _first_value(self, row: StepRow, call: CallInfo, role: str, kind: str) -> Optional[torch.Tensor]:
+        """The first value of `kind` (tokens or embeddings) among the call's inputs of `role`, else None."""
         for name in call.inputs:
+            if call.input_roles.get(name) != role:
+                continue
             value = classify(name, row.inputs.get(name))
             if value.kind == kind:
                 return value.tensor
         return None
 
+    def _stand_in(self, request: RequestState, call: CallInfo, role: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Deterministic media for the call's input of `role` when the request brought none."""
+        position = self.input_positions.get(call.input_with(role) or "", len(self.input_positions))
+        return synthesise(request.params.seed, self.position, position, shape)
+
 
 class CodecRunner(StatelessRunner):
-    def __init__(self, node: NodePlan, model: CodecDecoder, policy: Optional[ChunkPolicyPlan]):
-        super().__init__(node)
+    def __init__(self, node: NodePlan, model: CodecDecoder, policy: Optional[ChunkPolicyPlan], position: int = 0):
+        super().__init__(node, position)
         self.model = model
         self.policy = policy
 
     def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
-        codes = self._first_value(row, call, "tokens")
+        codes = self._first_value(row, call, "tokens", "tokens")
         if codes is None:  # an empty chunk decodes to no audio
             return torch.zeros(0, dtype=torch.int16)
         frames = self.model.frames(codes)
@@ -96,9 +109,10 @@ class CodecRunner(StatelessRunner):
 
 
 class EncoderRunner(StatelessRunner):
-    def __init__(self, node: NodePlan, model: MediaEncoder):
-        super().__init__(node)
+    def __init__(self, node: NodePlan, model: MediaEncoder, position: int = 0):
+        super().__init__(node, position)
         self.model = model
+        self.output_positions = {o.name: i for i, o in enumerate(node.outputs)}
 
     def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
         results = []
@@ -109,16 +123,16 @@ class EncoderRunner(StatelessRunner):
             except InputError as error:
                 results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
                 continue
-            named = {name: outputs[name] for name in call.output_names if name in outputs}
+            named = {name: outputs[self.output_positions[name]] for name in call.output_names
+                     if name in self.output_positions}
             results.append(RowResult(row.request_id, outputs=named))
         return results, []
 
     def _features(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
         dims = self.model.dims
-        features = self._first_value(row, call, "embeddings")
+        features = self._first_value(row, call, "media", "embeddings")
         if features is None:
-            name = call.inputs[0] if call.inputs else "media"
-            return synthesise(request.params.seed, self.node.name, name, (dims.num_tokens, dims.feature_dim))
+            return self._stand_in(request, call, "media", (dims.num_tokens, dims.feature_dim))
         if features.shape[1] != dims.feature_dim or features.shape[0] > 4096:
             raise InputError(f"media features of shape {tuple(features.shape)}; the encoder takes "
                              f"[n <= 4096, {dims.feature_dim}]")
@@ -126,16 +140,16 @@ class EncoderRunner(StatelessRunner):
 
 
 class ImageDecoderRunner(StatelessRunner):
-    def __init__(self, node: NodePlan, model: ImageDecoder):
-        super().__init__(node)
+    def __init__(self, node: NodePlan, model: ImageDecoder, position: int = 0):
+        super().__init__(node, position)
         self.model = model
 
     def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
         dims = self.model.dims
         shape = (dims.latent_tokens, dims.latent_channels)
-        latents = self._first_value(row, call, "embeddings")
+        latents = self._first_value(row, call, "flow_latents", "embeddings")
         if latents is None:
-            latents = synthesise(request.params.seed, self.node.name, "latents", shape)
+            latents = self._stand_in(request, call, "flow_latents", shape)
         if tuple(latents.shape) != shape:
             raise InputError(f"latents of shape {tuple(latents.shape)}; the decoder takes {shape}")
         return self.model(latents)

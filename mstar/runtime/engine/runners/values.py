@@ -76,7 +76,8 @@ def _classify_tensor(name: str, value: torch.Tensor) -> Classified:
     raise InputError(f"input {name}: a float tensor of shape {tuple(value.shape)} (need [tokens, width])")
 
 
-def synthesise(seed: int, node: str, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """Deterministic N(0, 1) stand-in media of `shape` for (request seed, node, input name)."""
-    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{node}/{name}".encode()))
+def synthesise(seed: int, node_position: int, input_position: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Deterministic N(0, 1) stand-in media of `shape` for (request seed, the node's position in the
+    plan, the input's position on the node): positions, not names, so a renaming changes nothing."""
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{node_position}/{input_position}".encode()))
     return torch.randn(shape, generator=generator)
