@@ -146,7 +146,7 @@ _near_request = st.fixed_dictionaries(
     {"id": st.one_of(st.text(max_size=6), _json), "prompt_tokens": st.one_of(st.lists(st.integers(-2, 300), max_size=4), _json),
      "max_tokens": st.one_of(st.integers(-2, 6), _json)},
     optional={"temperature": _json, "top_p": _json, "seed": _json, "stop_tokens": _json, "route": _json,
-              "cfg_img_scale": _json, "repetition_penalty": _json},
+              "guidance": _json, "repetition_penalty": _json},
 )
 _line = st.one_of(_near_request.map(lambda obj: json.dumps(obj, allow_nan=True)), _json.map(json.dumps),
                   st.text(max_size=30))
