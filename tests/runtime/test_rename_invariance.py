@@ -26,6 +26,7 @@ from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.conductor.tables import OUTSIDE, PROMPT
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
@@ -170,9 +171,8 @@ def test_a_name_dependent_runtime_fails_the_check(tmp_path, monkeypatch):
     """The old rule back: the prompt goes to an input named `text_inputs`, whatever its role."""
     take = PartitionState.take
 
-    def take_by_name(self, node, name):
-        self.prompt_inputs = {(n, i): m for (n, i), m in self.prompt_inputs.items() if i == "text_inputs"}
-        return take(self, node, name)
+    def take_by_name(self, name, source):
+        return take(self, name, PROMPT if name == "text_inputs" else (OUTSIDE if source == PROMPT else source))
 
     monkeypatch.setattr(PartitionState, "take", take_by_name)
     original, renamed = torch_runs(tmp_path, "llama")

@@ -6,8 +6,8 @@ source (stream chunks, persisted values, the request's prompt and media) and out
 tables: "stream" takes a chunk of the partition's buffer of that name; the others take a
 persisted value of the same name (the partition's own first), else for "prompt" the prompt the
 first time the partition takes one and afterwards its latest persisted value (Orpheus:
-prefill's new_token feeds decode), else the request's media (None when absent: the engine
-synthesises it). Persisted values a walk used are unpersisted when it ends.
+prefill's new_token feeds decode), else for an image or audio prompt input the request's media of
+that modality (None when absent, and for any other input: the engine synthesises stand-ins). Persisted values a walk used are unpersisted when it ends.
 
 A stream-consumer partition (no initial walk) starts a walk only when one of its streams has a
 chunk. With one stage it re-runs that walk per chunk until its streams are exhausted (SNAC,
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from mstar.plan.schema import EdgePlan, PartitionPlan
 from mstar.runtime.conductor.request import Emission, RequestRecord
 from mstar.runtime.conductor.streams import StreamBuffer
-from mstar.runtime.conductor.tables import PROMPT, STREAM, RunWalk
+from mstar.runtime.conductor.tables import MEDIA_OF, PROMPT, STREAM, RunWalk
 from mstar.runtime.conductor.walk_run import WalkRun
 
 
@@ -137,7 +137,8 @@ class PartitionState:
         for store in self.other_stores:
             if name in store:
                 return store[name]
-        return self.record.request.media.get(name)
+        modality = MEDIA_OF.get(source)
+        return self.record.request.media.get(modality) if modality is not None else None
 
     # ------------------------------------------------------------ OutputSink
 

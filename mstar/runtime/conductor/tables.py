@@ -17,16 +17,19 @@ from typing import Optional
 
 from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, NextPlan, WalkPlan
 
-# Input sources (InputSourcePlan.source). PROMPT: the text prompt rule; OUTSIDE: a persisted
-# value of that name, else the request's media of that name (an image or audio prompt, a
-# persisted value, media).
-STREAM, PROMPT, OUTSIDE = range(3)
+# Input sources (InputSourcePlan.source). PROMPT: the text prompt rule; PROMPT_IMAGE /
+# PROMPT_AUDIO: a persisted value of that name, else the request's media of that modality;
+# OUTSIDE: a persisted value of that name, else nothing (None: the engine synthesises stand-ins).
+STREAM, PROMPT, OUTSIDE, PROMPT_IMAGE, PROMPT_AUDIO = range(5)
+MEDIA_OF = {PROMPT_IMAGE: "image", PROMPT_AUDIO: "audio"}
 
 
 def source_code(source: str, prompt) -> int:
     if source == "stream":
         return STREAM
-    return PROMPT if source == "prompt" and prompt == "text" else OUTSIDE
+    if source != "prompt":
+        return OUTSIDE
+    return {"text": PROMPT, "image": PROMPT_IMAGE, "audio": PROMPT_AUDIO}.get(prompt, OUTSIDE)
 # Edge actions (EdgePlan.action)
 SLOT, LOOP_BACK, LOOP_OUTPUT, LOOP_ACCUMULATE, SINK = range(5)
 ACTIONS = {"slot": SLOT, "loop_back": LOOP_BACK, "loop_output": LOOP_OUTPUT,
