@@ -9,13 +9,15 @@ take only host time.
 Per-request behaviour: a kv node reports is_stop once it has sampled `max_tokens` tokens for the
 request (the conductor applies stops only in loops that have a stop check).
 
-KV pool (per kv node, pages of page_size tokens): on a request's first row at a node the engine
-reserves the pages of its whole sequence, min(prompt + max_tokens, max_seq_len) tokens, rows in
-step order; rows the pool is short for are named in allocation_failed (nothing ran for them, the
-scheduler holds them) and, with `runs_partial_steps` (the default), the other rows run in the same
-step; without it the step runs nothing (all or nothing, and nothing is reserved). Reserving up front means a request that got its pages always
-finishes, so held rows never wait on each other forever. A request that could never fit the
-pool is refused by add_request.
+KV pool (per kv node, pages of page_size tokens): the torch engine's admission policy
+(`kv/admission.py`): a request starts on a node only when its budget, the pages of
+min(prompt + max_tokens, max_seq_len) tokens, fits beside what started requests may still claim;
+each step a row takes the pages its tokens add (a simulated sequence holds at most its budget's
+tokens: media tokens are not modelled), rows in step order. Rows the pool is short for are
+named in allocation_failed (nothing ran for them, the scheduler holds them) and, with
+`runs_partial_steps` (the default), the other rows run in the same step; without it the step runs
+nothing (all or nothing, and nothing is taken). A request that could never fit the pool is
+refused by add_request.
 
 Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine"):
 
@@ -32,10 +34,11 @@ Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import Plan
+from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 CAPTURED_LAUNCH_S = 0.0003
@@ -67,6 +70,7 @@ class _KvPool:
     num_pages: int
     max_seq_len: int
     num_free: int
+    admission: Admission = field(default_factory=Admission)
 
 
 class SimEngine(RunsAtLaunch):
@@ -121,7 +125,8 @@ class SimEngine(RunsAtLaunch):
                     if not edge.is_device and edge.name not in names:
                         names.append(edge.name)
         self.requests: dict[str, Any] = {}
-        self.reserved: dict[tuple[str, str], int] = {}  # (request, kv node) -> pages
+        self.reserved: dict[tuple[str, str], int] = {}  # (request, kv node) -> pages it holds
+        self.num_tokens: dict[tuple[str, str], int] = {}  # (request, kv node) -> tokens fed
         self.num_sampled: dict[tuple[str, str], int] = {}
         self.num_steps = 0
 
@@ -143,8 +148,9 @@ class SimEngine(RunsAtLaunch):
     def end_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
         for node, pool in self.pools.items():
-            pages = self.reserved.pop((request_id, node), 0)
-            pool.num_free += pages
+            pool.num_free += pool.admission.release(request_id)
+            self.reserved.pop((request_id, node), None)
+            self.num_tokens.pop((request_id, node), None)
             self.num_sampled.pop((request_id, node), None)
 
     def run_step(self, step: Step) -> StepResult:
@@ -183,31 +189,34 @@ class SimEngine(RunsAtLaunch):
         return math.ceil(min(num_tokens, pool.max_seq_len) / pool.page_size)
 
     def _reserve(self, step: Step, pool: _KvPool) -> list[str]:
-        """Reserve whole-sequence pages for rows new to this node, in step order; returns the
-        rows the pool is short for. All or nothing per step without runs_partial_steps."""
+        """Take the pages each row's tokens add, by the admission policy, rows in step order;
+        returns the rows the pool is short for. All or nothing per step without
+        runs_partial_steps (then nothing is taken)."""
         node = step.node
-        wanted = []
+        needs = []
         for row in step.rows:
-            key = (row.request_id, node)
-            if key not in self.reserved and row.request_id in self.requests:
-                spec = self.requests[row.request_id]
-                wanted.append((key, self._pages_for(pool, len(spec.prompt_tokens) + spec.max_tokens)))
-        if not wanted:
-            return []
-        num_free = pool.num_free
-        short = []
-        granted = []
-        for key, pages in wanted:
-            if pages <= num_free:
-                num_free -= pages
-                granted.append((key, pages))
-            else:
-                short.append(key[0])
+            spec = self.requests.get(row.request_id)
+            if spec is None:
+                continue
+            # The simulated sequence holds at most prompt + max_tokens tokens (media tokens an
+            # encoder feeds are not modelled), so a request never outgrows its budget here.
+            num_budget_tokens = len(spec.prompt_tokens) + spec.max_tokens
+            fed = self.num_tokens.get((row.request_id, node), 0)
+            num_pages = (self._pages_for(pool, min(fed + row.num_tokens, num_budget_tokens))
+                         - self._pages_for(pool, min(fed, num_budget_tokens)))
+            budget = self._pages_for(pool, num_budget_tokens)
+            needs.append((row, PageNeed(row.request_id, num_pages, budget)))
+        short = pool.admission.shortfall([need for _, need in needs], pool.num_free)
         if short and not self.runs_partial_steps:
             return short
-        for key, pages in granted:
-            self.reserved[key] = pages
-        pool.num_free = num_free
+        failed = set(short)
+        for row, need in needs:
+            if need.request_id not in failed:
+                pool.admission.grant(need)
+                pool.num_free -= need.num_pages
+                key = (row.request_id, node)
+                self.reserved[key] = self.reserved.get(key, 0) + need.num_pages
+                self.num_tokens[key] = self.num_tokens.get(key, 0) + row.num_tokens
         return short
 
     def _row_results(self, node: str, rows: list[StepRow]) -> list[RowResult]:

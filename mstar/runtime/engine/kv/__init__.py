@@ -1,6 +1,3 @@
-"""The engine's per-request memory: paged KV pages (bookkeeping and tensors) and recurrent slots."""
-from mstar.runtime.engine.kv.cache import KvCache
-from mstar.runtime.engine.kv.pages import PagePool
-from mstar.runtime.engine.kv.slots import SlotPool, SlotPoolError
-
-__all__ = ["KvCache", "PagePool", "SlotPool", "SlotPoolError"]
+"""The engine's per-request memory: paged KV pages (`pages.py` bookkeeping, `cache.py` tensors),
+recurrent slots (`slots.py`) and the one admission policy over a page pool (`admission.py`, shared
+with the simulated engine, which imports no torch: this package's modules are imported by name)."""

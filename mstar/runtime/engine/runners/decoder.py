@@ -23,10 +23,12 @@ velocities are combined into one. Other requests use the first sequence only.
 Random parts (adapters, code heads, stand-in latents) are seeded by the node's position in the plan
 and the input's or output's position on the node, never by a name.
 
-Memory: pages are allocated per step; a row that cannot get pages or a slot does not run and is
-reported in allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
-the node only when the pages it may need (prompt + max_tokens) fit beside what already-started
-requests may still need, so running requests can always finish and a full pool never deadlocks.
+Memory: pages are allocated per step by the admission policy shared with the simulated engine
+(`kv/admission.py`); a row that cannot get pages or a slot does not run and is reported in
+allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
+the node only when the pages it may need (prompt + max_tokens, plus media and guidance sequences)
+fit beside what already-started requests may still need, so running requests can always finish and
+a full pool never deadlocks.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import InputError, classify, synthesise
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
+from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.slots import SlotPool
@@ -98,7 +101,7 @@ class DecoderRunner:
                                           device=placement.device)
                        if slots else None)
         self.stop_tokens = _node_stop_tokens(node)
-        self._budgets: dict[str, int] = {}  # started request -> pages it may need
+        self.admission = Admission()  # the start budgets over this node's pages (kv/admission.py)
         self._adapters: dict[tuple[str, int], torch.Tensor] = {}
         self.code_frames = code_frames or {}
         self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
@@ -172,7 +175,7 @@ class DecoderRunner:
 
     def end_request(self, request_id: str) -> None:
         self.pool.free_request(request_id)
-        self._budgets.pop(request_id, None)
+        self.admission.release(request_id)
         if self.slots:
             self.slots.release(request_id)
 
@@ -202,11 +205,14 @@ class DecoderRunner:
             if problem:
                 ready.remove(item)
                 results.append(RowResult(item.row.request_id, error=problem))
-        failed = self._memory_shortfall(ready)
+        needs = self._page_needs(ready)
+        num_free_slots = self.slots.num_free_slots if self.slots else 0
+        failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
         if failed and not is_partial_ok:
             return results, failed
-        ready = [item for item in ready if item.row.request_id not in failed]
-        self._grant(ready)
+        granted = [(item, need) for item, need in zip(ready, needs) if need.request_id not in failed]
+        self._grant(granted)
+        ready = [item for item, _ in granted]
         if ready:
             results.extend(self._forward(ready))
         return results, failed
@@ -277,51 +283,28 @@ class DecoderRunner:
                         f"max_seq_len {self.max_seq_len}")
         return None
 
-    def _memory_shortfall(self, ready: list[_Prepared]) -> list[str]:
-        """Ids of rows that cannot get their pages (or a slot) this step; nothing is changed.
-
-        A started request may use pages up to its budget before others' outstanding needs; a new
-        request starts only when its whole budget fits beside them (see the module docstring).
-        """
-        num_free = self.pool.num_free_pages
-        outstanding = self._outstanding_pages()
-        num_free_slots = self.slots.num_free_slots if self.slots else 0
-        failed = []
+    def _page_needs(self, ready: list[_Prepared]) -> list[PageNeed]:
+        """Per row: the pages its sequences gain this step, its request's start budget, whether it
+        still needs a recurrent state slot (the admission policy decides, kv/admission.py)."""
+        needs = []
         for item in ready:
             request_id = item.row.request_id
             num_pages = sum(self.pool.num_new_pages(key, self._num_new(item)) for key in item.keys())
+            budget = 0 if self.admission.is_started(request_id) else self._start_budget_pages(item.request)
             needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
-            if request_id in self._budgets:
-                remaining = max(0, self._budgets[request_id] - self.pool.num_pages_held(request_id))
-                is_granted = num_pages <= num_free - (outstanding - remaining)
-                claimed = -min(num_pages, remaining)
-            else:
-                budget = self._start_budget_pages(item.request)
-                is_granted = max(budget, num_pages) <= num_free - outstanding
-                claimed = max(0, budget - num_pages)
-            if not is_granted or (needs_slot and num_free_slots == 0):
-                failed.append(request_id)
-                continue
-            num_free -= num_pages
-            outstanding += claimed
-            num_free_slots -= needs_slot
-        return failed
+            needs.append(PageNeed(request_id, num_pages, budget, needs_slot))
+        return needs
 
-    def _grant(self, ready: list[_Prepared]) -> None:
-        """Reserve pages and slots for rows `_memory_shortfall` cleared."""
-        for item in ready:
+    def _grant(self, granted: list[tuple[_Prepared, PageNeed]]) -> None:
+        """Reserve pages and slots for rows the admission policy cleared."""
+        for item, need in granted:
             request_id = item.row.request_id
-            if request_id not in self._budgets:
-                self._budgets[request_id] = self._start_budget_pages(item.request)
+            self.admission.grant(need)
             is_reserved = all(self.pool.reserve(key, self._num_new(item)) for key in item.keys())
             if not is_reserved:
                 raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
-            if self.slots is not None and self.slots.slot_of(request_id) is None:
+            if need.needs_slot:
                 self.states.clear(self.slots.acquire(request_id))
-
-    def _outstanding_pages(self) -> int:
-        """Pages started requests may still claim (their budget minus what they hold)."""
-        return sum(max(0, budget - self.pool.num_pages_held(rid)) for rid, budget in self._budgets.items())
 
     def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
         """One packed forward: a segment per (row, KV sequence) it writes or reads; the first
