@@ -19,7 +19,7 @@ def _fast_engine(plan, num_pages=64):
     """A CPU engine whose LLM runner is the fast path's, in fp32 with the reference's weights."""
     engine = TorchEngine(plan, num_pages=num_pages)
     reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, node="LLM", seed=0)
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
                                              None, is_flashinfer=False)
     return engine
@@ -28,7 +28,7 @@ def _fast_engine(plan, num_pages=64):
 def test_device_model_has_the_reference_weights():
     engine = TorchEngine(llm_plan())
     reference = engine.runners["LLM"].model
-    model = build_decoder(engine.runners["LLM"].dims, torch.device("cpu"), torch.float32, node="LLM", seed=0)
+    model = build_decoder(engine.runners["LLM"].dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     for (name, expected), (other, got) in zip(reference.named_parameters(), model.named_parameters()):
         assert name == other and torch.equal(expected, got), name
 

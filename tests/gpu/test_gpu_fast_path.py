@@ -29,7 +29,7 @@ def _executor(batch_sizes, num_pages=256):
     plan = llm_plan(FI_DIMS)
     dims = decoder_dims(plan.nodes[0], "spec")
     device = torch.device("cuda")
-    model = build_decoder(dims, device, torch.bfloat16, node="LLM", seed=0)
+    model = build_decoder(dims, device, torch.bfloat16, position=0, seed=0)
     assert all(p.dtype == torch.bfloat16 and p.is_cuda for p in model.parameters())
     kv = PagedKv(dims.num_full_layers, num_pages, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
     kv.data.normal_()

@@ -196,7 +196,7 @@ class TorchEngine(RunsAtLaunch):
         from mstar.runtime.engine.gpu import setup
 
         return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
-                                 self._code_frames(node.name, mode))
+                                 self._code_frames(node.name, mode), self.positions[node.name])
 
     def _place(self, model: torch.nn.Module) -> Any:
         """The model itself on the CPU; on a GPU, wrapped so that its runner stays device-free."""

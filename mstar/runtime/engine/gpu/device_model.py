@@ -45,9 +45,10 @@ def _start_value(module: nn.Module, name: str) -> Optional[float]:
     return None
 
 
-def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *, node: str, seed: int,
+def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *, position: int, seed: int,
                   weights_dir: Optional[str] = None, is_fast_random: bool = False) -> Decoder:
-    """The decoder with every parameter allocated on `device` in `dtype` and filled (module docstring)."""
+    """The decoder with every parameter allocated on `device` in `dtype` and filled (module docstring);
+    `position`: the node's index in the plan (what random weights are seeded by)."""
     with torch.device("meta"):
         model = Decoder(dims)
     embeddings = {name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
@@ -64,10 +65,10 @@ def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *
             else:
                 std = 1.0 if module_name in embeddings else meta[0].numel() ** -0.5
                 if generator is not None:
-                    generator.manual_seed(param_seed(seed, node, full))
+                    generator.manual_seed(param_seed(seed, position, full))
                     value.normal_(0.0, std, generator=generator)
                 else:
-                    host = torch.Generator().manual_seed(param_seed(seed, node, full))
+                    host = torch.Generator().manual_seed(param_seed(seed, position, full))
                     value.copy_(torch.randn(meta.shape, generator=host) * std)
             module._parameters[name] = nn.Parameter(value, requires_grad=False)
     if weights_dir is not None:

@@ -27,8 +27,7 @@ from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
-from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared, output_kind
-from mstar.runtime.engine.runners.guidance import MAIN, has_guidance_sequences
+from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import InputError, classify
 from mstar.runtime.step import RowResult, StepRow
@@ -39,12 +38,12 @@ def fast_path_reason(node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> 
     own = [call for (name, _), call in calls.items() if name == node.name]
     if len(node.inputs) != 1 or node.stream_inputs:
         return "the fast path feeds one token input"
-    if node.bidirectional_walks or has_guidance_sequences(node.kv_sequences):
+    if node.bidirectional_walks or node.guidance:
         return "bidirectional walks and guidance sequences are not on the fast path"
     for call in own:
         if call.is_image_flow:
             return "image-flow steps are not on the fast path"
-        if any(output_kind(name) not in ("token", "mask") for name in call.output_names):
+        if any(call.output_roles.get(name, "tokens") not in ("tokens", "mask") for name in call.output_names):
             return "outputs other than sampled tokens are not on the fast path"
     return None
 
@@ -75,8 +74,9 @@ class _Item(_Prepared):
 class GpuDecoderRunner(DecoderRunner):
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
-                 is_flashinfer: bool):
-        super().__init__(node, dims, model, page_size, num_pages, max_seq_len, None, seed, placement=placement)
+                 is_flashinfer: bool, position: int = 0):
+        super().__init__(node, dims, model, page_size, num_pages, max_seq_len, None, seed, position=position,
+                         placement=placement)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1)
         self.executor = StepExecutor(forward, self.cache, placement.device, num_pages + 1,
                                      family.batch_pad if family else None, is_flashinfer)
@@ -110,10 +110,12 @@ class GpuDecoderRunner(DecoderRunner):
         for name in call.inputs:
             raw = row.inputs.get(name)
             if raw is None and name in self._device_loop_backs(call) and node in request.last_token:
-                return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]), is_loop_back=True)
+                return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]),
+                             writes=(self.guidance.first,), is_loop_back=True)
             value = classify(name, raw)
             if value.kind == "tokens":
-                return _Item(row, call, request, _no_embeds(value.tensor.numel()), value.tensor.tolist())
+                return _Item(row, call, request, _no_embeds(value.tensor.numel()), value.tensor.tolist(),
+                             writes=(self.guidance.first,))
             if value.kind == "embeddings":
                 raise InputError(f"input {name}: embeddings are not on the GPU fast path")
         raise InputError("a row with no token to feed is not on the GPU fast path")
@@ -139,13 +141,13 @@ class GpuDecoderRunner(DecoderRunner):
     def _forward(self, ready: list[_Item]) -> list[RowResult]:
         specs = []
         for item in ready:
-            key = (item.row.request_id, MAIN)
+            key = (item.row.request_id, self.guidance.first)
             specs.append(RowSpec(None if item.is_loop_back else item.tokens_fed, self.pool.num_tokens(key),
                                  self.pool.page_table(key), self._row_slot(item.row.request_id)))
         tokens = self.executor.collect(self.executor.launch(specs, self._sampling(ready)))
         results = []
         for item, token in zip(ready, tokens.tolist()):
-            self.pool.commit((item.row.request_id, MAIN), len(item.tokens_fed))
+            self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed))
             results.append(self._token_outputs(item, token))
         return results
 
@@ -159,7 +161,7 @@ class GpuDecoderRunner(DecoderRunner):
         result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
                           or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
         for name in item.call.output_names:
-            if output_kind(name) == "token":
+            if item.call.output_roles.get(name, "tokens") == "tokens":
                 result.outputs[name] = [token]
             else:
                 result.outputs[name] = torch.ones(len(item.tokens_fed), dtype=torch.bool)

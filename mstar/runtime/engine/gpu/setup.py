@@ -26,7 +26,8 @@ DEFAULT_NUM_PAGES = 1024
 
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
                 placement: Placement, weights_dir: Optional[str], seed: int, num_pages: Optional[int],
-                code_frames: dict) -> Optional[GpuDecoderRunner]:
+                code_frames: dict, position: int = 0) -> Optional[GpuDecoderRunner]:
+    """position: the node's index in the plan (seeds its random weights)."""
     reason = (unsupported_reason(dims) or fast_path_reason(node, calls)
               or unavailable_reason(placement.device, dims.head_dim))
     if reason is not None or code_frames:
@@ -35,7 +36,7 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
     page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
     max_seq_len = pool.max_seq_len if pool else plan.deployment.max_seq_len
     pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
-    model = build_decoder(dims, placement.device, torch.bfloat16, node=node.name, seed=seed,
+    model = build_decoder(dims, placement.device, torch.bfloat16, position=position, seed=seed,
                           weights_dir=weights_dir)
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
-                            decode_family(plan, node.name), is_flashinfer=True)
+                            decode_family(plan, node.name), is_flashinfer=True, position=position)
