@@ -18,14 +18,14 @@ Out: nothing; adds
      MW122 a role the node's model kind does not take or produce.
 
 Runs after the deployment and combine checks (like the old MW113): a spec broken in its shape
-reports that first. The runtime reads only the roles lowered from here (docs/language.md "Roles").
+reports that first (names that do not resolve are skipped here, never a crash). The runtime reads only the roles lowered from here (docs/language.md "Roles").
 """
 from __future__ import annotations
 
 from typing import Iterator, Optional
 
 from mstar.compiler import codes
-from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, name_span, walk_nodes
+from mstar.compiler.resolve import iter_calls, name_span, walk_nodes
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
 
@@ -174,7 +174,9 @@ def _takes_flow(node: ast.NodeDecl, call: ast.Call) -> bool:
 
 
 def _check_call(call: ast.Call, nodes: dict[str, ast.NodeDecl], diags: Diagnostics) -> None:
-    node = nodes[call.node]
+    node = nodes.get(call.node)
+    if node is None:  # an unknown node is resolve's MW101
+        return
     outputs = {o.name: o for o in node.outputs}
     for edge in call.edges:
         out = outputs.get(edge.name)
@@ -191,7 +193,7 @@ def _check_call(call: ast.Call, nodes: dict[str, ast.NodeDecl], diags: Diagnosti
                             f"`client {modality}` carries `{CLIENT_ROLE.get(modality)}`, but output {edge.name} "
                             f"of node {node.name} is `{out.role}`", edge.span,
                             Note(f"{edge.name} is declared `{out.role}` here", out.span))
-        elif edge.dest not in SPECIAL_DESTS:
+        elif edge.dest in nodes:
             dest = nodes[edge.dest]
             decl = next((d for d in dest.inputs if d.name == edge.name), None)
             if decl is None or decl.role is None or decl.role == "signal":
@@ -228,10 +230,13 @@ def _entry_walks(spec: ast.Spec) -> Iterator[tuple[str, ast.Span]]:
 def _check_entries(spec: ast.Spec, nodes: dict[str, ast.NodeDecl], diags: Diagnostics) -> None:
     walks = {w.name: w for w in spec.walks}
     for name, span in _entry_walks(spec):
-        walk = walks[name]
+        walk = walks.get(name)
+        if walk is None:  # an unknown walk is resolve's MW103
+            continue
         takes_prompt = any(
             decl.prompt is not None
-            for call in iter_calls(walk.body) for decl in nodes[call.node].inputs if decl.name in call.inputs
+            for call in iter_calls(walk.body) if call.node in nodes
+            for decl in nodes[call.node].inputs if decl.name in call.inputs
         )
         if not takes_prompt:
             diags.error(codes.NO_PROMPT_INPUT,
