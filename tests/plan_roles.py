@@ -28,8 +28,7 @@ def with_roles(node: NodePlan, walks: list[WalkPlan], prompt: Optional[str] = "t
     input_roles = input_roles or {}
     output_roles = output_roles or {}
     inputs = [InputPlan(name=name, role=input_roles.get(name, "tokens"),
-                        prompt="text" if name == prompt and name in node.inputs else None,
-                        is_stream=name in node.stream_inputs)
+                        prompt="text" if name == prompt and name in node.inputs else None)
               for name in list(dict.fromkeys(node.inputs + node.stream_inputs))]
     names = [edge.name for walk in walks for call in _calls(walk.body) if call.node == node.name for edge in call.edges]
     outputs = [OutputPlan(name=name, role=output_roles.get(name, "tokens")) for name in dict.fromkeys(names)]

@@ -122,8 +122,7 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                 recurrent=_recurrent(node, deployment),
                 inputs=sorted(i.name for i in node.inputs if not i.is_stream),
                 stream_inputs=sorted(i.name for i in node.inputs if i.is_stream),
-                input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt, is_stream=i.is_stream)
-                             for i in node.inputs],
+                input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt) for i in node.inputs],
                 outputs=[OutputPlan(name=o.name, role=o.role) for o in node.outputs],
                 is_tp=node.is_tp,
                 is_async=node.is_async,

@@ -178,7 +178,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         if n.recurrent:
             state += f"; recurrent {n.recurrent.num_slots} slots"
         flags = " ".join(f for f, on in (("tp", n.is_tp), ("no_speculation", not n.is_async)) if on)
-        inputs = ", ".join(f"{r.name}{' stream' if r.is_stream else ''}: {r.role}"
+        inputs = ", ".join(f"{r.name}{' stream' if r.name in n.stream_inputs else ''}: {r.role}"
                            + (f" prompt {r.prompt}" if r.prompt else "") for r in n.input_roles)
         outputs = ", ".join(f"{o.name}: {o.role}" for o in n.outputs)
         table.add_row(n.name, f"{n.engine} ({n.model_kind})", state, inputs, outputs, flags)

@@ -115,7 +115,7 @@ def _role_problems(plan: Plan, problems: list[str]) -> None:
             problems.append(f"{where}: input_roles {sorted(declared)} do not match its inputs "
                             f"{sorted(node.inputs + node.stream_inputs)}")
         problems.extend(f"{where}: stream input {r.name} takes the prompt"
-                        for r in node.input_roles if r.prompt is not None and r.is_stream)
+                        for r in node.input_roles if r.prompt is not None and r.name in node.stream_inputs)
         if (node.engine == "kv") != (node.model_kind == "decoder"):
             problems.append(f"{where}: a {node.engine} node cannot be model_kind {node.model_kind}")
         outputs = [o.name for o in node.outputs]

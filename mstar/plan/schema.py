@@ -83,7 +83,6 @@ class InputPlan(PlanModel):
     name: str
     role: InputRole
     prompt: Optional[Modality] = None
-    is_stream: bool = False
 
 
 class OutputPlan(PlanModel):
@@ -125,7 +124,7 @@ class NodePlan(PlanModel):
     recurrent: Optional[RecurrentState] = None
     inputs: list[str]
     stream_inputs: list[str] = []
-    input_roles: list[InputPlan]  # every input (stream or not), in declaration order
+    input_roles: list[InputPlan]  # every input (stream or not: `stream_inputs` says), in declaration order
     outputs: list[OutputPlan]  # in declaration order
     is_tp: bool = False
     is_async: bool = True

@@ -43,7 +43,6 @@ HEADER_FIELDS = {
 # test_awaiting_entries_are_still_needed until it is deleted. Never add a new field here.
 AWAITING = {
     "is_on_device": "LoopPlan.is_on_device: the walk tables' loops decide its reader",
-    "is_stream": "InputPlan.is_stream: read by the roles' input rules",
     "is_count_tokens": "EdgePlan.is_count_tokens: the walk tables lower it into CallPlan.counted, which the "
                        "conductor reads; remove it from the plan or read it",
     "parent": "LoopPlan.parent: written by the walk tables for the enclosing loop; read it or remove it",
