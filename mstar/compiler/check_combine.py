@@ -2,9 +2,12 @@
 
 In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
      checks run), the run's `Diagnostics`.
-Out: nothing; adds MW401-MW409 diagnostics.
+Out: nothing; adds MW401-MW411 diagnostics.
 
 Spec-level rules, per node:
+- sizes the runtime can hold (MW411, checked first): caps and batch sizes at most MAX_STEP_ROWS,
+  tokens a step at most MAX_STEP_TOKENS, at most MAX_CAPTURE_KEYS graphs a capture family and
+  MAX_COMBINED_WALKS walks a combined walk (memory_bounds.py);
 - a combined walk lists at least two distinct walks, each a walk that runs the node (and every
   cap and capture of the node is for a walk that runs it);
 - a walk is in at most one combined walk of the node;
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from mstar.compiler import capture_memory, codes
+from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.resolve import name_span, walk_nodes
@@ -48,12 +52,45 @@ class WorkerCapture:
 def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) -> None:
     runs = {w.name: set(walk_nodes(w)) for w in spec.walks}
     for node in spec.nodes:
-        _check_node(node, runs, diags)
+        if _step_sizes_fit(node, diags):
+            _check_node(node, runs, diags)
     if deployment is None:
         return
     for node in spec.nodes:
         _check_tp_groups(node, deployment, diags)
     _check_memory(spec, deployment, diags)
+
+
+def _step_sizes_fit(node: ast.NodeDecl, diags: Diagnostics) -> bool:
+    """MW411: caps, captures and combined walks within what the plan's tables and the runtime can
+    hold (memory_bounds.py); checked first, since the later checks and lowering enumerate them."""
+    problems: list[tuple[str, ast.AstNode]] = []
+    captures = list(node.captures) + [c.capture for c in node.combines if c.capture is not None]
+    for cap in node.caps:
+        if cap.value > MAX_STEP_ROWS:
+            problems.append((f"cap {cap.walk} {cap.value} is more rows than a step may hold ({MAX_STEP_ROWS})", cap))
+    for combine in node.combines:
+        if combine.cap is not None and combine.cap > MAX_STEP_ROWS:
+            problems.append((f"combined walk {combine.name}: cap {combine.cap} is more rows than a step "
+                             f"may hold ({MAX_STEP_ROWS})", combine))
+        if len(combine.walks) > MAX_COMBINED_WALKS:
+            problems.append((f"combined walk {combine.name} mixes {len(combine.walks)} walks; at most "
+                             f"{MAX_COMBINED_WALKS} (the plan lists each of the 2**n mixtures)", combine))
+    for capture in captures:
+        num_keys = len(capture.batch) * max(1, len(capture.tokens))
+        tokens = max([*capture.tokens, capture.tokens_per_row * max(capture.batch, default=1)])
+        if max(capture.batch, default=0) > MAX_STEP_ROWS:
+            problems.append((f"capture batch size {max(capture.batch)} is more rows than a step may hold "
+                             f"({MAX_STEP_ROWS})", capture))
+        elif tokens > MAX_STEP_TOKENS:
+            problems.append((f"capture of {tokens} tokens a step is more than a step may hold "
+                             f"({MAX_STEP_TOKENS})", capture))
+        elif num_keys > MAX_CAPTURE_KEYS:
+            problems.append((f"capture of {num_keys} graphs (batch sizes x token buckets); at most "
+                             f"{MAX_CAPTURE_KEYS} per family", capture))
+    for message, where in problems:
+        diags.error(codes.STEP_SIZE_TOO_LARGE, f"node {node.name}: {message}", where.span)
+    return not problems
 
 
 def capture_family(node: ast.NodeDecl, walk: str) -> tuple:

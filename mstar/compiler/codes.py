@@ -87,6 +87,7 @@ ROWS_NOT_IN_COMBINE = "MW407"
 CAPTURE_MEMORY_OVER_BUDGET = "MW408"
 COMBINE_TOO_FEW_WALKS = "MW409"
 COMBINE_MIXES_MASKS = "MW410"
+STEP_SIZE_TOO_LARGE = "MW411"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -155,4 +156,5 @@ TITLES: dict[str, str] = {
     CAPTURE_MEMORY_OVER_BUDGET: "capture memory estimate over budget",
     COMBINE_TOO_FEW_WALKS: "combined walk with fewer than two distinct walks",
     COMBINE_MIXES_MASKS: "combined walk mixes causal and bidirectional walks",
+    STEP_SIZE_TOO_LARGE: "cap, capture or combined walk past what the runtime can hold",
 }

@@ -32,6 +32,14 @@ MAX_DIM = 2**31 - 1
 # The product of the maximum iterations of nested loops: the steps one request may take in one
 # walk. 2**30 steps at 10 us each is three hours of one request; 20 nested `loop max=3` is 3**20.
 MAX_LOOP_ITERATIONS = 2**30
+# Steps: rows a step may hold (caps, captured batch sizes), tokens a step may hold (token
+# buckets, tokens per row); the plan keeps a direct lookup per row count, so these size tables.
+MAX_STEP_ROWS = 65536
+MAX_STEP_TOKENS = 2**20
+# Graphs one capture family captures (batch sizes x token buckets), and walks one combined walk
+# mixes (the plan lists a mixture for each of the 2**n subsets).
+MAX_CAPTURE_KEYS = 4096
+MAX_COMBINED_WALKS = 12
 # KV pool sizes in a deployment: page indices are int32, and a page beyond 2**20 tokens is no page.
 MAX_NUM_PAGES = 2**31 - 1
 MAX_PAGE_SIZE = 2**20

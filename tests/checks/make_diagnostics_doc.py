@@ -120,6 +120,7 @@ explain = {
  "MW407": "A rows limit bounds one of the combined walk's own walks.",
  "MW408": "The estimated capture memory (capture_memory.py: shared static buffers sized by the largest bucket, per-graph outputs, logits and fixed cost, divided by TP, twice for kv nodes' double buffering) of all capture families on one worker exceeds `capture_memory_budget_mb`. The message lists every family with its bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to boot) shows up here at compile time.",
  "MW409": "A combined walk needs at least two distinct walks.",
+ "MW411": "Caps and captured batch sizes are at most 65,536 rows, a step at most 2**20 tokens (token buckets, or tokens per row x batch size), a capture family at most 4,096 graphs (batch sizes x token buckets) and a combined walk at most 12 walks (the plan lists each of the 2**n mixtures). The plan's lookup tables are sized by these numbers, so without the bound `batch=[100000000]` took a minute and gigabytes to lower; docs/limits.md.",
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",
 }
 
