@@ -1,43 +1,82 @@
-"""Sampling: greedy is argmax; temperature / top-p draws are reproducible per request seed and do
-not depend on other requests; top-p keeps only the nucleus; the repetition penalty follows HF."""
+"""Sampling, batched over a step's rows: greedy is argmax; temperature / top-k / top-p draws are
+reproducible per request seed and step and do not depend on the other rows of the call (nor their
+order); top-k and top-p keep only their tokens; the repetition penalty follows HF."""
 import torch
 from hypothesis import given, strategies as st
 
 from engine_plans import llm_plan, step
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.sampling import SamplingParams, apply_repetition_penalty, sample_token
+from mstar.runtime.engine.sampling import SamplingError, SamplingParams, apply_repetition_penalty, sample_tokens
 from mstar.runtime.step import StepRow
+
+import pytest
+
+
+def one(logits, params, history=(), stream=0, step_index=0):
+    return sample_tokens(logits.unsqueeze(0), [params], [torch.tensor(list(history), dtype=torch.long)],
+                         [stream], [step_index])[0]
 
 
 def test_greedy_is_argmax():
-    logits = torch.tensor([0.1, 3.0, -1.0, 2.9])
-    assert sample_token(logits, SamplingParams(), torch.tensor([]), torch.Generator()) == 1
+    assert one(torch.tensor([0.1, 3.0, -1.0, 2.9]), SamplingParams()) == 1
 
 
 def test_repetition_penalty_matches_hf_rule():
-    logits = torch.tensor([2.0, -2.0, 1.0])
-    out = apply_repetition_penalty(logits, torch.tensor([0, 1, 1]), 2.0)
-    assert out.tolist() == [1.0, -4.0, 1.0]
-    params = SamplingParams(repetition_penalty=4.0)
-    assert sample_token(torch.tensor([3.0, 1.0]), params, torch.tensor([0]), torch.Generator()) == 1
+    logits = torch.tensor([[2.0, -2.0, 1.0], [2.0, -2.0, 1.0]])
+    out = apply_repetition_penalty(logits, [torch.tensor([0, 1, 1]), torch.tensor([])], torch.tensor([2.0, 2.0]))
+    assert out.tolist() == [[1.0, -4.0, 1.0], [2.0, -2.0, 1.0]]
+    assert one(torch.tensor([3.0, 1.0]), SamplingParams(repetition_penalty=4.0), history=[0]) == 1
 
 
-@given(st.integers(0, 2**31 - 1), st.floats(0.05, 1.0))
-def test_top_p_draws_stay_in_the_nucleus(seed, top_p):
+@given(st.integers(0, 2**31 - 1), st.integers(0, 1000), st.floats(0.05, 1.0), st.integers(0, 5))
+def test_draws_stay_in_the_nucleus_and_the_top_k(stream, step_index, top_p, top_k):
     logits = torch.tensor([4.0, 3.0, 1.0, 0.0, -1.0])
     probs = torch.softmax(logits, -1)
     sorted_probs, order = torch.sort(probs, descending=True)
-    nucleus = {int(order[i]) for i in range(len(order)) if float(sorted_probs[:i].sum()) < top_p}
-    token = sample_token(logits, SamplingParams(temperature=1.0, top_p=top_p), torch.tensor([]),
-                         torch.Generator().manual_seed(seed))
-    assert token in nucleus
+    limit = top_k or len(order)
+    kept = {int(order[i]) for i in range(len(order)) if float(sorted_probs[:i].sum()) < top_p and i < limit}
+    token = one(logits, SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k), stream=stream,
+                step_index=step_index)
+    assert token in kept
+
+
+def test_top_k_one_is_greedy_and_draws_cover_the_top_k():
+    logits = torch.tensor([4.0, 3.9, 3.8, -9.0, -9.0])
+    assert {one(logits, SamplingParams(temperature=2.0, top_k=1), stream=s) for s in range(50)} == {0}
+    assert {one(logits, SamplingParams(temperature=2.0, top_k=3), stream=s) for s in range(200)} == {0, 1, 2}
+
+
+ROW = st.tuples(st.lists(st.floats(-5, 5), min_size=6, max_size=6), st.sampled_from([None, 0.7, 1.5]),
+                st.integers(0, 6), st.floats(0.1, 1.0), st.integers(0, 2**32 - 1), st.integers(0, 500),
+                st.lists(st.integers(0, 5), max_size=4), st.sampled_from([1.0, 1.3]))
+
+
+@given(st.lists(ROW, min_size=1, max_size=6), st.randoms(use_true_random=False))
+def test_a_rows_draw_depends_only_on_its_own_seed_and_step(rows, random):
+    """One batched call gives each row the token it gets alone, whatever its neighbours and order."""
+    def call(chosen):
+        logits = torch.tensor([r[0] for r in chosen])
+        params = [SamplingParams(temperature=r[1], top_k=r[2], top_p=r[3], repetition_penalty=r[7]) for r in chosen]
+        histories = [torch.tensor(r[6], dtype=torch.long) for r in chosen]
+        return sample_tokens(logits, params, histories, [r[4] for r in chosen], [r[5] for r in chosen])
+
+    alone = [call([row])[0] for row in rows]
+    order = list(range(len(rows)))
+    random.shuffle(order)
+    together = call([rows[i] for i in order])
+    assert [together[order.index(i)] for i in range(len(rows))] == alone
+
+
+def test_top_k_must_not_be_negative():
+    with pytest.raises(SamplingError, match="top_k must be >= 0"):
+        SamplingParams.from_request({"top_k": -1})
 
 
 def sampled_tokens(prompts, seeds, num_steps=6):
     engine = TorchEngine(llm_plan())
     for rid, prompt in prompts.items():
-        engine.add_request(rid, Request(id=rid, prompt_tokens=prompt, max_tokens=50, temperature=1.3, top_p=0.9,
+        engine.add_request(rid, Request(id=rid, prompt_tokens=prompt, max_tokens=50, temperature=1.3, top_k=40, top_p=0.9,
                                         seed=seeds[rid]))
     out = {rid: [] for rid in prompts}
     rows = [StepRow(rid, "prefill", len(p), 0, {"text_inputs": p}) for rid, p in prompts.items()]

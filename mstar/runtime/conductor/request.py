@@ -28,6 +28,7 @@ class Request:
     prompt_tokens: list[int]
     max_tokens: int
     temperature: Optional[float] = None  # None: greedy
+    top_k: Optional[int] = None  # None or 0: no limit
     top_p: Optional[float] = None
     seed: Optional[int] = None
     repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)

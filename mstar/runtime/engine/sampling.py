@@ -1,16 +1,24 @@
-"""Token sampling: greedy, or temperature / top-p with a repetition penalty and a per-request seed.
+"""Token sampling, batched over a step's rows: greedy, temperature, top-k, top-p, repetition penalty.
 
-In: one row's logits `[vocab]`, the request's `SamplingParams`, the tokens it has seen so far, and
-its own `torch.Generator` (seeded once from the request seed). Out: a token id. Each request draws
-from its own generator, so its samples do not depend on which other requests share the step.
-`temperature` None or 0 means greedy (argmax after the penalty).
+In: the logits of the step's sampling rows `[R, vocab]` and per row its request's `SamplingParams`,
+the token ids it has seen, and its draw coordinates (`stream`: `draw_stream(seed, node position)`,
+fixed per request and node; `step`: how many tokens that request sampled there before). Out: one token
+id per row, from one batched pass (`sample_tokens`).
+
+Each row's random draw is a counter-based hash of (stream, step), so it depends only on its own
+seed and step, never on which rows share the step or in what order (batch invariance on the CPU).
+Every other operation is row-wise. `temperature` None or 0 means greedy (argmax after the
+penalty); `top_k` 0 and `top_p` 1 keep every token.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+
+MASK32 = 0xFFFFFFFF
 
 
 class SamplingError(ValueError):
@@ -20,6 +28,7 @@ class SamplingError(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: Optional[float] = None
+    top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int = 0
@@ -43,6 +52,7 @@ class SamplingParams:
         stop = get("stop_tokens", "stop_token_ids", "stop", default=())
         params = cls(
             temperature=get("temperature"),
+            top_k=int(get("top_k", default=0)),
             top_p=float(get("top_p", default=1.0)),
             repetition_penalty=float(get("repetition_penalty", default=1.0)),
             seed=int(get("seed", default=0)),
@@ -51,6 +61,8 @@ class SamplingParams:
         )
         if params.temperature is not None and params.temperature < 0:
             raise SamplingError(f"temperature must be >= 0, got {params.temperature}")
+        if params.top_k < 0:
+            raise SamplingError(f"top_k must be >= 0 (0: no limit), got {params.top_k}")
         if not 0 < params.top_p <= 1:
             raise SamplingError(f"top_p must be in (0, 1], got {params.top_p}")
         if params.repetition_penalty <= 0:
@@ -58,29 +70,67 @@ class SamplingParams:
         return params
 
 
-def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
-    """HF's rule: a seen token's positive logit is divided by `penalty`, a negative one multiplied."""
-    if penalty == 1.0 or history.numel() == 0:
-        return logits
-    seen = torch.unique(history.long() % logits.shape[0])
-    picked = logits[seen]
-    out = logits.clone()
-    out[seen] = torch.where(picked > 0, picked / penalty, picked * penalty)
-    return out
+def draw_stream(seed: int, position: int) -> int:
+    """The draw stream of a request on a node: fixed by its seed, different per node (by the node's
+    position in the plan, not its name: a renaming changes no sample)."""
+    return zlib.crc32(f"{seed}/{position}".encode())
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, history: torch.Tensor,
-                 generator: torch.Generator) -> int:
-    """One token id from `logits` `[vocab]`."""
-    logits = apply_repetition_penalty(logits.float(), history, params.repetition_penalty)
-    if params.is_greedy:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / params.temperature, dim=-1)
-    sorted_probs, order = torch.sort(probs, descending=True)
-    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
-    is_kept = (torch.cumsum(sorted_probs, 0) - sorted_probs) < params.top_p
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (lowbias32) of int64 values below 2^32, row-wise. int64 products wrap
+    modulo 2^64, which keeps the low 32 bits the hash needs."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & MASK32
+    return x ^ (x >> 16)
+
+
+def uniforms(streams: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One uniform in [0, 1) per row from its (stream, step), float64 `[R]`."""
+    high = _hash32((_hash32(streams & MASK32) + steps) & MASK32)
+    low = _hash32(high ^ 0x9E3779B9)
+    return (high.double() * 2.0 ** 21 + (low >> 11).double()) / 2.0 ** 53
+
+
+def apply_repetition_penalty(logits: torch.Tensor, histories: list[torch.Tensor],
+                             penalties: torch.Tensor) -> torch.Tensor:
+    """HF's rule, per row: a seen token's positive logit is divided by its row's penalty, a
+    negative one multiplied. logits `[R, V]`, penalties `[R]`."""
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    for row, history in enumerate(histories):
+        if history.numel():
+            seen[row, history.long() % logits.shape[1]] = True
+    penalty = penalties.unsqueeze(1).to(logits.dtype)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories: list[torch.Tensor],
+                  streams: list[int], steps: list[int]) -> list[int]:
+    """One token id per row of `logits` `[R, V]` (see the module docstring)."""
+    logits = logits.float()
+    penalties = torch.tensor([p.repetition_penalty for p in params])
+    if bool((penalties != 1.0).any()):
+        logits = apply_repetition_penalty(logits, histories, penalties)
+    greedy = logits.argmax(dim=1)
+    is_greedy = torch.tensor([p.is_greedy for p in params])
+    if bool(is_greedy.all()):
+        return greedy.tolist()
+    temperature = torch.tensor([p.temperature or 1.0 for p in params]).unsqueeze(1)
+    probs = torch.softmax(logits / temperature, dim=1)
+    sorted_probs, order = torch.sort(probs, dim=1, descending=True, stable=True)
+    vocab = logits.shape[1]
+    top_k = torch.tensor([p.top_k or vocab for p in params]).unsqueeze(1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=sorted_probs.dtype).unsqueeze(1)
+    # Keep the top_k most likely and, of those, the smallest prefix whose mass reaches top_p
+    # (always at least the top token).
+    rank = torch.arange(vocab).unsqueeze(0)
+    is_kept = (rank < top_k) & ((torch.cumsum(sorted_probs, dim=1) - sorted_probs) < top_p)
     kept = sorted_probs * is_kept
-    cdf = torch.cumsum(kept / kept.sum(), 0)
-    draw = torch.rand(1, generator=generator)
-    index = min(int(torch.searchsorted(cdf, draw)), int(is_kept.sum()) - 1)
-    return int(order[index])
+    cdf = torch.cumsum(kept / kept.sum(dim=1, keepdim=True), dim=1)
+    draw = uniforms(torch.tensor(streams, dtype=torch.long), torch.tensor(steps, dtype=torch.long))
+    index = torch.searchsorted(cdf.double(), draw.unsqueeze(1)).squeeze(1)
+    index = torch.minimum(index, is_kept.sum(dim=1) - 1)
+    sampled = order.gather(1, index.unsqueeze(1)).squeeze(1)
+    return torch.where(is_greedy, greedy, sampled).tolist()

@@ -8,7 +8,7 @@ small vocabulary, all from one seed. Arrivals:
 - closed: `concurrency` clients, each sending its next request when its previous one finishes.
 
 File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
-"max_tokens": int} and optionally "temperature", "top_p", "seed", "repetition_penalty" (> 0),
+"max_tokens": int} and optionally "temperature", "top_k", "top_p", "seed", "repetition_penalty" (> 0),
 "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route),
 "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance labels, see mstar/runtime/engine/runners/guidance.py); blank lines
 are skipped. An id is 1 to MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's
@@ -180,6 +180,29 @@ def _check_id(request_id: str, where: str) -> None:
                             f"(it names the request's output files), got {bad!r} in {request_id[:40]!r}")
 
 
+def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
+    """temperature, top_k, top_p, seed and repetition_penalty of a prompt line, checked."""
+    temperature = _field(obj, "temperature", (int, float), where, is_required=False)
+    if temperature is not None and temperature < 0:
+        raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {temperature}")
+    top_k = _field(obj, "top_k", (int,), where, is_required=False)
+    if top_k is not None and top_k < 0:
+        raise WorkloadError(f"{where}: 'top_k' must be >= 0 (0: no limit), got {top_k}")
+    top_p = _field(obj, "top_p", (int, float), where, is_required=False)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
+    penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
+    if penalty is not None and not penalty > 0:
+        raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {penalty}")
+    return {
+        "temperature": float(temperature) if temperature is not None else None,
+        "top_k": top_k,
+        "top_p": float(top_p) if top_p is not None else None,
+        "seed": _field(obj, "seed", (int,), where, is_required=False),
+        "repetition_penalty": float(penalty) if penalty is not None else None,
+    }
+
+
 def parse_prompt_line(line: str, where: str) -> Request:
     try:
         obj = json.loads(line)
@@ -189,7 +212,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
         raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_p", "seed", "repetition_penalty",
+    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
              "stop_tokens", "route", "guidance"}
     unknown = sorted(set(obj) - known)
     if unknown:
@@ -202,16 +225,6 @@ def parse_prompt_line(line: str, where: str) -> Request:
     max_tokens = _field(obj, "max_tokens", (int,), where, is_required=True)
     if max_tokens < 1:
         raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
-    temperature = _field(obj, "temperature", (int, float), where, is_required=False)
-    if temperature is not None and temperature < 0:
-        raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {temperature}")
-    top_p = _field(obj, "top_p", (int, float), where, is_required=False)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
-    seed = _field(obj, "seed", (int,), where, is_required=False)
-    penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
-    if penalty is not None and not penalty > 0:
-        raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {penalty}")
     stop_tokens = _field(obj, "stop_tokens", (list,), where, is_required=False) or []
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_tokens):
         raise WorkloadError(f"{where}: 'stop_tokens' must be a list of non-negative integers")
@@ -230,10 +243,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
         id=request_id,
         prompt_tokens=list(tokens),
         max_tokens=max_tokens,
-        temperature=float(temperature) if temperature is not None else None,
-        top_p=float(top_p) if top_p is not None else None,
-        seed=seed,
-        repetition_penalty=float(penalty) if penalty is not None else None,
+        **_sampling_fields(obj, where),
         stop_tokens=list(stop_tokens),
         route=route,
         guidance=scales,

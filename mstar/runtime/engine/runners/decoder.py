@@ -54,7 +54,7 @@ from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import CPU, Placement
-from mstar.runtime.engine.sampling import sample_token
+from mstar.runtime.engine.sampling import draw_stream, sample_tokens
 from mstar.runtime.step import RowResult, StepRow
 
 
@@ -338,12 +338,14 @@ class DecoderRunner:
             batch.attend = self.flashinfer.plan_step(rows, new_index, self.dims.head_dim ** -0.5)
         with torch.no_grad():
             hidden = self.model(torch.cat(embeds), batch, self.cache, self.states)
-            results = []
+            mains, velocities = [], []
             for item, span in zip(ready, spans):
                 first = span.get(self.guidance.first) or next(iter(span.values()))
-                main = hidden[slice(*first)]
-                velocity = self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()})
-                results.append(self._outputs(item, main, velocity))
+                mains.append(hidden[slice(*first)])
+                velocities.append(self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()}))
+            tokens = self._sample(ready, mains)
+            results = [self._outputs(item, main, velocity, token)
+                       for item, main, velocity, token in zip(ready, mains, velocities, tokens)]
         for item in ready:
             for key in item.keys():
                 self.pool.commit(key, item.embeds.shape[0])
@@ -361,17 +363,36 @@ class DecoderRunner:
         velocities[first] = v_first
         return self.guidance.combine(velocities, item.request.guidance)
 
-    def _outputs(self, item: _Prepared, hidden: torch.Tensor, velocity: Optional[torch.Tensor]) -> RowResult:
+    def _sample(self, ready: list[_Prepared], mains: list[torch.Tensor]) -> list[Optional[int]]:
+        """Each row's fed tokens join its history; the rows with a tokens output get a token from
+        one batched sampling call over their last hidden states (None for the other rows)."""
+        node = self.node.name
+        picked = []
+        for index, item in enumerate(ready):
+            item.request.history.setdefault(node, []).extend(item.tokens_fed)
+            roles = (item.call.output_roles.get(name, "tokens") for name in item.call.output_names)
+            if not item.is_flow and "tokens" in roles:
+                picked.append(index)
+        tokens: list[Optional[int]] = [None] * len(ready)
+        if not picked:
+            return tokens
+        requests = [ready[i].request for i in picked]
+        logits = self.model.logits(torch.cat([mains[i][-1:] for i in picked]))
+        sampled = sample_tokens(
+            logits, [r.params for r in requests],
+            [torch.tensor(r.history[node], dtype=torch.long) for r in requests],
+            [draw_stream(r.params.seed, self.position) for r in requests],
+            [r.num_sampled.get(node, 0) for r in requests])
+        for index, token in zip(picked, sampled):
+            tokens[index] = token
+        return tokens
+
+    def _outputs(self, item: _Prepared, hidden: torch.Tensor, velocity: Optional[torch.Tensor],
+                 token: Optional[int]) -> RowResult:
         node, request = self.node.name, item.request
-        history = request.history.setdefault(node, [])
-        history.extend(item.tokens_fed)
         result = RowResult(item.row.request_id)
         roles = {name: item.call.output_roles.get(name, "tokens") for name in item.call.output_names}
-        token = None
-        if "tokens" in roles.values() and not item.is_flow:
-            logits = self.model.logits(hidden[-1:])[0]
-            token = sample_token(logits, request.params, torch.tensor(history, dtype=torch.long),
-                                 request.generator(node, self.position))
+        if token is not None:
             request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
             request.last_token[node] = [token]
             max_tokens = request.params.max_tokens

@@ -1,11 +1,9 @@
-"""What the torch engine keeps per request: sampling settings, generators, token history, counters."""
+"""What the torch engine keeps per request: sampling settings, token history, counters."""
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from mstar.runtime.engine.runners.guidance import GuidanceParams
 from mstar.runtime.engine.sampling import SamplingParams
@@ -22,7 +20,6 @@ class RequestState:
     num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
     num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
     last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
-    _generators: dict[str, torch.Generator] = field(default_factory=dict)
 
     @classmethod
     def from_request(cls, request_id: str, request: Any) -> "RequestState":
@@ -34,11 +31,3 @@ class RequestState:
             guidance=GuidanceParams.from_request(request),
             route_walks=frozenset(walk for walks in (get("route") or {}).values() for walk in walks),
         )
-
-    def generator(self, node: str, position: int) -> torch.Generator:
-        """This request's sampling generator on `node`, seeded once from the request seed and the
-        node's position in the plan (not its name: a renaming changes no sample)."""
-        if node not in self._generators:
-            seed = zlib.crc32(f"{self.params.seed}/{position}".encode())
-            self._generators[node] = torch.Generator().manual_seed(seed)
-        return self._generators[node]
