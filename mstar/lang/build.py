@@ -74,14 +74,15 @@ class AstBuilder(Transformer):
         """From the start of the first positioned child to the end of the last one."""
         first = next((c for c in children if c is not None), None)
         last = next((c for c in reversed(children) if c is not None), None)
-        if first is None:
+        if first is None or last is None:
             return ast.Span(file=self.file)
+        # Lark types a token's position Optional (for hand-made tokens); its lexer sets every one.
         if isinstance(first, Token):
-            line, col = first.line, first.column
+            line, col = first.line or 1, first.column or 1
         else:
             line, col = first.span.line, first.span.col
         if isinstance(last, Token):
-            end_line, end_col = last.end_line, last.end_column
+            end_line, end_col = last.end_line or line, last.end_column or col
         else:
             end_line, end_col = last.span.end_line, last.span.end_col
         return ast.Span(file=self.file, line=line, col=col, end_line=end_line, end_col=end_col)
@@ -135,7 +136,7 @@ class AstBuilder(Transformer):
     def _closed(self, node: ast.AstNode, children: list) -> ast.AstNode:
         """`node` (a block), after recording its closing `}` as the anchor of its end comments."""
         brace = next(c for c in reversed(children) if isinstance(c, Token) and c.type == "RBRACE")
-        self.anchors.append(Anchor(brace.line, brace.column, node, "end"))
+        self.anchors.append(Anchor(brace.line or 1, brace.column or 1, node, "end"))
         return node
 
     # ---- top level --------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def _set_after(anchor: Anchor, comment: str) -> None:
 def _set_before(anchor: Anchor, comments: list[str]) -> None:
     if anchor.slot == "start":
         anchor.node.comments_before = comments
-    elif anchor.slot == "end":
-        anchor.node.comments_end = comments
     else:
-        setattr(anchor.node, f"{anchor.slot}_comments_before", comments)
+        # The slot names the field: blocks (an anchor of slot "end") have `comments_end`.
+        field = "comments_end" if anchor.slot == "end" else f"{anchor.slot}_comments_before"
+        setattr(anchor.node, field, comments)

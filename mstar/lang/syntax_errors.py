@@ -87,7 +87,8 @@ class ErrorExplainer:
         if isinstance(error, UnexpectedToken):
             return self._explain_token(error, text, file, is_declaration, is_last, line_offset)
         if isinstance(error, UnexpectedCharacters):
-            char = text[error.pos_in_stream] if 0 <= error.pos_in_stream < len(text) else "?"
+            pos = error.pos_in_stream
+            char = text[pos] if pos is not None and 0 <= pos < len(text) else "?"
             span = ast.Span(file=file, line=error.line, col=error.column,
                             end_line=error.line, end_col=error.column + 1)
             expected = self.describe_expected(error.allowed or ())
@@ -168,7 +169,7 @@ class ErrorExplainer:
                                  "a client edge names what it carries: `-> NAME: client MODALITY` "
                                  f"(text, audio, image, ...); found {where}", span)
         previous = _previous_token(stack)
-        if "LBRACE" in expected and (previous is None or previous.end_line < token.line):
+        if "LBRACE" in expected and (previous is None or (previous.end_line or 1) < (token.line or 1)):
             # The header's line ended and the block's body started without its `{`.
             return SyntaxProblem(codes.MISSING_LBRACE,
                                  f"missing `{{` at the end of line {previous.end_line if previous else 1}: "

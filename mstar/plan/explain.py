@@ -7,12 +7,14 @@ language nor the compiler.
 from __future__ import annotations
 
 import io
+from typing import Optional
 
-from rich.console import Console
+from rich.console import Console, ConsoleRenderable, RichCast
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from mstar.plan.schema import EdgePlan, InputPlan, KeyPlan, NextPlan, Plan, WalkPlan, WorkerPlan
+from mstar.plan.schema import EdgePlan, InputSourcePlan, KeyPlan, NextPlan, Plan, WalkPlan, WorkerPlan
 
 MIB = 1024 * 1024
 
@@ -20,8 +22,10 @@ MIB = 1024 * 1024
 class _Table(Table):
     """A table whose cells are plain text: `[persist]` is data here, not rich markup."""
 
-    def add_row(self, *cells: str) -> None:
-        super().add_row(*(Text(c) for c in cells))
+    def add_row(self, *renderables: ConsoleRenderable | RichCast | str | None, style: str | Style | None = None,
+                end_section: bool = False) -> None:
+        cells = (Text(c) if isinstance(c, str) else c for c in renderables)
+        super().add_row(*cells, style=style, end_section=end_section)
 
 
 def _table(title: str, *columns: str) -> Table:
@@ -50,14 +54,19 @@ def _edge_text(edge: EdgePlan, walk: WalkPlan) -> str:
     if edge.action == "slot":
         return f"{text} => slot {edge.slot}"
     if edge.action == "loop_back":
-        return f"{text} => loop-back of {walk.loops[edge.loop].name} into slot {edge.slot}"
+        return f"{text} => loop-back of {_loop_name(walk, edge.loop)} into slot {edge.slot}"
     if edge.action in ("loop_output", "loop_accumulate"):
         word = "output" if edge.action == "loop_output" else "accumulated"
-        return f"{text} => {word} of {walk.loops[edge.loop].name} (exit {edge.exit})"
+        return f"{text} => {word} of {_loop_name(walk, edge.loop)} (exit {edge.exit})"
     return text
 
 
-def _input_text(source: InputPlan) -> str:
+def _loop_name(walk: WalkPlan, index: Optional[int]) -> str:
+    # A loaded plan names a loop wherever its action needs one (plan/references.py checks it).
+    return "?" if index is None else walk.loops[index].name
+
+
+def _input_text(source: InputSourcePlan) -> str:
     slots = " or ".join(f"slot {s}" for s in source.slots)
     if source.is_wait:
         return f"{source.name} <- {slots} (waits)"
@@ -73,7 +82,7 @@ def _next_text(then: NextPlan, walk: WalkPlan) -> str:
     if then.kind == "join":
         return f"join {then.target}"
     if then.kind == "loop_end":
-        return f"end iteration of {walk.loops[then.target].name}"
+        return f"end iteration of {_loop_name(walk, then.target)}"
     return "walk ends"
 
 
@@ -81,13 +90,13 @@ def _walk_tables(console: Console, walk: WalkPlan) -> None:
     console.print(Text(f"walk {walk.name} (partition {walk.partition}): starts with {_next_text(walk.start, walk)}"))
     table = _table(f"walk {walk.name}: calls", "#", "node", "inputs", "edges", "then", "loop", "ranks")
     for index, call in enumerate(walk.calls):
-        loop = "" if call.loop is None else walk.loops[call.loop].name
+        loop_text = "" if call.loop is None else walk.loops[call.loop].name
         if call.stop_loop is not None:
-            loop += f" (stop ends {walk.loops[call.stop_loop].name})"
+            loop_text += f" (stop ends {walk.loops[call.stop_loop].name})"
         counted = f"; counts {', '.join(call.counted)}" if call.counted else ""
         table.add_row(
             str(index), call.node, "; ".join(_input_text(i) for i in call.inputs),
-            "; ".join(_edge_text(e, walk) for e in call.edges) + counted, _next_text(call.then, walk), loop,
+            "; ".join(_edge_text(e, walk) for e in call.edges) + counted, _next_text(call.then, walk), loop_text,
             " | ".join(" ".join(map(str, instance)) for instance in call.instances),
         )
     console.print(table)

@@ -200,7 +200,8 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             actual = sha256_file(file, _INPUT_LIMITS[what], what)
         except InputFileError as e:
             shown = e.path if "\0" in str(file) else _display(file)  # e.path: the repr of a NUL path
-            raise PlanError(f"plan {path}: cannot read its {what} file {shown} ({e.reason}); recompile: {how}") from None
+            raise PlanError(
+                f"plan {path}: cannot read its {what} file {shown} ({e.reason}); recompile: {how}") from None
         if actual != expected:
             raise PlanError(
                 f"plan {path} is stale: its {what} file {_display(file)} changed since the plan "

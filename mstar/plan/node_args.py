@@ -52,8 +52,8 @@ def choice(*names: str) -> ArgKind:
 
 
 # kv nodes (the KV pool's page size, page count and max_seq_len belong to the deployment, not
-# here: a `page_size=` argument is MW109): a decoder (Llama-style, or a Qwen3.5 gated delta-net hybrid, optionally with BAGEL's
-# image-flow head) over a paged KV cache.
+# here: a `page_size=` argument is MW109): a decoder (Llama-style, or a Qwen3.5 gated delta-net
+# hybrid, optionally with BAGEL's image-flow head) over a paged KV cache.
 KV_ARGS: dict[str, ArgKind] = {
     "layers": INT, "kv_heads": INT, "qo_heads": INT, "head_dim": INT, "hidden": INT,
     "intermediate": INT, "vocab": INT, "rope_theta": NUMBER, "partial_rotary": FRACTION,

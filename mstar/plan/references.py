@@ -28,8 +28,8 @@ def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[
         for name, indices, size in (("call", then.calls, num_calls), ("join", then.joins, num_joins),
                                     ("loop", then.loops, num_loops)):
             yield from (f"{where}: {what} names {name} {i}, which the walk lacks" for i in indices if not 0 <= i < size)
-        size = {"join": num_joins, "loop_end": num_loops}.get(then.kind)
-        if size is not None and (then.target is None or not 0 <= then.target < size):
+        target_size = {"join": num_joins, "loop_end": num_loops}.get(then.kind)
+        if target_size is not None and (then.target is None or not 0 <= then.target < target_size):
             yield f"{where}: {what} ends {then.kind} {then.target}, which the walk lacks"
 
     def edge_problems(edge: EdgePlan, what: str) -> Iterator[str]:
@@ -67,9 +67,9 @@ def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[
             yield from edge_problems(edge, what)
             if call.node in nodes and edge.name not in node_outputs[call.node]:
                 yield f"{where}: edge {edge.name} is not an output of {call.node}"
-        for name, loop in (("loop", call.loop), ("stop loop", call.stop_loop)):
-            if loop is not None and not 0 <= loop < num_loops:
-                yield f"{where}: {what} has {name} {loop}, which the walk lacks"
+        for name, loop_index in (("loop", call.loop), ("stop loop", call.stop_loop)):
+            if loop_index is not None and not 0 <= loop_index < num_loops:
+                yield f"{where}: {what} has {name} {loop_index}, which the walk lacks"
         yield from next_problems(call.then, what)
     for index, join in enumerate(walk.joins):
         if join.num_members < 1:

@@ -92,11 +92,11 @@ class WorkerScheduler:
             key_name = worker.walk_to_key.get(pair)
             if key_name is None or key_name not in self._key_index:
                 raise UnknownPlacementError(f"worker {worker.rank}: placement {pair} has no scheduling key")
-            key = self._key_index[key_name]
+            key_at = self._key_index[key_name]
             node, walk = pair.split("/", 1)
-            if walk not in self._tables[key].walk_index:
+            if walk not in self._tables[key_at].walk_index:
                 raise UnknownPlacementError(f"worker {worker.rank}: walk {walk} of {pair} is not in key {key_name}")
-            self._placement[(node, walk)] = (key, self._tables[key].walk_index[walk])
+            self._placement[(node, walk)] = (key_at, self._tables[key_at].walk_index[walk])
         self._led = [i for i, tables in enumerate(self._tables) if not tables.is_followed]
         self._last_run = [0] * len(self._tables)  # step number of each key's last step (0 = never)
         self._num_steps = 0
@@ -363,7 +363,7 @@ class WorkerScheduler:
     def _try_follow(self) -> Optional[Batch]:
         """The head leader batch with all its rows taken, or None (waiting or deferred)."""
         head = self._follow.head()
-        if self._follow.is_deferred(self._has_local_work()):
+        if head is None or self._follow.is_deferred(self._has_local_work()):
             return None
         key = self._batch_key(head)
         tables, queue = self._tables[key], self._queues[key]

@@ -95,7 +95,8 @@ def plan_chain_step(
     if num_rows == 0 or num_rows > tables.caps[bit]:
         return None
     num_other = queue.num_ready - queue.num_ready_walk(walk)
-    if num_other and not specs[walk].mixes_walks:
+    spec = specs[walk]  # chain_walk picked a walk with a speculation entry
+    if num_other and (spec is None or not spec.mixes_walks):
         return None
     counts = [0] * len(tables.walks)
     counts[walk] = num_rows
