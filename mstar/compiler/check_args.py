@@ -120,6 +120,7 @@ def _check_consistency(node: ast.NodeDecl, diags: Diagnostics) -> None:
     """MW112: combinations the runtime's models cannot build. Runs on well-typed arguments only."""
     args = {a.name: a for a in node.args}
     value = {name: a.value for name, a in args.items()}
+    ints = {name: v for name, v in value.items() if isinstance(v, int)}  # well typed: the INT arguments
 
     def problem(message: str, arg_name: str, other: Optional[ast.AstNode] = None) -> None:
         notes = [Note("the state declaration", other.span)] if other is not None else []
@@ -128,16 +129,17 @@ def _check_consistency(node: ast.NodeDecl, diags: Diagnostics) -> None:
         diags.error(codes.DIMS_INCONSISTENT, f"node {node.name}: {message}", target.span, *notes)
 
     if node.engine == "kv":
-        kv, qo = value.get("kv_heads", 1), value.get("qo_heads")
+        kv, qo = ints.get("kv_heads", 1), ints.get("qo_heads")
         if qo is not None and qo % kv:
             problem(f"qo_heads={qo} is not a multiple of kv_heads={kv}", "qo_heads")
         state = node.states[0] if node.states else None
-        linear_heads = _state_arg(state, "heads") if state else value.get("linear_heads", 2)
-        value_heads = value.get("linear_value_heads")
+        linear_heads = _state_arg(state, "heads") if state else ints.get("linear_heads", 2)
+        value_heads = ints.get("linear_value_heads")
         if value_heads is not None and value_heads % linear_heads:
             problem(f"linear_value_heads={value_heads} is not a multiple of the {linear_heads} "
                     "linear q/k heads", "linear_value_heads")
-        flags = layer_is_full(value.get("layer_pattern"), value.get("layers", 2), state is not None)
+        # well typed: the pattern is a valid one (None only for an invalid pattern)
+        flags = layer_is_full(value.get("layer_pattern"), ints.get("layers", 2), state is not None) or ()
         num_linear = sum(not f for f in flags)
         if state is not None and _state_arg(state, "layers") != num_linear:
             problem(f"state recurrent declares {_state_arg(state, 'layers')} layers but the layer "
@@ -146,24 +148,24 @@ def _check_consistency(node: ast.NodeDecl, diags: Diagnostics) -> None:
             problem(f"the layer pattern has {num_linear} linear-attention layers but the node "
                     "declares no `state recurrent(...)` to keep their per-request state",
                     "layer_pattern")
-        vocab = value.get("vocab")
+        vocab = ints.get("vocab")
         for name in ("stop_token", "stop_tokens"):
             ids = value.get(name)
-            ids = [ids] if isinstance(ids, int) else ids or []
+            ids = [ids] if isinstance(ids, int) else ids if isinstance(ids, list) else []
             outside = [t for t in ids if vocab is not None and t >= vocab]
             if outside:
                 problem(f"{name} {outside[0]} is outside the vocabulary (vocab={vocab})", name)
     else:
-        hidden, heads = value.get("hidden"), value.get("heads")
+        hidden, heads = ints.get("hidden"), ints.get("heads")
         if hidden is not None and heads is not None and hidden % heads:
             problem(f"hidden={hidden} is not a multiple of heads={heads}", "hidden")
-    latent = value.get("latent_tokens")
+    latent = ints.get("latent_tokens")
     if latent is not None and math.isqrt(latent) ** 2 != latent:
         problem(f"latent_tokens={latent} is not a square grid", "latent_tokens")
 
 
 def _state_arg(state: ast.StateDecl, name: str) -> int:
-    return next(a.value for a in state.args if a.name == name)
+    return next(a.value for a in state.args if a.name == name and isinstance(a.value, int))  # all INT
 
 
 def _show(value) -> str:

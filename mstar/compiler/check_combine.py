@@ -112,17 +112,19 @@ def _family_text(family: tuple) -> str:
 def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
     owner: dict[str, ast.CombineDecl] = {}
     caps = {c.walk: c.value for c in node.caps}
-    for decl in [*node.caps, *node.captures]:
+    decls: list[ast.CapDecl | ast.CaptureDecl] = [*node.caps, *node.captures]
+    for decl in decls:
         if decl.walk in runs and node.name not in runs[decl.walk]:
             what = "cap" if isinstance(decl, ast.CapDecl) else "capture"
             diags.error(codes.NOT_A_WALK_OF_NODE,
                         f"{what} for walk {decl.walk}, which does not run {node.name}",
                         name_span(decl.span, decl.walk, diags))
     bidirectional = set(node.bidirectional.walks) if node.bidirectional else set()
+    bidirectional_span = node.bidirectional.span if node.bidirectional else node.span  # used when it has walks
     for walk in sorted(bidirectional):
         if walk in runs and node.name not in runs[walk]:
             diags.error(codes.NOT_A_WALK_OF_NODE, f"bidirectional walk {walk}, which does not run {node.name}",
-                        name_span(node.bidirectional.span, walk, diags))
+                        name_span(bidirectional_span, walk, diags))
     for cap in node.caps:
         capture = next((c for c in node.captures if c.walk == cap.walk), None)
         if capture is not None and capture.batch and cap.value > max(capture.batch):
@@ -152,7 +154,8 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
             diags.error(codes.COMBINE_MIXES_MASKS,
                         f"combined walk {combine.name} mixes bidirectional {', '.join(masked)} with causal "
                         f"{', '.join(causal)}: one packed attention call has one mask",
-                        name_span(combine.span, combine.name, diags), Note("the bidirectional walks", node.bidirectional.span))
+                        name_span(combine.span, combine.name, diags),
+                        Note("the bidirectional walks", bidirectional_span))
         families = {w: capture_family(node, w) for w in distinct if w in runs}
         if combine.capture is None and len(set(families.values())) > 1:
             listed = ", ".join(f"{w}: {_family_text(f)}" for w, f in families.items())

@@ -124,6 +124,10 @@ def _check_placement(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[s
                         f"{node} in walk {walk} is placed by node groups {groups[0].index} and "
                         f"{extra.index}; list its ranks in one group (extra ranks are replicas)",
                         extra.span, Note("first placed here", groups[0].span))
+    _check_stream_consumers(spec, deployment, diags)
+
+
+def _check_stream_consumers(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
     for node in spec.nodes:
         if not any(d.is_stream for d in node.inputs):
             continue

@@ -317,16 +317,16 @@ def _check_partitions(spec: ast.Spec, diags: Diagnostics) -> dict[str, str]:
                 seen.add(walk)
                 listed.setdefault(walk, []).append(partition)
                 partition_of.setdefault(walk, partition.name)
-    for walk in spec.walks:
-        owners = listed.get(walk.name, [])
+    for walk_decl in spec.walks:
+        owners = listed.get(walk_decl.name, [])
         if not owners:
             diags.error(codes.WALK_PARTITION_COUNT,
-                        f"walk {walk.name} is in no partition: a request could never run it",
-                        name_span(walk.span, walk.name, diags))
+                        f"walk {walk_decl.name} is in no partition: a request could never run it",
+                        name_span(walk_decl.span, walk_decl.name, diags))
         elif len(owners) > 1:
             diags.error(codes.WALK_PARTITION_COUNT,
-                        f"walk {walk.name} is in partitions {', '.join(p.name for p in owners)}; a walk "
-                        f"belongs to exactly one", name_span(walk.span, walk.name, diags),
+                        f"walk {walk_decl.name} is in partitions {', '.join(p.name for p in owners)}; a walk "
+                        f"belongs to exactly one", name_span(walk_decl.span, walk_decl.name, diags),
                         *(Note(f"listed by partition {p.name}", p.span) for p in owners))
     names = {p.name for p in spec.partitions}
     found = _find_cycle((source.partition, partition.name, {"span": source.span})

@@ -18,11 +18,12 @@ Out: nothing; adds
      MW122 a role the node's model kind does not take or produce.
 
 Runs after the deployment and combine checks (like the old MW113): a spec broken in its shape
-reports that first (names that do not resolve are skipped here, never a crash). The runtime reads only the roles lowered from here (docs/language.md "Roles").
+reports that first (names that do not resolve are skipped here, never a crash). The runtime reads
+only the roles lowered from here (docs/language.md "Roles").
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Literal, Optional
 
 from mstar.compiler import codes
 from mstar.compiler.resolve import iter_calls, name_span, walk_nodes
@@ -46,7 +47,7 @@ CLIENT_ROLE = {"text": "tokens", "audio": "audio", "image": "image"}
 # Prompt modality -> the input role that receives it.
 PROMPT_ROLE = {"text": "tokens", "image": "media", "audio": "media"}
 # Model kind -> (input roles it takes, output roles it produces). A kv node is a decoder.
-DECODER = "decoder"
+DECODER: Literal["decoder"] = "decoder"
 KIND_ROLES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     DECODER: (frozenset({"tokens", "embeddings", "hidden", "mask", "flow_latents", "flow_time", "signal"}),
               frozenset({"tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time"})),
@@ -57,7 +58,7 @@ KIND_ROLES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
-def model_kind(node: ast.NodeDecl) -> Optional[str]:
+def model_kind(node: ast.NodeDecl) -> Optional[Literal["decoder"] | ast.ModelKind]:
     return DECODER if node.engine == "kv" else node.model_kind
 
 
@@ -212,7 +213,7 @@ def _entry_walks(spec: ast.Spec) -> Iterator[tuple[str, ast.Span]]:
     """(walk, span to blame) for every walk a request may start a partition with: the walks of its
     stages up to the first stage that is not optional, in partitions that streams do not feed;
     and the first walk no partition lists (the implicit partition)."""
-    listed = set()
+    listed: set[str] = set()
     for partition in spec.partitions:
         listed.update(w for stage in partition.stages for w in stage.walks)
         if partition.streams:

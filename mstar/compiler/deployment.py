@@ -248,7 +248,8 @@ def parse_deployment(text: str, file: str, diags: Diagnostics) -> Optional[Deplo
     if num_values > MAX_YAML_VALUES:
         diags.error(codes.DEPLOYMENT_SYNTAX,
                     f"the deployment expands to {_count(num_values)} values (YAML aliases repeating "
-                    f"collections?); at most {MAX_YAML_VALUES} are read", _mark_span(file, root.start_mark, root.start_mark))
+                    f"collections?); at most {MAX_YAML_VALUES} are read",
+                    _mark_span(file, root.start_mark, root.start_mark))
         return None
     reader = _Reader(file, diags)
     data = reader.value(root, ())

@@ -119,7 +119,7 @@ def _header(spec: Spec, spec_path: Path, config_path: Path, plan_path: Path, glu
 class _Timer:
     """Seconds spent per pass, for `mstarc bench`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._start = time.perf_counter()
 
@@ -133,7 +133,7 @@ def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[Spec
     """Passes 1-3 on the spec file: (spec, its bytes), or None when diags holds errors."""
     spec_bytes = _read_input(spec_path, "spec", diags)
     spec_text = None if spec_bytes is None else _decode(spec_bytes, spec_path, "spec", diags)
-    if spec_text is None:
+    if spec_bytes is None or spec_text is None:
         return None
     timer.lap("read")
     spec = parse(spec_text, str(spec_path), diags)

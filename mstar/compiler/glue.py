@@ -112,7 +112,7 @@ def glue_specs(plan: Plan) -> list[KeyGlueSpec]:
     page_sizes = {pool.node: pool.page_size for pool in plan.deployment.kv_pools}
     kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
     walks = {walk.name: walk for walk in plan.walks}
-    variants: dict[tuple, list[int]] = {}
+    variants: dict[_KeyConstants, list[int]] = {}
     for worker in sorted(plan.workers, key=lambda w: w.rank):
         for key in sorted(worker.keys, key=lambda k: k.name):
             if key.node not in kv_nodes:
@@ -128,7 +128,12 @@ def glue_specs(plan: Plan) -> list[KeyGlueSpec]:
     return specs
 
 
-def _key_constants(key: KeyPlan, page_size: int, walks: dict) -> tuple:
+# The fields of KeyGlueSpec after `ident`, before `ranks`.
+_KeyConstants = tuple[str, str, tuple[str, ...], int, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                      tuple[int, ...], tuple[int, ...]]
+
+
+def _key_constants(key: KeyPlan, page_size: int, walks: dict) -> _KeyConstants:
     """The fields of KeyGlueSpec after `ident`, before `ranks`, in order."""
     flags = []
     for walk_name in key.walks:

@@ -139,7 +139,7 @@ def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
     for frame in sorted(layout.frames, key=lambda f: f.depth):
         pad = 14 - 4 * frame.depth
         x0 = MARGIN + frame.first_col * COL_W - pad
-        x1 = MARGIN + frame.last_col * COL_W + BOX_W + pad
+        x1: float = MARGIN + frame.last_col * COL_W + BOX_W + pad
         y0 = top + TITLE_H - pad + 8
         y1 = top + TITLE_H + frame.rows * ROW_H - 12
         loop = frame.loop
@@ -159,11 +159,11 @@ def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
             parts.append(_text(x + BOX_W / 2, y + 29 + i * 11, line, 9, "middle"))
         targets = [(e, _target(layout.boxes, box, e) if e.dest_kind == "node" else None) for e in call.edges]
         listed = [e for e, target in targets if target is None]
-        for line, edge in enumerate(listed):
+        for row, edge in enumerate(listed):
             dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
             if edge.dest_kind == "stream":
                 dest = f"{edge.dest} (stream to {edge.stream_partition})"
-            parts.append(_text(x, y + BOX_H + 14 + line * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
+            parts.append(_text(x, y + BOX_H + 14 + row * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
         num_curves = 0
         num_forward: dict[int, int] = {}  # target box -> forward edges drawn to it so far
         for edge, target in targets:
@@ -179,9 +179,11 @@ def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
                 drop = BOX_H * 0.25 + 18 + LINE_H * len(listed) + 16 * num_curves
                 num_curves += 1
                 control_y = sy + drop / 0.75  # a cubic with both controls at c reaches 3/4 of c
-                path = f"M{sx:.0f},{sy:.0f} C{sx + 60:.0f},{control_y:.0f} {ex - 60:.0f},{control_y:.0f} {ex:.0f},{ey:.0f}"
+                path = (f"M{sx:.0f},{sy:.0f} C{sx + 60:.0f},{control_y:.0f} {ex - 60:.0f},{control_y:.0f} "
+                        f"{ex:.0f},{ey:.0f}")
                 parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
-                parts.append(_text((sx + ex) / 2, sy + drop + 12, f"{edge.name}{_flags(edge)} (loop-back)", 10, "middle"))
+                parts.append(_text((sx + ex) / 2, sy + drop + 12, f"{edge.name}{_flags(edge)} (loop-back)", 10,
+                                   "middle"))
             else:
                 index = num_forward.get(id(target), 0)
                 num_forward[id(target)] = index + 1

@@ -107,13 +107,16 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
     """Nodes in declaration order (a node's position is what the runtime seeds its weights by)."""
     nodes = []
     for node in spec.nodes:
+        kind = model_kind(node)
+        # check_roles refused a node without a model kind or an input without a role
+        assert kind is not None and all(i.role is not None for i in node.inputs)
         args = _args(node.args)
         labels = list(node.kv_sequences.labels) if node.kv_sequences else [DEFAULT_KV_SEQUENCE]
         nodes.append(
             NodePlan(
                 name=node.name,
                 engine=node.engine,
-                model_kind=model_kind(node),
+                model_kind=kind,
                 dims=dict(sorted(args.items())),
                 kv_sequences=labels,
                 kv_access=_kv_access(spec, node, labels),
@@ -122,7 +125,8 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                 recurrent=_recurrent(node, deployment),
                 inputs=sorted(i.name for i in node.inputs if not i.is_stream),
                 stream_inputs=sorted(i.name for i in node.inputs if i.is_stream),
-                input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt) for i in node.inputs],
+                input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt)
+                             for i in node.inputs if i.role is not None],
                 outputs=[OutputPlan(name=o.name, role=o.role) for o in node.outputs],
                 is_tp=node.is_tp,
                 is_async=node.is_async,

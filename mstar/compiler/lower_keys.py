@@ -21,6 +21,8 @@ Rules (docs/plan.md, keys and mixture tables):
 """
 from __future__ import annotations
 
+from typing import Literal
+
 from mstar.compiler import capture_memory
 from mstar.lang import ast
 from mstar.plan.buckets import batch_pad_table
@@ -28,7 +30,8 @@ from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry
 
 from mstar.compiler.walk_tree import WalkTree, loops_back_into
 
-DEFAULT_MIXED_ATTENTION = "split"
+Attention = Literal["decode", "prefill", "split", "packed", "none"]  # MixtureEntry.attention
+DEFAULT_MIXED_ATTENTION: Attention = "split"
 
 
 def family_name(node: str, owner: str) -> str:
@@ -49,7 +52,7 @@ def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
     return max(batches) if batches else fallback_cap
 
 
-def _single_attention(node: ast.NodeDecl, walk: WalkTree) -> str:
+def _single_attention(node: ast.NodeDecl, walk: WalkTree) -> Attention:
     """Attention kernels of a one-walk step. "decode" (one query token a row) when the walk
     feeds the node's output back to it and that token is one row's single input: its captures
     are all batched with one token a row, and, without a capture to say so, the loop-back stays
@@ -105,8 +108,10 @@ def _key(
                 attention=_single_attention(node, walk_plans[walk]),
             )
         else:
+            assert combine is not None  # a key of several walks is a combined walk's
             cap = combine.cap if combine.cap is not None else min(caps[w] for w in present)
             capture = family_name(node.name, combine.name) if combine.capture else None
+            attention: Attention
             if node.engine == "stateless":
                 attention = "none"
             else:

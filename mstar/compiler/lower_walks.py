@@ -14,7 +14,7 @@ order); only loops with `stop` may end early.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Literal
 
 from mstar.lang import ast
 from mstar.compiler.walk_tree import (
@@ -93,6 +93,7 @@ class _WalkContext:
 
 
 def _lower_edge(edge: ast.Edge, ctx: _WalkContext) -> TreeEdge:
+    dest_kind: Literal["node", "conductor", "client", "stream"]
     if edge.dest == CONDUCTOR:
         dest_kind, dest = "conductor", ""
     elif edge.dest == CLIENT:
