@@ -366,7 +366,7 @@ def test_bad_checkpoints(tmp_path, capsys):
     (tmp_path / "model.safetensors").write_text("not a safetensors file")
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "cannot read model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "num_attention_heads": "four"}))
-    mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: missing or bad field")
+    mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: num_attention_heads must be a positive integer")
     (tmp_path / "config.json").write_text("[1, 2]")
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: not a JSON object")
 

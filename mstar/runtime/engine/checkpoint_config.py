@@ -13,13 +13,24 @@ RoPE: `rope_parameters` (transformers 5) or `rope_scaling` (older files), of kin
 `linear`, `dynamic`, `yarn` or `llama3`; `rope_theta` and `partial_rotary_factor` may sit inside
 it or at the top level. Refused: other architectures and RoPE kinds, sliding-window attention, an
 activation other than SiLU.
+
+Values are checked before they are used (`_check_values`), each refusal naming the file and the
+field: dims (`hidden_size`, `num_hidden_layers`, `num_attention_heads`, `intermediate_size`,
+`vocab_size`, and `num_key_value_heads`, `head_dim` and the linear-attention dims when given)
+are positive integers (not floats or booleans), `num_attention_heads` a multiple of
+`num_key_value_heads`; `rope_theta` and `rms_norm_eps` finite and positive;
+`partial_rotary_factor` in (0, 1]. config.json is read through mstar.files' bounded reader (a
+regular file of at most MAX_JSON_CONFIG_BYTES). Whether `num_hidden_layers` matches the layers
+the checkpoint holds is checked when the tensors are loaded (weights.py).
 """
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
 from mstar.runtime.engine.dims import ROPE_KINDS, DecoderDims, RopeScaling
 
 
@@ -35,6 +46,12 @@ ARCHITECTURES = {
     "Qwen3_5ForCausalLM": ("qwen3_5", "qwen3_5"),
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5"),  # its text model; the vision tower is skipped
 }
+# dims that must be positive integers: always, and when present (None: derived from the others)
+POSITIVE_DIMS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+OPTIONAL_POSITIVE_DIMS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+QWEN3_5_POSITIVE_DIMS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                         "linear_value_head_dim")
+QWEN3_5_OPTIONAL_POSITIVE_DIMS = ("linear_conv_kernel_dim", "full_attention_interval")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM"}
 
@@ -55,18 +72,14 @@ def _architecture_of(config: dict, path: Path) -> tuple[str, str]:
 def read_checkpoint_config(weights_dir: str) -> DecoderDims:
     """Dims (and style) of the checkpoint in `weights_dir`, or a WeightsError saying why it cannot load."""
     path = Path(weights_dir) / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise WeightsError(f"--weights {weights_dir}: no config.json there (expected a Hugging Face checkpoint)")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise WeightsError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise WeightsError(f"{path}: not a JSON object")
+    config = read_json_object(path, "checkpoint config")
     style, architecture = _architecture_of(config, path)
     if isinstance(config.get("text_config"), dict):  # a VLM checkpoint: the text model's config
         config = {**config["text_config"], "tie_word_embeddings": config.get(
             "tie_word_embeddings", config["text_config"].get("tie_word_embeddings", False))}
+    _check_values(config, style, path)
     if config.get("hidden_act", "silu") != "silu":
         raise WeightsError(f"{path}: hidden_act={config['hidden_act']!r}; the engine's decoder uses silu")
     if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
@@ -76,6 +89,63 @@ def read_checkpoint_config(weights_dir: str) -> DecoderDims:
         return _dims(config, style, architecture, rope, _rope_scaling(config, rope))
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
         raise WeightsError(f"{path}: missing or bad field ({error})") from None
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON object from a small file (config.json, a safetensors index), read bounded; a
+    WeightsError naming the file otherwise."""
+    try:
+        config = json.loads(read_text_bounded(path, max_bytes=MAX_JSON_CONFIG_BYTES, what=what))
+    except InputFileError as error:
+        raise WeightsError(str(error)) from None
+    except json.JSONDecodeError as error:
+        raise WeightsError(f"{path}: not valid JSON ({error})") from None
+    except (ValueError, RecursionError):  # a number past the digit limit; nesting past the stack
+        raise WeightsError(f"{path}: not JSON the engine can read (a number too long or nesting too deep)") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"{path}: not a JSON object")
+    return config
+
+
+def _check_values(config: dict, style: str, path: Path) -> None:
+    """Refuse values that would build a wrong model silently, or fail later without a reason."""
+    required = POSITIVE_DIMS + (QWEN3_5_POSITIVE_DIMS if style == "qwen3_5" else ())
+    optional = OPTIONAL_POSITIVE_DIMS + (QWEN3_5_OPTIONAL_POSITIVE_DIMS if style == "qwen3_5" else ())
+    for name in required + optional:
+        value = config.get(name)
+        if value is None and name in optional:
+            continue
+        if value is None:
+            raise WeightsError(f"{path}: missing field {name!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise WeightsError(f"{path}: {name} must be a positive integer, got {_shown(value)}")
+    num_kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    if config["num_attention_heads"] % num_kv_heads:
+        raise WeightsError(f"{path}: num_attention_heads {config['num_attention_heads']} is not a multiple of "
+                           f"num_key_value_heads {num_kv_heads}")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {}  # not an object: refused by _rope_parameters
+    for name, value in (("rope_theta", rope.get("rope_theta", config.get("rope_theta"))),
+                        ("rms_norm_eps", config.get("rms_norm_eps"))):
+        if value is not None and not _is_finite_positive(value):
+            raise WeightsError(f"{path}: {name} must be a finite positive number, got {_shown(value)}")
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is not None and not (_is_finite_positive(partial) and partial <= 1):
+        raise WeightsError(f"{path}: partial_rotary_factor must be in (0, 1], got {_shown(partial)}")
+
+
+def _is_finite_positive(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an int past the float range
+        return False
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _rope_parameters(config: dict) -> dict:

@@ -8,7 +8,9 @@ are N(0, 1/fan_in) (embeddings N(0, 1)), biases zero, norm scales one.
 Checkpoint: `read_checkpoint_config(dir)` (in `checkpoint_config`) gives the dims from
 config.json, or refuses with a `WeightsError`; `load_decoder(factory, dir, ...)` builds the decoder
 on the meta device and fills it shard by shard from memory-mapped files, straight into the target
-dtype and device (`load_checkpoint_weights` copies the tensors in by name, checking every shape). The engine refuses a checkpoint whose
+dtype and device (`load_checkpoint_weights` copies the tensors in by name, checking every shape,
+the layer count and every value: `checkpoint_files` says which files are read and refuses NaN
+and Inf). The engine refuses a checkpoint whose
 style is not the node's (a Llama checkpoint on the Qwen3.5 hybrid node, or the reverse).
 
 Which node gets which checkpoint: `weights_by_node(kv_nodes, entries)` reads the `--weights`
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_checkpoint_config
+from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
 
 __all__ = ["WeightsError", "init_random", "load_checkpoint_weights", "load_decoder", "read_checkpoint_config",
            "weights_by_node"]
@@ -83,29 +86,6 @@ def init_random(module: nn.Module, seed: int, position: int, names: Optional[set
             param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
-def _checkpoint_name(name: str) -> str:
-    """A VLM checkpoint keeps its text model under `model.language_model.`."""
-    prefix = "model.language_model."
-    return "model." + name[len(prefix):] if name.startswith(prefix) else name
-
-
-def _tensor_index(weights_dir: str) -> dict[str, tuple[Path, str]]:
-    """{decoder parameter name: (shard file, tensor name in it)}, from the shards' headers only."""
-    from safetensors import SafetensorError, safe_open
-
-    files = sorted(Path(weights_dir).glob("*.safetensors"))
-    if not files:
-        raise WeightsError(f"--weights {weights_dir}: no *.safetensors files")
-    index: dict[str, tuple[Path, str]] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as shard:
-                index.update({_checkpoint_name(key): (file, key) for key in shard.keys()})
-        except (SafetensorError, OSError) as error:  # a truncated, corrupt or unreadable file
-            raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
-    return index
-
-
 def load_decoder(factory: Callable[[], nn.Module], weights_dir: str, is_tied: bool,
                  device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
                  seed: int = 0, position: int = 0) -> nn.Module:
@@ -132,14 +112,18 @@ def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -
     the checkpoint has no tensor for (only the image-flow head's `flow.*` may be absent).
 
     Tensors the decoder has no use for (a vision tower, multi-token-prediction layers) are skipped.
+    Which files are read (the safetensors index honoured) and NaN/Inf refused: checkpoint_files;
+    the checkpoint's layer count must be the decoder's (config.json's num_hidden_layers: fewer
+    would drop layers silently).
     """
     from safetensors import SafetensorError, safe_open
 
-    index = _tensor_index(weights_dir)
+    index = tensor_index(weights_dir)
     if is_tied and "lm_head.weight" not in index and hasattr(model, "lm_head"):
         model.lm_head.weight = model.model.embed_tokens.weight
     params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
     wanted = {name for name in params if not name.startswith("flow.")}
+    _check_layer_count(weights_dir, set(index), wanted)
     missing = sorted(wanted - set(index))
     if missing:
         raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
@@ -158,6 +142,16 @@ def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -
                             raise WeightsError(f"--weights {weights_dir}: {name} has shape {shape}, "
                                                f"config.json implies {tuple(param.shape)}")
                         param.copy_(shard.get_tensor(key))
+                        check_finite(weights_dir, file, key, param)
             except (SafetensorError, OSError) as error:
                 raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
     return set(params) - wanted
+
+
+def _check_layer_count(weights_dir: str, tensor_names: set[str], param_names: set[str]) -> None:
+    num_layers = len(layer_indices(param_names))
+    found = layer_indices(tensor_names)
+    if found and len(found) != num_layers:
+        raise WeightsError(f"--weights {weights_dir}: config.json's num_hidden_layers is {num_layers} but the "
+                           f"checkpoint holds {len(found)} layers (model.layers.{min(found)} to "
+                           f"model.layers.{max(found)}); fix num_hidden_layers")

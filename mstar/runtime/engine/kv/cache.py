@@ -12,6 +12,16 @@ import torch
 from mstar.runtime.engine.kv.pages import PagePool
 
 
+# torch sizes are signed 64-bit: a larger tensor cannot even be asked for (an overflow, not a
+# clean out-of-memory error)
+MAX_TENSOR_BYTES = 2**63 - 1
+
+
+def _gib(num_bytes: int) -> str:
+    """GiB, written without float overflow for any page count."""
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes < 2**100 else f"about 2^{num_bytes.bit_length() - 30} GiB"
+
+
 class KvCacheError(ValueError):
     """The KV tensors of a pool cannot be allocated (the message names the pool and a way out)."""
 
@@ -21,14 +31,16 @@ class KvCache:
                  dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")):
         size = pool.num_pages * pool.page_size
         self.pool = pool
+        num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
         try:
+            if size * num_kv_heads * head_dim * dtype.itemsize > MAX_TENSOR_BYTES:
+                raise MemoryError("more bytes than one tensor can address")
             self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
             self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         except (RuntimeError, MemoryError) as error:  # torch reports an impossible allocation (CPU or GPU) as RuntimeError
-            num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
             raise KvCacheError(
                 f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "
-                f"({num_bytes / 2**30:.1f} GiB for {num_layers} layers): {str(error).splitlines()[0]}; "
+                f"({_gib(num_bytes)} for {num_layers} layers): {str(error).splitlines()[0]}; "
                 "lower kv_pool.num_pages in the deployment or pass --kv-pages N"
             ) from None
 
