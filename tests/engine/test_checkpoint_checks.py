@@ -153,7 +153,7 @@ def test_a_stale_file_the_index_does_not_list_is_refused(tmp_path):
     """The stale file sorts last: it used to win, overwriting every tensor it holds."""
     path, _ = _sharded(tmp_path / "ck")
     save_file(_state(CONFIG), str(path / "model-stale.safetensors"))
-    with pytest.raises(WeightsError, match="model-stale.safetensors is not listed in model.safetensors.index.json"):
+    with pytest.raises(WeightsError, match="model-stale.safetensors not listed in model.safetensors.index.json"):
         _load(path)
 
 

@@ -1,14 +1,14 @@
-"""Fuzz every compiler-side file reader (issue 15): random bytes, random YAML and JSON structures,
-and real files with one value replaced by a random structure.
+"""Fuzz every file reader (issue 15): random bytes, random YAML and JSON structures, and real files
+with one value replaced by a random structure. Compiler side: spec, deployment, plan; runtime
+side: the prompts file of `mstar run`.
 
 Each example writes one file and runs the reader on it in-process under bounded_call's limits;
 it must exit 0, 1 or 2, with a message when not 0, no traceback or internal error, in under 2 s
 and 500 MB. The `ci` profile (default) runs a dozen examples per reader and input kind;
 `HYPOTHESIS_PROFILE=long` runs the profile's count.
 
-Adding a reader: put `name -> function(path, capsys) -> Outcome` in READERS (the prompts file of
-`mstar run` belongs here once it reads through mstar/files.py: a function that calls the run
-command's main with `--prompts path`, say). The input kinds below are sent to every reader.
+Adding a reader: put `name -> function(path, capsys) -> Outcome` in READERS. The input kinds
+below are sent to every reader.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bounded_call import Outcome, call_bounded
+from mstar.cli import mstar as mstar_cli
 from mstar.cli import mstarc as mstarc_cli
 from mstar.cli.mstarc import main as mstarc_main
 from mstar.plan.io import content_hash, dump_plan
@@ -54,11 +55,27 @@ def _fmt_reader(path: Path, capsys) -> Outcome:
     return call_bounded(mstarc_cli.main, ["fmt", path], capsys)
 
 
+_RUN = ["run", "--plan", ROOT / "generated" / "orpheus.plan", "--engine", "sim", "--no-progress"]
+_is_run_warm = []
+
+
+def _prompts_reader(path: Path, capsys) -> Outcome:
+    """`mstar run --prompts path` on the simulated engine: a valid file runs (exit 0)."""
+    if not _is_run_warm:  # the run's lazy imports and first plan load, outside the bound
+        with tempfile.TemporaryDirectory() as folder:
+            warm = Path(folder) / "p.jsonl"
+            warm.write_text('{"id": "w", "prompt_tokens": [1], "max_tokens": 1}\n')
+            assert mstar_cli.main([str(a) for a in _RUN + ["--prompts", warm]]) == 0
+        _is_run_warm.append(True)
+    return call_bounded(mstar_cli.main, _RUN + ["--prompts", path], capsys)
+
+
 READERS: dict[str, Callable[[Path, object], Outcome]] = {
     "spec": _spec_reader,
     "spec (fmt)": _fmt_reader,
     "deployment": _deployment_reader,
     "plan": _plan_reader,
+    "prompts": _prompts_reader,
 }
 
 # ---------------------------------------------------------------- inputs
