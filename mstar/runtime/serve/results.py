@@ -7,8 +7,14 @@ per request as it ends. Out, in DIR:
   names in DIR). Each line goes out in one unbuffered write, so an interrupt or a crash keeps
   every line written before it whole, and a line is written only after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
-  temporary name beside the final one and renamed (mstar.files.atomic_write_bytes), so a file
-  under its final name is always complete.
+  temporary name beside the final one and renamed, so a file under its final name is always
+  complete.
+
+Durability: what is written is in the operating system's hands at once, so an interrupt, a kill
+or a crash of mstar loses nothing written; `close()` fsyncs outputs.jsonl and the directory.
+Media files are not fsynced one by one (on ext4 here an fsync per file made writing a request
+3.2 ms instead of 0.7 ms, and a 10,000-request sim run several times longer), so a power loss
+during the run may lose recent media.
 
 A write that fails (a full disk) removes its temporary file, cuts outputs.jsonl back to its last
 whole line, and raises `OutputError` naming the file and what was kept. `close()` fsyncs
@@ -29,6 +35,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from typing import Any
 
 MAX_NAME_STEM = 64
@@ -109,13 +116,11 @@ class ResultWriter:
         return names
 
     def _write_file(self, name: str, data: bytes) -> str:
-        from mstar.files import atomic_write_bytes
-
         path = os.path.join(self.out_dir, name)
         try:
-            atomic_write_bytes(path, data)
+            _replace(path, data)
         except OSError as error:
-            raise OutputError(f"cannot write {path}: {_reason(error)}; {self._kept()}") from None
+            raise OutputError(f"cannot write {path}: {error.strerror or error}; {self._kept()}") from None
         self.num_media += 1
         return name
 
@@ -143,10 +148,52 @@ class ResultWriter:
         fd, self._fd = self._fd, -1
         try:
             os.fsync(fd)
+            _fsync_directory(self.out_dir)
         except OSError as error:
             raise OutputError(f"cannot write {self.path}: {error.strerror or error}") from None
         finally:
             os.close(fd)
+
+
+def _replace(path: str, data: bytes) -> None:
+    """`data` under a temporary name beside `path`, then renamed over it (no fsync: see the
+    module docstring); the temporary file is removed on any failure."""
+    directory, name = os.path.split(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(temp, 0o644 & ~_UMASK)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def _fsync_directory(directory: str) -> None:
+    """The renames into `directory` reach the disk (where a directory can be opened to sync)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory: the renames are then as safe as they get
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+_UMASK = _umask()
 
 
 def write_output_file(path: str, data: bytes) -> None:
