@@ -69,6 +69,7 @@ STATELESS_ARGS: dict[str, ArgKind] = {
     "hidden": INT, "layers": INT, "heads": INT, "feature_dim": INT, "num_tokens": INT,
     "codebook": INT, "quantizers": INT, "samples_per_token": INT, "sample_rate": INT,
     "keep_frame": INDEX, "latent_channels": INT, "latent_tokens": INT, "upscale": INT,
+    "token_offset": INDEX,  # an audio codec fed tokens: the id of code 0 (Orpheus: 128266)
 }
 
 # `state recurrent(...)`: every argument is required (the slot size depends on all four).

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from mstar.runtime.engine.models.snac import SnacDecoder
-from mstar.runtime.engine.snac_checkpoint import (
-    WeightsError, load_snac_weights, read_snac_config, samples_per_frame,
-)
+from mstar.runtime.engine.snac_checkpoint import WeightsError, load_snac_weights, read_snac_config
 
 snac = pytest.importorskip("snac")
 
@@ -67,7 +65,7 @@ def test_decode_matches_snac(layout, tmp_path):
     with torch.no_grad():
         expected = reference.decode(codes)
         got = model(codes, torch.Generator().manual_seed(7))
-    assert got.shape == expected.shape == (1, 1, 5 * samples_per_frame(dims))
+    assert got.shape == expected.shape == (1, 1, 5 * dims.samples_per_frame)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
 
@@ -101,3 +99,10 @@ def test_missing_tensor_is_refused(tmp_path):
     model = SnacDecoder(read_snac_config(str(tmp_path)))
     with pytest.raises(WeightsError, match="no tensor quantizer.quantizers.1.codebook.weight"):
         load_snac_weights(model, str(tmp_path))
+
+
+def test_frame_order_is_depth_first():
+    from mstar.runtime.engine.models.snac_codec import frame_order
+
+    assert frame_order((4, 2, 1)) == [0, 1, 2, 2, 1, 2, 2]  # Orpheus's 7 tokens a frame
+    assert frame_order((8, 4, 2, 1)) == [0, 1, 2, 3, 3, 2, 3, 3, 1, 2, 3, 3, 2, 3, 3]

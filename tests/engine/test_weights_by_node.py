@@ -24,7 +24,7 @@ def test_a_directory_whose_name_holds_an_equals_sign(tmp_path):
 @pytest.mark.parametrize("nodes, entries, message", [
     (["Thinker", "Talker"], ["ckpt"], "the plan has 2 kv nodes (Thinker, Talker)"),
     ([], ["ckpt"], "the plan has 0 kv nodes (none)"),
-    (["LLM"], ["Talker=ckpt"], "'Talker' is not a kv node of the plan (kv nodes: LLM)"),
+    (["LLM"], ["Talker=ckpt"], "'Talker' is not a kv or audio codec node of the plan (those nodes: LLM)"),
     (["LLM"], ["LLM=a", "b"], "node LLM already gets a"),
 ])
 def test_refused(nodes, entries, message):

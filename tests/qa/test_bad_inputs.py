@@ -309,7 +309,8 @@ def test_weights_for_the_wrong_node(tmp_path, capsys):
     """A plan with several kv nodes needs NODE=DIR; an unknown or repeated node is refused."""
     omni = ["run", "--plan", str(Path(LLAMA).parent / "qwen3_omni.plan"), "--no-progress"]
     mstar([*omni, "--weights", tmp_path], capsys, 1, "the plan has 2 kv nodes (Thinker, Talker); name the one")
-    mstar([*RUN, "--weights", f"Thinker={tmp_path}"], capsys, 1, "'Thinker' is not a kv node of the plan (kv nodes: LLM)")
+    mstar([*RUN, "--weights", f"Thinker={tmp_path}"], capsys, 1,
+          "'Thinker' is not a kv or audio codec node of the plan (those nodes: LLM)")
     mstar([*RUN, "--weights", f"LLM={tmp_path}", "--weights", f"LLM={tmp_path}"], capsys, 1,
           "node LLM already gets")
 

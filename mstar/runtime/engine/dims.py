@@ -12,6 +12,7 @@ attention. A list as long as `layers` gives every layer; a shorter list is a uni
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
@@ -126,6 +127,11 @@ class SnacDims:
     vq_strides: tuple[int, ...]  # time stride of each codebook, coarsest first (24 kHz: 4, 2, 1)
     has_noise: bool  # noise blocks after each upsampling
     is_depthwise: bool  # depthwise first conv and residual convs
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Audio samples per coarse code (one Orpheus frame): the decoder's upsampling x the first stride."""
+        return math.prod(self.decoder_rates) * self.vq_strides[0]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ local attention (`attn_window_size` set: the 32 and 44 kHz models; the 24 kHz on
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -92,7 +91,3 @@ def load_snac_weights(model: SnacDecoder, directory: str) -> None:
             raise
         raise WeightsError(str(error)) from None
 
-
-def samples_per_frame(dims: SnacDims) -> int:
-    """Audio samples per coarse code (one Orpheus frame): the decoder's upsampling times the first stride."""
-    return math.prod(dims.decoder_rates) * dims.vq_strides[0]

@@ -36,11 +36,13 @@ from mstar.runtime.engine.dims import (
 )
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner
+from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
 from mstar.runtime.engine.runners.guidance import GuidanceError
 from mstar.runtime.engine.kv.slots import SlotPool, SlotPoolError
 from mstar.runtime.engine.models.codec import CodecDecoder
+from mstar.runtime.engine.models.snac_codec import SnacCodec, SnacCodecDims
+from mstar.runtime.engine.snac_checkpoint import load_snac_weights, read_snac_config
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.encoders import MediaEncoder
 from mstar.runtime.engine.models.image_decoder import ImageDecoder
@@ -53,7 +55,7 @@ from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config, weights_by_node,
 )
 
-Runner = Union[DecoderRunner, CodecRunner, EncoderRunner, ImageDecoderRunner]
+Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner]
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
@@ -103,7 +105,8 @@ class TorchEngine(RunsAtLaunch):
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
         try:
-            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir)
+            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir,
+                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"])
             self.runners: dict[str, Runner] = {}
             # Decoders first: encoders size their heads and image decoders their latents after them.
             for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
@@ -130,6 +133,8 @@ class TorchEngine(RunsAtLaunch):
         kind = node.model_kind
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
+        if kind == "audio_codec" and weights_dir is not None:
+            return self._build_snac(node, weights_dir, seed)
         if kind == "audio_codec":
             dims = codec_dims(node, mode)
             model = self._new(node.name, lambda: CodecDecoder(dims))
@@ -151,6 +156,15 @@ class TorchEngine(RunsAtLaunch):
         model = self._new(node.name, lambda: ImageDecoder(image_dims))
         init_random(model, seed, self.positions[node.name])
         return ImageDecoderRunner(node, self._place(model), self.positions[node.name])
+
+    def _build_snac(self, node: NodePlan, weights_dir: str, seed: int) -> SnacRunner:
+        """An audio codec node given a SNAC checkpoint: the real SNAC decoder over audio tokens."""
+        keep_frame = node.dims.get("keep_frame", 1)
+        dims = SnacCodecDims(read_snac_config(weights_dir), token_offset=node.dims.get("token_offset", 0),
+                             keep_frame=keep_frame if isinstance(keep_frame, int) else 1)
+        model = self._new(node.name, lambda: SnacCodec(dims, seed)).eval()
+        load_snac_weights(model.snac, weights_dir)
+        return SnacRunner(node, self._place(model), self._stream_policy(node.name), self.positions[node.name])
 
     def _build_decoder(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:

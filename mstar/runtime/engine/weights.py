@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -34,17 +34,21 @@ __all__ = ["WeightsError", "init_random", "load_checkpoint_weights", "load_decod
            "weights_by_node"]
 
 
-def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]]) -> dict[str, str]:
-    """{kv node: checkpoint dir} from `--weights` entries (`DIR` or `NODE=DIR`); WeightsError
-    for an unknown node, a node named twice, or a bare DIR when the plan has several kv nodes."""
+def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]],
+                    codec_nodes: Sequence[str] = ()) -> dict[str, str]:
+    """{node: checkpoint dir} from `--weights` entries (`DIR` or `NODE=DIR`); a NODE is a kv node
+    or an audio codec node (a SNAC checkpoint), a bare DIR goes to the plan's one kv node.
+    WeightsError for an unknown node, a node named twice, or a bare DIR when the plan has several
+    kv nodes."""
     if entries is None:
         return {}
     if isinstance(entries, str):
         entries = [entries]
+    loadable = list(kv_nodes) + list(codec_nodes)
     assigned: dict[str, str] = {}
     for entry in entries:
         node, sep, directory = entry.partition("=")
-        if not sep or (node not in kv_nodes and Path(entry).exists()):
+        if not sep or (node not in loadable and Path(entry).exists()):
             node, directory = "", entry  # a bare directory (its path may contain '=')
         if not node:
             if len(kv_nodes) != 1:
@@ -52,9 +56,9 @@ def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]
                     f"--weights {entry}: the plan has {len(kv_nodes)} kv nodes "
                     f"({', '.join(kv_nodes) or 'none'}); name the one it is for: --weights NODE=DIR")
             node = kv_nodes[0]
-        elif node not in kv_nodes:
-            raise WeightsError(f"--weights {entry}: {node!r} is not a kv node of the plan "
-                               f"(kv nodes: {', '.join(kv_nodes) or 'none'})")
+        elif node not in loadable:
+            raise WeightsError(f"--weights {entry}: {node!r} is not a kv or audio codec node of the plan "
+                               f"(those nodes: {', '.join(loadable) or 'none'})")
         if node in assigned:
             raise WeightsError(f"--weights {entry}: node {node} already gets {assigned[node]}")
         assigned[node] = directory

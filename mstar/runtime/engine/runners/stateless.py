@@ -9,6 +9,8 @@ Each returns the same value under every output edge name of its (node, walk) cal
   and the codec keeps frame `keep_frame` (stride codes' worth of samples) of each window, as SNAC does
   in Orpheus; with `left_context(chunk, context)` it drops the samples of the context codes it has
   already decoded; otherwise it keeps everything.
+- SNAC (an audio codec node given a SNAC checkpoint): audio tokens in, in whole frames (see
+  `SnacRunner`) -> int16 samples.
 - encoder: media features `[n, feature_dim]` in (synthesised from the request seed when absent) ->
   one embedding tensor per output, as wide as the node that output feeds.
 - image_decoder: latents in -> an RGB image tensor `[3, H, W]` in [0, 1].
@@ -26,6 +28,7 @@ from mstar.plan.schema import ChunkPolicyPlan, NodePlan
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import InputError, classify, synthesise
 from mstar.runtime.engine.models.codec import CodecDecoder
+from mstar.runtime.engine.models.snac_codec import SnacCodec
 from mstar.runtime.engine.models.encoders import MediaEncoder
 from mstar.runtime.engine.models.image_decoder import ImageDecoder
 from mstar.runtime.engine.models.kinds import CallInfo
@@ -103,6 +106,42 @@ class CodecRunner(StatelessRunner):
         if policy is not None and policy.kind == "left_context":
             seen = request.num_items_seen.get(self.node.name, 0)
             num_context = min(policy.context or 0, seen, frames.shape[0])
+            request.num_items_seen[self.node.name] = seen + frames.shape[0] - num_context
+            return self.model(frames)[num_context * spf:]
+        return self.model(frames)
+
+
+class SnacRunner(StatelessRunner):
+    """The SNAC codec over a stream of audio tokens (Orpheus): stream policies count tokens, the
+    codec decodes whole frames of `tokens_per_frame` (a trailing partial frame gives no audio).
+    A window short of its size is padded by repeating its last frame, and the runner keeps frame
+    `keep_frame` of it (`stride` tokens' worth), as Orpheus keeps samples 2048:4096 of each
+    28-token window."""
+
+    def __init__(self, node: NodePlan, model: SnacCodec, policy: Optional[ChunkPolicyPlan], position: int = 0):
+        super().__init__(node, position)
+        self.model = model
+        self.policy = policy
+
+    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+        dims = self.model.dims
+        per_frame, spf = dims.tokens_per_frame, dims.samples_per_frame
+        tokens = self._first_value(row, call, "tokens", "tokens")
+        num_frames = 0 if tokens is None else tokens.shape[0] // per_frame
+        if num_frames == 0:
+            return torch.zeros(0, dtype=torch.int16)
+        frames = self.model.codes(tokens[:num_frames * per_frame])
+        policy = self.policy
+        if policy is not None and policy.kind == "window":
+            size = max(policy.size // per_frame, 1)
+            stride = max((policy.stride or policy.size) // per_frame, 1)
+            if frames.shape[0] < size:
+                frames = torch.cat([frames, frames[-1:].expand(size - frames.shape[0], -1)])
+            start = dims.keep_frame * stride * spf
+            return self.model(frames)[start:start + stride * spf]
+        if policy is not None and policy.kind == "left_context":
+            seen = request.num_items_seen.get(self.node.name, 0)
+            num_context = min((policy.context or 0) // per_frame, seen, frames.shape[0])
             request.num_items_seen[self.node.name] = seen + frames.shape[0] - num_context
             return self.model(frames)[num_context * spf:]
         return self.model(frames)
