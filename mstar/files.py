@@ -10,6 +10,7 @@ and imports none of them.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -106,9 +107,15 @@ def atomic_write_many(files: Sequence[tuple[PathLike, bytes]], *, mode: int | No
     names the file that failed (its `filename`).
     """
     temps: list[tuple[Path, str]] = []
+    regular: list[tuple[Path, bytes]] = []
+    for path, data in files:
+        target = _write_target(Path(path))
+        if target is None:
+            _write_in_place(Path(path), data)
+        else:
+            regular.append((target, data))
     try:
-        for path, data in files:
-            path = Path(path)
+        for path, data in regular:
             temps.append((path, _write_temp(path, data, mode)))
     except BaseException:
         for _, temp in temps:
@@ -135,6 +142,31 @@ def atomic_write_many(files: Sequence[tuple[PathLike, bytes]], *, mode: int | No
     for _, _, backup in replaced:
         if backup is not None:
             _unlink_quietly(backup)
+
+
+def _write_target(path: Path) -> Optional[Path]:
+    """The regular file a rename should replace for `path`: the file a symlink points at (so the
+    link survives), `path` itself for a new or regular file, or None for a device, FIFO or socket
+    (`-o /dev/stdout`), which is written in place: renaming over it would replace the node."""
+    try:
+        info = os.stat(path)  # follows symlinks
+    except FileNotFoundError:
+        return Path(os.path.realpath(path)) if path.is_symlink() else path
+    except OSError as error:
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise OSError(errno.EISDIR, "is a directory", str(path))
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _write_in_place(path: Path, data: bytes) -> None:
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from None
 
 
 def _write_temp(path: Path, data: bytes, mode: int | None) -> str:

@@ -117,3 +117,33 @@ def test_group_write_rolls_back_and_keeps_modes(tmp_path, monkeypatch):
     atomic_write_many([(first, b"new a"), (new, b"new c")])
     assert _snapshot(tmp_path) == {"a": b"new a", "b": b"old b", "c": b"new c"}
     assert os.stat(first).st_mode & 0o777 == 0o640
+
+
+def test_a_device_target_is_written_in_place_never_renamed_over(tmp_path):
+    """`-o /dev/stdout` (or /dev/null) must not rename a temporary over the device node."""
+    from mstar.files import atomic_write_text
+
+    before = os.stat("/dev/null")
+    atomic_write_text("/dev/null", "discarded")
+    after = os.stat("/dev/null")
+    assert (before.st_ino, before.st_rdev) == (after.st_ino, after.st_rdev)
+    assert not list(Path("/dev").glob(".null.*"))
+
+
+def test_a_symlink_target_keeps_the_link_and_replaces_what_it_points_at(tmp_path):
+    from mstar.files import atomic_write_text
+
+    real = tmp_path / "real.svg"
+    real.write_text("old")
+    link = tmp_path / "link.svg"
+    link.symlink_to(real)
+    atomic_write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_a_directory_target_is_an_error_naming_it(tmp_path):
+    from mstar.files import atomic_write_text
+
+    with pytest.raises(OSError) as caught:
+        atomic_write_text(tmp_path, "x")
+    assert caught.value.filename == str(tmp_path)
