@@ -4,6 +4,7 @@
     mstar run --plan generated/orpheus.plan --engine sim --requests 10000
     mstar run --plan P --prompts prompts.jsonl --out outdir --report run.json --timeline run.png
     mstar bench scheduler --json
+    mstar bench postprocess --plan generated/llama.plan
 
 Exit status: 0 when every request ran (a request that failed alone is reported, not fatal);
 1 for a refused plan, a bad workload, an engine that cannot start or an output that could not be
@@ -73,8 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "attention", "load", "engine"),
-                       help="scheduler: host time per step decision; attention: FlashInfer vs torch on a GPU; "
+    bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine"),
+                       help="scheduler: host time per step decision; postprocess: host time to post-process "
+                            "a step, per step and per row; attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU")
     return parser
 
@@ -387,6 +389,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_scheduler
 
         return bench_scheduler.main(argv[2:])
+    if argv[:2] == ["bench", "postprocess"]:
+        from mstar.runtime.serve import bench_postprocess
+
+        return bench_postprocess.main(argv[2:])
     if argv[:2] == ["bench", "attention"]:
         from mstar.runtime.serve import bench_attention
 

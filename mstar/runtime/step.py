@@ -27,6 +27,7 @@ class StepRow:
     context_len: int  # tokens already in this row's KV sequence before the step
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> value (token ids, tensors)
     loop_iter: int = 0  # iteration of the enclosing loop, 0 outside loops
+    handle: Any = None  # the conductor's own reference to the row's place in its walk (engines ignore it)
 
 
 @dataclass

@@ -140,6 +140,7 @@ class Conductor:
                 buffers[(part.name, stream.edge)] = StreamBuffer(stream.policy)
         for part in self.plan.partitions:
             ps = PartitionState(part, routes[part.name], record, buffers, self.clock)
+            ps.owner = state
             state.partitions.append(ps)
             for walk in ps.walks:
                 state.by_walk[walk.name] = ps
@@ -176,11 +177,11 @@ class Conductor:
             loop = active_call.call.loop
             if loop is None:
                 rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
-                                    active_call.inputs, 0))
+                                    active_call.inputs, 0, active_call))
                 continue
             iteration = run.loops[loop].iteration
             rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
-                                active_call.inputs, iteration))
+                                active_call.inputs, iteration, active_call))
             if iteration + 1 < run.walk.loops[loop].max_iters:
                 continuing.append(request_id)
         return rows, continuing

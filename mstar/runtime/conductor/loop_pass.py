@@ -18,52 +18,46 @@ from __future__ import annotations
 from typing import Any
 
 from mstar.runtime.conductor.request import Emission, num_tokens_of
-from mstar.runtime.conductor.tables import LOOP_BACK, SINK
 from mstar.runtime.conductor.walk_run import EMPTY
 from mstar.runtime.step import RowResult, StepRow
 
 _MISSING: Any = object()
+_new_emission = tuple.__new__  # Emission is a NamedTuple: made from a tuple, without its __new__
 
 
 def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[RowResult]):
-    active = conductor.active
     is_kv = node in conductor.kv_nodes
     now = conductor.clock()
     rest_rows: list[StepRow] = []
     rest_results: list[RowResult] = []
     ready: dict[str, tuple[list[str], list[int]]] = {}
+    walk, ids, tokens = None, [], []  # the ready group of the last row's walk
     num = min(len(rows), len(results))
     index = 0
     while index < num:
         row = rows[index]
         result = results[index]
-        request_id = row.request_id
-        if result.request_id != request_id:
+        if result.request_id != row.request_id:
             break  # answered out of order: the rest go row by row (they match results by id)
         index += 1
-        state = active.get(request_id)
-        if state is None:
-            continue  # the request ended meanwhile: a stale row
-        ps = state.by_walk.get(row.walk)
-        run = ps.run if ps is not None else None
-        if run is None or run.name != row.walk:
-            continue  # its partition moved on: a stale row
-        call = run.active.get(node)
-        if call is None:
-            continue
-        if result.error is not None or not call.call.is_loop_step or not call.is_ready:
-            rest_rows.append(row)
-            rest_results.append(result)
+        call = row.handle  # the walk position step_rows gave the row (ActiveCall)
+        if call is None or call.step is None or result.error is not None or not call.is_ready:
+            if call is None or call.run.active.get(node) is call:
+                rest_rows.append(row)
+                rest_results.append(result)
+            continue  # else stale: the request, its partition or its walk moved on meanwhile
+        run = call.run
+        if run.active.get(node) is not call:
             continue
         if is_kv:
-            context = state.context
+            context = run.context
             context[node] = context.get(node, 0) + row.num_tokens
-        if _advance_row(conductor, state, ps, run, call, result, now):
-            group = ready.get(row.walk)
-            if group is None:
-                group = ready[row.walk] = ([], [])
-            group[0].append(request_id)
-            group[1].append(call.num_tokens)
+        if _advance_row(conductor, run, call, result, now):
+            if row.walk is not walk:
+                walk = row.walk
+                ids, tokens = ready.setdefault(walk, ([], []))
+            ids.append(row.request_id)
+            tokens.append(call.num_tokens)
     for walk, (request_ids, num_tokens) in ready.items():
         conductor.ready_out.append((node, walk, request_ids, num_tokens))
     if index < len(rows) or index < len(results):
@@ -72,60 +66,104 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
     return rest_rows, rest_results
 
 
-def _advance_row(conductor, state, ps, run, call, result: RowResult, now: float) -> bool:
+def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     """One loop row's result: True when the same call is ready again (the next iteration); False
     when the row left the loop-step shape (handled through its walk run and the pump)."""
-    run_call = call.call
+    step = call.step
     outputs = result.outputs
-    loop = run_call.loop
-    loop_state = run.loops[loop]
-    next_slots = loop_state.next_slots
-    is_missing = False
-    for edge in run_call.edges:
-        value = outputs.get(edge[0], _MISSING)
-        if value is _MISSING:
-            if not edge[5]:
-                is_missing = is_missing or edge[1] == LOOP_BACK  # a host loop-back not returned
-                continue
-            value = None  # kept on the device
-        if edge[1] == LOOP_BACK and edge[3] == loop:
-            next_slots[edge[2]] = value
-            if edge[8] is not None:
-                loop_state.latest[edge[8]] = value
-        elif edge[1] == SINK and edge[7].dest_kind == "client" and not edge[6]:
-            record = ps.record
-            record.emissions.append(Emission(now, edge[0], edge[7].modality, value))
+    ps = run.source
+    record = ps.record
+    for name, modality in step.client:
+        value = outputs.get(name, _MISSING)
+        if value is not _MISSING:
+            record.emissions.append(_new_emission(Emission, (now, name, modality, value)))
             if record.first_token_s is None:
                 record.first_token_s = now
-        else:
-            run.apply(edge, value)
+    loop_state = call.loop_state
+    is_missing = False if step.is_plain else _apply_edges(run, step, loop_state, outputs)
     run.num_calls_done += 1
-    if run_call.counted:
-        conductor.count(state, ps, run_call.counted, outputs, now)
-        if ps.is_done:  # max_tokens ended the partition (and cancelled the run)
-            conductor.after_row(state, ps, run)
-            return False
-    if result.is_stop and run_call.stop_loop is not None and run.loops[run_call.stop_loop] is not None:
-        run.loops[run_call.stop_loop].is_stop = True
-    loop_plan = run.walk.loops[loop]
-    if is_missing or loop_state.iteration + 1 >= loop_plan.max_iters or (loop_plan.has_stop and loop_state.is_stop):
+    counted = step.counted_one
+    value = outputs.get(counted) if counted is not None else None
+    if type(value) is list:
+        num = len(value)
+        if num:
+            record.output_tokens += value
+            if record.first_token_s is None:
+                record.first_token_s = now
+            record.token_times_s.append(now)
+            record.num_output_tokens += num
+            ps.num_tokens += num
+            if ps.num_tokens >= ps.max_tokens and not ps.is_done:
+                ps.end(is_length=True)
+    elif call.call.counted:
+        conductor.count(ps.owner, ps, call.call.counted, outputs, now)
+    if ps.is_done:  # max_tokens ended the partition (and cancelled the run)
+        conductor.after_row(ps.owner, ps, run)
+        return False
+    if result.is_stop and call.call.stop_loop is not None:
+        _stop(run, call)
+    if is_missing or loop_state.iteration + 1 >= step.max_iters or (step.has_stop and loop_state.is_stop):
         # The loop exits (or its next iteration cannot start from its slots alone): the walk run
         # takes the transition and the conductor pumps the request.
-        del run.active[run_call.node]
-        run.follow(run_call.then)
-        conductor.after_row(state, ps, run)
+        del run.active[call.node]
+        run.follow(call.call.then)
+        conductor.after_row(ps.owner, ps, run)
         return False
     loop_state.iteration += 1
+    if not step.is_plain or call.inputs is not step.device_inputs:
+        _next_iteration(run, call, step, loop_state)
+    return True
+
+
+def _apply_edges(run, step, loop_state, outputs: dict) -> bool:
+    """The edges besides client emissions: loop-backs into the next iteration's slots, then the
+    others through the walk run. True when a host loop-back value is missing."""
+    is_missing = False
+    for name, slot, scope_exit, is_device in step.back:
+        value = outputs.get(name, _MISSING)
+        if value is _MISSING:
+            if not is_device:
+                is_missing = True  # a host loop-back the engine did not return
+                continue
+            value = None  # kept on the device
+        loop_state.next_slots[slot] = value
+        if scope_exit is not None:
+            loop_state.latest[scope_exit] = value
+    for edge in step.other:
+        value = outputs.get(edge[0], _MISSING)
+        if value is not _MISSING or edge[5]:
+            run.apply(edge, None if value is _MISSING else value)
+    return is_missing
+
+
+def _stop(run, call) -> None:
+    """A row reported a stop: its innermost stop loop ends after this iteration."""
+    state = run.loops[call.call.stop_loop]
+    if state is not None:
+        state.is_stop = True
+
+
+def _next_iteration(run, call, step, loop_state) -> None:
+    """Open the loop's next iteration (the counter already moved): empty the slots the body
+    fills, move the loop-backs in, and re-ready the same call from its slots."""
     slots = run.slots
-    for slot in loop_plan.cleared:
+    for slot in step.cleared:
         slots[slot] = EMPTY
+    next_slots = loop_state.next_slots
+    if step.is_plain:
+        for _, slot, _, _ in step.back:  # loop-backs on the device: None, never sent
+            slots[slot] = None
     for slot, value in next_slots.items():
         slots[slot] = value
     next_slots.clear()
-    inputs = {name: slots[input_slots[0]] for name, input_slots, _, _ in run_call.inputs}
+    if step.device_inputs is not None:
+        # Every input stays on the device: the same (read-only) inputs each iteration.
+        call.inputs = step.device_inputs
+        call.num_tokens = 1
+        return
+    inputs = {name: slots[input_slots[0]] for name, input_slots, _, _ in call.call.inputs}
     call.inputs = inputs
     if len(inputs) == 1:
         call.num_tokens = num_tokens_of(next(iter(inputs.values())))
     else:
         call.num_tokens = max(map(num_tokens_of, inputs.values()), default=1)
-    return True

@@ -48,9 +48,11 @@ class PartitionState:
         self.used_persisted: set[str] = set()
         self.is_prompt_used = False
         self.num_tokens = 0
+        self.max_tokens = record.request.max_tokens
         self.is_done = not walks
         self.is_length = False  # ended by max_tokens
         self.other_stores: list[dict[str, Any]] = []  # the request's other partitions' stores
+        self.owner: Any = None  # the conductor's state of the request (set by the conductor)
 
     # ------------------------------------------------------------ walks
 
@@ -66,6 +68,7 @@ class PartitionState:
                 return None
         walk = self.walks[0] if self.is_repeating else self.walks[self.stage]
         self.run = WalkRun(walk, self, self)
+        self.run.context = self.owner.context if self.owner is not None else {}
         self.run.start()
         return self.run
 

@@ -7,7 +7,7 @@ tokens counted, client emissions, how it finished. Both are plain data.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 
 @dataclass
@@ -39,9 +39,9 @@ class Request:
     arrival_s: float = 0.0  # when the client sends it (workload time, seconds from the start)
 
 
-@dataclass
-class Emission:
-    """A value the request sent to the client (or counted as output tokens)."""
+class Emission(NamedTuple):
+    """A value the request sent to the client (a tuple: the conductor's loop pass makes one per
+    decode row, and a tuple is the cheapest object to make)."""
 
     time_s: float
     edge: str

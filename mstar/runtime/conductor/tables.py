@@ -6,10 +6,11 @@ columnar pass needs to know about each call:
 
     RunCall.inputs   (name, slots, is_wait, source code) per input
     RunCall.edges    (name, action code, slot, loop, exit, is_device, is_persist, edge plan, scope exit)
-    RunCall.is_loop_step   the call is the whole body of its loop and every input comes from that
-                     loop's loop-backs written by this call: finishing an iteration re-readies
-                     the same call from the slots alone (a decode step). The conductor advances
-                     rows of such calls in one pass (conductor/loop_pass.py).
+    RunCall.loop_step   set when the call is the whole body of its loop and every input comes
+                     from that loop's loop-backs written by this call: finishing an iteration
+                     re-readies the same call from the slots alone (a decode step). The
+                     conductor advances rows of such calls in one pass (conductor/loop_pass.py),
+                     with what `LoopStep` sorted out of the call's edges once.
 """
 from __future__ import annotations
 
@@ -72,9 +73,43 @@ class RunLoop:
         self.scope_exits = {x.name: i for i, x in enumerate(plan.exits) if x.kind == "scope"}
 
 
+class LoopStep:
+    """A loop-step call's edges sorted for the columnar pass, decided once per call.
+
+    client: (name, modality) of the edges that only emit to the client; back: (name, slot,
+    scope exit, is_device) of the loop-backs into the call's own loop; other: the remaining edge
+    entries (streams, persisted values, loop exits: applied through the walk run); device_inputs:
+    when every input is a loop-back kept on the device, the inputs a next iteration always gets
+    ({name: None}, one token a row), else None."""
+
+    __slots__ = ("client", "back", "other", "device_inputs", "max_iters", "has_stop", "is_own_stop", "cleared",
+                 "counted_one", "is_plain")
+
+    def __init__(self, call: "RunCall", loop: RunLoop):
+        self.client = tuple((e[0], e[7].modality) for e in call.edges
+                            if e[1] == SINK and e[7].dest_kind == "client" and not e[6])
+        self.back = tuple((e[0], e[2], e[8], e[5]) for e in call.edges if e[1] == LOOP_BACK and e[3] == call.loop)
+        taken = {id(e) for e in call.edges if (e[1] == SINK and e[7].dest_kind == "client" and not e[6])
+                 or (e[1] == LOOP_BACK and e[3] == call.loop)}
+        self.other = tuple(e for e in call.edges if id(e) not in taken)
+        device_slots = {slot for _, slot, _, is_device in self.back if is_device}
+        is_device = all(slots[0] in device_slots for _, slots, _, _ in call.inputs)
+        self.device_inputs = {name: None for name, _, _, _ in call.inputs} if is_device else None
+        self.max_iters = loop.max_iters
+        self.has_stop = loop.has_stop
+        self.is_own_stop = call.stop_loop == call.loop
+        self.cleared = loop.cleared
+        # The one counted output (None: none or several, counted by Conductor.count).
+        self.counted_one = call.counted[0] if len(call.counted) == 1 else None
+        # Every input on the device and nothing but client emissions besides: a steady iteration
+        # touches no slot (its loop-backs are None, already in their slots).
+        self.is_plain = (self.device_inputs is not None and not self.other and not self.cleared
+                         and all(scope is None for _, _, scope, _ in self.back))
+
+
 class RunCall:
     __slots__ = ("index", "node", "inputs", "edges", "counted", "loop", "stop_loop", "then",
-                 "is_loop_step", "loop_back_slots", "plan")
+                 "is_loop_step", "loop_step", "loop_back_slots", "plan")
 
     def __init__(self, index: int, plan: CallPlan, loops: list[RunLoop]):
         self.index = index
@@ -95,6 +130,7 @@ class RunCall:
         # Slots this call's own loop-backs into its loop fill for the next iteration.
         self.loop_back_slots = {e.slot for e in plan.edges if e.action == "loop_back" and e.loop == plan.loop}
         self.is_loop_step = self._is_loop_step(loops)
+        self.loop_step = LoopStep(self, loops[self.loop]) if self.is_loop_step else None
 
     def _is_loop_step(self, loops: list[RunLoop]) -> bool:
         if self.loop is None or self.then.kind != LOOP_END or self.then.target != self.loop:

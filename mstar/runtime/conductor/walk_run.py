@@ -57,11 +57,16 @@ EMPTY: Any = object()
 class ActiveCall:
     """A call of the walk that has been reached and has not completed yet."""
 
-    __slots__ = ("call", "node", "inputs", "is_ready", "num_tokens")
+    __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens")
 
-    def __init__(self, call: RunCall):
+    def __init__(self, call: RunCall, run: "WalkRun"):
         self.call = call
         self.node = call.node
+        self.run = run
+        self.step = call.loop_step  # conductor/tables.py LoopStep, None when not a loop step
+        # The state of the call's loop: activated after its loop was entered, so this is the
+        # iteration's loop (a loop entered again makes new active calls).
+        self.loop_state = run.loops[call.loop] if call.loop is not None else None
         self.inputs: dict[str, Any] = {}
         self.is_ready = False
         self.num_tokens = 1  # tokens the row feeds: the largest over its inputs, 1 without any
@@ -95,6 +100,7 @@ class WalkRun:
         self.new_ready: list[ActiveCall] = []
         self.is_done = False
         self.num_calls_done = 0
+        self.context: dict[str, int] = {}  # the request's KV context per node (set by its partition)
 
     def start(self) -> None:
         self.follow(self.walk.start)
@@ -168,7 +174,7 @@ class WalkRun:
     def activate(self, call: RunCall) -> None:
         if call.node in self.active:
             raise WalkStateError(f"walk {self.name}: node {call.node} is called twice at once")
-        active = self.active[call.node] = ActiveCall(call)
+        active = self.active[call.node] = ActiveCall(call, self)
         if not self.try_ready(active):
             self.waiting.append(active)
 

@@ -1,0 +1,185 @@
+"""`mstar bench postprocess`: host time to post-process a step, per step and per row.
+
+Post-process is what `mstar run` reports as `postprocess_us_per_step`: the conductor taking a
+step's row results (`Conductor.on_step`) and the rows that became ready going to the schedulers
+(`Driver._drain`). The bench runs the simulated engine on a plan (default generated/llama.plan)
+with a closed loop of `--clients` clients sending `--requests` requests of `--prompt-len` prompt
+tokens and `--output-len` output tokens, once per variant and round, interleaved:
+
+    columnar   the conductor's loop pass (conductor/loop_pass.py) for rows at a loop step
+    per-row    every row through its walk run's tables (Conductor.is_columnar = False)
+
+and prints, per variant, the steps whose rows are all at one loop step (a decode step; what the
+target is about) and every step: p50/p90 microseconds per step and p50 per row, the median over
+rounds; the per-row / columnar ratio; and the host time split of the columnar runs per step
+(scheduler, step building, engine call, post-process, the rest of the run loop).
+
+Usage: mstar bench postprocess [--plan P] [--clients N] [--requests N] [--prompt-len N]
+                               [--output-len N] [--rounds N] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from mstar.plan.io import PlanError, load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.serve.driver import Driver, Workload
+
+VARIANTS = ("columnar", "per-row")
+TARGET_US = 50.0  # post-process p50 per decode step (issue 8)
+SPLIT_PARTS = ("scheduler", "step building", "engine call", "post-process", "run loop rest")
+
+
+class _Timed:
+    """Wraps a callable, adding its wall time to `total`."""
+
+    def __init__(self, fn: Callable, totals: dict[str, float], part: str):
+        self.fn, self.totals, self.part = fn, totals, part
+
+    def __call__(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.totals[self.part] += time.perf_counter() - started
+
+
+def _requests(args) -> list[Request]:
+    return [Request(id=f"r{i}", prompt_tokens=list(range(args.prompt_len)), max_tokens=args.output_len)
+            for i in range(args.requests)]
+
+
+def _one_run(plan, args, variant: str) -> dict[str, Any]:
+    """One closed-loop run; the post-process figures of its steps and the host time split."""
+    engine = SimEngine(plan)
+    driver = Driver(plan, engine)
+    driver.conductor.is_columnar = variant == "columnar"
+    totals = dict.fromkeys(SPLIT_PARTS, 0.0)
+    for scheduler in driver.schedulers.values():
+        scheduler.next_batch = _Timed(scheduler.next_batch, totals, "scheduler")
+    driver.conductor.step_rows = _Timed(driver.conductor.step_rows, totals, "step building")
+    engine.launch = _Timed(engine.launch, totals, "engine call")
+    engine.wait = _Timed(engine.wait, totals, "engine call")
+    started = time.perf_counter()
+    driver.run(Workload(_requests(args), closed_concurrency=args.clients))
+    wall = time.perf_counter() - started
+    log = driver.log
+    totals["post-process"] = float(sum(log.post_s))
+    totals["run loop rest"] = wall - sum(totals.values())
+    post = np.array(log.post_s) * 1e6
+    rows = np.array(log.num_rows, dtype=float)
+    # Walks whose calls are loop steps (a decode loop): a step of only those is a loop step.
+    loop_walks = {walk.name for walk in driver.conductor.walks.values() if any(c.is_loop_step for c in walk.calls)}
+    loop_only = np.array([bool(w) and set(w) <= loop_walks for w in log.walk_rows], dtype=bool)
+    return {"post_us": post, "rows": rows, "is_loop_step": loop_only, "num_steps": len(log),
+            "split_us": {part: seconds * 1e6 / max(len(log), 1) for part, seconds in totals.items()},
+            "num_finished": driver.conductor.num_finished}
+
+
+def _figures(post: np.ndarray, rows: np.ndarray) -> dict[str, Optional[float]]:
+    if post.size == 0:
+        return {"steps": 0, "rows_per_step": None, "p50_us": None, "p90_us": None, "p50_us_per_row": None}
+    return {
+        "steps": int(post.size),
+        "rows_per_step": float(rows.mean()),
+        "p50_us": float(np.percentile(post, 50)),
+        "p90_us": float(np.percentile(post, 90)),
+        "p50_us_per_row": float(np.percentile(post / np.maximum(rows, 1), 50)),
+    }
+
+
+def _median_of(runs: list[dict], key: str) -> dict[str, Optional[float]]:
+    entries = [run[key] for run in runs]
+    out: dict[str, Optional[float]] = {}
+    for name in entries[0]:
+        values = [e[name] for e in entries if e[name] is not None]
+        out[name] = float(median(values)) if values else None
+    return out
+
+
+def measure(args) -> dict[str, Any]:
+    plan = load_plan(args.plan, verify=False)
+    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for _ in range(args.rounds):
+        for variant in VARIANTS:
+            run = _one_run(plan, args, variant)
+            mask = run["is_loop_step"]
+            run["loop_steps"] = _figures(run["post_us"][mask], run["rows"][mask])
+            run["all_steps"] = _figures(run["post_us"], run["rows"])
+            runs[variant].append(run)
+    result: dict[str, Any] = {"plan": str(args.plan), "clients": args.clients, "requests": args.requests,
+                              "prompt_len": args.prompt_len, "output_len": args.output_len,
+                              "rounds": args.rounds, "variants": {}}
+    for variant, variant_runs in runs.items():
+        result["variants"][variant] = {
+            "loop_steps": _median_of(variant_runs, "loop_steps"),
+            "all_steps": _median_of(variant_runs, "all_steps"),
+            "split_us_per_step": _median_of(variant_runs, "split_us"),
+        }
+    columnar = result["variants"]["columnar"]["loop_steps"]["p50_us"]
+    per_row = result["variants"]["per-row"]["loop_steps"]["p50_us"]
+    result["per_row_over_columnar"] = per_row / columnar if columnar and per_row else None
+    result["target_us"] = TARGET_US
+    return result
+
+
+def _cell(value: Optional[float], digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [f"plan {result['plan']}: {result['clients']} clients, {result['requests']} requests, prompt "
+             f"{result['prompt_len']}, output {result['output_len']} tokens; median of {result['rounds']} "
+             "round(s), variants interleaved",
+             f"{'variant':<10} {'steps':<14} {'rows/step':>9} {'p50 us':>8} {'p90 us':>8} {'us/row p50':>10}"]
+    for variant, entry in result["variants"].items():
+        for kind, label in (("loop_steps", "loop steps"), ("all_steps", "all steps")):
+            f = entry[kind]
+            lines.append(f"{variant:<10} {label:<14} {_cell(f['rows_per_step']):>9} {_cell(f['p50_us']):>8} "
+                         f"{_cell(f['p90_us']):>8} {_cell(f['p50_us_per_row'], 2):>10}")
+    ratio = result["per_row_over_columnar"]
+    lines.append(f"per-row / columnar, loop steps p50: {_cell(ratio, 2)}x")
+    split = result["variants"]["columnar"]["split_us_per_step"]
+    lines.append("host time per step, columnar (us, mean): "
+                 + ", ".join(f"{part} {_cell(split[part])}" for part in SPLIT_PARTS))
+    p50 = result["variants"]["columnar"]["loop_steps"]["p50_us"]
+    met = p50 is not None and p50 <= result["target_us"]
+    lines.append(f"post-process p50 per loop step {_cell(p50)} us (target <= {result['target_us']:.0f} us): "
+                 + ("met" if met else "missed"))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mstar bench postprocess", description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", type=Path, default=Path("generated/llama.plan"))
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=100)
+    parser.add_argument("--output-len", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    for name in ("clients", "requests", "prompt_len", "output_len", "rounds"):
+        value = getattr(args, name)
+        if not 1 <= value <= 1_000_000:
+            parser.error(f"--{name.replace('_', '-')} must be between 1 and 1000000, got {value}")
+    try:
+        result = measure(args)
+    except PlanError as error:
+        print(f"mstar bench postprocess: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1, sort_keys=True) if args.json else render(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
