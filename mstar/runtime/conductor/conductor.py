@@ -146,7 +146,7 @@ class Conductor:
                 state.by_walk[walk.name] = ps
         for ps in state.partitions:
             ps.other_stores = [other.store for other in state.partitions if other is not ps]
-        self._pump(state)
+        self.pump(state)
 
     def _finish_unadmitted(self, record: RequestRecord, reason: str) -> None:
         self.num_finished += 1
@@ -238,7 +238,7 @@ class Conductor:
         """A row of `run` (ps's walk run) was applied: end the run if it is done, then pump."""
         if run.is_done and ps.run is run:
             ps.finish_run()
-        self._pump(state, is_any_done=ps.is_done)
+        self.pump(state, is_any_done=ps.is_done)
 
     def count(self, state: _RequestState, ps: PartitionState, counted: tuple, outputs: dict[str, Any],
               now: float) -> None:
@@ -266,7 +266,7 @@ class Conductor:
 
     # ------------------------------------------------------------ progress
 
-    def _pump(self, state: _RequestState, is_any_done: bool = True) -> None:
+    def pump(self, state: _RequestState, is_any_done: bool = True) -> None:
         """Start walks, re-check waiting calls, end partitions, propagate producer-done, and
         collect ready rows, until nothing changes. is_any_done: a partition may have ended
         before this call (max tokens, routes) without its end sent to its streams; False only

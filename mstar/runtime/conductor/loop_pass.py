@@ -2,8 +2,9 @@
 
 In:  the conductor, the node, the step's rows and the engine's row results (in row order).
 Out: `advance_loop_rows(...) -> (rest rows, rest results)`: every row whose call is a loop step
-     (conductor/tables.py `RunCall.is_loop_step`) is advanced here; the others, and every row
-     from the first one the engine answered out of order, are left to the row-by-row path.
+     (conductor/tables.py `RunCall.is_loop_step`) is advanced here, any other row through the
+     row-by-row path where it stands (so ready rows leave in row order, exactly as row by row);
+     the rows from the first one the engine answered out of order are left to the caller.
 
 One tight loop over the parallel lists of rows and results does, per row, only what a decode
 iteration needs: the KV context, the edge actions (loop-back slots, client emissions, streams),
@@ -28,10 +29,7 @@ _new_emission = tuple.__new__  # Emission is a NamedTuple: made from a tuple, wi
 def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[RowResult]):
     is_kv = node in conductor.kv_nodes
     now = conductor.clock()
-    rest_rows: list[StepRow] = []
-    rest_results: list[RowResult] = []
-    ready: dict[str, tuple[list[str], list[int]]] = {}
-    walk, ids, tokens = None, [], []  # the ready group of the last row's walk
+    ready = _ReadyRows(conductor.ready_out, node)
     num = min(len(rows), len(results))
     index = 0
     while index < num:
@@ -43,8 +41,8 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
         call = row.handle  # the walk position step_rows gave the row (ActiveCall)
         if call is None or call.step is None or result.error is not None or not call.is_ready:
             if call is None or call.run.active.get(node) is call:
-                rest_rows.append(row)
-                rest_results.append(result)
+                ready.flush()  # ready rows leave in row order, as row by row
+                conductor.on_rows(node, [row], [result])
             continue  # else stale: the request, its partition or its walk moved on meanwhile
         run = call.run
         if run.active.get(node) is not call:
@@ -53,22 +51,45 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
             context = run.context
             context[node] = context.get(node, 0) + row.num_tokens
         if _advance_row(conductor, run, call, result, now):
-            if row.walk is not walk:
-                walk = row.walk
-                ids, tokens = ready.setdefault(walk, ([], []))
-            ids.append(row.request_id)
-            tokens.append(call.num_tokens)
-    for walk, (request_ids, num_tokens) in ready.items():
-        conductor.ready_out.append((node, walk, request_ids, num_tokens))
-    if index < len(rows) or index < len(results):
-        rest_rows.extend(rows[index:])
-        rest_results.extend(results[index:])
-    return rest_rows, rest_results
+            if call.step.needs_pump:
+                ready.flush()
+                run.new_ready.append(call)  # the pump sends it, in its partition's turn
+                conductor.pump(run.source.owner, is_any_done=False)
+                continue
+            if row.walk != ready.walk:
+                ready.start(row.walk)
+            ready.ids.append(row.request_id)
+            ready.tokens.append(call.num_tokens)
+        else:  # the row left the loop-step shape: its walk run moved; the pump takes it on
+            ready.flush()
+            ps = run.source
+            conductor.after_row(ps.owner, ps, run)
+    ready.flush()
+    return rows[index:], results[index:]
+
+
+class _ReadyRows:
+    """The rows made ready again, grouped per walk while consecutive rows share one."""
+
+    __slots__ = ("out", "node", "walk", "ids", "tokens")
+
+    def __init__(self, out: list, node: str):
+        self.out, self.node, self.walk, self.ids, self.tokens = out, node, None, [], []
+
+    def start(self, walk: str) -> None:
+        """Rows of another walk follow: the group so far leaves first."""
+        self.flush()
+        self.walk = walk
+
+    def flush(self) -> None:
+        if self.ids:
+            self.out.append((self.node, self.walk, self.ids, self.tokens))
+            self.ids, self.tokens = [], []
 
 
 def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     """One loop row's result: True when the same call is ready again (the next iteration); False
-    when the row left the loop-step shape (handled through its walk run and the pump)."""
+    when the row left the loop-step shape (the caller has the conductor pump its request)."""
     step = call.step
     outputs = result.outputs
     ps = run.source
@@ -98,16 +119,14 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     elif call.call.counted:
         conductor.count(ps.owner, ps, call.call.counted, outputs, now)
     if ps.is_done:  # max_tokens ended the partition (and cancelled the run)
-        conductor.after_row(ps.owner, ps, run)
         return False
     if result.is_stop and call.call.stop_loop is not None:
         _stop(run, call)
     if is_missing or loop_state.iteration + 1 >= step.max_iters or (step.has_stop and loop_state.is_stop):
         # The loop exits (or its next iteration cannot start from its slots alone): the walk run
-        # takes the transition and the conductor pumps the request.
+        # takes the transition.
         del run.active[call.node]
         run.follow(call.call.then)
-        conductor.after_row(ps.owner, ps, run)
         return False
     loop_state.iteration += 1
     if not step.is_plain or call.inputs is not step.device_inputs:

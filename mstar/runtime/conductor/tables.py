@@ -83,7 +83,7 @@ class LoopStep:
     ({name: None}, one token a row), else None."""
 
     __slots__ = ("client", "back", "other", "device_inputs", "max_iters", "has_stop", "is_own_stop", "cleared",
-                 "counted_one", "is_plain")
+                 "counted_one", "is_plain", "needs_pump")
 
     def __init__(self, call: "RunCall", loop: RunLoop):
         self.client = tuple((e[0], e[7].modality) for e in call.edges
@@ -105,6 +105,9 @@ class LoopStep:
         # touches no slot (its loop-backs are None, already in their slots).
         self.is_plain = (self.device_inputs is not None and not self.other and not self.cleared
                          and all(scope is None for _, _, scope, _ in self.back))
+        # Other edges (a stream push, a persisted value, a slot) may let another call of the
+        # request go on: such a row is pumped as row by row would (its partitions in order).
+        self.needs_pump = bool(self.other)
 
 
 class RunCall:
