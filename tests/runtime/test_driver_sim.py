@@ -187,3 +187,38 @@ def test_rows_held_forever_fail_as_stalled_instead_of_hanging(closed):
     records = driver.conductor.records
     assert len(records) == 3 and all("stalled: its rows were held for memory" in r.finish_reason
                                      for r in records.values())
+
+
+def _two_replicas(policy):
+    """The llama plan with its LLM placed on two data-parallel replicas (ranks 0 and 1)."""
+    plan = generated("llama")
+    walks = [w.model_copy(update={"calls": [c.model_copy(update={"instances": [[0], [1]]}) for c in w.calls]})
+             for w in plan.walks]
+    workers = [plan.workers[0], plan.workers[0].model_copy(update={"rank": 1})]
+    deployment = plan.deployment.model_copy(update={"replica_policy": policy})
+    return plan.model_copy(update={"walks": walks, "workers": workers, "deployment": deployment})
+
+
+@pytest.mark.parametrize("policy", ["request_hash", "round_robin"])
+def test_a_request_keeps_its_replica_and_the_policy_picks_it(policy):
+    import zlib
+
+    plan = _two_replicas(policy)
+    ranks: dict[str, set[int]] = {}
+
+    class Where(SimEngine):
+        def run_step(self, step):
+            for row in step.rows:
+                ranks.setdefault(row.request_id, set()).add(step.worker)
+            return super().run_step(step)
+
+    driver = Driver(plan, Where(plan))
+    requests = [Request(id=f"r{i}", prompt_tokens=[1, 2, 3], max_tokens=5) for i in range(8)]
+    driver.run(Workload(requests))
+    assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
+    assert all(len(found) == 1 for found in ranks.values())  # prefill and decode on one replica
+    picked = {rid: found.pop() for rid, found in ranks.items()}
+    if policy == "request_hash":
+        assert picked == {rid: zlib.crc32(rid.encode()) % 2 for rid in picked}
+    else:  # in the order requests first needed a replica: alternating
+        assert sorted(picked.values()) == [0, 0, 0, 0, 1, 1, 1, 1]

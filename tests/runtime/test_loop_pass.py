@@ -6,7 +6,7 @@ through its walk run's tables one by one (the straightforward reference). On ran
 cancellations), both must give the same run: the same steps with the same rows in the same order,
 and per request the same emissions, tokens, token times, walk order and ending.
 """
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sim import SimEngine
@@ -84,7 +84,6 @@ def traces(draw):
 
 
 @given(traces())
-@settings(max_examples=60, deadline=None)
 def test_columnar_pass_gives_the_row_by_row_run(trace):
     columnar = _run(is_columnar=True, **trace)
     reference = _run(is_columnar=False, **trace)

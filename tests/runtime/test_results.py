@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mstar.cli.mstar import main
-from mstar.runtime.conductor.request import Emission, Request, RequestRecord
+from mstar.runtime.conductor.request import Request, RequestRecord
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve import results
 from mstar.runtime.serve.driver import Driver
@@ -29,7 +29,7 @@ ORPHEUS = str(ROOT / "generated" / "orpheus.plan")
 def _record(request_id: str, num_samples: int = 100) -> RequestRecord:
     record = RequestRecord(request=Request(id=request_id, prompt_tokens=[1], max_tokens=2), arrival_s=0.0,
                            first_token_s=0.01, finish_s=0.02, finish_reason="length", output_tokens=[5, 6])
-    record.emissions.append(Emission(0.01, "audio_chunk", "audio", torch.arange(num_samples, dtype=torch.int16)))
+    record.emit(0.01, ("audio_chunk", "audio"), torch.arange(num_samples, dtype=torch.int16))
     return record
 
 

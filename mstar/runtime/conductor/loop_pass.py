@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mstar.runtime.conductor.request import Emission, num_tokens_of
+from mstar.runtime.conductor.request import num_tokens_of
 from mstar.runtime.conductor.walk_run import EMPTY
 from mstar.runtime.step import RowResult, StepRow
 
 _MISSING: Any = object()
-_new_emission = tuple.__new__  # Emission is a NamedTuple: made from a tuple, without its __new__
 
 
 def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[RowResult]):
@@ -51,7 +50,7 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
             context = run.context
             context[node] = context.get(node, 0) + row.num_tokens
         if _advance_row(conductor, run, call, result, now):
-            if call.step.needs_pump:
+            if call.step.needs_pump and not _is_settled(run.source.owner):
                 ready.flush()
                 run.new_ready.append(call)  # the pump sends it, in its partition's turn
                 conductor.pump(run.source.owner, is_any_done=False)
@@ -94,10 +93,12 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     outputs = result.outputs
     ps = run.source
     record = ps.record
-    for name, modality in step.client:
+    for name, kind in step.client:
         value = outputs.get(name, _MISSING)
         if value is not _MISSING:
-            record.emissions.append(_new_emission(Emission, (now, name, modality, value)))
+            record.emission_times_s.append(now)
+            record.emission_kinds.append(kind)
+            record.emission_values.append(value)
             if record.first_token_s is None:
                 record.first_token_s = now
     loop_state = call.loop_state
@@ -153,6 +154,27 @@ def _apply_edges(run, step, loop_state, outputs: dict) -> bool:
         if value is not _MISSING or edge[5]:
             run.apply(edge, None if value is _MISSING else value)
     return is_missing
+
+
+def _is_settled(state) -> bool:
+    """Would the pump do nothing for this request but send the row just made ready: no partition
+    can start a walk (a stream chunk for a stream-fed one), end (streams drained) or wake a
+    waiting call. Then the row joins its group, in the same order as the pump would send it."""
+    for ps in state.partitions:
+        if ps.is_done:
+            continue
+        run = ps.run
+        if run is None:
+            if not ps.is_self_triggered:
+                return False
+            for buf in ps.own_buffers:
+                if buf.has_chunk():
+                    return False
+            if ps.is_drained():
+                return False
+        elif run.waiting or run.new_ready:
+            return False
+    return True
 
 
 def _stop(run, call) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import EdgePlan, PartitionPlan
-from mstar.runtime.conductor.request import Emission, RequestRecord
+from mstar.runtime.conductor.request import RequestRecord
 from mstar.runtime.conductor.streams import StreamBuffer
 from mstar.runtime.conductor.tables import MEDIA_OF, PROMPT, STREAM, RunWalk
 from mstar.runtime.conductor.walk_run import WalkRun
@@ -150,9 +150,7 @@ class PartitionState:
             self.store.pop(edge.name, None)  # re-insert: latest persisted value last
             self.store[edge.name] = value
         if edge.dest_kind == "client":
-            self.record.emissions.append(Emission(self.clock(), edge.name, edge.modality, value))
-            if self.record.first_token_s is None:
-                self.record.first_token_s = self.clock()
+            self.record.emit(self.clock(), (edge.name, edge.modality), value)
         elif edge.dest_kind == "stream":
             buf = self.buffers.get((edge.stream_partition or "", edge.name))
             if buf is not None:

@@ -40,8 +40,7 @@ class Request:
 
 
 class Emission(NamedTuple):
-    """A value the request sent to the client (a tuple: the conductor's loop pass makes one per
-    decode row, and a tuple is the cheapest object to make)."""
+    """A value the request sent to the client."""
 
     time_s: float
     edge: str
@@ -62,7 +61,26 @@ class RequestRecord:
     num_output_tokens: int = 0
     output_tokens: list[Any] = field(default_factory=list)
     token_times_s: list[float] = field(default_factory=list)  # one per token event (for ITL)
-    emissions: list[Emission] = field(default_factory=list)
+    # Client emissions as parallel columns (`emissions` reads them as Emission tuples): a decode
+    # step appends its time, a shared (edge, modality) pair and the value, making no new object
+    # per row (an object per token made post-process allocation-bound).
+    emission_times_s: list[float] = field(default_factory=list)
+    emission_kinds: list[tuple[str, Optional[str]]] = field(default_factory=list)  # (edge, modality)
+    emission_values: list[Any] = field(default_factory=list)
+
+    def emit(self, time_s: float, kind: tuple[str, Optional[str]], value: Any) -> None:
+        """Record a value sent to the client: kind is (edge name, modality)."""
+        self.emission_times_s.append(time_s)
+        self.emission_kinds.append(kind)
+        self.emission_values.append(value)
+        if self.first_token_s is None:
+            self.first_token_s = time_s
+
+    @property
+    def emissions(self) -> list[Emission]:
+        """Every client emission so far, in order (made on each read)."""
+        return [Emission(time_s, kind[0], kind[1], value) for time_s, kind, value
+                in zip(self.emission_times_s, self.emission_kinds, self.emission_values)]
 
     @property
     def is_finished(self) -> bool:

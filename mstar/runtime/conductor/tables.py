@@ -76,7 +76,7 @@ class RunLoop:
 class LoopStep:
     """A loop-step call's edges sorted for the columnar pass, decided once per call.
 
-    client: (name, modality) of the edges that only emit to the client; back: (name, slot,
+    client: (name, (name, modality)) of the edges that only emit to the client; back: (name, slot,
     scope exit, is_device) of the loop-backs into the call's own loop; other: the remaining edge
     entries (streams, persisted values, loop exits: applied through the walk run); device_inputs:
     when every input is a loop-back kept on the device, the inputs a next iteration always gets
@@ -86,7 +86,8 @@ class LoopStep:
                  "counted_one", "is_plain", "needs_pump")
 
     def __init__(self, call: "RunCall", loop: RunLoop):
-        self.client = tuple((e[0], e[7].modality) for e in call.edges
+        # (edge, modality) pairs: one shared object per edge for every emission it makes
+        self.client = tuple((e[0], (e[0], e[7].modality)) for e in call.edges
                             if e[1] == SINK and e[7].dest_kind == "client" and not e[6])
         self.back = tuple((e[0], e[2], e[8], e[5]) for e in call.edges if e[1] == LOOP_BACK and e[3] == call.loop)
         taken = {id(e) for e in call.edges if (e[1] == SINK and e[7].dest_kind == "client" and not e[6])
