@@ -1,0 +1,38 @@
+"""`mstar bench postprocess` runs and prints its figures (a command, not a timed test)."""
+import json
+from contextlib import nullcontext
+
+import pytest
+
+from mstar.cli.mstar import main
+
+from runtime_plans import ROOT
+
+SMALL = ["--plan", str(ROOT / "generated" / "llama.plan"), "--clients", "4", "--requests", "8",
+         "--prompt-len", "5", "--output-len", "6", "--rounds", "1"]
+
+
+def test_prints_both_variants_the_ratio_and_the_split(capsys):
+    assert main(["bench", "postprocess", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "columnar   loop steps" in out and "per-row    loop steps" in out
+    assert "per-row / columnar, loop steps p50" in out and "host time per step" in out
+
+
+def test_json_has_per_step_and_per_row_figures(capsys):
+    assert main(["bench", "postprocess", *SMALL, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    loop_steps = result["variants"]["columnar"]["loop_steps"]
+    assert loop_steps["steps"] > 0 and loop_steps["p50_us"] > 0 and loop_steps["p50_us_per_row"] > 0
+    assert set(result["variants"]["columnar"]["split_us_per_step"]) == {
+        "scheduler", "step building", "engine call", "post-process", "run loop rest"}
+
+
+@pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "--rounds must be between"),
+                                            (["--plan", "/nonexistent.plan"], "does not exist")])
+def test_bad_arguments_are_one_line_errors(capsys, argv, fragment):
+    with pytest.raises(SystemExit) if "--rounds" in argv else nullcontext():
+        status = main(["bench", "postprocess", *argv])
+        assert status == 1
+    assert fragment in capsys.readouterr().err
+
