@@ -241,7 +241,7 @@ class _Lowering:
         elif name in self.ctx.persisted:
             source = "persisted"
         else:
-            source = "media"
+            source = "none"
         return InputSourcePlan(name=name, slots=slots, is_wait=is_wait, source=source, prompt=prompt)
 
     # ------------------------------------------------------------ the walk

@@ -153,10 +153,10 @@ class InputSourcePlan(PlanModel):
     # name; the call waits for one), "prompt" (the input's role takes the request's prompt of
     # modality `prompt`: for text the prompt tokens, the first time the partition takes them, and
     # afterwards the partition's latest persisted value; for image or audio the request's media
-    # of that input), "persisted" (a value some walk persisted under this name: the partition's
-    # own, then another partition's; else the request's media of that name), "media" (the
-    # request's media of that name, None if absent).
-    source: Literal["stream", "prompt", "persisted", "media"]
+    # of that modality), "persisted" (a value some walk persisted under this name: the
+    # partition's own, then another partition's; else None), "none" (nothing supplies it: None,
+    # the engine makes a stand-in).
+    source: Literal["stream", "prompt", "persisted", "none"]
     prompt: Optional[Modality] = None
 
 

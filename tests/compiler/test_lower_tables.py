@@ -65,12 +65,12 @@ node_groups:
 GOLDEN_TABLES = """\
 walk gen (P) start: calls 0
 call 0 A: text_inputs <- prompt(text) | x:node A => slot 0 | then start calls 1 loops 0 | loop - stop - | ranks [[0]]
-call 1 A: x <- slots 0 else media | x:node A device => loop_back 0 slot 0; y:node B => loop_accumulate 0 exit 0; \
+call 1 A: x <- slots 0 else none | x:node A device => loop_back 0 slot 0; y:node B => loop_accumulate 0 exit 0; \
 z:node B => loop_output 0 exit 1; z:node C => loop_output 0 exit 2; s:stream S->Q => sink | then loop_end 0 | \
 loop 0 stop 0 | ranks [[0]]
-call 2 B: y <- slots 1 else media; z <- slots 2 else media | wave:client audio => sink | then join 0 | loop - stop - \
+call 2 B: y <- slots 1 else none; z <- slots 2 else none | wave:client audio => sink | then join 0 | loop - stop - \
 | ranks [[0]]
-call 3 C: z <- slots 3 else media | tail:client audio => sink | then join 0 | loop - stop - | ranks [[0]]
+call 3 C: z <- slots 3 else none | tail:client audio => sink | then join 0 | loop - stop - | ranks [[0]]
 loop 0 gen_loop max 3 stop | body start calls 1 | then start calls 2 3 joins 0 | clears - | exits accumulate y \
 (y:node B => slot 1); output z (z:node B => slot 2); output z (z:node C => slot 3)
 join 0: 2 members, then walk_end
