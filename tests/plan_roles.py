@@ -3,8 +3,9 @@
 `with_roles(node, walks, prompt="text_inputs", kind=None, output_roles=None, input_roles=None)`
 returns the node with `input_roles` (every input `tokens` unless `input_roles` says otherwise; the
 input named `prompt` takes the text prompt), `outputs` (every edge name its calls in `walks` carry,
-`tokens` unless `output_roles` says otherwise; `walks` are section trees, as hand-built plans write them) and `model_kind` (a kv node is a decoder, a stateless
-one an audio codec unless `kind` says otherwise). Test data only: the runtime never sees the names.
+`tokens` unless `output_roles` says otherwise; `walks` are section trees, as hand-built plans
+write them) and `model_kind` (a kv node is a decoder, a stateless one an audio codec unless `kind`
+says otherwise). Test data only: the runtime never sees the names.
 """
 from __future__ import annotations
 

@@ -29,99 +29,208 @@ DOC = ROOT / "docs" / "diagnostics.md"
 HEAD = "model m\n"
 NODE = "node LLM kv(layers=2) {\n    in text_inputs\n%s}\n"
 lang_cases = {
- "MW001": (HEAD + "node LLM kv(layers=2) {\n    in text_inputs $\n}\n", "A character that no token of the language starts with. Remove it; comments start with `#`."),
- "MW002": (HEAD + "param x = 1 2\n", "The parser found a token it cannot use here; the message lists what it expected. Common mistakes (missing braces, arrows, `<=`, unknown words) have their own codes below."),
+ "MW001": (HEAD + "node LLM kv(layers=2) {\n    in text_inputs $\n}\n",
+     "A character that no token of the language starts with. Remove it; comments start with `#`."),
+ "MW002": (HEAD + "param x = 1 2\n", "The parser found a token it cannot use here; the message lists what it expected. "
+                                     "Common mistakes (missing braces, arrows, `<=`, unknown words) have their own "
+                                     "codes below."),
  "MW003": (HEAD + "param x =", "The file ends in the middle of a declaration."),
- "MW004": (HEAD + "walk w\n    LLM(text_inputs)\n}\n", "A `node`, `walk`, `parallel`, `sequential`, `loop` or `combine` header must be followed by `{`."),
- "MW005": (HEAD + NODE % "    combine mixed = prefill + decode {\n        rows prefill = 4\n    }\n", "A rows limit bounds the rows of one walk in a mixed step and is written `rows WALK <= N`."),
- "MW006": (HEAD + "walk w {\n    LLM(text_inputs) new_token: client text\n}\n", "Every output edge of a call starts with `->`."),
- "MW007": (HEAD + "node LLM kvcache(layers=2) {\n    in text_inputs\n}\n", "A node's engine is `kv` (paged KV cache) or `stateless`."),
- "MW008": (HEAD + NODE % "    cap decode\n", "`cap WALK N` in a node, `cap N` in a combine: the number of rows is required."),
- "MW009": (HEAD + "walk w {\n    loop max=4 {\n        LLM(text_inputs)\n}\n", "A block is still open when the declaration (or the file) ends; the note shows where it was opened."),
- "MW010": (HEAD + "walk w {\n    loop(x) -> y: client text\n}\n", "Keywords (`loop`, `walk`, `stream`, `client`, ...) cannot be used as names."),
+ "MW004": (HEAD + "walk w\n    LLM(text_inputs)\n}\n", "A `node`, `walk`, `parallel`, `sequential`, `loop` or "
+                                                       "`combine` header must be followed by `{`."),
+ "MW005": (HEAD + NODE % "    combine mixed = prefill + decode {\n        rows prefill = 4\n    }\n",
+     "A rows limit bounds the rows of one walk in a mixed step and is written `rows WALK <= N`."),
+ "MW006": (HEAD + "walk w {\n    LLM(text_inputs) new_token: client text\n}\n",
+     "Every output edge of a call starts with `->`."),
+ "MW007": (HEAD + "node LLM kvcache(layers=2) {\n    in text_inputs\n}\n",
+     "A node's engine is `kv` (paged KV cache) or `stateless`."),
+ "MW008": (HEAD + NODE % "    cap decode\n", "`cap WALK N` in a node, `cap N` in a combine: the number of rows is "
+                                             "required."),
+ "MW009": (HEAD + "walk w {\n    loop max=4 {\n        LLM(text_inputs)\n}\n",
+     "A block is still open when the declaration (or the file) ends; the note shows where it was opened."),
+ "MW010": (HEAD + "walk w {\n    loop(x) -> y: client text\n}\n",
+     "Keywords (`loop`, `walk`, `stream`, `client`, ...) cannot be used as names."),
  "MW011": ("param x = 1\nmodel m\n", "A spec starts with exactly one `model NAME` line."),
- "MW012": (HEAD + NODE % "    capture decode bucketed batch=[1, 2]\n", "A capture family is `batched` (fixed tokens per row) or `packed` (batch x token buckets)."),
- "MW013": (HEAD + NODE % "    combine mixed = prefill + decode {\n        attention fused\n    }\n", "A combined walk's attention route is `split` or `packed`."),
- "MW014": (HEAD + "partition S = chunk <- P.x sliding(28, stride=7)\n", "A stream is cut by `window(SIZE, stride=N)`, `left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`."),
- "MW015": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client text persistent\n}\n", "Edge flags are `persist`, `stream`, `device` and `count_tokens`; a client edge names one modality."),
+ "MW012": (HEAD + NODE % "    capture decode bucketed batch=[1, 2]\n",
+     "A capture family is `batched` (fixed tokens per row) or `packed` (batch x token buckets)."),
+ "MW013": (HEAD + NODE % "    combine mixed = prefill + decode {\n        attention fused\n    }\n",
+     "A combined walk's attention route is `split` or `packed`."),
+ "MW014": (HEAD + "partition S = chunk <- P.x sliding(28, stride=7)\n",
+     "A stream is cut by `window(SIZE, stride=N)`, `left_context(chunk=N, context=M)` or `fixed(SIZE[, "
+     "continue_after_done])`."),
+ "MW015": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client text persistent\n}\n",
+     "Edge flags are `persist`, `stream`, `device` and `count_tokens`; a client edge names one modality."),
  "MW016": (HEAD + NODE % "    state conv(layers=2)\n", "The only state kind besides the KV cache is `recurrent`."),
- "MW017": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client\n}\n", "A client edge names what it carries: `-> NAME: client MODALITY`."),
- "MW018": (HEAD + "node LLM kv(layers=2) {\n    in text_inputs: token prompt text\n}\n", "A role, a prompt or client modality, or a stateless node's model kind is one of the words listed in the message (docs/language.md \"Roles\")."),
- "MW020": (HEAD + NODE % "    combine mixed = prefill + decode {\n        cap 8\n        cap 16\n    }\n", "A setting that fills one field (a combine's `cap`, `capture`, `attention`, a node's `kv_sequences`, ...) may be given once."),
- "MW021": (HEAD + NODE % "    capture decode batched tokens_per_row=2\n", "Every capture lists its batch sizes with `batch=[...]`."),
+ "MW017": (HEAD + "walk w {\n    LLM(text_inputs) -> new_token: client\n}\n",
+     "A client edge names what it carries: `-> NAME: client MODALITY`."),
+ "MW018": (HEAD + "node LLM kv(layers=2) {\n    in text_inputs: token prompt text\n}\n",
+     "A role, a prompt or client modality, or a stateless node's model kind is one of the words listed in the message "
+     "(docs/language.md \"Roles\")."),
+ "MW020": (HEAD + NODE % "    combine mixed = prefill + decode {\n        cap 8\n        cap 16\n    }\n",
+     "A setting that fills one field (a combine's `cap`, `capture`, `attention`, a node's `kv_sequences`, ...) may be "
+     "given once."),
+ "MW021": (HEAD + NODE % "    capture decode batched tokens_per_row=2\n",
+     "Every capture lists its batch sizes with `batch=[...]`."),
  "MW022": (HEAD + "param x = 99999999999999999999999\n", "Numbers must fit a signed 64-bit integer."),
  "MW023": (HEAD + 'node LLM kv(name="a\\q") {\n    in text_inputs\n}\n', "Quoted strings use JSON escapes."),
 }
-lang_no_example = {"MW024": "Blocks nested more than 100 deep; every pass walks the tree recursively.", "MW099": "An unexpected failure inside the parser. This is a bug in mstar, never a problem of the input: please report it with the spec that caused it."}
+lang_no_example = {"MW024": "Blocks nested more than 100 deep; every pass walks the tree recursively.", "MW099":
+    "An unexpected failure inside the parser. This is a bug in mstar, never a problem of the input: please report it "
+    "with the spec that caused it."}
 
 explain = {
- "MW101": "A call or an edge names a node that no `node` declares. Edge destinations are a node, `conductor` or `client MODALITY`.",
- "MW102": "A call passes, or an edge delivers, a name that is not one of the node's `in` declarations. The reference asserts the same at run time (an edge name must be a declared input of its node).",
+ "MW101": "A call or an edge names a node that no `node` declares. Edge destinations are a node, `conductor` or "
+          "`client MODALITY`.",
+ "MW102": "A call passes, or an edge delivers, a name that is not one of the node's `in` declarations. The reference "
+          "asserts the same at run time (an edge name must be a declared input of its node).",
  "MW103": "A `cap`, `capture`, `combine`, `rows` limit or partition stage names a walk that no `walk` declares.",
  "MW104": "A loop bound `max=NAME` names no `param`.",
  "MW105": "A stream source `<- PARTITION.EDGE` names no partition.",
  "MW106": "A stream source names an edge that no walk of the producer partition sends with the `stream` flag.",
- "MW107": "Params, nodes, walks and partitions each have their own namespace, in which a name is declared once; so are a node's inputs, caps, captures (per walk) and combined walks, and the named loops of a walk.",
+ "MW107": "Params, nodes, walks and partitions each have their own namespace, in which a name is declared once; so are "
+          "a node's inputs, caps, captures (per walk) and combined walks, and the named loops of a walk.",
  "MW108": "`conductor` is an edge destination, so no node may take that name.",
- "MW109": "A node's header (or its `state recurrent(...)`) gives an argument the runtime does not read for that engine. Without this check a typo such as `kv_head=8` would silently fall back to a default. The known names are listed in the note and in docs/language.md (Node arguments); an argument given twice is MW107.",
- "MW110": "An argument's value is of the wrong kind: counts and sizes are positive integers, `rope_theta` a positive number, `partial_rotary` a fraction, `style` one of its names, `layer_pattern` a list of 0/1, `stop_tokens` a list of token ids.",
- "MW111": "`state recurrent(...)` sizes one slot per live request from all four of `layers`, `heads`, `key_dim` and `value_dim`; none has a default.",
- "MW113": "A stateless node says what model it is after `stateless`: `audio_codec` (codes in, audio out), `image_decoder` (flow latents in, an image out), `vision_encoder` or `audio_encoder` (media in, embeddings out). The runtime builds that model; it never guesses from names or edges.",
- "MW114": "Every input states what it takes (`in NAME: ROLE`): `tokens`, `embeddings`, `hidden`, `mask`, `flow_latents`, `flow_time`, `media` or `signal`. The runtime reads the role, never the name.",
- "MW115": "An edge carries one of its node's declared outputs (`out NAME: ROLE`), by name; the role says what the value is (sampled tokens, hidden states, media, ...).",
- "MW116": "The walks a request may start a partition with (up to its first stage that is not optional; partitions fed by streams excepted) must call an input that takes the request's prompt: `in NAME: tokens prompt text`, or `media prompt image|audio`.",
- "MW117": "An edge's output role must fit the destination input's role: tokens feed `tokens`; embeddings, hidden states and velocities feed `embeddings` or `hidden`; masks `mask`; flow latents and time `flow_latents` / `flow_time`; audio and images `media`. A `signal` input takes anything.",
+ "MW109": "A node's header (or its `state recurrent(...)`) gives an argument the runtime does not read for that "
+          "engine. Without this check a typo such as `kv_head=8` would silently fall back to a default. The known "
+          "names are listed in the note and in docs/language.md (Node arguments); an argument given twice is MW107.",
+ "MW110": "An argument's value is of the wrong kind: counts and sizes are positive integers, `rope_theta` a positive "
+          "number, `partial_rotary` a fraction, `style` one of its names, `layer_pattern` a list of 0/1, `stop_tokens` "
+          "a list of token ids.",
+ "MW111": "`state recurrent(...)` sizes one slot per live request from all four of `layers`, `heads`, `key_dim` and "
+          "`value_dim`; none has a default.",
+ "MW113": "A stateless node says what model it is after `stateless`: `audio_codec` (codes in, audio out), "
+          "`image_decoder` (flow latents in, an image out), `vision_encoder` or `audio_encoder` (media in, embeddings "
+          "out). The runtime builds that model; it never guesses from names or edges.",
+ "MW114": "Every input states what it takes (`in NAME: ROLE`): `tokens`, `embeddings`, `hidden`, `mask`, "
+          "`flow_latents`, `flow_time`, `media` or `signal`. The runtime reads the role, never the name.",
+ "MW115": "An edge carries one of its node's declared outputs (`out NAME: ROLE`), by name; the role says what the "
+          "value is (sampled tokens, hidden states, media, ...).",
+ "MW116": "The walks a request may start a partition with (up to its first stage that is not optional; partitions fed "
+          "by streams excepted) must call an input that takes the request's prompt: `in NAME: tokens prompt text`, or "
+          "`media prompt image|audio`.",
+ "MW117": "An edge's output role must fit the destination input's role: tokens feed `tokens`; embeddings, hidden "
+          "states and velocities feed `embeddings` or `hidden`; masks `mask`; flow latents and time `flow_latents` / "
+          "`flow_time`; audio and images `media`. A `signal` input takes anything.",
  "MW118": "`client text` carries `tokens`, `client audio` an `audio` output and `client image` an `image` output.",
- "MW119": "A prompt goes to an input that can take it: not a stream input (its values come from the stream), `tokens` for a text prompt and `media` for an image or audio prompt, and one input per modality on a node.",
- "MW120": "`guidance LABEL ...` and `kv WALK reads/writes ...` name sequences of the node's `kv_sequences`; a guidance label is not the first sequence, which holds the whole prompt.",
- "MW121": "On a kv node with several KV sequences every walk that calls it says which it reads or writes (`kv WALK writes main cfg_img`); an image-flow walk only `reads`, any other walk `writes`.",
- "MW122": "What a node of each kind takes and produces: a decoder (every kv node) takes tokens, embeddings, hidden states, masks, flow latents and time and produces tokens, embeddings, hidden states, masks, velocities and flow latents and time; an `audio_codec` takes tokens and produces `audio`; an `image_decoder` takes `flow_latents` and produces an `image`; encoders take `media` and produce embeddings or hidden states. Any node may take a `signal`.",
- "MW123": "A node's dims are past what the runtime can allocate: `layers` above 4096, any count or size above 2**31 - 1 (int32 on the device), or weights and recurrent state whose lower-bound estimate (bf16 embeddings, attention and MLP projections) passes 2 TiB per node. The message gives the memory the dims imply. Checked before anything is built per layer, so `layers=1000000000` is an error in milliseconds instead of minutes and gigabytes; docs/limits.md lists every bound.",
- "MW112": "The arguments are each valid but together describe no model the runtime can build: query heads that are not a multiple of KV heads, linear value heads not a multiple of the linear q/k heads, a recurrent state whose layer count differs from the linear-attention layers of the layer pattern (or linear layers without a recurrent state), state on a stateless node, a stop token outside the vocabulary, `hidden` not a multiple of `heads`, a non-square `latent_tokens`.",
- "MW201": "Where an input may come from: an earlier edge of the same walk (or a parallel sibling); a stream, when the input is declared `in NAME stream` and the walk's partition has a stream source `<- P.NAME`; or the conductor, which feeds every input of a walk's entry calls (calls no edge of the walk reaches), any request input (an input of an entry call of a walk of the partition) or persisted edge (`-> x: conductor persist`) of the partition, and any input that no edge of the spec delivers to that node (request data). MW201 therefore means the model computes the input elsewhere but nothing brings it to this call - typically a missing edge from an encoder - or a stream input without a stream source.",
- "MW202": "An edge that goes back to a call that ran earlier is a loop-back only when a loop encloses both calls (as the reference derives loop-backs). Outside a loop the target would wait forever. Parallel siblings that feed each other in a cycle are reported too.",
- "MW203": "A loop's `outputs` and `accumulate` names are matched by name to edges produced inside the loop; a name nothing inside produces would be silently dropped by the reference.",
- "MW204": "A name is either the final value of the loop (`outputs`) or the per-iteration list (`accumulate`), never both (the reference raises ValueError).",
- "MW205": "A plain edge to a node must reach a call of that node in the same walk that takes the edge's name. Edges to another partition are stream edges.",
- "MW206": "`device` keeps a value on the device between iterations; only a loop-back edge to the same node can do that.",
+ "MW119": "A prompt goes to an input that can take it: not a stream input (its values come from the stream), `tokens` "
+          "for a text prompt and `media` for an image or audio prompt, and one input per modality on a node.",
+ "MW120": "`guidance LABEL ...` and `kv WALK reads/writes ...` name sequences of the node's `kv_sequences`; a guidance "
+          "label is not the first sequence, which holds the whole prompt.",
+ "MW121": "On a kv node with several KV sequences every walk that calls it says which it reads or writes (`kv WALK "
+          "writes main cfg_img`); an image-flow walk only `reads`, any other walk `writes`.",
+ "MW122": "What a node of each kind takes and produces: a decoder (every kv node) takes tokens, embeddings, hidden "
+          "states, masks, flow latents and time and produces tokens, embeddings, hidden states, masks, velocities and "
+          "flow latents and time; an `audio_codec` takes tokens and produces `audio`; an `image_decoder` takes "
+          "`flow_latents` and produces an `image`; encoders take `media` and produce embeddings or hidden states. Any "
+          "node may take a `signal`.",
+ "MW123": "A node's dims are past what the runtime can allocate: `layers` above 4096, any count or size above 2**31 - "
+          "1 (int32 on the device), or weights and recurrent state whose lower-bound estimate (bf16 embeddings, "
+          "attention and MLP projections) passes 2 TiB per node. The message gives the memory the dims imply. Checked "
+          "before anything is built per layer, so `layers=1000000000` is an error in milliseconds instead of minutes "
+          "and gigabytes; docs/limits.md lists every bound.",
+ "MW112": "The arguments are each valid but together describe no model the runtime can build: query heads that are not "
+          "a multiple of KV heads, linear value heads not a multiple of the linear q/k heads, a recurrent state whose "
+          "layer count differs from the linear-attention layers of the layer pattern (or linear layers without a "
+          "recurrent state), state on a stateless node, a stop token outside the vocabulary, `hidden` not a multiple "
+          "of `heads`, a non-square `latent_tokens`.",
+ "MW201": "Where an input may come from: an earlier edge of the same walk (or a parallel sibling); a stream, when the "
+          "input is declared `in NAME stream` and the walk's partition has a stream source `<- P.NAME`; or the "
+          "conductor, which feeds every input of a walk's entry calls (calls no edge of the walk reaches), any request "
+          "input (an input of an entry call of a walk of the partition) or persisted edge (`-> x: conductor persist`) "
+          "of the partition, and any input that no edge of the spec delivers to that node (request data). MW201 "
+          "therefore means the model computes the input elsewhere but nothing brings it to this call - typically a "
+          "missing edge from an encoder - or a stream input without a stream source.",
+ "MW202": "An edge that goes back to a call that ran earlier is a loop-back only when a loop encloses both calls (as "
+          "the reference derives loop-backs). Outside a loop the target would wait forever. Parallel siblings that "
+          "feed each other in a cycle are reported too.",
+ "MW203": "A loop's `outputs` and `accumulate` names are matched by name to edges produced inside the loop; a name "
+          "nothing inside produces would be silently dropped by the reference.",
+ "MW204": "A name is either the final value of the loop (`outputs`) or the per-iteration list (`accumulate`), never "
+          "both (the reference raises ValueError).",
+ "MW205": "A plain edge to a node must reach a call of that node in the same walk that takes the edge's name. Edges to "
+          "another partition are stream edges.",
+ "MW206": "`device` keeps a value on the device between iterations; only a loop-back edge to the same node can do "
+          "that.",
  "MW207": "A partition's walk order runs forward; repetition belongs in a loop inside a walk.",
  "MW208": "Partitions that stream to each other in a cycle cannot start: each would wait for the other.",
  "MW209": "Every walk belongs to exactly one partition, whose walk order says when a request runs it.",
- "MW210": "A stream edge, the consumer's `in NAME stream` declaration and the consumer partition's `<- PRODUCER.NAME` source must agree: the edge needs a partition that takes it and runs the target node on it, the target input must be declared `stream`, and a stream source needs a walk whose node has that stream input.",
+ "MW210": "A stream edge, the consumer's `in NAME stream` declaration and the consumer partition's `<- PRODUCER.NAME` "
+          "source must agree: the edge needs a partition that takes it and runs the target node on it, the target "
+          "input must be declared `stream`, and a stream source needs a walk whose node has that stream input.",
  "MW211": "A walk, loop, parallel or sequential section with nothing in it, or a partition that runs no walk.",
  "MW212": "A loop runs at least once: its bound (a number or a param's value) must be at least 1.",
- "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop where the product passes the limit, with the enclosing loops as notes.",
+ "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty "
+          "nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop "
+          "where the product passes the limit, with the enclosing loops as notes.",
  "MW213": "The early-stop check names the loop it ends, so `stop` needs a named loop.",
- "MW301": "The deployment file is missing, is a directory, is not a regular file (a FIFO or `/dev/zero`), is larger than 1 MiB (docs/limits.md), or is not UTF-8 text.",
- "MW302": "The deployment file is not valid YAML; the position is where the YAML parser gave up. Also: values nested more than 64 levels deep, or more than 100,000 values once YAML aliases are expanded (a \"billion laughs\" file, measured on the composed graph without expanding it); docs/limits.md.",
- "MW303": "A key that neither the reference system's serving YAML nor mstar's own keys define. The suggestion is the closest known key of the same mapping.",
- "MW304": "A value of the wrong type or range (strict: `tp_size: \"2\"` is a string, not a number), a key given twice, a non-string key, or a YAML tag mstar does not read. Anywhere in the file (`model_kwargs` too): a number that is not finite (`.nan`, `.inf`), an integer outside int64, a string with an unpaired surrogate, a date or binary value; KV pool sizes past 2**31 - 1 pages or 2**20 tokens a page.",
- "MW305": "`model`, `max_seq_len` and `node_groups` (and `node_names` and `ranks` in each group) are required, as in the reference.",
- "MW310": "Every (node, walk) a walk runs must be placed by a node group: a group lists the node and either has no `graph_walks` or lists the walk.",
- "MW311": "Two node groups place the same (node, walk): the reference's routing would keep only the last. Data-parallel replicas are extra ranks in one group.",
- "MW312": "A group's explicit `graph_walks` (or a `speculation_mixes_walks` entry `NODE.WALK`) names a walk its nodes do not run.",
- "MW313": "`node_names`, `kv_pool.nodes`, `kv_cache.nodes` or `speculation_mixes_walks` names a node the spec does not declare.",
+ "MW301": "The deployment file is missing, is a directory, is not a regular file (a FIFO or `/dev/zero`), is larger "
+          "than 1 MiB (docs/limits.md), or is not UTF-8 text.",
+ "MW302": "The deployment file is not valid YAML; the position is where the YAML parser gave up. Also: values nested "
+          "more than 64 levels deep, or more than 100,000 values once YAML aliases are expanded (a \"billion laughs\" "
+          "file, measured on the composed graph without expanding it); docs/limits.md.",
+ "MW303": "A key that neither the reference system's serving YAML nor mstar's own keys define. The suggestion is the "
+          "closest known key of the same mapping.",
+ "MW304": "A value of the wrong type or range (strict: `tp_size: \"2\"` is a string, not a number), a key given twice, "
+          "a non-string key, or a YAML tag mstar does not read. Anywhere in the file (`model_kwargs` too): a number "
+          "that is not finite (`.nan`, `.inf`), an integer outside int64, a string with an unpaired surrogate, a date "
+          "or binary value; KV pool sizes past 2**31 - 1 pages or 2**20 tokens a page.",
+ "MW305": "`model`, `max_seq_len` and `node_groups` (and `node_names` and `ranks` in each group) are required, as in "
+          "the reference.",
+ "MW310": "Every (node, walk) a walk runs must be placed by a node group: a group lists the node and either has no "
+          "`graph_walks` or lists the walk.",
+ "MW311": "Two node groups place the same (node, walk): the reference's routing would keep only the last. "
+          "Data-parallel replicas are extra ranks in one group.",
+ "MW312": "A group's explicit `graph_walks` (or a `speculation_mixes_walks` entry `NODE.WALK`) names a walk its nodes "
+          "do not run.",
+ "MW313": "`node_names`, `kv_pool.nodes`, `kv_cache.nodes` or `speculation_mixes_walks` names a node the spec does not "
+          "declare.",
  "MW314": "`graph_walks` or `speculation_mixes_walks` names a walk the spec does not declare.",
- "MW315": "A group's ranks form instances of tp_size x sp_size ranks each (extra instances are data-parallel replicas), so their number is a multiple of it (asserted by the reference).",
- "MW316": "Only nodes marked `tp` may be sharded (the reference raises ValueError). The language has one marker for lockstep sharding, so sp_size > 1 needs `tp` as well.",
+ "MW315": "A group's ranks form instances of tp_size x sp_size ranks each (extra instances are data-parallel "
+          "replicas), so their number is a multiple of it (asserted by the reference).",
+ "MW316": "Only nodes marked `tp` may be sharded (the reference raises ValueError). The language has one marker for "
+          "lockstep sharding, so sp_size > 1 needs `tp` as well.",
  "MW317": "A worker hosts at most one lockstep (tp_size x sp_size > 1) node (NotImplementedError in the reference).",
- "MW318": "A node that consumes a stream keeps one stream buffer per request on its worker, so all its walks run on the same ranks, and a lockstep stream consumer may not restrict its group to some walks (the reference's `assert_stream_consumer_compatibility`).",
+ "MW318": "A node that consumes a stream keeps one stream buffer per request on its worker, so all its walks run on "
+          "the same ranks, and a lockstep stream consumer may not restrict its group to some walks (the reference's "
+          "`assert_stream_consumer_compatibility`).",
  "MW319": "The deployment's `model` must be the spec's `model`.",
  "MW320": "A rank appears twice in one group's `ranks`.",
- "MW321": "A kv node's KV cache moves between its walks (prefill to decode); the reference rejects transfers between different TP world sizes, so a PD split needs equal TP on both sides.",
- "MW323": "A kv node's pool (pages x page size x the node's layers, KV heads and head dim, keys and values in bf16) takes more than 2 TiB, more than the runtime can allocate; `num_pages` is also bounded by 2**31 - 1 and `page_size` by 2**20 (MW304).",
- "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must hold at least one request of `max_seq_len` tokens.",
- "MW401": "A combined walk batches rows of several walks of one node; every walk it names must run that node. Likewise a node's `cap`, `capture` and `bidirectional` lines are for walks that run it.",
+ "MW321": "A kv node's KV cache moves between its walks (prefill to decode); the reference rejects transfers between "
+          "different TP world sizes, so a PD split needs equal TP on both sides.",
+ "MW323": "A kv node's pool (pages x page size x the node's layers, KV heads and head dim, keys and values in bf16) "
+          "takes more than 2 TiB, more than the runtime can allocate; `num_pages` is also bounded by 2**31 - 1 and "
+          "`page_size` by 2**20 (MW304).",
+ "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must "
+          "hold at least one request of `max_seq_len` tokens.",
+ "MW401": "A combined walk batches rows of several walks of one node; every walk it names must run that node. Likewise "
+          "a node's `cap`, `capture` and `bidirectional` lines are for walks that run it.",
  "MW402": "A walk belongs to at most one combined walk of a node: its rows get one scheduling key.",
- "MW403": "Capture-key split: the combined walk's walks fall in different capture families (eager, batched with N tokens a row, packed) and the combined walk has no capture of its own, so no single CUDA graph could replay a mixed step. Give the combined walk a `capture` (usually packed).",
- "MW404": "On each worker, the walks of a combined walk that this worker runs share one node group (TP group), or all run at world size 1: a mixed step is one lockstep launch. Walks the worker does not run are not judged, so prefill/decode disaggregation needs no change to the spec.",
- "MW405": "A cap above the largest captured batch size means steps of more rows than any graph holds: they run eagerly. Raise the capture's batch sizes or lower the cap. (A walk without a capture runs eagerly by design and is not reported; a combined walk's cap is checked against its own capture; with no `cap` the largest captured batch is the cap.)",
- "MW406": "A rows limit above the largest batch size of the combined walk's packed capture could never be reached by a replayed step.",
+ "MW403": "Capture-key split: the combined walk's walks fall in different capture families (eager, batched with N "
+          "tokens a row, packed) and the combined walk has no capture of its own, so no single CUDA graph could replay "
+          "a mixed step. Give the combined walk a `capture` (usually packed).",
+ "MW404": "On each worker, the walks of a combined walk that this worker runs share one node group (TP group), or all "
+          "run at world size 1: a mixed step is one lockstep launch. Walks the worker does not run are not judged, so "
+          "prefill/decode disaggregation needs no change to the spec.",
+ "MW405": "A cap above the largest captured batch size means steps of more rows than any graph holds: they run "
+          "eagerly. Raise the capture's batch sizes or lower the cap. (A walk without a capture runs eagerly by design "
+          "and is not reported; a combined walk's cap is checked against its own capture; with no `cap` the largest "
+          "captured batch is the cap.)",
+ "MW406": "A rows limit above the largest batch size of the combined walk's packed capture could never be reached by a "
+          "replayed step.",
  "MW407": "A rows limit bounds one of the combined walk's own walks.",
- "MW408": "The estimated capture memory (capture_memory.py: shared static buffers sized by the largest bucket, per-graph outputs, logits and fixed cost, divided by TP, twice for kv nodes' double buffering) of all capture families on one worker exceeds `capture_memory_budget_mb`. The message lists every family with its bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to boot) shows up here at compile time.",
+ "MW408": "The estimated capture memory (capture_memory.py: shared static buffers sized by the largest bucket, "
+          "per-graph outputs, logits and fixed cost, divided by TP, twice for kv nodes' double buffering) of all "
+          "capture families on one worker exceeds `capture_memory_budget_mb`. The message lists every family with its "
+          "bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to "
+          "boot) shows up here at compile time.",
  "MW409": "A combined walk needs at least two distinct walks.",
- "MW411": "Caps and captured batch sizes are at most 65,536 rows, a step at most 2**20 tokens (token buckets, or tokens per row x batch size), a capture family at most 4,096 graphs (batch sizes x token buckets) and a combined walk at most 12 walks (the plan lists each of the 2**n mixtures). The plan's lookup tables are sized by these numbers, so without the bound `batch=[100000000]` took a minute and gigabytes to lower; docs/limits.md.",
- "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",
+ "MW411": "Caps and captured batch sizes are at most 65,536 rows, a step at most 2**20 tokens (token buckets, or "
+          "tokens per row x batch size), a capture family at most 4,096 graphs (batch sizes x token buckets) and a "
+          "combined walk at most 12 walks (the plan lists each of the 2**n mixtures). The plan's lookup tables are "
+          "sized by these numbers, so without the bound `batch=[100000000]` took a minute and gigabytes to lower; "
+          "docs/limits.md.",
+ "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
+          "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
+          "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",
 }
 
 def lang_example(code: str) -> str:
@@ -145,7 +254,8 @@ def build() -> str:
     w("# Diagnostics\n")
     w("Every diagnostic mstar prints has a code, a message, the file, line and column it is about, the")
     w("source line with an underline, and notes pointing at related places:\n")
-    w("```\nfile:line:col: error[MWnnn]: message\n   nn | source line\n      |     ^^^^^^\nfile:line:col: note: secondary message\n```\n")
+    w("```\nfile:line:col: error[MWnnn]: message\n   nn | source line\n      |     ^^^^^^\nfile:line:col: note: "
+      "secondary message\n```\n")
     w("All diagnostics of a run are collected and printed together, sorted by file and position; the")
     w("compiler stops after the first pass that reported an error. Exit status: 0 no error, 1 errors in")
     w("the input, 2 usage. No input file, however broken, produces a Python traceback: that would be a bug.\n")
@@ -171,7 +281,8 @@ def build() -> str:
             w(lang_no_example[code] + "\n")
 
     sections = [("Resolve (MW1xx)", "MW1"), ("Graph (MW2xx)", "MW2"), ("Deployment file (MW30x)", "MW30"),
-                ("Deployment placement (MW31x-MW32x)", "MW3"), ("Combined walks, caps, captures, memory (MW4xx)", "MW4")]
+                ("Deployment placement (MW31x-MW32x)", "MW3"),
+                ("Combined walks, caps, captures, memory (MW4xx)", "MW4")]
     done = set()
     for heading, prefix in sections:
         w(f"## {heading}\n")
@@ -186,7 +297,8 @@ def build() -> str:
             w("```\n" + out.rstrip("\n") + "\n```\n")
     w("## Driver (MW5xx)\n")
     w("### MW500: input file cannot be read\n")
-    w("The spec file (or a config named by `mstarc regen`) is missing, is a directory, is not a regular file (a FIFO or `/dev/zero` would read forever), is larger than 1 MiB (docs/limits.md) or is not UTF-8 text;")
+    w("The spec file (or a config named by `mstarc regen`) is missing, is a directory, is not a regular file (a FIFO "
+      "or `/dev/zero` would read forever), is larger than 1 MiB (docs/limits.md) or is not UTF-8 text;")
     w("`mstarc regen` also reports a config whose `model` has no `specs/<model>.mw`.\n")
     w("```\nspecs/orpheuss.mw:1:1: error[MW500]: spec file not found: specs/orpheuss.mw\n```\n")
     if done != set(comp_codes.TITLES):

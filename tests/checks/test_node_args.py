@@ -110,8 +110,10 @@ def test_stateless_node_with_state_and_a_kv_only_argument():
     ("node L kv(layers=4, layer_pattern=[0, 0, 0, 1], linear_value_heads=3) {\n    in x\n"
      "    state recurrent(layers=3, heads=2, key_dim=4, value_dim=4)\n}",
      "linear_value_heads=3 is not a multiple of the 2 linear q/k heads"),
-    ("node L kv(layers=2, stop_tokens=[1, 99], vocab=50) {\n    in x\n}", "stop_tokens 99 is outside the vocabulary (vocab=50)"),
-    ("node E stateless vision_encoder(hidden=100, heads=16) {\n    in x\n}", "hidden=100 is not a multiple of heads=16"),
+    ("node L kv(layers=2, stop_tokens=[1, 99], vocab=50) {\n    in x\n}",
+        "stop_tokens 99 is outside the vocabulary (vocab=50)"),
+    ("node E stateless vision_encoder(hidden=100, heads=16) {\n    in x\n}",
+     "hidden=100 is not a multiple of heads=16"),
     ("node L kv(layers=2, latent_tokens=15) {\n    in x\n}", "latent_tokens=15 is not a square grid"),
     ("node L kv(layers=2, partial_rotary=1.5) {\n    in x\n}", "partial_rotary=1.5 must be a number in (0, 1]"),
 ])

@@ -19,7 +19,8 @@ PAIRS = [("orpheus", "orpheus_pd_disaggregated"), ("qwen3_omni", "qwen3omni_thin
 def mutations(draw):
     spec, config = draw(st.sampled_from(PAIRS))
     target = draw(st.sampled_from(["spec", "config"]))
-    path = ROOT / ("specs" if target == "spec" else "configs") / (f"{spec}.mw" if target == "spec" else f"{config}.yaml")
+    folder, file = ("specs", f"{spec}.mw") if target == "spec" else ("configs", f"{config}.yaml")
+    path = ROOT / folder / file
     lines = path.read_text().splitlines()
     for _ in range(draw(st.integers(1, 3))):
         if not lines:

@@ -64,8 +64,8 @@ def test_later_section_to_earlier_is_loop_back_forward_edge_is_not():
 def test_unnamed_loops_are_numbered_per_walk():
     walk = _walks(LOOPS_SPEC)["two_unnamed"]
     loops = list(iter_loops(walk.body))
-    assert [l.name for l in loops] == ["two_unnamed.loop0", "two_unnamed.loop1"]
-    assert [l.is_on_device for l in loops] == [False, True]
+    assert [loop.name for loop in loops] == ["two_unnamed.loop0", "two_unnamed.loop1"]
+    assert [loop.is_on_device for loop in loops] == [False, True]
 
 
 def test_tts_walks_partitions_and_streams():

@@ -89,7 +89,8 @@ partition P = w
 
 
 def test_recurrent_state_slots_include_the_sink():
-    config = "model: gdn\nmax_seq_len: 512\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\nrecurrent_state_slots: 16\n"
+    config = ("model: gdn\nmax_seq_len: 512\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n"
+              "recurrent_state_slots: 16\n")
     plan = _plan(config, RECURRENT)
     (node,) = plan.nodes
     assert node.kv_sequences == ["main", "cfg"]

@@ -117,7 +117,8 @@ def test_regen_check_write_and_orphans(repo, capsys):
 
 
 def test_regen_reports_config_without_spec(repo, capsys):
-    (repo / "configs" / "ghost.yaml").write_text("model: ghost\nmax_seq_len: 8\nnode_groups:\n  - node_names: [X]\n    ranks: [0]\n")
+    (repo / "configs" / "ghost.yaml").write_text("model: ghost\nmax_seq_len: 8\nnode_groups:\n  - node_names: [X]\n    "
+                                                 "ranks: [0]\n")
     assert main(["regen", "--check", "--root", str(repo)]) == 1
     assert "names model 'ghost'" in capsys.readouterr().err
 

@@ -44,7 +44,8 @@ def test_round_trip_and_canonical_text(plan_file):
 def test_stale_spec_is_refused_with_recompile_command(plan_file):
     spec = plan_file.parent.parent / "specs" / "tts.mw"
     spec.write_text(spec.read_text() + "\n# edited\n")
-    with pytest.raises(PlanError, match=r"stale: its spec file .*tts\.mw changed.*mstarc compile .*tts\.mw --config .*tts\.yaml -o .*tts\.plan"):
+    with pytest.raises(PlanError, match=r"stale: its spec file .*tts\.mw changed.*mstarc compile .*tts\.mw --config "
+                                        r".*tts\.yaml -o .*tts\.plan"):
         load_plan(plan_file)
     load_plan(plan_file, verify=False)  # hashes of inputs are only checked with verify
 

@@ -2,7 +2,7 @@
 import pytest
 
 from plan_roles import node_plan
-from mstar.plan.schema import NodePlan, RecurrentState
+from mstar.plan.schema import RecurrentState
 from mstar.runtime.engine.dims import DimsError, decoder_dims, layer_pattern
 
 

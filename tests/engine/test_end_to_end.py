@@ -5,7 +5,6 @@ import wave
 from pathlib import Path
 
 import pytest
-import torch
 
 from mstar.plan.io import load_plan
 from mstar.runtime.serve.driver import Driver, Workload
@@ -35,7 +34,8 @@ def emitted(record, modality):
 
 @pytest.mark.parametrize("name", ["llama", "qwen3_5"])
 def test_text_llms(name):
-    records = run_plan(name, [Request(id=f"r{i}", prompt_tokens=[i + 1, 7, 9][: i + 1], max_tokens=6) for i in range(3)])
+    requests = [Request(id=f"r{i}", prompt_tokens=[i + 1, 7, 9][: i + 1], max_tokens=6) for i in range(3)]
+    records = run_plan(name, requests)
     for record in records.values():
         assert emitted(record, "text")
 
@@ -53,7 +53,8 @@ def test_orpheus_writes_wav(tmp_path):
 
 def test_bagel_writes_png(tmp_path):
     records = run_plan("bagel", [
-        Request(id="img", prompt_tokens=[1, 2, 3], max_tokens=4, route={"LLM": ["prefill_vit", "prefill_text", "image_gen"]}),
+        Request(id="img", prompt_tokens=[1, 2, 3], max_tokens=4,
+                route={"LLM": ["prefill_vit", "prefill_text", "image_gen"]}),
         Request(id="txt", prompt_tokens=[4, 5], max_tokens=4),
     ])
     images = emitted(records["img"], "image")

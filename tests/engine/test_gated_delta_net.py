@@ -31,7 +31,8 @@ def run_chunks(chunks):
     engine.add_request("r", Request(id="r", prompt_tokens=SEQUENCE, max_tokens=4))
     outs = []
     for chunk in chunks:
-        result = engine.run_step(step(engine.plan, "LLM", [StepRow("r", "states", len(chunk), 0, {"text_inputs": chunk})]))
+        rows = [StepRow("r", "states", len(chunk), 0, {"text_inputs": chunk})]
+        result = engine.run_step(step(engine.plan, "LLM", rows))
         outs.append(result.rows[0].outputs["hidden_states"])
     return torch.cat(outs), engine
 

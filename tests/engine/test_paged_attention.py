@@ -39,7 +39,8 @@ def test_mixed_step_equals_dense_attention(rows, seed):
                             dtype=torch.long)
         old_k, old_v = torch.randn(num_cached, HEADS_KV, DIM), torch.randn(num_cached, HEADS_KV, DIM)
         cache_k[flat[:num_cached]], cache_v[flat[:num_cached]] = old_k, old_v
-        q, k, v = torch.randn(num_new, HEADS_Q, DIM), torch.randn(num_new, HEADS_KV, DIM), torch.randn(num_new, HEADS_KV, DIM)
+        q = torch.randn(num_new, HEADS_Q, DIM)
+        k, v = torch.randn(num_new, HEADS_KV, DIM), torch.randn(num_new, HEADS_KV, DIM)
         segments.append(Segment(start, num_new, num_cached, flat, is_causal=is_write, is_write=is_write))
         qs.append(q), ks.append(k), vs.append(v)
         history.append((torch.cat([old_k, k]), torch.cat([old_v, v])))

@@ -131,7 +131,8 @@ def test_published_config_gives_its_dims(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     dims = read_checkpoint_config(str(tmp_path))
     assert [i for i, full in enumerate(dims.layer_is_full) if full] == [3, 7, 11, 15, 19, 23]
-    assert (dims.style, dims.hidden, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim) == ("qwen3_5", 1024, 8, 2, 256)
+    shape = (dims.style, dims.hidden, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim)
+    assert shape == ("qwen3_5", 1024, 8, 2, 256)
     assert (dims.num_linear_heads, dims.num_linear_value_heads, dims.linear_key_dim, dims.linear_value_dim,
             dims.conv_kernel) == (16, 16, 128, 128, 4)
     assert (dims.rotary_dim, dims.rope_theta, dims.rope.kind, dims.is_tied_embeddings) == (64, 1e7, "default", True)

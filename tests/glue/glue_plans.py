@@ -13,7 +13,6 @@ from mstar.plan.schema import (
     KeyPlan,
     KvPoolPlan,
     MixtureEntry,
-    NodePlan,
     PartitionPlan,
     Plan,
     StagePlan,

@@ -62,14 +62,16 @@ CASES = [
     (
         'MW008',
         'model m\nnode L kv {\n    cap decode\n    in x\n}\n',
-        'bad.mw:4:5: error[MW008]: `cap` needs a number of rows (`cap WALK N` in a node, `cap N` in a combine); found `in`\n'
+        'bad.mw:4:5: error[MW008]: `cap` needs a number of rows (`cap WALK N` in a node, `cap N` in a combine); found '
+        '`in`\n'
         '    4 |     in x\n'
         '      |     ^^\n',
     ),
     (
         'MW009',
         'model m\nnode L kv {\n    in x\n\nwalk w {\n    L(x)\n}\n',
-        'bad.mw:3:9: error[MW009]: missing `}`: the block opened at line 2 is not closed before the end of the declaration\n'
+        'bad.mw:3:9: error[MW009]: missing `}`: the block opened at line 2 is not closed before the end of the '
+        'declaration\n'
         '    3 |     in x\n'
         '      |         ^\n'
         'bad.mw:2:11: note: the block opened here\n'
@@ -107,14 +109,16 @@ CASES = [
     (
         'MW014',
         'model m\npartition P = a <- L.x windw(28, stride=7)\n',
-        'bad.mw:2:24: error[MW014]: unknown chunk policy `windw`; a stream is cut by `window(SIZE, stride=N)`, `left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`\n'
+        'bad.mw:2:24: error[MW014]: unknown chunk policy `windw`; a stream is cut by `window(SIZE, stride=N)`, '
+        '`left_context(chunk=N, context=M)` or `fixed(SIZE[, continue_after_done])`\n'
         '    2 | partition P = a <- L.x windw(28, stride=7)\n'
         '      |                        ^^^^^\n',
     ),
     (
         'MW015',
         'model m\nwalk w {\n    L(x) -> y: L persit\n    L(y)\n}\n',
-        'bad.mw:3:18: error[MW015]: unknown edge flag `persit`; edge flags are persist, stream, device, count_tokens, and a client edge is written `-> NAME: client MODALITY`\n'
+        'bad.mw:3:18: error[MW015]: unknown edge flag `persit`; edge flags are persist, stream, device, count_tokens, '
+        'and a client edge is written `-> NAME: client MODALITY`\n'
         '    3 |     L(x) -> y: L persit\n'
         '      |                  ^^^^^^\n',
     ),
@@ -128,7 +132,8 @@ CASES = [
     (
         'MW017',
         'model m\nwalk w {\n    L(x) -> y: client\n}\n',
-        'bad.mw:4:1: error[MW017]: a client edge names what it carries: `-> NAME: client MODALITY` (text, audio, image, ...); found `}`\n'
+        'bad.mw:4:1: error[MW017]: a client edge names what it carries: `-> NAME: client MODALITY` (text, audio, '
+        'image, ...); found `}`\n'
         '    4 | }\n'
         '      | ^\n',
     ),
@@ -164,7 +169,8 @@ CASES = [
     (
         'MW023',
         'model m\nnode L kv(s="\\q") {\n}\n',
-        'bad.mw:2:13: error[MW023]: invalid quoted string: Invalid \\escape; strings use JSON escapes such as \\" and \\n\n'
+        'bad.mw:2:13: error[MW023]: invalid quoted string: Invalid \\escape; strings use JSON escapes such as \\" and '
+        '\\n\n'
         '    2 | node L kv(s="\\q") {\n'
         '      |             ^^^^\n',
     ),

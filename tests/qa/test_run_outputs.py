@@ -82,7 +82,7 @@ def test_unsafe_request_ids_are_refused_with_the_line(tmp_path, capsys, request_
     status, text = _call(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompts", path, "--no-progress",
                           "--out", tmp_path / "out"], capsys)
     assert status == 1, text
-    assert f"prompts.jsonl:2: " in text and fragment in text, text
+    assert "prompts.jsonl:2: " in text and fragment in text, text
     assert "Traceback" not in text
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
@@ -143,7 +143,8 @@ _json = st.recursive(
     max_leaves=12,
 )
 _near_request = st.fixed_dictionaries(
-    {"id": st.one_of(st.text(max_size=6), _json), "prompt_tokens": st.one_of(st.lists(st.integers(-2, 300), max_size=4), _json),
+    {"id": st.one_of(st.text(max_size=6), _json),
+     "prompt_tokens": st.one_of(st.lists(st.integers(-2, 300), max_size=4), _json),
      "max_tokens": st.one_of(st.integers(-2, 6), _json)},
     optional={"temperature": _json, "top_p": _json, "seed": _json, "stop_tokens": _json, "route": _json,
               "guidance": _json, "repetition_penalty": _json},

@@ -98,13 +98,17 @@ def loop(name: str, max_iters: int, body: list, *, has_stop: bool = False, nodes
 def walk(name: str, partition: str, *body) -> WalkPlan:
     nodes = []
     for section in body:
-        for c in ([section] if isinstance(section, CallPlan) else list(_calls(WalkPlan(name="x", partition="x", nodes=[], body=[section])))):
+        calls = [section] if isinstance(section, CallPlan) else list(
+            _calls(WalkPlan(name="x", partition="x", nodes=[], body=[section])))
+        for c in calls:
             if c.node not in nodes:
                 nodes.append(c.node)
     return WalkPlan(name=name, partition=partition, nodes=nodes, body=list(body))
 
 
-def partition(name: str, *stages: list[str], initial: Optional[str] = "first", streams=(), optional=()) -> PartitionPlan:
+def partition(name: str, *stages: list[str], initial: Optional[str] = "first", streams=(),
+              optional=()) -> PartitionPlan:
     first = stages[0][0] if stages and initial == "first" else initial
-    return PartitionPlan(name=name, stages=[StagePlan(walks=s, is_optional=i in optional) for i, s in enumerate(stages)],
+    return PartitionPlan(name=name,
+                         stages=[StagePlan(walks=s, is_optional=i in optional) for i, s in enumerate(stages)],
                          initial_walk=first, streams=list(streams))

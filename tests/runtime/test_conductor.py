@@ -37,7 +37,8 @@ def test_orpheus_prefill_then_decode_then_done_with_snac_windows():
 
 def test_max_tokens_ends_the_partition_and_counts_exactly():
     plan = generated("orpheus")
-    harness = Harness(plan, respond=lambda node, row, result: RowResult(result.request_id, result.outputs))  # never stops
+    # never stops
+    harness = Harness(plan, respond=lambda node, row, result: RowResult(result.request_id, result.outputs))
     records = [harness.submit(request(f"r{i}", max_tokens=n)) for i, n in enumerate((1, 5, 29))]
     harness.run()
     assert [r.num_output_tokens for r in records] == [1, 5, 29]
@@ -96,7 +97,8 @@ def test_parallel_members_are_ready_together():
     from mstar.compiler.walk_tree import TreeParallel as ParallelPlan
 
     a, b, c = stateless_node("A", ["p"]), stateless_node("B", ["p"]), stateless_node("C", ["a", "b"])
-    w = walk("w", "P", ParallelPlan(body=[call("A", ["p"], edge("a", "node", "C")), call("B", ["p"], edge("b", "node", "C"))]),
+    w = walk("w", "P", ParallelPlan(body=[call("A", ["p"], edge("a", "node", "C")),
+                                          call("B", ["p"], edge("b", "node", "C"))]),
              call("C", ["a", "b"], edge("out", "client", modality="text")))
     harness = Harness(hand_plan([w], [partition("P", ["w"])], [a, b, c]))
     harness.submit(request())
@@ -132,7 +134,8 @@ def test_engine_refusal_fails_only_that_request():
 
 def test_admission_is_fifo_under_max_concurrent():
     orpheus = generated("orpheus")
-    plan = orpheus.model_copy(update={"deployment": orpheus.deployment.model_copy(update={"max_concurrent_requests": 2})})
+    deployment = orpheus.deployment.model_copy(update={"max_concurrent_requests": 2})
+    plan = orpheus.model_copy(update={"deployment": deployment})
     harness = Harness(plan)
     records = [harness.submit(request(f"r{i}", max_tokens=5)) for i in range(5)]
     assert harness.conductor.num_active == 2 and harness.conductor.num_waiting == 3
@@ -149,14 +152,15 @@ def test_routes_pick_alternatives_and_optional_stages():
     unknown = harness.submit(request("unknown", route={"Nope": []}))
     harness.run()
     walks = {}
-    for rid, node, w, _ in harness.ran:
+    for rid, _node, w, _ in harness.ran:
         walks.setdefault(rid, [])
         if not walks[rid] or walks[rid][-1] != w:
             walks[rid].append(w)
     assert walks["text"] == ["prefill_text", "decode"]
     assert walks["image"] == ["prefill_vit", "prefill_text", "image_gen"]
     assert text.finish_reason in ("length", "stop") and image.finish_reason in ("length", "stop")
-    assert bad.finish_reason.startswith("error: partition LLM") and unknown.finish_reason.startswith("error: route names")
+    assert bad.finish_reason.startswith("error: partition LLM")
+    assert unknown.finish_reason.startswith("error: route names")
     assert any(e.modality == "image" for e in image.emissions)
 
 
@@ -185,7 +189,8 @@ def test_stream_consumer_with_a_stream_that_never_comes_ends():
     p, q = kv_node("A", ["text_inputs"]), stateless_node("B", ["s"], stream_inputs=("s",))
     wa = walk("wa", "P", call("A", ["text_inputs"], edge("t", "conductor", is_persist=True, is_count_tokens=True)))
     wb = walk("wb", "Q", call("B", ["s"], edge("out", "client", modality="audio")))
-    stream = StreamPlan(producer_partition="P", edge="s", consumer_node="B", policy=ChunkPolicyPlan(kind="fixed", size=4))
+    stream = StreamPlan(producer_partition="P", edge="s", consumer_node="B",
+                        policy=ChunkPolicyPlan(kind="fixed", size=4))
     plan = hand_plan([wa, wb], [partition("P", ["wa"]), partition("Q", ["wb"], initial=None, streams=[stream])], [p, q])
     harness = Harness(plan)
     record = harness.submit(request(max_tokens=3))

@@ -140,7 +140,6 @@ def test_a_step_that_lost_a_walk_to_stale_rows_runs_that_mixture_eagerly():
     from mstar.runtime.step import Step, StepRow
 
     plan = generated("orpheus")
-    driver = Driver(plan, SimEngine(plan))
     key = next(k for k in plan.workers[0].keys if k.name == "LLM:mixed")
     mixed = next(e for e in key.mixtures if len(e.walks) == 2)
     step = Step(worker=0, key=key.name, node="LLM", mask=mixed.mask, label=None,
@@ -164,7 +163,8 @@ def test_the_call_tables_route_rows_to_the_ranks_that_place_them(name):
             instances = driver.routing.instances[(call.node, walk.name)]
             assert sorted(r for instance in instances for r in instance) == sorted(placed)
             for instance in instances:
-                groups = [g for w in plan.workers for g in w.tp_groups if g.node == call.node and instance[0] in g.ranks]
+                groups = [g for w in plan.workers for g in w.tp_groups
+                          if g.node == call.node and instance[0] in g.ranks]
                 assert all(g.leader == instance[0] for g in groups)
 
 

@@ -49,12 +49,14 @@ def test_prompts_file_runs_and_bad_lines_are_named(capsys, tmp_path):
     assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompts", str(good), "--no-progress"]) == 0
     assert "2 (2 ok, 0 failed)" in capsys.readouterr().out
     for text, expected in [
-        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 5}\n{"id": "b", "max_tokens": 5}\n', "p.jsonl:2: missing required field 'prompt_tokens'"),
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 5}\n{"id": "b", "max_tokens": 5}\n',
+            "p.jsonl:2: missing required field 'prompt_tokens'"),
         ('{"id": "a", "prompt_tokens": [1], "max_tokens": 0}\n', "'max_tokens' must be >= 1"),
         ('{"id": "a", "prompt_tokens": "hi", "max_tokens": 3}\n', "field 'prompt_tokens' must be list"),
         ('not json\n', "p.jsonl:1: not valid JSON"),
         ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, "colour": 1}\n', "unknown field(s) ['colour']"),
-        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3}\n{"id": "a", "prompt_tokens": [1], "max_tokens": 3}\n', "duplicate id 'a'"),
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3}\n{"id": "a", "prompt_tokens": [1], "max_tokens": 3}\n',
+            "duplicate id 'a'"),
     ]:
         good.write_text(text)
         assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompts", str(good)]) == 1

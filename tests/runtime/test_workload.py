@@ -26,14 +26,16 @@ def test_generate_is_seeded_and_within_ranges():
     assert closed.closed_concurrency == 3
 
 
-@pytest.mark.parametrize("text,message", [("5..2", "need 1 <= A <= B"), ("a..b", "expected A..B"), ("0", "need 1"), ("1..2..3", "expected")])
+@pytest.mark.parametrize("text,message", [("5..2", "need 1 <= A <= B"), ("a..b", "expected A..B"), ("0", "need 1"),
+                                          ("1..2..3", "expected")])
 def test_bad_ranges(text, message):
     with pytest.raises(WorkloadError, match=message):
         parse_range(text, "--prompt-len")
 
 
 def test_parse_route():
-    assert parse_route(["LLM=prefill_text, image_gen", "Talker="]) == {"LLM": ["prefill_text", "image_gen"], "Talker": []}
+    expected = {"LLM": ["prefill_text", "image_gen"], "Talker": []}
+    assert parse_route(["LLM=prefill_text, image_gen", "Talker="]) == expected
     with pytest.raises(WorkloadError):
         parse_route(["=x"])
 

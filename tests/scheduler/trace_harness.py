@@ -100,7 +100,8 @@ class Runner:
         continuing, tokens = [], []
         for rid, walk in zip(running.request_ids, running.walks):
             req = self.reqs[rid]
-            if walk == chain and req.state == "flight" and req.pos + 1 < len(req.steps) and req.steps[req.pos + 1][0] == chain:
+            is_next_chain = req.pos + 1 < len(req.steps) and req.steps[req.pos + 1][0] == chain
+            if walk == chain and req.state == "flight" and is_next_chain:
                 continuing.append(rid)
                 tokens.append(req.steps[req.pos + 1][1])
         batch = self.sched.speculate(running, continuing, tokens)
