@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 PROCESS_TARGET_S = 0.5
@@ -61,7 +62,7 @@ def measure(root: Path, runs: int) -> dict:
     diags = Diagnostics()
     pairs = regen.config_pairs(root, diags)
     python = sys.executable
-    report = {
+    report: dict[str, Any] = {
         "runs": runs,
         "python_start_s": _median_process_seconds([python, "-c", "pass"], runs, root)[0],
         "imports_s": _median_process_seconds([python, "-c", COMPILER_IMPORTS], runs, root)[0],
@@ -76,7 +77,8 @@ def measure(root: Path, runs: int) -> dict:
                 report["pairs"].append({"config": config.stem, "error": "does not compile"})
                 continue
             process_s, process_cpu_s = _median_process_seconds(argv, runs, root)
-            totals, per_pass = [], {}
+            totals: list[float] = []
+            per_pass: dict[str, list[float]] = {}
             for _ in range(runs):
                 start = time.perf_counter()
                 result = compile_spec(spec, config, Diagnostics(), out)
@@ -113,7 +115,8 @@ def print_report(report: dict) -> None:
             print(f"{pair['config']:28} {pair['error']}")
             continue
         cells = "  ".join(f"{_ms(pair['own_work_per_pass_s'].get(p, 0)):>12}" for p in passes)
-        flag = "" if pair["process_s"] < PROCESS_TARGET_S and pair["own_work_s"] < OWN_WORK_TARGET_S else "  over target"
+        is_within = pair["process_s"] < PROCESS_TARGET_S and pair["own_work_s"] < OWN_WORK_TARGET_S
+        flag = "" if is_within else "  over target"
         print(f"{pair['config']:28} {_ms(pair['process_s']):>10} {_ms(pair['process_cpu_s']):>8} "
               f"{_ms(pair['own_work_s']):>8}  {cells}{flag}")
     print(f"targets: process < {PROCESS_TARGET_S * 1000:.0f} ms, own work < {OWN_WORK_TARGET_S * 1000:.0f} ms "

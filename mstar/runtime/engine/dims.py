@@ -262,13 +262,14 @@ def _pattern_unit(full: tuple[bool, ...]) -> tuple[bool, ...]:
 
 def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
     """Dims of an audio codec; `tiny` makes few samples per token and a narrow network."""
+    keep_frame = node.dims.get("keep_frame", 1)
     dims = CodecDims(
         codebook=_int(node, "codebook", 4096),
         hidden=_int(node, "hidden", 256),
         num_quantizers=_int(node, "quantizers", 1),
         samples_per_token=_int(node, "samples_per_token", 292),
         sample_rate=_int(node, "sample_rate", 24000),
-        keep_frame=node.dims.get("keep_frame", 1) if isinstance(node.dims.get("keep_frame", 1), int) else 1,
+        keep_frame=keep_frame if isinstance(keep_frame, int) else 1,
     )
     if mode == "spec":
         return dims
@@ -281,7 +282,8 @@ def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:
     # Defaults that always fit each other: hidden 1024 (or 64 per head when only `heads` is given),
     # heads 16 (or the largest count below it that divides `hidden`). The compiler checks `hidden`
     # against `heads` when a spec gives both (MW112).
-    hidden = _int(node, "hidden", 64 * node.dims["heads"] if isinstance(node.dims.get("heads"), int) else 1024)
+    heads = node.dims.get("heads")
+    hidden = _int(node, "hidden", 64 * heads if isinstance(heads, int) else 1024)
     default_heads = next(h for h in range(16, 0, -1) if hidden % h == 0)
     dims = EncoderDims(
         hidden=hidden,

@@ -57,7 +57,7 @@ def classify(name: str, value: Any) -> Classified:
                 return Classified("signal")
             if len(kinds) > 1:
                 raise InputError(f"input {name}: a list mixing token and embedding tensors")
-            kept = [p.tensor for p in parts if p.kind != "signal"]
+            kept = [p.tensor for p in parts if p.kind != "signal" and p.tensor is not None]  # all but signals
             if kinds == {"embeddings"} and len({t.shape[1] for t in kept}) > 1:
                 raise InputError(f"input {name}: embedding tensors of different widths in one chunk")
             return Classified(kinds.pop(), torch.cat(kept))
