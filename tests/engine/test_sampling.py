@@ -76,8 +76,8 @@ def test_top_k_must_not_be_negative():
 def sampled_tokens(prompts, seeds, num_steps=6):
     engine = TorchEngine(llm_plan())
     for rid, prompt in prompts.items():
-        engine.add_request(rid, Request(id=rid, prompt_tokens=prompt, max_tokens=50, temperature=1.3, top_k=40, top_p=0.9,
-                                        seed=seeds[rid]))
+        engine.add_request(rid, Request(id=rid, prompt_tokens=prompt, max_tokens=50, temperature=1.3, top_k=40,
+                                        top_p=0.9, seed=seeds[rid]))
     out = {rid: [] for rid in prompts}
     rows = [StepRow(rid, "prefill", len(p), 0, {"text_inputs": p}) for rid, p in prompts.items()]
     for _ in range(num_steps):
