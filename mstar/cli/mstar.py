@@ -211,13 +211,13 @@ class _Signals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         is_first = self.signum is None
-        if is_first:
-            self.signum = signum
+        first_signum = signum if self.signum is None else self.signum
+        self.signum = first_signum
         if is_first and (self.is_writing or self.driver is not None):
             if not self.is_writing:
                 self.driver.stop()
             return
-        raise _Interrupted(self.signum)
+        raise _Interrupted(first_signum)
 
     @property
     def name(self) -> str:

@@ -78,10 +78,10 @@ def run(iters: int, head_dim: int, qo_heads: int, kv_heads: int) -> dict:
     attend = backend.plan_step(rows, new_index, scale)
     fast = attend(q, k, v, *cache, scale)
     with torch.device(device):
-        slow = paged_attention(q, k, v, *cache, segments, scale)
+        slow = paged_attention(q, k, v, cache[0], cache[1], segments, scale)
     error = ((fast.float() - slow.float()).norm() / slow.float().norm()).item()
     with torch.device(device):  # paged_attention builds its masks on the default device
-        torch_us = _time_us(lambda: paged_attention(q, k, v, *cache, segments, scale), max(1, iters // 10))
+        torch_us = _time_us(lambda: paged_attention(q, k, v, cache[0], cache[1], segments, scale), max(1, iters // 10))
     flashinfer_us = _time_us(lambda: attend(q, k, v, *cache, scale), iters)
     plan_us = _time_us(lambda: backend.plan_step(rows, new_index, scale), max(1, iters // 10))
     return {

@@ -85,7 +85,8 @@ def measure(directory: Path, device: str) -> dict:
     num_params = sum(p.numel() for p in model.parameters())
     num_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"load_s": round(elapsed, 3), "params": num_params, "params_per_s": round(num_params / elapsed),
-            "model_gib": round(num_bytes / 2**30, 2), "peak_rss_growth_gib": round((_peak_rss_bytes() - before) / 2**30, 2),
+            "model_gib": round(num_bytes / 2**30, 2),
+            "peak_rss_growth_gib": round((_peak_rss_bytes() - before) / 2**30, 2),
             "checkpoint_gib": round(sum(f.stat().st_size for f in directory.glob("*.safetensors")) / 2**30, 2),
             "device": device, "threads": torch.get_num_threads()}
 

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Literal, Optional, Sequence
 
 from mstar.plan.schema import (
     CaptureFamily,
@@ -37,7 +37,8 @@ SCENARIOS = ["decode_48", "decode_64", "mixed_63_1", "spec_merge_48", "decode_25
 TARGETS_US = {"decode_64": 10.0, "mixed_63_1": 15.0}
 
 
-def _family(name: str, kind: str, sizes: list[int], tokens: Sequence[int] = ()) -> CaptureFamily:
+def _family(name: str, kind: Literal["batched", "packed"], sizes: list[int],
+            tokens: Sequence[int] = ()) -> CaptureFamily:
     pad = [0] + [min(s for s in sizes if s >= b) for b in range(1, max(sizes) + 1)]
     return CaptureFamily(
         name=name, kind=kind, batch_sizes=sizes, token_buckets=list(tokens), batch_pad=pad,
@@ -58,7 +59,8 @@ def orpheus_like_worker(decode_cap: int = 64) -> tuple[WorkerPlan, DeploymentPla
         name="LLM:mixed", node="LLM", walks=["prefill", "decode"], is_combined=True,
         mixtures=[
             MixtureEntry(mask=0, walks=[], cap=0, attention="none"),
-            MixtureEntry(mask=1, walks=["prefill"], cap=16, label="prefill", capture="LLM:prefill", attention="prefill"),
+            MixtureEntry(mask=1, walks=["prefill"], cap=16, label="prefill", capture="LLM:prefill",
+                         attention="prefill"),
             MixtureEntry(mask=2, walks=["decode"], cap=decode_cap, label="decode", capture="LLM:decode",
                          attention="decode"),
             MixtureEntry(mask=3, walks=["prefill", "decode"], cap=64, capture="LLM:mixed", attention="split"),
@@ -80,7 +82,7 @@ def orpheus_like_worker(decode_cap: int = 64) -> tuple[WorkerPlan, DeploymentPla
 def _decode_step(sched, num_rows: int) -> Callable[[], object]:
     """One decode step: the last step's rows come back ready, then the next step is decided."""
     sched.add_ready_many([f"d{i}" for i in range(num_rows)], "LLM", "decode")
-    state = {"back": []}
+    state: dict[str, list[str]] = {"back": []}
 
     def step() -> object:
         if state["back"]:
@@ -183,7 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # per-row lists of a Batch make these grow with N; the plan cannot decide that away.
     for num_rows in (256, 1024):
         one = measure(WorkerScheduler, f"decode_{num_rows}", args.iters, args.warmup, decode_cap=num_rows)
-        print(f"{'(one step of ' + str(num_rows) + ' rows)':<28} p50 {one['p50_us']:.2f} us  p90 {one['p90_us']:.2f} us")
+        label = f"(one step of {num_rows} rows)"
+        print(f"{label:<28} p50 {one['p50_us']:.2f} us  p90 {one['p90_us']:.2f} us")
     growth = result["scenarios"]["decode_1024"]["p50_us"] / max(result["scenarios"]["decode_64"]["p50_us"], 1e-9)
     print(f"decode_1024 / decode_64 p50: {growth:.2f}x (target <= 2x)")
     for name, target in TARGETS_US.items():

@@ -144,7 +144,7 @@ def error_lines(records: Iterable[RequestRecord], *, limit: int = 5, width: int 
     nothing failed."""
     ids: dict[str, list[str]] = {}
     for record in records:
-        if record.is_failed:
+        if record.finish_reason is not None and record.is_failed:  # a failed record has a reason
             ids.setdefault(record.finish_reason, []).append(record.request.id)
     ordered = sorted(ids.items(), key=lambda item: (-len(item[1]), item[0]))
     lines = []
@@ -168,7 +168,8 @@ def render_table(summary: dict[str, Any]):
     table = Table(title="mstar run", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("requests", f"{summary['num_requests']} ({summary['num_completed']} ok, {summary['num_failed']} failed)")
+    table.add_row("requests",
+                  f"{summary['num_requests']} ({summary['num_completed']} ok, {summary['num_failed']} failed)")
     table.add_row("finish reasons", ", ".join(f"{k}: {v}" for k, v in summary["finish_kinds"].items()))
     table.add_row("run time (s)", f"{summary['duration_s']:.3f}")
     table.add_row("host wall time (s)", f"{summary['host_wall_s']:.3f}")
@@ -177,12 +178,14 @@ def render_table(summary: dict[str, Any]):
     for name, label in (("ttft_ms", "TTFT ms"), ("itl_ms", "inter-token ms")):
         p = summary[name]
         table.add_row(label + " p50/p90/p99", " / ".join(_cell(p[q], 2) for q in ("p50", "p90", "p99")))
-    for name, label in (("scheduler_us_per_step", "scheduler us/step"), ("postprocess_us_per_step", "postprocess us/step")):
+    for name, label in (("scheduler_us_per_step", "scheduler us/step"),
+                        ("postprocess_us_per_step", "postprocess us/step")):
         p = summary[name]
         table.add_row(label + " p50/p90", " / ".join(_cell(p[q], 1) for q in ("p50", "p90")))
     table.add_row(
         "steps (speculative, follower, out-of-memory)",
-        f"{summary['num_steps']} ({summary['num_speculative_steps']}, {summary['num_follower_steps']}, {summary['num_oom_steps']})",
+        f"{summary['num_steps']} ({summary['num_speculative_steps']}, {summary['num_follower_steps']}, "
+        f"{summary['num_oom_steps']})",
     )
     table.add_row(
         "rows held out of memory", f"{summary['num_oom_rows']}",

@@ -8,15 +8,15 @@ small vocabulary, all from one seed. Arrivals:
 - closed: `concurrency` clients, each sending its next request when its previous one finishes.
 
 File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
-"max_tokens": int} and optionally "temperature", "top_k", "top_p", "seed", "repetition_penalty" (> 0),
-"stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route),
-"guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance labels, see mstar/runtime/engine/runners/guidance.py); blank lines
-are skipped. An id is 1 to MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's
-files under --out; no path separator, NUL or space). The file is read through
-mstar.files.read_bytes_bounded: a regular file of at most MAX_PROMPTS_BYTES (a FIFO or
-/dev/zero is refused at once). Every
-request arrives at time 0 (or through the closed loop when a concurrency is given). A bad line
-raises WorkloadError naming the file, the line and what is wrong.
+"max_tokens": int} and optionally "temperature", "top_k", "top_p", "seed", "repetition_penalty"
+(> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route), "guidance"
+({label: scale >= 0}, image-flow guidance by the spec's guidance labels, see
+mstar/runtime/engine/runners/guidance.py); blank lines are skipped. An id is 1 to MAX_ID_CHARS
+characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path separator, NUL
+or space). The file is read through mstar.files.read_bytes_bounded: a regular file of at most
+MAX_PROMPTS_BYTES (a FIFO or /dev/zero is refused at once). Every request arrives at time 0 (or
+through the closed loop when a concurrency is given). A bad line raises WorkloadError naming the
+file, the line and what is wrong.
 
 Routes (`check_route`): given the plan's `route_names` ({partition: walks of its stages}), a
 route naming an unknown partition or a walk outside that partition's stages is a WorkloadError
@@ -236,7 +236,7 @@ def parse_prompt_line(line: str, where: str) -> Request:
             raise WorkloadError(f"{where}: guidance scale of {label!r} must be >= 0, got {scale}")
         scales[label] = float(scale)
     route = _field(obj, "route", (dict,), where, is_required=False) or {}
-    for partition, walks in route.items():
+    for walks in route.values():
         if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
             raise WorkloadError(f"{where}: 'route' must map partition names to lists of walk names")
     return Request(
