@@ -69,3 +69,20 @@ def test_truncated_shard_is_named(tmp_path):
     dims = read_checkpoint_config(str(tmp_path))
     with pytest.raises(WeightsError, match="cannot read model.safetensors"):
         load_decoder(lambda: Decoder(dims), str(tmp_path), True)
+
+
+def test_large_finite_values_pass_the_finite_check(tmp_path):
+    """The NaN/Inf check sums each tensor first; values whose sum overflows are still finite."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_llama(tmp_path, is_tied=True, max_shard_size="10MB")
+    weights = load_file(tmp_path / "model.safetensors")
+    weights["model.layers.0.mlp.up_proj.weight"] = torch.full((64, 32), 3e38)
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    dims = read_checkpoint_config(str(tmp_path))
+    model = load_decoder(lambda: Decoder(dims), str(tmp_path), True)
+    assert float(model.model.layers[0].mlp.up_proj.weight.max()) == pytest.approx(3e38)
+    weights["model.layers.0.mlp.up_proj.weight"][5, 7] = float("nan")
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(WeightsError, match="up_proj.weight holds 1 NaN"):
+        load_decoder(lambda: Decoder(dims), str(tmp_path), True)

@@ -107,6 +107,11 @@ def check_finite(weights_dir: str, file: Path, key: str, tensor: torch.Tensor) -
     dtype, so a value that overflows that dtype is caught too)."""
     if not tensor.is_floating_point():
         return
+    # A NaN or infinity anywhere makes the sum non-finite, so a finite sum clears the tensor in one
+    # vectorised pass (0.5 s for 1.2 B fp32 values here, against 11 s for isfinite().all()); a
+    # non-finite sum (a bad value, or finite values that overflow when added) gets the exact count.
+    if bool(torch.isfinite(tensor.sum())):
+        return
     is_finite = torch.isfinite(tensor)
     if not bool(is_finite.all()):
         num_bad = int((~is_finite).sum())
