@@ -22,14 +22,13 @@ action, loop outputs only loop-backs produced written to a named slot).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional, TypeVar, cast
 
 from mstar.compiler.walk_tree import (
     TreeCall,
     TreeEdge,
     TreeLoop,
     TreeParallel,
-    TreeSequential,
     WalkTree,
     iter_calls,
 )
@@ -40,6 +39,7 @@ from mstar.plan.schema import (
     JoinPlan,
     LoopExitPlan,
     LoopPlan,
+    Modality,
     NextPlan,
     NodePlan,
     PartitionPlan,
@@ -47,12 +47,26 @@ from mstar.plan.schema import (
 )
 
 
+EdgeAction = Literal["slot", "loop_back", "loop_output", "loop_accumulate", "sink"]
+ExitKind = Literal["output", "accumulate", "scope"]
+Source = Literal["stream", "prompt", "persisted", "none"]
+_T = TypeVar("_T")
+
+
+def _linked(value: Optional[_T]) -> _T:
+    """A transition or join `link` set (every section of a tree is linked before the tables
+    are built)."""
+    if value is None:
+        raise ValueError("a section of the walk was not linked (a bug in lower_tables)")
+    return value
+
+
 @dataclass
 class WalkContext:
     """What lowering a walk needs beyond its tree."""
 
     stream_inputs: dict[str, set[str]]  # node -> its stream inputs
-    prompts: dict[tuple[str, str], str]  # (node, input) -> the modality of the prompt it takes
+    prompts: dict[tuple[str, str], Modality]  # (node, input) -> the modality of the prompt it takes
     persisted: set[str]  # edge names some walk persists
     count_names: frozenset[str]  # output names counted as tokens in the walk's partition
     instances: dict[tuple[str, str], list[list[int]]]  # (node, walk) -> instances
@@ -172,7 +186,7 @@ class _Lowering:
     # ------------------------------------------------------------ edges
 
     def edge_plan(self, edge: TreeEdge, action: str, **fields) -> EdgePlan:
-        return EdgePlan(**edge.model_dump(), action=action, **fields)
+        return EdgePlan(**edge.model_dump(), action=cast(EdgeAction, action), **fields)
 
     def route(self, edge: TreeEdge, loop: Optional[_Loop]) -> EdgePlan:
         """The action of `edge` (not a loop-back) leaving a call inside `loop`: held or
@@ -186,7 +200,8 @@ class _Lowering:
                 key = (kind, edge.name, edge.dest_kind, edge.dest)
                 if key not in loop.exit_keys:
                     loop.exit_keys[key] = len(loop.exits)
-                    loop.exits.append(LoopExitPlan(kind=kind, name=edge.name, edge=self.route(edge, loop.parent)))
+                    loop.exits.append(LoopExitPlan(kind=cast(ExitKind, kind), name=edge.name,
+                                                   edge=self.route(edge, loop.parent)))
                 action = "loop_output" if kind == "output" else "loop_accumulate"
                 return self.edge_plan(edge, action, loop=loop.index, exit=loop.exit_keys[key])
             loop = loop.parent
@@ -219,7 +234,8 @@ class _Lowering:
                 return a[1] and b[1] and a[0] == b[0]
         return False
 
-    def input_plan(self, site: _Site, name: str, edges: dict[int, list[EdgePlan]], scope: dict[str, int]) -> InputPlan:
+    def input_plan(self, site: _Site, name: str, edges: dict[int, list[EdgePlan]],
+                   scope: dict[str, int]) -> InputSourcePlan:
         node = site.call.node
         slots = []
         is_wait = False
@@ -234,6 +250,7 @@ class _Lowering:
         if name in scope and not is_stream:
             slots.append(scope[name])
         prompt = self.ctx.prompts.get((node, name))
+        source: Source
         if is_stream:
             source = "stream"
         elif prompt is not None:
@@ -261,7 +278,7 @@ class _Lowering:
                     loop.exits.append(LoopExitPlan(kind="scope", name=name, slot=slot))
         for i, site in enumerate(self.sites):
             for e in edges[i]:
-                if e.action == "slot" and not e.is_loop_back:
+                if e.action == "slot" and e.slot is not None and not e.is_loop_back:
                     inner = site.loop
                     while inner is not None:  # every loop around the producer refills it
                         inner.cleared.add(e.slot)
@@ -271,7 +288,7 @@ class _Lowering:
             LoopPlan(
                 name=loop.tree.name, max_iters=loop.tree.max_iters, has_stop=loop.tree.has_stop,
                 parent=loop.parent.index if loop.parent else None, nodes=list(loop.tree.nodes),
-                is_on_device=loop.tree.is_on_device, body=loop.body, then=loop.then,
+                is_on_device=loop.tree.is_on_device, body=_linked(loop.body), then=_linked(loop.then),
                 cleared_slots=sorted(loop.cleared),
                 exits=loop.exits,
             )
@@ -279,7 +296,7 @@ class _Lowering:
         ]
         return WalkPlan(
             name=tree.name, partition=tree.partition, nodes=list(tree.nodes), start=self.entry(tree.body[0]),
-            calls=calls, joins=list(self.joins), loops=loops, slots=list(self.slots),
+            calls=calls, joins=[_linked(join) for join in self.joins], loops=loops, slots=list(self.slots),
         )
 
     def call_plan(self, index: int, site: _Site, edges: dict[int, list[EdgePlan]], scope: dict[str, int]) -> CallPlan:
@@ -295,7 +312,7 @@ class _Lowering:
             counted=sorted(self.ctx.count_names & names_here),
             loop=site.loop.index if site.loop else None,
             stop_loop=stop.index if stop else None,
-            then=site.then,
+            then=_linked(site.then),
             instances=self.ctx.instances.get((call.node, self.tree.name), []),
         )
 

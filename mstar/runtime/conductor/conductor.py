@@ -23,7 +23,7 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.loop_pass import advance_loop_rows

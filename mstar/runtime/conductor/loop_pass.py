@@ -16,7 +16,7 @@ loop-back value is missing, or it failed.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from mstar.runtime.conductor.request import num_tokens_of
 from mstar.runtime.conductor.walk_run import EMPTY
@@ -73,7 +73,10 @@ class _ReadyRows:
     __slots__ = ("out", "node", "walk", "ids", "tokens")
 
     def __init__(self, out: list, node: str):
-        self.out, self.node, self.walk, self.ids, self.tokens = out, node, None, [], []
+        self.out, self.node = out, node
+        self.walk: Optional[str] = None
+        self.ids: list[str] = []
+        self.tokens: list[int] = []
 
     def start(self, walk: str) -> None:
         """Rows of another walk follow: the group so far leaves first."""

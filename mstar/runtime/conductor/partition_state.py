@@ -6,8 +6,9 @@ source (stream chunks, persisted values, the request's prompt and media) and out
 tables: "stream" takes a chunk of the partition's buffer of that name; the others take a
 persisted value of the same name (the partition's own first), else for "prompt" the prompt the
 first time the partition takes one and afterwards its latest persisted value (Orpheus:
-prefill's new_token feeds decode), else for an image or audio prompt input the request's media of
-that modality (None when absent, and for any other input: the engine synthesises stand-ins). Persisted values a walk used are unpersisted when it ends.
+prefill's new_token feeds decode), else for an image or audio prompt input the request's media
+of that modality (None when absent, and for any other input: the engine synthesises stand-ins).
+Persisted values a walk used are unpersisted when it ends.
 
 A stream-consumer partition (no initial walk) starts a walk only when one of its streams has a
 chunk. With one stage it re-runs that walk per chunk until its streams are exhausted (SNAC,

@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol
 from mstar.plan.schema import EdgePlan
 from mstar.runtime.conductor.request import num_tokens_of
 from mstar.runtime.conductor.tables import (
-    JOIN, LOOP_ACCUMULATE, LOOP_BACK, LOOP_END, LOOP_OUTPUT, SINK, SLOT, START, STREAM, RunCall, RunNext, RunWalk,
+    JOIN, LOOP_BACK, LOOP_END, LOOP_OUTPUT, SINK, SLOT, START, STREAM, RunCall, RunNext, RunWalk,
 )
 
 
