@@ -4,8 +4,9 @@ In: the step's `RowSpec`s and, when any row samples, per-row sampling arrays. Ou
 a `Pending` step at once (the device may still be running it); `collect(pending)` waits for it and
 returns the sampled token ids as a numpy array.
 
-Per step the host does: pack the rows (`packing.pack`, numpy), one copy of the packed int32 array
-into pinned memory and one non-blocking host-to-device copy, FlashInfer's `plan()`, then either the
+Per step the host does: pack the rows (`packing.pack`, numpy), FlashInfer's plan, one copy of the
+packed int32 array into pinned memory and one non-blocking host-to-device copy (for a graph step
+the array also carries the attention's index arrays: `FlashInferSteps.decode_host`), then either the
 replay of the decode graph of the step's bucket (a decode-only step with at most the family's
 largest batch, padded by the plan's `batch_pad` table) or an eager run (prefill and mixed steps).
 Sampling, and writing each row's token into the device token table (the on-device loop-back the
@@ -87,20 +88,20 @@ class StepExecutor:
             return 0
         return self.batch_pad[len(rows)]
 
-    def _stage(self, packed: PackedStep, dest: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """One host-to-device copy of the packed array (through pinned memory on a GPU)."""
-        size = packed.host.shape[0]
+    def _stage(self, host: np.ndarray, dest: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One host-to-device copy of an int32 array (through pinned memory on a GPU)."""
+        size = host.shape[0]
         if self._staging.shape[0] < size:
             self._staging = self._host(torch.empty(2 * size, dtype=torch.int32))
             self._device_in = torch.empty(2 * size, dtype=torch.int32, device=self.device)
-        self._staging[:size].numpy()[:] = packed.host
+        self._staging[:size].numpy()[:] = host
         if dest is None:
             dest = self._device_in[:size]
         dest.copy_(self._staging[:size], non_blocking=True)
         return dest
 
     def _run_eager(self, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        data = self._stage(packed)
+        data = self._stage(packed.host)
         ids, positions, slots, src, last_index, row_slot = data.split(packed.field_sizes())
         if self.attention is not None:
             attend = self.attention.plan_eager(packed)
@@ -113,9 +114,10 @@ class StepExecutor:
 
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.attention.plan_decode(batch, packed)
-        inputs = self._stage(packed, self.graphs.inputs[batch])
+        host = self.attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
+        self._stage(host, self.attention.staged[batch][:host.shape[0]])
         self.graphs.replay(batch)
-        return self.graphs.logits[batch], self.graphs.greedy[batch], inputs[5 * batch:6 * batch]
+        return self.graphs.logits[batch], self.graphs.greedy[batch], self.graphs.inputs[batch][5 * batch:6 * batch]
 
     def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None) -> Pending:
         batch = self.bucket(rows)

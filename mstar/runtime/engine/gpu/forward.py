@@ -12,12 +12,14 @@ padding rows of a captured step read and write, so they never touch a request's 
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.gpu import kernels
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.rope import inverse_frequencies
 
@@ -47,7 +49,14 @@ class PagedKv:
 
 
 class DecoderForward:
-    """The step function of one decoder (module docstring); holds no per-step state."""
+    """The step function of one decoder (module docstring); holds no per-step state.
+
+    At construction q/k/v and gate/up become one matrix each (concatenated once; the modules'
+    parameters become views into it, so no weight is held twice), so a layer runs four matrix
+    products. On a CUDA device with Triton the norms (with the residual add), RoPE with the K/V
+    write, and silu * up are one fused kernel each (`kernels.py`); elsewhere the same arithmetic
+    runs as torch ops.
+    """
 
     def __init__(self, model: Decoder, dims: DecoderDims, kv: PagedKv, max_positions: int):
         self.model, self.dims, self.kv = model, dims, kv
@@ -60,6 +69,9 @@ class DecoderForward:
         # [max_positions, rotary/2] each, fp32: gathered by position every step.
         self.cos = (freqs.cos() * scale).to(device)
         self.sin = (freqs.sin() * scale).to(device)
+        self.is_fused = kernels.available(device)
+        self.qkv = [_fuse([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in model.model.layers]
+        self.gate_up = [_fuse([l.mlp.gate_proj, l.mlp.up_proj]) for l in model.model.layers]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Half rotation of the first `rotary` dims (Hugging Face's rotate_half), in fp32."""
@@ -69,36 +81,79 @@ class DecoderForward:
         out = torch.cat([first * cos - second * sin, second * cos + first * sin, rest], dim=-1)
         return out.to(x.dtype)
 
+    def _norm(self, x: torch.Tensor, delta: Optional[torch.Tensor], norm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)); fused, x is updated in place."""
+        if self.is_fused:
+            return x, kernels.add_rmsnorm(x, delta, norm.weight, norm.eps, norm.is_zero_centred)
+        x = x if delta is None else x + delta
+        return x, norm(x)
+
+    def _rope_write(self, q, k, v, positions, slots, k_pages, v_pages) -> torch.Tensor:
+        d = self.dims
+        if self.is_fused:
+            return kernels.rope_write_kv(q, k, v, self.cos, self.sin, positions, slots,
+                                         k_pages.view(-1, d.num_kv_heads, d.head_dim),
+                                         v_pages.view(-1, d.num_kv_heads, d.head_dim), self.rotary)
+        cos = self.cos[positions.long()].unsqueeze(1)
+        sin = self.sin[positions.long()].unsqueeze(1)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        k_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots.long(), k.to(k_pages.dtype))
+        v_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots.long(), v.to(v_pages.dtype))
+        return q.to(k_pages.dtype)
+
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                  last_index: torch.Tensor, attend: Attend) -> torch.Tensor:
         d = self.dims
         model = self.model
         n = ids.shape[0]
+        num_q, num_kv = d.num_qo_heads * d.head_dim, d.num_kv_heads * d.head_dim
         x = model.model.embed_tokens.weight[ids.long() % d.vocab]
-        cos = self.cos[positions.long()].unsqueeze(1)
-        sin = self.sin[positions.long()].unsqueeze(1)
-        slots = write_slots.long()
+        delta = None
         for index, layer in enumerate(model.model.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, d.num_qo_heads, d.head_dim)
-            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, d.num_kv_heads, d.head_dim)
-            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, d.num_kv_heads, d.head_dim)
+            x, h = self._norm(x, delta, layer.input_layernorm)
+            qkv = F.linear(h, *self.qkv[index])
+            q = qkv[:, :num_q].view(n, d.num_qo_heads, d.head_dim)
+            k = qkv[:, num_q:num_q + num_kv].view(n, d.num_kv_heads, d.head_dim)
+            v = qkv[:, num_q + num_kv:].view(n, d.num_kv_heads, d.head_dim)
             if attn.has_qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             k_pages, v_pages = self.kv.pages(index)
-            k_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots, k.to(k_pages.dtype))
-            v_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots, v.to(v_pages.dtype))
-            out = attend(index, q.to(k_pages.dtype), k_pages, v_pages).reshape(n, -1)
-            x = x + F.linear(out.to(x.dtype), attn.o_proj.weight, attn.o_proj.bias)
+            q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages)
+            out = attend(index, q, k_pages, v_pages).reshape(n, -1)
+            delta = F.linear(out.to(x.dtype), attn.o_proj.weight, attn.o_proj.bias)
+            x, h = self._norm(x, delta, layer.post_attention_layernorm)
             mlp = layer.mlp
-            h = layer.post_attention_layernorm(x)
-            gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-        last = model.model.norm(x[last_index.long()])
+            gate_up = F.linear(h, *self.gate_up[index])
+            if self.is_fused:
+                act = kernels.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            delta = F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+        if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
+            last = kernels.add_rmsnorm(x[last_index.long()], delta[last_index.long()], model.model.norm.weight,
+                                       model.model.norm.eps, model.model.norm.is_zero_centred)
+        else:
+            last = model.model.norm((x + delta)[last_index.long()])
         return F.linear(last, model.lm_head.weight).float()
+
+
+def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(weight, bias) of the linears stacked by output; their parameters become views of it."""
+    with torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears])
+        has_bias = any(linear.bias is not None for linear in linears)
+        bias = torch.cat([linear.bias if linear.bias is not None else weight.new_zeros(linear.out_features)
+                          for linear in linears]) if has_bias else None
+        start = 0
+        for linear in linears:
+            end = start + linear.out_features
+            linear.weight = nn.Parameter(weight[start:end], requires_grad=False)
+            if linear.bias is not None:
+                linear.bias = nn.Parameter(bias[start:end], requires_grad=False)
+            start = end
+    return weight, bias
 
 
 def torch_attend(qo_indptr: list[int], kv_indptr: list[int], kv_indices: torch.Tensor,

@@ -3,10 +3,11 @@
 In: the step function (`DecoderForward`), the FlashInfer decode wrappers (`FlashInferSteps`), the
 device token table (loop-back tokens), the family's batch sizes, the dummy cache slot.
 Out: `DecodeGraphs`, whose `replay(batch)` runs a step whose inputs were copied into
-`inputs[batch]` (the packing layout of `packing.py` at T = R = batch) and whose decode wrapper was
-planned; `logits[batch]` and `greedy[batch]` then hold the step's outputs. `measured_bytes` is the
-growth of the device memory torch reserved across the family's capture (graphs, their pool, the
-static buffers), the figure the plan's compile-time estimate is checked against.
+`inputs[batch]` (the packing layout of `packing.py` at T = R = batch, the head of the bucket's
+`FlashInferSteps.staged` buffer) and whose decode wrapper was planned; `logits[batch]` and
+`greedy[batch]` then hold the step's outputs. `measured_bytes` is the growth of the device memory
+torch reserved across the family's capture (the graphs' pool, with each graph's logits, and the
+capture stream's cuBLAS workspace), the figure the plan's compile-time estimate is checked against.
 
 Sizes are captured largest first so smaller graphs reuse the pool's blocks.
 """
@@ -14,11 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from mstar.runtime.engine.gpu.attention import FlashInferSteps
+from mstar.runtime.engine.gpu.attention import NUM_FIELDS, FlashInferSteps
 from mstar.runtime.engine.gpu.forward import DecoderForward
-from mstar.runtime.engine.gpu.packing import NUM_ROW_FIELDS, NUM_TOKEN_FIELDS, pack
-
-NUM_FIELDS = NUM_TOKEN_FIELDS + NUM_ROW_FIELDS
+from mstar.runtime.engine.gpu.packing import pack
 
 
 class DecodeGraphs:
@@ -34,8 +33,11 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(device)
         pool = torch.cuda.graph_pool_handle()
+        # One side stream for every warm-up and capture: cuBLAS keeps a workspace per stream, so a
+        # stream per batch size would hold one workspace each.
+        stream = torch.cuda.Stream(device)
         for batch in sorted(batch_sizes, reverse=True):
-            self._capture(batch, dummy_slot, pool, device)
+            self._capture(batch, dummy_slot, pool, stream, device)
         torch.cuda.synchronize(device)
         self.measured_bytes = torch.cuda.memory_reserved(device) - before
 
@@ -46,19 +48,20 @@ class DecodeGraphs:
         logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch))
         return logits, logits.argmax(-1)
 
-    def _capture(self, batch: int, dummy_slot: int, pool: object, device: torch.device) -> None:
+    def _capture(self, batch: int, dummy_slot: int, pool: object, stream: torch.cuda.Stream,
+                 device: torch.device) -> None:
         dummy_page = dummy_slot // self.attention.page_size
         packed = pack([], self.attention.page_size, dummy_page, padded_rows=batch, padded_tokens=batch)
-        self.inputs[batch] = torch.from_numpy(packed.host).to(device)
+        self.inputs[batch] = self.attention.staged[batch][:NUM_FIELDS * batch]
+        self.inputs[batch].copy_(torch.from_numpy(packed.host))
         self.attention.plan_decode(batch, packed)
-        stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream), torch.no_grad():
             for _ in range(2):  # warm up: FlashInfer's first run and cuBLAS's handles outside the graph
                 self.body(batch)
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool), torch.no_grad():
+        with torch.cuda.graph(graph, pool=pool, stream=stream), torch.no_grad():
             self.logits[batch], self.greedy[batch] = self.body(batch)
         self.graphs[batch] = graph
 

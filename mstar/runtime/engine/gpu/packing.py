@@ -14,6 +14,7 @@ Padding rows feed one token at position 0 that writes the dummy page and attends
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Optional
 
 import numpy as np
@@ -57,9 +58,10 @@ def _row_arrays(rows: list[RowSpec], page_size: int) -> tuple[np.ndarray, ...]:
     starts = np.repeat(np.cumsum(counts) - counts, counts)
     positions = np.repeat(cached, counts) + np.arange(counts.sum()) - starts
     num_pages = -(-(cached + counts) // page_size)
-    tables = [np.asarray(r.page_table[:n], dtype=np.int64) for r, n in zip(rows, num_pages)]
+    # One pass over the page tables (an array per row cost more than the rest of the packing).
+    indices = np.fromiter(chain.from_iterable(r.page_table[:n] for r, n in zip(rows, num_pages.tolist())),
+                          dtype=np.int64, count=int(num_pages.sum()))
     page_base = np.repeat(np.cumsum(num_pages) - num_pages, counts)
-    indices = np.concatenate(tables) if tables else np.zeros(0, dtype=np.int64)
     slots = indices[page_base + positions // page_size] * page_size + positions % page_size
     last_len = cached + counts - (num_pages - 1) * page_size
     return counts, positions, slots, num_pages, indices, last_len

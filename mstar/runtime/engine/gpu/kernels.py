@@ -1,0 +1,147 @@
+"""Fused Triton kernels of the device step: one launch where torch needs five to a dozen.
+
+In and out (all on one device; activations in the model dtype, bf16 on a GPU):
+- `add_rmsnorm(x, delta, weight, eps, is_zero_centred)`: `x += delta` in place (when `delta` is
+  given), then returns RMSNorm(x) `[N, H]`, the same rounding as `layers.RMSNorm` (normalised in
+  fp32, cast, then times the weight; zero-centred: times 1 + w in fp32).
+- `rope_write_kv(q, k, v, cos, sin, positions, slots, k_cache, v_cache, rotary)`: q `[N, Hq, D]`,
+  k and v `[N, Hkv, D]` (views with any token stride, heads contiguous); rotates the first
+  `rotary` dims of q and k by the fp32 cos/sin tables `[positions, rotary/2]` at each token's
+  position (Hugging Face's rotate_half, computed in fp32), writes k and v into the cache at each
+  token's flat slot (`[slots, Hkv, D]` views of the pages) and returns the rotated q `[N, Hq, D]`.
+- `silu_mul(gate_up)`: `[N, 2I] -> [N, I]`, silu(gate) * up with torch's bf16 rounding.
+
+Why: a decode step of a 16-layer model launched about 40 kernels a layer (RoPE in fp32 with
+slices and a cat, casts, the norm's mean and rsqrt, two index copies); in a CUDA graph each costs a
+few microseconds whatever its size, which dominated the step at small batches.
+
+`available(device)` says whether these run there (a CUDA device with Triton); elsewhere the
+forward keeps its torch ops. Tests run them under the Triton interpreter on the CPU
+(`TRITON_INTERPRET=1` when this module is imported).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without Triton keep the torch ops
+    triton = None
+
+
+def available(device: torch.device) -> bool:
+    return triton is not None and device.type == "cuda"
+
+
+if triton is not None:
+    @triton.jit
+    def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, stride_x, stride_d, stride_o, num_cols, eps,
+                            HAS_DELTA: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < num_cols
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_DELTA:
+            delta = tl.load(delta_ptr + row * stride_d + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
+            tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        scale = tl.rsqrt(tl.sum(x32 * x32, axis=0) / num_cols + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if IS_ZERO_CENTRED:
+            out = x32 * scale * (1.0 + w)
+        else:
+            out = (x32 * scale).to(out_ptr.dtype.element_ty).to(tl.float32) * w
+        tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v, cos_ptr, sin_ptr, stride_cs,
+                              pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                              NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr,
+                              BLOCK_D: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        position = tl.load(pos_ptr + token).to(tl.int64)
+        d = tl.arange(0, BLOCK_D)
+        is_dim = d < D
+        half = ROTARY // 2
+        is_first = d < half
+        is_rotated = d < ROTARY
+        partner = tl.where(is_first, d + half, d - half)
+        freq = tl.where(is_first, d, d - half)
+        cos = tl.load(cos_ptr + position * stride_cs + freq, mask=is_rotated, other=1.0)
+        sin = tl.load(sin_ptr + position * stride_cs + freq, mask=is_rotated, other=0.0)
+        if head < NUM_Q:
+            base = q_ptr + token * stride_q + head * D
+        else:
+            base = k_ptr + token * stride_k + (head - NUM_Q) * D
+        x = tl.load(base + d, mask=is_dim, other=0.0).to(tl.float32)
+        other = tl.load(base + partner, mask=is_rotated, other=0.0).to(tl.float32)
+        rotated = tl.where(is_first, x * cos - other * sin, tl.where(is_rotated, x * cos + other * sin, x))
+        if head < NUM_Q:
+            tl.store(q_out_ptr + (token * NUM_Q + head) * D + d, rotated.to(q_out_ptr.dtype.element_ty),
+                     mask=is_dim)
+        else:
+            kv_head = head - NUM_Q
+            slot = tl.load(slot_ptr + token).to(tl.int64)
+            tl.store(k_cache_ptr + (slot * NUM_KV + kv_head) * D + d, rotated.to(k_cache_ptr.dtype.element_ty),
+                     mask=is_dim)
+            value = tl.load(v_ptr + token * stride_v + kv_head * D + d, mask=is_dim, other=0.0)
+            tl.store(v_cache_ptr + (slot * NUM_KV + kv_head) * D + d, value.to(v_cache_ptr.dtype.element_ty),
+                     mask=is_dim)
+
+    @triton.jit
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, width, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < width
+        gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(gate_up_ptr + row * stride_in + width + cols, mask=mask, other=0.0)
+        # torch rounds silu(gate) to the activation dtype before the product.
+        silu = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * stride_out + cols, (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def add_rmsnorm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
+                is_zero_centred: bool = False) -> torch.Tensor:
+    n, h = x.shape
+    out = torch.empty_like(x)
+    if n == 0:
+        return out
+    block = triton.next_power_of_2(h)
+    _add_rmsnorm_kernel[(n,)](x, delta if delta is not None else x, weight, out, x.stride(0),
+                              delta.stride(0) if delta is not None else 0, out.stride(0), h, eps,
+                              HAS_DELTA=delta is not None, IS_ZERO_CENTRED=is_zero_centred, BLOCK=block,
+                              num_warps=min(16, max(1, block // 256)))
+    return out
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  positions: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  rotary: int) -> torch.Tensor:
+    n, num_q, d = q.shape
+    num_kv = k.shape[1]
+    out = torch.empty((n, num_q, d), dtype=q.dtype, device=q.device)
+    if n == 0:
+        return out
+    _rope_write_kv_kernel[(n, num_q + num_kv)](
+        q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin, cos.stride(0), positions, slots, out,
+        k_cache, v_cache, NUM_Q=num_q, NUM_KV=num_kv, D=d, ROTARY=rotary, BLOCK_D=triton.next_power_of_2(d),
+        num_warps=1)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    n, double = gate_up.shape
+    width = double // 2
+    out = torch.empty((n, width), dtype=gate_up.dtype, device=gate_up.device)
+    if n == 0:
+        return out
+    block = min(2048, triton.next_power_of_2(width))
+    _silu_mul_kernel[(n, triton.cdiv(width, block))](gate_up, out, gate_up.stride(0), out.stride(0), width,
+                                                      BLOCK=block, num_warps=4)
+    return out
