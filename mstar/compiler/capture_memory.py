@@ -1,23 +1,25 @@
 """A compile-time estimate of the GPU memory a CUDA-graph capture family holds.
 
-In:  a node declaration (its dims: `hidden`, `vocab`), one of its captures, the node's TP size.
+In:  a node declaration (its dims: `hidden`, `intermediate`, `vocab`), one of its captures, the
+     node's TP size.
 Out: bytes (`estimate_family_bytes`) and the number of captured graphs (`num_graphs`).
 
-The estimate is deliberately simple and documented, not measured. Per family:
+The estimate models what the GPU engine's capture holds (engine/gpu/graphs.py: every key of a
+family captured once, largest first, in one pool, from one capture stream), checked against the
+allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B decode family,
+7 graphs, measured 108 MiB on an H200, estimated 114 MiB). Per family:
 
     graphs      one per key: batched -> each batch size b (b x tokens_per_row tokens);
                 packed -> each (batch size b, token bucket t) pair (t tokens, b rows)
-    shared      static input/activation buffers sized by the largest key, shared by every graph
-                of the family (the reference captures the largest first; smaller ones slice it):
-                max_tokens x hidden x 2 bytes x ACTIVATION_FACTOR + max_rows x vocab x 4 bytes
-    per graph   what each graph keeps for itself: its output hidden states
-                (tokens x hidden x 2 bytes), its fp32 logits for sampling (rows x vocab x 4 bytes,
-                nodes with a vocab only), and GRAPH_OVERHEAD_BYTES of fixed cost (graph object,
-                kernel parameters, attention-plan workspace slices)
-    TP          the shared buffers and per-graph tensors are divided by tp_size; the fixed
-                per-graph cost is not
-    slots       kv nodes capture every key twice (double buffering, as the reference does with
-                MSTAR_NUM_SLOTS = 2) so the next step can be staged while one replays
+    per graph   what each graph keeps as its outputs after capture: its fp32 logits for
+                sampling and its greedy ids (rows x (vocab x 4 + 8) bytes, nodes with a vocab
+                only) and its output hidden states (tokens x hidden x 2 bytes)
+    shared      pool blocks the largest key uses while it runs, which smaller graphs reuse: the
+                activations of one layer (max_tokens x (ACTIVATION_FACTOR x hidden
+                + MLP_FACTOR x intermediate) x 2 bytes) and the bf16 logits before their fp32
+                cast (max_rows x vocab x 2 bytes)
+    workspace   CAPTURE_WORKSPACE_BYTES per family: the capture stream's cuBLAS workspace
+    TP          the per-graph and shared terms are divided by tp_size; the workspace is not
 
 The bucket count matters as much as the largest bucket: the reference once failed to boot when a
 wider capture set grew one node's buckets from 29 to 68; the per-graph terms here make such a
@@ -30,11 +32,13 @@ from mstar.lang import ast
 MIB = 1024 * 1024
 ACTIVATION_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 4  # fp32 logits for the sampler
-# Hidden-sized tensors alive at once inside one layer's step (residual, normed input, attention
-# output, q/k/v and the MLP's input and output), shared across layers through the graph pool.
+TOKEN_ID_BYTES = 8  # a graph's greedy ids (int64)
+# Hidden-sized tensors alive at once inside one layer's step (residual, normed input, q/k/v,
+# attention output, its projection), shared across layers through the graph pool.
 ACTIVATION_FACTOR = 6
-GRAPH_OVERHEAD_BYTES = 4 * MIB
-KV_CAPTURE_SLOTS = 2
+# Intermediate-sized tensors alive at once in the MLP: gate and up (one matrix), their product.
+MLP_FACTOR = 3
+CAPTURE_WORKSPACE_BYTES = 32 * MIB
 # Stateless nodes without a `hidden` dim (codecs, encoders) are sized as a 1024-wide model.
 DEFAULT_HIDDEN = 1024
 
@@ -49,7 +53,7 @@ def graph_keys(capture: ast.CaptureDecl) -> list[tuple[int, int]]:
 
 
 def num_graphs(capture: ast.CaptureDecl) -> int:
-    """Number of captured keys (buckets); kv nodes hold each twice (see KV_CAPTURE_SLOTS)."""
+    """Number of captured keys (buckets)."""
     return len(capture.batch) * (max(1, len(capture.tokens)) if capture.family == "packed" else 1)
 
 
@@ -66,15 +70,15 @@ def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size:
     if not keys:
         return 0
     hidden = _dim(node, "hidden", DEFAULT_HIDDEN)
+    intermediate = _dim(node, "intermediate", 0)
     vocab = _dim(node, "vocab", 0)
     max_rows = max(rows for rows, _ in keys)
     max_tokens = max(tokens for _, tokens in keys)
-    shared = max_tokens * hidden * ACTIVATION_BYTES * ACTIVATION_FACTOR + max_rows * vocab * LOGIT_BYTES
-    per_graph = sum(tokens * hidden * ACTIVATION_BYTES + rows * vocab * LOGIT_BYTES
-                    for rows, tokens in keys)
-    slots = KV_CAPTURE_SLOTS if node.engine == "kv" else 1
-    sharded = (shared + per_graph) // max(1, tp_size)
-    return slots * (sharded + len(keys) * GRAPH_OVERHEAD_BYTES)
+    shared = (max_tokens * (ACTIVATION_FACTOR * hidden + MLP_FACTOR * intermediate) * ACTIVATION_BYTES
+              + max_rows * vocab * ACTIVATION_BYTES)
+    logit_row = vocab * LOGIT_BYTES + TOKEN_ID_BYTES if vocab else 0
+    per_graph = sum(tokens * hidden * ACTIVATION_BYTES + rows * logit_row for rows, tokens in keys)
+    return (shared + per_graph) // max(1, tp_size) + CAPTURE_WORKSPACE_BYTES
 
 
 def format_mib(num_bytes: int) -> str:

@@ -39,7 +39,7 @@ max_seq_len: 32768
 node_groups:
   - node_names: [LLM]
     ranks: [0]
-capture_memory_budget_mb: 8192
+capture_memory_budget_mb: 2048
 """
 
 
@@ -66,13 +66,13 @@ def test_growing_the_capture_set_past_the_budget_is_caught():
     assert [d.code for d in diags.items] == ["MW408"]
     message = diags.items[0].message
     assert message.startswith("capture memory estimate on rank 0 is ")
-    assert "over capture_memory_budget_mb 8192" in message
+    assert "over capture_memory_budget_mb 2048" in message
     assert "LLM 68 buckets" in message
     assert "LLM:mixed 36 buckets" in message
     assert "grow.yaml:6:1: note: the budget" in diags.render()
 
 
-def test_estimate_counts_buckets_slots_and_tp():
+def test_estimate_counts_buckets_and_tp():
     node = ast.NodeDecl(name="N", engine="kv", args=[ast.Arg(name="hidden", value=1024),
                                                      ast.Arg(name="vocab", value=1000)])
     batched = ast.CaptureDecl(walk="decode", family="batched", batch=[1, 2, 4])
@@ -81,10 +81,12 @@ def test_estimate_counts_buckets_slots_and_tp():
     assert capture_memory.num_graphs(packed) == 6
     one = capture_memory.estimate_family_bytes(node, batched, 1)
     two = capture_memory.estimate_family_bytes(node, batched, 2)
-    overhead = 2 * 3 * capture_memory.GRAPH_OVERHEAD_BYTES
-    assert two - overhead == (one - overhead) // 2
+    workspace = capture_memory.CAPTURE_WORKSPACE_BYTES
+    assert two - workspace == (one - workspace) // 2
+    # Logits of every graph: 1 + 2 + 4 rows of 1000 fp32 logits.
+    assert one - workspace >= 7 * 1000 * 4
     stateless = node.model_copy(update={"engine": "stateless"})
-    assert capture_memory.estimate_family_bytes(stateless, batched, 1) * 2 == one
+    assert capture_memory.estimate_family_bytes(stateless, batched, 1) == one
     # More buckets never cost less.
     wider = batched.model_copy(update={"batch": [1, 2, 4, 8]})
     assert capture_memory.estimate_family_bytes(node, wider, 1) > one
