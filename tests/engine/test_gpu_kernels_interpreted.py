@@ -91,7 +91,7 @@ def test_fused_forward_matches_the_torch_forward(interpreted):
     dims = decoder_dims(llm_plan().nodes[0], "spec")
     outputs = []
     for is_fused in (False, True):
-        model = build_decoder(dims, torch.device("cpu"), torch.float32, node="LLM", seed=0)
+        model = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
         kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32,
                      torch.device("cpu"))
         kv.data.zero_()

@@ -122,7 +122,8 @@ def build(plan, node, is_tensor_core=None) -> tuple:
 
     device = torch.device("cuda")
     dims = decoder_dims(node, "spec")
-    model = build_decoder(dims, device, torch.bfloat16, position=0, seed=0, is_fast_random=True)
+    model = build_decoder(dims, device, torch.bfloat16, position=plan.nodes.index(node), seed=0,
+                          is_fast_random=True)
     page_size = 16
     num_pages = 64 * (CONTEXT // page_size + 1) + 1024 + 64
     kv = PagedKv(dims.num_full_layers, num_pages, page_size, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)

@@ -1,6 +1,7 @@
 """A Llama-style `Decoder` built straight on a device in one dtype (bf16 on a GPU), no fp32 copy there.
 
-In: `DecoderDims`, a device, a dtype, and where the weights come from: the engine's seeded random
+In: `DecoderDims`, a device, a dtype, the node's position in the plan (it seeds the random weights),
+and where the weights come from: the engine's seeded random
 init (`weights.init_random`'s values, drawn on the host one parameter at a time, so a GPU model has
 the CPU reference's weights), a fast on-device random init (benchmarks), or a local checkpoint
 (safetensors read straight onto the device). Out: the `Decoder` module whose parameters live on the

@@ -107,15 +107,18 @@ class GpuDecoderRunner(DecoderRunner):
         if call.is_image_flow:
             raise InputError("image-flow steps are not on the GPU fast path")
         node = self.node.name
+        writes = (self.guidance.first,)  # the fast path has no guidance sequences (fast_path_reason)
         for name in call.inputs:
             raw = row.inputs.get(name)
             if raw is None and name in self._device_loop_backs(call) and node in request.last_token:
-                return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]),
-                             writes=(self.guidance.first,), is_loop_back=True)
+                return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]), writes=writes,
+                             is_loop_back=True)
+            if call.input_roles.get(name) in ("mask", "signal"):
+                continue  # read by no model here
             value = classify(name, raw)
             if value.kind == "tokens":
                 return _Item(row, call, request, _no_embeds(value.tensor.numel()), value.tensor.tolist(),
-                             writes=(self.guidance.first,))
+                             writes=writes)
             if value.kind == "embeddings":
                 raise InputError(f"input {name}: embeddings are not on the GPU fast path")
         raise InputError("a row with no token to feed is not on the GPU fast path")
