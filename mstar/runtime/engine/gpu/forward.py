@@ -70,8 +70,9 @@ class DecoderForward:
         self.cos = (freqs.cos() * scale).to(device)
         self.sin = (freqs.sin() * scale).to(device)
         self.is_fused = kernels.available(device)
-        self.qkv = [_fuse([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]) for l in model.model.layers]
-        self.gate_up = [_fuse([l.mlp.gate_proj, l.mlp.up_proj]) for l in model.model.layers]
+        layers = model.model.layers
+        self.qkv = [_fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in layers]
+        self.gate_up = [_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Half rotation of the first `rotary` dims (Hugging Face's rotate_half), in fp32."""
