@@ -60,6 +60,10 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--weights", action="append", metavar="[NODE=]DIR",
                      help="torch engine: a local checkpoint directory (config.json + *.safetensors) for "
                           "the plan's kv node; NODE=DIR when the plan has several (repeat per node)")
+    run.add_argument("--tokenizer", metavar="DIR",
+                     help="a directory with tokenizer.json (and tokenizer_config.json for chat messages) for text "
+                          "prompts and text outputs; default: the --weights directory of the node taking the text "
+                          "prompt, when it holds tokenizer.json")
     run.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
     run.add_argument("--device", default="cpu",
                      help="torch engine: cpu (fp32, default) or cuda[:N] (bf16 autocast, KV cache in bf16)")
@@ -110,14 +114,35 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         raise CliError(str(error)) from None
 
 
-def _workload(args: argparse.Namespace, plan: Any) -> Any:
+def _tokenizer(plan: Any, args: argparse.Namespace) -> Any:
+    """The run's tokenizer (serve/tokenizer.py), or None when neither --tokenizer nor the text
+    prompt node's --weights directory gives one."""
+    from mstar.runtime.serve.tokenizer import TokenizerError, load_tokenizer, tokenizer_dir
+
+    checkpoints: dict[str, str] = {}
+    if args.weights and args.tokenizer is None:
+        from mstar.runtime.engine.weights import WeightsError, weights_by_node
+
+        try:
+            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], args.weights,
+                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"])
+        except WeightsError as error:
+            raise CliError(str(error)) from None
+    try:
+        directory = tokenizer_dir(plan, checkpoints, args.tokenizer)
+        return load_tokenizer(directory) if directory is not None else None
+    except TokenizerError as error:
+        raise CliError(str(error)) from None
+
+
+def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any:
     """The run's requests, each route checked against the plan's partitions and walks."""
     names = route_names(plan)
     try:
         route = parse_route(args.route)
         check_route(route, names, "--route")
         if args.prompts:
-            workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names)
+            workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer)
         else:
             workload = generate(
                 args.requests,
@@ -270,13 +295,14 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
 
     plan = _load_plan(args.plan)
-    workload = _workload(args, plan)
+    tokenizer = _tokenizer(plan, args)
+    workload = _workload(args, plan, tokenizer)
     _check_outputs(args)
     engine = _engine(plan, args)
     writer = None
     if args.out:
         try:
-            writer = ResultWriter(args.out, sample_rate_of(plan))
+            writer = ResultWriter(args.out, sample_rate_of(plan), tokenizer)
         except OutputError as error:
             raise CliError(str(error)) from None
     progress = None
@@ -302,7 +328,7 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
                 return
 
     try:
-        driver = Driver(plan, engine, on_finish=on_finish)
+        driver = Driver(plan, engine, on_finish=on_finish, decode=tokenizer.decode if tokenizer is not None else None)
     except (DriverError, PlanTableError) as error:  # a plan whose tables do not hold together
         raise CliError(str(error)) from None
     signals.driver = driver

@@ -38,7 +38,8 @@ def test_sim_run_200_requests_with_report_timeline_and_outputs(capsys, tmp_path)
     lines = (out / "outputs.jsonl").read_text().splitlines()
     assert len(lines) == 200
     first = json.loads(lines[0])
-    assert set(first) == {"id", "output_tokens", "ttft_ms", "finish_reason", "media"}
+    assert set(first) == {"id", "output_tokens", "text", "ttft_ms", "finish_reason", "media"}
+    assert first["text"] is None  # no tokenizer in this run
     assert first["media"] == [media_name(first["id"], ".wav")] and (out / first["media"][0]).exists()
 
 

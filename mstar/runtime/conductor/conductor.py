@@ -17,6 +17,11 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
   iteration) in one pass over the step's rows (conductor/loop_pass.py), touching a request's
   partitions only when a row leaves that shape (its loop ends or stops, max_tokens, an error);
   every other row through its walk run's tables (conductor/walk_run.py).
+- Stop strings: a request with `stop_strings` ends the partition whose counted tokens' decoded
+  text (`decode`, given by the run: the tokenizer's, special tokens skipped) holds one, with
+  finish reason "stop". Only the tail of the output is decoded per token (`STOP_TAIL_TOKENS`
+  per character of the longest stop string, at least `MIN_STOP_TAIL_TOKENS`), so a long output
+  costs the same per token as a short one.
 - When a partition ends, the streams it produces are marked producer-done (final chunks flow).
 - A request ends when every partition is done; a row error fails the request alone.
 """
@@ -32,6 +37,13 @@ from mstar.runtime.conductor.request import Request, RequestRecord, count_elemen
 from mstar.runtime.conductor.streams import StreamBuffer
 from mstar.runtime.conductor.tables import RunWalk
 from mstar.runtime.step import Engine, RowResult, StepRow
+
+
+# A stop string of N characters is looked for in the text of the last max(MIN, N * PER_CHAR)
+# tokens: a token decodes to at least one character except special tokens (skipped) and byte
+# pieces of one character, so the window holds any stop string just completed.
+STOP_TAIL_TOKENS = 4
+MIN_STOP_TAIL_TOKENS = 16
 
 
 class RouteError(Exception):
@@ -56,8 +68,10 @@ class Conductor:
     """Requests through partitions and walks (module docstring). `engine` is only asked to
     add and end requests; `clock` stamps arrivals, tokens and endings (the run clock)."""
 
-    def __init__(self, plan: Plan, engine: Engine, clock: Callable[[], float]):
+    def __init__(self, plan: Plan, engine: Engine, clock: Callable[[], float],
+                 decode: Optional[Callable[[list[int]], str]] = None):
         self.plan = plan
+        self.decode = decode  # token ids -> text (for stop strings); None: no tokenizer
         self.engine = engine
         self.clock = clock
         self.walks = {walk.name: RunWalk(walk) for walk in plan.walks}
@@ -261,8 +275,22 @@ class Conductor:
         record.token_times_s.append(now)
         record.num_output_tokens += num
         ps.num_tokens += num
+        if record.request.stop_strings and not ps.is_done and self._has_stop_string(record):
+            ps.end()
         if ps.num_tokens >= record.request.max_tokens and not ps.is_done:
             ps.end(is_length=True)
+
+    def _has_stop_string(self, record: RequestRecord) -> bool:
+        """The decoded tail of the request's output holds one of its stop strings."""
+        if self.decode is None:
+            return False
+        stops = record.request.stop_strings
+        tail = max(MIN_STOP_TAIL_TOKENS, STOP_TAIL_TOKENS * max(map(len, stops)))
+        tokens = record.output_tokens[-tail:]
+        if not all(isinstance(t, int) for t in tokens):
+            return False  # frames of codes, not text
+        text = self.decode(tokens)
+        return any(stop in text for stop in stops)
 
     # ------------------------------------------------------------ progress
 

@@ -33,6 +33,9 @@ class Request:
     seed: Optional[int] = None
     repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
+    # text that ends the request's counted output once its decoded text holds one (needs the
+    # conductor's `decode`; the output's text is then cut before it)
+    stop_strings: list[str] = field(default_factory=list)
     guidance: dict[str, float] = field(default_factory=dict)  # image-flow guidance (runners/guidance.py)
     route: dict[str, list[str]] = field(default_factory=dict)
     media: dict[str, Any] = field(default_factory=dict)

@@ -29,6 +29,7 @@ requests remain with no way forward they fail with "error: stalled" (never a han
 that keep failing to get memory while no row of any step runs for NO_PROGRESS_LIMIT_S (run
 clock) fail the same way: a pool that never frees (a leak) cannot turn into an endless retry loop.
 
+`decode` (token ids -> text, the run's tokenizer) lets the conductor end requests on stop strings.
 `on_finish(request_ids)` is called with the ids of the requests that just ended (their records
 are final), in the order they ended. `stop()` (safe to call from a signal handler: it only sets
 a flag) makes `run` return at the top of its next iteration, after the step being
@@ -85,13 +86,15 @@ class _Arrivals:
 
 class Driver:
     def __init__(self, plan: Plan, engine: Engine, *, clock: Optional[Callable[[], float]] = None,
-                 on_finish: Optional[Callable[[list[str]], None]] = None):
+                 on_finish: Optional[Callable[[list[str]], None]] = None,
+                 decode: Optional[Callable[[list[int]], str]] = None):
         self.plan = plan
         self.engine = engine
         self.caps = engine.caps
         self.clock = RunClock(self.caps, clock)
         # The conductor and schedulers read the underlying clock: one call less per read.
-        self.conductor = Conductor(plan, engine, self.clock.now)
+        # decode: the tokenizer's (token ids -> text), for requests with stop strings
+        self.conductor = Conductor(plan, engine, self.clock.now, decode)
         self.schedulers = {w.rank: WorkerScheduler(w, plan.deployment, clock=self.clock.now) for w in plan.workers}
         self.on_finish = on_finish
         self.is_stopped = False

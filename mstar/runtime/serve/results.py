@@ -3,8 +3,10 @@
 In: an output directory, the audio sample rate, and finished request records, one `write` call
 per request as it ends. Out, in DIR:
 - `outputs.jsonl`: one JSON line per finished request, in the order they finished:
-  `{"id", "output_tokens", "ttft_ms", "finish_reason", "media"}` (`media`: the request's file
-  names in DIR). Each line goes out in one unbuffered write, so an interrupt or a crash keeps
+  `{"id", "output_tokens", "text", "ttft_ms", "finish_reason", "media"}` (`media`: the request's
+  file names in DIR; `text`: the output tokens decoded by the run's tokenizer, special tokens
+  skipped, cut before the first of the request's stop strings it holds; null without a
+  tokenizer or when the output is not token ids). Each line goes out in one unbuffered write, so an interrupt or a crash keeps
   every line written before it whole, and a line is written only after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
   temporary name beside the final one and renamed, so a file under its final name is always
@@ -36,7 +38,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 MAX_NAME_STEM = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -69,8 +71,9 @@ def _tokens_json(values: list[Any]) -> list[Any]:
 class ResultWriter:
     """Writes finished requests into `out_dir` (created if missing); see the module docstring."""
 
-    def __init__(self, out_dir: str, sample_rate: int):
+    def __init__(self, out_dir: str, sample_rate: int, tokenizer: Any = None):
         self.out_dir = out_dir
+        self.tokenizer = tokenizer  # serve/tokenizer.py TextTokenizer, or None
         self.sample_rate = sample_rate
         self.path = os.path.join(out_dir, "outputs.jsonl")
         self.num_lines = 0
@@ -89,10 +92,21 @@ class ResultWriter:
         ttft = None
         if record.first_token_s is not None:
             ttft = round((record.first_token_s - record.arrival_s) * 1000.0, 3)
-        line = {"id": request_id, "output_tokens": _tokens_json(record.output_tokens), "ttft_ms": ttft,
+        tokens = _tokens_json(record.output_tokens)
+        line = {"id": request_id, "output_tokens": tokens, "text": self._text(tokens, record.request.stop_strings),
+                "ttft_ms": ttft,
                 "finish_reason": record.finish_reason, "media": media}
         self._append((json.dumps(line) + "\n").encode("utf-8"))
         self.num_lines += 1
+
+    def _text(self, tokens: list[Any], stops: list[str]) -> Optional[str]:
+        if self.tokenizer is None or not all(isinstance(t, int) for t in tokens):
+            return None
+        from mstar.runtime.serve.tokenizer import stop_text_index
+
+        text = self.tokenizer.decode(tokens)
+        cut = stop_text_index(text, stops)
+        return text if cut is None else text[:cut]
 
     def _write_media(self, request_id: str, emissions: list[Any]) -> list[str]:
         audio = [e.value for e in emissions if e.modality == "audio"]

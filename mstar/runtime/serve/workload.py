@@ -7,16 +7,19 @@ small vocabulary, all from one seed. Arrivals:
 - staggered: one request every 1/rate s;
 - closed: `concurrency` clients, each sending its next request when its previous one finishes.
 
-File (`read_prompts`): one JSON object per line: {"id": str, "prompt_tokens": [int, ...],
-"max_tokens": int} and optionally "temperature", "top_k", "top_p", "seed", "repetition_penalty"
-(> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see Request.route), "guidance"
-({label: scale >= 0}, image-flow guidance by the spec's guidance labels, see
-mstar/runtime/engine/runners/guidance.py); blank lines are skipped. An id is 1 to MAX_ID_CHARS
-characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path separator, NUL
-or space). The file is read through mstar.files.read_bytes_bounded: a regular file of at most
-MAX_PROMPTS_BYTES (a FIFO or /dev/zero is refused at once). Every request arrives at time 0 (or
-through the closed loop when a concurrency is given). A bad line raises WorkloadError naming the
-file, the line and what is wrong.
+File (`read_prompts`): one JSON object per line: {"id": str, "max_tokens": int} with the prompt as
+exactly one of "prompt_tokens" ([int, ...]), "prompt" (text, tokenized by the run's tokenizer) or
+"messages" ([{"role": str, "content": str}, ...], rendered by the tokenizer's chat template, then
+tokenized), and optionally "stop" (a string or a list of strings: the request ends once its
+decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
+"repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
+Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
+labels, see mstar/runtime/engine/runners/guidance.py); blank lines are skipped. An id is 1 to
+MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path
+separator, NUL or space). The file is read through mstar.files.read_bytes_bounded: a regular file
+of at most MAX_PROMPTS_BYTES (a FIFO or /dev/zero is refused at once). Every request arrives at
+time 0 (or through the closed loop when a concurrency is given). A bad line raises WorkloadError
+naming the file, the line and what is wrong.
 
 Routes (`check_route`): given the plan's `route_names` ({partition: walks of its stages}), a
 route naming an unknown partition or a walk outside that partition's stages is a WorkloadError
@@ -203,7 +206,66 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     }
 
 
-def parse_prompt_line(line: str, where: str) -> Request:
+def _prompt_tokens(obj: dict, where: str, tokenizer: Any) -> list[int]:
+    """The line's prompt as token ids, from exactly one of prompt_tokens, prompt and messages."""
+    given = [name for name in ("prompt_tokens", "prompt", "messages") if name in obj]
+    if not given:
+        raise WorkloadError(f"{where}: missing required field 'prompt_tokens' (or 'prompt' text, or 'messages' chat)")
+    if len(given) != 1:
+        raise WorkloadError(f"{where}: give the prompt as exactly one of 'prompt_tokens', 'prompt' (text) or "
+                            f"'messages' (chat), got {given}")
+    if given[0] == "prompt_tokens":
+        tokens = _field(obj, "prompt_tokens", (list,), where, is_required=True)
+        if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+            raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
+        return list(tokens)
+    from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
+
+    if tokenizer is None:
+        raise WorkloadError(f"{where}: {given[0]!r} is text, and this run has no tokenizer to turn it into "
+                            f"tokens: {HOW_TO_ADD}")
+    try:
+        if given[0] == "prompt":
+            text = _field(obj, "prompt", (str,), where, is_required=True)
+            if not text:
+                raise WorkloadError(f"{where}: 'prompt' must be non-empty text")
+            tokens = tokenizer.encode(text)
+        else:
+            tokens = tokenizer.encode_chat(_messages(obj, where))
+    except TokenizerError as error:
+        raise WorkloadError(f"{where}: {error}") from None
+    if not tokens:
+        raise WorkloadError(f"{where}: the prompt tokenizes to no tokens")
+    return tokens
+
+
+def _messages(obj: dict, where: str) -> list[dict[str, Any]]:
+    messages = _field(obj, "messages", (list,), where, is_required=True)
+    if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                               and isinstance(m.get("content"), str) for m in messages):
+        raise WorkloadError(f"{where}: 'messages' must be a non-empty list of objects with a 'role' and a "
+                            "'content' string each")
+    return messages
+
+
+def _stop_strings(obj: dict, where: str, tokenizer: Any) -> list[str]:
+    stop = _field(obj, "stop", (str, list), where, is_required=False)
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) and s for s in stops):
+        raise WorkloadError(f"{where}: 'stop' must be a non-empty string or a list of non-empty strings")
+    if stops and tokenizer is None:
+        from mstar.runtime.serve.tokenizer import HOW_TO_ADD
+
+        raise WorkloadError(f"{where}: 'stop' strings are matched in the decoded text, and this run has no "
+                            f"tokenizer: {HOW_TO_ADD}")
+    return list(stops)
+
+
+def parse_prompt_line(line: str, where: str, tokenizer: Any = None) -> Request:
+    """One prompts line -> a Request; `tokenizer` (serve/tokenizer.py TextTokenizer, or None)
+    turns 'prompt' and 'messages' into tokens."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as error:
@@ -212,16 +274,14 @@ def parse_prompt_line(line: str, where: str) -> Request:
         raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    known = {"id", "prompt_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
+    known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
              "stop_tokens", "route", "guidance"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
     request_id = _field(obj, "id", (str,), where, is_required=True)
     _check_id(request_id, where)
-    tokens = _field(obj, "prompt_tokens", (list,), where, is_required=True)
-    if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
-        raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
+    tokens = _prompt_tokens(obj, where, tokenizer)
     max_tokens = _field(obj, "max_tokens", (int,), where, is_required=True)
     if max_tokens < 1:
         raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
@@ -245,15 +305,18 @@ def parse_prompt_line(line: str, where: str) -> Request:
         max_tokens=max_tokens,
         **_sampling_fields(obj, where),
         stop_tokens=list(stop_tokens),
+        stop_strings=_stop_strings(obj, where, tokenizer),
         route=route,
         guidance=scales,
     )
 
 
 def read_prompts(
-    path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None
+    path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None,
+    tokenizer: Any = None,
 ) -> Workload:
-    """Read a prompts file; with `names` (from `route_names`) each line's route is checked too."""
+    """Read a prompts file; with `names` (from `route_names`) each line's route is checked too;
+    `tokenizer` turns text prompts into tokens (without one a text prompt is refused)."""
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
@@ -275,7 +338,7 @@ def read_prompts(
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        request = parse_prompt_line(line, where)
+        request = parse_prompt_line(line, where, tokenizer)
         if names is not None:
             check_route(request.route, names, where)
         if request.id in seen:

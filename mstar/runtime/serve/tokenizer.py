@@ -1,0 +1,193 @@
+"""A checkpoint directory's tokenizer and chat template: text prompts in, text out.
+
+In: a directory holding `tokenizer.json` (read by the `tokenizers` library) and, optionally,
+`tokenizer_config.json` (its `chat_template`, and the special tokens a template may name:
+`bos_token`, `eos_token`, ...). Out: a `TextTokenizer` with
+- `encode(text)`: token ids of a plain text prompt, with the special tokens the tokenizer's
+  post-processor adds (a Llama BOS), as transformers' `tokenizer(text)` gives;
+- `encode_chat(messages)`: the chat template rendered with `add_generation_prompt=True`, then
+  tokenized without adding special tokens (the template writes them), as transformers'
+  `apply_chat_template(messages, add_generation_prompt=True)` gives;
+- `decode(ids)`: text with special tokens skipped.
+
+The template is rendered the way transformers renders it (utils/chat_template_utils.py): a
+sandboxed jinja2 environment with `trim_blocks` and `lstrip_blocks`, the loop-controls extension,
+`raise_exception`, `strftime_now` and a `tojson` filter that does not escape HTML; the special
+tokens of tokenizer_config.json are template variables. Only the named templates' default is
+used when `chat_template` is a list of named templates.
+
+Which directory (`tokenizer_dir`): `--tokenizer DIR`, else the `--weights` directory of the kv
+node whose input takes the text prompt (the plan's `input_roles`: role tokens, prompt text), when
+that directory holds tokenizer.json. Failures: `TokenizerError` naming the file and the problem.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
+
+MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # tokenizer.json of Llama 3 is 9 MB, Qwen's 11 MB
+HOW_TO_ADD = ("pass --weights DIR with a checkpoint directory that holds tokenizer.json, "
+              "or --tokenizer DIR (a directory with tokenizer.json and, for chat messages, "
+              "tokenizer_config.json with a chat_template)")
+
+
+class TokenizerError(Exception):
+    """A tokenizer that cannot be found, read or used (the message names the file)."""
+
+
+class TextTokenizer:
+    """Text <-> token ids through one directory's tokenizer (module docstring)."""
+
+    def __init__(self, directory: str, backend: Any, config: dict[str, Any]):
+        self.directory = directory
+        self._backend = backend
+        self._config = config
+        self._template: Any = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._backend.encode(text, add_special_tokens=True).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return _chat_template(self._config) is not None
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The chat template's text for `messages`, ending with the assistant's turn opened."""
+        import jinja2
+
+        template = self._compiled()
+        variables = {key: _token_text(value) for key, value in self._config.items()
+                     if key.endswith("_token") and _token_text(value) is not None}
+        try:
+            return template.render(messages=messages, add_generation_prompt=True, **variables)
+        except jinja2.TemplateError as error:
+            raise TokenizerError(f"{self._config_path()}: the chat template failed on these messages: "
+                                 f"{error}") from None
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self.render_chat(messages)
+        return list(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def _config_path(self) -> str:
+        return str(Path(self.directory) / "tokenizer_config.json")
+
+    def _compiled(self) -> Any:
+        if self._template is None:
+            source = _chat_template(self._config)
+            if source is None:
+                raise TokenizerError(f"{self._config_path()}: no chat_template, so 'messages' cannot be "
+                                     "rendered; give the prompt as 'prompt' text or 'prompt_tokens'")
+            self._template = _compile(source, self._config_path())
+        return self._template
+
+
+def _token_text(value: Any) -> Optional[str]:
+    """A special token of tokenizer_config.json: a string, or an AddedToken object's content."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _chat_template(config: dict[str, Any]) -> Optional[str]:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) and template else None
+
+
+def _compile(source: str, where: str) -> Any:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        # jinja2's own tojson escapes HTML characters, which chat templates do not want
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(form: str) -> str:
+        return datetime.now().strftime(form)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as error:
+        raise TokenizerError(f"{where}: chat_template is not a valid template (line {error.lineno}: "
+                             f"{error.message})") from None
+
+
+def has_tokenizer(directory: str) -> bool:
+    return (Path(directory) / "tokenizer.json").is_file()
+
+
+def load_tokenizer(directory: str) -> TextTokenizer:
+    """The tokenizer of `directory` (tokenizer.json, tokenizer_config.json if present)."""
+    path = Path(directory) / "tokenizer.json"
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise TokenizerError("text prompts need the 'tokenizers' package (pip install tokenizers)") from None
+    try:
+        text = read_text_bounded(path, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer")
+    except InputFileError as error:
+        raise TokenizerError(f"cannot read {error}") from None
+    try:
+        backend = Tokenizer.from_str(text)
+    except Exception as error:  # the Rust side raises its own exception type
+        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json the tokenizers library reads ({error})") from None
+    config: dict[str, Any] = {}
+    config_path = Path(directory) / "tokenizer_config.json"
+    if config_path.exists():
+        try:
+            config = json.loads(read_text_bounded(config_path, max_bytes=MAX_JSON_CONFIG_BYTES,
+                                                  what="tokenizer config"))
+        except InputFileError as error:
+            raise TokenizerError(f"cannot read {error}") from None
+        except ValueError as error:
+            raise TokenizerError(f"tokenizer config {config_path}: not valid JSON ({error})") from None
+        if not isinstance(config, dict):
+            raise TokenizerError(f"tokenizer config {config_path}: expected a JSON object")
+    return TextTokenizer(str(directory), backend, config)
+
+
+def text_prompt_nodes(plan: Any) -> list[str]:
+    """The kv nodes of the plan whose input takes the request's text prompt, in plan order."""
+    return [node.name for node in plan.nodes if node.engine == "kv"
+            and any(i.prompt == "text" and i.role == "tokens" for i in node.input_roles)]
+
+
+def tokenizer_dir(plan: Any, checkpoints: dict[str, str], override: Optional[str]) -> Optional[str]:
+    """The directory to read the tokenizer from, or None when there is none (module docstring).
+    `checkpoints`: {node: directory} from the `--weights` entries."""
+    if override is not None:
+        if not has_tokenizer(override):
+            raise TokenizerError(f"--tokenizer {override}: no tokenizer.json in that directory")
+        return override
+    found = {checkpoints[name] for name in text_prompt_nodes(plan)
+             if name in checkpoints and has_tokenizer(checkpoints[name])}
+    if len(found) > 1:
+        raise TokenizerError(f"the checkpoints of several text prompt nodes hold a tokenizer ({', '.join(sorted(found))}); "
+                             "choose one with --tokenizer DIR")
+    return found.pop() if found else None
+
+
+def stop_text_index(text: str, stops: Sequence[str]) -> Optional[int]:
+    """Where the earliest of the stop strings starts in `text`, or None."""
+    found = [index for index in (text.find(s) for s in stops) if index >= 0]
+    return min(found) if found else None
