@@ -118,7 +118,8 @@ def test_chat_prompt_tokens_equal_transformers_template(checkpoint, tmp_path):
 def test_stop_string_ends_the_request(checkpoint, tmp_path, capsys):
     directory, _ = checkpoint
     prompt = "tell me a story about the sea"
-    status, free = _run(tmp_path / "free", [{"id": "r", "prompt": prompt, "max_tokens": 12}], "--weights", str(directory))
+    status, free = _run(tmp_path / "free", [{"id": "r", "prompt": prompt, "max_tokens": 12}],
+                        "--weights", str(directory))
     assert status == 0, capsys.readouterr().err
     tokens = free["r"]["output_tokens"]
     backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))

@@ -6,8 +6,9 @@ per request as it ends. Out, in DIR:
   `{"id", "output_tokens", "text", "ttft_ms", "finish_reason", "media"}` (`media`: the request's
   file names in DIR; `text`: the output tokens decoded by the run's tokenizer, special tokens
   skipped, cut before the first of the request's stop strings it holds; null without a
-  tokenizer or when the output is not token ids). Each line goes out in one unbuffered write, so an interrupt or a crash keeps
-  every line written before it whole, and a line is written only after its media files are.
+  tokenizer or when the output is not token ids). Each line goes out in one unbuffered write, so
+  an interrupt or a crash keeps every line written before it whole, and a line is written only
+  after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
   temporary name beside the final one and renamed, so a file under its final name is always
   complete.

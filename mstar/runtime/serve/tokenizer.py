@@ -182,7 +182,8 @@ def tokenizer_dir(plan: Any, checkpoints: dict[str, str], override: Optional[str
     found = {checkpoints[name] for name in text_prompt_nodes(plan)
              if name in checkpoints and has_tokenizer(checkpoints[name])}
     if len(found) > 1:
-        raise TokenizerError(f"the checkpoints of several text prompt nodes hold a tokenizer ({', '.join(sorted(found))}); "
+        raise TokenizerError(f"the checkpoints of several text prompt nodes hold a tokenizer "
+                             f"({', '.join(sorted(found))}); "
                              "choose one with --tokenizer DIR")
     return found.pop() if found else None
 

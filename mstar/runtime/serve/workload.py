@@ -274,8 +274,8 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None) -> Request:
         raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p", "seed", "repetition_penalty",
-             "stop_tokens", "route", "guidance"}
+    known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
+             "seed", "repetition_penalty", "stop_tokens", "route", "guidance"}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
