@@ -28,7 +28,7 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.loop_pass import advance_loop_rows
@@ -275,12 +275,12 @@ class Conductor:
         record.token_times_s.append(now)
         record.num_output_tokens += num
         ps.num_tokens += num
-        if record.request.stop_strings and not ps.is_done and self._has_stop_string(record):
+        if record.request.stop_strings and not ps.is_done and self.has_stop_string(record):
             ps.end()
         if ps.num_tokens >= record.request.max_tokens and not ps.is_done:
             ps.end(is_length=True)
 
-    def _has_stop_string(self, record: RequestRecord) -> bool:
+    def has_stop_string(self, record: RequestRecord) -> bool:
         """The decoded tail of the request's output holds one of its stop strings."""
         if self.decode is None:
             return False
