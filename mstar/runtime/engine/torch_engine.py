@@ -89,6 +89,7 @@ class TorchEngine(RunsAtLaunch):
         except DeviceError as error:
             raise EngineError(str(error)) from None
         self.attention = attention
+        self.is_tiny = dims == "tiny"
         if dims == "tiny":
             # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
             # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
@@ -247,14 +248,24 @@ class TorchEngine(RunsAtLaunch):
         return frames
 
     def _new(self, node: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
-        """Build a model after checking, on the meta device, that every model so far fits in memory."""
-        self._check_memory(node, factory)
-        return factory()
+        """Build a model after checking that every model so far fits in memory: on the meta device
+        for spec dims, where building could exhaust memory; tiny models are built, then counted
+        (initialising parameters on the meta device imports torch's compiler stack, seconds of
+        start-up that a tiny run should not pay)."""
+        if not self.is_tiny:
+            self._check_memory(node, factory)
+            return factory()
+        model = factory()
+        self._count_weights(node, model)
+        return model
 
     def _check_memory(self, node: str, factory: Callable[[], torch.nn.Module]) -> None:
         with torch.device("meta"):
             probe = factory()
-        self._num_weight_bytes += sum(p.numel() * p.element_size() for p in probe.parameters())
+        self._count_weights(node, probe)
+
+    def _count_weights(self, node: str, model: torch.nn.Module) -> None:
+        self._num_weight_bytes += sum(p.numel() * p.element_size() for p in model.parameters())
         limit = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_FRACTION)
         if self._num_weight_bytes > limit:
             raise EngineError(
