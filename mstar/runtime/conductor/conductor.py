@@ -36,6 +36,7 @@ from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer
 from mstar.runtime.conductor.tables import RunWalk
+from mstar.runtime.conductor.walk_run import WalkStateError
 from mstar.runtime.step import Engine, RowResult, StepRow
 
 
@@ -193,7 +194,10 @@ class Conductor:
                 rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
                                     active_call.inputs, 0, active_call))
                 continue
-            iteration = run.loops[loop].iteration
+            loop_state = run.loops[loop]
+            if loop_state is None:
+                raise WalkStateError(f"walk {walk}: a ready call of node {node} is in a loop that is not running")
+            iteration = loop_state.iteration
             rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
                                 active_call.inputs, iteration, active_call))
             if iteration + 1 < run.walk.loops[loop].max_iters:
@@ -230,7 +234,9 @@ class Conductor:
                 self.fail(request_id, f"error: {result.error}")
                 continue
             ps = state.by_walk.get(row.walk)
-            run = ps.run if ps is not None else None
+            if ps is None:
+                continue
+            run = ps.run
             if run is None or run.name != row.walk:
                 continue
             active_call = run.active.get(node)

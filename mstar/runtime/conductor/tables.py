@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mstar.plan.schema import CallPlan, EdgePlan, LoopPlan, NextPlan, WalkPlan
+from mstar.plan.io import PlanError
+from mstar.plan.schema import CallPlan, EdgePlan, LoopExitPlan, LoopPlan, NextPlan, WalkPlan
 
 # Input sources (InputSourcePlan.source). PROMPT: the text prompt rule; PROMPT_IMAGE /
 # PROMPT_AUDIO: a persisted value of that name, else the request's media of that modality;
@@ -38,9 +39,14 @@ ACTIONS = {"slot": SLOT, "loop_back": LOOP_BACK, "loop_output": LOOP_OUTPUT,
 # Transitions (NextPlan.kind)
 START, JOIN, LOOP_END, WALK_END = range(4)
 KINDS = {"start": START, "join": JOIN, "loop_end": LOOP_END, "walk_end": WALK_END}
+NO_TARGET = -1  # RunNext.target of a transition that names no join or loop
 
 
 class RunNext:
+    """A transition. target: the join or loop a "join" or "loop_end" names, resolved here once so
+    the per-row walk (conductor/walk_run.py `WalkRun.follow`) indexes with a plain int; NO_TARGET
+    for "start" and "walk_end", which never read it."""
+
     __slots__ = ("kind", "calls", "joins", "loops", "target")
 
     def __init__(self, plan: NextPlan):
@@ -48,12 +54,28 @@ class RunNext:
         self.calls = tuple(plan.calls)
         self.joins = tuple(plan.joins)
         self.loops = tuple(plan.loops)
-        self.target = plan.target
+        if plan.target is not None:
+            self.target: int = plan.target
+        elif self.kind in (JOIN, LOOP_END):
+            # load_plan's reference check refuses this already; a plan built without it gets here.
+            raise PlanError(f"a {plan.kind} transition names no {'join' if self.kind == JOIN else 'loop'}")
+        else:
+            self.target = NO_TARGET
 
 
 def edge_entry(edge: EdgePlan, scope_exit: Optional[int] = None) -> tuple:
     return (edge.name, ACTIONS[edge.action], edge.slot, edge.loop, edge.exit, edge.is_device,
             edge.is_persist, edge, scope_exit)
+
+
+def _exit_entry(loop: str, plan: LoopExitPlan) -> tuple[str, str, tuple, int]:
+    if plan.kind == "scope":
+        if plan.slot is None:
+            raise PlanError(f"loop {loop}: output {plan.name} names no slot")
+        return (plan.kind, plan.name, (), plan.slot)
+    if plan.edge is None:
+        raise PlanError(f"loop {loop}: {plan.name} is handed on by no edge")
+    return (plan.kind, plan.name, edge_entry(plan.edge), NO_TARGET)
 
 
 class RunLoop:
@@ -66,10 +88,9 @@ class RunLoop:
         self.body = RunNext(plan.body)
         self.then = RunNext(plan.then)
         self.cleared = tuple(plan.cleared_slots)
-        # (kind, name, onward edge entry or None, slot or None) in the plan's order
-        self.exits = tuple(
-            (x.kind, x.name, edge_entry(x.edge) if x.edge is not None else None, x.slot) for x in plan.exits
-        )
+        # (kind, name, onward edge entry, slot) in the plan's order: an output or accumulated exit
+        # has its onward edge and slot NO_TARGET; a scope exit has its slot and no edge (()).
+        self.exits = tuple(_exit_entry(plan.name, x) for x in plan.exits)
         self.scope_exits = {x.name: i for i, x in enumerate(plan.exits) if x.kind == "scope"}
 
 
@@ -133,19 +154,23 @@ class RunCall:
         self.then = RunNext(plan.then)
         # Slots this call's own loop-backs into its loop fill for the next iteration.
         self.loop_back_slots = {e.slot for e in plan.edges if e.action == "loop_back" and e.loop == plan.loop}
-        self.is_loop_step = self._is_loop_step(loops)
-        self.loop_step = LoopStep(self, loops[self.loop]) if self.is_loop_step else None
+        own_loop = self._loop_if_loop_step(loops)
+        self.is_loop_step = own_loop is not None
+        self.loop_step = LoopStep(self, own_loop) if own_loop is not None else None
 
-    def _is_loop_step(self, loops: list[RunLoop]) -> bool:
+    def _loop_if_loop_step(self, loops: list[RunLoop]) -> Optional[RunLoop]:
+        """The call's loop when the call is a loop step (see the module docstring), else None."""
         if self.loop is None or self.then.kind != LOOP_END or self.then.target != self.loop:
-            return False
-        body = loops[self.loop].body
+            return None
+        loop = loops[self.loop]
+        body = loop.body
         if body.calls != (self.index,) or body.joins or body.loops:
-            return False
+            return None
         # Every input is refilled by this call's own loop-back (a device loop-back always is;
         # a host one only when the engine returned the value: checked per row).
-        return all(slots and slots[0] in self.loop_back_slots and not is_wait
-                   for _, slots, is_wait, _ in self.inputs)
+        is_refilled = all(slots and slots[0] in self.loop_back_slots and not is_wait
+                          for _, slots, is_wait, _ in self.inputs)
+        return loop if is_refilled else None
 
 
 class RunWalk:

@@ -144,8 +144,10 @@ class WalkRun:
         """Close an iteration of `loop`: the transition that follows (its body again, or its exit)."""
         plan = self.walk.loops[loop]
         state = self.loops[loop]
+        if state is None:
+            raise WalkStateError(f"walk {self.name}: an iteration of loop {plan.name} ends while it is not running")
         if state.iteration + 1 >= plan.max_iters or (plan.has_stop and state.is_stop):
-            self.exit_loop(loop)
+            self.exit_loop(loop, state)
             return plan.then
         state.iteration += 1
         slots = self.slots
@@ -156,8 +158,8 @@ class WalkRun:
         state.next_slots.clear()
         return plan.body
 
-    def exit_loop(self, loop: int) -> None:
-        state = self.loops[loop]
+    def exit_loop(self, loop: int, state: _LoopState) -> None:
+        """Leave `loop` (its running `state`): hand on its outputs, accumulated lists and scope values."""
         self.loops[loop] = None
         for index, (kind, _, onward, slot) in enumerate(self.walk.loops[loop].exits):
             if kind == "output":
