@@ -1,6 +1,8 @@
 """mstarc: the compiler's command line.
 
     mstarc compile SPEC [--config FILE] [-o PLAN]   spec + deployment -> plan + glue
+    mstarc init --from-checkpoint DIR [--name NAME] [-o SPEC] [--config-out FILE] [--plan-out PLAN] [--force]
+                                                    a spec and deployment from config.json, compiled
     mstarc check SPEC [--config FILE]               passes 1-5 only, writes nothing
     mstarc explain PLAN [--no-verify]               the plan's tables, readable
     mstarc fmt SPEC [--check | --write]             canonical spec text
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -59,6 +62,38 @@ def cmd_compile(args) -> int:
         return EXIT_INPUT
     print(f"wrote {result.plan_path} and {result.glue_path}")
     return EXIT_OK
+
+
+def cmd_init(args) -> int:
+    """Write a spec and a deployment for a checkpoint (compiler/from_checkpoint.py), then compile them."""
+    from mstar.compiler.from_checkpoint import InitError, model_name, read_checkpoint
+    from mstar.files import atomic_write_many
+
+    name = args.name or model_name(Path(args.from_checkpoint).resolve().name)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        sys.stderr.write(f"mstarc: --name {name!r}: a model name is letters, digits and _, not starting with a digit\n")
+        return EXIT_USAGE
+    spec_path = Path(args.output or f"specs/{name}.mw")
+    config_path = Path(args.config_out or f"configs/{name}.yaml")
+    existing = [str(p) for p in (spec_path, config_path) if p.exists()]
+    if existing and not args.force:
+        verb = "already exists" if len(existing) == 1 else "already exist"
+        sys.stderr.write(f"mstarc: {' and '.join(existing)} {verb}; pass --force to replace\n")
+        return EXIT_INPUT
+    try:
+        files = read_checkpoint(args.from_checkpoint, name)
+    except InitError as e:
+        sys.stderr.write(f"mstarc: {e}\n")
+        return EXIT_INPUT
+    try:
+        for path in (spec_path, config_path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_many([(spec_path, files.spec.encode("utf-8")), (config_path, files.deployment.encode("utf-8"))])
+    except OSError as e:
+        sys.stderr.write(_write_problem(e.filename or spec_path, e))
+        return EXIT_INPUT
+    print(f"wrote {spec_path} and {config_path} ({files.architecture})")
+    return cmd_compile(argparse.Namespace(spec=str(spec_path), config=str(config_path), output=args.plan_out))
 
 
 def cmd_check(args) -> int:
@@ -194,6 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan path (default generated/<config>.plan)")
     p.set_defaults(run=cmd_compile)
+
+    p = sub.add_parser("init", help="write a spec and a deployment from a checkpoint's config.json, then compile")
+    p.add_argument("--from-checkpoint", required=True, metavar="DIR",
+                   help="a Hugging Face checkpoint directory (config.json)")
+    p.add_argument("--name", help="model name (default: the directory's name as an identifier)")
+    p.add_argument("-o", "--output", metavar="SPEC", help="spec path (default specs/NAME.mw)")
+    p.add_argument("--config-out", metavar="FILE", help="deployment path (default configs/NAME.yaml)")
+    p.add_argument("--plan-out", metavar="PLAN", help="plan path (default as mstarc compile: generated/NAME.plan "
+                                                       "beside the spec's directory)")
+    p.add_argument("--force", action="store_true", help="replace an existing spec or deployment")
+    p.set_defaults(run=cmd_init)
 
     p = sub.add_parser("check", help="run every check, write nothing")
     p.add_argument("spec", metavar="SPEC")

@@ -1,0 +1,272 @@
+"""`mstarc init --from-checkpoint DIR`: a spec and a deployment from a checkpoint's config.json.
+
+In: a Hugging Face checkpoint directory (config.json, and generation_config.json when present)
+and a model name. Out: `InitFiles` (the spec's and the deployment's text), or an `InitError`
+naming the file and what is wrong.
+
+The architectures are those the engine loads (docs/models.md): `LlamaForCausalLM`,
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM` (a plain decoder spec) and `Qwen3_5ForCausalLM` /
+`Qwen3_5ForConditionalGeneration` (the gated delta-net hybrid: its layer pattern and recurrent
+state; the text model of a VLM checkpoint). Without `architectures`, `model_type` decides. The
+spec states the dims (layers, heads, head_dim, hidden, intermediate, vocab), `rope_theta`,
+`partial_rotary` where it is not 1, and the stop tokens: `eos_token_id` (an id or a list) of
+config.json and generation_config.json together. The RoPE scaling kind and the attention details
+are read from config.json again when the checkpoint loads, so the spec need not state them.
+The walks are those of specs/llama.mw (prompt rows and decode rows in one combined step), every
+input and output with its role.
+
+Only the fields the spec needs are read here: the compiler does not import the runtime, whose
+checkpoint reader (mstar/runtime/engine/checkpoint_config.py) checks the whole file at load time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
+
+# architecture -> decoder style of the spec
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+}
+MODEL_TYPES = {"llama": "llama", "qwen2": "llama", "qwen3": "llama", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
+MAX_SEQ_LEN = 32768  # the deployment's default ceiling; a longer context is one edit away
+
+
+class InitError(Exception):
+    """A checkpoint init cannot describe (the message names the file and the field)."""
+
+
+@dataclass
+class InitFiles:
+    spec: str
+    deployment: str
+    architecture: str
+
+
+def model_name(text: str) -> str:
+    """A spec model name from a directory name: `Llama-3.2-1B` -> `llama_3_2_1b`."""
+    name = re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "model"
+    return name if not name[0].isdigit() else f"m_{name}"
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(read_text_bounded(path, max_bytes=MAX_JSON_CONFIG_BYTES, what=what))
+    except InputFileError as error:
+        raise InitError(str(error)) from None
+    except (ValueError, RecursionError) as error:
+        raise InitError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise InitError(f"{path}: not a JSON object")
+    return data
+
+
+def _style(config: dict, path: Path) -> tuple[str, str]:
+    architectures = config.get("architectures") or []
+    for arch in architectures if isinstance(architectures, list) else []:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch], arch
+    model_type = config.get("model_type")
+    if not architectures and model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type], str(model_type)
+    found = ", ".join(map(str, architectures)) if isinstance(architectures, list) and architectures \
+        else model_type or "unknown"
+    raise InitError(f"{path}: architecture {found} is not supported; mstarc init writes specs for "
+                    f"{', '.join(ARCHITECTURES)} (model_type {', '.join(MODEL_TYPES)})")
+
+
+def _positive_int(config: dict, name: str, path: Path, default: Optional[int] = None) -> int:
+    value = config.get(name, default)
+    if value is None:
+        raise InitError(f"{path}: missing field {name!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InitError(f"{path}: {name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_number(value: Any, name: str, path: Path) -> float:
+    is_ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_ok or not math.isfinite(value) or value <= 0:
+        raise InitError(f"{path}: {name} must be a finite positive number, got {value!r}")
+    return value
+
+
+def _eos_ids(*sources: tuple[dict, Path]) -> list[int]:
+    found: list[int] = []
+    for config, path in sources:
+        value = config.get("eos_token_id")
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+                raise InitError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
+            if item not in found:
+                found.append(item)
+    return found
+
+
+def _number(value: float) -> str:
+    """A number as the spec grammar reads it (an int when whole)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _pattern_unit(flags: list[int]) -> list[int]:
+    """The shortest prefix that, repeated, gives the whole layer pattern."""
+    for size in range(1, len(flags) + 1):
+        if len(flags) % size == 0 and flags[:size] * (len(flags) // size) == flags:
+            return flags[:size]
+    return flags
+
+
+def _hybrid_args(config: dict, path: Path, num_layers: int) -> tuple[list[str], str]:
+    """Qwen3.5's node arguments beyond a plain decoder's, and its recurrent state line."""
+    types = config.get("layer_types")
+    if types is None:
+        interval = _positive_int(config, "full_attention_interval", path, 4)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    if not isinstance(types, list) or len(types) != num_layers or \
+            set(types) - {"full_attention", "linear_attention"}:
+        raise InitError(f"{path}: layer_types must list full_attention / linear_attention for each of the "
+                        f"{num_layers} layers")
+    flags = [1 if t == "full_attention" else 0 for t in types]
+    num_linear = flags.count(0)
+    if not num_linear:
+        raise InitError(f"{path}: no linear_attention layer; a Qwen3.5 spec needs its gated delta-net layers")
+    key_heads = _positive_int(config, "linear_num_key_heads", path)
+    value_heads = _positive_int(config, "linear_num_value_heads", path)
+    key_dim = _positive_int(config, "linear_key_head_dim", path)
+    value_dim = _positive_int(config, "linear_value_head_dim", path)
+    args = [f"layer_pattern=[{', '.join(map(str, _pattern_unit(flags)))}]",
+            f"conv_kernel={_positive_int(config, 'linear_conv_kernel_dim', path, 4)}"]
+    if value_heads != key_heads:
+        args.append(f"linear_value_heads={value_heads}")
+    state = f"state recurrent(layers={num_linear}, heads={key_heads}, key_dim={key_dim}, value_dim={value_dim})"
+    return args, state
+
+
+def read_checkpoint(directory: str, name: str) -> InitFiles:
+    """The spec and deployment for the checkpoint in `directory` (module docstring)."""
+    path = Path(directory) / "config.json"
+    if not path.exists():
+        raise InitError(f"--from-checkpoint {directory}: no config.json there (expected a Hugging Face "
+                        "checkpoint directory)")
+    outer = _read_json(path, "checkpoint config")
+    style, architecture = _style(outer, path)
+    config = outer["text_config"] if isinstance(outer.get("text_config"), dict) else outer
+    sources = [(outer, path)] + ([(config, path)] if config is not outer else [])
+    generation = Path(directory) / "generation_config.json"
+    if generation.exists():
+        sources.append((_read_json(generation, "generation config"), generation))
+    num_layers = _positive_int(config, "num_hidden_layers", path)
+    num_heads = _positive_int(config, "num_attention_heads", path)
+    hidden = _positive_int(config, "hidden_size", path)
+    num_kv_heads = _positive_int(config, "num_key_value_heads", path, num_heads)
+    if num_heads % num_kv_heads:
+        raise InitError(f"{path}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads "
+                        f"{num_kv_heads}")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {}
+    theta = _positive_number(rope.get("rope_theta", config.get("rope_theta", 10000.0)), "rope_theta", path)
+    args = [f"layers={num_layers}", f"kv_heads={num_kv_heads}", f"qo_heads={num_heads}",
+            f"head_dim={_positive_int(config, 'head_dim', path, hidden // num_heads)}", f"hidden={hidden}",
+            f"intermediate={_positive_int(config, 'intermediate_size', path)}",
+            f"vocab={_positive_int(config, 'vocab_size', path)}", f"rope_theta={_number(theta)}"]
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is not None:
+        partial = _positive_number(partial, "partial_rotary_factor", path)
+        if partial > 1:
+            raise InitError(f"{path}: partial_rotary_factor must be in (0, 1], got {partial!r}")
+        args.append(f"partial_rotary={_number(partial)}")
+    state = None
+    if style == "qwen3_5":
+        more, state = _hybrid_args(config, path, num_layers)
+        args += more
+    eos = _eos_ids(*sources)
+    if len(eos) == 1:
+        args.append(f"stop_token={eos[0]}")
+    elif eos:
+        args.append(f"stop_tokens=[{', '.join(map(str, eos))}]")
+    max_positions = config.get("max_position_embeddings")
+    max_seq_len = min(max_positions, MAX_SEQ_LEN) if isinstance(max_positions, int) and max_positions > 0 \
+        else MAX_SEQ_LEN
+    source = f"{Path(directory).resolve().name}/config.json ({architecture})"
+    return InitFiles(_spec_text(name, source, args, state), _deployment_text(name, source, max_seq_len, state),
+                     architecture)
+
+
+def _spec_text(name: str, source: str, args: list[str], state: Optional[str]) -> str:
+    lines, line = [], "node LLM kv("
+    for index, arg in enumerate(args):
+        piece = arg + (", " if index + 1 < len(args) else ")")
+        if len(line) + len(piece) > 100:
+            lines.append(line.rstrip())
+            line = " " * len("node LLM kv(")
+        line += piece
+    lines.append(line + " {")
+    header = "\n".join(lines)
+    state_line = f"    {state}\n" if state else ""
+    return f"""# Written by `mstarc init` from {source}.
+# A decoder whose prompt rows and decode rows may share one step (the combined walk `mixed`).
+# The checkpoint's config.json gives the dims again when `mstar run --weights DIR` loads it.
+model {name}
+
+param max_output_tokens = 2048
+
+{header}
+    in text_inputs: tokens prompt text
+    out text_inputs: tokens
+    out new_token: tokens
+    kv_sequences main
+{state_line}    cap prefill 16
+    cap decode 64
+    capture decode batched batch=[1, 2, 4, 8, 16, 32, 64]
+    capture prefill packed batch=[1, 2, 4, 8, 16] tokens=[32, 64, 128, 256, 512, 1024]
+    combine mixed = prefill + decode {{
+        cap 64
+        rows prefill <= 4
+        capture packed batch=[1, 4, 16, 64] tokens=[128, 256, 512, 1024, 2048, 4096, 8192]
+        attention split
+    }}
+}}
+
+walk prefill {{
+    LLM(text_inputs) -> new_token: client text persist count_tokens
+}}
+
+walk decode {{
+    loop decode_loop max=max_output_tokens stop {{
+        LLM(text_inputs)
+            -> text_inputs: LLM device  # the sampled token loops back without visiting the host
+            -> new_token: client text
+    }}
+}}
+
+partition LLM = prefill -> decode
+"""
+
+
+def _deployment_text(name: str, source: str, max_seq_len: int, state: Optional[str]) -> str:
+    slots = "# one recurrent-state slot per live request, plus the padding rows of captured steps\n" \
+            "recurrent_state_slots: 96\n" if state else ""
+    return f"""# Written by `mstarc init` from {source}.
+# The model on one GPU.
+model: "{name}"
+max_seq_len: {max_seq_len}
+node_groups:
+  - node_names: [LLM]
+    ranks: [0]
+
+kv_pool:
+  page_size: 16
+  num_pages: 8192           # 131072 tokens
+capture_memory_budget_mb: 4096
+speculation_mixes_walks: [LLM.decode]
+{slots}"""

@@ -1,0 +1,132 @@
+"""`mstarc init --from-checkpoint DIR`: tiny random checkpoints of each supported architecture saved by
+transformers -> a spec and a deployment (canonical, with roles) -> compiled -> `mstar run --weights DIR`
+gives transformers' greedy tokens. Refusals: an unsupported architecture, an existing output."""
+import json
+
+import pytest
+import torch
+
+from mstar.cli.mstar import main as mstar_main
+from mstar.cli.mstarc import main as mstarc_main
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = [7, 100, 3, 55, 21, 250, 9, 31]
+NUM_NEW = 8
+SIZES = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6)
+
+
+def _llama():
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **SIZES, eos_token_id=[318, 319], rope_parameters={"rope_type": "llama3", "rope_theta": 50000.0,
+                                                           "factor": 8.0, "low_freq_factor": 1.0,
+                                                           "high_freq_factor": 4.0,
+                                                           "original_max_position_embeddings": 8}))
+
+
+def _qwen3():
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SIZES, head_dim=32, eos_token_id=319))
+
+
+def _qwen3_5():
+    from transformers.models import qwen3_5
+
+    config = qwen3_5.Qwen3_5TextConfig(**{**SIZES, "num_hidden_layers": 4}, head_dim=16, linear_key_head_dim=16,
+                                       linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                                       linear_conv_kernel_dim=4, eos_token_id=319)
+    return qwen3_5.Qwen3_5ForCausalLM(config)
+
+
+BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3_5": _qwen3_5}
+EXPECTED_ARGS = {
+    "llama": ("rope_theta=50000", "stop_tokens=[318, 319]", "head_dim=16"),
+    "qwen3": ("head_dim=32", "stop_token=319"),
+    "qwen3_5": ("layer_pattern=[0, 0, 0, 1]", "state recurrent(layers=3, heads=2, key_dim=16, value_dim=16)",
+                "linear_value_heads=4", "partial_rotary=0.25"),
+}
+
+
+def _save(model, path):
+    torch.manual_seed(4)
+    model.eval()
+    with torch.no_grad():  # weights large enough that greedy picks are well separated; norms off zero
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0, param[0].numel() ** -0.5)
+            elif "norm" in name:
+                param.normal_(0, 0.1)
+    model.save_pretrained(path, safe_serialization=True)
+
+
+def _hf_greedy(model, eos):
+    ids = torch.tensor([PROMPT])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_NEW, do_sample=False,
+                         pad_token_id=0, eos_token_id=eos)
+    return out[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_init_compiles_and_runs_like_transformers(arch, tmp_path, capsys):
+    model = BUILDERS[arch]()
+    checkpoint = tmp_path / "Tiny-Model-0.1"
+    _save(model, checkpoint)
+    spec, config, plan = tmp_path / "specs" / "m.mw", tmp_path / "configs" / "m.yaml", tmp_path / "out" / "m.plan"
+    status = mstarc_main(["init", "--from-checkpoint", str(checkpoint), "--name", "m", "-o", str(spec),
+                          "--config-out", str(config), "--plan-out", str(plan)])
+    assert status == 0, capsys.readouterr().err
+    text = spec.read_text()
+    assert "in text_inputs: tokens prompt text" in text and "model m\n" in text
+    for arg in EXPECTED_ARGS[arch]:
+        assert arg in text, text
+    assert mstarc_main(["fmt", "--check", str(spec)]) == 0
+    assert plan.exists() and (tmp_path / "out" / "m_glue.py").exists()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p", "prompt_tokens": PROMPT, "max_tokens": NUM_NEW}) + "\n")
+    status = mstar_main(["run", "--plan", str(plan), "--weights", str(checkpoint), "--prompts", str(prompts),
+                         "--out", str(tmp_path / "run"), "--no-progress"])
+    assert status == 0, capsys.readouterr().err
+    got = json.loads((tmp_path / "run" / "outputs.jsonl").read_text())["output_tokens"]
+    eos = model.generation_config.eos_token_id
+    # the spec's stop tokens are the checkpoint's eos ids: the run ends where transformers' does
+    assert got == _hf_greedy(model, eos)
+    assert got == _hf_greedy(model, None)[:len(got)]
+
+
+def test_default_paths_name_and_existing_files(tmp_path, monkeypatch, capsys):
+    checkpoint = tmp_path / "Llama-3.2-Tiny"
+    _save(_llama(), checkpoint)
+    monkeypatch.chdir(tmp_path)
+    assert mstarc_main(["init", "--from-checkpoint", str(checkpoint)]) == 0
+    assert (tmp_path / "specs" / "llama_3_2_tiny.mw").exists()
+    assert (tmp_path / "configs" / "llama_3_2_tiny.yaml").exists()
+    assert (tmp_path / "generated" / "llama_3_2_tiny.plan").exists()
+    capsys.readouterr()
+    spec_before = (tmp_path / "specs" / "llama_3_2_tiny.mw").read_bytes()
+    assert mstarc_main(["init", "--from-checkpoint", str(checkpoint)]) == 1
+    err = capsys.readouterr().err
+    assert "llama_3_2_tiny.mw and configs/llama_3_2_tiny.yaml already exist" in err and "--force" in err
+    assert (tmp_path / "specs" / "llama_3_2_tiny.mw").read_bytes() == spec_before
+    assert mstarc_main(["init", "--from-checkpoint", str(checkpoint), "--force"]) == 0
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "architecture GPT2LMHeadModel is not supported"),
+    ({"model_type": "mistral"}, "architecture mistral is not supported"),
+    ({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}, "missing field 'num_hidden_layers'"),
+    ({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2.5, "num_attention_heads": 4},
+     "num_hidden_layers must be a positive integer"),
+])
+def test_unsupported_or_broken_config_is_refused(tmp_path, capsys, config, message):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    status = mstarc_main(["init", "--from-checkpoint", str(tmp_path), "-o", str(tmp_path / "s.mw"),
+                          "--config-out", str(tmp_path / "c.yaml")])
+    err = capsys.readouterr().err
+    assert status == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "s.mw").exists() and not (tmp_path / "c.yaml").exists()
+
+
+def test_missing_directory_is_refused(tmp_path, capsys):
+    assert mstarc_main(["init", "--from-checkpoint", str(tmp_path / "nowhere"), "-o", str(tmp_path / "s.mw"),
+                        "--config-out", str(tmp_path / "c.yaml")]) == 1
+    assert "no config.json" in capsys.readouterr().err
