@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
 from mstar.runtime.engine.dims import ROPE_KINDS, DecoderDims, RopeScaling
@@ -171,6 +171,8 @@ def _rope_scaling(config: dict, rope: dict) -> RopeScaling:
     factor = rope.get("factor")
     if kind == "yarn" and factor is None:
         factor = max_position / original
+    if factor is None:
+        raise ValueError(f"{kind} RoPE needs a factor")
     factor = float(factor)
     if factor <= 0:
         raise ValueError(f"rope factor {factor} must be positive")
@@ -203,12 +205,30 @@ def _yarn_attention_factor(rope: dict, factor: float) -> float:
     return mscale(factor)
 
 
+class _SharedDims(TypedDict):
+    """The `DecoderDims` fields both decoder styles read the same way from config.json."""
+
+    num_layers: int
+    num_kv_heads: int
+    num_qo_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    rope_theta: float
+    rope: RopeScaling
+    rms_eps: float
+    is_tied_embeddings: bool
+    style: str
+    architecture: str
+
+
 def _dims(config: dict, style: str, architecture: str, rope: dict, scaling: RopeScaling) -> DecoderDims:
     hidden = int(config["hidden_size"])
     num_heads = int(config["num_attention_heads"])
     num_layers = int(config["num_hidden_layers"])
     has_attention_bias = bool(config.get("attention_bias", False))
-    common = dict(
+    common = _SharedDims(
         num_layers=num_layers,
         num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
         num_qo_heads=num_heads,

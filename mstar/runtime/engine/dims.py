@@ -20,7 +20,7 @@ from mstar.plan.node_args import DECODER_STYLES, layer_is_full
 from mstar.plan.schema import NodePlan
 
 DimsMode = Literal["tiny", "spec"]
-DIMS_MODES = ("tiny", "spec")
+DIMS_MODES: tuple[DimsMode, ...] = ("tiny", "spec")
 
 
 class DimsError(ValueError):

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
@@ -109,8 +109,10 @@ class SimEngine(RunsAtLaunch):
             if node.engine == "kv":
                 layers = node.dims.get("layers", 28)
                 hidden = node.dims.get("hidden", 3072)
-                is_numeric = isinstance(layers, int) and isinstance(hidden, int)
-                self.weights[node.name] = layers * hidden / (28 * 3072) if is_numeric else 1.0
+                if isinstance(layers, int) and isinstance(hidden, int):
+                    self.weights[node.name] = layers * hidden / (28 * 3072)
+                else:
+                    self.weights[node.name] = 1.0
                 if node.name not in self.pools:
                     seq = plan.deployment.max_seq_len
                     self.pools[node.name] = _KvPool(16, 1 << 30, seq, 1 << 30)
@@ -224,7 +226,7 @@ class SimEngine(RunsAtLaunch):
         is_kv = node in self.pools
         errors = self.inject_error
         out_names, num_sampled, requests, seed = self.out_names, self.num_sampled, self.requests, self.seed
-        results = []
+        results: list[RowResult] = []
         append = results.append
         for row in rows:
             request_id = row.request_id
@@ -259,7 +261,7 @@ class SimEngine(RunsAtLaunch):
         return launch + num_rows * PER_ROW_S + weight * (num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)
 
 
-def _placeholders(names: list[str], value: int) -> dict[str, list[int]]:
+def _placeholders(names: Sequence[str], value: int) -> dict[str, list[int]]:
     """A one-element list of `value` under each name (a list of its own per name)."""
     if len(names) == 1:
         return {names[0]: [value]}

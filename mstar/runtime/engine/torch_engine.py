@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 import torch
 
 from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.engine.dims import (
-    DIMS_MODES, DecoderDims, DimsError, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
+    DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
 )
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.request_state import RequestState
@@ -56,6 +56,7 @@ from mstar.runtime.engine.weights import (
 )
 
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner]
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
@@ -129,7 +130,7 @@ class TorchEngine(RunsAtLaunch):
 
     # ------------------------------------------------------------------ start-up
 
-    def _build(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
+    def _build(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                num_pages: Optional[int]) -> Runner:
         kind = node.model_kind
         if kind == "decoder":
@@ -137,8 +138,8 @@ class TorchEngine(RunsAtLaunch):
         if kind == "audio_codec" and weights_dir is not None:
             return self._build_snac(node, weights_dir, seed)
         if kind == "audio_codec":
-            dims = codec_dims(node, mode)
-            model = self._new(node.name, lambda: CodecDecoder(dims))
+            codec = codec_dims(node, mode)
+            model = self._new(node.name, lambda: CodecDecoder(codec))
             init_random(model, seed, self.positions[node.name])
             return CodecRunner(node, self._place(model), self._stream_policy(node.name), self.positions[node.name])
         if kind in ("vision_encoder", "audio_encoder"):
@@ -149,25 +150,28 @@ class TorchEngine(RunsAtLaunch):
                     for edge in call.edges:
                         dest = self.decoder_dims.get(edge.dest) if edge.dest_kind == "node" else None
                         widths[edge.name] = dest.hidden if dest else dims.hidden
-            model = self._new(node.name, lambda: MediaEncoder(dims, list(widths.values())))
-            init_random(model, seed, self.positions[node.name])
-            return EncoderRunner(node, self._place(model), self.positions[node.name])
+            encoder = self._new(node.name, lambda: MediaEncoder(dims, list(widths.values())))
+            init_random(encoder, seed, self.positions[node.name])
+            return EncoderRunner(node, self._place(encoder), self.positions[node.name])
         latent_source = self._latent_source()
         image_dims = image_decoder_dims(node, mode, latent_source)
-        model = self._new(node.name, lambda: ImageDecoder(image_dims))
-        init_random(model, seed, self.positions[node.name])
-        return ImageDecoderRunner(node, self._place(model), self.positions[node.name])
+        image_decoder = self._new(node.name, lambda: ImageDecoder(image_dims))
+        init_random(image_decoder, seed, self.positions[node.name])
+        return ImageDecoderRunner(node, self._place(image_decoder), self.positions[node.name])
 
     def _build_snac(self, node: NodePlan, weights_dir: str, seed: int) -> SnacRunner:
         """An audio codec node given a SNAC checkpoint: the real SNAC decoder over audio tokens."""
         keep_frame = node.dims.get("keep_frame", 1)
-        dims = SnacCodecDims(read_snac_config(weights_dir), token_offset=node.dims.get("token_offset", 0),
+        token_offset = node.dims.get("token_offset", 0)
+        if not isinstance(token_offset, int):
+            raise DimsError(f"node {node.name}: token_offset {token_offset!r} is not a token id")
+        dims = SnacCodecDims(read_snac_config(weights_dir), token_offset=token_offset,
                              keep_frame=keep_frame if isinstance(keep_frame, int) else 1)
         model = self._new(node.name, lambda: SnacCodec(dims, seed)).eval()
         load_snac_weights(model.snac, weights_dir)
         return SnacRunner(node, self._place(model), self._stream_policy(node.name), self.positions[node.name])
 
-    def _build_decoder(self, node: NodePlan, mode: str, weights_dir: Optional[str], seed: int,
+    def _build_decoder(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
         dims = decoder_dims(node, mode)
         if weights_dir is not None:
@@ -203,7 +207,7 @@ class TorchEngine(RunsAtLaunch):
                              self._flashinfer(node, dims, page_size))
 
     def _fast_gpu_runner(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str], seed: int,
-                         num_pages: Optional[int], mode: str) -> Optional[DecoderRunner]:
+                         num_pages: Optional[int], mode: DimsMode) -> Optional[DecoderRunner]:
         """On a GPU, a plain decoder runs on the device fast path (engine/gpu/), unless
         `--attention torch` or the node needs the general runner (its reasons in gpu/runner.py)."""
         if self.placement.is_cpu or self.attention == "torch":
@@ -234,7 +238,7 @@ class TorchEngine(RunsAtLaunch):
         return {name: runner.attention_backend()
                 for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
 
-    def _code_frames(self, node: str, mode: str) -> dict[str, tuple[int, int]]:
+    def _code_frames(self, node: str, mode: DimsMode) -> dict[str, tuple[int, int]]:
         """Token edges of `node` that feed a multi-quantizer codec -> (quantizers, codebook)."""
         codecs = {n.name: n for n in self.plan.nodes if n.model_kind == "audio_codec"}
         frames = {}
@@ -247,7 +251,7 @@ class TorchEngine(RunsAtLaunch):
                             frames[edge.name] = (dims.num_quantizers, dims.codebook)
         return frames
 
-    def _new(self, node: str, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    def _new(self, node: str, factory: Callable[[], ModelT]) -> ModelT:
         """Build a model after checking that every model so far fits in memory: on the meta device
         for spec dims, where building could exhaust memory; tiny models are built, then counted
         (initialising parameters on the meta device imports torch's compiler stack, seconds of
@@ -326,7 +330,7 @@ class TorchEngine(RunsAtLaunch):
             else:
                 rows.append((row, call, request))
         failed: list[str] = []
-        if rows:
+        if rows and runner is not None:  # rows only when the runner exists (above)
             if isinstance(runner, DecoderRunner):
                 ran, failed = runner.run(rows, self.runs_partial_steps, step.attention, plan_row.decode_walks)
             else:

@@ -29,6 +29,9 @@ from torch import nn
 
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_checkpoint_config
 from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
+from mstar.runtime.engine.models.decoder import Decoder
+
+_CPU = torch.device("cpu")  # the default device (a module constant: one object, not a call per signature)
 
 __all__ = ["WeightsError", "init_random", "load_checkpoint_weights", "load_decoder", "read_checkpoint_config",
            "weights_by_node"]
@@ -90,9 +93,9 @@ def init_random(module: nn.Module, seed: int, position: int, names: Optional[set
             param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
-def load_decoder(factory: Callable[[], nn.Module], weights_dir: str, is_tied: bool,
-                 device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
-                 seed: int = 0, position: int = 0) -> nn.Module:
+def load_decoder(factory: Callable[[], Decoder], weights_dir: str, is_tied: bool,
+                 device: torch.device = _CPU, dtype: torch.dtype = torch.float32,
+                 seed: int = 0, position: int = 0) -> Decoder:
     """A decoder built by `factory` with the checkpoint's weights, on `device` in `dtype`.
 
     The model is built on the meta device (no memory, no initialisation), given uninitialised
@@ -109,7 +112,7 @@ def load_decoder(factory: Callable[[], nn.Module], weights_dir: str, is_tied: bo
     return model
 
 
-def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -> set[str]:
+def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> set[str]:
     """Copy the checkpoint's tensors into a `Decoder` built from `read_checkpoint_config`'s dims,
     shard by shard (see `load_decoder`). With tied embeddings and no `lm_head.weight` in the
     checkpoint, the LM head shares the embedding's storage. Returns the names of the parameters
@@ -123,7 +126,7 @@ def load_checkpoint_weights(model: nn.Module, weights_dir: str, is_tied: bool) -
     from safetensors import SafetensorError, safe_open
 
     index = tensor_index(weights_dir)
-    if is_tied and "lm_head.weight" not in index and hasattr(model, "lm_head"):
+    if is_tied and "lm_head.weight" not in index:
         model.lm_head.weight = model.model.embed_tokens.weight
     params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
     wanted = {name for name in params if not name.startswith("flow.")}

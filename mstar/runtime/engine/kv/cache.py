@@ -22,13 +22,16 @@ def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.1f} GiB" if num_bytes < 2**100 else f"about 2^{num_bytes.bit_length() - 30} GiB"
 
 
+_CPU = torch.device("cpu")  # the default device (a module constant, not a call per signature)
+
+
 class KvCacheError(ValueError):
     """The KV tensors of a pool cannot be allocated (the message names the pool and a way out)."""
 
 
 class KvCache:
     def __init__(self, pool: PagePool, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")):
+                 dtype: torch.dtype = torch.float32, device: torch.device = _CPU):
         size = pool.num_pages * pool.page_size
         self.pool = pool
         num_bytes = 2 * num_layers * size * num_kv_heads * head_dim * dtype.itemsize
@@ -37,7 +40,8 @@ class KvCache:
                 raise MemoryError("more bytes than one tensor can address")
             self.k = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
             self.v = [torch.empty(size, num_kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
-        except (RuntimeError, MemoryError) as error:  # torch reports an impossible allocation (CPU or GPU) as RuntimeError
+        # torch reports an impossible allocation (CPU or GPU) as RuntimeError
+        except (RuntimeError, MemoryError) as error:
             raise KvCacheError(
                 f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "
                 f"({_gib(num_bytes)} for {num_layers} layers): {str(error).splitlines()[0]}; "

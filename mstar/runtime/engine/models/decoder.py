@@ -24,7 +24,7 @@ from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
-from mstar.runtime.engine.models.layers import Bounds, RMSNorm, SwiGLU, seg_linear
+from mstar.runtime.engine.models.layers import Bounds, ModuleSeq, RMSNorm, SwiGLU, seg_linear
 from mstar.runtime.engine.models.rope import apply_rotary, span_lengths
 
 
@@ -114,21 +114,35 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(dims.hidden, dims.intermediate, dims.has_mlp_bias)
 
 
+class DecoderBody(nn.Module):
+    """Embedding, layers and final norm: the `model.*` tensors of a Hugging Face checkpoint."""
+
+    def __init__(self, dims: DecoderDims):
+        super().__init__()
+        # No N(0, 1) fill here: init_random or a checkpoint sets every weight, and at a 128k vocabulary
+        # that fill costs seconds (even on the meta device, where the loader builds the model).
+        self.embed_tokens = nn.Embedding(dims.vocab, dims.hidden, _weight=torch.empty(dims.vocab, dims.hidden))
+        self.layers = ModuleSeq(DecoderLayer(dims, is_full) for is_full in dims.layer_is_full)
+        self.norm = RMSNorm(dims.hidden, dims.rms_eps, dims.style == "qwen3_5")
+
+
+class FlowHead(nn.Module):
+    """The image-flow head (BAGEL image_gen): latents in, velocities out (`flow.*` tensors)."""
+
+    def __init__(self, dims: DecoderDims):
+        super().__init__()
+        self.latent_in = nn.Linear(dims.latent_channels, dims.hidden, bias=False)
+        self.time_in = nn.Linear(dims.hidden, dims.hidden, bias=False)
+        self.latent_out = nn.Linear(dims.hidden, dims.latent_channels, bias=False)
+
+
 class Decoder(nn.Module):
     def __init__(self, dims: DecoderDims):
         super().__init__()
         self.dims = dims
-        self.model = nn.Module()
-        # No N(0, 1) fill here: init_random or a checkpoint sets every weight, and at a 128k vocabulary
-        # that fill costs seconds (even on the meta device, where the loader builds the model).
-        self.model.embed_tokens = nn.Embedding(dims.vocab, dims.hidden, _weight=torch.empty(dims.vocab, dims.hidden))
-        self.model.layers = nn.ModuleList(DecoderLayer(dims, is_full) for is_full in dims.layer_is_full)
-        self.model.norm = RMSNorm(dims.hidden, dims.rms_eps, dims.style == "qwen3_5")
+        self.model = DecoderBody(dims)
         self.lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
-        self.flow = nn.Module()
-        self.flow.latent_in = nn.Linear(dims.latent_channels, dims.hidden, bias=False)
-        self.flow.time_in = nn.Linear(dims.hidden, dims.hidden, bias=False)
-        self.flow.latent_out = nn.Linear(dims.hidden, dims.latent_channels, bias=False)
+        self.flow = FlowHead(dims)
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Token ids (any integers; taken modulo the vocabulary) -> `[T, hidden]`."""
@@ -159,9 +173,11 @@ class Decoder(nn.Module):
         for layer in self.model.layers:
             normed = layer.input_layernorm(x)
             if layer.is_full:
+                assert cache is not None, "a decoder with full-attention layers runs with a KV cache"
                 mixed = layer.self_attn(normed, batch, cache.k[num_full], cache.v[num_full])
                 num_full += 1
             else:
+                assert states is not None, "a decoder with gated delta-net layers runs with linear states"
                 mixed = layer.linear_attn(normed, batch.bounds, batch.slots, states.conv[num_linear],
                                           states.ssm[num_linear])
                 num_linear += 1

@@ -19,6 +19,8 @@ from torch import nn
 
 from mstar.runtime.engine.models.layers import Bounds, seg_linear
 
+_CPU = torch.device("cpu")  # the default device (a module constant, not a call per signature)
+
 
 @dataclass
 class LinearStates:
@@ -30,7 +32,7 @@ class LinearStates:
     @classmethod
     def zeros(cls, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int,
               num_heads: int, key_dim: int, value_dim: int,
-              device: torch.device = torch.device("cpu")) -> "LinearStates":
+              device: torch.device = _CPU) -> "LinearStates":
         return cls(
             conv=[torch.zeros(num_slots, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
             ssm=[torch.zeros(num_slots, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],

@@ -9,13 +9,26 @@ promise batch invariance (FlashInfer's split-KV attention does not either).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Generic, Iterable, Iterator, Optional, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 Bounds = list[tuple[int, int]]  # [start, end) token spans of a packed step, in order, covering it
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+class ModuleSeq(nn.ModuleList, Generic[ModuleT]):
+    """An `nn.ModuleList` (same state-dict names, `N.*`) of one module type, which iterates as
+    that type for the type checker."""
+
+    def __init__(self, modules: Iterable[ModuleT]):
+        super().__init__(modules)
+
+    def __iter__(self) -> Iterator[ModuleT]:
+        # nn.ModuleList is not generic; __init__ only ever receives ModuleT instances.
+        return cast("Iterator[ModuleT]", super().__iter__())
 
 
 def seg_linear(x: torch.Tensor, weight: torch.Tensor, bounds: Bounds,

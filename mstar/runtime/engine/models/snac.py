@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mstar.runtime.engine.dims import SnacDims
+from mstar.runtime.engine.models.layers import ModuleSeq
 
 
 class Snake(nn.Module):
@@ -122,12 +123,19 @@ class _Quantizer(nn.Module):
         self.out_proj = nn.Conv1d(dims.codebook_dim, dims.latent_dim, kernel_size=1)
 
 
+class _Quantizers(nn.Module):
+    """The codebooks, in order (checkpoint names `quantizer.quantizers.N.*`)."""
+
+    def __init__(self, dims: SnacDims):
+        super().__init__()
+        self.quantizers = ModuleSeq(_Quantizer(dims) for _ in dims.vq_strides)
+
+
 class SnacDecoder(nn.Module):
     def __init__(self, dims: SnacDims):
         super().__init__()
         self.dims = dims
-        self.quantizer = nn.Module()
-        self.quantizer.quantizers = nn.ModuleList(_Quantizer(dims) for _ in dims.vq_strides)
+        self.quantizer = _Quantizers(dims)
         self.decoder = _Decoder(dims)
 
     def latents(self, codes: list[torch.Tensor]) -> torch.Tensor:
@@ -139,6 +147,8 @@ class SnacDecoder(nn.Module):
             embedded = F.embedding(ids.long(), quantizer.codebook.weight).transpose(1, 2)
             part = quantizer.out_proj(embedded).repeat_interleave(stride, dim=-1)
             z = part if z is None else z + part
+        if z is None:
+            raise ValueError("SNAC has no codebooks (vq_strides is empty)")
         return z
 
     def forward(self, codes: list[torch.Tensor], generator: Optional[torch.Generator] = None) -> torch.Tensor:

@@ -128,7 +128,7 @@ class SnacRunner(StatelessRunner):
         per_frame, spf = dims.tokens_per_frame, dims.samples_per_frame
         tokens = self._first_value(row, call, "tokens", "tokens")
         num_frames = 0 if tokens is None else tokens.shape[0] // per_frame
-        if num_frames == 0:
+        if tokens is None or num_frames == 0:
             return torch.zeros(0, dtype=torch.int16)
         frames = self.model.codes(tokens[:num_frames * per_frame])
         policy = self.policy
