@@ -20,7 +20,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -41,15 +41,19 @@ def _median_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def ceilings() -> tuple[float, float]:
-    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
+def _copy_ms() -> float:
+    """Median ms of one 1 GiB device-to-device copy; both buffers are freed on return."""
     src = torch.randn(1 << 28, device="cuda")  # 1 GiB
     dst = torch.empty_like(src)
-    copy_ms = _median_ms(lambda: dst.copy_(src), 20)
+    return _median_ms(lambda: dst.copy_(src), 20)
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
+    copy_ms = _copy_ms()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     matmul_ms = _median_ms(lambda: a @ b, 20)
-    del src, dst
     return 2 * (1 << 30) / (copy_ms / 1e3), 2 * 8192 ** 3 / (matmul_ms / 1e3)
 
 
@@ -104,7 +108,8 @@ def _profile(executor, batch: int) -> list[dict]:
             executor.graphs.replay(batch)
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]
-    return [{"kernel": e.key[:90], "us_per_replay": round(e.device_time_total / 10, 1), "calls_per_replay": e.count // 10}
+    return [{"kernel": e.key[:90], "us_per_replay": round(e.device_time_total / 10, 1),
+             "calls_per_replay": e.count // 10}
             for e in events]
 
 
@@ -146,9 +151,10 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
     measured = executor.capture() if family else 0
     capture_s = time.perf_counter() - start
     cases = {str(r): [(1, CONTEXT)] * r for r in DECODE_ROWS}
-    out = {"decode": {}, "device": torch.cuda.get_device_name(), "copy_bandwidth_tb_s": round(bandwidth / 1e12, 3),
-           "matmul_tflop_s": round(rate / 1e12, 1), "capture_s": round(capture_s, 2),
-           "dims": {"layers": dims.num_layers, "hidden": dims.hidden, "vocab": dims.vocab}}
+    out: dict[str, Any] = {"decode": {}, "device": torch.cuda.get_device_name(),
+                           "copy_bandwidth_tb_s": round(bandwidth / 1e12, 3),
+                           "matmul_tflop_s": round(rate / 1e12, 1), "capture_s": round(capture_s, 2),
+                           "dims": {"layers": dims.num_layers, "hidden": dims.hidden, "vocab": dims.vocab}}
     for name, rows in cases.items():
         ms = _engine_step_ms(executor, rows, kv.page_size, iters)
         out["decode"][name] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3)}
@@ -226,7 +232,8 @@ def _unavailable() -> Optional[str]:
 
 def _table(result: dict) -> str:
     lines = [f"{result['device']}: copy {result['copy_bandwidth_tb_s']} TB/s, bf16 matmul "
-             f"{result['matmul_tflop_s']} TFLOP/s", f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'HF compiled':>13}"]
+             f"{result['matmul_tflop_s']} TFLOP/s",
+             f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'HF compiled':>13}"]
     cases = [(f"decode {k}", v) for k, v in result["decode"].items()]
     cases += [(k, result[k]) for k in ("mixed_63_1", "prefill_16x1024")]
     for name, value in cases:

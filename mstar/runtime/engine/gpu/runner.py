@@ -72,6 +72,10 @@ class _Item(_Prepared):
 
 
 class GpuDecoderRunner(DecoderRunner):
+    # The fast path lays the KV pages out its own way (`_new_cache`) and overrides every base
+    # method that touches them; the base's single-KvCache typing cannot say so.
+    cache: PagedKv  # type: ignore[assignment]
+
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
                  is_flashinfer: bool, position: int = 0):
@@ -85,7 +89,7 @@ class GpuDecoderRunner(DecoderRunner):
         self._row_slots: dict[str, int] = {}
         self._free_slots = list(range(num_pages, -1, -1))
 
-    def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:
+    def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
                        dims.head_dim, placement.kv_dtype, placement.device)
 
@@ -116,7 +120,7 @@ class GpuDecoderRunner(DecoderRunner):
             if call.input_roles.get(name) in ("mask", "signal"):
                 continue  # read by no model here
             value = classify(name, raw)
-            if value.kind == "tokens":
+            if value.kind == "tokens" and value.tensor is not None:
                 return _Item(row, call, request, _no_embeds(value.tensor.numel()), value.tensor.tolist(),
                              writes=writes)
             if value.kind == "embeddings":
@@ -141,7 +145,8 @@ class GpuDecoderRunner(DecoderRunner):
                             np.array([p.seed for p in params], dtype=np.int64),
                             np.array([item.request.num_sampled.get(node, 0) for item in ready], dtype=np.int64))
 
-    def _forward(self, ready: list[_Item]) -> list[RowResult]:
+    # The base passes back only what this class's `_prepare` built (all `_Item`s).
+    def _forward(self, ready: list[_Item]) -> list[RowResult]:  # type: ignore[override]
         specs = []
         for item in ready:
             key = (item.row.request_id, self.guidance.first)

@@ -83,7 +83,8 @@ class DecoderRunner:
                  flashinfer: Optional[FlashInferAttention] = None):
         """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
         that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). position: the node's
-        index in the plan (what its random parts are seeded by). placement: where the model runs (the KV cache and recurrent states are allocated there);
+        index in the plan (what its random parts are seeded by). placement: where the model runs (the KV
+        cache and recurrent states are allocated there);
         flashinfer: the GPU attention backend, or None for the torch path."""
         self.node = node
         self.dims = dims
@@ -113,7 +114,9 @@ class DecoderRunner:
         self.bidirectional_walks = frozenset(node.bidirectional_walks)
         self.guidance = NodeGuidance.of(node)
         self.has_guidance = bool(self.guidance.labels) and not dims.has_linear_layers
-        self._route, self._decode_walks = "packed", frozenset()  # the running step's (set by `run`)
+        # the running step's (set by `run`)
+        self._route = "packed"
+        self._decode_walks: frozenset[str] = frozenset()
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> KvCache:
         """The node's KV tensors (the GPU fast path's runner lays them out its own way)."""
@@ -150,8 +153,8 @@ class DecoderRunner:
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
-        vocab = int(self.node.dims.get("vocab", 0))
-        if vocab and self.takes_text_prompt:
+        vocab = self.node.dims.get("vocab", 0)
+        if isinstance(vocab, int) and vocab and self.takes_text_prompt:
             # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
             # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
             bad = next((t for t in request.prompt_tokens if not 0 <= t < vocab), None)
@@ -230,6 +233,8 @@ class DecoderRunner:
             if call.input_roles.get(name) in ("mask", "signal"):
                 continue  # read by no model here
             value = classify(name, raw)
+            if value.tensor is None:
+                continue  # a signal: no model input
             if value.kind == "tokens":
                 parts.append(self.model.embed_tokens(value.tensor))
                 tokens_fed.extend(value.tensor.tolist())
@@ -249,8 +254,9 @@ class DecoderRunner:
         latents_input, time_input = call.input_with("flow_latents"), call.input_with("flow_time")
         value = classify(latents_input or "", row.inputs.get(latents_input or ""))
         if value.kind == "signal":
-            latents = synthesise(request.params.seed, self.position, self.input_positions.get(latents_input, 0), shape)
-        elif value.kind == "embeddings" and tuple(value.tensor.shape) == shape:
+            latents = synthesise(request.params.seed, self.position, self.input_positions.get(latents_input or "", 0),
+                                 shape)
+        elif value.kind == "embeddings" and value.tensor is not None and tuple(value.tensor.shape) == shape:
             latents = value.tensor
         else:
             raise InputError(f"latents must be a float tensor of shape {shape}")
@@ -304,7 +310,11 @@ class DecoderRunner:
             if not is_reserved:
                 raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
             if need.needs_slot:
-                self.states.clear(self.slots.acquire(request_id))
+                assert self.slots is not None and self.states is not None, "only a node with linear layers needs slots"
+                slot = self.slots.acquire(request_id)
+                if slot is None:
+                    raise RuntimeError(f"a state slot vanished between the check and the grant for {request_id}")
+                self.states.clear(slot)
 
     def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
         """One packed forward: a segment per (row, KV sequence) it writes or reads; the first
@@ -327,7 +337,9 @@ class DecoderRunner:
                                         is_write=not item.is_flow, is_decode=item.row.walk in self._decode_walks))
                 bounds.append((start, start + num_tokens))
                 positions.append(torch.arange(num_cached, num_cached + num_tokens))
-                slots.append(self.slots.slot_of(item.row.request_id) if self.slots else 0)
+                slot = self.slots.slot_of(item.row.request_id) if self.slots else 0
+                assert slot is not None, "a row granted to a node with linear layers holds a slot"
+                slots.append(slot)
                 embeds.append(item.embeds)
                 spans[-1][label] = (start, start + num_tokens)
                 start += num_tokens
@@ -404,7 +416,7 @@ class DecoderRunner:
                     result.outputs[name] = self._code_frame(name, token, hidden[-1])
                 elif token is not None:
                     result.outputs[name] = [token]
-            elif role == "flow_latents" and item.is_flow:
+            elif role == "flow_latents" and item.is_flow and item.latents is not None and velocity is not None:
                 result.outputs[name] = item.latents + velocity / max(item.call.loop_max_iters, 1)
             elif role == "flow_time":
                 result.outputs[name] = item.time_index + 1
