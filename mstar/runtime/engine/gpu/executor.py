@@ -19,7 +19,7 @@ launch (the engine's steps are; an overlapping caller needs a second buffer).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ import torch
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, pack
 from mstar.runtime.engine.gpu.sampler import sample
+
+if TYPE_CHECKING:  # imported where used: FlashInfer is an optional dependency
+    from mstar.runtime.engine.gpu.attention import FlashInferSteps
+    from mstar.runtime.engine.gpu.graphs import DecodeGraphs
 
 
 @dataclass
@@ -54,8 +58,8 @@ class StepExecutor:
         self.is_cuda = device.type == "cuda"
         self.loop_tokens = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.batch_pad = decode_batch_pad or [0]
-        self.attention = None
-        self.graphs = None
+        self.attention: Optional[FlashInferSteps] = None
+        self.graphs: Optional[DecodeGraphs] = None
         if is_flashinfer:
             from mstar.runtime.engine.gpu.attention import FlashInferSteps
 
@@ -76,9 +80,11 @@ class StepExecutor:
         from mstar.runtime.engine.gpu.graphs import DecodeGraphs
 
         sizes = sorted({b for b in self.batch_pad if b})
-        self.graphs = DecodeGraphs(self.forward, self.attention, self.loop_tokens, sizes, self.kv.dummy_slot,
-                                   self.device)
-        return self.graphs.measured_bytes
+        if self.attention is None:
+            raise RuntimeError("decode graphs are captured over FlashInfer attention (is_flashinfer=True)")
+        graphs = DecodeGraphs(self.forward, self.attention, self.loop_tokens, sizes, self.kv.dummy_slot, self.device)
+        self.graphs = graphs
+        return graphs.measured_bytes
 
     def bucket(self, rows: list[RowSpec]) -> int:
         """The captured batch a decode-only step pads to, or 0 (eager)."""
@@ -113,11 +119,13 @@ class StepExecutor:
         return logits, logits.argmax(-1), row_slot
 
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        self.attention.plan_decode(batch, packed)
-        host = self.attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
-        self._stage(host, self.attention.staged[batch][:host.shape[0]])
-        self.graphs.replay(batch)
-        return self.graphs.logits[batch], self.graphs.greedy[batch], self.graphs.inputs[batch][5 * batch:6 * batch]
+        graphs, attention = self.graphs, self.attention
+        assert graphs is not None and attention is not None, "bucket() picks a graph only once captured"
+        attention.plan_decode(batch, packed)
+        host = attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
+        self._stage(host, attention.staged[batch][:host.shape[0]])
+        graphs.replay(batch)
+        return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
     def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None) -> Pending:
         batch = self.bucket(rows)

@@ -132,6 +132,7 @@ class DecoderForward:
                 gate, up = gate_up.chunk(2, dim=-1)
                 act = F.silu(gate) * up
             delta = F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+        assert delta is not None, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
             last = kernels.add_rmsnorm(x[last_index.long()], delta[last_index.long()], model.model.norm.weight,
                                        model.model.norm.eps, model.model.norm.is_zero_centred)
@@ -151,7 +152,7 @@ def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor
         for linear in linears:
             end = start + linear.out_features
             linear.weight = nn.Parameter(weight[start:end], requires_grad=False)
-            if linear.bias is not None:
+            if linear.bias is not None and bias is not None:  # bias is set whenever any linear has one
                 linear.bias = nn.Parameter(bias[start:end], requires_grad=False)
             start = end
     return weight, bias

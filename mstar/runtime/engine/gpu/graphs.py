@@ -48,7 +48,7 @@ class DecodeGraphs:
         logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch))
         return logits, logits.argmax(-1)
 
-    def _capture(self, batch: int, dummy_slot: int, pool: object, stream: torch.cuda.Stream,
+    def _capture(self, batch: int, dummy_slot: int, pool: torch.cuda._POOL_HANDLE, stream: torch.cuda.Stream,
                  device: torch.device) -> None:
         dummy_page = dummy_slot // self.attention.page_size
         packed = pack([], self.attention.page_size, dummy_page, padded_rows=batch, padded_tokens=batch)
