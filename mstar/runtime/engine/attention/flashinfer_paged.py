@@ -6,8 +6,8 @@ decode row a segment of one token. Once per step, `plan_step` turns the segments
 CSR layout and plans one `BatchPrefillWithPagedKVCacheWrapper` (causal, bottom-right aligned:
 query j of a row that holds `q` new tokens after `c` cached ones sees keys 0..c+j, the CPU path's
 rule). Every full-attention layer then writes the step's K/V into its cache and runs the planned
-kernel. The cache is the CPU layout `[num_pages * page_size, kv_heads, head_dim]` viewed, without a copy, as FlashInfer's NHD
-`[num_pages, page_size, kv_heads, head_dim]`.
+kernel. The cache is the CPU layout `[num_pages * page_size, kv_heads, head_dim]` viewed, without
+a copy, as FlashInfer's NHD `[num_pages, page_size, kv_heads, head_dim]`.
 
 Not here yet: CUDA graphs (the plan's captures), the decode-only wrapper, and the generated glue
 kernels. Steps FlashInfer cannot express fall back to the torch path: a row that only reads the
