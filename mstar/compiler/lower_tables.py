@@ -186,7 +186,7 @@ class _Lowering:
     # ------------------------------------------------------------ edges
 
     def edge_plan(self, edge: TreeEdge, action: str, **fields) -> EdgePlan:
-        return EdgePlan(**edge.model_dump(), action=cast(EdgeAction, action), **fields)
+        return EdgePlan(**edge.model_dump(exclude={"is_count_tokens"}), action=cast(EdgeAction, action), **fields)
 
     def route(self, edge: TreeEdge, loop: Optional[_Loop]) -> EdgePlan:
         """The action of `edge` (not a loop-back) leaving a call inside `loop`: held or
@@ -287,8 +287,7 @@ class _Lowering:
         loops = [
             LoopPlan(
                 name=loop.tree.name, max_iters=loop.tree.max_iters, has_stop=loop.tree.has_stop,
-                parent=loop.parent.index if loop.parent else None, nodes=list(loop.tree.nodes),
-                is_on_device=loop.tree.is_on_device, body=_linked(loop.body), then=_linked(loop.then),
+                nodes=list(loop.tree.nodes), body=_linked(loop.body), then=_linked(loop.then),
                 cleared_slots=sorted(loop.cleared),
                 exits=loop.exits,
             )

@@ -35,6 +35,12 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
+def _is_on_device(walk: WalkPlan, loop: int) -> bool:
+    """A loop whose loop-back edges all stay on the device (and that has some)."""
+    backs = [e for call in walk.calls for e in call.edges if e.action == "loop_back" and e.loop == loop]
+    return bool(backs) and all(e.is_device for e in backs)
+
+
 def _edge_text(edge: EdgePlan, walk: WalkPlan) -> str:
     dest = edge.dest or edge.dest_kind
     if edge.dest_kind == "stream":
@@ -44,7 +50,6 @@ def _edge_text(edge: EdgePlan, walk: WalkPlan) -> str:
         for name, on in (
             ("persist", edge.is_persist),
             ("device", edge.is_device),
-            ("count_tokens", edge.is_count_tokens),
         )
         if on
     ]
@@ -102,13 +107,13 @@ def _walk_tables(console: Console, walk: WalkPlan) -> None:
     console.print(table)
     if walk.loops:
         table = _table(f"walk {walk.name}: loops", "name", "max", "stop", "body", "then", "clears", "exits")
-        for loop in walk.loops:
+        for index, loop in enumerate(walk.loops):
             exits = "; ".join(
                 f"{x.kind} {x.name} -> " + (f"slot {x.slot}" if x.edge is None else _edge_text(x.edge, walk))
                 for x in loop.exits
             )
             table.add_row(
-                loop.name + (" (on device)" if loop.is_on_device else ""), str(loop.max_iters),
+                loop.name + (" (on device)" if _is_on_device(walk, index) else ""), str(loop.max_iters),
                 "yes" if loop.has_stop else "no", _next_text(loop.body, walk), _next_text(loop.then, walk),
                 " ".join(map(str, loop.cleared_slots)), exits,
             )

@@ -80,8 +80,6 @@ def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[
         yield from (f"{where}: {what} runs unknown node {n!r}" for n in loop.nodes if n not in nodes)
         if loop.max_iters < 1:
             yield f"{where}: {what} has max_iters {loop.max_iters}"
-        if loop.parent is not None and not 0 <= loop.parent < index:
-            yield f"{where}: {what} has parent {loop.parent}, not an earlier loop"
         if loop.body.kind != "start":
             yield f"{where}: {what} body is not a start"
         yield from next_problems(loop.body, what)

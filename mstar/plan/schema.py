@@ -177,7 +177,6 @@ class EdgePlan(PlanModel):
     is_persist: bool = False
     is_device: bool = False  # on-device loop-back: the value never visits the host
     is_loop_back: bool = False
-    is_count_tokens: bool = False
     modality: Optional[Modality] = None
     stream_partition: Optional[str] = None  # consumer partition for dest_kind == "stream"
     action: Literal["slot", "loop_back", "loop_output", "loop_accumulate", "sink"]
@@ -224,9 +223,7 @@ class LoopPlan(PlanModel):
     name: str  # unnamed loops get `<walk>.loop<i>`
     max_iters: int  # params resolved
     has_stop: bool  # a row's stop flag ends it after the current iteration
-    parent: Optional[int] = None  # the enclosing loop
     nodes: list[str]
-    is_on_device: bool  # there are loop-back edges and every one stays on the device
     body: NextPlan  # kind "start": how each iteration begins
     then: NextPlan  # after the last iteration
     cleared_slots: list[int] = []  # slots the body fills: emptied when a new iteration begins

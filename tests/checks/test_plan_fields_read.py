@@ -38,15 +38,6 @@ HEADER_FIELDS = {
     "content_sha256": "catches hand edits; checked by load_plan",
 }
 
-# Fields whose reader is being written on another branch, kept out of the check until it lands.
-# This list only shrinks: an entry whose field is read, or gone from the schema, fails
-# test_awaiting_entries_are_still_needed until it is deleted. Never add a new field here.
-AWAITING = {
-    "is_on_device": "LoopPlan.is_on_device: the walk tables' loops decide its reader",
-    "is_count_tokens": "EdgePlan.is_count_tokens: the walk tables lower it into CallPlan.counted, which the "
-                       "conductor reads; remove it from the plan or read it",
-    "parent": "LoopPlan.parent: written by the walk tables for the enclosing loop; read it or remove it",
-}
 
 def _models(model: type, seen: dict[type, None]) -> None:
     if model in seen:
@@ -92,7 +83,7 @@ def attributes_read(folder: Path) -> set[str]:
 def test_every_plan_field_is_read_by_the_runtime_or_is_header_data():
     read = attributes_read(RUNTIME)
     unread = sorted(f"{where}" for name, models in plan_fields().items()
-                    if name not in read and name not in HEADER_FIELDS and name not in AWAITING
+                    if name not in read and name not in HEADER_FIELDS
                     for where in models)
     assert not unread, (
         "plan fields the runtime never reads (mstar/runtime has no attribute access of that name): read each "
@@ -104,13 +95,6 @@ def test_every_plan_field_is_read_by_the_runtime_or_is_header_data():
 def test_header_allow_list_names_only_schema_fields():
     stale = sorted(set(HEADER_FIELDS) - set(plan_fields()))
     assert not stale, f"HEADER_FIELDS names fields the schema no longer has: {stale}"
-
-
-def test_awaiting_entries_are_still_needed():
-    read, fields = attributes_read(RUNTIME), plan_fields()
-    done = sorted(name for name in AWAITING if name in read or name not in fields)
-    assert not done, (f"delete these from AWAITING in {Path(__file__).name}: their fields are now read by the "
-                      f"runtime or gone from the schema: {done}")
 
 
 def test_the_check_sees_attribute_reads_not_comments(tmp_path):
