@@ -82,6 +82,13 @@ class SpeculationCover:
 
     def _uncover(self, rank: int, batch: Batch, request_ids: set[str]) -> None:
         covered = self.covered[rank]
+        walks = set(batch.walks)
+        if len(walks) == 1:
+            # One walk (a decode chain, the common case): one set operation, no per-row Python.
+            rows = covered.get((batch.node, walks.pop()))
+            if rows is not None:
+                rows.difference_update(request_ids)
+            return
         for request_id, walk in zip(batch.request_ids, batch.walks):
             if request_id in request_ids:
                 rows = covered.get((batch.node, walk))
