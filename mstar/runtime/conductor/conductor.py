@@ -274,8 +274,13 @@ class Conductor:
                 else:
                     num += count_elements(value)
                     record.output_tokens.append(value)
-        if num == 0:
-            return
+        if num:
+            self.note_tokens(record, ps, num, now)
+
+    def note_tokens(self, record: RequestRecord, ps: PartitionState, num: int, now: float) -> None:
+        """`num` tokens (already in record.output_tokens) arrived at `now`: time stamps, counts,
+        and the partition's end at a stop string or max_tokens. The one place both the row-by-row
+        count and the loop pass take it from."""
         if record.first_token_s is None:
             record.first_token_s = now
         record.token_times_s.append(now)
@@ -283,7 +288,7 @@ class Conductor:
         ps.num_tokens += num
         if record.request.stop_strings and not ps.is_done and self.has_stop_string(record):
             ps.end()
-        if ps.num_tokens >= record.request.max_tokens and not ps.is_done:
+        if ps.num_tokens >= ps.max_tokens and not ps.is_done:
             ps.end(is_length=True)
 
     def has_stop_string(self, record: RequestRecord) -> bool:

@@ -113,15 +113,7 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
         num = len(value)
         if num:
             record.output_tokens += value
-            if record.first_token_s is None:
-                record.first_token_s = now
-            record.token_times_s.append(now)
-            record.num_output_tokens += num
-            ps.num_tokens += num
-            if record.request.stop_strings and not ps.is_done and conductor.has_stop_string(record):
-                ps.end()
-            if ps.num_tokens >= ps.max_tokens and not ps.is_done:
-                ps.end(is_length=True)
+            conductor.note_tokens(record, ps, num, now)
     elif call.call.counted:
         conductor.count(ps.owner, ps, call.call.counted, outputs, now)
     if ps.is_done:  # max_tokens or a stop string ended the partition (and cancelled the run)
