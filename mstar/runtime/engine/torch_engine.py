@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 import torch
 
@@ -50,6 +50,9 @@ from mstar.runtime.engine.models.kinds import CallInfo, call_table
 from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
 from mstar.runtime.engine.step_check import StepChecker
+from mstar.runtime.engine.tp.build import build_sharded_decoder
+from mstar.runtime.engine.tp.comm import TpComm
+from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config, weights_by_node,
@@ -70,7 +73,7 @@ class EngineError(ValueError):
 class TorchEngine(RunsAtLaunch):
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
                  num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
-                 attention: str = "auto"):
+                 attention: str = "auto", tp_comms: Optional[Mapping[str, TpComm]] = None):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
         results come back beside `allocation_failed`; the driver post-processes them and holds
         only the failed rows). False: all or nothing per step (a step with a failed row runs
@@ -78,7 +81,9 @@ class TorchEngine(RunsAtLaunch):
         weights_dir: `--weights` entries, each `DIR` or `NODE=DIR` (weights.weights_by_node).
         device: `cpu` (fp32, the reference path) or `cuda[:N]` (models via placement.OnDevice).
         attention: `torch`, `flashinfer` (a GPU, head_dim 64/128/256, the gpu extra) or `auto`
-        (FlashInfer where it can run, else torch)."""
+        (FlashInfer where it can run, else torch).
+        tp_comms: node -> this process's `TpComm` for the kv nodes it runs tensor-parallel
+        (`tp.build.tp_comms`): such a node is built as this rank's shard (`engine/tp/`)."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -90,6 +95,7 @@ class TorchEngine(RunsAtLaunch):
         except DeviceError as error:
             raise EngineError(str(error)) from None
         self.attention = attention
+        self.tp_comms: Mapping[str, TpComm] = tp_comms or {}
         self.is_tiny = dims == "tiny"
         if dims == "tiny":
             # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
@@ -182,16 +188,12 @@ class TorchEngine(RunsAtLaunch):
                                    f"node {node.name} is {kinds[dims.style]}")
             dims = checkpoint
         self.decoder_dims[node.name] = dims
-        fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
-        if fast is not None:
-            return fast
-        if weights_dir is None:
-            model = self._new(node.name, lambda: Decoder(dims))
-            init_random(model, seed, self.positions[node.name])
-        else:
-            self._check_memory(node.name, lambda: Decoder(dims))
-            model = load_decoder(lambda: Decoder(dims), weights_dir, dims.is_tied_embeddings,
-                                 self.placement.device, seed=seed, position=self.positions[node.name])
+        comm = self.tp_comms.get(node.name)
+        if comm is None or comm.size == 1:
+            fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
+            if fast is not None:
+                return fast
+        model, dims = self._decoder_model(node, dims, weights_dir, seed)
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
         # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
         page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
@@ -205,6 +207,26 @@ class TorchEngine(RunsAtLaunch):
         return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
                              self._code_frames(node.name, mode), self.positions[node.name], self.placement,
                              self._flashinfer(node, dims, page_size))
+
+    def _decoder_model(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str],
+                       seed: int) -> tuple[Decoder, DecoderDims]:
+        """The node's decoder and the dims its runner sizes the KV cache and states by: the whole
+        model, or on a tensor-parallel rank its shard (`engine/tp/`) and the rank's local dims."""
+        position = self.positions[node.name]
+        comm = self.tp_comms.get(node.name)
+        if comm is not None and comm.size > 1:
+            layout = ShardLayout(dims, comm.rank, comm.size, node.name)
+            self._check_memory(node.name, lambda: Decoder(layout.local_dims))
+            shard = build_sharded_decoder(dims, comm, node=node.name, weights_dir=weights_dir, seed=seed,
+                                          position=position, device=self.placement.device)
+            return shard, layout.local_dims
+        if weights_dir is None:
+            model = self._new(node.name, lambda: Decoder(dims))
+            init_random(model, seed, position)
+            return model, dims
+        self._check_memory(node.name, lambda: Decoder(dims))
+        return load_decoder(lambda: Decoder(dims), weights_dir, dims.is_tied_embeddings, self.placement.device,
+                            seed=seed, position=position), dims
 
     def _fast_gpu_runner(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str], seed: int,
                          num_pages: Optional[int], mode: DimsMode) -> Optional[DecoderRunner]:

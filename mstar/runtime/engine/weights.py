@@ -20,6 +20,7 @@ one keep random weights.
 """
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -87,10 +88,15 @@ def init_random(module: nn.Module, seed: int, position: int, names: Optional[set
                 if name.endswith("bias") and "dt_bias" not in name:
                     param.zero_()
                 continue
-            generator = torch.Generator().manual_seed(param_seed(seed, position, name))
-            fan_in = param[0].numel()
-            std = 1.0 if name.rsplit(".", 1)[0] in embeddings else fan_in ** -0.5
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
+            param.copy_(random_matrix(name, tuple(param.shape), name.rsplit(".", 1)[0] in embeddings, seed, position))
+
+
+def random_matrix(name: str, shape: tuple[int, ...], is_embedding: bool, seed: int, position: int) -> torch.Tensor:
+    """The seeded value of the parameter `name` (2-D or more) of `shape`: N(0, 1) for an embedding,
+    else N(0, 1/fan_in). A tensor-parallel rank draws the full tensor and keeps its part of it."""
+    generator = torch.Generator().manual_seed(param_seed(seed, position, name))
+    std = 1.0 if is_embedding else math.prod(shape[1:]) ** -0.5
+    return torch.randn(shape, generator=generator) * std
 
 
 def load_decoder(factory: Callable[[], Decoder], weights_dir: str, is_tied: bool,

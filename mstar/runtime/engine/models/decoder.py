@@ -181,6 +181,12 @@ class Decoder(nn.Module):
                 mixed = layer.linear_attn(normed, batch.bounds, batch.slots, states.conv[num_linear],
                                           states.ssm[num_linear])
                 num_linear += 1
-            x = x + mixed
-            x = x + layer.mlp(layer.post_attention_layernorm(x), batch.bounds)
+            x = x + self.reduce_partial(mixed)
+            x = x + self.reduce_partial(layer.mlp(layer.post_attention_layernorm(x), batch.bounds))
         return self.model.norm(x)
+
+    def reduce_partial(self, x: torch.Tensor) -> torch.Tensor:
+        """A mixer's or an MLP's output as the layer adds it to the residual: here the output itself;
+        a tensor-parallel rank's model (`engine/tp/sharded.py`) sums its row-parallel partial outputs
+        across the group."""
+        return x

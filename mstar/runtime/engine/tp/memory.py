@@ -1,0 +1,63 @@
+"""Parameter bytes per tensor-parallel rank against one process, counted on the meta device.
+
+`python3 -m mstar.runtime.engine.tp.memory --plan generated/orpheus_tp2.plan [--dims spec|tiny]
+[--tp N] [--bytes-per-param 2]` prints, per kv node of the plan, the whole model's parameter bytes
+and each rank's (the rank's `ShardedDecoder` built on the meta device: nothing is allocated), plus
+the KV cache bytes per token of one rank. `--tp` defaults to the node's TP group size in the plan
+(2 when it has none). Nothing is run; the figures are exact counts of the modules' parameters.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+import torch
+
+from mstar.plan.io import load_plan
+from mstar.runtime.engine.dims import DIMS_MODES, DecoderDims, decoder_dims
+from mstar.runtime.engine.models.decoder import Decoder
+from mstar.runtime.engine.tp.build import plan_tp_groups
+from mstar.runtime.engine.tp.comm import TpComm
+from mstar.runtime.engine.tp.layout import ShardLayout
+from mstar.runtime.engine.tp.sharded import ShardedDecoder
+
+
+def _num_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def params_per_rank(dims: DecoderDims, size: int) -> tuple[int, list[int]]:
+    """(parameters of the whole model, parameters each rank holds)."""
+    with torch.device("meta"):
+        whole = _num_params(Decoder(dims))
+        ranks = [_num_params(ShardedDecoder(ShardLayout(dims, rank, size), TpComm(rank, size)))
+                 for rank in range(size)]
+    return whole, ranks
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m mstar.runtime.engine.tp.memory", description=__doc__)
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--dims", choices=DIMS_MODES, default="spec")
+    parser.add_argument("--tp", type=int, default=None)
+    parser.add_argument("--bytes-per-param", type=int, default=2, help="2 for bf16 (the GPU), 4 for fp32 (the CPU)")
+    args = parser.parse_args(argv)
+    plan = load_plan(args.plan)
+    sizes = {group.node: group.tp_size for group in plan_tp_groups(plan)}
+    for node in plan.nodes:
+        if node.engine != "kv":
+            continue
+        dims = decoder_dims(node, args.dims)
+        size = args.tp or sizes.get(node.name, 2)
+        whole, ranks = params_per_rank(dims, size)
+        local = ShardLayout(dims, 0, size).local_dims
+        kv_per_token = 2 * local.num_full_layers * local.num_kv_heads * local.head_dim * args.bytes_per_param
+        shown = ", ".join(f"{n * args.bytes_per_param / 2**20:.1f}" for n in ranks)
+        print(f"{node.name} ({args.dims} dims, TP{size}): whole {whole * args.bytes_per_param / 2**20:.1f} MiB; "
+              f"per rank {shown} MiB ({max(ranks) / whole:.3f} of the whole); KV per token per rank "
+              f"{kv_per_token} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
