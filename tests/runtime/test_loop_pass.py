@@ -3,7 +3,7 @@
 The conductor advances a step's loop rows in one pass; with `is_columnar = False` every row goes
 through its walk run's tables one by one (the straightforward reference). On random traces
 (plans, prompt and output lengths, routes, small KV pools, out-of-memory rows, row errors,
-cancellations), both must give the same run: the same steps with the same rows in the same order,
+cancellations, stop strings), both must give the same run: the same steps with the same rows in the same order,
 and per request the same emissions, tokens, token times, walk order and ending.
 """
 from hypothesis import given, strategies as st
@@ -50,7 +50,7 @@ def _run(plan, requests, *, is_columnar, num_pages, oom_steps, errors, cancels, 
 
     engine = _Recording(plan, num_pages=num_pages, inject_oom=inject_oom, inject_error=dict(errors),
                         stop_every=stop_every)
-    driver = Driver(plan, engine)
+    driver = Driver(plan, engine, decode=_decode)
     driver.conductor.is_columnar = is_columnar
     driver.run(Workload([Request(**vars(r)) for r in requests], closed_concurrency=closed, cancellations=cancels))
     records = {
@@ -61,6 +61,11 @@ def _run(plan, requests, *, is_columnar, num_pages, oom_steps, errors, cancels, 
     return records, engine.steps
 
 
+def _decode(tokens):
+    """Token ids as letters, so stop strings over a few letters end some requests early."""
+    return "".join(chr(ord("a") + token % 8) for token in tokens)
+
+
 @st.composite
 def traces(draw):
     name = draw(st.sampled_from(PLAN_NAMES))
@@ -69,7 +74,8 @@ def traces(draw):
     for index in range(draw(st.integers(1, 10))):
         now += draw(st.floats(0.0, 0.01))
         requests.append(Request(id=f"r{index}", prompt_tokens=list(range(draw(st.integers(1, 40)))),
-                                max_tokens=draw(st.integers(1, 40)), arrival_s=now))
+                                max_tokens=draw(st.integers(1, 40)), arrival_s=now,
+                                stop_strings=draw(st.lists(st.sampled_from(["ba", "hg", "edc", "ab"]), max_size=2))))
     ids = [r.id for r in requests]
     return {
         "plan": _plan(name), "requests": requests,

@@ -286,6 +286,13 @@ class Conductor:
         record.token_times_s.append(now)
         record.num_output_tokens += num
         ps.num_tokens += num
+        if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
+            self.end_at_tokens(record, ps)
+
+    def end_at_tokens(self, record: RequestRecord, ps: PartitionState) -> None:
+        """After a count: the partition ends at a stop string in its decoded tail, or at
+        max_tokens. (The loop pass's fast kernel inlines note_tokens' bookkeeping above and calls
+        this under the same condition.)"""
         if record.request.stop_strings and not ps.is_done and self.has_stop_string(record):
             ps.end()
         if ps.num_tokens >= ps.max_tokens and not ps.is_done:

@@ -13,6 +13,12 @@ from its loop-back slots. The rows that became ready again leave as one group pe
 touches the general machinery (its walk run's transitions, the conductor's pump) only when it
 changes state: its loop exits (max iterations or a stop), max_tokens ends its partition, a host
 loop-back value is missing, or it failed.
+
+Rows of a `LoopStep.is_fast` call (every input on the device, at most one client edge and one
+counted output: an LLM's decode iteration) take `_advance_fast`, the same effects written out in
+one loop with no call per row: a call's liveness is its `is_ready` flag (walk_run.py keeps it
+False once a call leaves its run), the ready rows are only their ids (one token each), and
+note_tokens' bookkeeping is inlined (the partition's end stays `Conductor.end_at_tokens`).
 """
 from __future__ import annotations
 
@@ -36,35 +42,139 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
         result = results[index]
         if result.request_id != row.request_id:
             break  # answered out of order: the rest go row by row (they match results by id)
-        index += 1
         call = row.handle  # the walk position step_rows gave the row (ActiveCall)
-        if call is None or call.step is None or result.error is not None or not call.is_ready:
+        step = call.step if call is not None else None
+        if step is not None and step.is_fast:
+            index = _advance_fast(conductor, node, step, rows, results, index, num, ready, now, is_kv)
+            continue
+        index += 1
+        if step is None or result.error is not None or not call.is_ready:
             if call is None or call.run.active.get(node) is call:
                 ready.flush()  # ready rows leave in row order, as row by row
                 conductor.on_rows(node, [row], [result])
             continue  # else stale: the request, its partition or its walk moved on meanwhile
         run = call.run
-        if run.active.get(node) is not call:
-            continue
         if is_kv:
             context = run.context
             context[node] = context.get(node, 0) + row.num_tokens
         if _advance_row(conductor, run, call, result, now):
-            if call.step.needs_pump and not _is_settled(run.source.owner):
+            if step.needs_pump and not _is_settled(run.source.owner):
                 ready.flush()
                 run.new_ready.append(call)  # the pump sends it, in its partition's turn
                 conductor.pump(run.source.owner, is_any_done=False)
                 continue
-            if row.walk != ready.walk:
-                ready.start(row.walk)
-            ready.ids.append(row.request_id)
-            ready.tokens.append(call.num_tokens)
+            ready.add(row.walk, row.request_id, call.num_tokens)
         else:  # the row left the loop-step shape: its walk run moved; the pump takes it on
-            ready.flush()
-            ps = run.source
-            conductor.after_row(ps.owner, ps, run)
+            _left_shape(conductor, ready, run)
     ready.flush()
     return rows[index:], results[index:]
+
+
+def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list[RowResult], start: int,
+                  num: int, ready: "_ReadyRows", now: float, is_kv: bool) -> int:
+    """`_advance_row`'s effects on the rows from `start` on whose call takes `step` (is_fast), in
+    one loop; returns the index of the first row it did not take. A row that leaves the shape
+    (error, stale, loop or partition ends, stop) goes out of line, after the rows before it."""
+    client_name, client_kind, counted, max_iters, has_stop, device_inputs = step.fast
+    ids_append = ready.start(rows[start].walk)  # one call, one walk; one token a row (padded at flush)
+    for index in range(start, num):  # start < num: the caller saw the first row
+        row = rows[index]
+        result = results[index]
+        call = row.handle
+        if call is None or call.step is not step or result.request_id != row.request_id:
+            break
+        if result.error is not None or not call.is_ready:
+            _off_shape(conductor, node, ready, row, result)
+            ids_append = ready.ids.append
+            continue
+        run = call.run
+        if is_kv:
+            context = run.context
+            context[node] = context.get(node, 0) + row.num_tokens
+        ps = run.source
+        record = ps.record
+        outputs = result.outputs
+        if client_name is not None:
+            value = outputs.get(client_name, _MISSING)
+            if value is not _MISSING:
+                record.emission_times_s.append(now)
+                record.emission_kinds.append(client_kind)
+                record.emission_values.append(value)
+                if record.first_token_s is None:
+                    record.first_token_s = now
+        if counted is not None:
+            value = outputs.get(counted)
+            if type(value) is list:
+                if value:  # Conductor.note_tokens inlined (module docstring)
+                    num_tokens = len(value)
+                    record.output_tokens += value
+                    if record.first_token_s is None:
+                        record.first_token_s = now
+                    record.token_times_s.append(now)
+                    record.num_output_tokens += num_tokens
+                    ps.num_tokens += num_tokens
+                    if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
+                        conductor.end_at_tokens(record, ps)
+            elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
+                conductor.count(ps.owner, ps, call.call.counted, outputs, now)
+        loop_state = call.loop_state
+        if ps.is_done or result.is_stop or loop_state.iteration + 1 >= max_iters or (has_stop and loop_state.is_stop):
+            _end_of_shape(conductor, ready, row, result, ps)
+            ids_append = ready.ids.append
+            continue
+        loop_state.iteration += 1
+        if call.inputs is not device_inputs:
+            _next_iteration(run, call, step, loop_state)
+        ids_append(row.request_id)
+    else:
+        index = num
+    ready.pad_tokens()
+    return index
+
+
+def _off_shape(conductor, node: str, ready: "_ReadyRows", row: StepRow, result: RowResult) -> None:
+    """A row the engine failed, or a stale one: a live call goes row by row (after the rows made
+    ready before it); a stale row (its request, partition or walk moved on) is dropped."""
+    if row.handle.run.active.get(node) is row.handle:
+        ready.flush()
+        conductor.on_rows(node, [row], [result])
+
+
+def _end_of_shape(conductor, ready: "_ReadyRows", row: StepRow, result: RowResult, ps) -> None:
+    """After its tokens were counted, a row whose partition ended, that reported a stop, or whose
+    loop has no iteration left (`_advance_row`'s order): a stop marks its stop loop; a loop with
+    no next iteration exits; else the row goes on like any other."""
+    call = row.handle
+    run = call.run
+    if not ps.is_done:
+        if result.is_stop and call.call.stop_loop is not None:
+            _stop(run, call)
+        step = call.step
+        loop_state = call.loop_state
+        if not (loop_state.iteration + 1 >= step.max_iters or (step.has_stop and loop_state.is_stop)):
+            loop_state.iteration += 1  # a stop of an outer loop: this loop goes on for now
+            if call.inputs is not step.device_inputs:
+                _next_iteration(run, call, step, loop_state)
+            ready.ids.append(row.request_id)
+            return
+        _exit_loop(run, call)
+    _left_shape(conductor, ready, run)
+
+
+def _left_shape(conductor, ready: "_ReadyRows", run) -> None:
+    """A row left the loop-step shape (its loop exited, its partition ended): the rows made ready
+    so far leave first, then the conductor takes the walk run on as row by row would."""
+    ready.flush()
+    ps = run.source
+    conductor.after_row(ps.owner, ps, run)
+
+
+def _exit_loop(run, call) -> None:
+    """The loop exits after this iteration (or cannot start the next from its slots alone): the
+    call leaves the run's active calls and the walk run takes the transition."""
+    del run.active[call.node]
+    call.is_ready = False
+    run.follow(call.call.then)
 
 
 class _ReadyRows:
@@ -78,13 +188,28 @@ class _ReadyRows:
         self.ids: list[str] = []
         self.tokens: list[int] = []
 
-    def start(self, walk: str) -> None:
-        """Rows of another walk follow: the group so far leaves first."""
-        self.flush()
-        self.walk = walk
+    def add(self, walk: str, request_id: str, num_tokens: int) -> None:
+        self.start(walk)
+        self.ids.append(request_id)
+        self.tokens.append(num_tokens)
+
+    def start(self, walk: str):
+        """Rows of `walk` follow (the group so far leaves first if of another walk); returns the
+        append of the ids list, valid until the next flush."""
+        if walk != self.walk:
+            self.flush()
+            self.walk = walk
+        return self.ids.append
+
+    def pad_tokens(self) -> None:
+        """Rows the fast kernel added feed one token each (inputs on the device): only their ids
+        were appended."""
+        if len(self.tokens) < len(self.ids):
+            self.tokens.extend([1] * (len(self.ids) - len(self.tokens)))
 
     def flush(self) -> None:
         if self.ids:
+            self.pad_tokens()
             self.out.append((self.node, self.walk, self.ids, self.tokens))
             self.ids, self.tokens = [], []
 
@@ -106,7 +231,6 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
                 record.first_token_s = now
     loop_state = call.loop_state
     is_missing = False if step.is_plain else _apply_edges(run, step, loop_state, outputs)
-    run.num_calls_done += 1
     counted = step.counted_one
     value = outputs.get(counted) if counted is not None else None
     if type(value) is list:
@@ -121,10 +245,7 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     if result.is_stop and call.call.stop_loop is not None:
         _stop(run, call)
     if is_missing or loop_state.iteration + 1 >= step.max_iters or (step.has_stop and loop_state.is_stop):
-        # The loop exits (or its next iteration cannot start from its slots alone): the walk run
-        # takes the transition.
-        del run.active[call.node]
-        run.follow(call.call.then)
+        _exit_loop(run, call)
         return False
     loop_state.iteration += 1
     if not step.is_plain or call.inputs is not step.device_inputs:

@@ -104,7 +104,7 @@ class LoopStep:
     ({name: None}, one token a row), else None."""
 
     __slots__ = ("client", "back", "other", "device_inputs", "max_iters", "has_stop", "is_own_stop", "cleared",
-                 "counted_one", "is_plain", "needs_pump")
+                 "counted_one", "is_plain", "needs_pump", "is_fast", "fast")
 
     def __init__(self, call: "RunCall", loop: RunLoop):
         # (edge, modality) pairs: one shared object per edge for every emission it makes
@@ -130,6 +130,13 @@ class LoopStep:
         # Other edges (a stream push, a persisted value, a slot) may let another call of the
         # request go on: such a row is pumped as row by row would (its partitions in order).
         self.needs_pump = bool(self.other)
+        # A plain step with at most one client edge and at most one counted output: its rows take
+        # the loop pass's fast kernel (no loop over edges or counted names per row).
+        self.is_fast = self.is_plain and len(self.client) <= 1 and (self.counted_one is not None or not call.counted)
+        # What the fast kernel reads, in one tuple: client edge name and (edge, modality) (None,
+        # None without one), counted output, max iterations, has_stop, device inputs.
+        client = self.client[0] if len(self.client) == 1 else (None, None)
+        self.fast = (client[0], client[1], self.counted_one, self.max_iters, self.has_stop, self.device_inputs)
 
 
 class RunCall:

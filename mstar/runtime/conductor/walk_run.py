@@ -55,7 +55,10 @@ EMPTY: Any = object()
 
 
 class ActiveCall:
-    """A call of the walk that has been reached and has not completed yet."""
+    """A call of the walk that has been reached and has not completed yet. `is_ready` is True
+    exactly while the call is in its run's `active` with every input in hand: a call that left
+    `active` (completed, its loop exited, its run cancelled) is never ready again, so a step's
+    row can be checked for liveness by that flag alone."""
 
     __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens")
 
@@ -99,7 +102,6 @@ class WalkRun:
         self.waiting: list[ActiveCall] = []
         self.new_ready: list[ActiveCall] = []
         self.is_done = False
-        self.num_calls_done = 0
         self.context: dict[str, int] = {}  # the request's KV context per node (set by its partition)
 
     def start(self) -> None:
@@ -108,6 +110,8 @@ class WalkRun:
     def cancel(self) -> None:
         """Stop: nothing of this run becomes ready or completes any more."""
         self.waiting.clear()
+        for active in self.active.values():
+            active.is_ready = False  # a call left `active`: never ready again (the loop pass reads this)
         self.active.clear()
 
     def loop_iteration(self, loop: Optional[int]) -> int:
@@ -248,7 +252,7 @@ class WalkRun:
         active = self.active.pop(node, None)
         if active is None or not active.is_ready:
             raise WalkStateError(f"walk {self.name}: no ready call of node {node}")
-        self.num_calls_done += 1
+        active.is_ready = False
         call = active.call
         for edge in call.edges:
             name = edge[0]
