@@ -1,4 +1,5 @@
-"""`mstar`: run a compiled plan (`mstar run`) and benchmark the scheduler (`mstar bench scheduler`).
+"""`mstar`: run a compiled plan (`mstar run`), serve one over HTTP (`mstar serve`, serve/server.py)
+and benchmark the scheduler (`mstar bench scheduler`).
 
     mstar run --plan generated/orpheus.plan                       # torch engine, tiny dims
     mstar run --plan generated/orpheus.plan --engine sim --requests 10000
@@ -77,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar", description="Run compiled mstar plans.")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
+    sub.add_parser("serve", add_help=False,
+                   help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
@@ -411,6 +414,10 @@ def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinis
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        from mstar.runtime.serve import server
+
+        return server.main(argv[1:])
     if argv[:2] == ["bench", "scheduler"]:
         from mstar.runtime.serve import bench_scheduler
 

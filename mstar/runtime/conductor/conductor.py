@@ -141,10 +141,12 @@ class Conductor:
         try:
             routes = self._route_of(request)
         except RouteError as error:
+            record.is_refused = True
             self._finish_unadmitted(record, f"error: {error}")
             return
         reason = self.engine.add_request(request.id, request)
         if reason is not None:
+            record.is_refused = True
             self._finish_unadmitted(record, f"error: {reason}")
             return
         state = _RequestState(record)

@@ -155,6 +155,10 @@ class SimEngine(RunsAtLaunch):
             self.num_tokens.pop((request_id, node), None)
             self.num_sampled.pop((request_id, node), None)
 
+    def kv_pages(self) -> dict[str, tuple[int, int]]:
+        """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
+        return {node: (pool.num_pages - pool.num_free, pool.num_pages) for node, pool in self.pools.items()}
+
     def run_step(self, step: Step) -> StepResult:
         if not step.rows:  # a TP follower's copy of its leader's step: it costs time, nothing more
             return StepResult(rows=[], elapsed_s=self.step_time(step))

@@ -365,6 +365,11 @@ class TorchEngine(RunsAtLaunch):
             runner.end_request(request_id)
         self.requests.pop(request_id, None)
 
+    def kv_pages(self) -> dict[str, tuple[int, int]]:
+        """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
+        return {name: (runner.pool.num_pages - runner.pool.num_free_pages, runner.pool.num_pages)
+                for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
+
 
 def build(plan: Plan, args: Any) -> TorchEngine:
     """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`."""

@@ -8,8 +8,10 @@ Out: a `RunClock`:
                                  simulated clock (elapsed is modelled), now on a wall clock (the
                                  engine already waited for the step, so workers take turns)
     advance_to(when)             simulated: the clock jumps to `when`; wall: nothing
-    sleep_until(when, now)       wait idle until `when` (at least MIN_WAIT_S past `now`, at most
-                                 MAX_WAIT_S at once: the loop looks again, and sleeps again)
+    sleep_until(when, now, sleep)  wait idle until `when` (at least MIN_WAIT_S past `now`, at most
+                                 MAX_WAIT_S at once: the loop looks again, and sleeps again);
+                                 `sleep(seconds)` waits (time.sleep by default; an online
+                                 source wakes early when a request arrives)
     can_jump_ahead               simulated: an event before the next completion happens first
 """
 from __future__ import annotations
@@ -44,10 +46,10 @@ class RunClock:
         if self.can_jump_ahead:
             self.now.advance_to(when)  # type: ignore[attr-defined]
 
-    def sleep_until(self, when: float, now: float) -> None:
+    def sleep_until(self, when: float, now: float, sleep: Callable[[float], None] = time.sleep) -> None:
         # A deadline already past that released nothing: move on a little rather than spin.
         when = max(when, now + MIN_WAIT_S)
         if self.can_jump_ahead:
             self.advance_to(when)
         else:
-            time.sleep(min(MAX_WAIT_S, max(0.0, when - self.now())))
+            sleep(min(MAX_WAIT_S, max(0.0, when - self.now())))

@@ -31,9 +31,20 @@ clock) fail the same way: a pool that never frees (a leak) cannot turn into an e
 
 `decode` (token ids -> text, the run's tokenizer) lets the conductor end requests on stop strings.
 `on_finish(request_ids)` is called with the ids of the requests that just ended (their records
-are final), in the order they ended. `stop()` (safe to call from a signal handler: it only sets
-a flag) makes `run` return at the top of its next iteration, after the step being
+are final), in the order they ended. `on_step(launch)` is called after each step's results were
+applied (its requests' records hold the step's emissions): the per-step delivery path of an
+online server. `log` takes one record per step (`StepLog` by default; a server passes a sink that
+keeps counts instead of a list that grows). `stop()` (safe to call from a signal handler: it only
+sets a flag) makes `run` return at the top of its next iteration, after the step being
 post-processed: nothing more is admitted or launched, and requests not yet ended stay unfinished.
+
+Where requests come from is a `Source` (`run(workload)` wraps a `Workload`; `run_source(source)`
+takes any, such as the online server's inbox, serve/online.py): it submits what is due and
+applies cancellations (`admit`), names the run-clock times it will have something
+(`wake_times`), says whether more may come (`is_done`) or is scheduled for later
+(`is_waiting`), and idles the loop (`idle(timeout)`: block until something arrives or the
+timeout passes; None: no timeout). The loop idles in the source, never spinning, when nothing
+runs and nothing can.
 """
 from __future__ import annotations
 
@@ -41,7 +52,7 @@ import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import Conductor
@@ -74,20 +85,74 @@ class Workload:
     cancellations: list[tuple[float, str]] = field(default_factory=list)  # (time, request id)
 
 
-@dataclass
-class _Arrivals:
-    """What the workload has still to send, and how far it got."""
+class Source(Protocol):
+    """Where the run loop's requests come from (module docstring)."""
 
-    pending: deque
-    cancels: deque
-    closed: Optional[int]
-    num_sent: int = 0
+    def admit(self, conductor: Conductor, now: float) -> None:
+        """Submit the requests due by `now` and apply the cancellations due."""
+
+    def wake_times(self) -> list[float]:
+        """Run-clock times at which a request or cancellation is due."""
+
+    def is_done(self) -> bool:
+        """Nothing more will arrive."""
+
+    def is_waiting(self) -> bool:
+        """Arrivals or cancellations are scheduled for later (a stalled run may yet move)."""
+
+    def idle(self, timeout: Optional[float]) -> None:
+        """Wait until something arrives or `timeout` seconds pass (None: no limit)."""
+
+
+class _Arrivals:
+    """A workload as a Source: what it has still to send, and how far it got."""
+
+    def __init__(self, workload: Workload, origin: float):
+        self.origin = origin
+        self.pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
+        self.cancels = deque(sorted((origin + t, rid) for t, rid in workload.cancellations))
+        self.closed = workload.closed_concurrency
+        self.total = len(self.pending)
+        self.num_sent = 0
+
+    def admit(self, conductor: Conductor, now: float) -> None:
+        """Submit the requests due by `now` (closed loop: up to the concurrency) and apply the
+        cancellations due."""
+        pending = self.pending
+        if self.closed is not None:
+            while pending and self.num_sent - conductor.num_finished < self.closed:
+                conductor.submit(pending.popleft())
+                self.num_sent += 1
+        else:
+            while pending and self.origin + pending[0].arrival_s <= now:
+                conductor.submit(pending.popleft())
+                self.num_sent += 1
+        while self.cancels and self.cancels[0][0] <= now:
+            conductor.cancel(self.cancels.popleft()[1])
+
+    def wake_times(self) -> list[float]:
+        wake = []
+        if self.closed is None and self.pending:
+            wake.append(self.origin + self.pending[0].arrival_s)
+        if self.cancels:
+            wake.append(self.cancels[0][0])
+        return wake
+
+    def is_done(self) -> bool:
+        return self.num_sent == self.total
+
+    def is_waiting(self) -> bool:
+        return bool((self.closed is None and self.pending) or self.cancels)
+
+    def idle(self, timeout: Optional[float]) -> None:
+        time.sleep(timeout or 0.0)
 
 
 class Driver:
     def __init__(self, plan: Plan, engine: Engine, *, clock: Optional[Callable[[], float]] = None,
                  on_finish: Optional[Callable[[list[str]], None]] = None,
-                 decode: Optional[Callable[[list[int]], str]] = None):
+                 decode: Optional[Callable[[list[int]], str]] = None,
+                 on_step: Optional[Callable[[Launch], None]] = None, log: Any = None):
         self.plan = plan
         self.engine = engine
         self.caps = engine.caps
@@ -97,8 +162,9 @@ class Driver:
         self.conductor = Conductor(plan, engine, self.clock.now, decode)
         self.schedulers = {w.rank: WorkerScheduler(w, plan.deployment, clock=self.clock.now) for w in plan.workers}
         self.on_finish = on_finish
+        self.on_step = on_step
         self.is_stopped = False
-        self.log = StepLog()
+        self.log = StepLog() if log is None else log
         self.origin_s = self._last_progress_s = self.clock()  # run clock at the start of `run`
         self.routing = Routing(plan)
         self.lockstep = Lockstep(plan, self.schedulers)
@@ -213,6 +279,8 @@ class Driver:
         settle(self.schedulers[launch.worker], self.conductor, launch, self.caps.runs_partial_steps)
         self._drain()
         self.log.add(launch, time.perf_counter() - started, self.clock())
+        if self.on_step is not None:
+            self.on_step(launch)
 
     # ------------------------------------------------------------ main loop
 
@@ -224,55 +292,41 @@ class Driver:
         """Run every request of the workload to completion (or failure). Arrival and
         cancellation times are seconds from the start of the run (`origin_s` on the run clock)."""
         origin = self.origin_s = self._last_progress_s = self.clock()
-        arrivals = _Arrivals(deque(sorted(workload.requests, key=lambda r: r.arrival_s)),
-                             deque(sorted((origin + t, rid) for t, rid in workload.cancellations)),
-                             workload.closed_concurrency)
-        total = len(arrivals.pending)
+        self.run_source(_Arrivals(workload, origin))
+
+    def run_source(self, source: Source) -> None:
+        """Run until the source is done and every request it sent has ended (or `stop()`)."""
         while not self.is_stopped:
             now = self.clock()
-            self._admit(arrivals, now)
+            source.admit(self.conductor, now)
             self._drain()
             for rank in self.schedulers:
                 if rank not in self._busy:
                     while self._launch(rank) and rank not in self._busy:
                         pass
-            wake = self._wake_times(arrivals)
+            wake = self._wake_times(source)
             if self._inflight:
                 self._complete_next(wake, now)
                 continue
-            if arrivals.num_sent == total and self.conductor.is_idle():
-                return
+            if self.conductor.is_idle():
+                if source.is_done():
+                    return
+                if not wake:  # nothing in flight and nothing due: wait for an arrival
+                    source.idle(None)
+                    continue
             if not wake:
-                if not self._release_or_fail_stalled(arrivals):
+                if not self._release_or_fail_stalled(source):
                     return
                 continue
-            if self._fail_if_no_progress(arrivals, now):
+            if self._fail_if_no_progress(source, now):
                 continue
-            self.clock.sleep_until(min(wake), now)
+            self.clock.sleep_until(min(wake), now, source.idle)
 
-    def _admit(self, arrivals: _Arrivals, now: float) -> None:
-        """Submit the requests due by `now` (closed loop: up to the concurrency) and apply the
-        cancellations due."""
-        pending = arrivals.pending
-        if arrivals.closed is not None:
-            while pending and arrivals.num_sent - self.conductor.num_finished < arrivals.closed:
-                self.conductor.submit(pending.popleft())
-                arrivals.num_sent += 1
-        else:
-            while pending and self.origin_s + pending[0].arrival_s <= now:
-                self.conductor.submit(pending.popleft())
-                arrivals.num_sent += 1
-        while arrivals.cancels and arrivals.cancels[0][0] <= now:
-            self.conductor.cancel(arrivals.cancels.popleft()[1])
-
-    def _wake_times(self, arrivals: _Arrivals) -> list[float]:
+    def _wake_times(self, source: Source) -> list[float]:
         """Run-clock times at which something may become runnable: hold expiries, the next
         arrival (open loop) and the next cancellation."""
         wake = [t for t in (s.next_hold_deadline() for s in self.schedulers.values()) if t is not None]
-        if arrivals.closed is None and arrivals.pending:
-            wake.append(self.origin_s + arrivals.pending[0].arrival_s)
-        if arrivals.cancels:
-            wake.append(arrivals.cancels[0][0])
+        wake.extend(source.wake_times())
         return wake
 
     def _complete_next(self, wake: list[float], now: float) -> None:
@@ -287,7 +341,7 @@ class Driver:
         self.clock.advance_to(finish)
         self._complete(launch)
 
-    def _release_or_fail_stalled(self, arrivals: _Arrivals) -> bool:
+    def _release_or_fail_stalled(self, source: Source) -> bool:
         """Nothing runs and nothing will wake: release leaders whose followers will never run,
         else fail the requests left (never a hang). False when the run is over."""
         leaders = self.lockstep.release_all()
@@ -295,18 +349,17 @@ class Driver:
             for leader in leaders:
                 self._postprocess(leader)
             return True
-        if not self.conductor.active and not arrivals.pending:
+        if not self.conductor.active and source.is_done():
             return False
         for request_id in list(self.conductor.active):
             self.conductor.fail(request_id, "error: stalled: no row of the request can run")
         self._drain()
         return True
 
-    def _fail_if_no_progress(self, arrivals: _Arrivals, now: float) -> bool:
+    def _fail_if_no_progress(self, source: Source, now: float) -> bool:
         """Held rows retried for NO_PROGRESS_LIMIT_S while no row of any step ran: the memory
         they wait for is never freed. Fail the requests left; True when it did."""
-        is_waiting_on_workload = (arrivals.closed is None and arrivals.pending) or arrivals.cancels
-        if (is_waiting_on_workload or now - self._last_progress_s <= NO_PROGRESS_LIMIT_S
+        if (source.is_waiting() or now - self._last_progress_s <= NO_PROGRESS_LIMIT_S
                 or not self.conductor.active):
             return False
         for request_id in list(self.conductor.active):

@@ -31,6 +31,11 @@ def _as_int16(chunk: Any) -> np.ndarray:
     return array.astype(np.int16)
 
 
+def pcm_bytes(chunk: Any) -> bytes:
+    """One audio chunk as little-endian 16-bit PCM bytes (a streamed window of audio)."""
+    return _as_int16(chunk).astype("<i2").tobytes()
+
+
 def wav_bytes(chunks: Iterable[Any], sample_rate: int = DEFAULT_SAMPLE_RATE) -> tuple[bytes, int]:
     """The concatenated chunks as a mono 16-bit PCM WAV file's bytes, and the number of samples."""
     samples = [_as_int16(c) for c in chunks]

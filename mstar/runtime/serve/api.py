@@ -1,0 +1,242 @@
+"""The Python API: a compiled plan (and weights) in, generated outputs out.
+
+    from mstar import LLM, SamplingParams
+    llm = LLM("generated/llama.plan", engine="sim")            # or weights=["./Llama-3.2-1B"]
+    outputs = llm.generate([[1, 2, 3], "hello world"], SamplingParams(max_tokens=32))
+    outputs[0].token_ids, outputs[1].text, outputs[0].finish_reason
+    async for delta in llm.stream([1, 2, 3], SamplingParams(max_tokens=8)):   # serve/online.py Delta
+        print(delta.token_ids, delta.text, delta.media, delta.finish_reason)
+    llm.close()                                                 # or `with LLM(...) as llm:`
+
+A prompt is token ids, text (through the tokenizer: `tokenizer=DIR`, else the `weights`
+directory of the node taking the text prompt when it holds tokenizer.json) or chat messages
+(`{"messages": [...]}`, through the tokenizer's chat template). `generate` blocks until every
+prompt has finished; `stream` is an async generator of one request's deltas, as each step makes
+them; leaving it early (a `break`, a cancelled task) cancels the request, which frees its pages.
+Both run on one `OnlineLoop` (its own thread), so `generate` and `stream` may be used together
+and from several threads. Bad input is a `ValueError` subclass (`PromptError`,
+`SamplingError`) with a message; `Overloaded` / `Closed` come from the loop.
+
+Engines: `engine="torch"` (the models: `dims`, `weights`, `device`, `attention`, `kv_pages`),
+`"sim"` (the cost model; `sim_pace` wall seconds per modelled second, serve/paced.py: 1 makes a
+simulated server as slow as the GPU it models, 0 as fast as the host goes), or an engine object
+(the `mstar.runtime.step.Engine` protocol, e.g. a wrapped one in tests).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional, Sequence, Union
+
+from mstar.plan.schema import Plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
+
+Prompt = Union[str, Sequence[int], dict]
+__all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Overloaded", "Closed"]
+
+
+class PromptError(ValueError):
+    """A prompt this LLM cannot take (text without a tokenizer, an empty or bad prompt)."""
+
+
+class SamplingError(ValueError):
+    """A sampling value out of range (the message names it)."""
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples and when it ends (the `Request` fields the engines read).
+    temperature None or 0: greedy; top_k 0: no limit; stop: strings that end the text (needs a
+    tokenizer); stop_token_ids: ids that end it beside the model's own."""
+
+    max_tokens: int = 16
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    route: dict[str, list[str]] = field(default_factory=dict)  # partition -> walks (docs/runtime.md)
+    guidance: dict[str, float] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise SamplingError naming the first value out of range."""
+        problems = [
+            (not isinstance(self.max_tokens, int) or self.max_tokens < 1,
+             f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.temperature is not None and not 0 <= self.temperature < float("inf"),
+             f"temperature must be >= 0, got {self.temperature}"),
+            (self.top_k is not None and self.top_k < 0, f"top_k must be >= 0 (0: no limit), got {self.top_k}"),
+            (self.top_p is not None and not 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.repetition_penalty is not None and not 0 < self.repetition_penalty < float("inf"),
+             f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (any(t < 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative token ids"),
+            (any(not s for s in self.stop), "stop strings must not be empty"),
+        ]
+        for is_bad, message in problems:
+            if is_bad:
+                raise SamplingError(message)
+
+
+@dataclass
+class Output:
+    """One finished request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # the client text emissions' token ids
+    text: Optional[str]  # None without a tokenizer
+    finish_reason: str  # stop, length, cancelled, error: ...
+    media: list[tuple[str, Any]]  # (modality, value) of audio and image emissions, in order
+    num_output_tokens: int  # counted output tokens (audio codes included)
+
+
+class LLM:
+    """A plan served in this process (module docstring)."""
+
+    def __init__(self, plan: Union[str, Plan], *, engine: Union[str, Any] = "torch",
+                 weights: Optional[list[str]] = None, tokenizer: Optional[str] = None, dims: str = "tiny",
+                 kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
+                 sim_pace: float = 0.0, max_waiting: int = 256, observer: Optional[Observer] = None):
+        from mstar.runtime.serve.engine_setup import build_engine, build_tokenizer, load
+
+        self.plan = load(plan) if isinstance(plan, str) else plan
+        self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
+        self.engine = engine if not isinstance(engine, str) else build_engine(
+            self.plan, engine, weights=weights, dims=dims, kv_pages=kv_pages, device=device, attention=attention,
+            seed=seed, sim_pace=sim_pace)
+        self.loop = OnlineLoop(self.plan, self.engine, decode=self.tokenizer.decode if self.tokenizer else None,
+                               max_waiting=max_waiting, observer=observer)
+        self._ids = itertools.count()
+        self._id_lock = threading.Lock()
+        self.loop.start()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, timeout_s: Optional[float] = None) -> None:
+        """No new requests; those in flight finish (at most timeout_s), then the loop stops."""
+        self.loop.close(timeout_s)
+
+    # ------------------------------------------------------------ requests
+
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt (module docstring); PromptError when it cannot be tokenized."""
+        from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
+
+        if isinstance(prompt, (str, dict)) and self.tokenizer is None:
+            raise PromptError(f"a text or chat prompt needs a tokenizer, and this server has none: {HOW_TO_ADD}; "
+                              "or send the prompt as token ids")
+        try:
+            if isinstance(prompt, str):
+                ids = self.tokenizer.encode(prompt) if prompt else []
+            elif isinstance(prompt, dict):
+                ids = self.tokenizer.encode_chat(_messages(prompt.get("messages")))
+            else:
+                ids = list(prompt)
+        except TokenizerError as error:
+            raise PromptError(str(error)) from None
+        if not ids:
+            raise PromptError("the prompt is empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise PromptError("prompt token ids must be non-negative integers")
+        return ids
+
+    def request(self, prompt: Prompt, sampling: Optional[SamplingParams] = None) -> Request:
+        """The runtime Request for a prompt (checked; PromptError / SamplingError)."""
+        sampling = sampling or SamplingParams()
+        sampling.check()
+        if sampling.stop and self.tokenizer is None:
+            raise SamplingError("stop strings need a tokenizer, and this server has none; use stop_token_ids")
+        ids = self.prompt_tokens(prompt)
+        limit = self.plan.deployment.max_seq_len
+        if len(ids) + sampling.max_tokens > limit:
+            raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
+                              f"{len(ids) + sampling.max_tokens} tokens, more than the plan's max_seq_len {limit}")
+        with self._id_lock:
+            request_id = f"req-{next(self._ids)}"
+        return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
+                       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                       seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
+                       stop_tokens=list(sampling.stop_token_ids), stop_strings=list(sampling.stop),
+                       route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance))
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling: Optional[SamplingParams] = None) -> list[Output]:
+        """Run the prompts (one prompt, or a list of them) to the end; outputs in prompt order."""
+        batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(prompts)
+        requests = [self.request(p, sampling) for p in batch]
+        collectors = [_Collector(r, self.tokenizer is not None) for r in requests]
+        for request, collector in zip(requests, collectors):
+            self.loop.submit(request, collector.deliver)
+        for collector in collectors:
+            collector.done.wait()
+        return [c.output() for c in collectors]
+
+    async def stream(self, prompt: Union[Prompt, Request],
+                     sampling: Optional[SamplingParams] = None) -> AsyncIterator[Delta]:
+        """One request's deltas as its steps finish; the last has `finish_reason`. Leaving early
+        cancels the request."""
+        request = prompt if isinstance(prompt, Request) else self.request(prompt, sampling)
+        queue: asyncio.Queue[Delta] = asyncio.Queue()
+        event_loop = asyncio.get_running_loop()
+        def deliver(delta: Delta) -> None:  # on the driver's thread: hand it to this event loop
+            event_loop.call_soon_threadsafe(queue.put_nowait, delta)
+
+        self.loop.submit(request, deliver)
+        is_finished = False
+        try:
+            while not is_finished:
+                delta = await queue.get()
+                is_finished = delta.is_final
+                yield delta
+        finally:
+            if not is_finished:
+                self.loop.cancel(request.id)
+
+
+class _Collector:
+    """Gathers one request's deltas for `generate` (deliver runs on the driver thread)."""
+
+    def __init__(self, request: Request, has_text: bool):
+        self.request = request
+        self.has_text = has_text
+        self.deltas: list[Delta] = []
+        self.done = threading.Event()
+
+    def deliver(self, delta: Delta) -> None:
+        self.deltas.append(delta)
+        if delta.is_final:
+            self.done.set()
+
+    def output(self) -> Output:
+        last = self.deltas[-1]
+        return Output(self.request.id, list(self.request.prompt_tokens),
+                      [t for d in self.deltas for t in d.token_ids],
+                      "".join(d.text for d in self.deltas) if self.has_text else None,
+                      last.finish_reason or "error", [m for d in self.deltas for m in d.media],
+                      last.num_output_tokens)
+
+
+def _is_one_prompt(prompts: Any) -> bool:
+    """Text, chat messages or token ids (a list of ints) rather than a list of prompts."""
+    return isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
+                                                  and isinstance(prompts[0], int))
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    """Chat messages: a non-empty list of {"role": str, "content": str}."""
+    if not isinstance(value, list) or not value:
+        raise PromptError("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    for message in value:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise PromptError("each message must be an object with a string 'role' and a string 'content'")
+    return value

@@ -1,0 +1,70 @@
+"""Which OpenAI-style endpoints a plan serves, read from its roles, never from a name.
+
+In: a plan. Out: `Endpoints` with, per kind of request, whether the plan can serve it and the
+route a request of that kind takes:
+- text (`/v1/completions`, `/v1/chat/completions`): some node input takes the text prompt and
+  some walk emits text to the client;
+- speech (`/v1/audio/speech`): a text prompt and an audio emission to the client;
+- images (`/v1/images/generations`): a text prompt and an image emission to the client; the
+  route takes, in each partition with a walk that emits images, every required stage, choosing
+  at each the first alternative that emits images (else the first), and leaves optional stages
+  out (they take prompt media, which a text-to-image request has none of);
+- transcription: an audio prompt and a text emission (reported; no endpoint serves it yet).
+Client emissions are the edges with `dest_kind == "client"` of every call and loop exit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from mstar.plan.schema import EdgePlan, Plan, WalkPlan
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    prompt_modalities: frozenset[str]
+    emitted_modalities: frozenset[str]
+    image_route: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def can_text(self) -> bool:
+        return "text" in self.prompt_modalities and "text" in self.emitted_modalities
+
+    @property
+    def can_speech(self) -> bool:
+        return "text" in self.prompt_modalities and "audio" in self.emitted_modalities
+
+    @property
+    def can_images(self) -> bool:
+        return "text" in self.prompt_modalities and "image" in self.emitted_modalities
+
+    @property
+    def can_transcribe(self) -> bool:
+        return "audio" in self.prompt_modalities and "text" in self.emitted_modalities
+
+    def names(self) -> list[str]:
+        """The request kinds, for /v1/models and messages."""
+        kinds = [("text", self.can_text), ("speech", self.can_speech), ("images", self.can_images),
+                 ("transcription", self.can_transcribe)]
+        return [name for name, is_on in kinds if is_on]
+
+
+def _client_edges(walk: WalkPlan) -> Iterator[EdgePlan]:
+    for call in walk.calls:
+        yield from (edge for edge in call.edges if edge.dest_kind == "client")
+    for loop in walk.loops:
+        yield from (x.edge for x in loop.exits if x.edge is not None and x.edge.dest_kind == "client")
+
+
+def endpoints_of(plan: Plan) -> Endpoints:
+    prompts = frozenset(i.prompt for node in plan.nodes for i in node.input_roles if i.prompt is not None)
+    emits: dict[str, set[str]] = {w.name: {e.modality for e in _client_edges(w) if e.modality} for w in plan.walks}
+    emitted = frozenset(m for modalities in emits.values() for m in modalities)
+    route: dict[str, list[str]] = {}
+    for part in plan.partitions:
+        walks = [w for stage in part.stages for w in stage.walks]
+        if not any("image" in emits.get(w, ()) for w in walks):
+            continue
+        route[part.name] = [next((w for w in stage.walks if "image" in emits.get(w, ())), stage.walks[0])
+                            for stage in part.stages if not stage.is_optional]
+    return Endpoints(prompts, emitted, route)

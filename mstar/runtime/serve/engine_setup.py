@@ -1,0 +1,78 @@
+"""Plan, tokenizer and engine for a server or the Python API, from options like `mstar run`'s.
+
+    load(path) -> Plan                                  (SetupError: the plan is refused)
+    build_tokenizer(plan, weights, tokenizer) -> TextTokenizer or None
+    build_engine(plan, kind, weights=..., dims=..., kv_pages=..., device=..., attention=...,
+                 seed=..., sim_pace=...) -> engine
+
+`kind` is "torch" (the models: tiny or spec dims, random weights or `weights` checkpoints, CPU or
+GPU) or "sim" (the cost model, paced to the wall clock by `sim_pace`: serve/paced.py). Every
+refusal is a `SetupError` (a ValueError) with the message the user needs; never a traceback.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Optional
+
+from mstar.plan.schema import Plan
+
+ENGINES = ("torch", "sim")
+
+
+class SetupError(ValueError):
+    """The plan, the tokenizer or the engine cannot be set up (the message says why)."""
+
+
+def load(path: str) -> Plan:
+    from mstar.plan.io import PlanError, load_plan
+
+    try:
+        return load_plan(path)
+    except PlanError as error:
+        raise SetupError(str(error)) from None
+
+
+def build_tokenizer(plan: Plan, weights: Optional[list[str]], tokenizer: Optional[str]) -> Any:
+    """The tokenizer (serve/tokenizer.py): `tokenizer` DIR, else the weights directory of the
+    node taking the text prompt when it holds tokenizer.json, else None."""
+    from mstar.runtime.serve.tokenizer import TokenizerError, load_tokenizer, tokenizer_dir
+
+    try:
+        checkpoints: dict[str, str] = {}
+        if weights and tokenizer is None:
+            from mstar.runtime.engine.weights import weights_by_node  # brings torch: only with weights
+
+            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights,
+                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"])
+        directory = tokenizer_dir(plan, checkpoints, tokenizer)
+        return load_tokenizer(directory) if directory is not None else None
+    except TokenizerError as error:
+        raise SetupError(str(error)) from None
+    except ValueError as error:  # WeightsError: a --weights entry that names no kv node
+        raise SetupError(str(error)) from None
+
+
+def build_engine(plan: Plan, kind: str, *, weights: Optional[list[str]] = None, dims: str = "tiny",
+                 kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
+                 sim_pace: float = 1.0) -> Any:
+    if kind not in ENGINES:
+        raise SetupError(f"engine {kind!r}: choose one of {', '.join(ENGINES)}")
+    if kv_pages is not None and kv_pages <= 0:
+        raise SetupError(f"kv pages must be a positive number, got {kv_pages}")
+    if kind == "sim":
+        from mstar.runtime.engine.sim import SimEngine
+        from mstar.runtime.serve.paced import PacedEngine
+
+        if not sim_pace >= 0:
+            raise SetupError(f"the simulated engine's pace must be >= 0, got {sim_pace}")
+        return PacedEngine(SimEngine(plan, seed=seed, num_pages=kv_pages), sim_pace)
+    try:
+        from mstar.runtime.engine import torch_engine
+    except ImportError as error:
+        raise SetupError(f"the torch engine is not available ({error}); use the sim engine") from None
+    options = SimpleNamespace(dims=dims, weights=weights, seed=seed, kv_pages=kv_pages, device=device,
+                              attention=attention)
+    try:
+        return torch_engine.build(plan, options)
+    except ValueError as error:  # EngineError and the engine's other start-up refusals
+        raise SetupError(str(error)) from None

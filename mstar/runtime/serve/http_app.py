@@ -1,0 +1,231 @@
+"""The OpenAI-compatible HTTP app (FastAPI) over the Python API (serve/api.py `LLM`).
+
+In: an `LLM` (plan, engine, tokenizer, online loop), the model name clients must send, metrics
+(serve/prom.py) and the speech prompt format. Out: `build_app(...) -> FastAPI` with
+
+    GET  /health                      200 {"status": "ok"}; 503 once the run loop failed or closed
+    GET  /v1/models                   the one model, with the request kinds its plan serves
+    POST /v1/completions              prompt as text or token ids; `stream` as server-sent events
+    POST /v1/chat/completions         messages through the tokenizer's chat template
+    POST /v1/audio/speech             plans with a text prompt and audio emissions: WAV, or PCM
+                                      streamed window by window (`response_format: pcm`), or SSE
+    POST /v1/images/generations       plans with a text prompt and image emissions: base64 PNG
+    GET  /metrics                     Prometheus text format
+
+Which of them a plan serves comes from its roles (serve/endpoints.py); the others answer 404
+with a message naming what the plan serves. Streams carry one event per delta the run loop
+delivers (one per step that produced output for the request), then the finish reason and usage,
+then `data: [DONE]`. A client that disconnects mid-stream cancels its request (the async
+generator of `LLM.stream` is closed, which cancels it at the next step boundary). Errors are
+OpenAI-style JSON (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body or
+values, 404 for an unknown model or an endpoint the plan does not serve, 429 when the admission
+queue is full, 503 while shutting down, 500 for a failure inside the server; never a traceback.
+"""
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
+from mstar.runtime.serve.endpoints import endpoints_of
+from mstar.runtime.serve.http_schema import (
+    DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, ImageBody, SpeechBody,
+)
+from mstar.runtime.serve.online import Closed, Delta, Overloaded
+from mstar.runtime.serve.prom import CONTENT_TYPE, ServerMetrics
+from mstar.runtime.serve import http_stream as sse
+
+DEFAULT_IMAGE_TOKENS = 1024
+
+
+class Service:
+    """What the handlers share: the LLM, the model name, what the plan serves, the metrics."""
+
+    def __init__(self, llm: LLM, model_name: str, metrics: ServerMetrics, speech_prompt: str = "{input}"):
+        self.llm = llm
+        self.model_name = model_name
+        self.metrics = metrics
+        self.speech_prompt = speech_prompt
+        self.endpoints = endpoints_of(llm.plan)
+        self.created = int(time.time())
+
+    def check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                           kind="not_found_error", param="model")
+
+    def check_serves(self, is_served: bool, what: str) -> None:
+        if not is_served:
+            served = ", ".join(self.endpoints.names()) or "nothing"
+            raise ApiError(404, f"the plan of {self.model_name!r} does not serve {what} (it serves: {served})",
+                           kind="not_found_error")
+
+    def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False) -> Request:
+        """The runtime request (400 for a bad prompt or values). default_to_rest: max_tokens is
+        what the plan's max_seq_len leaves after the prompt."""
+        try:
+            ids = self.llm.prompt_tokens(prompt)
+            if default_to_rest:
+                sampling.max_tokens = max(1, self.llm.plan.deployment.max_seq_len - len(ids))
+            return self.llm.request(ids, sampling)
+        except (PromptError, SamplingError) as error:
+            raise ApiError(400, str(error)) from None
+
+    async def start(self, request: Request) -> tuple[AsyncIterator[Delta], Delta]:
+        """Submit; the stream and its first delta (429 full queue, 503 closing, 400 refused)."""
+        stream = self.llm.stream(request)
+        try:
+            first = await stream.__anext__()
+        except Overloaded as error:
+            self.metrics.refused("overloaded")
+            raise ApiError(429, str(error), kind="rate_limit_error") from None
+        except Closed as error:
+            raise ApiError(503, str(error), kind="server_error") from None
+        if first.is_final and first.is_refused:
+            raise ApiError(400, _reason(first.finish_reason))
+        return stream, first
+
+
+def _reason(finish_reason: Optional[str]) -> str:
+    reason = finish_reason or "error"
+    return reason[len("error: "):] if reason.startswith("error: ") else reason
+
+
+async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
+    """Every delta of a request (non-streaming answers); 500 / 503 when it failed."""
+    deltas = [first]
+    while not deltas[-1].is_final:
+        deltas.append(await stream.__anext__())
+    reason = deltas[-1].finish_reason or "error"
+    if reason.startswith("error"):
+        raise ApiError(500, _reason(reason), kind="server_error")
+    if reason == "cancelled":
+        raise ApiError(503, "the request was cancelled (the server is shutting down)", kind="server_error")
+    return deltas
+
+
+def build_app(service: Service) -> FastAPI:
+    app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
+    _error_handlers(app, service)
+    _info_routes(app, service)
+    _text_routes(app, service)
+    _media_routes(app, service)
+    return app
+
+
+def _error_handlers(app: FastAPI, service: Service) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_: HttpRequest, error: ApiError) -> JSONResponse:
+        if error.status != 429 and 400 <= error.status < 500:
+            service.metrics.refused("invalid")
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_: HttpRequest, error: RequestValidationError) -> JSONResponse:
+        service.metrics.refused("invalid")
+        first = error.errors()[0] if error.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid body"))
+        return JSONResponse(ApiError(400, message, param=where).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: HttpRequest, error: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(ApiError(error.status_code, str(error.detail), kind=kind).body(),
+                            status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(_: HttpRequest, error: Exception) -> JSONResponse:
+        message = f"internal error ({type(error).__name__}: {error})"
+        return JSONResponse(ApiError(500, message, kind="server_error").body(), status_code=500)
+
+
+def _info_routes(app: FastAPI, service: Service) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        loop = service.llm.loop
+        if loop.error is not None or loop.is_closed:
+            return JSONResponse({"status": "unavailable", "reason": loop.error or "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "mstar",
+                "serves": service.endpoints.names(), "max_model_len": service.llm.plan.deployment.max_seq_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        kv_pages = getattr(service.llm.engine, "kv_pages", None)
+        text = service.metrics.render(service.llm.loop, kv_pages if callable(kv_pages) else dict)
+        return Response(text, media_type=CONTENT_TYPE)
+
+
+def _text_routes(app: FastAPI, service: Service) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody) -> Response:
+        service.check_model(body.model)
+        service.check_serves(service.endpoints.can_text, "completions")
+        tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+        request = service.request(body.prompt_value(), body.sampling(tokens))
+        stream, first = await service.start(request)
+        if body.stream:
+            return sse.response(sse.completion_events(service, request, body, stream, first))
+        return JSONResponse(sse.completion_body(service, request, await collect(stream, first)))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatBody) -> Response:
+        service.check_model(body.model)
+        service.check_serves(service.endpoints.can_text, "chat completions")
+        limit = body.token_limit()
+        request = service.request(body.prompt_value(), body.sampling(1 if limit is None else limit),
+                                  default_to_rest=limit is None)
+        stream, first = await service.start(request)
+        if body.stream:
+            return sse.response(sse.chat_events(service, request, body, stream, first))
+        return JSONResponse(sse.chat_body(service, request, await collect(stream, first)))
+
+
+def _media_routes(app: FastAPI, service: Service) -> None:
+    @app.post("/v1/audio/speech")
+    async def speech(body: SpeechBody) -> Response:
+        service.check_model(body.model)
+        service.check_serves(service.endpoints.can_speech, "speech")
+        body.checks()
+        prompt = service.speech_prompt.format(input=body.input, voice=body.voice)
+        request = service.request(prompt, body.sampling())
+        stream, first = await service.start(request)
+        if body.stream_format == "sse":
+            return sse.response(sse.speech_events(request, stream, first))
+        if body.response_format == "pcm":
+            return StreamingResponse(sse.pcm_chunks(stream, first), media_type="audio/pcm")
+        from mstar.runtime.serve.media import wav_bytes
+        from mstar.runtime.serve.results import sample_rate_of
+
+        deltas = await collect(stream, first)
+        chunks = [value for d in deltas for modality, value in d.media if modality == "audio"]
+        data, _ = wav_bytes(chunks, sample_rate_of(service.llm.plan))
+        return Response(data, media_type="audio/wav")
+
+    @app.post("/v1/images/generations")
+    async def images(body: ImageBody) -> JSONResponse:
+        service.check_model(body.model)
+        service.check_serves(service.endpoints.can_images, "image generation")
+        body.checks()
+        sampling = SamplingParams(max_tokens=DEFAULT_IMAGE_TOKENS, seed=body.seed,
+                                  route=dict(service.endpoints.image_route))
+        request = service.request(body.prompt, sampling)
+        stream, first = await service.start(request)
+        from mstar.runtime.serve.media import png_bytes
+
+        deltas = await collect(stream, first)
+        images = [png_bytes(value)[0] for d in deltas for modality, value in d.media if modality == "image"]
+        data = [{"b64_json": base64.b64encode(png).decode("ascii")} for png in images]
+        return JSONResponse({"created": int(time.time()), "data": data})

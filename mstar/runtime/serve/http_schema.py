@@ -1,0 +1,180 @@
+"""Request bodies of the OpenAI-style endpoints, and what they become for the Python API.
+
+In: JSON bodies (pydantic models below; unknown fields are ignored, as OpenAI's server does for
+fields it does not know). Out: a prompt (token ids, text or chat messages) and `SamplingParams`
+(serve/api.py), or an `ApiError` (status, OpenAI error type, message, param) for a body the
+server cannot take: unsupported options (n > 1, logprobs, echo, best_of, non-zero penalties,
+response formats other than those documented) are refused rather than ignored, so a client is
+never silently given something other than what it asked for.
+
+Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
+`top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from mstar.runtime.serve.api import SamplingParams
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    # sampling, shared
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    n: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+
+    def common_checks(self) -> None:
+        if self.n not in (None, 1):
+            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ApiError(400, f"{name} is not supported (use repetition_penalty)", param=name)
+
+    def sampling(self, max_tokens: int) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, seed=self.seed, repetition_penalty=self.repetition_penalty,
+                              stop=stop, stop_token_ids=list(self.stop_token_ids or []))
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionBody(_Body):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = DEFAULT_COMPLETION_TOKENS
+    logprobs: Optional[int] = None
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    def prompt_value(self) -> Union[str, list[int]]:
+        self.common_checks()
+        for name, value, ok in (("logprobs", self.logprobs, None), ("best_of", self.best_of, 1),
+                                ("suffix", self.suffix, None)):
+            if value is not None and value != ok:
+                raise ApiError(400, f"{name} is not supported", param=name)
+        if self.echo:
+            raise ApiError(400, "echo is not supported", param="echo")
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise ApiError(400, f"one prompt per request, got {len(prompt)}", param="prompt")
+            prompt = prompt[0]
+        return prompt  # type: ignore[return-value]
+
+
+class ChatBody(_Body):
+    messages: list[dict[str, Any]]
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = None
+    tools: Optional[list[Any]] = None
+
+    def prompt_value(self) -> dict[str, Any]:
+        self.common_checks()
+        if self.logprobs:
+            raise ApiError(400, "logprobs is not supported", param="logprobs")
+        if self.tools:
+            raise ApiError(400, "tools are not supported", param="tools")
+        return {"messages": [_flat_message(m) for m in self.messages]}
+
+    def token_limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is a list of text parts becomes one string (other parts refused)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ApiError(400, "only text content parts are supported in messages", param="messages")
+            texts.append(part["text"])
+        message = {**message, "content": "".join(texts)}
+    if content is None:
+        message = {**message, "content": ""}
+    return message
+
+
+class SpeechBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: str
+    voice: str = ""
+    response_format: str = "wav"
+    speed: Optional[float] = None
+    stream_format: Optional[Literal["audio", "sse"]] = None
+    instructions: Optional[str] = None
+    # extensions
+    max_tokens: int = DEFAULT_SPEECH_TOKENS
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+
+    def checks(self) -> None:
+        if self.response_format not in ("wav", "pcm"):
+            raise ApiError(400, f"response_format {self.response_format!r} is not supported: wav or pcm",
+                           param="response_format")
+        if self.speed not in (None, 1, 1.0):
+            raise ApiError(400, "speed other than 1.0 is not supported", param="speed")
+        if not self.input:
+            raise ApiError(400, "input must not be empty", param="input")
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, seed=self.seed, repetition_penalty=self.repetition_penalty)
+
+
+class ImageBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    prompt: str
+    n: Optional[int] = None
+    response_format: Optional[str] = None
+    size: Optional[str] = None
+    seed: Optional[int] = None
+
+    def checks(self) -> None:
+        if self.n not in (None, 1):
+            raise ApiError(400, f"n must be 1, got {self.n}", param="n")
+        if self.response_format not in (None, "b64_json"):
+            raise ApiError(400, "response_format must be b64_json (this server keeps no files to link to)",
+                           param="response_format")
+        if not self.prompt:
+            raise ApiError(400, "prompt must not be empty", param="prompt")

@@ -1,0 +1,332 @@
+"""The online run loop: requests arrive at any time, outputs leave step by step.
+
+In: a plan, an engine and, optionally, a tokenizer (`decode` for text deltas and stop strings).
+Out: per request, a stream of `Delta`s handed to the request's `deliver` callback as each step
+that produced something finishes, the last one carrying the finish reason.
+
+    loop = OnlineLoop(plan, engine, decode=tokenizer.decode, max_waiting=256)
+    loop.start()                                   # the driver runs on its own thread
+    loop.submit(request, deliver)                  # any thread; Overloaded / Closed when refused
+    loop.cancel(request_id)                        # any thread; ends it at the next step boundary
+    loop.close(timeout_s)                          # no new requests; in-flight ones finish first
+
+The loop is the ordinary run loop (`Driver.run_source`, driver.py) with this object as its
+source: submissions and cancellations wait in a thread-safe inbox that the driver empties at the
+top of each iteration; with nothing in flight the driver blocks on the inbox's event (no
+spinning). Per-step delivery is the driver's `on_step` hook: each request with a row in the step
+gets the client emissions it made since its last delta (text emissions as token ids and text;
+audio and image emissions as values, in order). A request that ends gets its final delta from
+`on_finish` (cancelled, failed, refused by the engine, or done), and its record leaves the
+conductor, so a long-running server keeps no finished request.
+
+Admission: the conductor admits `max_concurrent_requests` (the plan's deployment) at once and the
+rest wait in its FIFO queue; this loop bounds that queue: with `max_concurrent + max_waiting`
+requests in flight a new one is refused (`Overloaded`). A plan without max_concurrent_requests
+admits everything at once (the KV pool's admission then holds rows), and nothing is refused.
+
+Cancellation goes through the same inbox: the driver calls `conductor.cancel`, which ends the
+request, has the engine free its KV pages and state slots, and removes its rows from the
+schedulers; rows of it already in a built step are left out of that step. Nothing else changes.
+
+`deliver` is called on the driver's thread: it must be quick and must not block (the server's
+hands the delta to its event loop with `call_soon_threadsafe`). Observers (`Observer`) see first
+tokens, gaps between deltas, endings and steps, for metrics.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from mstar.plan.schema import Plan
+from mstar.runtime.conductor.conductor import Conductor
+from mstar.runtime.conductor.request import Request, RequestRecord
+from mstar.runtime.serve.driver import Driver
+from mstar.runtime.serve.steps import Launch
+from mstar.runtime.serve.text_stream import TextStream
+from mstar.runtime.step import Engine
+
+
+class Overloaded(Exception):
+    """Too many requests in flight: the admission queue is full (HTTP 429)."""
+
+
+class Closed(Exception):
+    """The loop no longer takes requests (shutting down, or its driver failed)."""
+
+
+@dataclass
+class Delta:
+    """What one request produced since its previous delta. The last delta of a request has
+    `finish_reason` set (the conductor's: stop, length, cancelled, error: ...)."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)  # text emissions' token ids
+    text: str = ""  # their text ('' without a tokenizer)
+    media: list[tuple[str, Any]] = field(default_factory=list)  # (modality, value), in order
+    finish_reason: Optional[str] = None
+    is_refused: bool = False  # the engine or the route refused it at admission (nothing ran)
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # counted output tokens so far
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Observer:
+    """Hooks for metrics; every method is called on the driver's thread. The base does nothing."""
+
+    def on_first_output(self, seconds: float) -> None:
+        """Time from submission to a request's first delivered output."""
+
+    def on_output_gap(self, seconds: float) -> None:
+        """Time between two successive outputs of one request."""
+
+    def on_finish(self, finish_reason: str, is_refused: bool = False) -> None:
+        """A request ended with this reason (is_refused: at admission, nothing ran)."""
+
+    def on_step(self, key: str, mixture: str) -> None:
+        """A step of this scheduling key and mixture (its walks, `+`-joined) finished."""
+
+
+class _Tracked:
+    """A request in flight, as the driver thread sees it."""
+
+    __slots__ = ("request", "deliver", "cursor", "text", "submit_s", "last_output_s", "is_started")
+
+    def __init__(self, request: Request, deliver: Callable[[Delta], None], text: Optional[TextStream]):
+        self.request = request
+        self.deliver = deliver
+        self.cursor = 0  # emissions already delivered
+        self.text = text
+        self.submit_s = time.monotonic()
+        self.last_output_s: Optional[float] = None
+        self.is_started = False  # admitted by the conductor (or ended)
+
+
+class OnlineLoop:
+    """See the module docstring."""
+
+    def __init__(self, plan: Plan, engine: Engine, *, decode: Optional[Callable[[list[int]], str]] = None,
+                 max_waiting: int = 256, observer: Optional[Observer] = None):
+        self.plan = plan
+        self.engine = engine
+        self.decode = decode
+        self.observer = observer or Observer()
+        self.driver = Driver(plan, engine, on_finish=self._on_finish, decode=decode, on_step=self._on_step,
+                             log=_NoLog())
+        max_concurrent = plan.deployment.max_concurrent_requests
+        self.max_in_flight = None if max_concurrent is None else max_concurrent + max_waiting
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._num_in_flight = 0
+        self._tracked: dict[str, _Tracked] = {}  # driver thread only
+        self._unstarted: set[str] = set()  # submitted, not yet admitted (driver thread only)
+        self._mixtures = {(key.name, m.mask): "+".join(m.walks) for w in plan.workers for key in w.keys
+                          for m in key.mixtures}
+        self.is_closed = False
+        self.error: Optional[str] = None  # why the driver thread died, if it did
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------ any thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mstar-run-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request, deliver: Callable[[Delta], None]) -> None:
+        """Queue a request; its deltas go to `deliver` (driver thread)."""
+        with self._lock:
+            if self.is_closed or self.error is not None:
+                raise Closed(self.error or "the server is shutting down")
+            if self.max_in_flight is not None and self._num_in_flight >= self.max_in_flight:
+                raise Overloaded(f"{self._num_in_flight} requests in flight, the most this server queues "
+                                 f"({self.max_in_flight}); retry later")
+            self._num_in_flight += 1
+            self._inbox.append(("submit", (request, deliver)))
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.append(("cancel", request_id))
+        self._wake.set()
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_in_flight
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet admitted: in the inbox or in the conductor's queue."""
+        return len(self._inbox) + self.driver.conductor.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.driver.conductor.num_active
+
+    def close(self, timeout_s: Optional[float] = None) -> None:
+        """Take no new requests, let those in flight finish (at most `timeout_s`), then stop the
+        driver; requests still unfinished then end with an error."""
+        with self._lock:
+            self.is_closed = True
+        self._wake.set()
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(timeout_s)
+        if thread.is_alive():
+            self.driver.stop()
+            self._wake.set()
+            thread.join()
+        self._fail_all("error: the server stopped before the request finished")
+
+    # ------------------------------------------------------------ the driver's source
+
+    def admit(self, conductor: Conductor, now: float) -> None:
+        inbox = self._inbox
+        while inbox:
+            kind, payload = inbox.popleft()
+            if kind == "submit":
+                request, deliver = payload
+                text = TextStream(self.decode, request.stop_strings) if self.decode is not None else None
+                self._tracked[request.id] = _Tracked(request, deliver, text)
+                self._unstarted.add(request.id)
+                conductor.submit(request)
+            else:
+                conductor.cancel(payload)
+        self._check_unstarted()
+
+    def wake_times(self) -> list[float]:
+        return []
+
+    def is_done(self) -> bool:
+        return self.is_closed and not self._inbox
+
+    def is_waiting(self) -> bool:
+        return False
+
+    def idle(self, timeout: Optional[float]) -> None:
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    # ------------------------------------------------------------ driver thread
+
+    def _run(self) -> None:
+        try:
+            self.driver.run_source(self)
+        except BaseException as error:  # a bug: every waiting client gets an answer, none hangs
+            self.error = f"error: the run loop failed ({type(error).__name__}: {error})"
+            self._fail_all(self.error)
+
+    def _on_step(self, launch: Launch) -> None:
+        step = launch.step
+        if step is None:
+            return
+        self.observer.on_step(step.key, self._mixtures.get((step.key, step.mask), step.key))
+        tracked = self._tracked
+        records = self.driver.conductor.records
+        for row in launch.ran_rows:
+            item = tracked.get(row.request_id)
+            if item is not None:
+                self._push(item, records[row.request_id], is_final=False)
+
+    def _on_finish(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._finish(request_id)
+        self._check_unstarted()
+
+    def _check_unstarted(self) -> None:
+        """Requests ended before admission (refused, or cancelled while waiting) never reach
+        `on_finish`: look at the ones not yet started."""
+        if not self._unstarted:
+            return
+        conductor = self.driver.conductor
+        for request_id in list(self._unstarted):
+            record = conductor.records.get(request_id)
+            if record is None or record.is_finished:
+                self._finish(request_id)
+            elif request_id in conductor.active:
+                self._unstarted.discard(request_id)
+
+    def _finish(self, request_id: str) -> None:
+        item = self._tracked.pop(request_id, None)
+        self._unstarted.discard(request_id)
+        record = self.driver.conductor.records.pop(request_id, None)
+        if item is None or record is None:
+            return
+        with self._lock:
+            self._num_in_flight -= 1
+        self.observer.on_finish(record.finish_reason or "error", record.is_refused)
+        self._push(item, record, is_final=True)
+
+    def _push(self, item: _Tracked, record: RequestRecord, is_final: bool) -> None:
+        """Deliver the emissions since the item's cursor (and the end, when final)."""
+        values = record.emission_values
+        start, end = item.cursor, len(values)
+        if start == end and not is_final:
+            return
+        item.cursor = end
+        delta = Delta(record.request.id, num_prompt_tokens=len(record.request.prompt_tokens),
+                      num_output_tokens=record.num_output_tokens)
+        kinds = record.emission_kinds
+        for index in range(start, end):
+            modality = kinds[index][1]
+            if modality == "text":
+                delta.token_ids.extend(_token_ids(values[index]))
+            else:
+                delta.media.append((modality or "", values[index]))
+        if item.text is not None:
+            delta.text = item.text.add(delta.token_ids) if delta.token_ids else ""
+            if is_final:
+                delta.text += item.text.finish()
+        if is_final:
+            delta.finish_reason = record.finish_reason or "error"
+            delta.is_refused = record.is_refused
+        if delta.token_ids or delta.media:
+            self._observe(item)
+        item.deliver(delta)
+
+    def _observe(self, item: _Tracked) -> None:
+        now = time.monotonic()
+        if item.last_output_s is None:
+            self.observer.on_first_output(now - item.submit_s)
+        else:
+            self.observer.on_output_gap(now - item.last_output_s)
+        item.last_output_s = now
+
+    def _fail_all(self, reason: str) -> None:
+        """End every tracked request with `reason` (the driver is gone)."""
+        for request_id, item in list(self._tracked.items()):
+            self._tracked.pop(request_id, None)
+            with self._lock:
+                self._num_in_flight -= 1
+            self.observer.on_finish(reason)
+            item.deliver(Delta(request_id, finish_reason=reason, num_prompt_tokens=len(item.request.prompt_tokens)))
+        while self._inbox:
+            kind, payload = self._inbox.popleft()
+            if kind == "submit":
+                request, deliver = payload
+                with self._lock:
+                    self._num_in_flight -= 1
+                deliver(Delta(request.id, finish_reason=reason, num_prompt_tokens=len(request.prompt_tokens)))
+
+
+class _NoLog:
+    """The driver's step log for a server: counts go to the observer, no list grows."""
+
+    def add(self, launch: Any, post_s: float, end_s: float) -> None:
+        pass
+
+
+def _token_ids(value: Any) -> list[int]:
+    """A text emission's token ids: a list of ids, one id, or a tensor of ids."""
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    to_list = getattr(value, "tolist", None)
+    if callable(to_list):
+        items = to_list()
+        return [int(v) for v in items] if isinstance(items, list) else [int(items)]
+    return [int(value)]

@@ -1,0 +1,114 @@
+"""`mstar serve`: a compiled plan behind an OpenAI-compatible HTTP server (uvicorn + FastAPI).
+
+    mstar serve --plan generated/llama.plan [--engine torch|sim] [--weights [NODE=]DIR ...]
+                [--tokenizer DIR] [--host 127.0.0.1] [--port 8000] [--model NAME] ...
+
+In: the options below. Out: a server (serve/http_app.py) until SIGTERM or SIGINT: then it stops
+accepting connections, lets the requests in flight finish for at most `--drain-timeout` seconds
+(uvicorn's graceful shutdown; longer ones are cancelled, which frees their pages), stops the run
+loop and exits 0. Exit 1 with one `mstar serve: error: ...` line for a plan, tokenizer or engine
+that cannot start, or a port that cannot be bound; 2 for bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+from typing import Any, Optional, Sequence
+
+from mstar.runtime.serve.engine_setup import ENGINES, SetupError
+
+DEFAULT_DRAIN_S = 30.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mstar serve", description="Serve a compiled plan over an OpenAI-compatible "
+                                                               "HTTP API.")
+    p.add_argument("--plan", required=True, help="compiled plan (generated/<config>.plan)")
+    p.add_argument("--engine", choices=ENGINES, default="torch",
+                   help="torch: the models (default); sim: the cost model, taking its modelled time in wall time")
+    p.add_argument("--weights", action="append", metavar="[NODE=]DIR", help="checkpoint directory (as mstar run)")
+    p.add_argument("--tokenizer", metavar="DIR", help="directory with tokenizer.json (as mstar run)")
+    p.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine model dims (default tiny)")
+    p.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
+    p.add_argument("--device", default="cpu", help="torch engine: cpu or cuda[:N]")
+    p.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto")
+    p.add_argument("--seed", type=int, default=0, help="engine seed (random weights)")
+    p.add_argument("--sim-pace", type=float, default=1.0,
+                   help="sim engine: wall seconds per modelled second (default 1; 0: as fast as the host goes)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--model", help="the model name clients send (default: the plan's model name)")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="requests that may wait beyond the plan's max_concurrent_requests before 429 (default 256)")
+    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_S,
+                   help=f"seconds in-flight requests get to finish after SIGTERM (default {DEFAULT_DRAIN_S:.0f})")
+    p.add_argument("--speech-prompt", default="{input}",
+                   help="how /v1/audio/speech turns input and voice into the prompt text, e.g. '{voice}: {input}'")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise SetupError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_waiting < 0:
+        raise SetupError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if not args.drain_timeout >= 0:
+        raise SetupError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
+    try:
+        args.speech_prompt.format(input="", voice="")
+    except (KeyError, IndexError, ValueError) as error:
+        raise SetupError(f"--speech-prompt {args.speech_prompt!r}: may name only {{input}} and {{voice}} "
+                         f"({error})") from None
+
+
+def build(args: argparse.Namespace) -> Any:
+    """The app's Service (serve/http_app.py) from parsed options; SetupError when it cannot start."""
+    from mstar.runtime.serve.api import LLM
+    from mstar.runtime.serve.http_app import Service
+    from mstar.runtime.serve.prom import ServerMetrics
+
+    _check(args)
+    metrics = ServerMetrics()
+    llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
+              kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,
+              sim_pace=args.sim_pace, max_waiting=args.max_waiting, observer=metrics)
+    return Service(llm, args.model or llm.plan.header.model, metrics, args.speech_prompt)
+
+
+def serve(service: Any, host: str, port: int, drain_s: float, log_level: str = "info") -> int:
+    """Run uvicorn until a signal; the run loop stops after uvicorn drained. Exit status."""
+    import uvicorn
+
+    from mstar.runtime.serve.http_app import build_app
+
+    config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=math.ceil(drain_s), lifespan="off")
+    server = uvicorn.Server(config)
+    noted: list[int] = []
+    # uvicorn restores the handlers it found and raises the signal again once it has shut down:
+    # these note it, so a drained server exits 0 instead of dying by the signal.
+    previous = {signum: signal.signal(signum, lambda s, _: noted.append(s))
+                for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    except SystemExit as stop:  # uvicorn exits when it cannot bind
+        service.llm.close(0)
+        return int(stop.code or 1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    service.llm.close(drain_s)
+    return 0 if server.started else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        service = build(args)
+    except SetupError as error:
+        print(f"mstar serve: error: {error}", file=sys.stderr)
+        return 1
+    return serve(service, args.host, args.port, args.drain_timeout, args.log_level)

@@ -1,0 +1,70 @@
+"""A request's output text, delta by delta, as its tokens arrive.
+
+In: `decode(ids) -> str` (the tokenizer's, special tokens skipped) and the request's stop
+strings; then token ids in the order they were generated (`add`), and the end (`finish`).
+Out: text deltas whose concatenation is the final text, cut before the first stop string.
+
+Decoding is incremental (the offsets method of text-generation-inference): only the tokens since
+the last emitted boundary are decoded, together with a few before them so that a tokenizer that
+merges spaces or multi-byte characters across tokens decodes them in context; text that ends in
+an incomplete character (U+FFFD) waits for the next token. So each token costs the same however
+long the output is. With stop strings the last `longest stop - 1` characters wait until the
+text after them shows they do not start a stop string (a stop string is never streamed).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from mstar.runtime.serve.tokenizer import stop_text_index
+
+INCOMPLETE = "\ufffd"  # what a decoder gives for a byte sequence cut inside a character
+
+
+class TextStream:
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = ()):
+        self._decode = decode
+        self._stops = list(stops)
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._ids: list[int] = []
+        self._prefix = 0  # tokens before it are final text; decoding starts here for context
+        self._read = 0  # tokens before it are in `text`
+        self.text = ""  # decoded so far (maybe past a stop string)
+        self._num_shown = 0  # characters of `text` already handed out
+        self.is_stopped = False  # a stop string appeared: nothing more is shown
+
+    def add(self, ids: Sequence[int]) -> str:
+        """The new text that can be shown after these tokens ('' when it must wait)."""
+        self._ids.extend(ids)
+        before = self._decode(self._ids[self._prefix:self._read])
+        after = self._decode(self._ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith(INCOMPLETE):
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self._ids)
+        return self._show(is_final=False)
+
+    def finish(self) -> str:
+        """The rest of the text (everything left, up to the first stop string)."""
+        rest = self._decode(self._ids[self._prefix:])
+        already = self._decode(self._ids[self._prefix:self._read])
+        if len(rest) > len(already):
+            self.text += rest[len(already):]
+        self._prefix = self._read = len(self._ids)
+        return self._show(is_final=True)
+
+    @property
+    def shown(self) -> str:
+        return self.text[:self._num_shown]
+
+    def _show(self, is_final: bool) -> str:
+        if self.is_stopped:
+            return ""
+        end = len(self.text)
+        cut = stop_text_index(self.text, self._stops) if self._stops else None
+        if cut is not None:
+            end = cut
+            self.is_stopped = True
+        elif not is_final:
+            end = max(self._num_shown, end - self._hold)
+        delta = self.text[self._num_shown:end]
+        self._num_shown = end
+        return delta

@@ -1,0 +1,95 @@
+"""A client that disconnects mid-stream cancels its request: its KV pages go back to the pool
+(the pool's count returns to where it started) and the streams running beside it finish with
+the tokens they get when they run alone. Then the online loop's own guarantees: it idles
+without spinning, and a full admission queue refuses with 429."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mstar.runtime.serve.api import LLM, SamplingParams
+from mstar.runtime.serve.engine_setup import build_engine, load
+from serve_harness import LLAMA, Gate, make_service, running, wait_until
+
+openai = pytest.importorskip("openai")
+
+
+def _stream_ids(client, prompt, max_tokens):
+    stream = client.completions.create(model="llama", prompt=prompt, max_tokens=max_tokens, stream=True)
+    return [t for chunk in stream if chunk.choices for t in chunk.choices[0].model_extra["token_ids"]]
+
+
+def test_a_disconnected_stream_frees_its_pages_and_the_others_finish_unchanged():
+    llm = LLM(LLAMA)
+    service = make_service(llm)
+    prompts = [[1, 30, 31, 32], [1, 40, 41]]
+    expected = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=24))]
+    start = llm.engine.kv_pages()
+    assert all(in_use == 0 for in_use, _ in start.values())
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        leaving = client.completions.create(model="llama", prompt=[1, 50, 51, 52, 53], max_tokens=2000, stream=True)
+        chunks = iter(leaving)
+        next(chunks)
+        next(chunks)  # it is decoding now
+        results: list = [None, None]
+
+        def run(index):
+            results[index] = _stream_ids(client, prompts[index], 24)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: llm.loop.num_running == 3)
+        assert any(in_use > 0 for in_use, _ in llm.engine.kv_pages().values())
+        leaving.close()  # the client goes away mid-stream
+        for thread in threads:
+            thread.join(60)
+        assert results == expected
+        assert wait_until(lambda: llm.loop.num_in_flight == 0)
+        assert llm.engine.kv_pages() == start
+        outcomes = {s.labels["outcome"]: s.value for s in service.metrics.requests.collect()[0].samples
+                    if s.name.endswith("_total")}
+        assert outcomes.get("cancelled") == 1 and outcomes.get("length") == 4  # 2 here, 2 for `expected`
+
+
+def test_the_loop_idles_without_spinning():
+    plan = load(LLAMA)
+    llm = LLM(plan, engine="sim", sim_pace=0)
+    calls = []
+    admit = llm.loop.admit
+    llm.loop.admit = lambda conductor, now: (calls.append(now), admit(conductor, now))[1]  # type: ignore
+    try:
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))
+        before = len(calls)
+        time.sleep(0.5)
+        assert len(calls) - before <= 1  # blocked on the inbox, not polling
+        assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))[0].finish_reason == "length"
+    finally:
+        llm.close(5)
+
+
+def test_a_full_admission_queue_refuses_with_429():
+    plan = load(LLAMA)
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"max_concurrent_requests": 1})})
+    gate = Gate(build_engine(plan, "sim", sim_pace=0), limit=1)
+    llm = LLM(plan, engine=gate, max_waiting=1)
+    service = make_service(llm)
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        answers: list = []
+        threads = [threading.Thread(target=lambda: answers.append(
+            client.completions.create(model="llama", prompt=[1, 2], max_tokens=3))) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        assert gate.reached.wait(10) and wait_until(lambda: llm.loop.num_in_flight == 2)
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.completions.create(model="llama", prompt=[1, 2], max_tokens=3)
+        assert "retry later" in caught.value.message
+        gate.release()
+        for thread in threads:
+            thread.join(30)
+        assert [a.choices[0].finish_reason for a in answers] == ["length", "length"]
+        assert client.completions.create(model="llama", prompt=[1, 2], max_tokens=3).usage.completion_tokens == 3

@@ -1,0 +1,121 @@
+"""A real server on the CPU torch engine (tiny Llama, random weights, a word-level tokenizer),
+talked to with the official `openai` client: completions from token ids and from text, chat,
+streaming, and errors. Token ids are checked against the Python API on the same engine."""
+from __future__ import annotations
+
+import pytest
+
+from mstar.runtime.serve.api import LLM, SamplingParams
+from serve_harness import LLAMA, Gate, make_service, running, write_tokenizer
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from mstar.runtime.serve.engine_setup import build_engine, load
+
+    plan = load(LLAMA)
+    gate = Gate(build_engine(plan, "torch"))
+    llm = LLM(plan, engine=gate, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
+    service = make_service(llm)
+    with running(service) as url:
+        yield service, gate, openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+
+
+def test_models_lists_the_plan_model(llama):
+    service, _, client = llama
+    models = client.models.list().data
+    assert [m.id for m in models] == ["llama"]
+    assert models[0].model_extra["serves"] == ["text"]
+
+
+def test_completion_from_token_ids_matches_the_python_api(llama):
+    service, _, client = llama
+    answer = client.completions.create(model="llama", prompt=[1, 9, 10, 11], max_tokens=6)
+    choice = answer.choices[0]
+    expected = service.llm.generate([[1, 9, 10, 11]], SamplingParams(max_tokens=6))[0]
+    assert choice.model_extra["token_ids"] == expected.token_ids and len(expected.token_ids) == 6
+    assert choice.text == expected.text and choice.text  # the tokenizer decodes every id
+    assert choice.finish_reason == "length"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (4, 6, 10)
+
+
+def test_completion_from_text_tokenizes_it(llama):
+    service, _, client = llama
+    answer = client.completions.create(model="llama", prompt="hello world", max_tokens=3)
+    assert answer.usage.prompt_tokens == 3  # <s> hello world
+    expected = service.llm.generate([[1, 15, 16]], SamplingParams(max_tokens=3))[0]
+    assert answer.choices[0].model_extra["token_ids"] == expected.token_ids
+
+
+def test_chat_goes_through_the_chat_template(llama):
+    service, _, client = llama
+    messages = [{"role": "system", "content": "you are kind"}, {"role": "user", "content": "tell me a story"}]
+    answer = client.chat.completions.create(model="llama", messages=messages, max_tokens=5)
+    ids = service.llm.tokenizer.encode_chat(messages)
+    expected = service.llm.generate([ids], SamplingParams(max_tokens=5))[0]
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == expected.text
+    assert answer.usage.prompt_tokens == len(ids) and answer.usage.completion_tokens == 5
+
+
+def test_streamed_deltas_arrive_before_the_request_ends(llama):
+    """The engine is held after the prompt and two decode steps: the client reads its first
+    deltas while the request cannot have ended, then the rest."""
+    service, gate, client = llama
+    expected = service.llm.generate([[1, 20, 21]], SamplingParams(max_tokens=8))[0]
+    gate.opened.clear()
+    gate.limit = gate.num_steps + 3
+    stream = client.completions.create(model="llama", prompt=[1, 20, 21], max_tokens=8, stream=True)
+    chunks = iter(stream)
+    early = [next(chunks) for _ in range(3)]
+    assert gate.reached.wait(10) and service.llm.loop.num_in_flight == 1  # still running
+    assert all(c.choices[0].finish_reason is None for c in early)
+    gate.release()
+    rest = list(chunks)
+    ids = [t for c in early + rest if c.choices for t in c.choices[0].model_extra["token_ids"]]
+    assert ids == expected.token_ids
+    assert len(early + rest) == 8  # one event per step's delta
+    assert "".join(c.choices[0].text for c in early + rest) == expected.text
+    assert rest[-1].choices[0].finish_reason == "length" and rest[-1].usage.completion_tokens == 8
+
+
+def test_streamed_chat_sends_the_role_then_content(llama):
+    service, _, client = llama
+    stream = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=4, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = service.llm.tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+    assert content == service.llm.generate([ids], SamplingParams(max_tokens=4))[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize("call,status,words", [
+    (dict(model="gpt-4", prompt=[1, 2]), 404, "does not exist"),
+    (dict(model="llama", prompt=[1, 2], temperature=-1), 400, "temperature"),
+    (dict(model="llama", prompt=[1, 2], top_p=1.5), 400, "top_p"),
+    (dict(model="llama", prompt=[1, 2], max_tokens=0), 400, "max_tokens"),
+    (dict(model="llama", prompt=[1, 2], n=2), 400, "n must be 1"),
+    (dict(model="llama", prompt=[1] * 8190, max_tokens=16), 400, "max_seq_len"),
+    (dict(model="llama", prompt=[1, 2], logprobs=2), 400, "logprobs"),
+    (dict(model="llama", prompt=[]), 400, "empty"),
+    (dict(model="llama", prompt=[1, 200000]), 400, "vocabulary"),
+])
+def test_bad_requests_get_an_openai_error(llama, call, status, words):
+    _, _, client = llama
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(**call)
+    assert caught.value.status_code == status
+    assert words in caught.value.message
+    body = caught.value.body
+    assert isinstance(body, dict) and {"message", "type"} <= set(body)  # the client unwraps "error"
+
+
+def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):
+    _, _, client = llama
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.audio.speech.create(model="llama", voice="x", input="hello")
+    assert "does not serve speech (it serves: text)" in caught.value.message

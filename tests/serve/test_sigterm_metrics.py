@@ -1,0 +1,116 @@
+"""`mstar serve` as a process: SIGTERM stops it accepting, lets the stream in flight finish, and
+it exits 0. /metrics parsed by prometheus_client's own parser. `import mstar` stays light."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mstar.runtime.serve.api import LLM
+from serve_harness import LLAMA, ROOT, free_port, make_service, running
+
+openai = pytest.importorskip("openai")
+
+
+def _wait_healthy(port, process, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                if json.loads(response.read())["status"] == "ok":
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)
+    raise AssertionError("the server did not come up")
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0():
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "mstar.cli.mstar", "serve", "--plan", LLAMA, "--engine", "sim",
+                                "--sim-pace", "30", "--port", str(port), "--log-level", "warning"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_healthy(port, process)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        stream = client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=150, stream=True)
+        chunks = iter(stream)
+        received = [next(chunks)]
+        process.send_signal(signal.SIGTERM)
+        refused = threading.Event()
+
+        def try_connect():
+            time.sleep(0.3)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                refused.set()
+
+        prober = threading.Thread(target=try_connect)
+        prober.start()
+        received.extend(chunks)
+        prober.join()
+        assert refused.is_set()  # no longer accepting while the stream drains
+        assert received[-1].choices[0].finish_reason == "length"
+        assert sum(len(c.choices[0].model_extra["token_ids"]) for c in received if c.choices) == 150
+        assert process.wait(30) == 0, process.stderr.read().decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_metrics_parse_with_prometheus_client():
+    llm = LLM(LLAMA, engine="sim", sim_pace=0)
+    service = make_service(llm)
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        for _ in range(3):
+            client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=5)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="llama", prompt=[1, 2, 3], temperature=-2)
+        with urllib.request.urlopen(url.replace("/v1", "/metrics")) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("mstar_requests_total", (("outcome", "length"),))] == 3
+    assert samples[("mstar_requests_total", (("outcome", "invalid"),))] == 1
+    assert samples[("mstar_time_to_first_token_seconds_count", ())] == 3
+    assert samples[("mstar_inter_token_latency_seconds_count", ())] == 3 * 4
+    assert samples[("mstar_queue_depth", ())] == 0 and samples[("mstar_requests_running", ())] == 0
+    assert samples[("mstar_kv_pages_in_use", (("node", "LLM"),))] == 0
+    assert samples[("mstar_kv_pages_total", (("node", "LLM"),))] > 0
+    steps = {labels: v for (name, labels), v in samples.items() if name == "mstar_steps_total"}
+    assert sum(steps.values()) >= 5 and all(dict(k)["key"] == "LLM:mixed" for k in steps)
+    assert {dict(k)["mixture"] for k in steps} <= {"prefill", "decode", "prefill+decode"}
+
+
+def test_import_mstar_stays_light():
+    code = ("import sys, mstar; heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'numpy') if m in sys.modules]; "
+            "print(heavy); from mstar import LLM, SamplingParams; print(LLM.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "LLM"]
+
+
+def test_serve_refuses_a_bad_plan_in_one_line(tmp_path):
+    from mstar.cli.mstar import main
+
+    bad = tmp_path / "bad.plan"
+    bad.write_text("{}")
+    process = subprocess.run([sys.executable, "-m", "mstar.cli.mstar", "serve", "--plan", str(bad)],
+                             env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert process.returncode == 1
+    assert process.stderr.startswith("mstar serve: error: ") and "Traceback" not in process.stderr
+    assert main(["serve", "--plan", LLAMA, "--port", "70000"]) == 1
