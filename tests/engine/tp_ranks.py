@@ -163,6 +163,15 @@ class _SliceSpy:
         return part
 
 
+def _fast_runner(plan, runner):
+    """The fast path's runner over a rank's sharded model (fp32, torch attention: no FlashInfer)."""
+    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
+    from mstar.runtime.engine.placement import CPU
+
+    return GpuDecoderRunner(plan.nodes[0], runner.dims, runner.model, runner.pool.page_size, runner.pool.num_pages,
+                            runner.max_seq_len, 0, CPU, None, is_flashinfer=False)
+
+
 def engine_checks(rank: int, size: int, plans: dict, checkpoints: dict) -> dict:
     """On each rank: greedy tokens of every plan (random weights) and of every checkpoint, each
     model's parameter bytes, the logits of a model-level greedy run, and for checkpoints the
@@ -182,6 +191,9 @@ def engine_checks(rank: int, size: int, plans: dict, checkpoints: dict) -> dict:
         runner = engine.runners["LLM"]
         out[name + "/bytes"] = param_bytes(runner.model)
         out[name + "/logits"] = greedy_logits(runner.model, runner.dims, PROMPTS["a"], 3)
+        if not runner.dims.has_linear_layers:  # the GPU fast path's runner and flat forward, on the CPU
+            engine.runners["LLM"] = _fast_runner(plan, runner)
+            out[name + "/fast"] = generate(engine, PROMPTS, NUM_NEW, start_every=2)
     for name, (plan, path) in checkpoints.items():
         ReadSpy.real, ReadSpy.read, ReadSpy.whole = safetensors.safe_open, {}, []
         safetensors.safe_open = ReadSpy

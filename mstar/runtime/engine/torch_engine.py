@@ -51,7 +51,7 @@ from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.engine.tp.build import build_sharded_decoder
-from mstar.runtime.engine.tp.comm import TpComm
+from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
 from mstar.runtime.engine.weights import (
@@ -188,11 +188,9 @@ class TorchEngine(RunsAtLaunch):
                                    f"node {node.name} is {kinds[dims.style]}")
             dims = checkpoint
         self.decoder_dims[node.name] = dims
-        comm = self.tp_comms.get(node.name)
-        if comm is None or comm.size == 1:
-            fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
-            if fast is not None:
-                return fast
+        fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
+        if fast is not None:
+            return fast
         model, dims = self._decoder_model(node, dims, weights_dir, seed)
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
         # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
@@ -237,7 +235,8 @@ class TorchEngine(RunsAtLaunch):
         from mstar.runtime.engine.gpu import setup
 
         return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
-                                 self._code_frames(node.name, mode), self.positions[node.name])
+                                 self._code_frames(node.name, mode), self.positions[node.name],
+                                 self.tp_comms.get(node.name, SINGLE_RANK))
 
     def _place(self, model: torch.nn.Module) -> Any:
         """The model itself on the CPU; on a GPU, wrapped so that its runner stays device-free."""

@@ -108,7 +108,7 @@ class DecoderForward:
         model = self.model
         n = ids.shape[0]
         num_q, num_kv = d.num_qo_heads * d.head_dim, d.num_kv_heads * d.head_dim
-        x = model.model.embed_tokens.weight[ids.long() % d.vocab]
+        x = model.embed_tokens(ids)  # a tensor-parallel rank's embeds its vocabulary slice, then all-reduces
         delta = None
         for index, layer in enumerate(model.model.layers):
             attn = layer.self_attn
@@ -122,7 +122,7 @@ class DecoderForward:
             k_pages, v_pages = self.kv.pages(index)
             q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages)
             out = attend(index, q, k_pages, v_pages).reshape(n, -1)
-            delta = F.linear(out.to(x.dtype), attn.o_proj.weight, attn.o_proj.bias)
+            delta = model.reduce_partial(F.linear(out.to(x.dtype), attn.o_proj.weight, attn.o_proj.bias))
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
             mlp = layer.mlp
             gate_up = F.linear(h, *self.gate_up[index])
@@ -131,14 +131,14 @@ class DecoderForward:
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
                 act = F.silu(gate) * up
-            delta = F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+            delta = model.reduce_partial(F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias))
         assert delta is not None, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
             last = kernels.add_rmsnorm(x[last_index.long()], delta[last_index.long()], model.model.norm.weight,
                                        model.model.norm.eps, model.model.norm.is_zero_centred)
         else:
             last = model.model.norm((x + delta)[last_index.long()])
-        return F.linear(last, model.lm_head.weight).float()
+        return model.gather_vocab(F.linear(last, model.lm_head.weight)).float()
 
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

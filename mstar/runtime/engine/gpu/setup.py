@@ -17,8 +17,12 @@ from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
+from mstar.runtime.engine.tp.build import build_sharded_decoder
+from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
+from mstar.runtime.engine.tp.layout import ShardLayout
 
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
@@ -26,8 +30,10 @@ DEFAULT_NUM_PAGES = 1024
 
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
                 placement: Placement, weights_dir: Optional[str], seed: int, num_pages: Optional[int],
-                code_frames: dict, position: int = 0) -> Optional[GpuDecoderRunner]:
-    """position: the node's index in the plan (seeds its random weights)."""
+                code_frames: dict, position: int = 0, comm: TpComm = SINGLE_RANK) -> Optional[GpuDecoderRunner]:
+    """position: the node's index in the plan (seeds its random weights). comm: this process's
+    rank of the node's TP group (`engine/tp/`): the model is then the rank's shard and the runner
+    keeps the rank's kv heads."""
     reason = (unsupported_reason(dims) or fast_path_reason(node, calls)
               or unavailable_reason(placement.device, dims.head_dim))
     if reason is not None or code_frames:
@@ -36,7 +42,13 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
     page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
     max_seq_len = pool.max_seq_len if pool else plan.deployment.max_seq_len
     pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
-    model = build_decoder(dims, placement.device, torch.bfloat16, position=position, seed=seed,
-                          weights_dir=weights_dir)
+    model: Decoder
+    if comm.size > 1:
+        model = build_sharded_decoder(dims, comm, node=node.name, weights_dir=weights_dir, seed=seed,
+                                      position=position, device=placement.device, dtype=torch.bfloat16)
+        dims = ShardLayout(dims, comm.rank, comm.size, node.name).local_dims
+    else:
+        model = build_decoder(dims, placement.device, torch.bfloat16, position=position, seed=seed,
+                              weights_dir=weights_dir)
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
                             decode_family(plan, node.name), is_flashinfer=True, position=position)

@@ -164,7 +164,8 @@ class Decoder(nn.Module):
 
     def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         """`[R, hidden]` (one row per request) -> `[R, vocab]`, row by row (batch-invariant)."""
-        return seg_linear(last_hidden, self.lm_head.weight, [(i, i + 1) for i in range(last_hidden.shape[0])])
+        return self.gather_vocab(
+            seg_linear(last_hidden, self.lm_head.weight, [(i, i + 1) for i in range(last_hidden.shape[0])]))
 
     def forward(self, x: torch.Tensor, batch: DecoderBatch, cache: Optional[KvCache],
                 states: Optional[LinearStates]) -> torch.Tensor:
@@ -190,3 +191,8 @@ class Decoder(nn.Module):
         a tensor-parallel rank's model (`engine/tp/sharded.py`) sums its row-parallel partial outputs
         across the group."""
         return x
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits `[R, vocab]` of the LM head's rows: here all of them; a tensor-parallel rank
+        gathers every rank's vocabulary slice."""
+        return logits

@@ -41,9 +41,10 @@ class ShardedDecoder(Decoder):
         embedded = self.model.embed_tokens(torch.where(is_mine, local, torch.zeros_like(local)))
         return self.comm.all_reduce(embedded.masked_fill(~is_mine.unsqueeze(-1), 0.0))
 
-    def logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """`[R, hidden]` -> `[R, vocab]` of the full vocabulary (each rank's slice, gathered)."""
-        return self.comm.all_gather_last(super().logits(last_hidden))[:, :self.full_vocab]
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's logits `[R, vocab / size]` -> `[R, vocab]`: every rank's slice, gathered,
+        without the padding columns."""
+        return self.comm.all_gather_last(logits)[:, :self.full_vocab]
 
     def reduce_partial(self, x: torch.Tensor) -> torch.Tensor:
         return self.comm.all_reduce(x)
