@@ -4,6 +4,10 @@ In: the step's token ids `[N]`, positions `[N]`, the flat cache slot each token 
 row's last-token index `[R]`, and an `attend(layer, q, k_pages, v_pages) -> out` callable (FlashInfer
 on a GPU, `torch_attend` elsewhere) already planned for the step. Out: logits `[R, vocab]` in fp32.
 
+On a tensor-parallel rank the model is its shard (`engine/tp/sharded.py`): the embedding, the
+outputs of o_proj and down_proj and the logits go through the model's `embed_tokens`,
+`reduce_partial` and `gather_vocab`, the group's collectives (identities on one rank).
+
 Nothing here reads host memory or synchronises: RoPE's cos/sin come from tables built at start-up,
 the KV write is an index copy into the cache, so the whole call can be captured in a CUDA graph.
 The KV cache (`PagedKv`) is `[layers, 2, pages + 1, page_size, kv_heads, head_dim]`: K and V of a

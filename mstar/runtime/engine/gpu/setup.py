@@ -2,6 +2,8 @@
 
 In: the plan, the node, its dims, the call table, the placement (a CUDA device), the checkpoint
 directory (or None for seeded random weights), the seed, `--kv-pages`, the node's code frames.
+Under tensor parallelism (`comm` of more than one rank) the weights are the rank's shard
+(`engine/tp/`) and the KV pages and attention hold the rank's heads.
 Out: a `GpuDecoderRunner` with bf16 weights built on the device, its KV pages there, and the
 decode family's CUDA graphs captured; None when the dims, the node's calls or the machine
 (no FlashInfer, a head dim it does not compile) rule the fast path out.
