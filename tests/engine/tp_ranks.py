@@ -1,8 +1,9 @@
 """Helpers for the tensor-parallel tests: run a function on N ranks in spawned processes (gloo over
 a file store), and a model-level greedy run that returns the logits of every step.
 
-`spawn_ranks(fn, size, args, timeout_s)` starts `size` processes, each running `fn(rank, size, *args)`
-after `init_process_group` (gloo, 60 s collective timeout), and returns {rank: result}. A rank that
+`spawn_ranks(fn, size, args, timeout_s, backend)` starts `size` processes, each running
+`fn(rank, size, *args)` after `init_process_group` (gloo by default; with nccl, rank r on GPU r;
+60 s collective timeout), and returns {rank: result}. A rank that
 raises sends its traceback and the call fails with it; processes still alive at the end (a hang, a
 failure elsewhere) are terminated, then killed, in `finally`: no test leaves a process behind.
 """
@@ -26,13 +27,17 @@ from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.models.decoder import DecoderBatch
 from mstar.runtime.engine.models.gdn import LinearStates
 
+CPU = torch.device("cpu")
 
-def _child(fn: Callable, rank: int, size: int, store: str, args: tuple, results: Any) -> None:
+
+def _child(fn: Callable, rank: int, size: int, store: str, args: tuple, results: Any, backend: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=size,
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # one GPU a rank
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
                                 timeout=timedelta(seconds=60))
         # Pickled here: a tensor put on the queue as such travels as a shared-memory handle that
         # dies with this process.
@@ -44,11 +49,13 @@ def _child(fn: Callable, rank: int, size: int, store: str, args: tuple, results:
             dist.destroy_process_group()
 
 
-def spawn_ranks(fn: Callable, size: int, args: tuple = (), timeout_s: float = 120.0) -> dict[int, Any]:
+def spawn_ranks(fn: Callable, size: int, args: tuple = (), timeout_s: float = 120.0,
+                backend: str = "gloo") -> dict[int, Any]:
     context = mp.get_context("spawn")
     results = context.Queue()
     store = os.path.join(tempfile.mkdtemp(prefix="mstar-tp-"), "store")
-    processes = [context.Process(target=_child, args=(fn, rank, size, store, args, results), daemon=True)
+    processes = [context.Process(target=_child, args=(fn, rank, size, store, args, results, backend),
+                                 daemon=True)
                  for rank in range(size)]
     try:
         for process in processes:
@@ -89,26 +96,27 @@ def _collect(processes: list, results: Any, timeout_s: float) -> dict[int, Any]:
     return found
 
 
-def greedy_logits(model, dims, prompt: list[int], num_decode: int, page_size: int = 4) -> torch.Tensor:
+def greedy_logits(model, dims, prompt: list[int], num_decode: int, page_size: int = 4,
+                  device: torch.device = CPU, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Prefill `prompt`, then `num_decode` greedy decode steps, straight on the model (its KV cache
-    and recurrent states sized by `dims`, a rank's local dims under TP): the last-token logits of
-    every step, `[1 + num_decode, vocab]`."""
+    and recurrent states sized by `dims`, a rank's local dims under TP, in `dtype` on `device`): the
+    last-token logits of every step, `[1 + num_decode, vocab]`, fp32 on the host."""
     pool = PagePool(64, page_size)
-    cache = KvCache(pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim)
+    cache = KvCache(pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim, dtype=dtype, device=device)
     conv_dim = 2 * dims.num_linear_heads * dims.linear_key_dim + dims.num_linear_value_heads * dims.linear_value_dim
     states = LinearStates.zeros(dims.num_linear_layers, 2, conv_dim, dims.conv_kernel, dims.num_linear_value_heads,
-                                dims.linear_key_dim, dims.linear_value_dim)
+                                dims.linear_key_dim, dims.linear_value_dim, device=device)
     key, fed, logits = ("r", "main"), list(prompt), []
-    with torch.no_grad():
+    with torch.no_grad(), torch.device(device):  # the torch attention path makes its masks on the default device
         for _ in range(1 + num_decode):
             num_cached = pool.num_tokens(key)
             assert pool.reserve(key, len(fed))
             flat = cache.flat_positions(pool.page_table(key), num_cached + len(fed))
             batch = DecoderBatch(torch.arange(num_cached, num_cached + len(fed)), [(0, len(fed))],
-                                 [Segment(0, len(fed), num_cached, flat)], [1])
-            hidden = model(model.embed_tokens(torch.tensor(fed)), batch, cache, states)
+                                 [Segment(0, len(fed), num_cached, flat)], [1]).to_device(device)
+            hidden = model(model.embed_tokens(torch.tensor(fed, device=device)), batch, cache, states)
             pool.commit(key, len(fed))
-            logits.append(model.logits(hidden[-1:])[0])
+            logits.append(model.logits(hidden[-1:])[0].float().cpu())
             fed = [int(logits[-1].argmax())]
     return torch.stack(logits)
 
@@ -204,4 +212,33 @@ def engine_checks(rank: int, size: int, plans: dict, checkpoints: dict) -> dict:
         out[name] = generate(engine, PROMPTS, NUM_NEW, start_every=2)
         out[name + "/state"] = {k: v.clone() for k, v in engine.runners["LLM"].model.state_dict().items()}
         out[name + "/read"], out[name + "/whole"] = dict(ReadSpy.read), list(ReadSpy.whole)
+    return out
+
+
+def gpu_checks(rank: int, size: int, plan_path: str, prompts: dict) -> dict:
+    """On GPU `rank` (NCCL): the plan's LLM at spec dims as this rank's shard on the device fast path
+    (bf16, its decode graphs captured), its greedy tokens and prefill/decode logits; rank 0 then
+    builds the whole model on its GPU and gives the same figures for it."""
+    import torch.distributed as dist
+
+    from engine_plans import generate
+    from mstar.plan.io import load_plan
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.engine.tp.comm import TpComm
+
+    plan = load_plan(plan_path)
+
+    def run(tp_comms: dict) -> dict:
+        engine = TorchEngine(plan, dims="spec", device=f"cuda:{rank}", tp_comms=tp_comms)
+        runner = engine.runners["LLM"]
+        found = {"tokens": generate(engine, prompts, 8), "attention": runner.attention_backend(),
+                 "param_bytes": param_bytes(runner.model)}
+        found["logits"] = greedy_logits(runner.model, runner.dims, next(iter(prompts.values())), 2,
+                                        page_size=16, device=torch.device(f"cuda:{rank}"), dtype=torch.bfloat16)
+        return found
+
+    out = run({"LLM": TpComm.of(dist.group.WORLD)})
+    dist.barrier()
+    if rank == 0:
+        out["one_gpu"] = run({})
     return out
