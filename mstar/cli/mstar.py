@@ -145,7 +145,14 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
         route = parse_route(args.route)
         check_route(route, names, "--route")
         if args.prompts:
-            workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer)
+            from mstar.runtime.serve.prompt_format import PromptFormatError, prompt_format_of
+
+            try:
+                form = prompt_format_of(plan)
+            except PromptFormatError as error:
+                raise CliError(str(error)) from None
+            workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer,
+                                    form=form)
         else:
             workload = generate(
                 args.requests,

@@ -36,6 +36,9 @@ UNKNOWN_KV_SEQUENCE = "MW120"
 KV_ACCESS_MISMATCH = "MW121"
 ROLE_FOR_KIND = "MW122"
 DIMS_TOO_LARGE = "MW123"
+# check_prompt_format
+BAD_PROMPT_FORMAT = "MW140"
+BAD_KEEP_RANGE = "MW141"
 
 # ---------------------------------------------------------------- check_graph (MW2xx)
 INPUT_NOT_PRODUCED = "MW201"
@@ -113,6 +116,8 @@ TITLES: dict[str, str] = {
     KV_ACCESS_MISMATCH: "kv access missing or not what the walk does",
     ROLE_FOR_KIND: "role the node's model kind does not take or produce",
     DIMS_TOO_LARGE: "node dims past what the runtime can allocate",
+    BAD_PROMPT_FORMAT: "prompt_format that cannot frame a text prompt",
+    BAD_KEEP_RANGE: "stream keep range that is empty or on a stream without tokens",
     INPUT_NOT_PRODUCED: "input produced by nothing",
     CYCLE_WITHOUT_LOOP: "cycle outside a loop",
     LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",

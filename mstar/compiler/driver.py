@@ -9,7 +9,7 @@ Reads as a table of contents: read the inputs, then
     3 check_graph      mstar.compiler.check_graph
       load_deployment  mstar.compiler.deployment
     4 check_deployment mstar.compiler.check_deployment
-    5 check_combine    mstar.compiler.check_combine, then check_roles
+    5 check_combine    mstar.compiler.check_combine, then check_roles and check_prompt_format
     6 lower            mstar.compiler.lower
       glue             mstar.compiler.glue.render_glue
     7 emit             mstar.compiler.emit
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mstar.compiler import (
-    check_args, check_combine, check_deployment, check_graph, check_roles, emit, lower, resolve,
+    check_args, check_combine, check_deployment, check_graph, check_prompt_format, check_roles, emit, lower, resolve,
 )
 from mstar.compiler.codes import DEPLOYMENT_UNREADABLE
 from mstar.compiler.deployment import Deployment, load_deployment
@@ -209,6 +209,8 @@ def check_spec(
     check_combine.run(spec, deployment, diags)
     if not diags.has_errors:
         check_roles.run(spec, diags)
+    if not diags.has_errors:
+        check_prompt_format.run(spec, diags)
     timer.lap("check_combine")
     if diags.has_errors:
         return None

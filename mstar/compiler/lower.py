@@ -23,6 +23,9 @@ UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture i
 """
 from __future__ import annotations
 
+from typing import Optional
+
+from mstar.compiler.check_prompt_format import PROMPT_FIELD, TOKEN_LIST_ARGS, template_fields
 from mstar.compiler.check_roles import model_kind
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
@@ -39,6 +42,7 @@ from mstar.plan.schema import (
     NodePlan,
     OutputPlan,
     Plan,
+    PromptFormatPlan,
     RecurrentState,
 )
 
@@ -128,11 +132,26 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                 input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt)
                              for i in node.inputs if i.role is not None],
                 outputs=[OutputPlan(name=o.name, role=o.role) for o in node.outputs],
+                prompt_format=_prompt_format(node.prompt_format),
                 is_tp=node.is_tp,
                 is_async=node.is_async,
             )
         )
     return nodes
+
+
+def _prompt_format(decl: Optional[ast.PromptFormat]) -> Optional[PromptFormatPlan]:
+    if decl is None:
+        return None
+    lists = {a.name: a.value for a in decl.args if a.name in TOKEN_LIST_ARGS and isinstance(a.value, list)}
+    fields = template_fields(decl.template) or []  # check_prompt_format refused a template it cannot parse
+    return PromptFormatPlan(
+        template=decl.template,
+        before=lists.get("before", []),
+        after=lists.get("after", []),
+        fields=[f for f in fields if f != PROMPT_FIELD],
+        defaults={a.name: a.value for a in decl.args if a.name not in TOKEN_LIST_ARGS and isinstance(a.value, str)},
+    )
 
 
 def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:

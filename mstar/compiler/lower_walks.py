@@ -243,6 +243,7 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
                     context=source.policy.context,
                     is_continue_after_done=source.policy.is_continue_after_done,
                 ),
+                keep=source.keep,
             )
             for source in partition.streams
         ]

@@ -192,6 +192,16 @@ class CombineDecl(AstNode):
     comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
+class PromptFormat(AstNode):
+    """`prompt_format "{voice}: {prompt}" before=[128259] after=[128009] voice="tara"`: how a text
+    prompt becomes tokens. The template's `{prompt}` is the request's text; its other fields come
+    from the request (a prompts line's or an HTTP request's field of that name), else from the
+    defaults given here. `before` and `after` are token ids put around the tokenized text."""
+
+    template: str
+    args: list[Arg] = []
+
+
 class NodeDecl(AstNode):
     name: str
     engine: Literal["kv", "stateless"]
@@ -209,6 +219,7 @@ class NodeDecl(AstNode):
     caps: list[CapDecl] = []
     captures: list[CaptureDecl] = []
     combines: list[CombineDecl] = []
+    prompt_format: Optional[PromptFormat] = None
     comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
 
 
@@ -294,6 +305,9 @@ class StreamSource(AstNode):
     partition: str
     edge: str
     policy: ChunkPolicy
+    # `keep 128266..156937`: items outside [low, high] leave the stream before it is cut, so
+    # they take no position in a window (Orpheus's non-audio tokens)
+    keep: Optional[tuple[int, int]] = None
 
 
 class Stage(AstNode):

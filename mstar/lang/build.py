@@ -184,6 +184,7 @@ class AstBuilder(Transformer):
             caps=_of(children, ast.CapDecl),
             captures=_of(children, ast.CaptureDecl),
             combines=_of(children, ast.CombineDecl),
+            prompt_format=self._one(_of(children, ast.PromptFormat), "prompt_format", "node"),
         ), children)
 
     def engine(self, children):
@@ -217,7 +218,9 @@ class AstBuilder(Transformer):
         return _Part("value", str(children[0]), self._span(children))
 
     def string_value(self, children):
-        token = children[0]
+        return _Part("value", self._string(children[0]), self._span(children))
+
+    def _string(self, token: Token) -> str:
         try:
             value = json.loads(str(token), strict=False)
         except ValueError as error:
@@ -226,7 +229,12 @@ class AstBuilder(Transformer):
                              f"invalid quoted string: {reason}; strings use JSON escapes such as \\\" and \\n",
                              self._token_span(token))
             value = ""
-        return _Part("value", value, self._span(children))
+        return value
+
+    def prompt_format(self, children):
+        template = next(c for c in children if isinstance(c, Token) and c.type == "STRING")
+        return ast.PromptFormat(span=self._span(children), template=self._string(template),
+                                args=_of(children, ast.Arg))
 
     def list_value(self, children):
         return _Part("value", self._ints(children), self._span(children))
@@ -434,8 +442,14 @@ class AstBuilder(Transformer):
 
     def stream_source(self, children):
         names = _names(children)
+        keep = _part(children, "keep")
         return ast.StreamSource(span=self._span(children), partition=names[0], edge=names[1],
-                                policy=_of(children, ast.ChunkPolicy)[0])
+                                policy=_of(children, ast.ChunkPolicy)[0],
+                                keep=keep.value if keep is not None else None)
+
+    def keep_range(self, children):
+        low, high = self._ints(children)
+        return _Part("keep", (low, high), self._span(children))
 
     def window(self, children):
         sizes = self._ints(children)

@@ -4,7 +4,7 @@
 
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
-order. Inside a node: inputs, outputs, kv_sequences, guidance, kv access, bidirectional, states,
+order. Inside a node: inputs, outputs, prompt_format, kv_sequences, guidance, kv access, bidirectional, states,
 caps, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
@@ -90,6 +90,8 @@ def _node(node: ast.NodeDecl) -> list[str]:
         body += _line(decl, _input(decl, node.name))
     for out in node.outputs:
         body += _line(out, f"out {out.name}: {out.role}")
+    if node.prompt_format is not None:
+        body += _line(node.prompt_format, _prompt_format(node.prompt_format))
     if node.kv_sequences is not None:
         if not node.kv_sequences.labels:
             raise ValueError(f"format_spec: node {node.name}: kv_sequences needs at least one label")
@@ -112,6 +114,12 @@ def _node(node: ast.NodeDecl) -> list[str]:
         body += _combine(combine, node.name)
     return (_comment_lines(node.comments_before) + [_trailed(header[0], node.comment_after)] + header[1:]
             + _indented(body + _comment_lines(node.comments_end)) + ["}"])
+
+
+def _prompt_format(decl: ast.PromptFormat) -> str:
+    # defaults stay quoted (`voice="tara"`): they are text put into the prompt, not names
+    args = [f"{a.name}={json.dumps(a.value) if isinstance(a.value, str) else _value(a.value)}" for a in decl.args]
+    return " ".join([f"prompt_format {json.dumps(decl.template)}"] + args)
 
 
 def _input(decl: ast.InputDecl, node: str) -> str:
@@ -171,6 +179,10 @@ def _value(value: ast.ArgValue) -> str:
     if isinstance(value, str):
         return value if _BARE_WORD.match(value) else json.dumps(value)
     return repr(value)
+
+
+def _keep(keep: "tuple[int, int] | None") -> str:
+    return "" if keep is None else f" keep {keep[0]}..{keep[1]}"
 
 
 def _ints(values: list[int]) -> str:
@@ -277,7 +289,8 @@ def _partition(partition: ast.Partition) -> list[str]:
     if partition.stages:
         text += " " + " -> ".join(_stage(s, partition.name) for s in partition.stages)
     streams = [line for stream in partition.streams
-               for line in _line(stream, f"<- {stream.partition}.{stream.edge} {_policy(stream.policy)}")]
+               for line in _line(stream, f"<- {stream.partition}.{stream.edge} {_policy(stream.policy)}"
+                                 + _keep(stream.keep))]
     return _line(partition, text) + _indented(streams)
 
 

@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -85,6 +85,18 @@ class InputPlan(PlanModel):
     prompt: Optional[Modality] = None
 
 
+class PromptFormatPlan(PlanModel):
+    """How a text prompt becomes tokens (spec `prompt_format`): `before` + the tokenized template,
+    its `{prompt}` the request's text and each other field the request's value of that name (else
+    `defaults`) + `after`. `fields`: the template's field names other than `prompt`, in order."""
+
+    template: str
+    before: list[int] = []
+    after: list[int] = []
+    fields: list[str] = []
+    defaults: dict[str, str] = {}
+
+
 class OutputPlan(PlanModel):
     """One output of a node: edges of its calls carry it by name."""
 
@@ -126,6 +138,7 @@ class NodePlan(PlanModel):
     stream_inputs: list[str] = []
     input_roles: list[InputPlan]  # every input (stream or not: `stream_inputs` says), in declaration order
     outputs: list[OutputPlan]  # in declaration order
+    prompt_format: Optional[PromptFormatPlan] = None  # the text prompt's framing (kv nodes with a text prompt)
     is_tp: bool = False
     is_async: bool = True
 
@@ -272,6 +285,7 @@ class StreamPlan(PlanModel):
     edge: str
     consumer_node: str
     policy: ChunkPolicyPlan
+    keep: Optional[tuple[int, int]] = None  # items outside [low, high] are dropped before the policy cuts
 
 
 class StagePlan(PlanModel):

@@ -13,7 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from mstar.compiler import check_args, check_combine, check_deployment, check_graph, check_roles, resolve
+from mstar.compiler import (
+    check_args,
+    check_combine,
+    check_deployment,
+    check_graph,
+    check_prompt_format,
+    check_roles,
+    resolve,
+)
 from mstar.compiler.deployment import load_deployment
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
@@ -50,6 +58,8 @@ def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -
     check_combine.run(spec, deployment, diags)
     if not diags.has_errors:
         check_roles.run(spec, diags)
+    if not diags.has_errors:
+        check_prompt_format.run(spec, diags)
 
 
 def render_fixture(name: str) -> str:

@@ -127,6 +127,13 @@ explain = {
           "attention and MLP projections) passes 2 TiB per node. The message gives the memory the dims imply. Checked "
           "before anything is built per layer, so `layers=1000000000` is an error in milliseconds instead of minutes "
           "and gigabytes; docs/limits.md lists every bound.",
+ "MW140": "A node's `prompt_format` must be able to frame a text prompt: it sits on the node whose input takes the "
+          "text prompt, its template has a `{prompt}` field and otherwise only plain named fields (`{voice}`; no "
+          "positional, dotted or formatted ones), `before` and `after` are token lists inside the node's vocabulary, "
+          "and each default is text for a field of the template. docs/language.md \"Prompt formats\".",
+ "MW141": "A stream's `keep LOW..HIGH` drops the items outside the range before the stream is cut into chunks; the "
+          "range must keep something (LOW <= HIGH) and the stream must carry tokens, since items are compared as "
+          "token ids. docs/language.md \"Partitions\".",
  "MW112": "The arguments are each valid but together describe no model the runtime can build: query heads that are not "
           "a multiple of KV heads, linear value heads not a multiple of the linear q/k heads, a recurrent state whose "
           "layer count differs from the linear-attention layers of the layer pattern (or linear layers without a "

@@ -93,6 +93,7 @@ nodes = st.builds(
     caps=small_lists(st.builds(ast.CapDecl, walk=names, value=counts)),
     captures=small_lists(captures(st.none() | names)),
     combines=small_lists(combines),
+    prompt_format=st.none() | st.builds(ast.PromptFormat, template=st.text(max_size=12), args=args),
 )
 
 
@@ -142,7 +143,8 @@ partitions = st.builds(
     ast.Partition,
     name=names,
     stages=small_lists(st.builds(ast.Stage, walks=name_lists, is_optional=st.booleans())),
-    streams=small_lists(st.builds(ast.StreamSource, partition=names, edge=names, policy=policies)),
+    streams=small_lists(st.builds(ast.StreamSource, partition=names, edge=names, policy=policies,
+                                  keep=st.none() | st.tuples(counts, counts))),
 )
 
 specs = st.builds(

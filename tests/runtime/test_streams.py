@@ -106,3 +106,14 @@ def test_long_streams_drop_unreachable_items():
     buf.mark_producer_done()
     final = drain(buf)
     assert final and final[-1][1] and final[-1][0][-1] == 19999
+
+
+def test_keep_range_drops_items_before_they_take_a_position():
+    # Orpheus: only audio tokens enter the SNAC windows; a text token between them shifts nothing
+    buf = StreamBuffer(ChunkPolicyPlan(kind="window", size=4, stride=2), keep=(100, 199))
+    buf.push([100, 5, 101])
+    buf.push(7)
+    buf.push([102, 250, 103, 104, 105])
+    assert drain(buf) == [([100, 101, 102, 103], False), ([102, 103, 104, 105], False)]
+    buf.mark_producer_done()
+    assert drain(buf) == []

@@ -154,7 +154,7 @@ class Conductor:
         buffers = state.buffers
         for part in self.plan.partitions:
             for stream in part.streams:
-                buffers[(part.name, stream.edge)] = StreamBuffer(stream.policy)
+                buffers[(part.name, stream.edge)] = StreamBuffer(stream.policy, keep=stream.keep)
         for part in self.plan.partitions:
             ps = PartitionState(part, routes[part.name], record, buffers, self.clock)
             ps.owner = state

@@ -17,6 +17,9 @@ it answers every poll with an empty chunk, so a consumer that needs one input pe
 running (Qwen3-Omni's Talker after the Thinker ends).
 
 Items: a pushed list is extended item by item; any other value is one item. A chunk is a list.
+With a `keep` range (spec `keep LOW..HIGH`), an item outside it is dropped as it is pushed: it
+takes no position in any chunk (Orpheus's text and control tokens never enter a SNAC window, as
+its decoder skips them before it counts frame positions).
 """
 from __future__ import annotations
 
@@ -35,8 +38,9 @@ class Chunk:
 class StreamBuffer:
     """Items of one stream edge for one request, cut into chunks by a policy."""
 
-    def __init__(self, policy: ChunkPolicyPlan):
+    def __init__(self, policy: ChunkPolicyPlan, keep: Optional[tuple[int, int]] = None):
         self._policy = policy
+        self._keep = keep
         self._items: list[Any] = []
         self._pos = 0  # where the next chunk starts
         self._covered = 0  # items[0:covered] are in some chunk already
@@ -46,10 +50,11 @@ class StreamBuffer:
         self._next_end = self._next_span()[1]  # a full chunk exists once this many items do
 
     def push(self, value: Any) -> None:
-        if isinstance(value, list):
-            self._items.extend(value)
-        else:
-            self._items.append(value)
+        values = value if isinstance(value, list) else [value]
+        if self._keep is not None:
+            low, high = self._keep
+            values = [v for v in values if low <= v <= high]
+        self._items.extend(values)
 
     def mark_producer_done(self) -> None:
         self.is_producer_done = True

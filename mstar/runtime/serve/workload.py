@@ -206,8 +206,9 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     }
 
 
-def _prompt_tokens(obj: dict, where: str, tokenizer: Any) -> list[int]:
-    """The line's prompt as token ids, from exactly one of prompt_tokens, prompt and messages."""
+def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> list[int]:
+    """The line's prompt as token ids, from exactly one of prompt_tokens, prompt and messages;
+    `form`: the plan's prompt format (serve/prompt_format.py), which frames a text prompt."""
     given = [name for name in ("prompt_tokens", "prompt", "messages") if name in obj]
     if not given:
         raise WorkloadError(f"{where}: missing required field 'prompt_tokens' (or 'prompt' text, or 'messages' chat)")
@@ -219,6 +220,7 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any) -> list[int]:
         if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
             raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
         return list(tokens)
+    from mstar.runtime.serve.prompt_format import PromptFormatError, format_prompt
     from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
 
     if tokenizer is None:
@@ -229,10 +231,13 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any) -> list[int]:
             text = _field(obj, "prompt", (str,), where, is_required=True)
             if not text:
                 raise WorkloadError(f"{where}: 'prompt' must be non-empty text")
-            tokens = tokenizer.encode(text)
+            tokens = tokenizer.encode(text) if form is None else format_prompt(form, tokenizer, text, obj)
+        elif form is not None:
+            raise WorkloadError(f"{where}: this model frames a text 'prompt' by its prompt format "
+                                f"({form.template!r}); it takes no chat 'messages'")
         else:
             tokens = tokenizer.encode_chat(_messages(obj, where))
-    except TokenizerError as error:
+    except (TokenizerError, PromptFormatError) as error:
         raise WorkloadError(f"{where}: {error}") from None
     if not tokens:
         raise WorkloadError(f"{where}: the prompt tokenizes to no tokens")
@@ -263,9 +268,10 @@ def _stop_strings(obj: dict, where: str, tokenizer: Any) -> list[str]:
     return list(stops)
 
 
-def parse_prompt_line(line: str, where: str, tokenizer: Any = None) -> Request:
+def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = None) -> Request:
     """One prompts line -> a Request; `tokenizer` (serve/tokenizer.py TextTokenizer, or None)
-    turns 'prompt' and 'messages' into tokens."""
+    turns 'prompt' and 'messages' into tokens; `form` (the plan's PromptFormatPlan, or None)
+    frames a text prompt, and its fields (e.g. 'voice') are fields of the line."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as error:
@@ -275,13 +281,13 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None) -> Request:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
-             "seed", "repetition_penalty", "stop_tokens", "route", "guidance"}
+             "seed", "repetition_penalty", "stop_tokens", "route", "guidance"} | set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
     request_id = _field(obj, "id", (str,), where, is_required=True)
     _check_id(request_id, where)
-    tokens = _prompt_tokens(obj, where, tokenizer)
+    tokens = _prompt_tokens(obj, where, tokenizer, form)
     max_tokens = _field(obj, "max_tokens", (int,), where, is_required=True)
     if max_tokens < 1:
         raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
@@ -313,10 +319,11 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None) -> Request:
 
 def read_prompts(
     path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None,
-    tokenizer: Any = None,
+    tokenizer: Any = None, form: Any = None,
 ) -> Workload:
     """Read a prompts file; with `names` (from `route_names`) each line's route is checked too;
-    `tokenizer` turns text prompts into tokens (without one a text prompt is refused)."""
+    `tokenizer` turns text prompts into tokens (without one a text prompt is refused), framed by
+    `form`, the plan's prompt format (serve/prompt_format.py `prompt_format_of`)."""
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
@@ -338,7 +345,7 @@ def read_prompts(
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        request = parse_prompt_line(line, where, tokenizer)
+        request = parse_prompt_line(line, where, tokenizer, form)
         if names is not None:
             check_route(request.route, names, where)
         if request.id in seen:
