@@ -1,7 +1,8 @@
 """mstarc: the compiler's command line.
 
     mstarc compile SPEC [--config FILE] [-o PLAN]   spec + deployment -> plan + glue
-    mstarc init --from-checkpoint DIR [--name NAME] [-o SPEC] [--config-out FILE] [--plan-out PLAN] [--force]
+    mstarc init --from-checkpoint DIR [--codec-checkpoint DIR] [--name NAME] [-o SPEC]
+                [--config-out FILE] [--plan-out PLAN] [--force]
                                                     a spec and deployment from config.json, compiled
     mstarc check SPEC [--config FILE]               passes 1-5 only, writes nothing
     mstarc explain PLAN [--no-verify]               the plan's tables, readable
@@ -81,7 +82,12 @@ def cmd_init(args) -> int:
         sys.stderr.write(f"mstarc: {' and '.join(existing)} {verb}; pass --force to replace\n")
         return EXIT_INPUT
     try:
-        files = read_checkpoint(args.from_checkpoint, name)
+        if args.codec_checkpoint is not None:
+            from mstar.compiler.from_tts_checkpoint import read_tts_checkpoints
+
+            files = read_tts_checkpoints(args.from_checkpoint, args.codec_checkpoint, name)
+        else:
+            files = read_checkpoint(args.from_checkpoint, name)
     except InitError as e:
         sys.stderr.write(f"mstarc: {e}\n")
         return EXIT_INPUT
@@ -233,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init", help="write a spec and a deployment from a checkpoint's config.json, then compile")
     p.add_argument("--from-checkpoint", required=True, metavar="DIR",
                    help="a Hugging Face checkpoint directory (config.json)")
+    p.add_argument("--codec-checkpoint", metavar="DIR",
+                   help="a SNAC checkpoint directory: write a TTS spec (Orpheus: the decoder's audio tokens "
+                        "through the codec) instead of a text decoder's")
     p.add_argument("--name", help="model name (default: the directory's name as an identifier)")
     p.add_argument("-o", "--output", metavar="SPEC", help="spec path (default specs/NAME.mw)")
     p.add_argument("--config-out", metavar="FILE", help="deployment path (default configs/NAME.yaml)")

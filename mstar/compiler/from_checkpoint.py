@@ -58,7 +58,7 @@ def model_name(text: str) -> str:
     return name if not name[0].isdigit() else f"m_{name}"
 
 
-def _read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str) -> dict:
     try:
         data = json.loads(read_text_bounded(path, max_bytes=MAX_JSON_CONFIG_BYTES, what=what))
     except InputFileError as error:
@@ -84,7 +84,7 @@ def _style(config: dict, path: Path) -> tuple[str, str]:
                     f"{', '.join(ARCHITECTURES)} (model_type {', '.join(MODEL_TYPES)})")
 
 
-def _positive_int(config: dict, name: str, path: Path, default: Optional[int] = None) -> int:
+def positive_int(config: dict, name: str, path: Path, default: Optional[int] = None) -> int:
     value = config.get(name, default)
     if value is None:
         raise InitError(f"{path}: missing field {name!r}")
@@ -130,7 +130,7 @@ def _hybrid_args(config: dict, path: Path, num_layers: int) -> tuple[list[str], 
     """Qwen3.5's node arguments beyond a plain decoder's, and its recurrent state line."""
     types = config.get("layer_types")
     if types is None:
-        interval = _positive_int(config, "full_attention_interval", path, 4)
+        interval = positive_int(config, "full_attention_interval", path, 4)
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
     if not isinstance(types, list) or len(types) != num_layers or \
             set(types) - {"full_attention", "linear_attention"}:
@@ -140,56 +140,58 @@ def _hybrid_args(config: dict, path: Path, num_layers: int) -> tuple[list[str], 
     num_linear = flags.count(0)
     if not num_linear:
         raise InitError(f"{path}: no linear_attention layer; a Qwen3.5 spec needs its gated delta-net layers")
-    key_heads = _positive_int(config, "linear_num_key_heads", path)
-    value_heads = _positive_int(config, "linear_num_value_heads", path)
-    key_dim = _positive_int(config, "linear_key_head_dim", path)
-    value_dim = _positive_int(config, "linear_value_head_dim", path)
+    key_heads = positive_int(config, "linear_num_key_heads", path)
+    value_heads = positive_int(config, "linear_num_value_heads", path)
+    key_dim = positive_int(config, "linear_key_head_dim", path)
+    value_dim = positive_int(config, "linear_value_head_dim", path)
     args = [f"layer_pattern=[{', '.join(map(str, _pattern_unit(flags)))}]",
-            f"conv_kernel={_positive_int(config, 'linear_conv_kernel_dim', path, 4)}"]
+            f"conv_kernel={positive_int(config, 'linear_conv_kernel_dim', path, 4)}"]
     if value_heads != key_heads:
         args.append(f"linear_value_heads={value_heads}")
     state = f"state recurrent(layers={num_linear}, heads={key_heads}, key_dim={key_dim}, value_dim={value_dim})"
     return args, state
 
 
+@dataclass
+class DecoderArgs:
+    """What a checkpoint's config.json says about its decoder, as spec text pieces."""
+
+    args: list[str]  # `layers=16`, ... for the node header (stop tokens last)
+    state: Optional[str]  # the recurrent state line of a hybrid, else None
+    max_seq_len: int
+    source: str  # `DIR/config.json (ARCHITECTURE)`, for the written files' first line
+    architecture: str
+    style: str  # "llama" or "qwen3_5"
+
+
 def read_checkpoint(directory: str, name: str) -> InitFiles:
     """The spec and deployment for the checkpoint in `directory` (module docstring)."""
+    decoder = read_decoder(directory)
+    return InitFiles(_spec_text(name, decoder.source, decoder.args, decoder.state),
+                     _deployment_text(name, decoder.source, decoder.max_seq_len, decoder.state),
+                     decoder.architecture)
+
+
+def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> DecoderArgs:
+    """The decoder of the checkpoint in `directory`; `eos_ids` replace the checkpoint's own stop
+    tokens when given (a TTS model stops on its end of speech, not on end of text)."""
     path = Path(directory) / "config.json"
     if not path.exists():
         raise InitError(f"--from-checkpoint {directory}: no config.json there (expected a Hugging Face "
                         "checkpoint directory)")
-    outer = _read_json(path, "checkpoint config")
+    outer = read_json(path, "checkpoint config")
     style, architecture = _style(outer, path)
     config = outer["text_config"] if isinstance(outer.get("text_config"), dict) else outer
     sources = [(outer, path)] + ([(config, path)] if config is not outer else [])
     generation = Path(directory) / "generation_config.json"
     if generation.exists():
-        sources.append((_read_json(generation, "generation config"), generation))
-    num_layers = _positive_int(config, "num_hidden_layers", path)
-    num_heads = _positive_int(config, "num_attention_heads", path)
-    hidden = _positive_int(config, "hidden_size", path)
-    num_kv_heads = _positive_int(config, "num_key_value_heads", path, num_heads)
-    if num_heads % num_kv_heads:
-        raise InitError(f"{path}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads "
-                        f"{num_kv_heads}")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    rope = rope if isinstance(rope, dict) else {}
-    theta = _positive_number(rope.get("rope_theta", config.get("rope_theta", 10000.0)), "rope_theta", path)
-    args = [f"layers={num_layers}", f"kv_heads={num_kv_heads}", f"qo_heads={num_heads}",
-            f"head_dim={_positive_int(config, 'head_dim', path, hidden // num_heads)}", f"hidden={hidden}",
-            f"intermediate={_positive_int(config, 'intermediate_size', path)}",
-            f"vocab={_positive_int(config, 'vocab_size', path)}", f"rope_theta={_number(theta)}"]
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
-    if partial is not None:
-        partial = _positive_number(partial, "partial_rotary_factor", path)
-        if partial > 1:
-            raise InitError(f"{path}: partial_rotary_factor must be in (0, 1], got {partial!r}")
-        args.append(f"partial_rotary={_number(partial)}")
+        sources.append((read_json(generation, "generation config"), generation))
+    args = _dims_args(config, path)
     state = None
     if style == "qwen3_5":
-        more, state = _hybrid_args(config, path, num_layers)
+        more, state = _hybrid_args(config, path, int(args[0].split("=")[1]))
         args += more
-    eos = _eos_ids(*sources)
+    eos = _eos_ids(*sources) if eos_ids is None else eos_ids
     if len(eos) == 1:
         args.append(f"stop_token={eos[0]}")
     elif eos:
@@ -198,20 +200,49 @@ def read_checkpoint(directory: str, name: str) -> InitFiles:
     max_seq_len = min(max_positions, MAX_SEQ_LEN) if isinstance(max_positions, int) and max_positions > 0 \
         else MAX_SEQ_LEN
     source = f"{Path(directory).resolve().name}/config.json ({architecture})"
-    return InitFiles(_spec_text(name, source, args, state), _deployment_text(name, source, max_seq_len, state),
-                     architecture)
+    return DecoderArgs(args, state, max_seq_len, source, architecture, style)
 
 
-def _spec_text(name: str, source: str, args: list[str], state: Optional[str]) -> str:
-    lines, line = [], "node LLM kv("
+def _dims_args(config: dict, path: Path) -> list[str]:
+    """`layers=...` through `partial_rotary=...`: the dims and position encoding of the spec."""
+    num_layers = positive_int(config, "num_hidden_layers", path)
+    num_heads = positive_int(config, "num_attention_heads", path)
+    hidden = positive_int(config, "hidden_size", path)
+    num_kv_heads = positive_int(config, "num_key_value_heads", path, num_heads)
+    if num_heads % num_kv_heads:
+        raise InitError(f"{path}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads "
+                        f"{num_kv_heads}")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {}
+    theta = _positive_number(rope.get("rope_theta", config.get("rope_theta", 10000.0)), "rope_theta", path)
+    args = [f"layers={num_layers}", f"kv_heads={num_kv_heads}", f"qo_heads={num_heads}",
+            f"head_dim={positive_int(config, 'head_dim', path, hidden // num_heads)}", f"hidden={hidden}",
+            f"intermediate={positive_int(config, 'intermediate_size', path)}",
+            f"vocab={positive_int(config, 'vocab_size', path)}", f"rope_theta={_number(theta)}"]
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is not None:
+        partial = _positive_number(partial, "partial_rotary_factor", path)
+        if partial > 1:
+            raise InitError(f"{path}: partial_rotary_factor must be in (0, 1], got {partial!r}")
+        args.append(f"partial_rotary={_number(partial)}")
+    return args
+
+
+def node_header(start: str, args: list[str]) -> str:
+    """`node LLM kv(a=1, b=2, ...) {` wrapped at 100 columns, continuation lines aligned after `(`."""
+    lines, line = [], start
     for index, arg in enumerate(args):
         piece = arg + (", " if index + 1 < len(args) else ")")
         if len(line) + len(piece) > 100:
             lines.append(line.rstrip())
-            line = " " * len("node LLM kv(")
+            line = " " * len(start)
         line += piece
     lines.append(line + " {")
-    header = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def _spec_text(name: str, source: str, args: list[str], state: Optional[str]) -> str:
+    header = node_header("node LLM kv(", args)
     state_line = f"    {state}\n" if state else ""
     return f"""# Written by `mstarc init` from {source}.
 # A decoder whose prompt rows and decode rows may share one step (the combined walk `mixed`).
