@@ -85,7 +85,8 @@ def _token_ids(path: Path) -> dict[str, int]:
 
 def _spec_text(name: str, source: str, args: list[str], ids: dict[str, int], per_frame: int, last: int) -> str:
     window = FRAMES_PER_WINDOW * per_frame
-    after = [ids["end_of_text"], ids["end_of_human"], ids["start_of_ai"], ids["start_of_speech"]]
+    after = ", ".join(str(ids[role]) for role in ("end_of_text", "end_of_human", "start_of_ai", "start_of_speech"))
+    frame = f"before=[{ids['start_of_human']}] after=[{after}]"
     return f"""# Written by `mstarc init` from {source}.
 # A TTS decoder emitting audio codec tokens, and the codec decoding them in sliding windows of
 # {FRAMES_PER_WINDOW} frames x {per_frame} tokens, streamed between partitions.
@@ -99,7 +100,7 @@ param max_output_tokens = 2048
     out new_token: tokens
     # start of human, "voice: text" (the tokenizer adds its BOS), end of text, end of human,
     # start of AI, start of speech
-    prompt_format "{{voice}}: {{prompt}}" before=[{ids["start_of_human"]}] after=[{", ".join(map(str, after))}] voice="tara"
+    prompt_format "{{voice}}: {{prompt}}" {frame} voice="tara"
     kv_sequences main
     cap prefill 16
     cap decode 64

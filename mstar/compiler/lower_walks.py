@@ -210,6 +210,18 @@ def lower_walks(spec: ast.Spec, params: dict[str, int]) -> list[WalkTree]:
     return walks
 
 
+def _producer_node(spec: ast.Spec, source: ast.StreamSource) -> str:
+    """The node whose calls in `source.partition`'s walks send `source.edge` on a stream."""
+    partition = next((p for p in spec.partitions if p.name == source.partition), None)
+    walk_names = {w for stage in partition.stages for w in stage.walks} if partition is not None else set()
+    for walk in spec.walks:
+        if walk.name in walk_names:
+            for call in _ast_calls(walk.body):
+                if any(edge.name == source.edge and edge.is_stream for edge in call.edges):
+                    return call.node
+    return ""
+
+
 def _consumer_node(spec: ast.Spec, partition: ast.Partition, source: ast.StreamSource) -> str:
     """The node of `partition` that takes `source.edge` as a stream input."""
     walk_names = {w for stage in partition.stages for w in stage.walks}
@@ -244,6 +256,7 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
                     is_continue_after_done=source.policy.is_continue_after_done,
                 ),
                 keep=source.keep,
+                producer_node=_producer_node(spec, source),
             )
             for source in partition.streams
         ]

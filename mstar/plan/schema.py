@@ -286,6 +286,7 @@ class StreamPlan(PlanModel):
     consumer_node: str
     policy: ChunkPolicyPlan
     keep: Optional[tuple[int, int]] = None  # items outside [low, high] are dropped before the policy cuts
+    producer_node: str = ""  # the node whose calls put the edge on the stream (whose tokens `keep` compares)
 
 
 class StagePlan(PlanModel):

@@ -73,12 +73,16 @@ class EngineCaps:
     can_run_followers:  a TP follower's copy of a step costs time on this engine, so the run loop
                         launches it (a step with no rows); else followers cost nothing here.
     clock:              the run clock (seconds); None = wall time (`time.monotonic`).
+    vocab_sizes:        decoder node -> how many token ids its model samples from, where that is
+                        fewer than the plan's vocabulary (a stand-in: tiny dims, the simulator);
+                        a stream `keep` range those ids cannot reach is not applied.
     """
 
     is_simulated: bool = False
     runs_partial_steps: bool = True
     can_run_followers: bool = False
     clock: Optional[Callable[[], float]] = None
+    vocab_sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -117,3 +117,18 @@ def test_keep_range_drops_items_before_they_take_a_position():
     assert drain(buf) == [([100, 101, 102, 103], False), ([102, 103, 104, 105], False)]
     buf.mark_producer_done()
     assert drain(buf) == []
+
+
+def test_keep_range_applies_unless_the_producer_is_a_stand_in_that_cannot_reach_it():
+    from pathlib import Path
+
+    from mstar.plan.io import load_plan
+    from mstar.runtime.conductor.streams import stream_keeps
+
+    plan = load_plan(str(Path(__file__).resolve().parents[2] / "generated" / "orpheus.plan"))
+    [stream] = [s for p in plan.partitions for s in p.streams]
+    assert stream.producer_node == "LLM" and stream.keep == (128266, 156937)
+    key = (next(p.name for p in plan.partitions if p.streams), stream.edge)
+    assert stream_keeps(plan, {}) == {key: (128266, 156937)}  # the checkpoint's own vocabulary
+    assert stream_keeps(plan, {"LLM": 512}) == {}  # tiny dims: ids below 512 only
+    assert stream_keeps(plan, {"LLM": 130000}) == {key: (128266, 156937)}

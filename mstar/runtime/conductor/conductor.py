@@ -34,7 +34,7 @@ from mstar.plan.schema import Plan
 from mstar.runtime.conductor.loop_pass import advance_loop_rows
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
-from mstar.runtime.conductor.streams import StreamBuffer
+from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import RunWalk
 from mstar.runtime.conductor.walk_run import WalkStateError
 from mstar.runtime.step import Engine, RowResult, StepRow
@@ -83,6 +83,7 @@ class Conductor:
         for part in plan.partitions:
             for stream in part.streams:
                 self.produced.setdefault(stream.producer_partition, []).append((part.name, stream.edge))
+        self._keeps = stream_keeps(plan, engine.caps.vocab_sizes)
         self.is_columnar = True  # False: every row through its walk run (the reference path)
         self.records: dict[str, RequestRecord] = {}
         self.active: dict[str, _RequestState] = {}
@@ -154,7 +155,8 @@ class Conductor:
         buffers = state.buffers
         for part in self.plan.partitions:
             for stream in part.streams:
-                buffers[(part.name, stream.edge)] = StreamBuffer(stream.policy, keep=stream.keep)
+                key = (part.name, stream.edge)
+                buffers[key] = StreamBuffer(stream.policy, keep=self._keeps.get(key))
         for part in self.plan.partitions:
             ps = PartitionState(part, routes[part.name], record, buffers, self.clock)
             ps.owner = state

@@ -24,15 +24,37 @@ its decoder skips them before it counts frame positions).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import logging
 from typing import Any, Optional
 
-from mstar.plan.schema import ChunkPolicyPlan
+from mstar.plan.schema import ChunkPolicyPlan, Plan
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Chunk:
     items: list[Any]
     is_final: bool
+
+
+def stream_keeps(plan: Plan, vocab_sizes: dict[str, int]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(consumer partition, edge) -> the keep range its buffers apply. A range the producer's model
+    cannot reach (a stand-in sampling from fewer ids than the plan's vocabulary: tiny dims, the
+    simulator; `vocab_sizes` from EngineCaps) is not applied, so the stand-in's tokens still flow
+    through the stream as they did before the range existed; noted in the log."""
+    keeps = {}
+    for part in plan.partitions:
+        for stream in part.streams:
+            if stream.keep is None:
+                continue
+            vocab = vocab_sizes.get(stream.producer_node)
+            if vocab is not None and vocab <= stream.keep[0]:
+                log.info("stream %s.%s: keep %d..%d not applied, %s samples from %d ids only (a stand-in model)",
+                         part.name, stream.edge, *stream.keep, stream.producer_node, vocab)
+                continue
+            keeps[(part.name, stream.edge)] = stream.keep
+    return keeps
 
 
 class StreamBuffer:

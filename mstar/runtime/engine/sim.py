@@ -48,6 +48,7 @@ PER_ROW_S = 0.00005
 PER_TOKEN_S = 0.00002
 PER_CONTEXT_S = 0.00000002
 STATELESS_WEIGHT = 0.2
+SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
 
 
 class SimClock:
@@ -96,7 +97,8 @@ class SimEngine(RunsAtLaunch):
         self.runs_partial_steps = runs_partial_steps
         self.clock = SimClock()
         self.caps = EngineCaps(is_simulated=True, runs_partial_steps=runs_partial_steps, can_run_followers=True,
-                               clock=self.clock)
+                               clock=self.clock,
+                               vocab_sizes={n.name: SIM_VOCAB for n in plan.nodes if n.engine == "kv"})
         self.seed = seed
         self.inject_oom = inject_oom
         self.inject_error = dict(inject_error or {})
@@ -244,7 +246,7 @@ class SimEngine(RunsAtLaunch):
             key = (request_id, node)
             count = num_sampled.get(key, 0) + 1
             num_sampled[key] = count
-            token = (count * 7919 + len(request_id) * 104729 + seed) % 4096
+            token = (count * 7919 + len(request_id) * 104729 + seed) % SIM_VOCAB
             spec = requests.get(request_id)
             append(RowResult(request_id, _placeholders(names, token), spec is not None and count >= spec.max_tokens))
         return results

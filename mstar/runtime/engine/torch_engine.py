@@ -24,6 +24,8 @@ at the runner boundary) and kv nodes plan FlashInfer per step where it can run
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import time
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
@@ -122,6 +124,14 @@ class TorchEngine(RunsAtLaunch):
         except (DimsError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
         self._count_media_tokens()
+        planned: dict[str, int] = {}
+        for node in plan.nodes:
+            vocab = node.dims.get("vocab")
+            if isinstance(vocab, int):
+                planned[node.name] = vocab
+        # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
+        self.caps = dataclasses.replace(self.caps, vocab_sizes={
+            name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
 
     def _count_media_tokens(self) -> None:
         """Tell each decoder how many tokens its encoders may feed a request (for start budgets)."""
