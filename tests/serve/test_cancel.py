@@ -93,3 +93,43 @@ def test_a_full_admission_queue_refuses_with_429():
             thread.join(30)
         assert [a.choices[0].finish_reason for a in answers] == ["length", "length"]
         assert client.completions.create(model="llama", prompt=[1, 2], max_tokens=3).usage.completion_tokens == 3
+
+
+def test_cancelling_a_waiting_request_and_a_refused_one_end_them_alone():
+    """A request cancelled while it waits for admission ends at the next step boundary without
+    ever reaching the engine; one the engine refuses at admission ends with the reason; the
+    running request is untouched."""
+    plan = load(LLAMA)
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"max_concurrent_requests": 1})})
+    gate = Gate(build_engine(plan, "sim", sim_pace=0, kv_pages=4), limit=2)
+    added: list = []
+    add_request = gate.add_request
+    gate.add_request = lambda request_id, spec: (added.append(request_id), add_request(request_id, spec))[1]
+    llm = LLM(plan, engine=gate)
+    try:
+        finals: list = []
+        done = threading.Event()
+
+        def deliver(delta):
+            if delta.is_final:
+                finals.append(delta)
+                if len(finals) == 3:
+                    done.set()
+
+        running_one = llm.request([1, 2, 3], SamplingParams(max_tokens=5))
+        waiting = llm.request([1, 2, 3], SamplingParams(max_tokens=5))
+        too_big = llm.request([1] * 40, SamplingParams(max_tokens=40))  # 80 tokens: 5 pages of 16 > 4
+        for request in (running_one, waiting, too_big):
+            llm.loop.submit(request, deliver)
+        assert gate.reached.wait(10) and llm.loop.num_waiting == 2  # the driver is inside a step
+        llm.loop.cancel(waiting.id)
+        gate.release()
+        assert done.wait(10)
+        by_id = {d.request_id: d for d in finals}
+        assert finals[0].request_id == waiting.id and by_id[waiting.id].finish_reason == "cancelled"
+        assert waiting.id not in added  # never admitted
+        assert by_id[running_one.id].finish_reason == "length" and by_id[running_one.id].num_output_tokens == 5
+        assert by_id[too_big.id].is_refused and "can never fit" in by_id[too_big.id].finish_reason
+        assert llm.loop.num_in_flight == 0 and llm.engine.kv_pages() == {"LLM": (0, 4)}
+    finally:
+        llm.close(5)

@@ -20,52 +20,49 @@ openai = pytest.importorskip("openai")
 NUM_TOKENS = 42  # 28-token windows every 7 tokens: 3 windows, then a final partial one
 
 
+TEXT = "hello world"
+
+
 @pytest.fixture(scope="module")
 def orpheus(tmp_path_factory):
     llm = LLM(ORPHEUS, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
     service = make_service(llm, speech_prompt="{voice}: {input}")
-    with running(service) as url:
-        yield service, url, openai.OpenAI(base_url=url, api_key="none", max_retries=0)
-
-
-def _expected(service, text):
-    output = service.llm.generate(text, SamplingParams(max_tokens=NUM_TOKENS))
-    chunks = [value for modality, value in output[0].media if modality == "audio"]
+    # What the Python API makes of the same prompt (greedy: every answer below must equal it).
+    output = llm.generate(f"tara: {TEXT}", SamplingParams(max_tokens=NUM_TOKENS))[0]
+    chunks = [value for modality, value in output.media if modality == "audio"]
     assert len(chunks) >= 2
-    return chunks
+    with running(service) as url:
+        yield chunks, url, openai.OpenAI(base_url=url, api_key="none", max_retries=0)
 
 
 def test_speech_is_a_wav_of_the_codec_windows(orpheus):
-    service, _, client = orpheus
-    answer = client.audio.speech.create(model="orpheus", voice="tara", input="hello world",
+    chunks, _, client = orpheus
+    answer = client.audio.speech.create(model="orpheus", voice="tara", input=TEXT,
                                         extra_body={"max_tokens": NUM_TOKENS})
     with wave.open(io.BytesIO(answer.content)) as wav:
         assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
         samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
-    chunks = _expected(service, "tara: hello world")
     assert samples.tobytes() == b"".join(pcm_bytes(c) for c in chunks)
 
 
 def test_pcm_streams_window_by_window(orpheus):
-    service, _, client = orpheus
+    chunks, _, client = orpheus
     with client.audio.speech.with_streaming_response.create(
-            model="orpheus", voice="tara", input="the cat sat", response_format="pcm",
+            model="orpheus", voice="tara", input=TEXT, response_format="pcm",
             extra_body={"max_tokens": NUM_TOKENS}) as response:
         assert response.headers["content-type"] == "audio/pcm"
         data = b"".join(response.iter_bytes())
-    chunks = _expected(service, "tara: the cat sat")
     assert data == b"".join(pcm_bytes(c) for c in chunks)
 
 
 def test_sse_speech_sends_audio_deltas_then_usage(orpheus):
-    service, url, _ = orpheus
-    body = json.dumps({"model": "orpheus", "voice": "tara", "input": "a dog ran", "stream_format": "sse",
+    chunks, url, _ = orpheus
+    body = json.dumps({"model": "orpheus", "voice": "tara", "input": TEXT, "stream_format": "sse",
                        "max_tokens": NUM_TOKENS}).encode()
     request = urllib.request.Request(f"{url}/audio/speech", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         events = [json.loads(line[6:]) for line in response.read().decode().splitlines() if line.startswith("data: ")]
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
-    chunks = _expected(service, "tara: a dog ran")
     assert [base64.b64decode(e["audio"]) for e in deltas] == [pcm_bytes(c) for c in chunks]
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] == NUM_TOKENS
 

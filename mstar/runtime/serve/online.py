@@ -57,7 +57,7 @@ class Closed(Exception):
     """The loop no longer takes requests (shutting down, or its driver failed)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Delta:
     """What one request produced since its previous delta. The last delta of a request has
     `finish_reason` set (the conductor's: stop, length, cancelled, error: ...)."""
@@ -125,7 +125,9 @@ class OnlineLoop:
         self._lock = threading.Lock()
         self._num_in_flight = 0
         self._tracked: dict[str, _Tracked] = {}  # driver thread only
-        self._unstarted: set[str] = set()  # submitted, not yet admitted (driver thread only)
+        # Submitted, not yet seen admitted, in submission order (driver thread only): the conductor
+        # admits FIFO, so only a prefix of it can have started since the last look.
+        self._unstarted: deque[str] = deque()
         self._mixtures = {(key.name, m.mask): "+".join(m.walks) for w in plan.workers for key in w.keys
                           for m in key.mixtures}
         self.is_closed = False
@@ -193,10 +195,13 @@ class OnlineLoop:
                 request, deliver = payload
                 text = TextStream(self.decode, request.stop_strings) if self.decode is not None else None
                 self._tracked[request.id] = _Tracked(request, deliver, text)
-                self._unstarted.add(request.id)
+                self._unstarted.append(request.id)
                 conductor.submit(request)
             else:
                 conductor.cancel(payload)
+                record = conductor.records.get(payload)
+                if record is not None and record.is_finished:
+                    self._finish(payload)  # (cancelled while waiting, no on_finish would come for it)
         self._check_unstarted()
 
     def wake_times(self) -> list[float]:
@@ -228,10 +233,11 @@ class OnlineLoop:
         self.observer.on_step(step.key, self._mixtures.get((step.key, step.mask), step.key))
         tracked = self._tracked
         records = self.driver.conductor.records
+        now = time.monotonic()  # one time stamp for the step's outputs
         for row in launch.ran_rows:
             item = tracked.get(row.request_id)
             if item is not None:
-                self._push(item, records[row.request_id], is_final=False)
+                self._push(item, records[row.request_id], False, now)
 
     def _on_finish(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
@@ -239,58 +245,63 @@ class OnlineLoop:
         self._check_unstarted()
 
     def _check_unstarted(self) -> None:
-        """Requests ended before admission (refused, or cancelled while waiting) never reach
-        `on_finish`: look at the ones not yet started."""
-        if not self._unstarted:
-            return
+        """A request refused at admission never reaches `on_finish`: look at the requests admitted
+        since the last look (a prefix of the unstarted queue: the conductor admits FIFO) and
+        finish the refused ones. Stops at the first one still waiting."""
+        unstarted = self._unstarted
         conductor = self.driver.conductor
-        for request_id in list(self._unstarted):
-            record = conductor.records.get(request_id)
-            if record is None or record.is_finished:
-                self._finish(request_id)
-            elif request_id in conductor.active:
-                self._unstarted.discard(request_id)
+        while unstarted:
+            request_id = unstarted[0]
+            if request_id in self._tracked:
+                record = conductor.records.get(request_id)
+                if record is not None and not record.is_finished and request_id not in conductor.active:
+                    return  # still in the conductor's queue, and so is everything after it
+                if record is not None and record.is_finished:
+                    self._finish(request_id)
+            unstarted.popleft()
 
     def _finish(self, request_id: str) -> None:
         item = self._tracked.pop(request_id, None)
-        self._unstarted.discard(request_id)
         record = self.driver.conductor.records.pop(request_id, None)
         if item is None or record is None:
             return
         with self._lock:
             self._num_in_flight -= 1
         self.observer.on_finish(record.finish_reason or "error", record.is_refused)
-        self._push(item, record, is_final=True)
+        self._push(item, record, True, time.monotonic())
 
-    def _push(self, item: _Tracked, record: RequestRecord, is_final: bool) -> None:
+    def _push(self, item: _Tracked, record: RequestRecord, is_final: bool, now: float) -> None:
         """Deliver the emissions since the item's cursor (and the end, when final)."""
         values = record.emission_values
         start, end = item.cursor, len(values)
         if start == end and not is_final:
             return
         item.cursor = end
-        delta = Delta(record.request.id, num_prompt_tokens=len(record.request.prompt_tokens),
-                      num_output_tokens=record.num_output_tokens)
+        token_ids: list[int] = []
+        media: list[tuple[str, Any]] = []
         kinds = record.emission_kinds
         for index in range(start, end):
             modality = kinds[index][1]
             if modality == "text":
-                delta.token_ids.extend(_token_ids(values[index]))
+                value = values[index]
+                token_ids.extend(value if type(value) is list else _token_ids(value))
             else:
-                delta.media.append((modality or "", values[index]))
+                media.append((modality or "", values[index]))
+        text = ""
         if item.text is not None:
-            delta.text = item.text.add(delta.token_ids) if delta.token_ids else ""
+            text = item.text.add(token_ids) if token_ids else ""
             if is_final:
-                delta.text += item.text.finish()
+                text += item.text.finish()
+        delta = Delta(record.request.id, token_ids, text, media, None, False, len(record.request.prompt_tokens),
+                      record.num_output_tokens)
         if is_final:
             delta.finish_reason = record.finish_reason or "error"
             delta.is_refused = record.is_refused
-        if delta.token_ids or delta.media:
-            self._observe(item)
+        if token_ids or media:
+            self._observe(item, now)
         item.deliver(delta)
 
-    def _observe(self, item: _Tracked) -> None:
-        now = time.monotonic()
+    def _observe(self, item: _Tracked, now: float) -> None:
         if item.last_output_s is None:
             self.observer.on_first_output(now - item.submit_s)
         else:

@@ -1,0 +1,34 @@
+"""/v1/images/generations on the BAGEL plan (tiny random models on the CPU): the request takes
+the plan's image-emitting route and comes back as a base64 PNG of the plan's image size."""
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+from mstar.runtime.serve.api import LLM
+from serve_harness import ROOT, make_service, running
+
+openai = pytest.importorskip("openai")
+BAGEL = str(ROOT / "generated" / "bagel.plan")
+
+
+def test_an_image_plan_answers_with_a_png(tmp_path):
+    from matplotlib import image as mpimg
+
+    from serve_harness import write_tokenizer
+
+    llm = LLM(BAGEL, tokenizer=str(write_tokenizer(tmp_path / "tok")))
+    service = make_service(llm)
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        assert client.models.list().data[0].model_extra["serves"] == ["text", "images"]
+        answer = client.images.generate(model="bagel", prompt="a cat on a mat", extra_body={"seed": 3})
+        with pytest.raises(openai.BadRequestError, match="b64_json"):
+            client.images.generate(model="bagel", prompt="a cat", response_format="url")
+    assert len(answer.data) == 1
+    png = base64.b64decode(answer.data[0].b64_json)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = mpimg.imread(io.BytesIO(png), format="png")
+    assert pixels.shape[:2] == (32, 32)  # the tiny image decoder's size

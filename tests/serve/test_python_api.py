@@ -1,0 +1,99 @@
+"""The Python API (`from mstar import LLM`): generate and async stream on the CPU torch engine,
+with the same tokens as the ordinary run loop (`mstar run`'s Driver) on the same engine; a
+stream left early cancels its request; text deltas never show a stop string; the simulated
+engine paced to the wall clock takes the cost model's time."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from mstar import LLM, SamplingParams
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.api import PromptError, SamplingError
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.serve.text_stream import TextStream
+from serve_harness import LLAMA, wait_until, write_tokenizer
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    with LLM(LLAMA, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok")))) as llm:
+        yield llm
+
+
+def test_generate_gives_the_tokens_of_the_run_loop(llm):
+    prompts = [[1, 9, 10], [1, 11, 12, 13, 14], [1, 15]]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=7))
+    driver = Driver(llm.plan, llm.engine)  # the loop `mstar run` uses, on the same (idle) engine
+    driver.run(Workload([Request(id=f"run-{i}", prompt_tokens=p, max_tokens=7) for i, p in enumerate(prompts)],
+                        closed_concurrency=3))
+    assert [o.token_ids for o in outputs] == [driver.conductor.records[f"run-{i}"].output_tokens for i in range(3)]
+    assert [o.finish_reason for o in outputs] == ["length"] * 3
+    assert outputs[0].text == llm.tokenizer.decode(outputs[0].token_ids)
+
+
+def test_text_and_chat_prompts(llm):
+    text, chat = llm.generate(["hello world", {"messages": [{"role": "user", "content": "hello"}]}],
+                              SamplingParams(max_tokens=3))
+    assert text.prompt_token_ids == [1, 15, 16]
+    assert chat.prompt_token_ids == llm.tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+    assert text.num_output_tokens == chat.num_output_tokens == 3
+
+
+def test_stream_yields_each_step_and_leaving_early_cancels(llm):
+    async def whole():
+        return [d async for d in llm.stream([1, 9, 10], SamplingParams(max_tokens=7))]
+
+    async def leave_after_two():
+        seen = []
+        async for delta in llm.stream([1, 9, 10], SamplingParams(max_tokens=2000)):
+            seen.append(delta)
+            if len(seen) == 2:
+                break
+        return seen
+
+    deltas = asyncio.run(whole())
+    assert len(deltas) == 7 and deltas[-1].finish_reason == "length"
+    expected = llm.generate([[1, 9, 10]], SamplingParams(max_tokens=7))[0].token_ids
+    assert [t for d in deltas for t in d.token_ids] == expected
+    assert len(asyncio.run(leave_after_two())) == 2
+    assert wait_until(lambda: llm.loop.num_in_flight == 0)
+    assert all(in_use == 0 for in_use, _ in llm.engine.kv_pages().values())
+
+
+@pytest.mark.parametrize("prompt,sampling,error,words", [
+    ([], SamplingParams(), PromptError, "empty"),
+    ([1, -2], SamplingParams(), PromptError, "non-negative"),
+    ([1, 2], SamplingParams(temperature=-1.0), SamplingError, "temperature"),
+    ([1, 2], SamplingParams(top_p=0.0), SamplingError, "top_p"),
+    ([1, 2], SamplingParams(max_tokens=9000), PromptError, "max_seq_len"),
+    ({"messages": "hi"}, SamplingParams(), PromptError, "messages"),
+])
+def test_bad_input_is_a_clear_error(llm, prompt, sampling, error, words):
+    with pytest.raises(error, match=words):
+        llm.generate([prompt], sampling)
+
+
+def test_text_stream_never_shows_a_stop_string(llm):
+    tokenizer = llm.tokenizer
+    ids = tokenizer.encode("the cat sat on the mat a dog ran")[1:]
+    stream = TextStream(tokenizer.decode, ["on the"])
+    shown = "".join(stream.add([t]) for t in ids) + stream.finish()
+    full = tokenizer.decode(ids)
+    assert shown == full[:full.index("on the")] and "on" not in shown.split()
+    plain = TextStream(tokenizer.decode)
+    assert "".join(plain.add([t]) for t in ids) + plain.finish() == full
+
+
+def test_the_simulated_engine_takes_its_modelled_time_when_paced():
+    from mstar.runtime.engine.sim import SimEngine
+
+    with LLM(LLAMA, engine="sim", sim_pace=20) as paced:
+        started = time.monotonic()
+        paced.generate([[1, 2, 3]], SamplingParams(max_tokens=20))
+        paced_s = time.monotonic() - started
+        sim = SimEngine(paced.plan)
+        Driver(paced.plan, sim).run(Workload([Request(id="a", prompt_tokens=[1, 2, 3], max_tokens=20)]))
+    assert sim.clock() > 0 and paced_s >= 20 * sim.clock()  # the modelled seconds, slept 20x over
