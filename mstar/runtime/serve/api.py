@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional, Sequence, Union
 
@@ -113,6 +114,7 @@ class LLM:
                                max_waiting=max_waiting, observer=observer)
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
+        self._handoffs: dict[asyncio.AbstractEventLoop, _Handoff] = {}
         self.loop.start()
 
     def __enter__(self) -> "LLM":
@@ -180,17 +182,22 @@ class LLM:
             collector.done.wait()
         return [c.output() for c in collectors]
 
+    def _handoff(self, event_loop: asyncio.AbstractEventLoop) -> _Handoff:
+        handoff = self._handoffs.get(event_loop)
+        if handoff is None:
+            for closed in [loop for loop in self._handoffs if loop.is_closed()]:
+                self._handoffs.pop(closed, None)
+            handoff = self._handoffs[event_loop] = _Handoff(event_loop)
+        return handoff
+
     async def stream(self, prompt: Union[Prompt, Request],
                      sampling: Optional[SamplingParams] = None) -> AsyncIterator[Delta]:
         """One request's deltas as its steps finish; the last has `finish_reason`. Leaving early
         cancels the request."""
         request = prompt if isinstance(prompt, Request) else self.request(prompt, sampling)
         queue: asyncio.Queue[Delta] = asyncio.Queue()
-        event_loop = asyncio.get_running_loop()
-        def deliver(delta: Delta) -> None:  # on the driver's thread: hand it to this event loop
-            event_loop.call_soon_threadsafe(queue.put_nowait, delta)
-
-        self.loop.submit(request, deliver)
+        handoff = self._handoff(asyncio.get_running_loop())
+        self.loop.submit(request, lambda delta: handoff.put(queue, delta))
         is_finished = False
         try:
             while not is_finished:
@@ -200,6 +207,37 @@ class LLM:
         finally:
             if not is_finished:
                 self.loop.cancel(request.id)
+
+
+class _Handoff:
+    """Deltas from the driver's thread to one asyncio event loop, with one wake-up of that loop
+    per batch (a step's deltas for many streams) rather than one per delta: each wake-up is a
+    write to the loop's self-pipe, a system call."""
+
+    def __init__(self, event_loop: asyncio.AbstractEventLoop):
+        self.event_loop = event_loop
+        self.pending: deque[tuple[asyncio.Queue, Delta]] = deque()
+        self.is_scheduled = False
+
+    def put(self, queue: asyncio.Queue, delta: Delta) -> None:
+        """Driver thread. Append first, then look at the flag: `drain` clears the flag before it
+        empties the deque, so a delta appended after the flag was seen set is drained by the
+        wake-up already scheduled, and one appended after the drain finds the flag cleared."""
+        self.pending.append((queue, delta))
+        if not self.is_scheduled:
+            self.is_scheduled = True
+            try:
+                self.event_loop.call_soon_threadsafe(self.drain)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                self.pending.clear()
+
+    def drain(self) -> None:
+        """Event loop thread."""
+        self.is_scheduled = False
+        pending = self.pending
+        while pending:
+            queue, delta = pending.popleft()
+            queue.put_nowait(delta)
 
 
 class _Collector:
