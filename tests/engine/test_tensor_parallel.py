@@ -25,6 +25,7 @@ from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
 from mstar.runtime.engine.tp.build import plan_tp_groups
 from mstar.runtime.engine.tp.comm import TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout, TpError
+from mstar.runtime.engine.tp import memory
 from mstar.runtime.engine.tp.load import full_shapes
 
 transformers = pytest.importorskip("transformers")
@@ -198,3 +199,13 @@ def test_plan_tp_groups():
     groups = plan_tp_groups(plan)
     assert [(g.node, g.ranks) for g in groups] == [("LLM", [0, 1])]
     assert plan_tp_groups(load_plan(ROOT / "generated" / "orpheus.plan")) == []
+
+
+def test_memory_report(capsys):
+    assert memory.main(["--plan", str(ROOT / "generated" / "orpheus_tp2.plan")]) == 0
+    assert "LLM (spec dims, TP2): whole 7233.7 MiB; per rank 3626.1, 3626.1 MiB (0.501 of the whole)" in \
+        capsys.readouterr().out
+    assert memory.main(["--plan", str(ROOT / "generated" / "orpheus_tp2.plan"), "--tp", "5"]) == 1
+    assert "error: node LLM: cannot split the model over 5 tensor-parallel ranks" in capsys.readouterr().err
+    assert memory.main(["--plan", str(ROOT / "no.plan")]) == 1
+    assert "does not exist" in capsys.readouterr().err

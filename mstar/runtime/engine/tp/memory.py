@@ -4,17 +4,20 @@
 [--tp N] [--bytes-per-param 2]` prints, per kv node of the plan, the whole model's parameter bytes
 and each rank's (the rank's `ShardedDecoder` built on the meta device: nothing is allocated), plus
 the KV cache bytes per token of one rank. `--tp` defaults to the node's TP group size in the plan
-(2 when it has none). Nothing is run; the figures are exact counts of the modules' parameters.
+(2 when it has none). Nothing is run; the figures are exact counts of the modules' parameters. A
+missing or bad plan, or dims that do not split over the ranks, is an error message and exit 1.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Optional, Sequence
 
 import torch
 
-from mstar.plan.io import load_plan
-from mstar.runtime.engine.dims import DIMS_MODES, DecoderDims, decoder_dims
+from mstar.plan.io import PlanError, load_plan
+from mstar.plan.schema import Plan
+from mstar.runtime.engine.dims import DIMS_MODES, DecoderDims, DimsError, DimsMode, decoder_dims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.tp.build import plan_tp_groups
 from mstar.runtime.engine.tp.comm import TpComm
@@ -42,21 +45,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tp", type=int, default=None)
     parser.add_argument("--bytes-per-param", type=int, default=2, help="2 for bf16 (the GPU), 4 for fp32 (the CPU)")
     args = parser.parse_args(argv)
-    plan = load_plan(args.plan)
+    try:
+        _report(load_plan(args.plan), args.dims, args.tp, args.bytes_per_param)
+    except (PlanError, DimsError) as error:  # a missing or bad plan, dims that do not split
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _report(plan: Plan, mode: DimsMode, tp: Optional[int], bytes_per_param: int) -> None:
     sizes = {group.node: group.tp_size for group in plan_tp_groups(plan)}
     for node in plan.nodes:
         if node.engine != "kv":
             continue
-        dims = decoder_dims(node, args.dims)
-        size = args.tp or sizes.get(node.name, 2)
+        dims = decoder_dims(node, mode)
+        size = tp or sizes.get(node.name, 2)
+        local = ShardLayout(dims, 0, size, node.name).local_dims  # refuses dims that do not split, by node
         whole, ranks = params_per_rank(dims, size)
-        local = ShardLayout(dims, 0, size).local_dims
-        kv_per_token = 2 * local.num_full_layers * local.num_kv_heads * local.head_dim * args.bytes_per_param
-        shown = ", ".join(f"{n * args.bytes_per_param / 2**20:.1f}" for n in ranks)
-        print(f"{node.name} ({args.dims} dims, TP{size}): whole {whole * args.bytes_per_param / 2**20:.1f} MiB; "
+        kv_per_token = 2 * local.num_full_layers * local.num_kv_heads * local.head_dim * bytes_per_param
+        shown = ", ".join(f"{n * bytes_per_param / 2**20:.1f}" for n in ranks)
+        print(f"{node.name} ({mode} dims, TP{size}): whole {whole * bytes_per_param / 2**20:.1f} MiB; "
               f"per rank {shown} MiB ({max(ranks) / whole:.3f} of the whole); KV per token per rank "
               f"{kv_per_token} bytes")
-    return 0
 
 
 if __name__ == "__main__":
