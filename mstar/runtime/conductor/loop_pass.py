@@ -22,6 +22,8 @@ note_tokens' bookkeeping is inlined (the partition's end stays `Conductor.end_at
 """
 from __future__ import annotations
 
+from itertools import compress, count
+from operator import attrgetter, ne
 from typing import Any, Optional
 
 from mstar.runtime.conductor.request import num_tokens_of
@@ -29,19 +31,20 @@ from mstar.runtime.conductor.walk_run import EMPTY
 from mstar.runtime.step import RowResult, StepRow
 
 _MISSING: Any = object()
+_request_id_of = attrgetter("request_id")
 
 
 def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[RowResult]):
     is_kv = node in conductor.kv_nodes
     now = conductor.clock()
     ready = _ReadyRows(conductor.ready_out, node)
-    num = min(len(rows), len(results))
+    # From the first row the engine answered out of order on, the rows go row by row (matched
+    # with their results by id).
+    num = _num_in_order(rows, results)
     index = 0
     while index < num:
         row = rows[index]
         result = results[index]
-        if result.request_id != row.request_id:
-            break  # answered out of order: the rest go row by row (they match results by id)
         call = row.handle  # the walk position step_rows gave the row (ActiveCall)
         step = call.step if call is not None else None
         if step is not None and step.is_fast:
@@ -77,12 +80,11 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
     (error, stale, loop or partition ends, stop) goes out of line, after the rows before it."""
     client_name, client_kind, counted, max_iters, has_stop, device_inputs = step.fast
     ids_append = ready.start(rows[start].walk)  # one call, one walk; one token a row (padded at flush)
-    for index in range(start, num):  # start < num: the caller saw the first row
-        row = rows[index]
-        result = results[index]
+    for row, result in zip(rows[start:num], results[start:num]):  # in order (_num_in_order)
         call = row.handle
-        if call is None or call.step is not step or result.request_id != row.request_id:
-            break
+        if call is None or call.step is not step:
+            ready.pad_tokens()
+            return rows.index(row, start)  # a row of another call: the caller goes on from it
         if result.error is not None or not call.is_ready:
             _off_shape(conductor, node, ready, row, result)
             ids_append = ready.ids.append
@@ -103,7 +105,8 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
                 if record.first_token_s is None:
                     record.first_token_s = now
         if counted is not None:
-            value = outputs.get(counted)
+            if counted is not client_name:  # the same name: `value` is already its value (or _MISSING)
+                value = outputs.get(counted)
             if type(value) is list:
                 if value:  # Conductor.note_tokens inlined (module docstring)
                     num_tokens = len(value)
@@ -118,18 +121,27 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
             elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
                 conductor.count(ps.owner, ps, call.call.counted, outputs, now)
         loop_state = call.loop_state
-        if ps.is_done or result.is_stop or loop_state.iteration + 1 >= max_iters or (has_stop and loop_state.is_stop):
+        iteration = loop_state.iteration + 1
+        if ps.is_done or result.is_stop or iteration >= max_iters or (has_stop and loop_state.is_stop):
             _end_of_shape(conductor, ready, row, result, ps)
             ids_append = ready.ids.append
             continue
-        loop_state.iteration += 1
+        loop_state.iteration = iteration
         if call.inputs is not device_inputs:
             _next_iteration(run, call, step, loop_state)
         ids_append(row.request_id)
-    else:
-        index = num
     ready.pad_tokens()
-    return index
+    return num
+
+
+def _num_in_order(rows: list[StepRow], results: list[RowResult]) -> int:
+    """How many leading rows the engine answered in order (result i for row i), compared in C."""
+    num = min(len(rows), len(results))
+    ids = list(map(_request_id_of, rows[:num]))
+    answered = list(map(_request_id_of, results[:num]))
+    if ids == answered:
+        return num
+    return next(compress(count(), map(ne, ids, answered)))
 
 
 def _off_shape(conductor, node: str, ready: "_ReadyRows", row: StepRow, result: RowResult) -> None:

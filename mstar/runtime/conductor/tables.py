@@ -136,7 +136,9 @@ class LoopStep:
         # What the fast kernel reads, in one tuple: client edge name and (edge, modality) (None,
         # None without one), counted output, max iterations, has_stop, device inputs.
         client = self.client[0] if len(self.client) == 1 else (None, None)
-        self.fast = (client[0], client[1], self.counted_one, self.max_iters, self.has_stop, self.device_inputs)
+        # counted: the client edge's own name object when they are equal (the kernel tests `is`)
+        counted = client[0] if self.counted_one is not None and self.counted_one == client[0] else self.counted_one
+        self.fast = (client[0], client[1], counted, self.max_iters, self.has_stop, self.device_inputs)
 
 
 class RunCall:

@@ -15,6 +15,8 @@ In: the plan's speculation switches and the per-rank schedulers. Out: `Speculati
 """
 from __future__ import annotations
 
+from itertools import compress
+from operator import not_
 from typing import Optional
 
 from mstar.plan.schema import Plan
@@ -42,12 +44,15 @@ class SpeculationCover:
         spec = self.schedulers[rank].speculate(batch, continuing)
         if spec is None:
             return
-        in_spec = set(spec.request_ids)
-        covered = {rid for rid in continuing if rid in in_spec}
-        walk_of = dict(zip(spec.request_ids, spec.walks))
+        covered = set(spec.request_ids).intersection(continuing)
         rank_covered = self.covered[rank]
-        for request_id in covered:
-            rank_covered.setdefault((batch.node, walk_of[request_id]), set()).add(request_id)
+        walks = set(spec.walks)
+        if len(walks) == 1:  # a chain of one walk (the common case): one set operation
+            rank_covered.setdefault((batch.node, walks.pop()), set()).update(covered)
+        else:
+            walk_of = dict(zip(spec.request_ids, spec.walks))
+            for request_id in covered:
+                rank_covered.setdefault((batch.node, walk_of[request_id]), set()).add(request_id)
         self.pending[rank] = (spec, covered)
 
     def take(self, rank: int) -> Optional[tuple[Batch, set[str]]]:
@@ -77,8 +82,10 @@ class SpeculationCover:
         if not hits:
             return request_ids, num_tokens
         covered -= hits
-        kept = [i for i, rid in enumerate(request_ids) if rid not in hits]
-        return [request_ids[i] for i in kept], [num_tokens[i] for i in kept]
+        if len(hits) == len(request_ids):
+            return [], []  # N+1 holds them all (a decode chain's rows)
+        is_kept = list(map(not_, map(hits.__contains__, request_ids)))
+        return list(compress(request_ids, is_kept)), list(compress(num_tokens, is_kept))
 
     def _uncover(self, rank: int, batch: Batch, request_ids: set[str]) -> None:
         covered = self.covered[rank]
