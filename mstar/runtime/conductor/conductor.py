@@ -36,7 +36,7 @@ from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import RunWalk
-from mstar.runtime.conductor.walk_run import WalkStateError
+from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, RowResult, StepRow
 
 
@@ -54,7 +54,7 @@ class RouteError(Exception):
 class _RequestState:
     """One admitted request: its partitions, their stream buffers, and KV context per node."""
 
-    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled")
+    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled", "ready_keys")
 
     def __init__(self, record: RequestRecord):
         self.record = record
@@ -63,6 +63,7 @@ class _RequestState:
         self.context: dict[str, int] = {}  # kv node -> tokens in its KV sequence
         self.buffers: dict[tuple[str, str], StreamBuffer] = {}  # (consumer partition, edge)
         self.signalled: set[str] = set()  # partitions whose end was sent to their streams
+        self.ready_keys: set[tuple[str, str]] = set()  # (node, walk) tables of Conductor.ready_calls it is in
 
 
 class Conductor:
@@ -92,6 +93,9 @@ class Conductor:
         # Rows that became ready, grouped: (node, walk, request ids, tokens per row).
         self.ready_out: list[tuple[str, str, list[str], list[int]]] = []
         self.ended_out: list[str] = []
+        # (node, walk) -> request id -> the call of that request made ready last (step_rows finds a
+        # scheduled row's call here; it is live while its is_ready holds: walk_run.ActiveCall).
+        self.ready_calls: dict[tuple[str, str], dict[str, ActiveCall]] = {}
 
     # ------------------------------------------------------------ requests in
 
@@ -178,32 +182,31 @@ class Conductor:
         """The rows of a scheduled batch that are still live, and the ids of those whose loop
         has iterations left after this one (what a speculative next step may continue). A row
         is stale (left out) when its request or partition ended, its walk is no longer the
-        partition's current run, or its call is no longer ready."""
+        partition's current run, or its call is no longer ready: then the call that row was
+        scheduled for is no longer ready (its run was cancelled or finished, or it completed)."""
         rows = []
         continuing = []
-        active = self.active
+        tables = self.ready_calls
+        table: dict[str, ActiveCall] = {}
+        table_walk = None
         for request_id, walk in zip(request_ids, walks):
-            state = active.get(request_id)
-            if state is None:
+            if walk != table_walk:  # one lookup per run of rows of one walk
+                table_walk = walk
+                table = tables.get((node, walk), {})
+            call = table.get(request_id)
+            if call is None or not call.is_ready:
                 continue
-            ps = state.by_walk.get(walk)
-            run = ps.run if ps is not None else None
-            if run is None or run.name != walk:
-                continue
-            active_call = run.active.get(node)
-            if active_call is None or not active_call.is_ready:
-                continue
-            loop = active_call.call.loop
+            run = call.run
+            loop = call.call.loop
             if loop is None:
-                rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
-                                    active_call.inputs, 0, active_call))
+                rows.append(StepRow(request_id, walk, call.num_tokens, run.context.get(node, 0), call.inputs, 0, call))
                 continue
             loop_state = run.loops[loop]
             if loop_state is None:
                 raise WalkStateError(f"walk {walk}: a ready call of node {node} is in a loop that is not running")
             iteration = loop_state.iteration
-            rows.append(StepRow(request_id, walk, active_call.num_tokens, state.context.get(node, 0),
-                                active_call.inputs, iteration, active_call))
+            rows.append(StepRow(request_id, walk, call.num_tokens, run.context.get(node, 0), call.inputs,
+                                iteration, call))
             if iteration + 1 < run.walk.loops[loop].max_iters:
                 continuing.append(request_id)
         return rows, continuing
@@ -339,10 +342,7 @@ class Conductor:
                 elif run.waiting:
                     run.retry_waiting()
                 if run.new_ready:
-                    request_id = state.record.request.id
-                    for call in run.new_ready:
-                        self.ready_out.append((call.node, run.name, [request_id], [call.num_tokens]))
-                    run.new_ready.clear()
+                    self._send_ready(state, run)
                 if run.is_done:
                     ps.finish_run()
                     is_changed = True
@@ -361,6 +361,19 @@ class Conductor:
                 return
         reason = "length" if any(ps.is_length for ps in state.partitions) else "stop"
         self._end(state, reason)
+
+    def _send_ready(self, state: _RequestState, run: WalkRun) -> None:
+        """The run's calls that became ready leave as rows, and step_rows will find them."""
+        request_id = state.record.request.id
+        for call in run.new_ready:
+            key = (call.node, run.name)
+            self.ready_out.append((call.node, run.name, [request_id], [call.num_tokens]))
+            table = self.ready_calls.get(key)
+            if table is None:
+                table = self.ready_calls[key] = {}
+            table[request_id] = call
+            state.ready_keys.add(key)
+        run.new_ready.clear()
 
     def _signal_done(self, state: _RequestState, ps: PartitionState) -> None:
         state.signalled.add(ps.name)
@@ -391,6 +404,8 @@ class Conductor:
         record.finish_reason = reason
         record.finish_s = self.clock()
         del self.active[record.request.id]
+        for key in state.ready_keys:
+            self.ready_calls[key].pop(record.request.id, None)
         self.ended_out.append(record.request.id)
         self.engine.end_request(record.request.id)
         self._admit()

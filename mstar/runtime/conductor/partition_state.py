@@ -78,6 +78,8 @@ class PartitionState:
         for name in self.used_persisted:
             self.store.pop(name, None)
         self.used_persisted.clear()
+        if self.run is not None:
+            self.run.cancel()  # a call still active in a finished walk never runs (nor is ready)
         self.run = None
         self.stage += 1
         # A one-stage stream consumer re-runs its walk per chunk (SNAC, Code2Wav) until its
