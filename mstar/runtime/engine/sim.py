@@ -34,6 +34,7 @@ Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -49,6 +50,8 @@ PER_TOKEN_S = 0.00002
 PER_CONTEXT_S = 0.00000002
 STATELESS_WEIGHT = 0.2
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
+_tokens_of = attrgetter("num_tokens")
+_context_of = attrgetter("context_len")
 
 
 class SimClock:
@@ -72,6 +75,8 @@ class _KvPool:
     max_seq_len: int
     num_free: int
     admission: Admission = field(default_factory=Admission)
+    fed: dict[str, int] = field(default_factory=dict)  # request -> tokens fed on this node
+    sampled: dict[str, int] = field(default_factory=dict)  # request -> tokens sampled on this node
 
 
 class SimEngine(RunsAtLaunch):
@@ -129,9 +134,8 @@ class SimEngine(RunsAtLaunch):
                     if not edge.is_device and edge.name not in names:
                         names.append(edge.name)
         self.requests: dict[str, Any] = {}
+        self.budget_tokens: dict[str, int] = {}  # request -> prompt + max_tokens (its KV budget's tokens)
         self.reserved: dict[tuple[str, str], int] = {}  # (request, kv node) -> pages it holds
-        self.num_tokens: dict[tuple[str, str], int] = {}  # (request, kv node) -> tokens fed
-        self.num_sampled: dict[tuple[str, str], int] = {}
         self.num_steps = 0
 
     # ------------------------------------------------------------ Engine protocol
@@ -147,15 +151,17 @@ class SimEngine(RunsAtLaunch):
                     f"the pool has {pool.num_pages}"
                 )
         self.requests[request_id] = spec
+        self.budget_tokens[request_id] = need_tokens
         return None
 
     def end_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.budget_tokens.pop(request_id, None)
         for node, pool in self.pools.items():
             pool.num_free += pool.admission.release(request_id)
             self.reserved.pop((request_id, node), None)
-            self.num_tokens.pop((request_id, node), None)
-            self.num_sampled.pop((request_id, node), None)
+            pool.fed.pop(request_id, None)
+            pool.sampled.pop(request_id, None)
 
     def kv_pages(self) -> dict[str, tuple[int, int]]:
         """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
@@ -200,52 +206,71 @@ class SimEngine(RunsAtLaunch):
         """Take the pages each row's tokens add, by the admission policy, rows in step order;
         returns the rows the pool is short for. All or nothing per step without
         runs_partial_steps (then nothing is taken)."""
-        node = step.node
-        needs = []
-        for row in step.rows:
-            spec = self.requests.get(row.request_id)
-            if spec is None:
-                continue
-            # The simulated sequence holds at most prompt + max_tokens tokens (media tokens an
-            # encoder feeds are not modelled), so a request never outgrows its budget here.
-            num_budget_tokens = len(spec.prompt_tokens) + spec.max_tokens
-            fed = self.num_tokens.get((row.request_id, node), 0)
-            num_pages = (self._pages_for(pool, min(fed + row.num_tokens, num_budget_tokens))
-                         - self._pages_for(pool, min(fed, num_budget_tokens)))
-            budget = self._pages_for(pool, num_budget_tokens)
-            needs.append((row, PageNeed(row.request_id, num_pages, budget)))
-        short = pool.admission.shortfall([need for _, need in needs], pool.num_free)
+        needs, steady = self._page_needs(step.rows, pool)
+        short = pool.admission.shortfall([need for _, need in needs], pool.num_free) if needs else []
         if short and not self.runs_partial_steps:
             return short
         failed = set(short)
+        node, fed = step.node, pool.fed
         for row, need in needs:
             if need.request_id not in failed:
                 pool.admission.grant(need)
                 pool.num_free -= need.num_pages
                 key = (row.request_id, node)
                 self.reserved[key] = self.reserved.get(key, 0) + need.num_pages
-                self.num_tokens[key] = self.num_tokens.get(key, 0) + row.num_tokens
+                fed[row.request_id] = fed.get(row.request_id, 0) + row.num_tokens
+        for row in steady:
+            fed[row.request_id] += row.num_tokens
         return short
+
+    def _page_needs(self, rows: list[StepRow], pool: _KvPool) -> tuple[list[tuple[StepRow, PageNeed]], list[StepRow]]:
+        """Each row's PageNeed, except the steady rows: a started request whose tokens this step
+        stay within the pages it holds (a decode row between page boundaries), for which the
+        policy's shortfall and grant change nothing (it asks no page and is always granted)."""
+        budget_tokens, fed, started = self.budget_tokens, pool.fed, pool.admission.budgets
+        size, max_seq_len = pool.page_size, pool.max_seq_len
+        needs = []
+        steady = []
+        for row in rows:
+            request_id = row.request_id
+            num_budget_tokens = budget_tokens.get(request_id)
+            if num_budget_tokens is None:
+                continue
+            # The simulated sequence holds at most prompt + max_tokens tokens (media tokens an
+            # encoder feeds are not modelled), so a request never outgrows its budget here.
+            limit = num_budget_tokens if num_budget_tokens < max_seq_len else max_seq_len
+            before = fed.get(request_id, 0)
+            after = before + row.num_tokens
+            # pages of min(tokens, budget tokens, max_seq_len) after less before, integer ceilings
+            after, before = (after if after < limit else limit), (before if before < limit else limit)
+            num_pages = -(-after // size) + before // -size
+            if num_pages == 0 and request_id in started:
+                steady.append(row)
+            else:
+                needs.append((row, PageNeed(request_id, num_pages, -(-limit // size))))
+        return needs, steady
 
     def _row_results(self, node: str, rows: list[StepRow]) -> list[RowResult]:
         """One pass over the rows that run: placeholder outputs, sampled counts, stops, injected errors."""
-        is_kv = node in self.pools
-        errors = self.inject_error
-        out_names, num_sampled, requests, seed = self.out_names, self.num_sampled, self.requests, self.seed
+        pool = self.pools.get(node)
+        errors, requests, seed = self.inject_error, self.requests, self.seed
         results: list[RowResult] = []
         append = results.append
+        walk: Optional[str] = None
+        names: Sequence[str] = ()
         for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
                 append(RowResult(request_id, error=errors.pop(request_id)))
                 continue
-            names = out_names.get((node, row.walk), ())
-            if not is_kv:
+            if row.walk != walk:  # one lookup per run of rows of one walk
+                walk = row.walk
+                names = self.out_names.get((node, walk), ())
+            if pool is None:
                 append(RowResult(request_id, _placeholders(names, row.num_tokens)))
                 continue
-            key = (request_id, node)
-            count = num_sampled.get(key, 0) + 1
-            num_sampled[key] = count
+            count = pool.sampled.get(request_id, 0) + 1
+            pool.sampled[request_id] = count
             token = (count * 7919 + len(request_id) * 104729 + seed) % SIM_VOCAB
             spec = requests.get(request_id)
             append(RowResult(request_id, _placeholders(names, token), spec is not None and count >= spec.max_tokens))
@@ -258,11 +283,8 @@ class SimEngine(RunsAtLaunch):
         if step.attention == "split":
             launch += SPLIT_EXTRA_S
         num_rows = step.padded_batch if is_captured else len(step.rows)
-        num_tokens = 0
-        num_context = 0
-        for row in step.rows:
-            num_tokens += row.num_tokens
-            num_context += row.context_len
+        num_tokens = sum(map(_tokens_of, step.rows))
+        num_context = sum(map(_context_of, step.rows))
         weight = self.weights.get(step.node, STATELESS_WEIGHT)
         return launch + num_rows * PER_ROW_S + weight * (num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)
 
