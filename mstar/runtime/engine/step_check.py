@@ -20,10 +20,14 @@ The engine decides nothing the plan decided; it only refuses a step the plan doe
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from dataclasses import dataclass
 
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, Plan
 from mstar.runtime.step import Step
+
+_walk_of = attrgetter("walk")
+_tokens_of = attrgetter("num_tokens")
 
 
 class StepContractError(ValueError):
@@ -76,12 +80,12 @@ class StepChecker:
 
 
 def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> None:
-    counts = Counter(row.walk for row in step.rows)
-    unknown = sorted(set(counts) - set(entry.walks))
+    walks = set(map(_walk_of, step.rows))  # read in C: no Python work per row
+    unknown = sorted(walks - set(entry.walks))
     if unknown:
         raise StepContractError(f"{where}: mask {step.mask}: rows of walk {unknown[0]}, which the mixture "
                                 f"{entry.walks} does not hold")
-    missing = sorted(set(entry.walks) - set(counts)) if step.rows else []
+    missing = sorted(set(entry.walks) - walks) if step.rows else []
     if missing:
         raise StepContractError(f"{where}: mask {step.mask}: the mixture {entry.walks} has no row of "
                                 f"walk {missing[0]}")
@@ -91,7 +95,7 @@ def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> No
         if not key.is_combined:
             raise StepContractError(f"{where}: mask {step.mask}: a step of walks {entry.walks} on key {key.name}, "
                                     "which combines no walks")
-        for walk, count in counts.items():
+        for walk, count in Counter(map(_walk_of, step.rows)).items():
             limit = key.rows_limits.get(walk)
             if limit is not None and count > limit:
                 raise StepContractError(f"{where}: rows: {count} rows of walk {walk}, past the key's "
@@ -117,12 +121,14 @@ def _check_capture(where: str, families: dict[str, CaptureFamily], entry: Mixtur
     if family.kind == "batched":
         if step.token_bucket:
             raise StepContractError(f"{where}: token_bucket {step.token_bucket} on batched capture {family.name}")
+        if not is_kv or max(map(_tokens_of, step.rows), default=0) <= family.tokens_per_row:
+            return
         long = next((row for row in step.rows if row.num_tokens > family.tokens_per_row), None)
-        if long is not None and is_kv:
+        if long is not None:
             raise StepContractError(f"{where}: rows: request {long.request_id} feeds {long.num_tokens} tokens, past "
                                     f"the {family.tokens_per_row} tokens a row of batched capture {family.name} holds")
         return
-    num_tokens = sum(row.num_tokens for row in step.rows)
+    num_tokens = sum(map(_tokens_of, step.rows))
     if step.token_bucket not in family.token_buckets or step.token_bucket < num_tokens:
         raise StepContractError(f"{where}: token_bucket {step.token_bucket} for {num_tokens} tokens is not a "
                                 f"token bucket of {family.name} (token_buckets {family.token_buckets})")
