@@ -36,3 +36,12 @@ def test_bad_arguments_are_one_line_errors(capsys, argv, fragment):
         assert status == 1
     assert fragment in capsys.readouterr().err
 
+
+
+def test_bytecodes_counts_every_part_and_post_process_is_not_free(capsys):
+    assert main(["bench", "postprocess", *SMALL, "--json", "--bytecodes"]) == 0
+    per_row = json.loads(capsys.readouterr().out)["bytecodes_per_row"]
+    assert set(per_row) == {"scheduler", "step building", "engine call", "post-process", "run loop rest"}
+    # every part of the simulated run executes Python per row; a part counted as zero would mean
+    # the tracer missed it
+    assert all(per_row[part] > 0 for part in ("step building", "engine call", "post-process"))

@@ -12,10 +12,13 @@ tokens and `--output-len` output tokens, once per variant and round, interleaved
 and prints, per variant, the steps whose rows are all at one loop step (a decode step; what the
 target is about) and every step: p50/p90 microseconds per step and p50 per row, the median over
 rounds; the per-row / columnar ratio; and the host time split of the columnar runs per step
-(scheduler, step building, engine call, post-process, the rest of the run loop).
+(scheduler, step building, engine call, post-process, the rest of the run loop). With
+`--bytecodes`, one more columnar run is traced and the Python bytecodes each part executes per row
+are printed: a figure that does not move with the machine's speed or load (C-level work, such as
+dict and list operations inside one bytecode, is not counted).
 
 Usage: mstar bench postprocess [--plan P] [--clients N] [--requests N] [--prompt-len N]
-                               [--output-len N] [--rounds N] [--json]
+                               [--output-len N] [--rounds N] [--json] [--bytecodes]
 """
 from __future__ import annotations
 
@@ -39,18 +42,40 @@ TARGET_US = 50.0  # post-process p50 per decode step (issue 8)
 SPLIT_PARTS = ("scheduler", "step building", "engine call", "post-process", "run loop rest")
 
 
-class _Timed:
-    """Wraps a callable, adding its wall time to `total`."""
+class _Opcodes:
+    """Counts the Python bytecodes executed per host part (`--bytecodes`): a figure of the Python
+    work per row that does not move with the machine or its load (C work is not counted)."""
 
-    def __init__(self, fn: Callable, totals: dict[str, float], part: str):
-        self.fn, self.totals, self.part = fn, totals, part
+    def __init__(self) -> None:
+        self.part: Optional[str] = None
+        self.counts: dict[str, int] = dict.fromkeys(SPLIT_PARTS, 0)
+
+    def trace(self, frame, event, arg):
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode" and self.part is not None:
+            self.counts[self.part] += 1
+        return self.trace
+
+
+class _Timed:
+    """Wraps a callable, adding its wall time to `total` (and its bytecodes to `opcodes`' part)."""
+
+    def __init__(self, fn: Callable, totals: dict[str, float], part: str, opcodes: Optional[_Opcodes] = None):
+        self.fn, self.totals, self.part, self.opcodes = fn, totals, part, opcodes
 
     def __call__(self, *args, **kwargs):
+        opcodes = self.opcodes
+        outer = opcodes.part if opcodes is not None else None
+        if opcodes is not None:
+            opcodes.part = self.part
         started = time.perf_counter()
         try:
             return self.fn(*args, **kwargs)
         finally:
             self.totals[self.part] += time.perf_counter() - started
+            if opcodes is not None:
+                opcodes.part = outer
 
 
 def _requests(args) -> list[Request]:
@@ -58,8 +83,9 @@ def _requests(args) -> list[Request]:
             for i in range(args.requests)]
 
 
-def _one_run(plan, args, variant: str) -> dict[str, Any]:
-    """One closed-loop run; the post-process figures of its steps and the host time split."""
+def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> dict[str, Any]:
+    """One closed-loop run; the post-process figures of its steps and the host time split (and,
+    given `opcodes`, the bytecodes of each part: the run is traced, so its times mean nothing)."""
     engine = SimEngine(plan)
     driver = Driver(plan, engine)
     driver.conductor.is_columnar = variant == "columnar"
@@ -67,13 +93,21 @@ def _one_run(plan, args, variant: str) -> dict[str, Any]:
     # The timers replace these objects' bound methods for this run only, wrapping them with their
     # signatures unchanged; mypy refuses any assignment to a method, so each says so.
     for scheduler in driver.schedulers.values():
-        scheduler.next_batch = _Timed(scheduler.next_batch, totals, "scheduler")  # type: ignore[method-assign]
+        scheduler.next_batch = _Timed(scheduler.next_batch, totals, "scheduler", opcodes)  # type: ignore[method-assign]
     driver.conductor.step_rows = _Timed(driver.conductor.step_rows, totals,  # type: ignore[method-assign]
-                                        "step building")
-    engine.launch = _Timed(engine.launch, totals, "engine call")  # type: ignore[method-assign]
-    engine.wait = _Timed(engine.wait, totals, "engine call")  # type: ignore[method-assign]
+                                        "step building", opcodes)
+    engine.launch = _Timed(engine.launch, totals, "engine call", opcodes)  # type: ignore[method-assign]
+    engine.wait = _Timed(engine.wait, totals, "engine call", opcodes)  # type: ignore[method-assign]
+    if opcodes is not None:  # post-process is timed by the run loop itself; counted here
+        driver._postprocess = _Timed(driver._postprocess, {"post-process": 0.0},  # type: ignore[method-assign]
+                                     "post-process", opcodes)
+        opcodes.part = "run loop rest"
+        sys.settrace(opcodes.trace)
     started = time.perf_counter()
-    driver.run(Workload(_requests(args), closed_concurrency=args.clients))
+    try:
+        driver.run(Workload(_requests(args), closed_concurrency=args.clients))
+    finally:
+        sys.settrace(None)
     wall = time.perf_counter() - started
     log = driver.log
     totals["post-process"] = float(sum(log.post_s))
@@ -132,6 +166,11 @@ def measure(args) -> dict[str, Any]:
     per_row = result["variants"]["per-row"]["loop_steps"]["p50_us"]
     result["per_row_over_columnar"] = per_row / columnar if columnar and per_row else None
     result["target_us"] = TARGET_US
+    if args.bytecodes:
+        opcodes = _Opcodes()
+        run = _one_run(plan, args, "columnar", opcodes)
+        num_rows = max(float(run["rows"].sum()), 1.0)
+        result["bytecodes_per_row"] = {part: opcodes.counts[part] / num_rows for part in SPLIT_PARTS}
     return result
 
 
@@ -154,6 +193,9 @@ def render(result: dict[str, Any]) -> str:
     split = result["variants"]["columnar"]["split_us_per_step"]
     lines.append("host time per step, columnar (us, mean): "
                  + ", ".join(f"{part} {_cell(split[part])}" for part in SPLIT_PARTS))
+    if "bytecodes_per_row" in result:
+        lines.append("Python bytecodes per row, columnar (all steps): "
+                     + ", ".join(f"{part} {result['bytecodes_per_row'][part]:.1f}" for part in SPLIT_PARTS))
     p50 = result["variants"]["columnar"]["loop_steps"]["p50_us"]
     met = p50 is not None and p50 <= result["target_us"]
     lines.append(f"post-process p50 per loop step {_cell(p50)} us (target <= {result['target_us']:.0f} us): "
@@ -170,6 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--output-len", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--bytecodes", action="store_true",
+                        help="also count the Python bytecodes per row of each host part (one traced run, slow)")
     args = parser.parse_args(argv)
     for name in ("clients", "requests", "prompt_len", "output_len", "rounds"):
         value = getattr(args, name)
