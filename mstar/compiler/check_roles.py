@@ -13,8 +13,10 @@ Out: nothing; adds
            modality, two inputs of one node for the same modality);
      MW120 guidance or kv access naming no KV sequence of the node (or on the node's first sequence,
            which holds the whole prompt, or on a node without `kv_sequences`);
-     MW121 kv access missing on a node with several sequences, or not what the walk does (an
-           image-flow walk only reads; other walks write);
+     MW121 kv access missing on a node with several sequences or a cross_kv pool, a kv line that
+           leaves a pool of the node out, or an image-flow walk that writes (it only reads; any
+           other walk may write, or only read: a read-only KV walk);
+     and runs check_cross (MW130-MW133, cross-attention KV pools).
      MW122 a role the node's model kind does not take or produce.
 
 Runs after the deployment and combine checks (like the old MW113): a spec broken in its shape
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from typing import Iterator, Literal, Optional
 
-from mstar.compiler import codes
+from mstar.compiler import check_cross, codes
 from mstar.compiler.resolve import iter_calls, name_span, walk_nodes
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -71,6 +73,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
         for call in iter_calls(walk.body):
             _check_call(call, nodes, diags)
     _check_entries(spec, nodes, diags)
+    check_cross.run(spec, diags)
 
 
 # ---------------------------------------------------------------- nodes
@@ -146,23 +149,28 @@ def _check_sequences(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -> 
                         name_span(guidance.span, guidance.label, diags))
     flow_walks = {w.name for w in spec.walks
                   if any(call.node == node.name and _takes_flow(node, call) for call in iter_calls(w.body))}
+    pools = [c.label for c in node.cross_kv]
     declared: dict[str, ast.KvAccess] = {}
     for access in node.kv_access:
         declared.setdefault(access.walk, access)
         for label in access.reads + access.writes:
-            if label not in labels:
+            if label not in labels and label not in pools:
                 unknown(label, access.span, f"kv {access.walk} names")
-        if access.walk in flow_walks and access.writes:
+        if access.walk in flow_walks and set(access.writes) - set(pools):
             diags.error(codes.KV_ACCESS_MISMATCH, f"walk {access.walk} runs an image flow on {where}, which "
                         "reads the KV context without extending it; write `reads`, not `writes`", access.span)
-        elif access.walk not in flow_walks and not access.writes:
-            diags.error(codes.KV_ACCESS_MISMATCH, f"walk {access.walk} extends the KV cache of {where}; say "
-                        "which sequences it `writes`", access.span)
-    if node.engine == "kv" and len(labels) > 1:
+        missing = [p for p in pools if p not in access.reads + access.writes]
+        if missing:
+            diags.error(codes.KV_ACCESS_MISMATCH,
+                        f"walk {access.walk} leaves cross_kv {', '.join(missing)} of {where} out; its layers "
+                        f"cross-attend in every call: write `reads {' '.join(missing)}` (or `writes` where the "
+                        "walk fills it)", access.span)
+    if node.engine == "kv" and (len(labels) > 1 or pools):
+        kept = f"{len(labels)} KV sequences" if len(labels) > 1 else "cross_kv " + ", ".join(pools)
         for walk in spec.walks:
             if node.name in walk_nodes(walk) and walk.name not in declared:
                 diags.error(codes.KV_ACCESS_MISMATCH,
-                            f"{where} keeps {len(labels)} KV sequences, so walk {walk.name} must say which it "
+                            f"{where} keeps {kept}, so walk {walk.name} must say which it "
                             f"reads or writes: `kv {walk.name} writes ...`", name_span(node.span, node.name, diags))
 
 

@@ -9,6 +9,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW31x+ check_deployment  placement of nodes and walks on ranks
     MW4xx  check_combine     combined walks, caps, captures, capture memory
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
+    MW130-MW133 check_cross  cross-attention KV pools (run by check_roles)
 """
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ DIMS_TOO_LARGE = "MW123"
 # check_prompt_format
 BAD_PROMPT_FORMAT = "MW140"
 BAD_KEEP_RANGE = "MW141"
+CROSS_KV_BAD = "MW130"
+CROSS_KV_NEVER_FILLED = "MW131"
+CROSS_KV_FILL_MISMATCH = "MW132"
+CROSS_KV_READ_BEFORE_FILL = "MW133"
 
 # ---------------------------------------------------------------- check_graph (MW2xx)
 INPUT_NOT_PRODUCED = "MW201"
@@ -118,6 +123,10 @@ TITLES: dict[str, str] = {
     DIMS_TOO_LARGE: "node dims past what the runtime can allocate",
     BAD_PROMPT_FORMAT: "prompt_format that cannot frame a text prompt",
     BAD_KEEP_RANGE: "stream keep range that is empty or on a stream without tokens",
+    CROSS_KV_BAD: "cross-attention KV pool the node cannot hold",
+    CROSS_KV_NEVER_FILLED: "cross-attention KV pool no walk fills",
+    CROSS_KV_FILL_MISMATCH: "cross-attention fill and the walk's call disagree",
+    CROSS_KV_READ_BEFORE_FILL: "cross-attention KV pool read before any walk fills it",
     INPUT_NOT_PRODUCED: "input produced by nothing",
     CYCLE_WITHOUT_LOOP: "cycle outside a loop",
     LOOP_OUTPUT_NOT_PRODUCED: "loop output produced by nothing inside the loop",

@@ -33,6 +33,7 @@ from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.compiler.lower_workers import call_instances, lower_workers
 from mstar.lang import ast
 from mstar.plan.schema import (
+    CrossKvPlan,
     DeploymentPlan,
     GuidancePlan,
     Header,
@@ -124,6 +125,8 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                 dims=dict(sorted(args.items())),
                 kv_sequences=labels,
                 kv_access=_kv_access(spec, node, labels),
+                cross_kv=[CrossKvPlan(label=c.label, source=c.source, num_tokens=c.num_tokens)
+                          for c in node.cross_kv],
                 guidance=[GuidancePlan(label=g.label, drops=g.drops, scale=g.scale) for g in node.guidance],
                 bidirectional_walks=sorted(set(node.bidirectional.walks)) if node.bidirectional else [],
                 recurrent=_recurrent(node, deployment),

@@ -114,6 +114,8 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
     _duplicates(node.inputs, lambda i: i.name, f"input of node {node.name}", diags)
     _duplicates(node.outputs, lambda o: o.name, f"output of node {node.name}", diags)
     _duplicates(node.guidance, lambda g: g.label, f"guidance label of node {node.name}", diags)
+    _duplicates(node.cross_kv, lambda c: c.label, f"cross_kv pool of node {node.name}", diags)
+    _resolve_cross(node, diags)
     _duplicates(node.kv_access, lambda a: a.walk, f"kv access {what} for walk", diags)
     _duplicates(node.caps, lambda c: c.walk, f"cap {what} for walk", diags)
     _duplicates(node.captures, lambda c: c.walk, f"capture {what} for walk", diags)
@@ -136,6 +138,21 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
         if walk not in walks:
             diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{suggestion(walk, walks)}",
                         name_span(span, walk, diags))
+
+
+def _resolve_cross(node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """A cross_kv pool has a label apart from the node's KV sequences and is filled from an input."""
+    sequences = set(node.kv_sequences.labels) if node.kv_sequences is not None else set()
+    inputs = [d.name for d in node.inputs]
+    for cross in node.cross_kv:
+        if cross.label in sequences:
+            diags.error(codes.DUPLICATE_NAME, f"cross_kv {cross.label} of node {node.name} has the name of one of "
+                        "its KV sequences", name_span(cross.span, cross.label, diags),
+                        Note("the KV sequences", node.kv_sequences.span if node.kv_sequences else node.span))
+        if cross.source not in inputs:
+            diags.error(codes.UNKNOWN_INPUT, f"cross_kv {cross.label} is filled from '{cross.source}', which is not "
+                        f"an input of node {node.name}{suggestion(cross.source, inputs)}",
+                        name_span(cross.span, cross.source, diags, skip=1 if cross.source == cross.label else 0))
 
 
 def _resolve_walk(walk: ast.Walk, nodes: dict[str, ast.NodeDecl], params: set[str],

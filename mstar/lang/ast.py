@@ -103,6 +103,17 @@ class OutputDecl(AstNode):
     role: OutputRole
 
 
+class CrossKv(AstNode):
+    """`cross_kv audio from encoder_states tokens=1500`: a cross-attention KV pool (label `audio`)
+    each request owns on this kv node, filled once from the input `source` (another model's states,
+    at most `num_tokens` of them) by the walks whose `kv` line writes it, and attended over by the
+    walks whose `kv` line reads it (Whisper's decoder over its encoder's states)."""
+
+    label: str
+    source: str
+    num_tokens: int
+
+
 class GuidanceDecl(AstNode):
     """`guidance cfg_text drops text scale=4.0`: a KV sequence kept without the prompt's `drops`
     part, for classifier-free guidance, and its default scale (a request may set its own)."""
@@ -210,6 +221,7 @@ class NodeDecl(AstNode):
     is_tp: bool = False  # `tp`: the node may be tensor-parallel
     is_async: bool = True  # `no_speculation`: the node opts out of async scheduling
     kv_sequences: Optional[KvSequences] = None
+    cross_kv: list[CrossKv] = []
     guidance: list[GuidanceDecl] = []
     kv_access: list[KvAccess] = []
     bidirectional: Optional[Bidirectional] = None

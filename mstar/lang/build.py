@@ -175,6 +175,7 @@ class AstBuilder(Transformer):
             is_tp="TP" in flags,
             is_async="NO_SPECULATION" not in flags,
             kv_sequences=self._one(_of(children, ast.KvSequences), "kv_sequences", "node"),
+            cross_kv=_of(children, ast.CrossKv),
             guidance=_of(children, ast.GuidanceDecl),
             kv_access=_of(children, ast.KvAccess),
             bidirectional=self._one(_of(children, ast.Bidirectional), "bidirectional", "node"),
@@ -273,6 +274,11 @@ class AstBuilder(Transformer):
             elif isinstance(child, Token) and child.type == "NAME" and current is not None:
                 current.append(str(child))
         return ast.KvAccess(span=self._span(children), walk=walk, reads=reads, writes=writes)
+
+    def cross_kv(self, children):
+        label, source = _names(children)[:2]
+        return ast.CrossKv(span=self._span(children), label=label, source=source,
+                           num_tokens=self._ints(children)[0])
 
     def kv_sequences(self, children):
         return ast.KvSequences(span=self._span(children), labels=_names(children))

@@ -37,8 +37,8 @@ _SPACE = " \t\r\f"
 # The fields holding each class's comment-carrying children (the constructs named above).
 _CHILDREN = {
     ast.Spec: ("params", "nodes", "walks", "partitions"),
-    ast.NodeDecl: ("inputs", "outputs", "prompt_format", "kv_sequences", "guidance", "kv_access", "bidirectional",
-                   "states", "caps", "captures", "combines"),
+    ast.NodeDecl: ("inputs", "outputs", "prompt_format", "kv_sequences", "cross_kv", "guidance", "kv_access",
+                   "bidirectional", "states", "caps", "captures", "combines"),
     ast.CombineDecl: ("rows", "capture"),
     ast.Walk: ("body",),
     ast.Parallel: ("body",),

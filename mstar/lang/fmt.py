@@ -4,8 +4,8 @@
 
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
-order. Inside a node: inputs, outputs, prompt_format, kv_sequences, guidance, kv access, bidirectional, states,
-caps, captures, combines. A call with one edge
+order. Inside a node: inputs, outputs, prompt_format, kv_sequences, cross_kv, guidance, kv access,
+bidirectional, states, caps, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
@@ -96,6 +96,8 @@ def _node(node: ast.NodeDecl) -> list[str]:
         if not node.kv_sequences.labels:
             raise ValueError(f"format_spec: node {node.name}: kv_sequences needs at least one label")
         body += _line(node.kv_sequences, "kv_sequences " + " ".join(node.kv_sequences.labels))
+    for cross in node.cross_kv:
+        body += _line(cross, f"cross_kv {cross.label} from {cross.source} tokens={cross.num_tokens}")
     for guidance in node.guidance:
         body += _line(guidance, f"guidance {guidance.label} drops {guidance.drops} scale={_scale(guidance.scale)}")
     for access in node.kv_access:

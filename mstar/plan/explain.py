@@ -188,6 +188,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         state = ""
         if n.engine == "kv":
             state = "kv " + " ".join(n.kv_sequences)
+            state += "".join(f"; cross_kv {c.label} from {c.source} ({c.num_tokens} tokens)" for c in n.cross_kv)
             state += "".join(f"; guidance {g.label} drops {g.drops} x{g.scale:g}" for g in n.guidance)
         if n.recurrent:
             state += f"; recurrent {n.recurrent.num_slots} slots"

@@ -14,7 +14,10 @@ from typing import Optional, Union
 
 ArgValue = Union[int, float, str, list]
 
-DECODER_STYLES = ("llama", "qwen3_5")
+DECODER_STYLES = ("llama", "qwen3_5", "whisper")
+# A stateless encoder's model: `whisper` is Whisper's audio encoder over a log-mel front end
+# (without a style an encoder is the small stand-in of mstar/runtime/engine/models/encoders.py).
+ENCODER_STYLES = ("whisper",)
 LAYER_KIND_FLAGS = {"full": 1, "linear": 0}
 
 
@@ -70,6 +73,7 @@ STATELESS_ARGS: dict[str, ArgKind] = {
     "codebook": INT, "quantizers": INT, "samples_per_token": INT, "sample_rate": INT,
     "keep_frame": INDEX, "latent_channels": INT, "latent_tokens": INT, "upscale": INT,
     "token_offset": INDEX,  # an audio codec fed tokens: the id of code 0 (Orpheus: 128266)
+    "style": choice(*ENCODER_STYLES),
 }
 
 # `state recurrent(...)`: every argument is required (the slot size depends on all four).

@@ -120,11 +120,16 @@ def _role_problems(plan: Plan, problems: list[str]) -> None:
         if len(set(outputs)) < len(outputs):
             problems.append(f"{where}: an output is declared twice")
         labels = node.kv_sequences
+        pools = [c.label for c in node.cross_kv]
+        problems.extend(f"{where}: cross_kv {c.label} is filled from {c.source!r}, not an input of the node"
+                        for c in node.cross_kv if c.source not in node.inputs)
+        if set(pools) & set(labels) or len(set(pools)) < len(pools):
+            problems.append(f"{where}: cross_kv labels {pools} repeat or clash with its KV sequences")
         for access in node.kv_access:
             if access.walk not in walks:
                 problems.append(f"{where}: kv access of unknown walk {access.walk!r}")
             problems.extend(f"{where}: walk {access.walk} uses unknown KV sequence {label!r}"
-                            for label in access.reads + access.writes if label not in labels)
+                            for label in access.reads + access.writes if label not in labels + pools)
         for guidance in node.guidance:
             if guidance.label not in labels[1:]:
                 problems.append(f"{where}: guidance label {guidance.label!r} is not one of its KV sequences "

@@ -106,11 +106,24 @@ class OutputPlan(PlanModel):
 
 class KvAccessPlan(PlanModel):
     """The KV sequences a walk's rows on a kv node attend over without extending (`reads`) and
-    extend (`writes`). Unguided requests use the node's first sequence only."""
+    extend (`writes`); a walk that writes none of the node's `kv_sequences` is read-only there. A
+    `cross_kv` label among `writes` is filled by the walk, among `reads` attended over. Unguided
+    requests use the node's first sequence only."""
 
     walk: str
     reads: list[str] = []
     writes: list[str] = []
+
+
+class CrossKvPlan(PlanModel):
+    """A cross-attention KV pool each request owns on a kv node (`cross_kv LABEL from SOURCE
+    tokens=N`): the walks whose kv access `writes` the label fill it once from the input `source`
+    (another model's states, at most `num_tokens` of them), which then never enters a self-attention
+    sequence; the walks that read or write it attend over it in every layer."""
+
+    label: str
+    source: str
+    num_tokens: int
 
 
 class GuidancePlan(PlanModel):
@@ -131,6 +144,7 @@ class NodePlan(PlanModel):
     dims: dict[str, Union[int, float, str, list[int]]]
     kv_sequences: list[str] = ["main"]  # KV labels per request (kv nodes); the first holds the whole prompt
     kv_access: list[KvAccessPlan] = []  # per walk that calls the node (kv nodes), in walk order
+    cross_kv: list[CrossKvPlan] = []  # cross-attention pools (their labels may appear in kv_access)
     guidance: list[GuidancePlan] = []
     bidirectional_walks: list[str] = []  # walks whose rows attend to all their own tokens (sorted)
     recurrent: Optional[RecurrentState] = None

@@ -115,8 +115,10 @@ explain = {
           "for a text prompt and `media` for an image or audio prompt, and one input per modality on a node.",
  "MW120": "`guidance LABEL ...` and `kv WALK reads/writes ...` name sequences of the node's `kv_sequences`; a guidance "
           "label is not the first sequence, which holds the whole prompt.",
- "MW121": "On a kv node with several KV sequences every walk that calls it says which it reads or writes (`kv WALK "
-          "writes main cfg_img`); an image-flow walk only `reads`, any other walk `writes`.",
+ "MW121": "On a kv node with several KV sequences or a `cross_kv` pool every walk that calls it says which it reads "
+          "or writes (`kv WALK writes main cfg_img`), naming every cross_kv pool of the node (its layers cross-attend "
+          "in every call); an image-flow walk only `reads`. Any other walk `writes`, or only `reads`: a read-only KV "
+          "walk attends over the sequences without extending them.",
  "MW122": "What a node of each kind takes and produces: a decoder (every kv node) takes tokens, embeddings, hidden "
           "states, masks, flow latents and time and produces tokens, embeddings, hidden states, masks, velocities and "
           "flow latents and time; an `audio_codec` takes tokens and produces `audio`; an `image_decoder` takes "
@@ -127,6 +129,17 @@ explain = {
           "attention and MLP projections) passes 2 TiB per node. The message gives the memory the dims imply. Checked "
           "before anything is built per layer, so `layers=1000000000` is an error in milliseconds instead of minutes "
           "and gigabytes; docs/limits.md lists every bound.",
+ "MW130": "A `cross_kv LABEL from INPUT tokens=N` pool belongs on a kv node whose decoder style has cross-attention "
+          "layers (`style=whisper`), is filled from an input that carries another model's states (`hidden` or "
+          "`embeddings`, not a stream input or the prompt) and holds at least one token. A `whisper` decoder without a "
+          "pool is reported too: it cross-attends in every layer.",
+ "MW131": "Some walk must fill each cross_kv pool: `kv WALK writes ... LABEL` for the walk whose call of the node "
+          "passes the pool's input (Whisper's prefill, which takes the encoder's states).",
+ "MW132": "A walk fills a pool exactly when its call of the node takes the pool's input: a walk that writes the pool "
+          "without passing the input has nothing to fill it with, and one that passes the input without writing the "
+          "pool would drop the states (they never enter a self-attention sequence).",
+ "MW133": "A walk that only reads a pool runs after a walk that fills it: some filling walk sits at an earlier stage "
+          "of the reading walk's partition (for walks no partition lists, earlier in declaration order).",
  "MW140": "A node's `prompt_format` must be able to frame a text prompt: it sits on the node whose input takes the "
           "text prompt, its template has a `{prompt}` field and otherwise only plain named fields (`{voice}`; no "
           "positional, dotted or formatted ones), `before` and `after` are token lists inside the node's vocabulary, "

@@ -83,6 +83,7 @@ nodes = st.builds(
     is_tp=st.booleans(),
     is_async=st.booleans(),
     kv_sequences=st.none() | st.builds(ast.KvSequences, labels=name_lists),
+    cross_kv=small_lists(st.builds(ast.CrossKv, label=names, source=names, num_tokens=counts)),
     guidance=small_lists(st.builds(ast.GuidanceDecl, label=names, drops=st.sampled_from(ast.MODALITIES),
                                    scale=scales)),
     kv_access=small_lists(kv_accesses),

@@ -189,6 +189,9 @@ class TorchEngine(RunsAtLaunch):
 
     def _build_decoder(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
+        if node.cross_kv or node.dims.get("style") == "whisper":
+            raise DimsError(f"node {node.name}: this engine has no decoder with cross-attention layers yet "
+                            "(cross_kv pools, style=whisper); the simulated engine (--engine sim) runs the plan")
         dims = decoder_dims(node, mode)
         if weights_dir is not None:
             checkpoint = read_checkpoint_config(weights_dir)

@@ -40,6 +40,8 @@ def fast_path_reason(node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> 
         return "the fast path feeds one token input"
     if node.bidirectional_walks or node.guidance:
         return "bidirectional walks and guidance sequences are not on the fast path"
+    if node.cross_kv or any(set(a.writes).isdisjoint(node.kv_sequences) for a in node.kv_access):
+        return "cross-attention pools and read-only KV walks are not on the fast path"
     for call in own:
         if call.is_image_flow:
             return "image-flow steps are not on the fast path"

@@ -68,8 +68,8 @@ class _Prepared:
     is_flow: bool = False
     latents: Optional[torch.Tensor] = None
     time_index: int = 0
-    writes: tuple[str, ...] = ()  # KV sequences the row extends (none for a flow row)
-    reads: tuple[str, ...] = ()  # KV sequences a flow row attends over
+    writes: tuple[str, ...] = ()  # KV sequences the row extends (none for a flow row or a read-only walk)
+    reads: tuple[str, ...] = ()  # KV sequences a row that writes none attends over
 
     def keys(self) -> list[tuple[str, str]]:
         return [(self.row.request_id, label) for label in self.writes]
@@ -244,8 +244,10 @@ class DecoderRunner:
         embeds = torch.zeros(num_tokens, self.dims.hidden)
         for part in parts:
             embeds[:part.shape[0]] += part
-        writes = self.guidance.written(row.walk, self.is_guided(request))
-        return _Prepared(row, call, request, embeds, tokens_fed, writes=writes)
+        is_guided = self.is_guided(request)
+        writes = self.guidance.written(row.walk, is_guided)
+        reads = () if writes else self.guidance.read(row.walk, is_guided)  # a read-only KV walk
+        return _Prepared(row, call, request, embeds, tokens_fed, writes=writes, reads=reads)
 
     def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if self.dims.has_linear_layers:
@@ -278,8 +280,8 @@ class DecoderRunner:
         return embeds @ self._adapters[key].T
 
     def _num_new(self, item: _Prepared) -> int:
-        """Positions the row writes (an image-flow row reads only)."""
-        return 0 if item.is_flow else item.embeds.shape[0]
+        """Positions the row writes (an image-flow row or a read-only walk's row reads only)."""
+        return item.embeds.shape[0] if item.writes else 0
 
     def _length_problem(self, item: _Prepared) -> Optional[str]:
         for key in item.keys():
@@ -325,16 +327,16 @@ class DecoderRunner:
         for item in ready:
             num_tokens = item.embeds.shape[0]
             spans.append({})
-            for label in item.reads if item.is_flow else item.writes:
+            for label in item.writes or item.reads:
                 key = (item.row.request_id, label)
                 num_cached = self.pool.num_tokens(key)
-                num_positions = num_cached + (0 if item.is_flow else num_tokens)
+                num_positions = num_cached + (num_tokens if item.writes else 0)
                 table = self.pool.page_table(key)
                 flat = self.cache.flat_positions(table, num_positions)
                 tables.append(table)
                 is_causal = not item.is_flow and item.row.walk not in self.bidirectional_walks
                 segments.append(Segment(start, num_tokens, num_cached, flat, is_causal=is_causal,
-                                        is_write=not item.is_flow, is_decode=item.row.walk in self._decode_walks))
+                                        is_write=bool(item.writes), is_decode=item.row.walk in self._decode_walks))
                 bounds.append((start, start + num_tokens))
                 positions.append(torch.arange(num_cached, num_cached + num_tokens))
                 slot = self.slots.slot_of(item.row.request_id) if self.slots else 0

@@ -66,6 +66,9 @@ class NodeGuidance:
     writes: dict[str, tuple[str, ...]]
     reads: dict[str, tuple[str, ...]]
     guided_walks: frozenset[str]  # walks that read a guidance sequence
+    # walks whose rows attend over the sequences without extending any (their kv access writes
+    # none of the node's sequences: an image flow, a read-only KV walk)
+    read_only_walks: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, node: NodePlan) -> "NodeGuidance":
@@ -77,6 +80,7 @@ class NodeGuidance:
             writes={a.walk: tuple(a.writes) for a in node.kv_access},
             reads={a.walk: tuple(a.reads) for a in node.kv_access},
             guided_walks=frozenset(a.walk for a in node.kv_access if set(a.reads) & set(labels)),
+            read_only_walks=frozenset(a.walk for a in node.kv_access if set(a.writes).isdisjoint(node.kv_sequences)),
         )
 
     def scales(self, params: GuidanceParams) -> tuple[float, ...]:
@@ -86,11 +90,13 @@ class NodeGuidance:
         return any(scale > 1.0 for scale in self.scales(params))
 
     def written(self, walk: str, is_guided: bool) -> tuple[str, ...]:
-        """The KV sequences a writing row of `walk` extends."""
+        """The KV sequences a row of `walk` extends (none for a read-only walk)."""
+        if walk in self.read_only_walks:
+            return ()
         return (self.writes.get(walk) or (self.first,)) if is_guided else (self.first,)
 
     def read(self, walk: str, is_guided: bool) -> tuple[str, ...]:
-        """The KV sequences an image-flow row of `walk` attends over (the first one first)."""
+        """The KV sequences a read-only row of `walk` attends over (the first one first)."""
         return (self.reads.get(walk) or (self.first,)) if is_guided else (self.first,)
 
     def combine(self, velocities: dict[str, torch.Tensor], params: GuidanceParams) -> torch.Tensor:
