@@ -36,8 +36,9 @@ def test_cross_kv_formats_back_with_its_comment():
     assert (pool.label, pool.source, pool.num_tokens) == ("audio", "encoder_states", 1500)
     again = parse(text, "again.mw", Diagnostics())
     assert again is not None and ast.same_meaning(again, spec)
-    moved = WHISPER.replace("    cross_kv audio from encoder_states tokens=1500\n", "").replace(
-        "    kv_sequences main\n", "    kv_sequences main\n    # the pool\n    cross_kv audio from encoder_states tokens=1500  # 30 s\n")
+    pool_line = "    cross_kv audio from encoder_states tokens=1500"
+    moved = WHISPER.replace(pool_line + "\n", "").replace(
+        "    kv_sequences main\n", "    kv_sequences main\n    # the pool\n" + pool_line + "  # 30 s\n")
     reparsed = parse(moved, "moved.mw", Diagnostics())
     assert reparsed is not None
     assert "    # the pool\n    cross_kv audio from encoder_states tokens=1500  # 30 s\n" in format_spec(reparsed)
@@ -64,7 +65,8 @@ def test_a_missing_kv_line_on_a_node_with_a_pool_is_mw121():
 
 def test_a_llama_decoder_cannot_hold_a_pool():
     rendered = roles_errors(WHISPER.replace("node decoder kv(style=whisper,", "node decoder kv(style=llama,"))
-    assert "error[MW130]: cross_kv audio of node decoder: the decoder's style (llama) has no cross-attention" in rendered
+    assert ("error[MW130]: cross_kv audio of node decoder: the decoder's style (llama) has no cross-attention"
+            in rendered)
 
 
 def test_the_whisper_spec_passes_the_role_checks():
