@@ -29,6 +29,7 @@ MAX_PLAN_BYTES = 16 * MIB
 MAX_PROMPTS_BYTES = 256 * MIB
 MAX_JSON_CONFIG_BYTES = 4 * MIB  # a checkpoint's config.json, a safetensors index
 MAX_GLUE_BYTES = 4 * MIB  # a plan's generated Triton glue
+MAX_AUDIO_BYTES = 64 * MIB  # a prompt's WAV file (30 s of 16 kHz 16-bit mono is under 1 MiB)
 
 
 class InputFileError(Exception):

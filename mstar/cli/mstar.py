@@ -127,8 +127,9 @@ def _tokenizer(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine.weights import WeightsError, weights_by_node
 
         try:
-            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], args.weights,
-                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"])
+            others = [n.name for n in plan.nodes if n.model_kind == "audio_codec"
+                      or (n.model_kind == "audio_encoder" and n.dims.get("style") == "whisper")]
+            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], args.weights, others)
         except WeightsError as error:
             raise CliError(str(error)) from None
     try:

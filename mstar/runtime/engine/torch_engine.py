@@ -36,7 +36,9 @@ from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.engine.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
 )
+from mstar.runtime.engine import whisper_setup
 from mstar.runtime.engine.runners.decoder import DecoderRunner
+from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
@@ -60,7 +62,8 @@ from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config, weights_by_node,
 )
 
-Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner]
+Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,
+               WhisperEncoderRunner]
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
@@ -116,7 +119,9 @@ class TorchEngine(RunsAtLaunch):
         self._num_weight_bytes = 0
         try:
             checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir,
-                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"])
+                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"
+                                           or (n.model_kind == "audio_encoder" and whisper_setup.is_whisper(n))])
+            checkpoints = whisper_setup.shared_checkpoints(plan.nodes, checkpoints)
             self.runners: dict[str, Runner] = {}
             # Decoders first: encoders size their heads and image decoders their latents after them.
             for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
@@ -149,6 +154,13 @@ class TorchEngine(RunsAtLaunch):
     def _build(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                num_pages: Optional[int]) -> Runner:
         kind = node.model_kind
+        position = self.positions[node.name]
+        if kind in ("decoder", "audio_encoder") and whisper_setup.is_whisper(node):
+            if kind == "audio_encoder":
+                return whisper_setup.encoder_runner(node, mode, weights_dir, seed, position, self._new)
+            pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
+            max_seq_len = pool.max_seq_len if pool else self.plan.deployment.max_seq_len
+            return whisper_setup.decoder_runner(node, mode, weights_dir, seed, position, max_seq_len, self._new)
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
         if kind == "audio_codec" and weights_dir is not None:
@@ -189,9 +201,6 @@ class TorchEngine(RunsAtLaunch):
 
     def _build_decoder(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
-        if node.cross_kv or node.dims.get("style") == "whisper":
-            raise DimsError(f"node {node.name}: this engine has no decoder with cross-attention layers yet "
-                            "(cross_kv pools, style=whisper); the simulated engine (--engine sim) runs the plan")
         dims = decoder_dims(node, mode)
         if weights_dir is not None:
             checkpoint = read_checkpoint_config(weights_dir)

@@ -10,8 +10,10 @@ small vocabulary, all from one seed. Arrivals:
 File (`read_prompts`): one JSON object per line: {"id": str, "max_tokens": int} with the prompt as
 exactly one of "prompt_tokens" ([int, ...]), "prompt" (text, tokenized by the run's tokenizer) or
 "messages" ([{"role": str, "content": str}, ...], rendered by the tokenizer's chat template, then
-tokenized), and optionally "stop" (a string or a list of strings: the request ends once its
-decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
+tokenized), and optionally "audio" (a 16 kHz WAV file, relative to the prompts file's folder; read
+by serve/wav.py into the request's audio media; a line with audio may leave the text prompt out,
+which gives an empty one, e.g. for Whisper's decoder), "stop" (a string or a list of strings: the
+request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
 "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py); blank lines are skipped. An id is 1 to
@@ -30,6 +32,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import random
 import re
 from typing import Any, Optional
@@ -207,9 +210,12 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
 
 
 def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> list[int]:
-    """The line's prompt as token ids, from exactly one of prompt_tokens, prompt and messages;
-    `form`: the plan's prompt format (serve/prompt_format.py), which frames a text prompt."""
+    """The line's prompt as token ids, from exactly one of prompt_tokens, prompt and messages
+    (none at all on a line with audio: an empty prompt); `form`: the plan's prompt format
+    (serve/prompt_format.py), which frames a text prompt."""
     given = [name for name in ("prompt_tokens", "prompt", "messages") if name in obj]
+    if not given and "audio" in obj:
+        return []
     if not given:
         raise WorkloadError(f"{where}: missing required field 'prompt_tokens' (or 'prompt' text, or 'messages' chat)")
     if len(given) != 1:
@@ -268,10 +274,25 @@ def _stop_strings(obj: dict, where: str, tokenizer: Any) -> list[str]:
     return list(stops)
 
 
-def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = None) -> Request:
+def _audio(obj: dict, where: str, base_dir: str) -> dict[str, Any]:
+    """The line's media: {"audio": samples} from its `audio` WAV path, else {}."""
+    path = _field(obj, "audio", (str,), where, is_required=False)
+    if path is None:
+        return {}
+    from mstar.runtime.serve.wav import WavError, read_wav
+
+    try:
+        return {"audio": read_wav(os.path.join(base_dir, path))}
+    except WavError as error:
+        raise WorkloadError(f"{where}: {error}") from None
+
+
+def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = None,
+                      base_dir: str = ".") -> Request:
     """One prompts line -> a Request; `tokenizer` (serve/tokenizer.py TextTokenizer, or None)
     turns 'prompt' and 'messages' into tokens; `form` (the plan's PromptFormatPlan, or None)
-    frames a text prompt, and its fields (e.g. 'voice') are fields of the line."""
+    frames a text prompt, and its fields (e.g. 'voice') are fields of the line; `base_dir`: where
+    relative `audio` paths start."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as error:
@@ -281,7 +302,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
-             "seed", "repetition_penalty", "stop_tokens", "route", "guidance"} | set(form.fields if form else ())
+             "seed", "repetition_penalty", "stop_tokens", "route", "guidance", "audio"} | set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -314,6 +335,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         stop_strings=_stop_strings(obj, where, tokenizer),
         route=route,
         guidance=scales,
+        media=_audio(obj, where, base_dir),
     )
 
 
@@ -345,7 +367,7 @@ def read_prompts(
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        request = parse_prompt_line(line, where, tokenizer, form)
+        request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
         if names is not None:
             check_route(request.route, names, where)
         if request.id in seen:

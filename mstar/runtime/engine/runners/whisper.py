@@ -1,0 +1,173 @@
+"""Runs Whisper's nodes: the audio encoder, and the decoder with its cross-attention pool.
+
+Encoder (a stateless `audio_encoder` node with `style=whisper`): per row, the request's 16 kHz
+samples (its `media prompt audio` input; seeded noise when the request brought none) -> log-mel
+features (models/log_mel.py) -> encoder states `[1500, hidden]` under every output edge.
+
+Decoder (a kv node with `style=whisper` and a `cross_kv` pool), one request at a time as the
+reference runs it (no batching): the walks whose kv access writes the pool fill it from the pool's
+source input (the plan's `cross_kv.source`: the encoder's states, never added to the token
+embeddings), every call attends over it; token inputs extend the request's self-attention cache.
+The first call starts the request's decoder sequence from its text prompt (runners/whisper_rules.py:
+start of transcript, detected language, task, no timestamps); each call then yields one token, forced
+by the start sequence or sampled from the logits after the suppression and timestamp rules. A row
+stops at the end-of-text token, a request stop token, max_tokens, or the decoder's last position.
+Out: per row its token under `tokens` outputs and its hidden states under other outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from mstar.plan.schema import NodePlan
+from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.models.log_mel import NUM_SAMPLES, log_mel
+from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder, WhisperKv
+from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.runners.stateless import StatelessRunner
+from mstar.runtime.engine.runners.values import InputError
+from mstar.runtime.engine.runners.whisper_rules import WhisperRules, WhisperSequence, next_token, processed
+from mstar.runtime.engine.sampling import draw_stream, sample_tokens
+from mstar.runtime.step import RowResult, StepRow
+
+Rows = list[tuple[StepRow, CallInfo, RequestState]]
+
+
+class WhisperEncoderRunner(StatelessRunner):
+    def __init__(self, node: NodePlan, model: WhisperEncoder, position: int = 0):
+        super().__init__(node, position)
+        self.model = model
+
+    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+        name = call.input_with("media")
+        raw = row.inputs.get(name) if name is not None else None
+        if raw is None:  # no audio: 30 s of seeded noise (a stand-in, as for other media)
+            samples = 0.1 * self._stand_in(request, call, "media", (NUM_SAMPLES,))
+        else:
+            samples = torch.as_tensor(raw, dtype=torch.float32)
+            if samples.dim() != 1 or samples.numel() == 0:
+                raise InputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
+                                 f"{tuple(samples.shape)}")
+        return self.model(log_mel(samples, self.model.dims.num_mel_bins))
+
+
+@dataclass
+class _Decoding:
+    """One request on the decoder: its caches and its decoder sequence (None before its first call)."""
+
+    kv: WhisperKv
+    sequence: Optional[WhisperSequence] = None
+
+
+class WhisperDecoderRunner:
+    def __init__(self, node: NodePlan, model: WhisperDecoder, rules: WhisperRules, max_seq_len: int,
+                 position: int = 0):
+        """max_seq_len: the longest decoder sequence (the deployment's, within the position table)."""
+        self.node = node
+        self.model = model
+        self.rules = rules
+        self.max_seq_len = min(max_seq_len, model.dims.num_positions)
+        self.position = position
+        self.pools = {pool.label: pool for pool in node.cross_kv}
+        self.fills = {a.walk: [label for label in a.writes if label in self.pools] for a in node.kv_access}
+        self.sources = {pool.source for pool in node.cross_kv}
+        self.requests: dict[str, _Decoding] = {}
+
+    def attention_backend(self) -> str:
+        return "torch"
+
+    def refusal(self, request: RequestState) -> Optional[str]:
+        if len(request.prompt_tokens) >= self.max_seq_len:  # a longer run stops at the last position
+            return (f"node {self.node.name}: the decoder prompt ({len(request.prompt_tokens)} tokens) leaves none "
+                    f"of the decoder's {self.max_seq_len} positions to generate in")
+        bad = next((t for t in request.prompt_tokens if not 0 <= t < self.model.dims.vocab), None)
+        if bad is not None:
+            vocab = self.model.dims.vocab
+            return f"node {self.node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        return None
+
+    def end_request(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        """Rows run one by one; none waits for memory (the caches are per request)."""
+        results = []
+        for row, call, request in rows:
+            try:
+                with torch.no_grad():
+                    results.append(self._run_row(row, call, request))
+            except InputError as error:
+                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+        return results, []
+
+    def _run_row(self, row: StepRow, call: CallInfo, request: RequestState) -> RowResult:
+        state = self.requests.setdefault(row.request_id, _Decoding(self.model.empty_kv()))
+        for label in self.fills.get(row.walk, []):
+            state.kv.cross = self.model.cross_pool(self._states(row, label))
+        if state.kv.cross is None:
+            raise InputError(f"walk {row.walk} reads the cross-attention pool before a walk filled it")
+        fed = self._tokens(row, call)
+        if state.sequence is None:
+            state.sequence = WhisperSequence.start(fed, self.rules)
+            fed = state.sequence.tokens
+        if state.kv.num_tokens + len(fed) > self.max_seq_len:
+            raise InputError(f"the decoder sequence would pass its {self.max_seq_len} positions")
+        hidden = self.model(torch.tensor(fed, dtype=torch.long), state.kv)
+        token = self._next(self.model.logits(hidden[-1]), state.sequence, request)
+        state.sequence.tokens.append(token)
+        return self._result(row, call, request, token, hidden, len(state.sequence.tokens))
+
+    def _states(self, row: StepRow, label: str) -> torch.Tensor:
+        pool = self.pools[label]
+        states = row.inputs.get(pool.source)
+        if not isinstance(states, torch.Tensor) or states.dim() != 2 or states.shape[1] != self.model.dims.hidden:
+            raise InputError(f"cross_kv {label} is filled from {pool.source}: expected states of shape "
+                             f"[n, {self.model.dims.hidden}], got {_shape(states)}")
+        if states.shape[0] > pool.num_tokens:
+            raise InputError(f"cross_kv {label} holds {pool.num_tokens} states, {pool.source} brings "
+                             f"{states.shape[0]}")
+        return states.float()
+
+    def _tokens(self, row: StepRow, call: CallInfo) -> list[int]:
+        """The row's token ids (its token inputs that do not fill a pool); [] for an empty prompt."""
+        tokens: list[int] = []
+        for name in call.inputs:
+            if name in self.sources or call.input_roles.get(name) != "tokens":
+                continue
+            value = row.inputs.get(name)
+            if isinstance(value, torch.Tensor):
+                value = value.reshape(-1).tolist()
+            if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+                tokens.extend(value)
+            elif value is not None:
+                raise InputError(f"input {name} must be token ids, got {type(value).__name__}")
+        return tokens
+
+    def _next(self, logits: torch.Tensor, sequence: WhisperSequence, request: RequestState) -> int:
+        forced = next_token(logits, sequence, self.rules)
+        if forced is not None:
+            return forced
+        node = self.node.name
+        scores = processed(logits, sequence, self.rules).unsqueeze(0)
+        history = torch.tensor(sequence.tokens, dtype=torch.long)
+        return sample_tokens(scores, [request.params], [history], [draw_stream(request.params.seed, self.position)],
+                             [request.num_sampled.get(node, 0)])[0]
+
+    def _result(self, row: StepRow, call: CallInfo, request: RequestState, token: int, hidden: torch.Tensor,
+                length: int) -> RowResult:
+        node = self.node.name
+        request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+        max_tokens = request.params.max_tokens
+        result = RowResult(row.request_id)
+        result.is_stop = (token == self.rules.eos or token in request.params.stop_tokens or length >= self.max_seq_len
+                          or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
+        for name in call.output_names:
+            is_token = call.output_roles.get(name, "tokens") == "tokens"
+            result.outputs[name] = [token] if is_token else hidden.clone()
+        return result
+
+
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
