@@ -1,8 +1,8 @@
 """Consistent renaming of every name a spec's author chooses, on the parsed spec and the deployment.
 
 `rename_spec(spec) -> (renamed spec, mapping)`: the model, params, nodes, inputs, outputs (edge and
-loop output names, stream sources), walks, loops, combined walks, partitions, KV sequence labels and
-guidance labels, each through one mapping old -> new. The new names sort in the reverse order of the
+loop output names, stream sources), walks, loops, combined walks, partitions, KV sequence labels,
+cross_kv pools (label and source input) and guidance labels, each through one mapping old -> new. The new names sort in the reverse order of the
 old ones, so anything that still orders by name moves. `rename_deployment(data, mapping)` renames the
 names a deployment YAML holds (node and walk names, the model, per-node and per-walk keys) by its
 structure, never by text replacement. Reserved destinations (`conductor`, `client`) and argument
@@ -26,6 +26,7 @@ def _names(spec: ast.Spec) -> set[str]:
         found.update(o.name for o in node.outputs)
         if node.kv_sequences is not None:
             found.update(node.kv_sequences.labels)
+        found.update(c.label for c in node.cross_kv)
         found.update(c.name for c in node.combines)
     found.update(w.name for w in spec.walks)
     found.update(p.name for p in spec.partitions)
@@ -89,6 +90,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.OutputDecl: ("name",),
     ast.KvSequences: ("labels",),
     ast.GuidanceDecl: ("label",),
+    ast.CrossKv: ("label", "source"),
     ast.KvAccess: ("walk", "reads", "writes"),
     ast.Bidirectional: ("walks",),
     ast.CapDecl: ("walk",),

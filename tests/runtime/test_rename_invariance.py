@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from mstar.compiler.driver import compile_spec
@@ -134,6 +135,10 @@ TORCH_CASES = {
                       guidance={"cfg_img": 2.0}),
               Request(id="txt", prompt_tokens=[4, 5], max_tokens=3)],
     "qwen3_omni": [Request(id="r", prompt_tokens=[1, 2, 3], max_tokens=2, temperature=0.6, seed=5)],
+    # the cross-attention pool is found by the plan's cross_kv source, not by an input's name
+    "whisper": [Request(id="w", prompt_tokens=[], max_tokens=6,
+                        media={"audio": torch.linspace(-0.5, 0.5, 24000)}),
+                Request(id="v", prompt_tokens=[], max_tokens=5, temperature=0.8, seed=7)],
 }
 
 
