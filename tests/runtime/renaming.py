@@ -2,11 +2,11 @@
 
 `rename_spec(spec) -> (renamed spec, mapping)`: the model, params, nodes, inputs, outputs (edge and
 loop output names, stream sources), walks, loops, combined walks, partitions, KV sequence labels,
-cross_kv pools (label and source input) and guidance labels, each through one mapping old -> new. The new names sort in the reverse order of the
-old ones, so anything that still orders by name moves. `rename_deployment(data, mapping)` renames the
-names a deployment YAML holds (node and walk names, the model, per-node and per-walk keys) by its
-structure, never by text replacement. Reserved destinations (`conductor`, `client`) and argument
-names are not the author's and stay.
+cross_kv pools (label and source input) and guidance labels, each through one mapping old -> new.
+The new names sort in the reverse order of the old ones, so anything that still orders by name
+moves. `rename_deployment(data, mapping)` renames the names a deployment YAML holds (node and walk
+names, the model, per-node and per-walk keys) by its structure, never by text replacement. Reserved
+destinations (`conductor`, `client`) and argument names are not the author's and stay.
 """
 from __future__ import annotations
 
