@@ -59,7 +59,7 @@ from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
 from mstar.runtime.engine.weights import (
-    WeightsError, init_random, load_decoder, read_checkpoint_config, weights_by_node,
+    WeightsError, init_random, load_decoder, read_checkpoint_config,
 )
 
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,
@@ -118,10 +118,7 @@ class TorchEngine(RunsAtLaunch):
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
         try:
-            checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights_dir,
-                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"
-                                           or (n.model_kind == "audio_encoder" and whisper_setup.is_whisper(n))])
-            checkpoints = whisper_setup.shared_checkpoints(plan.nodes, checkpoints)
+            checkpoints = whisper_setup.checkpoints_by_node(plan.nodes, weights_dir)
             self.runners: dict[str, Runner] = {}
             # Decoders first: encoders size their heads and image decoders their latents after them.
             for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):

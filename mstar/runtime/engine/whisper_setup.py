@@ -17,7 +17,7 @@ layout around the node's stop token (runners/whisper_rules.py).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -28,7 +28,7 @@ from mstar.runtime.engine.models.whisper import (
 )
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.runners.whisper_rules import WhisperRules
-from mstar.runtime.engine.weights import init_random
+from mstar.runtime.engine.weights import init_random, weights_by_node
 from mstar.runtime.engine.whisper_checkpoint import load_part, read_rules, read_whisper_dims
 
 EOS = 50257  # multilingual Whisper's <|endoftext|>, when the spec states no stop token
@@ -40,9 +40,13 @@ def is_whisper(node: NodePlan) -> bool:
     return node.dims.get("style") == "whisper"
 
 
-def shared_checkpoints(nodes: list[NodePlan], checkpoints: dict[str, str]) -> dict[str, str]:
-    """A Whisper checkpoint holds both halves: a whisper encoder without its own `--weights` entry
-    takes the directory of the plan's whisper decoder (`--weights DIR` names the decoder only)."""
+def checkpoints_by_node(nodes: list[NodePlan], entries: Optional[Union[str, list[str]]]) -> dict[str, str]:
+    """{node: checkpoint dir} from `--weights` entries (weights.weights_by_node: kv nodes, audio
+    codecs and whisper encoders may be named). A Whisper checkpoint holds both halves: a whisper
+    encoder without its own entry takes the directory of the plan's whisper decoder."""
+    others = [n.name for n in nodes if n.model_kind == "audio_codec" or (n.model_kind == "audio_encoder"
+                                                                          and is_whisper(n))]
+    checkpoints = weights_by_node([n.name for n in nodes if n.engine == "kv"], entries, others)
     decoders = [checkpoints[n.name] for n in nodes if n.engine == "kv" and is_whisper(n) and n.name in checkpoints]
     shared = dict(checkpoints)
     for node in nodes:

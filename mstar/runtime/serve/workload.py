@@ -302,7 +302,8 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
-             "seed", "repetition_penalty", "stop_tokens", "route", "guidance", "audio"} | set(form.fields if form else ())
+             "seed", "repetition_penalty", "stop_tokens", "route", "guidance", "audio"}
+    known |= set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
