@@ -87,10 +87,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def make_service(llm: LLM, model: Optional[str] = None, speech_prompt: str = "{input}") -> Service:
+def make_service(llm: LLM, model: Optional[str] = None) -> Service:
     metrics = ServerMetrics()
     llm.loop.observer = metrics
-    return Service(llm, model or llm.plan.header.model, metrics, speech_prompt)
+    return Service(llm, model or llm.plan.header.model, metrics)
 
 
 @contextmanager

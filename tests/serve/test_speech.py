@@ -26,9 +26,12 @@ TEXT = "hello world"
 @pytest.fixture(scope="module")
 def orpheus(tmp_path_factory):
     llm = LLM(ORPHEUS, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
-    service = make_service(llm, speech_prompt="{voice}: {input}")
+    service = make_service(llm)
     # What the Python API makes of the same prompt (greedy: every answer below must equal it).
-    output = llm.generate(f"tara: {TEXT}", SamplingParams(max_tokens=NUM_TOKENS))[0]
+    output = llm.generate({"prompt": TEXT, "voice": "leo"}, SamplingParams(max_tokens=NUM_TOKENS))[0]
+    # the plan's prompt format frames it: "{voice}: {prompt}" between Orpheus's special tokens
+    form = llm.plan.nodes[0].prompt_format
+    assert output.prompt_token_ids == form.before + llm.tokenizer.encode(f"leo: {TEXT}") + form.after
     chunks = [value for modality, value in output.media if modality == "audio"]
     assert len(chunks) >= 2
     with running(service) as url:
@@ -37,7 +40,7 @@ def orpheus(tmp_path_factory):
 
 def test_speech_is_a_wav_of_the_codec_windows(orpheus):
     chunks, _, client = orpheus
-    answer = client.audio.speech.create(model="orpheus", voice="tara", input=TEXT,
+    answer = client.audio.speech.create(model="orpheus", voice="leo", input=TEXT,
                                         extra_body={"max_tokens": NUM_TOKENS})
     with wave.open(io.BytesIO(answer.content)) as wav:
         assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
@@ -48,7 +51,7 @@ def test_speech_is_a_wav_of_the_codec_windows(orpheus):
 def test_pcm_streams_window_by_window(orpheus):
     chunks, _, client = orpheus
     with client.audio.speech.with_streaming_response.create(
-            model="orpheus", voice="tara", input=TEXT, response_format="pcm",
+            model="orpheus", voice="leo", input=TEXT, response_format="pcm",
             extra_body={"max_tokens": NUM_TOKENS}) as response:
         assert response.headers["content-type"] == "audio/pcm"
         data = b"".join(response.iter_bytes())
@@ -57,7 +60,7 @@ def test_pcm_streams_window_by_window(orpheus):
 
 def test_sse_speech_sends_audio_deltas_then_usage(orpheus):
     chunks, url, _ = orpheus
-    body = json.dumps({"model": "orpheus", "voice": "tara", "input": TEXT, "stream_format": "sse",
+    body = json.dumps({"model": "orpheus", "voice": "leo", "input": TEXT, "stream_format": "sse",
                        "max_tokens": NUM_TOKENS}).encode()
     request = urllib.request.Request(f"{url}/audio/speech", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:

@@ -9,8 +9,11 @@
     llm.close()                                                 # or `with LLM(...) as llm:`
 
 A prompt is token ids, text (through the tokenizer: `tokenizer=DIR`, else the `weights`
-directory of the node taking the text prompt when it holds tokenizer.json) or chat messages
-(`{"messages": [...]}`, through the tokenizer's chat template). `generate` blocks until every
+directory of the node taking the text prompt when it holds tokenizer.json), text with the values
+of the plan's prompt format fields (`{"prompt": "Hello.", "voice": "leo"}`: a plan whose spec
+gives the text prompt node a `prompt_format` frames every text prompt by it, as `mstar run`
+does, serve/prompt_format.py) or chat messages (`{"messages": [...]}`, through the tokenizer's
+chat template; refused by a plan with a prompt format). `generate` blocks until every
 prompt has finished; `stream` is an async generator of one request's deltas, as each step makes
 them; leaving it early (a `break`, a cancelled task) cancels the request, which frees its pages.
 Both run on one `OnlineLoop` (its own thread), so `generate` and `stream` may be used together
@@ -103,10 +106,11 @@ class LLM:
                  weights: Optional[list[str]] = None, tokenizer: Optional[str] = None, dims: str = "tiny",
                  kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
                  sim_pace: float = 0.0, max_waiting: int = 256, observer: Optional[Observer] = None):
-        from mstar.runtime.serve.engine_setup import build_engine, build_tokenizer, load
+        from mstar.runtime.serve.engine_setup import build_engine, build_tokenizer, load, prompt_format
 
         self.plan = load(plan) if isinstance(plan, str) else plan
         self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
+        self.prompt_format = prompt_format(self.plan)
         self.engine = engine if not isinstance(engine, str) else build_engine(
             self.plan, engine, weights=weights, dims=dims, kv_pages=kv_pages, device=device, attention=attention,
             seed=seed, sim_pace=sim_pace)
@@ -131,6 +135,7 @@ class LLM:
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt (module docstring); PromptError when it cannot be tokenized."""
+        from mstar.runtime.serve.prompt_format import PromptFormatError
         from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
 
         if isinstance(prompt, (str, dict)) and self.tokenizer is None:
@@ -138,18 +143,36 @@ class LLM:
                               "or send the prompt as token ids")
         try:
             if isinstance(prompt, str):
-                ids = self.tokenizer.encode(prompt) if prompt else []
+                ids = self._text_tokens(prompt, {})
+            elif isinstance(prompt, dict) and "prompt" in prompt:
+                ids = self._text_tokens(prompt["prompt"], prompt)
             elif isinstance(prompt, dict):
+                if self.prompt_format is not None:
+                    raise PromptError(f"this model frames a text prompt by its prompt format "
+                                      f"({self.prompt_format.template!r}); it takes no chat messages")
                 ids = self.tokenizer.encode_chat(_messages(prompt.get("messages")))
             else:
                 ids = list(prompt)
-        except TokenizerError as error:
+        except (TokenizerError, PromptFormatError) as error:
             raise PromptError(str(error)) from None
         if not ids:
             raise PromptError("the prompt is empty")
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise PromptError("prompt token ids must be non-negative integers")
         return ids
+
+    def _text_tokens(self, text: Any, fields: dict[str, Any]) -> list[int]:
+        """Text through the plan's prompt format (its other fields from `fields`, else the spec's
+        defaults) when the plan declares one, else straight through the tokenizer."""
+        from mstar.runtime.serve.prompt_format import format_prompt
+
+        if not isinstance(text, str):
+            raise PromptError("a text prompt must be a string")
+        if not text:
+            return []
+        if self.prompt_format is None:
+            return self.tokenizer.encode(text)
+        return format_prompt(self.prompt_format, self.tokenizer, text, fields)
 
     def request(self, prompt: Prompt, sampling: Optional[SamplingParams] = None) -> Request:
         """The runtime Request for a prompt (checked; PromptError / SamplingError)."""

@@ -2,6 +2,7 @@
 
     load(path) -> Plan                                  (SetupError: the plan is refused)
     build_tokenizer(plan, weights, tokenizer) -> TextTokenizer or None
+    prompt_format(plan) -> the plan's PromptFormatPlan for text prompts, or None
     build_engine(plan, kind, weights=..., dims=..., kv_pages=..., device=..., attention=...,
                  seed=..., sim_pace=...) -> engine
 
@@ -49,6 +50,16 @@ def build_tokenizer(plan: Plan, weights: Optional[list[str]], tokenizer: Optiona
     except TokenizerError as error:
         raise SetupError(str(error)) from None
     except ValueError as error:  # WeightsError: a --weights entry that names no kv node
+        raise SetupError(str(error)) from None
+
+
+def prompt_format(plan: Plan) -> Any:
+    """The plan's prompt format for text prompts (serve/prompt_format.py), or None."""
+    from mstar.runtime.serve.prompt_format import PromptFormatError, prompt_format_of
+
+    try:
+        return prompt_format_of(plan)
+    except PromptFormatError as error:
         raise SetupError(str(error)) from None
 
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI) over the Python API (serve/api.py `LLM`).
 
-In: an `LLM` (plan, engine, tokenizer, online loop), the model name clients must send, metrics
-(serve/prom.py) and the speech prompt format. Out: `build_app(...) -> FastAPI` with
+In: an `LLM` (plan, engine, tokenizer, online loop), the model name clients must send and the
+metrics (serve/prom.py). Out: `build_app(...) -> FastAPI` with
 
     GET  /health                      200 {"status": "ok"}; 503 once the run loop failed or closed
     GET  /v1/models                   the one model, with the request kinds its plan serves
@@ -48,11 +48,10 @@ DEFAULT_IMAGE_TOKENS = 1024
 class Service:
     """What the handlers share: the LLM, the model name, what the plan serves, the metrics."""
 
-    def __init__(self, llm: LLM, model_name: str, metrics: ServerMetrics, speech_prompt: str = "{input}"):
+    def __init__(self, llm: LLM, model_name: str, metrics: ServerMetrics):
         self.llm = llm
         self.model_name = model_name
         self.metrics = metrics
-        self.speech_prompt = speech_prompt
         self.endpoints = endpoints_of(llm.plan)
         self.created = int(time.time())
 
@@ -199,8 +198,7 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_speech, "speech")
         body.checks()
-        prompt = service.speech_prompt.format(input=body.input, voice=body.voice)
-        request = service.request(prompt, body.sampling())
+        request = service.request(body.prompt(), body.sampling())
         stream, first = await service.start(request)
         if body.stream_format == "sse":
             return sse.response(sse.speech_events(request, stream, first))

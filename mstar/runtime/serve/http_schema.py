@@ -129,7 +129,8 @@ def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class SpeechBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Other fields are kept: they may give values to fields of the plan's prompt format.
+    model_config = ConfigDict(extra="allow")
 
     model: str
     input: str
@@ -154,6 +155,14 @@ class SpeechBody(BaseModel):
             raise ApiError(400, "speed other than 1.0 is not supported", param="speed")
         if not self.input:
             raise ApiError(400, "input must not be empty", param="input")
+
+    def prompt(self) -> dict[str, Any]:
+        """The text and the values for the plan's prompt format fields: `voice` (when given) and
+        any other string field of the body, by name; the format uses those it names."""
+        fields = {k: v for k, v in (self.model_extra or {}).items() if isinstance(v, str)}
+        if self.voice:
+            fields["voice"] = self.voice
+        return {**fields, "prompt": self.input}
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,

@@ -44,8 +44,6 @@ def parser() -> argparse.ArgumentParser:
                    help="requests that may wait beyond the plan's max_concurrent_requests before 429 (default 256)")
     p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_S,
                    help=f"seconds in-flight requests get to finish after SIGTERM (default {DEFAULT_DRAIN_S:.0f})")
-    p.add_argument("--speech-prompt", default="{input}",
-                   help="how /v1/audio/speech turns input and voice into the prompt text, e.g. '{voice}: {input}'")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -57,11 +55,6 @@ def _check(args: argparse.Namespace) -> None:
         raise SetupError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if not args.drain_timeout >= 0:
         raise SetupError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
-    try:
-        args.speech_prompt.format(input="", voice="")
-    except (KeyError, IndexError, ValueError) as error:
-        raise SetupError(f"--speech-prompt {args.speech_prompt!r}: may name only {{input}} and {{voice}} "
-                         f"({error})") from None
 
 
 def build(args: argparse.Namespace) -> Any:
@@ -75,7 +68,7 @@ def build(args: argparse.Namespace) -> Any:
     llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
               kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,
               sim_pace=args.sim_pace, max_waiting=args.max_waiting, observer=metrics)
-    return Service(llm, args.model or llm.plan.header.model, metrics, args.speech_prompt)
+    return Service(llm, args.model or llm.plan.header.model, metrics)
 
 
 def serve(service: Any, host: str, port: int, drain_s: float, log_level: str = "info") -> int:
