@@ -20,6 +20,7 @@ timeline and prints one line saying what was kept.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -71,6 +72,12 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto",
                      help="torch engine attention: FlashInfer on a GPU where it can run (auto, default), "
                           "the torch path, or FlashInfer required")
+    run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
+                     help="processes: one process per rank of the plan (torch engine; under torchrun each "
+                          "process is one rank); inproc: every rank in this process; auto (default): "
+                          "processes for the torch engine on a plan of several ranks or under torchrun")
+    run.add_argument("--rank-timeout", type=float, default=8.0, metavar="S",
+                     help="a rank that does not answer within S seconds stops the run (default 8)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -300,16 +307,77 @@ def run_command(args: argparse.Namespace) -> int:
             return 128 + stop.signum
 
 
-def _run(args: argparse.Namespace, signals: _Signals) -> int:
-    from mstar.runtime.serve.driver import Driver, DriverError
-    from mstar.runtime.scheduler.key_tables import PlanTableError
-    from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
+def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
+    """How the plan's ranks run: `inproc` (one process), `spawn` (one child per rank) or
+    `torchrun` (this process is one rank of a torchrun launch)."""
+    num_ranks = max(worker.rank for worker in plan.workers) + 1
+    if args.ranks == "inproc":
+        return "inproc"
+    if args.engine == "sim":
+        if args.ranks == "processes":
+            raise CliError("--ranks processes runs the torch engine; --engine sim runs every rank in one process")
+        return "inproc"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if int(os.environ["WORLD_SIZE"]) != num_ranks:
+            raise CliError(f"torchrun started WORLD_SIZE={os.environ['WORLD_SIZE']} processes but plan {args.plan} "
+                           f"has {num_ranks} ranks; start one process per rank")
+        return "torchrun"
+    if args.rank_timeout <= 0:
+        raise CliError(f"--rank-timeout must be a positive number of seconds, got {args.rank_timeout}")
+    return "spawn" if args.ranks == "processes" or num_ranks > 1 else "inproc"
 
+
+def _rank_engine(plan: Any, args: argparse.Namespace, mode: str, stack: contextlib.ExitStack) -> Any:
+    """Rank 0's engine over the rank processes (serve/ranks), closed with `stack`."""
+    if args.kv_pages is not None and args.kv_pages <= 0:
+        raise CliError(f"--kv-pages must be a positive number of pages, got {args.kv_pages}")
+    from mstar.runtime.serve.ranks.launch import LaunchError, RankProcesses
+
+    try:
+        ranks = stack.enter_context(RankProcesses(args.plan, plan, _rank_options(args), mode == "torchrun"))
+    except (LaunchError, ValueError) as error:  # EngineError and the engine's other start-up refusals
+        raise CliError(str(error)) from None
+    return ranks.engine
+
+
+def _rank_options(args: argparse.Namespace) -> Any:
+    from mstar.runtime.serve.ranks.worker import RankOptions
+
+    return RankOptions(dims=args.dims, weights=args.weights, seed=args.seed, kv_pages=args.kv_pages,
+                       device=args.device, attention=args.attention, timeout_s=args.rank_timeout)
+
+
+def _serve_rank(args: argparse.Namespace, plan: Any) -> int:
+    """A rank other than 0 under torchrun: serve rank 0 until it stops the run."""
+    from mstar.runtime.serve.ranks.launch import serve_torchrun
+
+    try:
+        serve_torchrun(plan, _rank_options(args))
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    return 0
+
+
+def _run(args: argparse.Namespace, signals: _Signals) -> int:
     plan = _load_plan(args.plan)
+    mode = _ranks_mode(args, plan)
+    if mode == "torchrun" and os.environ["RANK"] != "0":
+        return _serve_rank(args, plan)
     tokenizer = _tokenizer(plan, args)
     workload = _workload(args, plan, tokenizer)
     _check_outputs(args)
-    engine = _engine(plan, args)
+    with contextlib.ExitStack() as stack:
+        engine = _engine(plan, args) if mode == "inproc" else _rank_engine(plan, args, mode, stack)
+        return _run_engine(args, signals, plan, tokenizer, workload, engine)
+
+
+def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenizer: Any, workload: Any,
+                engine: Any) -> int:
+    from mstar.runtime.serve.driver import Driver, DriverError
+    from mstar.runtime.scheduler.key_tables import PlanTableError
+    from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
+    from mstar.runtime.step import EngineLost
+
     writer = None
     if args.out:
         try:
@@ -352,6 +420,9 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
         raise CliError(str(error)) from None
     except _Interrupted:
         pass  # a second signal: the step in progress is abandoned; what finished is kept
+    except EngineLost as error:  # a rank process is gone: its requests fail, the run stops
+        driver.fail_active(str(error))
+        problems.append(str(error))
     finally:
         signals.is_writing = True
     host_wall_s = time.perf_counter() - started

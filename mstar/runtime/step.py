@@ -85,6 +85,12 @@ class EngineCaps:
     vocab_sizes: dict[str, int] = field(default_factory=dict)
 
 
+class EngineLost(Exception):
+    """The engine can no longer run anything (a rank process exited or hangs): the run stops,
+    and the requests still in it are reported failed with this message. Any other exception
+    from an engine fails only the requests of the step that raised it."""
+
+
 @dataclass
 class StepHandle:
     """A launched step. `result` is set once the engine has it (at launch for engines that run a

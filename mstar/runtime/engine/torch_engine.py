@@ -28,7 +28,7 @@ import dataclasses
 
 import os
 import time
-from typing import Any, Callable, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Collection, Mapping, Optional, TypeVar, Union
 
 import torch
 
@@ -78,7 +78,8 @@ class EngineError(ValueError):
 class TorchEngine(RunsAtLaunch):
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
                  num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
-                 attention: str = "auto", tp_comms: Optional[Mapping[str, TpComm]] = None):
+                 attention: str = "auto", tp_comms: Optional[Mapping[str, TpComm]] = None,
+                 nodes: Optional[Collection[str]] = None):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
         results come back beside `allocation_failed`; the driver post-processes them and holds
         only the failed rows). False: all or nothing per step (a step with a failed row runs
@@ -88,7 +89,9 @@ class TorchEngine(RunsAtLaunch):
         attention: `torch`, `flashinfer` (a GPU, head_dim 64/128/256, the gpu extra) or `auto`
         (FlashInfer where it can run, else torch).
         tp_comms: node -> this process's `TpComm` for the kv nodes it runs tensor-parallel
-        (`tp.build.tp_comms`): such a node is built as this rank's shard (`engine/tp/`)."""
+        (`tp.build.tp_comms`): such a node is built as this rank's shard (`engine/tp/`).
+        nodes: build only these nodes' models (a rank process builds the nodes its worker runs;
+        the others' dims are still read, for the widths and budgets that depend on them); None: all."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -122,10 +125,13 @@ class TorchEngine(RunsAtLaunch):
             self.runners: dict[str, Runner] = {}
             # Decoders first: encoders size their heads and image decoders their latents after them.
             for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
-                self.runners[node.name] = self._build(node, dims, checkpoints.get(node.name), seed, num_pages)
+                if nodes is None or node.name in nodes:
+                    self.runners[node.name] = self._build(node, dims, checkpoints.get(node.name), seed, num_pages)
+                elif node.model_kind == "decoder":
+                    self.decoder_dims[node.name] = self._decoder_dims(node, dims, checkpoints.get(node.name))
+            self._count_media_tokens(dims)
         except (DimsError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
-        self._count_media_tokens()
         planned: dict[str, int] = {}
         for node in plan.nodes:
             vocab = node.dims.get("vocab")
@@ -135,16 +141,17 @@ class TorchEngine(RunsAtLaunch):
         self.caps = dataclasses.replace(self.caps, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
 
-    def _count_media_tokens(self) -> None:
+    def _count_media_tokens(self, mode: DimsMode) -> None:
         """Tell each decoder how many tokens its encoders may feed a request (for start budgets)."""
+        kinds = {node.name: node for node in self.plan.nodes if node.model_kind in ("vision_encoder", "audio_encoder")}
         for (name, _), call in self.calls.items():
-            runner = self.runners[name]
-            if isinstance(runner, EncoderRunner):
+            if name in kinds:
+                num_tokens = encoder_dims(kinds[name], mode, kinds[name].model_kind == "audio_encoder").num_tokens
                 fed = {edge.dest for edge in call.edges if edge.dest_kind == "node"}
                 for dest in fed:
                     target = self.runners.get(dest)
                     if isinstance(target, DecoderRunner):
-                        target.num_media_tokens += runner.model.dims.num_tokens
+                        target.num_media_tokens += num_tokens
 
     # ------------------------------------------------------------------ start-up
 
@@ -198,15 +205,7 @@ class TorchEngine(RunsAtLaunch):
 
     def _build_decoder(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
-        dims = decoder_dims(node, mode)
-        if weights_dir is not None:
-            checkpoint = read_checkpoint_config(weights_dir)
-            if checkpoint.style != dims.style:
-                kinds = {"llama": "a plain Llama decoder", "qwen3_5": "a Qwen3.5 gated delta-net hybrid"}
-                raise WeightsError(f"--weights {weights_dir}: the checkpoint is {kinds[checkpoint.style]} but "
-                                   f"node {node.name} is {kinds[dims.style]}")
-            dims = checkpoint
-        self.decoder_dims[node.name] = dims
+        dims = self.decoder_dims[node.name] = self._decoder_dims(node, mode, weights_dir)
         fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
         if fast is not None:
             return fast
@@ -224,6 +223,18 @@ class TorchEngine(RunsAtLaunch):
         return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
                              self._code_frames(node.name, mode), self.positions[node.name], self.placement,
                              self._flashinfer(node, dims, page_size))
+
+    def _decoder_dims(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str]) -> DecoderDims:
+        """The spec's dims, or the checkpoint's when `--weights` gives one (of the same style)."""
+        dims = decoder_dims(node, mode)
+        if weights_dir is None:
+            return dims
+        checkpoint = read_checkpoint_config(weights_dir)
+        if checkpoint.style != dims.style:
+            kinds = {"llama": "a plain Llama decoder", "qwen3_5": "a Qwen3.5 gated delta-net hybrid"}
+            raise WeightsError(f"--weights {weights_dir}: the checkpoint is {kinds[checkpoint.style]} but "
+                               f"node {node.name} is {kinds[dims.style]}")
+        return checkpoint
 
     def _decoder_model(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str],
                        seed: int) -> tuple[Decoder, DecoderDims]:

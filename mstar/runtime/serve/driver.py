@@ -23,7 +23,8 @@ Event loop (one process drives every worker of the plan):
   is cancelled) nor followed by TP followers for its failed rows;
 - TP groups (lockstep.py): the leader's batch is registered on its followers; the leader's
   results are post-processed only once every follower ran its copy;
-- a step whose engine call raises fails the requests of that step alone.
+- a step whose engine call raises fails the requests of that step alone, except `EngineLost`
+  (a rank process is gone): it leaves `run`, and the caller fails what is left (`fail_active`).
 When nothing runs and nothing can, the clock jumps to the next arrival or hold deadline; if
 requests remain with no way forward they fail with "error: stalled" (never a hang). Held rows
 that keep failing to get memory while no row of any step runs for NO_PROGRESS_LIMIT_S (run
@@ -66,7 +67,7 @@ from mstar.runtime.serve.outcome import ran_part, settle
 from mstar.runtime.serve.routing import Routing, RoutingError
 from mstar.runtime.serve.speculation_cover import SpeculationCover
 from mstar.runtime.serve.steps import Launch, follower_step, to_step
-from mstar.runtime.step import Engine, StepResult
+from mstar.runtime.step import Engine, EngineLost, StepResult
 
 # Held rows retried this long (run clock) while no row of any step ran: the memory they wait for
 # is never coming back (an engine that leaks pages). Fail them rather than retry forever.
@@ -226,6 +227,8 @@ class Driver:
             # The host composes step N+1 while N runs.
             self.cover.speculate(rank, batch, loop_rows)
             result = self.engine.wait(handle)
+        except EngineLost:  # no step can run any more: the caller stops the run (fail_active)
+            raise
         except Exception as error:  # the engine failed this step: its requests fail alone
             self.cover.cancel(rank)
             for row in step.rows:
@@ -287,6 +290,13 @@ class Driver:
     def stop(self) -> None:
         """Make `run` return soon (see the module docstring); only sets a flag."""
         self.is_stopped = True
+
+    def fail_active(self, reason: str) -> None:
+        """The engine was lost (`EngineLost`): every request still in the run fails with
+        `reason`, so none is lost from the records."""
+        for request_id in list(self.conductor.active):
+            self.conductor.fail(request_id, f"error: {reason}")
+        self._drain()
 
     def run(self, workload: Workload) -> None:
         """Run every request of the workload to completion (or failure). Arrival and

@@ -50,6 +50,10 @@ class PagePool:
         seq = self._seqs.get(key)
         return list(seq.pages) if seq else []
 
+    def labels_of(self, request_id: str) -> list[str]:
+        """Labels of the request's sequences, in the order they were first reserved."""
+        return [key[1] for key in self._seqs if key[0] == request_id]
+
     def num_pages_held(self, request_id: str) -> int:
         """Pages held by every sequence of the request."""
         return sum(len(seq.pages) for key, seq in self._seqs.items() if key[0] == request_id)

@@ -148,7 +148,8 @@ class DecoderRunner:
                 pages += self.pool.pages_for(media if guidance.drops == "text" else text)
         return pages
 
-    def _start_budget_pages(self, request: RequestState) -> int:
+    def start_budget_pages(self, request: RequestState) -> int:
+        """Pages the admission policy reserves when the request starts on this node."""
         return min(self._needed_pages(request), self.pool.num_pages)
 
     def refusal(self, request: RequestState) -> Optional[str]:
@@ -298,7 +299,7 @@ class DecoderRunner:
         for item in ready:
             request_id = item.row.request_id
             num_pages = sum(self.pool.num_new_pages(key, self._num_new(item)) for key in item.keys())
-            budget = 0 if self.admission.is_started(request_id) else self._start_budget_pages(item.request)
+            budget = 0 if self.admission.is_started(request_id) else self.start_budget_pages(item.request)
             needs_slot = self.slots is not None and self.slots.slot_of(request_id) is None
             needs.append(PageNeed(request_id, num_pages, budget, needs_slot))
         return needs

@@ -1,0 +1,192 @@
+"""The engine the run loop talks to on rank 0 when ranks are processes.
+
+In: the plan, rank 0's own `RankExecutor` (None when rank 0 runs no node), a `Channel` to the other
+ranks and the rank timeout. Out: `RankEngines`, an `Engine` (step.py): the driver, conductor and
+every worker's scheduler stay in this one process, and each step goes to the ranks that run it:
+
+- `launch(step)`: the instance of the step's worker for its node (a TP group's ranks, leader
+  first, else the worker alone); KV the step's rows need that lives on another instance moves
+  first (kv_homes.py: prefill on one rank, decode on another); the step goes to every remote rank
+  of the instance, then rank 0 runs its own part, so a TP group's ranks run it together (their
+  collectives meet); `wait` takes the leader's result (followers answer with what they imported);
+- `add_request` goes to every rank (each checks the nodes it runs; the first refusal wins, and
+  the ranks that accepted forget it again); `end_request` to every rank.
+
+A rank that exits, hangs past the timeout or breaks the protocol raises `RankFailure` (an
+`EngineLost`) naming the rank and its last step; from then on every request is refused with that
+message and nothing more is sent. A step that raises inside a rank's engine fails that step's
+requests alone, as in one process.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mstar.plan.schema import Plan
+from mstar.runtime.serve.ranks.channel import Channel, Message, RankFailure
+from mstar.runtime.serve.ranks.executor import RankExecutor
+from mstar.runtime.serve.ranks.kv_homes import Instance, KvHomes
+from mstar.runtime.serve.ranks.wire import decode_result, encode_request, encode_step
+from mstar.runtime.step import EngineCaps, Step, StepHandle, StepResult
+
+
+class RemoteStepError(RuntimeError):
+    """A rank's engine raised while running a step (its requests fail alone)."""
+
+
+class RankEngines:
+    def __init__(self, plan: Plan, local: Optional[RankExecutor], channel: Channel, world_size: int,
+                 timeout_s: float):
+        self.local = local
+        self.channel = channel
+        self.timeout_s = timeout_s
+        self.remote = list(range(1, world_size))
+        self.instances: dict[tuple[int, str], Instance] = {
+            (worker.rank, group.node): tuple(group.ranks) for worker in plan.workers for group in worker.tp_groups}
+        self.homes = KvHomes(plan)
+        # rank 0's engine reads every decoder's dims (its own nodes or not), so its caps hold for all ranks
+        self.caps = local.engine.caps if local else EngineCaps()
+        self.lost: Optional[str] = None
+        self.num_steps = 0
+        self.last_step: dict[int, str] = {}  # rank -> its latest step, for a failure's message
+        self.running: set[int] = set()  # ranks with a step whose answer has not come back
+
+    # ------------------------------------------------------------ messages
+
+    def _send(self, rank: int, kind: str, body: dict[str, Any], tensors: Optional[list] = None) -> None:
+        try:
+            self.channel.send(rank, kind, body, tensors, timeout_s=self.timeout_s)
+        except RankFailure as failure:
+            raise self._lose(failure) from None
+
+    def _recv(self, rank: int, kind: str) -> Message:
+        try:
+            message = self.channel.recv(rank, timeout_s=self.timeout_s)
+        except RankFailure as failure:
+            raise self._lose(failure) from None
+        if message.kind == "fatal":
+            raise self._lose(RankFailure(rank, f"failed: {message.body['message']}"))
+        if message.kind not in (kind, "step_error"):
+            raise self._lose(RankFailure(rank, f"answered {message.kind!r} where {kind!r} was due"))
+        return message
+
+    def _lose(self, failure: RankFailure) -> RankFailure:
+        """The run cannot go on: name the rank and its last step; refuse everything from now on."""
+        if failure.is_final:
+            return failure
+        rank = failure.rank
+        step = self.last_step.get(rank)
+        where = ("before its first step" if step is None
+                 else f"{'during' if rank in self.running else 'after'} its {step}")
+        self.lost = f"rank {rank} {failure.reason} ({where})"
+        final = RankFailure(rank, f"{failure.reason} ({where})")
+        final.is_final = True
+        return final
+
+    # ------------------------------------------------------------ requests
+
+    def add_request(self, request_id: str, request: Any) -> Optional[str]:
+        if self.lost is not None:
+            return f"not run: {self.lost}"
+        tensors: list = []
+        body = {"request_id": request_id, "request": encode_request(request, tensors)}
+        for rank in self.remote:
+            self._send(rank, "add_request", body, tensors)
+        reasons = [self.local.add_request(request_id, request)] if self.local else []
+        reasons += [self._recv(rank, "added").body["reason"] for rank in self.remote]
+        reason = next((r for r in reasons if r is not None), None)
+        if reason is not None:
+            self.end_request(request_id)
+        return reason
+
+    def end_request(self, request_id: str) -> None:
+        if self.lost is not None:
+            return
+        for rank in self.remote:
+            self._send(rank, "end_request", {"request_id": request_id})
+        if self.local:
+            self.local.end_request(request_id)
+        self.homes.forget(request_id)
+
+    def stop(self) -> None:
+        """Tell every rank the run is over (it exits); a rank already gone is ignored."""
+        for rank in self.remote:
+            try:
+                self.channel.send(rank, "stop", {}, timeout_s=min(self.timeout_s, 2.0))
+            except RankFailure:
+                pass
+
+    # ------------------------------------------------------------ steps
+
+    def instance(self, step: Step) -> Instance:
+        return self.instances.get((step.worker, step.node), (step.worker,))
+
+    def launch(self, step: Step) -> StepHandle:
+        if self.lost is not None:
+            raise RankFailure(-1, self.lost)
+        instance = self.instance(step)
+        moves = self.homes.moves(step, instance)
+        try:
+            for request_id, home in moves:
+                self._move(request_id, step.node, home, instance)
+        except RankFailure as failure:
+            raise self._lose(failure) from None
+        self.num_steps += 1
+        tensors: list = []
+        body = encode_step(step, tensors) if any(rank != 0 for rank in instance) else {}
+        for rank in instance:
+            self.last_step[rank] = f"step {self.num_steps} ({step.key}, {len(step.rows)} rows)"
+            if rank != 0:
+                self._send(rank, "step", body, tensors)
+                self.running.add(rank)
+        local: Any = None
+        if 0 in instance and self.local is not None:
+            try:
+                local = self.local.run_step(step)
+            except Exception as error:  # answered in wait, after the other ranks' answers
+                local = error
+        return StepHandle(step, pending=(instance, moves, local))
+
+    def wait(self, handle: StepHandle) -> StepResult:
+        instance, moves, local = handle.pending
+        answers = {}
+        for rank in instance:
+            if rank != 0:
+                answers[rank] = self._recv(rank, "result" if rank == instance[0] else "done")
+                self.running.discard(rank)
+        if isinstance(local, Exception):
+            raise local
+        errors = [m.body["message"] for m in answers.values() if m.kind == "step_error"]
+        if errors:
+            raise RemoteStepError(errors[0])
+        if instance[0] == 0:
+            result, imported = local
+        else:
+            leader = answers[instance[0]]
+            result, imported = decode_result(leader.body["result"], leader.tensors), leader.body["imported"]
+        self.homes.settle(handle.step, instance, result, imported)
+        for request_id, home in moves:
+            if request_id in imported:
+                self._drop(request_id, handle.step.node, home)
+        return result
+
+    def _move(self, request_id: str, node: str, src: Instance, dst: Instance) -> None:
+        """Each rank of the instance holding the KV sends its shard to the rank at the same place."""
+        if len(src) != len(dst):
+            raise RemoteStepError(f"request {request_id}: its KV on {node} lives on ranks {list(src)} and cannot move "
+                                  f"to ranks {list(dst)} (a different tensor-parallel size)")
+        for sender, receiver in zip(src, dst):
+            if receiver != 0:
+                self._send(receiver, "kv_recv", {"request_id": request_id, "node": node, "src": sender})
+            if sender != 0:
+                self._send(sender, "kv_send", {"request_id": request_id, "node": node, "dst": receiver})
+            elif self.local is not None:
+                self.local.kv_send(request_id, node, receiver)
+            if receiver == 0 and self.local is not None:
+                self.local.kv_recv(request_id, node, sender)
+
+    def _drop(self, request_id: str, node: str, src: Instance) -> None:
+        for rank in src:
+            if rank != 0:
+                self._send(rank, "kv_drop", {"request_id": request_id, "node": node})
+            elif self.local is not None:
+                self.local.kv_drop(request_id, node)

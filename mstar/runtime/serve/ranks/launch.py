@@ -1,0 +1,216 @@
+"""Start one process per rank (or join a `torchrun` launch) and tear every one of them down.
+
+In: the plan (and its path: each process loads and verifies it itself), `RankOptions`. Out:
+`RankProcesses`, a context manager whose `engine` is rank 0's `RankEngines` for the run loop.
+
+- `mstar run` (spawn): this process is rank 0; ranks 1..N-1 are `torch.multiprocessing` spawn
+  children. Rendezvous through a TCPStore that rank 0 opens on 127.0.0.1 (a free port); each child
+  announces itself in the store before `init_process_group`, so a child that dies while starting
+  is noticed (rank 0 polls the store and the children's exit codes) instead of waited for.
+  Children die with their parent (Linux `PR_SET_PDEATHSIG`), ignore SIGINT (rank 0 stops them in
+  order) and are terminated, then killed, when the run ends however it ends.
+- `torchrun` (env:// rendezvous, RANK, WORLD_SIZE, LOCAL_RANK): each process runs `mstar run` with
+  the same arguments; rank 0 becomes the controller, the others serve it (worker.py) and exit when
+  it stops. torchrun's agent watches the processes on each host.
+
+Process groups: the world group is gloo (control messages and KV pages travel through host
+memory); one group per TP instance of the plan (`WorkerPlan.tp_groups`), created by every rank in
+the same order (`new_group` is collective), gloo on the CPU and NCCL on GPUs.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from mstar.plan.io import load_plan
+from mstar.plan.schema import Plan
+from mstar.runtime.serve.ranks.channel import Channel, RankFailure
+from mstar.runtime.serve.ranks.controller import RankEngines
+from mstar.runtime.serve.ranks.worker import RankOptions, build_executor, serve
+
+GROUP_TIMEOUT = timedelta(hours=2)  # hangs are the rank timeout's to catch, not gloo's
+START_TIMEOUT_S = 600.0  # building a rank's models at spec dims takes a while
+PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(RuntimeError):
+    """The ranks could not be started (the message names the rank and why)."""
+
+
+def world_size(plan: Plan) -> int:
+    return max(worker.rank for worker in plan.workers) + 1
+
+
+def tp_groups(plan: Plan, rank: int, backend: str) -> dict[str, Any]:
+    """One process group per TP instance, made on every rank in the plan's order; the ones
+    holding `rank`, by node."""
+    instances = sorted({(group.node, tuple(group.ranks)) for worker in plan.workers for group in worker.tp_groups},
+                       key=lambda item: (item[1], item[0]))
+    mine = {}
+    for node, ranks in instances:
+        group = dist.new_group(list(ranks), timeout=GROUP_TIMEOUT, backend=backend)
+        if rank in ranks:
+            mine[node] = group
+    return mine
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """`cuda` gives each rank its own GPU (cuda:LOCAL_RANK); `cpu` stays."""
+    if device.startswith("cuda"):
+        if ":" in device:
+            raise LaunchError(f"--device {device} names one GPU; with several ranks each rank takes "
+                              "cuda:LOCAL_RANK: pass --device cuda")
+        return f"cuda:{local_rank}"
+    return device
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent's cleanup still kills us
+        pass
+
+
+def child_main(plan_path: str, rank: int, size: int, port: int, parent: int, options: RankOptions) -> None:
+    """A spawned rank: announce, join the groups, build the engine, serve rank 0, exit."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if os.getppid() != parent:
+        os._exit(1)
+    store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timedelta(seconds=START_TIMEOUT_S))
+    store.set(f"mstar/hello/{rank}", "1")
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT)
+    run_rank(load_plan(plan_path), rank, rank, options, lambda peer: None if os.getppid() == parent else "is gone")
+    dist.destroy_process_group()
+
+
+def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_problem: Any) -> None:
+    """Ranks other than 0: groups, engine, the ready message, then the command loop."""
+    device = rank_device(options.device, local_rank)
+    options.tp_groups = tp_groups(plan, rank, "nccl" if device.startswith("cuda") else "gloo")
+    channel = Channel(peer_problem)
+    try:
+        executor = build_executor(plan, rank, options, channel, device)
+    except Exception as error:  # a refused engine: rank 0 reports it and stops
+        channel.send(0, "fatal", {"message": f"cannot start its engine: {error}"}, timeout_s=10.0)
+        return
+    channel.send(0, "ready", {"plan": plan.header.content_sha256})
+    serve(executor, channel, rank)
+
+
+class RankProcesses:
+    """Rank 0's side of a multi-process run (a context manager; see the module docstring)."""
+
+    def __init__(self, plan_path: str, plan: Plan, options: RankOptions, is_torchrun: bool = False):
+        self.plan_path, self.plan, self.options = plan_path, plan, options
+        self.is_torchrun = is_torchrun
+        self.size = world_size(plan)
+        self.children: dict[int, Any] = {}
+        self.engine: Optional[RankEngines] = None
+
+    def problem(self, rank: int) -> Optional[str]:
+        """Why a spawned rank is gone, or None while it runs (torchrun: its agent watches)."""
+        child = self.children.get(rank)
+        if child is None or child.exitcode is None:
+            return None
+        if child.exitcode < 0:
+            return f"was killed by {signal.Signals(-child.exitcode).name}"
+        return f"exited with code {child.exitcode}"
+
+    def __enter__(self) -> "RankProcesses":
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        if self.is_torchrun:
+            dist.init_process_group("gloo", init_method="env://", timeout=GROUP_TIMEOUT)
+        else:
+            self._spawn()
+        device = rank_device(self.options.device, int(os.environ.get("LOCAL_RANK", "0")))
+        self.options.tp_groups = tp_groups(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo")
+        channel = Channel(self.problem)
+        local = build_executor(self.plan, 0, self.options, channel, device) if 0 in self._ranks() else None
+        self.engine = RankEngines(self.plan, local, channel, self.size, self.options.timeout_s)
+        for rank in range(1, self.size):
+            self._await_ready(channel, rank)
+
+    def _ranks(self) -> set[int]:
+        return {worker.rank for worker in self.plan.workers}
+
+    def _spawn(self) -> None:
+        store = dist.TCPStore("127.0.0.1", 0, self.size, True, wait_for_workers=False,
+                              timeout=timedelta(seconds=START_TIMEOUT_S))
+        context = torch.multiprocessing.get_context("spawn")
+        for rank in range(1, self.size):
+            child = context.Process(target=child_main, daemon=True, name=f"mstar-rank-{rank}",
+                                    args=(self.plan_path, rank, self.size, store.port, os.getpid(), self.options))
+            child.start()
+            self.children[rank] = child
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for rank in range(1, self.size):
+            while not _has_key(store, f"mstar/hello/{rank}"):
+                problem = self.problem(rank)
+                if problem is not None:
+                    raise LaunchError(f"rank {rank} {problem} while starting")
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"rank {rank} did not start within {START_TIMEOUT_S:.0f} s")
+        dist.init_process_group("gloo", store=store, rank=0, world_size=self.size, timeout=GROUP_TIMEOUT)
+
+    def _await_ready(self, channel: Channel, rank: int) -> None:
+        try:
+            message = channel.recv(rank, timeout_s=START_TIMEOUT_S, what="building its engine")
+        except RankFailure as failure:
+            raise LaunchError(f"rank {rank} {failure.reason} while starting") from None
+        if message.kind == "fatal":
+            raise LaunchError(f"rank {rank} {message.body['message']}")
+        if message.body.get("plan") != self.plan.header.content_sha256:
+            raise LaunchError(f"rank {rank} loaded another plan than rank 0 (content hash "
+                              f"{message.body.get('plan')} vs {self.plan.header.content_sha256}); every "
+                              "rank must run the same plan file")
+
+    def close(self) -> None:
+        """Stop every rank: ask (a run that ended well), then terminate, then kill; leave the
+        process group."""
+        if self.engine is not None and self.engine.lost is None:
+            self.engine.stop()
+            for child in self.children.values():
+                child.join(timeout=5.0)
+        for child in self.children.values():
+            if child.exitcode is None:
+                child.terminate()
+                child.join(timeout=2.0)
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def serve_torchrun(plan: Plan, options: RankOptions) -> None:
+    """A rank other than 0 of a torchrun launch: serve rank 0 until it stops."""
+    dist.init_process_group("gloo", init_method="env://", timeout=GROUP_TIMEOUT)
+    try:
+        run_rank(plan, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")), options, lambda peer: None)
+    finally:
+        dist.destroy_process_group()
+
+
+def _has_key(store: Any, key: str) -> bool:
+    if store.check([key]):
+        return True
+    time.sleep(0.05)
+    return False

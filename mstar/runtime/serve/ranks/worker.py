@@ -1,0 +1,104 @@
+"""A rank other than 0: build the engine for this rank's nodes, then run the controller's commands.
+
+In: the plan, this rank, the engine options (`RankOptions`) and a `Channel` to rank 0. Out: nothing;
+the loop answers rank 0 until it says `stop`:
+
+    add_request {request_id, request}  -> added {reason}
+    end_request {request_id}
+    step {step}                        -> result {result, imported} on the step's leader,
+                                          done {imported} on a TP follower, step_error {message}
+    kv_send {request_id, node, dst}    kv_recv {request_id, node, src}    kv_drop {request_id, node}
+    stop
+
+Anything this rank cannot handle (a bug, a lost peer) is sent as `fatal {message}` before the
+process exits non-zero, so rank 0 names the cause.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from mstar.plan.schema import Plan
+from mstar.runtime.serve.ranks.channel import Channel, Message
+from mstar.runtime.serve.ranks.executor import RankExecutor
+from mstar.runtime.serve.ranks.wire import decode_request, decode_step, encode_result
+
+Reply = Optional[tuple[str, dict[str, Any], list]]
+
+
+@dataclass
+class RankOptions:
+    """The torch engine's options (`mstar run`'s --dims, --weights, --seed, --kv-pages, --device,
+    --attention) and the rank timeout, as plain data for every rank."""
+
+    dims: str = "tiny"
+    weights: Optional[list[str]] = None
+    seed: int = 0
+    kv_pages: Optional[int] = None
+    device: str = "cpu"
+    attention: str = "auto"
+    timeout_s: float = 8.0
+    tp_groups: dict[str, Any] = field(default_factory=dict)  # node -> this rank's process group
+
+
+def nodes_of(plan: Plan, rank: int) -> set[str]:
+    """The nodes whose models this rank builds: every node its worker runs a walk of."""
+    return {placement.split("/")[0] for worker in plan.workers if worker.rank == rank
+            for placement in worker.placements}
+
+
+def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str) -> RankExecutor:
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
+                         num_pages=options.kv_pages, device=device, attention=options.attention,
+                         nodes=nodes_of(plan, rank))
+    return RankExecutor(plan, engine, channel)
+
+
+def serve(executor: RankExecutor, channel: Channel, rank: int) -> None:
+    """Answer rank 0 until it says stop."""
+    while True:
+        message = channel.recv(0)
+        if message.kind == "stop":
+            return
+        try:
+            reply = _handle(executor, rank, message)
+        except Exception as error:
+            channel.send(0, "fatal", {"message": f"{type(error).__name__}: {error} (handling {message.kind})"},
+                         timeout_s=2.0)
+            raise
+        if reply is not None:
+            channel.send(0, *reply)
+
+
+def _handle(executor: RankExecutor, rank: int, message: Message) -> Reply:
+    body, kind = message.body, message.kind
+    if kind == "add_request":
+        request = decode_request(body["request"], message.tensors)
+        return "added", {"reason": executor.add_request(body["request_id"], request)}, []
+    if kind == "end_request":
+        executor.end_request(body["request_id"])
+    elif kind == "step":
+        return _step(executor, rank, message)
+    elif kind == "kv_send":
+        executor.kv_send(body["request_id"], body["node"], body["dst"])
+    elif kind == "kv_recv":
+        executor.kv_recv(body["request_id"], body["node"], body["src"])
+    elif kind == "kv_drop":
+        executor.kv_drop(body["request_id"], body["node"])
+    else:
+        raise ValueError(f"unknown command {kind!r}")
+    return None
+
+
+def _step(executor: RankExecutor, rank: int, message: Message) -> Reply:
+    step = decode_step(message.body, message.tensors)
+    try:
+        result, imported = executor.run_step(step)
+    except Exception as error:  # the step's requests fail alone, as in one process
+        return "step_error", {"message": f"engine failed the step on rank {rank}: {error}"}, []
+    if step.worker != rank:  # a TP follower: the leader answers with the rows' results
+        return "done", {"imported": imported}, []
+    tensors: list = []
+    return "result", {"result": encode_result(result, tensors), "imported": imported}, tensors
