@@ -368,11 +368,11 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     _check_outputs(args)
     with contextlib.ExitStack() as stack:
         engine = _engine(plan, args) if mode == "inproc" else _rank_engine(plan, args, mode, stack)
-        return _run_engine(args, signals, plan, tokenizer, workload, engine)
+        return _run_engine(args, signals, plan, tokenizer, workload, engine, mode)
 
 
 def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenizer: Any, workload: Any,
-                engine: Any) -> int:
+                engine: Any, mode: str) -> int:
     from mstar.runtime.serve.driver import Driver, DriverError
     from mstar.runtime.scheduler.key_tables import PlanTableError
     from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
@@ -433,6 +433,8 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
             writer.close()
         except OutputError as error:
             problems.append(f"--out: {error}")
+    if mode != "inproc":  # ranks as processes: the engine is serve/ranks/controller.RankEngines
+        args.ranks_summary = engine.summary(mode)
     records = list(driver.conductor.records.values())
     num_unfinished = sum(1 for r in records if not r.is_finished) + len(workload.requests) - len(records)
     try:
@@ -459,6 +461,7 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
     summary["engine"] = args.engine
     summary["interrupted"] = signals.name or None
     summary["num_unfinished"] = num_unfinished
+    summary["ranks"] = getattr(args, "ranks_summary", None) or {"mode": "inproc"}
     if not signals.signum:
         try:
             from rich.console import Console

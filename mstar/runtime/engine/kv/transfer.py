@@ -39,7 +39,8 @@ def _check_layout(runner: DecoderRunner) -> KvCache:
 
 def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any], list[torch.Tensor]]:
     cache, node, request_id = _check_layout(runner), runner.node.name, state.request_id
-    sequences, tensors = [], []
+    sequences: list[list[Any]] = []
+    tensors: list[torch.Tensor] = []
     for label in runner.pool.labels_of(request_id):
         key = (request_id, label)
         num_tokens = runner.pool.num_tokens(key)

@@ -65,18 +65,29 @@ class Channel:
         payload = torch.cat([torch.frombuffer(bytearray(header), dtype=torch.uint8)] + parts)
         sizes = torch.tensor([len(header), payload.numel() - len(header)], dtype=torch.int64)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._wait(dist.isend(sizes, dst, group=self.group), dst, deadline, "taking a message")
-        self._wait(dist.isend(payload, dst, group=self.group), dst, deadline, "taking a message")
+        self._wait(self._post(dist.isend, sizes, dst), dst, deadline, "taking a message")
+        self._wait(self._post(dist.isend, payload, dst), dst, deadline, "taking a message")
 
     def recv(self, src: int, timeout_s: Optional[float] = None, what: str = "answering") -> Message:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         sizes = torch.zeros(2, dtype=torch.int64)
-        self._wait(dist.irecv(sizes, src, group=self.group), src, deadline, what)
+        self._wait(self._post(dist.irecv, sizes, src), src, deadline, what)
         num_header, num_data = int(sizes[0]), int(sizes[1])
         payload = torch.empty(num_header + num_data, dtype=torch.uint8)
-        self._wait(dist.irecv(payload, src, group=self.group), src, deadline, what)
+        self._wait(self._post(dist.irecv, payload, src), src, deadline, what)
         header = json.loads(bytes(payload[:num_header].numpy()).decode("utf-8"))
         return Message(header["kind"], header["body"], _split(payload[num_header:], header["tensors"]))
+
+    def _post(self, operation: Callable[..., Any], tensor: torch.Tensor, peer: int) -> Any:
+        """Post an isend/irecv; a transport that already failed (gloo: the peer closed its
+        connection) is the peer's failure."""
+        try:
+            return operation(tensor, peer, group=self.group)
+        except RuntimeError as error:
+            raise RankFailure(peer, self._why_gone(peer, error)) from None
+
+    def _why_gone(self, peer: int, error: BaseException) -> str:
+        return self.peer_problem(peer) or f"closed its connection ({str(error).splitlines()[0][:200]})"
 
     def _wait(self, work: Any, peer: int, deadline: Optional[float], what: str) -> None:
         """Wait for `work` on the waiter thread; RankFailure when it fails (gloo: the peer closed
@@ -89,8 +100,7 @@ class Channel:
             if deadline is not None and time.monotonic() > deadline:
                 raise RankFailure(peer, f"hangs: no progress {what} within the rank timeout")
         if done.error is not None:
-            problem = self.peer_problem(peer)
-            raise RankFailure(peer, problem or f"closed its connection ({str(done.error).splitlines()[0][:200]})")
+            raise RankFailure(peer, self._why_gone(peer, done.error))
 
 
 class _Done:

@@ -49,6 +49,13 @@ class RankEngines:
         self.num_steps = 0
         self.last_step: dict[int, str] = {}  # rank -> its latest step, for a failure's message
         self.running: set[int] = set()  # ranks with a step whose answer has not come back
+        self.memory: dict[int, dict[str, int]] = {}  # rank -> its memory at start-up (executor.memory)
+        self.num_kv_moves = 0  # requests whose KV moved to another instance
+
+    def summary(self, mode: str) -> dict[str, Any]:
+        """For the run report: how the ranks ran, each rank's memory, the KV moves."""
+        return {"mode": mode, "world_size": len(self.remote) + 1, "num_kv_moves": self.num_kv_moves,
+                "memory": {str(rank): figures for rank, figures in sorted(self.memory.items())}}
 
     # ------------------------------------------------------------ messages
 
@@ -166,6 +173,7 @@ class RankEngines:
         self.homes.settle(handle.step, instance, result, imported)
         for request_id, home in moves:
             if request_id in imported:
+                self.num_kv_moves += 1
                 self._drop(request_id, handle.step.node, home)
         return result
 

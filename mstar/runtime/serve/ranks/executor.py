@@ -17,7 +17,10 @@ mixture of the walks left and runs eagerly, as the run loop does for stale rows 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Optional
+
+import torch
 
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.engine.kv.transfer import TransferError, drop_kv, export_kv, import_kv
@@ -39,6 +42,17 @@ class RankExecutor:
         self.held: set[str] = set()  # requests whose KV import found no room: held in the next step
         self.failed: dict[str, str] = {}  # request -> why its KV could not move: fails in the next step
         self.imported: list[str] = []
+
+    def memory(self) -> dict[str, int]:
+        """Measured at start-up: the parameter bytes of this rank's models (a TP node: its shard),
+        the process's resident memory, and on a GPU the bytes torch has allocated there."""
+        models = [getattr(runner.model, "_module", runner.model) for runner in self.engine.runners.values()]
+        weight_bytes = sum(p.numel() * p.element_size() for model in models for p in model.parameters())
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            rss_bytes = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        device = self.engine.placement.device
+        device_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        return {"weight_bytes": weight_bytes, "rss_bytes": rss_bytes, "device_bytes": device_bytes}
 
     def add_request(self, request_id: str, request: Any) -> Optional[str]:
         return self.engine.add_request(request_id, request)

@@ -14,8 +14,9 @@ In: the plan (and its path: each process loads and verifies it itself), `RankOpt
   it stops. torchrun's agent watches the processes on each host.
 
 Process groups: the world group is gloo (control messages and KV pages travel through host
-memory); one group per TP instance of the plan (`WorkerPlan.tp_groups`), created by every rank in
-the same order (`new_group` is collective), gloo on the CPU and NCCL on GPUs.
+memory); one group per TP instance of the plan (`WorkerPlan.tp_groups`, through
+`engine/tp/build.tp_comms`: every rank creates every group in the same order), gloo on the CPU and
+NCCL on GPUs; each rank's engine builds its TP nodes as its own shard (`engine/tp/`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 from mstar.plan.io import load_plan
 from mstar.plan.schema import Plan
+from mstar.runtime.engine.tp.build import tp_comms
 from mstar.runtime.serve.ranks.channel import Channel, RankFailure
 from mstar.runtime.serve.ranks.controller import RankEngines
 from mstar.runtime.serve.ranks.worker import RankOptions, build_executor, serve
@@ -46,19 +48,6 @@ class LaunchError(RuntimeError):
 
 def world_size(plan: Plan) -> int:
     return max(worker.rank for worker in plan.workers) + 1
-
-
-def tp_groups(plan: Plan, rank: int, backend: str) -> dict[str, Any]:
-    """One process group per TP instance, made on every rank in the plan's order; the ones
-    holding `rank`, by node."""
-    instances = sorted({(group.node, tuple(group.ranks)) for worker in plan.workers for group in worker.tp_groups},
-                       key=lambda item: (item[1], item[0]))
-    mine = {}
-    for node, ranks in instances:
-        group = dist.new_group(list(ranks), timeout=GROUP_TIMEOUT, backend=backend)
-        if rank in ranks:
-            mine[node] = group
-    return mine
 
 
 def rank_device(device: str, local_rank: int) -> str:
@@ -94,14 +83,14 @@ def child_main(plan_path: str, rank: int, size: int, port: int, parent: int, opt
 def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_problem: Any) -> None:
     """Ranks other than 0: groups, engine, the ready message, then the command loop."""
     device = rank_device(options.device, local_rank)
-    options.tp_groups = tp_groups(plan, rank, "nccl" if device.startswith("cuda") else "gloo")
+    comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo")
     channel = Channel(peer_problem)
     try:
-        executor = build_executor(plan, rank, options, channel, device)
+        executor = build_executor(plan, rank, options, channel, device, comms)
     except Exception as error:  # a refused engine: rank 0 reports it and stops
         channel.send(0, "fatal", {"message": f"cannot start its engine: {error}"}, timeout_s=10.0)
         return
-    channel.send(0, "ready", {"plan": plan.header.content_sha256})
+    channel.send(0, "ready", {"plan": plan.header.content_sha256, "memory": executor.memory()})
     serve(executor, channel, rank)
 
 
@@ -141,10 +130,12 @@ class RankProcesses:
         else:
             self._spawn()
         device = rank_device(self.options.device, int(os.environ.get("LOCAL_RANK", "0")))
-        self.options.tp_groups = tp_groups(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo")
+        comms = tp_comms(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo")
         channel = Channel(self.problem)
-        local = build_executor(self.plan, 0, self.options, channel, device) if 0 in self._ranks() else None
+        local = build_executor(self.plan, 0, self.options, channel, device, comms) if 0 in self._ranks() else None
         self.engine = RankEngines(self.plan, local, channel, self.size, self.options.timeout_s)
+        if local is not None:
+            self.engine.memory[0] = local.memory()
         for rank in range(1, self.size):
             self._await_ready(channel, rank)
 
@@ -181,6 +172,8 @@ class RankProcesses:
             raise LaunchError(f"rank {rank} loaded another plan than rank 0 (content hash "
                               f"{message.body.get('plan')} vs {self.plan.header.content_sha256}); every "
                               "rank must run the same plan file")
+        assert self.engine is not None
+        self.engine.memory[rank] = message.body["memory"]
 
     def close(self) -> None:
         """Stop every rank: ask (a run that ended well), then terminate, then kill; leave the

@@ -15,7 +15,7 @@ process exits non-zero, so rank 0 names the cause.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from mstar.plan.schema import Plan
@@ -38,7 +38,6 @@ class RankOptions:
     device: str = "cpu"
     attention: str = "auto"
     timeout_s: float = 8.0
-    tp_groups: dict[str, Any] = field(default_factory=dict)  # node -> this rank's process group
 
 
 def nodes_of(plan: Plan, rank: int) -> set[str]:
@@ -47,12 +46,14 @@ def nodes_of(plan: Plan, rank: int) -> set[str]:
             for placement in worker.placements}
 
 
-def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str) -> RankExecutor:
+def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str,
+                   comms: dict[str, Any]) -> RankExecutor:
+    """The rank's engine (its nodes; its shard of each TP node, `comms` from tp.build.tp_comms)."""
     from mstar.runtime.engine.torch_engine import TorchEngine
 
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
-                         nodes=nodes_of(plan, rank))
+                         nodes=nodes_of(plan, rank), tp_comms=comms)
     return RankExecutor(plan, engine, channel)
 
 

@@ -1,0 +1,195 @@
+"""Ranks as processes (CPU, gloo): `mstar run --ranks processes` gives the same greedy tokens and
+audio as one process, for a stream to another rank (orpheus), tensor parallelism (orpheus_tp2,
+qwen3omni_thinker_tp2: each TP rank holds about half the LLM's weights) and prefill/decode
+disaggregation (the KV pages move); a rank killed or frozen mid-run stops the run with an error
+naming it, exit 1, its requests reported failed, and no process left behind; SIGINT ends every rank.
+
+Every command runs in its own session and is killed with its whole process group in `finally`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime_plans import ROOT
+
+START_TIMEOUT_S = 240.0  # interpreters and torch start-up, several processes, a busy 2-core machine
+RUN = ["--requests", "3", "--output-len", "8..8", "--no-progress"]
+
+
+def _command(plan: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", str(ROOT / "generated" / f"{plan}.plan"),
+            *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _run(tmp_path: Path, plan: str, ranks: str) -> tuple[dict, dict]:
+    """(id -> (tokens, finish reason, media bytes), report) of a small run."""
+    out, report = tmp_path / f"{plan}-{ranks}", tmp_path / f"{plan}-{ranks}.json"
+    process = subprocess.Popen(_command(plan, *RUN, "--ranks", ranks, "--out", str(out), "--report", str(report)),
+                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=START_TIMEOUT_S)
+    finally:
+        _kill_group(process)
+    assert process.returncode == 0, stderr.decode()
+    found = {}
+    for line in (out / "outputs.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        media = [(out / name).read_bytes() for name in record["media"]]
+        found[record["id"]] = (record["output_tokens"], record["finish_reason"], media)
+    return found, json.loads(report.read_text())
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The same runs in one process: the reference every layout must reproduce."""
+    tmp = tmp_path_factory.mktemp("inproc")
+    return {plan: _run(tmp, plan, "inproc")[0] for plan in ("orpheus_colocated", "qwen3_omni")}
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory):
+    """plan -> its run on rank processes, each made once for the tests of this module."""
+    tmp, runs = tmp_path_factory.mktemp("processes"), {}
+
+    def run(plan: str) -> tuple[dict, dict]:
+        if plan not in runs:
+            runs[plan] = _run(tmp, plan, "processes")
+        return runs[plan]
+    return run
+
+
+@pytest.mark.parametrize("plan, reference", [
+    ("orpheus", "orpheus_colocated"),  # LLM on rank 0, SNAC on rank 1: the token stream crosses ranks
+    ("orpheus_tp2", "orpheus_colocated"),  # the LLM sharded over ranks 0 and 1
+    ("orpheus_pd_disaggregated", "orpheus_colocated"),  # prefill on rank 0, decode on rank 1
+    ("qwen3omni_thinker_tp2", "qwen3_omni"),  # the Thinker sharded over ranks 0 and 1, Talker on 2
+])
+def test_rank_processes_give_the_tokens_and_audio_of_one_process(processes, one_process, plan, reference):
+    found, report = processes(plan)
+    assert found == one_process[reference]
+    ranks = report["ranks"]
+    assert ranks["mode"] == "spawn"
+    assert ranks["world_size"] == 1 + max(int(rank) for rank in ranks["memory"])
+    assert (ranks["num_kv_moves"] == 3) == (plan == "orpheus_pd_disaggregated"), ranks
+
+
+def test_each_tp_rank_holds_about_half_the_llm(processes):
+    whole = processes("orpheus")[1]["ranks"]["memory"]["0"]["weight_bytes"]  # rank 0 runs the LLM alone
+    shard = processes("orpheus_tp2")[1]["ranks"]["memory"]["1"]["weight_bytes"]  # rank 1: its LLM shard alone
+    assert 0.45 * whole <= shard <= 0.6 * whole, (shard, whole)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _rank_pid(pid: int) -> int:
+    """The spawned rank 1 among the command's children (beside multiprocessing's resource tracker)."""
+    for child in _children(pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+        except OSError:
+            continue
+    raise AssertionError("no spawned rank process")
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start_long_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, list[int], int]:
+    """A run of orpheus on two rank processes, once its first request finished: (process, report,
+    its child processes, rank 1's pid)."""
+    out, report = tmp_path / "out", tmp_path / "run.json"
+    process = subprocess.Popen(_command("orpheus", "--requests", "400", "--output-len", "64..64", "--no-progress",
+                                        "--out", str(out), "--report", str(report), *extra),
+                               cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (out / "outputs.jsonl").exists() or not (out / "outputs.jsonl").read_bytes():
+        if process.poll() is not None or time.monotonic() > deadline:
+            _kill_group(process)
+            raise AssertionError(f"no request finished: {process.communicate()}")
+        time.sleep(0.05)
+    return process, report, _children(process.pid), _rank_pid(process.pid)
+
+
+@pytest.mark.parametrize("signum, says", [(signal.SIGKILL, "rank 1 was killed by SIGKILL"),
+                                          (signal.SIGSTOP, "rank 1 hangs")], ids=["killed", "frozen"])
+def test_a_lost_rank_stops_the_run_naming_it(tmp_path, signum, says):
+    process, report, children, rank = _start_long_run(tmp_path, "--rank-timeout", "3")
+    try:
+        os.kill(rank, signum)
+        lost_at = time.monotonic()
+        _, stderr = process.communicate(timeout=60)
+        stopped_in = time.monotonic() - lost_at
+    finally:
+        _kill_group(process)
+    err = stderr.decode()
+    assert process.returncode == 1, err
+    assert f"mstar: error: {says}" in err and "its step" in err, err
+    assert "Traceback" not in err
+    assert stopped_in < 10.0, stopped_in
+    summary = json.loads(report.read_text())
+    reasons = summary["failed_requests"].values()
+    assert reasons and all(says in reason for reason in reasons), summary["failed_requests"]
+    assert summary["finish_kinds"].get("error", 0) == len(reasons)
+    _assert_gone(children)
+
+
+def _assert_gone(children: list[int]) -> None:
+    """Every child of the command ended (multiprocessing's resource tracker may take a moment to
+    notice that its last user exited)."""
+    deadline = time.monotonic() + 10.0
+    while [pid for pid in children if _is_alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in children if _is_alive(pid)], "a rank process was left behind"
+
+
+def test_sigint_ends_every_rank(tmp_path):
+    process, report, children, _ = _start_long_run(tmp_path)
+    try:
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        _kill_group(process)
+    err = stderr.decode()
+    assert process.returncode == 128 + signal.SIGINT, err
+    assert "interrupted by SIGINT" in err and "Traceback" not in err, err
+    assert json.loads(report.read_text())["interrupted"] == "SIGINT"
+    _assert_gone(children)
