@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,6 +93,33 @@ def test_rank_processes_give_the_tokens_and_audio_of_one_process(processes, one_
     assert ranks["mode"] == "spawn"
     assert ranks["world_size"] == 1 + max(int(rank) for rank in ranks["memory"])
     assert (ranks["num_kv_moves"] == 3) == (plan == "orpheus_pd_disaggregated"), ranks
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_torchrun_runs_the_same_command_as_one_rank_each(tmp_path, one_process):
+    out, report = tmp_path / "out", tmp_path / "run.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(_free_port()), "-m", "mstar.cli.mstar", "run",
+               "--plan", str(ROOT / "generated" / "orpheus_tp2.plan"), *RUN, "--out", str(out), "--report", str(report)]
+    process = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=START_TIMEOUT_S)
+    finally:
+        _kill_group(process)
+    assert process.returncode == 0, stderr.decode()
+    found = {}
+    for line in (out / "outputs.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        found[record["id"]] = (record["output_tokens"], record["finish_reason"],
+                               [(out / name).read_bytes() for name in record["media"]])
+    assert found == one_process["orpheus_colocated"]
+    assert json.loads(report.read_text())["ranks"]["mode"] == "torchrun"
 
 
 def test_each_tp_rank_holds_about_half_the_llm(processes):

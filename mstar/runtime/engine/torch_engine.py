@@ -10,9 +10,10 @@ node (the kind the spec states, `NodePlan.model_kind`; dims from `mstar.runtime.
   (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot
   (nothing ran for them; the other rows ran, unless `runs_partial_steps` is off);
 - `end_request(id)` frees its pages and slots.
-With tiny dims the engine sets torch to one thread (see `__init__`). One engine serves every
-worker of the plan (one KV pool per kv node, shared by its walks, so a prefill/decode split across
-ranks needs no KV transfer on the CPU).
+With tiny dims the engine sets torch to one thread (see `__init__`). In one process one engine
+serves every worker of the plan (one KV pool per kv node, shared by its walks, so a prefill/decode
+split needs no KV transfer there); with ranks as processes each rank's engine builds only its
+worker's nodes (`nodes=`) and KV moves between them (serve/ranks, engine/kv/transfer.py).
 
 Start-up refusals (`EngineError`, a clear message): a kind the engine has no model for, bad dims, a
 recurrent slot pool too small, a `--weights` checkpoint that does not fit the node, a `--device`
