@@ -1,6 +1,7 @@
 """Messages between rank processes are plain data: steps, results and requests survive the wire
 encoding field for field (tensors by value, numpy arrays, tuples, nested lists), anything without
-a plain-data rule is refused by name, and the controller's KV homes say which rows must move."""
+a plain-data rule is refused by name, the controller's KV homes say which rows must move, and an
+engine that loses a rank (`EngineLost`) stops the run loop instead of failing one step."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,10 @@ from mstar.runtime.serve.ranks.wire import (
     WireError, decode_request, decode_result, decode_step, decode_value, encode_request, encode_result,
     encode_step, encode_value,
 )
-from mstar.runtime.step import RowResult, Step, StepResult, StepRow
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.serve.driver import Driver
+from mstar.runtime.serve.workload import generate
+from mstar.runtime.step import EngineLost, RowResult, Step, StepResult, StepRow
 from mstar.plan.io import load_plan
 from runtime_plans import ROOT
 
@@ -107,3 +111,28 @@ def test_kv_homes_move_a_request_to_the_instance_that_runs_its_next_walk():
     assert homes.moves(snac, (0,)) == []  # a stateless node has no KV
     homes.forget("a")
     assert homes.home == {("b", "LLM"): (1,)}
+
+
+class _LosesARank(SimEngine):
+    """The simulated engine, until its tenth step: then a rank is gone."""
+
+    def launch(self, step):
+        self.num_launched = getattr(self, "num_launched", 0) + 1
+        if self.num_launched == 10:
+            raise EngineLost("rank 1 was killed by SIGKILL (during its step 10)")
+        return super().launch(step)
+
+
+def test_a_lost_engine_leaves_the_run_and_every_request_in_it_fails_with_its_message():
+    plan = load_plan(str(ROOT / "generated" / "orpheus.plan"))
+    driver = Driver(plan, _LosesARank(plan))
+    workload = generate(12, prompt_len=(4, 8), output_len=(20, 20), concurrency=4, seed=0)
+    with pytest.raises(EngineLost):
+        driver.run(workload)
+    active = list(driver.conductor.active)
+    assert active  # requests were mid-run when the rank went
+    driver.fail_active("rank 1 was killed by SIGKILL (during its step 10)")
+    assert not driver.conductor.active
+    failed = [r for r in driver.conductor.records.values() if r.finish_reason.startswith("error")]
+    assert sorted(r.request.id for r in failed) == sorted(active)
+    assert all("rank 1 was killed" in r.finish_reason for r in failed)
