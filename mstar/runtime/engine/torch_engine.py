@@ -121,16 +121,9 @@ class TorchEngine(RunsAtLaunch):
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
+        self.runners: dict[str, Runner] = {}
         try:
-            checkpoints = whisper_setup.checkpoints_by_node(plan.nodes, weights_dir)
-            self.runners: dict[str, Runner] = {}
-            # Decoders first: encoders size their heads and image decoders their latents after them.
-            for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
-                if nodes is None or node.name in nodes:
-                    self.runners[node.name] = self._build(node, dims, checkpoints.get(node.name), seed, num_pages)
-                elif node.model_kind == "decoder":
-                    self.decoder_dims[node.name] = self._decoder_dims(node, dims, checkpoints.get(node.name))
-            self._count_media_tokens(dims)
+            self._build_runners(dims, weights_dir, seed, num_pages, nodes)
         except (DimsError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
         planned: dict[str, int] = {}
@@ -141,6 +134,19 @@ class TorchEngine(RunsAtLaunch):
         # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
         self.caps = dataclasses.replace(self.caps, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
+
+    def _build_runners(self, mode: DimsMode, weights_dir: Optional[str | list[str]], seed: int,
+                       num_pages: Optional[int], nodes: Optional[Collection[str]]) -> None:
+        """A runner per node of `nodes` (every node when None); the other decoders' dims only."""
+        plan = self.plan
+        checkpoints = whisper_setup.checkpoints_by_node(plan.nodes, weights_dir)
+        # Decoders first: encoders size their heads and image decoders their latents after them.
+        for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
+            if nodes is None or node.name in nodes:
+                self.runners[node.name] = self._build(node, mode, checkpoints.get(node.name), seed, num_pages)
+            elif node.model_kind == "decoder":
+                self.decoder_dims[node.name] = self._decoder_dims(node, mode, checkpoints.get(node.name))
+        self._count_media_tokens(mode)
 
     def _count_media_tokens(self, mode: DimsMode) -> None:
         """Tell each decoder how many tokens its encoders may feed a request (for start budgets)."""
