@@ -177,3 +177,17 @@ def test_any_prompts_file_gives_a_message_or_a_run(tmp_path_factory, content):
     assert "Traceback" not in text and "internal error" not in text, text
     if status == 1:
         assert text.startswith("mstar: error: "), text
+
+
+def test_a_request_refused_at_admission_has_its_line_with_the_reason(tmp_path, capsys):
+    # the engine refuses b at admission (it can never fit the 4-page pool); its result is written
+    # like any other ending, so nothing submitted is missing from outputs.jsonl
+    llama = str(ROOT / "generated" / "llama.plan")
+    prompts = _prompts(tmp_path, GOOD, {"id": "b", "prompt_tokens": [1, 2, 3], "max_tokens": 400})
+    status, text = _call(["run", "--plan", llama, "--engine", "sim", "--kv-pages", 4, "--prompts", prompts,
+                          "--out", tmp_path / "out", "--no-progress"], capsys)
+    assert status == 0, text
+    lines = {line["id"]: line for line in map(json.loads, (tmp_path / "out" / "outputs.jsonl").read_text().splitlines())}
+    assert set(lines) == {"a", "b"}
+    assert lines["b"]["finish_reason"].startswith("error: can never fit") and lines["b"]["output_tokens"] == []
+    assert len(lines["a"]["output_tokens"]) == 4

@@ -172,9 +172,12 @@ class Conductor:
         self.pump(state)
 
     def _finish_unadmitted(self, record: RequestRecord, reason: str) -> None:
+        """End a request that never ran (refused at admission, or failed while waiting): it ends
+        like any other, through `ended_out`, so the driver's on_finish writes its result."""
         self.num_finished += 1
         record.finish_reason = reason
         record.finish_s = self.clock()
+        self.ended_out.append(record.request.id)
 
     # ------------------------------------------------------------ rows
 
