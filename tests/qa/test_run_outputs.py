@@ -187,7 +187,8 @@ def test_a_request_refused_at_admission_has_its_line_with_the_reason(tmp_path, c
     status, text = _call(["run", "--plan", llama, "--engine", "sim", "--kv-pages", 4, "--prompts", prompts,
                           "--out", tmp_path / "out", "--no-progress"], capsys)
     assert status == 0, text
-    lines = {line["id"]: line for line in map(json.loads, (tmp_path / "out" / "outputs.jsonl").read_text().splitlines())}
+    written = (tmp_path / "out" / "outputs.jsonl").read_text().splitlines()
+    lines = {line["id"]: line for line in map(json.loads, written)}
     assert set(lines) == {"a", "b"}
     assert lines["b"]["finish_reason"].startswith("error: can never fit") and lines["b"]["output_tokens"] == []
     assert len(lines["a"]["output_tokens"]) == 4
