@@ -173,18 +173,31 @@ def _cap_error(what: str, cap: int, capture: ast.CaptureDecl, span: ast.Span,
     diags.error(codes.CAP_ABOVE_CAPTURE,
                 f"{what} is above the largest captured batch size {largest}: steps of "
                 f"{largest + 1}-{cap} rows would run eagerly; capture batch {cap} or lower the cap "
-                f"to {largest}", span, Note("the capture", capture.span))
+                f"to {largest}", span, *([] if span == capture.span else [Note("the capture", capture.span)]))
+
+
+def _largest_mixed_cap(combine: ast.CombineDecl, caps: dict[str, int]) -> Optional[int]:
+    """Without its own cap a mixed step takes the smallest cap among the walks in it
+    (docs/plan.md), so the largest a mixed step can take is the second largest walk cap; a walk
+    with no `cap` of its own may have any, so then the largest declared cap is the bound."""
+    declared = sorted((caps[w] for w in set(combine.walks) if w in caps), reverse=True)
+    if not declared:
+        return None
+    if len(declared) == len(set(combine.walks)) and len(declared) > 1:
+        return declared[1]
+    return declared[0]
 
 
 def _check_combine_caps(combine: ast.CombineDecl, caps: dict[str, int], diags: Diagnostics) -> None:
     capture = combine.capture
-    walk_caps = [caps[w] for w in combine.walks if w in caps]
-    cap = combine.cap if combine.cap is not None else (min(walk_caps) if walk_caps else None)
+    cap = combine.cap if combine.cap is not None else _largest_mixed_cap(combine, caps)
     if capture is not None and capture.batch and cap is not None and cap > max(capture.batch):
         what = f"cap {cap} of combined walk {combine.name}"
+        span = combine.cap_span or combine.span
         if combine.cap is None:
-            what += " (the smallest cap of its walks)"
-        _cap_error(what, cap, capture, combine.span, diags)
+            what += " (a mixed step's default: the smallest cap of the walks in it)"
+            span = capture.span
+        _cap_error(what, cap, capture, span, diags)
     for rows in combine.rows:
         if rows.walk not in combine.walks:
             diags.error(codes.ROWS_NOT_IN_COMBINE,

@@ -34,7 +34,7 @@ from graphlib import CycleError, TopologicalSorter
 
 from mstar.compiler import codes
 from mstar.compiler.memory_bounds import MAX_LOOP_ITERATIONS
-from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, iter_sections, name_span
+from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, iter_sections, name_span, suggestion
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
 
@@ -118,6 +118,9 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
     flows = {w.name: walk_flow(w) for w in spec.walks}
     conductor_names = _conductor_names(spec, flows, partition_of)
     delivered = {(e.dest, e.name) for w in spec.walks for c in iter_calls(w.body) for e in c.edges}
+    # Values the conductor keeps for later walks (any partition's, which it also hands over).
+    persisted = {e.name for w in spec.walks for c in iter_calls(w.body) for e in c.edges
+                 if e.is_persist or e.dest == "conductor"}
     partitions = {p.name: p for p in spec.partitions}
     nodes = {n.name: n for n in spec.nodes}
     for walk in spec.walks:
@@ -127,7 +130,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
         _check_loop_nests(walk, params, diags)
         _check_edges(flow, nodes, diags)
         _check_inputs(flow, nodes, partition, conductor_names.get(partition_of.get(walk.name), set()),
-                      delivered, diags)
+                      delivered, persisted, diags)
     _check_streams(spec, partition_of, diags)
 
 
@@ -263,21 +266,27 @@ def _conductor_names(spec: ast.Spec, flows: dict[str, WalkFlow],
 
 
 def _check_inputs(flow: WalkFlow, nodes: dict[str, ast.NodeDecl], partition: Optional[ast.Partition],
-                  conductor_names: set[str], delivered: set[tuple[str, str]],
+                  conductor_names: set[str], delivered: set[tuple[str, str]], persisted: set[str],
                   diags: Diagnostics) -> None:
     fed: dict[int, set[str]] = {}
     for _, edge, target in flow.forward:
         fed.setdefault(target, set()).add(edge.name)
+    # Inputs a backward edge outside a loop brings to an earlier call: MW202 reports those. (A
+    # loop-back feeds only the second iteration on; the first needs a value from rule 1 or 3.)
+    fed_back: dict[int, set[str]] = {}
+    for _, edge, target in flow.backward:
+        fed_back.setdefault(target, set()).add(edge.name)
     streamed = {s.edge for s in partition.streams} if partition is not None else set()
     for i, site in enumerate(flow.sites):
         node = nodes.get(site.call.node)
         if node is None:
             continue
-        stream_inputs = {d.name for d in node.inputs if d.is_stream}
+        decls = {d.name: d for d in node.inputs}
         for name in site.call.inputs:
-            if name in fed.get(i, ()):
+            if name in fed.get(i, ()) or name in fed_back.get(i, ()):
                 continue
-            if name in stream_inputs:
+            decl = decls.get(name)
+            if decl is not None and decl.is_stream:
                 if name not in streamed:
                     where = f"partition {partition.name}" if partition is not None else "its partition"
                     diags.error(codes.INPUT_NOT_PRODUCED,
@@ -286,12 +295,47 @@ def _check_inputs(flow: WalkFlow, nodes: dict[str, ast.NodeDecl], partition: Opt
                                 name_span(site.call.span, name, diags))
                 continue
             if flow.is_entry(i) or name in conductor_names or (node.name, name) not in delivered:
+                if _is_unsupplied(decl, name, persisted):
+                    _report_unsupplied(flow, site, nodes, name, persisted, diags)
                 continue
             diags.error(codes.INPUT_NOT_PRODUCED,
                         f"input '{name}' of {node.name} in walk {flow.walk.name} is produced by "
-                        f"nothing: other walks compute it, but no earlier edge of this walk carries "
-                        f"it, and it is neither a request input nor a persisted edge of the partition",
+                        f"nothing here: the model computes it (an edge elsewhere delivers it to "
+                        f"{node.name}), but no earlier edge of this walk carries it, and it is "
+                        f"neither a request input nor a persisted edge of the partition",
                         name_span(site.call.span, name, diags))
+
+
+# Roles of values only a model computes: a request never brings them (it brings prompts, media,
+# signals and masks; an image flow's latents and time index are seeded by the model).
+_COMPUTED = frozenset({"hidden", "embeddings"})
+
+
+def _is_unsupplied(decl: Optional[ast.InputDecl], name: str, persisted: set[str]) -> bool:
+    """An input left to the conductor that it cannot have: a value only a model computes, which
+    no walk persists."""
+    return decl is not None and decl.role in _COMPUTED and name not in persisted
+
+
+def _report_unsupplied(flow: WalkFlow, site: Site, nodes: dict[str, ast.NodeDecl], name: str,
+                       persisted: set[str], diags: Diagnostics) -> None:
+    """MW201 at the input itself, naming a call of this walk that makes the value but drops it
+    (a deleted edge) and a persisted name it may have been misspelt as."""
+    notes = [Note(f"{other.call.node} makes '{name}' here, but no edge of this call carries it",
+                  other.call.span)
+             for other in flow.sites
+             if other is not site and other.call.node in nodes
+             and any(o.name == name for o in nodes[other.call.node].outputs)
+             and not any(e.name == name for e in other.call.edges)]
+    decl_role = next((d.role for d in nodes[site.call.node].inputs if d.name == name), "computed")
+    is_looped = any(flow.sites[target] is site and edge.name == name for _, edge, target in flow.loop_back)
+    what = ("has no value for its loop's first iteration: a loop-back feeds only the later ones"
+            if is_looped else "is produced by nothing: no edge of this walk carries it")
+    diags.error(codes.INPUT_NOT_PRODUCED,
+                f"input '{name}' of {site.call.node} in walk {flow.walk.name} {what}, no walk "
+                f"persists it, and a request does not bring {decl_role} values"
+                f"{suggestion(name, sorted(persisted))}",
+                name_span(site.call.span, name, diags), *notes[:2])
 
 
 # ---------------------------------------------------------------- partitions and streams

@@ -85,7 +85,8 @@ def _check_node(node: ast.NodeDecl, diags: Diagnostics) -> None:
         diags.error(codes.MISSING_MODEL_KIND,
                     f"stateless node {node.name} does not say what model it is; write "
                     f"`node {node.name} stateless KIND` with KIND one of "
-                    f"{', '.join(k for k in KIND_ROLES if k != DECODER)}",
+                    f"{', '.join(k for k in KIND_ROLES if k != DECODER)} (a decoder is a `kv` node: "
+                    f"`node {node.name} kv(...)`)",
                     name_span(node.span, node.name, diags))
     takes, makes = KIND_ROLES.get(kind or "", (None, None))
     prompted: dict[str, ast.InputDecl] = {}

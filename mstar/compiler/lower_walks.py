@@ -265,13 +265,5 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
         partitions.append(
             PartitionPlan(name=partition.name, stages=stages, initial_walk=initial, streams=streams)
         )
-    unlisted = [w.name for w in spec.walks if walk_partitions(spec)[w.name] == DEFAULT_PARTITION]
-    if unlisted:
-        partitions.append(
-            PartitionPlan(
-                name=DEFAULT_PARTITION,
-                stages=[StagePlan(walks=[w]) for w in unlisted],
-                initial_walk=unlisted[0],
-            )
-        )
+    # Every walk is in a partition (check_graph, MW209), so there is no implicit one.
     return partitions

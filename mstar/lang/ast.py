@@ -201,6 +201,7 @@ class CombineDecl(AstNode):
     attention_comments_before: list[str] = Field(default=[], repr=False)
     attention_comment_after: Optional[str] = Field(default=None, repr=False)
     comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`
+    cap_span: Optional[Span] = Field(default=None, repr=False)  # where `cap N` is written
 
 
 class PromptFormat(AstNode):
@@ -361,7 +362,7 @@ Walk.model_rebuild()
 # Fields that say where a construct came from or what the author wrote beside it, not what it means.
 NOT_MEANING = frozenset({
     "span", "comments_before", "comment_after", "comments_end", "cap_comments_before",
-    "cap_comment_after", "attention_comments_before", "attention_comment_after",
+    "cap_comment_after", "attention_comments_before", "attention_comment_after", "cap_span",
 })
 
 

@@ -339,6 +339,7 @@ class AstBuilder(Transformer):
             rows=_of(children, ast.RowsLimit),
             capture=self._one(_of(children, ast.CaptureDecl), "capture", "combine"),
             attention=settings["attention"].value if "attention" in settings else None,
+            cap_span=settings["cap"].span if "cap" in settings else None,
         )
         for key, setting in settings.items():
             self.anchors.append(Anchor(setting.span.line, setting.span.col, combine, key))

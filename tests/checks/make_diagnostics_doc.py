@@ -99,7 +99,8 @@ explain = {
           "`value_dim`; none has a default.",
  "MW113": "A stateless node says what model it is after `stateless`: `audio_codec` (codes in, audio out), "
           "`image_decoder` (flow latents in, an image out), `vision_encoder` or `audio_encoder` (media in, embeddings "
-          "out). The runtime builds that model; it never guesses from names or edges.",
+          "out). A decoder is not a stateless kind: a decoder is a `kv` node (`node NAME kv(...)`). The runtime builds "
+          "that model; it never guesses from names or edges.",
  "MW114": "Every input states what it takes (`in NAME: ROLE`): `tokens`, `embeddings`, `hidden`, `mask`, "
           "`flow_latents`, `flow_time`, `media` or `signal`. The runtime reads the role, never the name.",
  "MW115": "An edge carries one of its node's declared outputs (`out NAME: ROLE`), by name; the role says what the "
@@ -155,10 +156,14 @@ explain = {
  "MW201": "Where an input may come from: an earlier edge of the same walk (or a parallel sibling); a stream, when the "
           "input is declared `in NAME stream` and the walk's partition has a stream source `<- P.NAME`; or the "
           "conductor, which feeds every input of a walk's entry calls (calls no edge of the walk reaches), any request "
-          "input (an input of an entry call of a walk of the partition) or persisted edge (`-> x: conductor persist`) "
-          "of the partition, and any input that no edge of the spec delivers to that node (request data). MW201 "
-          "therefore means the model computes the input elsewhere but nothing brings it to this call - typically a "
-          "missing edge from an encoder - or a stream input without a stream source.",
+          "input (an input of an entry call of a walk of the partition) or persisted edge (`-> x: conductor persist`), "
+          "and any input that no edge of the spec delivers to that node (request data). A request never brings "
+          "`hidden` or `embeddings` values, so such an input that no edge of the walk carries and no walk persists is "
+          "reported where it is taken, with the call that makes the value but has no edge for it (a deleted encoder "
+          "edge) and a persisted name it may be misspelt as; a loop-back does not feed its loop's first iteration. "
+          "Otherwise MW201 means the model computes the input elsewhere but nothing brings it to this call, or a "
+          "stream input has no stream source. An input fed by an edge going backwards outside a loop is MW202's, "
+          "not MW201's.",
  "MW202": "An edge that goes back to a call that ran earlier is a loop-back only when a loop encloses both calls (as "
           "the reference derives loop-backs). Outside a loop the target would wait forever. Parallel siblings that "
           "feed each other in a cycle are reported too.",
@@ -232,8 +237,9 @@ explain = {
           "prefill/decode disaggregation needs no change to the spec.",
  "MW405": "A cap above the largest captured batch size means steps of more rows than any graph holds: they run "
           "eagerly. Raise the capture's batch sizes or lower the cap. (A walk without a capture runs eagerly by design "
-          "and is not reported; a combined walk's cap is checked against its own capture; with no `cap` the largest "
-          "captured batch is the cap.)",
+          "and is not reported; with no `cap` a walk's largest captured batch is its cap. A combined walk's mixed "
+          "steps are checked against its own capture: its `cap`, else the largest a mixed step can take by the plan's "
+          "rule, the smallest cap of the walks in the step (docs/plan.md), reported at the capture.)",
  "MW406": "A rows limit above the largest batch size of the combined walk's packed capture could never be reached by a "
           "replayed step.",
  "MW407": "A rows limit bounds one of the combined walk's own walks.",
