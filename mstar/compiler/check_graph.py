@@ -151,6 +151,7 @@ def _check_sections(walk: ast.Walk, params: dict[str, int], diags: Diagnostics) 
         if bound is not None and bound < 1:
             diags.error(codes.BAD_LOOP_BOUND,
                         f"loop bound must be at least 1, got {bound}", section.span)
+        _check_count(section, bound, params, diags)
         if section.has_stop and section.name is None:
             diags.error(codes.STOP_WITHOUT_NAME,
                         "an early `stop` needs a named loop (`loop NAME max=...`): the stop check "
@@ -166,6 +167,19 @@ def _check_sections(walk: ast.Walk, params: dict[str, int], diags: Diagnostics) 
                         f"'{name}' is both a loop output and accumulated: the final value and the "
                         f"per-iteration list would share one name",
                         name_span(_tail_span(section), name, diags, skip=1))
+
+
+def _check_count(loop: ast.Loop, bound: Optional[int], params: dict[str, int], diags: Diagnostics) -> None:
+    """MW215: a loop's default count (its `count=` param's value) runs at least one iteration
+    and at most `max` (a request's own count is checked against the same range when it arrives)."""
+    if loop.count is None or loop.count not in params or bound is None:
+        return
+    default = params[loop.count]
+    if not 1 <= default <= bound:
+        diags.error(codes.BAD_LOOP_COUNT,
+                    f"loop count {loop.count} = {default} is outside 1..{bound}: a request runs `count` "
+                    f"iterations (this default unless it sets its own), at most the loop's max={loop.max_iters}",
+                    name_span(loop.span, "count=" + loop.count, diags))
 
 
 def _check_loop_nests(walk: ast.Walk, params: dict[str, int], diags: Diagnostics) -> None:

@@ -60,6 +60,7 @@ EMPTY_SECTION = "MW211"
 BAD_LOOP_BOUND = "MW212"
 STOP_WITHOUT_NAME = "MW213"
 LOOP_NEST_TOO_LONG = "MW214"
+BAD_LOOP_COUNT = "MW215"
 
 # ---------------------------------------------------------------- deployment file (MW30x)
 DEPLOYMENT_UNREADABLE = "MW301"
@@ -141,6 +142,7 @@ TITLES: dict[str, str] = {
     BAD_LOOP_BOUND: "loop bound not a positive number",
     STOP_WITHOUT_NAME: "early stop on an unnamed loop",
     LOOP_NEST_TOO_LONG: "nested loops whose maximum iterations multiply past the limit",
+    BAD_LOOP_COUNT: "loop count whose default is outside 1..max",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
     DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
     DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",

@@ -287,6 +287,7 @@ class _Lowering:
         loops = [
             LoopPlan(
                 name=loop.tree.name, max_iters=loop.tree.max_iters, has_stop=loop.tree.has_stop,
+                count_param=loop.tree.count_param, default_count=loop.tree.default_count,
                 nodes=list(loop.tree.nodes), body=_linked(loop.body), then=_linked(loop.then),
                 cleared_slots=sorted(loop.cleared),
                 exits=loop.exits,

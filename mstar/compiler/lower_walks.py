@@ -137,6 +137,8 @@ def _lower_loop(loop: ast.Loop, ctx: _WalkContext) -> TreeLoop:
     return TreeLoop(
         name=name,
         max_iters=max_iters,
+        count_param=loop.count,
+        default_count=ctx.params[loop.count] if loop.count is not None else None,
         has_stop=loop.has_stop,
         nodes=_first_use_nodes(loop.body),
         loop_back=loop_back_edges,

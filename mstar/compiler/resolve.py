@@ -165,6 +165,10 @@ def _resolve_walk(walk: ast.Walk, nodes: dict[str, ast.NodeDecl], params: set[st
                             f"unknown param '{section.max_iters}' as loop bound"
                             f"{suggestion(section.max_iters, params)}",
                             name_span(section.span, section.max_iters, diags))
+            if section.count is not None and section.count not in params:
+                diags.error(codes.UNKNOWN_PARAM,
+                            f"unknown param '{section.count}' as loop count{suggestion(section.count, params)}",
+                            name_span(section.span, "count=" + section.count, diags))
             if section.name is not None:
                 if section.name in loops:
                     diags.error(codes.DUPLICATE_NAME,

@@ -58,6 +58,8 @@ class TreeLoop(_TreeModel):
     kind: Literal["loop"] = "loop"
     name: str  # unnamed loops get `<walk>.loop<i>`; only has_stop loops stop early
     max_iters: int  # params resolved
+    count_param: Optional[str] = None  # `count=PARAM`: the request sets its iterations by this name
+    default_count: Optional[int] = None  # the param's value: the iterations a request runs by default
     has_stop: bool
     nodes: list[str]
     loop_back: list[TreeEdge]

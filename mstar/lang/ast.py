@@ -277,11 +277,14 @@ class Sequential(AstNode):
 
 
 class Loop(AstNode):
-    """`loop NAME max=N|PARAM [stop] { ... } [outputs a, b] [accumulate c]`."""
+    """`loop NAME max=N|PARAM [count=PARAM] [stop] { ... } [outputs a, b] [accumulate c]`."""
 
     kind: Literal["loop"] = "loop"
     name: Optional[str] = None  # only a named loop accepts an early stop
     max_iters: Union[int, str]
+    # `count=PARAM`: a request runs this many iterations (the param's value unless the request sets
+    # its own under the param's name), at most max_iters; None: always max_iters (or a stop)
+    count: Optional[str] = None
     has_stop: bool = False
     body: list["Section"]
     outputs: list[str] = []

@@ -400,14 +400,17 @@ class AstBuilder(Transformer):
         return self._closed(ast.Sequential(span=self._span(children), body=_sections(children)), children)
 
     def loop(self, children):
-        # children: _LOOP, [NAME], _MAX, "=", max_iters, [STOP], "{", sections..., "}", [outputs], [accumulate]
+        # children: _LOOP, [NAME], _MAX, "=", max_iters, [count], [STOP], "{", sections..., "}", [outputs],
+        # [accumulate]
         name = children[1]
+        count = _part(children, "count")
         outputs = _part(children, "outputs")
         accumulate = _part(children, "accumulate")
         return self._closed(ast.Loop(
             span=self._span(children),
             name=str(name) if name is not None else None,
             max_iters=_part(children, "max").value,
+            count=count.value if count is not None else None,
             has_stop=_has_token(children, "STOP"),
             body=_sections(children),
             outputs=outputs.value if outputs is not None else [],
@@ -419,6 +422,9 @@ class AstBuilder(Transformer):
 
     def max_param(self, children):
         return _Part("max", str(children[0]), self._span(children))
+
+    def loop_count(self, children):
+        return _Part("count", str(children[-1]), self._span(children))
 
     def loop_outputs(self, children):
         return _Part("outputs", _names(children), self._span(children))

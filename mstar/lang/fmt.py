@@ -274,6 +274,8 @@ def _edge(edge: ast.Edge) -> str:
 
 def _loop(loop: ast.Loop) -> list[str]:
     header = "loop " + (f"{loop.name} " if loop.name is not None else "") + f"max={loop.max_iters}"
+    if loop.count is not None:
+        header += f" count={loop.count}"
     if loop.has_stop:
         header += " stop"
     suffix = ""

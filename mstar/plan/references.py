@@ -80,6 +80,10 @@ def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[
         yield from (f"{where}: {what} runs unknown node {n!r}" for n in loop.nodes if n not in nodes)
         if loop.max_iters < 1:
             yield f"{where}: {what} has max_iters {loop.max_iters}"
+        if (loop.count_param is None) != (loop.default_count is None):
+            yield f"{where}: {what} has a count param without a default count, or the reverse"
+        elif loop.default_count is not None and not 1 <= loop.default_count <= loop.max_iters:
+            yield f"{where}: {what} has default_count {loop.default_count} outside 1..{loop.max_iters}"
         if loop.body.kind != "start":
             yield f"{where}: {what} body is not a start"
         yield from next_problems(loop.body, what)

@@ -249,6 +249,10 @@ class LoopExitPlan(PlanModel):
 class LoopPlan(PlanModel):
     name: str  # unnamed loops get `<walk>.loop<i>`
     max_iters: int  # params resolved
+    # A per-request count (`count=PARAM`): a request runs its `loop_counts[count_param]` iterations,
+    # else default_count, within 1..max_iters; None: every request runs max_iters (or stops early).
+    count_param: Optional[str] = None
+    default_count: Optional[int] = None
     has_stop: bool  # a row's stop flag ends it after the current iteration
     nodes: list[str]
     body: NextPlan  # kind "start": how each iteration begins

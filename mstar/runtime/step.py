@@ -28,6 +28,7 @@ class StepRow:
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> value (token ids, tensors)
     loop_iter: int = 0  # iteration of the enclosing loop, 0 outside loops
     handle: Any = None  # the conductor's own reference to the row's place in its walk (engines ignore it)
+    loop_count: int = 0  # iterations the enclosing loop runs for this request (its limit), 0 outside loops
 
 
 @dataclass

@@ -183,6 +183,10 @@ explain = {
           "input must be declared `stream`, and a stream source needs a walk whose node has that stream input.",
  "MW211": "A walk, loop, parallel or sequential section with nothing in it, or a partition that runs no walk.",
  "MW212": "A loop runs at least once: its bound (a number or a param's value) must be at least 1.",
+ "MW215": "A loop written `count=PARAM` runs, for each request, the request's own count of that name (its "
+          "`loop_counts`), else the param's value; either must be at least 1 and at most the loop's `max`, so the "
+          "default is checked here and a request's own count when it is admitted (the request fails alone, "
+          "docs/runtime.md).",
  "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty "
           "nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop "
           "where the product passes the limit, with the enclosing loops as notes.",

@@ -124,6 +124,7 @@ def _extend(children):
             ast.Loop,
             name=st.none() | names,
             max_iters=counts | names,
+            count=st.none() | names,
             has_stop=st.booleans(),
             body=body,
             outputs=small_lists(names),

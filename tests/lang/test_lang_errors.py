@@ -146,6 +146,13 @@ CASES = [
         '      |           ^^^^^\n',
     ),
     (
+        'MW018',
+        'model m\nwalk w {\n    L(x) -> y: client actoin\n}\n',
+        'bad.mw:3:23: error[MW018]: unknown client modality `actoin` (one of text, image, audio)\n'
+        '    3 |     L(x) -> y: client actoin\n'
+        '      |                       ^^^^^^\n',
+    ),
+    (
         'MW020',
         'model m\nnode L kv {\n    capture d batched batch=[1] batch=[2]\n}\n',
         'bad.mw:3:33: error[MW020]: `batch` is given twice in this capture\n'

@@ -31,6 +31,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import Plan
+from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.conductor.loop_pass import advance_loop_rows
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
@@ -77,6 +78,7 @@ class Conductor:
         self.engine = engine
         self.clock = clock
         self.walks = {walk.name: RunWalk(walk) for walk in plan.walks}
+        self.counts = LoopCounts(plan)
         self.kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
         self.max_concurrent = plan.deployment.max_concurrent_requests
         # Streams a partition produces: the (consumer partition, edge) buffers it ends.
@@ -149,6 +151,10 @@ class Conductor:
             record.is_refused = True
             self._finish_unadmitted(record, f"error: {error}")
             return
+        problem = self.counts.problem(request.loop_counts)
+        if problem is not None:
+            self._finish_unadmitted(record, f"error: {problem}")
+            return
         reason = self.engine.add_request(request.id, request)
         if reason is not None:
             record.is_refused = True
@@ -209,8 +215,8 @@ class Conductor:
                 raise WalkStateError(f"walk {walk}: a ready call of node {node} is in a loop that is not running")
             iteration = loop_state.iteration
             rows.append(StepRow(request_id, walk, call.num_tokens, run.context.get(node, 0), call.inputs,
-                                iteration, call))
-            if iteration + 1 < run.walk.loops[loop].max_iters:
+                                iteration, call, loop_state.limit))
+            if iteration + 1 < loop_state.limit:
                 continuing.append(request_id)
         return rows, continuing
 

@@ -78,7 +78,7 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
     """`_advance_row`'s effects on the rows from `start` on whose call takes `step` (is_fast), in
     one loop; returns the index of the first row it did not take. A row that leaves the shape
     (error, stale, loop or partition ends, stop) goes out of line, after the rows before it."""
-    client_name, client_kind, counted, max_iters, has_stop, device_inputs = step.fast
+    client_name, client_kind, counted, has_stop, device_inputs = step.fast
     ids_append = ready.start(rows[start].walk)  # one call, one walk; one token a row (padded at flush)
     for row, result in zip(rows[start:num], results[start:num]):  # in order (_num_in_order)
         call = row.handle
@@ -121,8 +121,8 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
             elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
                 conductor.count(ps.owner, ps, call.call.counted, outputs, now)
         loop_state = call.loop_state
-        iteration = loop_state.iteration + 1
-        if ps.is_done or result.is_stop or iteration >= max_iters or (has_stop and loop_state.is_stop):
+        iteration = loop_state.iteration + 1  # against its limit: max_iters, or the request's own count
+        if ps.is_done or result.is_stop or iteration >= loop_state.limit or (has_stop and loop_state.is_stop):
             _end_of_shape(conductor, ready, row, result, ps)
             ids_append = ready.ids.append
             continue
@@ -163,7 +163,7 @@ def _end_of_shape(conductor, ready: "_ReadyRows", row: StepRow, result: RowResul
             _stop(run, call)
         step = call.step
         loop_state = call.loop_state
-        if not (loop_state.iteration + 1 >= step.max_iters or (step.has_stop and loop_state.is_stop)):
+        if not (loop_state.iteration + 1 >= loop_state.limit or (step.has_stop and loop_state.is_stop)):
             loop_state.iteration += 1  # a stop of an outer loop: this loop goes on for now
             if call.inputs is not step.device_inputs:
                 _next_iteration(run, call, step, loop_state)
@@ -256,7 +256,7 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
         return False
     if result.is_stop and call.call.stop_loop is not None:
         _stop(run, call)
-    if is_missing or loop_state.iteration + 1 >= step.max_iters or (step.has_stop and loop_state.is_stop):
+    if is_missing or loop_state.iteration + 1 >= loop_state.limit or (step.has_stop and loop_state.is_stop):
         _exit_loop(run, call)
         return False
     loop_state.iteration += 1

@@ -68,7 +68,7 @@ class PartitionState:
             else:
                 return None
         walk = self.walks[0] if self.is_repeating else self.walks[self.stage]
-        self.run = WalkRun(walk, self, self)
+        self.run = WalkRun(walk, self, self, self.record.request.loop_counts)
         self.run.context = self.owner.context if self.owner is not None else {}
         self.run.start()
         return self.run

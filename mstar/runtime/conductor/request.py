@@ -37,6 +37,9 @@ class Request:
     # conductor's `decode`; the output's text is then cut before it)
     stop_strings: list[str] = field(default_factory=list)
     guidance: dict[str, float] = field(default_factory=dict)  # image-flow guidance (runners/guidance.py)
+    # iterations of the loops whose spec says `count=PARAM`, by that param's name (within each
+    # loop's max; a param left out keeps its default)
+    loop_counts: dict[str, int] = field(default_factory=dict)
     route: dict[str, list[str]] = field(default_factory=dict)
     media: dict[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # when the client sends it (workload time, seconds from the start)

@@ -79,11 +79,14 @@ def _exit_entry(loop: str, plan: LoopExitPlan) -> tuple[str, str, tuple, int]:
 
 
 class RunLoop:
-    __slots__ = ("name", "max_iters", "has_stop", "body", "then", "cleared", "exits", "scope_exits")
+    __slots__ = ("name", "max_iters", "count_param", "default_count", "has_stop", "body", "then", "cleared",
+                 "exits", "scope_exits")
 
     def __init__(self, plan: LoopPlan):
         self.name = plan.name
         self.max_iters = plan.max_iters
+        self.count_param = plan.count_param
+        self.default_count = plan.default_count if plan.default_count is not None else plan.max_iters
         self.has_stop = plan.has_stop
         self.body = RunNext(plan.body)
         self.then = RunNext(plan.then)
@@ -103,7 +106,7 @@ class LoopStep:
     when every input is a loop-back kept on the device, the inputs a next iteration always gets
     ({name: None}, one token a row), else None."""
 
-    __slots__ = ("client", "back", "other", "device_inputs", "max_iters", "has_stop", "is_own_stop", "cleared",
+    __slots__ = ("client", "back", "other", "device_inputs", "has_stop", "is_own_stop", "cleared",
                  "counted_one", "is_plain", "needs_pump", "is_fast", "fast")
 
     def __init__(self, call: "RunCall", loop: RunLoop):
@@ -117,7 +120,6 @@ class LoopStep:
         device_slots = {slot for _, slot, _, is_device in self.back if is_device}
         is_device = all(slots[0] in device_slots for _, slots, _, _ in call.inputs)
         self.device_inputs = {name: None for name, _, _, _ in call.inputs} if is_device else None
-        self.max_iters = loop.max_iters
         self.has_stop = loop.has_stop
         self.is_own_stop = call.stop_loop == call.loop
         self.cleared = loop.cleared
@@ -134,11 +136,12 @@ class LoopStep:
         # the loop pass's fast kernel (no loop over edges or counted names per row).
         self.is_fast = self.is_plain and len(self.client) <= 1 and (self.counted_one is not None or not call.counted)
         # What the fast kernel reads, in one tuple: client edge name and (edge, modality) (None,
-        # None without one), counted output, max iterations, has_stop, device inputs.
+        # None without one), counted output, has_stop, device inputs (the iterations left are the
+        # row's loop state's: its limit may be the request's own count).
         client = self.client[0] if len(self.client) == 1 else (None, None)
         # counted: the client edge's own name object when they are equal (the kernel tests `is`)
         counted = client[0] if self.counted_one is not None and self.counted_one == client[0] else self.counted_one
-        self.fast = (client[0], client[1], counted, self.max_iters, self.has_stop, self.device_inputs)
+        self.fast = (client[0], client[1], counted, self.has_stop, self.device_inputs)
 
 
 class RunCall:
@@ -183,7 +186,8 @@ class RunCall:
 
 
 class RunWalk:
-    __slots__ = ("name", "partition", "calls", "loops", "joins", "start", "num_slots", "plan")
+    __slots__ = ("name", "partition", "calls", "loops", "joins", "start", "num_slots", "plan", "max_limits",
+                 "has_counts")
 
     def __init__(self, plan: WalkPlan):
         self.plan = plan
@@ -194,3 +198,14 @@ class RunWalk:
         self.joins = tuple((join.num_members, RunNext(join.then)) for join in plan.joins)
         self.start = RunNext(plan.start)
         self.num_slots = len(plan.slots)
+        self.max_limits = tuple(loop.max_iters for loop in self.loops)
+        self.has_counts = any(loop.count_param is not None for loop in self.loops)
+
+    def loop_limits(self, counts: dict[str, int]) -> tuple[int, ...]:
+        """Iterations each loop runs for a request with these loop counts (checked against the
+        plan when it was admitted, conductor/loop_counts.py): its count, else the default count
+        of a loop with a count param, else max_iters."""
+        if not self.has_counts:
+            return self.max_limits
+        return tuple(loop.max_iters if loop.count_param is None else counts.get(loop.count_param, loop.default_count)
+                     for loop in self.loops)

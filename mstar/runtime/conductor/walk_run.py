@@ -15,7 +15,8 @@ Semantics (reference notes 0.1, 0.2), now decided by the compiler and only follo
   source; a stream input waits for a chunk, a waiting input for its slot);
 - a finished call applies each edge's action (slot, loop-back, loop exit, sink), then follows its
   `then`: the next calls, a join (the parallel ends when every member has), an iteration end (the
-  loop exits after max_iters iterations, or after the iteration in which a row of it reported a
+  loop exits after its limit - max_iters, or the request's own count for a loop with a count
+  param - iterations, or after the iteration in which a row of it reported a
   stop, for loops with has_stop), or the walk's end;
 - a new iteration empties the slots the body fills and moves the loop-backs into their slots;
   an exiting loop hands on its outputs (the final value), accumulated lists and loop outputs that
@@ -76,10 +77,11 @@ class ActiveCall:
 
 
 class _LoopState:
-    __slots__ = ("iteration", "is_stop", "next_slots", "held", "accumulated", "latest")
+    __slots__ = ("iteration", "limit", "is_stop", "next_slots", "held", "accumulated", "latest")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int) -> None:
         self.iteration = 0
+        self.limit = limit  # iterations this request runs: the loop's max, or the request's count
         self.is_stop = False
         self.next_slots: dict[int, Any] = {}  # slot -> loop-back value for the next iteration
         self.held: dict[int, Any] = {}  # exit -> the last value (outputs)
@@ -90,8 +92,11 @@ class _LoopState:
 class WalkRun:
     """The state of one walk for one request (one partition's current stage)."""
 
-    def __init__(self, walk: RunWalk, source: InputSource, sink: OutputSink):
+    def __init__(self, walk: RunWalk, source: InputSource, sink: OutputSink,
+                 loop_counts: Optional[dict[str, int]] = None):
+        """loop_counts: the request's own loop counts by param (Request.loop_counts)."""
         self.walk = walk
+        self.limits = walk.loop_limits(loop_counts or {})
         self.name = walk.name
         self.source = source
         self.sink = sink
@@ -126,7 +131,7 @@ class WalkRun:
             kind = then.kind
             if kind == START:
                 for loop in then.loops:
-                    self.loops[loop] = _LoopState()
+                    self.loops[loop] = _LoopState(self.limits[loop])
                 for join in then.joins:
                     self.joins[join] = self.walk.joins[join][0]
                 for index in then.calls:
@@ -150,7 +155,7 @@ class WalkRun:
         state = self.loops[loop]
         if state is None:
             raise WalkStateError(f"walk {self.name}: an iteration of loop {plan.name} ends while it is not running")
-        if state.iteration + 1 >= plan.max_iters or (plan.has_stop and state.is_stop):
+        if state.iteration + 1 >= state.limit or (plan.has_stop and state.is_stop):
             self.exit_loop(loop, state)
             return plan.then
         state.iteration += 1

@@ -16,7 +16,9 @@ which gives an empty one, e.g. for Whisper's decoder), "stop" (a string or a lis
 request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
 "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
-labels, see mstar/runtime/engine/runners/guidance.py); blank lines are skipped. An id is 1 to
+labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
+loops written `count=PARAM`, each within its loop's max: the conductor refuses the request
+otherwise); blank lines are skipped. An id is 1 to
 MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path
 separator, NUL or space). The file is read through mstar.files.read_bytes_bounded: a regular file
 of at most MAX_PROMPTS_BYTES (a FIFO or /dev/zero is refused at once). Every request arrives at
@@ -302,7 +304,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
-             "seed", "repetition_penalty", "stop_tokens", "route", "guidance", "audio"}
+             "seed", "repetition_penalty", "stop_tokens", "route", "guidance", "audio", "loop_counts"}
     known |= set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
@@ -323,6 +325,11 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         if scale < 0:
             raise WorkloadError(f"{where}: guidance scale of {label!r} must be >= 0, got {scale}")
         scales[label] = float(scale)
+    loop_counts = _field(obj, "loop_counts", (dict,), where, is_required=False) or {}
+    for name, count in loop_counts.items():
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise WorkloadError(f"{where}: 'loop_counts' maps a loop's count param to a positive integer; "
+                                f"{name!r} has {count!r}")
     route = _field(obj, "route", (dict,), where, is_required=False) or {}
     for walks in route.values():
         if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
@@ -337,6 +344,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         route=route,
         guidance=scales,
         media=_audio(obj, where, base_dir),
+        loop_counts=dict(loop_counts),
     )
 
 

@@ -68,6 +68,7 @@ class _Prepared:
     is_flow: bool = False
     latents: Optional[torch.Tensor] = None
     time_index: int = 0
+    num_steps: int = 0  # a flow row: the steps its loop runs for this request (the flow's schedule)
     writes: tuple[str, ...] = ()  # KV sequences the row extends (none for a flow row or a read-only walk)
     reads: tuple[str, ...] = ()  # KV sequences a row that writes none attends over
 
@@ -264,9 +265,11 @@ class DecoderRunner:
         else:
             raise InputError(f"latents must be a float tensor of shape {shape}")
         time_index = _as_int(row.inputs.get(time_input) if time_input else None, row.loop_iter)
-        embeds = self.model.embed_latents(latents, time_index, call.loop_max_iters)
+        # The request's own loop count (`count=`), else the loop's maximum, sets the schedule.
+        num_steps = row.loop_count or call.loop_max_iters
+        embeds = self.model.embed_latents(latents, time_index, num_steps)
         return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index,
-                         writes=(), reads=self.guidance.read(row.walk, self.is_guided(request)))
+                         num_steps=num_steps, writes=(), reads=self.guidance.read(row.walk, self.is_guided(request)))
 
     def _adapt(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
         """Embeddings of another width are mapped to `hidden` by a fixed seeded projection."""
@@ -372,7 +375,7 @@ class DecoderRunner:
             return None
         first = self.guidance.first if self.guidance.first in hidden else next(iter(hidden))
         v_first = self.model.velocity(hidden[first])
-        if len(hidden) == 1 or not in_interval(item.time_index, item.call.loop_max_iters):
+        if len(hidden) == 1 or not in_interval(item.time_index, item.num_steps):
             return v_first
         velocities = {label: self.model.velocity(h) for label, h in hidden.items() if label != first}
         velocities[first] = v_first
@@ -420,7 +423,7 @@ class DecoderRunner:
                 elif token is not None:
                     result.outputs[name] = [token]
             elif role == "flow_latents" and item.is_flow and item.latents is not None and velocity is not None:
-                result.outputs[name] = item.latents + velocity / max(item.call.loop_max_iters, 1)
+                result.outputs[name] = item.latents + velocity / max(item.num_steps, 1)
             elif role == "flow_time":
                 result.outputs[name] = item.time_index + 1
             elif role == "mask":

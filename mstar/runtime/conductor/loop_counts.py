@@ -1,0 +1,41 @@
+"""Per-request loop counts: which a plan accepts, checked when a request is admitted.
+
+In: a `Plan` (its loops' `count_param` and `max_iters`). Out: `LoopCounts(plan).problem(counts)`
+-> None when a request's `loop_counts` ({param: iterations}) fit, else a message saying which
+count is unknown or out of range. A loop with `count=PARAM` runs the request's count of that name
+(default: the param's value in the plan), so every such count must be 1..max_iters of each loop
+that reads it; a name no loop reads is refused rather than ignored (a misspelt name would else run
+the default silently).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Optional
+
+from mstar.plan.schema import Plan
+
+
+class LoopCounts:
+    def __init__(self, plan: Plan):
+        # param -> (the smallest max_iters among loops reading it, one such loop's walk/name)
+        self.bounds: dict[str, tuple[int, str]] = {}
+        for walk in plan.walks:
+            for loop in walk.loops:
+                if loop.count_param is None:
+                    continue
+                bound = self.bounds.get(loop.count_param)
+                if bound is None or loop.max_iters < bound[0]:
+                    self.bounds[loop.count_param] = (loop.max_iters, f"{walk.name}/{loop.name}")
+
+    def problem(self, counts: dict[str, int]) -> Optional[str]:
+        for name, value in counts.items():
+            bound = self.bounds.get(name)
+            if bound is None:
+                close = difflib.get_close_matches(name, list(self.bounds), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                known = ", ".join(sorted(self.bounds)) or "none"
+                return f"loop_counts names {name!r}, which no loop of this plan counts by (counts: {known}){hint}"
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound[0]:
+                return (f"loop_counts {name}={value!r} is outside 1..{bound[0]}, the most iterations loop "
+                        f"{bound[1]} may run")
+        return None
