@@ -2,7 +2,7 @@
 
 In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
      checks run), the run's `Diagnostics`.
-Out: nothing; adds MW401-MW411 diagnostics.
+Out: nothing; adds MW401-MW412 diagnostics (MW412, batching rules: check_batching.py).
 
 Spec-level rules, per node:
 - sizes the runtime can hold (MW411, checked first): caps and batch sizes at most MAX_STEP_ROWS,
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from mstar.compiler import capture_memory, codes
+from mstar.compiler import capture_memory, check_batching, codes
 from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
@@ -54,6 +54,7 @@ def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) ->
     for node in spec.nodes:
         if _step_sizes_fit(node, diags):
             _check_node(node, runs, diags)
+        check_batching.check_node(spec, node, runs, diags)
     if deployment is None:
         return
     for node in spec.nodes:

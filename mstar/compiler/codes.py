@@ -97,6 +97,7 @@ CAPTURE_MEMORY_OVER_BUDGET = "MW408"
 COMBINE_TOO_FEW_WALKS = "MW409"
 COMBINE_MIXES_MASKS = "MW410"
 STEP_SIZE_TOO_LARGE = "MW411"
+BATCHING_RULE_CANNOT_APPLY = "MW412"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -173,4 +174,5 @@ TITLES: dict[str, str] = {
     COMBINE_TOO_FEW_WALKS: "combined walk with fewer than two distinct walks",
     COMBINE_MIXES_MASKS: "combined walk mixes causal and bidirectional walks",
     STEP_SIZE_TOO_LARGE: "cap, capture or combined walk past what the runtime can hold",
+    BATCHING_RULE_CANNOT_APPLY: "batching rule that cannot apply to its walk",
 }

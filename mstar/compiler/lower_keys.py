@@ -131,6 +131,7 @@ def _key(
         fname = family_name(node.name, combine.name)
         families.append(_family(node, combine.capture, fname, family_rows.get(fname, 0), tp_size))
 
+    batch_rules = {b.walk: list(b.rules) for b in node.batching if b.walk in walks}
     rows_limits = {}
     if combine is not None and len(walks) > 1:
         rows_limits = {r.walk: r.limit for r in combine.rows if r.walk in walks}
@@ -141,6 +142,7 @@ def _key(
         is_combined=len(walks) > 1,
         mixtures=mixtures,
         rows_limits=rows_limits,
+        batch_rules=batch_rules,
         captures=sorted(families, key=lambda f: f.name),
     )
 

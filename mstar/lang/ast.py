@@ -83,6 +83,10 @@ INPUT_ROLES: tuple[str, ...] = InputRole.__args__  # type: ignore[attr-defined]
 OUTPUT_ROLES: tuple[str, ...] = OutputRole.__args__  # type: ignore[attr-defined]
 MODALITIES: tuple[str, ...] = Modality.__args__  # type: ignore[attr-defined]
 MODEL_KINDS: tuple[str, ...] = ModelKind.__args__  # type: ignore[attr-defined]
+# What rows of one walk must agree on to share a step: the tokens they feed, their loop
+# iteration, their guidance mode (the guidance sequences in use).
+BatchRule = Literal["shape", "iteration", "guidance"]
+BATCH_RULES: tuple[str, ...] = BatchRule.__args__  # type: ignore[attr-defined]
 
 
 class InputDecl(AstNode):
@@ -164,6 +168,14 @@ class CapDecl(AstNode):
     value: int
 
 
+class BatchingDecl(AstNode):
+    """`batching image_gen same shape, iteration, guidance`: rows of that walk on this node share a
+    step only with rows that agree on every rule (the cap still bounds the step)."""
+
+    walk: str
+    rules: list[BatchRule]
+
+
 class CaptureDecl(AstNode):
     """A CUDA-graph bucket family.
 
@@ -230,6 +242,7 @@ class NodeDecl(AstNode):
     inputs: list[InputDecl] = []
     outputs: list[OutputDecl] = []
     caps: list[CapDecl] = []
+    batching: list[BatchingDecl] = []
     captures: list[CaptureDecl] = []
     combines: list[CombineDecl] = []
     prompt_format: Optional[PromptFormat] = None

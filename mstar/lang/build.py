@@ -183,6 +183,7 @@ class AstBuilder(Transformer):
             inputs=_of(children, ast.InputDecl),
             outputs=_of(children, ast.OutputDecl),
             caps=_of(children, ast.CapDecl),
+            batching=_of(children, ast.BatchingDecl),
             captures=_of(children, ast.CaptureDecl),
             combines=_of(children, ast.CombineDecl),
             prompt_format=self._one(_of(children, ast.PromptFormat), "prompt_format", "node"),
@@ -294,6 +295,12 @@ class AstBuilder(Transformer):
     def cap_decl(self, children):
         return ast.CapDecl(span=self._span(children), walk=_names(children)[0],
                            value=self._ints(children)[0])
+
+    def batching_decl(self, children):
+        words = [c for c in children if isinstance(c, Token) and c.type == "NAME"]
+        rules = [self._word(word, ast.BATCH_RULES, "batching rule") for word in words[1:]]
+        return ast.BatchingDecl(span=self._span(children), walk=str(words[0]),
+                                rules=[rule for rule in rules if rule is not None])
 
     def capture_decl(self, children):
         span = self._span(children)

@@ -48,7 +48,7 @@ TITLES: dict[str, str] = {
     UNKNOWN_EDGE_FLAG: "unknown edge flag",
     UNKNOWN_STATE_KIND: "unknown state kind",
     CLIENT_WITHOUT_MODALITY: "a client edge without a modality",
-    UNKNOWN_ROLE_WORD: "unknown role, modality or model kind",
+    UNKNOWN_ROLE_WORD: "unknown role, modality, model kind or batching rule",
     DUPLICATE_SETTING: "a setting given twice",
     CAPTURE_WITHOUT_BATCH: "a capture without `batch=[...]`",
     NUMBER_OUT_OF_RANGE: "a number out of range",

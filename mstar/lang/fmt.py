@@ -5,7 +5,7 @@
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
 order. Inside a node: inputs, outputs, prompt_format, kv_sequences, cross_kv, guidance, kv access,
-bidirectional, states, caps, captures, combines. A call with one edge
+bidirectional, states, caps, batching rules, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
@@ -110,6 +110,10 @@ def _node(node: ast.NodeDecl) -> list[str]:
         body += _line(state, f"state {state.kind}" + (_args(state.args) if state.args else ""))
     for cap in node.caps:
         body += _line(cap, f"cap {cap.walk} {cap.value}")
+    for batching in node.batching:
+        if not batching.rules:
+            raise ValueError(f"format_spec: node {node.name}: batching {batching.walk} needs at least one rule")
+        body += _line(batching, f"batching {batching.walk} same " + ", ".join(batching.rules))
     for capture in node.captures:
         body += _line(capture, _capture(capture))
     for combine in node.combines:

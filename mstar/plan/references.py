@@ -220,6 +220,10 @@ def _worker_problems(worker, nodes: set[str], walks: set[str], kv_nodes: set[str
                         for w in key.rows_limits if w not in key.walks)
         problems.extend(f"{where}: key {key.name}: rows_limits[{w}] is {n}, must be at least 1"
                         for w, n in key.rows_limits.items() if n < 1)
+        problems.extend(f"{where}: key {key.name}: batch_rules for walk {w}, which is not in the key"
+                        for w in key.batch_rules if w not in key.walks)
+        if key.batch_rules and key.is_combined:
+            problems.append(f"{where}: key {key.name}: a combined key with batch_rules (a walk with rules runs alone)")
     for spec in worker.speculation:
         if f"{spec.node}/{spec.walk}" not in worker.placements:
             problems.append(f"{where}: speculation for {spec.node}/{spec.walk}, which it does not run")

@@ -357,6 +357,9 @@ class KeyPlan(PlanModel):
     is_combined: bool
     mixtures: list[MixtureEntry]  # indexed by mask; entry 0 is the empty step (cap 0)
     rows_limits: dict[str, int] = {}  # walk -> most rows of that walk in a mixed step
+    # walk -> what rows of that walk must agree on to share a step (the spec's `batching` rules):
+    # "shape" (tokens a row feeds), "iteration" (loop iteration), "guidance" (guidance sequences in use)
+    batch_rules: dict[str, list[Literal["shape", "iteration", "guidance"]]] = {}
     captures: list[CaptureFamily] = []
 
 

@@ -260,6 +260,10 @@ explain = {
           "combined walk at most 12 walks (the plan lists each of the 2**n mixtures). The plan's lookup tables are "
           "sized by these numbers, so without the bound `batch=[100000000]` took a minute and gigabytes to lower; "
           "docs/limits.md.",
+ "MW412": "A batching rule (`batching WALK same shape, iteration, guidance`) must be able to tell rows apart: "
+          "`iteration` needs the node's call inside a loop of the walk, `guidance` a node with guidance sequences; "
+          "a walk has one `batching` line per node; and a walk with rules is in no combined walk of the node, since "
+          "a step of it holds only rows of that walk and equal class (docs/language.md \"Batching rules\").",
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
           "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
           "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",

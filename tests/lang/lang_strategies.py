@@ -92,6 +92,8 @@ nodes = st.builds(
     inputs=small_lists(inputs()),
     outputs=small_lists(st.builds(ast.OutputDecl, name=names, role=st.sampled_from(ast.OUTPUT_ROLES))),
     caps=small_lists(st.builds(ast.CapDecl, walk=names, value=counts)),
+    batching=small_lists(st.builds(ast.BatchingDecl, walk=names,
+                                   rules=st.lists(st.sampled_from(ast.BATCH_RULES), min_size=1, max_size=3))),
     captures=small_lists(captures(st.none() | names)),
     combines=small_lists(combines),
     prompt_format=st.none() | st.builds(ast.PromptFormat, template=st.text(max_size=12), args=args),

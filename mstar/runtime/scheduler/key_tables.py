@@ -40,6 +40,8 @@ class KeyTables:
     caps[mask], labels[mask], attention[mask], families[mask], is_mixed[mask]: per mixture mask.
     limits[w]: most rows of walk w in a mixed step (NO_LIMIT when the plan gives none).
     limited_walks[mask]: (walk, limit) for each walk of a mixed mask that has a rows limit.
+    rules[w]: what rows of walk w must agree on to share a step (KeyPlan.batch_rules; () = nothing);
+    has_rules: some walk of the key has rules (its steps are then composed by batch_rules.py).
     """
 
     index: int
@@ -55,6 +57,8 @@ class KeyTables:
     limits: list[int]
     limited_walks: list[list[tuple[int, int]]]
     is_followed: bool
+    rules: list[tuple[str, ...]]
+    has_rules: bool
 
     @classmethod
     def from_plan(cls, index: int, key: KeyPlan, is_followed: bool) -> "KeyTables":
@@ -102,6 +106,8 @@ class KeyTables:
                 for mask in range(num_masks)
             ],
             is_followed=is_followed,
+            rules=[tuple(key.batch_rules.get(walk, ())) for walk in key.walks],
+            has_rules=bool(key.batch_rules),
         )
 
     def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int]) -> CapturePick:

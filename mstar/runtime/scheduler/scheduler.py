@@ -21,11 +21,12 @@ How the conductor drives it (one worker):
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Hashable, Optional, Sequence, Union
 
 from mstar.plan.schema import DeploymentPlan, SpeculationPlan, WorkerPlan
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.batch_builder import compose, make_batch
+from mstar.runtime.scheduler.batch_rules import pick_rule_rows
 from mstar.runtime.scheduler.holds import Holds
 from mstar.runtime.scheduler.key_tables import KeyTables
 from mstar.runtime.scheduler.ready_queues import KeyQueue
@@ -104,6 +105,9 @@ class WorkerScheduler:
         self._holds = Holds()
         self._follow = FollowQueue(deployment.max_consecutive_follower_batches)
         self._removed: set[str] = set()
+        # per key: request id -> batch class of its ready row of a walk with batching rules (one
+        # row per request and key; the entry is replaced when its next row arrives)
+        self._classes: list[dict[str, Hashable]] = [{} for _ in self._tables]
 
     # ------------------------------------------------------------ rows in
 
@@ -123,10 +127,13 @@ class WorkerScheduler:
         node: str,
         walk: str,
         num_tokens: Union[int, Sequence[int]] = 1,
+        classes: Optional[Sequence[Hashable]] = None,
     ) -> None:
         """Many rows of one (node, walk) became ready, in this order (e.g. a decode step's
-        continuing rows). `num_tokens` is one count for all or one per row. Same errors as
-        `add_ready`. Costs no per-row Python work beyond C-level list and set operations."""
+        continuing rows). `num_tokens` is one count for all or one per row. `classes`: one batch
+        class per row for a walk with batching rules (rows share a step only with rows of an
+        equal class; see batch_rules.py), else None. Same errors as `add_ready`. Costs no per-row
+        Python work beyond C-level list and set operations."""
         placement = self._placement.get((node, walk))
         if placement is None:
             raise UnknownPlacementError(f"worker {self.rank} does not run walk {walk} of node {node}")
@@ -145,6 +152,8 @@ class WorkerScheduler:
             count = len(request_ids)
         self._queues[key].add(walk_index, request_ids, self._next_seq, tokens, is_new=True)
         self._next_seq += count
+        if classes is not None:
+            self._classes[key].update(zip(request_ids, classes))
 
     # ------------------------------------------------------------ steps out
 
@@ -168,6 +177,14 @@ class WorkerScheduler:
             candidates.sort(key=self._last_run.__getitem__)  # stable: ties keep the plan's key order
         for key in candidates:
             tables, queue = self._tables[key], queues[key]
+            if tables.has_rules:
+                picked = pick_rule_rows(tables, queue, self._classes[key])
+                if picked is None:
+                    continue
+                walk, request_ids = picked
+                parts = [(walk, request_ids, queue.take_rows(walk, request_ids))]
+                self._mark_run(key)
+                return make_batch(self.rank, tables, 1 << walk, parts)
             composition = compose(tables, queue)
             if composition.num_rows == 0:
                 continue
@@ -193,7 +210,8 @@ class WorkerScheduler:
         other locally ready work would be left waiting: a row of another walk of the same key
         (with speculation_mixes_walks on, such rows are merged instead and it yields only if
         some cannot fit), a fresh row of its own walk pushed out by the cap, a ready row of
-        another key, or a TP follower batch. The continuing rows are in the returned batch;
+        another key, or a TP follower batch. A key with batching rules never speculates (its
+        steps group rows by class when built). The continuing rows are in the returned batch;
         the conductor must not add them back after step N."""
         key = self._key_index.get(running.key)
         if key is None:
@@ -207,6 +225,8 @@ class WorkerScheduler:
             queues[other].num_ready for other in self._led if other != key
         )
         tables, queue = self._tables[key], queues[key]
+        if tables.has_rules:
+            return None  # rows of a walk with batching rules are grouped by class when built
         chain = plan_chain_step(
             tables, queue, self._specs[key], running, continuing, num_tokens,
             self._removed, is_other_work_waiting,
@@ -279,6 +299,8 @@ class WorkerScheduler:
         (later rows for it are dropped, and speculation leaves it out). On a TP follower, rows
         that a queued leader batch names stay: the leader has already run or committed them."""
         self._removed.add(request_id)
+        for classes in self._classes:
+            classes.pop(request_id, None)
         is_named = self._follow.names(request_id)
         for key, queue in enumerate(self._queues):
             if request_id in queue.present and not (is_named and self._tables[key].is_followed):

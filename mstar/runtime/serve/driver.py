@@ -58,6 +58,7 @@ from typing import Any, Callable, Optional, Protocol
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import Conductor
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.conductor.batch_class import batch_classes
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.scheduler import WorkerScheduler
 from mstar.runtime.serve.clock import RunClock
@@ -171,6 +172,9 @@ class Driver:
         self.lockstep = Lockstep(plan, self.schedulers)
         self.cover = SpeculationCover(plan, self.schedulers)
         self._keys = {(w.rank, key.name): key for w in plan.workers for key in w.keys}
+        # (node, walk) -> its batching rules (KeyPlan.batch_rules), for the pairs that have any
+        self._rules = {(key.node, walk): tuple(rules) for w in plan.workers for key in w.keys
+                       for walk, rules in key.batch_rules.items()}
         self._busy: set[int] = set()
         self._inflight: list[tuple[float, int, Launch]] = []
         self._seq = 0
@@ -196,7 +200,10 @@ class Driver:
                     for rank in routing.ranks(request_id, node, walk):
                         _add(groups, (rank, node, walk), *cover.uncovered(rank, node, walk, [request_id], [num]))
             for (rank, node, walk), (request_ids, num_tokens) in groups.items():
-                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens)
+                rules = self._rules.get((node, walk))
+                classes = None if rules is None else batch_classes(conductor, node, walk, request_ids,
+                                                                   num_tokens, rules)
+                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes)
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
             for request_id in ended:

@@ -1,0 +1,45 @@
+"""Batching rules in the scheduler: rows of a walk with rules share a step only with rows of an
+equal batch class (KeyPlan.batch_rules; the classes come from the conductor)."""
+from plan_factory import build_key
+
+from mstar.plan.schema import DeploymentPlan, WorkerPlan
+from mstar.runtime.scheduler.scheduler import WorkerScheduler
+
+
+def scheduler(rules: dict[str, list[str]]) -> WorkerScheduler:
+    key = build_key("dit", ["gen"], {"gen": 8}).model_copy(update={"batch_rules": rules})
+    worker = WorkerPlan(rank=0, placements=["dit/gen"], walk_to_key={"dit/gen": key.name}, keys=[key],
+                        speculation=[], tp_groups=[], capture_memory_bytes=0)
+    return WorkerScheduler(worker, DeploymentPlan(max_seq_len=64, kv_pools=[]), clock=lambda: 0.0)
+
+
+def test_rows_of_one_iteration_share_a_step_in_fifo_order():
+    sched = scheduler({"gen": ["iteration"]})
+    sched.add_ready_many(["a", "b", "c", "d"], "dit", "gen", 1, classes=[(3,), (0,), (3,), (0,)])
+    first = sched.next_batch()
+    assert first is not None and first.request_ids == ["a", "c"]
+    second = sched.next_batch()
+    assert second is not None and second.request_ids == ["b", "d"]
+    assert sched.next_batch() is None
+
+
+def test_the_cap_still_bounds_a_class():
+    sched = scheduler({"gen": ["shape"]})
+    ids = [f"r{i}" for i in range(12)]
+    sched.add_ready_many(ids, "dit", "gen", 1, classes=[(1,)] * 12)
+    batch = sched.next_batch()
+    assert batch is not None and batch.request_ids == ids[:8]
+
+
+def test_without_rules_every_ready_row_joins():
+    sched = scheduler({})
+    sched.add_ready_many(["a", "b", "c"], "dit", "gen", 1)
+    batch = sched.next_batch()
+    assert batch is not None and batch.request_ids == ["a", "b", "c"]
+
+
+def test_a_key_with_rules_does_not_speculate():
+    sched = scheduler({"gen": ["iteration"]})
+    sched.add_ready_many(["a", "b"], "dit", "gen", 1, classes=[(0,), (0,)])
+    batch = sched.next_batch()
+    assert batch is not None and sched.speculate(batch) is None
