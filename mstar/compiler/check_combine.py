@@ -128,7 +128,7 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
                         name_span(bidirectional_span, walk, diags))
     for cap in node.caps:
         capture = next((c for c in node.captures if c.walk == cap.walk), None)
-        if capture is not None and capture.batch and cap.value > max(capture.batch):
+        if capture is not None and capture.batch and cap.value > max(capture.batch) and not capture.is_eager_above:
             _cap_error(f"cap {cap.walk} {cap.value}", cap.value, capture, cap.span, diags)
     for combine in node.combines:
         distinct = list(dict.fromkeys(combine.walks))
@@ -192,7 +192,8 @@ def _largest_mixed_cap(combine: ast.CombineDecl, caps: dict[str, int]) -> Option
 def _check_combine_caps(combine: ast.CombineDecl, caps: dict[str, int], diags: Diagnostics) -> None:
     capture = combine.capture
     cap = combine.cap if combine.cap is not None else _largest_mixed_cap(combine, caps)
-    if capture is not None and capture.batch and cap is not None and cap > max(capture.batch):
+    if capture is not None and capture.batch and cap is not None and cap > max(capture.batch) \
+            and not capture.is_eager_above:
         what = f"cap {cap} of combined walk {combine.name}"
         span = combine.cap_span or combine.span
         if combine.cap is None:

@@ -81,6 +81,7 @@ def _family(node, capture, name, max_rows, tp_size) -> CaptureFamily:
         batch_pad=batch_pad_table(capture.batch, max_rows),
         num_graphs=capture_memory.num_graphs(capture),
         memory_bytes=capture_memory.estimate_family_bytes(node, capture, tp_size),
+        is_eager_above=capture.is_eager_above,
     )
 
 

@@ -188,6 +188,9 @@ class CaptureDecl(AstNode):
     batch: list[int]
     tokens: list[int] = []
     tokens_per_row: int = 1
+    # `eager_above`: steps of more rows than the largest batch size run eagerly by intent, so a
+    # cap above it is allowed (MW405 is not reported)
+    is_eager_above: bool = False
 
 
 class RowsLimit(AstNode):

@@ -317,6 +317,7 @@ class AstBuilder(Transformer):
             batch=settings["batch"].value if "batch" in settings else [],
             tokens=settings["tokens"].value if "tokens" in settings else [],
             tokens_per_row=settings["tokens_per_row"].value if "tokens_per_row" in settings else 1,
+            is_eager_above="eager_above" in settings,
         )
 
     def family(self, children):
@@ -327,6 +328,9 @@ class AstBuilder(Transformer):
 
     def tokens_opt(self, children):
         return _Part("tokens", children[-1].value, self._span(children))
+
+    def eager_above_opt(self, children):
+        return _Part("eager_above", True, self._span(children))
 
     def tokens_per_row_opt(self, children):
         return _Part("tokens_per_row", self._ints(children)[0], self._span(children))

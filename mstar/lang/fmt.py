@@ -204,6 +204,8 @@ def _capture(capture: ast.CaptureDecl) -> str:
         text += f" tokens={_ints(capture.tokens)}"
     if capture.tokens_per_row != 1:
         text += f" tokens_per_row={capture.tokens_per_row}"
+    if capture.is_eager_above:
+        text += " eager_above"
     return text
 
 

@@ -335,6 +335,9 @@ class CaptureFamily(PlanModel):
     batch_pad: list[int]
     num_graphs: int
     memory_bytes: int  # compile-time estimate of this family's capture memory
+    # The spec's `eager_above`: a step of more rows than the largest batch size runs eagerly by
+    # intent. Without it no step replaying the family has more rows than that (the engine refuses one).
+    is_eager_above: bool = False
 
 
 class MixtureEntry(PlanModel):

@@ -240,7 +240,8 @@ explain = {
           "run at world size 1: a mixed step is one lockstep launch. Walks the worker does not run are not judged, so "
           "prefill/decode disaggregation needs no change to the spec.",
  "MW405": "A cap above the largest captured batch size means steps of more rows than any graph holds: they run "
-          "eagerly. Raise the capture's batch sizes or lower the cap. (A walk without a capture runs eagerly by design "
+          "eagerly. Raise the capture's batch sizes or lower the cap, or say that such steps run eagerly by intent "
+          "with `eager_above` after the capture. (A walk without a capture runs eagerly by design "
           "and is not reported; with no `cap` a walk's largest captured batch is its cap. A combined walk's mixed "
           "steps are checked against its own capture: its `cap`, else the largest a mixed step can take by the plan's "
           "rule, the smallest cap of the walks in the step (docs/plan.md), reported at the capture.)",

@@ -43,6 +43,7 @@ def captures(walk):
         batch=small_lists(counts),
         tokens=small_lists(counts),
         tokens_per_row=counts,
+        is_eager_above=st.booleans(),
     )
 
 

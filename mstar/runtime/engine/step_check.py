@@ -11,7 +11,8 @@ whose message names the step field that disagrees with the plan:
   `tokens_per_row` tokens a row (a stateless node's tokens are its input items, not captured ones);
 - `label` and `attention`: the mixture's own; a route of `none` on a kv node is refused (it would
   run attention the plan says is not there);
-- `capture`, `padded_batch`, `token_bucket`: eager (none, 0, 0), or the mixture's capture family
+- `capture`, `padded_batch`, `token_bucket`: eager (none, 0, 0) - with at most the largest batch
+  size of the mixture's capture family unless that family is `eager_above` - or the mixture's capture family
   with the padded batch one of its `batch_sizes` and at least the rows, and (packed families) the
   token bucket one of its `token_buckets` and at least the step's tokens; a batched family has no
   token bucket.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from operator import attrgetter
 from dataclasses import dataclass
+from typing import Optional
 
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, Plan
 from mstar.runtime.step import Step
@@ -102,12 +104,24 @@ def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> No
                                         f"rows_limits {limit}")
 
 
+def _check_eager_above(where: str, family: Optional[CaptureFamily], step: Step) -> None:
+    """An eager step of a mixture that replays a family: more rows than the family's largest
+    batch size only when the family runs eagerly above its buckets (`eager_above`)."""
+    if family is None or family.is_eager_above or not family.batch_sizes:
+        return
+    if len(step.rows) > family.batch_sizes[-1]:
+        raise StepContractError(f"{where}: rows: {len(step.rows)} rows run eagerly, above the largest batch size "
+                                f"{family.batch_sizes[-1]} of capture {family.name}, which does not run eagerly "
+                                "above its buckets (no `eager_above`)")
+
+
 def _check_capture(where: str, families: dict[str, CaptureFamily], entry: MixtureEntry, step: Step,
                    is_kv: bool) -> None:
     if step.padded_batch == 0:
         if step.capture is not None or step.token_bucket:
             raise StepContractError(f"{where}: an eager step (padded_batch 0) names capture {step.capture!r} "
                                     f"and token_bucket {step.token_bucket}")
+        _check_eager_above(where, families.get(entry.capture or ""), step)
         return
     if step.capture is None or step.capture != entry.capture:
         raise StepContractError(f"{where}: capture {step.capture!r} with padded_batch {step.padded_batch}, "
