@@ -44,11 +44,12 @@ def walk_captures(node: ast.NodeDecl, walk: str) -> list[ast.CaptureDecl]:
 
 
 def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
-    """Most rows of a one-walk step: the declared cap, else the largest captured batch."""
+    """Most rows of a one-walk step: the declared cap, else the largest captured batch (a capture
+    that runs eagerly above its buckets, `eager_above`, does not bound the walk), else the fallback."""
     for cap in node.caps:
         if cap.walk == walk:
             return cap.value
-    batches = [b for c in walk_captures(node, walk) for b in c.batch]
+    batches = [b for c in walk_captures(node, walk) if not c.is_eager_above for b in c.batch]
     return max(batches) if batches else fallback_cap
 
 
