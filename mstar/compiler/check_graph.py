@@ -365,12 +365,18 @@ def _check_partitions(spec: ast.Spec, diags: Diagnostics) -> dict[str, str]:
                         name_span(partition.span, partition.name, diags))
         seen: set[str] = set()
         for stage in partition.stages:
+            # A walk may come back later in the walk order (Higgs-Audio: text, audio, text), but
+            # two alternatives of a stage that start with the same walk make a route ambiguous.
+            firsts: set[str] = set()
+            for sequence in ast.alternatives(stage):
+                if sequence[0] in firsts:
+                    diags.error(codes.WALK_ORDER_REPEATS,
+                                f"partition {partition.name}: two alternatives of this stage start with walk "
+                                f"{sequence[0]}, so a route naming it could take either",
+                                name_span(stage.span, sequence[0], diags, skip=1))
+                firsts.add(sequence[0])
             for walk in stage.walks:
                 if walk in seen:
-                    diags.error(codes.WALK_ORDER_REPEATS,
-                                f"partition {partition.name} lists walk {walk} twice: a walk order "
-                                f"runs forward only (loops belong inside a walk)",
-                                name_span(stage.span, walk, diags))
                     continue
                 seen.add(walk)
                 listed.setdefault(walk, []).append(partition)

@@ -228,8 +228,8 @@ def _entry_walks(spec: ast.Spec) -> Iterator[tuple[str, ast.Span]]:
         if partition.streams:
             continue
         for stage in partition.stages:
-            for walk in stage.walks:
-                yield walk, stage.span
+            for sequence in ast.alternatives(stage):
+                yield sequence[0], stage.span
             if not stage.is_optional:
                 break
     unlisted = [w for w in spec.walks if w.name not in listed]

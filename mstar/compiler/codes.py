@@ -135,7 +135,7 @@ TITLES: dict[str, str] = {
     ACCUMULATE_OVERLAPS_OUTPUT: "accumulated output also a loop output",
     EDGE_TO_ABSENT_NODE: "edge to a node the walk does not run",
     DEVICE_EDGE_NOT_LOOP_BACK: "on-device edge that is not a loop-back to the same node",
-    WALK_ORDER_REPEATS: "partition walk order repeats a walk",
+    WALK_ORDER_REPEATS: "stage alternatives that start with the same walk",
     PARTITION_CYCLE: "partitions stream to each other in a cycle",
     WALK_PARTITION_COUNT: "walk not in exactly one partition",
     STREAM_MISMATCH: "stream edge, stream input and stream source disagree",

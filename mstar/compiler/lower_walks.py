@@ -262,7 +262,8 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
             )
             for source in partition.streams
         ]
-        stages = [StagePlan(walks=list(s.walks), is_optional=s.is_optional) for s in partition.stages]
+        stages = [StagePlan(walks=list(s.walks), is_optional=s.is_optional, sequence_lengths=list(s.sequence_lengths))
+                  for s in partition.stages]
         initial = None if streams or not stages else stages[0].walks[0]
         partitions.append(
             PartitionPlan(name=partition.name, stages=stages, initial_walk=initial, streams=streams)

@@ -343,10 +343,28 @@ class StreamSource(AstNode):
 
 
 class Stage(AstNode):
-    """One step of a partition's walk order: alternatives (`decode | image_gen`), optional (`?`)."""
+    """One step of a partition's walk order: alternatives (`decode | image_gen`), optional (`?`).
+
+    An alternative may be a sequence of walks (`(prefill_audio -> prefill_text | prefill_vision)?`):
+    then `sequence_lengths` says how many walks each alternative has, in order, and `walks` holds
+    every alternative's walks one after another; empty when each alternative is one walk (so
+    `walks` are the alternatives). `alternatives(stage)` gives them as lists.
+    """
 
     walks: list[str]
     is_optional: bool = False
+    sequence_lengths: list[int] = []
+
+
+def alternatives(stage: Stage) -> list[list[str]]:
+    """The stage's alternatives, each a sequence of walks (one walk unless written with `->`)."""
+    if not stage.sequence_lengths:
+        return [[walk] for walk in stage.walks]
+    found, at = [], 0
+    for length in stage.sequence_lengths:
+        found.append(stage.walks[at:at + length])
+        at += length
+    return found
 
 
 class Partition(AstNode):

@@ -461,8 +461,14 @@ class AstBuilder(Transformer):
         return ast.Stage(span=self._span(children), walks=_names(children))
 
     def group_stage(self, children):
-        return ast.Stage(span=self._span(children), walks=_names(children),
-                         is_optional=_has_token(children, "QMARK"))
+        sequences = [c.value for c in children if isinstance(c, _Part) and c.key == "alternative"]
+        lengths = [len(s) for s in sequences]
+        return ast.Stage(span=self._span(children), walks=[w for s in sequences for w in s],
+                         is_optional=_has_token(children, "QMARK"),
+                         sequence_lengths=lengths if any(n > 1 for n in lengths) else [])
+
+    def alternative(self, children):
+        return _Part("alternative", _names(children), self._span(children))
 
     def stream_source(self, children):
         names = _names(children)

@@ -307,10 +307,16 @@ def _partition(partition: ast.Partition) -> list[str]:
 def _stage(stage: ast.Stage, partition: str) -> str:
     if not stage.walks:
         raise ValueError(f"format_spec: partition {partition}: a stage needs at least one walk")
+    if stage.sequence_lengths and (sum(stage.sequence_lengths) != len(stage.walks)
+                                   or min(stage.sequence_lengths) < 1 or max(stage.sequence_lengths) < 2):
+        raise ValueError(f"format_spec: partition {partition}: stage sequence lengths {stage.sequence_lengths} "
+                         f"do not split its {len(stage.walks)} walks into sequences")
     if len(stage.walks) == 1:
         return stage.walks[0] + ("?" if stage.is_optional else "")
-    alternatives = " | ".join(stage.walks)
-    return f"({alternatives})?" if stage.is_optional else alternatives
+    choices = " | ".join(" -> ".join(seq) for seq in ast.alternatives(stage))
+    if stage.sequence_lengths:
+        return f"({choices})" + ("?" if stage.is_optional else "")
+    return f"({choices})?" if stage.is_optional else choices
 
 
 def _policy(policy: ast.ChunkPolicy) -> str:

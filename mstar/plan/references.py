@@ -166,6 +166,10 @@ def reference_problems(plan: Plan) -> list[str]:
         where = f"partition {part.name}"
         for stage in part.stages:
             problems.extend(f"{where}: stage walk {w!r} is not a walk" for w in stage.walks if w not in walks)
+            if stage.sequence_lengths and (sum(stage.sequence_lengths) != len(stage.walks)
+                                           or min(stage.sequence_lengths) < 1):
+                problems.append(f"{where}: stage sequence lengths {stage.sequence_lengths} do not split "
+                                f"its {len(stage.walks)} walks")
         if part.initial_walk is not None and part.initial_walk not in walks:
             problems.append(f"{where}: initial walk {part.initial_walk!r} is not a walk")
         for stream in part.streams:

@@ -175,7 +175,9 @@ explain = {
           "another partition are stream edges.",
  "MW206": "`device` keeps a value on the device between iterations; only a loop-back edge to the same node can do "
           "that.",
- "MW207": "A partition's walk order runs forward; repetition belongs in a loop inside a walk.",
+ "MW207": "A route names the walks a request takes through a partition, and each stage takes the alternative whose "
+          "walks come next in it; two alternatives of one stage that start with the same walk would make that "
+          "ambiguous. (A walk may appear again in a later stage, or inside an alternative's sequence.)",
  "MW208": "Partitions that stream to each other in a cycle cannot start: each would wait for the other.",
  "MW209": "Every walk belongs to exactly one partition, whose walk order says when a request runs it.",
  "MW210": "A stream edge, the consumer's `in NAME stream` declaration and the consumer partition's `<- PRODUCER.NAME` "

@@ -49,7 +49,7 @@ def test_qwen3_tts_speaks():
 def test_higgs_audio_transcribes_with_and_without_audio():
     records, _ = run("higgs_audio", [
         Request(id="audio", prompt_tokens=[1, 2], max_tokens=6, route={"LLM": ["prefill_text", "prefill_audio",
-                                                                               "decode"]}),
+                                                                               "prefill_text", "decode"]}),
         Request(id="text", prompt_tokens=[3], max_tokens=4)])
     assert len(emitted(records["audio"], "text")) == 6 and len(emitted(records["text"], "text")) == 4
 

@@ -139,6 +139,15 @@ def _extend(children):
 sections = st.recursive(calls, _extend, max_leaves=4)
 walks = st.builds(ast.Walk, name=names, body=small_lists(sections))
 
+@st.composite
+def sequence_stages(draw):
+    """A stage whose alternatives are sequences of walks, at least one of two or more."""
+    sequences = draw(st.lists(st.lists(names, min_size=1, max_size=3), min_size=1, max_size=3)
+                     .filter(lambda seqs: any(len(s) > 1 for s in seqs)))
+    return ast.Stage(walks=[w for s in sequences for w in s], is_optional=draw(st.booleans()),
+                     sequence_lengths=[len(s) for s in sequences])
+
+
 policies = st.one_of(
     st.builds(ast.ChunkPolicy, kind=st.just("window"), size=counts, stride=st.none() | counts),
     st.builds(ast.ChunkPolicy, kind=st.just("left_context"), size=counts, context=counts),
@@ -147,7 +156,7 @@ policies = st.one_of(
 partitions = st.builds(
     ast.Partition,
     name=names,
-    stages=small_lists(st.builds(ast.Stage, walks=name_lists, is_optional=st.booleans())),
+    stages=small_lists(st.builds(ast.Stage, walks=name_lists, is_optional=st.booleans()) | sequence_stages()),
     streams=small_lists(st.builds(ast.StreamSource, partition=names, edge=names, policy=policies,
                                   keep=st.none() | st.tuples(counts, counts))),
 )

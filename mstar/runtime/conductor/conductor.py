@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional
 
-from mstar.plan.schema import Plan
+from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.conductor.loop_pass import advance_loop_rows
 from mstar.runtime.conductor.partition_state import PartitionState
@@ -65,6 +65,23 @@ class _RequestState:
         self.buffers: dict[tuple[str, str], StreamBuffer] = {}  # (consumer partition, edge)
         self.signalled: set[str] = set()  # partitions whose end was sent to their streams
         self.ready_keys: set[tuple[str, str]] = set()  # (node, walk) tables of Conductor.ready_calls it is in
+
+
+def _follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
+    """The walks a route takes through a partition's stages: per stage, the alternative whose
+    sequence of walks comes next in the route (none for an optional stage, or when the route is
+    empty: the partition is left out)."""
+    index = 0
+    for stage in part.stages:
+        sequence = next((seq for seq in stage.alternatives() if wanted[index:index + len(seq)] == seq), None)
+        if sequence is not None:
+            index += len(sequence)
+        elif not (stage.is_optional or not wanted):
+            raise RouteError(f"partition {part.name}: stage {stage.walks} is not optional and the route "
+                             f"{wanted} does not take it")
+    if index != len(wanted):
+        raise RouteError(f"partition {part.name}: route {wanted} does not follow the stages")
+    return wanted
 
 
 class Conductor:
@@ -123,23 +140,11 @@ class Conductor:
         routes = {}
         for part in self.plan.partitions:
             if part.name not in request.route:
-                routes[part.name] = [self.walks[st.walks[0]] for st in part.stages if not st.is_optional]
+                # the first alternative (a walk, or a sequence of walks) of every stage not optional
+                routes[part.name] = [self.walks[w] for st in part.stages if not st.is_optional
+                                     for w in st.alternatives()[0]]
                 continue
-            wanted = request.route[part.name]
-            taken: list[RunWalk] = []
-            index = 0
-            for stage in part.stages:
-                if index < len(wanted) and wanted[index] in stage.walks:
-                    taken.append(self.walks[wanted[index]])
-                    index += 1
-                elif not (stage.is_optional or not wanted):
-                    raise RouteError(
-                        f"partition {part.name}: stage {stage.walks} is not optional and the route "
-                        f"{wanted} does not take it"
-                    )
-            if index != len(wanted):
-                raise RouteError(f"partition {part.name}: route {wanted} does not follow the stages")
-            routes[part.name] = taken
+            routes[part.name] = [self.walks[w] for w in _follow_stages(part, request.route[part.name])]
         return routes
 
     def _start(self, record: RequestRecord) -> None:
