@@ -99,7 +99,8 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.RowsLimit: ("walk",),
     ast.Edge: ("name", "dest"),
     ast.Call: ("node", "inputs"),
-    ast.Loop: ("name", "max_iters", "outputs", "accumulate"),
+    ast.Loop: ("name", "max_iters", "count", "outputs", "accumulate"),
+    ast.BatchingDecl: ("walk",),
     ast.Walk: ("name",),
     ast.StreamSource: ("partition", "edge"),
     ast.Stage: ("walks",),
@@ -107,7 +108,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
 }
 
 # Deployment keys whose values are node or walk names (`NODE.WALK` in speculation_mixes_walks), and
-# the key whose mapping keys are node names (kv_pool.nodes).
+# the key whose mapping keys are node names (kv_pool.nodes), or whose list holds them (kv_cache.nodes).
 _NAME_VALUES = {"model", "node_names", "graph_walks"}
 _DOTTED_VALUES = {"speculation_mixes_walks"}
 _NAME_KEYS = {"nodes"}
@@ -120,7 +121,7 @@ def rename_deployment(data: Any, mapping: dict[str, str], key: str = "") -> Any:
                 for k, v in data.items()}
     if isinstance(data, list):
         return [rename_deployment(v, mapping, key) for v in data]
-    if isinstance(data, str) and key in _NAME_VALUES:
+    if isinstance(data, str) and (key in _NAME_VALUES or key in _NAME_KEYS):  # kv_cache.nodes: a list
         return mapping.get(data, data)
     if isinstance(data, str) and key in _DOTTED_VALUES:
         return ".".join(mapping.get(part, part) for part in data.split("."))
