@@ -314,16 +314,6 @@ class StagePlan(PlanModel):
     # `walks` holding them one after another; [] when each alternative is one walk.
     sequence_lengths: list[int] = []
 
-    def alternatives(self) -> list[list[str]]:
-        """Each alternative as the sequence of walks it runs."""
-        if not self.sequence_lengths:
-            return [[walk] for walk in self.walks]
-        found, at = [], 0
-        for length in self.sequence_lengths:
-            found.append(self.walks[at:at + length])
-            at += length
-        return found
-
 
 class PartitionPlan(PlanModel):
     name: str

@@ -61,7 +61,7 @@ def walks_run(plan, route):
 
 def test_the_plan_keeps_the_sequence(plan):
     stage = plan.partitions[0].stages[1]
-    assert stage.alternatives() == [["prefill_audio", "prefill_text"]] and stage.is_optional
+    assert (stage.walks, stage.sequence_lengths, stage.is_optional) == (["prefill_audio", "prefill_text"], [2], True)
 
 
 def test_a_route_takes_the_sequence_and_repeats_a_walk(plan):

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional
 
-from mstar.plan.schema import PartitionPlan, Plan
+from mstar.plan.schema import PartitionPlan, Plan, StagePlan
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.conductor.loop_pass import advance_loop_rows
 from mstar.runtime.conductor.partition_state import PartitionState
@@ -67,13 +67,24 @@ class _RequestState:
         self.ready_keys: set[tuple[str, str]] = set()  # (node, walk) tables of Conductor.ready_calls it is in
 
 
+def _alternatives(stage: StagePlan) -> list[list[str]]:
+    """A stage's alternatives, each the sequence of walks it runs (StagePlan.sequence_lengths)."""
+    if not stage.sequence_lengths:
+        return [[walk] for walk in stage.walks]
+    found, at = [], 0
+    for length in stage.sequence_lengths:
+        found.append(stage.walks[at:at + length])
+        at += length
+    return found
+
+
 def _follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     """The walks a route takes through a partition's stages: per stage, the alternative whose
     sequence of walks comes next in the route (none for an optional stage, or when the route is
     empty: the partition is left out)."""
     index = 0
     for stage in part.stages:
-        sequence = next((seq for seq in stage.alternatives() if wanted[index:index + len(seq)] == seq), None)
+        sequence = next((seq for seq in _alternatives(stage) if wanted[index:index + len(seq)] == seq), None)
         if sequence is not None:
             index += len(sequence)
         elif not (stage.is_optional or not wanted):
@@ -142,7 +153,7 @@ class Conductor:
             if part.name not in request.route:
                 # the first alternative (a walk, or a sequence of walks) of every stage not optional
                 routes[part.name] = [self.walks[w] for st in part.stages if not st.is_optional
-                                     for w in st.alternatives()[0]]
+                                     for w in _alternatives(st)[0]]
                 continue
             routes[part.name] = [self.walks[w] for w in _follow_stages(part, request.route[part.name])]
         return routes
