@@ -88,10 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine"),
+    bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine", "kv"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; attention: FlashInfer vs torch on a GPU; "
-                            "load: checkpoint load time; engine: engine steps against the floor on a GPU")
+                            "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
+                            "kv: decode latency beside a long prompt, chunked or whole")
     return parser
 
 
@@ -516,6 +517,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_load
 
         return bench_load.main(argv[2:])
+    if argv[:2] == ["bench", "kv"]:
+        from mstar.runtime.serve import bench_kv
+
+        return bench_kv.main(argv[2:])
     if argv[:2] == ["bench", "engine"]:
         from mstar.runtime.engine.gpu import bench
 

@@ -2,7 +2,8 @@
 
 In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
      checks run), the run's `Diagnostics`.
-Out: nothing; adds MW401-MW412 diagnostics (MW412, batching rules: check_batching.py).
+Out: nothing; adds MW401-MW412 and MW420-MW424 diagnostics (MW412, batching rules: check_batching.py;
+MW420-MW424, step token budgets and the prefix cache: check_chunking.py).
 
 Spec-level rules, per node:
 - sizes the runtime can hold (MW411, checked first): caps and batch sizes at most MAX_STEP_ROWS,
@@ -22,14 +23,15 @@ Per worker (deployment):
   at world size 1; walks the worker does not run are not judged, so a prefill/decode split needs
   no change to the spec;
 - the capture memory estimate (capture_memory.py) of every capture family the worker holds is
-  within capture_memory_budget_mb.
+  within capture_memory_budget_mb;
+- step token budgets, chunk sizes, caps and token buckets agree (check_chunking.py, MW420-MW424).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from mstar.compiler import capture_memory, check_batching, codes
+from mstar.compiler import capture_memory, check_batching, check_chunking, codes
 from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
@@ -60,6 +62,7 @@ def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) ->
     for node in spec.nodes:
         _check_tp_groups(node, deployment, diags)
     _check_memory(spec, deployment, diags)
+    check_chunking.run(spec, deployment, diags)
 
 
 def _step_sizes_fit(node: ast.NodeDecl, diags: Diagnostics) -> bool:

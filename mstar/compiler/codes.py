@@ -7,7 +7,8 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW2xx  check_graph       walk and partition shape
     MW30x  deployment        reading the deployment YAML
     MW31x+ check_deployment  placement of nodes and walks on ranks
-    MW4xx  check_combine     combined walks, caps, captures, capture memory
+    MW4xx  check_combine     combined walks, caps, captures, capture memory; MW412 batching rules; MW420-MW424 token budgets
+                             check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
     MW130-MW133 check_cross  cross-attention KV pools (run by check_roles)
 """
@@ -98,6 +99,11 @@ COMBINE_TOO_FEW_WALKS = "MW409"
 COMBINE_MIXES_MASKS = "MW410"
 STEP_SIZE_TOO_LARGE = "MW411"
 BATCHING_RULE_CANNOT_APPLY = "MW412"
+CHUNK_ABOVE_BUDGET = "MW420"
+BUDGET_BELOW_FIXED_ROWS = "MW421"
+BUCKETS_BELOW_BUDGET = "MW422"
+CHUNKING_NOT_OWNED = "MW423"
+PREFIX_CACHE_RECURRENT = "MW424"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -175,4 +181,9 @@ TITLES: dict[str, str] = {
     COMBINE_MIXES_MASKS: "combined walk mixes causal and bidirectional walks",
     STEP_SIZE_TOO_LARGE: "cap, capture or combined walk past what the runtime can hold",
     BATCHING_RULE_CANNOT_APPLY: "batching rule that cannot apply to its walk",
+    CHUNK_ABOVE_BUDGET: "prefill chunk size above the step token budget",
+    BUDGET_BELOW_FIXED_ROWS: "step token budget below a full step of rows that cannot be cut",
+    BUCKETS_BELOW_BUDGET: "packed capture with no token bucket for a full step of chunks",
+    CHUNKING_NOT_OWNED: "prefill chunk size not read without scheduler_owns_chunking",
+    PREFIX_CACHE_RECURRENT: "prefix cache asked for on a node with recurrent state",
 }

@@ -10,7 +10,10 @@ overrides, `max_concurrent_requests`, `model_kwargs`, `autocast_dtype`, `resourc
 `max_prefill_chunk_size`, `scheduler_owns_chunking`, `max_step_tokens`, `dist_timeout_s`.
 Beside them, mstar's own keys: `kv_pool`, `capture_memory_budget_mb`,
 `speculation_mixes_walks`, `recurrent_state_slots`, `max_consecutive_follower_batches`,
-`replica_policy`.
+`replica_policy`, `prefix_cache`.
+Read for chunking, the prefix cache and offload (check_chunking, lower): `max_step_tokens`,
+`max_prefill_chunk_size` with `scheduler_owns_chunking`, `kv_cache.cpu_offload_pages`, and per
+node `kv_pool.nodes.NODE.{max_step_tokens, max_prefill_chunk_size, prefix_cache, cpu_offload_pages}`.
 Any other key is an error at its line and column (with a "did you mean" when one is close).
 """
 from __future__ import annotations
@@ -111,10 +114,14 @@ class KvCacheOverrides(DeployModel):
 
 
 class KvPoolNode(DeployModel):
-    """Per-node override inside `kv_pool.nodes`."""
+    """Per-node override inside `kv_pool.nodes` (chunking set here is always the scheduler's)."""
 
     page_size: Optional[int] = Field(default=None, ge=1, le=MAX_PAGE_SIZE)
     num_pages: Optional[int] = Field(default=None, ge=1, le=MAX_NUM_PAGES)
+    max_step_tokens: Optional[int] = Field(default=None, ge=1)
+    max_prefill_chunk_size: Optional[int] = Field(default=None, ge=1)
+    prefix_cache: Optional[bool] = None
+    cpu_offload_pages: Optional[int] = Field(default=None, ge=0, le=MAX_NUM_PAGES)
 
 
 class KvPool(DeployModel):
@@ -132,6 +139,17 @@ class KvPoolSize(BaseModel):
 
     page_size: int
     num_pages: int
+
+
+class NodeChunking(BaseModel):
+    """The resolved step token budget and chunking of one kv node, with where each was set."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    token_budget: Optional[int]  # None: no limit
+    chunk_size: Optional[int]  # None: the scheduler does not cut rows
+    budget_span: Span
+    chunk_span: Span
 
 
 class Deployment(DeployModel):
@@ -156,6 +174,9 @@ class Deployment(DeployModel):
     max_consecutive_follower_batches: int = Field(default=1, ge=1)
     # How a request picks one of several data-parallel replicas of a (node, walk).
     replica_policy: Literal["request_hash", "round_robin"] = "request_hash"
+    # Share full KV pages between requests by a hash of their tokens (every kv node; per node:
+    # kv_pool.nodes.NODE.prefix_cache).
+    prefix_cache: bool = False
 
     _name: str = PrivateAttr(default="")
     _path: str = PrivateAttr(default="")
@@ -195,6 +216,38 @@ class Deployment(DeployModel):
         num_pages = _first(per_node.num_pages, self.kv_pool.num_pages, self.kv_cache.max_num_pages,
                            REFERENCE_NUM_PAGES)
         return KvPoolSize(page_size=page_size, num_pages=num_pages)
+
+    def chunking_for(self, node: str) -> NodeChunking:
+        """Step token budget and chunk size of a kv node: kv_pool.nodes[node], else the
+        reference's max_step_tokens and max_prefill_chunk_size. The reference's chunk size is
+        the scheduler's only with scheduler_owns_chunking (else it is not read: check_chunking
+        warns). A budget the scheduler owns without a chunk size cuts rows to fit the budget."""
+        per_node = self.kv_pool.nodes.get(node, KvPoolNode())
+        at = f"nodes.{node}"
+        budget: Optional[int]
+        chunk: Optional[int]
+        if per_node.max_step_tokens is not None:
+            budget, budget_span = per_node.max_step_tokens, self.kv_pool.span_of(at)
+        else:
+            budget, budget_span = self.max_step_tokens, self.span_of("max_step_tokens")
+        is_owned = self.scheduler_owns_chunking or per_node.max_prefill_chunk_size is not None
+        if per_node.max_prefill_chunk_size is not None:
+            chunk, chunk_span = per_node.max_prefill_chunk_size, self.kv_pool.span_of(at)
+        elif self.scheduler_owns_chunking and self.max_prefill_chunk_size is not None:
+            chunk, chunk_span = self.max_prefill_chunk_size, self.span_of("max_prefill_chunk_size")
+        else:
+            chunk, chunk_span = (budget if is_owned else None), budget_span
+        return NodeChunking(token_budget=budget, chunk_size=chunk, budget_span=budget_span, chunk_span=chunk_span)
+
+    def prefix_cache_for(self, node: str) -> bool:
+        per_node = self.kv_pool.nodes.get(node, KvPoolNode()).prefix_cache
+        return self.prefix_cache if per_node is None else per_node
+
+    def host_pages_for(self, node: str) -> int:
+        """The host pool of a kv node for offload: kv_pool.nodes[node].cpu_offload_pages, else the
+        reference's kv_cache.cpu_offload_pages, else 0 (none)."""
+        return _first(self.kv_pool.nodes.get(node, KvPoolNode()).cpu_offload_pages,
+                      self.kv_cache.cpu_offload_pages, 0)
 
     def mixes_walks(self, node: str, walk: str) -> bool:
         """speculation_mixes_walks lists the node, or `node.walk`."""

@@ -15,7 +15,8 @@ Out: `run(spec, deployment, header) -> Plan`; nodes, walks, partitions and keys 
                 replica policy
     workers     per rank: placements, keys + mixtures, speculation, TP groups (lower_workers)
 
-Defaults applied here (documented in docs/plan.md): KV pools as `Deployment.kv_pool_for` resolves
+Defaults applied here (documented in docs/plan.md): KV pools (with their prefix cache and the
+walks that may start after a cached prefix, chunking.py) as `Deployment.kv_pool_for` resolves
 them (kv_pool.nodes, kv_pool, kv_cache, then page 128 x 2048 pages); recurrent state
 slots = the deployment's `recurrent_state_slots` (else `max_concurrent_requests`, else
 UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture is capped at
@@ -23,10 +24,11 @@ UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture i
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from mstar.compiler.check_prompt_format import PROMPT_FIELD, TOKEN_LIST_ARGS, template_fields
 from mstar.compiler.check_roles import model_kind
+from mstar.compiler.chunking import prefix_walks
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
@@ -157,14 +159,25 @@ def _prompt_format(decl: Optional[ast.PromptFormat]) -> Optional[PromptFormatPla
     )
 
 
+def _prefix_cache(node: ast.NodeDecl, deployment: Deployment) -> Literal["off", "pages", "recurrent_state"]:
+    """"pages" when the deployment asks for the cache on the node; "recurrent_state" when it asks
+    but the node keeps recurrent state (no KV page holds it: off, and the plan says why)."""
+    if not deployment.prefix_cache_for(node.name):
+        return "off"
+    return "recurrent_state" if any(s.kind == "recurrent" for s in node.states) else "pages"
+
+
 def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
     max_seq_len = deployment.kv_cache.max_seq_len or deployment.max_seq_len
     pools = []
     for node in spec.nodes:
         if node.engine == "kv":
             pool = deployment.kv_pool_for(node.name)
+            cache = _prefix_cache(node, deployment)
             pools.append(KvPoolPlan(node=node.name, page_size=pool.page_size, num_pages=pool.num_pages,
-                                    max_seq_len=max_seq_len))
+                                    max_seq_len=max_seq_len, prefix_cache=cache,
+                                    prefix_walks=prefix_walks(node, spec.walks) if cache == "pages" else [],
+                                    host_pages=deployment.host_pages_for(node.name)))
     # model_kwargs of the reference YAML are read by the deployment loader but not lowered: no
     # part of the runtime has a use for them (a checkpoint's own config.json gives its dims).
     return DeploymentPlan(

@@ -6,17 +6,20 @@ Out: `lower_workers(...) -> list[WorkerPlan]`, sorted by rank; keys in declarati
      then its combined walks, then its other walks), every other list inside sorted.
 
 Per rank: placements (`node/walk` pairs placed on it), keys and walk_to_key (lower_keys),
-speculation switches, the TP groups (tp*sp > 1 instances) holding the rank, and the capture
+speculation switches, the step token budget and chunk sizes of kv nodes' keys (chunking.py),
+the TP groups (tp*sp > 1 instances) holding the rank, and the capture
 memory of its keys' capture families. `call_instances(workers)` reads them back into the
 (node, walk) -> instances table the walk tables carry per call (lower_tables).
 """
 from __future__ import annotations
 
+from mstar.compiler.chunking import chunk_sizes
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_keys import lower_node_keys
 from mstar.compiler.walk_tree import WalkTree, has_device_loop_back
 from mstar.lang import ast
 from mstar.plan.schema import (
+    KeyPlan,
     SpeculationPlan,
     TPGroup,
     WorkerPlan,
@@ -94,6 +97,7 @@ def lower_workers(
                 continue
             tp_sizes = {w: _tp_size(deployment, node.name, w, rank) for w in walks_here}
             node_keys, node_walk_to_key = lower_node_keys(node, walks_here, walk_plans, tp_sizes, fallback_cap)
+            node_keys = [_with_chunking(key, node, spec, deployment) for key in node_keys]
             keys.extend(node_keys)
             for walk in walks_here:
                 pair = f"{node.name}/{walk}"
@@ -125,6 +129,17 @@ def lower_workers(
             )
         )
     return workers
+
+
+def _with_chunking(key: KeyPlan, node: ast.NodeDecl, spec: ast.Spec, deployment: Deployment) -> KeyPlan:
+    """The key with its node's step token budget and the chunk sizes of its chunkable walks
+    (kv nodes only; compiler/chunking.py)."""
+    if node.engine != "kv":
+        return key
+    chunking = deployment.chunking_for(node.name)
+    walks = [w for w in spec.walks if w.name in key.walks]
+    return key.model_copy(update={"token_budget": chunking.token_budget,
+                                  "chunk_sizes": chunk_sizes(node, walks, chunking.chunk_size)})
 
 
 def call_instances(workers: list[WorkerPlan]) -> dict[tuple[str, str], list[list[int]]]:

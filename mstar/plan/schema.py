@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -367,6 +367,11 @@ class KeyPlan(PlanModel):
     # "shape" (tokens a row feeds), "iteration" (loop iteration), "guidance" (guidance sequences in use)
     batch_rules: dict[str, list[Literal["shape", "iteration", "guidance"]]] = {}
     captures: list[CaptureFamily] = []
+    # Most tokens one step of this key feeds (the deployment's max_step_tokens); None = no limit.
+    token_budget: Optional[int] = None
+    # walk -> the most prompt tokens of one row a step feeds: the scheduler cuts a longer row
+    # into chunks across steps (max_prefill_chunk_size). Walks not listed run a row whole.
+    chunk_sizes: dict[str, int] = {}
 
 
 class SpeculationPlan(PlanModel):
@@ -402,6 +407,16 @@ class KvPoolPlan(PlanModel):
     page_size: int
     num_pages: int
     max_seq_len: int
+    # Full pages keyed by a hash of their tokens, shared between requests: "pages" (on), "off",
+    # or "recurrent_state" (asked for, but the node keeps recurrent state that no page holds, so
+    # it stays off).
+    prefix_cache: Literal["off", "pages", "recurrent_state"] = "off"
+    # With the cache on: walks whose first row on the node may start after the request's cached
+    # prefix (their call takes the text prompt and can be cut, as KeyPlan.chunk_sizes' walks).
+    prefix_walks: list[str] = []
+    # Host pool for KV offload (the deployment's cpu_offload_pages): pages of started requests
+    # move there when a step is short of device pages, and back before they run; 0 = no offload.
+    host_pages: int = 0
 
 
 class DeploymentPlan(PlanModel):

@@ -29,6 +29,11 @@ class StepRow:
     loop_iter: int = 0  # iteration of the enclosing loop, 0 outside loops
     handle: Any = None  # the conductor's own reference to the row's place in its walk (engines ignore it)
     loop_count: int = 0  # iterations the enclosing loop runs for this request (its limit), 0 outside loops
+    # A prompt cut into chunks (the plan's chunk_sizes): this step feeds inputs[chunk_start :
+    # chunk_start + num_tokens] after the KV earlier chunks wrote; is_partial: not the last chunk,
+    # so the engine writes KV and samples nothing (the row's outputs are empty).
+    chunk_start: int = 0
+    is_partial: bool = False
 
 
 @dataclass
@@ -116,6 +121,11 @@ class Engine(Protocol):
 
     def wait(self, handle: StepHandle) -> StepResult:
         """The result of a launched step (blocks until it is done)."""
+
+    def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
+        """The request's prompt `tokens` on a kv node with a prefix cache (KvPoolPlan.prefix_cache
+        "pages"), before anything of it ran there: start its KV sequence on the cached pages of the
+        longest cached prefix and answer how many tokens they hold (0: none; never all tokens)."""
 
     def end_request(self, request_id: str) -> None:
         """Free the request's KV pages and state slots."""

@@ -270,6 +270,25 @@ explain = {
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
           "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
           "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",
+ "MW420": "A kv node's prefill chunk size (`max_prefill_chunk_size` with `scheduler_owns_chunking: true`, or "
+          "`kv_pool.nodes.NODE.max_prefill_chunk_size`) must fit in its step token budget (`max_step_tokens`, or "
+          "`kv_pool.nodes.NODE.max_step_tokens`): the scheduler cuts a prompt into chunks that fit a step beside its "
+          "decode rows, so a chunk above the budget could never be fed whole.",
+ "MW421": "Rows of a walk whose node runs inside a loop (a decode iteration) are never cut: a full step of them, the "
+          "walk's cap (or a larger cap of a combined walk holding it) times its tokens a row, must fit the step token "
+          "budget, or decode rows alone would break it; when the node's prompts are cut it must also leave at least "
+          "one token of the budget, or a prompt could wait behind full decode steps for ever.",
+ "MW422": "Steps that hold prompt chunks are packed: when the budget is set, the fullest of them hold the whole "
+          "budget, so every packed capture such a step replays (the chunked walk's own, its combined walk's) needs a "
+          "token bucket of at least the budget; without a budget, one that holds a chunk. Otherwise those steps, the "
+          "common ones under load, run eagerly.",
+ "MW423": "A warning: the reference's `max_prefill_chunk_size` is read only with `scheduler_owns_chunking: true`, "
+          "because mstar cuts prompts in the scheduler and nowhere else; without it prompts run whole (the step token "
+          "budget still applies). `kv_pool.nodes.NODE.max_prefill_chunk_size` always chunks.",
+ "MW424": "A warning: a prefix cache shares full KV pages between requests with the same leading tokens, but a node "
+          "with recurrent state (gated delta-net layers) also needs the state after the prefix, which no KV page "
+          "holds. The plan says `prefix_cache: recurrent_state` for that node and the runtime keeps the cache off "
+          "there.",
 }
 
 def lang_example(code: str) -> str:

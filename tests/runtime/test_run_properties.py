@@ -124,6 +124,6 @@ def test_random_traces_lose_and_duplicate_nothing(trace):
         if node in kv_nodes:
             assert context.get((rid, node), 0) == context_len, (rid, node)
             context[(rid, node)] = context_len + num_tokens
-    assert not engine.reserved and all(p.num_free == p.num_pages for p in engine.pools.values())
+    assert engine.num_pages_held() == 0 and all(p.pages.num_free_pages == p.num_pages for p in engine.pools.values())
     assert all(s.is_idle() for s in driver.schedulers.values())
     assert not driver.conductor.active and not driver._inflight

@@ -13,6 +13,13 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 - Token counting: every value a row produced under one of its call's `counted` outputs (the
   partition's count_tokens edges, or without any its text edges to the client: the compiler
   decides) adds its element count; at max_tokens the partition ends ("length").
+- Prefix cache: when a call of a walk the plan lists in its kv pool's `prefix_walks` becomes ready
+  before anything of the request ran on that node, the engine's `claim_prefix` starts the
+  request's KV on the cached pages of its prompt's longest cached prefix; the row then feeds only
+  the rest, like a chunk after the KV present.
+- Chunked prompts: a row outside loops feeds the chunk the scheduler gave it (`step_rows`); after
+  a chunk that is not the last (`StepRow.is_partial`) its KV context grows, nothing is sampled and
+  the rest of the row is ready again; the call completes on its last chunk.
 - Post-process (`on_step`) advances the rows of a step together: rows at a loop step (a decode
   iteration) in one pass over the step's rows (conductor/loop_pass.py), touching a request's
   partitions only when a row leaves that shape (its loop ends or stops, max_tokens, an error);
@@ -28,6 +35,7 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import PartitionPlan, Plan, StagePlan
@@ -93,6 +101,14 @@ def _follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     if index != len(wanted):
         raise RouteError(f"partition {part.name}: route {wanted} does not follow the stages")
     return wanted
+def _chunk_row(request_id: str, walk: str, active_call: ActiveCall, chunk: int, context: int) -> StepRow:
+    """The row of a call outside loops feeding `chunk` of its tokens not yet fed (all when 0 or
+    more than are left): the next chunk of a prompt the scheduler cut (token_budget.py)."""
+    fed, total = active_call.num_fed, active_call.num_tokens
+    left = total - fed
+    num = left if chunk <= 0 or chunk > left else chunk
+    return StepRow(request_id, walk, num, context, active_call.inputs, 0, active_call,
+                   chunk_start=fed, is_partial=num < left)
 
 
 class Conductor:
@@ -115,6 +131,12 @@ class Conductor:
             for stream in part.streams:
                 self.produced.setdefault(stream.producer_partition, []).append((part.name, stream.edge))
         self._keeps = stream_keeps(plan, engine.caps.vocab_sizes)
+        # (node, walk) pairs whose rows a scheduler may cut into chunks (KeyPlan.chunk_sizes)
+        self.cut_walks = {(key.node, walk) for worker in plan.workers for key in worker.keys
+                          for walk in key.chunk_sizes}
+        # (node, walk) pairs whose first row may start after a cached prefix (KvPoolPlan.prefix_walks)
+        self.prefix_walks = {(pool.node, walk) for pool in plan.deployment.kv_pools if pool.prefix_cache == "pages"
+                             for walk in pool.prefix_walks}
         self.is_columnar = True  # False: every row through its walk run (the reference path)
         self.records: dict[str, RequestRecord] = {}
         self.active: dict[str, _RequestState] = {}
@@ -203,18 +225,21 @@ class Conductor:
 
     # ------------------------------------------------------------ rows
 
-    def step_rows(self, node: str, request_ids: list[str], walks: list[str]) -> tuple[list[StepRow], list[str]]:
+    def step_rows(self, node: str, request_ids: list[str], walks: list[str],
+                  num_tokens: Optional[list[int]] = None) -> tuple[list[StepRow], list[str]]:
         """The rows of a scheduled batch that are still live, and the ids of those whose loop
         has iterations left after this one (what a speculative next step may continue). A row
         is stale (left out) when its request or partition ended, its walk is no longer the
         partition's current run, or its call is no longer ready: then the call that row was
-        scheduled for is no longer ready (its run was cancelled or finished, or it completed)."""
+        scheduled for is no longer ready (its run was cancelled or finished, or it completed).
+        num_tokens: the batch's tokens per row; a row outside loops feeds that many of its tokens
+        not yet fed (a chunk of a prompt the scheduler cut, `_chunk_row`), all of them when None."""
         rows = []
         continuing = []
         tables = self.ready_calls
         table: dict[str, ActiveCall] = {}
         table_walk = None
-        for request_id, walk in zip(request_ids, walks):
+        for request_id, walk, chunk in zip(request_ids, walks, num_tokens or repeat(0)):
             if walk != table_walk:  # one lookup per run of rows of one walk
                 table_walk = walk
                 table = tables.get((node, walk), {})
@@ -224,7 +249,8 @@ class Conductor:
             run = call.run
             loop = call.call.loop
             if loop is None:
-                rows.append(StepRow(request_id, walk, call.num_tokens, run.context.get(node, 0), call.inputs, 0, call))
+                is_cut = chunk and (node, walk) in self.cut_walks
+                rows.append(_chunk_row(request_id, walk, call, chunk if is_cut else 0, run.context.get(node, 0)))
                 continue
             loop_state = run.loops[loop]
             if loop_state is None:
@@ -277,6 +303,10 @@ class Conductor:
             if is_kv:
                 context = state.context
                 context[node] = context.get(node, 0) + row.num_tokens
+            if row.is_partial:  # a chunk of a cut prompt: the rest is ready again, nothing sampled
+                active_call.num_fed += row.num_tokens
+                self.ready_out.append((node, row.walk, [request_id], [active_call.num_tokens - active_call.num_fed]))
+                continue
             outputs = result.outputs
             counted = active_call.call.counted
             run.complete(node, outputs, result.is_stop)
@@ -392,13 +422,30 @@ class Conductor:
         request_id = state.record.request.id
         for call in run.new_ready:
             key = (call.node, run.name)
-            self.ready_out.append((call.node, run.name, [request_id], [call.num_tokens]))
+            if self.prefix_walks and key in self.prefix_walks:
+                self._claim_prefix(state, call)
+            self.ready_out.append((call.node, run.name, [request_id], [call.num_tokens - call.num_fed]))
             table = self.ready_calls.get(key)
             if table is None:
                 table = self.ready_calls[key] = {}
             table[request_id] = call
             state.ready_keys.add(key)
         run.new_ready.clear()
+
+    def _claim_prefix(self, state: _RequestState, call: ActiveCall) -> None:
+        """A call that takes the prompt became ready on a node with a prefix cache: when nothing of
+        the request ran there yet, the engine starts its KV on the cached prefix, and the row feeds
+        only the rest (as a chunk after the KV present)."""
+        node, record = call.node, state.record
+        tokens = next((v for v in call.inputs.values() if isinstance(v, list) and v), None)
+        if state.context.get(node, 0) or call.num_fed or tokens is None or not isinstance(tokens[0], int):
+            return
+        num_cached = self.engine.claim_prefix(record.request.id, node, tokens)
+        record.num_prefix_lookups += 1
+        if 0 < num_cached < len(tokens):
+            record.num_cached_tokens += num_cached
+            call.num_fed = num_cached
+            state.context[node] = num_cached
 
     def _signal_done(self, state: _RequestState, ps: PartitionState) -> None:
         state.signalled.add(ps.name)

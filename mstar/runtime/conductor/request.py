@@ -66,6 +66,9 @@ class RequestRecord:
     finish_reason: Optional[str] = None  # "stop", "length", "done", "error: ...", "cancelled"
     num_output_tokens: int = 0
     is_refused: bool = False  # ended at admission: its route or the engine refused it (nothing ran)
+    # prefix cache: prompts looked up (one per kv node with the cache) and prompt tokens found
+    num_prefix_lookups: int = 0
+    num_cached_tokens: int = 0
     output_tokens: list[Any] = field(default_factory=list)
     token_times_s: list[float] = field(default_factory=list)  # one per token event (for ITL)
     # Client emissions as parallel columns (`emissions` reads them as Emission tuples): a decode

@@ -61,7 +61,7 @@ class ActiveCall:
     `active` (completed, its loop exited, its run cancelled) is never ready again, so a step's
     row can be checked for liveness by that flag alone."""
 
-    __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens")
+    __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens", "num_fed")
 
     def __init__(self, call: RunCall, run: "WalkRun"):
         self.call = call
@@ -74,6 +74,7 @@ class ActiveCall:
         self.inputs: dict[str, Any] = {}
         self.is_ready = False
         self.num_tokens = 1  # tokens the row feeds: the largest over its inputs, 1 without any
+        self.num_fed = 0  # of those, tokens earlier chunks already fed (a prompt cut by the scheduler)
 
 
 class _LoopState:

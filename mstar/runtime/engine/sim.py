@@ -9,15 +9,16 @@ take only host time.
 Per-request behaviour: a kv node reports is_stop once it has sampled `max_tokens` tokens for the
 request (the conductor applies stops only in loops that have a stop check).
 
-KV pool (per kv node, pages of page_size tokens): the torch engine's admission policy
-(`kv/admission.py`): a request starts on a node only when its budget, the pages of
-min(prompt + max_tokens, max_seq_len) tokens, fits beside what started requests may still claim;
-each step a row takes the pages its tokens add (a simulated sequence holds at most its budget's
-tokens: media tokens are not modelled), rows in step order. Rows the pool is short for are
-named in allocation_failed (nothing ran for them, the scheduler holds them) and, with
-`runs_partial_steps` (the default), the other rows run in the same step; without it the step runs
-nothing (all or nothing, and nothing is taken). A request that could never fit the pool is
-refused by add_request.
+KV pool (per kv node, pages of page_size tokens): the torch engine's page bookkeeping
+(`kv/pages.py`, with its prefix cache when the plan turns it on: `claim_prefix` finds a prompt's
+cached pages as the torch engine does) and its admission policy (`kv/admission.py`): a request
+starts on a node only when its budget, the pages of min(prompt + max_tokens, max_seq_len) tokens
+(less a cached prefix it holds), fits beside what started requests may still claim; each step a
+row takes the pages its tokens add (a simulated sequence holds at most its budget's tokens: media
+tokens are not modelled), rows in step order. Rows the pool is short for are named in
+allocation_failed (nothing ran for them, the scheduler holds them) and, with `runs_partial_steps`
+(the default), the other rows run in the same step; without it the step runs nothing (all or
+nothing, and nothing is taken). A request that could never fit the pool is refused by add_request.
 
 Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine"):
 
@@ -40,6 +41,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
+from mstar.runtime.engine.kv.offload import Offload
+from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 CAPTURED_LAUNCH_S = 0.0003
@@ -50,6 +53,8 @@ PER_TOKEN_S = 0.00002
 PER_CONTEXT_S = 0.00000002
 STATELESS_WEIGHT = 0.2
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
+PAGE_MOVE_S = 0.00001  # one KV page copied between the device and the host pool
+SEQUENCE = "main"  # the simulated engine keeps one KV sequence per request and kv node
 _tokens_of = attrgetter("num_tokens")
 _context_of = attrgetter("context_len")
 
@@ -70,13 +75,20 @@ class SimClock:
 
 @dataclass
 class _KvPool:
-    page_size: int
-    num_pages: int
+    pages: PagePool  # the torch engine's page bookkeeping (and prefix cache), without tensors
     max_seq_len: int
-    num_free: int
+    offload: Optional[Offload] = None  # the host pool (cpu_offload_pages), when the plan sizes one
     admission: Admission = field(default_factory=Admission)
-    fed: dict[str, int] = field(default_factory=dict)  # request -> tokens fed on this node
+    claimed: dict[str, int] = field(default_factory=dict)  # request -> cached pages it started on
     sampled: dict[str, int] = field(default_factory=dict)  # request -> tokens sampled on this node
+
+    @property
+    def page_size(self) -> int:
+        return self.pages.page_size
+
+    @property
+    def num_pages(self) -> int:
+        return self.pages.num_pages
 
 
 class SimEngine(RunsAtLaunch):
@@ -110,7 +122,8 @@ class SimEngine(RunsAtLaunch):
         self.pools: dict[str, _KvPool] = {}
         for pool in plan.deployment.kv_pools:
             pages = num_pages if num_pages is not None else pool.num_pages
-            self.pools[pool.node] = _KvPool(pool.page_size, pages, pool.max_seq_len, pages)
+            self.pools[pool.node] = _KvPool(PagePool(pages, pool.page_size, pool.prefix_cache == "pages"),
+                                            pool.max_seq_len, Offload(pool.host_pages) if pool.host_pages else None)
         self.weights: dict[str, float] = {}
         for node in plan.nodes:
             if node.engine == "kv":
@@ -121,8 +134,7 @@ class SimEngine(RunsAtLaunch):
                 else:
                     self.weights[node.name] = 1.0
                 if node.name not in self.pools:
-                    seq = plan.deployment.max_seq_len
-                    self.pools[node.name] = _KvPool(16, 1 << 30, seq, 1 << 30)
+                    self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
             else:
                 self.weights[node.name] = STATELESS_WEIGHT
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
@@ -135,8 +147,8 @@ class SimEngine(RunsAtLaunch):
                         names.append(edge.name)
         self.requests: dict[str, Any] = {}
         self.budget_tokens: dict[str, int] = {}  # request -> prompt + max_tokens (its KV budget's tokens)
-        self.reserved: dict[tuple[str, str], int] = {}  # (request, kv node) -> pages it holds
         self.num_steps = 0
+        self.num_moved_pages = 0  # KV pages moved to or from the host pool in the running step
 
     # ------------------------------------------------------------ Engine protocol
 
@@ -157,17 +169,41 @@ class SimEngine(RunsAtLaunch):
     def end_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
         self.budget_tokens.pop(request_id, None)
-        for node, pool in self.pools.items():
-            pool.num_free += pool.admission.release(request_id)
-            self.reserved.pop((request_id, node), None)
-            pool.fed.pop(request_id, None)
+        for pool in self.pools.values():
+            pool.admission.release(request_id)
+            pool.pages.free_request(request_id)
+            pool.claimed.pop(request_id, None)
+            if pool.offload is not None:
+                pool.offload.forget(request_id)
             pool.sampled.pop(request_id, None)
 
     def kv_pages(self) -> dict[str, tuple[int, int]]:
-        """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
-        return {node: (pool.num_pages - pool.num_free, pool.num_pages) for node, pool in self.pools.items()}
+        """Per kv node: (pages in use, pages in its pool), for a server's metrics (cached pages
+        nobody holds count as free)."""
+        return {node: (pool.num_pages - pool.pages.num_free_pages, pool.num_pages) for node, pool in self.pools.items()}
+
+    def num_pages_held(self) -> int:
+        """KV pages requests hold now (cached pages nobody holds count as free)."""
+        return sum(pool.num_pages - pool.pages.num_free_pages for pool in self.pools.values())
+
+    def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
+        """The prompt's longest cached prefix (whole pages), as the torch engine claims it."""
+        pool = self.pools.get(node)
+        if pool is None or pool.admission.is_started(request_id):
+            return 0
+        free_for_claims = pool.pages.num_free_pages - pool.admission.num_outstanding
+        num_cached = pool.pages.claim_prefix((request_id, SEQUENCE), tokens, free_for_claims)
+        pool.claimed[request_id] = pool.pages.pages_for(num_cached)
+        return num_cached
 
     def run_step(self, step: Step) -> StepResult:
+        result = self._run_step(step)
+        if self.num_moved_pages:  # KV pages copied to or from the host pool this step
+            result.elapsed_s += self.num_moved_pages * PAGE_MOVE_S
+            self.num_moved_pages = 0
+        return result
+
+    def _run_step(self, step: Step) -> StepResult:
         if not step.rows:  # a TP follower's copy of its leader's step: it costs time, nothing more
             return StepResult(rows=[], elapsed_s=self.step_time(step))
         self.num_steps += 1
@@ -205,30 +241,44 @@ class SimEngine(RunsAtLaunch):
     def _reserve(self, step: Step, pool: _KvPool) -> list[str]:
         """Take the pages each row's tokens add, by the admission policy, rows in step order;
         returns the rows the pool is short for. All or nothing per step without
-        runs_partial_steps (then nothing is taken)."""
-        needs, steady = self._page_needs(step.rows, pool)
-        short = pool.admission.shortfall([need for _, need in needs], pool.num_free) if needs else []
+        runs_partial_steps (then nothing is taken). With a host pool, rows of offloaded requests
+        move back first, and started requests with no row here move out when rows are short."""
+        pages = pool.pages
+        on_host: list[str] = []
+        if pool.offload is not None:
+            pool.offload.note_step([row.request_id for row in step.rows])
+            on_host = self._move_back(step.rows, pool)
+        needs, steady = self._page_needs([row for row in step.rows if row.request_id not in on_host]
+                                         if on_host else step.rows, pool)
+        short = pool.admission.shortfall([need for _, _, need in needs], pages.num_free_pages) if needs else []
+        if short and pool.offload is not None and self._move_out(step, pool, [n for _, _, n in needs], short):
+            short = pool.admission.shortfall([need for _, _, need in needs], pages.num_free_pages)
+        short = on_host + short
         if short and not self.runs_partial_steps:
             return short
         failed = set(short)
-        node, fed = step.node, pool.fed
-        for row, need in needs:
+        is_keyed = pages.cache is not None
+        for row, num_new, need in needs:
             if need.request_id not in failed:
                 pool.admission.grant(need)
-                pool.num_free -= need.num_pages
-                key = (row.request_id, node)
-                self.reserved[key] = self.reserved.get(key, 0) + need.num_pages
-                fed[row.request_id] = fed.get(row.request_id, 0) + row.num_tokens
-        for row in steady:
-            fed[row.request_id] += row.num_tokens
+                key = (row.request_id, SEQUENCE)
+                pages.reserve(key, num_new)
+                pages.commit(key, num_new, _prompt_tokens(row, num_new) if is_keyed else None)
+        for row, num_new in steady:
+            pages.commit((row.request_id, SEQUENCE), num_new)
         return short
 
-    def _page_needs(self, rows: list[StepRow], pool: _KvPool) -> tuple[list[tuple[StepRow, PageNeed]], list[StepRow]]:
-        """Each row's PageNeed, except the steady rows: a started request whose tokens this step
-        stay within the pages it holds (a decode row between page boundaries), for which the
-        policy's shortfall and grant change nothing (it asks no page and is always granted)."""
-        budget_tokens, fed, started = self.budget_tokens, pool.fed, pool.admission.budgets
-        size, max_seq_len = pool.page_size, pool.max_seq_len
+    def _budget_pages(self, pool: _KvPool, request_id: str) -> int:
+        """Pages the request may need on the node: min(prompt + max_tokens, max_seq_len) tokens' worth
+        (a simulated sequence never holds more), less a cached prefix it started on."""
+        return self._pages_for(pool, self.budget_tokens[request_id]) - pool.claimed.get(request_id, 0)
+
+    def _page_needs(self, rows: list[StepRow], pool: _KvPool
+                    ) -> tuple[list[tuple[StepRow, int, PageNeed]], list[tuple[StepRow, int]]]:
+        """Each row's tokens it writes and PageNeed, except the steady rows: a started request
+        whose tokens this step stay within the pages it holds (a decode row between page
+        boundaries), for which the policy's shortfall and grant change nothing."""
+        budget_tokens, started, pages = self.budget_tokens, pool.admission.budgets, pool.pages
         needs = []
         steady = []
         for row in rows:
@@ -238,17 +288,52 @@ class SimEngine(RunsAtLaunch):
                 continue
             # The simulated sequence holds at most prompt + max_tokens tokens (media tokens an
             # encoder feeds are not modelled), so a request never outgrows its budget here.
-            limit = num_budget_tokens if num_budget_tokens < max_seq_len else max_seq_len
-            before = fed.get(request_id, 0)
-            after = before + row.num_tokens
-            # pages of min(tokens, budget tokens, max_seq_len) after less before, integer ceilings
-            after, before = (after if after < limit else limit), (before if before < limit else limit)
-            num_pages = -(-after // size) + before // -size
+            key = (request_id, SEQUENCE)
+            num_left = min(num_budget_tokens, pool.max_seq_len) - pages.num_tokens(key)
+            num_new = row.num_tokens if row.num_tokens < num_left else max(num_left, 0)
+            num_pages = pages.num_new_pages(key, num_new)
             if num_pages == 0 and request_id in started:
-                steady.append(row)
+                steady.append((row, num_new))
             else:
-                needs.append((row, PageNeed(request_id, num_pages, -(-limit // size))))
+                needs.append((row, num_new, PageNeed(request_id, num_pages, self._budget_pages(pool, request_id))))
         return needs, steady
+
+    def _move_out(self, step: Step, pool: _KvPool, needs: list[PageNeed], short: list[str]) -> bool:
+        """Move started requests with no row in the step to the host pool (kv/offload.py) so that
+        the short rows' pages fit; True when any moved."""
+        assert pool.offload is not None
+        failed = set(short)
+        wanted = sum(max(n.budget_pages, n.num_pages) for n in needs if n.request_id in failed)
+        num_short = wanted - max(0, pool.pages.num_free_pages - pool.admission.num_outstanding)
+        victims = pool.offload.victims(pool.pages, pool.admission, {r.request_id for r in step.rows}, num_short)
+        for request_id in victims:
+            sequences = pool.pages.sequences_of(request_id)
+            pool.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])
+            self.num_moved_pages += sum(len(table) for _, _, table in sequences)
+            pool.pages.free_request(request_id)
+            pool.admission.release(request_id)
+            pool.claimed.pop(request_id, None)
+        return bool(victims)
+
+    def _move_back(self, rows: list[StepRow], pool: _KvPool) -> list[str]:
+        """Rows of requests on the host pool: moved back when their budget fits (they start again),
+        else returned (short, held and retried like any row short of pages)."""
+        assert pool.offload is not None
+        on_host = []
+        for row in rows:
+            request_id = row.request_id
+            if not pool.offload.is_offloaded(request_id) or request_id not in self.requests:
+                continue
+            num_pages = sum(len(s.host_pages) for s in pool.offload.offloaded[request_id])
+            need = PageNeed(request_id, num_pages, self._budget_pages(pool, request_id))
+            if pool.admission.shortfall([need], pool.pages.num_free_pages):
+                on_host.append(request_id)
+                continue
+            pool.admission.grant(need)
+            for seq in pool.offload.restore(request_id):
+                pool.pages.restore((request_id, seq.label), seq.num_tokens)
+            self.num_moved_pages += num_pages
+        return on_host
 
     def _row_results(self, node: str, rows: list[StepRow]) -> list[RowResult]:
         """One pass over the rows that run: placeholder outputs, sampled counts, stops, injected errors."""
@@ -268,6 +353,9 @@ class SimEngine(RunsAtLaunch):
                 names = self.out_names.get((node, walk), ())
             if pool is None:
                 append(RowResult(request_id, _placeholders(names, row.num_tokens)))
+                continue
+            if row.is_partial:  # a chunk of a cut prompt that is not its last: KV only, no token
+                append(RowResult(request_id))
                 continue
             count = pool.sampled.get(request_id, 0) + 1
             pool.sampled[request_id] = count
@@ -294,3 +382,12 @@ def _placeholders(names: Sequence[str], value: int) -> dict[str, list[int]]:
     if len(names) == 1:
         return {names[0]: [value]}
     return {name: [value] for name in names}
+
+
+def _prompt_tokens(row: StepRow, num: int) -> Optional[list[int]]:
+    """The token ids a row feeds, when its input is a list of them (a prompt or its chunk)."""
+    value = next(iter(row.inputs.values()), None) if len(row.inputs) == 1 else None
+    if not isinstance(value, list) or not value or not isinstance(value[0], int):
+        return None
+    tokens = value[row.chunk_start:row.chunk_start + num]
+    return tokens if len(tokens) == num else None

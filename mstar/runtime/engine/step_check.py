@@ -9,6 +9,9 @@ whose message names the step field that disagrees with the plan:
 - `rows`: at most the mixture's cap, and in a mixed step at most the key's `rows_limits` per walk
   (a mixed step only on a combined key); on a kv node's batched capture at most its
   `tokens_per_row` tokens a row (a stateless node's tokens are its input items, not captured ones);
+- `tokens`: at most the key's `token_budget` (a step of one row may pass it: a row that cannot be
+  cut runs alone), and a row fed as a chunk at most its walk's `chunk_sizes` entry (the rest of
+  a prompt after a cached prefix is fed whole on a walk that is not cut);
 - `label` and `attention`: the mixture's own; a route of `none` on a kv node is refused (it would
   run attention the plan says is not there);
 - `capture`, `padded_batch`, `token_bucket`: eager (none, 0, 0) - with at most the largest batch
@@ -69,6 +72,7 @@ class StepChecker:
                                     f"(masks 1..{len(key.mixtures) - 1})")
         entry = key.mixtures[step.mask]
         _check_rows(where, key, entry, step)
+        _check_tokens(where, key, step)
         if step.label != entry.label:
             raise StepContractError(f"{where}: label {step.label!r}, the plan's mixture has {entry.label!r}")
         if step.attention == "none" and self.is_kv.get(step.node, False):
@@ -113,6 +117,21 @@ def _check_eager_above(where: str, family: Optional[CaptureFamily], step: Step) 
         raise StepContractError(f"{where}: rows: {len(step.rows)} rows run eagerly, above the largest batch size "
                                 f"{family.batch_sizes[-1]} of capture {family.name}, which does not run eagerly "
                                 "above its buckets (no `eager_above`)")
+def _check_tokens(where: str, key: KeyPlan, step: Step) -> None:
+    """The key's step token budget (one row that cannot be cut may pass it alone) and its chunk
+    sizes: a cut row feeds at most its walk's chunk size."""
+    if key.token_budget is not None and len(step.rows) > 1:
+        num_tokens = sum(row.num_tokens for row in step.rows)
+        if num_tokens > key.token_budget:
+            raise StepContractError(f"{where}: tokens: {num_tokens} tokens, past the key's token_budget "
+                                    f"{key.token_budget}")
+    for row in step.rows:
+        # (a row past a cached prefix starts at chunk_start > 0 on any walk whose rows may be cut)
+        if row.is_partial or (row.chunk_start and row.walk in key.chunk_sizes):
+            size = key.chunk_sizes.get(row.walk)
+            if size is None or row.num_tokens > size:
+                raise StepContractError(f"{where}: rows: request {row.request_id} feeds a chunk of "
+                                        f"{row.num_tokens} tokens of walk {row.walk}, whose chunk size is {size}")
 
 
 def _check_capture(where: str, families: dict[str, CaptureFamily], entry: MixtureEntry, step: Step,

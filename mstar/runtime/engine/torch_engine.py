@@ -229,7 +229,9 @@ class TorchEngine(RunsAtLaunch):
             slots = SlotPool(node.name, num_slots, max_concurrent)
         return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
                              self._code_frames(node.name, mode), self.positions[node.name], self.placement,
-                             self._flashinfer(node, dims, page_size))
+                             self._flashinfer(node, dims, page_size),
+                             prefix_cache=pool is not None and pool.prefix_cache == "pages",
+                             host_pages=pool.host_pages if pool else 0)
 
     def _decoder_dims(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str]) -> DecoderDims:
         """The spec's dims, or the checkpoint's when `--weights` gives one (of the same style)."""
@@ -395,6 +397,13 @@ class TorchEngine(RunsAtLaunch):
                 ran, failed = runner.run(rows, self.runs_partial_steps)
             results.extend(ran)
         return StepResult(rows=results, allocation_failed=failed, elapsed_s=time.perf_counter() - started)
+
+    def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
+        """Start the request's KV on `node` on its prompt's cached prefix (runners/decoder.py)."""
+        runner, request = self.runners.get(node), self.requests.get(request_id)
+        if not isinstance(runner, DecoderRunner) or request is None:
+            return 0
+        return runner.claim_prefix(request, tokens)
 
     def end_request(self, request_id: str) -> None:
         for runner in self.runners.values():

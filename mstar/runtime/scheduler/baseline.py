@@ -122,10 +122,39 @@ class BaselineScheduler:
         candidates.sort(key=lambda name: (self.last_run[name], order.index(name)))
         for name in candidates:
             key = self._key(name)
-            chosen = self._compose(key, [r for r in self.ready if r.key == name], [])
+            chosen, chunks = self._fit_budget(key, self._compose(key, [r for r in self.ready if r.key == name], []), [])
             if chosen:
-                return self._finish(key, chosen, [], None, is_speculative=False)
+                return self._finish(key, chosen, [], None, is_speculative=False, chunks=chunks)
         return None
+
+    def _fit_budget(self, key: KeyPlan, chosen: list[_Row], already: list[_Row]) -> tuple[list[_Row], dict[str, int]]:
+        """The step token budget, row by row: whole rows of walks never cut first (walk order,
+        FIFO; one too large for any step runs alone), then a chunk of each row of a cut walk
+        while the budget lasts; a one-walk step keeps that walk's cap. Returns the rows kept and
+        the chunk of each cut row."""
+        if key.token_budget is None and not key.chunk_sizes:
+            return chosen, {}
+        left = (key.token_budget if key.token_budget is not None else 1 << 62) - sum(r.num_tokens for r in already)
+        kept: list[_Row] = []
+        chunks: dict[str, int] = {}
+        for walk in key.walks:
+            rows = [row for row in chosen if row.walk == walk]
+            size = key.chunk_sizes.get(walk)
+            for row in rows:
+                if size is None and (row.num_tokens <= left or (not already and not kept)):
+                    kept.append(row)
+                    left -= row.num_tokens
+                elif size is not None and min(row.num_tokens, size, left) > 0:
+                    chunks[row.request_id] = min(row.num_tokens, size, left)
+                    kept.append(row)
+                    left -= chunks[row.request_id]
+                else:
+                    break
+        walks = {row.walk for row in kept + already}
+        if len(walks) == 1:
+            kept = kept[:max(0, self._entry(key, walks).cap - len(already))]
+        order = {id(row): i for i, row in enumerate(chosen)}
+        return sorted(kept, key=lambda row: order[id(row)]), chunks
 
     def _compose(self, key: KeyPlan, rows: list[_Row], already: list[_Row]) -> list[_Row]:
         """Rows of `rows` (FIFO) that join a step already holding `already`."""
@@ -157,8 +186,10 @@ class BaselineScheduler:
         return chosen
 
     def _finish(
-        self, key: KeyPlan, chosen: list[_Row], first: list[_Row], first_walk: Optional[str], is_speculative: bool
+        self, key: KeyPlan, chosen: list[_Row], first: list[_Row], first_walk: Optional[str], is_speculative: bool,
+        chunks: Optional[dict[str, int]] = None,
     ) -> Batch:
+        chunks = chunks or {}
         self._unready(chosen)
         self.num_steps += 1
         self.last_run[key.name] = self.num_steps
@@ -173,7 +204,7 @@ class BaselineScheduler:
         if entry.capture is not None:
             family = next(f for f in key.captures if f.name == entry.capture)
             sizes = [s for s in family.batch_sizes if s >= len(rows)]
-            total = sum(row.num_tokens for row in rows)
+            total = sum(chunks.get(row.request_id, row.num_tokens) for row in rows)
             buckets = [t for t in family.token_buckets if t >= total]
             if sizes and (family.kind == "batched" or buckets):
                 capture, padded = family.name, min(sizes)
@@ -183,7 +214,8 @@ class BaselineScheduler:
             worker=self.rank, key=key.name, node=key.node, mask=mask,
             label=rows[0].walk if len(walks) == 1 else None,
             request_ids=[row.request_id for row in rows], walks=[row.walk for row in rows],
-            num_tokens=[row.num_tokens for row in rows], capture=capture, padded_batch=padded,
+            num_tokens=[chunks.get(row.request_id, row.num_tokens) for row in rows], capture=capture,
+            padded_batch=padded,
             token_bucket=bucket, attention=entry.attention, is_speculative=is_speculative,
         )
 
@@ -195,6 +227,8 @@ class BaselineScheduler:
         self._expire_holds()
         if running.is_follower or self._is_followed(key) or self.follow:
             return None
+        if any(w in key.chunk_sizes for w in running.walks):
+            return None  # the prompt's next chunk joins the step after this one
         for row in self.ready:
             if row.key != key.name and not self._is_followed(self._key(row.key)):
                 return None
@@ -222,11 +256,11 @@ class BaselineScheduler:
         mine = [row for row in self.ready if row.key == key.name]
         if any(row.walk != walk for row in mine) and not self._spec(key.node, walk).mixes_walks:
             return None
-        chosen = self._compose(key, mine, first)
+        chosen, chunks = self._fit_budget(key, self._compose(key, mine, first), first)
         if len(chosen) < len(mine):
             return None
         self.num_consecutive = 0
-        return self._finish(key, chosen, first, walk, is_speculative=True)
+        return self._finish(key, chosen, first, walk, is_speculative=True, chunks=chunks)
 
     # ---------------------------------------------------------- failures
 
@@ -313,7 +347,7 @@ class BaselineScheduler:
         return Batch(
             worker=self.rank, key=head.key, node=head.node, mask=head.mask, label=head.label,
             request_ids=list(head.request_ids), walks=list(head.walks),
-            num_tokens=[row.num_tokens for row in found], capture=head.capture,
+            num_tokens=list(head.num_tokens), capture=head.capture,
             padded_batch=head.padded_batch, token_bucket=head.token_bucket,
             attention=head.attention, is_follower=True,
         )

@@ -42,6 +42,9 @@ class KeyTables:
     limited_walks[mask]: (walk, limit) for each walk of a mixed mask that has a rows limit.
     rules[w]: what rows of walk w must agree on to share a step (KeyPlan.batch_rules; () = nothing);
     has_rules: some walk of the key has rules (its steps are then composed by batch_rules.py).
+    token_budget: most tokens a step feeds (NO_LIMIT without one); chunk_sizes[w]: the most
+    tokens of one row of walk w a step feeds (0: rows of w run whole); is_token_limited: either
+    applies (token_budget.py fits each step to them).
     """
 
     index: int
@@ -59,6 +62,9 @@ class KeyTables:
     is_followed: bool
     rules: list[tuple[str, ...]]
     has_rules: bool
+    token_budget: int = NO_LIMIT
+    chunk_sizes: tuple[int, ...] = ()
+    is_token_limited: bool = False
 
     @classmethod
     def from_plan(cls, index: int, key: KeyPlan, is_followed: bool) -> "KeyTables":
@@ -108,6 +114,9 @@ class KeyTables:
             is_followed=is_followed,
             rules=[tuple(key.batch_rules.get(walk, ())) for walk in key.walks],
             has_rules=bool(key.batch_rules),
+            token_budget=key.token_budget if key.token_budget is not None else NO_LIMIT,
+            chunk_sizes=tuple(key.chunk_sizes.get(walk, 0) for walk in key.walks),
+            is_token_limited=key.token_budget is not None or bool(key.chunk_sizes),
         )
 
     def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int]) -> CapturePick:

@@ -37,6 +37,7 @@ from mstar.runtime.scheduler.errors import (
     UnknownPlacementError,
 )
 from mstar.runtime.scheduler.speculation import plan_chain_step
+from mstar.runtime.scheduler.token_budget import fit_if_limited, with_chunks
 from mstar.runtime.scheduler.tp_follow import FollowQueue, rows_by_walk
 
 __all__ = [
@@ -185,11 +186,14 @@ class WorkerScheduler:
                 parts = [(walk, request_ids, queue.take_rows(walk, request_ids))]
                 self._mark_run(key)
                 return make_batch(self.rank, tables, 1 << walk, parts)
-            composition = compose(tables, queue)
+            fit = fit_if_limited(tables, queue, compose(tables, queue))
+            composition, chunks = fit.composition, fit.chunks
             if composition.num_rows == 0:
                 continue
             parts = queue.take(composition.takes)
             self._mark_run(key)
+            if chunks is not None:
+                parts = with_chunks(parts, chunks)
             return make_batch(self.rank, tables, composition.mask, parts)
         return None
 
@@ -234,6 +238,8 @@ class WorkerScheduler:
         if chain is None:
             return None
         parts = queue.take(chain.composition.takes)
+        if chain.chunks is not None:
+            parts = with_chunks(parts, chain.chunks)
         # The continuing rows lead their walk's part; walks stay in key order.
         fresh = next((part for part in parts if part[0] == chain.walk), None)
         if fresh is None:
@@ -392,9 +398,8 @@ class WorkerScheduler:
         groups = [(tables.walk_index[walk], rows) for walk, rows in rows_by_walk(head).items()]
         if not all(queue.has_rows(walk, rows) for walk, rows in groups):
             return None
-        tokens_of: dict[str, int] = {}
         for walk, rows in groups:
-            tokens_of.update(zip(rows, queue.take_rows(walk, rows)))
+            queue.take_rows(walk, rows)
         self._follow.pop()
         self._follow.num_consecutive += 1
         self._mark_run(key)
@@ -406,7 +411,7 @@ class WorkerScheduler:
             label=head.label,
             request_ids=list(head.request_ids),
             walks=list(head.walks),
-            num_tokens=[tokens_of[rid] for rid in head.request_ids],
+            num_tokens=list(head.num_tokens),  # the leader's (a cut row's chunk, not its tokens left)
             capture=head.capture,
             padded_batch=head.padded_batch,
             token_bucket=head.token_bucket,

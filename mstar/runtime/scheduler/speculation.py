@@ -6,7 +6,8 @@ rows the FIFO builder adds) or None, meaning "yield": build the next step with
 `WorkerScheduler.next_batch` once step N's results are in.
 
 The yield rule keeps chains from starving anything: a chain speculates only when its step takes
-every ready row of its key and nothing else on the worker is waiting. Fresh rows of the chain's
+every ready row of its key and nothing else on the worker is waiting, and not after a step that
+feeds a prompt chunk (the prompt's next chunk is ready as soon as that step ends). Fresh rows of the chain's
 own walk join after the continuing rows; rows of another walk of the key make the chain yield,
 unless the plan's `mixes_walks` is on for the chain's (node, walk), in which case they are merged
 under the mixture's cap and rows limits (and the chain still yields if one does not fit).
@@ -21,6 +22,7 @@ from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.batch_builder import Composition, compose
 from mstar.runtime.scheduler.key_tables import KeyTables
 from mstar.runtime.scheduler.ready_queues import KeyQueue
+from mstar.runtime.scheduler.token_budget import fit_if_limited
 
 
 @dataclass
@@ -32,6 +34,7 @@ class ChainStep:
     continuing: list[str]
     continuing_tokens: list[int]
     composition: Composition
+    chunks: Optional[list[Optional[list[int]]]] = None  # cut walks' chunk lengths (token_budget.py)
 
 
 def chain_walk(tables: KeyTables, specs: list[Optional[SpeculationPlan]], running: Batch) -> Optional[int]:
@@ -62,7 +65,7 @@ def plan_chain_step(
     num_tokens: tokens each continuing row feeds (one count, or one per continuing row);
     is_other_work_waiting: another key or a TP follower batch has work ready on this worker.
     """
-    if running.is_follower or tables.is_followed or is_other_work_waiting:
+    if running.is_follower or tables.is_followed or is_other_work_waiting or _feeds_chunks(tables, running):
         return None
     walk = chain_walk(tables, specs, running)
     if walk is None:
@@ -100,7 +103,14 @@ def plan_chain_step(
         return None
     counts = [0] * len(tables.walks)
     counts[walk] = num_rows
-    composition = compose(tables, queue, num_rows, bit, counts)
+    fit = fit_if_limited(tables, queue, compose(tables, queue, num_rows, bit, counts), sum(tokens), num_rows, bit)
+    composition, chunks = fit.composition, fit.chunks
     if composition.num_rows - num_rows < queue.num_ready:
         return None  # a ready row would be left waiting behind the chain
-    return ChainStep(walk, rows, tokens, composition)
+    return ChainStep(walk, rows, tokens, composition, chunks)
+
+
+def _feeds_chunks(tables: KeyTables, running: Batch) -> bool:
+    """Step N holds rows of a walk whose prompts are cut: the next chunk (or the first decode row
+    after the last one) is ready as soon as N ends, so step N+1 is built then, not now."""
+    return tables.is_token_limited and any(size and running.mask >> w & 1 for w, size in enumerate(tables.chunk_sizes))

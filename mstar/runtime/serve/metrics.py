@@ -135,6 +135,16 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
         "scheduler_us_per_step": _percentiles(log.sched_s, 1e6),
         "postprocess_us_per_step": _percentiles(log.post_s, 1e6),
         "step_composition": dict(sorted(composition.items())),
+        **_prefix_figures(records),
+    }
+
+
+def _prefix_figures(records: list[RequestRecord]) -> dict[str, int]:
+    """Prefix cache: prompts looked up, those with a hit, and prompt tokens found cached."""
+    return {
+        "num_prefix_lookups": sum(r.num_prefix_lookups for r in records),
+        "num_prefix_hits": sum(1 for r in records if r.num_cached_tokens),
+        "num_prefix_cached_tokens": sum(r.num_cached_tokens for r in records),
     }
 
 
@@ -195,6 +205,10 @@ def render_table(summary: dict[str, Any]):
     table.add_row(
         "rows held out of memory", f"{summary['num_oom_rows']}",
     )
+    if summary["num_prefix_lookups"]:
+        table.add_row("prefix cache hits (lookups, cached tokens)",
+                      f"{summary['num_prefix_hits']} ({summary['num_prefix_lookups']}, "
+                      f"{summary['num_prefix_cached_tokens']})")
     for key, entry in summary["step_composition"].items():
         walks = ", ".join(f"{w} {n:.1f}" for w, n in entry["mean_rows_per_walk"].items())
         table.add_row(f"rows/step {key}", f"{entry['mean_rows']:.1f} ({walks})")

@@ -37,7 +37,7 @@ def to_step(conductor: Conductor, keys: dict[tuple[int, str], KeyPlan], rank: in
             batch: Batch) -> tuple[Optional[Step], list[str]]:
     """The batch as a Step (stale rows left out; None when none is left), and the rows whose
     loop goes on after this step."""
-    rows, continuing = conductor.step_rows(batch.node, batch.request_ids, batch.walks)
+    rows, continuing = conductor.step_rows(batch.node, batch.request_ids, batch.walks, batch.num_tokens)
     if not rows:
         return None, continuing
     step = Step(

@@ -29,7 +29,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, classify
+from mstar.runtime.engine.runners.values import InputError, chunk_of, classify
 from mstar.runtime.step import RowResult, StepRow
 
 
@@ -80,9 +80,9 @@ class GpuDecoderRunner(DecoderRunner):
 
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
-                 is_flashinfer: bool, position: int = 0):
+                 is_flashinfer: bool, position: int = 0, prefix_cache: bool = False):
         super().__init__(node, dims, model, page_size, num_pages, max_seq_len, None, seed, position=position,
-                         placement=placement)
+                         placement=placement, prefix_cache=prefix_cache)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1)
         self.executor = StepExecutor(forward, self.cache, placement.device, num_pages + 1,
                                      family.batch_pad if family else None, is_flashinfer)
@@ -123,8 +123,8 @@ class GpuDecoderRunner(DecoderRunner):
                 continue  # read by no model here
             value = classify(name, raw)
             if value.kind == "tokens" and value.tensor is not None:
-                return _Item(row, call, request, _no_embeds(value.tensor.numel()), value.tensor.tolist(),
-                             writes=writes)
+                tokens = chunk_of(value.tensor, row)  # a chunk after the KV earlier chunks wrote
+                return _Item(row, call, request, _no_embeds(tokens.numel()), tokens.tolist(), writes=writes)
             if value.kind == "embeddings":
                 raise InputError(f"input {name}: embeddings are not on the GPU fast path")
         raise InputError("a row with no token to feed is not on the GPU fast path")
@@ -157,8 +157,13 @@ class GpuDecoderRunner(DecoderRunner):
         tokens = self.executor.collect(self.executor.launch(specs, self._sampling(ready)))
         results = []
         for item, token in zip(ready, tokens.tolist()):
-            self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed))
-            results.append(self._token_outputs(item, token))
+            self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed),
+                             None if item.is_loop_back else item.tokens_fed)
+            if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
+                item.request.history.setdefault(self.node.name, []).extend(item.tokens_fed)
+                results.append(RowResult(item.row.request_id))
+            else:
+                results.append(self._token_outputs(item, token))
         return results
 
     def _token_outputs(self, item: _Item, token: int) -> RowResult:

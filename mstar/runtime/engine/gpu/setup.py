@@ -53,4 +53,5 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
         model = build_decoder(dims, placement.device, torch.bfloat16, position=position, seed=seed,
                               weights_dir=weights_dir)
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
-                            decode_family(plan, node.name), is_flashinfer=True, position=position)
+                            decode_family(plan, node.name), is_flashinfer=True, position=position,
+                            prefix_cache=pool is not None and pool.prefix_cache == "pages")

@@ -4,10 +4,21 @@ Holds no tensors and no policy: callers ask `reserve(key, num_tokens)` to grow a
 gets every page it needs or nothing (so a failed row leaves the pool untouched and can be retried).
 A key is `(request_id, sequence_label)`: BAGEL-style requests own several sequences (main, cfg_text,
 cfg_img), each with its own page table.
+
+With a prefix cache (`prefix_cache=True`, kv/prefix_cache.py): `commit(key, n, tokens)` keys each
+page a sequence fills with known token ids; `claim_prefix(key, tokens)` starts a new sequence on
+the cached pages of its longest cached prefix (whole pages, at least one token left to feed);
+`free_request` lets go of shared pages (they stay cached, least recently used first out) and frees
+the private ones. Free pages count the cached pages nobody holds: one is evicted when a sequence
+needs a page and no other is free. A sequence only ever writes past its last full page, so a
+shared (full, cached) page is never written.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
+
+from mstar.runtime.engine.kv.prefix_cache import ROOT_KEY, PrefixCache, page_key
 
 SeqKey = tuple[str, str]
 
@@ -16,12 +27,18 @@ SeqKey = tuple[str, str]
 class _Sequence:
     pages: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    # prefix cache: tokens of the page being filled, full pages keyed so far, the last one's key;
+    # is_keyed False once a position was written from something other than token ids
+    pending: list[int] = field(default_factory=list)
+    num_keyed: int = 0
+    key: bytes = ROOT_KEY
+    is_keyed: bool = True
 
 
 class PagePool:
     """`num_pages` pages of `page_size` token positions each."""
 
-    def __init__(self, num_pages: int, page_size: int):
+    def __init__(self, num_pages: int, page_size: int, prefix_cache: bool = False):
         if num_pages <= 0 or page_size <= 0:
             raise ValueError(f"a KV pool needs positive num_pages and page_size, got {num_pages}, {page_size}")
         self.num_pages = num_pages
@@ -32,10 +49,13 @@ class PagePool:
         self._freed: list[int] = []
         self._num_fresh = 0
         self._seqs: dict[SeqKey, _Sequence] = {}
+        self.cache: Optional[PrefixCache] = PrefixCache() if prefix_cache else None
 
     @property
     def num_free_pages(self) -> int:
-        return len(self._freed) + self.num_pages - self._num_fresh
+        """Pages a sequence can get now: free ones and cached pages nobody holds (evicted on demand)."""
+        evictable = self.cache.num_evictable if self.cache is not None else 0
+        return len(self._freed) + self.num_pages - self._num_fresh + evictable
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages a sequence of `num_tokens` positions occupies."""
@@ -79,15 +99,75 @@ class PagePool:
     def _take_page(self) -> int:
         if self._freed:
             return self._freed.pop()
-        self._num_fresh += 1
-        return self._num_fresh - 1
+        if self._num_fresh < self.num_pages:
+            self._num_fresh += 1
+            return self._num_fresh - 1
+        assert self.cache is not None and self.cache.num_evictable, "reserve checked num_free_pages"
+        return self.cache.evict()
 
-    def commit(self, key: SeqKey, num_new_tokens: int) -> None:
-        """Record that `num_new_tokens` positions were written (after `reserve`)."""
+    def commit(self, key: SeqKey, num_new_tokens: int, tokens: Optional[list[int]] = None) -> None:
+        """Record that `num_new_tokens` positions were written (after `reserve`); `tokens`: their
+        token ids, which key the pages they fill (None: not token ids, no later page is keyed)."""
         seq = self._seqs[key]
         seq.num_tokens += num_new_tokens
+        if self.cache is not None and seq.is_keyed:
+            self._key_full_pages(key[1], seq, tokens, num_new_tokens)
+
+    def _key_full_pages(self, label: str, seq: _Sequence, tokens: Optional[list[int]], num_new: int) -> None:
+        if tokens is None or len(tokens) != num_new:
+            seq.is_keyed, seq.pending = False, []
+            return
+        assert self.cache is not None
+        seq.pending.extend(tokens)
+        size = self.page_size
+        while len(seq.pending) >= size:
+            seq.key = page_key(seq.key, label, seq.pending[:size])
+            self.cache.register(seq.pages[seq.num_keyed], seq.key)
+            seq.num_keyed += 1
+            del seq.pending[:size]
+
+    def claim_prefix(self, key: SeqKey, tokens: list[int], max_from_free: int) -> int:
+        """Start the empty sequence `key` on the cached pages of the longest cached prefix of
+        `tokens` (whole pages, leaving at least one token to feed; at most `max_from_free` of them
+        pages nobody held, since those count as free). Returns the tokens it now holds."""
+        if self.cache is None or self.num_tokens(key):
+            return 0
+        seq = self._seqs.setdefault(key, _Sequence())
+        size, cache = self.page_size, self.cache
+        num_full = (len(tokens) - 1) // size
+        for index in range(num_full):
+            chained = page_key(seq.key, key[1], tokens[index * size:(index + 1) * size])
+            page = cache.lookup(chained)
+            if page is None or (cache.refs[page] == 0 and max_from_free <= 0):
+                break
+            max_from_free -= cache.refs[page] == 0
+            cache.acquire(page)
+            seq.pages.append(page)
+            seq.key, seq.num_keyed = chained, index + 1
+        seq.num_tokens = seq.num_keyed * size
+        cache.num_hits += seq.num_keyed
+        cache.num_misses += num_full - seq.num_keyed
+        return seq.num_tokens
+
+    def sequences_of(self, request_id: str) -> list[tuple[str, int, list[int]]]:
+        """(label, tokens, page table) of each sequence of the request (what offload moves)."""
+        return [(key[1], seq.num_tokens, list(seq.pages)) for key, seq in self._seqs.items() if key[0] == request_id]
+
+    def restore(self, key: SeqKey, num_tokens: int) -> bool:
+        """A sequence moved back from the host: `num_tokens` positions on fresh private pages
+        (never keyed for the prefix cache). False (no change) when the pool is short."""
+        if self.num_tokens(key) or not self.reserve(key, num_tokens):
+            return False
+        seq = self._seqs[key]
+        seq.num_tokens, seq.is_keyed = num_tokens, False
+        return True
 
     def free_request(self, request_id: str) -> None:
-        """Return every page of every sequence of the request to the free list."""
+        """Return every page of every sequence of the request: private pages to the free list,
+        shared ones to the cache (last page first, so a prefix's later pages are evicted first)."""
         for key in [k for k in self._seqs if k[0] == request_id]:
-            self._freed.extend(reversed(self._seqs.pop(key).pages))
+            for page in reversed(self._seqs.pop(key).pages):
+                if self.cache is not None and page in self.cache:
+                    self.cache.release(page)
+                else:
+                    self._freed.append(page)

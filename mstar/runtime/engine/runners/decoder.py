@@ -43,11 +43,13 @@ from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, classify, synthesise
+from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, synthesise
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.cache import KvCache
+from mstar.runtime.engine.kv.host_cache import HostKv
+from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
@@ -81,20 +83,26 @@ class DecoderRunner:
                  max_seq_len: int, slots: Optional[SlotPool], seed: int,
                  code_frames: Optional[dict[str, tuple[int, int]]] = None,
                  position: int = 0, placement: Placement = CPU,
-                 flashinfer: Optional[FlashInferAttention] = None):
+                 flashinfer: Optional[FlashInferAttention] = None, prefix_cache: bool = False,
+                 host_pages: int = 0):
         """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
         that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). position: the node's
         index in the plan (what its random parts are seeded by). placement: where the model runs (the KV
         cache and recurrent states are allocated there);
-        flashinfer: the GPU attention backend, or None for the torch path."""
+        flashinfer: the GPU attention backend, or None for the torch path. prefix_cache: share full
+        pages between requests (the plan's KvPoolPlan.prefix_cache is "pages"). host_pages: the host
+        pool KV offload moves pages to (KvPoolPlan.host_pages; 0: none)."""
         self.node = node
         self.dims = dims
         self.model = model
         self.max_seq_len = max_seq_len
         self.seed = seed
-        self.pool = PagePool(num_pages, page_size)
+        self.pool = PagePool(num_pages, page_size, prefix_cache)
+        self.claimed: dict[str, int] = {}  # request -> cached pages its first sequence started on
         self.cache = self._new_cache(dims, placement)
         self.flashinfer = flashinfer
+        self.offload = Offload(host_pages) if host_pages else None
+        self.host = HostKv(host_pages, self.cache) if host_pages else None
         self.slots = slots
         conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
                     + dims.num_linear_value_heads * dims.linear_value_dim)
@@ -150,8 +158,21 @@ class DecoderRunner:
         return pages
 
     def start_budget_pages(self, request: RequestState) -> int:
-        """Pages the admission policy reserves when the request starts on this node."""
-        return min(self._needed_pages(request), self.pool.num_pages)
+        """Pages the admission policy reserves when the request starts on this node (less those of
+        a cached prefix it holds already)."""
+        return min(self._needed_pages(request), self.pool.num_pages) - self.claimed.get(request.request_id, 0)
+
+    def claim_prefix(self, request: RequestState, tokens: list[int]) -> int:
+        """Start the request's first sequence on the cached pages of its prompt's longest cached
+        prefix (kv/pages.py; never pages that started requests may still claim); the tokens they
+        hold join its history as if fed."""
+        if self.pool.cache is None or self.admission.is_started(request.request_id):
+            return 0
+        free_for_claims = self.pool.num_free_pages - self.admission.num_outstanding
+        num_cached = self.pool.claim_prefix((request.request_id, self.guidance.first), tokens, free_for_claims)
+        self.claimed[request.request_id] = self.pool.pages_for(num_cached)
+        request.history.setdefault(self.node.name, []).extend(tokens[:num_cached])
+        return num_cached
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
@@ -180,6 +201,9 @@ class DecoderRunner:
 
     def end_request(self, request_id: str) -> None:
         self.pool.free_request(request_id)
+        if self.offload is not None:
+            self.offload.forget(request_id)
+        self.claimed.pop(request_id, None)
         self.admission.release(request_id)
         if self.slots:
             self.slots.release(request_id)
@@ -205,14 +229,15 @@ class DecoderRunner:
             raise RouteError(f"node {self.node.name}: attention route decode takes one token a row, but "
                              f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
         self._route, self._decode_walks = route, decode_walks
+        on_host = self._move_back(ready) if self.offload is not None else []
         for item in list(ready):
-            problem = self._length_problem(item)
-            if problem:
+            problem = None if item.row.request_id in on_host else self._length_problem(item)
+            if problem or item.row.request_id in on_host:
                 ready.remove(item)
+            if problem:
                 results.append(RowResult(item.row.request_id, error=problem))
-        needs = self._page_needs(ready)
-        num_free_slots = self.slots.num_free_slots if self.slots else 0
-        failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
+        needs, failed = self._shortfall(ready)
+        failed = on_host + failed
         if failed and not is_partial_ok:
             return results, failed
         granted = [(item, need) for item, need in zip(ready, needs) if need.request_id not in failed]
@@ -221,6 +246,56 @@ class DecoderRunner:
         if ready:
             results.extend(self._forward(ready))
         return results, failed
+
+    def _shortfall(self, ready: list[_Prepared]) -> tuple[list[PageNeed], list[str]]:
+        """The rows' page needs, and the rows short of memory after moving other started requests
+        to the host pool when the plan gives one (kv/offload.py)."""
+        needs = self._page_needs(ready)
+        num_free_slots = self.slots.num_free_slots if self.slots else 0
+        failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
+        if failed and self.offload is not None and self._move_out({i.row.request_id for i in ready}, needs, failed):
+            failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
+        return needs, failed
+
+    def _move_out(self, step_ids: set[str], needs: list[PageNeed], short: list[str]) -> bool:
+        """Copy the pages of started requests with no row in this step to the host pool and free
+        them, until the short rows' pages fit; True when any moved."""
+        assert self.offload is not None and self.host is not None
+        failed = set(short)
+        wanted = sum(max(n.budget_pages, n.num_pages) for n in needs if n.request_id in failed)
+        num_short = wanted - max(0, self.pool.num_free_pages - self.admission.num_outstanding)
+        victims = self.offload.victims(self.pool, self.admission, step_ids, num_short)
+        for request_id in victims:
+            sequences = self.pool.sequences_of(request_id)
+            moved = self.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])
+            for (_, _, table), host in zip(sequences, moved):
+                self.host.copy_out(self.cache, table, host.host_pages)
+            self.pool.free_request(request_id)
+            self.admission.release(request_id)
+            self.claimed.pop(request_id, None)
+        return bool(victims)
+
+    def _move_back(self, ready: list[_Prepared]) -> list[str]:
+        """Rows of requests whose pages are on the host: copied back to fresh device pages when the
+        request's budget fits (it starts again), else left there (short: held and retried)."""
+        assert self.offload is not None and self.host is not None
+        on_host = []
+        for item in ready:
+            request_id = item.row.request_id
+            if not self.offload.is_offloaded(request_id):
+                continue
+            num_pages = sum(len(s.host_pages) for s in self.offload.offloaded[request_id])
+            need = PageNeed(request_id, num_pages, self.start_budget_pages(item.request))
+            if self.admission.shortfall([need], self.pool.num_free_pages):
+                on_host.append(request_id)
+                continue
+            self.admission.grant(need)
+            for seq in self.offload.restore(request_id):
+                key = (request_id, seq.label)
+                if not self.pool.restore(key, seq.num_tokens):
+                    raise RuntimeError(f"KV pages vanished between the check and the move back of {request_id}")
+                self.host.copy_in(self.cache, seq.host_pages, self.pool.page_table(key))
+        return on_host
 
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if call.is_image_flow:
@@ -238,10 +313,11 @@ class DecoderRunner:
             if value.tensor is None:
                 continue  # a signal: no model input
             if value.kind == "tokens":
-                parts.append(self.model.embed_tokens(value.tensor))
-                tokens_fed.extend(value.tensor.tolist())
+                tokens = chunk_of(value.tensor, row)
+                parts.append(self.model.embed_tokens(tokens))
+                tokens_fed.extend(tokens.tolist())
             elif value.kind == "embeddings":
-                parts.append(self._adapt(name, value.tensor))
+                parts.append(self._adapt(name, chunk_of(value.tensor, row)))
         num_tokens = max((p.shape[0] for p in parts), default=1)
         embeds = torch.zeros(num_tokens, self.dims.hidden)
         for part in parts:
@@ -362,11 +438,14 @@ class DecoderRunner:
                 mains.append(hidden[slice(*first)])
                 velocities.append(self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()}))
             tokens = self._sample(ready, mains)
-            results = [self._outputs(item, main, velocity, token)
+            results = [RowResult(item.row.request_id) if item.row.is_partial  # a chunk before the last: KV only
+                       else self._outputs(item, main, velocity, token)
                        for item, main, velocity, token in zip(ready, mains, velocities, tokens)]
         for item in ready:
+            num_new = item.embeds.shape[0]
+            fed = item.tokens_fed if len(item.tokens_fed) == num_new else None  # keys cached pages
             for key in item.keys():
-                self.pool.commit(key, item.embeds.shape[0])
+                self.pool.commit(key, num_new, fed)
         return results
 
     def _flow_velocity(self, item: _Prepared, hidden: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
@@ -389,7 +468,7 @@ class DecoderRunner:
         for index, item in enumerate(ready):
             item.request.history.setdefault(node, []).extend(item.tokens_fed)
             roles = (item.call.output_roles.get(name, "tokens") for name in item.call.output_names)
-            if not item.is_flow and "tokens" in roles:
+            if not item.is_flow and not item.row.is_partial and "tokens" in roles:
                 picked.append(index)
         tokens: list[Optional[int]] = [None] * len(ready)
         if not picked:

@@ -4,7 +4,8 @@ Edge values are opaque to the conductor: token ids arrive as lists of ints (or l
 when a stream chunk concatenates items), embeddings and latents as float tensors (or lists of them),
 masks as bool tensors, signals such as `time_index` as ints. `classify` sorts one value into
 tokens / embeddings / nothing-to-feed; `synthesise` makes deterministic stand-in media from the
-request seed when the conductor found none (it passes None).
+request seed when the conductor found none (it passes None). `chunk_of` keeps the positions a row
+feeds this step when the scheduler cut its prompt into chunks.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import torch
+
+from mstar.runtime.step import StepRow
 
 
 class InputError(ValueError):
@@ -81,3 +84,11 @@ def synthesise(seed: int, node_position: int, input_position: int, shape: tuple[
     plan, the input's position on the node): positions, not names, so a renaming changes nothing."""
     generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{node_position}/{input_position}".encode()))
     return torch.randn(shape, generator=generator)
+
+
+def chunk_of(tensor: torch.Tensor, row: StepRow) -> torch.Tensor:
+    """The positions of an input that the row feeds this step: all of them, or, for a prompt the
+    scheduler cut, `[chunk_start, chunk_start + num_tokens)` (StepRow)."""
+    if not (row.chunk_start or row.is_partial):
+        return tensor
+    return tensor[row.chunk_start:row.chunk_start + row.num_tokens]

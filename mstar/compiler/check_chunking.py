@@ -1,0 +1,108 @@
+"""Part of pass 5: the step token budget, chunk sizes, caps and token buckets of each kv node
+checked against each other, and a prefix cache that cannot apply.
+
+In:  a checked `Spec`, its `Deployment`, the run's `Diagnostics`.
+Out: nothing; adds MW420-MW424 (warnings for switches that are given but cannot apply).
+
+Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
+- MW420: the chunk size is at most the budget (a chunk the budget could never hold);
+- MW421: a full step of a walk whose rows cannot be cut (the node runs in a loop of it: a decode
+  iteration) fits the budget: cap x tokens a row <= budget (a combined walk's larger cap counts),
+  else decode rows alone would break it; and, when prompts are cut, below it (a chunk needs room);
+- MW422: every packed capture that a step holding chunks replays has a token bucket that holds
+  the budget (else the fullest steps, the common case under load, run eagerly); without a
+  budget, a bucket that holds one chunk;
+- MW423 (warning): `max_prefill_chunk_size` without `scheduler_owns_chunking`: mstar cuts prompts
+  only in the scheduler, so the key is not read (kv_pool.nodes.NODE.max_prefill_chunk_size is);
+- MW424 (warning): a prefix cache asked for on a node with recurrent state: the state after a
+  prefix is not in any KV page, so no page can be shared; the plan says `recurrent_state` and
+  the cache stays off there.
+"""
+from __future__ import annotations
+
+from mstar.compiler import codes
+from mstar.compiler.chunking import is_chunkable, node_calls
+from mstar.compiler.deployment import Deployment, NodeChunking
+from mstar.compiler.lower_keys import walk_cap, walk_captures
+from mstar.lang import ast
+from mstar.lang.diagnostics import Diagnostics, Note
+
+
+def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
+    if deployment.max_prefill_chunk_size is not None and not deployment.scheduler_owns_chunking:
+        diags.warning(codes.CHUNKING_NOT_OWNED,
+                      "max_prefill_chunk_size is not read without scheduler_owns_chunking: true (mstar cuts "
+                      "prompts in the scheduler only); prompts run whole unless kv_pool.nodes.NODE."
+                      "max_prefill_chunk_size is set",
+                      deployment.span_of("max_prefill_chunk_size"))
+    for node in spec.nodes:
+        if node.engine != "kv":
+            continue
+        walks = [w for w in spec.walks if any(True for _ in node_calls(w.body, node.name))]
+        _check_node(node, walks, deployment.chunking_for(node.name), diags)
+        if deployment.prefix_cache_for(node.name) and any(s.kind == "recurrent" for s in node.states):
+            diags.warning(codes.PREFIX_CACHE_RECURRENT,
+                          f"node {node.name} keeps recurrent state, which no KV page holds: its prefix cache "
+                          "stays off (the plan says prefix_cache: recurrent_state)",
+                          deployment.span_of("prefix_cache"),
+                          Note("the recurrent state is declared here", node.states[0].span))
+
+
+def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunking, diags: Diagnostics) -> None:
+    budget, chunk = chunking.token_budget, chunking.chunk_size
+    if budget is not None and chunk is not None and chunk > budget:
+        diags.error(codes.CHUNK_ABOVE_BUDGET,
+                    f"node {node.name}: prefill chunk size {chunk} is above the step token budget {budget}; "
+                    "a chunk must fit in one step",
+                    chunking.chunk_span, Note(f"the budget of {node.name}'s steps is set here", chunking.budget_span))
+    chunked = {w.name for w in walks if chunk is not None and is_chunkable(node, w)}
+    if budget is not None:
+        for walk in walks:
+            _check_fixed_rows(node, walk, budget, bool(chunked), chunking, diags)
+    need = budget if budget is not None else chunk
+    if chunked and need is not None:
+        for capture, owner in _captures_holding(node, chunked):
+            if capture.family == "packed" and max(capture.tokens, default=0) < need:
+                what = "the step token budget" if budget is not None else "one prefill chunk"
+                diags.error(codes.BUCKETS_BELOW_BUDGET,
+                            f"node {node.name}: the packed capture of {owner} has no token bucket that holds "
+                            f"{what} ({need} tokens; its largest is {max(capture.tokens, default=0)}); such steps "
+                            f"would run eagerly: add a bucket of at least {need} tokens or lower the budget",
+                            capture.span, Note("the budget is set here", chunking.budget_span
+                                               if budget is not None else chunking.chunk_span))
+
+
+def _check_fixed_rows(node: ast.NodeDecl, walk: ast.Walk, budget: int, is_chunked: bool, chunking: NodeChunking,
+                      diags: Diagnostics) -> None:
+    """MW421 for a walk whose node call sits in a loop (rows of a fixed size, never cut): a full
+    step of them (the walk's cap, or a combined walk's own cap when larger) fits the budget and,
+    when the node's prompts are cut, leaves at least one token for a chunk (else a prompt could
+    wait behind full decode steps for ever)."""
+    if not any(is_in_loop for _, is_in_loop in node_calls(walk.body, node.name)):
+        return
+    cap = walk_cap(node, walk.name, 0)
+    if cap == 0:
+        return  # no cap or capture bounds the walk: the fallback cap is not the author's to fix here
+    cap = max([cap] + [c.cap for c in node.combines if walk.name in c.walks and c.cap is not None])
+    batched = [c for c in walk_captures(node, walk.name) if c.family == "batched"]
+    per_row = max((c.tokens_per_row for c in batched), default=1)
+    if cap * per_row > budget or (is_chunked and cap * per_row == budget):
+        span = next((c.span for c in node.caps if c.walk == walk.name), None) or walk_captures(node, walk.name)[0].span
+        diags.error(codes.BUDGET_BELOW_FIXED_ROWS,
+                    f"node {node.name}: a full step of walk {walk.name} ({cap} rows x {per_row} token(s)) "
+                    + (f"is above the step token budget {budget}" if cap * per_row > budget else
+                       f"takes all of the step token budget {budget}, leaving no token for a prompt chunk")
+                    + "; raise max_step_tokens or lower the cap",
+                    chunking.budget_span, Note(f"the cap of {walk.name}", span))
+
+
+def _captures_holding(node: ast.NodeDecl, chunked: set[str]) -> list[tuple[ast.CaptureDecl, str]]:
+    """Captures a step holding a chunk replays: a chunked walk's own, and its combine's."""
+    found: list[tuple[ast.CaptureDecl, str]] = []
+    for walk in sorted(chunked):
+        found += [(c, f"walk {walk}") for c in walk_captures(node, walk)]
+    for combine in node.combines:
+        if combine.capture is not None and not chunked.isdisjoint(combine.walks):
+            found.append((combine.capture, f"combined walk {combine.name}"))
+    return found
+

@@ -1,0 +1,64 @@
+"""Which walks of a kv node may have their prompt rows cut into chunks, and the chunk sizes.
+
+In:  a node declaration, a walk (AST), the deployment's resolved `NodeChunking` for the node.
+Out: `is_chunkable(node, walk)`; `chunk_sizes(node, walks, chunking)` -> walk -> most tokens of
+     one row a step feeds (only chunkable walks, only when the scheduler owns chunking);
+     `prefix_walks(node, walks)` -> the walks whose rows may start after a cached prefix.
+
+A row of walk W on node N may be cut when feeding its tokens in pieces, each attending over the
+KV the earlier pieces wrote, computes what feeding them at once does:
+- N is a kv node and attends causally in W (not one of its `bidirectional` walks);
+- N runs outside every loop of W (a loop's rows are one iteration's input, and its loop-backs
+  feed the next iteration: there is no prompt to cut);
+- every input of N's calls in W is a sequence of positions (`tokens`, `embeddings`, `hidden`) or
+  is not fed to the model (`mask`, `signal`); an image-flow step (`flow_latents`, `flow_time`)
+  or raw media are never cut.
+Recurrent (gated delta-net) layers carry their state from piece to piece, so they chunk too.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from mstar.lang import ast
+
+CUTTABLE_ROLES = frozenset({"tokens", "embeddings", "hidden", "mask", "signal"})
+
+
+def node_calls(sections: list, node: str, is_in_loop: bool = False) -> Iterator[tuple[ast.Call, bool]]:
+    """The calls of `node` in a section tree, each with whether a loop encloses it."""
+    for section in sections:
+        if isinstance(section, ast.Call):
+            if section.node == node:
+                yield section, is_in_loop
+        else:
+            yield from node_calls(section.body, node, is_in_loop or isinstance(section, ast.Loop))
+
+
+def is_chunkable(node: ast.NodeDecl, walk: ast.Walk) -> bool:
+    """The module docstring's rule."""
+    if node.engine != "kv":
+        return False
+    if node.bidirectional is not None and walk.name in node.bidirectional.walks:
+        return False
+    roles = {i.name: i.role for i in node.inputs}
+    calls = list(node_calls(walk.body, node.name))
+    return bool(calls) and all(
+        not is_in_loop and all(roles.get(name) in CUTTABLE_ROLES for name in call.inputs)
+        for call, is_in_loop in calls
+    )
+
+
+def chunk_sizes(node: ast.NodeDecl, walks: list[ast.Walk], chunk_size: Optional[int]) -> dict[str, int]:
+    """walk -> chunk size for the chunkable walks among `walks` (empty without a chunk size)."""
+    if chunk_size is None:
+        return {}
+    return {walk.name: chunk_size for walk in walks if is_chunkable(node, walk)}
+
+
+def prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[str]:
+    """Walks whose first row on `node` may start after a request's cached prefix: they can be cut
+    (a cached prefix is one chunk already fed) and the node's call in them takes the text prompt
+    (a cache hit is found by the prompt's token ids)."""
+    prompt_inputs = {i.name for i in node.inputs if i.prompt == "text"}
+    return [walk.name for walk in walks if is_chunkable(node, walk)
+            and all(not prompt_inputs.isdisjoint(call.inputs) for call, _ in node_calls(walk.body, node.name))]

@@ -1,0 +1,95 @@
+"""KV offload bookkeeping: a host pool of pages, which requests' pages are on the host, and which
+started request to move there when a step is short of device pages. Holds no tensors (an engine
+copies the pages' contents; the simulated engine copies nothing) and is shared by both engines.
+
+In: the device `PagePool`, the node's `Admission`, the ids of the rows of the step being built.
+Out:
+- `victims(pool, admission, step_ids, num_short)`: started requests to move to the host so that
+  `num_short` more pages fit beside what started requests may still claim: least recently run
+  first (ties: most pages first), never one with a row in this step, only while the host pool
+  has room for all of a victim's pages;
+- `take(request_id, sequences)`: record a victim's sequences (label, tokens, device pages) and give
+  host pages for them, in order; the engine copies device -> host and then frees the device pages
+  and the victim's admission (it is no longer started: it starts again when it runs);
+- `restore(request_id)`: the host pages of an offloaded request's sequences, released; the engine
+  reserves device pages through the admission policy first (a request that cannot get them is
+  held, as any row short of memory), copies host -> device, and commits the tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mstar.runtime.engine.kv.admission import Admission
+from mstar.runtime.engine.kv.pages import PagePool
+
+
+@dataclass
+class HostSequence:
+    label: str
+    num_tokens: int
+    host_pages: list[int]
+
+
+class Offload:
+    def __init__(self, num_host_pages: int):
+        self.num_host_pages = num_host_pages
+        self._free = list(range(num_host_pages - 1, -1, -1))
+        self.offloaded: dict[str, list[HostSequence]] = {}
+        self.last_run: dict[str, int] = {}  # request -> step number it last ran in
+        self.num_steps = 0
+        self.num_offloaded_pages = 0  # pages moved to the host so far (for the report)
+        self.num_restored_pages = 0
+
+    @property
+    def num_free_host_pages(self) -> int:
+        return len(self._free)
+
+    def note_step(self, request_ids: list[str]) -> None:
+        self.num_steps += 1
+        for request_id in request_ids:
+            self.last_run[request_id] = self.num_steps
+
+    def is_offloaded(self, request_id: str) -> bool:
+        return request_id in self.offloaded
+
+    def victims(self, pool: PagePool, admission: Admission, step_ids: set[str], num_short: int) -> list[str]:
+        """Started requests whose pages, moved to the host, leave `num_short` more pages for others."""
+        candidates = [rid for rid in admission.budgets if rid not in step_ids and pool.num_pages_held(rid)]
+        candidates.sort(key=lambda rid: (self.last_run.get(rid, 0), -pool.num_pages_held(rid)))
+        chosen, room, freed = [], self.num_free_host_pages, 0
+        for rid in candidates:
+            if freed >= num_short:
+                break
+            held = pool.num_pages_held(rid)
+            if held > room:
+                continue
+            # moving it frees its pages and what its budget may still claim
+            freed += held + max(0, admission.budgets[rid] - admission.held[rid])
+            room -= held
+            chosen.append(rid)
+        return chosen if freed >= num_short else []
+
+    def take(self, request_id: str, sequences: list[tuple[str, int, int]]) -> list[HostSequence]:
+        """Host pages for each (label, tokens, device pages) of a victim, recorded as offloaded."""
+        moved = []
+        for label, num_tokens, num_pages in sequences:
+            pages = [self._free.pop() for _ in range(num_pages)]
+            moved.append(HostSequence(label, num_tokens, pages))
+            self.num_offloaded_pages += num_pages
+        self.offloaded[request_id] = moved
+        return moved
+
+    def restore(self, request_id: str) -> list[HostSequence]:
+        """The offloaded sequences of a request, its host pages given back (after the copy)."""
+        moved = self.offloaded.pop(request_id)
+        for seq in moved:
+            self._free.extend(reversed(seq.host_pages))
+            self.num_restored_pages += len(seq.host_pages)
+        return moved
+
+    def forget(self, request_id: str) -> None:
+        """The request ended: its host pages (if any) go back to the host pool."""
+        if request_id in self.offloaded:
+            for seq in self.offloaded.pop(request_id):
+                self._free.extend(reversed(seq.host_pages))
+        self.last_run.pop(request_id, None)

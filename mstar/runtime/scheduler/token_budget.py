@@ -1,0 +1,94 @@
+"""Fit a composed step to its key's step token budget, cutting prompt rows into chunks.
+
+In: the key's tables (`token_budget`, `chunk_sizes` per walk, caps), its ready queue, the FIFO
+builder's `Composition` (rows per walk, a prefix of each walk's queue), and the rows already in
+the step before the queue was scanned (a speculative chain's continuing rows: their tokens and
+walk bits). Out: `Fit` - the composition with rows that do not fit left out (they stay ready, at
+the head of their queue) and, per walk whose rows are cut, each taken row's chunk length.
+
+The rule (docs/runtime.md "Chunked prefill and the step token budget"):
+1. rows of walks that are never cut (decode iterations: one token a row) come first, each walk a
+   prefix of its queue, while their tokens fit the budget; a row that cannot be cut and is larger
+   than the whole budget runs alone in its step (the only way it can run at all);
+2. then rows of cut walks, in walk order and FIFO within a walk: each takes
+   min(its tokens left, the walk's chunk size, the budget left) - its next chunk; a row that would
+   get no token stays out, and so does every later row of its walk.
+So decode rows are never pushed out by a prompt, a prompt advances by whatever the step has room
+for, and the step's tokens never pass the budget. The conductor feeds a cut row's next chunk when
+the step comes back, and only the last chunk samples. Cost: a few C-level list operations for the
+whole rows (accumulate + bisect), one Python iteration per cut row.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Optional
+
+from mstar.runtime.scheduler.batch_builder import Composition
+from mstar.runtime.scheduler.key_tables import KeyTables
+from mstar.runtime.scheduler.ready_queues import KeyQueue
+
+
+@dataclass
+class Fit:
+    composition: Composition
+    # per walk: the taken rows' chunk lengths, None = whole rows; None = no walk is cut
+    chunks: Optional[list[Optional[list[int]]]]
+
+
+def fit_if_limited(tables: KeyTables, queue: KeyQueue, composition: Composition, num_fixed_tokens: int = 0,
+                   num_fixed_rows: int = 0, fixed_mask: int = 0) -> Fit:
+    """`fit_tokens` on a key with a budget or chunk sizes; the composition unchanged otherwise."""
+    if not tables.is_token_limited:
+        return Fit(composition, None)
+    return fit_tokens(tables, queue, composition, num_fixed_tokens, num_fixed_rows, fixed_mask)
+
+
+def fit_tokens(tables: KeyTables, queue: KeyQueue, composition: Composition, num_fixed_tokens: int = 0,
+               num_fixed_rows: int = 0, fixed_mask: int = 0) -> Fit:
+    """The step of `composition` fitted to the budget (module docstring); num_fixed_*: rows
+    already in the step (their tokens count against the budget; they are never left out)."""
+    takes = list(composition.takes)
+    chunk_sizes, all_tokens = tables.chunk_sizes, queue.tokens
+    left = tables.token_budget - num_fixed_tokens
+    is_empty = num_fixed_rows == 0
+    for walk, take in enumerate(takes):
+        if take and not chunk_sizes[walk]:
+            sums = list(accumulate(all_tokens[walk][:take]))
+            fits = bisect_right(sums, left)
+            if fits == 0 and is_empty:
+                fits = 1  # too large for any step and cannot be cut: it runs alone
+            takes[walk] = fits
+            left -= sums[fits - 1] if fits else 0
+            is_empty = is_empty and fits == 0
+    chunks: list[Optional[list[int]]] = [None] * len(takes)
+    for walk, take in enumerate(takes):
+        size = chunk_sizes[walk]
+        if take and size:
+            cut: list[int] = []
+            for tokens in all_tokens[walk][:take]:
+                chunk = min(tokens, size, left)
+                if chunk <= 0:
+                    break
+                cut.append(chunk)
+                left -= chunk
+            takes[walk] = len(cut)
+            chunks[walk] = cut
+    mask = fixed_mask
+    for walk, take in enumerate(takes):
+        if take:
+            mask |= 1 << walk
+    if mask & (mask - 1) == 0 and mask:  # one walk left: that walk's own cap bounds it
+        walk = mask.bit_length() - 1
+        takes[walk] = max(0, min(takes[walk], tables.caps[mask] - num_fixed_rows))
+        kept = chunks[walk]
+        if kept is not None:
+            chunks[walk] = kept[:takes[walk]]
+    return Fit(Composition(mask, takes, num_fixed_rows + sum(takes)), chunks)
+
+
+def with_chunks(parts: list[tuple[int, list[str], list[int]]],
+                chunks: list[Optional[list[int]]]) -> list[tuple[int, list[str], list[int]]]:
+    """The (walk, ids, tokens) parts a queue handed out, with cut walks' tokens as chunk lengths."""
+    return [(walk, ids, cut if (cut := chunks[walk]) is not None else tokens) for walk, ids, tokens in parts]

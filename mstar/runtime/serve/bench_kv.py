@@ -1,0 +1,228 @@
+"""`mstar bench kv`: what chunked prefill under a step token budget does to the decode rows beside
+a long prompt, and what the prefix cache does to the TTFT of prompts that share a prefix, measured
+as ratios within one run.
+
+Scenario (`--decode-rows 40 --prompt-len 8192` by default): that many requests decode (16-token
+prompts); after `--arrive-after` of their steps (timed by a decode-only run of the same plan) one
+long prompt arrives. For the plan as compiled (chunked, the plan's token budget) and the same plan
+with its budget and chunk sizes switched off (whole prompts), it runs three workloads: the decode
+rows alone, the decode rows with the long prompt, the long prompt alone. Figures:
+- the decode rows' inter-token p99 while the long prompt prefills (gaps ending between its arrival
+  and its first token) over their p99 in the same time window of the decode-only run (target:
+  within 2x with chunking);
+- the long prompt's TTFT beside the decode rows over its TTFT alone, on the same plan (target:
+  within 1.5x with chunking).
+
+Prefix scenario (`--prefix-requests 8 --prefix-len 1024`): requests one after another (one client),
+each the same `--prefix-len` tokens then 16 of its own; the TTFT of the second and later ones with
+the plan's prefix cache over their TTFT with the cache off (target: at least 5x lower), and the
+cache's hits.
+
+Engines: `--engine sim` (the cost model: simulated seconds) or `--engine torch` (the CPU torch
+reference with `--dims tiny`: wall seconds on this machine, so figures move with its load).
+
+Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch] [--json]
+                      [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
+                      [--arrive-after STEPS] [--budget N] [--prefix-requests N] [--prefix-len N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from mstar.plan.schema import Plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.driver import Driver, Workload
+
+DECODE_PROMPT_LEN = 16
+TAIL_STEPS = 12  # decode steps the decode rows run on after the long prompt's expected prefill
+
+
+def with_budget(plan: Plan, budget: Optional[int], chunk: Optional[int] = None) -> Plan:
+    """The same plan with every key's token budget replaced, and the chunk size of each walk it
+    cuts (`chunk`, else the budget); `None` switches both off (prompts run whole)."""
+    def key_update(key):
+        sizes = {walk: chunk or budget for walk in key.chunk_sizes} if budget is not None else {}
+        return key.model_copy(update={"token_budget": budget, "chunk_sizes": sizes})
+
+    workers = [w.model_copy(update={"keys": [key_update(k) for k in w.keys]}) for w in plan.workers]
+    return plan.model_copy(update={"workers": workers})
+
+
+def _engine(plan: Plan, name: str) -> Any:
+    if name == "sim":
+        from mstar.runtime.engine.sim import SimEngine
+
+        return SimEngine(plan)
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    return TorchEngine(plan, dims="tiny")
+
+
+def _run(plan: Plan, engine: str, requests: list[Request]) -> Driver:
+    driver = Driver(plan, _engine(plan, engine))
+    driver.run(Workload(requests))
+    return driver
+
+
+def _gaps(driver: Driver, prefix: str, start: float, end: float) -> np.ndarray:
+    """Inter-token gaps of the requests whose id starts with `prefix`, for tokens in [start, end]."""
+    gaps = []
+    for rid, record in driver.conductor.records.items():
+        if rid.startswith(prefix):
+            times = np.asarray(record.token_times_s) - driver.origin_s
+            ends = times[1:]
+            gaps.append(np.diff(times)[(ends >= start) & (ends <= end)])
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def _p99(values: np.ndarray) -> Optional[float]:
+    return float(np.percentile(values, 99)) if values.size else None
+
+
+def _ttft(driver: Driver, rid: str) -> float:
+    record = driver.conductor.records[rid]
+    if record.first_token_s is None:
+        raise RuntimeError(f"request {rid} produced no token: {record.finish_reason}")
+    return record.first_token_s - record.arrival_s
+
+
+def chunk_scenario(plan: Plan, engine: str, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
+    """The figures of one plan variant (module docstring)."""
+    budget = max((k.token_budget or 0 for w in plan.workers for k in w.keys), default=0)
+    num_prefill_steps = -(-prompt_len // max(budget - num_decode, 1)) if budget else 1
+    max_tokens = arrive_after + num_prefill_steps + TAIL_STEPS
+    decode = [Request(id=f"d{i:03d}", prompt_tokens=[1 + i % 400] * DECODE_PROMPT_LEN, max_tokens=max_tokens)
+              for i in range(num_decode)]
+    alone_run = _run(plan, engine, decode)
+    steady_steps = [t for t in alone_run.conductor.records["d000"].token_times_s]
+    arrival = steady_steps[min(arrive_after, len(steady_steps) - 1)] - alone_run.origin_s
+    long = Request(id="long", prompt_tokens=[(7 * i) % 500 for i in range(prompt_len)], max_tokens=1,
+                   arrival_s=arrival)
+    mixed = _run(plan, engine, decode + [long])
+    first = mixed.conductor.records["long"].first_token_s
+    end = (first - mixed.origin_s) if first is not None else arrival
+    during = _p99(_gaps(mixed, "d", arrival, end))
+    steady = _p99(_gaps(alone_run, "d", arrival, end))
+    only = _run(plan, engine, [Request(id="long", prompt_tokens=long.prompt_tokens, max_tokens=1)])
+    ttft_mixed, ttft_alone = _ttft(mixed, "long"), _ttft(only, "long")
+    return {"token_budget": budget or None, "arrival_s": arrival, "prefill_window_s": end - arrival,
+            "itl_p99_during_ms": during and during * 1e3, "itl_p99_steady_ms": steady and steady * 1e3,
+            "itl_p99_ratio": (during / steady) if during and steady else None,
+            "ttft_mixed_ms": ttft_mixed * 1e3, "ttft_alone_ms": ttft_alone * 1e3,
+            "ttft_ratio": ttft_mixed / ttft_alone}
+
+
+def with_prefix_cache(plan: Plan, state: str) -> Plan:
+    """The same plan with every kv pool's prefix cache set to `state` ("pages" or "off")."""
+    pools = [p.model_copy(update={"prefix_cache": state}) for p in plan.deployment.kv_pools]
+    return plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
+
+
+def prefix_scenario(plan: Plan, engine: str, num_requests: int, prefix_len: int) -> dict:
+    """Mean TTFT of the 2nd and later requests sharing a prefix, with the cache and without."""
+    prefix = [(7 * i) % 500 for i in range(prefix_len)]
+    requests = [Request(id=f"p{i:03d}", prompt_tokens=prefix + [(11 * i + j) % 500 for j in range(16)], max_tokens=2)
+                for i in range(num_requests)]
+    figures: dict[str, Any] = {}
+    for name, state in (("cached", "pages"), ("uncached", "off")):
+        driver = Driver(with_prefix_cache(plan, state), _engine(with_prefix_cache(plan, state), engine))
+        driver.run(Workload(requests, closed_concurrency=1))
+        ttfts = [_ttft(driver, r.id) for r in requests[1:]]
+        figures[f"ttft_{name}_ms"] = float(np.mean(ttfts)) * 1e3
+        figures[f"first_ttft_{name}_ms"] = _ttft(driver, requests[0].id) * 1e3
+        if state == "pages":
+            records = driver.conductor.records.values()
+            figures["cached_tokens"] = [r.num_cached_tokens for r in records]
+    figures["ttft_ratio"] = figures["ttft_uncached_ms"] / figures["ttft_cached_ms"]
+    return figures
+
+
+def _print_prefix(results: dict) -> None:
+    row = results["prefix"]
+    print(f"prefix cache: {results['prefix_requests']} requests one after another, a shared "
+          f"{results['prefix_len']}-token prefix + 16 tokens each")
+    print(f"TTFT of the 2nd and later: {row['ttft_cached_ms']:.2f} ms cached, {row['ttft_uncached_ms']:.2f} ms "
+          f"uncached = {row['ttft_ratio']:.2f}x lower with the cache (target >= 5x); the 1st: "
+          f"{row['first_ttft_cached_ms']:.2f} / {row['first_ttft_uncached_ms']:.2f} ms; cached tokens per request "
+          f"{row['cached_tokens']}")
+
+
+def _print(results: dict) -> None:
+    print(f"engine {results['engine']}, plan {results['plan']}: {results['decode_rows']} decode rows, one "
+          f"{results['prompt_len']}-token prompt arriving after {results['arrive_after']} decode steps")
+    print(f"{'variant':<10} {'budget':>6} {'ITL p99 during ms':>18} {'steady ms':>10} {'ratio':>6} "
+          f"{'TTFT ms':>9} {'alone ms':>9} {'ratio':>6}")
+    for name in ("chunked", "whole"):
+        row = results[name]
+        ratio = row["itl_p99_ratio"]
+        print(f"{name:<10} {str(row['token_budget']):>6} {row['itl_p99_during_ms'] or 0:>18.2f} "
+              f"{row['itl_p99_steady_ms'] or 0:>10.2f} {ratio or 0:>6.2f} {row['ttft_mixed_ms']:>9.1f} "
+              f"{row['ttft_alone_ms']:>9.1f} {row['ttft_ratio']:>6.2f}")
+    chunked, whole = results["chunked"], results["whole"]
+    print(f"chunked: decode ITL p99 during the prefill / steady = {chunked['itl_p99_ratio'] or 0:.2f}x "
+          f"(target <= 2x); TTFT beside the decode rows / alone = {chunked['ttft_ratio']:.2f}x (target <= 1.5x)")
+    print(f"whole prompts: decode ITL p99 ratio {whole['itl_p99_ratio'] or 0:.2f}x, "
+          f"TTFT ratio {whole['ttft_ratio']:.2f}x")
+
+
+def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
+    """Fill `results` with the scenarios asked for; a reason when the plan cannot run one."""
+    if args.scenario in ("all", "chunk"):
+        if args.budget is not None:
+            plan = with_budget(plan, args.budget)
+        if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
+            return "cuts no prompt into chunks (no max_prefill_chunk_size)"
+        for name, variant in (("chunked", plan), ("whole", with_budget(plan, None))):
+            results[name] = chunk_scenario(variant, args.engine, args.decode_rows, args.prompt_len,
+                                           args.arrive_after)
+    if args.scenario in ("all", "prefix"):
+        if not any(p.prefix_walks for p in plan.deployment.kv_pools):
+            return "has no prefix cache (prefix_cache: true in the deployment)"
+        results["prefix"] = prefix_scenario(plan, args.engine, args.prefix_requests, args.prefix_len)
+    return None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mstar bench kv", description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", default="generated/llama_chunked.plan")
+    parser.add_argument("--engine", choices=("sim", "torch"), default="sim")
+    parser.add_argument("--decode-rows", type=int, default=40)
+    parser.add_argument("--prompt-len", type=int, default=8192)
+    parser.add_argument("--arrive-after", type=int, default=10, help="decode steps before the long prompt arrives")
+    parser.add_argument("--budget", type=int, help="step token budget (and chunk size) instead of the plan's")
+    parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
+    parser.add_argument("--prefix-requests", type=int, default=8)
+    parser.add_argument("--prefix-len", type=int, default=1024)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if min(args.decode_rows, args.prompt_len, args.arrive_after, args.budget or 1, args.prefix_len) < 1:
+        parser.error("--decode-rows, --prompt-len, --arrive-after, --budget and --prefix-len must be positive")
+    if args.prefix_requests < 2:
+        parser.error("--prefix-requests must be at least 2 (the figure is about the 2nd and later)")
+    from mstar.plan.io import PlanError, load_plan
+
+    try:
+        plan = load_plan(args.plan)
+    except PlanError as error:
+        print(f"mstar bench kv: error: {error}", file=sys.stderr)
+        return 1
+    results: dict[str, Any] = {"engine": args.engine, "plan": args.plan, "decode_rows": args.decode_rows,
+                               "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
+                               "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
+    problem = _run_scenarios(plan, args, results)
+    if problem:
+        print(f"mstar bench kv: error: plan {args.plan} {problem}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(results, indent=1, sort_keys=True))
+        return 0
+    if "chunked" in results:
+        _print(results)
+    if "prefix" in results:
+        _print_prefix(results)
+    return 0

@@ -1,0 +1,29 @@
+"""Which walks' prompt rows may be cut into chunks (mstar/compiler/chunking.py), on the real specs."""
+from pathlib import Path
+
+from mstar.compiler.chunking import is_chunkable, node_calls
+from mstar.compiler.driver import load_checked_spec
+from mstar.lang.diagnostics import Diagnostics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def chunkable(model: str, node: str) -> dict[str, bool]:
+    spec = load_checked_spec(ROOT / "specs" / f"{model}.mw", Diagnostics())
+    assert spec is not None
+    decl = next(n for n in spec.nodes if n.name == node)
+    return {walk.name: is_chunkable(decl, walk) for walk in spec.walks
+            if any(True for _ in node_calls(walk.body, node))}
+
+
+def test_text_prefills_are_cut_and_loops_and_bidirectional_walks_are_not():
+    assert chunkable("llama", "LLM") == {"prefill": True, "decode": False}
+    bagel = chunkable("bagel", "LLM")
+    assert bagel["prefill_text"] is True
+    # image tokens attend to each other (bidirectional), the flow loop reads KV: never cut
+    assert bagel["prefill_vit"] is False and bagel["prefill_vae"] is False
+    assert bagel["decode"] is False and bagel["image_gen"] is False
+
+
+def test_a_stateless_node_is_never_cut():
+    assert not any(chunkable("orpheus", "snac_decoder").values())

@@ -1,0 +1,108 @@
+"""KV offload (kv/offload.py, kv/host_cache.py): pages of started requests with no row in a step
+move to the host pool when the step is short of device pages, and back before they run.
+
+- offloaded pages come back bit-identical, whatever pages they leave from and return to;
+- with a pool too small for every started request, greedy tokens are those of a pool that holds
+  them all (torch, CPU), and pages really moved (both ways);
+- the simulated engine moves pages by the same bookkeeping and every request finishes.
+Hypothesis runs a few examples by default and many more under `HYPOTHESIS_PROFILE=long`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.kv.cache import KvCache
+from mstar.runtime.engine.kv.host_cache import HostKv
+from mstar.runtime.engine.kv.pages import PagePool
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+IS_LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+
+
+@settings(max_examples=300 if IS_LONG else 30)
+@given(st.integers(1, 40), st.integers(0, 20), st.integers(1, 8), st.integers(0, 2**31 - 1))
+def test_offloaded_pages_come_back_bit_identical(num_tokens, num_other, page_size, seed):
+    pool = PagePool(64, page_size)
+    cache = KvCache(pool, num_layers=2, num_kv_heads=2, head_dim=4)
+    host = HostKv(64, cache)  # room for every page of the sequence (at most 40)
+    generator = torch.Generator().manual_seed(seed)
+    for layer in range(2):
+        cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=generator))
+        cache.v[layer].copy_(torch.randn(cache.v[layer].shape, generator=generator))
+    assert pool.reserve(("other", "main"), num_other)  # someone else's pages, so ours are not the first
+    key = ("r", "main")
+    assert pool.reserve(key, num_tokens)
+    pool.commit(key, num_tokens)
+    flat = cache.flat_positions(pool.page_table(key), num_tokens)
+    before = [(cache.k[i][flat].clone(), cache.v[i][flat].clone()) for i in range(2)]
+    table = pool.page_table(key)
+    host_pages = list(range(63, 63 - len(table), -1))
+    host.copy_out(cache, table, host_pages)
+    pool.free_request("r")
+    assert pool.reserve(("third", "main"), 3 * page_size)  # the freed pages go to another request
+    assert pool.restore(key, num_tokens)
+    host.copy_in(cache, host_pages, pool.page_table(key))
+    flat = cache.flat_positions(pool.page_table(key), num_tokens)
+    for layer, (k, v) in enumerate(before):
+        assert torch.equal(cache.k[layer][flat], k) and torch.equal(cache.v[layer][flat], v)
+
+
+def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2):
+    """llama_chunked with every step capped at `cap` rows and a pool of `num_pages` pages of 16."""
+    plan = load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
+    workers = []
+    for worker in plan.workers:
+        # steps of at most `cap` rows, eager (no capture family holds them)
+        keys = [key.model_copy(update={"captures": [], "mixtures": [
+            m.model_copy(update={"cap": min(m.cap, cap), "capture": None}) for m in key.mixtures]})
+            for key in worker.keys]
+        workers.append(worker.model_copy(update={"keys": keys}))
+    pools = [p.model_copy(update={"num_pages": num_pages, "host_pages": host_pages, "prefix_cache": "off"})
+             for p in plan.deployment.kv_pools]
+    deployment = plan.deployment.model_copy(update={"kv_pools": pools})
+    return plan.model_copy(update={"workers": workers, "deployment": deployment})
+
+
+def requests(num: int) -> list[Request]:
+    return [Request(id=f"q{i}", prompt_tokens=[(13 * i + j) % 500 for j in range(20)], max_tokens=12)
+            for i in range(num)]
+
+
+def run(plan, engine, reqs, concurrency) -> Driver:
+    driver = Driver(plan, engine)
+    driver.run(Workload(reqs, closed_concurrency=concurrency))
+    return driver
+
+
+def test_offload_keeps_the_greedy_tokens_torch():
+    roomy = small_pool_plan(64, 0)
+    tight = small_pool_plan(6, 64)  # 3 requests' worth of pages (2 each), 5 clients
+    reqs = requests(7)
+    want = {r: list(x.output_tokens) for r, x in run(roomy, TorchEngine(roomy, dims="tiny"), reqs, 5)
+            .conductor.records.items()}
+    engine = TorchEngine(tight, dims="tiny")
+    driver = run(tight, engine, reqs, 5)
+    got = {r: list(x.output_tokens) for r, x in driver.conductor.records.items()}
+    assert got == want
+    offload = engine.runners["LLM"].offload
+    assert offload.num_offloaded_pages > 0 and offload.num_restored_pages > 0
+    assert not offload.offloaded and offload.num_free_host_pages == 64
+
+
+def test_sim_offloads_and_finishes_every_request():
+    plan = small_pool_plan(6, 64)
+    engine = SimEngine(plan)
+    driver = run(plan, engine, requests(12), 5)
+    assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
+    offload = engine.pools["LLM"].offload
+    assert offload.num_offloaded_pages > 0 and offload.num_restored_pages == offload.num_offloaded_pages
+    assert engine.num_pages_held() == 0
