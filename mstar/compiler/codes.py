@@ -7,7 +7,8 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW2xx  check_graph       walk and partition shape
     MW30x  deployment        reading the deployment YAML
     MW31x+ check_deployment  placement of nodes and walks on ranks
-    MW4xx  check_combine     combined walks, caps, captures, capture memory; MW412 batching rules; MW420-MW424 token budgets
+    MW4xx  check_combine     combined walks, caps, captures, capture memory; MW412 batching rules;
+                             MW420-MW424 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
     MW130-MW133 check_cross  cross-attention KV pools (run by check_roles)
