@@ -6,6 +6,7 @@ and benchmark the scheduler (`mstar bench scheduler`).
     mstar run --plan P --prompts prompts.jsonl --out outdir --report run.json --timeline run.png
     mstar bench scheduler --json
     mstar bench postprocess --plan generated/llama.plan
+    mstar bench serve --base-url http://127.0.0.1:8000 --concurrency 32
 
 Exit status: 0 when every request ran (a request that failed alone is reported, not fatal);
 1 for a refused plan, a bad workload, an engine that cannot start or an output that could not be
@@ -88,11 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine", "kv"),
+    bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine", "kv", "serve"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
-                            "kv: decode latency beside a long prompt, chunked or whole")
+                            "kv: decode latency beside a long prompt, chunked or whole; "
+                            "serve: load an OpenAI-compatible server over HTTP")
     return parser
 
 
@@ -521,6 +523,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_kv
 
         return bench_kv.main(argv[2:])
+    if argv[:2] == ["bench", "serve"]:
+        from mstar.runtime.serve import bench_serve
+
+        return bench_serve.main(argv[2:])
     if argv[:2] == ["bench", "engine"]:
         from mstar.runtime.engine.gpu import bench
 

@@ -1,0 +1,151 @@
+"""`mstar bench serve` against a fake OpenAI-compatible server whose delays are known.
+
+The fake (fake_openai_server.py) sends the first output event TTFT_S after a request arrives and
+the next ones ITL_S apart, so the benchmark's figures must come out at those values: never below
+them (nothing can arrive before it is sent), and above only by the scheduling noise of a busy
+2-core machine (the bounds below). The requests it records show the workload is `mstar run`'s
+(same seed, same prompt ids and max_tokens), the arrivals are the Poisson ones, and the closed
+loop keeps exactly --concurrency requests in flight.
+"""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from fake_openai_server import MODEL, FakeServer
+from mstar.cli.mstar import main as mstar_main
+from mstar.runtime.serve.bench_serve import main as bench_main
+from mstar.runtime.serve.workload import generate
+
+TTFT_S, ITL_S = 0.04, 0.01
+NOISE_MS = 25.0  # what a loaded CI machine may add to one event's time
+
+
+def _bench(capsys, *args: str) -> dict:
+    code = bench_main([*args, "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_closed_loop_figures_match_the_injected_delays(capsys):
+    with FakeServer(TTFT_S, ITL_S) as server:
+        summary = _bench(capsys, "--base-url", server.url, "--requests", "16", "--concurrency", "4",
+                         "--prompt-len", "4..8", "--output-len", "8..16")
+    expected = generate(16, prompt_len=(4, 8), output_len=(8, 16), seed=0).requests
+    bodies = sorted((body for _, _, body in server.received), key=lambda b: b["prompt"])
+    assert [(b["prompt"], b["max_tokens"]) for b in bodies] == sorted(
+        (r.prompt_tokens, r.max_tokens) for r in expected)
+    assert all(b["model"] == MODEL and b["stream"] is True for b in bodies)
+    assert server.max_in_flight == 4
+    assert summary["num_completed"] == 16 and summary["num_errors"] == 0
+    assert summary["output_tokens"] == sum(r.max_tokens for r in expected)
+    assert summary["prompt_tokens"] == sum(len(r.prompt_tokens) for r in expected)
+    ttft, itl, tpot = summary["ttft_ms"], summary["itl_ms"], summary["tpot_ms"]
+    assert TTFT_S * 1000 <= ttft["p50"] <= TTFT_S * 1000 + NOISE_MS
+    assert ttft["p99"] <= TTFT_S * 1000 + 3 * NOISE_MS
+    assert ITL_S * 1000 * 0.7 <= itl["p50"] <= ITL_S * 1000 + NOISE_MS / 5
+    assert ITL_S * 1000 * 0.9 <= tpot["mean"] <= ITL_S * 1000 * 1.5
+    # each request lasts TTFT + (n - 1) ITL; four at a time
+    e2e_ms = [1000 * (TTFT_S + (r.max_tokens - 1) * ITL_S) for r in expected]
+    assert min(e2e_ms) <= summary["e2e_ms"]["p50"] <= max(e2e_ms) + NOISE_MS
+    assert summary["duration_s"] >= sum(e2e_ms) / 4 / 1000
+    assert summary["requests_per_s"] == pytest.approx(16 / summary["duration_s"])
+
+
+def test_poisson_arrivals_are_mstar_runs(capsys):
+    with FakeServer(TTFT_S, ITL_S) as server:
+        summary = _bench(capsys, "--base-url", server.url, "--model", MODEL, "--requests", "12",
+                         "--request-rate", "40", "--seed", "3", "--output-len", "2")
+    expected = generate(12, prompt_len=(8, 32), output_len=(2, 2), arrival="poisson", rate=40, seed=3).requests
+    by_prompt = {tuple(body["prompt"]): time for time, _, body in server.received}
+    # each request reaches the server a fixed lag after its planned arrival (give or take noise)
+    lags = sorted(by_prompt[tuple(r.prompt_tokens)] - r.arrival_s for r in expected)
+    median = lags[len(lags) // 2]
+    assert all(abs(lag - median) <= 0.03 for lag in lags), lags
+    assert expected[-1].arrival_s - expected[0].arrival_s > 0.15  # spread out, so the check means something
+    assert summary["num_completed"] == 12 and summary["arrivals"] == "Poisson 40/s"
+
+
+def test_chat_text_prompts_count_events_when_the_server_sends_no_usage(capsys):
+    with FakeServer(TTFT_S, ITL_S, send_usage=False) as server:
+        summary = _bench(capsys, "--base-url", server.url, "--requests", "4", "--prompt-kind", "text",
+                         "--endpoint", "chat", "--output-len", "5", "--prompt-len", "3")
+    for _, path, body in server.received:
+        assert path == "/v1/chat/completions"
+        words = body["messages"][0]["content"].split()
+        assert len(words) == 3 and all(w.isalpha() for w in words)
+    assert summary["output_tokens"] == 4 * 5
+    # the role-only delta comes at once; the first content TTFT_S later
+    assert summary["ttft_ms"]["p50"] >= TTFT_S * 1000
+
+
+def test_events_with_token_ids_and_no_text_are_output(capsys):
+    with FakeServer(TTFT_S, ITL_S, send_usage=False, is_ids_only=True) as server:
+        summary = _bench(capsys, "--base-url", server.url, "--requests", "3", "--output-len", "6")
+    assert summary["output_tokens"] == 3 * 6 and summary["num_completed"] == 3
+    assert summary["ttft_ms"]["p50"] >= TTFT_S * 1000 and summary["itl_ms"]["p50"] >= ITL_S * 1000 * 0.7
+
+
+def test_dataset_errors_are_counted_by_message(tmp_path, capsys):
+    lines = [{"id": "a", "prompt_tokens": [1, 2, 3], "max_tokens": 3, "temperature": 0.5},
+             {"prompt": "please FAIL", "max_tokens": 3},
+             {"prompt": "CUT short", "max_tokens": 5},
+             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stop_tokens": [7]}]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    with FakeServer(TTFT_S, ITL_S) as server:
+        summary = _bench(capsys, "--base-url", server.url, "--dataset", str(dataset), "--concurrency", "2",
+                         "--extra-body", '{"ignore_eos": true}')
+    assert summary["num_completed"] == 2 and summary["num_errors"] == 2
+    assert summary["errors"] == {"HTTP 500: injected failure": 1, "the stream ended before data: [DONE]": 1}
+    assert summary["output_tokens"] == 3 + 2
+    bodies = {json.dumps(body.get("prompt") or body.get("messages")): body for _, _, body in server.received}
+    assert bodies["[1, 2, 3]"]["temperature"] == 0.5 and bodies["[1, 2, 3]"]["ignore_eos"] is True
+    chat = next(body for _, path, body in server.received if path == "/v1/chat/completions")
+    assert chat["stop_token_ids"] == [7]
+
+
+def test_table_through_the_mstar_command(capsys):
+    with FakeServer(0.0, 0.0) as server:
+        code = mstar_main(["bench", "serve", "--base-url", server.url, "--requests", "3", "--output-len", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "mstar bench serve" in out and "TTFT ms p50/p90/p99" in out and "3 ok, 0 errors" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--request-rate", "0"], "--request-rate must be > 0"),
+    (["--concurrency", "0"], "--concurrency must be >= 1"),
+    (["--prompt-len", "9..3"], "--prompt-len: need 1 <= A <= B"),
+    (["--endpoint", "chat"], "add --prompt-kind text"),
+    (["--extra-body", "[1]"], "--extra-body: expected a JSON object"),
+])
+def test_bad_flags_are_refused_before_sending(args, message, capsys):
+    code = bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", *args])
+    assert code == 1 and message in capsys.readouterr().err
+
+
+def test_bad_dataset_line_names_the_line(tmp_path, capsys):
+    dataset = tmp_path / "d.jsonl"
+    dataset.write_text('{"prompt_tokens": [1], "max_tokens": 2}\n{"prompt": "x", "max_tokens": 2, "route": {}}\n')
+    code = bench_main(["--base-url", "http://127.0.0.1:1", "--dataset", str(dataset)])
+    assert code == 1 and f"{dataset}:2: 'route' is an mstar plan field" in capsys.readouterr().err
+
+
+def test_unreachable_server_and_unknown_model(capsys):
+    code = bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", "--requests", "2"])
+    assert code == 1 and "cannot reach a model at" in capsys.readouterr().err
+    with FakeServer(0.0, 0.0) as server:
+        code = bench_main(["--base-url", server.url, "--model", "nope", "--requests", "2", "--json"])
+    captured = capsys.readouterr()
+    assert code == 1 and "every request failed" in captured.err
+    assert json.loads(captured.out)["errors"] == {"HTTP 404: model 'nope' not found": 2}
