@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -30,9 +31,13 @@ import threading
 import time
 from typing import Any, Optional, Sequence
 
+from mstar.cli.common import global_parser, take_global_options
 from mstar.runtime.serve.workload import (
     ARRIVALS, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
 )
+
+
+log = logging.getLogger(__name__)
 
 
 class CliError(Exception):
@@ -83,7 +88,8 @@ def _run_parser(sub: Any) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mstar", description="Run compiled mstar plans.")
+    parser = argparse.ArgumentParser(prog="mstar", description="Run compiled mstar plans.",
+                                     parents=[global_parser("mstar")])
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     sub.add_parser("serve", add_help=False,
@@ -110,6 +116,7 @@ def _load_plan(path: str):
 def _engine(plan: Any, args: argparse.Namespace) -> Any:
     if args.kv_pages is not None and args.kv_pages <= 0:
         raise CliError(f"--kv-pages must be a positive number of pages, got {args.kv_pages}")
+    log.info("engine %s (device %s, dims %s)", args.engine, args.device, args.dims)
     if args.engine == "sim":
         from mstar.runtime.engine.sim import SimEngine
 
@@ -498,7 +505,7 @@ def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinis
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = take_global_options(sys.argv[1:] if argv is None else argv, "mstar")
     if argv[:1] == ["serve"]:
         from mstar.runtime.serve import server
 

@@ -23,6 +23,8 @@ import re
 import sys
 from pathlib import Path
 
+from mstar.cli.common import global_parser, take_global_options
+
 EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
 
 
@@ -227,7 +229,8 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mstarc", description="Compile .mw walk-graph specs into plans.")
+    parser = argparse.ArgumentParser(prog="mstarc", description="Compile .mw walk-graph specs into plans.",
+                                     parents=[global_parser("mstarc")])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
@@ -286,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(take_global_options(sys.argv[1:] if argv is None else argv, "mstarc"))
     try:
         return args.run(args)
     except KeyboardInterrupt:

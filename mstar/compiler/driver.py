@@ -24,6 +24,7 @@ outputs of config `X` go to `generated/X.plan` and `generated/X_glue.py` beside 
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 from mstar.plan.io import sha256_bytes
 from mstar.plan.schema import COMPILER_VERSION, Hashes, Header, Plan
+
+log = logging.getLogger(__name__)
 
 # The driver's own diagnostic: an input file that cannot be read.
 MW500 = "MW500"
@@ -127,6 +130,7 @@ class _Timer:
         now = time.perf_counter()
         self.seconds[name] = now - self._start
         self._start = now
+        log.debug("pass %s: %.2f ms", name, self.seconds[name] * 1000)
 
 
 def _load_spec(spec_path: Path, diags: Diagnostics, timer: _Timer) -> tuple[Spec, bytes] | None:
@@ -248,6 +252,8 @@ def compile_spec(
     plan = emit.finish(plan, glue_text)
     plan_text = emit.plan_text(plan)
     timer.lap("emit")
+    log.info("compiled %s with %s in %.1f ms", checked.spec_path, checked.config_path,
+             sum(timer.seconds.values()) * 1000)
     return CompileResult(spec, deployment, plan, plan_text, glue_text, plan_path, glue_path, timer.seconds)
 
 

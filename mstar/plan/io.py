@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from mstar.files import (
 )
 from mstar.plan.references import describe, reference_problems
 from mstar.plan.schema import COMPILER_VERSION, SCHEMA_VERSION, Plan
+
+log = logging.getLogger(__name__)
 
 
 class PlanError(Exception):
@@ -246,4 +249,7 @@ def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:
         )
     if verify:
         _check_inputs(path, plan)
+    log.info("loaded plan %s: model %s, deployment %s, %d nodes, %d workers%s", path, plan.header.model,
+             plan.header.deployment, len(plan.nodes), len(plan.workers),
+             "" if verify else " (inputs not re-hashed)")
     return plan

@@ -6,9 +6,10 @@ It serves GET /v1/models, POST /v1/completions and POST /v1/chat/completions (st
 so delays do not accumulate), `max_tokens` events in all, then a finish chunk, a usage chunk
 (unless `send_usage` is off) and `data: [DONE]`. A chat stream starts with a role-only delta at
 once (not an output event). With `is_ids_only` every event carries empty text and one id in
-`token_ids` (as mstar serve streams without a tokenizer). A prompt holding FAIL gets HTTP 500 with an OpenAI error body; one
-holding CUT stops after two events without [DONE]. Every request is recorded (arrival time,
-path, body), and the largest number of streams open at once is kept.
+`token_ids` (as mstar serve streams without a tokenizer). A prompt holding FAIL gets HTTP 500
+with an OpenAI error body; one holding CUT stops after two events without [DONE]. Every
+request is recorded (arrival time, path, body), and the largest number of streams open at once
+is kept.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import random
 import sys
@@ -31,6 +32,7 @@ from mstar.runtime.serve.bench_serve_requests import (
 )
 
 DEFAULT_CONCURRENCY = 8  # as `mstar run`'s closed loop
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,6 +122,7 @@ async def _bench(args: argparse.Namespace, requests: list[HttpRequest], concurre
     from mstar.runtime.serve.bench_serve_client import first_model, run_requests
 
     model = args.model or await first_model(args.base_url, min(args.timeout, 30.0))
+    log.info("sending %d requests to %s (model %s)", len(requests), args.base_url, model)
     progress = None
     if sys.stderr.isatty() and not args.json:
         from tqdm import tqdm

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -32,6 +33,7 @@ import aiohttp
 from mstar.runtime.serve.bench_serve_requests import HttpRequest
 
 MAX_ERROR_BODY = 4096  # bytes of an error response kept for its message
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -168,6 +170,8 @@ async def send(session: aiohttp.ClientSession, url: str, model: str, request: Ht
     except aiohttp.ClientError as error:
         result.error = f"{type(error).__name__}: {error}"
     result.end_s = time.perf_counter()
+    if result.error is not None:
+        log.debug("request %s failed: %s", request.id, result.error)
     return result
 
 
