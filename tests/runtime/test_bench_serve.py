@@ -9,18 +9,22 @@ loop keeps exactly --concurrency requests in flight.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import time
 
 import pytest
 
 from fake_openai_server import MODEL, FakeServer
 from mstar.cli.mstar import main as mstar_main
 from mstar.runtime.serve.bench_serve import main as bench_main
+from mstar.runtime.serve.bench_serve_client import run_requests
+from mstar.runtime.serve.bench_serve_requests import generated_requests
 from mstar.runtime.serve.workload import generate
 
-TTFT_S, ITL_S = 0.04, 0.01
-NOISE_MS = 25.0  # what a loaded CI machine may add to one event's time
+TTFT_S, ITL_S = 0.1, 0.03
+NOISE_MS = 60.0  # what a loaded machine (several test suites on 2 cores) may add to one event's time
 
 
 def _bench(capsys, *args: str) -> dict:
@@ -33,8 +37,8 @@ def _bench(capsys, *args: str) -> dict:
 def test_closed_loop_figures_match_the_injected_delays(capsys):
     with FakeServer(TTFT_S, ITL_S) as server:
         summary = _bench(capsys, "--base-url", server.url, "--requests", "16", "--concurrency", "4",
-                         "--prompt-len", "4..8", "--output-len", "8..16")
-    expected = generate(16, prompt_len=(4, 8), output_len=(8, 16), seed=0).requests
+                         "--prompt-len", "4..8", "--output-len", "4..8")
+    expected = generate(16, prompt_len=(4, 8), output_len=(4, 8), seed=0).requests
     bodies = sorted((body for _, _, body in server.received), key=lambda b: b["prompt"])
     assert [(b["prompt"], b["max_tokens"]) for b in bodies] == sorted(
         (r.prompt_tokens, r.max_tokens) for r in expected)
@@ -45,28 +49,38 @@ def test_closed_loop_figures_match_the_injected_delays(capsys):
     assert summary["prompt_tokens"] == sum(len(r.prompt_tokens) for r in expected)
     ttft, itl, tpot = summary["ttft_ms"], summary["itl_ms"], summary["tpot_ms"]
     assert TTFT_S * 1000 <= ttft["p50"] <= TTFT_S * 1000 + NOISE_MS
-    assert ttft["p99"] <= TTFT_S * 1000 + 3 * NOISE_MS
-    assert ITL_S * 1000 * 0.7 <= itl["p50"] <= ITL_S * 1000 + NOISE_MS / 5
-    assert ITL_S * 1000 * 0.9 <= tpot["mean"] <= ITL_S * 1000 * 1.5
+    assert ttft["p99"] <= TTFT_S * 1000 + 4 * NOISE_MS
+    assert ITL_S * 1000 * 0.5 <= itl["p50"] <= ITL_S * 1000 + NOISE_MS / 2
+    assert ITL_S * 1000 * 0.7 <= itl["mean"] <= ITL_S * 1000 * 1.5
+    assert ITL_S * 1000 * 0.7 <= tpot["mean"] <= ITL_S * 1000 * 1.5
     # each request lasts TTFT + (n - 1) ITL; four at a time
     e2e_ms = [1000 * (TTFT_S + (r.max_tokens - 1) * ITL_S) for r in expected]
-    assert min(e2e_ms) <= summary["e2e_ms"]["p50"] <= max(e2e_ms) + NOISE_MS
+    assert min(e2e_ms) <= summary["e2e_ms"]["p50"] <= max(e2e_ms) + 2 * NOISE_MS
     assert summary["duration_s"] >= sum(e2e_ms) / 4 / 1000
     assert summary["requests_per_s"] == pytest.approx(16 / summary["duration_s"])
 
 
-def test_poisson_arrivals_are_mstar_runs(capsys):
-    with FakeServer(TTFT_S, ITL_S) as server:
-        summary = _bench(capsys, "--base-url", server.url, "--model", MODEL, "--requests", "12",
-                         "--request-rate", "40", "--seed", "3", "--output-len", "2")
-    expected = generate(12, prompt_len=(8, 32), output_len=(2, 2), arrival="poisson", rate=40, seed=3).requests
-    by_prompt = {tuple(body["prompt"]): time for time, _, body in server.received}
-    # each request reaches the server a fixed lag after its planned arrival (give or take noise)
-    lags = sorted(by_prompt[tuple(r.prompt_tokens)] - r.arrival_s for r in expected)
-    median = lags[len(lags) // 2]
-    assert all(abs(lag - median) <= 0.03 for lag in lags), lags
-    assert expected[-1].arrival_s - expected[0].arrival_s > 0.15  # spread out, so the check means something
-    assert summary["num_completed"] == 12 and summary["arrivals"] == "Poisson 40/s"
+def test_poisson_arrivals_are_mstar_runs():
+    requests = generated_requests(12, (8, 32), (2, 2), seed=3, prompt_kind="tokens", endpoint="completions", rate=20)
+    expected = generate(12, prompt_len=(8, 32), output_len=(2, 2), arrival="poisson", rate=20, seed=3).requests
+    assert [(r.body["prompt"], r.arrival_s) for r in requests] == [(e.prompt_tokens, e.arrival_s) for e in expected]
+    assert expected[-1].arrival_s > 0.3  # spread out, so the check below means something
+    with FakeServer(0.0, 0.0) as server:
+        before = time.perf_counter()
+        results = asyncio.run(run_requests(requests, server.url, MODEL, concurrency=None, timeout_s=30,
+                                           extra_body={}))
+    # a request is never sent before its arrival time (and, on a busy machine, not long after it)
+    for request, result in zip(requests, results):
+        assert request.arrival_s <= result.start_s - before <= request.arrival_s + 0.5
+    assert all(result.error is None for result in results)
+
+
+def test_poisson_through_the_command(capsys):
+    with FakeServer(0.0, 0.0) as server:
+        summary = _bench(capsys, "--base-url", server.url, "--requests", "6", "--request-rate", "50",
+                         "--concurrency", "2", "--output-len", "2")
+    assert summary["num_completed"] == 6 and summary["arrivals"] == "Poisson 50/s, at most 2 in flight"
+    assert server.max_in_flight <= 2
 
 
 def test_chat_text_prompts_count_events_when_the_server_sends_no_usage(capsys):
