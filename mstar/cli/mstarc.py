@@ -8,7 +8,8 @@
     mstarc explain PLAN [--no-verify]               the plan's tables, readable
     mstarc fmt SPEC [--check | --write]             canonical spec text
     mstarc regen [--check] [--root DIR]             rebuild (or check) all of generated/
-    mstarc graph SPEC -o FILE.svg                   draw the walks
+    mstarc graph SPEC -o FILE.svg                   draw the walks and the streams between partitions
+    mstarc schema [-o FILE]                         the deployment file's JSON Schema
     mstarc bench [--json] [--runs N] [--root DIR]   compile-time benchmark per spec
 
 Exit status: 0 ok, 1 errors in the input (diagnostics on stderr), 2 usage. No input file,
@@ -203,6 +204,11 @@ def cmd_regen(args) -> int:
 
 
 def cmd_graph(args) -> int:
+    if Path(args.output).suffix.lower() != ".svg":
+        # The picture is SVG text written directly; a .png (or any other) name would hold SVG.
+        sys.stderr.write(f"mstarc: graph writes SVG only, and -o {args.output} does not end in .svg; give a .svg "
+                         "name (convert it afterwards for a PNG, e.g. `rsvg-convert -o x.png x.svg`)\n")
+        return EXIT_USAGE
     from mstar.compiler.driver import load_checked_spec
     from mstar.lang.diagnostics import Diagnostics
 
@@ -215,6 +221,25 @@ def cmd_graph(args) -> int:
 
     try:
         draw_walks(spec, Path(args.output))
+    except OSError as e:
+        sys.stderr.write(_write_problem(args.output, e))
+        return EXIT_INPUT
+    print(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def cmd_schema(args) -> int:
+    import json
+
+    from mstar.compiler.deployment_schema import deployment_schema
+    from mstar.files import atomic_write_text
+
+    text = json.dumps(deployment_schema(), indent=2, sort_keys=True) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        atomic_write_text(Path(args.output), text)
     except OSError as e:
         sys.stderr.write(_write_problem(args.output, e))
         return EXIT_INPUT
@@ -275,7 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=".", metavar="DIR", help="repository root (default .)")
     p.set_defaults(run=cmd_regen)
 
-    p = sub.add_parser("graph", help="draw a spec's walks as SVG")
+    p = sub.add_parser("schema", help="print the deployment file's JSON Schema (from its pydantic model)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE instead of stdout")
+    p.set_defaults(run=cmd_schema)
+
+    p = sub.add_parser("graph", help="draw a spec's walks and the streams between its partitions as SVG")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("-o", "--output", required=True, metavar="FILE.svg")
     p.set_defaults(run=cmd_graph)

@@ -7,8 +7,9 @@ In:  a `Spec` that passed resolve and check_graph. Out: `draw_walks(spec, path)`
 One panel per walk, sections left to right, parallel members stacked. A call is a box; an edge
 to another node is an arrow (loop-backs curve back underneath, dashed when they stay on the
 device); edges to the conductor, the client or a stream are listed under their box with their
-flags. Loops are dashed frames labelled with name, bound, stop and on-device. The last panel
-lists each node's combined walks (cap, rows limits, attention) and the partitions.
+flags. Loops are dashed frames labelled with name, bound, stop and on-device. Then the partitions
+and the streams between them (graph_partitions.py), and a last panel listing each node's combined
+walks (cap, rows limits, attention) and the partitions.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from mstar.compiler.graph_partitions import partitions_panel, policy_text
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.files import atomic_write_text
 from mstar.lang import ast
@@ -217,7 +219,7 @@ def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float, float]:
         lines.append("(no combined walks)")
     for partition in lower_partitions(spec):
         stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in partition.stages)
-        streams = "; ".join(f"<- {s.producer_partition}.{s.edge} {_policy_text(s.policy)}"
+        streams = "; ".join(f"<- {s.producer_partition}.{s.edge} {policy_text(s.policy)}"
                             for s in partition.streams)
         lines.append(f"partition {partition.name} = {stages} {streams}".rstrip())
     parts = [_text(MARGIN, top + 18, "combined walks and partitions", 15, weight="bold")]
@@ -237,6 +239,10 @@ def walks_svg(spec: ast.Spec) -> str:
         parts += panel
         top += height
         width = max(width, panel_width)
+    panel, height, panel_width = partitions_panel(spec, top)
+    parts += panel
+    top += height
+    width = max(width, panel_width)
     legend, height, legend_width = _legend(spec, top)
     parts += legend
     top += height
@@ -248,7 +254,9 @@ def walks_svg(spec: ast.Spec) -> str:
         "<defs><marker id='arrow' markerWidth='10' markerHeight='8' refX='9' refY='4' orient='auto'>"
         "<path d='M0,0 L10,4 L0,8 z' fill='#1f4e79'/></marker>"
         "<marker id='arrow-back' markerWidth='10' markerHeight='8' refX='9' refY='4' orient='auto'>"
-        "<path d='M0,0 L10,4 L0,8 z' fill='#c0392b'/></marker></defs>\n"
+        "<path d='M0,0 L10,4 L0,8 z' fill='#c0392b'/></marker>"
+        "<marker id='arrow-stream' markerWidth='10' markerHeight='8' refX='9' refY='4' orient='auto'>"
+        "<path d='M0,0 L10,4 L0,8 z' fill='#2e7d32'/></marker></defs>\n"
         f"<rect width='100%' height='100%' fill='white'/>\n"
     )
     return head + "\n".join(parts) + "\n</svg>\n"
@@ -258,14 +266,3 @@ def draw_walks(spec: ast.Spec, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, walks_svg(spec))
 
-
-def _policy_text(policy) -> str:
-    """A chunk policy as the language writes it: window(28, stride=7), fixed(1, continue_after_done)."""
-    args = [f"chunk={policy.size}" if policy.kind == "left_context" else str(policy.size)]
-    if policy.stride is not None:
-        args.append(f"stride={policy.stride}")
-    if policy.context is not None:
-        args.append(f"context={policy.context}")
-    if policy.is_continue_after_done:
-        args.append("continue_after_done")
-    return f"{policy.kind}({', '.join(args)})"

@@ -1,0 +1,61 @@
+"""`mstarc graph` draws the streams between partitions, and writes SVG only."""
+from __future__ import annotations
+
+from pathlib import Path
+from xml.etree import ElementTree
+
+from mstar.cli.mstarc import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _boxes_and_streams(path: Path) -> tuple[dict[str, tuple[float, float]], list[tuple[float, float]], str]:
+    root = ElementTree.parse(path).getroot()
+    elements = list(root.iter())
+    boxes = {}
+    for index, element in enumerate(elements):
+        if element.tag == f"{SVG}text" and (element.text or "").startswith("partition ") and \
+                elements[index - 1].tag == f"{SVG}rect":
+            rect = elements[index - 1]
+            boxes[element.text.split()[1]] = (float(rect.get("x")), float(rect.get("x")) + float(rect.get("width")))
+    arrows = [(float(e.get("x1")), float(e.get("x2"))) for e in elements
+              if e.tag == f"{SVG}line" and e.get("marker-end") == "url(#arrow-stream)"]
+    text = " ".join(e.text or "" for e in elements if e.tag == f"{SVG}text")
+    return boxes, arrows, text
+
+
+def test_qwen3_omni_streams_thinker_to_talker_to_code2wav(tmp_path):
+    out = tmp_path / "omni.svg"
+    assert main(["graph", str(ROOT / "specs" / "qwen3_omni.mw"), "-o", str(out)]) == 0
+    boxes, arrows, text = _boxes_and_streams(out)
+    assert boxes["Thinker"][1] < boxes["Talker"][0] and boxes["Talker"][1] < boxes["Code2Wav"][0]
+    # two streams Thinker -> Talker, one Talker -> Code2Wav, each from a right edge to a left edge
+    assert sorted(arrows) == sorted([(boxes["Thinker"][1], boxes["Talker"][0] - 2)] * 2
+                                    + [(boxes["Talker"][1], boxes["Code2Wav"][0] - 2)])
+    for expected in ("thinker_states", "thinker_mask", "fixed(1, continue_after_done)", "codec_tokens",
+                     "left_context(chunk=25, context=25)", "client: audio", "started by its streams"):
+        assert expected in text
+
+
+def test_orpheus_snac_is_fed_by_the_llm(tmp_path):
+    out = tmp_path / "orpheus.svg"
+    assert main(["graph", str(ROOT / "specs" / "orpheus.mw"), "-o", str(out)]) == 0
+    boxes, arrows, text = _boxes_and_streams(out)
+    assert arrows == [(boxes["LLM"][1], boxes["SNAC"][0] - 2)]
+    assert "window(28, stride=7)" in text and "prefill -> decode" in text
+
+
+def test_a_spec_without_streams_has_no_stream_arrows(tmp_path):
+    out = tmp_path / "llama.svg"
+    assert main(["graph", str(ROOT / "specs" / "llama.mw"), "-o", str(out)]) == 0
+    boxes, arrows, _ = _boxes_and_streams(out)
+    assert list(boxes) == ["LLM"] and arrows == []
+
+
+def test_png_and_other_formats_are_refused(tmp_path, capsys):
+    for name in ("x.png", "x.PNG", "x.pdf", "x"):
+        out = tmp_path / name
+        assert main(["graph", str(ROOT / "specs" / "orpheus.mw"), "-o", str(out)]) == 2
+        assert "writes SVG only" in capsys.readouterr().err
+        assert not out.exists()
