@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import Sequence
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -55,7 +55,7 @@ class _Version(argparse.Action):
 def global_parser(prog: str) -> argparse.ArgumentParser:
     """The shared options, as a parent parser (for the commands' --help) and for taking them out."""
     parser = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
-    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="warning",
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
                         help="log messages at this level and above to stderr (default warning)")
     parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     return parser
@@ -70,9 +70,12 @@ def setup_logging(level: str) -> None:
         logger.addHandler(handler)
 
 
-def take_global_options(argv: Sequence[str], prog: str) -> list[str]:
+def take_global_options(argv: Sequence[str], prog: str, own_log_level: Sequence[str] = ()) -> list[str]:
     """argv less --log-level and --version; logging set up (argparse exits 0 for --version and 2
-    for a bad level)."""
+    for a bad level). A command named in `own_log_level` (one that also hands the level to a
+    library of its own, as a server does to its HTTP stack) gets an explicit --log-level back."""
     options, rest = global_parser(prog).parse_known_args(list(argv))
-    setup_logging(options.log_level)
+    setup_logging(options.log_level or "warning")
+    if options.log_level and rest[:1] and rest[0] in own_log_level:
+        rest += ["--log-level", options.log_level]
     return rest

@@ -78,3 +78,14 @@ def test_cpu_run_and_regen_need_no_triton():
     imports = subprocess.run([sys.executable, "-c", blocked + "import mstar.runtime.engine.gpu.kernels as k; "
                               "print(k.triton)"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert imports.stdout.strip() == "None", imports.stderr[-2000:]
+
+
+def test_a_command_with_its_own_log_level_gets_it_back():
+    from mstar.cli.common import take_global_options
+
+    argv = ["--log-level", "debug", "serve", "--plan", "p"]
+    assert take_global_options(argv, "mstar", own_log_level=("serve",)) == ["serve", "--plan", "p", "--log-level",
+                                                                             "debug"]
+    assert take_global_options(argv, "mstar") == ["serve", "--plan", "p"]
+    assert take_global_options(["serve", "--plan", "p"], "mstar", own_log_level=("serve",)) == ["serve", "--plan", "p"]
+    take_global_options([], "mstar")  # back to the default for the tests after this one
