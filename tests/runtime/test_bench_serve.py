@@ -163,3 +163,28 @@ def test_unreachable_server_and_unknown_model(capsys):
     captured = capsys.readouterr()
     assert code == 1 and "every request failed" in captured.err
     assert json.loads(captured.out)["errors"] == {"HTTP 404: model 'nope' not found": 2}
+
+
+def test_a_server_that_is_not_openai_compatible(capsys):
+    """GET /v1/models answering HTML: one clear line, no traceback."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>hello</html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        code = bench_main(["--base-url", f"http://127.0.0.1:{server.server_address[1]}", "--requests", "1"])
+    finally:
+        server.shutdown()
+    assert code == 1 and "did not answer JSON" in capsys.readouterr().err

@@ -55,6 +55,11 @@ class RequestResult:
         return self.end_s - self.start_s
 
 
+class StreamError(Exception):
+    """A response that breaks the streaming protocol or reports an error (or, from `first_model`,
+    a server that lists no model)."""
+
+
 class _Stream:
     """The state of one response stream while its events arrive."""
 
@@ -108,11 +113,6 @@ class _Stream:
             raise StreamError("the stream ended before data: [DONE]")
         self.result.num_output_tokens = self.num_usage_tokens if self.num_usage_tokens is not None \
             else self.num_events
-
-
-class StreamError(Exception):
-    """A response that breaks the streaming protocol or reports an error (or, from `first_model`,
-    a server that lists no model)."""
 
 
 def _message(body: Any) -> str:
@@ -213,7 +213,10 @@ async def first_model(base_url: str, timeout_s: float) -> str:
         async with session.get(url) as response:
             if response.status >= 300:
                 raise StreamError(f"GET {url}: {await _error_of(response)}")
-            listing = await response.json(content_type=None)
+            try:
+                listing = await response.json(content_type=None)
+            except ValueError:
+                raise StreamError(f"GET {url} did not answer JSON; is this an OpenAI-compatible server?") from None
     models = listing.get("data") if isinstance(listing, dict) else None
     if not models or not isinstance(models[0], dict) or not isinstance(models[0].get("id"), str):
         raise StreamError(f"GET {url} listed no model; pass --model")
