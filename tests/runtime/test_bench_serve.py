@@ -124,7 +124,7 @@ def test_dataset_errors_are_counted_by_message(tmp_path, capsys):
 
 def test_table_through_the_mstar_command(capsys):
     with FakeServer(0.0, 0.0) as server:
-        code = mstar_main(["bench", "serve", "--base-url", server.url, "--requests", "3", "--output-len", "2"])
+        code = mstar_main(["bench", "serve", "--base-url", server.url + "/v1/", "--requests", "3", "--output-len", "2"])
     out = capsys.readouterr().out
     assert code == 0
     assert "mstar bench serve" in out and "TTFT ms p50/p90/p99" in out and "3 ok, 0 errors" in out

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench serve", description=__doc__.split("\n")[0])
-    parser.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000 (no /v1)")
+    parser.add_argument("--base-url", required=True,
+                        help="the server, e.g. http://127.0.0.1:8000 (a trailing /v1 is dropped)")
     parser.add_argument("--model", help="model name to send (default: the first that GET /v1/models lists)")
     parser.add_argument("--requests", type=int, default=100, help="generated requests (default 100)")
     parser.add_argument("--prompt-len", default="8..32", help="prompt length range A..B (default 8..32)")
@@ -79,6 +80,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise BenchInputError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if not args.base_url.startswith(("http://", "https://")):
         raise BenchInputError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
+    # the OpenAI clients' base URL ends in /v1; the paths this sends start with it
+    args.base_url = args.base_url.rstrip("/").removesuffix("/v1")
 
 
 def _requests(args: argparse.Namespace) -> list[HttpRequest]:
