@@ -22,6 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("main, prog", [(mstar_main, "mstar"), (mstarc_main, "mstarc")])
+@pytest.fixture(autouse=True)
+def _default_log_level():
+    """Each test here may change the mstar logger's level; later tests get the default back."""
+    yield
+    from mstar.cli.common import setup_logging
+
+    setup_logging("warning")
+
+
 def test_version(main, prog, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
@@ -88,4 +97,3 @@ def test_a_command_with_its_own_log_level_gets_it_back():
                                                                              "debug"]
     assert take_global_options(argv, "mstar") == ["serve", "--plan", "p"]
     assert take_global_options(["serve", "--plan", "p"], "mstar", own_log_level=("serve",)) == ["serve", "--plan", "p"]
-    take_global_options([], "mstar")  # back to the default for the tests after this one
