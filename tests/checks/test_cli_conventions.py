@@ -21,7 +21,6 @@ from mstar.plan.schema import SCHEMA_VERSION
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("main, prog", [(mstar_main, "mstar"), (mstarc_main, "mstarc")])
 @pytest.fixture(autouse=True)
 def _default_log_level():
     """Each test here may change the mstar logger's level; later tests get the default back."""
@@ -31,6 +30,7 @@ def _default_log_level():
     setup_logging("warning")
 
 
+@pytest.mark.parametrize("main, prog", [(mstar_main, "mstar"), (mstarc_main, "mstarc")])
 def test_version(main, prog, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
