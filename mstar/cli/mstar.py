@@ -505,7 +505,8 @@ def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinis
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = take_global_options(sys.argv[1:] if argv is None else argv, "mstar")
+    # `mstar serve` hands its --log-level to uvicorn too
+    argv = take_global_options(sys.argv[1:] if argv is None else argv, "mstar", own_log_level=("serve",))
     if argv[:1] == ["serve"]:
         from mstar.runtime.serve import server
 
