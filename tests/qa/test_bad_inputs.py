@@ -155,7 +155,10 @@ def test_unwritable_outputs(work, capsys):
     blocker.write_text("")
     spec = work / "specs" / "bagel.mw"
     mstarc(["graph", spec, "-o", blocker / "b.svg"], capsys, 1, "exists and is not a directory")
-    mstarc(["graph", spec, "-o", work], capsys, 1, f"cannot write {work}")
+    directory = work / "picture.svg"  # a directory where the picture would go
+    directory.mkdir()
+    mstarc(["graph", spec, "-o", directory], capsys, 1, f"cannot write {directory}")
+    mstarc(["graph", spec, "-o", work], capsys, 2, "graph writes SVG only")
     mstarc(["compile", work / "specs" / "llama.mw", "-o", blocker / "x.plan"], capsys, 1,
            "exists and is not a directory")
 
