@@ -28,6 +28,7 @@ MAX_DEPLOYMENT_BYTES = 1 * MIB
 MAX_PLAN_BYTES = 16 * MIB
 MAX_PROMPTS_BYTES = 256 * MIB
 MAX_JSON_CONFIG_BYTES = 4 * MIB  # a checkpoint's config.json, a safetensors index
+MAX_TOKENIZER_BYTES = 64 * MIB  # a checkpoint's tokenizer.json (Llama 3's is 9 MB, Qwen's 11 MB)
 MAX_GLUE_BYTES = 4 * MIB  # a plan's generated Triton glue
 MAX_AUDIO_BYTES = 64 * MIB  # a prompt's WAV file (30 s of 16 kHz 16-bit mono is under 1 MiB)
 

@@ -58,9 +58,9 @@ def model_name(text: str) -> str:
     return name if not name[0].isdigit() else f"m_{name}"
 
 
-def read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str, max_bytes: int = MAX_JSON_CONFIG_BYTES) -> dict:
     try:
-        data = json.loads(read_text_bounded(path, max_bytes=MAX_JSON_CONFIG_BYTES, what=what))
+        data = json.loads(read_text_bounded(path, max_bytes=max_bytes, what=what))
     except InputFileError as error:
         raise InitError(str(error)) from None
     except (ValueError, RecursionError) as error:

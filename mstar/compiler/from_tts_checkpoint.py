@@ -18,13 +18,11 @@ a checkpoint whose tokenizer lacks them is refused rather than guessed at.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mstar.compiler.from_checkpoint import InitError, InitFiles, node_header, positive_int, read_decoder, read_json
-from mstar.files import InputFileError, read_text_bounded
+from mstar.files import MAX_TOKENIZER_BYTES
 
-MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # Llama 3's tokenizer.json is 9 MB
 FRAMES_PER_WINDOW = 4  # Orpheus decodes 4 frames and keeps the second (the codec's `keep_frame`)
 ROLES = {"start_of_speech": "<custom_token_1>", "end_of_speech": "<custom_token_2>",
          "start_of_human": "<custom_token_3>", "end_of_human": "<custom_token_4>",
@@ -60,18 +58,13 @@ def read_tts_checkpoints(llm_dir: str, codec_dir: str, name: str) -> InitFiles:
 def _token_ids(path: Path) -> dict[str, int]:
     if not path.exists():
         raise InitError(f"{path}: missing; the TTS prompt format and audio tokens are read from the tokenizer")
-    try:
-        tokenizer = json.loads(read_text_bounded(path, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer"))
-    except InputFileError as error:
-        raise InitError(str(error)) from None
-    except (ValueError, RecursionError) as error:
-        raise InitError(f"{path}: not valid JSON ({error})") from None
+    tokenizer = read_json(path, "tokenizer", max_bytes=MAX_TOKENIZER_BYTES)
     found: dict[str, int] = {}
-    added = tokenizer.get("added_tokens") if isinstance(tokenizer, dict) else None
+    added = tokenizer.get("added_tokens")
     for token in added if isinstance(added, list) else []:
         if isinstance(token, dict) and isinstance(token.get("content"), str) and isinstance(token.get("id"), int):
             found.setdefault(token["content"], token["id"])
-    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    model = tokenizer.get("model")
     vocab = model.get("vocab") if isinstance(model, dict) else None
     for content, token_id in (vocab.items() if isinstance(vocab, dict) else []):
         if isinstance(token_id, int):

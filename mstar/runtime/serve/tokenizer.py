@@ -27,9 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
+from mstar.files import MAX_JSON_CONFIG_BYTES, MAX_TOKENIZER_BYTES, InputFileError, read_text_bounded
 
-MAX_TOKENIZER_BYTES = 64 * 1024 * 1024  # tokenizer.json of Llama 3 is 9 MB, Qwen's 11 MB
 HOW_TO_ADD = ("pass --weights DIR with a checkpoint directory that holds tokenizer.json, "
               "or --tokenizer DIR (a directory with tokenizer.json and, for chat messages, "
               "tokenizer_config.json with a chat_template)")
