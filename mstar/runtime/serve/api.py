@@ -174,13 +174,17 @@ class LLM:
             return self.tokenizer.encode(text)
         return format_prompt(self.prompt_format, self.tokenizer, text, fields)
 
-    def request(self, prompt: Prompt, sampling: Optional[SamplingParams] = None) -> Request:
-        """The runtime Request for a prompt (checked; PromptError / SamplingError)."""
+    def request(self, prompt: Prompt, sampling: Optional[SamplingParams] = None,
+                media: Optional[dict[str, Any]] = None) -> Request:
+        """The runtime Request for a prompt (checked; PromptError / SamplingError). `media`: the
+        request's media by modality (`{"audio": samples}`); with media the prompt may be empty
+        token ids (Whisper's decoder then starts its own sequence, as a prompts line with audio)."""
         sampling = sampling or SamplingParams()
         sampling.check()
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and this server has none; use stop_token_ids")
-        ids = self.prompt_tokens(prompt)
+        is_empty = isinstance(prompt, (list, tuple)) and not prompt
+        ids = [] if media and is_empty else self.prompt_tokens(prompt)
         limit = self.plan.deployment.max_seq_len
         if len(ids) + sampling.max_tokens > limit:
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
@@ -191,7 +195,8 @@ class LLM:
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
                        stop_tokens=list(sampling.stop_token_ids), stop_strings=list(sampling.stop),
-                       route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance))
+                       route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
+                       media=dict(media or {}))
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling: Optional[SamplingParams] = None) -> list[Output]:

@@ -9,7 +9,8 @@ route a request of that kind takes:
   route takes, in each partition with a walk that emits images, every required stage, choosing
   at each the first alternative that emits images (else the first), and leaves optional stages
   out (they take prompt media, which a text-to-image request has none of);
-- transcription: an audio prompt and a text emission (reported; no endpoint serves it yet).
+- transcription (`/v1/audio/transcriptions`): an audio prompt that takes a waveform (its encoder
+  has a front end for one, serve/audio_input.py) and a text emission to the client.
 Client emissions are the edges with `dest_kind == "client"` of every call and loop exit.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from mstar.plan.schema import EdgePlan, Plan, WalkPlan
+from mstar.runtime.serve.audio_input import takes_waveform
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Endpoints:
     prompt_modalities: frozenset[str]
     emitted_modalities: frozenset[str]
     image_route: dict[str, list[str]] = field(default_factory=dict)
+    takes_waveform: bool = False  # the audio prompt's encoders take samples (not feature frames)
 
     @property
     def can_text(self) -> bool:
@@ -40,7 +43,7 @@ class Endpoints:
 
     @property
     def can_transcribe(self) -> bool:
-        return "audio" in self.prompt_modalities and "text" in self.emitted_modalities
+        return "audio" in self.prompt_modalities and self.takes_waveform and "text" in self.emitted_modalities
 
     def names(self) -> list[str]:
         """The request kinds, for /v1/models and messages."""
@@ -67,4 +70,4 @@ def endpoints_of(plan: Plan) -> Endpoints:
             continue
         route[part.name] = [next((w for w in stage.walks if "image" in emits.get(w, ())), stage.walks[0])
                             for stage in part.stages if not stage.is_optional]
-    return Endpoints(prompts, emitted, route)
+    return Endpoints(prompts, emitted, route, takes_waveform(plan))

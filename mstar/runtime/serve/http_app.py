@@ -10,6 +10,8 @@ metrics (serve/prom.py). Out: `build_app(...) -> FastAPI` with
     POST /v1/audio/speech             plans with a text prompt and audio emissions: WAV, or PCM
                                       streamed window by window (`response_format: pcm`), or SSE
     POST /v1/images/generations       plans with a text prompt and image emissions: base64 PNG
+    POST /v1/audio/transcriptions     plans with a waveform audio prompt and text emissions: a WAV
+                                      file (multipart form) to its transcript (serve/http_transcribe.py)
     GET  /metrics                     Prometheus text format
 
 Which of them a plan serves comes from its roles (serve/endpoints.py); the others answer 404
@@ -66,14 +68,16 @@ class Service:
             raise ApiError(404, f"the plan of {self.model_name!r} does not serve {what} (it serves: {served})",
                            kind="not_found_error")
 
-    def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False) -> Request:
+    def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
+                media: Optional[dict[str, Any]] = None) -> Request:
         """The runtime request (400 for a bad prompt or values). default_to_rest: max_tokens is
-        what the plan's max_seq_len leaves after the prompt."""
+        what the plan's max_seq_len leaves after the prompt. media: by modality; with media the
+        prompt may be empty token ids."""
         try:
-            ids = self.llm.prompt_tokens(prompt)
+            ids = [] if media and prompt == [] else self.llm.prompt_tokens(prompt)
             if default_to_rest:
                 sampling.max_tokens = max(1, self.llm.plan.deployment.max_seq_len - len(ids))
-            return self.llm.request(ids, sampling)
+            return self.llm.request(ids, sampling, media)
         except (PromptError, SamplingError) as error:
             raise ApiError(400, str(error)) from None
 
@@ -116,6 +120,9 @@ def build_app(service: Service) -> FastAPI:
     _info_routes(app, service)
     _text_routes(app, service)
     _media_routes(app, service)
+    from mstar.runtime.serve.http_transcribe import transcription_routes  # it builds on this module
+
+    transcription_routes(app, service)
     return app
 
 

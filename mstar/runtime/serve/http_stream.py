@@ -9,6 +9,8 @@ In: the service (model name), the runtime `Request`, the request body, and the r
     speech_events                          SSE: `speech.audio.delta` (base64 16-bit PCM) per delta
                                            with audio, then `speech.audio.done` with usage
     pcm_chunks                             raw 16-bit PCM bytes, one chunk per codec window
+    transcript_events                      SSE: `transcript.text.delta` per delta with text, then
+                                           `transcript.text.done` with the whole text and usage
     response(events)                       a StreamingResponse of text/event-stream
 
 Every choice also carries `token_ids`: the delta's token ids (an extension; without a
@@ -166,3 +168,22 @@ async def speech_events(request: Request, stream: AsyncIterator[Delta], first: D
                                                           "total_tokens": len(request.prompt_tokens)
                                                           + delta.num_output_tokens}}
             yield f"data: {dumps(done)}\n\n"
+
+
+# ---------------------------------------------------------------- transcription
+
+
+async def transcript_events(request: Request, stream: AsyncIterator[Delta], first: Delta) -> AsyncIterator[str]:
+    texts: list[str] = []
+    async for delta in _deltas(stream, first):
+        if _is_failed(delta):
+            yield _error_event(delta)
+            return
+        if delta.text:
+            texts.append(delta.text)
+            yield f"data: {dumps({'type': 'transcript.text.delta', 'delta': delta.text})}\n\n"
+        if delta.is_final:
+            prompt = len(request.prompt_tokens)
+            usage = {"type": "tokens", "input_tokens": prompt, "output_tokens": delta.num_output_tokens,
+                     "total_tokens": prompt + delta.num_output_tokens}
+            yield f"data: {dumps({'type': 'transcript.text.done', 'text': ''.join(texts), 'usage': usage})}\n\n"

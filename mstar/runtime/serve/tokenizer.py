@@ -8,7 +8,8 @@ In: a directory holding `tokenizer.json` (read by the `tokenizers` library) and,
 - `encode_chat(messages)`: the chat template rendered with `add_generation_prompt=True`, then
   tokenized without adding special tokens (the template writes them), as transformers'
   `apply_chat_template(messages, add_generation_prompt=True)` gives;
-- `decode(ids)`: text with special tokens skipped.
+- `decode(ids)`: text with special tokens skipped;
+- `token_id(token)`: one token's id (a special token a request's start sequence names), or None.
 
 The template is rendered the way transformers renders it (utils/chat_template_utils.py): a
 sandboxed jinja2 environment with `trim_blocks` and `lstrip_blocks`, the loop-controls extension,
@@ -52,6 +53,11 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=True)
+
+    def token_id(self, token: str) -> Optional[int]:
+        """The id of one token of the vocabulary (a special token such as `<|en|>`), else None."""
+        found = self._backend.token_to_id(token)
+        return int(found) if found is not None else None
 
     @property
     def has_chat_template(self) -> bool:

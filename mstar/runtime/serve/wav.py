@@ -1,11 +1,13 @@
-"""Reading a prompts line's `audio`: a WAV file -> 16 kHz mono float samples.
+"""Reading WAV audio -> 16 kHz mono float samples: a prompts line's `audio` file, or the bytes of
+an upload (`mstar serve`'s /v1/audio/transcriptions).
 
-In: a path (read through mstar.files.read_bytes_bounded: a regular file of at most
-MAX_AUDIO_BYTES). Out: a 1-D float32 tensor in [-1, 1], channels averaged, or a `WavError` naming
-the file and the problem. Accepted: RIFF/WAVE with PCM integer samples of 8 (unsigned), 16, 24 or
-32 bits, or IEEE float of 32 or 64 bits (also inside WAVE_FORMAT_EXTENSIBLE), at 16000 Hz (what
-Whisper's front end takes; another rate is refused rather than resampled silently). Chunks other
-than `fmt ` and `data` are skipped; a chunk running past the end of the file is refused.
+In: a path (`read_wav`, read through mstar.files.read_bytes_bounded: a regular file of at most
+MAX_AUDIO_BYTES), or bytes and what to call them in messages (`decode_wav`). Out: a 1-D float32
+tensor in [-1, 1], channels averaged, or a `WavError` naming the file and the problem. Accepted:
+RIFF/WAVE with PCM integer samples of 8 (unsigned), 16, 24 or 32 bits, or IEEE float of 32 or 64
+bits (also inside WAVE_FORMAT_EXTENSIBLE), at 16000 Hz (what Whisper's front end takes; another
+rate is refused rather than resampled silently). Chunks other than `fmt ` and `data` are skipped;
+a chunk running past the end of the file is refused.
 """
 from __future__ import annotations
 
@@ -29,48 +31,54 @@ def read_wav(path: str) -> torch.Tensor:
         data = read_bytes_bounded(path, max_bytes=MAX_AUDIO_BYTES, what="audio file")
     except InputFileError as error:
         raise WavError(str(error)) from None
+    return decode_wav(data, f"audio file {path}")
+
+
+def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+    """The samples of a WAV file's bytes; `where` starts every message ("audio file x.wav");
+    `sample_rate`: the rate the audio input takes (another is refused, never resampled)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        raise WavError(f"audio file {path}: not a WAV file (no RIFF/WAVE header)")
-    chunks = _chunks(data, path)
+        raise WavError(f"{where}: not a WAV file (no RIFF/WAVE header)")
+    chunks = _chunks(data, where)
     if "fmt " not in chunks or "data" not in chunks:
-        raise WavError(f"audio file {path}: a WAV file needs a `fmt ` and a `data` chunk")
+        raise WavError(f"{where}: a WAV file needs a `fmt ` and a `data` chunk")
     fmt = chunks["fmt "]
     if len(fmt) < 16:
-        raise WavError(f"audio file {path}: its fmt chunk is {len(fmt)} bytes, too short")
+        raise WavError(f"{where}: its fmt chunk is {len(fmt)} bytes, too short")
     kind, channels, rate, _, block, bits = struct.unpack("<HHIIHH", fmt[:16])
     if kind == EXTENSIBLE and len(fmt) >= 26:
         kind = struct.unpack("<H", fmt[24:26])[0]  # the sub-format GUID starts with the format code
-    if rate != SAMPLE_RATE:
-        raise WavError(f"audio file {path}: {rate} Hz; the audio input takes {SAMPLE_RATE} Hz (resample it first)")
+    if rate != sample_rate:
+        raise WavError(f"{where}: {rate} Hz; the audio input takes {sample_rate} Hz (resample it first)")
     if channels < 1 or block != channels * (bits // 8) or bits % 8:
-        raise WavError(f"audio file {path}: inconsistent fmt chunk ({channels} channels, {bits} bits, block {block})")
-    samples = _decode(chunks["data"], kind, bits, path)
+        raise WavError(f"{where}: inconsistent fmt chunk ({channels} channels, {bits} bits, block {block})")
+    samples = _decode(chunks["data"], kind, bits, where)
     usable = samples.shape[0] - samples.shape[0] % channels
     mono = samples[:usable].reshape(-1, channels).mean(axis=1)
     return torch.from_numpy(mono.astype(np.float32))
 
 
-def _chunks(data: bytes, path: str) -> dict[str, bytes]:
+def _chunks(data: bytes, where: str) -> dict[str, bytes]:
     chunks: dict[str, bytes] = {}
     offset = 12
     while offset + 8 <= len(data):
         name = data[offset:offset + 4].decode("latin-1")
         size = struct.unpack("<I", data[offset + 4:offset + 8])[0]
         if offset + 8 + size > len(data):
-            raise WavError(f"audio file {path}: chunk {name!r} runs past the end of the file (truncated?)")
+            raise WavError(f"{where}: chunk {name!r} runs past the end of the file (truncated?)")
         chunks.setdefault(name, data[offset + 8:offset + 8 + size])
         offset += 8 + size + (size % 2)  # chunks are padded to an even size
     return chunks
 
 
-def _decode(raw: bytes, kind: int, bits: int, path: str) -> np.ndarray:
+def _decode(raw: bytes, kind: int, bits: int, where: str) -> np.ndarray:
     if kind == FLOAT and bits in (32, 64):
         floats = np.frombuffer(raw[:len(raw) - len(raw) % (bits // 8)], dtype=np.float32 if bits == 32 else np.float64)
         if not np.isfinite(floats).all():
-            raise WavError(f"audio file {path}: float samples that are NaN or infinite")
+            raise WavError(f"{where}: float samples that are NaN or infinite")
         return floats.astype(np.float64)
     if kind != PCM or bits not in (8, 16, 24, 32):
-        raise WavError(f"audio file {path}: format {kind} with {bits} bits; read are PCM 8/16/24/32 and float 32/64")
+        raise WavError(f"{where}: format {kind} with {bits} bits; read are PCM 8/16/24/32 and float 32/64")
     width = bits // 8
     raw = raw[:len(raw) - len(raw) % width]
     if bits == 8:

@@ -1,0 +1,208 @@
+"""/v1/audio/transcriptions on generated/whisper.plan with a tiny random Whisper checkpoint (the
+parity tests' one, tests/engine/whisper_checkpoint.py) on the CPU, through the official client:
+the transcript equals what `mstar run --prompts` makes of the same WAV (language detected, and a
+chosen language), as json, text and a stream; bad input answers 4xx with an OpenAI error, never a
+traceback; `/v1/models` says which plans transcribe."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import socket
+import sys
+import urllib.error
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mstar.cli.mstar import main
+from mstar.plan.io import load_plan
+from mstar.runtime.serve.api import LLM
+from mstar.runtime.serve.endpoints import endpoints_of
+from mstar.runtime.serve.http_schema import ApiError
+from serve_harness import LLAMA, ROOT, make_service, running
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from whisper_checkpoint import LANGUAGES, NO_TIMESTAMPS, START, TRANSCRIBE, save_tiny_whisper  # noqa: E402
+
+openai = pytest.importorskip("openai")
+WHISPER = str(ROOT / "generated" / "whisper.plan")
+NUM_TOKENS = 24  # forced start tokens (language, task, no timestamps) included, as mstar run counts them
+
+
+def wav_bytes(seconds: float, rate: int = 16000, seed: int = 3) -> bytes:
+    """Two tones and some noise as 16-bit mono PCM."""
+    t = np.arange(int(rate * seconds)) / rate
+    noise = np.random.default_rng(seed).standard_normal(t.shape[0])
+    samples = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1250 * t) + 0.05 * noise
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
+    """POST a body; the status and the JSON answer (an error's too)."""
+    request = urllib.request.Request(f"{url}/audio/transcriptions", body, {"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> bytes:
+    """A multipart/form-data body with the boundary `b0undary`."""
+    parts = [f'--b0undary\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts += [f'--b0undary\r\nContent-Disposition: form-data; name="{k}"; filename="{name}"\r\n\r\n'.encode()
+              + data + b"\r\n" for k, (name, data) in files.items()]
+    return b"".join(parts) + b"--b0undary--\r\n"
+
+
+def mstar_run(tmp: Path, checkpoint: Path, audio: bytes, line: dict) -> dict:
+    """`mstar run --prompts` on one line with `audio`: its outputs.jsonl record."""
+    tmp.mkdir()
+    (tmp / "speech.wav").write_bytes(audio)
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "clip", "audio": "speech.wav", "max_tokens": NUM_TOKENS, **line}) + "\n")
+    assert main(["run", "--plan", WHISPER, "--weights", str(checkpoint), "--prompts", str(prompts),
+                 "--out", str(tmp / "out")]) == 0
+    return json.loads((tmp / "out" / "outputs.jsonl").read_text())
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("whisper")
+    checkpoint = tmp / "checkpoint"
+    save_tiny_whisper(checkpoint, forced=True, text_only=True)
+    audio = wav_bytes(7.0)
+    detected = mstar_run(tmp / "detected", checkpoint, audio, {})
+    german = [START, LANGUAGES["<|de|>"], TRANSCRIBE, NO_TIMESTAMPS]
+    chosen = mstar_run(tmp / "de", checkpoint, audio, {"prompt_tokens": german})
+    assert len(detected["text"].split()) > 5 and detected["text"] != chosen["text"]
+    llm = LLM(WHISPER, weights=[str(checkpoint)])
+    with running(make_service(llm)) as url:
+        yield {"url": url, "audio": audio, "detected": detected, "de": chosen,
+               "client": openai.OpenAI(base_url=url, api_key="none", max_retries=0)}
+
+
+def transcribe(whisper, **fields):
+    fields.setdefault("file", ("speech.wav", whisper["audio"]))
+    return whisper["client"].audio.transcriptions.create(model="whisper", extra_body={"max_tokens": NUM_TOKENS},
+                                                         **fields)
+
+
+def test_the_transcript_is_mstar_runs(whisper):
+    answer = transcribe(whisper)
+    assert answer.text == whisper["detected"]["text"]
+    assert answer.usage.type == "duration" and answer.usage.seconds == 7.0
+
+
+def test_a_chosen_language_starts_the_sequence_as_mstar_run_does(whisper):
+    assert transcribe(whisper, language="de").text == whisper["de"]["text"]
+
+
+def test_text_format_is_the_bare_transcript(whisper):
+    assert transcribe(whisper, response_format="text") == whisper["detected"]["text"]
+
+
+def test_a_stream_sends_text_deltas_then_the_whole_text(whisper):
+    events = list(transcribe(whisper, stream=True))
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert len(deltas) > 5 and "".join(deltas) == whisper["detected"]["text"]
+    assert events[-1].type == "transcript.text.done" and events[-1].text == whisper["detected"]["text"]
+    # the decoder's outputs, forced start tokens included, as mstar run's output tokens
+    assert events[-1].usage.output_tokens == len(whisper["detected"]["output_tokens"]) == NUM_TOKENS
+
+
+def test_models_says_whisper_transcribes(whisper):
+    assert "transcription" in whisper["client"].models.list().data[0].serves
+    # Qwen3-ASR's audio prompt goes to the stand-in encoder, which takes feature frames, not a WAV
+    assert "transcription" not in endpoints_of(load_plan(str(ROOT / "generated" / "qwen3_asr.plan"))).names()
+
+
+@pytest.mark.parametrize("fields, status, message", [
+    ({"file": ("notes.txt", b"hello, not audio")}, 400, "file 'notes.txt': not a WAV file"),
+    ({"file": ("fast.wav", wav_bytes(0.5, rate=44100))}, 400, "44100 Hz; the audio input takes 16000 Hz"),
+    ({"file": ("long.wav", wav_bytes(30.5))}, 400, "30.50 s of audio; this model transcribes at most 30 s"),
+    ({"file": ("empty.wav", wav_bytes(0.0))}, 400, "holds no samples"),
+    ({"model": "whisper-1"}, 404, "the model 'whisper-1' does not exist"),
+    ({"prompt": "earlier words"}, 400, "prompt (text that conditions the transcript) is not supported"),
+    ({"response_format": "srt"}, 400, "response_format 'srt' is not supported: json or text"),
+    ({"timestamp_granularities": ["word"]}, 400, "timestamp_granularities is not supported"),
+    ({"language": "xx"}, 400, "language 'xx' is not one of this model's languages"),
+    ({"language": "english"}, 400, "language must be an ISO 639-1 code"),
+    ({"temperature": -1}, 400, "temperature must be >= 0"),
+])
+def test_bad_input_is_an_openai_error(whisper, fields, status, message):
+    fields.setdefault("model", "whisper")
+    fields.setdefault("file", ("speech.wav", whisper["audio"]))
+    with pytest.raises(openai.APIStatusError) as caught:
+        whisper["client"].audio.transcriptions.create(**fields)
+    assert caught.value.status_code == status and message in caught.value.message
+    assert caught.value.body["type"] in ("invalid_request_error", "not_found_error")
+
+
+def test_a_form_without_a_file_is_refused(whisper):
+    form = "multipart/form-data; boundary=b0undary"
+    for body, kind in ((multipart({"model": "whisper"}, {}), form),
+                       (multipart({"model": "whisper", "file": "speech.wav"}, {}), form),
+                       (b"model=whisper", "application/x-www-form-urlencoded"),
+                       (json.dumps({"model": "whisper", "file": "speech.wav"}).encode(), "application/json")):
+        status, answer = post(whisper["url"], body, kind)
+        assert status == 400 and answer["error"]["message"].startswith("file: a WAV file is required")
+    status, answer = post(whisper["url"], multipart({"model": "whisper", "temperature": "warm"},
+                                                    {"file": ("a.wav", whisper["audio"])}), form)
+    assert status == 400 and answer["error"]["message"] == "temperature must be a number, got 'warm'"
+    status, answer = post(whisper["url"], b"--b0undary\r\nnot a part", form)
+    assert status == 400 and answer["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_read(whisper):
+    port = int(whisper["url"].rsplit(":", 1)[1].split("/")[0])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n"
+                     b"Content-Type: multipart/form-data; boundary=b\r\n\r\n")
+        answer = b""
+        while b"}}" not in answer:  # the JSON error closes with two braces
+            answer += sock.recv(65536)
+    head, body = answer.decode().split("\r\n\r\n", 1)
+    assert head.startswith("HTTP/1.1 413") and "an audio file may have at most" in json.loads(body)["error"]["message"]
+
+
+def test_a_body_without_a_length_is_counted_as_it_arrives():
+    from starlette.requests import Request
+
+    from mstar.files import MAX_AUDIO_BYTES
+    from mstar.runtime.serve.transcription import read_form
+
+    head = b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+    chunk = b"x" * (1 << 20)
+    sent = []
+
+    async def receive():  # a file part that never ends, sent without a Content-Length
+        body = chunk if sent else head
+        sent.append(len(body))
+        return {"type": "http.request", "body": body, "more_body": True}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [
+        (b"content-type", b"multipart/form-data; boundary=b")]}
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(read_form(Request(scope, receive)))
+    assert caught.value.status == 413 and sum(sent) <= MAX_AUDIO_BYTES + 2 * len(chunk)
+
+
+def test_a_plan_that_cannot_transcribe_says_what_it_serves():
+    with running(make_service(LLM(LLAMA, engine="sim"))) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        assert "transcription" not in client.models.list().data[0].serves
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.audio.transcriptions.create(model="llama", file=("a.wav", wav_bytes(0.5)))
+    assert "does not serve transcription (it serves: text)" in caught.value.message
