@@ -161,6 +161,8 @@ def test_a_form_without_a_file_is_refused(whisper):
     status, answer = post(whisper["url"], multipart({"model": "whisper", "temperature": "warm"},
                                                     {"file": ("a.wav", whisper["audio"])}), form)
     assert status == 400 and answer["error"]["message"] == "temperature must be a number, got 'warm'"
+    status, answer = post(whisper["url"], multipart({}, {"file": ("a.wav", whisper["audio"])}), form)
+    assert status == 400 and answer["error"]["message"] == "model: a model name is required"
     status, answer = post(whisper["url"], b"--b0undary\r\nnot a part", form)
     assert status == 400 and answer["error"]["type"] == "invalid_request_error"
 
