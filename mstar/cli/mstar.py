@@ -78,6 +78,12 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto",
                      help="torch engine attention: FlashInfer on a GPU where it can run (auto, default), "
                           "the torch path, or FlashInfer required")
+    run.add_argument("--gpu-profile", metavar="TRACE.json",
+                     help="torch engine on a GPU: trace the run with the torch profiler into this Chrome "
+                          "trace and print how long the GPU sat idle (the report gets it too)")
+    run.add_argument("--no-run-ahead", action="store_true",
+                     help="torch engine on a GPU: launch each decode step only after the one before was "
+                          "collected (default: the device runs the speculated next step behind it)")
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
@@ -214,9 +220,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise CliError(f"--out {args.out}: cannot create directory: {error.strerror}") from None
         if not os.access(args.out, os.W_OK):
             raise CliError(f"--out {args.out} is not writable")
-    for option, path in (("--report", args.report), ("--timeline", args.timeline)):
+    for option, path in (("--report", args.report), ("--timeline", args.timeline),
+                         ("--gpu-profile", args.gpu_profile)):
         if path:
             _check_file_target(option, path)
+    if args.gpu_profile and not (args.engine == "torch" and args.device.startswith("cuda")):
+        raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
     if args.timeline:
         from mstar.runtime.serve.timeline import format_problem
 
@@ -423,7 +432,8 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
     signals.driver = driver
     started = time.perf_counter()
     try:
-        driver.run(workload)
+        with _gpu_profiled(args):
+            driver.run(workload)
     except (DriverError, PlanTableError) as error:
         if writer is not None:
             writer.close()
@@ -459,6 +469,14 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
     return 1 if problems else 0
 
 
+def _gpu_profiled(args: argparse.Namespace) -> Any:
+    if not args.gpu_profile:
+        return contextlib.nullcontext()
+    from mstar.runtime.serve.gpu_profile import profiled
+
+    return profiled(args.gpu_profile)
+
+
 def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall_s: float, num_unfinished: int,
             signals: _Signals, problems: list[str]) -> None:
     """The table, the report and the timeline of a run that ended (or was stopped)."""
@@ -472,6 +490,11 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
     summary["interrupted"] = signals.name or None
     summary["num_unfinished"] = num_unfinished
     summary["ranks"] = getattr(args, "ranks_summary", None) or {"mode": "inproc"}
+    if args.gpu_profile and os.path.exists(args.gpu_profile):
+        from mstar.runtime.serve.gpu_profile import idle_summary, summary_line
+
+        summary["gpu_profile"] = idle_summary(args.gpu_profile)
+        _say(summary_line(summary["gpu_profile"]))
     if not signals.signum:
         try:
             from rich.console import Console

@@ -82,6 +82,9 @@ class EngineCaps:
     vocab_sizes:        decoder node -> how many token ids its model samples from, where that is
                         fewer than the plan's vocabulary (a stand-in: tiny dims, the simulator);
                         a stream `keep` range those ids cannot reach is not applied.
+    can_launch_ahead:   the engine has `launch_ahead(worker, node, rows)`: right after step N
+                        launched, the run loop names the rows of the speculated step N+1 and the
+                        engine may start N+1 before N is waited for (the device runs ahead).
     """
 
     is_simulated: bool = False
@@ -89,6 +92,7 @@ class EngineCaps:
     can_run_followers: bool = False
     clock: Optional[Callable[[], float]] = None
     vocab_sizes: dict[str, int] = field(default_factory=dict)
+    can_launch_ahead: bool = False
 
 
 class EngineLost(Exception):
@@ -129,6 +133,15 @@ class Engine(Protocol):
 
     def end_request(self, request_id: str) -> None:
         """Free the request's KV pages and state slots."""
+
+
+class LaunchesAhead(Protocol):
+    """An engine whose caps say `can_launch_ahead`."""
+
+    def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]]) -> None:
+        """The worker's next step of `node` is speculated to run these (request id, walk) rows:
+        start what of it can start before the step launched last was waited for. Nothing is
+        promised: the real next step is still launched, and takes what this started."""
 
 
 class RunsAtLaunch:

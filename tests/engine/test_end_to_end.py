@@ -82,14 +82,14 @@ def test_small_kv_pool_holds_and_retries_and_an_oversized_request_fails_alone():
     num_pages = 2 * -(-(4 + 12) // page_size)
     engine = TorchEngine(plan, num_pages=num_pages)
     failed = []
-    original = engine.run_step
+    original = engine.wait
 
-    def spy(step):
-        result = original(step)
+    def spy(handle):
+        result = original(handle)
         failed.extend(result.allocation_failed)
         return result
 
-    engine.run_step = spy
+    engine.wait = spy
     requests = [Request(id=f"r{i}", prompt_tokens=[i + 1] * 4, max_tokens=12) for i in range(8)]
     requests.append(Request(id="huge", prompt_tokens=[1] * (num_pages * page_size), max_tokens=8))
     driver = Driver(plan, engine)

@@ -21,10 +21,11 @@ def test_rows_that_got_memory_advance_in_the_failing_step():
     num_pages = 2 * -(-(4 + 12) // page_size)  # room for about two requests at a time
     engine = torch_engine.TorchEngine(plan, num_pages=num_pages)
     partial_steps = []
-    original = engine.run_step
+    original = engine.wait
 
-    def spy(step):
-        result = original(step)
+    def spy(handle):
+        step = handle.step
+        result = original(handle)
         if result.allocation_failed:
             failed = set(result.allocation_failed)
             ran = {r.request_id for r in result.rows if r.error is None}
@@ -33,7 +34,7 @@ def test_rows_that_got_memory_advance_in_the_failing_step():
                 partial_steps.append((ran, failed))
         return result
 
-    engine.run_step = spy
+    engine.wait = spy
     requests = [Request(id=f"r{i}", prompt_tokens=[i + 1] * 4, max_tokens=12) for i in range(8)]
     driver = Driver(plan, engine)
     driver.run(Workload(requests))

@@ -58,7 +58,7 @@ from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
-from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult
+from mstar.runtime.step import EngineCaps, RowResult, Step, StepHandle, StepResult
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config,
 )
@@ -76,11 +76,11 @@ class EngineError(ValueError):
     """The engine cannot start for this plan and these options (the message says why)."""
 
 
-class TorchEngine(RunsAtLaunch):
+class TorchEngine:
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
                  num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
                  attention: str = "auto", tp_comms: Optional[Mapping[str, TpComm]] = None,
-                 nodes: Optional[Collection[str]] = None):
+                 nodes: Optional[Collection[str]] = None, run_ahead: bool = True):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
         results come back beside `allocation_failed`; the driver post-processes them and holds
         only the failed rows). False: all or nothing per step (a step with a failed row runs
@@ -92,7 +92,9 @@ class TorchEngine(RunsAtLaunch):
         tp_comms: node -> this process's `TpComm` for the kv nodes it runs tensor-parallel
         (`tp.build.tp_comms`): such a node is built as this rank's shard (`engine/tp/`).
         nodes: build only these nodes' models (a rank process builds the nodes its worker runs;
-        the others' dims are still read, for the widths and budgets that depend on them); None: all."""
+        the others' dims are still read, for the widths and budgets that depend on them); None: all.
+        run_ahead: let a GPU fast-path runner launch a decode step before the one before it was
+        collected (`launch_ahead`, gpu/runner.py); False: every step waits for the one before."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -134,6 +136,15 @@ class TorchEngine(RunsAtLaunch):
         # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
         self.caps = dataclasses.replace(self.caps, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
+        self._set_run_ahead(run_ahead)
+
+    def _set_run_ahead(self, run_ahead: bool) -> None:
+        """`run_ahead=False`: every step waits for the one before; caps say whether any runner can."""
+        for runner in self.runners.values():
+            if not run_ahead and isinstance(runner, DecoderRunner):
+                runner.can_run_ahead = False
+        self.caps = dataclasses.replace(self.caps, can_launch_ahead=any(
+            isinstance(runner, DecoderRunner) and runner.can_run_ahead for runner in self.runners.values()))
 
     def _build_runners(self, mode: DimsMode, weights_dir: Optional[str | list[str]], seed: int,
                        num_pages: Optional[int], nodes: Optional[Collection[str]]) -> None:
@@ -371,8 +382,12 @@ class TorchEngine(RunsAtLaunch):
         return None
 
     def run_step(self, step: Step) -> StepResult:
+        return self.wait(self.launch(step))
+
+    def launch(self, step: Step) -> StepHandle:
         """Runs the step as the plan row it names (`step_check.py`): a step that disagrees with
-        its row is a StepContractError, and kv rows attend by the row's attention route."""
+        its row is a StepContractError, and kv rows attend by the row's attention route. A kv
+        node's device may still run it on return (its runner's `start`); `wait` collects."""
         started = time.perf_counter()
         plan_row = self.checker.check(step)
         runner = self.runners.get(step.node)
@@ -390,13 +405,34 @@ class TorchEngine(RunsAtLaunch):
             else:
                 rows.append((row, call, request))
         failed: list[str] = []
+        finish: Callable[[], list[RowResult]] = list
         if rows and runner is not None:  # rows only when the runner exists (above)
             if isinstance(runner, DecoderRunner):
-                ran, failed = runner.run(rows, self.runs_partial_steps, step.attention, plan_row.decode_walks)
+                known, failed, finish = runner.start(rows, self.runs_partial_steps, step.attention,
+                                                     plan_row.decode_walks, step.worker)
             else:
-                ran, failed = runner.run(rows, self.runs_partial_steps)
-            results.extend(ran)
-        return StepResult(rows=results, allocation_failed=failed, elapsed_s=time.perf_counter() - started)
+                known, failed = runner.run(rows, self.runs_partial_steps)
+            results.extend(known)
+        return StepHandle(step, pending=(results, failed, finish, started))
+
+    def wait(self, handle: StepHandle) -> StepResult:
+        if handle.pending is None:
+            raise RuntimeError("wait on a step handle this engine never launched")
+        results, failed, finish, started = handle.pending
+        return StepResult(rows=results + finish(), allocation_failed=failed, elapsed_s=time.perf_counter() - started)
+
+    def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]]) -> None:
+        """The run loop speculates that `worker`'s next step of `node` runs these (request id,
+        walk) rows: a runner whose device runs ahead of the host launches it now (gpu/runner.py)."""
+        runner = self.runners.get(node)
+        if not isinstance(runner, DecoderRunner):
+            return
+        entries = []
+        for request_id, walk in rows:
+            call, request = self.calls.get((node, walk)), self.requests.get(request_id)
+            if call is not None and request is not None:
+                entries.append((request_id, walk, call, request))
+        runner.prelaunch(worker, entries)
 
     def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
         """Start the request's KV on `node` on its prompt's cached prefix (runners/decoder.py)."""
@@ -417,7 +453,8 @@ class TorchEngine(RunsAtLaunch):
 
 
 def build(plan: Plan, args: Any) -> TorchEngine:
-    """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`."""
+    """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`,
+    `args.device`, `args.attention` and `args.no_run_ahead`."""
     return TorchEngine(
         plan,
         dims=getattr(args, "dims", None) or "tiny",
@@ -426,4 +463,5 @@ def build(plan: Plan, args: Any) -> TorchEngine:
         num_pages=getattr(args, "kv_pages", None),
         device=getattr(args, "device", None) or "cpu",
         attention=getattr(args, "attention", None) or "auto",
+        run_ahead=not getattr(args, "no_run_ahead", False),
     )

@@ -14,7 +14,9 @@ Event loop (one process drives every worker of the plan):
 - between `launch` and `wait`, while step N runs, the worker asks its scheduler to speculate
   step N+1 of an on-device loop (speculation_cover.py: the rows whose loop has iterations left
   continue); those rows are not added back when N's results arrive, and rows of N+1 whose
-  request stopped in N are left out of it;
+  request stopped in N are left out of it. An engine that can (`caps.can_launch_ahead`, the GPU
+  fast path) is told N+1's continuing rows at once (`launch_ahead`) and starts N+1 on the device
+  behind N, so N's post-processing and N+1's composition run while the device works;
 - a completion is post-processed in one pass: each row result goes to the conductor, then the
   rows that became ready go to the schedulers of the ranks running them (routing.py);
 - allocation_failed (outcome.py): with an engine that runs partial steps the rows that got
@@ -53,7 +55,7 @@ import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, cast
 
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import Conductor
@@ -68,7 +70,7 @@ from mstar.runtime.serve.outcome import ran_part, settle
 from mstar.runtime.serve.routing import Routing, RoutingError
 from mstar.runtime.serve.speculation_cover import SpeculationCover
 from mstar.runtime.serve.steps import Launch, follower_step, to_step
-from mstar.runtime.step import Engine, EngineLost, StepResult
+from mstar.runtime.step import Engine, EngineLost, LaunchesAhead, StepResult
 
 # Held rows retried this long (run clock) while no row of any step ran: the memory they wait for
 # is never coming back (an engine that leaks pages). Fail them rather than retry forever.
@@ -233,6 +235,8 @@ class Driver:
             handle = self.engine.launch(step)
             # The host composes step N+1 while N runs.
             self.cover.speculate(rank, batch, loop_rows)
+            if self.caps.can_launch_ahead:
+                self._launch_ahead(rank)
             result = self.engine.wait(handle)
         except EngineLost:  # no step can run any more: the caller stops the run (fail_active)
             raise
@@ -253,6 +257,18 @@ class Driver:
             self.lockstep.follow(launch, followed)
         self._start(launch)
         return True
+
+    def _launch_ahead(self, rank: int) -> None:
+        """The engine may start the speculated step N+1 now, on the device behind step N: its
+        continuing rows (the ones whose inputs step N makes on the device)."""
+        found = self.cover.pending.get(rank)
+        if found is None:
+            return
+        spec, continuing = found
+        rows = [(request_id, walk) for request_id, walk in zip(spec.request_ids, spec.walks)
+                if request_id in continuing]
+        if rows:
+            cast(LaunchesAhead, self.engine).launch_ahead(rank, spec.node, rows)
 
     def _launch_follower(self, rank: int, batch: Batch, now: float, sched_s: float) -> bool:
         result = StepResult(rows=[])

@@ -22,7 +22,7 @@ class PacedEngine:
             raise ValueError(f"the pace must be >= 0 wall seconds per modelled second, got {pace}")
         self.inner = engine
         self.pace = pace
-        self.caps = dataclasses.replace(engine.caps, is_simulated=False, clock=None)
+        self.caps = dataclasses.replace(engine.caps, is_simulated=False, clock=None, can_launch_ahead=False)
 
     def add_request(self, request_id: str, spec: Any) -> Optional[str]:
         return self.inner.add_request(request_id, spec)

@@ -13,8 +13,15 @@ Sampling, and writing each row's token into the device token table (the on-devic
 next decode step reads), run on the device; the one device-to-host copy is the sampled ids,
 non-blocking into pinned memory. Without FlashInfer (a CPU, for tests) attention is `torch_attend`.
 
-The pinned staging buffer is reused by the next step, so a step must be collected before the next
-launch (the engine's steps are; an overlapping caller needs a second buffer).
+Steps may overlap: the host may launch step N+1 (even pack and plan it) before step N is
+collected, so the run loop's host work hides behind the device's. What makes that safe:
+- the pinned staging buffers are a ring of `NUM_STAGING`, each reused only after the copy that
+  read it last has passed (its event);
+- FlashInfer's plan writes a pinned buffer of its own and copies it to the device asynchronously:
+  a step's plan waits for the previous step's copies to pass (`_inputs_copied`, in the steady
+  state already past: the previous step is running);
+- each launched step copies its sampled ids into a pinned buffer of its own, returned at collect;
+- device buffers (graph inputs, the token table, logits) are read and written in stream order.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ import torch
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, pack
 from mstar.runtime.engine.gpu.sampler import sample
+
+NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
 
 if TYPE_CHECKING:  # imported where used: FlashInfer is an optional dependency
     from mstar.runtime.engine.gpu.attention import FlashInferSteps
@@ -47,6 +56,7 @@ class Pending:
     event: Optional[torch.cuda.Event]
     tokens: torch.Tensor  # host view of the sampled ids (valid once the event has passed)
     is_graph: bool
+    buffer: torch.Tensor  # the pinned buffer `tokens` views, reused once collected
 
 
 class StepExecutor:
@@ -67,9 +77,13 @@ class StepExecutor:
             dims = forward.dims
             self.attention = FlashInferSteps(device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
                                              kv.page_size, kv.num_pages, sizes, is_tensor_core)
-        self._staging = torch.empty(0, dtype=torch.int32)
+        self.max_rows = max_rows
+        self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(NUM_STAGING)]
+        self._staged_event: list[Optional[torch.cuda.Event]] = [None] * NUM_STAGING
+        self._next_staging = 0
         self._device_in = torch.empty(0, dtype=torch.int32, device=device)
-        self._tokens_out = self._host(torch.empty(max_rows, dtype=torch.long))
+        self._free_out: list[torch.Tensor] = []  # pinned sampled-id buffers of collected steps
+        self._inputs_copied: Optional[torch.cuda.Event] = None  # the last step's plan and input copies
         self.num_graph_steps = self.num_eager_steps = 0
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -95,22 +109,45 @@ class StepExecutor:
         return self.batch_pad[len(rows)]
 
     def _stage(self, host: np.ndarray, dest: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """One host-to-device copy of an int32 array (through pinned memory on a GPU)."""
+        """One host-to-device copy of an int32 array (through a pinned buffer of the ring on a GPU)."""
         size = host.shape[0]
-        if self._staging.shape[0] < size:
-            self._staging = self._host(torch.empty(2 * size, dtype=torch.int32))
-            self._device_in = torch.empty(2 * size, dtype=torch.int32, device=self.device)
-        self._staging[:size].numpy()[:] = host
+        index = self._next_staging
+        self._next_staging = (index + 1) % NUM_STAGING
+        event = self._staged_event[index]
+        if event is not None:
+            event.synchronize()  # the copy that read this buffer last has passed
+        if self._staging[index].shape[0] < size:
+            self._staging[index] = self._host(torch.empty(2 * size, dtype=torch.int32))
         if dest is None:
+            if self._device_in.shape[0] < size:
+                self._device_in = torch.empty(2 * size, dtype=torch.int32, device=self.device)
             dest = self._device_in[:size]
-        dest.copy_(self._staging[:size], non_blocking=True)
+        staging = self._staging[index][:size]
+        staging.numpy()[:] = host
+        dest.copy_(staging, non_blocking=True)
+        if self.is_cuda:
+            self._staged_event[index] = self._record()
         return dest
+
+    def _record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def _wait_previous_inputs(self) -> None:
+        """Before a plan: FlashInfer reuses its pinned plan buffer, which the previous step's
+        asynchronous copy may still be reading."""
+        if self._inputs_copied is not None:
+            self._inputs_copied.synchronize()
+            self._inputs_copied = None
 
     def _run_eager(self, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         data = self._stage(packed.host)
         ids, positions, slots, src, last_index, row_slot = data.split(packed.field_sizes())
         if self.attention is not None:
+            self._wait_previous_inputs()
             attend = self.attention.plan_eager(packed)
+            self._inputs_copied = self._record()
         else:
             attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                                   packed.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
@@ -121,9 +158,11 @@ class StepExecutor:
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.graphs, self.attention
         assert graphs is not None and attention is not None, "bucket() picks a graph only once captured"
+        self._wait_previous_inputs()
         attention.plan_decode(batch, packed)
         host = attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
         self._stage(host, attention.staged[batch][:host.shape[0]])
+        self._inputs_copied = self._record()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
@@ -142,19 +181,21 @@ class StepExecutor:
             if sampling is not None:
                 tokens = sample(logits[:num_rows], *self._sampling_tensors(sampling))
             self.loop_tokens[row_slot[:num_rows].long()] = tokens
-            out = self._tokens_out[:num_rows]
+            buffer = (self._free_out.pop() if self._free_out
+                      else self._host(torch.empty(self.max_rows, dtype=torch.long)))
+            out = buffer[:num_rows]
             out.copy_(tokens, non_blocking=True)
-        event = None
-        if self.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        return Pending(num_rows, event, out, bool(batch))
+        event = self._record() if self.is_cuda else None
+        return Pending(num_rows, event, out, bool(batch), buffer)
 
     def _sampling_tensors(self, sampling: SamplingRows) -> list[torch.Tensor]:
         arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters)
         return [torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True) for a in arrays]
 
     def collect(self, pending: Pending) -> np.ndarray:
+        """The step's sampled ids (waits for the step); call once per launched step."""
         if pending.event is not None:
             pending.event.synchronize()
-        return pending.tokens.numpy().copy()
+        tokens = pending.tokens.numpy().copy()
+        self._free_out.append(pending.buffer)
+        return tokens

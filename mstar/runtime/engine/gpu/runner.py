@@ -7,23 +7,37 @@ page admission, budgets and lengths are the parent's. What changes: the model is
 A decode row whose token the engine kept (an on-device loop-back) is fed from the device token
 table: its token never crosses to the device from the host.
 
+Running ahead (`prelaunch`): right after a decode step N is launched, the run loop names the rows
+the plan lets it speculate on (its next step N+1, `SpeculationCover`); this runner then launches
+N+1 for those of them that loop their token back on the device, before N's tokens reach the host,
+so the device runs N+1 while the host post-processes N and composes N+1. N+1's positions are one
+past N's (N's tokens were committed at its launch), its pages are reserved now, its sampling
+counters are one past N's. When the run loop then launches N+1 for real, each of its rows that the
+prelaunched step holds takes that result (`_claim`); the other rows run in a step of their own.
+A prelaunched row nobody claims (its request stopped, or its rows were held) was not committed:
+its KV write one past the sequence is overwritten when the row runs again, and the token it wrote
+into the device token table is put back from the host (its request's last token), unless the
+request ended and its slot is gone. A row is only prelaunched when its next token fits in pages
+its request may take (the admission policy), never with KV offload (moving pages on a guess).
+
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path); requests with a repetition penalty are refused here (it needs each request's history on the
 device, not built yet).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 from mstar.plan.schema import CaptureFamily, NodePlan, Plan
 from mstar.runtime.engine.dims import DecoderDims
-from mstar.runtime.engine.gpu.executor import SamplingRows, StepExecutor
+from mstar.runtime.engine.gpu.executor import Pending, SamplingRows, StepExecutor
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
+from mstar.runtime.engine.kv.admission import PageNeed
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
@@ -73,6 +87,22 @@ class _Item(_Prepared):
     is_loop_back: bool = False
 
 
+@dataclass
+class _Ahead:
+    """A step launched ahead for a worker: which row sits where in it."""
+
+    pending: Pending
+    rows: dict[str, tuple[str, int]] = field(default_factory=dict)  # request id -> (walk, index)
+    slots: dict[str, int] = field(default_factory=dict)  # request id -> its device token table slot
+    requests: dict[str, RequestState] = field(default_factory=dict)
+    tokens: Optional[list[int]] = None  # collected once
+
+    def collect(self, executor: StepExecutor) -> list[int]:
+        if self.tokens is None:
+            self.tokens = executor.collect(self.pending).tolist()
+        return self.tokens
+
+
 class GpuDecoderRunner(DecoderRunner):
     # The fast path lays the KV pages out its own way (`_new_cache`) and overrides every base
     # method that touches them; the base's single-KvCache typing cannot say so.
@@ -80,7 +110,9 @@ class GpuDecoderRunner(DecoderRunner):
 
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
-                 is_flashinfer: bool, position: int = 0, prefix_cache: bool = False):
+                 is_flashinfer: bool, position: int = 0, prefix_cache: bool = False,
+                 can_run_ahead: Optional[bool] = None):
+        """can_run_ahead: launch decode steps ahead (`prelaunch`); None: on a GPU with decode graphs."""
         super().__init__(node, dims, model, page_size, num_pages, max_seq_len, None, seed, position=position,
                          placement=placement, prefix_cache=prefix_cache)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1)
@@ -90,6 +122,12 @@ class GpuDecoderRunner(DecoderRunner):
         self.capture_bytes = self.executor.capture() if family and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
         self._free_slots = list(range(num_pages, -1, -1))
+        if can_run_ahead is None:
+            can_run_ahead = self.executor.is_cuda and self.executor.graphs is not None
+        self.can_run_ahead = can_run_ahead and self.offload is None
+        self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
+        self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
+        self.num_ahead_rows = self.num_claimed_rows = 0
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
@@ -147,24 +185,112 @@ class GpuDecoderRunner(DecoderRunner):
                             np.array([p.seed for p in params], dtype=np.int64),
                             np.array([item.request.num_sampled.get(node, 0) for item in ready], dtype=np.int64))
 
-    # The base passes back only what this class's `_prepare` built (all `_Item`s).
     def _forward(self, ready: list[_Item]) -> list[RowResult]:  # type: ignore[override]
-        specs = []
+        return self._start_forward(ready)()
+
+    # The base passes back only what this class's `_prepare` built (all `_Item`s).
+    def _start_forward(self, ready: list[_Item], worker: int = 0  # type: ignore[override]
+                       ) -> Callable[[], list[RowResult]]:
+        """Launch the rows (claiming what a step launched ahead holds); commit their KV lengths now,
+        so a step launched ahead of this one packs the right positions; return what collects."""
+        ahead = self._ahead.pop(worker, None)
+        claimed = self._claim(ahead, ready) if ahead is not None else {}
+        fresh = [item for index, item in enumerate(ready) if index not in claimed]
+        pending = None
+        if fresh:
+            specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
+                             self.pool.num_tokens((item.row.request_id, self.guidance.first)),
+                             self.pool.page_table((item.row.request_id, self.guidance.first)),
+                             self._row_slot(item.row.request_id)) for item in fresh]
+            pending = self.executor.launch(specs, self._sampling(fresh))
         for item in ready:
-            key = (item.row.request_id, self.guidance.first)
-            specs.append(RowSpec(None if item.is_loop_back else item.tokens_fed, self.pool.num_tokens(key),
-                                 self.pool.page_table(key), self._row_slot(item.row.request_id)))
-        tokens = self.executor.collect(self.executor.launch(specs, self._sampling(ready)))
-        results = []
-        for item, token in zip(ready, tokens.tolist()):
             self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed),
                              None if item.is_loop_back else item.tokens_fed)
-            if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
-                item.request.history.setdefault(self.node.name, []).extend(item.tokens_fed)
-                results.append(RowResult(item.row.request_id))
-            else:
-                results.append(self._token_outputs(item, token))
-        return results
+        self._last_rows[worker] = {item.row.request_id for item in ready if not item.row.is_partial}
+
+        def finish() -> list[RowResult]:
+            fresh_tokens = iter(self.executor.collect(pending).tolist() if pending is not None else [])
+            ahead_tokens = ahead.collect(self.executor) if claimed and ahead is not None else []
+            results = []
+            for index, item in enumerate(ready):
+                token = ahead_tokens[claimed[index]] if index in claimed else next(fresh_tokens)
+                if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
+                    item.request.history.setdefault(self.node.name, []).extend(item.tokens_fed)
+                    results.append(RowResult(item.row.request_id))
+                else:
+                    results.append(self._token_outputs(item, token))
+            return results
+        return finish
+
+    def _claim(self, ahead: _Ahead, ready: list[_Item]) -> dict[int, int]:
+        """Rows of this step the step launched ahead already ran: index here -> index there. The
+        rows it ran that nobody claims get their device loop-back token back (module docstring)."""
+        claimed = {}
+        for index, item in enumerate(ready):
+            found = ahead.rows.get(item.row.request_id)
+            if found is not None and item.is_loop_back and not item.row.is_partial and found[0] == item.row.walk:
+                claimed[index] = found[1]
+        self.num_claimed_rows += len(claimed)
+        taken = {ready[index].row.request_id for index in claimed}
+        node = self.node.name
+        restore = [(slot, ahead.requests[request_id].last_token[node][0]) for request_id, slot in ahead.slots.items()
+                   if request_id not in taken and self._row_slots.get(request_id) == slot
+                   and ahead.requests[request_id].last_token.get(node)]
+        if restore:
+            slots, tokens = zip(*restore)
+            table = self.executor.loop_tokens
+            table[torch.tensor(slots, device=table.device)] = torch.tensor(tokens, device=table.device)
+        return claimed
+
+    def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
+        """Launch the worker's next decode step ahead for `rows` (the run loop's speculation of
+        it), those of them whose latest step sampled a token that loops back on the device."""
+        if not self.can_run_ahead or worker in self._ahead:
+            return
+        last = self._last_rows.get(worker, set())
+        node = self.node.name
+        specs: list[RowSpec] = []
+        ahead = _Ahead(pending=None)  # type: ignore[arg-type]  # set below, before use
+        temperature: list[float] = []
+        top_p: list[float] = []
+        seeds: list[int] = []
+        counters: list[int] = []
+        for request_id, walk, call, request in rows:
+            key = (request_id, self.guidance.first)
+            if (request_id not in last or request_id in ahead.rows or not self._device_loop_backs(call)
+                    or self.pool.num_tokens(key) + 1 > self.max_seq_len or not self._reserve_next(request_id, key)):
+                continue
+            slot = self._row_slot(request_id)
+            ahead.rows[request_id] = (walk, len(specs))
+            ahead.slots[request_id] = slot
+            ahead.requests[request_id] = request
+            specs.append(RowSpec(None, self.pool.num_tokens(key), self.pool.page_table(key), slot))
+            params = request.params
+            temperature.append(params.temperature or 0.0)
+            top_p.append(params.top_p)
+            seeds.append(params.seed)
+            counters.append(request.num_sampled.get(node, 0) + 1)  # the step before samples first
+        if not specs:
+            return
+        is_greedy = all(t == 0.0 for t in temperature)
+        sampling = None if is_greedy else SamplingRows(
+            np.array(temperature, dtype=np.float32), np.array(top_p, dtype=np.float32),
+            np.array(seeds, dtype=np.int64), np.array(counters, dtype=np.int64))
+        ahead.pending = self.executor.launch(specs, sampling)
+        self._ahead[worker] = ahead
+        self.num_ahead_rows += len(specs)
+
+    def _reserve_next(self, request_id: str, key: tuple[str, str]) -> bool:
+        """Reserve the page the row's next token needs, when the admission policy lets it."""
+        num_pages = self.pool.num_new_pages(key, 1)
+        if num_pages:
+            need = PageNeed(request_id, num_pages, 0)
+            if self.admission.shortfall([need], self.pool.num_free_pages):
+                return False
+            self.admission.grant(need)
+            if not self.pool.reserve(key, 1):
+                raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
+        return True
 
     def _token_outputs(self, item: _Item, token: int) -> RowResult:
         node, request = self.node.name, item.request

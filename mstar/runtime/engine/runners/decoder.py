@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -103,6 +103,7 @@ class DecoderRunner:
         self.flashinfer = flashinfer
         self.offload = Offload(host_pages) if host_pages else None
         self.host = HostKv(host_pages, self.cache) if host_pages else None
+        self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
         self.slots = slots
         conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
                     + dims.num_linear_value_heads * dims.linear_value_dim)
@@ -217,6 +218,15 @@ class DecoderRunner:
         it, all or nothing: when any row cannot get memory, nothing runs. `route` is the step's
         attention route from the plan (attention/routes.py); `decode_walks` the walks whose rows
         a `split` step attends on decode kernels."""
+        results, failed, finish = self.start(rows, is_partial_ok, route, decode_walks)
+        return results + finish(), failed
+
+    def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
+              route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
+              ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
+        """`run` split at the device: (results known now, rows short of memory, finish), where
+        `finish()` waits for the rows that ran and returns their results. Here the forward runs
+        at once; a runner whose device runs ahead of the host (gpu/runner.py) returns before."""
         results: list[RowResult] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
@@ -239,13 +249,20 @@ class DecoderRunner:
         needs, failed = self._shortfall(ready)
         failed = on_host + failed
         if failed and not is_partial_ok:
-            return results, failed
+            return results, failed, list
         granted = [(item, need) for item, need in zip(ready, needs) if need.request_id not in failed]
         self._grant(granted)
         ready = [item for item, _ in granted]
-        if ready:
-            results.extend(self._forward(ready))
-        return results, failed
+        return results, failed, self._start_forward(ready, worker) if ready else list
+
+    def _start_forward(self, ready: list[_Prepared], worker: int = 0) -> Callable[[], list[RowResult]]:
+        """The forward of the granted rows (of `worker`'s step); returns what waits for their results."""
+        ran = self._forward(ready)
+        return lambda: ran
+
+    def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
+        """Launch `worker`'s next step ahead for these (request id, walk) rows: this runner's
+        forward runs when its step is launched, so it has nothing to run ahead (gpu/runner.py does)."""
 
     def _shortfall(self, ready: list[_Prepared]) -> tuple[list[PageNeed], list[str]]:
         """The rows' page needs, and the rows short of memory after moving other started requests

@@ -19,6 +19,8 @@ requests alone, as in one process.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Optional
 
 from mstar.plan.schema import Plan
@@ -44,7 +46,8 @@ class RankEngines:
             (worker.rank, group.node): tuple(group.ranks) for worker in plan.workers for group in worker.tp_groups}
         self.homes = KvHomes(plan)
         # rank 0's engine reads every decoder's dims (its own nodes or not), so its caps hold for all ranks
-        self.caps = local.engine.caps if local else EngineCaps()
+        # (rank 0's engine runs nothing ahead for steps it sends to other ranks)
+        self.caps = dataclasses.replace(local.engine.caps, can_launch_ahead=False) if local else EngineCaps()
         self.lost: Optional[str] = None
         self.num_steps = 0
         self.last_step: dict[int, str] = {}  # rank -> its latest step, for a failure's message
