@@ -42,3 +42,12 @@ def test_gpu_profile_on_the_cpu_is_refused(tmp_path):
                             capture_output=True, text=True, cwd=__import__("pathlib").Path(__file__).parents[2])
     assert result.returncode == 1, result.stderr
     assert "--gpu-profile" in result.stderr and "cuda" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_idle_by_tenth_shows_where_the_device_waited(tmp_path):
+    # Busy all through the first half, then one short kernel every 100 us.
+    events = [("kernel", 0, 500)] + [("kernel", 500 + 100 * i, 10) for i in range(6)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_trace(events)))
+    tenths = idle_summary(str(path))["idle_pct_by_tenth"]
+    assert len(tenths) == 10 and tenths[:4] == [0.0] * 4 and min(tenths[6:]) > 50

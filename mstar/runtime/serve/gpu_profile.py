@@ -3,9 +3,9 @@
 In: the run, wrapped in `profiled(path)` (torch.profiler, CUDA activity only, so the host side
 costs little); out: a Chrome trace at `path` (open it in Perfetto or chrome://tracing) and
 `idle_summary(path)`: the device's busy time (the union of its kernel, copy and set intervals)
-against the span from its first to its last, for the whole run and for its middle half (the steady
-state, without start-up and the tail where rows drain), plus the gaps between device work that
-are longer than `GAP_US` (each one a place where the device waited for the host).
+against the span from its first to its last, for the whole run, for its middle half (the steady
+state, without start-up and the tail where rows drain) and for each tenth of the span, plus the
+gaps between device work longer than `GAP_US` (each one a place where the device waited for the host).
 """
 from __future__ import annotations
 
@@ -56,9 +56,12 @@ def idle_summary(path: str) -> dict[str, Any]:
     if not intervals:
         return {"error": "the trace holds no device work"}
     first, last = intervals[0][0], intervals[-1][1]
-    quarter = (last - first) / 4
+    quarter, tenth = (last - first) / 4, (last - first) / 10
     return {"whole_run": _window(intervals, first, last),
-            "middle_half": _window(intervals, first + quarter, last - quarter)}
+            "middle_half": _window(intervals, first + quarter, last - quarter),
+            # where in the run the device waited: start-up, prefill waves, the steady decode, the tail
+            "idle_pct_by_tenth": [_window(intervals, first + i * tenth, first + (i + 1) * tenth)["idle_pct"]
+                                  for i in range(10)]}
 
 
 def summary_line(summary: dict[str, Any]) -> str:

@@ -79,7 +79,18 @@ def decode_family(plan: Plan, node: str) -> Optional[CaptureFamily]:
 
 def _no_embeds(num_tokens: int) -> torch.Tensor:
     """The fast path embeds on the device: the host item carries only its token count (`[T, 0]`)."""
-    return torch.empty(num_tokens, 0)
+    return _ONE_TOKEN if num_tokens == 1 else torch.empty(num_tokens, 0)
+
+
+_ONE_TOKEN = torch.empty(1, 0)  # shared by every one-token row (nothing writes it)
+
+
+@dataclass(frozen=True)
+class _CallFacts:
+    """What a step reads of a call for each of its rows, worked out once per call."""
+
+    loop_backs: frozenset[str]  # inputs the node feeds itself on the device
+    outputs: tuple[tuple[str, bool], ...]  # (output name, is a token output; else a mask)
 
 
 @dataclass
@@ -125,6 +136,7 @@ class GpuDecoderRunner(DecoderRunner):
         if can_run_ahead is None:
             can_run_ahead = self.executor.is_cuda and self.executor.graphs is not None
         self.can_run_ahead = can_run_ahead and self.offload is None
+        self._facts: dict[int, _CallFacts] = {}  # id of a call of the engine's call table -> its facts
         self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
         self.num_ahead_rows = self.num_claimed_rows = 0
@@ -147,14 +159,22 @@ class GpuDecoderRunner(DecoderRunner):
         if slot is not None:
             self._free_slots.append(slot)
 
+    def _facts_of(self, call: CallInfo) -> _CallFacts:
+        facts = self._facts.get(id(call))
+        if facts is None:
+            outputs = tuple((name, call.output_roles.get(name, "tokens") == "tokens") for name in call.output_names)
+            facts = self._facts[id(call)] = _CallFacts(frozenset(self._device_loop_backs(call)), outputs)
+        return facts
+
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Item:
         if call.is_image_flow:
             raise InputError("image-flow steps are not on the GPU fast path")
         node = self.node.name
         writes = (self.guidance.first,)  # the fast path has no guidance sequences (fast_path_reason)
+        loop_backs = self._facts_of(call).loop_backs
         for name in call.inputs:
             raw = row.inputs.get(name)
-            if raw is None and name in self._device_loop_backs(call) and node in request.last_token:
+            if raw is None and name in loop_backs and node in request.last_token:
                 return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]), writes=writes,
                              is_loop_back=True)
             if call.input_roles.get(name) in ("mask", "signal"):
@@ -169,6 +189,36 @@ class GpuDecoderRunner(DecoderRunner):
 
     def _num_new(self, item: _Prepared) -> int:
         return len(item.tokens_fed)
+
+    # The base's per-row bookkeeping, for the one KV sequence a fast-path row writes (no guidance
+    # sequences, no read-only rows): the same rules without the per-row generators of keys.
+    def _length_problem(self, item: _Prepared) -> Optional[str]:
+        length = self.pool.num_tokens((item.row.request_id, self.guidance.first)) + len(item.tokens_fed)
+        if length > self.max_seq_len:
+            return (f"node {self.node.name}: sequence {self.guidance.first} would grow to {length} tokens, past "
+                    f"max_seq_len {self.max_seq_len}")
+        return None
+
+    def _page_needs(self, ready: list[_Prepared]) -> list[PageNeed]:
+        pool, admission, label = self.pool, self.admission, self.guidance.first
+        needs = []
+        for item in ready:
+            request_id = item.row.request_id
+            num_pages = pool.num_new_pages((request_id, label), len(item.tokens_fed))
+            budget = 0 if admission.is_started(request_id) else self.start_budget_pages(item.request)
+            needs.append(PageNeed(request_id, num_pages, budget, self.slots is not None
+                                  and self.slots.slot_of(request_id) is None))
+        return needs
+
+    def _grant(self, granted: list[tuple[_Prepared, PageNeed]]) -> None:
+        if self.slots is not None:  # recurrent state slots: the base's grant acquires them
+            super()._grant(granted)
+            return
+        label = self.guidance.first
+        for item, need in granted:
+            self.admission.grant(need)
+            if need.num_pages and not self.pool.reserve((item.row.request_id, label), len(item.tokens_fed)):
+                raise RuntimeError(f"KV pages vanished between the check and the grant for {item.row.request_id}")
 
     def _row_slot(self, request_id: str) -> int:
         if request_id not in self._row_slots:
@@ -257,7 +307,7 @@ class GpuDecoderRunner(DecoderRunner):
         counters: list[int] = []
         for request_id, walk, call, request in rows:
             key = (request_id, self.guidance.first)
-            if (request_id not in last or request_id in ahead.rows or not self._device_loop_backs(call)
+            if (request_id not in last or request_id in ahead.rows or not self._facts_of(call).loop_backs
                     or self.pool.num_tokens(key) + 1 > self.max_seq_len or not self._reserve_next(request_id, key)):
                 continue
             slot = self._row_slot(request_id)
@@ -301,9 +351,6 @@ class GpuDecoderRunner(DecoderRunner):
         result = RowResult(item.row.request_id)
         result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
                           or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
-        for name in item.call.output_names:
-            if item.call.output_roles.get(name, "tokens") == "tokens":
-                result.outputs[name] = [token]
-            else:
-                result.outputs[name] = torch.ones(len(item.tokens_fed), dtype=torch.bool)
+        for name, is_token in self._facts_of(item.call).outputs:
+            result.outputs[name] = [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
         return result
