@@ -18,10 +18,12 @@ each the same `--prefix-len` tokens then 16 of its own; the TTFT of the second a
 the plan's prefix cache over their TTFT with the cache off (target: at least 5x lower), and the
 cache's hits.
 
-Engines: `--engine sim` (the cost model: simulated seconds) or `--engine torch` (the CPU torch
-reference with `--dims tiny`: wall seconds on this machine, so figures move with its load).
+Engines: `--engine sim` (the cost model: simulated seconds) or `--engine torch` (wall seconds on
+this machine, so figures move with its load): the CPU torch reference with `--dims tiny` by
+default, or `--device cuda --dims spec` for the GPU fast path at the spec's dims.
 
 Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch] [--json]
+                      [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
                       [--arrive-after STEPS] [--budget N] [--prefix-requests N] [--prefix-len N]
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -53,17 +56,24 @@ def with_budget(plan: Plan, budget: Optional[int], chunk: Optional[int] = None) 
     return plan.model_copy(update={"workers": workers})
 
 
-def _engine(plan: Plan, name: str) -> Any:
-    if name == "sim":
+@dataclass(frozen=True)
+class EngineChoice:
+    name: str  # sim or torch
+    device: str = "cpu"  # torch: cpu or cuda[:N]
+    dims: str = "tiny"  # torch: tiny or spec
+
+
+def _engine(plan: Plan, engine: EngineChoice) -> Any:
+    if engine.name == "sim":
         from mstar.runtime.engine.sim import SimEngine
 
         return SimEngine(plan)
     from mstar.runtime.engine.torch_engine import TorchEngine
 
-    return TorchEngine(plan, dims="tiny")
+    return TorchEngine(plan, dims=engine.dims, device=engine.device)
 
 
-def _run(plan: Plan, engine: str, requests: list[Request]) -> Driver:
+def _run(plan: Plan, engine: EngineChoice, requests: list[Request]) -> Driver:
     driver = Driver(plan, _engine(plan, engine))
     driver.run(Workload(requests))
     return driver
@@ -91,7 +101,7 @@ def _ttft(driver: Driver, rid: str) -> float:
     return record.first_token_s - record.arrival_s
 
 
-def chunk_scenario(plan: Plan, engine: str, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
+def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
     """The figures of one plan variant (module docstring)."""
     budget = max((k.token_budget or 0 for w in plan.workers for k in w.keys), default=0)
     num_prefill_steps = -(-prompt_len // max(budget - num_decode, 1)) if budget else 1
@@ -123,7 +133,7 @@ def with_prefix_cache(plan: Plan, state: str) -> Plan:
     return plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
 
 
-def prefix_scenario(plan: Plan, engine: str, num_requests: int, prefix_len: int) -> dict:
+def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_len: int) -> dict:
     """Mean TTFT of the 2nd and later requests sharing a prefix, with the cache and without."""
     prefix = [(7 * i) % 500 for i in range(prefix_len)]
     requests = [Request(id=f"p{i:03d}", prompt_tokens=prefix + [(11 * i + j) % 500 for j in range(16)], max_tokens=2)
@@ -153,7 +163,8 @@ def _print_prefix(results: dict) -> None:
 
 
 def _print(results: dict) -> None:
-    print(f"engine {results['engine']}, plan {results['plan']}: {results['decode_rows']} decode rows, one "
+    print(f"engine {results['engine']} ({results['device']}, {results['dims']} dims), plan {results['plan']}: "
+          f"{results['decode_rows']} decode rows, one "
           f"{results['prompt_len']}-token prompt arriving after {results['arrive_after']} decode steps")
     print(f"{'variant':<10} {'budget':>6} {'ITL p99 during ms':>18} {'steady ms':>10} {'ratio':>6} "
           f"{'TTFT ms':>9} {'alone ms':>9} {'ratio':>6}")
@@ -178,13 +189,17 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
             return "cuts no prompt into chunks (no max_prefill_chunk_size)"
         for name, variant in (("chunked", plan), ("whole", with_budget(plan, None))):
-            results[name] = chunk_scenario(variant, args.engine, args.decode_rows, args.prompt_len,
+            results[name] = chunk_scenario(variant, _choice(args), args.decode_rows, args.prompt_len,
                                            args.arrive_after)
     if args.scenario in ("all", "prefix"):
         if not any(p.prefix_walks for p in plan.deployment.kv_pools):
             return "has no prefix cache (prefix_cache: true in the deployment)"
-        results["prefix"] = prefix_scenario(plan, args.engine, args.prefix_requests, args.prefix_len)
+        results["prefix"] = prefix_scenario(plan, _choice(args), args.prefix_requests, args.prefix_len)
     return None
+
+
+def _choice(args: argparse.Namespace) -> EngineChoice:
+    return EngineChoice(args.engine, args.device, args.dims)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -198,8 +213,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
     parser.add_argument("--prefix-requests", type=int, default=8)
     parser.add_argument("--prefix-len", type=int, default=1024)
+    parser.add_argument("--device", default="cpu", help="torch engine: cpu (default) or cuda[:N] (the GPU fast path)")
+    parser.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine: model dims")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
+        parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
     if min(args.decode_rows, args.prompt_len, args.arrive_after, args.budget or 1, args.prefix_len) < 1:
         parser.error("--decode-rows, --prompt-len, --arrive-after, --budget and --prefix-len must be positive")
     if args.prefix_requests < 2:
@@ -211,7 +230,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlanError as error:
         print(f"mstar bench kv: error: {error}", file=sys.stderr)
         return 1
-    results: dict[str, Any] = {"engine": args.engine, "plan": args.plan, "decode_rows": args.decode_rows,
+    results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
+                               "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
     problem = _run_scenarios(plan, args, results)
