@@ -43,10 +43,14 @@ class Runner:
     """Runs one scheduler (`make(worker, deployment, clock)`) under a trace."""
 
     def __init__(
-        self, make, worker: WorkerPlan, deployment: DeploymentPlan, arrival_keys: Optional[list[str]] = None
+        self, make, worker: WorkerPlan, deployment: DeploymentPlan, arrival_keys: Optional[list[str]] = None,
+        remove_finished: bool = False,
     ) -> None:
         """arrival_keys: keys requests arrive on (default: all; a TP follower's followed keys
-        cannot take part in a one-worker trace)."""
+        cannot take part in a one-worker trace). remove_finished: a request that finishes is
+        removed from the scheduler after the step's rows came back, as the driver removes every
+        ended request."""
+        self.remove_finished = remove_finished
         self.now = 0.0
         self.worker = worker
         self.keys: dict[str, KeyPlan] = {
@@ -140,6 +144,7 @@ class Runner:
                         self._make_ready(req)
             return
         spec_ids = set(self.spec.request_ids) if self.spec is not None else set()
+        finished = []
         for rid in batch.request_ids:
             req = self.reqs[rid]
             if req.state == "removed":
@@ -147,12 +152,16 @@ class Runner:
             req.pos += 1
             if req.pos == len(req.steps):
                 req.state = "done"
+                finished.append(rid)
             elif rid in spec_ids:
                 req.state = "spec_next"  # its next run is already in the speculative step
             else:
                 self._make_ready(req)
                 walk, tokens = req.steps[req.pos]
                 self.sched.add_ready(rid, self.keys[req.key].node, walk, tokens)
+        if self.remove_finished:
+            for rid in finished:
+                self.sched.remove(rid)
         if self.spec is not None:
             self.in_flight, self.spec = self.spec, None
             for rid in self.in_flight.request_ids:

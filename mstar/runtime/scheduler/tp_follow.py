@@ -42,6 +42,10 @@ class FollowQueue:
                 del self._named[rid]
         return batch
 
+    def num_named(self) -> int:
+        """Requests named by queued leader batches."""
+        return len(self._named)
+
     def names(self, request_id: str) -> bool:
         """Whether a queued leader batch still needs this request's row."""
         return request_id in self._named
