@@ -1,7 +1,9 @@
 """Project-wide test settings.
 
 Hypothesis profiles: `ci` (the default, used by .ci/run) keeps property runs short on a 2-core
-machine; `long` runs many more examples: `HYPOTHESIS_PROFILE=long python3 -m pytest tests`.
+machine; `long` runs many more examples: `HYPOTHESIS_PROFILE=long python3 -m pytest tests`;
+`sched-long` is for long scheduler-only runs (`HYPOTHESIS_PROFILE=sched-long python3 -m pytest
+tests/scheduler`). All are registered here, before the profile named in the environment loads.
 Every test runs under a hang guard (below): MSTAR_TEST_TIMEOUT_S, default 600 s.
 """
 import os
@@ -16,6 +18,10 @@ settings.register_profile(
 )
 settings.register_profile(
     "long", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "sched-long", max_examples=5000, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -4,8 +4,10 @@ A request lives on one key and runs a fixed sequence of (walk, tokens) steps. Th
 its own view of each request (ready, held, in flight, done, removed), one step in flight at a
 time plus at most one speculative step built while it runs, and checks each batch against the
 plan: cap, rows limits, one key, mask/label consistency, rows that were really ready, and the
-starvation bound (see `starvation_bound`). `log` records every decision, so two runs of the same
-trace can be compared (determinism, fast vs baseline scheduler).
+starvation bound (see `starvation_bound`) on every scheduled row, including rows back from a
+hold, which count from the scheduler call that returned them (`_return_holds`). `log` records
+every decision, so two runs of the same trace can be compared (determinism, fast vs baseline
+scheduler).
 """
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ class Req:
     state: str = "ready"  # ready | held | flight | spec | done | removed
     ready_at: int = 0  # batches built when it became ready
     num_ahead: int = 0  # ready rows of its key older than it, when it became ready
-    from_hold: bool = False
     hold_until: float = 0.0
+    hold_order: tuple[int, int] = (0, 0)  # (hold call, position in the failed batch)
 
 
 def starvation_bound(num_ahead: int, num_keys: int, max_follow: int) -> int:
@@ -60,6 +62,7 @@ class Runner:
         self.max_follow = max(1, deployment.max_consecutive_follower_batches)
         self.reqs: dict[str, Req] = {}
         self.num_batches = 0
+        self.num_holds = 0
         self.in_flight: Optional[Batch] = None
         self.spec: Optional[Batch] = None
         self.log: list = []
@@ -80,6 +83,7 @@ class Runner:
     def build(self) -> None:
         if self.in_flight is not None:
             return
+        self._return_holds()
         batch = self.sched.next_batch()
         self.log.append(("build", batch))
         if batch is not None:
@@ -108,6 +112,7 @@ class Runner:
             if walk == chain and req.state == "flight" and is_next_chain:
                 continuing.append(rid)
                 tokens.append(req.steps[req.pos + 1][1])
+        self._return_holds()
         batch = self.sched.speculate(running, continuing, tokens)
         self.log.append(("spec", batch))
         if batch is not None:
@@ -126,12 +131,13 @@ class Runner:
             self.sched.hold(batch, named, 0.05)
             self.log.append(("hold", tuple(named or ())))
             held = set(batch.request_ids if named is None else named)
-            for rid in batch.request_ids:
+            self.num_holds += 1
+            for at, rid in enumerate(batch.request_ids):
                 req = self.reqs[rid]
                 if req.state == "removed":
                     continue
                 if rid in held:
-                    req.state, req.from_hold, req.hold_until = "held", True, self.now + 0.05
+                    req.state, req.hold_until, req.hold_order = "held", self.now + 0.05, (self.num_holds, at)
                 else:
                     self._make_ready(req)
             if self.spec is not None:
@@ -205,7 +211,16 @@ class Runner:
         req.state = "ready"
         req.ready_at = self.num_batches
         req.num_ahead = sum(1 for r in self.reqs.values() if r.key == req.key and r.state == "ready" and r is not req)
-        req.from_hold = False
+
+    def _return_holds(self) -> None:
+        """The scheduler call about to be made (next_batch or speculate) first returns every hold
+        whose deadline has passed to the end of its ready queue, earliest deadline first, then in
+        the order the holds were made, rows in batch order. Those rows are ready from here on:
+        older than any row that becomes ready later, so they count in its bound, and their own
+        bound counts from here (not from the deadline, which may lie well before this call)."""
+        expired = [r for r in self.reqs.values() if r.state == "held" and r.hold_until <= self.now]
+        for req in sorted(expired, key=lambda r: (r.hold_until, r.hold_order)):
+            self._make_ready(req)
 
     def _check(self, batch: Batch, continuing: list[str]) -> None:
         key = self.keys[batch.key]
@@ -231,15 +246,11 @@ class Runner:
                 req.state = "spec_next"
                 continue
             assert req.key == batch.key
-            if req.state == "held":
-                assert self.now >= req.hold_until - 1e-9, f"{rid} scheduled while held"
-            else:
-                assert req.state == "ready", f"{rid} scheduled while {req.state}"
+            assert req.state == "ready", f"{rid} scheduled while {req.state}"
             assert (walk, tokens) == req.steps[req.pos], f"{rid} scheduled with the wrong walk or tokens"
-            if not req.from_hold:
-                waited = self.num_batches - req.ready_at
-                bound = starvation_bound(req.num_ahead, num_keys, self.max_follow)
-                assert waited <= bound, f"{rid} waited {waited} batches (bound {bound})"
+            waited = self.num_batches - req.ready_at
+            bound = starvation_bound(req.num_ahead, num_keys, self.max_follow)
+            assert waited <= bound, f"{rid} waited {waited} batches (bound {bound})"
             req.state = "spec" if batch.is_speculative else "flight"
 
 
