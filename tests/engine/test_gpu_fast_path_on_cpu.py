@@ -1,11 +1,14 @@
 """The GPU fast path's logic on the CPU (fp32, torch attention over FlashInfer's CSR arrays):
 packing, the flat forward, the device token table (loop-back), device sampling and the runner,
 against the reference `DecoderRunner`. Graphs and FlashInfer run only in tests/gpu/."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from engine_plans import generate, llm_plan
+from mstar.runtime.engine.dims import RopeScaling
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.packing import RowSpec, pack
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
@@ -101,9 +104,10 @@ def test_fast_path_reasons():
     calls = call_table(plan)
     assert fast_path_reason(plan.nodes[0], calls) is None
     assert decode_family(plan, "LLM") is None  # a hand-built plan lists no captures
-    hybrid = TorchEngine(llm_plan(dict(plan.nodes[0].dims, layers=4, layer_pattern=[0, 0, 0, 1]),
-                                  recurrent=None)).runners["LLM"].dims
-    assert "gated delta-net" in unsupported_reason(hybrid)
+    dims = TorchEngine(plan).runners["LLM"].dims
+    assert unsupported_reason(dims) is None
+    dynamic = dataclasses.replace(dims, rope=RopeScaling(kind="dynamic", factor=2.0, max_position=64))
+    assert "dynamic NTK" in unsupported_reason(dynamic)
 
 
 def test_fast_runner_refuses_a_repetition_penalty():

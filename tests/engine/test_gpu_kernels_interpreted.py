@@ -11,12 +11,13 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from engine_plans import llm_plan  # noqa: E402
+from engine_plans import hybrid_plan, llm_plan  # noqa: E402
 from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu import kernels  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend  # noqa: E402
 from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
+from mstar.runtime.engine.models.gdn import LinearStates  # noqa: E402
 from mstar.runtime.engine.models.layers import RMSNorm  # noqa: E402
 
 
@@ -35,7 +36,7 @@ def test_kernels_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "6 passed" in result.stdout, result.stdout[-2000:]
+    assert "7 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -86,23 +87,30 @@ def test_silu_mul_matches_torch(interpreted):
     assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
-def test_fused_forward_matches_the_torch_forward(interpreted):
-    """The whole step with the fused kernels (forced on, on the CPU) against the torch ops, fp32."""
-    dims = decoder_dims(llm_plan().nodes[0], "spec")
+@pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
+def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid):
+    """The whole step with the fused kernels (forced on, on the CPU) against the torch ops, fp32; the
+    Qwen3.5 hybrid adds zero-centred norms, partial RoPE, the gated attention output and the gated
+    delta-net layers."""
+    dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
     outputs = []
     for is_fused in (False, True):
         model = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
         kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32,
                      torch.device("cpu"))
         kv.data.zero_()
-        forward = DecoderForward(model, dims, kv, 256)
+        states = LinearStates.for_dims(dims, 4) if is_hybrid else None
+        forward = DecoderForward(model, dims, kv, 256, states)
         forward.is_fused = is_fused
-        rows = [RowSpec([3, 5, 7], 0, [0], 0), RowSpec([9, 2], 0, [1], 1)]
+        rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
         packed = pack(rows, 16, kv.dummy_page)
-        ids, positions, slots, _, last_index, _ = torch.from_numpy(packed.host).split(packed.field_sizes())
+        data = torch.from_numpy(packed.host)
+        ids, positions, slots, _, last_index, row_slot = data.split(packed.field_sizes())
+        layout = forward.linear_layout(packed)
+        linear = None if layout is None else layout.on_device(torch.from_numpy(layout.host), row_slot)
         attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                               packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
-        outputs.append((forward(ids.long(), positions, slots, last_index, attend), kv.data.clone()))
+        outputs.append((forward(ids.long(), positions, slots, last_index, attend, linear), kv.data.clone()))
     (logits, cache), (fused_logits, fused_cache) = outputs
     torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused_cache, cache, rtol=1e-4, atol=1e-4)

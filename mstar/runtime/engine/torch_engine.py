@@ -44,7 +44,7 @@ from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
 from mstar.runtime.engine.runners.guidance import GuidanceError
-from mstar.runtime.engine.kv.slots import SlotPool, SlotPoolError
+from mstar.runtime.engine.kv.slots import SlotPoolError, node_slot_pool
 from mstar.runtime.engine.models.codec import CodecDecoder
 from mstar.runtime.engine.models.snac_codec import SnacCodec, SnacCodecDims
 from mstar.runtime.engine.snac_checkpoint import load_snac_weights, read_snac_config
@@ -235,9 +235,8 @@ class TorchEngine:
         pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
         slots = None
         if dims.has_linear_layers:
-            max_concurrent = self.plan.deployment.max_concurrent_requests
-            num_slots = node.recurrent.num_slots if node.recurrent else (max_concurrent or 64) + 1
-            slots = SlotPool(node.name, num_slots, max_concurrent)
+            slots = node_slot_pool(node.name, node.recurrent.num_slots if node.recurrent else None,
+                                   self.plan.deployment.max_concurrent_requests)
         return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
                              self._code_frames(node.name, mode), self.positions[node.name], self.placement,
                              self._flashinfer(node, dims, page_size),

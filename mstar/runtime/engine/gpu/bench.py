@@ -4,7 +4,8 @@ For a plan's first kv node at its spec dims with random bf16 weights, in one run
 decode steps of 1, 8 and 64 rows at context 1024, a mixed step (63 decode rows beside one
 512-token prompt), a 16 x 1024-token prefill; beside each, its floor: the larger of (bytes the step
 must read, at the device-to-device copy bandwidth measured in this run) and (its FLOPs, at the bf16
-matmul rate measured in this run); HF transformers' LlamaForCausalLM on the same shapes (eager
+matmul rate measured in this run; a hybrid decoder's bytes include each row's recurrent state, read
+and written back); HF transformers' LlamaForCausalLM on the same shapes (eager
 with a DynamicCache; with `--hf-compiled` also a static cache under torch.compile
 mode="reduce-overhead"); and the decode family's capture memory, measured against the plan's
 estimate. A step's time is the engine's whole step (pack, plan, replay or run, sample, copy back),
@@ -23,6 +24,8 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from mstar.runtime.engine.dims import DecoderDims
 
 CONTEXT = 1024
 DECODE_ROWS = (1, 8, 64)
@@ -63,15 +66,27 @@ class Shapes:
     def __init__(self, dims, weight_bytes: int, matmul_params: int):
         self.dims, self.weight_bytes, self.matmul_params = dims, weight_bytes, matmul_params
 
+    def state_bytes(self) -> int:
+        """A row's recurrent state over every gated delta-net layer (fp32 conv window and state)."""
+        d = self.dims
+        conv_dim = 2 * d.num_linear_heads * d.linear_key_dim + d.num_linear_value_heads * d.linear_value_dim
+        per_layer = conv_dim * (d.conv_kernel - 1) + d.num_linear_value_heads * d.linear_key_dim * d.linear_value_dim
+        return d.num_linear_layers * per_layer * 4
+
     def floor_ms(self, rows: list[tuple[int, int]], bandwidth: float, rate: float) -> float:
         d = self.dims
         per_token_kv = d.num_full_layers * 2 * d.num_kv_heads * d.head_dim * 2
         kv_bytes = sum((new + cached) * per_token_kv for new, cached in rows)
+        # Each row's recurrent state is read and written back once (the bandwidth counts both).
+        state_bytes = 2 * len(rows) * self.state_bytes()
         num_tokens = sum(new for new, _ in rows)
         attention = sum(4 * d.num_full_layers * d.num_qo_heads * d.head_dim * new * (cached + (new + 1) / 2)
                         for new, cached in rows)
-        flops = 2 * num_tokens * self.matmul_params + attention
-        return max((self.weight_bytes + kv_bytes) / bandwidth, flops / rate) * 1e3
+        # The gated delta rule per token and value head: decay, k^T S, the rank-1 update, q^T S.
+        state_size = d.num_linear_value_heads * d.linear_key_dim * d.linear_value_dim
+        recurrence = 8 * num_tokens * d.num_linear_layers * state_size
+        flops = 2 * num_tokens * self.matmul_params + attention + recurrence
+        return max((self.weight_bytes + kv_bytes + state_bytes) / bandwidth, flops / rate) * 1e3
 
 
 def _rows(executor, rows: list[tuple[int, int]], page_size: int):
@@ -84,7 +99,8 @@ def _rows(executor, rows: list[tuple[int, int]], page_size: int):
         table = list(range(next_page, next_page + num_pages))
         next_page += num_pages
         tokens = None if new == 1 and cached else [(7 * index + t) % 1000 for t in range(new)]
-        specs.append(RowSpec(tokens, cached, table, index))
+        # Row slots from 1: a hybrid decoder's row slot is its state slot, and slot 0 is the sink.
+        specs.append(RowSpec(tokens, cached, table, index + 1))
     return specs
 
 
@@ -134,12 +150,18 @@ def build(plan, node, is_tensor_core=None) -> tuple:
     kv = PagedKv(dims.num_full_layers, num_pages, page_size, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
     kv.data.normal_()
     family = decode_family(plan, node.name)
-    executor = StepExecutor(DecoderForward(model, dims, kv, 8192 + 1), kv, device, num_pages + 1,
+    states = None
+    if dims.has_linear_layers:  # a slot for each of the bench's rows (64) beside the sink
+        from mstar.runtime.engine.models.gdn import LinearStates
+
+        num_slots = max(node.recurrent.num_slots if node.recurrent else 0, max(DECODE_ROWS) + 1)
+        states = LinearStates.for_dims(dims, num_slots, device)
+    executor = StepExecutor(DecoderForward(model, dims, kv, 8192 + 1, states), kv, device, num_pages + 1,
                             family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core)
     return dims, model, kv, family, executor
 
 
-def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None) -> tuple[dict, object]:
+def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None) -> tuple[dict, DecoderDims]:
     dims, model, kv, family, executor = build(plan, node, is_tensor_core)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
@@ -154,7 +176,9 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
     out: dict[str, Any] = {"decode": {}, "device": torch.cuda.get_device_name(),
                            "copy_bandwidth_tb_s": round(bandwidth / 1e12, 3),
                            "matmul_tflop_s": round(rate / 1e12, 1), "capture_s": round(capture_s, 2),
-                           "dims": {"layers": dims.num_layers, "hidden": dims.hidden, "vocab": dims.vocab}}
+                           "dims": {"layers": dims.num_layers, "hidden": dims.hidden, "vocab": dims.vocab,
+                                    "linear_layers": dims.num_linear_layers},
+                           "state_mb_per_row": round(shapes.state_bytes() / 2 ** 20, 2)}
     for name, rows in cases.items():
         ms = _engine_step_ms(executor, rows, kv.page_size, iters)
         out["decode"][name] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3)}
@@ -212,7 +236,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
     result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core)
-    if not args.no_hf:
+    if not args.no_hf and dims.has_linear_layers:
+        result["hf"] = "not measured: the HF baseline is LlamaForCausalLM, not a gated delta-net hybrid"
+    elif not args.no_hf:
         from mstar.runtime.engine.gpu import bench_hf
 
         bench_hf.add_hf(result, dims, args.iters, args.hf_compiled)

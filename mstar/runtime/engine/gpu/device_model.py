@@ -7,8 +7,9 @@ the CPU reference's weights), a fast on-device random init (benchmarks), or a lo
 (safetensors read straight onto the device). Out: the `Decoder` module whose parameters live on the
 device; nothing is autocast.
 
-`unsupported_reason(dims)` says why a decoder cannot take this path (linear-attention layers,
-dynamic NTK RoPE, a 1-D parameter with no known start value); None when it can.
+`unsupported_reason(dims)` says why a decoder cannot take this path (an unknown style, dynamic NTK
+RoPE); None when it can. A Qwen3.5 hybrid's gated delta-net decay parameters (A_log, dt_bias) stay
+in fp32.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
+from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
 from mstar.runtime.engine.models.layers import RMSNorm
 from mstar.runtime.engine.weights import WeightsError, param_seed
 
@@ -28,9 +30,7 @@ __all__ = ["build_decoder", "unsupported_reason"]
 
 def unsupported_reason(dims: DecoderDims) -> Optional[str]:
     """Why `dims` cannot run on the device fast path, or None."""
-    if dims.has_linear_layers:
-        return "gated delta-net layers are not on the GPU fast path yet"
-    if dims.style != "llama":
+    if dims.style not in ("llama", "qwen3_5"):
         return f"style {dims.style} is not on the GPU fast path yet"
     if dims.rope.kind == "dynamic":
         return "dynamic NTK RoPE (per-request frequencies) is not on the GPU fast path"
@@ -38,12 +38,24 @@ def unsupported_reason(dims: DecoderDims) -> Optional[str]:
 
 
 def _start_value(module: nn.Module, name: str) -> Optional[float]:
-    """The constructor value of a 1-D parameter: norm scales 1 (0 when zero-centred), biases 0."""
+    """The constructor value of a 1-D parameter: norm scales 1 (0 when zero-centred), biases 0,
+    a gated delta-net's decay parameters at their starts (`GatedDeltaNet.START_VALUES`) and its
+    gated norm's scale 1."""
     if isinstance(module, RMSNorm):
         return 0.0 if module.is_zero_centred else 1.0
+    if isinstance(module, GatedDeltaNet):
+        return GatedDeltaNet.START_VALUES.get(name)
+    if isinstance(module, GateNormWeight):
+        return 1.0
     if name == "bias":
         return 0.0
     return None
+
+
+def _dtype(module: nn.Module, name: str, dtype: torch.dtype) -> torch.dtype:
+    """fp32 for a gated delta-net's decay parameters (the decay is computed in fp32: Qwen3.5's
+    checkpoints keep A_log in fp32), else the model's dtype."""
+    return torch.float32 if isinstance(module, GatedDeltaNet) and name in GatedDeltaNet.START_VALUES else dtype
 
 
 def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *, position: int, seed: int,
@@ -57,7 +69,7 @@ def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *
     for module_name, module in model.named_modules():
         for name, meta in list(module.named_parameters(recurse=False)):
             full = f"{module_name}.{name}" if module_name else name
-            value = torch.empty(meta.shape, dtype=dtype, device=device)
+            value = torch.empty(meta.shape, dtype=_dtype(module, name, dtype), device=device)
             if meta.dim() < 2:
                 start = _start_value(module, name)
                 if start is None:

@@ -142,8 +142,12 @@ class StepExecutor:
             self._inputs_copied = None
 
     def _run_eager(self, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        data = self._stage(packed.host)
-        ids, positions, slots, src, last_index, row_slot = data.split(packed.field_sizes())
+        # A hybrid decoder's prompt rows: their layout for the linear layers rides in the same copy.
+        layout = self.forward.linear_layout(packed)
+        size = packed.host.shape[0]
+        data = self._stage(packed.host if layout is None else np.concatenate([packed.host, layout.host]))
+        ids, positions, slots, src, last_index, row_slot = data[:size].split(packed.field_sizes())
+        linear = self.forward.decode_step(row_slot) if layout is None else layout.on_device(data[size:], row_slot)
         if self.attention is not None:
             self._wait_previous_inputs()
             attend = self.attention.plan_eager(packed)
@@ -152,7 +156,7 @@ class StepExecutor:
             attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                                   packed.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
         ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
-        logits = self.forward(ids, positions, slots, last_index, attend)
+        logits = self.forward(ids, positions, slots, last_index, attend, linear)
         return logits, logits.argmax(-1), row_slot
 
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

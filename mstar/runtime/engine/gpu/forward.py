@@ -1,8 +1,10 @@
-"""One step of a plain decoder over a paged KV cache, on flat device tensors (graph-capturable).
+"""One step of a decoder over a paged KV cache, on flat device tensors (graph-capturable).
 
 In: the step's token ids `[N]`, positions `[N]`, the flat cache slot each token writes `[N]`, each
 row's last-token index `[R]`, and an `attend(layer, q, k_pages, v_pages) -> out` callable (FlashInfer
-on a GPU, `torch_attend` elsewhere) already planned for the step. Out: logits `[R, vocab]` in fp32.
+on a GPU, `torch_attend` elsewhere) already planned for the step; for a hybrid decoder (Qwen3.5's
+gated delta-net layers beside full attention) also the step's `LinearStep` (each row's recurrent
+slot; `gdn_forward.py` runs those layers). Out: logits `[R, vocab]` in fp32.
 
 On a tensor-parallel rank the model is its shard (`engine/tp/sharded.py`): the embedding, the
 outputs of o_proj and down_proj and the logits go through the model's `embed_tokens`,
@@ -18,13 +20,17 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu import kernels
+from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearLayout, LinearStep, linear_layout
+from mstar.runtime.engine.gpu.packing import PackedStep
 from mstar.runtime.engine.models.decoder import Decoder
+from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.rope import inverse_frequencies
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -62,7 +68,10 @@ class DecoderForward:
     runs as torch ops.
     """
 
-    def __init__(self, model: Decoder, dims: DecoderDims, kv: PagedKv, max_positions: int):
+    def __init__(self, model: Decoder, dims: DecoderDims, kv: PagedKv, max_positions: int,
+                 states: Optional[LinearStates] = None):
+        """states: the recurrent slots of the gated delta-net layers (`gdn_forward.py`), needed
+        when the decoder has any."""
         self.model, self.dims, self.kv = model, dims, kv
         device = model.lm_head.weight.device
         rotary = dims.rotary_dim if dims.partial_rotary < 1.0 else dims.head_dim
@@ -75,8 +84,16 @@ class DecoderForward:
         self.sin = (freqs.sin() * scale).to(device)
         self.is_fused = kernels.available(device)
         layers = model.model.layers
-        self.qkv = [_fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]) for layer in layers]
+        self.qkv = [_fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
+                    for layer in layers if layer.is_full]  # by index among the full-attention layers
         self.gate_up = [_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers]
+        linear = [layer.linear_attn for layer in layers if not layer.is_full]
+        if linear and states is None:
+            raise ValueError("a decoder with gated delta-net layers runs with its recurrent states")
+        self.gdn = GdnForward(linear, states) if linear and states is not None else None
+        # Per layer: its index among the full-attention layers (KV pages) or the linear ones (slots).
+        self.kind_index = [sum(1 for other in layers[:i] if other.is_full == layer.is_full)
+                           for i, layer in enumerate(layers)]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Half rotation of the first `rotary` dims (Hugging Face's rotate_half), in fp32."""
@@ -106,27 +123,60 @@ class DecoderForward:
         v_pages.view(-1, d.num_kv_heads, d.head_dim).index_copy_(0, slots.long(), v.to(v_pages.dtype))
         return q.to(k_pages.dtype)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
-                 last_index: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def decode_step(self, row_slot: torch.Tensor) -> Optional[LinearStep]:
+        """What the linear layers read in a decode-only step (each row's slot), None without them."""
+        return LinearStep.decode(row_slot) if self.gdn is not None else None
+
+    def linear_layout(self, packed: PackedStep) -> Optional[LinearLayout]:
+        """An eager step's host layout for the linear layers; None without them or when every row
+        holds one token (then `decode_step` serves)."""
+        if self.gdn is None:
+            return None
+        row_slot = packed.host[packed.host.shape[0] - packed.num_padded_rows:]
+        return linear_layout(packed.qo_indptr.numpy(), row_slot.astype(np.int64), self.dims.conv_kernel)
+
+    def _attention(self, index: int, layer, h: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+                   attend: Attend) -> torch.Tensor:
+        """A full-attention layer's output (before a tensor-parallel reduce); `index` among the full
+        layers. The qwen3_5 style's q_proj gives [query | gate] per head; the gate multiplies the
+        output by its sigmoid."""
         d = self.dims
-        model = self.model
-        n = ids.shape[0]
+        n = h.shape[0]
+        attn = layer.self_attn
         num_q, num_kv = d.num_qo_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        q_width = num_q * (2 if attn.is_gated else 1)
+        qkv = F.linear(h, *self.qkv[index])
+        gate = None
+        if attn.is_gated:
+            q, gate = qkv[:, :q_width].view(n, d.num_qo_heads, 2 * d.head_dim).split(d.head_dim, dim=-1)
+        else:
+            q = qkv[:, :num_q].view(n, d.num_qo_heads, d.head_dim)
+        k = qkv[:, q_width:q_width + num_kv].view(n, d.num_kv_heads, d.head_dim)
+        v = qkv[:, q_width + num_kv:].view(n, d.num_kv_heads, d.head_dim)
+        if attn.has_qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        k_pages, v_pages = self.kv.pages(index)
+        q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages)
+        out = attend(index, q, k_pages, v_pages).reshape(n, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(n, -1))
+        return F.linear(out.to(h.dtype), attn.o_proj.weight, attn.o_proj.bias)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+                 last_index: torch.Tensor, attend: Attend, linear: Optional[LinearStep] = None) -> torch.Tensor:
+        """linear: the step's rows for the gated delta-net layers (`decode_step`, or an eager
+        step's `linear_layout(...).on_device(...)`), None for a plain decoder."""
+        model = self.model
         x = model.embed_tokens(ids)  # a tensor-parallel rank's embeds its vocabulary slice, then all-reduces
         delta = None
         for index, layer in enumerate(model.model.layers):
-            attn = layer.self_attn
             x, h = self._norm(x, delta, layer.input_layernorm)
-            qkv = F.linear(h, *self.qkv[index])
-            q = qkv[:, :num_q].view(n, d.num_qo_heads, d.head_dim)
-            k = qkv[:, num_q:num_q + num_kv].view(n, d.num_kv_heads, d.head_dim)
-            v = qkv[:, num_q + num_kv:].view(n, d.num_kv_heads, d.head_dim)
-            if attn.has_qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            k_pages, v_pages = self.kv.pages(index)
-            q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages)
-            out = attend(index, q, k_pages, v_pages).reshape(n, -1)
-            delta = model.reduce_partial(F.linear(out.to(x.dtype), attn.o_proj.weight, attn.o_proj.bias))
+            if layer.is_full:
+                mixed = self._attention(self.kind_index[index], layer, h, positions, write_slots, attend)
+            else:
+                assert self.gdn is not None and linear is not None, "a step of a hybrid decoder carries its rows' slots"
+                mixed = self.gdn(self.kind_index[index], h, linear)
+            delta = model.reduce_partial(mixed)
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
             mlp = layer.mlp
             gate_up = F.linear(h, *self.gate_up[index])

@@ -9,7 +9,10 @@ Out: `DecodeGraphs`, whose `replay(batch)` runs a step whose inputs were copied 
 torch reserved across the family's capture (the graphs' pool, with each graph's logits, and the
 capture stream's cuBLAS workspace), the figure the plan's compile-time estimate is checked against.
 
-Sizes are captured largest first so smaller graphs reuse the pool's blocks.
+Sizes are captured largest first so smaller graphs reuse the pool's blocks. A hybrid decoder's
+graphs also hold its gated delta-net layers: the rows' recurrent states gathered by the staged
+row-slot field, the recurrent kernel, the states scattered back (`gdn_forward.py`); padding rows
+carry slot 0, the sink.
 """
 from __future__ import annotations
 
@@ -43,9 +46,10 @@ class DecodeGraphs:
 
     def body(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         fields = self.inputs[batch].view(NUM_FIELDS, batch)
-        ids, positions, slots, src, last_index = fields[0], fields[1], fields[2], fields[3], fields[4]
+        ids, positions, slots, src, last_index, row_slot = (fields[i] for i in range(NUM_FIELDS))
         ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
-        logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch))
+        logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch),
+                              self.forward.decode_step(row_slot))
         return logits, logits.argmax(-1)
 
     def _capture(self, batch: int, dummy_slot: int, pool: torch.cuda._POOL_HANDLE, stream: torch.cuda.Stream,

@@ -2,7 +2,9 @@
 
 In and out as `DecoderRunner` (rows of one step -> `RowResult`s and the rows that got no memory);
 page admission, budgets and lengths are the parent's. What changes: the model is the bf16 one of
-`device_model`, the KV cache is `PagedKv` (with its dummy page), and a step is packed, run
+`device_model`, the KV cache is `PagedKv` (with its dummy page), a hybrid decoder's recurrent
+states are the parent's slots allocated on the device (a row's slot in the device token table is
+then its state slot), and a step is packed, run
 (graph replay for decode buckets, eager otherwise), sampled and copied back by `StepExecutor`.
 A decode row whose token the engine kept (an on-device loop-back) is fed from the device token
 table: its token never crosses to the device from the host.
@@ -38,6 +40,7 @@ from mstar.runtime.engine.gpu.executor import Pending, SamplingRows, StepExecuto
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.admission import PageNeed
+from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
@@ -122,12 +125,15 @@ class GpuDecoderRunner(DecoderRunner):
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
                  is_flashinfer: bool, position: int = 0, prefix_cache: bool = False,
-                 can_run_ahead: Optional[bool] = None):
-        """can_run_ahead: launch decode steps ahead (`prelaunch`); None: on a GPU with decode graphs."""
-        super().__init__(node, dims, model, page_size, num_pages, max_seq_len, None, seed, position=position,
+                 can_run_ahead: Optional[bool] = None, slots: Optional[SlotPool] = None):
+        """can_run_ahead: launch decode steps ahead (`prelaunch`); None: on a GPU with decode graphs.
+        slots: the recurrent state slots of a hybrid decoder (gated delta-net layers); its requests'
+        row slots are then their state slots (slot 0, the sink, is for padding rows)."""
+        super().__init__(node, dims, model, page_size, num_pages, max_seq_len, slots, seed, position=position,
                          placement=placement, prefix_cache=prefix_cache)
-        forward = DecoderForward(model, dims, self.cache, max_seq_len + 1)
-        self.executor = StepExecutor(forward, self.cache, placement.device, num_pages + 1,
+        forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
+        max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
+        self.executor = StepExecutor(forward, self.cache, placement.device, max_rows,
                                      family.batch_pad if family else None, is_flashinfer)
         self.family = family
         self.capture_bytes = self.executor.capture() if family and is_flashinfer else 0
@@ -135,7 +141,10 @@ class GpuDecoderRunner(DecoderRunner):
         self._free_slots = list(range(num_pages, -1, -1))
         if can_run_ahead is None:
             can_run_ahead = self.executor.is_cuda and self.executor.graphs is not None
-        self.can_run_ahead = can_run_ahead and self.offload is None
+        # A hybrid decoder does not run ahead: a step launched ahead that nobody claims has moved its
+        # rows' recurrent states one token on, and unlike a KV write past the sequence that cannot
+        # be overwritten later.
+        self.can_run_ahead = can_run_ahead and self.offload is None and self.slots is None
         self._facts: dict[int, _CallFacts] = {}  # id of a call of the engine's call table -> its facts
         self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
@@ -221,6 +230,10 @@ class GpuDecoderRunner(DecoderRunner):
                 raise RuntimeError(f"KV pages vanished between the check and the grant for {item.row.request_id}")
 
     def _row_slot(self, request_id: str) -> int:
+        if self.slots is not None:  # a hybrid decoder: the state slot its grant took
+            slot = self.slots.slot_of(request_id)
+            assert slot is not None, "a row runs only after its grant took a state slot"
+            return slot
         if request_id not in self._row_slots:
             self._row_slots[request_id] = self._free_slots.pop()
         return self._row_slots[request_id]

@@ -4,7 +4,8 @@ In: the plan, the node, its dims, the call table, the placement (a CUDA device),
 directory (or None for seeded random weights), the seed, `--kv-pages`, the node's code frames.
 Under tensor parallelism (`comm` of more than one rank) the weights are the rank's shard
 (`engine/tp/`) and the KV pages and attention hold the rank's heads.
-Out: a `GpuDecoderRunner` with bf16 weights built on the device, its KV pages there, and the
+Out: a `GpuDecoderRunner` with bf16 weights built on the device, its KV pages (and a hybrid
+decoder's recurrent state slots, sized as on the general path) there, and the
 decode family's CUDA graphs captured; None when the dims, the node's calls or the machine
 (no FlashInfer, a head dim it does not compile) rule the fast path out.
 """
@@ -19,6 +20,7 @@ from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
@@ -52,6 +54,10 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
     else:
         model = build_decoder(dims, placement.device, torch.bfloat16, position=position, seed=seed,
                               weights_dir=weights_dir)
+    slots = None
+    if dims.has_linear_layers:
+        slots = node_slot_pool(node.name, node.recurrent.num_slots if node.recurrent else None,
+                               plan.deployment.max_concurrent_requests)
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
                             decode_family(plan, node.name), is_flashinfer=True, position=position,
-                            prefix_cache=pool is not None and pool.prefix_cache == "pages")
+                            prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots)

@@ -58,3 +58,10 @@ class SlotPool:
         slot = self._owner.pop(request_id, None)
         if slot is not None:
             self._free.append(slot)
+
+
+def node_slot_pool(node: str, plan_slots: Optional[int], max_concurrent_requests: Optional[int]) -> SlotPool:
+    """A node's pool: the plan's `RecurrentState.num_slots` (`plan_slots`), else one slot a
+    concurrent request plus the sink (65 without a limit)."""
+    num_slots = plan_slots if plan_slots is not None else (max_concurrent_requests or 64) + 1
+    return SlotPool(node, num_slots, max_concurrent_requests)

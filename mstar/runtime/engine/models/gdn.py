@@ -12,12 +12,16 @@ therefore computes the same thing as one pass over the whole sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mstar.runtime.engine.models.layers import Bounds, seg_linear
+
+if TYPE_CHECKING:
+    from mstar.runtime.engine.dims import DecoderDims
 
 _CPU = torch.device("cpu")  # the default device (a module constant, not a call per signature)
 
@@ -38,6 +42,13 @@ class LinearStates:
             ssm=[torch.zeros(num_slots, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
         )
 
+    @classmethod
+    def for_dims(cls, dims: "DecoderDims", num_slots: int, device: torch.device = _CPU) -> "LinearStates":
+        """Zeroed slots for every gated delta-net layer of a decoder of `dims`."""
+        conv_dim = 2 * dims.num_linear_heads * dims.linear_key_dim + dims.num_linear_value_heads * dims.linear_value_dim
+        return cls.zeros(dims.num_linear_layers, num_slots, conv_dim, dims.conv_kernel, dims.num_linear_value_heads,
+                         dims.linear_key_dim, dims.linear_value_dim, device=device)
+
     def clear(self, slot: int) -> None:
         """Zero a slot on allocation: a fresh request starts from zero history."""
         for conv, ssm in zip(self.conv, self.ssm):
@@ -49,7 +60,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
 
 
-class _GateNormWeight(nn.Module):
+class GateNormWeight(nn.Module):
     """Holds the gated RMSNorm's plain multiplier (named `norm.weight` as in checkpoints)."""
 
     def __init__(self, dim: int):
@@ -58,6 +69,9 @@ class _GateNormWeight(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
+    # The decay parameters' constructor values (what random weights keep; 1-D, never drawn).
+    START_VALUES = {"A_log": 0.0, "dt_bias": 1.0}
+
     def __init__(self, hidden: int, num_heads: int, key_dim: int, value_dim: int, conv_kernel: int,
                  eps: float, num_value_heads: int = 0):
         super().__init__()
@@ -70,9 +84,9 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(hidden, self.num_value_heads, bias=False)
         self.in_proj_a = nn.Linear(hidden, self.num_value_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, conv_kernel, groups=self.conv_dim, bias=False)
-        self.A_log = nn.Parameter(torch.zeros(self.num_value_heads))
-        self.dt_bias = nn.Parameter(torch.ones(self.num_value_heads))
-        self.norm = _GateNormWeight(value_dim)
+        self.A_log = nn.Parameter(torch.full((self.num_value_heads,), self.START_VALUES["A_log"]))
+        self.dt_bias = nn.Parameter(torch.full((self.num_value_heads,), self.START_VALUES["dt_bias"]))
+        self.norm = GateNormWeight(value_dim)
         self.out_proj = nn.Linear(self.num_value_heads * value_dim, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, bounds: Bounds, slots: list[int], conv_state: torch.Tensor,

@@ -105,12 +105,7 @@ class DecoderRunner:
         self.host = HostKv(host_pages, self.cache) if host_pages else None
         self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
         self.slots = slots
-        conv_dim = (2 * dims.num_linear_heads * dims.linear_key_dim
-                    + dims.num_linear_value_heads * dims.linear_value_dim)
-        self.states = (LinearStates.zeros(dims.num_linear_layers, slots.num_slots, conv_dim, dims.conv_kernel,
-                                          dims.num_linear_value_heads, dims.linear_key_dim, dims.linear_value_dim,
-                                          device=placement.device)
-                       if slots else None)
+        self.states = LinearStates.for_dims(dims, slots.num_slots, placement.device) if slots else None
         self.stop_tokens = _node_stop_tokens(node)
         self.admission = Admission()  # the start budgets over this node's pages (kv/admission.py)
         self._adapters: dict[tuple[str, int], torch.Tensor] = {}

@@ -1,0 +1,276 @@
+"""The gated delta-net layers (Qwen3.5 `linear_attention`) of the device step, on flat tensors.
+
+In: a layer's normed hidden states `[N, hidden]`, its `GatedDeltaNet` module, the node's recurrent
+state slots (`LinearStates`: per linear layer a conv window `[slots, conv_dim, K-1]` and a state
+`[slots, HV, d_k, d_v]`, fp32, on the device) and the step's `LinearStep` (each row's slot, and for
+an eager step the token layout below). Out: the layer's output `[N, hidden]` (before a
+tensor-parallel reduce); the rows' slots are updated in place on the device.
+
+The arithmetic is `models/gdn.py`'s (the CPU reference): one matrix product gives [q|k|v], z, b
+and a; a causal depthwise conv of width K over [the slot's K-1 stored columns | the row's tokens],
+then SiLU; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) in fp32; the gated delta rule
+with q and k L2-normalised (q scaled by d_k^-1/2) from and back into the slot's state; a gated
+RMSNorm (plain w, times silu(z)); out_proj.
+
+Where the rule runs: on a CUDA device with fla-core, `fused_recurrent_gated_delta_rule` for rows
+of one token (decode rows: the rows' states gathered by slot, one kernel, the final states scattered
+back) and `chunk_gated_delta_rule` over the prompt rows as one varlen batch (`cu_seqlens`, B = 1);
+elsewhere (the CPU, a GPU without fla) the same arithmetic in torch ops. A decode-only step
+(`LinearStep.decode`: token i is row i) reads no host memory and never synchronises, so the decode
+graphs capture it: gather by the slot tensor, the recurrent kernel, scatter back. Padding rows of a
+captured step carry slot 0, the sink (`kv/slots.py`), so they never touch a request's state.
+
+An eager step with prompt rows (`linear_layout`, on the host from the packed step) carries, in one
+int32 array appended to the step's packed array: the conv's gather indices `[T, K]` into
+[every row's stored columns | the step's tokens], the indices of each row's new stored columns
+`[R, K-1]`, the decode rows' tokens and slots, and the prompt rows' tokens, `cu_seqlens` and slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
+
+__all__ = ["EagerRows", "GdnForward", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
+
+
+def fla_kernels(device: torch.device) -> Optional[tuple[Callable, Callable]]:
+    """(chunk, fused recurrent) gated delta rule kernels of fla-core on a CUDA device, else None."""
+    if device.type != "cuda":
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+@dataclass
+class LinearLayout:
+    """An eager step's token layout for the linear layers, on the host (module docstring)."""
+
+    host: np.ndarray  # int32: conv index [T*K] | state index [R*(K-1)] | decode tokens [D] | decode slots [D]
+    #                   | prompt tokens [P] | prompt cu_seqlens [Pr+1] | prompt slots [Pr]
+    sizes: list[int]
+    prompt_cu: list[int]  # the prompt rows' cu_seqlens on the host (the torch fallback loops over them)
+    num_covered: int  # tokens that belong to a row (T)
+
+    def on_device(self, data: torch.Tensor, row_slot: torch.Tensor) -> "LinearStep":
+        """The step from `data`, this layout's array after its copy to the device."""
+        parts = [p.long() for p in data.split(self.sizes)]
+        conv_index, state_index, decode_tokens, decode_slots, prompt_tokens, prompt_cu, prompt_slots = parts
+        rows = EagerRows(conv_index.view(self.num_covered, -1), state_index.view(row_slot.shape[0], -1),
+                         decode_tokens, decode_slots, prompt_tokens, prompt_cu, prompt_slots, self.prompt_cu)
+        return LinearStep(row_slot.long(), rows)
+
+
+@dataclass
+class EagerRows:
+    """An eager step's token layout on the device (`LinearLayout.on_device`)."""
+
+    conv_index: torch.Tensor  # [T, K]
+    state_index: torch.Tensor  # [R, K-1]
+    decode_tokens: torch.Tensor  # [D]
+    decode_slots: torch.Tensor  # [D]
+    prompt_tokens: torch.Tensor  # [P]
+    prompt_cu: torch.Tensor  # [Pr + 1]
+    prompt_slots: torch.Tensor  # [Pr]
+    prompt_cu_host: list[int]
+
+
+@dataclass
+class LinearStep:
+    """A step's rows for the linear layers, on the device. `eager` None: a decode-only step (token i
+    is row i, one token each; what the decode graphs capture)."""
+
+    slots: torch.Tensor  # int64 [R]: each row's state slot (padding rows: 0, the sink)
+    eager: Optional[EagerRows] = None
+
+    @classmethod
+    def decode(cls, row_slot: torch.Tensor) -> "LinearStep":
+        return cls(row_slot.long())
+
+
+def linear_layout(qo_indptr: np.ndarray, row_slots: np.ndarray, conv_kernel: int) -> Optional[LinearLayout]:
+    """The layout of a step whose rows hold `diff(qo_indptr)` tokens on slots `row_slots`; None when
+    every row holds one token (the decode-only step needs nothing but the slots)."""
+    cu = qo_indptr.astype(np.int64)
+    counts = np.diff(cu)
+    num_rows, num_tokens = counts.shape[0], int(cu[-1])
+    if num_tokens == num_rows and (counts == 1).all():
+        return None
+    k1 = conv_kernel - 1
+    starts = cu[:-1]
+    rows = np.repeat(np.arange(num_rows), counts)
+    within = np.arange(num_tokens) - starts[rows]
+    # Tap i of token j of row r reads column j - (K-1) + i of [row r's stored columns | its tokens]:
+    # a token of the step (after the R*(K-1) stored columns) or one of row r's stored columns.
+    tap = within[:, None] - k1 + np.arange(conv_kernel)[None, :]
+    conv_index = np.where(tap >= 0, num_rows * k1 + starts[rows][:, None] + tap, rows[:, None] * k1 + k1 + tap)
+    last = counts[:, None] - k1 + np.arange(k1)[None, :]  # the row's new stored columns: its last K-1
+    state_index = np.where(last >= 0, num_rows * k1 + starts[:, None] + last,
+                           np.arange(num_rows)[:, None] * k1 + k1 + last)
+    is_decode = counts == 1
+    is_prompt = ~is_decode
+    prompt_tokens = np.concatenate([np.arange(s, s + c) for s, c in zip(starts[is_prompt], counts[is_prompt])]
+                                   or [np.zeros(0, dtype=np.int64)])
+    prompt_cu = np.concatenate([[0], np.cumsum(counts[is_prompt])])
+    parts = [conv_index.ravel(), state_index.ravel(), starts[is_decode], row_slots[is_decode], prompt_tokens,
+             prompt_cu, row_slots[is_prompt]]
+    return LinearLayout(np.concatenate(parts).astype(np.int32), [p.shape[0] for p in parts],
+                        prompt_cu.tolist(), num_tokens)
+
+
+def fuse_projections(layer: GatedDeltaNet) -> torch.Tensor:
+    """[in_proj_qkv | in_proj_z | in_proj_b | in_proj_a] as one weight; the modules' weights become
+    views into it (no weight held twice)."""
+    linears = [layer.in_proj_qkv, layer.in_proj_z, layer.in_proj_b, layer.in_proj_a]
+    with torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears])
+        start = 0
+        for linear in linears:
+            end = start + linear.out_features
+            linear.weight = nn.Parameter(weight[start:end], requires_grad=False)
+            start = end
+    return weight
+
+
+class GdnForward:
+    """The linear layers of one decoder (module docstring); holds no per-step state."""
+
+    def __init__(self, layers: list[GatedDeltaNet], states: LinearStates):
+        if len(layers) != len(states.ssm):
+            raise ValueError(f"{len(layers)} gated delta-net layers but states for {len(states.ssm)}")
+        self.layers, self.states = layers, states
+        self.weights = [fuse_projections(layer) for layer in layers]
+        device = states.ssm[0].device if states.ssm else torch.device("cpu")
+        self.kernels = fla_kernels(device)
+
+    def __call__(self, index: int, h: torch.Tensor, step: LinearStep) -> torch.Tensor:
+        """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`."""
+        layer = self.layers[index]
+        conv_state, ssm = self.states.conv[index], self.states.ssm[index]
+        n = h.shape[0]
+        heads, value_heads = layer.num_heads, layer.num_value_heads
+        key_width, value_width = heads * layer.key_dim, value_heads * layer.value_dim
+        proj = F.linear(h, self.weights[index])
+        mixed, z, b, a = proj.split([layer.conv_dim, value_width, value_heads, value_heads], dim=-1)
+        beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
+        g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
+        weight = layer.conv1d.weight[:, 0, :]  # [C, K]
+        rows = step.eager
+        if rows is None:
+            conv = self._conv_decode(mixed, weight, conv_state, step.slots)
+        else:
+            conv = self._conv_varlen(mixed, weight, conv_state, step.slots, rows)
+        conv = conv.to(h.dtype)
+        q = conv[:, :key_width].reshape(-1, heads, layer.key_dim)
+        k = conv[:, key_width:2 * key_width].reshape(-1, heads, layer.key_dim)
+        v = conv[:, 2 * key_width:].reshape(-1, value_heads, layer.value_dim)
+        if rows is None:
+            out = self._recurrent(q, k, v, g, beta, ssm, step.slots)
+        else:
+            out = h.new_zeros(n, value_heads, layer.value_dim)
+            if rows.decode_tokens.shape[0]:
+                tokens = rows.decode_tokens
+                out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens],
+                                                           beta[tokens], ssm, rows.decode_slots))
+            if rows.prompt_tokens.shape[0]:
+                tokens = rows.prompt_tokens
+                out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
+                                                       ssm, rows))
+        out32 = out.float()
+        normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
+        gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
+        return F.linear(gated.reshape(n, value_width), layer.out_proj.weight)
+
+    # -------------------------------------------------------------- the causal conv
+
+    @staticmethod
+    def _conv_decode(mixed: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor:
+        """One token a row: window = [stored K-1 columns | the token]; the last K-1 are stored back."""
+        window = torch.cat([conv_state[slots], mixed.to(conv_state.dtype).unsqueeze(-1)], dim=-1)  # [R, C, K]
+        conv_state.index_copy_(0, slots, window[:, :, 1:])
+        return F.silu((window * weight.to(window.dtype)).sum(-1))
+
+    @staticmethod
+    def _conv_varlen(mixed: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor,
+                     rows: EagerRows) -> torch.Tensor:
+        """Rows of any length, by the layout's gather indices (module docstring)."""
+        channels = mixed.shape[1]
+        stored = conv_state[slots].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]
+        columns = torch.cat([stored, mixed[:rows.conv_index.shape[0]].to(conv_state.dtype)])
+        conv_state.index_copy_(0, slots, columns[rows.state_index].transpose(1, 2))
+        windows = columns[rows.conv_index]  # [T, K, C]
+        conv = F.silu((windows * weight.T.to(windows.dtype)).sum(1))
+        if conv.shape[0] < mixed.shape[0]:  # tokens of no row (none today): zeros
+            conv = torch.cat([conv, conv.new_zeros(mixed.shape[0] - conv.shape[0], channels)])
+        return conv
+
+    # -------------------------------------------------------------- the gated delta rule
+
+    def _recurrent(self, q, k, v, g, beta, ssm: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """One token a row: the rows' states gathered by slot, one step, scattered back. -> [R, HV, d_v]."""
+        state = ssm[slots]
+        if self.kernels is not None:
+            out, final = self.kernels[1](q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g=g.unsqueeze(1),
+                                         beta=beta.unsqueeze(1), initial_state=state, output_final_state=True,
+                                         use_qk_l2norm_in_kernel=True)
+            ssm.index_copy_(0, slots, final.to(ssm.dtype))
+            return out[:, 0]
+        qn, kn = _prepare_qk(q, k, v.shape[1])
+        out, state = _rule_step(qn, kn, v.float(), g, beta.float(), state)
+        ssm.index_copy_(0, slots, state)
+        return out.to(v.dtype)
+
+    def _chunk(self, q, k, v, g, beta, ssm: torch.Tensor, rows: EagerRows) -> torch.Tensor:
+        """The prompt rows' tokens (varlen by `rows.prompt_cu`) from and back into their slots."""
+        slots = rows.prompt_slots
+        if self.kernels is not None:
+            out, final = self.kernels[0](q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.unsqueeze(0),
+                                         beta=beta.unsqueeze(0), initial_state=ssm[slots], output_final_state=True,
+                                         use_qk_l2norm_in_kernel=True, cu_seqlens=rows.prompt_cu,
+                                         # the host copy spares fla a device sync to count chunks
+                                         cu_seqlens_cpu=torch.tensor(rows.prompt_cu_host, dtype=torch.long))
+            ssm.index_copy_(0, slots, final.to(ssm.dtype))
+            return out[0]
+        qn, kn = _prepare_qk(q, k, v.shape[1])
+        v32, beta32 = v.float(), beta.float()
+        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        cu = rows.prompt_cu_host
+        for row in range(len(cu) - 1):
+            state = ssm[slots[row]].unsqueeze(0)
+            for t in range(cu[row], cu[row + 1]):
+                o, state = _rule_step(qn[t:t + 1], kn[t:t + 1], v32[t:t + 1], g[t:t + 1], beta32[t:t + 1], state)
+                out[t] = o[0]
+            ssm[slots[row]] = state[0]
+        return out.to(v.dtype)
+
+
+def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_value_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k in fp32, L2-normalised (q scaled by d_k^-1/2), repeated to the value heads."""
+    def l2norm(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
+
+    qn, kn = l2norm(q.float()), l2norm(k.float())
+    group = num_value_heads // q.shape[1]
+    if group > 1:  # value head j reads q/k head j // group (fla's and the reference's grouping)
+        qn, kn = qn.repeat_interleave(group, dim=1), kn.repeat_interleave(group, dim=1)
+    return qn * q.shape[-1] ** -0.5, kn
+
+
+def _rule_step(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule for a batch: q, k `[B, HV, d_k]`, v `[B, HV, d_v]`, g and
+    beta `[B, HV]`, state `[B, HV, d_k, d_v]` (fp32) -> (out `[B, HV, d_v]`, the new state)."""
+    state = state * g.exp()[:, :, None, None]
+    predicted = torch.einsum("bhk,bhkv->bhv", k, state)
+    update = (v - predicted) * beta[:, :, None]
+    state = state + k[:, :, :, None] * update[:, :, None, :]
+    return torch.einsum("bhk,bhkv->bhv", q, state), state

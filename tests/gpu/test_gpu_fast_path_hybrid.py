@@ -1,0 +1,222 @@
+"""The GPU fast path for a Qwen3.5 hybrid decoder on a CUDA GPU: fla-core's gated delta rule
+kernels (chunked for prompt rows, fused recurrent for decode rows) against the torch arithmetic of
+the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (gather by
+slot, recurrent kernel, scatter) against the eager step; greedy tokens against the CPU reference;
+and the qwen3_5 plan at spec dims on its decode graphs. Skipped without a GPU (and, for the kernel
+checks, without fla-core)."""
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from engine_plans import LLM_DIMS, generate, llm_plan  # noqa: E402
+
+from mstar.plan.io import load_plan  # noqa: E402
+from mstar.plan.schema import RecurrentState  # noqa: E402
+from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
+from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
+from mstar.runtime.engine.gpu.executor import StepExecutor  # noqa: E402
+from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
+from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep, fla_kernels, linear_layout  # noqa: E402
+from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
+from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+NUM_SLOTS = 9
+# FlashInfer's head dim (64) and fla's usual 128-wide key and value heads, grouped values (2 -> 4).
+HYBRID_DIMS = dict(LLM_DIMS, head_dim=64, hidden=256, qo_heads=8, kv_heads=2, intermediate=512, layers=4,
+                   layer_pattern=[0, 0, 0, 1], linear_value_heads=4)
+RECURRENT = RecurrentState(num_layers=3, num_heads=2, key_dim=128, value_dim=128, num_slots=NUM_SLOTS)
+
+
+def _rel(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float().cpu() - expected.float().cpu()).norm() / expected.float().cpu().norm()).item()
+
+
+def _needs_fla():
+    if fla_kernels(torch.device("cuda")) is None:
+        pytest.skip("needs fla-core (pip install -e '.[gpu]')")
+
+
+# ------------------------------------------------------------------ one layer: fla against torch
+
+
+def _layers():
+    """The same random layer twice: fp32 on the CPU (the reference), bf16 on the GPU with the decay
+    parameters in fp32 (as device_model builds them)."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(hidden=256, num_heads=2, key_dim=128, value_dim=128, conv_kernel=4, eps=1e-6,
+                          num_value_heads=4)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.5 if param.dim() < 2 else param[0].numel() ** -0.5)
+    gpu = copy.deepcopy(layer).to("cuda", torch.bfloat16)
+    gpu.A_log = torch.nn.Parameter(layer.A_log.detach().cuda(), requires_grad=False)
+    gpu.dt_bias = torch.nn.Parameter(layer.dt_bias.detach().cuda(), requires_grad=False)
+    return layer, gpu
+
+
+def _states(layer, device) -> LinearStates:
+    states = LinearStates.zeros(1, NUM_SLOTS, layer.conv_dim, layer.conv_kernel, layer.num_value_heads,
+                                layer.key_dim, layer.value_dim)
+    generator = torch.Generator().manual_seed(1)
+    states.conv[0].copy_(torch.randn(states.conv[0].shape, generator=generator) * 0.3)
+    states.ssm[0].copy_(torch.randn(states.ssm[0].shape, generator=generator) * 0.05)
+    return LinearStates([c.to(device) for c in states.conv], [s.to(device) for s in states.ssm])
+
+
+@pytest.mark.parametrize("counts", [[1, 1, 1, 1, 1], [1, 70, 1, 5, 130, 1], [200]])
+def test_fla_kernels_match_torch_and_the_reference(counts):
+    """Decode-only, mixed (chunk boundaries crossed) and prompt-only rows on scattered slots."""
+    _needs_fla()
+    reference, layer = _layers()
+    slots = [3, 7, 1, 5, 2, 6][:len(counts)]
+    num_tokens = sum(counts)
+    x = torch.randn(num_tokens, 256, generator=torch.Generator().manual_seed(2))
+    bounds = [(s, s + c) for s, c in zip(np.cumsum([0] + counts[:-1]).tolist(), counts)]
+    cpu_states = _states(reference, torch.device("cpu"))
+    with torch.no_grad():
+        expected = reference(x, bounds, slots, cpu_states.conv[0], cpu_states.ssm[0])
+    results = []
+    for use_fla in (True, False):
+        states = _states(reference, torch.device("cuda"))
+        forward = GdnForward([layer], states)
+        assert forward.kernels is not None
+        if not use_fla:
+            forward.kernels = None
+        layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), np.array(slots), 4)
+        slot_tensor = torch.tensor(slots, device="cuda")
+        step = (LinearStep.decode(slot_tensor) if layout is None
+                else layout.on_device(torch.from_numpy(layout.host).cuda(), slot_tensor))
+        with torch.no_grad():
+            out = forward(0, x.to("cuda", torch.bfloat16), step)
+        torch.cuda.synchronize()
+        results.append((out, states))
+    (fla_out, fla_states), (torch_out, torch_states) = results
+    assert _rel(fla_out, torch_out) < 2e-2
+    assert _rel(fla_states.ssm[0], torch_states.ssm[0]) < 1e-2
+    assert torch.equal(fla_states.conv[0], torch_states.conv[0])  # the conv is the same code on both
+    assert _rel(fla_out, expected) < 3e-2
+    assert _rel(fla_states.ssm[0], cpu_states.ssm[0]) < 2e-2
+    assert _rel(fla_states.conv[0], cpu_states.conv[0]) < 1e-2
+
+
+# ------------------------------------------------------------------ the step: graphs against eager
+
+
+def _executor(batch_sizes, num_pages=256):
+    plan = llm_plan(HYBRID_DIMS, recurrent=RECURRENT)
+    dims = decoder_dims(plan.nodes[0], "spec")
+    device = torch.device("cuda")
+    model = build_decoder(dims, device, torch.bfloat16, position=0, seed=0)
+    kv = PagedKv(dims.num_full_layers, num_pages, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
+    kv.data.normal_()
+    states = LinearStates.for_dims(dims, NUM_SLOTS, device)
+    for tensor in states.conv + states.ssm:
+        tensor.normal_(0, 0.05)
+    pad = [0] + [min([b for b in batch_sizes if b >= n], default=0) for n in range(1, max(batch_sizes) + 1)]
+    forward = DecoderForward(model, dims, kv, 4097, states)
+    return StepExecutor(forward, kv, device, num_pages + 1, pad, is_flashinfer=True), states
+
+
+def _snapshot(states: LinearStates) -> list[torch.Tensor]:
+    return [t.clone() for t in states.conv + states.ssm]
+
+
+def _restore(states: LinearStates, saved: list[torch.Tensor]) -> None:
+    for tensor, value in zip(states.conv + states.ssm, saved):
+        tensor.copy_(value)
+
+
+def test_hybrid_decode_graph_replay_matches_the_eager_step():
+    executor, states = _executor([1, 2, 4, 8])
+    executor.capture()
+    rows = [RowSpec([3 + i], 40 + 9 * i, list(range(4 * i, 4 * i + 4)), 1 + 2 * i) for i in range(3)]  # pads to 4
+    before = _snapshot(states)
+    with torch.no_grad():
+        eager = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))[0][:3].clone()
+    eager_states = _snapshot(states)
+    _restore(states, before)
+    pending = executor.launch(rows)
+    tokens = executor.collect(pending)
+    assert pending.is_graph
+    graphed = executor.graphs.logits[4][:3]
+    assert _rel(graphed, eager) < 2e-2
+    assert tokens.tolist() == eager.argmax(-1).tolist()
+    after = _snapshot(states)
+    for got, expected, old in zip(after, eager_states, before):
+        for slot in (1, 3, 5):  # the rows' slots moved as in the eager step
+            assert _rel(got[slot], expected[slot]) < 1e-2
+            assert not torch.equal(got[slot], old[slot])
+        for slot in (2, 4, 6, 7, 8):  # slots of no row (padding wrote only the sink, slot 0)
+            assert torch.equal(got[slot], old[slot])
+    # The same graph on other slots: the captured gather and scatter follow the staged row slots.
+    other = [RowSpec([9], 60, list(range(20, 24)), 2)]
+    assert executor.collect(executor.launch(other)).shape == (1,)
+    assert not torch.equal(states.ssm[0][2], after[len(states.conv)][2])
+
+
+def test_hybrid_eager_mixed_step_with_fla_matches_torch():
+    """A mixed eager step (decode rows beside prompts of 100 and 3 tokens): fla's kernels against
+    the torch arithmetic in the same step."""
+    _needs_fla()
+    executor, states = _executor([1, 2, 4])
+    rows = [RowSpec([5], 30, [0, 1], 1), RowSpec(list(range(100)), 0, list(range(2, 9)), 2),
+            RowSpec([7], 17, [9, 10], 3), RowSpec([4, 8, 15], 0, [11], 4)]
+    before = _snapshot(states)
+    results = []
+    gdn = executor.forward.gdn
+    kernels = gdn.kernels
+    for use_fla in (True, False):
+        _restore(states, before)
+        gdn.kernels = kernels if use_fla else None
+        with torch.no_grad():
+            logits = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))[0].clone()
+        results.append((logits, _snapshot(states)))
+    gdn.kernels = kernels
+    (fla_logits, fla_states), (torch_logits, torch_states) = results
+    assert _rel(fla_logits, torch_logits) < 2e-2
+    for got, expected in zip(fla_states, torch_states):
+        assert _rel(got[1:5], expected[1:5]) < 2e-2
+
+
+def test_hybrid_engine_follows_the_cpu_reference():
+    """Greedy tokens of a small hybrid on the fast path (bf16, fla, FlashInfer) against the CPU
+    fp32 path: the first tokens agree (later ones may drift with bf16 rounding)."""
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    prompts = {"a": [5, 6, 7, 8, 9, 10, 11], "b": [3, 1], "c": list(range(20, 90))}
+    plan = llm_plan(HYBRID_DIMS, recurrent=RECURRENT)
+    cpu = generate(TorchEngine(plan, dims="spec"), prompts, 4, start_every=1)
+    engine = TorchEngine(plan, dims="spec", device="cuda", attention="flashinfer")
+    gpu = generate(engine, prompts, 4, start_every=1)
+    assert engine.attention_backends() == {"LLM": "device"}  # the fast path (a hand-built plan: no graphs)
+    assert sum(cpu[r][0] == gpu[r][0] for r in prompts) >= 2, (cpu, gpu)
+
+
+def test_qwen3_5_plan_runs_on_its_decode_graphs():
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(str(GENERATED / "qwen3_5.plan"))
+    engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=1024)
+    runner = engine.runners["LLM"]
+    assert engine.attention_backends() == {"LLM": "flashinfer+graphs"}
+    assert runner.capture_bytes > 0 and runner.slots is not None
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3] * (1 + 20 * i), max_tokens=8,
+                        temperature=0.7 if i % 2 else None, seed=i) for i in range(5)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    reasons = {r.finish_reason for r in driver.conductor.records.values()}
+    assert reasons <= {"stop", "length", "done"}, reasons
+    assert runner.executor.num_graph_steps > 0 and runner.executor.num_eager_steps > 0
+    assert runner.slots.num_free_slots == runner.slots.num_slots - 1  # every slot back but the sink
