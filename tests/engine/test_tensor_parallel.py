@@ -4,8 +4,8 @@ One spawn serves the module (`tp2`): each rank builds the plan's kv node as its 
 `TorchEngine(plan, tp_comms=...)` and runs the same greedy steps. Shown: the Llama decoder, its
 variant with one kv head replicated on both ranks, and the Qwen3.5 hybrid (gated delta-net + gated
 full attention) give the one-process greedy tokens, and their logits over a prefill and decode
-steps match within fp32 tolerance (the Llama ones also through the GPU fast path's runner and
-flat forward, run on the CPU); each rank holds about half the parameter bytes; a Llama
+steps match within fp32 tolerance (also through the GPU fast path's runner and flat forward, run
+on the CPU); each rank holds about half the parameter bytes; a Llama
 checkpoint (several files and an index, an odd vocabulary) and a Qwen3.5 checkpoint in the
 published layout (text model under `model.language_model.`, tied embeddings, a vision tower) load
 as slices: each rank's tensors are its part of the one-process model, and no sharded tensor was
@@ -95,8 +95,7 @@ def test_tp2_tokens_and_logits_equal_one_process(tp2, name):
     logits = greedy_logits(runner.model, runner.dims, PROMPTS["a"], 3)
     for rank in (0, 1):
         assert tp2[rank][name] == expected
-        if name != "hybrid":  # the GPU fast path's runner and flat forward (no gated delta-net there)
-            assert tp2[rank][name + "/fast"] == expected
+        assert tp2[rank][name + "/fast"] == expected  # the GPU fast path's runner and flat forward
         torch.testing.assert_close(tp2[rank][name + "/logits"], logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(tp2[0][name + "/logits"], tp2[1][name + "/logits"])  # the ranks agree exactly
 

@@ -174,10 +174,12 @@ class _SliceSpy:
 def _fast_runner(plan, runner):
     """The fast path's runner over a rank's sharded model (fp32, torch attention: no FlashInfer)."""
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
+    from mstar.runtime.engine.kv.slots import SlotPool
     from mstar.runtime.engine.placement import CPU
 
+    slots = SlotPool("LLM", runner.slots.num_slots) if runner.slots else None  # a hybrid's recurrent slots
     return GpuDecoderRunner(plan.nodes[0], runner.dims, runner.model, runner.pool.page_size, runner.pool.num_pages,
-                            runner.max_seq_len, 0, CPU, None, is_flashinfer=False)
+                            runner.max_seq_len, 0, CPU, None, is_flashinfer=False, slots=slots)
 
 
 def engine_checks(rank: int, size: int, plans: dict, checkpoints: dict) -> dict:
@@ -199,9 +201,8 @@ def engine_checks(rank: int, size: int, plans: dict, checkpoints: dict) -> dict:
         runner = engine.runners["LLM"]
         out[name + "/bytes"] = param_bytes(runner.model)
         out[name + "/logits"] = greedy_logits(runner.model, runner.dims, PROMPTS["a"], 3)
-        if not runner.dims.has_linear_layers:  # the GPU fast path's runner and flat forward, on the CPU
-            engine.runners["LLM"] = _fast_runner(plan, runner)
-            out[name + "/fast"] = generate(engine, PROMPTS, NUM_NEW, start_every=2)
+        engine.runners["LLM"] = _fast_runner(plan, runner)  # the GPU fast path's runner and flat forward
+        out[name + "/fast"] = generate(engine, PROMPTS, NUM_NEW, start_every=2)
     for name, (plan, path) in checkpoints.items():
         ReadSpy.real, ReadSpy.read, ReadSpy.whole = safetensors.safe_open, {}, []
         safetensors.safe_open = ReadSpy
