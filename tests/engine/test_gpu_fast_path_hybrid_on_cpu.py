@@ -109,6 +109,17 @@ def test_chunked_prompt_beside_decode_rows_and_the_device_loop_back():
     assert _chunked_run(fast_engine(plan), is_device_loop_back=True) == expected
 
 
+def test_a_hybrid_does_not_run_ahead():
+    """A step launched ahead that nobody claims would have moved its rows' states one token on."""
+    plan = hybrid()
+    engine = TorchEngine(plan)
+    reference = engine.runners["LLM"]
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, 64, 4096, 0, CPU, None, is_flashinfer=False,
+                              can_run_ahead=True, slots=SlotPool("LLM", NUM_SLOTS))
+    assert not runner.can_run_ahead
+
+
 def test_a_slot_is_zeroed_for_the_next_request():
     """A finished request's slot, taken again, starts from zero history: same tokens as alone."""
     plan = hybrid()
