@@ -283,9 +283,14 @@ class TorchEngine:
             return None
         from mstar.runtime.engine.gpu import setup
 
-        return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
-                                 self._code_frames(node.name, mode), self.positions[node.name],
-                                 self.tp_comms.get(node.name, SINGLE_RANK))
+        try:
+            return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
+                                     self._code_frames(node.name, mode), self.positions[node.name],
+                                     self.tp_comms.get(node.name, SINGLE_RANK))
+        except RuntimeError as error:  # FlashInfer's kernel build, CUDA out of memory at capture, ...
+            detail = " ".join(str(error).split())[:400]
+            raise EngineError(f"node {node.name}: the GPU fast path could not start (building FlashInfer's kernels "
+                              f"or capturing the decode graphs failed): {detail}") from None
 
     def _place(self, model: torch.nn.Module) -> Any:
         """The model itself on the CPU; on a GPU, wrapped so that its runner stays device-free."""
