@@ -22,7 +22,7 @@ from typing import Optional
 from mstar.compiler import codes
 from mstar.compiler.memory_bounds import MAX_DIM, MAX_LAYERS, MAX_NODE_BYTES, format_bytes, weight_bytes
 from mstar.plan.node_args import (
-    ENGINE_ARGS, RECURRENT_ARGS, ArgKind, layer_is_full, value_fits,
+    ENGINE_ARGS, RECURRENT_ARGS, SUBMODEL_ARGS, ArgKind, layer_is_full, value_fits,
 )
 from mstar.compiler.resolve import name_span, suggestion
 from mstar.lang import ast
@@ -40,6 +40,8 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
                 diags.error(codes.DUPLICATE_NAME, f"node {node.name} declares state twice",
                             state.span, Note("first declared here", node.states[0].span))
                 states_ok = False
+        for sub in node.submodels:
+            header_ok &= _check_args(sub.args, SUBMODEL_ARGS, f"sub-model {sub.name}", diags)
         if header_ok and states_ok and _within_bounds(node, diags):
             _check_consistency(node, diags)
 

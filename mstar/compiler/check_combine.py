@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from mstar.compiler import capture_memory, check_batching, check_chunking, codes
+from mstar.compiler import capture_memory, check_batching, check_chunking, check_submodels, codes
 from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
@@ -57,6 +57,7 @@ def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) ->
         if _step_sizes_fit(node, diags):
             _check_node(node, runs, diags)
         check_batching.check_node(spec, node, runs, diags)
+        check_submodels.check_node(node, runs, diags)
     if deployment is None:
         return
     for node in spec.nodes:

@@ -57,8 +57,10 @@ def chunk_sizes(node: ast.NodeDecl, walks: list[ast.Walk], chunk_size: Optional[
 
 def prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[str]:
     """Walks whose first row on `node` may start after a request's cached prefix: they can be cut
-    (a cached prefix is one chunk already fed) and the node's call in them takes the text prompt
-    (a cache hit is found by the prompt's token ids)."""
+    (a cached prefix is one chunk already fed), the node's call in them takes the text prompt
+    (a cache hit is found by the prompt's token ids) and runs the node's own model (cached pages
+    hold that model's KV, not a sub-model's)."""
     prompt_inputs = {i.name for i in node.inputs if i.prompt == "text"}
-    return [walk.name for walk in walks if is_chunkable(node, walk)
+    on_submodels = {walk for sub in node.submodels for walk in sub.walks}
+    return [walk.name for walk in walks if is_chunkable(node, walk) and walk.name not in on_submodels
             and all(not prompt_inputs.isdisjoint(call.inputs) for call, _ in node_calls(walk.body, node.name))]

@@ -161,6 +161,17 @@ class StateDecl(AstNode):
     args: list[Arg] = []
 
 
+class SubModelDecl(AstNode):
+    """`submodel action_expert(hidden=1024, intermediate=4096) for action_gen`: rows of those walks
+    on this kv node run a second model: the node's dims with these overridden (only widths that
+    keep the KV geometry: layers, KV heads and head size stay the node's, so the sub-model attends
+    over the same KV cache, as Pi0.5's action expert reads the prefix the main model wrote)."""
+
+    name: str
+    args: list[Arg] = []
+    walks: list[str]
+
+
 class CapDecl(AstNode):
     """`cap decode 64`: the most rows a step of one walk may hold."""
 
@@ -242,6 +253,7 @@ class NodeDecl(AstNode):
     kv_access: list[KvAccess] = []
     bidirectional: Optional[Bidirectional] = None
     states: list[StateDecl] = []
+    submodels: list[SubModelDecl] = []
     inputs: list[InputDecl] = []
     outputs: list[OutputDecl] = []
     caps: list[CapDecl] = []

@@ -180,6 +180,7 @@ class AstBuilder(Transformer):
             kv_access=_of(children, ast.KvAccess),
             bidirectional=self._one(_of(children, ast.Bidirectional), "bidirectional", "node"),
             states=_of(children, ast.StateDecl),
+            submodels=_of(children, ast.SubModelDecl),
             inputs=_of(children, ast.InputDecl),
             outputs=_of(children, ast.OutputDecl),
             caps=_of(children, ast.CapDecl),
@@ -291,6 +292,12 @@ class AstBuilder(Transformer):
         arg_list = _part(children, "args")
         return ast.StateDecl(span=self._span(children), kind=str(children[1]),
                              args=arg_list.value if arg_list is not None else [])
+
+    def submodel_decl(self, children):
+        names = _names(children)
+        arg_list = _part(children, "args")
+        return ast.SubModelDecl(span=self._span(children), name=names[0], walks=names[1:],
+                                args=arg_list.value if arg_list is not None else [])
 
     def cap_decl(self, children):
         return ast.CapDecl(span=self._span(children), walk=_names(children)[0],

@@ -5,7 +5,7 @@
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
 order. Inside a node: inputs, outputs, prompt_format, kv_sequences, cross_kv, guidance, kv access,
-bidirectional, states, caps, batching rules, captures, combines. A call with one edge
+bidirectional, states, sub-models, caps, batching rules, captures, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
@@ -108,6 +108,11 @@ def _node(node: ast.NodeDecl) -> list[str]:
         body += _line(node.bidirectional, "bidirectional " + " ".join(node.bidirectional.walks))
     for state in node.states:
         body += _line(state, f"state {state.kind}" + (_args(state.args) if state.args else ""))
+    for sub in node.submodels:
+        if not sub.walks:
+            raise ValueError(f"format_spec: node {node.name}: submodel {sub.name} needs at least one walk")
+        body += _line(sub, f"submodel {sub.name}" + (_args(sub.args) if sub.args else "") + " for "
+                      + " ".join(sub.walks))
     for cap in node.caps:
         body += _line(cap, f"cap {cap.walk} {cap.value}")
     for batching in node.batching:

@@ -76,6 +76,13 @@ STATELESS_ARGS: dict[str, ArgKind] = {
     "style": choice(*ENCODER_STYLES),
 }
 
+# `submodel NAME(...)`: the widths a sub-model may set; the KV geometry (layers, KV heads, head
+# size, layer pattern) stays the node's, so the sub-model attends over the node's KV cache.
+SUBMODEL_ARGS: dict[str, ArgKind] = {
+    "hidden": INT, "intermediate": INT, "qo_heads": INT, "vocab": INT, "latent_channels": INT,
+    "latent_tokens": INT,
+}
+
 # `state recurrent(...)`: every argument is required (the slot size depends on all four).
 RECURRENT_ARGS: dict[str, ArgKind] = {
     "layers": INT, "heads": INT, "key_dim": INT, "value_dim": INT,

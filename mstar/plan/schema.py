@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -135,6 +135,15 @@ class GuidancePlan(PlanModel):
     scale: float
 
 
+class SubModelPlan(PlanModel):
+    """`submodel NAME(ARGS) for WALK ...`: rows of those walks on the node run a second model, the
+    node's dims with `dims` overridden (widths only: it shares the node's KV geometry and cache)."""
+
+    name: str
+    dims: dict[str, Union[int, float, str, list[int]]]
+    walks: list[str]  # sorted
+
+
 class NodePlan(PlanModel):
     name: str
     engine: Literal["kv", "stateless"]
@@ -148,6 +157,7 @@ class NodePlan(PlanModel):
     guidance: list[GuidancePlan] = []
     bidirectional_walks: list[str] = []  # walks whose rows attend to all their own tokens (sorted)
     recurrent: Optional[RecurrentState] = None
+    submodels: list[SubModelPlan] = []  # kv nodes: second models for some walks (declaration order)
     inputs: list[str]
     stream_inputs: list[str] = []
     input_roles: list[InputPlan]  # every input (stream or not: `stream_inputs` says), in declaration order

@@ -130,6 +130,11 @@ explain = {
           "attention and MLP projections) passes 2 TiB per node. The message gives the memory the dims imply. Checked "
           "before anything is built per layer, so `layers=1000000000` is an error in milliseconds instead of minutes "
           "and gigabytes; docs/limits.md lists every bound.",
+ "MW124": "A sub-model (`submodel NAME(ARGS) for WALK ...`) runs a walk's rows on other weights over the same KV "
+          "cache, so it belongs to a kv node (not a Whisper-style decoder, which runs one model), a walk runs on at "
+          "most one sub-model of a node, and its query heads are a multiple of the node's KV heads. Its arguments "
+          "are widths only (hidden, intermediate, qo_heads, vocab, latent_channels, latent_tokens; another is "
+          "MW109): layers, KV heads and head size stay the node's. docs/language.md \"Sub-models\".",
  "MW130": "A `cross_kv LABEL from INPUT tokens=N` pool belongs on a kv node whose decoder style has cross-attention "
           "layers (`style=whisper`), is filled from an input that carries another model's states (`hidden` or "
           "`embeddings`, not a stream input or the prompt) and holds at least one token. A `whisper` decoder without a "

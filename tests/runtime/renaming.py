@@ -28,6 +28,7 @@ def _names(spec: ast.Spec) -> set[str]:
             found.update(node.kv_sequences.labels)
         found.update(c.label for c in node.cross_kv)
         found.update(c.name for c in node.combines)
+        found.update(s.name for s in node.submodels)
     found.update(w.name for w in spec.walks)
     found.update(p.name for p in spec.partitions)
     for walk in spec.walks:
@@ -101,6 +102,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.Call: ("node", "inputs"),
     ast.Loop: ("name", "max_iters", "count", "outputs", "accumulate"),
     ast.BatchingDecl: ("walk",),
+    ast.SubModelDecl: ("name", "walks"),
     ast.Walk: ("name",),
     ast.StreamSource: ("partition", "edge"),
     ast.Stage: ("walks",),

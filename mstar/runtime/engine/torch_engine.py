@@ -40,6 +40,7 @@ from mstar.runtime.engine.dims import (
 from mstar.runtime.engine import whisper_setup
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
+from mstar.runtime.engine.submodels import build_submodels
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
@@ -224,9 +225,13 @@ class TorchEngine:
     def _build_decoder(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int,
                        num_pages: Optional[int]) -> DecoderRunner:
         dims = self.decoder_dims[node.name] = self._decoder_dims(node, mode, weights_dir)
-        fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
-        if fast is not None:
-            return fast
+        comm = self.tp_comms.get(node.name)
+        if node.submodels and comm is not None and comm.size > 1:
+            raise DimsError(f"node {node.name}: a node with sub-models does not run tensor-parallel yet")
+        if not node.submodels:  # the GPU fast path runs one model
+            fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
+            if fast is not None:
+                return fast
         model, dims = self._decoder_model(node, dims, weights_dir, seed)
         pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
         # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
@@ -237,11 +242,13 @@ class TorchEngine:
         if dims.has_linear_layers:
             slots = node_slot_pool(node.name, node.recurrent.num_slots if node.recurrent else None,
                                    self.plan.deployment.max_concurrent_requests)
-        return DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
-                             self._code_frames(node.name, mode), self.positions[node.name], self.placement,
-                             self._flashinfer(node, dims, page_size),
-                             prefix_cache=pool is not None and pool.prefix_cache == "pages",
-                             host_pages=pool.host_pages if pool else 0)
+        runner = DecoderRunner(node, dims, self._place(model), page_size, pages, max_seq_len, slots, seed,
+                               self._code_frames(node.name, mode), self.positions[node.name], self.placement,
+                               self._flashinfer(node, dims, page_size),
+                               prefix_cache=pool is not None and pool.prefix_cache == "pages",
+                               host_pages=pool.host_pages if pool else 0)
+        runner.models_by_walk = build_submodels(node, mode, seed, self.positions[node.name], self._new, self._place)
+        return runner
 
     def _decoder_dims(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str]) -> DecoderDims:
         """The spec's dims, or the checkpoint's when `--weights` gives one (of the same style)."""
@@ -301,6 +308,8 @@ class TorchEngine:
         if self.attention == "torch" or dims.num_full_layers == 0:
             return None
         reason = unavailable_reason(self.placement.device, dims.head_dim)
+        if any(sub.dims.get("qo_heads", dims.num_qo_heads) != dims.num_qo_heads for sub in node.submodels):
+            reason = "a sub-model has other query heads than the node (the backend is planned for one count)"
         if reason is not None:
             if self.attention == "flashinfer":
                 raise EngineError(f"--attention flashinfer: node {node.name}: {reason}")

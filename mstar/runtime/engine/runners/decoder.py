@@ -95,6 +95,8 @@ class DecoderRunner:
         self.node = node
         self.dims = dims
         self.model = model
+        # walk -> the sub-model its rows run (engine/submodels.py); other walks run `model`
+        self.models_by_walk: dict[str, Decoder] = {}
         self.max_seq_len = max_seq_len
         self.seed = seed
         self.pool = PagePool(num_pages, page_size, prefix_cache)
@@ -108,10 +110,10 @@ class DecoderRunner:
         self.states = LinearStates.for_dims(dims, slots.num_slots, placement.device) if slots else None
         self.stop_tokens = _node_stop_tokens(node)
         self.admission = Admission()  # the start budgets over this node's pages (kv/admission.py)
-        self._adapters: dict[tuple[str, int], torch.Tensor] = {}
+        self._adapters: dict[tuple[str, int, int], torch.Tensor] = {}  # (input, width, model width)
         self.code_frames = code_frames or {}
         self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
-        self._code_heads: dict[str, torch.Tensor] = {}
+        self._code_heads: dict[tuple[str, int], torch.Tensor] = {}  # (output, model width)
         self.position = position
         self.input_positions = {r.name: i for i, r in enumerate(node.input_roles)}
         self.output_positions = {o.name: i for i, o in enumerate(node.outputs)}
@@ -252,7 +254,10 @@ class DecoderRunner:
 
     def _start_forward(self, ready: list[_Prepared], worker: int = 0) -> Callable[[], list[RowResult]]:
         """The forward of the granted rows (of `worker`'s step); returns what waits for their results."""
-        ran = self._forward(ready)
+        ran: list[RowResult] = []
+        for model in dict.fromkeys(self.model_of(item.row.walk) for item in ready):
+            # rows of one model at a time (a node with sub-models runs each on its own weights)
+            ran.extend(self._forward([item for item in ready if self.model_of(item.row.walk) is model], model))
         return lambda: ran
 
     def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
@@ -309,9 +314,14 @@ class DecoderRunner:
                 self.host.copy_in(self.cache, seq.host_pages, self.pool.page_table(key))
         return on_host
 
+    def model_of(self, walk: str) -> Decoder:
+        """The model a walk's rows run: its sub-model, else the node's."""
+        return self.models_by_walk.get(walk, self.model)
+
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if call.is_image_flow:
             return self._prepare_flow(row, call, request)
+        model = self.model_of(row.walk)
         parts: list[torch.Tensor] = []
         tokens_fed: list[int] = []
         for name in call.inputs:
@@ -326,12 +336,12 @@ class DecoderRunner:
                 continue  # a signal: no model input
             if value.kind == "tokens":
                 tokens = chunk_of(value.tensor, row)
-                parts.append(self.model.embed_tokens(tokens))
+                parts.append(model.embed_tokens(tokens))
                 tokens_fed.extend(tokens.tolist())
             elif value.kind == "embeddings":
-                parts.append(self._adapt(name, chunk_of(value.tensor, row)))
+                parts.append(self._adapt(name, chunk_of(value.tensor, row), model.dims.hidden))
         num_tokens = max((p.shape[0] for p in parts), default=1)
-        embeds = torch.zeros(num_tokens, self.dims.hidden)
+        embeds = torch.zeros(num_tokens, model.dims.hidden)
         for part in parts:
             embeds[:part.shape[0]] += part
         is_guided = self.is_guided(request)
@@ -342,7 +352,8 @@ class DecoderRunner:
     def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if self.dims.has_linear_layers:
             raise InputError("image flow steps on a node with linear-attention layers are not supported")
-        shape = (self.dims.latent_tokens, self.dims.latent_channels)
+        model = self.model_of(row.walk)  # a sub-model may have latents of its own size
+        shape = (model.dims.latent_tokens, model.dims.latent_channels)
         latents_input, time_input = call.input_with("flow_latents"), call.input_with("flow_time")
         value = classify(latents_input or "", row.inputs.get(latents_input or ""))
         if value.kind == "signal":
@@ -355,20 +366,21 @@ class DecoderRunner:
         time_index = _as_int(row.inputs.get(time_input) if time_input else None, row.loop_iter)
         # The request's own loop count (`count=`), else the loop's maximum, sets the schedule.
         num_steps = row.loop_count or call.loop_max_iters
-        embeds = self.model.embed_latents(latents, time_index, num_steps)
+        embeds = model.embed_latents(latents, time_index, num_steps)
         return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index,
                          num_steps=num_steps, writes=(), reads=self.guidance.read(row.walk, self.is_guided(request)))
 
-    def _adapt(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
-        """Embeddings of another width are mapped to `hidden` by a fixed seeded projection."""
+    def _adapt(self, name: str, embeds: torch.Tensor, hidden: int) -> torch.Tensor:
+        """Embeddings of another width are mapped to `hidden` (the width of the model the row runs:
+        the node's or a sub-model's) by a fixed seeded projection."""
         width = embeds.shape[1]
-        if width == self.dims.hidden:
+        if width == hidden:
             return embeds
-        key = (name, width)
+        key = (name, width, hidden)
         if key not in self._adapters:
             seed = zlib.crc32(f"{self.seed}/{self.position}/in{self.input_positions.get(name, 0)}/{width}".encode())
             generator = torch.Generator().manual_seed(seed)
-            self._adapters[key] = torch.randn(self.dims.hidden, width, generator=generator) * width ** -0.5
+            self._adapters[key] = torch.randn(hidden, width, generator=generator) * width ** -0.5
         return embeds @ self._adapters[key].T
 
     def _num_new(self, item: _Prepared) -> int:
@@ -410,7 +422,7 @@ class DecoderRunner:
                     raise RuntimeError(f"a state slot vanished between the check and the grant for {request_id}")
                 self.states.clear(slot)
 
-    def _forward(self, ready: list[_Prepared]) -> list[RowResult]:
+    def _forward(self, ready: list[_Prepared], model: Decoder) -> list[RowResult]:
         """One packed forward: a segment per (row, KV sequence) it writes or reads; the first
         segment of each row (its `main` one) gives its outputs."""
         segments, bounds, positions, slots, embeds, tables = [], [], [], [], [], []
@@ -443,19 +455,21 @@ class DecoderRunner:
             new_index = torch.cat([s.flat_index[s.num_cached:] for s in segments])
             batch.attend = self.flashinfer.plan_step(rows, new_index, self.dims.head_dim ** -0.5)
         with torch.no_grad():
-            hidden = self.model(torch.cat(embeds), batch, self.cache, self.states)
+            hidden = model(torch.cat(embeds), batch, self.cache, self.states)
             mains, velocities = [], []
             for item, span in zip(ready, spans):
                 first = span.get(self.guidance.first) or next(iter(span.values()))
                 mains.append(hidden[slice(*first)])
                 velocities.append(self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()}))
-            tokens = self._sample(ready, mains)
+            tokens = self._sample(ready, mains, model)
             results = [RowResult(item.row.request_id) if item.row.is_partial  # a chunk before the last: KV only
                        else self._outputs(item, main, velocity, token)
                        for item, main, velocity, token in zip(ready, mains, velocities, tokens)]
         for item in ready:
             num_new = item.embeds.shape[0]
-            fed = item.tokens_fed if len(item.tokens_fed) == num_new else None  # keys cached pages
+            # fed tokens key the pages for the prefix cache; a sub-model's KV is not the node's model's,
+            # so its pages are never shared
+            fed = item.tokens_fed if len(item.tokens_fed) == num_new and model is self.model else None
             for key in item.keys():
                 self.pool.commit(key, num_new, fed)
         return results
@@ -465,14 +479,15 @@ class DecoderRunner:
         if not item.is_flow:
             return None
         first = self.guidance.first if self.guidance.first in hidden else next(iter(hidden))
-        v_first = self.model.velocity(hidden[first])
+        model = self.model_of(item.row.walk)
+        v_first = model.velocity(hidden[first])
         if len(hidden) == 1 or not in_interval(item.time_index, item.num_steps):
             return v_first
-        velocities = {label: self.model.velocity(h) for label, h in hidden.items() if label != first}
+        velocities = {label: model.velocity(h) for label, h in hidden.items() if label != first}
         velocities[first] = v_first
         return self.guidance.combine(velocities, item.request.guidance)
 
-    def _sample(self, ready: list[_Prepared], mains: list[torch.Tensor]) -> list[Optional[int]]:
+    def _sample(self, ready: list[_Prepared], mains: list[torch.Tensor], model: Decoder) -> list[Optional[int]]:
         """Each row's fed tokens join its history; the rows with a tokens output get a token from
         one batched sampling call over their last hidden states (None for the other rows)."""
         node = self.node.name
@@ -486,7 +501,7 @@ class DecoderRunner:
         if not picked:
             return tokens
         requests = [ready[i].request for i in picked]
-        logits = self.model.logits(torch.cat([mains[i][-1:] for i in picked]))
+        logits = model.logits(torch.cat([mains[i][-1:] for i in picked]))
         sampled = sample_tokens(
             logits, [r.params for r in requests],
             [torch.tensor(r.history[node], dtype=torch.long) for r in requests],
@@ -530,12 +545,14 @@ class DecoderRunner:
         """One frame of codes: the sampled token, then one greedy code per further quantizer from a
         fixed seeded head (a stand-in for Qwen3-Omni's code predictor). One stream item."""
         num_quantizers, codebook = self.code_frames[name]
-        if name not in self._code_heads:
+        hidden = last_hidden.shape[0]  # the node's width, or its sub-model's
+        key = (name, hidden)
+        if key not in self._code_heads:
             seed = zlib.crc32(f"{self.seed}/{self.position}/out{self.output_positions.get(name, 0)}/code_head".encode())
             generator = torch.Generator().manual_seed(seed)
-            self._code_heads[name] = torch.randn((num_quantizers - 1) * codebook, self.dims.hidden,
-                                                 generator=generator) * self.dims.hidden ** -0.5
-        scores = (self._code_heads[name] @ last_hidden).view(num_quantizers - 1, codebook)
+            self._code_heads[key] = torch.randn((num_quantizers - 1) * codebook, hidden,
+                                                generator=generator) * hidden ** -0.5
+        scores = (self._code_heads[key] @ last_hidden).view(num_quantizers - 1, codebook)
         return torch.cat([torch.tensor([token]), scores.argmax(-1)])
 
     def _device_loop_backs(self, call: CallInfo) -> set[str]:
