@@ -28,6 +28,9 @@ from mstar.runtime.step import EngineLost
 
 PeerProblem = Callable[[int], Optional[str]]  # rank -> why it is gone, or None while it lives
 LIVENESS_EVERY_S = 0.02
+# A killed process's connections reset before its exit can be seen (the parent reaps it a moment
+# later): a transport failure waits this long for the peer's own reason before naming the reset.
+EXIT_SEEN_WITHIN_S = 1.0
 
 
 class RankFailure(EngineLost):
@@ -87,7 +90,12 @@ class Channel:
             raise RankFailure(peer, self._why_gone(peer, error)) from None
 
     def _why_gone(self, peer: int, error: BaseException) -> str:
-        return self.peer_problem(peer) or f"closed its connection ({str(error).splitlines()[0][:200]})"
+        deadline = time.monotonic() + EXIT_SEEN_WITHIN_S
+        problem = self.peer_problem(peer)
+        while problem is None and time.monotonic() < deadline:
+            time.sleep(LIVENESS_EVERY_S)
+            problem = self.peer_problem(peer)
+        return problem or f"closed its connection ({str(error).splitlines()[0][:200]})"
 
     def _wait(self, work: Any, peer: int, deadline: Optional[float], what: str) -> None:
         """Wait for `work` on the waiter thread; RankFailure when it fails (gloo: the peer closed
