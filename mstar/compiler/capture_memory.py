@@ -18,6 +18,11 @@ allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B dec
                 activations of one layer (max_tokens x (ACTIVATION_FACTOR x hidden
                 + MLP_FACTOR x intermediate) x 2 bytes) and the bf16 logits before their fp32
                 cast (max_rows x vocab x 2 bytes)
+    recurrent   a node with a `state recurrent(...)` (gated delta-net layers): the largest key's
+                rows' states gathered by slot and the recurrent kernel's final states
+                (2 x max_rows x value_heads x key_dim x value_dim x 4 bytes, fp32) and its conv
+                windows (CONV_FACTOR x max_rows x conv_dim x conv_kernel x 4 bytes), one layer at
+                a time (engine/gpu/gdn_forward.py), shared like the activations
     workspace   CAPTURE_WORKSPACE_BYTES per family: the capture stream's cuBLAS workspace
     TP          the per-graph and shared terms are divided by tp_size; the workspace is not
 
@@ -39,6 +44,10 @@ ACTIVATION_FACTOR = 6
 # Intermediate-sized tensors alive at once in the MLP: gate and up (one matrix), their product.
 MLP_FACTOR = 3
 CAPTURE_WORKSPACE_BYTES = 32 * MIB
+STATE_BYTES = 4  # recurrent states and conv windows are fp32
+# Conv-window-sized tensors alive at once in a gated delta-net layer: the gathered stored columns,
+# the window, its product with the weights.
+CONV_FACTOR = 3
 # Stateless nodes without a `hidden` dim (codecs, encoders) are sized as a 1024-wide model.
 DEFAULT_HIDDEN = 1024
 
@@ -64,6 +73,22 @@ def _dim(node: ast.NodeDecl, name: str, default: int) -> int:
     return default
 
 
+def _recurrent_row_bytes(node: ast.NodeDecl) -> int:
+    """Scratch a row of a step holds in one gated delta-net layer (the module docstring's
+    `recurrent` term), 0 for a node without a recurrent state."""
+    if not node.states:
+        return 0
+    args = {a.name: a.value for a in node.states[0].args}
+    heads, key_dim, value_dim = (args.get(name) for name in ("heads", "key_dim", "value_dim"))
+    if not all(isinstance(n, int) and n > 0 for n in (heads, key_dim, value_dim)):
+        return 0  # the argument checks report it
+    assert isinstance(heads, int) and isinstance(key_dim, int) and isinstance(value_dim, int)
+    value_heads = _dim(node, "linear_value_heads", heads)
+    conv_dim = 2 * heads * key_dim + value_heads * value_dim
+    states = 2 * value_heads * key_dim * value_dim
+    return (states + CONV_FACTOR * conv_dim * _dim(node, "conv_kernel", 4)) * STATE_BYTES
+
+
 def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size: int) -> int:
     """Estimated bytes one capture family of `node` holds on each of its tp_size ranks."""
     keys = graph_keys(capture)
@@ -75,7 +100,7 @@ def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size:
     max_rows = max(rows for rows, _ in keys)
     max_tokens = max(tokens for _, tokens in keys)
     shared = (max_tokens * (ACTIVATION_FACTOR * hidden + MLP_FACTOR * intermediate) * ACTIVATION_BYTES
-              + max_rows * vocab * ACTIVATION_BYTES)
+              + max_rows * vocab * ACTIVATION_BYTES + max_rows * _recurrent_row_bytes(node))
     logit_row = vocab * LOGIT_BYTES + TOKEN_ID_BYTES if vocab else 0
     per_graph = sum(tokens * hidden * ACTIVATION_BYTES + rows * logit_row for rows, tokens in keys)
     return (shared + per_graph) // max(1, tp_size) + CAPTURE_WORKSPACE_BYTES

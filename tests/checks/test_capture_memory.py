@@ -90,3 +90,18 @@ def test_estimate_counts_buckets_and_tp():
     # More buckets never cost less.
     wider = batched.model_copy(update={"batch": [1, 2, 4, 8]})
     assert capture_memory.estimate_family_bytes(node, wider, 1) > one
+
+
+def test_estimate_counts_the_gathered_recurrent_states():
+    """A gated delta-net node's graphs also hold the largest batch's gathered and final states and
+    its conv windows for one layer (Qwen3.5's sizes: 16 heads of 128 x 128, conv width 4)."""
+    args = [ast.Arg(name="hidden", value=1024), ast.Arg(name="vocab", value=1000)]
+    plain = ast.NodeDecl(name="N", engine="kv", args=args)
+    state = ast.StateDecl(kind="recurrent", args=[ast.Arg(name="heads", value=16), ast.Arg(name="key_dim", value=128),
+                                                 ast.Arg(name="value_dim", value=128)])
+    hybrid = plain.model_copy(update={"states": [state]})
+    batched = ast.CaptureDecl(walk="decode", family="batched", batch=[1, 8, 32])
+    extra = capture_memory.estimate_family_bytes(hybrid, batched, 1) - capture_memory.estimate_family_bytes(
+        plain, batched, 1)
+    conv_dim = 3 * 16 * 128
+    assert extra == 32 * (2 * 16 * 128 * 128 + 3 * conv_dim * 4) * 4
