@@ -36,7 +36,7 @@ def test_kernels_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "7 passed" in result.stdout, result.stdout[-2000:]
+    assert "8 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -87,6 +87,27 @@ def test_silu_mul_matches_torch(interpreted):
     assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
+def test_causal_conv_matches_the_torch_gather(interpreted):
+    """The eager step's conv kernel against the torch gather of [stored | mixed] columns: rows of
+    1, 2 and 6 tokens (taps in the stored columns and in the step), mixed with a row stride."""
+    import numpy as np
+
+    from mstar.runtime.engine.gpu import gdn_kernels
+    from mstar.runtime.engine.gpu.gdn_forward import linear_layout
+
+    torch.manual_seed(0)
+    channels, taps = 40, 4
+    layout = linear_layout(np.array([0, 1, 3, 9]), np.array([1, 2, 3]), taps)
+    index = torch.from_numpy(layout.host[:layout.sizes[0]]).long().view(9, taps)
+    stored = torch.randn(3 * (taps - 1), channels)
+    mixed = torch.randn(9, channels + 8)[:, :channels]  # a view with a row stride, as the projection's
+    weight = torch.randn(channels, taps)
+    got = gdn_kernels.causal_conv(stored, mixed, index, weight)
+    columns = torch.cat([stored, mixed])
+    expected = F.silu((columns[index] * weight.T).sum(1))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
 def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid):
     """The whole step with the fused kernels (forced on, on the CPU) against the torch ops, fp32; the
@@ -102,6 +123,8 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid):
         states = LinearStates.for_dims(dims, 4) if is_hybrid else None
         forward = DecoderForward(model, dims, kv, 256, states)
         forward.is_fused = is_fused
+        if forward.gdn is not None:  # the eager step's conv kernel too
+            forward.gdn.is_fused = is_fused
         rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
         packed = pack(rows, 16, kv.dummy_page)
         data = torch.from_numpy(packed.host)

@@ -1,5 +1,6 @@
 """The GPU fast path for a Qwen3.5 hybrid decoder on a CUDA GPU: fla-core's gated delta rule
-kernels (chunked for prompt rows, fused recurrent for decode rows) against the torch arithmetic of
+kernels (chunked for prompt rows, fused recurrent for decode rows) and the Triton conv of eager
+steps (`gdn_kernels.py`) against the torch arithmetic of
 the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (gather by
 slot, recurrent kernel, scatter) against the eager step; greedy tokens against the CPU reference;
 and the qwen3_5 plan at spec dims on its decode graphs. Skipped without a GPU (and, for the kernel
@@ -89,9 +90,9 @@ def test_fla_kernels_match_torch_and_the_reference(counts):
     for use_fla in (True, False):
         states = _states(reference, torch.device("cuda"))
         forward = GdnForward([layer], states)
-        assert forward.kernels is not None
-        if not use_fla:
-            forward.kernels = None
+        assert forward.kernels is not None and forward.is_fused
+        if not use_fla:  # fla's rule and the Triton conv off: torch ops throughout
+            forward.kernels, forward.is_fused = None, False
         layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), np.array(slots), 4)
         slot_tensor = torch.tensor(slots, device="cuda")
         step = (LinearStep.decode(slot_tensor) if layout is None
@@ -103,7 +104,7 @@ def test_fla_kernels_match_torch_and_the_reference(counts):
     (fla_out, fla_states), (torch_out, torch_states) = results
     assert _rel(fla_out, torch_out) < 2e-2
     assert _rel(fla_states.ssm[0], torch_states.ssm[0]) < 1e-2
-    assert torch.equal(fla_states.conv[0], torch_states.conv[0])  # the conv is the same code on both
+    assert torch.equal(fla_states.conv[0], torch_states.conv[0])  # the stored windows: the same code on both
     assert _rel(fla_out, expected) < 3e-2
     assert _rel(fla_states.ssm[0], cpu_states.ssm[0]) < 2e-2
     assert _rel(fla_states.conv[0], cpu_states.conv[0]) < 1e-2
@@ -177,11 +178,11 @@ def test_hybrid_eager_mixed_step_with_fla_matches_torch():
     kernels = gdn.kernels
     for use_fla in (True, False):
         _restore(states, before)
-        gdn.kernels = kernels if use_fla else None
+        gdn.kernels, gdn.is_fused = (kernels, True) if use_fla else (None, False)
         with torch.no_grad():
             logits = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))[0].clone()
         results.append((logits, _snapshot(states)))
-    gdn.kernels = kernels
+    gdn.kernels, gdn.is_fused = kernels, True
     (fla_logits, fla_states), (torch_logits, torch_states) = results
     assert _rel(fla_logits, torch_logits) < 2e-2
     for got, expected in zip(fla_states, torch_states):

@@ -12,7 +12,8 @@ then SiLU; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) in fp32; the
 with q and k L2-normalised (q scaled by d_k^-1/2) from and back into the slot's state; a gated
 RMSNorm (plain w, times silu(z)); out_proj.
 
-Where the rule runs: on a CUDA device with fla-core, `fused_recurrent_gated_delta_rule` for rows
+The conv of an eager step's rows is one Triton kernel on CUDA (`gdn_kernels.py`), torch ops
+elsewhere. Where the rule runs: on a CUDA device with fla-core, `fused_recurrent_gated_delta_rule` for rows
 of one token (decode rows: the rows' states gathered by slot, one kernel, the final states scattered
 back) and `chunk_gated_delta_rule` over the prompt rows as one varlen batch (`cu_seqlens`, B = 1);
 elsewhere (the CPU, a GPU without fla) the same arithmetic in torch ops. A decode-only step
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.runtime.engine.gpu import gdn_kernels
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 
 __all__ = ["EagerRows", "GdnForward", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
@@ -151,6 +153,7 @@ class GdnForward:
         self.weights = [fuse_projections(layer) for layer in layers]
         device = states.ssm[0].device if states.ssm else torch.device("cpu")
         self.kernels = fla_kernels(device)
+        self.is_fused = gdn_kernels.available(device)  # the eager step's conv as one Triton kernel
 
     def __call__(self, index: int, h: torch.Tensor, step: LinearStep) -> torch.Tensor:
         """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`."""
@@ -200,16 +203,20 @@ class GdnForward:
         conv_state.index_copy_(0, slots, window[:, :, 1:])
         return F.silu((window * weight.to(window.dtype)).sum(-1))
 
-    @staticmethod
-    def _conv_varlen(mixed: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor,
-                     rows: EagerRows) -> torch.Tensor:
-        """Rows of any length, by the layout's gather indices (module docstring)."""
+    def _conv_varlen(self, mixed: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
+                     slots: torch.Tensor, rows: EagerRows) -> torch.Tensor:
+        """Rows of any length, by the layout's gather indices (module docstring): column j of
+        [stored | mixed] is a row's stored column (j < R*(K-1)) or token j - R*(K-1) of the step."""
         channels = mixed.shape[1]
         stored = conv_state[slots].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]
-        columns = torch.cat([stored, mixed[:rows.conv_index.shape[0]].to(conv_state.dtype)])
-        conv_state.index_copy_(0, slots, columns[rows.state_index].transpose(1, 2))
-        windows = columns[rows.conv_index]  # [T, K, C]
-        conv = F.silu((windows * weight.T.to(windows.dtype)).sum(1))
+        covered = mixed[:rows.conv_index.shape[0]]
+        if self.is_fused:  # one Triton kernel: no [T, K, C] window tensor
+            conv = gdn_kernels.causal_conv(stored, covered, rows.conv_index, weight)
+        else:
+            windows = _columns(stored, covered, rows.conv_index)  # [T, K, C]
+            conv = F.silu((windows * weight.T.to(windows.dtype)).sum(1))
+        if rows.state_index.shape[1]:  # each row's new stored columns: its last K-1 (conv width > 1)
+            conv_state.index_copy_(0, slots, _columns(stored, covered, rows.state_index).transpose(1, 2))
         if conv.shape[0] < mixed.shape[0]:  # tokens of no row (none today): zeros
             conv = torch.cat([conv, conv.new_zeros(mixed.shape[0] - conv.shape[0], channels)])
         return conv
@@ -252,6 +259,18 @@ class GdnForward:
                 out[t] = o[0]
             ssm[slots[row]] = state[0]
         return out.to(v.dtype)
+
+
+def _columns(stored: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Columns `index` (any shape) of [stored | mixed] in `stored`'s dtype, without concatenating
+    the step's tokens: `[*index.shape, C]`."""
+    num_stored = stored.shape[0]
+    if num_stored == 0:  # a conv of width 1 stores nothing
+        return mixed[index].to(stored.dtype)
+    is_stored = (index < num_stored).unsqueeze(-1)
+    from_stored = stored[index.clamp(max=num_stored - 1)]
+    from_mixed = mixed[(index - num_stored).clamp(min=0)].to(stored.dtype)
+    return torch.where(is_stored, from_stored, from_mixed)
 
 
 def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_value_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
