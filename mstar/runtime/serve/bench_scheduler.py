@@ -2,8 +2,8 @@
 
 Each figure is the time for one step's scheduler work, engine excluded: the previous step's
 rows coming back ready (add_ready_many, as the conductor does after a loop step) plus the
-decision (next_batch, or speculate for spec_merge_48). The baseline (mstar.runtime.
-baseline_scheduler) makes the same decisions row by row without the plan's tables; both run in
+decision (next_batch, or speculate for spec_merge_48). The baseline (mstar.runtime.scheduler.
+baseline) makes the same decisions row by row without the plan's tables; both run in
 the same process on the same plan: an Orpheus-like LLM key (prefill cap 16, decode cap 64,
 combined `mixed` cap 64 with `rows prefill <= 4`, the Orpheus captures).
 
