@@ -45,7 +45,7 @@ FEEDS: dict[str, frozenset[str]] = {
     "image": frozenset({"media"}),
 }
 # Client modality -> the output role it carries.
-CLIENT_ROLE = {"text": "tokens", "audio": "audio", "image": "image"}
+CLIENT_ROLE = {"text": "tokens", "audio": "audio", "image": "image", "action": "flow_latents"}
 # Prompt modality -> the input role that receives it.
 PROMPT_ROLE = {"text": "tokens", "image": "media", "audio": "media"}
 # Model kind -> (input roles it takes, output roles it produces). A kv node is a decoder.

@@ -138,6 +138,11 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
         if walk not in walks:
             diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{suggestion(walk, walks)}",
                         name_span(span, walk, diags))
+    for sub in node.submodels:
+        for walk in sub.walks:
+            if walk not in walks:  # `submodel NAME(...) for WALK`: skip NAME when the walk is spelled alike
+                diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{suggestion(walk, walks)}",
+                            name_span(sub.span, walk, diags, skip=1 if walk == sub.name else 0))
 
 
 def _resolve_cross(node: ast.NodeDecl, diags: Diagnostics) -> None:

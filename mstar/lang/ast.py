@@ -77,11 +77,15 @@ InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "f
 OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
                      "image"]
 Modality = Literal["text", "image", "audio"]
+# What a client edge may carry: a modality, or a robot's actions (a flow's final latents:
+# Pi0.5's action chunk). A prompt or a guidance drop is one of the modalities only.
+ClientModality = Literal["text", "image", "audio", "action"]
 # The model of a stateless node (a kv node is always a decoder).
 ModelKind = Literal["audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
 INPUT_ROLES: tuple[str, ...] = InputRole.__args__  # type: ignore[attr-defined]
 OUTPUT_ROLES: tuple[str, ...] = OutputRole.__args__  # type: ignore[attr-defined]
 MODALITIES: tuple[str, ...] = Modality.__args__  # type: ignore[attr-defined]
+CLIENT_MODALITIES: tuple[str, ...] = ClientModality.__args__  # type: ignore[attr-defined]
 MODEL_KINDS: tuple[str, ...] = ModelKind.__args__  # type: ignore[attr-defined]
 # What rows of one walk must agree on to share a step: the tokens they feed, their loop
 # iteration, their guidance mode (the guidance sequences in use).
@@ -280,7 +284,7 @@ class Edge(AstNode):
     is_stream: bool = False
     is_device: bool = False
     is_count_tokens: bool = False
-    modality: Optional[Modality] = None
+    modality: Optional[ClientModality] = None
 
 
 class Call(AstNode):

@@ -405,7 +405,7 @@ class AstBuilder(Transformer):
         return _Part("dest", (str(children[0]), None), self._span(children))
 
     def client_dest(self, children):
-        modality = self._word(children[1], ast.MODALITIES, "client modality")
+        modality = self._word(children[1], ast.CLIENT_MODALITIES, "client modality")
         return _Part("dest", ("client", modality or "text"), self._span(children))
 
     def edge_flag(self, children):

@@ -206,6 +206,9 @@ def print_plan(plan: Plan, console: Console) -> None:
     for n in plan.nodes:
         if n.dims:
             console.print(Text(f"  {n.name} dims: " + " ".join(f"{k}={v}" for k, v in n.dims.items())))
+        for sub in n.submodels:
+            widths = " ".join(f"{k}={v}" for k, v in sub.dims.items())
+            console.print(Text(f"  {n.name} submodel {sub.name} ({widths}) for {' '.join(sub.walks)}"))
     for walk in plan.walks:
         _walk_tables(console, walk)
     table = _table("partitions", "name", "stages", "initial walk", "streams in")

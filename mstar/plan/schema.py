@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -73,6 +73,7 @@ InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "f
 OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
                      "image"]
 Modality = Literal["text", "image", "audio"]
+ClientModality = Literal["text", "image", "audio", "action"]  # what a client edge carries
 ModelKind = Literal["decoder", "audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
 
 
@@ -214,7 +215,7 @@ class EdgePlan(PlanModel):
     is_persist: bool = False
     is_device: bool = False  # on-device loop-back: the value never visits the host
     is_loop_back: bool = False
-    modality: Optional[Modality] = None
+    modality: Optional[ClientModality] = None
     stream_partition: Optional[str] = None  # consumer partition for dest_kind == "stream"
     action: Literal["slot", "loop_back", "loop_output", "loop_accumulate", "sink"]
     slot: Optional[int] = None

@@ -111,7 +111,8 @@ explain = {
  "MW117": "An edge's output role must fit the destination input's role: tokens feed `tokens`; embeddings, hidden "
           "states and velocities feed `embeddings` or `hidden`; masks `mask`; flow latents and time `flow_latents` / "
           "`flow_time`; audio and images `media`. A `signal` input takes anything.",
- "MW118": "`client text` carries `tokens`, `client audio` an `audio` output and `client image` an `image` output.",
+ "MW118": "`client text` carries `tokens`, `client audio` an `audio` output, `client image` an `image` output and "
+          "`client action` a `flow_latents` output (a flow's final latents: a robot's action chunk).",
  "MW119": "A prompt goes to an input that can take it: not a stream input (its values come from the stream), `tokens` "
           "for a text prompt and `media` for an image or audio prompt, and one input per modality on a node.",
  "MW120": "`guidance LABEL ...` and `kv WALK reads/writes ...` name sequences of the node's `kv_sequences`; a guidance "

@@ -11,6 +11,7 @@ def test_role_words_match_the_plan_enums():
     assert ast.INPUT_ROLES == get_args(schema.InputRole)
     assert ast.OUTPUT_ROLES == get_args(schema.OutputRole)
     assert ast.MODALITIES == get_args(schema.Modality)
+    assert ast.CLIENT_MODALITIES == get_args(schema.ClientModality)
     assert ("decoder",) + ast.MODEL_KINDS == get_args(schema.ModelKind)
 
 

@@ -65,7 +65,7 @@ def test_flashinfer_engine_follows_the_cpu_reference():
     assert sum(cpu[r][0] == gpu[r][0] for r in prompts) >= 2, (cpu, gpu)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_5", "orpheus", "bagel", "qwen3_omni"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_5", "orpheus", "bagel", "qwen3_omni", "pi05"])
 def test_every_spec_runs_on_the_gpu(name):
     plan = load_plan(str(GENERATED / f"{name}.plan"))
     route = {"LLM": ["prefill_vit", "prefill_text", "image_gen"]} if name == "bagel" else {}

@@ -108,7 +108,7 @@ def edges(draw):
     return ast.Edge(
         name=draw(names),
         dest="client" if is_client else draw(names),
-        modality=draw(st.sampled_from(ast.MODALITIES)) if is_client else None,
+        modality=draw(st.sampled_from(ast.CLIENT_MODALITIES)) if is_client else None,
         is_persist=draw(st.booleans()),
         is_stream=draw(st.booleans()),
         is_device=draw(st.booleans()),

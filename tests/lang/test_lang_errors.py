@@ -148,7 +148,8 @@ CASES = [
     (
         'MW018',
         'model m\nwalk w {\n    L(x) -> y: client actoin\n}\n',
-        'bad.mw:3:23: error[MW018]: unknown client modality `actoin` (one of text, image, audio)\n'
+        'bad.mw:3:23: error[MW018]: unknown client modality `actoin` (one of text, image, audio, action); '
+        'did you mean \'action\'?\n'
         '    3 |     L(x) -> y: client actoin\n'
         '      |                       ^^^^^^\n',
     ),

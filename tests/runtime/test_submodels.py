@@ -4,7 +4,7 @@ from pathlib import Path
 
 from spec_text import plan_of, run
 
-from mstar.compiler import check_combine
+from mstar.compiler import check_combine, resolve
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
@@ -147,3 +147,15 @@ def test_a_whisper_decoder_takes_no_submodel():
     line = "    submodel small(hidden=640) for decode\n"
     text = WHISPER.replace("    kv_sequences main\n", "    kv_sequences main\n" + line)
     assert "error[MW124]: sub-model small on node decoder: a whisper decoder runs one model" in check_errors(text)
+
+
+def test_a_submodel_for_an_unknown_walk_is_mw103():
+    text = DECODE_SPEC.replace("SUBMODEL", "submodel decde(hidden=24) for decde")
+    diags = Diagnostics()
+    spec = parse(text, "w.mw", diags)
+    assert spec is not None
+    resolve.run(spec, diags)
+    assert diags.render() == (
+        "w.mw:7:35: error[MW103]: unknown walk 'decde'; did you mean 'decode'?\n"
+        "    7 |     submodel decde(hidden=24) for decde\n"
+        "      |                                   ^^^^^\n")

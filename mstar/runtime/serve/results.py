@@ -6,7 +6,9 @@ per request as it ends. Out, in DIR:
   `{"id", "output_tokens", "text", "ttft_ms", "finish_reason", "media"}` (`media`: the request's
   file names in DIR; `text`: the output tokens decoded by the run's tokenizer, special tokens
   skipped, cut before the first of the request's stop strings it holds; null without a
-  tokenizer or when the output is not token ids). Each line goes out in one unbuffered write, so
+  tokenizer or when the output is not token ids), and `actions` when the request emitted any
+  (`client action` edges: each emission a list of rows of floats, Pi0.5's action chunk, in
+  emission order). Each line goes out in one unbuffered write, so
   an interrupt or a crash keeps every line written before it whole, and a line is written only
   after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
@@ -47,6 +49,11 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 class OutputError(Exception):
     """A file under --out could not be written (the message names it and what was kept)."""
+
+
+def _float_rows(value: Any) -> Any:
+    """An action chunk (a tensor or array, `[horizon, dim]`) as JSON lists of floats."""
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def media_name(request_id: str, suffix: str) -> str:
@@ -97,6 +104,9 @@ class ResultWriter:
         line = {"id": request_id, "output_tokens": tokens, "text": self._text(tokens, record.request.stop_strings),
                 "ttft_ms": ttft,
                 "finish_reason": record.finish_reason, "media": media}
+        actions = [_float_rows(e.value) for e in record.emissions if e.modality == "action"]
+        if actions:
+            line["actions"] = actions
         self._append((json.dumps(line) + "\n").encode("utf-8"))
         self.num_lines += 1
 
