@@ -339,7 +339,7 @@ class Driver:
                         pass
             wake = self._wake_times(source)
             if self._inflight:
-                self._complete_next(wake, now)
+                self._complete_next(source, wake, now)
                 continue
             if self.conductor.is_idle():
                 if source.is_done():
@@ -362,9 +362,14 @@ class Driver:
         wake.extend(source.wake_times())
         return wake
 
-    def _complete_next(self, wake: list[float], now: float) -> None:
-        """Complete the earliest step in flight; on a simulated clock an arrival, cancellation
-        or hold expiry before it happens first (idle workers may start then)."""
+    def _complete_next(self, source: Source, wake: list[float], now: float) -> None:
+        """Complete the earliest step in flight; an arrival or cancellation before its finish
+        happens first. On a simulated clock the clock jumps to it (idle workers may start then);
+        on a wall clock the engine already waited for the step, so what arrived meanwhile is
+        admitted now, before the step's results are applied: the schedulers then see those
+        requests' rows ahead of the rows the step makes ready, as they would on a simulated
+        clock (else an online server's first steps differ from `mstar run`'s on the same
+        arrivals: docs/serve.md)."""
         finish = self._inflight[0][0]
         early = [t for t in wake if now < t < finish]
         if self.clock.can_jump_ahead and early:
@@ -372,6 +377,9 @@ class Driver:
             return
         _, _, launch = heapq.heappop(self._inflight)
         self.clock.advance_to(finish)
+        if not self.clock.can_jump_ahead:
+            source.admit(self.conductor, self.clock())
+            self._drain()
         self._complete(launch)
 
     def _release_or_fail_stalled(self, source: Source) -> bool:
