@@ -10,9 +10,11 @@ The simulated engine takes SIM_PACE wall seconds per modelled second, so the ser
 are the cost model's times SIM_PACE; `mstar run`'s figures are in modelled seconds. Compared
 after dividing by the pace: the inter-token latency (p50 and mean), within 10%. TTFT and
 throughput are reported, not compared: `mstar run` has all 200 requests at time 0, while the
-server takes 200 connections and requests over a few hundred milliseconds of wall time (a few
-modelled milliseconds) and its host work per admitted request stretches the first steps past the
-pace (docs/serve.md, "mstar bench serve", gives the figures measured).
+server receives them over about 0.1-0.2 s of wall time (connections and HTTP parsing on the same
+host as the clients), a few modelled milliseconds at this pace, longer than the first step, so
+the schedule differs from `mstar run`'s and the bench's TTFT carries that wall-time delay. They
+come within 5% at pace 400, too slow for a test (docs/serve.md, "Against `mstar run` on the same
+workload", gives the figures measured).
 """
 from __future__ import annotations
 
