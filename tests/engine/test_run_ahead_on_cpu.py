@@ -36,8 +36,9 @@ def _engine(can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
 
 def _requests(num: int) -> list[Request]:
     # Different prompt and output lengths, and staggered arrivals: rows join and stop mid-chain.
+    # Every third request samples (seeded): a step launched ahead must count the sample before it.
     return [Request(id=f"r{i}", prompt_tokens=[3 + i, 9, 4 + 2 * i, 7][: 2 + i % 3], max_tokens=3 + (5 * i) % 11,
-                    arrival_s=0.0) for i in range(num)]
+                    arrival_s=0.0, temperature=0.9 if i % 3 == 1 else None, seed=i) for i in range(num)]
 
 
 def _run(engine: TorchEngine, num: int) -> dict[str, tuple]:

@@ -238,15 +238,18 @@ class GpuDecoderRunner(DecoderRunner):
             self._row_slots[request_id] = self._free_slots.pop()
         return self._row_slots[request_id]
 
-    def _sampling(self, ready: list[_Item]) -> Optional[SamplingRows]:
-        params = [item.request.params for item in ready]
+    def _sampling(self, requests: list[RequestState], num_uncollected: int = 0) -> Optional[SamplingRows]:
+        """The rows' sampling arrays, None when all are greedy. num_uncollected: steps of these rows
+        launched but not yet collected, whose samples the per-row counters must count."""
+        params = [request.params for request in requests]
         if all(p.is_greedy for p in params):
             return None
         node = self.node.name
         return SamplingRows(np.array([p.temperature or 0.0 for p in params], dtype=np.float32),
                             np.array([p.top_p for p in params], dtype=np.float32),
                             np.array([p.seed for p in params], dtype=np.int64),
-                            np.array([item.request.num_sampled.get(node, 0) for item in ready], dtype=np.int64))
+                            np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
+                                     dtype=np.int64))
 
     def _forward(self, ready: list[_Item]) -> list[RowResult]:  # type: ignore[override]
         return self._start_forward(ready)()
@@ -265,7 +268,7 @@ class GpuDecoderRunner(DecoderRunner):
                              self.pool.num_tokens((item.row.request_id, self.guidance.first)),
                              self.pool.page_table((item.row.request_id, self.guidance.first)),
                              self._row_slot(item.row.request_id)) for item in fresh]
-            pending = self.executor.launch(specs, self._sampling(fresh))
+            pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]))
         for item in ready:
             self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed),
                              None if item.is_loop_back else item.tokens_fed)
@@ -311,36 +314,25 @@ class GpuDecoderRunner(DecoderRunner):
         if not self.can_run_ahead or worker in self._ahead:
             return
         last = self._last_rows.get(worker, set())
-        node = self.node.name
         specs: list[RowSpec] = []
-        ahead = _Ahead(pending=None)  # type: ignore[arg-type]  # set below, before use
-        temperature: list[float] = []
-        top_p: list[float] = []
-        seeds: list[int] = []
-        counters: list[int] = []
+        placed: dict[str, tuple[str, int]] = {}  # request id -> (walk, index in the step)
+        slots: dict[str, int] = {}
+        requests: dict[str, RequestState] = {}
         for request_id, walk, call, request in rows:
             key = (request_id, self.guidance.first)
-            if (request_id not in last or request_id in ahead.rows or not self._facts_of(call).loop_backs
+            if (request_id not in last or request_id in placed or not self._facts_of(call).loop_backs
                     or self.pool.num_tokens(key) + 1 > self.max_seq_len or not self._reserve_next(request_id, key)):
                 continue
             slot = self._row_slot(request_id)
-            ahead.rows[request_id] = (walk, len(specs))
-            ahead.slots[request_id] = slot
-            ahead.requests[request_id] = request
+            placed[request_id] = (walk, len(specs))
+            slots[request_id] = slot
+            requests[request_id] = request
             specs.append(RowSpec(None, self.pool.num_tokens(key), self.pool.page_table(key), slot))
-            params = request.params
-            temperature.append(params.temperature or 0.0)
-            top_p.append(params.top_p)
-            seeds.append(params.seed)
-            counters.append(request.num_sampled.get(node, 0) + 1)  # the step before samples first
         if not specs:
             return
-        is_greedy = all(t == 0.0 for t in temperature)
-        sampling = None if is_greedy else SamplingRows(
-            np.array(temperature, dtype=np.float32), np.array(top_p, dtype=np.float32),
-            np.array(seeds, dtype=np.int64), np.array(counters, dtype=np.int64))
-        ahead.pending = self.executor.launch(specs, sampling)
-        self._ahead[worker] = ahead
+        # the step launched last samples first: its sample is not counted yet
+        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1))
+        self._ahead[worker] = _Ahead(pending, placed, slots, requests)
         self.num_ahead_rows += len(specs)
 
     def _reserve_next(self, request_id: str, key: tuple[str, str]) -> bool:
