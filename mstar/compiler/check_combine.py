@@ -2,7 +2,7 @@
 
 In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
      checks run), the run's `Diagnostics`.
-Out: nothing; adds MW401-MW412 and MW420-MW424 diagnostics (MW412, batching rules: check_batching.py;
+Out: nothing; adds MW401-MW413 and MW420-MW424 diagnostics (MW412, batching rules: check_batching.py;
 MW420-MW424, step token budgets and the prefix cache: check_chunking.py).
 
 Spec-level rules, per node:
@@ -17,7 +17,9 @@ Spec-level rules, per node:
 - caps covered by captures: a walk's cap, and a combined walk's cap when it has its own capture,
   is at most the largest captured batch size (a larger cap means steps that run eagerly);
 - `rows W <= n`: W is a walk of the combined walk, and n is at most the largest batch size of
-  the combined walk's packed capture.
+  the combined walk's packed capture;
+- a `piecewise` capture is on a node whose network has attention layers to run between the
+  captured pieces (not an audio codec: the reference's audio_codec flavor has no piecewise runner).
 Per worker (deployment):
 - the walks of a combined walk that this worker runs share one node group (TP group), or all run
   at world size 1; walks the worker does not run are not judged, so a prefill/decode split needs
@@ -38,6 +40,10 @@ from mstar.compiler.deployment import Deployment
 from mstar.compiler.resolve import name_span, walk_nodes
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
+
+# Model kinds of stateless nodes whose networks have no attention layers, so a piecewise graph
+# would have nothing to leave out (SNAC-style codecs are convolutions).
+ATTENTION_FREE_KINDS = ("audio_codec",)
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,7 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
         if walk in runs and node.name not in runs[walk]:
             diags.error(codes.NOT_A_WALK_OF_NODE, f"bidirectional walk {walk}, which does not run {node.name}",
                         name_span(bidirectional_span, walk, diags))
+    _check_piecewise(node, diags)
     for cap in node.caps:
         capture = next((c for c in node.captures if c.walk == cap.walk), None)
         if capture is not None and capture.batch and cap.value > max(capture.batch) and not capture.is_eager_above:
@@ -170,6 +177,19 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
                         f"single capture can replay a mixed step; give it a `capture`",
                         name_span(combine.span, combine.name, diags))
         _check_combine_caps(combine, caps, diags)
+
+
+def _check_piecewise(node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """MW413: `piecewise` leaves attention out of the graphs; a node without attention layers has
+    nothing to leave out."""
+    if node.model_kind not in ATTENTION_FREE_KINDS:
+        return
+    for capture in [*node.captures, *(c.capture for c in node.combines if c.capture is not None)]:
+        if capture.is_piecewise:
+            diags.error(codes.PIECEWISE_WITHOUT_ATTENTION,
+                        f"node {node.name} is an {node.model_kind}: its network has no attention layers to run "
+                        f"eagerly between captured pieces; drop `piecewise` (a whole-step capture holds it all)",
+                        capture.span)
 
 
 def _cap_error(what: str, cap: int, capture: ast.CaptureDecl, span: ast.Span,

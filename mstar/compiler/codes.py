@@ -102,6 +102,7 @@ COMBINE_TOO_FEW_WALKS = "MW409"
 COMBINE_MIXES_MASKS = "MW410"
 STEP_SIZE_TOO_LARGE = "MW411"
 BATCHING_RULE_CANNOT_APPLY = "MW412"
+PIECEWISE_WITHOUT_ATTENTION = "MW413"
 CHUNK_ABOVE_BUDGET = "MW420"
 BUDGET_BELOW_FIXED_ROWS = "MW421"
 BUCKETS_BELOW_BUDGET = "MW422"
@@ -185,6 +186,7 @@ TITLES: dict[str, str] = {
     COMBINE_MIXES_MASKS: "combined walk mixes causal and bidirectional walks",
     STEP_SIZE_TOO_LARGE: "cap, capture or combined walk past what the runtime can hold",
     BATCHING_RULE_CANNOT_APPLY: "batching rule that cannot apply to its walk",
+    PIECEWISE_WITHOUT_ATTENTION: "piecewise capture on a node without attention layers",
     CHUNK_ABOVE_BUDGET: "prefill chunk size above the step token budget",
     BUDGET_BELOW_FIXED_ROWS: "step token budget below a full step of rows that cannot be cut",
     BUCKETS_BELOW_BUDGET: "packed capture with no token bucket for a full step of chunks",

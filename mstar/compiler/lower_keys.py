@@ -83,6 +83,7 @@ def _family(node, capture, name, max_rows, tp_size) -> CaptureFamily:
         num_graphs=capture_memory.num_graphs(capture),
         memory_bytes=capture_memory.estimate_family_bytes(node, capture, tp_size),
         is_eager_above=capture.is_eager_above,
+        is_piecewise=capture.is_piecewise,
     )
 
 

@@ -206,6 +206,9 @@ class CaptureDecl(AstNode):
     # `eager_above`: steps of more rows than the largest batch size run eagerly by intent, so a
     # cap above it is allowed (MW405 is not reported)
     is_eager_above: bool = False
+    # `piecewise`: the family's graphs hold everything but attention, which runs eagerly between the
+    # captured pieces (so a packed family's variable attention plan needs no buffers at fixed addresses)
+    is_piecewise: bool = False
 
 
 class RowsLimit(AstNode):

@@ -325,6 +325,7 @@ class AstBuilder(Transformer):
             tokens=settings["tokens"].value if "tokens" in settings else [],
             tokens_per_row=settings["tokens_per_row"].value if "tokens_per_row" in settings else 1,
             is_eager_above="eager_above" in settings,
+            is_piecewise="piecewise" in settings,
         )
 
     def family(self, children):
@@ -338,6 +339,9 @@ class AstBuilder(Transformer):
 
     def eager_above_opt(self, children):
         return _Part("eager_above", True, self._span(children))
+
+    def piecewise_opt(self, children):
+        return _Part("piecewise", True, self._span(children))
 
     def tokens_per_row_opt(self, children):
         return _Part("tokens_per_row", self._ints(children)[0], self._span(children))

@@ -211,6 +211,8 @@ def _capture(capture: ast.CaptureDecl) -> str:
         text += f" tokens_per_row={capture.tokens_per_row}"
     if capture.is_eager_above:
         text += " eager_above"
+    if capture.is_piecewise:
+        text += " piecewise"
     return text
 
 

@@ -14,7 +14,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from mstar.plan.schema import EdgePlan, InputSourcePlan, KeyPlan, NextPlan, Plan, WalkPlan, WorkerPlan
+from mstar.plan.schema import CaptureFamily, EdgePlan, InputSourcePlan, KeyPlan, NextPlan, Plan, WalkPlan, WorkerPlan
 
 MIB = 1024 * 1024
 
@@ -142,6 +142,16 @@ def _key_table(key: KeyPlan) -> Table:
     return table
 
 
+def _family_kind(family: CaptureFamily) -> str:
+    """`packed`, with the family's options as the spec writes them (`piecewise`, `eager_above`)."""
+    words: list[str] = [family.kind]
+    if family.is_piecewise:
+        words.append("piecewise")
+    if family.is_eager_above:
+        words.append("eager_above")
+    return " ".join(words)
+
+
 def _worker(console: Console, worker: WorkerPlan) -> None:
     console.rule(Text(f"worker rank {worker.rank}  (capture memory {worker.capture_memory_bytes / MIB:.1f} MiB)"))
     table = _table("placements", "node/walk", "key")
@@ -155,7 +165,7 @@ def _worker(console: Console, worker: WorkerPlan) -> None:
         table = _table("capture families", "name", "kind", "batch sizes", "token buckets", "graphs", "MiB")
         for f in families:
             table.add_row(
-                f.name, f.kind, " ".join(map(str, f.batch_sizes)),
+                f.name, _family_kind(f), " ".join(map(str, f.batch_sizes)),
                 " ".join(map(str, f.token_buckets)) or f"{f.tokens_per_row}/row",
                 str(f.num_graphs), f"{f.memory_bytes / MIB:.1f}",
             )

@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -352,6 +352,10 @@ class CaptureFamily(PlanModel):
     # The spec's `eager_above`: a step of more rows than the largest batch size runs eagerly by
     # intent. Without it no step replaying the family has more rows than that (the engine refuses one).
     is_eager_above: bool = False
+    # The spec's `piecewise`: each graph holds everything but attention, split at every attention
+    # layer into pieces; attention runs eagerly between them, so its per-step plan needs no buffers
+    # at fixed addresses. Keys, buckets and padding are as for a whole-step family.
+    is_piecewise: bool = False
 
 
 class MixtureEntry(PlanModel):

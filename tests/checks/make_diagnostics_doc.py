@@ -274,6 +274,9 @@ explain = {
           "`iteration` needs the node's call inside a loop of the walk, `guidance` a node with guidance sequences; "
           "a walk has one `batching` line per node; and a walk with rules is in no combined walk of the node, since "
           "a step of it holds only rows of that walk and equal class (docs/language.md \"Batching rules\").",
+ "MW413": "`piecewise` captures each step as pieces split at the attention layers and runs attention eagerly "
+          "between them. A node whose network has no attention layers (an `audio_codec`, as in the reference, whose "
+          "audio-codec flavor has no piecewise runner) has nothing to leave out: capture it whole.",
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
           "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
           "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",

@@ -44,6 +44,7 @@ def captures(walk):
         tokens=small_lists(counts),
         tokens_per_row=counts,
         is_eager_above=st.booleans(),
+        is_piecewise=st.booleans(),
     )
 
 

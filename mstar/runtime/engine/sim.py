@@ -27,7 +27,9 @@ Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine
     (over the rows that ran; a step in which no row ran costs CAPTURED_LAUNCH_S)
 
     launch:      CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else
-                 EAGER_LAUNCH_S; a split-attention mixed step adds SPLIT_EXTRA_S.
+                 EAGER_LAUNCH_S; a split-attention mixed step adds SPLIT_EXTRA_S; a replay of a
+                 piecewise family (CaptureFamily.is_piecewise) adds layers * PIECE_LAUNCH_S, the
+                 eager attention of each layer and the launch of the piece after it.
     num_rows_run: padded_batch for captured steps (padding rows cost like real ones), else rows.
     w:           node weight = layers * hidden / (28 * 3072) for kv nodes (1 for an Orpheus-size
                  LLM), STATELESS_WEIGHT for stateless nodes.
@@ -48,6 +50,7 @@ from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepRe
 CAPTURED_LAUNCH_S = 0.0003
 EAGER_LAUNCH_S = 0.0015
 SPLIT_EXTRA_S = 0.0002
+PIECE_LAUNCH_S = 0.00001
 PER_ROW_S = 0.00005
 PER_TOKEN_S = 0.00002
 PER_CONTEXT_S = 0.00000002
@@ -137,6 +140,16 @@ class SimEngine(RunsAtLaunch):
                     self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
             else:
                 self.weights[node.name] = STATELESS_WEIGHT
+        # (worker, key, family) -> layers whose attention a replay of that piecewise family runs eagerly.
+        self.piecewise_layers: dict[tuple[int, str, str], int] = {}
+        dims = {node.name: node.dims for node in plan.nodes}
+        for worker in plan.workers:
+            for key in worker.keys:
+                layers = dims[key.node].get("layers", 1)
+                for family in key.captures:
+                    if family.is_piecewise:
+                        where = (worker.rank, key.name, family.name)
+                        self.piecewise_layers[where] = layers if isinstance(layers, int) and layers > 0 else 1
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
         self.out_names: dict[tuple[str, str], list[str]] = {}
         for walk in plan.walks:
@@ -370,6 +383,8 @@ class SimEngine(RunsAtLaunch):
         launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
         if step.attention == "split":
             launch += SPLIT_EXTRA_S
+        if is_captured and self.piecewise_layers:
+            launch += self.piecewise_layers.get((step.worker, step.key, step.capture or ""), 0) * PIECE_LAUNCH_S
         num_rows = step.padded_batch if is_captured else len(step.rows)
         num_tokens = sum(map(_tokens_of, step.rows))
         num_context = sum(map(_context_of, step.rows))
