@@ -150,8 +150,9 @@ def _tokenizer(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine.weights import WeightsError, weights_by_node
 
         try:
-            others = [n.name for n in plan.nodes if n.model_kind == "audio_codec"
-                      or (n.model_kind == "audio_encoder" and n.dims.get("style") == "whisper")]
+            from mstar.runtime.engine.whisper_setup import has_checkpoint_encoder
+
+            others = [n.name for n in plan.nodes if n.model_kind == "audio_codec" or has_checkpoint_encoder(n)]
             checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], args.weights, others)
         except WeightsError as error:
             raise CliError(str(error)) from None
@@ -177,6 +178,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                 raise CliError(str(error)) from None
             workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer,
                                     form=form)
+            _lay_out_audio(plan, workload)
         else:
             workload = generate(
                 args.requests,
@@ -193,6 +195,23 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
         for partition, walks in route.items():
             request.route.setdefault(partition, walks)
     return workload
+
+
+def _lay_out_audio(plan: Any, workload: Any) -> None:
+    """Repeat each prompt's audio placeholder once per state of its clip (serve/audio_prompt.py)."""
+    from mstar.runtime.serve.audio_prompt import AudioPromptError, audio_layout_of, expand
+
+    try:
+        layout = audio_layout_of(plan)
+    except AudioPromptError as error:
+        raise CliError(str(error)) from None
+    for request in workload.requests if layout is not None else []:
+        audio = request.media.get("audio")
+        try:
+            if audio is not None:
+                request.prompt_tokens = expand(layout, list(request.prompt_tokens), int(audio.shape[0]))
+        except AudioPromptError as error:
+            raise CliError(f"--prompts: request {request.id}: {error}") from None
 
 
 def _check_file_target(option: str, path: str) -> None:

@@ -17,7 +17,8 @@ ArgValue = Union[int, float, str, list]
 DECODER_STYLES = ("llama", "qwen3_5", "whisper")
 # A stateless encoder's model: `whisper` is Whisper's audio encoder over a log-mel front end
 # (without a style an encoder is the small stand-in of mstar/runtime/engine/models/encoders.py).
-ENCODER_STYLES = ("whisper",)
+# `qwen3_asr` is Qwen3-ASR's chunked conv encoder and projector over the same log-mel front end.
+ENCODER_STYLES = ("whisper", "qwen3_asr")
 LAYER_KIND_FLAGS = {"full": 1, "linear": 0}
 
 
@@ -64,6 +65,10 @@ KV_ARGS: dict[str, ArgKind] = {
     "linear_heads": INT, "linear_value_heads": INT, "linear_key_dim": INT, "linear_value_dim": INT,
     "conv_kernel": INT, "latent_channels": INT, "latent_tokens": INT,
     "stop_token": INDEX, "stop_tokens": TOKEN_IDS,
+    # the prompt's placeholder for media states: an embeddings input replaces the embeddings of
+    # the prompt positions holding this id, in order (Qwen3-ASR's <|audio_pad|>), instead of
+    # being added to the first positions
+    "media_token": INDEX,
 }
 
 # stateless nodes: an encoder, an audio codec or an image decoder (the spec states which:

@@ -7,6 +7,8 @@ Architectures (config.json's `architectures`, else its `model_type`):
 - `LlamaForCausalLM` (style `llama`): `attention_bias` (q/k/v/o) and `mlp_bias` as configured;
 - `Qwen2ForCausalLM` (style `llama`): biases on q/k/v, none on o_proj;
 - `Qwen3ForCausalLM` (style `llama`): RMSNorm of every q/k head before RoPE, `attention_bias`;
+- `Qwen3ASRForConditionalGeneration`: its Qwen3 text model (`text_config`, tensors below
+  `model.language_model.`); the audio tower loads through qwen3_asr_setup.py;
 - `Qwen3_5ForCausalLM`, or the text model of `Qwen3_5ForConditionalGeneration` (style `qwen3_5`):
   the gated delta-net hybrid, its layer types, linear-attention dims and partial rotary.
 RoPE: `rope_parameters` (transformers 5) or `rope_scaling` (older files), of kind `default`,
@@ -43,6 +45,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": ("llama", "llama"),
     "Qwen2ForCausalLM": ("llama", "qwen2"),
     "Qwen3ForCausalLM": ("llama", "qwen3"),
+    "Qwen3ASRForConditionalGeneration": ("llama", "qwen3"),  # its text model; the audio tower loads apart
     "Qwen3_5ForCausalLM": ("qwen3_5", "qwen3_5"),
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5"),  # its text model; the vision tower is skipped
 }
@@ -53,6 +56,7 @@ QWEN3_5_POSITIVE_DIMS = ("linear_num_key_heads", "linear_num_value_heads", "line
                          "linear_value_head_dim")
 QWEN3_5_OPTIONAL_POSITIVE_DIMS = ("linear_conv_kernel_dim", "full_attention_interval")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "qwen3_asr": "Qwen3ASRForConditionalGeneration",
                "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM"}
 
 

@@ -37,8 +37,9 @@ from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.engine.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
 )
-from mstar.runtime.engine import whisper_setup
+from mstar.runtime.engine import qwen3_asr_setup, whisper_setup
 from mstar.runtime.engine.runners.decoder import DecoderRunner
+from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.submodels import build_submodels
 from mstar.runtime.engine.runners.request_state import RequestState
@@ -65,7 +66,7 @@ from mstar.runtime.engine.weights import (
 )
 
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,
-               WhisperEncoderRunner]
+               WhisperEncoderRunner, Qwen3AsrEncoderRunner]
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
@@ -186,6 +187,9 @@ class TorchEngine:
             return whisper_setup.decoder_runner(node, mode, weights_dir, seed, position, max_seq_len, self._new)
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
+        if qwen3_asr_setup.is_qwen3_asr(node):
+            return qwen3_asr_setup.encoder_runner(node, mode, weights_dir, seed, position, self._fed_width(node),
+                                                  self._new)
         if kind == "audio_codec" and weights_dir is not None:
             return self._build_snac(node, weights_dir, seed)
         if kind == "audio_codec":
@@ -209,6 +213,15 @@ class TorchEngine:
         image_decoder = self._new(node.name, lambda: ImageDecoder(image_dims))
         init_random(image_decoder, seed, self.positions[node.name])
         return ImageDecoderRunner(node, self._place(image_decoder), self.positions[node.name])
+
+    def _fed_width(self, node: NodePlan) -> int:
+        """The hidden size of the one decoder a node's states feed (a DimsError otherwise)."""
+        widths = {self.decoder_dims[edge.dest].hidden for (name, _), call in self.calls.items() if name == node.name
+                  for edge in call.edges if edge.dest_kind == "node" and edge.dest in self.decoder_dims}
+        if len(widths) != 1:
+            raise DimsError(f"node {node.name}: its states must feed decoders of one width, found "
+                            f"{sorted(widths) or 'none'}")
+        return widths.pop()
 
     def _build_snac(self, node: NodePlan, weights_dir: str, seed: int) -> SnacRunner:
         """An audio codec node given a SNAC checkpoint: the real SNAC decoder over audio tokens."""

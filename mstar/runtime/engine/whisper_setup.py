@@ -32,6 +32,7 @@ from mstar.runtime.engine.weights import init_random, weights_by_node
 from mstar.runtime.engine.whisper_checkpoint import load_part, read_rules, read_whisper_dims
 
 EOS = 50257  # multilingual Whisper's <|endoftext|>, when the spec states no stop token
+CHECKPOINT_ENCODER_STYLES = ("whisper", "qwen3_asr")
 TINY = {"hidden": 64, "num_layers": 2, "num_heads": 4, "ffn": 256}
 Build = Callable[[str, Callable[[], torch.nn.Module]], torch.nn.Module]
 
@@ -40,17 +41,26 @@ def is_whisper(node: NodePlan) -> bool:
     return node.dims.get("style") == "whisper"
 
 
+def has_checkpoint_encoder(node: NodePlan) -> bool:
+    """An audio encoder whose weights a checkpoint holds (Whisper's, Qwen3-ASR's)."""
+    return node.model_kind == "audio_encoder" and node.dims.get("style") in CHECKPOINT_ENCODER_STYLES
+
+
 def checkpoints_by_node(nodes: list[NodePlan], entries: Optional[Union[str, list[str]]]) -> dict[str, str]:
     """{node: checkpoint dir} from `--weights` entries (weights.weights_by_node: kv nodes, audio
-    codecs and whisper encoders may be named). A Whisper checkpoint holds both halves: a whisper
-    encoder without its own entry takes the directory of the plan's whisper decoder."""
-    others = [n.name for n in nodes if n.model_kind == "audio_codec" or (n.model_kind == "audio_encoder"
-                                                                          and is_whisper(n))]
+    codecs and checkpoint encoders may be named). A Whisper or Qwen3-ASR checkpoint holds the
+    encoder and the decoder: such an encoder without its own entry takes the directory of the
+    plan's decoder of its family (a whisper decoder for `whisper`; for `qwen3_asr` the one kv node
+    given a checkpoint)."""
+    others = [n.name for n in nodes if n.model_kind == "audio_codec" or has_checkpoint_encoder(n)]
     checkpoints = weights_by_node([n.name for n in nodes if n.engine == "kv"], entries, others)
-    decoders = [checkpoints[n.name] for n in nodes if n.engine == "kv" and is_whisper(n) and n.name in checkpoints]
     shared = dict(checkpoints)
     for node in nodes:
-        if len(decoders) == 1 and node.engine == "stateless" and is_whisper(node) and node.name not in shared:
+        if not has_checkpoint_encoder(node) or node.name in shared:
+            continue
+        decoders = [checkpoints[n.name] for n in nodes if n.engine == "kv" and n.name in checkpoints
+                    and (is_whisper(n) or not is_whisper(node))]
+        if len(decoders) == 1:
             shared[node.name] = decoders[0]
     return shared
 

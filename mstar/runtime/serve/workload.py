@@ -12,7 +12,8 @@ exactly one of "prompt_tokens" ([int, ...]), "prompt" (text, tokenized by the ru
 "messages" ([{"role": str, "content": str}, ...], rendered by the tokenizer's chat template, then
 tokenized), and optionally "audio" (a 16 kHz WAV file, relative to the prompts file's folder; read
 by serve/wav.py into the request's audio media; a line with audio may leave the text prompt out,
-which gives an empty one, e.g. for Whisper's decoder), "stop" (a string or a list of strings: the
+which gives an empty one, e.g. for Whisper's decoder, or, with the plan's prompt_format and a
+tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns), "stop" (a string or a list of strings: the
 request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
 "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
@@ -217,7 +218,9 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> l
     (serve/prompt_format.py), which frames a text prompt."""
     given = [name for name in ("prompt_tokens", "prompt", "messages") if name in obj]
     if not given and "audio" in obj:
-        return []
+        # an empty prompt (Whisper's decoder starts its own), or the plan's frame around no text
+        # (Qwen3-ASR's chat turns around the audio placeholder) where a tokenizer can render it
+        return _framed(form, tokenizer, "", obj, where) if form is not None and tokenizer is not None else []
     if not given:
         raise WorkloadError(f"{where}: missing required field 'prompt_tokens' (or 'prompt' text, or 'messages' chat)")
     if len(given) != 1:
@@ -239,7 +242,7 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> l
             text = _field(obj, "prompt", (str,), where, is_required=True)
             if not text:
                 raise WorkloadError(f"{where}: 'prompt' must be non-empty text")
-            tokens = tokenizer.encode(text) if form is None else format_prompt(form, tokenizer, text, obj)
+            tokens = tokenizer.encode(text) if form is None else _framed(form, tokenizer, text, obj, where)
         elif form is not None:
             raise WorkloadError(f"{where}: this model frames a text 'prompt' by its prompt format "
                                 f"({form.template!r}); it takes no chat 'messages'")
@@ -250,6 +253,16 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> l
     if not tokens:
         raise WorkloadError(f"{where}: the prompt tokenizes to no tokens")
     return tokens
+
+
+def _framed(form: Any, tokenizer: Any, text: str, obj: dict, where: str) -> list[int]:
+    from mstar.runtime.serve.prompt_format import PromptFormatError, format_prompt
+    from mstar.runtime.serve.tokenizer import TokenizerError
+
+    try:
+        return format_prompt(form, tokenizer, text, obj)
+    except (TokenizerError, PromptFormatError) as error:
+        raise WorkloadError(f"{where}: {error}") from None
 
 
 def _messages(obj: dict, where: str) -> list[dict[str, Any]]:

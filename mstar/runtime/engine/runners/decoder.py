@@ -7,7 +7,9 @@ Out: a `RowResult` per row that ran or failed alone, and the ids of rows that co
 Inputs per row, by the role the spec gives them (docs/language.md "Roles"; see docs/engine.md):
 token-id values are embedded, embedding tensors (encoder output, hidden states of another LLM) are
 added in (through a seeded adapter when their width is not the node's hidden), masks and signals
-are ignored. A call that takes `flow_latents` is an image-flow step: latents and the `flow_time`
+are ignored. On a node with a `media_token` argument, embedding tensors instead replace the
+embeddings of the prompt positions holding that token id, in order (Qwen3-ASR's audio
+placeholders; the counts must agree), as transformers' masked_scatter does. A call that takes `flow_latents` is an image-flow step: latents and the `flow_time`
 input in, one Euler step of the flow out; it reads the KV context without writing it. Outputs per
 edge, by the output's role: `tokens` a sampled token id `[id]` (or, on an edge feeding a codec of
 Q > 1 quantizers, one frame: a tensor of Q codes), `hidden` the hidden states of every token of the
@@ -109,6 +111,8 @@ class DecoderRunner:
         self.slots = slots
         self.states = LinearStates.for_dims(dims, slots.num_slots, placement.device) if slots else None
         self.stop_tokens = _node_stop_tokens(node)
+        media_token = node.dims.get("media_token")  # embeddings replace these prompt positions
+        self.media_token = media_token if isinstance(media_token, int) and not isinstance(media_token, bool) else None
         self.admission = Admission()  # the start budgets over this node's pages (kv/admission.py)
         self._adapters: dict[tuple[str, int, int], torch.Tensor] = {}  # (input, width, model width)
         self.code_frames = code_frames or {}
@@ -324,6 +328,8 @@ class DecoderRunner:
         model = self.model_of(row.walk)
         parts: list[torch.Tensor] = []
         tokens_fed: list[int] = []
+        states: list[torch.Tensor] = []  # media states for the prompt's placeholders (`media_token`)
+        prompt: Optional[tuple[int, torch.Tensor]] = None  # (index in parts, the whole prompt's ids)
         for name in call.inputs:
             raw = row.inputs.get(name)
             if raw is None and name in self._device_loop_backs(call):
@@ -336,10 +342,18 @@ class DecoderRunner:
                 continue  # a signal: no model input
             if value.kind == "tokens":
                 tokens = chunk_of(value.tensor, row)
+                prompt = (len(parts), value.tensor)
                 parts.append(model.embed_tokens(tokens))
                 tokens_fed.extend(tokens.tolist())
+            elif value.kind == "embeddings" and self.media_token is not None:
+                states.append(self._adapt(name, value.tensor, model.dims.hidden))
             elif value.kind == "embeddings":
                 parts.append(self._adapt(name, chunk_of(value.tensor, row), model.dims.hidden))
+        if states:
+            if prompt is None:
+                raise InputError(f"media states arrive without a prompt to place them in (media_token "
+                                 f"{self.media_token})")
+            parts[prompt[0]] = chunk_of(self._splice(model, prompt[1], torch.cat(states)), row)
         num_tokens = max((p.shape[0] for p in parts), default=1)
         embeds = torch.zeros(num_tokens, model.dims.hidden)
         for part in parts:
@@ -369,6 +383,18 @@ class DecoderRunner:
         embeds = model.embed_latents(latents, time_index, num_steps)
         return _Prepared(row, call, request, embeds, [], is_flow=True, latents=latents, time_index=time_index,
                          num_steps=num_steps, writes=(), reads=self.guidance.read(row.walk, self.is_guided(request)))
+
+    def _splice(self, model: Decoder, prompt: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """The whole prompt's embeddings with its `media_token` positions replaced, in order, by
+        `states` (as transformers' masked_scatter places Qwen3-ASR's audio); the counts must agree."""
+        is_slot = prompt == self.media_token
+        num_slots = int(is_slot.sum())
+        if num_slots != states.shape[0]:
+            raise InputError(f"the prompt holds {num_slots} media placeholders (token {self.media_token}), "
+                             f"the media bring {states.shape[0]} states")
+        embeds = model.embed_tokens(prompt).clone()
+        embeds[is_slot] = states.to(embeds.dtype)
+        return embeds
 
     def _adapt(self, name: str, embeds: torch.Tensor, hidden: int) -> torch.Tensor:
         """Embeddings of another width are mapped to `hidden` (the width of the model the row runs:
