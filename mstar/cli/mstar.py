@@ -205,10 +205,10 @@ def _lay_out_audio(plan: Any, workload: Any) -> None:
         layout = audio_layout_of(plan)
     except AudioPromptError as error:
         raise CliError(str(error)) from None
-    for request in workload.requests if layout is not None else []:
+    for request in workload.requests:
         audio = request.media.get("audio")
         try:
-            if audio is not None:
+            if layout is not None and audio is not None:
                 request.prompt_tokens = expand(layout, list(request.prompt_tokens), int(audio.shape[0]))
         except AudioPromptError as error:
             raise CliError(f"--prompts: request {request.id}: {error}") from None

@@ -10,7 +10,10 @@ prompt goes to it takes no waveform.
 Which encoders take a waveform is the plan's `style` argument (a closed set of model kinds,
 mstar/plan/node_args.py ENCODER_STYLES), never a node's name: `whisper` computes Whisper's log-mel
 features (engine/models/log_mel.py) from 16 kHz samples over one 30 s window, so it takes at most
-480000 samples (the engine would cut a longer clip; a server refuses it instead).
+480000 samples (the engine would cut a longer clip; a server refuses it instead). `qwen3_asr`
+encoders take a waveform too, but their decoder's prompt holds one placeholder per audio state
+(serve/audio_prompt.py), which `mstar run` lays out and the transcription endpoint does not yet,
+so they are not listed here.
 """
 from __future__ import annotations
 

@@ -231,7 +231,7 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> l
         if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
             raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
         return list(tokens)
-    from mstar.runtime.serve.prompt_format import PromptFormatError, format_prompt
+    from mstar.runtime.serve.prompt_format import PromptFormatError
     from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
 
     if tokenizer is None:

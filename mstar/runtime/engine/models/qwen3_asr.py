@@ -135,7 +135,9 @@ class AudioTower(nn.Module):
         chunks = feats.view(feats.shape[0], num_chunks, CHUNK_FRAMES).permute(1, 0, 2).unsqueeze(1)
         x = F.gelu(self.conv2d3(F.gelu(self.conv2d2(F.gelu(self.conv2d1(chunks))))))
         x = self.conv_out(x.permute(0, 3, 1, 2).flatten(2))  # [chunks, steps, hidden]
-        x = x + self.positions[:x.shape[1]]
+        positions = self.positions
+        assert isinstance(positions, torch.Tensor)  # a buffer (mypy sees Module attributes as Tensor | Module)
+        x = x + positions[:x.shape[1]]
         kept = [x[c, :_after_convs(min(CHUNK_FRAMES, max(num_valid - c * CHUNK_FRAMES, 0)))]
                 for c in range(num_chunks)]
         states = torch.cat(kept)

@@ -9,13 +9,14 @@ token-id values are embedded, embedding tensors (encoder output, hidden states o
 added in (through a seeded adapter when their width is not the node's hidden), masks and signals
 are ignored. On a node with a `media_token` argument, embedding tensors instead replace the
 embeddings of the prompt positions holding that token id, in order (Qwen3-ASR's audio
-placeholders; the counts must agree), as transformers' masked_scatter does. A call that takes `flow_latents` is an image-flow step: latents and the `flow_time`
-input in, one Euler step of the flow out; it reads the KV context without writing it. Outputs per
-edge, by the output's role: `tokens` a sampled token id `[id]` (or, on an edge feeding a codec of
-Q > 1 quantizers, one frame: a tensor of Q codes), `hidden` the hidden states of every token of the
-row (the last one when it loops back to this node), `embeddings` the last token's hidden state
-(the next input embedding), `mask` a bool tensor, `velocity` the flow velocity, `flow_latents` and
-`flow_time` the flow's next latents and time index.
+placeholders; the counts must agree), as transformers' masked_scatter does. A call that takes
+`flow_latents` is an image-flow step: latents and the `flow_time` input in, one Euler step of the
+flow out; it reads the KV context without writing it. Outputs per edge, by the output's role:
+`tokens` a sampled token id `[id]` (or, on an edge feeding a codec of Q > 1 quantizers, one frame:
+a tensor of Q codes), `hidden` the hidden states of every token of the row (the last one when it
+loops back to this node), `embeddings` the last token's hidden state (the next input embedding),
+`mask` a bool tensor, `velocity` the flow velocity, `flow_latents` and `flow_time` the flow's next
+latents and time index.
 
 Guidance (BAGEL, see mstar/runtime/engine/runners/guidance.py): on a node with guidance sequences, a
 guided request's writing rows extend the sequences their walk `writes` and its image-flow rows read
@@ -387,7 +388,8 @@ class DecoderRunner:
     def _splice(self, model: Decoder, prompt: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         """The whole prompt's embeddings with its `media_token` positions replaced, in order, by
         `states` (as transformers' masked_scatter places Qwen3-ASR's audio); the counts must agree."""
-        is_slot = prompt == self.media_token
+        assert self.media_token is not None  # called only on a node with one
+        is_slot = torch.eq(prompt, self.media_token)
         num_slots = int(is_slot.sum())
         if num_slots != states.shape[0]:
             raise InputError(f"the prompt holds {num_slots} media placeholders (token {self.media_token}), "
