@@ -435,7 +435,8 @@ class TorchEngine:
         if rows and runner is not None:  # rows only when the runner exists (above)
             if isinstance(runner, DecoderRunner):
                 known, failed, finish = runner.start(rows, self.runs_partial_steps, step.attention,
-                                                     plan_row.decode_walks, step.worker)
+                                                     plan_row.decode_walks, step.worker,
+                                                     (step.capture, step.token_bucket))
             else:
                 known, failed = runner.run(rows, self.runs_partial_steps)
             results.extend(known)

@@ -129,9 +129,31 @@ def _profile(executor, batch: int) -> list[dict]:
             for e in events]
 
 
-def _engine_step_ms(executor, rows, page_size: int, iters: int) -> float:
+def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0)) -> float:
     specs = _rows(executor, rows, page_size)
-    return _median_ms(lambda: executor.collect(executor.launch(specs)), iters)
+    return _median_ms(lambda: executor.collect(executor.launch(specs, None, *bucket)), iters)
+
+
+def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
+    """(capture family, token bucket) the plan gives a step of these rows, as the scheduler picks
+    it (`KeyTables.pick_capture`): a mixture of several walks when `is_mixed`, else of one walk,
+    whose capture is a packed family; (None, 0) when the plan has none or the step is too large."""
+    from mstar.runtime.scheduler.key_tables import KeyTables
+
+    for worker in plan.workers:
+        for index, key in enumerate(worker.keys):
+            if key.node != node.name:
+                continue
+            tables = KeyTables.from_plan(index, key, is_followed=False)
+            families = {f.name: f for f in key.captures}
+            for entry in key.mixtures:
+                family = families.get(entry.capture) if entry.capture else None
+                if family is None or family.kind != "packed" or (bin(entry.mask).count("1") > 1) != is_mixed:
+                    continue
+                pick = tables.pick_capture(entry.mask, len(rows), [new for new, _ in rows])
+                if pick.capture is not None:
+                    return pick.capture, pick.token_bucket
+    return None, 0
 
 
 def build(plan, node, is_tensor_core=None) -> tuple:
@@ -139,7 +161,7 @@ def build(plan, node, is_tensor_core=None) -> tuple:
     from mstar.runtime.engine.gpu.device_model import build_decoder
     from mstar.runtime.engine.gpu.executor import StepExecutor
     from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
-    from mstar.runtime.engine.gpu.runner import decode_family
+    from mstar.runtime.engine.gpu.runner import decode_family, packed_families
 
     device = torch.device("cuda")
     dims = decoder_dims(node, "spec")
@@ -157,7 +179,8 @@ def build(plan, node, is_tensor_core=None) -> tuple:
         num_slots = max(node.recurrent.num_slots if node.recurrent else 0, max(DECODE_ROWS) + 1)
         states = LinearStates.for_dims(dims, num_slots, device)
     executor = StepExecutor(DecoderForward(model, dims, kv, 8192 + 1, states), kv, device, num_pages + 1,
-                            family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core)
+                            family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core,
+                            packed=packed_families(plan, node.name))
     return dims, model, kv, family, executor
 
 
@@ -170,7 +193,8 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
     bandwidth, rate = ceilings()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    measured = executor.capture() if family else 0
+    if family or executor.packed:
+        executor.capture()
     capture_s = time.perf_counter() - start
     cases = {str(r): [(1, CONTEXT)] * r for r in DECODE_ROWS}
     out: dict[str, Any] = {"decode": {}, "device": torch.cuda.get_device_name(),
@@ -186,18 +210,36 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
         if batch:  # the device's share: the graph replay alone, timed with events
             out["decode"][name]["replay_ms"] = round(_replay_ms(executor, batch, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
-    for key, rows in (("mixed_63_1", [(1, CONTEXT)] * 63 + [(512, 0)]), ("prefill_16x1024", [(1024, 0)] * 16)):
-        ms = _engine_step_ms(executor, rows, kv.page_size, max(iters // 4, 3))
+    for key, rows, is_mixed in (("mixed_63_1", [(1, CONTEXT)] * 63 + [(512, 0)], True),
+                                ("prefill_1x512", [(512, 0)], False),
+                                ("prefill_16x1024", [(1024, 0)] * 16, False)):
+        bucket = packed_bucket(plan, node, rows, is_mixed)
+        before = executor.num_piecewise_steps
+        ms = _engine_step_ms(executor, rows, kv.page_size, max(iters // 4, 3), bucket)
         num_tokens = sum(n for n, _ in rows)
         flops = 2 * num_tokens * matmul_params
         out[key] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
-                    "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1)}
+                    "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1),
+                    "graphs": "piecewise" if executor.num_piecewise_steps > before else "eager"}
+        if bucket[0] is not None and executor.num_piecewise_steps > before:
+            out[key]["token_bucket"] = bucket[1]
+            # the same step eager, for the ratio (piecewise graphs off for it)
+            piecewise, executor.piecewise = executor.piecewise, None
+            out[key]["eager_ms"] = round(_engine_step_ms(executor, rows, kv.page_size, max(iters // 4, 3)), 3)
+            executor.piecewise = piecewise
     if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
         out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
                                                                    kv.page_size)))
+    out["capture"] = {}
     if family:
-        out["capture"] = {family.name: {"measured_mb": round(measured / 2 ** 20, 1),
-                                        "estimate_mb": round(family.memory_bytes / 2 ** 20, 1)}}
+        out["capture"][family.name] = {"measured_mb": round(executor.capture_bytes["decode"] / 2 ** 20, 1),
+                                       "estimate_mb": round(family.memory_bytes / 2 ** 20, 1)}
+    if executor.piecewise is not None:
+        estimates = {f.name: f.memory_bytes for w in plan.workers for k in w.keys if k.node == node.name
+                     for f in k.captures if f.name in executor.packed.names}
+        out["capture"][" + ".join(sorted(estimates)) + " (piecewise)"] = {
+            "measured_mb": round(executor.capture_bytes["packed"] / 2 ** 20, 1),
+            "estimate_mb": round(sum(estimates.values()) / 2 ** 20, 1)}
     del executor, model, kv
     torch.cuda.empty_cache()
     return out, dims
@@ -261,7 +303,7 @@ def _table(result: dict) -> str:
              f"{result['matmul_tflop_s']} TFLOP/s",
              f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'HF compiled':>13}"]
     cases = [(f"decode {k}", v) for k, v in result["decode"].items()]
-    cases += [(k, result[k]) for k in ("mixed_63_1", "prefill_16x1024")]
+    cases += [(k, result[k]) for k in ("mixed_63_1", "prefill_1x512", "prefill_16x1024")]
     for name, value in cases:
         hf = value.get("hf_compiled_ms")
         lines.append(f"{name:<18}{value['ms']:>10.3f}{value['floor_ms']:>10.3f}{value['ms'] / value['floor_ms']:>9.2f}"

@@ -8,7 +8,9 @@ Per step the host does: pack the rows (`packing.pack`, numpy), FlashInfer's plan
 packed int32 array into pinned memory and one non-blocking host-to-device copy (for a graph step
 the array also carries the attention's index arrays: `FlashInferSteps.decode_host`), then either the
 replay of the decode graph of the step's bucket (a decode-only step with at most the family's
-largest batch, padded by the plan's `batch_pad` table) or an eager run (prefill and mixed steps).
+largest batch, padded by the plan's `batch_pad` table), the piecewise graphs of a packed family
+(`piecewise.py`: a prefill or mixed step the plan gives one of the family's token buckets, padded
+to it, attention eager between the pieces), or an eager run.
 Sampling, and writing each row's token into the device token table (the on-device loop-back the
 next decode step reads), run on the device; the one device-to-host copy is the sampled ids,
 non-blocking into pinned memory. Without FlashInfer (a CPU, for tests) attention is `torch_attend`.
@@ -40,6 +42,7 @@ NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launche
 if TYPE_CHECKING:  # imported where used: FlashInfer is an optional dependency
     from mstar.runtime.engine.gpu.attention import FlashInferSteps
     from mstar.runtime.engine.gpu.graphs import DecodeGraphs
+    from mstar.runtime.engine.gpu.piecewise import PiecewiseGraphs
 
 
 @dataclass
@@ -48,6 +51,15 @@ class SamplingRows:
     top_p: np.ndarray  # float32 [R]
     seeds: np.ndarray  # int64 [R]
     counters: np.ndarray  # int64 [R]
+
+
+@dataclass(frozen=True)
+class PackedFamilies:
+    """The node's packed capture families (`CaptureFamily.kind == "packed"`), captured piecewise."""
+
+    names: frozenset[str]
+    token_buckets: list[int]  # the union of the families' buckets
+    max_rows: int  # the largest batch size among them: the graphs' row entries
 
 
 @dataclass
@@ -62,14 +74,18 @@ class Pending:
 class StepExecutor:
     def __init__(self, forward: DecoderForward, kv: PagedKv, device: torch.device, max_rows: int,
                  decode_batch_pad: Optional[list[int]] = None, is_flashinfer: bool = False,
-                 is_tensor_core: Optional[bool] = None):
-        """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs."""
+                 is_tensor_core: Optional[bool] = None, packed: Optional[PackedFamilies] = None):
+        """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs.
+        packed: the node's packed capture families, captured piecewise (`piecewise.py`)."""
         self.forward, self.kv, self.device = forward, kv, device
         self.is_cuda = device.type == "cuda"
         self.loop_tokens = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.batch_pad = decode_batch_pad or [0]
         self.attention: Optional[FlashInferSteps] = None
         self.graphs: Optional[DecodeGraphs] = None
+        self.packed = packed if packed is not None and packed.token_buckets else None
+        self.piecewise: Optional[PiecewiseGraphs] = None
+        self.capture_bytes: dict[str, int] = {}  # measured growth per graph kind ("decode", "packed")
         if is_flashinfer:
             from mstar.runtime.engine.gpu.attention import FlashInferSteps
 
@@ -84,21 +100,30 @@ class StepExecutor:
         self._device_in = torch.empty(0, dtype=torch.int32, device=device)
         self._free_out: list[torch.Tensor] = []  # pinned sampled-id buffers of collected steps
         self._inputs_copied: Optional[torch.cuda.Event] = None  # the last step's plan and input copies
-        self.num_graph_steps = self.num_eager_steps = 0
+        self.num_graph_steps = self.num_eager_steps = self.num_piecewise_steps = 0
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.is_cuda else tensor
 
     def capture(self) -> int:
-        """Capture the decode family's graphs (a GPU with FlashInfer); returns the measured bytes."""
+        """Capture the decode family's graphs and the packed families' piecewise graphs (a GPU with
+        FlashInfer); returns the bytes measured for both (`capture_bytes` has each)."""
         from mstar.runtime.engine.gpu.graphs import DecodeGraphs
+        from mstar.runtime.engine.gpu.piecewise import PiecewiseGraphs
 
         sizes = sorted({b for b in self.batch_pad if b})
         if self.attention is None:
-            raise RuntimeError("decode graphs are captured over FlashInfer attention (is_flashinfer=True)")
-        graphs = DecodeGraphs(self.forward, self.attention, self.loop_tokens, sizes, self.kv.dummy_slot, self.device)
-        self.graphs = graphs
-        return graphs.measured_bytes
+            raise RuntimeError("graphs are captured over FlashInfer attention (is_flashinfer=True)")
+        self.capture_bytes.clear()
+        if sizes:
+            self.graphs = DecodeGraphs(self.forward, self.attention, self.loop_tokens, sizes, self.kv.dummy_slot,
+                                       self.device)
+            self.capture_bytes["decode"] = self.graphs.measured_bytes
+        if self.packed is not None and self.forward.gdn is None:
+            self.piecewise = PiecewiseGraphs(self.forward, self.attention, self.loop_tokens, self.packed.token_buckets,
+                                             self.packed.max_rows, self.kv.dummy_slot, self.device)
+            self.capture_bytes["packed"] = self.piecewise.measured_bytes
+        return sum(self.capture_bytes.values())
 
     def bucket(self, rows: list[RowSpec]) -> int:
         """The captured batch a decode-only step pads to, or 0 (eager)."""
@@ -170,13 +195,45 @@ class StepExecutor:
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
-    def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None) -> Pending:
+    def token_bucket(self, rows: list[RowSpec], family: Optional[str], bucket: int) -> int:
+        """The piecewise graphs' bucket a step of the plan's packed `family` and token `bucket`
+        replays, or 0 (eager): the step must fit the bucket and the graphs' row entries."""
+        if (self.piecewise is None or self.packed is None or family not in self.packed.names
+                or bucket not in self.piecewise.pieces or len(rows) > self.piecewise.max_rows):
+            return 0
+        return bucket if sum(row.num_tokens for row in rows) <= bucket else 0
+
+    def _run_piecewise(self, bucket: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        graphs, attention = self.piecewise, self.attention
+        assert graphs is not None and attention is not None, "token_bucket() picks a bucket only once captured"
+        # The graphs' row fields hold max_rows entries: the real rows', then zeros (token 0, slot 0).
+        offset, rows, num_rows = graphs.row_fields_offset(bucket), graphs.max_rows, packed.num_rows
+        host = np.zeros(offset + 2 * rows, dtype=np.int32)
+        host[:offset] = packed.host[:offset]
+        host[offset:offset + num_rows] = packed.host[offset:offset + num_rows]
+        host[offset + rows:offset + rows + num_rows] = packed.host[offset + num_rows:offset + 2 * num_rows]
+        self._stage(host, graphs.inputs[bucket])
+        self._wait_previous_inputs()
+        attention.plan_eager(packed)
+        self._inputs_copied = self._record()
+        logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]))
+        return logits, greedy, graphs.inputs[bucket][offset + rows:offset + 2 * rows]
+
+    def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None,
+               family: Optional[str] = None, token_bucket: int = 0) -> Pending:
+        """family, token_bucket: the step's capture family and token bucket from the plan (a packed
+        family's step replays its piecewise graphs); a decode-only step picks its decode graph."""
         batch = self.bucket(rows)
-        packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch, padded_tokens=batch)
+        padded_tokens = 0 if batch else self.token_bucket(rows, family, token_bucket)
+        packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
+                      padded_tokens=batch or padded_tokens)
         with torch.no_grad():
             if batch:
                 logits, greedy, row_slot = self._run_graph(batch, packed)
                 self.num_graph_steps += 1
+            elif padded_tokens:
+                logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed)
+                self.num_piecewise_steps += 1
             else:
                 logits, greedy, row_slot = self._run_eager(packed)
                 self.num_eager_steps += 1

@@ -6,8 +6,9 @@ Out: `DecodeGraphs`, whose `replay(batch)` runs a step whose inputs were copied 
 `inputs[batch]` (the packing layout of `packing.py` at T = R = batch, the head of the bucket's
 `FlashInferSteps.staged` buffer) and whose decode wrapper was planned; `logits[batch]` and
 `greedy[batch]` then hold the step's outputs. `measured_bytes` is the growth of the device memory
-torch reserved across the family's capture (the graphs' pool, with each graph's logits, and the
-capture stream's cuBLAS workspace), the figure the plan's compile-time estimate is checked against.
+torch reserved across the family's capture once the allocator's unused cached blocks are returned
+(the graphs' pool, with each graph's logits, and the capture stream's cuBLAS workspace), the
+figure the plan's compile-time estimate is checked against.
 
 Sizes are captured largest first so smaller graphs reuse the pool's blocks. A hybrid decoder's
 graphs also hold its gated delta-net layers: the rows' recurrent states gathered by the staged
@@ -42,6 +43,8 @@ class DecodeGraphs:
         for batch in sorted(batch_sizes, reverse=True):
             self._capture(batch, dummy_slot, pool, stream, device)
         torch.cuda.synchronize(device)
+        # The warm-up runs' blocks, cached outside the graphs' pool, are not the family's.
+        torch.cuda.empty_cache()
         self.measured_bytes = torch.cuda.memory_reserved(device) - before
 
     def body(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

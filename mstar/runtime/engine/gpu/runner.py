@@ -36,7 +36,7 @@ import torch
 
 from mstar.plan.schema import CaptureFamily, NodePlan, Plan
 from mstar.runtime.engine.dims import DecoderDims
-from mstar.runtime.engine.gpu.executor import Pending, SamplingRows, StepExecutor
+from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.admission import PageNeed
@@ -78,6 +78,16 @@ def decode_family(plan: Plan, node: str) -> Optional[CaptureFamily]:
                 if entry.attention == "decode" and family and family.kind == "batched" and family.tokens_per_row == 1:
                     return family
     return None
+
+
+def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
+    """The node's packed capture families (prefill and mixed steps), None when it has none."""
+    families = {f.name: f for worker in plan.workers for key in worker.keys if key.node == node
+                for f in key.captures if f.kind == "packed"}
+    if not families:
+        return None
+    return PackedFamilies(frozenset(families), sorted({t for f in families.values() for t in f.token_buckets}),
+                          max(max(f.batch_sizes) for f in families.values()))
 
 
 def _no_embeds(num_tokens: int) -> torch.Tensor:
@@ -125,18 +135,20 @@ class GpuDecoderRunner(DecoderRunner):
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
                  is_flashinfer: bool, position: int = 0, prefix_cache: bool = False,
-                 can_run_ahead: Optional[bool] = None, slots: Optional[SlotPool] = None):
+                 can_run_ahead: Optional[bool] = None, slots: Optional[SlotPool] = None,
+                 packed: Optional[PackedFamilies] = None):
         """can_run_ahead: launch decode steps ahead (`prelaunch`); None: on a GPU with decode graphs.
         slots: the recurrent state slots of a hybrid decoder (gated delta-net layers); its requests'
-        row slots are then their state slots (slot 0, the sink, is for padding rows)."""
+        row slots are then their state slots (slot 0, the sink, is for padding rows). packed: the
+        node's packed capture families, whose steps replay piecewise graphs (`packed_families`)."""
         super().__init__(node, dims, model, page_size, num_pages, max_seq_len, slots, seed, position=position,
                          placement=placement, prefix_cache=prefix_cache)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
         max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
         self.executor = StepExecutor(forward, self.cache, placement.device, max_rows,
-                                     family.batch_pad if family else None, is_flashinfer)
+                                     family.batch_pad if family else None, is_flashinfer, packed=packed)
         self.family = family
-        self.capture_bytes = self.executor.capture() if family and is_flashinfer else 0
+        self.capture_bytes = self.executor.capture() if (family or packed) and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
         self._free_slots = list(range(num_pages, -1, -1))
         if can_run_ahead is None:
@@ -268,7 +280,8 @@ class GpuDecoderRunner(DecoderRunner):
                              self.pool.num_tokens((item.row.request_id, self.guidance.first)),
                              self.pool.page_table((item.row.request_id, self.guidance.first)),
                              self._row_slot(item.row.request_id)) for item in fresh]
-            pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]))
+            pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
+                                           *self._step_bucket)
         for item in ready:
             self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed),
                              None if item.is_loop_back else item.tokens_fed)

@@ -19,7 +19,7 @@ from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason, packed_families
 from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
@@ -60,4 +60,5 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
                                plan.deployment.max_concurrent_requests)
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
                             decode_family(plan, node.name), is_flashinfer=True, position=position,
-                            prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots)
+                            prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots,
+                            packed=packed_families(plan, node.name))

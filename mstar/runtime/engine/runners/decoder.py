@@ -128,6 +128,7 @@ class DecoderRunner:
         self.has_guidance = bool(self.guidance.labels) and not dims.has_linear_layers
         # the running step's (set by `run`)
         self._route = "packed"
+        self._step_bucket: tuple[Optional[str], int] = (None, 0)  # the latest step's (capture, token bucket)
         self._decode_walks: frozenset[str] = frozenset()
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> KvCache:
@@ -225,10 +226,13 @@ class DecoderRunner:
 
     def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
+              bucket: tuple[Optional[str], int] = (None, 0),
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """`run` split at the device: (results known now, rows short of memory, finish), where
         `finish()` waits for the rows that ran and returns their results. Here the forward runs
-        at once; a runner whose device runs ahead of the host (gpu/runner.py) returns before."""
+        at once; a runner whose device runs ahead of the host (gpu/runner.py) returns before.
+        bucket: the step's capture family and token bucket from the plan (`Step.capture`,
+        `Step.token_bucket`); a runner with packed graphs replays them (gpu/runner.py)."""
         results: list[RowResult] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
@@ -240,7 +244,7 @@ class DecoderRunner:
         if long is not None:
             raise RouteError(f"node {self.node.name}: attention route decode takes one token a row, but "
                              f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
-        self._route, self._decode_walks = route, decode_walks
+        self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
         on_host = self._move_back(ready) if self.offload is not None else []
         for item in list(ready):
             problem = None if item.row.request_id in on_host else self._length_problem(item)

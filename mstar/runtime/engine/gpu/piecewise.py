@@ -1,0 +1,132 @@
+"""Piecewise CUDA graphs of a node's packed capture families (prefill and mixed steps).
+
+In: the step function (`DecoderForward` of a decoder without gated delta-net layers), the eager
+FlashInfer prefill wrapper (`FlashInferSteps.eager`, planned on the host for each step), the
+device token table, the token buckets of the node's packed families and their largest batch size.
+Out: `PiecewiseGraphs`. For each token bucket T the step function is captured in L + 1 pieces (L:
+the full-attention layers): piece 0 runs from the embedding to layer 0's queries (and its K/V
+write), piece i from layer i-1's attention output to layer i's queries, the last piece to the
+logits and their argmax. `replay(T, num_tokens)` replays piece i, runs layer i's attention eagerly
+over the step's real tokens from `queries` into `attended`, and goes on; the step's inputs are in
+`inputs[T]` beforehand (the packing layout of `packing.py` with T tokens and `max_rows` row
+entries), and FlashInfer's eager wrapper is planned for the step's rows.
+
+Why piecewise: a packed step's attention plan (how many rows, how long each) changes every step,
+and FlashInfer's prefill kernels take it from host-side scheduling, so a whole-step graph would
+need fixed buffers per (batch, token) bucket. The other ~20 kernels per layer do not depend on it:
+captured, they cost one graph launch per layer instead of a Python dispatch each (an eager 575-token
+step spent 11 ms launching 3.5 ms of kernels on the H200, docs/engine.md).
+
+The graphs of every bucket share one memory pool and are replayed in the order they were captured
+(piece 0, 1, ...), which is what makes tensors that one piece writes and the next reads safe in a
+shared pool. Buckets are captured largest first so smaller ones reuse its blocks. Tokens past the
+step's real ones (the padding up to T) write the dummy KV page and attend to nothing; every row
+entry past the real rows reads token 0's logits, which nobody uses. `measured_bytes` is the growth
+of the device memory torch reserved across the capture.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from mstar.runtime.engine.gpu.attention import FlashInferSteps
+from mstar.runtime.engine.gpu.forward import DecoderForward
+from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS
+
+
+class PiecewiseGraphs:
+    def __init__(self, forward: DecoderForward, attention: FlashInferSteps, loop_tokens: torch.Tensor,
+                 token_buckets: list[int], max_rows: int, dummy_slot: int, device: torch.device):
+        if forward.gdn is not None:
+            raise ValueError("piecewise graphs hold full-attention layers only (a hybrid decoder runs eagerly)")
+        self.forward, self.attention, self.loop_tokens = forward, attention, loop_tokens
+        self.max_rows, self.device = max_rows, device
+        self.num_layers = forward.dims.num_full_layers
+        self.token_buckets = sorted(set(token_buckets))
+        d = forward.dims
+        largest = self.token_buckets[-1]
+        # The queries a piece hands to eager attention, and the attention's output the next piece
+        # reads: at fixed addresses, shared by every bucket (a bucket uses the first T rows).
+        self.queries = torch.zeros(largest, d.num_qo_heads, d.head_dim, dtype=torch.bfloat16, device=device)
+        self.attended = torch.zeros_like(self.queries)
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.greedy: dict[int, torch.Tensor] = {}
+        self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(device)
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)  # one capture stream: cuBLAS keeps a workspace per stream
+        for bucket in reversed(self.token_buckets):
+            self._capture(bucket, dummy_slot, pool, stream)
+        torch.cuda.synchronize(device)
+        # The warm-up runs' blocks, cached outside the graphs' pool, are not the family's.
+        torch.cuda.empty_cache()
+        self.measured_bytes = torch.cuda.memory_reserved(device) - before
+
+    def row_fields_offset(self, bucket: int) -> int:
+        """Where `inputs[bucket]`'s row fields (last-token index, row slot; `max_rows` each) start."""
+        return NUM_TOKEN_FIELDS * bucket
+
+    def _body(self, bucket: int, attend: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+        t, r = bucket, self.max_rows
+        ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t, t, t, t, r, r])
+        ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
+        logits = self.forward(ids, positions, slots, last_index, attend)
+        return logits, logits.argmax(-1)
+
+    def _capture(self, bucket: int, dummy_slot: int, pool, stream: torch.cuda.Stream) -> None:
+        t, r = bucket, self.max_rows
+        # Every token writes the dummy slot at position 0 and every row reads token 0: what the
+        # warm-up runs touch (the capture itself runs nothing).
+        inputs = torch.zeros(NUM_TOKEN_FIELDS * t + 2 * r, dtype=torch.int32, device=self.device)
+        inputs[2 * t:3 * t] = dummy_slot
+        inputs[3 * t:4 * t] = -1
+        self.inputs[bucket] = inputs
+        queries, attended = self.queries[:t], self.attended[:t]
+
+        def skip_attention(_index: int, q: torch.Tensor, _k: torch.Tensor, _v: torch.Tensor) -> torch.Tensor:
+            queries.copy_(q)
+            return attended
+
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), torch.no_grad():
+            for _ in range(2):  # cuBLAS's handles and Triton's first launches happen outside the graphs
+                self._body(bucket, skip_attention)
+            pieces: list[torch.cuda.CUDAGraph] = []
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=pool)
+            try:
+                def cut_at_attention(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                    """End the piece after the queries are in place; the next piece starts here."""
+                    nonlocal graph
+                    out = skip_attention(index, q, k, v)
+                    graph.capture_end()
+                    pieces.append(graph)
+                    graph = torch.cuda.CUDAGraph()
+                    graph.capture_begin(pool=pool)
+                    return out
+
+                self.logits[bucket], self.greedy[bucket] = self._body(bucket, cut_at_attention)
+            finally:
+                graph.capture_end()
+            pieces.append(graph)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if len(pieces) != self.num_layers + 1:
+            raise RuntimeError(f"piecewise capture of {t} tokens cut {len(pieces)} pieces for "
+                               f"{self.num_layers} attention layers")
+        self.pieces[bucket] = pieces
+
+    def replay(self, bucket: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run a step of `num_tokens` real tokens padded to `bucket` (its inputs staged, the eager
+        wrapper planned); returns the bucket's (logits [max_rows, vocab], argmax [max_rows])."""
+        queries, attended = self.queries[:num_tokens], self.attended[:num_tokens]
+        run = self.attention.eager.run
+        pieces = self.pieces[bucket]
+        for layer in range(self.num_layers):
+            pieces[layer].replay()
+            run(queries, self.forward.kv.pages(layer), out=attended)
+        pieces[-1].replay()
+        return self.logits[bucket], self.greedy[bucket]

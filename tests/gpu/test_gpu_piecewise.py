@@ -1,0 +1,105 @@
+"""Piecewise CUDA graphs of packed families (prefill and mixed steps) on a CUDA GPU, against the
+same steps run eagerly, and `mstar run` of the llama plan replaying them. Skipped without a GPU."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from engine_plans import LLM_DIMS, llm_plan  # noqa: E402
+
+from mstar.plan.io import load_plan  # noqa: E402
+from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
+from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
+from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor  # noqa: E402
+from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
+from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+FI_DIMS = dict(LLM_DIMS, head_dim=64, hidden=256, qo_heads=8, kv_heads=2, intermediate=512)
+FAMILY = "LLM:mixed"
+
+
+def _executor(num_pages=256):
+    plan = llm_plan(FI_DIMS)
+    dims = decoder_dims(plan.nodes[0], "spec")
+    device = torch.device("cuda")
+    model = build_decoder(dims, device, torch.bfloat16, position=0, seed=0)
+    kv = PagedKv(dims.num_full_layers, num_pages, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
+    kv.data.normal_()
+    packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
+    return StepExecutor(DecoderForward(model, dims, kv, 4097), kv, device, num_pages + 1, [0, 1, 2, 4, 4],
+                        is_flashinfer=True, packed=packed)
+
+
+def _steps():
+    """Two steps: a mixed one (3 decode rows and a 20-token prompt: bucket 32) and one that decodes
+    the prompt's next token beside a 40-token prompt (bucket 64), so the second reads KV the first
+    wrote."""
+    decode = [RowSpec([3 + i], 40 + 9 * i, list(range(4 * i, 4 * i + 4)), i) for i in range(3)]
+    prompt = RowSpec(list(range(5, 25)), 0, [20, 21], 3)
+    first = decode + [prompt]
+    second = [RowSpec([7], 20, [20, 21], 3), RowSpec(list(range(9, 49)), 0, [30, 31, 32], 4)]
+    return [(first, 32), (second, 64)]
+
+
+def test_piecewise_steps_match_eager_steps_and_write_the_same_kv():
+    executor = _executor()
+    executor.capture()
+    assert sorted(executor.piecewise.pieces) == [32, 64, 128]
+    assert executor.capture_bytes["packed"] > 0
+    start = executor.kv.data.clone()
+    runs = {}
+    for is_graph in (False, True):
+        executor.kv.data.copy_(start)
+        logits, tokens = [], []
+        for rows, bucket in _steps():
+            if is_graph:
+                tokens.append(executor.collect(executor.launch(rows, None, FAMILY, bucket)).tolist())
+                logits.append(executor.piecewise.logits[bucket][:len(rows)].clone())
+            else:
+                with torch.no_grad():
+                    eager, greedy, _ = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))
+                tokens.append(greedy[:len(rows)].tolist())
+                logits.append(eager[:len(rows)].clone())
+        runs[is_graph] = (logits, tokens, executor.kv.data[:, :, :40].clone())
+    assert executor.num_piecewise_steps == 2
+    (eager_logits, eager_tokens, eager_kv), (graph_logits, graph_tokens, graph_kv) = runs[False], runs[True]
+    for eager, graphed in zip(eager_logits, graph_logits):
+        assert ((graphed - eager).norm() / eager.norm()).item() < 2e-2
+    assert graph_tokens == eager_tokens
+    assert ((graph_kv.float() - eager_kv.float()).norm() / eager_kv.float().norm()).item() < 1e-2
+
+
+def test_a_step_outside_the_buckets_runs_eagerly():
+    executor = _executor()
+    executor.capture()
+    rows = [RowSpec(list(range(130)), 0, list(range(9)), 0)]  # 130 tokens: above the largest bucket
+    assert executor.token_bucket(rows, FAMILY, 128) == 0
+    assert executor.token_bucket(rows[:1], "another family", 32) == 0
+    too_many = [RowSpec([1], 5, [i], i) for i in range(9)]  # more rows than the graphs' 8 row entries
+    assert executor.token_bucket(too_many, FAMILY, 32) == 0
+    executor.collect(executor.launch(rows, None, FAMILY, 128))
+    assert executor.num_piecewise_steps == 0 and executor.num_eager_steps == 1
+
+
+def test_llama_plan_prefills_on_its_piecewise_graphs():
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(str(GENERATED / "llama.plan"))
+    engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=1024)
+    runner = engine.runners["LLM"]
+    assert runner.executor.piecewise is not None
+    requests = [Request(id=f"r{i}", prompt_tokens=list(range(1, 30 + 40 * i)), max_tokens=5) for i in range(6)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    records = driver.conductor.records.values()
+    assert all(r.finish_reason in ("stop", "length") and r.num_output_tokens for r in records)
+    assert runner.executor.num_piecewise_steps > 0
