@@ -135,24 +135,24 @@ def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = 
 
 
 def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
-    """(capture family, token bucket) the plan gives a step of these rows, as the scheduler picks
-    it (`KeyTables.pick_capture`): a mixture of several walks when `is_mixed`, else of one walk,
-    whose capture is a packed family; (None, 0) when the plan has none or the step is too large."""
-    from mstar.runtime.scheduler.key_tables import KeyTables
+    """(capture family, token bucket) the plan gives a step of these rows: the packed family of a
+    mixture of several walks when `is_mixed`, else of one walk; padded as the scheduler pads
+    (`scheduler/key_tables.py`, `pick_capture`, which the engine may not import): the family's
+    `batch_pad` for the rows, the smallest token bucket that holds the tokens. (None, 0) when the
+    plan has no such family or the step is above its buckets (eager)."""
+    from bisect import bisect_left
 
+    num_tokens = sum(new for new, _ in rows)
     for worker in plan.workers:
-        for index, key in enumerate(worker.keys):
-            if key.node != node.name:
-                continue
-            tables = KeyTables.from_plan(index, key, is_followed=False)
-            families = {f.name: f for f in key.captures}
+        for key in worker.keys:
+            families = {f.name: f for f in key.captures} if key.node == node.name else {}
             for entry in key.mixtures:
                 family = families.get(entry.capture) if entry.capture else None
                 if family is None or family.kind != "packed" or (bin(entry.mask).count("1") > 1) != is_mixed:
                     continue
-                pick = tables.pick_capture(entry.mask, len(rows), [new for new, _ in rows])
-                if pick.capture is not None:
-                    return pick.capture, pick.token_bucket
+                at = bisect_left(family.token_buckets, num_tokens)
+                if len(rows) < len(family.batch_pad) and family.batch_pad[len(rows)] and at < len(family.token_buckets):
+                    return family.name, family.token_buckets[at]
     return None, 0
 
 
