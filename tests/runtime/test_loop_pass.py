@@ -3,8 +3,9 @@
 The conductor advances a step's loop rows in one pass; with `is_columnar = False` every row goes
 through its walk run's tables one by one (the straightforward reference). On random traces
 (plans, prompt and output lengths, routes, small KV pools, out-of-memory rows, row errors,
-cancellations, stop strings), both must give the same run: the same steps with the same rows in the same order,
-and per request the same emissions, tokens, token times, walk order and ending.
+cancellations, stop strings, results answered out of row order), both must give the same run:
+the same steps with the same rows in the same order, and per request the same emissions, tokens,
+token times, walk order and ending.
 """
 from hypothesis import given, strategies as st
 
@@ -26,10 +27,11 @@ def _plan(name):
 
 
 class _Recording(SimEngine):
-    def __init__(self, *args, stop_every: int = 0, **kwargs):
+    def __init__(self, *args, stop_every: int = 0, is_out_of_order: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps = []
         self.stop_every = stop_every
+        self.is_out_of_order = is_out_of_order
 
     def run_step(self, step):
         self.steps.append((step.node, [(r.request_id, r.walk, r.num_tokens, r.context_len, r.loop_iter)
@@ -38,10 +40,14 @@ class _Recording(SimEngine):
         if self.stop_every:  # some rows report a stop (their stop loops end after this iteration)
             result.rows = [RowResult(r.request_id, r.outputs, r.is_stop or (i % self.stop_every == 0 and
                                      self.num_steps % 3 == 0), r.error) for i, r in enumerate(result.rows)]
+        if self.is_out_of_order and self.num_steps % 4 == 1 and len(result.rows) >= 3:
+            # the last two rows answered in swapped order: the pass matches them by id from there
+            result.rows[-2], result.rows[-1] = result.rows[-1], result.rows[-2]
         return result
 
 
-def _run(plan, requests, *, is_columnar, num_pages, oom_steps, errors, cancels, closed, stop_every):
+def _run(plan, requests, *, is_columnar, num_pages, oom_steps, errors, cancels, closed, stop_every,
+         is_out_of_order=False):
     counter = {"steps": 0}
 
     def inject_oom(step):
@@ -49,7 +55,7 @@ def _run(plan, requests, *, is_columnar, num_pages, oom_steps, errors, cancels, 
         return [step.rows[0].request_id] if counter["steps"] in oom_steps else []
 
     engine = _Recording(plan, num_pages=num_pages, inject_oom=inject_oom, inject_error=dict(errors),
-                        stop_every=stop_every)
+                        stop_every=stop_every, is_out_of_order=is_out_of_order)
     driver = Driver(plan, engine, decode=_decode)
     driver.conductor.is_columnar = is_columnar
     driver.run(Workload([Request(**vars(r)) for r in requests], closed_concurrency=closed, cancellations=cancels))
@@ -73,7 +79,9 @@ def traces(draw):
     now = 0.0
     for index in range(draw(st.integers(1, 10))):
         now += draw(st.floats(0.0, 0.01))
-        requests.append(Request(id=f"r{index}", prompt_tokens=list(range(draw(st.integers(1, 40)))),
+        # ids of several lengths: the simulated tokens differ between requests (a row given
+        # another row's result shows)
+        requests.append(Request(id=f"r{index}" + "_" * (index % 3), prompt_tokens=list(range(draw(st.integers(1, 40)))),
                                 max_tokens=draw(st.integers(1, 40)), arrival_s=now,
                                 stop_strings=draw(st.lists(st.sampled_from(["ba", "hg", "edc", "ab"]), max_size=2))))
     ids = [r.id for r in requests]
@@ -86,6 +94,7 @@ def traces(draw):
                                                                                st.integers(0, 9)), max_size=2))],
         "closed": draw(st.one_of(st.none(), st.integers(1, 4))),
         "stop_every": draw(st.sampled_from([0, 0, 2, 5])),
+        "is_out_of_order": draw(st.booleans()),
     }
 
 
@@ -114,3 +123,14 @@ def test_loop_with_host_loop_backs_exits_and_accumulates_alike():
     rows = [row for node, rows in columnar[1] if node == "A" for row in rows]
     assert len(rows) == 4 * 6
     assert all(len(record[6]) == 1 for record in columnar[0].values())
+
+
+def test_results_answered_out_of_row_order_go_to_their_own_rows():
+    """An engine that answers the last two rows of some steps in swapped order: each decode row
+    still gets its own result (the pass stops at the first row answered out of order and the rest
+    go by id), so tokens, stops and endings are those of the row-by-row run."""
+    requests = [Request(id=f"r{i}" + "_" * (i % 3), prompt_tokens=list(range(5)), max_tokens=20) for i in range(6)]
+    kwargs = dict(num_pages=None, oom_steps=set(), errors={}, cancels=[], closed=None, stop_every=0,
+                  is_out_of_order=True)
+    columnar = _run(_plan("llama"), requests, is_columnar=True, **kwargs)
+    assert columnar == _run(_plan("llama"), requests, is_columnar=False, **kwargs)

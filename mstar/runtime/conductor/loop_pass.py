@@ -18,12 +18,13 @@ Rows of a `LoopStep.is_fast` call (every input on the device, at most one client
 counted output: an LLM's decode iteration) take `_advance_fast`, the same effects written out in
 one loop with no call per row: a call's liveness is its `is_ready` flag (walk_run.py keeps it
 False once a call leaves its run), the ready rows are only their ids (one token each), and
-note_tokens' bookkeeping is inlined (the partition's end stays `Conductor.end_at_tokens`).
+note_tokens' bookkeeping is inlined (the partition's end stays `Conductor.end_at_tokens`). When
+the call emits and counts one edge (a text LLM's decode), a row first reads every condition under
+which it would leave the shape, then applies the common effects through references its call
+gathered once (`ActiveCall.refs`); any other row takes the general kernel (`_fast_row`).
 """
 from __future__ import annotations
 
-from itertools import compress, count
-from operator import attrgetter, ne
 from typing import Any, Optional
 
 from mstar.runtime.conductor.request import num_tokens_of
@@ -31,7 +32,6 @@ from mstar.runtime.conductor.walk_run import EMPTY
 from mstar.runtime.step import RowResult, StepRow
 
 _MISSING: Any = object()
-_request_id_of = attrgetter("request_id")
 
 
 def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[RowResult]):
@@ -39,12 +39,14 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
     now = conductor.clock()
     ready = _ReadyRows(conductor.ready_out, node)
     # From the first row the engine answered out of order on, the rows go row by row (matched
-    # with their results by id).
-    num = _num_in_order(rows, results)
+    # with their results by id): each kernel stops at a row whose result is another row's.
+    num = min(len(rows), len(results))
     index = 0
     while index < num:
         row = rows[index]
         result = results[index]
+        if result.request_id != row.request_id:
+            break
         call = row.handle  # the walk position step_rows gave the row (ActiveCall)
         step = call.step if call is not None else None
         if step is not None and step.is_fast:
@@ -77,71 +79,116 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
                   num: int, ready: "_ReadyRows", now: float, is_kv: bool) -> int:
     """`_advance_row`'s effects on the rows from `start` on whose call takes `step` (is_fast), in
     one loop; returns the index of the first row it did not take. A row that leaves the shape
-    (error, stale, loop or partition ends, stop) goes out of line, after the rows before it."""
+    (error, stale, loop or partition ends, stop) goes out of line, after the rows before it.
+
+    A step that emits and counts one edge (an LLM's decode iteration) takes the steady case per
+    row: every condition under which the row would leave the shape or need more than the common
+    effects is read first, and only then are the effects applied through the call's `refs` (its
+    KV context, partition, record, loop state and the record's column appends, gathered once per
+    call). A row failing any of those reads goes through `_fast_row`, the general kernel, before
+    any of its effects: the same effects in the same order as that kernel alone."""
     client_name, client_kind, counted, has_stop, device_inputs = step.fast
+    is_steady = client_name is not None and counted is client_name
     ids_append = ready.start(rows[start].walk)  # one call, one walk; one token a row (padded at flush)
-    for row, result in zip(rows[start:num], results[start:num]):  # in order (_num_in_order)
+    for row, result in zip(rows[start:num], results[start:num]):
         call = row.handle
-        if call is None or call.step is not step:
+        request_id = row.request_id
+        if call is None or call.step is not step or result.request_id != request_id:
             ready.pad_tokens()
-            return rows.index(row, start)  # a row of another call: the caller goes on from it
-        if result.error is not None or not call.is_ready:
-            _off_shape(conductor, node, ready, row, result)
-            ids_append = ready.ids.append
-            continue
-        run = call.run
-        if is_kv:
-            context = run.context
-            context[node] = context.get(node, 0) + row.num_tokens
-        ps = run.source
-        record = ps.record
-        outputs = result.outputs
-        if client_name is not None:
-            value = outputs.get(client_name, _MISSING)
-            if value is not _MISSING:
-                record.emission_times_s.append(now)
-                record.emission_kinds.append(client_kind)
-                record.emission_values.append(value)
-                if record.first_token_s is None:
-                    record.first_token_s = now
-        if counted is not None:
-            if counted is not client_name:  # the same name: `value` is already its value (or _MISSING)
-                value = outputs.get(counted)
-            if type(value) is list:
-                if value:  # Conductor.note_tokens inlined (module docstring)
-                    num_tokens = len(value)
-                    record.output_tokens += value
-                    if record.first_token_s is None:
-                        record.first_token_s = now
-                    record.token_times_s.append(now)
-                    record.num_output_tokens += num_tokens
-                    ps.num_tokens += num_tokens
-                    if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
-                        conductor.end_at_tokens(record, ps)
-            elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
-                conductor.count(ps.owner, ps, call.call.counted, outputs, now)
-        loop_state = call.loop_state
-        iteration = loop_state.iteration + 1  # against its limit: max_iters, or the request's own count
-        if ps.is_done or result.is_stop or iteration >= loop_state.limit or (has_stop and loop_state.is_stop):
-            _end_of_shape(conductor, ready, row, result, ps)
-            ids_append = ready.ids.append
-            continue
-        loop_state.iteration = iteration
-        if call.inputs is not device_inputs:
-            _next_iteration(run, call, step, loop_state)
-        ids_append(row.request_id)
+            # a row of another call, or answered out of order: the caller goes on from it
+            return rows.index(row, start)
+        if is_steady and result.error is None and call.is_ready:
+            refs = call.refs
+            if refs is None:
+                refs = call.refs = _steady_refs(call)
+            (context, ps, record, loop_state, stop_strings, times_append, kinds_append, values_append,
+             tokens_extend, token_times_append) = refs
+            value = result.outputs.get(client_name)
+            if (type(value) is list and value and record.first_token_s is not None and not stop_strings
+                    and not ps.is_done and not result.is_stop and call.inputs is device_inputs):
+                num_new = len(value)
+                num_tokens = ps.num_tokens + num_new
+                iteration = loop_state.iteration + 1
+                if (num_tokens < ps.max_tokens and iteration < loop_state.limit
+                        and not (has_stop and loop_state.is_stop)):
+                    if is_kv:
+                        context[node] = context.get(node, 0) + row.num_tokens
+                    times_append(now)
+                    kinds_append(client_kind)
+                    values_append(value)
+                    tokens_extend(value)
+                    token_times_append(now)
+                    record.num_output_tokens += num_new
+                    ps.num_tokens = num_tokens
+                    loop_state.iteration = iteration
+                    ids_append(request_id)
+                    continue
+        _fast_row(conductor, node, step, row, result, ready, now, is_kv)
+        ids_append = ready.ids.append  # a row out of line may have flushed the group
     ready.pad_tokens()
     return num
 
 
-def _num_in_order(rows: list[StepRow], results: list[RowResult]) -> int:
-    """How many leading rows the engine answered in order (result i for row i), compared in C."""
-    num = min(len(rows), len(results))
-    ids = list(map(_request_id_of, rows[:num]))
-    answered = list(map(_request_id_of, results[:num]))
-    if ids == answered:
-        return num
-    return next(compress(count(), map(ne, ids, answered)))
+def _steady_refs(call) -> tuple:
+    """What the steady kernel reads and appends to per row, fixed for the call's life (its run,
+    partition, record and loop state never change; the record's columns are only appended to)."""
+    run = call.run
+    ps = run.source
+    record = ps.record
+    return (run.context, ps, record, call.loop_state, record.request.stop_strings,
+            record.emission_times_s.append, record.emission_kinds.append, record.emission_values.append,
+            record.output_tokens.extend, record.token_times_s.append)
+
+
+def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready: "_ReadyRows", now: float,
+              is_kv: bool) -> None:
+    """One row of the fast kernel, every case: its effects, then either the row is ready again
+    (its id joins the group) or it leaves the shape out of line."""
+    client_name, client_kind, counted, has_stop, device_inputs = step.fast
+    call = row.handle
+    if result.error is not None or not call.is_ready:
+        _off_shape(conductor, node, ready, row, result)
+        return
+    run = call.run
+    if is_kv:
+        context = run.context
+        context[node] = context.get(node, 0) + row.num_tokens
+    ps = run.source
+    record = ps.record
+    outputs = result.outputs
+    if client_name is not None:
+        value = outputs.get(client_name, _MISSING)
+        if value is not _MISSING:
+            record.emission_times_s.append(now)
+            record.emission_kinds.append(client_kind)
+            record.emission_values.append(value)
+            if record.first_token_s is None:
+                record.first_token_s = now
+    if counted is not None:
+        if counted is not client_name:  # the same name: `value` is already its value (or _MISSING)
+            value = outputs.get(counted)
+        if type(value) is list:
+            if value:  # Conductor.note_tokens inlined (module docstring)
+                num_tokens = len(value)
+                record.output_tokens += value
+                if record.first_token_s is None:
+                    record.first_token_s = now
+                record.token_times_s.append(now)
+                record.num_output_tokens += num_tokens
+                ps.num_tokens += num_tokens
+                if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
+                    conductor.end_at_tokens(record, ps)
+        elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
+            conductor.count(ps.owner, ps, call.call.counted, outputs, now)
+    loop_state = call.loop_state
+    iteration = loop_state.iteration + 1  # against its limit: max_iters, or the request's own count
+    if ps.is_done or result.is_stop or iteration >= loop_state.limit or (has_stop and loop_state.is_stop):
+        _end_of_shape(conductor, ready, row, result, ps)
+        return
+    loop_state.iteration = iteration
+    if call.inputs is not device_inputs:
+        _next_iteration(run, call, step, loop_state)
+    ready.ids.append(row.request_id)
 
 
 def _off_shape(conductor, node: str, ready: "_ReadyRows", row: StepRow, result: RowResult) -> None:

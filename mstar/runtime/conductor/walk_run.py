@@ -61,7 +61,8 @@ class ActiveCall:
     `active` (completed, its loop exited, its run cancelled) is never ready again, so a step's
     row can be checked for liveness by that flag alone."""
 
-    __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens", "num_fed")
+    __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens", "num_fed",
+                 "refs")
 
     def __init__(self, call: RunCall, run: "WalkRun"):
         self.call = call
@@ -75,6 +76,9 @@ class ActiveCall:
         self.is_ready = False
         self.num_tokens = 1  # tokens the row feeds: the largest over its inputs, 1 without any
         self.num_fed = 0  # of those, tokens earlier chunks already fed (a prompt cut by the scheduler)
+        # What the loop pass's steady kernel touches per row, gathered on the call's first steady
+        # row (loop_pass._steady_refs): fixed for the call's life, so looked up once, not per row.
+        self.refs: Optional[tuple] = None
 
 
 class _LoopState:
