@@ -97,47 +97,54 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
             ready.pad_tokens()
             # a row of another call, or answered out of order: the caller goes on from it
             return rows.index(row, start)
-        if is_steady and result.error is None and call.is_ready:
+        if is_steady:
             refs = call.refs
             if refs is None:
-                refs = call.refs = _steady_refs(call)
-            (context, ps, record, loop_state, stop_strings, times_append, kinds_append, values_append,
-             tokens_extend, token_times_append) = refs
-            value = result.outputs.get(client_name)
-            if (type(value) is list and value and record.first_token_s is not None and not stop_strings
-                    and not ps.is_done and not result.is_stop and call.inputs is device_inputs):
-                num_new = len(value)
-                num_tokens = ps.num_tokens + num_new
-                iteration = loop_state.iteration + 1
-                if (num_tokens < ps.max_tokens and iteration < loop_state.limit
-                        and not (has_stop and loop_state.is_stop)):
-                    if is_kv:
-                        context[node] = context.get(node, 0) + row.num_tokens
-                    times_append(now)
-                    kinds_append(client_kind)
-                    values_append(value)
-                    tokens_extend(value)
-                    token_times_append(now)
-                    record.num_output_tokens += num_new
-                    ps.num_tokens = num_tokens
-                    loop_state.iteration = iteration
-                    ids_append(request_id)
-                    continue
+                refs = call.refs = _steady_refs(call, node, is_kv)
+            if refs and result.error is None and call.is_ready:
+                context, ps, record, loop_state, emission_times, emission_kinds, emission_values, tokens, \
+                    token_times = refs
+                value = result.outputs.get(client_name)
+                if (type(value) is list and value and not ps.is_done and not result.is_stop
+                        and call.inputs is device_inputs):
+                    num_new = len(value)
+                    num_tokens = ps.num_tokens + num_new
+                    iteration = loop_state.iteration + 1
+                    if (num_tokens < ps.max_tokens and iteration < loop_state.limit
+                            and not (has_stop and loop_state.is_stop)):
+                        if is_kv:
+                            context[node] += row.num_tokens
+                        emission_times.append(now)
+                        emission_kinds.append(client_kind)
+                        emission_values.append(value)
+                        tokens.extend(value)
+                        token_times.append(now)
+                        record.num_output_tokens += num_new
+                        ps.num_tokens = num_tokens
+                        loop_state.iteration = iteration
+                        ids_append(request_id)
+                        continue
         _fast_row(conductor, node, step, row, result, ready, now, is_kv)
         ids_append = ready.ids.append  # a row out of line may have flushed the group
     ready.pad_tokens()
     return num
 
 
-def _steady_refs(call) -> tuple:
-    """What the steady kernel reads and appends to per row, fixed for the call's life (its run,
-    partition, record and loop state never change; the record's columns are only appended to)."""
+def _steady_refs(call, node: str, is_kv: bool):
+    """What the steady case reads and appends to per row, fixed for the call's life (its run,
+    partition, record and loop state never change; the record's columns are only appended to; a
+    KV context entry, once there, stays). None while the call cannot take the steady case yet (no
+    first token recorded, no KV context on the node yet: asked again next row); False for good
+    (stop strings: every count checks the decoded tail, `Conductor.end_at_tokens`)."""
     run = call.run
     ps = run.source
     record = ps.record
-    return (run.context, ps, record, call.loop_state, record.request.stop_strings,
-            record.emission_times_s.append, record.emission_kinds.append, record.emission_values.append,
-            record.output_tokens.extend, record.token_times_s.append)
+    if record.request.stop_strings:
+        return False
+    if record.first_token_s is None or (is_kv and node not in run.context):
+        return None
+    return (run.context, ps, record, call.loop_state, record.emission_times_s, record.emission_kinds,
+            record.emission_values, record.output_tokens, record.token_times_s)
 
 
 def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready: "_ReadyRows", now: float,

@@ -76,9 +76,9 @@ class ActiveCall:
         self.is_ready = False
         self.num_tokens = 1  # tokens the row feeds: the largest over its inputs, 1 without any
         self.num_fed = 0  # of those, tokens earlier chunks already fed (a prompt cut by the scheduler)
-        # What the loop pass's steady kernel touches per row, gathered on the call's first steady
-        # row (loop_pass._steady_refs): fixed for the call's life, so looked up once, not per row.
-        self.refs: Optional[tuple] = None
+        # What the loop pass's steady case touches per row, gathered once (loop_pass._steady_refs):
+        # None until then, False when the call never takes the steady case.
+        self.refs: Any = None
 
 
 class _LoopState:
