@@ -12,11 +12,12 @@ SMALL = ["--plan", str(ROOT / "generated" / "llama.plan"), "--clients", "4", "--
          "--prompt-len", "5", "--output-len", "6", "--rounds", "1"]
 
 
-def test_prints_both_variants_the_ratio_and_the_split(capsys):
+def test_prints_every_variant_the_ratios_and_the_split(capsys):
     assert main(["bench", "postprocess", *SMALL]) == 0
     out = capsys.readouterr().out
-    assert "columnar   loop steps" in out and "per-row    loop steps" in out
-    assert "per-row / columnar, loop steps p50" in out and "host time per step" in out
+    assert "columnar   loop steps" in out and "general    loop steps" in out and "per-row    loop steps" in out
+    assert "general / columnar, loop steps p50" in out and "per-row / columnar" in out
+    assert "host time per step" in out
 
 
 def test_json_has_per_step_and_per_row_figures(capsys):

@@ -138,6 +138,9 @@ class Conductor:
         self.prefix_walks = {(pool.node, walk) for pool in plan.deployment.kv_pools if pool.prefix_cache == "pages"
                              for walk in pool.prefix_walks}
         self.is_columnar = True  # False: every row through its walk run (the reference path)
+        # False: the loop pass's fast rows all take its general kernel, never the steady case
+        # (loop_pass.py; `mstar bench postprocess` compares the two in one process)
+        self.is_steady = True
         self.records: dict[str, RequestRecord] = {}
         self.active: dict[str, _RequestState] = {}
         self.waiting: deque[RequestRecord] = deque()

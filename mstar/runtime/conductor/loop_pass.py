@@ -88,7 +88,7 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
     call). A row failing any of those reads goes through `_fast_row`, the general kernel, before
     any of its effects: the same effects in the same order as that kernel alone."""
     client_name, client_kind, counted, has_stop, device_inputs = step.fast
-    is_steady = client_name is not None and counted is client_name
+    is_steady = client_name is not None and counted is client_name and conductor.is_steady
     ids_append = ready.start(rows[start].walk)  # one call, one walk; one token a row (padded at flush)
     for row, result in zip(rows[start:num], results[start:num]):
         call = row.handle

@@ -7,11 +7,13 @@ with a closed loop of `--clients` clients sending `--requests` requests of `--pr
 tokens and `--output-len` output tokens, once per variant and round, interleaved:
 
     columnar   the conductor's loop pass (conductor/loop_pass.py) for rows at a loop step
+    general    the same, but every row of the fast kernel through its general case, never the
+               steady one (Conductor.is_steady = False: what a decode row cost before it)
     per-row    every row through its walk run's tables (Conductor.is_columnar = False)
 
 and prints, per variant, the steps whose rows are all at one loop step (a decode step; what the
 target is about) and every step: p50/p90 microseconds per step and p50 per row, the median over
-rounds; the per-row / columnar ratio; and the host time split of the columnar runs per step
+rounds; the general / columnar and per-row / columnar ratios; and the host time split of the columnar runs per step
 (scheduler, step building, engine call, post-process, the rest of the run loop). With
 `--bytecodes`, one more columnar run is traced and the Python bytecodes each part executes per row
 are printed: a figure that does not move with the machine's speed or load (C-level work, such as
@@ -37,7 +39,7 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve.driver import Driver, Workload
 
-VARIANTS = ("columnar", "per-row")
+VARIANTS = ("columnar", "general", "per-row")
 TARGET_US = 50.0  # post-process p50 per decode step (issue 8)
 SPLIT_PARTS = ("scheduler", "step building", "engine call", "post-process", "run loop rest")
 
@@ -88,7 +90,8 @@ def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> di
     given `opcodes`, the bytecodes of each part: the run is traced, so its times mean nothing)."""
     engine = SimEngine(plan)
     driver = Driver(plan, engine)
-    driver.conductor.is_columnar = variant == "columnar"
+    driver.conductor.is_columnar = variant != "per-row"
+    driver.conductor.is_steady = variant == "columnar"
     totals = dict.fromkeys(SPLIT_PARTS, 0.0)
     # The timers replace these objects' bound methods for this run only, wrapping them with their
     # signatures unchanged; mypy refuses any assignment to a method, so each says so.
@@ -165,6 +168,8 @@ def measure(args) -> dict[str, Any]:
     columnar = result["variants"]["columnar"]["loop_steps"]["p50_us"]
     per_row = result["variants"]["per-row"]["loop_steps"]["p50_us"]
     result["per_row_over_columnar"] = per_row / columnar if columnar and per_row else None
+    general = result["variants"]["general"]["loop_steps"]["p50_us"]
+    result["general_over_columnar"] = general / columnar if columnar and general else None
     result["target_us"] = TARGET_US
     if args.bytecodes:
         opcodes = _Opcodes()
@@ -188,8 +193,8 @@ def render(result: dict[str, Any]) -> str:
             f = entry[kind]
             lines.append(f"{variant:<10} {label:<14} {_cell(f['rows_per_step']):>9} {_cell(f['p50_us']):>8} "
                          f"{_cell(f['p90_us']):>8} {_cell(f['p50_us_per_row'], 2):>10}")
-    ratio = result["per_row_over_columnar"]
-    lines.append(f"per-row / columnar, loop steps p50: {_cell(ratio, 2)}x")
+    lines.append(f"general / columnar, loop steps p50: {_cell(result['general_over_columnar'], 2)}x; "
+                 f"per-row / columnar: {_cell(result['per_row_over_columnar'], 2)}x")
     split = result["variants"]["columnar"]["split_us_per_step"]
     lines.append("host time per step, columnar (us, mean): "
                  + ", ".join(f"{part} {_cell(split[part])}" for part in SPLIT_PARTS))
