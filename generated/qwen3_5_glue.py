@@ -32,11 +32,11 @@ LLM_MIXED_CONSTANTS = GlueConstants(
     node='LLM',
     walks=('prefill_text', 'decode'),
     page_size=16,
-    max_rows=32,
+    max_rows=64,
     device_loop_mask=2,
     stream_mask=0,
     host_mask=3,
-    batch_sizes=(1, 2, 4, 8, 16, 32),
+    batch_sizes=(1, 2, 4, 8, 16, 32, 64),
     token_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
 )
 
@@ -52,8 +52,8 @@ def _pack_step_llm_mixed_kernel(
 ):
     # Program r < num_rows packs row r; program num_rows writes the offsets' heads and the
     # padding. Each recomputes the prefix sums over the key's whole block of rows (at most
-    # 32 rows): cheaper than a second launch.
-    rows = tl.arange(0, 32)
+    # 64 rows): cheaper than a second launch.
+    rows = tl.arange(0, 64)
     is_real = rows < num_rows
     num_tokens = tl.load(num_tokens_ptr + rows, mask=is_real, other=0)
     context_len = tl.load(context_len_ptr + rows, mask=is_real, other=0)
@@ -103,7 +103,7 @@ def _pack_step_llm_mixed_kernel(
     else:
         total_tokens = tl.sum(num_tokens, 0)
         total_pages = tl.sum(num_pages, 0)
-        zeros = tl.zeros([32], dtype=tl.int32)
+        zeros = tl.zeros([64], dtype=tl.int32)
         tl.store(qo_indptr_ptr, 0)
         tl.store(kv_indptr_ptr, 0)
         # Padding rows are zero-length segments: offsets repeat, last-page length 0.
@@ -142,7 +142,7 @@ def _scatter_after_sampling_llm_mixed_kernel(
     sampled_ptr, walk_index_ptr, slot_ptr, is_emitting_ptr, stream_pos_ptr,
     loop_back_ptr, stream_tokens_ptr, stream_stride, stream_capacity, host_out_ptr, num_rows,
 ):
-    rows = tl.arange(0, 32)
+    rows = tl.arange(0, 64)
     is_real = rows < num_rows
     is_emitting = is_real & (tl.load(is_emitting_ptr + rows, mask=is_real, other=0) != 0)
     walk = tl.load(walk_index_ptr + rows, mask=is_real, other=0)

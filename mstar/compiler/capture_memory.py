@@ -19,10 +19,12 @@ allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B dec
                 + MLP_FACTOR x intermediate) x 2 bytes) and the bf16 logits before their fp32
                 cast (max_rows x vocab x 2 bytes)
     recurrent   a node with a `state recurrent(...)` (gated delta-net layers): the largest key's
-                rows' states gathered by slot and the recurrent kernel's final states
-                (2 x max_rows x value_heads x key_dim x value_dim x 4 bytes, fp32) and its conv
-                windows (CONV_FACTOR x max_rows x conv_dim x conv_kernel x 4 bytes), one layer at
-                a time (engine/gpu/gdn_forward.py), shared like the activations
+                rows' scratch in one layer (engine/gpu/gdn_forward.py), shared like the
+                activations: the rule's output and its normed copy in fp32
+                (2 x max_rows x value_heads x value_dim x 4 bytes) and the conv output
+                (max_rows x conv_dim x 2 bytes). The states themselves are not copied: the decode
+                kernels read and write each row's slot in place (gdn_kernels.py; gathering them
+                had doubled the Qwen3.5 estimate: 331 MiB against 170 MiB measured)
     workspace   CAPTURE_WORKSPACE_BYTES per family: the capture stream's cuBLAS workspace
     TP          the per-graph and shared terms are divided by tp_size; the workspace is not
 
@@ -60,10 +62,7 @@ ACTIVATION_FACTOR = 6
 # Intermediate-sized tensors alive at once in the MLP: gate and up (one matrix), their product.
 MLP_FACTOR = 3
 CAPTURE_WORKSPACE_BYTES = 32 * MIB
-STATE_BYTES = 4  # recurrent states and conv windows are fp32
-# Conv-window-sized tensors alive at once in a gated delta-net layer: the gathered stored columns,
-# the window, its product with the weights.
-CONV_FACTOR = 3
+STATE_BYTES = 4  # the gated delta-net layer's fp32 temporaries
 # Stateless nodes without a `hidden` dim (codecs, encoders) are sized as a 1024-wide model.
 DEFAULT_HIDDEN = 1024
 
@@ -101,8 +100,7 @@ def _recurrent_row_bytes(node: ast.NodeDecl) -> int:
     assert isinstance(heads, int) and isinstance(key_dim, int) and isinstance(value_dim, int)
     value_heads = _dim(node, "linear_value_heads", heads)
     conv_dim = 2 * heads * key_dim + value_heads * value_dim
-    states = 2 * value_heads * key_dim * value_dim
-    return (states + CONV_FACTOR * conv_dim * _dim(node, "conv_kernel", 4)) * STATE_BYTES
+    return 2 * value_heads * value_dim * STATE_BYTES + conv_dim * ACTIVATION_BYTES
 
 
 def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size: int) -> int:

@@ -36,7 +36,7 @@ def test_kernels_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "8 passed" in result.stdout, result.stdout[-2000:]
+    assert "10 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -106,6 +106,51 @@ def test_causal_conv_matches_the_torch_gather(interpreted):
     columns = torch.cat([stored, mixed])
     expected = F.silu((columns[index] * weight.T).sum(1))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_conv_step_updates_the_slots_in_place(interpreted):
+    """A decode step's conv kernel against the torch window (stored columns + the token): outputs,
+    each row's slot moved one column on, other slots untouched; two padding rows share slot 0."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    torch.manual_seed(0)
+    channels, taps = 40, 4
+    state = torch.randn(6, channels, taps - 1)
+    slots = torch.tensor([3, 1, 0, 0])
+    mixed = torch.randn(4, channels + 8)[:, :channels]  # a row stride, as the projection's
+    weight = torch.randn(channels, taps)
+    expected_state = state.clone()
+    window = torch.cat([state[slots[:2]], mixed[:2].unsqueeze(-1)], dim=-1)
+    expected = F.silu((window * weight).sum(-1))
+    expected_state[slots[:2]] = window[:, :, 1:]
+    got = gdn_kernels.conv_step(mixed, state, slots, weight)
+    torch.testing.assert_close(got[:2], expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state[1:], expected_state[1:], rtol=0, atol=0)  # slot 0: the sink
+
+
+def test_decode_recurrent_step_matches_the_torch_rule(interpreted):
+    """The in-place gated delta rule against `_rule_step` on gathered states (grouped value heads,
+    q/k/v views with a row stride), the slots written back, other slots untouched."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+    from mstar.runtime.engine.gpu.gdn_forward import _prepare_qk, _rule_step
+
+    torch.manual_seed(0)
+    rows, heads, value_heads, key_dim, value_dim = 3, 2, 4, 16, 32
+    conv = torch.randn(rows, 2 * heads * key_dim + value_heads * value_dim)
+    q = conv[:, :heads * key_dim].reshape(rows, heads, key_dim)
+    k = conv[:, heads * key_dim:2 * heads * key_dim].reshape(rows, heads, key_dim)
+    v = conv[:, 2 * heads * key_dim:].reshape(rows, value_heads, value_dim)
+    g = -torch.rand(rows, value_heads)
+    beta = torch.rand(rows, value_heads)
+    state = torch.randn(5, value_heads, key_dim, value_dim)
+    slots = torch.tensor([4, 1, 2])
+    qn, kn = _prepare_qk(q, k, value_heads)
+    expected, expected_rows = _rule_step(qn, kn, v, g, beta, state[slots])
+    expected_state = state.clone()
+    expected_state[slots] = expected_rows
+    got = gdn_kernels.recurrent_step(q, k, v, g, beta, state, slots)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, expected_state, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])

@@ -1,8 +1,8 @@
-"""The GPU fast path for a Qwen3.5 hybrid decoder on a CUDA GPU: fla-core's gated delta rule
-kernels (chunked for prompt rows, fused recurrent for decode rows) and the Triton conv of eager
+"""The GPU fast path for a Qwen3.5 hybrid decoder on a CUDA GPU: fla-core's chunked gated delta
+rule (prompt rows), the in-place conv and recurrent kernels of decode rows and the conv of eager
 steps (`gdn_kernels.py`) against the torch arithmetic of
-the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (gather by
-slot, recurrent kernel, scatter) against the eager step; greedy tokens against the CPU reference;
+the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (the
+rows' slots updated in place) against the eager step; greedy tokens against the CPU reference;
 and the qwen3_5 plan at spec dims on its decode graphs. Skipped without a GPU (and, for the kernel
 checks, without fla-core)."""
 import copy

@@ -12,14 +12,14 @@ then SiLU; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) in fp32; the
 with q and k L2-normalised (q scaled by d_k^-1/2) from and back into the slot's state; a gated
 RMSNorm (plain w, times silu(z)); out_proj.
 
-The conv of an eager step's rows is one Triton kernel on CUDA (`gdn_kernels.py`), torch ops
-elsewhere. Where the rule runs: on a CUDA device with fla-core, `fused_recurrent_gated_delta_rule` for rows
-of one token (decode rows: the rows' states gathered by slot, one kernel, the final states scattered
-back) and `chunk_gated_delta_rule` over the prompt rows as one varlen batch (`cu_seqlens`, B = 1);
-elsewhere (the CPU, a GPU without fla) the same arithmetic in torch ops. A decode-only step
+On a CUDA device with Triton (`gdn_kernels.py`): the conv of an eager step's rows is one kernel;
+rows of one token (decode rows) run the conv and the rule as one kernel each, reading and writing
+each row's slot in place. Prompt rows run fla-core's `chunk_gated_delta_rule` as one varlen batch
+(`cu_seqlens`, B = 1) from and back into their slots. Elsewhere (the CPU) the same arithmetic in
+torch ops, decode rows on states gathered by slot and scattered back. A decode-only step
 (`LinearStep.decode`: token i is row i) reads no host memory and never synchronises, so the decode
-graphs capture it: gather by the slot tensor, the recurrent kernel, scatter back. Padding rows of a
-captured step carry slot 0, the sink (`kv/slots.py`), so they never touch a request's state.
+graphs capture it. Padding rows of a captured step carry slot 0, the sink (`kv/slots.py`), so they
+never touch a request's state.
 
 An eager step with prompt rows (`linear_layout`, on the host from the packed step) carries, in one
 int32 array appended to the step's packed array: the conv's gather indices `[T, K]` into
@@ -42,15 +42,15 @@ from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 __all__ = ["EagerRows", "GdnForward", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
 
 
-def fla_kernels(device: torch.device) -> Optional[tuple[Callable, Callable]]:
-    """(chunk, fused recurrent) gated delta rule kernels of fla-core on a CUDA device, else None."""
+def fla_kernels(device: torch.device) -> Optional[Callable]:
+    """fla-core's chunked gated delta rule kernel (prompt rows) on a CUDA device, else None."""
     if device.type != "cuda":
         return None
     try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError:
         return None
-    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    return chunk_gated_delta_rule
 
 
 @dataclass
@@ -168,7 +168,9 @@ class GdnForward:
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
         weight = layer.conv1d.weight[:, 0, :]  # [C, K]
         rows = step.eager
-        if rows is None:
+        if rows is None and self.is_fused:  # in place in the rows' slots (gdn_kernels.py)
+            conv = gdn_kernels.conv_step(mixed, conv_state, step.slots, weight)
+        elif rows is None:
             conv = self._conv_decode(mixed, weight, conv_state, step.slots)
         else:
             conv = self._conv_varlen(mixed, weight, conv_state, step.slots, rows)
@@ -224,14 +226,11 @@ class GdnForward:
     # -------------------------------------------------------------- the gated delta rule
 
     def _recurrent(self, q, k, v, g, beta, ssm: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """One token a row: the rows' states gathered by slot, one step, scattered back. -> [R, HV, d_v]."""
+        """One token a row -> [R, HV, d_v]: in place in the rows' slots (`gdn_kernels.recurrent_step`),
+        else the rows' states gathered by slot, one step, scattered back."""
+        if self.is_fused:
+            return gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, slots)
         state = ssm[slots]
-        if self.kernels is not None:
-            out, final = self.kernels[1](q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g=g.unsqueeze(1),
-                                         beta=beta.unsqueeze(1), initial_state=state, output_final_state=True,
-                                         use_qk_l2norm_in_kernel=True)
-            ssm.index_copy_(0, slots, final.to(ssm.dtype))
-            return out[:, 0]
         qn, kn = _prepare_qk(q, k, v.shape[1])
         out, state = _rule_step(qn, kn, v.float(), g, beta.float(), state)
         ssm.index_copy_(0, slots, state)
@@ -241,7 +240,7 @@ class GdnForward:
         """The prompt rows' tokens (varlen by `rows.prompt_cu`) from and back into their slots."""
         slots = rows.prompt_slots
         if self.kernels is not None:
-            out, final = self.kernels[0](q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.unsqueeze(0),
+            out, final = self.kernels(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.unsqueeze(0),
                                          beta=beta.unsqueeze(0), initial_state=ssm[slots], output_final_state=True,
                                          use_qk_l2norm_in_kernel=True, cu_seqlens=rows.prompt_cu,
                                          # the host copy spares fla a device sync to count chunks

@@ -81,9 +81,11 @@ def decode_family(plan: Plan, node: str) -> Optional[CaptureFamily]:
 
 
 def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
-    """The node's packed capture families (prefill and mixed steps), None when it has none."""
+    """The node's packed capture families the plan captures piecewise (`CaptureFamily.is_piecewise`:
+    attention eager between the pieces), None when it has none; a packed family captured whole
+    (prefill attention planned into fixed buffers) is not built here, so its steps run eagerly."""
     families = {f.name: f for worker in plan.workers for key in worker.keys if key.node == node
-                for f in key.captures if f.kind == "packed"}
+                for f in key.captures if f.kind == "packed" and f.is_piecewise}
     if not families:
         return None
     return PackedFamilies(frozenset(families), sorted({t for f in families.values() for t in f.token_buckets}),
