@@ -312,8 +312,8 @@ DIT_PREFILL_COND_CONSTANTS = GlueConstants(
     device_loop_mask=0,
     stream_mask=0,
     host_mask=0,
-    batch_sizes=(),
-    token_buckets=(),
+    batch_sizes=(1,),
+    token_buckets=(16, 32, 64, 128, 256),
 )
 
 
@@ -449,8 +449,8 @@ DIT_PREFILL_COND_VIDEO_CONSTANTS = GlueConstants(
     device_loop_mask=0,
     stream_mask=0,
     host_mask=0,
-    batch_sizes=(),
-    token_buckets=(),
+    batch_sizes=(1,),
+    token_buckets=(16, 32, 64, 128, 256),
 )
 
 

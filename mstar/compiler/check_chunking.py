@@ -62,7 +62,7 @@ def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunkin
     need = budget if budget is not None else chunk
     if chunked and need is not None:
         for capture, owner in _captures_holding(node, chunked):
-            if capture.family == "packed" and max(capture.tokens, default=0) < need:
+            if max(capture.tokens, default=0) < need:
                 what = "the step token budget" if budget is not None else "one prefill chunk"
                 diags.error(codes.BUCKETS_BELOW_BUDGET,
                             f"node {node.name}: the packed capture of {owner} has no token bucket that holds "
@@ -97,12 +97,15 @@ def _check_fixed_rows(node: ast.NodeDecl, walk: ast.Walk, budget: int, is_chunke
 
 
 def _captures_holding(node: ast.NodeDecl, chunked: set[str]) -> list[tuple[ast.CaptureDecl, str]]:
-    """Captures a step holding a chunk replays: a chunked walk's own, and its combine's."""
+    """Packed captures a step holding a chunk replays, one per owner: a chunked walk's (of several,
+    its one with the largest token bucket: a step takes any family that holds it), and its combine's."""
     found: list[tuple[ast.CaptureDecl, str]] = []
     for walk in sorted(chunked):
-        found += [(c, f"walk {walk}") for c in walk_captures(node, walk)]
+        packed = [c for c in walk_captures(node, walk) if c.family == "packed"]
+        if packed:
+            found.append((max(packed, key=lambda c: max(c.tokens, default=0)), f"walk {walk}"))
     for combine in node.combines:
-        if combine.capture is not None and not chunked.isdisjoint(combine.walks):
+        if combine.capture is not None and combine.capture.family == "packed" and not chunked.isdisjoint(combine.walks):
             found.append((combine.capture, f"combined walk {combine.name}"))
     return found
 

@@ -2,7 +2,8 @@
 
 In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
      checks run), the run's `Diagnostics`.
-Out: nothing; adds MW401-MW413 and MW420-MW424 diagnostics (MW412, batching rules: check_batching.py;
+Out: nothing; adds MW401-MW416 and MW420-MW424 diagnostics (MW412, batching rules: check_batching.py;
+MW414-MW416, several captures of a walk and capture replays: check_captures.py;
 MW420-MW424, step token budgets and the prefix cache: check_chunking.py).
 
 Spec-level rules, per node:
@@ -33,10 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from mstar.compiler import capture_memory, check_batching, check_chunking, check_submodels, codes
+from mstar.compiler import capture_memory, check_batching, check_captures, check_chunking, check_submodels, codes
 from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
+from mstar.compiler.lower_keys import walk_captures, walk_families
 from mstar.compiler.resolve import name_span, walk_nodes
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -62,6 +64,7 @@ def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) ->
     for node in spec.nodes:
         if _step_sizes_fit(node, diags):
             _check_node(node, runs, diags)
+            check_captures.check_node(spec, node, runs, diags)
         check_batching.check_node(spec, node, runs, diags)
         check_submodels.check_node(node, runs, diags)
     if deployment is None:
@@ -105,19 +108,16 @@ def _step_sizes_fit(node: ast.NodeDecl, diags: Diagnostics) -> bool:
 
 
 def capture_family(node: ast.NodeDecl, walk: str) -> tuple:
-    """The capture family of a walk on a node: ("eager",), ("batched", tokens per row), ("packed",)."""
-    capture = next((c for c in node.captures if c.walk == walk), None)
-    if capture is None:
-        return ("eager",)
-    if capture.family == "batched":
-        return ("batched", capture.tokens_per_row)
-    return ("packed",)
+    """The capture families of a walk on a node (its own and those it replays), each ("batched",
+    tokens per row) or ("packed",), sorted; ("eager",) alone for none."""
+    kinds = {("batched", c.tokens_per_row) if c.family == "batched" else ("packed",)
+             for c in walk_captures(node, walk)}
+    return tuple(sorted(kinds)) or (("eager",),)
 
 
-def _family_text(family: tuple) -> str:
-    if family[0] == "batched":
-        return f"batched ({family[1]} token{'s' if family[1] != 1 else ''} a row)"
-    return family[0]
+def _family_text(families: tuple) -> str:
+    return " + ".join(f"batched ({f[1]} token{'s' if f[1] != 1 else ''} a row)" if f[0] == "batched" else f[0]
+                      for f in families)
 
 
 def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
@@ -130,6 +130,12 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
             diags.error(codes.NOT_A_WALK_OF_NODE,
                         f"{what} for walk {decl.walk}, which does not run {node.name}",
                         name_span(decl.span, decl.walk, diags))
+    for replay in node.capture_replays:
+        for walk, skip in ((replay.walk, 0), (replay.source, 1 if replay.source == replay.walk else 0)):
+            if walk in runs and node.name not in runs[walk]:
+                diags.error(codes.NOT_A_WALK_OF_NODE,
+                            f"capture replay names walk {walk}, which does not run {node.name}",
+                            name_span(replay.span, walk, diags, skip=skip))
     bidirectional = set(node.bidirectional.walks) if node.bidirectional else set()
     bidirectional_span = node.bidirectional.span if node.bidirectional else node.span  # used when it has walks
     for walk in sorted(bidirectional):
@@ -138,8 +144,10 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
                         name_span(bidirectional_span, walk, diags))
     _check_piecewise(node, diags)
     for cap in node.caps:
-        capture = next((c for c in node.captures if c.walk == cap.walk), None)
-        if capture is not None and capture.batch and cap.value > max(capture.batch) and not capture.is_eager_above:
+        # with several families (own or replayed) the largest batch of any bounds the walk's steps
+        captures = [c for c in walk_captures(node, cap.walk) if c.batch]
+        capture = max(captures, key=lambda c: max(c.batch), default=None)
+        if capture is not None and cap.value > max(capture.batch) and not any(c.is_eager_above for c in captures):
             _cap_error(f"cap {cap.walk} {cap.value}", cap.value, capture, cap.span, diags)
     for combine in node.combines:
         distinct = list(dict.fromkeys(combine.walks))
@@ -264,7 +272,7 @@ def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[Wo
             node = nodes.get(node_name)
             if node is None:  # an unresolved name: resolve has reported it
                 continue
-            found = [(f"{node_name}:{walk}", c) for c in node.captures if c.walk == walk]
+            found = walk_families(node, walk)
             found += [(f"{node_name}:{c.name}", c.capture) for c in node.combines
                       if walk in c.walks and c.capture is not None]
             for name, capture in found:

@@ -8,6 +8,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW30x  deployment        reading the deployment YAML
     MW31x+ check_deployment  placement of nodes and walks on ranks
     MW4xx  check_combine     combined walks, caps, captures, capture memory; MW412 batching rules;
+                             MW414-MW416 (check_captures) several captures a walk, replays;
                              MW420-MW424 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
@@ -103,6 +104,9 @@ COMBINE_MIXES_MASKS = "MW410"
 STEP_SIZE_TOO_LARGE = "MW411"
 BATCHING_RULE_CANNOT_APPLY = "MW412"
 PIECEWISE_WITHOUT_ATTENTION = "MW413"
+CAPTURES_MERGEABLE = "MW414"
+REPLAY_WITHOUT_CAPTURE = "MW415"
+REPLAY_MISMATCH = "MW416"
 CHUNK_ABOVE_BUDGET = "MW420"
 BUDGET_BELOW_FIXED_ROWS = "MW421"
 BUCKETS_BELOW_BUDGET = "MW422"
@@ -187,6 +191,9 @@ TITLES: dict[str, str] = {
     STEP_SIZE_TOO_LARGE: "cap, capture or combined walk past what the runtime can hold",
     BATCHING_RULE_CANNOT_APPLY: "batching rule that cannot apply to its walk",
     PIECEWISE_WITHOUT_ATTENTION: "piecewise capture on a node without attention layers",
+    CAPTURES_MERGEABLE: "two captures of one walk that are one family",
+    REPLAY_WITHOUT_CAPTURE: "capture replay of a walk with no capture of its own",
+    REPLAY_MISMATCH: "capture replay by a walk whose steps compute something else",
     CHUNK_ABOVE_BUDGET: "prefill chunk size above the step token budget",
     BUDGET_BELOW_FIXED_ROWS: "step token budget below a full step of rows that cannot be cut",
     BUCKETS_BELOW_BUDGET: "packed capture with no token bucket for a full step of chunks",

@@ -10,14 +10,17 @@ Rules (docs/plan.md, keys and mixture tables):
   walks; its walks are those, in the combine's order (bit i of a mask = walks[i]). A walk that
   combines with nothing here (or whose partners run elsewhere, as in prefill/decode
   disaggregation) is its own key `NODE:WALK`.
-- A one-walk step keeps that walk's cap (its `cap`, else its capture's largest batch, else the
-  fallback) and replays that walk's own capture; attention is "decode" for a walk that loops one
+- A one-walk step keeps that walk's cap (its `cap`, else its captures' largest batch, else the
+  fallback) and replays one of the walk's capture families (`walk_families`: its own captures,
+  then those of the walks it replays; the mixture's `capture` is the first, `also_captures` the
+  rest, and the step takes the smallest (tokens, batch) that holds it); attention is "decode" for a walk that loops one
   token a row back into the node (see `_single_attention`), "prefill" otherwise, "none" for
   stateless nodes.
 - A mixed step takes the combine's own cap when given, else the smallest cap among the walks
   present; it replays the combine's capture (or runs eagerly) with the combine's attention route
   (default "split").
-- batch_pad is a direct lookup sized to the largest batch any step using the family may hold.
+- batch_pad is a direct lookup sized to the largest batch any step of the key using the family may
+  hold (a family replayed by walks of two keys is listed in both, with the same buckets).
 """
 from __future__ import annotations
 
@@ -39,8 +42,28 @@ def family_name(node: str, owner: str) -> str:
     return f"{node}:{owner}"
 
 
+def own_families(node: ast.NodeDecl, walk: str) -> list[tuple[str, ast.CaptureDecl]]:
+    """(family name, capture) of the walk's own `capture` lines, in declaration order: `NODE:WALK`,
+    then `NODE:WALK#2`, `NODE:WALK#3`, ... (a position, never read for meaning)."""
+    captures = [c for c in node.captures if c.walk == walk]
+    return [(family_name(node.name, walk) + (f"#{i + 1}" if i else ""), c) for i, c in enumerate(captures)]
+
+
+def walk_families(node: ast.NodeDecl, walk: str) -> list[tuple[str, ast.CaptureDecl]]:
+    """(family name, capture) of every family a one-walk step of `walk` may replay: its own, then
+    those of each walk it replays (`capture WALK replays OTHER`, in the order of those lines; only
+    OTHER's own captures: check_captures refuses a replay of a walk that only replays)."""
+    found = own_families(node, walk)
+    for replay in node.capture_replays:
+        if replay.walk == walk and replay.source != walk:
+            names = {name for name, _ in found}
+            found += [(name, c) for name, c in own_families(node, replay.source) if name not in names]
+    return found
+
+
 def walk_captures(node: ast.NodeDecl, walk: str) -> list[ast.CaptureDecl]:
-    return [c for c in node.captures if c.walk == walk]
+    """The captures of `walk_families`, without their names."""
+    return [c for _, c in walk_families(node, walk)]
 
 
 def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
@@ -53,12 +76,13 @@ def walk_cap(node: ast.NodeDecl, walk: str, fallback_cap: int) -> int:
     return max(batches) if batches else fallback_cap
 
 
-def _single_attention(node: ast.NodeDecl, walk: WalkTree) -> Attention:
+def single_attention(node: ast.NodeDecl, walk: WalkTree) -> Attention:
     """Attention kernels of a one-walk step. "decode" (one query token a row) when the walk
     feeds the node's output back to it and that token is one row's single input: its captures
     are all batched with one token a row, and, without a capture to say so, the loop-back stays
     on the device (a sampled token; a latent fed back through the host, as in image generation,
-    is many tokens and runs on prefill kernels)."""
+    is many tokens and runs on prefill kernels). The captures are those the walk's steps replay
+    (its own and those of the walks it replays)."""
     if node.engine == "stateless":
         return "none"
     feedback = loops_back_into(walk, node.name)
@@ -104,11 +128,10 @@ def _key(
         if len(present) == 1:
             walk = present[0]
             cap = caps[walk]
-            own = walk_captures(node, walk)
-            capture = family_name(node.name, walk) if own else None
+            names = [name for name, _ in walk_families(node, walk)]
             entry = MixtureEntry(
-                mask=mask, walks=present, cap=cap, label=walk, capture=capture,
-                attention=_single_attention(node, walk_plans[walk]),
+                mask=mask, walks=present, cap=cap, label=walk, capture=names[0] if names else None,
+                also_captures=names[1:], attention=single_attention(node, walk_plans[walk]),
             )
         else:
             assert combine is not None  # a key of several walks is a combined walk's
@@ -121,15 +144,14 @@ def _key(
                 attention = combine.attention or DEFAULT_MIXED_ATTENTION
             entry = MixtureEntry(mask=mask, walks=present, cap=cap, capture=capture, attention=attention)
         mixtures.append(entry)
-        if entry.capture is not None:
-            family_rows[entry.capture] = max(family_rows.get(entry.capture, 0), cap)
+        for replayed in ([entry.capture] if entry.capture is not None else []) + entry.also_captures:
+            family_rows[replayed] = max(family_rows.get(replayed, 0), cap)
 
-    families = []
+    families: list[CaptureFamily] = []
     for walk in walks:
-        own = walk_captures(node, walk)
-        if own:
-            fname = family_name(node.name, walk)
-            families.append(_family(node, own[0], fname, family_rows.get(fname, 0), tp_size))
+        for fname, decl in walk_families(node, walk):
+            if all(f.name != fname for f in families):
+                families.append(_family(node, decl, fname, family_rows.get(fname, 0), tp_size))
     if combine is not None and combine.capture is not None and len(walks) > 1:
         fname = family_name(node.name, combine.name)
         families.append(_family(node, combine.capture, fname, family_rows.get(fname, 0), tp_size))

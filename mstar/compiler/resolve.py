@@ -118,7 +118,7 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
     _resolve_cross(node, diags)
     _duplicates(node.kv_access, lambda a: a.walk, f"kv access {what} for walk", diags)
     _duplicates(node.caps, lambda c: c.walk, f"cap {what} for walk", diags)
-    _duplicates(node.captures, lambda c: c.walk, f"capture {what} for walk", diags)
+    _duplicates(node.capture_replays, lambda r: f"{r.walk} replays {r.source}", f"capture {what}", diags)
     _duplicates(node.combines, lambda c: c.name, f"combined walk {what}", diags)
     if node.kv_sequences is not None and len(set(node.kv_sequences.labels)) < len(node.kv_sequences.labels):
         diags.error(codes.DUPLICATE_NAME, f"kv_sequences of node {node.name} lists a label twice",
@@ -131,13 +131,15 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
     if node.bidirectional is not None:
         refs += [(w, node.bidirectional.span) for w in node.bidirectional.walks]
     refs += [(c.walk, c.span) for c in node.captures if c.walk is not None]
+    replay_refs = [(w, r.span, skip) for r in node.capture_replays
+                   for w, skip in ((r.walk, 0), (r.source, 1 if r.source == r.walk else 0))]
     for combine in node.combines:
         refs += [(w, combine.span) for w in combine.walks]
         refs += [(r.walk, r.span) for r in combine.rows]
-    for walk, span in refs:
+    for walk, span, skip in [(w, s, 0) for w, s in refs] + replay_refs:
         if walk not in walks:
             diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{suggestion(walk, walks)}",
-                        name_span(span, walk, diags))
+                        name_span(span, walk, diags, skip=skip))
     for sub in node.submodels:
         for walk in sub.walks:
             if walk not in walks:  # `submodel NAME(...) for WALK`: skip NAME when the walk is spelled alike

@@ -211,6 +211,15 @@ class CaptureDecl(AstNode):
     is_piecewise: bool = False
 
 
+class CaptureReplay(AstNode):
+    """`capture decode_cfg replays decode`: one-walk steps of `walk` on this node replay the capture
+    families of `source` (its own `capture` lines), beside any of its own; the reference's
+    replay_graph_walks."""
+
+    walk: str
+    source: str
+
+
 class RowsLimit(AstNode):
     """`rows prefill <= 4`: at most n rows of that walk inside a mixed step."""
 
@@ -266,6 +275,7 @@ class NodeDecl(AstNode):
     caps: list[CapDecl] = []
     batching: list[BatchingDecl] = []
     captures: list[CaptureDecl] = []
+    capture_replays: list[CaptureReplay] = []
     combines: list[CombineDecl] = []
     prompt_format: Optional[PromptFormat] = None
     comments_end: list[str] = Field(default=[], repr=False)  # full-line comments before `}`

@@ -186,6 +186,7 @@ class AstBuilder(Transformer):
             caps=_of(children, ast.CapDecl),
             batching=_of(children, ast.BatchingDecl),
             captures=_of(children, ast.CaptureDecl),
+            capture_replays=_of(children, ast.CaptureReplay),
             combines=_of(children, ast.CombineDecl),
             prompt_format=self._one(_of(children, ast.PromptFormat), "prompt_format", "node"),
         ), children)
@@ -327,6 +328,10 @@ class AstBuilder(Transformer):
             is_eager_above="eager_above" in settings,
             is_piecewise="piecewise" in settings,
         )
+
+    def capture_replay(self, children):
+        walk, source = _names(children)
+        return ast.CaptureReplay(span=self._span(children), walk=walk, source=source)
 
     def family(self, children):
         return _Part("family", str(children[0]), self._span(children))

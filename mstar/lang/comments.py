@@ -38,7 +38,8 @@ _SPACE = " \t\r\f"
 _CHILDREN = {
     ast.Spec: ("params", "nodes", "walks", "partitions"),
     ast.NodeDecl: ("inputs", "outputs", "prompt_format", "kv_sequences", "cross_kv", "guidance", "kv_access",
-                   "bidirectional", "states", "submodels", "caps", "batching", "captures", "combines"),
+                   "bidirectional", "states", "submodels", "caps", "batching", "captures", "capture_replays",
+                   "combines"),
     ast.CombineDecl: ("rows", "capture"),
     ast.Walk: ("body",),
     ast.Parallel: ("body",),

@@ -5,7 +5,7 @@
 Canonical form: 4-space indentation, one construct per line, a blank line between top-level
 declarations; the model line, then params, nodes, walks and partitions, each kind in declaration
 order. Inside a node: inputs, outputs, prompt_format, kv_sequences, cross_kv, guidance, kv access,
-bidirectional, states, sub-models, caps, batching rules, captures, combines. A call with one edge
+bidirectional, states, sub-models, caps, batching rules, captures, capture replays, combines. A call with one edge
 keeps it on its own line; a call with several edges puts each on the next lines, indented. Node
 headers longer than 100 characters wrap their arguments, aligned after the `(`.
 
@@ -121,6 +121,8 @@ def _node(node: ast.NodeDecl) -> list[str]:
         body += _line(batching, f"batching {batching.walk} same " + ", ".join(batching.rules))
     for capture in node.captures:
         body += _line(capture, _capture(capture))
+    for replay in node.capture_replays:
+        body += _line(replay, f"capture {replay.walk} replays {replay.source}")
     for combine in node.combines:
         body += _combine(combine, node.name)
     return (_comment_lines(node.comments_before) + [_trailed(header[0], node.comment_after)] + header[1:]

@@ -182,8 +182,10 @@ class ErrorExplainer:
             return (codes.UNKNOWN_ENGINE,
                     f"unknown engine kind `{token}`; an engine is `kv` or `stateless`")
         if {"BATCHED", "PACKED"} <= expected and "NAME" not in expected:
+            replays = " (or `capture WALK replays OTHER`: replay another walk's captures)" \
+                if "REPLAYS" in expected else ""
             return (codes.UNKNOWN_CAPTURE_FAMILY,
-                    f"unknown capture family `{token}`; a capture is `batched` or `packed`")
+                    f"unknown capture family `{token}`; a capture is `batched` or `packed`{replays}")
         if expected == {"SPLIT", "PACKED"}:
             return (codes.UNKNOWN_ATTENTION_ROUTE,
                     f"unknown attention route `{token}`; the route is `split` or `packed`")

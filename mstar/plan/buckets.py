@@ -23,4 +23,5 @@ def batch_pad_table(batch_sizes: list[int], max_rows: int) -> list[int]:
 
 
 def family_max_rows(key: KeyPlan, family_name: str) -> int:
-    return max((entry.cap for entry in key.mixtures if entry.capture == family_name), default=0)
+    return max((entry.cap for entry in key.mixtures
+                if entry.capture == family_name or family_name in entry.also_captures), default=0)

@@ -136,7 +136,7 @@ def _key_table(key: KeyPlan) -> Table:
             f"{entry.mask} ({entry.mask:0{len(key.walks)}b})",
             " + ".join(entry.walks),
             str(entry.cap),
-            entry.capture or "eager",
+            ", ".join([entry.capture, *entry.also_captures]) if entry.capture else "eager",
             entry.attention,
         )
     return table

@@ -254,6 +254,12 @@ def _mixture_problems(where: str, key: KeyPlan, kv_nodes: set[str], problems: li
             problems.append(f"{where}: mixtures[{index}].attention is none on kv node {key.node}")
         if entry.capture is not None and entry.capture not in captures:
             problems.append(f"{where}: mixtures[{index}] replays unknown capture {entry.capture!r}")
+        if entry.also_captures and entry.capture is None:
+            problems.append(f"{where}: mixtures[{index}] lists also_captures without a capture")
+        for name in entry.also_captures:
+            if name not in captures or name == entry.capture or entry.also_captures.count(name) > 1:
+                problems.append(f"{where}: mixtures[{index}].also_captures names {name!r}, which is not another "
+                                "capture family of the key")
 
 
 def _capture_problems(where: str, key: KeyPlan, problems: list[str]) -> None:

@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -366,6 +366,10 @@ class MixtureEntry(PlanModel):
     cap: int  # most rows in such a step
     label: Optional[str] = None  # the single walk when mask has one bit: replays its own capture
     capture: Optional[str] = None  # CaptureFamily.name, None = eager
+    # Further families that serve this mixture (a walk with several captures, or that replays
+    # another walk's): a step replays whichever of `capture` and these holds it with the smallest
+    # (tokens, padded batch), the first listed on a tie (docs/plan.md "capture families").
+    also_captures: list[str] = []
     attention: Literal["decode", "prefill", "split", "packed", "none"]
 
 

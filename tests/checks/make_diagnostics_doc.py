@@ -87,7 +87,8 @@ explain = {
  "MW105": "A stream source `<- PARTITION.EDGE` names no partition.",
  "MW106": "A stream source names an edge that no walk of the producer partition sends with the `stream` flag.",
  "MW107": "Params, nodes, walks and partitions each have their own namespace, in which a name is declared once; so are "
-          "a node's inputs, caps, captures (per walk) and combined walks, and the named loops of a walk.",
+          "a node's inputs, caps, capture replays and combined walks, and the named loops of a walk. (A walk may "
+          "have several `capture` lines: MW414.)",
  "MW108": "`conductor` is an edge destination, so no node may take that name.",
  "MW109": "A node's header (or its `state recurrent(...)`) gives an argument the runtime does not read for that "
           "engine. Without this check a typo such as `kv_head=8` would silently fall back to a default. The known "
@@ -277,6 +278,17 @@ explain = {
  "MW413": "`piecewise` captures each step as pieces split at the attention layers and runs attention eagerly "
           "between them. A node whose network has no attention layers (an `audio_codec`, as in the reference, whose "
           "audio-codec flavor has no piecewise runner) has nothing to leave out: capture it whole.",
+ "MW414": "A walk may have several captures (per-shape buckets: the step takes the family whose key holds it with "
+          "the smallest tokens, then batch). Two of them that are one family written twice (same kind and options, "
+          "and the same tokens per row, batched, or the same batch sizes or token buckets, packed) capture exactly "
+          "what one line with both lists would: write that line.",
+ "MW415": "`capture W replays S` makes one-walk steps of W replay the captures of S (the reference's "
+          "replay_graph_walks). S must have a `capture` line of its own on the node; a walk that only replays "
+          "cannot be replayed in turn (name the walk that captures), and a walk does not replay itself.",
+ "MW416": "A captured graph bakes in what a step computes: the attention kernels (decode kernels for one token a "
+          "row, prefill kernels otherwise), the attention mask (`bidirectional`), the model (`submodel`) and the KV "
+          "sequences read and written (`kv` lines). A walk replays only the captures of a walk that agrees on all "
+          "four.",
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
           "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
           "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",

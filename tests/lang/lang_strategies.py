@@ -98,6 +98,7 @@ nodes = st.builds(
     batching=small_lists(st.builds(ast.BatchingDecl, walk=names,
                                    rules=st.lists(st.sampled_from(ast.BATCH_RULES), min_size=1, max_size=3))),
     captures=small_lists(captures(st.none() | names)),
+    capture_replays=small_lists(st.builds(ast.CaptureReplay, walk=names, source=names)),
     combines=small_lists(combines),
     prompt_format=st.none() | st.builds(ast.PromptFormat, template=st.text(max_size=12), args=args),
 )

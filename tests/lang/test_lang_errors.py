@@ -95,10 +95,12 @@ CASES = [
     (
         'MW012',
         'model m\nnode L kv {\n    capture d batchd batch=[1]\n}\n',
-        'bad.mw:3:15: error[MW012]: unknown capture family `batchd`; a capture is `batched` or `packed`\n'
+        'bad.mw:3:15: error[MW012]: unknown capture family `batchd`; a capture is `batched` or `packed` '
+        '(or `capture WALK replays OTHER`: replay another walk\'s captures)\n'
         '    3 |     capture d batchd batch=[1]\n'
         '      |               ^^^^^^\n',
     ),
+
     (
         'MW013',
         'model m\nnode L kv {\n    combine c = a + b {\n        attention spilt\n    }\n}\n',

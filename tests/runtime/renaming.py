@@ -96,6 +96,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.Bidirectional: ("walks",),
     ast.CapDecl: ("walk",),
     ast.CaptureDecl: ("walk",),
+    ast.CaptureReplay: ("walk", "source"),
     ast.CombineDecl: ("name", "walks"),
     ast.RowsLimit: ("walk",),
     ast.Edge: ("name", "dest"),

@@ -15,10 +15,10 @@ whose message names the step field that disagrees with the plan:
 - `label` and `attention`: the mixture's own; a route of `none` on a kv node is refused (it would
   run attention the plan says is not there);
 - `capture`, `padded_batch`, `token_bucket`: eager (none, 0, 0) - with at most the largest batch
-  size of the mixture's capture family unless that family is `eager_above` - or the mixture's capture family
-  with the padded batch one of its `batch_sizes` and at least the rows, and (packed families) the
-  token bucket one of its `token_buckets` and at least the step's tokens; a batched family has no
-  token bucket.
+  size of the mixture's capture families unless one of them is `eager_above` - or one of the
+  mixture's capture families (`capture` or one of `also_captures`) with the padded batch one of
+  its `batch_sizes` and at least the rows, and (packed families) the token bucket one of its
+  `token_buckets` and at least the step's tokens; a batched family has no token bucket.
 The engine decides nothing the plan decided; it only refuses a step the plan does not allow.
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections import Counter
 from operator import attrgetter
 from dataclasses import dataclass
-from typing import Optional
 
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, Plan
 from mstar.runtime.step import Step
@@ -108,14 +107,15 @@ def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> No
                                         f"rows_limits {limit}")
 
 
-def _check_eager_above(where: str, family: Optional[CaptureFamily], step: Step) -> None:
-    """An eager step of a mixture that replays a family: more rows than the family's largest
-    batch size only when the family runs eagerly above its buckets (`eager_above`)."""
-    if family is None or family.is_eager_above or not family.batch_sizes:
+def _check_eager_above(where: str, families: list[CaptureFamily], step: Step) -> None:
+    """An eager step of a mixture that replays families: more rows than their largest batch size
+    only when one of them runs eagerly above its buckets (`eager_above`)."""
+    if not families or any(f.is_eager_above for f in families):
         return
-    if len(step.rows) > family.batch_sizes[-1]:
+    largest = max(families, key=lambda f: f.batch_sizes[-1] if f.batch_sizes else 0)
+    if largest.batch_sizes and len(step.rows) > largest.batch_sizes[-1]:
         raise StepContractError(f"{where}: rows: {len(step.rows)} rows run eagerly, above the largest batch size "
-                                f"{family.batch_sizes[-1]} of capture {family.name}, which does not run eagerly "
+                                f"{largest.batch_sizes[-1]} of capture {largest.name}, which does not run eagerly "
                                 "above its buckets (no `eager_above`)")
 def _check_tokens(where: str, key: KeyPlan, step: Step) -> None:
     """The key's step token budget (one row that cannot be cut may pass it alone) and its chunk
@@ -140,11 +140,13 @@ def _check_capture(where: str, families: dict[str, CaptureFamily], entry: Mixtur
         if step.capture is not None or step.token_bucket:
             raise StepContractError(f"{where}: an eager step (padded_batch 0) names capture {step.capture!r} "
                                     f"and token_bucket {step.token_bucket}")
-        _check_eager_above(where, families.get(entry.capture or ""), step)
+        names = [entry.capture, *entry.also_captures] if entry.capture is not None else []
+        _check_eager_above(where, [families[n] for n in names if n in families], step)
         return
-    if step.capture is None or step.capture != entry.capture:
+    if step.capture is None or (step.capture != entry.capture and step.capture not in entry.also_captures):
+        replays = " or ".join(repr(n) for n in [entry.capture, *entry.also_captures])
         raise StepContractError(f"{where}: capture {step.capture!r} with padded_batch {step.padded_batch}, "
-                                f"the plan's mixture replays {entry.capture!r}")
+                                f"the plan's mixture replays {replays}")
     family = families.get(step.capture)
     if family is None:
         raise StepContractError(f"{where}: capture {step.capture!r} is not a capture family of the key")

@@ -201,12 +201,20 @@ class BaselineScheduler:
         walks = {row.walk for row in rows}
         entry = self._entry(key, walks)
         capture, padded, bucket = None, 0, 0
-        if entry.capture is not None:
-            family = next(f for f in key.captures if f.name == entry.capture)
+        names = ([entry.capture] if entry.capture is not None else []) + entry.also_captures
+        tokens = [chunks.get(row.request_id, row.num_tokens) for row in rows]
+        best: Optional[tuple[int, int]] = None
+        for name in names:  # several: the smallest (tokens, padded batch) that holds the step
+            family = next(f for f in key.captures if f.name == name)
             sizes = [s for s in family.batch_sizes if s >= len(rows)]
-            total = sum(chunks.get(row.request_id, row.num_tokens) for row in rows)
-            buckets = [t for t in family.token_buckets if t >= total]
-            if sizes and (family.kind == "batched" or buckets):
+            buckets = [t for t in family.token_buckets if t >= sum(tokens)]
+            if not sizes or (family.kind == "packed" and not buckets):
+                continue
+            if family.kind == "batched" and len(names) > 1 and max(tokens) > family.tokens_per_row:
+                continue
+            size = min(buckets) if family.kind == "packed" else min(sizes) * family.tokens_per_row
+            if best is None or (size, min(sizes)) < best:
+                best = (size, min(sizes))
                 capture, padded = family.name, min(sizes)
                 bucket = min(buckets) if family.kind == "packed" else 0
         mask = sum(1 << key.walks.index(walk) for walk in walks)

@@ -37,7 +37,8 @@ EAGER = CapturePick(None, 0, 0)
 class KeyTables:
     """Everything the builder needs about one scheduling key, as direct lookups.
 
-    caps[mask], labels[mask], attention[mask], families[mask], is_mixed[mask]: per mixture mask.
+    caps[mask], labels[mask], attention[mask], families[mask], is_mixed[mask]: per mixture mask;
+    families[mask] is the mixture's `capture`, more_families[mask] its `also_captures` (() for most).
     limits[w]: most rows of walk w in a mixed step (NO_LIMIT when the plan gives none).
     limited_walks[mask]: (walk, limit) for each walk of a mixed mask that has a rows limit.
     rules[w]: what rows of walk w must agree on to share a step (KeyPlan.batch_rules; () = nothing);
@@ -56,6 +57,7 @@ class KeyTables:
     labels: list[Optional[str]]
     attention: list[str]
     families: list[Optional[CaptureFamily]]
+    more_families: list[tuple[CaptureFamily, ...]]
     is_mixed: list[bool]
     limits: list[int]
     limited_walks: list[list[tuple[int, int]]]
@@ -78,6 +80,7 @@ class KeyTables:
         labels: list[Optional[str]] = [None] * num_masks
         attention = ["none"] * num_masks
         picked: list[Optional[CaptureFamily]] = [None] * num_masks
+        more: list[tuple[CaptureFamily, ...]] = [()] * num_masks
         for mask in range(1, num_masks):
             entry = by_mask[mask]
             caps[mask] = entry.cap
@@ -89,6 +92,11 @@ class KeyTables:
                         f"key {key.name}: mixture {entry.walks} names unknown capture {entry.capture}"
                     )
                 picked[mask] = families[entry.capture]
+            unknown_more = [name for name in entry.also_captures if name not in families]
+            if unknown_more or (entry.also_captures and entry.capture is None):
+                raise PlanTableError(f"key {key.name}: mixture {entry.walks} lists also_captures {entry.also_captures} "
+                                     f"beside capture {entry.capture}: {unknown_more or 'no first family'}")
+            more[mask] = tuple(families[name] for name in entry.also_captures)
         unknown = sorted(set(key.rows_limits) - set(key.walks))
         if unknown:
             raise PlanTableError(f"key {key.name}: rows limits for walks not in the key: {unknown}")
@@ -102,6 +110,7 @@ class KeyTables:
             labels=labels,
             attention=attention,
             families=picked,
+            more_families=more,
             is_mixed=[bin(mask).count("1") > 1 for mask in range(num_masks)],
             limits=[key.rows_limits.get(walk, NO_LIMIT) for walk in key.walks],
             limited_walks=[
@@ -120,10 +129,14 @@ class KeyTables:
         )
 
     def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int]) -> CapturePick:
-        """The bucket a step of `num_rows` rows with these per-row token counts pads to (or eager)."""
+        """The bucket a step of `num_rows` rows with these per-row token counts pads to (or eager).
+        With several families, the one whose key holds the step with the smallest (tokens, padded
+        batch); see `pick_smallest`."""
         family = self.families[mask]
         if family is None:
             return EAGER
+        if self.more_families[mask]:
+            return pick_smallest((family, *self.more_families[mask]), num_rows, num_tokens)
         pad = family.batch_pad
         padded = pad[num_rows] if num_rows < len(pad) else 0
         if padded == 0:
@@ -135,3 +148,32 @@ class KeyTables:
         if at == len(buckets):
             return EAGER
         return CapturePick(family.name, padded, buckets[at])
+
+
+def pick_smallest(families: tuple[CaptureFamily, ...], num_rows: int, num_tokens: list[int]) -> CapturePick:
+    """Several families serve one mixture (per-shape captures of a walk, or one replayed from
+    another walk): the reference's matching rule. Each family's key for the step is its padded
+    batch and its tokens (batched: padded batch x tokens_per_row, and only when no row feeds more
+    than tokens_per_row, since the tokens a row feeds are what tell such families apart; packed:
+    the smallest token bucket that holds the step's tokens). The smallest (tokens, padded batch)
+    wins, the first family listed on a tie; none holds it: eager."""
+    best: Optional[tuple[int, int]] = None
+    pick = EAGER
+    longest = max(num_tokens, default=0)
+    for family in families:
+        pad = family.batch_pad
+        padded = pad[num_rows] if num_rows < len(pad) else 0
+        if padded == 0:
+            continue
+        if family.kind == "batched":
+            if longest > family.tokens_per_row:
+                continue
+            tokens, bucket = padded * family.tokens_per_row, 0
+        else:
+            at = bisect_left(family.token_buckets, sum(num_tokens))
+            if at == len(family.token_buckets):
+                continue
+            tokens = bucket = family.token_buckets[at]
+        if best is None or (tokens, padded) < best:
+            best, pick = (tokens, padded), CapturePick(family.name, padded, bucket)
+    return pick

@@ -1,0 +1,123 @@
+"""Part of pass 5: several captures of one walk, and walks that replay another walk's captures.
+
+In:  a `Spec` that passed resolve and check_graph, one of its nodes, the walks that run each node
+     (`runs`: walk -> node names), the run's `Diagnostics`.
+Out: nothing; adds
+- MW414: two captures of one walk that are one family written twice: the same kind and options
+  (`piecewise`, `eager_above`) and, batched, the same tokens per row, or, packed, the same batch
+  sizes or the same token buckets. One line with the union of their lists captures exactly the
+  same graphs, and a step could only ever pick between equal keys.
+- MW415: `capture W replays S` with nothing to replay: S has no `capture` line of its own on the
+  node (a walk that only replays cannot be replayed in turn: name the walk that captures), or W
+  is S.
+- MW416: `capture W replays S` where a one-walk step of W computes something S's graphs do not:
+  another attention route (decode kernels for one token a row, or prefill kernels), another
+  attention mask (`bidirectional`), another sub-model, or other KV sequences read or written
+  (`kv` lines). A captured graph bakes all four in.
+(Several captures of one walk are allowed: the step takes the family whose key holds it with the
+smallest (tokens, batch), docs/language.md "Several captures of one walk".)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mstar.compiler import codes
+from mstar.compiler.lower_keys import single_attention
+from mstar.compiler.lower_walks import lower_walks
+from mstar.compiler.resolve import name_span
+from mstar.compiler.walk_tree import WalkTree
+from mstar.lang import ast
+from mstar.lang.diagnostics import Diagnostics, Note
+
+
+def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
+    _check_mergeable(node, diags)
+    if not node.capture_replays:
+        return
+    trees: Optional[dict[str, WalkTree]] = None
+    for replay in node.capture_replays:
+        if not _runs_both(node, replay, runs):
+            continue  # an unknown walk (MW103) or one that does not run the node (MW401)
+        source_span = name_span(replay.span, replay.source, diags, skip=1 if replay.source == replay.walk else 0)
+        if replay.walk == replay.source:
+            diags.error(codes.REPLAY_WITHOUT_CAPTURE,
+                        f"walk {replay.walk} replays its own captures on {node.name}; a replay names another walk",
+                        source_span)
+            continue
+        if not any(c.walk == replay.source for c in node.captures):
+            replayed = next((r for r in node.capture_replays if r.walk == replay.source), None)
+            why = (f"it only replays those of {replayed.source}: name {replayed.source}" if replayed is not None
+                   else "give it a `capture` line or replay a walk that has one")
+            diags.error(codes.REPLAY_WITHOUT_CAPTURE,
+                        f"walk {replay.walk} replays the captures of {replay.source} on {node.name}, but "
+                        f"{replay.source} has no capture of its own there; {why}", source_span)
+            continue
+        if trees is None:
+            trees = {tree.name: tree for tree in lower_walks(spec, {p.name: p.value for p in spec.params})}
+        problem = _difference(node, replay, trees)
+        if problem is not None:
+            diags.error(codes.REPLAY_MISMATCH,
+                        f"walk {replay.walk} cannot replay the captures of {replay.source} on {node.name}: {problem}; "
+                        f"a graph captured for {replay.source} would compute another step",
+                        name_span(replay.span, replay.walk, diags),
+                        *(Note(f"a capture of {replay.source}", c.span) for c in node.captures
+                          if c.walk == replay.source))
+
+
+def _runs_both(node: ast.NodeDecl, replay: ast.CaptureReplay, runs: dict[str, set[str]]) -> bool:
+    return all(w in runs and node.name in runs[w] for w in (replay.walk, replay.source))
+
+
+def _difference(node: ast.NodeDecl, replay: ast.CaptureReplay, trees: dict[str, WalkTree]) -> Optional[str]:
+    """What a step of replay.walk computes differently from one of replay.source, or None."""
+    walk, source = replay.walk, replay.source
+    routes = (single_attention(node, trees[walk]), single_attention(node, trees[source]))
+    if routes[0] != routes[1]:
+        return f"its steps run {routes[0]} attention kernels, those of {source} {routes[1]} kernels"
+    bidirectional = set(node.bidirectional.walks) if node.bidirectional else set()
+    if (walk in bidirectional) != (source in bidirectional):
+        masks = ["bidirectional" if w in bidirectional else "causal" for w in (walk, source)]
+        return f"its rows attend {masks[0]}ly, those of {source} {masks[1]}ly"
+    submodels = {w: sub.name for sub in node.submodels for w in sub.walks}
+    if submodels.get(walk) != submodels.get(source):
+        models = [f"sub-model {submodels[w]}" if w in submodels else "the node's model" for w in (walk, source)]
+        return f"its rows run {models[0]}, those of {source} {models[1]}"
+    access = {a.walk: (sorted(a.reads), sorted(a.writes)) for a in node.kv_access}
+    if access.get(walk) != access.get(source):
+        return f"it reads and writes other KV sequences ({_access_text(access.get(walk))} against " \
+               f"{_access_text(access.get(source))})"
+    return None
+
+
+def _access_text(access: Optional[tuple[list[str], list[str]]]) -> str:
+    if access is None:
+        return "the node's default"
+    reads, writes = access
+    return " ".join(part for part in (f"reads {' '.join(reads)}" if reads else "",
+                                      f"writes {' '.join(writes)}" if writes else "") if part)
+
+
+def _check_mergeable(node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """MW414: a second capture of a walk that is the same family as an earlier one."""
+    seen: dict[str, list[ast.CaptureDecl]] = {}
+    for capture in node.captures:
+        if capture.walk is None:
+            continue
+        earlier = next((c for c in seen.get(capture.walk, []) if _is_one_family(c, capture)), None)
+        seen.setdefault(capture.walk, []).append(capture)
+        if earlier is None:
+            continue
+        shared = ("tokens_per_row" if capture.family == "batched"
+                  else "batch sizes" if sorted(earlier.batch) == sorted(capture.batch) else "token buckets")
+        diags.error(codes.CAPTURES_MERGEABLE,
+                    f"walk {capture.walk} has two {capture.family} captures on {node.name} with the same {shared} "
+                    "and options: they are one family; write one line with both lists' sizes",
+                    capture.span, Note("the first", earlier.span))
+
+
+def _is_one_family(a: ast.CaptureDecl, b: ast.CaptureDecl) -> bool:
+    if (a.family, a.is_piecewise, a.is_eager_above) != (b.family, b.is_piecewise, b.is_eager_above):
+        return False
+    if a.family == "batched":
+        return a.tokens_per_row == b.tokens_per_row
+    return sorted(a.batch) == sorted(b.batch) or sorted(a.tokens) == sorted(b.tokens)
