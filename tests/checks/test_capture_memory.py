@@ -108,34 +108,37 @@ def test_estimate_counts_the_recurrent_layers_scratch():
     assert extra == 32 * (2 * 16 * 128 * 4 + conv_dim * 2)
 
 
-def test_piecewise_estimate_holds_boundary_buffers_per_token_bucket():
-    """A piecewise family keeps no output hidden states per graph; per distinct token count it keeps
-    the residual stream, q, k, v and the attention output that the eager attention reads and writes
-    between pieces (capture_memory's docstring, `boundary`)."""
+def test_piecewise_estimate_holds_logits_per_token_bucket_and_one_boundary():
+    """A piecewise family keeps, per token bucket (not per batch x bucket key), the logits of every
+    row entry of its largest batch, and once the queries and attention output at fixed addresses
+    between pieces, sized to its largest bucket (capture_memory's docstring)."""
     args = [ast.Arg(name=n, value=v) for n, v in
             (("hidden", 2048), ("vocab", 1000), ("qo_heads", 32), ("kv_heads", 8), ("head_dim", 64))]
     node = ast.NodeDecl(name="N", engine="kv", args=args)
     whole = ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2, 4], tokens=[64, 128, 256])
     piecewise = whole.model_copy(update={"is_piecewise": True})
     assert capture_memory.num_graphs(piecewise) == capture_memory.num_graphs(whole) == 9
-    whole_bytes = capture_memory.estimate_family_bytes(node, whole, 1)
-    piecewise_bytes = capture_memory.estimate_family_bytes(node, piecewise, 1)
-    # whole: each of the 9 keys keeps t x hidden output states; piecewise: once per bucket,
-    # t x (2048 + (2 x 32 + 2 x 8) x 64) = t x 7168 values.
-    per_key_states = 3 * (64 + 128 + 256) * 2048 * 2
-    boundary = (64 + 128 + 256) * 7168 * 2
-    assert piecewise_bytes - whole_bytes == boundary - per_key_states
-    # Halving the batch sizes keeps the token buckets: the boundary term does not move, only the logits.
+    estimate = capture_memory.estimate_family_bytes
+    logit_row = 1000 * 4 + 8
+    # whole: each of the 9 keys keeps t x hidden output states and its rows' logits
+    whole_per_graph = 3 * (64 + 128 + 256) * 2048 * 2 + 3 * (1 + 2 + 4) * logit_row
+    # piecewise: 3 buckets x 4 row entries of logits; queries and attention output of 256 tokens
+    piecewise_per_graph = 3 * 4 * logit_row + 256 * 2 * 32 * 64 * 2
+    assert estimate(node, piecewise, 1) - estimate(node, whole, 1) == piecewise_per_graph - whole_per_graph
+    # Fewer batch sizes keep the buckets: only the row entries (and the shared bf16 logits) shrink.
     fewer_rows = piecewise.model_copy(update={"batch": [1, 2]})
-    assert piecewise_bytes - capture_memory.estimate_family_bytes(node, fewer_rows, 1) == 3 * 4 * (1000 * 4 + 8) \
-        + (4 - 2) * 1000 * 2  # the 4-row keys' logits, and the shared bf16 logits of the largest batch
+    assert estimate(node, piecewise, 1) - estimate(node, fewer_rows, 1) == 3 * 2 * logit_row + 2 * 1000 * 2
+    # A bucket more costs its row entries' logits; a larger largest bucket also a larger boundary.
+    more = piecewise.model_copy(update={"tokens": [64, 128, 256, 512]})
+    assert estimate(node, more, 1) > estimate(node, piecewise, 1)
 
 
-def test_piecewise_batched_family_counts_each_batch_as_its_own_token_count():
+def test_piecewise_batched_family_has_a_bucket_per_batch_size():
     node = ast.NodeDecl(name="N", engine="stateless", args=[ast.Arg(name="hidden", value=512)])
     batched = ast.CaptureDecl(walk="encode", family="batched", batch=[1, 2], tokens_per_row=100, is_piecewise=True)
     whole = batched.model_copy(update={"is_piecewise": False})
-    # No qo_heads: q, k, v and the output count as hidden-wide, 5 x hidden with the residual stream.
     estimate = capture_memory.estimate_family_bytes
+    # No vocab: no logits. No qo_heads: the boundary is 2 x hidden wide at the largest bucket (200
+    # tokens); the whole family kept each key's output states instead.
     extra = estimate(node, batched, 1) - estimate(node, whole, 1)
-    assert extra == (100 + 200) * (5 * 512 - 512) * 2
+    assert extra == 200 * 2 * 512 * 2 - (100 + 200) * 512 * 2
