@@ -148,3 +148,79 @@ def test_a_checkpoint_whose_chunks_differ_from_the_front_end_is_refused(tmp_path
     node = next(n for n in load_plan(str(PLAN)).nodes if n.model_kind == "audio_encoder")
     with pytest.raises(WeightsError, match="n_window=25; the front end chunks by 50"):
         encoder_runner(node, "spec", str(tmp_path), seed=0, position=0, out_width=32, new=lambda name, make: make())
+
+
+CHUNKED = """model: "qwen3_asr"
+max_seq_len: 512
+max_step_tokens: 64
+scheduler_owns_chunking: true
+max_prefill_chunk_size: 8
+node_groups:
+  - node_names: [audio_encoder, LLM]
+    ranks: [0]
+kv_pool:
+  page_size: 8
+  num_pages: 64
+prefix_cache: true
+"""
+
+
+def test_chunked_prompts_and_the_prefix_cache_keep_each_clips_states(checkpoint, tmp_path, capsys):
+    """Prompts cut into chunks of 8 tokens (each chunk's placeholders take their own states), and two
+    clips of one length run one after the other: their prompts' ids are equal, yet the second
+    claims no cached page from its first placeholder on (its states differ); tokens as transformers'."""
+    from transformers import AutoTokenizer
+
+    from mstar.cli.mstarc import main as mstarc
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    directory, model = checkpoint
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "specs" / "qwen3_asr.mw").write_text((ROOT / "specs" / "qwen3_asr.mw").read_text())
+    (tmp_path / "configs" / "qwen3_asr.yaml").write_text(CHUNKED)
+    path = tmp_path / "qwen3_asr.plan"
+    assert mstarc(["compile", str(tmp_path / "specs" / "qwen3_asr.mw"), "--config",
+                   str(tmp_path / "configs" / "qwen3_asr.yaml"), "-o", str(path)]) == 0, capsys.readouterr().err
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    requests, expected = [], {}
+    for seed in (4, 5):
+        heard = clip(2.0, seed=seed)
+        inputs = extract(heard)
+        pads = "<|audio_pad|>" * qwen3_asr.num_states(len(heard))
+        ids = tokenizer(FRAME.format(audio=pads, prompt=""), return_tensors="pt").input_ids
+        out = model.generate(input_ids=ids, input_features=inputs["input_features"],
+                             input_features_mask=inputs["attention_mask"], max_new_tokens=8, do_sample=False)
+        expected[f"c{seed}"] = out[0, ids.shape[1]:].tolist()
+        requests.append(Request(id=f"c{seed}", prompt_tokens=ids[0].tolist(), max_tokens=8,
+                                media={"audio": torch.from_numpy(heard)}))
+    assert requests[0].prompt_tokens == requests[1].prompt_tokens and len(requests[0].prompt_tokens) > 32
+    plan = load_plan(str(path))
+    engine = TorchEngine(plan, weights_dir=str(directory))
+    runner = engine.runners["LLM"]
+    claims: list[int] = []
+    claim = runner.claim_prefix
+
+    def recorded(request, tokens):
+        claims.append(claim(request, tokens))
+        return claims[-1]
+
+    runner.claim_prefix = recorded
+    chunks: list[int] = []  # prompt tokens fed per row and step
+    start_rows = runner.start
+
+    def recorded_start(rows, *args, **kwargs):
+        chunks.extend(row.num_tokens for row, _, _ in rows if row.walk == "prefill")
+        return start_rows(rows, *args, **kwargs)
+
+    runner.start = recorded_start
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests, closed_concurrency=1))
+    records = driver.conductor.records
+    assert {name: [e.value[0] for e in records[name].emissions] for name in expected} == expected
+    first_placeholder = requests[0].prompt_tokens.index(AUDIO_PAD)
+    assert claims and max(claims) <= first_placeholder  # whole pages before it (none here: it is at 6)
+    assert runner.pool.cache is not None  # the deployment's prefix cache is on
+    assert max(chunks) == 8 and sum(chunks) == 2 * len(requests[0].prompt_tokens) - sum(claims)

@@ -45,6 +45,7 @@ from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
+from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 CAPTURED_LAUNCH_S = 0.0003
@@ -123,6 +124,9 @@ class SimEngine(RunsAtLaunch):
         self.inject_oom = inject_oom
         self.inject_error = dict(inject_error or {})
         self.pools: dict[str, _KvPool] = {}
+        # prompts are claimed from the prefix cache only up to a media placeholder, as on the torch engine
+        self.media_tokens: dict[str, int] = {n.name: token for n in plan.nodes
+                                             if isinstance(token := n.dims.get("media_token"), int)}
         for pool in plan.deployment.kv_pools:
             pages = num_pages if num_pages is not None else pool.num_pages
             self.pools[pool.node] = _KvPool(PagePool(pages, pool.page_size, pool.prefix_cache == "pages"),
@@ -205,7 +209,8 @@ class SimEngine(RunsAtLaunch):
         if pool is None or pool.admission.is_started(request_id):
             return 0
         free_for_claims = pool.pages.num_free_pages - pool.admission.num_outstanding
-        num_cached = pool.pages.claim_prefix((request_id, SEQUENCE), tokens, free_for_claims)
+        shareable = shareable_prefix(tokens, self.media_tokens.get(node))
+        num_cached = pool.pages.claim_prefix((request_id, SEQUENCE), shareable, free_for_claims)
         pool.claimed[request_id] = pool.pages.pages_for(num_cached)
         return num_cached
 

@@ -14,7 +14,8 @@ them is the same, on a sequence of the same label.
 - `release(page)`: a sequence lets go; at zero references the page joins the free order, still
   cached; `evict()` hands back the least recently used such page (and forgets its key) when the
   pool has no other free page;
-- `num_hits` / `num_misses`: full prompt pages found / not found by `PagePool.claim_prefix`.
+- `num_hits` / `num_misses`: full prompt pages found / not found by `PagePool.claim_prefix`;
+- `shareable_prefix(tokens, media_token)`: what of a prompt may be claimed at all.
 A page with references is never handed out (`evict` only takes pages without any), and a shared
 page is never written: sequences write only past their last full page (pages.py).
 """
@@ -25,6 +26,15 @@ from collections import OrderedDict
 from typing import Optional
 
 ROOT_KEY = b""
+
+
+def shareable_prefix(tokens: list[int], media_token: Optional[int]) -> list[int]:
+    """The part of a prompt whose KV its token ids alone decide: all of it, or the tokens before
+    the first media placeholder (a node's `media_token`: the states that replace those positions
+    differ per request while their ids do not, so no page from there on may be claimed)."""
+    if media_token is None or media_token not in tokens:
+        return tokens
+    return tokens[:tokens.index(media_token)]
 
 
 def page_key(previous: bytes, label: str, tokens: list[int]) -> bytes:

@@ -54,6 +54,7 @@ from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.kv.host_cache import HostKv
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
+from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.gdn import LinearStates
@@ -173,7 +174,8 @@ class DecoderRunner:
         if self.pool.cache is None or self.admission.is_started(request.request_id):
             return 0
         free_for_claims = self.pool.num_free_pages - self.admission.num_outstanding
-        num_cached = self.pool.claim_prefix((request.request_id, self.guidance.first), tokens, free_for_claims)
+        shareable = shareable_prefix(tokens, self.media_token)
+        num_cached = self.pool.claim_prefix((request.request_id, self.guidance.first), shareable, free_for_claims)
         self.claimed[request.request_id] = self.pool.pages_for(num_cached)
         request.history.setdefault(self.node.name, []).extend(tokens[:num_cached])
         return num_cached
