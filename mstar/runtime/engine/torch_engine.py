@@ -170,7 +170,8 @@ class TorchEngine:
                 fed = {edge.dest for edge in call.edges if edge.dest_kind == "node"}
                 for dest in fed:
                     target = self.runners.get(dest)
-                    if isinstance(target, DecoderRunner):
+                    # a node with a media_token holds the states inside its prompt: counted there
+                    if isinstance(target, DecoderRunner) and target.media_token is None:
                         target.num_media_tokens += num_tokens
 
     # ------------------------------------------------------------------ start-up

@@ -106,11 +106,12 @@ class LLM:
                  weights: Optional[list[str]] = None, tokenizer: Optional[str] = None, dims: str = "tiny",
                  kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
                  sim_pace: float = 0.0, max_waiting: int = 256, observer: Optional[Observer] = None):
-        from mstar.runtime.serve.engine_setup import build_engine, build_tokenizer, load, prompt_format
+        from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
         self.plan = load(plan) if isinstance(plan, str) else plan
         self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
         self.prompt_format = prompt_format(self.plan)
+        self.audio_layout = audio_layout(self.plan)
         self.engine = engine if not isinstance(engine, str) else build_engine(
             self.plan, engine, weights=weights, dims=dims, kv_pages=kv_pages, device=device, attention=attention,
             seed=seed, sim_pace=sim_pace)
@@ -174,17 +175,34 @@ class LLM:
             return self.tokenizer.encode(text)
         return format_prompt(self.prompt_format, self.tokenizer, text, fields)
 
+    def laid_out_audio(self, ids: list[int], num_samples: int) -> list[int]:
+        """The prompt around the audio's states (serve/audio_prompt.py): an empty one framed by the
+        plan's prompt format around empty text first, as `mstar run` frames a line with only audio."""
+        from mstar.runtime.serve.audio_prompt import AudioPromptError, expand
+        from mstar.runtime.serve.prompt_format import PromptFormatError, format_prompt
+
+        try:
+            if not ids and self.prompt_format is not None and self.tokenizer is not None:
+                ids = format_prompt(self.prompt_format, self.tokenizer, "", {})
+            return expand(self.audio_layout, ids, num_samples)
+        except (AudioPromptError, PromptFormatError) as error:
+            raise PromptError(str(error)) from None
+
     def request(self, prompt: Prompt, sampling: Optional[SamplingParams] = None,
                 media: Optional[dict[str, Any]] = None) -> Request:
         """The runtime Request for a prompt (checked; PromptError / SamplingError). `media`: the
         request's media by modality (`{"audio": samples}`); with media the prompt may be empty
-        token ids (Whisper's decoder then starts its own sequence, as a prompts line with audio)."""
+        token ids (Whisper's decoder then starts its own sequence, as a prompts line with audio; a
+        plan with an audio layout frames it and repeats its placeholder once per audio state)."""
         sampling = sampling or SamplingParams()
         sampling.check()
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and this server has none; use stop_token_ids")
         is_empty = isinstance(prompt, (list, tuple)) and not prompt
         ids = [] if media and is_empty else self.prompt_tokens(prompt)
+        audio = (media or {}).get("audio")
+        if audio is not None and self.audio_layout is not None:
+            ids = self.laid_out_audio(ids, int(audio.shape[0]))
         limit = self.plan.deployment.max_seq_len
         if len(ids) + sampling.max_tokens > limit:
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "

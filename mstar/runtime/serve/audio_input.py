@@ -10,10 +10,9 @@ prompt goes to it takes no waveform.
 Which encoders take a waveform is the plan's `style` argument (a closed set of model kinds,
 mstar/plan/node_args.py ENCODER_STYLES), never a node's name: `whisper` computes Whisper's log-mel
 features (engine/models/log_mel.py) from 16 kHz samples over one 30 s window, so it takes at most
-480000 samples (the engine would cut a longer clip; a server refuses it instead). `qwen3_asr`
-encoders take a waveform too, but their decoder's prompt holds one placeholder per audio state
-(serve/audio_prompt.py), which `mstar run` lays out and the transcription endpoint does not yet,
-so they are not listed here.
+480000 samples (the engine would cut a longer clip; a server refuses it instead); `qwen3_asr`
+computes the same features over the whole clip (engine/models/qwen3_asr.py), and its spec bounds
+the states at 30 s of audio, so the same window applies.
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from typing import Optional
 
 from mstar.plan.schema import NodePlan, Plan
 
-WAVEFORM_STYLES = ("whisper",)
+WAVEFORM_STYLES = ("whisper", "qwen3_asr")
 
 
 @dataclass(frozen=True)

@@ -42,14 +42,26 @@ def build_tokenizer(plan: Plan, weights: Optional[list[str]], tokenizer: Optiona
         checkpoints: dict[str, str] = {}
         if weights and tokenizer is None:
             from mstar.runtime.engine.weights import weights_by_node  # brings torch: only with weights
+            from mstar.runtime.engine.whisper_setup import has_checkpoint_encoder
 
             checkpoints = weights_by_node([n.name for n in plan.nodes if n.engine == "kv"], weights,
-                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"])
+                                          [n.name for n in plan.nodes if n.model_kind == "audio_codec"
+                                           or has_checkpoint_encoder(n)])
         directory = tokenizer_dir(plan, checkpoints, tokenizer)
         return load_tokenizer(directory) if directory is not None else None
     except TokenizerError as error:
         raise SetupError(str(error)) from None
     except ValueError as error:  # WeightsError: a --weights entry that names no kv node
+        raise SetupError(str(error)) from None
+
+
+def audio_layout(plan: Plan) -> Any:
+    """How the plan's prompt holds audio states (serve/audio_prompt.py), or None."""
+    from mstar.runtime.serve.audio_prompt import AudioPromptError, audio_layout_of
+
+    try:
+        return audio_layout_of(plan)
+    except AudioPromptError as error:
         raise SetupError(str(error)) from None
 
 

@@ -8,8 +8,9 @@ decoder makes it, then `{"type": "transcript.text.done", "text": ..., "usage": {
 
 Served for plans whose audio prompt takes a waveform and that emit text (serve/endpoints.py); the
 request is the one `mstar run --prompts` makes of a line with `audio` (the samples as the
-request's audio media, an empty decoder prompt or a language's start sequence), submitted to the
-online loop as every other endpoint's. `max_tokens` (extension) defaults to what the plan's
+request's audio media, an empty decoder prompt or a language's start sequence; on a plan whose
+prompt holds audio placeholders, the prompt format's frame with one placeholder per audio state),
+submitted to the online loop as every other endpoint's. `max_tokens` (extension) defaults to what the plan's
 max_seq_len leaves after the decoder prompt; `temperature` absent or 0 is greedy.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from mstar.runtime.serve import http_stream as sse
-from mstar.runtime.serve.api import SamplingParams
+from mstar.runtime.serve.api import PromptError, SamplingParams
 from mstar.runtime.serve.audio_input import audio_input_of
 from mstar.runtime.serve.http_app import Service, collect
 from mstar.runtime.serve.http_schema import ApiError
@@ -44,6 +45,12 @@ def transcription_routes(app: FastAPI, service: Service) -> None:
         audio = await asyncio.to_thread(samples, form, audio_input)
         seconds = round(int(audio.shape[0]) / audio_input.sample_rate, 3)
         prompt = start_sequence(llm.plan, llm.tokenizer, form.language)
+        if llm.audio_layout is not None:  # the prompt around one placeholder per audio state
+            try:
+                ids = llm.prompt_tokens(prompt) if isinstance(prompt, str) else prompt
+                prompt = llm.laid_out_audio(ids, int(audio.shape[0]))
+            except PromptError as error:
+                raise ApiError(400, str(error)) from None
         max_tokens = form.max_tokens
         if max_tokens is None:
             max_tokens = max(1, llm.plan.deployment.max_seq_len - len(prompt))

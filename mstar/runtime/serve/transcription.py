@@ -18,13 +18,15 @@ The start sequence: an absent `language` gives an empty prompt, so the decoder d
 `mstar run` does for a prompts line with only `audio`); a language gives Whisper's
 `<|startoftranscript|><|LANG|><|transcribe|><|notimestamps|>`, which transformers' generate builds
 for `language=LANG`, read from the tokenizer's vocabulary. Only a plan whose text prompt node is a
-Whisper decoder (its `style` argument, never its name) takes a language.
+Whisper decoder (its `style` argument, never its name) takes a language that way; a plan whose
+prompt holds audio placeholders (a `media_token`: Qwen3-ASR) takes it as the text that prefills
+the answer, `language NAME<asr_text>`, for the model's 30 languages.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from fastapi import Request as HttpRequest
 from starlette.datastructures import UploadFile
@@ -41,6 +43,15 @@ UNSUPPORTED = {"timestamp_granularities": "timestamps are not decoded", "include
                "chunking_strategy": "the audio is one window of the plan's front end"}
 LANGUAGE = re.compile(r"[a-z]{2,3}")  # Whisper's language tokens: ISO 639-1 codes, a few of three letters
 WHISPER_START = ("<|startoftranscript|>", "<|{language}|>", "<|transcribe|>", "<|notimestamps|>")
+# Qwen3-ASR's forced languages: the names it was trained with after "language " (transformers'
+# processing_qwen3_asr.LANGUAGE_CODE_TO_NAME)
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "yue": "Cantonese", "zh": "Chinese", "cs": "Czech", "da": "Danish", "nl": "Dutch",
+    "en": "English", "fil": "Filipino", "fi": "Finnish", "fr": "French", "de": "German", "el": "Greek",
+    "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian", "it": "Italian", "ja": "Japanese", "ko": "Korean",
+    "mk": "Macedonian", "ms": "Malay", "fa": "Persian", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
+    "ru": "Russian", "es": "Spanish", "sv": "Swedish", "th": "Thai", "tr": "Turkish", "vi": "Vietnamese",
+}
 
 
 @dataclass
@@ -156,10 +167,21 @@ def samples(form: TranscriptionForm, audio: AudioInput) -> Any:
     return decoded
 
 
-def start_sequence(plan: Plan, tokenizer: Any, language: Optional[str]) -> list[int]:
-    """The decoder prompt: [] (the language detected), or Whisper's start sequence for `language`."""
+def start_sequence(plan: Plan, tokenizer: Any, language: Optional[str]) -> Union[list[int], str]:
+    """The decoder prompt: [] (the language detected), or for `language` Whisper's start sequence,
+    or, on a plan whose prompt holds audio placeholders (Qwen3-ASR), the text that prefills the
+    answer with that language (`language English<asr_text>`, as transformers'
+    apply_transcription_request forces one)."""
     if language is None:
         return []
+    from mstar.runtime.serve.audio_prompt import audio_layout_of
+
+    if audio_layout_of(plan) is not None:
+        name = LANGUAGE_NAMES.get(language)
+        if name is None:
+            raise ApiError(400, f"language {language!r} is not one of this model's languages "
+                                f"({', '.join(sorted(LANGUAGE_NAMES))})", param="language")
+        return f"language {name}<asr_text>"
     decoders = [n for n in plan.nodes if n.engine == "kv" and any(i.prompt == "text" for i in n.input_roles)]
     if not decoders or any(n.dims.get("style") != "whisper" for n in decoders):
         raise ApiError(400, "language: this model's decoder takes no language token", param="language")
