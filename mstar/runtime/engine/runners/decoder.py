@@ -401,7 +401,7 @@ class DecoderRunner:
             raise InputError(f"the prompt holds {num_slots} media placeholders (token {self.media_token}), "
                              f"the media bring {states.shape[0]} states")
         embeds = model.embed_tokens(prompt).clone()
-        embeds[is_slot] = states.to(embeds.dtype)
+        embeds[is_slot.to(embeds.device)] = states.to(embeds.device, embeds.dtype)  # the encoder may run elsewhere
         return embeds
 
     def _adapt(self, name: str, embeds: torch.Tensor, hidden: int) -> torch.Tensor:
