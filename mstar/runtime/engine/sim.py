@@ -77,6 +77,11 @@ class SimClock:
             self.now = when
 
 
+def media_tokens(plan: Plan) -> dict[str, int]:
+    """{node: its `media_token`} for the nodes whose prompts hold media placeholders."""
+    return {n.name: token for n in plan.nodes if isinstance(token := n.dims.get("media_token"), int)}
+
+
 @dataclass
 class _KvPool:
     pages: PagePool  # the torch engine's page bookkeeping (and prefix cache), without tensors
@@ -124,9 +129,7 @@ class SimEngine(RunsAtLaunch):
         self.inject_oom = inject_oom
         self.inject_error = dict(inject_error or {})
         self.pools: dict[str, _KvPool] = {}
-        # prompts are claimed from the prefix cache only up to a media placeholder, as on the torch engine
-        self.media_tokens: dict[str, int] = {n.name: token for n in plan.nodes
-                                             if isinstance(token := n.dims.get("media_token"), int)}
+        self.media_tokens = media_tokens(plan)  # prompts are claimed only up to a placeholder, as on torch
         for pool in plan.deployment.kv_pools:
             pages = num_pages if num_pages is not None else pool.num_pages
             self.pools[pool.node] = _KvPool(PagePool(pages, pool.page_size, pool.prefix_cache == "pages"),
