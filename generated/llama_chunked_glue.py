@@ -37,7 +37,7 @@ LLM_MIXED_CONSTANTS = GlueConstants(
     stream_mask=0,
     host_mask=3,
     batch_sizes=(1, 2, 4, 8, 16, 32, 64),
-    token_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    token_buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 3072, 4096, 6144, 8192),
 )
 
 

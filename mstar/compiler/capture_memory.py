@@ -28,24 +28,29 @@ allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B dec
     workspace   CAPTURE_WORKSPACE_BYTES per family: the capture stream's cuBLAS workspace
     TP          the per-graph and shared terms are divided by tp_size; the workspace is not
 
-A `piecewise` family is captured as the GPU engine's piecewise graphs do it
-(engine/gpu/piecewise.py): for each token bucket t (packed: the family's buckets; batched:
-b x tokens_per_row for each batch size b) one set of pieces, cut at every attention layer
-(layers + 1 pieces), all in the family's one pool; attention runs eagerly between them. So the
-pieces hold the non-attention activations of one step per token bucket, and two terms change:
+A `piecewise` family captures each key as pieces split at every attention layer (layers + 1
+pieces), all in the family's one pool; attention runs eagerly between them (engine/gpu/piecewise.py).
+No key's replay interleaves with another's, so every key's values live in the shared pool term of
+the largest key, and two terms change:
 
-    per graph   per token bucket (not per batch x bucket key): its fp32 logits and greedy ids for
-                every row entry of the largest batch, max_rows x (vocab x 4 + 8) bytes; a
-                bucket's hidden states stay in the shared pool, which the next bucket reuses
-    boundary    once: the queries a piece hands to the eager attention and the attention output
-                the next piece reads, at fixed addresses sized to the largest bucket and shared
-                by every bucket and layer (keys and values go straight to the KV cache inside a
-                piece): max_tokens x 2 x qo_heads x head_dim x 2 bytes (head_dim default
-                hidden / qo_heads; a node without `qo_heads` counts 2 x hidden)
-The shared pool term and the workspace are as for whole-step graphs. `num_graphs` still counts
-the plan's (batch x bucket) keys: a step pads its batch as for any family. The engine captures
-all piecewise families of a node as one set over the union of their buckets, so two families
-that share buckets are counted twice here (an over-estimate).
+    per graph   none per key: every key's last piece copies its outputs into one buffer of the
+                largest key (its fp32 logits and greedy ids, max_rows x (vocab x 4 + 8) bytes, and
+                its output hidden states, max_tokens x hidden x 2 bytes), once
+    boundary    the queries and the attention output at fixed addresses that the eager attention
+                reads and writes between pieces, sized by the largest key's tokens and shared by
+                every key: 2 x max_tokens x qo_heads x head_dim x 2 bytes (head_dim default
+                hidden / qo_heads; a node without `qo_heads`, such as an encoder, counts them as
+                hidden-wide)
+The shared pool term and the workspace are as for whole-step graphs. The engine captures all
+piecewise families of a node as one set over the union of their buckets, in one pool: the node's
+families together hold about the largest one's estimate, so summing them (the worker's capture
+total, MW408) over-counts. Measured on the H200 (llama,
+its two packed families in one pool, 9 buckets of 32-8192 tokens, each bucket still keeping its
+own logits then): 1192 MiB against 1364 MiB estimated by the earlier per-bucket formula.
+
+The bucket count matters as much as the largest bucket: the reference once failed to boot when a
+wider capture set grew one node's buckets from 29 to 68; the per-graph terms here make such a
+change show up in the estimate and the capture memory check (MW408).
 """
 from __future__ import annotations
 
@@ -116,20 +121,20 @@ def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size:
               + max_rows * vocab * ACTIVATION_BYTES + max_rows * _recurrent_row_bytes(node))
     logit_row = vocab * LOGIT_BYTES + TOKEN_ID_BYTES if vocab else 0
     if capture.is_piecewise:
-        buckets = {tokens for _, tokens in keys}
-        per_graph = len(buckets) * max_rows * logit_row + max_tokens * _boundary_width(node, hidden) * ACTIVATION_BYTES
+        per_graph = (max_tokens * (hidden + 2 * _boundary_width(node, hidden)) * ACTIVATION_BYTES
+                     + max_rows * logit_row)
     else:
         per_graph = sum(tokens * hidden * ACTIVATION_BYTES + rows * logit_row for rows, tokens in keys)
     return (shared + per_graph) // max(1, tp_size) + CAPTURE_WORKSPACE_BYTES
 
 
 def _boundary_width(node: ast.NodeDecl, hidden: int) -> int:
-    """Values a token holds at fixed addresses between the pieces of a piecewise graph (the module
-    docstring's `boundary` term): its queries and its attention output."""
+    """Width of one of the two values a token hands between the pieces of a piecewise graph (the
+    module docstring's `boundary` term): its queries, and its attention output."""
     qo_heads = _dim(node, "qo_heads", 0)
     if not qo_heads:
-        return 2 * hidden
-    return 2 * qo_heads * _dim(node, "head_dim", max(1, hidden // qo_heads))
+        return hidden
+    return qo_heads * _dim(node, "head_dim", max(1, hidden // qo_heads))
 
 
 def format_mib(num_bytes: int) -> str:

@@ -108,37 +108,38 @@ def test_estimate_counts_the_recurrent_layers_scratch():
     assert extra == 32 * (2 * 16 * 128 * 4 + conv_dim * 2)
 
 
-def test_piecewise_estimate_holds_logits_per_token_bucket_and_one_boundary():
-    """A piecewise family keeps, per token bucket (not per batch x bucket key), the logits of every
-    row entry of its largest batch, and once the queries and attention output at fixed addresses
-    between pieces, sized to its largest bucket (capture_memory's docstring)."""
+def test_piecewise_estimate_holds_one_step_of_the_largest_key():
+    """A piecewise family keeps no output hidden states or logits per graph: every key's pieces
+    live in the largest key's shared pool, its logits in one buffer of the largest batch, and the
+    queries and attention output that the eager attention reads and writes sit in two buffers of
+    the largest token count (capture_memory's docstring, `boundary`)."""
     args = [ast.Arg(name=n, value=v) for n, v in
             (("hidden", 2048), ("vocab", 1000), ("qo_heads", 32), ("kv_heads", 8), ("head_dim", 64))]
     node = ast.NodeDecl(name="N", engine="kv", args=args)
     whole = ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2, 4], tokens=[64, 128, 256])
     piecewise = whole.model_copy(update={"is_piecewise": True})
     assert capture_memory.num_graphs(piecewise) == capture_memory.num_graphs(whole) == 9
-    estimate = capture_memory.estimate_family_bytes
+    whole_bytes = capture_memory.estimate_family_bytes(node, whole, 1)
+    piecewise_bytes = capture_memory.estimate_family_bytes(node, piecewise, 1)
     logit_row = 1000 * 4 + 8
-    # whole: each of the 9 keys keeps t x hidden output states and its rows' logits
-    whole_per_graph = 3 * (64 + 128 + 256) * 2048 * 2 + 3 * (1 + 2 + 4) * logit_row
-    # piecewise: 3 buckets x 4 row entries of logits; queries and attention output of 256 tokens
-    piecewise_per_graph = 3 * 4 * logit_row + 256 * 2 * 32 * 64 * 2
-    assert estimate(node, piecewise, 1) - estimate(node, whole, 1) == piecewise_per_graph - whole_per_graph
-    # Fewer batch sizes keep the buckets: only the row entries (and the shared bf16 logits) shrink.
-    fewer_rows = piecewise.model_copy(update={"batch": [1, 2]})
-    assert estimate(node, piecewise, 1) - estimate(node, fewer_rows, 1) == 3 * 2 * logit_row + 2 * 1000 * 2
-    # A bucket more costs its row entries' logits; a larger largest bucket also a larger boundary.
-    more = piecewise.model_copy(update={"tokens": [64, 128, 256, 512]})
-    assert estimate(node, more, 1) > estimate(node, piecewise, 1)
+    # whole: each of the 9 keys keeps t x hidden output states and rows x logits; piecewise: one
+    # output buffer of the largest key (256 tokens, 4 rows), and queries + attention output of 256
+    # tokens x 32 heads x 64.
+    per_key = 3 * (64 + 128 + 256) * 2048 * 2 + 3 * (1 + 2 + 4) * logit_row
+    shared_outputs = 256 * 2048 * 2 + 4 * logit_row
+    boundary = 2 * 256 * 32 * 64 * 2
+    assert whole_bytes - piecewise_bytes == per_key - shared_outputs - boundary
+    # More token buckets below the largest cost nothing more: they share the largest key's pool.
+    more = piecewise.model_copy(update={"tokens": [32, 64, 96, 128, 192, 256]})
+    assert capture_memory.estimate_family_bytes(node, more, 1) == piecewise_bytes
 
 
 def test_piecewise_batched_family_has_a_bucket_per_batch_size():
     node = ast.NodeDecl(name="N", engine="stateless", args=[ast.Arg(name="hidden", value=512)])
     batched = ast.CaptureDecl(walk="encode", family="batched", batch=[1, 2], tokens_per_row=100, is_piecewise=True)
     whole = batched.model_copy(update={"is_piecewise": False})
+    # Keys of 100 and 200 tokens. Whole: each keeps its output states. Piecewise: one output buffer
+    # of the largest key, and its queries and attention output (hidden-wide without qo_heads).
     estimate = capture_memory.estimate_family_bytes
-    # No vocab: no logits. No qo_heads: the boundary is 2 x hidden wide at the largest bucket (200
-    # tokens); the whole family kept each key's output states instead.
     extra = estimate(node, batched, 1) - estimate(node, whole, 1)
-    assert extra == 200 * 2 * 512 * 2 - (100 + 200) * 512 * 2
+    assert extra == (200 + 2 * 200 - (100 + 200)) * 512 * 2

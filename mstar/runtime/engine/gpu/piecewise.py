@@ -19,7 +19,10 @@ step spent 11 ms launching 3.5 ms of kernels on the H200, docs/engine.md).
 
 The graphs of every bucket share one memory pool and are replayed in the order they were captured
 (piece 0, 1, ...), which is what makes tensors that one piece writes and the next reads safe in a
-shared pool. Buckets are captured largest first so smaller ones reuse its blocks. Tokens past the
+shared pool; no bucket's replay interleaves with another's, so a bucket's blocks freed at the end
+of its capture serve the next. Buckets are captured largest first so smaller ones reuse its blocks,
+and every bucket writes its logits into one buffer: the pool is about one step of the largest
+bucket, whatever the number of buckets. Tokens past the
 step's real ones (the padding up to T) write the dummy KV page and attend to nothing; every row
 entry past the real rows reads token 0's logits, which nobody uses. `measured_bytes` is the growth
 of the device memory torch reserved across the capture.
@@ -51,8 +54,11 @@ class PiecewiseGraphs:
         self.queries = torch.zeros(largest, d.num_qo_heads, d.head_dim, dtype=torch.bfloat16, device=device)
         self.attended = torch.zeros_like(self.queries)
         self.inputs: dict[int, torch.Tensor] = {}
-        self.logits: dict[int, torch.Tensor] = {}
-        self.greedy: dict[int, torch.Tensor] = {}
+        # Every bucket's last piece copies its logits and their argmax here: one [max_rows, vocab]
+        # fp32 buffer for all buckets instead of one each (32 MiB a bucket for Llama-3.2-1B).
+        vocab = forward.model.lm_head.weight.shape[0]
+        self.logits = torch.zeros(max_rows, vocab, dtype=torch.float32, device=device)
+        self.greedy = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -70,12 +76,12 @@ class PiecewiseGraphs:
         """Where `inputs[bucket]`'s row fields (last-token index, row slot; `max_rows` each) start."""
         return NUM_TOKEN_FIELDS * bucket
 
-    def _body(self, bucket: int, attend: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    def _body(self, bucket: int, attend: Callable) -> None:
         t, r = bucket, self.max_rows
         ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t, t, t, t, r, r])
         ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
-        logits = self.forward(ids, positions, slots, last_index, attend)
-        return logits, logits.argmax(-1)
+        self.logits.copy_(self.forward(ids, positions, slots, last_index, attend))
+        torch.argmax(self.logits, dim=-1, out=self.greedy)
 
     def _capture(self, bucket: int, dummy_slot: int, pool, stream: torch.cuda.Stream) -> None:
         t, r = bucket, self.max_rows
@@ -109,7 +115,7 @@ class PiecewiseGraphs:
                     graph.capture_begin(pool=pool)
                     return out
 
-                self.logits[bucket], self.greedy[bucket] = self._body(bucket, cut_at_attention)
+                self._body(bucket, cut_at_attention)
             finally:
                 graph.capture_end()
             pieces.append(graph)
@@ -121,7 +127,8 @@ class PiecewiseGraphs:
 
     def replay(self, bucket: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run a step of `num_tokens` real tokens padded to `bucket` (its inputs staged, the eager
-        wrapper planned); returns the bucket's (logits [max_rows, vocab], argmax [max_rows])."""
+        wrapper planned); returns (logits [max_rows, vocab], argmax [max_rows]), buffers every
+        bucket writes (valid until the next replay)."""
         queries, attended = self.queries[:num_tokens], self.attended[:num_tokens]
         run = self.attention.eager.run
         pieces = self.pieces[bucket]
@@ -129,4 +136,4 @@ class PiecewiseGraphs:
             pieces[layer].replay()
             run(queries, self.forward.kv.pages(layer), out=attended)
         pieces[-1].replay()
-        return self.logits[bucket], self.greedy[bucket]
+        return self.logits, self.greedy
