@@ -137,8 +137,8 @@ def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = 
 def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
     """(capture family, token bucket) the plan gives a step of these rows: the packed family of a
     mixture of several walks when `is_mixed`, else of one walk; padded as the scheduler pads
-    (`scheduler/key_tables.py`, `pick_capture`, which the engine may not import): the family's
-    `batch_pad` for the rows, the smallest token bucket that holds the tokens. (None, 0) when the
+    (`scheduler/key_tables.py`, which the engine may not import): among the mixture's families
+    (`capture`, `also_captures`) the smallest (token bucket, padded batch) that holds the step. (None, 0) when the
     plan has no such family or the step is above its buckets (eager)."""
     from bisect import bisect_left
 
@@ -147,12 +147,19 @@ def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tu
         for key in worker.keys:
             families = {f.name: f for f in key.captures} if key.node == node.name else {}
             for entry in key.mixtures:
-                family = families.get(entry.capture) if entry.capture else None
-                if family is None or family.kind != "packed" or (bin(entry.mask).count("1") > 1) != is_mixed:
+                if (bin(entry.mask).count("1") > 1) != is_mixed:
                     continue
-                at = bisect_left(family.token_buckets, num_tokens)
-                if len(rows) < len(family.batch_pad) and family.batch_pad[len(rows)] and at < len(family.token_buckets):
-                    return family.name, family.token_buckets[at]
+                picks = []  # (tokens, padded rows, family) of each family of the mixture that holds the step
+                for name in ([entry.capture] if entry.capture else []) + list(entry.also_captures):
+                    family = families.get(name)
+                    if family is None or family.kind != "packed" or len(rows) >= len(family.batch_pad):
+                        continue
+                    at = bisect_left(family.token_buckets, num_tokens)
+                    if family.batch_pad[len(rows)] and at < len(family.token_buckets):
+                        picks.append((family.token_buckets[at], family.batch_pad[len(rows)], family.name))
+                if picks:  # the smallest (tokens, batch) that holds it, the first listed on a tie
+                    tokens, _, name = min(picks, key=lambda pick: pick[:2])
+                    return name, tokens
     return None, 0
 
 
@@ -210,42 +217,53 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
         if batch:  # the device's share: the graph replay alone, timed with events
             out["decode"][name]["replay_ms"] = round(_replay_ms(executor, batch, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
+    _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
+    if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
+        out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
+                                                                   kv.page_size)))
+    out["capture"] = _capture_report(plan, node, family, executor)
+    del executor, model, kv
+    torch.cuda.empty_cache()
+    return out, dims
+
+
+def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
+                  rate: float) -> None:
+    """The mixed and prefill steps, on the plan's bucket (piecewise graphs where the plan captures
+    them) and, where they replayed graphs, the same step eagerly in the same run."""
     for key, rows, is_mixed in (("mixed_63_1", [(1, CONTEXT)] * 63 + [(512, 0)], True),
                                 ("prefill_1x512", [(512, 0)], False),
                                 ("prefill_16x1024", [(1024, 0)] * 16, False)):
         bucket = packed_bucket(plan, node, rows, is_mixed)
         before = executor.num_piecewise_steps
-        ms = _engine_step_ms(executor, rows, kv.page_size, max(iters // 4, 3), bucket)
-        num_tokens = sum(n for n, _ in rows)
-        flops = 2 * num_tokens * matmul_params
+        ms = _engine_step_ms(executor, rows, page_size, max(iters // 4, 3), bucket)
+        flops = 2 * sum(n for n, _ in rows) * shapes.matmul_params
         out[key] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
                     "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1),
                     "graphs": "piecewise" if executor.num_piecewise_steps > before else "eager"}
         if bucket[0] is not None and executor.num_piecewise_steps > before:
             out[key]["token_bucket"] = bucket[1]
-            # the same step eager, for the ratio (piecewise graphs off for it)
-            piecewise, executor.piecewise = executor.piecewise, None
-            out[key]["eager_ms"] = round(_engine_step_ms(executor, rows, kv.page_size, max(iters // 4, 3)), 3)
+            piecewise, executor.piecewise = executor.piecewise, None  # the same step eager, for the ratio
+            out[key]["eager_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3)), 3)
             executor.piecewise = piecewise
-    if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
-        out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
-                                                                   kv.page_size)))
-    out["capture"] = {}
+
+
+def _capture_report(plan, node, family, executor) -> dict:
+    """Measured capture memory beside the plan's estimate: the decode family, and the piecewise pool."""
+    report = {}
     if family:
-        out["capture"][family.name] = {"measured_mb": round(executor.capture_bytes["decode"] / 2 ** 20, 1),
-                                       "estimate_mb": round(family.memory_bytes / 2 ** 20, 1)}
+        report[family.name] = {"measured_mb": round(executor.capture_bytes["decode"] / 2 ** 20, 1),
+                               "estimate_mb": round(family.memory_bytes / 2 ** 20, 1)}
     if executor.piecewise is not None:
         estimates = {f.name: f.memory_bytes for w in plan.workers for k in w.keys if k.node == node.name
                      for f in k.captures if f.name in executor.packed.names}
         # The node's piecewise families share one pool (the union of their buckets), which holds
         # about one step of the largest: their estimates' largest is the one to compare.
-        out["capture"][" + ".join(sorted(estimates)) + " (piecewise, one pool)"] = {
+        report[" + ".join(sorted(estimates)) + " (piecewise, one pool)"] = {
             "measured_mb": round(executor.capture_bytes["packed"] / 2 ** 20, 1),
             "estimate_mb": round(max(estimates.values()) / 2 ** 20, 1),
             "estimate_mb_by_family": {name: round(b / 2 ** 20, 1) for name, b in sorted(estimates.items())}}
-    del executor, model, kv
-    torch.cuda.empty_cache()
-    return out, dims
+    return report
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
