@@ -101,9 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "postprocess", "attention", "load", "engine", "kv", "serve"),
+    bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "attention", "load", "engine", "kv",
+                                         "serve"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
-                            "a step, per step and per row; attention: FlashInfer vs torch on a GPU; "
+                            "a step, per step and per row; runner: the GPU fast path's host work per decode "
+                            "step (device stubbed, any machine); attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
                             "kv: decode latency beside a long prompt, chunked or whole; "
                             "serve: load an OpenAI-compatible server over HTTP")
@@ -561,6 +563,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_postprocess
 
         return bench_postprocess.main(argv[2:])
+    if argv[:2] == ["bench", "runner"]:
+        from mstar.runtime.engine.gpu import bench_runner
+
+        return bench_runner.main(argv[2:])
     if argv[:2] == ["bench", "attention"]:
         from mstar.runtime.serve import bench_attention
 

@@ -1,0 +1,39 @@
+"""`mstar bench runner` runs the fast path's runner on a stubbed device and prints its figures
+(a command, not a timed test): the parts of a full decode step, bytecodes per row, run-ahead claims."""
+import json
+from pathlib import Path
+
+import pytest
+
+from mstar.cli.mstar import main
+
+PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
+SMALL = ["--plan", str(PLAN), "--clients", "4", "--prompt-len", "5", "--output-len", "6", "--rounds", "1"]
+
+
+def test_prints_both_variants_and_bytecodes(capsys):
+    assert main(["bench", "runner", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "ahead     us/step p50" in out and "no-ahead  us/step p50" in out
+    assert "bytecodes/row" in out and "rows launched ahead claimed" in out
+
+
+def test_json_counts_every_part_and_run_ahead_claims_rows(capsys):
+    assert main(["bench", "runner", *SMALL, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ahead, serial = result["variants"]["ahead"], result["variants"]["no-ahead"]
+    assert all(ahead["bytecodes_per_row"][part] > 0 for part in ("launch", "wait", "launch_ahead"))
+    assert serial["bytecodes_per_row"]["launch_ahead"] == 0  # nothing launched ahead without run-ahead
+    assert ahead["rows_claimed"] > 0 and serial["rows_launched_ahead"] == 0
+
+
+@pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "--rounds must be between"),
+                                            (["--plan", "/nonexistent.plan"], "does not exist"),
+                                            (["--plan", str(PLAN.parent / "pi05.plan")], "fast path takes")])
+def test_bad_arguments_are_one_line_errors(capsys, argv, fragment):
+    if argv[0] == "--rounds":
+        with pytest.raises(SystemExit):
+            main(["bench", "runner", *argv])
+    else:
+        assert main(["bench", "runner", *argv, "--rounds", "1", "--no-bytecodes"]) == 1
+    assert fragment in capsys.readouterr().err
