@@ -564,7 +564,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return bench_postprocess.main(argv[2:])
     if argv[:2] == ["bench", "runner"]:
-        from mstar.runtime.engine.gpu import bench_runner
+        from mstar.runtime.serve import bench_runner
 
         return bench_runner.main(argv[2:])
     if argv[:2] == ["bench", "attention"]:
