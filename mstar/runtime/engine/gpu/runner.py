@@ -106,11 +106,24 @@ class _CallFacts:
 
     loop_backs: frozenset[str]  # inputs the node feeds itself on the device
     outputs: tuple[tuple[str, bool], ...]  # (output name, is a token output; else a mask)
+    # (input name, is an on-device loop-back, is read by no model: a mask or signal), in call order
+    inputs: tuple[tuple[str, bool, bool], ...]
+    is_image_flow: bool
 
 
-@dataclass
+@dataclass(init=False)
 class _Item(_Prepared):
+    """A fast-path row: the fields a fast-path step reads (the others keep `_Prepared`'s class
+    defaults: no flow, no latents, no read-only sequences), set by a plain `__init__` because a
+    decode step builds one per row."""
+
     is_loop_back: bool = False
+    facts: Optional[_CallFacts] = None
+
+    def __init__(self, row: StepRow, call: CallInfo, request: RequestState, embeds: torch.Tensor,
+                 tokens_fed: list[int], writes: tuple[str, ...], facts: _CallFacts, is_loop_back: bool = False):
+        self.row, self.call, self.request, self.embeds, self.tokens_fed = row, call, request, embeds, tokens_fed
+        self.writes, self.facts, self.is_loop_back = writes, facts, is_loop_back
 
 
 @dataclass
@@ -163,6 +176,7 @@ class GpuDecoderRunner(DecoderRunner):
         self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
         self.num_ahead_rows = self.num_claimed_rows = 0
+        self._writes = (self.guidance.first,)  # the one KV sequence a fast-path row extends
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
@@ -185,27 +199,29 @@ class GpuDecoderRunner(DecoderRunner):
     def _facts_of(self, call: CallInfo) -> _CallFacts:
         facts = self._facts.get(id(call))
         if facts is None:
+            loop_backs = frozenset(self._device_loop_backs(call))
             outputs = tuple((name, call.output_roles.get(name, "tokens") == "tokens") for name in call.output_names)
-            facts = self._facts[id(call)] = _CallFacts(frozenset(self._device_loop_backs(call)), outputs)
+            inputs = tuple((name, name in loop_backs, call.input_roles.get(name) in ("mask", "signal"))
+                           for name in call.inputs)
+            facts = self._facts[id(call)] = _CallFacts(loop_backs, outputs, inputs, call.is_image_flow)
         return facts
 
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Item:
-        if call.is_image_flow:
+        facts = self._facts_of(call)
+        if facts.is_image_flow:
             raise InputError("image-flow steps are not on the GPU fast path")
         node = self.node.name
-        writes = (self.guidance.first,)  # the fast path has no guidance sequences (fast_path_reason)
-        loop_backs = self._facts_of(call).loop_backs
-        for name in call.inputs:
+        writes = self._writes  # the fast path has no guidance sequences (fast_path_reason)
+        for name, is_loop_back, is_unread in facts.inputs:
             raw = row.inputs.get(name)
-            if raw is None and name in loop_backs and node in request.last_token:
-                return _Item(row, call, request, _no_embeds(1), list(request.last_token[node]), writes=writes,
-                             is_loop_back=True)
-            if call.input_roles.get(name) in ("mask", "signal"):
-                continue  # read by no model here
+            if raw is None and is_loop_back and node in request.last_token:
+                return _Item(row, call, request, _ONE_TOKEN, list(request.last_token[node]), writes, facts, True)
+            if is_unread:
+                continue  # a mask or signal: read by no model here
             value = classify(name, raw)
             if value.kind == "tokens" and value.tensor is not None:
                 tokens = chunk_of(value.tensor, row)  # a chunk after the KV earlier chunks wrote
-                return _Item(row, call, request, _no_embeds(tokens.numel()), tokens.tolist(), writes=writes)
+                return _Item(row, call, request, _no_embeds(tokens.numel()), tokens.tolist(), writes, facts)
             if value.kind == "embeddings":
                 raise InputError(f"input {name}: embeddings are not on the GPU fast path")
         raise InputError("a row with no token to feed is not on the GPU fast path")
@@ -221,6 +237,33 @@ class GpuDecoderRunner(DecoderRunner):
             return (f"node {self.node.name}: sequence {self.guidance.first} would grow to {length} tokens, past "
                     f"max_seq_len {self.max_seq_len}")
         return None
+
+    def _admit(self, ready: list[_Prepared], on_host: list[str],  # type: ignore[override]
+               is_partial_ok: bool) -> tuple[list[_Prepared], list[str]]:
+        """The base's admission, asked only about the rows that need something: a row of a started
+        request whose sequence has room for its tokens (a decode row between page boundaries) and
+        that holds its state slot needs no page and no slot, so the policy would pass it and its
+        grant would change nothing. That holds while the pool's free pages cover what the started
+        requests may still claim (`Admission.shortfall` then never refuses such a row, and it
+        leaves the running counts untouched for the rows after it); when they do not, every row
+        goes through the policy as before."""
+        pool, admission, label = self.pool, self.admission, self.guidance.first
+        if on_host or pool.num_free_pages < admission.num_outstanding:
+            return super()._admit(ready, on_host, is_partial_ok)
+        budgets, slots = admission.budgets, self.slots
+        rest = [item for item in ready
+                if item.row.request_id not in budgets
+                or not pool.has_room((item.row.request_id, label), len(item.tokens_fed))
+                or (slots is not None and slots.slot_of(item.row.request_id) is None)]
+        if not rest:
+            return ready, []
+        granted, failed = super()._admit(rest, on_host, is_partial_ok)
+        if failed and not is_partial_ok:
+            return [], failed
+        if len(rest) == len(ready):
+            return granted, failed
+        dropped = {id(item) for item in rest} - {id(item) for item in granted}
+        return [item for item in ready if id(item) not in dropped], failed
 
     def _page_needs(self, ready: list[_Prepared]) -> list[PageNeed]:
         pool, admission, label = self.pool, self.admission, self.guidance.first
@@ -273,21 +316,25 @@ class GpuDecoderRunner(DecoderRunner):
                        ) -> Callable[[], list[RowResult]]:
         """Launch the rows (claiming what a step launched ahead holds); commit their KV lengths now,
         so a step launched ahead of this one packs the right positions; return what collects."""
+        pool, label = self.pool, self.guidance.first
         ahead = self._ahead.pop(worker, None)
         claimed = self._claim(ahead, ready) if ahead is not None else {}
-        fresh = [item for index, item in enumerate(ready) if index not in claimed]
+        fresh = [item for index, item in enumerate(ready) if index not in claimed] if claimed else ready
         pending = None
         if fresh:
             specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
-                             self.pool.num_tokens((item.row.request_id, self.guidance.first)),
-                             self.pool.page_table((item.row.request_id, self.guidance.first)),
+                             pool.num_tokens((item.row.request_id, label)),
+                             pool.page_table((item.row.request_id, label)),
                              self._row_slot(item.row.request_id)) for item in fresh]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
                                            *self._step_bucket)
+        sampled = set()
         for item in ready:
-            self.pool.commit((item.row.request_id, self.guidance.first), len(item.tokens_fed),
-                             None if item.is_loop_back else item.tokens_fed)
-        self._last_rows[worker] = {item.row.request_id for item in ready if not item.row.is_partial}
+            row = item.row
+            pool.commit((row.request_id, label), len(item.tokens_fed), None if item.is_loop_back else item.tokens_fed)
+            if not row.is_partial:
+                sampled.add(row.request_id)
+        self._last_rows[worker] = sampled
 
         def finish() -> list[RowResult]:
             fresh_tokens = iter(self.executor.collect(pending).tolist() if pending is not None else [])
@@ -307,11 +354,15 @@ class GpuDecoderRunner(DecoderRunner):
         """Rows of this step the step launched ahead already ran: index here -> index there. The
         rows it ran that nobody claims get their device loop-back token back (module docstring)."""
         claimed = {}
+        placed = ahead.rows
         for index, item in enumerate(ready):
-            found = ahead.rows.get(item.row.request_id)
-            if found is not None and item.is_loop_back and not item.row.is_partial and found[0] == item.row.walk:
+            row = item.row
+            found = placed.get(row.request_id)
+            if found is not None and item.is_loop_back and not row.is_partial and found[0] == row.walk:
                 claimed[index] = found[1]
         self.num_claimed_rows += len(claimed)
+        if len(set(claimed.values())) == len(ahead.slots):  # every row it ran is taken
+            return claimed
         taken = {ready[index].row.request_id for index in claimed}
         node = self.node.name
         restore = [(slot, ahead.requests[request_id].last_token[node][0]) for request_id, slot in ahead.slots.items()
@@ -333,16 +384,24 @@ class GpuDecoderRunner(DecoderRunner):
         placed: dict[str, tuple[str, int]] = {}  # request id -> (walk, index in the step)
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
+        pool, label, max_seq_len = self.pool, self.guidance.first, self.max_seq_len
+        loops_back: dict[int, bool] = {}  # id of a call -> whether the node loops a token back on the device
         for request_id, walk, call, request in rows:
-            key = (request_id, self.guidance.first)
-            if (request_id not in last or request_id in placed or not self._facts_of(call).loop_backs
-                    or self.pool.num_tokens(key) + 1 > self.max_seq_len or not self._reserve_next(request_id, key)):
+            key = (request_id, label)
+            if request_id not in last or request_id in placed:
+                continue
+            is_loop_back = loops_back.get(id(call))
+            if is_loop_back is None:
+                is_loop_back = loops_back[id(call)] = bool(self._facts_of(call).loop_backs)
+            num_cached = pool.num_tokens(key)
+            if (not is_loop_back or num_cached + 1 > max_seq_len
+                    or not (pool.has_room(key, 1) or self._reserve_next(request_id, key))):
                 continue
             slot = self._row_slot(request_id)
             placed[request_id] = (walk, len(specs))
             slots[request_id] = slot
             requests[request_id] = request
-            specs.append(RowSpec(None, self.pool.num_tokens(key), self.pool.page_table(key), slot))
+            specs.append(RowSpec(None, num_cached, pool.page_table(key), slot))
         if not specs:
             return
         # the step launched last samples first: its sample is not counted yet
@@ -363,14 +422,14 @@ class GpuDecoderRunner(DecoderRunner):
         return True
 
     def _token_outputs(self, item: _Item, token: int) -> RowResult:
-        node, request = self.node.name, item.request
+        node, request, params = self.node.name, item.request, item.request.params
         request.history.setdefault(node, []).extend(item.tokens_fed)
-        request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+        num_sampled = request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
         request.last_token[node] = [token]
-        max_tokens = request.params.max_tokens
-        result = RowResult(item.row.request_id)
-        result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
-                          or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
-        for name, is_token in self._facts_of(item.call).outputs:
-            result.outputs[name] = [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
-        return result
+        max_tokens = params.max_tokens
+        is_stop = (token in params.stop_tokens or token in self.stop_tokens
+                   or (max_tokens is not None and num_sampled >= max_tokens))
+        facts = item.facts or self._facts_of(item.call)
+        outputs = {name: [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
+                   for name, is_token in facts.outputs}
+        return RowResult(item.row.request_id, outputs, is_stop)

@@ -83,6 +83,13 @@ class PagePool:
         seq = self._seqs.get(key, _Sequence())
         return max(0, self.pages_for(seq.num_tokens + num_new_tokens) - len(seq.pages))
 
+    def has_room(self, key: SeqKey, num_new_tokens: int) -> bool:
+        """Whether the sequence exists and its pages hold `num_new_tokens` more positions
+        (`num_new_pages` is 0 and `reserve` would change nothing): a decode row's common case,
+        asked without building a `_Sequence` for an unknown key."""
+        seq = self._seqs.get(key)
+        return seq is not None and seq.num_tokens + num_new_tokens <= len(seq.pages) * self.page_size
+
     def reserve(self, key: SeqKey, num_new_tokens: int) -> bool:
         """Grow the sequence's page table to hold `num_new_tokens` more positions.
 

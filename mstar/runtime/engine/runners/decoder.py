@@ -254,14 +254,23 @@ class DecoderRunner:
                 ready.remove(item)
             if problem:
                 results.append(RowResult(item.row.request_id, error=problem))
+        ready, failed = self._admit(ready, on_host, is_partial_ok)
+        if failed and not is_partial_ok:
+            return results, failed, list
+        return results, failed, self._start_forward(ready, worker) if ready else list
+
+    def _admit(self, ready: list[_Prepared], on_host: list[str],
+               is_partial_ok: bool) -> tuple[list[_Prepared], list[str]]:
+        """The rows the admission policy lets run, their pages and slots granted, and the ids of
+        the rows short of memory (`on_host` first). Without `is_partial_ok`, when any row is short
+        nothing is granted and no row runs."""
         needs, failed = self._shortfall(ready)
         failed = on_host + failed
         if failed and not is_partial_ok:
-            return results, failed, list
+            return [], failed
         granted = [(item, need) for item, need in zip(ready, needs) if need.request_id not in failed]
         self._grant(granted)
-        ready = [item for item, _ in granted]
-        return results, failed, self._start_forward(ready, worker) if ready else list
+        return [item for item, _ in granted], failed
 
     def _start_forward(self, ready: list[_Prepared], worker: int = 0) -> Callable[[], list[RowResult]]:
         """The forward of the granted rows (of `worker`'s step); returns what waits for their results."""
