@@ -1,0 +1,95 @@
+"""The fast path's admission shortcut (gpu/runner.py `_admit`): rows of started requests that need
+no page and no slot skip the admission policy. Every call is checked against the base runner's
+admission over all the rows, run on copies of the pool and the policy: the same rows run, the same
+rows are short, and the pool and the policy end in the same state. Under memory pressure, with the
+prefix cache, run-ahead on and off."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.gpu.device_model import build_decoder
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
+from mstar.runtime.engine.placement import CPU
+from mstar.runtime.engine.runners.decoder import DecoderRunner
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
+
+PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama_chunked.plan"  # prefix cache: pages
+
+
+def _engine(can_run_ahead: bool, num_pages: int) -> tuple[TorchEngine, GpuDecoderRunner]:
+    plan = load_plan(PLAN, verify=False)
+    engine = TorchEngine(plan, num_pages=num_pages)
+    reference = engine.runners["LLM"]
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
+                              decode_family(plan, "LLM"), is_flashinfer=False, prefix_cache=True,
+                              can_run_ahead=can_run_ahead)
+    engine.runners["LLM"] = runner
+    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
+    return engine, runner
+
+
+def _state(runner: GpuDecoderRunner, ready: list) -> tuple:
+    admission, pool, label = runner.admission, runner.pool, runner.guidance.first
+    tables = {item.row.request_id: (pool.num_tokens((item.row.request_id, label)),
+                                    pool.page_table((item.row.request_id, label))) for item in ready}
+    return dict(admission.budgets), dict(admission.held), admission.num_outstanding, pool.num_free_pages, tables
+
+
+def _check_against_the_base(runner: GpuDecoderRunner) -> dict[str, int]:
+    """Wrap the runner's `_admit` so each call is compared with the base's on copies."""
+    fast, label = runner._admit, runner.guidance.first
+    seen = {"calls": 0, "rows": 0, "no_need_rows": 0, "short_rows": 0}
+
+    def admit(ready, on_host, is_partial_ok):
+        seen["calls"] += 1
+        seen["rows"] += len(ready)
+        seen["no_need_rows"] += sum(runner.admission.is_started(item.row.request_id)
+                                    and runner.pool.has_room((item.row.request_id, label), len(item.tokens_fed))
+                                    for item in ready)
+        pool, admission = runner.pool, runner.admission
+        runner.pool, runner.admission = copy.deepcopy(pool), copy.deepcopy(admission)
+        try:
+            expected, expected_failed = DecoderRunner._admit(runner, ready, on_host, is_partial_ok)
+            expected_state = _state(runner, ready)
+        finally:
+            runner.pool, runner.admission = pool, admission
+        got, failed = fast(ready, on_host, is_partial_ok)
+        assert [id(item) for item in got] == [id(item) for item in expected]
+        assert failed == expected_failed
+        assert _state(runner, ready) == expected_state
+        seen["short_rows"] += len(failed)
+        return got, failed
+
+    runner._admit = admit  # type: ignore[method-assign]
+    return seen
+
+
+def _requests(num: int) -> list[Request]:
+    # A shared 32-token prefix (two cached pages), then a few tokens of each request's own;
+    # outputs long enough to cross page boundaries while decoding.
+    shared = [(5 * j) % 97 + 1 for j in range(32)]
+    return [Request(id=f"r{i}", prompt_tokens=shared + [i + 1] * (1 + i % 5), max_tokens=6 + (7 * i) % 23,
+                    temperature=0.8 if i % 4 == 1 else None, seed=i) for i in range(num)]
+
+
+@pytest.mark.parametrize("can_run_ahead", [True, False])
+def test_the_shortcut_admits_as_the_policy_does_under_pressure(can_run_ahead):
+    engine, runner = _engine(can_run_ahead, num_pages=14)
+    seen = _check_against_the_base(runner)
+    driver = Driver(engine.plan, engine)
+    driver.run(Workload(_requests(12), closed_concurrency=8))
+    records = driver.conductor.records
+    assert all(r.finish_reason in ("stop", "length") for r in records.values())
+    assert seen["no_need_rows"] > 0 and seen["rows"] > seen["no_need_rows"]  # both kinds of rows
+    assert seen["short_rows"] > 0  # the pool ran short: rows were held
+    assert runner.pool.cache is not None and runner.pool.cache.num_hits > 0
+    assert runner.admission.num_outstanding == 0 and not runner.admission.budgets
