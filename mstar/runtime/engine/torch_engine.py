@@ -420,9 +420,10 @@ class TorchEngine:
         runner = self.runners.get(step.node)
         results: list[RowResult] = []
         rows = []
+        node, calls, requests = step.node, self.calls, self.requests
         for row in step.rows:
-            call = self.calls.get((step.node, row.walk))
-            request = self.requests.get(row.request_id)
+            call = calls.get((node, row.walk))
+            request = requests.get(row.request_id)
             if runner is None or call is None:
                 error = f"the plan has no call of node {step.node} in walk {row.walk}"
                 results.append(RowResult(row.request_id, error=error))
@@ -456,8 +457,10 @@ class TorchEngine:
         if not isinstance(runner, DecoderRunner):
             return
         entries = []
+        calls, requests = self.calls, self.requests
         for request_id, walk in rows:
-            call, request = self.calls.get((node, walk)), self.requests.get(request_id)
+            call = calls.get((node, walk))
+            request = requests.get(request_id)
             if call is not None and request is not None:
                 entries.append((request_id, walk, call, request))
         runner.prelaunch(worker, entries)

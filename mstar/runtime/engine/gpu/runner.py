@@ -250,11 +250,11 @@ class GpuDecoderRunner(DecoderRunner):
         pool, admission, label = self.pool, self.admission, self.guidance.first
         if on_host or pool.num_free_pages < admission.num_outstanding:
             return super()._admit(ready, on_host, is_partial_ok)
-        budgets, slots = admission.budgets, self.slots
+        budgets, slots, has_room = admission.budgets, self.slots, pool.has_room
         rest = [item for item in ready
-                if item.row.request_id not in budgets
-                or not pool.has_room((item.row.request_id, label), len(item.tokens_fed))
-                or (slots is not None and slots.slot_of(item.row.request_id) is None)]
+                if (request_id := item.row.request_id) not in budgets
+                or not has_room((request_id, label), len(item.tokens_fed))
+                or (slots is not None and slots.slot_of(request_id) is None)]
         if not rest:
             return ready, []
         granted, failed = super()._admit(rest, on_host, is_partial_ok)
@@ -385,19 +385,21 @@ class GpuDecoderRunner(DecoderRunner):
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
         pool, label, max_seq_len = self.pool, self.guidance.first, self.max_seq_len
-        loops_back: dict[int, bool] = {}  # id of a call -> whether the node loops a token back on the device
+        row_slots = self._row_slots  # a runner that runs ahead has no state slots: its rows' slots are here
+        last_call, is_loop_back = None, False  # the rows mostly share one call
         for request_id, walk, call, request in rows:
             key = (request_id, label)
             if request_id not in last or request_id in placed:
                 continue
-            is_loop_back = loops_back.get(id(call))
-            if is_loop_back is None:
-                is_loop_back = loops_back[id(call)] = bool(self._facts_of(call).loop_backs)
+            if call is not last_call:
+                last_call, is_loop_back = call, bool(self._facts_of(call).loop_backs)
             num_cached = pool.num_tokens(key)
             if (not is_loop_back or num_cached + 1 > max_seq_len
                     or not (pool.has_room(key, 1) or self._reserve_next(request_id, key))):
                 continue
-            slot = self._row_slot(request_id)
+            slot = row_slots.get(request_id)
+            if slot is None:
+                slot = self._row_slot(request_id)
             placed[request_id] = (walk, len(specs))
             slots[request_id] = slot
             requests[request_id] = request
@@ -429,7 +431,7 @@ class GpuDecoderRunner(DecoderRunner):
         max_tokens = params.max_tokens
         is_stop = (token in params.stop_tokens or token in self.stop_tokens
                    or (max_tokens is not None and num_sampled >= max_tokens))
-        facts = item.facts or self._facts_of(item.call)
-        outputs = {name: [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
-                   for name, is_token in facts.outputs}
+        outputs = {}
+        for name, is_token in (item.facts or self._facts_of(item.call)).outputs:
+            outputs[name] = [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
         return RowResult(item.row.request_id, outputs, is_stop)

@@ -248,12 +248,16 @@ class DecoderRunner:
                              f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
         on_host = self._move_back(ready) if self.offload is not None else []
-        for item in list(ready):
-            problem = None if item.row.request_id in on_host else self._length_problem(item)
-            if problem or item.row.request_id in on_host:
-                ready.remove(item)
+        kept = []
+        for item in ready:
+            if item.row.request_id in on_host:
+                continue
+            problem = self._length_problem(item)
             if problem:
                 results.append(RowResult(item.row.request_id, error=problem))
+            else:
+                kept.append(item)
+        ready = kept
         ready, failed = self._admit(ready, on_host, is_partial_ok)
         if failed and not is_partial_ok:
             return results, failed, list
