@@ -238,7 +238,7 @@ class GpuDecoderRunner(DecoderRunner):
                     f"max_seq_len {self.max_seq_len}")
         return None
 
-    def _admit(self, ready: list[_Prepared], on_host: list[str],  # type: ignore[override]
+    def _admit(self, ready: list[_Prepared], on_host: list[str],
                is_partial_ok: bool) -> tuple[list[_Prepared], list[str]]:
         """The base's admission, asked only about the rows that need something: a row of a started
         request whose sequence has room for its tokens (a decode row between page boundaries) and
@@ -328,7 +328,7 @@ class GpuDecoderRunner(DecoderRunner):
                              self._row_slot(item.row.request_id)) for item in fresh]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
                                            *self._step_bucket)
-        sampled = set()
+        sampled: set[str] = set()
         for item in ready:
             row = item.row
             pool.commit((row.request_id, label), len(item.tokens_fed), None if item.is_loop_back else item.tokens_fed)
@@ -431,7 +431,7 @@ class GpuDecoderRunner(DecoderRunner):
         max_tokens = params.max_tokens
         is_stop = (token in params.stop_tokens or token in self.stop_tokens
                    or (max_tokens is not None and num_sampled >= max_tokens))
-        outputs = {}
+        outputs: dict[str, object] = {}
         for name, is_token in (item.facts or self._facts_of(item.call)).outputs:
             outputs[name] = [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
         return RowResult(item.row.request_id, outputs, is_stop)

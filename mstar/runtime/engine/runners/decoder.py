@@ -248,7 +248,7 @@ class DecoderRunner:
                              f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
         on_host = self._move_back(ready) if self.offload is not None else []
-        kept = []
+        kept: list[_Prepared] = []
         for item in ready:
             if item.row.request_id in on_host:
                 continue
