@@ -177,6 +177,7 @@ class GpuDecoderRunner(DecoderRunner):
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
         self.num_ahead_rows = self.num_claimed_rows = 0
         self._writes = (self.guidance.first,)  # the one KV sequence a fast-path row extends
+        self._last_facts: Optional[tuple[CallInfo, _CallFacts]] = None
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
@@ -207,7 +208,12 @@ class GpuDecoderRunner(DecoderRunner):
         return facts
 
     def _prepare(self, row: StepRow, call: CallInfo, request: RequestState) -> _Item:
-        facts = self._facts_of(call)
+        last = self._last_facts  # a step's rows mostly share one call
+        if last is not None and last[0] is call:
+            facts = last[1]
+        else:
+            facts = self._facts_of(call)
+            self._last_facts = (call, facts)
         if facts.is_image_flow:
             raise InputError("image-flow steps are not on the GPU fast path")
         node = self.node.name
@@ -393,9 +399,9 @@ class GpuDecoderRunner(DecoderRunner):
                 continue
             if call is not last_call:
                 last_call, is_loop_back = call, bool(self._facts_of(call).loop_backs)
-            num_cached = pool.num_tokens(key)
+            num_cached, num_held = pool.extent(key)  # num_held: positions its pages hold
             if (not is_loop_back or num_cached + 1 > max_seq_len
-                    or not (pool.has_room(key, 1) or self._reserve_next(request_id, key))):
+                    or not (num_cached < num_held or self._reserve_next(request_id, key))):
                 continue
             slot = row_slots.get(request_id)
             if slot is None:

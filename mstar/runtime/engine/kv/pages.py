@@ -90,6 +90,11 @@ class PagePool:
         seq = self._seqs.get(key)
         return seq is not None and seq.num_tokens + num_new_tokens <= len(seq.pages) * self.page_size
 
+    def extent(self, key: SeqKey) -> tuple[int, int]:
+        """(positions written, positions its pages hold) of the sequence; (0, 0) for an unknown key."""
+        seq = self._seqs.get(key)
+        return (seq.num_tokens, len(seq.pages) * self.page_size) if seq else (0, 0)
+
     def reserve(self, key: SeqKey, num_new_tokens: int) -> bool:
         """Grow the sequence's page table to hold `num_new_tokens` more positions.
 
