@@ -3,8 +3,9 @@
 In:  a checked `Spec` and the panel's top y. Out: `partitions_panel(spec, top) -> (svg elements,
 height, width)`, appended by graph_picture.walks_svg after the walk panels.
 
-Each partition is a box holding its name, its stages (`prefill -> decode | image_gen`, `?` for an
-optional stage) and what its walks send to the client (`client: audio`). Boxes stand in columns by
+Each partition is a box holding its name, its stages as the spec writes them (`prefill -> decode |
+image_gen`, `w?` or `(a | b)?` for an optional stage, `(a -> b | c)?` for sequences inside
+alternatives) and what its walks send to the client (`client: audio`). Boxes stand in columns by
 stream depth: a partition no stream feeds is in column 0, a consumer one column right of its
 deepest producer, so Qwen3-Omni reads Thinker -> Talker -> Code2Wav left to right. Each stream
 `<- P.edge policy` is an arrow from its producer to its consumer, labelled with the edge and the
@@ -16,7 +17,7 @@ from html import escape
 
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.lang import ast
-from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan
+from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan, StagePlan
 
 BOX_W = 250
 COL_GAP, ROW_GAP = 190, 40
@@ -36,6 +37,21 @@ def policy_text(policy: ChunkPolicyPlan) -> str:
     return f"{policy.kind}({', '.join(args)})"
 
 
+def stage_text(stage: StagePlan) -> str:
+    """A stage as the spec writes it: `a | b`, `w?`, `(a | b)?`, `(a -> b | c)?`.
+
+    Parentheses wherever the walks are more than one and the stage is optional or holds a
+    sequence, so a sequence's arrows never read as the partition's own stages."""
+    if len(stage.walks) == 1:
+        return stage.walks[0] + ("?" if stage.is_optional else "")
+    as_written = ast.Stage(walks=stage.walks, is_optional=stage.is_optional,
+                           sequence_lengths=stage.sequence_lengths)
+    choices = " | ".join(" -> ".join(walks) for walks in ast.alternatives(as_written))
+    if stage.sequence_lengths or stage.is_optional:
+        return f"({choices})" + ("?" if stage.is_optional else "")
+    return choices
+
+
 def _text(x: float, y: float, text: str, size: int = 11, anchor: str = "start", weight: str = "normal") -> str:
     return (f"<text x='{x:.0f}' y='{y:.0f}' {FONT} font-size='{size}' text-anchor='{anchor}' "
             f"font-weight='{weight}'>{escape(text)}</text>")
@@ -48,9 +64,8 @@ def _fit(text: str, size: int, width: float) -> str:
 
 
 def _stage_lines(partition: PartitionPlan, size: int, width: float, max_lines: int = 3) -> list[str]:
-    """The stages as `a -> b | c? -> d`, broken after an arrow where a line would not fit."""
-    stages = [(f"({' | '.join(s.walks)})?" if len(s.walks) > 1 else f"{s.walks[0]}?") if s.is_optional
-              else " | ".join(s.walks) for s in partition.stages]
+    """The stages as `a -> (b | c)? -> d`, broken after an arrow where a line would not fit."""
+    stages = [stage_text(s) for s in partition.stages]
     lines: list[str] = []
     for stage in stages:
         if lines and len(f"{lines[-1]} -> {stage}") * size * 0.62 <= width:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
-from mstar.compiler.graph_partitions import partitions_panel, policy_text
+from mstar.compiler.graph_partitions import partitions_panel, policy_text, stage_text
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.files import atomic_write_text
 from mstar.lang import ast
@@ -218,7 +218,7 @@ def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float, float]:
     if not lines:
         lines.append("(no combined walks)")
     for partition in lower_partitions(spec):
-        stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in partition.stages)
+        stages = " -> ".join(stage_text(s) for s in partition.stages)
         streams = "; ".join(f"<- {s.producer_partition}.{s.edge} {policy_text(s.policy)}"
                             for s in partition.streams)
         lines.append(f"partition {partition.name} = {stages} {streams}".rstrip())

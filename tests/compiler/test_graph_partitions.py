@@ -5,6 +5,11 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from mstar.cli.mstarc import main
+from mstar.compiler.graph_partitions import stage_text
+from mstar.compiler.lower_walks import lower_partitions
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.fmt import format_spec
+from mstar.lang.parser import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SVG = "{http://www.w3.org/2000/svg}"
@@ -59,3 +64,30 @@ def test_png_and_other_formats_are_refused(tmp_path, capsys):
         assert main(["graph", str(ROOT / "specs" / "orpheus.mw"), "-o", str(out)]) == 2
         assert "writes SVG only" in capsys.readouterr().err
         assert not out.exists()
+
+
+def test_stages_are_drawn_as_the_spec_writes_them(tmp_path):
+    """A sequence inside an optional alternative keeps its parentheses and its inner arrow, in the
+    partition's box and in the legend: `(prefill_audio -> prefill_text)?`, not `prefill_audio |
+    prefill_text?`; an optional stage of alternatives keeps its parentheses too."""
+    for spec, expected in [
+        ("higgs_audio", "prefill_text -> (prefill_audio -> prefill_text)? -> decode"),
+        ("qwen3_omni", "prefill_text -> (prefill_audio | prefill_vision)? -> thinker_decode"),
+        ("bagel", "prefill_vae? -> prefill_vit? -> prefill_text -> decode | image_gen"),
+    ]:
+        out = tmp_path / f"{spec}.svg"
+        assert main(["graph", str(ROOT / "specs" / f"{spec}.mw"), "-o", str(out)]) == 0
+        _, _, text = _boxes_and_streams(out)
+        assert f"= {expected}" in text  # the legend's line
+        assert "(prefill_audio | prefill_text)?" not in text and "prefill_audio | prefill_text?" not in text
+    _, _, text = _boxes_and_streams(tmp_path / "higgs_audio.svg")
+    assert text.count("(prefill_audio -> prefill_text)?") == 2  # the box and the legend
+
+
+def test_stage_text_matches_the_formatter():
+    for line in ["partition P = a -> (b -> a | c)? -> d", "partition P = a -> (b | c -> d) -> e",
+                 "partition P = a? -> b | c", "partition P = (a | b)? -> c"]:
+        spec = parse(f"model m\n{line}\n", "p.mw", Diagnostics())
+        [partition] = lower_partitions(spec)
+        drawn = " -> ".join(stage_text(stage) for stage in partition.stages)
+        assert f"partition P = {drawn}" in format_spec(spec), (line, drawn)
