@@ -103,3 +103,27 @@ def test_llama_plan_prefills_on_its_piecewise_graphs():
     records = driver.conductor.records.values()
     assert all(r.finish_reason in ("stop", "length") and r.num_output_tokens for r in records)
     assert runner.executor.num_piecewise_steps > 0
+
+
+@pytest.mark.parametrize("is_piecewise", [False, True], ids=["eager", "piecewise"])
+def test_split_route_matches_the_packed_route(is_piecewise):
+    """The plan's split route (decode rows on the decode kernel, launched first, prompt rows on the
+    prefill kernel) against one prefill call: the same tokens in the caller's row order, the same
+    KV writes. The decode rows sit before, between and after the prompt rows."""
+    executor = _executor()
+    executor.capture()
+    decode = [RowSpec([3 + i], 40 + 9 * i, list(range(4 * i, 4 * i + 4)), i, is_decode=True) for i in range(3)]
+    prompts = [RowSpec(list(range(5, 25)), 0, [20, 21], 3), RowSpec(list(range(2, 9)), 0, [30], 4)]
+    rows = [decode[0], prompts[0], decode[1], prompts[1], decode[2]]
+    start = executor.kv.data.clone()
+    runs = {}
+    for route in ("packed", "split"):
+        executor.kv.data.copy_(start)
+        family, bucket = (FAMILY, 32) if is_piecewise else (None, 0)
+        pending = executor.launch(rows, None, family, bucket, route)
+        assert (pending.order is not None) == (route == "split")
+        runs[route] = (executor.collect(pending).tolist(), executor.kv.data[:, :, :40].clone())
+    assert executor.num_piecewise_steps == (2 if is_piecewise else 0)
+    (packed_tokens, packed_kv), (split_tokens, split_kv) = runs["packed"], runs["split"]
+    assert split_tokens == packed_tokens
+    assert ((split_kv.float() - packed_kv.float()).norm() / packed_kv.float().norm()).item() < 1e-2

@@ -2,8 +2,10 @@
 wrapper per captured batch size sharing one set of index buffers at fixed addresses.
 
 In: the node's heads, head dim, page size, the most pages a step can index, the decode family's
-batch sizes. Out: `plan_eager(packed) -> attend` for any step (decode rows as one-token segments
-beside prompt chunks, causal, bottom-right aligned), and `plan_decode(batch, packed)` which plans
+batch sizes. Out: `plan_eager(packed, num_decode) -> attend` for any step (the `packed` route: decode rows as
+one-token segments beside prompt chunks, causal, bottom-right aligned, one prefill call; the
+`split` route: the step's leading decode rows on an eager decode wrapper, the prompt rows on the
+prefill wrapper), and `plan_decode(batch, packed)` which plans
 the bucket's wrapper on the host before its graph replays (its `attend` is what the graph captured).
 
 Each decode bucket owns one int32 device buffer, `staged[batch]`: the step's packed fields
@@ -45,6 +47,9 @@ class FlashInferSteps:
         self.eager = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         self.is_tensor_core = num_qo_heads // num_kv_heads >= 4 if is_tensor_core is None else is_tensor_core
         extra = {"backend": "fa2"} if self.is_tensor_core else {}
+        # The `split` route's decode rows in an eager or piecewise step (planned per step, no graph).
+        self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.is_tensor_core, **extra)
         self.max_indices = max_pages + max(decode_batch_sizes, default=0)
         self.staged: dict[int, torch.Tensor] = {}
         self.decode = {}
@@ -80,12 +85,22 @@ class FlashInferSteps:
         host[indices:] = packed.kv_indices.numpy()
         return host
 
-    def plan_eager(self, packed: PackedStep) -> Attend:
+    def plan_eager(self, packed: PackedStep, num_decode: int = 0) -> "EagerAttention":
+        """Plan an eager step. num_decode: the plan's `split` route with the step's first
+        `num_decode` rows (one token each) on the decode kernel and the rest on the prefill kernel;
+        0: every row on the prefill kernel (the `packed` route, or a step of one kind of row)."""
         hq, hkv, d = self.heads
-        self.eager.plan(packed.qo_indptr, packed.kv_indptr, packed.kv_indices, packed.last_page_len,
-                        hq, hkv, d, self.page_size, causal=True, sm_scale=self.sm_scale,
-                        q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        return lambda _layer, q, k_pages, v_pages: self.eager.run(q, (k_pages, v_pages))
+        dtypes = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        qo, kv, indices, last = packed.qo_indptr, packed.kv_indptr, packed.kv_indices, packed.last_page_len
+        if num_decode:
+            first_page = int(kv[num_decode])
+            self.eager_decode.plan(kv[:num_decode + 1], indices[:first_page], last[:num_decode], hq, hkv, d,
+                                   self.page_size, sm_scale=self.sm_scale, **dtypes)
+            qo, kv = qo[num_decode:] - qo[num_decode], kv[num_decode:] - first_page
+            indices, last = indices[first_page:], last[num_decode:]
+        self.eager.plan(qo, kv, indices, last, hq, hkv, d, self.page_size, causal=True, sm_scale=self.sm_scale,
+                        **dtypes)
+        return EagerAttention(self, num_decode)
 
     def plan_decode(self, batch: int, packed: PackedStep) -> None:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
@@ -104,3 +119,26 @@ class FlashInferSteps:
     def decode_attend(self, batch: int) -> Attend:
         wrapper = self.decode[batch]
         return lambda _layer, q, k_pages, v_pages: wrapper.run(q, (k_pages, v_pages))
+
+
+class EagerAttention:
+    """A planned eager step's attention (`FlashInferSteps.plan_eager`): `run(q, pages, out)` writes
+    every token's output (the split route: the first `num_decode` tokens, one a row, by the decode
+    kernel and the rest by the prefill kernel; the two share the workspace but run one after the
+    other); as an `Attend` it returns a new output."""
+
+    def __init__(self, steps: FlashInferSteps, num_decode: int):
+        self.steps, self.num_decode = steps, num_decode
+
+    def run(self, q: torch.Tensor, pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        d = self.num_decode
+        if d:
+            self.steps.eager_decode.run(q[:d], pages, out=out[:d])
+            if q.shape[0] > d:
+                self.steps.eager.run(q[d:], pages, out=out[d:])
+        else:
+            self.steps.eager.run(q, pages, out=out)
+        return out
+
+    def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        return self.run(q, (k_pages, v_pages), torch.empty_like(q))

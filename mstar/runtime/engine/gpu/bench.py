@@ -100,7 +100,7 @@ def _rows(executor, rows: list[tuple[int, int]], page_size: int):
         next_page += num_pages
         tokens = None if new == 1 and cached else [(7 * index + t) % 1000 for t in range(new)]
         # Row slots from 1: a hybrid decoder's row slot is its state slot, and slot 0 is the sink.
-        specs.append(RowSpec(tokens, cached, table, index + 1))
+        specs.append(RowSpec(tokens, cached, table, index + 1, is_decode=tokens is None))
     return specs
 
 
@@ -129,17 +129,19 @@ def _profile(executor, batch: int) -> list[dict]:
             for e in events]
 
 
-def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0)) -> float:
+def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0, "packed")) -> float:
+    """bucket: (capture family, token bucket, attention route) the plan gives the step."""
     specs = _rows(executor, rows, page_size)
-    return _median_ms(lambda: executor.collect(executor.launch(specs, None, *bucket)), iters)
+    family, tokens, route = bucket
+    return _median_ms(lambda: executor.collect(executor.launch(specs, None, family, tokens, route)), iters)
 
 
 def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
-    """(capture family, token bucket) the plan gives a step of these rows: the packed family of a
+    """(capture family, token bucket, attention route) the plan gives a step of these rows: the packed family of a
     mixture of several walks when `is_mixed`, else of one walk; padded as the scheduler pads
     (`scheduler/key_tables.py`, which the engine may not import): among the mixture's families
-    (`capture`, `also_captures`) the smallest (token bucket, padded batch) that holds the step. (None, 0) when the
-    plan has no such family or the step is above its buckets (eager)."""
+    (`capture`, `also_captures`) the smallest (token bucket, padded batch) that holds the step.
+    (None, 0, "packed") when the plan has no such family or the step is above its buckets (eager)."""
     from bisect import bisect_left
 
     num_tokens = sum(new for new, _ in rows)
@@ -159,8 +161,8 @@ def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tu
                         picks.append((family.token_buckets[at], family.batch_pad[len(rows)], family.name))
                 if picks:  # the smallest (tokens, batch) that holds it, the first listed on a tie
                     tokens, _, name = min(picks, key=lambda pick: pick[:2])
-                    return name, tokens
-    return None, 0
+                    return name, tokens, entry.attention
+    return None, 0, "packed"
 
 
 def build(plan, node, is_tensor_core=None) -> tuple:
@@ -242,10 +244,14 @@ def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, s
                     "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1),
                     "graphs": "piecewise" if executor.num_piecewise_steps > before else "eager"}
         if bucket[0] is not None and executor.num_piecewise_steps > before:
-            out[key]["token_bucket"] = bucket[1]
+            out[key]["token_bucket"], out[key]["attention"] = bucket[1], bucket[2]
             piecewise, executor.piecewise = executor.piecewise, None  # the same step eager, for the ratio
-            out[key]["eager_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3)), 3)
+            out[key]["eager_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3),
+                                                         (None, 0, bucket[2])), 3)
             executor.piecewise = piecewise
+            if bucket[2] == "split":  # and on the packed route (one prefill call), for that ratio
+                out[key]["packed_route_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3),
+                                                                    bucket[:2] + ("packed",)), 3)
 
 
 def _capture_report(plan, node, family, executor) -> dict:

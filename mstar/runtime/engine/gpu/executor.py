@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import torch
 
-from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend
+from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, pack
 from mstar.runtime.engine.gpu.sampler import sample
 
@@ -52,6 +52,9 @@ class SamplingRows:
     seeds: np.ndarray  # int64 [R]
     counters: np.ndarray  # int64 [R]
 
+    def take(self, order: list[int]) -> "SamplingRows":
+        return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order])
+
 
 @dataclass(frozen=True)
 class PackedFamilies:
@@ -69,6 +72,7 @@ class Pending:
     tokens: torch.Tensor  # host view of the sampled ids (valid once the event has passed)
     is_graph: bool
     buffer: torch.Tensor  # the pinned buffer `tokens` views, reused once collected
+    order: Optional[list[int]] = None  # the launch order of the caller's rows (the split route), None: theirs
 
 
 class StepExecutor:
@@ -166,7 +170,7 @@ class StepExecutor:
             self._inputs_copied.synchronize()
             self._inputs_copied = None
 
-    def _run_eager(self, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run_eager(self, packed: PackedStep, num_decode: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # A hybrid decoder's prompt rows: their layout for the linear layers rides in the same copy.
         layout = self.forward.linear_layout(packed)
         size = packed.host.shape[0]
@@ -175,7 +179,7 @@ class StepExecutor:
         linear = self.forward.decode_step(row_slot) if layout is None else layout.on_device(data[size:], row_slot)
         if self.attention is not None:
             self._wait_previous_inputs()
-            attend = self.attention.plan_eager(packed)
+            attend: Attend = self.attention.plan_eager(packed, num_decode)
             self._inputs_copied = self._record()
         else:
             attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
@@ -203,7 +207,8 @@ class StepExecutor:
             return 0
         return bucket if sum(row.num_tokens for row in rows) <= bucket else 0
 
-    def _run_piecewise(self, bucket: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run_piecewise(self, bucket: int, packed: PackedStep, num_decode: int = 0
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.piecewise, self.attention
         assert graphs is not None and attention is not None, "token_bucket() picks a bucket only once captured"
         # The graphs' row fields hold max_rows entries: the real rows', then zeros (token 0, slot 0).
@@ -214,15 +219,32 @@ class StepExecutor:
         host[offset + rows:offset + rows + num_rows] = packed.host[offset + num_rows:offset + 2 * num_rows]
         self._stage(host, graphs.inputs[bucket])
         self._wait_previous_inputs()
-        attention.plan_eager(packed)
+        planned = attention.plan_eager(packed, num_decode)
         self._inputs_copied = self._record()
-        logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]))
+        logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]), planned.run)
         return logits, greedy, graphs.inputs[bucket][offset + rows:offset + 2 * rows]
 
+    def _split(self, rows: list[RowSpec], route: str) -> tuple[Optional[list[int]], int]:
+        """The plan's `split` route on a step with decode and prompt rows (FlashInfer): the launch
+        order (decode rows first) and the number of decode rows; else (None, 0)."""
+        if route != "split" or self.attention is None:
+            return None, 0
+        decode = [index for index, row in enumerate(rows) if row.is_decode and row.num_tokens == 1]
+        if not decode or len(decode) == len(rows):
+            return None, 0
+        return decode + [index for index, row in enumerate(rows) if not (row.is_decode and row.num_tokens == 1)], \
+            len(decode)
+
     def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None,
-               family: Optional[str] = None, token_bucket: int = 0) -> Pending:
+               family: Optional[str] = None, token_bucket: int = 0, route: str = "packed") -> Pending:
         """family, token_bucket: the step's capture family and token bucket from the plan (a packed
-        family's step replays its piecewise graphs); a decode-only step picks its decode graph."""
+        family's step replays its piecewise graphs); a decode-only step picks its decode graph.
+        route: the step's attention route from the plan (`split`: its decode rows on the decode
+        kernel, launched first; `collect` returns the tokens in the caller's row order)."""
+        order, num_decode = self._split(rows, route)
+        if order is not None:
+            rows = [rows[index] for index in order]
+            sampling = sampling.take(order) if sampling is not None else None
         batch = self.bucket(rows)
         padded_tokens = 0 if batch else self.token_bucket(rows, family, token_bucket)
         packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
@@ -232,10 +254,10 @@ class StepExecutor:
                 logits, greedy, row_slot = self._run_graph(batch, packed)
                 self.num_graph_steps += 1
             elif padded_tokens:
-                logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed)
+                logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed, num_decode)
                 self.num_piecewise_steps += 1
             else:
-                logits, greedy, row_slot = self._run_eager(packed)
+                logits, greedy, row_slot = self._run_eager(packed, num_decode)
                 self.num_eager_steps += 1
             num_rows = len(rows)
             tokens = greedy[:num_rows]
@@ -247,7 +269,7 @@ class StepExecutor:
             out = buffer[:num_rows]
             out.copy_(tokens, non_blocking=True)
         event = self._record() if self.is_cuda else None
-        return Pending(num_rows, event, out, bool(batch), buffer)
+        return Pending(num_rows, event, out, bool(batch), buffer, order)
 
     def _sampling_tensors(self, sampling: SamplingRows) -> list[torch.Tensor]:
         arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters)
@@ -259,4 +281,8 @@ class StepExecutor:
             pending.event.synchronize()
         tokens = pending.tokens.numpy().copy()
         self._free_out.append(pending.buffer)
+        if pending.order is not None:  # back to the caller's row order
+            ordered = np.empty_like(tokens)
+            ordered[pending.order] = tokens
+            return ordered
         return tokens

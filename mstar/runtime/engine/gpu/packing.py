@@ -30,6 +30,7 @@ class RowSpec:
     num_cached: int
     page_table: list[int]
     row_slot: int  # the request's entry in the device token table
+    is_decode: bool = False  # a row of one of the plan's decode walks (the split route's decode kernel)
 
     @property
     def num_tokens(self) -> int:

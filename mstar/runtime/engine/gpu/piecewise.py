@@ -1,15 +1,16 @@
 """Piecewise CUDA graphs of a node's packed capture families (prefill and mixed steps).
 
-In: the step function (`DecoderForward` of a decoder without gated delta-net layers), the eager
-FlashInfer prefill wrapper (`FlashInferSteps.eager`, planned on the host for each step), the
-device token table, the token buckets of the node's packed families and their largest batch size.
+In: the step function (`DecoderForward` of a decoder without gated delta-net layers), the
+FlashInfer wrappers (`FlashInferSteps`; each step's attention is planned on the host and passed to
+`replay`), the device token table, the token buckets of the node's packed families and their largest batch size.
 Out: `PiecewiseGraphs`. For each token bucket T the step function is captured in L + 1 pieces (L:
 the full-attention layers): piece 0 runs from the embedding to layer 0's queries (and its K/V
 write), piece i from layer i-1's attention output to layer i's queries, the last piece to the
 logits and their argmax. `replay(T, num_tokens)` replays piece i, runs layer i's attention eagerly
 over the step's real tokens from `queries` into `attended`, and goes on; the step's inputs are in
 `inputs[T]` beforehand (the packing layout of `packing.py` with T tokens and `max_rows` row
-entries), and FlashInfer's eager wrapper is planned for the step's rows.
+entries), and the step's eager attention planned for its rows (`FlashInferSteps.plan_eager`: one
+prefill call, or the plan's split route).
 
 Why piecewise: a packed step's attention plan (how many rows, how long each) changes every step,
 and FlashInfer's prefill kernels take it from host-side scheduling, so a whole-step graph would
@@ -125,15 +126,15 @@ class PiecewiseGraphs:
                                f"{self.num_layers} attention layers")
         self.pieces[bucket] = pieces
 
-    def replay(self, bucket: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, bucket: int, num_tokens: int, attention: Callable) -> tuple[torch.Tensor, torch.Tensor]:
         """Run a step of `num_tokens` real tokens padded to `bucket` (its inputs staged, the eager
-        wrapper planned); returns (logits [max_rows, vocab], argmax [max_rows]), buffers every
+        wrapper planned); `attention(q, pages, out)` is the step's planned eager attention
+        (`EagerAttention.run`). Returns (logits [max_rows, vocab], argmax [max_rows]), buffers every
         bucket writes (valid until the next replay)."""
         queries, attended = self.queries[:num_tokens], self.attended[:num_tokens]
-        run = self.attention.eager.run
         pieces = self.pieces[bucket]
         for layer in range(self.num_layers):
             pieces[layer].replay()
-            run(queries, self.forward.kv.pages(layer), out=attended)
+            attention(queries, self.forward.kv.pages(layer), attended)
         pieces[-1].replay()
         return self.logits, self.greedy

@@ -328,12 +328,13 @@ class GpuDecoderRunner(DecoderRunner):
         fresh = [item for index, item in enumerate(ready) if index not in claimed] if claimed else ready
         pending = None
         if fresh:
+            decode_walks = self._decode_walks  # the split route's rows for the decode kernel
             specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
                              pool.num_tokens((item.row.request_id, label)),
                              pool.page_table((item.row.request_id, label)),
-                             self._row_slot(item.row.request_id)) for item in fresh]
+                             self._row_slot(item.row.request_id), item.row.walk in decode_walks) for item in fresh]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
-                                           *self._step_bucket)
+                                           *self._step_bucket, route=self._route)
         sampled: set[str] = set()
         for item in ready:
             row = item.row
