@@ -73,7 +73,7 @@ class StubExecutor:
         self.num_steps = 0
 
     def launch(self, rows: list[RowSpec], sampling: Any = None, family: Optional[str] = None,
-               token_bucket: int = 0) -> _Answered:
+               token_bucket: int = 0, route: str = "packed") -> _Answered:
         self.num_steps += 1
         return _Answered(np.full(len(rows), self.token, dtype=np.int64))
 
