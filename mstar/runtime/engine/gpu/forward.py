@@ -162,6 +162,19 @@ class DecoderForward:
             out = out * torch.sigmoid(gate.reshape(n, -1))
         return F.linear(out.to(h.dtype), attn.o_proj.weight, attn.o_proj.bias)
 
+    def _mlp(self, index: int, mlp, h: torch.Tensor) -> torch.Tensor:
+        """SwiGLU's output (before a tensor-parallel reduce). A method of its own so that its
+        intermediates (gate/up, 8x the hidden width) are freed on return: held by names of the
+        layer loop, they stayed alive into the next layer, two layers' worth at its peak."""
+        gate_up = F.linear(h, *self.gate_up[index])
+        if self.is_fused:
+            act = kernels.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        del gate_up
+        return F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                  last_index: torch.Tensor, attend: Attend, linear: Optional[LinearStep] = None) -> torch.Tensor:
         """linear: the step's rows for the gated delta-net layers (`decode_step`, or an eager
@@ -178,14 +191,7 @@ class DecoderForward:
                 mixed = self.gdn(self.kind_index[index], h, linear)
             delta = model.reduce_partial(mixed)
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
-            mlp = layer.mlp
-            gate_up = F.linear(h, *self.gate_up[index])
-            if self.is_fused:
-                act = kernels.silu_mul(gate_up)
-            else:
-                gate, up = gate_up.chunk(2, dim=-1)
-                act = F.silu(gate) * up
-            delta = model.reduce_partial(F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias))
+            delta = model.reduce_partial(self._mlp(index, layer.mlp, h))
         assert delta is not None, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
             last = kernels.add_rmsnorm(x[last_index.long()], delta[last_index.long()], model.model.norm.weight,
