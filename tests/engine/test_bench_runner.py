@@ -37,3 +37,17 @@ def test_bad_arguments_are_one_line_errors(capsys, argv, fragment):
     else:
         assert main(["bench", "runner", *argv, "--rounds", "1", "--no-bytecodes"]) == 1
     assert fragment in capsys.readouterr().err
+
+
+def test_failed_requests_are_named_not_taken_for_a_short_run(capsys, monkeypatch):
+    """A fault in the run (here the stand-in executor's launch) fails the requests; the bench says
+    so with the first failure instead of reporting that no full step ran."""
+    from mstar.runtime.serve import bench_runner
+
+    def broken(self, rows, *args, **kwargs):
+        raise ValueError("the stand-in broke")
+
+    monkeypatch.setattr(bench_runner.StubExecutor, "launch", broken)
+    assert main(["bench", "runner", *SMALL, "--no-bytecodes"]) == 1
+    err = capsys.readouterr().err
+    assert "requests failed" in err and "the stand-in broke" in err

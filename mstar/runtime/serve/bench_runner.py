@@ -176,6 +176,9 @@ def _one_run(plan: Plan, args, variant: str, is_traced: bool) -> dict[str, Any]:
     parts = _Parts(engine, args.clients, _Counter() if is_traced else None)
     driver = Driver(plan, engine)
     driver.run(Workload(_requests(args), closed_concurrency=args.clients))
+    failed = [r.finish_reason for r in driver.conductor.records.values() if (r.finish_reason or "").startswith("error")]
+    if failed:  # a fault of the bench's own stand-in or of the runner, not a short run: say which
+        raise BenchError(f"{len(failed)} of {args.clients} requests failed, the first with {failed[0]}")
     full = [step for step, is_full in zip(parts.steps, parts.is_full) if is_full]
     return {"steps": full, "num_ahead_rows": runner.num_ahead_rows, "num_claimed_rows": runner.num_claimed_rows,
             "num_finished": driver.conductor.num_finished}
