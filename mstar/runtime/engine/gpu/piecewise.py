@@ -30,7 +30,7 @@ of the device memory torch reserved across the capture.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -56,9 +56,9 @@ class PiecewiseGraphs:
         self.attended = torch.zeros_like(self.queries)
         self.inputs: dict[int, torch.Tensor] = {}
         # Every bucket's last piece copies its logits and their argmax here: one [max_rows, vocab]
-        # fp32 buffer for all buckets instead of one each (32 MiB a bucket for Llama-3.2-1B).
-        vocab = forward.model.lm_head.weight.shape[0]
-        self.logits = torch.zeros(max_rows, vocab, dtype=torch.float32, device=device)
+        # fp32 buffer for all buckets instead of one each (32 MiB a bucket for Llama-3.2-1B). Sized
+        # by the first warm-up's logits: a tensor-parallel rank's are gathered to the whole vocabulary.
+        self.logits: Optional[torch.Tensor] = None
         self.greedy = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
         torch.cuda.synchronize(device)
@@ -81,7 +81,10 @@ class PiecewiseGraphs:
         t, r = bucket, self.max_rows
         ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t, t, t, t, r, r])
         ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
-        self.logits.copy_(self.forward(ids, positions, slots, last_index, attend))
+        logits = self.forward(ids, positions, slots, last_index, attend)
+        if self.logits is None:  # the first warm-up, outside every graph
+            self.logits = torch.zeros(logits.shape, dtype=torch.float32, device=self.device)
+        self.logits.copy_(logits)
         torch.argmax(self.logits, dim=-1, out=self.greedy)
 
     def _capture(self, bucket: int, dummy_slot: int, pool, stream: torch.cuda.Stream) -> None:
@@ -137,4 +140,5 @@ class PiecewiseGraphs:
             pieces[layer].replay()
             attention(queries, self.forward.kv.pages(layer), attended)
         pieces[-1].replay()
+        assert self.logits is not None, "allocated by the first warm-up"
         return self.logits, self.greedy
