@@ -5,12 +5,16 @@ and compares them).
                                                       0 above every size (eager); table[0] = 0;
                                                       one entry per b up to max(max_rows, largest size)
     family_max_rows(key, family_name) -> int          the largest cap of a mixture replaying it
+    pick_smallest(families, num_rows, num_tokens)     where a step lands among a mixture's families:
+        -> CapturePick                                the scheduler's choice, and the GPU bench's
 """
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Optional
 
-from mstar.plan.schema import KeyPlan
+from mstar.plan.schema import CaptureFamily, KeyPlan
 
 
 def batch_pad_table(batch_sizes: list[int], max_rows: int) -> list[int]:
@@ -25,3 +29,44 @@ def batch_pad_table(batch_sizes: list[int], max_rows: int) -> list[int]:
 def family_max_rows(key: KeyPlan, family_name: str) -> int:
     return max((entry.cap for entry in key.mixtures
                 if entry.capture == family_name or family_name in entry.also_captures), default=0)
+
+
+@dataclass(frozen=True)
+class CapturePick:
+    """Where a step of a given size lands: capture name or None (eager), padded batch, token bucket."""
+
+    capture: Optional[str]
+    padded_batch: int
+    token_bucket: int
+
+
+EAGER = CapturePick(None, 0, 0)
+
+
+def pick_smallest(families: tuple[CaptureFamily, ...], num_rows: int, num_tokens: list[int]) -> CapturePick:
+    """Several families serve one mixture (per-shape captures of a walk, or one replayed from
+    another walk): the reference's matching rule. Each family's key for the step is its padded
+    batch and its tokens (batched: padded batch x tokens_per_row, and only when no row feeds more
+    than tokens_per_row, since the tokens a row feeds are what tell such families apart; packed:
+    the smallest token bucket that holds the step's tokens). The smallest (tokens, padded batch)
+    wins, the first family listed on a tie; none holds it: eager."""
+    best: Optional[tuple[int, int]] = None
+    pick = EAGER
+    longest = max(num_tokens, default=0)
+    for family in families:
+        pad = family.batch_pad
+        padded = pad[num_rows] if num_rows < len(pad) else 0
+        if padded == 0:
+            continue
+        if family.kind == "batched":
+            if longest > family.tokens_per_row:
+                continue
+            tokens, bucket = padded * family.tokens_per_row, 0
+        else:
+            at = bisect_left(family.token_buckets, sum(num_tokens))
+            if at == len(family.token_buckets):
+                continue
+            tokens = bucket = family.token_buckets[at]
+        if best is None or (tokens, padded) < best:
+            best, pick = (tokens, padded), CapturePick(family.name, padded, bucket)
+    return pick

@@ -10,6 +10,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Optional
 
+from mstar.plan.buckets import EAGER, CapturePick, pick_smallest
 from mstar.plan.schema import CaptureFamily, KeyPlan
 from mstar.runtime.scheduler.errors import SchedulerError
 
@@ -21,16 +22,6 @@ class PlanTableError(SchedulerError):
     """The plan's tables for a key are inconsistent (a missing mixture mask, an unknown capture)."""
 
 
-@dataclass(frozen=True)
-class CapturePick:
-    """Where a step of a given size lands: capture name or None (eager), padded batch, token bucket."""
-
-    capture: Optional[str]
-    padded_batch: int
-    token_bucket: int
-
-
-EAGER = CapturePick(None, 0, 0)
 
 
 @dataclass
@@ -148,32 +139,3 @@ class KeyTables:
         if at == len(buckets):
             return EAGER
         return CapturePick(family.name, padded, buckets[at])
-
-
-def pick_smallest(families: tuple[CaptureFamily, ...], num_rows: int, num_tokens: list[int]) -> CapturePick:
-    """Several families serve one mixture (per-shape captures of a walk, or one replayed from
-    another walk): the reference's matching rule. Each family's key for the step is its padded
-    batch and its tokens (batched: padded batch x tokens_per_row, and only when no row feeds more
-    than tokens_per_row, since the tokens a row feeds are what tell such families apart; packed:
-    the smallest token bucket that holds the step's tokens). The smallest (tokens, padded batch)
-    wins, the first family listed on a tie; none holds it: eager."""
-    best: Optional[tuple[int, int]] = None
-    pick = EAGER
-    longest = max(num_tokens, default=0)
-    for family in families:
-        pad = family.batch_pad
-        padded = pad[num_rows] if num_rows < len(pad) else 0
-        if padded == 0:
-            continue
-        if family.kind == "batched":
-            if longest > family.tokens_per_row:
-                continue
-            tokens, bucket = padded * family.tokens_per_row, 0
-        else:
-            at = bisect_left(family.token_buckets, sum(num_tokens))
-            if at == len(family.token_buckets):
-                continue
-            tokens = bucket = family.token_buckets[at]
-        if best is None or (tokens, padded) < best:
-            best, pick = (tokens, padded), CapturePick(family.name, padded, bucket)
-    return pick

@@ -137,31 +137,23 @@ def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = 
 
 
 def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
-    """(capture family, token bucket, attention route) the plan gives a step of these rows: the packed family of a
-    mixture of several walks when `is_mixed`, else of one walk; padded as the scheduler pads
-    (`scheduler/key_tables.py`, which the engine may not import): among the mixture's families
-    (`capture`, `also_captures`) the smallest (token bucket, padded batch) that holds the step.
-    (None, 0, "packed") when the plan has no such family or the step is above its buckets (eager)."""
-    from bisect import bisect_left
+    """(capture family, token bucket, attention route) the plan gives a step of these rows: a
+    mixture of several walks when `is_mixed`, else of one walk, whose families (`capture`,
+    `also_captures`) hold the step in a packed family's token bucket, picked as the scheduler picks
+    (`plan.buckets.pick_smallest`). (None, 0, "packed") when no such family holds it (eager)."""
+    from mstar.plan.buckets import pick_smallest
 
-    num_tokens = sum(new for new, _ in rows)
+    num_tokens = [new for new, _ in rows]
     for worker in plan.workers:
         for key in worker.keys:
             families = {f.name: f for f in key.captures} if key.node == node.name else {}
             for entry in key.mixtures:
-                if (bin(entry.mask).count("1") > 1) != is_mixed:
+                names = ([entry.capture] if entry.capture else []) + list(entry.also_captures)
+                if not families or (bin(entry.mask).count("1") > 1) != is_mixed or not names:
                     continue
-                picks = []  # (tokens, padded rows, family) of each family of the mixture that holds the step
-                for name in ([entry.capture] if entry.capture else []) + list(entry.also_captures):
-                    family = families.get(name)
-                    if family is None or family.kind != "packed" or len(rows) >= len(family.batch_pad):
-                        continue
-                    at = bisect_left(family.token_buckets, num_tokens)
-                    if family.batch_pad[len(rows)] and at < len(family.token_buckets):
-                        picks.append((family.token_buckets[at], family.batch_pad[len(rows)], family.name))
-                if picks:  # the smallest (tokens, batch) that holds it, the first listed on a tie
-                    tokens, _, name = min(picks, key=lambda pick: pick[:2])
-                    return name, tokens, entry.attention
+                pick = pick_smallest(tuple(families[name] for name in names), len(rows), num_tokens)
+                if pick.token_bucket:  # a packed family's bucket (a batched one has none)
+                    return pick.capture, pick.token_bucket, entry.attention
     return None, 0, "packed"
 
 
