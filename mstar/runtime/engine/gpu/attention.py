@@ -131,13 +131,10 @@ class EagerAttention:
         self.steps, self.num_decode = steps, num_decode
 
     def run(self, q: torch.Tensor, pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-        d = self.num_decode
+        d = self.num_decode  # a split step always has prompt rows after its decode rows
         if d:
             self.steps.eager_decode.run(q[:d], pages, out=out[:d])
-            if q.shape[0] > d:
-                self.steps.eager.run(q[d:], pages, out=out[d:])
-        else:
-            self.steps.eager.run(q, pages, out=out)
+        self.steps.eager.run(q[d:], pages, out=out[d:])
         return out
 
     def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:

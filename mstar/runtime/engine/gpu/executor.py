@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
-from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, pack
+from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, fed_ids, pack
 from mstar.runtime.engine.gpu.sampler import sample
 
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
@@ -124,7 +124,7 @@ class StepExecutor:
                                        self.device)
             self.capture_bytes["decode"] = self.graphs.measured_bytes
         if self.packed is not None and self.forward.gdn is None:
-            self.piecewise = PiecewiseGraphs(self.forward, self.attention, self.loop_tokens, self.packed.token_buckets,
+            self.piecewise = PiecewiseGraphs(self.forward, self.loop_tokens, self.packed.token_buckets,
                                              self.packed.max_rows, self.kv.dummy_slot, self.device)
             self.capture_bytes["packed"] = self.piecewise.measured_bytes
         return sum(self.capture_bytes.values())
@@ -184,7 +184,7 @@ class StepExecutor:
         else:
             attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                                   packed.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
-        ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
+        ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, attend, linear)
         return logits, logits.argmax(-1), row_slot
 
@@ -226,14 +226,15 @@ class StepExecutor:
 
     def _split(self, rows: list[RowSpec], route: str) -> tuple[Optional[list[int]], int]:
         """The plan's `split` route on a step with decode and prompt rows (FlashInfer): the launch
-        order (decode rows first) and the number of decode rows; else (None, 0)."""
+        order (decode rows first, each kind in its own order) and the number of decode rows; else
+        (None, 0)."""
         if route != "split" or self.attention is None:
             return None, 0
-        decode = [index for index, row in enumerate(rows) if row.is_decode and row.num_tokens == 1]
-        if not decode or len(decode) == len(rows):
+        is_decode = [row.is_decode and row.num_tokens == 1 for row in rows]
+        num_decode = sum(is_decode)
+        if not 0 < num_decode < len(rows):
             return None, 0
-        return decode + [index for index, row in enumerate(rows) if not (row.is_decode and row.num_tokens == 1)], \
-            len(decode)
+        return sorted(range(len(rows)), key=lambda index: not is_decode[index]), num_decode
 
     def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None,
                family: Optional[str] = None, token_bucket: int = 0, route: str = "packed") -> Pending:

@@ -17,11 +17,33 @@ carry slot 0, the sink.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, Iterable
+
 import torch
 
 from mstar.runtime.engine.gpu.attention import NUM_FIELDS, FlashInferSteps
 from mstar.runtime.engine.gpu.forward import DecoderForward
-from mstar.runtime.engine.gpu.packing import pack
+from mstar.runtime.engine.gpu.packing import fed_ids, pack
+
+
+def capture_measured(keys: Iterable[int], capture: Callable[[int, Any, torch.cuda.Stream], None],
+                     device: torch.device) -> int:
+    """`capture(key, pool, stream)` for every key, largest first (smaller keys reuse its blocks),
+    in one pool from one side stream (cuBLAS keeps a workspace per stream, so a stream per key
+    would hold one workspace each); returns the growth of the memory torch reserved across it,
+    the allocator's unused cached blocks returned before (capture empties the cache first) and
+    after (the warm-up runs' blocks, cached outside the pool, are not the graphs').
+    Shared by the decode graphs and the piecewise graphs (`piecewise.py`)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream(device)
+    for key in sorted(keys, reverse=True):
+        capture(key, pool, stream)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device) - before
 
 
 class DecodeGraphs:
@@ -32,25 +54,13 @@ class DecodeGraphs:
         self.logits: dict[int, torch.Tensor] = {}
         self.greedy: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        torch.cuda.synchronize(device)
-        # Capture empties the allocator's cache first: empty it here too, so the growth is the family's.
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(device)
-        pool = torch.cuda.graph_pool_handle()
-        # One side stream for every warm-up and capture: cuBLAS keeps a workspace per stream, so a
-        # stream per batch size would hold one workspace each.
-        stream = torch.cuda.Stream(device)
-        for batch in sorted(batch_sizes, reverse=True):
-            self._capture(batch, dummy_slot, pool, stream, device)
-        torch.cuda.synchronize(device)
-        # The warm-up runs' blocks, cached outside the graphs' pool, are not the family's.
-        torch.cuda.empty_cache()
-        self.measured_bytes = torch.cuda.memory_reserved(device) - before
+        self.measured_bytes = capture_measured(
+            batch_sizes, lambda batch, pool, stream: self._capture(batch, dummy_slot, pool, stream, device), device)
 
     def body(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         fields = self.inputs[batch].view(NUM_FIELDS, batch)
         ids, positions, slots, src, last_index, row_slot = (fields[i] for i in range(NUM_FIELDS))
-        ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
+        ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch),
                               self.forward.decode_step(row_slot))
         return logits, logits.argmax(-1)

@@ -98,3 +98,9 @@ def pack(rows: list[RowSpec], page_size: int, dummy_page: int, padded_rows: int 
     last = np.concatenate([last_len, np.ones(num_pad_rows, dtype=np.int64)])
     as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
     return PackedStep(num_rows, r, t, host, as_int32(qo), as_int32(kv), as_int32(kv_indices), as_int32(last))
+
+
+def fed_ids(ids: torch.Tensor, token_src: torch.Tensor, loop_tokens: torch.Tensor) -> torch.Tensor:
+    """The step's token ids on the device: a token whose `token_src` names a slot of the device
+    token table (a loop-back row) reads it there, the others keep the packed id."""
+    return torch.where(token_src >= 0, loop_tokens[token_src.clamp(min=0).long()], ids.long())

@@ -34,17 +34,17 @@ from typing import Callable, Optional
 
 import torch
 
-from mstar.runtime.engine.gpu.attention import FlashInferSteps
 from mstar.runtime.engine.gpu.forward import DecoderForward
-from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS
+from mstar.runtime.engine.gpu.graphs import capture_measured
+from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
 
 
 class PiecewiseGraphs:
-    def __init__(self, forward: DecoderForward, attention: FlashInferSteps, loop_tokens: torch.Tensor,
-                 token_buckets: list[int], max_rows: int, dummy_slot: int, device: torch.device):
+    def __init__(self, forward: DecoderForward, loop_tokens: torch.Tensor, token_buckets: list[int], max_rows: int,
+                 dummy_slot: int, device: torch.device):
         if forward.gdn is not None:
             raise ValueError("piecewise graphs hold full-attention layers only (a hybrid decoder runs eagerly)")
-        self.forward, self.attention, self.loop_tokens = forward, attention, loop_tokens
+        self.forward, self.loop_tokens = forward, loop_tokens
         self.max_rows, self.device = max_rows, device
         self.num_layers = forward.dims.num_full_layers
         self.token_buckets = sorted(set(token_buckets))
@@ -61,17 +61,8 @@ class PiecewiseGraphs:
         self.logits: Optional[torch.Tensor] = None
         self.greedy = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(device)
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)  # one capture stream: cuBLAS keeps a workspace per stream
-        for bucket in reversed(self.token_buckets):
-            self._capture(bucket, dummy_slot, pool, stream)
-        torch.cuda.synchronize(device)
-        # The warm-up runs' blocks, cached outside the graphs' pool, are not the family's.
-        torch.cuda.empty_cache()
-        self.measured_bytes = torch.cuda.memory_reserved(device) - before
+        self.measured_bytes = capture_measured(
+            self.token_buckets, lambda bucket, pool, stream: self._capture(bucket, dummy_slot, pool, stream), device)
 
     def row_fields_offset(self, bucket: int) -> int:
         """Where `inputs[bucket]`'s row fields (last-token index, row slot; `max_rows` each) start."""
@@ -80,7 +71,7 @@ class PiecewiseGraphs:
     def _body(self, bucket: int, attend: Callable) -> None:
         t, r = bucket, self.max_rows
         ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t, t, t, t, r, r])
-        ids = torch.where(src >= 0, self.loop_tokens[src.clamp(min=0).long()], ids.long())
+        ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, attend)
         if self.logits is None:  # the first warm-up, outside every graph
             self.logits = torch.zeros(logits.shape, dtype=torch.float32, device=self.device)
