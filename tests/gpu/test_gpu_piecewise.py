@@ -127,3 +127,30 @@ def test_split_route_matches_the_packed_route(is_piecewise):
     (packed_tokens, packed_kv), (split_tokens, split_kv) = runs["packed"], runs["split"]
     assert split_tokens == packed_tokens
     assert ((split_kv.float() - packed_kv.float()).norm() / packed_kv.float().norm()).item() < 1e-2
+
+
+def test_long_prompt_rows_run_on_fa3_and_agree_with_fa2(monkeypatch):
+    """A prefill call whose rows all hold FA3_MIN_ROW_TOKENS query tokens or more is planned on the
+    fa3 wrapper, and its output agrees with fa2's on the same step; a packed call with one-token
+    decode rows stays on fa2."""
+    from mstar.runtime.engine.gpu import attention as flashinfer_steps
+
+    torch.manual_seed(0)
+    executor = _executor()
+    steps = executor.attention
+    long_rows = [RowSpec(list(range(100)), 30, list(range(9)), 0), RowSpec(list(range(70)), 0, [20, 21, 22, 23, 24], 1)]
+    packed = pack(long_rows, 16, executor.kv.dummy_page)
+    q = torch.randn(170, FI_DIMS["qo_heads"], FI_DIMS["head_dim"], device="cuda", dtype=torch.bfloat16)
+    pages = executor.kv.pages(0)
+    on_fa3 = steps.plan_eager(packed)
+    assert on_fa3.prefill is steps.prompts
+    got = on_fa3.run(q, pages, torch.empty_like(q))
+    monkeypatch.setattr(flashinfer_steps, "FA3_MIN_ROW_TOKENS", 1 << 30)
+    on_fa2 = steps.plan_eager(packed)
+    assert on_fa2.prefill is steps.eager
+    expected = on_fa2.run(q, pages, torch.empty_like(q))
+    torch.cuda.synchronize()
+    assert ((got.float() - expected.float()).norm() / expected.float().norm()).item() < 1e-2
+    monkeypatch.undo()
+    mixed_rows, _ = _steps()[0]
+    assert steps.plan_eager(pack(mixed_rows, 16, executor.kv.dummy_page)).prefill is steps.eager

@@ -16,8 +16,16 @@ attention kernel; `plan_decode` then runs FlashInfer's `fast_decode_plan` (the h
 only: no buffer copies, no per-row Python loop), which cost 0.4 ms a step at 64 rows as `plan()`.
 
 Rules kept (shared/reference/flashinfer.md section 0): every plan() gets q/kv dtype bf16; decode
-uses tensor cores (the prefill kernels) for grouped-query attention with backend fa2, so one
-compiled module serves both wrappers; plan() always runs outside the graph.
+uses tensor cores (the prefill kernels) for grouped-query attention with backend fa2; plan() always
+runs outside the graph.
+
+Two prefill kernels: a prefill call whose rows all hold at least `FA3_MIN_ROW_TOKENS` query tokens
+(a prefill-only step, or the split route's prompt rows) runs FlashInfer's fa3 backend, any other
+(a packed step with one-token decode rows) fa2. Measured on the H200 (Llama-3.2-1B shape, 16 layers,
+`.gpuwork`-style profile of one step's attention kernels): one 472-token chunk after 7680 cached
+tokens 2.07 ms on fa2 against 1.80 ms on fa3; but 40 decode rows beside that chunk in one packed call
+3.46 ms on fa2 against 5.11 ms on fa3, since fa3 gives every row a 128-query tile (192 at head dim
+64) and does not pack the grouped heads of a one-token row into it.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ from mstar.runtime.engine.gpu.packing import NUM_ROW_FIELDS, NUM_TOKEN_FIELDS, P
 NUM_FIELDS = NUM_TOKEN_FIELDS + NUM_ROW_FIELDS
 
 WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs (the prefill planner's need grows with tokens)
+FA3_MIN_ROW_TOKENS = 64  # a prefill call whose every row holds this many query tokens runs on fa3
 
 
 class FlashInferSteps:
@@ -45,6 +54,8 @@ class FlashInferSteps:
         self.sm_scale = head_dim ** -0.5
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.eager = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        # Prompt-only calls (module docstring); the two share the float workspace and run one after the other.
+        self.prompts = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa3")
         self.is_tensor_core = num_qo_heads // num_kv_heads >= 4 if is_tensor_core is None else is_tensor_core
         extra = {"backend": "fa2"} if self.is_tensor_core else {}
         # The `split` route's decode rows in an eager or piecewise step (planned per step, no graph).
@@ -62,6 +73,25 @@ class FlashInferSteps:
                 paged_kv_indices_buffer=staged[indices:end], paged_kv_last_page_len_buffer=staged[last:last + batch],
                 **extra)
         self._is_planned: set[int] = set()
+
+    def warm_up(self, pages: tuple[torch.Tensor, torch.Tensor], dummy_page: int) -> None:
+        """Plan and run each eager wrapper once on the dummy page, so their kernel modules load (or
+        compile, on a machine without FlashInfer's cache) at start-up rather than inside the first
+        step that needs one: a module loaded mid-run stalled every row of that step by about 30 ms."""
+        hq, hkv, d = self.heads
+        device = pages[0].device
+        dtypes = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        num_pages = -(-FA3_MIN_ROW_TOKENS // self.page_size)
+        as_int32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+        last = as_int32([FA3_MIN_ROW_TOKENS - (num_pages - 1) * self.page_size])
+        indices = as_int32([dummy_page] * num_pages)  # one page read several times: a valid table
+        for wrapper in (self.eager, self.prompts):
+            wrapper.plan(as_int32([0, FA3_MIN_ROW_TOKENS]), as_int32([0, num_pages]), indices, last, hq, hkv, d,
+                         self.page_size, causal=True, sm_scale=self.sm_scale, **dtypes)
+            wrapper.run(torch.zeros(FA3_MIN_ROW_TOKENS, hq, d, dtype=torch.bfloat16, device=device), pages)
+        self.eager_decode.plan(as_int32([0, 1]), as_int32([dummy_page]), as_int32([1]), hq, hkv, d, self.page_size,
+                               sm_scale=self.sm_scale, **dtypes)
+        self.eager_decode.run(torch.zeros(1, hq, d, dtype=torch.bfloat16, device=device), pages)
 
     def layout(self, batch: int) -> tuple[int, int, int, int]:
         """Offsets in `staged[batch]` of the kv indptr, the last page lengths, the page indices, and
@@ -98,9 +128,10 @@ class FlashInferSteps:
                                    self.page_size, sm_scale=self.sm_scale, **dtypes)
             qo, kv = qo[num_decode:] - qo[num_decode], kv[num_decode:] - first_page
             indices, last = indices[first_page:], last[num_decode:]
-        self.eager.plan(qo, kv, indices, last, hq, hkv, d, self.page_size, causal=True, sm_scale=self.sm_scale,
-                        **dtypes)
-        return EagerAttention(self, num_decode)
+        prefill = self.prompts if int((qo[1:] - qo[:-1]).min()) >= FA3_MIN_ROW_TOKENS else self.eager
+        prefill.plan(qo, kv, indices, last, hq, hkv, d, self.page_size, causal=True, sm_scale=self.sm_scale,
+                     **dtypes)
+        return EagerAttention(self, num_decode, prefill)
 
     def plan_decode(self, batch: int, packed: PackedStep) -> None:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
@@ -125,16 +156,17 @@ class EagerAttention:
     """A planned eager step's attention (`FlashInferSteps.plan_eager`): `run(q, pages, out)` writes
     every token's output (the split route: the first `num_decode` tokens, one a row, by the decode
     kernel and the rest by the prefill kernel; the two share the workspace but run one after the
-    other); as an `Attend` it returns a new output."""
+    other); as an `Attend` it returns a new output. `prefill`: the wrapper planned for the prefill
+    call (fa2 or fa3, `FlashInferSteps.plan_eager`)."""
 
-    def __init__(self, steps: FlashInferSteps, num_decode: int):
-        self.steps, self.num_decode = steps, num_decode
+    def __init__(self, steps: FlashInferSteps, num_decode: int, prefill):
+        self.steps, self.num_decode, self.prefill = steps, num_decode, prefill
 
     def run(self, q: torch.Tensor, pages: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
         d = self.num_decode  # a split step always has prompt rows after its decode rows
         if d:
             self.steps.eager_decode.run(q[:d], pages, out=out[:d])
-        self.steps.eager.run(q[d:], pages, out=out[d:])
+        self.prefill.run(q[d:], pages, out=out[d:])
         return out
 
     def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:

@@ -97,6 +97,7 @@ class StepExecutor:
             dims = forward.dims
             self.attention = FlashInferSteps(device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
                                              kv.page_size, kv.num_pages, sizes, is_tensor_core)
+            self.attention.warm_up(kv.pages(0), kv.dummy_page)
         self.max_rows = max_rows
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(NUM_STAGING)]
         self._staged_event: list[Optional[torch.cuda.Event]] = [None] * NUM_STAGING
