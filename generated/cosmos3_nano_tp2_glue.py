@@ -118,10 +118,11 @@ def _pack_step_dit_image_gen_kernel(
 
 def pack_step_dit_image_gen(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:image_gen`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_IMAGE_GEN_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_IMAGE_GEN_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_image_gen_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -257,10 +258,11 @@ def _pack_step_dit_prefill_kernel(
 
 def pack_step_dit_prefill(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:prefill`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_PREFILL_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_PREFILL_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_prefill_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -394,10 +396,11 @@ def _pack_step_dit_prefill_cond_kernel(
 
 def pack_step_dit_prefill_cond(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:prefill_cond`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_PREFILL_COND_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_PREFILL_COND_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_prefill_cond_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -531,10 +534,11 @@ def _pack_step_dit_prefill_cond_video_kernel(
 
 def pack_step_dit_prefill_cond_video(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:prefill_cond_video`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_PREFILL_COND_VIDEO_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_PREFILL_COND_VIDEO_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_prefill_cond_video_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -668,10 +672,11 @@ def _pack_step_dit_video_gen_kernel(
 
 def pack_step_dit_video_gen(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:video_gen`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_VIDEO_GEN_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_VIDEO_GEN_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_video_gen_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,

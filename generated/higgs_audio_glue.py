@@ -124,10 +124,11 @@ def _pack_step_llm_decode_kernel(
 
 def pack_step_llm_decode(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `LLM:decode`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(LLM_DECODE_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(LLM_DECODE_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_llm_decode_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -265,10 +266,11 @@ def _pack_step_llm_prefill_audio_kernel(
 
 def pack_step_llm_prefill_audio(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `LLM:prefill_audio`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(LLM_PREFILL_AUDIO_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(LLM_PREFILL_AUDIO_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_llm_prefill_audio_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -404,10 +406,11 @@ def _pack_step_llm_prefill_text_kernel(
 
 def pack_step_llm_prefill_text(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `LLM:prefill_text`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(LLM_PREFILL_TEXT_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(LLM_PREFILL_TEXT_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_llm_prefill_text_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,

@@ -124,10 +124,11 @@ def _pack_step_llm_mixed_kernel(
 
 def pack_step_llm_mixed(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `LLM:mixed`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(LLM_MIXED_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(LLM_MIXED_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_llm_mixed_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,

@@ -118,10 +118,11 @@ def _pack_step_talker_talker_last_prefill_kernel(
 
 def pack_step_talker_talker_last_prefill(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `Talker:talker_last_prefill`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(TALKER_TALKER_LAST_PREFILL_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(TALKER_TALKER_LAST_PREFILL_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_talker_talker_last_prefill_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -261,10 +262,11 @@ def _pack_step_talker_talker_mixed_kernel(
 
 def pack_step_talker_talker_mixed(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `Talker:talker_mixed`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(TALKER_TALKER_MIXED_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(TALKER_TALKER_MIXED_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_talker_talker_mixed_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -404,10 +406,11 @@ def _pack_step_thinker_prefill_audio_kernel(
 
 def pack_step_thinker_prefill_audio(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `Thinker:prefill_audio`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(THINKER_PREFILL_AUDIO_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(THINKER_PREFILL_AUDIO_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_thinker_prefill_audio_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -547,10 +550,11 @@ def _pack_step_thinker_prefill_vision_kernel(
 
 def pack_step_thinker_prefill_vision(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `Thinker:prefill_vision`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(THINKER_PREFILL_VISION_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(THINKER_PREFILL_VISION_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_thinker_prefill_vision_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -696,10 +700,11 @@ def _pack_step_thinker_thinker_mixed_kernel(
 
 def pack_step_thinker_thinker_mixed(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `Thinker:thinker_mixed`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(THINKER_THINKER_MIXED_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(THINKER_THINKER_MIXED_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_thinker_thinker_mixed_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,

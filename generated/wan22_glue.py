@@ -118,10 +118,11 @@ def _pack_step_dit_video_gen_kernel(
 
 def pack_step_dit_video_gen(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:video_gen`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_VIDEO_GEN_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_VIDEO_GEN_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_video_gen_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -257,10 +258,11 @@ def _pack_step_dit_video_gen_i2v_kernel(
 
 def pack_step_dit_video_gen_i2v(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `dit:video_gen_i2v`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(DIT_VIDEO_GEN_I2V_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(DIT_VIDEO_GEN_I2V_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_dit_video_gen_i2v_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,
@@ -396,10 +398,11 @@ def _pack_step_text_encoder_encode_text_kernel(
 
 def pack_step_text_encoder_encode_text(
     num_rows: int, padded_batch: int, token_bucket: int, inputs: RowInputs, page_table, loop_back,
-    out: PackBuffers, pad_slot: int,
+    out: PackBuffers, pad_slot: int, num_pages: int,
 ) -> None:
     """Key `text_encoder:encode_text`: glue_reference.pack_step with this key's constants, one launch."""
-    check_pack_launch(TEXT_ENCODER_ENCODE_TEXT_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(TEXT_ENCODER_ENCODE_TEXT_CONSTANTS, num_rows, padded_batch, token_bucket, inputs, page_table, out,
+                      num_pages)
     _pack_step_text_encoder_encode_text_kernel[(num_rows + 1,)](
         inputs.walk_index, inputs.num_tokens, inputs.context_len, inputs.loop_iter, inputs.slot,
         inputs.host_tokens, page_table, page_table.stride(0), page_table.shape[1], loop_back,

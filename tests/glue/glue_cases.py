@@ -106,11 +106,19 @@ def compare_pack(key_glue: ref.KeyGlue, seed: int, device: str, max_rows: int = 
     loop_back = torch.randint(0, 999, (step.num_slots,), generator=gen).to(torch.int32).to(device)
     expected = garbage_pack_buffers(constants, step, gen, device)
     actual = _clone(expected)
+    num_pages = step_pages(constants, step)
     ref.pack_step(constants, step.num_rows, step.padded_batch, step.token_bucket, step.inputs, step.page_table,
-                  loop_back, expected, PAD_SLOT)
+                  loop_back, expected, PAD_SLOT, num_pages)
     key_glue.pack_step(step.num_rows, step.padded_batch, step.token_bucket, step.inputs, step.page_table,
-                       loop_back, actual, PAD_SLOT)
+                       loop_back, actual, PAD_SLOT, num_pages)
     _assert_same(expected, actual, f"pack_step seed {seed} ({step.num_rows} rows -> {step.padded_batch})")
+
+
+def step_pages(constants: GlueConstants, step: Step) -> int:
+    """The step's page count as the host computes it (`step_offsets` on the rows' CPU values)."""
+    n = step.num_rows
+    return int(ref.step_offsets(constants, step.inputs.num_tokens[:n].cpu(), step.inputs.context_len[:n].cpu(),
+                                step.padded_batch)[1][-1])
 
 
 def compare_scatter(key_glue: ref.KeyGlue, seed: int, device: str, max_rows: int = 1 << 30) -> None:

@@ -28,8 +28,11 @@ def _inputs(rows: list[dict], host_tokens: list[int]) -> RowInputs:
 def _pack(rows, host_tokens, padded_batch, token_bucket, loop_back=None):
     out = PackBuffers.allocate(CONSTANTS, CONSTANTS.max_tokens, CONSTANTS.max_rows * PAGES_PER_SEQ, "cpu")
     loop_back = torch.arange(NUM_SLOTS, dtype=torch.int32) + 500 if loop_back is None else loop_back
-    ref.pack_step(CONSTANTS, len(rows), padded_batch, token_bucket, _inputs(rows, host_tokens), PAGE_TABLE,
-                  loop_back, out, PAD_SLOT)
+    inputs = _inputs(rows, host_tokens)
+    num_pages = int(ref.step_offsets(CONSTANTS, inputs.num_tokens[:len(rows)], inputs.context_len[:len(rows)],
+                                     padded_batch)[1][-1])
+    ref.pack_step(CONSTANTS, len(rows), padded_batch, token_bucket, inputs, PAGE_TABLE, loop_back, out, PAD_SLOT,
+                  num_pages)
     return out
 
 
@@ -127,16 +130,34 @@ def test_pack_launch_checks(num_rows, padded_batch, token_bucket, match):
     out = PackBuffers.allocate(CONSTANTS, CONSTANTS.max_tokens, CONSTANTS.max_rows * PAGES_PER_SEQ, "cpu")
     inputs = RowInputs.allocate(CONSTANTS, CONSTANTS.max_tokens, "cpu")
     with pytest.raises(GlueLaunchError, match=match):
-        ref.check_pack_launch(CONSTANTS, num_rows, padded_batch, token_bucket, inputs, PAGE_TABLE, out)
+        ref.check_pack_launch(CONSTANTS, num_rows, padded_batch, token_bucket, inputs, PAGE_TABLE, out, 0)
 
 
 def test_pack_launch_checks_page_buffers():
     out = PackBuffers.allocate(CONSTANTS, CONSTANTS.max_tokens, PAGES_PER_SEQ, "cpu")
     inputs = RowInputs.allocate(CONSTANTS, CONSTANTS.max_tokens, "cpu")
     with pytest.raises(GlueLaunchError, match="kv_indices holds"):
-        ref.check_pack_launch(CONSTANTS, 2, 2, 4, inputs, PAGE_TABLE, out)
+        ref.check_pack_launch(CONSTANTS, 2, 2, 4, inputs, PAGE_TABLE, out, PAGES_PER_SEQ + 1)
+    with pytest.raises(GlueLaunchError, match="at most"):
+        ref.check_pack_launch(CONSTANTS, 1, 1, 4, inputs, PAGE_TABLE, out, PAGES_PER_SEQ + 1)
     with pytest.raises(GlueLaunchError, match="contiguous rows"):
-        ref.check_pack_launch(CONSTANTS, 1, 1, 4, inputs, PAGE_TABLE.t(), out)
+        ref.check_pack_launch(CONSTANTS, 1, 1, 4, inputs, PAGE_TABLE.t(), out, 1)
+
+
+def test_pack_launch_takes_a_full_batch_over_a_pool_sized_index_buffer():
+    """A captured decode batch of max_rows rows with long page-table rows: kv_indices sized by the
+    pool (fewer than rows x pages per sequence) holds the step's real pages, so it launches
+    (the check used to compare against rows x pages per sequence and refused it)."""
+    table = torch.arange(1, 1 + NUM_SLOTS * 64, dtype=torch.int32).reshape(NUM_SLOTS, 64)
+    out = PackBuffers.allocate(CONSTANTS, CONSTANTS.max_tokens, 3 * PAGES_PER_SEQ, "cpu")
+    inputs = RowInputs.allocate(CONSTANTS, CONSTANTS.max_tokens, "cpu")
+    inputs.num_tokens[:8] = 1
+    inputs.context_len[:8] = 5
+    inputs.slot[:8] = torch.tensor([0, 1, 2, 3, 4, 5, 0, 1])
+    ref.pack_step(CONSTANTS, 8, 8, 8, inputs, table, torch.zeros(NUM_SLOTS, dtype=torch.int32), out, PAD_SLOT, 16)
+    assert out.kv_indptr[:9].tolist() == list(range(0, 17, 2))
+    with pytest.raises(GlueLaunchError, match="host counted"):
+        ref.pack_step(CONSTANTS, 8, 8, 8, inputs, table, torch.zeros(NUM_SLOTS, dtype=torch.int32), out, PAD_SLOT, 15)
 
 
 def test_reference_refuses_a_row_longer_than_its_page_table():

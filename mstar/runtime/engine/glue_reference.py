@@ -138,8 +138,11 @@ class GlueLaunchError(ValueError):
 
 
 def check_pack_launch(constants: GlueConstants, num_rows: int, padded_batch: int, token_bucket: int,
-                      inputs: RowInputs, page_table: torch.Tensor, out: PackBuffers) -> None:
-    """Host-side checks on sizes only (no device read): raise GlueLaunchError with the reason."""
+                      inputs: RowInputs, page_table: torch.Tensor, out: PackBuffers, num_pages: int) -> None:
+    """Host-side checks on sizes only (no device read): raise GlueLaunchError with the reason.
+
+    num_pages: the pages the step's rows hold after it (kv_indptr's last entry), which the host
+    knows: it computes the offsets for FlashInfer's plan() anyway (`step_offsets`)."""
     _check_rows(constants, num_rows)
     if padded_batch < num_rows or padded_batch > constants.max_rows:
         raise GlueLaunchError(
@@ -161,10 +164,16 @@ def check_pack_launch(constants: GlueConstants, num_rows: int, padded_batch: int
     if page_table.dim() != 2 or page_table.stride(1) != 1:
         raise GlueLaunchError(
             f"{constants.key}: page table must be 2-D [slots, pages per sequence] with contiguous rows")
-    if out.kv_indices.numel() < num_rows * page_table.shape[1]:
+    # The step's own page count, not the most its rows could hold (rows x pages per sequence):
+    # a pool-sized kv_indices is short of that bound for a long max_seq_len, yet holds every
+    # step the pool can make.
+    if num_pages < 0 or num_pages > num_rows * page_table.shape[1]:
         raise GlueLaunchError(
-            f"{constants.key}: kv_indices holds {out.kv_indices.numel()} pages, a step of {num_rows} "
-            f"rows may need {num_rows * page_table.shape[1]}")
+            f"{constants.key}: {num_pages} pages for {num_rows} rows, more pages than their page-table rows "
+            f"hold (at most {page_table.shape[1]} each)")
+    if num_pages > out.kv_indices.numel():
+        raise GlueLaunchError(
+            f"{constants.key}: kv_indices holds {out.kv_indices.numel()} pages, the step has {num_pages}")
 
 
 def check_scatter_launch(constants: GlueConstants, num_rows: int, sampled: torch.Tensor) -> None:
@@ -180,7 +189,7 @@ def _check_rows(constants: GlueConstants, num_rows: int) -> None:
 
 def pack_step(constants: GlueConstants, num_rows: int, padded_batch: int, token_bucket: int,
               inputs: RowInputs, page_table: torch.Tensor, loop_back: torch.Tensor,
-              out: PackBuffers, pad_slot: int) -> None:
+              out: PackBuffers, pad_slot: int, num_pages: int) -> None:
     """Write the packed layout of rows 0..num_rows-1, padded to `padded_batch` rows and
     `token_bucket` tokens, into `out` (see `pack_step` in docs/glue.md for each buffer).
 
@@ -189,9 +198,10 @@ def pack_step(constants: GlueConstants, num_rows: int, padded_batch: int, token_
     pages, the first ones of its page-table row. Padding rows are zero-length segments (offsets
     repeat, last-page length 0); padding tokens are token 0 at position 0 writing K/V to
     `pad_slot` (a reserved dummy page's slot, so a captured graph never touches live pages).
-    Tokens past `token_bucket` and pages past kv_indices' end are not written.
+    Tokens past `token_bucket` are not written. `num_pages` is the step's page count as the host
+    computed it (`step_offsets`); the reference also checks that it agrees.
     """
-    check_pack_launch(constants, num_rows, padded_batch, token_bucket, inputs, page_table, out)
+    check_pack_launch(constants, num_rows, padded_batch, token_bucket, inputs, page_table, out, num_pages)
     page_size, device = constants.page_size, out.tokens.device
     counts = inputs.num_tokens[:num_rows].long()
     contexts = inputs.context_len[:num_rows].long()
@@ -200,6 +210,8 @@ def pack_step(constants: GlueConstants, num_rows: int, padded_batch: int, token_
     if num_rows and int(pages.max()) > page_table.shape[1]:
         raise GlueLaunchError(f"{constants.key}: a row needs more pages than its page-table row holds")
     qo, kv, last = step_offsets(constants, counts, contexts, padded_batch)
+    if int(kv[-1]) != num_pages:
+        raise GlueLaunchError(f"{constants.key}: the host counted {num_pages} pages, the rows hold {int(kv[-1])}")
 
     # Per new token: its row, and its index inside the row's segment.
     rows = torch.arange(num_rows, device=device)

@@ -4,9 +4,8 @@ In: the step's `RowSpec`s and, when any row samples, per-row sampling arrays. Ou
 a `Pending` step at once (the device may still be running it); `collect(pending)` waits for it and
 returns the sampled token ids as a numpy array.
 
-Per step the host does: pack the rows (`packing.pack`, numpy), FlashInfer's plan, one copy of the
-packed int32 array into pinned memory and one non-blocking host-to-device copy (for a graph step
-the array also carries the attention's index arrays: `FlashInferSteps.decode_host`), then either the
+Per step the host does: pack the rows, FlashInfer's plan, one copy of an int32 array into pinned
+memory and one non-blocking host-to-device copy, then either the
 replay of the decode graph of the step's bucket (a decode-only step with at most the family's
 largest batch, padded by the plan's `batch_pad` table), the piecewise graphs of a packed family
 (`piecewise.py`: a prefill or mixed step the plan gives one of the family's token buckets, padded
@@ -14,6 +13,20 @@ to it, attention eager between the pieces), or an eager run.
 Sampling, and writing each row's token into the device token table (the on-device loop-back the
 next decode step reads), run on the device; the one device-to-host copy is the sampled ids,
 non-blocking into pinned memory. Without FlashInfer (a CPU, for tests) attention is `torch_attend`.
+
+Two packers, fixed per executor:
+- the plan's generated glue (`glue_packing.py`, `glue_pages_per_seq` given; each `launch` names
+  its key's `KeyGlue`): the copy carries only the row list, the pages granted since each row was
+  last packed and the new token ids; `pack_step` writes ids (loop-back rows read from the device
+  token table), positions, write slots, page indices and last-token indices straight into the
+  graph's inputs and the decode wrapper's index buffers (a decode graph), a piecewise bucket's
+  inputs, or eager buffers; `scatter_after_sampling` writes the sampled tokens into the device
+  token table. FlashInfer's plan() reads qo/kv indptr and last page lengths, computed on the host
+  (small: one entry a row), and the page indices on the device;
+- `packing.pack` (numpy; the bench's comparison, and hybrid decoders, whose linear layers read
+  the numpy layout): the copy carries every packed array (for a graph step also the attention's
+  index arrays, `FlashInferSteps.decode_host`), and the loop-back token is picked on the device
+  by `packing.fed_ids`.
 
 Steps may overlap: the host may launch step N+1 (even pack and plan it) before step N is
 collected, so the run loop's host work hides behind the device's. What makes that safe:
@@ -33,7 +46,9 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 import torch
 
+from mstar.runtime.engine.glue_reference import INDEX_DTYPE, KeyGlue, PackBuffers, RowInputs, TokenBuffers
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
+from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
 from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, fed_ids, pack
 from mstar.runtime.engine.gpu.sampler import sample
 
@@ -78,12 +93,25 @@ class Pending:
 class StepExecutor:
     def __init__(self, forward: DecoderForward, kv: PagedKv, device: torch.device, max_rows: int,
                  decode_batch_pad: Optional[list[int]] = None, is_flashinfer: bool = False,
-                 is_tensor_core: Optional[bool] = None, packed: Optional[PackedFamilies] = None):
+                 is_tensor_core: Optional[bool] = None, packed: Optional[PackedFamilies] = None,
+                 glue_pages_per_seq: Optional[int] = None):
         """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs.
-        packed: the node's packed capture families, captured piecewise (`piecewise.py`)."""
+        packed: the node's packed capture families, captured piecewise (`piecewise.py`).
+        glue_pages_per_seq: pack with the plan's generated glue (module docstring), whose device
+        page table holds this many pages a row slot; None: `packing.pack`."""
         self.forward, self.kv, self.device = forward, kv, device
         self.is_cuda = device.type == "cuda"
-        self.loop_tokens = torch.zeros(max_rows, dtype=torch.long, device=device)
+        # The device token table: int32, as the generated glue reads and writes it.
+        self.loop_tokens = torch.zeros(max_rows, dtype=INDEX_DTYPE, device=device)
+        self.packer: Optional[GluePacker] = None
+        if glue_pages_per_seq is not None:
+            if forward.gdn is not None:
+                raise ValueError("a hybrid decoder's linear layers read the numpy packing's layout: no glue packer")
+            self.packer = GluePacker(kv.page_size, max_rows, glue_pages_per_seq, kv.dummy_slot, device)
+            self.token_buffers = TokenBuffers(self.loop_tokens, torch.zeros(max_rows, 0, dtype=INDEX_DTYPE, device=device),
+                                              torch.zeros(max_rows, dtype=INDEX_DTYPE, device=device))
+        self._graph_out: dict[int, PackBuffers] = {}  # decode batch -> the glue's views of its inputs
+        self._piecewise_out: dict[int, PackBuffers] = {}  # token bucket -> the same
         self.batch_pad = decode_batch_pad or [0]
         self.attention: Optional[FlashInferSteps] = None
         self.graphs: Optional[DecodeGraphs] = None
@@ -128,7 +156,41 @@ class StepExecutor:
             self.piecewise = PiecewiseGraphs(self.forward, self.loop_tokens, self.packed.token_buckets,
                                              self.packed.max_rows, self.kv.dummy_slot, self.device)
             self.capture_bytes["packed"] = self.piecewise.measured_bytes
+        self._glue_views()
         return sum(self.capture_bytes.values())
+
+    def _glue_views(self) -> None:
+        """The glue's `PackBuffers` for each captured graph: views of the graph's inputs (and a
+        decode bucket's FlashInfer index buffers), so `pack_step` writes what the replay reads.
+        The graphs' token-source field stays -1 from capture (the glue resolves loop-back tokens
+        itself), and so does the row-slot field (read only by a hybrid decoder's layers)."""
+        from mstar.runtime.engine.gpu.attention import NUM_FIELDS
+
+        if self.packer is None:
+            return
+        scratch = torch.zeros(self.max_rows + 1, dtype=INDEX_DTYPE, device=self.device)  # qo_indptr: unread
+        if self.graphs is not None and self.attention is not None:
+            for batch in self.graphs.graphs:
+                indptr, last, indices, end = self.attention.layout(batch)
+                staged = self.attention.staged[batch]
+                fields = staged[:NUM_FIELDS * batch].view(NUM_FIELDS, batch)
+                self._graph_out[batch] = PackBuffers(
+                    fields[0], fields[1], fields[2], scratch[:batch + 1], staged[indptr:indptr + batch + 1],
+                    staged[indices:end], staged[last:last + batch], fields[4])
+        if self.piecewise is not None:
+            rows = self.piecewise.max_rows
+            for bucket in self.piecewise.pieces:
+                ids, positions, slots, _src, last_index, _row_slot = self.piecewise.inputs[bucket].split(
+                    [bucket] * 4 + [rows] * 2)
+                # The index arrays of a piecewise step are read by its eager attention only: fresh per step.
+                self._piecewise_out[bucket] = PackBuffers(ids, positions, slots, scratch[:rows + 1], scratch[:0],
+                                                          scratch[:0], scratch[:0], last_index)
+
+    def restore_loop_tokens(self, slots: list[int], tokens: list[int]) -> None:
+        """Put host-known tokens back into the device token table (a step launched ahead that
+        nobody claimed had written its guesses there)."""
+        table = self.loop_tokens
+        table[torch.tensor(slots, device=table.device)] = torch.tensor(tokens, dtype=table.dtype, device=table.device)
 
     def bucket(self, rows: list[RowSpec]) -> int:
         """The captured batch a decode-only step pads to, or 0 (eager)."""
@@ -238,40 +300,98 @@ class StepExecutor:
         return sorted(range(len(rows)), key=lambda index: not is_decode[index]), num_decode
 
     def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None,
-               family: Optional[str] = None, token_bucket: int = 0, route: str = "packed") -> Pending:
+               family: Optional[str] = None, token_bucket: int = 0, route: str = "packed",
+               glue: Optional[KeyGlue] = None) -> Pending:
         """family, token_bucket: the step's capture family and token bucket from the plan (a packed
         family's step replays its piecewise graphs); a decode-only step picks its decode graph.
         route: the step's attention route from the plan (`split`: its decode rows on the decode
-        kernel, launched first; `collect` returns the tokens in the caller's row order)."""
+        kernel, launched first; `collect` returns the tokens in the caller's row order).
+        glue: the generated glue of the step's key, which an executor with the glue packer needs
+        (the rows' `walk_index` index its walks); an executor without one takes none."""
+        if (glue is None) != (self.packer is None):
+            raise ValueError("an executor packing with the generated glue takes each step's KeyGlue, and only it")
         order, num_decode = self._split(rows, route)
         if order is not None:
             rows = [rows[index] for index in order]
             sampling = sampling.take(order) if sampling is not None else None
         batch = self.bucket(rows)
         padded_tokens = 0 if batch else self.token_bucket(rows, family, token_bucket)
-        packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
-                      padded_tokens=batch or padded_tokens)
         with torch.no_grad():
+            inputs: Optional[RowInputs] = None
+            if glue is not None:
+                logits, greedy, inputs = self._run_glue(glue, rows, batch, padded_tokens, num_decode)
+            else:
+                packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
+                              padded_tokens=batch or padded_tokens)
+                if batch:
+                    logits, greedy, row_slot = self._run_graph(batch, packed)
+                elif padded_tokens:
+                    logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed, num_decode)
+                else:
+                    logits, greedy, row_slot = self._run_eager(packed, num_decode)
             if batch:
-                logits, greedy, row_slot = self._run_graph(batch, packed)
                 self.num_graph_steps += 1
             elif padded_tokens:
-                logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed, num_decode)
                 self.num_piecewise_steps += 1
             else:
-                logits, greedy, row_slot = self._run_eager(packed, num_decode)
                 self.num_eager_steps += 1
             num_rows = len(rows)
             tokens = greedy[:num_rows]
             if sampling is not None:
                 tokens = sample(logits[:num_rows], *self._sampling_tensors(sampling))
-            self.loop_tokens[row_slot[:num_rows].long()] = tokens
+            if glue is not None and inputs is not None:
+                glue.scatter_after_sampling(num_rows, tokens, inputs, self.token_buffers)
+            else:
+                self.loop_tokens[row_slot[:num_rows].long()] = tokens.to(self.loop_tokens.dtype)
             buffer = (self._free_out.pop() if self._free_out
                       else self._host(torch.empty(self.max_rows, dtype=torch.long)))
             out = buffer[:num_rows]
             out.copy_(tokens, non_blocking=True)
         event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order)
+
+    def _run_glue(self, glue: KeyGlue, rows: list[RowSpec], batch: int, padded_tokens: int, num_decode: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
+        """A step packed by the generated glue: (logits, greedy ids, the rows' inputs for the scatter)."""
+        packer = self.packer
+        assert packer is not None, "launch checked the executor's packer"
+        step: GlueStep = packer.host_step(glue, rows, batch or len(rows))
+        bucket = batch or padded_tokens or step.num_tokens
+        data = self._stage(step.host, packer.row_buffer(step.host.shape[0], bucket))
+        loop_back = self.loop_tokens
+        if batch:
+            graphs, attention = self.graphs, self.attention
+            assert graphs is not None and attention is not None, "bucket() picks a graph only once captured"
+            inputs = packer.launch(glue, step, data, batch, self._graph_out[batch], loop_back)
+            self._wait_previous_inputs()
+            attention.plan_decode(batch, step)
+            self._inputs_copied = self._record()
+            graphs.replay(batch)
+            return graphs.logits[batch], graphs.greedy[batch], inputs
+        if padded_tokens:
+            graphs, attention = self.piecewise, self.attention
+            assert graphs is not None and attention is not None, "token_bucket() picks a bucket only once captured"
+            views = self._piecewise_out[padded_tokens]
+            index_arrays = eager_buffers(0, len(rows), step.num_pages, self.device)
+            out = PackBuffers(views.tokens, views.positions, views.kv_slots, views.qo_indptr, index_arrays.kv_indptr,
+                              index_arrays.kv_indices, index_arrays.kv_last_page_len, views.logits_index)
+            inputs = packer.launch(glue, step, data, padded_tokens, out, loop_back)
+            self._wait_previous_inputs()
+            planned = attention.plan_eager(step, num_decode)
+            self._inputs_copied = self._record()
+            logits, greedy = graphs.replay(padded_tokens, step.num_tokens, planned.run)
+            return logits, greedy, inputs
+        out = eager_buffers(step.num_tokens, len(rows), step.num_pages, self.device)
+        inputs = packer.launch(glue, step, data, step.num_tokens, out, loop_back)
+        if self.attention is not None:
+            self._wait_previous_inputs()
+            attend: Attend = self.attention.plan_eager(step, num_decode)
+            self._inputs_copied = self._record()
+        else:
+            attend = torch_attend(step.qo_indptr.tolist(), step.kv_indptr.tolist(), step.kv_indices,
+                                  step.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
+        logits = self.forward(out.tokens.long(), out.positions, out.kv_slots, out.logits_index, attend)
+        return logits, logits.argmax(-1), inputs
 
     def _sampling_tensors(self, sampling: SamplingRows) -> list[torch.Tensor]:
         arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters)

@@ -31,6 +31,7 @@ class RowSpec:
     page_table: list[int]
     row_slot: int  # the request's entry in the device token table
     is_decode: bool = False  # a row of one of the plan's decode walks (the split route's decode kernel)
+    walk_index: int = 0  # the row's walk among its key's walks (`KeyPlan.walks`: the generated glue's order)
 
     @property
     def num_tokens(self) -> int:
@@ -103,4 +104,4 @@ def pack(rows: list[RowSpec], page_size: int, dummy_page: int, padded_rows: int 
 def fed_ids(ids: torch.Tensor, token_src: torch.Tensor, loop_tokens: torch.Tensor) -> torch.Tensor:
     """The step's token ids on the device: a token whose `token_src` names a slot of the device
     token table (a loop-back row) reads it there, the others keep the packed id."""
-    return torch.where(token_src >= 0, loop_tokens[token_src.clamp(min=0).long()], ids.long())
+    return torch.where(token_src >= 0, loop_tokens[token_src.clamp(min=0).long()].long(), ids.long())

@@ -22,6 +22,9 @@ into the device token table is put back from the host (its request's last token)
 request ended and its slot is gone. A row is only prelaunched when its next token fits in pages
 its request may take (the admission policy), never with KV offload (moving pages on a guess).
 
+With the plan's generated glue (`glue`: this node's `KeyGlue` per worker and walk), the executor
+packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the numpy packing.
+
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path); requests with a repetition penalty are refused here (it needs each request's history on the
 device, not built yet).
@@ -35,6 +38,7 @@ import numpy as np
 import torch
 
 from mstar.plan.schema import CaptureFamily, NodePlan, Plan
+from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
@@ -90,6 +94,13 @@ def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
         return None
     return PackedFamilies(frozenset(families), sorted({t for f in families.values() for t in f.token_buckets}),
                           max(max(f.batch_sizes) for f in families.values()))
+
+
+def node_glue(glue_by_worker: dict[int, dict[str, KeyGlue]], node: str) -> dict[int, dict[str, KeyGlue]]:
+    """A glue module's `GLUE_BY_WORKER` narrowed to one node: worker -> walk -> its key's glue."""
+    return {rank: {walk: key_glue for key_glue in keys.values() if key_glue.constants.node == node
+                   for walk in key_glue.constants.walks}
+            for rank, keys in glue_by_worker.items()}
 
 
 def _no_embeds(num_tokens: int) -> torch.Tensor:
@@ -151,17 +162,21 @@ class GpuDecoderRunner(DecoderRunner):
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
                  is_flashinfer: bool, position: int = 0, prefix_cache: bool = False,
                  can_run_ahead: Optional[bool] = None, slots: Optional[SlotPool] = None,
-                 packed: Optional[PackedFamilies] = None):
+                 packed: Optional[PackedFamilies] = None, glue: Optional[dict[int, dict[str, KeyGlue]]] = None):
         """can_run_ahead: launch decode steps ahead (`prelaunch`); None: on a GPU with decode graphs.
         slots: the recurrent state slots of a hybrid decoder (gated delta-net layers); its requests'
         row slots are then their state slots (slot 0, the sink, is for padding rows). packed: the
-        node's packed capture families, whose steps replay piecewise graphs (`packed_families`)."""
+        node's packed capture families, whose steps replay piecewise graphs (`packed_families`).
+        glue: the plan's generated glue for this node (`node_glue`): worker -> walk -> KeyGlue;
+        the steps are then packed by it (not for a hybrid decoder)."""
         super().__init__(node, dims, model, page_size, num_pages, max_seq_len, slots, seed, position=position,
                          placement=placement, prefix_cache=prefix_cache)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
         max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
+        self.glue = glue if glue and slots is None else None
         self.executor = StepExecutor(forward, self.cache, placement.device, max_rows,
-                                     family.batch_pad if family else None, is_flashinfer, packed=packed)
+                                     family.batch_pad if family else None, is_flashinfer, packed=packed,
+                                     glue_pages_per_seq=-(-max_seq_len // page_size) if self.glue else None)
         self.family = family
         self.capture_bytes = self.executor.capture() if (family or packed) and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
@@ -186,6 +201,17 @@ class GpuDecoderRunner(DecoderRunner):
     def attention_backend(self) -> str:
         return "flashinfer+graphs" if self.executor.graphs is not None else "device"
 
+    def _key_glue(self, worker: int, walks: list[str]) -> Optional[KeyGlue]:
+        """The generated glue of the key the step's walks belong to on `worker`; None without glue."""
+        if self.glue is None:
+            return None
+        by_walk = self.glue.get(worker, {})
+        key_glue = by_walk.get(walks[0]) if walks else None
+        if key_glue is None or any(by_walk.get(walk) is not key_glue for walk in walks):
+            raise RuntimeError(f"node {self.node.name}: the plan's glue has no key of worker {worker} holding the "
+                               f"walks {sorted(set(walks))}; regenerate it (`mstarc regen`)")
+        return key_glue
+
     def refusal(self, request: RequestState) -> Optional[str]:
         if request.params.repetition_penalty != 1.0:
             return f"node {self.node.name}: repetition_penalty is not supported on the GPU fast path yet"
@@ -196,6 +222,8 @@ class GpuDecoderRunner(DecoderRunner):
         slot = self._row_slots.pop(request_id, None)
         if slot is not None:
             self._free_slots.append(slot)
+            if self.executor.packer is not None:
+                self.executor.packer.forget(slot)  # the slot's next owner has other pages
 
     def _facts_of(self, call: CallInfo) -> _CallFacts:
         facts = self._facts.get(id(call))
@@ -329,12 +357,18 @@ class GpuDecoderRunner(DecoderRunner):
         pending = None
         if fresh:
             decode_walks = self._decode_walks  # the split route's rows for the decode kernel
+            key_glue = self._key_glue(worker, [item.row.walk for item in fresh])
+            walk_index = {walk: index for index, walk in enumerate(key_glue.constants.walks)} if key_glue else {}
             specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
                              pool.num_tokens((item.row.request_id, label)),
                              pool.page_table((item.row.request_id, label)),
-                             self._row_slot(item.row.request_id), item.row.walk in decode_walks) for item in fresh]
+                             self._row_slot(item.row.request_id), item.row.walk in decode_walks,
+                             walk_index.get(item.row.walk, 0)) for item in fresh]
+            if key_glue is not None and self.offload is not None:
+                for spec in specs:  # offload may have moved the rows' pages since they were mirrored
+                    self.executor.packer.forget(spec.row_slot)  # type: ignore[union-attr]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
-                                           *self._step_bucket, route=self._route)
+                                           *self._step_bucket, route=self._route, glue=key_glue)
         sampled: set[str] = set()
         for item in ready:
             row = item.row
@@ -377,8 +411,7 @@ class GpuDecoderRunner(DecoderRunner):
                    and ahead.requests[request_id].last_token.get(node)]
         if restore:
             slots, tokens = zip(*restore)
-            table = self.executor.loop_tokens
-            table[torch.tensor(slots, device=table.device)] = torch.tensor(tokens, device=table.device)
+            self.executor.restore_loop_tokens(list(slots), list(tokens))
         return claimed
 
     def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
@@ -413,8 +446,14 @@ class GpuDecoderRunner(DecoderRunner):
             specs.append(RowSpec(None, num_cached, pool.page_table(key), slot))
         if not specs:
             return
+        key_glue = self._key_glue(worker, [placed_walk for placed_walk, _ in placed.values()])
+        if key_glue is not None:
+            walk_index = {walk: index for index, walk in enumerate(key_glue.constants.walks)}
+            for spec, (placed_walk, _) in zip(specs, placed.values()):
+                spec.walk_index = walk_index[placed_walk]
         # the step launched last samples first: its sample is not counted yet
-        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1))
+        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1),
+                                       glue=key_glue)
         self._ahead[worker] = _Ahead(pending, placed, slots, requests)
         self.num_ahead_rows += len(specs)
 
