@@ -29,6 +29,7 @@ import dataclasses
 
 import os
 import time
+from types import ModuleType
 from typing import Any, Callable, Collection, Mapping, Optional, TypeVar, Union
 
 import torch
@@ -82,21 +83,21 @@ class TorchEngine:
     def __init__(self, plan: Plan, *, dims: str = "tiny", weights_dir: Optional[str | list[str]] = None, seed: int = 0,
                  num_pages: Optional[int] = None, runs_partial_steps: bool = True, device: str = "cpu",
                  attention: str = "auto", tp_comms: Optional[Mapping[str, TpComm]] = None,
-                 nodes: Optional[Collection[str]] = None, run_ahead: bool = True):
+                 nodes: Optional[Collection[str]] = None, run_ahead: bool = True, glue: Optional[ModuleType] = None):
         """runs_partial_steps: when some rows of a step cannot get memory, run the others (their
         results come back beside `allocation_failed`; the driver post-processes them and holds
         only the failed rows). False: all or nothing per step (a step with a failed row runs
         nothing; the driver then puts the whole batch back).
         weights_dir: `--weights` entries, each `DIR` or `NODE=DIR` (weights.weights_by_node).
         device: `cpu` (fp32, the reference path) or `cuda[:N]` (models via placement.OnDevice).
-        attention: `torch`, `flashinfer` (a GPU, head_dim 64/128/256, the gpu extra) or `auto`
-        (FlashInfer where it can run, else torch).
+        attention: `torch`, `flashinfer` (a GPU, head_dim 64/128/256, the gpu extra) or `auto`.
         tp_comms: node -> this process's `TpComm` for the kv nodes it runs tensor-parallel
         (`tp.build.tp_comms`): such a node is built as this rank's shard (`engine/tp/`).
         nodes: build only these nodes' models (a rank process builds the nodes its worker runs;
         the others' dims are still read, for the widths and budgets that depend on them); None: all.
         run_ahead: let a GPU fast-path runner launch a decode step before the one before it was
-        collected (`launch_ahead`, gpu/runner.py); False: every step waits for the one before."""
+        collected (`launch_ahead`, gpu/runner.py); False: every step waits for the one before.
+        glue: the plan's glue module (`load_glue`): the GPU fast path packs with it; None: numpy."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -114,7 +115,7 @@ class TorchEngine:
             # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
             # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
             torch.set_num_threads(1)
-        self.plan = plan
+        self.plan, self.glue = plan, glue
         self.runs_partial_steps = runs_partial_steps
         # One engine serves every worker: a TP follower's copy of a step has nothing to run here.
         self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
@@ -307,7 +308,7 @@ class TorchEngine:
         try:
             return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
                                      self._code_frames(node.name, mode), self.positions[node.name],
-                                     self.tp_comms.get(node.name, SINGLE_RANK))
+                                     self.tp_comms.get(node.name, SINGLE_RANK), self.glue)
         except RuntimeError as error:  # FlashInfer's kernel build, CUDA out of memory at capture, ...
             detail = " ".join(str(error).split())[:400]
             raise EngineError(f"node {node.name}: the GPU fast path could not start (building FlashInfer's kernels "
@@ -485,7 +486,19 @@ class TorchEngine:
 
 def build(plan: Plan, args: Any) -> TorchEngine:
     """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`,
-    `args.device`, `args.attention` and `args.no_run_ahead`."""
+    `args.device`, `args.attention`, `args.no_run_ahead` and, off the CPU, `args.plan` (the plan's
+    path: its generated glue, named in the plan's header, packs the GPU fast path's steps)."""
+    device = getattr(args, "device", None) or "cpu"
+    glue = None
+    plan_path = getattr(args, "plan", None)
+    if device != "cpu" and isinstance(plan_path, str):
+        from mstar.plan.io import input_paths
+        from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+
+        try:
+            glue = load_glue(input_paths(plan_path, plan)["glue"])
+        except GlueLoadError as error:
+            raise EngineError(str(error)) from None
     return TorchEngine(
         plan,
         dims=getattr(args, "dims", None) or "tiny",
@@ -495,4 +508,5 @@ def build(plan: Plan, args: Any) -> TorchEngine:
         device=getattr(args, "device", None) or "cpu",
         attention=getattr(args, "attention", None) or "auto",
         run_ahead=not getattr(args, "no_run_ahead", False),
+        glue=glue,
     )

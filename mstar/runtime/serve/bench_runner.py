@@ -66,16 +66,20 @@ class StubExecutor:
 
     is_cuda = False
     graphs = None
+    packer = None  # no packing at all (neither the generated glue nor numpy)
 
     def __init__(self, max_rows: int, token: int):
-        self.loop_tokens = torch.zeros(max_rows, dtype=torch.long)
+        self.loop_tokens = torch.zeros(max_rows, dtype=torch.int32)
         self.token = token
         self.num_steps = 0
 
     def launch(self, rows: list[RowSpec], sampling: Any = None, family: Optional[str] = None,
-               token_bucket: int = 0, route: str = "packed") -> _Answered:
+               token_bucket: int = 0, route: str = "packed", glue: Any = None) -> _Answered:
         self.num_steps += 1
         return _Answered(np.full(len(rows), self.token, dtype=np.int64))
+
+    def restore_loop_tokens(self, slots: list[int], tokens: list[int]) -> None:
+        self.loop_tokens[torch.tensor(slots)] = torch.tensor(tokens, dtype=self.loop_tokens.dtype)
 
     def collect(self, pending: _Answered) -> np.ndarray:
         return pending.tokens

@@ -29,7 +29,7 @@ tokens 2.07 ms on fa2 against 1.80 ms on fa3; but 40 decode rows beside that chu
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import torch
@@ -37,7 +37,12 @@ import torch
 from mstar.runtime.engine.gpu.forward import Attend
 from mstar.runtime.engine.gpu.packing import NUM_ROW_FIELDS, NUM_TOKEN_FIELDS, PackedStep
 
+if TYPE_CHECKING:
+    from mstar.runtime.engine.gpu.glue_packing import GlueStep
+
 NUM_FIELDS = NUM_TOKEN_FIELDS + NUM_ROW_FIELDS
+# What a plan reads: the CSR arrays on the host and the page indices (host or device) of either packer.
+Indices = Union[PackedStep, "GlueStep"]
 
 WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs (the prefill planner's need grows with tokens)
 FA3_MIN_ROW_TOKENS = 64  # a prefill call whose every row holds this many query tokens runs on fa3
@@ -115,7 +120,7 @@ class FlashInferSteps:
         host[indices:] = packed.kv_indices.numpy()
         return host
 
-    def plan_eager(self, packed: PackedStep, num_decode: int = 0) -> "EagerAttention":
+    def plan_eager(self, packed: Indices, num_decode: int = 0) -> "EagerAttention":
         """Plan an eager step. num_decode: the plan's `split` route with the step's first
         `num_decode` rows (one token each) on the decode kernel and the rest on the prefill kernel;
         0: every row on the prefill kernel (the `packed` route, or a step of one kind of row)."""
@@ -133,7 +138,7 @@ class FlashInferSteps:
                      **dtypes)
         return EagerAttention(self, num_decode, prefill)
 
-    def plan_decode(self, batch: int, packed: PackedStep) -> None:
+    def plan_decode(self, batch: int, packed: Indices) -> None:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
         must reach `staged[batch]` by the step's own copy (`decode_host`)."""
         hq, hkv, d = self.heads

@@ -9,9 +9,12 @@ and written back); HF transformers' LlamaForCausalLM on the same shapes (eager
 with a DynamicCache; with `--hf-compiled` also a static cache under torch.compile
 mode="reduce-overhead"); and the decode family's capture memory, measured against the plan's
 estimate. A step's time is the engine's whole step (pack, plan, replay or run, sample, copy back),
-wall time per step, median of `--iters`.
+wall time per step, median of `--iters`. Steps are packed by the plan's generated glue (the GPU
+runner's path: `glue_packing.py`); each step is also timed with the numpy packing
+(`packing.pack`) on a second executor over the same model and KV pages (`numpy_pack_ms`, and
+`glue_over_numpy`, the ratio), unless `--no-numpy`.
 
-Usage: mstar bench engine [--plan P] [--json] [--iters N] [--hf-compiled]
+Usage: mstar bench engine [--plan P] [--json] [--iters N] [--hf-compiled] [--no-numpy]
 Needs a CUDA GPU with FlashInfer; elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.glue_reference import KeyGlue
+from mstar.runtime.engine.gpu.executor import StepExecutor
 
 CONTEXT = 1024
 DECODE_ROWS = (1, 8, 64)
@@ -90,9 +95,17 @@ class Shapes:
 
 
 def _rows(executor, rows: list[tuple[int, int]], page_size: int):
-    """RowSpecs over distinct pages: prompts feed token ids, decode rows loop back on the device."""
+    """RowSpecs over distinct pages: prompts feed token ids, decode rows loop back on the device
+    (walk indices from the executor's glue key, `BenchExecutor.glue`: a walk that loops back on the
+    device for those, one that does not for prompts)."""
     from mstar.runtime.engine.gpu.packing import RowSpec
 
+    glue = executor.glue if isinstance(executor, BenchExecutor) else None
+    loop_walk = prompt_walk = 0
+    if glue is not None:
+        mask, num_walks = glue.constants.device_loop_mask, len(glue.constants.walks)
+        loop_walk = next((w for w in range(num_walks) if mask >> w & 1), 0)
+        prompt_walk = next((w for w in range(num_walks) if not mask >> w & 1), 0)
     specs, next_page = [], 0
     for index, (new, cached) in enumerate(rows):
         num_pages = -(-(new + cached) // page_size)
@@ -100,7 +113,8 @@ def _rows(executor, rows: list[tuple[int, int]], page_size: int):
         next_page += num_pages
         tokens = None if new == 1 and cached else [(7 * index + t) % 1000 for t in range(new)]
         # Row slots from 1: a hybrid decoder's row slot is its state slot, and slot 0 is the sink.
-        specs.append(RowSpec(tokens, cached, table, index + 1, is_decode=tokens is None))
+        specs.append(RowSpec(tokens, cached, table, index + 1, is_decode=tokens is None,
+                             walk_index=loop_walk if tokens is None else prompt_walk))
     return specs
 
 
@@ -133,7 +147,8 @@ def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = 
     """bucket: (capture family, token bucket, attention route) the plan gives the step."""
     specs = _rows(executor, rows, page_size)
     family, tokens, route = bucket
-    return _median_ms(lambda: executor.collect(executor.launch(specs, None, family, tokens, route)), iters)
+    glue = executor.glue if isinstance(executor, BenchExecutor) else None
+    return _median_ms(lambda: executor.collect(executor.launch(specs, None, family, tokens, route, glue)), iters)
 
 
 def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
@@ -157,21 +172,42 @@ def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tu
     return None, 0, "packed"
 
 
-def build(plan, node, is_tensor_core=None) -> tuple:
+class BenchExecutor(StepExecutor):
+    """A `StepExecutor` that carries the one key's glue the bench packs every step with."""
+
+    glue: Optional[KeyGlue] = None
+
+
+def bench_glue(glue_module, node):
+    """The node's first key's generated glue on worker 0 holding a walk that loops back on the device
+    (the bench's decode rows), else its first key's; None without any."""
+    from mstar.runtime.engine.gpu.runner import node_glue
+
+    keys = list(dict.fromkeys(node_glue(glue_module.GLUE_BY_WORKER, node.name).get(0, {}).values()))
+    return next((k for k in keys if k.constants.device_loop_mask), keys[0] if keys else None)
+
+
+def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
+    """glue: a KeyGlue to pack with (the executor's `bench_glue`), None for the numpy packing.
+    shared: (dims, model, kv) of an executor built before: a second executor over the same model
+    and pages (the numpy variant)."""
     from mstar.runtime.engine.dims import decoder_dims
     from mstar.runtime.engine.gpu.device_model import build_decoder
-    from mstar.runtime.engine.gpu.executor import StepExecutor
     from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
     from mstar.runtime.engine.gpu.runner import decode_family, packed_families
 
     device = torch.device("cuda")
-    dims = decoder_dims(node, "spec")
-    model = build_decoder(dims, device, torch.bfloat16, position=plan.nodes.index(node), seed=0,
-                          is_fast_random=True)
-    page_size = 16
+    page_size = glue.constants.page_size if glue is not None else 16
     num_pages = 64 * (CONTEXT // page_size + 1) + 1024 + 64
-    kv = PagedKv(dims.num_full_layers, num_pages, page_size, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
-    kv.data.normal_()
+    if shared is not None:
+        dims, model, kv = shared
+    else:
+        dims = decoder_dims(node, "spec")
+        model = build_decoder(dims, device, torch.bfloat16, position=plan.nodes.index(node), seed=0,
+                              is_fast_random=True)
+        kv = PagedKv(dims.num_full_layers, num_pages, page_size, dims.num_kv_heads, dims.head_dim, torch.bfloat16,
+                     device)
+        kv.data.normal_()
     family = decode_family(plan, node.name)
     states = None
     if dims.has_linear_layers:  # a slot for each of the bench's rows (64) beside the sink
@@ -179,14 +215,26 @@ def build(plan, node, is_tensor_core=None) -> tuple:
 
         num_slots = max(node.recurrent.num_slots if node.recurrent else 0, max(DECODE_ROWS) + 1)
         states = LinearStates.for_dims(dims, num_slots, device)
-    executor = StepExecutor(DecoderForward(model, dims, kv, 8192 + 1, states), kv, device, num_pages + 1,
-                            family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core,
-                            packed=packed_families(plan, node.name))
+    max_positions = 8192
+    if glue is not None and dims.has_linear_layers:
+        glue = None  # a hybrid decoder keeps the numpy packing (its linear layers read that layout)
+    executor = BenchExecutor(DecoderForward(model, dims, kv, max_positions + 1, states), kv, device, num_pages + 1,
+                             family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core,
+                             packed=packed_families(plan, node.name),
+                             glue_pages_per_seq=max_positions // page_size if glue is not None else None)
+    executor.glue = glue
     return dims, model, kv, family, executor
 
 
-def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None) -> tuple[dict, DecoderDims]:
-    dims, model, kv, family, executor = build(plan, node, is_tensor_core)
+def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None, glue_module=None,
+               is_numpy_too: bool = True) -> tuple[dict, DecoderDims]:
+    """glue_module: the plan's generated glue (the steps are packed by it); None: numpy packing.
+    is_numpy_too: also time each step with the numpy packing on a second executor."""
+    glue = bench_glue(glue_module, node) if glue_module is not None else None
+    dims, model, kv, family, executor = build(plan, node, is_tensor_core, glue)
+    numpy_executor = None
+    if executor.packer is not None and is_numpy_too:
+        numpy_executor = build(plan, node, is_tensor_core, None, (dims, model, kv))[4]
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
     matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
@@ -197,32 +245,45 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
     if family or executor.packed:
         executor.capture()
     capture_s = time.perf_counter() - start
+    if numpy_executor is not None and (family or numpy_executor.packed):
+        numpy_executor.capture()
     cases = {str(r): [(1, CONTEXT)] * r for r in DECODE_ROWS}
     out: dict[str, Any] = {"decode": {}, "device": torch.cuda.get_device_name(),
                            "copy_bandwidth_tb_s": round(bandwidth / 1e12, 3),
                            "matmul_tflop_s": round(rate / 1e12, 1), "capture_s": round(capture_s, 2),
                            "dims": {"layers": dims.num_layers, "hidden": dims.hidden, "vocab": dims.vocab,
                                     "linear_layers": dims.num_linear_layers},
-                           "state_mb_per_row": round(shapes.state_bytes() / 2 ** 20, 2)}
+                           "state_mb_per_row": round(shapes.state_bytes() / 2 ** 20, 2),
+                           "packer": "glue" if executor.packer is not None else "numpy"}
     for name, rows in cases.items():
         ms = _engine_step_ms(executor, rows, kv.page_size, iters)
         out["decode"][name] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3)}
+        if numpy_executor is not None:
+            _numpy_variant(out["decode"][name], numpy_executor, rows, kv.page_size, iters)
         batch = executor.bucket(_rows(executor, rows, kv.page_size))
         if batch:  # the device's share: the graph replay alone, timed with events
             out["decode"][name]["replay_ms"] = round(_replay_ms(executor, batch, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
-    _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
+    _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
     if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
         out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
                                                                    kv.page_size)))
     out["capture"] = _capture_report(plan, node, family, executor)
-    del executor, model, kv
+    del executor, numpy_executor, model, kv
     torch.cuda.empty_cache()
     return out, dims
 
 
+def _numpy_variant(case: dict, numpy_executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0, "packed")
+                   ) -> None:
+    """The same step packed by `packing.pack` (numpy), and the glue's time over it."""
+    numpy_ms = _engine_step_ms(numpy_executor, rows, page_size, iters, bucket)
+    case["numpy_pack_ms"] = round(numpy_ms, 3)
+    case["glue_over_numpy"] = round(case["ms"] / numpy_ms, 3)
+
+
 def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
-                  rate: float) -> None:
+                  rate: float, numpy_executor=None) -> None:
     """The mixed and prefill steps, on the plan's bucket (piecewise graphs where the plan captures
     them) and, where they replayed graphs, the same step eagerly in the same run."""
     for key, rows, is_mixed in (("mixed_63_1", [(1, CONTEXT)] * 63 + [(512, 0)], True),
@@ -235,6 +296,8 @@ def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, s
         out[key] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
                     "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1),
                     "graphs": "piecewise" if executor.num_piecewise_steps > before else "eager"}
+        if numpy_executor is not None:
+            _numpy_variant(out[key], numpy_executor, rows, page_size, max(iters // 4, 3), bucket)
         if bucket[0] is not None and executor.num_piecewise_steps > before:
             out[key]["token_bucket"], out[key]["attention"] = bucket[1], bucket[2]
             piecewise, executor.piecewise = executor.piecewise, None  # the same step eager, for the ratio
@@ -274,6 +337,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
                         help="also list the top kernels of the decode graph of ROWS rows (torch profiler)")
+    parser.add_argument("--no-numpy", action="store_true",
+                        help="skip timing each step with the numpy packing (a second executor and capture)")
     parser.add_argument("--decode-kernel", choices=("auto", "tensor", "cuda"), default="auto",
                         help="FlashInfer decode kernel: tensor cores (the prefill kernels), CUDA cores, or auto "
                              "(tensor cores for grouped-query ratios >= 4)")
@@ -296,7 +361,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mstar bench engine: {args.plan} has no kv node", file=sys.stderr)
         return 1
     is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
-    result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core)
+    from mstar.plan.io import input_paths
+    from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+
+    try:
+        glue_module = load_glue(input_paths(args.plan, plan)["glue"])
+    except GlueLoadError as error:
+        print(f"mstar bench engine: {error}", file=sys.stderr)
+        return 1
+    result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core, glue_module, not args.no_numpy)
     if not args.no_hf and dims.has_linear_layers:
         result["hf"] = "not measured: the HF baseline is LlamaForCausalLM, not a gated delta-net hybrid"
     elif not args.no_hf:
@@ -320,13 +393,15 @@ def _unavailable() -> Optional[str]:
 def _table(result: dict) -> str:
     lines = [f"{result['device']}: copy {result['copy_bandwidth_tb_s']} TB/s, bf16 matmul "
              f"{result['matmul_tflop_s']} TFLOP/s",
-             f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'HF compiled':>13}"]
+             f"packed by {result.get('packer', 'numpy')}",
+             f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'numpy ms':>10}{'ratio':>7}{'HF compiled':>13}"]
     cases = [(f"decode {k}", v) for k, v in result["decode"].items()]
     cases += [(k, result[k]) for k in ("mixed_63_1", "prefill_1x512", "prefill_16x1024")]
     for name, value in cases:
-        hf = value.get("hf_compiled_ms")
+        hf, numpy_ms = value.get("hf_compiled_ms"), value.get("numpy_pack_ms")
+        numpy_cells = f"{'':>17}" if numpy_ms is None else f"{numpy_ms:>10.3f}{value['glue_over_numpy']:>7.2f}"
         lines.append(f"{name:<18}{value['ms']:>10.3f}{value['floor_ms']:>10.3f}{value['ms'] / value['floor_ms']:>9.2f}"
-                     f"{'' if hf is None else f'{hf:>13.3f}'}")
+                     f"{numpy_cells}{'' if hf is None else f'{hf:>13.3f}'}")
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
     for kernel in result.get("profile", []):

@@ -108,7 +108,9 @@ class StepExecutor:
             if forward.gdn is not None:
                 raise ValueError("a hybrid decoder's linear layers read the numpy packing's layout: no glue packer")
             self.packer = GluePacker(kv.page_size, max_rows, glue_pages_per_seq, kv.dummy_slot, device)
-            self.token_buffers = TokenBuffers(self.loop_tokens, torch.zeros(max_rows, 0, dtype=INDEX_DTYPE, device=device),
+            # No stream buffer (capacity 0): the host routes a fast-path node's streamed tokens.
+            no_stream = torch.zeros(max_rows, 0, dtype=INDEX_DTYPE, device=device)
+            self.token_buffers = TokenBuffers(self.loop_tokens, no_stream,
                                               torch.zeros(max_rows, dtype=INDEX_DTYPE, device=device))
         self._graph_out: dict[int, PackBuffers] = {}  # decode batch -> the glue's views of its inputs
         self._piecewise_out: dict[int, PackBuffers] = {}  # token bucket -> the same
@@ -369,8 +371,8 @@ class StepExecutor:
             graphs.replay(batch)
             return graphs.logits[batch], graphs.greedy[batch], inputs
         if padded_tokens:
-            graphs, attention = self.piecewise, self.attention
-            assert graphs is not None and attention is not None, "token_bucket() picks a bucket only once captured"
+            pieces, attention = self.piecewise, self.attention
+            assert pieces is not None and attention is not None, "token_bucket() picks a bucket only once captured"
             views = self._piecewise_out[padded_tokens]
             index_arrays = eager_buffers(0, len(rows), step.num_pages, self.device)
             out = PackBuffers(views.tokens, views.positions, views.kv_slots, views.qo_indptr, index_arrays.kv_indptr,
@@ -379,7 +381,7 @@ class StepExecutor:
             self._wait_previous_inputs()
             planned = attention.plan_eager(step, num_decode)
             self._inputs_copied = self._record()
-            logits, greedy = graphs.replay(padded_tokens, step.num_tokens, planned.run)
+            logits, greedy = pieces.replay(padded_tokens, step.num_tokens, planned.run)
             return logits, greedy, inputs
         out = eager_buffers(step.num_tokens, len(rows), step.num_pages, self.device)
         inputs = packer.launch(glue, step, data, step.num_tokens, out, loop_back)

@@ -88,18 +88,7 @@ class GluePacker:
         pages = -(-seq_lens // page_size)
         if num_rows and int(pages.max()) > self.pages_per_seq:
             raise ValueError(f"a row needs {int(pages.max())} pages, past the {self.pages_per_seq} a sequence holds")
-        # Only rows that gained pages since they were last packed touch their page tables here.
-        mirrored = self.num_mirrored[slots]
-        update_rows = np.flatnonzero(pages > mirrored).tolist()
-        update_index: list[int] = []
-        update_page: list[int] = []
-        for i in update_rows:
-            start, end, slot = int(mirrored[i]), int(pages[i]), int(slots[i])
-            update_page.extend(rows[i].page_table[start:end])
-            update_index.extend(range(slot * self.pages_per_seq + start, slot * self.pages_per_seq + end))
-        if update_rows:
-            # Repeated slots in a step (never from the scheduler) must not roll the count back.
-            np.maximum.at(self.num_mirrored, slots[update_rows], pages[update_rows])
+        update_index, update_page = self._page_updates(rows, slots, pages)
         num_updates = len(update_index)
         num_tokens = int(counts.sum())
         r = padded_batch
@@ -118,17 +107,27 @@ class GluePacker:
         host[start + 2 * num_updates:] = np.fromiter(
             chain.from_iterable(_LOOP_BACK_ENTRY if row.token_ids is None else row.token_ids for row in rows),
             dtype=np.int64, count=num_tokens)
-        qo = np.zeros(r + 1, dtype=np.int32)
-        kv = np.zeros(r + 1, dtype=np.int32)
-        np.cumsum(counts, out=qo[1:num_rows + 1])
-        np.cumsum(pages, out=kv[1:num_rows + 1])
-        qo[num_rows + 1:] = qo[num_rows]
-        kv[num_rows + 1:] = kv[num_rows]
+        qo, kv = _offsets(counts, r), _offsets(pages, r)
         last = np.zeros(r, dtype=np.int32)
         last[:num_rows] = np.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
-        num_pages = int(kv[num_rows])
-        return GlueStep(num_rows, r, num_tokens, num_pages, num_updates, host, torch.from_numpy(qo),
+        return GlueStep(num_rows, r, num_tokens, int(kv[num_rows]), num_updates, host, torch.from_numpy(qo),
                         torch.from_numpy(kv), torch.from_numpy(last), torch.empty(0, dtype=INDEX_DTYPE))
+
+    def _page_updates(self, rows: list[RowSpec], slots: np.ndarray, pages: np.ndarray) -> tuple[list[int], list[int]]:
+        """(flat mirror index, page) of each page-table entry the rows hold past what their slots
+        have mirrored; counts them as mirrored. Only rows that gained pages touch their page tables."""
+        mirrored = self.num_mirrored[slots]
+        update_rows = np.flatnonzero(pages > mirrored).tolist()
+        update_index: list[int] = []
+        update_page: list[int] = []
+        for i in update_rows:
+            start, end, base = int(mirrored[i]), int(pages[i]), int(slots[i]) * self.pages_per_seq
+            update_page.extend(rows[i].page_table[start:end])
+            update_index.extend(range(base + start, base + end))
+        if update_rows:
+            # Repeated slots in a step (never from the scheduler) must not roll the count back.
+            np.maximum.at(self.num_mirrored, slots[update_rows], pages[update_rows])
+        return update_index, update_page
 
     def row_buffer(self, size: int, token_bucket: int) -> torch.Tensor:
         """The device buffer the step's host array is copied into: `size` entries, and room past
@@ -156,6 +155,14 @@ class GluePacker:
                        self.dummy_slot, step.num_pages)
         step.kv_indices = out.kv_indices[:step.num_pages]
         return inputs
+
+
+def _offsets(sizes: np.ndarray, padded_batch: int) -> np.ndarray:
+    """int32 [padded_batch + 1] CSR offsets of `sizes`; padding rows repeat the total (zero length)."""
+    offsets = np.zeros(padded_batch + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:sizes.shape[0] + 1])
+    offsets[sizes.shape[0] + 1:] = offsets[sizes.shape[0]]
+    return offsets
 
 
 def eager_buffers(num_tokens: int, num_rows: int, num_pages: int, device: torch.device) -> PackBuffers:

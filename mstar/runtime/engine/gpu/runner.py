@@ -174,6 +174,11 @@ class GpuDecoderRunner(DecoderRunner):
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
         max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
         self.glue = glue if glue and slots is None else None
+        sizes = {key_glue.constants.page_size for by_walk in (self.glue or {}).values()
+                 for key_glue in by_walk.values()}
+        if sizes - {page_size}:
+            raise ValueError(f"node {node.name}: the plan's glue packs pages of {sorted(sizes)} tokens, the KV pool "
+                             f"has {page_size}; regenerate the glue (`mstarc regen`)")
         self.executor = StepExecutor(forward, self.cache, placement.device, max_rows,
                                      family.batch_pad if family else None, is_flashinfer, packed=packed,
                                      glue_pages_per_seq=-(-max_seq_len // page_size) if self.glue else None)

@@ -11,6 +11,7 @@ decode family's CUDA graphs captured; None when the dims, the node's calls or th
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -19,7 +20,9 @@ from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason, packed_families
+from mstar.runtime.engine.gpu.runner import (
+    GpuDecoderRunner, decode_family, fast_path_reason, node_glue, packed_families,
+)
 from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
@@ -34,10 +37,12 @@ DEFAULT_NUM_PAGES = 1024
 
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
                 placement: Placement, weights_dir: Optional[str], seed: int, num_pages: Optional[int],
-                code_frames: dict, position: int = 0, comm: TpComm = SINGLE_RANK) -> Optional[GpuDecoderRunner]:
+                code_frames: dict, position: int = 0, comm: TpComm = SINGLE_RANK,
+                glue: Optional[ModuleType] = None) -> Optional[GpuDecoderRunner]:
     """position: the node's index in the plan (seeds its random weights). comm: this process's
     rank of the node's TP group (`engine/tp/`): the model is then the rank's shard and the runner
-    keeps the rank's kv heads."""
+    keeps the rank's kv heads. glue: the plan's generated glue module; the runner then packs its
+    steps with the node's keys' glue (a hybrid decoder keeps the numpy packing)."""
     reason = (unsupported_reason(dims) or fast_path_reason(node, calls)
               or unavailable_reason(placement.device, dims.head_dim))
     if reason is not None or code_frames:
@@ -61,4 +66,5 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
                             decode_family(plan, node.name), is_flashinfer=True, position=position,
                             prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots,
-                            packed=packed_families(plan, node.name))
+                            packed=packed_families(plan, node.name),
+                            glue=node_glue(glue.GLUE_BY_WORKER, node.name) if glue is not None else None)

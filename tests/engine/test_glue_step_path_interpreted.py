@@ -1,0 +1,202 @@
+"""The generated glue in the GPU fast path's step, under Triton's interpreter on the CPU.
+
+The fast path's runner packing with the plan's generated glue (`gpu/glue_packing.py`: the row
+list in one copy, the device page-table mirror, `pack_step`, `scatter_after_sampling` into the
+device token table) gives the tokens the numpy packing gives, through the run loop (loop-back on
+the device, sampling, run-ahead, slots reused under memory pressure); and for random scheduler
+batches over several steps (hypothesis) the glue packer writes what `packing.pack` lays out and
+what `glue_reference.pack_step` writes over the whole page table.
+
+The cases run in a child pytest with TRITON_INTERPRET=1 (Triton reads it when first imported).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine import glue_reference as ref
+from mstar.runtime.engine.glue_loader import load_glue
+from mstar.runtime.engine.gpu.device_model import build_decoder
+from mstar.runtime.engine.gpu.glue_packing import GluePacker, eager_buffers
+from mstar.runtime.engine.gpu.packing import RowSpec, fed_ids, pack
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, node_glue
+from mstar.runtime.engine.placement import CPU
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
+
+REPO = Path(__file__).resolve().parents[2]
+PLAN = REPO / "generated" / "llama.plan"
+GLUE = REPO / "generated" / "llama_glue.py"
+IS_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not IS_INTERPRETED, reason="runs in the interpreter's own process (below)")
+
+
+@pytest.mark.skipif(IS_INTERPRETED, reason="this is the interpreter's process")
+@pytest.mark.skipif(tuple(int(part) for part in version("triton").split(".")[:2]) < (3, 9),
+                    reason="Triton's interpreter before 3.9 cannot run the glue kernels (docs/glue.md)")
+def test_glue_step_path_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                            env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "4 passed" in result.stdout, result.stdout[-2000:]
+
+
+def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
+    plan = load_plan(PLAN, verify=False)
+    engine = TorchEngine(plan, num_pages=num_pages)
+    reference = engine.runners["LLM"]
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+    glue = node_glue(load_glue(GLUE).GLUE_BY_WORKER, "LLM") if is_glue else None
+    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
+                                             decode_family(plan, "LLM"), is_flashinfer=False,
+                                             can_run_ahead=can_run_ahead, glue=glue)
+    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
+    return engine
+
+
+def _run(engine: TorchEngine, num: int) -> dict[str, tuple]:
+    # Prompts of 5 to 20 tokens and up to 21 outputs cross page boundaries (16 tokens a page);
+    # every third request samples (seeded); arrivals staggered so rows join and leave mid-chain.
+    requests = [Request(id=f"r{i}", prompt_tokens=[(3 + 7 * i + 5 * t) % 500 for t in range(5 + (3 * i) % 16)],
+                        max_tokens=4 + (7 * i) % 18, arrival_s=0.0, temperature=0.9 if i % 3 == 1 else None, seed=i)
+                for i in range(num)]
+    driver = Driver(engine.plan, engine)
+    driver.run(Workload(requests))
+    return {rid: (r.finish_reason, list(r.output_tokens)) for rid, r in driver.conductor.records.items()}
+
+
+@interpreted
+@pytest.mark.parametrize("can_run_ahead", [False, True])
+def test_glue_runner_gives_the_numpy_runners_tokens(can_run_ahead):
+    expected = _run(_engine(False, False), 7)
+    engine = _engine(True, can_run_ahead)
+    assert engine.runners["LLM"].executor.packer is not None
+    assert _run(engine, 7) == expected
+    if can_run_ahead:
+        assert engine.runners["LLM"].num_claimed_rows > 0
+
+
+@interpreted
+def test_glue_runner_under_memory_pressure_reuses_slots():
+    """Six pages: rows are held, requests end and their row slots pass to new requests, whose
+    page-table rows the mirror must send again from the first page."""
+    expected = _run(_engine(False, False, num_pages=6), 9)
+    engine = _engine(True, True, num_pages=6)
+    assert _run(engine, 9) == expected
+    assert engine.runners["LLM"].pool.num_free_pages == 6
+
+
+PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_PAGE = 16, 12, 8, 0
+DUMMY_SLOT = DUMMY_PAGE * PAGE_SIZE
+
+
+@st.composite
+def _steps(draw):
+    """Several steps of a key's rows as the scheduler makes them: new requests' prompt chunks,
+    running requests' decode rows (their token from the host or the device token table), requests
+    ending (their slots reused); each step decode-only and padded to a captured batch, or a
+    packed step padded to a token bucket (piecewise), or eager."""
+    return [dict(num_new=draw(st.integers(0, 3)), chunks=draw(st.lists(st.integers(1, 40), min_size=3, max_size=3)),
+                 num_ending=draw(st.integers(0, 2)), is_fed=draw(st.lists(st.booleans(), min_size=8, max_size=8)),
+                 shape=draw(st.sampled_from(["captured", "bucket", "eager"])))
+            for _ in range(draw(st.integers(1, 5)))]
+
+
+@interpreted
+@settings(max_examples=25, deadline=None)
+@given(steps=_steps(), seed=st.integers(0, 2 ** 16))
+def test_glue_packer_matches_numpy_packing_over_scheduler_steps(steps, seed):
+    module = load_glue(GLUE)
+    glue = module.GLUE_BY_WORKER[0]["LLM:mixed"]
+    constants = glue.constants
+    decode = constants.walks.index("decode")
+    rng = np.random.default_rng(seed)
+    packer = GluePacker(PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_SLOT, torch.device("cpu"))
+    loop_back = torch.from_numpy(rng.integers(0, 999, NUM_SLOTS).astype(np.int32))
+    free_slots, free_pages = list(range(1, NUM_SLOTS)), list(range(1, 200))
+    rng.shuffle(free_pages)
+    live: dict[int, dict] = {}  # slot -> {"pages", "cached"}
+    for spec in steps:
+        for slot in list(live)[:spec["num_ending"]]:
+            free_pages.extend(live.pop(slot)["pages"])
+            free_slots.append(slot)
+            packer.forget(slot)
+        rows: list[RowSpec] = []
+        for index, (slot, seq) in enumerate(live.items()):
+            fed = spec["is_fed"][index % 8]
+            rows.append(RowSpec(None if fed else [int(rng.integers(0, 999))], seq["cached"], seq["pages"], slot,
+                                True, decode))
+        if spec["shape"] != "captured":
+            for chunk in spec["chunks"][:spec["num_new"]]:
+                if free_slots:
+                    slot = free_slots.pop()
+                    live[slot] = {"pages": [], "cached": 0}
+                    rows.append(RowSpec(list(rng.integers(0, 999, chunk)), 0, live[slot]["pages"], slot, False, 0))
+        rows = rows[:8]
+        if not rows:
+            continue
+        for row in rows:  # the grant: pages for this step's tokens
+            seq = live[row.row_slot]
+            while len(seq["pages"]) * PAGE_SIZE < row.num_cached + row.num_tokens:
+                seq["pages"].append(free_pages.pop())
+        total = sum(row.num_tokens for row in rows)
+        padded_batch, bucket = len(rows), total
+        if spec["shape"] == "captured":
+            padded_batch = bucket = min(b for b in constants.batch_sizes if b >= len(rows))
+        elif spec["shape"] == "bucket":
+            bucket = min(t for t in constants.token_buckets if t >= total)
+        _compare_step(glue, packer, rows, padded_batch, bucket, loop_back)
+        for row in rows:
+            live[row.row_slot]["cached"] += row.num_tokens
+            loop_back[row.row_slot] = int(rng.integers(0, 999))
+
+
+def _compare_step(glue, packer, rows, padded_batch, bucket, loop_back):
+    step = packer.host_step(glue, rows, padded_batch)
+    data = packer.row_buffer(step.host.shape[0], bucket)
+    data.copy_(torch.from_numpy(step.host))
+    out = eager_buffers(bucket, padded_batch, step.num_pages, torch.device("cpu"))
+    inputs = packer.launch(glue, step, data, bucket, out, loop_back)
+
+    expected = pack(rows, PAGE_SIZE, DUMMY_PAGE, padded_rows=padded_batch if padded_batch > len(rows) else 0,
+                    padded_tokens=bucket)
+    t, r, n = expected.num_padded_tokens, expected.num_padded_rows, step.num_tokens
+    ids, positions, slots, src, last, _ = torch.from_numpy(expected.host.astype(np.int64)).split([t] * 4 + [r] * 2)
+    assert out.tokens[:n].tolist() == fed_ids(ids, src, loop_back)[:n].tolist()
+    assert out.positions[:n].tolist() == positions[:n].tolist()
+    assert out.kv_slots[:n].tolist() == slots[:n].tolist()
+    # Padding tokens write the dummy page (both packers), at position 0.
+    assert set(out.kv_slots[n:bucket].tolist()) <= {DUMMY_SLOT} and set(out.positions[n:bucket].tolist()) <= {0}
+    num_rows, num_pages = len(rows), step.num_pages
+    assert out.logits_index[:num_rows].tolist() == last[:num_rows].tolist()
+    assert out.kv_indices[:num_pages].tolist() == expected.kv_indices[:num_pages].tolist()
+    for host, device, numpy_side in ((step.qo_indptr, out.qo_indptr, expected.qo_indptr),
+                                     (step.kv_indptr, out.kv_indptr, expected.kv_indptr)):
+        assert host.tolist() == device[:padded_batch + 1].tolist()  # plan() reads what the kernel wrote
+        assert host[:num_rows + 1].tolist() == numpy_side[:num_rows + 1].tolist()
+        assert host[num_rows + 1:].tolist() == [host[num_rows]] * (padded_batch - num_rows)  # zero-length padding
+    assert step.last_page_len.tolist() == out.kv_last_page_len[:padded_batch].tolist()
+    assert step.last_page_len[:num_rows].tolist() == expected.last_page_len[:num_rows].tolist()
+    assert step.last_page_len[num_rows:].tolist() == [0] * (padded_batch - num_rows)
+    # The mirror holds what the whole page table would: the reference over full tables agrees.
+    full = torch.zeros(NUM_SLOTS, PAGES_PER_SEQ, dtype=torch.int32)
+    for row in rows:
+        full[row.row_slot, :len(row.page_table)] = torch.tensor(row.page_table, dtype=torch.int32)
+    want = eager_buffers(bucket, padded_batch, num_pages, torch.device("cpu"))
+    ref.pack_step(glue.constants, num_rows, padded_batch, bucket, inputs, full, loop_back, want, DUMMY_SLOT, num_pages)
+    for field in ("tokens", "positions", "kv_slots", "kv_indices"):
+        assert getattr(want, field)[:bucket if field != "kv_indices" else num_pages].tolist() == \
+            getattr(out, field)[:bucket if field != "kv_indices" else num_pages].tolist(), field
