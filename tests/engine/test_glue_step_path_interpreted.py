@@ -124,7 +124,8 @@ def test_glue_packer_matches_numpy_packing_over_scheduler_steps(steps, seed):
     constants = glue.constants
     decode = constants.walks.index("decode")
     rng = np.random.default_rng(seed)
-    packer = GluePacker(PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_SLOT, torch.device("cpu"))
+    # Two slot rows at first: the mirror grows as higher slots arrive, keeping what it mirrored.
+    packer = GluePacker(PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_SLOT, torch.device("cpu"), initial_rows=2)
     loop_back = torch.from_numpy(rng.integers(0, 999, NUM_SLOTS).astype(np.int32))
     free_slots, free_pages = list(range(1, NUM_SLOTS)), list(range(1, 200))
     rng.shuffle(free_pages)

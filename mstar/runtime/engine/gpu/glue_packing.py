@@ -12,7 +12,10 @@ pages into the page-table mirror and runs `pack_step`: token ids (a loop-back ro
 device token table), positions, KV write slots, page indices and last-token indices.
 
 The page-table mirror (`[row slots, pages per sequence]`, int32) is the device copy of each row
-slot's page table. A sequence's pages only grow while its request lives, so each row slot keeps
+slot's page table. It holds the rows up to the highest slot packed so far (doubling when a step
+needs more): the runner hands slots out lowest first, so that is the peak number of live requests,
+not the pool's page count (orpheus: 16385 slots x 8192 pages would be 512 MiB; 64 live requests
+take 2 MiB). A sequence's pages only grow while its request lives, so each row slot keeps
 the number of entries already mirrored and a step sends only the pages past it (a decode row
 sends one page every `page_size` steps, nothing in between); `forget(slot)` when the slot changes
 hands (the request ended) or its pages moved (offload).
@@ -34,6 +37,7 @@ from mstar.runtime.engine.glue_reference import INDEX_DTYPE, GlueLaunchError, Ke
 from mstar.runtime.engine.gpu.packing import RowSpec
 
 NUM_ROW_FIELDS = 7  # RowInputs' per-row fields, in its order
+INITIAL_MIRROR_ROWS = 64  # slot rows of the page-table mirror before a step needs more
 _LOOP_BACK_ENTRY = (0,)  # a loop-back row's one (ignored) entry among the host tokens
 
 
@@ -54,12 +58,14 @@ class GlueStep:
 
 
 class GluePacker:
-    def __init__(self, page_size: int, num_slots: int, pages_per_seq: int, dummy_slot: int, device: torch.device):
+    def __init__(self, page_size: int, num_slots: int, pages_per_seq: int, dummy_slot: int, device: torch.device,
+                 initial_rows: int = INITIAL_MIRROR_ROWS):
         """num_slots: row slots (the device token table's entries); pages_per_seq: the most pages a
-        sequence holds (max_seq_len over the page size, rounded up)."""
+        sequence holds (max_seq_len over the page size, rounded up); initial_rows: the mirror's
+        slot rows before a step needs more."""
         self.page_size, self.dummy_slot, self.device = page_size, dummy_slot, device
-        self.table = torch.zeros(num_slots, pages_per_seq, dtype=INDEX_DTYPE, device=device)
-        self.pages_per_seq = pages_per_seq
+        self.num_slots, self.pages_per_seq = num_slots, pages_per_seq
+        self.table = torch.zeros(min(num_slots, initial_rows), pages_per_seq, dtype=INDEX_DTYPE, device=device)
         self.num_mirrored = np.zeros(num_slots, dtype=np.int64)  # entries of each slot's row on the device
         self._rows = torch.zeros(0, dtype=INDEX_DTYPE, device=device)  # the row list's device side
 
@@ -88,6 +94,8 @@ class GluePacker:
         pages = -(-seq_lens // page_size)
         if num_rows and int(pages.max()) > self.pages_per_seq:
             raise ValueError(f"a row needs {int(pages.max())} pages, past the {self.pages_per_seq} a sequence holds")
+        if num_rows and int(slots.max()) >= self.table.shape[0]:
+            self._grow(int(slots.max()) + 1)
         update_index, update_page = self._page_updates(rows, slots, pages)
         num_updates = len(update_index)
         num_tokens = int(counts.sum())
@@ -112,6 +120,15 @@ class GluePacker:
         last[:num_rows] = np.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
         return GlueStep(num_rows, r, num_tokens, int(kv[num_rows]), num_updates, host, torch.from_numpy(qo),
                         torch.from_numpy(kv), torch.from_numpy(last), torch.empty(0, dtype=INDEX_DTYPE))
+
+    def _grow(self, num_rows: int) -> None:
+        """A mirror of at least `num_rows` slot rows (stream order keeps steps in flight on the old one)."""
+        if num_rows > self.num_slots:
+            raise GlueLaunchError(f"row slot {num_rows - 1} is past the page-table mirror's {self.num_slots} slots")
+        table = torch.zeros(min(max(num_rows, 2 * self.table.shape[0]), self.num_slots), self.pages_per_seq,
+                            dtype=INDEX_DTYPE, device=self.device)
+        table[:self.table.shape[0]].copy_(self.table)
+        self.table = table
 
     def _page_updates(self, rows: list[RowSpec], slots: np.ndarray, pages: np.ndarray) -> tuple[list[int], list[int]]:
         """(flat mirror index, page) of each page-table entry the rows hold past what their slots
