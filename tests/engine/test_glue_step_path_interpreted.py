@@ -3,7 +3,8 @@
 The fast path's runner packing with the plan's generated glue (`gpu/glue_packing.py`: the row
 list in one copy, the device page-table mirror, `pack_step`, `scatter_after_sampling` into the
 device token table) gives the tokens the numpy packing gives, through the run loop (loop-back on
-the device, sampling, run-ahead, slots reused under memory pressure); and for random scheduler
+the device, sampling, run-ahead, slots reused under memory pressure) and over tests/gpu's steps
+run eagerly; and for random scheduler
 batches over several steps (hypothesis) the glue packer writes what `packing.pack` lays out and
 what `glue_reference.pack_step` writes over the whole page table.
 
@@ -12,6 +13,7 @@ The cases run in a child pytest with TRITON_INTERPRET=1 (Triton reads it when fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -51,7 +53,7 @@ def test_glue_step_path_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "4 passed" in result.stdout, result.stdout[-2000:]
+    assert "5 passed" in result.stdout, result.stdout[-2000:]
 
 
 def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
@@ -78,10 +80,16 @@ def _run(engine: TorchEngine, num: int) -> dict[str, tuple]:
     return {rid: (r.finish_reason, list(r.output_tokens)) for rid, r in driver.conductor.records.items()}
 
 
+@functools.lru_cache(maxsize=None)
+def _numpy_run(num: int, num_pages: int) -> dict[str, tuple]:
+    """The numpy-packed runner's outcome (no run-ahead), once per shape for the cases below."""
+    return _run(_engine(False, False, num_pages), num)
+
+
 @interpreted
 @pytest.mark.parametrize("can_run_ahead", [False, True])
 def test_glue_runner_gives_the_numpy_runners_tokens(can_run_ahead):
-    expected = _run(_engine(False, False), 7)
+    expected = _numpy_run(7, 96)
     engine = _engine(True, can_run_ahead)
     assert engine.runners["LLM"].executor.packer is not None
     assert _run(engine, 7) == expected
@@ -93,10 +101,21 @@ def test_glue_runner_gives_the_numpy_runners_tokens(can_run_ahead):
 def test_glue_runner_under_memory_pressure_reuses_slots():
     """Six pages: rows are held, requests end and their row slots pass to new requests, whose
     page-table rows the mirror must send again from the first page."""
-    expected = _run(_engine(False, False, num_pages=6), 9)
+    expected = _numpy_run(9, 6)
     engine = _engine(True, True, num_pages=6)
     assert _run(engine, 9) == expected
     assert engine.runners["LLM"].pool.num_free_pages == 6
+
+
+@interpreted
+def test_the_gpu_tests_steps_on_the_cpu():
+    """tests/gpu's step sequence (decode rows fed from the host then the device, mixed, split and
+    eager steps, page crossings), every step eager with torch attention on the CPU, fp32."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import test_glue_step_path_gpu as gpu_steps
+
+    glue_executor, numpy_executor = gpu_steps._executors(device_name="cpu", is_flashinfer=False)
+    gpu_steps.compare_glue_and_numpy(glue_executor, numpy_executor)
 
 
 PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_PAGE = 16, 12, 8, 0
@@ -116,7 +135,7 @@ def _steps(draw):
 
 
 @interpreted
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(steps=_steps(), seed=st.integers(0, 2 ** 16))
 def test_glue_packer_matches_numpy_packing_over_scheduler_steps(steps, seed):
     module = load_glue(GLUE)
