@@ -203,6 +203,12 @@ class CaptureDecl(AstNode):
     batch: list[int]
     tokens: list[int] = []
     tokens_per_row: int = 1
+    # `guided` / `unguided`: only steps of that guidance mode replay the family (a step is guided
+    # when some row's request requires guidance on the node); None: steps of either mode do
+    guidance: Optional[Literal["guided", "unguided"]] = None
+    # `labels=[main, cfg_img]`: the KV sequences the family's graphs touch, as written (empty: not
+    # written; the compiler then takes the sequences the walk's steps of that mode touch)
+    labels: list[str] = []
     # `eager_above`: steps of more rows than the largest batch size run eagerly by intent, so a
     # cap above it is allowed (MW405 is not reported)
     is_eager_above: bool = False

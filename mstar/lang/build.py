@@ -325,6 +325,8 @@ class AstBuilder(Transformer):
             batch=settings["batch"].value if "batch" in settings else [],
             tokens=settings["tokens"].value if "tokens" in settings else [],
             tokens_per_row=settings["tokens_per_row"].value if "tokens_per_row" in settings else 1,
+            guidance=settings["guidance"].value if "guidance" in settings else None,
+            labels=settings["labels"].value if "labels" in settings else [],
             is_eager_above="eager_above" in settings,
             is_piecewise="piecewise" in settings,
         )
@@ -341,6 +343,13 @@ class AstBuilder(Transformer):
 
     def tokens_opt(self, children):
         return _Part("tokens", children[-1].value, self._span(children))
+
+    def guidance_opt(self, children):
+        # `guided` and `unguided` are one setting: both on one line is a setting given twice
+        return _Part("guidance", str(children[0]), self._span(children))
+
+    def labels_opt(self, children):
+        return _Part("labels", _names(children), self._span(children))
 
     def eager_above_opt(self, children):
         return _Part("eager_above", True, self._span(children))

@@ -211,6 +211,10 @@ def _capture(capture: ast.CaptureDecl) -> str:
         text += f" tokens={_ints(capture.tokens)}"
     if capture.tokens_per_row != 1:
         text += f" tokens_per_row={capture.tokens_per_row}"
+    if capture.guidance is not None:
+        text += f" {capture.guidance}"
+    if capture.labels:
+        text += f" labels=[{', '.join(capture.labels)}]"
     if capture.is_eager_above:
         text += " eager_above"
     if capture.is_piecewise:

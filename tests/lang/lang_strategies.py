@@ -43,6 +43,8 @@ def captures(walk):
         batch=small_lists(counts),
         tokens=small_lists(counts),
         tokens_per_row=counts,
+        guidance=st.none() | st.sampled_from(["guided", "unguided"]),
+        labels=st.just([]) | name_lists,
         is_eager_above=st.booleans(),
         is_piecewise=st.booleans(),
     )
