@@ -27,6 +27,10 @@ allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B dec
                 had doubled the Qwen3.5 estimate: 331 MiB against 170 MiB measured)
     workspace   CAPTURE_WORKSPACE_BYTES per family: the capture stream's cuBLAS workspace
     TP          the per-graph and shared terms are divided by tp_size; the workspace is not
+    labels      a family whose graphs touch several self-attention KV sequences (`labels`, such as
+                BAGEL's guided decode over main and cfg_img) runs each row once per sequence: its
+                keys count rows and tokens that many times (capture_keys.py; cross_kv pools are
+                attended over, not run, and do not count)
 
 A `piecewise` family captures each key as pieces split at every attention layer (layers + 1
 pieces), all in the family's one pool; attention runs eagerly between them (engine/gpu/piecewise.py).
@@ -107,9 +111,10 @@ def _recurrent_row_bytes(node: ast.NodeDecl) -> int:
     return 2 * value_heads * value_dim * STATE_BYTES + conv_dim * ACTIVATION_BYTES
 
 
-def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size: int) -> int:
-    """Estimated bytes one capture family of `node` holds on each of its tp_size ranks."""
-    keys = graph_keys(capture)
+def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size: int, num_sequences: int = 1) -> int:
+    """Estimated bytes one capture family of `node` holds on each of its tp_size ranks, when each
+    row runs `num_sequences` KV sequences (its labels: the module docstring's `labels`)."""
+    keys = [(rows * num_sequences, tokens * num_sequences) for rows, tokens in graph_keys(capture)]
     if not keys:
         return 0
     hidden = _dim(node, "hidden", DEFAULT_HIDDEN)

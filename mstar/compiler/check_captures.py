@@ -3,10 +3,11 @@
 In:  a `Spec` that passed resolve and check_graph, one of its nodes, the walks that run each node
      (`runs`: walk -> node names), the run's `Diagnostics`.
 Out: nothing; adds
-- MW414: two captures of one walk that are one family written twice: the same kind and options
-  (`piecewise`, `eager_above`) and, batched, the same tokens per row, or, packed, the same batch
-  sizes or the same token buckets. One line with the union of their lists captures exactly the
-  same graphs, and a step could only ever pick between equal keys.
+- MW414: two captures of one walk that are one family written twice: the same kind, options
+  (`piecewise`, `eager_above`) and guidance mode (`guided`, `unguided` or neither) and, batched,
+  the same tokens per row, or, packed, the same batch sizes or the same token buckets. One line
+  with the union of their lists captures exactly the same graphs, and a step could only ever pick
+  between equal keys.
 - MW415: `capture W replays S` with nothing to replay: S has no `capture` line of its own on the
   node (a walk that only replays cannot be replayed in turn: name the walk that captures), or W
   is S.
@@ -103,7 +104,7 @@ def _check_mergeable(node: ast.NodeDecl, diags: Diagnostics) -> None:
     for capture in node.captures:
         if capture.walk is None:
             continue
-        earlier = next((c for c in seen.get(capture.walk, []) if _is_one_family(c, capture)), None)
+        earlier = next((c for c in seen.get(capture.walk, []) if is_one_family(c, capture)), None)
         seen.setdefault(capture.walk, []).append(capture)
         if earlier is None:
             continue
@@ -115,8 +116,12 @@ def _check_mergeable(node: ast.NodeDecl, diags: Diagnostics) -> None:
                     capture.span, Note("the first", earlier.span))
 
 
-def _is_one_family(a: ast.CaptureDecl, b: ast.CaptureDecl) -> bool:
+def is_one_family(a: ast.CaptureDecl, b: ast.CaptureDecl, is_mode_ignored: bool = False) -> bool:
+    """Whether one line with both lists would capture the same graphs: the same kind, options and
+    guidance mode (unless `is_mode_ignored`: check_capture_keys.py's MW425 compares the rest)."""
     if (a.family, a.is_piecewise, a.is_eager_above) != (b.family, b.is_piecewise, b.is_eager_above):
+        return False
+    if not is_mode_ignored and a.guidance != b.guidance:
         return False
     if a.family == "batched":
         return a.tokens_per_row == b.tokens_per_row

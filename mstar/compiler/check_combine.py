@@ -2,8 +2,9 @@
 
 In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only the spec-level
      checks run), the run's `Diagnostics`.
-Out: nothing; adds MW401-MW416 and MW420-MW424 diagnostics (MW412, batching rules: check_batching.py;
-MW414-MW416, several captures of a walk and capture replays: check_captures.py;
+Out: nothing; adds MW401-MW419 and MW420-MW425 diagnostics (MW412, batching rules: check_batching.py;
+MW414-MW416, several captures of a walk and capture replays: check_captures.py; MW417-MW419 and
+MW425, captures' guidance modes and KV sequences: check_capture_keys.py;
 MW420-MW424, step token budgets and the prefix cache: check_chunking.py).
 
 Spec-level rules, per node:
@@ -34,7 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from mstar.compiler import capture_memory, check_batching, check_captures, check_chunking, check_submodels, codes
+from mstar.compiler import (
+    capture_keys, capture_memory, check_batching, check_capture_keys, check_captures, check_chunking, check_submodels,
+    codes,
+)
 from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
@@ -65,6 +69,7 @@ def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) ->
         if _step_sizes_fit(node, diags):
             _check_node(node, runs, diags)
             check_captures.check_node(spec, node, runs, diags)
+            check_capture_keys.check_node(node, runs, diags)
         check_batching.check_node(spec, node, runs, diags)
         check_submodels.check_node(node, runs, diags)
     if deployment is None:
@@ -272,12 +277,14 @@ def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[Wo
             node = nodes.get(node_name)
             if node is None:  # an unresolved name: resolve has reported it
                 continue
-            found = walk_families(node, walk)
-            found += [(f"{node_name}:{c.name}", c.capture) for c in node.combines
+            found = [(name, c, [c.walk or walk]) for name, c in walk_families(node, walk)]
+            found += [(f"{node_name}:{c.name}", c.capture, list(c.walks)) for c in node.combines
                       if walk in c.walks and c.capture is not None]
-            for name, capture in found:
+            for name, capture, walks in found:
                 if name not in families:
-                    num_bytes = capture_memory.estimate_family_bytes(node, capture, group.tp_size)
+                    labels = capture_keys.family_labels(node, capture, walks)
+                    num_bytes = capture_memory.estimate_family_bytes(node, capture, group.tp_size,
+                                                                     capture_keys.num_self_sequences(node, labels))
                     families[name] = WorkerCapture(name, node, capture, group.tp_size, num_bytes)
         out[rank] = list(families.values())
     return out

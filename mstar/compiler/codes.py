@@ -9,6 +9,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW31x+ check_deployment  placement of nodes and walks on ranks
     MW4xx  check_combine     combined walks, caps, captures, capture memory; MW412 batching rules;
                              MW414-MW416 (check_captures) several captures a walk, replays;
+                             MW417-MW419, MW425 (check_capture_keys) guidance modes and labels;
                              MW420-MW424 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
@@ -107,11 +108,15 @@ PIECEWISE_WITHOUT_ATTENTION = "MW413"
 CAPTURES_MERGEABLE = "MW414"
 REPLAY_WITHOUT_CAPTURE = "MW415"
 REPLAY_MISMATCH = "MW416"
+CAPTURE_LABEL_UNKNOWN = "MW417"
+CAPTURE_GUIDED_WITHOUT_GUIDANCE = "MW418"
+CAPTURE_LABELS_MISMATCH = "MW419"
 CHUNK_ABOVE_BUDGET = "MW420"
 BUDGET_BELOW_FIXED_ROWS = "MW421"
 BUCKETS_BELOW_BUDGET = "MW422"
 CHUNKING_NOT_OWNED = "MW423"
 PREFIX_CACHE_RECURRENT = "MW424"
+CAPTURE_KEY_TWICE = "MW425"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -194,9 +199,13 @@ TITLES: dict[str, str] = {
     CAPTURES_MERGEABLE: "two captures of one walk that are one family",
     REPLAY_WITHOUT_CAPTURE: "capture replay of a walk with no capture of its own",
     REPLAY_MISMATCH: "capture replay by a walk whose steps compute something else",
+    CAPTURE_LABEL_UNKNOWN: "capture label that is not a KV sequence of the node",
+    CAPTURE_GUIDED_WITHOUT_GUIDANCE: "guided capture on a node without guidance sequences",
+    CAPTURE_LABELS_MISMATCH: "capture whose KV sequences are not those its steps touch",
     CHUNK_ABOVE_BUDGET: "prefill chunk size above the step token budget",
     BUDGET_BELOW_FIXED_ROWS: "step token budget below a full step of rows that cannot be cut",
     BUCKETS_BELOW_BUDGET: "packed capture with no token bucket for a full step of chunks",
     CHUNKING_NOT_OWNED: "prefill chunk size not read without scheduler_owns_chunking",
     PREFIX_CACHE_RECURRENT: "prefix cache asked for on a node with recurrent state",
+    CAPTURE_KEY_TWICE: "two captures of one walk with the same key",
 }

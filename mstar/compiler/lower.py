@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from mstar.compiler.capture_keys import DEFAULT_KV_SEQUENCE  # a kv node's one sequence when none is declared
 from mstar.compiler.check_prompt_format import PROMPT_FIELD, TOKEN_LIST_ARGS, template_fields
 from mstar.compiler.check_roles import model_kind
 from mstar.compiler.chunking import prefix_walks
@@ -52,8 +53,6 @@ from mstar.plan.schema import (
 
 # Rows per step when nothing bounds a walk (no cap, no capture, no admission limit).
 UNBOUNDED_ROWS = 256
-# The label of a kv node's one KV sequence when the spec declares none (a label is for people).
-DEFAULT_KV_SEQUENCE = "main"
 
 
 def _args(args: list[ast.Arg]) -> dict:

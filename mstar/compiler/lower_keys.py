@@ -19,6 +19,8 @@ Rules (docs/plan.md, keys and mixture tables):
 - A mixed step takes the combine's own cap when given, else the smallest cap among the walks
   present; it replays the combine's capture (or runs eagerly) with the combine's attention route
   (default "split").
+- each family carries its guidance mode and the KV sequences its graphs touch (capture_keys.py);
+  its memory estimate counts a row once per self-attention sequence it touches.
 - batch_pad is a direct lookup sized to the largest batch any step of the key using the family may
   hold (a family replayed by walks of two keys is listed in both, with the same buckets).
 """
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from mstar.compiler import capture_memory
+from mstar.compiler import capture_keys, capture_memory
 from mstar.lang import ast
 from mstar.plan.buckets import batch_pad_table
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry
@@ -96,7 +98,10 @@ def single_attention(node: ast.NodeDecl, walk: WalkTree) -> Attention:
     return "decode" if is_one_token else "prefill"
 
 
-def _family(node, capture, name, max_rows, tp_size) -> CaptureFamily:
+def _family(node, capture, name, max_rows, tp_size, walks: list[str]) -> CaptureFamily:
+    """The plan's family of one capture line, replayed by steps of `walks` (the capture's own walk,
+    or the combined walk's walks)."""
+    labels = capture_keys.family_labels(node, capture, walks)
     return CaptureFamily(
         name=name,
         kind=capture.family,
@@ -105,7 +110,10 @@ def _family(node, capture, name, max_rows, tp_size) -> CaptureFamily:
         tokens_per_row=capture.tokens_per_row if capture.family == "batched" else 1,
         batch_pad=batch_pad_table(capture.batch, max_rows),
         num_graphs=capture_memory.num_graphs(capture),
-        memory_bytes=capture_memory.estimate_family_bytes(node, capture, tp_size),
+        memory_bytes=capture_memory.estimate_family_bytes(node, capture, tp_size,
+                                                          capture_keys.num_self_sequences(node, labels)),
+        guidance=capture_keys.plan_guidance(capture),
+        labels=labels,
         is_eager_above=capture.is_eager_above,
         is_piecewise=capture.is_piecewise,
     )
@@ -151,10 +159,11 @@ def _key(
     for walk in walks:
         for fname, decl in walk_families(node, walk):
             if all(f.name != fname for f in families):
-                families.append(_family(node, decl, fname, family_rows.get(fname, 0), tp_size))
+                families.append(_family(node, decl, fname, family_rows.get(fname, 0), tp_size, [decl.walk or walk]))
     if combine is not None and combine.capture is not None and len(walks) > 1:
         fname = family_name(node.name, combine.name)
-        families.append(_family(node, combine.capture, fname, family_rows.get(fname, 0), tp_size))
+        families.append(_family(node, combine.capture, fname, family_rows.get(fname, 0), tp_size,
+                                list(combine.walks)))
 
     batch_rules = {b.walk: list(b.rules) for b in node.batching if b.walk in walks}
     rows_limits = {}

@@ -5,8 +5,10 @@ and compares them).
                                                       0 above every size (eager); table[0] = 0;
                                                       one entry per b up to max(max_rows, largest size)
     family_max_rows(key, family_name) -> int          the largest cap of a mixture replaying it
-    pick_smallest(families, num_rows, num_tokens)     where a step lands among a mixture's families:
-        -> CapturePick                                the scheduler's choice, and the GPU bench's
+    pick_smallest(families, num_rows, num_tokens,     where a step lands among a mixture's families of
+                  is_guided) -> CapturePick           its guidance mode: the scheduler's choice, and
+                                                      the GPU bench's
+    serves(family, is_guided) -> bool                 a step of that guidance mode may replay it
 """
 from __future__ import annotations
 
@@ -43,17 +45,26 @@ class CapturePick:
 EAGER = CapturePick(None, 0, 0)
 
 
-def pick_smallest(families: tuple[CaptureFamily, ...], num_rows: int, num_tokens: list[int]) -> CapturePick:
+def serves(family: CaptureFamily, is_guided: bool) -> bool:
+    """Whether a step of this guidance mode may replay the family: its mode is the step's, or "any"."""
+    return family.guidance == "any" or (family.guidance == "guided") == is_guided
+
+
+def pick_smallest(families: tuple[CaptureFamily, ...], num_rows: int, num_tokens: list[int],
+                  is_guided: bool = False) -> CapturePick:
     """Several families serve one mixture (per-shape captures of a walk, or one replayed from
-    another walk): the reference's matching rule. Each family's key for the step is its padded
-    batch and its tokens (batched: padded batch x tokens_per_row, and only when no row feeds more
-    than tokens_per_row, since the tokens a row feeds are what tell such families apart; packed:
-    the smallest token bucket that holds the step's tokens). The smallest (tokens, padded batch)
-    wins, the first family listed on a tie; none holds it: eager."""
+    another walk): the reference's matching rule. Only families whose guidance mode is the step's
+    (`is_guided`: some row's request requires guidance) or "any" are candidates. Each family's key
+    for the step is its padded batch and its tokens (batched: padded batch x tokens_per_row, and
+    only when no row feeds more than tokens_per_row, since the tokens a row feeds are what tell
+    such families apart; packed: the smallest token bucket that holds the step's tokens). The
+    smallest (tokens, padded batch) wins, the first family listed on a tie; none holds it: eager."""
     best: Optional[tuple[int, int]] = None
     pick = EAGER
     longest = max(num_tokens, default=0)
     for family in families:
+        if not serves(family, is_guided):
+            continue
         pad = family.batch_pad
         padded = pad[num_rows] if num_rows < len(pad) else 0
         if padded == 0:

@@ -193,7 +193,25 @@ def reference_problems(plan: Plan) -> list[str]:
             problems.append(f"kv pool of {pool.node}: page_size, num_pages and max_seq_len must be positive")
     for worker in plan.workers:
         _worker_problems(worker, nodes, walks, {n.name for n in plan.nodes if n.engine == "kv"}, problems)
+    _capture_key_problems(plan, problems)
     return problems
+
+
+def _capture_key_problems(plan: Plan, problems: list[str]) -> None:
+    """A family's labels are KV sequences (or cross_kv pools) of its node, and a `guided` family is
+    on a node with guidance sequences (else no step would ever replay it)."""
+    sequences = {n.name: set(n.kv_sequences) | {c.label for c in n.cross_kv} if n.engine == "kv" else set()
+                 for n in plan.nodes}
+    guided_nodes = {n.name for n in plan.nodes if n.guidance}
+    for worker in plan.workers:
+        for key in worker.keys:
+            where = f"worker {worker.rank}: key {key.name}"
+            for family in key.captures:
+                problems.extend(f"{where}: capture {family.name} touches {label!r}, not a KV sequence of {key.node}"
+                                for label in family.labels if label not in sequences.get(key.node, set()))
+                if family.guidance == "guided" and key.node not in guided_nodes:
+                    problems.append(f"{where}: capture {family.name} is guided on {key.node}, which has no guidance "
+                                    "sequences")
 
 
 def _worker_problems(worker, nodes: set[str], walks: set[str], kv_nodes: set[str], problems: list[str]) -> None:

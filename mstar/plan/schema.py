@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -349,6 +349,12 @@ class CaptureFamily(PlanModel):
     batch_pad: list[int]
     num_graphs: int
     memory_bytes: int  # compile-time estimate of this family's capture memory
+    # The guidance mode of the steps that replay it (the spec's `guided` / `unguided`; "any": both).
+    # A step is guided when some row's request requires guidance on the node (guidance_mode.py);
+    # it replays only families of its own mode or "any" (buckets.pick_smallest).
+    guidance: Literal["any", "guided", "unguided"] = "any"
+    # The KV sequences (and cross_kv pools) its graphs touch, in the node's order; kv nodes only.
+    labels: list[str] = []
     # The spec's `eager_above`: a step of more rows than the largest batch size runs eagerly by
     # intent. Without it no step replaying the family has more rows than that (the engine refuses one).
     is_eager_above: bool = False

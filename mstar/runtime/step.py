@@ -49,6 +49,9 @@ class Step:
     padded_batch: int = 0  # 0 = eager
     token_bucket: int = 0  # packed captures only
     is_speculative: bool = False
+    # The step's guidance mode: some row's request requires guidance on the node (guidance_mode.py).
+    # Its capture, if any, is a family of that mode or of both (CaptureFamily.guidance).
+    is_guided: bool = False
 
 
 @dataclass

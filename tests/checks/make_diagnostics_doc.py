@@ -279,9 +279,9 @@ explain = {
           "between them. A node whose network has no attention layers (an `audio_codec`, as in the reference, whose "
           "audio-codec flavor has no piecewise runner) has nothing to leave out: capture it whole.",
  "MW414": "A walk may have several captures (per-shape buckets: the step takes the family whose key holds it with "
-          "the smallest tokens, then batch). Two of them that are one family written twice (same kind and options, "
-          "and the same tokens per row, batched, or the same batch sizes or token buckets, packed) capture exactly "
-          "what one line with both lists would: write that line.",
+          "the smallest tokens, then batch). Two of them that are one family written twice (same kind, options and "
+          "guidance mode, and the same tokens per row, batched, or the same batch sizes or token buckets, "
+          "packed) capture exactly what one line with both lists would: write that line.",
  "MW415": "`capture W replays S` makes one-walk steps of W replay the captures of S (the reference's "
           "replay_graph_walks). S must have a `capture` line of its own on the node; a walk that only replays "
           "cannot be replayed in turn (name the walk that captures), and a walk does not replay itself.",
@@ -289,6 +289,22 @@ explain = {
           "row, prefill kernels otherwise), the attention mask (`bidirectional`), the model (`submodel`) and the KV "
           "sequences read and written (`kv` lines). A walk replays only the captures of a walk that agrees on all "
           "four.",
+ "MW417": "A capture's `labels=[...]` name the KV sequences its graphs touch: each must be one of the node's "
+          "`kv_sequences` (or a `cross_kv` pool), once. A stateless node has no KV sequences, so a label there is "
+          "always this error.",
+ "MW418": "A `guided` capture serves only steps that hold a request requiring guidance on the node (a guidance "
+          "scale above 1 and a route through a walk that reads a guidance sequence). A node without `guidance` "
+          "sequences never has such a step, so the family would be captured and never replayed.",
+ "MW419": "A captured graph runs the KV sequences baked into it, so a capture's sequences must be exactly those "
+          "its steps touch: a walk's rows touch its `kv` line's sequences, but an unguided request keeps only the "
+          "non-guidance ones. An `unguided` capture's labels cannot include a guidance sequence; labels that add or "
+          "leave out one of the sequences the steps of the capture's mode touch are refused; and a capture without "
+          "`guided` / `unguided` serves steps of both modes, which is refused when guided steps touch other "
+          "sequences than unguided ones (write a line for each mode, as BAGEL's decode does).",
+ "MW425": "The key of a capture is its walk, its guidance mode and its buckets. A capture without a mode serves "
+          "steps of both modes, so beside a `guided` (or `unguided`) capture that is otherwise the same family "
+          "(MW414's rule) a step of that mode could replay either, with equal keys: state a mode on both (they "
+          "are then apart, or MW414 asks for one line), or on neither.",
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
           "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
           "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",

@@ -119,7 +119,7 @@ def test_interval_and_written_sequences():
     assert guidance.written("prefill_vit", is_guided=True) == ("main", "cfg_text")
     assert guidance.written("prefill_text", is_guided=False) == ("main",)
     assert guidance.read("image_gen", is_guided=True) == ("main", "cfg_text", "cfg_img")
-    assert guidance.guided_walks == {"image_gen"} and guidance.defaults == (4.0, 1.0)
+    assert guidance.defaults == (4.0, 1.0)
 
 
 def test_bad_scales_are_refused():

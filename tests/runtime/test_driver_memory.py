@@ -32,6 +32,6 @@ def test_ended_requests_leave_no_state_in_the_schedulers(name, engine_kw, num_ca
     for rank, sched in driver.schedulers.items():
         tracked = sched.num_tracked()
         assert sched.is_idle()
-        assert tracked["present"] == tracked["classes"] == tracked["follow"] == 0, (rank, tracked)
+        assert tracked["present"] == tracked["classes"] == tracked["guided"] == tracked["follow"] == 0, (rank, tracked)
         # Tombstones only for requests of the last two steps, each of at most CONCURRENCY rows.
         assert tracked["removed"] <= 2 * CONCURRENCY, (rank, tracked)

@@ -49,7 +49,7 @@ def test_requests_that_come_and_go_leave_nothing_behind():
     num_removed = sum(1 for op in runner.log if op[0] == "remove")
     assert num_removed >= num_requests // 5  # the trace did remove requests on the way
     tracked = sched.num_tracked()
-    assert tracked["present"] == tracked["classes"] == tracked["follow"] == 0, tracked
+    assert tracked["present"] == tracked["classes"] == tracked["guided"] == tracked["follow"] == 0, tracked
     assert tracked["removed"] <= len(ids_in_last_two_batches(runner)) <= 2 * 4, tracked
 
 
@@ -59,7 +59,7 @@ def test_a_worker_that_never_ran_the_request_keeps_no_tombstone():
     sched = WorkerScheduler(two_key_worker(), DEPLOYMENT, clock=lambda: 0.0)
     for i in range(1000):
         sched.remove(f"elsewhere-{i}")
-    assert sched.num_tracked() == {"present": 0, "classes": 0, "removed": 0, "follow": 0}
+    assert sched.num_tracked() == {"present": 0, "classes": 0, "guided": 0, "removed": 0, "follow": 0}
 
 
 def test_a_removed_request_never_comes_back_from_the_steps_that_name_it():

@@ -38,6 +38,7 @@ from collections import deque
 from itertools import repeat
 from typing import Any, Callable, Optional
 
+from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.schema import PartitionPlan, Plan, StagePlan
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.conductor.loop_pass import advance_loop_rows
@@ -63,7 +64,7 @@ class RouteError(Exception):
 class _RequestState:
     """One admitted request: its partitions, their stream buffers, and KV context per node."""
 
-    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled", "ready_keys")
+    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled", "ready_keys", "guided")
 
     def __init__(self, record: RequestRecord):
         self.record = record
@@ -73,6 +74,7 @@ class _RequestState:
         self.buffers: dict[tuple[str, str], StreamBuffer] = {}  # (consumer partition, edge)
         self.signalled: set[str] = set()  # partitions whose end was sent to their streams
         self.ready_keys: set[tuple[str, str]] = set()  # (node, walk) tables of Conductor.ready_calls it is in
+        self.guided: dict[str, bool] = {}  # node -> whether it requires guidance there (asked once)
 
 
 def _alternatives(stage: StagePlan) -> list[list[str]]:
@@ -124,6 +126,7 @@ class Conductor:
         self.walks = {walk.name: RunWalk(walk) for walk in plan.walks}
         self.counts = LoopCounts(plan)
         self.kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
+        self.guidance_rules = {node.name: GuidanceRule.of(node) for node in plan.nodes if node.guidance}
         self.max_concurrent = plan.deployment.max_concurrent_requests
         # Streams a partition produces: the (consumer partition, edge) buffers it ends.
         self.produced: dict[str, list[tuple[str, str]]] = {}
@@ -486,6 +489,20 @@ class Conductor:
         self._admit()
 
     # ------------------------------------------------------------ state
+
+    def requires_guidance(self, request_id: str, node: str) -> bool:
+        """Whether the active request requires guidance on `node` (plan/guidance_mode.py); False
+        for a node without guidance sequences or a request that is not active."""
+        rule = self.guidance_rules.get(node)
+        state = self.active.get(request_id)
+        if rule is None or state is None:
+            return False
+        known = state.guided.get(node)
+        if known is None:
+            request = state.record.request
+            known = rule.requires(request.guidance, [w for walks in request.route.values() for w in walks])
+            state.guided[node] = known
+        return known
 
     @property
     def num_active(self) -> int:

@@ -249,7 +249,7 @@ class SimEngine(RunsAtLaunch):
         ran = Step(
             worker=step.worker, key=step.key, node=node, mask=step.mask, label=step.label, rows=rows,
             attention=step.attention, capture=step.capture, padded_batch=step.padded_batch,
-            token_bucket=step.token_bucket, is_speculative=step.is_speculative,
+            token_bucket=step.token_bucket, is_speculative=step.is_speculative, is_guided=step.is_guided,
         )
         return StepResult(rows=self._row_results(node, rows), allocation_failed=short, elapsed_s=self.step_time(ran))
 

@@ -18,7 +18,11 @@ whose message names the step field that disagrees with the plan:
   size of the mixture's capture families unless one of them is `eager_above` - or one of the
   mixture's capture families (`capture` or one of `also_captures`) with the padded batch one of
   its `batch_sizes` and at least the rows, and (packed families) the token bucket one of its
-  `token_buckets` and at least the step's tokens; a batched family has no token bucket.
+  `token_buckets` and at least the step's tokens; a batched family has no token bucket;
+- `is_guided` (the step's guidance mode): a guided step only on a node with guidance sequences,
+  and a captured step's family of the step's mode or of both (`CaptureFamily.guidance`). Whether
+  the mode is the rows' own (some row's request requires guidance) `check_mode` checks with the
+  engine's answer for its requests (`StepPlanRow.is_guidance_keyed` says when it matters).
 The engine decides nothing the plan decided; it only refuses a step the plan does not allow.
 """
 from __future__ import annotations
@@ -26,7 +30,10 @@ from __future__ import annotations
 from collections import Counter
 from operator import attrgetter
 from dataclasses import dataclass
+from typing import Callable
 
+from mstar.plan.buckets import serves
+from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.schema import CaptureFamily, KeyPlan, MixtureEntry, Plan
 from mstar.runtime.step import Step
 
@@ -46,6 +53,7 @@ class StepPlanRow:
     key: KeyPlan
     entry: MixtureEntry
     decode_walks: frozenset[str]
+    is_guidance_keyed: bool = False  # some family of the key serves one guidance mode only
 
 
 class StepChecker:
@@ -53,6 +61,10 @@ class StepChecker:
         self.keys = {(w.rank, k.name): k for w in plan.workers for k in w.keys}
         self.families = {(w.rank, k.name): {c.name: c for c in k.captures} for w in plan.workers for k in w.keys}
         self.is_kv = {n.name: n.engine == "kv" for n in plan.nodes}
+        self.has_guidance = {n.name: bool(n.guidance) for n in plan.nodes}
+        self.guidance_rules = {n.name: GuidanceRule.of(n) for n in plan.nodes if n.guidance}
+        self.is_guidance_keyed = {where: any(f.guidance != "any" for f in key.captures)
+                                  for where, key in self.keys.items()}
         self.decode_walks = {
             where: frozenset(walk for i, walk in enumerate(key.walks)
                              if key.mixtures[1 << i].attention == "decode")
@@ -80,8 +92,23 @@ class StepChecker:
         if step.attention != entry.attention:
             raise StepContractError(f"{where}: attention {step.attention!r}, the plan's mixture "
                                     f"{entry.walks} has {entry.attention!r}")
+        if step.is_guided and not self.has_guidance.get(step.node, False):
+            raise StepContractError(f"{where}: is_guided: a guided step of node {step.node}, which has no guidance "
+                                    "sequences")
         _check_capture(where, self.families[(step.worker, step.key)], entry, step, self.is_kv.get(step.node, False))
-        return StepPlanRow(key, entry, self.decode_walks[(step.worker, step.key)])
+        return StepPlanRow(key, entry, self.decode_walks[(step.worker, step.key)],
+                           self.is_guidance_keyed[(step.worker, step.key)])
+
+
+    def check_mode(self, step: Step, requires_guidance: Callable[[str, str], bool]) -> None:
+        """A step of a key whose captures are keyed by guidance mode (`StepPlanRow.is_guidance_keyed`)
+        is guided exactly when one of its rows' requests requires guidance: `requires_guidance(request
+        id, node)`, the engine's answer by the plan's rule (the scheduler picked the capture by it)."""
+        guided = next((row.request_id for row in step.rows if requires_guidance(row.request_id, step.node)), None)
+        if (guided is not None) != step.is_guided:
+            why = f"request {guided} requires guidance" if guided is not None else "no row's request requires guidance"
+            raise StepContractError(f"step of key {step.key} on worker {step.worker}: is_guided {step.is_guided}, "
+                                    f"but {why} on {step.node}")
 
 
 def _check_rows(where: str, key: KeyPlan, entry: MixtureEntry, step: Step) -> None:
@@ -150,6 +177,10 @@ def _check_capture(where: str, families: dict[str, CaptureFamily], entry: Mixtur
     family = families.get(step.capture)
     if family is None:
         raise StepContractError(f"{where}: capture {step.capture!r} is not a capture family of the key")
+    if not serves(family, step.is_guided):
+        mode = "guided" if step.is_guided else "unguided"
+        raise StepContractError(f"{where}: capture {family.name} serves {family.guidance} steps, and this step is "
+                                f"{mode} (is_guided {step.is_guided})")
     if step.padded_batch not in family.batch_sizes or step.padded_batch < len(step.rows):
         raise StepContractError(f"{where}: padded_batch {step.padded_batch} for {len(step.rows)} rows is not "
                                 f"a captured batch size of {family.name} (batch_sizes {family.batch_sizes})")

@@ -418,6 +418,8 @@ class TorchEngine:
         node's device may still run it on return (its runner's `start`); `wait` collects."""
         started = time.perf_counter()
         plan_row = self.checker.check(step)
+        if plan_row.is_guidance_keyed:
+            self.checker.check_mode(step, self.requires_guidance)
         runner = self.runners.get(step.node)
         results: list[RowResult] = []
         rows = []
@@ -472,6 +474,13 @@ class TorchEngine:
         if not isinstance(runner, DecoderRunner) or request is None:
             return 0
         return runner.claim_prefix(request, tokens)
+
+    def requires_guidance(self, request_id: str, node: str) -> bool:
+        """Whether the request requires guidance on `node` (plan/guidance_mode.py's rule, over the
+        scales and the explicit route it was added with); False for one never added."""
+        rule, request = self.checker.guidance_rules.get(node), self.requests.get(request_id)
+        return rule is not None and request is not None and rule.requires(request.guidance.scales,
+                                                                          request.route_walks)
 
     def end_request(self, request_id: str) -> None:
         for runner in self.runners.values():

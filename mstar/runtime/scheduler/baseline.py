@@ -43,6 +43,7 @@ class BaselineScheduler:
         self.holds: list[tuple[float, int, list[_Row]]] = []
         self.num_holds_made = 0
         self.removed: set[str] = set()
+        self.guided_ids: set[str] = set()  # requests that require guidance (a step holding one is guided)
         self.follow: list[Batch] = []
         self.num_consecutive = 0
         self.last_run: dict[str, int] = {key.name: 0 for key in worker.keys}
@@ -90,10 +91,13 @@ class BaselineScheduler:
         self._push(_Row(request_id, key, walk, num_tokens, 0))
 
     def add_ready_many(
-        self, request_ids: Sequence[str], node: str, walk: str, num_tokens: Union[int, Sequence[int]] = 1
+        self, request_ids: Sequence[str], node: str, walk: str, num_tokens: Union[int, Sequence[int]] = 1,
+        guided: Optional[Sequence[bool]] = None,
     ) -> None:
         tokens = [num_tokens] * len(request_ids) if isinstance(num_tokens, int) else list(num_tokens)
-        for rid, count in zip(request_ids, tokens):
+        for i, (rid, count) in enumerate(zip(request_ids, tokens)):
+            if guided is not None and guided[i]:
+                self.guided_ids.add(rid)
             self.add_ready(rid, node, walk, count)
 
     def _push(self, row: _Row) -> None:
@@ -203,9 +207,13 @@ class BaselineScheduler:
         capture, padded, bucket = None, 0, 0
         names = ([entry.capture] if entry.capture is not None else []) + entry.also_captures
         tokens = [chunks.get(row.request_id, row.num_tokens) for row in rows]
+        is_keyed = any(f.guidance != "any" for f in key.captures)
+        is_guided = is_keyed and any(row.request_id in self.guided_ids for row in rows)
         best: Optional[tuple[int, int]] = None
         for name in names:  # several: the smallest (tokens, padded batch) that holds the step
             family = next(f for f in key.captures if f.name == name)
+            if family.guidance != "any" and family.guidance != ("guided" if is_guided else "unguided"):
+                continue  # a family of the other guidance mode
             sizes = [s for s in family.batch_sizes if s >= len(rows)]
             buckets = [t for t in family.token_buckets if t >= sum(tokens)]
             if not sizes or (family.kind == "packed" and not buckets):
@@ -224,7 +232,7 @@ class BaselineScheduler:
             request_ids=[row.request_id for row in rows], walks=[row.walk for row in rows],
             num_tokens=[chunks.get(row.request_id, row.num_tokens) for row in rows], capture=capture,
             padded_batch=padded,
-            token_bucket=bucket, attention=entry.attention, is_speculative=is_speculative,
+            token_bucket=bucket, attention=entry.attention, is_speculative=is_speculative, is_guided=is_guided,
         )
 
     def speculate(
@@ -299,6 +307,7 @@ class BaselineScheduler:
 
     def remove(self, request_id: str) -> None:
         self.removed.add(request_id)
+        self.guided_ids.discard(request_id)
         named = self._names_in_follow(request_id)
         dropped = [
             row for row in self.ready
@@ -357,7 +366,7 @@ class BaselineScheduler:
             request_ids=list(head.request_ids), walks=list(head.walks),
             num_tokens=list(head.num_tokens), capture=head.capture,
             padded_batch=head.padded_batch, token_bucket=head.token_bucket,
-            attention=head.attention, is_follower=True,
+            attention=head.attention, is_follower=True, is_guided=head.is_guided,
         )
 
     # ---------------------------------------------------------- state

@@ -25,6 +25,9 @@ class Batch:
     token_bucket:   the packed capture's token bucket (0 for batched captures and eager steps).
     attention:      MixtureEntry.attention of the step's mixture.
     is_speculative: built by `WorkerScheduler.speculate` while the previous step runs.
+    is_guided:      some row's request requires guidance on the node (the step's guidance mode;
+                    its capture is one of that mode or of both). False on a key whose captures
+                    do not depend on the mode.
     is_follower:    a TP follower running its leader's batch (composition copied from the leader).
     """
 
@@ -42,6 +45,7 @@ class Batch:
     attention: str
     is_speculative: bool = False
     is_follower: bool = False
+    is_guided: bool = False
 
     @property
     def num_rows(self) -> int:

@@ -15,6 +15,7 @@ sequence runs), not over rows: one-walk keys decide in O(1), mixed keys in O(wal
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import AbstractSet
 
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.key_tables import KeyTables
@@ -124,9 +125,12 @@ def make_batch(
     mask: int,
     parts: list[tuple[int, list[str], list[int]]],
     is_speculative: bool = False,
+    guided: AbstractSet[str] = frozenset(),
 ) -> Batch:
     """Assemble a Batch from (walk index, request ids, tokens) parts in the key's walk order,
-    with label, attention and capture bucket looked up for the mask."""
+    with label, attention and capture bucket looked up for the mask. `guided`: requests of the
+    key that require guidance; the step is guided when it holds one (read only on a key whose
+    captures are keyed by guidance mode)."""
     walks = tables.walks
     if len(parts) == 1:
         walk, request_ids, num_tokens = parts[0]
@@ -137,7 +141,8 @@ def make_batch(
             request_ids += ids
             row_walks += [walks[walk]] * len(ids)
             num_tokens += tokens
-    pick = tables.pick_capture(mask, len(request_ids), num_tokens)
+    is_guided = tables.is_guidance_keyed and not guided.isdisjoint(request_ids)
+    pick = tables.pick_capture(mask, len(request_ids), num_tokens, is_guided)
     return Batch(
         worker=worker,
         key=tables.name,
@@ -152,4 +157,5 @@ def make_batch(
         token_bucket=pick.token_bucket,
         attention=tables.attention[mask],
         is_speculative=is_speculative,
+        is_guided=is_guided,
     )

@@ -10,7 +10,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Optional
 
-from mstar.plan.buckets import EAGER, CapturePick, pick_smallest
+from mstar.plan.buckets import EAGER, CapturePick, pick_smallest, serves
 from mstar.plan.schema import CaptureFamily, KeyPlan
 from mstar.runtime.scheduler.errors import SchedulerError
 
@@ -34,6 +34,8 @@ class KeyTables:
     limited_walks[mask]: (walk, limit) for each walk of a mixed mask that has a rows limit.
     rules[w]: what rows of walk w must agree on to share a step (KeyPlan.batch_rules; () = nothing);
     has_rules: some walk of the key has rules (its steps are then composed by batch_rules.py).
+    is_guidance_keyed: some capture family of the key serves one guidance mode only, so a step's
+    pick needs its mode (whether any row's request requires guidance; the scheduler tracks them).
     token_budget: most tokens a step feeds (NO_LIMIT without one); chunk_sizes[w]: the most
     tokens of one row of walk w a step feeds (0: rows of w run whole); is_token_limited: either
     applies (token_budget.py fits each step to them).
@@ -55,6 +57,7 @@ class KeyTables:
     is_followed: bool
     rules: list[tuple[str, ...]]
     has_rules: bool
+    is_guidance_keyed: bool = False
     token_budget: int = NO_LIMIT
     chunk_sizes: tuple[int, ...] = ()
     is_token_limited: bool = False
@@ -114,20 +117,24 @@ class KeyTables:
             is_followed=is_followed,
             rules=[tuple(key.batch_rules.get(walk, ())) for walk in key.walks],
             has_rules=bool(key.batch_rules),
+            is_guidance_keyed=any(family.guidance != "any" for family in key.captures),
             token_budget=key.token_budget if key.token_budget is not None else NO_LIMIT,
             chunk_sizes=tuple(key.chunk_sizes.get(walk, 0) for walk in key.walks),
             is_token_limited=key.token_budget is not None or bool(key.chunk_sizes),
         )
 
-    def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int]) -> CapturePick:
-        """The bucket a step of `num_rows` rows with these per-row token counts pads to (or eager).
-        With several families, the one whose key holds the step with the smallest (tokens, padded
-        batch); see `pick_smallest`."""
+    def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int], is_guided: bool = False) -> CapturePick:
+        """The bucket a step of `num_rows` rows with these per-row token counts pads to (or eager),
+        among the families of the step's guidance mode (`is_guided`: some row requires guidance;
+        a family of the other mode is never replayed). With several families, the one whose key
+        holds the step with the smallest (tokens, padded batch); see `pick_smallest`."""
         family = self.families[mask]
         if family is None:
             return EAGER
         if self.more_families[mask]:
-            return pick_smallest((family, *self.more_families[mask]), num_rows, num_tokens)
+            return pick_smallest((family, *self.more_families[mask]), num_rows, num_tokens, is_guided)
+        if not serves(family, is_guided):
+            return EAGER
         pad = family.batch_pad
         padded = pad[num_rows] if num_rows < len(pad) else 0
         if padded == 0:

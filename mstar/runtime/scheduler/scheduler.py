@@ -26,6 +26,7 @@ on it to keep its memory bounded.
 from __future__ import annotations
 
 import time
+from itertools import compress
 from typing import Callable, Hashable, Optional, Sequence, Union
 
 from mstar.plan.schema import DeploymentPlan, SpeculationPlan, WorkerPlan
@@ -124,6 +125,9 @@ class WorkerScheduler:
         # per key: request id -> batch class of its ready row of a walk with batching rules (one
         # row per request and key; the entry is replaced when its next row arrives)
         self._classes: list[dict[str, Hashable]] = [{} for _ in self._tables]
+        # per key whose captures are keyed by guidance mode: the requests with a ready row there that
+        # require guidance on the node (a request's need does not change while it lives)
+        self._guided: list[set[str]] = [set() for _ in self._tables]
 
     # ------------------------------------------------------------ rows in
 
@@ -144,12 +148,15 @@ class WorkerScheduler:
         walk: str,
         num_tokens: Union[int, Sequence[int]] = 1,
         classes: Optional[Sequence[Hashable]] = None,
+        guided: Optional[Sequence[bool]] = None,
     ) -> None:
         """Many rows of one (node, walk) became ready, in this order (e.g. a decode step's
         continuing rows). `num_tokens` is one count for all or one per row. `classes`: one batch
         class per row for a walk with batching rules (rows share a step only with rows of an
-        equal class; see batch_rules.py), else None. Same errors as `add_ready`. Costs no per-row
-        Python work beyond C-level list and set operations."""
+        equal class; see batch_rules.py), else None. `guided`: per row, whether its request requires
+        guidance on the node (plan/guidance_mode.py), for a key whose captures are keyed by guidance
+        mode (a step replays a family of its own mode); None = no row does. Same errors as
+        `add_ready`. Costs no per-row Python work beyond C-level list and set operations."""
         placement = self._placement.get((node, walk))
         if placement is None:
             raise UnknownPlacementError(f"worker {self.rank} does not run walk {walk} of node {node}")
@@ -167,11 +174,15 @@ class WorkerScheduler:
             tokens = [tokens[i] for i in kept]
             if classes is not None:
                 classes = [classes[i] for i in kept]  # stay aligned with the rows kept
+            if guided is not None:
+                guided = [guided[i] for i in kept]
             count = len(request_ids)
         self._queues[key].add(walk_index, request_ids, self._next_seq, tokens, is_new=True)
         self._next_seq += count
         if classes is not None:
             self._classes[key].update(zip(request_ids, classes))
+        if guided is not None and self._tables[key].is_guidance_keyed:
+            self._guided[key].update(compress(request_ids, guided))
 
     # ------------------------------------------------------------ steps out
 
@@ -201,7 +212,7 @@ class WorkerScheduler:
                     continue
                 walk, request_ids = picked
                 parts = [(walk, request_ids, queue.take_rows(walk, request_ids))]
-                return self._built(key, make_batch(self.rank, tables, 1 << walk, parts))
+                return self._built(key, make_batch(self.rank, tables, 1 << walk, parts, guided=self._guided[key]))
             fit = fit_if_limited(tables, queue, compose(tables, queue))
             composition, chunks = fit.composition, fit.chunks
             if composition.num_rows == 0:
@@ -209,7 +220,7 @@ class WorkerScheduler:
             parts = queue.take(composition.takes)
             if chunks is not None:
                 parts = with_chunks(parts, chunks)
-            return self._built(key, make_batch(self.rank, tables, composition.mask, parts))
+            return self._built(key, make_batch(self.rank, tables, composition.mask, parts, guided=self._guided[key]))
         return None
 
     def speculate(
@@ -264,7 +275,8 @@ class WorkerScheduler:
             at = parts.index(fresh)
             parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
         self._follow.num_consecutive = 0
-        return self._built(key, make_batch(self.rank, tables, chain.composition.mask, parts, is_speculative=True))
+        return self._built(key, make_batch(self.rank, tables, chain.composition.mask, parts, is_speculative=True,
+                                           guided=self._guided[key]))
 
     # ------------------------------------------------------------ failures
 
@@ -337,6 +349,8 @@ class WorkerScheduler:
             self._removed.add(request_id)
         for classes in self._classes:
             classes.pop(request_id, None)
+        for guided in self._guided:
+            guided.discard(request_id)
         is_named = self._follow.names(request_id)
         for key, queue in enumerate(self._queues):
             if request_id in queue.present and not (is_named and self._tables[key].is_followed):
@@ -386,12 +400,14 @@ class WorkerScheduler:
     def num_tracked(self) -> dict[str, int]:
         """How many request ids each per-request structure holds: `present` (requests with a
         ready or held row, summed over keys), `classes` (batch classes of rows of walks with
-        batching rules), `removed` (removal tombstones), `follow` (requests named by queued
+        batching rules), `guided` (requests that require guidance, on keys whose captures are keyed
+        by it), `removed` (removal tombstones), `follow` (requests named by queued
         leader batches). Each is bounded by the requests with rows ready, held, queued to
         follow or in the last two steps; none grows with the requests that came and went."""
         return {
             "present": sum(len(queue.present) for queue in self._queues),
             "classes": sum(map(len, self._classes)),
+            "guided": sum(map(len, self._guided)),
             "removed": len(self._removed),
             "follow": self._follow.num_named(),
         }
@@ -468,4 +484,5 @@ class WorkerScheduler:
             token_bucket=head.token_bucket,
             attention=head.attention,
             is_follower=True,
+            is_guided=head.is_guided,
         ))

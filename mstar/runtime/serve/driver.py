@@ -177,6 +177,10 @@ class Driver:
         # (node, walk) -> its batching rules (KeyPlan.batch_rules), for the pairs that have any
         self._rules = {(key.node, walk): tuple(rules) for w in plan.workers for key in w.keys
                        for walk, rules in key.batch_rules.items()}
+        # (node, walk) pairs of keys whose captures are keyed by guidance mode: their rows come with
+        # whether their requests require guidance (the scheduler's capture pick reads it)
+        self._guidance_keyed = {(key.node, walk) for w in plan.workers for key in w.keys
+                                if any(f.guidance != "any" for f in key.captures) for walk in key.walks}
         self._busy: set[int] = set()
         self._inflight: list[tuple[float, int, Launch]] = []
         self._seq = 0
@@ -205,7 +209,9 @@ class Driver:
                 rules = self._rules.get((node, walk))
                 classes = None if rules is None else batch_classes(conductor, node, walk, request_ids,
                                                                    num_tokens, rules)
-                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes)
+                guided = ([conductor.requires_guidance(rid, node) for rid in request_ids]
+                          if (node, walk) in self._guidance_keyed else None)
+                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes, guided)
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
             for request_id in ended:

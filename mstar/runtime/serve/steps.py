@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from mstar.plan.schema import KeyPlan
 from mstar.runtime.conductor.conductor import Conductor
@@ -43,16 +43,26 @@ def to_step(conductor: Conductor, keys: dict[tuple[int, str], KeyPlan], rank: in
     step = Step(
         worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=batch.label, rows=rows,
         attention=batch.attention, capture=batch.capture, padded_batch=batch.padded_batch,
-        token_bucket=batch.token_bucket, is_speculative=batch.is_speculative,
+        token_bucket=batch.token_bucket, is_speculative=batch.is_speculative, is_guided=batch.is_guided,
     )
     if len(rows) != batch.num_rows:
-        recompose(keys[(rank, step.key)], step)
+        recompose(keys[(rank, step.key)], step, conductor.requires_guidance)
     return step, continuing
 
 
-def recompose(key: KeyPlan, step: Step) -> None:
+def recompose(key: KeyPlan, step: Step,
+              requires_guidance: Optional[Callable[[str, str], bool]] = None) -> None:
     """Stale rows were left out: when that removed a walk from the step, take the mixture
-    entry of the walks left and run eagerly (the batch's capture no longer applies)."""
+    entry of the walks left and run eagerly (the batch's capture no longer applies); when it
+    left a guided step without a row that requires guidance, the step is unguided and runs
+    eagerly unless its capture serves both modes. `requires_guidance(request id, node)`: the
+    plan's rule for a row (None: the step keeps its mode)."""
+    if step.is_guided and requires_guidance is not None and not any(
+            requires_guidance(row.request_id, step.node) for row in step.rows):
+        step.is_guided = False
+        family = next((f for f in key.captures if f.name == step.capture), None)
+        if family is not None and family.guidance != "any":
+            step.capture, step.padded_batch, step.token_bucket = None, 0, 0
     mask = 0
     for row in step.rows:
         mask |= 1 << key.walks.index(row.walk)
@@ -67,7 +77,7 @@ def follower_step(rank: int, batch: Batch) -> Step:
     return Step(
         worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=batch.label, rows=[],
         attention=batch.attention, capture=batch.capture, padded_batch=batch.padded_batch,
-        token_bucket=batch.token_bucket,
+        token_bucket=batch.token_bucket, is_guided=batch.is_guided,
     )
 
 

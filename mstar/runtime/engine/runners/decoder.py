@@ -41,6 +41,7 @@ from typing import Callable, Optional
 
 import torch
 
+from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.schema import NodePlan
 from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
@@ -126,6 +127,7 @@ class DecoderRunner:
         self.takes_text_prompt = any(r.prompt == "text" for r in node.input_roles)
         self.bidirectional_walks = frozenset(node.bidirectional_walks)
         self.guidance = NodeGuidance.of(node)
+        self.guidance_rule = GuidanceRule.of(node)  # the plan's rule: the scheduler keys captures on it too
         self.has_guidance = bool(self.guidance.labels) and not dims.has_linear_layers
         # the running step's (set by `run`)
         self._route = "packed"
@@ -148,8 +150,7 @@ class DecoderRunner:
 
     def is_guided(self, request: RequestState) -> bool:
         """Whether the request keeps the three guidance sequences here (guidance.py's rule)."""
-        return (self.has_guidance and self.guidance.is_on(request.guidance)
-                and not self.guidance.guided_walks.isdisjoint(request.route_walks))
+        return self.has_guidance and self.guidance_rule.requires(request.guidance.scales, request.route_walks)
 
     def _needed_pages(self, request: RequestState) -> int:
         """Pages a request may need here: its text plus the media tokens encoders may feed in;

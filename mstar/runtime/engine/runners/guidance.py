@@ -18,7 +18,8 @@ combines the velocities in guidance order, as BAGEL does:
 inside the guidance interval (noise level 1 - step/steps in (0.4, 1.0], the reference default);
 outside it, v = v_first. A request is guided on a node when its route takes a walk that reads a
 guidance sequence there and a scale is above 1 (the spec's defaults: BAGEL's 4.0 for text and 1.0
-for images). Unguided requests use the first sequence only.
+for images): the plan's rule, mstar/plan/guidance_mode.py, which the scheduler's capture pick
+keys on too. Unguided requests use the first sequence only.
 """
 from __future__ import annotations
 
@@ -65,7 +66,6 @@ class NodeGuidance:
     defaults: tuple[float, ...]
     writes: dict[str, tuple[str, ...]]
     reads: dict[str, tuple[str, ...]]
-    guided_walks: frozenset[str]  # walks that read a guidance sequence
     # walks whose rows attend over the sequences without extending any (their kv access writes
     # none of the node's sequences: an image flow, a read-only KV walk)
     read_only_walks: frozenset[str] = frozenset()
@@ -79,15 +79,11 @@ class NodeGuidance:
             defaults=tuple(g.scale for g in node.guidance),
             writes={a.walk: tuple(a.writes) for a in node.kv_access},
             reads={a.walk: tuple(a.reads) for a in node.kv_access},
-            guided_walks=frozenset(a.walk for a in node.kv_access if set(a.reads) & set(labels)),
             read_only_walks=frozenset(a.walk for a in node.kv_access if set(a.writes).isdisjoint(node.kv_sequences)),
         )
 
     def scales(self, params: GuidanceParams) -> tuple[float, ...]:
         return tuple(params.scales.get(label, default) for label, default in zip(self.labels, self.defaults))
-
-    def is_on(self, params: GuidanceParams) -> bool:
-        return any(scale > 1.0 for scale in self.scales(params))
 
     def written(self, walk: str, is_guided: bool) -> tuple[str, ...]:
         """The KV sequences a row of `walk` extends (none for a read-only walk)."""

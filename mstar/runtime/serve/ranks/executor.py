@@ -71,7 +71,7 @@ class RankExecutor:
             kept = [row for row in step.rows if row.request_id not in left_out]
             step = dataclasses.replace(step, rows=kept)
             if kept:
-                recompose(self.keys[(step.worker, step.key)], step)
+                recompose(self.keys[(step.worker, step.key)], step, self.engine.requires_guidance)
         result = self.engine.run_step(step) if step.rows else StepResult(rows=[])
         result.rows.extend(errors)
         result.allocation_failed.extend(held)
