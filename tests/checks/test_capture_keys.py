@@ -108,8 +108,9 @@ def test_a_mode_beside_a_capture_of_both_modes_is_one_key_twice():
     # could replay either
     body = ("kv_sequences main\n" "capture prefill packed batch=[1] tokens=[64]\n"
             "capture prefill packed batch=[1] tokens=[64] unguided")
-    text = NODE.replace("    kv_sequences main cfg\n    guidance cfg drops image scale=2.0\n"
-                        "    kv prefill writes main cfg\n    kv decode writes main cfg\n    kv probe reads main cfg\n", "")
+    roles = ("    kv_sequences main cfg\n    guidance cfg drops image scale=2.0\n    kv prefill writes main cfg\n"
+             "    kv decode writes main cfg\n    kv probe reads main cfg\n")
+    text = NODE.replace(roles, "")
     diags = Diagnostics()
     spec = parse(text.format(body=textwrap.indent(body, "    "), codec=""), "m.mw", diags)
     assert spec is not None, diags.render()
