@@ -143,8 +143,11 @@ def _key_table(key: KeyPlan) -> Table:
 
 
 def _family_kind(family: CaptureFamily) -> str:
-    """`packed`, with the family's options as the spec writes them (`piecewise`, `eager_above`)."""
+    """`packed`, with the family's options as the spec writes them (`guided` / `unguided` with its
+    labels, `piecewise`, `eager_above`)."""
     words: list[str] = [family.kind]
+    if family.guidance != "any":
+        words.append(f"{family.guidance} [{', '.join(family.labels)}]")
     if family.is_piecewise:
         words.append("piecewise")
     if family.is_eager_above:
