@@ -2,7 +2,7 @@
 
 `rename_spec(spec) -> (renamed spec, mapping)`: the model, params, nodes, inputs, outputs (edge and
 loop output names, stream sources), walks, loops, combined walks, partitions, KV sequence labels,
-cross_kv pools (label and source input) and guidance labels, each through one mapping old -> new.
+cross_kv pools (label and source input), guidance labels and capture labels, each through one mapping old -> new.
 The new names sort in the reverse order of the old ones, so anything that still orders by name
 moves. `rename_deployment(data, mapping)` renames the names a deployment YAML holds (node and walk
 names, the model, per-node and per-walk keys) by its structure, never by text replacement. Reserved
@@ -95,7 +95,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.KvAccess: ("walk", "reads", "writes"),
     ast.Bidirectional: ("walks",),
     ast.CapDecl: ("walk",),
-    ast.CaptureDecl: ("walk",),
+    ast.CaptureDecl: ("walk", "labels"),
     ast.CaptureReplay: ("walk", "source"),
     ast.CombineDecl: ("name", "walks"),
     ast.RowsLimit: ("walk",),
