@@ -133,8 +133,9 @@ class KeyTables:
             return EAGER
         if self.more_families[mask]:
             return pick_smallest((family, *self.more_families[mask]), num_rows, num_tokens, is_guided)
-        if not serves(family, is_guided):
-            return EAGER
+        if is_guided or family.guidance != "any":  # (unkeyed keys' steps skip the call)
+            if not serves(family, is_guided):
+                return EAGER
         pad = family.batch_pad
         padded = pad[num_rows] if num_rows < len(pad) else 0
         if padded == 0:
