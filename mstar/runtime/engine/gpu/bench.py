@@ -14,7 +14,7 @@ runner's path: `glue_packing.py`); each step is also timed with the numpy packin
 (`packing.pack`) on a second executor over the same model and KV pages (`numpy_pack_ms`, and
 `glue_over_numpy`, the ratio), unless `--no-numpy`.
 
-Usage: mstar bench engine [--plan P] [--json] [--iters N] [--hf-compiled] [--no-numpy]
+Usage: mstar bench engine [--plan P] [--json] [--iters N] [--hf-compiled] [--no-numpy] [--host-pack]
 Needs a CUDA GPU with FlashInfer; elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -342,9 +342,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--decode-kernel", choices=("auto", "tensor", "cuda"), default="auto",
                         help="FlashInfer decode kernel: tensor cores (the prefill kernels), CUDA cores, or auto "
                              "(tensor cores for grouped-query ratios >= 4)")
+    parser.add_argument("--host-pack", action="store_true",
+                        help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     args = parser.parse_args(argv)
     if args.iters < 1:
         parser.error("--iters must be positive")
+    if args.host_pack:
+        return _host_pack(args)
     reason = _unavailable()
     if reason is not None:
         print(f"mstar bench engine: {reason}", file=sys.stderr)
@@ -377,6 +381,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         bench_hf.add_hf(result, dims, args.iters, args.hf_compiled)
     print(json.dumps(result, sort_keys=True) if args.json else _table(result))
+    return 0
+
+
+def _host_pack(args: argparse.Namespace) -> int:
+    from mstar.plan.io import PlanError, input_paths, load_plan
+    from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+    from mstar.runtime.engine.gpu import bench_pack
+
+    try:
+        plan = load_plan(args.plan)
+        glue_module = load_glue(input_paths(args.plan, plan)["glue"])
+    except (PlanError, GlueLoadError) as error:
+        print(f"mstar bench engine: {error}", file=sys.stderr)
+        return 1
+    node = next((n for n in plan.nodes if n.engine == "kv"), None)
+    glue = bench_glue(glue_module, node) if node is not None else None
+    if glue is None:
+        print(f"mstar bench engine: {args.plan} has no kv node with generated glue", file=sys.stderr)
+        return 1
+    result = bench_pack.host_pack(glue, args.iters)
+    print(json.dumps(result, sort_keys=True) if args.json else bench_pack.table(result))
     return 0
 
 

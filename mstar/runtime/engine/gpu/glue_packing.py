@@ -39,6 +39,7 @@ from mstar.runtime.engine.gpu.packing import RowSpec
 NUM_ROW_FIELDS = 7  # RowInputs' per-row fields, in its order
 INITIAL_MIRROR_ROWS = 64  # slot rows of the page-table mirror before a step needs more
 _LOOP_BACK_ENTRY = (0,)  # a loop-back row's one (ignored) entry among the host tokens
+_NO_INDICES = torch.empty(0, dtype=INDEX_DTYPE)  # a GlueStep's kv_indices until its launch sets them (never written)
 
 
 @dataclass
@@ -80,16 +81,16 @@ class GluePacker:
         loop back there (the kernel would feed it token 0)."""
         num_rows, page_size = len(rows), self.page_size
         constants = glue.constants
-        walks = np.fromiter((r.walk_index for r in rows), dtype=np.int64, count=num_rows)
-        is_fed = np.fromiter((r.token_ids is None for r in rows), dtype=bool, count=num_rows)
+        # One pass over the rows: (walk, fed from the device, cached, slot, new tokens) each.
+        walks, is_fed, cached, slots, counts = np.fromiter(
+            chain.from_iterable((r.walk_index, r.token_ids is None, r.num_cached, r.row_slot,
+                                 1 if r.token_ids is None else len(r.token_ids)) for r in rows),
+            dtype=np.int64, count=5 * num_rows).reshape(num_rows, 5).T
         if num_rows and (int(walks.min()) < 0 or int(walks.max()) >= len(constants.walks)):
             raise GlueLaunchError(f"{constants.key}: a row's walk index is outside the key's walks {constants.walks}")
-        if bool((is_fed & ((constants.device_loop_mask >> walks) & 1 == 0)).any()):
+        if bool(((is_fed == 1) & ((constants.device_loop_mask >> walks) & 1 == 0)).any()):
             raise GlueLaunchError(f"{constants.key}: a row is fed from the device token table by a walk that does "
                                   "not loop back on the device")
-        counts = np.fromiter((r.num_tokens for r in rows), dtype=np.int64, count=num_rows)
-        cached = np.fromiter((r.num_cached for r in rows), dtype=np.int64, count=num_rows)
-        slots = np.fromiter((r.row_slot for r in rows), dtype=np.int64, count=num_rows)
         seq_lens = cached + counts
         pages = -(-seq_lens // page_size)
         if num_rows and int(pages.max()) > self.pages_per_seq:
@@ -119,7 +120,7 @@ class GluePacker:
         last = np.zeros(r, dtype=np.int32)
         last[:num_rows] = np.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
         return GlueStep(num_rows, r, num_tokens, int(kv[num_rows]), num_updates, host, torch.from_numpy(qo),
-                        torch.from_numpy(kv), torch.from_numpy(last), torch.empty(0, dtype=INDEX_DTYPE))
+                        torch.from_numpy(kv), torch.from_numpy(last), _NO_INDICES)
 
     def _grow(self, num_rows: int) -> None:
         """A mirror of at least `num_rows` slot rows (stream order keeps steps in flight on the old one)."""

@@ -1,0 +1,19 @@
+"""`mstar bench engine --host-pack` runs without a GPU and reports both packers for every bench step."""
+import json
+
+from mstar.cli.mstar import main
+
+
+def test_host_pack_prints_both_packers(capsys):
+    assert main(["bench", "engine", "--host-pack", "--iters", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["plan_key"] == "LLM:mixed" and result["page_size"] == 16
+    for step in ("decode_1", "decode_8", "decode_64", "mixed_63_1", "prefill_16x1024"):
+        figures = result[step]
+        assert figures["numpy_us"] > 0 and figures["glue_host_us"] > 0
+        assert abs(figures["glue_over_numpy"] - figures["glue_host_us"] / figures["numpy_us"]) < 0.01
+
+
+def test_host_pack_refuses_a_plan_without_glue(tmp_path, capsys):
+    assert main(["bench", "engine", "--host-pack", "--plan", str(tmp_path / "missing.plan")]) == 1
+    assert "mstar bench engine:" in capsys.readouterr().err
