@@ -53,7 +53,7 @@ def test_glue_step_path_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "5 passed" in result.stdout, result.stdout[-2000:]
+    assert "6 passed" in result.stdout, result.stdout[-2000:]
 
 
 def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
@@ -116,6 +116,25 @@ def test_the_gpu_tests_steps_on_the_cpu():
 
     glue_executor, numpy_executor = gpu_steps._executors(device_name="cpu", is_flashinfer=False)
     gpu_steps.compare_glue_and_numpy(glue_executor, numpy_executor)
+
+
+@interpreted
+def test_glue_fills_the_buffers_the_graphs_and_flashinfer_read():
+    """The same steps through the decode-graph and piecewise paths, with CPU stand-ins that run
+    each replay from exactly the buffers the graph and FlashInfer's wrappers read (graph_standins):
+    the glue writes the decode graph's inputs and the wrapper's static index buffers in place (what
+    plan() gets on the host equals them), and the piecewise bucket's inputs."""
+    import graph_standins
+
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import test_glue_step_path_gpu as gpu_steps
+
+    executors = gpu_steps._executors(device_name="cpu", is_flashinfer=False)
+    for executor in executors:
+        graph_standins.install(executor)
+    gpu_steps.compare_glue_and_numpy(*executors)
+    for executor in executors:
+        assert (executor.num_graph_steps, executor.num_piecewise_steps, executor.num_eager_steps) == (22, 2, 2)
 
 
 PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_PAGE = 16, 12, 8, 0

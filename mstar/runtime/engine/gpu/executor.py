@@ -245,7 +245,7 @@ class StepExecutor:
         if self.attention is not None:
             self._wait_previous_inputs()
             attend: Attend = self.attention.plan_eager(packed, num_decode)
-            self._inputs_copied = self._record()
+            self._planned()
         else:
             attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                                   packed.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
@@ -260,7 +260,7 @@ class StepExecutor:
         attention.plan_decode(batch, packed)
         host = attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
         self._stage(host, attention.staged[batch][:host.shape[0]])
-        self._inputs_copied = self._record()
+        self._planned()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
@@ -285,7 +285,7 @@ class StepExecutor:
         self._stage(host, graphs.inputs[bucket])
         self._wait_previous_inputs()
         planned = attention.plan_eager(packed, num_decode)
-        self._inputs_copied = self._record()
+        self._planned()
         logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]), planned.run)
         return logits, greedy, graphs.inputs[bucket][offset + rows:offset + 2 * rows]
 
@@ -360,40 +360,56 @@ class StepExecutor:
         step: GlueStep = packer.host_step(glue, rows, batch or len(rows))
         bucket = batch or padded_tokens or step.num_tokens
         data = self._stage(step.host, packer.row_buffer(step.host.shape[0], bucket))
-        loop_back = self.loop_tokens
         if batch:
-            graphs, attention = self.graphs, self.attention
-            assert graphs is not None and attention is not None, "bucket() picks a graph only once captured"
-            inputs = packer.launch(glue, step, data, batch, self._graph_out[batch], loop_back)
-            self._wait_previous_inputs()
-            attention.plan_decode(batch, step)
-            self._inputs_copied = self._record()
-            graphs.replay(batch)
-            return graphs.logits[batch], graphs.greedy[batch], inputs
+            return self._glue_graph(glue, step, data, batch)
         if padded_tokens:
-            pieces, attention = self.piecewise, self.attention
-            assert pieces is not None and attention is not None, "token_bucket() picks a bucket only once captured"
-            views = self._piecewise_out[padded_tokens]
-            index_arrays = eager_buffers(0, len(rows), step.num_pages, self.device)
-            out = PackBuffers(views.tokens, views.positions, views.kv_slots, views.qo_indptr, index_arrays.kv_indptr,
-                              index_arrays.kv_indices, index_arrays.kv_last_page_len, views.logits_index)
-            inputs = packer.launch(glue, step, data, padded_tokens, out, loop_back)
-            self._wait_previous_inputs()
-            planned = attention.plan_eager(step, num_decode)
-            self._inputs_copied = self._record()
-            logits, greedy = pieces.replay(padded_tokens, step.num_tokens, planned.run)
-            return logits, greedy, inputs
+            return self._glue_piecewise(glue, step, data, padded_tokens, num_decode)
         out = eager_buffers(step.num_tokens, len(rows), step.num_pages, self.device)
-        inputs = packer.launch(glue, step, data, step.num_tokens, out, loop_back)
+        inputs = packer.launch(glue, step, data, step.num_tokens, out, self.loop_tokens)
         if self.attention is not None:
             self._wait_previous_inputs()
             attend: Attend = self.attention.plan_eager(step, num_decode)
-            self._inputs_copied = self._record()
+            self._planned()
         else:
             attend = torch_attend(step.qo_indptr.tolist(), step.kv_indptr.tolist(), step.kv_indices,
                                   step.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
         logits = self.forward(out.tokens.long(), out.positions, out.kv_slots, out.logits_index, attend)
         return logits, logits.argmax(-1), inputs
+
+    def _glue_graph(self, glue: KeyGlue, step: GlueStep, data: torch.Tensor, batch: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
+        """The decode graph of `batch` rows: `pack_step` writes its inputs and the decode wrapper's
+        index buffers in place, FlashInfer plans from the host's CSR arrays, the graph replays."""
+        graphs, attention, packer = self.graphs, self.attention, self.packer
+        assert graphs is not None and attention is not None and packer is not None, "bucket() picks a captured graph"
+        inputs = packer.launch(glue, step, data, batch, self._graph_out[batch], self.loop_tokens)
+        self._wait_previous_inputs()
+        attention.plan_decode(batch, step)
+        self._planned()
+        graphs.replay(batch)
+        return graphs.logits[batch], graphs.greedy[batch], inputs
+
+    def _glue_piecewise(self, glue: KeyGlue, step: GlueStep, data: torch.Tensor, bucket: int, num_decode: int
+                        ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
+        """The piecewise graphs of a token bucket: `pack_step` writes the bucket's inputs in place
+        and the step's page index arrays into fresh buffers its eager attention reads."""
+        pieces, attention, packer = self.piecewise, self.attention, self.packer
+        assert pieces is not None and attention is not None and packer is not None, "token_bucket() picks a bucket"
+        views = self._piecewise_out[bucket]
+        index_arrays = eager_buffers(0, step.num_rows, step.num_pages, self.device)
+        out = PackBuffers(views.tokens, views.positions, views.kv_slots, views.qo_indptr, index_arrays.kv_indptr,
+                          index_arrays.kv_indices, index_arrays.kv_last_page_len, views.logits_index)
+        inputs = packer.launch(glue, step, data, bucket, out, self.loop_tokens)
+        self._wait_previous_inputs()
+        planned = attention.plan_eager(step, num_decode)
+        self._planned()
+        logits, greedy = pieces.replay(bucket, step.num_tokens, planned.run)
+        return logits, greedy, inputs
+
+    def _planned(self) -> None:
+        """After a plan: the event the next plan waits for (FlashInfer copies its pinned plan buffer
+        asynchronously)."""
+        self._inputs_copied = self._record() if self.is_cuda else None
 
     def _sampling_tensors(self, sampling: SamplingRows) -> list[torch.Tensor]:
         arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters)

@@ -188,7 +188,6 @@ def eager_buffers(num_tokens: int, num_rows: int, num_pages: int, device: torch.
     def empty(n: int) -> torch.Tensor:
         return torch.empty(n, dtype=INDEX_DTYPE, device=device)
 
-    flat = empty(3 * num_tokens)
-    tokens, positions, slots = flat.split(num_tokens)
+    tokens, positions, slots = empty(3 * num_tokens).view(3, num_tokens)
     return PackBuffers(tokens, positions, slots, empty(num_rows + 1), empty(num_rows + 1), empty(max(num_pages, 1)),
                        empty(num_rows), empty(num_rows))
