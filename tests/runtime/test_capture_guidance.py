@@ -7,13 +7,17 @@ its mode or of both, in the fast scheduler and the baseline alike (else it runs 
 carries its mode and the step contract refuses a family of the other mode, a guided step on a node
 without guidance, and a mode that is not its rows' own."""
 import pytest
+from runtime_plans import generated
 from spec_text import plan_of
 
 from mstar.compiler.capture_memory import estimate_family_bytes
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 from mstar.plan.guidance_mode import GuidanceRule
+from mstar.runtime.conductor.batch_class import batch_classes
+from mstar.runtime.conductor.conductor import Conductor
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.step_check import StepChecker, StepContractError
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.scheduler.baseline import BaselineScheduler
@@ -213,3 +217,20 @@ def test_mixed_guidance_requests_run_with_the_captures_of_their_mode(plan):
     assert any(is_guided for _, is_guided, _, _ in steps) and any(c == "LLM:decode" for _, _, c, _ in steps)
     # the guided request's first prefill step has no unguided family to replay: eager
     assert steps[0][1:3] == (True, None) and "g" in steps[0][3]
+
+
+def test_the_guidance_batching_rule_groups_rows_by_the_same_rule():
+    """`batching ... same guidance` compares the guidance sequences in use, none for a request that
+    does not require guidance on the node, so a step of one class is of one guidance mode (and a
+    Cosmos3 request without an explicit route through a generation walk is unguided)."""
+    plan = generated("cosmos3")
+    conductor = Conductor(plan, SimEngine(plan), lambda: 0.0)
+    route = {"Cosmos": ["prefill", "image_gen"]}
+    for request in (Request(id="routed", prompt_tokens=[1], max_tokens=1, route=route),
+                    Request(id="scaled_down", prompt_tokens=[1], max_tokens=1, route=route, guidance={"uncond": 1.0}),
+                    Request(id="default", prompt_tokens=[1], max_tokens=1)):
+        conductor.submit(request)
+    ids = ["routed", "scaled_down", "default"]
+    classes = batch_classes(conductor, "dit", "image_gen", ids, [240] * 3, ("shape", "guidance"))
+    assert classes == [(240, frozenset({"uncond"})), (240, frozenset()), (240, frozenset())]
+    assert [conductor.requires_guidance(rid, "dit") for rid in ids] == [True, False, False]

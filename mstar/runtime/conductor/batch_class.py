@@ -5,8 +5,10 @@ In:  the conductor (its active requests and plan), the (node, walk) and the rows
 Out: `batch_classes(...) -> list[tuple]`, one per row: the values the rules compare, in the
      rules' order - the tokens the row feeds (shape), its loop iteration (iteration), and the
      guidance sequences whose scale for this request is above 1 (guidance: the request's own
-     scale by label, else the node's default). The scheduler puts rows in one step only when
-     their classes are equal (scheduler/batch_rules.py).
+     scale by label, else the node's default), none when the request does not require guidance
+     on the node (plan/guidance_mode.py: the rule the engine keeps guidance sequences by and the
+     capture pick keys on, so a step of one class is of one guidance mode). The scheduler puts
+     rows in one step only when their classes are equal (scheduler/batch_rules.py).
 Called only for pairs with rules, once per row that becomes ready.
 """
 from __future__ import annotations
@@ -26,8 +28,10 @@ def batch_classes(conductor: Any, node: str, walk: str, request_ids: Sequence[st
                 values.append(tokens)
             elif rule == "iteration":
                 values.append(_iteration(state, node, walk))
+            elif state is None or not conductor.requires_guidance(request_id, node):
+                values.append(frozenset())
             else:
-                scales = state.record.request.guidance if state is not None else {}
+                scales = state.record.request.guidance
                 values.append(frozenset(label for label, scale in defaults if scales.get(label, scale) > 1.0))
         classes.append(tuple(values))
     return classes
