@@ -69,6 +69,14 @@ class StepResult:
     # retried (the scheduler's out-of-memory hold). Never lost.
     allocation_failed: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    # The same answer in columns, for an engine that can give it (the simulator): one sampled
+    # token id per row of `rows`, in order (a 1-D integer numpy array, or a list), where every row
+    # of the step ran, answered in step order, with no error, and sampled exactly one token: its
+    # outputs are `[token_ids[i]]` under each host output edge of its call. `stop_rows`: the
+    # indices of the rows with is_stop. The conductor then advances the step's decode rows at once
+    # (conductor/lane_pass.py). None: the conductor reads `rows` alone.
+    token_ids: Optional[Any] = None
+    stop_rows: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,13 @@ class _Recording(SimEngine):
         if self.stop_every:  # some rows report a stop (their stop loops end after this iteration)
             result.rows = [RowResult(r.request_id, r.outputs, r.is_stop or (i % self.stop_every == 0 and
                                      self.num_steps % 3 == 0), r.error) for i, r in enumerate(result.rows)]
+            # the engine's columns say the same (StepResult.stop_rows)
+            result.stop_rows = [i for i, r in enumerate(result.rows) if r.is_stop]
         if self.is_out_of_order and self.num_steps % 4 == 1 and len(result.rows) >= 3:
             # the last two rows answered in swapped order: the pass matches them by id from there
+            # (an engine answering out of order gives no columns: they are in step order)
             result.rows[-2], result.rows[-1] = result.rows[-1], result.rows[-2]
+            result.token_ids = None
         return result
 
 

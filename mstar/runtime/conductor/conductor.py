@@ -35,13 +35,18 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
-from typing import Any, Callable, Optional
+from itertools import compress, repeat
+from operator import attrgetter
+from typing import Any, Callable, Optional, cast
+
+import numpy as np
 
 from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.schema import PartitionPlan, Plan, StagePlan
+from mstar.runtime.conductor.lane_pass import advance_step
+from mstar.runtime.conductor.lanes import LaneRows, Lanes
 from mstar.runtime.conductor.loop_counts import LoopCounts
-from mstar.runtime.conductor.loop_pass import advance_loop_rows
+from mstar.runtime.conductor.loop_pass import advance_loop_rows, steady_refs
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
@@ -57,6 +62,11 @@ STOP_TAIL_TOKENS = 4
 MIN_STOP_TAIL_TOKENS = 16
 
 
+_lane_of = attrgetter("lane")
+_num_tokens_of = attrgetter("num_tokens")
+_inputs_of = attrgetter("inputs")
+
+
 class RouteError(Exception):
     """A request's route does not match its partitions' stages (or its id was used before)."""
 
@@ -64,7 +74,8 @@ class RouteError(Exception):
 class _RequestState:
     """One admitted request: its partitions, their stream buffers, and KV context per node."""
 
-    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled", "ready_keys", "guided")
+    __slots__ = ("record", "partitions", "by_walk", "context", "buffers", "signalled", "ready_keys", "guided",
+                 "lanes")
 
     def __init__(self, record: RequestRecord):
         self.record = record
@@ -75,6 +86,7 @@ class _RequestState:
         self.signalled: set[str] = set()  # partitions whose end was sent to their streams
         self.ready_keys: set[tuple[str, str]] = set()  # (node, walk) tables of Conductor.ready_calls it is in
         self.guided: dict[str, bool] = {}  # node -> whether it requires guidance there (asked once)
+        self.lanes: list[ActiveCall] = []  # its calls that hold a decode lane (conductor/lanes.py)
 
 
 def _alternatives(stage: StagePlan) -> list[list[str]]:
@@ -144,6 +156,15 @@ class Conductor:
         # False: the loop pass's fast rows all take its general kernel, never the steady case
         # (loop_pass.py; `mstar bench postprocess` compares the two in one process)
         self.is_steady = True
+        # Decode lanes (conductor/lanes.py): calls in the steady decode shape keep their state in
+        # arrays, advanced a step at a time when the engine answers in columns. False: never
+        # (`mstar bench postprocess` compares the two in one process).
+        self.is_laned = True
+        self.lanes = Lanes()
+        # (node, walk) pairs with batching rules: a row's batch class reads its loop iteration
+        # when it becomes ready (batch_class.py), so their calls never take a lane.
+        self.ruled = {(key.node, walk) for worker in plan.workers for key in worker.keys
+                      for walk, rules in key.batch_rules.items() if rules}
         self.records: dict[str, RequestRecord] = {}
         self.active: dict[str, _RequestState] = {}
         self.waiting: deque[RequestRecord] = deque()
@@ -234,17 +255,30 @@ class Conductor:
     def step_rows(self, node: str, request_ids: list[str], walks: list[str],
                   num_tokens: Optional[list[int]] = None) -> tuple[list[StepRow], list[str]]:
         """The rows of a scheduled batch that are still live, and the ids of those whose loop
-        has iterations left after this one (what a speculative next step may continue). A row
-        is stale (left out) when its request or partition ended, its walk is no longer the
-        partition's current run, or its call is no longer ready: then the call that row was
-        scheduled for is no longer ready (its run was cancelled or finished, or it completed).
+        has iterations left after this one (what a speculative next step may continue): the
+        first two parts of `build_step`."""
+        rows, continuing, _ = self.build_step(node, request_ids, walks, num_tokens)
+        return rows, continuing
+
+    def build_step(self, node: str, request_ids: list[str], walks: list[str],
+                   num_tokens: Optional[list[int]] = None
+                   ) -> tuple[list[StepRow], list[str], Optional[LaneRows]]:
+        """The rows of a scheduled batch that are still live, the ids of those whose loop has
+        iterations left after this one (what a speculative next step may continue), and the
+        step's laned rows (None when it has none; hand them back to `on_step`). A row is stale
+        (left out) when its request or partition ended, its walk is no longer the partition's
+        current run, or its call is no longer ready: then the call that row was scheduled for
+        is no longer ready (its run was cancelled or finished, or it completed).
         num_tokens: the batch's tokens per row; a row outside loops feeds that many of its tokens
         not yet fed (a chunk of a prompt the scheduler cut, `_chunk_row`), all of them when None."""
-        rows = []
+        rows: list[Any] = []
         continuing = []
         tables = self.ready_calls
         table: dict[str, ActiveCall] = {}
         table_walk = None
+        laned_ids: list[str] = []  # the laned rows: built below, from their lanes' positions
+        laned_walks: list[str] = []
+        laned_calls: list[ActiveCall] = []
         for request_id, walk, chunk in zip(request_ids, walks, num_tokens or repeat(0)):
             if walk != table_walk:  # one lookup per run of rows of one walk
                 table_walk = walk
@@ -252,7 +286,16 @@ class Conductor:
             call = table.get(request_id)
             if call is None or not call.is_ready:
                 continue
+            if call.lane is not None:
+                laned_ids.append(request_id)
+                laned_walks.append(walk)
+                laned_calls.append(call)
+                rows.append(None)
+                continue
             run = call.run
+            owner = cast(PartitionState, run.source).owner
+            if owner.lanes:  # another call of the request holds a lane: its state, written back
+                self.lanes.detach_all(owner)
             loop = call.call.loop
             if loop is None:
                 is_cut = chunk and (node, walk) in self.cut_walks
@@ -266,11 +309,47 @@ class Conductor:
                                 iteration, call, loop_state.limit))
             if iteration + 1 < loop_state.limit:
                 continuing.append(request_id)
-        return rows, continuing
+        if not laned_calls:
+            return rows, continuing, None
+        return self._laned_rows(node, rows, continuing, laned_ids, laned_walks, laned_calls)
 
-    def on_step(self, node: str, rows: list[StepRow], results: list[RowResult]) -> None:
-        """A step of `node` ran: advance its rows. Rows at a loop step go through one columnar
-        pass (while the engine answered each row in order); the rest row by row."""
+    def _laned_rows(self, node: str, rows: list[Any], continuing: list[str], ids: list[str], walks: list[str],
+                    calls: list[ActiveCall]) -> tuple[list[StepRow], list[str], LaneRows]:
+        """build_step's laned rows (their places in `rows` hold None): each one's loop iteration
+        and KV context are its lane's base values plus its steady iterations since (Lanes.rows_of,
+        a few array operations for the step), then one StepRow each."""
+        lanes = np.fromiter(map(_lane_of, calls), dtype=np.intp, count=len(calls))
+        iterations, contexts, limits, is_continuing = self.lanes.rows_of(lanes, node in self.kv_nodes)
+        built = list(map(StepRow, ids, walks, map(_num_tokens_of, calls), contexts, map(_inputs_of, calls),
+                         iterations, calls, limits))
+        walk: Optional[str] = walks[0] if walks.count(walks[0]) == len(walks) else None
+        if len(built) == len(rows):
+            return built, list(compress(ids, is_continuing)), LaneRows(
+                lanes, self.lanes.serial[lanes], self.lanes.num_frees, None, ids, walk)
+        at = [index for index, row in enumerate(rows) if row is None]
+        for index, row in zip(at, built):
+            rows[index] = row
+        # in row order, as the rows not laned were appended
+        continuing = [row.request_id for row in rows if row.loop_count and row.loop_iter + 1 < row.loop_count]
+        return rows, continuing, LaneRows(lanes, self.lanes.serial[lanes], self.lanes.num_frees, at,
+                                          [row.request_id for row in rows], walk)
+
+    def on_step(self, node: str, rows: list[StepRow], results: list[RowResult],
+                token_ids: Any = None, stop_rows: Optional[list[int]] = None,
+                lane_rows: Optional[LaneRows] = None) -> None:
+        """A step of `node` ran: advance its rows. With the engine's columns (`token_ids`, one per
+        row, and `stop_rows`: StepResult) and the step's `lane_rows` (build_step), laned rows move
+        at once (conductor/lane_pass.py); rows at a loop step go through one columnar pass
+        (while the engine answered each row in order); the rest row by row."""
+        if (token_ids is not None and self.is_laned and self.is_steady and self.is_columnar
+                and len(token_ids) == len(rows) == len(results)):
+            advance_step(self, node, rows, results, token_ids, stop_rows or [], lane_rows)
+            return
+        self.advance_rows(node, rows, results)
+
+    def advance_rows(self, node: str, rows: list[StepRow], results: list[RowResult]) -> None:
+        """Rows at a loop step through the loop pass, the rest row by row (on_step without the
+        engine's columns)."""
         if self.is_columnar:
             rows, results = advance_loop_rows(self, node, rows, results)
             if not rows and not results:
@@ -291,6 +370,8 @@ class Conductor:
             state = active.get(request_id)
             if state is None:
                 continue
+            if state.lanes:  # its state, written back before the walk run takes the row
+                self.lanes.detach_all(state)
             if row is None:
                 self.fail(request_id, "error: the engine returned a result for a row it was not given")
                 continue
@@ -324,6 +405,8 @@ class Conductor:
 
     def after_row(self, state: _RequestState, ps: PartitionState, run) -> None:
         """A row of `run` (ps's walk run) was applied: end the run if it is done, then pump."""
+        if state.lanes:
+            self.lanes.detach_all(state)
         if run.is_done and ps.run is run:
             ps.finish_run()
         self.pump(state, is_any_done=ps.is_done)
@@ -385,6 +468,8 @@ class Conductor:
         collect ready rows, until nothing changes. is_any_done: a partition may have ended
         before this call (max tokens, routes) without its end sent to its streams; False only
         when the caller knows none did (a row result that ended no partition)."""
+        if state.lanes:
+            self.lanes.detach_all(state)
         is_changed = True
         while is_changed:
             is_changed = False
@@ -464,6 +549,8 @@ class Conductor:
         """End one request now with `reason` (an error, or a cancellation); the others go on."""
         state = self.active.get(request_id)
         if state is not None:
+            if state.lanes:
+                self.lanes.detach_all(state)
             for ps in state.partitions:
                 ps.end()
             self._end(state, reason)
@@ -487,6 +574,36 @@ class Conductor:
         self.ended_out.append(record.request.id)
         self.engine.end_request(record.request.id)
         self._admit()
+
+    # ------------------------------------------------------------ lanes
+
+    def try_lane(self, call: ActiveCall, node: str, is_kv: bool) -> None:
+        """Give a lane to a ready call of a fast loop step that is in the steady decode shape
+        (loop_pass.py: it emits and counts one edge, its inputs stay on the device, no stop
+        strings, its first token and KV context recorded) and whose next row is a common one."""
+        step = call.step
+        if step is None:
+            return
+        client_name, client_kind, counted, _, device_inputs = step.fast
+        if client_name is None or counted is not client_name or call.inputs is not device_inputs:
+            return
+        if (node, call.run.name) in self.ruled:
+            return
+        refs = call.refs
+        if refs is None:
+            refs = call.refs = steady_refs(call, node, is_kv)
+        if not refs:
+            return
+        ps, loop_state = refs[1], refs[3]
+        if ps.is_done or loop_state.is_stop:
+            return
+        self.lanes.attach(call, ps.owner, node if is_kv else None, client_kind)
+
+    def sync_lanes(self) -> None:
+        """Write every lane back: the records, partitions and walk runs hold every token so far
+        (for a reader outside the conductor: the run loop calls it before `on_step` callbacks
+        and when a run returns)."""
+        self.lanes.sync_all()
 
     # ------------------------------------------------------------ state
 

@@ -48,6 +48,8 @@ def advance_loop_rows(conductor, node: str, rows: list[StepRow], results: list[R
         if result.request_id != row.request_id:
             break
         call = row.handle  # the walk position step_rows gave the row (ActiveCall)
+        if call is not None and call.run.source.owner.lanes:  # its request's lanes, written back first
+            conductor.lanes.detach_all(call.run.source.owner)
         step = call.step if call is not None else None
         if step is not None and step.is_fast:
             index = _advance_fast(conductor, node, step, rows, results, index, num, ready, now, is_kv)
@@ -100,10 +102,12 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
         if is_steady:
             refs = call.refs
             if refs is None:
-                refs = call.refs = _steady_refs(call, node, is_kv)
+                refs = call.refs = steady_refs(call, node, is_kv)
             if refs and result.error is None and call.is_ready:
                 context, ps, record, loop_state, emission_times, emission_kinds, emission_values, tokens, \
                     token_times = refs
+                if ps.owner.lanes:  # its request's lanes, written back before any of it is read
+                    conductor.lanes.detach_all(ps.owner)
                 value = result.outputs.get(client_name)
                 if (type(value) is list and value and not ps.is_done and not result.is_stop
                         and call.inputs is device_inputs):
@@ -130,7 +134,7 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
     return num
 
 
-def _steady_refs(call, node: str, is_kv: bool):
+def steady_refs(call, node: str, is_kv: bool):
     """What the steady case reads and appends to per row, fixed for the call's life (its run,
     partition, record and loop state never change; the record's columns are only appended to; a
     KV context entry, once there, stays). None while the call cannot take the steady case yet (no
@@ -153,6 +157,9 @@ def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready
     (its id joins the group) or it leaves the shape out of line."""
     client_name, client_kind, counted, has_stop, device_inputs = step.fast
     call = row.handle
+    owner = call.run.source.owner
+    if owner.lanes:  # its request's lanes, written back before any of it is read
+        conductor.lanes.detach_all(owner)
     if result.error is not None or not call.is_ready:
         _off_shape(conductor, node, ready, row, result)
         return

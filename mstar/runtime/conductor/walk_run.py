@@ -62,7 +62,7 @@ class ActiveCall:
     row can be checked for liveness by that flag alone."""
 
     __slots__ = ("call", "node", "run", "step", "loop_state", "inputs", "is_ready", "num_tokens", "num_fed",
-                 "refs")
+                 "refs", "lane", "lanes")
 
     def __init__(self, call: RunCall, run: "WalkRun"):
         self.call = call
@@ -79,6 +79,9 @@ class ActiveCall:
         # What the loop pass's steady case touches per row, gathered once (loop_pass._steady_refs):
         # None until then, False when the call never takes the steady case.
         self.refs: Any = None
+        # Its decode lane while it holds one (conductor/lanes.py: the lane and the table), else None.
+        self.lane: Optional[int] = None
+        self.lanes: Any = None
 
 
 class _LoopState:
@@ -121,6 +124,8 @@ class WalkRun:
         """Stop: nothing of this run becomes ready or completes any more."""
         self.waiting.clear()
         for active in self.active.values():
+            if active.lanes is not None:  # written back (the conductor frees lanes before this)
+                active.lanes.detach(active)
             active.is_ready = False  # a call left `active`: never ready again (the loop pass reads this)
         self.active.clear()
 

@@ -41,6 +41,8 @@ from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.offload import Offload
@@ -241,7 +243,10 @@ class SimEngine(RunsAtLaunch):
                 return StepResult(rows=[], allocation_failed=injected, elapsed_s=CAPTURED_LAUNCH_S)
             short.extend(injected)
         if not short:
-            return StepResult(rows=self._row_results(step.node, step.rows), elapsed_s=self.step_time(step))
+            results, token_ids, stop_rows = self._row_results(step.node, step.rows)
+            return StepResult(rows=results, elapsed_s=self.step_time(step),
+                              token_ids=None if token_ids is None else np.array(token_ids, dtype=np.int64),
+                              stop_rows=stop_rows)
         failed = set(short)
         rows = [row for row in step.rows if row.request_id not in failed]
         if not rows:
@@ -251,7 +256,8 @@ class SimEngine(RunsAtLaunch):
             attention=step.attention, capture=step.capture, padded_batch=step.padded_batch,
             token_bucket=step.token_bucket, is_speculative=step.is_speculative, is_guided=step.is_guided,
         )
-        return StepResult(rows=self._row_results(node, rows), allocation_failed=short, elapsed_s=self.step_time(ran))
+        return StepResult(rows=self._row_results(node, rows)[0], allocation_failed=short,
+                          elapsed_s=self.step_time(ran))
 
     # ------------------------------------------------------------ internals
 
@@ -356,18 +362,24 @@ class SimEngine(RunsAtLaunch):
             self.num_moved_pages += num_pages
         return on_host
 
-    def _row_results(self, node: str, rows: list[StepRow]) -> list[RowResult]:
-        """One pass over the rows that run: placeholder outputs, sampled counts, stops, injected errors."""
+    def _row_results(self, node: str, rows: list[StepRow]
+                     ) -> tuple[list[RowResult], Optional[list[int]], list[int]]:
+        """One pass over the rows that run: placeholder outputs, sampled counts, stops, injected
+        errors; and the same in columns (StepResult.token_ids, stop_rows) when every row sampled
+        one token with no error (else None)."""
         pool = self.pools.get(node)
         errors, requests, seed = self.inject_error, self.requests, self.seed
         results: list[RowResult] = []
         append = results.append
+        token_ids: Optional[list[int]] = [] if pool is not None else None
+        stop_rows: list[int] = []
         walk: Optional[str] = None
         names: Sequence[str] = ()
         for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
                 append(RowResult(request_id, error=errors.pop(request_id)))
+                token_ids = None
                 continue
             if row.walk != walk:  # one lookup per run of rows of one walk
                 walk = row.walk
@@ -377,13 +389,22 @@ class SimEngine(RunsAtLaunch):
                 continue
             if row.is_partial:  # a chunk of a cut prompt that is not its last: KV only, no token
                 append(RowResult(request_id))
+                token_ids = None
                 continue
             count = pool.sampled.get(request_id, 0) + 1
             pool.sampled[request_id] = count
             token = (count * 7919 + len(request_id) * 104729 + seed) % SIM_VOCAB
             spec = requests.get(request_id)
-            append(RowResult(request_id, _placeholders(names, token), spec is not None and count >= spec.max_tokens))
-        return results
+            is_stop = spec is not None and count >= spec.max_tokens
+            append(RowResult(request_id, _placeholders(names, token), is_stop))
+            if token_ids is not None:
+                if not names:
+                    token_ids = None  # a call with no host output sampled nothing to answer
+                    continue
+                token_ids.append(token)
+                if is_stop:
+                    stop_rows.append(len(results) - 1)
+        return results, token_ids, stop_rows
 
     def step_time(self, step: Step) -> float:
         """The cost model (module docstring)."""

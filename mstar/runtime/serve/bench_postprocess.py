@@ -6,14 +6,18 @@ step's row results (`Conductor.on_step`) and the rows that became ready going to
 with a closed loop of `--clients` clients sending `--requests` requests of `--prompt-len` prompt
 tokens and `--output-len` output tokens, once per variant and round, interleaved:
 
-    columnar   the conductor's loop pass (conductor/loop_pass.py) for rows at a loop step
-    general    the same, but every row of the fast kernel through its general case, never the
-               steady one (Conductor.is_steady = False: what a decode row cost before it)
+    columnar   decode lanes (conductor/lanes.py, lane_pass.py): a step's laned decode rows
+               advanced at once from the engine's columns, the other rows through the loop pass
+    steady     without lanes: every row through the loop pass (conductor/loop_pass.py), a decode
+               row through its steady case (Conductor.is_laned = False: what a decode row cost
+               before lanes)
+    general    the loop pass with every row of the fast kernel through its general case, never
+               the steady one (Conductor.is_steady = False: what a decode row cost before that)
     per-row    every row through its walk run's tables (Conductor.is_columnar = False)
 
 and prints, per variant, the steps whose rows are all at one loop step (a decode step; what the
 target is about) and every step: p50/p90 microseconds per step and p50 per row, the median over
-rounds; the general / columnar and per-row / columnar ratios; and the host time split of the columnar runs per step
+rounds; each variant's ratio to columnar; and the host time split of the columnar and steady runs per step
 (scheduler, step building, engine call, post-process, the rest of the run loop). With
 `--bytecodes`, one more columnar run is traced and the Python bytecodes each part executes per row
 are printed: a figure that does not move with the machine's speed or load (C-level work, such as
@@ -39,7 +43,7 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve.driver import Driver, Workload
 
-VARIANTS = ("columnar", "general", "per-row")
+VARIANTS = ("columnar", "steady", "general", "per-row")
 TARGET_US = 50.0  # post-process p50 per decode step (issue 8)
 SPLIT_PARTS = ("scheduler", "step building", "engine call", "post-process", "run loop rest")
 
@@ -91,14 +95,15 @@ def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> di
     engine = SimEngine(plan)
     driver = Driver(plan, engine)
     driver.conductor.is_columnar = variant != "per-row"
-    driver.conductor.is_steady = variant == "columnar"
+    driver.conductor.is_steady = variant in ("columnar", "steady")
+    driver.conductor.is_laned = variant == "columnar"
     totals = dict.fromkeys(SPLIT_PARTS, 0.0)
     # The timers replace these objects' bound methods for this run only, wrapping them with their
     # signatures unchanged; mypy refuses any assignment to a method, so each says so.
     for scheduler in driver.schedulers.values():
         scheduler.next_batch = _Timed(scheduler.next_batch, totals, "scheduler", opcodes)  # type: ignore[method-assign]
-    driver.conductor.step_rows = _Timed(driver.conductor.step_rows, totals,  # type: ignore[method-assign]
-                                        "step building", opcodes)
+    driver.conductor.build_step = _Timed(driver.conductor.build_step, totals,  # type: ignore[method-assign]
+                                         "step building", opcodes)
     engine.launch = _Timed(engine.launch, totals, "engine call", opcodes)  # type: ignore[method-assign]
     engine.wait = _Timed(engine.wait, totals, "engine call", opcodes)  # type: ignore[method-assign]
     if opcodes is not None:  # post-process is timed by the run loop itself; counted here
@@ -166,10 +171,10 @@ def measure(args) -> dict[str, Any]:
             "split_us_per_step": _median_of(variant_runs, "split_us"),
         }
     columnar = result["variants"]["columnar"]["loop_steps"]["p50_us"]
-    per_row = result["variants"]["per-row"]["loop_steps"]["p50_us"]
-    result["per_row_over_columnar"] = per_row / columnar if columnar and per_row else None
-    general = result["variants"]["general"]["loop_steps"]["p50_us"]
-    result["general_over_columnar"] = general / columnar if columnar and general else None
+    result["over_columnar"] = {}
+    for variant in VARIANTS[1:]:
+        other = result["variants"][variant]["loop_steps"]["p50_us"]
+        result["over_columnar"][variant] = other / columnar if columnar and other else None
     result["target_us"] = TARGET_US
     if args.bytecodes:
         opcodes = _Opcodes()
@@ -193,11 +198,12 @@ def render(result: dict[str, Any]) -> str:
             f = entry[kind]
             lines.append(f"{variant:<10} {label:<14} {_cell(f['rows_per_step']):>9} {_cell(f['p50_us']):>8} "
                          f"{_cell(f['p90_us']):>8} {_cell(f['p50_us_per_row'], 2):>10}")
-    lines.append(f"general / columnar, loop steps p50: {_cell(result['general_over_columnar'], 2)}x; "
-                 f"per-row / columnar: {_cell(result['per_row_over_columnar'], 2)}x")
-    split = result["variants"]["columnar"]["split_us_per_step"]
-    lines.append("host time per step, columnar (us, mean): "
-                 + ", ".join(f"{part} {_cell(split[part])}" for part in SPLIT_PARTS))
+    lines.append("over columnar, loop steps p50: " + "; ".join(
+        f"{variant} {_cell(ratio, 2)}x" for variant, ratio in result["over_columnar"].items()))
+    for variant in ("columnar", "steady"):
+        split = result["variants"][variant]["split_us_per_step"]
+        lines.append(f"host time per step, {variant} (us, mean): "
+                     + ", ".join(f"{part} {_cell(split[part])}" for part in SPLIT_PARTS))
     if "bytecodes_per_row" in result:
         lines.append("Python bytecodes per row, columnar (all steps): "
                      + ", ".join(f"{part} {result['bytecodes_per_row'][part]:.1f}" for part in SPLIT_PARTS))

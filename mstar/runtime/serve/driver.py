@@ -234,7 +234,7 @@ class Driver:
         now = self.clock()
         if batch.is_follower:
             return self._launch_follower(rank, batch, now, sched_s)
-        step, loop_rows = to_step(self.conductor, self._keys, rank, batch)
+        step, loop_rows, lane_rows = to_step(self.conductor, self._keys, rank, batch)
         if step is None:
             return True  # every row went stale; the worker looks again
         try:
@@ -256,7 +256,7 @@ class Driver:
             # Its rows come back through the conductor (ran) or the hold (failed), never a chain.
             self.cover.cancel(rank)
         ran_rows, followed = ran_part(batch, step, result, self.caps.runs_partial_steps)
-        launch = Launch(rank, batch, step, result, now, sched_s, continuing, ran_rows)
+        launch = Launch(rank, batch, step, result, now, sched_s, continuing, ran_rows, lane_rows)
         if followed is not None:
             # Every rank of a TP group fails the same allocation, so failed rows are not
             # followed: the followers keep them ready for the retry.
@@ -312,6 +312,7 @@ class Driver:
         self._drain()
         self.log.add(launch, time.perf_counter() - started, self.clock())
         if self.on_step is not None:
+            self.conductor.sync_lanes()  # the records hold the step's tokens for the callback
             self.on_step(launch)
 
     # ------------------------------------------------------------ main loop
@@ -335,6 +336,12 @@ class Driver:
 
     def run_source(self, source: Source) -> None:
         """Run until the source is done and every request it sent has ended (or `stop()`)."""
+        try:
+            self._loop(source)
+        finally:
+            self.conductor.sync_lanes()  # the records of requests not ended hold their tokens so far
+
+    def _loop(self, source: Source) -> None:
         while not self.is_stopped:
             now = self.clock()
             source.admit(self.conductor, now)

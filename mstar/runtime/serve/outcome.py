@@ -41,7 +41,7 @@ def settle(scheduler: WorkerScheduler, conductor: Conductor, launch: Launch, run
     assert step is not None  # a follower's copy has no outcome of its own
     failed = result.allocation_failed
     if not failed:
-        conductor.on_step(step.node, step.rows, result.rows)
+        conductor.on_step(step.node, step.rows, result.rows, result.token_ids, result.stop_rows, launch.lane_rows)
     elif runs_partial:
         failed_set = set(failed)
         scheduler.hold(sub_batch(batch, [rid in failed_set for rid in batch.request_ids]))

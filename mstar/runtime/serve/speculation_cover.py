@@ -78,6 +78,9 @@ class SpeculationCover:
         covered = self.covered[rank].get((node, walk))
         if not covered:
             return request_ids, num_tokens
+        if covered.issuperset(request_ids):  # N+1 holds them all (a decode chain's rows)
+            covered.difference_update(request_ids)
+            return [], []
         hits = covered.intersection(request_ids)
         if not hits:
             return request_ids, num_tokens

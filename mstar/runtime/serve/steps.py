@@ -2,7 +2,7 @@
 
 In: a `Batch`, the conductor (each row's inputs), the plan's keys. Out:
 
-    to_step(conductor, keys, rank, batch) -> (Step or None, continuing rows)
+    to_step(conductor, keys, rank, batch) -> (Step or None, continuing rows, laned rows)
         stale rows are left out (None when none is left); when that removes a walk, the step
         takes the mixture entry of the walks left and runs eagerly (`recompose`)
     follower_step(rank, batch)  the row-less copy of a leader's step a TP follower runs
@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from mstar.plan.schema import KeyPlan
 from mstar.runtime.conductor.conductor import Conductor
+from mstar.runtime.conductor.lanes import LaneRows
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.step import Step, StepResult, StepRow
 
@@ -31,15 +32,16 @@ class Launch:
     sched_s: float
     continuing: set[str] = field(default_factory=set)  # rows a speculation already covers
     ran_rows: list[StepRow] = field(default_factory=list)  # rows of the step the engine ran
+    lane_rows: Optional[LaneRows] = None  # the step's laned rows (Conductor.build_step), for its post-process
 
 
 def to_step(conductor: Conductor, keys: dict[tuple[int, str], KeyPlan], rank: int,
-            batch: Batch) -> tuple[Optional[Step], list[str]]:
-    """The batch as a Step (stale rows left out; None when none is left), and the rows whose
-    loop goes on after this step."""
-    rows, continuing = conductor.step_rows(batch.node, batch.request_ids, batch.walks, batch.num_tokens)
+            batch: Batch) -> tuple[Optional[Step], list[str], Optional[LaneRows]]:
+    """The batch as a Step (stale rows left out; None when none is left), the rows whose loop
+    goes on after this step, and the step's laned rows (Conductor.build_step)."""
+    rows, continuing, lane_rows = conductor.build_step(batch.node, batch.request_ids, batch.walks, batch.num_tokens)
     if not rows:
-        return None, continuing
+        return None, continuing, None
     step = Step(
         worker=rank, key=batch.key, node=batch.node, mask=batch.mask, label=batch.label, rows=rows,
         attention=batch.attention, capture=batch.capture, padded_batch=batch.padded_batch,
@@ -47,7 +49,7 @@ def to_step(conductor: Conductor, keys: dict[tuple[int, str], KeyPlan], rank: in
     )
     if len(rows) != batch.num_rows:
         recompose(keys[(rank, step.key)], step, conductor.requires_guidance)
-    return step, continuing
+    return step, continuing, lane_rows
 
 
 def recompose(key: KeyPlan, step: Step,
