@@ -43,20 +43,24 @@ FEEDS: dict[str, frozenset[str]] = {
     "flow_time": frozenset({"flow_time"}),
     "audio": frozenset({"media"}),
     "image": frozenset({"media"}),
+    "transcript": frozenset({"tokens"}),
+    "signal": frozenset({"signal"}),
 }
-# Client modality -> the output role it carries.
-CLIENT_ROLE = {"text": "tokens", "audio": "audio", "image": "image", "action": "flow_latents"}
+# Client modality -> the output roles it carries.
+CLIENT_ROLES = {"text": ("tokens", "transcript"), "audio": ("audio",), "image": ("image",),
+                "action": ("flow_latents",)}
 # Prompt modality -> the input role that receives it.
 PROMPT_ROLE = {"text": "tokens", "image": "media", "audio": "media"}
 # Model kind -> (input roles it takes, output roles it produces). A kv node is a decoder.
 DECODER: Literal["decoder"] = "decoder"
 KIND_ROLES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     DECODER: (frozenset({"tokens", "embeddings", "hidden", "mask", "flow_latents", "flow_time", "signal"}),
-              frozenset({"tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time"})),
+              frozenset({"tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time",
+                         "transcript", "signal"})),
     "audio_codec": (frozenset({"tokens", "signal"}), frozenset({"audio"})),
     "image_decoder": (frozenset({"flow_latents", "signal"}), frozenset({"image"})),
     "vision_encoder": (frozenset({"media", "signal"}), frozenset({"embeddings", "hidden"})),
-    "audio_encoder": (frozenset({"media", "signal"}), frozenset({"embeddings", "hidden"})),
+    "audio_encoder": (frozenset({"media", "signal"}), frozenset({"embeddings", "hidden", "signal"})),
 }
 
 
@@ -198,9 +202,11 @@ def _check_call(call: ast.Call, nodes: dict[str, ast.NodeDecl], diags: Diagnosti
             continue
         if edge.dest == "client":
             modality = edge.modality or ""
-            if CLIENT_ROLE.get(modality) != out.role:
+            carried = CLIENT_ROLES.get(modality, ())
+            if out.role not in carried:
+                roles = " or ".join(f"`{r}`" for r in carried)
                 diags.error(codes.CLIENT_MODALITY_MISMATCH,
-                            f"`client {modality}` carries `{CLIENT_ROLE.get(modality)}`, but output {edge.name} "
+                            f"`client {modality}` carries {roles}, but output {edge.name} "
                             f"of node {node.name} is `{out.role}`", edge.span,
                             Note(f"{edge.name} is declared `{out.role}` here", out.span))
         elif edge.dest in nodes:

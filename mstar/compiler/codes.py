@@ -67,6 +67,7 @@ BAD_LOOP_BOUND = "MW212"
 STOP_WITHOUT_NAME = "MW213"
 LOOP_NEST_TOO_LONG = "MW214"
 BAD_LOOP_COUNT = "MW215"
+BAD_REPEAT = "MW216"
 
 # ---------------------------------------------------------------- deployment file (MW30x)
 DEPLOYMENT_UNREADABLE = "MW301"
@@ -164,6 +165,7 @@ TITLES: dict[str, str] = {
     STOP_WITHOUT_NAME: "early stop on an unnamed loop",
     LOOP_NEST_TOO_LONG: "nested loops whose maximum iterations multiply past the limit",
     BAD_LOOP_COUNT: "loop count whose default is outside 1..max",
+    BAD_REPEAT: "partition repeat rule that cannot run",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
     DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
     DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",

@@ -26,7 +26,7 @@ from mstar.compiler.walk_tree import (
     TreeSequential,
     WalkTree,
 )
-from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan, StagePlan, StreamPlan
+from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan, RepeatPlan, StagePlan, StreamPlan
 
 # Walks that no partition lists form one implicit partition, as in the reference system.
 DEFAULT_PARTITION = "default"
@@ -244,6 +244,7 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
     """Partitions in declaration order (the implicit one last). A partition fed by streams self-triggers from its stream
     buffers (initial_walk None); any other starts at the first walk of its first stage."""
     partitions = []
+    params = {p.name: p.value for p in spec.params}
     for partition in spec.partitions:
         streams = [
             StreamPlan(
@@ -265,8 +266,13 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
         stages = [StagePlan(walks=list(s.walks), is_optional=s.is_optional, sequence_lengths=list(s.sequence_lengths))
                   for s in partition.stages]
         initial = None if streams or not stages else stages[0].walks[0]
+        repeat = None
+        if partition.repeat is not None:
+            bound = partition.repeat.max_rounds
+            repeat = RepeatPlan(value=partition.repeat.value,
+                                max_rounds=bound if isinstance(bound, int) else params[bound])
         partitions.append(
-            PartitionPlan(name=partition.name, stages=stages, initial_walk=initial, streams=streams)
+            PartitionPlan(name=partition.name, stages=stages, initial_walk=initial, streams=streams, repeat=repeat)
         )
     # Every walk is in a partition (check_graph, MW209), so there is no implicit one.
     return partitions

@@ -107,6 +107,33 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
     for walk in spec.walks:
         _resolve_walk(walk, nodes, params, diags)
     _resolve_partitions(spec, walks, diags)
+    for partition in spec.partitions:
+        if partition.repeat is not None:
+            _resolve_repeat(spec, partition, partition.repeat, diags)
+
+
+def _resolve_repeat(spec: ast.Spec, partition: ast.Partition, repeat: ast.Repeat, diags: Diagnostics) -> None:
+    """MW104 for an unknown bound; MW216 when the rule cannot run: a bound below 1, or a value no
+    walk of the partition persists (the conductor reads it from the partition's persisted values)."""
+    params = {p.name: p.value for p in spec.params}
+    if isinstance(repeat.max_rounds, str) and repeat.max_rounds not in params:
+        diags.error(codes.UNKNOWN_PARAM,
+                    f"unknown param '{repeat.max_rounds}' as repeat bound{suggestion(repeat.max_rounds, params)}",
+                    name_span(repeat.span, repeat.max_rounds, diags))
+    bound = params.get(repeat.max_rounds) if isinstance(repeat.max_rounds, str) else repeat.max_rounds
+    if bound is not None and bound < 1:
+        diags.error(codes.BAD_REPEAT, f"partition {partition.name} repeats at most {bound} rounds; the bound "
+                    f"counts every round, the first included, so it is at least 1", repeat.span)
+    walk_by_name = {w.name: w for w in spec.walks}
+    persisted = {edge.name for stage in partition.stages for w in stage.walks if w in walk_by_name
+                 for call in iter_calls(walk_by_name[w].body) for edge in call.edges
+                 if edge.dest == "conductor" and edge.is_persist}
+    if repeat.value not in persisted:
+        diags.error(codes.BAD_REPEAT,
+                    f"partition {partition.name} repeats while '{repeat.value}' is above zero, but no walk of it "
+                    f"persists '{repeat.value}' (`-> {repeat.value}: conductor persist`)"
+                    f"{suggestion(repeat.value, persisted)}",
+                    name_span(repeat.span, repeat.value, diags))
 
 
 def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> None:

@@ -73,9 +73,10 @@ class Param(AstNode):
 InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "flow_time", "media", "signal"]
 # What an output carries: sampled token ids; the last token's hidden state (`embeddings`, the next
 # input embedding) or every token's (`hidden`); a mask; a flow velocity, the next latents or time
-# index; audio samples; an image.
+# index; audio samples; an image; the tokens of a transcript as they become final (Whisper's long-form
+# segments); a signal the models do not read (a position in the request's media).
 OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
-                     "image"]
+                     "image", "transcript", "signal"]
 Modality = Literal["text", "image", "audio"]
 # What a client edge may carry: a modality, or a robot's actions (a flow's final latents:
 # Pi0.5's action chunk). A prompt or a guidance drop is one of the modalities only.
@@ -402,6 +403,15 @@ def alternatives(stage: Stage) -> list[list[str]]:
     return found
 
 
+class Repeat(AstNode):
+    """`repeat while audio_left max=max_windows`: after the last stage the partition runs its
+    stages again, from the first, while its persisted value `value` is above zero, at most
+    `max_rounds` rounds in all (a number or a param name). Whisper's long-form windows."""
+
+    value: str
+    max_rounds: Union[int, str]
+
+
 class Partition(AstNode):
     """`partition LLM = prefill -> decode` or `partition SNAC = snac_chunk <- LLM.new_token ...`.
 
@@ -411,6 +421,7 @@ class Partition(AstNode):
 
     name: str
     stages: list[Stage]
+    repeat: Optional[Repeat] = None
     streams: list[StreamSource] = []
 
 

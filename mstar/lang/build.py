@@ -475,8 +475,13 @@ class AstBuilder(Transformer):
             span=self._span(children),
             name=_names(children)[0],
             stages=_of(children, ast.Stage),
+            repeat=next(iter(_of(children, ast.Repeat)), None),
             streams=_of(children, ast.StreamSource),
         )
+
+    def repeat(self, children):
+        bound = _part(children, "max")
+        return ast.Repeat(span=self._span(children), value=_names(children)[0], max_rounds=bound.value)
 
     def single_stage(self, children):
         return ast.Stage(span=self._span(children), walks=_names(children),

@@ -311,6 +311,8 @@ def _partition(partition: ast.Partition) -> list[str]:
     text = f"partition {partition.name} ="
     if partition.stages:
         text += " " + " -> ".join(_stage(s, partition.name) for s in partition.stages)
+    if partition.repeat is not None:
+        text += f" repeat while {partition.repeat.value} max={partition.repeat.max_rounds}"
     streams = [line for stream in partition.streams
                for line in _line(stream, f"<- {stream.partition}.{stream.edge} {_policy(stream.policy)}"
                                  + _keep(stream.keep))]

@@ -71,7 +71,7 @@ class RecurrentState(PlanModel):
 # ---- roles (the words of the language's roles; mstar/lang/ast.py has the same lists)
 InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "flow_time", "media", "signal"]
 OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
-                     "image"]
+                     "image", "transcript", "signal"]
 Modality = Literal["text", "image", "audio"]
 ClientModality = Literal["text", "image", "audio", "action"]  # what a client edge carries
 ModelKind = Literal["decoder", "audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
@@ -326,11 +326,22 @@ class StagePlan(PlanModel):
     sequence_lengths: list[int] = []
 
 
+class RepeatPlan(PlanModel):
+    """The spec's `repeat while VALUE max=N`: when the partition's last stage ends, its stages run
+    again from the first (the prompt taken again, persisted values kept) while its persisted value
+    `value` is a number above zero, at most `max_rounds` rounds in all (Whisper's long-form windows:
+    the decoder persists the audio it has not transcribed yet)."""
+
+    value: str
+    max_rounds: int
+
+
 class PartitionPlan(PlanModel):
     name: str
     stages: list[StagePlan]
     initial_walk: Optional[str]  # None: self-triggered from its stream buffers
     streams: list[StreamPlan] = []
+    repeat: Optional[RepeatPlan] = None
 
 
 # ---------------------------------------------------------------- captures and keys

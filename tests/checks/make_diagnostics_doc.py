@@ -109,10 +109,12 @@ explain = {
  "MW116": "The walks a request may start a partition with (up to its first stage that is not optional; partitions fed "
           "by streams excepted) must call an input that takes the request's prompt: `in NAME: tokens prompt text`, or "
           "`media prompt image|audio`.",
- "MW117": "An edge's output role must fit the destination input's role: tokens feed `tokens`; embeddings, hidden "
-          "states and velocities feed `embeddings` or `hidden`; masks `mask`; flow latents and time `flow_latents` / "
-          "`flow_time`; audio and images `media`. A `signal` input takes anything.",
- "MW118": "`client text` carries `tokens`, `client audio` an `audio` output, `client image` an `image` output and "
+ "MW117": "An edge's output role must fit the destination input's role: tokens and transcripts feed `tokens`; "
+          "embeddings, hidden states and velocities feed `embeddings` or `hidden`; masks `mask`; flow latents and "
+          "time `flow_latents` / `flow_time`; audio and images `media`; a `signal` output feeds only a `signal` "
+          "input. A `signal` input takes anything.",
+ "MW118": "`client text` carries `tokens` or a `transcript` output, `client audio` an `audio` output, "
+          "`client image` an `image` output and "
           "`client action` a `flow_latents` output (a flow's final latents: a robot's action chunk).",
  "MW119": "A prompt goes to an input that can take it: not a stream input (its values come from the stream), `tokens` "
           "for a text prompt and `media` for an image or audio prompt, and one input per modality on a node.",
@@ -196,6 +198,9 @@ explain = {
           "`loop_counts`), else the param's value; either must be at least 1 and at most the loop's `max`, so the "
           "default is checked here and a request's own count when it is admitted (the request fails alone, "
           "docs/runtime.md).",
+ "MW216": "A partition's `repeat while VALUE max=N` runs its stages again while the partition's persisted value "
+          "VALUE is above zero, so some walk of the partition must persist it (`-> VALUE: conductor persist`); the "
+          "bound counts every round, the first included, so it is at least 1.",
  "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty "
           "nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop "
           "where the product passes the limit, with the enclosing loops as notes.",

@@ -19,7 +19,7 @@ import torch
 from mstar.cli.mstar import main
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.models.log_mel import log_mel
+from mstar.runtime.engine.models.log_mel import log_mel, log_mel_frames
 from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.engine.whisper_checkpoint import load_part, read_whisper_dims
@@ -66,6 +66,24 @@ def test_log_mel_matches_the_feature_extractor(num_mel_bins, seconds):
     got = log_mel(torch.from_numpy(samples), num_mel_bins)
     assert got.shape == expected.shape == (num_mel_bins, 3000)
     assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_mel_bins", [80, 128])
+def test_log_mel_of_a_long_clip_matches_the_feature_extractor(num_mel_bins):
+    """Long-form input: the whole clip's features (truncation off), floored at its own maximum."""
+    samples = clip(65.3)
+    expected = long_features(samples, num_mel_bins)[0]
+    got = log_mel_frames(torch.from_numpy(samples), num_mel_bins)
+    assert got.shape == expected.shape == (num_mel_bins, len(samples) // 160)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def long_features(samples: np.ndarray, num_mel_bins: int = MEL_BINS) -> torch.Tensor:
+    from transformers import WhisperFeatureExtractor
+
+    extractor = WhisperFeatureExtractor(feature_size=num_mel_bins)
+    return extractor(samples, sampling_rate=16000, return_tensors="pt", truncation=False,
+                     padding="longest").input_features
 
 
 def test_encoder_and_decoder_match_transformers(checkpoint):
@@ -223,3 +241,97 @@ def test_spec_dims_run_a_30_second_clip(name):
     print(f"{name} at spec dims: 30 s clip, {len(record.output_tokens)} tokens in {elapsed:.1f} s")
     assert record.finish_reason in ("stop", "length"), record.finish_reason
     assert len(record.output_tokens) >= 3
+
+
+# Long form: a clip past 30 s, decoded window by window (specs/whisper.mw `repeat while audio_left`).
+# Each window may generate WINDOW_TOKENS tokens: transformers' `max_new_tokens`, and here a deployment
+# whose decoder holds the start sequence (3 tokens: start, language, transcribe) plus that many.
+WINDOW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def long_form(tmp_path_factory):
+    """A checkpoint in the published layout, a 65 s WAV, a plan whose decoder stops each window
+    after WINDOW_TOKENS tokens, and what transformers' long-form generate makes of the WAV's samples
+    (greedy, timestamps on, no temperature fallback, not conditioned on previous tokens)."""
+    from transformers import AutoTokenizer
+
+    directory = tmp_path_factory.mktemp("whisper_long")
+    model = save_tiny_whisper(directory / "checkpoint", forced=True)
+    heard = write_wav(directory / "speech.wav", clip(65.0, seed=4))
+    for max_windows in (1000, 1, 2):
+        compile_whisper(directory / f"windows{max_windows}", max_windows)
+    with torch.no_grad():
+        out = model.generate(long_features(heard), return_timestamps=True, return_segments=True,
+                             max_new_tokens=WINDOW_TOKENS)
+    expected = out["sequences"][0].tolist()
+    segments = out["segments"][0]
+    # a window's first segment starts at its first generated token (after the 3 start tokens)
+    windows = []
+    for segment in segments:
+        if segment["idxs"][0] == 3:
+            windows.append([])
+        windows[-1].extend(segment["tokens"].tolist())
+    text = AutoTokenizer.from_pretrained(directory / "checkpoint").decode(expected, skip_special_tokens=True)
+    return directory, heard, expected, windows, text
+
+
+def compile_whisper(directory: Path, max_windows: int) -> None:
+    """specs/whisper.mw with `max_windows` rounds at most, its decoder given 3 + WINDOW_TOKENS
+    positions, compiled into directory/whisper.plan."""
+    from mstar.compiler.driver import compile_spec
+    from mstar.compiler.emit import write_outputs
+    from mstar.lang.diagnostics import Diagnostics
+
+    for folder in ("specs", "configs"):
+        (directory / folder).mkdir(parents=True)
+    spec = (ROOT / "specs" / "whisper.mw").read_text()
+    (directory / "specs" / "whisper.mw").write_text(spec.replace("param max_windows = 1000",
+                                                                 f"param max_windows = {max_windows}"))
+    config = (ROOT / "configs" / "whisper.yaml").read_text()
+    (directory / "configs" / "whisper.yaml").write_text(config.replace("max_seq_len: 448",
+                                                                       f"max_seq_len: {3 + WINDOW_TOKENS}"))
+    diags = Diagnostics()
+    result = compile_spec(directory / "specs" / "whisper.mw", directory / "configs" / "whisper.yaml", diags,
+                          directory / "whisper.plan")
+    assert result is not None, diags.render()
+    write_outputs(result.plan_path, result.plan_text, result.glue_path, result.glue_text)
+
+
+def transcribe(plan_dir: Path, checkpoint: Path, samples: np.ndarray):
+    plan = load_plan(str(plan_dir / "whisper.plan"))
+    driver = Driver(plan, TorchEngine(plan, weights_dir=str(checkpoint)))
+    driver.run(Workload([Request(id="a", prompt_tokens=[], max_tokens=10_000,
+                                 media={"audio": torch.from_numpy(samples)})]))
+    return driver.conductor.records["a"]
+
+
+def test_long_form_matches_transformers_generate(long_form):
+    """65 s of audio: windows from 0 s, each decoded with the timestamp rules, the next one starting
+    at the last complete segment's first timestamp; the transcript is the segments joined."""
+    directory, heard, expected, windows, _ = long_form
+    assert len(windows) >= 3 and sum(t > NO_TIMESTAMPS for t in expected) >= 10
+    record = transcribe(directory / "windows1000", directory / "checkpoint", heard)
+    assert record.output_tokens == expected, record.error
+    assert record.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("max_windows", [1, 2])
+def test_the_repeat_bound_stops_after_its_windows(long_form, max_windows):
+    """`repeat while audio_left max=max_windows`: the partition runs at most that many windows."""
+    directory, heard, expected, windows, _ = long_form
+    record = transcribe(directory / f"windows{max_windows}", directory / "checkpoint", heard)
+    assert record.output_tokens == [t for window in windows[:max_windows] for t in window], record.error
+
+
+def test_mstar_run_transcribes_a_long_wav(long_form, capsys):
+    directory, _, expected, _, text = long_form
+    prompts = directory / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "long", "audio": "speech.wav", "max_tokens": 10_000}) + "\n")
+    status = main(["run", "--plan", str(directory / "windows1000" / "whisper.plan"),
+                   "--weights", str(directory / "checkpoint"), "--prompts", str(prompts),
+                   "--out", str(directory / "out")])
+    assert status == 0, capsys.readouterr().err
+    line = json.loads((directory / "out" / "outputs.jsonl").read_text())
+    assert line["output_tokens"] == expected
+    assert line["text"] == text and len(text.split()) > 5

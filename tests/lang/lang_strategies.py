@@ -162,6 +162,7 @@ partitions = st.builds(
     ast.Partition,
     name=names,
     stages=small_lists(st.builds(ast.Stage, walks=name_lists, is_optional=st.booleans()) | sequence_stages()),
+    repeat=st.none() | st.builds(ast.Repeat, value=names, max_rounds=counts | names),
     streams=small_lists(st.builds(ast.StreamSource, partition=names, edge=names, policy=policies,
                                   keep=st.none() | st.tuples(counts, counts))),
 )

@@ -108,6 +108,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.StreamSource: ("partition", "edge"),
     ast.Stage: ("walks",),
     ast.Partition: ("name",),
+    ast.Repeat: ("value", "max_rounds"),
 }
 
 # Deployment keys whose values are node or walk names (`NODE.WALK` in speculation_mixes_walks), and

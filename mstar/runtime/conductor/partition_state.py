@@ -8,7 +8,9 @@ persisted value of the same name (the partition's own first), else for "prompt" 
 first time the partition takes one and afterwards its latest persisted value (Orpheus:
 prefill's new_token feeds decode), else for an image or audio prompt input the request's media
 of that modality (None when absent, and for any other input: the engine synthesises stand-ins).
-Persisted values a walk used are unpersisted when it ends.
+Persisted values a walk used are unpersisted when it ends. A partition with a repeat rule (the
+plan's `repeat`) runs its stages again from the first after the last, taking the prompt again, while
+its persisted value of that name is above zero, at most its max rounds (Whisper's windows).
 
 A stream-consumer partition (no initial walk) starts a walk only when one of its streams has a
 chunk. With one stage it re-runs that walk per chunk until its streams are exhausted (SNAC,
@@ -16,6 +18,7 @@ Code2Wav); with several stages it runs each once, in order (Qwen3-Omni's Talker)
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 from mstar.plan.schema import EdgePlan, PartitionPlan
@@ -23,6 +26,8 @@ from mstar.runtime.conductor.request import RequestRecord
 from mstar.runtime.conductor.streams import StreamBuffer
 from mstar.runtime.conductor.tables import MEDIA_OF, PROMPT, STREAM, RunWalk
 from mstar.runtime.conductor.walk_run import WalkRun
+
+LOG = logging.getLogger(__name__)
 
 
 class PartitionState:
@@ -48,6 +53,7 @@ class PartitionState:
         self.store: dict[str, Any] = {}  # persisted values by edge name, latest last
         self.used_persisted: set[str] = set()
         self.is_prompt_used = False
+        self.num_rounds = 1  # rounds through the stages begun (the plan's repeat rule counts them)
         self.num_tokens = 0
         self.max_tokens = record.request.max_tokens
         self.is_done = not walks
@@ -83,9 +89,31 @@ class PartitionState:
         self.run = None
         self.stage += 1
         # A one-stage stream consumer re-runs its walk per chunk (SNAC, Code2Wav) until its
-        # streams are exhausted; any other partition is done after its last stage (Talker).
+        # streams are exhausted; a partition with a repeat rule runs its stages again while the
+        # rule holds (Whisper's windows); any other partition is done after its last stage (Talker).
         if self.stage >= len(self.walks) and not self.is_repeating:
-            self.is_done = True
+            if self._repeats():
+                self.stage = 0
+                self.num_rounds += 1
+                self.is_prompt_used = False  # each round starts as the first: from the prompt
+            else:
+                self.is_done = True
+
+    def _repeats(self) -> bool:
+        """The plan's repeat rule: its persisted value is a number above zero and the partition has
+        run fewer than its max rounds. A value that is not a number (an engine's mistake) ends the
+        partition, with a warning."""
+        repeat = self.plan.repeat
+        if repeat is None or self.num_rounds >= repeat.max_rounds:
+            return False
+        value = self.store.get(repeat.value)
+        if value is None:
+            return False
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            LOG.warning("partition %s repeats while '%s' is above zero, but its value is %s, not a number: "
+                        "it ends", self.name, repeat.value, type(value).__name__)
+            return False
+        return value > 0
 
     def end(self, is_length: bool = False) -> None:
         """End the partition now (max tokens, or its streams ran dry)."""

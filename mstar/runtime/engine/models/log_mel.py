@@ -1,10 +1,12 @@
 """Whisper's log-mel front end, as transformers' WhisperFeatureExtractor computes it.
 
 In: 16 kHz mono samples (a 1-D float tensor). Out: `[num_mel_bins, 3000]` features for one 30 s
-window: the samples cut or zero-padded to 480000, a centred STFT (n_fft 400, hop 160, periodic
-Hann window, reflect padding), power spectrum without the last frame, a Slaney-normalised mel filter
-bank on the Slaney mel scale (0 to 8 kHz, built in float64 then used in float32), log10 of the
-energies clamped at 1e-10, floored at the maximum minus 8, then (x + 4) / 4.
+window (`log_mel`), or `[num_mel_bins, len // 160]` for a whole long clip (`log_mel_frames`, the
+extractor with truncation off): the samples cut or zero-padded to 480000 (not for a whole clip), a
+centred STFT (n_fft 400, hop 160, periodic Hann window, reflect padding), power spectrum without
+the last frame, a Slaney-normalised mel filter bank on the Slaney mel scale (0 to 8 kHz, built in
+float64 then used in float32), log10 of the energies clamped at 1e-10, floored at the maximum
+minus 8, then (x + 4) / 4.
 """
 from __future__ import annotations
 
@@ -56,6 +58,14 @@ def log_mel(samples: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
     audio = torch.zeros(NUM_SAMPLES, dtype=torch.float32)
     clip = samples.reshape(-1)[:NUM_SAMPLES].to(torch.float32)
     audio[:clip.shape[0]] = clip
+    return log_mel_frames(audio, num_mel_bins)
+
+
+def log_mel_frames(samples: torch.Tensor, num_mel_bins: int) -> torch.Tensor:
+    """16 kHz samples as they are, neither cut nor padded -> `[num_mel_bins, len // 160]` features,
+    floored at the whole clip's maximum minus 8 (the feature extractor with truncation off, as
+    long-form transcription takes them; runners/whisper_windows.py cuts the windows)."""
+    audio = samples.reshape(-1).to(torch.float32)
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=torch.hann_window(N_FFT), return_complex=True)
     power = (stft[..., :-1].abs() ** 2).contiguous()
     energies = mel_filters(num_mel_bins).to(torch.float32).T @ power

@@ -23,12 +23,13 @@ import torch
 
 from mstar.plan.schema import NodePlan
 from mstar.runtime.engine.models.kinds import CallInfo
-from mstar.runtime.engine.models.log_mel import NUM_SAMPLES, log_mel
+from mstar.runtime.engine.models.log_mel import NUM_FRAMES, NUM_SAMPLES, log_mel, log_mel_frames
 from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder, WhisperKv
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import StatelessRunner
 from mstar.runtime.engine.runners.values import InputError
 from mstar.runtime.engine.runners.whisper_rules import WhisperRules, WhisperSequence, next_token, processed
+from mstar.runtime.engine.runners.whisper_windows import AudioWindow, WindowError, closed_cut, segment_cut, window_of
 from mstar.runtime.engine.sampling import draw_stream, sample_tokens
 from mstar.runtime.step import RowResult, StepRow
 
@@ -40,7 +41,26 @@ class WhisperEncoderRunner(StatelessRunner):
         super().__init__(node, position)
         self.model = model
 
-    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
+        """Per row: the window's states under `hidden`/`embeddings` outputs, the window itself
+        (runners/whisper_windows.py) under `signal` outputs."""
+        results = []
+        for row, call, request in rows:
+            try:
+                with torch.no_grad():
+                    states, window = self.encode(row, call, request)
+            except (InputError, WindowError) as error:
+                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                continue
+            outputs = {name: window.to_signal() if call.output_roles.get(name) == "signal" else states
+                       for name in call.output_names}
+            results.append(RowResult(row.request_id, outputs=outputs))
+        return results, []
+
+    def encode(self, row: StepRow, call: CallInfo, request: RequestState) -> tuple[torch.Tensor, AudioWindow]:
+        """The states of the window that starts where the row's `signal` input (the audio not yet
+        transcribed; absent: the first window) says. A clip of at most 3000 frames is one window,
+        padded to 30 s as samples; a longer one is cut from the whole clip's features."""
         name = call.input_with("media")
         raw = row.inputs.get(name) if name is not None else None
         if raw is None:  # no audio: 30 s of seeded noise (a stand-in, as for other media)
@@ -50,7 +70,17 @@ class WhisperEncoderRunner(StatelessRunner):
             if samples.dim() != 1 or samples.numel() == 0:
                 raise InputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
                                  f"{tuple(samples.shape)}")
-        return self.model(log_mel(samples, self.model.dims.num_mel_bins))
+        left = call.input_with("signal")
+        window = window_of(samples.numel(), row.inputs.get(left) if left is not None else None)
+        bins = self.model.dims.num_mel_bins
+        if not window.is_long_form:
+            return self.model(log_mel(samples, bins)), window
+        features = log_mel_frames(samples, bins)[:, window.start_frame:window.start_frame + window.num_frames]
+        padded = torch.nn.functional.pad(features, (0, NUM_FRAMES - window.num_frames))
+        return self.model(padded), window
+
+    def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
+        return self.encode(row, call, request)[0]
 
 
 @dataclass
@@ -59,6 +89,8 @@ class _Decoding:
 
     kv: WhisperKv
     sequence: Optional[WhisperSequence] = None
+    window: Optional[AudioWindow] = None  # the encoder's window (absent: one window, no seeking)
+    num_released: int = 0  # the window's generated tokens already handed out as transcript
 
 
 class WhisperDecoderRunner:
@@ -98,26 +130,63 @@ class WhisperDecoderRunner:
             try:
                 with torch.no_grad():
                     results.append(self._run_row(row, call, request))
-            except InputError as error:
+            except (InputError, WindowError) as error:
                 results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
         return results, []
 
     def _run_row(self, row: StepRow, call: CallInfo, request: RequestState) -> RowResult:
-        state = self.requests.setdefault(row.request_id, _Decoding(self.model.empty_kv()))
-        for label in self.fills.get(row.walk, []):
+        state = self.requests.get(row.request_id)
+        fills = self.fills.get(row.walk, [])
+        if state is None or (fills and state.sequence is not None):
+            # A walk that fills the pool again starts the next window: a new decoder sequence over
+            # the new states, from the first window's start sequence (its language detected once).
+            first = state.sequence if state is not None else None
+            state = self.requests[row.request_id] = _Decoding(self.model.empty_kv())
+            if first is not None:
+                state.sequence = first.restarted()
+        for label in fills:
             state.kv.cross = self.model.cross_pool(self._states(row, label))
         if state.kv.cross is None:
             raise InputError(f"walk {row.walk} reads the cross-attention pool before a walk filled it")
+        window = call.input_with("signal")
+        if window is not None and row.inputs.get(window) is not None:
+            state.window = AudioWindow.of_signal(row.inputs[window])
+        is_long_form = state.window is not None and state.window.is_long_form
+        if is_long_form and self.rules.no_timestamps is None:
+            raise InputError("audio past 30 s is transcribed window by window with timestamps, and this "
+                             "decoder's rules have no <|notimestamps|> token to place them")
         fed = self._tokens(row, call)
         if state.sequence is None:
-            state.sequence = WhisperSequence.start(fed, self.rules)
+            state.sequence = WhisperSequence.start(fed, self.rules, is_long_form)
+            fed = state.sequence.tokens
+        elif state.kv.num_tokens == 0:  # a restarted window feeds its start sequence at once
             fed = state.sequence.tokens
         if state.kv.num_tokens + len(fed) > self.max_seq_len:
             raise InputError(f"the decoder sequence would pass its {self.max_seq_len} positions")
         hidden = self.model(torch.tensor(fed, dtype=torch.long), state.kv)
         token = self._next(self.model.logits(hidden[-1]), state.sequence, request)
         state.sequence.tokens.append(token)
-        return self._result(row, call, request, token, hidden, len(state.sequence.tokens))
+        return self._result(row, call, request, token, hidden, state)
+
+    def _transcript(self, state: _Decoding, token: int, is_end: bool) -> tuple[list[int], int]:
+        """(the tokens that became final with this step, samples of audio left after the window as
+        if it ended now). One window: every token as sampled, nothing left. Long form: the window's
+        segments once closed, the rest at its end (runners/whisper_windows.py), without the start
+        sequence or end of text."""
+        window, sequence = state.window, state.sequence
+        assert sequence is not None
+        if window is None or not window.is_long_form or self.rules.no_timestamps is None:
+            return [token], 0
+        generated = sequence.tokens[sequence.begin_index:]
+        if generated[-1:] == [self.rules.eos]:
+            generated = generated[:-1]
+        begin = self.rules.no_timestamps + 1
+        cut, offset = segment_cut(generated, begin, window)
+        if not is_end:
+            cut = closed_cut(generated, begin)
+        released = generated[state.num_released:cut]
+        state.num_released = max(state.num_released, cut)
+        return released, window.left_after(offset)
 
     def _states(self, row: StepRow, label: str) -> torch.Tensor:
         pool = self.pools[label]
@@ -156,16 +225,25 @@ class WhisperDecoderRunner:
                              [request.num_sampled.get(node, 0)])[0]
 
     def _result(self, row: StepRow, call: CallInfo, request: RequestState, token: int, hidden: torch.Tensor,
-                length: int) -> RowResult:
+                state: _Decoding) -> RowResult:
         node = self.node.name
         request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
         max_tokens = request.params.max_tokens
+        length = len(state.sequence.tokens) if state.sequence is not None else 0
         result = RowResult(row.request_id)
         result.is_stop = (token == self.rules.eos or token in request.params.stop_tokens or length >= self.max_seq_len
                           or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
+        released, audio_left = self._transcript(state, token, result.is_stop)
         for name in call.output_names:
-            is_token = call.output_roles.get(name, "tokens") == "tokens"
-            result.outputs[name] = [token] if is_token else hidden.clone()
+            role = call.output_roles.get(name, "tokens")
+            if role == "tokens":
+                result.outputs[name] = [token]
+            elif role == "transcript":
+                result.outputs[name] = released
+            elif role == "signal":
+                result.outputs[name] = audio_left
+            else:
+                result.outputs[name] = hidden.clone()
         return result
 
 

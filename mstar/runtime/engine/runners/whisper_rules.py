@@ -86,12 +86,22 @@ class WhisperSequence:
     is_timestamps: bool = False
 
     @classmethod
-    def start(cls, prompt: list[int], rules: WhisperRules) -> "WhisperSequence":
+    def start(cls, prompt: list[int], rules: WhisperRules, is_timestamps: bool = False) -> "WhisperSequence":
+        """`is_timestamps`: timestamps on whatever the prompt says (long form: a trailing
+        `<|notimestamps|>` is dropped from the prompt or the forced steps, as generate does)."""
+        stamp_off = rules.no_timestamps
         if prompt and prompt != [rules.start]:
-            return cls(list(prompt), [], len(prompt), rules.no_timestamps is not None
-                       and rules.no_timestamps not in prompt)
+            tokens = list(prompt[:-1] if is_timestamps and prompt[-1:] == [stamp_off] else prompt)
+            return cls(tokens, [], len(tokens), is_timestamps or (stamp_off is not None and stamp_off not in tokens))
         pending = [step for step in rules.steps if step != "language" or rules.language_ids]
-        return cls([rules.start], pending, 1 + len(pending))
+        if is_timestamps and pending[-1:] == [stamp_off]:
+            pending.pop()
+        return cls([rules.start], pending, 1 + len(pending), is_timestamps)
+
+    def restarted(self) -> "WhisperSequence":
+        """The next window's sequence: this one's start sequence (forced tokens and the detected
+        language as they came), nothing generated yet."""
+        return WhisperSequence(self.tokens[:self.begin_index], [], self.begin_index, self.is_timestamps)
 
 
 def next_token(logits: torch.Tensor, sequence: WhisperSequence, rules: WhisperRules) -> Optional[int]:
