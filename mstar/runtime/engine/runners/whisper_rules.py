@@ -1,5 +1,6 @@
 """Whisper's decoding rules, as transformers' `WhisperForConditionalGeneration.generate` applies them
-to a clip of at most 30 s: the start sequence, language detection, suppressed tokens, timestamps.
+to one window: the start sequence, language detection, suppressed tokens, timestamps (long form,
+audio past 30 s, turns timestamps on and seeks between windows: runners/whisper_windows.py).
 
 In: the checkpoint's generation_config.json (or, without one, the multilingual layout derived from
 the vocabulary, below) and, per request, its decoder prompt. Out: per step either a forced token or
