@@ -48,7 +48,7 @@ FEEDS: dict[str, frozenset[str]] = {
 }
 # Client modality -> the output roles it carries.
 CLIENT_ROLES = {"text": ("tokens", "transcript"), "audio": ("audio",), "image": ("image",),
-                "action": ("flow_latents",)}
+                "action": ("flow_latents",), "latents": ("hidden", "embeddings")}
 # Prompt modality -> the input role that receives it.
 PROMPT_ROLE = {"text": "tokens", "image": "media", "audio": "media"}
 # Model kind -> (input roles it takes, output roles it produces). A kv node is a decoder.

@@ -78,9 +78,10 @@ InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "f
 OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
                      "image", "transcript", "signal"]
 Modality = Literal["text", "image", "audio"]
-# What a client edge may carry: a modality, or a robot's actions (a flow's final latents:
-# Pi0.5's action chunk). A prompt or a guidance drop is one of the modalities only.
-ClientModality = Literal["text", "image", "audio", "action"]
+# What a client edge may carry: a modality, a robot's actions (a flow's final latents: Pi0.5's
+# action chunk), or latent representations (hidden states: V-JEPA 2's predicted frame features).
+# A prompt or a guidance drop is one of the modalities only.
+ClientModality = Literal["text", "image", "audio", "action", "latents"]
 # The model of a stateless node (a kv node is always a decoder).
 ModelKind = Literal["audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
 INPUT_ROLES: tuple[str, ...] = InputRole.__args__  # type: ignore[attr-defined]

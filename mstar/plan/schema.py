@@ -73,7 +73,7 @@ InputRole = Literal["tokens", "embeddings", "hidden", "mask", "flow_latents", "f
 OutputRole = Literal["tokens", "embeddings", "hidden", "mask", "velocity", "flow_latents", "flow_time", "audio",
                      "image", "transcript", "signal"]
 Modality = Literal["text", "image", "audio"]
-ClientModality = Literal["text", "image", "audio", "action"]  # what a client edge carries
+ClientModality = Literal["text", "image", "audio", "action", "latents"]  # what a client edge carries
 ModelKind = Literal["decoder", "audio_codec", "image_decoder", "vision_encoder", "audio_encoder"]
 
 

@@ -114,8 +114,9 @@ explain = {
           "time `flow_latents` / `flow_time`; audio and images `media`; a `signal` output feeds only a `signal` "
           "input. A `signal` input takes anything.",
  "MW118": "`client text` carries `tokens` or a `transcript` output, `client audio` an `audio` output, "
-          "`client image` an `image` output and "
-          "`client action` a `flow_latents` output (a flow's final latents: a robot's action chunk).",
+          "`client image` an `image` output, "
+          "`client action` a `flow_latents` output (a flow's final latents: a robot's action chunk) and `client "
+          "latents` a `hidden` or `embeddings` output (representations as floats: V-JEPA 2's predictions).",
  "MW119": "A prompt goes to an input that can take it: not a stream input (its values come from the stream), `tokens` "
           "for a text prompt and `media` for an image or audio prompt, and one input per modality on a node.",
  "MW120": "`guidance LABEL ...` and `kv WALK reads/writes ...` name sequences of the node's `kv_sequences`; a guidance "

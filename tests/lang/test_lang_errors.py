@@ -150,7 +150,7 @@ CASES = [
     (
         'MW018',
         'model m\nwalk w {\n    L(x) -> y: client actoin\n}\n',
-        'bad.mw:3:23: error[MW018]: unknown client modality `actoin` (one of text, image, audio, action); '
+        'bad.mw:3:23: error[MW018]: unknown client modality `actoin` (one of text, image, audio, action, latents); '
         'did you mean \'action\'?\n'
         '    3 |     L(x) -> y: client actoin\n'
         '      |                       ^^^^^^\n',

@@ -10,7 +10,8 @@ prompt goes to it takes no waveform.
 Which encoders take a waveform is the plan's `style` argument (a closed set of model kinds,
 mstar/plan/node_args.py ENCODER_STYLES), never a node's name: `whisper` computes Whisper's log-mel
 features (engine/models/log_mel.py) from 16 kHz samples over one 30 s window, so it takes at most
-480000 samples (the engine would cut a longer clip; a server refuses it instead); `qwen3_asr`
+480000 samples (the engine transcribes a longer clip window by window when the plan repeats its
+partition, docs/models.md "Long form"; a server refuses it); `qwen3_asr`
 computes the same features over the whole clip (engine/models/qwen3_asr.py), and its spec bounds
 the states at 30 s of audio, so the same window applies.
 """

@@ -8,9 +8,10 @@ per request as it ends. Out, in DIR:
   skipped, cut before the first of the request's stop strings it holds; null without a
   tokenizer or when the output is not token ids), and `actions` when the request emitted any
   (`client action` edges: each emission a list of rows of floats, Pi0.5's action chunk, in
-  emission order). Each line goes out in one unbuffered write, so
-  an interrupt or a crash keeps every line written before it whole, and a line is written only
-  after its media files are.
+  emission order), and `latents` likewise for `client latents` edges (hidden states as floats; an
+  accumulated emission is a list of them, one per loop iteration). Each line goes out in one
+  unbuffered write, so an interrupt or a crash keeps every line written before it whole, and a line
+  is written only after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
   temporary name beside the final one and renamed, so a file under its final name is always
   complete.
@@ -52,7 +53,10 @@ class OutputError(Exception):
 
 
 def _float_rows(value: Any) -> Any:
-    """An action chunk (a tensor or array, `[horizon, dim]`) as JSON lists of floats."""
+    """An action chunk or latents (a tensor or array, `[horizon, dim]`, or a list of them: a loop's
+    accumulated values) as JSON lists of floats."""
+    if isinstance(value, (list, tuple)):
+        return [_float_rows(v) for v in value]
     return value.tolist() if hasattr(value, "tolist") else value
 
 
@@ -107,6 +111,9 @@ class ResultWriter:
         actions = [_float_rows(e.value) for e in record.emissions if e.modality == "action"]
         if actions:
             line["actions"] = actions
+        latents = [_float_rows(e.value) for e in record.emissions if e.modality == "latents"]
+        if latents:
+            line["latents"] = latents
         self._append((json.dumps(line) + "\n").encode("utf-8"))
         self.num_lines += 1
 
