@@ -384,7 +384,8 @@ def _rank_options(args: argparse.Namespace) -> Any:
     from mstar.runtime.serve.ranks.worker import RankOptions
 
     return RankOptions(dims=args.dims, weights=args.weights, seed=args.seed, kv_pages=args.kv_pages,
-                       device=args.device, attention=args.attention, timeout_s=args.rank_timeout)
+                       device=args.device, attention=args.attention, timeout_s=args.rank_timeout,
+                       plan_path=args.plan)
 
 
 def _serve_rank(args: argparse.Namespace, plan: Any) -> int:

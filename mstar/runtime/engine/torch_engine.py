@@ -493,21 +493,29 @@ class TorchEngine:
                 for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
 
 
+def plan_glue(plan: Plan, plan_path: Optional[str], device: str) -> Optional[ModuleType]:
+    """The plan's generated glue (named in its header, beside the plan at `plan_path`), which packs
+    the GPU fast path's steps; None on the CPU (the CPU path never packs) or without a path (a plan
+    built in memory): the fast path then packs with numpy. `mstar run`, `mstar serve` and every
+    rank process load it the same way."""
+    if device == "cpu" or plan_path is None:
+        return None
+    from mstar.plan.io import input_paths
+    from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+
+    try:
+        return load_glue(input_paths(plan_path, plan)["glue"])
+    except GlueLoadError as error:
+        raise EngineError(str(error)) from None
+
+
 def build(plan: Plan, args: Any) -> TorchEngine:
     """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`,
     `args.device`, `args.attention`, `args.no_run_ahead` and, off the CPU, `args.plan` (the plan's
     path: its generated glue, named in the plan's header, packs the GPU fast path's steps)."""
     device = getattr(args, "device", None) or "cpu"
-    glue = None
     plan_path = getattr(args, "plan", None)
-    if device != "cpu" and isinstance(plan_path, str):
-        from mstar.plan.io import input_paths
-        from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
-
-        try:
-            glue = load_glue(input_paths(plan_path, plan)["glue"])
-        except GlueLoadError as error:
-            raise EngineError(str(error)) from None
+    glue = plan_glue(plan, plan_path if isinstance(plan_path, str) else None, device)
     return TorchEngine(
         plan,
         dims=getattr(args, "dims", None) or "tiny",

@@ -114,7 +114,7 @@ class LLM:
         self.audio_layout = audio_layout(self.plan)
         self.engine = engine if not isinstance(engine, str) else build_engine(
             self.plan, engine, weights=weights, dims=dims, kv_pages=kv_pages, device=device, attention=attention,
-            seed=seed, sim_pace=sim_pace)
+            seed=seed, sim_pace=sim_pace, plan_path=plan if isinstance(plan, str) else None)
         self.loop = OnlineLoop(self.plan, self.engine, decode=self.tokenizer.decode if self.tokenizer else None,
                                max_waiting=max_waiting, observer=observer)
         self._ids = itertools.count()

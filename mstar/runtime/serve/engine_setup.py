@@ -77,7 +77,8 @@ def prompt_format(plan: Plan) -> Any:
 
 def build_engine(plan: Plan, kind: str, *, weights: Optional[list[str]] = None, dims: str = "tiny",
                  kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
-                 sim_pace: float = 1.0) -> Any:
+                 sim_pace: float = 1.0, plan_path: Optional[str] = None) -> Any:
+    """plan_path: where the plan was read (its generated glue packs the GPU fast path's steps)."""
     if kind not in ENGINES:
         raise SetupError(f"engine {kind!r}: choose one of {', '.join(ENGINES)}")
     if kv_pages is not None and kv_pages <= 0:
@@ -94,7 +95,7 @@ def build_engine(plan: Plan, kind: str, *, weights: Optional[list[str]] = None, 
     except ImportError as error:
         raise SetupError(f"the torch engine is not available ({error}); use the sim engine") from None
     options = SimpleNamespace(dims=dims, weights=weights, seed=seed, kv_pages=kv_pages, device=device,
-                              attention=attention)
+                              attention=attention, plan=plan_path)
     try:
         return torch_engine.build(plan, options)
     except ValueError as error:  # EngineError and the engine's other start-up refusals

@@ -38,6 +38,7 @@ class RankOptions:
     device: str = "cpu"
     attention: str = "auto"
     timeout_s: float = 8.0
+    plan_path: Optional[str] = None  # where the plan was read: its generated glue sits beside it
 
 
 def nodes_of(plan: Plan, rank: int) -> set[str]:
@@ -49,11 +50,11 @@ def nodes_of(plan: Plan, rank: int) -> set[str]:
 def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str,
                    comms: dict[str, Any]) -> RankExecutor:
     """The rank's engine (its nodes; its shard of each TP node, `comms` from tp.build.tp_comms)."""
-    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
-                         nodes=nodes_of(plan, rank), tp_comms=comms)
+                         nodes=nodes_of(plan, rank), tp_comms=comms, glue=plan_glue(plan, options.plan_path, device))
     return RankExecutor(plan, engine, channel)
 
 
