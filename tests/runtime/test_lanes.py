@@ -125,3 +125,19 @@ def test_common_rows_of_several_walks_leave_in_one_group_per_run_of_a_walk():
     _ready(conductor, "N", rows, lane_rows, 1, 6)
     assert conductor.ready_out == [("N", "a", ["r1"], [1]), ("N", "b", ["r2"], [1]), ("N", "a", ["r3"], [1]),
                                    ("N", "b", ["r4", "r5"], [1, 1])]
+
+
+def test_the_torch_engine_answers_in_columns_and_its_laned_run_is_the_same():
+    """The torch engine (CPU, tiny dims) gives the step's tokens in columns when every row answered
+    one token in order, so its decode rows take lanes, and the run equals the run without them."""
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    runs = {}
+    for is_laned in (True, False):
+        plan = generated("llama")
+        driver = Driver(plan, TorchEngine(plan))
+        driver.conductor.is_laned = is_laned
+        driver.run(Workload([Request(**vars(r)) for r in _requests(num=4, max_tokens=20)]))
+        runs[is_laned] = ({rid: _record(r)[:3] for rid, r in driver.conductor.records.items()}, driver.conductor)
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1].lanes.num_serials == 4  # each request decoded in a lane

@@ -32,6 +32,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable, Collection, Mapping, Optional, TypeVar, Union
 
+import numpy as np
 import torch
 
 from mstar.plan.schema import NodePlan, Plan
@@ -61,7 +62,7 @@ from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
-from mstar.runtime.step import EngineCaps, RowResult, Step, StepHandle, StepResult
+from mstar.runtime.step import EngineCaps, RowResult, Step, StepHandle, StepResult, StepRow
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config,
 )
@@ -451,7 +452,10 @@ class TorchEngine:
         if handle.pending is None:
             raise RuntimeError("wait on a step handle this engine never launched")
         results, failed, finish, started = handle.pending
-        return StepResult(rows=results + finish(), allocation_failed=failed, elapsed_s=time.perf_counter() - started)
+        rows = results + finish()
+        token_ids, stop_rows = (None, []) if results or failed else _token_columns(handle.step.rows, rows)
+        return StepResult(rows=rows, allocation_failed=failed, elapsed_s=time.perf_counter() - started,
+                          token_ids=token_ids, stop_rows=stop_rows)
 
     def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]]) -> None:
         """The run loop speculates that `worker`'s next step of `node` runs these (request id,
@@ -491,6 +495,28 @@ class TorchEngine:
         """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
         return {name: (runner.pool.num_pages - runner.pool.num_free_pages, runner.pool.num_pages)
                 for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
+
+
+def _token_columns(step_rows: list[StepRow], rows: list[RowResult]) -> tuple[Optional[np.ndarray], list[int]]:
+    """The step's answer in columns (`StepResult.token_ids`, `stop_rows`), so the conductor moves
+    its decode rows at once (conductor/lane_pass.py), when the contract holds: every row of the step
+    answered, in step order, with no error, and every output of each row is the one token it
+    sampled (`[token]`); else (None, []) and the conductor reads the rows."""
+    if len(rows) != len(step_rows):
+        return None, []
+    tokens = []
+    for step_row, result in zip(step_rows, rows):
+        outputs = result.outputs
+        if result.error is not None or result.request_id != step_row.request_id or not outputs:
+            return None, []
+        token = None
+        for value in outputs.values():
+            if type(value) is not list or len(value) != 1 or type(value[0]) is not int or (
+                    token is not None and value[0] != token):
+                return None, []  # a mask, hidden states, several tokens: not a one-token answer
+            token = value[0]
+        tokens.append(token)
+    return np.array(tokens, dtype=np.int64), [index for index, result in enumerate(rows) if result.is_stop]
 
 
 def plan_glue(plan: Plan, plan_path: Optional[str], device: str) -> Optional[ModuleType]:
