@@ -22,7 +22,7 @@ from typing import Optional
 from mstar.compiler import codes
 from mstar.compiler.memory_bounds import MAX_DIM, MAX_LAYERS, MAX_NODE_BYTES, format_bytes, weight_bytes
 from mstar.plan.node_args import (
-    ENGINE_ARGS, RECURRENT_ARGS, SUBMODEL_ARGS, ArgKind, layer_is_full, value_fits,
+    DEPTH_SUBMODEL_ARGS, ENGINE_ARGS, RECURRENT_ARGS, SUBMODEL_ARGS, ArgKind, layer_is_full, value_fits,
 )
 from mstar.compiler.resolve import name_span, suggestion
 from mstar.lang import ast
@@ -41,7 +41,11 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
                             state.span, Note("first declared here", node.states[0].span))
                 states_ok = False
         for sub in node.submodels:
-            header_ok &= _check_args(sub.args, SUBMODEL_ARGS, f"sub-model {sub.name}", diags)
+            if sub.samples is None:
+                header_ok &= _check_args(sub.args, SUBMODEL_ARGS, f"sub-model {sub.name}", diags)
+            else:
+                header_ok &= _check_args(sub.args, DEPTH_SUBMODEL_ARGS, f"depth model {sub.name}", diags)
+            header_ok &= _submodel_within_bounds(node, sub, diags)
         if header_ok and states_ok and _within_bounds(node, diags):
             _check_consistency(node, diags)
 
@@ -94,6 +98,19 @@ def _within_bounds(node: ast.NodeDecl, diags: Diagnostics) -> bool:
         target = next((a for a in node.args if a.name == "layers"), node)
         diags.error(codes.DIMS_TOO_LARGE, f"node {node.name}: {memory}", target.span)
         return False
+    return True
+
+
+def _submodel_within_bounds(node: ast.NodeDecl, sub: ast.SubModelDecl, diags: Diagnostics) -> bool:
+    """MW123 for a sub-model's own numbers (MAX_DIM, MAX_LAYERS), as for the node's."""
+    for arg in sub.args:
+        value = arg.value
+        limit = MAX_LAYERS if arg.name == "layers" else MAX_DIM
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            diags.error(codes.DIMS_TOO_LARGE,
+                        f"node {node.name}: sub-model {sub.name}: {arg.name}={_show_big(value)} is more than the "
+                        f"runtime can allocate (at most {limit})", arg.span)
+            return False
     return True
 
 

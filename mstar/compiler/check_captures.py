@@ -79,9 +79,10 @@ def _difference(node: ast.NodeDecl, replay: ast.CaptureReplay, trees: dict[str, 
     if (walk in bidirectional) != (source in bidirectional):
         masks = ["bidirectional" if w in bidirectional else "causal" for w in (walk, source)]
         return f"its rows attend {masks[0]}ly, those of {source} {masks[1]}ly"
-    submodels = {w: sub.name for sub in node.submodels for w in sub.walks}
-    if submodels.get(walk) != submodels.get(source):
-        models = [f"sub-model {submodels[w]}" if w in submodels else "the node's model" for w in (walk, source)]
+    # the models a graph of the walk bakes in: its sub-model (or the node's) and any depth model
+    models = [" and ".join(f"sub-model {sub.name}" for sub in node.submodels if w in sub.walks) or "the node's model"
+              for w in (walk, source)]
+    if models[0] != models[1]:
         return f"its rows run {models[0]}, those of {source} {models[1]}"
     access = {a.walk: (sorted(a.reads), sorted(a.writes)) for a in node.kv_access}
     if access.get(walk) != access.get(source):

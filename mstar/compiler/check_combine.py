@@ -71,7 +71,7 @@ def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) ->
             check_captures.check_node(spec, node, runs, diags)
             check_capture_keys.check_node(node, runs, diags)
         check_batching.check_node(spec, node, runs, diags)
-        check_submodels.check_node(node, runs, diags)
+        check_submodels.check_node(spec, node, runs, diags)
     if deployment is None:
         return
     for node in spec.nodes:

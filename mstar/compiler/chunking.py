@@ -61,6 +61,6 @@ def prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[str]:
     (a cache hit is found by the prompt's token ids) and runs the node's own model (cached pages
     hold that model's KV, not a sub-model's)."""
     prompt_inputs = {i.name for i in node.inputs if i.prompt == "text"}
-    on_submodels = {walk for sub in node.submodels for walk in sub.walks}
+    on_submodels = {walk for sub in node.submodels if sub.samples is None for walk in sub.walks}
     return [walk.name for walk in walks if is_chunkable(node, walk) and walk.name not in on_submodels
             and all(not prompt_inputs.isdisjoint(call.inputs) for call, _ in node_calls(walk.body, node.name))]

@@ -13,7 +13,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
                              MW420-MW424 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
-    MW124       check_submodels  sub-models of a kv node (run by check_combine)
+    MW124-MW125 check_submodels  sub-models and depth models of a kv node (run by check_combine)
     MW130-MW133 check_cross  cross-attention KV pools (run by check_roles)
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ KV_ACCESS_MISMATCH = "MW121"
 ROLE_FOR_KIND = "MW122"
 DIMS_TOO_LARGE = "MW123"
 SUBMODEL_CANNOT_SHARE = "MW124"
+DEPTH_MODEL_BAD = "MW125"
 # check_prompt_format
 BAD_PROMPT_FORMAT = "MW140"
 BAD_KEEP_RANGE = "MW141"
@@ -144,6 +145,7 @@ TITLES: dict[str, str] = {
     ROLE_FOR_KIND: "role the node's model kind does not take or produce",
     DIMS_TOO_LARGE: "node dims past what the runtime can allocate",
     SUBMODEL_CANNOT_SHARE: "sub-model that cannot share its node's KV cache",
+    DEPTH_MODEL_BAD: "depth model that cannot extend its output",
     BAD_PROMPT_FORMAT: "prompt_format that cannot frame a text prompt",
     BAD_KEEP_RANGE: "stream keep range that is empty or on a stream without tokens",
     CROSS_KV_BAD: "cross-attention KV pool the node cannot hold",

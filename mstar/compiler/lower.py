@@ -133,7 +133,8 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                 bidirectional_walks=sorted(set(node.bidirectional.walks)) if node.bidirectional else [],
                 recurrent=_recurrent(node, deployment),
                 submodels=[SubModelPlan(name=sub.name, dims=dict(sorted((a.name, a.value) for a in sub.args)),
-                                        walks=sorted(set(sub.walks))) for sub in node.submodels],
+                                        walks=sorted(set(sub.walks)), samples=sub.samples, depth=sub.depth)
+                           for sub in node.submodels],
                 inputs=sorted(i.name for i in node.inputs if not i.is_stream),
                 stream_inputs=sorted(i.name for i in node.inputs if i.is_stream),
                 input_roles=[InputPlan(name=i.name, role=i.role, prompt=i.prompt)

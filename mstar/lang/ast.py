@@ -171,10 +171,19 @@ class SubModelDecl(AstNode):
     """`submodel action_expert(hidden=1024, intermediate=4096) for action_gen`: rows of those walks
     on this kv node run a second model: the node's dims with these overridden (only widths that
     keep the KV geometry: layers, KV heads and head size stay the node's, so the sub-model attends
-    over the same KV cache, as Pi0.5's action expert reads the prefix the main model wrote)."""
+    over the same KV cache, as Pi0.5's action expert reads the prefix the main model wrote).
+
+    With `samples OUTPUT depth=N` it is a depth model instead: the walks' rows run the node's model,
+    then this one, which takes the node's last hidden state and the token the node sampled for the
+    `tokens` output OUTPUT and, in a short inner loop over its own small KV, samples N further tokens
+    of that output, one per inner position with its own vocabulary (`vocab`) and head (Qwen3-TTS's
+    code predictor: codebook 0 from the Talker, codebooks 1..15 from the predictor). Its geometry
+    (layers, KV heads, head size) is its own."""
 
     name: str
     args: list[Arg] = []
+    samples: Optional[str] = None  # a depth model: the tokens output it extends
+    depth: int = 0  # a depth model: further tokens per step (the inner loop's count)
     walks: list[str]
 
 

@@ -297,8 +297,13 @@ class AstBuilder(Transformer):
     def submodel_decl(self, children):
         names = _names(children)
         arg_list = _part(children, "args")
+        samples = _part(children, "samples")
+        name, depth = samples.value if samples is not None else (None, 0)
         return ast.SubModelDecl(span=self._span(children), name=names[0], walks=names[1:],
-                                args=arg_list.value if arg_list is not None else [])
+                                args=arg_list.value if arg_list is not None else [], samples=name, depth=depth)
+
+    def submodel_samples(self, children):
+        return _Part("samples", (_names(children)[0], self._ints(children)[0]), self._span(children))
 
     def cap_decl(self, children):
         return ast.CapDecl(span=self._span(children), walk=_names(children)[0],

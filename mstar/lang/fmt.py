@@ -111,7 +111,8 @@ def _node(node: ast.NodeDecl) -> list[str]:
     for sub in node.submodels:
         if not sub.walks:
             raise ValueError(f"format_spec: node {node.name}: submodel {sub.name} needs at least one walk")
-        body += _line(sub, f"submodel {sub.name}" + (_args(sub.args) if sub.args else "") + " for "
+        samples = f" samples {sub.samples} depth={sub.depth}" if sub.samples is not None else ""
+        body += _line(sub, f"submodel {sub.name}" + (_args(sub.args) if sub.args else "") + samples + " for "
                       + " ".join(sub.walks))
     for cap in node.caps:
         body += _line(cap, f"cap {cap.walk} {cap.value}")

@@ -221,7 +221,8 @@ def print_plan(plan: Plan, console: Console) -> None:
             console.print(Text(f"  {n.name} dims: " + " ".join(f"{k}={v}" for k, v in n.dims.items())))
         for sub in n.submodels:
             widths = " ".join(f"{k}={v}" for k, v in sub.dims.items())
-            console.print(Text(f"  {n.name} submodel {sub.name} ({widths}) for {' '.join(sub.walks)}"))
+            samples = f" samples {sub.samples} depth={sub.depth}" if sub.samples is not None else ""
+            console.print(Text(f"  {n.name} submodel {sub.name} ({widths}){samples} for {' '.join(sub.walks)}"))
     for walk in plan.walks:
         _walk_tables(console, walk)
     table = _table("partitions", "name", "stages", "initial walk", "streams in")

@@ -88,6 +88,13 @@ SUBMODEL_ARGS: dict[str, ArgKind] = {
     "latent_tokens": INT,
 }
 
+# `submodel NAME(...) samples OUTPUT depth=N`: a depth model keeps a small KV of its own, so it
+# also sets its geometry (Qwen3-TTS's code predictor: 5 layers, 8 KV heads of 128 over 1024 wide).
+DEPTH_SUBMODEL_ARGS: dict[str, ArgKind] = {
+    "hidden": INT, "intermediate": INT, "qo_heads": INT, "vocab": INT, "layers": INT, "kv_heads": INT,
+    "head_dim": INT, "rope_theta": NUMBER,
+}
+
 # `state recurrent(...)`: every argument is required (the slot size depends on all four).
 RECURRENT_ARGS: dict[str, ArgKind] = {
     "layers": INT, "heads": INT, "key_dim": INT, "value_dim": INT,

@@ -138,11 +138,19 @@ class GuidancePlan(PlanModel):
 
 class SubModelPlan(PlanModel):
     """`submodel NAME(ARGS) for WALK ...`: rows of those walks on the node run a second model, the
-    node's dims with `dims` overridden (widths only: it shares the node's KV geometry and cache)."""
+    node's dims with `dims` overridden (widths only: it shares the node's KV geometry and cache).
+
+    With `samples` (`... samples OUTPUT depth=N for WALK ...`) it is a depth model instead: those
+    walks' rows run the node's model, then this one, which extends the token the node sampled for
+    the `tokens` output `samples` by `depth` further tokens, one per inner step, each from its own
+    head over the sub-model's vocabulary (`dims["vocab"]`), over a small KV of its own (its
+    `layers`, `kv_heads`, `head_dim` may differ from the node's)."""
 
     name: str
     dims: dict[str, Union[int, float, str, list[int]]]
     walks: list[str]  # sorted
+    samples: Optional[str] = None  # a depth model: the tokens output it extends
+    depth: int = 0  # a depth model: tokens it adds per step (its inner loop's count)
 
 
 class NodePlan(PlanModel):

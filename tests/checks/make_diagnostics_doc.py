@@ -139,7 +139,14 @@ explain = {
           "cache, so it belongs to a kv node (not a Whisper-style decoder, which runs one model), a walk runs on at "
           "most one sub-model of a node, and its query heads are a multiple of the node's KV heads. Its arguments "
           "are widths only (hidden, intermediate, qo_heads, vocab, latent_channels, latent_tokens; another is "
-          "MW109): layers, KV heads and head size stay the node's. docs/language.md \"Sub-models\".",
+          "MW109): layers, KV heads and head size stay the node's (a depth model, `samples OUTPUT depth=N`, has "
+          "its own: MW125). docs/language.md \"Sub-models\".",
+ "MW125": "A depth model (`submodel NAME(ARGS) samples OUTPUT depth=N for WALK ...`, Qwen3-TTS's code predictor) "
+          "runs after the node's model and extends the token it sampled for OUTPUT by N more, so OUTPUT is a "
+          "declared `tokens` output of the node, N is at least 1, every walk it lists emits OUTPUT from the node's "
+          "call and runs the node's own model (not a sub-model), a walk has one depth model per output, and "
+          "where OUTPUT feeds an audio codec with `quantizers=Q` "
+          "the frame it makes holds Q codes (N + 1 = Q). docs/language.md \"Depth models\".",
  "MW130": "A `cross_kv LABEL from INPUT tokens=N` pool belongs on a kv node whose decoder style has cross-attention "
           "layers (`style=whisper`), is filled from an input that carries another model's states (`hidden` or "
           "`embeddings`, not a stream input or the prompt) and holds at least one token. A `whisper` decoder without a "

@@ -93,7 +93,9 @@ nodes = st.builds(
     kv_access=small_lists(kv_accesses),
     bidirectional=st.none() | st.builds(ast.Bidirectional, walks=name_lists),
     states=small_lists(st.builds(ast.StateDecl, kind=st.just("recurrent"), args=args)),
-    submodels=small_lists(st.builds(ast.SubModelDecl, name=names, args=args, walks=name_lists)),
+    submodels=small_lists(st.builds(ast.SubModelDecl, name=names, args=args, walks=name_lists)
+                          | st.builds(ast.SubModelDecl, name=names, args=args, walks=name_lists, samples=names,
+                                      depth=counts)),
     inputs=small_lists(inputs()),
     outputs=small_lists(st.builds(ast.OutputDecl, name=names, role=st.sampled_from(ast.OUTPUT_ROLES))),
     caps=small_lists(st.builds(ast.CapDecl, walk=names, value=counts)),

@@ -103,7 +103,7 @@ _RENAMED: dict[type, tuple[str, ...]] = {
     ast.Call: ("node", "inputs"),
     ast.Loop: ("name", "max_iters", "count", "outputs", "accumulate"),
     ast.BatchingDecl: ("walk",),
-    ast.SubModelDecl: ("name", "walks"),
+    ast.SubModelDecl: ("name", "samples", "walks"),
     ast.Walk: ("name",),
     ast.StreamSource: ("partition", "edge"),
     ast.Stage: ("walks",),

@@ -97,7 +97,8 @@ def renamed_requests(requests: list[Request], mapping: dict[str, str]) -> list[R
         return mapping.get(value, value)
 
     return [Request(**{**vars(r), "route": {name(p): [name(w) for w in ws] for p, ws in r.route.items()},
-                       "guidance": {name(label): scale for label, scale in r.guidance.items()}})
+                       "guidance": {name(label): scale for label, scale in r.guidance.items()},
+                       "loop_counts": {name(param): count for param, count in r.loop_counts.items()}})
             for r in requests]
 
 
@@ -135,6 +136,11 @@ TORCH_CASES = {
                       guidance={"cfg_img": 2.0}),
               Request(id="txt", prompt_tokens=[4, 5], max_tokens=3)],
     "qwen3_omni": [Request(id="r", prompt_tokens=[1, 2, 3], max_tokens=2, temperature=0.6, seed=5)],
+    # frames from the Talker's depth model (the code predictor), sampled
+    "qwen3_tts": [Request(id="t", prompt_tokens=[1, 2, 3], max_tokens=12, temperature=0.9, seed=3)],
+    # the generation tower (a sub-model) denoises; guided by the unconditioned sequence
+    "cosmos3": [Request(id="c", prompt_tokens=[1, 2], max_tokens=2, route={"Cosmos": ["prefill", "image_gen"]},
+                        loop_counts={"num_image_steps": 3}, seed=2)],
     # the cross-attention pool is found by the plan's cross_kv source, not by an input's name
     "whisper": [Request(id="w", prompt_tokens=[], max_tokens=6,
                         media={"audio": torch.linspace(-0.5, 0.5, 24000)}),

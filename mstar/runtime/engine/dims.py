@@ -27,6 +27,11 @@ class DimsError(ValueError):
     """A node's dims cannot describe a model (bad type, bad ratio, bad pattern)."""
 
 
+# A codec's codebook and quantizers at `tiny` dims (at most); a depth model feeding it shrinks alike
+# (engine/submodels.py), so its frames still hold one code per quantizer.
+TINY_CODEBOOK = 256
+TINY_QUANTIZERS = 4
+
 ROPE_KINDS = ("default", "linear", "dynamic", "yarn", "llama3")
 
 
@@ -273,8 +278,8 @@ def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
     )
     if mode == "spec":
         return dims
-    return replace(dims, codebook=min(dims.codebook, 256), hidden=32, num_quantizers=min(dims.num_quantizers, 4),
-                   samples_per_token=32)
+    return replace(dims, codebook=min(dims.codebook, TINY_CODEBOOK), hidden=32,
+                   num_quantizers=min(dims.num_quantizers, TINY_QUANTIZERS), samples_per_token=32)
 
 
 def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:

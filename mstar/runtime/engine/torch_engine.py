@@ -43,7 +43,7 @@ from mstar.runtime.engine import qwen3_asr_setup, whisper_setup
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
-from mstar.runtime.engine.submodels import build_submodels
+from mstar.runtime.engine.submodels import build_depth_models, build_submodels
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
@@ -242,8 +242,9 @@ class TorchEngine:
                        num_pages: Optional[int]) -> DecoderRunner:
         dims = self.decoder_dims[node.name] = self._decoder_dims(node, mode, weights_dir)
         comm = self.tp_comms.get(node.name)
-        if node.submodels and comm is not None and comm.size > 1:
-            raise DimsError(f"node {node.name}: a node with sub-models does not run tensor-parallel yet")
+        is_sharded = comm is not None and comm.size > 1
+        if is_sharded and any(sub.samples is not None for sub in node.submodels):
+            raise DimsError(f"node {node.name}: a node with a depth model does not run tensor-parallel yet")
         if not node.submodels:  # the GPU fast path runs one model
             fast = self._fast_gpu_runner(node, dims, weights_dir, seed, num_pages, mode)
             if fast is not None:
@@ -263,8 +264,22 @@ class TorchEngine:
                                self._flashinfer(node, dims, page_size),
                                prefix_cache=pool is not None and pool.prefix_cache == "pages",
                                host_pages=pool.host_pages if pool else 0)
-        runner.models_by_walk = build_submodels(node, mode, seed, self.positions[node.name], self._new, self._place)
+        runner.models_by_walk = build_submodels(node, mode, seed, self.positions[node.name], self._new, self._place,
+                                                self._submodel_shard(node) if is_sharded else None)
+        runner.depth_by_walk = build_depth_models(node, mode, seed, self.positions[node.name], dims.hidden,
+                                                  self._new, self._place)
         return runner
+
+    def _submodel_shard(self, node: NodePlan) -> Callable[[str, DecoderDims, int], Decoder]:
+        """On a tensor-parallel rank: this rank's part of a sub-model, split as the node's model is
+        (its KV heads, so its KV cache, are the node's)."""
+        comm, position = self.tp_comms[node.name], self.positions[node.name]
+
+        def shard(name: str, dims: DecoderDims, seed: int) -> Decoder:
+            self._check_memory(name, lambda: Decoder(ShardLayout(dims, comm.rank, comm.size, name).local_dims))
+            return build_sharded_decoder(dims, comm, node=name, seed=seed, position=position,
+                                         device=self.placement.device)
+        return shard
 
     def _decoder_dims(self, node: NodePlan, mode: DimsMode, weights_dir: Optional[str]) -> DecoderDims:
         """The spec's dims, or the checkpoint's when `--weights` gives one (of the same style)."""
@@ -324,7 +339,8 @@ class TorchEngine:
         if self.attention == "torch" or dims.num_full_layers == 0:
             return None
         reason = unavailable_reason(self.placement.device, dims.head_dim)
-        if any(sub.dims.get("qo_heads", dims.num_qo_heads) != dims.num_qo_heads for sub in node.submodels):
+        if any(sub.dims.get("qo_heads", dims.num_qo_heads) != dims.num_qo_heads
+               for sub in node.submodels if sub.samples is None):  # a depth model attends over its own KV
             reason = "a sub-model has other query heads than the node (the backend is planned for one count)"
         if reason is not None:
             if self.attention == "flashinfer":

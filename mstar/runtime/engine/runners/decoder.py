@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import torch
@@ -58,10 +59,11 @@ from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
+from mstar.runtime.engine.models.depth import DepthModel
 from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import CPU, Placement
-from mstar.runtime.engine.sampling import draw_stream, sample_tokens
+from mstar.runtime.engine.sampling import SamplingParams, draw_stream, sample_tokens
 from mstar.runtime.step import RowResult, StepRow
 
 
@@ -102,6 +104,8 @@ class DecoderRunner:
         self.model = model
         # walk -> the sub-model its rows run (engine/submodels.py); other walks run `model`
         self.models_by_walk: dict[str, Decoder] = {}
+        # walk -> tokens output -> the depth model that extends the token sampled for it (models/depth.py)
+        self.depth_by_walk: dict[str, dict[str, DepthModel]] = {}
         self.max_seq_len = max_seq_len
         self.seed = seed
         self.pool = PagePool(num_pages, page_size, prefix_cache)
@@ -510,9 +514,10 @@ class DecoderRunner:
                 mains.append(hidden[slice(*first)])
                 velocities.append(self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()}))
             tokens = self._sample(ready, mains, model)
+            frames = [self._depth_frames(item, main, token, model) for item, main, token in zip(ready, mains, tokens)]
             results = [RowResult(item.row.request_id) if item.row.is_partial  # a chunk before the last: KV only
-                       else self._outputs(item, main, velocity, token)
-                       for item, main, velocity, token in zip(ready, mains, velocities, tokens)]
+                       else self._outputs(item, main, velocity, token, frame)
+                       for item, main, velocity, token, frame in zip(ready, mains, velocities, tokens, frames)]
         for item in ready:
             num_new = item.embeds.shape[0]
             # fed tokens key the pages for the prefix cache; a sub-model's KV is not the node's model's,
@@ -559,8 +564,30 @@ class DecoderRunner:
             tokens[index] = token
         return tokens
 
+    def _depth_frames(self, item: _Prepared, hidden: torch.Tensor, token: Optional[int],
+                      model: Decoder) -> dict[str, torch.Tensor]:
+        """Per tokens output with a depth model on the row's walk: the frame, the sampled token then
+        the depth model's tokens (codebook 0 from the node, the others from the depth model), as
+        the node's output value `[1 + depth]`. Each inner token is drawn from the request's
+        sampling settings on a stream of its own (the node's position and the output's), at step
+        frame * depth + k, so the draws stay batch-invariant."""
+        depth_models = self.depth_by_walk.get(item.row.walk)
+        if token is None or not depth_models or item.row.is_partial:
+            return {}
+        request, frames = item.request, {}
+        frame_index = request.num_sampled.get(self.node.name, 0)
+        first = model.embed_tokens(torch.tensor([token], device=hidden.device))[0]
+        for name, depth in depth_models.items():
+            if name not in item.call.output_names:
+                continue
+            output = self.output_positions.get(name, 0)
+            stream = zlib.crc32(f"{request.params.seed}/{self.position}/depth{output}".encode())
+            pick = partial(_pick_inner, request.params, stream, frame_index * depth.dims.depth)
+            frames[name] = torch.tensor([token] + depth.generate(hidden[-1], first, pick))
+        return frames
+
     def _outputs(self, item: _Prepared, hidden: torch.Tensor, velocity: Optional[torch.Tensor],
-                 token: Optional[int]) -> RowResult:
+                 token: Optional[int], frames: Optional[dict[str, torch.Tensor]] = None) -> RowResult:
         node, request = self.node.name, item.request
         result = RowResult(item.row.request_id)
         roles = {name: item.call.output_roles.get(name, "tokens") for name in item.call.output_names}
@@ -572,7 +599,9 @@ class DecoderRunner:
                               or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
         for name, role in roles.items():
             if role == "tokens":
-                if token is not None and name in self.code_frames:
+                if token is not None and frames and name in frames:
+                    result.outputs[name] = frames[name]
+                elif token is not None and name in self.code_frames:
                     result.outputs[name] = self._code_frame(name, token, hidden[-1])
                 elif token is not None:
                     result.outputs[name] = [token]
@@ -608,6 +637,12 @@ class DecoderRunner:
 
     def _is_self_loop(self, call: CallInfo, name: str) -> bool:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)
+
+
+def _pick_inner(params: SamplingParams, stream: int, first_step: int, k: int, logits: torch.Tensor) -> int:
+    """A depth model's token at inner position k: the request's sampling settings, no repetition
+    history, draw step `first_step + k` on the depth model's own stream."""
+    return sample_tokens(logits, [params], [torch.empty(0, dtype=torch.long)], [stream], [first_step + k])[0]
 
 
 def _as_int(value: object, default: int) -> int:
