@@ -115,6 +115,9 @@ def _box_lines(partition: PartitionPlan, outputs: list[str]) -> list[str]:
     """What a partition's box says under its name: stages, how it starts, what the client gets."""
     trigger = "started by its streams" if partition.initial_walk is None else f"starts at {partition.initial_walk}"
     lines = _stage_lines(partition, 10, BOX_W - 12) + [trigger]
+    if partition.repeat is not None:  # the spec's `repeat while VALUE max=N`
+        lines.append(_fit(f"repeats while {partition.repeat.value} (at most {partition.repeat.max_rounds})", 10,
+                          BOX_W - 12))
     if outputs:
         lines.append("client: " + ", ".join(m or "-" for m in outputs))
     return lines

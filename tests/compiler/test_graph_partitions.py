@@ -51,6 +51,17 @@ def test_orpheus_snac_is_fed_by_the_llm(tmp_path):
     assert "window(28, stride=7)" in text and "prefill -> decode" in text
 
 
+def test_whisper_partition_says_it_repeats_per_window(tmp_path):
+    """A partition's `repeat while VALUE max=N` (Whisper's 30 s windows) is written in its box."""
+    out = tmp_path / "whisper.svg"
+    assert main(["graph", str(ROOT / "specs" / "whisper.mw"), "-o", str(out)]) == 0
+    _, _, text = _boxes_and_streams(out)
+    assert "repeats while audio_left (at most " in text
+    llama = tmp_path / "llama.svg"
+    assert main(["graph", str(ROOT / "specs" / "llama.mw"), "-o", str(llama)]) == 0
+    assert "repeats while" not in _boxes_and_streams(llama)[2]
+
+
 def test_a_spec_without_streams_has_no_stream_arrows(tmp_path):
     out = tmp_path / "llama.svg"
     assert main(["graph", str(ROOT / "specs" / "llama.mw"), "-o", str(out)]) == 0
