@@ -10,8 +10,9 @@ prompt goes to it takes no waveform.
 Which encoders take a waveform is the plan's `style` argument (a closed set of model kinds,
 mstar/plan/node_args.py ENCODER_STYLES), never a node's name: `whisper` computes Whisper's log-mel
 features (engine/models/log_mel.py) from 16 kHz samples over one 30 s window, so it takes at most
-480000 samples (the engine transcribes a longer clip window by window when the plan repeats its
-partition, docs/models.md "Long form"; a server refuses it); `qwen3_asr`
+480000 samples a window; a plan whose partition holding those nodes repeats (`repeat while VALUE
+max=N`, docs/models.md "Long form") transcribes a longer clip window by window, so it takes N
+windows; `qwen3_asr`
 computes the same features over the whole clip (engine/models/qwen3_asr.py), and its spec bounds
 the states at 30 s of audio, so the same window applies.
 """
@@ -29,7 +30,8 @@ WAVEFORM_STYLES = ("whisper", "qwen3_asr")
 class AudioInput:
     nodes: tuple[str, ...]  # the nodes taking the audio prompt
     sample_rate: int  # Hz
-    max_samples: int  # one window of the front end
+    max_samples: int  # the front end's window times the rounds its partition may repeat
+    window_samples: int  # one window of the front end
 
     @property
     def max_seconds(self) -> float:
@@ -52,4 +54,14 @@ def audio_input_of(plan: Plan) -> Optional[AudioInput]:
     # brings torch: only once a request needs the numbers (a simulated server never imports it)
     from mstar.runtime.engine.models.log_mel import NUM_SAMPLES, SAMPLE_RATE
 
-    return AudioInput(tuple(n.name for n in _audio_nodes(plan)), SAMPLE_RATE, NUM_SAMPLES)
+    nodes = tuple(n.name for n in _audio_nodes(plan))
+    return AudioInput(nodes, SAMPLE_RATE, NUM_SAMPLES * _num_windows(plan, set(nodes)), NUM_SAMPLES)
+
+
+def _num_windows(plan: Plan, nodes: set[str]) -> int:
+    """The most rounds a partition holding a walk of the audio nodes may run (`PartitionPlan.repeat`),
+    1 when none repeats: each round transcribes one window."""
+    walks = {walk.name for walk in plan.walks if any(call.node in nodes for call in walk.calls)}
+    rounds = [p.repeat.max_rounds for p in plan.partitions
+              if p.repeat is not None and any(set(stage.walks) & walks for stage in p.stages)]
+    return max(rounds, default=1)

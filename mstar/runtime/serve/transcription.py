@@ -162,7 +162,9 @@ def samples(form: TranscriptionForm, audio: AudioInput) -> Any:
         raise ApiError(400, f"file {form.filename!r}: the WAV file holds no samples", param="file")
     if num_samples > audio.max_samples:
         raise ApiError(400, f"file {form.filename!r}: {num_samples / audio.sample_rate:.2f} s of audio; this "
-                            f"model transcribes at most {audio.max_seconds:g} s (one window of its front end)",
+                            f"model transcribes at most {audio.max_seconds:g} s"
+                            + (" (one window of its front end)" if audio.max_samples == audio.window_samples
+                               else f" ({audio.max_samples // audio.window_samples} windows of its front end)"),
                        param="file")
     return decoded
 
