@@ -133,10 +133,12 @@ def test_a_clip_past_30_s_is_transcribed_window_by_window_as_mstar_run_does(whis
     """generated/whisper.plan repeats its partition per 30 s window (`repeat while audio_left`), so
     the endpoint takes a 65 s clip and answers what `mstar run --prompts` makes of it."""
     audio = wav_bytes(65.0, seed=5)
-    expected = mstar_run(tmp_path / "long", whisper["checkpoint"], audio, {"max_tokens": 440})
+    expected = mstar_run(tmp_path / "long", whisper["checkpoint"], audio, {"max_tokens": 2000})
     answer = whisper["client"].audio.transcriptions.create(model="whisper", file=("long.wav", audio),
-                                                           extra_body={"max_tokens": 440})
+                                                           extra_body={"max_tokens": 2000})
     assert answer.text == expected["text"] and answer.usage.seconds == 65.0
+    # past one sequence's worth of tokens: the decoder starts a sequence per window
+    assert len(expected["output_tokens"]) > 448
 
 
 def test_the_audio_bound_is_the_front_ends_window_times_the_partitions_rounds():

@@ -203,10 +203,15 @@ class LLM:
         audio = (media or {}).get("audio")
         if audio is not None and self.audio_layout is not None:
             ids = self.laid_out_audio(ids, int(audio.shape[0]))
-        limit = self.plan.deployment.max_seq_len
+        # A partition that repeats (`repeat while VALUE max=N`, Whisper's windows) starts a new
+        # sequence each round, so a request's tokens may reach N sequences' worth.
+        rounds = max((p.repeat.max_rounds for p in self.plan.partitions if p.repeat is not None), default=1)
+        limit = self.plan.deployment.max_seq_len * rounds
         if len(ids) + sampling.max_tokens > limit:
+            bound = f"max_seq_len {limit}" if rounds == 1 else \
+                f"max_seq_len {self.plan.deployment.max_seq_len} x {rounds} rounds"
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
-                              f"{len(ids) + sampling.max_tokens} tokens, more than the plan's max_seq_len {limit}")
+                              f"{len(ids) + sampling.max_tokens} tokens, more than the plan's {bound}")
         with self._id_lock:
             request_id = f"req-{next(self._ids)}"
         return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
