@@ -109,6 +109,9 @@ class LLM:
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
         self.plan = load(plan) if isinstance(plan, str) else plan
+        # A partition that repeats (`repeat while VALUE max=N`, Whisper's windows) starts a new
+        # sequence each round, so a request's tokens may reach N sequences' worth.
+        self.max_rounds = max((p.repeat.max_rounds for p in self.plan.partitions if p.repeat is not None), default=1)
         self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
         self.prompt_format = prompt_format(self.plan)
         self.audio_layout = audio_layout(self.plan)
@@ -203,9 +206,7 @@ class LLM:
         audio = (media or {}).get("audio")
         if audio is not None and self.audio_layout is not None:
             ids = self.laid_out_audio(ids, int(audio.shape[0]))
-        # A partition that repeats (`repeat while VALUE max=N`, Whisper's windows) starts a new
-        # sequence each round, so a request's tokens may reach N sequences' worth.
-        rounds = max((p.repeat.max_rounds for p in self.plan.partitions if p.repeat is not None), default=1)
+        rounds = self.max_rounds
         limit = self.plan.deployment.max_seq_len * rounds
         if len(ids) + sampling.max_tokens > limit:
             bound = f"max_seq_len {limit}" if rounds == 1 else \

@@ -55,7 +55,7 @@ from mstar.runtime.engine.gpu.sampler import sample
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
 
 if TYPE_CHECKING:  # imported where used: FlashInfer is an optional dependency
-    from mstar.runtime.engine.gpu.attention import FlashInferSteps
+    from mstar.runtime.engine.gpu.attention import FlashInferSteps, Indices
     from mstar.runtime.engine.gpu.graphs import DecodeGraphs
     from mstar.runtime.engine.gpu.piecewise import PiecewiseGraphs
 
@@ -235,6 +235,17 @@ class StepExecutor:
             self._inputs_copied.synchronize()
             self._inputs_copied = None
 
+    def _eager_attend(self, step: "Indices", num_decode: int) -> Attend:
+        """An eager step's attention over its CSR arrays (numpy- or glue-packed alike): FlashInfer
+        planned for its rows, else the torch reference (the CPU)."""
+        if self.attention is None:
+            return torch_attend(step.qo_indptr.tolist(), step.kv_indptr.tolist(), step.kv_indices,
+                                step.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
+        self._wait_previous_inputs()
+        attend = self.attention.plan_eager(step, num_decode)
+        self._planned()
+        return attend
+
     def _run_eager(self, packed: PackedStep, num_decode: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # A hybrid decoder's prompt rows: their layout for the linear layers rides in the same copy.
         layout = self.forward.linear_layout(packed)
@@ -242,13 +253,7 @@ class StepExecutor:
         data = self._stage(packed.host if layout is None else np.concatenate([packed.host, layout.host]))
         ids, positions, slots, src, last_index, row_slot = data[:size].split(packed.field_sizes())
         linear = self.forward.decode_step(row_slot) if layout is None else layout.on_device(data[size:], row_slot)
-        if self.attention is not None:
-            self._wait_previous_inputs()
-            attend: Attend = self.attention.plan_eager(packed, num_decode)
-            self._planned()
-        else:
-            attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
-                                  packed.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
+        attend = self._eager_attend(packed, num_decode)
         ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, attend, linear)
         return logits, logits.argmax(-1), row_slot
@@ -366,13 +371,7 @@ class StepExecutor:
             return self._glue_piecewise(glue, step, data, padded_tokens, num_decode)
         out = eager_buffers(step.num_tokens, len(rows), step.num_pages, self.device)
         inputs = packer.launch(glue, step, data, step.num_tokens, out, self.loop_tokens)
-        if self.attention is not None:
-            self._wait_previous_inputs()
-            attend: Attend = self.attention.plan_eager(step, num_decode)
-            self._planned()
-        else:
-            attend = torch_attend(step.qo_indptr.tolist(), step.kv_indptr.tolist(), step.kv_indices,
-                                  step.last_page_len.tolist(), self.kv.page_size, self.forward.dims.head_dim ** -0.5)
+        attend = self._eager_attend(step, num_decode)
         logits = self.forward(out.tokens.long(), out.positions, out.kv_slots, out.logits_index, attend)
         return logits, logits.argmax(-1), inputs
 
