@@ -17,3 +17,12 @@ def test_host_pack_prints_both_packers(capsys):
 def test_host_pack_refuses_a_plan_without_glue(tmp_path, capsys):
     assert main(["bench", "engine", "--host-pack", "--plan", str(tmp_path / "missing.plan")]) == 1
     assert "mstar bench engine:" in capsys.readouterr().err
+
+
+def test_node_picks_the_kv_node_to_bench(capsys):
+    """`--node` benches a named kv node (the default is the plan's first); an unknown name is
+    refused with the plan's kv nodes."""
+    assert main(["bench", "engine", "--host-pack", "--node", "LLM", "--iters", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["bench", "engine", "--host-pack", "--plan", "generated/qwen3_omni.plan", "--node", "Nope"]) == 1
+    assert "no kv node 'Nope' (its kv nodes: Thinker, Talker)" in capsys.readouterr().err

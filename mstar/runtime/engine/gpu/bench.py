@@ -14,7 +14,7 @@ runner's path: `glue_packing.py`); each step is also timed with the numpy packin
 (`packing.pack`) on a second executor over the same model and KV pages (`numpy_pack_ms`, and
 `glue_over_numpy`, the ratio), unless `--no-numpy`.
 
-Usage: mstar bench engine [--plan P] [--json] [--iters N] [--hf-compiled] [--no-numpy] [--host-pack]
+Usage: mstar bench engine [--plan P] [--node N] [--json] [--iters N] [--hf-compiled] [--no-numpy] [--host-pack]
 Needs a CUDA GPU with FlashInfer; elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -330,6 +330,7 @@ def _capture_report(plan, node, family, executor) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench engine", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama.plan")
+    parser.add_argument("--node", help="the kv node to bench (default: the plan's first)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--hf-compiled", action="store_true",
@@ -360,9 +361,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlanError as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
-    node = next((n for n in plan.nodes if n.engine == "kv"), None)
+    node = _kv_node(plan, args)
     if node is None:
-        print(f"mstar bench engine: {args.plan} has no kv node", file=sys.stderr)
         return 1
     is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
     from mstar.plan.io import input_paths
@@ -384,6 +384,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def _kv_node(plan, args: argparse.Namespace) -> Any:
+    """The kv node `--node` names (default: the plan's first), or None after saying why."""
+    kv_nodes = [n for n in plan.nodes if n.engine == "kv"]
+    node = next((n for n in kv_nodes if n.name == args.node), None) if args.node else next(iter(kv_nodes), None)
+    if node is None:
+        wanted = f"no kv node {args.node!r} (its kv nodes: {', '.join(n.name for n in kv_nodes) or 'none'})" \
+            if args.node else "no kv node"
+        print(f"mstar bench engine: {args.plan} has {wanted}", file=sys.stderr)
+    return node
+
+
 def _host_pack(args: argparse.Namespace) -> int:
     from mstar.plan.io import PlanError, input_paths, load_plan
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
@@ -395,8 +406,10 @@ def _host_pack(args: argparse.Namespace) -> int:
     except (PlanError, GlueLoadError) as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
-    node = next((n for n in plan.nodes if n.engine == "kv"), None)
-    glue = bench_glue(glue_module, node) if node is not None else None
+    node = _kv_node(plan, args)
+    if node is None:
+        return 1
+    glue = bench_glue(glue_module, node)
     if glue is None:
         print(f"mstar bench engine: {args.plan} has no kv node with generated glue", file=sys.stderr)
         return 1
