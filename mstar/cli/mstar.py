@@ -135,7 +135,7 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         raise CliError(f"the torch engine is not available ({error}); use --engine sim") from None
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
         print("mstar: building the models at the spec's dims (random weights are drawn on the CPU; "
-              "a 1B model takes about a minute)...", file=sys.stderr, flush=True)
+              "a 1B model takes 10-60 s, by the cores)...", file=sys.stderr, flush=True)
     try:
         return torch_engine.build(plan, args)
     except ValueError as error:  # EngineError and the engine's other start-up refusals

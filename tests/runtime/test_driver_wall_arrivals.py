@@ -68,3 +68,21 @@ def test_requests_that_arrive_during_a_step_are_scheduled_as_on_the_simulated_cl
     # beside 4 of them (its decode row became ready after they arrived)
     assert _schedule(wall)[1][1] == (("prefill", 16),)
     assert _schedule(wall) == _schedule(simulated)
+
+
+def test_the_first_runs_start_up_collection_does_not_delay_the_workloads_arrivals(monkeypatch):
+    """The run's origin is taken after the once-a-process `gc.freeze` of start-up: a slow first
+    collection must not shift a request due at 0 later on the run clock (it made `mstar bench kv`
+    send its long prompt after the decode rows had finished)."""
+    from mstar.runtime.serve import driver as driver_module
+
+    plan = generated("llama")
+    engine = SimEngine(plan)
+    clock = engine.caps.clock
+    monkeypatch.setattr(driver_module, "_is_start_up_frozen", False)
+    monkeypatch.setattr(driver_module.gc, "collect", lambda: clock.advance_to(clock() + 5.0))
+    monkeypatch.setattr(driver_module.gc, "freeze", lambda: None)
+    driver = Driver(plan, engine)
+    driver.run(Workload(_requests()[:2]))
+    for record in driver.conductor.records.values():
+        assert record.arrival_s - driver.origin_s < 1.0

@@ -61,6 +61,7 @@ class EngineChoice:
     name: str  # sim or torch
     device: str = "cpu"  # torch: cpu or cuda[:N]
     dims: str = "tiny"  # torch: tiny or spec
+    plan_path: Optional[str] = None  # torch on a GPU: the plan's generated glue packs the steps
 
 
 def _engine(plan: Plan, engine: EngineChoice) -> Any:
@@ -68,9 +69,12 @@ def _engine(plan: Plan, engine: EngineChoice) -> Any:
         from mstar.runtime.engine.sim import SimEngine
 
         return SimEngine(plan)
-    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
-    return TorchEngine(plan, dims=engine.dims, device=engine.device)
+    # The glue packs the GPU fast path's steps as in `mstar run`; budgets and chunk sizes (what
+    # the variants change) are not part of it.
+    glue = plan_glue(plan, engine.plan_path, engine.device)
+    return TorchEngine(plan, dims=engine.dims, device=engine.device, glue=glue)
 
 
 def _run(plan: Plan, engine: EngineChoice, requests: list[Request]) -> Driver:
@@ -116,13 +120,17 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
     mixed = _run(plan, engine, decode + [long])
     first = mixed.conductor.records["long"].first_token_s
     end = (first - mixed.origin_s) if first is not None else arrival
-    during = _p99(_gaps(mixed, "d", arrival, end))
-    steady = _p99(_gaps(alone_run, "d", arrival, end))
+    during_gaps = _gaps(mixed, "d", arrival, end)
+    during, steady = _p99(during_gaps), _p99(_gaps(alone_run, "d", arrival, end))
     only = _run(plan, engine, [Request(id="long", prompt_tokens=long.prompt_tokens, max_tokens=1)])
     ttft_mixed, ttft_alone = _ttft(mixed, "long"), _ttft(only, "long")
     return {"token_budget": budget or None, "arrival_s": arrival, "prefill_window_s": end - arrival,
             "itl_p99_during_ms": during and during * 1e3, "itl_p99_steady_ms": steady and steady * 1e3,
             "itl_p99_ratio": (during / steady) if during and steady else None,
+            # The p99 of a few dozen steps is about their slowest: the median and the largest
+            # gap say whether it is one stall or every chunk step.
+            "itl_p50_during_ms": float(np.median(during_gaps)) * 1e3 if during_gaps.size else None,
+            "itl_max_during_ms": float(during_gaps.max()) * 1e3 if during_gaps.size else None,
             "ttft_mixed_ms": ttft_mixed * 1e3, "ttft_alone_ms": ttft_alone * 1e3,
             "ttft_ratio": ttft_mixed / ttft_alone}
 
@@ -175,6 +183,11 @@ def _print(results: dict) -> None:
               f"{row['itl_p99_steady_ms'] or 0:>10.2f} {ratio or 0:>6.2f} {row['ttft_mixed_ms']:>9.1f} "
               f"{row['ttft_alone_ms']:>9.1f} {row['ttft_ratio']:>6.2f}")
     chunked, whole = results["chunked"], results["whole"]
+    for name in ("chunked", "whole"):
+        row = results[name]
+        if row.get("itl_p50_during_ms") is not None:
+            print(f"{name}: decode inter-token gaps during the prefill: p50 {row['itl_p50_during_ms']:.2f} ms, "
+                  f"largest {row['itl_max_during_ms']:.2f} ms")
     print(f"chunked: decode ITL p99 during the prefill / steady = {chunked['itl_p99_ratio'] or 0:.2f}x "
           f"(target <= 2x); TTFT beside the decode rows / alone = {chunked['ttft_ratio']:.2f}x (target <= 1.5x)")
     print(f"whole prompts: decode ITL p99 ratio {whole['itl_p99_ratio'] or 0:.2f}x, "
@@ -199,7 +212,7 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
 
 
 def _choice(args: argparse.Namespace) -> EngineChoice:
-    return EngineChoice(args.engine, args.device, args.dims)
+    return EngineChoice(args.engine, args.device, args.dims, args.plan)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,6 +13,8 @@ in fp32.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +28,8 @@ from mstar.runtime.engine.models.layers import RMSNorm
 from mstar.runtime.engine.weights import WeightsError, param_seed
 
 __all__ = ["build_decoder", "unsupported_reason"]
+
+_HOST_DRAW_THREADS = min(8, os.cpu_count() or 1)
 
 
 def unsupported_reason(dims: DecoderDims) -> Optional[str]:
@@ -66,6 +70,7 @@ def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *
         model = Decoder(dims)
     embeddings = {name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
     generator = torch.Generator(device=device) if is_fast_random else None
+    host_draws: list[tuple[torch.Tensor, int, float]] = []
     for module_name, module in model.named_modules():
         for name, meta in list(module.named_parameters(recurse=False)):
             full = f"{module_name}.{name}" if module_name else name
@@ -81,12 +86,30 @@ def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *
                     generator.manual_seed(param_seed(seed, position, full))
                     value.normal_(0.0, std, generator=generator)
                 else:
-                    host = torch.Generator().manual_seed(param_seed(seed, position, full))
-                    value.copy_(torch.randn(meta.shape, generator=host) * std)
+                    host_draws.append((value, param_seed(seed, position, full), std))
             module._parameters[name] = nn.Parameter(value, requires_grad=False)
+    _draw_on_host(host_draws)
     if weights_dir is not None:
         _load_checkpoint(model, weights_dir, dims.is_tied_embeddings, device)
     return model
+
+
+def _draw_on_host(draws: list[tuple[torch.Tensor, int, float]]) -> None:
+    """Fill each (device tensor, seed, std) with the CPU reference's values (`weights.random_matrix`:
+    N(0, std^2) from a host generator seeded per parameter), on a few threads: the host generator
+    is serial, so a spec-size model (1.2 B values) took 15-80 s on one core; each parameter keeps
+    its own generator, so the values do not depend on the threads. At most `_HOST_DRAW_THREADS`
+    host copies exist at a time."""
+    def draw(item: tuple[torch.Tensor, int, float]) -> None:
+        value, param_seed_value, std = item
+        host = torch.Generator().manual_seed(param_seed_value)
+        value.copy_(torch.randn(value.shape, generator=host).mul_(std))
+
+    if not draws:
+        return
+    with ThreadPoolExecutor(max_workers=_HOST_DRAW_THREADS) as pool:
+        for _ in pool.map(draw, draws):  # the draws run _HOST_DRAW_THREADS at a time
+            pass
 
 
 def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: torch.device) -> None:
