@@ -25,3 +25,20 @@ def test_a_device_for_the_simulator_is_refused(capsys):
         bench_kv.main(["--device", "cuda"])
     assert stop.value.code == 2
     assert "--engine torch" in capsys.readouterr().err
+
+
+def test_the_route_what_if_changes_only_the_steps_that_mix_prompt_and_decode_rows(capsys):
+    from mstar.plan.io import load_plan
+
+    plan = load_plan("generated/llama_chunked.plan")
+    split = bench_kv.with_route(plan, "split")
+    before = [m.attention for w in plan.workers for k in w.keys for m in k.mixtures]
+    after = [m.attention for w in split.workers for k in w.keys for m in k.mixtures]
+    assert "packed" in before and "packed" not in after
+    assert [a for a in before if a not in ("packed", "split")] == [a for a in after if a not in ("packed", "split")]
+    assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--route", "split",
+                          "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["route"] == "split"
+    # the decode rows got tokens while the prompt prefilled, and the figures say how spread they were
+    assert results["chunked"]["itl_p50_during_ms"] <= results["chunked"]["itl_max_during_ms"]

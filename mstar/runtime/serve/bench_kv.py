@@ -25,7 +25,8 @@ default, or `--device cuda --dims spec` for the GPU fast path at the spec's dims
 Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch] [--json]
                       [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
-                      [--arrive-after STEPS] [--budget N] [--prefix-requests N] [--prefix-len N]
+                      [--arrive-after STEPS] [--budget N] [--route packed|split]
+                      [--prefix-requests N] [--prefix-len N]
 """
 from __future__ import annotations
 
@@ -51,6 +52,21 @@ def with_budget(plan: Plan, budget: Optional[int], chunk: Optional[int] = None) 
     def key_update(key):
         sizes = {walk: chunk or budget for walk in key.chunk_sizes} if budget is not None else {}
         return key.model_copy(update={"token_budget": budget, "chunk_sizes": sizes})
+
+    workers = [w.model_copy(update={"keys": [key_update(k) for k in w.keys]}) for w in plan.workers]
+    return plan.model_copy(update={"workers": workers})
+
+
+def with_route(plan: Plan, route: Optional[str]) -> Plan:
+    """The same plan with every step that mixes prompt and decode rows (attention `packed` or
+    `split`) on `route`; None keeps the plan's."""
+    if route is None:
+        return plan
+
+    def key_update(key):
+        mixtures = [m.model_copy(update={"attention": route}) if m.attention in ("packed", "split") else m
+                    for m in key.mixtures]
+        return key.model_copy(update={"mixtures": mixtures})
 
     workers = [w.model_copy(update={"keys": [key_update(k) for k in w.keys]}) for w in plan.workers]
     return plan.model_copy(update={"workers": workers})
@@ -197,6 +213,7 @@ def _print(results: dict) -> None:
 def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
     """Fill `results` with the scenarios asked for; a reason when the plan cannot run one."""
     if args.scenario in ("all", "chunk"):
+        plan = with_route(plan, args.route)
         if args.budget is not None:
             plan = with_budget(plan, args.budget)
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
@@ -223,6 +240,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=8192)
     parser.add_argument("--arrive-after", type=int, default=10, help="decode steps before the long prompt arrives")
     parser.add_argument("--budget", type=int, help="step token budget (and chunk size) instead of the plan's")
+    parser.add_argument("--route", choices=("packed", "split"),
+                        help="attention route of the steps that mix prompt and decode rows, instead of the plan's")
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
     parser.add_argument("--prefix-requests", type=int, default=8)
     parser.add_argument("--prefix-len", type=int, default=1024)
@@ -244,6 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mstar bench kv: error: {error}", file=sys.stderr)
         return 1
     results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
+                               "route": args.route,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
