@@ -23,9 +23,8 @@ class CpuAttention:
     layout = FlashInferSteps.layout
     decode_host = FlashInferSteps.decode_host
 
-    def __init__(self, batch_sizes: list[int], max_pages: int, page_size: int, scale: float):
-        self.page_size, self.scale = page_size, scale
-        self.max_indices = max_pages + max(batch_sizes)
+    def __init__(self, batch_sizes: list[int], max_row_pages: int, page_size: int, scale: float):
+        self.page_size, self.scale, self.max_row_pages = page_size, scale, max_row_pages
         self.staged = {b: torch.zeros(self.layout(b)[3], dtype=torch.int32) for b in batch_sizes}
         self.planned: dict[int, tuple[list[int], list[int]]] = {}
 
@@ -105,7 +104,7 @@ def install(executor) -> None:
     """Stand-ins for the executor's decode graphs (its `batch_pad` sizes), piecewise graphs (its
     packed families' buckets) and FlashInfer, then the glue's views of their buffers."""
     sizes = sorted({b for b in executor.batch_pad if b})
-    attention = CpuAttention(sizes, executor.kv.num_pages, executor.kv.page_size,
+    attention = CpuAttention(sizes, executor.max_row_pages, executor.kv.page_size,
                              executor.forward.dims.head_dim ** -0.5)
     executor.attention = attention
     executor.graphs = CpuDecodeGraphs(executor, attention, sizes)

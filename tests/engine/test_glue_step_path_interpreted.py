@@ -53,7 +53,7 @@ def test_glue_step_path_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "6 passed" in result.stdout, result.stdout[-2000:]
+    assert "7 passed" in result.stdout, result.stdout[-2000:]
 
 
 def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
@@ -135,6 +135,19 @@ def test_glue_fills_the_buffers_the_graphs_and_flashinfer_read():
     gpu_steps.compare_glue_and_numpy(*executors)
     for executor in executors:
         assert (executor.num_graph_steps, executor.num_piecewise_steps, executor.num_eager_steps) == (22, 2, 2)
+
+
+@interpreted
+def test_glue_packs_rows_sharing_a_long_prefix_into_the_decode_graphs_buffers():
+    """A prefix-cached workload whose decode steps index more pages than the pool holds (rows share
+    the prefix's pages): the glue's launch check passes, as the decode wrapper's page-index buffer
+    holds rows x pages of the longest sequence, and the tokens are the reference's."""
+    from test_gpu_fast_path_on_cpu import SHARED_PREFIX_POOL, shared_prefix_run
+
+    glue = node_glue(load_glue(REPO / "generated" / "llama_chunked_glue.py").GLUE_BY_WORKER, "LLM")
+    got, expected, page_sums, num_graph_steps = shared_prefix_run(glue)
+    assert {rid: outcome[:2] for rid, outcome in got.items()} == {rid: outcome[:2] for rid, outcome in expected.items()}
+    assert max(page_sums) > SHARED_PREFIX_POOL + 64 and num_graph_steps > 0
 
 
 PAGE_SIZE, NUM_SLOTS, PAGES_PER_SEQ, DUMMY_PAGE = 16, 12, 8, 0

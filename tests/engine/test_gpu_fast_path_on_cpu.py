@@ -11,7 +11,7 @@ from engine_plans import generate, llm_plan
 from mstar.runtime.engine.dims import RopeScaling
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.packing import RowSpec, pack
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason, packed_families
 from mstar.runtime.engine.gpu.sampler import hashed_uniform, sample
 from mstar.runtime.engine.models.kinds import call_table
 from mstar.runtime.engine.placement import CPU
@@ -26,6 +26,65 @@ def _fast_engine(plan, num_pages=64):
     engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
                                              None, is_flashinfer=False)
     return engine
+
+
+SHARED_PREFIX_PAGES, SHARED_PREFIX_POOL = 20, 40  # 8 rows x 21 pages a step over a pool of 40 pages
+
+
+def shared_prefix_run(glue=None) -> tuple[dict[str, tuple], dict[str, tuple], list[int], int]:
+    """Eight requests on one 320-token prefix (20 pages of 16) with a prefix cache, through the
+    run loop on the fast path's runner with the CPU stand-ins of its decode graphs and FlashInfer
+    wrappers (graph_standins), numpy- or glue-packed: (its outcome, the reference's without the
+    cache, each step's sum of page-table lengths, the decode graph steps). Each decode row holds
+    the 20 shared pages and one of its own, so a step of 8 rows indexes 168 pages of a 40-page pool."""
+    import graph_standins
+    from mstar.plan.io import load_plan
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.serve.driver import Driver, Workload
+    from test_prefix_cache import ROOT, with_prefix_cache
+
+    plan = load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
+    assert {pool.prefix_cache for pool in plan.deployment.kv_pools} == {"pages"}
+    prefix = [(7 * i) % 500 for i in range(16 * SHARED_PREFIX_PAGES)]
+    # The first request fills the cache; the others arrive once its prompt is in.
+    requests = [Request(id=f"p{i}", prompt_tokens=prefix + [(11 * i + j) % 500 for j in range(3)], max_tokens=5,
+                        arrival_s=0.0 if i == 0 else 0.05) for i in range(8)]
+    engine = TorchEngine(plan, num_pages=SHARED_PREFIX_POOL)
+    reference = engine.runners["LLM"]
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, SHARED_PREFIX_POOL, 4096, 0, CPU,
+                              decode_family(plan, "LLM"), is_flashinfer=False, prefix_cache=True,
+                              packed=packed_families(plan, "LLM"), glue=glue)
+    graph_standins.install(runner.executor)
+    page_sums: list[int] = []
+    launch = runner.executor.launch
+
+    def counting_launch(rows, *args, **kwargs):
+        page_sums.append(sum(len(row.page_table) for row in rows))
+        return launch(rows, *args, **kwargs)
+
+    runner.executor.launch = counting_launch
+    engine.runners["LLM"] = runner
+
+    def outcome(plan, engine) -> dict[str, tuple]:
+        driver = Driver(plan, engine)
+        driver.run(Workload(requests))
+        return {rid: (r.finish_reason, list(r.output_tokens), r.num_cached_tokens)
+                for rid, r in driver.conductor.records.items()}
+
+    off = with_prefix_cache(plan, "off")
+    expected = outcome(off, TorchEngine(off, num_pages=8 * (SHARED_PREFIX_PAGES + 1)))
+    return outcome(plan, engine), expected, page_sums, runner.executor.num_graph_steps
+
+
+def test_decode_graph_steps_hold_rows_sharing_a_long_prefix():
+    """Rows sharing prefix pages index more pages in a step than the pool holds: the decode
+    graph's page-index buffer is sized by rows x pages of the longest sequence, not by the pool."""
+    got, expected, page_sums, num_graph_steps = shared_prefix_run()
+    assert {rid: (reason, tokens) for rid, (reason, tokens, _) in got.items()} == \
+        {rid: (reason, tokens) for rid, (reason, tokens, _) in expected.items()}
+    assert [got[f"p{i}"][2] for i in range(8)] == [0] + [16 * SHARED_PREFIX_PAGES] * 7  # the prefix was shared
+    assert max(page_sums) > SHARED_PREFIX_POOL + 64 and num_graph_steps > 0  # past the old pool + batch bound
 
 
 def test_device_model_has_the_reference_weights():

@@ -7,8 +7,10 @@ decode graph: tokens = padded batch, its inputs and the wrapper's pool-sized ind
 packed family's token bucket (the piecewise graphs: the real rows, the bucket's tokens; and the
 step contract's padded batch beside it) or eager (the rows and their tokens). The page table is
 the mirror's: one row a slot, `ceil(max_seq_len / page_size)` pages each; the rows' contexts fill
-the KV pool. (The check used to bound kv_indices by rows x pages per sequence, which refused full
-decode batches over a pool-sized index buffer.)
+the KV pool, or every row holds as many pages as a sequence may (a prefix cache shares them, so
+their sum passes the pool's pages). (The check used to bound kv_indices by rows x pages per
+sequence, which refused full decode batches over a pool-sized index buffer; that buffer then
+held the pool's pages plus the batch, short of rows sharing a prefix.)
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from mstar.plan.buckets import pick_smallest
 from mstar.plan.io import load_plan
 from mstar.runtime.engine import glue_reference as ref
 from mstar.runtime.engine.glue_loader import load_glue
+from mstar.runtime.engine.gpu.packing import max_row_pages
 
 ROW_COUNTS = (1, 2, 3, 7, 16, 33, 63, 64, 100, 128, 256)
 
@@ -61,15 +64,18 @@ def test_glue_accepts_the_scheduler_batches_of_the_plan(path):
         constants, page_size = key_glue.constants, pool.page_size
         pages_per_seq = -(-pool.max_seq_len // page_size)
         table = torch.empty(pool.num_pages + 1, pages_per_seq, dtype=torch.int32)
-        # Contexts that fill the pool between the rows (at most a sequence each).
+        # Contexts that fill the pool between the rows (at most a sequence each), or rows on one
+        # shared prefix holding every page a row may.
         budget = min(pool.num_pages // len(tokens), pages_per_seq)
-        num_pages = sum(max(budget, -(-t // page_size)) for t in tokens)
-        if num_pages > pool.num_pages:
-            continue  # more tokens than the pool holds: the admission policy holds such a step
-        for padded_batch, bucket, is_graph in _launch_shapes(pick, family, tokens):
-            index_capacity = pool.num_pages + padded_batch if is_graph else num_pages  # executor's buffers
-            out = ref.PackBuffers.allocate(constants, bucket, index_capacity, "cpu")
-            inputs = ref.RowInputs.allocate(constants, max(bucket, sum(tokens)), "cpu")
-            ref.check_pack_launch(constants, len(tokens), padded_batch, bucket, inputs, table, out, num_pages)
-            num_checked += 1
+        row_pages = max_row_pages(pool.max_seq_len, page_size, pool.num_pages)
+        for num_pages in (sum(max(budget, -(-t // page_size)) for t in tokens), len(tokens) * row_pages):
+            if num_pages > len(tokens) * row_pages:
+                continue  # more tokens than the pool holds: the admission policy holds such a step
+            for padded_batch, bucket, is_graph in _launch_shapes(pick, family, tokens):
+                # The executor's buffers: a decode bucket's indices hold rows x a row's most pages.
+                index_capacity = padded_batch * row_pages if is_graph else num_pages
+                out = ref.PackBuffers.allocate(constants, bucket, index_capacity, "cpu")
+                inputs = ref.RowInputs.allocate(constants, max(bucket, sum(tokens)), "cpu")
+                ref.check_pack_launch(constants, len(tokens), padded_batch, bucket, inputs, table, out, num_pages)
+                num_checked += 1
     assert num_checked or not any(pool for pool in plan.deployment.kv_pools), path.name

@@ -164,9 +164,10 @@ def check_pack_launch(constants: GlueConstants, num_rows: int, padded_batch: int
     if page_table.dim() != 2 or page_table.stride(1) != 1:
         raise GlueLaunchError(
             f"{constants.key}: page table must be 2-D [slots, pages per sequence] with contiguous rows")
-    # The step's own page count, not the most its rows could hold (rows x pages per sequence):
-    # a pool-sized kv_indices is short of that bound for a long max_seq_len, yet holds every
-    # step the pool can make.
+    # The step's own page count against kv_indices, not the most its rows could hold (rows x
+    # pages per sequence): an eager step's buffer holds exactly its pages. A decode graph's
+    # holds its batch x a row's most pages (`packing.max_row_pages`), never just the pool's pages:
+    # rows sharing a cached prefix index its pages once each.
     if num_pages < 0 or num_pages > num_rows * page_table.shape[1]:
         raise GlueLaunchError(
             f"{constants.key}: {num_pages} pages for {num_rows} rows, more pages than their page-table rows "

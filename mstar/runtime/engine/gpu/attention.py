@@ -1,7 +1,8 @@
 """FlashInfer for the device step: an eager packed-prefill wrapper, and one graph-mode decode
 wrapper per captured batch size sharing one set of index buffers at fixed addresses.
 
-In: the node's heads, head dim, page size, the most pages a step can index, the decode family's
+In: the node's heads, head dim, page size, the most pages one row can index
+(`packing.max_row_pages`: a bucket of B rows indexes at most B times that), the decode family's
 batch sizes. Out: `plan_eager(packed, num_decode) -> attend` for any step (the `packed` route: decode rows as
 one-token segments beside prompt chunks, causal, bottom-right aligned, one prefill call; the
 `split` route: the step's leading decode rows on an eager decode wrapper, the prompt rows on the
@@ -50,7 +51,8 @@ FA3_MIN_ROW_TOKENS = 64  # a prefill call whose every row holds this many query 
 
 class FlashInferSteps:
     def __init__(self, device: torch.device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
-                 page_size: int, max_pages: int, decode_batch_sizes: list[int], is_tensor_core: Optional[bool] = None):
+                 page_size: int, max_row_pages: int, decode_batch_sizes: list[int],
+                 is_tensor_core: Optional[bool] = None):
         """is_tensor_core: the decode kernel; None picks tensor cores for grouped-query ratios >= 4."""
         import flashinfer
 
@@ -66,7 +68,7 @@ class FlashInferSteps:
         # The `split` route's decode rows in an eager or piecewise step (planned per step, no graph).
         self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.is_tensor_core, **extra)
-        self.max_indices = max_pages + max(decode_batch_sizes, default=0)
+        self.max_row_pages = max_row_pages
         self.staged: dict[int, torch.Tensor] = {}
         self.decode = {}
         for batch in decode_batch_sizes:
@@ -100,14 +102,14 @@ class FlashInferSteps:
 
     def layout(self, batch: int) -> tuple[int, int, int, int]:
         """Offsets in `staged[batch]` of the kv indptr, the last page lengths, the page indices, and
-        its end; each starts on 16 bytes."""
+        its end; each starts on 16 bytes. The page indices hold `batch` rows of `max_row_pages`."""
         def align(n: int) -> int:
             return -(-n // 4) * 4
 
         indptr = align(NUM_FIELDS * batch)
         last = align(indptr + batch + 1)
         indices = align(last + batch)
-        return indptr, last, indices, indices + self.max_indices
+        return indptr, last, indices, indices + batch * self.max_row_pages
 
     def decode_host(self, batch: int, packed: PackedStep) -> np.ndarray:
         """The step's host array in `staged[batch]`'s layout, up to its last page index."""

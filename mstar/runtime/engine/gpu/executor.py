@@ -49,7 +49,7 @@ import torch
 from mstar.runtime.engine.glue_reference import INDEX_DTYPE, KeyGlue, PackBuffers, RowInputs, TokenBuffers
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
-from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, fed_ids, pack
+from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, fed_ids, max_row_pages, pack
 from mstar.runtime.engine.gpu.sampler import sample
 
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
@@ -120,13 +120,15 @@ class StepExecutor:
         self.packed = packed if packed is not None and packed.token_buckets else None
         self.piecewise: Optional[PiecewiseGraphs] = None
         self.capture_bytes: dict[str, int] = {}  # measured growth per graph kind ("decode", "packed")
+        # The forward rotates positions below its table's length, so no row's sequence is longer.
+        self.max_row_pages = max_row_pages(forward.cos.shape[0], kv.page_size, kv.num_pages)
         if is_flashinfer:
             from mstar.runtime.engine.gpu.attention import FlashInferSteps
 
             sizes = sorted({b for b in self.batch_pad if b})
             dims = forward.dims
             self.attention = FlashInferSteps(device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
-                                             kv.page_size, kv.num_pages, sizes, is_tensor_core)
+                                             kv.page_size, self.max_row_pages, sizes, is_tensor_core)
             self.attention.warm_up(kv.pages(0), kv.dummy_page)
         self.max_rows = max_rows
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(NUM_STAGING)]

@@ -24,6 +24,15 @@ NUM_TOKEN_FIELDS = 4  # ids, positions, write slots, token source
 NUM_ROW_FIELDS = 2  # last-token index, row slot
 
 
+def max_row_pages(max_seq_len: int, page_size: int, num_pool_pages: int) -> int:
+    """The most pages one row of a step indexes: a sequence of `max_seq_len` tokens, and never more
+    than the pool's pages (a row's pages are distinct). A step's page indices number at most its
+    rows times this. Not the pool's pages plus the rows: with a prefix cache rows share pages, so
+    the sum of their page tables can pass the pool (many rows on one long prefix). At least 1: a
+    padding row indexes the dummy page."""
+    return max(1, min(-(-max_seq_len // page_size), num_pool_pages))
+
+
 @dataclass
 class RowSpec:
     token_ids: Optional[list[int]]  # None: one loop-back token read from the device token table
