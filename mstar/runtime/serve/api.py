@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional, Sequence, Union
 
+from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
@@ -110,8 +111,9 @@ class LLM:
 
         self.plan = load(plan) if isinstance(plan, str) else plan
         # A partition that repeats (`repeat while VALUE max=N`, Whisper's windows) starts a new
-        # sequence each round, so a request's tokens may reach N sequences' worth.
-        self.max_rounds = max((p.repeat.max_rounds for p in self.plan.partitions if p.repeat is not None), default=1)
+        # sequence each round, so a request's tokens may reach N sequences' worth: the rounds of
+        # the partitions holding the kv nodes' walks (max_seq_len bounds their sequences).
+        self.max_rounds = max_rounds(self.plan, (node.name for node in self.plan.nodes if node.engine == "kv"))
         self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
         self.prompt_format = prompt_format(self.plan)
         self.audio_layout = audio_layout(self.plan)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import NodePlan, Plan
 
 WAVEFORM_STYLES = ("whisper", "qwen3_asr")
@@ -55,13 +56,5 @@ def audio_input_of(plan: Plan) -> Optional[AudioInput]:
     from mstar.runtime.engine.models.log_mel import NUM_SAMPLES, SAMPLE_RATE
 
     nodes = tuple(n.name for n in _audio_nodes(plan))
-    return AudioInput(nodes, SAMPLE_RATE, NUM_SAMPLES * _num_windows(plan, set(nodes)), NUM_SAMPLES)
-
-
-def _num_windows(plan: Plan, nodes: set[str]) -> int:
-    """The most rounds a partition holding a walk of the audio nodes may run (`PartitionPlan.repeat`),
-    1 when none repeats: each round transcribes one window."""
-    walks = {walk.name for walk in plan.walks if any(call.node in nodes for call in walk.calls)}
-    rounds = [p.repeat.max_rounds for p in plan.partitions
-              if p.repeat is not None and any(set(stage.walks) & walks for stage in p.stages)]
-    return max(rounds, default=1)
+    # Each round of the audio nodes' partition transcribes one window.
+    return AudioInput(nodes, SAMPLE_RATE, NUM_SAMPLES * max_rounds(plan, nodes), NUM_SAMPLES)
