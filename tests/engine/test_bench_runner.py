@@ -27,7 +27,7 @@ def test_json_counts_every_part_and_run_ahead_claims_rows(capsys):
     assert ahead["rows_claimed"] > 0 and serial["rows_launched_ahead"] == 0
 
 
-@pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "--rounds must be between"),
+@pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "argument --rounds: must be between"),
                                             (["--plan", "/nonexistent.plan"], "does not exist"),
                                             (["--plan", str(PLAN.parent / "pi05.plan")], "fast path takes")])
 def test_bad_arguments_are_one_line_errors(capsys, argv, fragment):

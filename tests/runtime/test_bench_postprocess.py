@@ -30,7 +30,7 @@ def test_json_has_per_step_and_per_row_figures(capsys):
         "scheduler", "step building", "engine call", "post-process", "run loop rest"}
 
 
-@pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "--rounds must be between"),
+@pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "argument --rounds: must be between"),
                                             (["--plan", "/nonexistent.plan"], "does not exist")])
 def test_bad_arguments_are_one_line_errors(capsys, argv, fragment):
     with pytest.raises(SystemExit) if "--rounds" in argv else nullcontext():

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from mstar.arg_types import POSITIVE
 from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
 
 PAGE_SIZE = 16
@@ -97,13 +98,13 @@ def run(iters: int, head_dim: int, qo_heads: int, kv_heads: int) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench attention", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=int, default=200, help="timed FlashInfer calls (torch: a tenth)")
+    parser.add_argument("--iters", type=POSITIVE, default=200, help="timed FlashInfer calls (torch: a tenth)")
     parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
-    parser.add_argument("--qo-heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--qo-heads", type=POSITIVE, default=32)
+    parser.add_argument("--kv-heads", type=POSITIVE, default=8)
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.qo_heads < 1 or args.kv_heads < 1 or args.qo_heads % args.kv_heads:
-        parser.error("--iters and the head counts must be positive, qo heads a multiple of kv heads")
+    if args.qo_heads % args.kv_heads:
+        parser.error(f"--qo-heads ({args.qo_heads}) must be a multiple of --kv-heads ({args.kv_heads})")
     from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
 
     reason = unavailable_reason(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"),

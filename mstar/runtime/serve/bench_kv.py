@@ -38,6 +38,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from mstar.arg_types import POSITIVE, int_range
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.driver import Driver, Workload
@@ -236,25 +237,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench kv", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama_chunked.plan")
     parser.add_argument("--engine", choices=("sim", "torch"), default="sim")
-    parser.add_argument("--decode-rows", type=int, default=40)
-    parser.add_argument("--prompt-len", type=int, default=8192)
-    parser.add_argument("--arrive-after", type=int, default=10, help="decode steps before the long prompt arrives")
-    parser.add_argument("--budget", type=int, help="step token budget (and chunk size) instead of the plan's")
+    parser.add_argument("--decode-rows", type=POSITIVE, default=40)
+    parser.add_argument("--prompt-len", type=POSITIVE, default=8192)
+    parser.add_argument("--arrive-after", type=POSITIVE, default=10,
+                        help="decode steps before the long prompt arrives")
+    parser.add_argument("--budget", type=POSITIVE, help="step token budget (and chunk size) instead of the plan's")
     parser.add_argument("--route", choices=("packed", "split"),
                         help="attention route of the steps that mix prompt and decode rows, instead of the plan's")
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
-    parser.add_argument("--prefix-requests", type=int, default=8)
-    parser.add_argument("--prefix-len", type=int, default=1024)
+    parser.add_argument("--prefix-requests", type=int_range(2), default=8,
+                        help="at least 2: the figure is about the 2nd request and later")
+    parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
     parser.add_argument("--device", default="cpu", help="torch engine: cpu (default) or cuda[:N] (the GPU fast path)")
     parser.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine: model dims")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
-    if min(args.decode_rows, args.prompt_len, args.arrive_after, args.budget or 1, args.prefix_len) < 1:
-        parser.error("--decode-rows, --prompt-len, --arrive-after, --budget and --prefix-len must be positive")
-    if args.prefix_requests < 2:
-        parser.error("--prefix-requests must be at least 2 (the figure is about the 2nd and later)")
     from mstar.plan.io import PlanError, load_plan
 
     try:

@@ -26,6 +26,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from mstar.arg_types import POSITIVE
+
 SHARD_BYTES = 1 << 30
 
 
@@ -95,14 +97,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench load", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", help="where to write (and keep) the checkpoint; reused when it holds one")
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=2048, help="a multiple of 256")
-    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--layers", type=POSITIVE, default=16)
+    parser.add_argument("--hidden", type=POSITIVE, default=2048, help="a multiple of 256")
+    parser.add_argument("--vocab", type=POSITIVE, default=128256)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    if args.layers <= 0 or args.vocab <= 0 or args.hidden <= 0 or args.hidden % 256:
-        print("mstar bench load: --layers and --vocab must be positive, --hidden a positive multiple of 256",
-              file=sys.stderr)
+    if args.hidden % 256:
+        print(f"mstar bench load: --hidden must be a multiple of 256, got {args.hidden}", file=sys.stderr)
         return 1
     config = llama_config(args.layers, args.hidden, args.vocab)
     with tempfile.TemporaryDirectory(prefix="mstar-bench-load-") as scratch:

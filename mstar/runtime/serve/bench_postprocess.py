@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from mstar.arg_types import int_range
 from mstar.plan.io import PlanError, load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sim import SimEngine
@@ -217,19 +218,16 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench postprocess", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", type=Path, default=Path("generated/llama.plan"))
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=256)
-    parser.add_argument("--prompt-len", type=int, default=100)
-    parser.add_argument("--output-len", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    count = int_range(1, 1_000_000)
+    parser.add_argument("--clients", type=count, default=64)
+    parser.add_argument("--requests", type=count, default=256)
+    parser.add_argument("--prompt-len", type=count, default=100)
+    parser.add_argument("--output-len", type=count, default=200)
+    parser.add_argument("--rounds", type=count, default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--bytecodes", action="store_true",
                         help="also count the Python bytecodes per row of each host part (one traced run, slow)")
     args = parser.parse_args(argv)
-    for name in ("clients", "requests", "prompt_len", "output_len", "rounds"):
-        value = getattr(args, name)
-        if not 1 <= value <= 1_000_000:
-            parser.error(f"--{name.replace('_', '-')} must be between 1 and 1000000, got {value}")
     try:
         result = measure(args)
     except PlanError as error:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from mstar.arg_types import int_range
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
@@ -240,18 +241,15 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench runner", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", type=Path, default=Path("generated/llama.plan"))
-    parser.add_argument("--clients", type=int, default=64, help="concurrent requests: rows of a full decode step")
-    parser.add_argument("--prompt-len", type=int, default=16)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
+    count = int_range(1, 100_000)
+    parser.add_argument("--clients", type=count, default=64, help="concurrent requests: rows of a full decode step")
+    parser.add_argument("--prompt-len", type=count, default=16)
+    parser.add_argument("--output-len", type=count, default=128)
+    parser.add_argument("--rounds", type=count, default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--no-bytecodes", dest="bytecodes", action="store_false",
                         help="skip the traced runs that count bytecodes per row")
     args = parser.parse_args(argv)
-    for name in ("clients", "prompt_len", "output_len", "rounds"):
-        value = getattr(args, name)
-        if not 1 <= value <= 100_000:
-            parser.error(f"--{name.replace('_', '-')} must be between 1 and 100000, got {value}")
     try:
         result = measure(args)
     except (PlanError, EngineError, BenchError) as error:

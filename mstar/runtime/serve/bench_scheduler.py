@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Callable, Literal, Optional, Sequence
 
+from mstar.arg_types import NON_NEGATIVE, POSITIVE
 from mstar.plan.schema import (
     CaptureFamily,
     DeploymentPlan,
@@ -167,11 +168,9 @@ def run(iters: int = 2000, warmup: int = 200) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench scheduler", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=int, default=2000, help="timed steps per scenario")
-    parser.add_argument("--warmup", type=int, default=200, help="untimed steps first")
+    parser.add_argument("--iters", type=POSITIVE, default=2000, help="timed steps per scenario")
+    parser.add_argument("--warmup", type=NON_NEGATIVE, default=200, help="untimed steps first")
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0:
-        parser.error("--iters must be at least 1 and --warmup at least 0")
     result = run(args.iters, args.warmup)
     if args.json:
         print(json.dumps(result, sort_keys=True))

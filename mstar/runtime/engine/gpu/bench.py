@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from mstar.arg_types import NON_NEGATIVE, POSITIVE
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.gpu.executor import StepExecutor
@@ -332,11 +333,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--plan", default="generated/llama.plan")
     parser.add_argument("--node", help="the kv node to bench (default: the plan's first)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--iters", type=POSITIVE, default=50)
     parser.add_argument("--hf-compiled", action="store_true",
                         help="also time HF with a static cache under torch.compile (minutes of compiling)")
     parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
-    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+    parser.add_argument("--profile", type=NON_NEGATIVE, default=0, metavar="ROWS",
                         help="also list the top kernels of the decode graph of ROWS rows (torch profiler)")
     parser.add_argument("--no-numpy", action="store_true",
                         help="skip timing each step with the numpy packing (a second executor and capture)")
@@ -346,8 +347,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     args = parser.parse_args(argv)
-    if args.iters < 1:
-        parser.error("--iters must be positive")
     if args.host_pack:
         return _host_pack(args)
     reason = _unavailable()

@@ -1,0 +1,38 @@
+"""argparse types for the commands' integer options (the benches of `mstar bench` and `mstarc
+bench`): one range check, one message.
+
+    int_range(low, high=None) -> type   an int in [low, high]; no upper bound when high is None
+    POSITIVE = int_range(1)             NON_NEGATIVE = int_range(0)
+
+Given as `add_argument(..., type=...)`, a value out of range (or not an integer) is refused by
+argparse itself: `mstar bench NAME: error: argument --NAME: must be between 1 and 100000, got 0`
+and exit status 2, before any work starts.
+
+Like `mstar.files`, this module sits below the packages whose commands parse arguments (the bench
+mains live in runtime.serve and runtime.engine, which cannot import cli) and imports none of them.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Optional
+
+
+def int_range(low: int, high: Optional[int] = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        if value < low:
+            bound = "a positive integer" if low == 1 else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in some messages
+    return parse
+
+
+POSITIVE = int_range(1)
+NON_NEGATIVE = int_range(0)

@@ -1,0 +1,46 @@
+"""The bench commands' integer options share one range check (mstar/arg_types.py): a value out of
+range, or not an integer, is a one-line argparse error naming the option, with exit status 2,
+before any work starts (no plan loaded, no GPU looked for)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from mstar.arg_types import int_range
+from mstar.cli.mstar import main
+from mstar.cli.mstarc import main as mstarc_main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "postprocess", "--clients", "0"], "argument --clients: must be between 1 and 1000000, got 0"),
+    (["bench", "runner", "--rounds", "100001"], "argument --rounds: must be between 1 and 100000, got 100001"),
+    (["bench", "kv", "--decode-rows", "0"], "argument --decode-rows: must be a positive integer, got 0"),
+    (["bench", "kv", "--prefix-requests", "1"], "argument --prefix-requests: must be at least 2, got 1"),
+    (["bench", "kv", "--budget", "x"], "argument --budget: must be an integer, got 'x'"),
+    (["bench", "scheduler", "--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+    (["bench", "attention", "--kv-heads", "0"], "argument --kv-heads: must be a positive integer, got 0"),
+    (["bench", "load", "--layers", "-3"], "argument --layers: must be a positive integer, got -3"),
+    (["bench", "engine", "--iters", "0"], "argument --iters: must be a positive integer, got 0"),
+])
+def test_an_option_out_of_range_is_one_usage_error(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"mstar {' '.join(argv[:2])}: error: {message}" in err and "Traceback" not in err
+
+
+def test_mstarc_bench_runs_takes_the_same_check(capsys):
+    with pytest.raises(SystemExit) as stop:
+        mstarc_main(["bench", "--runs", "0"])
+    assert stop.value.code == 2
+    assert "argument --runs: must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_the_range_type_keeps_values_inside_it():
+    within = int_range(2, 5)
+    assert [within(text) for text in ("2", "5")] == [2, 5]
+    for text in ("1", "6", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            within(text)
