@@ -50,3 +50,20 @@ def test_spec_dims_too_large_for_the_machine_are_refused():
     huge = dict(LLM_DIMS, vocab=2**40)
     with pytest.raises(EngineError, match="GiB but this machine allows"):
         TorchEngine(llm_plan(huge), dims="spec")
+
+
+def test_a_depth_model_and_a_decoder_share_one_list_of_layer_fields():
+    """`DepthDims` and `DecoderDims` both take the layer stack's fields from `LayerStackDims` (no
+    second copy to drift), each keeping its own defaults: Qwen3's norm epsilon for a depth model."""
+    import dataclasses
+
+    from mstar.runtime.engine.dims import DecoderDims, LayerStackDims
+    from mstar.runtime.engine.models.depth import DepthDims
+
+    stack = [f.name for f in dataclasses.fields(LayerStackDims)]
+    assert [f.name for f in dataclasses.fields(DepthDims)] == stack + ["depth", "outer_hidden"]
+    assert [f.name for f in dataclasses.fields(DecoderDims)][:len(stack)] == stack
+    shape = dict(num_layers=2, num_kv_heads=2, num_qo_heads=4, head_dim=16, hidden=32, intermediate=64, vocab=48)
+    depth = DepthDims(**shape, depth=3, outer_hidden=64)
+    decoder = DecoderDims(**shape, layer_is_full=(True, True))
+    assert (depth.rms_eps, decoder.rms_eps) == (1e-6, 1e-5) and depth.rope_theta == decoder.rope_theta == 10000.0

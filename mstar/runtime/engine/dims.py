@@ -53,8 +53,10 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class DecoderDims:
-    """A Llama-style decoder, optionally with gated delta-net layers and an image-flow head."""
+class LayerStackDims:
+    """What every Llama-style stack of layers states: its layers, heads, widths, vocabulary, RoPE
+    base and norm epsilon. `DecoderDims` and a depth model's `DepthDims` (models/depth.py) add
+    their own fields to these."""
 
     num_layers: int
     num_kv_heads: int
@@ -63,9 +65,16 @@ class DecoderDims:
     hidden: int
     intermediate: int
     vocab: int
-    layer_is_full: tuple[bool, ...]  # per layer: softmax attention (True) or gated delta-net
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
+
+
+# Keyword-only: a field without a default (`layer_is_full`) may then follow the base's defaults.
+@dataclass(frozen=True, kw_only=True)
+class DecoderDims(LayerStackDims):
+    """A Llama-style decoder, optionally with gated delta-net layers and an image-flow head."""
+
+    layer_is_full: tuple[bool, ...]  # per layer: softmax attention (True) or gated delta-net
     is_tied_embeddings: bool = False
     # "llama", or "qwen3_5": zero-centred norms (1 + w), q/k norms, a sigmoid output gate per
     # attention head, partial rotary

@@ -30,23 +30,16 @@ from torch import nn
 
 from mstar.runtime.engine.models.layers import ModuleSeq, RMSNorm, SwiGLU
 from mstar.runtime.engine.models.rope import inverse_frequencies
-from mstar.runtime.engine.dims import RopeScaling
+from mstar.runtime.engine.dims import LayerStackDims, RopeScaling
 
 
-@dataclass(frozen=True)
-class DepthDims:
-    """A depth model's own dims and the width of the node it reads (`outer_hidden`)."""
+@dataclass(frozen=True, kw_only=True)
+class DepthDims(LayerStackDims):
+    """A depth model's own dims (plain full-attention layers) and the width of the node it reads
+    (`outer_hidden`)."""
 
-    num_layers: int
-    num_kv_heads: int
-    num_qo_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    vocab: int
     depth: int  # inner positions: further tokens per step
     outer_hidden: int
-    rope_theta: float = 10000.0
     rms_eps: float = 1e-6  # Qwen3's (transformers' code predictor config)
 
 
