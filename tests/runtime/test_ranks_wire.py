@@ -136,3 +136,30 @@ def test_a_lost_engine_leaves_the_run_and_every_request_in_it_fails_with_its_mes
     failed = [r for r in driver.conductor.records.values() if r.finish_reason.startswith("error")]
     assert sorted(r.request.id for r in failed) == sorted(active)
     assert all("rank 1 was killed" in r.finish_reason for r in failed)
+
+
+class _LosesARankOnAdmission(SimEngine):
+    """The simulated engine, until it admits its sixth request: then a rank is gone (it froze
+    while the request was being added on every rank)."""
+
+    def add_request(self, request_id, request):
+        self.num_added = getattr(self, "num_added", 0) + 1
+        if self.num_added == 6:
+            raise EngineLost("rank 1 hangs: no progress within the rank timeout (after its step 9)")
+        return super().add_request(request_id, request)
+
+
+def test_a_rank_lost_while_a_request_is_admitted_fails_that_request_too():
+    """The request being added when the rank went is neither waiting nor running: it fails with
+    the loss's message like the running ones (it was left unfinished, and the run's report named
+    no failed request when the loss came during an admission)."""
+    plan = load_plan(str(ROOT / "generated" / "orpheus.plan"))
+    driver = Driver(plan, _LosesARankOnAdmission(plan))
+    workload = generate(12, prompt_len=(4, 8), output_len=(20, 20), concurrency=4, seed=0)
+    with pytest.raises(EngineLost):
+        driver.run(workload)
+    driver.fail_active("rank 1 hangs: no progress within the rank timeout (after its step 9)")
+    records = driver.conductor.records.values()
+    assert all(r.is_finished for r in records)
+    failed = [r for r in records if r.finish_reason.startswith("error")]
+    assert failed and all("rank 1 hangs" in r.finish_reason for r in failed)

@@ -52,7 +52,7 @@ from mstar.runtime.conductor.request import Request, RequestRecord, count_elemen
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import RunWalk
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
-from mstar.runtime.step import Engine, RowResult, StepRow
+from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
 
 
 # A stop string of N characters is looked for in the text of the last max(MIN, N * PER_CHAR)
@@ -220,7 +220,13 @@ class Conductor:
         if problem is not None:
             self._finish_unadmitted(record, f"error: {problem}")
             return
-        reason = self.engine.add_request(request.id, request)
+        try:
+            reason = self.engine.add_request(request.id, request)
+        except EngineLost as lost:
+            # Neither waiting nor active any more: fail it here, or the run's end (which fails
+            # the active requests) would leave it unfinished.
+            self._finish_unadmitted(record, f"error: {lost}")
+            raise
         if reason is not None:
             record.is_refused = True
             self._finish_unadmitted(record, f"error: {reason}")
