@@ -36,7 +36,7 @@ def test_kernels_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "20 passed" in result.stdout, result.stdout[-2000:]
+    assert "25 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -52,20 +52,34 @@ def test_add_rmsnorm_matches_the_module(interpreted, is_zero_centred):
     assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
+@pytest.mark.parametrize("norm", [None, "plain", "zero_centred"])
 @pytest.mark.parametrize("rotary", [16, 8])
-def test_rope_write_kv_rotates_and_writes_the_cache(interpreted, rotary):
+def test_rope_write_kv_rotates_and_writes_the_cache(interpreted, rotary, norm):
+    """RoPE and the K/V write; with q/k norms (`QkNorm`) q and k are first normed per head as
+    `RMSNorm` does, q then a view of [query | gate] heads (a head stride of 2 D)."""
     torch.manual_seed(1)
     n, num_q, num_kv, d = 3, 4, 2, 16
-    qkv = torch.randn(n, (num_q + 2 * num_kv) * d)
-    q = qkv[:, :num_q * d].view(n, num_q, d)
-    k = qkv[:, num_q * d:(num_q + num_kv) * d].view(n, num_kv, d)
-    v = qkv[:, (num_q + num_kv) * d:].view(n, num_kv, d)
+    q_width = num_q * d * (2 if norm else 1)
+    qkv = torch.randn(n, q_width + 2 * num_kv * d)
+    if norm:
+        q = qkv[:, :q_width].view(n, num_q, 2 * d)[:, :, :d]
+    else:
+        q = qkv[:, :q_width].view(n, num_q, d)
+    k = qkv[:, q_width:q_width + num_kv * d].view(n, num_kv, d)
+    v = qkv[:, q_width + num_kv * d:].view(n, num_kv, d)
     angles = torch.rand(10, rotary // 2) * 6
     cos, sin = angles.cos(), angles.sin()
     positions = torch.tensor([7, 0, 3], dtype=torch.int32)
     slots = torch.tensor([5, 2, 9], dtype=torch.int32)
     k_cache, v_cache = torch.zeros(12, num_kv, d), torch.zeros(12, num_kv, d)
-    got_q = interpreted.rope_write_kv(q, k, v, cos, sin, positions, slots, k_cache, v_cache, rotary)
+    qk_norm = None
+    expected_q, expected_k = q, k
+    if norm:
+        q_norm, k_norm = RMSNorm(d, 1e-6, norm == "zero_centred"), RMSNorm(d, 1e-6, norm == "zero_centred")
+        q_norm.weight.data.normal_(), k_norm.weight.data.normal_()
+        qk_norm = interpreted.QkNorm(q_norm.weight.data, k_norm.weight.data, 1e-6, norm == "zero_centred")
+        expected_q, expected_k = q_norm(q).detach(), k_norm(k).detach()
+    got_q = interpreted.rope_write_kv(q, k, v, cos, sin, positions, slots, k_cache, v_cache, rotary, qk_norm)
 
     def rotate(x):
         c, s = cos[positions.long()].unsqueeze(1), sin[positions.long()].unsqueeze(1)
@@ -73,10 +87,20 @@ def test_rope_write_kv_rotates_and_writes_the_cache(interpreted, rotary):
         first, second, rest = x[..., :half], x[..., half:rotary], x[..., rotary:]
         return torch.cat([first * c - second * s, second * c + first * s, rest], dim=-1)
 
-    torch.testing.assert_close(got_q, rotate(q))
-    torch.testing.assert_close(k_cache[slots.long()], rotate(k))
+    torch.testing.assert_close(got_q, rotate(expected_q))
+    torch.testing.assert_close(k_cache[slots.long()], rotate(expected_k))
     torch.testing.assert_close(v_cache[slots.long()], v)
     assert k_cache.abs().sum() == k_cache[slots.long()].abs().sum()  # no other slot written
+
+
+def test_sigmoid_gate_matches_torch(interpreted):
+    """Qwen3.5's gated attention output: x times sigmoid of a strided [query | gate] view, bf16."""
+    torch.manual_seed(2)
+    x = torch.randn(3, 4 * 16, dtype=torch.bfloat16)
+    gate = torch.randn(3, 4, 2 * 16, dtype=torch.bfloat16)[:, :, 16:]
+    expected = x * torch.sigmoid(gate.reshape(3, -1))
+    got = interpreted.sigmoid_gate(x, gate)
+    assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
 def test_silu_mul_matches_torch(interpreted):
