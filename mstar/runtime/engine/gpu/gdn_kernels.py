@@ -42,6 +42,8 @@ Triton interpreter on the CPU (`tests/engine/test_gpu_kernels_interpreted.py`).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -233,7 +235,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     mixed `[R, C]` ([q|k|v]), z `[R, HV*d_v]`, b and a `[R, HV]` (each any row stride: views of the
     in-projection's output), conv_state `[S, C, K-1]` and state `[S, HV, d_k, d_v]` fp32 (updated in
     the rows' slots), conv_weight `[C, K]`, a_log, dt_bias `[HV]`, slots `[R]`, norm_weight `[d_v]`
-    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program holds at once (0: all, up to 128)."""
+    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program holds at once (0: `_value_block`)."""
     rows, channels = mixed.shape
     value_heads = b.shape[1]
     value_dim = z.shape[1] // value_heads
@@ -251,7 +253,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     for name, x in (("conv_state", conv_state), ("state", state)):
         if not x.is_contiguous() or x.dtype != torch.float32:
             raise ValueError(f"decode_step updates a contiguous fp32 {name} in place")
-    block_v = block_v or min(128, triton.next_power_of_2(value_dim))
+    block_v = block_v or _value_block(rows * num_heads, value_dim, mixed.device)
     block_k = triton.next_power_of_2(key_dim)
     _decode_step_kernel[(rows, num_heads)](
         mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), conv_state, conv_weight.contiguous(),
@@ -260,6 +262,20 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
         GROUP=value_heads // num_heads,
         num_warps=8 if block_k * block_v >= 128 * 64 else 4)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _value_block(num_programs: int, value_dim: int, device: torch.device) -> int:
+    """Value columns a `decode_step` program holds at once. While every program has an SM of its own
+    (few rows: latency-bound), the whole head's state at once (up to 128 columns, 8 warps: all its
+    loads in flight together); with more programs than SMs, blocks of 32 (4 warps, a quarter of the
+    registers), so several programs share an SM and one's loads overlap another's arithmetic."""
+    block = 128 if num_programs <= _num_sms(device) else 32
+    return min(block, triton.next_power_of_2(value_dim))
 
 
 def causal_conv(stored: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
