@@ -200,8 +200,9 @@ class DecoderForward:
             delta = model.reduce_partial(self._mlp(index, layer.mlp, h))
         assert delta is not None, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
-            last = kernels.add_rmsnorm(x[last_index.long()], delta[last_index.long()], model.model.norm.weight,
-                                       model.model.norm.eps, model.model.norm.is_zero_centred)
+            rows = last_index.long()  # one cast for both gathers
+            last = kernels.add_rmsnorm(x[rows], delta[rows], model.model.norm.weight, model.model.norm.eps,
+                                       model.model.norm.is_zero_centred)
         else:
             last = model.model.norm((x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight)).float()
