@@ -98,3 +98,28 @@ def test_partial_steps_run_the_rows_that_got_memory():
     prompts = {f"r{i}": [i + 1] * 10 for i in range(6)}
     partial = TorchEngine(llm_plan(num_pages=4, page_size=8), runs_partial_steps=True)
     assert generate(partial, prompts, 6) == generate(TorchEngine(llm_plan()), prompts, 6)
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_page_pool_columns_answer_as_the_per_key_methods(prefix_cache):
+    """`extents_of`, `page_tables_of` and `commit_one_each` (a decode step's columns) leave the
+    pool as `extent`, `page_table` and `commit(key, 1)` one key at a time do."""
+    pools = [PagePool(num_pages=12, page_size=4, prefix_cache=prefix_cache) for _ in range(2)]
+    keys = [(f"r{i}", "main") for i in range(3)]
+    for pool in pools:
+        for i, key in enumerate(keys):
+            assert pool.reserve(key, 4 * i + 3)
+            pool.commit(key, 4 * i + 3, list(range(1, 4 * i + 4)))  # keyed pages (prefix cache)
+    columns, rows = pools
+    assert columns.extents_of(keys + [("nobody", "main")]) is None
+    for _ in range(6):  # past page boundaries: grow the rows that need a page, then commit
+        written, held = columns.extents_of(keys)
+        assert list(zip(written.tolist(), held.tolist())) == [rows.extent(key) for key in keys]
+        for key in keys:
+            assert columns.reserve(key, 1) and rows.reserve(key, 1)
+        assert columns.page_tables_of(keys) == [rows.page_table(key) for key in keys]
+        columns.commit_one_each(keys)
+        for key in keys:
+            rows.commit(key, 1)
+        assert [vars(columns._seqs[key]) for key in keys] == [vars(rows._seqs[key]) for key in keys]
+    assert columns.num_free_pages == rows.num_free_pages

@@ -39,6 +39,7 @@ from mstar.runtime.step import Step
 
 _walk_of = attrgetter("walk")
 _tokens_of = attrgetter("num_tokens")
+_is_partial_of, _chunk_start_of = attrgetter("is_partial"), attrgetter("chunk_start")
 
 
 class StepContractError(ValueError):
@@ -152,6 +153,8 @@ def _check_tokens(where: str, key: KeyPlan, step: Step) -> None:
         if num_tokens > key.token_budget:
             raise StepContractError(f"{where}: tokens: {num_tokens} tokens, past the key's token_budget "
                                     f"{key.token_budget}")
+    if not any(map(_is_partial_of, step.rows)) and not any(map(_chunk_start_of, step.rows)):
+        return  # no row is a chunk (read in C: a decode step does no Python work per row here)
     for row in step.rows:
         # (a row past a cached prefix starts at chunk_start > 0 on any walk whose rows may be cut)
         if row.is_partial or (row.chunk_start and row.walk in key.chunk_sizes):

@@ -29,6 +29,8 @@ import dataclasses
 
 import os
 import time
+from itertools import repeat
+from operator import attrgetter, is_not
 from types import ModuleType
 from typing import Any, Callable, Collection, Mapping, Optional, TypeVar, Union
 
@@ -40,6 +42,7 @@ from mstar.runtime.engine.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
 )
 from mstar.runtime.engine import qwen3_asr_setup, whisper_setup
+from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
@@ -73,6 +76,7 @@ ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 DEFAULT_PAGE_SIZE = 16
 DEFAULT_NUM_PAGES = 1024
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
+_walk_of, _request_id_of = attrgetter("walk"), attrgetter("request_id")
 MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and activations need the rest)
 
 
@@ -439,9 +443,18 @@ class TorchEngine:
             self.checker.check_mode(step, self.requires_guidance)
         runner = self.runners.get(step.node)
         results: list[RowResult] = []
-        rows = []
         node, calls, requests = step.node, self.calls, self.requests
-        for row in step.rows:
+        # The rows' calls and requests looked up in C; row by row only when some lookup misses.
+        row_calls = list(map(calls.get, zip(repeat(node), map(_walk_of, step.rows))))
+        row_requests = list(map(requests.get, map(_request_id_of, step.rows)))
+        rows = list(zip(step.rows, row_calls, row_requests))
+        # (`is_not` in C: `None in row_calls` would run the dataclasses' `__eq__` per row)
+        if runner is not None and all(map(is_not, row_calls, repeat(None))) and all(map(is_not, row_requests,
+                                                                                         repeat(None))):
+            step_rows: list[StepRow] = []  # every row found: the loop below has nothing to do
+        else:
+            step_rows, rows = step.rows, []
+        for row in step_rows:
             call = calls.get((node, row.walk))
             request = requests.get(row.request_id)
             if runner is None or call is None:
@@ -468,8 +481,14 @@ class TorchEngine:
         if handle.pending is None:
             raise RuntimeError("wait on a step handle this engine never launched")
         results, failed, finish, started = handle.pending
-        rows = results + finish()
-        token_ids, stop_rows = (None, []) if results or failed else _token_columns(handle.step.rows, rows)
+        ran = finish()
+        rows = results + ran
+        if results or failed:
+            token_ids, stop_rows = None, []
+        elif isinstance(ran, TokenRows):  # the runner answered in columns too (gpu/decode_columns.py)
+            token_ids, stop_rows = ran.token_ids, ran.stop_rows
+        else:
+            token_ids, stop_rows = _token_columns(handle.step.rows, rows)
         return StepResult(rows=rows, allocation_failed=failed, elapsed_s=time.perf_counter() - started,
                           token_ids=token_ids, stop_rows=stop_rows)
 
@@ -479,13 +498,16 @@ class TorchEngine:
         runner = self.runners.get(node)
         if not isinstance(runner, DecoderRunner):
             return
-        entries = []
+        if not rows:
+            runner.prelaunch(worker, [])
+            return
         calls, requests = self.calls, self.requests
-        for request_id, walk in rows:
-            call = calls.get((node, walk))
-            request = requests.get(request_id)
-            if call is not None and request is not None:
-                entries.append((request_id, walk, call, request))
+        ids, walks = zip(*rows)  # the lookups in C; the rows some lookup misses are left out
+        row_calls = list(map(calls.get, zip(repeat(node), walks)))
+        row_requests = list(map(requests.get, ids))
+        entries = list(zip(ids, walks, row_calls, row_requests))
+        if not (all(map(is_not, row_calls, repeat(None))) and all(map(is_not, row_requests, repeat(None)))):
+            entries = [entry for entry in entries if entry[2] is not None and entry[3] is not None]
         runner.prelaunch(worker, entries)
 
     def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:

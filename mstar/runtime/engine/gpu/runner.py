@@ -40,6 +40,7 @@ import torch
 from mstar.plan.schema import CaptureFamily, NodePlan, Plan
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.dims import DecoderDims
+from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_steady, steady_rows
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
@@ -198,6 +199,8 @@ class GpuDecoderRunner(DecoderRunner):
         self.num_ahead_rows = self.num_claimed_rows = 0
         self._writes = (self.guidance.first,)  # the one KV sequence a fast-path row extends
         self._last_facts: Optional[tuple[CallInfo, _CallFacts]] = None
+        # steps of steady decode rows in columns (decode_columns.py); False: every step row by row
+        self.is_columnar = True
 
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
@@ -347,6 +350,17 @@ class GpuDecoderRunner(DecoderRunner):
                             np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
                                      dtype=np.int64))
 
+    def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
+              route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
+              bucket: tuple[Optional[str], int] = (None, 0),
+              ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
+        """The base's `start`; a step of steady decode rows (`decode_columns.py`) is done in columns."""
+        steady = steady_rows(self, rows) if self.is_columnar else None
+        if steady is None:
+            return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
+        self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
+        return start_steady(self, steady, rows, is_partial_ok, worker)
+
     def _forward(self, ready: list[_Item]) -> list[RowResult]:  # type: ignore[override]
         return self._start_forward(ready)()
 
@@ -407,9 +421,12 @@ class GpuDecoderRunner(DecoderRunner):
             if found is not None and item.is_loop_back and not row.is_partial and found[0] == row.walk:
                 claimed[index] = found[1]
         self.num_claimed_rows += len(claimed)
-        if len(set(claimed.values())) == len(ahead.slots):  # every row it ran is taken
-            return claimed
-        taken = {ready[index].row.request_id for index in claimed}
+        if len(set(claimed.values())) != len(ahead.slots):  # some rows it ran are nobody's now
+            self._restore_unclaimed(ahead, {ready[index].row.request_id for index in claimed})
+        return claimed
+
+    def _restore_unclaimed(self, ahead: _Ahead, taken: set[str]) -> None:
+        """Put back the device loop-back tokens of the rows `ahead` ran that no step took."""
         node = self.node.name
         restore = [(slot, ahead.requests[request_id].last_token[node][0]) for request_id, slot in ahead.slots.items()
                    if request_id not in taken and self._row_slots.get(request_id) == slot
@@ -417,12 +434,13 @@ class GpuDecoderRunner(DecoderRunner):
         if restore:
             slots, tokens = zip(*restore)
             self.executor.restore_loop_tokens(list(slots), list(tokens))
-        return claimed
 
     def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
         """Launch the worker's next decode step ahead for `rows` (the run loop's speculation of
         it), those of them whose latest step sampled a token that loops back on the device."""
         if not self.can_run_ahead or worker in self._ahead:
+            return
+        if self.is_columnar and prelaunch_steady(self, worker, rows):
             return
         last = self._last_rows.get(worker, set())
         specs: list[RowSpec] = []
@@ -459,8 +477,12 @@ class GpuDecoderRunner(DecoderRunner):
         # the step launched last samples first: its sample is not counted yet
         pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1),
                                        glue=key_glue)
+        self._launched_ahead(worker, pending, placed, slots, requests)
+
+    def _launched_ahead(self, worker: int, pending: Pending, placed: dict[str, tuple[str, int]],
+                        slots: dict[str, int], requests: dict[str, RequestState]) -> None:
         self._ahead[worker] = _Ahead(pending, placed, slots, requests)
-        self.num_ahead_rows += len(specs)
+        self.num_ahead_rows += len(placed)
 
     def _reserve_next(self, request_id: str, key: tuple[str, str]) -> bool:
         """Reserve the page the row's next token needs, when the admission policy lets it."""

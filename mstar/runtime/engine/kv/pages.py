@@ -15,12 +15,19 @@ shared (full, cached) page is never written.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Optional
+
+import numpy as np
 
 from mstar.runtime.engine.kv.prefix_cache import ROOT_KEY, PrefixCache, page_key
 
 SeqKey = tuple[str, str]
+_num_tokens_of, _pages_of, _is_keyed_of = attrgetter("num_tokens"), attrgetter("pages"), attrgetter("is_keyed")
+_consume = deque(maxlen=0).extend  # runs an iterator of calls in C (the columnar methods below)
 
 
 @dataclass
@@ -94,6 +101,35 @@ class PagePool:
         """(positions written, positions its pages hold) of the sequence; (0, 0) for an unknown key."""
         seq = self._seqs.get(key)
         return (seq.num_tokens, len(seq.pages) * self.page_size) if seq else (0, 0)
+
+    # Columns: the same questions for many sequences at once (a decode step's rows), each answered
+    # by C iteration over the sequences (map, numpy), with no Python work per sequence.
+
+    def extents_of(self, keys: list[SeqKey]) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """`extent` of each key as two int64 arrays (positions written, positions the pages hold);
+        None when some key has no sequence."""
+        seqs = list(map(self._seqs.get, keys))
+        if not all(map(is_not, seqs, repeat(None))):  # (`None in seqs` would run _Sequence.__eq__ per key)
+            return None
+        num = len(seqs)
+        written = np.fromiter(map(_num_tokens_of, seqs), dtype=np.int64, count=num)
+        held = np.fromiter(map(len, map(_pages_of, seqs)), dtype=np.int64, count=num) * self.page_size
+        return written, held
+
+    def page_tables_of(self, keys: list[SeqKey]) -> list[list[int]]:
+        """`page_table` of each key (copies), for keys that have sequences."""
+        return list(map(list, map(_pages_of, map(self._seqs.__getitem__, keys))))
+
+    def commit_one_each(self, keys: list[SeqKey]) -> None:
+        """`commit(key, 1)` for each key (distinct, with sequences): one position written from
+        something other than a token id (a token the device looped back), so no later page of
+        these sequences is keyed for the prefix cache."""
+        seqs = list(map(self._seqs.__getitem__, keys))
+        _consume(map(setattr, seqs, repeat("num_tokens"), map(int.__add__, map(_num_tokens_of, seqs), repeat(1))))
+        if self.cache is not None:
+            keyed = list(compress(seqs, map(_is_keyed_of, seqs)))
+            _consume(map(setattr, keyed, repeat("is_keyed"), repeat(False)))
+            _consume(map(setattr, keyed, repeat("pending"), map(list, repeat((), len(keyed)))))
 
     def reserve(self, key: SeqKey, num_new_tokens: int) -> bool:
         """Grow the sequence's page table to hold `num_new_tokens` more positions.

@@ -1,0 +1,247 @@
+"""The GPU runner's columnar decode step: the bookkeeping of a step of steady decode rows done over
+columns (numpy arrays and C iteration: `map`, `zip`, set and dict methods) instead of row by row.
+
+In: the runner (`gpu/runner.py`, `GpuDecoderRunner`) and a step's `(StepRow, CallInfo,
+RequestState)` rows, or the run loop's `(request id, walk, call, request)` rows of a step to launch
+ahead. Out: `steady_rows(runner, rows)` -> `SteadyRows` (the step's columns), or None when some row
+is not steady, and then the runner takes its per-row path for the whole step, so what the runner
+does for any other step is unchanged; `start_steady` launches a steady step and returns what
+collects it (`TokenRows`: the rows' results and the same answer in columns); `prelaunch_steady`
+launches the next step ahead, False when its rows need the per-row path.
+
+A step is steady when every row of it is: one call for all rows, whose first input is a token the
+node loops back on the device and whose outputs are all sampled tokens; the row feeds that token
+(no value on the row; its request's last token here, one token), is not a chunk, and its request
+has started on the node (an admission budget), holds a row slot and a KV sequence, and has a
+history here; the requests are distinct; no row would pass max_seq_len; the runner has no
+recurrent state slots and no KV offload; and the pool's free pages cover what the started requests
+may still claim (`GpuDecoderRunner._admit`'s exact case). A steady row needs at most one page:
+the rows that need one are asked of the admission policy, in step order, through the runner's
+`_admit`, exactly as on the per-row path; the others need nothing.
+
+What the columns replace, row for row (the per-row path in gpu/runner.py and runners/decoder.py):
+`_prepare` and the row item, the length check, `_claim`, the `RowSpec`s' lengths and page tables,
+the KV commit, and `_token_outputs` (history, sampled counts, last tokens, the stop check). A
+`RowSpec` and a `RowResult` are still built for each row: the executor and the run loop take them.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, contains, eq, itemgetter
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+
+from mstar.runtime.engine.gpu.packing import RowSpec
+from mstar.runtime.engine.kv.pages import SeqKey
+from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.step import RowResult, StepRow
+
+if TYPE_CHECKING:
+    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _CallFacts
+
+_consume = deque(maxlen=0).extend  # runs an iterator of calls in C
+_request_id_of, _walk_of, _inputs_of = attrgetter("request_id"), attrgetter("walk"), attrgetter("inputs")
+_is_partial_of, _params_of = attrgetter("is_partial"), attrgetter("params")
+_history_of, _last_token_of, _num_sampled_of = attrgetter("history"), attrgetter("last_token"), attrgetter("num_sampled")
+_temperature_of, _stop_tokens_of, _max_tokens_of = (attrgetter("temperature"), attrgetter("stop_tokens"),
+                                                    attrgetter("max_tokens"))
+_first, _second = itemgetter(0), itemgetter(1)
+_NOT_AHEAD = (None, -1)  # a row the step launched ahead does not hold: (walk, index there)
+
+
+class TokenRows(list):
+    """A step's `RowResult`s (the list itself) and the same answer in columns: `token_ids` (int64,
+    one a row, in step order) and `stop_rows` (indices of the rows with is_stop), which the
+    engine returns as `StepResult.token_ids` and `stop_rows` without reading the rows again."""
+
+    token_ids: np.ndarray
+    stop_rows: list[int]
+
+
+@dataclass
+class SteadyRows:
+    """A steady step's columns, in step order (module docstring)."""
+
+    request_ids: list[str]
+    requests: list[RequestState]
+    walk: str
+    facts: "_CallFacts"
+    keys: list[SeqKey]  # each row's KV sequence
+    num_cached: np.ndarray  # int64: positions written before the step
+    num_held: np.ndarray  # int64: positions the row's pages hold
+    slots: list[int]  # row slots (the device token table)
+    fed: list[list[int]]  # the token each row feeds (its request's last token; the device holds it too)
+
+
+def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]]
+                ) -> Optional[SteadyRows]:
+    """The step's columns when every row is steady (module docstring), else None. Reads only."""
+    if not rows or runner.slots is not None or runner.offload is not None:
+        return None
+    step_rows, calls, requests = zip(*rows)
+    if len(set(map(id, calls))) != 1:
+        return None
+    facts = runner._facts_of(calls[0])
+    if facts.is_image_flow or not facts.outputs or not all(map(_second, facts.outputs)) or not facts.inputs:
+        return None
+    name, is_loop_back, _ = facts.inputs[0]  # `_prepare` feeds the loop-back when the row has no value
+    num_rows, node = len(rows), runner.node.name
+    if (not is_loop_back or any(map(_is_partial_of, step_rows))
+            or list(map(dict.get, map(_inputs_of, step_rows), repeat(name))).count(None) != num_rows):
+        return None
+    fed = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
+    if None in fed or set(map(len, fed)) != {1} or not all(map(dict.__contains__, map(_history_of, requests),
+                                                                  repeat(node))):
+        return None
+    ids = list(map(_request_id_of, step_rows))
+    slots = list(map(runner._row_slots.get, ids))
+    pool, admission = runner.pool, runner.admission
+    if (len(set(ids)) != num_rows or None in slots or not all(map(admission.budgets.__contains__, ids))
+            or pool.num_free_pages < admission.num_outstanding):
+        return None
+    keys = list(zip(ids, repeat(runner.guidance.first)))
+    extents = pool.extents_of(keys)
+    if extents is None or int(extents[0].max()) + 1 > runner.max_seq_len:
+        return None  # (a row past max_seq_len gets its error on the per-row path)
+    return SteadyRows(ids, list(requests), step_rows[0].walk, facts, keys, extents[0], extents[1],
+                      slots, list(map(list, fed)))  # type: ignore[arg-type]
+
+
+def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
+                 is_partial_ok: bool, worker: int) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
+    """`DecoderRunner.start` for a steady step (its route and bucket already set on the runner):
+    admit the rows that need a page, claim what the step launched ahead holds, launch the rest,
+    commit every row's KV length; returns (results now, rows short of memory, finish)."""
+    keep = np.ones(len(rows), dtype=bool)
+    failed: list[str] = []
+    needy = np.flatnonzero(steady.num_cached >= steady.num_held).tolist()
+    if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
+        items = [runner._prepare(*rows[index]) for index in needy]
+        granted, failed = runner._admit(items, [], is_partial_ok)
+        if failed and not is_partial_ok:
+            return [], failed, list
+        is_granted = {id(item) for item in granted}
+        for index, item in zip(needy, items):
+            keep[index] = id(item) in is_granted
+    if not keep.all():
+        steady = _take(steady, keep)
+    ids, slots, walk = steady.request_ids, steady.slots, steady.walk
+    ahead = runner._ahead.pop(worker, None)
+    claimed = np.zeros(len(ids), dtype=bool)
+    there = np.zeros(0, dtype=np.int64)
+    if ahead is not None:
+        found = list(map(ahead.rows.get, ids, repeat(_NOT_AHEAD)))
+        claimed = np.fromiter(map(eq, map(_first, found), repeat(walk)), dtype=bool, count=len(ids))
+        there = np.fromiter(map(_second, found), dtype=np.int64, count=len(ids))[claimed]
+        runner.num_claimed_rows += int(there.shape[0])
+        if len(set(there.tolist())) != len(ahead.slots):  # some rows it ran are nobody's now
+            runner._restore_unclaimed(ahead, set(compress(ids, claimed)))
+    fresh = np.flatnonzero(~claimed)
+    pending = None
+    if fresh.shape[0]:
+        key_glue = runner._key_glue(worker, [walk])
+        walk_index = key_glue.constants.walks.index(walk) if key_glue is not None else 0
+        fresh_rows = fresh.tolist()
+        pick = itemgetter(*fresh_rows) if len(fresh_rows) > 1 else (lambda seq: (seq[fresh_rows[0]],))
+        keys = list(pick(steady.keys))
+        specs = list(map(RowSpec, repeat(None), steady.num_cached[fresh].tolist(), runner.pool.page_tables_of(keys),
+                         pick(slots), repeat(walk in runner._decode_walks), repeat(walk_index)))
+        pending = runner.executor.launch(specs, sampling_of(runner, list(pick(steady.requests))),
+                                         *runner._step_bucket, route=runner._route, glue=key_glue)
+    runner.pool.commit_one_each(steady.keys)
+    runner._last_rows[worker] = set(ids)
+
+    def finish() -> list[RowResult]:
+        tokens = np.empty(len(ids), dtype=np.int64)
+        if pending is not None:
+            tokens[fresh] = runner.executor.collect(pending)
+        if there.shape[0]:
+            assert ahead is not None
+            tokens[claimed] = np.asarray(ahead.collect(runner.executor), dtype=np.int64)[there]
+        return _token_outputs(runner, steady, tokens)
+    return [], failed, finish
+
+
+def _take(steady: SteadyRows, keep: np.ndarray) -> SteadyRows:
+    """The columns of the kept rows (those the admission policy let run), in step order."""
+    pick = keep.tolist()
+    return SteadyRows(list(compress(steady.request_ids, pick)), list(compress(steady.requests, pick)), steady.walk,
+                      steady.facts, list(compress(steady.keys, pick)), steady.num_cached[keep], steady.num_held[keep],
+                      list(compress(steady.slots, pick)), list(compress(steady.fed, pick)))
+
+
+def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0):
+    """`runner._sampling`, with the all-greedy answer (None) found without Python work per row."""
+    if not any(map(_temperature_of, map(_params_of, requests))):
+        return None
+    return runner._sampling(requests, num_uncollected)
+
+
+def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.ndarray) -> TokenRows:
+    """`_token_outputs` of every row at once: the fed tokens join the histories, the sampled
+    counts and last tokens move on, the stop check runs over the column; one `RowResult` a row."""
+    node, requests = runner.node.name, steady.requests
+    token_list = tokens.tolist()
+    _consume(map(list.extend, map(dict.__getitem__, map(_history_of, requests), repeat(node)), steady.fed))
+    counters = list(map(_num_sampled_of, requests))
+    num_sampled = np.fromiter(map(dict.get, counters, repeat(node), repeat(0)), dtype=np.int64,
+                              count=len(requests)) + 1
+    _consume(map(dict.__setitem__, counters, repeat(node), num_sampled.tolist()))
+    _consume(map(dict.__setitem__, map(_last_token_of, requests), repeat(node), map(list, zip(token_list))))
+    params = list(map(_params_of, requests))
+    # max_tokens None reads as NaN: no count reaches it
+    max_tokens = np.array(list(map(_max_tokens_of, params)), dtype=np.float64)
+    is_stop = num_sampled >= max_tokens
+    is_stop |= np.fromiter(map(contains, map(_stop_tokens_of, params), token_list), dtype=bool, count=len(params))
+    if runner.stop_tokens:
+        is_stop |= np.fromiter(map(runner.stop_tokens.__contains__, token_list), dtype=bool, count=len(params))
+    # each output its own `[token]` list, as the per-row path builds them
+    outputs = map(dict, zip(*[zip(repeat(name), map(list, zip(token_list))) for name, _ in steady.facts.outputs]))
+    results = TokenRows(map(RowResult, steady.request_ids, outputs, is_stop.tolist()))
+    results.token_ids, results.stop_rows = tokens, np.flatnonzero(is_stop).tolist()
+    return results
+
+
+def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
+                     rows: list[tuple[str, str, CallInfo, RequestState]]) -> bool:
+    """`GpuDecoderRunner.prelaunch` in columns, for rows of one call whose requests are distinct,
+    sampled in the worker's latest step, hold row slots and KV sequences; False (nothing done)
+    for other rows, which the per-row path takes. Rows past max_seq_len or whose next page the
+    admission policy refuses are left out, as there."""
+    if not rows or runner.offload is not None or runner.slots is not None:
+        return False
+    ids, walks, calls, requests = zip(*rows)
+    last = runner._last_rows.get(worker, set())
+    if len(set(map(id, calls))) != 1 or len(set(ids)) != len(ids) or not last.issuperset(ids):
+        return False
+    slots = list(map(runner._row_slots.get, ids))
+    keys = list(zip(ids, repeat(runner.guidance.first)))
+    extents = runner.pool.extents_of(keys) if None not in slots else None
+    if extents is None:
+        return False
+    if not runner._facts_of(calls[0]).loop_backs:
+        return True  # no row loops its token back on the device: nothing runs ahead
+    num_cached, num_held = extents
+    keep = num_cached + 1 <= runner.max_seq_len
+    for index in np.flatnonzero(keep & (num_cached >= num_held)).tolist():  # rows at a page boundary, in order
+        keep[index] = runner._reserve_next(ids[index], keys[index])
+    pick = keep.tolist()
+    kept_ids = list(compress(ids, pick))
+    if not kept_ids:
+        return True
+    kept_slots, kept_requests = list(compress(slots, pick)), list(compress(requests, pick))
+    specs = list(map(RowSpec, repeat(None), num_cached[keep].tolist(),
+                     runner.pool.page_tables_of(list(compress(keys, pick))), kept_slots))
+    walk = walks[0]
+    key_glue = runner._key_glue(worker, [walk])
+    if key_glue is not None:
+        _consume(map(setattr, specs, repeat("walk_index"), repeat(key_glue.constants.walks.index(walk))))
+    # the step launched last samples first: its sample is not counted yet
+    pending = runner.executor.launch(specs, sampling_of(runner, kept_requests, num_uncollected=1), glue=key_glue)
+    runner._launched_ahead(worker, pending, dict(zip(kept_ids, zip(repeat(walk), range(len(kept_ids))))),
+                           dict(zip(kept_ids, kept_slots)), dict(zip(kept_ids, kept_requests)))
+    return True
