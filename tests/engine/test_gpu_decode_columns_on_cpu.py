@@ -129,7 +129,8 @@ def _compare(requests, concurrency, can_run_ahead, num_pages, prefix_cache) -> i
 @pytest.mark.parametrize("can_run_ahead", [True, False])
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_columns_follow_the_per_row_path(can_run_ahead, prefix_cache):
-    requests = _requests([(4 + (7 * i) % 20, 5 + (11 * i) % 30) for i in range(10)], stops=[], temperatures=[False, True])
+    requests = _requests([(4 + (7 * i) % 20, 5 + (11 * i) % 30) for i in range(10)], stops=list(range(0, 512, 9)),
+                         temperatures=[False, True])
     num_steady = _compare(requests, 6, can_run_ahead, 512, prefix_cache)
     assert num_steady > 10  # most decode steps ran in columns
 

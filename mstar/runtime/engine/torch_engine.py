@@ -445,8 +445,8 @@ class TorchEngine:
         results: list[RowResult] = []
         node, calls, requests = step.node, self.calls, self.requests
         # The rows' calls and requests looked up in C; row by row only when some lookup misses.
-        row_calls = list(map(calls.get, zip(repeat(node), map(_walk_of, step.rows))))
-        row_requests = list(map(requests.get, map(_request_id_of, step.rows)))
+        row_calls: list[Any] = list(map(calls.get, zip(repeat(node), map(_walk_of, step.rows))))
+        row_requests: list[Any] = list(map(requests.get, map(_request_id_of, step.rows)))
         rows = list(zip(step.rows, row_calls, row_requests))
         # (`is_not` in C: `None in row_calls` would run the dataclasses' `__eq__` per row)
         if runner is not None and all(map(is_not, row_calls, repeat(None))) and all(map(is_not, row_requests,
@@ -503,8 +503,8 @@ class TorchEngine:
             return
         calls, requests = self.calls, self.requests
         ids, walks = zip(*rows)  # the lookups in C; the rows some lookup misses are left out
-        row_calls = list(map(calls.get, zip(repeat(node), walks)))
-        row_requests = list(map(requests.get, ids))
+        row_calls: list[Any] = list(map(calls.get, zip(repeat(node), walks)))
+        row_requests: list[Any] = list(map(requests.get, ids))
         entries = list(zip(ids, walks, row_calls, row_requests))
         if not (all(map(is_not, row_calls, repeat(None))) and all(map(is_not, row_requests, repeat(None)))):
             entries = [entry for entry in entries if entry[2] is not None and entry[3] is not None]

@@ -30,23 +30,25 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, contains, eq, itemgetter
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.pages import SeqKey
 from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.runners.decoder import _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.step import RowResult, StepRow
 
 if TYPE_CHECKING:
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _CallFacts
 
-_consume = deque(maxlen=0).extend  # runs an iterator of calls in C
-_request_id_of, _walk_of, _inputs_of = attrgetter("request_id"), attrgetter("walk"), attrgetter("inputs")
+_consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
+_request_id_of, _inputs_of = attrgetter("request_id"), attrgetter("inputs")
 _is_partial_of, _params_of = attrgetter("is_partial"), attrgetter("params")
-_history_of, _last_token_of, _num_sampled_of = attrgetter("history"), attrgetter("last_token"), attrgetter("num_sampled")
+_history_of, _last_token_of = attrgetter("history"), attrgetter("last_token")
+_num_sampled_of = attrgetter("num_sampled")
 _temperature_of, _stop_tokens_of, _max_tokens_of = (attrgetter("temperature"), attrgetter("stop_tokens"),
                                                     attrgetter("max_tokens"))
 _first, _second = itemgetter(0), itemgetter(1)
@@ -93,12 +95,12 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
     if (not is_loop_back or any(map(_is_partial_of, step_rows))
             or list(map(dict.get, map(_inputs_of, step_rows), repeat(name))).count(None) != num_rows):
         return None
-    fed = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
+    fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
     if None in fed or set(map(len, fed)) != {1} or not all(map(dict.__contains__, map(_history_of, requests),
                                                                   repeat(node))):
         return None
     ids = list(map(_request_id_of, step_rows))
-    slots = list(map(runner._row_slots.get, ids))
+    slots: list[Any] = list(map(runner._row_slots.get, ids))
     pool, admission = runner.pool, runner.admission
     if (len(set(ids)) != num_rows or None in slots or not all(map(admission.budgets.__contains__, ids))
             or pool.num_free_pages < admission.num_outstanding):
@@ -108,7 +110,7 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
     if extents is None or int(extents[0].max()) + 1 > runner.max_seq_len:
         return None  # (a row past max_seq_len gets its error on the per-row path)
     return SteadyRows(ids, list(requests), step_rows[0].walk, facts, keys, extents[0], extents[1],
-                      slots, list(map(list, fed)))  # type: ignore[arg-type]
+                      slots, list(map(list, fed)))
 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -120,7 +122,7 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
     failed: list[str] = []
     needy = np.flatnonzero(steady.num_cached >= steady.num_held).tolist()
     if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
-        items = [runner._prepare(*rows[index]) for index in needy]
+        items: list[_Prepared] = [runner._prepare(*rows[index]) for index in needy]
         granted, failed = runner._admit(items, [], is_partial_ok)
         if failed and not is_partial_ok:
             return [], failed, list
@@ -218,7 +220,7 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     last = runner._last_rows.get(worker, set())
     if len(set(map(id, calls))) != 1 or len(set(ids)) != len(ids) or not last.issuperset(ids):
         return False
-    slots = list(map(runner._row_slots.get, ids))
+    slots: list[Any] = list(map(runner._row_slots.get, ids))
     keys = list(zip(ids, repeat(runner.guidance.first)))
     extents = runner.pool.extents_of(keys) if None not in slots else None
     if extents is None:

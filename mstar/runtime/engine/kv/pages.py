@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, is_not
-from typing import Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from mstar.runtime.engine.kv.prefix_cache import ROOT_KEY, PrefixCache, page_key
 
 SeqKey = tuple[str, str]
 _num_tokens_of, _pages_of, _is_keyed_of = attrgetter("num_tokens"), attrgetter("pages"), attrgetter("is_keyed")
-_consume = deque(maxlen=0).extend  # runs an iterator of calls in C (the columnar methods below)
+_consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C (the columns)
 
 
 @dataclass
