@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, contains, eq, itemgetter
+from operator import attrgetter, eq, itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
@@ -45,13 +45,8 @@ if TYPE_CHECKING:
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _CallFacts
 
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
-_request_id_of, _inputs_of = attrgetter("request_id"), attrgetter("inputs")
-_is_partial_of, _params_of = attrgetter("is_partial"), attrgetter("params")
-_history_of, _last_token_of = attrgetter("history"), attrgetter("last_token")
-_num_sampled_of = attrgetter("num_sampled")
-_temperature_of, _stop_tokens_of, _max_tokens_of = (attrgetter("temperature"), attrgetter("stop_tokens"),
-                                                    attrgetter("max_tokens"))
-_first, _second = itemgetter(0), itemgetter(1)
+_params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 _NOT_AHEAD = (None, -1)  # a row the step launched ahead does not hold: (walk, index there)
 
 
@@ -81,36 +76,40 @@ class SteadyRows:
 
 def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]]
                 ) -> Optional[SteadyRows]:
-    """The step's columns when every row is steady (module docstring), else None. Reads only."""
+    """The step's columns when every row is steady (module docstring), else None. Reads only.
+    One pass over the rows with no call per row (on CPython a pass of plain attribute and dict
+    reads costs about what a chain of C `map`s over the same objects does)."""
     if not rows or runner.slots is not None or runner.offload is not None:
         return None
-    step_rows, calls, requests = zip(*rows)
-    if len(set(map(id, calls))) != 1:
-        return None
-    facts = runner._facts_of(calls[0])
+    call = rows[0][1]
+    facts = runner._facts_of(call)
     if facts.is_image_flow or not facts.outputs or not all(map(_second, facts.outputs)) or not facts.inputs:
         return None
     name, is_loop_back, _ = facts.inputs[0]  # `_prepare` feeds the loop-back when the row has no value
-    num_rows, node = len(rows), runner.node.name
-    if (not is_loop_back or any(map(_is_partial_of, step_rows))
-            or list(map(dict.get, map(_inputs_of, step_rows), repeat(name))).count(None) != num_rows):
+    if not is_loop_back:
         return None
-    fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
-    if None in fed or set(map(len, fed)) != {1} or not all(map(dict.__contains__, map(_history_of, requests),
-                                                                  repeat(node))):
-        return None
-    ids = list(map(_request_id_of, step_rows))
-    slots: list[Any] = list(map(runner._row_slots.get, ids))
+    node, budgets, row_slots = runner.node.name, runner.admission.budgets, runner._row_slots
+    ids: list[str] = []
+    slots: list[int] = []
+    fed: list[list[int]] = []
+    for row, row_call, request in rows:
+        request_id = row.request_id
+        last = request.last_token.get(node)
+        slot = row_slots.get(request_id)
+        if (row_call is not call or row.is_partial or row.inputs.get(name) is not None or last is None
+                or len(last) != 1 or node not in request.history or request_id not in budgets or slot is None):
+            return None
+        ids.append(request_id)
+        slots.append(slot)
+        fed.append(last)  # (a last token list is replaced, never changed in place)
     pool, admission = runner.pool, runner.admission
-    if (len(set(ids)) != num_rows or None in slots or not all(map(admission.budgets.__contains__, ids))
-            or pool.num_free_pages < admission.num_outstanding):
+    if len(set(ids)) != len(ids) or pool.num_free_pages < admission.num_outstanding:
         return None
     keys = list(zip(ids, repeat(runner.guidance.first)))
     extents = pool.extents_of(keys)
     if extents is None or int(extents[0].max()) + 1 > runner.max_seq_len:
         return None  # (a row past max_seq_len gets its error on the per-row path)
-    return SteadyRows(ids, list(requests), step_rows[0].walk, facts, keys, extents[0], extents[1],
-                      slots, list(map(list, fed)))
+    return SteadyRows(ids, list(map(_third, rows)), rows[0][0].walk, facts, keys, extents[0], extents[1], slots, fed)
 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -184,27 +183,27 @@ def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_un
 
 
 def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.ndarray) -> TokenRows:
-    """`_token_outputs` of every row at once: the fed tokens join the histories, the sampled
-    counts and last tokens move on, the stop check runs over the column; one `RowResult` a row."""
-    node, requests = runner.node.name, steady.requests
+    """`_token_outputs` of every row in one pass (no call per row): the fed token joins the
+    history, the sampled count and last token move on, the stop check; one `RowResult` a row."""
+    node, node_stops = runner.node.name, runner.stop_tokens
+    names = [name for name, _ in steady.facts.outputs]
     token_list = tokens.tolist()
-    _consume(map(list.extend, map(dict.__getitem__, map(_history_of, requests), repeat(node)), steady.fed))
-    counters = list(map(_num_sampled_of, requests))
-    num_sampled = np.fromiter(map(dict.get, counters, repeat(node), repeat(0)), dtype=np.int64,
-                              count=len(requests)) + 1
-    _consume(map(dict.__setitem__, counters, repeat(node), num_sampled.tolist()))
-    _consume(map(dict.__setitem__, map(_last_token_of, requests), repeat(node), map(list, zip(token_list))))
-    params = list(map(_params_of, requests))
-    # max_tokens None reads as NaN: no count reaches it
-    max_tokens = np.array(list(map(_max_tokens_of, params)), dtype=np.float64)
-    is_stop = num_sampled >= max_tokens
-    is_stop |= np.fromiter(map(contains, map(_stop_tokens_of, params), token_list), dtype=bool, count=len(params))
-    if runner.stop_tokens:
-        is_stop |= np.fromiter(map(runner.stop_tokens.__contains__, token_list), dtype=bool, count=len(params))
-    # each output its own `[token]` list, as the per-row path builds them
-    outputs = map(dict, zip(*[zip(repeat(name), map(list, zip(token_list))) for name, _ in steady.facts.outputs]))
-    results = TokenRows(map(RowResult, steady.request_ids, outputs, is_stop.tolist()))
-    results.token_ids, results.stop_rows = tokens, np.flatnonzero(is_stop).tolist()
+    results = TokenRows()
+    stop_rows: list[int] = []
+    append, stop = results.append, stop_rows.append
+    for index, (request_id, request, fed, token) in enumerate(zip(steady.request_ids, steady.requests, steady.fed,
+                                                                    token_list)):
+        request.history[node].extend(fed)
+        counts, params = request.num_sampled, request.params
+        num_sampled = counts[node] = counts.get(node, 0) + 1
+        request.last_token[node] = [token]
+        max_tokens = params.max_tokens
+        is_stop = (token in params.stop_tokens or token in node_stops
+                   or (max_tokens is not None and num_sampled >= max_tokens))
+        if is_stop:
+            stop(index)
+        append(RowResult(request_id, {name: [token] for name in names}, is_stop))
+    results.token_ids, results.stop_rows = tokens, stop_rows
     return results
 
 
