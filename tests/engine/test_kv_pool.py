@@ -102,8 +102,8 @@ def test_partial_steps_run_the_rows_that_got_memory():
 
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_page_pool_columns_answer_as_the_per_key_methods(prefix_cache):
-    """`extents_of`, `page_tables_of` and `commit_one_each` (a decode step's columns) leave the
-    pool as `extent`, `page_table` and `commit(key, 1)` one key at a time do."""
+    """A `SequenceColumn` (a decode step's sequences: lengths, page tables, `commit_one_each`)
+    leaves the pool as `extent`, `page_table` and `commit(key, 1)` one key at a time do."""
     pools = [PagePool(num_pages=12, page_size=4, prefix_cache=prefix_cache) for _ in range(2)]
     keys = [(f"r{i}", "main") for i in range(3)]
     for pool in pools:
@@ -111,15 +111,19 @@ def test_page_pool_columns_answer_as_the_per_key_methods(prefix_cache):
             assert pool.reserve(key, 4 * i + 3)
             pool.commit(key, 4 * i + 3, list(range(1, 4 * i + 4)))  # keyed pages (prefix cache)
     columns, rows = pools
-    assert columns.extents_of(keys + [("nobody", "main")]) is None
-    for _ in range(6):  # past page boundaries: grow the rows that need a page, then commit
-        written, held = columns.extents_of(keys)
-        assert list(zip(written.tolist(), held.tolist())) == [rows.extent(key) for key in keys]
+    assert columns.column(keys + [("nobody", "main")]) is None
+    for turn in range(6):  # past page boundaries: grow the rows that need a page, then commit
+        column = columns.column(keys)
+        assert column is not None
+        assert list(zip(column.num_tokens.tolist(), column.num_held.tolist())) == [rows.extent(key) for key in keys]
         for key in keys:
             assert columns.reserve(key, 1) and rows.reserve(key, 1)
-        assert columns.page_tables_of(keys) == [rows.page_table(key) for key in keys]
-        columns.commit_one_each(keys)
-        for key in keys:
-            rows.commit(key, 1)
+        assert column.page_tables() == [rows.page_table(key) for key in keys]
+        assert column.page_tables([2, 0]) == [rows.page_table(keys[2]), rows.page_table(keys[0])]
+        kept = [True, turn % 2 == 0, True]
+        column.take(kept).commit_one_each()
+        for key, is_kept in zip(keys, kept):
+            if is_kept:
+                rows.commit(key, 1)
         assert [vars(columns._seqs[key]) for key in keys] == [vars(rows._seqs[key]) for key in keys]
     assert columns.num_free_pages == rows.num_free_pages

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 import numpy as np
 
 from mstar.runtime.engine.gpu.packing import RowSpec
-from mstar.runtime.engine.kv.pages import SeqKey
+from mstar.runtime.engine.kv.pages import SequenceColumn
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.runners.decoder import _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
-_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+_last_token_of, _history_of = attrgetter("last_token"), attrgetter("history")
+_first, _second, _third, _fourth = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _NOT_AHEAD = (None, -1)  # a row the step launched ahead does not hold: (walk, index there)
 
 
@@ -67,9 +68,7 @@ class SteadyRows:
     requests: list[RequestState]
     walk: str
     facts: "_CallFacts"
-    keys: list[SeqKey]  # each row's KV sequence
-    num_cached: np.ndarray  # int64: positions written before the step
-    num_held: np.ndarray  # int64: positions the row's pages hold
+    column: SequenceColumn  # each row's KV sequence: positions written before the step, positions held
     slots: list[int]  # row slots (the device token table)
     fed: list[list[int]]  # the token each row feeds (its request's last token; the device holds it too)
 
@@ -77,8 +76,8 @@ class SteadyRows:
 def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]]
                 ) -> Optional[SteadyRows]:
     """The step's columns when every row is steady (module docstring), else None. Reads only.
-    One pass over the rows with no call per row (on CPython a pass of plain attribute and dict
-    reads costs about what a chain of C `map`s over the same objects does)."""
+    (On CPython a stage of a C `map` over the rows' objects costs about what five plain bytecodes
+    do: the checks mix one plain pass and C passes, and neither calls a function per row.)"""
     if not rows or runner.slots is not None or runner.offload is not None:
         return None
     call = rows[0][1]
@@ -88,28 +87,27 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
     name, is_loop_back, _ = facts.inputs[0]  # `_prepare` feeds the loop-back when the row has no value
     if not is_loop_back:
         return None
-    node, budgets, row_slots = runner.node.name, runner.admission.budgets, runner._row_slots
     ids: list[str] = []
-    slots: list[int] = []
-    fed: list[list[int]] = []
-    for row, row_call, request in rows:
-        request_id = row.request_id
-        last = request.last_token.get(node)
-        slot = row_slots.get(request_id)
-        if (row_call is not call or row.is_partial or row.inputs.get(name) is not None or last is None
-                or len(last) != 1 or node not in request.history or request_id not in budgets or slot is None):
+    append = ids.append
+    for row, row_call, _ in rows:  # the rows' own fields: one pass
+        if row_call is not call or row.is_partial or row.inputs.get(name) is not None:
             return None
-        ids.append(request_id)
-        slots.append(slot)
-        fed.append(last)  # (a last token list is replaced, never changed in place)
+        append(row.request_id)
+    # the requests' state: C passes (`None in` compares lists and ints here, never a dataclass)
+    node, requests = runner.node.name, list(map(_third, rows))
+    fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
+    slots: list[Any] = list(map(runner._row_slots.get, ids))
     pool, admission = runner.pool, runner.admission
-    if len(set(ids)) != len(ids) or pool.num_free_pages < admission.num_outstanding:
+    distinct = set(ids)
+    if (None in fed or None in slots or set(map(len, fed)) != {1} or len(distinct) != len(ids)
+            or not admission.budgets.keys() >= distinct
+            or not all(map(dict.__contains__, map(_history_of, requests), repeat(node)))
+            or pool.num_free_pages < admission.num_outstanding):
         return None
-    keys = list(zip(ids, repeat(runner.guidance.first)))
-    extents = pool.extents_of(keys)
-    if extents is None or int(extents[0].max()) + 1 > runner.max_seq_len:
+    column = pool.column(list(zip(ids, repeat(runner.guidance.first))))
+    if column is None or int(column.num_tokens.max()) + 1 > runner.max_seq_len:
         return None  # (a row past max_seq_len gets its error on the per-row path)
-    return SteadyRows(ids, list(map(_third, rows)), rows[0][0].walk, facts, keys, extents[0], extents[1], slots, fed)
+    return SteadyRows(ids, requests, rows[0][0].walk, facts, column, slots, fed)
 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -119,7 +117,7 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
     commit every row's KV length; returns (results now, rows short of memory, finish)."""
     keep = np.ones(len(rows), dtype=bool)
     failed: list[str] = []
-    needy = np.flatnonzero(steady.num_cached >= steady.num_held).tolist()
+    needy = np.flatnonzero(steady.column.num_tokens >= steady.column.num_held).tolist()
     if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
         items: list[_Prepared] = [runner._prepare(*rows[index]) for index in needy]
         granted, failed = runner._admit(items, [], is_partial_ok)
@@ -148,12 +146,12 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
         walk_index = key_glue.constants.walks.index(walk) if key_glue is not None else 0
         fresh_rows = fresh.tolist()
         pick = itemgetter(*fresh_rows) if len(fresh_rows) > 1 else (lambda seq: (seq[fresh_rows[0]],))
-        keys = list(pick(steady.keys))
-        specs = list(map(RowSpec, repeat(None), steady.num_cached[fresh].tolist(), runner.pool.page_tables_of(keys),
-                         pick(slots), repeat(walk in runner._decode_walks), repeat(walk_index)))
+        specs = list(map(RowSpec, repeat(None), steady.column.num_tokens[fresh].tolist(),
+                         steady.column.page_tables(fresh_rows), pick(slots), repeat(walk in runner._decode_walks),
+                         repeat(walk_index)))
         pending = runner.executor.launch(specs, sampling_of(runner, list(pick(steady.requests))),
                                          *runner._step_bucket, route=runner._route, glue=key_glue)
-    runner.pool.commit_one_each(steady.keys)
+    steady.column.commit_one_each()
     runner._last_rows[worker] = set(ids)
 
     def finish() -> list[RowResult]:
@@ -171,7 +169,7 @@ def _take(steady: SteadyRows, keep: np.ndarray) -> SteadyRows:
     """The columns of the kept rows (those the admission policy let run), in step order."""
     pick = keep.tolist()
     return SteadyRows(list(compress(steady.request_ids, pick)), list(compress(steady.requests, pick)), steady.walk,
-                      steady.facts, list(compress(steady.keys, pick)), steady.num_cached[keep], steady.num_held[keep],
+                      steady.facts, steady.column.take(pick),
                       list(compress(steady.slots, pick)), list(compress(steady.fed, pick)))
 
 
@@ -187,6 +185,8 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
     history, the sampled count and last token move on, the stop check; one `RowResult` a row."""
     node, node_stops = runner.node.name, runner.stop_tokens
     names = [name for name, _ in steady.facts.outputs]
+    # one or two outputs (the common cases): a dict literal a row, each output its own list, as before
+    width, first, second = len(names), names[0], names[-1]
     token_list = tokens.tolist()
     results = TokenRows()
     stop_rows: list[int] = []
@@ -202,7 +202,9 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
                    or (max_tokens is not None and num_sampled >= max_tokens))
         if is_stop:
             stop(index)
-        append(RowResult(request_id, {name: [token] for name in names}, is_stop))
+        outputs = ({first: [token]} if width == 1 else {first: [token], second: [token]} if width == 2
+                   else {name: [token] for name in names})
+        append(RowResult(request_id, outputs, is_stop))
     results.token_ids, results.stop_rows = tokens, stop_rows
     return results
 
@@ -215,34 +217,39 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     admission policy refuses are left out, as there."""
     if not rows or runner.offload is not None or runner.slots is not None:
         return False
-    ids, walks, calls, requests = zip(*rows)
-    last = runner._last_rows.get(worker, set())
-    if len(set(map(id, calls))) != 1 or len(set(ids)) != len(ids) or not last.issuperset(ids):
+    call, walk = rows[0][2], rows[0][1]
+    last, row_slots = runner._last_rows.get(worker, set()), runner._row_slots
+    ids: list[str] = []
+    slots: list[int] = []
+    for request_id, _, row_call, _ in rows:  # one pass, no call per row
+        slot = row_slots.get(request_id)
+        if row_call is not call or request_id not in last or slot is None:
+            return False
+        ids.append(request_id)
+        slots.append(slot)
+    label = runner.guidance.first
+    column = runner.pool.column(list(zip(ids, repeat(label)))) if len(set(ids)) == len(ids) else None
+    if column is None:
         return False
-    slots: list[Any] = list(map(runner._row_slots.get, ids))
-    keys = list(zip(ids, repeat(runner.guidance.first)))
-    extents = runner.pool.extents_of(keys) if None not in slots else None
-    if extents is None:
-        return False
-    if not runner._facts_of(calls[0]).loop_backs:
+    if not runner._facts_of(call).loop_backs:
         return True  # no row loops its token back on the device: nothing runs ahead
-    num_cached, num_held = extents
+    num_cached, num_held = column.num_tokens, column.num_held
     keep = num_cached + 1 <= runner.max_seq_len
     for index in np.flatnonzero(keep & (num_cached >= num_held)).tolist():  # rows at a page boundary, in order
-        keep[index] = runner._reserve_next(ids[index], keys[index])
-    pick = keep.tolist()
-    kept_ids = list(compress(ids, pick))
-    if not kept_ids:
-        return True
-    kept_slots, kept_requests = list(compress(slots, pick)), list(compress(requests, pick))
-    specs = list(map(RowSpec, repeat(None), num_cached[keep].tolist(),
-                     runner.pool.page_tables_of(list(compress(keys, pick))), kept_slots))
-    walk = walks[0]
+        keep[index] = runner._reserve_next(ids[index], (ids[index], label))
+    requests = list(map(_fourth, rows))
+    if not keep.all():
+        pick = keep.tolist()
+        ids, slots, requests = (list(compress(values, pick)) for values in (ids, slots, requests))
+        if not ids:
+            return True
+        column = column.take(pick)
     key_glue = runner._key_glue(worker, [walk])
-    if key_glue is not None:
-        _consume(map(setattr, specs, repeat("walk_index"), repeat(key_glue.constants.walks.index(walk))))
+    walk_index = key_glue.constants.walks.index(walk) if key_glue is not None else 0
+    specs = list(map(RowSpec, repeat(None), column.num_tokens.tolist(), column.page_tables(), slots, repeat(False),
+                     repeat(walk_index)))
     # the step launched last samples first: its sample is not counted yet
-    pending = runner.executor.launch(specs, sampling_of(runner, kept_requests, num_uncollected=1), glue=key_glue)
-    runner._launched_ahead(worker, pending, dict(zip(kept_ids, zip(repeat(walk), range(len(kept_ids))))),
-                           dict(zip(kept_ids, kept_slots)), dict(zip(kept_ids, kept_requests)))
+    pending = runner.executor.launch(specs, sampling_of(runner, requests, num_uncollected=1), glue=key_glue)
+    runner._launched_ahead(worker, pending, dict(zip(ids, zip(repeat(walk), range(len(ids))))),
+                           dict(zip(ids, slots)), dict(zip(ids, requests)))
     return True

@@ -102,34 +102,13 @@ class PagePool:
         seq = self._seqs.get(key)
         return (seq.num_tokens, len(seq.pages) * self.page_size) if seq else (0, 0)
 
-    # Columns: the same questions for many sequences at once (a decode step's rows), each answered
-    # by C iteration over the sequences (map, numpy), with no Python work per sequence.
-
-    def extents_of(self, keys: list[SeqKey]) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """`extent` of each key as two int64 arrays (positions written, positions the pages hold);
-        None when some key has no sequence."""
-        seqs = list(map(self._seqs.get, keys))
-        if not all(map(is_not, seqs, repeat(None))):  # (`None in seqs` would run _Sequence.__eq__ per key)
+    def column(self, keys: list[SeqKey]) -> Optional["SequenceColumn"]:
+        """The sequences of `keys` (distinct) looked up once, for a decode step's columns; None when
+        some key has no sequence."""
+        found: list[Any] = list(map(self._seqs.get, keys))
+        if not all(map(is_not, found, repeat(None))):  # (`None in found` would run _Sequence.__eq__ per key)
             return None
-        num = len(seqs)
-        written = np.fromiter(map(_num_tokens_of, seqs), dtype=np.int64, count=num)
-        held = np.fromiter(map(len, map(_pages_of, seqs)), dtype=np.int64, count=num) * self.page_size
-        return written, held
-
-    def page_tables_of(self, keys: list[SeqKey]) -> list[list[int]]:
-        """`page_table` of each key (copies), for keys that have sequences."""
-        return list(map(list, map(_pages_of, map(self._seqs.__getitem__, keys))))
-
-    def commit_one_each(self, keys: list[SeqKey]) -> None:
-        """`commit(key, 1)` for each key (distinct, with sequences): one position written from
-        something other than a token id (a token the device looped back), so no later page of
-        these sequences is keyed for the prefix cache."""
-        seqs = list(map(self._seqs.__getitem__, keys))
-        _consume(map(setattr, seqs, repeat("num_tokens"), map(int.__add__, map(_num_tokens_of, seqs), repeat(1))))
-        if self.cache is not None:
-            keyed = list(compress(seqs, map(_is_keyed_of, seqs)))
-            _consume(map(setattr, keyed, repeat("is_keyed"), repeat(False)))
-            _consume(map(setattr, keyed, repeat("pending"), map(list, repeat((), len(keyed)))))
+        return SequenceColumn(found, self.page_size, self.cache is not None)
 
     def reserve(self, key: SeqKey, num_new_tokens: int) -> bool:
         """Grow the sequence's page table to hold `num_new_tokens` more positions.
@@ -219,3 +198,39 @@ class PagePool:
                     self.cache.release(page)
                 else:
                     self._freed.append(page)
+
+
+class SequenceColumn:
+    """Sequences of one pool read and written together (a decode step's rows, `PagePool.column`),
+    so a step looks each key up once. Valid while none of them is freed (within a step).
+    `num_tokens`: positions written, `num_held`: positions the pages hold (int64 arrays, read when
+    the column was taken; `reserve` on the pool grows the same sequences' page tables in place)."""
+
+    def __init__(self, seqs: list[_Sequence], page_size: int, is_cached: bool):
+        self._seqs, self._is_cached = seqs, is_cached
+        num = len(seqs)
+        self.num_tokens = np.fromiter(map(_num_tokens_of, seqs), dtype=np.int64, count=num)
+        self.num_held = np.fromiter(map(len, map(_pages_of, seqs)), dtype=np.int64, count=num) * page_size
+
+    def take(self, rows: list[bool]) -> "SequenceColumn":
+        """The column of the rows marked True, in order (lengths as read when this one was taken)."""
+        column = SequenceColumn.__new__(SequenceColumn)
+        column._seqs, column._is_cached = list(compress(self._seqs, rows)), self._is_cached
+        column.num_tokens, column.num_held = self.num_tokens[rows], self.num_held[rows]
+        return column
+
+    def page_tables(self, rows: Optional[list[int]] = None) -> list[list[int]]:
+        """`PagePool.page_table` of each sequence, or of the `rows` given (copies, as now)."""
+        seqs = self._seqs if rows is None else [self._seqs[row] for row in rows]
+        return list(map(list, map(_pages_of, seqs)))
+
+    def commit_one_each(self) -> None:
+        """`PagePool.commit(key, 1)` for each sequence: one position written from something other
+        than a token id (a token the device looped back), so no later page of these sequences is
+        keyed for the prefix cache."""
+        seqs = self._seqs
+        _consume(map(setattr, seqs, repeat("num_tokens"), map(int.__add__, map(_num_tokens_of, seqs), repeat(1))))
+        if self._is_cached:
+            keyed = list(compress(seqs, map(_is_keyed_of, seqs)))
+            _consume(map(setattr, keyed, repeat("is_keyed"), repeat(False)))
+            _consume(map(setattr, keyed, repeat("pending"), map(list, repeat((), len(keyed)))))
