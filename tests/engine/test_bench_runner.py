@@ -51,3 +51,15 @@ def test_failed_requests_are_named_not_taken_for_a_short_run(capsys, monkeypatch
     assert main(["bench", "runner", *SMALL, "--no-bytecodes"]) == 1
     err = capsys.readouterr().err
     assert "requests failed" in err and "the stand-in broke" in err
+
+
+def test_per_row_and_cpu_time_compare_the_runners_steps_in_one_tree(capsys):
+    """`--per-row` runs steady decode steps row by row (more bytecodes a row than the columns);
+    `--cpu-time` says which clock timed the parts."""
+    figures = {}
+    for flags in ([], ["--per-row", "--cpu-time"]):
+        assert main(["bench", "runner", *SMALL, "--json", *flags]) == 0
+        result = json.loads(capsys.readouterr().out)
+        figures[result["steps"]] = result["variants"]["ahead"]["bytecodes_per_row"]["total"]
+        assert result["clock"] == ("thread cpu" if flags else "wall")
+    assert figures["per-row"] > figures["columns"] > 0

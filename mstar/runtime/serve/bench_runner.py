@@ -16,8 +16,12 @@ from one more traced run per variant the Python bytecodes each part executes per
 does not move with the machine's speed or load (C work inside one bytecode is not counted). Runs on
 any machine; the plan's node must be one the fast path takes (`fast_path_reason`).
 
+`--per-row` turns the runner's columnar decode step off (`gpu/decode_columns.py`), so one tree
+compares both; `--cpu-time` times with the thread's CPU time (`time.thread_time`), which other
+jobs on a shared machine do not add to (they still share its caches).
+
 Usage: mstar bench runner [--plan P] [--clients N] [--prompt-len N] [--output-len N] [--rounds N]
-                          [--json] [--no-bytecodes]
+                          [--json] [--no-bytecodes] [--per-row] [--cpu-time]
 """
 from __future__ import annotations
 
@@ -96,8 +100,10 @@ def _fast_node(plan: Plan, engine: TorchEngine) -> str:
     raise BenchError("the plan has no decoder node the GPU fast path takes (gpu/runner.py fast_path_reason)")
 
 
-def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int) -> tuple[TorchEngine, GpuDecoderRunner]:
-    """A tiny-dims CPU engine whose fast-path node runs a `GpuDecoderRunner` on a `StubExecutor`."""
+def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int, is_columnar: bool = True
+                 ) -> tuple[TorchEngine, GpuDecoderRunner]:
+    """A tiny-dims CPU engine whose fast-path node runs a `GpuDecoderRunner` on a `StubExecutor`
+    (is_columnar False: its steady decode steps row by row too, `gpu/decode_columns.py`)."""
     engine = TorchEngine(plan, num_pages=num_pages)
     name = _fast_node(plan, engine)
     reference = engine.runners[name]
@@ -110,6 +116,7 @@ def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int) -> tuple[Torch
                               position=position, can_run_ahead=can_run_ahead, slots=reference.slots)
     token = next(t for t in range(1, 1 << 20) if t not in runner.stop_tokens)
     runner.executor = StubExecutor(runner.executor.max_rows, token)  # type: ignore[assignment]
+    runner.is_columnar = is_columnar
     engine.runners[name] = runner
     engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=runner.can_run_ahead)
     return engine, runner
@@ -133,8 +140,9 @@ class _Parts:
     """Wraps the engine's launch / wait / launch_ahead: per call its wall time (or, traced, its
     bytecodes), attributed to the step launched last (launch_ahead follows its step's launch)."""
 
-    def __init__(self, engine: TorchEngine, num_rows: int, counter: Optional[_Counter]):
-        self.num_rows, self.counter = num_rows, counter
+    def __init__(self, engine: TorchEngine, num_rows: int, counter: Optional[_Counter],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.num_rows, self.counter, self.clock = num_rows, counter, clock
         self.steps: list[dict[str, float]] = []  # per launched step: part -> us (or bytecodes)
         self.is_full: list[bool] = []
         for part in PARTS:
@@ -156,11 +164,12 @@ class _Parts:
                 finally:
                     sys.settrace(None)
                     entry[part] += counter.count - before
-            started = time.perf_counter()
+            clock = self.clock
+            started = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                entry[part] += (time.perf_counter() - started) * 1e6
+                entry[part] += (clock() - started) * 1e6
         return timed
 
     def _index_of(self, handle: Any) -> int:
@@ -177,8 +186,9 @@ def _one_run(plan: Plan, args, variant: str, is_traced: bool) -> dict[str, Any]:
     """One closed-loop run; per full decode step the parts' microseconds (or bytecodes when traced)."""
     page_size = next((p.page_size for p in plan.deployment.kv_pools), 16)
     num_pages = args.clients * (-(-(args.prompt_len + args.output_len + 1) // page_size) + 1)
-    engine, runner = build_engine(plan, variant == "ahead", num_pages)
-    parts = _Parts(engine, args.clients, _Counter() if is_traced else None)
+    engine, runner = build_engine(plan, variant == "ahead", num_pages, is_columnar=not args.per_row)
+    parts = _Parts(engine, args.clients, _Counter() if is_traced else None,
+                   time.thread_time if args.cpu_time else time.perf_counter)
     driver = Driver(plan, engine)
     driver.run(Workload(_requests(args), closed_concurrency=args.clients))
     failed = [r.finish_reason for r in driver.conductor.records.values() if (r.finish_reason or "").startswith("error")]
@@ -203,7 +213,9 @@ def measure(args) -> dict[str, Any]:
             timed[variant].append(p50)
             claims[variant] = (run["num_ahead_rows"], run["num_claimed_rows"])
     result: dict[str, Any] = {"plan": str(args.plan), "clients": args.clients, "prompt_len": args.prompt_len,
-                              "output_len": args.output_len, "rounds": args.rounds, "variants": {}}
+                              "output_len": args.output_len, "rounds": args.rounds, "variants": {},
+                              "steps": "per-row" if args.per_row else "columns",
+                              "clock": "thread cpu" if args.cpu_time else "wall"}
     for variant in VARIANTS:
         runs = timed[variant]
         entry: dict[str, Any] = {"p50_us_per_step": {key: float(median(r[key] for r in runs)) for key in runs[0]},
@@ -222,8 +234,9 @@ def measure(args) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     lines = [f"plan {result['plan']}: {result['clients']} clients, prompt {result['prompt_len']}, output "
-             f"{result['output_len']} tokens; device step stubbed; full decode steps of {result['clients']} rows; "
-             f"median of {result['rounds']} round(s), variants interleaved",
+             f"{result['output_len']} tokens; device step stubbed; full decode steps of {result['clients']} rows "
+             f"({result['steps']}); median of {result['rounds']} round(s), variants interleaved; "
+             f"microseconds of {result['clock']} time",
              f"{'variant':<9} {'':<14} " + " ".join(f"{p:>12}" for p in (*PARTS, "total"))]
     for variant, entry in result["variants"].items():
         p50 = entry["p50_us_per_step"]
@@ -249,6 +262,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--no-bytecodes", dest="bytecodes", action="store_false",
                         help="skip the traced runs that count bytecodes per row")
+    parser.add_argument("--per-row", action="store_true",
+                        help="run steady decode steps row by row (the runner's columns off: gpu/decode_columns.py)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with this thread's CPU time, which other jobs on the machine do not add to")
     args = parser.parse_args(argv)
     try:
         result = measure(args)
