@@ -24,7 +24,7 @@ from typing import Optional
 
 from mstar.compiler import codes
 from mstar.compiler.lower_keys import single_attention
-from mstar.compiler.lower_walks import lower_walks
+from mstar.compiler.lower_walks import lower_walks, unknown_loop_params
 from mstar.compiler.resolve import name_span
 from mstar.compiler.walk_tree import WalkTree
 from mstar.lang import ast
@@ -54,7 +54,10 @@ def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], di
                         f"{replay.source} has no capture of its own there; {why}", source_span)
             continue
         if trees is None:
-            trees = {tree.name: tree for tree in lower_walks(spec, {p.name: p.value for p in spec.params})}
+            params = {p.name: p.value for p in spec.params}
+            if unknown_loop_params(spec, params):
+                return  # a loop names an unknown param (MW104): the walks cannot be compared
+            trees = {tree.name: tree for tree in lower_walks(spec, params)}
         problem = _difference(node, replay, trees)
         if problem is not None:
             diags.error(codes.REPLAY_MISMATCH,

@@ -78,3 +78,20 @@ def test_mutations_never_raise(case):
     check_combine.run(spec, deployment, diags)
     check_roles.run(spec, diags)
     diags.render()
+
+
+def test_a_loop_naming_an_unknown_param_gets_its_diagnostic_from_every_pass():
+    """Found by the mutations above: cosmos3 with its loop count's param renamed made the capture
+    replay check lower the walks and raise a KeyError."""
+    spec_text = SPECS["cosmos3"].replace("param num_image_steps = 50", "param num_image_stepz = 50")
+    diags = Diagnostics()
+    spec = parse(spec_text, "s.mw", diags)
+    deployment = parse_deployment(CONFIGS["cosmos3"], "c.yaml", diags)
+    assert spec is not None and deployment is not None
+    resolve.run(spec, diags)
+    check_args.run(spec, diags)
+    check_graph.run(spec, diags)
+    check_deployment.run(spec, deployment, diags)
+    check_combine.run(spec, deployment, diags)
+    check_roles.run(spec, diags)
+    assert "MW104" in diags.render()
