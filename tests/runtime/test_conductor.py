@@ -226,3 +226,28 @@ def test_nested_loops_route_inner_outputs_through_the_outer_loop():
     assert ran[2][1]["y"] == [1, 4] and ran[5][1]["y"] == [8, 11]
     assert ran[6][1] == {"w": [6, 13], "z": 12}
     assert record.finish_reason == "stop" and len(record.emissions) == 1
+
+
+def test_a_request_failed_while_the_engine_takes_it_ends_once_and_never_runs():
+    """`fail` on a request being admitted (neither waiting nor active yet, e.g. a cancellation the
+    engine delivers from `add_request`) ends it with that reason; it is not started after."""
+    plan = generated("llama")
+    engine = SimEngine(plan)
+    harness = Harness(plan, engine)
+    conductor = harness.conductor
+    taken = engine.add_request
+
+    def add_request(request_id, spec):
+        reason = taken(request_id, spec)
+        if request_id == "r1":
+            conductor.fail(request_id, "cancelled")
+        return reason
+
+    engine.add_request = add_request
+    conductor.submit(Request(id="r0", prompt_tokens=[1, 2, 3], max_tokens=2))
+    record = conductor.submit(Request(id="r1", prompt_tokens=[1, 2, 3], max_tokens=2))
+    assert record.is_finished and record.finish_reason == "cancelled"
+    assert "r1" not in conductor.active and list(conductor.ended_out).count("r1") == 1
+    harness._collect()
+    harness.run()
+    assert conductor.records["r0"].finish_reason is not None and not conductor.active

@@ -231,6 +231,9 @@ class Conductor:
             record.is_refused = True
             self._finish_unadmitted(record, f"error: {reason}")
             return
+        if record.is_finished:  # failed or cancelled while the engine took it (`fail` above)
+            self.engine.end_request(request.id)
+            return
         state = _RequestState(record)
         self.active[request.id] = state
         buffers = state.buffers
@@ -563,7 +566,12 @@ class Conductor:
             return
         record = self.records.get(request_id)
         if record is not None and not record.is_finished:
-            self.waiting.remove(record)
+            # Usually waiting; a request being admitted is neither waiting nor active yet, and
+            # still ends here rather than raising (by identity: records compare by value).
+            for index, waiting in enumerate(self.waiting):
+                if waiting is record:
+                    del self.waiting[index]
+                    break
             self._finish_unadmitted(record, reason)
 
     def cancel(self, request_id: str) -> None:
