@@ -2,7 +2,9 @@
 
 For a plan's first kv node at its spec dims with random bf16 weights, in one run on one GPU:
 decode steps of 1, 8 and 64 rows at context 1024, a mixed step (63 decode rows beside one
-512-token prompt), a 16 x 1024-token prefill; beside each, its floor: the larger of (bytes the step
+512-token prompt), a 16 x 1024-token prefill, and a chunked prefill's step (40 decode rows beside
+a 216-token chunk after 0, 4096 and 7936 tokens of its prompt, with its kernels' device time and
+the attention kernels' share); beside each, its floor: the larger of (bytes the step
 must read, at the device-to-device copy bandwidth measured in this run) and (its FLOPs, at the bf16
 matmul rate measured in this run; a hybrid decoder's bytes include each row's recurrent state, read
 and written back); HF transformers' LlamaForCausalLM on the same shapes (eager
@@ -35,6 +37,9 @@ from mstar.runtime.engine.gpu.executor import StepExecutor
 
 CONTEXT = 1024
 DECODE_ROWS = (1, 8, 64)
+# A chunked prefill's step (`mstar bench kv` at budget 256): 40 decode rows beside a 216-token
+# chunk of a long prompt, at the start, the middle and the end of an 8192-token prompt.
+CHUNK_DECODE_ROWS, CHUNK_TOKENS, CHUNK_CONTEXTS = 40, 216, (0, 4096, 7936)
 
 
 def _median_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
@@ -144,12 +149,17 @@ def _profile(executor, batch: int) -> list[dict]:
             for e in events]
 
 
-def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0, "packed")) -> float:
-    """bucket: (capture family, token bucket, attention route) the plan gives the step."""
+def _engine_step(executor, rows, page_size: int, bucket: tuple = (None, 0, "packed")) -> Callable[[], object]:
+    """One whole engine step of `rows` (launch and collect); bucket: (capture family, token bucket,
+    attention route) the plan gives the step."""
     specs = _rows(executor, rows, page_size)
     family, tokens, route = bucket
     glue = executor.glue if isinstance(executor, BenchExecutor) else None
-    return _median_ms(lambda: executor.collect(executor.launch(specs, None, family, tokens, route, glue)), iters)
+    return lambda: executor.collect(executor.launch(specs, None, family, tokens, route, glue))
+
+
+def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0, "packed")) -> float:
+    return _median_ms(_engine_step(executor, rows, page_size, bucket), iters)
 
 
 def packed_bucket(plan, node, rows: list[tuple[int, int]], is_mixed: bool) -> tuple:
@@ -266,6 +276,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
             out["decode"][name]["replay_ms"] = round(_replay_ms(executor, batch, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
     _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
+    _chunk_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
     if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
         out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
                                                                    kv.page_size)))
@@ -308,6 +319,40 @@ def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, s
             if bucket[2] == "split":  # and on the packed route (one prefill call), for that ratio
                 out[key]["packed_route_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3),
                                                                     bucket[:2] + ("packed",)), 3)
+
+
+def _kernel_ms(step: Callable[[], object], num_steps: int = 5) -> tuple[float, float]:
+    """(all kernels, attention kernels) in device ms per step, summed over each step's kernels
+    under the torch profiler (so not wall time: gaps between kernels are not in it). Attention
+    kernels are FlashInfer's prefill and decode kernels, told by their names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(num_steps):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    total = sum(e.self_device_time_total for e in events)
+    attention = sum(e.self_device_time_total for e in events if "prefill" in e.key.lower() or "decode" in e.key.lower())
+    return total / num_steps / 1e3, attention / num_steps / 1e3
+
+
+def _chunk_steps(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
+                 rate: float) -> None:
+    """The steps of a chunked prefill beside decode rows (CHUNK_*), on the plan's bucket: wall time
+    as for the other steps, and where the device time goes (`_kernel_ms`), by the chunk's context."""
+    out["chunk"] = {}
+    for context in CHUNK_CONTEXTS:
+        rows = [(1, CONTEXT)] * CHUNK_DECODE_ROWS + [(CHUNK_TOKENS, context)]
+        bucket = packed_bucket(plan, node, rows, True)
+        step = _engine_step(executor, rows, page_size, bucket)
+        ms = _median_ms(step, max(iters // 4, 3))
+        kernels, attention = _kernel_ms(step)
+        out["chunk"][str(context)] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
+                                      "kernels_ms": round(kernels, 3), "attention_kernels_ms": round(attention, 3),
+                                      "token_bucket": bucket[1], "attention": bucket[2]}
 
 
 def _capture_report(plan, node, family, executor) -> dict:
@@ -439,6 +484,10 @@ def _table(result: dict) -> str:
         numpy_cells = f"{'':>17}" if numpy_ms is None else f"{numpy_ms:>10.3f}{value['glue_over_numpy']:>7.2f}"
         lines.append(f"{name:<18}{value['ms']:>10.3f}{value['floor_ms']:>10.3f}{value['ms'] / value['floor_ms']:>9.2f}"
                      f"{numpy_cells}{'' if hf is None else f'{hf:>13.3f}'}")
+    for context, value in result.get("chunk", {}).items():
+        lines.append(f"{CHUNK_DECODE_ROWS} decode rows + a {CHUNK_TOKENS}-token chunk after {context} tokens: "
+                     f"{value['ms']:.3f} ms (floor {value['floor_ms']:.3f}; kernels {value['kernels_ms']:.3f} ms, "
+                     f"attention {value['attention_kernels_ms']:.3f})")
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
     for kernel in result.get("profile", []):

@@ -1,0 +1,45 @@
+"""`mstar bench engine`'s chunked-prefill steps on the CPU, with a stand-in executor: each context
+is timed as the plan would run it (its mixed bucket and route), with the decode rows and the chunk
+at that context. The device timings themselves need a GPU (tests/gpu)."""
+from pathlib import Path
+
+import torch
+
+from mstar.plan.io import load_plan
+from mstar.runtime.engine.dims import decoder_dims
+from mstar.runtime.engine.gpu import bench
+
+PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
+
+
+class _StandIn:
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, specs, sampling, family, tokens, route, glue):
+        self.launched.append(([(s.num_tokens, s.num_cached) for s in specs], family, tokens, route))
+
+    def collect(self, pending):
+        return None
+
+
+def test_each_chunk_context_is_timed_on_the_plans_mixed_bucket(monkeypatch):
+    plan = load_plan(PLAN)
+    node = next(n for n in plan.nodes if n.engine == "kv")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_kernel_ms", lambda step, num_steps=5: (step(), (2.0, 0.5))[1])
+    shapes = bench.Shapes(decoder_dims(node, "spec"), weight_bytes=2 * 10 ** 9, matmul_params=10 ** 9)
+    executor, out = _StandIn(), {}
+    bench._chunk_steps(out, plan, node, executor, 16, 4, shapes, 4e12, 7e14)
+    assert list(out["chunk"]) == [str(c) for c in bench.CHUNK_CONTEXTS]
+    expected_bucket = bench.packed_bucket(plan, node, [(1, bench.CONTEXT)] * 40 + [(216, 0)], True)
+    for context, figures in out["chunk"].items():
+        assert (figures["token_bucket"], figures["attention"]) == expected_bucket[1:]
+        assert figures["kernels_ms"] == 2.0 and figures["attention_kernels_ms"] == 0.5
+        # the floor grows with the context the chunk attends to
+        assert figures["floor_ms"] > 0
+    floors = [out["chunk"][str(c)]["floor_ms"] for c in bench.CHUNK_CONTEXTS]
+    assert floors == sorted(floors) and floors[0] < floors[-1]
+    for rows, family, tokens, route in executor.launched:
+        assert rows[:40] == [(1, bench.CONTEXT)] * 40 and rows[40][0] == 216
+        assert rows[40][1] in bench.CHUNK_CONTEXTS and (family, tokens, route) == expected_bucket
