@@ -25,6 +25,8 @@ def test_json_counts_every_part_and_run_ahead_claims_rows(capsys):
     assert all(ahead["bytecodes_per_row"][part] > 0 for part in ("launch", "wait", "launch_ahead"))
     assert serial["bytecodes_per_row"]["launch_ahead"] == 0  # nothing launched ahead without run-ahead
     assert ahead["rows_claimed"] > 0 and serial["rows_launched_ahead"] == 0
+    slow = ahead["total_us_per_step"]
+    assert 0 < ahead["p50_us_per_step"]["total"] <= slow["p90"] <= slow["largest"]
 
 
 @pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "argument --rounds: must be between"),
