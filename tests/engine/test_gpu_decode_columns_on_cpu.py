@@ -152,3 +152,37 @@ def test_columns_under_memory_pressure(can_run_ahead):
 def test_columns_follow_the_per_row_path_on_random_workloads(lengths, concurrency, stops, temperatures,
                                                              can_run_ahead, prefix_cache, num_pages):
     _compare(_requests(lengths, stops, temperatures), concurrency, can_run_ahead, num_pages, prefix_cache)
+
+
+def test_page_boundary_rows_are_granted_in_one_pass_with_the_per_row_outcome(monkeypatch):
+    """Without run ahead every row crosses its page boundaries in the step itself: those rows'
+    pages are granted in one pass (`_grant_one_page_each`), and the run still equals the per-row
+    path's step by step (`_compare`)."""
+    from mstar.runtime.engine.gpu import decode_columns
+
+    bulk, granted = decode_columns._grant_one_page_each, [0]
+
+    def counted(runner, request_ids):
+        is_done = bulk(runner, request_ids)
+        granted[0] += len(request_ids) if is_done else 0
+        return is_done
+
+    monkeypatch.setattr(decode_columns, "_grant_one_page_each", counted)
+    requests = _requests([(14 + i % 3, 30) for i in range(6)], stops=[], temperatures=[False])
+    _compare(requests, 6, False, 512, prefix_cache=False)
+    assert granted[0] >= 6  # every request crossed a page boundary in a steady step
+
+
+def test_a_request_at_its_page_budget_goes_through_the_policy_row_by_row():
+    from mstar.runtime.engine.gpu.decode_columns import _grant_one_page_each
+
+    _, runner = _engine(True, False, 64, False)
+    admission, pool = runner.admission, runner.pool
+    admission.budgets.update({"a": 3, "b": 2})
+    admission.held.update({"a": 1, "b": 2})  # b holds its whole budget: the policy must decide
+    admission.num_outstanding = 2
+    free = pool.num_free_pages
+    assert not _grant_one_page_each(runner, ["a", "b"])
+    assert (admission.held, admission.num_outstanding, pool.num_free_pages) == ({"a": 1, "b": 2}, 2, free)
+    assert _grant_one_page_each(runner, ["a"])
+    assert (admission.held["a"], admission.num_outstanding, pool.num_free_pages) == (2, 1, free - 1)
