@@ -24,8 +24,8 @@ from typing import Optional
 
 from mstar.compiler import codes
 from mstar.compiler.lower_keys import single_attention
-from mstar.compiler.lower_walks import lower_walks, unknown_loop_params
-from mstar.compiler.resolve import name_span
+from mstar.compiler.lower_walks import lower_walks
+from mstar.compiler.resolve import iter_sections, name_span
 from mstar.compiler.walk_tree import WalkTree
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -55,7 +55,7 @@ def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], di
             continue
         if trees is None:
             params = {p.name: p.value for p in spec.params}
-            if unknown_loop_params(spec, params):
+            if _names_unknown_loop_params(spec, params):
                 return  # a loop names an unknown param (MW104): the walks cannot be compared
             trees = {tree.name: tree for tree in lower_walks(spec, params)}
         problem = _difference(node, replay, trees)
@@ -66,6 +66,14 @@ def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], di
                         name_span(replay.span, replay.walk, diags),
                         *(Note(f"a capture of {replay.source}", c.span) for c in node.captures
                           if c.walk == replay.source))
+
+
+def _names_unknown_loop_params(spec: ast.Spec, params: dict[str, int]) -> bool:
+    """Whether a walk's loop names a param (`max=`, `count=`) the spec lacks: resolve reports it
+    (MW104), and `lower_walks` cannot lower such a walk."""
+    return any(isinstance(name, str) and name not in params
+               for walk in spec.walks for section in iter_sections(walk.body) if isinstance(section, ast.Loop)
+               for name in (section.max_iters, section.count))
 
 
 def _runs_both(node: ast.NodeDecl, replay: ast.CaptureReplay, runs: dict[str, set[str]]) -> bool:

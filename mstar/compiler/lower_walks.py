@@ -194,22 +194,6 @@ def _stream_targets(spec: ast.Spec, partition_of: dict[str, str]) -> dict[tuple[
     return targets
 
 
-def _ast_loops(sections: list) -> Iterator[ast.Loop]:
-    for section in sections:
-        if isinstance(section, ast.Loop):
-            yield section
-        if not isinstance(section, ast.Call):
-            yield from _ast_loops(section.body)
-
-
-def unknown_loop_params(spec: ast.Spec, params: dict[str, int]) -> list[str]:
-    """The params a walk's loops name (`max=`, `count=`) that `params` lacks: resolve reports them
-    (MW104), and `lower_walks` cannot lower such a walk (a pass that lowers checks this first)."""
-    named = [name for walk in spec.walks for loop in _ast_loops(walk.body)
-             for name in (loop.max_iters, loop.count) if isinstance(name, str)]
-    return [name for name in named if name not in params]
-
-
 def lower_walks(spec: ast.Spec, params: dict[str, int]) -> list[WalkTree]:
     """Every walk of the spec as a section tree, in declaration order."""
     partition_of = walk_partitions(spec)
