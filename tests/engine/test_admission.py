@@ -51,3 +51,29 @@ def test_the_simulated_and_torch_engines_fail_the_same_rows():
         assert failed[0] == failed[1], rows
         seen.append(failed[0])
     assert seen == [["c"], [], ["c"], [], []]
+
+
+def _started(budgets: dict[str, int], held: dict[str, int]) -> Admission:
+    admission = Admission()
+    for request_id, budget in budgets.items():
+        admission.grant(PageNeed(request_id, held[request_id], budget))
+    return admission
+
+
+def test_one_page_each_in_one_pass_ends_as_row_by_row_or_changes_nothing():
+    cases = [({"a": 4, "b": 3, "c": 2}, {"a": 1, "b": 2, "c": 0}, ["a", "b", "c"], 10, True),
+             ({"a": 4, "b": 3}, {"a": 1, "b": 3}, ["a", "b"], 10, False),  # b holds its whole budget
+             ({"a": 4}, {"a": 1}, ["a", "z"], 10, False),  # z has not started
+             ({"a": 4, "b": 3}, {"a": 1, "b": 0}, ["a"], 5, False)]  # free pages below the claims (6)
+    for budgets, held, rows, num_free, is_one_pass in cases:
+        one_pass, row_by_row = _started(budgets, held), _started(budgets, held)
+        before = (dict(one_pass.held), one_pass.num_outstanding)
+        assert one_pass.grant_one_page_each(rows, num_free) is is_one_pass
+        if not is_one_pass:
+            assert (one_pass.held, one_pass.num_outstanding) == before
+            continue
+        needs = [PageNeed(request_id, 1, 0) for request_id in rows]
+        assert row_by_row.shortfall(needs, num_free) == []
+        for need in needs:
+            row_by_row.grant(need)
+        assert (one_pass.held, one_pass.num_outstanding) == (row_by_row.held, row_by_row.num_outstanding)

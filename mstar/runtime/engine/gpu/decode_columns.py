@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, eq, ge, itemgetter
+from operator import attrgetter, eq, itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
@@ -111,25 +111,17 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
 
 
 def _grant_one_page_each(runner: "GpuDecoderRunner", request_ids: list[str]) -> bool:
-    """The admission of steady rows at a page boundary in one pass, when the policy would pass
-    each of them: every request still holds fewer pages than its budget, and the free pages cover
-    what the started requests may still claim (`steady_rows` checked it). A row's check
-    (`Admission.shortfall`) then passes, and its grant takes one free page and one page of
-    outstanding claim, which leaves that margin as it was for the rows after it. So: the same
-    pages in the same order and the same admission state as asking row by row (the per-row
-    admission of 64 rows made every 16th step of a lockstep decode twice as long). False, with
-    nothing changed, when some request has not started or is at its budget, or the margin is gone
-    (the caller then asks row by row). Serves the step launched and the step launched ahead."""
-    admission, pool, label = runner.admission, runner.pool, runner.guidance.first
-    budgets, held = admission.budgets, admission.held
-    if (pool.num_free_pages < admission.num_outstanding or not budgets.keys() >= set(request_ids)
-            or any(map(ge, map(held.__getitem__, request_ids), map(budgets.__getitem__, request_ids)))):
+    """The pages of steady rows at a page boundary in one pass, when the admission policy would
+    pass each row (`Admission.grant_one_page_each`): the same pages in the same order and the same
+    admission state as asking row by row (the per-row admission of 64 rows made every 16th step
+    of a lockstep decode twice as long). False, with nothing changed: ask row by row. Serves the
+    step launched and the step launched ahead."""
+    pool, label = runner.pool, runner.guidance.first
+    if not runner.admission.grant_one_page_each(request_ids, pool.num_free_pages):
         return False
     for request_id in request_ids:
-        held[request_id] += 1
         if not pool.reserve((request_id, label), 1):
             raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
-    admission.num_outstanding -= len(request_ids)
     return True
 
 

@@ -17,6 +17,7 @@ keeps its own count of what each started request holds, so a step costs O(rows),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import ge
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,22 @@ class Admission:
         budget, held = self.budgets[request_id], self.held[request_id]
         self.held[request_id] = held + need.num_pages
         self.num_outstanding += max(0, budget - held - need.num_pages) - max(0, budget - held)
+
+    def grant_one_page_each(self, request_ids: list[str], num_free_pages: int) -> bool:
+        """`shortfall` then `grant` of one page for each of these rows, in one pass, when every row
+        would pass: each request started and holds fewer pages than its budget, and the free pages
+        cover what the started requests may still claim. A row's check then passes and its grant
+        takes one free page and one page of outstanding claim, which leaves that margin as it was
+        for the rows after it, so the end state is the row-by-row one. False, with nothing
+        changed, otherwise (ask row by row)."""
+        budgets, held = self.budgets, self.held
+        if (num_free_pages < self.num_outstanding or not budgets.keys() >= set(request_ids)
+                or any(map(ge, map(held.__getitem__, request_ids), map(budgets.__getitem__, request_ids)))):
+            return False
+        for request_id in request_ids:
+            held[request_id] += 1
+        self.num_outstanding -= len(request_ids)
+        return True
 
     def release(self, request_id: str) -> int:
         """The request ended; returns the pages it held (the engine frees them in its pool)."""
