@@ -25,7 +25,7 @@ from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
 from mstar.runtime.engine.models.layers import RMSNorm
-from mstar.runtime.engine.weights import WeightsError, param_seed
+from mstar.runtime.engine.weights import WeightsError, param_seed, random_matrix
 
 __all__ = ["build_decoder", "unsupported_reason"]
 
@@ -70,7 +70,7 @@ def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *
         model = Decoder(dims)
     embeddings = {name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
     generator = torch.Generator(device=device) if is_fast_random else None
-    host_draws: list[tuple[torch.Tensor, int, float]] = []
+    host_draws: list[tuple[torch.Tensor, str, bool]] = []  # (parameter, its name, is an embedding)
     for module_name, module in model.named_modules():
         for name, meta in list(module.named_parameters(recurse=False)):
             full = f"{module_name}.{name}" if module_name else name
@@ -80,30 +80,26 @@ def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *
                 if start is None:
                     raise WeightsError(f"parameter {full}: no start value on the GPU fast path")
                 value.fill_(start)
+            elif generator is not None:
+                generator.manual_seed(param_seed(seed, position, full))
+                value.normal_(0.0, 1.0 if module_name in embeddings else meta[0].numel() ** -0.5, generator=generator)
             else:
-                std = 1.0 if module_name in embeddings else meta[0].numel() ** -0.5
-                if generator is not None:
-                    generator.manual_seed(param_seed(seed, position, full))
-                    value.normal_(0.0, std, generator=generator)
-                else:
-                    host_draws.append((value, param_seed(seed, position, full), std))
+                host_draws.append((value, full, module_name in embeddings))
             module._parameters[name] = nn.Parameter(value, requires_grad=False)
-    _draw_on_host(host_draws)
+    _draw_on_host(host_draws, seed, position)
     if weights_dir is not None:
         _load_checkpoint(model, weights_dir, dims.is_tied_embeddings, device)
     return model
 
 
-def _draw_on_host(draws: list[tuple[torch.Tensor, int, float]]) -> None:
-    """Fill each (device tensor, seed, std) with the CPU reference's values (`weights.random_matrix`:
-    N(0, std^2) from a host generator seeded per parameter), on a few threads: the host generator
-    is serial, so a spec-size model (1.2 B values) took 15-80 s on one core; each parameter keeps
-    its own generator, so the values do not depend on the threads. At most `_HOST_DRAW_THREADS`
-    host copies exist at a time."""
-    def draw(item: tuple[torch.Tensor, int, float]) -> None:
-        value, param_seed_value, std = item
-        host = torch.Generator().manual_seed(param_seed_value)
-        value.copy_(torch.randn(value.shape, generator=host).mul_(std))
+def _draw_on_host(draws: list[tuple[torch.Tensor, str, bool]], seed: int, position: int) -> None:
+    """Fill each (device tensor, parameter name, is an embedding) with the CPU reference's values
+    (`weights.random_matrix`), on a few threads: the host generator is serial, so a spec-size
+    model (1.2 B values) took 15-80 s on one core; each parameter has its own generator, so the
+    values do not depend on the threads. At most `_HOST_DRAW_THREADS` host copies exist at a time."""
+    def draw(item: tuple[torch.Tensor, str, bool]) -> None:
+        value, name, is_embedding = item
+        value.copy_(random_matrix(name, tuple(value.shape), is_embedding, seed, position))
 
     if not draws:
         return
