@@ -34,12 +34,12 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from mstar.arg_types import POSITIVE, int_range
-from mstar.plan.schema import Plan
+from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.driver import Driver, Workload
 
@@ -47,15 +47,20 @@ DECODE_PROMPT_LEN = 16
 TAIL_STEPS = 12  # decode steps the decode rows run on after the long prompt's expected prefill
 
 
+def _with_keys(plan: Plan, key_update: Callable[[KeyPlan], KeyPlan]) -> Plan:
+    """The same plan with `key_update` applied to every worker's scheduling keys."""
+    workers = [w.model_copy(update={"keys": [key_update(k) for k in w.keys]}) for w in plan.workers]
+    return plan.model_copy(update={"workers": workers})
+
+
 def with_budget(plan: Plan, budget: Optional[int], chunk: Optional[int] = None) -> Plan:
     """The same plan with every key's token budget replaced, and the chunk size of each walk it
     cuts (`chunk`, else the budget); `None` switches both off (prompts run whole)."""
-    def key_update(key):
+    def key_update(key: KeyPlan) -> KeyPlan:
         sizes = {walk: chunk or budget for walk in key.chunk_sizes} if budget is not None else {}
         return key.model_copy(update={"token_budget": budget, "chunk_sizes": sizes})
 
-    workers = [w.model_copy(update={"keys": [key_update(k) for k in w.keys]}) for w in plan.workers]
-    return plan.model_copy(update={"workers": workers})
+    return _with_keys(plan, key_update)
 
 
 def with_route(plan: Plan, route: Optional[str]) -> Plan:
@@ -64,13 +69,12 @@ def with_route(plan: Plan, route: Optional[str]) -> Plan:
     if route is None:
         return plan
 
-    def key_update(key):
+    def key_update(key: KeyPlan) -> KeyPlan:
         mixtures = [m.model_copy(update={"attention": route}) if m.attention in ("packed", "split") else m
                     for m in key.mixtures]
         return key.model_copy(update={"mixtures": mixtures})
 
-    workers = [w.model_copy(update={"keys": [key_update(k) for k in w.keys]}) for w in plan.workers]
-    return plan.model_copy(update={"workers": workers})
+    return _with_keys(plan, key_update)
 
 
 @dataclass(frozen=True)
