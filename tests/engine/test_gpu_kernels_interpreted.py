@@ -36,7 +36,7 @@ def test_kernels_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "10 passed" in result.stdout, result.stdout[-2000:]
+    assert "25 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -52,20 +52,34 @@ def test_add_rmsnorm_matches_the_module(interpreted, is_zero_centred):
     assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
+@pytest.mark.parametrize("norm", [None, "plain", "zero_centred"])
 @pytest.mark.parametrize("rotary", [16, 8])
-def test_rope_write_kv_rotates_and_writes_the_cache(interpreted, rotary):
+def test_rope_write_kv_rotates_and_writes_the_cache(interpreted, rotary, norm):
+    """RoPE and the K/V write; with q/k norms (`QkNorm`) q and k are first normed per head as
+    `RMSNorm` does, q then a view of [query | gate] heads (a head stride of 2 D)."""
     torch.manual_seed(1)
     n, num_q, num_kv, d = 3, 4, 2, 16
-    qkv = torch.randn(n, (num_q + 2 * num_kv) * d)
-    q = qkv[:, :num_q * d].view(n, num_q, d)
-    k = qkv[:, num_q * d:(num_q + num_kv) * d].view(n, num_kv, d)
-    v = qkv[:, (num_q + num_kv) * d:].view(n, num_kv, d)
+    q_width = num_q * d * (2 if norm else 1)
+    qkv = torch.randn(n, q_width + 2 * num_kv * d)
+    if norm:
+        q = qkv[:, :q_width].view(n, num_q, 2 * d)[:, :, :d]
+    else:
+        q = qkv[:, :q_width].view(n, num_q, d)
+    k = qkv[:, q_width:q_width + num_kv * d].view(n, num_kv, d)
+    v = qkv[:, q_width + num_kv * d:].view(n, num_kv, d)
     angles = torch.rand(10, rotary // 2) * 6
     cos, sin = angles.cos(), angles.sin()
     positions = torch.tensor([7, 0, 3], dtype=torch.int32)
     slots = torch.tensor([5, 2, 9], dtype=torch.int32)
     k_cache, v_cache = torch.zeros(12, num_kv, d), torch.zeros(12, num_kv, d)
-    got_q = interpreted.rope_write_kv(q, k, v, cos, sin, positions, slots, k_cache, v_cache, rotary)
+    qk_norm = None
+    expected_q, expected_k = q, k
+    if norm:
+        q_norm, k_norm = RMSNorm(d, 1e-6, norm == "zero_centred"), RMSNorm(d, 1e-6, norm == "zero_centred")
+        q_norm.weight.data.normal_(), k_norm.weight.data.normal_()
+        qk_norm = interpreted.QkNorm(q_norm.weight.data, k_norm.weight.data, 1e-6, norm == "zero_centred")
+        expected_q, expected_k = q_norm(q).detach(), k_norm(k).detach()
+    got_q = interpreted.rope_write_kv(q, k, v, cos, sin, positions, slots, k_cache, v_cache, rotary, qk_norm)
 
     def rotate(x):
         c, s = cos[positions.long()].unsqueeze(1), sin[positions.long()].unsqueeze(1)
@@ -73,10 +87,20 @@ def test_rope_write_kv_rotates_and_writes_the_cache(interpreted, rotary):
         first, second, rest = x[..., :half], x[..., half:rotary], x[..., rotary:]
         return torch.cat([first * c - second * s, second * c + first * s, rest], dim=-1)
 
-    torch.testing.assert_close(got_q, rotate(q))
-    torch.testing.assert_close(k_cache[slots.long()], rotate(k))
+    torch.testing.assert_close(got_q, rotate(expected_q))
+    torch.testing.assert_close(k_cache[slots.long()], rotate(expected_k))
     torch.testing.assert_close(v_cache[slots.long()], v)
     assert k_cache.abs().sum() == k_cache[slots.long()].abs().sum()  # no other slot written
+
+
+def test_sigmoid_gate_matches_torch(interpreted):
+    """Qwen3.5's gated attention output: x times sigmoid of a strided [query | gate] view, bf16."""
+    torch.manual_seed(2)
+    x = torch.randn(3, 4 * 16, dtype=torch.bfloat16)
+    gate = torch.randn(3, 4, 2 * 16, dtype=torch.bfloat16)[:, :, 16:]
+    expected = x * torch.sigmoid(gate.reshape(3, -1))
+    got = interpreted.sigmoid_gate(x, gate)
+    assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
 def test_silu_mul_matches_torch(interpreted):
@@ -108,24 +132,86 @@ def test_causal_conv_matches_the_torch_gather(interpreted):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_decode_conv_step_updates_the_slots_in_place(interpreted):
-    """A decode step's conv kernel against the torch window (stored columns + the token): outputs,
-    each row's slot moved one column on, other slots untouched; two padding rows share slot 0."""
-    from mstar.runtime.engine.gpu import gdn_kernels
+def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4):
+    """A small random gated delta-net layer (2 q/k heads, grouped value heads) and its states on 6
+    slots, in `dtype` with the decay parameters in fp32 (as `device_model` builds them)."""
+    from mstar.runtime.engine.models.gdn import GatedDeltaNet
 
     torch.manual_seed(0)
-    channels, taps = 40, 4
-    state = torch.randn(6, channels, taps - 1)
+    layer = GatedDeltaNet(hidden=48, num_heads=2, key_dim=16, value_dim=32, conv_kernel=4, eps=1e-6,
+                          num_value_heads=num_value_heads)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.5 if param.dim() < 2 else param[0].numel() ** -0.5)
+    layer.to(dtype)
+    layer.A_log.data, layer.dt_bias.data = layer.A_log.data.float(), layer.dt_bias.data.float() * 3
+    states = LinearStates.zeros(1, 6, layer.conv_dim, layer.conv_kernel, layer.num_value_heads, layer.key_dim,
+                                layer.value_dim)
+    states.conv[0].normal_(0, 0.5)
+    states.ssm[0].normal_(0, 0.1)
+    return layer, states
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("block_v", [0, 16], ids=["one-block", "two-blocks"])
+@pytest.mark.parametrize("num_value_heads", [2, 4], ids=["heads", "grouped"])
+def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v, num_value_heads):
+    """The decode-only step's one kernel (conv, gates, rule, gated norm between the projections)
+    against the torch arithmetic of the same layer: outputs, the rows' conv windows and states;
+    slots of no row untouched; two padding rows on slot 0, the sink, touch nothing else."""
+    import copy
+
+    from mstar.runtime.engine.gpu import gdn_kernels
+    from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep
+
+    layer, states = _gdn_layer(dtype, num_value_heads)
+    before = LinearStates([t.clone() for t in states.conv], [t.clone() for t in states.ssm])
+    original = [states.conv[0].clone(), states.ssm[0].clone()]
     slots = torch.tensor([3, 1, 0, 0])
-    mixed = torch.randn(4, channels + 8)[:, :channels]  # a row stride, as the projection's
-    weight = torch.randn(channels, taps)
-    expected_state = state.clone()
-    window = torch.cat([state[slots[:2]], mixed[:2].unsqueeze(-1)], dim=-1)
-    expected = F.silu((window * weight).sum(-1))
-    expected_state[slots[:2]] = window[:, :, 1:]
-    got = gdn_kernels.conv_step(mixed, state, slots, weight)
-    torch.testing.assert_close(got[:2], expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state[1:], expected_state[1:], rtol=0, atol=0)  # slot 0: the sink
+    h = torch.randn(4, 48).to(dtype)
+    reference = GdnForward([copy.deepcopy(layer)], before)
+    reference.is_fused = False
+    expected = reference(0, h, LinearStep.decode(slots))
+    fused = GdnForward([layer], states)
+    proj = torch.nn.functional.linear(h, fused.weights[0])
+    value_width = layer.num_value_heads * layer.value_dim
+    mixed, z, b, a = proj.split([layer.conv_dim, value_width, layer.num_value_heads, layer.num_value_heads], dim=-1)
+    gated = gdn_kernels.decode_step(mixed, z, b, a, states.conv[0], layer.conv1d.weight[:, 0, :], layer.A_log,
+                                    layer.dt_bias, states.ssm[0], slots, layer.norm.weight, layer.eps,
+                                    layer.num_heads, block_v=block_v)
+    got = torch.nn.functional.linear(gated, layer.out_proj.weight)
+    # bf16: the interpreter rounds to bf16 by truncating (a GPU rounds to nearest), at every rounding
+    # step of the torch arithmetic, so only fp32 checks the arithmetic closely.
+    tolerance = 1e-5 if dtype == torch.float32 else 4e-2
+
+    def rel(x, y):
+        return ((x.float() - y.float()).norm() / y.float().norm()).item()
+
+    assert rel(got[:2], expected[:2]) < tolerance  # rows 2 and 3: padding
+    assert torch.equal(states.conv[0][1:], before.conv[0][1:])  # the stored columns are copies; slot 0: the sink
+    assert rel(states.ssm[0][1:], before.ssm[0][1:]) < tolerance
+    for got_state, old in zip((states.conv[0], states.ssm[0]), original):
+        for slot in (2, 4, 5):  # no row's slot
+            assert torch.equal(got_state[slot], old[slot])
+        for slot in (1, 3):
+            assert not torch.equal(got_state[slot], old[slot])
+
+
+def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
+    """A decode-only step of a gated delta-net layer on the fused path is three launches: the
+    in-projection, the one Triton kernel, out_proj (counted by `launch_count`)."""
+    from launch_count import count_launches
+
+    from mstar.runtime.engine.gpu import gdn_kernels
+    from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep
+
+    layer, states = _gdn_layer(torch.bfloat16)
+    forward = GdnForward([layer], states)
+    forward.is_fused = True
+    step = LinearStep.decode(torch.tensor([3, 1, 0, 0]))
+    h = torch.randn(4, 48).to(torch.bfloat16)
+    launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
+    assert launches == {"aten.mm": 2, "_decode_step_kernel": 1}, launches
 
 
 def test_decode_recurrent_step_matches_the_torch_rule(interpreted):
@@ -153,11 +239,13 @@ def test_decode_recurrent_step_matches_the_torch_rule(interpreted):
     torch.testing.assert_close(state, expected_state, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("is_decode", [False, True], ids=["prompts", "decode"])
 @pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
-def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid):
+def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_decode):
     """The whole step with the fused kernels (forced on, on the CPU) against the torch ops, fp32; the
     Qwen3.5 hybrid adds zero-centred norms, partial RoPE, the gated attention output and the gated
-    delta-net layers."""
+    delta-net layers (a decode-only step: their one kernel between the projections; prompts: the
+    eager step's kernels)."""
     dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
     outputs = []
     for is_fused in (False, True):
@@ -170,15 +258,26 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid):
         forward.is_fused = is_fused
         if forward.gdn is not None:  # the eager step's conv kernel too
             forward.gdn.is_fused = is_fused
-        rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
+        if is_decode:  # one token a row on some cached context
+            rows = [RowSpec([3], 5, [0], 1), RowSpec([9], 2, [1], 2)]
+            kv.data.normal_(generator=torch.Generator().manual_seed(3))
+            if states is not None:
+                for tensor in states.conv + states.ssm:
+                    tensor.normal_(0, 0.1, generator=torch.Generator().manual_seed(4))
+        else:
+            rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
         packed = pack(rows, 16, kv.dummy_page)
         data = torch.from_numpy(packed.host)
         ids, positions, slots, _, last_index, row_slot = data.split(packed.field_sizes())
         layout = forward.linear_layout(packed)
-        linear = None if layout is None else layout.on_device(torch.from_numpy(layout.host), row_slot)
+        linear = (forward.decode_step(row_slot) if layout is None
+                  else layout.on_device(torch.from_numpy(layout.host), row_slot))
         attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                               packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
-        outputs.append((forward(ids.long(), positions, slots, last_index, attend, linear), kv.data.clone()))
-    (logits, cache), (fused_logits, fused_cache) = outputs
+        logits = forward(ids.long(), positions, slots, last_index, attend, linear)
+        outputs.append((logits, kv.data.clone(), [t.clone() for t in states.conv + states.ssm] if states else []))
+    (logits, cache, recurrent), (fused_logits, fused_cache, fused_recurrent) = outputs
     torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused_cache, cache, rtol=1e-4, atol=1e-4)
+    for got, expected in zip(fused_recurrent, recurrent):  # every slot's conv window and state
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -1,6 +1,6 @@
 """The GPU fast path for a Qwen3.5 hybrid decoder on a CUDA GPU: fla-core's chunked gated delta
-rule (prompt rows), the in-place conv and recurrent kernels of decode rows and the conv of eager
-steps (`gdn_kernels.py`) against the torch arithmetic of
+rule (prompt rows), the decode step's one fused kernel, the in-place recurrent kernel of an eager
+step's decode rows and the conv of eager steps (`gdn_kernels.py`) against the torch arithmetic of
 the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (the
 rows' slots updated in place) against the eager step; greedy tokens against the CPU reference;
 and the qwen3_5 plan at spec dims on its decode graphs. Skipped without a GPU (and, for the kernel
@@ -110,6 +110,98 @@ def test_fla_kernels_match_torch_and_the_reference(counts):
     assert _rel(fla_states.conv[0], cpu_states.conv[0]) < 1e-2
 
 
+# ------------------------------------------------------------------ the decode step's one kernel
+
+
+def _decode_layer(num_heads: int, num_value_heads: int):
+    """A random layer (bf16 on the GPU, decay parameters fp32) and its fp32 CPU twin."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(hidden=256, num_heads=num_heads, key_dim=128, value_dim=128, conv_kernel=4, eps=1e-6,
+                          num_value_heads=num_value_heads)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0, 0.5 if param.dim() < 2 else param[0].numel() ** -0.5)
+    gpu = copy.deepcopy(layer).to("cuda", torch.bfloat16)
+    gpu.A_log = torch.nn.Parameter(layer.A_log.detach().cuda(), requires_grad=False)
+    gpu.dt_bias = torch.nn.Parameter(layer.dt_bias.detach().cuda(), requires_grad=False)
+    return layer, gpu
+
+
+@pytest.mark.parametrize("num_heads, num_value_heads", [(4, 4), (2, 4)], ids=["heads", "grouped"])
+def test_fused_decode_step_matches_torch_and_the_reference(num_heads, num_value_heads):
+    """A decode-only step on the one fused kernel against the torch arithmetic on the GPU (bf16
+    tolerance) and the CPU fp32 reference layer; two padding rows on slot 0 (the sink); slots of no
+    row untouched; value columns in blocks of 32 give the same result as one block."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    reference, layer = _decode_layer(num_heads, num_value_heads)
+    slots = [3, 7, 1]
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2))
+    cpu_states = _states(reference, torch.device("cpu"))
+    with torch.no_grad():
+        expected = reference(x[:3], [(i, i + 1) for i in range(3)], slots, cpu_states.conv[0], cpu_states.ssm[0])
+    slot_tensor = torch.tensor(slots + [0, 0], device="cuda")
+    results = []
+    for is_fused in (True, False):
+        states = _states(reference, torch.device("cuda"))
+        forward = GdnForward([layer], states)
+        forward.is_fused = is_fused
+        with torch.no_grad():
+            out = forward(0, x.to("cuda", torch.bfloat16), LinearStep.decode(slot_tensor))[:3]
+        torch.cuda.synchronize()
+        results.append((out, states))
+    (fused_out, fused_states), (torch_out, torch_states) = results
+    assert _rel(fused_out, torch_out) < 2e-2
+    assert _rel(fused_states.ssm[0][1:], torch_states.ssm[0][1:]) < 1e-2
+    assert torch.equal(fused_states.conv[0][1:], torch_states.conv[0][1:])  # stored columns: copies of tokens
+    assert _rel(fused_out, expected) < 3e-2
+    assert _rel(fused_states.ssm[0][1:], cpu_states.ssm[0][1:]) < 2e-2
+    untouched = _states(reference, torch.device("cuda"))
+    for got, old in ((fused_states.conv[0], untouched.conv[0]), (fused_states.ssm[0], untouched.ssm[0])):
+        for slot in (2, 4, 5, 6, 8):
+            assert torch.equal(got[slot], old[slot])
+    # The kernel alone, value columns in blocks of 32 against one block of 128, from the same states.
+    outputs = []
+    for block_v in (0, 32):
+        states = _states(reference, torch.device("cuda"))
+        proj = torch.nn.functional.linear(x.to("cuda", torch.bfloat16), GdnForward([layer], states).weights[0])
+        width = layer.num_value_heads * layer.value_dim
+        mixed, z, b, a = proj.split([layer.conv_dim, width, layer.num_value_heads, layer.num_value_heads], dim=-1)
+        outputs.append((gdn_kernels.decode_step(mixed, z, b, a, states.conv[0], layer.conv1d.weight[:, 0, :],
+                                                layer.A_log, layer.dt_bias, states.ssm[0], slot_tensor,
+                                                layer.norm.weight, layer.eps, num_heads, block_v=block_v)[:3],
+                        states.ssm[0][1:].clone()))
+    assert _rel(outputs[1][0], outputs[0][0]) < 1e-2
+    assert _rel(outputs[1][1], outputs[0][1]) < 1e-3
+
+
+def test_decode_rows_of_a_mixed_step_compute_as_in_a_decode_only_step():
+    """The same decode rows (inputs, slots, states) in a decode-only step (the fused kernel) and in
+    an eager mixed step beside a prompt (the eager conv and rule kernels, torch gates and norm):
+    outputs and the rows' slots agree within bf16 rounding, the stored windows exactly."""
+    reference, layer = _decode_layer(2, 4)
+    x = torch.randn(72, 256, generator=torch.Generator().manual_seed(5)).to("cuda", torch.bfloat16)
+    decode_slots = torch.tensor([3, 7], device="cuda")
+    results = []
+    for counts, slots in (([1, 1], [3, 7]), ([1, 70, 1], [3, 5, 7])):
+        states = _states(reference, torch.device("cuda"))
+        forward = GdnForward([layer], states)
+        layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), np.array(slots), 4)
+        slot_tensor = torch.tensor(slots, device="cuda")
+        rows = x[:2] if layout is None else torch.cat([x[:1], x[2:72], x[1:2]])
+        step = (LinearStep.decode(slot_tensor) if layout is None
+                else layout.on_device(torch.from_numpy(layout.host).cuda(), slot_tensor))
+        with torch.no_grad():
+            out = forward(0, rows, step)
+        decode_out = out if layout is None else out[[0, 71]]
+        torch.cuda.synchronize()
+        results.append((decode_out, states.conv[0][decode_slots], states.ssm[0][decode_slots]))
+    (decode_out, decode_conv, decode_ssm), (mixed_out, mixed_conv, mixed_ssm) = results
+    assert _rel(mixed_out, decode_out) < 2e-2
+    assert torch.equal(mixed_conv, decode_conv)
+    assert _rel(mixed_ssm, decode_ssm) < 1e-2
+
+
 # ------------------------------------------------------------------ the step: graphs against eager
 
 
@@ -163,6 +255,34 @@ def test_hybrid_decode_graph_replay_matches_the_eager_step():
     other = [RowSpec([9], 60, list(range(20, 24)), 2)]
     assert executor.collect(executor.launch(other)).shape == (1,)
     assert not torch.equal(states.ssm[0][2], after[len(states.conv)][2])
+
+
+@pytest.mark.parametrize("is_decode", [True, False], ids=["decode", "prompts"])
+def test_hybrid_fused_kernels_match_the_torch_ops(is_decode):
+    """The hybrid step with every fused Triton kernel (the full layers' q/k norms inside RoPE and the
+    gated output; the gated delta-net decode kernel or the eager step's kernels) against the same
+    step in torch ops (bf16, eager, fla's chunk kernel off): logits, KV pages, the rows' slots."""
+    executor, states = _executor([1, 2, 4])
+    forward, gdn = executor.forward, executor.forward.gdn
+    if is_decode:
+        rows = [RowSpec([3 + i], 40 + 9 * i, list(range(4 * i, 4 * i + 4)), 1 + 2 * i) for i in range(3)]
+    else:
+        rows = [RowSpec([3, 5, 8 + i], 9 * i, list(range(4 * i, 4 * i + 4)), 1 + 2 * i) for i in range(3)]
+    before, cache = _snapshot(states), executor.kv.data.clone()
+    kernels, results = gdn.kernels, []
+    for is_fused in (True, False):
+        _restore(states, before)
+        executor.kv.data.copy_(cache)
+        forward.is_fused, gdn.is_fused, gdn.kernels = is_fused, is_fused, None
+        with torch.no_grad():
+            logits = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))[0][:3].clone()
+        results.append((logits, executor.kv.data[:, :, :12].clone(), [t[[1, 3, 5]] for t in _snapshot(states)]))
+    forward.is_fused, gdn.is_fused, gdn.kernels = True, True, kernels
+    (fused, fused_cache, fused_slots), (plain, plain_cache, plain_slots) = results
+    assert _rel(fused, plain) < 2e-2
+    assert _rel(fused_cache, plain_cache) < 1e-2
+    for got, expected in zip(fused_slots, plain_slots):  # later layers' inputs differ by bf16 rounding
+        assert _rel(got, expected) < 2e-2
 
 
 def test_hybrid_eager_mixed_step_with_fla_matches_torch():

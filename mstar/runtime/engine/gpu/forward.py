@@ -110,12 +110,18 @@ class DecoderForward:
         x = x if delta is None else x + delta
         return x, norm(x)
 
-    def _rope_write(self, q, k, v, positions, slots, k_pages, v_pages) -> torch.Tensor:
+    def _rope_write(self, q, k, v, positions, slots, k_pages, v_pages, attn) -> torch.Tensor:
+        """q and k per-head normed (when the layer has q/k norms), rotated; k and v written into the
+        pages; returns q. Fused: one kernel (the norms inside it)."""
         d = self.dims
         if self.is_fused:
+            qk_norm = (kernels.QkNorm(attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps,
+                                      attn.q_norm.is_zero_centred) if attn.has_qk_norm else None)
             return kernels.rope_write_kv(q, k, v, self.cos, self.sin, positions, slots,
                                          k_pages.view(-1, d.num_kv_heads, d.head_dim),
-                                         v_pages.view(-1, d.num_kv_heads, d.head_dim), self.rotary)
+                                         v_pages.view(-1, d.num_kv_heads, d.head_dim), self.rotary, qk_norm)
+        if attn.has_qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         cos = self.cos[positions.long()].unsqueeze(1)
         sin = self.sin[positions.long()].unsqueeze(1)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
@@ -153,12 +159,12 @@ class DecoderForward:
             q = qkv[:, :num_q].view(n, d.num_qo_heads, d.head_dim)
         k = qkv[:, q_width:q_width + num_kv].view(n, d.num_kv_heads, d.head_dim)
         v = qkv[:, q_width + num_kv:].view(n, d.num_kv_heads, d.head_dim)
-        if attn.has_qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
         k_pages, v_pages = self.kv.pages(index)
-        q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages)
+        q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages, attn)
         out = attend(index, q, k_pages, v_pages).reshape(n, -1)
-        if gate is not None:
+        if gate is not None and self.is_fused:  # one kernel for the strided gate's copy, sigmoid and product
+            out = kernels.sigmoid_gate(out, gate)
+        elif gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))
         return F.linear(out.to(h.dtype), attn.o_proj.weight, attn.o_proj.bias)
 
@@ -194,8 +200,9 @@ class DecoderForward:
             delta = model.reduce_partial(self._mlp(index, layer.mlp, h))
         assert delta is not None, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
-            last = kernels.add_rmsnorm(x[last_index.long()], delta[last_index.long()], model.model.norm.weight,
-                                       model.model.norm.eps, model.model.norm.is_zero_centred)
+            rows = last_index.long()  # one cast for both gathers
+            last = kernels.add_rmsnorm(x[rows], delta[rows], model.model.norm.weight, model.model.norm.eps,
+                                       model.model.norm.is_zero_centred)
         else:
             last = model.model.norm((x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight)).float()

@@ -12,10 +12,13 @@ then SiLU; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) in fp32; the
 with q and k L2-normalised (q scaled by d_k^-1/2) from and back into the slot's state; a gated
 RMSNorm (plain w, times silu(z)); out_proj.
 
-On a CUDA device with Triton (`gdn_kernels.py`): the conv of an eager step's rows is one kernel;
-rows of one token (decode rows) run the conv and the rule as one kernel each, reading and writing
-each row's slot in place. Prompt rows run fla-core's `chunk_gated_delta_rule` as one varlen batch
-(`cu_seqlens`, B = 1) from and back into their slots. Elsewhere (the CPU) the same arithmetic in
+On a CUDA device with Triton (`gdn_kernels.py`): a decode-only step runs the whole layer between
+its two matrix products as one kernel (`decode_step`: conv, gates, rule and gated norm, reading and
+writing each row's slot in place), so a layer is three launches. In an eager step the conv of its
+rows is one kernel, its decode rows' rule one kernel (`recurrent_step`, in place in their slots),
+the gates and the gated norm torch ops (the same arithmetic and rounding). Prompt rows run
+fla-core's `chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`, B = 1) from and back into
+their slots. Elsewhere (the CPU) the same arithmetic in
 torch ops, decode rows on states gathered by slot and scattered back. A decode-only step
 (`LinearStep.decode`: token i is row i) reads no host memory and never synchronises, so the decode
 graphs capture it. Padding rows of a captured step carry slot 0, the sink (`kv/slots.py`), so they
@@ -153,7 +156,7 @@ class GdnForward:
         self.weights = [fuse_projections(layer) for layer in layers]
         device = states.ssm[0].device if states.ssm else torch.device("cpu")
         self.kernels = fla_kernels(device)
-        self.is_fused = gdn_kernels.available(device)  # the eager step's conv as one Triton kernel
+        self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
 
     def __call__(self, index: int, h: torch.Tensor, step: LinearStep) -> torch.Tensor:
         """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`."""
@@ -164,13 +167,15 @@ class GdnForward:
         key_width, value_width = heads * layer.key_dim, value_heads * layer.value_dim
         proj = F.linear(h, self.weights[index])
         mixed, z, b, a = proj.split([layer.conv_dim, value_width, value_heads, value_heads], dim=-1)
-        beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
-        g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
         weight = layer.conv1d.weight[:, 0, :]  # [C, K]
         rows = step.eager
-        if rows is None and self.is_fused:  # in place in the rows' slots (gdn_kernels.py)
-            conv = gdn_kernels.conv_step(mixed, conv_state, step.slots, weight)
-        elif rows is None:
+        if rows is None and self.is_fused:  # one kernel from the projection to out_proj's input (gdn_kernels.py)
+            gated = gdn_kernels.decode_step(mixed, z, b, a, conv_state, weight, layer.A_log, layer.dt_bias, ssm,
+                                            step.slots, layer.norm.weight, layer.eps, heads)
+            return F.linear(gated, layer.out_proj.weight)
+        beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
+        g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
+        if rows is None:
             conv = self._conv_decode(mixed, weight, conv_state, step.slots)
         else:
             conv = self._conv_varlen(mixed, weight, conv_state, step.slots, rows)

@@ -1,5 +1,6 @@
-"""Triton kernels of the gated delta-net layers: the causal conv over an eager step's rows, and
-a decode step's conv and gated delta rule updating the rows' recurrent slots in place.
+"""Triton kernels of the gated delta-net layers: the causal conv over an eager step's rows, an
+eager step's decode rows' gated delta rule, and a decode-only step's whole layer between its
+projections, each updating the rows' recurrent slots in place.
 
 `causal_conv` (eager steps):
 
@@ -12,20 +13,36 @@ Why: in torch ops the same conv gathers a `[T, K, C]` fp32 window tensor (1.6 GB
 prefill at Qwen3.5's 6144 channels) and reads it twice more per layer; here each token reads its K
 columns once (neighbouring tokens share them in cache) and writes its output once.
 
-`conv_step` and `recurrent_step` (rows of one token, what the decode graphs capture): each row
-reads its slot's stored conv columns and recurrent state where they live (`LinearStates`, indexed by
-the row's slot), runs one token, and writes them back in place. Why: gathering the rows' states into
-a batch, running the rule on the copy and scattering it back moves each 1 MiB state (Qwen3.5:
-16 heads x 128 x 128 fp32 a layer) four times instead of twice; at 64 rows the gather and scatter
-took 1.8 ms of a 5.8 ms step on the H200. Rows sharing a slot (padding rows on slot 0, the sink)
-race only on the sink, whose content nobody reads. The rule is fla's fused recurrent one (q and k
-L2-normalised in the kernel, q scaled by d_k^-1/2): state *= exp(g); v' = beta (v - k.state);
-state += k v'^T; out = q.state.
+`decode_step` (a decode-only step, what the decode graphs capture): everything of a gated delta-net
+layer between its two matrix products in one launch. Each program takes one row and one q/k head
+(and the value heads it serves): it reads the row's [q|k|v], z, b and a where the in-projection
+wrote them, runs the causal conv over the slot's K-1 stored columns and the token (moving the
+stored columns one on, in place), the gates (g = -exp(A_log) softplus(a + dt_bias) in fp32,
+beta = sigmoid(b)), the gated delta rule from and back into the slot's state, and the gated RMSNorm
+(norm(o) w silu(z)); it writes the `[R, HV*d_v]` input of out_proj. Why: as separate kernels and
+torch ops the same layer launched about 25 kernels in a decode step; in a CUDA graph each costs a
+few microseconds however small, which was most of a decode step (1 row: 2.2 ms against a 0.38 ms
+floor on the H200). The conv of a channel and its stored columns belong to exactly one program (a
+q/k head and its value heads together; each value head's channels once), so no program reads a
+column that another has already moved. The rounding is the torch arithmetic's (`gdn_forward.py`):
+the conv output, beta and the rule's output in the activations' dtype, the norm's steps as torch
+rounds them.
+
+`recurrent_step` (an eager step's decode rows): the rule alone, reading and writing each row's slot
+in place. Why: gathering the rows' states into a batch, running the rule on the copy and scattering
+it back moves each 1 MiB state (Qwen3.5: 16 heads x 128 x 128 fp32 a layer) four times instead of
+twice; at 64 rows the gather and scatter took 1.8 ms of a 5.8 ms step on the H200.
+
+Rows sharing a slot (padding rows on slot 0, the sink) race only on the sink, whose content nobody
+reads. The rule is fla's fused recurrent one (q and k L2-normalised in the kernel, q scaled by
+d_k^-1/2): state *= exp(g); v' = beta (v - k.state); state += k v'^T; out = q.state.
 
 `available(device)` as `kernels.py`: a CUDA device with Triton; tests run the kernel under the
 Triton interpreter on the CPU (`tests/engine/test_gpu_kernels_interpreted.py`).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -65,26 +82,6 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _conv_step_kernel(mixed_ptr, state_ptr, slots_ptr, weight_ptr, out_ptr, stride_mixed, channels,
-                          K: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < channels
-        slot = tl.load(slots_ptr + row).to(tl.int64)
-        stored = state_ptr + slot * channels * (K - 1) + cols * (K - 1)  # the slot's [C, K-1] columns
-        token = tl.load(mixed_ptr + row * stride_mixed + cols, mask=mask, other=0.0).to(tl.float32)
-        acc = token * tl.load(weight_ptr + cols * K + (K - 1), mask=mask, other=0.0).to(tl.float32)
-        previous = token  # written into the last stored column once the loop has read it
-        for back in tl.static_range(K - 1):
-            tap = K - 2 - back  # stored columns from the newest: each is read, then overwritten by the next
-            column = tl.load(stored + tap, mask=mask, other=0.0)
-            acc += column * tl.load(weight_ptr + cols * K + tap, mask=mask, other=0.0).to(tl.float32)
-            tl.store(stored + tap, previous, mask=mask)
-            previous = column
-        out = acc * tl.sigmoid(acc)
-        tl.store(out_ptr + row * channels + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
     def _recurrent_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr,
                                stride_q, stride_k, stride_v, scale, H: tl.constexpr, HV: tl.constexpr,
                                K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
@@ -112,24 +109,98 @@ if triton is not None:
         tl.store(p_state, state, mask=mask_state)
 
 
-def conv_step(mixed: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Rows of one token: silu(conv over [the slot's K-1 stored columns | the token]) `[R, C]` in
-    `mixed`'s dtype (summed in fp32); the slot's columns move one on, in place (module docstring).
-    mixed `[R, C]` (any row stride), conv_state `[S, C, K-1]` fp32, slots `[R]`, weight `[C, K]`."""
-    rows, channels = mixed.shape
-    taps = weight.shape[1]
-    out = torch.empty((rows, channels), dtype=mixed.dtype, device=mixed.device)
-    if rows == 0:
-        return out
-    if mixed.stride(1) != 1:
-        mixed = mixed.contiguous()
-    if not conv_state.is_contiguous() or conv_state.dtype != torch.float32:
-        raise ValueError("conv_step updates a contiguous fp32 conv state in place")
-    block = min(1024, triton.next_power_of_2(channels))
-    _conv_step_kernel[(rows, triton.cdiv(channels, block))](
-        mixed, conv_state, slots.contiguous(), weight.contiguous(), out, mixed.stride(0), channels, K=taps,
-        BLOCK=block, num_warps=4)
-    return out
+if triton is not None:
+    @triton.jit
+    def _conv_channels(row_ptr, window_ptr, weight_ptr, channels, mask, KW: tl.constexpr):
+        """silu(conv) of one token over `channels` (fp32), from the slot's K-1 stored columns
+        (`window_ptr`: the slot's [C, K-1]) and the token; the stored columns move one on in place."""
+        token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
+        acc = token * tl.load(weight_ptr + channels * KW + (KW - 1), mask=mask, other=0.0).to(tl.float32)
+        previous = token  # written into the last stored column once the loop has read it
+        for back in tl.static_range(KW - 1):
+            tap = KW - 2 - back  # stored columns from the newest: each is read, then overwritten by the next
+            column = tl.load(window_ptr + channels * (KW - 1) + tap, mask=mask, other=0.0)
+            acc += column * tl.load(weight_ptr + channels * KW + tap, mask=mask, other=0.0).to(tl.float32)
+            tl.store(window_ptr + channels * (KW - 1) + tap, previous, mask=mask)
+            previous = column
+        return acc * tl.sigmoid(acc)
+
+    @triton.jit
+    def _decode_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, stride_mixed, stride_z, stride_b, stride_a,
+                            conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, norm_ptr,
+                            out_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                            DV: tl.constexpr, KW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                            NV: tl.constexpr, GROUP: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        C = 2 * H * DK + HV * DV
+        slot = tl.load(slots_ptr + row).to(tl.int64)
+        row_mixed = mixed_ptr + row * stride_mixed
+        window = conv_ptr + slot * C * (KW - 1)
+        o_k = tl.arange(0, BK)
+        mask_k = o_k < DK
+        # q and k of this head: the conv output in the activations' dtype (as the torch path rounds it).
+        q = _conv_channels(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, KW)
+        k = _conv_channels(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, KW)
+        q = q.to(out_ptr.dtype.element_ty).to(tl.float32)
+        k = k.to(out_ptr.dtype.element_ty).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        for j in tl.static_range(GROUP):
+            head_v = head * GROUP + j
+            decay, beta = _gates(a_ptr + row * stride_a + head_v, b_ptr + row * stride_b + head_v, a_log_ptr + head_v,
+                                 dt_bias_ptr + head_v)
+            p_out = out_ptr + (row * HV + head_v) * DV
+            sum_squares = 0.0
+            for block in tl.static_range(NV):
+                o_v = block * BV + tl.arange(0, BV)
+                mask_v = o_v < DV
+                v = _conv_channels(row_mixed, window, conv_weight_ptr, 2 * H * DK + head_v * DV + o_v, mask_v, KW)
+                v = v.to(out_ptr.dtype.element_ty).to(tl.float32)
+                p_state = state_ptr + ((slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
+                mask_state = mask_k[:, None] & mask_v[None, :]
+                state = tl.load(p_state, mask=mask_state, other=0.0) * decay
+                v = (v - tl.sum(state * k[:, None], 0)) * beta
+                state += k[:, None] * v[None, :]
+                tl.store(p_state, state, mask=mask_state)
+                # the rule's output, rounded as the torch path's
+                o = tl.sum(state * q[:, None], 0).to(out_ptr.dtype.element_ty)
+                o32 = o.to(tl.float32)
+                sum_squares += tl.sum(tl.where(mask_v, o32 * o32, 0.0))
+                tl.store(p_out + o_v, o, mask=mask_v)
+            # The gated RMSNorm over the head's d_v outputs: the un-normed blocks are read back (the
+            # barrier makes every thread's stores visible to the program).
+            tl.debug_barrier()
+            rstd = 1.0 / tl.sqrt(sum_squares / DV + eps)
+            for block in tl.static_range(NV):
+                o_v = block * BV + tl.arange(0, BV)
+                _gated_norm(p_out + o_v, norm_ptr + o_v, z_ptr + row * stride_z + head_v * DV + o_v, o_v < DV,
+                            rstd)
+
+    @triton.jit
+    def _gates(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr):
+        """(exp(g), beta) of one row and value head: g = -exp(A_log) softplus(a + dt_bias) in fp32
+        (softplus as torch's: x past 20 stays x), beta = sigmoid(b) rounded to the activations' dtype."""
+        x = tl.load(a_ptr).to(tl.float32) + tl.load(dt_bias_ptr).to(tl.float32)
+        # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|), the last term's series where it is small
+        small = tl.exp(-tl.abs(x))
+        tail = tl.where(small < 1e-4, small - 0.5 * small * small, tl.log(1.0 + small))
+        softplus = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tail)
+        g = -tl.exp(tl.load(a_log_ptr).to(tl.float32)) * softplus
+        beta = tl.sigmoid(tl.load(b_ptr).to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
+        return tl.exp(g), beta
+
+    @triton.jit
+    def _gated_norm(p_out, p_weight, p_z, mask, rstd):
+        """out = w norm(o) silu(z) over one block of a head's outputs, in place, rounded as torch
+        rounds `w * normed.to(act) * silu(z.float()).to(act)` (act: the activations' dtype, out's)."""
+        o = tl.load(p_out, mask=mask, other=0.0).to(tl.float32)
+        normed = (o * rstd).to(p_out.dtype.element_ty).to(tl.float32)
+        weighted = tl.load(p_weight, mask=mask, other=0.0).to(tl.float32) * normed
+        weighted = weighted.to(p_out.dtype.element_ty).to(tl.float32)
+        z = tl.load(p_z, mask=mask, other=0.0).to(tl.float32)
+        gate = (z * tl.sigmoid(z)).to(p_out.dtype.element_ty).to(tl.float32)
+        tl.store(p_out, (weighted * gate).to(p_out.dtype.element_ty), mask=mask)
 
 
 def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -154,6 +225,57 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
         v.stride(0), key_dim ** -0.5, H=heads, HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         num_warps=4)
     return out
+
+
+def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
+                conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
+                slots: torch.Tensor, norm_weight: torch.Tensor, eps: float, num_heads: int,
+                block_v: int = 0) -> torch.Tensor:
+    """A decode-only step's gated delta-net layer between its projections (module docstring).
+    mixed `[R, C]` ([q|k|v]), z `[R, HV*d_v]`, b and a `[R, HV]` (each any row stride: views of the
+    in-projection's output), conv_state `[S, C, K-1]` and state `[S, HV, d_k, d_v]` fp32 (updated in
+    the rows' slots), conv_weight `[C, K]`, a_log, dt_bias `[HV]`, slots `[R]`, norm_weight `[d_v]`
+    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program holds at once (0: `_value_block`)."""
+    rows, channels = mixed.shape
+    value_heads = b.shape[1]
+    value_dim = z.shape[1] // value_heads
+    key_dim = (channels - value_heads * value_dim) // (2 * num_heads)
+    taps = conv_weight.shape[1]
+    out = torch.empty((rows, value_heads * value_dim), dtype=mixed.dtype, device=mixed.device)
+    if rows == 0:
+        return out
+    if value_heads % num_heads or 2 * num_heads * key_dim + value_heads * value_dim != channels:
+        raise ValueError(f"decode_step: {channels} channels do not split into {num_heads} q/k heads and "
+                         f"{value_heads} value heads of {value_dim}")
+    for name, x in (("mixed", mixed), ("z", z), ("b", b), ("a", a)):
+        if x.stride(1) != 1:
+            raise ValueError(f"decode_step: {name} must have contiguous columns")
+    for name, x in (("conv_state", conv_state), ("state", state)):
+        if not x.is_contiguous() or x.dtype != torch.float32:
+            raise ValueError(f"decode_step updates a contiguous fp32 {name} in place")
+    block_v = block_v or _value_block(rows * num_heads, value_dim, mixed.device)
+    block_k = triton.next_power_of_2(key_dim)
+    _decode_step_kernel[(rows, num_heads)](
+        mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), conv_state, conv_weight.contiguous(),
+        a_log, dt_bias, state, slots, norm_weight, out, key_dim ** -0.5, eps, H=num_heads, HV=value_heads,
+        DK=key_dim, DV=value_dim, KW=taps, BK=block_k, BV=block_v, NV=triton.cdiv(value_dim, block_v),
+        GROUP=value_heads // num_heads,
+        num_warps=8 if block_k * block_v >= 128 * 64 else 4)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _value_block(num_programs: int, value_dim: int, device: torch.device) -> int:
+    """Value columns a `decode_step` program holds at once. While every program has an SM of its own
+    (few rows: latency-bound), the whole head's state at once (up to 128 columns, 8 warps: all its
+    loads in flight together); with more programs than SMs, blocks of 32 (4 warps, a quarter of the
+    registers), so several programs share an SM and one's loads overlap another's arithmetic."""
+    block = 128 if num_programs <= _num_sms(device) else 32
+    return min(block, triton.next_power_of_2(value_dim))
 
 
 def causal_conv(stored: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

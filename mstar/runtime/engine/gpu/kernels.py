@@ -9,6 +9,10 @@ In and out (all on one device; activations in the model dtype, bf16 on a GPU):
   `rotary` dims of q and k by the fp32 cos/sin tables `[positions, rotary/2]` at each token's
   position (Hugging Face's rotate_half, computed in fp32), writes k and v into the cache at each
   token's flat slot (`[slots, Hkv, D]` views of the pages) and returns the rotated q `[N, Hq, D]`.
+  With `qk_norm` (`QkNorm`) q and k are first RMS-normed per head as `layers.RMSNorm` does (q may
+  then be a view with any head stride: the [query | gate] heads of Qwen3.5's q_proj).
+- `sigmoid_gate(x, gate)`: `[N, H*D]` times sigmoid(gate) `[N, H, D]` (a strided view), with torch's
+  bf16 rounding (Qwen3.5's gated attention output).
 - `silu_mul(gate_up)`: `[N, 2I] -> [N, I]`, silu(gate) * up with torch's bf16 rounding.
 
 Why: a decode step of a 16-layer model launched about 40 kernels a layer (RoPE in fp32 with
@@ -21,6 +25,7 @@ forward keeps its torch ops. Tests run them under the Triton interpreter on the 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -34,6 +39,17 @@ except ImportError:  # CPU installs without Triton keep the torch ops
 
 def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
+
+
+@dataclass
+class QkNorm:
+    """The per-head RMSNorms of q and k that `rope_write_kv` applies before rotating (Qwen3's and
+    Qwen3.5's q_norm and k_norm: one weight `[D]` each, one eps, plain or zero-centred)."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    is_zero_centred: bool
 
 
 if triton is not None:
@@ -58,10 +74,11 @@ if triton is not None:
         tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v, cos_ptr, sin_ptr, stride_cs,
-                              pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                              NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr,
-                              BLOCK_D: tl.constexpr):
+    def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, stride_q, stride_qh, stride_k, stride_v, cos_ptr, sin_ptr,
+                              stride_cs, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, q_norm_ptr,
+                              k_norm_ptr, eps, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
+                              ROTARY: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+                              IS_ZERO_CENTRED: tl.constexpr):
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         position = tl.load(pos_ptr + token).to(tl.int64)
@@ -75,11 +92,25 @@ if triton is not None:
         cos = tl.load(cos_ptr + position * stride_cs + freq, mask=is_rotated, other=1.0)
         sin = tl.load(sin_ptr + position * stride_cs + freq, mask=is_rotated, other=0.0)
         if head < NUM_Q:
-            base = q_ptr + token * stride_q + head * D
+            base = q_ptr + token * stride_q + head * stride_qh
+            norm_ptr = q_norm_ptr
         else:
             base = k_ptr + token * stride_k + (head - NUM_Q) * D
+            norm_ptr = k_norm_ptr
         x = tl.load(base + d, mask=is_dim, other=0.0).to(tl.float32)
         other = tl.load(base + partner, mask=is_rotated, other=0.0).to(tl.float32)
+        if HAS_NORM:  # the per-head q/k RMSNorm first, rounded as `layers.RMSNorm` rounds it
+            scale = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+            w = tl.load(norm_ptr + d, mask=is_dim, other=0.0).to(tl.float32)
+            w_other = tl.load(norm_ptr + partner, mask=is_rotated, other=0.0).to(tl.float32)
+            if IS_ZERO_CENTRED:
+                x = (x * scale * (1.0 + w)).to(q_out_ptr.dtype.element_ty).to(tl.float32)
+                other = (other * scale * (1.0 + w_other)).to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            else:
+                x = (w * (x * scale).to(q_out_ptr.dtype.element_ty).to(tl.float32))
+                other = (w_other * (other * scale).to(q_out_ptr.dtype.element_ty).to(tl.float32))
+                x = x.to(q_out_ptr.dtype.element_ty).to(tl.float32)
+                other = other.to(q_out_ptr.dtype.element_ty).to(tl.float32)
         rotated = tl.where(is_first, x * cos - other * sin, tl.where(is_rotated, x * cos + other * sin, x))
         if head < NUM_Q:
             tl.store(q_out_ptr + (token * NUM_Q + head) * D + d, rotated.to(q_out_ptr.dtype.element_ty),
@@ -92,6 +123,19 @@ if triton is not None:
             value = tl.load(v_ptr + token * stride_v + kv_head * D + d, mask=is_dim, other=0.0)
             tl.store(v_cache_ptr + (slot * NUM_KV + kv_head) * D + d, value.to(v_cache_ptr.dtype.element_ty),
                      mask=is_dim)
+
+    @triton.jit
+    def _sigmoid_gate_kernel(x_ptr, gate_ptr, out_ptr, stride_x, stride_g, stride_gh, D: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        d = tl.arange(0, BLOCK_D)
+        mask = d < D
+        x = tl.load(x_ptr + token * stride_x + head * D + d, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(gate_ptr + token * stride_g + head * stride_gh + d, mask=mask, other=0.0).to(tl.float32)
+        # torch rounds sigmoid(gate) to the activation dtype before the product.
+        gate = tl.sigmoid(gate).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + token * stride_x + head * D + d, (x * gate).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, width, BLOCK: tl.constexpr):
@@ -122,16 +166,33 @@ def add_rmsnorm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Te
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   positions: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  rotary: int) -> torch.Tensor:
+                  rotary: int, qk_norm: Optional[QkNorm] = None) -> torch.Tensor:
     n, num_q, d = q.shape
     num_kv = k.shape[1]
     out = torch.empty((n, num_q, d), dtype=q.dtype, device=q.device)
     if n == 0:
         return out
+    if q.stride(2) != 1 or k.stride(2) != 1 or k.stride(1) != d:
+        raise ValueError("rope_write_kv: q and k must have contiguous head dims, k contiguous heads")
+    q_weight, k_weight = (qk_norm.q_weight, qk_norm.k_weight) if qk_norm is not None else (cos, cos)
     _rope_write_kv_kernel[(n, num_q + num_kv)](
-        q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin, cos.stride(0), positions, slots, out,
-        k_cache, v_cache, NUM_Q=num_q, NUM_KV=num_kv, D=d, ROTARY=rotary, BLOCK_D=triton.next_power_of_2(d),
-        num_warps=1)
+        q, k, v, q.stride(0), q.stride(1), k.stride(0), v.stride(0), cos, sin, cos.stride(0), positions, slots, out,
+        k_cache, v_cache, q_weight, k_weight, qk_norm.eps if qk_norm is not None else 0.0, NUM_Q=num_q,
+        NUM_KV=num_kv, D=d, ROTARY=rotary, BLOCK_D=triton.next_power_of_2(d), HAS_NORM=qk_norm is not None,
+        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred, num_warps=1)
+    return out
+
+
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x `[N, H*D]` (rows contiguous) times sigmoid(gate) `[N, H, D]` (any token and head stride)."""
+    n, num_heads, d = gate.shape
+    out = torch.empty_like(x)
+    if n == 0:
+        return out
+    if x.stride(1) != 1 or gate.stride(2) != 1:
+        raise ValueError("sigmoid_gate: x and gate must have contiguous columns")
+    _sigmoid_gate_kernel[(n, num_heads)](x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), D=d,
+                                         BLOCK_D=triton.next_power_of_2(d), num_warps=1)
     return out
 
 
