@@ -111,25 +111,34 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _conv_channels(row_ptr, window_ptr, weight_ptr, channels, mask, KW: tl.constexpr):
+    def _conv_channels(row_ptr, window_ptr, weight_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
         """silu(conv) of one token over `channels` (fp32), from the slot's K-1 stored columns
-        (`window_ptr`: the slot's [C, K-1]) and the token; the stored columns move one on in place."""
+        (`window_ptr`: the slot's [C, K-1]) and the token; the stored columns move one on in place.
+
+        Every stored column is read before any is written, with a barrier between: Triton may hold
+        one channel in several threads (a 32-channel block on 4 warps), and a thread that shifted
+        a column before another read it handed that one the new value (on the GPU only: the
+        interpreter runs a program's threads as one). KP: K-1 rounded up to a power of two."""
         token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
+        taps = tl.arange(0, KP)
+        stored = window_ptr + channels[:, None] * (KW - 1) + taps[None, :]
+        is_stored = mask[:, None] & (taps[None, :] < KW - 1)
+        columns = tl.load(stored, mask=is_stored, other=0.0)
+        weights = tl.load(weight_ptr + channels[:, None] * KW + taps[None, :], mask=is_stored, other=0.0)
         acc = token * tl.load(weight_ptr + channels * KW + (KW - 1), mask=mask, other=0.0).to(tl.float32)
-        previous = token  # written into the last stored column once the loop has read it
-        for back in tl.static_range(KW - 1):
-            tap = KW - 2 - back  # stored columns from the newest: each is read, then overwritten by the next
-            column = tl.load(window_ptr + channels * (KW - 1) + tap, mask=mask, other=0.0)
-            acc += column * tl.load(weight_ptr + channels * KW + tap, mask=mask, other=0.0).to(tl.float32)
-            tl.store(window_ptr + channels * (KW - 1) + tap, previous, mask=mask)
-            previous = column
+        acc += tl.sum(columns * weights.to(tl.float32), 1)
+        # The window one on: column i takes column i + 1, the last takes the token.
+        following = tl.load(stored + 1, mask=mask[:, None] & (taps[None, :] < KW - 2), other=0.0)
+        shifted = tl.where(taps[None, :] == KW - 2, token[:, None], following)
+        tl.debug_barrier()
+        tl.store(stored, shifted, mask=is_stored)
         return acc * tl.sigmoid(acc)
 
     @triton.jit
     def _decode_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, stride_mixed, stride_z, stride_b, stride_a,
                             conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, norm_ptr,
                             out_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                            DV: tl.constexpr, KW: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                            DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                             NV: tl.constexpr, GROUP: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
@@ -140,8 +149,8 @@ if triton is not None:
         o_k = tl.arange(0, BK)
         mask_k = o_k < DK
         # q and k of this head: the conv output in the activations' dtype (as the torch path rounds it).
-        q = _conv_channels(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, KW)
-        k = _conv_channels(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, KW)
+        q = _conv_channels(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, KW, KP)
+        k = _conv_channels(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, KW, KP)
         q = q.to(out_ptr.dtype.element_ty).to(tl.float32)
         k = k.to(out_ptr.dtype.element_ty).to(tl.float32)
         q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
@@ -155,7 +164,7 @@ if triton is not None:
             for block in tl.static_range(NV):
                 o_v = block * BV + tl.arange(0, BV)
                 mask_v = o_v < DV
-                v = _conv_channels(row_mixed, window, conv_weight_ptr, 2 * H * DK + head_v * DV + o_v, mask_v, KW)
+                v = _conv_channels(row_mixed, window, conv_weight_ptr, 2 * H * DK + head_v * DV + o_v, mask_v, KW, KP)
                 v = v.to(out_ptr.dtype.element_ty).to(tl.float32)
                 p_state = state_ptr + ((slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
                 mask_state = mask_k[:, None] & mask_v[None, :]
@@ -258,7 +267,8 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     _decode_step_kernel[(rows, num_heads)](
         mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), conv_state, conv_weight.contiguous(),
         a_log, dt_bias, state, slots, norm_weight, out, key_dim ** -0.5, eps, H=num_heads, HV=value_heads,
-        DK=key_dim, DV=value_dim, KW=taps, BK=block_k, BV=block_v, NV=triton.cdiv(value_dim, block_v),
+        DK=key_dim, DV=value_dim, KW=taps, KP=triton.next_power_of_2(max(taps - 1, 1)), BK=block_k, BV=block_v,
+        NV=triton.cdiv(value_dim, block_v),
         GROUP=value_heads // num_heads,
         num_warps=8 if block_k * block_v >= 128 * 64 else 4)
     return out
