@@ -51,7 +51,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, chunk_of, classify
+from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_cut
 from mstar.runtime.step import RowResult, StepRow
 
 
@@ -260,7 +260,8 @@ class GpuDecoderRunner(DecoderRunner):
                 return _Item(row, call, request, _ONE_TOKEN, list(request.last_token[node]), writes, facts, True)
             if is_unread:
                 continue  # a mask or signal: read by no model here
-            value = classify(name, raw)
+            is_cut = row.chunk_start or row.is_partial
+            value = classify_cut(request.cut_inputs, node, name, raw) if is_cut else classify(name, raw)
             if value.kind == "tokens" and value.tensor is not None:
                 tokens = chunk_of(value.tensor, row)  # a chunk after the KV earlier chunks wrote
                 return _Item(row, call, request, _no_embeds(tokens.numel()), tokens.tolist(), writes, facts)
