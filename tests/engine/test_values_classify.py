@@ -1,0 +1,58 @@
+"""`values.classify` on lists: its fast path for a flat list of ints gives what the per-item rules
+give (flatten, then tokens only when every item is an int and none a bool), for any nesting of
+ints, bools and floats; and the prefix cache's page keys tell pages apart by every id."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from mstar.runtime.engine.kv.prefix_cache import page_key
+from mstar.runtime.engine.runners import values
+from mstar.runtime.engine.runners.values import InputError, classify
+
+ITEMS = st.one_of(st.integers(-2**40, 2**40), st.booleans(), st.floats(allow_nan=False, width=32))
+VALUES = st.recursive(st.lists(ITEMS, max_size=6), lambda inner: st.lists(st.one_of(ITEMS, inner), max_size=4),
+                      max_leaves=20)
+
+
+def _by_rules(value):
+    """The per-item rules alone (module docstring)."""
+    items = values._flatten(value)
+    if not items:
+        return ("signal", None)
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        return ("tokens", items)
+    return ("error", None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_fast_path_agrees_with_the_rules(value):
+    expected_kind, expected_ids = _by_rules(value)
+    if expected_kind == "error":
+        with pytest.raises(InputError):
+            classify("x", value)
+        return
+    got = classify("x", value)
+    assert got.kind == expected_kind
+    if expected_ids is not None:
+        assert got.tensor is not None and got.tensor.dtype == torch.long
+        assert got.tensor.tolist() == expected_ids
+
+
+def test_flat_ids_take_the_fast_path_and_bools_do_not():
+    assert values._flat_token_ids([3, 1, 2]).tolist() == [3, 1, 2]
+    assert values._flat_token_ids([3, True]) is None  # bools are not token ids
+    assert values._flat_token_ids([[3], 1]) is None  # nested: the general path flattens
+    assert values._flat_token_ids([2**70]) is None  # past int64: the general path decides
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**31), min_size=16, max_size=16), st.integers(0, 15), st.integers(1, 2**20))
+def test_page_keys_differ_when_one_id_differs(tokens, index, delta):
+    changed = list(tokens)
+    changed[index] += delta
+    assert page_key(b"", "main", tokens) != page_key(b"", "main", changed)
+    assert page_key(b"", "main", tokens) == page_key(b"", "main", list(tokens))
+    assert page_key(b"", "main", tokens) != page_key(b"", "other", tokens)
