@@ -151,5 +151,8 @@ def test_sim_counts_hits_and_a_cached_prefix_cuts_ttft():
     assert hits == [0] + [1024] * 5
     ttft = {rid: r.first_token_s - r.arrival_s for rid, r in cached.conductor.records.items()}
     ttft_off = {rid: r.first_token_s - r.arrival_s for rid, r in without.conductor.records.items()}
-    assert all(ttft[f"p{i}"] * 5 < ttft_off[f"p{i}"] for i in range(1, 6))
+    # The cached request's one step still reads every weight of the model (about 1.2 ms at this
+    # Llama-3.2-1B shape in the sim's roofline), so the cut is about 4x, as on the H200 (3.77x,
+    # docs/runtime.md); it was 15-19x under the earlier cost model, additive in tokens.
+    assert all(ttft[f"p{i}"] * 3 < ttft_off[f"p{i}"] for i in range(1, 6))
     assert cached.engine.num_pages_held() == 0

@@ -11,7 +11,8 @@ from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
 from mstar.plan.explain import explain_text
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.sim import PIECE_LAUNCH_S, SimEngine
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.engine.sim_cost import PIECE_LAUNCH_S
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import Step, StepRow
 

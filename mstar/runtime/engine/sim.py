@@ -20,24 +20,13 @@ allocation_failed (nothing ran for them, the scheduler holds them) and, with `ru
 (the default), the other rows run in the same step; without it the step runs nothing (all or
 nothing, and nothing is taken). A request that could never fit the pool is refused by add_request.
 
-Cost model, seconds per step (documented in docs/runtime.md "## Simulated engine"):
-
-    time = launch + num_rows_run * per_row + w * (num_tokens * per_token + sum_context * per_context)
-
-    (over the rows that ran; a step in which no row ran costs CAPTURED_LAUNCH_S)
-
-    launch:      CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else
-                 EAGER_LAUNCH_S; a split-attention mixed step adds SPLIT_EXTRA_S; a replay of a
-                 piecewise family (CaptureFamily.is_piecewise) adds layers * PIECE_LAUNCH_S, the
-                 eager attention of each layer and the launch of the piece after it.
-    num_rows_run: padded_batch for captured steps (padding rows cost like real ones), else rows.
-    w:           node weight = layers * hidden / (28 * 3072) for kv nodes (1 for an Orpheus-size
-                 LLM), STATELESS_WEIGHT for stateless nodes.
+Step time: `sim_cost.StepCost` (a roofline per step for kv nodes, calibrated to H200 measurements;
+a flat per-row model for stateless nodes; docs/runtime.md "## Simulated engine"), plus PAGE_MOVE_S
+per KV page moved to or from the host pool; a step in which no row ran costs CAPTURED_LAUNCH_S.
 """
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -48,21 +37,12 @@ from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
+from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
-CAPTURED_LAUNCH_S = 0.0003
-EAGER_LAUNCH_S = 0.0015
-SPLIT_EXTRA_S = 0.0002
-PIECE_LAUNCH_S = 0.00001
-PER_ROW_S = 0.00005
-PER_TOKEN_S = 0.00002
-PER_CONTEXT_S = 0.00000002
-STATELESS_WEIGHT = 0.2
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
 PAGE_MOVE_S = 0.00001  # one KV page copied between the device and the host pool
 SEQUENCE = "main"  # the simulated engine keeps one KV sequence per request and kv node
-_tokens_of = attrgetter("num_tokens")
-_context_of = attrgetter("context_len")
 
 
 class SimClock:
@@ -136,29 +116,10 @@ class SimEngine(RunsAtLaunch):
             pages = num_pages if num_pages is not None else pool.num_pages
             self.pools[pool.node] = _KvPool(PagePool(pages, pool.page_size, pool.prefix_cache == "pages"),
                                             pool.max_seq_len, Offload(pool.host_pages) if pool.host_pages else None)
-        self.weights: dict[str, float] = {}
         for node in plan.nodes:
-            if node.engine == "kv":
-                layers = node.dims.get("layers", 28)
-                hidden = node.dims.get("hidden", 3072)
-                if isinstance(layers, int) and isinstance(hidden, int):
-                    self.weights[node.name] = layers * hidden / (28 * 3072)
-                else:
-                    self.weights[node.name] = 1.0
-                if node.name not in self.pools:
-                    self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
-            else:
-                self.weights[node.name] = STATELESS_WEIGHT
-        # (worker, key, family) -> layers whose attention a replay of that piecewise family runs eagerly.
-        self.piecewise_layers: dict[tuple[int, str, str], int] = {}
-        dims = {node.name: node.dims for node in plan.nodes}
-        for worker in plan.workers:
-            for key in worker.keys:
-                layers = dims[key.node].get("layers", 1)
-                for family in key.captures:
-                    if family.is_piecewise:
-                        where = (worker.rank, key.name, family.name)
-                        self.piecewise_layers[where] = layers if isinstance(layers, int) and layers > 0 else 1
+            if node.engine == "kv" and node.name not in self.pools:
+                self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
+        self.cost = StepCost(plan)
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
         self.out_names: dict[tuple[str, str], list[str]] = {}
         for walk in plan.walks:
@@ -407,18 +368,8 @@ class SimEngine(RunsAtLaunch):
         return results, token_ids, stop_rows
 
     def step_time(self, step: Step) -> float:
-        """The cost model (module docstring)."""
-        is_captured = step.padded_batch > 0
-        launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
-        if step.attention == "split":
-            launch += SPLIT_EXTRA_S
-        if is_captured and self.piecewise_layers:
-            launch += self.piecewise_layers.get((step.worker, step.key, step.capture or ""), 0) * PIECE_LAUNCH_S
-        num_rows = step.padded_batch if is_captured else len(step.rows)
-        num_tokens = sum(map(_tokens_of, step.rows))
-        num_context = sum(map(_context_of, step.rows))
-        weight = self.weights.get(step.node, STATELESS_WEIGHT)
-        return launch + num_rows * PER_ROW_S + weight * (num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)
+        """The step's modelled seconds (sim_cost.StepCost)."""
+        return self.cost.seconds(step)
 
 
 def _placeholders(names: Sequence[str], value: int) -> dict[str, list[int]]:

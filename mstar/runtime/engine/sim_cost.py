@@ -1,0 +1,203 @@
+"""The simulated engine's step time: a roofline per step for kv nodes, a flat model for stateless ones.
+
+In: the plan, once (each kv node's dims, the piecewise capture families). Per step: a `Step` (its
+rows' tokens and contexts, capture, padding, attention route). Out: modelled seconds
+(`StepCost.seconds(step)`), in O(rows) with no allocation beyond a few floats.
+
+kv nodes (docs/runtime.md "## Simulated engine" gives the figures it was calibrated to):
+
+    time   = launch + linear + sum over rows of attention(row)
+    linear = max(mem, compute) + RIDGE_LOSS * min(mem, compute)
+             mem     = weight bytes (every matrix of the layers and the lm_head, bf16, read once a step)
+                       / READ_BANDWIDTH
+             compute = 2 * (layer parameters * tokens run + lm_head parameters * rows run) / MATMUL_RATE
+    attention(row) = max(kv bytes / READ_BANDWIDTH, attention flops / ATTENTION_RATE)
+             kv bytes = (context + tokens) * per-token KV bytes (read the context, write the new tokens)
+             flops    = 4 * heads * head_dim * full layers * keys attended, where a causal row's t new
+                        tokens after c cached attend t * c + t * (t + 1) / 2 keys (the causal halving),
+                        a bidirectional walk's t * (c + t)
+
+The linear layers' weights are read once a step whatever its rows, so decode rows beside a prompt
+chunk add little there; a decode row's attention is bound by its KV bytes, a chunk's by its flops.
+A matrix product near the ridge point reaches neither bound (RIDGE_LOSS: a 216-token chunk step's
+matrix products measured 0.36 ms above the decode step's at the same bytes). Linear and attention
+run as separate kernels, one after the other, so their times add.
+
+Tokens and rows run include the capture's padding: a packed capture runs its token bucket, a
+batched one its padded batch (padding rows cost like real ones in the matrix products; their
+attention segments are empty).
+
+launch: CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else EAGER_LAUNCH_S;
+SPLIT_EXTRA_S more for a split-attention mixed step; layers * PIECE_LAUNCH_S more for a replay of a
+piecewise family (its attention runs eagerly between the captured pieces).
+
+Dims come from the plan (`layers`, `hidden`, `qo_heads`, `kv_heads`, `head_dim`, `vocab`,
+`intermediate`, `layer_pattern`). A missing `intermediate` is 4 x hidden, the torch engine's own
+default (engine/dims.py). A node missing any other of these is costed as the reference node (the
+Orpheus-size LLM, 28 layers of hidden 3072) scaled by the node weight layers * hidden / (28 * 3072)
+(28 and 3072 where missing), the previous model's weight. Not modelled: sub-models (a depth model's
+inner steps), the linear-attention layers' recurrent state (their parameters count like a full
+layer's, their state reads not at all), tensor parallelism (each rank is costed with all weights),
+media tokens.
+
+Stateless nodes keep the flat model: launch + STATELESS_WEIGHT * (rows * PER_ROW_S +
+tokens * PER_TOKEN_S + context * PER_CONTEXT_S).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mstar.plan.node_args import layer_is_full
+from mstar.plan.schema import NodePlan, Plan
+from mstar.runtime.step import Step
+
+# Measured on one H200 (docs/engine.md): copy bandwidth 4.1-4.3 TB/s, bf16 matmul 754-792 TFLOP/s.
+COPY_BANDWIDTH = 4.15e12  # bytes/s
+# Decode replays of Llama-3.2-1B's shape read at about 0.63 of the copy bandwidth: 1 row at context
+# 1024 replays in 1.22 ms, 64 rows in 2.04 ms (2.47 GB of weights, + 2.15 GB of KV at 64 rows).
+READ_BANDWIDTH = 0.63 * COPY_BANDWIDTH
+MATMUL_RATE = 780e12  # flop/s
+# A prompt chunk's attention beside 40 decode rows (FlashInfer's packed call, docs/engine.md): a
+# 216-token chunk at context 4096 and 7936 added 1.11 and 2.21 ms to the decode rows' attention
+# kernels (about 105 TFLOP/s; the whole call's flops over its whole time is the 80 TFLOP/s quoted
+# there), a 472-token chunk about 1.9 and 3.1 ms (130-160 TFLOP/s); the 216-token chunk alone (fa3)
+# ran at about 124 TFLOP/s. One rate between them: 0.16 of the matmul rate, 125 TFLOP/s.
+ATTENTION_RATE = 0.16 * MATMUL_RATE
+RIDGE_LOSS = 0.4
+BYTES_PER_VALUE = 2  # bf16 weights and KV
+
+CAPTURED_LAUNCH_S = 0.0002  # a replay's launch, norms, RoPE and the gaps between its kernels
+# An eager step's host dispatch: on the H200 an eager 512-token step took 1.7-2.1 ms more than
+# its piecewise replay (docs/engine.md, "Piecewise graphs").
+EAGER_LAUNCH_S = 0.0025
+SPLIT_EXTRA_S = 0.0002
+# Per layer of a piecewise replay: its eager attention call and the next piece's launch (a chunk
+# step's wall time less its kernels exceeded the decode graph's by about 0.45 ms over 16 layers).
+PIECE_LAUNCH_S = 0.00003
+
+# The flat model of stateless nodes (and of a step on a node the plan does not list).
+PER_ROW_S = 0.00005
+PER_TOKEN_S = 0.00002
+PER_CONTEXT_S = 0.00000002
+STATELESS_WEIGHT = 0.2
+
+# The reference node of the fallback: Orpheus's LLM (specs/orpheus.mw).
+REFERENCE_DIMS = {"layers": 28, "hidden": 3072, "intermediate": 8192, "qo_heads": 24, "kv_heads": 8,
+                  "head_dim": 128, "vocab": 156940}
+REQUIRED_DIMS = ("layers", "hidden", "qo_heads", "kv_heads", "head_dim", "vocab")
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One kv node's constants for the roofline."""
+
+    layer_params: float  # parameters of the layers' matrices (each token runs them all)
+    lm_head_params: float  # the output projection's (once per row: its last token's logits)
+    kv_bytes_per_token: float  # K and V of one token over the full-attention layers
+    flops_per_key: float  # attention flops of one query token against one key, over those layers
+    num_layers: int
+    is_fallback: bool = False  # dims missing from the plan: the reference node scaled by the weight
+
+    @property
+    def weight_bytes(self) -> float:
+        return (self.layer_params + self.lm_head_params) * BYTES_PER_VALUE
+
+
+def _positive_int(value) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _from_dims(dims: dict, num_full_layers: Optional[int] = None) -> NodeCost:
+    layers, hidden = dims["layers"], dims["hidden"]
+    qo_width, kv_width = dims["qo_heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]
+    intermediate = _positive_int(dims.get("intermediate")) or 4 * hidden
+    per_layer = 2 * hidden * qo_width + 2 * hidden * kv_width + 3 * hidden * intermediate
+    full = layers if num_full_layers is None else num_full_layers
+    return NodeCost(
+        layer_params=float(layers * per_layer),
+        lm_head_params=float(dims["vocab"] * hidden),
+        kv_bytes_per_token=float(2 * kv_width * full * BYTES_PER_VALUE),
+        flops_per_key=float(4 * qo_width * full),
+        num_layers=layers,
+    )
+
+
+def node_cost(node: NodePlan) -> NodeCost:
+    """The node's roofline constants from its dims, or the reference node's scaled by its weight."""
+    dims = {name: _positive_int(node.dims.get(name)) for name in REQUIRED_DIMS}
+    if all(dims.values()):
+        flags = layer_is_full(node.dims.get("layer_pattern"), dims["layers"], node.recurrent is not None)
+        dims["intermediate"] = node.dims.get("intermediate")
+        return _from_dims(dims, sum(flags) if flags is not None else None)
+    layers = dims["layers"] or REFERENCE_DIMS["layers"]
+    weight = layers * (dims["hidden"] or REFERENCE_DIMS["hidden"]) / (REFERENCE_DIMS["layers"] * REFERENCE_DIMS["hidden"])
+    ref = _from_dims(REFERENCE_DIMS)
+    return NodeCost(ref.layer_params * weight, ref.lm_head_params * weight, ref.kv_bytes_per_token * weight,
+                    ref.flops_per_key * weight, layers, is_fallback=True)
+
+
+class StepCost:
+    """Seconds per step by the model in the module docstring."""
+
+    def __init__(self, plan: Plan):
+        self.nodes: dict[str, NodeCost] = {n.name: node_cost(n) for n in plan.nodes if n.engine == "kv"}
+        self.bidirectional: dict[str, frozenset[str]] = {n.name: frozenset(n.bidirectional_walks) for n in plan.nodes}
+        # (worker, key, family) -> layers whose attention a replay of that piecewise family runs eagerly.
+        self.piecewise_layers: dict[tuple[int, str, str], int] = {}
+        dims = {node.name: node.dims for node in plan.nodes}
+        for worker in plan.workers:
+            for key in worker.keys:
+                layers = _positive_int(dims[key.node].get("layers", 1)) or 1
+                for family in key.captures:
+                    if family.is_piecewise:
+                        self.piecewise_layers[(worker.rank, key.name, family.name)] = layers
+
+    def launch(self, step: Step) -> float:
+        is_captured = step.padded_batch > 0
+        launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
+        if step.attention == "split":
+            launch += SPLIT_EXTRA_S
+        if is_captured and self.piecewise_layers:
+            launch += self.piecewise_layers.get((step.worker, step.key, step.capture or ""), 0) * PIECE_LAUNCH_S
+        return launch
+
+    def seconds(self, step: Step) -> float:
+        cost = self.nodes.get(step.node)
+        if cost is None:
+            return self._flat(step)
+        rows = step.rows
+        num_rows = len(rows)
+        bandwidth, attention_rate = READ_BANDWIDTH, ATTENTION_RATE
+        kv_bytes, flops_per_key = cost.kv_bytes_per_token, cost.flops_per_key
+        is_bidirectional = self.bidirectional.get(step.node)
+        num_tokens = 0
+        attention = 0.0
+        for row in rows:
+            tokens, context = row.num_tokens, row.context_len
+            num_tokens += tokens
+            if is_bidirectional and row.walk in is_bidirectional:
+                keys = tokens * (context + tokens)
+            else:
+                keys = tokens * context + tokens * (tokens + 1) // 2
+            read_s = (context + tokens) * kv_bytes / bandwidth
+            compute_s = keys * flops_per_key / attention_rate
+            attention += read_s if read_s > compute_s else compute_s
+        num_rows_run, num_tokens_run = num_rows, num_tokens
+        if step.padded_batch > num_rows:
+            num_rows_run = step.padded_batch
+            if not step.token_bucket and num_rows:  # a batched family: each padding row feeds as many tokens
+                num_tokens_run += (step.padded_batch - num_rows) * (num_tokens // num_rows)
+        if step.token_bucket > num_tokens_run:
+            num_tokens_run = step.token_bucket
+        mem = cost.weight_bytes / bandwidth
+        compute = 2 * (cost.layer_params * num_tokens_run + cost.lm_head_params * num_rows_run) / MATMUL_RATE
+        linear = mem + RIDGE_LOSS * compute if mem > compute else compute + RIDGE_LOSS * mem
+        return self.launch(step) + linear + attention
+
+    def _flat(self, step: Step) -> float:
+        num_rows = step.padded_batch if step.padded_batch > 0 else len(step.rows)
+        num_tokens = sum(row.num_tokens for row in step.rows)
+        num_context = sum(row.context_len for row in step.rows)
+        return self.launch(step) + num_rows * PER_ROW_S + STATELESS_WEIGHT * (
+            num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)
