@@ -46,6 +46,7 @@ tokens * PER_TOKEN_S + context * PER_CONTEXT_S).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Optional
 
 from mstar.plan.node_args import layer_is_full
@@ -85,6 +86,8 @@ STATELESS_WEIGHT = 0.2
 # The reference node of the fallback: Orpheus's LLM (specs/orpheus.mw).
 REFERENCE_DIMS = {"layers": 28, "hidden": 3072, "intermediate": 8192, "qo_heads": 24, "kv_heads": 8,
                   "head_dim": 128, "vocab": 156940}
+_tokens_of = attrgetter("num_tokens")
+_context_of = attrgetter("context_len")
 REQUIRED_DIMS = ("layers", "hidden", "qo_heads", "kv_heads", "head_dim", "vocab")
 
 
@@ -108,31 +111,31 @@ def _positive_int(value) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _from_dims(dims: dict, num_full_layers: Optional[int] = None) -> NodeCost:
+def _from_dims(dims: dict[str, int], num_full_layers: int) -> NodeCost:
     layers, hidden = dims["layers"], dims["hidden"]
     qo_width, kv_width = dims["qo_heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]
-    intermediate = _positive_int(dims.get("intermediate")) or 4 * hidden
-    per_layer = 2 * hidden * qo_width + 2 * hidden * kv_width + 3 * hidden * intermediate
-    full = layers if num_full_layers is None else num_full_layers
+    per_layer = 2 * hidden * qo_width + 2 * hidden * kv_width + 3 * hidden * dims["intermediate"]
     return NodeCost(
         layer_params=float(layers * per_layer),
         lm_head_params=float(dims["vocab"] * hidden),
-        kv_bytes_per_token=float(2 * kv_width * full * BYTES_PER_VALUE),
-        flops_per_key=float(4 * qo_width * full),
+        kv_bytes_per_token=float(2 * kv_width * num_full_layers * BYTES_PER_VALUE),
+        flops_per_key=float(4 * qo_width * num_full_layers),
         num_layers=layers,
     )
 
 
 def node_cost(node: NodePlan) -> NodeCost:
     """The node's roofline constants from its dims, or the reference node's scaled by its weight."""
-    dims = {name: _positive_int(node.dims.get(name)) for name in REQUIRED_DIMS}
-    if all(dims.values()):
+    stated = {name: _positive_int(node.dims.get(name)) for name in REQUIRED_DIMS}
+    dims = {name: value for name, value in stated.items() if value is not None}
+    if len(dims) == len(REQUIRED_DIMS):
+        dims["intermediate"] = _positive_int(node.dims.get("intermediate")) or 4 * dims["hidden"]
         flags = layer_is_full(node.dims.get("layer_pattern"), dims["layers"], node.recurrent is not None)
-        dims["intermediate"] = node.dims.get("intermediate")
-        return _from_dims(dims, sum(flags) if flags is not None else None)
-    layers = dims["layers"] or REFERENCE_DIMS["layers"]
-    weight = layers * (dims["hidden"] or REFERENCE_DIMS["hidden"]) / (REFERENCE_DIMS["layers"] * REFERENCE_DIMS["hidden"])
-    ref = _from_dims(REFERENCE_DIMS)
+        return _from_dims(dims, sum(flags) if flags is not None else dims["layers"])
+    layers = dims.get("layers", REFERENCE_DIMS["layers"])
+    hidden = dims.get("hidden", REFERENCE_DIMS["hidden"])
+    weight = layers * hidden / (REFERENCE_DIMS["layers"] * REFERENCE_DIMS["hidden"])
+    ref = _from_dims(REFERENCE_DIMS, REFERENCE_DIMS["layers"])
     return NodeCost(ref.layer_params * weight, ref.lm_head_params * weight, ref.kv_bytes_per_token * weight,
                     ref.flops_per_key * weight, layers, is_fallback=True)
 
@@ -170,19 +173,25 @@ class StepCost:
         num_rows = len(rows)
         bandwidth, attention_rate = READ_BANDWIDTH, ATTENTION_RATE
         kv_bytes, flops_per_key = cost.kv_bytes_per_token, cost.flops_per_key
-        is_bidirectional = self.bidirectional.get(step.node)
-        num_tokens = 0
-        attention = 0.0
-        for row in rows:
-            tokens, context = row.num_tokens, row.context_len
-            num_tokens += tokens
-            if is_bidirectional and row.walk in is_bidirectional:
-                keys = tokens * (context + tokens)
-            else:
-                keys = tokens * context + tokens * (tokens + 1) // 2
-            read_s = (context + tokens) * kv_bytes / bandwidth
-            compute_s = keys * flops_per_key / attention_rate
-            attention += read_s if read_s > compute_s else compute_s
+        num_tokens = sum(map(_tokens_of, rows))
+        if num_rows and max(map(_tokens_of, rows)) == 1:
+            # One token a row (a decode step): each row reads and attends context + 1 keys, so the
+            # rows' roofline is one bound over their summed keys (no loop in Python).
+            num_keys = sum(map(_context_of, rows)) + num_rows
+            read_s, compute_s = num_keys * kv_bytes / bandwidth, num_keys * flops_per_key / attention_rate
+            attention = read_s if read_s > compute_s else compute_s
+        else:
+            attention = 0.0
+            bidirectional = self.bidirectional.get(step.node)
+            for row in rows:
+                tokens, context = row.num_tokens, row.context_len
+                if bidirectional and row.walk in bidirectional:
+                    keys = tokens * (context + tokens)
+                else:
+                    keys = tokens * context + tokens * (tokens + 1) // 2
+                read_s = (context + tokens) * kv_bytes / bandwidth
+                compute_s = keys * flops_per_key / attention_rate
+                attention += read_s if read_s > compute_s else compute_s
         num_rows_run, num_tokens_run = num_rows, num_tokens
         if step.padded_batch > num_rows:
             num_rows_run = step.padded_batch
@@ -197,7 +206,7 @@ class StepCost:
 
     def _flat(self, step: Step) -> float:
         num_rows = step.padded_batch if step.padded_batch > 0 else len(step.rows)
-        num_tokens = sum(row.num_tokens for row in step.rows)
-        num_context = sum(row.context_len for row in step.rows)
+        num_tokens = sum(map(_tokens_of, step.rows))
+        num_context = sum(map(_context_of, step.rows))
         return self.launch(step) + num_rows * PER_ROW_S + STATELESS_WEIGHT * (
             num_tokens * PER_TOKEN_S + num_context * PER_CONTEXT_S)
