@@ -4,7 +4,9 @@ engines, one with `is_columnar` off, gives after every step the same results and
 KV lengths, page tables, device token table, request state (histories, counts, last tokens), pool
 and admission state; the columnar run takes the columnar path for most of its decode steps. Random
 finishes (max_tokens, stop tokens, seeded temperature), memory pressure (rows held, the admission
-policy's slow case), the prefix cache, run-ahead on and off."""
+policy's slow case), the prefix cache, run-ahead on and off; chunk steps (a small step token budget
+cuts long prompts, whose chunks run beside decode rows: the decode rows in columns, the chunks per
+row, in one step)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +25,7 @@ from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
@@ -30,9 +33,10 @@ PLANS = {False: load_plan(GENERATED / "llama.plan", verify=False),
          True: load_plan(GENERATED / "llama_chunked.plan", verify=False)}  # the second caches prefixes
 
 
-def _engine(is_columnar: bool, can_run_ahead: bool, num_pages: int, prefix_cache: bool
+def _engine(is_columnar: bool, can_run_ahead: bool, num_pages: int, prefix_cache: bool, budget: int = 0
             ) -> tuple[TorchEngine, GpuDecoderRunner]:
-    plan = PLANS[prefix_cache]
+    """budget: a step token budget (and chunk size) that cuts long prompts (the chunked plan's)."""
+    plan = with_budget(PLANS[True], budget) if budget else PLANS[prefix_cache]
     engine = TorchEngine(plan, num_pages=num_pages)
     name = plan.nodes[0].name
     reference = engine.runners[name]
@@ -77,11 +81,24 @@ class _Clock:
 
 
 def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_ahead: bool, num_pages: int,
-         prefix_cache: bool) -> tuple[list[tuple], dict[str, tuple], int]:
-    """Every step's snapshot, each request's finish and outputs, and the steps taken in columns."""
-    engine, runner = _engine(is_columnar, can_run_ahead, num_pages, prefix_cache)
+         prefix_cache: bool, budget: int = 0, is_reversed: bool = False) -> tuple[list[tuple], dict[str, tuple], int, int]:
+    """Every step's snapshot, each request's finish and outputs, the steps taken in columns, and
+    those of them that held a prompt chunk beside the decode rows (the chunk row by row).
+    is_reversed: the runner gets the rows of a step of several calls in reverse order (the
+    scheduler puts prompt rows first; this puts the decode rows first), and its results are put
+    back in step order."""
+    engine, runner = _engine(is_columnar, can_run_ahead, num_pages, prefix_cache, budget)
+    if is_reversed:
+        start = runner.start
+
+        def reversed_start(rows, *args, **kwargs):
+            if all(call is rows[0][1] for _, call, _ in rows):
+                return start(rows, *args, **kwargs)
+            known, failed, finish = start(rows[::-1], *args, **kwargs)
+            return known, failed, lambda: finish()[::-1]
+        runner.start = reversed_start  # type: ignore[method-assign]
     trace: list[tuple] = []
-    num_steady = [0]
+    num_steady, num_chunk_steps = [0], [0]
     wait, start_steady = engine.wait, runner_module.start_steady
 
     def traced_wait(handle):
@@ -89,9 +106,10 @@ def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_a
         trace.append(_snapshot(engine, runner, result))
         return result
 
-    def counted(*args, **kwargs):
+    def counted(runner, steady, rows, *args, **kwargs):
         num_steady[0] += 1
-        return start_steady(*args, **kwargs)
+        num_chunk_steps[0] += any(rows[index][0].is_partial or rows[index][0].chunk_start for index in steady.others)
+        return start_steady(runner, steady, rows, *args, **kwargs)
 
     engine.wait = traced_wait  # type: ignore[method-assign]
     runner_module.start_steady = counted
@@ -104,26 +122,31 @@ def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_a
         runner_module.start_steady = start_steady
     records = {rid: (record.finish_reason, [np.asarray(t).tolist() for t in record.output_tokens])
                for rid, record in sorted(driver.conductor.records.items())}
-    return trace, records, num_steady[0]
+    return trace, records, num_steady[0], num_chunk_steps[0]
 
 
 def _requests(lengths: list[tuple[int, int]], stops: list[int], temperatures: list[bool]) -> list[Request]:
-    return [Request(id=f"r{i}", prompt_tokens=[(5 * j) % 97 + 1 for j in range(24)][:prompt] + [i + 1],
+    return [Request(id=f"r{i}", prompt_tokens=[(5 * j) % 97 + 1 for j in range(prompt)] + [i + 1],
                     max_tokens=max_tokens, stop_tokens=stops if i % 2 else [],
                     temperature=0.9 if temperatures[i % len(temperatures)] else None, seed=i)
             for i, (prompt, max_tokens) in enumerate(lengths)]
 
 
-def _compare(requests, concurrency, can_run_ahead, num_pages, prefix_cache) -> int:
-    expected, expected_records, none = _run(requests, concurrency, False, can_run_ahead, num_pages, prefix_cache)
-    got, records, num_steady = _run(requests, concurrency, True, can_run_ahead, num_pages, prefix_cache)
+def _compare(requests, concurrency, can_run_ahead, num_pages, prefix_cache, budget: int = 0,
+             is_reversed: bool = False) -> tuple[int, int]:
+    """Runs the two engines and compares them; returns the steps the columnar one took in columns
+    and those of them with a prompt chunk beside the decode rows."""
+    expected, expected_records, none, _ = _run(requests, concurrency, False, can_run_ahead, num_pages,
+                                               prefix_cache, budget, is_reversed)
+    got, records, num_steady, num_chunk_steps = _run(requests, concurrency, True, can_run_ahead, num_pages,
+                                                     prefix_cache, budget, is_reversed)
     assert none == 0
     for index, (step_got, step_expected) in enumerate(zip(got, expected)):
         assert step_got == step_expected, f"step {index}"
     assert len(got) == len(expected)
     assert records == expected_records
     assert all(reason in ("stop", "length") for reason, _ in records.values())
-    return num_steady
+    return num_steady, num_chunk_steps
 
 
 @pytest.mark.parametrize("can_run_ahead", [True, False])
@@ -131,7 +154,7 @@ def _compare(requests, concurrency, can_run_ahead, num_pages, prefix_cache) -> i
 def test_columns_follow_the_per_row_path(can_run_ahead, prefix_cache):
     requests = _requests([(4 + (7 * i) % 20, 5 + (11 * i) % 30) for i in range(10)], stops=list(range(0, 512, 9)),
                          temperatures=[False, True])
-    num_steady = _compare(requests, 6, can_run_ahead, 512, prefix_cache)
+    num_steady, _ = _compare(requests, 6, can_run_ahead, 512, prefix_cache)
     assert num_steady > 10  # most decode steps ran in columns
 
 
@@ -141,7 +164,7 @@ def test_columns_under_memory_pressure(can_run_ahead):
     # pool's free pages often fall short of what started requests may claim (the per-row case)
     requests = _requests([(8 + (5 * i) % 16, 10 + (13 * i) % 28) for i in range(12)], stops=[],
                          temperatures=[False])
-    assert _compare(requests, 8, can_run_ahead, 12, prefix_cache=True) > 0
+    assert _compare(requests, 8, can_run_ahead, 12, prefix_cache=True)[0] > 0
 
 
 @settings(max_examples=6)
@@ -152,6 +175,38 @@ def test_columns_under_memory_pressure(can_run_ahead):
 def test_columns_follow_the_per_row_path_on_random_workloads(lengths, concurrency, stops, temperatures,
                                                              can_run_ahead, prefix_cache, num_pages):
     _compare(_requests(lengths, stops, temperatures), concurrency, can_run_ahead, num_pages, prefix_cache)
+
+
+@pytest.mark.parametrize("is_reversed", [False, True])
+@pytest.mark.parametrize("can_run_ahead", [True, False])
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_chunk_steps_run_their_decode_rows_in_columns(can_run_ahead, prefix_cache, is_reversed):
+    # five short requests decode while long prompts (their first 60+ tokens shared: prefix-cache
+    # hits) are cut by a 16-token step budget into chunks that run beside the decode rows
+    lengths = [(4 + i, 30 + 7 * i) for i in range(5)] + [(60 + 25 * i, 6 + i) for i in range(4)] + [(6, 20)] * 3
+    requests = _requests(lengths, stops=list(range(0, 512, 13)), temperatures=[False, True, False])
+    num_steady, num_chunk_steps = _compare(requests, 6, can_run_ahead, 512, prefix_cache, budget=16,
+                                           is_reversed=is_reversed)
+    assert num_chunk_steps >= 10  # the chunk steps took the columns
+    assert num_steady > num_chunk_steps
+
+
+@pytest.mark.parametrize("can_run_ahead", [True, False])
+def test_chunk_steps_under_memory_pressure(can_run_ahead):
+    # 20 pages of 16 tokens: a long prompt's pages crowd the decode rows (rows held, chunks refused)
+    lengths = [(8 + (5 * i) % 16, 12 + (13 * i) % 28) for i in range(6)] + [(90, 10), (70, 12), (10, 30), (120, 4)]
+    requests = _requests(lengths, stops=[], temperatures=[False])
+    assert _compare(requests, 6, can_run_ahead, 20, prefix_cache=True, budget=24)[1] > 0
+
+
+@settings(max_examples=6)
+@given(lengths=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 30)), min_size=2, max_size=9),
+       concurrency=st.integers(2, 8), budget=st.sampled_from([8, 16, 40]), can_run_ahead=st.booleans(),
+       prefix_cache=st.booleans(), num_pages=st.sampled_from([16, 32, 256]))
+def test_chunk_steps_follow_the_per_row_path_on_random_workloads(lengths, concurrency, budget, can_run_ahead,
+                                                                 prefix_cache, num_pages):
+    _compare(_requests(lengths, list(range(0, 512, 17)), [False, True]), concurrency, can_run_ahead, num_pages,
+             prefix_cache, budget)
 
 
 def test_page_boundary_rows_are_granted_in_one_pass_with_the_per_row_outcome(monkeypatch):

@@ -27,7 +27,7 @@ the KV commit, and `_token_outputs` (history, sampled counts, last tokens, the s
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, eq, itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
@@ -37,12 +37,11 @@ import numpy as np
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.pages import SequenceColumn
 from mstar.runtime.engine.models.kinds import CallInfo
-from mstar.runtime.engine.runners.decoder import _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.step import RowResult, StepRow
 
 if TYPE_CHECKING:
-    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _CallFacts
+    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _CallFacts, _Item
 
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
@@ -56,7 +55,7 @@ class TokenRows(list):
     one a row, in step order) and `stop_rows` (indices of the rows with is_stop), which the
     engine returns as `StepResult.token_ids` and `stop_rows` without reading the rows again."""
 
-    token_ids: np.ndarray
+    token_ids: Optional[np.ndarray]  # None: the step's rows have no answer in columns (a chunk answers no token)
     stop_rows: list[int]
 
 
@@ -71,43 +70,73 @@ class SteadyRows:
     column: SequenceColumn  # each row's KV sequence: positions written before the step, positions held
     slots: list[int]  # row slots (the device token table)
     fed: list[list[int]]  # the token each row feeds (its request's last token; the device holds it too)
+    others: list[int] = field(default_factory=list)  # a mixed step: step indices of the rows that are not steady
+    at: Optional[np.ndarray] = None  # a mixed step: each steady row's step index (else its index is its own)
 
 
-def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]]
-                ) -> Optional[SteadyRows]:
-    """The step's columns when every row is steady (module docstring), else None. Reads only.
-    (On CPython a stage of a C `map` over the rows' objects costs about what five plain bytecodes
-    do: the checks mix one plain pass and C passes, and neither calls a function per row.)"""
+def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]],
+                is_mixed_ok: bool = False) -> Optional[SteadyRows]:
+    """The step's columns when every row is steady (module docstring), else None. With
+    `is_mixed_ok`, a step with some steady rows gets their columns too, with the other rows' step
+    indices in `others` (module docstring, "A mixed step"). Reads only. (On CPython a stage of a C
+    `map` over the rows' objects costs about what five plain bytecodes do: the checks mix one
+    plain pass and C passes, and neither calls a function per row.)"""
     if not rows or runner.slots is not None or runner.offload is not None:
         return None
-    call = rows[0][1]
+    # a pure step's rows share one call; a mixed step's decode rows are those of one end's call
+    call, name = rows[-1][1], _loop_back_input(runner, rows[-1][1])
+    if name is None and is_mixed_ok and rows[0][1] is not call:
+        call, name = rows[0][1], _loop_back_input(runner, rows[0][1])
+    if name is None:
+        return None
+    facts = runner._facts_of(call)
+    ids: list[str] = []
+    others: list[int] = []
+    append = ids.append
+    for index, (row, row_call, _) in enumerate(rows):  # the rows' own fields: one pass
+        if row_call is not call or row.is_partial or row.inputs.get(name) is not None:
+            if not is_mixed_ok:
+                return None
+            others.append(index)
+        append(row.request_id)
+    # the requests' state: C passes (`None in` compares lists and ints here, never a dataclass)
+    node, requests = runner.node.name, list(map(_third, rows))
+    pool, admission = runner.pool, runner.admission
+    if len(set(ids)) != len(ids) or pool.num_free_pages < admission.num_outstanding:
+        return None
+    fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
+    slots: list[Any] = list(map(runner._row_slots.get, ids))
+    at = None
+    if (others or None in fed or None in slots or set(map(len, fed)) != {1} or not admission.budgets.keys() >= set(ids)
+            or not all(map(dict.__contains__, map(_history_of, requests), repeat(node)))):
+        if not is_mixed_ok:
+            return None
+        # a mixed step: which rows are steady, row by row (the per-row path takes the others)
+        budgets, is_other = admission.budgets, set(others)
+        is_steady = [index not in is_other and last is not None and len(last) == 1 and slot is not None
+                     and request_id in budgets and node in request.history
+                     for index, (request_id, request, last, slot) in enumerate(zip(ids, requests, fed, slots))]
+        if not any(is_steady):
+            return None
+        others = [index for index, is_it in enumerate(is_steady) if not is_it]
+        ids, requests, fed, slots = (list(compress(values, is_steady)) for values in (ids, requests, fed, slots))
+        at = np.flatnonzero(is_steady)
+    column = pool.column(list(zip(ids, repeat(runner.guidance.first))))
+    if column is None or int(column.num_tokens.max()) + 1 > runner.max_seq_len:
+        return None  # (a row past max_seq_len gets its error on the per-row path)
+    walk = rows[0][0].walk if at is None else rows[int(at[0])][0].walk
+    return SteadyRows(ids, requests, walk, facts, column, slots, fed, others, at)
+
+
+def _loop_back_input(runner: "GpuDecoderRunner", call: CallInfo) -> Optional[str]:
+    """The input a steady row of `call` feeds from the device token table, None when the call
+    cannot have steady rows (its first input is not a device loop-back, or not every output is
+    a sampled token)."""
     facts = runner._facts_of(call)
     if facts.is_image_flow or not facts.outputs or not all(map(_second, facts.outputs)) or not facts.inputs:
         return None
     name, is_loop_back, _ = facts.inputs[0]  # `_prepare` feeds the loop-back when the row has no value
-    if not is_loop_back:
-        return None
-    ids: list[str] = []
-    append = ids.append
-    for row, row_call, _ in rows:  # the rows' own fields: one pass
-        if row_call is not call or row.is_partial or row.inputs.get(name) is not None:
-            return None
-        append(row.request_id)
-    # the requests' state: C passes (`None in` compares lists and ints here, never a dataclass)
-    node, requests = runner.node.name, list(map(_third, rows))
-    fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
-    slots: list[Any] = list(map(runner._row_slots.get, ids))
-    pool, admission = runner.pool, runner.admission
-    distinct = set(ids)
-    if (None in fed or None in slots or set(map(len, fed)) != {1} or len(distinct) != len(ids)
-            or not admission.budgets.keys() >= distinct
-            or not all(map(dict.__contains__, map(_history_of, requests), repeat(node)))
-            or pool.num_free_pages < admission.num_outstanding):
-        return None
-    column = pool.column(list(zip(ids, repeat(runner.guidance.first))))
-    if column is None or int(column.num_tokens.max()) + 1 > runner.max_seq_len:
-        return None  # (a row past max_seq_len gets its error on the per-row path)
-    return SteadyRows(ids, requests, rows[0][0].walk, facts, column, slots, fed)
+    return name if is_loop_back else None
 
 
 def _grant_one_page_each(runner: "GpuDecoderRunner", request_ids: list[str]) -> bool:
@@ -127,59 +156,156 @@ def _grant_one_page_each(runner: "GpuDecoderRunner", request_ids: list[str]) -> 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
                  is_partial_ok: bool, worker: int) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
-    """`DecoderRunner.start` for a steady step (its route and bucket already set on the runner):
-    admit the rows that need a page, claim what the step launched ahead holds, launch the rest,
-    commit every row's KV length; returns (results now, rows short of memory, finish)."""
-    keep = np.ones(len(rows), dtype=bool)
+    """`DecoderRunner.start` for a steady or mixed step (its route and bucket already set on the
+    runner): the other rows' items (a mixed step), admit the rows that need memory, claim what the
+    step launched ahead holds, launch the rest, commit every row's KV length; returns (results
+    now, rows short of memory, finish)."""
+    results: list[RowResult] = []
+    items: list[_Item] = []  # a mixed step's other rows, as the per-row path prepares them, in step order
+    items_at: list[int] = []  # their step indices
+    if steady.others:
+        results, ready = runner._items([rows[index] for index in steady.others])
+        items = runner._within_length(ready, results)  # type: ignore[assignment]
+        index_of = dict(zip([rows[index][0].request_id for index in steady.others], steady.others))
+        items_at = [index_of[item.row.request_id] for item in items]
+    steady_at = steady.at if steady.at is not None else np.arange(len(steady.request_ids))
+    keep = np.ones(len(steady.request_ids), dtype=bool)
     failed: list[str] = []
     needy = np.flatnonzero(steady.column.num_tokens >= steady.column.num_held).tolist()
+    if items and needy and int(steady_at[needy[0]]) < items_at[-1]:
+        # a row at a page boundary before another row: one admission of both, in step order
+        needy_items = [runner._prepare(*rows[int(steady_at[index])]) for index in needy]
+        asked, _ = _merged(needy_items, steady_at[needy], items, items_at)
+        granted, failed = runner._admit(asked, [], is_partial_ok)
+        if failed and not is_partial_ok:
+            return results, failed, list
+        is_granted = {id(item) for item in granted}
+        keep[needy] = [id(item) in is_granted for item in needy_items]
+        items_at = [at for at, item in zip(items_at, items) if id(item) in is_granted]
+        items = [item for item in items if id(item) in is_granted]
+        needy = []
+    elif items:  # every other row comes before the rows at a page boundary: asked first, as in step order
+        granted, failed = runner._admit(items, [], is_partial_ok)
+        if failed and not is_partial_ok:
+            return results, failed, list
+        is_granted = {id(item) for item in granted}
+        items_at = [at for at, item in zip(items_at, items) if id(item) in is_granted]
+        items = granted  # type: ignore[assignment]
     if needy and _grant_one_page_each(runner, [steady.request_ids[index] for index in needy]):
         needy = []
     if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
-        items: list[_Prepared] = [runner._prepare(*rows[index]) for index in needy]
-        granted, failed = runner._admit(items, [], is_partial_ok)
-        if failed and not is_partial_ok:
-            return [], failed, list
+        asked = [runner._prepare(*rows[int(steady_at[index])]) for index in needy]
+        granted, more = runner._admit(asked, [], is_partial_ok)
+        if more and not is_partial_ok:
+            return [], more, list
+        failed += more
         is_granted = {id(item) for item in granted}
-        for index, item in zip(needy, items):
-            keep[index] = id(item) in is_granted
+        keep[needy] = [id(item) in is_granted for item in asked]
     if not keep.all():
         steady = _take(steady, keep)
+        steady_at = steady_at[keep]
+    if not steady.request_ids and not items:
+        return results, failed, list  # nothing runs (nor claims what the step launched ahead holds)
     ids, slots, walk = steady.request_ids, steady.slots, steady.walk
     ahead = runner._ahead.pop(worker, None)
     claimed = np.zeros(len(ids), dtype=bool)
     there = np.zeros(0, dtype=np.int64)
+    items_claimed: dict[int, int] = {}  # index in items -> index in the step launched ahead
     if ahead is not None:
         found = list(map(ahead.rows.get, ids, repeat(_NOT_AHEAD)))
         claimed = np.fromiter(map(eq, map(_first, found), repeat(walk)), dtype=bool, count=len(ids))
         there = np.fromiter(map(_second, found), dtype=np.int64, count=len(ids))[claimed]
-        runner.num_claimed_rows += int(there.shape[0])
-        if len(set(there.tolist())) != len(ahead.slots):  # some rows it ran are nobody's now
-            runner._restore_unclaimed(ahead, set(compress(ids, claimed)))
+        for index, item in enumerate(items):  # `_claim`'s rule, row by row
+            place = ahead.rows.get(item.row.request_id)
+            if place is not None and item.is_loop_back and not item.row.is_partial and place[0] == item.row.walk:
+                items_claimed[index] = place[1]
+        runner.num_claimed_rows += int(there.shape[0]) + len(items_claimed)
+        if len(set(there.tolist()) | set(items_claimed.values())) != len(ahead.slots):  # some it ran are nobody's
+            runner._restore_unclaimed(ahead, set(compress(ids, claimed))
+                                      | {items[index].row.request_id for index in items_claimed})
     fresh = np.flatnonzero(~claimed)
-    pending = None
-    if fresh.shape[0]:
-        key_glue = runner._key_glue(worker, [walk])
-        walk_index = key_glue.constants.walks.index(walk) if key_glue is not None else 0
+    fresh_items = [index for index in range(len(items)) if index not in items_claimed]
+    pending, places = None, []  # places: the fresh other rows' indices in the step launched
+    if fresh.shape[0] or fresh_items:
+        decode_walks = runner._decode_walks
+        key_glue = runner._key_glue(worker, [walk] * bool(fresh.shape[0]) + [items[k].row.walk for k in fresh_items])
+        walk_index = {name: index for index, name in enumerate(key_glue.constants.walks)} if key_glue else {}
         fresh_rows = fresh.tolist()
-        pick = itemgetter(*fresh_rows) if len(fresh_rows) > 1 else (lambda seq: (seq[fresh_rows[0]],))
+        pick = (itemgetter(*fresh_rows) if len(fresh_rows) > 1 else
+                (lambda seq: (seq[fresh_rows[0]],)) if fresh_rows else (lambda seq: ()))
         specs = list(map(RowSpec, repeat(None), steady.column.num_tokens[fresh].tolist(),
-                         steady.column.page_tables(fresh_rows), pick(slots), repeat(walk in runner._decode_walks),
-                         repeat(walk_index)))
-        pending = runner.executor.launch(specs, sampling_of(runner, list(pick(steady.requests))),
+                         steady.column.page_tables(fresh_rows), pick(slots), repeat(walk in decode_walks),
+                         repeat(walk_index.get(walk, 0))))
+        requests = list(pick(steady.requests))
+        if fresh_items:
+            pool, label = runner.pool, runner.guidance.first
+            other_specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
+                                   pool.num_tokens((item.row.request_id, label)),
+                                   pool.page_table((item.row.request_id, label)),
+                                   runner._row_slot(item.row.request_id), item.row.walk in decode_walks,
+                                   walk_index.get(item.row.walk, 0)) for item in (items[k] for k in fresh_items)]
+            other_at = [items_at[k] for k in fresh_items]
+            specs, places = _merged(specs, steady_at[fresh], other_specs, other_at)
+            requests, _ = _merged(requests, steady_at[fresh], [items[k].request for k in fresh_items], other_at)
+        pending = runner.executor.launch(specs, sampling_of(runner, requests),
                                          *runner._step_bucket, route=runner._route, glue=key_glue)
     steady.column.commit_one_each()
-    runner._last_rows[worker] = set(ids)
+    sampled = set(ids)
+    for item in items:  # the per-row commit
+        row = item.row
+        runner.pool.commit((row.request_id, runner.guidance.first), len(item.tokens_fed),
+                           None if item.is_loop_back else item.tokens_fed)
+        if not row.is_partial:
+            sampled.add(row.request_id)
+    runner._last_rows[worker] = sampled
 
     def finish() -> list[RowResult]:
         tokens = np.empty(len(ids), dtype=np.int64)
+        item_tokens = [0] * len(items)
         if pending is not None:
-            tokens[fresh] = runner.executor.collect(pending)
-        if there.shape[0]:
+            collected = runner.executor.collect(pending)
+            if places:
+                is_steady = np.ones(collected.shape[0], dtype=bool)
+                is_steady[places] = False
+                for index, token in zip(fresh_items, collected[places].tolist()):
+                    item_tokens[index] = token
+                collected = collected[is_steady]
+            tokens[fresh] = collected
+        if there.shape[0] or items_claimed:
             assert ahead is not None
-            tokens[claimed] = np.asarray(ahead.collect(runner.executor), dtype=np.int64)[there]
-        return _token_outputs(runner, steady, tokens)
-    return [], failed, finish
+            ahead_tokens = ahead.collect(runner.executor)
+            tokens[claimed] = np.asarray(ahead_tokens, dtype=np.int64)[there]
+            for index, place in items_claimed.items():
+                item_tokens[index] = ahead_tokens[place]
+        outputs = _token_outputs(runner, steady, tokens)
+        if not items:
+            return outputs
+        node, is_cut = runner.node.name, False
+        ran = []
+        for item, token in zip(items, item_tokens):  # the per-row path's outputs
+            if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
+                item.request.history.setdefault(node, []).extend(item.tokens_fed)
+                ran.append(RowResult(item.row.request_id))
+                is_cut = True
+            else:
+                ran.append(runner._token_outputs(item, token))
+        merged, _ = _merged(outputs, steady_at, ran, items_at)
+        if not is_cut:
+            return merged  # the engine reads the rows' answer in columns (`_token_columns`)
+        results = TokenRows(merged)  # a chunk answers no token: no answer in columns
+        results.token_ids, results.stop_rows = None, []
+        return results
+    return results, failed, finish
+
+
+def _merged(columns: list, columns_at: np.ndarray, others: list, others_at: list[int]) -> tuple[list, list[int]]:
+    """The rows of `columns` (at step indices `columns_at`, ascending) and of `others` (at
+    `others_at`, ascending) in one list in step order, and the others' places in it."""
+    merged = list(columns)
+    places = (np.searchsorted(columns_at, others_at) + np.arange(len(others))).tolist()
+    for place, value in zip(places, others):  # ascending places: each insert leaves the earlier ones put
+        merged.insert(place, value)
+    return merged, places
 
 
 def _take(steady: SteadyRows, keep: np.ndarray) -> SteadyRows:
@@ -187,7 +313,8 @@ def _take(steady: SteadyRows, keep: np.ndarray) -> SteadyRows:
     pick = keep.tolist()
     return SteadyRows(list(compress(steady.request_ids, pick)), list(compress(steady.requests, pick)), steady.walk,
                       steady.facts, steady.column.take(pick),
-                      list(compress(steady.slots, pick)), list(compress(steady.fed, pick)))
+                      list(compress(steady.slots, pick)), list(compress(steady.fed, pick)), steady.others,
+                      None if steady.at is None else steady.at[keep])
 
 
 def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0):

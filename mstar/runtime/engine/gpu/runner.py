@@ -356,7 +356,7 @@ class GpuDecoderRunner(DecoderRunner):
               bucket: tuple[Optional[str], int] = (None, 0),
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step of steady decode rows (`decode_columns.py`) is done in columns."""
-        steady = steady_rows(self, rows) if self.is_columnar else None
+        steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket

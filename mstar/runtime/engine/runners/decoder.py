@@ -38,7 +38,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import torch
 
@@ -240,6 +240,22 @@ class DecoderRunner:
         at once; a runner whose device runs ahead of the host (gpu/runner.py) returns before.
         bucket: the step's capture family and token bucket from the plan (`Step.capture`,
         `Step.token_bucket`); a runner with packed graphs replays them (gpu/runner.py)."""
+        results, ready = self._items(rows)
+        long = next((item for item in ready if item.embeds.shape[0] != 1), None) if route == "decode" else None
+        if long is not None:
+            raise RouteError(f"node {self.node.name}: attention route decode takes one token a row, but "
+                             f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
+        self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
+        on_host = self._move_back(ready) if self.offload is not None else []
+        ready = self._within_length(ready, results, on_host)
+        ready, failed = self._admit(ready, on_host, is_partial_ok)
+        if failed and not is_partial_ok:
+            return results, failed, list
+        return results, failed, self._start_forward(ready, worker) if ready else list
+
+    def _items(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> tuple[list[RowResult], list[_Prepared]]:
+        """Each row's item, in step order, and an error result for each row whose inputs the node
+        cannot take (it does not run)."""
         results: list[RowResult] = []
         ready: list[_Prepared] = []
         for row, call, request in rows:
@@ -247,12 +263,12 @@ class DecoderRunner:
                 ready.append(self._prepare(row, call, request))
             except InputError as error:
                 results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
-        long = next((item for item in ready if item.embeds.shape[0] != 1), None) if route == "decode" else None
-        if long is not None:
-            raise RouteError(f"node {self.node.name}: attention route decode takes one token a row, but "
-                             f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
-        self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
-        on_host = self._move_back(ready) if self.offload is not None else []
+        return results, ready
+
+    def _within_length(self, ready: list[_Prepared], results: list[RowResult],
+                       on_host: Collection[str] = ()) -> list[_Prepared]:
+        """The items that fit max_seq_len, less the rows whose pages stay on the host; an error
+        result joins `results` for each that does not fit."""
         kept: list[_Prepared] = []
         for item in ready:
             if item.row.request_id in on_host:
@@ -262,11 +278,7 @@ class DecoderRunner:
                 results.append(RowResult(item.row.request_id, error=problem))
             else:
                 kept.append(item)
-        ready = kept
-        ready, failed = self._admit(ready, on_host, is_partial_ok)
-        if failed and not is_partial_ok:
-            return results, failed, list
-        return results, failed, self._start_forward(ready, worker) if ready else list
+        return kept
 
     def _admit(self, ready: list[_Prepared], on_host: list[str],
                is_partial_ok: bool) -> tuple[list[_Prepared], list[str]]:
