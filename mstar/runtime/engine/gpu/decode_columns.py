@@ -3,11 +3,12 @@ columns (numpy arrays and C iteration: `map`, `zip`, set and dict methods) inste
 
 In: the runner (`gpu/runner.py`, `GpuDecoderRunner`) and a step's `(StepRow, CallInfo,
 RequestState)` rows, or the run loop's `(request id, walk, call, request)` rows of a step to launch
-ahead. Out: `steady_rows(runner, rows)` -> `SteadyRows` (the step's columns), or None when some row
-is not steady, and then the runner takes its per-row path for the whole step, so what the runner
-does for any other step is unchanged; `start_steady` launches a steady step and returns what
-collects it (`TokenRows`: the rows' results and the same answer in columns); `prelaunch_steady`
-launches the next step ahead, False when its rows need the per-row path.
+ahead. Out: `steady_rows(runner, rows, is_mixed_ok)` -> `SteadyRows` (the step's columns), or
+None when no row (or, without `is_mixed_ok`, some row) is not steady, and then the runner takes
+its per-row path for the whole step, so what the runner does for such a step is unchanged;
+`start_steady` launches a steady or mixed step and returns what collects it (`TokenRows`: the
+rows' results and the same answer in columns); `prelaunch_steady` launches the next step ahead,
+False when its rows need the per-row path.
 
 A step is steady when every row of it is: one call for all rows, whose first input is a token the
 node loops back on the device and whose outputs are all sampled tokens; the row feeds that token
@@ -18,6 +19,23 @@ recurrent state slots and no KV offload; and the pool's free pages cover what th
 may still claim (`GpuDecoderRunner._admit`'s exact case). A steady row needs at most one page:
 the rows that need one are asked of the admission policy, in step order, through the runner's
 `_admit`, exactly as on the per-row path; the others need nothing.
+
+A mixed step (a chunk step: steady decode rows beside prompt chunks, a new request's prompt, a
+request's first decode row): with `is_mixed_ok` (the engine runs partial steps and the step's
+route is not `decode`) the steady rows are found row by row among the others (the steady call is
+that of the step's last row, else its first: the scheduler puts prompt rows first), the step-wide
+conditions above still hold for the whole step (distinct requests, the free pages' margin, no
+steady row past max_seq_len), and the other rows go through the per-row path's own functions
+(`_items`, `_within_length`, `_admit`, `_claim`'s rule, `RowSpec`, the commit with their tokens,
+`_token_outputs`), merged with the columns in step order wherever order is seen: the admission
+(one `_admit` in step order when a row at a page boundary comes before another row; else the
+others' `_admit`, then the boundary rows', as above: two admissions in a row decide as one over
+both, since the requests are distinct, the policy's running counts after a granted row are its
+state after the grant, and a granted row leaves the free pages' margin over the started
+requests' claims at or above zero, so `_admit`'s shortcut still holds; pages are taken in step
+order either way), the row slots a new request takes, the `RowSpec`s and sampling rows of the one launch, and the results. The results
+are a plain list (the engine reads the rows' answer in columns itself), or, when a chunk before
+the last answers no token, a `TokenRows` with `token_ids` None.
 
 What the columns replace, row for row (the per-row path in gpu/runner.py and runners/decoder.py):
 `_prepare` and the row item, the length check, `_claim`, the `RowSpec`s' lengths and page tables,

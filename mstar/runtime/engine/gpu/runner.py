@@ -355,7 +355,8 @@ class GpuDecoderRunner(DecoderRunner):
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
               bucket: tuple[Optional[str], int] = (None, 0),
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
-        """The base's `start`; a step of steady decode rows (`decode_columns.py`) is done in columns."""
+        """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
+        beside its other rows (prompt chunks) done row by row."""
         steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
