@@ -8,13 +8,14 @@ import pytest
 from mstar.cli.mstar import main
 
 PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
+CHUNKED = PLAN.parent / "llama_chunked.plan"
 SMALL = ["--plan", str(PLAN), "--clients", "4", "--prompt-len", "5", "--output-len", "6", "--rounds", "1"]
 
 
 def test_prints_both_variants_and_bytecodes(capsys):
     assert main(["bench", "runner", *SMALL]) == 0
     out = capsys.readouterr().out
-    assert "ahead     us/step p50" in out and "no-ahead  us/step p50" in out
+    assert "ahead columns decode     us/step p50" in out and "no-ahead columns decode  us/step p50" in out
     assert "bytecodes/row" in out and "rows launched ahead claimed" in out
 
 
@@ -65,3 +66,29 @@ def test_per_row_and_cpu_time_compare_the_runners_steps_in_one_tree(capsys):
         figures[result["steps"]] = result["variants"]["ahead"]["bytecodes_per_row"]["total"]
         assert result["clock"] == ("thread cpu" if flags else "wall")
     assert figures["per-row"] > figures["columns"] > 0
+
+
+def test_long_prompt_reports_chunk_steps_and_compares_with_the_per_row_path(capsys):
+    """`--long-prompt`: a prompt cut by the step token budget runs in chunk steps beside the
+    clients' decode rows, reported apart; `--compare` runs the per-row path too and gives the
+    ratio; the columns run the chunk steps' decode rows (fewer bytecodes a row than per-row)."""
+    argv = ["bench", "runner", "--plan", str(CHUNKED), "--clients", "6", "--prompt-len", "5", "--output-len", "24",
+            "--rounds", "1", "--long-prompt", "300", "--budget", "48", "--compare"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["budget"] == 48 and result["long_prompt"] == 300
+    for variant in ("ahead", "no-ahead"):
+        columns = result["variants"][variant]["chunk_steps"]
+        per_row = result["per_row_variants"][variant]["chunk_steps"]
+        assert columns["rows_per_step"] == per_row["rows_per_step"] == 7  # the chunk beside 6 decode rows
+        assert columns["bytecodes_per_row_p50_step"] < 0.9 * per_row["bytecodes_per_row_p50_step"]
+        ratios = result["columns_over_per_row"][variant]
+        assert set(ratios) == {"decode", "chunk"} and ratios["chunk"]["bytecodes"] < 0.9
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ahead columns chunk" in out and "no-ahead per-row chunk" in out and "columns / per-row, ahead" in out
+
+
+def test_long_prompt_needs_a_step_token_budget(capsys):
+    assert main(["bench", "runner", *SMALL, "--long-prompt", "100", "--no-bytecodes"]) == 1
+    assert "cuts no prompt into chunks" in capsys.readouterr().err

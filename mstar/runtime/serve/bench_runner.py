@@ -18,11 +18,21 @@ does not move with the machine's speed or load (C work inside one bytecode is no
 any machine; the plan's node must be one the fast path takes (`fast_path_reason`).
 
 `--per-row` turns the runner's columnar decode step off (`gpu/decode_columns.py`), so one tree
-compares both; `--cpu-time` times with the thread's CPU time (`time.thread_time`), which other
-jobs on a shared machine do not add to (they still share its caches).
+compares both; `--compare` runs each variant both ways in one run, interleaved, and prints the
+ratio (columns over per-row); `--cpu-time` times with the thread's CPU time (`time.thread_time`),
+which other jobs on a shared machine do not add to (they still share its caches).
+
+Chunk steps (`--long-prompt N`): one more request, of N prompt tokens and one output token,
+arrives once the clients have run `ARRIVE_AFTER` full decode steps (the run clock counts those
+steps, so it arrives at the same step in every run); the plan's step token budget (or `--budget`,
+which sets the budget and the chunk size as `mstar bench kv --budget` does) cuts it into chunks
+that run beside the clients' decode rows. A step counts as a chunk step when it holds a chunk of
+that prompt beside `--clients` one-token rows; its figures are printed apart from the full decode
+steps', bytecodes per row over all the step's rows (the chunk's included).
 
 Usage: mstar bench runner [--plan P] [--clients N] [--prompt-len N] [--output-len N] [--rounds N]
-                          [--json] [--no-bytecodes] [--per-row] [--cpu-time]
+                          [--long-prompt N] [--budget N] [--json] [--no-bytecodes] [--per-row]
+                          [--compare] [--cpu-time]
 """
 from __future__ import annotations
 
@@ -48,10 +58,14 @@ from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fas
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
+from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
 
 PARTS = ("launch", "wait", "launch_ahead")
 VARIANTS = ("ahead", "no-ahead")
+KINDS = ("decode", "chunk")  # full decode steps; steps of the long prompt's chunk beside the decode rows
+ARRIVE_AFTER = 4  # full decode steps before the long prompt arrives
+LONG = "long"  # the long prompt's request id
 
 
 class BenchError(ValueError):
@@ -145,16 +159,29 @@ class _Parts:
                  clock: Callable[[], float] = time.perf_counter):
         self.num_rows, self.counter, self.clock = num_rows, counter, clock
         self.steps: list[dict[str, float]] = []  # per launched step: part -> us (or bytecodes)
-        self.is_full: list[bool] = []
+        self.kinds: list[Optional[str]] = []  # per launched step: one of KINDS, or None (another step)
+        self.num_rows_of: list[int] = []
+        self.num_full = 0  # full decode steps launched: the run clock of a run with a long prompt
         for part in PARTS:
             setattr(engine, part, self._wrap(part, getattr(engine, part)))
+
+    def _kind(self, rows: list) -> Optional[str]:
+        decode = [row for row in rows if row.num_tokens == 1 and row.request_id != LONG]
+        if len(decode) != self.num_rows:
+            return None
+        if len(rows) == self.num_rows:
+            self.num_full += 1
+            return "decode"
+        is_chunk = len(rows) == self.num_rows + 1 and any(row.request_id == LONG for row in rows)
+        return "chunk" if is_chunk else None
 
     def _wrap(self, part: str, fn: Callable) -> Callable:
         def timed(*args, **kwargs):
             if part == "launch":
                 rows = args[0].rows
                 self.steps.append(dict.fromkeys(PARTS, 0.0))
-                self.is_full.append(len(rows) == self.num_rows and all(r.num_tokens == 1 for r in rows))
+                self.kinds.append(self._kind(rows))
+                self.num_rows_of.append(len(rows))
             entry = self.steps[-1] if part != "wait" else self.steps[self._index_of(args[0])]
             counter = self.counter
             if counter is not None:
@@ -179,83 +206,170 @@ class _Parts:
 
 
 def _requests(args) -> list[Request]:
-    return [Request(id=f"r{i}", prompt_tokens=[(7 * i + j) % 1000 + 1 for j in range(args.prompt_len)],
-                    max_tokens=args.output_len) for i in range(args.clients)]
+    clients = [Request(id=f"r{i}", prompt_tokens=[(7 * i + j) % 1000 + 1 for j in range(args.prompt_len)],
+                       max_tokens=args.output_len) for i in range(args.clients)]
+    if not args.long_prompt:
+        return clients
+    # due once the clients' ARRIVE_AFTER-th full decode step launched (the run clock counts them)
+    return clients + [Request(id=LONG, prompt_tokens=[(11 * j) % 1000 + 1 for j in range(args.long_prompt)],
+                              max_tokens=1, arrival_s=(ARRIVE_AFTER - 0.5) * 1e-3)]
 
 
-def _one_run(plan: Plan, args, variant: str, is_traced: bool) -> dict[str, Any]:
-    """One closed-loop run; per full decode step the parts' microseconds (or bytecodes when traced)."""
+def _one_run(plan: Plan, args, variant: str, is_traced: bool, is_columnar: bool) -> dict[str, Any]:
+    """One run; per kind of step (KINDS) the parts' microseconds (or bytecodes when traced) of
+    each such step, and its rows."""
     page_size = next((p.page_size for p in plan.deployment.kv_pools), 16)
     num_pages = args.clients * (-(-(args.prompt_len + args.output_len + 1) // page_size) + 1)
-    engine, runner = build_engine(plan, variant == "ahead", num_pages, is_columnar=not args.per_row)
+    num_pages += -(-(args.long_prompt + 2) // page_size) + 1 if args.long_prompt else 0
+    engine, runner = build_engine(plan, variant == "ahead", num_pages, is_columnar=is_columnar)
     parts = _Parts(engine, args.clients, _Counter() if is_traced else None,
                    time.thread_time if args.cpu_time else time.perf_counter)
-    driver = Driver(plan, engine)
-    driver.run(Workload(_requests(args), closed_concurrency=args.clients))
+    requests = _requests(args)
+    if args.long_prompt:  # open loop on a clock of full decode steps: the long prompt arrives mid-decode
+        driver = Driver(plan, engine, clock=lambda: parts.num_full * 1e-3)
+        driver.run(Workload(requests))
+    else:
+        driver = Driver(plan, engine)
+        driver.run(Workload(requests, closed_concurrency=args.clients))
     failed = [r.finish_reason for r in driver.conductor.records.values() if (r.finish_reason or "").startswith("error")]
     if failed:  # a fault of the bench's own stand-in or of the runner, not a short run: say which
-        raise BenchError(f"{len(failed)} of {args.clients} requests failed, the first with {failed[0]}")
-    full = [step for step, is_full in zip(parts.steps, parts.is_full) if is_full]
-    return {"steps": full, "num_ahead_rows": runner.num_ahead_rows, "num_claimed_rows": runner.num_claimed_rows,
-            "num_finished": driver.conductor.num_finished}
+        raise BenchError(f"{len(failed)} of {len(requests)} requests failed, the first with {failed[0]}")
+    steps = {kind: [step for step, step_kind in zip(parts.steps, parts.kinds) if step_kind == kind] for kind in KINDS}
+    rows = {kind: [num for num, step_kind in zip(parts.num_rows_of, parts.kinds) if step_kind == kind]
+            for kind in KINDS}
+    return {"steps": steps, "rows": rows, "num_ahead_rows": runner.num_ahead_rows,
+            "num_claimed_rows": runner.num_claimed_rows, "num_finished": driver.conductor.num_finished}
+
+
+def _summary(steps: list[dict[str, float]]) -> dict[str, float]:
+    """p50 of each part and of the total, the total's p90 and largest step."""
+    p50 = {part: float(np.percentile([s[part] for s in steps], 50)) for part in PARTS}
+    totals = [sum(s.values()) for s in steps]
+    p50["total"] = float(np.percentile(totals, 50))
+    # The slow steps matter as much as the typical one: while the host's step is longer than the
+    # device's, the device waits (a page boundary crossed by every row at once).
+    p50["total_p90"], p50["total_max"] = float(np.percentile(totals, 90)), float(max(totals))
+    return p50
 
 
 def measure(args) -> dict[str, Any]:
     plan = load_plan(args.plan, verify=False)
-    timed: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    claims: dict[str, tuple[int, int]] = {}
+    if args.budget is not None:
+        plan = with_budget(plan, args.budget)
+    kinds = KINDS if args.long_prompt else KINDS[:1]
+    if args.long_prompt and not any(key.chunk_sizes for worker in plan.workers for key in worker.keys):
+        raise BenchError("the plan cuts no prompt into chunks (no step token budget): pass --budget N, or a "
+                         "chunked plan such as generated/llama_chunked.plan")
+    if args.long_prompt and args.output_len <= ARRIVE_AFTER + 1:
+        raise BenchError(f"the long prompt arrives after {ARRIVE_AFTER} full decode steps: raise --output-len "
+                         f"past {ARRIVE_AFTER + 1}")
+    modes = (True, False) if args.compare else (not args.per_row,)  # is_columnar
+    timed: dict[tuple[str, bool, str], list[dict[str, float]]] = {}
+    claims: dict[tuple[str, bool], tuple[int, int]] = {}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            run = _one_run(plan, args, variant, is_traced=False)
-            if not run["steps"]:
-                raise BenchError(f"no full decode step of {args.clients} rows ran (raise --output-len)")
-            p50 = {part: float(np.percentile([s[part] for s in run["steps"]], 50)) for part in PARTS}
-            totals = [sum(s.values()) for s in run["steps"]]
-            p50["total"] = float(np.percentile(totals, 50))
-            # The slow steps matter as much as the typical one: while the host's step is longer
-            # than the device's, the device waits (a page boundary crossed by every row at once).
-            p50["total_p90"], p50["total_max"] = float(np.percentile(totals, 90)), float(max(totals))
-            timed[variant].append(p50)
-            claims[variant] = (run["num_ahead_rows"], run["num_claimed_rows"])
+            for is_columnar in modes:
+                run = _one_run(plan, args, variant, False, is_columnar)
+                for kind in kinds:
+                    if not run["steps"][kind]:
+                        raise BenchError(f"no {'full decode' if kind == 'decode' else 'chunk'} step of "
+                                         f"{args.clients} decode rows ran (raise --output-len)")
+                    timed.setdefault((variant, is_columnar, kind), []).append(_summary(run["steps"][kind]))
+                claims[variant, is_columnar] = (run["num_ahead_rows"], run["num_claimed_rows"])
     result: dict[str, Any] = {"plan": str(args.plan), "clients": args.clients, "prompt_len": args.prompt_len,
-                              "output_len": args.output_len, "rounds": args.rounds, "variants": {},
-                              "steps": "per-row" if args.per_row else "columns",
+                              "output_len": args.output_len, "rounds": args.rounds, "long_prompt": args.long_prompt,
+                              "budget": max((k.token_budget or 0 for w in plan.workers for k in w.keys), default=0)
+                              or None,
+                              "steps": "per-row" if args.per_row and not args.compare else "columns",
                               "clock": "thread cpu" if args.cpu_time else "wall"}
-    for variant in VARIANTS:
-        runs = timed[variant]
-        medians = {key: float(median(r[key] for r in runs)) for key in runs[0]}
-        entry: dict[str, Any] = {"p50_us_per_step": {key: medians[key] for key in (*PARTS, "total")},
-                                 "total_us_per_step": {"p90": medians["total_p90"], "largest": medians["total_max"]},
-                                 "rows_launched_ahead": claims[variant][0], "rows_claimed": claims[variant][1]}
-        if args.bytecodes:
-            steps = _one_run(plan, args, variant, is_traced=True)["steps"]
-            num_rows = len(steps) * args.clients
-            per_row = {part: sum(s[part] for s in steps) / num_rows for part in PARTS}
-            per_row["total"] = sum(per_row.values())
-            entry["bytecodes_per_row"] = per_row
-        result["variants"][variant] = entry
+    for is_columnar in modes:
+        entries: dict[str, Any] = {}
+        for variant in VARIANTS:
+            traced = _one_run(plan, args, variant, True, is_columnar) if args.bytecodes else None
+            for kind in kinds:
+                runs = timed[variant, is_columnar, kind]
+                medians = {key: float(median(r[key] for r in runs)) for key in runs[0]}
+                entry: dict[str, Any] = {"p50_us_per_step": {key: medians[key] for key in (*PARTS, "total")},
+                                         "total_us_per_step": {"p90": medians["total_p90"],
+                                                               "largest": medians["total_max"]}}
+                if traced is not None:
+                    steps = traced["steps"][kind]
+                    num_rows = sum(traced["rows"][kind])
+                    per_row = {part: sum(s[part] for s in steps) / num_rows for part in PARTS}
+                    per_row["total"] = sum(per_row.values())
+                    entry["bytecodes_per_row"] = per_row
+                    entry["rows_per_step"] = num_rows / len(steps)
+                    # the typical step's (a first chunk step also classifies the whole prompt once)
+                    entry["bytecodes_per_row_p50_step"] = float(np.median(
+                        [sum(step.values()) / rows for step, rows in zip(steps, traced["rows"][kind])]))
+                if kind == "decode":
+                    entry["rows_launched_ahead"], entry["rows_claimed"] = claims[variant, is_columnar]
+                    entries[variant] = entry
+                else:
+                    entries[variant]["chunk_steps"] = entry
+        result["variants" if is_columnar or not args.compare else "per_row_variants"] = entries
     ahead, serial = (result["variants"][v]["p50_us_per_step"]["total"] for v in VARIANTS)
     result["ahead_over_no_ahead"] = ahead / serial if serial else None
+    if args.compare:
+        result["columns_over_per_row"] = {variant: {kind: _ratios(_of_kind(result["variants"][variant], kind),
+                                                                   _of_kind(result["per_row_variants"][variant], kind))
+                                                    for kind in kinds} for variant in VARIANTS}
     return result
 
 
+def _of_kind(entry: dict[str, Any], kind: str) -> dict[str, Any]:
+    return entry if kind == "decode" else entry["chunk_steps"]
+
+
+def _ratios(columns: dict[str, Any], per_row: dict[str, Any]) -> dict[str, Optional[float]]:
+    """Columns over per-row: the p50 host time per step, and bytecodes per row when counted."""
+    def ratio(a: float, b: float) -> Optional[float]:
+        return a / b if b else None
+    ratios = {"us_p50": ratio(columns["p50_us_per_step"]["total"], per_row["p50_us_per_step"]["total"])}
+    if "bytecodes_per_row" in columns:  # the median step's (the mean's first chunk step classifies the prompt)
+        ratios["bytecodes"] = ratio(columns["bytecodes_per_row_p50_step"], per_row["bytecodes_per_row_p50_step"])
+    return ratios
+
+
+def _render_entry(label: str, entry: dict[str, Any]) -> list[str]:
+    p50, slow = entry["p50_us_per_step"], entry["total_us_per_step"]
+    lines = [f"{label:<24} {'us/step p50':<14} " + " ".join(f"{p50[p]:>12.1f}" for p in (*PARTS, "total"))
+             + f"   (total p90 {slow['p90']:.1f}, largest {slow['largest']:.1f})"]
+    if "bytecodes_per_row" in entry:
+        codes = entry["bytecodes_per_row"]
+        lines.append(f"{label:<24} {'bytecodes/row':<14} " + " ".join(f"{codes[p]:>12.1f}" for p in (*PARTS, "total"))
+                     + f"   ({entry['rows_per_step']:.1f} rows a step; the median step "
+                       f"{entry['bytecodes_per_row_p50_step']:.1f} a row)")
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
+    long = (f"; one {result['long_prompt']}-token prompt arriving after {ARRIVE_AFTER} decode steps, step token "
+            f"budget {result['budget']}: chunk steps = its chunk beside {result['clients']} decode rows"
+            if result["long_prompt"] else "")
     lines = [f"plan {result['plan']}: {result['clients']} clients, prompt {result['prompt_len']}, output "
-             f"{result['output_len']} tokens; device step stubbed; full decode steps of {result['clients']} rows "
-             f"({result['steps']}); median of {result['rounds']} round(s), variants interleaved; "
-             f"microseconds of {result['clock']} time",
-             f"{'variant':<9} {'':<14} " + " ".join(f"{p:>12}" for p in (*PARTS, "total"))]
-    for variant, entry in result["variants"].items():
-        p50, slow = entry["p50_us_per_step"], entry["total_us_per_step"]
-        lines.append(f"{variant:<9} {'us/step p50':<14} " + " ".join(f"{p50[p]:>12.1f}" for p in (*PARTS, "total"))
-                     + f"   (total p90 {slow['p90']:.1f}, largest {slow['largest']:.1f})")
-        if "bytecodes_per_row" in entry:
-            codes = entry["bytecodes_per_row"]
-            lines.append(f"{variant:<9} {'bytecodes/row':<14} "
-                         + " ".join(f"{codes[p]:>12.1f}" for p in (*PARTS, "total")))
+             f"{result['output_len']} tokens{long}; device stubbed; decode steps = full decode steps of "
+             f"{result['clients']} rows; median of {result['rounds']} round(s), variants interleaved; microseconds "
+             f"of {result['clock']} time",
+             f"{'variant, steps':<24} {'':<14} " + " ".join(f"{p:>12}" for p in (*PARTS, "total"))]
+    modes = [(result["steps"], result["variants"])]
+    if "per_row_variants" in result:
+        modes.append(("per-row", result["per_row_variants"]))
+    for variant in VARIANTS:
+        for mode, entries in modes:
+            entry = entries[variant]
+            lines += _render_entry(f"{variant} {mode} decode", entry)
+            if "chunk_steps" in entry:
+                lines += _render_entry(f"{variant} {mode} chunk", entry["chunk_steps"])
     ahead = result["variants"]["ahead"]
     lines.append(f"run ahead: {ahead['rows_claimed']} of {ahead['rows_launched_ahead']} rows launched ahead "
-                 f"claimed (last round); ahead / no-ahead host time per step: {result['ahead_over_no_ahead']:.2f}x")
+                 f"claimed (last round); ahead / no-ahead host time per decode step: "
+                 f"{result['ahead_over_no_ahead']:.2f}x")
+    for variant, by_kind in result.get("columns_over_per_row", {}).items():
+        lines.append(f"columns / per-row, {variant}: " + "; ".join(
+            f"{kind} steps {ratios['us_p50']:.2f}x host time p50"
+            + (f", {ratios['bytecodes']:.2f}x bytecodes a row (median step)" if "bytecodes" in ratios else "")
+            for kind, ratios in by_kind.items()))
     return "\n".join(lines)
 
 
@@ -272,6 +386,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="skip the traced runs that count bytecodes per row")
     parser.add_argument("--per-row", action="store_true",
                         help="run steady decode steps row by row (the runner's columns off: gpu/decode_columns.py)")
+    parser.add_argument("--compare", action="store_true",
+                        help="run each variant with the columns and --per-row, interleaved, and print the ratio")
+    parser.add_argument("--long-prompt", type=int_range(0, 1_000_000), default=0, metavar="N",
+                        help="one more request of N prompt tokens arriving while the clients decode; its chunk "
+                             "steps are reported apart (needs a step token budget: the plan's or --budget)")
+    parser.add_argument("--budget", type=count, help="step token budget (and chunk size) instead of the plan's")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with this thread's CPU time, which other jobs on the machine do not add to")
     args = parser.parse_args(argv)

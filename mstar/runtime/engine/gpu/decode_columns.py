@@ -33,9 +33,10 @@ others' `_admit`, then the boundary rows', as above: two admissions in a row dec
 both, since the requests are distinct, the policy's running counts after a granted row are its
 state after the grant, and a granted row leaves the free pages' margin over the started
 requests' claims at or above zero, so `_admit`'s shortcut still holds; pages are taken in step
-order either way), the row slots a new request takes, the `RowSpec`s and sampling rows of the one launch, and the results. The results
-are a plain list (the engine reads the rows' answer in columns itself), or, when a chunk before
-the last answers no token, a `TokenRows` with `token_ids` None.
+order either way), the row slots a new request takes, the `RowSpec`s and sampling rows of the
+one launch, and the results. The results are a plain list (the engine reads the rows' answer in
+columns itself), or, when a chunk before the last answers no token, a `TokenRows` with
+`token_ids` None.
 
 What the columns replace, row for row (the per-row path in gpu/runner.py and runners/decoder.py):
 `_prepare` and the row item, the length check, `_claim`, the `RowSpec`s' lengths and page tables,
@@ -44,11 +45,12 @@ the KV commit, and `_token_outputs` (history, sampled counts, last tokens, the s
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, eq, itemgetter
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -89,7 +91,7 @@ class SteadyRows:
     slots: list[int]  # row slots (the device token table)
     fed: list[list[int]]  # the token each row feeds (its request's last token; the device holds it too)
     others: list[int] = field(default_factory=list)  # a mixed step: step indices of the rows that are not steady
-    at: Optional[np.ndarray] = None  # a mixed step: each steady row's step index (else its index is its own)
+    at: Optional[list[int]] = None  # a mixed step: each steady row's step index (else its index is its own)
 
 
 def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -117,28 +119,35 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
                 return None
             others.append(index)
         append(row.request_id)
-    # the requests' state: C passes (`None in` compares lists and ints here, never a dataclass)
     node, requests = runner.node.name, list(map(_third, rows))
     pool, admission = runner.pool, runner.admission
     if len(set(ids)) != len(ids) or pool.num_free_pages < admission.num_outstanding:
         return None
+    is_steady: list[bool] = []
+    if others:  # a mixed step: its other rows' fields rule them out; the rest are checked below
+        is_steady = [True] * len(rows)
+        for index in others:
+            is_steady[index] = False
+        ids, requests = list(compress(ids, is_steady)), list(compress(requests, is_steady))
+    # the requests' state: C passes (`None in` compares lists and ints here, never a dataclass)
     fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
     slots: list[Any] = list(map(runner._row_slots.get, ids))
-    at = None
-    if (others or None in fed or None in slots or set(map(len, fed)) != {1} or not admission.budgets.keys() >= set(ids)
+    if (not ids or None in fed or None in slots or set(map(len, fed)) != {1}
+            or not admission.budgets.keys() >= set(ids)
             or not all(map(dict.__contains__, map(_history_of, requests), repeat(node)))):
         if not is_mixed_ok:
             return None
-        # a mixed step: which rows are steady, row by row (the per-row path takes the others)
-        budgets, is_other = admission.budgets, set(others)
-        is_steady = [index not in is_other and last is not None and len(last) == 1 and slot is not None
-                     and request_id in budgets and node in request.history
-                     for index, (request_id, request, last, slot) in enumerate(zip(ids, requests, fed, slots))]
-        if not any(is_steady):
+        # which of them are steady, row by row (the per-row path takes the others)
+        budgets = admission.budgets
+        is_ready = [last is not None and len(last) == 1 and slot is not None and request_id in budgets
+                    and node in request.history for request_id, request, last, slot in zip(ids, requests, fed, slots)]
+        if not any(is_ready):
             return None
+        kept = iter(is_ready)
+        is_steady = [is_it and next(kept) for is_it in is_steady] if is_steady else is_ready
         others = [index for index, is_it in enumerate(is_steady) if not is_it]
-        ids, requests, fed, slots = (list(compress(values, is_steady)) for values in (ids, requests, fed, slots))
-        at = np.flatnonzero(is_steady)
+        ids, requests, fed, slots = (list(compress(values, is_ready)) for values in (ids, requests, fed, slots))
+    at = list(compress(range(len(rows)), is_steady)) if others else None
     column = pool.column(list(zip(ids, repeat(runner.guidance.first))))
     if column is None or int(column.num_tokens.max()) + 1 > runner.max_seq_len:
         return None  # (a row past max_seq_len gets its error on the per-row path)
@@ -186,19 +195,19 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
         items = runner._within_length(ready, results)  # type: ignore[assignment]
         index_of = dict(zip([rows[index][0].request_id for index in steady.others], steady.others))
         items_at = [index_of[item.row.request_id] for item in items]
-    steady_at = steady.at if steady.at is not None else np.arange(len(steady.request_ids))
-    keep = np.ones(len(steady.request_ids), dtype=bool)
+    steady_at: Sequence[int] = steady.at if steady.at is not None else range(len(steady.request_ids))
+    refused: set[int] = set()  # steady rows the admission policy refused
     failed: list[str] = []
     needy = np.flatnonzero(steady.column.num_tokens >= steady.column.num_held).tolist()
-    if items and needy and int(steady_at[needy[0]]) < items_at[-1]:
+    if items and needy and steady_at[needy[0]] < items_at[-1]:
         # a row at a page boundary before another row: one admission of both, in step order
-        needy_items = [runner._prepare(*rows[int(steady_at[index])]) for index in needy]
-        asked, _ = _merged(needy_items, steady_at[needy], items, items_at)
+        needy_items = [runner._prepare(*rows[steady_at[index]]) for index in needy]
+        asked, _ = _merged(needy_items, [steady_at[index] for index in needy], items, items_at)
         granted, failed = runner._admit(asked, [], is_partial_ok)
         if failed and not is_partial_ok:
             return results, failed, list
         is_granted = {id(item) for item in granted}
-        keep[needy] = [id(item) in is_granted for item in needy_items]
+        refused = {index for index, item in zip(needy, needy_items) if id(item) not in is_granted}
         items_at = [at for at, item in zip(items_at, items) if id(item) in is_granted]
         items = [item for item in items if id(item) in is_granted]
         needy = []
@@ -212,21 +221,23 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
     if needy and _grant_one_page_each(runner, [steady.request_ids[index] for index in needy]):
         needy = []
     if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
-        asked = [runner._prepare(*rows[int(steady_at[index])]) for index in needy]
+        asked = [runner._prepare(*rows[steady_at[index]]) for index in needy]
         granted, more = runner._admit(asked, [], is_partial_ok)
         if more and not is_partial_ok:
             return [], more, list
         failed += more
         is_granted = {id(item) for item in granted}
-        keep[needy] = [id(item) in is_granted for item in asked]
-    if not keep.all():
+        refused = {index for index, item in zip(needy, asked) if id(item) not in is_granted}
+    if refused:
+        keep = [index not in refused for index in range(len(steady.request_ids))]
         steady = _take(steady, keep)
-        steady_at = steady_at[keep]
+        steady_at = list(compress(steady_at, keep))
     if not steady.request_ids and not items:
         return results, failed, list  # nothing runs (nor claims what the step launched ahead holds)
     ids, slots, walk = steady.request_ids, steady.slots, steady.walk
+    # (numpy calls kept few: on a step's cold caches each costs about 5 us here, five times a warm loop's)
     ahead = runner._ahead.pop(worker, None)
-    claimed = np.zeros(len(ids), dtype=bool)
+    claimed: Any = None  # the steady rows the step launched ahead holds (a bool array), when it holds any
     there = np.zeros(0, dtype=np.int64)
     items_claimed: dict[int, int] = {}  # index in items -> index in the step launched ahead
     if ahead is not None:
@@ -241,18 +252,22 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
         if len(set(there.tolist()) | set(items_claimed.values())) != len(ahead.slots):  # some it ran are nobody's
             runner._restore_unclaimed(ahead, set(compress(ids, claimed))
                                       | {items[index].row.request_id for index in items_claimed})
-    fresh = np.flatnonzero(~claimed)
+        if not there.shape[0]:
+            claimed = None
+    fresh: Optional[list[int]] = None if claimed is None else np.flatnonzero(~claimed).tolist()  # None: all
     fresh_items = [index for index in range(len(items)) if index not in items_claimed]
     pending, places = None, []  # places: the fresh other rows' indices in the step launched
-    if fresh.shape[0] or fresh_items:
+    if fresh is None or fresh or fresh_items:
         decode_walks = runner._decode_walks
-        key_glue = runner._key_glue(worker, [walk] * bool(fresh.shape[0]) + [items[k].row.walk for k in fresh_items])
+        is_steady_fresh = bool(ids) and (fresh is None or bool(fresh))
+        key_glue = runner._key_glue(worker, [walk] * is_steady_fresh + [items[k].row.walk for k in fresh_items])
         walk_index = {name: index for index, name in enumerate(key_glue.constants.walks)} if key_glue else {}
-        fresh_rows = fresh.tolist()
-        pick = (itemgetter(*fresh_rows) if len(fresh_rows) > 1 else
-                (lambda seq: (seq[fresh_rows[0]],)) if fresh_rows else (lambda seq: ()))
-        specs = list(map(RowSpec, repeat(None), steady.column.num_tokens[fresh].tolist(),
-                         steady.column.page_tables(fresh_rows), pick(slots), repeat(walk in decode_walks),
+        pick: Callable[[Sequence[Any]], Sequence[Any]] = (
+            (lambda seq: seq) if fresh is None else itemgetter(*fresh) if len(fresh) > 1
+            else (lambda seq: (seq[fresh[0]],)) if fresh else (lambda seq: ()))
+        num_tokens = steady.column.num_tokens
+        specs = list(map(RowSpec, repeat(None), (num_tokens if fresh is None else num_tokens[fresh]).tolist(),
+                         steady.column.page_tables(fresh), pick(slots), repeat(walk in decode_walks),
                          repeat(walk_index.get(walk, 0))))
         requests = list(pick(steady.requests))
         if fresh_items:
@@ -263,8 +278,9 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
                                    runner._row_slot(item.row.request_id), item.row.walk in decode_walks,
                                    walk_index.get(item.row.walk, 0)) for item in (items[k] for k in fresh_items)]
             other_at = [items_at[k] for k in fresh_items]
-            specs, places = _merged(specs, steady_at[fresh], other_specs, other_at)
-            requests, _ = _merged(requests, steady_at[fresh], [items[k].request for k in fresh_items], other_at)
+            fresh_at = pick(steady_at)
+            specs, places = _merged(specs, fresh_at, other_specs, other_at)
+            requests, _ = _merged(requests, fresh_at, [items[k].request for k in fresh_items], other_at)
         pending = runner.executor.launch(specs, sampling_of(runner, requests),
                                          *runner._step_bucket, route=runner._route, glue=key_glue)
     steady.column.commit_one_each()
@@ -278,21 +294,25 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
     runner._last_rows[worker] = sampled
 
     def finish() -> list[RowResult]:
-        tokens = np.empty(len(ids), dtype=np.int64)
         item_tokens = [0] * len(items)
+        collected: Any = []
         if pending is not None:
             collected = runner.executor.collect(pending)
-            if places:
-                is_steady = np.ones(collected.shape[0], dtype=bool)
-                is_steady[places] = False
-                for index, token in zip(fresh_items, collected[places].tolist()):
-                    item_tokens[index] = token
-                collected = collected[is_steady]
+            if places:  # the other rows' tokens out (last first: each pop leaves the earlier places put)
+                values = collected.tolist()
+                for index, place in zip(fresh_items[::-1], places[::-1]):
+                    item_tokens[index] = values.pop(place)
+                collected = values
+        if claimed is None:  # every steady row launched here
+            tokens = np.asarray(collected, dtype=np.int64)
+        else:
+            tokens = np.empty(len(ids), dtype=np.int64)
             tokens[fresh] = collected
-        if there.shape[0] or items_claimed:
+        if claimed is not None or items_claimed:
             assert ahead is not None
             ahead_tokens = ahead.collect(runner.executor)
-            tokens[claimed] = np.asarray(ahead_tokens, dtype=np.int64)[there]
+            if claimed is not None:
+                tokens[claimed] = np.asarray(ahead_tokens, dtype=np.int64)[there]
             for index, place in items_claimed.items():
                 item_tokens[index] = ahead_tokens[place]
         outputs = _token_outputs(runner, steady, tokens)
@@ -316,23 +336,24 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
     return results, failed, finish
 
 
-def _merged(columns: list, columns_at: np.ndarray, others: list, others_at: list[int]) -> tuple[list, list[int]]:
+def _merged(columns: list, columns_at: Sequence[int], others: list, others_at: list[int]) -> tuple[list, list[int]]:
     """The rows of `columns` (at step indices `columns_at`, ascending) and of `others` (at
-    `others_at`, ascending) in one list in step order, and the others' places in it."""
+    `others_at`, ascending; a few) in one list in step order, and the others' places in it."""
     merged = list(columns)
-    places = (np.searchsorted(columns_at, others_at) + np.arange(len(others))).tolist()
-    for place, value in zip(places, others):  # ascending places: each insert leaves the earlier ones put
+    places = []
+    for count, (at, value) in enumerate(zip(others_at, others)):  # ascending: each insert leaves the earlier put
+        place = bisect_left(columns_at, at) + count
         merged.insert(place, value)
+        places.append(place)
     return merged, places
 
 
-def _take(steady: SteadyRows, keep: np.ndarray) -> SteadyRows:
+def _take(steady: SteadyRows, pick: list[bool]) -> SteadyRows:
     """The columns of the kept rows (those the admission policy let run), in step order."""
-    pick = keep.tolist()
     return SteadyRows(list(compress(steady.request_ids, pick)), list(compress(steady.requests, pick)), steady.walk,
                       steady.facts, steady.column.take(pick),
                       list(compress(steady.slots, pick)), list(compress(steady.fed, pick)), steady.others,
-                      None if steady.at is None else steady.at[keep])
+                      None if steady.at is None else list(compress(steady.at, pick)))
 
 
 def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0):
