@@ -81,7 +81,8 @@ class _Clock:
 
 
 def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_ahead: bool, num_pages: int,
-         prefix_cache: bool, budget: int = 0, is_reversed: bool = False) -> tuple[list[tuple], dict[str, tuple], int, int]:
+         prefix_cache: bool, budget: int = 0, is_reversed: bool = False
+         ) -> tuple[list[tuple], dict[str, tuple], int, int]:
     """Every step's snapshot, each request's finish and outputs, the steps taken in columns, and
     those of them that held a prompt chunk beside the decode rows (the chunk row by row).
     is_reversed: the runner gets the rows of a step of several calls in reverse order (the

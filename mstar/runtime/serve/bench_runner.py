@@ -287,21 +287,7 @@ def measure(args) -> dict[str, Any]:
         for variant in VARIANTS:
             traced = _one_run(plan, args, variant, True, is_columnar) if args.bytecodes else None
             for kind in kinds:
-                runs = timed[variant, is_columnar, kind]
-                medians = {key: float(median(r[key] for r in runs)) for key in runs[0]}
-                entry: dict[str, Any] = {"p50_us_per_step": {key: medians[key] for key in (*PARTS, "total")},
-                                         "total_us_per_step": {"p90": medians["total_p90"],
-                                                               "largest": medians["total_max"]}}
-                if traced is not None:
-                    steps = traced["steps"][kind]
-                    num_rows = sum(traced["rows"][kind])
-                    per_row = {part: sum(s[part] for s in steps) / num_rows for part in PARTS}
-                    per_row["total"] = sum(per_row.values())
-                    entry["bytecodes_per_row"] = per_row
-                    entry["rows_per_step"] = num_rows / len(steps)
-                    # the typical step's (a first chunk step also classifies the whole prompt once)
-                    entry["bytecodes_per_row_p50_step"] = float(np.median(
-                        [sum(step.values()) / rows for step, rows in zip(steps, traced["rows"][kind])]))
+                entry = _entry(timed[variant, is_columnar, kind], traced, kind)
                 if kind == "decode":
                     entry["rows_launched_ahead"], entry["rows_claimed"] = claims[variant, is_columnar]
                     entries[variant] = entry
@@ -315,6 +301,23 @@ def measure(args) -> dict[str, Any]:
                                                                    _of_kind(result["per_row_variants"][variant], kind))
                                                     for kind in kinds} for variant in VARIANTS}
     return result
+
+
+def _entry(runs: list[dict[str, float]], traced: Optional[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """One kind of step's figures: the medians over rounds of its steps' p50s, p90 and largest
+    step, and from the traced run (when there is one) its bytecodes a row."""
+    medians = {key: float(median(r[key] for r in runs)) for key in runs[0]}
+    entry: dict[str, Any] = {"p50_us_per_step": {key: medians[key] for key in (*PARTS, "total")},
+                             "total_us_per_step": {"p90": medians["total_p90"], "largest": medians["total_max"]}}
+    if traced is not None:
+        steps, rows = traced["steps"][kind], traced["rows"][kind]
+        per_row = {part: sum(s[part] for s in steps) / sum(rows) for part in PARTS}
+        per_row["total"] = sum(per_row.values())
+        entry["bytecodes_per_row"] = per_row
+        entry["rows_per_step"] = sum(rows) / len(steps)
+        # the typical step's (a first chunk step also classifies the whole prompt once)
+        entry["bytecodes_per_row_p50_step"] = float(np.median([sum(s.values()) / n for s, n in zip(steps, rows)]))
+    return entry
 
 
 def _of_kind(entry: dict[str, Any], kind: str) -> dict[str, Any]:

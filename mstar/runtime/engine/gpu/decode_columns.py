@@ -48,6 +48,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, eq, itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
@@ -61,7 +62,7 @@ from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.step import RowResult, StepRow
 
 if TYPE_CHECKING:
-    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _CallFacts, _Item
+    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _Ahead, _CallFacts, _Item
 
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
@@ -181,159 +182,205 @@ def _grant_one_page_each(runner: "GpuDecoderRunner", request_ids: list[str]) -> 
     return True
 
 
+@dataclass
+class _Step:
+    """A steady or mixed step on its way through `start_steady` and its finish."""
+
+    steady: SteadyRows
+    at: Sequence[int]  # each steady row's step index
+    items: list["_Item"] = field(default_factory=list)  # a mixed step's other rows (the per-row path's), in order
+    items_at: list[int] = field(default_factory=list)  # their step indices
+    ahead: Optional["_Ahead"] = None
+    claimed: Any = None  # the steady rows the step launched ahead holds (a bool array), when it holds any
+    there: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # their indices there
+    items_claimed: dict[int, int] = field(default_factory=dict)  # index in items -> index there
+    fresh: Optional[list[int]] = None  # the steady rows launched here (None: all)
+    fresh_items: list[int] = field(default_factory=list)  # the other rows launched here (indices in items)
+    pending: Any = None
+    places: list[int] = field(default_factory=list)  # the fresh other rows' indices in the step launched
+
+
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
                  is_partial_ok: bool, worker: int) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
     """`DecoderRunner.start` for a steady or mixed step (its route and bucket already set on the
     runner): the other rows' items (a mixed step), admit the rows that need memory, claim what the
     step launched ahead holds, launch the rest, commit every row's KV length; returns (results
     now, rows short of memory, finish)."""
+    step = _Step(steady, steady.at if steady.at is not None else range(len(steady.request_ids)))
     results: list[RowResult] = []
-    items: list[_Item] = []  # a mixed step's other rows, as the per-row path prepares them, in step order
-    items_at: list[int] = []  # their step indices
     if steady.others:
         results, ready = runner._items([rows[index] for index in steady.others])
-        items = runner._within_length(ready, results)  # type: ignore[assignment]
+        step.items = runner._within_length(ready, results)  # type: ignore[assignment]
         index_of = dict(zip([rows[index][0].request_id for index in steady.others], steady.others))
-        items_at = [index_of[item.row.request_id] for item in items]
-    steady_at: Sequence[int] = steady.at if steady.at is not None else range(len(steady.request_ids))
-    refused: set[int] = set()  # steady rows the admission policy refused
-    failed: list[str] = []
-    needy = np.flatnonzero(steady.column.num_tokens >= steady.column.num_held).tolist()
-    if items and needy and steady_at[needy[0]] < items_at[-1]:
-        # a row at a page boundary before another row: one admission of both, in step order
-        needy_items = [runner._prepare(*rows[steady_at[index]]) for index in needy]
-        asked, _ = _merged(needy_items, [steady_at[index] for index in needy], items, items_at)
-        granted, failed = runner._admit(asked, [], is_partial_ok)
-        if failed and not is_partial_ok:
-            return results, failed, list
-        is_granted = {id(item) for item in granted}
-        refused = {index for index, item in zip(needy, needy_items) if id(item) not in is_granted}
-        items_at = [at for at, item in zip(items_at, items) if id(item) in is_granted]
-        items = [item for item in items if id(item) in is_granted]
-        needy = []
-    elif items:  # every other row comes before the rows at a page boundary: asked first, as in step order
-        granted, failed = runner._admit(items, [], is_partial_ok)
-        if failed and not is_partial_ok:
-            return results, failed, list
-        is_granted = {id(item) for item in granted}
-        items_at = [at for at, item in zip(items_at, items) if id(item) in is_granted]
-        items = granted  # type: ignore[assignment]
-    if needy and _grant_one_page_each(runner, [steady.request_ids[index] for index in needy]):
-        needy = []
-    if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
-        asked = [runner._prepare(*rows[steady_at[index]]) for index in needy]
-        granted, more = runner._admit(asked, [], is_partial_ok)
-        if more and not is_partial_ok:
-            return [], more, list
-        failed += more
-        is_granted = {id(item) for item in granted}
-        refused = {index for index, item in zip(needy, asked) if id(item) not in is_granted}
-    if refused:
-        keep = [index not in refused for index in range(len(steady.request_ids))]
-        steady = _take(steady, keep)
-        steady_at = list(compress(steady_at, keep))
-    if not steady.request_ids and not items:
+        step.items_at = [index_of[item.row.request_id] for item in step.items]
+    failed, is_running = _admit_step(runner, step, rows, is_partial_ok)
+    if not is_running:
         return results, failed, list  # nothing runs (nor claims what the step launched ahead holds)
-    ids, slots, walk = steady.request_ids, steady.slots, steady.walk
-    # (numpy calls kept few: on a step's cold caches each costs about 5 us here, five times a warm loop's)
-    ahead = runner._ahead.pop(worker, None)
-    claimed: Any = None  # the steady rows the step launched ahead holds (a bool array), when it holds any
-    there = np.zeros(0, dtype=np.int64)
-    items_claimed: dict[int, int] = {}  # index in items -> index in the step launched ahead
-    if ahead is not None:
-        found = list(map(ahead.rows.get, ids, repeat(_NOT_AHEAD)))
-        claimed = np.fromiter(map(eq, map(_first, found), repeat(walk)), dtype=bool, count=len(ids))
-        there = np.fromiter(map(_second, found), dtype=np.int64, count=len(ids))[claimed]
-        for index, item in enumerate(items):  # `_claim`'s rule, row by row
-            place = ahead.rows.get(item.row.request_id)
-            if place is not None and item.is_loop_back and not item.row.is_partial and place[0] == item.row.walk:
-                items_claimed[index] = place[1]
-        runner.num_claimed_rows += int(there.shape[0]) + len(items_claimed)
-        if len(set(there.tolist()) | set(items_claimed.values())) != len(ahead.slots):  # some it ran are nobody's
-            runner._restore_unclaimed(ahead, set(compress(ids, claimed))
-                                      | {items[index].row.request_id for index in items_claimed})
-        if not there.shape[0]:
-            claimed = None
-    fresh: Optional[list[int]] = None if claimed is None else np.flatnonzero(~claimed).tolist()  # None: all
-    fresh_items = [index for index in range(len(items)) if index not in items_claimed]
-    pending, places = None, []  # places: the fresh other rows' indices in the step launched
-    if fresh is None or fresh or fresh_items:
-        decode_walks = runner._decode_walks
-        is_steady_fresh = bool(ids) and (fresh is None or bool(fresh))
-        key_glue = runner._key_glue(worker, [walk] * is_steady_fresh + [items[k].row.walk for k in fresh_items])
-        walk_index = {name: index for index, name in enumerate(key_glue.constants.walks)} if key_glue else {}
-        pick: Callable[[Sequence[Any]], Sequence[Any]] = (
-            (lambda seq: seq) if fresh is None else itemgetter(*fresh) if len(fresh) > 1
-            else (lambda seq: (seq[fresh[0]],)) if fresh else (lambda seq: ()))
-        num_tokens = steady.column.num_tokens
-        specs = list(map(RowSpec, repeat(None), (num_tokens if fresh is None else num_tokens[fresh]).tolist(),
-                         steady.column.page_tables(fresh), pick(slots), repeat(walk in decode_walks),
-                         repeat(walk_index.get(walk, 0))))
-        requests = list(pick(steady.requests))
-        if fresh_items:
-            pool, label = runner.pool, runner.guidance.first
-            other_specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
-                                   pool.num_tokens((item.row.request_id, label)),
-                                   pool.page_table((item.row.request_id, label)),
-                                   runner._row_slot(item.row.request_id), item.row.walk in decode_walks,
-                                   walk_index.get(item.row.walk, 0)) for item in (items[k] for k in fresh_items)]
-            other_at = [items_at[k] for k in fresh_items]
-            fresh_at = pick(steady_at)
-            specs, places = _merged(specs, fresh_at, other_specs, other_at)
-            requests, _ = _merged(requests, fresh_at, [items[k].request for k in fresh_items], other_at)
-        pending = runner.executor.launch(specs, sampling_of(runner, requests),
-                                         *runner._step_bucket, route=runner._route, glue=key_glue)
-    steady.column.commit_one_each()
-    sampled = set(ids)
-    for item in items:  # the per-row commit
+    _claim_ahead(runner, step, worker)
+    _launch(runner, step, worker)
+    step.steady.column.commit_one_each()
+    sampled = set(step.steady.request_ids)
+    for item in step.items:  # the per-row commit
         row = item.row
         runner.pool.commit((row.request_id, runner.guidance.first), len(item.tokens_fed),
                            None if item.is_loop_back else item.tokens_fed)
         if not row.is_partial:
             sampled.add(row.request_id)
     runner._last_rows[worker] = sampled
+    return results, failed, partial(_finish, runner, step)
 
-    def finish() -> list[RowResult]:
-        item_tokens = [0] * len(items)
-        collected: Any = []
-        if pending is not None:
-            collected = runner.executor.collect(pending)
-            if places:  # the other rows' tokens out (last first: each pop leaves the earlier places put)
-                values = collected.tolist()
-                for index, place in zip(fresh_items[::-1], places[::-1]):
-                    item_tokens[index] = values.pop(place)
-                collected = values
-        if claimed is None:  # every steady row launched here
-            tokens = np.asarray(collected, dtype=np.int64)
+
+def _admit_step(runner: "GpuDecoderRunner", step: _Step, rows: list[tuple[StepRow, CallInfo, RequestState]],
+                is_partial_ok: bool) -> tuple[list[str], bool]:
+    """Admit the step's rows that need memory, as the per-row path does and in its order; drop
+    those refused. Returns (rows short of memory, whether anything runs)."""
+    steady, items = step.steady, step.items
+    refused: set[int] = set()  # steady rows the admission policy refused
+    failed: list[str] = []
+    needy = np.flatnonzero(steady.column.num_tokens >= steady.column.num_held).tolist()
+    if items and needy and step.at[needy[0]] < step.items_at[-1]:
+        # a row at a page boundary before another row: one admission of both, in step order
+        needy_items = [runner._prepare(*rows[step.at[index]]) for index in needy]
+        asked, _ = _merged(needy_items, [step.at[index] for index in needy], items, step.items_at)
+        granted, failed = runner._admit(asked, [], is_partial_ok)
+        if failed and not is_partial_ok:
+            return failed, False
+        is_granted = {id(item) for item in granted}
+        refused = {index for index, item in zip(needy, needy_items) if id(item) not in is_granted}
+        _keep_items(step, is_granted)
+        needy = []
+    elif items:  # every other row comes before the rows at a page boundary: asked first, as in step order
+        granted, failed = runner._admit(list(items), [], is_partial_ok)
+        if failed and not is_partial_ok:
+            return failed, False
+        _keep_items(step, {id(item) for item in granted})
+    if needy and _grant_one_page_each(runner, [steady.request_ids[index] for index in needy]):
+        needy = []
+    if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
+        asked = [runner._prepare(*rows[step.at[index]]) for index in needy]
+        granted, more = runner._admit(asked, [], is_partial_ok)
+        if more and not is_partial_ok:
+            return more, False
+        failed = failed + more
+        is_granted = {id(item) for item in granted}
+        refused = {index for index, item in zip(needy, asked) if id(item) not in is_granted}
+    if refused:
+        keep = [index not in refused for index in range(len(steady.request_ids))]
+        step.steady, step.at = _take(steady, keep), list(compress(step.at, keep))
+    return failed, bool(step.steady.request_ids or step.items)
+
+
+def _keep_items(step: _Step, is_granted: set[int]) -> None:
+    """Keep the other rows the admission policy let run (ids of their items), in order."""
+    kept = [id(item) in is_granted for item in step.items]
+    step.items, step.items_at = list(compress(step.items, kept)), list(compress(step.items_at, kept))
+
+
+def _claim_ahead(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
+    """The rows of the step that the step launched ahead already ran (`_claim`'s rule); the rows
+    it ran that nobody claims get their device loop-back token back."""
+    step.ahead = ahead = runner._ahead.pop(worker, None)
+    if ahead is None:
+        return
+    ids, items, walk = step.steady.request_ids, step.items, step.steady.walk
+    found = list(map(ahead.rows.get, ids, repeat(_NOT_AHEAD)))
+    claimed = np.fromiter(map(eq, map(_first, found), repeat(walk)), dtype=bool, count=len(ids))
+    there = np.fromiter(map(_second, found), dtype=np.int64, count=len(ids))[claimed]
+    for index, item in enumerate(items):  # the other rows, row by row
+        place = ahead.rows.get(item.row.request_id)
+        if place is not None and item.is_loop_back and not item.row.is_partial and place[0] == item.row.walk:
+            step.items_claimed[index] = place[1]
+    runner.num_claimed_rows += int(there.shape[0]) + len(step.items_claimed)
+    if len(set(there.tolist()) | set(step.items_claimed.values())) != len(ahead.slots):  # some are nobody's now
+        runner._restore_unclaimed(ahead, set(compress(ids, claimed))
+                                  | {items[index].row.request_id for index in step.items_claimed})
+    # (numpy calls kept few: on a step's cold caches each costs about 5 us here, five times a warm loop's)
+    step.claimed, step.there = (claimed, there) if there.shape[0] else (None, there)
+
+
+def _launch(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
+    """Launch the rows the step launched ahead does not hold: the steady rows' `RowSpec`s from
+    the columns, the other rows' as the per-row path builds them, in step order."""
+    steady, items, walk = step.steady, step.items, step.steady.walk
+    fresh = step.fresh = None if step.claimed is None else np.flatnonzero(~step.claimed).tolist()
+    fresh_items = step.fresh_items = [index for index in range(len(items)) if index not in step.items_claimed]
+    num_fresh = len(steady.request_ids) if fresh is None else len(fresh)
+    if not (num_fresh or fresh_items):
+        return
+    decode_walks = runner._decode_walks
+    key_glue = runner._key_glue(worker, [walk] * bool(num_fresh) + [items[k].row.walk for k in fresh_items])
+    walk_index = {name: index for index, name in enumerate(key_glue.constants.walks)} if key_glue else {}
+    pick: Callable[[Sequence[Any]], Sequence[Any]] = (
+        (lambda seq: seq) if fresh is None else itemgetter(*fresh) if len(fresh) > 1
+        else (lambda seq: (seq[fresh[0]],)) if fresh else (lambda seq: ()))
+    num_tokens = steady.column.num_tokens
+    specs = list(map(RowSpec, repeat(None), (num_tokens if fresh is None else num_tokens[fresh]).tolist(),
+                     steady.column.page_tables(fresh), pick(steady.slots), repeat(walk in decode_walks),
+                     repeat(walk_index.get(walk, 0))))
+    requests = list(pick(steady.requests))
+    if fresh_items:
+        pool, label = runner.pool, runner.guidance.first
+        other_specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
+                               pool.num_tokens((item.row.request_id, label)),
+                               pool.page_table((item.row.request_id, label)),
+                               runner._row_slot(item.row.request_id), item.row.walk in decode_walks,
+                               walk_index.get(item.row.walk, 0)) for item in (items[k] for k in fresh_items)]
+        other_at, fresh_at = [step.items_at[k] for k in fresh_items], pick(step.at)
+        specs, step.places = _merged(specs, fresh_at, other_specs, other_at)
+        requests, _ = _merged(requests, fresh_at, [items[k].request for k in fresh_items], other_at)
+    step.pending = runner.executor.launch(specs, sampling_of(runner, requests),
+                                          *runner._step_bucket, route=runner._route, glue=key_glue)
+
+
+def _finish(runner: "GpuDecoderRunner", step: _Step) -> list[RowResult]:
+    """The step's results in step order: the steady rows' from the columns (`TokenRows`), the
+    other rows' as the per-row path gives them."""
+    tokens, item_tokens = _tokens(runner, step)
+    outputs = _token_outputs(runner, step.steady, tokens)
+    if not step.items:
+        return outputs
+    node, is_cut = runner.node.name, False
+    ran = []
+    for item, token in zip(step.items, item_tokens):  # the per-row path's outputs
+        if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
+            item.request.history.setdefault(node, []).extend(item.tokens_fed)
+            ran.append(RowResult(item.row.request_id))
+            is_cut = True
         else:
-            tokens = np.empty(len(ids), dtype=np.int64)
-            tokens[fresh] = collected
-        if claimed is not None or items_claimed:
-            assert ahead is not None
-            ahead_tokens = ahead.collect(runner.executor)
-            if claimed is not None:
-                tokens[claimed] = np.asarray(ahead_tokens, dtype=np.int64)[there]
-            for index, place in items_claimed.items():
-                item_tokens[index] = ahead_tokens[place]
-        outputs = _token_outputs(runner, steady, tokens)
-        if not items:
-            return outputs
-        node, is_cut = runner.node.name, False
-        ran = []
-        for item, token in zip(items, item_tokens):  # the per-row path's outputs
-            if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
-                item.request.history.setdefault(node, []).extend(item.tokens_fed)
-                ran.append(RowResult(item.row.request_id))
-                is_cut = True
-            else:
-                ran.append(runner._token_outputs(item, token))
-        merged, _ = _merged(outputs, steady_at, ran, items_at)
-        if not is_cut:
-            return merged  # the engine reads the rows' answer in columns (`_token_columns`)
-        results = TokenRows(merged)  # a chunk answers no token: no answer in columns
-        results.token_ids, results.stop_rows = None, []
-        return results
-    return results, failed, finish
+            ran.append(runner._token_outputs(item, token))
+    merged, _ = _merged(outputs, step.at, ran, step.items_at)
+    if not is_cut:
+        return merged  # the engine reads the rows' answer in columns (`_token_columns`)
+    results = TokenRows(merged)  # a chunk answers no token: no answer in columns
+    results.token_ids, results.stop_rows = None, []
+    return results
+
+
+def _tokens(runner: "GpuDecoderRunner", step: _Step) -> tuple[np.ndarray, list[int]]:
+    """The sampled tokens of the steady rows (int64, in order) and of the other rows, from the
+    step launched here and the step launched ahead."""
+    item_tokens = [0] * len(step.items)
+    collected: Any = []
+    if step.pending is not None:
+        collected = runner.executor.collect(step.pending)
+        if step.places:  # the other rows' tokens out (last first: each pop leaves the earlier places put)
+            values = collected.tolist()
+            for index, place in zip(step.fresh_items[::-1], step.places[::-1]):
+                item_tokens[index] = values.pop(place)
+            collected = values
+    if step.claimed is None:  # every steady row launched here
+        tokens = np.asarray(collected, dtype=np.int64)
+    else:
+        tokens = np.empty(len(step.steady.request_ids), dtype=np.int64)
+        tokens[step.fresh] = collected
+    if step.claimed is not None or step.items_claimed:
+        assert step.ahead is not None
+        ahead_tokens = step.ahead.collect(runner.executor)
+        if step.claimed is not None:
+            tokens[step.claimed] = np.asarray(ahead_tokens, dtype=np.int64)[step.there]
+        for index, place in step.items_claimed.items():
+            item_tokens[index] = ahead_tokens[place]
+    return tokens, item_tokens
 
 
 def _merged(columns: list, columns_at: Sequence[int], others: list, others_at: list[int]) -> tuple[list, list[int]]:
