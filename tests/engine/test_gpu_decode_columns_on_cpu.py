@@ -27,6 +27,7 @@ from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
+from tick_clock import TickClock
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 PLANS = {False: load_plan(GENERATED / "llama.plan", verify=False),
@@ -65,21 +66,6 @@ def _snapshot(engine: TorchEngine, runner: GpuDecoderRunner, result) -> tuple:
             runner.num_ahead_rows, runner.num_claimed_rows)
 
 
-class _Clock:
-    """A run clock that moves the same way in both runs (a tick a read; an idle wait jumps it), so
-    the two runs schedule the same steps."""
-
-    def __init__(self) -> None:
-        self.time = 0.0
-
-    def now(self) -> float:
-        self.time += 1e-5
-        return self.time
-
-    def sleep(self, seconds: float) -> None:
-        self.time += max(seconds, 0.0)
-
-
 def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_ahead: bool, num_pages: int,
          prefix_cache: bool, budget: int = 0, is_reversed: bool = False
          ) -> tuple[list[tuple], dict[str, tuple], int, int]:
@@ -115,7 +101,7 @@ def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_a
     engine.wait = traced_wait  # type: ignore[method-assign]
     runner_module.start_steady = counted
     try:
-        clock = _Clock()
+        clock = TickClock()
         driver = Driver(engine.plan, engine, clock=clock.now)
         with mock.patch("time.sleep", clock.sleep):  # the run loop's idle waits move the clock, at once
             driver.run(Workload([dataclasses.replace(r) for r in requests], closed_concurrency=concurrency))

@@ -14,26 +14,13 @@ import pytest
 import torch
 
 from mstar.plan.io import load_plan
+from tick_clock import TickClock
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
-
-
-class _Clock:
-    """A tick a read, an idle wait jumps it: both runs schedule the same steps."""
-
-    def __init__(self) -> None:
-        self.time = 0.0
-
-    def now(self) -> float:
-        self.time += 1e-5
-        return self.time
-
-    def sleep(self, seconds: float) -> None:
-        self.time += max(seconds, 0.0)
 
 
 def _run(is_columnar: bool) -> tuple[list[tuple], dict[str, tuple], int]:
@@ -73,7 +60,7 @@ def _run(is_columnar: bool) -> tuple[list[tuple], dict[str, tuple], int]:
     requests += [Request(id=f"long{i}", prompt_tokens=[(7 * j + i) % 500 + 1 for j in range(300 + 100 * i)],
                          max_tokens=3) for i in range(2)]
     try:
-        clock = _Clock()
+        clock = TickClock()
         driver = Driver(plan, engine, clock=clock.now)
         with mock.patch("time.sleep", clock.sleep):
             driver.run(Workload([dataclasses.replace(r) for r in requests], closed_concurrency=7))

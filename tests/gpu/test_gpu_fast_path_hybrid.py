@@ -50,12 +50,11 @@ def _needs_fla():
 # ------------------------------------------------------------------ one layer: fla against torch
 
 
-def _layers():
-    """The same random layer twice: fp32 on the CPU (the reference), bf16 on the GPU with the decay
-    parameters in fp32 (as device_model builds them)."""
+def _decode_layer(num_heads: int, num_value_heads: int):
+    """A random layer (bf16 on the GPU, decay parameters fp32) and its fp32 CPU twin."""
     torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden=256, num_heads=2, key_dim=128, value_dim=128, conv_kernel=4, eps=1e-6,
-                          num_value_heads=4)
+    layer = GatedDeltaNet(hidden=256, num_heads=num_heads, key_dim=128, value_dim=128, conv_kernel=4, eps=1e-6,
+                          num_value_heads=num_value_heads)
     with torch.no_grad():
         for param in layer.parameters():
             param.normal_(0, 0.5 if param.dim() < 2 else param[0].numel() ** -0.5)
@@ -78,7 +77,7 @@ def _states(layer, device) -> LinearStates:
 def test_fla_kernels_match_torch_and_the_reference(counts):
     """Decode-only, mixed (chunk boundaries crossed) and prompt-only rows on scattered slots."""
     _needs_fla()
-    reference, layer = _layers()
+    reference, layer = _decode_layer(2, 4)
     slots = [3, 7, 1, 5, 2, 6][:len(counts)]
     num_tokens = sum(counts)
     x = torch.randn(num_tokens, 256, generator=torch.Generator().manual_seed(2))
@@ -111,20 +110,6 @@ def test_fla_kernels_match_torch_and_the_reference(counts):
 
 
 # ------------------------------------------------------------------ the decode step's one kernel
-
-
-def _decode_layer(num_heads: int, num_value_heads: int):
-    """A random layer (bf16 on the GPU, decay parameters fp32) and its fp32 CPU twin."""
-    torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden=256, num_heads=num_heads, key_dim=128, value_dim=128, conv_kernel=4, eps=1e-6,
-                          num_value_heads=num_value_heads)
-    with torch.no_grad():
-        for param in layer.parameters():
-            param.normal_(0, 0.5 if param.dim() < 2 else param[0].numel() ** -0.5)
-    gpu = copy.deepcopy(layer).to("cuda", torch.bfloat16)
-    gpu.A_log = torch.nn.Parameter(layer.A_log.detach().cuda(), requires_grad=False)
-    gpu.dt_bias = torch.nn.Parameter(layer.dt_bias.detach().cuda(), requires_grad=False)
-    return layer, gpu
 
 
 @pytest.mark.parametrize("num_heads, num_value_heads", [(4, 4), (2, 4)], ids=["heads", "grouped"])
