@@ -42,3 +42,53 @@ def test_the_route_what_if_changes_only_the_steps_that_mix_prompt_and_decode_row
     assert results["route"] == "split"
     # the decode rows got tokens while the prompt prefilled, and the figures say how spread they were
     assert results["chunked"]["itl_p50_during_ms"] <= results["chunked"]["itl_max_during_ms"]
+
+
+def test_no_whole_skips_the_reference_runs(capsys):
+    assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--no-whole"]) == 0
+    out = capsys.readouterr().out
+    assert "chunked: decode ITL p99" in out and "whole" not in out
+    assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--no-whole",
+                          "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert "chunked" in results and "whole" not in results
+
+
+@pytest.mark.parametrize("argv", [["--per-row"], ["--engine", "torch", "--per-row"]], ids=["sim", "torch_cpu"])
+def test_per_row_needs_the_gpu_fast_path(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_kv.main(argv)
+    assert stop.value.code == 2
+    assert "--device cuda" in capsys.readouterr().err
+
+
+def test_per_row_turns_the_fast_path_runners_columns_off(monkeypatch):
+    """`--per-row` reaches the engine: its GPU fast-path runners run row by row (built here on the
+    CPU, as the columns' equivalence tests build them), other runners are left alone."""
+    import torch
+
+    from mstar.plan.io import load_plan
+    from mstar.runtime.engine import torch_engine
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
+    from mstar.runtime.engine.placement import CPU
+
+    plan = load_plan("generated/llama_chunked.plan")
+    real = torch_engine.TorchEngine
+
+    def with_fast_runner(plan, **_kwargs):
+        engine = real(plan, num_pages=64)
+        name = plan.nodes[0].name
+        reference = engine.runners[name]
+        model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+        engine.runners[name] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, reference.pool.page_size, 64,
+                                                reference.max_seq_len, 0, CPU, decode_family(plan, name),
+                                                is_flashinfer=False)
+        return engine
+
+    monkeypatch.setattr(torch_engine, "TorchEngine", with_fast_runner)
+    monkeypatch.setattr(torch_engine, "plan_glue", lambda *_args: None)
+    for is_columnar in (True, False):
+        engine = bench_kv._engine(plan, bench_kv.EngineChoice("torch", "cpu", "tiny", None, is_columnar))
+        fast = [r for r in engine.runners.values() if isinstance(r, GpuDecoderRunner)]
+        assert fast and all(r.is_columnar is is_columnar for r in fast)

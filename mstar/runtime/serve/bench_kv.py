@@ -26,7 +26,11 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
                       [--arrive-after STEPS] [--budget N] [--route packed|split]
-                      [--prefix-requests N] [--prefix-len N]
+                      [--no-whole] [--per-row] [--prefix-requests N] [--prefix-len N]
+
+`--no-whole` skips the whole-prompt reference runs of the chunk scenario (half its time: worth it
+on a GPU whose minutes are counted); `--per-row` runs the GPU fast path's decode rows row by row
+instead of in columns (`gpu/decode_columns.py`), a what-if for comparing the two in one session.
 """
 from __future__ import annotations
 
@@ -83,6 +87,7 @@ class EngineChoice:
     device: str = "cpu"  # torch: cpu or cuda[:N]
     dims: str = "tiny"  # torch: tiny or spec
     plan_path: Optional[str] = None  # torch on a GPU: the plan's generated glue packs the steps
+    is_columnar: bool = True  # torch: the GPU fast path's columnar decode rows (False: row by row)
 
 
 def _engine(plan: Plan, engine: EngineChoice) -> Any:
@@ -95,7 +100,14 @@ def _engine(plan: Plan, engine: EngineChoice) -> Any:
     # The glue packs the GPU fast path's steps as in `mstar run`; budgets and chunk sizes (what
     # the variants change) are not part of it.
     glue = plan_glue(plan, engine.plan_path, engine.device)
-    return TorchEngine(plan, dims=engine.dims, device=engine.device, glue=glue)
+    torch_engine = TorchEngine(plan, dims=engine.dims, device=engine.device, glue=glue)
+    if not engine.is_columnar:
+        from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
+
+        for runner in torch_engine.runners.values():
+            if isinstance(runner, GpuDecoderRunner):
+                runner.is_columnar = False
+    return torch_engine
 
 
 def _run(plan: Plan, engine: EngineChoice, requests: list[Request]) -> Driver:
@@ -197,22 +209,24 @@ def _print(results: dict) -> None:
           f"{results['prompt_len']}-token prompt arriving after {results['arrive_after']} decode steps")
     print(f"{'variant':<10} {'budget':>6} {'ITL p99 during ms':>18} {'steady ms':>10} {'ratio':>6} "
           f"{'TTFT ms':>9} {'alone ms':>9} {'ratio':>6}")
-    for name in ("chunked", "whole"):
+    names = [name for name in ("chunked", "whole") if name in results]
+    for name in names:
         row = results[name]
         ratio = row["itl_p99_ratio"]
         print(f"{name:<10} {str(row['token_budget']):>6} {row['itl_p99_during_ms'] or 0:>18.2f} "
               f"{row['itl_p99_steady_ms'] or 0:>10.2f} {ratio or 0:>6.2f} {row['ttft_mixed_ms']:>9.1f} "
               f"{row['ttft_alone_ms']:>9.1f} {row['ttft_ratio']:>6.2f}")
-    chunked, whole = results["chunked"], results["whole"]
-    for name in ("chunked", "whole"):
+    chunked, whole = results["chunked"], results.get("whole")
+    for name in names:
         row = results[name]
         if row.get("itl_p50_during_ms") is not None:
             print(f"{name}: decode inter-token gaps during the prefill: p50 {row['itl_p50_during_ms']:.2f} ms, "
                   f"largest {row['itl_max_during_ms']:.2f} ms")
     print(f"chunked: decode ITL p99 during the prefill / steady = {chunked['itl_p99_ratio'] or 0:.2f}x "
           f"(target <= 2x); TTFT beside the decode rows / alone = {chunked['ttft_ratio']:.2f}x (target <= 1.5x)")
-    print(f"whole prompts: decode ITL p99 ratio {whole['itl_p99_ratio'] or 0:.2f}x, "
-          f"TTFT ratio {whole['ttft_ratio']:.2f}x")
+    if whole is not None:
+        print(f"whole prompts: decode ITL p99 ratio {whole['itl_p99_ratio'] or 0:.2f}x, "
+              f"TTFT ratio {whole['ttft_ratio']:.2f}x")
 
 
 def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
@@ -223,7 +237,8 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
             plan = with_budget(plan, args.budget)
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
             return "cuts no prompt into chunks (no max_prefill_chunk_size)"
-        for name, variant in (("chunked", plan), ("whole", with_budget(plan, None))):
+        variants = [("chunked", plan)] + ([] if args.no_whole else [("whole", with_budget(plan, None))])
+        for name, variant in variants:
             results[name] = chunk_scenario(variant, _choice(args), args.decode_rows, args.prompt_len,
                                            args.arrive_after)
     if args.scenario in ("all", "prefix"):
@@ -234,7 +249,7 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
 
 
 def _choice(args: argparse.Namespace) -> EngineChoice:
-    return EngineChoice(args.engine, args.device, args.dims, args.plan)
+    return EngineChoice(args.engine, args.device, args.dims, args.plan, not args.per_row)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -249,6 +264,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--route", choices=("packed", "split"),
                         help="attention route of the steps that mix prompt and decode rows, instead of the plan's")
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
+    parser.add_argument("--no-whole", action="store_true",
+                        help="chunk scenario: skip the whole-prompt reference runs (half the time)")
+    parser.add_argument("--per-row", action="store_true",
+                        help="torch engine: the GPU fast path's decode rows row by row, not in columns (a what-if)")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
@@ -258,6 +277,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
+    if args.per_row and not (args.engine == "torch" and args.device.startswith("cuda")):
+        parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
     from mstar.plan.io import PlanError, load_plan
 
     try:
@@ -266,7 +287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mstar bench kv: error: {error}", file=sys.stderr)
         return 1
     results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
-                               "route": args.route,
+                               "route": args.route, "is_columnar": not args.per_row,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
