@@ -43,3 +43,29 @@ def test_each_chunk_context_is_timed_on_the_plans_mixed_bucket(monkeypatch):
     for rows, family, tokens, route in executor.launched:
         assert rows[:40] == [(1, bench.CONTEXT)] * 40 and rows[40][0] == 216
         assert rows[40][1] in bench.CHUNK_CONTEXTS and (family, tokens, route) == expected_bucket
+
+
+def test_the_prefix_tail_step_runs_on_the_plans_prefill_bucket(monkeypatch):
+    """A cached request's first step: its 16 tokens after the 1024 cached, on the prefill bucket the
+    plan gives it, with kernels and a floor that counts the cached context."""
+    plan = load_plan(PLAN)
+    node = next(n for n in plan.nodes if n.engine == "kv")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "_kernel_ms", lambda step, num_steps=5: (step(), (1.5, 0.2))[1])
+    shapes = bench.Shapes(decoder_dims(node, "spec"), weight_bytes=2 * 10 ** 9, matmul_params=10 ** 9)
+    executor, out = _StandIn(), {}
+    bench._prefix_tail_step(out, plan, node, executor, 16, 4, shapes, 4e12, 7e14)
+    expected = bench.packed_bucket(plan, node, [bench.PREFIX_TAIL], False)
+    figures = out["prefix_tail"]
+    assert figures["token_bucket"] == expected[1] and figures["kernels_ms"] == 1.5
+    assert figures["floor_ms"] >= 2 * 10 ** 9 / 4e12 * 1e3  # at least the weights' read
+    assert executor.launched and all(rows == [bench.PREFIX_TAIL] and (family, tokens, route) == expected
+                                     for rows, family, tokens, route in executor.launched)
+    table = bench._table({"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0,
+                          "decode": {}, "mixed_63_1": _case(), "prefill_1x512": _case(),
+                          "prefill_16x1024": _case(), "prefix_tail": figures})
+    assert "cached request's first step (16 tokens after 1024 cached): " in table
+
+
+def _case() -> dict:
+    return {"ms": 2.0, "floor_ms": 1.0}

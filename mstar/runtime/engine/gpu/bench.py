@@ -4,7 +4,8 @@ For a plan's first kv node at its spec dims with random bf16 weights, in one run
 decode steps of 1, 8 and 64 rows at context 1024, a mixed step (63 decode rows beside one
 512-token prompt), a 16 x 1024-token prefill, and a chunked prefill's step (40 decode rows beside
 a 216-token chunk after 0, 4096 and 7936 tokens of its prompt, with its kernels' device time and
-the attention kernels' share); beside each, its floor: the larger of (bytes the step
+the attention kernels' share), and a cached request's first step (16 tokens after a 1024-token
+cached prefix: what the prefix scenario's TTFT waits for); beside each, its floor: the larger of (bytes the step
 must read, at the device-to-device copy bandwidth measured in this run) and (its FLOPs, at the bf16
 matmul rate measured in this run; a hybrid decoder's bytes include each row's recurrent state, read
 and written back); HF transformers' LlamaForCausalLM on the same shapes (eager
@@ -40,6 +41,9 @@ DECODE_ROWS = (1, 8, 64)
 # A chunked prefill's step (`mstar bench kv` at budget 256): 40 decode rows beside a 216-token
 # chunk of a long prompt, at the start, the middle and the end of an 8192-token prompt.
 CHUNK_DECODE_ROWS, CHUNK_TOKENS, CHUNK_CONTEXTS = 40, 216, (0, 4096, 7936)
+# A cached request's first step (`mstar bench kv --scenario prefix`): its own 16 tokens after a
+# 1024-token prefix the cache served, the step its TTFT waits for.
+PREFIX_TAIL = (16, 1024)
 
 
 def _median_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
@@ -277,6 +281,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
     out["decode_graph_steps"] = executor.num_graph_steps
     _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
     _chunk_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
+    _prefix_tail_step(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
     if profile_rows and executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows, kv.page_size)):
         out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
                                                                    kv.page_size)))
@@ -353,6 +358,20 @@ def _chunk_steps(out: dict, plan, node, executor, page_size: int, iters: int, sh
         out["chunk"][str(context)] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
                                       "kernels_ms": round(kernels, 3), "attention_kernels_ms": round(attention, 3),
                                       "token_bucket": bucket[1], "attention": bucket[2]}
+
+
+def _prefix_tail_step(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
+                      rate: float) -> None:
+    """A cached request's first step (PREFIX_TAIL) on the plan's prefill bucket: wall time, floor,
+    kernels, so the prefix scenario's TTFT splits into this step and the run loop around it."""
+    rows = [PREFIX_TAIL]
+    bucket = packed_bucket(plan, node, rows, False)
+    step = _engine_step(executor, rows, page_size, bucket)
+    ms = _median_ms(step, max(iters // 4, 3))
+    kernels, attention = _kernel_ms(step)
+    out["prefix_tail"] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
+                          "kernels_ms": round(kernels, 3), "attention_kernels_ms": round(attention, 3),
+                          "token_bucket": bucket[1]}
 
 
 def _capture_report(plan, node, family, executor) -> dict:
@@ -488,6 +507,10 @@ def _table(result: dict) -> str:
         lines.append(f"{CHUNK_DECODE_ROWS} decode rows + a {CHUNK_TOKENS}-token chunk after {context} tokens: "
                      f"{value['ms']:.3f} ms (floor {value['floor_ms']:.3f}; kernels {value['kernels_ms']:.3f} ms, "
                      f"attention {value['attention_kernels_ms']:.3f})")
+    if "prefix_tail" in result:
+        value = result["prefix_tail"]
+        lines.append(f"a cached request's first step ({PREFIX_TAIL[0]} tokens after {PREFIX_TAIL[1]} cached): "
+                     f"{value['ms']:.3f} ms (floor {value['floor_ms']:.3f}; kernels {value['kernels_ms']:.3f} ms)")
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
     for kernel in result.get("profile", []):
