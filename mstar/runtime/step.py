@@ -146,13 +146,28 @@ class Engine(Protocol):
         """Free the request's KV pages and state slots."""
 
 
+@dataclass
+class AheadChunks:
+    """A speculated step's prompt chunks, for an engine launching it ahead: the rows of a prompt cut
+    in the step launched last with chunks left, and the step's shape (its key, capture family,
+    token bucket and attention route, as the real step will carry them)."""
+
+    key: str
+    capture: Optional[str]
+    token_bucket: int
+    attention: str
+    chunks: dict[str, int]  # request id -> tokens of its next chunk (it starts where its KV ends)
+
+
 class LaunchesAhead(Protocol):
     """An engine whose caps say `can_launch_ahead`."""
 
-    def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]]) -> None:
+    def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]],
+                     chunks: Optional[AheadChunks] = None) -> None:
         """The worker's next step of `node` is speculated to run these (request id, walk) rows:
         start what of it can start before the step launched last was waited for. Nothing is
-        promised: the real next step is still launched, and takes what this started."""
+        promised: the real next step is still launched, and takes what this started. chunks: the
+        rows among them that feed a prompt's next chunk, and the step's shape (None: none)."""
 
 
 class RunsAtLaunch:

@@ -6,7 +6,8 @@ and admission state; the columnar run takes the columnar path for most of its de
 finishes (max_tokens, stop tokens, seeded temperature), memory pressure (rows held, the admission
 policy's slow case), the prefix cache, run-ahead on and off; chunk steps (a small step token budget
 cuts long prompts, whose chunks run beside decode rows: the decode rows in columns, the chunks per
-row, in one step)."""
+row, in one step); past a chunk step the next chunk launched ahead beside the decode rows, against
+the same run without running ahead."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,7 +64,7 @@ def _snapshot(engine: TorchEngine, runner: GpuDecoderRunner, result) -> tuple:
     return (rows, token_ids, list(result.stop_rows), list(result.allocation_failed), requests,
             pool.num_free_pages, dict(runner.admission.budgets), dict(runner.admission.held),
             runner.admission.num_outstanding, runner.executor.loop_tokens.tolist(), dict(runner._row_slots),
-            runner.num_ahead_rows, runner.num_claimed_rows)
+            runner.num_ahead_rows, runner.num_claimed_rows, runner.num_ahead_chunks, runner.num_claimed_chunks)
 
 
 def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_ahead: bool, num_pages: int,
@@ -176,6 +177,58 @@ def test_chunk_steps_run_their_decode_rows_in_columns(can_run_ahead, prefix_cach
                                            is_reversed=is_reversed)
     assert num_chunk_steps >= 10  # the chunk steps took the columns
     assert num_steady > num_chunk_steps
+
+
+def _compare_ahead(requests, concurrency, num_pages, prefix_cache, budget, is_columnar) -> tuple:
+    """Runs the workload with run-ahead on and off (columns on or off in both) and compares them:
+    the same step results, and after every step the same request state (KV lengths, histories,
+    sampled counts, last tokens), the same finishes and tokens. Returns the last step's snapshot
+    with run-ahead on. (Pages and the device token table are not compared: a step launched ahead
+    reserves its pages and writes its loop-back tokens before the step before it is waited for.)"""
+    expected, expected_records, _, _ = _run(requests, concurrency, is_columnar, False, num_pages, prefix_cache, budget)
+    got, records, _, _ = _run(requests, concurrency, is_columnar, True, num_pages, prefix_cache, budget)
+
+    def state(snapshot):
+        rows, token_ids, stop_rows, failed, by_request = snapshot[:5]
+        return rows, token_ids, stop_rows, failed, {rid: (num, history, sampled, last)
+                                                    for rid, (num, _, history, sampled, last) in by_request.items()}
+    assert len(got) == len(expected)
+    for index, (step_got, step_expected) in enumerate(zip(got, expected)):
+        assert state(step_got) == state(step_expected), f"step {index}"
+    assert records == expected_records
+    assert all(reason in ("stop", "length") for reason, _ in records.values())
+    return got[-1]
+
+
+@pytest.mark.parametrize("is_columnar", [True, False])
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_chunk_steps_launch_the_next_chunk_ahead(is_columnar, prefix_cache):
+    # four short requests decode while one long prompt is cut by a 16-token budget: past each of
+    # its chunk steps the next step (the decode rows and its next chunk) is launched ahead
+    lengths = [(3, 60), (4, 50), (2, 70), (150, 20), (5, 40)]
+    requests = _requests(lengths, stops=list(range(0, 512, 13)), temperatures=[False, True])
+    last = _compare_ahead(requests, 5, 512, prefix_cache, 16, is_columnar)
+    num_ahead_chunks, num_claimed_chunks = last[-2:]
+    assert num_ahead_chunks >= 5  # most of the long prompt's 10 chunks ran ahead
+    assert num_claimed_chunks == num_ahead_chunks  # and the steps launched for real took every one
+    _compare(requests, 5, True, 512, prefix_cache, budget=16)  # columns and per-row agree with it too
+
+
+@pytest.mark.parametrize("is_columnar", [True, False])
+def test_chunks_ahead_under_memory_pressure(is_columnar):
+    # 20 pages of 16 tokens: chunks launched ahead reserve pages the decode rows would take
+    lengths = [(8 + (5 * i) % 16, 12 + (13 * i) % 28) for i in range(4)] + [(120, 6), (10, 30), (90, 4)]
+    _compare_ahead(_requests(lengths, stops=[], temperatures=[False]), 5, 20, True, 24, is_columnar)
+
+
+@settings(max_examples=6)
+@given(lengths=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 30)), min_size=2, max_size=9),
+       concurrency=st.integers(2, 8), budget=st.sampled_from([8, 16, 40]), is_columnar=st.booleans(),
+       prefix_cache=st.booleans(), num_pages=st.sampled_from([16, 32, 256]))
+def test_chunks_ahead_follow_the_run_without_on_random_workloads(lengths, concurrency, budget, is_columnar,
+                                                                 prefix_cache, num_pages):
+    _compare_ahead(_requests(lengths, list(range(0, 512, 17)), [False, True]), concurrency, num_pages,
+                   prefix_cache, budget, is_columnar)
 
 
 @pytest.mark.parametrize("can_run_ahead", [True, False])

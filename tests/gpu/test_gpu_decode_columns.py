@@ -4,7 +4,9 @@ chunks beside decode rows (`bench_kv.with_budget`); the same greedy workload wit
 columns on and off (`GpuDecoderRunner.is_columnar`), on a run clock that moves the same way in
 both runs, gives after every step the same rows, KV lengths, page tables and pool, every request
 the same finish, token count and first token, and the chunk steps took the columns beside the
-chunk (the glue packs the steady rows' and the chunk's `RowSpec`s in one step)."""
+chunk (the glue packs the steady rows' and the chunk's `RowSpec`s in one step). Both runs run
+ahead (the GPU's default): past a chunk step the next chunk is launched ahead beside the decode
+rows, and every chunk launched ahead is taken by the step launched for real."""
 import dataclasses
 import gc
 from pathlib import Path
@@ -23,7 +25,7 @@ pytestmark = [
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
 
-def _run(is_columnar: bool) -> tuple[list[tuple], dict[str, tuple], int]:
+def _run(is_columnar: bool) -> tuple[list[tuple], dict[str, tuple], int, tuple[int, int]]:
     from mstar.runtime.conductor.request import Request
     from mstar.runtime.engine.glue_loader import load_glue
     from mstar.runtime.engine.gpu import runner as runner_module
@@ -68,15 +70,16 @@ def _run(is_columnar: bool) -> tuple[list[tuple], dict[str, tuple], int]:
         runner_module.start_steady = start_steady
     records = {rid: (r.finish_reason, r.num_output_tokens, [int(t) for t in list(r.output_tokens)[:1]])
                for rid, r in sorted(driver.conductor.records.items())}
-    return trace, records, num_chunk_steps[0]
+    return trace, records, num_chunk_steps[0], (runner.num_ahead_chunks, runner.num_claimed_chunks)
 
 
 def test_chunk_steps_in_columns_follow_the_per_row_path_on_the_gpu():
-    expected, expected_records, none = _run(is_columnar=False)
+    expected, expected_records, none, expected_ahead = _run(is_columnar=False)
     gc.collect()  # the first engine's weights and pages (an engine and its wrapped wait form a cycle)
     torch.cuda.empty_cache()
-    got, records, num_chunk_steps = _run(is_columnar=True)
+    got, records, num_chunk_steps, ahead = _run(is_columnar=True)
     assert none == 0 and num_chunk_steps >= 5
+    assert ahead == expected_ahead and ahead[0] >= 1 and ahead[1] == ahead[0]  # chunks ran ahead, all taken
     assert len(got) == len(expected)
     for index, (step_got, step_expected) in enumerate(zip(got, expected)):
         assert step_got == step_expected, f"step {index}"

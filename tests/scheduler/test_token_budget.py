@@ -44,3 +44,73 @@ def test_budget_fit_matches_the_row_by_row_rule(rows, budget, chunk, decode_cap,
     specs = [SpeculationPlan(node="LLM", walk=w, can_speculate=False, mixes_walks=False) for w in key.walks]
     worker = assemble_worker(0, [key], specs, [])
     assert drain(WorkerScheduler, worker, rows, budget) == drain(BaselineScheduler, worker, rows, budget)
+
+
+def _chunk_worker(budget: int, chunk: int, decode_cap: int):
+    key = build_key("LLM", ["decode", "prefill"], {"decode": decode_cap, "prefill": 4}, "mixed", 8, {},
+                    mixed_capture=([1, 4, 8], [16, 64]))
+    key = key.model_copy(update={"token_budget": budget, "chunk_sizes": {"prefill": chunk}})
+    specs = [SpeculationPlan(node="LLM", walk="decode", can_speculate=True, mixes_walks=True),
+             SpeculationPlan(node="LLM", walk="prefill", can_speculate=False, mixes_walks=False)]
+    return assemble_worker(0, [key], specs, [])
+
+
+def _shape(batch) -> tuple:
+    return (batch.mask, tuple(batch.request_ids), tuple(batch.walks), tuple(batch.num_tokens), batch.label,
+            batch.capture, batch.padded_batch, batch.token_bucket, batch.attention)
+
+
+@MORE
+@given(st.integers(1, 7), st.integers(2, 300), st.integers(8, 64), st.integers(1, 40), st.integers(1, 8))
+def test_a_chain_past_a_chunk_step_is_the_step_built_after_it(num_decode, prompt, budget, chunk, decode_cap):
+    """Step N holds decode rows and a prompt's chunk with chunks left: the chain's N+1 (the decode
+    rows and the prompt's next chunk, speculation.py) stays within the budget and the mixture's
+    cap, and when N took every ready row it is the step `next_batch` builds once N's rows came back
+    ready, as the conductor sends them (decode rows, then the prompt's tokens left). (With rows
+    left behind by N, a chain's continuing rows lead their walk, as for any chain.)"""
+    worker = _chunk_worker(budget, chunk, decode_cap)
+    made = [WorkerScheduler(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0) for _ in range(2)]
+    for sched in made:
+        for i in range(num_decode):
+            sched.add_ready(f"d{i}", "LLM", "decode", 1)
+        sched.add_ready("p", "LLM", "prefill", prompt)
+    running = [sched.next_batch() for sched in made]
+    assert running[0] is not None and _shape(running[0]) == _shape(running[1])
+    step = running[0]
+    fed = dict(zip(step.request_ids, step.num_tokens))
+    if "p" not in fed or fed["p"] >= prompt:
+        return  # the prompt is not cut in N (no room, or its last chunk): nothing past a chunk step
+    decode = [rid for rid, walk in zip(step.request_ids, step.walks) if walk == "decode"]
+    if not decode:
+        return  # no decode row loops on: nothing to chain
+    spec = made[0].speculate(step, decode, cut=[("p", prompt - fed["p"])])
+    baseline = made[1]
+    for rid, walk in zip(step.request_ids, step.walks):
+        baseline.add_ready(rid, "LLM", walk, 1 if walk == "decode" else prompt - fed["p"])
+    expected = baseline.next_batch()
+    assert expected is not None
+    if spec is None:
+        return
+    assert sum(spec.num_tokens) <= budget and spec.is_speculative
+    assert spec.num_rows <= worker.keys[0].mixtures[spec.mask].cap
+    if step.num_rows == num_decode + 1:  # N took every ready row
+        assert _shape(spec) == _shape(expected)
+
+
+def test_a_chain_yields_past_a_last_chunk_and_behind_a_waiting_prompt():
+    worker = _chunk_worker(16, 16, 8)
+    sched = WorkerScheduler(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0)
+    for i in range(3):
+        sched.add_ready(f"d{i}", "LLM", "decode", 1)
+    sched.add_ready("p", "LLM", "prefill", 40)
+    step = sched.next_batch()
+    assert step is not None and dict(zip(step.request_ids, step.num_tokens))["p"] == 13
+    decode = ["d0", "d1", "d2"]
+    # the prompt's last chunk: its first decode row is ready only after N
+    assert sched.speculate(step, decode, cut=[]) is None
+    sched.add_ready("q", "LLM", "prefill", 30)  # another prompt waits: the FIFO order decides after N
+    assert sched.speculate(step, decode, cut=[("p", 27)]) is None
+    sched.remove("q")
+    spec = sched.speculate(step, decode, cut=[("p", 27)])
+    assert spec is not None
+    assert list(zip(spec.request_ids, spec.num_tokens)) == [("d0", 1), ("d1", 1), ("d2", 1), ("p", 13)]

@@ -65,7 +65,7 @@ from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
-from mstar.runtime.step import EngineCaps, RowResult, Step, StepHandle, StepResult, StepRow
+from mstar.runtime.step import AheadChunks, EngineCaps, RowResult, Step, StepHandle, StepResult, StepRow
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config,
 )
@@ -492,9 +492,11 @@ class TorchEngine:
         return StepResult(rows=rows, allocation_failed=failed, elapsed_s=time.perf_counter() - started,
                           token_ids=token_ids, stop_rows=stop_rows)
 
-    def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]]) -> None:
+    def launch_ahead(self, worker: int, node: str, rows: list[tuple[str, str]],
+                     chunks: Optional[AheadChunks] = None) -> None:
         """The run loop speculates that `worker`'s next step of `node` runs these (request id,
-        walk) rows: a runner whose device runs ahead of the host launches it now (gpu/runner.py)."""
+        walk) rows: a runner whose device runs ahead of the host launches it now (gpu/runner.py).
+        chunks: its rows that feed a prompt's next chunk, and the step's shape."""
         runner = self.runners.get(node)
         if not isinstance(runner, DecoderRunner):
             return
@@ -508,7 +510,10 @@ class TorchEngine:
         entries = list(zip(ids, walks, row_calls, row_requests))
         if not (all(map(is_not, row_calls, repeat(None))) and all(map(is_not, row_requests, repeat(None)))):
             entries = [entry for entry in entries if entry[2] is not None and entry[3] is not None]
-        runner.prelaunch(worker, entries)
+        if chunks is None:
+            runner.prelaunch(worker, entries)
+        else:
+            runner.prelaunch(worker, entries, chunks, self.checker.decode_walks.get((worker, chunks.key), frozenset()))
 
     def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
         """Start the request's KV on `node` on its prompt's cached prefix (runners/decoder.py)."""

@@ -42,7 +42,7 @@ from mstar.runtime.scheduler.errors import (
     SchedulerError,
     UnknownPlacementError,
 )
-from mstar.runtime.scheduler.speculation import plan_chain_step
+from mstar.runtime.scheduler.speculation import ChainStep, plan_chain_step
 from mstar.runtime.scheduler.token_budget import fit_if_limited, with_chunks
 from mstar.runtime.scheduler.tp_follow import FollowQueue, rows_by_walk
 
@@ -228,6 +228,7 @@ class WorkerScheduler:
         running: Batch,
         continuing: Optional[Sequence[str]] = None,
         num_tokens: Union[int, Sequence[int]] = 1,
+        cut: Sequence[tuple[str, int]] = (),
     ) -> Optional[Batch]:
         """Step N+1 of an on-device loop, built while `running` (step N) runs; None = do not
         speculate (build with `next_batch` after N's results instead).
@@ -242,7 +243,11 @@ class WorkerScheduler:
         some cannot fit), a fresh row of its own walk pushed out by the cap, a ready row of
         another key, or a TP follower batch. A key with batching rules never speculates (its
         steps group rows by class when built). The continuing rows are in the returned batch;
-        the conductor must not add them back after step N."""
+        the conductor must not add them back after step N. cut: (request id, tokens left after
+        N) of running's prompt rows cut in N with chunks left (StepRow.is_partial): past a chunk
+        step the chain goes on only when every prompt row of N is one of them, and they continue
+        with their next chunks (speculation.py); like continuing rows they are in the batch and
+        must not be added back after N."""
         key = self._key_index.get(running.key)
         if key is None:
             raise UnknownPlacementError(f"worker {self.rank} has no key {running.key}")
@@ -259,21 +264,11 @@ class WorkerScheduler:
             return None  # rows of a walk with batching rules are grouped by class when built
         chain = plan_chain_step(
             tables, queue, self._specs[key], running, continuing, num_tokens,
-            self._removed, is_other_work_waiting,
+            self._removed, is_other_work_waiting, cut,
         )
         if chain is None:
             return None
-        parts = queue.take(chain.composition.takes)
-        if chain.chunks is not None:
-            parts = with_chunks(parts, chain.chunks)
-        # The continuing rows lead their walk's part; walks stay in key order.
-        fresh = next((part for part in parts if part[0] == chain.walk), None)
-        if fresh is None:
-            parts.append((chain.walk, chain.continuing, chain.continuing_tokens))
-            parts.sort(key=lambda part: part[0])
-        else:
-            at = parts.index(fresh)
-            parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
+        parts = _chain_parts(queue, chain)
         self._follow.num_consecutive = 0
         return self._built(key, make_batch(self.rank, tables, chain.composition.mask, parts, is_speculative=True,
                                            guided=self._guided[key]))
@@ -486,3 +481,23 @@ class WorkerScheduler:
             is_follower=True,
             is_guided=head.is_guided,
         ))
+
+
+def _chain_parts(queue: KeyQueue, chain: ChainStep) -> list[tuple[int, list[str], list[int]]]:
+    """The (walk, ids, tokens) parts of a chain step, its fresh rows taken from the queue: the
+    continuing rows lead their walk's part, the cut rows' next chunks are their walks' parts (those
+    walks have no fresh rows: speculation.py); walks in key order."""
+    parts = queue.take(chain.composition.takes)
+    if chain.chunks is not None:
+        parts = with_chunks(parts, chain.chunks)
+    fresh = next((part for part in parts if part[0] == chain.walk), None)
+    if fresh is None:
+        parts.append((chain.walk, chain.continuing, chain.continuing_tokens))
+        parts.sort(key=lambda part: part[0])
+    else:
+        at = parts.index(fresh)
+        parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
+    if chain.cut_parts:
+        parts.extend(chain.cut_parts)
+        parts.sort(key=lambda part: part[0])
+    return parts

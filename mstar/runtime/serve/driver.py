@@ -13,10 +13,13 @@ Event loop (one process drives every worker of the plan):
   engines: elapsed is wall time, so workers effectively take turns);
 - between `launch` and `wait`, while step N runs, the worker asks its scheduler to speculate
   step N+1 of an on-device loop (speculation_cover.py: the rows whose loop has iterations left
-  continue); those rows are not added back when N's results arrive, and rows of N+1 whose
-  request stopped in N are left out of it. An engine that can (`caps.can_launch_ahead`, the GPU
-  fast path) is told N+1's continuing rows at once (`launch_ahead`) and starts N+1 on the device
-  behind N, so N's post-processing and N+1's composition run while the device works;
+  continue, and so do prompt rows cut in N with chunks left: each with its next chunk); those
+  rows are not added back when N's results arrive, and rows of N+1 whose request stopped in N are
+  left out of it. An engine that can (`caps.can_launch_ahead`, the GPU
+  fast path) is told N+1's continuing rows at once (`launch_ahead`, with the next chunks of its
+  cut prompt rows and the step's capture, token bucket and attention route when it has any) and
+  starts N+1 on the device behind N, so N's post-processing and N+1's composition run while the
+  device works;
 - a completion is post-processed in one pass: each row result goes to the conductor, then the
   rows that became ready go to the schedulers of the ranks running them (routing.py);
 - allocation_failed (outcome.py): with an engine that runs partial steps the rows that got
@@ -72,7 +75,7 @@ from mstar.runtime.serve.outcome import ran_part, settle
 from mstar.runtime.serve.routing import Routing, RoutingError
 from mstar.runtime.serve.speculation_cover import SpeculationCover
 from mstar.runtime.serve.steps import Launch, follower_step, to_step
-from mstar.runtime.step import Engine, EngineLost, LaunchesAhead, StepResult
+from mstar.runtime.step import AheadChunks, Engine, EngineLost, LaunchesAhead, Step, StepResult
 
 # Held rows retried this long (run clock) while no row of any step ran: the memory they wait for
 # is never coming back (an engine that leaks pages). Fail them rather than retry forever.
@@ -199,6 +202,8 @@ class Driver:
         # whether their requests require guidance (the scheduler's capture pick reads it)
         self._guidance_keyed = {(key.node, walk) for w in plan.workers for key in w.keys
                                 if any(f.guidance != "any" for f in key.captures) for walk in key.walks}
+        # (node, walk) pairs whose prompt rows a scheduler may cut into chunks
+        self._cut_walks = {(key.node, walk) for w in plan.workers for key in w.keys for walk in key.chunk_sizes}
         self._busy: set[int] = set()
         self._inflight: list[tuple[float, int, Launch]] = []
         self._seq = 0
@@ -258,7 +263,7 @@ class Driver:
         try:
             handle = self.engine.launch(step)
             # The host composes step N+1 while N runs.
-            self.cover.speculate(rank, batch, loop_rows)
+            self.cover.speculate(rank, batch, loop_rows, self._cut_rows(batch, step) if self._cut_walks else None)
             if self.caps.can_launch_ahead:
                 self._launch_ahead(rank)
             result = self.engine.wait(handle)
@@ -282,17 +287,35 @@ class Driver:
         self._start(launch)
         return True
 
+    def _cut_rows(self, batch: Batch, step: Step) -> Optional[list[tuple[str, int]]]:
+        """The step's prompt rows cut with chunks left after it: (request id, tokens left); None
+        when the step has no row of a walk that is cut."""
+        node, cut_walks = step.node, self._cut_walks
+        if not any((node, walk) in cut_walks for walk in set(batch.walks)):
+            return None
+        # handle: the row's ActiveCall (conductor), whose num_tokens is the whole prompt's
+        return [(row.request_id, row.handle.num_tokens - row.chunk_start - row.num_tokens)
+                for row in step.rows if row.is_partial]
+
     def _launch_ahead(self, rank: int) -> None:
         """The engine may start the speculated step N+1 now, on the device behind step N: its
-        continuing rows (the ones whose inputs step N makes on the device)."""
+        continuing rows (the ones whose inputs step N makes on the device) and its cut prompt rows
+        (their next chunks' tokens are known on the host), with the step's shape."""
         found = self.cover.pending.get(rank)
         if found is None:
             return
         spec, continuing = found
         rows = [(request_id, walk) for request_id, walk in zip(spec.request_ids, spec.walks)
                 if request_id in continuing]
-        if rows:
-            cast(LaunchesAhead, self.engine).launch_ahead(rank, spec.node, rows)
+        if not rows:
+            return
+        chunks = None
+        if spec.walks and any((spec.node, walk) in self._cut_walks for walk in set(spec.walks)):
+            cut = {request_id: num for request_id, walk, num in zip(spec.request_ids, spec.walks, spec.num_tokens)
+                   if request_id in continuing and (spec.node, walk) in self._cut_walks}
+            if cut:
+                chunks = AheadChunks(spec.key, spec.capture, spec.token_bucket, spec.attention, cut)
+        cast(LaunchesAhead, self.engine).launch_ahead(rank, spec.node, rows, chunks)
 
     def _launch_follower(self, rank: int, batch: Batch, now: float, sched_s: float) -> bool:
         result = StepResult(rows=[])

@@ -2,9 +2,12 @@
 
 In: the plan's speculation switches and the per-rank schedulers. Out: `SpeculationCover`:
 
-    speculate(rank, batch, continuing)  after step N (`batch`) launched: ask the scheduler for step
-                                        N+1 of the rows whose loop goes on; its rows are covered
-                                        (they do not come back ready after N)
+    speculate(rank, batch, continuing, cut)  after step N (`batch`) launched: ask the scheduler for
+                                        step N+1 of the rows whose loop goes on and of the prompt
+                                        rows cut in N with chunks left (`cut`: request id, tokens
+                                        left after N); its rows are covered (they do not come back
+                                        ready after N: a cut row's rest is skipped once, as a
+                                        continuing decode row is)
     take(rank) -> (batch, continuing)   the pending step N+1 once N was post-processed; covered rows
                                         that did not come back (they stopped in N) are uncovered
     cancel(rank)                        step N had rows that got no memory: drop N+1 (its fresh rows
@@ -37,14 +40,18 @@ class SpeculationCover:
         # rank -> (node, walk) -> rows the pending step N+1 of that rank already runs
         self.covered: dict[int, dict[tuple[str, str], set[str]]] = {w.rank: {} for w in plan.workers}
 
-    def speculate(self, rank: int, batch: Batch, continuing: list[str]) -> None:
-        """continuing: rows of the batch whose loop has iterations left after this step."""
+    def speculate(self, rank: int, batch: Batch, continuing: list[str],
+                  cut: Optional[list[tuple[str, int]]] = None) -> None:
+        """continuing: rows of the batch whose loop has iterations left after this step; cut: its
+        prompt rows with chunks left after it (request id, tokens left)."""
         if not continuing or not any((rank, batch.node, walk) in self.walks for walk in set(batch.walks)):
             return
-        spec = self.schedulers[rank].speculate(batch, continuing)
+        spec = self.schedulers[rank].speculate(batch, continuing, cut=cut or ())
         if spec is None:
             return
         covered = set(spec.request_ids).intersection(continuing)
+        if cut:
+            covered.update(request_id for request_id, _ in cut if request_id in spec.request_ids)
         rank_covered = self.covered[rank]
         walks = set(spec.walks)
         if len(walks) == 1:  # a chain of one walk (the common case): one set operation

@@ -286,11 +286,15 @@ def _claim_ahead(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
     found = list(map(ahead.rows.get, ids, repeat(_NOT_AHEAD)))
     claimed = np.fromiter(map(eq, map(_first, found), repeat(walk)), dtype=bool, count=len(ids))
     there = np.fromiter(map(_second, found), dtype=np.int64, count=len(ids))[claimed]
-    for index, item in enumerate(items):  # the other rows, row by row
-        place = ahead.rows.get(item.row.request_id)
-        if place is not None and item.is_loop_back and not item.row.is_partial and place[0] == item.row.walk:
+    pool, label = runner.pool, runner.guidance.first
+    for index, item in enumerate(items):  # the other rows, row by row (`_Ahead.holds`: `_claim`'s rule)
+        request_id = item.row.request_id
+        place = ahead.rows.get(request_id)
+        if place is not None and ahead.holds(item, pool.num_tokens((request_id, label))):
             step.items_claimed[index] = place[1]
     runner.num_claimed_rows += int(there.shape[0]) + len(step.items_claimed)
+    if ahead.chunks:
+        runner.num_claimed_chunks += sum(items[index].row.request_id in ahead.chunks for index in step.items_claimed)
     if len(set(there.tolist()) | set(step.items_claimed.values())) != len(ahead.slots):  # some are nobody's now
         runner._restore_unclaimed(ahead, set(compress(ids, claimed))
                                   | {items[index].row.request_id for index in step.items_claimed})

@@ -22,6 +22,17 @@ into the device token table is put back from the host (its request's last token)
 request ended and its slot is gone. A row is only prelaunched when its next token fits in pages
 its request may take (the admission policy), never with KV offload (moving pages on a guess).
 
+Past a chunk step (`prelaunch` with `AheadChunks`): N+1 also holds the next chunk of each prompt
+cut in N with chunks left. Such a row is launched ahead beside the decode rows when its prompt was
+classified by an earlier chunk (`RequestState.cut_inputs`), its chunk starts where its KV ends
+(N's chunk was committed at N's launch) and stays within max_seq_len, and the admission policy
+lets it reserve the chunk's pages; its `RowSpec` carries the chunk's token ids, and the step runs
+on the speculated step's capture family, token bucket and attention route (the real N+1's). Its
+sampling counter is its request's (N sampled nothing for it), the decode rows' one past. At N+1's
+launch `_claim` takes it when the row feeds exactly that chunk (same start, same tokens); its KV
+commit (with the token ids, for the prefix cache) happens there, as for any row. Unclaimed, it
+wrote KV past its sequence into pages its request holds, overwritten when the chunk runs.
+
 With the plan's generated glue (`glue`: this node's `KeyGlue` per worker and walk), the executor
 packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the numpy packing.
 
@@ -52,7 +63,7 @@ from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_cut
-from mstar.runtime.step import RowResult, StepRow
+from mstar.runtime.step import AheadChunks, RowResult, StepRow
 
 
 def fast_path_reason(node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> Optional[str]:
@@ -147,6 +158,21 @@ class _Ahead:
     slots: dict[str, int] = field(default_factory=dict)  # request id -> its device token table slot
     requests: dict[str, RequestState] = field(default_factory=dict)
     tokens: Optional[list[int]] = None  # collected once
+    chunks: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # prompt rows: (start, token ids)
+
+    def holds(self, item: "_Item", pool_start: int) -> bool:
+        """The step launched ahead ran this row of the step being launched: a decode row fed from
+        the device, or a prompt chunk with the same start (`pool_start`: its KV length now) and
+        tokens."""
+        row = item.row
+        place = self.rows.get(row.request_id)
+        if place is None or place[0] != row.walk:
+            return False
+        chunk = self.chunks.get(row.request_id)
+        if chunk is None:
+            return item.is_loop_back and not row.is_partial
+        return (not item.is_loop_back and chunk[0] == row.chunk_start == pool_start
+                and chunk[1] == item.tokens_fed)
 
     def collect(self, executor: StepExecutor) -> list[int]:
         if self.tokens is None:
@@ -197,6 +223,7 @@ class GpuDecoderRunner(DecoderRunner):
         self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
         self.num_ahead_rows = self.num_claimed_rows = 0
+        self.num_ahead_chunks = self.num_claimed_chunks = 0  # prompt chunks launched ahead, and taken
         self._writes = (self.guidance.first,)  # the one KV sequence a fast-path row extends
         self._last_facts: Optional[tuple[CallInfo, _CallFacts]] = None
         # steps of steady decode rows in columns (decode_columns.py); False: every step row by row
@@ -417,12 +444,14 @@ class GpuDecoderRunner(DecoderRunner):
         rows it ran that nobody claims get their device loop-back token back (module docstring)."""
         claimed = {}
         placed = ahead.rows
+        pool, label = self.pool, self.guidance.first
         for index, item in enumerate(ready):
-            row = item.row
-            found = placed.get(row.request_id)
-            if found is not None and item.is_loop_back and not row.is_partial and found[0] == row.walk:
-                claimed[index] = found[1]
+            request_id = item.row.request_id
+            if request_id in placed and ahead.holds(item, pool.num_tokens((request_id, label))):
+                claimed[index] = placed[request_id][1]
         self.num_claimed_rows += len(claimed)
+        if ahead.chunks:
+            self.num_claimed_chunks += sum(ready[index].row.request_id in ahead.chunks for index in claimed)
         if len(set(claimed.values())) != len(ahead.slots):  # some rows it ran are nobody's now
             self._restore_unclaimed(ahead, {ready[index].row.request_id for index in claimed})
         return claimed
@@ -437,10 +466,16 @@ class GpuDecoderRunner(DecoderRunner):
             slots, tokens = zip(*restore)
             self.executor.restore_loop_tokens(list(slots), list(tokens))
 
-    def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
+    def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
+                  chunks: Optional[AheadChunks] = None, decode_walks: frozenset[str] = frozenset()) -> None:
         """Launch the worker's next decode step ahead for `rows` (the run loop's speculation of
-        it), those of them whose latest step sampled a token that loops back on the device."""
+        it), those of them whose latest step sampled a token that loops back on the device; with
+        `chunks`, also the prompt rows' next chunks (module docstring; decode_walks: the key's
+        walks the split route runs on the decode kernel)."""
         if not self.can_run_ahead or worker in self._ahead:
+            return
+        if chunks is not None:
+            self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
         if self.is_columnar and prelaunch_steady(self, worker, rows):
             return
@@ -481,10 +516,95 @@ class GpuDecoderRunner(DecoderRunner):
                                        glue=key_glue)
         self._launched_ahead(worker, pending, placed, slots, requests)
 
+    def _prelaunch_chunks(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
+                          chunks: AheadChunks, decode_walks: frozenset[str]) -> None:
+        """`prelaunch` of a step past a chunk step, row by row in step order: the decode rows as
+        the per-row path takes them, the prompt rows' next chunks (module docstring)."""
+        last = self._last_rows.get(worker, set())
+        pool, label, max_seq_len = self.pool, self.guidance.first, self.max_seq_len
+        specs: list[RowSpec] = []
+        placed: dict[str, tuple[str, int]] = {}
+        slots: dict[str, int] = {}
+        requests: dict[str, RequestState] = {}
+        cut: dict[str, tuple[int, list[int]]] = {}
+        uncollected: list[int] = []
+        for request_id, walk, call, request in rows:
+            key = (request_id, label)
+            if request_id in placed:
+                continue
+            num_cached, num_held = pool.extent(key)
+            facts = self._facts_of(call)
+            chunk = chunks.chunks.get(request_id)
+            if chunk is None:  # a decode row, as `prelaunch` takes it
+                if (request_id not in last or not facts.loop_backs or num_cached + 1 > max_seq_len
+                        or not (num_cached < num_held or self._reserve_next(request_id, key))):
+                    continue
+                spec = RowSpec(None, num_cached, pool.page_table(key), self._row_slot(request_id),
+                               walk in decode_walks)
+                uncollected.append(1)  # the step launched last samples first: its sample is not counted yet
+            else:
+                tokens = self._next_chunk(request, call, num_cached, chunk)
+                if (tokens is None or request_id in last or num_cached + chunk > max_seq_len
+                        or not self.admission.is_started(request_id)
+                        or not self._reserve_chunk(request_id, key, chunk)):
+                    continue
+                spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id),
+                               walk in decode_walks)
+                cut[request_id] = (num_cached, tokens)
+                uncollected.append(0)  # the step launched last sampled nothing for it
+            placed[request_id] = (walk, len(specs))
+            slots[request_id] = spec.row_slot
+            requests[request_id] = request
+            specs.append(spec)
+        if not specs:
+            return
+        key_glue = self._key_glue(worker, [placed_walk for placed_walk, _ in placed.values()])
+        if key_glue is not None:
+            walk_index = {walk: index for index, walk in enumerate(key_glue.constants.walks)}
+            for spec, (placed_walk, _) in zip(specs, placed.values()):
+                spec.walk_index = walk_index[placed_walk]
+        sampling = self._sampling(list(requests.values()))
+        if sampling is not None:
+            sampling.counters += np.asarray(uncollected, dtype=np.int64)
+        if cut:  # the real N+1's shape: its capture family, token bucket and attention route
+            pending = self.executor.launch(specs, sampling, chunks.capture, chunks.token_bucket,
+                                           route=chunks.attention, glue=key_glue)
+        else:
+            pending = self.executor.launch(specs, sampling, glue=key_glue)
+        self._launched_ahead(worker, pending, placed, slots, requests, cut)
+
+    def _next_chunk(self, request: RequestState, call: CallInfo, start: int, num: int) -> Optional[list[int]]:
+        """The token ids of a prompt's chunk [start, start + num) from its classified prompt (the
+        memo an earlier chunk left, `values.classify_cut`); None when it has none."""
+        node = self.node.name
+        for name, is_loop_back, is_unread in self._facts_of(call).inputs:
+            if is_loop_back or is_unread:
+                continue
+            held = request.cut_inputs.get((node, name))
+            if held is None or held[1].kind != "tokens" or held[1].tensor is None:
+                return None
+            tokens = held[1].tensor[start:start + num]
+            return tokens.tolist() if tokens.numel() == num else None
+        return None
+
+    def _reserve_chunk(self, request_id: str, key: tuple[str, str], num: int) -> bool:
+        """Reserve the pages a chunk of `num` tokens needs, when the admission policy lets it."""
+        num_pages = self.pool.num_new_pages(key, num)
+        if num_pages:
+            need = PageNeed(request_id, num_pages, 0)
+            if self.admission.shortfall([need], self.pool.num_free_pages):
+                return False
+            self.admission.grant(need)
+            if not self.pool.reserve(key, num):
+                raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
+        return True
+
     def _launched_ahead(self, worker: int, pending: Pending, placed: dict[str, tuple[str, int]],
-                        slots: dict[str, int], requests: dict[str, RequestState]) -> None:
-        self._ahead[worker] = _Ahead(pending, placed, slots, requests)
+                        slots: dict[str, int], requests: dict[str, RequestState],
+                        chunks: Optional[dict[str, tuple[int, list[int]]]] = None) -> None:
+        self._ahead[worker] = _Ahead(pending, placed, slots, requests, chunks=chunks or {})
         self.num_ahead_rows += len(placed)
+        self.num_ahead_chunks += len(chunks or ())
 
     def _reserve_next(self, request_id: str, key: tuple[str, str]) -> bool:
         """Reserve the page the row's next token needs, when the admission policy lets it."""

@@ -64,7 +64,7 @@ from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import CPU, Placement
 from mstar.runtime.engine.sampling import SamplingParams, draw_stream, sample_tokens
-from mstar.runtime.step import RowResult, StepRow
+from mstar.runtime.step import AheadChunks, RowResult, StepRow
 
 
 @dataclass
@@ -301,7 +301,8 @@ class DecoderRunner:
             ran.extend(self._forward([item for item in ready if self.model_of(item.row.walk) is model], model))
         return lambda: ran
 
-    def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]]) -> None:
+    def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
+                  chunks: Optional[AheadChunks] = None, decode_walks: frozenset[str] = frozenset()) -> None:
         """Launch `worker`'s next step ahead for these (request id, walk) rows: this runner's
         forward runs when its step is launched, so it has nothing to run ahead (gpu/runner.py does)."""
 
