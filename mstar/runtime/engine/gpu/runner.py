@@ -506,15 +506,21 @@ class GpuDecoderRunner(DecoderRunner):
             specs.append(RowSpec(None, num_cached, pool.page_table(key), slot))
         if not specs:
             return
+        key_glue = self._glue_for_ahead(worker, specs, placed)
+        # the step launched last samples first: its sample is not counted yet
+        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1),
+                                       glue=key_glue)
+        self._launched_ahead(worker, pending, placed, slots, requests)
+
+    def _glue_for_ahead(self, worker: int, specs: list[RowSpec], placed: dict[str, tuple[str, int]]):
+        """The key glue of a step launched ahead (None: numpy packing), with each spec's walk index
+        in it set from the walk its row was placed under."""
         key_glue = self._key_glue(worker, [placed_walk for placed_walk, _ in placed.values()])
         if key_glue is not None:
             walk_index = {walk: index for index, walk in enumerate(key_glue.constants.walks)}
             for spec, (placed_walk, _) in zip(specs, placed.values()):
                 spec.walk_index = walk_index[placed_walk]
-        # the step launched last samples first: its sample is not counted yet
-        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1),
-                                       glue=key_glue)
-        self._launched_ahead(worker, pending, placed, slots, requests)
+        return key_glue
 
     def _prelaunch_chunks(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
                           chunks: AheadChunks, decode_walks: frozenset[str]) -> None:
@@ -558,11 +564,7 @@ class GpuDecoderRunner(DecoderRunner):
             specs.append(spec)
         if not specs:
             return
-        key_glue = self._key_glue(worker, [placed_walk for placed_walk, _ in placed.values()])
-        if key_glue is not None:
-            walk_index = {walk: index for index, walk in enumerate(key_glue.constants.walks)}
-            for spec, (placed_walk, _) in zip(specs, placed.values()):
-                spec.walk_index = walk_index[placed_walk]
+        key_glue = self._glue_for_ahead(worker, specs, placed)
         sampling = self._sampling(list(requests.values()))
         if sampling is not None:
             sampling.counters += np.asarray(uncollected, dtype=np.int64)
