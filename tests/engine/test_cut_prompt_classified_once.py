@@ -1,5 +1,5 @@
 """A prompt the scheduler cuts into chunks is classified once per request, not at every chunk step
-(values.classify_cut): each chunk step hands the row the whole prompt again, and re-checking every
+(values.classify_for_row): each chunk step hands the row the whole prompt again, and re-checking every
 token cost more host time than a chunk step's kernels on the GPU. Both decoder runners (the CPU
 reference and the GPU fast path's, run on the CPU), and the chunked tokens still equal the whole
 prompt's."""
@@ -16,7 +16,6 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
 from mstar.runtime.engine.placement import CPU
-from mstar.runtime.engine.gpu import runner as gpu_runner
 from mstar.runtime.engine.runners import decoder, values
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.bench_kv import with_budget
@@ -54,9 +53,8 @@ def _run(plan, is_gpu_runner: bool) -> tuple[list[int], int]:
         return real(name, value)
 
     driver = Driver(plan, _engine(plan, is_gpu_runner))
-    # Every module that calls it by name.
-    with mock.patch.object(values, "classify", counting), mock.patch.object(gpu_runner, "classify", counting), \
-            mock.patch.object(decoder, "classify", counting):
+    # Every module that calls it by name (the runners reach it through values.classify_for_row).
+    with mock.patch.object(values, "classify", counting), mock.patch.object(decoder, "classify", counting):
         driver.run(Workload(requests))
     return list(driver.conductor.records["long"].output_tokens), whole_prompt_calls
 

@@ -62,7 +62,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_cut
+from mstar.runtime.engine.runners.values import InputError, chunk_of, classify_for_row
 from mstar.runtime.step import AheadChunks, RowResult, StepRow
 
 
@@ -287,8 +287,7 @@ class GpuDecoderRunner(DecoderRunner):
                 return _Item(row, call, request, _ONE_TOKEN, list(request.last_token[node]), writes, facts, True)
             if is_unread:
                 continue  # a mask or signal: read by no model here
-            is_cut = row.chunk_start or row.is_partial
-            value = classify_cut(request.cut_inputs, node, name, raw) if is_cut else classify(name, raw)
+            value = classify_for_row(row, request.cut_inputs, node, name, raw)
             if value.kind == "tokens" and value.tensor is not None:
                 tokens = chunk_of(value.tensor, row)  # a chunk after the KV earlier chunks wrote
                 return _Item(row, call, request, _no_embeds(tokens.numel()), tokens.tolist(), writes, facts)
@@ -577,7 +576,7 @@ class GpuDecoderRunner(DecoderRunner):
 
     def _next_chunk(self, request: RequestState, call: CallInfo, start: int, num: int) -> Optional[list[int]]:
         """The token ids of a prompt's chunk [start, start + num) from its classified prompt (the
-        memo an earlier chunk left, `values.classify_cut`); None when it has none."""
+        memo an earlier chunk left, `values.classify_for_row`); None when it has none."""
         node = self.node.name
         for name, is_loop_back, is_unread in self._facts_of(call).inputs:
             if is_loop_back or is_unread:

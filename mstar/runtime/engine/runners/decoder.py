@@ -48,7 +48,7 @@ from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_cut, synthesise
+from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_for_row, synthesise
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
@@ -375,10 +375,7 @@ class DecoderRunner:
                 raw = request.last_token.get(self.node.name)
             if call.input_roles.get(name) in ("mask", "signal"):
                 continue  # read by no model here
-            if row.chunk_start or row.is_partial:
-                value = classify_cut(request.cut_inputs, self.node.name, name, raw)
-            else:
-                value = classify(name, raw)
+            value = classify_for_row(row, request.cut_inputs, self.node.name, name, raw)
             if value.tensor is None:
                 continue  # a signal: no model input
             if value.kind == "tokens":

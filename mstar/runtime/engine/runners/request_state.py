@@ -20,7 +20,7 @@ class RequestState:
     num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
     num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
     last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
-    # (node, input) -> (the value, its classification) of a prompt cut into chunks (values.classify_cut)
+    # (node, input) -> (the value, its classification) of a prompt cut into chunks (values.classify_for_row)
     cut_inputs: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)
 
     @classmethod

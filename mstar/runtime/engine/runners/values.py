@@ -83,14 +83,16 @@ def _flat_token_ids(value: list | tuple) -> Optional[torch.Tensor]:
         return None
 
 
-def classify_cut(memo: dict[tuple[str, str], tuple[Any, Classified]], node: str, name: str, value: Any
-                 ) -> Classified:
-    """`classify` for a row of a prompt the scheduler cut into chunks. Every chunk step hands the
-    row the whole prompt again (`chunk_of` keeps the chunk's positions), and classifying it (one
-    type check per token) cost about 3 ms a step for an 8192-token prompt on the GPU's host, more
-    than a chunk step's kernels; so it is classified once per request and input. `memo` is the
-    request's (`RequestState.cut_inputs`); it holds the value itself, so an entry is reused only
-    for that very object."""
+def classify_for_row(row: StepRow, memo: dict[tuple[str, str], tuple[Any, Classified]], node: str, name: str,
+                     value: Any) -> Classified:
+    """`classify` for the input `name` that `row` feeds on `node`. A prompt the scheduler cut into
+    chunks comes back whole at every chunk step (`chunk_of` keeps the chunk's positions), and
+    classifying it (one type check per token) cost about 3 ms a step for an 8192-token prompt on
+    the GPU's host, more than a chunk step's kernels; so a cut row's value is classified once per
+    request and input. `memo` is the request's (`RequestState.cut_inputs`); it holds the value
+    itself, so an entry is reused only for that very object."""
+    if not is_cut(row):
+        return classify(name, value)
     held = memo.get((node, name))
     if held is not None and held[0] is value:
         return held[1]
@@ -118,9 +120,14 @@ def synthesise(seed: int, node_position: int, input_position: int, shape: tuple[
     return torch.randn(shape, generator=generator)
 
 
+def is_cut(row: StepRow) -> bool:
+    """The row feeds a chunk of a prompt the scheduler cut (not its first and only part)."""
+    return bool(row.chunk_start or row.is_partial)
+
+
 def chunk_of(tensor: torch.Tensor, row: StepRow) -> torch.Tensor:
     """The positions of an input that the row feeds this step: all of them, or, for a prompt the
     scheduler cut, `[chunk_start, chunk_start + num_tokens)` (StepRow)."""
-    if not (row.chunk_start or row.is_partial):
+    if not is_cut(row):
         return tensor
     return tensor[row.chunk_start:row.chunk_start + row.num_tokens]
