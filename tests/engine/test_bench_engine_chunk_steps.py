@@ -23,13 +23,20 @@ class _StandIn:
         return None
 
 
-def test_each_chunk_context_is_timed_on_the_plans_mixed_bucket(monkeypatch):
+def _bench_setup(monkeypatch, kernels: tuple[float, float]):
+    """The llama plan's kv node, its shapes, a stand-in executor; no device sync, and `_kernel_ms`
+    runs the step once and answers `kernels` (all, attention)."""
     plan = load_plan(PLAN)
     node = next(n for n in plan.nodes if n.engine == "kv")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench, "_kernel_ms", lambda step, num_steps=5: (step(), (2.0, 0.5))[1])
+    monkeypatch.setattr(bench, "_kernel_ms", lambda step, num_steps=5: (step(), kernels)[1])
     shapes = bench.Shapes(decoder_dims(node, "spec"), weight_bytes=2 * 10 ** 9, matmul_params=10 ** 9)
-    executor, out = _StandIn(), {}
+    return plan, node, shapes, _StandIn()
+
+
+def test_each_chunk_context_is_timed_on_the_plans_mixed_bucket(monkeypatch):
+    plan, node, shapes, executor = _bench_setup(monkeypatch, (2.0, 0.5))
+    out: dict = {}
     bench._chunk_steps(out, plan, node, executor, 16, 4, shapes, 4e12, 7e14)
     assert list(out["chunk"]) == [str(c) for c in bench.CHUNK_CONTEXTS]
     expected_bucket = bench.packed_bucket(plan, node, [(1, bench.CONTEXT)] * 40 + [(216, 0)], True)
@@ -48,12 +55,8 @@ def test_each_chunk_context_is_timed_on_the_plans_mixed_bucket(monkeypatch):
 def test_the_prefix_tail_step_runs_on_the_plans_prefill_bucket(monkeypatch):
     """A cached request's first step: its 16 tokens after the 1024 cached, on the prefill bucket the
     plan gives it, with kernels and a floor that counts the cached context."""
-    plan = load_plan(PLAN)
-    node = next(n for n in plan.nodes if n.engine == "kv")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench, "_kernel_ms", lambda step, num_steps=5: (step(), (1.5, 0.2))[1])
-    shapes = bench.Shapes(decoder_dims(node, "spec"), weight_bytes=2 * 10 ** 9, matmul_params=10 ** 9)
-    executor, out = _StandIn(), {}
+    plan, node, shapes, executor = _bench_setup(monkeypatch, (1.5, 0.2))
+    out: dict = {}
     bench._prefix_tail_step(out, plan, node, executor, 16, 4, shapes, 4e12, 7e14)
     expected = bench.packed_bucket(plan, node, [bench.PREFIX_TAIL], False)
     figures = out["prefix_tail"]
