@@ -92,3 +92,32 @@ def test_per_row_turns_the_fast_path_runners_columns_off(monkeypatch):
         engine = bench_kv._engine(plan, bench_kv.EngineChoice("torch", "cpu", "tiny", None, is_columnar))
         fast = [r for r in engine.runners.values() if isinstance(r, GpuDecoderRunner)]
         assert fast and all(r.is_columnar is is_columnar for r in fast)
+
+
+def test_no_run_ahead_reaches_the_torch_engine(monkeypatch):
+    """`--no-run-ahead` builds the torch engine with launch-ahead off (and only the torch engine)."""
+    from mstar.runtime.engine import torch_engine
+
+    seen = []
+
+    class Recording:
+        def __init__(self, plan, **kwargs):
+            seen.append(kwargs["run_ahead"])
+            raise SystemExit(0)
+
+    monkeypatch.setattr(torch_engine, "TorchEngine", Recording)
+    monkeypatch.setattr(torch_engine, "plan_glue", lambda *_args: None)
+    from mstar.plan.io import load_plan
+
+    plan = load_plan("generated/llama_chunked.plan")
+    for can_run_ahead in (True, False):
+        with pytest.raises(SystemExit):
+            bench_kv._engine(plan, bench_kv.EngineChoice("torch", "cpu", "tiny", None, True, can_run_ahead))
+    assert seen == [True, False]
+
+
+def test_no_run_ahead_needs_the_torch_engine(capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_kv.main(["--no-run-ahead"])
+    assert stop.value.code == 2
+    assert "--engine torch" in capsys.readouterr().err

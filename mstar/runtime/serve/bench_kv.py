@@ -26,11 +26,13 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
                       [--arrive-after STEPS] [--budget N] [--route packed|split]
-                      [--no-whole] [--per-row] [--prefix-requests N] [--prefix-len N]
+                      [--no-whole] [--per-row] [--no-run-ahead] [--prefix-requests N] [--prefix-len N]
 
 `--no-whole` skips the whole-prompt reference runs of the chunk scenario (half its time: worth it
 on a GPU whose minutes are counted); `--per-row` runs the GPU fast path's decode rows row by row
-instead of in columns (`gpu/decode_columns.py`), a what-if for comparing the two in one session.
+instead of in columns (`gpu/decode_columns.py`), a what-if for comparing the two in one session;
+`--no-run-ahead` makes every step wait for the one before (no launch of step N+1 behind step N,
+chunk steps included), the same what-if for the host/device overlap.
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ class EngineChoice:
     dims: str = "tiny"  # torch: tiny or spec
     plan_path: Optional[str] = None  # torch on a GPU: the plan's generated glue packs the steps
     is_columnar: bool = True  # torch: the GPU fast path's columnar decode rows (False: row by row)
+    can_run_ahead: bool = True  # torch: launch step N+1 behind step N (False: every step waits)
 
 
 def _engine(plan: Plan, engine: EngineChoice) -> Any:
@@ -100,7 +103,8 @@ def _engine(plan: Plan, engine: EngineChoice) -> Any:
     # The glue packs the GPU fast path's steps as in `mstar run`; budgets and chunk sizes (what
     # the variants change) are not part of it.
     glue = plan_glue(plan, engine.plan_path, engine.device)
-    torch_engine = TorchEngine(plan, dims=engine.dims, device=engine.device, glue=glue)
+    torch_engine = TorchEngine(plan, dims=engine.dims, device=engine.device, glue=glue,
+                               run_ahead=engine.can_run_ahead)
     if not engine.is_columnar:
         from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 
@@ -249,7 +253,7 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
 
 
 def _choice(args: argparse.Namespace) -> EngineChoice:
-    return EngineChoice(args.engine, args.device, args.dims, args.plan, not args.per_row)
+    return EngineChoice(args.engine, args.device, args.dims, args.plan, not args.per_row, not args.no_run_ahead)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -268,6 +272,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="chunk scenario: skip the whole-prompt reference runs (half the time)")
     parser.add_argument("--per-row", action="store_true",
                         help="torch engine: the GPU fast path's decode rows row by row, not in columns (a what-if)")
+    parser.add_argument("--no-run-ahead", action="store_true",
+                        help="torch engine: every step waits for the one before (a what-if beside the default)")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
@@ -277,6 +283,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
+    if args.no_run_ahead and args.engine != "torch":
+        parser.error("--no-run-ahead turns off the torch engine's launch-ahead: use it with --engine torch")
     if args.per_row and not (args.engine == "torch" and args.device.startswith("cuda")):
         parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
     from mstar.plan.io import PlanError, load_plan
@@ -288,6 +296,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
                                "route": args.route, "is_columnar": not args.per_row,
+                               "can_run_ahead": not args.no_run_ahead,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
