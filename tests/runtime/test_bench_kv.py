@@ -20,6 +20,21 @@ def test_bench_kv_on_the_sim_gives_both_variants_and_the_prefix_figures(capsys):
     assert results["prefix"]["ttft_ratio"] > 1
 
 
+def test_the_slowest_steps_of_the_prefill_window_explain_its_largest_gap(capsys):
+    """The slowest steps are sorted by their gap, the first is the largest inter-token gap the decode
+    rows saw (every decode row gets a token each step), and the prompt's chunks show in them."""
+    assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--no-whole",
+                          "--json"]) == 0
+    chunked = json.loads(capsys.readouterr().out)["chunked"]
+    steps = chunked["slowest_steps_during"]
+    assert 0 < len(steps) <= 5
+    gaps = [step["gap_ms"] for step in steps]
+    assert gaps == sorted(gaps, reverse=True)
+    assert gaps[0] == pytest.approx(chunked["itl_max_during_ms"], rel=1e-6)
+    assert any(step["walk_rows"].get("prefill") for step in steps)
+    assert all(step["run_ms"] > 0 and step["tokens"] >= step["rows"] for step in steps)
+
+
 def test_a_device_for_the_simulator_is_refused(capsys):
     with pytest.raises(SystemExit) as stop:
         bench_kv.main(["--device", "cuda"])

@@ -142,6 +142,26 @@ def _ttft(driver: Driver, rid: str) -> float:
     return record.first_token_s - record.arrival_s
 
 
+def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> list[dict]:
+    """The `num` steps ending in [start, end] (seconds from the run's origin) that came longest after
+    the step before them: a p99 over a few dozen steps that every decode row shares is about the
+    slowest of them, so these say which step set it. Each: `gap_ms` (end after the previous step's
+    end), `run_ms` (launch to end), its tokens, rows and walks, whether it was speculated, the
+    scheduler's and post-processing's ms, and its index among the window's steps."""
+    log, origin = driver.log, driver.origin_s
+    found, previous_end = [], None
+    for i in range(len(log)):
+        end_s = log.end_s[i] - origin
+        if previous_end is not None and start <= end_s <= end:
+            found.append({"index": len(found), "gap_ms": (end_s - previous_end) * 1e3,
+                          "run_ms": (log.end_s[i] - log.start_s[i]) * 1e3, "tokens": log.num_tokens[i],
+                          "rows": log.num_rows[i], "walk_rows": dict(log.walk_rows[i]),
+                          "is_speculative": log.is_speculative[i], "sched_ms": log.sched_s[i] * 1e3,
+                          "post_ms": log.post_s[i] * 1e3})
+        previous_end = end_s
+    return sorted(found, key=lambda step: -step["gap_ms"])[:num]
+
+
 def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
     """The figures of one plan variant (module docstring)."""
     budget = max((k.token_budget or 0 for w in plan.workers for k in w.keys), default=0)
@@ -169,7 +189,8 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
             "itl_p50_during_ms": float(np.median(during_gaps)) * 1e3 if during_gaps.size else None,
             "itl_max_during_ms": float(during_gaps.max()) * 1e3 if during_gaps.size else None,
             "ttft_mixed_ms": ttft_mixed * 1e3, "ttft_alone_ms": ttft_alone * 1e3,
-            "ttft_ratio": ttft_mixed / ttft_alone}
+            "ttft_ratio": ttft_mixed / ttft_alone,
+            "slowest_steps_during": slowest_steps(mixed, arrival, end)}
 
 
 def with_prefix_cache(plan: Plan, state: str) -> Plan:
@@ -226,6 +247,11 @@ def _print(results: dict) -> None:
         if row.get("itl_p50_during_ms") is not None:
             print(f"{name}: decode inter-token gaps during the prefill: p50 {row['itl_p50_during_ms']:.2f} ms, "
                   f"largest {row['itl_max_during_ms']:.2f} ms")
+        for step in row.get("slowest_steps_during", [])[:3]:
+            print(f"{name}: slow step {step['index']} of the prefill: {step['gap_ms']:.2f} ms after the one before "
+                  f"(ran {step['run_ms']:.2f} ms, {step['tokens']} tokens, rows {step['walk_rows']}, "
+                  f"{'speculated' if step['is_speculative'] else 'not speculated'}, "
+                  f"scheduler {step['sched_ms']:.2f} ms, post {step['post_ms']:.2f} ms)")
     print(f"chunked: decode ITL p99 during the prefill / steady = {chunked['itl_p99_ratio'] or 0:.2f}x "
           f"(target <= 2x); TTFT beside the decode rows / alone = {chunked['ttft_ratio']:.2f}x (target <= 1.5x)")
     if whole is not None:
