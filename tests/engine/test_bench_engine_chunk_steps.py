@@ -72,3 +72,40 @@ def test_the_prefix_tail_step_runs_on_the_plans_prefill_bucket(monkeypatch):
 
 def _case() -> dict:
     return {"ms": 2.0, "floor_ms": 1.0}
+
+
+class _Ordered(_StandIn):
+    """Records launches and collects in order; a launch answers its index as the pending step."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def launch(self, specs, sampling, family, tokens, route, glue):
+        super().launch(specs, sampling, family, tokens, route, glue)
+        self.events.append(("launch", len(self.launched) - 1))
+        return len(self.launched) - 1
+
+    def collect(self, pending):
+        self.events.append(("collect", pending))
+
+
+def test_a_chained_decode_step_is_launched_before_the_one_before_it_is_collected(monkeypatch):
+    """The chain keeps one step in flight: launch 0, launch 1, collect 0, launch 2, collect 1, ...,
+    each step collected once and in order, every step the same decode rows; the table shows it
+    against the floor."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    executor = _Ordered()
+    ms = bench._chain_ms(executor, [(1, bench.CONTEXT)] * 8, 16, iters=4, num_steps=5)
+    assert ms >= 0
+    first = executor.events[:10]
+    assert first == [("launch", 0), ("launch", 1), ("collect", 0), ("launch", 2), ("collect", 1),
+                     ("launch", 3), ("collect", 2), ("launch", 4), ("collect", 3), ("collect", 4)]
+    collected = [i for kind, i in executor.events if kind == "collect"]
+    assert collected == list(range(len(executor.launched)))
+    assert all(rows == [(1, bench.CONTEXT)] * 8 for rows, *_ in executor.launched)
+    table = bench._table({"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0,
+                          "decode": {"8": {"ms": 3.0, "floor_ms": 1.0, "chain_ms": 2.0}},
+                          "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()})
+    row = next(line for line in table.splitlines() if line.startswith("decode 8"))
+    assert row.split()[-2:] == ["2.000", "2.00"]

@@ -162,6 +162,25 @@ def _engine_step(executor, rows, page_size: int, bucket: tuple = (None, 0, "pack
     return lambda: executor.collect(executor.launch(specs, None, family, tokens, route, glue))
 
 
+def _chain_ms(executor, rows, page_size: int, iters: int, num_steps: int = 16) -> float:
+    """Wall ms a step of a decode chain run ahead, as the runner's launch-ahead runs one (docs/engine.md,
+    "Running ahead"): step N+1 is launched before step N is collected, its decode rows reading N's
+    tokens on the device, so the host's packing, planning and launches overlap the device's step.
+    Median over `iters` chains of `num_steps` steps of (chain wall time / num_steps)."""
+    specs = _rows(executor, rows, page_size)
+    glue = executor.glue if isinstance(executor, BenchExecutor) else None
+
+    def chain() -> None:
+        pending = executor.launch(specs, None, None, 0, "packed", glue)
+        for _ in range(num_steps - 1):
+            launched = executor.launch(specs, None, None, 0, "packed", glue)
+            executor.collect(pending)
+            pending = launched
+        executor.collect(pending)
+
+    return _median_ms(chain, max(3, iters // 4)) / num_steps
+
+
 def _engine_step_ms(executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0, "packed")) -> float:
     return _median_ms(_engine_step(executor, rows, page_size, bucket), iters)
 
@@ -278,6 +297,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
         batch = executor.bucket(_rows(executor, rows, kv.page_size))
         if batch:  # the device's share: the graph replay alone, timed with events
             out["decode"][name]["replay_ms"] = round(_replay_ms(executor, batch, iters), 3)
+        out["decode"][name]["chain_ms"] = round(_chain_ms(executor, rows, kv.page_size, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
     _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
     _chunk_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
@@ -491,18 +511,25 @@ def _unavailable() -> Optional[str]:
     return None
 
 
+def _cell(value: Optional[float], width: int, spec: str = ".3f") -> str:
+    """A right-aligned table cell, blank for a figure not measured."""
+    return " " * width if value is None else f"{value:>{width}{spec}}"
+
+
 def _table(result: dict) -> str:
     lines = [f"{result['device']}: copy {result['copy_bandwidth_tb_s']} TB/s, bf16 matmul "
              f"{result['matmul_tflop_s']} TFLOP/s",
              f"packed by {result.get('packer', 'numpy')}",
-             f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'numpy ms':>10}{'ratio':>7}{'HF compiled':>13}"]
+             f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'numpy ms':>10}{'ratio':>7}{'HF compiled':>13}"
+             f"{'chained ms':>12}{'x floor':>9}"]
     cases = [(f"decode {k}", v) for k, v in result["decode"].items()]
     cases += [(k, result[k]) for k in ("mixed_63_1", "prefill_1x512", "prefill_16x1024")]
     for name, value in cases:
         hf, numpy_ms = value.get("hf_compiled_ms"), value.get("numpy_pack_ms")
         numpy_cells = f"{'':>17}" if numpy_ms is None else f"{numpy_ms:>10.3f}{value['glue_over_numpy']:>7.2f}"
         lines.append(f"{name:<18}{value['ms']:>10.3f}{value['floor_ms']:>10.3f}{value['ms'] / value['floor_ms']:>9.2f}"
-                     f"{numpy_cells}{'' if hf is None else f'{hf:>13.3f}'}")
+                     f"{numpy_cells}{_cell(hf, 13)}{_cell(value.get('chain_ms'), 12)}"
+                     f"{_cell(value['chain_ms'] / value['floor_ms'] if 'chain_ms' in value else None, 9, '.2f')}")
     for context, value in result.get("chunk", {}).items():
         lines.append(f"{CHUNK_DECODE_ROWS} decode rows + a {CHUNK_TOKENS}-token chunk after {context} tokens: "
                      f"{value['ms']:.3f} ms (floor {value['floor_ms']:.3f}; kernels {value['kernels_ms']:.3f} ms, "
