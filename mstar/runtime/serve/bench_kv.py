@@ -149,7 +149,8 @@ def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> lis
     end), `run_ms` (launch to end), its tokens, rows and walks, whether it was speculated, the
     scheduler's and post-processing's ms, and its index among the window's steps."""
     log, origin = driver.log, driver.origin_s
-    found, previous_end = [], None
+    found: list[dict[str, Any]] = []
+    previous_end: Optional[float] = None
     for i in range(len(log)):
         end_s = log.end_s[i] - origin
         if previous_end is not None and start <= end_s <= end:
@@ -159,7 +160,7 @@ def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> lis
                           "is_speculative": log.is_speculative[i], "sched_ms": log.sched_s[i] * 1e3,
                           "post_ms": log.post_s[i] * 1e3})
         previous_end = end_s
-    return sorted(found, key=lambda step: -step["gap_ms"])[:num]
+    return sorted(found, key=lambda step: -float(step["gap_ms"]))[:num]
 
 
 def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
