@@ -115,6 +115,11 @@ def _follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     if index != len(wanted):
         raise RouteError(f"partition {part.name}: route {wanted} does not follow the stages")
     return wanted
+def _is_last_token(partition: PartitionState) -> bool:
+    """One more counted output ends the partition (its max_tokens)."""
+    return partition.num_tokens + 1 >= partition.max_tokens
+
+
 def _chunk_row(request_id: str, walk: str, active_call: ActiveCall, chunk: int, context: int) -> StepRow:
     """The row of a call outside loops feeding `chunk` of its tokens not yet fed (all when 0 or
     more than are left): the next chunk of a prompt the scheduler cut (token_budget.py)."""
@@ -288,6 +293,10 @@ class Conductor:
         laned_ids: list[str] = []  # the laned rows: built below, from their lanes' positions
         laned_walks: list[str] = []
         laned_calls: list[ActiveCall] = []
+        # A kv node's looped row counts at least one output a step: when that reaches the request's
+        # max_tokens its loop does not go on, and a speculated step N+1 holding it would be launched
+        # ahead for nothing (a one-request workload then waited a whole wasted step per request).
+        is_kv = node in self.kv_nodes
         for request_id, walk, chunk in zip(request_ids, walks, num_tokens or repeat(0)):
             if walk != table_walk:  # one lookup per run of rows of one walk
                 table_walk = walk
@@ -316,7 +325,8 @@ class Conductor:
             iteration = loop_state.iteration
             rows.append(StepRow(request_id, walk, call.num_tokens, run.context.get(node, 0), call.inputs,
                                 iteration, call, loop_state.limit))
-            if iteration + 1 < loop_state.limit:
+            if iteration + 1 < loop_state.limit and not (is_kv and call.call.counted
+                                                         and _is_last_token(cast(PartitionState, run.source))):
                 continuing.append(request_id)
         if not laned_calls:
             return rows, continuing, None
@@ -338,8 +348,9 @@ class Conductor:
         at = [index for index, row in enumerate(rows) if row is None]
         for index, row in zip(at, built):
             rows[index] = row
-        # in row order, as the rows not laned were appended
-        continuing = [row.request_id for row in rows if row.loop_count and row.loop_iter + 1 < row.loop_count]
+        # in row order, as the rows not laned were appended (each kind's own test: loop limit and max_tokens)
+        going_on = set(continuing).union(compress(ids, is_continuing))
+        continuing = [row.request_id for row in rows if row.request_id in going_on]
         return rows, continuing, LaneRows(lanes, self.lanes.serial[lanes], self.lanes.num_frees, at,
                                           [row.request_id for row in rows], walk)
 

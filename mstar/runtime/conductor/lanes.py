@@ -67,6 +67,8 @@ class Lanes:
         self.iteration = np.zeros(0, dtype=np.int64)
         self.context = np.zeros(0, dtype=np.int64)
         self.limit = np.zeros(0, dtype=np.int64)
+        # per lane: the iteration whose token is the request's last (max_tokens): no row goes on past it
+        self.last_token = np.zeros(0, dtype=np.int64)
         self.tokens = np.zeros(0, dtype=np.int64)
         self.times = np.zeros(0, dtype=np.float64)
         self.calls: list[Any] = []  # lane -> its ActiveCall (None when free)
@@ -87,6 +89,7 @@ class Lanes:
         self.iteration = np.concatenate([self.iteration, np.zeros(num, dtype=np.int64)])
         self.context = np.concatenate([self.context, np.zeros(num, dtype=np.int64)])
         self.limit = np.concatenate([self.limit, np.zeros(num, dtype=np.int64)])
+        self.last_token = np.concatenate([self.last_token, np.zeros(num, dtype=np.int64)])
         self.tokens = np.concatenate([self.tokens, np.zeros(num * width, dtype=np.int64)])
         self.times = np.concatenate([self.times, np.zeros(num * width, dtype=np.float64)])
         self.calls.extend([None] * num)
@@ -153,6 +156,8 @@ class Lanes:
         self.iteration[lane] = loop_state.iteration
         self.context[lane] = call.run.context.get(call.node, 0)
         self.limit[lane] = loop_state.limit
+        partition = call.run.source  # each steady iteration adds one counted token
+        self.last_token[lane] = loop_state.iteration + partition.max_tokens - partition.num_tokens
 
     def detach(self, call: Any) -> None:
         """Sync the call's lane and free it (the call leaves the steady shape, or its request is
@@ -186,12 +191,14 @@ class Lanes:
 
     def rows_of(self, lanes: np.ndarray, moves_context: bool) -> tuple[list[int], list[int], list[int], list[bool]]:
         """Step building's values of the lanes' rows: each one's loop iteration, KV context (moved
-        by one an iteration on a kv node), loop limit, and whether its loop goes on after it."""
+        by one an iteration on a kv node), loop limit, and whether its loop goes on after it (its loop
+        limit and its request's max_tokens both leave room for another iteration)."""
         pos = self.head[lanes] - lanes * self.width
         iterations = self.iteration[lanes] + pos
         contexts = self.context[lanes] + pos if moves_context else self.context[lanes]
         limits = self.limit[lanes]
-        return iterations.tolist(), contexts.tolist(), limits.tolist(), (iterations + 1 < limits).tolist()
+        is_continuing = (iterations + 1 < limits) & (iterations + 1 < self.last_token[lanes])
+        return iterations.tolist(), contexts.tolist(), limits.tolist(), is_continuing.tolist()
 
     def advance_all(self, rows: LaneRows, token_ids: Any, now: float) -> bool:
         """Every row of the step laned and common (its lane still its call's, room left): one
