@@ -10,9 +10,9 @@ the stream buffer and the host-visible output. Each equals the function of the s
 write into the static buffers they are given. The runtime finds a key's glue in
 `GLUE_BY_WORKER[rank][key name]`.
 """
-import triton
 import triton.language as tl
 
+from mstar.runtime.engine.glue_jit import glue_jit
 from mstar.runtime.engine.glue_reference import (
     GlueConstants,
     KeyGlue,
@@ -41,8 +41,12 @@ DIT_IMAGE_GEN_CONSTANTS = GlueConstants(
 )
 
 
-@triton.jit(do_not_specialize=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch",
-                               "token_bucket", "kv_capacity", "pad_slot"])
+@glue_jit(ints=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch", "token_bucket", "kv_capacity",
+               "pad_slot"],
+          pointers=["walk_index_ptr", "num_tokens_ptr", "context_len_ptr", "loop_iter_ptr", "slot_ptr",
+                    "host_tokens_ptr", "page_table_ptr", "loop_back_ptr", "tokens_ptr", "positions_ptr",
+                    "kv_slots_ptr", "qo_indptr_ptr", "kv_indptr_ptr", "kv_indices_ptr", "kv_last_page_len_ptr",
+                    "logits_index_ptr"])
 def _pack_step_dit_image_gen_kernel(
     walk_index_ptr, num_tokens_ptr, context_len_ptr, loop_iter_ptr, slot_ptr, host_tokens_ptr,
     page_table_ptr, page_table_stride, max_pages_per_seq, loop_back_ptr,
@@ -132,7 +136,9 @@ def pack_step_dit_image_gen(
     )
 
 
-@triton.jit(do_not_specialize=["stream_stride", "stream_capacity", "num_rows"])
+@glue_jit(ints=["stream_stride", "stream_capacity", "num_rows"],
+          pointers=["sampled_ptr", "walk_index_ptr", "slot_ptr", "is_emitting_ptr", "stream_pos_ptr", "loop_back_ptr",
+                    "stream_tokens_ptr", "host_out_ptr"])
 def _scatter_after_sampling_dit_image_gen_kernel(
     sampled_ptr, walk_index_ptr, slot_ptr, is_emitting_ptr, stream_pos_ptr,
     loop_back_ptr, stream_tokens_ptr, stream_stride, stream_capacity, host_out_ptr, num_rows,
@@ -181,8 +187,12 @@ DIT_PREFILL_CONSTANTS = GlueConstants(
 )
 
 
-@triton.jit(do_not_specialize=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch",
-                               "token_bucket", "kv_capacity", "pad_slot"])
+@glue_jit(ints=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch", "token_bucket", "kv_capacity",
+               "pad_slot"],
+          pointers=["walk_index_ptr", "num_tokens_ptr", "context_len_ptr", "loop_iter_ptr", "slot_ptr",
+                    "host_tokens_ptr", "page_table_ptr", "loop_back_ptr", "tokens_ptr", "positions_ptr",
+                    "kv_slots_ptr", "qo_indptr_ptr", "kv_indptr_ptr", "kv_indices_ptr", "kv_last_page_len_ptr",
+                    "logits_index_ptr"])
 def _pack_step_dit_prefill_kernel(
     walk_index_ptr, num_tokens_ptr, context_len_ptr, loop_iter_ptr, slot_ptr, host_tokens_ptr,
     page_table_ptr, page_table_stride, max_pages_per_seq, loop_back_ptr,
@@ -272,7 +282,9 @@ def pack_step_dit_prefill(
     )
 
 
-@triton.jit(do_not_specialize=["stream_stride", "stream_capacity", "num_rows"])
+@glue_jit(ints=["stream_stride", "stream_capacity", "num_rows"],
+          pointers=["sampled_ptr", "walk_index_ptr", "slot_ptr", "is_emitting_ptr", "stream_pos_ptr", "loop_back_ptr",
+                    "stream_tokens_ptr", "host_out_ptr"])
 def _scatter_after_sampling_dit_prefill_kernel(
     sampled_ptr, walk_index_ptr, slot_ptr, is_emitting_ptr, stream_pos_ptr,
     loop_back_ptr, stream_tokens_ptr, stream_stride, stream_capacity, host_out_ptr, num_rows,
@@ -319,8 +331,12 @@ DIT_PREFILL_COND_CONSTANTS = GlueConstants(
 )
 
 
-@triton.jit(do_not_specialize=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch",
-                               "token_bucket", "kv_capacity", "pad_slot"])
+@glue_jit(ints=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch", "token_bucket", "kv_capacity",
+               "pad_slot"],
+          pointers=["walk_index_ptr", "num_tokens_ptr", "context_len_ptr", "loop_iter_ptr", "slot_ptr",
+                    "host_tokens_ptr", "page_table_ptr", "loop_back_ptr", "tokens_ptr", "positions_ptr",
+                    "kv_slots_ptr", "qo_indptr_ptr", "kv_indptr_ptr", "kv_indices_ptr", "kv_last_page_len_ptr",
+                    "logits_index_ptr"])
 def _pack_step_dit_prefill_cond_kernel(
     walk_index_ptr, num_tokens_ptr, context_len_ptr, loop_iter_ptr, slot_ptr, host_tokens_ptr,
     page_table_ptr, page_table_stride, max_pages_per_seq, loop_back_ptr,
@@ -410,7 +426,9 @@ def pack_step_dit_prefill_cond(
     )
 
 
-@triton.jit(do_not_specialize=["stream_stride", "stream_capacity", "num_rows"])
+@glue_jit(ints=["stream_stride", "stream_capacity", "num_rows"],
+          pointers=["sampled_ptr", "walk_index_ptr", "slot_ptr", "is_emitting_ptr", "stream_pos_ptr", "loop_back_ptr",
+                    "stream_tokens_ptr", "host_out_ptr"])
 def _scatter_after_sampling_dit_prefill_cond_kernel(
     sampled_ptr, walk_index_ptr, slot_ptr, is_emitting_ptr, stream_pos_ptr,
     loop_back_ptr, stream_tokens_ptr, stream_stride, stream_capacity, host_out_ptr, num_rows,
@@ -457,8 +475,12 @@ DIT_PREFILL_COND_VIDEO_CONSTANTS = GlueConstants(
 )
 
 
-@triton.jit(do_not_specialize=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch",
-                               "token_bucket", "kv_capacity", "pad_slot"])
+@glue_jit(ints=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch", "token_bucket", "kv_capacity",
+               "pad_slot"],
+          pointers=["walk_index_ptr", "num_tokens_ptr", "context_len_ptr", "loop_iter_ptr", "slot_ptr",
+                    "host_tokens_ptr", "page_table_ptr", "loop_back_ptr", "tokens_ptr", "positions_ptr",
+                    "kv_slots_ptr", "qo_indptr_ptr", "kv_indptr_ptr", "kv_indices_ptr", "kv_last_page_len_ptr",
+                    "logits_index_ptr"])
 def _pack_step_dit_prefill_cond_video_kernel(
     walk_index_ptr, num_tokens_ptr, context_len_ptr, loop_iter_ptr, slot_ptr, host_tokens_ptr,
     page_table_ptr, page_table_stride, max_pages_per_seq, loop_back_ptr,
@@ -548,7 +570,9 @@ def pack_step_dit_prefill_cond_video(
     )
 
 
-@triton.jit(do_not_specialize=["stream_stride", "stream_capacity", "num_rows"])
+@glue_jit(ints=["stream_stride", "stream_capacity", "num_rows"],
+          pointers=["sampled_ptr", "walk_index_ptr", "slot_ptr", "is_emitting_ptr", "stream_pos_ptr", "loop_back_ptr",
+                    "stream_tokens_ptr", "host_out_ptr"])
 def _scatter_after_sampling_dit_prefill_cond_video_kernel(
     sampled_ptr, walk_index_ptr, slot_ptr, is_emitting_ptr, stream_pos_ptr,
     loop_back_ptr, stream_tokens_ptr, stream_stride, stream_capacity, host_out_ptr, num_rows,
@@ -595,8 +619,12 @@ DIT_VIDEO_GEN_CONSTANTS = GlueConstants(
 )
 
 
-@triton.jit(do_not_specialize=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch",
-                               "token_bucket", "kv_capacity", "pad_slot"])
+@glue_jit(ints=["page_table_stride", "max_pages_per_seq", "num_rows", "padded_batch", "token_bucket", "kv_capacity",
+               "pad_slot"],
+          pointers=["walk_index_ptr", "num_tokens_ptr", "context_len_ptr", "loop_iter_ptr", "slot_ptr",
+                    "host_tokens_ptr", "page_table_ptr", "loop_back_ptr", "tokens_ptr", "positions_ptr",
+                    "kv_slots_ptr", "qo_indptr_ptr", "kv_indptr_ptr", "kv_indices_ptr", "kv_last_page_len_ptr",
+                    "logits_index_ptr"])
 def _pack_step_dit_video_gen_kernel(
     walk_index_ptr, num_tokens_ptr, context_len_ptr, loop_iter_ptr, slot_ptr, host_tokens_ptr,
     page_table_ptr, page_table_stride, max_pages_per_seq, loop_back_ptr,
@@ -686,7 +714,9 @@ def pack_step_dit_video_gen(
     )
 
 
-@triton.jit(do_not_specialize=["stream_stride", "stream_capacity", "num_rows"])
+@glue_jit(ints=["stream_stride", "stream_capacity", "num_rows"],
+          pointers=["sampled_ptr", "walk_index_ptr", "slot_ptr", "is_emitting_ptr", "stream_pos_ptr", "loop_back_ptr",
+                    "stream_tokens_ptr", "host_out_ptr"])
 def _scatter_after_sampling_dit_video_gen_kernel(
     sampled_ptr, walk_index_ptr, slot_ptr, is_emitting_ptr, stream_pos_ptr,
     loop_back_ptr, stream_tokens_ptr, stream_stride, stream_capacity, host_out_ptr, num_rows,
