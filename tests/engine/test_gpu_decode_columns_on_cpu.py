@@ -221,10 +221,16 @@ def test_chunks_ahead_under_memory_pressure(is_columnar):
     _compare_ahead(_requests(lengths, stops=[], temperatures=[False]), 5, 20, True, 24, is_columnar)
 
 
+# Random chunked workloads: prompt and output lengths, concurrency, step token budget (and chunk
+# size), prefix cache on or off, pool size.
+CHUNKED_WORKLOADS = dict(
+    lengths=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 30)), min_size=2, max_size=9),
+    concurrency=st.integers(2, 8), budget=st.sampled_from([8, 16, 40]), prefix_cache=st.booleans(),
+    num_pages=st.sampled_from([16, 32, 256]))
+
+
 @settings(max_examples=6)
-@given(lengths=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 30)), min_size=2, max_size=9),
-       concurrency=st.integers(2, 8), budget=st.sampled_from([8, 16, 40]), is_columnar=st.booleans(),
-       prefix_cache=st.booleans(), num_pages=st.sampled_from([16, 32, 256]))
+@given(is_columnar=st.booleans(), **CHUNKED_WORKLOADS)
 def test_chunks_ahead_follow_the_run_without_on_random_workloads(lengths, concurrency, budget, is_columnar,
                                                                  prefix_cache, num_pages):
     _compare_ahead(_requests(lengths, list(range(0, 512, 17)), [False, True]), concurrency, num_pages,
@@ -240,9 +246,7 @@ def test_chunk_steps_under_memory_pressure(can_run_ahead):
 
 
 @settings(max_examples=6)
-@given(lengths=st.lists(st.tuples(st.integers(1, 90), st.integers(1, 30)), min_size=2, max_size=9),
-       concurrency=st.integers(2, 8), budget=st.sampled_from([8, 16, 40]), can_run_ahead=st.booleans(),
-       prefix_cache=st.booleans(), num_pages=st.sampled_from([16, 32, 256]))
+@given(can_run_ahead=st.booleans(), **CHUNKED_WORKLOADS)
 def test_chunk_steps_follow_the_per_row_path_on_random_workloads(lengths, concurrency, budget, can_run_ahead,
                                                                  prefix_cache, num_pages):
     _compare(_requests(lengths, list(range(0, 512, 17)), [False, True]), concurrency, can_run_ahead, num_pages,

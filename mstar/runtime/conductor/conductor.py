@@ -115,6 +115,8 @@ def _follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     if index != len(wanted):
         raise RouteError(f"partition {part.name}: route {wanted} does not follow the stages")
     return wanted
+
+
 def _is_last_token(partition: PartitionState) -> bool:
     """One more counted output ends the partition (its max_tokens)."""
     return partition.num_tokens + 1 >= partition.max_tokens

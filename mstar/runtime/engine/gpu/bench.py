@@ -153,13 +153,19 @@ def _profile(executor, batch: int) -> list[dict]:
             for e in events]
 
 
-def _engine_step(executor, rows, page_size: int, bucket: tuple = (None, 0, "packed")) -> Callable[[], object]:
-    """One whole engine step of `rows` (launch and collect); bucket: (capture family, token bucket,
-    attention route) the plan gives the step."""
+def _launcher(executor, rows, page_size: int, bucket: tuple = (None, 0, "packed")) -> Callable[[], Any]:
+    """Launch one engine step of `rows` (returns its pending step); bucket: (capture family, token
+    bucket, attention route) the plan gives the step."""
     specs = _rows(executor, rows, page_size)
     family, tokens, route = bucket
     glue = executor.glue if isinstance(executor, BenchExecutor) else None
-    return lambda: executor.collect(executor.launch(specs, None, family, tokens, route, glue))
+    return lambda: executor.launch(specs, None, family, tokens, route, glue)
+
+
+def _engine_step(executor, rows, page_size: int, bucket: tuple = (None, 0, "packed")) -> Callable[[], object]:
+    """One whole engine step of `rows` (launch and collect), on the plan's `bucket` (`_launcher`)."""
+    launch = _launcher(executor, rows, page_size, bucket)
+    return lambda: executor.collect(launch())
 
 
 def _chain_ms(executor, rows, page_size: int, iters: int, num_steps: int = 16) -> float:
@@ -167,13 +173,12 @@ def _chain_ms(executor, rows, page_size: int, iters: int, num_steps: int = 16) -
     "Running ahead"): step N+1 is launched before step N is collected, its decode rows reading N's
     tokens on the device, so the host's packing, planning and launches overlap the device's step.
     Median over `iters` chains of `num_steps` steps of (chain wall time / num_steps)."""
-    specs = _rows(executor, rows, page_size)
-    glue = executor.glue if isinstance(executor, BenchExecutor) else None
+    launch = _launcher(executor, rows, page_size)
 
     def chain() -> None:
-        pending = executor.launch(specs, None, None, 0, "packed", glue)
+        pending = launch()
         for _ in range(num_steps - 1):
-            launched = executor.launch(specs, None, None, 0, "packed", glue)
+            launched = launch()
             executor.collect(pending)
             pending = launched
         executor.collect(pending)
@@ -371,27 +376,29 @@ def _chunk_steps(out: dict, plan, node, executor, page_size: int, iters: int, sh
     out["chunk"] = {}
     for context in CHUNK_CONTEXTS:
         rows = [(1, CONTEXT)] * CHUNK_DECODE_ROWS + [(CHUNK_TOKENS, context)]
-        bucket = packed_bucket(plan, node, rows, True)
-        step = _engine_step(executor, rows, page_size, bucket)
-        ms = _median_ms(step, max(iters // 4, 3))
-        kernels, attention = _kernel_ms(step)
-        out["chunk"][str(context)] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
-                                      "kernels_ms": round(kernels, 3), "attention_kernels_ms": round(attention, 3),
-                                      "token_bucket": bucket[1], "attention": bucket[2]}
+        out["chunk"][str(context)] = _step_with_kernels(plan, node, executor, rows, True, page_size, iters, shapes,
+                                                        bandwidth, rate)
+
+
+def _step_with_kernels(plan, node, executor, rows, is_mixed: bool, page_size: int, iters: int, shapes: Shapes,
+                       bandwidth: float, rate: float) -> dict:
+    """A step of `rows` on the bucket the plan gives it (`packed_bucket`): wall time, floor, its
+    kernels' device time and the attention kernels' share (`_kernel_ms`), bucket and route."""
+    bucket = packed_bucket(plan, node, rows, is_mixed)
+    step = _engine_step(executor, rows, page_size, bucket)
+    ms = _median_ms(step, max(iters // 4, 3))
+    kernels, attention = _kernel_ms(step)
+    return {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
+            "kernels_ms": round(kernels, 3), "attention_kernels_ms": round(attention, 3),
+            "token_bucket": bucket[1], "attention": bucket[2]}
 
 
 def _prefix_tail_step(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
                       rate: float) -> None:
     """A cached request's first step (PREFIX_TAIL) on the plan's prefill bucket: wall time, floor,
     kernels, so the prefix scenario's TTFT splits into this step and the run loop around it."""
-    rows = [PREFIX_TAIL]
-    bucket = packed_bucket(plan, node, rows, False)
-    step = _engine_step(executor, rows, page_size, bucket)
-    ms = _median_ms(step, max(iters // 4, 3))
-    kernels, attention = _kernel_ms(step)
-    out["prefix_tail"] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
-                          "kernels_ms": round(kernels, 3), "attention_kernels_ms": round(attention, 3),
-                          "token_bucket": bucket[1]}
+    out["prefix_tail"] = _step_with_kernels(plan, node, executor, [PREFIX_TAIL], False, page_size, iters, shapes,
+                                            bandwidth, rate)
 
 
 def _capture_report(plan, node, family, executor) -> dict:

@@ -472,7 +472,7 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     boundary = np.flatnonzero(keep & (num_cached >= num_held)).tolist()  # rows at a page boundary, in order
     if boundary and not _grant_one_page_each(runner, [ids[index] for index in boundary]):
         for index in boundary:
-            keep[index] = runner._reserve_next(ids[index], (ids[index], label))
+            keep[index] = runner._reserve_tokens(ids[index], (ids[index], label), 1)
     requests = list(map(_fourth, rows))
     if not keep.all():
         pick = keep.tolist()

@@ -483,7 +483,7 @@ class GpuDecoderRunner(DecoderRunner):
         placed: dict[str, tuple[str, int]] = {}  # request id -> (walk, index in the step)
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
-        pool, label, max_seq_len = self.pool, self.guidance.first, self.max_seq_len
+        pool, label = self.pool, self.guidance.first
         row_slots = self._row_slots  # a runner that runs ahead has no state slots: its rows' slots are here
         last_call, is_loop_back = None, False  # the rows mostly share one call
         for request_id, walk, call, request in rows:
@@ -493,8 +493,7 @@ class GpuDecoderRunner(DecoderRunner):
             if call is not last_call:
                 last_call, is_loop_back = call, bool(self._facts_of(call).loop_backs)
             num_cached, num_held = pool.extent(key)  # num_held: positions its pages hold
-            if (not is_loop_back or num_cached + 1 > max_seq_len
-                    or not (num_cached < num_held or self._reserve_next(request_id, key))):
+            if not is_loop_back or not self._next_token_fits(request_id, key, num_cached, num_held):
                 continue
             slot = row_slots.get(request_id)
             if slot is None:
@@ -541,8 +540,8 @@ class GpuDecoderRunner(DecoderRunner):
             facts = self._facts_of(call)
             chunk = chunks.chunks.get(request_id)
             if chunk is None:  # a decode row, as `prelaunch` takes it
-                if (request_id not in last or not facts.loop_backs or num_cached + 1 > max_seq_len
-                        or not (num_cached < num_held or self._reserve_next(request_id, key))):
+                if (request_id not in last or not facts.loop_backs
+                        or not self._next_token_fits(request_id, key, num_cached, num_held)):
                     continue
                 spec = RowSpec(None, num_cached, pool.page_table(key), self._row_slot(request_id),
                                walk in decode_walks)
@@ -551,7 +550,7 @@ class GpuDecoderRunner(DecoderRunner):
                 tokens = self._next_chunk(request, call, num_cached, chunk)
                 if (tokens is None or request_id in last or num_cached + chunk > max_seq_len
                         or not self.admission.is_started(request_id)
-                        or not self._reserve_chunk(request_id, key, chunk)):
+                        or not self._reserve_tokens(request_id, key, chunk)):
                     continue
                 spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id),
                                walk in decode_walks)
@@ -588,8 +587,15 @@ class GpuDecoderRunner(DecoderRunner):
             return tokens.tolist() if tokens.numel() == num else None
         return None
 
-    def _reserve_chunk(self, request_id: str, key: tuple[str, str], num: int) -> bool:
-        """Reserve the pages a chunk of `num` tokens needs, when the admission policy lets it."""
+    def _next_token_fits(self, request_id: str, key: tuple[str, str], num_cached: int, num_held: int) -> bool:
+        """A decode row launched ahead: its next token stays within max_seq_len, in the pages it
+        holds (`num_held` positions) or in a page the admission policy lets it reserve now."""
+        return num_cached + 1 <= self.max_seq_len and (num_cached < num_held
+                                                       or self._reserve_tokens(request_id, key, 1))
+
+    def _reserve_tokens(self, request_id: str, key: tuple[str, str], num: int) -> bool:
+        """Reserve the pages `num` more tokens of the row need (a decode row's next token, a
+        prompt's next chunk), when the admission policy lets it."""
         num_pages = self.pool.num_new_pages(key, num)
         if num_pages:
             need = PageNeed(request_id, num_pages, 0)
@@ -606,18 +612,6 @@ class GpuDecoderRunner(DecoderRunner):
         self._ahead[worker] = _Ahead(pending, placed, slots, requests, chunks=chunks or {})
         self.num_ahead_rows += len(placed)
         self.num_ahead_chunks += len(chunks or ())
-
-    def _reserve_next(self, request_id: str, key: tuple[str, str]) -> bool:
-        """Reserve the page the row's next token needs, when the admission policy lets it."""
-        num_pages = self.pool.num_new_pages(key, 1)
-        if num_pages:
-            need = PageNeed(request_id, num_pages, 0)
-            if self.admission.shortfall([need], self.pool.num_free_pages):
-                return False
-            self.admission.grant(need)
-            if not self.pool.reserve(key, 1):
-                raise RuntimeError(f"KV pages vanished between the check and the grant for {request_id}")
-        return True
 
     def _token_outputs(self, item: _Item, token: int) -> RowResult:
         node, request, params = self.node.name, item.request, item.request.params
