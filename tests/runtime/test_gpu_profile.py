@@ -51,3 +51,28 @@ def test_idle_by_tenth_shows_where_the_device_waited(tmp_path):
     path.write_text(json.dumps(_trace(events)))
     tenths = idle_summary(str(path))["idle_pct_by_tenth"]
     assert len(tenths) == 10 and tenths[:4] == [0.0] * 4 and min(tenths[6:]) > 50
+
+
+def test_idle_splits_into_gaps_inside_one_launch_and_gaps_between_launches(tmp_path):
+    # Two graph replays (launches 1 and 2), each three kernels 10 us apart, 100 us between the
+    # replays: the 10 us gaps are the graphs' own node-to-node latency, the 100 us the host's.
+    events = []
+    for launch, origin in ((1, 0), (2, 300)):
+        events += [{"ph": "X", "cat": "kernel", "ts": origin + 70 * i, "dur": 60, "name": "k",
+                    "args": {"correlation": launch}} for i in range(3)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    whole = idle_summary(str(path))["whole_run"]
+    span = 300 + 200
+    assert abs(whole["idle_inside_launches_pct"] - 100 * 40 / span) < 0.01
+    assert abs(whole["idle_between_launches_pct"] - 100 * 100 / span) < 0.01
+    assert abs(whole["idle_pct"] - (whole["idle_inside_launches_pct"] + whole["idle_between_launches_pct"])) < 0.02
+    assert whole["num_gaps_over_20us"] == 1
+    assert "between launches" in summary_line(idle_summary(str(path)))
+
+
+def test_a_trace_without_launch_ids_counts_every_gap_as_between_launches(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_trace([("kernel", 0, 10), ("kernel", 15, 10)])))
+    whole = idle_summary(str(path))["whole_run"]
+    assert whole["idle_inside_launches_pct"] == 0.0 and whole["idle_between_launches_pct"] == whole["idle_pct"]
