@@ -36,7 +36,7 @@ def test_kernels_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "25 passed" in result.stdout, result.stdout[-2000:]
+    assert "28 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -281,3 +281,20 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_deco
     torch.testing.assert_close(fused_cache, cache, rtol=1e-4, atol=1e-4)
     for got, expected in zip(fused_recurrent, recurrent):  # every slot's conv window and state
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("vocab", [10_000, 4096, 37])
+def test_argmax_rows_takes_the_first_index_of_the_maximum_as_torch(interpreted, vocab):
+    """Ties inside a chunk and across chunks go to the first column, as torch.argmax's; a row of
+    -inf gives column 0; a maximum in the last column of a partial chunk is found."""
+    torch.manual_seed(2)
+    logits = torch.randn(5, vocab)
+    logits[1, [vocab // 3, vocab - 1, 2]] = 9.0  # a tie across chunks (and inside the first)
+    logits[2] = float("-inf")
+    logits[3, vocab - 1] = 10.0
+    logits[4] = logits[4].to(torch.bfloat16).float()  # bf16 logits: many equal values
+    expected = logits.argmax(-1)
+    assert torch.equal(interpreted.argmax_rows(logits), expected)
+    out = torch.full((5,), -1, dtype=torch.long)
+    assert interpreted.argmax_rows(logits, out) is out and torch.equal(out, expected)
+    assert expected[1] == 2 and expected[2] == 0

@@ -109,3 +109,15 @@ def test_running_ahead_on_the_gpu_keeps_every_request_and_claims_rows():
         if run_ahead:
             assert runner.num_claimed_rows > runner.num_ahead_rows // 2 > 0
     assert runs[True] == runs[False]
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_fused_argmax_matches_torch_on_bf16_logits(rows):
+    """`kernels.argmax_rows` (what the graphs' greedy tokens come from) against torch.argmax on
+    Llama-3.2-1B's vocabulary, from bf16 logits (many ties: the first index wins in both)."""
+    from mstar.runtime.engine.gpu import kernels
+
+    torch.manual_seed(3)
+    logits = torch.randn(rows, 128_256, device="cuda").to(torch.bfloat16).float()
+    logits[0, [5, 70_000]] = 30.0  # a tie across chunks
+    assert torch.equal(kernels.argmax_rows(logits), logits.argmax(-1))

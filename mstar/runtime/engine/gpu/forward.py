@@ -207,6 +207,13 @@ class DecoderForward:
             last = model.model.norm((x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight)).float()
 
+    def greedy(self, logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Each row's argmax (the first index of its maximum; into `out` when given): one fused pair
+        of kernels where the fused kernels run (`kernels.argmax_rows`), torch's reduction elsewhere."""
+        if self.is_fused:
+            return kernels.argmax_rows(logits, out)
+        return logits.argmax(-1) if out is None else torch.argmax(logits, dim=-1, out=out)
+
 
 def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(weight, bias) of the linears stacked by output; their parameters become views of it."""

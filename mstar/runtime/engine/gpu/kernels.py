@@ -14,6 +14,10 @@ In and out (all on one device; activations in the model dtype, bf16 on a GPU):
 - `sigmoid_gate(x, gate)`: `[N, H*D]` times sigmoid(gate) `[N, H, D]` (a strided view), with torch's
   bf16 rounding (Qwen3.5's gated attention output).
 - `silu_mul(gate_up)`: `[N, 2I] -> [N, I]`, silu(gate) * up with torch's bf16 rounding.
+- `argmax_rows(logits)`: `[N, V] -> [N]` int64, the first index of each row's largest value (as
+  `torch.argmax`), in two launches: the maxima of `ARGMAX_CHUNK`-wide chunks of every row, then
+  each row's first chunk holding its maximum. torch's reduction gave one row one block of 512
+  threads: 28.5 us for Llama-3.2-1B's 128,256 logits on the H200, 39 us for 64 rows.
 
 Why: a decode step of a 16-layer model launched about 40 kernels a layer (RoPE in fp32 with
 slices and a cat, casts, the norm's mean and rsqrt, two index copies); in a CUDA graph each costs a
@@ -150,6 +154,33 @@ if triton is not None:
                  mask=mask)
 
 
+    @triton.jit
+    def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, best_ptr, index_ptr, num_chunks, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        chunk = tl.program_id(1)
+        cols = chunk * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        best = tl.max(x, 0)
+        # the first column holding the chunk's maximum (torch.argmax's tie rule)
+        first = tl.min(tl.where(x == best, cols, vocab), 0)
+        tl.store(best_ptr + row * num_chunks + chunk, best)
+        tl.store(index_ptr + row * num_chunks + chunk, tl.minimum(first, vocab - 1))
+
+    @triton.jit
+    def _rows_argmax_kernel(best_ptr, index_ptr, out_ptr, num_chunks, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        chunks = tl.arange(0, BLOCK)
+        mask = chunks < num_chunks
+        best = tl.load(best_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
+        top = tl.max(best, 0)
+        first_chunk = tl.min(tl.where((best == top) & mask, chunks, num_chunks), 0)
+        index = tl.load(index_ptr + row * num_chunks + tl.minimum(first_chunk, num_chunks - 1))
+        tl.store(out_ptr + row, index.to(tl.int64))
+
+
+ARGMAX_CHUNK = 4096  # columns a first-pass program reduces (Llama-3.2-1B: 32 chunks a row)
+
+
 def add_rmsnorm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
                 is_zero_centred: bool = False) -> torch.Tensor:
     n, h = x.shape
@@ -205,4 +236,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(2048, triton.next_power_of_2(width))
     _silu_mul_kernel[(n, triton.cdiv(width, block))](gate_up, out, gate_up.stride(0), out.stride(0), width,
                                                       BLOCK=block, num_warps=4)
+    return out
+
+
+def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`[N, V]` (columns contiguous) -> `[N]` int64 (into `out` when given): the first index of each
+    row's maximum. A row of -inf only gives its first column; a row holding NaN an unspecified one
+    (torch: the NaN's)."""
+    n, vocab = logits.shape
+    out = torch.empty(n, dtype=torch.long, device=logits.device) if out is None else out
+    if n == 0:
+        return out
+    if logits.stride(1) != 1:
+        raise ValueError("argmax_rows: logits must have contiguous columns")
+    num_chunks = triton.cdiv(vocab, ARGMAX_CHUNK)
+    best = torch.empty((n, num_chunks), dtype=torch.float32, device=logits.device)
+    index = torch.empty((n, num_chunks), dtype=torch.int32, device=logits.device)
+    _chunk_argmax_kernel[(n, num_chunks)](logits, logits.stride(0), vocab, best, index, num_chunks,
+                                          BLOCK=ARGMAX_CHUNK, num_warps=8)
+    _rows_argmax_kernel[(n,)](best, index, out, num_chunks, BLOCK=triton.next_power_of_2(num_chunks), num_warps=1)
     return out

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 import torch
 
 from mstar.runtime.engine.gpu.forward import DecoderForward
-from mstar.runtime.engine.gpu.graphs import capture_measured
+from mstar.runtime.engine.gpu.graphs import capture_measured, upload
 from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
 
 
@@ -63,6 +63,7 @@ class PiecewiseGraphs:
         self.pieces: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self.measured_bytes = capture_measured(
             self.token_buckets, lambda bucket, pool, stream: self._capture(bucket, dummy_slot, pool, stream), device)
+        upload([piece for pieces in self.pieces.values() for piece in pieces], device)
 
     def row_fields_offset(self, bucket: int) -> int:
         """Where `inputs[bucket]`'s row fields (last-token index, row slot; `max_rows` each) start."""
@@ -76,7 +77,7 @@ class PiecewiseGraphs:
         if self.logits is None:  # the first warm-up, outside every graph
             self.logits = torch.zeros(logits.shape, dtype=torch.float32, device=self.device)
         self.logits.copy_(logits)
-        torch.argmax(self.logits, dim=-1, out=self.greedy)
+        self.forward.greedy(self.logits, out=self.greedy)
 
     def _capture(self, bucket: int, dummy_slot: int, pool, stream: torch.cuda.Stream) -> None:
         t, r = bucket, self.max_rows
