@@ -69,6 +69,7 @@ from mstar.runtime.conductor.batch_class import batch_classes
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.scheduler import WorkerScheduler
 from mstar.runtime.serve.clock import RunClock
+from mstar.runtime.serve.collector import PassesWhenBusy
 from mstar.runtime.serve.lockstep import Lockstep
 from mstar.runtime.serve.metrics import StepLog
 from mstar.runtime.serve.outcome import ran_part, settle
@@ -206,6 +207,7 @@ class Driver:
         self._cut_walks = {(key.node, walk) for w in plan.workers for key in w.keys for walk in key.chunk_sizes}
         self._busy: set[int] = set()
         self._inflight: list[tuple[float, int, Launch]] = []
+        self.collector = PassesWhenBusy()  # Python's collector runs where the device is busy
         self._seq = 0
 
     # ------------------------------------------------------------ conductor outputs
@@ -382,7 +384,8 @@ class Driver:
         """Run until the source is done and every request it sent has ended (or `stop()`)."""
         _freeze_start_up()
         try:
-            self._loop(source)
+            with self.collector:
+                self._loop(source)
         finally:
             self.conductor.sync_lanes()  # the records of requests not ended hold their tokens so far
 
@@ -397,12 +400,15 @@ class Driver:
                         pass
             wake = self._wake_times(source)
             if self._inflight:
+                # before waiting for the step in flight: the device is busy, a collection costs it nothing
+                self.collector.collect_if_due()
                 self._complete_next(source, wake, now)
                 continue
             if self.conductor.is_idle():
                 if source.is_done():
                     return
                 if not wake:  # nothing in flight and nothing due: wait for an arrival
+                    self.collector.collect_if_due()
                     source.idle(None)
                     continue
             if not wake:
@@ -411,6 +417,7 @@ class Driver:
                 continue
             if self._fail_if_no_progress(source, now):
                 continue
+            self.collector.collect_if_due()
             self.clock.sleep_until(min(wake), now, source.idle)
 
     def _wake_times(self, source: Source) -> list[float]:

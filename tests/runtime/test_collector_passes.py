@@ -1,0 +1,75 @@
+"""The driver's collector policy (serve/collector.py): Python's automatic passes are off during a
+run and the due pass runs where the loop waits for the device; cyclic garbage made during the run
+is still collected, the collector is on again after it, and a process that had it off keeps it off."""
+import gc
+import weakref
+
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.serve.collector import PassesWhenBusy
+from mstar.runtime.serve.driver import Driver
+from mstar.runtime.serve.workload import Workload
+
+
+class _Cycle:
+    pass
+
+
+def _run_making_cycles(num_requests: int = 8) -> tuple[Driver, list, list]:
+    """A sim run of llama's plan whose every step leaves one garbage reference cycle; returns the
+    driver, weak references to the cycles, and the automatic passes seen while the loop ran."""
+    plan = load_plan("generated/llama.plan")
+    driver = Driver(plan, SimEngine(plan))
+    cycles: list = []
+    passes: list = []
+
+    def on_step(_launch) -> None:
+        cycle = _Cycle()
+        cycle.me = cycle
+        cycles.append(weakref.ref(cycle))
+        for _ in range(800):  # enough container allocations to make a young pass due every step
+            kept.append([])
+        passes.append(gc.isenabled())
+
+    kept: list = []
+    driver.on_step = on_step
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3], max_tokens=12) for i in range(num_requests)]
+    driver.run(Workload(requests))
+    return driver, cycles, passes
+
+
+def test_automatic_passes_are_off_during_the_run_and_garbage_is_still_collected():
+    assert gc.isenabled()
+    driver, cycles, enabled_during = _run_making_cycles()
+    assert enabled_during and not any(enabled_during)  # the loop ran with automatic passes off
+    assert gc.isenabled()  # and on again after it
+    assert all(r.finish_reason in ("stop", "length", "done") for r in driver.conductor.records.values())
+    collected = sum(ref() is None for ref in cycles)
+    assert collected >= len(cycles) - 2, (collected, len(cycles))  # the due passes ran inside the loop
+
+
+def test_a_process_with_the_collector_off_keeps_it_off():
+    gc.disable()
+    try:
+        _, cycles, enabled_during = _run_making_cycles(2)
+        assert not gc.isenabled() and not any(enabled_during)
+        assert all(ref() is not None for ref in cycles)  # nothing collected for it
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+def test_the_due_generation_follows_pythons_thresholds():
+    policy = PassesWhenBusy()
+    with policy:
+        gc.collect()  # counts from zero
+        assert policy.collect_if_due() == -1  # nothing allocated: no pass
+        generations = []
+        kept = []
+        for _ in range(12):
+            kept.extend([] for _ in range(gc.get_threshold()[0] + 1))
+            generations.append(policy.collect_if_due())
+        # ten young passes, then the middle generation once its count passed its threshold
+        assert generations[:10] == [0] * 10 and 1 in generations[10:]
+    assert gc.isenabled()
