@@ -15,6 +15,11 @@ Out: nothing; adds
   another attention route (decode kernels for one token a row, or prefill kernels), another
   attention mask (`bidirectional`), another sub-model, or other KV sequences read or written
   (`kv` lines). A captured graph bakes all four in.
+- MW426: `unroll_prompts=N` where a step cannot unroll its prompt rows into one row per query token:
+  on a packed family or a batched one of more than one token a row (its rows are not one-token
+  rows), on a node without a KV cache or with a recurrent state (a recurrent state moves one token
+  after another, and the rows of one step run side by side), with N below 2 (nothing to unroll),
+  or with N above the largest batch size (a step of one N-token prompt needs N rows).
 (Several captures of one walk are allowed: the step takes the family whose key holds it with the
 smallest (tokens, batch), docs/language.md "Several captures of one walk".)
 """
@@ -33,6 +38,7 @@ from mstar.lang.diagnostics import Diagnostics, Note
 
 def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
     _check_mergeable(node, diags)
+    _check_unroll(node, diags)
     if not node.capture_replays:
         return
     trees: Optional[dict[str, WalkTree]] = None
@@ -128,10 +134,36 @@ def _check_mergeable(node: ast.NodeDecl, diags: Diagnostics) -> None:
                     capture.span, Note("the first", earlier.span))
 
 
+def _check_unroll(node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """MW426: `unroll_prompts=N` on a capture whose steps cannot unroll prompt rows (module docstring)."""
+    for capture in [*node.captures, *(c.capture for c in node.combines if c.capture is not None)]:
+        n = capture.unroll_prompts
+        if not n:
+            continue
+        if capture.family != "batched" or capture.tokens_per_row != 1:
+            kind = "a packed" if capture.family != "batched" else f"a {capture.tokens_per_row}-token-a-row"
+            why = (f"{kind} family: unrolled prompt rows are one-token rows, which a batched family of one "
+                   "token a row holds")
+        elif node.engine != "kv":
+            why = f"node {node.name} keeps no KV cache for each unrolled row to read its own length of"
+        elif any(s.kind == "recurrent" for s in node.states):
+            why = (f"node {node.name} keeps a recurrent state, which moves one token after another, while the "
+                   "rows of one step run side by side")
+        elif n < 2:
+            why = "a prompt row of one token is a one-token row already: give 2 or more, or drop the option"
+        elif n > max(capture.batch, default=0):
+            why = (f"a step of one {n}-token prompt needs {n} rows, above the largest captured batch size "
+                   f"{max(capture.batch)}: give at most {max(capture.batch)}")
+        else:
+            continue
+        diags.error(codes.UNROLL_CANNOT_APPLY, f"unroll_prompts={n} cannot apply here: {why}", capture.span)
+
+
 def is_one_family(a: ast.CaptureDecl, b: ast.CaptureDecl, is_mode_ignored: bool = False) -> bool:
     """Whether one line with both lists would capture the same graphs: the same kind, options and
     guidance mode (unless `is_mode_ignored`: check_capture_keys.py's MW425 compares the rest)."""
-    if (a.family, a.is_piecewise, a.is_eager_above) != (b.family, b.is_piecewise, b.is_eager_above):
+    if ((a.family, a.is_piecewise, a.is_eager_above, a.unroll_prompts)
+            != (b.family, b.is_piecewise, b.is_eager_above, b.unroll_prompts)):
         return False
     if not is_mode_ignored and a.guidance != b.guidance:
         return False

@@ -8,7 +8,8 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
     MW30x  deployment        reading the deployment YAML
     MW31x+ check_deployment  placement of nodes and walks on ranks
     MW4xx  check_combine     combined walks, caps, captures, capture memory; MW412 batching rules;
-                             MW414-MW416 (check_captures) several captures a walk, replays;
+                             MW414-MW416, MW426 (check_captures) several captures a walk, replays,
+                             unrolled prompt rows;
                              MW417-MW419, MW425 (check_capture_keys) guidance modes and labels;
                              MW420-MW424 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
@@ -119,6 +120,7 @@ BUCKETS_BELOW_BUDGET = "MW422"
 CHUNKING_NOT_OWNED = "MW423"
 PREFIX_CACHE_RECURRENT = "MW424"
 CAPTURE_KEY_TWICE = "MW425"
+UNROLL_CANNOT_APPLY = "MW426"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -212,4 +214,5 @@ TITLES: dict[str, str] = {
     CHUNKING_NOT_OWNED: "prefill chunk size not read without scheduler_owns_chunking",
     PREFIX_CACHE_RECURRENT: "prefix cache asked for on a node with recurrent state",
     CAPTURE_KEY_TWICE: "two captures of one walk with the same key",
+    UNROLL_CANNOT_APPLY: "unroll_prompts where prompt rows cannot be unrolled",
 }

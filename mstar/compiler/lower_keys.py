@@ -116,6 +116,7 @@ def _family(node, capture, name, max_rows, tp_size, walks: list[str]) -> Capture
         labels=labels,
         is_eager_above=capture.is_eager_above,
         is_piecewise=capture.is_piecewise,
+        unroll_prompts=capture.unroll_prompts,
     )
 
 

@@ -226,6 +226,9 @@ class CaptureDecl(AstNode):
     # `piecewise`: the family's graphs hold everything but attention, which runs eagerly between the
     # captured pieces (so a packed family's variable attention plan needs no buffers at fixed addresses)
     is_piecewise: bool = False
+    # `unroll_prompts=N` (batched, one token a row): a step whose prompt rows hold at most N tokens
+    # each replays the family as one row per query token, each row with its own KV length; 0: never
+    unroll_prompts: int = 0
 
 
 class CaptureReplay(AstNode):

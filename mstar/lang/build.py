@@ -334,6 +334,7 @@ class AstBuilder(Transformer):
             labels=settings["labels"].value if "labels" in settings else [],
             is_eager_above="eager_above" in settings,
             is_piecewise="piecewise" in settings,
+            unroll_prompts=settings["unroll_prompts"].value if "unroll_prompts" in settings else 0,
         )
 
     def capture_replay(self, children):
@@ -364,6 +365,9 @@ class AstBuilder(Transformer):
 
     def tokens_per_row_opt(self, children):
         return _Part("tokens_per_row", self._ints(children)[0], self._span(children))
+
+    def unroll_prompts_opt(self, children):
+        return _Part("unroll_prompts", self._ints(children)[0], self._span(children))
 
     def int_list(self, children):
         return _Part("ints", self._ints(children), self._span(children))

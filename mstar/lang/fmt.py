@@ -220,6 +220,8 @@ def _capture(capture: ast.CaptureDecl) -> str:
         text += " eager_above"
     if capture.is_piecewise:
         text += " piecewise"
+    if capture.unroll_prompts:
+        text += f" unroll_prompts={capture.unroll_prompts}"
     return text
 
 

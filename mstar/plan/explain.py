@@ -144,7 +144,7 @@ def _key_table(key: KeyPlan) -> Table:
 
 def _family_kind(family: CaptureFamily) -> str:
     """`packed`, with the family's options as the spec writes them (`guided` / `unguided` with its
-    labels, `piecewise`, `eager_above`)."""
+    labels, `piecewise`, `eager_above`, `unroll_prompts`)."""
     words: list[str] = [family.kind]
     if family.guidance != "any":
         words.append(f"{family.guidance} [{', '.join(family.labels)}]")
@@ -152,6 +152,8 @@ def _family_kind(family: CaptureFamily) -> str:
         words.append("piecewise")
     if family.is_eager_above:
         words.append("eager_above")
+    if family.unroll_prompts:
+        words.append(f"unroll_prompts={family.unroll_prompts}")
     return " ".join(words)
 
 

@@ -381,6 +381,10 @@ class CaptureFamily(PlanModel):
     # layer into pieces; attention runs eagerly between them, so its per-step plan needs no buffers
     # at fixed addresses. Keys, buckets and padding are as for a whole-step family.
     is_piecewise: bool = False
+    # The spec's `unroll_prompts=N` (batched, one token a row): a step whose every row is a decode
+    # row or a prompt row of at most N tokens may replay this family with each prompt row unrolled
+    # into one row per query token (each with its own KV length; only the last samples); 0: never.
+    unroll_prompts: int = 0
 
 
 class MixtureEntry(PlanModel):

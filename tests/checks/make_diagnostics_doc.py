@@ -318,6 +318,11 @@ explain = {
           "steps of both modes, so beside a `guided` (or `unguided`) capture that is otherwise the same family "
           "(MW414's rule) a step of that mode could replay either, with equal keys: state a mode on both (they "
           "are then apart, or MW414 asks for one line), or on neither.",
+ "MW426": "`unroll_prompts=N` lets a step whose prompt rows hold at most N tokens each replay a batched family "
+          "with one row per query token, each row reading its own length of the KV cache and writing its token's "
+          "K/V before any row of the layer attends. That needs one-token rows (a batched family of one token a "
+          "row), a KV cache, no recurrent state (a recurrent state moves one token after another, while the rows "
+          "of a step run side by side), and room for N rows in the family's largest batch.",
  "MW410": "A mixed step runs its rows through one packed attention call, and such a call has one mask: causal (text "
           "prefill, decode) or bidirectional within each row's own tokens (the walks a node lists in `bidirectional`, "
           "such as BAGEL's image prefills). A combined walk must therefore be all causal or all bidirectional.",

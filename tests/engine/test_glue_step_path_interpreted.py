@@ -53,7 +53,7 @@ def test_glue_step_path_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "7 passed" in result.stdout, result.stdout[-2000:]
+    assert "8 passed" in result.stdout, result.stdout[-2000:]
 
 
 def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
@@ -135,6 +135,43 @@ def test_glue_fills_the_buffers_the_graphs_and_flashinfer_read():
     gpu_steps.compare_glue_and_numpy(*executors)
     for executor in executors:
         assert (executor.num_graph_steps, executor.num_piecewise_steps, executor.num_eager_steps) == (22, 2, 2)
+
+
+@interpreted
+def test_glue_packs_unrolled_prompt_rows_into_the_decode_graphs_buffers():
+    """Short prompt rows unrolled into the decode graph (the plan's `unroll_prompts`), packed by the
+    glue into the graph stand-in's buffers: a 4-token prompt beside a decode row, a 5-token prompt
+    tail after 32 tokens cached in another request's pages; the tokens and K/V of the numpy
+    packer's eager prompt rows (fp32)."""
+    import graph_standins
+
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import test_glue_step_path_gpu as gpu_steps
+
+    glue_executor, numpy_executor = gpu_steps._executors(device_name="cpu", is_flashinfer=False)
+    for executor in (glue_executor, numpy_executor):
+        graph_standins.install(executor)
+    glue_executor.unroll_prompts = 6
+    prefill, decode = gpu_steps.PREFILL, gpu_steps.DECODE
+    tables = [list(range(20 * i, 20 * i + 20)) for i in range(3)]
+    steps = [
+        [RowSpec(list(range(3, 40)), 0, tables[0], 0, False, prefill)],  # 37 tokens: past the limit
+        [RowSpec([41], 37, tables[0], 0, True, decode), RowSpec([5, 6, 7, 8], 0, tables[1], 1, False, prefill)],
+        # request 1's first decode row takes its token from the host (the prefill walk's token is the
+        # conductor's, as the plan routes it); request 0's reads the device token table
+        [RowSpec(None, 38, tables[0], 0, True, decode), RowSpec([77], 4, tables[1], 1, True, decode)],
+        [RowSpec([9, 10, 11, 12, 13], 32, tables[0][:2] + tables[2], 2, False, prefill)],
+    ]
+    start = glue_executor.kv.data.clone()
+    glue = gpu_steps._glue()
+    got = [glue_executor.collect(glue_executor.launch(rows, None, None, 0, "packed", glue)).tolist() for rows in steps]
+    glue_kv = glue_executor.kv.data.clone()
+    glue_executor.kv.data.copy_(start)
+    expected = [numpy_executor.collect(numpy_executor.launch(rows)).tolist() for rows in steps]
+    assert got == expected
+    assert glue_executor.num_unrolled_steps == 2 and numpy_executor.num_unrolled_steps == 0
+    real = glue_kv[:, :, :-1]
+    assert ((real - numpy_executor.kv.data[:, :, :-1]).norm() / real.norm()).item() < 1e-5
 
 
 @interpreted

@@ -260,7 +260,8 @@ def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
     executor = BenchExecutor(DecoderForward(model, dims, kv, max_positions + 1, states), kv, device, num_pages + 1,
                              family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core,
                              packed=packed_families(plan, node.name),
-                             glue_pages_per_seq=max_positions // page_size if glue is not None else None)
+                             glue_pages_per_seq=max_positions // page_size if glue is not None else None,
+                             unroll_prompts=family.unroll_prompts if family else 0)
     executor.glue = glue
     return dims, model, kv, family, executor
 
@@ -395,10 +396,19 @@ def _step_with_kernels(plan, node, executor, rows, is_mixed: bool, page_size: in
 
 def _prefix_tail_step(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
                       rate: float) -> None:
-    """A cached request's first step (PREFIX_TAIL) on the plan's prefill bucket: wall time, floor,
-    kernels, so the prefix scenario's TTFT splits into this step and the run loop around it."""
-    out["prefix_tail"] = _step_with_kernels(plan, node, executor, [PREFIX_TAIL], False, page_size, iters, shapes,
-                                            bandwidth, rate)
+    """A cached request's first step (PREFIX_TAIL) as the plan runs it: wall time, floor, kernels,
+    so the prefix scenario's TTFT splits into this step and the run loop around it. Where the plan
+    unrolls it into the decode graph (`unroll_prompts`), `unrolled` is true and `not_unrolled` is the
+    same step on the prefill family's bucket (piecewise graphs), for the ratio."""
+    before = executor.num_unrolled_steps
+    case = out["prefix_tail"] = _step_with_kernels(plan, node, executor, [PREFIX_TAIL], False, page_size, iters,
+                                                   shapes, bandwidth, rate)
+    case["unrolled"] = executor.num_unrolled_steps > before
+    if case["unrolled"]:
+        unroll, executor.unroll_prompts = executor.unroll_prompts, 0
+        case["not_unrolled"] = _step_with_kernels(plan, node, executor, [PREFIX_TAIL], False, page_size, iters,
+                                                  shapes, bandwidth, rate)
+        executor.unroll_prompts = unroll
 
 
 def _capture_report(plan, node, family, executor) -> dict:
@@ -544,7 +554,11 @@ def _table(result: dict) -> str:
     if "prefix_tail" in result:
         value = result["prefix_tail"]
         lines.append(f"a cached request's first step ({PREFIX_TAIL[0]} tokens after {PREFIX_TAIL[1]} cached): "
-                     f"{value['ms']:.3f} ms (floor {value['floor_ms']:.3f}; kernels {value['kernels_ms']:.3f} ms)")
+                     f"{value['ms']:.3f} ms (floor {value['floor_ms']:.3f}; kernels {value['kernels_ms']:.3f} ms)"
+                     + (" unrolled into the decode graph" if value.get("unrolled") else ""))
+        if "not_unrolled" in value:
+            lines.append(f"  the same step not unrolled (bucket {value['not_unrolled']['token_bucket']}): "
+                         f"{value['not_unrolled']['ms']:.3f} ms (kernels {value['not_unrolled']['kernels_ms']:.3f} ms)")
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
     for kernel in result.get("profile", []):

@@ -10,6 +10,16 @@ replay of the decode graph of the step's bucket (a decode-only step with at most
 largest batch, padded by the plan's `batch_pad` table), the piecewise graphs of a packed family
 (`piecewise.py`: a prefill or mixed step the plan gives one of the family's token buckets, padded
 to it, attention eager between the pieces), or an eager run.
+A step whose prompt rows are short replays the decode graph when the plan's decode family says
+`unroll_prompts=N` (`CaptureFamily.unroll_prompts`) and the step holds only decode rows and prompt
+rows of at most N tokens, N x rows fitting the largest batch: each prompt row of n tokens after c
+cached runs as n one-token rows, row i fed token i at position c + i and attending to the c + i + 1
+positions before and at it. Every row's K/V is written before any row of the layer attends (the
+step's RoPE + K/V write comes first), so row i sees rows 0..i-1 of the same step as the prompt row
+would have: the same arithmetic as one causal prefill call, in one graph instead of the piecewise
+graphs' pieces and eager attention calls. The caller's rows come first (a prompt row's place taken
+by its last token's row, which samples), the others after them: only the caller's rows are
+sampled, scattered and copied back.
 Sampling, and writing each row's token into the device token table (the on-device loop-back the
 next decode step reads), run on the device; the one device-to-host copy is the sampled ids,
 non-blocking into pinned memory. Without FlashInfer (a CPU, for tests) attention is `torch_attend`.
@@ -40,7 +50,7 @@ collected, so the run loop's host work hides behind the device's. What makes tha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -94,8 +104,10 @@ class StepExecutor:
     def __init__(self, forward: DecoderForward, kv: PagedKv, device: torch.device, max_rows: int,
                  decode_batch_pad: Optional[list[int]] = None, is_flashinfer: bool = False,
                  is_tensor_core: Optional[bool] = None, packed: Optional[PackedFamilies] = None,
-                 glue_pages_per_seq: Optional[int] = None):
+                 glue_pages_per_seq: Optional[int] = None, unroll_prompts: int = 0):
         """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs.
+        unroll_prompts: the decode family's `CaptureFamily.unroll_prompts` (module docstring); a
+        hybrid decoder never unrolls (its recurrent state moves one token after another).
         packed: the node's packed capture families, captured piecewise (`piecewise.py`).
         glue_pages_per_seq: pack with the plan's generated glue (module docstring), whose device
         page table holds this many pages a row slot; None: `packing.pack`."""
@@ -115,6 +127,7 @@ class StepExecutor:
         self._graph_out: dict[int, PackBuffers] = {}  # decode batch -> the glue's views of its inputs
         self._piecewise_out: dict[int, PackBuffers] = {}  # token bucket -> the same
         self.batch_pad = decode_batch_pad or [0]
+        self.unroll_prompts = unroll_prompts if forward.gdn is None else 0
         self.attention: Optional[FlashInferSteps] = None
         self.graphs: Optional[DecodeGraphs] = None
         self.packed = packed if packed is not None and packed.token_buckets else None
@@ -138,6 +151,7 @@ class StepExecutor:
         self._free_out: list[torch.Tensor] = []  # pinned sampled-id buffers of collected steps
         self._inputs_copied: Optional[torch.cuda.Event] = None  # the last step's plan and input copies
         self.num_graph_steps = self.num_eager_steps = self.num_piecewise_steps = 0
+        self.num_unrolled_steps = 0  # graph steps whose prompt rows ran one row per query token
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.is_cuda else tensor
@@ -204,6 +218,30 @@ class StepExecutor:
             return 0
         return self.batch_pad[len(rows)]
 
+    def _unrolled(self, rows: list[RowSpec]) -> Optional[list[RowSpec]]:
+        """The step's rows with its prompt rows unrolled (module docstring: the caller's rows, each
+        prompt row replaced by its last token's row, then the other tokens' rows), or None when the
+        plan does not unroll this step (no prompt row, one past `unroll_prompts` tokens, or more rows
+        than the decode family's largest batch)."""
+        limit = self.unroll_prompts
+        if not limit or self.graphs is None:
+            return None
+        counts = [row.num_tokens for row in rows]
+        if max(counts, default=0) < 2 or max(counts) > limit or sum(counts) >= len(self.batch_pad):
+            return None
+        kept: list[RowSpec] = []
+        others: list[RowSpec] = []
+        for row in rows:
+            tokens = row.token_ids
+            if tokens is None or len(tokens) == 1:
+                kept.append(row)
+                continue
+            last = len(tokens) - 1
+            kept.append(replace(row, token_ids=tokens[last:], num_cached=row.num_cached + last))
+            others.extend(replace(row, token_ids=[token], num_cached=row.num_cached + i)
+                          for i, token in enumerate(tokens[:last]))
+        return kept + others
+
     def _stage(self, host: np.ndarray, dest: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One host-to-device copy of an int32 array (through a pinned buffer of the ring on a GPU)."""
         size = host.shape[0]
@@ -258,7 +296,7 @@ class StepExecutor:
         attend = self._eager_attend(packed, num_decode)
         ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, attend, linear)
-        return logits, logits.argmax(-1), row_slot
+        return logits, self.forward.greedy(logits), row_slot
 
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.graphs, self.attention
@@ -319,7 +357,13 @@ class StepExecutor:
         (the rows' `walk_index` index its walks); an executor without one takes none."""
         if (glue is None) != (self.packer is None):
             raise ValueError("an executor packing with the generated glue takes each step's KeyGlue, and only it")
-        order, num_decode = self._split(rows, route)
+        num_rows = len(rows)  # the caller's: the rows sampled, scattered and copied back
+        unrolled = self._unrolled(rows)
+        if unrolled is not None:
+            rows, order, num_decode = unrolled, None, 0
+            self.num_unrolled_steps += 1
+        else:
+            order, num_decode = self._split(rows, route)
         if order is not None:
             rows = [rows[index] for index in order]
             sampling = sampling.take(order) if sampling is not None else None
@@ -344,7 +388,6 @@ class StepExecutor:
                 self.num_piecewise_steps += 1
             else:
                 self.num_eager_steps += 1
-            num_rows = len(rows)
             tokens = greedy[:num_rows]
             if sampling is not None:
                 tokens = sample(logits[:num_rows], *self._sampling_tensors(sampling))
@@ -375,7 +418,7 @@ class StepExecutor:
         inputs = packer.launch(glue, step, data, step.num_tokens, out, self.loop_tokens)
         attend = self._eager_attend(step, num_decode)
         logits = self.forward(out.tokens.long(), out.positions, out.kv_slots, out.logits_index, attend)
-        return logits, logits.argmax(-1), inputs
+        return logits, self.forward.greedy(logits), inputs
 
     def _glue_graph(self, glue: KeyGlue, step: GlueStep, data: torch.Tensor, batch: int
                     ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:

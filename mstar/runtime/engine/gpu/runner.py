@@ -208,7 +208,8 @@ class GpuDecoderRunner(DecoderRunner):
                              f"has {page_size}; regenerate the glue (`mstarc regen`)")
         self.executor = StepExecutor(forward, self.cache, placement.device, max_rows,
                                      family.batch_pad if family else None, is_flashinfer, packed=packed,
-                                     glue_pages_per_seq=-(-max_seq_len // page_size) if self.glue else None)
+                                     glue_pages_per_seq=-(-max_seq_len // page_size) if self.glue else None,
+                                     unroll_prompts=family.unroll_prompts if family else 0)
         self.family = family
         self.capture_bytes = self.executor.capture() if (family or packed) and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
