@@ -51,6 +51,31 @@ def test_decode_graph_replay_matches_the_eager_step():
     assert tokens.tolist() == eager.argmax(-1).tolist()
 
 
+def test_unrolled_prompt_rows_match_the_eager_prompt_step():
+    """Short prompt rows after cached tokens, unrolled into the decode graph (the plan's
+    `unroll_prompts`: one row per query token, FlashInfer's graph-mode decode wrapper), against the
+    same rows as one eager causal prefill call: the last tokens' logits and tokens, and the K/V."""
+    executor = _executor([1, 2, 4, 8, 16])
+    executor.capture()
+    prefixes = [RowSpec(list(range(3, 40)), 0, list(range(0, 4)), 1), RowSpec(list(range(5, 25)), 0, [4, 5, 6], 2)]
+    executor.collect(executor.launch(prefixes))
+    tails = [RowSpec([50, 51, 52, 53, 54], 37, list(range(0, 4)), 1), RowSpec([60, 61, 62], 20, [4, 5, 6], 2)]
+    start = executor.kv.data.clone()
+    eager = executor._run_eager(pack(tails, 16, executor.kv.dummy_page))[0][:2].float().clone()
+    eager_kv = executor.kv.data[:, :, :-1].float().clone()  # the dummy page (padding's writes) aside
+    executor.kv.data.copy_(start)
+    executor.unroll_prompts = 8
+    pending = executor.launch(tails)
+    tokens = executor.collect(pending)
+    assert pending.is_graph and executor.num_unrolled_steps == 1
+    unrolled = executor.graphs.logits[8][:2].float()  # 2 + 4 + 2 rows: the graph of 8
+    error = ((unrolled - eager).norm() / eager.norm()).item()
+    assert error < 2e-2, error
+    assert tokens.tolist() == eager.argmax(-1).tolist()
+    kv_error = ((executor.kv.data[:, :, :-1].float() - eager_kv).norm() / eager_kv.norm()).item()
+    assert kv_error < 1e-2, kv_error
+
+
 def test_llama_plan_runs_on_its_decode_graphs():
     from mstar.runtime.conductor.request import Request
     from mstar.runtime.engine.torch_engine import TorchEngine
