@@ -81,6 +81,10 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--gpu-profile", metavar="TRACE.json",
                      help="torch engine on a GPU: trace the run with the torch profiler into this Chrome "
                           "trace and print how long the GPU sat idle (the report gets it too)")
+    run.add_argument("--gpu-idle", action="store_true",
+                     help="torch engine on a GPU: time each step of the device fast path with CUDA events and "
+                          "print how long the GPU waited for the host between steps (no profiler; the report "
+                          "gets it too)")
     run.add_argument("--no-run-ahead", action="store_true",
                      help="torch engine on a GPU: launch each decode step only after the one before was "
                           "collected (default: the device runs the speculated next step behind it)")
@@ -247,6 +251,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
             _check_file_target(option, path)
     if args.gpu_profile and not (args.engine == "torch" and args.device.startswith("cuda")):
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
+    if args.gpu_idle and not (args.engine == "torch" and args.device.startswith("cuda")):
+        raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
     if args.timeline:
         from mstar.runtime.serve.timeline import format_problem
 
@@ -447,6 +453,7 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
                 driver.stop()
                 return
 
+    args.step_events = _step_events(args, engine, mode)
     try:
         driver = Driver(plan, engine, on_finish=on_finish, decode=tokenizer.decode if tokenizer is not None else None)
     except (DriverError, PlanTableError) as error:  # a plan whose tables do not hold together
@@ -491,6 +498,25 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
     return 1 if problems else 0
 
 
+def _step_events(args: argparse.Namespace, engine: Any, mode: str) -> dict[str, Any]:
+    """`--gpu-idle`: CUDA events on each step of the engine's device fast-path runners (node ->
+    `StepEvents`); ranks as processes keep their runners in other processes, so it needs inproc."""
+    if not args.gpu_idle:
+        return {}
+    if mode != "inproc":
+        raise CliError("--gpu-idle times the steps of this process's engine: it needs --ranks inproc")
+    from mstar.runtime.engine.gpu.step_events import StepEvents
+
+    events = {}
+    for node, runner in getattr(engine, "runners", {}).items():
+        executor = getattr(runner, "executor", None)
+        if executor is not None and executor.is_cuda:
+            executor.step_events = events[node] = StepEvents()
+    if not events:
+        raise CliError("--gpu-idle: no kv node of this plan runs on the device fast path (docs/engine.md)")
+    return events
+
+
 def _gpu_profiled(args: argparse.Namespace) -> Any:
     if not args.gpu_profile:
         return contextlib.nullcontext()
@@ -517,6 +543,12 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
 
         summary["gpu_profile"] = idle_summary(args.gpu_profile)
         _say(summary_line(summary["gpu_profile"]))
+    if getattr(args, "step_events", None):
+        from mstar.runtime.engine.gpu import step_events
+
+        summary["gpu_idle"] = {node: events.summary() for node, events in args.step_events.items()}
+        for node, value in summary["gpu_idle"].items():
+            _say(step_events.summary_line(node, value))
     if not signals.signum:
         try:
             from rich.console import Console

@@ -88,11 +88,17 @@ def test_llama_plan_runs_on_its_decode_graphs():
     assert isinstance(runner.family, CaptureFamily) and runner.capture_bytes > 0
     requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3], max_tokens=6, temperature=0.7 if i % 2 else None,
                         seed=i) for i in range(5)]
+    from mstar.runtime.engine.gpu.step_events import StepEvents
+
+    runner.executor.step_events = events = StepEvents()  # what `mstar run --gpu-idle` attaches
     driver = Driver(plan, engine)
     driver.run(Workload(requests))
     reasons = {r.finish_reason for r in driver.conductor.records.values()}
     assert reasons <= {"stop", "length", "done"}, reasons
     assert runner.executor.num_graph_steps > 0
+    idle = events.summary()
+    assert idle["num_steps"] == len(events.pairs) >= runner.executor.num_graph_steps
+    assert 0.0 <= idle["whole_run"]["idle_between_steps_pct"] <= 100.0 and idle["whole_run"]["span_ms"] > 0
 
 
 def test_fused_kernels_match_the_torch_ops():

@@ -61,6 +61,7 @@ from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, to
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
 from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, fed_ids, max_row_pages, pack
 from mstar.runtime.engine.gpu.sampler import sample
+from mstar.runtime.engine.gpu.step_events import StepEvents
 
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
 
@@ -152,6 +153,7 @@ class StepExecutor:
         self._inputs_copied: Optional[torch.cuda.Event] = None  # the last step's plan and input copies
         self.num_graph_steps = self.num_eager_steps = self.num_piecewise_steps = 0
         self.num_unrolled_steps = 0  # graph steps whose prompt rows ran one row per query token
+        self.step_events: Optional[StepEvents] = None  # `mstar run --gpu-idle` (step_events.py)
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.is_cuda else tensor
@@ -357,6 +359,7 @@ class StepExecutor:
         (the rows' `walk_index` index its walks); an executor without one takes none."""
         if (glue is None) != (self.packer is None):
             raise ValueError("an executor packing with the generated glue takes each step's KeyGlue, and only it")
+        began = self.step_events.begin() if self.step_events is not None else None
         num_rows = len(rows)  # the caller's: the rows sampled, scattered and copied back
         unrolled = self._unrolled(rows)
         if unrolled is not None:
@@ -399,7 +402,10 @@ class StepExecutor:
                       else self._host(torch.empty(self.max_rows, dtype=torch.long)))
             out = buffer[:num_rows]
             out.copy_(tokens, non_blocking=True)
-        event = self._record() if self.is_cuda else None
+        if began is not None and self.step_events is not None:
+            event: Optional[torch.cuda.Event] = self.step_events.end(began)
+        else:
+            event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order)
 
     def _run_glue(self, glue: KeyGlue, rows: list[RowSpec], batch: int, padded_tokens: int, num_decode: int

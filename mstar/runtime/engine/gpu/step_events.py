@@ -1,0 +1,74 @@
+"""`mstar run --gpu-idle`: the device's idle time between steps, from CUDA events, no profiler.
+
+A profiler trace (`--gpu-profile`) sees every kernel, but tracing costs the host time on every
+launch: on the H200 a decode graph's `cudaGraphLaunch` took 210-350 us of host time under it, so a
+run whose host keeps barely ahead of the device falls behind under the profiler, and the trace
+shows idle time the run without it does not have. Here each step an executor launches records one
+timing event before its first device work (the copy of its inputs) and one after its last (the
+copy of its sampled ids, which is also the event `collect` waits for). The executor's steps run on
+one stream in launch order, so step N+1's first event passes once N's last has passed and the
+host has issued N+1's first work: the time between the two is the device waiting for the host
+between steps, and nothing else. Idle inside a step (between its own copy, pack kernel, planning
+and graph launch) is step time here; `--gpu-profile` shows it.
+
+In: `StepEvents.begin()` at a launch's start, `end(begin)` at its end. Out: `summary()` (once the
+run is over: it waits for the device), the steps' spans and the gaps between them for the whole
+run and its middle half (without start-up and the tail where rows drain).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class StepEvents:
+    def __init__(self) -> None:
+        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @staticmethod
+    def begin() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self, begin: torch.cuda.Event) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.pairs.append((begin, event))
+        return event
+
+    def summary(self) -> dict[str, Any]:
+        if not self.pairs:
+            return {"error": "no step ran on the device"}
+        self.pairs[-1][1].synchronize()
+        origin = self.pairs[0][0]
+        spans = [(origin.elapsed_time(begin), origin.elapsed_time(end)) for begin, end in self.pairs]
+        return idle_between(spans)
+
+
+def idle_between(spans: list[tuple[float, float]]) -> dict[str, Any]:
+    """Steps' (start, end) in ms on the device, in launch order -> their gaps, whole and middle half."""
+    first, last = spans[0][0], spans[-1][1]
+    quarter = (last - first) / 4
+    return {"num_steps": len(spans), "whole_run": _window(spans, first, last),
+            "middle_half": _window(spans, first + quarter, last - quarter)}
+
+
+def _window(spans: list[tuple[float, float]], lo: float, hi: float) -> dict[str, Any]:
+    gaps = [max(0.0, b[0] - a[1]) for a, b in zip(spans, spans[1:]) if lo <= a[1] and b[0] <= hi]
+    span = max(hi - lo, 1e-9)
+    return {"span_ms": round(span, 3), "idle_between_steps_ms": round(sum(gaps), 3),
+            "idle_between_steps_pct": round(100.0 * sum(gaps) / span, 2),
+            "num_gaps_over_20us": sum(1 for g in gaps if g > 0.02),
+            "largest_gap_ms": round(max(gaps, default=0.0), 3)}
+
+
+def summary_line(node: str, summary: dict[str, Any]) -> str:
+    if "error" in summary:
+        return f"gpu idle ({node}): {summary['error']}"
+    whole, middle = summary["whole_run"], summary["middle_half"]
+    return (f"gpu idle between steps ({node}, CUDA events, {summary['num_steps']} steps): "
+            f"{whole['idle_between_steps_pct']}% of {whole['span_ms']} ms (middle half: "
+            f"{middle['idle_between_steps_pct']}%, {middle['num_gaps_over_20us']} gaps over 20 us, "
+            f"largest {middle['largest_gap_ms']} ms)")
