@@ -13,11 +13,14 @@ PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
 
 
 class _StandIn:
-    def __init__(self):
+    def __init__(self, unroll_prompts: int = 0):
         self.launched = []
+        self.unroll_prompts, self.num_unrolled_steps = unroll_prompts, 0
 
     def launch(self, specs, sampling, family, tokens, route, glue):
         self.launched.append(([(s.num_tokens, s.num_cached) for s in specs], family, tokens, route))
+        if 1 < max(s.num_tokens for s in specs) <= self.unroll_prompts:  # as StepExecutor._unrolled
+            self.num_unrolled_steps += 1
 
     def collect(self, pending):
         return None
@@ -68,6 +71,20 @@ def test_the_prefix_tail_step_runs_on_the_plans_prefill_bucket(monkeypatch):
                           "decode": {}, "mixed_63_1": _case(), "prefill_1x512": _case(),
                           "prefill_16x1024": _case(), "prefix_tail": figures})
     assert "cached request's first step (16 tokens after 1024 cached): " in table
+
+
+def test_an_unrolled_prefix_tail_step_is_timed_beside_the_same_step_not_unrolled(monkeypatch):
+    plan, node, shapes, executor = _bench_setup(monkeypatch, (1.5, 0.2))
+    executor.unroll_prompts = 16
+    out: dict = {}
+    bench._prefix_tail_step(out, plan, node, executor, 16, 4, shapes, 4e12, 7e14)
+    figures = out["prefix_tail"]
+    assert figures["unrolled"] and figures["not_unrolled"]["kernels_ms"] == 1.5
+    assert executor.unroll_prompts == 16  # put back after the step not unrolled
+    table = bench._table({"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0,
+                          "decode": {}, "mixed_63_1": _case(), "prefill_1x512": _case(),
+                          "prefill_16x1024": _case(), "prefix_tail": figures})
+    assert "unrolled into the decode graph" in table and "the same step not unrolled" in table
 
 
 def _case() -> dict:
