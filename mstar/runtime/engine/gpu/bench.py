@@ -444,7 +444,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="skip timing each step with the numpy packing (a second executor and capture)")
     parser.add_argument("--decode-kernel", choices=("auto", "tensor", "cuda"), default="auto",
                         help="FlashInfer decode kernel: tensor cores (the prefill kernels), CUDA cores, or auto "
-                             "(tensor cores for grouped-query ratios >= 4)")
+                             "(tensor cores for grouped-query ratios >= 4, CUDA cores for decode graphs of at "
+                             "most 4 rows)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     args = parser.parse_args(argv)
