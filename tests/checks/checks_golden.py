@@ -39,6 +39,20 @@ def fixture_inputs(name: str) -> tuple[str, Optional[str]]:
     return "fixtures/base.mw", f"fixtures/{name}.yaml"
 
 
+def check_spec_text(text: str) -> Diagnostics:
+    """The spec-level checks of a spec given as text (it must parse): resolve, graph, then the
+    combine and capture checks without a deployment, each only while no error was found."""
+    diags = Diagnostics()
+    spec = parse(text, "m.mw", diags)
+    assert spec is not None, diags.render()
+    resolve.run(spec, diags)
+    if not diags.has_errors:
+        check_graph.run(spec, diags)
+    if not diags.has_errors:
+        check_combine.run(spec, None, diags)
+    return diags
+
+
 def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -> None:
     spec = parse((HERE / spec_path).read_text(encoding="utf-8"), spec_path, diags)
     if spec is None or diags.has_errors:

@@ -5,6 +5,7 @@ import textwrap
 import pytest
 
 from mstar.compiler import check_combine, check_graph, resolve
+from checks_golden import check_spec_text
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
@@ -49,17 +50,8 @@ partition P = prefill -> decode | probe
 
 
 def _diags(body: str, codec: str = "") -> Diagnostics:
-    diags = Diagnostics()
-    text = NODE.format(body=textwrap.indent(textwrap.dedent(body).strip(), "    "),
-                       codec=textwrap.indent(codec, "    "))
-    spec = parse(text, "m.mw", diags)
-    assert spec is not None, diags.render()
-    resolve.run(spec, diags)
-    if not diags.has_errors:
-        check_graph.run(spec, diags)
-    if not diags.has_errors:
-        check_combine.run(spec, None, diags)
-    return diags
+    return check_spec_text(NODE.format(body=textwrap.indent(textwrap.dedent(body).strip(), "    "),
+                                       codec=textwrap.indent(codec, "    ")))
 
 
 def _codes(body: str, codec: str = "") -> list[str]:

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from mstar.compiler import check_combine, check_graph, resolve
+from checks_golden import check_spec_text
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
@@ -36,15 +36,7 @@ RECURRENT = "    state recurrent(layers=1, heads=2, key_dim=8, value_dim=8)\n"
 
 
 def _diags(body: str, args: str = "") -> Diagnostics:
-    diags = Diagnostics()
-    spec = parse(SPEC.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "), args=args), "m.mw", diags)
-    assert spec is not None, diags.render()
-    resolve.run(spec, diags)
-    if not diags.has_errors:
-        check_graph.run(spec, diags)
-    if not diags.has_errors:
-        check_combine.run(spec, None, diags)
-    return diags
+    return check_spec_text(SPEC.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "), args=args))
 
 
 @pytest.mark.parametrize("body, args, words", [
