@@ -60,6 +60,27 @@ def test_a_process_with_the_collector_off_keeps_it_off():
         gc.collect()
 
 
+def _passes(policy: PassesWhenBusy, num: int, kept: list) -> list[int]:
+    """Keep enough new containers to make a young pass due, `num` times; the generations collected."""
+    generations = []
+    for _ in range(num):
+        kept.extend([] for _ in range(gc.get_threshold()[0] + 1))
+        generations.append(policy.collect_if_due())
+    return generations
+
+
+def test_a_full_pass_waits_until_a_quarter_more_objects_reached_the_oldest_generation():
+    policy = PassesWhenBusy()
+    with policy:
+        gc.collect()
+        policy.long_lived = len(gc.get_objects(generation=2)) + 10 ** 6  # as if a million survived the last
+        kept: list = []
+        generations = _passes(policy, 130, kept)
+        assert 2 not in generations and 1 in generations  # the middle generation's pass instead
+        policy.long_lived = 0  # nothing survived the last full pass: the next due one runs
+        assert 2 in _passes(policy, 130, kept)
+
+
 def test_the_due_generation_follows_pythons_thresholds():
     policy = PassesWhenBusy()
     with policy:

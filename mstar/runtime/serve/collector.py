@@ -8,12 +8,12 @@ each) and 4 full ones; a pass longer than the work the host has queued ahead is 
 
 `PassesWhenBusy` turns the automatic passes off for the run and `collect_if_due()` runs the pass
 Python would have run by then: the same thresholds, the oldest generation whose count is past its
-threshold. The run loop calls it right before it waits for a step in flight (the device then holds
-that step and any launched ahead of it, so the pass overlaps device work) and before it sleeps.
-A full pass follows every `threshold1 x threshold2` young ones, without Python's extra condition on
-the share of long-lived objects (which Python does not expose); what start-up built is frozen
-(`driver._freeze_start_up`), so a full pass scans only what the run made since. A process that had
-the collector off keeps it off: nothing is collected here then.
+threshold, and for a full pass Python's own extra condition (gcmodule.c): the objects that reached
+the oldest generation since the last full pass must be at least a quarter of those that survived
+it (counted here with `gc.get_objects(2)`, which leaves out what start-up froze), else the middle
+generation's pass runs. The run loop calls it right before it waits for a step in flight (the
+device then holds that step and any launched ahead of it, so the pass overlaps device work) and
+before it sleeps. A process that had the collector off keeps it off: nothing is collected then.
 """
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ from typing import Any
 class PassesWhenBusy:
     def __init__(self) -> None:
         self.is_active = False
+        self.long_lived = 0  # objects of the oldest generation after its last full pass
 
     def __enter__(self) -> "PassesWhenBusy":
         self.is_active = gc.isenabled()
         gc.disable()
+        self.long_lived = len(gc.get_objects(generation=2))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -42,9 +44,15 @@ class PassesWhenBusy:
         counts, thresholds = gc.get_count(), gc.get_threshold()
         if thresholds[0] == 0 or counts[0] <= thresholds[0]:
             return -1
-        generation = 0
-        for older in (1, 2):  # Python's rule: the oldest generation past its threshold
-            if older < len(thresholds) and counts[older] > thresholds[older]:
-                generation = older
+        generation = 1 if counts[1] > thresholds[1] else 0
+        if counts[2] > thresholds[2] and self._full_pass_pays():
+            generation = 2
         gc.collect(generation)
+        if generation == 2:
+            self.long_lived = len(gc.get_objects(generation=2))
         return generation
+
+    def _full_pass_pays(self) -> bool:
+        """Python's condition on a full pass: what reached the oldest generation since the last
+        one is at least a quarter of what survived it."""
+        return len(gc.get_objects(generation=2)) - self.long_lived >= self.long_lived // 4
