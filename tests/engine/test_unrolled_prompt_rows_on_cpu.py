@@ -85,6 +85,9 @@ def test_a_step_past_the_limit_or_the_largest_batch_is_not_unrolled():
     many = [RowSpec([3, 4, 5, 6], 0, [i], i + 1) for i in range(4)] + [RowSpec(None, 3, [9], 9, True)]
     assert executor._unrolled(many) is None  # 17 rows: past the largest decode graph (16)
     assert executor._unrolled([RowSpec(None, 3, [9], 9, True)]) is None  # no prompt row
+    executor.batch_pad = BATCH_PAD + [0] * 8  # a family whose cap runs past its largest batch (eager_above)
+    assert executor._unrolled([RowSpec(list(range(3, 9)), 0, [1], 1)] * 3) is None  # 18 rows: eager, not unrolled
+    executor.batch_pad = BATCH_PAD
     rows = executor._unrolled([RowSpec(None, 3, [9], 9, True), RowSpec([7, 8, 9], 16, [1, 2], 1)])
     assert [(r.token_ids, r.num_cached, r.row_slot) for r in rows] == [
         (None, 3, 9), ([9], 18, 1), ([7], 16, 1), ([8], 17, 1)]

@@ -229,7 +229,10 @@ class StepExecutor:
         if not limit or self.graphs is None:
             return None
         counts = [row.num_tokens for row in rows]
-        if max(counts, default=0) < 2 or max(counts) > limit or sum(counts) >= len(self.batch_pad):
+        if max(counts, default=0) < 2 or max(counts) > limit:
+            return None
+        total = sum(counts)  # a captured batch must hold them (batch_pad is 0 above the largest)
+        if total >= len(self.batch_pad) or not self.batch_pad[total]:
             return None
         kept: list[RowSpec] = []
         others: list[RowSpec] = []
