@@ -94,3 +94,22 @@ def test_the_due_generation_follows_pythons_thresholds():
         # ten young passes, then the middle generation once its count passed its threshold
         assert generations[:10] == [0] * 10 and 1 in generations[10:]
     assert gc.isenabled()
+
+
+def test_bench_kv_automatic_gc_leaves_pythons_passes_on_during_the_run(monkeypatch):
+    """`mstar bench kv --automatic-gc`: the what-if run keeps Python's automatic passes on."""
+    from mstar.runtime.serve import bench_kv
+
+    seen: list = []
+    real_run = Driver.run
+
+    def run(self, workload):
+        seen.append(type(self.collector).__name__)
+        return real_run(self, workload)
+
+    monkeypatch.setattr(Driver, "run", run)
+    plan = load_plan("generated/llama_chunked.plan")
+    requests = [Request(id="a", prompt_tokens=[1, 2, 3], max_tokens=3)]
+    bench_kv._run(plan, bench_kv.EngineChoice("sim", is_gc_deferred=False), requests)
+    bench_kv._run(plan, bench_kv.EngineChoice("sim"), requests)
+    assert seen == ["AutomaticPasses", "PassesWhenBusy"]

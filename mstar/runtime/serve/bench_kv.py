@@ -26,13 +26,16 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
                       [--arrive-after STEPS] [--budget N] [--route packed|split]
-                      [--no-whole] [--per-row] [--no-run-ahead] [--prefix-requests N] [--prefix-len N]
+                      [--no-whole] [--per-row] [--no-run-ahead] [--automatic-gc]
+                      [--prefix-requests N] [--prefix-len N]
 
 `--no-whole` skips the whole-prompt reference runs of the chunk scenario (half its time: worth it
 on a GPU whose minutes are counted); `--per-row` runs the GPU fast path's decode rows row by row
 instead of in columns (`gpu/decode_columns.py`), a what-if for comparing the two in one session;
 `--no-run-ahead` makes every step wait for the one before (no launch of step N+1 behind step N,
-chunk steps included), the same what-if for the host/device overlap.
+chunk steps included), the same what-if for the host/device overlap; `--automatic-gc` leaves
+Python's collector passes where they fall instead of moving them to where the run loop waits for
+the device (`serve/collector.py`).
 """
 from __future__ import annotations
 
@@ -91,6 +94,7 @@ class EngineChoice:
     plan_path: Optional[str] = None  # torch on a GPU: the plan's generated glue packs the steps
     is_columnar: bool = True  # torch: the GPU fast path's columnar decode rows (False: row by row)
     can_run_ahead: bool = True  # torch: launch step N+1 behind step N (False: every step waits)
+    is_gc_deferred: bool = True  # the collector's passes where the loop waits (False: Python's own)
 
 
 def _engine(plan: Plan, engine: EngineChoice) -> Any:
@@ -116,6 +120,10 @@ def _engine(plan: Plan, engine: EngineChoice) -> Any:
 
 def _run(plan: Plan, engine: EngineChoice, requests: list[Request]) -> Driver:
     driver = Driver(plan, _engine(plan, engine))
+    if not engine.is_gc_deferred:
+        from mstar.runtime.serve.collector import AutomaticPasses
+
+        driver.collector = AutomaticPasses()
     driver.run(Workload(requests))
     return driver
 
@@ -280,7 +288,8 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
 
 
 def _choice(args: argparse.Namespace) -> EngineChoice:
-    return EngineChoice(args.engine, args.device, args.dims, args.plan, not args.per_row, not args.no_run_ahead)
+    return EngineChoice(args.engine, args.device, args.dims, args.plan, not args.per_row, not args.no_run_ahead,
+                        not args.automatic_gc)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -301,6 +310,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="torch engine: the GPU fast path's decode rows row by row, not in columns (a what-if)")
     parser.add_argument("--no-run-ahead", action="store_true",
                         help="torch engine: every step waits for the one before (a what-if beside the default)")
+    parser.add_argument("--automatic-gc", action="store_true",
+                        help="Python's collector passes where they fall, not where the run loop waits for the "
+                             "device (a what-if beside the default)")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
@@ -323,7 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
                                "route": args.route, "is_columnar": not args.per_row,
-                               "can_run_ahead": not args.no_run_ahead,
+                               "can_run_ahead": not args.no_run_ahead, "is_gc_deferred": not args.automatic_gc,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}

@@ -56,3 +56,17 @@ class PassesWhenBusy:
         """Python's condition on a full pass: what reached the oldest generation since the last
         one is at least a quarter of what survived it."""
         return len(gc.get_objects(generation=2)) - self.long_lived >= self.long_lived // 4
+
+
+class AutomaticPasses:
+    """Python's own automatic passes, left where they fall: the what-if of `mstar bench kv
+    --automatic-gc` (the same interface as `PassesWhenBusy`)."""
+
+    def __enter__(self) -> "AutomaticPasses":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def collect_if_due(self) -> int:
+        return -1

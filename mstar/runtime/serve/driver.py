@@ -69,7 +69,7 @@ from mstar.runtime.conductor.batch_class import batch_classes
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.scheduler import WorkerScheduler
 from mstar.runtime.serve.clock import RunClock
-from mstar.runtime.serve.collector import PassesWhenBusy
+from mstar.runtime.serve.collector import AutomaticPasses, PassesWhenBusy
 from mstar.runtime.serve.lockstep import Lockstep
 from mstar.runtime.serve.metrics import StepLog
 from mstar.runtime.serve.outcome import ran_part, settle
@@ -207,7 +207,8 @@ class Driver:
         self._cut_walks = {(key.node, walk) for w in plan.workers for key in w.keys for walk in key.chunk_sizes}
         self._busy: set[int] = set()
         self._inflight: list[tuple[float, int, Launch]] = []
-        self.collector = PassesWhenBusy()  # Python's collector runs where the device is busy
+        # Python's collector runs where the device is busy (AutomaticPasses: where it falls)
+        self.collector: PassesWhenBusy | AutomaticPasses = PassesWhenBusy()
         self._seq = 0
 
     # ------------------------------------------------------------ conductor outputs
