@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mstar.runtime.engine.kv.prefix_cache import page_key
+from mstar.runtime.engine.kv.prefix_cache import ROOT, page_key
 from mstar.runtime.engine.runners import values
 from mstar.runtime.engine.runners.values import InputError, classify
 
@@ -53,6 +53,25 @@ def test_flat_ids_take_the_fast_path_and_bools_do_not():
 def test_page_keys_differ_when_one_id_differs(tokens, index, delta):
     changed = list(tokens)
     changed[index] += delta
-    assert page_key(b"", "main", tokens) != page_key(b"", "main", changed)
-    assert page_key(b"", "main", tokens) == page_key(b"", "main", list(tokens))
-    assert page_key(b"", "main", tokens) != page_key(b"", "other", tokens)
+    assert page_key(ROOT, "main", tokens) != page_key(ROOT, "main", changed)
+    assert page_key(ROOT, "main", tokens) == page_key(ROOT, "main", list(tokens))
+    assert page_key(ROOT, "main", tokens) != page_key(ROOT, "other", tokens)
+    assert page_key(ROOT, "main", tokens) != page_key(ROOT + 1, "main", tokens)  # another prefix before it
+
+
+def test_a_prefix_registered_again_after_eviction_gets_a_new_id_and_old_chains_stay_apart():
+    """Prefix ids are never reused: a page registered under an evicted prefix's id is found only
+    through that id, never through the same prefix registered again (a lost hit, never a wrong one)."""
+    from mstar.runtime.engine.kv.prefix_cache import PrefixCache
+
+    cache = PrefixCache()
+    first = cache.register(1, page_key(ROOT, "main", [1, 2]))
+    cache.release(1)
+    assert cache.evict() == 1 and cache.lookup(page_key(ROOT, "main", [1, 2])) is None
+    child = cache.register(2, page_key(first, "main", [3, 4]))  # a sequence still chaining from it
+    again = cache.register(3, page_key(ROOT, "main", [1, 2]))
+    assert again != first and cache.lookup(page_key(ROOT, "main", [1, 2])) == (3, again)
+    assert cache.lookup(page_key(again, "main", [3, 4])) is None
+    assert cache.lookup(page_key(first, "main", [3, 4])) == (2, child)
+    assert cache.register(4, page_key(ROOT, "main", [1, 2])) == again  # a second writer: stays private
+    assert 4 not in cache

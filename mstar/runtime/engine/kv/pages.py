@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from mstar.runtime.engine.kv.prefix_cache import ROOT_KEY, PrefixCache, page_key
+from mstar.runtime.engine.kv.prefix_cache import ROOT, PrefixCache, page_key
 
 SeqKey = tuple[str, str]
 _num_tokens_of, _pages_of, _is_keyed_of = attrgetter("num_tokens"), attrgetter("pages"), attrgetter("is_keyed")
@@ -34,11 +34,11 @@ _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an it
 class _Sequence:
     pages: list[int] = field(default_factory=list)
     num_tokens: int = 0
-    # prefix cache: tokens of the page being filled, full pages keyed so far, the last one's key;
-    # is_keyed False once a position was written from something other than token ids
+    # prefix cache: tokens of the page being filled, full pages keyed so far, the last one's prefix
+    # id; is_keyed False once a position was written from something other than token ids
     pending: list[int] = field(default_factory=list)
     num_keyed: int = 0
-    key: bytes = ROOT_KEY
+    key: int = ROOT
     is_keyed: bool = True
 
 
@@ -148,8 +148,7 @@ class PagePool:
         seq.pending.extend(tokens)
         size = self.page_size
         while len(seq.pending) >= size:
-            seq.key = page_key(seq.key, label, seq.pending[:size])
-            self.cache.register(seq.pages[seq.num_keyed], seq.key)
+            seq.key = self.cache.register(seq.pages[seq.num_keyed], page_key(seq.key, label, seq.pending[:size]))
             seq.num_keyed += 1
             del seq.pending[:size]
 
@@ -163,14 +162,14 @@ class PagePool:
         size, cache = self.page_size, self.cache
         num_full = (len(tokens) - 1) // size
         for index in range(num_full):
-            chained = page_key(seq.key, key[1], tokens[index * size:(index + 1) * size])
-            page = cache.lookup(chained)
-            if page is None or (cache.refs[page] == 0 and max_from_free <= 0):
+            found = cache.lookup(page_key(seq.key, key[1], tokens[index * size:(index + 1) * size]))
+            if found is None or (cache.refs[found[0]] == 0 and max_from_free <= 0):
                 break
+            page, prefix = found
             max_from_free -= cache.refs[page] == 0
             cache.acquire(page)
             seq.pages.append(page)
-            seq.key, seq.num_keyed = chained, index + 1
+            seq.key, seq.num_keyed = prefix, index + 1
         seq.num_tokens = seq.num_keyed * size
         cache.num_hits += seq.num_keyed
         cache.num_misses += num_full - seq.num_keyed

@@ -1,16 +1,22 @@
 """The prefix cache's bookkeeping: full KV pages keyed by a hash of their tokens, shared by
 reference count, kept in least-recently-used order while no sequence holds them.
 
-In: `PagePool` calls it (it holds no tensors and picks no victim on its own). A page's key is a
-128-bit blake2b digest of the previous page's key, the KV sequence label and the page's token ids,
-so a key names a whole prefix: two pages share a key only when every token before them and in
-them is the same, on a sequence of the same label.
+In: `PagePool` calls it (it holds no tensors and picks no victim on its own). A page's key is
+exact, not a hash: (the prefix id of the page before it, the KV sequence label, the page's token
+ids), where a prefix id names one registered key (ids are never reused; `ROOT` before a
+sequence's first page). So a key names a whole prefix, two pages share a key only when every
+token before them and in them is the same on a sequence of the same label, and no two prefixes
+can collide: the dict compares the tokens themselves. (A 128-bit blake2b chain before: 3.2 us a
+key against 0.7 us for the tuple, a 1040-token prompt's 65 keys 208 against 43 us on a 2-core
+CI-class machine.) A sequence that holds a private copy of a prefix whose cached page was evicted
+keeps chaining from the evicted id: what it registers after that is found only through that id,
+never by a new request (a lost hit, never a wrong one).
 
-- `register(page, key)`: a sequence filled `page` with tokens whose chain key is `key`; the page
-  becomes shared (one reference: its writer) unless another page already holds that key (then it
-  stays private to its writer);
-- `lookup(key)` / `acquire(page)`: a new sequence takes a reference to a cached page (out of the
-  free order when it had none);
+- `register(page, key)`: a sequence filled `page` with tokens whose key is `key`; the page becomes
+  shared (one reference: its writer) unless another page already holds that key (then it stays
+  private to its writer); returns the key's prefix id, which the sequence's next key chains from;
+- `lookup(key)` / `acquire(page)`: a new sequence finds a cached page and its prefix id, and takes
+  a reference to it (out of the free order when it had none);
 - `release(page)`: a sequence lets go; at zero references the page joins the free order, still
   cached; `evict()` hands back the least recently used such page (and forgets its key) when the
   pool has no other free page;
@@ -21,12 +27,11 @@ page is never written: sequences write only past their last full page (pages.py)
 """
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from typing import Optional
 
-ROOT_KEY = b""
+ROOT = 0  # the prefix id before a sequence's first page
+PageKey = tuple[int, str, tuple[int, ...]]  # (prefix id before the page, sequence label, its tokens)
 
 
 def shareable_prefix(tokens: list[int], media_token: Optional[int]) -> list[int]:
@@ -38,22 +43,16 @@ def shareable_prefix(tokens: list[int], media_token: Optional[int]) -> list[int]
     return tokens[:tokens.index(media_token)]
 
 
-def page_key(previous: bytes, label: str, tokens: list[int]) -> bytes:
-    """The chain key of a full page: previous page's key, the sequence label, the page's tokens."""
-    digest = hashlib.blake2b(previous, digest_size=16)
-    digest.update(label.encode())
-    digest.update(b"\0")
-    try:  # fixed-width ids: one C call a page (the decimal text of each id cost 3x more)
-        digest.update(array("q", tokens).tobytes())
-    except OverflowError:  # an id past int64 (refused elsewhere): its decimal text, told apart by the marker
-        digest.update(b"\1" + b",".join(str(t).encode() for t in tokens))
-    return digest.digest()
+def page_key(previous: int, label: str, tokens: list[int]) -> PageKey:
+    """The key of a full page: the prefix id before it, the sequence label, the page's tokens."""
+    return previous, label, tuple(tokens)
 
 
 class PrefixCache:
     def __init__(self) -> None:
-        self.page_of: dict[bytes, int] = {}
-        self.key_of: dict[int, bytes] = {}
+        self.page_of: dict[PageKey, tuple[int, int]] = {}  # key -> (page, prefix id)
+        self.key_of: dict[int, PageKey] = {}
+        self._next_id = ROOT + 1
         self.refs: dict[int, int] = {}  # cached page -> sequences holding it
         self.free_order: OrderedDict[int, None] = OrderedDict()  # cached pages nobody holds, oldest first
         self.num_hits = 0
@@ -66,17 +65,21 @@ class PrefixCache:
     def num_evictable(self) -> int:
         return len(self.free_order)
 
-    def register(self, page: int, key: bytes) -> bool:
-        """`page` (held by its writer) now holds the full prefix `key`; False when another page
-        already does (this one stays private)."""
-        if key in self.page_of:
-            return False
-        self.page_of[key] = page
+    def register(self, page: int, key: PageKey) -> int:
+        """`page` (held by its writer) now holds the full prefix `key`, unless another page already
+        does (this one then stays private); returns the key's prefix id either way."""
+        known = self.page_of.get(key)
+        if known is not None:
+            return known[1]
+        prefix = self._next_id
+        self._next_id += 1
+        self.page_of[key] = (page, prefix)
         self.key_of[page] = key
         self.refs[page] = 1
-        return True
+        return prefix
 
-    def lookup(self, key: bytes) -> Optional[int]:
+    def lookup(self, key: PageKey) -> Optional[tuple[int, int]]:
+        """(page, prefix id) of the cached page holding `key`, or None."""
         return self.page_of.get(key)
 
     def acquire(self, page: int) -> None:
