@@ -99,6 +99,9 @@ def test_llama_plan_runs_on_its_decode_graphs():
     idle = events.summary()
     assert idle["num_steps"] == len(events.pairs) >= runner.executor.num_graph_steps
     assert 0.0 <= idle["whole_run"]["idle_between_steps_pct"] <= 100.0 and idle["whole_run"]["span_ms"] > 0
+    steps = events.steps()
+    assert len(steps) == idle["num_steps"] and all(s["tokens"] >= s["rows"] >= 1 and s["span_ms"] > 0 for s in steps)
+    assert any(s["tokens"] > s["rows"] for s in steps)  # the prompts' step
 
 
 def test_fused_kernels_match_the_torch_ops():

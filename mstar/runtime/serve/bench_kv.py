@@ -118,14 +118,45 @@ def _engine(plan: Plan, engine: EngineChoice) -> Any:
     return torch_engine
 
 
-def _run(plan: Plan, engine: EngineChoice, requests: list[Request]) -> Driver:
-    driver = Driver(plan, _engine(plan, engine))
+def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optional[list] = None) -> Driver:
+    """timed: a list that gets the `StepEvents` of each device fast-path executor of the run (torch
+    on a GPU), for the chunk steps' device times."""
+    built = _engine(plan, engine)
+    if timed is not None:
+        timed.extend(_attach_step_events(built))
+    driver = Driver(plan, built)
     if not engine.is_gc_deferred:
         from mstar.runtime.serve.collector import AutomaticPasses
 
         driver.collector = AutomaticPasses()
     driver.run(Workload(requests))
     return driver
+
+
+def _attach_step_events(engine: Any) -> list:
+    """CUDA events on each step of the engine's device fast-path executors (gpu/step_events.py)."""
+    attached = []
+    for runner in getattr(engine, "runners", {}).values():
+        executor = getattr(runner, "executor", None)
+        if executor is not None and executor.is_cuda:
+            from mstar.runtime.engine.gpu.step_events import StepEvents
+
+            executor.step_events = StepEvents()
+            attached.append(executor.step_events)
+    return attached
+
+
+def chunk_steps_on_device(timed: list, num: int = 3) -> dict[str, Any]:
+    """The device's side of the steps that fed prompt chunks (more tokens than rows): their device
+    times in order, and the `num` slowest (span plus the gap before it, the device waiting for the
+    host), so a slow step of the prefill window shows as device work or as waiting."""
+    steps = [step for events in timed for step in events.steps() if step["tokens"] > step["rows"]]
+    for index, step in enumerate(steps):
+        step["index"] = index
+    slowest = sorted(steps, key=lambda step: -(step["span_ms"] + step["gap_before_ms"]))[:num]
+    spans = [step["span_ms"] for step in steps]
+    return {"num_chunk_steps": len(steps), "span_p50_ms": float(np.median(spans)) if spans else None,
+            "slowest": slowest}
 
 
 def _gaps(driver: Driver, prefix: str, start: float, end: float) -> np.ndarray:
@@ -183,7 +214,8 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
     arrival = steady_steps[min(arrive_after, len(steady_steps) - 1)] - alone_run.origin_s
     long = Request(id="long", prompt_tokens=[(7 * i) % 500 for i in range(prompt_len)], max_tokens=1,
                    arrival_s=arrival)
-    mixed = _run(plan, engine, decode + [long])
+    timed: list = []
+    mixed = _run(plan, engine, decode + [long], timed)
     first = mixed.conductor.records["long"].first_token_s
     end = (first - mixed.origin_s) if first is not None else arrival
     during_gaps = _gaps(mixed, "d", arrival, end)
@@ -199,7 +231,8 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
             "itl_max_during_ms": float(during_gaps.max()) * 1e3 if during_gaps.size else None,
             "ttft_mixed_ms": ttft_mixed * 1e3, "ttft_alone_ms": ttft_alone * 1e3,
             "ttft_ratio": ttft_mixed / ttft_alone,
-            "slowest_steps_during": slowest_steps(mixed, arrival, end)}
+            "slowest_steps_during": slowest_steps(mixed, arrival, end),
+            **({"chunk_steps_on_device": chunk_steps_on_device(timed)} if timed else {})}
 
 
 def with_prefix_cache(plan: Plan, state: str) -> Plan:
@@ -261,6 +294,13 @@ def _print(results: dict) -> None:
                   f"(ran {step['run_ms']:.2f} ms, {step['tokens']} tokens, rows {step['walk_rows']}, "
                   f"{'speculated' if step['is_speculative'] else 'not speculated'}, "
                   f"scheduler {step['sched_ms']:.2f} ms, post {step['post_ms']:.2f} ms)")
+        device = row.get("chunk_steps_on_device")
+        if device and device["num_chunk_steps"]:
+            slowest = "; ".join(f"chunk step {step['index']} {step['span_ms']:.2f} ms after waiting "
+                                f"{step['gap_before_ms']:.2f} ms ({step['rows']} rows, {step['tokens']} tokens)"
+                                for step in device["slowest"])
+            print(f"{name}: on the device, {device['num_chunk_steps']} chunk steps, span p50 "
+                  f"{device['span_p50_ms']:.2f} ms; the slowest: {slowest}")
     print(f"chunked: decode ITL p99 during the prefill / steady = {chunked['itl_p99_ratio'] or 0:.2f}x "
           f"(target <= 2x); TTFT beside the decode rows / alone = {chunked['ttft_ratio']:.2f}x (target <= 1.5x)")
     if whole is not None:

@@ -406,7 +406,8 @@ class StepExecutor:
             out = buffer[:num_rows]
             out.copy_(tokens, non_blocking=True)
         if began is not None and self.step_events is not None:
-            event: Optional[torch.cuda.Event] = self.step_events.end(began)
+            event: Optional[torch.cuda.Event] = self.step_events.end(began, len(rows),
+                                                                     sum(row.num_tokens for row in rows))
         else:
             event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order)

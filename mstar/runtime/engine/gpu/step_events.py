@@ -11,9 +11,11 @@ host has issued N+1's first work: the time between the two is the device waiting
 between steps, and nothing else. Idle inside a step (between its own copy, pack kernel, planning
 and graph launch) is step time here; `--gpu-profile` shows it.
 
-In: `StepEvents.begin()` at a launch's start, `end(begin)` at its end. Out: `summary()` (once the
-run is over: it waits for the device), the steps' spans and the gaps between them for the whole
-run and its middle half (without start-up and the tail where rows drain).
+In: `StepEvents.begin()` at a launch's start, `end(begin, rows, tokens)` at its end. Out (once the
+run is over: both wait for the device): `summary()`, the steps' spans and the gaps between them for
+the whole run and its middle half (without start-up and the tail where rows drain); `steps()`,
+each step's device start, span, the gap before it, and its rows and tokens (`mstar bench kv` picks
+the chunk steps out of them: more tokens than rows).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 class StepEvents:
     def __init__(self) -> None:
         self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.shapes: list[tuple[int, int]] = []  # (rows, tokens) launched, per step
 
     @staticmethod
     def begin() -> torch.cuda.Event:
@@ -32,19 +35,35 @@ class StepEvents:
         event.record()
         return event
 
-    def end(self, begin: torch.cuda.Event) -> torch.cuda.Event:
+    def end(self, begin: torch.cuda.Event, num_rows: int = 0, num_tokens: int = 0) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         self.pairs.append((begin, event))
+        self.shapes.append((num_rows, num_tokens))
         return event
+
+    def _spans(self) -> list[tuple[float, float]]:
+        self.pairs[-1][1].synchronize()
+        origin = self.pairs[0][0]
+        return [(origin.elapsed_time(begin), origin.elapsed_time(end)) for begin, end in self.pairs]
 
     def summary(self) -> dict[str, Any]:
         if not self.pairs:
             return {"error": "no step ran on the device"}
-        self.pairs[-1][1].synchronize()
-        origin = self.pairs[0][0]
-        spans = [(origin.elapsed_time(begin), origin.elapsed_time(end)) for begin, end in self.pairs]
-        return idle_between(spans)
+        return idle_between(self._spans())
+
+    def steps(self) -> list[dict[str, Any]]:
+        return step_table(self._spans(), self.shapes) if self.pairs else []
+
+
+def step_table(spans: list[tuple[float, float]], shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Each step's device start and span (ms), the gap before it, and its rows and tokens."""
+    table = []
+    for index, ((start, end), (rows, tokens)) in enumerate(zip(spans, shapes)):
+        gap = max(0.0, start - spans[index - 1][1]) if index else 0.0
+        table.append({"start_ms": round(start, 3), "span_ms": round(end - start, 3), "gap_before_ms": round(gap, 3),
+                      "rows": rows, "tokens": tokens})
+    return table
 
 
 def idle_between(spans: list[tuple[float, float]]) -> dict[str, Any]:

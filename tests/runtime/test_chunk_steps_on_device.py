@@ -1,0 +1,31 @@
+"""`mstar bench kv`'s chunk steps on the device (torch engine on a GPU, CUDA events: GPU tests run
+the events): picked out of a run's steps by carrying more tokens than rows, their device spans and
+the gaps before them (gpu/step_events.step_table), the slowest first."""
+from mstar.runtime.engine.gpu.step_events import step_table
+from mstar.runtime.serve.bench_kv import chunk_steps_on_device
+
+
+class _Timed:
+    """Stand-in for StepEvents after a run: its steps() from fixed device times."""
+
+    def __init__(self, spans, shapes):
+        self.spans, self.shapes = spans, shapes
+
+    def steps(self):
+        return step_table(self.spans, self.shapes)
+
+
+def test_the_slowest_chunk_step_shows_as_device_time_or_as_waiting_for_the_host():
+    # decode steps of 40 rows, then chunk steps of 40 rows + 216 tokens; the third chunk step
+    # waits 2 ms for the host, the fourth runs 7 ms on the device
+    spans = [(0.0, 2.0), (2.0, 4.0), (4.0, 8.0), (8.0, 12.0), (14.0, 18.0), (18.0, 25.0), (25.0, 27.0)]
+    shapes = [(40, 40), (40, 40), (41, 256), (41, 256), (41, 256), (41, 256), (40, 40)]
+    found = chunk_steps_on_device([_Timed(spans, shapes)])
+    assert found["num_chunk_steps"] == 4 and found["span_p50_ms"] == 4.0
+    slowest = found["slowest"]
+    assert [(s["index"], s["span_ms"], s["gap_before_ms"]) for s in slowest] == [(3, 7.0, 0.0), (2, 4.0, 2.0),
+                                                                                 (0, 4.0, 0.0)]
+
+
+def test_a_run_without_device_events_reports_no_chunk_steps():
+    assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": []}
