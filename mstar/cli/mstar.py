@@ -505,13 +505,9 @@ def _step_events(args: argparse.Namespace, engine: Any, mode: str) -> dict[str, 
         return {}
     if mode != "inproc":
         raise CliError("--gpu-idle times the steps of this process's engine: it needs --ranks inproc")
-    from mstar.runtime.engine.gpu.step_events import StepEvents
+    from mstar.runtime.engine.gpu.step_events import attach
 
-    events = {}
-    for node, runner in getattr(engine, "runners", {}).items():
-        executor = getattr(runner, "executor", None)
-        if executor is not None and executor.is_cuda:
-            executor.step_events = events[node] = StepEvents()
+    events = attach(engine)
     if not events:
         raise CliError("--gpu-idle: no kv node of this plan runs on the device fast path (docs/engine.md)")
     return events

@@ -35,3 +35,16 @@ def test_gpu_idle_on_the_cpu_is_refused():
                             capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert result.returncode == 1, result.stderr
     assert "--gpu-idle" in result.stderr and "cuda" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_events_attach_to_the_device_fast_path_executors_only():
+    from types import SimpleNamespace
+
+    from mstar.runtime.engine.gpu.step_events import StepEvents, attach
+
+    on_gpu, on_cpu = SimpleNamespace(is_cuda=True, step_events=None), SimpleNamespace(is_cuda=False, step_events=None)
+    engine = SimpleNamespace(runners={"LLM": SimpleNamespace(executor=on_gpu), "Codec": SimpleNamespace(),
+                                      "Small": SimpleNamespace(executor=on_cpu)})
+    attached = attach(engine)
+    assert list(attached) == ["LLM"] and isinstance(on_gpu.step_events, StepEvents)
+    assert attached["LLM"] is on_gpu.step_events and on_cpu.step_events is None

@@ -122,8 +122,10 @@ def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optio
     """timed: a list that gets the `StepEvents` of each device fast-path executor of the run (torch
     on a GPU), for the chunk steps' device times."""
     built = _engine(plan, engine)
-    if timed is not None:
-        timed.extend(_attach_step_events(built))
+    if timed is not None and engine.name == "torch":
+        from mstar.runtime.engine.gpu.step_events import attach
+
+        timed.extend(attach(built).values())
     driver = Driver(plan, built)
     if not engine.is_gc_deferred:
         from mstar.runtime.serve.collector import AutomaticPasses
@@ -131,19 +133,6 @@ def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optio
         driver.collector = AutomaticPasses()
     driver.run(Workload(requests))
     return driver
-
-
-def _attach_step_events(engine: Any) -> list:
-    """CUDA events on each step of the engine's device fast-path executors (gpu/step_events.py)."""
-    attached = []
-    for runner in getattr(engine, "runners", {}).values():
-        executor = getattr(runner, "executor", None)
-        if executor is not None and executor.is_cuda:
-            from mstar.runtime.engine.gpu.step_events import StepEvents
-
-            executor.step_events = StepEvents()
-            attached.append(executor.step_events)
-    return attached
 
 
 def chunk_steps_on_device(timed: list, num: int = 3) -> dict[str, Any]:

@@ -56,6 +56,17 @@ class StepEvents:
         return step_table(self._spans(), self.shapes) if self.pairs else []
 
 
+def attach(engine: Any) -> dict[str, StepEvents]:
+    """CUDA events on each step of the engine's device fast-path executors: node -> its `StepEvents`
+    (`mstar run --gpu-idle`, `mstar bench kv` on a GPU)."""
+    attached = {}
+    for node, runner in getattr(engine, "runners", {}).items():
+        executor = getattr(runner, "executor", None)
+        if executor is not None and executor.is_cuda:
+            executor.step_events = attached[node] = StepEvents()
+    return attached
+
+
 def step_table(spans: list[tuple[float, float]], shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """Each step's device start and span (ms), the gap before it, and its rows and tokens."""
     table = []

@@ -1,5 +1,5 @@
-"""The prefix cache's bookkeeping: full KV pages keyed by a hash of their tokens, shared by
-reference count, kept in least-recently-used order while no sequence holds them.
+"""The prefix cache's bookkeeping: full KV pages keyed by their tokens and the prefix before them,
+shared by reference count, kept in least-recently-used order while no sequence holds them.
 
 In: `PagePool` calls it (it holds no tensors and picks no victim on its own). A page's key is
 exact, not a hash: (the prefix id of the page before it, the KV sequence label, the page's token
