@@ -17,7 +17,7 @@ from mstar.plan.io import load_plan  # noqa: E402
 from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.glue_loader import load_glue  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
-from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor  # noqa: E402
+from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor, WholePacked  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
 from mstar.runtime.engine.gpu.packing import RowSpec  # noqa: E402
 
@@ -37,9 +37,10 @@ def _glue():
     return key_glue
 
 
-def _executors(num_pages=256, device_name="cuda", is_flashinfer=True):
+def _executors(num_pages=256, device_name="cuda", is_flashinfer=True, is_whole=False):
     """(glue executor, numpy executor) over one model and one KV cache, both captured (FlashInfer);
-    on the CPU (is_flashinfer False) every step runs eagerly with torch attention."""
+    on the CPU (is_flashinfer False) every step runs eagerly with torch attention. is_whole: the
+    mixed family captured whole (a graph per batch size and token bucket), not piecewise."""
     device = torch.device(device_name)
     plan = llm_plan(FI_DIMS)
     dims = decoder_dims(plan.nodes[0], "spec")
@@ -47,8 +48,11 @@ def _executors(num_pages=256, device_name="cuda", is_flashinfer=True):
     model = build_decoder(dims, device, dtype, position=0, seed=0)
     kv = PagedKv(dims.num_full_layers, num_pages, 16, dims.num_kv_heads, dims.head_dim, dtype, device)
     kv.data.normal_()
-    packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
     batch_pad = [0, 1, 2, 4, 4, 8, 8, 8, 8]
+    packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
+    if is_whole:
+        whole = WholePacked(FAMILY, tuple(batch_pad), (1, 2, 4, 8), (32, 64, 128))
+        packed = PackedFamilies(frozenset(), [], 0, (whole,))
     executors = [StepExecutor(DecoderForward(model, dims, kv, 4097), kv, device, num_pages + 1, batch_pad,
                               is_flashinfer=is_flashinfer, packed=packed, glue_pages_per_seq=pages)
                  for pages in (4096 // 16, None)]
@@ -119,6 +123,18 @@ def test_glue_steps_equal_numpy_steps_on_the_gpu():
     compare_glue_and_numpy(glue_executor, numpy_executor)
     for executor in (glue_executor, numpy_executor):
         assert (executor.num_graph_steps, executor.num_piecewise_steps, executor.num_eager_steps) == (22, 2, 2)
+
+
+def test_glue_steps_equal_numpy_steps_on_whole_packed_graphs():
+    """The mixed family captured whole: its packed step replays the graph of (bucket 64, 4 rows)
+    with FlashInfer's graph-mode prefill wrapper inside, its padding rows zero-length; the split
+    step, which a whole graph does not hold, runs eagerly."""
+    glue_executor, numpy_executor = _executors(is_whole=True)
+    compare_glue_and_numpy(glue_executor, numpy_executor)
+    for executor in (glue_executor, numpy_executor):
+        assert executor.packed_graphs is not None and executor.piecewise is None
+        assert sorted(executor.packed_graphs.graphs)[0] == (32, 1) and executor.capture_bytes["whole"] > 0
+        assert (executor.num_graph_steps, executor.num_whole_packed_steps, executor.num_eager_steps) == (22, 1, 3)
 
 
 def test_llama_plan_end_to_end_with_the_glue():

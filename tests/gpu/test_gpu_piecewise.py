@@ -12,7 +12,7 @@ from engine_plans import LLM_DIMS, llm_plan  # noqa: E402
 from mstar.plan.io import load_plan  # noqa: E402
 from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
-from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor  # noqa: E402
+from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor, WholePacked  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
 from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
 
@@ -25,7 +25,8 @@ FI_DIMS = dict(LLM_DIMS, head_dim=64, hidden=256, qo_heads=8, kv_heads=2, interm
 FAMILY = "LLM:mixed"
 
 
-def _executor(num_pages=256):
+def _executor(num_pages=256, is_whole=False):
+    """is_whole: the family captured whole (a graph per batch size 1, 4, 8 and token bucket), not piecewise."""
     plan = llm_plan(FI_DIMS)
     dims = decoder_dims(plan.nodes[0], "spec")
     device = torch.device("cuda")
@@ -33,6 +34,9 @@ def _executor(num_pages=256):
     kv = PagedKv(dims.num_full_layers, num_pages, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
     kv.data.normal_()
     packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
+    if is_whole:
+        whole = WholePacked(FAMILY, (0, 1, 4, 4, 4, 8, 8, 8, 8), (1, 4, 8), (32, 64, 128))
+        packed = PackedFamilies(frozenset(), [], 0, (whole,))
     return StepExecutor(DecoderForward(model, dims, kv, 4097), kv, device, num_pages + 1, [0, 1, 2, 4, 4],
                         is_flashinfer=True, packed=packed)
 
@@ -48,11 +52,16 @@ def _steps():
     return [(first, 32), (second, 64)]
 
 
-def test_piecewise_steps_match_eager_steps_and_write_the_same_kv():
-    executor = _executor()
+@pytest.mark.parametrize("is_whole", [False, True], ids=["piecewise", "whole"])
+def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(is_whole):
+    executor = _executor(is_whole=is_whole)
     executor.capture()
-    assert sorted(executor.piecewise.pieces) == [32, 64, 128]
-    assert executor.capture_bytes["packed"] > 0
+    if is_whole:
+        assert sorted(executor.packed_graphs.graphs) == [(t, b) for t in (32, 64, 128) for b in (1, 4, 8)]
+        assert executor.capture_bytes["whole"] > 0
+    else:
+        assert sorted(executor.piecewise.pieces) == [32, 64, 128]
+        assert executor.capture_bytes["packed"] > 0
     start = executor.kv.data.clone()
     runs = {}
     for is_graph in (False, True):
@@ -61,14 +70,15 @@ def test_piecewise_steps_match_eager_steps_and_write_the_same_kv():
         for rows, bucket in _steps():
             if is_graph:
                 tokens.append(executor.collect(executor.launch(rows, None, FAMILY, bucket)).tolist())
-                logits.append(executor.piecewise.logits[:len(rows)].clone())
+                graphs = executor.packed_graphs if is_whole else executor.piecewise
+                logits.append(graphs.logits[:len(rows)].clone())
             else:
                 with torch.no_grad():
                     eager, greedy, _ = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))
                 tokens.append(greedy[:len(rows)].tolist())
                 logits.append(eager[:len(rows)].clone())
         runs[is_graph] = (logits, tokens, executor.kv.data[:, :, :40].clone())
-    assert executor.num_piecewise_steps == 2
+    assert (executor.num_whole_packed_steps if is_whole else executor.num_piecewise_steps) == 2
     (eager_logits, eager_tokens, eager_kv), (graph_logits, graph_tokens, graph_kv) = runs[False], runs[True]
     for eager, graphed in zip(eager_logits, graph_logits):
         assert ((graphed - eager).norm() / eager.norm()).item() < 2e-2

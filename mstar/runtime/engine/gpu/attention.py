@@ -57,15 +57,17 @@ FA3_MIN_ROW_TOKENS = 64  # a prefill call whose every row holds this many query 
 class FlashInferSteps:
     def __init__(self, device: torch.device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, max_row_pages: int, decode_batch_sizes: list[int],
-                 is_tensor_core: Optional[bool] = None):
+                 is_tensor_core: Optional[bool] = None, workspace_bytes: int = WORKSPACE_BYTES):
         """is_tensor_core: the decode kernel; None picks tensor cores for grouped-query ratios >= 4,
-        but the CUDA-core kernel for decode graphs of at most CUDA_CORE_MAX_BATCH rows."""
+        but the CUDA-core kernel for decode graphs of at most CUDA_CORE_MAX_BATCH rows.
+        workspace_bytes: the float workspace every wrapper of the node shares (more than
+        WORKSPACE_BYTES where whole packed graphs need it: `packed_graphs.workspace_bytes_for`)."""
         import flashinfer
 
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.page_size = page_size
         self.sm_scale = head_dim ** -0.5
-        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
         self.eager = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         # Prompt-only calls (module docstring); the two share the float workspace and run one after the other.
         self.prompts = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa3")

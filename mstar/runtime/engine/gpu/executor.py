@@ -59,7 +59,7 @@ import torch
 from mstar.runtime.engine.glue_reference import INDEX_DTYPE, KeyGlue, PackBuffers, RowInputs, TokenBuffers
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
-from mstar.runtime.engine.gpu.packing import PackedStep, RowSpec, fed_ids, max_row_pages, pack
+from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, PackedStep, RowSpec, fed_ids, max_row_pages, pack
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
 
@@ -68,6 +68,7 @@ NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launche
 if TYPE_CHECKING:  # imported where used: FlashInfer is an optional dependency
     from mstar.runtime.engine.gpu.attention import FlashInferSteps, Indices
     from mstar.runtime.engine.gpu.graphs import DecodeGraphs
+    from mstar.runtime.engine.gpu.packed_graphs import PackedGraphs
     from mstar.runtime.engine.gpu.piecewise import PiecewiseGraphs
 
 
@@ -83,12 +84,29 @@ class SamplingRows:
 
 
 @dataclass(frozen=True)
+class WholePacked:
+    """A packed capture family the plan captures whole (`CaptureFamily.is_piecewise` false): a
+    graph per (token bucket, batch size), attention inside (`packed_graphs.py`)."""
+
+    name: str
+    batch_pad: tuple[int, ...]  # rows -> the batch size a step pads to (0: none)
+    batch_sizes: tuple[int, ...]
+    token_buckets: tuple[int, ...]
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(token bucket, batch size) of each graph: a row holds one token at least."""
+        return [(tokens, rows) for tokens in self.token_buckets for rows in self.batch_sizes if rows <= tokens]
+
+
+@dataclass(frozen=True)
 class PackedFamilies:
-    """The node's packed capture families (`CaptureFamily.kind == "packed"`), captured piecewise."""
+    """The node's packed capture families (`CaptureFamily.kind == "packed"`): those captured
+    piecewise (`names`, their buckets and rows), and those captured whole."""
 
     names: frozenset[str]
-    token_buckets: list[int]  # the union of the families' buckets
+    token_buckets: list[int]  # the union of the piecewise families' buckets
     max_rows: int  # the largest batch size among them: the graphs' row entries
+    whole: tuple[WholePacked, ...] = ()
 
 
 @dataclass
@@ -109,7 +127,9 @@ class StepExecutor:
         """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs.
         unroll_prompts: the decode family's `CaptureFamily.unroll_prompts` (module docstring); a
         hybrid decoder never unrolls (its recurrent state moves one token after another).
-        packed: the node's packed capture families, captured piecewise (`piecewise.py`).
+        packed: the node's packed capture families, captured piecewise (`piecewise.py`) or whole
+        (`packed_graphs.py`); a hybrid decoder runs the whole families' steps eagerly (its prompt
+        rows' gated delta-net kernels plan on the host).
         glue_pages_per_seq: pack with the plan's generated glue (module docstring), whose device
         page table holds this many pages a row slot; None: `packing.pack`."""
         self.forward, self.kv, self.device = forward, kv, device
@@ -133,16 +153,23 @@ class StepExecutor:
         self.graphs: Optional[DecodeGraphs] = None
         self.packed = packed if packed is not None and packed.token_buckets else None
         self.piecewise: Optional[PiecewiseGraphs] = None
+        whole = packed.whole if packed is not None and forward.gdn is None else ()
+        self.whole = {family.name: family for family in whole}
+        self.packed_graphs: Optional[PackedGraphs] = None
+        self._whole_out: dict[tuple[int, int], PackBuffers] = {}  # graph key -> the glue's views of its buffers
         self.capture_bytes: dict[str, int] = {}  # measured growth per graph kind ("decode", "packed")
         # The forward rotates positions below its table's length, so no row's sequence is longer.
         self.max_row_pages = max_row_pages(forward.cos.shape[0], kv.page_size, kv.num_pages)
         if is_flashinfer:
-            from mstar.runtime.engine.gpu.attention import FlashInferSteps
+            from mstar.runtime.engine.gpu.attention import WORKSPACE_BYTES, FlashInferSteps
+            from mstar.runtime.engine.gpu.packed_graphs import workspace_bytes_for
 
             sizes = sorted({b for b in self.batch_pad if b})
             dims = forward.dims
+            workspace = workspace_bytes_for(self._whole_keys(), dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
+                                            device, WORKSPACE_BYTES)
             self.attention = FlashInferSteps(device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
-                                             kv.page_size, self.max_row_pages, sizes, is_tensor_core)
+                                             kv.page_size, self.max_row_pages, sizes, is_tensor_core, workspace)
             self.attention.warm_up(kv.pages(0), kv.dummy_page)
         self.max_rows = max_rows
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(NUM_STAGING)]
@@ -153,7 +180,11 @@ class StepExecutor:
         self._inputs_copied: Optional[torch.cuda.Event] = None  # the last step's plan and input copies
         self.num_graph_steps = self.num_eager_steps = self.num_piecewise_steps = 0
         self.num_unrolled_steps = 0  # graph steps whose prompt rows ran one row per query token
+        self.num_whole_packed_steps = 0  # prefill and mixed steps on a whole graph (packed_graphs.py)
         self.step_events: Optional[StepEvents] = None  # `mstar run --gpu-idle` (step_events.py)
+
+    def _whole_keys(self) -> list[tuple[int, int]]:
+        return sorted({key for family in self.whole.values() for key in family.keys()})
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self.is_cuda else tensor
@@ -162,6 +193,7 @@ class StepExecutor:
         """Capture the decode family's graphs and the packed families' piecewise graphs (a GPU with
         FlashInfer); returns the bytes measured for both (`capture_bytes` has each)."""
         from mstar.runtime.engine.gpu.graphs import DecodeGraphs
+        from mstar.runtime.engine.gpu.packed_graphs import PackedGraphs
         from mstar.runtime.engine.gpu.piecewise import PiecewiseGraphs
 
         sizes = sorted({b for b in self.batch_pad if b})
@@ -176,6 +208,10 @@ class StepExecutor:
             self.piecewise = PiecewiseGraphs(self.forward, self.loop_tokens, self.packed.token_buckets,
                                              self.packed.max_rows, self.kv.dummy_slot, self.device)
             self.capture_bytes["packed"] = self.piecewise.measured_bytes
+        if self.whole:
+            self.packed_graphs = PackedGraphs(self.forward, self.attention, self.loop_tokens, self._whole_keys(),
+                                              self.max_row_pages, self.kv.dummy_slot, self.device)
+            self.capture_bytes["whole"] = self.packed_graphs.measured_bytes
         self._glue_views()
         return sum(self.capture_bytes.values())
 
@@ -205,6 +241,18 @@ class StepExecutor:
                 # The index arrays of a piecewise step are read by its eager attention only: fresh per step.
                 self._piecewise_out[bucket] = PackBuffers(ids, positions, slots, scratch[:rows + 1], scratch[:0],
                                                           scratch[:0], scratch[:0], last_index)
+        if self.packed_graphs is not None:
+            graphs = self.packed_graphs
+            for key in graphs.graphs:
+                tokens, rows = key
+                ids, positions, slots, _src, last_index, _row_slot = graphs.inputs[key].split(
+                    [tokens] * 4 + [rows] * 2)
+                qo, kv, last, pages, end = graphs.index_layout(rows)
+                index = graphs.indices[rows]
+                # The wrapper's own index buffers: pack_step writes what the graph's attention reads.
+                self._whole_out[key] = PackBuffers(ids, positions, slots, index[qo:qo + rows + 1],
+                                                   index[kv:kv + rows + 1], index[pages:end], index[last:last + rows],
+                                                   last_index)
 
     def restore_loop_tokens(self, slots: list[int], tokens: list[int]) -> None:
         """Put host-known tokens back into the device token table (a step launched ahead that
@@ -322,6 +370,54 @@ class StepExecutor:
             return 0
         return bucket if sum(row.num_tokens for row in rows) <= bucket else 0
 
+    def whole_key(self, rows: list[RowSpec], family: Optional[str], bucket: int, route: str
+                  ) -> Optional[tuple[int, int]]:
+        """The whole graph (token bucket, batch size) a step of the plan's packed `family` and token
+        `bucket` replays, or None: the family is captured whole, the step's rows pad to one of its
+        batch sizes, its tokens fit the bucket, and its attention route is `packed` (the graph holds
+        one prefill call; a `split` step runs eagerly)."""
+        spec = self.whole.get(family or "")
+        if spec is None or self.packed_graphs is None or route == "split" or len(rows) >= len(spec.batch_pad):
+            return None
+        return self.packed_graphs.key(len(rows), sum(row.num_tokens for row in rows), spec.batch_pad[len(rows)],
+                                      bucket)
+
+    def _plan_whole(self, key: tuple[int, int], qo_indptr: np.ndarray, kv_indptr: np.ndarray,
+                    last_page_len: np.ndarray) -> None:
+        from mstar.runtime.engine.gpu.packed_graphs import kv_lengths
+
+        graphs = self.packed_graphs
+        assert graphs is not None, "whole_key() picks a key only once captured"
+        self._wait_previous_inputs()
+        graphs.plan(key, qo_indptr, kv_indptr, kv_lengths(kv_indptr, last_page_len, self.kv.page_size))
+        self._planned()
+
+    def _run_whole(self, key: tuple[int, int], packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A whole packed graph from the numpy packing (`packed` at the key's token bucket, its real
+        rows only): the row fields and the CSR arrays padded to the key's rows as zero-length rows."""
+        graphs = self.packed_graphs
+        assert graphs is not None, "whole_key() picks a key only once captured"
+        tokens, rows = key
+        num_rows, offset = packed.num_rows, NUM_TOKEN_FIELDS * tokens
+        host = np.zeros(offset + 2 * rows, dtype=np.int32)
+        host[:offset] = packed.host[:offset]
+        host[offset:offset + num_rows] = packed.host[offset:offset + num_rows]
+        host[offset + rows:offset + rows + num_rows] = packed.host[offset + num_rows:offset + 2 * num_rows]
+        self._stage(host, graphs.inputs[key])
+        qo = _pad_offsets(packed.qo_indptr.numpy(), rows)
+        kv = _pad_offsets(packed.kv_indptr.numpy(), rows)
+        last = np.zeros(rows, dtype=np.int32)
+        last[:num_rows] = packed.last_page_len.numpy()
+        qo_at, kv_at, last_at, pages_at, _ = graphs.index_layout(rows)
+        indices = np.zeros(pages_at + packed.kv_indices.shape[0], dtype=np.int32)
+        indices[qo_at:qo_at + rows + 1], indices[kv_at:kv_at + rows + 1] = qo, kv
+        indices[last_at:last_at + rows] = last
+        indices[pages_at:] = packed.kv_indices.numpy()
+        self._stage(indices, graphs.indices[rows][:indices.shape[0]])
+        self._plan_whole(key, qo, kv, last)
+        logits, greedy = graphs.replay(key)
+        return logits, greedy, graphs.inputs[key][offset + rows:offset + 2 * rows]
+
     def _run_piecewise(self, bucket: int, packed: PackedStep, num_decode: int = 0
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.piecewise, self.attention
@@ -374,22 +470,27 @@ class StepExecutor:
             rows = [rows[index] for index in order]
             sampling = sampling.take(order) if sampling is not None else None
         batch = self.bucket(rows)
-        padded_tokens = 0 if batch else self.token_bucket(rows, family, token_bucket)
+        whole = None if batch else self.whole_key(rows, family, token_bucket, route)
+        padded_tokens = 0 if batch or whole else self.token_bucket(rows, family, token_bucket)
         with torch.no_grad():
             inputs: Optional[RowInputs] = None
             if glue is not None:
-                logits, greedy, inputs = self._run_glue(glue, rows, batch, padded_tokens, num_decode)
+                logits, greedy, inputs = self._run_glue(glue, rows, batch, padded_tokens, num_decode, whole)
             else:
                 packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
-                              padded_tokens=batch or padded_tokens)
+                              padded_tokens=batch or (whole[0] if whole else 0) or padded_tokens)
                 if batch:
                     logits, greedy, row_slot = self._run_graph(batch, packed)
+                elif whole:
+                    logits, greedy, row_slot = self._run_whole(whole, packed)
                 elif padded_tokens:
                     logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed, num_decode)
                 else:
                     logits, greedy, row_slot = self._run_eager(packed, num_decode)
             if batch:
                 self.num_graph_steps += 1
+            elif whole:
+                self.num_whole_packed_steps += 1
             elif padded_tokens:
                 self.num_piecewise_steps += 1
             else:
@@ -412,16 +513,21 @@ class StepExecutor:
             event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order)
 
-    def _run_glue(self, glue: KeyGlue, rows: list[RowSpec], batch: int, padded_tokens: int, num_decode: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
+    def _run_glue(self, glue: KeyGlue, rows: list[RowSpec], batch: int, padded_tokens: int, num_decode: int,
+                  whole: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
         """A step packed by the generated glue: (logits, greedy ids, the rows' inputs for the scatter)."""
         packer = self.packer
         assert packer is not None, "launch checked the executor's packer"
-        step: GlueStep = packer.host_step(glue, rows, batch or len(rows))
-        bucket = batch or padded_tokens or step.num_tokens
+        step: GlueStep = packer.host_step(glue, rows, batch or (whole[1] if whole else len(rows)))
+        bucket = batch or (whole[0] if whole else 0) or padded_tokens or step.num_tokens
         data = self._stage(step.host, packer.row_buffer(step.host.shape[0], bucket))
         if batch:
             return self._glue_graph(glue, step, data, batch)
+        if whole:
+            inputs = packer.launch(glue, step, data, whole[0], self._whole_out[whole], self.loop_tokens)
+            self._plan_whole(whole, step.qo_indptr.numpy(), step.kv_indptr.numpy(), step.last_page_len.numpy())
+            logits, greedy = self._whole_graphs().replay(whole)
+            return logits, greedy, inputs
         if padded_tokens:
             return self._glue_piecewise(glue, step, data, padded_tokens, num_decode)
         out = eager_buffers(step.num_tokens, len(rows), step.num_pages, self.device)
@@ -460,6 +566,10 @@ class StepExecutor:
         logits, greedy = pieces.replay(bucket, step.num_tokens, planned.run)
         return logits, greedy, inputs
 
+    def _whole_graphs(self) -> "PackedGraphs":
+        assert self.packed_graphs is not None, "whole_key() picks a key only once captured"
+        return self.packed_graphs
+
     def _planned(self) -> None:
         """After a plan: the event the next plan waits for (FlashInfer copies its pinned plan buffer
         asynchronously)."""
@@ -480,3 +590,10 @@ class StepExecutor:
             ordered[pending.order] = tokens
             return ordered
         return tokens
+
+
+def _pad_offsets(offsets: np.ndarray, rows: int) -> np.ndarray:
+    """CSR offsets of a step's real rows extended to `rows` rows of zero length."""
+    padded = np.full(rows + 1, offsets[-1], dtype=np.int32)
+    padded[:offsets.shape[0]] = offsets
+    return padded

@@ -17,7 +17,7 @@ carry slot 0, the sink.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
@@ -26,14 +26,18 @@ from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.packing import fed_ids, pack
 
 
-def capture_measured(keys: Iterable[int], capture: Callable[[int, Any, torch.cuda.Stream], None],
+Key = TypeVar("Key", int, tuple[int, int])  # a decode batch or token bucket; a (token bucket, batch) pair
+
+
+def capture_measured(keys: Iterable[Key], capture: Callable[[Key, Any, torch.cuda.Stream], None],
                      device: torch.device) -> int:
     """`capture(key, pool, stream)` for every key, largest first (smaller keys reuse its blocks),
     in one pool from one side stream (cuBLAS keeps a workspace per stream, so a stream per key
     would hold one workspace each); returns the growth of the memory torch reserved across it,
     the allocator's unused cached blocks returned before (capture empties the cache first) and
     after (the warm-up runs' blocks, cached outside the pool, are not the graphs').
-    Shared by the decode graphs and the piecewise graphs (`piecewise.py`)."""
+    Shared by the decode graphs, the piecewise graphs (`piecewise.py`) and the whole packed graphs
+    (`packed_graphs.py`)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved(device)

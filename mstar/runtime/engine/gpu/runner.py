@@ -52,7 +52,7 @@ from mstar.plan.schema import CaptureFamily, NodePlan, Plan
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.dims import DecoderDims
 from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_steady, steady_rows
-from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor
+from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor, WholePacked
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.admission import PageNeed
@@ -97,15 +97,18 @@ def decode_family(plan: Plan, node: str) -> Optional[CaptureFamily]:
 
 
 def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
-    """The node's packed capture families the plan captures piecewise (`CaptureFamily.is_piecewise`:
-    attention eager between the pieces), None when it has none; a packed family captured whole
-    (prefill attention planned into fixed buffers) is not built here, so its steps run eagerly."""
-    families = {f.name: f for worker in plan.workers for key in worker.keys if key.node == node
-                for f in key.captures if f.kind == "packed" and f.is_piecewise}
-    if not families:
+    """The node's packed capture families, None when it has none: those the plan captures
+    piecewise (`CaptureFamily.is_piecewise`: attention eager between the pieces) and those it
+    captures whole (a graph per batch size and token bucket, attention inside)."""
+    packed = {f.name: f for worker in plan.workers for key in worker.keys if key.node == node
+              for f in key.captures if f.kind == "packed"}
+    if not packed:
         return None
-    return PackedFamilies(frozenset(families), sorted({t for f in families.values() for t in f.token_buckets}),
-                          max(max(f.batch_sizes) for f in families.values()))
+    pieces = {name: f for name, f in packed.items() if f.is_piecewise}
+    whole = tuple(WholePacked(f.name, tuple(f.batch_pad), tuple(f.batch_sizes), tuple(f.token_buckets))
+                  for f in packed.values() if not f.is_piecewise)
+    return PackedFamilies(frozenset(pieces), sorted({t for f in pieces.values() for t in f.token_buckets}),
+                          max((max(f.batch_sizes) for f in pieces.values()), default=0), whole)
 
 
 def node_glue(glue_by_worker: dict[int, dict[str, KeyGlue]], node: str) -> dict[int, dict[str, KeyGlue]]:
