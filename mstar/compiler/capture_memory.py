@@ -13,7 +13,8 @@ allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B dec
                 packed -> each (batch size b, token bucket t) pair (t tokens, b rows)
     per graph   what each graph keeps as its outputs after capture: its fp32 logits for
                 sampling and its greedy ids (rows x (vocab x 4 + 8) bytes, nodes with a vocab
-                only) and its output hidden states (tokens x hidden x 2 bytes)
+                only) and its output hidden states (tokens x hidden x 2 bytes); a packed family
+                keeps one such buffer for all its keys (below)
     shared      pool blocks the largest key uses while it runs, which smaller graphs reuse: the
                 activations of one layer (max_tokens x (ACTIVATION_FACTOR x hidden
                 + MLP_FACTOR x intermediate) x 2 bytes) and the bf16 logits before their fp32
@@ -51,6 +52,14 @@ families together hold about the largest one's estimate, so summing them (the wo
 total, MW408) over-counts. Measured on the H200 (llama,
 its two packed families in one pool, 9 buckets of 32-8192 tokens, each bucket still keeping its
 own logits then): 1192 MiB against 1364 MiB estimated by the earlier per-bucket formula.
+
+A packed family captured whole (engine/gpu/packed_graphs.py: a graph per key, attention inside)
+is held the same way: its keys are captured largest first in one pool and never replay at once, and
+every key copies its logits into one buffer of the largest batch; so its per-graph term is that one
+output buffer (max_rows x (vocab x 4 + 8) bytes and max_tokens x hidden x 2 bytes), without the
+piecewise boundary. Measured on the H200 (llama's mixed family whole, the split route's 42 graphs
+of 128-8192 tokens): 794 MiB against 686 MiB estimated (14% under); by the per-key formula of the
+batched families it was 1676 MiB.
 
 The bucket count matters as much as the largest bucket: the reference once failed to boot when a
 wider capture set grew one node's buckets from 29 to 68; the per-graph terms here make such a
@@ -128,6 +137,8 @@ def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size:
     if capture.is_piecewise:
         per_graph = (max_tokens * (hidden + 2 * _boundary_width(node, hidden)) * ACTIVATION_BYTES
                      + max_rows * logit_row)
+    elif capture.family == "packed":  # whole packed graphs: one output buffer for every key
+        per_graph = max_tokens * hidden * ACTIVATION_BYTES + max_rows * logit_row
     else:
         per_graph = sum(tokens * hidden * ACTIVATION_BYTES + rows * logit_row for rows, tokens in keys)
     return (shared + per_graph) // max(1, tp_size) + CAPTURE_WORKSPACE_BYTES

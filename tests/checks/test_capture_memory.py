@@ -108,11 +108,12 @@ def test_estimate_counts_the_recurrent_layers_scratch():
     assert extra == 32 * (2 * 16 * 128 * 4 + conv_dim * 2)
 
 
-def test_piecewise_estimate_holds_one_step_of_the_largest_key():
-    """A piecewise family keeps no output hidden states or logits per graph: every key's pieces
-    live in the largest key's shared pool, its logits in one buffer of the largest batch, and the
-    queries and attention output that the eager attention reads and writes sit in two buffers of
-    the largest token count (capture_memory's docstring, `boundary`)."""
+def test_packed_estimates_hold_one_step_of_the_largest_key():
+    """A packed family, whole or piecewise, keeps no output hidden states or logits per graph:
+    every key lives in the largest key's shared pool and writes its logits into one buffer of the
+    largest batch; a piecewise family also holds the queries and attention output that the eager
+    attention reads and writes, two buffers of the largest token count (capture_memory's
+    docstring, `boundary`). A batched family's graphs keep their own outputs."""
     args = [ast.Arg(name=n, value=v) for n, v in
             (("hidden", 2048), ("vocab", 1000), ("qo_heads", 32), ("kv_heads", 8), ("head_dim", 64))]
     node = ast.NodeDecl(name="N", engine="kv", args=args)
@@ -121,17 +122,17 @@ def test_piecewise_estimate_holds_one_step_of_the_largest_key():
     assert capture_memory.num_graphs(piecewise) == capture_memory.num_graphs(whole) == 9
     whole_bytes = capture_memory.estimate_family_bytes(node, whole, 1)
     piecewise_bytes = capture_memory.estimate_family_bytes(node, piecewise, 1)
+    boundary = 2 * 256 * 32 * 64 * 2  # queries + attention output of 256 tokens x 32 heads x 64
+    assert piecewise_bytes - whole_bytes == boundary
     logit_row = 1000 * 4 + 8
-    # whole: each of the 9 keys keeps t x hidden output states and rows x logits; piecewise: one
-    # output buffer of the largest key (256 tokens, 4 rows), and queries + attention output of 256
-    # tokens x 32 heads x 64.
-    per_key = 3 * (64 + 128 + 256) * 2048 * 2 + 3 * (1 + 2 + 4) * logit_row
-    shared_outputs = 256 * 2048 * 2 + 4 * logit_row
-    boundary = 2 * 256 * 32 * 64 * 2
-    assert whole_bytes - piecewise_bytes == per_key - shared_outputs - boundary
+    shared_outputs = 256 * 2048 * 2 + 4 * logit_row  # one output buffer of the largest key (256 tokens, 4 rows)
+    shared = 256 * (6 * 2048) * 2 + 4 * 1000 * 2  # one layer's activations, the bf16 logits
+    assert whole_bytes == shared + shared_outputs + capture_memory.CAPTURE_WORKSPACE_BYTES
     # More token buckets below the largest cost nothing more: they share the largest key's pool.
-    more = piecewise.model_copy(update={"tokens": [32, 64, 96, 128, 192, 256]})
-    assert capture_memory.estimate_family_bytes(node, more, 1) == piecewise_bytes
+    for family in (whole, piecewise):
+        more = family.model_copy(update={"tokens": [32, 64, 96, 128, 192, 256]})
+        assert capture_memory.estimate_family_bytes(node, more, 1) == capture_memory.estimate_family_bytes(
+            node, family, 1)
 
 
 def test_piecewise_batched_family_has_a_bucket_per_batch_size():

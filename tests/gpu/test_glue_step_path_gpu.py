@@ -51,7 +51,7 @@ def _executors(num_pages=256, device_name="cuda", is_flashinfer=True, is_whole=F
     batch_pad = [0, 1, 2, 4, 4, 8, 8, 8, 8]
     packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
     if is_whole:
-        whole = WholePacked(FAMILY, tuple(batch_pad), (1, 2, 4, 8), (32, 64, 128))
+        whole = WholePacked(FAMILY, tuple(batch_pad), (1, 2, 4, 8), (32, 64, 128), frozenset({"packed", "split"}))
         packed = PackedFamilies(frozenset(), [], 0, (whole,))
     executors = [StepExecutor(DecoderForward(model, dims, kv, 4097), kv, device, num_pages + 1, batch_pad,
                               is_flashinfer=is_flashinfer, packed=packed, glue_pages_per_seq=pages)
@@ -127,14 +127,14 @@ def test_glue_steps_equal_numpy_steps_on_the_gpu():
 
 def test_glue_steps_equal_numpy_steps_on_whole_packed_graphs():
     """The mixed family captured whole: its packed step replays the graph of (bucket 64, 4 rows)
-    with FlashInfer's graph-mode prefill wrapper inside, its padding rows zero-length; the split
-    step, which a whole graph does not hold, runs eagerly."""
+    with FlashInfer's graph-mode prefill wrapper inside, its padding rows zero-length, and its split
+    step the split graph of the same bucket (the decode rows on a graph-mode decode wrapper)."""
     glue_executor, numpy_executor = _executors(is_whole=True)
     compare_glue_and_numpy(glue_executor, numpy_executor)
     for executor in (glue_executor, numpy_executor):
         assert executor.packed_graphs is not None and executor.piecewise is None
-        assert sorted(executor.packed_graphs.graphs)[0] == (32, 1) and executor.capture_bytes["whole"] > 0
-        assert (executor.num_graph_steps, executor.num_whole_packed_steps, executor.num_eager_steps) == (22, 1, 3)
+        assert sorted(executor.packed_graphs.graphs)[0] == (32, 1, "packed") and executor.capture_bytes["whole"] > 0
+        assert (executor.num_graph_steps, executor.num_whole_packed_steps, executor.num_eager_steps) == (22, 2, 2)
 
 
 def test_llama_plan_end_to_end_with_the_glue():

@@ -86,8 +86,9 @@ def test_llama_plan_runs_on_its_decode_graphs():
     runner = engine.runners["LLM"]
     assert engine.attention_backends() == {"LLM": "flashinfer+graphs"}
     assert isinstance(runner.family, CaptureFamily) and runner.capture_bytes > 0
-    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3], max_tokens=6, temperature=0.7 if i % 2 else None,
-                        seed=i) for i in range(5)]
+    # 21-token prompts: past the decode family's unroll_prompts (16), so their step is a packed one
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3] * 7, max_tokens=6,
+                        temperature=0.7 if i % 2 else None, seed=i) for i in range(5)]
     from mstar.runtime.engine.gpu.step_events import StepEvents
 
     runner.executor.step_events = events = StepEvents()  # what `mstar run --gpu-idle` attaches

@@ -26,7 +26,8 @@ FAMILY = "LLM:mixed"
 
 
 def _executor(num_pages=256, is_whole=False):
-    """is_whole: the family captured whole (a graph per batch size 1, 4, 8 and token bucket), not piecewise."""
+    """is_whole: the family captured whole (a graph per batch size 1, 4, 8, token bucket and
+    attention route), not piecewise."""
     plan = llm_plan(FI_DIMS)
     dims = decoder_dims(plan.nodes[0], "spec")
     device = torch.device("cuda")
@@ -35,7 +36,8 @@ def _executor(num_pages=256, is_whole=False):
     kv.data.normal_()
     packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
     if is_whole:
-        whole = WholePacked(FAMILY, (0, 1, 4, 4, 4, 8, 8, 8, 8), (1, 4, 8), (32, 64, 128))
+        whole = WholePacked(FAMILY, (0, 1, 4, 4, 4, 8, 8, 8, 8), (1, 4, 8), (32, 64, 128),
+                            frozenset({"packed", "split"}))
         packed = PackedFamilies(frozenset(), [], 0, (whole,))
     return StepExecutor(DecoderForward(model, dims, kv, 4097), kv, device, num_pages + 1, [0, 1, 2, 4, 4],
                         is_flashinfer=True, packed=packed)
@@ -57,7 +59,10 @@ def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(is_whole):
     executor = _executor(is_whole=is_whole)
     executor.capture()
     if is_whole:
-        assert sorted(executor.packed_graphs.graphs) == [(t, b) for t in (32, 64, 128) for b in (1, 4, 8)]
+        graphs = executor.packed_graphs.graphs
+        assert sorted(k for k in graphs if k[2] == "packed") == [(t, b, "packed") for t in (32, 64, 128)
+                                                                 for b in (1, 4, 8)]
+        assert sorted(k for k in graphs if k[2] == "split") == [(t, b, "split") for t in (32, 64, 128) for b in (4, 8)]
         assert executor.capture_bytes["whole"] > 0
     else:
         assert sorted(executor.piecewise.pieces) == [32, 64, 128]
@@ -115,12 +120,14 @@ def test_llama_plan_prefills_on_its_piecewise_graphs():
     assert runner.executor.num_piecewise_steps > 0
 
 
-@pytest.mark.parametrize("is_piecewise", [False, True], ids=["eager", "piecewise"])
-def test_split_route_matches_the_packed_route(is_piecewise):
+@pytest.mark.parametrize("graphs", ["eager", "piecewise", "whole"])
+def test_split_route_matches_the_packed_route(graphs):
     """The plan's split route (decode rows on the decode kernel, launched first, prompt rows on the
     prefill kernel) against one prefill call: the same tokens in the caller's row order, the same
-    KV writes. The decode rows sit before, between and after the prompt rows."""
-    executor = _executor()
+    KV writes. The decode rows sit before, between and after the prompt rows. Whole graphs: the
+    split graph derives both wrappers' index arrays on the device and merges their outputs."""
+    is_piecewise = graphs != "eager"
+    executor = _executor(is_whole=graphs == "whole")
     executor.capture()
     decode = [RowSpec([3 + i], 40 + 9 * i, list(range(4 * i, 4 * i + 4)), i, is_decode=True) for i in range(3)]
     prompts = [RowSpec(list(range(5, 25)), 0, [20, 21], 3), RowSpec(list(range(2, 9)), 0, [30], 4)]
@@ -133,7 +140,8 @@ def test_split_route_matches_the_packed_route(is_piecewise):
         pending = executor.launch(rows, None, family, bucket, route)
         assert (pending.order is not None) == (route == "split")
         runs[route] = (executor.collect(pending).tolist(), executor.kv.data[:, :, :40].clone())
-    assert executor.num_piecewise_steps == (2 if is_piecewise else 0)
+    counted = executor.num_whole_packed_steps if graphs == "whole" else executor.num_piecewise_steps
+    assert counted == (2 if is_piecewise else 0)
     (packed_tokens, packed_kv), (split_tokens, split_kv) = runs["packed"], runs["split"]
     assert split_tokens == packed_tokens
     assert ((split_kv.float() - packed_kv.float()).norm() / packed_kv.float().norm()).item() < 1e-2

@@ -46,15 +46,15 @@ def test_the_route_what_if_changes_only_the_steps_that_mix_prompt_and_decode_row
     from mstar.plan.io import load_plan
 
     plan = load_plan("generated/llama_chunked.plan")
-    split = bench_kv.with_route(plan, "split")
+    packed = bench_kv.with_route(plan, "packed")  # the plan's combined walk says split
     before = [m.attention for w in plan.workers for k in w.keys for m in k.mixtures]
-    after = [m.attention for w in split.workers for k in w.keys for m in k.mixtures]
-    assert "packed" in before and "packed" not in after
+    after = [m.attention for w in packed.workers for k in w.keys for m in k.mixtures]
+    assert "split" in before and "split" not in after
     assert [a for a in before if a not in ("packed", "split")] == [a for a in after if a not in ("packed", "split")]
-    assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--route", "split",
+    assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--route", "packed",
                           "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
-    assert results["route"] == "split"
+    assert results["route"] == "packed"
     # the decode rows got tokens while the prompt prefilled, and the figures say how spread they were
     assert results["chunked"]["itl_p50_during_ms"] <= results["chunked"]["itl_max_during_ms"]
 

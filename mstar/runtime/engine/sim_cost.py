@@ -29,7 +29,8 @@ attention segments are empty).
 
 launch: CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else EAGER_LAUNCH_S;
 SPLIT_EXTRA_S more for a split-attention mixed step; layers * PIECE_LAUNCH_S more for a replay of a
-piecewise family (its attention runs eagerly between the captured pieces).
+piecewise family (its attention runs eagerly between the captured pieces); layers * GRAPH_MERGE_S
+more per attention call (two on the split route) for a replay of a packed family captured whole.
 
 Dims come from the plan (`layers`, `hidden`, `qo_heads`, `kv_heads`, `head_dim`, `vocab`,
 `intermediate`, `layer_pattern`). A missing `intermediate` is 4 x hidden, the torch engine's own
@@ -76,6 +77,9 @@ SPLIT_EXTRA_S = 0.0002
 # Per layer of a piecewise replay: its eager attention call and the next piece's launch (a chunk
 # step's wall time less its kernels exceeded the decode graph's by about 0.45 ms over 16 layers).
 PIECE_LAUNCH_S = 0.00003
+# Per layer and attention call of a whole packed graph's replay: FlashInfer's graph mode always splits
+# the KV and merges the partial outputs (on the H200, 32 merges a step of the split route, 0.52 ms).
+GRAPH_MERGE_S = 0.000016
 
 # The flat model of stateless nodes (and of a step on a node the plan does not list).
 PER_ROW_S = 0.00005
@@ -146,8 +150,10 @@ class StepCost:
     def __init__(self, plan: Plan):
         self.nodes: dict[str, NodeCost] = {n.name: node_cost(n) for n in plan.nodes if n.engine == "kv"}
         self.bidirectional: dict[str, frozenset[str]] = {n.name: frozenset(n.bidirectional_walks) for n in plan.nodes}
-        # (worker, key, family) -> layers whose attention a replay of that piecewise family runs eagerly.
+        # (worker, key, family) -> layers whose attention a replay of that piecewise family runs
+        # eagerly, or (whole_layers) whose graph-mode attention merges split outputs.
         self.piecewise_layers: dict[tuple[int, str, str], int] = {}
+        self.whole_layers: dict[tuple[int, str, str], int] = {}
         dims = {node.name: node.dims for node in plan.nodes}
         for worker in plan.workers:
             for key in worker.keys:
@@ -155,6 +161,8 @@ class StepCost:
                 for family in key.captures:
                     if family.is_piecewise:
                         self.piecewise_layers[(worker.rank, key.name, family.name)] = layers
+                    elif family.kind == "packed":
+                        self.whole_layers[(worker.rank, key.name, family.name)] = layers
 
     def launch(self, step: Step) -> float:
         is_captured = step.padded_batch > 0
@@ -163,6 +171,9 @@ class StepCost:
             launch += SPLIT_EXTRA_S
         if is_captured and self.piecewise_layers:
             launch += self.piecewise_layers.get((step.worker, step.key, step.capture or ""), 0) * PIECE_LAUNCH_S
+        if is_captured and step.token_bucket and self.whole_layers:
+            calls = 2 if step.attention == "split" else 1
+            launch += self.whole_layers.get((step.worker, step.key, step.capture or ""), 0) * calls * GRAPH_MERGE_S
         return launch
 
     def seconds(self, step: Step) -> float:

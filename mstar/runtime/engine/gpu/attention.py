@@ -74,7 +74,7 @@ class FlashInferSteps:
         self.is_tensor_core = num_qo_heads // num_kv_heads >= 4 if is_tensor_core is None else is_tensor_core
         # The `split` route's decode rows in an eager or piecewise step (planned per step, no graph).
         self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.is_tensor_core, **_backend(self.is_tensor_core))
+            self.workspace, "NHD", use_tensor_cores=self.is_tensor_core, **decode_backend(self.is_tensor_core))
         self.max_row_pages = max_row_pages
         self.staged: dict[int, torch.Tensor] = {}
         self.decode = {}
@@ -87,7 +87,7 @@ class FlashInferSteps:
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor,
                 paged_kv_indptr_buffer=staged[indptr:indptr + batch + 1],
                 paged_kv_indices_buffer=staged[indices:end], paged_kv_last_page_len_buffer=staged[last:last + batch],
-                **_backend(is_tensor))
+                **decode_backend(is_tensor))
         self._is_planned: set[int] = set()
 
     def warm_up(self, pages: tuple[torch.Tensor, torch.Tensor], dummy_page: int) -> None:
@@ -168,7 +168,7 @@ class FlashInferSteps:
         return lambda _layer, q, k_pages, v_pages: wrapper.run(q, (k_pages, v_pages))
 
 
-def _backend(is_tensor_core: bool) -> dict[str, str]:
+def decode_backend(is_tensor_core: bool) -> dict[str, str]:
     """The decode wrapper's backend argument: fa2 for tensor cores (its `auto` is slow on the
     H200, shared/reference/flashinfer.md), none for the CUDA-core kernel."""
     return {"backend": "fa2"} if is_tensor_core else {}

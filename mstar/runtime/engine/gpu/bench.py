@@ -327,26 +327,29 @@ def _numpy_variant(case: dict, numpy_executor, rows, page_size: int, iters: int,
 
 def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,
                   rate: float, numpy_executor=None) -> None:
-    """The mixed and prefill steps, on the plan's bucket (piecewise graphs where the plan captures
-    them) and, where they replayed graphs, the same step eagerly in the same run."""
+    """The mixed and prefill steps, on the plan's bucket (piecewise or whole graphs where the plan
+    captures them) and, where they replayed graphs, the same step eagerly in the same run."""
     for key, rows, is_mixed in (("mixed_63_1", [(1, CONTEXT)] * 63 + [(512, 0)], True),
                                 ("prefill_1x512", [(512, 0)], False),
                                 ("prefill_16x1024", [(1024, 0)] * 16, False)):
         bucket = packed_bucket(plan, node, rows, is_mixed)
-        before = executor.num_piecewise_steps
+        before = executor.num_piecewise_steps, executor.num_whole_packed_steps
         ms = _engine_step_ms(executor, rows, page_size, max(iters // 4, 3), bucket)
         flops = 2 * sum(n for n, _ in rows) * shapes.matmul_params
+        graphs = ("piecewise" if executor.num_piecewise_steps > before[0]
+                  else "whole" if executor.num_whole_packed_steps > before[1] else "eager")
         out[key] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
-                    "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1),
-                    "graphs": "piecewise" if executor.num_piecewise_steps > before else "eager"}
+                    "model_tflop_s": round(flops / (ms / 1e3) / 1e12, 1), "graphs": graphs}
         if numpy_executor is not None:
             _numpy_variant(out[key], numpy_executor, rows, page_size, max(iters // 4, 3), bucket)
-        if bucket[0] is not None and executor.num_piecewise_steps > before:
+        if bucket[0] is not None and graphs != "eager":
             out[key]["token_bucket"], out[key]["attention"] = bucket[1], bucket[2]
-            piecewise, executor.piecewise = executor.piecewise, None  # the same step eager, for the ratio
+            # the same step eager, for the ratio
+            captured = executor.piecewise, executor.packed_graphs
+            executor.piecewise = executor.packed_graphs = None
             out[key]["eager_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3),
                                                          (None, 0, bucket[2])), 3)
-            executor.piecewise = piecewise
+            executor.piecewise, executor.packed_graphs = captured
             if bucket[2] == "split":  # and on the packed route (one prefill call), for that ratio
                 out[key]["packed_route_ms"] = round(_engine_step_ms(executor, rows, page_size, max(iters // 4, 3),
                                                                     bucket[:2] + ("packed",)), 3)
@@ -412,18 +415,23 @@ def _prefix_tail_step(out: dict, plan, node, executor, page_size: int, iters: in
 
 
 def _capture_report(plan, node, family, executor) -> dict:
-    """Measured capture memory beside the plan's estimate: the decode family, and the piecewise pool."""
+    """Measured capture memory beside the plan's estimate: the decode family, the piecewise pool and
+    the whole packed graphs' pool."""
     report = {}
     if family:
         report[family.name] = {"measured_mb": round(executor.capture_bytes["decode"] / 2 ** 20, 1),
                                "estimate_mb": round(family.memory_bytes / 2 ** 20, 1)}
-    if executor.piecewise is not None:
+    pools = [("piecewise", "packed", executor.packed.names if executor.piecewise is not None else ()),
+             ("whole", "whole", executor.whole.keys() if executor.packed_graphs is not None else ())]
+    for kind, measured, names in pools:
         estimates = {f.name: f.memory_bytes for w in plan.workers for k in w.keys if k.node == node.name
-                     for f in k.captures if f.name in executor.packed.names}
-        # The node's piecewise families share one pool (the union of their buckets), which holds
+                     for f in k.captures if f.name in names}
+        if not estimates:
+            continue
+        # The node's families of a kind share one pool (the union of their graphs), which holds
         # about one step of the largest: their estimates' largest is the one to compare.
-        report[" + ".join(sorted(estimates)) + " (piecewise, one pool)"] = {
-            "measured_mb": round(executor.capture_bytes["packed"] / 2 ** 20, 1),
+        report[" + ".join(sorted(estimates)) + f" ({kind}, one pool)"] = {
+            "measured_mb": round(executor.capture_bytes[measured] / 2 ** 20, 1),
             "estimate_mb": round(max(estimates.values()) / 2 ** 20, 1),
             "estimate_mb_by_family": {name: round(b / 2 ** 20, 1) for name, b in sorted(estimates.items())}}
     return report

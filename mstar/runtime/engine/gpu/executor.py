@@ -92,10 +92,13 @@ class WholePacked:
     batch_pad: tuple[int, ...]  # rows -> the batch size a step pads to (0: none)
     batch_sizes: tuple[int, ...]
     token_buckets: tuple[int, ...]
+    routes: frozenset[str] = frozenset({"packed"})  # the attention routes the plan gives its steps
 
-    def keys(self) -> list[tuple[int, int]]:
-        """(token bucket, batch size) of each graph: a row holds one token at least."""
-        return [(tokens, rows) for tokens in self.token_buckets for rows in self.batch_sizes if rows <= tokens]
+    def keys(self) -> list[tuple[int, int, str]]:
+        """(token bucket, batch size, route) of each graph: a row holds one token at least, and a
+        step on the split route holds a decode row and a prompt row at least."""
+        return [(tokens, rows, route) for tokens in self.token_buckets for rows in self.batch_sizes
+                for route in sorted(self.routes) if rows <= tokens and (rows > 1 or route == "packed")]
 
 
 @dataclass(frozen=True)
@@ -156,21 +159,12 @@ class StepExecutor:
         whole = packed.whole if packed is not None and forward.gdn is None else ()
         self.whole = {family.name: family for family in whole}
         self.packed_graphs: Optional[PackedGraphs] = None
-        self._whole_out: dict[tuple[int, int], PackBuffers] = {}  # graph key -> the glue's views of its buffers
+        self._whole_out: dict[tuple[int, int, str], PackBuffers] = {}  # graph key -> the glue's views of its buffers
         self.capture_bytes: dict[str, int] = {}  # measured growth per graph kind ("decode", "packed")
         # The forward rotates positions below its table's length, so no row's sequence is longer.
         self.max_row_pages = max_row_pages(forward.cos.shape[0], kv.page_size, kv.num_pages)
         if is_flashinfer:
-            from mstar.runtime.engine.gpu.attention import WORKSPACE_BYTES, FlashInferSteps
-            from mstar.runtime.engine.gpu.packed_graphs import workspace_bytes_for
-
-            sizes = sorted({b for b in self.batch_pad if b})
-            dims = forward.dims
-            workspace = workspace_bytes_for(self._whole_keys(), dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
-                                            device, WORKSPACE_BYTES)
-            self.attention = FlashInferSteps(device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
-                                             kv.page_size, self.max_row_pages, sizes, is_tensor_core, workspace)
-            self.attention.warm_up(kv.pages(0), kv.dummy_page)
+            self.attention = self._flashinfer_steps(is_tensor_core)
         self.max_rows = max_rows
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(NUM_STAGING)]
         self._staged_event: list[Optional[torch.cuda.Event]] = [None] * NUM_STAGING
@@ -183,7 +177,22 @@ class StepExecutor:
         self.num_whole_packed_steps = 0  # prefill and mixed steps on a whole graph (packed_graphs.py)
         self.step_events: Optional[StepEvents] = None  # `mstar run --gpu-idle` (step_events.py)
 
-    def _whole_keys(self) -> list[tuple[int, int]]:
+    def _flashinfer_steps(self, is_tensor_core: Optional[bool]) -> "FlashInferSteps":
+        """The node's FlashInfer wrappers, their float workspace sized for the whole packed graphs,
+        warmed up on the dummy page."""
+        from mstar.runtime.engine.gpu.attention import WORKSPACE_BYTES, FlashInferSteps
+        from mstar.runtime.engine.gpu.packed_graphs import workspace_bytes_for
+
+        sizes = sorted({b for b in self.batch_pad if b})
+        dims, kv = self.forward.dims, self.kv
+        workspace = workspace_bytes_for(self._whole_keys(), dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
+                                        self.device, WORKSPACE_BYTES)
+        steps = FlashInferSteps(self.device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim, kv.page_size,
+                                self.max_row_pages, sizes, is_tensor_core, workspace)
+        steps.warm_up(kv.pages(0), kv.dummy_page)
+        return steps
+
+    def _whole_keys(self) -> list[tuple[int, int, str]]:
         return sorted({key for family in self.whole.values() for key in family.keys()})
 
     def _host(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -244,7 +253,7 @@ class StepExecutor:
         if self.packed_graphs is not None:
             graphs = self.packed_graphs
             for key in graphs.graphs:
-                tokens, rows = key
+                tokens, rows = key[0], key[1]
                 ids, positions, slots, _src, last_index, _row_slot = graphs.inputs[key].split(
                     [tokens] * 4 + [rows] * 2)
                 qo, kv, last, pages, end = graphs.index_layout(rows)
@@ -370,34 +379,36 @@ class StepExecutor:
             return 0
         return bucket if sum(row.num_tokens for row in rows) <= bucket else 0
 
-    def whole_key(self, rows: list[RowSpec], family: Optional[str], bucket: int, route: str
-                  ) -> Optional[tuple[int, int]]:
-        """The whole graph (token bucket, batch size) a step of the plan's packed `family` and token
-        `bucket` replays, or None: the family is captured whole, the step's rows pad to one of its
-        batch sizes, its tokens fit the bucket, and its attention route is `packed` (the graph holds
-        one prefill call; a `split` step runs eagerly)."""
+    def whole_key(self, rows: list[RowSpec], family: Optional[str], bucket: int, num_decode: int
+                  ) -> Optional[tuple[int, int, str]]:
+        """The whole graph (token bucket, batch size, route) a step of the plan's packed `family`
+        and token `bucket` replays, or None: the family is captured whole, the step's rows pad to one
+        of its batch sizes and its tokens fit the bucket. num_decode: the decode rows the plan's
+        split route puts first (`_split`), 0 for one prefill call (the packed route, or a split
+        step of one kind of row)."""
         spec = self.whole.get(family or "")
-        if spec is None or self.packed_graphs is None or route == "split" or len(rows) >= len(spec.batch_pad):
+        if spec is None or self.packed_graphs is None or len(rows) >= len(spec.batch_pad):
             return None
         return self.packed_graphs.key(len(rows), sum(row.num_tokens for row in rows), spec.batch_pad[len(rows)],
-                                      bucket)
+                                      bucket, "split" if num_decode else "packed")
 
-    def _plan_whole(self, key: tuple[int, int], qo_indptr: np.ndarray, kv_indptr: np.ndarray,
-                    last_page_len: np.ndarray) -> None:
-        from mstar.runtime.engine.gpu.packed_graphs import kv_lengths
-
+    def _plan_whole(self, key: tuple[int, int, str], qo_indptr: np.ndarray, kv_indptr: np.ndarray,
+                    last_page_len: np.ndarray, num_decode: int) -> None:
         graphs = self.packed_graphs
         assert graphs is not None, "whole_key() picks a key only once captured"
+        if key[2] == "split":
+            self._stage(np.array([num_decode], dtype=np.int32), graphs.split[key[1]].num_decode)
         self._wait_previous_inputs()
-        graphs.plan(key, qo_indptr, kv_indptr, kv_lengths(kv_indptr, last_page_len, self.kv.page_size))
+        graphs.plan(key, qo_indptr, kv_indptr, last_page_len, num_decode)
         self._planned()
 
-    def _run_whole(self, key: tuple[int, int], packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run_whole(self, key: tuple[int, int, str], packed: PackedStep, num_decode: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A whole packed graph from the numpy packing (`packed` at the key's token bucket, its real
         rows only): the row fields and the CSR arrays padded to the key's rows as zero-length rows."""
         graphs = self.packed_graphs
         assert graphs is not None, "whole_key() picks a key only once captured"
-        tokens, rows = key
+        tokens, rows = key[0], key[1]
         num_rows, offset = packed.num_rows, NUM_TOKEN_FIELDS * tokens
         host = np.zeros(offset + 2 * rows, dtype=np.int32)
         host[:offset] = packed.host[:offset]
@@ -414,7 +425,7 @@ class StepExecutor:
         indices[last_at:last_at + rows] = last
         indices[pages_at:] = packed.kv_indices.numpy()
         self._stage(indices, graphs.indices[rows][:indices.shape[0]])
-        self._plan_whole(key, qo, kv, last)
+        self._plan_whole(key, qo, kv, last, num_decode)
         logits, greedy = graphs.replay(key)
         return logits, greedy, graphs.inputs[key][offset + rows:offset + 2 * rows]
 
@@ -470,31 +481,15 @@ class StepExecutor:
             rows = [rows[index] for index in order]
             sampling = sampling.take(order) if sampling is not None else None
         batch = self.bucket(rows)
-        whole = None if batch else self.whole_key(rows, family, token_bucket, route)
+        whole = None if batch else self.whole_key(rows, family, token_bucket, num_decode)
         padded_tokens = 0 if batch or whole else self.token_bucket(rows, family, token_bucket)
         with torch.no_grad():
             inputs: Optional[RowInputs] = None
             if glue is not None:
                 logits, greedy, inputs = self._run_glue(glue, rows, batch, padded_tokens, num_decode, whole)
             else:
-                packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
-                              padded_tokens=batch or (whole[0] if whole else 0) or padded_tokens)
-                if batch:
-                    logits, greedy, row_slot = self._run_graph(batch, packed)
-                elif whole:
-                    logits, greedy, row_slot = self._run_whole(whole, packed)
-                elif padded_tokens:
-                    logits, greedy, row_slot = self._run_piecewise(padded_tokens, packed, num_decode)
-                else:
-                    logits, greedy, row_slot = self._run_eager(packed, num_decode)
-            if batch:
-                self.num_graph_steps += 1
-            elif whole:
-                self.num_whole_packed_steps += 1
-            elif padded_tokens:
-                self.num_piecewise_steps += 1
-            else:
-                self.num_eager_steps += 1
+                logits, greedy, row_slot = self._run_numpy(rows, batch, whole, padded_tokens, num_decode)
+            self._count(batch, whole, padded_tokens)
             tokens = greedy[:num_rows]
             if sampling is not None:
                 tokens = sample(logits[:num_rows], *self._sampling_tensors(sampling))
@@ -513,8 +508,32 @@ class StepExecutor:
             event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order)
 
+    def _run_numpy(self, rows: list[RowSpec], batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int,
+                   num_decode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step packed by `packing.pack` on the graph `launch` picked (or eagerly): (logits,
+        greedy ids, the rows' slots)."""
+        packed = pack(rows, self.kv.page_size, self.kv.dummy_page, padded_rows=batch,
+                      padded_tokens=batch or (whole[0] if whole else 0) or padded_tokens)
+        if batch:
+            return self._run_graph(batch, packed)
+        if whole:
+            return self._run_whole(whole, packed, num_decode)
+        if padded_tokens:
+            return self._run_piecewise(padded_tokens, packed, num_decode)
+        return self._run_eager(packed, num_decode)
+
+    def _count(self, batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int) -> None:
+        if batch:
+            self.num_graph_steps += 1
+        elif whole:
+            self.num_whole_packed_steps += 1
+        elif padded_tokens:
+            self.num_piecewise_steps += 1
+        else:
+            self.num_eager_steps += 1
+
     def _run_glue(self, glue: KeyGlue, rows: list[RowSpec], batch: int, padded_tokens: int, num_decode: int,
-                  whole: Optional[tuple[int, int]] = None) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
+                  whole: Optional[tuple[int, int, str]] = None) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
         """A step packed by the generated glue: (logits, greedy ids, the rows' inputs for the scatter)."""
         packer = self.packer
         assert packer is not None, "launch checked the executor's packer"
@@ -525,7 +544,8 @@ class StepExecutor:
             return self._glue_graph(glue, step, data, batch)
         if whole:
             inputs = packer.launch(glue, step, data, whole[0], self._whole_out[whole], self.loop_tokens)
-            self._plan_whole(whole, step.qo_indptr.numpy(), step.kv_indptr.numpy(), step.last_page_len.numpy())
+            self._plan_whole(whole, step.qo_indptr.numpy(), step.kv_indptr.numpy(), step.last_page_len.numpy(),
+                             num_decode)
             logits, greedy = self._whole_graphs().replay(whole)
             return logits, greedy, inputs
         if padded_tokens:

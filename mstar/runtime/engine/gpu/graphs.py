@@ -26,7 +26,7 @@ from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.packing import fed_ids, pack
 
 
-Key = TypeVar("Key", int, tuple[int, int])  # a decode batch or token bucket; a (token bucket, batch) pair
+Key = TypeVar("Key", int, tuple[int, int, str])  # a decode batch or token bucket; a whole packed graph's key
 
 
 def capture_measured(keys: Iterable[Key], capture: Callable[[Key, Any, torch.cuda.Stream], None],

@@ -35,17 +35,18 @@ growth of the memory torch reserved across the capture (`graphs.capture_measured
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 
-from mstar.runtime.engine.gpu.attention import FlashInferSteps
+from mstar.runtime.engine.gpu.attention import CUDA_CORE_MAX_BATCH, FlashInferSteps, decode_backend
 from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
 from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
 
-GraphKey = tuple[int, int]  # (token bucket T, batch size B)
+GraphKey = tuple[int, int, str]  # (token bucket T, batch size B, attention route: "packed" or "split")
 INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's own size for a wrapper's int workspace
 CTA_TILE_Q = 128  # the fa2 prefill tile height graph mode picks for a key with a long row (head dim < 256)
 PLAN_INFO_TOTAL_ROWS = 1  # the one entry of FlashInfer's PrefillPlanInfo that may change between plans
@@ -55,16 +56,23 @@ class PlanMismatch(RuntimeError):
     """FlashInfer scheduled a step in a layout other than the one its graph was captured with."""
 
 
+def prefill_rows(key: GraphKey) -> int:
+    """Rows of the key's prefill wrapper: B, and on the split route one more in front (the decode
+    rows' tokens, whose output the decode wrapper's replaces)."""
+    return key[1] + (key[2] == "split")
+
+
 def graph_workspace_bytes(keys: list[GraphKey], num_qo_heads: int, num_kv_heads: int, head_dim: int,
                           num_sms: int) -> int:
     """Float workspace the graph-mode fa2 prefill planner needs for the largest key: it always
     splits the KV, keeping fp32 partial outputs and their log-sum-exps for `padded_tiles` tiles of
     CTA_TILE_Q rows, `max(2 x SMs / kv heads, ceil(T x group / CTA_TILE_Q) + B - 1)` tiles
-    (shared/reference/flashinfer.md, "Sizing for FA2 prefill in graph mode")."""
+    (shared/reference/flashinfer.md, "Sizing for FA2 prefill in graph mode"); a split key's decode
+    wrapper needs far less."""
     group = num_qo_heads // num_kv_heads
     need = 0
-    for tokens, rows in keys:
-        tiles = max(2 * num_sms // num_kv_heads, -(-tokens * group // CTA_TILE_Q) + rows - 1)
+    for key in keys:
+        tiles = max(2 * num_sms // num_kv_heads, -(-key[0] * group // CTA_TILE_Q) + prefill_rows(key) - 1)
         need = max(need, 4 * num_qo_heads * CTA_TILE_Q * tiles * (head_dim + 1))
     return need
 
@@ -86,6 +94,52 @@ def kv_lengths(kv_indptr: np.ndarray, last_page_len: np.ndarray, page_size: int)
     return np.where(pages > 0, (pages - 1) * page_size + last_page_len, 0).astype(np.int32)
 
 
+def _padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
+    out = np.full(size, fill, dtype=np.int32)
+    out[:values.shape[0]] = values
+    return out
+
+
+@dataclass
+class SplitArrays:
+    """A batch size's index arrays of the split route (device, fixed addresses): the decode
+    wrapper's kv indptr and last page lengths, the prefill wrapper's qo and kv indptr and last page
+    lengths, all derived on the device from the step's packed arrays and its number of decode rows
+    (`PackedGraphs._derive`), which the host stages into `num_decode`."""
+
+    num_decode: torch.Tensor  # int32 [1]
+    dec_indptr: torch.Tensor  # [B + 1]
+    dec_last: torch.Tensor  # [B]
+    pre_qo: torch.Tensor  # [B + 2]
+    pre_kv: torch.Tensor  # [B + 2]
+    pre_last: torch.Tensor  # [B + 1]
+    index: torch.Tensor  # int64 [B + 2]: 0, 1, ...
+
+    @classmethod
+    def zeros(cls, rows: int, device: torch.device) -> "SplitArrays":
+        buffer = torch.zeros(1 + (rows + 1) + rows + 2 * (rows + 2) + rows + 1, dtype=torch.int32, device=device)
+        num_decode, dec_indptr, dec_last, pre_qo, pre_kv, pre_last = buffer.split(
+            [1, rows + 1, rows, rows + 2, rows + 2, rows + 1])
+        return cls(num_decode, dec_indptr, dec_last, pre_qo, pre_kv, pre_last, torch.arange(rows + 2, device=device))
+
+
+def split_host_arrays(qo: np.ndarray, kv: np.ndarray, last: np.ndarray, num_decode: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The split route's host arrays from a step's packed CSR arrays of B rows (decode rows first,
+    padding rows zero-length): (decode kv indptr [B + 1], decode last page lengths [B], prefill qo
+    indptr [B + 2], prefill kv indptr [B + 2], prefill last page lengths [B + 1]). The prefill
+    wrapper's row 0 holds the decode rows' tokens over the last decode row's last page (an output
+    nobody reads, with a KV length of at least one); its rows 1.. are the step's rows from the first
+    prompt row on. `PackedGraphs._derive` computes the same on the device."""
+    rows, d = last.shape[0], num_decode
+    dec_indptr = _padded(kv[:d + 1], rows + 1, int(kv[d]))
+    dec_last = _padded(last[:d], rows, 0)
+    pre_qo = _padded(np.concatenate([[0], qo[d:]]), rows + 2, int(qo[rows]))
+    pre_kv = _padded(np.concatenate([[kv[d] - 1], kv[d:]]), rows + 2, int(kv[rows]))
+    pre_last = _padded(np.concatenate([[last[d - 1]], last[d:]]), rows + 1, 0)
+    return dec_indptr, dec_last, pre_qo, pre_kv, pre_last
+
+
 class PackedGraphs:
     def __init__(self, forward: DecoderForward, attention: FlashInferSteps, loop_tokens: torch.Tensor,
                  keys: list[GraphKey], max_row_pages: int, dummy_slot: int, device: torch.device):
@@ -95,26 +149,35 @@ class PackedGraphs:
             raise ValueError("whole packed graphs hold full-attention layers only (a hybrid decoder runs eagerly)")
         self.forward, self.attention, self.loop_tokens, self.device = forward, attention, loop_tokens, device
         self.keys = sorted(set(keys), reverse=True)
-        self.max_rows = max(rows for _, rows in self.keys)
+        self.max_rows = max(key[1] for key in self.keys)
         self.max_row_pages = max_row_pages
         if attention.workspace.numel() < graph_workspace_bytes(self.keys, *attention.heads, _num_sms(device)):
             raise ValueError("the float workspace is smaller than the graphs' split outputs: build FlashInferSteps "
                              "with workspace_bytes from graph_workspace_bytes")
         self.int_workspace = torch.zeros(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.pinned_int_workspace = torch.zeros(INT_WORKSPACE_BYTES, dtype=torch.uint8, pin_memory=True)
+        batch_sizes = {key[1] for key in self.keys}
         # Per batch size: qo indptr, kv indptr, last page lengths, page indices (`index_layout`).
         self.indices = {rows: torch.zeros(self.index_layout(rows)[-1], dtype=torch.int32, device=device)
-                        for rows in {rows for _, rows in self.keys}}
+                        for rows in batch_sizes}
+        self.split = {rows: SplitArrays.zeros(rows, device) for rows in {k[1] for k in self.keys if k[2] == "split"}}
+        self.decode_wrappers = {rows: self._decode_wrapper(rows) for rows in self.split}
+        self._decode_planned: set[int] = set()
         self.inputs: dict[GraphKey, torch.Tensor] = {}
         self.wrappers = {}
         for key in self.keys:
-            tokens, rows = key
-            qo, kv, last, pages, end = self.index_layout(rows)
-            buffer = self.indices[rows]
+            rows = key[1]
+            if key[2] == "split":
+                arrays = self.split[rows]
+                buffers = (arrays.pre_qo, arrays.pre_kv, arrays.pre_last)
+            else:
+                qo, kv, last, _, _ = self.index_layout(rows)
+                buffer = self.indices[rows]
+                buffers = (buffer[qo:qo + rows + 1], buffer[kv:kv + rows + 1], buffer[last:last + rows])
             wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-                attention.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=buffer[qo:qo + rows + 1],
-                paged_kv_indptr_buf=buffer[kv:kv + rows + 1], paged_kv_indices_buf=buffer[pages:end],
-                paged_kv_last_page_len_buf=buffer[last:last + rows], backend="fa2")
+                attention.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=buffers[0],
+                paged_kv_indptr_buf=buffers[1], paged_kv_indices_buf=self._pages(rows),
+                paged_kv_last_page_len_buf=buffers[2], backend="fa2")
             # The shared int workspace (module docstring); FlashInfer 0.6.1's attributes, which its
             # own fast_decode_plan reads the same way.
             wrapper._int_workspace_buffer = self.int_workspace
@@ -138,11 +201,27 @@ class PackedGraphs:
         pages = align(last + rows)
         return 0, kv, last, pages, pages + rows * self.max_row_pages
 
-    def _capture_plan(self, key: GraphKey, dummy_page: int) -> None:
+    def _pages(self, rows: int) -> torch.Tensor:
+        _, _, _, pages, end = self.index_layout(rows)
+        return self.indices[rows][pages:end]
+
+    def _decode_wrapper(self, rows: int):
+        """The split route's decode wrapper of `rows` rows (FlashInferSteps' kernel choice: CUDA
+        cores up to CUDA_CORE_MAX_BATCH rows), its own int workspace, shared by the keys of `rows`."""
+        import flashinfer
+
+        arrays = self.split[rows]
+        is_tensor = self.attention.is_tensor_core and rows > CUDA_CORE_MAX_BATCH
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.attention.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor,
+            paged_kv_indptr_buffer=arrays.dec_indptr, paged_kv_indices_buffer=self._pages(rows),
+            paged_kv_last_page_len_buffer=arrays.dec_last, **decode_backend(is_tensor))
+
+    def _first_plan(self, key: GraphKey, dummy_page: int) -> None:
         """The key's first plan, through FlashInfer's `plan()`: its largest shape (one row of the
         bucket's tokens past the other rows' one each, every page the dummy), which freezes the
         wrapper's row count and token count and loads its kernels."""
-        tokens, rows = key
+        tokens, rows = key[0], prefill_rows(key)
         hq, hkv, d = self.attention.heads
         page_size = self.attention.page_size
         counts = np.ones(rows, dtype=np.int64)
@@ -157,42 +236,116 @@ class PackedGraphs:
                                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
         self._plan_info[key] = list(self.wrappers[key]._plan_info)
 
-    def plan(self, key: GraphKey, qo_indptr: np.ndarray, kv_indptr: np.ndarray, kv_lens: np.ndarray) -> None:
-        """Schedule a step's attention for the key's graph (module docstring): the host CSR arrays
-        of B rows (padding rows zero-length); the device index arrays must be in `indices[B]` by
-        the time the graph replays. Raises PlanMismatch when the schedule's layout is not the
-        captured one."""
-        tokens, rows = key
+    def plan(self, key: GraphKey, qo_indptr: np.ndarray, kv_indptr: np.ndarray, last_page_len: np.ndarray,
+             num_decode: int = 0) -> None:
+        """Schedule a step's attention for the key's graph (module docstring) from the host CSR
+        arrays of its B rows (padding rows zero-length; on the split route the decode rows first,
+        `num_decode` of them). The device's arrays must be in `indices[B]` (and on the split
+        route `split[B].num_decode`) by the time the graph replays. Raises PlanMismatch when the
+        schedule's layout is not the captured one."""
+        page_size = self.attention.page_size
+        if key[2] == "split":
+            dec_indptr, dec_last, qo_indptr, kv_indptr, last_page_len = split_host_arrays(
+                qo_indptr, kv_indptr, last_page_len, num_decode)
+            self._plan_decode(key[1], dec_indptr, dec_last)
+        self._plan_prefill(key, qo_indptr, kv_indptr, kv_lengths(kv_indptr, last_page_len, page_size))
+
+    def _plan_prefill(self, key: GraphKey, qo_indptr: np.ndarray, kv_indptr: np.ndarray, kv_lens: np.ndarray) -> None:
+        """The prefill wrapper's compiled planner, called directly (module docstring)."""
         wrapper = self.wrappers[key]
         hq, hkv, d = self.attention.heads
         info = wrapper._cached_module.plan(
             self.attention.workspace, self.int_workspace, self.pinned_int_workspace, torch.from_numpy(qo_indptr),
-            torch.from_numpy(kv_indptr), torch.from_numpy(kv_lens), tokens, rows, hq, hkv, self.attention.page_size,
-            True, d, d, True, -1, -1, False, 0)
+            torch.from_numpy(kv_indptr), torch.from_numpy(kv_lens), key[0], prefill_rows(key), hq, hkv,
+            self.attention.page_size, True, d, d, True, -1, -1, False, 0)
         captured = self._plan_info[key]
         if any(a != b for i, (a, b) in enumerate(zip(info, captured)) if i != PLAN_INFO_TOTAL_ROWS):
-            raise PlanMismatch(f"FlashInfer scheduled a step of {int(qo_indptr[-1])} tokens in {rows} rows as "
-                               f"{list(info)}, its graph ({tokens} tokens) was captured with {captured}")
+            raise PlanMismatch(f"FlashInfer scheduled a step of {int(qo_indptr[-1])} tokens in {prefill_rows(key)} "
+                               f"rows as {list(info)}, its graph ({key[0]} tokens) was captured with {captured}")
+
+    def _plan_decode(self, rows: int, dec_indptr: np.ndarray, dec_last: np.ndarray) -> None:
+        """The split route's decode wrapper: `plan()` the first time (it freezes the row count),
+        FlashInfer's `fast_decode_plan` after (no buffer copies: the graph derives the arrays)."""
+        hq, hkv, d = self.attention.heads
+        wrapper = self.decode_wrappers[rows]
+        args = (torch.from_numpy(dec_indptr), self._pages(rows), torch.from_numpy(dec_last), hq, hkv, d,
+                self.attention.page_size)
+        kwargs = dict(sm_scale=self.attention.sm_scale, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        if rows in self._decode_planned:
+            from flashinfer.decode import fast_decode_plan
+
+            fast_decode_plan(wrapper, *args, **kwargs)
+        else:
+            wrapper.plan(*args, **kwargs)
+            self._decode_planned.add(rows)
+
+    def _derive(self, rows: int) -> torch.Tensor:
+        """On the device, inside the graph: the split route's wrapper arrays from the packed ones
+        (`split_host_arrays` computes the same on the host); returns the mask of the decode rows'
+        tokens among the first B."""
+        qo_at, kv_at, last_at, _, _ = self.index_layout(rows)
+        packed = self.indices[rows]
+        qo, kv, last = packed[qo_at:qo_at + rows + 1], packed[kv_at:kv_at + rows + 1], packed[last_at:last_at + rows]
+        arrays = self.split[rows]
+        d, j = arrays.num_decode.long(), arrays.index
+        zero = torch.zeros((), dtype=torch.int32, device=self.device)
+        arrays.dec_indptr.copy_(kv[torch.minimum(j[:rows + 1], d)])
+        arrays.dec_last.copy_(torch.where(j[:rows] < d, last, zero))
+        source = torch.clamp(d + j - 1, min=0, max=rows)  # the packed row behind prefill row k >= 1
+        first = j == 0
+        arrays.pre_qo.copy_(torch.where(first, zero, qo[source]))
+        arrays.pre_kv.copy_(torch.where(first, kv[d] - 1, kv[source]))
+        source = source[:rows + 1]
+        later = torch.where(source < rows, last[source.clamp(max=rows - 1)], zero)
+        arrays.pre_last.copy_(torch.where(first[:rows + 1], last[d - 1], later))
+        return (j[:rows] < d)[:, None, None]
+
+    def _attend(self, key: GraphKey) -> Callable:
+        prefill = self.wrappers[key]
+        if key[2] != "split":
+            return lambda _layer, q, k_pages, v_pages: prefill.run(q, (k_pages, v_pages))
+        rows = key[1]
+        decode = self.decode_wrappers[rows]
+        is_decode = self._derive(rows)
+
+        def split(_layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+            out = prefill.run(q, (k_pages, v_pages))
+            decoded = decode.run(q[:rows], (k_pages, v_pages))
+            out[:rows] = torch.where(is_decode, decoded, out[:rows])
+            return out
+
+        return split
 
     def _body(self, key: GraphKey) -> None:
-        tokens, rows = key
+        tokens, rows = key[0], key[1]
         ids, positions, slots, src, last_index, _ = self.inputs[key].split([tokens] * NUM_TOKEN_FIELDS + [rows] * 2)
-        wrapper = self.wrappers[key]
-        logits = self.forward(fed_ids(ids, src, self.loop_tokens), positions, slots, last_index,
-                              lambda _layer, q, k_pages, v_pages: wrapper.run(q, (k_pages, v_pages)))
+        logits = self.forward(fed_ids(ids, src, self.loop_tokens), positions, slots, last_index, self._attend(key))
         if self.logits is None:  # the first warm-up, outside every graph (a TP rank's logits: the whole vocabulary)
             self.logits = torch.zeros(self.max_rows, logits.shape[1], dtype=torch.float32, device=self.device)
         self.logits[:rows].copy_(logits)
         self.forward.greedy(self.logits[:rows], out=self.greedy[:rows])
 
     def _capture(self, key: GraphKey, dummy_slot: int, pool, stream: torch.cuda.Stream) -> None:
-        tokens, rows = key
+        tokens, rows = key[0], key[1]
+        dummy_page = dummy_slot // self.attention.page_size
         # Every token writes the dummy slot at position 0 and every row reads token 0.
         inputs = torch.zeros(NUM_TOKEN_FIELDS * tokens + 2 * rows, dtype=torch.int32, device=self.device)
         inputs[2 * tokens:3 * tokens] = dummy_slot
         inputs[3 * tokens:4 * tokens] = -1
         self.inputs[key] = inputs
-        self._capture_plan(key, dummy_slot // self.attention.page_size)
+        self._first_plan(key, dummy_page)
+        if key[2] == "split":
+            # The warm-up's step: B one-token rows on the dummy page, the first a decode row.
+            ones = np.arange(rows + 1, dtype=np.int32)
+            last = np.ones(rows, dtype=np.int32)
+            qo_at, kv_at, last_at, pages_at, end = self.index_layout(rows)
+            packed = self.indices[rows]
+            packed[qo_at:qo_at + rows + 1].copy_(torch.from_numpy(ones))
+            packed[kv_at:kv_at + rows + 1].copy_(torch.from_numpy(ones))
+            packed[last_at:last_at + rows] = 1
+            packed[pages_at:end] = dummy_page
+            self.split[rows].num_decode.fill_(1)
+            self.plan(key, ones, ones, last, 1)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(stream), torch.no_grad():
@@ -209,10 +362,10 @@ class PackedGraphs:
         graph.replay()
         self.graphs[key] = graph
 
-    def key(self, num_rows: int, num_tokens: int, batch: int, bucket: int) -> Optional[GraphKey]:
+    def key(self, num_rows: int, num_tokens: int, batch: int, bucket: int, route: str) -> Optional[GraphKey]:
         """The captured key a step of `num_rows` rows and `num_tokens` tokens replays when the plan
-        gives it batch size `batch` and token bucket `bucket`, or None."""
-        key = (bucket, batch)
+        gives it batch size `batch`, token bucket `bucket` and attention route `route`, or None."""
+        key = (bucket, batch, route)
         if key not in self.graphs or num_rows > batch or num_tokens > bucket:
             return None
         return key

@@ -105,7 +105,16 @@ def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
     if not packed:
         return None
     pieces = {name: f for name, f in packed.items() if f.is_piecewise}
-    whole = tuple(WholePacked(f.name, tuple(f.batch_pad), tuple(f.batch_sizes), tuple(f.token_buckets))
+    # A whole family's graphs hold one prefill call, or the split route's decode and prefill calls;
+    # a split family's step of one kind of row (prompt chunks alone, say) takes one prefill call.
+    routes: dict[str, set[str]] = {}
+    for worker in plan.workers:
+        for key in worker.keys:
+            for entry in key.mixtures if key.node == node else ():
+                for name in ([entry.capture] if entry.capture else []) + list(entry.also_captures):
+                    routes.setdefault(name, {"packed"}).add("split" if entry.attention == "split" else "packed")
+    whole = tuple(WholePacked(f.name, tuple(f.batch_pad), tuple(f.batch_sizes), tuple(f.token_buckets),
+                              frozenset(routes.get(f.name, {"packed"})))
                   for f in packed.values() if not f.is_piecewise)
     return PackedFamilies(frozenset(pieces), sorted({t for f in pieces.values() for t in f.token_buckets}),
                           max((max(f.batch_sizes) for f in pieces.values()), default=0), whole)
