@@ -28,9 +28,10 @@ batched one its padded batch (padding rows cost like real ones in the matrix pro
 attention segments are empty).
 
 launch: CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), else EAGER_LAUNCH_S;
-SPLIT_EXTRA_S more for a split-attention mixed step; layers * PIECE_LAUNCH_S more for a replay of a
-piecewise family (its attention runs eagerly between the captured pieces); layers * GRAPH_MERGE_S
-more per attention call (two on the split route) for a replay of a packed family captured whole.
+SPLIT_EXTRA_S more for a split-attention mixed step (eager or piecewise: one more eager call a
+layer); layers * PIECE_LAUNCH_S more for a replay of a piecewise family (its attention runs eagerly
+between the captured pieces); for a replay of a packed family captured whole, layers *
+GRAPH_MERGE_S per attention call (two on the split route, both inside the graph) instead.
 
 Dims come from the plan (`layers`, `hidden`, `qo_heads`, `kv_heads`, `head_dim`, `vocab`,
 `intermediate`, `layer_pattern`). A missing `intermediate` is 4 x hidden, the torch engine's own
@@ -167,13 +168,14 @@ class StepCost:
     def launch(self, step: Step) -> float:
         is_captured = step.padded_batch > 0
         launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
-        if step.attention == "split":
+        family = (step.worker, step.key, step.capture or "")
+        whole_layers = self.whole_layers.get(family, 0) if is_captured and step.token_bucket else 0
+        if whole_layers:  # the split route's two calls are in the graph: their merges, no extra launch
+            launch += whole_layers * (2 if step.attention == "split" else 1) * GRAPH_MERGE_S
+        elif step.attention == "split":
             launch += SPLIT_EXTRA_S
         if is_captured and self.piecewise_layers:
-            launch += self.piecewise_layers.get((step.worker, step.key, step.capture or ""), 0) * PIECE_LAUNCH_S
-        if is_captured and step.token_bucket and self.whole_layers:
-            calls = 2 if step.attention == "split" else 1
-            launch += self.whole_layers.get((step.worker, step.key, step.capture or ""), 0) * calls * GRAPH_MERGE_S
+            launch += self.piecewise_layers.get(family, 0) * PIECE_LAUNCH_S
         return launch
 
     def seconds(self, step: Step) -> float:

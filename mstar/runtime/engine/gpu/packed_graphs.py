@@ -140,6 +140,26 @@ def split_host_arrays(qo: np.ndarray, kv: np.ndarray, last: np.ndarray, num_deco
     return dec_indptr, dec_last, pre_qo, pre_kv, pre_last
 
 
+def derive_split_arrays(qo: torch.Tensor, kv: torch.Tensor, last: torch.Tensor, arrays: SplitArrays) -> torch.Tensor:
+    """The split route's wrapper arrays from a step's packed CSR arrays of B rows (qo, kv: [B + 1],
+    last: [B]) and its decode-row count (`arrays.num_decode`), written into `arrays` with device
+    ops only (capturable: no host reads); `split_host_arrays` computes the same on the host.
+    Returns the mask of the decode rows' tokens among the first B, shaped to broadcast over heads."""
+    rows = last.shape[0]
+    d, j = arrays.num_decode.long(), arrays.index
+    zero = torch.zeros((), dtype=torch.int32, device=qo.device)
+    arrays.dec_indptr.copy_(kv[torch.minimum(j[:rows + 1], d)])
+    arrays.dec_last.copy_(torch.where(j[:rows] < d, last, zero))
+    source = torch.clamp(d + j - 1, min=0, max=rows)  # the packed row behind prefill row k >= 1
+    first = j == 0
+    arrays.pre_qo.copy_(torch.where(first, zero, qo[source]))
+    arrays.pre_kv.copy_(torch.where(first, kv[d] - 1, kv[source]))
+    source = source[:rows + 1]
+    later = torch.where(source < rows, last[source.clamp(max=rows - 1)], zero)
+    arrays.pre_last.copy_(torch.where(first[:rows + 1], last[d - 1], later))
+    return (j[:rows] < d)[:, None, None]
+
+
 class PackedGraphs:
     def __init__(self, forward: DecoderForward, attention: FlashInferSteps, loop_tokens: torch.Tensor,
                  keys: list[GraphKey], max_row_pages: int, dummy_slot: int, device: torch.device):
@@ -280,25 +300,13 @@ class PackedGraphs:
             self._decode_planned.add(rows)
 
     def _derive(self, rows: int) -> torch.Tensor:
-        """On the device, inside the graph: the split route's wrapper arrays from the packed ones
-        (`split_host_arrays` computes the same on the host); returns the mask of the decode rows'
-        tokens among the first B."""
+        """On the device, inside the graph: the split route's wrapper arrays of `rows` rows from the
+        packed ones (`derive_split_arrays`); returns the mask of the decode rows' tokens among the
+        first B."""
         qo_at, kv_at, last_at, _, _ = self.index_layout(rows)
         packed = self.indices[rows]
-        qo, kv, last = packed[qo_at:qo_at + rows + 1], packed[kv_at:kv_at + rows + 1], packed[last_at:last_at + rows]
-        arrays = self.split[rows]
-        d, j = arrays.num_decode.long(), arrays.index
-        zero = torch.zeros((), dtype=torch.int32, device=self.device)
-        arrays.dec_indptr.copy_(kv[torch.minimum(j[:rows + 1], d)])
-        arrays.dec_last.copy_(torch.where(j[:rows] < d, last, zero))
-        source = torch.clamp(d + j - 1, min=0, max=rows)  # the packed row behind prefill row k >= 1
-        first = j == 0
-        arrays.pre_qo.copy_(torch.where(first, zero, qo[source]))
-        arrays.pre_kv.copy_(torch.where(first, kv[d] - 1, kv[source]))
-        source = source[:rows + 1]
-        later = torch.where(source < rows, last[source.clamp(max=rows - 1)], zero)
-        arrays.pre_last.copy_(torch.where(first[:rows + 1], last[d - 1], later))
-        return (j[:rows] < d)[:, None, None]
+        return derive_split_arrays(packed[qo_at:qo_at + rows + 1], packed[kv_at:kv_at + rows + 1],
+                                   packed[last_at:last_at + rows], self.split[rows])
 
     def _attend(self, key: GraphKey) -> Callable:
         prefill = self.wrappers[key]
