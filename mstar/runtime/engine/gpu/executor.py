@@ -7,9 +7,11 @@ returns the sampled token ids as a numpy array.
 Per step the host does: pack the rows, FlashInfer's plan, one copy of an int32 array into pinned
 memory and one non-blocking host-to-device copy, then either the
 replay of the decode graph of the step's bucket (a decode-only step with at most the family's
-largest batch, padded by the plan's `batch_pad` table), the piecewise graphs of a packed family
-(`piecewise.py`: a prefill or mixed step the plan gives one of the family's token buckets, padded
-to it, attention eager between the pieces), or an eager run.
+largest batch, padded by the plan's `batch_pad` table), the whole graph of a packed family the plan
+captures whole (`packed_graphs.py`: a prefill or mixed step the plan gives one of the family's token
+buckets, its rows padded to the family's batch size, the graph of the step's attention route), the
+piecewise graphs of a packed family marked piecewise (`piecewise.py`: padded to the token bucket,
+attention eager between the pieces), or an eager run.
 A step whose prompt rows are short replays the decode graph when the plan's decode family says
 `unroll_prompts=N` (`CaptureFamily.unroll_prompts`) and the step holds only decode rows and prompt
 rows of at most N tokens, N x rows fitting the largest batch: each prompt row of n tokens after c
