@@ -72,6 +72,7 @@ class FlashInferSteps:
         # Prompt-only calls (module docstring); the two share the float workspace and run one after the other.
         self.prompts = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa3")
         self.is_tensor_core = num_qo_heads // num_kv_heads >= 4 if is_tensor_core is None else is_tensor_core
+        self._is_kernel_forced = is_tensor_core is not None
         # The `split` route's decode rows in an eager or piecewise step (planned per step, no graph).
         self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.is_tensor_core, **decode_backend(self.is_tensor_core))
@@ -81,14 +82,18 @@ class FlashInferSteps:
         for batch in decode_batch_sizes:
             indptr, last, indices, end = self.layout(batch)
             staged = self.staged[batch] = torch.zeros(end, dtype=torch.int32, device=device)
-            # forced by the caller, or the rule of the module docstring
-            is_tensor = self.is_tensor_core and (is_tensor_core is not None or batch > CUDA_CORE_MAX_BATCH)
+            is_tensor = self.is_tensor_decode(batch)
             self.decode[batch] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor,
                 paged_kv_indptr_buffer=staged[indptr:indptr + batch + 1],
                 paged_kv_indices_buffer=staged[indices:end], paged_kv_last_page_len_buffer=staged[last:last + batch],
                 **decode_backend(is_tensor))
         self._is_planned: set[int] = set()
+
+    def is_tensor_decode(self, batch: int) -> bool:
+        """Whether a graph-mode decode wrapper of `batch` rows takes tensor cores: as the caller
+        forced, else the rule of the module docstring (CUDA cores up to CUDA_CORE_MAX_BATCH rows)."""
+        return self.is_tensor_core and (self._is_kernel_forced or batch > CUDA_CORE_MAX_BATCH)
 
     def warm_up(self, pages: tuple[torch.Tensor, torch.Tensor], dummy_page: int) -> None:
         """Plan and run each eager wrapper once on the dummy page, so their kernel modules load (or
@@ -152,20 +157,31 @@ class FlashInferSteps:
     def plan_decode(self, batch: int, packed: Indices) -> None:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
         must reach `staged[batch]` by the step's own copy (`decode_host`)."""
-        hq, hkv, d = self.heads
-        args = (packed.kv_indptr, packed.kv_indices, packed.last_page_len, hq, hkv, d, self.page_size)
-        kwargs = dict(sm_scale=self.sm_scale, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        if batch in self._is_planned:
-            from flashinfer.decode import fast_decode_plan
-
-            fast_decode_plan(self.decode[batch], *args, **kwargs)
-        else:
-            self.decode[batch].plan(*args, **kwargs)
-            self._is_planned.add(batch)
+        plan_graph_decode(self.decode[batch], batch not in self._is_planned, packed.kv_indptr, packed.kv_indices,
+                          packed.last_page_len, self.heads, self.page_size, self.sm_scale)
+        self._is_planned.add(batch)
 
     def decode_attend(self, batch: int) -> Attend:
         wrapper = self.decode[batch]
         return lambda _layer, q, k_pages, v_pages: wrapper.run(q, (k_pages, v_pages))
+
+
+def plan_graph_decode(wrapper, is_first: bool, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
+                      last_page_len: torch.Tensor, heads: tuple[int, int, int], page_size: int,
+                      sm_scale: float) -> None:
+    """Plan a graph-mode decode wrapper from the host's kv indptr and last page lengths: `plan()`
+    the first time (it freezes the row count and copies the index arrays into the wrapper's
+    buffers), FlashInfer's `fast_decode_plan` after (the host scheduling only; the index arrays
+    reach the buffers another way)."""
+    hq, hkv, d = heads
+    args = (kv_indptr, kv_indices, last_page_len, hq, hkv, d, page_size)
+    kwargs = dict(sm_scale=sm_scale, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    if is_first:
+        wrapper.plan(*args, **kwargs)
+    else:
+        from flashinfer.decode import fast_decode_plan
+
+        fast_decode_plan(wrapper, *args, **kwargs)
 
 
 def decode_backend(is_tensor_core: bool) -> dict[str, str]:

@@ -396,8 +396,7 @@ class StepExecutor:
 
     def _plan_whole(self, key: tuple[int, int, str], qo_indptr: np.ndarray, kv_indptr: np.ndarray,
                     last_page_len: np.ndarray, num_decode: int) -> None:
-        graphs = self.packed_graphs
-        assert graphs is not None, "whole_key() picks a key only once captured"
+        graphs = self._whole_graphs()
         if key[2] == "split":
             self._stage(np.array([num_decode], dtype=np.int32), graphs.split[key[1]].num_decode)
         self._wait_previous_inputs()
@@ -408,15 +407,10 @@ class StepExecutor:
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A whole packed graph from the numpy packing (`packed` at the key's token bucket, its real
         rows only): the row fields and the CSR arrays padded to the key's rows as zero-length rows."""
-        graphs = self.packed_graphs
-        assert graphs is not None, "whole_key() picks a key only once captured"
+        graphs = self._whole_graphs()
         tokens, rows = key[0], key[1]
         num_rows, offset = packed.num_rows, NUM_TOKEN_FIELDS * tokens
-        host = np.zeros(offset + 2 * rows, dtype=np.int32)
-        host[:offset] = packed.host[:offset]
-        host[offset:offset + num_rows] = packed.host[offset:offset + num_rows]
-        host[offset + rows:offset + rows + num_rows] = packed.host[offset + num_rows:offset + 2 * num_rows]
-        self._stage(host, graphs.inputs[key])
+        self._stage(_padded_row_fields(packed, offset, rows), graphs.inputs[key])
         qo = _pad_offsets(packed.qo_indptr.numpy(), rows)
         kv = _pad_offsets(packed.kv_indptr.numpy(), rows)
         last = np.zeros(rows, dtype=np.int32)
@@ -435,13 +429,8 @@ class StepExecutor:
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.piecewise, self.attention
         assert graphs is not None and attention is not None, "token_bucket() picks a bucket only once captured"
-        # The graphs' row fields hold max_rows entries: the real rows', then zeros (token 0, slot 0).
-        offset, rows, num_rows = graphs.row_fields_offset(bucket), graphs.max_rows, packed.num_rows
-        host = np.zeros(offset + 2 * rows, dtype=np.int32)
-        host[:offset] = packed.host[:offset]
-        host[offset:offset + num_rows] = packed.host[offset:offset + num_rows]
-        host[offset + rows:offset + rows + num_rows] = packed.host[offset + num_rows:offset + 2 * num_rows]
-        self._stage(host, graphs.inputs[bucket])
+        offset, rows = graphs.row_fields_offset(bucket), graphs.max_rows
+        self._stage(_padded_row_fields(packed, offset, rows), graphs.inputs[bucket])
         self._wait_previous_inputs()
         planned = attention.plan_eager(packed, num_decode)
         self._planned()
@@ -619,3 +608,15 @@ def _pad_offsets(offsets: np.ndarray, rows: int) -> np.ndarray:
     padded = np.full(rows + 1, offsets[-1], dtype=np.int32)
     padded[:offsets.shape[0]] = offsets
     return padded
+
+
+def _padded_row_fields(packed: PackedStep, offset: int, rows: int) -> np.ndarray:
+    """The numpy packing's host array with its two row fields (last-token index, row slot) widened
+    to a graph's `rows` row entries: the real rows' values, then zeros (token 0, slot 0). `offset`:
+    where the row fields start (after the token fields)."""
+    num_rows = packed.num_rows
+    host = np.zeros(offset + 2 * rows, dtype=np.int32)
+    host[:offset] = packed.host[:offset]
+    host[offset:offset + num_rows] = packed.host[offset:offset + num_rows]
+    host[offset + rows:offset + rows + num_rows] = packed.host[offset + num_rows:offset + 2 * num_rows]
+    return host

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from mstar.runtime.engine.gpu.attention import CUDA_CORE_MAX_BATCH, FlashInferSteps, decode_backend
+from mstar.runtime.engine.gpu.attention import FlashInferSteps, decode_backend, plan_graph_decode
 from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
 from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
@@ -130,7 +130,7 @@ def split_host_arrays(qo: np.ndarray, kv: np.ndarray, last: np.ndarray, num_deco
     indptr [B + 2], prefill kv indptr [B + 2], prefill last page lengths [B + 1]). The prefill
     wrapper's row 0 holds the decode rows' tokens over the last decode row's last page (an output
     nobody reads, with a KV length of at least one); its rows 1.. are the step's rows from the first
-    prompt row on. `PackedGraphs._derive` computes the same on the device."""
+    prompt row on. `derive_split_arrays` computes the same on the device."""
     rows, d = last.shape[0], num_decode
     dec_indptr = _padded(kv[:d + 1], rows + 1, int(kv[d]))
     dec_last = _padded(last[:d], rows, 0)
@@ -226,12 +226,12 @@ class PackedGraphs:
         return self.indices[rows][pages:end]
 
     def _decode_wrapper(self, rows: int):
-        """The split route's decode wrapper of `rows` rows (FlashInferSteps' kernel choice: CUDA
-        cores up to CUDA_CORE_MAX_BATCH rows), its own int workspace, shared by the keys of `rows`."""
+        """The split route's decode wrapper of `rows` rows (the decode graphs' kernel choice,
+        `FlashInferSteps.is_tensor_decode`), its own int workspace, shared by the keys of `rows`."""
         import flashinfer
 
         arrays = self.split[rows]
-        is_tensor = self.attention.is_tensor_core and rows > CUDA_CORE_MAX_BATCH
+        is_tensor = self.attention.is_tensor_decode(rows)
         return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.attention.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor,
             paged_kv_indptr_buffer=arrays.dec_indptr, paged_kv_indices_buffer=self._pages(rows),
@@ -284,20 +284,11 @@ class PackedGraphs:
                                f"rows as {list(info)}, its graph ({key[0]} tokens) was captured with {captured}")
 
     def _plan_decode(self, rows: int, dec_indptr: np.ndarray, dec_last: np.ndarray) -> None:
-        """The split route's decode wrapper: `plan()` the first time (it freezes the row count),
-        FlashInfer's `fast_decode_plan` after (no buffer copies: the graph derives the arrays)."""
-        hq, hkv, d = self.attention.heads
-        wrapper = self.decode_wrappers[rows]
-        args = (torch.from_numpy(dec_indptr), self._pages(rows), torch.from_numpy(dec_last), hq, hkv, d,
-                self.attention.page_size)
-        kwargs = dict(sm_scale=self.attention.sm_scale, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-        if rows in self._decode_planned:
-            from flashinfer.decode import fast_decode_plan
-
-            fast_decode_plan(wrapper, *args, **kwargs)
-        else:
-            wrapper.plan(*args, **kwargs)
-            self._decode_planned.add(rows)
+        """The split route's decode wrapper (after its first plan the graph derives its arrays)."""
+        steps = self.attention
+        plan_graph_decode(self.decode_wrappers[rows], rows not in self._decode_planned, torch.from_numpy(dec_indptr),
+                          self._pages(rows), torch.from_numpy(dec_last), steps.heads, steps.page_size, steps.sm_scale)
+        self._decode_planned.add(rows)
 
     def _derive(self, rows: int) -> torch.Tensor:
         """On the device, inside the graph: the split route's wrapper arrays of `rows` rows from the
