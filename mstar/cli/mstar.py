@@ -74,7 +74,8 @@ def _run_parser(sub: Any) -> None:
                           "prompt, when it holds tokenizer.json")
     run.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
     run.add_argument("--device", default="cpu",
-                     help="torch engine: cpu (fp32, default) or cuda[:N] (bf16 autocast, KV cache in bf16)")
+                     help="torch engine: cpu (fp32, default) or cuda[:N] (bf16: decoders on the device fast path, "
+                          "other models under bf16 autocast; KV cache in bf16)")
     run.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto",
                      help="torch engine attention: FlashInfer on a GPU where it can run (auto, default), "
                           "the torch path, or FlashInfer required")

@@ -57,9 +57,27 @@ A packed family captured whole (engine/gpu/packed_graphs.py: a graph per key, at
 is held the same way: its keys are captured largest first in one pool and never replay at once, and
 every key copies its logits into one buffer of the largest batch; so its per-graph term is that one
 output buffer (max_rows x (vocab x 4 + 8) bytes and max_tokens x hidden x 2 bytes), without the
-piecewise boundary. Measured on the H200 (llama's mixed family whole, the split route's 42 graphs
-of 128-8192 tokens): 794 MiB against 686 MiB estimated (14% under); by the per-key formula of the
-batched families it was 1676 MiB.
+piecewise boundary. Its shared term is modelled on what a step of the largest key keeps alive at
+its peak and on how the pool's segments hold it:
+
+    peak        the larger of a layer's two phases, per token (bf16): the MLP's residual, the
+                previous delta and the normed input beside gate/up and their product
+                (3 x hidden + 3 x intermediate), or attention's three hidden-wide values beside
+                q/k/v, the rotated queries and the attention output, and o_proj's output
+                (4 x hidden + qkv width + 2 x q width); measured as the allocator's peak while
+                the largest key captures: orpheus 529 MiB of activations (8192 tokens x
+                (3 x 3072 + 3 x 8192) x 2 bytes = 528), bagel 959 (960), qwen3_omni's talker 31 (30)
+    slack       the pool's segments hold POOL_SLACK times that peak: a step's tensors are sized
+                by the key and freed in a different order than allocated, so the caching
+                allocator cannot fit later keys' and layers' blocks into the first ones exactly
+                (measured 1.51-1.64x: llama, orpheus, bagel, qwen3_omni's thinker; the talker's
+                small blocks 2.2x, rounded up to whole segments)
+
+Measured on the H200 (the one pool of each node's whole families, against this estimate):
+llama 796 MiB, orpheus 922, bagel 1642, qwen3_omni's thinker 2650 and talker 98 (docs/engine.md).
+The earlier model (the batched families' shared term, no slack) estimated bagel's at 536 MiB and the
+thinker's at 817: their specs leave `intermediate` out, which the estimate then read as no MLP,
+while the runtime builds 4 x hidden (node_args.MLP_WIDTH_PER_HIDDEN, now used by both).
 
 The bucket count matters as much as the largest bucket: the reference once failed to boot when a
 wider capture set grew one node's buckets from 29 to 68; the per-graph terms here make such a
@@ -68,6 +86,7 @@ change show up in the estimate and the capture memory check (MW408).
 from __future__ import annotations
 
 from mstar.lang import ast
+from mstar.plan.node_args import MLP_WIDTH_PER_HIDDEN
 
 MIB = 1024 * 1024
 ACTIVATION_BYTES = 2  # bf16 activations
@@ -82,6 +101,7 @@ CAPTURE_WORKSPACE_BYTES = 32 * MIB
 STATE_BYTES = 4  # the gated delta-net layer's fp32 temporaries
 # Stateless nodes without a `hidden` dim (codecs, encoders) are sized as a 1024-wide model.
 DEFAULT_HIDDEN = 1024
+POOL_SLACK = 1.6  # a whole packed pool's segments over its largest key's peak activations (docstring)
 
 
 def graph_keys(capture: ast.CaptureDecl) -> list[tuple[int, int]]:
@@ -127,21 +147,32 @@ def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size:
     if not keys:
         return 0
     hidden = _dim(node, "hidden", DEFAULT_HIDDEN)
-    intermediate = _dim(node, "intermediate", 0)
+    intermediate = _dim(node, "intermediate", MLP_WIDTH_PER_HIDDEN * hidden if node.engine == "kv" else 0)
     vocab = _dim(node, "vocab", 0)
     max_rows = max(rows for rows, _ in keys)
     max_tokens = max(tokens for _, tokens in keys)
-    shared = (max_tokens * (ACTIVATION_FACTOR * hidden + MLP_FACTOR * intermediate) * ACTIVATION_BYTES
+    is_whole_packed = capture.family == "packed" and not capture.is_piecewise
+    activations = (_whole_step_peak(node, hidden, intermediate) * POOL_SLACK if is_whole_packed
+                   else ACTIVATION_FACTOR * hidden + MLP_FACTOR * intermediate)
+    shared = (int(max_tokens * activations) * ACTIVATION_BYTES
               + max_rows * vocab * ACTIVATION_BYTES + max_rows * _recurrent_row_bytes(node))
     logit_row = vocab * LOGIT_BYTES + TOKEN_ID_BYTES if vocab else 0
     if capture.is_piecewise:
         per_graph = (max_tokens * (hidden + 2 * _boundary_width(node, hidden)) * ACTIVATION_BYTES
                      + max_rows * logit_row)
-    elif capture.family == "packed":  # whole packed graphs: one output buffer for every key
+    elif is_whole_packed:  # one output buffer for every key
         per_graph = max_tokens * hidden * ACTIVATION_BYTES + max_rows * logit_row
     else:
         per_graph = sum(tokens * hidden * ACTIVATION_BYTES + rows * logit_row for rows, tokens in keys)
     return (shared + per_graph) // max(1, tp_size) + CAPTURE_WORKSPACE_BYTES
+
+
+def _whole_step_peak(node: ast.NodeDecl, hidden: int, intermediate: int) -> int:
+    """Values per token alive at a whole packed step's peak (the module docstring's `peak`)."""
+    q_width = _boundary_width(node, hidden)
+    kv_width = _dim(node, "kv_heads", 0) * _dim(node, "head_dim", 0) or q_width
+    attention = 4 * hidden + (q_width + 2 * kv_width) + 2 * q_width
+    return max(3 * hidden + 3 * intermediate, attention)
 
 
 def _boundary_width(node: ast.NodeDecl, hidden: int) -> int:

@@ -20,6 +20,9 @@ DECODER_STYLES = ("llama", "qwen3_5", "whisper")
 # `qwen3_asr` is Qwen3-ASR's chunked conv encoder and projector over the same log-mel front end.
 ENCODER_STYLES = ("whisper", "qwen3_asr")
 LAYER_KIND_FLAGS = {"full": 1, "linear": 0}
+# A kv node's MLP width when its header leaves `intermediate` out: this many times `hidden`. The
+# runtime builds its decoder so (dims.py) and the compiler's capture estimate sizes its MLP so.
+MLP_WIDTH_PER_HIDDEN = 4
 
 
 @dataclass(frozen=True)

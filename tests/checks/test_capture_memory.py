@@ -4,6 +4,8 @@ from mstar.compiler.deployment import parse_deployment
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
+from mstar.plan.io import load_plan
+from mstar.runtime.engine.dims import decoder_dims
 
 SPEC = """model grow
 node LLM kv(layers=28, kv_heads=4, qo_heads=28, head_dim=128, hidden=3584, vocab=152064) {{
@@ -74,6 +76,7 @@ def test_growing_the_capture_set_past_the_budget_is_caught():
 
 def test_estimate_counts_buckets_and_tp():
     node = ast.NodeDecl(name="N", engine="kv", args=[ast.Arg(name="hidden", value=1024),
+                                                     ast.Arg(name="intermediate", value=4096),
                                                      ast.Arg(name="vocab", value=1000)])
     batched = ast.CaptureDecl(walk="decode", family="batched", batch=[1, 2, 4])
     packed = ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2], tokens=[64, 128, 256])
@@ -90,6 +93,21 @@ def test_estimate_counts_buckets_and_tp():
     # More buckets never cost less.
     wider = batched.model_copy(update={"batch": [1, 2, 4, 8]})
     assert capture_memory.estimate_family_bytes(node, wider, 1) > one
+
+
+def test_a_kv_node_without_intermediate_is_sized_as_the_runtime_builds_it():
+    """The runtime builds a kv node's MLP 4 x hidden wide when its header leaves `intermediate` out
+    (dims.py); the estimate once read the missing width as no MLP, which put bagel's and
+    qwen3_omni's whole packed pools at a third of what the H200 measured."""
+    hidden = [ast.Arg(name="hidden", value=1024), ast.Arg(name="vocab", value=1000)]
+    stated = ast.NodeDecl(name="N", engine="kv", args=hidden + [ast.Arg(name="intermediate", value=4096)])
+    left_out = ast.NodeDecl(name="N", engine="kv", args=hidden)
+    for capture in (ast.CaptureDecl(walk="decode", family="batched", batch=[1, 2, 4]),
+                    ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2], tokens=[64, 512])):
+        assert capture_memory.estimate_family_bytes(left_out, capture, 1) == \
+            capture_memory.estimate_family_bytes(stated, capture, 1)
+    bagel = next(n for n in load_plan("generated/bagel.plan").nodes if n.name == "LLM")
+    assert "intermediate" not in bagel.dims and decoder_dims(bagel, "spec").intermediate == 4 * bagel.dims["hidden"]
 
 
 def test_estimate_counts_the_recurrent_layers_scratch():
@@ -111,23 +129,29 @@ def test_estimate_counts_the_recurrent_layers_scratch():
 def test_packed_estimates_hold_one_step_of_the_largest_key():
     """A packed family, whole or piecewise, keeps no output hidden states or logits per graph:
     every key lives in the largest key's shared pool and writes its logits into one buffer of the
-    largest batch; a piecewise family also holds the queries and attention output that the eager
+    largest batch. A piecewise family also holds the queries and attention output that the eager
     attention reads and writes, two buffers of the largest token count (capture_memory's
-    docstring, `boundary`). A batched family's graphs keep their own outputs."""
+    docstring, `boundary`); a whole family's pool holds POOL_SLACK times its largest key's peak
+    (`peak`, `slack`). A batched family's graphs keep their own outputs."""
     args = [ast.Arg(name=n, value=v) for n, v in
-            (("hidden", 2048), ("vocab", 1000), ("qo_heads", 32), ("kv_heads", 8), ("head_dim", 64))]
+            (("hidden", 2048), ("intermediate", 8192), ("vocab", 1000), ("qo_heads", 32), ("kv_heads", 8),
+             ("head_dim", 64))]
     node = ast.NodeDecl(name="N", engine="kv", args=args)
     whole = ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2, 4], tokens=[64, 128, 256])
     piecewise = whole.model_copy(update={"is_piecewise": True})
     assert capture_memory.num_graphs(piecewise) == capture_memory.num_graphs(whole) == 9
     whole_bytes = capture_memory.estimate_family_bytes(node, whole, 1)
     piecewise_bytes = capture_memory.estimate_family_bytes(node, piecewise, 1)
-    boundary = 2 * 256 * 32 * 64 * 2  # queries + attention output of 256 tokens x 32 heads x 64
-    assert piecewise_bytes - whole_bytes == boundary
     logit_row = 1000 * 4 + 8
-    shared_outputs = 256 * 2048 * 2 + 4 * logit_row  # one output buffer of the largest key (256 tokens, 4 rows)
-    shared = 256 * (6 * 2048) * 2 + 4 * 1000 * 2  # one layer's activations, the bf16 logits
-    assert whole_bytes == shared + shared_outputs + capture_memory.CAPTURE_WORKSPACE_BYTES
+    outputs = 256 * 2048 * 2 + 4 * logit_row  # one output buffer of the largest key (256 tokens, 4 rows)
+    logits = 4 * 1000 * 2  # the largest key's bf16 logits before their fp32 cast
+    boundary = 2 * 256 * 32 * 64 * 2  # queries + attention output of 256 tokens x 32 heads x 64
+    layer = 256 * (6 * 2048 + 3 * 8192) * 2  # one layer's activations (the batched families' term)
+    workspace = capture_memory.CAPTURE_WORKSPACE_BYTES
+    assert piecewise_bytes == layer + logits + boundary + outputs + workspace
+    # The MLP's peak (3 hidden + 3 intermediate) outweighs attention's (4 hidden + q/k/v + 2 q).
+    peak = max(3 * 2048 + 3 * 8192, 4 * 2048 + (2048 + 2 * 512) + 2 * 2048)
+    assert whole_bytes == int(256 * peak * capture_memory.POOL_SLACK) * 2 + logits + outputs + workspace
     # More token buckets below the largest cost nothing more: they share the largest key's pool.
     for family in (whole, piecewise):
         more = family.model_copy(update={"tokens": [32, 64, 96, 128, 192, 256]})

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mstar.plan.io import load_plan
 from mstar.runtime.engine.gpu.executor import WholePacked
 from mstar.runtime.engine.gpu.packed_graphs import (
+    first_plan_counts,
     SplitArrays,
     derive_split_arrays,
     kv_lengths,
@@ -84,3 +85,16 @@ def test_llama_plan_captures_its_mixed_family_whole_on_both_routes():
 def test_whole_keys_hold_a_token_a_row():
     family = WholePacked("F", (0, 1, 4, 4, 4), (1, 4), (2, 8), frozenset({"packed"}))
     assert family.keys() == [(2, 1, "packed"), (8, 1, "packed"), (8, 4, "packed")]
+
+
+@given(st.integers(1, 64), st.integers(0, 20000), st.integers(1, 20000))
+def test_first_plan_keeps_each_row_within_its_page_table(rows, extra, max_row_tokens):
+    """A key's first plan fills its token bucket with rows no longer than a row may be (a node
+    whose max_seq_len is below its largest bucket failed at capture: FlashInfer's "length of
+    paged_kv_indices exceeds the allocated buffer size")."""
+    tokens = rows + extra
+    counts = first_plan_counts(tokens, rows, max_row_tokens)
+    assert counts.shape == (rows,) and counts.min() >= 1 and counts.max() <= max(1, max_row_tokens)
+    assert counts.sum() == min(tokens, rows * max(1, max_row_tokens))
+    if tokens <= max_row_tokens + rows - 1:  # the longest row the bucket allows, the others one token
+        assert counts[0] == tokens - (rows - 1) and (counts[1:] == 1).all()

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
-from mstar.plan.node_args import DECODER_STYLES, layer_is_full
+from mstar.plan.node_args import DECODER_STYLES, MLP_WIDTH_PER_HIDDEN, layer_is_full
 from mstar.plan.schema import NodePlan
 
 DimsMode = Literal["tiny", "spec"]
@@ -217,7 +217,7 @@ def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
         num_qo_heads=num_qo_heads,
         head_dim=head_dim,
         hidden=hidden,
-        intermediate=_int(node, "intermediate", 4 * hidden),
+        intermediate=_int(node, "intermediate", MLP_WIDTH_PER_HIDDEN * hidden),
         vocab=_int(node, "vocab", 32000),
         layer_is_full=full,
         rope_theta=_float(node, "rope_theta", 10000.0),

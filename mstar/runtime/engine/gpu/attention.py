@@ -18,8 +18,10 @@ only: no buffer copies, no per-row Python loop), which cost 0.4 ms a step at 64 
 
 Rules kept (shared/reference/flashinfer.md section 0): every plan() gets q/kv dtype bf16; decode
 uses tensor cores (the prefill kernels) for grouped-query attention with backend fa2, except the
-decode graphs of at most `CUDA_CORE_MAX_BATCH` rows, which take the CUDA-core decode kernel; plan()
-always runs outside the graph. Measured on the H200 (Llama-3.2-1B heads: 32 q, 8 KV, head dim 64;
+decode graphs of at most `CUDA_CORE_MAX_BATCH` rows, which take the CUDA-core decode kernel where
+it is compiled for the node's group size (`CUDA_CORE_GROUP_SIZES`; Qwen3-Omni's thinker, 28 q heads
+over 4 KV heads, is not: its plan() failed with "Unsupported group_size: 7"); plan() always runs
+outside the graph. Measured on the H200 (Llama-3.2-1B heads: 32 q, 8 KV, head dim 64;
 16 calls over 1024-token rows in one graph, per call): 1 row 9.8 us on tensor cores against 7.5 us
 on CUDA cores, 2 rows 10.0 / 8.1, 4 rows 10.9 / 9.6, 8 rows 11.7 / 13.1, 16 rows 16.0 / 20.1, 64
 rows 48.7 / 66.9 us (the same outputs within 3.5e-3).
@@ -50,6 +52,9 @@ NUM_FIELDS = NUM_TOKEN_FIELDS + NUM_ROW_FIELDS
 Indices = Union[PackedStep, "GlueStep"]
 
 CUDA_CORE_MAX_BATCH = 4  # decode graphs of at most this many rows: the CUDA-core kernel (module docstring)
+# Query heads per KV head FlashInfer's CUDA-core decode kernel is compiled for (its
+# DISPATCH_GQA_GROUP_SIZE); any other ratio takes the tensor-core (prefill) kernels.
+CUDA_CORE_GROUP_SIZES = (1, 2, 3, 4, 8)
 WORKSPACE_BYTES = 256 << 20  # split-KV partial outputs (the prefill planner's need grows with tokens)
 FA3_MIN_ROW_TOKENS = 64  # a prefill call whose every row holds this many query tokens runs on fa3
 
@@ -71,8 +76,11 @@ class FlashInferSteps:
         self.eager = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
         # Prompt-only calls (module docstring); the two share the float workspace and run one after the other.
         self.prompts = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa3")
+        refusal = cuda_core_refusal(num_qo_heads, num_kv_heads)
+        if is_tensor_core is False and refusal:
+            raise ValueError(refusal)
         self.is_tensor_core = num_qo_heads // num_kv_heads >= 4 if is_tensor_core is None else is_tensor_core
-        self._is_kernel_forced = is_tensor_core is not None
+        self._forced = is_tensor_core
         # The `split` route's decode rows in an eager or piecewise step (planned per step, no graph).
         self.eager_decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.is_tensor_core, **decode_backend(self.is_tensor_core))
@@ -92,8 +100,9 @@ class FlashInferSteps:
 
     def is_tensor_decode(self, batch: int) -> bool:
         """Whether a graph-mode decode wrapper of `batch` rows takes tensor cores: as the caller
-        forced, else the rule of the module docstring (CUDA cores up to CUDA_CORE_MAX_BATCH rows)."""
-        return self.is_tensor_core and (self._is_kernel_forced or batch > CUDA_CORE_MAX_BATCH)
+        forced, else the rule of the module docstring (CUDA cores up to CUDA_CORE_MAX_BATCH rows where
+        the kernel exists for the group size)."""
+        return decode_takes_tensor_cores(self.heads[0], self.heads[1], batch, self._forced)
 
     def warm_up(self, pages: tuple[torch.Tensor, torch.Tensor], dummy_page: int) -> None:
         """Plan and run each eager wrapper once on the dummy page, so their kernel modules load (or
@@ -182,6 +191,27 @@ def plan_graph_decode(wrapper, is_first: bool, kv_indptr: torch.Tensor, kv_indic
         from flashinfer.decode import fast_decode_plan
 
         fast_decode_plan(wrapper, *args, **kwargs)
+
+
+def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, forced: Optional[bool] = None) -> bool:
+    """The decode kernel of a graph of `batch` rows (module docstring): `forced` when given, else
+    tensor cores for grouped-query ratios >= 4 except at most CUDA_CORE_MAX_BATCH rows, and always
+    where the CUDA-core kernel lacks the group size."""
+    if forced is not None:
+        return forced
+    group = num_qo_heads // num_kv_heads
+    if group not in CUDA_CORE_GROUP_SIZES:
+        return True
+    return group >= 4 and batch > CUDA_CORE_MAX_BATCH
+
+
+def cuda_core_refusal(num_qo_heads: int, num_kv_heads: int) -> Optional[str]:
+    """Why the CUDA-core decode kernel cannot serve these heads, None when it can."""
+    group = num_qo_heads // num_kv_heads
+    if group in CUDA_CORE_GROUP_SIZES:
+        return None
+    return (f"FlashInfer's CUDA-core decode kernel has no variant for {num_qo_heads} query heads over "
+            f"{num_kv_heads} KV heads (group size {group}; compiled: {', '.join(map(str, CUDA_CORE_GROUP_SIZES))})")
 
 
 def decode_backend(is_tensor_core: bool) -> dict[str, str]:

@@ -254,12 +254,15 @@ def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
 
         num_slots = max(node.recurrent.num_slots if node.recurrent else 0, max(DECODE_ROWS) + 1)
         states = LinearStates.for_dims(dims, num_slots, device)
-    max_positions = 8192
+    packed = packed_families(plan, node.name)
+    # The bench's rows reach 8192 tokens; a graph's first plan holds one row of its largest token
+    # bucket (qwen3_omni's vision prefill: 16384), whose pages the row's page table must hold.
+    max_positions = max([8192] + [t for f in (packed.whole if packed else ()) for t in f.token_buckets])
     if glue is not None and dims.has_linear_layers:
         glue = None  # a hybrid decoder keeps the numpy packing (its linear layers read that layout)
     executor = BenchExecutor(DecoderForward(model, dims, kv, max_positions + 1, states), kv, device, num_pages + 1,
                              family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core,
-                             packed=packed_families(plan, node.name),
+                             packed=packed,
                              glue_pages_per_seq=max_positions // page_size if glue is not None else None,
                              unroll_prompts=family.unroll_prompts if family else 0)
     executor.glue = glue
@@ -267,11 +270,14 @@ def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
 
 
 def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None, glue_module=None,
-               is_numpy_too: bool = True) -> tuple[dict, DecoderDims]:
+               is_numpy_too: bool = True, is_capture_only: bool = False) -> tuple[dict, DecoderDims]:
     """glue_module: the plan's generated glue (the steps are packed by it); None: numpy packing.
-    is_numpy_too: also time each step with the numpy packing on a second executor."""
+    is_numpy_too: also time each step with the numpy packing on a second executor.
+    is_capture_only: capture the node's graphs and report their memory, time no step."""
     glue = bench_glue(glue_module, node) if glue_module is not None else None
     dims, model, kv, family, executor = build(plan, node, is_tensor_core, glue)
+    if is_capture_only:
+        return _capture_only(plan, node, family, executor), dims
     numpy_executor = None
     if executor.packer is not None and is_numpy_too:
         numpy_executor = build(plan, node, is_tensor_core, None, (dims, model, kv))[4]
@@ -315,6 +321,21 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=Non
     del executor, numpy_executor, model, kv
     torch.cuda.empty_cache()
     return out, dims
+
+
+def _capture_only(plan, node, family, executor) -> dict:
+    """Every graph the executor captures for the node, its capture time and memory beside the plan's
+    estimates (`--capture-only`: the capture table of docs/engine.md, one node at a time)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if family or executor.packed:
+        executor.capture()
+    out = {"device": torch.cuda.get_device_name(), "node": node.name,
+           "capture_s": round(time.perf_counter() - start, 2),
+           "capture": _capture_report(plan, node, family, executor)}
+    del executor
+    torch.cuda.empty_cache()
+    return out
 
 
 def _numpy_variant(case: dict, numpy_executor, rows, page_size: int, iters: int, bucket: tuple = (None, 0, "packed")
@@ -437,7 +458,7 @@ def _capture_report(plan, node, family, executor) -> dict:
     return report
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench engine", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama.plan")
     parser.add_argument("--node", help="the kv node to bench (default: the plan's first)")
@@ -454,9 +475,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="FlashInfer decode kernel: tensor cores (the prefill kernels), CUDA cores, or auto "
                              "(tensor cores for grouped-query ratios >= 4, CUDA cores for decode graphs of at "
                              "most 4 rows)")
+    parser.add_argument("--capture-only", action="store_true",
+                        help="only capture the node's graphs and report their memory against the plan's estimate")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
     if args.host_pack:
         return _host_pack(args)
     reason = _unavailable()
@@ -474,6 +501,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if node is None:
         return 1
     is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
+    if is_tensor_core is False and _lacks_cuda_core_kernel(node):
+        return 1
     from mstar.plan.io import input_paths
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 
@@ -482,7 +511,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GlueLoadError as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
-    result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core, glue_module, not args.no_numpy)
+    result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core, glue_module, not args.no_numpy,
+                              args.capture_only)
+    if args.capture_only:
+        print(json.dumps(result, sort_keys=True) if args.json else "\n".join(_capture_lines(result)))
+        return 0
     if not args.no_hf and dims.has_linear_layers:
         result["hf"] = "not measured: the HF baseline is LlamaForCausalLM, not a gated delta-net hybrid"
     elif not args.no_hf:
@@ -502,6 +535,18 @@ def _kv_node(plan, args: argparse.Namespace) -> Any:
             if args.node else "no kv node"
         print(f"mstar bench engine: {args.plan} has {wanted}", file=sys.stderr)
     return node
+
+
+def _lacks_cuda_core_kernel(node) -> bool:
+    """Whether `--decode-kernel cuda` cannot run the node's heads (after saying why)."""
+    from mstar.runtime.engine.dims import decoder_dims
+    from mstar.runtime.engine.gpu.attention import cuda_core_refusal
+
+    dims = decoder_dims(node, "spec")
+    refusal = cuda_core_refusal(dims.num_qo_heads, dims.num_kv_heads)
+    if refusal:
+        print(f"mstar bench engine: --decode-kernel cuda: {refusal}", file=sys.stderr)
+    return refusal is not None
 
 
 def _host_pack(args: argparse.Namespace) -> int:
@@ -572,6 +617,13 @@ def _table(result: dict) -> str:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
     for kernel in result.get("profile", []):
         lines.append(f"  {kernel['us_per_replay']:>9.1f} us  x{kernel['calls_per_replay']:<4} {kernel['kernel']}")
+    return "\n".join(lines + _capture_lines(result))
+
+
+def _capture_lines(result: dict) -> list[str]:
+    lines = []
     for family, value in result.get("capture", {}).items():
-        lines.append(f"capture {family}: measured {value['measured_mb']} MiB, estimate {value['estimate_mb']} MiB")
-    return "\n".join(lines)
+        measured, estimate = value["measured_mb"], value["estimate_mb"]
+        off = f" ({(estimate / measured - 1) * 100:+.1f}%)" if measured else ""
+        lines.append(f"capture {family}: measured {measured} MiB, estimate {estimate} MiB{off}")
+    return lines

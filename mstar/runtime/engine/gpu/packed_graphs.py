@@ -160,6 +160,20 @@ def derive_split_arrays(qo: torch.Tensor, kv: torch.Tensor, last: torch.Tensor, 
     return (j[:rows] < d)[:, None, None]
 
 
+def first_plan_counts(tokens: int, rows: int, max_row_tokens: int) -> np.ndarray:
+    """Query tokens per row of a key's first plan: the bucket's tokens with one row as long as a
+    row may be (the rest one token each), and where a row is capped (`max_row_tokens`: the node's
+    max_seq_len, below the bucket) the surplus in the next rows, as a step of several long
+    prompts fills the bucket. A row's pages stay within the wrapper's page table."""
+    counts = np.ones(rows, dtype=np.int64)
+    surplus = tokens - rows
+    for row in range(rows):
+        extra = min(surplus, max_row_tokens - 1)
+        counts[row] += extra
+        surplus -= extra
+    return counts
+
+
 class PackedGraphs:
     def __init__(self, forward: DecoderForward, attention: FlashInferSteps, loop_tokens: torch.Tensor,
                  keys: list[GraphKey], max_row_pages: int, dummy_slot: int, device: torch.device):
@@ -238,14 +252,13 @@ class PackedGraphs:
             paged_kv_last_page_len_buffer=arrays.dec_last, **decode_backend(is_tensor))
 
     def _first_plan(self, key: GraphKey, dummy_page: int) -> None:
-        """The key's first plan, through FlashInfer's `plan()`: its largest shape (one row of the
-        bucket's tokens past the other rows' one each, every page the dummy), which freezes the
-        wrapper's row count and token count and loads its kernels."""
+        """The key's first plan, through FlashInfer's `plan()`: its largest shape (`first_plan_counts`,
+        every page the dummy), which freezes the wrapper's row count and token count and loads its
+        kernels."""
         tokens, rows = key[0], prefill_rows(key)
         hq, hkv, d = self.attention.heads
         page_size = self.attention.page_size
-        counts = np.ones(rows, dtype=np.int64)
-        counts[0] = tokens - (rows - 1)
+        counts = first_plan_counts(tokens, rows, self.max_row_pages * page_size)
         pages = -(-counts // page_size)
         as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
         qo = np.concatenate([[0], np.cumsum(counts)])

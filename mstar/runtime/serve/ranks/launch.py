@@ -88,10 +88,24 @@ def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_
     try:
         executor = build_executor(plan, rank, options, channel, device, comms)
     except Exception as error:  # a refused engine: rank 0 reports it and stops
-        channel.send(0, "fatal", {"message": f"cannot start its engine: {error}"}, timeout_s=10.0)
+        try:
+            channel.send(0, "fatal", {"message": f"cannot start its engine: {error}"}, timeout_s=10.0)
+        except RankFailure:  # rank 0 is still building its own engine: it sees this rank exit instead
+            raise SystemExit(1) from None
         return
     channel.send(0, "ready", {"plan": plan.header.content_sha256, "memory": executor.memory()})
     serve(executor, channel, rank)
+
+
+def _check_gpus(device: str, size: int) -> None:
+    """Spawned ranks take one GPU each (`rank_device`): refuse a run this machine cannot place
+    before any rank builds its models, rather than after rank 0 has built its own."""
+    if not device.startswith("cuda"):
+        return
+    available = torch.cuda.device_count()
+    if available < size:
+        raise LaunchError(f"the plan runs {size} ranks, one GPU each with --device cuda (rank r on cuda:r); "
+                          f"this machine has {available}")
 
 
 class RankProcesses:
@@ -143,6 +157,7 @@ class RankProcesses:
         return {worker.rank for worker in self.plan.workers}
 
     def _spawn(self) -> None:
+        _check_gpus(self.options.device, self.size)
         store = dist.TCPStore("127.0.0.1", 0, self.size, True, wait_for_workers=False,
                               timeout=timedelta(seconds=START_TIMEOUT_S))
         context = torch.multiprocessing.get_context("spawn")

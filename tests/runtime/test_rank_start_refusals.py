@@ -1,0 +1,38 @@
+"""Start-up refusals of ranks as processes, without spawning any: a plan that needs more GPUs than
+the machine has is refused before a rank builds its models, and a rank whose engine is refused
+while rank 0 is still busy building its own exits quietly (rank 0 then reports it exited while
+starting), instead of printing a traceback of the undelivered message."""
+import pytest
+import torch
+
+from mstar.plan.io import load_plan
+from mstar.runtime.serve.ranks import launch
+from mstar.runtime.serve.ranks.channel import RankFailure
+from mstar.runtime.serve.ranks.worker import RankOptions
+
+
+def test_a_plan_of_more_ranks_than_gpus_is_refused_up_front(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(launch.LaunchError, match="runs 2 ranks, one GPU each .* this machine has 1"):
+        launch._check_gpus("cuda", 2)
+    launch._check_gpus("cuda", 1)
+    launch._check_gpus("cpu", 8)  # CPU ranks share the host
+
+
+def test_a_refused_rank_exits_quietly_when_rank_0_cannot_take_the_message(monkeypatch):
+    class Unheard:
+        def __init__(self, _problem):
+            pass
+
+        def send(self, *_args, **_kwargs):
+            raise RankFailure(0, "hangs: no progress taking a message within the rank timeout")
+
+    def refuse(*_args):
+        raise ValueError("--device cuda:1: there are only 1 CUDA device(s)")
+
+    monkeypatch.setattr(launch, "Channel", Unheard)
+    monkeypatch.setattr(launch, "tp_comms", lambda *args: None)
+    monkeypatch.setattr(launch, "build_executor", refuse)
+    with pytest.raises(SystemExit) as exited:
+        launch.run_rank(load_plan("generated/orpheus.plan"), 1, 1, RankOptions(), lambda peer: None)
+    assert exited.value.code == 1
