@@ -105,7 +105,7 @@ def _check_gpus(device: str, size: int) -> None:
     available = torch.cuda.device_count()
     if available < size:
         raise LaunchError(f"the plan runs {size} ranks, one GPU each with --device cuda (rank r on cuda:r); "
-                          f"this machine has {available}")
+                          f"this machine has {available} (--ranks inproc runs every rank in this process, on one GPU)")
 
 
 class RankProcesses:
