@@ -199,10 +199,9 @@ def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, 
     where the CUDA-core kernel lacks the group size."""
     if forced is not None:
         return forced
-    group = num_qo_heads // num_kv_heads
-    if group not in CUDA_CORE_GROUP_SIZES:
+    if cuda_core_refusal(num_qo_heads, num_kv_heads):
         return True
-    return group >= 4 and batch > CUDA_CORE_MAX_BATCH
+    return num_qo_heads // num_kv_heads >= 4 and batch > CUDA_CORE_MAX_BATCH
 
 
 def cuda_core_refusal(num_qo_heads: int, num_kv_heads: int) -> Optional[str]:

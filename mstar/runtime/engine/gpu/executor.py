@@ -61,7 +61,8 @@ import torch
 from mstar.runtime.engine.glue_reference import INDEX_DTYPE, KeyGlue, PackBuffers, RowInputs, TokenBuffers
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
-from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, PackedStep, RowSpec, fed_ids, max_row_pages, pack
+from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, fed_ids, max_row_pages, pack,
+                                              padded)
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
 
@@ -257,7 +258,7 @@ class StepExecutor:
             for key in graphs.graphs:
                 tokens, rows = key[0], key[1]
                 ids, positions, slots, _src, last_index, _row_slot = graphs.inputs[key].split(
-                    [tokens] * 4 + [rows] * 2)
+                    [tokens] * NUM_TOKEN_FIELDS + [rows] * 2)
                 qo, kv, last, pages, end = graphs.index_layout(rows)
                 index = graphs.indices[rows]
                 # The wrapper's own index buffers: pack_step writes what the graph's attention reads.
@@ -409,12 +410,11 @@ class StepExecutor:
         rows only): the row fields and the CSR arrays padded to the key's rows as zero-length rows."""
         graphs = self._whole_graphs()
         tokens, rows = key[0], key[1]
-        num_rows, offset = packed.num_rows, NUM_TOKEN_FIELDS * tokens
+        offset = NUM_TOKEN_FIELDS * tokens
         self._stage(_padded_row_fields(packed, offset, rows), graphs.inputs[key])
-        qo = _pad_offsets(packed.qo_indptr.numpy(), rows)
-        kv = _pad_offsets(packed.kv_indptr.numpy(), rows)
-        last = np.zeros(rows, dtype=np.int32)
-        last[:num_rows] = packed.last_page_len.numpy()
+        qo_host, kv_host = packed.qo_indptr.numpy(), packed.kv_indptr.numpy()
+        qo, kv = padded(qo_host, rows + 1, int(qo_host[-1])), padded(kv_host, rows + 1, int(kv_host[-1]))
+        last = padded(packed.last_page_len.numpy(), rows, 0)
         qo_at, kv_at, last_at, pages_at, _ = graphs.index_layout(rows)
         indices = np.zeros(pages_at + packed.kv_indices.shape[0], dtype=np.int32)
         indices[qo_at:qo_at + rows + 1], indices[kv_at:kv_at + rows + 1] = qo, kv
@@ -601,13 +601,6 @@ class StepExecutor:
             ordered[pending.order] = tokens
             return ordered
         return tokens
-
-
-def _pad_offsets(offsets: np.ndarray, rows: int) -> np.ndarray:
-    """CSR offsets of a step's real rows extended to `rows` rows of zero length."""
-    padded = np.full(rows + 1, offsets[-1], dtype=np.int32)
-    padded[:offsets.shape[0]] = offsets
-    return padded
 
 
 def _padded_row_fields(packed: PackedStep, offset: int, rows: int) -> np.ndarray:

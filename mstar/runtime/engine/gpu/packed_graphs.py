@@ -44,7 +44,7 @@ import torch
 from mstar.runtime.engine.gpu.attention import FlashInferSteps, decode_backend, plan_graph_decode
 from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
-from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
+from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids, padded
 
 GraphKey = tuple[int, int, str]  # (token bucket T, batch size B, attention route: "packed" or "split")
 INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's own size for a wrapper's int workspace
@@ -94,12 +94,6 @@ def kv_lengths(kv_indptr: np.ndarray, last_page_len: np.ndarray, page_size: int)
     return np.where(pages > 0, (pages - 1) * page_size + last_page_len, 0).astype(np.int32)
 
 
-def _padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
-    out = np.full(size, fill, dtype=np.int32)
-    out[:values.shape[0]] = values
-    return out
-
-
 @dataclass
 class SplitArrays:
     """A batch size's index arrays of the split route (device, fixed addresses): the decode
@@ -132,11 +126,11 @@ def split_host_arrays(qo: np.ndarray, kv: np.ndarray, last: np.ndarray, num_deco
     nobody reads, with a KV length of at least one); its rows 1.. are the step's rows from the first
     prompt row on. `derive_split_arrays` computes the same on the device."""
     rows, d = last.shape[0], num_decode
-    dec_indptr = _padded(kv[:d + 1], rows + 1, int(kv[d]))
-    dec_last = _padded(last[:d], rows, 0)
-    pre_qo = _padded(np.concatenate([[0], qo[d:]]), rows + 2, int(qo[rows]))
-    pre_kv = _padded(np.concatenate([[kv[d] - 1], kv[d:]]), rows + 2, int(kv[rows]))
-    pre_last = _padded(np.concatenate([[last[d - 1]], last[d:]]), rows + 1, 0)
+    dec_indptr = padded(kv[:d + 1], rows + 1, int(kv[d]))
+    dec_last = padded(last[:d], rows, 0)
+    pre_qo = padded(np.concatenate([[0], qo[d:]]), rows + 2, int(qo[rows]))
+    pre_kv = padded(np.concatenate([[kv[d] - 1], kv[d:]]), rows + 2, int(kv[rows]))
+    pre_last = padded(np.concatenate([[last[d - 1]], last[d:]]), rows + 1, 0)
     return dec_indptr, dec_last, pre_qo, pre_kv, pre_last
 
 

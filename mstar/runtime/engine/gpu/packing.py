@@ -24,6 +24,14 @@ NUM_TOKEN_FIELDS = 4  # ids, positions, write slots, token source
 NUM_ROW_FIELDS = 2  # last-token index, row slot
 
 
+def padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
+    """`values` as int32, extended to `size` entries with `fill` (CSR offsets and per-row fields
+    widened to a graph's rows: padding rows of zero length)."""
+    out = np.full(size, fill, dtype=np.int32)
+    out[:values.shape[0]] = values
+    return out
+
+
 def max_row_pages(max_seq_len: int, page_size: int, num_pool_pages: int) -> int:
     """The most pages one row of a step indexes: a sequence of `max_seq_len` tokens, and never more
     than the pool's pages (a row's pages are distinct). A step's page indices number at most its
