@@ -177,6 +177,9 @@ class Deployment(DeployModel):
     # Share full KV pages between requests by a hash of their tokens (every kv node; per node:
     # kv_pool.nodes.NODE.prefix_cache).
     prefix_cache: bool = False
+    # A prompt chunk's tokens count against max_step_tokens weighted by the context they attend
+    # over (KeyPlan.chunk_context_scale); false: one each, as the reference counts them.
+    budget_counts_context: bool = True
 
     _name: str = PrivateAttr(default="")
     _path: str = PrivateAttr(default="")

@@ -30,6 +30,7 @@ from mstar.compiler.capture_keys import DEFAULT_KV_SEQUENCE  # a kv node's one s
 from mstar.compiler.check_prompt_format import PROMPT_FIELD, TOKEN_LIST_ARGS, template_fields
 from mstar.compiler.check_roles import model_kind
 from mstar.compiler.chunking import prefix_walks
+from mstar.compiler.chunk_cost import with_chunk_costs
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
@@ -199,7 +200,7 @@ def run(spec: ast.Spec, deployment: Deployment, header: Header) -> Plan:
     trees = lower_walks(spec, params)
     partitions = lower_partitions(spec)
     nodes = lower_nodes(spec, deployment)
-    workers = lower_workers(spec, deployment, trees, row_limit(deployment))
+    workers = with_chunk_costs(lower_workers(spec, deployment, trees, row_limit(deployment)), nodes, deployment)
     return Plan(
         header=header,
         params=dict(sorted(params.items())),

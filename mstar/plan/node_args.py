@@ -3,7 +3,7 @@
 A node header's `(name=value, ...)` and a `state recurrent(...)` declaration carry the model's
 dims. The compiler checks them against this registry (check_args.py, MW109-MW112) so that a typo
 such as `kv_head=8` is an error at compile time instead of a silently used default at run time;
-the runtime (mstar/runtime/engine/dims.py) takes its choices and the layer-pattern rule
+the runtime (mstar/plan/dims.py) takes its choices and the layer-pattern rule
 from here, so the two cannot drift apart. tests/checks/test_node_args.py fails when the runtime
 reads a dim this registry does not list.
 """

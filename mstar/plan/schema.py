@@ -18,7 +18,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 # The version of mstarc that writes plans; a plan from another compiler version is refused on
 # load (recompile). Kept here so the runtime can check it without importing the compiler.
 COMPILER_VERSION = "0.1.0"
@@ -420,6 +420,11 @@ class KeyPlan(PlanModel):
     # walk -> the most prompt tokens of one row a step feeds: the scheduler cuts a longer row
     # into chunks across steps (max_prefill_chunk_size). Walks not listed run a row whole.
     chunk_sizes: dict[str, int] = {}
+    # With a budget: a chunk token fed after c tokens of the row's KV counts 1 + c / this against
+    # token_budget (the node's matrix-product work per token over its attention work per cached
+    # token, compiler/chunk_cost.py), so a step's work stays flat as a long prompt's chunks reach
+    # deeper into its context. None: every token counts 1 (budget_counts_context: false).
+    chunk_context_scale: Optional[int] = None
 
 
 class SpeculationPlan(PlanModel):

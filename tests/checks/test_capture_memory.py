@@ -5,7 +5,7 @@ from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 from mstar.plan.io import load_plan
-from mstar.runtime.engine.dims import decoder_dims
+from mstar.plan.dims import decoder_dims
 
 SPEC = """model grow
 node LLM kv(layers=28, kv_heads=4, qo_heads=28, head_dim=128, hidden=3584, vocab=152064) {{

@@ -25,7 +25,7 @@ def test_whisper_lowers_its_pool_and_kv_access():
     assert access == {"prefill": ([], ["main", "audio"]), "decode": (["audio"], ["main"])}
     # 4 cross_kv; 5 chunking, prefix cache; 6 submodels; 7 action; 8 piecewise; 9 several captures a walk;
     # 10 capture guidance modes and labels; 11 partition repeat, client latents
-    assert result.plan.header.schema_version == 11
+    assert result.plan.header.schema_version == 12
 
 
 def test_cross_kv_formats_back_with_its_comment():

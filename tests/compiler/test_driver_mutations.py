@@ -101,7 +101,7 @@ def test_edited_arguments_never_raise(case, tmp_path_factory):
 
 
 def build_every_model_dims(plan) -> None:
-    from mstar.runtime.engine.dims import codec_dims, decoder_dims, encoder_dims, image_decoder_dims
+    from mstar.plan.dims import codec_dims, decoder_dims, encoder_dims, image_decoder_dims
     for node in plan.nodes:
         kind = node.model_kind
         for mode in ("spec", "tiny"):

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from mstar.plan.io import load_plan
-from mstar.runtime.engine.dims import decoder_dims
+from mstar.plan.dims import decoder_dims
 from mstar.runtime.engine.gpu import bench
 
 PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"

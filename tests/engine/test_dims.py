@@ -3,7 +3,7 @@ import pytest
 
 from plan_roles import node_plan
 from mstar.plan.schema import RecurrentState
-from mstar.runtime.engine.dims import DimsError, decoder_dims, layer_pattern
+from mstar.plan.dims import DimsError, decoder_dims, layer_pattern
 
 
 def node(**dims):
@@ -57,7 +57,7 @@ def test_a_depth_model_and_a_decoder_share_one_list_of_layer_fields():
     second copy to drift), each keeping its own defaults: Qwen3's norm epsilon for a depth model."""
     import dataclasses
 
-    from mstar.runtime.engine.dims import DecoderDims, LayerStackDims
+    from mstar.plan.dims import DecoderDims, LayerStackDims
     from mstar.runtime.engine.models.depth import DepthDims
 
     stack = [f.name for f in dataclasses.fields(LayerStackDims)]

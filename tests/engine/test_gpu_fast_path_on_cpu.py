@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine_plans import generate, llm_plan
-from mstar.runtime.engine.dims import RopeScaling
+from mstar.plan.dims import RopeScaling
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.packing import RowSpec, pack
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason, packed_families

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from engine_plans import hybrid_plan, llm_plan  # noqa: E402
-from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
+from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu import kernels  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend  # noqa: E402

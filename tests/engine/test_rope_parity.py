@@ -11,7 +11,7 @@ import torch
 
 from engine_plans import generate, llm_plan
 from mstar.runtime.engine.models.rope import apply_rotary, span_lengths
-from mstar.runtime.engine.dims import RopeScaling
+from mstar.plan.dims import RopeScaling
 from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
 
 transformers = pytest.importorskip("transformers")

@@ -20,7 +20,7 @@ import torch
 from engine_plans import LLM_DIMS, generate, hybrid_plan, llm_plan
 from tp_ranks import NUM_NEW, PROMPTS, engine_checks, greedy_logits, param_bytes, spawn_ranks
 from mstar.plan.io import load_plan
-from mstar.runtime.engine.dims import decoder_dims
+from mstar.plan.dims import decoder_dims
 from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
 from mstar.runtime.engine.tp.build import plan_tp_groups
 from mstar.runtime.engine.tp.comm import TpComm

@@ -11,7 +11,7 @@ import torch
 
 from engine_plans import LLM_DIMS, llm_plan
 from graph_standins import CpuAttention, CpuDecodeGraphs
-from mstar.runtime.engine.dims import decoder_dims
+from mstar.plan.dims import decoder_dims
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.executor import StepExecutor
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv

@@ -18,7 +18,7 @@ from engine_plans import LLM_DIMS, generate, llm_plan  # noqa: E402
 
 from mstar.plan.io import load_plan  # noqa: E402
 from mstar.plan.schema import RecurrentState  # noqa: E402
-from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
+from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
 from mstar.runtime.engine.gpu.executor import StepExecutor  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402

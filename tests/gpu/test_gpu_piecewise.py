@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from engine_plans import LLM_DIMS, llm_plan  # noqa: E402
 
 from mstar.plan.io import load_plan  # noqa: E402
-from mstar.runtime.engine.dims import decoder_dims  # noqa: E402
+from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
 from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor, WholePacked  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402

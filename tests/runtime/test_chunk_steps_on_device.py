@@ -16,16 +16,20 @@ class _Timed:
 
 
 def test_the_slowest_chunk_step_shows_as_device_time_or_as_waiting_for_the_host():
-    # decode steps of 40 rows, then chunk steps of 40 rows + 216 tokens; the third chunk step
-    # waits 2 ms for the host, the fourth runs 7 ms on the device
-    spans = [(0.0, 2.0), (2.0, 4.0), (4.0, 8.0), (8.0, 12.0), (14.0, 18.0), (18.0, 25.0), (25.0, 27.0)]
-    shapes = [(40, 40), (40, 40), (41, 256), (41, 256), (41, 256), (41, 256), (40, 40)]
-    found = chunk_steps_on_device([_Timed(spans, shapes)])
-    assert found["num_chunk_steps"] == 4 and found["span_p50_ms"] == 4.0
+    # the decode rows' own prompts (16 rows, 256 tokens), decode steps of 40 rows, then chunk
+    # steps of 40 rows + 216 tokens; the third chunk step waits 2 ms for the host, the fourth
+    # runs 7 ms on the device
+    spans = [(-9.0, 0.0), (0.0, 2.0), (2.0, 4.0), (4.0, 8.0), (8.0, 12.0), (14.0, 18.0), (18.0, 25.0),
+             (25.0, 27.0)]
+    shapes = [(16, 256), (40, 40), (40, 40), (41, 256), (41, 256), (41, 256), (41, 256), (40, 40)]
+    found = chunk_steps_on_device([_Timed(spans, shapes)], num_decode=40)
+    assert found["num_chunk_steps"] == 5
+    assert found["beside_decode_span_max_ms"] == 7.0 and found["beside_decode_span_p90_ms"] > 4.0
     slowest = found["slowest"]
-    assert [(s["index"], s["span_ms"], s["gap_before_ms"]) for s in slowest] == [(3, 7.0, 0.0), (2, 4.0, 2.0),
-                                                                                 (0, 4.0, 0.0)]
+    assert [(s["index"], s["span_ms"], s["gap_before_ms"]) for s in slowest] == [(0, 9.0, 0.0), (4, 7.0, 0.0),
+                                                                                 (3, 4.0, 2.0)]
 
 
 def test_a_run_without_device_events_reports_no_chunk_steps():
-    assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": []}
+    assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": [],
+                                         "beside_decode_span_p90_ms": None, "beside_decode_span_max_ms": None}

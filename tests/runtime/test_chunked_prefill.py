@@ -78,16 +78,23 @@ def test_no_step_passes_its_token_budget_and_every_prompt_is_fed_once(lengths, c
 
 def test_decode_rows_keep_their_place_beside_a_long_prompt():
     """40 decode rows and one 8192-token prompt under a 512-token budget: every step holds every
-    decode row; the prompt advances by the room left (472 tokens a step) and samples once."""
+    decode row; the prompt advances by the room left (472 tokens a step, fewer at depth: the plan's
+    budget counts a chunk token after c tokens of KV as 1 + c / N) and samples once."""
     plan = generated("llama_chunked")
-    requests = [Request(id=f"d{i}", prompt_tokens=[5] * 16, max_tokens=200) for i in range(40)]
+    scale = plan.workers[0].keys[0].chunk_context_scale
+    assert scale, "llama_chunked's budget counts context (budget_counts_context defaults on)"
+    requests = [Request(id=f"d{i}", prompt_tokens=[5] * 16, max_tokens=300) for i in range(40)]
     requests.append(Request(id="long", prompt_tokens=[9] * 8192, max_tokens=2))
     driver = Driver(plan, SimEngine(plan))
     driver.run(Workload(requests, closed_concurrency=41))
     log = driver.log
-    prompt_steps = [i for i, rows in enumerate(log.walk_rows) if rows.get("prefill") and log.num_tokens[i] > 100]
+    assert all(n <= 512 for n in log.num_tokens)
+    # once the short prompts are in, every step of the long one holds all 40 decode rows
+    prompt_steps = [i for i, rows in enumerate(log.walk_rows) if rows == {"prefill": 1, "decode": 40}]
     assert len(prompt_steps) >= 8192 // 512
-    for i in prompt_steps:
-        assert log.num_tokens[i] <= 512
-        assert log.walk_rows[i].get("decode", 0) in (0, 40)
+    chunks = [log.num_tokens[i] - 40 for i in prompt_steps]
+    depth = 8192 - sum(chunks)  # its first chunk shared a step with the short prompts
+    for chunk in chunks:
+        assert chunk == min(8192 - depth, max(1, 472 * scale // (scale + depth)))  # the driver told its depth
+        depth += chunk
     assert driver.conductor.records["long"].finish_reason == "length"

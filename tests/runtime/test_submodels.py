@@ -9,7 +9,7 @@ from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.dims import decoder_dims
+from mstar.plan.dims import decoder_dims
 from mstar.runtime.engine.submodels import submodel_dims
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload

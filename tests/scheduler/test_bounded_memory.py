@@ -59,7 +59,7 @@ def test_a_worker_that_never_ran_the_request_keeps_no_tombstone():
     sched = WorkerScheduler(two_key_worker(), DEPLOYMENT, clock=lambda: 0.0)
     for i in range(1000):
         sched.remove(f"elsewhere-{i}")
-    assert sched.num_tracked() == {"present": 0, "classes": 0, "guided": 0, "removed": 0, "follow": 0}
+    assert sched.num_tracked() == {"present": 0, "classes": 0, "guided": 0, "removed": 0, "follow": 0, "contexts": 0}
 
 
 def test_a_removed_request_never_comes_back_from_the_steps_that_name_it():

@@ -7,16 +7,20 @@ from plan_factory import assemble_worker, build_key
 from mstar.plan.schema import DeploymentPlan, SpeculationPlan
 from mstar.runtime.scheduler.baseline import BaselineScheduler
 from mstar.runtime.scheduler.scheduler import WorkerScheduler
+from mstar.runtime.scheduler.token_budget import chunk_within
 
 MORE = settings(settings.default, max_examples=max(200, settings.default.max_examples))
 
 
-def drain(make, worker, rows: list[tuple[str, int]], budget: int) -> list[tuple]:
+def drain(make, worker, rows: list[tuple[str, int]], budget: int, first_context: int = 0) -> list[tuple]:
+    """Every row's tokens through the scheduler, a cut row's rest coming back with its depth (the
+    prompt's first row after `first_context` cached tokens, as after a prefix-cache hit)."""
     sched = make(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0)
-    left = {}
+    left, fed = {}, {}
     for i, (walk, tokens) in enumerate(rows):
-        sched.add_ready(f"r{i}", "LLM", walk, tokens)
-        left[f"r{i}"] = tokens
+        context = first_context if walk == "prefill" else 0
+        sched.add_ready_many([f"r{i}"], "LLM", walk, [tokens], contexts=[context])
+        left[f"r{i}"], fed[f"r{i}"] = tokens, context
     log = []
     for _ in range(10_000):
         batch = sched.next_batch()
@@ -27,29 +31,73 @@ def drain(make, worker, rows: list[tuple[str, int]], budget: int) -> list[tuple]
                     batch.token_bucket))
         for rid, walk, chunk in zip(batch.request_ids, batch.walks, batch.num_tokens):
             left[rid] -= chunk
+            fed[rid] += chunk
             if left[rid] > 0:
-                sched.add_ready(rid, "LLM", walk, left[rid])
+                sched.add_ready_many([rid], "LLM", walk, [left[rid]], contexts=[fed[rid]])
     assert all(n == 0 for n in left.values()), "every token fed exactly once"
     return log
 
 
+SCALES = st.one_of(st.none(), st.integers(1, 200))  # KeyPlan.chunk_context_scale (None: every token one)
+
+
 @MORE
 @given(st.lists(st.tuples(st.sampled_from(["decode", "prefill"]), st.integers(1, 40)), min_size=1, max_size=24),
-       st.integers(8, 64), st.integers(1, 40), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 4)))
-def test_budget_fit_matches_the_row_by_row_rule(rows, budget, chunk, decode_cap, prefill_limit):
+       st.integers(8, 64), st.integers(1, 40), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 4)), SCALES,
+       st.integers(0, 300))
+def test_budget_fit_matches_the_row_by_row_rule(rows, budget, chunk, decode_cap, prefill_limit, scale, cached):
     rows = [(walk, 1 if walk == "decode" else tokens) for walk, tokens in rows]
     key = build_key("LLM", ["decode", "prefill"], {"decode": decode_cap, "prefill": 4}, "mixed", 8,
                     {"prefill": prefill_limit} if prefill_limit else {}, mixed_capture=([1, 4, 8], [16, 64]))
-    key = key.model_copy(update={"token_budget": budget, "chunk_sizes": {"prefill": chunk}})
+    key = key.model_copy(update={"token_budget": budget, "chunk_sizes": {"prefill": chunk},
+                                 "chunk_context_scale": scale})
     specs = [SpeculationPlan(node="LLM", walk=w, can_speculate=False, mixes_walks=False) for w in key.walks]
     worker = assemble_worker(0, [key], specs, [])
-    assert drain(WorkerScheduler, worker, rows, budget) == drain(BaselineScheduler, worker, rows, budget)
+    assert (drain(WorkerScheduler, worker, rows, budget, cached)
+            == drain(BaselineScheduler, worker, rows, budget, cached))
 
 
-def _chunk_worker(budget: int, chunk: int, decode_cap: int):
+@MORE
+@given(st.integers(1, 10_000), st.integers(1, 10_000), st.integers(1, 10_000), st.integers(0, 100_000),
+       st.integers(0, 20_000))
+def test_a_chunk_takes_what_its_depth_leaves_and_never_starves(left, tokens, size, context, scale):
+    """chunk_within: at least one token while any budget is left; the largest chunk whose
+    weighted cost, ceil(chunk x (scale + context) / scale), fits what is left (one token may pass
+    it: a deep prompt still advances); every token counts one without a scale or a context."""
+    chunk, cost = chunk_within(left, tokens, size, context, scale)
+    assert 1 <= chunk <= min(tokens, size, left) and cost >= chunk
+    if not scale or not context:
+        assert (chunk, cost) == (min(tokens, size, left), chunk)
+        return
+    weighted = lambda n: -(-n * (scale + context) // scale)  # noqa: E731
+    assert cost == weighted(chunk)
+    assert cost <= left or chunk == 1
+    assert chunk == min(tokens, size) or weighted(chunk + 1) > left
+    assert chunk_within(0, tokens, size, context, scale) == (0, 0)
+
+
+def test_deeper_chunks_of_one_prompt_get_fewer_tokens():
+    """A prompt alone under a budget that counts context: each chunk is the budget x N / (N + c)
+    at its depth c, so they shrink as the prompt goes deeper, and none takes more than the budget."""
+    key = build_key("LLM", ["decode", "prefill"], {"decode": 8, "prefill": 4}, "mixed", 8, {},
+                    mixed_capture=([1, 4, 8], [16, 64]))
+    key = key.model_copy(update={"token_budget": 64, "chunk_sizes": {"prefill": 64}, "chunk_context_scale": 100})
+    specs = [SpeculationPlan(node="LLM", walk=w, can_speculate=False, mixes_walks=False) for w in key.walks]
+    log = drain(WorkerScheduler, assemble_worker(0, [key], specs, []), [("prefill", 600)], 64)
+    chunks = [step[2][0] for step in log]
+    assert sum(chunks) == 600 and chunks[0] == 64
+    depth = 0
+    for chunk in chunks[:-1]:
+        assert chunk == min(64, max(1, 64 * 100 // (100 + depth)))
+        depth += chunk
+    assert chunks[:-1] == sorted(chunks[:-1], reverse=True) and chunks[-2] < chunks[0] // 4
+
+
+def _chunk_worker(budget: int, chunk: int, decode_cap: int, scale: int | None = None):
     key = build_key("LLM", ["decode", "prefill"], {"decode": decode_cap, "prefill": 4}, "mixed", 8, {},
                     mixed_capture=([1, 4, 8], [16, 64]))
-    key = key.model_copy(update={"token_budget": budget, "chunk_sizes": {"prefill": chunk}})
+    key = key.model_copy(update={"token_budget": budget, "chunk_sizes": {"prefill": chunk},
+                                 "chunk_context_scale": scale})
     specs = [SpeculationPlan(node="LLM", walk="decode", can_speculate=True, mixes_walks=True),
              SpeculationPlan(node="LLM", walk="prefill", can_speculate=False, mixes_walks=False)]
     return assemble_worker(0, [key], specs, [])
@@ -61,19 +109,22 @@ def _shape(batch) -> tuple:
 
 
 @MORE
-@given(st.integers(1, 7), st.integers(2, 300), st.integers(8, 64), st.integers(1, 40), st.integers(1, 8))
-def test_a_chain_past_a_chunk_step_is_the_step_built_after_it(num_decode, prompt, budget, chunk, decode_cap):
+@given(st.integers(1, 7), st.integers(2, 300), st.integers(8, 64), st.integers(1, 40), st.integers(1, 8), SCALES,
+       st.integers(0, 300))
+def test_a_chain_past_a_chunk_step_is_the_step_built_after_it(num_decode, prompt, budget, chunk, decode_cap, scale,
+                                                              cached):
     """Step N holds decode rows and a prompt's chunk with chunks left: the chain's N+1 (the decode
     rows and the prompt's next chunk, speculation.py) stays within the budget and the mixture's
     cap, and when N took every ready row it is the step `next_batch` builds once N's rows came back
-    ready, as the conductor sends them (decode rows, then the prompt's tokens left). (With rows
-    left behind by N, a chain's continuing rows lead their walk, as for any chain.)"""
-    worker = _chunk_worker(budget, chunk, decode_cap)
+    ready, as the conductor sends them (decode rows, then the prompt's tokens left at its new
+    depth, which the chain knows without being told). (With rows left behind by N, a chain's
+    continuing rows lead their walk, as for any chain.)"""
+    worker = _chunk_worker(budget, chunk, decode_cap, scale)
     made = [WorkerScheduler(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0) for _ in range(2)]
     for sched in made:
         for i in range(num_decode):
             sched.add_ready(f"d{i}", "LLM", "decode", 1)
-        sched.add_ready("p", "LLM", "prefill", prompt)
+        sched.add_ready_many(["p"], "LLM", "prefill", [prompt], contexts=[cached])
     running = [sched.next_batch() for sched in made]
     assert running[0] is not None and _shape(running[0]) == _shape(running[1])
     step = running[0]
@@ -86,7 +137,10 @@ def test_a_chain_past_a_chunk_step_is_the_step_built_after_it(num_decode, prompt
     spec = made[0].speculate(step, decode, cut=[("p", prompt - fed["p"])])
     baseline = made[1]
     for rid, walk in zip(step.request_ids, step.walks):
-        baseline.add_ready(rid, "LLM", walk, 1 if walk == "decode" else prompt - fed["p"])
+        if walk == "decode":
+            baseline.add_ready(rid, "LLM", walk, 1)
+        else:
+            baseline.add_ready_many([rid], "LLM", walk, [prompt - fed["p"]], contexts=[cached + fed["p"]])
     expected = baseline.next_batch()
     assert expected is not None
     if spec is None:
@@ -95,6 +149,19 @@ def test_a_chain_past_a_chunk_step_is_the_step_built_after_it(num_decode, prompt
     assert spec.num_rows <= worker.keys[0].mixtures[spec.mask].cap
     if step.num_rows == num_decode + 1:  # N took every ready row
         assert _shape(spec) == _shape(expected)
+        # and the chain after it again (N+2 past N+1's chunk), from what the scheduler kept
+        after = dict(zip(spec.request_ids, spec.num_tokens))
+        if "p" in after and after["p"] < prompt - fed["p"]:
+            rest = prompt - fed["p"] - after["p"]
+            chained = made[0].speculate(spec, decode, cut=[("p", rest)])
+            for rid, walk in zip(expected.request_ids, expected.walks):
+                if walk == "decode":
+                    baseline.add_ready(rid, "LLM", walk, 1)
+                else:
+                    baseline.add_ready_many([rid], "LLM", walk, [rest], contexts=[cached + fed["p"] + after["p"]])
+            again = baseline.next_batch()
+            if chained is not None and again is not None:
+                assert _shape(chained) == _shape(again)
 
 
 def test_a_chain_yields_past_a_last_chunk_and_behind_a_waiting_prompt():

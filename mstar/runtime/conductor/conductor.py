@@ -634,6 +634,12 @@ class Conductor:
 
     # ------------------------------------------------------------ state
 
+    def kv_context(self, request_id: str, node: str) -> int:
+        """Tokens of the active request's KV on a kv node (what its next row attends over: the
+        cached prefix and the chunks fed so far); 0 for a request that is not active."""
+        state = self.active.get(request_id)
+        return 0 if state is None else state.context.get(node, 0)
+
     def requires_guidance(self, request_id: str, node: str) -> bool:
         """Whether the active request requires guidance on `node` (plan/guidance_mode.py); False
         for a node without guidance sequences or a request that is not active."""

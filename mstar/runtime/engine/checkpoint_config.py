@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
-from mstar.runtime.engine.dims import ROPE_KINDS, DecoderDims, RopeScaling
+from mstar.plan.dims import ROPE_KINDS, DecoderDims, RopeScaling
 
 
 class WeightsError(ValueError):

@@ -22,7 +22,7 @@ import torch
 
 from mstar.plan.schema import NodePlan
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_object
-from mstar.runtime.engine.dims import DimsError, DimsMode
+from mstar.plan.dims import DimsError, DimsMode
 from mstar.runtime.engine.models.qwen3_asr import CHUNK_FRAMES, N_WINDOW, Qwen3AsrEncoder, Qwen3AsrEncoderDims
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.weights import init_random

@@ -35,7 +35,7 @@ GRAPH_MERGE_S per attention call (two on the split route, both inside the graph)
 
 Dims come from the plan (`layers`, `hidden`, `qo_heads`, `kv_heads`, `head_dim`, `vocab`,
 `intermediate`, `layer_pattern`). A missing `intermediate` is 4 x hidden, the torch engine's own
-default (engine/dims.py). A node missing any other of these is costed as the reference node (the
+default (plan/dims.py). A node missing any other of these is costed as the reference node (the
 Orpheus-size LLM, 28 layers of hidden 3072) scaled by the node weight layers * hidden / (28 * 3072)
 (28 and 3072 where missing), the previous model's weight. Not modelled: sub-models (a depth model's
 inner steps), the linear-attention layers' recurrent state (their parameters count like a full

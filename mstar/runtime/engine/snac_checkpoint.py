@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from mstar.runtime.engine.checkpoint_config import WeightsError
-from mstar.runtime.engine.dims import SnacDims
+from mstar.plan.dims import SnacDims
 from mstar.runtime.engine.models.snac import SnacDecoder, load_snac_state
 
 # SNAC's constructor defaults (snac 1.2.1), for keys a config.json leaves out

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mstar.plan.schema import NodePlan, SubModelPlan
-from mstar.runtime.engine.dims import (
+from mstar.plan.dims import (
     TINY_CODEBOOK, TINY_QUANTIZERS, DecoderDims, DimsError, DimsMode, decoder_dims,
 )
 from mstar.runtime.engine.models.decoder import Decoder

@@ -2,7 +2,7 @@
 
 `TorchEngine(plan, dims="tiny", weights_dir=None, seed=0, num_pages=None, runs_partial_steps=True,
 device="cpu", attention="auto")` builds one model per plan
-node (the kind the spec states, `NodePlan.model_kind`; dims from `mstar.runtime.engine.dims`) and implements the
+node (the kind the spec states, `NodePlan.model_kind`; dims from `mstar.plan.dims`) and implements the
 `mstar.runtime.step.Engine` protocol:
 - `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
   max_tokens past a node's KV pool or max_seq_len, bad sampling settings);
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from mstar.plan.schema import NodePlan, Plan
-from mstar.runtime.engine.dims import (
+from mstar.plan.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
 )
 from mstar.runtime.engine import qwen3_asr_setup, whisper_setup

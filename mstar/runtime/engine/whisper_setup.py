@@ -22,7 +22,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from mstar.plan.schema import NodePlan
-from mstar.runtime.engine.dims import DimsError, DimsMode
+from mstar.plan.dims import DimsError, DimsMode
 from mstar.runtime.engine.models.whisper import (
     WhisperDecoder, WhisperDecoderDims, WhisperEncoder, WhisperEncoderDims, sinusoids,
 )

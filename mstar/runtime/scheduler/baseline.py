@@ -16,6 +16,7 @@ from typing import Callable, Optional, Sequence, Union
 from mstar.plan.schema import DeploymentPlan, KeyPlan, WorkerPlan
 from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.scheduler import HOLD_BACKOFF_S
+from mstar.runtime.scheduler.token_budget import chunk_within
 from mstar.runtime.scheduler.errors import DuplicateRowError, SchedulerError, UnknownPlacementError
 
 
@@ -26,6 +27,7 @@ class _Row:
     walk: str
     num_tokens: int
     seq: int
+    context: int = 0  # KV tokens before the row's tokens (a cut row's depth, token_budget.py)
 
 
 class BaselineScheduler:
@@ -81,24 +83,24 @@ class BaselineScheduler:
 
     # ---------------------------------------------------------- rows in
 
-    def add_ready(self, request_id: str, node: str, walk: str, num_tokens: int = 1) -> None:
+    def add_ready(self, request_id: str, node: str, walk: str, num_tokens: int = 1, context: int = 0) -> None:
         pair = f"{node}/{walk}"
         if pair not in self.worker.placements:
             raise UnknownPlacementError(f"worker {self.rank} does not run walk {walk} of node {node}")
         key = self.worker.walk_to_key[pair]
         if request_id in self.removed and not self._names_in_follow(request_id):
             return
-        self._push(_Row(request_id, key, walk, num_tokens, 0))
+        self._push(_Row(request_id, key, walk, num_tokens, 0, context))
 
     def add_ready_many(
         self, request_ids: Sequence[str], node: str, walk: str, num_tokens: Union[int, Sequence[int]] = 1,
-        guided: Optional[Sequence[bool]] = None,
+        guided: Optional[Sequence[bool]] = None, contexts: Optional[Sequence[int]] = None,
     ) -> None:
         tokens = [num_tokens] * len(request_ids) if isinstance(num_tokens, int) else list(num_tokens)
         for i, (rid, count) in enumerate(zip(request_ids, tokens)):
             if guided is not None and guided[i]:
                 self.guided_ids.add(rid)
-            self.add_ready(rid, node, walk, count)
+            self.add_ready(rid, node, walk, count, contexts[i] if contexts is not None else 0)
 
     def _push(self, row: _Row) -> None:
         if (row.request_id, row.key) in self.placed:
@@ -148,10 +150,11 @@ class BaselineScheduler:
                 if size is None and (row.num_tokens <= left or (not already and not kept)):
                     kept.append(row)
                     left -= row.num_tokens
-                elif size is not None and min(row.num_tokens, size, left) > 0:
-                    chunks[row.request_id] = min(row.num_tokens, size, left)
+                elif size is not None and (cut := chunk_within(left, row.num_tokens, size, row.context,
+                                                               key.chunk_context_scale or 0))[0] > 0:
+                    chunks[row.request_id] = cut[0]
                     kept.append(row)
-                    left -= chunks[row.request_id]
+                    left -= cut[1]
                 else:
                     break
         walks = {row.walk for row in kept + already}

@@ -38,7 +38,9 @@ class KeyTables:
     pick needs its mode (whether any row's request requires guidance; the scheduler tracks them).
     token_budget: most tokens a step feeds (NO_LIMIT without one); chunk_sizes[w]: the most
     tokens of one row of walk w a step feeds (0: rows of w run whole); is_token_limited: either
-    applies (token_budget.py fits each step to them).
+    applies (token_budget.py fits each step to them). context_scale: a chunk token after c tokens
+    of its row's KV counts 1 + c / context_scale against the budget (0: one each;
+    KeyPlan.chunk_context_scale).
     """
 
     index: int
@@ -61,6 +63,7 @@ class KeyTables:
     token_budget: int = NO_LIMIT
     chunk_sizes: tuple[int, ...] = ()
     is_token_limited: bool = False
+    context_scale: int = 0
 
     @classmethod
     def from_plan(cls, index: int, key: KeyPlan, is_followed: bool) -> "KeyTables":
@@ -121,6 +124,7 @@ class KeyTables:
             token_budget=key.token_budget if key.token_budget is not None else NO_LIMIT,
             chunk_sizes=tuple(key.chunk_sizes.get(walk, 0) for walk in key.walks),
             is_token_limited=key.token_budget is not None or bool(key.chunk_sizes),
+            context_scale=key.chunk_context_scale or 0,
         )
 
     def pick_capture(self, mask: int, num_rows: int, num_tokens: list[int], is_guided: bool = False) -> CapturePick:

@@ -28,6 +28,9 @@ class KeyQueue:
         self.present: set[str] = set()
         self.held: set[str] = set()
         self.num_ready = 0
+        # request id -> tokens of its KV before its next chunk, for rows of cut walks on a key
+        # whose budget counts context (token_budget.py); absent = 0
+        self.contexts: dict[str, int] = {}
 
     def num_ready_walk(self, walk: int) -> int:
         return len(self.ids[walk])

@@ -149,14 +149,17 @@ class WorkerScheduler:
         num_tokens: Union[int, Sequence[int]] = 1,
         classes: Optional[Sequence[Hashable]] = None,
         guided: Optional[Sequence[bool]] = None,
+        contexts: Optional[Sequence[int]] = None,
     ) -> None:
         """Many rows of one (node, walk) became ready, in this order (e.g. a decode step's
         continuing rows). `num_tokens` is one count for all or one per row. `classes`: one batch
         class per row for a walk with batching rules (rows share a step only with rows of an
         equal class; see batch_rules.py), else None. `guided`: per row, whether its request requires
         guidance on the node (plan/guidance_mode.py), for a key whose captures are keyed by guidance
-        mode (a step replays a family of its own mode); None = no row does. Same errors as
-        `add_ready`. Costs no per-row Python work beyond C-level list and set operations."""
+        mode (a step replays a family of its own mode); None = no row does. `contexts`: per row
+        of a walk whose prompts are cut, the tokens of its KV before the tokens it feeds (a step
+        budget that counts context weights its chunks by them, token_budget.py); None = 0. Same
+        errors as `add_ready`. Costs no per-row Python work beyond C-level list and set operations."""
         placement = self._placement.get((node, walk))
         if placement is None:
             raise UnknownPlacementError(f"worker {self.rank} does not run walk {walk} of node {node}")
@@ -176,9 +179,14 @@ class WorkerScheduler:
                 classes = [classes[i] for i in kept]  # stay aligned with the rows kept
             if guided is not None:
                 guided = [guided[i] for i in kept]
+            if contexts is not None:
+                contexts = [contexts[i] for i in kept]
             count = len(request_ids)
-        self._queues[key].add(walk_index, request_ids, self._next_seq, tokens, is_new=True)
+        queue = self._queues[key]
+        queue.add(walk_index, request_ids, self._next_seq, tokens, is_new=True)
         self._next_seq += count
+        if contexts is not None and self._tables[key].context_scale:
+            queue.contexts.update(zip(request_ids, contexts))
         if classes is not None:
             self._classes[key].update(zip(request_ids, classes))
         if guided is not None and self._tables[key].is_guidance_keyed:
@@ -269,6 +277,7 @@ class WorkerScheduler:
         if chain is None:
             return None
         parts = _chain_parts(queue, chain)
+        queue.contexts.update(chain.cut_contexts)  # past N's chunks: what N+1's rows attend over
         self._follow.num_consecutive = 0
         return self._built(key, make_batch(self.rank, tables, chain.composition.mask, parts, is_speculative=True,
                                            guided=self._guided[key]))
@@ -348,6 +357,7 @@ class WorkerScheduler:
             guided.discard(request_id)
         is_named = self._follow.names(request_id)
         for key, queue in enumerate(self._queues):
+            queue.contexts.pop(request_id, None)
             if request_id in queue.present and not (is_named and self._tables[key].is_followed):
                 queue.drop_request(request_id)
         for key in self._holds.drop_request(request_id):
@@ -397,14 +407,17 @@ class WorkerScheduler:
         ready or held row, summed over keys), `classes` (batch classes of rows of walks with
         batching rules), `guided` (requests that require guidance, on keys whose captures are keyed
         by it), `removed` (removal tombstones), `follow` (requests named by queued
-        leader batches). Each is bounded by the requests with rows ready, held, queued to
-        follow or in the last two steps; none grows with the requests that came and went."""
+        leader batches), `contexts` (KV depths of requests whose prompts were cut, on keys whose
+        budget counts context; kept until the request is removed). Each is bounded by the
+        requests with rows ready, held, queued to follow or in the last two steps, or (contexts)
+        active; none grows with the requests that came and went."""
         return {
             "present": sum(len(queue.present) for queue in self._queues),
             "classes": sum(map(len, self._classes)),
             "guided": sum(map(len, self._guided)),
             "removed": len(self._removed),
             "follow": self._follow.num_named(),
+            "contexts": sum(len(queue.contexts) for queue in self._queues),
         }
 
     # ------------------------------------------------------------ internals

@@ -30,7 +30,7 @@ from mstar.runtime.scheduler.batch import Batch
 from mstar.runtime.scheduler.batch_builder import Composition, compose
 from mstar.runtime.scheduler.key_tables import KeyTables
 from mstar.runtime.scheduler.ready_queues import KeyQueue
-from mstar.runtime.scheduler.token_budget import fit_if_limited, fit_tokens
+from mstar.runtime.scheduler.token_budget import chunk_within, fit_if_limited, fit_tokens
 
 
 @dataclass
@@ -44,6 +44,8 @@ class ChainStep:
     composition: Composition
     chunks: Optional[list[Optional[list[int]]]] = None  # cut walks' chunk lengths (token_budget.py)
     cut_parts: list[tuple[int, list[str], list[int]]] = field(default_factory=list)  # (walk, ids, next chunks)
+    # the cut rows' KV tokens before their next chunks (KeyQueue.contexts, once the chain is taken)
+    cut_contexts: dict[str, int] = field(default_factory=dict)
 
 
 def chain_walk(tables: KeyTables, specs: list[Optional[SpeculationPlan]], running: Batch) -> Optional[int]:
@@ -81,7 +83,7 @@ def plan_chain_step(
     walk = chain_walk(tables, specs, running)
     if walk is None:
         return None
-    cut_rows: list[tuple[int, str, int]] = []
+    cut_rows: list[tuple[int, str, int, int]] = []
     if _feeds_chunks(tables, running):
         found = _cut_rows(tables, queue, running, cut, removed, walk)
         if found is None:
@@ -138,33 +140,34 @@ def _continuing_rows(tables: KeyTables, running: Batch, walk: int, continuing: O
 
 
 def _cut_rows(tables: KeyTables, queue: KeyQueue, running: Batch, cut: Sequence[tuple[str, int]],
-              removed: set[str], walk: int) -> Optional[list[tuple[int, str, int]]]:
-    """Running's rows of cut walks as (walk index, request id, tokens left after N), in step order,
-    when every one of them has chunks left; None (yield) otherwise (module docstring)."""
+              removed: set[str], walk: int) -> Optional[list[tuple[int, str, int, int]]]:
+    """Running's rows of cut walks as (walk index, request id, tokens left after N, KV tokens after
+    N), in step order, when every one of them has chunks left; None (yield) otherwise (module
+    docstring)."""
     left = dict(cut)
-    walk_index, sizes = tables.walk_index, tables.chunk_sizes
+    walk_index, sizes, contexts = tables.walk_index, tables.chunk_sizes, queue.contexts
     rows = []
-    for request_id, name in zip(running.request_ids, running.walks):
+    for request_id, name, fed in zip(running.request_ids, running.walks, running.num_tokens):
         index = walk_index[name]
         if not sizes[index]:
             continue
         tokens = left.get(request_id, 0)
         if tokens <= 0 or index == walk or request_id in removed:
             return None  # its last chunk (its first decode row comes after N), or not a prompt row
-        rows.append((index, request_id, tokens))
+        rows.append((index, request_id, tokens, contexts.get(request_id, 0) + fed))
     if any(size and queue.num_ready_walk(index) for index, size in enumerate(sizes)):
         return None  # a prompt waiting in the queue: the FIFO order between prompts decides after N
     return rows
 
 
 def _past_chunks(tables: KeyTables, queue: KeyQueue, walk: int, rows: list[str], tokens: list[int],
-                 counts: list[int], cut_rows: list[tuple[int, str, int]]) -> Optional[ChainStep]:
+                 counts: list[int], cut_rows: list[tuple[int, str, int, int]]) -> Optional[ChainStep]:
     """The chain step after a chunk step: the continuing rows and fresh rows of walks never cut
     (the queue holds no row of a cut walk: `_cut_rows`), fitted to the budget first, then each cut
     row's next chunk in the budget left (token_budget.py's order); None when a cut row gets no
     token or the rows do not fit the mixture's cap and rows limits."""
     mask = 1 << walk
-    for index, _, _ in cut_rows:
+    for index, _, _, _ in cut_rows:
         counts[index] += 1
         mask |= 1 << index
     num_fixed = len(rows) + len(cut_rows)
@@ -180,15 +183,16 @@ def _past_chunks(tables: KeyTables, queue: KeyQueue, walk: int, rows: list[str],
         if take:
             left -= sum(queue.tokens[index][:take])
     parts: dict[int, tuple[int, list[str], list[int]]] = {}
-    for index, request_id, num_left in cut_rows:
-        chunk = min(num_left, tables.chunk_sizes[index], left)
+    for index, request_id, num_left, context in cut_rows:
+        chunk, cost = chunk_within(left, num_left, tables.chunk_sizes[index], context, tables.context_scale)
         if chunk <= 0:
             return None  # no room for its next chunk: N+1 is built after N, as the budget decides
-        left -= chunk
+        left -= cost
         part = parts.setdefault(index, (index, [], []))
         part[1].append(request_id)
         part[2].append(chunk)
-    return ChainStep(walk, rows, tokens, composition, fit.chunks, list(parts.values()))
+    contexts = {request_id: context for _, request_id, _, context in cut_rows} if tables.context_scale else {}
+    return ChainStep(walk, rows, tokens, composition, fit.chunks, list(parts.values()), contexts)
 
 
 def _feeds_chunks(tables: KeyTables, running: Batch) -> bool:

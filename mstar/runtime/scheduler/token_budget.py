@@ -12,7 +12,10 @@ The rule (docs/runtime.md "Chunked prefill and the step token budget"):
    than the whole budget runs alone in its step (the only way it can run at all);
 2. then rows of cut walks, in walk order and FIFO within a walk: each takes
    min(its tokens left, the walk's chunk size, the budget left) - its next chunk; a row that would
-   get no token stays out, and so does every later row of its walk.
+   get no token stays out, and so does every later row of its walk. With a context scale N
+   (KeyPlan.chunk_context_scale) a chunk token after c tokens of the row's KV (`KeyQueue.contexts`)
+   counts 1 + c / N: the chunk is the budget left times N / (N + c), at least one token while any
+   is left (so a deep prompt is never starved), and takes ceil(chunk x (N + c) / N) of the budget.
 So decode rows are never pushed out by a prompt, a prompt advances by whatever the step has room
 for, and the step's tokens never pass the budget. The conductor feeds a cut row's next chunk when
 the step comes back, and only the last chunk samples. Cost: a few C-level list operations for the
@@ -63,16 +66,17 @@ def fit_tokens(tables: KeyTables, queue: KeyQueue, composition: Composition, num
             left -= sums[fits - 1] if fits else 0
             is_empty = is_empty and fits == 0
     chunks: list[Optional[list[int]]] = [None] * len(takes)
+    scale, contexts = tables.context_scale, queue.contexts
     for walk, take in enumerate(takes):
         size = chunk_sizes[walk]
         if take and size:
             cut: list[int] = []
-            for tokens in all_tokens[walk][:take]:
-                chunk = min(tokens, size, left)
+            for request_id, tokens in zip(queue.ids[walk][:take], all_tokens[walk][:take]):
+                chunk, cost = chunk_within(left, tokens, size, contexts.get(request_id, 0), scale)
                 if chunk <= 0:
                     break
                 cut.append(chunk)
-                left -= chunk
+                left -= cost
             takes[walk] = len(cut)
             chunks[walk] = cut
     mask = fixed_mask
@@ -86,6 +90,18 @@ def fit_tokens(tables: KeyTables, queue: KeyQueue, composition: Composition, num
         if kept is not None:
             chunks[walk] = kept[:takes[walk]]
     return Fit(Composition(mask, takes, num_fixed_rows + sum(takes)), chunks)
+
+
+def chunk_within(left: int, tokens: int, size: int, context: int, scale: int) -> tuple[int, int]:
+    """(next chunk, budget it takes) of a cut row with `tokens` left after `context` tokens of its
+    KV, given `left` of the budget, the walk's chunk size and the key's context scale (0: none)."""
+    if left <= 0:
+        return 0, 0
+    if not scale or not context:
+        chunk = min(tokens, size, left)
+        return chunk, chunk
+    chunk = min(tokens, size, max(1, left * scale // (scale + context)))
+    return chunk, -(-chunk * (scale + context) // scale)
 
 
 def with_chunks(parts: list[tuple[int, list[str], list[int]]],

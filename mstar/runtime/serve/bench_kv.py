@@ -26,12 +26,15 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
                       [--arrive-after STEPS] [--budget N] [--route packed|split]
-                      [--no-whole] [--per-row] [--no-run-ahead] [--automatic-gc]
+                      [--no-whole] [--no-flat] [--per-row] [--no-run-ahead] [--automatic-gc]
                       [--prefix-requests N] [--prefix-len N]
 
-`--no-whole` skips the whole-prompt reference runs of the chunk scenario (half its time: worth it
-on a GPU whose minutes are counted); `--per-row` runs the GPU fast path's decode rows row by row
-instead of in columns (`gpu/decode_columns.py`), a what-if for comparing the two in one session;
+When the plan's budget counts a chunk token's context (KeyPlan.chunk_context_scale), the chunk
+scenario also runs the plan with every chunk token counting one ("flat", the reference's rule),
+so the two budgets compare in one run; `--no-flat` skips it. `--no-whole` skips the whole-prompt
+reference runs of the chunk scenario (worth it on a GPU whose minutes are counted); `--per-row`
+runs the GPU fast path's decode rows row by row instead of in columns (`gpu/decode_columns.py`),
+a what-if for comparing the two in one session;
 `--no-run-ahead` makes every step wait for the one before (no launch of step N+1 behind step N,
 chunk steps included), the same what-if for the host/device overlap; `--automatic-gc` leaves
 Python's collector passes where they fall instead of moving them to where the run loop waits for
@@ -70,6 +73,16 @@ def with_budget(plan: Plan, budget: Optional[int], chunk: Optional[int] = None) 
         return key.model_copy(update={"token_budget": budget, "chunk_sizes": sizes})
 
     return _with_keys(plan, key_update)
+
+
+def without_context_weight(plan: Plan) -> Plan:
+    """The same plan with every chunk token counting one against the budget, whatever its depth
+    (KeyPlan.chunk_context_scale off: the reference's rule)."""
+    return _with_keys(plan, lambda key: key.model_copy(update={"chunk_context_scale": None}))
+
+
+def counts_context(plan: Plan) -> bool:
+    return any(k.chunk_context_scale for w in plan.workers for k in w.keys)
 
 
 def with_route(plan: Plan, route: Optional[str]) -> Plan:
@@ -135,16 +148,21 @@ def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optio
     return driver
 
 
-def chunk_steps_on_device(timed: list, num: int = 3) -> dict[str, Any]:
+def chunk_steps_on_device(timed: list, num_decode: int = 0, num: int = 3) -> dict[str, Any]:
     """The device's side of the steps that fed prompt chunks (more tokens than rows): their device
     times in order, and the `num` slowest (span plus the gap before it, the device waiting for the
-    host), so a slow step of the prefill window shows as device work or as waiting."""
+    host), so a slow step of the prefill window shows as device work or as waiting; and of the
+    chunk steps beside all `num_decode` decode rows (the long prompt's), the span's p90 and
+    largest: what the decode rows' inter-token gaps are made of, without the host's stalls."""
     steps = [step for events in timed for step in events.steps() if step["tokens"] > step["rows"]]
     for index, step in enumerate(steps):
         step["index"] = index
     slowest = sorted(steps, key=lambda step: -(step["span_ms"] + step["gap_before_ms"]))[:num]
     spans = [step["span_ms"] for step in steps]
+    beside = [step["span_ms"] for step in steps if step["rows"] > num_decode]
     return {"num_chunk_steps": len(steps), "span_p50_ms": float(np.median(spans)) if spans else None,
+            "beside_decode_span_p90_ms": float(np.percentile(beside, 90)) if beside else None,
+            "beside_decode_span_max_ms": max(beside) if beside else None,
             "slowest": slowest}
 
 
@@ -194,7 +212,11 @@ def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> lis
 def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
     """The figures of one plan variant (module docstring)."""
     budget = max((k.token_budget or 0 for w in plan.workers for k in w.keys), default=0)
-    num_prefill_steps = -(-prompt_len // max(budget - num_decode, 1)) if budget else 1
+    scale = max((k.chunk_context_scale or 0 for w in plan.workers for k in w.keys), default=0)
+    # a budget that counts context feeds deep chunks fewer tokens: 1 + c / scale each, on average
+    # over the prompt 1 + prompt_len / (2 scale)
+    weighted_len = prompt_len * (1 + prompt_len / (2 * scale)) if scale else prompt_len
+    num_prefill_steps = int(-(-weighted_len // max(budget - num_decode, 1))) + 1 if budget else 1
     max_tokens = arrive_after + num_prefill_steps + TAIL_STEPS
     decode = [Request(id=f"d{i:03d}", prompt_tokens=[1 + i % 400] * DECODE_PROMPT_LEN, max_tokens=max_tokens)
               for i in range(num_decode)]
@@ -211,7 +233,8 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
     during, steady = _p99(during_gaps), _p99(_gaps(alone_run, "d", arrival, end))
     only = _run(plan, engine, [Request(id="long", prompt_tokens=long.prompt_tokens, max_tokens=1)])
     ttft_mixed, ttft_alone = _ttft(mixed, "long"), _ttft(only, "long")
-    return {"token_budget": budget or None, "arrival_s": arrival, "prefill_window_s": end - arrival,
+    return {"token_budget": budget or None, "chunk_context_scale": scale or None, "arrival_s": arrival,
+            "prefill_window_s": end - arrival,
             "itl_p99_during_ms": during and during * 1e3, "itl_p99_steady_ms": steady and steady * 1e3,
             "itl_p99_ratio": (during / steady) if during and steady else None,
             # The p99 of a few dozen steps is about their slowest: the median and the largest
@@ -221,7 +244,7 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
             "ttft_mixed_ms": ttft_mixed * 1e3, "ttft_alone_ms": ttft_alone * 1e3,
             "ttft_ratio": ttft_mixed / ttft_alone,
             "slowest_steps_during": slowest_steps(mixed, arrival, end),
-            **({"chunk_steps_on_device": chunk_steps_on_device(timed)} if timed else {})}
+            **({"chunk_steps_on_device": chunk_steps_on_device(timed, num_decode)} if timed else {})}
 
 
 def with_prefix_cache(plan: Plan, state: str) -> Plan:
@@ -265,7 +288,7 @@ def _print(results: dict) -> None:
           f"{results['prompt_len']}-token prompt arriving after {results['arrive_after']} decode steps")
     print(f"{'variant':<10} {'budget':>6} {'ITL p99 during ms':>18} {'steady ms':>10} {'ratio':>6} "
           f"{'TTFT ms':>9} {'alone ms':>9} {'ratio':>6}")
-    names = [name for name in ("chunked", "whole") if name in results]
+    names = [name for name in ("chunked", "flat", "whole") if name in results]
     for name in names:
         row = results[name]
         ratio = row["itl_p99_ratio"]
@@ -290,8 +313,17 @@ def _print(results: dict) -> None:
                                 for step in device["slowest"])
             print(f"{name}: on the device, {device['num_chunk_steps']} chunk steps, span p50 "
                   f"{device['span_p50_ms']:.2f} ms; the slowest: {slowest}")
+            if device["beside_decode_span_max_ms"] is not None:
+                print(f"{name}: on the device, the chunk steps beside the decode rows: span p90 "
+                      f"{device['beside_decode_span_p90_ms']:.2f} ms, "
+                      f"largest {device['beside_decode_span_max_ms']:.2f} ms")
     print(f"chunked: decode ITL p99 during the prefill / steady = {chunked['itl_p99_ratio'] or 0:.2f}x "
           f"(target <= 2x); TTFT beside the decode rows / alone = {chunked['ttft_ratio']:.2f}x (target <= 1.5x)")
+    flat = results.get("flat")
+    if flat is not None:
+        print(f"flat budget (every chunk token counts one; the plan's counts 1 + context / "
+              f"{chunked['chunk_context_scale']}): decode ITL p99 ratio {flat['itl_p99_ratio'] or 0:.2f}x, "
+              f"TTFT ratio {flat['ttft_ratio']:.2f}x")
     if whole is not None:
         print(f"whole prompts: decode ITL p99 ratio {whole['itl_p99_ratio'] or 0:.2f}x, "
               f"TTFT ratio {whole['ttft_ratio']:.2f}x")
@@ -305,7 +337,11 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
             plan = with_budget(plan, args.budget)
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
             return "cuts no prompt into chunks (no max_prefill_chunk_size)"
-        variants = [("chunked", plan)] + ([] if args.no_whole else [("whole", with_budget(plan, None))])
+        variants = [("chunked", plan)]
+        if counts_context(plan) and not args.no_flat:
+            variants.append(("flat", without_context_weight(plan)))
+        if not args.no_whole:
+            variants.append(("whole", with_budget(plan, None)))
         for name, variant in variants:
             results[name] = chunk_scenario(variant, _choice(args), args.decode_rows, args.prompt_len,
                                            args.arrive_after)
@@ -321,7 +357,7 @@ def _choice(args: argparse.Namespace) -> EngineChoice:
                         not args.automatic_gc)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench kv", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama_chunked.plan")
     parser.add_argument("--engine", choices=("sim", "torch"), default="sim")
@@ -335,6 +371,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
     parser.add_argument("--no-whole", action="store_true",
                         help="chunk scenario: skip the whole-prompt reference runs (half the time)")
+    parser.add_argument("--no-flat", action="store_true",
+                        help="chunk scenario: skip the runs whose budget counts every chunk token one, whatever "
+                             "its depth (run by default when the plan's budget counts context)")
     parser.add_argument("--per-row", action="store_true",
                         help="torch engine: the GPU fast path's decode rows row by row, not in columns (a what-if)")
     parser.add_argument("--no-run-ahead", action="store_true",
@@ -348,6 +387,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", default="cpu", help="torch engine: cpu (default) or cuda[:N] (the GPU fast path)")
     parser.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine: model dims")
     parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")

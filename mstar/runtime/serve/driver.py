@@ -237,7 +237,9 @@ class Driver:
                                                                    num_tokens, rules)
                 guided = ([conductor.requires_guidance(rid, node) for rid in request_ids]
                           if (node, walk) in self._guidance_keyed else None)
-                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes, guided)
+                contexts = ([conductor.kv_context(rid, node) for rid in request_ids]
+                            if (node, walk) in self._cut_walks else None)
+                self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes, guided, contexts)
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
             for request_id in ended:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from mstar.arg_types import NON_NEGATIVE, POSITIVE
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.gpu.executor import StepExecutor
 
@@ -230,7 +230,7 @@ def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
     """glue: a KeyGlue to pack with (the executor's `bench_glue`), None for the numpy packing.
     shared: (dims, model, kv) of an executor built before: a second executor over the same model
     and pages (the numpy variant)."""
-    from mstar.runtime.engine.dims import decoder_dims
+    from mstar.plan.dims import decoder_dims
     from mstar.runtime.engine.gpu.device_model import build_decoder
     from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
     from mstar.runtime.engine.gpu.runner import decode_family, packed_families
@@ -539,7 +539,7 @@ def _kv_node(plan, args: argparse.Namespace) -> Any:
 
 def _lacks_cuda_core_kernel(node) -> bool:
     """Whether `--decode-kernel cuda` cannot run the node's heads (after saying why)."""
-    from mstar.runtime.engine.dims import decoder_dims
+    from mstar.plan.dims import decoder_dims
     from mstar.runtime.engine.gpu.attention import cuda_core_refusal
 
     dims = decoder_dims(node, "spec")

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
 from mstar.runtime.engine.models.layers import RMSNorm

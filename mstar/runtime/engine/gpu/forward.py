@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.gpu import kernels
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearLayout, LinearStep, linear_layout
 from mstar.runtime.engine.gpu.packing import PackedStep

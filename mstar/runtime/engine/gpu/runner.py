@@ -50,7 +50,7 @@ import torch
 
 from mstar.plan.schema import CaptureFamily, NodePlan, Plan
 from mstar.runtime.engine.glue_reference import KeyGlue
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_steady, steady_rows
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor, WholePacked
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv

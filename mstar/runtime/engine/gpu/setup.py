@@ -18,7 +18,7 @@ import torch
 
 from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.runner import (
     GpuDecoderRunner, decode_family, fast_path_reason, node_glue, packed_families,

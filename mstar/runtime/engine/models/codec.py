@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.runtime.engine.dims import CodecDims
+from mstar.plan.dims import CodecDims
 
 
 class CodecDecoder(nn.Module):

@@ -21,7 +21,7 @@ from torch import nn
 
 from mstar.runtime.engine.attention.routes import attend
 from mstar.runtime.engine.attention.torch_paged import Segment
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.kv.cache import KvCache
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 from mstar.runtime.engine.models.layers import Bounds, ModuleSeq, RMSNorm, SwiGLU, seg_linear

@@ -30,7 +30,7 @@ from torch import nn
 
 from mstar.runtime.engine.models.layers import ModuleSeq, RMSNorm, SwiGLU
 from mstar.runtime.engine.models.rope import inverse_frequencies
-from mstar.runtime.engine.dims import LayerStackDims, RopeScaling
+from mstar.plan.dims import LayerStackDims, RopeScaling
 
 
 @dataclass(frozen=True, kw_only=True)

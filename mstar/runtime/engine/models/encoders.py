@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.runtime.engine.dims import EncoderDims
+from mstar.plan.dims import EncoderDims
 
 MAX_POSITIONS = 4096
 

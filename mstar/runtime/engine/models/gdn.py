@@ -21,7 +21,7 @@ from torch import nn
 from mstar.runtime.engine.models.layers import Bounds, seg_linear
 
 if TYPE_CHECKING:
-    from mstar.runtime.engine.dims import DecoderDims
+    from mstar.plan.dims import DecoderDims
 
 _CPU = torch.device("cpu")  # the default device (a module constant, not a call per signature)
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.runtime.engine.dims import ImageDecoderDims
+from mstar.plan.dims import ImageDecoderDims
 
 
 class ImageDecoder(nn.Module):

@@ -1,7 +1,7 @@
 """Rotary position embedding with the scaled kinds that checkpoints declare in config.json.
 
 In: `x` `[N, heads, head_dim]`, integer `positions` `[N]`, the decoder's `theta`, rotary width and
-`RopeScaling` (`mstar.runtime.engine.dims`), and for the `dynamic` kind each token's sequence length.
+`RopeScaling` (`mstar.plan.dims`), and for the `dynamic` kind each token's sequence length.
 Out: `x` rotated (the first `rotary_dim` dims; the rest pass through, as in Qwen3.5's partial
 rotary). Half rotation: dim i pairs with dim i + rotary_dim/2 (Hugging Face's rotate_half).
 
@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from mstar.runtime.engine.dims import RopeScaling
+from mstar.plan.dims import RopeScaling
 
 
 def inverse_frequencies(rope: RopeScaling, theta: float, dim: int) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mstar.runtime.engine.dims import SnacDims
+from mstar.plan.dims import SnacDims
 from mstar.runtime.engine.models.layers import ModuleSeq
 
 

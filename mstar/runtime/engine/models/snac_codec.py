@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mstar.runtime.engine.dims import SnacDims
+from mstar.plan.dims import SnacDims
 from mstar.runtime.engine.models.snac import SnacDecoder
 
 

@@ -46,7 +46,7 @@ from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.schema import NodePlan
 from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_for_row, synthesise
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from mstar.plan.schema import Plan, TPGroup
-from mstar.runtime.engine.dims import DecoderDims
+from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.tp.comm import TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout, TpError
 from mstar.runtime.engine.tp.load import fill_random_shard, load_checkpoint_shard

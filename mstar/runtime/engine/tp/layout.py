@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-from mstar.runtime.engine.dims import DecoderDims, DimsError
+from mstar.plan.dims import DecoderDims, DimsError
 
 Range = tuple[int, int]
 

@@ -17,7 +17,7 @@ import torch
 
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.schema import Plan
-from mstar.runtime.engine.dims import DIMS_MODES, DecoderDims, DimsError, DimsMode, decoder_dims
+from mstar.plan.dims import DIMS_MODES, DecoderDims, DimsError, DimsMode, decoder_dims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.tp.build import plan_tp_groups
 from mstar.runtime.engine.tp.comm import TpComm
