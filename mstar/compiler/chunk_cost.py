@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Optional
 
 from mstar.compiler.deployment import Deployment
+from mstar.plan.dims import DimsError, attention_flops_per_key, attention_layer_params, decoder_dims
 from mstar.plan.schema import NodePlan, WorkerPlan
-from mstar.plan.dims import DimsError, decoder_dims
 
 # Attention's achieved FLOP rate over the matrix products' in a chunk step (H200, FlashInfer's FA2
 # prefill kernel beside cuBLAS, docs/runtime.md "Chunked prefill"): 1.09 ms of attention for 216
@@ -40,15 +40,14 @@ def context_scale(node: NodePlan) -> Optional[int]:
         return None  # the argument checks report bad dims
     if not dims.num_full_layers:
         return None
-    hidden, head_dim = dims.hidden, dims.head_dim
-    attention = hidden * (dims.num_qo_heads + 2 * dims.num_kv_heads) * head_dim + dims.num_qo_heads * head_dim * hidden
+    hidden, qo_width = dims.hidden, dims.num_qo_heads * dims.head_dim
+    full = attention_layer_params(hidden, qo_width, dims.num_kv_heads * dims.head_dim, dims.intermediate)
     key_width = dims.num_linear_heads * dims.linear_key_dim
     value_width = dims.num_linear_value_heads * dims.linear_value_dim
-    linear = hidden * (2 * key_width + 2 * value_width) + value_width * hidden
-    mlp = 3 * hidden * dims.intermediate
-    weights = dims.num_full_layers * attention + dims.num_linear_layers * linear + dims.num_layers * mlp
-    per_cached_token = 2 * dims.num_qo_heads * head_dim * dims.num_full_layers  # 4 x ... FLOPs over 2 x weights
-    return max(1, round(weights / per_cached_token * ATTENTION_RATE_FRACTION))
+    linear = hidden * (2 * key_width + 2 * value_width) + value_width * hidden + 3 * hidden * dims.intermediate
+    flops_per_token = 2 * (dims.num_full_layers * full + dims.num_linear_layers * linear)
+    flops_per_key = attention_flops_per_key(qo_width, dims.num_full_layers)
+    return max(1, round(flops_per_token / flops_per_key * ATTENTION_RATE_FRACTION))
 
 
 def with_chunk_costs(workers: list[WorkerPlan], nodes: list[NodePlan], deployment: Deployment) -> list[WorkerPlan]:

@@ -183,6 +183,18 @@ def _float(node: NodePlan, key: str, default: float) -> float:
     return float(value)
 
 
+def attention_layer_params(hidden: int, qo_width: int, kv_width: int, intermediate: int) -> int:
+    """Parameters of one full-attention layer's matrices, which every token runs: q and o (hidden x
+    qo width each), k and v (hidden x kv width each) and the MLP's three (hidden x intermediate).
+    The sim's roofline (engine/sim_cost.py) and the chunk cost (compiler/chunk_cost.py) share it."""
+    return 2 * hidden * qo_width + 2 * hidden * kv_width + 3 * hidden * intermediate
+
+
+def attention_flops_per_key(qo_width: int, num_full_layers: int) -> int:
+    """FLOPs of one query token against one cached key over the full-attention layers (QK^T, PV)."""
+    return 4 * qo_width * num_full_layers
+
+
 def layer_pattern(node: NodePlan, num_layers: int) -> tuple[bool, ...]:
     """Per-layer `is_full` flags (the rule is node_args.layer_is_full, shared with the compiler)."""
     pattern = node.dims.get("layer_pattern")

@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Optional
 
-from mstar.plan.node_args import layer_is_full
+from mstar.plan.dims import attention_flops_per_key, attention_layer_params
+from mstar.plan.node_args import MLP_WIDTH_PER_HIDDEN, layer_is_full
 from mstar.plan.schema import NodePlan, Plan
 from mstar.runtime.step import Step
 
@@ -119,12 +120,12 @@ def _positive_int(value) -> Optional[int]:
 def _from_dims(dims: dict[str, int], num_full_layers: int) -> NodeCost:
     layers, hidden = dims["layers"], dims["hidden"]
     qo_width, kv_width = dims["qo_heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]
-    per_layer = 2 * hidden * qo_width + 2 * hidden * kv_width + 3 * hidden * dims["intermediate"]
+    per_layer = attention_layer_params(hidden, qo_width, kv_width, dims["intermediate"])
     return NodeCost(
         layer_params=float(layers * per_layer),
         lm_head_params=float(dims["vocab"] * hidden),
         kv_bytes_per_token=float(2 * kv_width * num_full_layers * BYTES_PER_VALUE),
-        flops_per_key=float(4 * qo_width * num_full_layers),
+        flops_per_key=float(attention_flops_per_key(qo_width, num_full_layers)),
         num_layers=layers,
     )
 
@@ -134,7 +135,7 @@ def node_cost(node: NodePlan) -> NodeCost:
     stated = {name: _positive_int(node.dims.get(name)) for name in REQUIRED_DIMS}
     dims = {name: value for name, value in stated.items() if value is not None}
     if len(dims) == len(REQUIRED_DIMS):
-        dims["intermediate"] = _positive_int(node.dims.get("intermediate")) or 4 * dims["hidden"]
+        dims["intermediate"] = _positive_int(node.dims.get("intermediate")) or MLP_WIDTH_PER_HIDDEN * dims["hidden"]
         flags = layer_is_full(node.dims.get("layer_pattern"), dims["layers"], node.recurrent is not None)
         return _from_dims(dims, sum(flags) if flags is not None else dims["layers"])
     layers = dims.get("layers", REFERENCE_DIMS["layers"])

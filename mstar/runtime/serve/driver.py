@@ -205,6 +205,9 @@ class Driver:
                                 if any(f.guidance != "any" for f in key.captures) for walk in key.walks}
         # (node, walk) pairs whose prompt rows a scheduler may cut into chunks
         self._cut_walks = {(key.node, walk) for w in plan.workers for key in w.keys for walk in key.chunk_sizes}
+        # those whose key's budget counts a chunk's depth: their rows come with it (token_budget.py)
+        self._depth_walks = {(key.node, walk) for w in plan.workers for key in w.keys if key.chunk_context_scale
+                             for walk in key.chunk_sizes}
         self._busy: set[int] = set()
         self._inflight: list[tuple[float, int, Launch]] = []
         # Python's collector runs where the device is busy (AutomaticPasses: where it falls)
@@ -238,7 +241,7 @@ class Driver:
                 guided = ([conductor.requires_guidance(rid, node) for rid in request_ids]
                           if (node, walk) in self._guidance_keyed else None)
                 contexts = ([conductor.kv_context(rid, node) for rid in request_ids]
-                            if (node, walk) in self._cut_walks else None)
+                            if (node, walk) in self._depth_walks else None)
                 self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes, guided, contexts)
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
