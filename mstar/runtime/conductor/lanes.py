@@ -132,13 +132,14 @@ class Lanes:
         start = lane * self.width
         num = int(self.head[lane]) - start
         if num:
-            context, ps, record, loop_state, emission_times, emission_kinds, emission_values, tokens, \
-                token_times = call.refs
+            context, ps, record, loop_state, emission_times, emission_kinds, emission_values, is_token, \
+                tokens, token_times = call.refs
             ids = self.tokens[start:start + num].tolist()
             times = self.times[start:start + num].tolist()
             emission_times.extend(times)
             emission_kinds.extend([self.kinds[lane]] * num)
-            emission_values.extend([[token] for token in ids])
+            emission_values.extend(ids)  # one-token emissions, kept as ints (RequestRecord)
+            is_token.extend(bytes([1]) * num)
             tokens.extend(ids)
             token_times.extend(times)
             record.num_output_tokens += num

@@ -104,8 +104,8 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
             if refs is None:
                 refs = call.refs = steady_refs(call, node, is_kv)
             if refs and result.error is None and call.is_ready:
-                context, ps, record, loop_state, emission_times, emission_kinds, emission_values, tokens, \
-                    token_times = refs
+                context, ps, record, loop_state, emission_times, emission_kinds, emission_values, is_token, \
+                    tokens, token_times = refs
                 if ps.owner.lanes:  # its request's lanes, written back before any of it is read
                     conductor.lanes.detach_all(ps.owner)
                 value = result.outputs.get(client_name)
@@ -120,7 +120,12 @@ def _advance_fast(conductor, node: str, step, rows: list[StepRow], results: list
                             context[node] += row.num_tokens
                         emission_times.append(now)
                         emission_kinds.append(client_kind)
-                        emission_values.append(value)
+                        if num_new == 1 and type(value[0]) is int:  # as RequestRecord.add_emission
+                            emission_values.append(value[0])
+                            is_token.append(1)
+                        else:
+                            emission_values.append(value)
+                            is_token.append(0)
                         tokens.extend(value)
                         token_times.append(now)
                         record.num_output_tokens += num_new
@@ -148,7 +153,7 @@ def steady_refs(call, node: str, is_kv: bool):
     if record.first_token_s is None or (is_kv and node not in run.context):
         return None
     return (run.context, ps, record, call.loop_state, record.emission_times_s, record.emission_kinds,
-            record.emission_values, record.output_tokens, record.token_times_s)
+            record.emission_values, record.emission_is_token, record.output_tokens, record.token_times_s)
 
 
 def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready: "_ReadyRows", now: float,
@@ -173,9 +178,7 @@ def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready
     if client_name is not None:
         value = outputs.get(client_name, _MISSING)
         if value is not _MISSING:
-            record.emission_times_s.append(now)
-            record.emission_kinds.append(client_kind)
-            record.emission_values.append(value)
+            record.add_emission(now, client_kind, value)
             if record.first_token_s is None:
                 record.first_token_s = now
     if counted is not None:
@@ -297,9 +300,7 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     for name, kind in step.client:
         value = outputs.get(name, _MISSING)
         if value is not _MISSING:
-            record.emission_times_s.append(now)
-            record.emission_kinds.append(kind)
-            record.emission_values.append(value)
+            record.add_emission(now, kind, value)
             if record.first_token_s is None:
                 record.first_token_s = now
     loop_state = call.loop_state

@@ -73,24 +73,43 @@ class RequestRecord:
     token_times_s: list[float] = field(default_factory=list)  # one per token event (for ITL)
     # Client emissions as parallel columns (`emissions` reads them as Emission tuples): a decode
     # step appends its time, a shared (edge, modality) pair and the value, making no new object
-    # per row (an object per token made post-process allocation-bound).
+    # per row (an object per token made post-process allocation-bound). A one-token list (a decode
+    # step's token) is kept as its int, flagged 1 in `emission_is_token` (`emission_value` gives
+    # the list back): a list per token is an object the cyclic collector scans in every middle
+    # pass for as long as the request lives (on the H200 such passes took 1.4 ms and stalled the
+    # decode rows beside a long prompt's chunks, docs/runtime.md); an int is never scanned.
     emission_times_s: list[float] = field(default_factory=list)
     emission_kinds: list[tuple[str, Optional[str]]] = field(default_factory=list)  # (edge, modality)
     emission_values: list[Any] = field(default_factory=list)
+    emission_is_token: bytearray = field(default_factory=bytearray)
 
     def emit(self, time_s: float, kind: tuple[str, Optional[str]], value: Any) -> None:
         """Record a value sent to the client: kind is (edge name, modality)."""
-        self.emission_times_s.append(time_s)
-        self.emission_kinds.append(kind)
-        self.emission_values.append(value)
+        self.add_emission(time_s, kind, value)
         if self.first_token_s is None:
             self.first_token_s = time_s
+
+    def add_emission(self, time_s: float, kind: tuple[str, Optional[str]], value: Any) -> None:
+        """Append one emission to the columns (a one-token list as its int)."""
+        self.emission_times_s.append(time_s)
+        self.emission_kinds.append(kind)
+        if type(value) is list and len(value) == 1 and type(value[0]) is int:
+            self.emission_values.append(value[0])
+            self.emission_is_token.append(1)
+        else:
+            self.emission_values.append(value)
+            self.emission_is_token.append(0)
+
+    def emission_value(self, index: int) -> Any:
+        """The value of emission `index` as it was emitted."""
+        value = self.emission_values[index]
+        return [value] if self.emission_is_token[index] else value
 
     @property
     def emissions(self) -> list[Emission]:
         """Every client emission so far, in order (made on each read)."""
-        return [Emission(time_s, kind[0], kind[1], value) for time_s, kind, value
-                in zip(self.emission_times_s, self.emission_kinds, self.emission_values)]
+        return [Emission(time_s, kind[0], kind[1], [value] if is_token else value) for time_s, kind, value, is_token
+                in zip(self.emission_times_s, self.emission_kinds, self.emission_values, self.emission_is_token)]
 
     @property
     def is_finished(self) -> bool:

@@ -280,13 +280,17 @@ class OnlineLoop:
         token_ids: list[int] = []
         media: list[tuple[str, Any]] = []
         kinds = record.emission_kinds
+        is_token = record.emission_is_token
         for index in range(start, end):
             modality = kinds[index][1]
             if modality == "text":
                 value = values[index]
-                token_ids.extend(value if type(value) is list else _token_ids(value))
+                if is_token[index]:
+                    token_ids.append(value)
+                else:
+                    token_ids.extend(value if type(value) is list else _token_ids(value))
             else:
-                media.append((modality or "", values[index]))
+                media.append((modality or "", record.emission_value(index)))
         text = ""
         if item.text is not None:
             text = item.text.add(token_ids) if token_ids else ""
