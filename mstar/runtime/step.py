@@ -149,14 +149,19 @@ class Engine(Protocol):
 @dataclass
 class AheadChunks:
     """A speculated step's prompt chunks, for an engine launching it ahead: the rows of a prompt cut
-    in the step launched last with chunks left, and the step's shape (its key, capture family,
-    token bucket and attention route, as the real step will carry them)."""
+    in the step launched last with chunks left, the rows new to the step outside loops (a prompt
+    that arrived while the step launched last ran: its first chunk), and the step's shape (its key,
+    capture family, token bucket and attention route, as the real step will carry them)."""
 
     key: str
     capture: Optional[str]
     token_bucket: int
     attention: str
     chunks: dict[str, int]  # request id -> tokens of its next chunk (it starts where its KV ends)
+    # The new rows as the real step will carry them (the conductor's rows now: their inputs are
+    # known on the host). An engine that launches one ahead claims it only when the real step's
+    # row feeds the same tokens from the same start.
+    fresh: list[StepRow] = field(default_factory=list)
 
 
 class LaunchesAhead(Protocol):

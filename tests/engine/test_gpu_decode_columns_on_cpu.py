@@ -64,7 +64,8 @@ def _snapshot(engine: TorchEngine, runner: GpuDecoderRunner, result) -> tuple:
     return (rows, token_ids, list(result.stop_rows), list(result.allocation_failed), requests,
             pool.num_free_pages, dict(runner.admission.budgets), dict(runner.admission.held),
             runner.admission.num_outstanding, runner.executor.loop_tokens.tolist(), dict(runner._row_slots),
-            runner.num_ahead_rows, runner.num_claimed_rows, runner.num_ahead_chunks, runner.num_claimed_chunks)
+            runner.num_ahead_rows, runner.num_claimed_rows, runner.num_ahead_chunks, runner.num_claimed_chunks,
+            runner.num_ahead_first_chunks)
 
 
 def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_ahead: bool, num_pages: int,
@@ -208,10 +209,24 @@ def test_chunk_steps_launch_the_next_chunk_ahead(is_columnar, prefix_cache):
     lengths = [(3, 60), (4, 50), (2, 70), (150, 20), (5, 40)]
     requests = _requests(lengths, stops=list(range(0, 512, 13)), temperatures=[False, True])
     last = _compare_ahead(requests, 5, 512, prefix_cache, 16, is_columnar)
-    num_ahead_chunks, num_claimed_chunks = last[-2:]
+    num_ahead_chunks, num_claimed_chunks = last[-3:-1]
     assert num_ahead_chunks >= 5  # most of the long prompt's 10 chunks ran ahead
     assert num_claimed_chunks == num_ahead_chunks  # and the steps launched for real took every one
     _compare(requests, 5, True, 512, prefix_cache, budget=16)  # columns and per-row agree with it too
+
+
+@pytest.mark.parametrize("is_columnar", [True, False])
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_a_prompt_arriving_beside_decode_rows_shares_their_step_launched_ahead(is_columnar, prefix_cache):
+    # four requests decode; later ones arrive one at a time (closed loop) while the others' decode
+    # chain runs ahead: each new prompt's first chunk is launched ahead with the decode rows (one
+    # launch), not in a launch of its own after theirs, and the run is the run without running ahead
+    lengths = [(3, 40), (4, 30), (2, 50), (5, 20), (60, 8), (40, 6), (70, 5)]
+    requests = _requests(lengths, stops=[], temperatures=[False, True])
+    last = _compare_ahead(requests, 4, 512, prefix_cache, 16, is_columnar)
+    num_ahead_chunks, num_claimed_chunks, num_first_chunks = last[-3:]
+    assert num_first_chunks >= 2  # later prompts arriving while the chain ran (0 before: each ran alone)
+    assert num_claimed_chunks == num_ahead_chunks  # the steps launched for real took every one
 
 
 @pytest.mark.parametrize("is_columnar", [True, False])

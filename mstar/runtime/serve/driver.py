@@ -75,8 +75,8 @@ from mstar.runtime.serve.metrics import StepLog
 from mstar.runtime.serve.outcome import ran_part, settle
 from mstar.runtime.serve.routing import Routing, RoutingError
 from mstar.runtime.serve.speculation_cover import SpeculationCover
-from mstar.runtime.serve.steps import Launch, follower_step, to_step
-from mstar.runtime.step import AheadChunks, Engine, EngineLost, LaunchesAhead, Step, StepResult
+from mstar.runtime.serve.steps import Launch, follower_step, sub_batch, to_step
+from mstar.runtime.step import AheadChunks, Engine, EngineLost, LaunchesAhead, Step, StepResult, StepRow
 
 # Held rows retried this long (run clock) while no row of any step ran: the memory they wait for
 # is never coming back (an engine that leaks pages). Fail them rather than retry forever.
@@ -321,9 +321,25 @@ class Driver:
         if spec.walks and any((spec.node, walk) in self._cut_walks for walk in set(spec.walks)):
             cut = {request_id: num for request_id, walk, num in zip(spec.request_ids, spec.walks, spec.num_tokens)
                    if request_id in continuing and (spec.node, walk) in self._cut_walks}
-            if cut:
-                chunks = AheadChunks(spec.key, spec.capture, spec.token_bucket, spec.attention, cut)
+            fresh = self._fresh_prompt_rows(spec, continuing)
+            if cut or fresh:
+                chunks = AheadChunks(spec.key, spec.capture, spec.token_bucket, spec.attention, cut, fresh)
+                rows.extend((row.request_id, row.walk) for row in fresh)
         cast(LaunchesAhead, self.engine).launch_ahead(rank, spec.node, rows, chunks)
+
+    def _fresh_prompt_rows(self, spec: Batch, continuing: set[str]) -> list[StepRow]:
+        """The speculated step's rows new to it (not rows of the step launched last) of walks the
+        plan cuts, outside loops: a prompt that arrived while that step ran. Launched ahead with
+        the continuing rows, its first chunk shares their step; left to the real launch, it ran in
+        a launch of its own after theirs, a whole extra step between two of the decode rows' tokens
+        (docs/runtime.md, "A prompt arriving beside a decode chain")."""
+        is_new = [request_id not in continuing and (spec.node, walk) in self._cut_walks
+                  for request_id, walk in zip(spec.request_ids, spec.walks)]
+        if not any(is_new):
+            return []
+        new = sub_batch(spec, is_new)
+        rows, _, _ = self.conductor.build_step(new.node, new.request_ids, new.walks, new.num_tokens)
+        return [row for row in rows if not row.loop_count]
 
     def _launch_follower(self, rank: int, batch: Batch, now: float, sched_s: float) -> bool:
         result = StepResult(rows=[])

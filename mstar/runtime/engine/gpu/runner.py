@@ -237,6 +237,7 @@ class GpuDecoderRunner(DecoderRunner):
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
         self.num_ahead_rows = self.num_claimed_rows = 0
         self.num_ahead_chunks = self.num_claimed_chunks = 0  # prompt chunks launched ahead, and taken
+        self.num_ahead_first_chunks = 0  # of those, prompts' first chunks (AheadChunks.fresh)
         self._writes = (self.guidance.first,)  # the one KV sequence a fast-path row extends
         self._last_facts: Optional[tuple[CallInfo, _CallFacts]] = None
         # steps of steady decode rows in columns (decode_columns.py); False: every step row by row
@@ -545,6 +546,7 @@ class GpuDecoderRunner(DecoderRunner):
         requests: dict[str, RequestState] = {}
         cut: dict[str, tuple[int, list[int]]] = {}
         uncollected: list[int] = []
+        fresh = {row.request_id: row for row in chunks.fresh}
         for request_id, walk, call, request in rows:
             key = (request_id, label)
             if request_id in placed:
@@ -552,7 +554,16 @@ class GpuDecoderRunner(DecoderRunner):
             num_cached, num_held = pool.extent(key)
             facts = self._facts_of(call)
             chunk = chunks.chunks.get(request_id)
-            if chunk is None:  # a decode row, as `prelaunch` takes it
+            if request_id in fresh:  # a prompt new to the step: its first chunk
+                tokens = self._fresh_chunk(fresh[request_id], call, request, num_cached)
+                if tokens is None:
+                    continue
+                spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id),
+                               walk in decode_walks)
+                cut[request_id] = (num_cached, tokens)
+                uncollected.append(0)
+                self.num_ahead_first_chunks += 1
+            elif chunk is None:  # a decode row, as `prelaunch` takes it
                 if (request_id not in last or not facts.loop_backs
                         or not self._next_token_fits(request_id, key, num_cached, num_held)):
                     continue
@@ -585,6 +596,22 @@ class GpuDecoderRunner(DecoderRunner):
         else:
             pending = self.executor.launch(specs, sampling, glue=key_glue)
         self._launched_ahead(worker, pending, placed, slots, requests, cut)
+
+    def _fresh_chunk(self, row: StepRow, call: CallInfo, request: RequestState, num_cached: int
+                     ) -> Optional[list[int]]:
+        """The token ids of a new prompt row's chunk launched ahead, prepared and admitted as the
+        real launch would (its input classified, its request's budget and pages granted); None when
+        it must wait for the real launch: inputs the fast path cannot take (the real launch says
+        why), a chunk past max_seq_len, a start other than where its KV ends, the policy's no."""
+        try:
+            item = self._prepare(row, call, request)
+        except InputError:
+            return None
+        if (item.is_loop_back or row.chunk_start != num_cached or self._length_problem(item) is not None
+                or self.offload is not None):
+            return None
+        granted, _ = self._admit([item], [], True)
+        return item.tokens_fed if granted else None
 
     def _next_chunk(self, request: RequestState, call: CallInfo, start: int, num: int) -> Optional[list[int]]:
         """The token ids of a prompt's chunk [start, start + num) from its classified prompt (the
