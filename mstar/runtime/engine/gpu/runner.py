@@ -31,7 +31,10 @@ on the speculated step's capture family, token bucket and attention route (the r
 sampling counter is its request's (N sampled nothing for it), the decode rows' one past. At N+1's
 launch `_claim` takes it when the row feeds exactly that chunk (same start, same tokens); its KV
 commit (with the token ids, for the prefix cache) happens there, as for any row. Unclaimed, it
-wrote KV past its sequence into pages its request holds, overwritten when the chunk runs.
+wrote KV past its sequence into pages its request holds, overwritten when the chunk runs. A prompt
+new to N+1 (`AheadChunks.fresh`, the conductor's row of its first chunk) is prepared and admitted
+as the real launch would (`_fresh_chunk`) and launched with the decode rows the same way; left to
+the real launch, it would run in a launch of its own after theirs.
 
 With the plan's generated glue (`glue`: this node's `KeyGlue` per worker and walk), the executor
 packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the numpy packing.
