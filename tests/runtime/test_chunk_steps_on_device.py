@@ -28,8 +28,11 @@ def test_the_slowest_chunk_step_shows_as_device_time_or_as_waiting_for_the_host(
     slowest = found["slowest"]
     assert [(s["index"], s["span_ms"], s["gap_before_ms"]) for s in slowest] == [(0, 9.0, 0.0), (4, 7.0, 0.0),
                                                                                  (3, 4.0, 2.0)]
+    # beside the decode rows only (the prompt wave of 16 rows left out), the slowest first
+    assert [(s["index"], s["span_ms"]) for s in found["slowest_beside_decode"]] == [(4, 7.0), (1, 4.0), (2, 4.0)]
 
 
 def test_a_run_without_device_events_reports_no_chunk_steps():
     assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": [],
-                                         "beside_decode_span_p90_ms": None, "beside_decode_span_max_ms": None}
+                                         "beside_decode_span_p90_ms": None, "beside_decode_span_max_ms": None,
+                                         "slowest_beside_decode": []}

@@ -159,11 +159,15 @@ def chunk_steps_on_device(timed: list, num_decode: int = 0, num: int = 3) -> dic
         step["index"] = index
     slowest = sorted(steps, key=lambda step: -(step["span_ms"] + step["gap_before_ms"]))[:num]
     spans = [step["span_ms"] for step in steps]
-    beside = [step["span_ms"] for step in steps if step["rows"] > num_decode]
+    beside_steps = [step for step in steps if step["rows"] > num_decode]
+    beside = [step["span_ms"] for step in beside_steps]
+    # which of them are slow (their index among the chunk steps: the long prompt's chunks run in
+    # order, so it tells how deep the chunk was) and their neighbours' spans
+    slowest_beside = sorted(beside_steps, key=lambda step: -step["span_ms"])[:num]
     return {"num_chunk_steps": len(steps), "span_p50_ms": float(np.median(spans)) if spans else None,
             "beside_decode_span_p90_ms": float(np.percentile(beside, 90)) if beside else None,
             "beside_decode_span_max_ms": max(beside) if beside else None,
-            "slowest": slowest}
+            "slowest": slowest, "slowest_beside_decode": slowest_beside}
 
 
 def _gaps(driver: Driver, prefix: str, start: float, end: float) -> np.ndarray:
@@ -320,9 +324,11 @@ def _print(results: dict) -> None:
             print(f"{name}: on the device, {device['num_chunk_steps']} chunk steps, span p50 "
                   f"{device['span_p50_ms']:.2f} ms; the slowest: {slowest}")
             if device["beside_decode_span_max_ms"] is not None:
+                slowest_beside = "; ".join(f"chunk step {step['index']} {step['span_ms']:.2f} ms ({step['tokens']} "
+                                           f"tokens)" for step in device["slowest_beside_decode"])
                 print(f"{name}: on the device, the chunk steps beside the decode rows: span p90 "
                       f"{device['beside_decode_span_p90_ms']:.2f} ms, "
-                      f"largest {device['beside_decode_span_max_ms']:.2f} ms")
+                      f"largest {device['beside_decode_span_max_ms']:.2f} ms; the slowest: {slowest_beside}")
     for name in names:
         if results[name]["num_decode_ended_in_window"]:
             print(f"{name}: WARNING {results[name]['num_decode_ended_in_window']} decode rows ended before the "
