@@ -12,7 +12,7 @@ class _Timed:
         self.spans, self.shapes = spans, shapes
 
     def steps(self):
-        return step_table(self.spans, self.shapes)
+        return step_table(self.spans, self.shapes, [f"path {i}" for i in range(len(self.spans))])
 
 
 def test_the_slowest_chunk_step_shows_as_device_time_or_as_waiting_for_the_host():
@@ -30,9 +30,19 @@ def test_the_slowest_chunk_step_shows_as_device_time_or_as_waiting_for_the_host(
                                                                                  (3, 4.0, 2.0)]
     # beside the decode rows only (the prompt wave of 16 rows left out), the slowest first
     assert [(s["index"], s["span_ms"]) for s in found["slowest_beside_decode"]] == [(4, 7.0), (1, 4.0), (2, 4.0)]
+    assert found["slowest_beside_decode"][0]["path"] == "path 6"  # the step's own path (its 7th launch)
 
 
 def test_a_run_without_device_events_reports_no_chunk_steps():
     assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": [],
                                          "beside_decode_span_p90_ms": None, "beside_decode_span_max_ms": None,
                                          "slowest_beside_decode": []}
+
+
+def test_each_step_names_how_the_executor_ran_it():
+    from mstar.runtime.engine.gpu.executor import path_of
+
+    assert path_of(8, None, 0) == "decode graph 8"
+    assert path_of(0, (256, 64, "split"), 0) == "whole 256x64 split"
+    assert path_of(0, None, 384) == "piecewise 384"
+    assert path_of(0, None, 0) == "eager"

@@ -325,7 +325,8 @@ def _print(results: dict) -> None:
                   f"{device['span_p50_ms']:.2f} ms; the slowest: {slowest}")
             if device["beside_decode_span_max_ms"] is not None:
                 slowest_beside = "; ".join(f"chunk step {step['index']} {step['span_ms']:.2f} ms ({step['tokens']} "
-                                           f"tokens)" for step in device["slowest_beside_decode"])
+                                           f"tokens, {step['path'] or 'path unknown'})"
+                                           for step in device["slowest_beside_decode"])
                 print(f"{name}: on the device, the chunk steps beside the decode rows: span p90 "
                       f"{device['beside_decode_span_p90_ms']:.2f} ms, "
                       f"largest {device['beside_decode_span_max_ms']:.2f} ms; the slowest: {slowest_beside}")

@@ -493,8 +493,8 @@ class StepExecutor:
             out = buffer[:num_rows]
             out.copy_(tokens, non_blocking=True)
         if began is not None and self.step_events is not None:
-            event: Optional[torch.cuda.Event] = self.step_events.end(began, len(rows),
-                                                                     sum(row.num_tokens for row in rows))
+            event: Optional[torch.cuda.Event] = self.step_events.end(
+                began, len(rows), sum(row.num_tokens for row in rows), path_of(batch, whole, padded_tokens))
         else:
             event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order)
@@ -601,6 +601,16 @@ class StepExecutor:
             ordered[pending.order] = tokens
             return ordered
         return tokens
+
+
+def path_of(batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int) -> str:
+    """How `launch` ran a step, for the step events: the decode graph of `batch` rows, a whole packed
+    graph (its token bucket, rows and route), the piecewise graphs of a token bucket, or eagerly."""
+    if batch:
+        return f"decode graph {batch}"
+    if whole:
+        return f"whole {whole[0]}x{whole[1]} {whole[2]}"
+    return f"piecewise {padded_tokens}" if padded_tokens else "eager"
 
 
 def _padded_row_fields(packed: PackedStep, offset: int, rows: int) -> np.ndarray:

@@ -542,7 +542,7 @@ class GpuDecoderRunner(DecoderRunner):
         """`prelaunch` of a step past a chunk step, row by row in step order: the decode rows as
         the per-row path takes them, the prompt rows' next chunks (module docstring)."""
         last = self._last_rows.get(worker, set())
-        pool, label, max_seq_len = self.pool, self.guidance.first, self.max_seq_len
+        pool, label = self.pool, self.guidance.first
         specs: list[RowSpec] = []
         placed: dict[str, tuple[str, int]] = {}
         slots: dict[str, int] = {}
@@ -555,34 +555,24 @@ class GpuDecoderRunner(DecoderRunner):
             if request_id in placed:
                 continue
             num_cached, num_held = pool.extent(key)
-            facts = self._facts_of(call)
             chunk = chunks.chunks.get(request_id)
+            tokens: Optional[list[int]] = None
             if request_id in fresh:  # a prompt new to the step: its first chunk
                 tokens = self._fresh_chunk(fresh[request_id], call, request, num_cached)
-                if tokens is None:
-                    continue
-                spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id),
-                               walk in decode_walks)
+                self.num_ahead_first_chunks += tokens is not None
+            elif chunk is not None:  # a prompt cut in the step launched last: its next chunk
+                tokens = self._cut_chunk(request_id, key, call, request, num_cached, chunk, last)
+            elif (request_id not in last or not self._facts_of(call).loop_backs
+                  or not self._next_token_fits(request_id, key, num_cached, num_held)):
+                continue  # a decode row, as `prelaunch` takes it, or none
+            if tokens is None and (request_id in fresh or chunk is not None):
+                continue  # the prompt's chunk waits for the real launch
+            spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id), walk in decode_walks)
+            if tokens is not None:
                 cut[request_id] = (num_cached, tokens)
-                uncollected.append(0)
-                self.num_ahead_first_chunks += 1
-            elif chunk is None:  # a decode row, as `prelaunch` takes it
-                if (request_id not in last or not facts.loop_backs
-                        or not self._next_token_fits(request_id, key, num_cached, num_held)):
-                    continue
-                spec = RowSpec(None, num_cached, pool.page_table(key), self._row_slot(request_id),
-                               walk in decode_walks)
-                uncollected.append(1)  # the step launched last samples first: its sample is not counted yet
-            else:
-                tokens = self._next_chunk(request, call, num_cached, chunk)
-                if (tokens is None or request_id in last or num_cached + chunk > max_seq_len
-                        or not self.admission.is_started(request_id)
-                        or not self._reserve_tokens(request_id, key, chunk)):
-                    continue
-                spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id),
-                               walk in decode_walks)
-                cut[request_id] = (num_cached, tokens)
-                uncollected.append(0)  # the step launched last sampled nothing for it
+            # the step launched last samples a decode row first (its sample is not counted yet), a
+            # prompt's chunk not at all
+            uncollected.append(1 if tokens is None else 0)
             placed[request_id] = (walk, len(specs))
             slots[request_id] = spec.row_slot
             requests[request_id] = request
@@ -599,6 +589,17 @@ class GpuDecoderRunner(DecoderRunner):
         else:
             pending = self.executor.launch(specs, sampling, glue=key_glue)
         self._launched_ahead(worker, pending, placed, slots, requests, cut)
+
+    def _cut_chunk(self, request_id: str, key: tuple[str, str], call: CallInfo, request: RequestState,
+                   num_cached: int, num: int, last: set[str]) -> Optional[list[int]]:
+        """The token ids of a cut prompt's next chunk launched ahead, its pages reserved; None when
+        it must wait for the real launch: no classified prompt, sampled by the step launched last,
+        past max_seq_len, its request not started or its pages refused."""
+        tokens = self._next_chunk(request, call, num_cached, num)
+        if (tokens is None or request_id in last or num_cached + num > self.max_seq_len
+                or not self.admission.is_started(request_id) or not self._reserve_tokens(request_id, key, num)):
+            return None
+        return tokens
 
     def _fresh_chunk(self, row: StepRow, call: CallInfo, request: RequestState, num_cached: int
                      ) -> Optional[list[int]]:

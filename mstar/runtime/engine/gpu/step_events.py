@@ -11,15 +11,16 @@ host has issued N+1's first work: the time between the two is the device waiting
 between steps, and nothing else. Idle inside a step (between its own copy, pack kernel, planning
 and graph launch) is step time here; `--gpu-profile` shows it.
 
-In: `StepEvents.begin()` at a launch's start, `end(begin, rows, tokens)` at its end. Out (once the
-run is over: both wait for the device): `summary()`, the steps' spans and the gaps between them for
-the whole run and its middle half (without start-up and the tail where rows drain); `steps()`,
-each step's device start, span, the gap before it, and its rows and tokens (`mstar bench kv` picks
-the chunk steps out of them: more tokens than rows).
+In: `StepEvents.begin()` at a launch's start, `end(begin, rows, tokens, path)` at its end (path:
+how the executor ran it, `StepExecutor.path_of`). Out (once the run is over: both wait for the
+device): `summary()`, the steps' spans and the gaps between them for the whole run and its middle
+half (without start-up and the tail where rows drain); `steps()`, each step's device start, span,
+the gap before it, its rows and tokens and its path (`mstar bench kv` picks the chunk steps out of
+them: more tokens than rows).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -28,6 +29,7 @@ class StepEvents:
     def __init__(self) -> None:
         self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.shapes: list[tuple[int, int]] = []  # (rows, tokens) launched, per step
+        self.paths: list[str] = []  # how each ran: decode graph, whole or piecewise packed graphs, eager
 
     @staticmethod
     def begin() -> torch.cuda.Event:
@@ -35,11 +37,12 @@ class StepEvents:
         event.record()
         return event
 
-    def end(self, begin: torch.cuda.Event, num_rows: int = 0, num_tokens: int = 0) -> torch.cuda.Event:
+    def end(self, begin: torch.cuda.Event, num_rows: int = 0, num_tokens: int = 0, path: str = "") -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         self.pairs.append((begin, event))
         self.shapes.append((num_rows, num_tokens))
+        self.paths.append(path)
         return event
 
     def _spans(self) -> list[tuple[float, float]]:
@@ -53,7 +56,7 @@ class StepEvents:
         return idle_between(self._spans())
 
     def steps(self) -> list[dict[str, Any]]:
-        return step_table(self._spans(), self.shapes) if self.pairs else []
+        return step_table(self._spans(), self.shapes, self.paths) if self.pairs else []
 
 
 def attach(engine: Any) -> dict[str, StepEvents]:
@@ -67,13 +70,14 @@ def attach(engine: Any) -> dict[str, StepEvents]:
     return attached
 
 
-def step_table(spans: list[tuple[float, float]], shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
-    """Each step's device start and span (ms), the gap before it, and its rows and tokens."""
+def step_table(spans: list[tuple[float, float]], shapes: list[tuple[int, int]],
+               paths: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """Each step's device start and span (ms), the gap before it, its rows and tokens, and its path."""
     table = []
     for index, ((start, end), (rows, tokens)) in enumerate(zip(spans, shapes)):
         gap = max(0.0, start - spans[index - 1][1]) if index else 0.0
         table.append({"start_ms": round(start, 3), "span_ms": round(end - start, 3), "gap_before_ms": round(gap, 3),
-                      "rows": rows, "tokens": tokens})
+                      "rows": rows, "tokens": tokens, "path": paths[index] if paths else ""})
     return table
 
 
