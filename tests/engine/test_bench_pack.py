@@ -8,7 +8,7 @@ def test_host_pack_prints_both_packers(capsys):
     assert main(["bench", "engine", "--host-pack", "--iters", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["plan_key"] == "LLM:mixed" and result["page_size"] == 16
-    for step in ("decode_1", "decode_8", "decode_64", "mixed_63_1", "prefill_16x1024"):
+    for step in ("decode_1", "decode_8", "decode_64", "mixed_63_1", "prefill_16x1024", "prefix_tail_16"):
         figures = result[step]
         assert figures["numpy_us"] > 0 and figures["glue_host_us"] > 0
         assert abs(figures["glue_over_numpy"] - figures["glue_host_us"] / figures["numpy_us"]) < 0.01

@@ -2,14 +2,15 @@
 
 In: a plan, its first kv node, its generated glue module, the iterations. Out: per bench step
 (decode 1, 8 and 64 rows at context 1024; 63 decode rows beside a 512-token prompt; 16 x 1024-token
-prefill), the microseconds of the host work each packer does before its one copy to the
-device: `packing.pack` (numpy: every token's id, position and write slot, every page index, the
-CSR arrays; a decode graph's step also lays them out again for the wrapper's buffers, not counted
-here) against `GluePacker.host_step` (the row list, the pages granted since a row was last packed,
-the new token ids, the three small CSR arrays; steady state, so no page is granted), and their
-ratio (the best of five means of `--iters` calls each). Runs on any machine: no device, no kernel
-launch (the glue's `pack_step` launch and the numpy path's `fed_ids` are device-side work that
-`mstar bench engine` times on a GPU).
+prefill; a cached request's 16-token tail unrolled into 16 decode rows of one new slot), the
+microseconds of the host work each packer does before its one copy to the device: `packing.pack`
+(numpy: every token's id, position and write slot, every page index, the CSR arrays; a decode
+graph's step also lays them out again for the wrapper's buffers, not counted here) against
+`GluePacker.host_step` (the row list, the pages granted since a row was last packed, the new token
+ids, the three small CSR arrays; steady state, so no page is granted, except the prefix tail's
+new slot), and their ratio (the best of five means of `--iters` calls each). Runs on any machine:
+no device, no kernel launch (the glue's `pack_step` launch and the numpy path's `fed_ids` are
+device-side work that `mstar bench engine` times on a GPU).
 """
 from __future__ import annotations
 
@@ -67,7 +68,26 @@ def host_pack(glue, iters: int) -> dict:
         glue_us = _best_us(partial(packer.host_step, glue, specs, padded or num_rows), iters)
         out[name] = {"numpy_us": round(numpy_us, 1), "glue_host_us": round(glue_us, 1),
                      "glue_over_numpy": round(glue_us / numpy_us, 3)}
+    out["prefix_tail_16"] = _prefix_tail(glue, page_size, loop_walk, iters)
     return out
+
+
+def _prefix_tail(glue, page_size: int, loop_walk: int, iters: int) -> dict:
+    """A cached request's first step (`mstar bench kv --scenario prefix`): 16 prompt tokens after
+    1024 cached, unrolled into 16 decode-graph rows on the request's one slot and page table, whose
+    slot the packer has not mirrored yet (a new request), so the step sends its page table."""
+    num_pages = -(-(CONTEXT + 16) // page_size)
+    table = list(range(num_pages))
+    specs = [RowSpec([(7 * i) % 1000], CONTEXT + i, table, 1, True, loop_walk) for i in range(16)]
+    packer = GluePacker(page_size, 4, MAX_POSITIONS // page_size, 0, torch.device("cpu"))
+
+    def fresh_step():
+        packer.forget(1)
+        return packer.host_step(glue, specs, 16)
+    numpy_us = _best_us(partial(pack, specs, page_size, 0, padded_rows=16, padded_tokens=16), iters)
+    glue_us = _best_us(fresh_step, iters)
+    return {"numpy_us": round(numpy_us, 1), "glue_host_us": round(glue_us, 1),
+            "glue_over_numpy": round(glue_us / numpy_us, 3)}
 
 
 def table(result: dict) -> str:

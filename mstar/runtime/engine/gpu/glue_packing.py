@@ -136,6 +136,8 @@ class GluePacker:
         have mirrored; counts them as mirrored. Only rows that gained pages touch their page tables."""
         mirrored = self.num_mirrored[slots]
         update_rows = np.flatnonzero(pages > mirrored).tolist()
+        if len(update_rows) > 1:
+            update_rows = _one_row_per_slot(update_rows, slots, pages)
         update_index: list[int] = []
         update_page: list[int] = []
         for i in update_rows:
@@ -191,3 +193,18 @@ def eager_buffers(num_tokens: int, num_rows: int, num_pages: int, device: torch.
     tokens, positions, slots = empty(3 * num_tokens).view(3, num_tokens)
     return PackBuffers(tokens, positions, slots, empty(num_rows + 1), empty(num_rows + 1), empty(max(num_pages, 1)),
                        empty(num_rows), empty(num_rows))
+
+
+def _one_row_per_slot(update_rows: list[int], slots: np.ndarray, pages: np.ndarray) -> list[int]:
+    """The rows that send page-table entries, one per slot: the one holding the most pages. Rows
+    share a slot when the executor unrolls a prompt into decode rows (one per token, all on the
+    request's page table): each of a cached request's 16 tail tokens sent the whole 65-page table
+    (1,040 entries: 177 us of `host_step` on a 2-core machine, 112 us with one row's 65)."""
+    update_slots = slots[update_rows].tolist()
+    if len(set(update_slots)) == len(update_slots):
+        return update_rows
+    best: dict[int, int] = {}
+    for row, slot in zip(update_rows, update_slots):
+        if slot not in best or pages[row] > pages[best[slot]]:
+            best[slot] = row
+    return sorted(best.values())
