@@ -52,7 +52,7 @@ collected, so the run loop's host work hides behind the device's. What makes tha
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
@@ -302,8 +302,11 @@ class StepExecutor:
                 kept.append(row)
                 continue
             last = len(tokens) - 1
-            kept.append(replace(row, token_ids=tokens[last:], num_cached=row.num_cached + last))
-            others.extend(replace(row, token_ids=[token], num_cached=row.num_cached + i)
+            # RowSpec(...) rather than dataclasses.replace: 0.3 against 1.6 us a row, and a cached
+            # request's first step unrolls 16 of them on the host before the device starts
+            table, slot, is_decode, walk = row.page_table, row.row_slot, row.is_decode, row.walk_index
+            kept.append(RowSpec(tokens[last:], row.num_cached + last, table, slot, is_decode, walk))
+            others.extend(RowSpec([token], row.num_cached + i, table, slot, is_decode, walk)
                           for i, token in enumerate(tokens[:last]))
         return kept + others
 
