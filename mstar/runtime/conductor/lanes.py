@@ -139,7 +139,7 @@ class Lanes:
             emission_times.extend(times)
             emission_kinds.extend([self.kinds[lane]] * num)
             emission_values.extend(ids)  # one-token emissions, kept as ints (RequestRecord)
-            is_token.extend(bytes([1]) * num)
+            is_token.extend(b"\x01" * num)
             tokens.extend(ids)
             token_times.extend(times)
             record.num_output_tokens += num

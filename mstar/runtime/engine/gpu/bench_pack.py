@@ -66,8 +66,7 @@ def host_pack(glue, iters: int) -> dict:
         packer = GluePacker(page_size, num_rows + 2, MAX_POSITIONS // page_size, 0, torch.device("cpu"))
         numpy_us = _best_us(partial(pack, specs, page_size, 0, padded_rows=padded, padded_tokens=bucket), iters)
         glue_us = _best_us(partial(packer.host_step, glue, specs, padded or num_rows), iters)
-        out[name] = {"numpy_us": round(numpy_us, 1), "glue_host_us": round(glue_us, 1),
-                     "glue_over_numpy": round(glue_us / numpy_us, 3)}
+        out[name] = _figures(numpy_us, glue_us)
     out["prefix_tail_16"] = _prefix_tail(glue, page_size, loop_walk, iters)
     return out
 
@@ -85,7 +84,10 @@ def _prefix_tail(glue, page_size: int, loop_walk: int, iters: int) -> dict:
         packer.forget(1)
         return packer.host_step(glue, specs, 16)
     numpy_us = _best_us(partial(pack, specs, page_size, 0, padded_rows=16, padded_tokens=16), iters)
-    glue_us = _best_us(fresh_step, iters)
+    return _figures(numpy_us, _best_us(fresh_step, iters))
+
+
+def _figures(numpy_us: float, glue_us: float) -> dict:
     return {"numpy_us": round(numpy_us, 1), "glue_host_us": round(glue_us, 1),
             "glue_over_numpy": round(glue_us / numpy_us, 3)}
 

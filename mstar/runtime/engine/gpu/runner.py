@@ -556,17 +556,19 @@ class GpuDecoderRunner(DecoderRunner):
                 continue
             num_cached, num_held = pool.extent(key)
             chunk = chunks.chunks.get(request_id)
-            tokens: Optional[list[int]] = None
+            tokens: Optional[list[int]] = None  # None: a decode row fed from the device
             if request_id in fresh:  # a prompt new to the step: its first chunk
                 tokens = self._fresh_chunk(fresh[request_id], call, request, num_cached)
-                self.num_ahead_first_chunks += tokens is not None
+                if tokens is None:
+                    continue  # it waits for the real launch
+                self.num_ahead_first_chunks += 1
             elif chunk is not None:  # a prompt cut in the step launched last: its next chunk
                 tokens = self._cut_chunk(request_id, key, call, request, num_cached, chunk, last)
+                if tokens is None:
+                    continue
             elif (request_id not in last or not self._facts_of(call).loop_backs
                   or not self._next_token_fits(request_id, key, num_cached, num_held)):
                 continue  # a decode row, as `prelaunch` takes it, or none
-            if tokens is None and (request_id in fresh or chunk is not None):
-                continue  # the prompt's chunk waits for the real launch
             spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id), walk in decode_walks)
             if tokens is not None:
                 cut[request_id] = (num_cached, tokens)
@@ -606,13 +608,13 @@ class GpuDecoderRunner(DecoderRunner):
         """The token ids of a new prompt row's chunk launched ahead, prepared and admitted as the
         real launch would (its input classified, its request's budget and pages granted); None when
         it must wait for the real launch: inputs the fast path cannot take (the real launch says
-        why), a chunk past max_seq_len, a start other than where its KV ends, the policy's no."""
+        why), a chunk past max_seq_len, a start other than where its KV ends, the policy's no. (A
+        runner with KV offload never runs ahead: `can_run_ahead`.)"""
         try:
             item = self._prepare(row, call, request)
         except InputError:
             return None
-        if (item.is_loop_back or row.chunk_start != num_cached or self._length_problem(item) is not None
-                or self.offload is not None):
+        if item.is_loop_back or row.chunk_start != num_cached or self._length_problem(item) is not None:
             return None
         granted, _ = self._admit([item], [], True)
         return item.tokens_fed if granted else None
