@@ -23,7 +23,9 @@ PAGES_PER_SEQ = 64
 def _updates(packer: GluePacker, rows: list[RowSpec], padded: int) -> list[tuple[int, int]]:
     step = packer.host_step(GLUE, rows, padded)
     start, num = NUM_ROW_FIELDS * padded, step.num_updates
-    return list(zip(step.host[start:start + num].tolist(), step.host[start + num:start + 2 * num].tolist()))
+    start += start % 2  # the int64 indices start on an even word
+    indices = step.host[start:start + 2 * num].view(np.int64).tolist()
+    return list(zip(indices, step.host[start + 2 * num:start + 3 * num].tolist()))
 
 
 def test_rows_sharing_a_slot_send_its_table_once():

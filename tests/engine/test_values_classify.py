@@ -75,3 +75,35 @@ def test_a_prefix_registered_again_after_eviction_gets_a_new_id_and_old_chains_s
     assert cache.lookup(page_key(first, "main", [3, 4])) == (2, child)
     assert cache.register(4, page_key(ROOT, "main", [1, 2])) == again  # a second writer: stays private
     assert 4 not in cache
+
+
+@settings(max_examples=200, deadline=None)
+@given(VALUES, st.integers(0, 8), st.integers(1, 8), st.booleans())
+def test_a_token_list_s_chunk_is_what_classify_gives_for_it(value, start, num, is_partial):
+    """`token_list_chunk` (the GPU runner's fast path) gives a cut row's chunk, or a whole row's
+    list, as `classify` then `chunk_of` do, or None where `classify` must decide; a cut row leaves
+    the list in the memo for a chunk launched ahead."""
+    from mstar.runtime.step import StepRow
+
+    row = StepRow("r", "prefill", num, start, {"x": value}, chunk_start=start, is_partial=is_partial)
+    memo: dict = {}
+    got = values.token_list_chunk(value, row, memo, "LLM", "x")
+    part = value[start:start + num] if values.is_cut(row) else value
+    if not part or any(type(item) is not int for item in part):
+        assert got is None and not memo
+        return
+    assert got == classify("x", part).tensor.tolist()
+    assert got is not value  # a copy: the request's prompt is not the row's to keep
+    assert memo == ({("LLM", "x"): (value, None)} if values.is_cut(row) else {})
+
+
+def test_the_memo_of_a_token_list_is_not_a_classification():
+    """classify_for_row does not take a token list's memo entry for a classification."""
+    from mstar.runtime.step import StepRow
+
+    value = [5, 6, 7, 8]
+    row = StepRow("r", "prefill", 2, 2, {"x": value}, chunk_start=2)
+    memo: dict = {}
+    assert values.token_list_chunk(value, row, memo, "LLM", "x") == [7, 8]
+    classified = values.classify_for_row(row, memo, "LLM", "x", value)
+    assert classified.kind == "tokens" and classified.tensor.tolist() == value

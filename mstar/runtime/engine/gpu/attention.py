@@ -13,8 +13,9 @@ Each decode bucket owns one int32 device buffer, `staged[batch]`: the step's pac
 (`packing.py`, the graph's inputs) followed by FlashInfer's index arrays (kv indptr, last page
 lengths, page indices), which are the wrapper's static buffers. `decode_host(batch, packed)` lays a
 step out the same way on the host, so one host-to-device copy feeds both the graph and the
-attention kernel; `plan_decode` then runs FlashInfer's `fast_decode_plan` (the host scheduling
-only: no buffer copies, no per-row Python loop), which cost 0.4 ms a step at 64 rows as `plan()`.
+attention kernel; `plan_decode` then runs the wrapper's compiled planner (the host scheduling
+only: no buffer copies, no per-row Python loop: `replan_graph_decode`), which cost 0.4 ms a step at
+64 rows as `plan()`.
 
 Rules kept (shared/reference/flashinfer.md section 0): every plan() gets q/kv dtype bf16; decode
 uses tensor cores (the prefill kernels) for grouped-query attention with backend fa2, except the
@@ -36,6 +37,7 @@ tokens 2.07 ms on fa2 against 1.80 ms on fa3; but 40 decode rows beside that chu
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
@@ -167,7 +169,8 @@ class FlashInferSteps:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
         must reach `staged[batch]` by the step's own copy (`decode_host`)."""
         plan_graph_decode(self.decode[batch], batch not in self._is_planned, packed.kv_indptr, packed.kv_indices,
-                          packed.last_page_len, self.heads, self.page_size, self.sm_scale)
+                          packed.last_page_len, self.heads, self.page_size, self.sm_scale,
+                          packed.seq_lens)
         self._is_planned.add(batch)
 
     def decode_attend(self, batch: int) -> Attend:
@@ -177,20 +180,67 @@ class FlashInferSteps:
 
 def plan_graph_decode(wrapper, is_first: bool, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
                       last_page_len: torch.Tensor, heads: tuple[int, int, int], page_size: int,
-                      sm_scale: float) -> None:
+                      sm_scale: float, seq_lens: Optional[torch.Tensor] = None) -> None:
     """Plan a graph-mode decode wrapper from the host's kv indptr and last page lengths: `plan()`
     the first time (it freezes the row count and copies the index arrays into the wrapper's
-    buffers), FlashInfer's `fast_decode_plan` after (the host scheduling only; the index arrays
-    reach the buffers another way)."""
+    buffers), `replan_graph_decode` after (the host scheduling only; the index arrays reach the
+    buffers another way). seq_lens: the rows' KV lengths where the caller has them (int32, host)."""
     hq, hkv, d = heads
-    args = (kv_indptr, kv_indices, last_page_len, hq, hkv, d, page_size)
-    kwargs = dict(sm_scale=sm_scale, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     if is_first:
-        wrapper.plan(*args, **kwargs)
+        wrapper.plan(kv_indptr, kv_indices, last_page_len, hq, hkv, d, page_size, sm_scale=sm_scale,
+                     q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     else:
-        from flashinfer.decode import fast_decode_plan
+        replan_graph_decode(wrapper, kv_indptr, kv_indices, last_page_len, heads, page_size, seq_lens)
 
-        fast_decode_plan(wrapper, *args, **kwargs)
+
+# The FlashInfer release whose decode planner `replan_graph_decode` calls directly (pyproject's gpu extra).
+LEAN_PLAN_VERSION = "0.6.1"
+
+
+def replan_graph_decode(wrapper, kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor,
+                        heads: tuple[int, int, int], page_size: int, seq_lens: Optional[torch.Tensor] = None) -> None:
+    """A planned graph-mode decode wrapper's next plan: its compiled planner called with the
+    arguments FlashInfer 0.6.1's `fast_decode_plan` passes it, and no more. That function builds two
+    empty device tensors, enters a device context and derives the KV lengths with four torch ops on
+    every call: a 16-row step's plan took 112 us on an H200's host that way, 22 us this way (a cached
+    request's first step, which waits for it before its replay); one row 45 against 19 us. The
+    dtypes, scale and window stay as the first `plan()` set them. Another FlashInfer release takes
+    `fast_decode_plan` itself."""
+    import flashinfer
+    from flashinfer.decode import fast_decode_plan
+
+    hq, hkv, d = heads
+    if flashinfer.__version__ != LEAN_PLAN_VERSION or (wrapper.use_tensor_cores and wrapper._backend != "fa2"):
+        fast_decode_plan(wrapper, kv_indptr, kv_indices, last_page_len, hq, hkv, d, page_size,
+                         q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=wrapper._sm_scale)
+        return
+    batch = last_page_len.shape[0]
+    buffers = (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
+    if wrapper.use_tensor_cores:
+        if seq_lens is None:
+            seq_lens = torch.clamp(kv_indptr[1:] - kv_indptr[:-1] - 1, min=0) * page_size + last_page_len
+        # qo indptr (one query a row), kv indptr, KV lengths, rows, rows, heads, page size, graph mode,
+        # head dims, not causal, no window, no fixed split (-1), split KV allowed, no co-located CTAs.
+        wrapper._plan_info = wrapper._cached_module.plan(
+            *buffers, _row_offsets(batch), kv_indptr, seq_lens, batch, batch, hq, hkv, page_size, True, d, d,
+            False, -1, -1, False, 0)
+    else:
+        q_dtype, kv_dtype = _empty_dtype_tensors(wrapper.device)
+        # kv indptr, rows, heads, page size, graph mode, no window, no soft cap, head dims, dtypes.
+        wrapper._plan_info = wrapper._cached_module.plan(
+            *buffers, kv_indptr, batch, hq, hkv, page_size, True, -1, 0.0, d, d, q_dtype, kv_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _row_offsets(batch: int) -> torch.Tensor:
+    """0..batch on the host: the qo indptr of `batch` one-token rows."""
+    return torch.arange(batch + 1, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_dtype_tensors(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty bf16 tensors on the device: how the CUDA-core planner is told the q and KV dtypes."""
+    return torch.empty(0, dtype=torch.bfloat16, device=device), torch.empty(0, dtype=torch.bfloat16, device=device)
 
 
 def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, forced: Optional[bool] = None) -> bool:

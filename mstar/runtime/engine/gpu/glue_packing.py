@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-
 import numpy as np
 import torch
 
@@ -38,7 +37,7 @@ from mstar.runtime.engine.gpu.packing import RowSpec
 
 NUM_ROW_FIELDS = 7  # RowInputs' per-row fields, in its order
 INITIAL_MIRROR_ROWS = 64  # slot rows of the page-table mirror before a step needs more
-_LOOP_BACK_ENTRY = (0,)  # a loop-back row's one (ignored) entry among the host tokens
+_LOOP_BACK_ENTRY = [0]  # a loop-back row's one (ignored) entry among the host tokens
 _NO_INDICES = torch.empty(0, dtype=INDEX_DTYPE)  # a GlueStep's kv_indices until its launch sets them (never written)
 
 
@@ -51,11 +50,13 @@ class GlueStep:
     num_tokens: int  # real tokens
     num_pages: int  # pages the rows hold after the step (kv_indptr's last entry)
     num_updates: int  # page-table entries granted since their rows were last packed
-    host: np.ndarray  # int32: row fields [7, padded_batch] | update indices | update pages | host tokens
+    host: np.ndarray  # int32: row fields [7, padded_batch] | (0 to an even offset) | update indices, int64
+    # (2 words each) | update pages | host tokens
     qo_indptr: torch.Tensor  # int32 [padded_batch + 1], host
     kv_indptr: torch.Tensor  # int32 [padded_batch + 1], host
     last_page_len: torch.Tensor  # int32 [padded_batch], host
     kv_indices: torch.Tensor  # int32 [num_pages], a view of the launch's PackBuffers (device)
+    seq_lens: torch.Tensor  # int32 [padded_batch], host: each row's KV length after the step (0: padding)
 
 
 class GluePacker:
@@ -78,49 +79,57 @@ class GluePacker:
         """The step's row list and CSR arrays on the host; advances the mirror's counts (the
         launch that follows sends the pages). Raises GlueLaunchError for a row whose walk is not
         one of the key's, or that is fed from the device token table by a walk the plan does not
-        loop back there (the kernel would feed it token 0)."""
-        num_rows, page_size = len(rows), self.page_size
+        loop back there (the kernel would feed it token 0).
+
+        One pass over the rows in plain Python, then one array: a serial step (a cached request's
+        first, a lone decode row) waits for this before its replay, and numpy's fixed cost per call
+        made a 1-row step 69 us against 15-17 (`mstar bench engine --host-pack`)."""
         constants = glue.constants
-        # One pass over the rows: (walk, fed from the device, cached, slot, new tokens) each.
-        walks, is_fed, cached, slots, counts = np.fromiter(
-            chain.from_iterable((r.walk_index, r.token_ids is None, r.num_cached, r.row_slot,
-                                 1 if r.token_ids is None else len(r.token_ids)) for r in rows),
-            dtype=np.int64, count=5 * num_rows).reshape(num_rows, 5).T
-        if num_rows and (int(walks.min()) < 0 or int(walks.max()) >= len(constants.walks)):
-            raise GlueLaunchError(f"{constants.key}: a row's walk index is outside the key's walks {constants.walks}")
-        if bool(((is_fed == 1) & ((constants.device_loop_mask >> walks) & 1 == 0)).any()):
-            raise GlueLaunchError(f"{constants.key}: a row is fed from the device token table by a walk that does "
-                                  "not loop back on the device")
-        seq_lens = cached + counts
-        pages = -(-seq_lens // page_size)
-        if num_rows and int(pages.max()) > self.pages_per_seq:
-            raise ValueError(f"a row needs {int(pages.max())} pages, past the {self.pages_per_seq} a sequence holds")
-        if num_rows and int(slots.max()) >= self.table.shape[0]:
-            self._grow(int(slots.max()) + 1)
-        update_index, update_page = self._page_updates(rows, slots, pages)
+        num_walks, loop_mask, page_size = len(constants.walks), constants.device_loop_mask, self.page_size
+        num_rows, pad = len(rows), padded_batch - len(rows)
+        walks, counts, cached, is_fed, slots = [], [], [], [], []
+        qo, kv, last, seq_lens = [0], [0], [], []
+        token_lists: list = []  # each row's new token ids (a loop-back row's one ignored entry)
+        most_pages: dict[int, tuple[int, int]] = {}  # slot -> (pages, row): the row that sends its entries
+        num_tokens = num_pages = 0
+        for index, row in enumerate(rows):
+            ids, walk, slot, num_cached = row.token_ids, row.walk_index, row.row_slot, row.num_cached
+            if not 0 <= walk < num_walks or (ids is None and not loop_mask >> walk & 1):
+                _refuse_walk(constants, walk)
+            is_fed.append(ids is None)
+            count = 1 if ids is None else len(ids)
+            token_lists.append(_LOOP_BACK_ENTRY if ids is None else ids)
+            seq_len = num_cached + count
+            pages = -(-seq_len // page_size)
+            if pages > self.pages_per_seq:
+                raise ValueError(f"a row needs {pages} pages, past the {self.pages_per_seq} a sequence holds")
+            walks.append(walk)
+            counts.append(count)
+            cached.append(num_cached)
+            slots.append(slot)
+            num_tokens += count
+            num_pages += pages
+            qo.append(num_tokens)
+            kv.append(num_pages)
+            last.append(seq_len - (pages - 1) * page_size if pages else 0)
+            seq_lens.append(seq_len)
+            if slot not in most_pages or pages > most_pages[slot][0]:
+                most_pages[slot] = (pages, index)
+        if num_rows and max(most_pages) >= self.table.shape[0]:
+            self._grow(max(most_pages) + 1)
+        update_index, update_page = self._page_updates(rows, most_pages)
         num_updates = len(update_index)
-        num_tokens = int(counts.sum())
-        r = padded_batch
-        host = np.zeros(NUM_ROW_FIELDS * r + 2 * num_updates + num_tokens, dtype=np.int32)
-        fields = host[:NUM_ROW_FIELDS * r].reshape(NUM_ROW_FIELDS, r)
-        fields[0, :num_rows] = walks
-        fields[1, :num_rows] = counts
-        fields[2, :num_rows] = cached
-        # loop_iter > 0 marks a row fed from the device token table (its walk loops back there).
-        fields[3, :num_rows] = is_fed
-        fields[4, :num_rows] = slots  # padding rows keep slot 0 (the sink of a decode graph's row slots)
-        fields[5, :num_rows] = 1  # every row's sampled token is the engine's (the host reads it too)
-        start = NUM_ROW_FIELDS * r
-        host[start:start + num_updates] = update_index
-        host[start + num_updates:start + 2 * num_updates] = update_page
-        host[start + 2 * num_updates:] = np.fromiter(
-            chain.from_iterable(_LOOP_BACK_ENTRY if row.token_ids is None else row.token_ids for row in rows),
-            dtype=np.int64, count=num_tokens)
-        qo, kv = _offsets(counts, r), _offsets(pages, r)
-        last = np.zeros(r, dtype=np.int32)
-        last[:num_rows] = np.where(pages > 0, seq_lens - (pages - 1) * page_size, 0)
-        return GlueStep(num_rows, r, num_tokens, int(kv[num_rows]), num_updates, host, torch.from_numpy(qo),
-                        torch.from_numpy(kv), torch.from_numpy(last), _NO_INDICES)
+        # every real row's sampled token is the engine's (the host reads it too)
+        host = _host_array([walks, counts, cached, is_fed, slots, [1] * num_rows], padded_batch, update_index,
+                           update_page, token_lists, num_tokens)
+        zeros = [0] * pad
+        # Padding rows are zero-length segments (the offsets repeat) with last page length 0.
+        csr = torch.from_numpy(np.array(qo + [num_tokens] * pad + kv + [num_pages] * pad + last + zeros
+                                        + seq_lens + zeros, dtype=np.int32))
+        width = padded_batch + 1
+        return GlueStep(num_rows, padded_batch, num_tokens, num_pages, num_updates, host, csr[:width],
+                        csr[width:2 * width], csr[2 * width:2 * width + padded_batch], _NO_INDICES,
+                        csr[2 * width + padded_batch:])
 
     def _grow(self, num_rows: int) -> None:
         """A mirror of at least `num_rows` slot rows (stream order keeps steps in flight on the old one)."""
@@ -131,22 +140,23 @@ class GluePacker:
         table[:self.table.shape[0]].copy_(self.table)
         self.table = table
 
-    def _page_updates(self, rows: list[RowSpec], slots: np.ndarray, pages: np.ndarray) -> tuple[list[int], list[int]]:
+    def _page_updates(self, rows: list[RowSpec], most_pages: dict[int, tuple[int, int]]
+                      ) -> tuple[list[int], list[int]]:
         """(flat mirror index, page) of each page-table entry the rows hold past what their slots
-        have mirrored; counts them as mirrored. Only rows that gained pages touch their page tables."""
-        mirrored = self.num_mirrored[slots]
-        update_rows = np.flatnonzero(pages > mirrored).tolist()
-        if len(update_rows) > 1:
-            update_rows = _one_row_per_slot(update_rows, slots, pages)
+        have mirrored; counts them as mirrored. most_pages: each slot's most pages after the step and
+        the (first) row holding them. One row per slot sends: rows share a slot when the executor
+        unrolls a prompt into decode rows (one per token, all on the request's page table), and each of
+        a cached request's 16 tail tokens sent the whole 65-page table (1,040 entries) before."""
+        mirrored = self.num_mirrored
         update_index: list[int] = []
         update_page: list[int] = []
-        for i in update_rows:
-            start, end, base = int(mirrored[i]), int(pages[i]), int(slots[i]) * self.pages_per_seq
-            update_page.extend(rows[i].page_table[start:end])
-            update_index.extend(range(base + start, base + end))
-        if update_rows:
-            # Repeated slots in a step (never from the scheduler) must not roll the count back.
-            np.maximum.at(self.num_mirrored, slots[update_rows], pages[update_rows])
+        for slot, (pages, index) in sorted(most_pages.items(), key=lambda item: item[1][1]):
+            start = int(mirrored[slot])
+            if pages > start:
+                base = slot * self.pages_per_seq
+                update_page.extend(rows[index].page_table[start:pages])
+                update_index.extend(range(base + start, base + pages))
+                mirrored[slot] = pages
         return update_index, update_page
 
     def row_buffer(self, size: int, token_bucket: int) -> torch.Tensor:
@@ -165,24 +175,39 @@ class GluePacker:
         `RowInputs` (views of data), which `scatter_after_sampling` reads after sampling."""
         r, u = step.padded_batch, step.num_updates
         start = NUM_ROW_FIELDS * r
-        fields = data[:start].view(NUM_ROW_FIELDS, r)
         if u:
-            self.table.view(-1)[data[start:start + u]] = data[start + u:start + 2 * u]
-        tokens_at = start + 2 * u
+            # One index_copy_ with the indices read as int64 from the staged words: a cached
+            # request's 65 new entries took 40-60 us inside its step as a tensor-indexed assignment.
+            at = start + start % 2
+            self.table.view(-1).index_copy_(0, data[at:at + 2 * u].view(torch.int64), data[at + 2 * u:at + 3 * u])
+        tokens_at = start + start % 2 + 3 * u
         host_tokens = self._rows[tokens_at:tokens_at + max(step.num_tokens, token_bucket)]
-        inputs = RowInputs(fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6], host_tokens)
+        walk, count, context, loop_iter, slot, emits, stream_pos = data[:start].view(NUM_ROW_FIELDS, r).unbind(0)
+        inputs = RowInputs(walk, count, context, loop_iter, slot, emits, stream_pos, host_tokens)
         glue.pack_step(step.num_rows, step.padded_batch, token_bucket, inputs, self.table, loop_back, out,
                        self.dummy_slot, step.num_pages)
         step.kv_indices = out.kv_indices[:step.num_pages]
         return inputs
 
 
-def _offsets(sizes: np.ndarray, padded_batch: int) -> np.ndarray:
-    """int32 [padded_batch + 1] CSR offsets of `sizes`; padding rows repeat the total (zero length)."""
-    offsets = np.zeros(padded_batch + 1, dtype=np.int32)
-    np.cumsum(sizes, out=offsets[1:sizes.shape[0] + 1])
-    offsets[sizes.shape[0] + 1:] = offsets[sizes.shape[0]]
-    return offsets
+def _host_array(fields: list[list], padded_batch: int, update_index: list[int], update_page: list[int],
+                token_lists: list, num_tokens: int) -> np.ndarray:
+    """`GlueStep.host`: the row fields (the real rows' values, each padded with zeros to the
+    batch; the last field, stream positions, all zeros), the update indices as int64 (low word,
+    then 0) from an even offset (`GluePacker.launch` reads them so), the update pages, the tokens."""
+    head: list[int] = []
+    for values in fields:
+        head += values
+        head += [0] * (padded_batch - len(values))
+    head += [0] * (padded_batch * (NUM_ROW_FIELDS - len(fields)) + NUM_ROW_FIELDS * padded_batch % 2)
+    words = [0] * (2 * len(update_index))
+    words[::2] = update_index
+    head += words
+    head += update_page
+    host = np.empty(len(head) + num_tokens, dtype=np.int32)
+    host[:len(head)] = head
+    host[len(head):] = np.fromiter(chain.from_iterable(token_lists), dtype=np.int32, count=num_tokens)
+    return host
 
 
 def eager_buffers(num_tokens: int, num_rows: int, num_pages: int, device: torch.device) -> PackBuffers:
@@ -195,16 +220,10 @@ def eager_buffers(num_tokens: int, num_rows: int, num_pages: int, device: torch.
                        empty(num_rows), empty(num_rows))
 
 
-def _one_row_per_slot(update_rows: list[int], slots: np.ndarray, pages: np.ndarray) -> list[int]:
-    """The rows that send page-table entries, one per slot: the one holding the most pages. Rows
-    share a slot when the executor unrolls a prompt into decode rows (one per token, all on the
-    request's page table): each of a cached request's 16 tail tokens sent the whole 65-page table
-    (1,040 entries: 177 us of `host_step` on a 2-core machine, 112 us with one row's 65)."""
-    update_slots = slots[update_rows].tolist()
-    if len(set(update_slots)) == len(update_slots):
-        return update_rows
-    best: dict[int, int] = {}
-    for row, slot in zip(update_rows, update_slots):
-        if slot not in best or pages[row] > pages[best[slot]]:
-            best[slot] = row
-    return sorted(best.values())
+def _refuse_walk(constants, walk: int) -> None:
+    """A row's walk is not one of the key's, or it is fed from the device token table by a walk that
+    does not loop back there (the kernel would feed it token 0)."""
+    if not 0 <= walk < len(constants.walks):
+        raise GlueLaunchError(f"{constants.key}: a row's walk index is outside the key's walks {constants.walks}")
+    raise GlueLaunchError(f"{constants.key}: a row is fed from the device token table by a walk that does not "
+                          "loop back on the device")

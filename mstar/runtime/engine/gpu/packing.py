@@ -65,6 +65,7 @@ class PackedStep:
     kv_indptr: torch.Tensor  # int32 [R + 1], host
     kv_indices: torch.Tensor  # int32 [pages], host
     last_page_len: torch.Tensor  # int32 [R], host
+    seq_lens: Optional[torch.Tensor] = None  # int32 [R], host: the planner derives them when absent
 
     def field_sizes(self) -> list[int]:
         t, r = self.num_padded_tokens, self.num_padded_rows

@@ -65,7 +65,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, chunk_of, classify_for_row
+from mstar.runtime.engine.runners.values import InputError, chunk_of, classify_for_row, token_list_chunk
 from mstar.runtime.step import AheadChunks, RowResult, StepRow
 
 
@@ -304,6 +304,9 @@ class GpuDecoderRunner(DecoderRunner):
                 return _Item(row, call, request, _ONE_TOKEN, list(request.last_token[node]), writes, facts, True)
             if is_unread:
                 continue  # a mask or signal: read by no model here
+            ids = token_list_chunk(raw, row, request.cut_inputs, node, name)
+            if ids is not None:
+                return _Item(row, call, request, _no_embeds(len(ids)), ids, writes, facts)
             value = classify_for_row(row, request.cut_inputs, node, name, raw)
             if value.kind == "tokens" and value.tensor is not None:
                 tokens = chunk_of(value.tensor, row)  # a chunk after the KV earlier chunks wrote
@@ -620,13 +623,17 @@ class GpuDecoderRunner(DecoderRunner):
         return item.tokens_fed if granted else None
 
     def _next_chunk(self, request: RequestState, call: CallInfo, start: int, num: int) -> Optional[list[int]]:
-        """The token ids of a prompt's chunk [start, start + num) from its classified prompt (the
-        memo an earlier chunk left, `values.classify_for_row`); None when it has none."""
+        """The token ids of a prompt's chunk [start, start + num) from its prompt (the memo an
+        earlier chunk left: `values.token_list_chunk`, `values.classify_for_row`); None when it has
+        none."""
         node = self.node.name
         for name, is_loop_back, is_unread in self._facts_of(call).inputs:
             if is_loop_back or is_unread:
                 continue
             held = request.cut_inputs.get((node, name))
+            if held is not None and held[1] is None:  # a flat token list (`values.token_list_chunk`)
+                ids = held[0][start:start + num]
+                return list(ids) if len(ids) == num else None
             if held is None or held[1].kind != "tokens" or held[1].tensor is None:
                 return None
             tokens = held[1].tensor[start:start + num]

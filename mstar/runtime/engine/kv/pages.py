@@ -159,17 +159,26 @@ class PagePool:
         if self.cache is None or self.num_tokens(key):
             return 0
         seq = self._seqs.setdefault(key, _Sequence())
-        size, cache = self.page_size, self.cache
+        size, cache, label = self.page_size, self.cache, key[1]
         num_full = (len(tokens) - 1) // size
+        # The walk down the cached prefix with the cache's tables held locally: a cached request's
+        # 64 pages are host time before its first step.
+        page_of, refs, pages = cache.page_of, cache.refs, seq.pages
+        prefix, ids = seq.key, tuple(tokens)  # a tuple's slices are the keys' tuples already
         for index in range(num_full):
-            found = cache.lookup(page_key(seq.key, key[1], tokens[index * size:(index + 1) * size]))
-            if found is None or (cache.refs[found[0]] == 0 and max_from_free <= 0):
+            found = page_of.get(page_key(prefix, label, ids[index * size:(index + 1) * size]))
+            if found is None:
                 break
-            page, prefix = found
-            max_from_free -= cache.refs[page] == 0
+            page = found[0]
+            if refs[page] == 0:
+                if max_from_free <= 0:
+                    break
+                max_from_free -= 1
             cache.acquire(page)
-            seq.pages.append(page)
-            seq.key, seq.num_keyed = prefix, index + 1
+            pages.append(page)
+            prefix = found[1]
+            seq.num_keyed = index + 1
+        seq.key = prefix
         seq.num_tokens = seq.num_keyed * size
         cache.num_hits += seq.num_keyed
         cache.num_misses += num_full - seq.num_keyed

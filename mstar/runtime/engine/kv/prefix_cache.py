@@ -28,7 +28,7 @@ page is never written: sequences write only past their last full page (pages.py)
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, Sequence
 
 ROOT = 0  # the prefix id before a sequence's first page
 PageKey = tuple[int, str, tuple[int, ...]]  # (prefix id before the page, sequence label, its tokens)
@@ -43,7 +43,7 @@ def shareable_prefix(tokens: list[int], media_token: Optional[int]) -> list[int]
     return tokens[:tokens.index(media_token)]
 
 
-def page_key(previous: int, label: str, tokens: list[int]) -> PageKey:
+def page_key(previous: int, label: str, tokens: Sequence[int]) -> PageKey:
     """The key of a full page: the prefix id before it, the sequence label, the page's tokens."""
     return previous, label, tuple(tokens)
 
