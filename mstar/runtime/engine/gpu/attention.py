@@ -206,11 +206,10 @@ def replan_graph_decode(wrapper, kv_indptr: torch.Tensor, kv_indices: torch.Tens
     request's first step, which waits for it before its replay); one row 45 against 19 us. The
     dtypes, scale and window stay as the first `plan()` set them. Another FlashInfer release takes
     `fast_decode_plan` itself."""
-    import flashinfer
-    from flashinfer.decode import fast_decode_plan
-
     hq, hkv, d = heads
-    if flashinfer.__version__ != LEAN_PLAN_VERSION or (wrapper.use_tensor_cores and wrapper._backend != "fa2"):
+    if not _is_lean_plan_version() or (wrapper.use_tensor_cores and wrapper._backend != "fa2"):
+        from flashinfer.decode import fast_decode_plan
+
         fast_decode_plan(wrapper, kv_indptr, kv_indices, last_page_len, hq, hkv, d, page_size,
                          q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, sm_scale=wrapper._sm_scale)
         return
@@ -229,6 +228,13 @@ def replan_graph_decode(wrapper, kv_indptr: torch.Tensor, kv_indices: torch.Tens
         # kv indptr, rows, heads, page size, graph mode, no window, no soft cap, head dims, dtypes.
         wrapper._plan_info = wrapper._cached_module.plan(
             *buffers, kv_indptr, batch, hq, hkv, page_size, True, -1, 0.0, d, d, q_dtype, kv_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_lean_plan_version() -> bool:
+    import flashinfer
+
+    return flashinfer.__version__ == LEAN_PLAN_VERSION
 
 
 @functools.lru_cache(maxsize=None)
