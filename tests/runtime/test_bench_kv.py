@@ -18,6 +18,9 @@ def test_bench_kv_on_the_sim_gives_both_variants_and_the_prefix_figures(capsys):
     # The cache serves the whole shared prefix to every request after the first.
     assert results["prefix"]["cached_tokens"][1:] == [256, 256]
     assert results["prefix"]["ttft_ratio"] > 1
+    for state in ("cached", "uncached"):  # min <= median <= max, the mean between min and max
+        low, median, high = results["prefix"][f"ttft_{state}_range_ms"]
+        assert low <= median <= high and low - 1e-3 <= results["prefix"][f"ttft_{state}_ms"] <= high + 1e-3
 
 
 def test_the_slowest_steps_of_the_prefill_window_explain_its_largest_gap(capsys):
