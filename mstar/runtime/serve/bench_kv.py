@@ -162,7 +162,7 @@ def chunk_steps_on_device(timed: list, num_decode: int = 0, num: int = 3) -> dic
     beside_steps = [step for step in steps if step["rows"] > num_decode]
     beside = [step["span_ms"] for step in beside_steps]
     # which of them are slow (their index among the chunk steps: the long prompt's chunks run in
-    # order, so it tells how deep the chunk was) and their neighbours' spans
+    # order, so it tells how deep the chunk was), with their tokens and paths
     slowest_beside = sorted(beside_steps, key=lambda step: -step["span_ms"])[:num]
     return {"num_chunk_steps": len(steps), "span_p50_ms": float(np.median(spans)) if spans else None,
             "beside_decode_span_p90_ms": float(np.percentile(beside, 90)) if beside else None,

@@ -217,17 +217,19 @@ def replan_graph_decode(wrapper, kv_indptr: torch.Tensor, kv_indices: torch.Tens
     buffers = (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer)
     if wrapper.use_tensor_cores:
         if seq_lens is None:
-            seq_lens = torch.clamp(kv_indptr[1:] - kv_indptr[:-1] - 1, min=0) * page_size + last_page_len
+            from flashinfer.page import get_seq_lens
+
+            seq_lens = get_seq_lens(kv_indptr, last_page_len, page_size)
         # qo indptr (one query a row), kv indptr, KV lengths, rows, rows, heads, page size, graph mode,
         # head dims, not causal, no window, no fixed split (-1), split KV allowed, no co-located CTAs.
         wrapper._plan_info = wrapper._cached_module.plan(
             *buffers, _row_offsets(batch), kv_indptr, seq_lens, batch, batch, hq, hkv, page_size, True, d, d,
             False, -1, -1, False, 0)
     else:
-        q_dtype, kv_dtype = _empty_dtype_tensors(wrapper.device)
-        # kv indptr, rows, heads, page size, graph mode, no window, no soft cap, head dims, dtypes.
+        bf16 = _empty_bf16(wrapper.device)
+        # kv indptr, rows, heads, page size, graph mode, no window, no soft cap, head dims, q and KV dtypes.
         wrapper._plan_info = wrapper._cached_module.plan(
-            *buffers, kv_indptr, batch, hq, hkv, page_size, True, -1, 0.0, d, d, q_dtype, kv_dtype)
+            *buffers, kv_indptr, batch, hq, hkv, page_size, True, -1, 0.0, d, d, bf16, bf16)
 
 
 @functools.lru_cache(maxsize=None)
@@ -244,9 +246,9 @@ def _row_offsets(batch: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _empty_dtype_tensors(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty bf16 tensors on the device: how the CUDA-core planner is told the q and KV dtypes."""
-    return torch.empty(0, dtype=torch.bfloat16, device=device), torch.empty(0, dtype=torch.bfloat16, device=device)
+def _empty_bf16(device: torch.device) -> torch.Tensor:
+    """An empty bf16 tensor on the device: how the CUDA-core planner is told the q and KV dtypes."""
+    return torch.empty(0, dtype=torch.bfloat16, device=device)
 
 
 def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, forced: Optional[bool] = None) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+
 import numpy as np
 import torch
 
@@ -177,13 +178,13 @@ class GluePacker:
         `RowInputs` (views of data), which `scatter_after_sampling` reads after sampling."""
         r, u = step.padded_batch, step.num_updates
         start = NUM_ROW_FIELDS * r
+        at = start + start % 2  # the update indices' int64 words start on an even offset (`_host_array`)
         if u:
             # One index_copy_ with the indices read as int64 from the staged words: a cached
             # request's 65 new entries took about 40 us inside its step as a tensor-indexed
             # assignment (inferred from the step's pieces on an H200's host; 17 us in a loop).
-            at = start + start % 2
             self.table.view(-1).index_copy_(0, data[at:at + 2 * u].view(torch.int64), data[at + 2 * u:at + 3 * u])
-        tokens_at = start + start % 2 + 3 * u
+        tokens_at = at + 3 * u
         host_tokens = self._rows[tokens_at:tokens_at + max(step.num_tokens, token_bucket)]
         walk, count, context, loop_iter, slot, emits, stream_pos = data[:start].view(NUM_ROW_FIELDS, r).unbind(0)
         inputs = RowInputs(walk, count, context, loop_iter, slot, emits, stream_pos, host_tokens)
