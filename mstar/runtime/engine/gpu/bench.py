@@ -477,6 +477,8 @@ def _parser() -> argparse.ArgumentParser:
                              "most 4 rows)")
     parser.add_argument("--capture-only", action="store_true",
                         help="only capture the node's graphs and report their memory against the plan's estimate")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="launch the fused Triton kernels without programmatic dependent launch (a what-if)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -503,6 +505,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
     if is_tensor_core is False and _lacks_cuda_core_kernel(node):
         return 1
+    if args.no_pdl:
+        from mstar.runtime.engine.gpu import kernels
+
+        kernels.set_pdl(False)
     from mstar.plan.io import input_paths
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 

@@ -46,6 +46,8 @@ import functools
 
 import torch
 
+from mstar.runtime.engine.gpu.kernels import pdl_launch
+
 try:
     import triton
     import triton.language as tl
@@ -139,10 +141,12 @@ if triton is not None:
                             conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, norm_ptr,
                             out_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
                             DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                            NV: tl.constexpr, GROUP: tl.constexpr):
+                            NV: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         C = 2 * H * DK + HV * DV
+        if PDL:  # programmatic dependent launch (kernels.py): the step's data only after the wait
+            tl.extra.cuda.gdc_wait()
         slot = tl.load(slots_ptr + row).to(tl.int64)
         row_mixed = mixed_ptr + row * stride_mixed
         window = conv_ptr + slot * C * (KW - 1)
@@ -270,7 +274,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
         DK=key_dim, DV=value_dim, KW=taps, KP=triton.next_power_of_2(max(taps - 1, 1)), BK=block_k, BV=block_v,
         NV=triton.cdiv(value_dim, block_v),
         GROUP=value_heads // num_heads,
-        num_warps=8 if block_k * block_v >= 128 * 64 else 4)
+        num_warps=8 if block_k * block_v >= 128 * 64 else 4, **pdl_launch(mixed))
     return out
 
 

@@ -23,14 +23,22 @@ Why: a decode step of a 16-layer model launched about 40 kernels a layer (RoPE i
 slices and a cat, casts, the norm's mean and rsqrt, two index copies); in a CUDA graph each costs a
 few microseconds whatever its size, which dominated the step at small batches.
 
+Programmatic dependent launch (PDL): on a Hopper or newer GPU each kernel is launched with PDL and
+waits for its predecessor's writes with `gdc_wait` before its first load of step data, then lets
+its successor launch (`gdc_launch_dependents`), so inside a CUDA graph the next kernel's launch
+overlaps this one's tail instead of following its completion (FlashInfer's kernels do the same on
+sm_90). A kernel before the wait may only read what no kernel of the step writes. `set_pdl(False)`
+turns it off (`mstar bench engine --no-pdl`, the what-if beside it).
+
 `available(device)` says whether these run there (a CUDA device with Triton); elsewhere the
 forward keeps its torch ops. Tests run them under the Triton interpreter on the CPU
 (`TRITON_INTERPRET=1` when this module is imported).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -43,6 +51,31 @@ except ImportError:  # CPU installs without Triton keep the torch ops
 
 def available(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
+
+
+_pdl_allowed = True
+
+
+def set_pdl(enabled: bool) -> None:
+    """Launch with programmatic dependent launch where the device has it (module docstring), or
+    never; kernels launched (and graphs captured) afterwards follow it."""
+    global _pdl_allowed
+    _pdl_allowed = enabled
+    _device_has_pdl.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_has_pdl(device: torch.device) -> bool:
+    return (_pdl_allowed and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+            and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait"))
+
+
+def pdl_launch(tensor: torch.Tensor) -> dict[str, Any]:
+    """The launch's PDL arguments: the kernels' `PDL` constexpr, and Triton's `launch_pdl` only
+    when on (the interpreter knows no such option)."""
+    if _device_has_pdl(tensor.device):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
 
 
 @dataclass
@@ -59,18 +92,24 @@ class QkNorm:
 if triton is not None:
     @triton.jit
     def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, stride_x, stride_d, stride_o, num_cols, eps,
-                            HAS_DELTA: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr):
+                            HAS_DELTA: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr,
+                            PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < num_cols
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no kernel writes it
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         if HAS_DELTA:
             delta = tl.load(delta_ptr + row * stride_d + cols, mask=mask, other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        if HAS_DELTA:
             x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
             tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
         x32 = x.to(tl.float32)
         scale = tl.rsqrt(tl.sum(x32 * x32, axis=0) / num_cols + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         if IS_ZERO_CENTRED:
             out = x32 * scale * (1.0 + w)
         else:
@@ -82,9 +121,11 @@ if triton is not None:
                               stride_cs, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, q_norm_ptr,
                               k_norm_ptr, eps, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
                               ROTARY: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
-                              IS_ZERO_CENTRED: tl.constexpr):
+                              IS_ZERO_CENTRED: tl.constexpr, PDL: tl.constexpr):
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         position = tl.load(pos_ptr + token).to(tl.int64)
         d = tl.arange(0, BLOCK_D)
         is_dim = d < D
@@ -103,6 +144,8 @@ if triton is not None:
             norm_ptr = k_norm_ptr
         x = tl.load(base + d, mask=is_dim, other=0.0).to(tl.float32)
         other = tl.load(base + partner, mask=is_rotated, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         if HAS_NORM:  # the per-head q/k RMSNorm first, rounded as `layers.RMSNorm` rounds it
             scale = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
             w = tl.load(norm_ptr + d, mask=is_dim, other=0.0).to(tl.float32)
@@ -130,24 +173,33 @@ if triton is not None:
 
     @triton.jit
     def _sigmoid_gate_kernel(x_ptr, gate_ptr, out_ptr, stride_x, stride_g, stride_gh, D: tl.constexpr,
-                             BLOCK_D: tl.constexpr):
+                             BLOCK_D: tl.constexpr, PDL: tl.constexpr):
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         mask = d < D
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         x = tl.load(x_ptr + token * stride_x + head * D + d, mask=mask, other=0.0).to(tl.float32)
         gate = tl.load(gate_ptr + token * stride_g + head * stride_gh + d, mask=mask, other=0.0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         # torch rounds sigmoid(gate) to the activation dtype before the product.
         gate = tl.sigmoid(gate).to(out_ptr.dtype.element_ty).to(tl.float32)
         tl.store(out_ptr + token * stride_x + head * D + d, (x * gate).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, width, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, width, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < width
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gate_up_ptr + row * stride_in + width + cols, mask=mask, other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         # torch rounds silu(gate) to the activation dtype before the product.
         silu = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
         tl.store(out_ptr + row * stride_out + cols, (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty),
@@ -155,11 +207,16 @@ if triton is not None:
 
 
     @triton.jit
-    def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, best_ptr, index_ptr, num_chunks, BLOCK: tl.constexpr):
+    def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, best_ptr, index_ptr, num_chunks, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         chunk = tl.program_id(1)
         cols = chunk * BLOCK + tl.arange(0, BLOCK)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         best = tl.max(x, 0)
         # the first column holding the chunk's maximum (torch.argmax's tie rule)
         first = tl.min(tl.where(x == best, cols, vocab), 0)
@@ -167,10 +224,12 @@ if triton is not None:
         tl.store(index_ptr + row * num_chunks + chunk, tl.minimum(first, vocab - 1))
 
     @triton.jit
-    def _rows_argmax_kernel(best_ptr, index_ptr, out_ptr, num_chunks, BLOCK: tl.constexpr):
+    def _rows_argmax_kernel(best_ptr, index_ptr, out_ptr, num_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         chunks = tl.arange(0, BLOCK)
         mask = chunks < num_chunks
+        if PDL:
+            tl.extra.cuda.gdc_wait()
         best = tl.load(best_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
         top = tl.max(best, 0)
         first_chunk = tl.min(tl.where((best == top) & mask, chunks, num_chunks), 0)
@@ -191,7 +250,7 @@ def add_rmsnorm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Te
     _add_rmsnorm_kernel[(n,)](x, delta if delta is not None else x, weight, out, x.stride(0),
                               delta.stride(0) if delta is not None else 0, out.stride(0), h, eps,
                               HAS_DELTA=delta is not None, IS_ZERO_CENTRED=is_zero_centred, BLOCK=block,
-                              num_warps=min(16, max(1, block // 256)))
+                              num_warps=min(16, max(1, block // 256)), **pdl_launch(x))
     return out
 
 
@@ -210,7 +269,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         q, k, v, q.stride(0), q.stride(1), k.stride(0), v.stride(0), cos, sin, cos.stride(0), positions, slots, out,
         k_cache, v_cache, q_weight, k_weight, qk_norm.eps if qk_norm is not None else 0.0, NUM_Q=num_q,
         NUM_KV=num_kv, D=d, ROTARY=rotary, BLOCK_D=triton.next_power_of_2(d), HAS_NORM=qk_norm is not None,
-        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred, num_warps=1)
+        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred, num_warps=1, **pdl_launch(q))
     return out
 
 
@@ -223,7 +282,7 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if x.stride(1) != 1 or gate.stride(2) != 1:
         raise ValueError("sigmoid_gate: x and gate must have contiguous columns")
     _sigmoid_gate_kernel[(n, num_heads)](x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), D=d,
-                                         BLOCK_D=triton.next_power_of_2(d), num_warps=1)
+                                         BLOCK_D=triton.next_power_of_2(d), num_warps=1, **pdl_launch(x))
     return out
 
 
@@ -235,7 +294,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = min(2048, triton.next_power_of_2(width))
     _silu_mul_kernel[(n, triton.cdiv(width, block))](gate_up, out, gate_up.stride(0), out.stride(0), width,
-                                                      BLOCK=block, num_warps=4)
+                                                      BLOCK=block, num_warps=4, **pdl_launch(gate_up))
     return out
 
 
@@ -253,6 +312,7 @@ def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> tor
     best = torch.empty((n, num_chunks), dtype=torch.float32, device=logits.device)
     index = torch.empty((n, num_chunks), dtype=torch.int32, device=logits.device)
     _chunk_argmax_kernel[(n, num_chunks)](logits, logits.stride(0), vocab, best, index, num_chunks,
-                                          BLOCK=ARGMAX_CHUNK, num_warps=8)
-    _rows_argmax_kernel[(n,)](best, index, out, num_chunks, BLOCK=triton.next_power_of_2(num_chunks), num_warps=1)
+                                          BLOCK=ARGMAX_CHUNK, num_warps=8, **pdl_launch(logits))
+    _rows_argmax_kernel[(n,)](best, index, out, num_chunks, BLOCK=triton.next_power_of_2(num_chunks), num_warps=1,
+                              **pdl_launch(logits))
     return out
