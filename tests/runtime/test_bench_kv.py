@@ -139,3 +139,14 @@ def test_no_run_ahead_needs_the_torch_engine(capsys):
         bench_kv.main(["--no-run-ahead"])
     assert stop.value.code == 2
     assert "--engine torch" in capsys.readouterr().err
+
+
+def test_the_cached_first_steps_need_device_events():
+    """The third prefix run (CUDA events on each step) has nothing to time on the CPU: the torch
+    engine there has no device executor, so no figures rather than made-up ones."""
+    from mstar.plan.io import load_plan
+    from mstar.runtime.serve.workload import Request
+
+    plan = load_plan("generated/llama_chunked.plan")
+    requests = [Request(id=f"p{i}", prompt_tokens=[3] * 40 + [i + 1] * 4, max_tokens=2) for i in range(2)]
+    assert bench_kv._cached_first_steps(plan, bench_kv.EngineChoice("torch", "cpu", "tiny"), requests) == {}

@@ -46,3 +46,24 @@ def test_each_step_names_how_the_executor_ran_it():
     assert path_of(0, (256, 64, "split"), 0) == "whole 256x64 split"
     assert path_of(0, None, 384) == "piecewise 384"
     assert path_of(0, None, 0) == "eager"
+
+
+def test_a_prefix_run_s_cached_first_steps_are_its_last_steps_of_more_than_one_token():
+    from mstar.runtime.serve.bench_kv import cached_first_steps
+
+    # the first request: two 512-token chunks, its 16-token tail, a decode step; then three cached
+    # requests, each its 16-token tail unrolled over 16 rows, then a decode step
+    shapes = [(1, 512), (1, 512), (1, 16), (1, 1)] + [(16, 16), (1, 1)] * 3
+    spans, start = [], 0.0
+    for length in [3.0, 3.0, 1.5, 1.2] + [1.4, 1.2, 1.3, 1.2, 1.6, 1.2]:
+        spans.append((start, start + length))
+        start += length + 0.5
+    paths = ["piecewise 512"] * 2 + ["decode graph 1"] * 2 + ["decode graph 16", "decode graph 1"] * 3
+    timed = _Timed(spans, shapes)
+    timed.steps = lambda: step_table(spans, shapes, paths)
+    found = cached_first_steps([timed], [2.0, 2.1, 2.4])
+    assert found["cached_first_step_span_ms"] == [1.3, 1.4, 1.6]
+    assert found["cached_ttft_beside_step_ms"] == [0.6, 0.8, 0.8]  # 2.0 - 1.4, 2.1 - 1.3, 2.4 - 1.6
+    assert found["cached_first_step_paths"] == ["decode graph 16"]
+    # fewer such steps than cached requests (a run that lost its events): nothing rather than a wrong pairing
+    assert cached_first_steps([timed], [2.0] * 9) == {}

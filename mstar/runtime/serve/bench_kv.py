@@ -282,7 +282,47 @@ def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_
             records = driver.conductor.records.values()
             figures["cached_tokens"] = [r.num_cached_tokens for r in records]
     figures["ttft_ratio"] = figures["ttft_uncached_ms"] / figures["ttft_cached_ms"]
+    if engine.name == "torch" and engine.device.startswith("cuda"):
+        figures.update(_cached_first_steps(plan, engine, requests))
     return figures
+
+
+def _cached_first_steps(plan: Plan, engine: EngineChoice, requests: list[Request]) -> dict[str, Any]:
+    """Where a cached TTFT goes, from a third run with the cache and CUDA events on every step (a
+    run of its own: the events cost the host a little on each step, so the measured runs go
+    without): each cached request's first step as `StepEvents` spans it, from its first event
+    (recorded as the executor begins the step: on an idle device it passes at once) to the copy of
+    its sampled ids, so the executor's host work before the replay plus the device's step; and the
+    rest of its TTFT: the Python above the executor, before (admission, scheduling, the runner) and
+    after (collecting, post-processing). Empty without device events (CPU)."""
+    built = _engine(with_prefix_cache(plan, "pages"), engine)
+    from mstar.runtime.engine.gpu.step_events import attach
+
+    timed = list(attach(built).values())
+    if not timed:
+        return {}
+    driver = Driver(with_prefix_cache(plan, "pages"), built)
+    driver.run(Workload(requests, closed_concurrency=1))
+    ttfts = [_ttft(driver, r.id) * 1e3 for r in requests[1:]]
+    return cached_first_steps(timed, ttfts)
+
+
+def cached_first_steps(timed: list, ttfts_ms: list[float]) -> dict[str, Any]:
+    """The cached requests' first steps among a prefix run's device steps: the last steps feeding
+    more than one token, one per cached request (each request after the first feeds its tail in one
+    step, then decodes one token a step; the first request's chunks come before them all), beside
+    those requests' TTFTs: spans and the TTFT left to the host, min / median / max each."""
+    steps = [step for events in timed for step in events.steps() if step["tokens"] > 1][-len(ttfts_ms):]
+    if len(steps) != len(ttfts_ms):
+        return {}
+    spans = [step["span_ms"] for step in steps]
+    rest = [ttft - span for ttft, span in zip(ttfts_ms, spans)]
+    return {"cached_first_step_span_ms": _spread(spans), "cached_ttft_beside_step_ms": _spread(rest),
+            "cached_first_step_paths": sorted({step["path"] for step in steps})}
+
+
+def _spread(values: list[float]) -> list[float]:
+    return [round(min(values), 3), round(float(np.median(values)), 3), round(max(values), 3)]
 
 
 def _print_prefix(results: dict) -> None:
@@ -296,6 +336,12 @@ def _print_prefix(results: dict) -> None:
     print("TTFT of the 2nd and later, min / median / max: cached " + " / ".join(
         f"{v:.2f}" for v in row["ttft_cached_range_ms"]) + " ms, uncached " + " / ".join(
         f"{v:.2f}" for v in row["ttft_uncached_range_ms"]) + " ms")
+    if "cached_first_step_span_ms" in row:
+        print("a cached request's first step from the executor's launch to its ids' copy back (a third run, CUDA "
+              "events on each step), min / median / max: " + " / ".join(
+                  f"{v:.2f}" for v in row["cached_first_step_span_ms"]) + " ms (" + ", ".join(
+                  row["cached_first_step_paths"]) + "); the rest of its TTFT (admission, scheduling, the runner, "
+              "post-processing): " + " / ".join(f"{v:.2f}" for v in row["cached_ttft_beside_step_ms"]) + " ms")
 
 
 def _print(results: dict) -> None:
