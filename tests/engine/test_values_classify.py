@@ -107,3 +107,15 @@ def test_the_memo_of_a_token_list_is_not_a_classification():
     assert values.token_list_chunk(value, row, memo, "LLM", "x") == [7, 8]
     classified = values.classify_for_row(row, memo, "LLM", "x", value)
     assert classified.kind == "tokens" and classified.tensor.tolist() == value
+
+
+def test_a_chunk_launched_ahead_from_a_token_list_memo_is_checked_as_the_row_s_own():
+    """Only the cut row's own chunk was checked when it left the list in the memo: the next chunk,
+    launched ahead, is checked again (a bool, a string or a short tail waits for the real launch,
+    which classifies the prompt and says why)."""
+    prompt = [5, 6, 7, 8, True, "9", 10]
+    assert values.held_token_chunk(prompt, 0, 4) == [5, 6, 7, 8]
+    assert values.held_token_chunk(prompt, 2, 3) is None  # a bool
+    assert values.held_token_chunk(prompt, 5, 1) is None  # a string
+    assert values.held_token_chunk(prompt, 6, 2) is None  # one token left, two asked
+    assert values.held_token_chunk(prompt, 6, 1) == [10]

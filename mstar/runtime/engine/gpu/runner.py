@@ -65,7 +65,8 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, chunk_of, classify_for_row, token_list_chunk
+from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
+                                                 token_list_chunk)
 from mstar.runtime.step import AheadChunks, RowResult, StepRow
 
 
@@ -632,8 +633,7 @@ class GpuDecoderRunner(DecoderRunner):
                 continue
             held = request.cut_inputs.get((node, name))
             if held is not None and held[1] is None:  # a flat token list (`values.token_list_chunk`)
-                ids = held[0][start:start + num]
-                return list(ids) if len(ids) == num else None
+                return held_token_chunk(held[0], start, num)
             if held is None or held[1].kind != "tokens" or held[1].tensor is None:
                 return None
             tokens = held[1].tensor[start:start + num]

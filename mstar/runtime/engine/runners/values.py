@@ -107,6 +107,14 @@ def token_list_chunk(value: Any, row: StepRow, memo: dict[tuple[str, str], tuple
     return part if part is not value else list(value)
 
 
+def held_token_chunk(prompt: list, start: int, num: int) -> Optional[list[int]]:
+    """Tokens [start, start + num) of a flat token-list prompt that `token_list_chunk` left in the
+    memo, for a chunk launched ahead: checked as `token_list_chunk` checks a row's own chunk (only
+    that earlier chunk was), None when short or not all plain ints (the real launch then decides)."""
+    ids = prompt[start:start + num]
+    return ids if len(ids) == num and _is_int_list(ids) else None
+
+
 def classify_for_row(row: StepRow, memo: dict[tuple[str, str], tuple[Any, Optional[Classified]]], node: str, name: str,
                      value: Any) -> Classified:
     """`classify` for the input `name` that `row` feeds on `node`. A prompt the scheduler cut into
