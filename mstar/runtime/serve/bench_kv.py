@@ -270,13 +270,12 @@ def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_
                 for i in range(num_requests)]
     figures: dict[str, Any] = {}
     for name, state in (("cached", "pages"), ("uncached", "off")):
-        driver = Driver(with_prefix_cache(plan, state), _engine(with_prefix_cache(plan, state), engine))
-        driver.run(Workload(requests, closed_concurrency=1))
-        ttfts = [_ttft(driver, r.id) for r in requests[1:]]
-        figures[f"ttft_{name}_ms"] = float(np.mean(ttfts)) * 1e3
+        stated = with_prefix_cache(plan, state)
+        driver = _one_after_another(stated, _engine(stated, engine), requests)
+        ttfts = [_ttft(driver, r.id) * 1e3 for r in requests[1:]]
+        figures[f"ttft_{name}_ms"] = float(np.mean(ttfts))
         # The spread beside the mean: on a shared host one slow request moves a mean of seven.
-        figures[f"ttft_{name}_range_ms"] = [round(min(ttfts) * 1e3, 3), round(float(np.median(ttfts)) * 1e3, 3),
-                                            round(max(ttfts) * 1e3, 3)]
+        figures[f"ttft_{name}_range_ms"] = _spread(ttfts)
         figures[f"first_ttft_{name}_ms"] = _ttft(driver, requests[0].id) * 1e3
         if state == "pages":
             records = driver.conductor.records.values()
@@ -295,16 +294,22 @@ def _cached_first_steps(plan: Plan, engine: EngineChoice, requests: list[Request
     its sampled ids, so the executor's host work before the replay plus the device's step; and the
     rest of its TTFT: the Python above the executor, before (admission, scheduling, the runner) and
     after (collecting, post-processing). Empty without device events (CPU)."""
-    built = _engine(with_prefix_cache(plan, "pages"), engine)
+    cached = with_prefix_cache(plan, "pages")
+    built = _engine(cached, engine)
     from mstar.runtime.engine.gpu.step_events import attach
 
     timed = list(attach(built).values())
     if not timed:
         return {}
-    driver = Driver(with_prefix_cache(plan, "pages"), built)
+    driver = _one_after_another(cached, built, requests)
+    return cached_first_steps(timed, [_ttft(driver, r.id) * 1e3 for r in requests[1:]])
+
+
+def _one_after_another(plan: Plan, built: Any, requests: list[Request]) -> Driver:
+    """The prefix scenario's run: each request arrives as the one before it ends."""
+    driver = Driver(plan, built)
     driver.run(Workload(requests, closed_concurrency=1))
-    ttfts = [_ttft(driver, r.id) * 1e3 for r in requests[1:]]
-    return cached_first_steps(timed, ttfts)
+    return driver
 
 
 def cached_first_steps(timed: list, ttfts_ms: list[float]) -> dict[str, Any]:
