@@ -26,7 +26,7 @@ def test_replan_schedules_as_fast_decode_plan(batch):
 
     from mstar.runtime.engine.gpu.attention import FlashInferSteps, plan_graph_decode, replan_graph_decode
 
-    steps = FlashInferSteps(torch.device("cuda"), 32, 8, 64, PAGE, 512, [batch])
+    steps = FlashInferSteps(torch.device("cuda"), 32, 8, 64, PAGE, 512, [batch], "flashinfer")
     wrapper = steps.decode[batch]
     assert wrapper.use_tensor_cores == steps.is_tensor_decode(batch)
     rng = np.random.default_rng(batch)

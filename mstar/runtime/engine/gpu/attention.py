@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import numpy as np
 import torch
 
+from mstar.runtime.engine.gpu import decode_attention
 from mstar.runtime.engine.gpu.forward import Attend
 from mstar.runtime.engine.gpu.packing import NUM_ROW_FIELDS, NUM_TOKEN_FIELDS, PackedStep
 
@@ -64,13 +65,19 @@ FA3_MIN_ROW_TOKENS = 64  # a prefill call whose every row holds this many query 
 class FlashInferSteps:
     def __init__(self, device: torch.device, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  page_size: int, max_row_pages: int, decode_batch_sizes: list[int],
-                 is_tensor_core: Optional[bool] = None, workspace_bytes: int = WORKSPACE_BYTES):
-        """is_tensor_core: the decode kernel; None picks tensor cores for grouped-query ratios >= 4,
-        but the CUDA-core kernel for decode graphs of at most CUDA_CORE_MAX_BATCH rows.
+                 decode_kernel: str = "auto", workspace_bytes: int = WORKSPACE_BYTES):
+        """decode_kernel: the decode graphs' attention (one of DECODE_KERNELS, `graph_decode_kernel`):
+        auto takes the Triton kernel where it serves the heads, else FlashInfer's rule (flashinfer:
+        tensor cores for grouped-query ratios >= 4, the CUDA-core kernel for graphs of at most
+        CUDA_CORE_MAX_BATCH rows); tensor or cuda force that FlashInfer kernel everywhere.
         workspace_bytes: the float workspace every wrapper of the node shares (more than
         WORKSPACE_BYTES where whole packed graphs need it: `packed_graphs.workspace_bytes_for`)."""
         import flashinfer
 
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode kernel {decode_kernel!r}: one of {', '.join(DECODE_KERNELS)}")
+        is_tensor_core = {"tensor": True, "cuda": False}.get(decode_kernel)
+        self.decode_kernel = decode_kernel
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.page_size = page_size
         self.sm_scale = head_dim ** -0.5
@@ -89,9 +96,13 @@ class FlashInferSteps:
         self.max_row_pages = max_row_pages
         self.staged: dict[int, torch.Tensor] = {}
         self.decode = {}
+        self.triton: dict[int, TritonDecode] = {}  # graphs whose attention is decode_attention.py's kernel
         for batch in decode_batch_sizes:
             indptr, last, indices, end = self.layout(batch)
             staged = self.staged[batch] = torch.zeros(end, dtype=torch.int32, device=device)
+            if self.graph_kernel(batch) == "triton":
+                self.triton[batch] = TritonDecode(self.heads, page_size, batch, staged, self.layout(batch), device)
+                continue
             is_tensor = self.is_tensor_decode(batch)
             self.decode[batch] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor,
@@ -101,10 +112,14 @@ class FlashInferSteps:
         self._is_planned: set[int] = set()
 
     def is_tensor_decode(self, batch: int) -> bool:
-        """Whether a graph-mode decode wrapper of `batch` rows takes tensor cores: as the caller
-        forced, else the rule of the module docstring (CUDA cores up to CUDA_CORE_MAX_BATCH rows where
-        the kernel exists for the group size)."""
+        """Whether a graph-mode FlashInfer decode wrapper of `batch` rows takes tensor cores: as the
+        caller forced, else the rule of the module docstring (CUDA cores up to CUDA_CORE_MAX_BATCH
+        rows where the kernel exists for the group size)."""
         return decode_takes_tensor_cores(self.heads[0], self.heads[1], batch, self._forced)
+
+    def graph_kernel(self, batch: int) -> str:
+        """The attention kernel of the decode graph of `batch` rows: triton, tensor or cuda."""
+        return graph_decode_kernel(*self.heads, batch, self.decode_kernel)
 
     def warm_up(self, pages: tuple[torch.Tensor, torch.Tensor], dummy_page: int) -> None:
         """Plan and run each eager wrapper once on the dummy page, so their kernel modules load (or
@@ -167,13 +182,18 @@ class FlashInferSteps:
 
     def plan_decode(self, batch: int, packed: Indices) -> None:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
-        must reach `staged[batch]` by the step's own copy (`decode_host`)."""
+        must reach `staged[batch]` by the step's own copy (`decode_host`). A graph on the Triton
+        kernel needs no plan: the kernel reads those arrays on the device."""
+        if batch in self.triton:
+            return
         plan_graph_decode(self.decode[batch], batch not in self._is_planned, packed.kv_indptr, packed.kv_indices,
                           packed.last_page_len, self.heads, self.page_size, self.sm_scale,
                           packed.seq_lens)
         self._is_planned.add(batch)
 
     def decode_attend(self, batch: int) -> Attend:
+        if batch in self.triton:
+            return self.triton[batch]
         wrapper = self.decode[batch]
         return lambda _layer, q, k_pages, v_pages: wrapper.run(q, (k_pages, v_pages))
 
@@ -249,6 +269,40 @@ def _row_offsets(batch: int) -> torch.Tensor:
 def _empty_bf16(device: torch.device) -> torch.Tensor:
     """An empty bf16 tensor on the device: how the CUDA-core planner is told the q and KV dtypes."""
     return torch.empty(0, dtype=torch.bfloat16, device=device)
+
+
+DECODE_KERNELS = ("auto", "flashinfer", "tensor", "cuda")
+
+
+def graph_decode_kernel(num_qo_heads: int, num_kv_heads: int, head_dim: int, batch: int,
+                        choice: str = "auto") -> str:
+    """The attention kernel of a decode graph of `batch` rows, for the caller's `choice` (one of
+    DECODE_KERNELS): "triton" (`decode_attention.py`, where it serves the heads),
+    or FlashInfer's "tensor" or "cuda" kernel (`decode_takes_tensor_cores`)."""
+    if choice == "auto" and decode_attention.supports(num_qo_heads, num_kv_heads, head_dim):
+        return "triton"
+    forced = {"tensor": True, "cuda": False}.get(choice)
+    return "tensor" if decode_takes_tensor_cores(num_qo_heads, num_kv_heads, batch, forced) else "cuda"
+
+
+class TritonDecode:
+    """A decode graph's attention on `decode_attention.py`'s kernel: its shape (splits for this
+    many rows on this device), the graph's index arrays in `staged` (views at fixed addresses) and
+    the split scratch, allocated once so the graph's replays reuse them."""
+
+    def __init__(self, heads: tuple[int, int, int], page_size: int, batch: int, staged: torch.Tensor,
+                 layout: tuple[int, int, int, int], device: torch.device):
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        self.shape = decode_attention.graph_shape(*heads, page_size, batch, sm_count)
+        indptr, last, indices, end = layout
+        self.kv_indptr, self.kv_indices = staged[indptr:indptr + batch + 1], staged[indices:end]
+        self.last_page_len = staged[last:last + batch]
+        self.partial = torch.empty(decode_attention.partial_numel(self.shape, batch), dtype=torch.float32,
+                                   device=device)
+
+    def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        return decode_attention.decode_attention(self.shape, q, k_pages, v_pages, self.kv_indptr, self.kv_indices,
+                                                 self.last_page_len, self.partial)
 
 
 def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, forced: Optional[bool] = None) -> bool:

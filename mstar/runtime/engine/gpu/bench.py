@@ -34,6 +34,7 @@ import torch
 from mstar.arg_types import NON_NEGATIVE, POSITIVE
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
+from mstar.runtime.engine.gpu.attention import DECODE_KERNELS
 from mstar.runtime.engine.gpu.executor import StepExecutor
 
 CONTEXT = 1024
@@ -226,7 +227,7 @@ def bench_glue(glue_module, node):
     return next((k for k in keys if k.constants.device_loop_mask), keys[0] if keys else None)
 
 
-def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
+def build(plan, node, decode_kernel="auto", glue=None, shared=None) -> tuple:
     """glue: a KeyGlue to pack with (the executor's `bench_glue`), None for the numpy packing.
     shared: (dims, model, kv) of an executor built before: a second executor over the same model
     and pages (the numpy variant)."""
@@ -261,7 +262,7 @@ def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
     if glue is not None and dims.has_linear_layers:
         glue = None  # a hybrid decoder keeps the numpy packing (its linear layers read that layout)
     executor = BenchExecutor(DecoderForward(model, dims, kv, max_positions + 1, states), kv, device, num_pages + 1,
-                             family.batch_pad if family else None, is_flashinfer=True, is_tensor_core=is_tensor_core,
+                             family.batch_pad if family else None, is_flashinfer=True, decode_kernel=decode_kernel,
                              packed=packed,
                              glue_pages_per_seq=max_positions // page_size if glue is not None else None,
                              unroll_prompts=family.unroll_prompts if family else 0)
@@ -269,18 +270,18 @@ def build(plan, node, is_tensor_core=None, glue=None, shared=None) -> tuple:
     return dims, model, kv, family, executor
 
 
-def run_engine(plan, node, iters: int, profile_rows: int = 0, is_tensor_core=None, glue_module=None,
+def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="auto", glue_module=None,
                is_numpy_too: bool = True, is_capture_only: bool = False) -> tuple[dict, DecoderDims]:
     """glue_module: the plan's generated glue (the steps are packed by it); None: numpy packing.
     is_numpy_too: also time each step with the numpy packing on a second executor.
     is_capture_only: capture the node's graphs and report their memory, time no step."""
     glue = bench_glue(glue_module, node) if glue_module is not None else None
-    dims, model, kv, family, executor = build(plan, node, is_tensor_core, glue)
+    dims, model, kv, family, executor = build(plan, node, decode_kernel, glue)
     if is_capture_only:
         return _capture_only(plan, node, family, executor), dims
     numpy_executor = None
     if executor.packer is not None and is_numpy_too:
-        numpy_executor = build(plan, node, is_tensor_core, None, (dims, model, kv))[4]
+        numpy_executor = build(plan, node, decode_kernel, None, (dims, model, kv))[4]
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
     matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
@@ -471,10 +472,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="also list the top kernels of the decode graph of ROWS rows (torch profiler)")
     parser.add_argument("--no-numpy", action="store_true",
                         help="skip timing each step with the numpy packing (a second executor and capture)")
-    parser.add_argument("--decode-kernel", choices=("auto", "tensor", "cuda"), default="auto",
-                        help="FlashInfer decode kernel: tensor cores (the prefill kernels), CUDA cores, or auto "
-                             "(tensor cores for grouped-query ratios >= 4, CUDA cores for decode graphs of at "
-                             "most 4 rows)")
+    parser.add_argument("--decode-kernel", choices=DECODE_KERNELS, default="auto",
+                        help="the decode graphs' attention: auto (the Triton decode kernel where it serves the "
+                             "heads, else as flashinfer), flashinfer (FlashInfer's tensor cores for grouped-query "
+                             "ratios >= 4, its CUDA cores for graphs of at most 4 rows), or FlashInfer's tensor "
+                             "or cuda kernel everywhere")
     parser.add_argument("--capture-only", action="store_true",
                         help="only capture the node's graphs and report their memory against the plan's estimate")
     parser.add_argument("--no-pdl", action="store_true",
@@ -502,8 +504,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     node = _kv_node(plan, args)
     if node is None:
         return 1
-    is_tensor_core = {"auto": None, "tensor": True, "cuda": False}[args.decode_kernel]
-    if is_tensor_core is False and _lacks_cuda_core_kernel(node):
+    if args.decode_kernel == "cuda" and _lacks_cuda_core_kernel(node):
         return 1
     if args.no_pdl:
         from mstar.runtime.engine.gpu import kernels
@@ -517,7 +518,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except GlueLoadError as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
-    result, dims = run_engine(plan, node, args.iters, args.profile, is_tensor_core, glue_module, not args.no_numpy,
+    result, dims = run_engine(plan, node, args.iters, args.profile, args.decode_kernel, glue_module, not args.no_numpy,
                               args.capture_only)
     if args.capture_only:
         print(json.dumps(result, sort_keys=True) if args.json else "\n".join(_capture_lines(result)))

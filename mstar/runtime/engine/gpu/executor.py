@@ -128,7 +128,7 @@ class Pending:
 class StepExecutor:
     def __init__(self, forward: DecoderForward, kv: PagedKv, device: torch.device, max_rows: int,
                  decode_batch_pad: Optional[list[int]] = None, is_flashinfer: bool = False,
-                 is_tensor_core: Optional[bool] = None, packed: Optional[PackedFamilies] = None,
+                 decode_kernel: str = "auto", packed: Optional[PackedFamilies] = None,
                  glue_pages_per_seq: Optional[int] = None, unroll_prompts: int = 0):
         """decode_batch_pad: the decode family's lookup (`CaptureFamily.batch_pad`), None for no graphs.
         unroll_prompts: the decode family's `CaptureFamily.unroll_prompts` (module docstring); a
@@ -167,7 +167,7 @@ class StepExecutor:
         # The forward rotates positions below its table's length, so no row's sequence is longer.
         self.max_row_pages = max_row_pages(forward.cos.shape[0], kv.page_size, kv.num_pages)
         if is_flashinfer:
-            self.attention = self._flashinfer_steps(is_tensor_core)
+            self.attention = self._flashinfer_steps(decode_kernel)
         self.max_rows = max_rows
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(NUM_STAGING)]
         self._staging_view = [buffer.numpy() for buffer in self._staging]  # each buffer's numpy view
@@ -181,9 +181,10 @@ class StepExecutor:
         self.num_whole_packed_steps = 0  # prefill and mixed steps on a whole graph (packed_graphs.py)
         self.step_events: Optional[StepEvents] = None  # `mstar run --gpu-idle` (step_events.py)
 
-    def _flashinfer_steps(self, is_tensor_core: Optional[bool]) -> "FlashInferSteps":
-        """The node's FlashInfer wrappers, their float workspace sized for the whole packed graphs,
-        warmed up on the dummy page."""
+    def _flashinfer_steps(self, decode_kernel: str) -> "FlashInferSteps":
+        """The node's attention (FlashInfer's wrappers, and the decode graphs' kernel picked by
+        `decode_kernel`, `attention.graph_decode_kernel`), the float workspace sized for the whole
+        packed graphs, warmed up on the dummy page."""
         from mstar.runtime.engine.gpu.attention import WORKSPACE_BYTES, FlashInferSteps
         from mstar.runtime.engine.gpu.packed_graphs import workspace_bytes_for
 
@@ -192,7 +193,7 @@ class StepExecutor:
         workspace = workspace_bytes_for(self._whole_keys(), dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
                                         self.device, WORKSPACE_BYTES)
         steps = FlashInferSteps(self.device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim, kv.page_size,
-                                self.max_row_pages, sizes, is_tensor_core, workspace)
+                                self.max_row_pages, sizes, decode_kernel, workspace)
         steps.warm_up(kv.pages(0), kv.dummy_page)
         return steps
 

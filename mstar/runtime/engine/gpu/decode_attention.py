@@ -1,0 +1,236 @@
+"""Paged decode attention in Triton: one query token a row against its paged K/V, grouped-query,
+split over the row's tokens, with no host planning.
+
+In: q `[rows, Hq, D]`, one layer's K and V pages `[pages, page_size, Hkv, D]` (the cache's NHD
+layout), and FlashInfer's CSR description of each row's pages, the arrays a decode graph's
+`staged` buffer already holds: `kv_indptr [rows + 1]`, `kv_indices`, `last_page_len [rows]`
+(int32, on the device). Out: `[rows, Hq, D]` in q's dtype, softmax(q k^T * sm_scale) v per query
+head over the row's whole KV (a decode row attends to every cached position, itself included); a
+row of no positions (the glue's padding rows: indptr repeated, last page length 0) gets zeros.
+
+How: a program per (row, KV head, split) loads its group's query heads once (padded to 16 rows for
+the tensor-core product), walks its share of the row's tokens in tiles of `block_n` positions
+(each position's page looked up in the row's page list), and keeps an online softmax in fp32. A row's
+tokens are cut into `num_splits` equal shares of at least `min_split_tokens`, so a short row uses
+fewer programs; with more than one split, the programs write fp32 partial outputs and their
+log-sum-exp, and a second kernel merges them per query head. The number of splits is fixed per
+batch size (a CUDA graph cannot change its grid), chosen so that rows x KV heads x splits fills the
+GPU: `splits_for(rows, kv_heads, sm_count)`; from `2 x SMs` programs without splitting, none.
+
+Why: FlashInfer's tensor-core decode (its prefill kernel) read Llama-3.2-1B's KV (head dim 64, 32
+query heads over 8) at 1.54x its bytes at 64 rows of 1024 positions on the H200, plus a merge
+kernel per layer, and needs a host `plan()` before every step; this kernel reads the device arrays
+the step's packing already wrote, so a decode graph needs no planning at all.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs without Triton keep FlashInfer or torch attention
+    triton = None
+
+from mstar.runtime.engine.gpu.kernels import pdl_launch
+
+LOG2E = 1.4426950408889634
+MIN_QUERY_ROWS = 16  # tl.dot's smallest M: a KV head's query group is padded to this
+# Triton's interpreter multiplies bf16 operands of tl.dot as their raw 16-bit patterns, so under it
+# (the CPU tests) the products take fp32 operands; on a GPU they stay bf16 (tensor cores).
+DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """A decode graph's attention: heads, head dim, page size, rows (fixed by the graph) and
+    splits per row, with the tile of positions each step of a program reads."""
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    num_splits: int = 1
+    block_n: int = 64
+    min_split_tokens: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def graph_shape(num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, rows: int,
+                sm_count: int) -> DecodeShape:
+    """The shape a decode graph of `rows` rows launches: splits to fill the device, and a tile of
+    16 KiB of K (128 positions at head dim 64, 32 at 256), the best of a sweep on the H200
+    (docs/engine.md, "Decode attention in Triton")."""
+    block_n = 8192 // head_dim
+    return DecodeShape(num_qo_heads, num_kv_heads, head_dim, page_size, splits_for(rows, num_kv_heads, sm_count),
+                       block_n=block_n, min_split_tokens=max(block_n, 128), num_warps=4, num_stages=2)
+
+
+def splits_for(rows: int, num_kv_heads: int, sm_count: int, max_splits: int = 32) -> int:
+    """Splits a row so that rows x KV heads x splits reaches two programs an SM (module docstring):
+    a power of two (the merge reads every split of a head as one block), at most `max_splits`."""
+    needed = -(-2 * sm_count // (rows * num_kv_heads))
+    return min(max_splits, 1 << (needed - 1).bit_length())
+
+
+def supports(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel takes these heads: a power-of-two head dim of 16 to 256 (a block of the
+    products) and a query group that fits the padded product. Any page size: each position of a
+    tile looks its page up."""
+    group = num_qo_heads // num_kv_heads
+    return (triton is not None and num_qo_heads % num_kv_heads == 0 and group <= MIN_QUERY_ROWS
+            and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0)
+
+
+def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor,
+                     partial: torch.Tensor | None = None) -> torch.Tensor:
+    """The attention of `q`'s rows (module docstring). partial: fp32 scratch of at least
+    `partial_numel(shape, rows)` elements for a split shape (allocated here when not given)."""
+    rows = q.shape[0]
+    hq, hkv, d = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim
+    group = hq // hkv
+    assert k_pages.stride() == v_pages.stride(), "K and V pages share one layout"
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    scale = d ** -0.5 * LOG2E
+    is_split = shape.num_splits > 1
+    if is_split and partial is None:
+        partial = torch.empty(partial_numel(shape, rows), dtype=torch.float32, device=q.device)
+    target = partial if is_split else out
+    _decode_split_kernel[(rows, hkv, shape.num_splits)](
+        q, k_pages, v_pages, kv_indptr, kv_indices, last_page_len, target, scale,
+        q.stride(0), q.stride(1), k_pages.stride(1), k_pages.stride(2), k_pages.stride(0),
+        GROUP=group, GROUP_PAD=max(MIN_QUERY_ROWS, triton.next_power_of_2(group)), HEAD_DIM=d,
+        PAGE=shape.page_size, BLOCK_N=shape.block_n, NUM_SPLITS=shape.num_splits,
+        MIN_SPLIT=shape.min_split_tokens, HQ=hq, IS_SPLIT=is_split, DOT_FP32=DOT_FP32,
+        num_warps=shape.num_warps, num_stages=shape.num_stages, **pdl_launch(q))
+    if is_split:
+        _merge_kernel[(rows, hq)](partial, out, out.stride(0), out.stride(1), HQ=hq, HEAD_DIM=d,
+                                  NUM_SPLITS=shape.num_splits, num_warps=4, **pdl_launch(q))
+    return out
+
+
+def reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, kv_indptr: torch.Tensor,
+              kv_indices: torch.Tensor, last_page_len: torch.Tensor) -> torch.Tensor:
+    """The same attention in fp32 torch ops, row by row over the gathered pages (the tests' oracle)."""
+    rows, hq, d = q.shape
+    page_size, hkv = k_pages.shape[1], k_pages.shape[2]
+    out = torch.zeros(rows, hq, d, dtype=torch.float32, device=q.device)
+    for r in range(rows):
+        pages = kv_indices[int(kv_indptr[r]):int(kv_indptr[r + 1])].long()
+        if len(pages) == 0:
+            continue  # a padding row: zeros
+        seq_len = (len(pages) - 1) * page_size + int(last_page_len[r])
+        k, v = (pages_of[pages].reshape(-1, hkv, d)[:seq_len].float().repeat_interleave(hq // hkv, dim=1)
+                for pages_of in (k_pages, v_pages))
+        scores = torch.einsum("hd,thd->ht", q[r].float(), k) * d ** -0.5
+        out[r] = torch.einsum("ht,thd->hd", scores.softmax(-1), v)
+    return out
+
+
+def partial_numel(shape: DecodeShape, rows: int) -> int:
+    """fp32 elements of a split step's scratch: each (row, query head, split) holds its partial
+    output and, after all of those, its log-sum-exp."""
+    per_split = rows * shape.num_qo_heads * shape.num_splits
+    return per_split * (shape.head_dim + 1)
+
+
+if triton is not None:
+    @triton.jit
+    def _decode_split_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, out_ptr, scale,
+                             stride_qr, stride_qh, stride_kt, stride_kh, stride_kp,
+                             GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                             MIN_SPLIT: tl.constexpr, HQ: tl.constexpr, IS_SPLIT: tl.constexpr,
+                             DOT_FP32: tl.constexpr, PDL: tl.constexpr):
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, HEAD_DIM)
+        is_query = g < GROUP
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        first_page = tl.load(indptr_ptr + row)
+        num_pages = tl.load(indptr_ptr + row + 1) - first_page
+        seq_len = (num_pages - 1) * PAGE + tl.load(last_ptr + row)
+        # Equal shares in whole tiles, at least MIN_SPLIT positions each (a short row uses fewer splits).
+        share = tl.maximum(tl.cdiv(seq_len, NUM_SPLITS), MIN_SPLIT)
+        share = tl.cdiv(share, BLOCK_N) * BLOCK_N
+        lo = split * share
+        hi = tl.minimum(seq_len, lo + share)
+        heads = kv_head * GROUP + g
+        q = tl.load(q_ptr + row.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + d[None, :],
+                    mask=is_query[:, None], other=0.0)
+        if DOT_FP32:
+            q = q.to(tl.float32)
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        denom = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        n = tl.arange(0, BLOCK_N)
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + n
+            is_pos = pos < hi
+            page = tl.load(indices_ptr + first_page + pos // PAGE, mask=is_pos, other=0).to(tl.int64)
+            base = page * stride_kp + (pos % PAGE) * stride_kt + kv_head * stride_kh
+            k = tl.load(k_ptr + base[:, None] + d[None, :], mask=is_pos[:, None], other=0.0)
+            if DOT_FP32:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(is_pos[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            denom = denom * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + base[:, None] + d[None, :], mask=is_pos[:, None], other=0.0)
+            if DOT_FP32:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        _store_output(out_ptr, acc, m, denom, row, heads, is_query, split, HQ, HEAD_DIM, NUM_SPLITS, IS_SPLIT)
+
+    @triton.jit
+    def _store_output(out_ptr, acc, m, denom, row, heads, is_query, split, HQ: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, IS_SPLIT: tl.constexpr):
+        """A split's partial output and log-sum-exp (base 2), or a whole row's output; a share
+        without positions (a padding row, or a split past a short row's end) stores zeros."""
+        d = tl.arange(0, HEAD_DIM)
+        is_empty = denom == 0.0
+        o = acc / tl.where(is_empty, 1.0, denom)[:, None]
+        if IS_SPLIT:
+            # partial outputs [row, head, split, D], then the log-sum-exp [row, head, split]
+            slot = (row * HQ + heads) * NUM_SPLITS + split
+            tl.store(out_ptr + slot[:, None].to(tl.int64) * HEAD_DIM + d[None, :], o, mask=is_query[:, None])
+            lse = tl.where(is_empty, float("-inf"), m + tl.log2(tl.where(is_empty, 1.0, denom)))
+            lse_base = tl.num_programs(0) * HQ * NUM_SPLITS * HEAD_DIM
+            tl.store(out_ptr + lse_base + slot, lse, mask=is_query)
+        else:
+            tl.store(out_ptr + row.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
+
+    @triton.jit
+    def _merge_kernel(partial_ptr, out_ptr, stride_or, stride_oh, HQ: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        s = tl.arange(0, NUM_SPLITS)
+        d = tl.arange(0, HEAD_DIM)
+        slot = (row * HQ + head) * NUM_SPLITS + s
+        lse_base = tl.num_programs(0) * HQ * NUM_SPLITS * HEAD_DIM
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        lse = tl.load(partial_ptr + lse_base + slot)
+        o = tl.load(partial_ptr + slot[:, None].to(tl.int64) * HEAD_DIM + d[None, :])
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        top = tl.max(lse, 0)
+        w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - top))
+        total = tl.sum(w, 0)
+        merged = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)  # a padding row: zeros
+        tl.store(out_ptr + row.to(tl.int64) * stride_or + head * stride_oh + d, merged.to(out_ptr.dtype.element_ty))

@@ -1,0 +1,94 @@
+"""The Triton paged decode attention (`engine/gpu/decode_attention.py`) under the Triton interpreter
+on the CPU, against attention computed in fp32 from the gathered pages."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from mstar.runtime.engine.gpu import decode_attention as da  # noqa: E402
+
+
+@pytest.fixture
+def interpreted():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs in the interpreter's own process (test_decode_attention_under_the_interpreter)")
+    return da
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this is the interpreter's process")
+def test_decode_attention_under_the_interpreter():
+    """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
+    process with the variable set."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
+                            env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "19 passed" in result.stdout, result.stdout[-2000:]
+
+
+def random_rows(seq_lens, page_size, hkv, d, seed, spare_pages=3):
+    """Pages for each row's positions, scattered over a shuffled pool (with pages no row uses); a
+    row of length 0 is a padding row as the glue packs it (no pages, last page length 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    needs = [-(-n // page_size) for n in seq_lens]
+    pool = sum(needs) + spare_pages
+    order = torch.randperm(pool, generator=gen).to(torch.int32)
+    indptr = torch.tensor([0] + list(torch.tensor(needs).cumsum(0)), dtype=torch.int32)
+    indices = order[:sum(needs)]
+    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(seq_lens, needs)], dtype=torch.int32)
+    k_pages = torch.randn(pool, page_size, hkv, d, generator=gen).to(torch.bfloat16)
+    v_pages = torch.randn(pool, page_size, hkv, d, generator=gen).to(torch.bfloat16)
+    return k_pages, v_pages, indptr, indices, last
+
+
+@pytest.mark.parametrize("hq,hkv,d,splits,seq_lens", [
+    (8, 2, 16, 1, [1, 17, 64, 100]),          # one program a (row, KV head): whole rows
+    (8, 2, 16, 4, [1, 17, 300, 530]),         # split rows, some shorter than one share
+    (4, 4, 32, 2, [33, 600]),                 # no grouping (one query head a KV head)
+    (12, 4, 16, 8, [5, 1100]),                # a group of 3, padded to the product's 16 rows
+    (8, 2, 16, 2, [70, 0, 129]),              # a padding row between two rows: zeros
+])
+@pytest.mark.parametrize("page_size", [16, 48])  # a tile of 32 positions holds two pages, or part of one
+def test_matches_fp32_attention_over_the_gathered_pages(interpreted, hq, hkv, d, splits, seq_lens, page_size):
+    k_pages, v_pages, indptr, indices, last = random_rows(seq_lens, page_size, hkv, d, seed=len(seq_lens) + splits)
+    q = torch.randn(len(seq_lens), hq, d).to(torch.bfloat16)
+    shape = da.DecodeShape(hq, hkv, d, page_size, num_splits=splits, block_n=32, min_split_tokens=64)
+    got = interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last)
+    expected = da.reference(q, k_pages, v_pages, indptr, indices, last)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape
+    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_a_strided_query_view_and_a_given_scratch(interpreted):
+    """q as a view of a wider step tensor (the q part of a q/k/v product), the scratch passed in."""
+    hq, hkv, d, page_size = 8, 2, 16, 16
+    seq_lens = [40, 200, 3]
+    k_pages, v_pages, indptr, indices, last = random_rows(seq_lens, page_size, hkv, d, seed=7)
+    qkv = torch.randn(len(seq_lens), (hq + 2 * hkv) * d).to(torch.bfloat16)
+    q = qkv[:, :hq * d].view(len(seq_lens), hq, d)
+    shape = da.DecodeShape(hq, hkv, d, page_size, num_splits=2, block_n=16, min_split_tokens=32)
+    partial = torch.full((da.partial_numel(shape, len(seq_lens)),), float("nan"))
+    got = interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial)
+    torch.testing.assert_close(got.float(), da.reference(q, k_pages, v_pages, indptr, indices, last),
+                               atol=2e-2, rtol=2e-2)
+
+
+def test_the_split_count_fills_the_device_in_powers_of_two():
+    assert [da.splits_for(rows, 8, 132) for rows in (1, 4, 8, 16, 33, 64)] == [32, 16, 8, 4, 1, 1]
+    assert da.splits_for(1, 2, 132, max_splits=8) == 8
+
+
+@pytest.mark.parametrize("heads,ok", [((32, 8, 64), True), ((8, 2, 256), True), ((28, 4, 128), True),
+                                      ((32, 8, 80), False), ((64, 2, 64), False), ((8, 2, 512), False)])
+def test_which_heads_the_kernel_takes(heads, ok):
+    assert da.supports(*heads) is ok
+
+
+def test_a_graph_shape_tiles_16_kib_of_keys():
+    llama, qwen = da.graph_shape(32, 8, 64, 16, 64, 132), da.graph_shape(8, 2, 256, 16, 1, 132)
+    assert (llama.block_n, llama.num_splits) == (128, 1) and (qwen.block_n, qwen.num_splits) == (32, 32)
