@@ -1,5 +1,7 @@
-"""FlashInfer for the device step: an eager packed-prefill wrapper, and one graph-mode decode
-wrapper per captured batch size sharing one set of index buffers at fixed addresses.
+"""Attention for the device step: FlashInfer's eager packed-prefill wrapper, and per captured decode
+batch size either `decode_attention.py`'s Triton kernel (the default wherever it serves the heads:
+`graph_decode_kernel`; it reads the index arrays on the device and needs no plan) or a graph-mode
+FlashInfer decode wrapper, each bucket's index buffers at fixed addresses.
 
 In: the node's heads, head dim, page size, the most pages one row can index
 (`packing.max_row_pages`: a bucket of B rows indexes at most B times that), the decode family's
