@@ -28,7 +28,7 @@ def test_decode_attention_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "19 passed" in result.stdout, result.stdout[-2000:]
+    assert "20 passed" in result.stdout, result.stdout[-2000:]
 
 
 def random_rows(seq_lens, page_size, hkv, d, seed, spare_pages=3):
@@ -92,3 +92,16 @@ def test_which_heads_the_kernel_takes(heads, ok):
 def test_a_graph_shape_tiles_16_kib_of_keys():
     llama, qwen = da.graph_shape(32, 8, 64, 16, 64, 132), da.graph_shape(8, 2, 256, 16, 1, 132)
     assert (llama.block_n, llama.num_splits) == (128, 1) and (qwen.block_n, qwen.num_splits) == (32, 32)
+
+
+def test_the_decode_bench_table_prints_every_row():
+    from mstar.runtime.engine.gpu.bench_decode_attention import table
+
+    case = {"triton_us": 4.7, "triton_splits": 32, "flashinfer_tensor_us": 10.0, "floor_us": 0.5,
+            "triton_vs_flashinfer": 2.13, "max_abs_diff": 0.001}
+    result = {"heads": {"qo": 8, "kv": 2, "dim": 256}, "context": 1024, "page_size": 16, "copy_tb_s": 4.2,
+              "device": "H200", "rows": {"1": dict(case, flashinfer_cuda_us=7.7), "64": case}}
+    lines = table(result).splitlines()
+    assert "8/2 heads x 256" in lines[0] and len(lines) == 4
+    assert lines[2].split()[:3] == ["1", "4.70", "32"] and "7.70" in lines[2] and "2.13x" in lines[2]
+    assert lines[3].split()[4] == "-"  # no CUDA-core figure for that row

@@ -82,3 +82,14 @@ def test_a_captured_graph_follows_its_index_arrays(splits):
     expected = da.reference(q, pages[0], pages[1], late_indptr, late_indices, late_last)
     torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
     assert float(out[1].abs().max()) == 0.0  # the padding row
+
+
+def test_the_decode_bench_times_every_kernel():
+    """`mstar bench attention --decode`'s figures, on a short context: every kernel timed, the
+    Triton output close to FlashInfer's."""
+    from mstar.runtime.engine.gpu import bench_decode_attention
+
+    result = bench_decode_attention.run(3, 256, (32, 8, 64))
+    for case in result["rows"].values():
+        assert case["triton_us"] > 0 and case["flashinfer_tensor_us"] > 0 and case["flashinfer_cuda_us"] > 0
+        assert case["max_abs_diff"] < 2e-2 and case["floor_us"] > 0

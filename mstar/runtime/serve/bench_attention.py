@@ -6,7 +6,11 @@ paged cache (page size 16, NHD). Both variants get the same q/k/v and cache; tim
 call, measured with CUDA events in one run (FlashInfer's per-step `plan()` is timed apart: it runs
 once per step, not per layer). Also prints the relative error of FlashInfer against the torch path.
 
-Usage: mstar bench attention [--json] [--iters N] [--head-dim D] [--qo-heads H] [--kv-heads H]
+With `--decode`, the decode graphs' attention instead: the Triton decode kernel against FlashInfer's
+decode kernels per layer call in CUDA graphs (`engine/gpu/bench_decode_attention.py`).
+
+Usage: mstar bench attention [--decode [--context N]] [--json] [--iters N] [--head-dim D] [--qo-heads H]
+       [--kv-heads H]
 Needs a CUDA GPU and the gpu extra (flashinfer-python); elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -102,6 +106,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
     parser.add_argument("--qo-heads", type=POSITIVE, default=32)
     parser.add_argument("--kv-heads", type=POSITIVE, default=8)
+    parser.add_argument("--decode", action="store_true",
+                        help="the decode graphs' attention: the Triton decode kernel against FlashInfer's, at 1 to "
+                             "64 rows (--iters: graph replays)")
+    parser.add_argument("--context", type=POSITIVE, default=1024, help="--decode: positions a row")
     args = parser.parse_args(argv)
     if args.qo_heads % args.kv_heads:
         parser.error(f"--qo-heads ({args.qo_heads}) must be a multiple of --kv-heads ({args.kv_heads})")
@@ -112,6 +120,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if reason is not None:
         print(f"mstar bench attention: {reason}", file=sys.stderr)
         return 1
+    if args.decode:
+        return _decode(args)
     result = run(args.iters, args.head_dim, args.qo_heads, args.kv_heads)
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -123,6 +133,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"FlashInfer plan  {result['flashinfer_plan_us']:>10.1f} us per step")
     print(f"relative error vs torch path: {result['relative_error']:.2e}; FlashInfer start-up (JIT "
           f"compile and warm-up, cached on disk after the first time) {result['start_up_s']} s")
+    return 0
+
+
+def _decode(args: argparse.Namespace) -> int:
+    from mstar.runtime.engine.gpu import bench_decode_attention, decode_attention
+
+    heads = (args.qo_heads, args.kv_heads, args.head_dim)
+    if not decode_attention.supports(*heads):
+        print(f"mstar bench attention --decode: the Triton decode kernel does not serve {heads[0]}/{heads[1]} heads "
+              f"x {heads[2]} (decode_attention.supports)", file=sys.stderr)
+        return 1
+    result = bench_decode_attention.run(min(args.iters, 100), args.context, heads)
+    print(json.dumps(result, sort_keys=True) if args.json else bench_decode_attention.table(result))
     return 0
 
 

@@ -1,0 +1,137 @@
+"""`mstar bench attention --decode`: the decode graphs' attention per layer call, the Triton kernel
+(`decode_attention.py`, the shape a graph of that many rows takes) against FlashInfer's tensor-core
+(fa2) and CUDA-core decode, each as 16 layer calls captured in one CUDA graph and replayed (median
+of the replays, per call), at 1, 4, 8, 16 and 64 rows of `context` positions over a shuffled bf16
+page pool (page size 16, NHD), beside the floor of the KV bytes at the copy rate measured in the
+same run, with the Triton output's largest difference from FlashInfer's tensor-core output.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+import torch
+
+from mstar.runtime.engine.gpu import decode_attention
+
+PAGE_SIZE = 16
+ROWS = (1, 4, 8, 16, 64)
+LAYERS = 16  # layer calls in one graph, each over its own layer's pages
+
+
+def _graph_us(calls: Callable[[], object], iters: int) -> float:
+    """Per layer call: the replays of a graph of LAYERS calls, timed with CUDA events (median)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        calls()  # compiles, plans the wrappers' first run, outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / LAYERS)
+    return statistics.median(times)
+
+
+def _layer_calls(attend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], cache: torch.Tensor,
+                 outs: dict[str, torch.Tensor], key: str) -> Callable[[], None]:
+    """LAYERS calls of `attend(k_pages, v_pages)`, one a layer; the last output kept under `key`."""
+    def calls() -> None:
+        for layer in range(LAYERS):
+            outs[key] = attend(cache[layer, 0], cache[layer, 1])
+    return calls
+
+
+def _copy_rate(device: torch.device) -> float:
+    """Bytes a second of a 1 GiB device-to-device copy (read and write counted), best of five."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() / best
+
+
+def _case(rows: int, context: int, heads: tuple[int, int, int], iters: int, rate: float) -> dict:
+    import flashinfer
+
+    hq, hkv, d = heads
+    device = torch.device("cuda")
+    pages_per_row = -(-context // PAGE_SIZE)
+    indices = torch.randperm(rows * pages_per_row, device=device).to(torch.int32)
+    indptr = torch.arange(0, rows * pages_per_row + 1, pages_per_row, dtype=torch.int32, device=device)
+    last = torch.full((rows,), context - (pages_per_row - 1) * PAGE_SIZE, dtype=torch.int32, device=device)
+    cache = torch.randn(LAYERS, 2, rows * pages_per_row, PAGE_SIZE, hkv, d, device=device, dtype=torch.bfloat16)
+    q = torch.randn(rows, hq, d, device=device, dtype=torch.bfloat16)
+    outs: dict[str, torch.Tensor] = {}
+    result = {"floor_us": rows * context * hkv * d * 2 * 2 / rate * 1e6}
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=device)
+    for label, is_tensor in (("flashinfer_tensor_us", True), ("flashinfer_cuda_us", False)):
+        if not is_tensor and attention_lacks_cuda_core(hq, hkv):
+            continue
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor, paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last,
+            **({"backend": "fa2"} if is_tensor else {}))
+        wrapper.plan(indptr, indices, last, hq, hkv, d, PAGE_SIZE, q_data_type=torch.bfloat16,
+                     kv_data_type=torch.bfloat16)
+
+        def run_wrapper(k_pages: torch.Tensor, v_pages: torch.Tensor, w=wrapper) -> torch.Tensor:
+            return w.run(q, (k_pages, v_pages))
+
+        result[label] = _graph_us(_layer_calls(run_wrapper, cache, outs, label), iters)
+    shape = decode_attention.graph_shape(hq, hkv, d, PAGE_SIZE, rows,
+                                         torch.cuda.get_device_properties(device).multi_processor_count)
+    partial = torch.empty(decode_attention.partial_numel(shape, rows), dtype=torch.float32, device=device)
+
+    def triton(k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        return decode_attention.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial)
+
+    result["triton_us"] = _graph_us(_layer_calls(triton, cache, outs, "triton"), iters)
+    result["triton_splits"] = shape.num_splits
+    result["max_abs_diff"] = float((outs["triton"].float() - outs["flashinfer_tensor_us"].float()).abs().max())
+    flashinfer_best = min(v for k, v in result.items() if k.startswith("flashinfer"))
+    result["triton_vs_flashinfer"] = flashinfer_best / result["triton_us"]
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}
+
+
+def attention_lacks_cuda_core(num_qo_heads: int, num_kv_heads: int) -> bool:
+    from mstar.runtime.engine.gpu.attention import cuda_core_refusal
+
+    return cuda_core_refusal(num_qo_heads, num_kv_heads) is not None
+
+
+def run(iters: int, context: int, heads: tuple[int, int, int]) -> dict:
+    rate = _copy_rate(torch.device("cuda"))
+    cases = {str(rows): _case(rows, context, heads, iters, rate) for rows in ROWS}
+    return {"heads": {"qo": heads[0], "kv": heads[1], "dim": heads[2]}, "context": context, "page_size": PAGE_SIZE,
+            "copy_tb_s": round(rate / 1e12, 3), "rows": cases, "device": torch.cuda.get_device_name()}
+
+
+def table(result: dict) -> str:
+    heads = result["heads"]
+    lines = [f"decode attention per layer call (16 calls in a CUDA graph), {heads['qo']}/{heads['kv']} heads x "
+             f"{heads['dim']}, {result['context']} positions a row, bf16, page size {result['page_size']}, on "
+             f"{result['device']} (copy {result['copy_tb_s']} TB/s)",
+             f"{'rows':>5} {'Triton us':>10} {'splits':>6} {'FI tensor':>10} {'FI cuda':>9} {'floor':>7} "
+             f"{'FI best / Triton':>16} {'max diff':>9}"]
+    for rows, case in result["rows"].items():
+        cuda = case.get("flashinfer_cuda_us")
+        lines.append(f"{rows:>5} {case['triton_us']:>10.2f} {case['triton_splits']:>6} "
+                     f"{case['flashinfer_tensor_us']:>10.2f} {'-' if cuda is None else f'{cuda:.2f}':>9} "
+                     f"{case['floor_us']:>7.2f} {case['triton_vs_flashinfer']:>15.2f}x {case['max_abs_diff']:>9.1e}")
+    return "\n".join(lines)
+
