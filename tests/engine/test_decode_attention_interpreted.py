@@ -1,34 +1,26 @@
 """The Triton paged decode attention (`engine/gpu/decode_attention.py`) under the Triton interpreter
 on the CPU, against attention computed in fp32 from the gathered pages."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
 
 from mstar.runtime.engine.gpu import decode_attention as da  # noqa: E402
 
 
 @pytest.fixture
 def interpreted():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("runs in the interpreter's own process (test_decode_attention_under_the_interpreter)")
+    skip_unless_child("test_decode_attention_under_the_interpreter")
     return da
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this is the interpreter's process")
+@parent_only
 def test_decode_attention_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
     process with the variable set."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                            env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "20 passed" in result.stdout, result.stdout[-2000:]
+    run_child(__file__, "20 passed")
 
 
 def random_rows(seq_lens, page_size, hkv, d, seed, spare_pages=3):

@@ -1,15 +1,12 @@
 """The GPU fast path's fused Triton kernels (`engine/gpu/kernels.py`) under the Triton interpreter
 on the CPU, against the torch ops they replace, and the fused forward against the torch forward."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
+
+from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
 
 from engine_plans import hybrid_plan, llm_plan  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
@@ -23,20 +20,15 @@ from mstar.runtime.engine.models.layers import RMSNorm  # noqa: E402
 
 @pytest.fixture
 def interpreted():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("runs in the interpreter's own process (test_kernels_under_the_interpreter)")
+    skip_unless_child("test_kernels_under_the_interpreter")
     return kernels
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="this is the interpreter's process")
+@parent_only
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
-                            env=env, capture_output=True, text=True, cwd=Path(__file__).parent)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "28 passed" in result.stdout, result.stdout[-2000:]
+    run_child(__file__, "28 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
