@@ -9,9 +9,11 @@ kv nodes (docs/runtime.md "## Simulated engine" gives the figures it was calibra
     time   = launch + linear + sum over rows of attention(row)
     linear = max(mem, compute) + RIDGE_LOSS * min(mem, compute)
              mem     = weight bytes (every matrix of the layers and the lm_head, bf16, read once a step)
-                       / READ_BANDWIDTH
+                       / WEIGHT_READ_BANDWIDTH
              compute = 2 * (layer parameters * tokens run + lm_head parameters * rows run) / MATMUL_RATE
-    attention(row) = max(kv bytes / READ_BANDWIDTH, attention flops / ATTENTION_RATE)
+    attention(row) = max(kv bytes / KV rate, attention flops / ATTENTION_RATE), the KV rate
+             DECODE_KV_BANDWIDTH in a step of one token a row (the decode graphs' Triton kernel),
+             READ_BANDWIDTH otherwise (FlashInfer's prefill kernels)
              kv bytes = (context + tokens) * per-token KV bytes (read the context, write the new tokens)
              flops    = 4 * heads * head_dim * full layers * keys attended, where a causal row's t new
                         tokens after c cached attend t * c + t * (t + 1) / 2 keys (the causal halving),
@@ -58,8 +60,14 @@ from mstar.runtime.step import Step
 
 # Measured on one H200 (docs/engine.md): copy bandwidth 4.1-4.3 TB/s, bf16 matmul 754-792 TFLOP/s.
 COPY_BANDWIDTH = 4.15e12  # bytes/s
-# Decode replays of Llama-3.2-1B's shape read at about 0.63 of the copy bandwidth: 1 row at context
-# 1024 replays in 1.22 ms, 64 rows in 2.04 ms (2.47 GB of weights, + 2.15 GB of KV at 64 rows).
+# Decode replays of Llama-3.2-1B's shape with the Triton decode attention (docs/engine.md, "Decode
+# attention in Triton"): 1 row at context 1024 in 1.086 ms, 8 rows in 1.19, 64 rows in 1.757 (2.47
+# GB of weights, + 2.15 GB of KV at 64 rows). The weights read at about 0.67 of the copy bandwidth
+# (the 1-row replay less its launch), a decode step's KV at 0.82 (the kernel's 631 us for 2.15 GB).
+WEIGHT_READ_BANDWIDTH = 0.67 * COPY_BANDWIDTH
+DECODE_KV_BANDWIDTH = 0.82 * COPY_BANDWIDTH
+# Prompt and mixed steps attend on FlashInfer's kernels: their KV reads keep the blended rate the
+# FlashInfer decode replays measured before (1.22 ms at 1 row, 2.04 at 64: 0.63 of the copy rate).
 READ_BANDWIDTH = 0.63 * COPY_BANDWIDTH
 MATMUL_RATE = 780e12  # flop/s
 # A prompt chunk's attention beside 40 decode rows (FlashInfer's packed call, docs/engine.md): a
@@ -192,7 +200,8 @@ class StepCost:
             # One token a row (a decode step): each row reads and attends context + 1 keys, so the
             # rows' roofline is one bound over their summed keys (no loop in Python).
             num_keys = sum(map(_context_of, rows)) + num_rows
-            read_s, compute_s = num_keys * kv_bytes / bandwidth, num_keys * flops_per_key / attention_rate
+            read_s = num_keys * kv_bytes / DECODE_KV_BANDWIDTH
+            compute_s = num_keys * flops_per_key / attention_rate
             attention = read_s if read_s > compute_s else compute_s
         else:
             attention = 0.0
@@ -213,7 +222,7 @@ class StepCost:
                 num_tokens_run += (step.padded_batch - num_rows) * (num_tokens // num_rows)
         if step.token_bucket > num_tokens_run:
             num_tokens_run = step.token_bucket
-        mem = cost.weight_bytes / bandwidth
+        mem = cost.weight_bytes / WEIGHT_READ_BANDWIDTH
         compute = 2 * (cost.layer_params * num_tokens_run + cost.lm_head_params * num_rows_run) / MATMUL_RATE
         linear = mem + RIDGE_LOSS * compute if mem > compute else compute + RIDGE_LOSS * mem
         return self.launch(step) + linear + attention
