@@ -94,6 +94,8 @@ def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor,
     hq, hkv, d = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim
     group = hq // hkv
     assert k_pages.stride() == v_pages.stride(), "K and V pages share one layout"
+    assert q.stride(2) == 1 and k_pages.stride(3) == 1, "a head's dims are contiguous"
+    assert k_pages.shape[1] == shape.page_size and tuple(q.shape[1:]) == (hq, d), "the shape's pages and heads"
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     scale = d ** -0.5 * LOG2E
     is_split = shape.num_splits > 1
