@@ -28,6 +28,9 @@ class CpuAttention:
         self.staged = {b: torch.zeros(self.layout(b)[3], dtype=torch.int32) for b in batch_sizes}
         self.planned: dict[int, tuple[list[int], list[int]]] = {}
 
+    def plans_decode(self, batch: int) -> bool:
+        return True  # as a FlashInfer wrapper: every replay planned (the plan is what the stand-in checks)
+
     def plan_decode(self, batch: int, step) -> None:
         self.planned[batch] = (step.kv_indptr.tolist(), step.last_page_len.tolist())  # what plan() reads
 

@@ -32,7 +32,7 @@ def test_bench_refuses_a_forced_cuda_core_kernel_it_lacks(capsys, monkeypatch):
     assert code == 1 and "group size 7" in err and "Traceback" not in err
 
 
-@given(st.integers(1, 16), st.integers(1, 8), st.sampled_from([16, 64, 80, 128, 256, 512]), st.integers(1, 128))
+@given(st.integers(1, 24), st.integers(1, 8), st.sampled_from([16, 64, 80, 128, 256, 512]), st.integers(1, 128))
 def test_auto_takes_the_triton_kernel_where_it_serves_the_heads(group, num_kv_heads, head_dim, batch):
     """`graph_decode_kernel`: auto is the Triton decode kernel for any group of at most 16 query
     heads and a power-of-two head dim up to 256, FlashInfer's rule elsewhere; flashinfer is that rule
@@ -45,10 +45,3 @@ def test_auto_takes_the_triton_kernel_where_it_serves_the_heads(group, num_kv_he
     assert graph_decode_kernel(*heads, batch, "tensor") == "tensor"
     assert graph_decode_kernel(*heads, batch, "cuda") == "cuda"
 
-
-def test_bench_takes_every_decode_kernel_choice():
-    from mstar.runtime.engine.gpu.attention import DECODE_KERNELS
-    from mstar.runtime.engine.gpu.bench import _parser
-
-    for choice in DECODE_KERNELS:
-        assert _parser().parse_args(["--decode-kernel", choice]).decode_kernel == choice

@@ -151,3 +151,19 @@ def test_a_decode_step_is_the_formula_of_the_docstring(plan):
     # The same rows, one of them feeding two tokens, take the per-row path: one more token's work.
     two = [StepRow("d0", "decode", 2, 300)] + rows[1:]
     assert cost.seconds(decode_step(two, 8)) > cost.seconds(step)
+
+
+def test_only_a_decode_graph_of_served_heads_reads_at_the_triton_rate(plan):
+    """A decode graph's replay reads its KV at the Triton decode kernel's rate; the same rows run
+    eagerly (no padded batch) or on heads the kernel does not serve (a group of 20 query heads, on
+    FlashInfer) read at FlashInfer's."""
+    rows = decode_rows(64, 1024)
+    graph, eager = decode_step(rows, 64), decode_step(rows, 0)
+    keys_bytes = 64 * 1025 * node_cost(plan.nodes[0]).kv_bytes_per_token
+    cost = StepCost(plan)
+    eager_gap = cost.seconds(eager) - cost.launch(eager) - (cost.seconds(graph) - cost.launch(graph))
+    assert eager_gap == pytest.approx(keys_bytes / sim_cost.READ_BANDWIDTH - keys_bytes / sim_cost.DECODE_KV_BANDWIDTH)
+    node = plan.nodes[0]
+    wide = node.model_copy(update={"dims": {**node.dims, "qo_heads": 160, "kv_heads": 8, "head_dim": 64}})
+    assert node_cost(wide).decode_kv_bandwidth == sim_cost.READ_BANDWIDTH
+    assert node_cost(node).decode_kv_bandwidth == sim_cost.DECODE_KV_BANDWIDTH

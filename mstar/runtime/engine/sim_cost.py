@@ -12,8 +12,9 @@ kv nodes (docs/runtime.md "## Simulated engine" gives the figures it was calibra
                        / WEIGHT_READ_BANDWIDTH
              compute = 2 * (layer parameters * tokens run + lm_head parameters * rows run) / MATMUL_RATE
     attention(row) = max(kv bytes / KV rate, attention flops / ATTENTION_RATE), the KV rate
-             DECODE_KV_BANDWIDTH in a step of one token a row (the decode graphs' Triton kernel),
-             READ_BANDWIDTH otherwise (FlashInfer's prefill kernels)
+             DECODE_KV_BANDWIDTH in a decode graph's replay (one token a row, a padded batch, no
+             token bucket) of heads the Triton decode kernel serves (`decode_heads.serves_heads`),
+             READ_BANDWIDTH otherwise (FlashInfer's kernels)
              kv bytes = (context + tokens) * per-token KV bytes (read the context, write the new tokens)
              flops    = 4 * heads * head_dim * full layers * keys attended, where a causal row's t new
                         tokens after c cached attend t * c + t * (t + 1) / 2 keys (the causal halving),
@@ -56,6 +57,7 @@ from typing import Optional
 from mstar.plan.dims import attention_flops_per_key, attention_layer_params
 from mstar.plan.node_args import MLP_WIDTH_PER_HIDDEN, layer_is_full
 from mstar.plan.schema import NodePlan, Plan
+from mstar.runtime.engine.gpu.decode_heads import serves_heads
 from mstar.runtime.step import Step
 
 # Measured on one H200 (docs/engine.md): copy bandwidth 4.1-4.3 TB/s, bf16 matmul 754-792 TFLOP/s.
@@ -115,6 +117,8 @@ class NodeCost:
     flops_per_key: float  # attention flops of one query token against one key, over those layers
     num_layers: int
     is_fallback: bool = False  # dims missing from the plan: the reference node scaled by the weight
+    # A captured decode step's KV rate: the Triton decode kernel's where it serves the heads, else FlashInfer's.
+    decode_kv_bandwidth: float = READ_BANDWIDTH
 
     @property
     def weight_bytes(self) -> float:
@@ -135,6 +139,8 @@ def _from_dims(dims: dict[str, int], num_full_layers: int) -> NodeCost:
         kv_bytes_per_token=float(2 * kv_width * num_full_layers * BYTES_PER_VALUE),
         flops_per_key=float(attention_flops_per_key(qo_width, num_full_layers)),
         num_layers=layers,
+        decode_kv_bandwidth=DECODE_KV_BANDWIDTH if serves_heads(dims["qo_heads"], dims["kv_heads"], dims["head_dim"])
+        else READ_BANDWIDTH,
     )
 
 
@@ -151,7 +157,7 @@ def node_cost(node: NodePlan) -> NodeCost:
     weight = layers * hidden / (REFERENCE_DIMS["layers"] * REFERENCE_DIMS["hidden"])
     ref = _from_dims(REFERENCE_DIMS, REFERENCE_DIMS["layers"])
     return NodeCost(ref.layer_params * weight, ref.lm_head_params * weight, ref.kv_bytes_per_token * weight,
-                    ref.flops_per_key * weight, layers, is_fallback=True)
+                    ref.flops_per_key * weight, layers, is_fallback=True, decode_kv_bandwidth=ref.decode_kv_bandwidth)
 
 
 class StepCost:
@@ -200,7 +206,9 @@ class StepCost:
             # One token a row (a decode step): each row reads and attends context + 1 keys, so the
             # rows' roofline is one bound over their summed keys (no loop in Python).
             num_keys = sum(map(_context_of, rows)) + num_rows
-            read_s = num_keys * kv_bytes / DECODE_KV_BANDWIDTH
+            # A decode graph's replay (no token bucket) attends on the decode kernel of its heads.
+            kv_rate = cost.decode_kv_bandwidth if step.padded_batch > 0 and not step.token_bucket else bandwidth
+            read_s = num_keys * kv_bytes / kv_rate
             compute_s = num_keys * flops_per_key / attention_rate
             attention = read_s if read_s > compute_s else compute_s
         else:

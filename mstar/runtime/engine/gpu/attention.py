@@ -182,11 +182,16 @@ class FlashInferSteps:
                      **dtypes)
         return EagerAttention(self, num_decode, prefill)
 
+    def plans_decode(self, batch: int) -> bool:
+        """Whether the decode graph of `batch` rows is planned on the host before its replay
+        (FlashInfer's wrapper; the Triton kernel is not)."""
+        return batch not in self.triton
+
     def plan_decode(self, batch: int, packed: Indices) -> None:
         """Plan the bucket's wrapper for this step; after the first (full) plan, the index arrays
         must reach `staged[batch]` by the step's own copy (`decode_host`). A graph on the Triton
-        kernel needs no plan: the kernel reads those arrays on the device."""
-        if batch in self.triton:
+        kernel needs no plan (`plans_decode`): the kernel reads those arrays on the device."""
+        if not self.plans_decode(batch):
             return
         plan_graph_decode(self.decode[batch], batch not in self._is_planned, packed.kv_indptr, packed.kv_indices,
                           packed.last_page_len, self.heads, self.page_size, self.sm_scale,

@@ -35,10 +35,11 @@ try:
 except ImportError:  # CPU installs without Triton keep FlashInfer or torch attention
     triton = None
 
+from mstar.runtime.engine.gpu.decode_heads import MAX_GROUP, serves_heads
 from mstar.runtime.engine.gpu.kernels import pdl_launch
 
 LOG2E = 1.4426950408889634
-MIN_QUERY_ROWS = 16  # tl.dot's smallest M: a KV head's query group is padded to this
+MIN_QUERY_ROWS = MAX_GROUP  # tl.dot's smallest M: a KV head's query group is padded to this
 # Triton's interpreter multiplies bf16 operands of tl.dot as their raw 16-bit patterns, so under it
 # (the CPU tests) the products take fp32 operands; on a GPU they stay bf16 (tensor cores).
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
@@ -77,12 +78,10 @@ def splits_for(rows: int, num_kv_heads: int, sm_count: int, max_splits: int = 32
 
 
 def supports(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether the kernel takes these heads: a power-of-two head dim of 16 to 256 (a block of the
-    products) and a query group that fits the padded product. Any page size: each position of a
-    tile looks its page up."""
-    group = num_qo_heads // num_kv_heads
-    return (triton is not None and num_qo_heads % num_kv_heads == 0 and group <= MIN_QUERY_ROWS
-            and 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0)
+    """Whether the kernel runs here for these heads: Triton installed and `decode_heads.serves_heads`
+    (a power-of-two head dim of 16 to 256, a query group that fits the padded product). Any page
+    size: each position of a tile looks its page up."""
+    return triton is not None and serves_heads(num_qo_heads, num_kv_heads, head_dim)
 
 
 def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -95,7 +94,8 @@ def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor,
     group = hq // hkv
     assert k_pages.stride() == v_pages.stride(), "K and V pages share one layout"
     assert q.stride(2) == 1 and k_pages.stride(3) == 1, "a head's dims are contiguous"
-    assert k_pages.shape[1] == shape.page_size and tuple(q.shape[1:]) == (hq, d), "the shape's pages and heads"
+    assert k_pages.shape[1] == shape.page_size and tuple(k_pages.shape[2:]) == (hkv, d), "the shape's pages"
+    assert tuple(q.shape[1:]) == (hq, d), "the shape's query heads"
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     scale = d ** -0.5 * LOG2E
     is_split = shape.num_splits > 1

@@ -45,8 +45,9 @@ collected, so the run loop's host work hides behind the device's. What makes tha
 - the pinned staging buffers are a ring of `NUM_STAGING`, each reused only after the copy that
   read it last has passed (its event);
 - FlashInfer's plan writes a pinned buffer of its own and copies it to the device asynchronously:
-  a step's plan waits for the previous step's copies to pass (`_inputs_copied`, in the steady
-  state already past: the previous step is running);
+  a step's plan waits for the previous plan's copies to pass (`_inputs_copied`, in the steady
+  state already past: the previous step is running); a decode graph on the Triton kernel plans
+  nothing, so it neither waits nor records;
 - each launched step copies its sampled ids into a pinned buffer of its own, returned at collect;
 - device buffers (graph inputs, the token table, logits) are read and written in stream order.
 """
@@ -375,11 +376,14 @@ class StepExecutor:
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.graphs, self.attention
         assert graphs is not None and attention is not None, "bucket() picks a graph only once captured"
-        self._wait_previous_inputs()
-        attention.plan_decode(batch, packed)
+        is_planned = attention.plans_decode(batch)  # FlashInfer's wrapper; the Triton kernel plans nothing
+        if is_planned:
+            self._wait_previous_inputs()
+            attention.plan_decode(batch, packed)
         host = attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
         self._stage(host, attention.staged[batch][:host.shape[0]])
-        self._planned()
+        if is_planned:
+            self._planned()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
@@ -559,13 +563,15 @@ class StepExecutor:
     def _glue_graph(self, glue: KeyGlue, step: GlueStep, data: torch.Tensor, batch: int
                     ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
         """The decode graph of `batch` rows: `pack_step` writes its inputs and the decode wrapper's
-        index buffers in place, FlashInfer plans from the host's CSR arrays, the graph replays."""
+        index buffers in place, FlashInfer (not the Triton kernel) plans from the host's CSR arrays, the graph
+        replays."""
         graphs, attention, packer = self.graphs, self.attention, self.packer
         assert graphs is not None and attention is not None and packer is not None, "bucket() picks a captured graph"
         inputs = packer.launch(glue, step, data, batch, self._graph_out[batch], self.loop_tokens)
-        self._wait_previous_inputs()
-        attention.plan_decode(batch, step)
-        self._planned()
+        if attention.plans_decode(batch):  # FlashInfer's wrapper; the Triton kernel plans nothing
+            self._wait_previous_inputs()
+            attention.plan_decode(batch, step)
+            self._planned()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], inputs
 
