@@ -23,15 +23,20 @@ class CpuAttention:
     layout = FlashInferSteps.layout
     decode_host = FlashInferSteps.decode_host
 
-    def __init__(self, batch_sizes: list[int], max_row_pages: int, page_size: int, scale: float):
+    def __init__(self, batch_sizes: list[int], max_row_pages: int, page_size: int, scale: float,
+                 is_planned: bool = True):
+        """is_planned: the decode graphs stand in for FlashInfer's wrappers (planned before each
+        replay), or for the Triton decode kernel's (never planned: only the staged arrays)."""
         self.page_size, self.scale, self.max_row_pages = page_size, scale, max_row_pages
         self.staged = {b: torch.zeros(self.layout(b)[3], dtype=torch.int32) for b in batch_sizes}
         self.planned: dict[int, tuple[list[int], list[int]]] = {}
+        self.is_planned = is_planned
 
     def plans_decode(self, batch: int) -> bool:
-        return True  # as a FlashInfer wrapper: every replay planned (the plan is what the stand-in checks)
+        return self.is_planned
 
     def plan_decode(self, batch: int, step) -> None:
+        assert self.is_planned, "a decode graph on the Triton kernel is never planned"
         self.planned[batch] = (step.kv_indptr.tolist(), step.last_page_len.tolist())  # what plan() reads
 
     def plan_eager(self, step, num_decode: int = 0) -> "PlannedEager":
@@ -67,7 +72,8 @@ class CpuDecodeGraphs:
         indptr, last, indices, end = self.attention.layout(batch)
         staged = self.attention.staged[batch]
         kv_indptr, last_page_len = staged[indptr:indptr + batch + 1].tolist(), staged[last:last + batch].tolist()
-        assert self.attention.planned[batch] == (kv_indptr, last_page_len), "plan() read other offsets than the kernel"
+        if self.attention.is_planned:
+            assert self.attention.planned[batch] == (kv_indptr, last_page_len), "plan() read other offsets"
         attend = torch_attend(list(range(batch + 1)), kv_indptr, staged[indices:end], last_page_len,
                               self.attention.page_size, self.attention.scale)
         executor = self.executor
@@ -103,12 +109,13 @@ class CpuPiecewise:
         return logits, logits.argmax(-1)
 
 
-def install(executor) -> None:
+def install(executor, is_planned: bool = True) -> None:
     """Stand-ins for the executor's decode graphs (its `batch_pad` sizes), piecewise graphs (its
-    packed families' buckets) and FlashInfer, then the glue's views of their buffers."""
+    packed families' buckets) and FlashInfer, then the glue's views of their buffers. is_planned:
+    False stands the decode graphs in for the Triton decode kernel's (no plan; `CpuAttention`)."""
     sizes = sorted({b for b in executor.batch_pad if b})
     attention = CpuAttention(sizes, executor.max_row_pages, executor.kv.page_size,
-                             executor.forward.dims.head_dim ** -0.5)
+                             executor.forward.dims.head_dim ** -0.5, is_planned)
     executor.attention = attention
     executor.graphs = CpuDecodeGraphs(executor, attention, sizes)
     executor.piecewise = CpuPiecewise(executor, executor.packed.token_buckets, executor.packed.max_rows)

@@ -53,7 +53,7 @@ def test_glue_step_path_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "8 passed" in result.stdout, result.stdout[-2000:]
+    assert "9 passed" in result.stdout, result.stdout[-2000:]
 
 
 def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
@@ -175,14 +175,16 @@ def test_glue_packs_unrolled_prompt_rows_into_the_decode_graphs_buffers():
 
 
 @interpreted
-def test_glue_packs_rows_sharing_a_long_prefix_into_the_decode_graphs_buffers():
+@pytest.mark.parametrize("is_planned", [True, False], ids=["flashinfer", "triton"])
+def test_glue_packs_rows_sharing_a_long_prefix_into_the_decode_graphs_buffers(is_planned):
     """A prefix-cached workload whose decode steps index more pages than the pool holds (rows share
     the prefix's pages): the glue's launch check passes, as the decode wrapper's page-index buffer
-    holds rows x pages of the longest sequence, and the tokens are the reference's."""
+    holds rows x pages of the longest sequence, and the tokens are the reference's; unplanned (the
+    Triton decode kernel's graphs), from the arrays the glue wrote alone."""
     from test_gpu_fast_path_on_cpu import SHARED_PREFIX_POOL, shared_prefix_run
 
     glue = node_glue(load_glue(REPO / "generated" / "llama_chunked_glue.py").GLUE_BY_WORKER, "LLM")
-    got, expected, page_sums, num_graph_steps = shared_prefix_run(glue)
+    got, expected, page_sums, num_graph_steps = shared_prefix_run(glue, is_planned)
     assert {rid: outcome[:2] for rid, outcome in got.items()} == {rid: outcome[:2] for rid, outcome in expected.items()}
     assert max(page_sums) > SHARED_PREFIX_POOL + 64 and num_graph_steps > 0
 

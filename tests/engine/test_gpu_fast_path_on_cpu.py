@@ -31,7 +31,7 @@ def _fast_engine(plan, num_pages=64):
 SHARED_PREFIX_PAGES, SHARED_PREFIX_POOL = 20, 40  # 8 rows x 21 pages a step over a pool of 40 pages
 
 
-def shared_prefix_run(glue=None) -> tuple[dict[str, tuple], dict[str, tuple], list[int], int]:
+def shared_prefix_run(glue=None, is_planned=True) -> tuple[dict[str, tuple], dict[str, tuple], list[int], int]:
     """Eight requests on one 320-token prefix (20 pages of 16) with a prefix cache, through the
     run loop on the fast path's runner with the CPU stand-ins of its decode graphs and FlashInfer
     wrappers (graph_standins), numpy- or glue-packed: (its outcome, the reference's without the
@@ -55,7 +55,7 @@ def shared_prefix_run(glue=None) -> tuple[dict[str, tuple], dict[str, tuple], li
     runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, SHARED_PREFIX_POOL, 4096, 0, CPU,
                               decode_family(plan, "LLM"), is_flashinfer=False, prefix_cache=True,
                               packed=packed_families(plan, "LLM"), glue=glue)
-    graph_standins.install(runner.executor)
+    graph_standins.install(runner.executor, is_planned)
     page_sums: list[int] = []
     launch = runner.executor.launch
 
@@ -77,10 +77,12 @@ def shared_prefix_run(glue=None) -> tuple[dict[str, tuple], dict[str, tuple], li
     return outcome(plan, engine), expected, page_sums, runner.executor.num_graph_steps
 
 
-def test_decode_graph_steps_hold_rows_sharing_a_long_prefix():
+@pytest.mark.parametrize("is_planned", [True, False], ids=["flashinfer", "triton"])
+def test_decode_graph_steps_hold_rows_sharing_a_long_prefix(is_planned):
     """Rows sharing prefix pages index more pages in a step than the pool holds: the decode
-    graph's page-index buffer is sized by rows x pages of the longest sequence, not by the pool."""
-    got, expected, page_sums, num_graph_steps = shared_prefix_run()
+    graph's page-index buffer is sized by rows x pages of the longest sequence, not by the pool.
+    Unplanned (the Triton decode kernel's graphs): the staged arrays alone carry the step."""
+    got, expected, page_sums, num_graph_steps = shared_prefix_run(is_planned=is_planned)
     assert {rid: (reason, tokens) for rid, (reason, tokens, _) in got.items()} == \
         {rid: (reason, tokens) for rid, (reason, tokens, _) in expected.items()}
     assert [got[f"p{i}"][2] for i in range(8)] == [0] + [16 * SHARED_PREFIX_PAGES] * 7  # the prefix was shared
