@@ -20,7 +20,7 @@ def interpreted():
 def test_decode_attention_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
     process with the variable set."""
-    run_child(__file__, "20 passed")
+    run_child(__file__, "21 passed")
 
 
 def random_rows(seq_lens, page_size, hkv, d, seed, spare_pages=3):
@@ -94,6 +94,18 @@ def test_the_decode_bench_table_prints_every_row():
     result = {"heads": {"qo": 8, "kv": 2, "dim": 256}, "context": 1024, "page_size": 16, "copy_tb_s": 4.2,
               "device": "H200", "rows": {"1": dict(case, flashinfer_cuda_us=7.7), "64": case}}
     lines = table(result).splitlines()
-    assert "8/2 heads x 256" in lines[0] and len(lines) == 4
+    assert "8/2 heads x 256" in lines[0] and "1024 positions a row" in lines[0] and len(lines) == 4
     assert lines[2].split()[:3] == ["1", "4.70", "32"] and "7.70" in lines[2] and "2.13x" in lines[2]
     assert lines[3].split()[4] == "-"  # no CUDA-core figure for that row
+    # Spread rows and the split what-ifs: the header says so, each what-if its own column.
+    result = dict(result, spread=True, rows={"64": dict(case, triton_2_splits_us=4.1)})
+    lines = table(result).splitlines()
+    assert "256..4096 positions over the rows" in lines[0] and lines[2].endswith("2 splits 4.10")
+
+
+def test_the_decode_bench_spreads_row_lengths():
+    from mstar.runtime.engine.gpu.bench_decode_attention import row_lengths
+
+    assert row_lengths(3, 1024, False) == [1024] * 3 and row_lengths(1, 1024, True) == [1024]
+    spread = row_lengths(64, 1024, True)
+    assert spread[0] == 256 and spread[-1] == 4096 and spread == sorted(spread) and len(spread) == 64

@@ -89,7 +89,8 @@ def test_the_decode_bench_times_every_kernel():
     Triton output close to FlashInfer's."""
     from mstar.runtime.engine.gpu import bench_decode_attention
 
-    result = bench_decode_attention.run(3, 256, (32, 8, 64))
+    result = bench_decode_attention.run(3, 256, (32, 8, 64), is_spread=True, split_what_ifs=True)
     for case in result["rows"].values():
         assert case["triton_us"] > 0 and case["flashinfer_tensor_us"] > 0 and case["flashinfer_cuda_us"] > 0
         assert case["max_abs_diff"] < 2e-2 and case["floor_us"] > 0
+        assert any(key.endswith("_splits_us") for key in case)  # at least one other split count timed

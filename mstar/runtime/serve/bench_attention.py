@@ -9,8 +9,8 @@ once per step, not per layer). Also prints the relative error of FlashInfer agai
 With `--decode`, the decode graphs' attention instead: the Triton decode kernel against FlashInfer's
 decode kernels per layer call in CUDA graphs (`engine/gpu/bench_decode_attention.py`).
 
-Usage: mstar bench attention [--decode [--context N]] [--json] [--iters N] [--head-dim D] [--qo-heads H]
-       [--kv-heads H]
+Usage: mstar bench attention [--decode [--context N] [--spread] [--split-what-ifs]] [--json] [--iters N]
+       [--head-dim D] [--qo-heads H] [--kv-heads H]
 Needs a CUDA GPU and the gpu extra (flashinfer-python); elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -110,6 +110,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="the decode graphs' attention: the Triton decode kernel against FlashInfer's, at 1 to "
                              "64 rows (--iters: graph replays)")
     parser.add_argument("--context", type=POSITIVE, default=1024, help="--decode: positions a row")
+    parser.add_argument("--spread", action="store_true",
+                        help="--decode: rows of unequal length, a quarter of --context to four times it")
+    parser.add_argument("--split-what-ifs", action="store_true",
+                        help="--decode: also time the Triton kernel at half and twice the graph's split count")
     args = parser.parse_args(argv)
     if args.qo_heads % args.kv_heads:
         parser.error(f"--qo-heads ({args.qo_heads}) must be a multiple of --kv-heads ({args.kv_heads})")
@@ -144,7 +148,7 @@ def _decode(args: argparse.Namespace) -> int:
         print(f"mstar bench attention --decode: the Triton decode kernel does not serve {heads[0]}/{heads[1]} heads "
               f"x {heads[2]} (decode_attention.supports)", file=sys.stderr)
         return 1
-    result = bench_decode_attention.run(min(args.iters, 100), args.context, heads)
+    result = bench_decode_attention.run(min(args.iters, 100), args.context, heads, args.spread, args.split_what_ifs)
     print(json.dumps(result, sort_keys=True) if args.json else bench_decode_attention.table(result))
     return 0
 
