@@ -1,7 +1,8 @@
 """The Triton paged decode attention (`engine/gpu/decode_attention.py`) on the GPU: against fp32
 attention and FlashInfer's tensor-core decode over the same pages, at the shapes the decode graphs
-launch (Llama-3.2-1B's heads and Qwen3.5's), padding rows included, and replayed from a CUDA graph
-(with programmatic dependent launch where the GPU has it) after the index arrays change in place."""
+launch (Llama-3.2-1B's heads, Qwen3.5's, Orpheus's and Qwen3-Omni's thinker's: a group of 7),
+padding rows included, and replayed from a CUDA graph (with programmatic dependent launch where the
+GPU has it) after the index arrays change in place."""
 import pytest
 import torch
 
@@ -35,7 +36,7 @@ def _flashinfer(q, pages, indptr, indices, last):
     return wrapper.run(q, (pages[0], pages[1]))
 
 
-@pytest.mark.parametrize("heads", [(32, 8, 64), (8, 2, 256)])
+@pytest.mark.parametrize("heads", [(32, 8, 64), (8, 2, 256), (24, 8, 128), (28, 4, 128)])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_graph_shapes_match_fp32_and_flashinfer(heads, rows):
     from mstar.runtime.engine.gpu import decode_attention as da
