@@ -78,7 +78,7 @@ class FlashInferSteps:
 
         if decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"decode kernel {decode_kernel!r}: one of {', '.join(DECODE_KERNELS)}")
-        is_tensor_core = {"tensor": True, "cuda": False}.get(decode_kernel)
+        is_tensor_core = _forced_tensor_cores(decode_kernel)
         self.decode_kernel = decode_kernel
         self.heads = (num_qo_heads, num_kv_heads, head_dim)
         self.page_size = page_size
@@ -103,7 +103,8 @@ class FlashInferSteps:
             indptr, last, indices, end = self.layout(batch)
             staged = self.staged[batch] = torch.zeros(end, dtype=torch.int32, device=device)
             if self.graph_kernel(batch) == "triton":
-                self.triton[batch] = TritonDecode(self.heads, page_size, batch, staged, self.layout(batch), device)
+                self.triton[batch] = TritonDecode(self.heads, page_size, batch, staged[indptr:indptr + batch + 1],
+                                                  staged[indices:end], staged[last:last + batch])
                 continue
             is_tensor = self.is_tensor_decode(batch)
             self.decode[batch] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -288,22 +289,26 @@ def graph_decode_kernel(num_qo_heads: int, num_kv_heads: int, head_dim: int, bat
     or FlashInfer's "tensor" or "cuda" kernel (`decode_takes_tensor_cores`)."""
     if choice == "auto" and decode_attention.supports(num_qo_heads, num_kv_heads, head_dim):
         return "triton"
-    forced = {"tensor": True, "cuda": False}.get(choice)
+    forced = _forced_tensor_cores(choice)
     return "tensor" if decode_takes_tensor_cores(num_qo_heads, num_kv_heads, batch, forced) else "cuda"
+
+
+def _forced_tensor_cores(choice: str) -> Optional[bool]:
+    """FlashInfer's decode kernel a DECODE_KERNELS choice forces: tensor cores, CUDA cores, or none."""
+    return {"tensor": True, "cuda": False}.get(choice)
 
 
 class TritonDecode:
     """A decode graph's attention on `decode_attention.py`'s kernel: its shape (splits for this
-    many rows on this device), the graph's index arrays in `staged` (views at fixed addresses) and
-    the split scratch, allocated once so the graph's replays reuse them."""
+    many rows on this device), the graph's index arrays (views of its `staged` buffer, at fixed
+    addresses) and the split scratch, allocated once so the graph's replays reuse them."""
 
-    def __init__(self, heads: tuple[int, int, int], page_size: int, batch: int, staged: torch.Tensor,
-                 layout: tuple[int, int, int, int], device: torch.device):
+    def __init__(self, heads: tuple[int, int, int], page_size: int, batch: int, kv_indptr: torch.Tensor,
+                 kv_indices: torch.Tensor, last_page_len: torch.Tensor):
+        device = kv_indptr.device
         sm_count = torch.cuda.get_device_properties(device).multi_processor_count
         self.shape = decode_attention.graph_shape(*heads, page_size, batch, sm_count)
-        indptr, last, indices, end = layout
-        self.kv_indptr, self.kv_indices = staged[indptr:indptr + batch + 1], staged[indices:end]
-        self.last_page_len = staged[last:last + batch]
+        self.kv_indptr, self.kv_indices, self.last_page_len = kv_indptr, kv_indices, last_page_len
         self.partial = torch.empty(decode_attention.partial_numel(self.shape, batch), dtype=torch.float32,
                                    device=device)
 
