@@ -44,6 +44,15 @@ class CpuAttention:
                                          step.last_page_len.tolist(), self.page_size, self.scale))
 
 
+def decode_reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, kv_indptr: torch.Tensor,
+                     kv_indices: torch.Tensor, last_page_len: torch.Tensor) -> torch.Tensor:
+    """One query token a row over its pages, in fp32 (`torch_attend` with one-token rows, on q's
+    device): the oracle of the Triton decode kernel's tests; a row of no pages gives zeros."""
+    attend = torch_attend(list(range(q.shape[0] + 1)), kv_indptr.tolist(), kv_indices, last_page_len.tolist(),
+                          k_pages.shape[1], q.shape[2] ** -0.5)
+    return attend(0, q.float(), k_pages.float(), v_pages.float())
+
+
 class PlannedEager:
     """As `EagerAttention`: `run(q, pages, out)` for the piecewise graphs, and an `Attend`."""
 

@@ -115,24 +115,6 @@ def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor,
     return out
 
 
-def reference(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, kv_indptr: torch.Tensor,
-              kv_indices: torch.Tensor, last_page_len: torch.Tensor) -> torch.Tensor:
-    """The same attention in fp32 torch ops, row by row over the gathered pages (the tests' oracle)."""
-    rows, hq, d = q.shape
-    page_size, hkv = k_pages.shape[1], k_pages.shape[2]
-    out = torch.zeros(rows, hq, d, dtype=torch.float32, device=q.device)
-    for r in range(rows):
-        pages = kv_indices[int(kv_indptr[r]):int(kv_indptr[r + 1])].long()
-        if len(pages) == 0:
-            continue  # a padding row: zeros
-        seq_len = (len(pages) - 1) * page_size + int(last_page_len[r])
-        k, v = (pages_of[pages].reshape(-1, hkv, d)[:seq_len].float().repeat_interleave(hq // hkv, dim=1)
-                for pages_of in (k_pages, v_pages))
-        scores = torch.einsum("hd,thd->ht", q[r].float(), k) * d ** -0.5
-        out[r] = torch.einsum("ht,thd->hd", scores.softmax(-1), v)
-    return out
-
-
 def partial_numel(shape: DecodeShape, rows: int) -> int:
     """fp32 elements of a split step's scratch: each (row, query head, split) holds its partial
     output and, after all of those, its log-sum-exp."""

@@ -248,8 +248,8 @@ def torch_attend(qo_indptr: list[int], kv_indptr: list[int], kv_indices: torch.T
             keys = k_pages[pages].flatten(0, 1)[:kv_len].repeat_interleave(group, dim=1)
             values = v_pages[pages].flatten(0, 1)[:kv_len].repeat_interleave(group, dim=1)
             scores = torch.einsum("thd,shd->hts", q[start:end].float(), keys.float()) * scale
-            query_pos = torch.arange(end - start).unsqueeze(1) + kv_len - (end - start)
-            scores = scores.masked_fill(torch.arange(kv_len).unsqueeze(0) > query_pos, float("-inf"))
+            query_pos = torch.arange(end - start, device=q.device).unsqueeze(1) + kv_len - (end - start)
+            scores = scores.masked_fill(torch.arange(kv_len, device=q.device).unsqueeze(0) > query_pos, float("-inf"))
             out[start:end] = torch.einsum("hts,shd->thd", torch.softmax(scores, -1), values.float()).to(q.dtype)
         return out
 
