@@ -67,13 +67,18 @@ def _copy_ms() -> float:
     return _median_ms(lambda: dst.copy_(src), 20)
 
 
+def copy_bandwidth() -> float:
+    """The device-to-device copy bandwidth in bytes/s (read + write counted), measured now."""
+    return 2 * (1 << 30) / (_copy_ms() / 1e3)
+
+
 def ceilings() -> tuple[float, float]:
     """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
-    copy_ms = _copy_ms()
+    bandwidth = copy_bandwidth()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     matmul_ms = _median_ms(lambda: a @ b, 20)
-    return 2 * (1 << 30) / (copy_ms / 1e3), 2 * 8192 ** 3 / (matmul_ms / 1e3)
+    return bandwidth, 2 * 8192 ** 3 / (matmul_ms / 1e3)
 
 
 class Shapes:

@@ -3,9 +3,10 @@
 (fa2) and CUDA-core decode, each as 16 layer calls captured in one CUDA graph and replayed (median
 of the replays, per call), at 1, 4, 8, 16 and 64 rows of `context` positions over a shuffled bf16
 page pool (page size 16, NHD), beside the floor of the KV bytes at the copy rate measured in the
-same run, with the Triton output's largest difference from FlashInfer's tensor-core output.
-`--spread`: rows of unequal length (a quarter of `context` to four times it); `--split-what-ifs`:
-the Triton kernel also at half and twice the graph's split count.
+same run (`bench.copy_bandwidth`, as `mstar bench engine` measures it), with the Triton output's
+largest difference from FlashInfer's tensor-core output. `--spread`: rows of unequal length (a
+quarter of `context` to four times it); `--split-what-ifs`: the Triton kernel also at half and
+twice the graph's split count.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Callable
 import torch
 
 from mstar.runtime.engine.gpu import decode_attention
+from mstar.runtime.engine.gpu.attention import cuda_core_refusal, decode_backend
+from mstar.runtime.engine.gpu.bench import copy_bandwidth
 
 PAGE_SIZE = 16
 ROWS = (1, 4, 8, 16, 64)
@@ -52,21 +55,6 @@ def _layer_calls(attend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], c
         for layer in range(LAYERS):
             outs[key] = attend(cache[layer, 0], cache[layer, 1])
     return calls
-
-
-def _copy_rate(device: torch.device) -> float:
-    """Bytes a second of a 1 GiB device-to-device copy (read and write counted), best of five."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() / best
 
 
 def row_lengths(rows: int, context: int, is_spread: bool) -> list[int]:
@@ -118,12 +106,11 @@ def _flashinfer_us(q: torch.Tensor, cache: torch.Tensor, csr: tuple, outs: dict,
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device=q.device)
     times = {}
     for label, is_tensor in (("flashinfer_tensor_us", True), ("flashinfer_cuda_us", False)):
-        if not is_tensor and attention_lacks_cuda_core(hq, hkv):
+        if not is_tensor and cuda_core_refusal(hq, hkv):
             continue
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor, paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last,
-            **({"backend": "fa2"} if is_tensor else {}))
+            paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last, **decode_backend(is_tensor))
         wrapper.plan(indptr, indices, last, hq, hkv, d, PAGE_SIZE, q_data_type=torch.bfloat16,
                      kv_data_type=torch.bfloat16)
 
@@ -145,15 +132,9 @@ def _triton_us(shape: decode_attention.DecodeShape, q: torch.Tensor, cache: torc
     return _graph_us(_layer_calls(triton, cache, outs, "triton"), iters)
 
 
-def attention_lacks_cuda_core(num_qo_heads: int, num_kv_heads: int) -> bool:
-    from mstar.runtime.engine.gpu.attention import cuda_core_refusal
-
-    return cuda_core_refusal(num_qo_heads, num_kv_heads) is not None
-
-
 def run(iters: int, context: int, heads: tuple[int, int, int], is_spread: bool = False,
         split_what_ifs: bool = False) -> dict:
-    rate = _copy_rate(torch.device("cuda"))
+    rate = copy_bandwidth()
     cases = {str(rows): _case(row_lengths(rows, context, is_spread), heads, iters, rate, split_what_ifs)
              for rows in ROWS}
     return {"heads": {"qo": heads[0], "kv": heads[1], "dim": heads[2]}, "context": context, "spread": is_spread,
