@@ -338,15 +338,18 @@ def _print_prefix(results: dict) -> None:
           f"uncached = {row['ttft_ratio']:.2f}x lower with the cache (target >= 5x); the 1st: "
           f"{row['first_ttft_cached_ms']:.2f} / {row['first_ttft_uncached_ms']:.2f} ms; cached tokens per request "
           f"{row['cached_tokens']}")
-    print("TTFT of the 2nd and later, min / median / max: cached " + " / ".join(
-        f"{v:.2f}" for v in row["ttft_cached_range_ms"]) + " ms, uncached " + " / ".join(
-        f"{v:.2f}" for v in row["ttft_uncached_range_ms"]) + " ms")
+    print(f"TTFT of the 2nd and later, min / median / max: cached {_slashed(row['ttft_cached_range_ms'])} ms, "
+          f"uncached {_slashed(row['ttft_uncached_range_ms'])} ms")
     if "cached_first_step_span_ms" in row:
         print("a cached request's first step from the executor's launch to its ids' copy back (a third run, CUDA "
-              "events on each step), min / median / max: " + " / ".join(
-                  f"{v:.2f}" for v in row["cached_first_step_span_ms"]) + " ms (" + ", ".join(
-                  row["cached_first_step_paths"]) + "); the rest of its TTFT (admission, scheduling, the runner, "
-              "post-processing): " + " / ".join(f"{v:.2f}" for v in row["cached_ttft_beside_step_ms"]) + " ms")
+              f"events on each step), min / median / max: {_slashed(row['cached_first_step_span_ms'])} ms "
+              f"({', '.join(row['cached_first_step_paths'])}); the rest of its TTFT (admission, scheduling, the "
+              f"runner, post-processing): {_slashed(row['cached_ttft_beside_step_ms'])} ms")
+
+
+def _slashed(values: list[float]) -> str:
+    """min / median / max (`_spread`) as printed."""
+    return " / ".join(f"{v:.2f}" for v in values)
 
 
 def _print(results: dict) -> None:
