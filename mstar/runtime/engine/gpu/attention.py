@@ -299,9 +299,10 @@ def _forced_tensor_cores(choice: str) -> Optional[bool]:
 
 
 class TritonDecode:
-    """A decode graph's attention on `decode_attention.py`'s kernel: its shape (splits for this
-    many rows on this device), the graph's index arrays (views of its `staged` buffer, at fixed
-    addresses) and the split scratch, allocated once so the graph's replays reuse them."""
+    """A graph's decode attention on `decode_attention.py`'s kernel: its shape (splits for this
+    many rows on this device), the graph's index arrays (device views at fixed addresses: a decode
+    graph's `staged` buffer, or the split route's derived arrays in a whole packed graph) and the
+    split scratch, allocated once so the graph's replays reuse them."""
 
     def __init__(self, heads: tuple[int, int, int], page_size: int, batch: int, kv_indptr: torch.Tensor,
                  kv_indices: torch.Tensor, last_page_len: torch.Tensor):

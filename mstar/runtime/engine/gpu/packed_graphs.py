@@ -41,8 +41,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from mstar.runtime.engine.gpu.attention import FlashInferSteps, decode_backend, plan_graph_decode
-from mstar.runtime.engine.gpu.forward import DecoderForward
+from mstar.runtime.engine.gpu.attention import FlashInferSteps, TritonDecode, decode_backend, plan_graph_decode
+from mstar.runtime.engine.gpu.forward import Attend, DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
 from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids, padded
 
@@ -189,7 +189,8 @@ class PackedGraphs:
         self.indices = {rows: torch.zeros(self.index_layout(rows)[-1], dtype=torch.int32, device=device)
                         for rows in batch_sizes}
         self.split = {rows: SplitArrays.zeros(rows, device) for rows in {k[1] for k in self.keys if k[2] == "split"}}
-        self.decode_wrappers = {rows: self._decode_wrapper(rows) for rows in self.split}
+        self.decode_wrappers: dict = {}  # the split route's FlashInfer decode wrappers, where it takes one
+        self.decode_attend = {rows: self._decode_attend(rows) for rows in self.split}
         self._decode_planned: set[int] = set()
         self.inputs: dict[GraphKey, torch.Tensor] = {}
         self.wrappers = {}
@@ -233,17 +234,24 @@ class PackedGraphs:
         _, _, _, pages, end = self.index_layout(rows)
         return self.indices[rows][pages:end]
 
-    def _decode_wrapper(self, rows: int):
-        """The split route's decode wrapper of `rows` rows (the decode graphs' kernel choice,
-        `FlashInferSteps.is_tensor_decode`), its own int workspace, shared by the keys of `rows`."""
+    def _decode_attend(self, rows: int) -> Attend:
+        """The split route's decode attention of `rows` rows, the decode graphs' kernel choice
+        (`FlashInferSteps.graph_kernel`): the Triton decode kernel over the derived arrays (no
+        plan), or a FlashInfer decode wrapper on them with its own int workspace, shared by the keys
+        of `rows` (planned before each replay, `_plan_decode`)."""
         import flashinfer
 
         arrays = self.split[rows]
-        is_tensor = self.attention.is_tensor_decode(rows)
-        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        kernel = self.attention.graph_kernel(rows)
+        if kernel == "triton":
+            return TritonDecode(self.attention.heads, self.attention.page_size, rows, arrays.dec_indptr,
+                                self._pages(rows), arrays.dec_last)
+        is_tensor = kernel == "tensor"
+        wrapper = self.decode_wrappers[rows] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.attention.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=is_tensor,
             paged_kv_indptr_buffer=arrays.dec_indptr, paged_kv_indices_buffer=self._pages(rows),
             paged_kv_last_page_len_buffer=arrays.dec_last, **decode_backend(is_tensor))
+        return lambda _layer, q, k_pages, v_pages: wrapper.run(q, (k_pages, v_pages))
 
     def _first_plan(self, key: GraphKey, dummy_page: int) -> None:
         """The key's first plan, through FlashInfer's `plan()`: its largest shape (`first_plan_counts`,
@@ -291,7 +299,10 @@ class PackedGraphs:
                                f"rows as {list(info)}, its graph ({key[0]} tokens) was captured with {captured}")
 
     def _plan_decode(self, rows: int, dec_indptr: np.ndarray, dec_last: np.ndarray) -> None:
-        """The split route's decode wrapper (after its first plan the graph derives its arrays)."""
+        """The split route's decode wrapper (after its first plan the graph derives its arrays);
+        nothing for the Triton kernel, which reads the derived arrays itself."""
+        if rows not in self.decode_wrappers:
+            return
         steps = self.attention
         plan_graph_decode(self.decode_wrappers[rows], rows not in self._decode_planned, torch.from_numpy(dec_indptr),
                           self._pages(rows), torch.from_numpy(dec_last), steps.heads, steps.page_size, steps.sm_scale)
@@ -311,12 +322,12 @@ class PackedGraphs:
         if key[2] != "split":
             return lambda _layer, q, k_pages, v_pages: prefill.run(q, (k_pages, v_pages))
         rows = key[1]
-        decode = self.decode_wrappers[rows]
+        decode = self.decode_attend[rows]
         is_decode = self._derive(rows)
 
-        def split(_layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        def split(layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
             out = prefill.run(q, (k_pages, v_pages))
-            decoded = decode.run(q[:rows], (k_pages, v_pages))
+            decoded = decode(layer, q[:rows], k_pages, v_pages)
             out[:rows] = torch.where(is_decode, decoded, out[:rows])
             return out
 
