@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "28 passed")
+    run_child(__file__, "36 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -124,13 +124,13 @@ def test_causal_conv_matches_the_torch_gather(interpreted):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4):
+def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4, value_dim: int = 32):
     """A small random gated delta-net layer (2 q/k heads, grouped value heads) and its states on 6
     slots, in `dtype` with the decay parameters in fp32 (as `device_model` builds them)."""
     from mstar.runtime.engine.models.gdn import GatedDeltaNet
 
     torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden=48, num_heads=2, key_dim=16, value_dim=32, conv_kernel=4, eps=1e-6,
+    layer = GatedDeltaNet(hidden=48, num_heads=2, key_dim=16, value_dim=value_dim, conv_kernel=4, eps=1e-6,
                           num_value_heads=num_value_heads)
     with torch.no_grad():
         for param in layer.parameters():
@@ -145,18 +145,20 @@ def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("block_v", [0, 16], ids=["one-block", "two-blocks"])
+@pytest.mark.parametrize("block_v, value_dim", [(0, 32), (16, 32), (8, 32), (8, 24)],
+                         ids=["one-part", "two-parts", "four-parts", "three-parts-of-24"])
 @pytest.mark.parametrize("num_value_heads", [2, 4], ids=["heads", "grouped"])
-def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v, num_value_heads):
+def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v, value_dim, num_value_heads):
     """The decode-only step's one kernel (conv, gates, rule, gated norm between the projections)
     against the torch arithmetic of the same layer: outputs, the rows' conv windows and states;
-    slots of no row untouched; two padding rows on slot 0, the sink, touch nothing else."""
+    slots of no row untouched; two padding rows on slot 0, the sink, touch nothing else; the value
+    columns in 1-4 parts a head (a head of 24 in three), whose arrival counters are left zero."""
     import copy
 
     from mstar.runtime.engine.gpu import gdn_kernels
     from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep
 
-    layer, states = _gdn_layer(dtype, num_value_heads)
+    layer, states = _gdn_layer(dtype, num_value_heads, value_dim)
     before = LinearStates([t.clone() for t in states.conv], [t.clone() for t in states.ssm])
     original = [states.conv[0].clone(), states.ssm[0].clone()]
     slots = torch.tensor([3, 1, 0, 0])
@@ -168,10 +170,12 @@ def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v,
     proj = torch.nn.functional.linear(h, fused.weights[0])
     value_width = layer.num_value_heads * layer.value_dim
     mixed, z, b, a = proj.split([layer.conv_dim, value_width, layer.num_value_heads, layer.num_value_heads], dim=-1)
+    counts = torch.zeros(4 * layer.num_heads, dtype=torch.int32)
     gated = gdn_kernels.decode_step(mixed, z, b, a, states.conv[0], layer.conv1d.weight[:, 0, :], layer.A_log,
                                     layer.dt_bias, states.ssm[0], slots, layer.norm.weight, layer.eps,
-                                    layer.num_heads, block_v=block_v)
+                                    layer.num_heads, block_v=block_v, counts=counts)
     got = torch.nn.functional.linear(gated, layer.out_proj.weight)
+    assert not counts.any()
     # bf16: the interpreter rounds to bf16 by truncating (a GPU rounds to nearest), at every rounding
     # step of the torch arithmetic, so only fp32 checks the arithmetic closely.
     tolerance = 1e-5 if dtype == torch.float32 else 4e-2
@@ -191,7 +195,8 @@ def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v,
 
 def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     """A decode-only step of a gated delta-net layer on the fused path is three launches: the
-    in-projection, the one Triton kernel, out_proj (counted by `launch_count`)."""
+    in-projection, the one Triton kernel, out_proj (counted by `launch_count`); the step's first
+    linear layer also zeroes the kernel's arrival counters, which the second reuses."""
     from launch_count import count_launches
 
     from mstar.runtime.engine.gpu import gdn_kernels
@@ -202,6 +207,8 @@ def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     forward.is_fused = True
     step = LinearStep.decode(torch.tensor([3, 1, 0, 0]))
     h = torch.randn(4, 48).to(torch.bfloat16)
+    launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
+    assert launches == {"aten.mm": 2, "_decode_step_kernel": 1, "aten.zeros": 1}, launches
     launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
     assert launches == {"aten.mm": 2, "_decode_step_kernel": 1}, launches
 

@@ -96,6 +96,9 @@ class LinearStep:
 
     slots: torch.Tensor  # int64 [R]: each row's state slot (padding rows: 0, the sink)
     eager: Optional[EagerRows] = None
+    # The fused decode kernel's arrival counters (`gdn_kernels.decode_step`), zeroed once a step (in
+    # a decode graph, once a replay) on the first linear layer's call; each layer leaves them zero.
+    counts: Optional[torch.Tensor] = None
 
     @classmethod
     def decode(cls, row_slot: torch.Tensor) -> "LinearStep":
@@ -170,8 +173,10 @@ class GdnForward:
         weight = layer.conv1d.weight[:, 0, :]  # [C, K]
         rows = step.eager
         if rows is None and self.is_fused:  # one kernel from the projection to out_proj's input (gdn_kernels.py)
+            if step.counts is None:
+                step.counts = torch.zeros(n * heads, dtype=torch.int32, device=h.device)
             gated = gdn_kernels.decode_step(mixed, z, b, a, conv_state, weight, layer.A_log, layer.dt_bias, ssm,
-                                            step.slots, layer.norm.weight, layer.eps, heads)
+                                            step.slots, layer.norm.weight, layer.eps, heads, counts=step.counts)
             return F.linear(gated, layer.out_proj.weight)
         beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())

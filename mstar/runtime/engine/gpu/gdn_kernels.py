@@ -14,19 +14,23 @@ prefill at Qwen3.5's 6144 channels) and reads it twice more per layer; here each
 columns once (neighbouring tokens share them in cache) and writes its output once.
 
 `decode_step` (a decode-only step, what the decode graphs capture): everything of a gated delta-net
-layer between its two matrix products in one launch. Each program takes one row and one q/k head
-(and the value heads it serves): it reads the row's [q|k|v], z, b and a where the in-projection
-wrote them, runs the causal conv over the slot's K-1 stored columns and the token (moving the
-stored columns one on, in place), the gates (g = -exp(A_log) softplus(a + dt_bias) in fp32,
-beta = sigmoid(b)), the gated delta rule from and back into the slot's state, and the gated RMSNorm
-(norm(o) w silu(z)); it writes the `[R, HV*d_v]` input of out_proj. Why: as separate kernels and
+layer between its two matrix products in one launch. A program takes one row, one q/k head (and the
+value heads it serves) and one part of their value columns (32 of d_v): it reads the row's [q|k|v],
+z, b and a where the in-projection wrote them, runs the causal conv of q, k and its value columns
+over the slot's K-1 stored columns and the token, the gates (g = -exp(A_log) softplus(a + dt_bias)
+in fp32, beta = sigmoid(b)), the gated delta rule from and back into its columns of the slot's
+state, and writes the un-normed output and its sum of squares. The last part of a (row, q/k head)
+to finish (an arrival counter per row and head, atomically counted, reset by that part) moves the
+q/k stored columns one on and applies the gated RMSNorm (norm(o) w silu(z)) over each value head's
+whole d_v; it writes the `[R, HV*d_v]` input of out_proj. Why one kernel: as separate kernels and
 torch ops the same layer launched about 25 kernels in a decode step; in a CUDA graph each costs a
 few microseconds however small, which was most of a decode step (1 row: 2.2 ms against a 0.38 ms
-floor on the H200). The conv of a channel and its stored columns belong to exactly one program (a
-q/k head and its value heads together; each value head's channels once), so no program reads a
-column that another has already moved. The rounding is the torch arithmetic's (`gdn_forward.py`):
-the conv output, beta and the rule's output in the activations' dtype, the norm's steps as torch
-rounds them.
+floor on the H200). Why parts: a program per (row, head) leaves a 1-row step 16 programs at Qwen3.5's
+heads; parts of 32 columns give 64, and the layer took 4.6 against 7.1 us (docs/engine.md). Why the
+last part moves the q/k columns: every part reads them, so none may move them until all have; a
+value column's conv and its stored columns belong to exactly one part. The rounding is the torch
+arithmetic's (`gdn_forward.py`): the conv output, beta and the rule's output in the activations'
+dtype, the norm's steps as torch rounds them.
 
 `recurrent_step` (an eager step's decode rows): the rule alone, reading and writing each row's slot
 in place. Why: gathering the rows' states into a batch, running the rule on the copy and scattering
@@ -42,7 +46,7 @@ Triton interpreter on the CPU (`tests/engine/test_gpu_kernels_interpreted.py`).
 """
 from __future__ import annotations
 
-import functools
+from typing import Optional
 
 import torch
 
@@ -113,37 +117,44 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _conv_channels(row_ptr, window_ptr, weight_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
+    def _conv_read(row_ptr, window_ptr, weight_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
         """silu(conv) of one token over `channels` (fp32), from the slot's K-1 stored columns
-        (`window_ptr`: the slot's [C, K-1]) and the token; the stored columns move one on in place.
-
-        Every stored column is read before any is written, with a barrier between: Triton may hold
-        one channel in several threads (a 32-channel block on 4 warps), and a thread that shifted
-        a column before another read it handed that one the new value (on the GPU only: the
-        interpreter runs a program's threads as one). KP: K-1 rounded up to a power of two."""
+        (`window_ptr`: the slot's [C, K-1]) and the token; moves nothing. KP: K-1 rounded up to a
+        power of two."""
         token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
         taps = tl.arange(0, KP)
-        stored = window_ptr + channels[:, None] * (KW - 1) + taps[None, :]
         is_stored = mask[:, None] & (taps[None, :] < KW - 1)
-        columns = tl.load(stored, mask=is_stored, other=0.0)
+        columns = tl.load(window_ptr + channels[:, None] * (KW - 1) + taps[None, :], mask=is_stored, other=0.0)
         weights = tl.load(weight_ptr + channels[:, None] * KW + taps[None, :], mask=is_stored, other=0.0)
         acc = token * tl.load(weight_ptr + channels * KW + (KW - 1), mask=mask, other=0.0).to(tl.float32)
         acc += tl.sum(columns * weights.to(tl.float32), 1)
-        # The window one on: column i takes column i + 1, the last takes the token.
+        return acc * tl.sigmoid(acc)
+
+    @triton.jit
+    def _conv_shift(row_ptr, window_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
+        """The slot's stored columns of `channels` one on, in place: column i takes column i + 1, the
+        last takes the token. Every column is read before any is written, with a barrier between:
+        Triton may hold one channel in several threads (a 32-channel block on 4 warps), and a thread
+        that shifted a column before another read it handed that one the new value (on the GPU only:
+        the interpreter runs a program's threads as one)."""
+        token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
+        taps = tl.arange(0, KP)
+        stored = window_ptr + channels[:, None] * (KW - 1) + taps[None, :]
         following = tl.load(stored + 1, mask=mask[:, None] & (taps[None, :] < KW - 2), other=0.0)
         shifted = tl.where(taps[None, :] == KW - 2, token[:, None], following)
         tl.debug_barrier()
-        tl.store(stored, shifted, mask=is_stored)
-        return acc * tl.sigmoid(acc)
+        tl.store(stored, shifted, mask=mask[:, None] & (taps[None, :] < KW - 1))
 
     @triton.jit
     def _decode_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, stride_mixed, stride_z, stride_b, stride_a,
                             conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, norm_ptr,
-                            out_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                            DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                            NV: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
+                            out_ptr, squares_ptr, counts_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr,
+                            DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
+                            BK: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
+                            NSP: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
+        part = tl.program_id(2)
         C = 2 * H * DK + HV * DV
         if PDL:  # programmatic dependent launch (kernels.py): the step's data only after the wait
             tl.extra.cuda.gdc_wait()
@@ -152,43 +163,67 @@ if triton is not None:
         window = conv_ptr + slot * C * (KW - 1)
         o_k = tl.arange(0, BK)
         mask_k = o_k < DK
-        # q and k of this head: the conv output in the activations' dtype (as the torch path rounds it).
-        q = _conv_channels(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, KW, KP)
-        k = _conv_channels(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, KW, KP)
+        # q and k of this head, read by every part (the last part to finish moves their columns on),
+        # the conv output in the activations' dtype (as the torch path rounds it).
+        q = _conv_read(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, KW, KP)
+        k = _conv_read(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, KW, KP)
         q = q.to(out_ptr.dtype.element_ty).to(tl.float32)
         k = k.to(out_ptr.dtype.element_ty).to(tl.float32)
         q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        o_v = part * BV + tl.arange(0, BV)
+        mask_v = o_v < DV
+        mask_state = mask_k[:, None] & mask_v[None, :]
         for j in tl.static_range(GROUP):
             head_v = head * GROUP + j
+            p_state = state_ptr + ((slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
+            state = tl.load(p_state, mask=mask_state, other=0.0)
             decay, beta = _gates(a_ptr + row * stride_a + head_v, b_ptr + row * stride_b + head_v, a_log_ptr + head_v,
                                  dt_bias_ptr + head_v)
-            p_out = out_ptr + (row * HV + head_v) * DV
-            sum_squares = 0.0
-            for block in tl.static_range(NV):
-                o_v = block * BV + tl.arange(0, BV)
-                mask_v = o_v < DV
-                v = _conv_channels(row_mixed, window, conv_weight_ptr, 2 * H * DK + head_v * DV + o_v, mask_v, KW, KP)
-                v = v.to(out_ptr.dtype.element_ty).to(tl.float32)
-                p_state = state_ptr + ((slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
-                mask_state = mask_k[:, None] & mask_v[None, :]
-                state = tl.load(p_state, mask=mask_state, other=0.0) * decay
-                v = (v - tl.sum(state * k[:, None], 0)) * beta
-                state += k[:, None] * v[None, :]
-                tl.store(p_state, state, mask=mask_state)
-                # the rule's output, rounded as the torch path's
-                o = tl.sum(state * q[:, None], 0).to(out_ptr.dtype.element_ty)
-                o32 = o.to(tl.float32)
-                sum_squares += tl.sum(tl.where(mask_v, o32 * o32, 0.0))
-                tl.store(p_out + o_v, o, mask=mask_v)
-            # The gated RMSNorm over the head's d_v outputs: the un-normed blocks are read back (the
-            # barrier makes every thread's stores visible to the program).
-            tl.debug_barrier()
+            value_channels = 2 * H * DK + head_v * DV + o_v  # this part's alone: read and moved here
+            v = _conv_read(row_mixed, window, conv_weight_ptr, value_channels, mask_v, KW, KP)
+            _conv_shift(row_mixed, window, value_channels, mask_v, KW, KP)
+            v = v.to(out_ptr.dtype.element_ty).to(tl.float32)
+            state = state * decay
+            v = (v - tl.sum(state * k[:, None], 0)) * beta
+            state += k[:, None] * v[None, :]
+            tl.store(p_state, state, mask=mask_state)
+            # the rule's output, rounded as the torch path's, un-normed until every part has written
+            o = tl.sum(state * q[:, None], 0).to(out_ptr.dtype.element_ty)
+            o32 = o.to(tl.float32)
+            tl.store(out_ptr + (row * HV + head_v) * DV + o_v, o, mask=mask_v)
+            tl.store(squares_ptr + (row * HV + head_v) * NSP + part, tl.sum(tl.where(mask_v, o32 * o32, 0.0)))
+        # The last part of (row, head) to get here moves the q/k columns on (every part has read them)
+        # and norms the whole head. The barrier puts every thread's stores before the counter's
+        # increment, whose acquire-release order makes them visible to the last part.
+        tl.debug_barrier()
+        if NS == 1:
+            arrived = 0
+        else:
+            arrived = tl.atomic_add(counts_ptr + row * H + head, 1, sem="acq_rel")
+        if arrived == NS - 1:
+            _finish_head(row_mixed, window, squares_ptr + row * HV * NSP, out_ptr + row * HV * DV, norm_ptr,
+                         z_ptr + row * stride_z, head, eps, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
+            if NS > 1:
+                tl.store(counts_ptr + row * H + head, 0)  # ready for the next layer or step
+
+    @triton.jit
+    def _finish_head(row_mixed, window, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, H: tl.constexpr,
+                     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
+                     BK: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, GROUP: tl.constexpr):
+        """The last part of a (row, q/k head): the q/k conv columns one on, and the gated norm over each
+        of its value heads' whole d_v from the parts' sums of squares (pointers at the row)."""
+        o_k = tl.arange(0, BK)
+        _conv_shift(row_mixed, window, head * DK + o_k, o_k < DK, KW, KP)
+        _conv_shift(row_mixed, window, H * DK + head * DK + o_k, o_k < DK, KW, KP)
+        o_v = tl.arange(0, BD)
+        parts = tl.arange(0, NSP)
+        for j in tl.static_range(GROUP):
+            head_v = head * GROUP + j
+            sum_squares = tl.sum(tl.load(squares_ptr + head_v * NSP + parts, mask=parts < NS, other=0.0,
+                                         volatile=True))
             rstd = 1.0 / tl.sqrt(sum_squares / DV + eps)
-            for block in tl.static_range(NV):
-                o_v = block * BV + tl.arange(0, BV)
-                _gated_norm(p_out + o_v, norm_ptr + o_v, z_ptr + row * stride_z + head_v * DV + o_v, o_v < DV,
-                            rstd)
+            _gated_norm(out_ptr + head_v * DV + o_v, norm_ptr + o_v, z_ptr + head_v * DV + o_v, o_v < DV, rstd)
 
     @triton.jit
     def _gates(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr):
@@ -243,12 +278,14 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
                 conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
                 slots: torch.Tensor, norm_weight: torch.Tensor, eps: float, num_heads: int,
-                block_v: int = 0) -> torch.Tensor:
+                block_v: int = 0, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A decode-only step's gated delta-net layer between its projections (module docstring).
     mixed `[R, C]` ([q|k|v]), z `[R, HV*d_v]`, b and a `[R, HV]` (each any row stride: views of the
     in-projection's output), conv_state `[S, C, K-1]` and state `[S, HV, d_k, d_v]` fp32 (updated in
     the rows' slots), conv_weight `[C, K]`, a_log, dt_bias `[HV]`, slots `[R]`, norm_weight `[d_v]`
-    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program holds at once (0: `_value_block`)."""
+    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program takes (0: `_value_block`);
+    counts: int32 zeros of at least R x H entries, left zero (the parts' arrival counters; one a step
+    serves all its layers: `LinearStep.counts`), None: new zeros."""
     rows, channels = mixed.shape
     value_heads = b.shape[1]
     value_dim = z.shape[1] // value_heads
@@ -257,6 +294,28 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     out = torch.empty((rows, value_heads * value_dim), dtype=mixed.dtype, device=mixed.device)
     if rows == 0:
         return out
+    _check_decode_step(mixed, z, b, a, conv_state, state, num_heads, key_dim, value_dim)
+    if counts is None:
+        counts = torch.zeros(rows * num_heads, dtype=torch.int32, device=mixed.device)
+    if counts.dtype != torch.int32 or counts.numel() < rows * num_heads:
+        raise ValueError(f"decode_step: counts must be int32 zeros of at least {rows * num_heads} entries")
+    block_v = block_v or _value_block(value_dim)
+    parts = triton.cdiv(value_dim, block_v)
+    squares = torch.empty((rows, value_heads, triton.next_power_of_2(parts)), dtype=torch.float32, device=mixed.device)
+    _decode_step_kernel[(rows, num_heads, parts)](
+        mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), conv_state, conv_weight.contiguous(),
+        a_log, dt_bias, state, slots, norm_weight, out, squares, counts, key_dim ** -0.5, eps, H=num_heads,
+        HV=value_heads, DK=key_dim, DV=value_dim, KW=taps, KP=triton.next_power_of_2(max(taps - 1, 1)),
+        BK=triton.next_power_of_2(key_dim), BD=triton.next_power_of_2(value_dim), BV=block_v, NS=parts,
+        NSP=triton.next_power_of_2(parts), GROUP=value_heads // num_heads, num_warps=4,
+        **pdl_launch(mixed))
+    return out
+
+
+def _check_decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                       conv_state: torch.Tensor, state: torch.Tensor, num_heads: int, key_dim: int,
+                       value_dim: int) -> None:
+    channels, value_heads = mixed.shape[1], b.shape[1]
     if value_heads % num_heads or 2 * num_heads * key_dim + value_heads * value_dim != channels:
         raise ValueError(f"decode_step: {channels} channels do not split into {num_heads} q/k heads and "
                          f"{value_heads} value heads of {value_dim}")
@@ -266,30 +325,14 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     for name, x in (("conv_state", conv_state), ("state", state)):
         if not x.is_contiguous() or x.dtype != torch.float32:
             raise ValueError(f"decode_step updates a contiguous fp32 {name} in place")
-    block_v = block_v or _value_block(rows * num_heads, value_dim, mixed.device)
-    block_k = triton.next_power_of_2(key_dim)
-    _decode_step_kernel[(rows, num_heads)](
-        mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), conv_state, conv_weight.contiguous(),
-        a_log, dt_bias, state, slots, norm_weight, out, key_dim ** -0.5, eps, H=num_heads, HV=value_heads,
-        DK=key_dim, DV=value_dim, KW=taps, KP=triton.next_power_of_2(max(taps - 1, 1)), BK=block_k, BV=block_v,
-        NV=triton.cdiv(value_dim, block_v),
-        GROUP=value_heads // num_heads,
-        num_warps=8 if block_k * block_v >= 128 * 64 else 4, **pdl_launch(mixed))
-    return out
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
-def _value_block(num_programs: int, value_dim: int, device: torch.device) -> int:
-    """Value columns a `decode_step` program holds at once. While every program has an SM of its own
-    (few rows: latency-bound), the whole head's state at once (up to 128 columns, 8 warps: all its
-    loads in flight together); with more programs than SMs, blocks of 32 (4 warps, a quarter of the
-    registers), so several programs share an SM and one's loads overlap another's arithmetic."""
-    block = 128 if num_programs <= _num_sms(device) else 32
-    return min(block, triton.next_power_of_2(value_dim))
+def _value_block(value_dim: int) -> int:
+    """Value columns a `decode_step` program takes: 32 (4 warps). Measured on the H200 at Qwen3.5's
+    heads (one-off sweep, docs/engine.md): parts of 32 beat the head's 128 in one program at 1 and 8
+    rows (4.6 against 7.1 us a layer, 9.6 against 11.5) and tie with a loop over blocks of 32 at 64
+    rows (52.5 against 52.4); parts of 16 or 64, or 2 or 8 warps, were no better anywhere."""
+    return min(32, triton.next_power_of_2(value_dim))
 
 
 def causal_conv(stored: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
