@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "36 passed")
+    run_child(__file__, "40 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -124,13 +124,13 @@ def test_causal_conv_matches_the_torch_gather(interpreted):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4, value_dim: int = 32):
+def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4, value_dim: int = 32, key_dim: int = 16):
     """A small random gated delta-net layer (2 q/k heads, grouped value heads) and its states on 6
     slots, in `dtype` with the decay parameters in fp32 (as `device_model` builds them)."""
     from mstar.runtime.engine.models.gdn import GatedDeltaNet
 
     torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden=48, num_heads=2, key_dim=16, value_dim=value_dim, conv_kernel=4, eps=1e-6,
+    layer = GatedDeltaNet(hidden=48, num_heads=2, key_dim=key_dim, value_dim=value_dim, conv_kernel=4, eps=1e-6,
                           num_value_heads=num_value_heads)
     with torch.no_grad():
         for param in layer.parameters():
@@ -145,20 +145,25 @@ def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4, value_dim: int = 32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("block_v, value_dim", [(0, 32), (16, 32), (8, 32), (8, 24)],
-                         ids=["one-part", "two-parts", "four-parts", "three-parts-of-24"])
+@pytest.mark.parametrize("block_v, value_dim, key_dim", [(0, 32, 16), (16, 32, 16), (8, 32, 16), (8, 24, 16),
+                                                     (16, 24, 12)],
+                         ids=["one-part", "two-parts", "four-parts", "three-parts-of-24", "a-masked-part"])
 @pytest.mark.parametrize("num_value_heads", [2, 4], ids=["heads", "grouped"])
-def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v, value_dim, num_value_heads):
+def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v, value_dim, key_dim,
+                                                    num_value_heads):
     """The decode-only step's one kernel (conv, gates, rule, gated norm between the projections)
     against the torch arithmetic of the same layer: outputs, the rows' conv windows and states;
     slots of no row untouched; two padding rows on slot 0, the sink, touch nothing else; the value
-    columns in 1-4 parts a head (a head of 24 in three), whose arrival counters are left zero."""
+    columns in 1-4 parts a head (a head of 24 in three; in parts of 16 and 8 beside q/k heads of
+    12), whose arrival counters are left zero. The interpreter runs a head's parts in order, the
+    kernel numbers them down: the last part to arrive is part 0, so a kernel that took the last part
+    for the last to arrive would norm before the others wrote and fail here."""
     import copy
 
     from mstar.runtime.engine.gpu import gdn_kernels
     from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep
 
-    layer, states = _gdn_layer(dtype, num_value_heads, value_dim)
+    layer, states = _gdn_layer(dtype, num_value_heads, value_dim, key_dim)
     before = LinearStates([t.clone() for t in states.conv], [t.clone() for t in states.ssm])
     original = [states.conv[0].clone(), states.ssm[0].clone()]
     slots = torch.tensor([3, 1, 0, 0])

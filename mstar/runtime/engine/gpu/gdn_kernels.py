@@ -154,7 +154,9 @@ if triton is not None:
                             NSP: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
-        part = tl.program_id(2)
+        # Parts numbered down: Triton's interpreter runs a head's parts in grid order, so there the last
+        # to arrive is part 0, and a test would see a kernel that took part NS-1 for the last.
+        part = NS - 1 - tl.program_id(2)
         C = 2 * H * DK + HV * DV
         if PDL:  # programmatic dependent launch (kernels.py): the step's data only after the wait
             tl.extra.cuda.gdc_wait()
@@ -193,19 +195,28 @@ if triton is not None:
             o32 = o.to(tl.float32)
             tl.store(out_ptr + (row * HV + head_v) * DV + o_v, o, mask=mask_v)
             tl.store(squares_ptr + (row * HV + head_v) * NSP + part, tl.sum(tl.where(mask_v, o32 * o32, 0.0)))
-        # The last part of (row, head) to get here moves the q/k columns on (every part has read them)
-        # and norms the whole head. The barrier puts every thread's stores before the counter's
-        # increment, whose acquire-release order makes them visible to the last part.
-        tl.debug_barrier()
-        if NS == 1:
-            arrived = 0
-        else:
-            arrived = tl.atomic_add(counts_ptr + row * H + head, 1, sem="acq_rel")
-        if arrived == NS - 1:
+        # The last part of (row, head) to arrive moves the q/k columns on (every part has read them)
+        # and norms the whole head.
+        if _arrive(counts_ptr + row * H + head, NS) == NS - 1:
             _finish_head(row_mixed, window, squares_ptr + row * HV * NSP, out_ptr + row * HV * DV, norm_ptr,
                          z_ptr + row * stride_z, head, eps, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
             if NS > 1:
                 tl.store(counts_ptr + row * H + head, 0)  # ready for the next layer or step
+
+    @triton.jit
+    def _arrive(count_ptr, NS: tl.constexpr):
+        """How many of a (row, head)'s parts arrived before this one (0 to NS-1). The first barrier
+        puts every thread's stores before the counter's increment (one thread's atomic, release); the
+        second extends that thread's acquire to all the program's threads (Triton's broadcast of a
+        scalar atomic's result syncs them too, but that is its lowering, not its semantics), so the
+        other parts' stores are visible to every thread of the last."""
+        tl.debug_barrier()
+        if NS == 1:
+            arrived = 0
+        else:
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+            tl.debug_barrier()
+        return arrived
 
     @triton.jit
     def _finish_head(row_mixed, window, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, H: tl.constexpr,
@@ -331,7 +342,8 @@ def _value_block(value_dim: int) -> int:
     """Value columns a `decode_step` program takes: 32 (4 warps). Measured on the H200 at Qwen3.5's
     heads (one-off sweep, docs/engine.md): parts of 32 beat the head's 128 in one program at 1 and 8
     rows (4.6 against 7.1 us a layer, 9.6 against 11.5) and tie with a loop over blocks of 32 at 64
-    rows (52.5 against 52.4); parts of 16 or 64, or 2 or 8 warps, were no better anywhere."""
+    rows (52.5 against 52.4). Parts of 64 tied at 8 rows and were 3% quicker at 64 (50.9) but slower
+    at 1 row (5.1); parts of 16 (2 warps) and of 64 on 8 warps were slower."""
     return min(32, triton.next_power_of_2(value_dim))
 
 
