@@ -3,7 +3,8 @@ rule (prompt rows), the decode step's one fused kernel, the in-place recurrent k
 step's decode rows and the conv of eager steps (`gdn_kernels.py`) against the torch arithmetic of
 the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (the
 rows' slots updated in place) against the eager step; greedy tokens against the CPU reference;
-and the qwen3_5 plan at spec dims on its decode graphs. Skipped without a GPU (and, for the kernel
+and the qwen3_5 plan at spec dims on its decode graphs; the fused kernel's parts and their arrival
+counters over many layers and steps. Skipped without a GPU (and, for the kernel
 checks, without fla-core)."""
 import copy
 import sys
@@ -159,6 +160,48 @@ def test_fused_decode_step_matches_torch_and_the_reference(num_heads, num_value_
                         states.ssm[0][1:].clone()))
     assert _rel(outputs[1][0], outputs[0][0]) < 1e-2
     assert _rel(outputs[1][1], outputs[0][1]) < 1e-3
+
+
+@pytest.mark.parametrize("num_heads, num_value_heads, rows", [(16, 16, 62), (4, 8, 6)], ids=["qwen3_5", "grouped"])
+def test_decode_step_parts_share_one_counts_over_layers_and_steps(num_heads, num_value_heads, rows):
+    """The kernel's arrival counters under load: 4 layers x 25 steps of `rows` rows and two padding
+    rows on the sink, all sharing one `counts` (as a decode graph's layers do; PDL as configured),
+    in parts of 32 value columns against one part of all 128 (no counter): the counters end zero,
+    the stored conv columns equal, states and outputs within fp32 / bf16 rounding."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    taps, dim, layers, steps = 4, 128, 4, 25
+    channels = 2 * num_heads * dim + num_value_heads * dim
+    weight = (torch.randn(channels, taps, device="cuda", generator=gen) * 0.5).bfloat16()
+    a_log = torch.randn(num_value_heads, device="cuda", generator=gen) * 0.5
+    dt_bias = torch.randn(num_value_heads, device="cuda", generator=gen)
+    norm_weight = torch.randn(dim, device="cuda", generator=gen).bfloat16()
+    slots = torch.cat([torch.randperm(rows, generator=torch.Generator().manual_seed(1)) + 1,
+                       torch.zeros(2, dtype=torch.long)]).cuda()
+    conv0 = torch.randn(layers, rows + 1, channels, taps - 1, device="cuda", generator=gen)
+    state0 = torch.randn(layers, rows + 1, num_value_heads, dim, dim, device="cuda", generator=gen) * 0.1
+    results = []
+    for block_v in (128, 32):
+        conv, state = conv0.clone(), state0.clone()
+        counts = torch.zeros((rows + 2) * num_heads, dtype=torch.int32, device="cuda")
+        inputs = torch.Generator(device="cuda").manual_seed(2)
+        outs = []
+        for _ in range(steps):
+            for layer in range(layers):
+                proj = torch.randn(rows + 2, channels + num_value_heads * (dim + 2), device="cuda",
+                                   generator=inputs).bfloat16()
+                mixed, z, b, a = proj.split([channels, num_value_heads * dim, num_value_heads, num_value_heads], 1)
+                outs.append(gdn_kernels.decode_step(mixed, z, b, a, conv[layer], weight, a_log, dt_bias, state[layer],
+                                                    slots, norm_weight, 1e-6, num_heads, block_v=block_v,
+                                                    counts=counts)[:rows])
+        torch.cuda.synchronize()
+        results.append((torch.stack(outs), conv[:, 1:], state[:, 1:], counts))
+    (one_out, one_conv, one_state, _), (parts_out, parts_conv, parts_state, counts) = results
+    assert not counts.any()
+    assert torch.equal(parts_conv, one_conv)
+    assert (parts_state - one_state).abs().max().item() < 1e-4
+    assert _rel(parts_out, one_out) < 1e-2
 
 
 def test_decode_rows_of_a_mixed_step_compute_as_in_a_decode_only_step():
