@@ -376,14 +376,9 @@ class StepExecutor:
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         graphs, attention = self.graphs, self.attention
         assert graphs is not None and attention is not None, "bucket() picks a graph only once captured"
-        is_planned = attention.plans_decode(batch)  # FlashInfer's wrapper; the Triton kernel plans nothing
-        if is_planned:
-            self._wait_previous_inputs()
-            attention.plan_decode(batch, packed)
+        self._plan_decode_graph(batch, packed)
         host = attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
         self._stage(host, attention.staged[batch][:host.shape[0]])
-        if is_planned:
-            self._planned()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
@@ -568,12 +563,19 @@ class StepExecutor:
         graphs, attention, packer = self.graphs, self.attention, self.packer
         assert graphs is not None and attention is not None and packer is not None, "bucket() picks a captured graph"
         inputs = packer.launch(glue, step, data, batch, self._graph_out[batch], self.loop_tokens)
-        if attention.plans_decode(batch):  # FlashInfer's wrapper; the Triton kernel plans nothing
-            self._wait_previous_inputs()
-            attention.plan_decode(batch, step)
-            self._planned()
+        self._plan_decode_graph(batch, step)
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], inputs
+
+    def _plan_decode_graph(self, batch: int, indices: "Indices") -> None:
+        """The decode graph's FlashInfer plan for this step, after the previous plan's copies; a
+        graph on the Triton kernel plans nothing, so it neither waits nor records."""
+        attention = self.attention
+        assert attention is not None, "a decode graph is captured with its attention"
+        if attention.plans_decode(batch):
+            self._wait_previous_inputs()
+            attention.plan_decode(batch, indices)
+            self._planned()
 
     def _glue_piecewise(self, glue: KeyGlue, step: GlueStep, data: torch.Tensor, bucket: int, num_decode: int
                         ) -> tuple[torch.Tensor, torch.Tensor, RowInputs]:
