@@ -107,13 +107,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "attention", "load", "engine", "kv",
-                                         "serve"),
+                                         "serve", "gdn"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; runner: the GPU fast path's host work per decode "
                             "step (device stubbed, any machine); attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
                             "kv: decode latency beside a long prompt, chunked or whole; "
-                            "serve: load an OpenAI-compatible server over HTTP")
+                            "serve: load an OpenAI-compatible server over HTTP; gdn: the gated delta-net decode "
+                            "kernel's value parts against other widths on a GPU")
     return parser
 
 
@@ -631,6 +632,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_serve
 
         return bench_serve.main(argv[2:])
+    if argv[:2] == ["bench", "gdn"]:
+        from mstar.runtime.engine.gpu import bench_gdn
+
+        return bench_gdn.main(argv[2:])
     if argv[:2] == ["bench", "engine"]:
         from mstar.runtime.engine.gpu import bench
 

@@ -26,8 +26,9 @@ ROWS = (1, 4, 8, 16, 64)
 LAYERS = 16  # layer calls in one graph, each over its own layer's pages
 
 
-def _graph_us(calls: Callable[[], object], iters: int) -> float:
-    """Per layer call: the replays of a graph of LAYERS calls, timed with CUDA events (median)."""
+def graph_us(calls: Callable[[], object], iters: int, num_calls: int = LAYERS) -> float:
+    """Per layer call: the replays of a graph of `calls` (`num_calls` layer calls), timed with CUDA
+    events (median)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -44,7 +45,7 @@ def _graph_us(calls: Callable[[], object], iters: int) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / LAYERS)
+        times.append(start.elapsed_time(end) * 1000.0 / num_calls)
     return statistics.median(times)
 
 
@@ -117,7 +118,7 @@ def _flashinfer_us(q: torch.Tensor, cache: torch.Tensor, csr: tuple, outs: dict,
         def run_wrapper(k_pages: torch.Tensor, v_pages: torch.Tensor, w=wrapper) -> torch.Tensor:
             return w.run(q, (k_pages, v_pages))
 
-        times[label] = _graph_us(_layer_calls(run_wrapper, cache, outs, label), iters)
+        times[label] = graph_us(_layer_calls(run_wrapper, cache, outs, label), iters)
     return times
 
 
@@ -129,7 +130,7 @@ def _triton_us(shape: decode_attention.DecodeShape, q: torch.Tensor, cache: torc
     def triton(k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         return decode_attention.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial)
 
-    return _graph_us(_layer_calls(triton, cache, outs, "triton"), iters)
+    return graph_us(_layer_calls(triton, cache, outs, "triton"), iters)
 
 
 def run(iters: int, context: int, heads: tuple[int, int, int], is_spread: bool = False,
