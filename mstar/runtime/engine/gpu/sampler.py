@@ -1,7 +1,8 @@
 """Token sampling on the device for a whole step: greedy, or temperature with top-p, per-row seeds.
 
 In: logits `[R, vocab]` (any float dtype; the arithmetic is fp32), per row a temperature (0 =
-greedy), top_p, seed and counter (the number of tokens the request has sampled on the node). Out: token ids `[R]` (int64), on the device.
+greedy), top_p, seed and counter (the number of tokens the request has sampled on the node).
+Out: token ids `[R]` (int64), on the device.
 
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
 on its own request only (not on its neighbours, nor on a generator's state that a CUDA graph could
