@@ -11,14 +11,15 @@ allocator growth measured at capture (`mstar bench engine`: the Llama-3.2-1B dec
 
     graphs      one per key: batched -> each batch size b (b x tokens_per_row tokens);
                 packed -> each (batch size b, token bucket t) pair (t tokens, b rows)
-    per graph   what each graph keeps as its outputs after capture: its fp32 logits for
-                sampling and its greedy ids (rows x (vocab x 4 + 8) bytes, nodes with a vocab
-                only) and its output hidden states (tokens x hidden x 2 bytes); a packed family
-                keeps one such buffer for all its keys (below)
+    per graph   what each graph keeps as its outputs after capture: its bf16 logits (the
+                sampler computes in fp32 from them) and its greedy ids (rows x (vocab x 2 + 8)
+                bytes, nodes with a vocab only) and its output hidden states (tokens x hidden x 2
+                bytes); a packed family keeps one such buffer for all its keys (below)
     shared      pool blocks the largest key uses while it runs, which smaller graphs reuse: the
                 activations of one layer (max_tokens x (ACTIVATION_FACTOR x hidden
-                + MLP_FACTOR x intermediate) x 2 bytes) and the bf16 logits before their fp32
-                cast (max_rows x vocab x 2 bytes)
+                + MLP_FACTOR x intermediate) x 2 bytes); in a packed family (whole or piecewise)
+                also the largest key's own logits before their copy into the family's one
+                buffer (max_rows x vocab x 2 bytes)
     recurrent   a node with a `state recurrent(...)` (gated delta-net layers): the largest key's
                 rows' scratch in one layer (engine/gpu/gdn_forward.py), shared like the
                 activations: the rule's output and its normed copy in fp32
@@ -39,7 +40,7 @@ No key's replay interleaves with another's, so every key's values live in the sh
 the largest key, and two terms change:
 
     per graph   none per key: every key's last piece copies its outputs into one buffer of the
-                largest key (its fp32 logits and greedy ids, max_rows x (vocab x 4 + 8) bytes, and
+                largest key (its bf16 logits and greedy ids, max_rows x (vocab x 2 + 8) bytes, and
                 its output hidden states, max_tokens x hidden x 2 bytes), once
     boundary    the queries and the attention output at fixed addresses that the eager attention
                 reads and writes between pieces, sized by the largest key's tokens and shared by
@@ -56,7 +57,7 @@ own logits then): 1192 MiB against 1364 MiB estimated by the earlier per-bucket 
 A packed family captured whole (engine/gpu/packed_graphs.py: a graph per key, attention inside)
 is held the same way: its keys are captured largest first in one pool and never replay at once, and
 every key copies its logits into one buffer of the largest batch; so its per-graph term is that one
-output buffer (max_rows x (vocab x 4 + 8) bytes and max_tokens x hidden x 2 bytes), without the
+output buffer (max_rows x (vocab x 2 + 8) bytes and max_tokens x hidden x 2 bytes), without the
 piecewise boundary. Its shared term is modelled on what a step of the largest key keeps alive at
 its peak and on how the pool's segments hold it:
 
@@ -90,7 +91,7 @@ from mstar.plan.node_args import MLP_WIDTH_PER_HIDDEN
 
 MIB = 1024 * 1024
 ACTIVATION_BYTES = 2  # bf16 activations
-LOGIT_BYTES = 4  # fp32 logits for the sampler
+LOGIT_BYTES = 2  # bf16 logits (engine/gpu/forward.py); the sampler upcasts
 TOKEN_ID_BYTES = 8  # a graph's greedy ids (int64)
 # Hidden-sized tensors alive at once inside one layer's step (residual, normed input, q/k/v,
 # attention output, its projection), shared across layers through the graph pool.
@@ -154,8 +155,10 @@ def estimate_family_bytes(node: ast.NodeDecl, capture: ast.CaptureDecl, tp_size:
     is_whole_packed = capture.family == "packed" and not capture.is_piecewise
     activations = (_whole_step_peak(node, hidden, intermediate) * POOL_SLACK if is_whole_packed
                    else ACTIVATION_FACTOR * hidden + MLP_FACTOR * intermediate)
-    shared = (int(max_tokens * activations) * ACTIVATION_BYTES
-              + max_rows * vocab * ACTIVATION_BYTES + max_rows * _recurrent_row_bytes(node))
+    # A batched graph's logits are its output (per graph, below); a packed key's are copied out.
+    copied_logits = max_rows * vocab * LOGIT_BYTES if capture.family == "packed" else 0
+    shared = (int(max_tokens * activations) * ACTIVATION_BYTES + copied_logits
+              + max_rows * _recurrent_row_bytes(node))
     logit_row = vocab * LOGIT_BYTES + TOKEN_ID_BYTES if vocab else 0
     if capture.is_piecewise:
         per_graph = (max_tokens * (hidden + 2 * _boundary_width(node, hidden)) * ACTIVATION_BYTES

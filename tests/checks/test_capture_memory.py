@@ -142,9 +142,9 @@ def test_packed_estimates_hold_one_step_of_the_largest_key():
     assert capture_memory.num_graphs(piecewise) == capture_memory.num_graphs(whole) == 9
     whole_bytes = capture_memory.estimate_family_bytes(node, whole, 1)
     piecewise_bytes = capture_memory.estimate_family_bytes(node, piecewise, 1)
-    logit_row = 1000 * 4 + 8
+    logit_row = 1000 * 2 + 8  # bf16 logits and the greedy ids
     outputs = 256 * 2048 * 2 + 4 * logit_row  # one output buffer of the largest key (256 tokens, 4 rows)
-    logits = 4 * 1000 * 2  # the largest key's bf16 logits before their fp32 cast
+    logits = 4 * 1000 * 2  # the largest key's bf16 logits before their copy into the buffer
     boundary = 2 * 256 * 32 * 64 * 2  # queries + attention output of 256 tokens x 32 heads x 64
     layer = 256 * (6 * 2048 + 3 * 8192) * 2  # one layer's activations (the batched families' term)
     workspace = capture_memory.CAPTURE_WORKSPACE_BYTES

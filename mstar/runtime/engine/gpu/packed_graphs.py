@@ -338,7 +338,7 @@ class PackedGraphs:
         ids, positions, slots, src, last_index, _ = self.inputs[key].split([tokens] * NUM_TOKEN_FIELDS + [rows] * 2)
         logits = self.forward(fed_ids(ids, src, self.loop_tokens), positions, slots, last_index, self._attend(key))
         if self.logits is None:  # the first warm-up, outside every graph (a TP rank's logits: the whole vocabulary)
-            self.logits = torch.zeros(self.max_rows, logits.shape[1], dtype=torch.float32, device=self.device)
+            self.logits = torch.zeros(self.max_rows, logits.shape[1], dtype=logits.dtype, device=self.device)
         self.logits[:rows].copy_(logits)
         self.forward.greedy(self.logits[:rows], out=self.greedy[:rows])
 

@@ -75,7 +75,7 @@ class PiecewiseGraphs:
         ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, attend)
         if self.logits is None:  # the first warm-up, outside every graph
-            self.logits = torch.zeros(logits.shape, dtype=torch.float32, device=self.device)
+            self.logits = torch.zeros(logits.shape, dtype=logits.dtype, device=self.device)
         self.logits.copy_(logits)
         self.forward.greedy(self.logits, out=self.greedy)
 

@@ -1,7 +1,8 @@
 """Token sampling on the device for a whole step: greedy, or temperature with top-p, per-row seeds.
 
-In: logits `[R, vocab]` (fp32), per row a temperature (0 = greedy), top_p, seed and counter (the
-number of tokens the request has sampled on the node). Out: token ids `[R]` (int64), on the device.
+In: logits `[R, vocab]` (any float dtype; the arithmetic is fp32), per row a temperature (0 =
+greedy), top_p, seed and counter (the number of tokens the request has sampled on the node).
+Out: token ids `[R]` (int64), on the device.
 
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
 on its own request only (not on its neighbours, nor on a generator's state that a CUDA graph could
@@ -40,6 +41,7 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> t
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
            counters: torch.Tensor) -> torch.Tensor:
     """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax."""
+    logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
     is_sampled = temperature > 0
     scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
