@@ -160,7 +160,6 @@ def test_device_sampling_is_seeded_per_row_and_follows_top_p():
     assert float(u.min()) > 0 and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.02
 
 
-
 def test_device_sampling_of_bf16_logits_is_that_of_their_fp32_copy():
     """A GPU step's logits come in bf16 (forward.py): the sampler computes in fp32 from them, so
     bf16 logits sample exactly what their fp32 copy does (greedy and drawn rows, every counter)."""
@@ -171,6 +170,7 @@ def test_device_sampling_of_bf16_logits_is_that_of_their_fp32_copy():
         counters = torch.full((4,), counter)
         assert torch.equal(sample(logits, temperature, top_p, seeds, counters),
                            sample(logits.float(), temperature, top_p, seeds, counters))
+
 
 def test_fast_path_reasons():
     plan = llm_plan()

@@ -1,6 +1,6 @@
 """`mstar bench gdn`: the decode step's gated delta-net layer (`gdn_kernels.decode_step`, what a
 decode graph runs between a linear layer's two matrix products) per layer call on a GPU, at a plan's
-dims (default Qwen3.5's), in parts of the kernel's value block (`_value_block`) against other part
+dims (default Qwen3.5's), in parts of the kernel's value block (`value_block`) against other part
 widths: by default one program a (row, q/k head) over all of d_v (one part, no arrival counter) and
 parts of 64. Each variant runs as one CUDA graph of the node's linear layers (each its own conv
 windows and states, rows in slots 1..R, the arrival counters zeroed once a replay as
@@ -66,6 +66,11 @@ class LayerCall:
         return gdn_kernels.decode_step(**self.shared, **self.layer, eps=shape.eps, num_heads=shape.num_heads,
                                        block_v=block_v, counts=counts)
 
+    def zero_counts(self, shape: GdnShape) -> torch.Tensor:
+        """Arrival counters for the step's rows (`decode_step`'s `counts`), all zero."""
+        mixed = self.shared["mixed"]
+        return torch.zeros(mixed.shape[0] * shape.num_heads, dtype=torch.int32, device=mixed.device)
+
     def cloned(self) -> "LayerCall":
         return LayerCall(self.shared, {name: x.clone() for name, x in self.layer.items()})
 
@@ -93,8 +98,7 @@ def layer_calls(shape: GdnShape, rows: int, device: torch.device, seed: int = 0)
 def compare(shape: GdnShape, call: LayerCall, blocks: Sequence[int], reference_block: int) -> dict[int, dict]:
     """Per block width: the largest differences of one call's output and state from the reference
     width's, from the same states, and whether the conv windows came out equal."""
-    counts = torch.zeros(call.shared["mixed"].shape[0] * shape.num_heads, dtype=torch.int32,
-                         device=call.shared["mixed"].device)
+    counts = call.zero_counts(shape)
     reference = call.cloned()
     expected = reference.run(shape, reference_block, counts).float()
     differences = {}
@@ -112,8 +116,7 @@ def compare(shape: GdnShape, call: LayerCall, blocks: Sequence[int], reference_b
 def _variant_us(shape: GdnShape, calls: list[LayerCall], block_v: int, iters: int) -> float:
     from mstar.runtime.engine.gpu.bench_decode_attention import graph_us
 
-    counts = torch.zeros(calls[0].shared["mixed"].shape[0] * shape.num_heads, dtype=torch.int32,
-                         device=calls[0].shared["mixed"].device)
+    counts = calls[0].zero_counts(shape)
 
     def step() -> None:
         counts.zero_()  # once a step, as LinearStep.counts
@@ -129,7 +132,7 @@ def run(shape: GdnShape, blocks: Sequence[int], iters: int) -> dict:
 
     device = torch.device("cuda")
     rate = copy_bandwidth()
-    own = gdn_kernels._value_block(shape.value_dim)
+    own = gdn_kernels.value_block(shape.value_dim)
     others = [block for block in dict.fromkeys(blocks) if block != own]
     cases = {}
     for rows in ROWS:

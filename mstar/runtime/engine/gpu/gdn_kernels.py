@@ -294,7 +294,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     mixed `[R, C]` ([q|k|v]), z `[R, HV*d_v]`, b and a `[R, HV]` (each any row stride: views of the
     in-projection's output), conv_state `[S, C, K-1]` and state `[S, HV, d_k, d_v]` fp32 (updated in
     the rows' slots), conv_weight `[C, K]`, a_log, dt_bias `[HV]`, slots `[R]`, norm_weight `[d_v]`
-    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program takes (0: `_value_block`);
+    -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program takes (0: `value_block`);
     counts: int32 zeros of at least R x H entries, left zero (the parts' arrival counters; one a step
     serves all its layers: `LinearStep.counts`), None: new zeros."""
     rows, channels = mixed.shape
@@ -310,7 +310,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
         counts = torch.zeros(rows * num_heads, dtype=torch.int32, device=mixed.device)
     if counts.dtype != torch.int32 or counts.numel() < rows * num_heads:
         raise ValueError(f"decode_step: counts must be int32 zeros of at least {rows * num_heads} entries")
-    block_v = block_v or _value_block(value_dim)
+    block_v = block_v or value_block(value_dim)
     parts = triton.cdiv(value_dim, block_v)
     squares = torch.empty((rows, value_heads, triton.next_power_of_2(parts)), dtype=torch.float32, device=mixed.device)
     _decode_step_kernel[(rows, num_heads, parts)](
@@ -338,7 +338,7 @@ def _check_decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a:
             raise ValueError(f"decode_step updates a contiguous fp32 {name} in place")
 
 
-def _value_block(value_dim: int) -> int:
+def value_block(value_dim: int) -> int:
     """Value columns a `decode_step` program takes: 32 (4 warps). Measured on the H200 at Qwen3.5's
     heads (one-off sweep, docs/engine.md): parts of 32 beat the head's 128 in one program at 1 and 8
     rows (4.6 against 7.1 us a layer, 9.6 against 11.5) and tie with a loop over blocks of 32 at 64
