@@ -159,3 +159,35 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
                 running.discard(row.request_id)
                 engine.end_request(row.request_id)
     raise AssertionError("generate did not finish")
+
+
+def held_row_tokens(engine, prefill_walk: str, launch_ahead: bool) -> list[list[int]]:
+    """Requests a and b of `engine`'s LLM decode; with `launch_ahead` a step is launched ahead for
+    both, then the run loop runs b alone (a held: its request goes on), then both, twice. Each
+    step's tokens: a's must not see the step launched ahead (its KV write past the sequence is
+    overwritten, a hybrid's state copy undone)."""
+    from mstar.runtime.conductor.request import Request
+
+    engine.add_request("a", Request(id="a", prompt_tokens=[4, 5, 6], max_tokens=20))
+    engine.add_request("b", Request(id="b", prompt_tokens=[8, 2], max_tokens=20))
+
+    def run(walk: str, rows: list[StepRow]) -> list[int]:
+        worker = engine.plan.workers[0]
+        key = next(k for k in worker.keys if k.name == worker.walk_to_key[f"LLM/{walk}"])
+        mask = next(m for m, entry in enumerate(key.mixtures) if entry and entry.walks == [walk])
+        entry = key.mixtures[mask]
+        result = engine.wait(engine.launch(Step(0, key.name, "LLM", mask, entry.label, rows, entry.attention)))
+        assert all(row.error is None for row in result.rows), result.rows
+        return [int(row.outputs["new_token"][0]) for row in result.rows]
+
+    tokens = [run(prefill_walk, [StepRow("a", prefill_walk, 3, 0, {"text_inputs": [4, 5, 6]}),
+                                 StepRow("b", prefill_walk, 2, 0, {"text_inputs": [8, 2]})])]
+    both = [StepRow("a", "decode", 1, 0, {}), StepRow("b", "decode", 1, 0, {})]
+    tokens.append(run("decode", both))
+    if launch_ahead:  # the run loop speculates a and b; then only b runs
+        runner = engine.runners["LLM"]
+        num_ahead = runner.num_ahead_rows
+        engine.launch_ahead(0, "LLM", [("a", "decode"), ("b", "decode")])
+        assert runner.num_ahead_rows == num_ahead + 2
+    tokens.append(run("decode", [StepRow("b", "decode", 1, 0, {})]))
+    return tokens + [run("decode", both), run("decode", both)]

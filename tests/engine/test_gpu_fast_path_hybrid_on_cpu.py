@@ -109,17 +109,6 @@ def test_chunked_prompt_beside_decode_rows_and_the_device_loop_back():
     assert _chunked_run(fast_engine(plan), is_device_loop_back=True) == expected
 
 
-def test_a_hybrid_does_not_run_ahead():
-    """A step launched ahead that nobody claims would have moved its rows' states one token on."""
-    plan = hybrid()
-    engine = TorchEngine(plan)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, 64, 4096, 0, CPU, None, is_flashinfer=False,
-                              can_run_ahead=True, slots=SlotPool("LLM", NUM_SLOTS))
-    assert not runner.can_run_ahead
-
-
 def test_a_slot_is_zeroed_for_the_next_request():
     """A finished request's slot, taken again, starts from zero history: same tokens as alone."""
     plan = hybrid()
@@ -172,12 +161,12 @@ def test_a_layer_equals_the_reference_in_any_mix_of_rows(counts):
         states = _clone(_states(layer))
         forward = GdnForward([layer], states)
         cu = np.array([0] + [end for _, end in bounds])
-        layout = linear_layout(cu, np.array(slots), layer.conv_kernel)
+        layout = linear_layout(cu, layer.conv_kernel)
         if layout is None:
-            step_rows = LinearStep.decode(torch.tensor(slots))
+            step_rows = LinearStep.of(torch.tensor(slots), states)
         else:
             data = torch.from_numpy(layout.host)
-            step_rows = layout.on_device(data, torch.tensor(slots))
+            step_rows = layout.on_device(data, torch.tensor(slots), states)
         got = forward(0, x, step_rows)
     assert (layout is None) == all(c == 1 for c in counts)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -191,7 +180,7 @@ def test_padding_rows_touch_only_the_sink_slot():
     before = _clone(states)
     x = torch.randn(4, 32)
     with torch.no_grad():
-        GdnForward([layer], states)(0, x, LinearStep.decode(torch.tensor([3, 0, 0, 0])))
+        GdnForward([layer], states)(0, x, LinearStep.of(torch.tensor([3, 0, 0, 0]), states))
     for slot in (1, 2, 4, 5):
         assert torch.equal(states.ssm[0][slot], before.ssm[0][slot])
         assert torch.equal(states.conv[0][slot], before.conv[0][slot])
@@ -200,12 +189,12 @@ def test_padding_rows_touch_only_the_sink_slot():
 
 def test_layout_of_a_mixed_step():
     """Conv taps of a 1-token row read its stored columns; a 5-token row's last taps its own tokens."""
-    layout = linear_layout(np.array([0, 1, 6]), np.array([7, 3]), 4)
-    conv, state, dec_tok, dec_slot, pre_tok, pre_cu, pre_slot = np.split(layout.host, np.cumsum(layout.sizes)[:-1])
+    layout = linear_layout(np.array([0, 1, 6]), 4)
+    conv, state, dec_tok, dec_row, pre_tok, pre_cu, pre_row = np.split(layout.host, np.cumsum(layout.sizes)[:-1])
     conv = conv.reshape(6, 4)
     # columns: row 0's stored 0..2, row 1's stored 3..5, then the 6 tokens at 6..11
     assert conv[0].tolist() == [0, 1, 2, 6]
     assert conv[1].tolist() == [3, 4, 5, 7] and conv[5].tolist() == [8, 9, 10, 11]
     assert state.reshape(2, 3).tolist() == [[1, 2, 6], [9, 10, 11]]
-    assert dec_tok.tolist() == [0] and dec_slot.tolist() == [7]
-    assert pre_tok.tolist() == [1, 2, 3, 4, 5] and pre_cu.tolist() == [0, 5] and pre_slot.tolist() == [3]
+    assert dec_tok.tolist() == [0] and dec_row.tolist() == [0]
+    assert pre_tok.tolist() == [1, 2, 3, 4, 5] and pre_cu.tolist() == [0, 5] and pre_row.tolist() == [1]

@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "40 passed")
+    run_child(__file__, "42 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -113,7 +113,7 @@ def test_causal_conv_matches_the_torch_gather(interpreted):
 
     torch.manual_seed(0)
     channels, taps = 40, 4
-    layout = linear_layout(np.array([0, 1, 3, 9]), np.array([1, 2, 3]), taps)
+    layout = linear_layout(np.array([0, 1, 3, 9]), taps)
     index = torch.from_numpy(layout.host[:layout.sizes[0]]).long().view(9, taps)
     stored = torch.randn(3 * (taps - 1), channels)
     mixed = torch.randn(9, channels + 8)[:, :channels]  # a view with a row stride, as the projection's
@@ -170,7 +170,7 @@ def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v,
     h = torch.randn(4, 48).to(dtype)
     reference = GdnForward([copy.deepcopy(layer)], before)
     reference.is_fused = False
-    expected = reference(0, h, LinearStep.decode(slots))
+    expected = reference(0, h, LinearStep.of(slots, before))
     fused = GdnForward([layer], states)
     proj = torch.nn.functional.linear(h, fused.weights[0])
     value_width = layer.num_value_heads * layer.value_dim
@@ -210,7 +210,7 @@ def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     layer, states = _gdn_layer(torch.bfloat16)
     forward = GdnForward([layer], states)
     forward.is_fused = True
-    step = LinearStep.decode(torch.tensor([3, 1, 0, 0]))
+    step = LinearStep.of(torch.tensor([3, 1, 0, 0]), states)
     h = torch.randn(4, 48).to(torch.bfloat16)
     launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
     assert launches == {"aten.mm": 2, "_decode_step_kernel": 1, "aten.zeros": 1}, launches
@@ -242,6 +242,59 @@ def test_decode_recurrent_step_matches_the_torch_rule(interpreted):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(state, expected_state, rtol=1e-4, atol=1e-4)
 
+
+
+def test_decode_step_kernel_writes_the_other_copy(interpreted):
+    """With two copies of each slot (`LinearStates` versions=2) the decode step's kernel reads the
+    rows' current copies, leaves them as they were and writes the others with what the in-place
+    kernel leaves in the slot; the rows' bits flip (`gdn_kernels.step_slots`, the kernel too)."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    layer, one = _gdn_layer(torch.bfloat16)
+    two = LinearStates.zeros(1, 6, layer.conv_dim, layer.conv_kernel, layer.num_value_heads, layer.key_dim,
+                             layer.value_dim, versions=2)
+    assert two.version is not None
+    two.version[1] = 1  # slot 1's current copy is its second one
+    for got, old in zip(two.conv + two.ssm, one.conv + one.ssm):
+        got[:6] = old
+        got[7] = old[1]
+        got[1] = float("nan")  # slot 1's other copy: written over, never read
+    before = [t.clone() for t in two.conv + two.ssm]
+    slots = torch.tensor([3, 1, 0, 0])
+    read, write = gdn_kernels.step_slots(slots, two.version)
+    assert read.tolist()[:2] == [3, 7] and write.tolist()[:2] == [9, 1] and two.version[[1, 3]].tolist() == [0, 1]
+    proj = torch.nn.functional.linear(torch.randn(4, 48).to(torch.bfloat16), torch.cat(
+        [layer.in_proj_qkv.weight, layer.in_proj_z.weight, layer.in_proj_b.weight, layer.in_proj_a.weight]))
+    width = layer.num_value_heads * layer.value_dim
+    mixed, z, b, a = proj.split([layer.conv_dim, width, layer.num_value_heads, layer.num_value_heads], dim=-1)
+    args = (mixed, z, b, a)
+    weights = (layer.conv1d.weight[:, 0, :], layer.A_log, layer.dt_bias)
+    in_place = gdn_kernels.decode_step(*args, one.conv[0], *weights, one.ssm[0], slots, layer.norm.weight,
+                                       layer.eps, layer.num_heads)
+    got = gdn_kernels.decode_step(*args, two.conv[0], *weights, two.ssm[0], read, layer.norm.weight, layer.eps,
+                                  layer.num_heads, write_slots=write)
+    assert torch.equal(got[:2], in_place[:2])
+    for tensor, old, expected in zip(two.conv + two.ssm, before, one.conv + one.ssm):
+        assert torch.equal(tensor[[3, 7]], old[[3, 7]])  # the copies read
+        assert torch.equal(tensor[[9, 1]], expected[[3, 1]])  # the copies written
+
+
+def test_recurrent_step_kernel_writes_the_other_copy(interpreted):
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    torch.manual_seed(0)
+    rows, heads, value_heads, key_dim, value_dim = 2, 2, 4, 16, 32
+    q, k = torch.randn(rows, heads, key_dim), torch.randn(rows, heads, key_dim)
+    v = torch.randn(rows, value_heads, value_dim)
+    g, beta = -torch.rand(rows, value_heads), torch.rand(rows, value_heads)
+    state = torch.randn(8, value_heads, key_dim, value_dim)
+    in_place = state.clone()
+    expected = gdn_kernels.recurrent_step(q, k, v, g, beta, in_place, torch.tensor([1, 2]))
+    before = state.clone()
+    got = gdn_kernels.recurrent_step(q, k, v, g, beta, state, torch.tensor([1, 2]), write_slots=torch.tensor([5, 6]))
+    assert torch.equal(got, expected)
+    assert torch.equal(state[:5], before[:5]) and torch.equal(state[7], before[7])
+    assert torch.equal(state[[5, 6]], in_place[[1, 2]])
 
 @pytest.mark.parametrize("is_decode", [False, True], ids=["prompts", "decode"])
 @pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
@@ -275,7 +328,7 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_deco
         ids, positions, slots, _, last_index, row_slot = data.split(packed.field_sizes())
         layout = forward.linear_layout(packed)
         linear = (forward.decode_step(row_slot) if layout is None
-                  else layout.on_device(torch.from_numpy(layout.host), row_slot))
+                  else forward.eager_linear_step(layout, torch.from_numpy(layout.host), row_slot))
         attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                               packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
         logits = forward(ids.long(), positions, slots, last_index, attend, linear)

@@ -3,9 +3,9 @@ rule (prompt rows), the decode step's one fused kernel, the in-place recurrent k
 step's decode rows and the conv of eager steps (`gdn_kernels.py`) against the torch arithmetic of
 the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (the
 rows' slots updated in place) against the eager step; greedy tokens against the CPU reference;
-and the qwen3_5 plan at spec dims on its decode graphs; the fused kernel's parts and their arrival
-counters over many layers and steps. Skipped without a GPU (and, for the kernel
-checks, without fla-core)."""
+and the qwen3_5 plan at spec dims on its decode graphs, with and without running ahead (two copies
+of each state slot); the fused kernel's parts and their arrival counters over many layers and
+steps. Skipped without a GPU (and, for the kernel checks, without fla-core)."""
 import copy
 import sys
 from pathlib import Path
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from engine_plans import LLM_DIMS, generate, llm_plan  # noqa: E402
+from engine_plans import LLM_DIMS, generate, held_row_tokens, llm_plan  # noqa: E402
 
 from mstar.plan.io import load_plan  # noqa: E402
 from mstar.plan.schema import RecurrentState  # noqa: E402
@@ -93,10 +93,10 @@ def test_fla_kernels_match_torch_and_the_reference(counts):
         assert forward.kernels is not None and forward.is_fused
         if not use_fla:  # fla's rule and the Triton conv off: torch ops throughout
             forward.kernels, forward.is_fused = None, False
-        layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), np.array(slots), 4)
+        layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), 4)
         slot_tensor = torch.tensor(slots, device="cuda")
-        step = (LinearStep.decode(slot_tensor) if layout is None
-                else layout.on_device(torch.from_numpy(layout.host).cuda(), slot_tensor))
+        step = (LinearStep.of(slot_tensor, states) if layout is None
+                else layout.on_device(torch.from_numpy(layout.host).cuda(), slot_tensor, states))
         with torch.no_grad():
             out = forward(0, x.to("cuda", torch.bfloat16), step)
         torch.cuda.synchronize()
@@ -134,7 +134,7 @@ def test_fused_decode_step_matches_torch_and_the_reference(num_heads, num_value_
         forward = GdnForward([layer], states)
         forward.is_fused = is_fused
         with torch.no_grad():
-            out = forward(0, x.to("cuda", torch.bfloat16), LinearStep.decode(slot_tensor))[:3]
+            out = forward(0, x.to("cuda", torch.bfloat16), LinearStep.of(slot_tensor, states))[:3]
         torch.cuda.synchronize()
         results.append((out, states))
     (fused_out, fused_states), (torch_out, torch_states) = results
@@ -215,11 +215,11 @@ def test_decode_rows_of_a_mixed_step_compute_as_in_a_decode_only_step():
     for counts, slots in (([1, 1], [3, 7]), ([1, 70, 1], [3, 5, 7])):
         states = _states(reference, torch.device("cuda"))
         forward = GdnForward([layer], states)
-        layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), np.array(slots), 4)
+        layout = linear_layout(np.array([0] + np.cumsum(counts).tolist()), 4)
         slot_tensor = torch.tensor(slots, device="cuda")
         rows = x[:2] if layout is None else torch.cat([x[:1], x[2:72], x[1:2]])
-        step = (LinearStep.decode(slot_tensor) if layout is None
-                else layout.on_device(torch.from_numpy(layout.host).cuda(), slot_tensor))
+        step = (LinearStep.of(slot_tensor, states) if layout is None
+                else layout.on_device(torch.from_numpy(layout.host).cuda(), slot_tensor, states))
         with torch.no_grad():
             out = forward(0, rows, step)
         decode_out = out if layout is None else out[[0, 71]]
@@ -370,3 +370,34 @@ def test_qwen3_5_plan_runs_on_its_decode_graphs():
     assert reasons <= {"stop", "length", "done"}, reasons
     assert runner.executor.num_graph_steps > 0 and runner.executor.num_eager_steps > 0
     assert runner.slots.num_free_slots == runner.slots.num_slots - 1  # every slot back but the sink
+
+
+def test_qwen3_5_runs_ahead_on_its_decode_graphs():
+    """Running ahead (two copies of each state slot): every request ends as in a run without it,
+    with as many tokens and the same first token (bf16 is not batch-invariant, and the two runs'
+    steps may batch rows differently), most decode rows taken from steps launched ahead. A held
+    row (a step launched ahead for it that nobody claimed, its request going on) gives exactly
+    the tokens of the run that never launched that step: the same real steps, its state copy undone."""
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(str(GENERATED / "qwen3_5.plan"))
+    runs, held = {}, {}
+    for run_ahead in (False, True):
+        engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=1024, run_ahead=run_ahead)
+        runner = engine.runners["LLM"]
+        assert engine.caps.can_launch_ahead == run_ahead
+        assert (runner.states.version is not None) == run_ahead
+        requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3] * (1 + 7 * i), max_tokens=4 + 3 * i)
+                    for i in range(6)]
+        driver = Driver(plan, engine)
+        driver.run(Workload(requests))
+        runs[run_ahead] = {rid: (r.finish_reason, r.num_output_tokens, list(r.output_tokens)[:1])
+                           for rid, r in driver.conductor.records.items()}
+        if run_ahead:
+            assert runner.num_claimed_rows > runner.num_ahead_rows // 2 > 0
+        assert runner.slots.num_free_slots == runner.slots.num_slots - 1
+        held[run_ahead] = held_row_tokens(engine, "prefill_text", run_ahead)
+    assert runs[True] == runs[False]
+    assert held[True] == held[False]

@@ -120,7 +120,7 @@ class TorchEngine:
             # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
             # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
             torch.set_num_threads(1)
-        self.plan, self.glue = plan, glue
+        self.plan, self.glue, self.run_ahead = plan, glue, run_ahead  # a hybrid's runner sizes its states by run_ahead
         self.runs_partial_steps = runs_partial_steps
         # One engine serves every worker: a TP follower's copy of a step has nothing to run here.
         self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
@@ -328,7 +328,8 @@ class TorchEngine:
         try:
             return setup.fast_runner(self.plan, node, dims, self.calls, self.placement, weights_dir, seed, num_pages,
                                      self._code_frames(node.name, mode), self.positions[node.name],
-                                     self.tp_comms.get(node.name, SINGLE_RANK), self.glue)
+                                     self.tp_comms.get(node.name, SINGLE_RANK), self.glue,
+                                     can_run_ahead=None if self.run_ahead else False)
         except RuntimeError as error:  # FlashInfer's kernel build, CUDA out of memory at capture, ...
             detail = " ".join(str(error).split())[:400]
             raise EngineError(f"node {node.name}: the GPU fast path could not start (building FlashInfer's kernels "

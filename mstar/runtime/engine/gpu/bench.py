@@ -259,7 +259,9 @@ def build(plan, node, decode_kernel="auto", glue=None, shared=None) -> tuple:
         from mstar.runtime.engine.models.gdn import LinearStates
 
         num_slots = max(node.recurrent.num_slots if node.recurrent else 0, max(DECODE_ROWS) + 1)
-        states = LinearStates.for_dims(dims, num_slots, device)
+        # two copies of each slot, as the runner that runs ahead keeps them (`mstar run`'s default):
+        # a step reads one and writes the other
+        states = LinearStates.for_dims(dims, num_slots, device, versions=2)
     packed = packed_families(plan, node.name)
     # The bench's rows reach 8192 tokens; a graph's first plan holds one row of its largest token
     # bucket (qwen3_omni's vision prefill: 16384), whose pages the row's page table must hold.

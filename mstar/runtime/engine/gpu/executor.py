@@ -367,7 +367,8 @@ class StepExecutor:
         size = packed.host.shape[0]
         data = self._stage(packed.host if layout is None else np.concatenate([packed.host, layout.host]))
         ids, positions, slots, src, last_index, row_slot = data[:size].split(packed.field_sizes())
-        linear = self.forward.decode_step(row_slot) if layout is None else layout.on_device(data[size:], row_slot)
+        linear = (self.forward.decode_step(row_slot) if layout is None
+                  else self.forward.eager_linear_step(layout, data[size:], row_slot))
         attend = self._eager_attend(packed, num_decode)
         ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, attend, linear)

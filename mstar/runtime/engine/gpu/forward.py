@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -132,16 +131,21 @@ class DecoderForward:
         return q.to(k_pages.dtype)
 
     def decode_step(self, row_slot: torch.Tensor) -> Optional[LinearStep]:
-        """What the linear layers read in a decode-only step (each row's slot), None without them."""
-        return LinearStep.decode(row_slot) if self.gdn is not None else None
+        """What the linear layers read in a decode-only step (each row's slot, the state rows it reads
+        and writes), None without them. Flips the rows' state versions: call it once a step."""
+        return LinearStep.of(row_slot, self.gdn.states) if self.gdn is not None else None
+
+    def eager_linear_step(self, layout: LinearLayout, data: torch.Tensor, row_slot: torch.Tensor) -> LinearStep:
+        """An eager step's `LinearStep` from its layout's array on the device (`linear_layout`)."""
+        assert self.gdn is not None, "a layout exists only for a decoder with linear layers"
+        return layout.on_device(data, row_slot, self.gdn.states)
 
     def linear_layout(self, packed: PackedStep) -> Optional[LinearLayout]:
         """An eager step's host layout for the linear layers; None without them or when every row
         holds one token (then `decode_step` serves)."""
         if self.gdn is None:
             return None
-        row_slot = packed.host[packed.host.shape[0] - packed.num_padded_rows:]
-        return linear_layout(packed.qo_indptr.numpy(), row_slot.astype(np.int64), self.dims.conv_kernel)
+        return linear_layout(packed.qo_indptr.numpy(), self.dims.conv_kernel)
 
     def _attention(self, index: int, layer, h: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                    attend: Attend) -> torch.Tensor:

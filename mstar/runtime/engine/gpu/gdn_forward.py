@@ -2,9 +2,11 @@
 
 In: a layer's normed hidden states `[N, hidden]`, its `GatedDeltaNet` module, the node's recurrent
 state slots (`LinearStates`: per linear layer a conv window `[slots, conv_dim, K-1]` and a state
-`[slots, HV, d_k, d_v]`, fp32, on the device) and the step's `LinearStep` (each row's slot, and for
-an eager step the token layout below). Out: the layer's output `[N, hidden]` (before a
-tensor-parallel reduce); the rows' slots are updated in place on the device.
+`[slots, HV, d_k, d_v]`, fp32, on the device) and the step's `LinearStep` (each row's slot, the
+rows of the states it reads and writes, and for an eager step the token layout below). Out: the
+layer's output `[N, hidden]` (before a tensor-parallel reduce); the rows' states are updated on the
+device: in place, or, with two versions of each slot (`LinearStates.step_slots`, a runner that
+launches steps ahead), into the copy the step did not read.
 
 The arithmetic is `models/gdn.py`'s (the CPU reference): one matrix product gives [q|k|v], z, b
 and a; a causal depthwise conv of width K over [the slot's K-1 stored columns | the row's tokens],
@@ -20,14 +22,15 @@ the gates and the gated norm torch ops (the same arithmetic and rounding). Promp
 fla-core's `chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`, B = 1) from and back into
 their slots. Elsewhere (the CPU) the same arithmetic in
 torch ops, decode rows on states gathered by slot and scattered back. A decode-only step
-(`LinearStep.decode`: token i is row i) reads no host memory and never synchronises, so the decode
+(`LinearStep.eager` None: token i is row i) reads no host memory and never synchronises, so the decode
 graphs capture it. Padding rows of a captured step carry slot 0, the sink (`kv/slots.py`), so they
 never touch a request's state.
 
 An eager step with prompt rows (`linear_layout`, on the host from the packed step) carries, in one
 int32 array appended to the step's packed array: the conv's gather indices `[T, K]` into
 [every row's stored columns | the step's tokens], the indices of each row's new stored columns
-`[R, K-1]`, the decode rows' tokens and slots, and the prompt rows' tokens, `cu_seqlens` and slots.
+`[R, K-1]`, the decode rows' tokens and row indices, and the prompt rows' tokens, `cu_seqlens` and
+row indices.
 """
 from __future__ import annotations
 
@@ -60,19 +63,20 @@ def fla_kernels(device: torch.device) -> Optional[Callable]:
 class LinearLayout:
     """An eager step's token layout for the linear layers, on the host (module docstring)."""
 
-    host: np.ndarray  # int32: conv index [T*K] | state index [R*(K-1)] | decode tokens [D] | decode slots [D]
-    #                   | prompt tokens [P] | prompt cu_seqlens [Pr+1] | prompt slots [Pr]
+    host: np.ndarray  # int32: conv index [T*K] | state index [R*(K-1)] | decode tokens [D] | decode rows [D]
+    #                   | prompt tokens [P] | prompt cu_seqlens [Pr+1] | prompt rows [Pr]
     sizes: list[int]
     prompt_cu: list[int]  # the prompt rows' cu_seqlens on the host (the torch fallback loops over them)
     num_covered: int  # tokens that belong to a row (T)
 
-    def on_device(self, data: torch.Tensor, row_slot: torch.Tensor) -> "LinearStep":
-        """The step from `data`, this layout's array after its copy to the device."""
+    def on_device(self, data: torch.Tensor, row_slot: torch.Tensor, states: LinearStates) -> "LinearStep":
+        """The step from `data`, this layout's array after its copy to the device (flips the rows'
+        state versions: `LinearStates.step_slots`)."""
         parts = [p.long() for p in data.split(self.sizes)]
-        conv_index, state_index, decode_tokens, decode_slots, prompt_tokens, prompt_cu, prompt_slots = parts
+        conv_index, state_index, decode_tokens, decode_rows, prompt_tokens, prompt_cu, prompt_rows = parts
         rows = EagerRows(conv_index.view(self.num_covered, -1), state_index.view(row_slot.shape[0], -1),
-                         decode_tokens, decode_slots, prompt_tokens, prompt_cu, prompt_slots, self.prompt_cu)
-        return LinearStep(row_slot.long(), rows)
+                         decode_tokens, decode_rows, prompt_tokens, prompt_cu, prompt_rows, self.prompt_cu)
+        return LinearStep.of(row_slot, states, rows)
 
 
 @dataclass
@@ -82,10 +86,10 @@ class EagerRows:
     conv_index: torch.Tensor  # [T, K]
     state_index: torch.Tensor  # [R, K-1]
     decode_tokens: torch.Tensor  # [D]
-    decode_slots: torch.Tensor  # [D]
+    decode_rows: torch.Tensor  # [D]: their rows in the step
     prompt_tokens: torch.Tensor  # [P]
     prompt_cu: torch.Tensor  # [Pr + 1]
-    prompt_slots: torch.Tensor  # [Pr]
+    prompt_rows: torch.Tensor  # [Pr]: their rows in the step
     prompt_cu_host: list[int]
 
 
@@ -95,18 +99,26 @@ class LinearStep:
     is row i, one token each; what the decode graphs capture)."""
 
     slots: torch.Tensor  # int64 [R]: each row's state slot (padding rows: 0, the sink)
+    read: torch.Tensor  # int64 [R]: the row of the states each row reads (its slot's current copy)
+    write: torch.Tensor  # int64 [R]: the row it writes (`read` with one version)
     eager: Optional[EagerRows] = None
     # The fused decode kernel's arrival counters (`gdn_kernels.decode_step`), zeroed once a step (in
     # a decode graph, once a replay) on the first linear layer's call; each layer leaves them zero.
     counts: Optional[torch.Tensor] = None
 
     @classmethod
-    def decode(cls, row_slot: torch.Tensor) -> "LinearStep":
-        return cls(row_slot.long())
+    def of(cls, row_slot: torch.Tensor, states: LinearStates, eager: Optional[EagerRows] = None) -> "LinearStep":
+        """The step of rows on `row_slot`; flips their state versions (`LinearStates.step_slots`)."""
+        slots = row_slot.long()
+        if states.version is not None and gdn_kernels.available(slots.device):
+            read, write = gdn_kernels.step_slots(slots, states.version)  # one launch, not five torch ops
+        else:
+            read, write = states.step_slots(slots)
+        return cls(slots, read, write, eager)
 
 
-def linear_layout(qo_indptr: np.ndarray, row_slots: np.ndarray, conv_kernel: int) -> Optional[LinearLayout]:
-    """The layout of a step whose rows hold `diff(qo_indptr)` tokens on slots `row_slots`; None when
+def linear_layout(qo_indptr: np.ndarray, conv_kernel: int) -> Optional[LinearLayout]:
+    """The layout of a step whose rows hold `diff(qo_indptr)` tokens; None when
     every row holds one token (the decode-only step needs nothing but the slots)."""
     cu = qo_indptr.astype(np.int64)
     counts = np.diff(cu)
@@ -129,8 +141,9 @@ def linear_layout(qo_indptr: np.ndarray, row_slots: np.ndarray, conv_kernel: int
     prompt_tokens = np.concatenate([np.arange(s, s + c) for s, c in zip(starts[is_prompt], counts[is_prompt])]
                                    or [np.zeros(0, dtype=np.int64)])
     prompt_cu = np.concatenate([[0], np.cumsum(counts[is_prompt])])
-    parts = [conv_index.ravel(), state_index.ravel(), starts[is_decode], row_slots[is_decode], prompt_tokens,
-             prompt_cu, row_slots[is_prompt]]
+    row_index = np.arange(num_rows)
+    parts = [conv_index.ravel(), state_index.ravel(), starts[is_decode], row_index[is_decode], prompt_tokens,
+             prompt_cu, row_index[is_prompt]]
     return LinearLayout(np.concatenate(parts).astype(np.int32), [p.shape[0] for p in parts],
                         prompt_cu.tolist(), num_tokens)
 
@@ -176,30 +189,32 @@ class GdnForward:
             if step.counts is None:
                 step.counts = torch.zeros(n * heads, dtype=torch.int32, device=h.device)
             gated = gdn_kernels.decode_step(mixed, z, b, a, conv_state, weight, layer.A_log, layer.dt_bias, ssm,
-                                            step.slots, layer.norm.weight, layer.eps, heads, counts=step.counts)
+                                            step.read, layer.norm.weight, layer.eps, heads, counts=step.counts,
+                                            write_slots=step.write)
             return F.linear(gated, layer.out_proj.weight)
         beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
         if rows is None:
-            conv = self._conv_decode(mixed, weight, conv_state, step.slots)
+            conv = self._conv_decode(mixed, weight, conv_state, step.read, step.write)
         else:
-            conv = self._conv_varlen(mixed, weight, conv_state, step.slots, rows)
+            conv = self._conv_varlen(mixed, weight, conv_state, step, rows)
         conv = conv.to(h.dtype)
         q = conv[:, :key_width].reshape(-1, heads, layer.key_dim)
         k = conv[:, key_width:2 * key_width].reshape(-1, heads, layer.key_dim)
         v = conv[:, 2 * key_width:].reshape(-1, value_heads, layer.value_dim)
         if rows is None:
-            out = self._recurrent(q, k, v, g, beta, ssm, step.slots)
+            out = self._recurrent(q, k, v, g, beta, ssm, step.read, step.write)
         else:
             out = h.new_zeros(n, value_heads, layer.value_dim)
             if rows.decode_tokens.shape[0]:
                 tokens = rows.decode_tokens
+                decode = rows.decode_rows
                 out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens],
-                                                           beta[tokens], ssm, rows.decode_slots))
+                                                           beta[tokens], ssm, step.read[decode], step.write[decode]))
             if rows.prompt_tokens.shape[0]:
                 tokens = rows.prompt_tokens
                 out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
-                                                       ssm, rows))
+                                                       ssm, step, rows))
         out32 = out.float()
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
@@ -209,18 +224,18 @@ class GdnForward:
 
     @staticmethod
     def _conv_decode(mixed: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
-                     slots: torch.Tensor) -> torch.Tensor:
+                     read: torch.Tensor, write: torch.Tensor) -> torch.Tensor:
         """One token a row: window = [stored K-1 columns | the token]; the last K-1 are stored back."""
-        window = torch.cat([conv_state[slots], mixed.to(conv_state.dtype).unsqueeze(-1)], dim=-1)  # [R, C, K]
-        conv_state.index_copy_(0, slots, window[:, :, 1:])
+        window = torch.cat([conv_state[read], mixed.to(conv_state.dtype).unsqueeze(-1)], dim=-1)  # [R, C, K]
+        conv_state.index_copy_(0, write, window[:, :, 1:])
         return F.silu((window * weight.to(window.dtype)).sum(-1))
 
     def _conv_varlen(self, mixed: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
-                     slots: torch.Tensor, rows: EagerRows) -> torch.Tensor:
+                     step: LinearStep, rows: EagerRows) -> torch.Tensor:
         """Rows of any length, by the layout's gather indices (module docstring): column j of
         [stored | mixed] is a row's stored column (j < R*(K-1)) or token j - R*(K-1) of the step."""
         channels = mixed.shape[1]
-        stored = conv_state[slots].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]
+        stored = conv_state[step.read].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]
         covered = mixed[:rows.conv_index.shape[0]]
         if self.is_fused:  # one Triton kernel: no [T, K, C] window tensor
             conv = gdn_kernels.causal_conv(stored, covered, rows.conv_index, weight)
@@ -228,45 +243,46 @@ class GdnForward:
             windows = _columns(stored, covered, rows.conv_index)  # [T, K, C]
             conv = F.silu((windows * weight.T.to(windows.dtype)).sum(1))
         if rows.state_index.shape[1]:  # each row's new stored columns: its last K-1 (conv width > 1)
-            conv_state.index_copy_(0, slots, _columns(stored, covered, rows.state_index).transpose(1, 2))
+            conv_state.index_copy_(0, step.write, _columns(stored, covered, rows.state_index).transpose(1, 2))
         if conv.shape[0] < mixed.shape[0]:  # tokens of no row (none today): zeros
             conv = torch.cat([conv, conv.new_zeros(mixed.shape[0] - conv.shape[0], channels)])
         return conv
 
     # -------------------------------------------------------------- the gated delta rule
 
-    def _recurrent(self, q, k, v, g, beta, ssm: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """One token a row -> [R, HV, d_v]: in place in the rows' slots (`gdn_kernels.recurrent_step`),
-        else the rows' states gathered by slot, one step, scattered back."""
+    def _recurrent(self, q, k, v, g, beta, ssm: torch.Tensor, read: torch.Tensor, write: torch.Tensor
+                   ) -> torch.Tensor:
+        """One token a row -> [R, HV, d_v]: from the rows `read` into the rows `write` of the states
+        (`gdn_kernels.recurrent_step`), else the rows' states gathered, one step, scattered back."""
         if self.is_fused:
-            return gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, slots)
-        state = ssm[slots]
+            return gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, read, write_slots=write)
+        state = ssm[read]
         qn, kn = _prepare_qk(q, k, v.shape[1])
         out, state = _rule_step(qn, kn, v.float(), g, beta.float(), state)
-        ssm.index_copy_(0, slots, state)
+        ssm.index_copy_(0, write, state)
         return out.to(v.dtype)
 
-    def _chunk(self, q, k, v, g, beta, ssm: torch.Tensor, rows: EagerRows) -> torch.Tensor:
+    def _chunk(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows) -> torch.Tensor:
         """The prompt rows' tokens (varlen by `rows.prompt_cu`) from and back into their slots."""
-        slots = rows.prompt_slots
+        read, write = step.read[rows.prompt_rows], step.write[rows.prompt_rows]
         if self.kernels is not None:
             out, final = self.kernels(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.unsqueeze(0),
-                                         beta=beta.unsqueeze(0), initial_state=ssm[slots], output_final_state=True,
+                                         beta=beta.unsqueeze(0), initial_state=ssm[read], output_final_state=True,
                                          use_qk_l2norm_in_kernel=True, cu_seqlens=rows.prompt_cu,
                                          # the host copy spares fla a device sync to count chunks
                                          cu_seqlens_cpu=torch.tensor(rows.prompt_cu_host, dtype=torch.long))
-            ssm.index_copy_(0, slots, final.to(ssm.dtype))
+            ssm.index_copy_(0, write, final.to(ssm.dtype))
             return out[0]
         qn, kn = _prepare_qk(q, k, v.shape[1])
         v32, beta32 = v.float(), beta.float()
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         cu = rows.prompt_cu_host
         for row in range(len(cu) - 1):
-            state = ssm[slots[row]].unsqueeze(0)
+            state = ssm[read[row]].unsqueeze(0)
             for t in range(cu[row], cu[row + 1]):
                 o, state = _rule_step(qn[t:t + 1], kn[t:t + 1], v32[t:t + 1], g[t:t + 1], beta32[t:t + 1], state)
                 out[t] = o[0]
-            ssm[slots[row]] = state[0]
+            ssm[write[row]] = state[0]
         return out.to(v.dtype)
 
 

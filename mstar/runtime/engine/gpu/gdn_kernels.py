@@ -1,6 +1,8 @@
 """Triton kernels of the gated delta-net layers: the causal conv over an eager step's rows, an
 eager step's decode rows' gated delta rule, and a decode-only step's whole layer between its
-projections, each updating the rows' recurrent slots in place.
+projections, each updating the rows' recurrent slots in place or, given `write_slots`, into other rows
+of the state tensors (a slot's second copy: `LinearStates.step_slots`, whose flip of the slots'
+current copies `step_slots` here does in one launch).
 
 `causal_conv` (eager steps):
 
@@ -88,7 +90,7 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _recurrent_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr,
+    def _recurrent_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, write_slots_ptr, out_ptr,
                                stride_q, stride_k, stride_v, scale, H: tl.constexpr, HV: tl.constexpr,
                                K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
         block_v = tl.program_id(0)
@@ -104,6 +106,7 @@ if triton is not None:
         q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         slot = tl.load(slots_ptr + row).to(tl.int64)
+        write_slot = tl.load(write_slots_ptr + row).to(tl.int64)
         p_state = state_ptr + ((slot * HV + head_v) * K + o_k[:, None]) * V + o_v[None, :]
         mask_state = mask_k[:, None] & mask_v[None, :]
         state = tl.load(p_state, mask=mask_state, other=0.0)
@@ -112,7 +115,8 @@ if triton is not None:
         state += k[:, None] * v[None, :]
         out = tl.sum(state * q[:, None], 0)
         tl.store(out_ptr + (row * HV + head_v) * V + o_v, out.to(out_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(p_state, state, mask=mask_state)
+        p_written = state_ptr + ((write_slot * HV + head_v) * K + o_k[:, None]) * V + o_v[None, :]
+        tl.store(p_written, state, mask=mask_state)
 
 
 if triton is not None:
@@ -131,24 +135,25 @@ if triton is not None:
         return acc * tl.sigmoid(acc)
 
     @triton.jit
-    def _conv_shift(row_ptr, window_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
-        """The slot's stored columns of `channels` one on, in place: column i takes column i + 1, the
-        last takes the token. Every column is read before any is written, with a barrier between:
-        Triton may hold one channel in several threads (a 32-channel block on 4 warps), and a thread
-        that shifted a column before another read it handed that one the new value (on the GPU only:
-        the interpreter runs a program's threads as one)."""
+    def _conv_shift(row_ptr, window_ptr, written_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
+        """The slot's stored columns of `channels` one on, from `window_ptr` into `written_ptr` (the
+        same window: in place): column i takes column i + 1, the last takes the token. Every column
+        is read before any is written, with a barrier between: Triton may hold one channel in several
+        threads (a 32-channel block on 4 warps), and a thread that shifted a column in place before
+        another read it handed that one the new value (on the GPU only: the interpreter runs a
+        program's threads as one)."""
         token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
         taps = tl.arange(0, KP)
-        stored = window_ptr + channels[:, None] * (KW - 1) + taps[None, :]
-        following = tl.load(stored + 1, mask=mask[:, None] & (taps[None, :] < KW - 2), other=0.0)
+        columns = channels[:, None] * (KW - 1) + taps[None, :]
+        following = tl.load(window_ptr + columns + 1, mask=mask[:, None] & (taps[None, :] < KW - 2), other=0.0)
         shifted = tl.where(taps[None, :] == KW - 2, token[:, None], following)
         tl.debug_barrier()
-        tl.store(stored, shifted, mask=mask[:, None] & (taps[None, :] < KW - 1))
+        tl.store(written_ptr + columns, shifted, mask=mask[:, None] & (taps[None, :] < KW - 1))
 
     @triton.jit
     def _decode_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, stride_mixed, stride_z, stride_b, stride_a,
-                            conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, norm_ptr,
-                            out_ptr, squares_ptr, counts_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr,
+                            conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, write_slots_ptr,
+                            norm_ptr, out_ptr, squares_ptr, counts_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr,
                             DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
                             BK: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
                             NSP: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
@@ -161,8 +166,10 @@ if triton is not None:
         if PDL:  # programmatic dependent launch (kernels.py): the step's data only after the wait
             tl.extra.cuda.gdc_wait()
         slot = tl.load(slots_ptr + row).to(tl.int64)
+        write_slot = tl.load(write_slots_ptr + row).to(tl.int64)
         row_mixed = mixed_ptr + row * stride_mixed
         window = conv_ptr + slot * C * (KW - 1)
+        written = conv_ptr + write_slot * C * (KW - 1)
         o_k = tl.arange(0, BK)
         mask_k = o_k < DK
         # q and k of this head, read by every part (the last part to finish moves their columns on),
@@ -179,17 +186,18 @@ if triton is not None:
         for j in tl.static_range(GROUP):
             head_v = head * GROUP + j
             p_state = state_ptr + ((slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
+            p_written = state_ptr + ((write_slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
             state = tl.load(p_state, mask=mask_state, other=0.0)
             decay, beta = _gates(a_ptr + row * stride_a + head_v, b_ptr + row * stride_b + head_v, a_log_ptr + head_v,
                                  dt_bias_ptr + head_v)
             value_channels = 2 * H * DK + head_v * DV + o_v  # this part's alone: read and moved here
             v = _conv_read(row_mixed, window, conv_weight_ptr, value_channels, mask_v, KW, KP)
-            _conv_shift(row_mixed, window, value_channels, mask_v, KW, KP)
+            _conv_shift(row_mixed, window, written, value_channels, mask_v, KW, KP)
             v = v.to(out_ptr.dtype.element_ty).to(tl.float32)
             state = state * decay
             v = (v - tl.sum(state * k[:, None], 0)) * beta
             state += k[:, None] * v[None, :]
-            tl.store(p_state, state, mask=mask_state)
+            tl.store(p_written, state, mask=mask_state)
             # the rule's output, rounded as the torch path's, un-normed until every part has written
             o = tl.sum(state * q[:, None], 0).to(out_ptr.dtype.element_ty)
             o32 = o.to(tl.float32)
@@ -198,7 +206,7 @@ if triton is not None:
         # The last part of (row, head) to arrive moves the q/k columns on (every part has read them)
         # and norms the whole head.
         if _arrive(counts_ptr + row * H + head, NS) == NS - 1:
-            _finish_head(row_mixed, window, squares_ptr + row * HV * NSP, out_ptr + row * HV * DV, norm_ptr,
+            _finish_head(row_mixed, window, written, squares_ptr + row * HV * NSP, out_ptr + row * HV * DV, norm_ptr,
                          z_ptr + row * stride_z, head, eps, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
             if NS > 1:
                 tl.store(counts_ptr + row * H + head, 0)  # ready for the next layer or step
@@ -219,14 +227,14 @@ if triton is not None:
         return arrived
 
     @triton.jit
-    def _finish_head(row_mixed, window, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, H: tl.constexpr,
+    def _finish_head(row_mixed, window, written, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, H: tl.constexpr,
                      HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
                      BK: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, GROUP: tl.constexpr):
         """The last part of a (row, q/k head): the q/k conv columns one on, and the gated norm over each
         of its value heads' whole d_v from the parts' sums of squares (pointers at the row)."""
         o_k = tl.arange(0, BK)
-        _conv_shift(row_mixed, window, head * DK + o_k, o_k < DK, KW, KP)
-        _conv_shift(row_mixed, window, H * DK + head * DK + o_k, o_k < DK, KW, KP)
+        _conv_shift(row_mixed, window, written, head * DK + o_k, o_k < DK, KW, KP)
+        _conv_shift(row_mixed, window, written, H * DK + head * DK + o_k, o_k < DK, KW, KP)
         o_v = tl.arange(0, BD)
         parts = tl.arange(0, NSP)
         for j in tl.static_range(GROUP):
@@ -262,11 +270,40 @@ if triton is not None:
         tl.store(p_out, (weighted * gate).to(p_out.dtype.element_ty), mask=mask)
 
 
+if triton is not None:
+    @triton.jit
+    def _step_slots_kernel(slots_ptr, version_ptr, read_ptr, write_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = rows < num_rows
+        slots = tl.load(slots_ptr + rows, mask=mask, other=0)
+        current = tl.load(version_ptr + slots, mask=mask, other=0).to(tl.int64)
+        tl.store(read_ptr + rows, slots + current * num_slots, mask=mask)
+        tl.store(write_ptr + rows, slots + (1 - current) * num_slots, mask=mask)
+        tl.debug_barrier()  # every row's copy read before any slot's bit flips (padding rows share the sink)
+        tl.store(version_ptr + slots, (1 - current).to(version_ptr.dtype.element_ty), mask=mask)
+
+
+def step_slots(slots: torch.Tensor, version: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`LinearStates.step_slots` in one launch: slots int64 `[R]`, version int32 `[num_slots]` ->
+    (read, write) int64 `[R]`, each slot's bit flipped. Rows sharing a slot (only the sink) race on
+    its bit, whose value nobody relies on."""
+    rows = slots.shape[0]
+    read = torch.empty_like(slots)
+    write = torch.empty_like(slots)
+    if rows:
+        block = min(1024, triton.next_power_of_2(rows))
+        _step_slots_kernel[(triton.cdiv(rows, block),)](slots.contiguous(), version, read, write, rows,
+                                                        version.shape[0], BLOCK=block, num_warps=1)
+    return read, write
+
+
 def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """One token a row of the gated delta rule, from and back into each row's slot of `state`:
-    q, k `[R, H, d_k]`, v `[R, HV, d_v]` (each with any row stride, heads contiguous), g, beta
-    `[R, HV]`, state `[S, HV, d_k, d_v]` fp32 -> out `[R, HV, d_v]` in v's dtype."""
+                   state: torch.Tensor, slots: torch.Tensor, write_slots: Optional[torch.Tensor] = None
+                   ) -> torch.Tensor:
+    """One token a row of the gated delta rule, from each row's slot of `state` into its
+    `write_slots` entry (None: back into the slot): q, k `[R, H, d_k]`, v `[R, HV, d_v]` (each with
+    any row stride, heads contiguous), g, beta `[R, HV]`, state `[S, HV, d_k, d_v]` fp32 -> out
+    `[R, HV, d_v]` in v's dtype."""
     rows, heads, key_dim = q.shape
     value_heads, value_dim = v.shape[1], v.shape[2]
     out = torch.empty((rows, value_heads, value_dim), dtype=v.dtype, device=v.device)
@@ -280,7 +317,8 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(32, triton.next_power_of_2(value_dim))
     _recurrent_step_kernel[(triton.cdiv(value_dim, block_v), rows * value_heads)](
-        q, k, v, g.contiguous(), beta.contiguous(), state, slots.contiguous(), out, q.stride(0), k.stride(0),
+        q, k, v, g.contiguous(), beta.contiguous(), state, slots.contiguous(),
+        slots.contiguous() if write_slots is None else write_slots.contiguous(), out, q.stride(0), k.stride(0),
         v.stride(0), key_dim ** -0.5, H=heads, HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
         num_warps=4)
     return out
@@ -289,14 +327,17 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, conv_state: torch.Tensor,
                 conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
                 slots: torch.Tensor, norm_weight: torch.Tensor, eps: float, num_heads: int,
-                block_v: int = 0, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                block_v: int = 0, counts: Optional[torch.Tensor] = None,
+                write_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
     """A decode-only step's gated delta-net layer between its projections (module docstring).
     mixed `[R, C]` ([q|k|v]), z `[R, HV*d_v]`, b and a `[R, HV]` (each any row stride: views of the
     in-projection's output), conv_state `[S, C, K-1]` and state `[S, HV, d_k, d_v]` fp32 (updated in
     the rows' slots), conv_weight `[C, K]`, a_log, dt_bias `[HV]`, slots `[R]`, norm_weight `[d_v]`
     -> `[R, HV*d_v]` in mixed's dtype. block_v: value columns a program takes (0: `value_block`);
     counts: int32 zeros of at least R x H entries, left zero (the parts' arrival counters; one a step
-    serves all its layers: `LinearStep.counts`), None: new zeros."""
+    serves all its layers: `LinearStep.counts`), None: new zeros. write_slots `[R]`: where each row's
+    new conv columns and state go (None: back into its slot; else another row of conv_state and
+    state, which the step does not read: `LinearStates.step_slots`)."""
     rows, channels = mixed.shape
     value_heads = b.shape[1]
     value_dim = z.shape[1] // value_heads
@@ -315,7 +356,8 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     squares = torch.empty((rows, value_heads, triton.next_power_of_2(parts)), dtype=torch.float32, device=mixed.device)
     _decode_step_kernel[(rows, num_heads, parts)](
         mixed, z, b, a, mixed.stride(0), z.stride(0), b.stride(0), a.stride(0), conv_state, conv_weight.contiguous(),
-        a_log, dt_bias, state, slots, norm_weight, out, squares, counts, key_dim ** -0.5, eps, H=num_heads,
+        a_log, dt_bias, state, slots, slots if write_slots is None else write_slots, norm_weight, out, squares,
+        counts, key_dim ** -0.5, eps, H=num_heads,
         HV=value_heads, DK=key_dim, DV=value_dim, KW=taps, KP=triton.next_power_of_2(max(taps - 1, 1)),
         BK=triton.next_power_of_2(key_dim), BD=triton.next_power_of_2(value_dim), BV=block_v, NS=parts,
         NSP=triton.next_power_of_2(parts), GROUP=value_heads // num_heads, num_warps=4,

@@ -212,8 +212,15 @@ class GpuDecoderRunner(DecoderRunner):
         node's packed capture families, whose steps replay piecewise graphs (`packed_families`).
         glue: the plan's generated glue for this node (`node_glue`): worker -> walk -> KeyGlue;
         the steps are then packed by it (not for a hybrid decoder)."""
+        is_default = can_run_ahead is None
+        if can_run_ahead is None:  # on a GPU with decode graphs (known once captured: below)
+            can_run_ahead = placement.device.type == "cuda" and family is not None and is_flashinfer
+        # A hybrid decoder that runs ahead keeps two copies of each state slot: a step launched ahead
+        # that nobody claims has moved its rows' states one token on, which, unlike a KV write past
+        # the sequence, nothing overwrites later; with two copies it wrote the one nobody reads.
         super().__init__(node, dims, model, page_size, num_pages, max_seq_len, slots, seed, position=position,
-                         placement=placement, prefix_cache=prefix_cache)
+                         placement=placement, prefix_cache=prefix_cache,
+                         state_versions=2 if can_run_ahead and slots is not None else 1)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
         max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
         self.glue = glue if glue and slots is None else None
@@ -230,12 +237,9 @@ class GpuDecoderRunner(DecoderRunner):
         self.capture_bytes = self.executor.capture() if (family or packed) and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
         self._free_slots = list(range(num_pages, -1, -1))
-        if can_run_ahead is None:
-            can_run_ahead = self.executor.is_cuda and self.executor.graphs is not None
-        # A hybrid decoder does not run ahead: a step launched ahead that nobody claims has moved its
-        # rows' recurrent states one token on, and unlike a KV write past the sequence that cannot
-        # be overwritten later.
-        self.can_run_ahead = can_run_ahead and self.offload is None and self.slots is None
+        if is_default:
+            can_run_ahead = can_run_ahead and self.executor.graphs is not None
+        self.can_run_ahead = can_run_ahead and self.offload is None
         self._facts: dict[int, _CallFacts] = {}  # id of a call of the engine's call table -> its facts
         self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
@@ -477,14 +481,24 @@ class GpuDecoderRunner(DecoderRunner):
         return claimed
 
     def _restore_unclaimed(self, ahead: _Ahead, taken: set[str]) -> None:
-        """Put back the device loop-back tokens of the rows `ahead` ran that no step took."""
+        """Put back the device loop-back tokens of the rows `ahead` ran that no step took, and a
+        hybrid decoder's state copies of those whose requests still hold their slots."""
         node = self.node.name
-        restore = [(slot, ahead.requests[request_id].last_token[node][0]) for request_id, slot in ahead.slots.items()
-                   if request_id not in taken and self._row_slots.get(request_id) == slot
-                   and ahead.requests[request_id].last_token.get(node)]
+        held = [(request_id, slot) for request_id, slot in ahead.slots.items()
+                if request_id not in taken and self._held_slot(request_id) == slot]
+        restore = [(slot, ahead.requests[request_id].last_token[node][0]) for request_id, slot in held
+                   if ahead.requests[request_id].last_token.get(node)]
         if restore:
             slots, tokens = zip(*restore)
             self.executor.restore_loop_tokens(list(slots), list(tokens))
+        if self.states is not None and held:
+            self.states.revert([slot for _, slot in held])
+
+    def _held_slot(self, request_id: str) -> Optional[int]:
+        """The request's device token table slot while it holds one (a hybrid's: its state slot)."""
+        if self.slots is not None:
+            return self.slots.slot_of(request_id)
+        return self._row_slots.get(request_id)
 
     def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
                   chunks: Optional[AheadChunks] = None, decode_walks: frozenset[str] = frozenset()) -> None:
@@ -505,7 +519,7 @@ class GpuDecoderRunner(DecoderRunner):
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
         pool, label = self.pool, self.guidance.first
-        row_slots = self._row_slots  # a runner that runs ahead has no state slots: its rows' slots are here
+        row_slots = self._row_slots  # a hybrid's rows are not here: `_row_slot` finds their state slots
         last_call, is_loop_back = None, False  # the rows mostly share one call
         for request_id, walk, call, request in rows:
             key = (request_id, label)

@@ -38,11 +38,13 @@ DEFAULT_NUM_PAGES = 1024
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
                 placement: Placement, weights_dir: Optional[str], seed: int, num_pages: Optional[int],
                 code_frames: dict, position: int = 0, comm: TpComm = SINGLE_RANK,
-                glue: Optional[ModuleType] = None) -> Optional[GpuDecoderRunner]:
+                glue: Optional[ModuleType] = None, can_run_ahead: Optional[bool] = None
+                ) -> Optional[GpuDecoderRunner]:
     """position: the node's index in the plan (seeds its random weights). comm: this process's
     rank of the node's TP group (`engine/tp/`): the model is then the rank's shard and the runner
     keeps the rank's kv heads. glue: the plan's generated glue module; the runner then packs its
-    steps with the node's keys' glue (a hybrid decoder keeps the numpy packing)."""
+    steps with the node's keys' glue (a hybrid decoder keeps the numpy packing). can_run_ahead:
+    `GpuDecoderRunner`'s (False: `--no-run-ahead`, and a hybrid's states keep one copy a slot)."""
     reason = (unsupported_reason(dims) or fast_path_reason(node, calls)
               or unavailable_reason(placement.device, dims.head_dim))
     if reason is not None or code_frames:
@@ -66,5 +68,6 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
     return GpuDecoderRunner(node, dims, model, page_size, pages, max_seq_len, seed, placement,
                             decode_family(plan, node.name), is_flashinfer=True, position=position,
                             prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots,
+                            can_run_ahead=can_run_ahead,
                             packed=packed_families(plan, node.name),
                             glue=node_glue(glue.GLUE_BY_WORKER, node.name) if glue is not None else None)

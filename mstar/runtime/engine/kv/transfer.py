@@ -50,8 +50,9 @@ def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any
             tensors.extend((k[flat], v[flat]))
     slot = runner.slots.slot_of(request_id) if runner.slots else None
     if slot is not None and runner.states is not None:
-        tensors.extend(conv[slot] for conv in runner.states.conv)
-        tensors.extend(ssm[slot] for ssm in runner.states.ssm)
+        current = runner.states.current(slot)  # the slot's current copy (a runner that runs ahead keeps two)
+        tensors.extend(conv[current] for conv in runner.states.conv)
+        tensors.extend(ssm[current] for ssm in runner.states.ssm)
     header = {"sequences": sequences, "has_state": slot is not None,
               "history": state.history.get(node, []), "num_sampled": state.num_sampled.get(node, 0),
               "last_token": state.last_token.get(node), "num_items_seen": state.num_items_seen.get(node, 0)}
@@ -84,6 +85,7 @@ def import_kv(runner: DecoderRunner, state: RequestState, header: dict[str, Any]
     if needs_slot and runner.slots is not None and runner.states is not None:
         slot = runner.slots.acquire(request_id)
         assert slot is not None, "the admission check counted a free slot"
+        runner.states.clear(slot)  # its first copy made current, which the tensors fill
         for conv in runner.states.conv:
             conv[slot] = next(parts)
         for ssm in runner.states.ssm:

@@ -12,7 +12,7 @@ therefore computes the same thing as one pass over the whole sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,32 +28,76 @@ _CPU = torch.device("cpu")  # the default device (a module constant, not a call 
 
 @dataclass
 class LinearStates:
-    """Slot-indexed state of every gated delta-net layer of one node (slot 0 is the padding sink)."""
+    """Slot-indexed state of every gated delta-net layer of one node (slot 0 is the padding sink).
 
-    conv: list[torch.Tensor]  # per linear layer: [num_slots, conv_dim, K-1]
-    ssm: list[torch.Tensor]  # per linear layer: [num_slots, HV, d_k, d_v], fp32
+    With two versions (`versions=2`, a runner that launches steps ahead: docs/engine.md, "Running
+    ahead"), slot s keeps two copies, at rows s and s + num_slots of each tensor, and `version[s]`
+    (on the device) says which one is current: a step reads the current copy, writes the other and
+    flips the bit (`step_slots`). A step launched ahead that nobody claims is undone by flipping the
+    bit back (`revert`): the copy it read was never written. With one version a step updates the
+    slot in place."""
+
+    conv: list[torch.Tensor]  # per linear layer: [versions * num_slots, conv_dim, K-1]
+    ssm: list[torch.Tensor]  # per linear layer: [versions * num_slots, HV, d_k, d_v], fp32
+    version: Optional[torch.Tensor] = None  # int32 [num_slots]: each slot's current copy (two versions)
 
     @classmethod
     def zeros(cls, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int,
               num_heads: int, key_dim: int, value_dim: int,
-              device: torch.device = _CPU) -> "LinearStates":
+              device: torch.device = _CPU, versions: int = 1) -> "LinearStates":
+        if versions not in (1, 2):
+            raise ValueError(f"linear states keep one or two versions, not {versions}")
+        rows = versions * num_slots
         return cls(
-            conv=[torch.zeros(num_slots, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
-            ssm=[torch.zeros(num_slots, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
+            conv=[torch.zeros(rows, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
+            ssm=[torch.zeros(rows, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
+            version=torch.zeros(num_slots, dtype=torch.int32, device=device) if versions == 2 else None,
         )
 
     @classmethod
-    def for_dims(cls, dims: "DecoderDims", num_slots: int, device: torch.device = _CPU) -> "LinearStates":
+    def for_dims(cls, dims: "DecoderDims", num_slots: int, device: torch.device = _CPU,
+                 versions: int = 1) -> "LinearStates":
         """Zeroed slots for every gated delta-net layer of a decoder of `dims`."""
         conv_dim = 2 * dims.num_linear_heads * dims.linear_key_dim + dims.num_linear_value_heads * dims.linear_value_dim
         return cls.zeros(dims.num_linear_layers, num_slots, conv_dim, dims.conv_kernel, dims.num_linear_value_heads,
-                         dims.linear_key_dim, dims.linear_value_dim, device=device)
+                         dims.linear_key_dim, dims.linear_value_dim, device=device, versions=versions)
+
+    @property
+    def num_slots(self) -> int:
+        rows = self.ssm[0].shape[0] if self.ssm else 0
+        return rows // 2 if self.version is not None else rows
 
     def clear(self, slot: int) -> None:
-        """Zero a slot on allocation: a fresh request starts from zero history."""
+        """Zero a slot on allocation: a fresh request starts from zero history (its first copy, made
+        current)."""
         for conv, ssm in zip(self.conv, self.ssm):
             conv[slot].zero_()
             ssm[slot].zero_()
+        if self.version is not None:
+            self.version[slot] = 0
+
+    def current(self, slot: int) -> int:
+        """The row of `slot`'s current copy in each tensor (reads the device: not for a step's path)."""
+        return slot + int(self.version[slot]) * self.num_slots if self.version is not None else slot
+
+    def step_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows to read, rows to write) of a step's rows on `slots` (int64, on the device), and
+        each slot's current copy flipped to the one the step writes: with one version both are
+        `slots` (in place). Rows sharing a slot (padding rows on the sink) flip it in any order."""
+        version = self.version
+        if version is None:
+            return slots, slots
+        current = version[slots].long()
+        num_slots = version.shape[0]
+        read = slots + current * num_slots
+        version[slots] = (1 - current).to(version.dtype)
+        return read, slots + (1 - current) * num_slots
+
+    def revert(self, slots: list[int]) -> None:
+        """Undo one step's flip of these slots (a step launched ahead that nobody claimed)."""
+        if self.version is not None and slots:
+            index = torch.tensor(slots, dtype=torch.long).to(self.version.device, non_blocking=True)
+            self.version[index] = 1 - self.version[index]
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

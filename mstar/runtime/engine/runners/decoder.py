@@ -91,14 +91,15 @@ class DecoderRunner:
                  code_frames: Optional[dict[str, tuple[int, int]]] = None,
                  position: int = 0, placement: Placement = CPU,
                  flashinfer: Optional[FlashInferAttention] = None, prefix_cache: bool = False,
-                 host_pages: int = 0):
+                 host_pages: int = 0, state_versions: int = 1):
         """code_frames: token edge name -> (quantizers, codebook) of the codec it feeds, for edges
         that carry whole frames of codes (Qwen3-Omni's Talker -> Code2Wav). position: the node's
         index in the plan (what its random parts are seeded by). placement: where the model runs (the KV
         cache and recurrent states are allocated there);
         flashinfer: the GPU attention backend, or None for the torch path. prefix_cache: share full
         pages between requests (the plan's KvPoolPlan.prefix_cache is "pages"). host_pages: the host
-        pool KV offload moves pages to (KvPoolPlan.host_pages; 0: none)."""
+        pool KV offload moves pages to (KvPoolPlan.host_pages; 0: none). state_versions: copies of each
+        recurrent state slot (2 for a runner that launches steps ahead: `LinearStates`)."""
         self.node = node
         self.dims = dims
         self.model = model
@@ -116,7 +117,8 @@ class DecoderRunner:
         self.host = HostKv(host_pages, self.cache) if host_pages else None
         self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
         self.slots = slots
-        self.states = LinearStates.for_dims(dims, slots.num_slots, placement.device) if slots else None
+        self.states = (LinearStates.for_dims(dims, slots.num_slots, placement.device, versions=state_versions)
+                       if slots else None)
         self.stop_tokens = _node_stop_tokens(node)
         media_token = node.dims.get("media_token")  # embeddings replace these prompt positions
         self.media_token = media_token if isinstance(media_token, int) and not isinstance(media_token, bool) else None
