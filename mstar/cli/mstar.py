@@ -88,7 +88,8 @@ def _run_parser(sub: Any) -> None:
                           "gets it too)")
     run.add_argument("--no-run-ahead", action="store_true",
                      help="torch engine on a GPU: launch each decode step only after the one before was "
-                          "collected (default: the device runs the speculated next step behind it)")
+                          "collected (default: the device runs the speculated next step behind it; a hybrid "
+                          "decoder then keeps two copies of each recurrent state slot)")
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
