@@ -52,9 +52,11 @@ def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel
     """The rank's engine (its nodes; its shard of each TP node, `comms` from tp.build.tp_comms)."""
     from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
+    # ranks never launch ahead (the controller's caps say so): a hybrid's states keep one copy a slot
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
-                         nodes=nodes_of(plan, rank), tp_comms=comms, glue=plan_glue(plan, options.plan_path, device))
+                         nodes=nodes_of(plan, rank), tp_comms=comms, glue=plan_glue(plan, options.plan_path, device),
+                         run_ahead=False)
     return RankExecutor(plan, engine, channel)
 
 
