@@ -24,6 +24,7 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu import runner as runner_module
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
+from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.bench_kv import with_budget
@@ -33,19 +34,35 @@ from tick_clock import TickClock
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 PLANS = {False: load_plan(GENERATED / "llama.plan", verify=False),
          True: load_plan(GENERATED / "llama_chunked.plan", verify=False)}  # the second caches prefixes
+HYBRID = load_plan(GENERATED / "qwen3_5.plan", verify=False)  # gated delta-net layers: state slots
 
 
-def _engine(is_columnar: bool, can_run_ahead: bool, num_pages: int, prefix_cache: bool, budget: int = 0
-            ) -> tuple[TorchEngine, GpuDecoderRunner]:
-    """budget: a step token budget (and chunk size) that cuts long prompts (the chunked plan's)."""
-    plan = with_budget(PLANS[True], budget) if budget else PLANS[prefix_cache]
+def _hybrid_plan(budget: int):
+    """The qwen3_5 plan, its prompts cut in chunks of `budget` tokens (0: whole)."""
+    if not budget:
+        return HYBRID
+    workers = [w.model_copy(update={"keys": [k.model_copy(update={"token_budget": budget,
+                                                                  "chunk_sizes": {"prefill_text": budget}})
+                                             for k in w.keys]}) for w in HYBRID.workers]
+    return HYBRID.model_copy(update={"workers": workers})
+
+
+def _engine(is_columnar: bool, can_run_ahead: bool, num_pages: int, prefix_cache: bool, budget: int = 0,
+            hybrid: bool = False) -> tuple[TorchEngine, GpuDecoderRunner]:
+    """budget: a step token budget (and chunk size) that cuts long prompts (the chunked plan's).
+    hybrid: the qwen3_5 plan (its rows' row slots are their recurrent state slots; no prefix cache)."""
+    if hybrid:
+        plan = _hybrid_plan(budget)
+    else:
+        plan = with_budget(PLANS[True], budget) if budget else PLANS[prefix_cache]
     engine = TorchEngine(plan, num_pages=num_pages)
     name = plan.nodes[0].name
     reference = engine.runners[name]
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, reference.pool.page_size, num_pages,
                               reference.max_seq_len, 0, CPU, decode_family(plan, name), is_flashinfer=False,
-                              prefix_cache=prefix_cache, can_run_ahead=can_run_ahead)
+                              prefix_cache=prefix_cache, can_run_ahead=can_run_ahead,
+                              slots=node_slot_pool(name, 12, None) if hybrid else None)
     runner.is_columnar = is_columnar
     engine.runners[name] = runner
     engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
@@ -69,14 +86,14 @@ def _snapshot(engine: TorchEngine, runner: GpuDecoderRunner, result) -> tuple:
 
 
 def _run(requests: list[Request], concurrency: int, is_columnar: bool, can_run_ahead: bool, num_pages: int,
-         prefix_cache: bool, budget: int = 0, is_reversed: bool = False
+         prefix_cache: bool, budget: int = 0, is_reversed: bool = False, hybrid: bool = False
          ) -> tuple[list[tuple], dict[str, tuple], int, int]:
     """Every step's snapshot, each request's finish and outputs, the steps taken in columns, and
     those of them that held a prompt chunk beside the decode rows (the chunk row by row).
     is_reversed: the runner gets the rows of a step of several calls in reverse order (the
     scheduler puts prompt rows first; this puts the decode rows first), and its results are put
     back in step order."""
-    engine, runner = _engine(is_columnar, can_run_ahead, num_pages, prefix_cache, budget)
+    engine, runner = _engine(is_columnar, can_run_ahead, num_pages, prefix_cache, budget, hybrid)
     if is_reversed:
         start = runner.start
 
@@ -122,13 +139,13 @@ def _requests(lengths: list[tuple[int, int]], stops: list[int], temperatures: li
 
 
 def _compare(requests, concurrency, can_run_ahead, num_pages, prefix_cache, budget: int = 0,
-             is_reversed: bool = False) -> tuple[int, int]:
+             is_reversed: bool = False, hybrid: bool = False) -> tuple[int, int]:
     """Runs the two engines and compares them; returns the steps the columnar one took in columns
     and those of them with a prompt chunk beside the decode rows."""
     expected, expected_records, none, _ = _run(requests, concurrency, False, can_run_ahead, num_pages,
-                                               prefix_cache, budget, is_reversed)
+                                               prefix_cache, budget, is_reversed, hybrid)
     got, records, num_steady, num_chunk_steps = _run(requests, concurrency, True, can_run_ahead, num_pages,
-                                                     prefix_cache, budget, is_reversed)
+                                                     prefix_cache, budget, is_reversed, hybrid)
     assert none == 0
     for index, (step_got, step_expected) in enumerate(zip(got, expected)):
         assert step_got == step_expected, f"step {index}"
@@ -300,3 +317,29 @@ def test_a_request_at_its_page_budget_goes_through_the_policy_row_by_row():
     assert (admission.held, admission.num_outstanding, pool.num_free_pages) == ({"a": 1, "b": 2}, 2, free)
     assert _grant_one_page_each(runner, ["a"])
     assert (admission.held["a"], admission.num_outstanding, pool.num_free_pages) == (2, 1, free - 1)
+
+
+# ------------------------------------------------------------------ a hybrid decoder (state slots)
+
+
+@pytest.mark.parametrize("can_run_ahead", [True, False])
+def test_hybrid_columns_follow_the_per_row_path(can_run_ahead):
+    """A Qwen3.5 hybrid's steady rows take the columns too (their row slots are their state slots):
+    the same steps, results and request state as the per-row path, run ahead or not."""
+    lengths = [(3, 20), (9, 14), (2, 25), (14, 9), (5, 18), (7, 12)]
+    requests = _requests(lengths, stops=list(range(0, 512, 23)), temperatures=[False, True])
+    num_steady, _ = _compare(requests, 4, can_run_ahead, 96, False, hybrid=True)
+    assert num_steady > 10
+
+
+@pytest.mark.parametrize("can_run_ahead", [True, False])
+def test_hybrid_chunk_steps_in_columns(can_run_ahead):
+    lengths = [(3, 30), (4, 25), (40, 8), (2, 30), (33, 6)]
+    requests = _requests(lengths, stops=[], temperatures=[False, True])
+    num_steady, num_chunk_steps = _compare(requests, 4, can_run_ahead, 96, False, budget=8, hybrid=True)
+    assert num_steady > 10 and num_chunk_steps > 0
+
+
+def test_hybrid_columns_under_memory_pressure():
+    lengths = [(8 + (5 * i) % 16, 12 + (13 * i) % 28) for i in range(6)]
+    _compare(_requests(lengths, stops=[], temperatures=[False]), 6, True, 12, False, hybrid=True)

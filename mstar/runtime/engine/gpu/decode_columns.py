@@ -14,8 +14,8 @@ A step is steady when every row of it is: one call for all rows, whose first inp
 node loops back on the device and whose outputs are all sampled tokens; the row feeds that token
 (no value on the row; its request's last token here, one token), is not a chunk, and its request
 has started on the node (an admission budget), holds a row slot and a KV sequence, and has a
-history here; the requests are distinct; no row would pass max_seq_len; the runner has no
-recurrent state slots and no KV offload; and the pool's free pages cover what the started requests
+history here; the requests are distinct; no row would pass max_seq_len; the runner has no KV
+offload; and the pool's free pages cover what the started requests
 may still claim (`GpuDecoderRunner._admit`'s exact case). A steady row needs at most one page:
 the rows that need one are asked of the admission policy, in step order, through the runner's
 `_admit`, exactly as on the per-row path; the others need nothing.
@@ -102,7 +102,7 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
     indices in `others` (module docstring, "A mixed step"). Reads only. (On CPython a stage of a C
     `map` over the rows' objects costs about what five plain bytecodes do: the checks mix one
     plain pass and C passes, and neither calls a function per row.)"""
-    if not rows or runner.slots is not None or runner.offload is not None:
+    if not rows or runner.offload is not None:
         return None
     # a pure step's rows share one call; a mixed step's decode rows are those of one end's call
     call, name = rows[-1][1], _loop_back_input(runner, rows[-1][1])
@@ -132,7 +132,7 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
         ids, requests = list(compress(ids, is_steady)), list(compress(requests, is_steady))
     # the requests' state: C passes (`None in` compares lists and ints here, never a dataclass)
     fed: list[Any] = list(map(dict.get, map(_last_token_of, requests), repeat(node)))
-    slots: list[Any] = list(map(runner._row_slots.get, ids))
+    slots: list[Any] = list(map(runner.held_row_slots.get, ids))
     if (not ids or None in fed or None in slots or set(map(len, fed)) != {1}
             or not admission.budgets.keys() >= set(ids)
             or not all(map(dict.__contains__, map(_history_of, requests), repeat(node)))):
@@ -449,10 +449,10 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     sampled in the worker's latest step, hold row slots and KV sequences; False (nothing done)
     for other rows, which the per-row path takes. Rows past max_seq_len or whose next page the
     admission policy refuses are left out, as there."""
-    if not rows or runner.offload is not None or runner.slots is not None:
+    if not rows or runner.offload is not None:
         return False
     call, walk = rows[0][2], rows[0][1]
-    last, row_slots = runner._last_rows.get(worker, set()), runner._row_slots
+    last, row_slots = runner._last_rows.get(worker, set()), runner.held_row_slots
     ids: list[str] = []
     slots: list[int] = []
     for request_id, _, row_call, _ in rows:  # one pass, no call per row

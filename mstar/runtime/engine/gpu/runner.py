@@ -46,7 +46,7 @@ device, not built yet).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -237,6 +237,9 @@ class GpuDecoderRunner(DecoderRunner):
         self.capture_bytes = self.executor.capture() if (family or packed) and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
         self._free_slots = list(range(num_pages, -1, -1))
+        # request id -> its device token table slot while it holds one; a hybrid's row slot is its
+        # state slot (`_row_slot`), so its pool's owners are that table
+        self.held_row_slots: Mapping[str, int] = slots.owners if slots is not None else self._row_slots
         if is_default:
             can_run_ahead = can_run_ahead and self.executor.graphs is not None
         self.can_run_ahead = can_run_ahead and self.offload is None
@@ -496,9 +499,7 @@ class GpuDecoderRunner(DecoderRunner):
 
     def _held_slot(self, request_id: str) -> Optional[int]:
         """The request's device token table slot while it holds one (a hybrid's: its state slot)."""
-        if self.slots is not None:
-            return self.slots.slot_of(request_id)
-        return self._row_slots.get(request_id)
+        return self.held_row_slots.get(request_id)
 
     def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
                   chunks: Optional[AheadChunks] = None, decode_walks: frozenset[str] = frozenset()) -> None:
@@ -519,7 +520,7 @@ class GpuDecoderRunner(DecoderRunner):
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
         pool, label = self.pool, self.guidance.first
-        row_slots = self._row_slots  # a hybrid's rows are not here: `_row_slot` finds their state slots
+        row_slots = self.held_row_slots
         last_call, is_loop_back = None, False  # the rows mostly share one call
         for request_id, walk, call, request in rows:
             key = (request_id, label)

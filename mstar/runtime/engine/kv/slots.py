@@ -6,7 +6,7 @@ not zero freed slots; a fresh request must not see a stale state).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 SINK_SLOT = 0
 
@@ -39,6 +39,11 @@ class SlotPool:
     @property
     def num_free_slots(self) -> int:
         return len(self._free)
+
+    @property
+    def owners(self) -> Mapping[str, int]:
+        """Request id -> its slot, for every request holding one (a live view: do not change it)."""
+        return self._owner
 
     def slot_of(self, request_id: str) -> Optional[int]:
         """The request's slot, or None when it holds none yet."""
