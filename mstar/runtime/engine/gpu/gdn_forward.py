@@ -15,13 +15,14 @@ with q and k L2-normalised (q scaled by d_k^-1/2) from and back into the slot's 
 RMSNorm (plain w, times silu(z)); out_proj.
 
 On a CUDA device with Triton (`gdn_kernels.py`): a decode-only step runs the whole layer between
-its two matrix products as one kernel (`decode_step`: conv, gates, rule and gated norm, reading and
-writing each row's slot in place), so a layer is three launches. In an eager step the conv of its
-rows is one kernel, its decode rows' rule one kernel (`recurrent_step`, in place in their slots),
-the gates and the gated norm torch ops (the same arithmetic and rounding). Prompt rows run
-fla-core's `chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`, B = 1) from and back into
-their slots. Elsewhere (the CPU) the same arithmetic in
-torch ops, decode rows on states gathered by slot and scattered back. A decode-only step
+its two matrix products as one kernel (`decode_step`: conv, gates, rule and gated norm, reading
+each row's state and writing it back), so a layer is three launches. In an eager step the conv of
+its rows is one kernel, its decode rows' rule one kernel (`recurrent_step`), the gates and the gated
+norm torch ops (the same arithmetic and rounding). Prompt rows run fla-core's
+`chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`, B = 1) from their states, its final
+states written back. Elsewhere (the CPU) the same arithmetic in torch ops, decode rows on states
+gathered and scattered back. Every path reads the rows `LinearStep.read` and writes the rows
+`LinearStep.write` (the same rows with one copy a slot: in place). A decode-only step
 (`LinearStep.eager` None: token i is row i) reads no host memory and never synchronises, so the decode
 graphs capture it. Padding rows of a captured step carry slot 0, the sink (`kv/slots.py`), so they
 never touch a request's state.
