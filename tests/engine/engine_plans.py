@@ -161,6 +161,17 @@ def generate(engine, prompts: dict[str, list[int]], max_tokens: int, start_every
     raise AssertionError("generate did not finish")
 
 
+def chunked_plan(plan: Plan, prompt_walk: str, budget: int) -> Plan:
+    """`plan` with every key's step token budget `budget` and `prompt_walk`'s prompts cut in chunks
+    of `budget` tokens (0: `plan` as it is)."""
+    if not budget:
+        return plan
+    workers = [w.model_copy(update={"keys": [k.model_copy(update={"token_budget": budget,
+                                                                  "chunk_sizes": {prompt_walk: budget}})
+                                             for k in w.keys]}) for w in plan.workers]
+    return plan.model_copy(update={"workers": workers})
+
+
 def held_row_tokens(engine, prefill_walk: str, launch_ahead: bool) -> list[list[int]]:
     """Requests a and b of `engine`'s LLM decode; with `launch_ahead` a step is launched ahead for
     both, then the run loop runs b alone (a held: its request goes on), then both, twice. Each

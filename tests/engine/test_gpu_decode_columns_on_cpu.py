@@ -29,6 +29,7 @@ from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
+from engine_plans import chunked_plan
 from tick_clock import TickClock
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
@@ -37,22 +38,12 @@ PLANS = {False: load_plan(GENERATED / "llama.plan", verify=False),
 HYBRID = load_plan(GENERATED / "qwen3_5.plan", verify=False)  # gated delta-net layers: state slots
 
 
-def _hybrid_plan(budget: int):
-    """The qwen3_5 plan, its prompts cut in chunks of `budget` tokens (0: whole)."""
-    if not budget:
-        return HYBRID
-    workers = [w.model_copy(update={"keys": [k.model_copy(update={"token_budget": budget,
-                                                                  "chunk_sizes": {"prefill_text": budget}})
-                                             for k in w.keys]}) for w in HYBRID.workers]
-    return HYBRID.model_copy(update={"workers": workers})
-
-
 def _engine(is_columnar: bool, can_run_ahead: bool, num_pages: int, prefix_cache: bool, budget: int = 0,
             hybrid: bool = False) -> tuple[TorchEngine, GpuDecoderRunner]:
     """budget: a step token budget (and chunk size) that cuts long prompts (the chunked plan's).
     hybrid: the qwen3_5 plan (its rows' row slots are their recurrent state slots; no prefix cache)."""
     if hybrid:
-        plan = _hybrid_plan(budget)
+        plan = chunked_plan(HYBRID, "prefill_text", budget)
     else:
         plan = with_budget(PLANS[True], budget) if budget else PLANS[prefix_cache]
     engine = TorchEngine(plan, num_pages=num_pages)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_plans import held_row_tokens
+from engine_plans import chunked_plan, held_row_tokens
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.device_model import build_decoder
@@ -28,17 +28,9 @@ from mstar.runtime.serve.driver import Driver, Workload
 PLAN = load_plan(Path(__file__).resolve().parents[2] / "generated" / "qwen3_5.plan", verify=False)
 
 
-def _chunked(plan, budget: int):
-    """The plan with its key's prompts cut in chunks of `budget` tokens, the step budget the same."""
-    workers = [w.model_copy(update={"keys": [k.model_copy(update={"token_budget": budget,
-                                                                  "chunk_sizes": {"prefill_text": budget}})
-                                             for k in w.keys]}) for w in plan.workers]
-    return plan.model_copy(update={"workers": workers})
-
-
 def _engine(can_run_ahead: bool, num_pages: int = 96, num_slots: int = 9, budget: int = 0
             ) -> tuple[TorchEngine, GpuDecoderRunner]:
-    plan = _chunked(PLAN, budget) if budget else PLAN
+    plan = chunked_plan(PLAN, "prefill_text", budget)
     engine = TorchEngine(plan, num_pages=num_pages)
     reference = engine.runners["LLM"]
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
@@ -191,4 +183,4 @@ def test_a_layer_with_two_copies_leaves_the_read_copy_as_it_was():
         torch.testing.assert_close(out_two, out_one)
         for got, old, in_place in zip(two.conv + two.ssm, before, one.conv + one.ssm):
             assert torch.equal(got[step.read], old[step.read])  # the copies read: untouched
-            torch.testing.assert_close(got[step.write], in_place[step.slots])
+            torch.testing.assert_close(got[step.write], in_place[slots])

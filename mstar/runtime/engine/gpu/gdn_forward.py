@@ -99,8 +99,8 @@ class LinearStep:
     """A step's rows for the linear layers, on the device. `eager` None: a decode-only step (token i
     is row i, one token each; what the decode graphs capture)."""
 
-    slots: torch.Tensor  # int64 [R]: each row's state slot (padding rows: 0, the sink)
-    read: torch.Tensor  # int64 [R]: the row of the states each row reads (its slot's current copy)
+    read: torch.Tensor  # int64 [R]: the row of the states each row reads (its slot's current copy;
+    #                     padding rows: slot 0, the sink)
     write: torch.Tensor  # int64 [R]: the row it writes (`read` with one version)
     eager: Optional[EagerRows] = None
     # The fused decode kernel's arrival counters (`gdn_kernels.decode_step`), zeroed once a step (in
@@ -115,7 +115,7 @@ class LinearStep:
             read, write = gdn_kernels.step_slots(slots, states.version)  # one launch, not five torch ops
         else:
             read, write = states.step_slots(slots)
-        return cls(slots, read, write, eager)
+        return cls(read, write, eager)
 
 
 def linear_layout(qo_indptr: np.ndarray, conv_kernel: int) -> Optional[LinearLayout]:

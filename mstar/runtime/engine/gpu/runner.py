@@ -488,7 +488,7 @@ class GpuDecoderRunner(DecoderRunner):
         hybrid decoder's state copies of those whose requests still hold their slots."""
         node = self.node.name
         held = [(request_id, slot) for request_id, slot in ahead.slots.items()
-                if request_id not in taken and self._held_slot(request_id) == slot]
+                if request_id not in taken and self.held_row_slots.get(request_id) == slot]
         restore = [(slot, ahead.requests[request_id].last_token[node][0]) for request_id, slot in held
                    if ahead.requests[request_id].last_token.get(node)]
         if restore:
@@ -496,10 +496,6 @@ class GpuDecoderRunner(DecoderRunner):
             self.executor.restore_loop_tokens(list(slots), list(tokens))
         if self.states is not None and held:
             self.states.revert([slot for _, slot in held])
-
-    def _held_slot(self, request_id: str) -> Optional[int]:
-        """The request's device token table slot while it holds one (a hybrid's: its state slot)."""
-        return self.held_row_slots.get(request_id)
 
     def prelaunch(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
                   chunks: Optional[AheadChunks] = None, decode_walks: frozenset[str] = frozenset()) -> None:

@@ -64,8 +64,9 @@ class LinearStates:
 
     @property
     def num_slots(self) -> int:
-        rows = self.ssm[0].shape[0] if self.ssm else 0
-        return rows // 2 if self.version is not None else rows
+        if self.version is not None:
+            return self.version.shape[0]
+        return self.ssm[0].shape[0] if self.ssm else 0
 
     def clear(self, slot: int) -> None:
         """Zero a slot on allocation: a fresh request starts from zero history (its first copy, made
@@ -88,10 +89,9 @@ class LinearStates:
         if version is None:
             return slots, slots
         current = version[slots].long()
-        num_slots = version.shape[0]
-        read = slots + current * num_slots
+        read = slots + current * self.num_slots
         version[slots] = (1 - current).to(version.dtype)
-        return read, slots + (1 - current) * num_slots
+        return read, slots + (1 - current) * self.num_slots
 
     def revert(self, slots: list[int]) -> None:
         """Undo one step's flip of these slots (a step launched ahead that nobody claimed)."""
