@@ -172,7 +172,7 @@ def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v,
     reference.is_fused = False
     expected = reference(0, h, LinearStep.of(slots, before))
     fused = GdnForward([layer], states)
-    proj = torch.nn.functional.linear(h, fused.weights[0])
+    proj = fused.in_proj[0](h)
     value_width = layer.num_value_heads * layer.value_dim
     mixed, z, b, a = proj.split([layer.conv_dim, value_width, layer.num_value_heads, layer.num_value_heads], dim=-1)
     counts = torch.zeros(4 * layer.num_heads, dtype=torch.int32)

@@ -151,7 +151,7 @@ def test_fused_decode_step_matches_torch_and_the_reference(num_heads, num_value_
     outputs = []
     for block_v in (128, 32):
         states = _states(reference, torch.device("cuda"))
-        proj = torch.nn.functional.linear(x.to("cuda", torch.bfloat16), GdnForward([layer], states).weights[0])
+        proj = GdnForward([layer], states).in_proj[0](x.to("cuda", torch.bfloat16))
         width = layer.num_value_heads * layer.value_dim
         mixed, z, b, a = proj.split([layer.conv_dim, width, layer.num_value_heads, layer.num_value_heads], dim=-1)
         outputs.append((gdn_kernels.decode_step(mixed, z, b, a, states.conv[0], layer.conv1d.weight[:, 0, :],

@@ -488,6 +488,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="only capture the node's graphs and report their memory against the plan's estimate")
     parser.add_argument("--no-pdl", action="store_true",
                         help="launch the fused Triton kernels without programmatic dependent launch (a what-if)")
+    parser.add_argument("--module-layout", action="store_true",
+                        help="hold the matrix products' weights [out, in] as the modules do, not [in, out] "
+                             "(a what-if; docs/engine.md, \"Weights stored for the product\")")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -517,6 +520,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.engine.gpu import kernels
 
         kernels.set_pdl(False)
+    if args.module_layout:
+        from mstar.runtime.engine.gpu import products
+
+        products.set_transposed(False)
     from mstar.plan.io import input_paths
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 

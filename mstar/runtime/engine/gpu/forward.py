@@ -24,10 +24,9 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from mstar.plan.dims import DecoderDims
-from mstar.runtime.engine.gpu import kernels
+from mstar.runtime.engine.gpu import kernels, products
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearLayout, LinearStep, linear_layout
 from mstar.runtime.engine.gpu.packing import PackedStep
 from mstar.runtime.engine.models.decoder import Decoder
@@ -64,9 +63,10 @@ class DecoderForward:
 
     At construction q/k/v and gate/up become one matrix each (concatenated once; the modules'
     parameters become views into it, so no weight is held twice), so a layer runs four matrix
-    products. On a CUDA device with Triton the norms (with the residual add), RoPE with the K/V
-    write, and silu * up are one fused kernel each (`kernels.py`); elsewhere the same arithmetic
-    runs as torch ops.
+    products, each holding its weight as the device multiplies it fastest (`products.py`). On a
+    CUDA device with Triton the norms (with the residual add), RoPE with the K/V write, and
+    silu * up are one fused kernel each (`kernels.py`); elsewhere the same arithmetic runs as torch
+    ops.
     """
 
     def __init__(self, model: Decoder, dims: DecoderDims, kv: PagedKv, max_positions: int,
@@ -85,13 +85,16 @@ class DecoderForward:
         self.sin = (freqs.sin() * scale).to(device)
         self.is_fused = kernels.available(device)
         layers = model.model.layers
-        self.qkv = [_fuse([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj])
-                    for layer in layers if layer.is_full]  # by index among the full-attention layers
-        self.gate_up = [_fuse([layer.mlp.gate_proj, layer.mlp.up_proj]) for layer in layers]
+        transposed = products.stores_transposed(device)
+        full = [layer.self_attn for layer in layers if layer.is_full]  # by index among the full-attention layers
+        self.qkv = [products.fuse([attn.q_proj, attn.k_proj, attn.v_proj], transposed) for attn in full]
+        self.o = [products.fuse([attn.o_proj], transposed) for attn in full]
+        self.gate_up = [products.fuse([layer.mlp.gate_proj, layer.mlp.up_proj], transposed) for layer in layers]
+        self.down = [products.fuse([layer.mlp.down_proj], transposed) for layer in layers]
         linear = [layer.linear_attn for layer in layers if not layer.is_full]
         if linear and states is None:
             raise ValueError("a decoder with gated delta-net layers runs with its recurrent states")
-        self.gdn = GdnForward(linear, states) if linear and states is not None else None
+        self.gdn = GdnForward(linear, states, transposed) if linear and states is not None else None
         # Per layer: its index among the full-attention layers (KV pages) or the linear ones (slots).
         self.kind_index = [sum(1 for other in layers[:i] if other.is_full == layer.is_full)
                            for i, layer in enumerate(layers)]
@@ -157,7 +160,7 @@ class DecoderForward:
         attn = layer.self_attn
         num_q, num_kv = d.num_qo_heads * d.head_dim, d.num_kv_heads * d.head_dim
         q_width = num_q * (2 if attn.is_gated else 1)
-        qkv = F.linear(h, *self.qkv[index])
+        qkv = self.qkv[index](h)
         gate = None
         if attn.is_gated:
             q, gate = qkv[:, :q_width].view(n, d.num_qo_heads, 2 * d.head_dim).split(d.head_dim, dim=-1)
@@ -172,20 +175,20 @@ class DecoderForward:
             out = kernels.sigmoid_gate(out, gate)
         elif gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))
-        return F.linear(out.to(h.dtype), attn.o_proj.weight, attn.o_proj.bias)
+        return self.o[index](out.to(h.dtype))
 
-    def _mlp(self, index: int, mlp, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, index: int, h: torch.Tensor) -> torch.Tensor:
         """SwiGLU's output (before a tensor-parallel reduce). A method of its own so that its
         intermediates (gate/up, 8x the hidden width) are freed on return: held by names of the
         layer loop, they stayed alive into the next layer, two layers' worth at its peak."""
-        gate_up = F.linear(h, *self.gate_up[index])
+        gate_up = self.gate_up[index](h)
         if self.is_fused:
             act = kernels.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
         del gate_up
-        return F.linear(act, mlp.down_proj.weight, mlp.down_proj.bias)
+        return self.down[index](act)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
                  last_index: torch.Tensor, attend: Attend, linear: Optional[LinearStep] = None) -> torch.Tensor:
@@ -203,7 +206,7 @@ class DecoderForward:
                 mixed = self.gdn(self.kind_index[index], h, linear)
             delta = model.reduce_partial(mixed)
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
-            delta = model.reduce_partial(self._mlp(index, layer.mlp, h))
+            delta = model.reduce_partial(self._mlp(index, h))
         assert delta is not None, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
             rows = last_index.long()  # one cast for both gathers
@@ -219,23 +222,6 @@ class DecoderForward:
         if self.is_fused:
             return kernels.argmax_rows(logits, out)
         return logits.argmax(-1) if out is None else torch.argmax(logits, dim=-1, out=out)
-
-
-def _fuse(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(weight, bias) of the linears stacked by output; their parameters become views of it."""
-    with torch.no_grad():
-        weight = torch.cat([linear.weight for linear in linears])
-        has_bias = any(linear.bias is not None for linear in linears)
-        bias = torch.cat([linear.bias if linear.bias is not None else weight.new_zeros(linear.out_features)
-                          for linear in linears]) if has_bias else None
-        start = 0
-        for linear in linears:
-            end = start + linear.out_features
-            linear.weight = nn.Parameter(weight[start:end], requires_grad=False)
-            if linear.bias is not None and bias is not None:  # bias is set whenever any linear has one
-                linear.bias = nn.Parameter(bias[start:end], requires_grad=False)
-            start = end
-    return weight, bias
 
 
 def torch_attend(qo_indptr: list[int], kv_indptr: list[int], kv_indices: torch.Tensor,

@@ -41,9 +41,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from mstar.runtime.engine.gpu import gdn_kernels
+from mstar.runtime.engine.gpu import gdn_kernels, products
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 
 __all__ = ["EagerRows", "GdnForward", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
@@ -149,28 +148,18 @@ def linear_layout(qo_indptr: np.ndarray, conv_kernel: int) -> Optional[LinearLay
                         prompt_cu.tolist(), num_tokens)
 
 
-def fuse_projections(layer: GatedDeltaNet) -> torch.Tensor:
-    """[in_proj_qkv | in_proj_z | in_proj_b | in_proj_a] as one weight; the modules' weights become
-    views into it (no weight held twice)."""
-    linears = [layer.in_proj_qkv, layer.in_proj_z, layer.in_proj_b, layer.in_proj_a]
-    with torch.no_grad():
-        weight = torch.cat([linear.weight for linear in linears])
-        start = 0
-        for linear in linears:
-            end = start + linear.out_features
-            linear.weight = nn.Parameter(weight[start:end], requires_grad=False)
-            start = end
-    return weight
-
-
 class GdnForward:
     """The linear layers of one decoder (module docstring); holds no per-step state."""
 
-    def __init__(self, layers: list[GatedDeltaNet], states: LinearStates):
+    def __init__(self, layers: list[GatedDeltaNet], states: LinearStates, transposed: bool = False):
+        """transposed: the products hold their weights as `[in, out]` (`products.py`)."""
         if len(layers) != len(states.ssm):
             raise ValueError(f"{len(layers)} gated delta-net layers but states for {len(states.ssm)}")
         self.layers, self.states = layers, states
-        self.weights = [fuse_projections(layer) for layer in layers]
+        # [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a] as one product, and out_proj
+        self.in_proj = [products.fuse([layer.in_proj_qkv, layer.in_proj_z, layer.in_proj_b, layer.in_proj_a],
+                                      transposed) for layer in layers]
+        self.out_proj = [products.fuse([layer.out_proj], transposed) for layer in layers]
         device = states.ssm[0].device if states.ssm else torch.device("cpu")
         self.kernels = fla_kernels(device)
         self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
@@ -182,7 +171,7 @@ class GdnForward:
         n = h.shape[0]
         heads, value_heads = layer.num_heads, layer.num_value_heads
         key_width, value_width = heads * layer.key_dim, value_heads * layer.value_dim
-        proj = F.linear(h, self.weights[index])
+        proj = self.in_proj[index](h)
         mixed, z, b, a = proj.split([layer.conv_dim, value_width, value_heads, value_heads], dim=-1)
         weight = layer.conv1d.weight[:, 0, :]  # [C, K]
         rows = step.eager
@@ -192,7 +181,7 @@ class GdnForward:
             gated = gdn_kernels.decode_step(mixed, z, b, a, conv_state, weight, layer.A_log, layer.dt_bias, ssm,
                                             step.read, layer.norm.weight, layer.eps, heads, counts=step.counts,
                                             write_slots=step.write)
-            return F.linear(gated, layer.out_proj.weight)
+            return self.out_proj[index](gated)
         beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
         g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
         if rows is None:
@@ -219,7 +208,7 @@ class GdnForward:
         out32 = out.float()
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
-        return F.linear(gated.reshape(n, value_width), layer.out_proj.weight)
+        return self.out_proj[index](gated.reshape(n, value_width))
 
     # -------------------------------------------------------------- the causal conv
 
