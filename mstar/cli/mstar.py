@@ -108,14 +108,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "attention", "load", "engine", "kv",
-                                         "serve", "gdn"),
+                                         "serve", "gdn", "products"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; runner: the GPU fast path's host work per decode "
                             "step (device stubbed, any machine); attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
                             "kv: decode latency beside a long prompt, chunked or whole; "
                             "serve: load an OpenAI-compatible server over HTTP; gdn: the gated delta-net decode "
-                            "kernel's value parts against other widths on a GPU")
+                            "kernel's value parts against other widths on a GPU; products: a decoder step's "
+                            "matrix products, weights [in, out] against the modules' [out, in], on a GPU")
     return parser
 
 
@@ -637,6 +638,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.engine.gpu import bench_gdn
 
         return bench_gdn.main(argv[2:])
+    if argv[:2] == ["bench", "products"]:
+        from mstar.runtime.engine.gpu import bench_products
+
+        return bench_products.main(argv[2:])
     if argv[:2] == ["bench", "engine"]:
         from mstar.runtime.engine.gpu import bench
 

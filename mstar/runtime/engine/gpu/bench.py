@@ -511,7 +511,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except PlanError as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
-    node = _kv_node(plan, args)
+    node = kv_node(plan, args)
     if node is None:
         return 1
     if args.decode_kernel == "cuda" and _lacks_cuda_core_kernel(node):
@@ -547,14 +547,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def _kv_node(plan, args: argparse.Namespace) -> Any:
-    """The kv node `--node` names (default: the plan's first), or None after saying why."""
+def kv_node(plan, args: argparse.Namespace, prog: str = "mstar bench engine") -> Any:
+    """The kv node `--node` names (default: the plan's first), or None after saying why (as `prog`)."""
     kv_nodes = [n for n in plan.nodes if n.engine == "kv"]
     node = next((n for n in kv_nodes if n.name == args.node), None) if args.node else next(iter(kv_nodes), None)
     if node is None:
         wanted = f"no kv node {args.node!r} (its kv nodes: {', '.join(n.name for n in kv_nodes) or 'none'})" \
             if args.node else "no kv node"
-        print(f"mstar bench engine: {args.plan} has {wanted}", file=sys.stderr)
+        print(f"{prog}: {args.plan} has {wanted}", file=sys.stderr)
     return node
 
 
@@ -581,7 +581,7 @@ def _host_pack(args: argparse.Namespace) -> int:
     except (PlanError, GlueLoadError) as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
-    node = _kv_node(plan, args)
+    node = kv_node(plan, args)
     if node is None:
         return 1
     glue = bench_glue(glue_module, node)

@@ -216,6 +216,14 @@ class DecoderForward:
             last = model.model.norm((x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight))
 
+    def named_products(self) -> list[tuple[str, products.Product]]:
+        """Every matrix product a step runs but the LM head (the model's own), by role, one a layer."""
+        named = [("q/k/v", p) for p in self.qkv] + [("o", p) for p in self.o]
+        named += [("gate/up", p) for p in self.gate_up] + [("down", p) for p in self.down]
+        if self.gdn is not None:
+            named += [("linear in", p) for p in self.gdn.in_proj] + [("linear out", p) for p in self.gdn.out_proj]
+        return named
+
     def greedy(self, logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Each row's argmax (the first index of its maximum; into `out` when given): one fused pair
         of kernels where the fused kernels run (`kernels.argmax_rows`), torch's reduction elsewhere."""

@@ -55,6 +55,10 @@ class Product:
         return torch.addmm(self.bias, x, self.weight)
 
     @property
+    def in_features(self) -> int:
+        return self.weight.shape[0] if self.is_transposed else self.weight.shape[1]
+
+    @property
     def out_features(self) -> int:
         return self.weight.shape[1] if self.is_transposed else self.weight.shape[0]
 

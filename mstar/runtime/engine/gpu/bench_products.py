@@ -1,0 +1,185 @@
+"""`mstar bench products`: each distinct matrix product of a decoder's step, at the plan's spec dims,
+timed on a GPU with its weight stored `[in, out]` (what the fast path holds: `products.py`) against
+the modules' `[out, in]`, at a few row counts. Each (shape, rows, layout) runs as one CUDA graph of
+16 distinct random bf16 weights of that shape (4 for a weight over 256 MiB), each read once a
+replay as a step's layers read theirs, timed with CUDA events (median, per product); beside it the
+floor: the weight's bytes at the copy rate measured in the same run. The last lines sum a step's
+products (each shape times how many a step runs) in either layout.
+
+The shapes come from `DecoderForward` itself, built on the meta device (`named_products`, and the
+LM head), so the bench times what a step multiplies.
+
+Usage: mstar bench products [--plan PLAN] [--node NODE] [--rows 1,2,4,8,16,64] [--iters N] [--json]
+Needs a CUDA GPU; elsewhere it says so and exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from mstar.arg_types import POSITIVE
+
+ROWS = (1, 2, 4, 8, 16, 64)
+WEIGHTS_A_GRAPH = 16
+LARGE_WEIGHT_BYTES = 256 << 20  # above this, 4 weights a graph (an LM head of 248,320 x 1024 is 485 MiB)
+
+
+@dataclass(frozen=True)
+class ProductShape:
+    """One shape of product in a step: the roles that have it, in -> out, how many a step runs."""
+
+    roles: tuple[str, ...]
+    in_features: int
+    out_features: int
+    per_step: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.in_features * self.out_features * 2  # bf16
+
+
+def product_shapes(dims) -> list[ProductShape]:
+    """A step's products as `DecoderForward` builds them for `dims`, grouped by shape (first seen
+    first), the LM head last."""
+    from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
+    from mstar.runtime.engine.models.decoder import Decoder
+    from mstar.runtime.engine.models.gdn import LinearStates
+
+    meta = torch.device("meta")
+    with meta:
+        model = Decoder(dims)
+    kv = PagedKv(dims.num_full_layers, 1, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, meta)
+    states = LinearStates.for_dims(dims, 1, meta) if dims.has_linear_layers else None
+    forward = DecoderForward(model, dims, kv, 2, states)
+    named = [(role, p.in_features, p.out_features) for role, p in forward.named_products()]
+    lm_head = model.lm_head.weight
+    named.append(("lm_head", lm_head.shape[1], lm_head.shape[0]))
+    grouped: dict[tuple[int, int], tuple[list[str], int]] = {}
+    for role, n_in, n_out in named:
+        roles, count = grouped.get((n_in, n_out), ([], 0))
+        if role not in roles:
+            roles.append(role)
+        grouped[(n_in, n_out)] = (roles, count + 1)
+    return [ProductShape(tuple(roles), n_in, n_out, count) for (n_in, n_out), (roles, count) in grouped.items()]
+
+
+def _case(shape: ProductShape, rows: int, iters: int, device: torch.device) -> dict:
+    """One shape at `rows` rows: us a product in either layout (the same weights, one stored
+    transposed), and the largest difference between the two layouts' outputs."""
+    from mstar.runtime.engine.gpu import bench_decode_attention
+    from mstar.runtime.engine.gpu.products import Product
+
+    count = WEIGHTS_A_GRAPH if shape.weight_bytes <= LARGE_WEIGHT_BYTES else 4
+    module = [torch.empty(shape.out_features, shape.in_features, dtype=torch.bfloat16, device=device)
+              .normal_(0.0, shape.in_features ** -0.5) for _ in range(count)]
+    layouts = {"stored": [Product(w.t().contiguous(), None, True) for w in module],
+               "module": [Product(w, None, False) for w in module]}
+    x = torch.randn(rows, shape.in_features, dtype=torch.bfloat16, device=device)
+    case: dict = {}
+    for name, calls in layouts.items():
+        def products(calls: list[Product] = calls) -> list[torch.Tensor]:
+            return [call(x) for call in calls]
+        case[f"{name}_us"] = round(bench_decode_attention.graph_us(products, iters, count), 3)
+    difference = (layouts["stored"][0](x).float() - layouts["module"][0](x).float()).abs().max()
+    case["max_diff"] = float(difference)
+    return case
+
+
+def run(shapes: list[ProductShape], rows: Sequence[int], iters: int, device: Optional[torch.device] = None) -> dict:
+    from mstar.runtime.engine.gpu import bench
+
+    device = device or torch.device("cuda")
+    rate = bench.copy_bandwidth()
+    measured: list[dict[str, Any]] = []
+    for shape in shapes:
+        cases = {str(r): _case(shape, r, iters, device) for r in rows}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        measured.append({"roles": list(shape.roles), "in": shape.in_features, "out": shape.out_features,
+                         "per_step": shape.per_step, "floor_us": round(shape.weight_bytes / rate * 1e6, 3),
+                         "rows": cases})
+    step = {str(r): {layout: round(sum(m["per_step"] * m["rows"][str(r)][f"{layout}_us"] for m in measured), 1)
+                     for layout in ("stored", "module")} for r in rows}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    return {"device": name, "copy_tb_s": round(rate / 1e12, 3), "shapes": measured, "step_us": step}
+
+
+def table(result: dict) -> str:
+    """One line a shape (us a product, [in, out] / module layout), then a step's sum."""
+    rows = list(result["step_us"])
+    lines = [f"a step's matrix products on {result['device']} (copy {result['copy_tb_s']} TB/s); us a product, "
+             "weight stored [in, out] / the modules' [out, in] (ratio module over stored)",
+             f"{'product':<24} {'in -> out':>15} {'a step':>6} {'floor':>7}"
+             + "".join(f" {f'{r} rows':>22}" for r in rows)]
+    for shape in result["shapes"]:
+        cells = "".join(f" {c['stored_us']:>7.2f} / {c['module_us']:>6.2f} ({c['module_us'] / c['stored_us']:.2f})"
+                        for c in (shape["rows"][r] for r in rows))
+        in_out = f"{shape['in']} -> {shape['out']}"
+        lines.append(f"{', '.join(shape['roles']):<24} {in_out:>15} {shape['per_step']:>6} "
+                     f"{shape['floor_us']:>7.2f}{cells}")
+    worst = max(c["max_diff"] for shape in result["shapes"] for c in shape["rows"].values())
+    lines.append(f"{'a step, all products':<24} {'':>15} {'':>6} {'':>7}"
+                 + "".join(f" {s['stored']:>7.0f} / {s['module']:>6.0f} ({s['module'] / s['stored']:.2f})"
+                           for s in result["step_us"].values()))
+    lines.append(f"largest difference between the layouts' outputs (the same weights): {worst:.1e}")
+    return "\n".join(lines)
+
+
+def _rows(text: str) -> list[int]:
+    try:
+        rows = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated row counts, got {text!r}") from None
+    if not rows or any(r < 1 for r in rows):
+        raise argparse.ArgumentTypeError(f"expected comma-separated row counts of at least 1, got {text!r}")
+    return list(dict.fromkeys(rows))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mstar bench products", description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", default="generated/llama.plan")
+    parser.add_argument("--node", help="the kv node (default: the plan's first)")
+    parser.add_argument("--rows", type=_rows, default=list(ROWS), metavar="N,N", help="row counts to time")
+    parser.add_argument("--iters", type=POSITIVE, default=30, help="graph replays a case")
+    parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    args = parser.parse_args(argv)
+    shapes = _plan_shapes(args)
+    if shapes is None:
+        return 1
+    if not torch.cuda.is_available():
+        print("mstar bench products: needs a CUDA GPU (torch sees none here); nothing was measured", file=sys.stderr)
+        return 1
+    result = run(shapes, args.rows, args.iters)
+    print(json.dumps(result, sort_keys=True) if args.json else table(result))
+    return 0
+
+
+def _plan_shapes(args: argparse.Namespace) -> Optional[list[ProductShape]]:
+    """The product shapes of the kv node `--node` names (default: the plan's first), or None after
+    saying why."""
+    from mstar.plan.dims import DimsError, decoder_dims
+    from mstar.plan.io import PlanError, load_plan
+    from mstar.runtime.engine.gpu.bench import kv_node
+
+    try:
+        plan = load_plan(args.plan)
+    except PlanError as error:
+        print(f"mstar bench products: {error}", file=sys.stderr)
+        return None
+    node = kv_node(plan, args, "mstar bench products")
+    if node is None:
+        return None
+    try:
+        return product_shapes(decoder_dims(node, "spec"))
+    except DimsError as error:
+        print(f"mstar bench products: node {node.name}: {error}", file=sys.stderr)
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

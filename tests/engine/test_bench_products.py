@@ -1,0 +1,86 @@
+"""`mstar bench products` (`engine/gpu/bench_products.py`) on the CPU: the step's product shapes as
+`DecoderForward` builds them, the per-step sums and the layouts' comparison with the GPU timer
+stubbed, the table, the refusals (the timing itself needs a GPU: tests/gpu/test_bench_products_gpu.py)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mstar.plan.dims import decoder_dims
+from mstar.plan.io import load_plan
+from mstar.runtime.engine.gpu import bench, bench_decode_attention, bench_products
+
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+
+
+def _dims(plan: str, which: str = "spec"):
+    node = next(n for n in load_plan(str(GENERATED / f"{plan}.plan")).nodes if n.engine == "kv")
+    return decoder_dims(node, which)
+
+
+def test_llamas_products_one_shape_a_role():
+    shapes = bench_products.product_shapes(_dims("llama"))
+    assert [(s.roles, s.in_features, s.out_features, s.per_step) for s in shapes] == [
+        (("q/k/v",), 2048, 3072, 16), (("o",), 2048, 2048, 16), (("gate/up",), 2048, 16384, 16),
+        (("down",), 8192, 2048, 16), (("lm_head",), 2048, 128256, 1)]
+
+
+def test_qwen3_5s_attention_and_linear_out_projections_share_a_shape():
+    """6 full-attention layers (gated q: [query | gate] per head) and 18 gated delta-net layers; the
+    attention's o and the linear layers' out projection are both 2048 -> 1024 (24 a step)."""
+    shapes = {s.roles: s for s in bench_products.product_shapes(_dims("qwen3_5"))}
+    assert (shapes[("o", "linear out")].in_features, shapes[("o", "linear out")].out_features,
+            shapes[("o", "linear out")].per_step) == (2048, 1024, 24)
+    assert (shapes[("q/k/v",)].out_features, shapes[("q/k/v",)].per_step) == (8 * 256 * 2 + 2 * 2 * 256, 6)
+    assert (shapes[("linear in",)].out_features, shapes[("linear in",)].per_step) == (3 * 16 * 128 + 16 * 128 + 32,
+                                                                                       18)
+    assert shapes[("lm_head",)].weight_bytes == 1024 * 248320 * 2
+
+
+def test_run_sums_a_step_and_compares_the_layouts(monkeypatch):
+    """With the GPU timer stubbed (each graph's calls run once; 2 us a stored product, 3 a module
+    one), a step's sum is each shape's count times its time, and the two layouts of the same
+    weights give outputs within bf16 rounding."""
+    calls = []
+
+    def fake_graph_us(fn, iters, num_calls):
+        outs = fn()
+        calls.append(len(outs))
+        return 2.0 if len(calls) % 2 else 3.0  # stored first, then module, as `_case` times them
+
+    monkeypatch.setattr(bench_decode_attention, "graph_us", fake_graph_us)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda: 4e12)
+    shapes = bench_products.product_shapes(_dims("qwen3_5", "tiny"))
+    result = bench_products.run(shapes, [1, 3], iters=1, device=torch.device("cpu"))
+    assert all(n == bench_products.WEIGHTS_A_GRAPH for n in calls)
+    total = sum(s.per_step for s in shapes)
+    assert result["step_us"] == {"1": {"stored": 2.0 * total, "module": 3.0 * total},
+                                 "3": {"stored": 2.0 * total, "module": 3.0 * total}}
+    for shape, measured in zip(shapes, result["shapes"]):
+        assert measured["floor_us"] == pytest.approx(shape.weight_bytes / 4e12 * 1e6, abs=1e-3)
+        for case in measured["rows"].values():
+            assert case["stored_us"] == 2.0 and case["module_us"] == 3.0
+            assert case["max_diff"] < 5e-2
+    lines = bench_products.table(result).splitlines()
+    assert len(lines) == 2 + len(shapes) + 2
+    assert all(", ".join(shape.roles) in bench_products.table(result) for shape in shapes)
+    assert "(1.50)" in lines[-2]
+
+
+def test_refusals_say_why(capsys):
+    assert bench_products.main(["--plan", str(GENERATED / "llama.plan"), "--node", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mstar bench products: ") and "no kv node 'nope' (its kv nodes: LLM)" in err
+    assert bench_products.main(["--plan", "missing.plan"]) == 1
+    assert "missing.plan" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_products.main(["--rows", "0"])
+    if not torch.cuda.is_available():
+        assert bench_products.main(["--plan", str(GENERATED / "llama.plan"), "--json"]) == 1
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_rows_keep_their_order_once_each():
+    assert bench_products._rows("8, 1,8,64") == [8, 1, 64]
+    assert json.loads(json.dumps(bench_products.ROWS)) == [1, 2, 4, 8, 16, 64]
