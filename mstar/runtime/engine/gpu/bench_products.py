@@ -7,7 +7,9 @@ floor: the weight's bytes at the copy rate measured in the same run. The last li
 products (each shape times how many a step runs) in either layout.
 
 The shapes come from `DecoderForward` itself, built on the meta device (`named_products`, and the
-LM head), so the bench times what a step multiplies.
+LM head), so the bench times what a step multiplies. The LM head, which the fast path keeps in the
+modules' layout (its product reads the weight at its floor either way), is timed both ways too, and
+a step's sum takes it in the layout of its column.
 
 Usage: mstar bench products [--plan PLAN] [--node NODE] [--rows 1,2,4,8,16,64] [--iters N] [--json]
 Needs a CUDA GPU; elsewhere it says so and exits 1.
