@@ -56,3 +56,50 @@ def test_only_a_gpu_stores_transposed_and_the_what_if_turns_it_off():
         assert not products.stores_transposed(torch.device("cuda"))
     finally:
         products.set_transposed(True)
+
+
+def _hybrid_executor(transposed: bool, monkeypatch):
+    """An eager executor over Qwen3.5-style layers (full attention and gated delta-net), seeded, with
+    its products' weights stored [in, out] (what a GPU holds) or in the modules' layout."""
+    from engine_plans import hybrid_plan
+
+    from mstar.plan.dims import decoder_dims
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+    from mstar.runtime.engine.gpu.executor import StepExecutor
+    from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
+    from mstar.runtime.engine.models.gdn import LinearStates
+
+    monkeypatch.setattr(products, "stores_transposed", lambda device: transposed)
+    dims = decoder_dims(hybrid_plan().nodes[0], "spec")
+    cpu = torch.device("cpu")
+    model = build_decoder(dims, cpu, torch.float32, position=0, seed=0)
+    kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32, cpu)
+    kv.data.zero_()
+    states = LinearStates.for_dims(dims, 4, cpu)
+    forward = DecoderForward(model, dims, kv, 257, states)
+    assert all(p.is_transposed == transposed for _, p in forward.named_products())
+    return StepExecutor(forward, kv, cpu, 17, None)
+
+
+def test_a_hybrid_decoders_steps_are_the_same_with_its_weights_stored_transposed(monkeypatch):
+    """Every product of a step (q/k/v, o, gate/up, down, a linear layer's in- and out-projections)
+    from [in, out] weights: the same greedy tokens as from the modules' layout over prompts and
+    decode steps, the recurrent states and KV within fp32 rounding."""
+    from mstar.runtime.engine.gpu.packing import RowSpec
+
+    runs = []
+    for transposed in (True, False):
+        executor = _hybrid_executor(transposed, monkeypatch)
+        steps = [[RowSpec([3, 9, 4, 7, 1], 0, [1], 1), RowSpec([8, 2, 6], 0, [2], 2)]]
+        tokens = [executor.collect(executor.launch(steps[0])).tolist()]
+        for i in range(3):
+            rows = [RowSpec([tokens[-1][0]], 5 + i, [1], 1, True), RowSpec([tokens[-1][1]], 3 + i, [2], 2, True)]
+            tokens.append(executor.collect(executor.launch(rows)).tolist())
+        runs.append((tokens, executor))
+    (got, transposed_run), (expected, module_run) = runs
+    assert got == expected
+    torch.testing.assert_close(transposed_run.kv.data, module_run.kv.data, rtol=1e-5, atol=1e-5)
+    gdn_t, gdn_m = transposed_run.forward.gdn, module_run.forward.gdn
+    assert gdn_t is not None and gdn_m is not None
+    for a, b in zip(gdn_t.states.ssm + gdn_t.states.conv, gdn_m.states.ssm + gdn_m.states.conv):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
