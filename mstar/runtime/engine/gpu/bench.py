@@ -593,9 +593,20 @@ def _host_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_GPU = "needs a CUDA GPU (torch sees none here); nothing was measured"
+
+
+def says_no_gpu(prog: str) -> bool:
+    """Whether torch sees no CUDA GPU, after saying so on stderr as `prog` (the GPU benches' refusal)."""
+    if torch.cuda.is_available():
+        return False
+    print(f"{prog}: {NO_GPU}", file=sys.stderr)
+    return True
+
+
 def _unavailable() -> Optional[str]:
     if not torch.cuda.is_available():
-        return "needs a CUDA GPU (torch sees none here); nothing was measured"
+        return NO_GPU
     try:
         import flashinfer  # noqa: F401
     except ImportError as error:

@@ -208,8 +208,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shape = _plan_shape(args)
     if shape is None:
         return 1
-    if not torch.cuda.is_available():
-        print("mstar bench gdn: needs a CUDA GPU (torch sees none here); nothing was measured", file=sys.stderr)
+    from mstar.runtime.engine.gpu.bench import says_no_gpu
+
+    if says_no_gpu("mstar bench gdn"):
         return 1
     blocks = args.blocks or [shape.value_dim, 64]
     if max(blocks) > 2 * shape.value_dim:

@@ -153,8 +153,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shapes = _plan_shapes(args)
     if shapes is None:
         return 1
-    if not torch.cuda.is_available():
-        print("mstar bench products: needs a CUDA GPU (torch sees none here); nothing was measured", file=sys.stderr)
+    from mstar.runtime.engine.gpu.bench import says_no_gpu
+
+    if says_no_gpu("mstar bench products"):
         return 1
     result = run(shapes, args.rows, args.iters)
     print(json.dumps(result, sort_keys=True) if args.json else table(result))

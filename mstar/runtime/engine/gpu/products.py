@@ -67,15 +67,15 @@ def fuse(linears: list[nn.Linear], transposed: bool) -> Product:
     """The linears stacked by output as one product; their parameters become views of its weight
     (and bias: zeros for a linear without one, when any has one)."""
     with torch.no_grad():
-        weight = torch.cat([linear.weight for linear in linears]) if len(linears) > 1 else linears[0].weight.data
+        weight = _stacked([linear.weight.data for linear in linears])
         if transposed:
             stored = weight.t().contiguous()
             weight = stored.t()  # [out, in] again, a view of the stored rows
         else:
             stored = weight
         has_bias = any(linear.bias is not None for linear in linears)
-        bias = torch.cat([linear.bias if linear.bias is not None else weight.new_zeros(linear.out_features)
-                          for linear in linears]) if has_bias else None
+        bias = _stacked([linear.bias.data if linear.bias is not None else weight.new_zeros(linear.out_features)
+                         for linear in linears]) if has_bias else None
         start = 0
         for linear in linears:
             end = start + linear.out_features
@@ -84,3 +84,8 @@ def fuse(linears: list[nn.Linear], transposed: bool) -> Product:
                 linear.bias = nn.Parameter(bias[start:end], requires_grad=False)
             start = end
     return Product(stored, bias, transposed)
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors concatenated; a lone one as it is (a single linear's weight is not copied)."""
+    return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
