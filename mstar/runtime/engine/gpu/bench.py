@@ -491,6 +491,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--module-layout", action="store_true",
                         help="hold the matrix products' weights [out, in] as the modules do, not [in, out] "
                              "(a what-if; docs/engine.md, \"Weights stored for the product\")")
+    parser.add_argument("--blas-pdl", action="store_true",
+                        help="make the graphs' edges into cuBLAS's sm_90 products programmatic (off by default "
+                             "until measured in the engine; docs/engine.md, \"Programmatic edges into cuBLAS\")")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -524,6 +527,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.engine.gpu import products
 
         products.set_transposed(False)
+    if args.blas_pdl:
+        from mstar.runtime.engine.gpu import blas_edges
+
+        blas_edges.set_enabled(True)
     from mstar.plan.io import input_paths
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
+from mstar.runtime.engine.gpu import blas_edges
 from mstar.runtime.engine.gpu.attention import NUM_FIELDS, FlashInferSteps
 from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.packing import fed_ids, pack
@@ -92,9 +93,10 @@ class DecodeGraphs:
             for _ in range(2):  # warm up: FlashInfer's first run and cuBLAS's handles outside the graph
                 self.body(batch)
         torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
+        graph = blas_edges.new_graph()
         with torch.cuda.graph(graph, pool=pool, stream=stream), torch.no_grad():
             self.logits[batch], self.greedy[batch] = self.body(batch)
+        blas_edges.finish(graph)
         self.graphs[batch] = graph
 
     def replay(self, batch: int) -> None:

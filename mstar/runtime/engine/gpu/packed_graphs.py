@@ -41,6 +41,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from mstar.runtime.engine.gpu import blas_edges
 from mstar.runtime.engine.gpu.attention import FlashInferSteps, TritonDecode, decode_backend, plan_graph_decode
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
@@ -364,7 +365,7 @@ class PackedGraphs:
             self.split[rows].num_decode.fill_(1)
             self.plan(key, ones, ones, last, 1)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        graph = torch.cuda.CUDAGraph()
+        graph = blas_edges.new_graph()
         with torch.cuda.stream(stream), torch.no_grad():
             # One warm-up outside the graph: FlashInfer's first run of the wrapper, cuBLAS's handles
             # and algorithms for the shape, Triton's first launches.
@@ -375,6 +376,7 @@ class PackedGraphs:
             finally:
                 graph.capture_end()
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        blas_edges.finish(graph)
         # Uploaded now, while the shared int workspace still holds this key's plan (graphs.upload).
         graph.replay()
         self.graphs[key] = graph

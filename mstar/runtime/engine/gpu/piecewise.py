@@ -34,6 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
+from mstar.runtime.engine.gpu import blas_edges
 from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured, upload
 from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
@@ -98,7 +99,7 @@ class PiecewiseGraphs:
             for _ in range(2):  # cuBLAS's handles and Triton's first launches happen outside the graphs
                 self._body(bucket, skip_attention)
             pieces: list[torch.cuda.CUDAGraph] = []
-            graph = torch.cuda.CUDAGraph()
+            graph = blas_edges.new_graph()
             graph.capture_begin(pool=pool)
             try:
                 def cut_at_attention(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -107,7 +108,7 @@ class PiecewiseGraphs:
                     out = skip_attention(index, q, k, v)
                     graph.capture_end()
                     pieces.append(graph)
-                    graph = torch.cuda.CUDAGraph()
+                    graph = blas_edges.new_graph()
                     graph.capture_begin(pool=pool)
                     return out
 
@@ -116,6 +117,8 @@ class PiecewiseGraphs:
                 graph.capture_end()
             pieces.append(graph)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        for piece in pieces:
+            blas_edges.finish(piece)
         if len(pieces) != self.num_layers + 1:
             raise RuntimeError(f"piecewise capture of {t} tokens cut {len(pieces)} pieces for "
                                f"{self.num_layers} attention layers")
