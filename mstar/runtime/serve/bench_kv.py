@@ -458,6 +458,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--automatic-gc", action="store_true",
                         help="Python's collector passes where they fall, not where the run loop waits for the "
                              "device (a what-if beside the default)")
+    parser.add_argument("--blas-pdl", action="store_true",
+                        help="torch engine on a GPU: make the graphs' edges into cuBLAS's sm_90 products "
+                             "programmatic (off by default until measured; docs/engine.md, \"Programmatic "
+                             "edges into cuBLAS\")")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
@@ -474,8 +478,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
     if args.no_run_ahead and args.engine != "torch":
         parser.error("--no-run-ahead turns off the torch engine's launch-ahead: use it with --engine torch")
-    if args.per_row and not (args.engine == "torch" and args.device.startswith("cuda")):
+    is_gpu_path = args.engine == "torch" and args.device.startswith("cuda")
+    if args.per_row and not is_gpu_path:
         parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
+    if args.blas_pdl and not is_gpu_path:
+        parser.error("--blas-pdl rewrites the GPU fast path's graphs: use it with --engine torch --device cuda")
+    if args.blas_pdl:
+        from mstar.runtime.engine.gpu import blas_edges
+
+        blas_edges.set_enabled(True)
     from mstar.plan.io import PlanError, load_plan
 
     try:
@@ -486,6 +497,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
                                "route": args.route, "is_columnar": not args.per_row,
                                "can_run_ahead": not args.no_run_ahead, "is_gc_deferred": not args.automatic_gc,
+                               "is_blas_pdl": args.blas_pdl,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
