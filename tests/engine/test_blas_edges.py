@@ -26,12 +26,12 @@ class FakeGraph:
         self.edges = [(a, b, SimpleNamespace(type=t, from_port=0)) for a, b, t in edges]
 
 
-def _bindings(graph: FakeGraph):
+def _bindings(graph: FakeGraph, count_error: str = "success"):
     ok = "success"
 
     def get_edges(_raw, count):
         if count == 0:
-            return ok, None, None, None, len(graph.edges)
+            return count_error, None, None, None, len(graph.edges)
         return (ok, [a for a, _, _ in graph.edges], [b for _, b, _ in graph.edges], [d for _, _, d in graph.edges],
                 len(graph.edges))
 
@@ -46,7 +46,7 @@ def _bindings(graph: FakeGraph):
         return (ok,)
 
     runtime = SimpleNamespace(
-        cudaError_t=SimpleNamespace(cudaSuccess=ok),
+        cudaError_t=SimpleNamespace(cudaSuccess=ok, cudaErrorLossyQuery="lossy"),
         cudaGraphDependencyType=SimpleNamespace(cudaGraphDependencyTypeDefault=Dependency.default,
                                                 cudaGraphDependencyTypeProgrammatic=Dependency.programmatic),
         cudaGraphKernelNodePortProgrammatic=1,
@@ -91,6 +91,18 @@ def test_only_edges_into_the_waiting_products_become_programmatic(step_graph):
     assert kinds[(8, 7)] == Dependency.default  # into a cuBLAS kernel outside the family measured
     assert len(step_graph.edges) == 7
     assert blas_edges.make_programmatic(0) == 0  # a second pass finds nothing left to change
+
+
+@pytest.mark.parametrize("count_error, made", [("lossy", 1), ("invalid", None)])
+def test_the_count_query_may_be_lossy_but_not_fail(monkeypatch, count_error, made):
+    graph = FakeGraph({1: (NodeType.kernel, "_silu_mul_kernel"), 2: (NodeType.kernel, "nvjet_sm90_tst_NNT")},
+                      [(1, 2, Dependency.default)])
+    monkeypatch.setattr(blas_edges, "_bindings", lambda: _bindings(graph, count_error))
+    if made is None:
+        with pytest.raises(RuntimeError, match="invalid"):
+            blas_edges.make_programmatic(0)
+    else:
+        assert blas_edges.make_programmatic(0) == made
 
 
 def test_off_by_default_and_without_bindings_graphs_are_as_captured(monkeypatch):

@@ -83,7 +83,9 @@ def make_programmatic(raw_graph: int) -> int:
     """Every ordinary kernel-to-kernel edge of `raw_graph` (a `cudaGraph_t`) into a kernel that
     `waits` becomes programmatic; returns how many."""
     driver, runtime = _bindings()
-    *_, count = _checked(runtime, runtime.cudaGraphGetEdges(raw_graph, 0))
+    error, *_, count = runtime.cudaGraphGetEdges(raw_graph, 0)  # the count alone (a lossy query is one too)
+    if error not in (runtime.cudaError_t.cudaSuccess, getattr(runtime.cudaError_t, "cudaErrorLossyQuery", None)):
+        raise RuntimeError(f"blas_edges: {error}")
     sources, targets, data, _ = _checked(runtime, runtime.cudaGraphGetEdges(raw_graph, count))
     programmatic = runtime.cudaGraphEdgeData()
     programmatic.type = runtime.cudaGraphDependencyType.cudaGraphDependencyTypeProgrammatic
