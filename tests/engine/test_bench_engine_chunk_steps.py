@@ -126,3 +126,10 @@ def test_a_chained_decode_step_is_launched_before_the_one_before_it_is_collected
                           "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()})
     row = next(line for line in table.splitlines() if line.startswith("decode 8"))
     assert row.split()[-2:] == ["2.000", "2.00"]
+
+
+def test_the_table_says_how_many_edges_the_blas_what_if_rewrote():
+    base = {"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0, "decode": {},
+            "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()}
+    assert "made programmatic" not in bench._table(base)
+    assert "made programmatic (--blas-pdl): 65" in bench._table(dict(base, programmatic_blas_edges=65))

@@ -126,3 +126,20 @@ def test_a_failing_binding_call_raises():
     runtime = SimpleNamespace(cudaError_t=SimpleNamespace(cudaSuccess="success"))
     with pytest.raises(RuntimeError, match="blas_edges"):
         blas_edges._checked(runtime, ("cudaErrorInvalidValue", None))
+
+
+def test_finish_rewrites_a_kept_graph_instantiates_it_and_counts(step_graph):
+    """On (the bindings stood in): `finish` rewrites the graph torch kept, instantiates it, and adds
+    to `made_total`, which `set_enabled` restarts (what `mstar bench engine --blas-pdl` reports)."""
+    calls = []
+    kept = SimpleNamespace(raw_cuda_graph=lambda: calls.append("raw") or 0,
+                           instantiate=lambda: calls.append("instantiate"))
+    blas_edges.set_enabled(True)
+    try:
+        assert blas_edges.is_enabled()
+        assert blas_edges.finish(kept) == 2
+        assert calls == ["raw", "instantiate"]
+        assert blas_edges.finish(kept) == 0 and blas_edges.made_total == 2
+    finally:
+        blas_edges.set_enabled(False)
+    assert blas_edges.made_total == 0

@@ -527,10 +527,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.engine.gpu import products
 
         products.set_transposed(False)
-    if args.blas_pdl:
-        from mstar.runtime.engine.gpu import blas_edges
+    from mstar.runtime.engine.gpu import blas_edges
 
-        blas_edges.set_enabled(True)
+    blas_edges.set_enabled(args.blas_pdl)
     from mstar.plan.io import input_paths
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 
@@ -541,6 +540,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     result, dims = run_engine(plan, node, args.iters, args.profile, args.decode_kernel, glue_module, not args.no_numpy,
                               args.capture_only)
+    if args.blas_pdl:  # how many edges the what-if rewrote, so an A/B shows it acted
+        result["programmatic_blas_edges"] = blas_edges.made_total
     if args.capture_only:
         print(json.dumps(result, sort_keys=True) if args.json else "\n".join(_capture_lines(result)))
         return 0
@@ -654,6 +655,9 @@ def _table(result: dict) -> str:
                          f"{value['not_unrolled']['ms']:.3f} ms (kernels {value['not_unrolled']['kernels_ms']:.3f} ms)")
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
+    if "programmatic_blas_edges" in result:
+        lines.append(f"edges into cuBLAS's products made programmatic (--blas-pdl): "
+                     f"{result['programmatic_blas_edges']}")
     for kernel in result.get("profile", []):
         lines.append(f"  {kernel['us_per_replay']:>9.1f} us  x{kernel['calls_per_replay']:<4} {kernel['kernel']}")
     return "\n".join(lines + _capture_lines(result))

@@ -36,13 +36,14 @@ import torch
 WAITING_KERNELS = ("nvjet_sm90_",)
 
 _enabled = False
+made_total = 0  # edges `finish` made programmatic since `set_enabled` (what a bench reports)
 
 
 def set_enabled(enabled: bool) -> None:
     """Make the edges into cuBLAS's products programmatic in graphs captured afterwards (module
-    docstring); off by default."""
-    global _enabled
-    _enabled = enabled
+    docstring); off by default. Restarts `made_total`."""
+    global _enabled, made_total
+    _enabled, made_total = enabled, 0
 
 
 def is_enabled() -> bool:
@@ -67,10 +68,12 @@ def new_graph() -> torch.cuda.CUDAGraph:
 def finish(graph: torch.cuda.CUDAGraph) -> int:
     """After the capture: rewrite a kept graph's edges and instantiate it; returns the edges made
     programmatic (0 when not enabled)."""
+    global made_total
     if not is_enabled():
         return 0
     made = make_programmatic(graph.raw_cuda_graph())
     graph.instantiate()
+    made_total += made
     return made
 
 
