@@ -86,9 +86,8 @@ def make_programmatic(raw_graph: int) -> int:
     """Every ordinary kernel-to-kernel edge of `raw_graph` (a `cudaGraph_t`) into a kernel that
     `waits` becomes programmatic; returns how many."""
     driver, runtime = _bindings()
-    error, *_, count = runtime.cudaGraphGetEdges(raw_graph, 0)  # the count alone (a lossy query is one too)
-    if error not in (runtime.cudaError_t.cudaSuccess, getattr(runtime.cudaError_t, "cudaErrorLossyQuery", None)):
-        raise RuntimeError(f"blas_edges: {error}")
+    lossy = getattr(runtime.cudaError_t, "cudaErrorLossyQuery", None)  # the count alone may answer so
+    *_, count = _checked(runtime, runtime.cudaGraphGetEdges(raw_graph, 0), also_ok=lossy)
     sources, targets, data, _ = _checked(runtime, runtime.cudaGraphGetEdges(raw_graph, count))
     programmatic = runtime.cudaGraphEdgeData()
     programmatic.type = runtime.cudaGraphDependencyType.cudaGraphDependencyTypeProgrammatic
@@ -120,9 +119,10 @@ def _kernel_name(driver: Any, node: Any) -> str:
     return name.decode() if error == driver.CUresult.CUDA_SUCCESS else ""
 
 
-def _checked(runtime: Any, result: Any) -> Any:
-    """A binding's (error, *values): the values (one alone unwrapped), or a RuntimeError."""
+def _checked(runtime: Any, result: Any, also_ok: Any = None) -> Any:
+    """A binding's (error, *values): the values (one alone unwrapped), or a RuntimeError unless the
+    error is success (or `also_ok`)."""
     error, *values = result if isinstance(result, tuple) else (result,)
-    if error != runtime.cudaError_t.cudaSuccess:
+    if error != runtime.cudaError_t.cudaSuccess and (also_ok is None or error != also_ok):
         raise RuntimeError(f"blas_edges: {error}")
     return values[0] if len(values) == 1 else tuple(values)
