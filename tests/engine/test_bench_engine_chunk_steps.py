@@ -132,4 +132,4 @@ def test_the_table_says_how_many_edges_the_blas_what_if_rewrote():
     base = {"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0, "decode": {},
             "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()}
     assert "made programmatic" not in bench._table(base)
-    assert "made programmatic (--blas-pdl): 65" in bench._table(dict(base, programmatic_blas_edges=65))
+    assert "made programmatic: 65" in bench._table(dict(base, programmatic_blas_edges=65))

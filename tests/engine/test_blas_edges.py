@@ -105,15 +105,17 @@ def test_the_count_query_may_be_lossy_but_not_fail(monkeypatch, count_error, mad
         assert blas_edges.make_programmatic(0) == made
 
 
-def test_off_by_default_and_without_bindings_graphs_are_as_captured(monkeypatch):
-    assert not blas_edges.is_enabled()
-    assert blas_edges.finish(SimpleNamespace()) == 0  # nothing read from a graph it does not rewrite
-    monkeypatch.setattr(blas_edges, "_bindings", lambda: None)
-    blas_edges.set_enabled(True)
+def test_on_by_default_but_off_or_without_bindings_graphs_are_as_captured(monkeypatch, step_graph):
+    assert blas_edges.ENABLED_BY_DEFAULT and blas_edges.is_enabled()  # the stand-in bindings are present
+    blas_edges.set_enabled(False)
     try:
         assert not blas_edges.is_enabled()
+        assert blas_edges.finish(SimpleNamespace()) == 0  # nothing read from a graph it does not rewrite
     finally:
-        blas_edges.set_enabled(False)
+        blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
+    monkeypatch.setattr(blas_edges, "_bindings", lambda: None)
+    assert not blas_edges.is_enabled()
+    assert blas_edges.finish(SimpleNamespace()) == 0
 
 
 def test_the_family_is_told_by_the_kernel_name():
@@ -130,7 +132,7 @@ def test_a_failing_binding_call_raises():
 
 def test_finish_rewrites_a_kept_graph_instantiates_it_and_counts(step_graph):
     """On (the bindings stood in): `finish` rewrites the graph torch kept, instantiates it, and adds
-    to `made_total`, which `set_enabled` restarts (what `mstar bench engine --blas-pdl` reports)."""
+    to `made_total`, which `set_enabled` restarts (what `mstar bench engine` reports)."""
     calls = []
     kept = SimpleNamespace(raw_cuda_graph=lambda: calls.append("raw") or 0,
                            instantiate=lambda: calls.append("instantiate"))
@@ -141,5 +143,5 @@ def test_finish_rewrites_a_kept_graph_instantiates_it_and_counts(step_graph):
         assert calls == ["raw", "instantiate"]
         assert blas_edges.finish(kept) == 0 and blas_edges.made_total == 2
     finally:
-        blas_edges.set_enabled(False)
+        blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
     assert blas_edges.made_total == 0

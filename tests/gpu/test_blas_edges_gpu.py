@@ -36,7 +36,7 @@ def _captured(x: torch.Tensor, weights, enabled: bool):
             out = _layers(x, weights)
         made = blas_edges.finish(graph)
     finally:
-        blas_edges.set_enabled(False)
+        blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
     return graph, out, made
 
 
@@ -82,7 +82,7 @@ def test_the_engines_decode_graphs_with_the_edges_rewritten_give_the_same_logits
             executor = _executor([1, 2, 4, 8])
             executor.capture()
         finally:
-            blas_edges.set_enabled(False)
+            blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
         tokens = executor.collect(executor.launch(rows)).tolist()
         runs.append((executor.graphs.logits[4][:3].clone(), tokens))
     (plain_logits, plain_tokens), (edges_logits, edges_tokens) = runs

@@ -458,10 +458,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--automatic-gc", action="store_true",
                         help="Python's collector passes where they fall, not where the run loop waits for the "
                              "device (a what-if beside the default)")
-    parser.add_argument("--blas-pdl", action="store_true",
-                        help="torch engine on a GPU: make the graphs' edges into cuBLAS's sm_90 products "
-                             "programmatic (off by default until measured; docs/engine.md, \"Programmatic "
-                             "edges into cuBLAS\")")
+    parser.add_argument("--no-blas-pdl", action="store_true",
+                        help="torch engine on a GPU: keep the graphs' edges into cuBLAS's sm_90 products ordinary, "
+                             "not programmatic (a what-if; docs/engine.md, \"Programmatic edges into cuBLAS\")")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
@@ -469,6 +468,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine: model dims")
     parser.add_argument("--json", action="store_true")
     return parser
+
+
+def _blas_edges_enabled() -> bool:
+    """Whether the GPU fast path's graphs get programmatic edges into cuBLAS (needs cuda-bindings)."""
+    from mstar.runtime.engine.gpu import blas_edges
+
+    return blas_edges.is_enabled()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -481,12 +487,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     is_gpu_path = args.engine == "torch" and args.device.startswith("cuda")
     if args.per_row and not is_gpu_path:
         parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
-    if args.blas_pdl and not is_gpu_path:
-        parser.error("--blas-pdl rewrites the GPU fast path's graphs: use it with --engine torch --device cuda")
-    if args.blas_pdl:
+    if args.no_blas_pdl and not is_gpu_path:
+        parser.error("--no-blas-pdl is about the GPU fast path's graphs: use it with --engine torch --device cuda")
+    if args.no_blas_pdl:
         from mstar.runtime.engine.gpu import blas_edges
 
-        blas_edges.set_enabled(True)
+        blas_edges.set_enabled(False)
     from mstar.plan.io import PlanError, load_plan
 
     try:
@@ -497,7 +503,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: dict[str, Any] = {"engine": args.engine, "device": args.device, "dims": args.dims, "plan": args.plan,
                                "route": args.route, "is_columnar": not args.per_row,
                                "can_run_ahead": not args.no_run_ahead, "is_gc_deferred": not args.automatic_gc,
-                               "is_blas_pdl": args.blas_pdl,
+                               "is_blas_pdl": is_gpu_path and _blas_edges_enabled(),
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
