@@ -133,3 +133,5 @@ def test_the_table_says_how_many_edges_the_blas_what_if_rewrote():
             "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()}
     assert "made programmatic" not in bench._table(base)
     assert "made programmatic: 65" in bench._table(dict(base, programmatic_blas_edges=65))
+    off = bench._table(dict(base, programmatic_blas_edges=0, blas_edges_off="cuda-bindings 13 is not installed"))
+    assert "made programmatic: 0 (off: cuda-bindings 13 is not installed)" in off

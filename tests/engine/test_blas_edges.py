@@ -107,15 +107,17 @@ def test_the_count_query_may_be_lossy_but_not_fail(monkeypatch, count_error, mad
 
 def test_on_by_default_but_off_or_without_bindings_graphs_are_as_captured(monkeypatch, step_graph):
     assert blas_edges.ENABLED_BY_DEFAULT and blas_edges.is_enabled()  # the stand-in bindings are present
+    assert blas_edges.why_off() is None
     blas_edges.set_enabled(False)
     try:
-        assert not blas_edges.is_enabled()
+        assert not blas_edges.is_enabled() and blas_edges.why_off() == "turned off"
         assert blas_edges.finish(SimpleNamespace()) == 0  # nothing read from a graph it does not rewrite
     finally:
         blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
     monkeypatch.setattr(blas_edges, "_bindings", lambda: None)
     assert not blas_edges.is_enabled()
     assert blas_edges.finish(SimpleNamespace()) == 0
+    assert blas_edges.why_off() == "cuda-bindings 13 is not installed"
 
 
 def test_the_family_is_told_by_the_kernel_name():

@@ -541,6 +541,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result, dims = run_engine(plan, node, args.iters, args.profile, args.decode_kernel, glue_module, not args.no_numpy,
                               args.capture_only)
     result["programmatic_blas_edges"] = blas_edges.made_total  # 0 with --no-blas-pdl or without cuda-bindings
+    if blas_edges.why_off() is not None:
+        result["blas_edges_off"] = blas_edges.why_off()
     if args.capture_only:
         print(json.dumps(result, sort_keys=True) if args.json else "\n".join(_capture_lines(result)))
         return 0
@@ -655,8 +657,8 @@ def _table(result: dict) -> str:
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
     if "programmatic_blas_edges" in result:
-        lines.append(f"edges into cuBLAS's products made programmatic: "
-                     f"{result['programmatic_blas_edges']}")
+        off = f" (off: {result['blas_edges_off']})" if "blas_edges_off" in result else ""
+        lines.append(f"edges into cuBLAS's products made programmatic: {result['programmatic_blas_edges']}{off}")
     for kernel in result.get("profile", []):
         lines.append(f"  {kernel['us_per_replay']:>9.1f} us  x{kernel['calls_per_replay']:<4} {kernel['kernel']}")
     return "\n".join(lines + _capture_lines(result))

@@ -30,7 +30,7 @@ Llama-3.2-1B at spec dims, two alternations in one call) it took the chained dec
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -51,6 +51,13 @@ def set_enabled(enabled: bool) -> None:
 
 def is_enabled() -> bool:
     return _enabled and _bindings() is not None
+
+
+def why_off() -> Optional[str]:
+    """None when graphs get the rewrite; else why not (what a bench prints beside its 0 edges)."""
+    if not _enabled:
+        return "turned off"
+    return None if _bindings() is not None else "cuda-bindings 13 is not installed"
 
 
 @functools.lru_cache(maxsize=None)
