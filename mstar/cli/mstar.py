@@ -90,6 +90,10 @@ def _run_parser(sub: Any) -> None:
                      help="torch engine on a GPU: launch each decode step only after the one before was "
                           "collected (default: the device runs the speculated next step behind it; a hybrid "
                           "decoder then keeps two copies of each recurrent state slot)")
+    run.add_argument("--no-blas-pdl", action="store_true",
+                     help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's sm_90 products "
+                          "ordinary (default: programmatic, docs/engine.md \"Programmatic edges into cuBLAS\"; "
+                          "this turns that off if a cuBLAS upgrade breaks what it relies on)")
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
@@ -141,6 +145,10 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine import torch_engine
     except ImportError as error:
         raise CliError(f"the torch engine is not available ({error}); use --engine sim") from None
+    if args.no_blas_pdl:  # before any graph is captured (process-wide, as the module's switch is)
+        from mstar.runtime.engine.gpu import blas_edges
+
+        blas_edges.set_enabled(False)
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
         print("mstar: building the models at the spec's dims (random weights are drawn on the CPU; "
               "a 1B model takes 10-60 s, by the cores)...", file=sys.stderr, flush=True)
@@ -257,6 +265,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
     if args.gpu_idle and not (args.engine == "torch" and args.device.startswith("cuda")):
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
+    if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
+        raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
     if args.timeline:
         from mstar.runtime.serve.timeline import format_problem
 
@@ -412,7 +422,7 @@ def _rank_options(args: argparse.Namespace) -> Any:
 
     return RankOptions(dims=args.dims, weights=args.weights, seed=args.seed, kv_pages=args.kv_pages,
                        device=args.device, attention=args.attention, timeout_s=args.rank_timeout,
-                       plan_path=args.plan)
+                       plan_path=args.plan, blas_pdl=not args.no_blas_pdl)
 
 
 def _serve_rank(args: argparse.Namespace, plan: Any) -> int:

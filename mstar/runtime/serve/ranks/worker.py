@@ -29,7 +29,7 @@ Reply = Optional[tuple[str, dict[str, Any], list]]
 @dataclass
 class RankOptions:
     """The torch engine's options (`mstar run`'s --dims, --weights, --seed, --kv-pages, --device,
-    --attention) and the rank timeout, as plain data for every rank."""
+    --attention, --no-blas-pdl) and the rank timeout, as plain data for every rank."""
 
     dims: str = "tiny"
     weights: Optional[list[str]] = None
@@ -39,6 +39,7 @@ class RankOptions:
     attention: str = "auto"
     timeout_s: float = 8.0
     plan_path: Optional[str] = None  # where the plan was read: its generated glue sits beside it
+    blas_pdl: bool = True  # the graphs' edges into cuBLAS's products programmatic (--no-blas-pdl: False)
 
 
 def nodes_of(plan: Plan, rank: int) -> set[str]:
@@ -50,8 +51,10 @@ def nodes_of(plan: Plan, rank: int) -> set[str]:
 def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str,
                    comms: dict[str, Any]) -> RankExecutor:
     """The rank's engine (its nodes; its shard of each TP node, `comms` from tp.build.tp_comms)."""
+    from mstar.runtime.engine.gpu import blas_edges
     from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
+    blas_edges.set_enabled(options.blas_pdl)  # this process's graphs, captured below
     # ranks never launch ahead (the controller's caps say so): a hybrid's states keep one copy a slot
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
