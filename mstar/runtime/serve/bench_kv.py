@@ -487,9 +487,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     is_gpu_path = args.engine == "torch" and args.device.startswith("cuda")
     if args.per_row and not is_gpu_path:
         parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
-    if args.no_blas_pdl and not is_gpu_path:
-        parser.error("--no-blas-pdl is about the GPU fast path's graphs: use it with --engine torch --device cuda")
     if args.no_blas_pdl:
+        if not is_gpu_path:
+            parser.error("--no-blas-pdl is about the GPU fast path's graphs: use it with --engine torch --device cuda")
         from mstar.runtime.engine.gpu import blas_edges
 
         blas_edges.set_enabled(False)
