@@ -261,11 +261,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
                          ("--gpu-profile", args.gpu_profile)):
         if path:
             _check_file_target(option, path)
-    if args.gpu_profile and not (args.engine == "torch" and args.device.startswith("cuda")):
+    is_on_gpu = args.engine == "torch" and args.device.startswith("cuda")
+    if args.gpu_profile and not is_on_gpu:
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
-    if args.gpu_idle and not (args.engine == "torch" and args.device.startswith("cuda")):
+    if args.gpu_idle and not is_on_gpu:
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
-    if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
+    if args.no_blas_pdl and not is_on_gpu:
         raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
     if args.timeline:
         from mstar.runtime.serve.timeline import format_problem

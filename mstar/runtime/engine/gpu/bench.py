@@ -541,8 +541,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result, dims = run_engine(plan, node, args.iters, args.profile, args.decode_kernel, glue_module, not args.no_numpy,
                               args.capture_only)
     result["programmatic_blas_edges"] = blas_edges.made_total  # 0 with --no-blas-pdl or without cuda-bindings
-    if blas_edges.why_off() is not None:
-        result["blas_edges_off"] = blas_edges.why_off()
+    off = blas_edges.why_off()
+    if off is not None:
+        result["blas_edges_off"] = off
     if args.capture_only:
         print(json.dumps(result, sort_keys=True) if args.json else "\n".join(_capture_lines(result)))
         return 0

@@ -50,7 +50,7 @@ def set_enabled(enabled: bool) -> None:
 
 
 def is_enabled() -> bool:
-    return _enabled and _bindings() is not None
+    return why_off() is None
 
 
 def why_off() -> Optional[str]:
