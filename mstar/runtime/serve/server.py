@@ -35,6 +35,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch engine: cpu or cuda[:N]")
     p.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto")
     p.add_argument("--seed", type=int, default=0, help="engine seed (random weights)")
+    p.add_argument("--no-blas-pdl", action="store_true",
+                   help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's products ordinary "
+                        "(as mstar run; default: programmatic)")
     p.add_argument("--sim-pace", type=float, default=1.0,
                    help="sim engine: wall seconds per modelled second (default 1; 0: as fast as the host goes)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -55,6 +58,8 @@ def _check(args: argparse.Namespace) -> None:
         raise SetupError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if not args.drain_timeout >= 0:
         raise SetupError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
+    if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
+        raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
 
 
 def build(args: argparse.Namespace) -> Any:
@@ -64,6 +69,10 @@ def build(args: argparse.Namespace) -> Any:
     from mstar.runtime.serve.prom import ServerMetrics
 
     _check(args)
+    if args.no_blas_pdl:  # before any graph is captured (process-wide, as the module's switch is)
+        from mstar.runtime.engine.gpu import blas_edges
+
+        blas_edges.set_enabled(False)
     metrics = ServerMetrics()
     llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
               kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,
