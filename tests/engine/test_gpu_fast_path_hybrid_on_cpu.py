@@ -198,3 +198,28 @@ def test_layout_of_a_mixed_step():
     assert state.reshape(2, 3).tolist() == [[1, 2, 6], [9, 10, 11]]
     assert dec_tok.tolist() == [0] and dec_row.tolist() == [0]
     assert pre_tok.tolist() == [1, 2, 3, 4, 5] and pre_cu.tolist() == [0, 5] and pre_row.tolist() == [1]
+
+
+def test_every_layer_of_a_step_hands_fla_the_same_host_cu_seqlens():
+    """fla's index helpers (its chunk indices) cache by their arguments' identity: the prompt rows'
+    host cu_seqlens is one tensor for the whole step, not a new one a layer (a recorder stands in
+    for fla's chunk kernel, which needs a GPU)."""
+    layers = [_layer(), _layer()]
+    states = LinearStates([c for layer in layers for c in _states(layer).conv],
+                          [s for layer in layers for s in _states(layer).ssm])
+    seen = []
+
+    def chunk_rule(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, **kwargs):
+        seen.append(cu_seqlens_cpu)
+        return torch.zeros_like(v), initial_state
+
+    forward = GdnForward(layers, states)
+    forward.kernels = chunk_rule
+    layout = linear_layout(np.array([0, 1, 6, 9]), layers[0].conv_kernel)
+    step_rows = layout.on_device(torch.from_numpy(layout.host), torch.tensor([4, 1, 5]), states)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for index in range(len(layers)):
+            forward(index, x, step_rows)
+    assert len(seen) == 2 and seen[0] is seen[1]
+    assert seen[0].tolist() == [0, 5, 8] and seen[0].dtype == torch.int64

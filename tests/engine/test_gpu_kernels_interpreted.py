@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "42 passed")
+    run_child(__file__, "44 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -196,6 +196,37 @@ def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v,
             assert torch.equal(got_state[slot], old[slot])
         for slot in (1, 3):
             assert not torch.equal(got_state[slot], old[slot])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_eager_gates_and_gated_norm_match_the_torch_ops(interpreted, dtype):
+    """An eager step's gates and gated norm, one launch each, against the torch ops they replace
+    (inputs as the in-projection's strided views; gates with a past 20 where softplus is x)."""
+    import torch.nn.functional as F
+
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    torch.manual_seed(0)
+    rows, value_heads, value_dim = 5, 4, 24
+    proj = (torch.randn(rows, value_heads * value_dim + 2 * value_heads + 3) * 3).to(dtype)
+    z, b, a, _ = proj.split([value_heads * value_dim, value_heads, value_heads, 3], dim=1)
+    a[0, 0] = 25.0
+    a_log, dt_bias = torch.randn(value_heads) * 0.5, torch.randn(value_heads)
+    g, beta = gdn_kernels.eager_gates(a, b, a_log, dt_bias)
+    expected_g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    assert g.dtype == torch.float32 and beta.dtype == dtype
+    torch.testing.assert_close(g, expected_g, rtol=1e-5, atol=1e-6)
+    # bf16: the interpreter rounds to bf16 by truncating (a GPU rounds to nearest): one unit apart
+    tolerance = 1e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(beta.float(), torch.sigmoid(b.float()).to(dtype).float(), rtol=tolerance, atol=1e-6)
+    out = torch.randn(rows, value_heads, value_dim).to(dtype)
+    weight = torch.randn(value_dim).to(dtype)
+    gated = gdn_kernels.eager_gated_norm(out, z, weight, 1e-6)
+    out32 = out.float()
+    normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + 1e-6)
+    expected = (weight * normed.to(dtype) * F.silu(z.reshape(rows, value_heads, value_dim).float()).to(dtype))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: a few roundings, each truncated here
+    torch.testing.assert_close(gated.float(), expected.reshape(rows, -1).float(), rtol=tolerance, atol=tolerance)
 
 
 def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):

@@ -17,9 +17,10 @@ RMSNorm (plain w, times silu(z)); out_proj.
 On a CUDA device with Triton (`gdn_kernels.py`): a decode-only step runs the whole layer between
 its two matrix products as one kernel (`decode_step`: conv, gates, rule and gated norm, reading
 each row's state and writing it back), so a layer is three launches. In an eager step the conv of
-its rows is one kernel, its decode rows' rule one kernel (`recurrent_step`), the gates and the gated
-norm torch ops (the same arithmetic and rounding). Prompt rows run fla-core's
-`chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`, B = 1) from their states, its final
+its rows is one kernel, its decode rows' rule one kernel (`recurrent_step`), the gates one kernel
+and the gated norm one kernel (`eager_gates`, `eager_gated_norm`: the decode kernel's arithmetic and
+rounding). Prompt rows run fla-core's `chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`,
+B = 1; its host copy one tensor a step, `EagerRows.prompt_cu_cpu`) from their states, its final
 states written back. Elsewhere (the CPU) the same arithmetic in torch ops, decode rows on states
 gathered and scattered back. Every path reads the rows `LinearStep.read` and writes the rows
 `LinearStep.write` (the same rows with one copy a slot: in place). A decode-only step
@@ -35,6 +36,7 @@ row indices.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -91,6 +93,13 @@ class EagerRows:
     prompt_cu: torch.Tensor  # [Pr + 1]
     prompt_rows: torch.Tensor  # [Pr]: their rows in the step
     prompt_cu_host: list[int]
+
+    @functools.cached_property
+    def prompt_cu_cpu(self) -> torch.Tensor:
+        """`prompt_cu_host` as one host tensor for the whole step: fla's index helpers (the chunk
+        indices) cache by their arguments' identity, so a new tensor a layer recomputed them in every
+        layer (0.39 ms a call under the profiler on the H200, docs/engine.md)."""
+        return torch.tensor(self.prompt_cu_host, dtype=torch.long)
 
 
 @dataclass
@@ -182,8 +191,11 @@ class GdnForward:
                                             step.read, layer.norm.weight, layer.eps, heads, counts=step.counts,
                                             write_slots=step.write)
             return self.out_proj[index](gated)
-        beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
-        g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
+        if self.is_fused:  # one launch (gdn_kernels.eager_gates): this step's host time is its launches
+            g, beta = gdn_kernels.eager_gates(a, b, layer.A_log, layer.dt_bias)
+        else:
+            beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
+            g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
         if rows is None:
             conv = self._conv_decode(mixed, weight, conv_state, step.read, step.write)
         else:
@@ -205,6 +217,8 @@ class GdnForward:
                 tokens = rows.prompt_tokens
                 out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
                                                        ssm, step, rows))
+        if self.is_fused:
+            return self.out_proj[index](gdn_kernels.eager_gated_norm(out, z, layer.norm.weight, layer.eps))
         out32 = out.float()
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
@@ -260,7 +274,7 @@ class GdnForward:
                                          beta=beta.unsqueeze(0), initial_state=ssm[read], output_final_state=True,
                                          use_qk_l2norm_in_kernel=True, cu_seqlens=rows.prompt_cu,
                                          # the host copy spares fla a device sync to count chunks
-                                         cu_seqlens_cpu=torch.tensor(rows.prompt_cu_host, dtype=torch.long))
+                                         cu_seqlens_cpu=rows.prompt_cu_cpu)
             ssm.index_copy_(0, write, final.to(ssm.dtype))
             return out[0]
         qn, kn = _prepare_qk(q, k, v.shape[1])

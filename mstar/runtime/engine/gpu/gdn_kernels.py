@@ -43,6 +43,10 @@ Rows sharing a slot (padding rows on slot 0, the sink) race only on the sink, wh
 reads. The rule is fla's fused recurrent one (q and k L2-normalised in the kernel, q scaled by
 d_k^-1/2): state *= exp(g); v' = beta (v - k.state); state += k v'^T; out = q.state.
 
+`eager_gates` and `eager_gated_norm` (an eager step's rows): the decode kernel's gates and gated
+norm, one launch each, where they were nine and twelve torch launches a layer (an eager hybrid step
+waits on its host's launches: docs/engine.md).
+
 `available(device)` as `kernels.py`: a CUDA device with Triton; tests run the kernel under the
 Triton interpreter on the CPU (`tests/engine/test_gpu_kernels_interpreted.py`).
 """
@@ -246,28 +250,63 @@ if triton is not None:
 
     @triton.jit
     def _gates(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr):
-        """(exp(g), beta) of one row and value head: g = -exp(A_log) softplus(a + dt_bias) in fp32
-        (softplus as torch's: x past 20 stays x), beta = sigmoid(b) rounded to the activations' dtype."""
+        """(exp(g), beta) of one row and value head (`_log_decay`, `_beta`)."""
+        return tl.exp(_log_decay(a_ptr, a_log_ptr, dt_bias_ptr)), _beta(b_ptr)
+
+    @triton.jit
+    def _log_decay(a_ptr, a_log_ptr, dt_bias_ptr):
+        """g = -exp(A_log) softplus(a + dt_bias) in fp32 (softplus as torch's: x past 20 stays x)."""
         x = tl.load(a_ptr).to(tl.float32) + tl.load(dt_bias_ptr).to(tl.float32)
         # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|), the last term's series where it is small
         small = tl.exp(-tl.abs(x))
         tail = tl.where(small < 1e-4, small - 0.5 * small * small, tl.log(1.0 + small))
         softplus = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tail)
-        g = -tl.exp(tl.load(a_log_ptr).to(tl.float32)) * softplus
-        beta = tl.sigmoid(tl.load(b_ptr).to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
-        return tl.exp(g), beta
+        return -tl.exp(tl.load(a_log_ptr).to(tl.float32)) * softplus
+
+    @triton.jit
+    def _beta(b_ptr):
+        """beta = sigmoid(b), rounded to b's dtype (the activations'), as fp32."""
+        return tl.sigmoid(tl.load(b_ptr).to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
 
     @triton.jit
     def _gated_norm(p_out, p_weight, p_z, mask, rstd):
-        """out = w norm(o) silu(z) over one block of a head's outputs, in place, rounded as torch
-        rounds `w * normed.to(act) * silu(z.float()).to(act)` (act: the activations' dtype, out's)."""
+        """out = w norm(o) silu(z) over one block of a head's outputs, in place (`_gated_norm_of`)."""
         o = tl.load(p_out, mask=mask, other=0.0).to(tl.float32)
-        normed = (o * rstd).to(p_out.dtype.element_ty).to(tl.float32)
-        weighted = tl.load(p_weight, mask=mask, other=0.0).to(tl.float32) * normed
-        weighted = weighted.to(p_out.dtype.element_ty).to(tl.float32)
+        weight = tl.load(p_weight, mask=mask, other=0.0).to(tl.float32)
         z = tl.load(p_z, mask=mask, other=0.0).to(tl.float32)
-        gate = (z * tl.sigmoid(z)).to(p_out.dtype.element_ty).to(tl.float32)
-        tl.store(p_out, (weighted * gate).to(p_out.dtype.element_ty), mask=mask)
+        tl.store(p_out, _gated_norm_of(o, weight, z, rstd, p_out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _gated_norm_of(o, weight, z, rstd, act: tl.constexpr):
+        """w norm(o) silu(z) from fp32 values, rounded as torch rounds `w * normed.to(act) *
+        silu(z.float()).to(act)` (act: the activations' dtype)."""
+        normed = (o * rstd).to(act).to(tl.float32)
+        weighted = (weight * normed).to(act).to(tl.float32)
+        gate = (z * tl.sigmoid(z)).to(act).to(tl.float32)
+        return (weighted * gate).to(act)
+
+    @triton.jit
+    def _eager_gates_kernel(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, stride_a, stride_b,
+                            HV: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        tl.store(g_ptr + row * HV + head, _log_decay(a_ptr + row * stride_a + head, a_log_ptr + head,
+                                                     dt_bias_ptr + head))
+        tl.store(beta_ptr + row * HV + head, _beta(b_ptr + row * stride_b + head).to(beta_ptr.dtype.element_ty))
+
+    @triton.jit
+    def _eager_gated_norm_kernel(out_ptr, z_ptr, weight_ptr, gated_ptr, stride_z, eps, HV: tl.constexpr,
+                                 DV: tl.constexpr, BD: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        d = tl.arange(0, BD)
+        mask = d < DV
+        o = tl.load(out_ptr + (row * HV + head) * DV + d, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(o * o) / DV + eps)
+        weight = tl.load(weight_ptr + d, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + row * stride_z + head * DV + d, mask=mask, other=0.0).to(tl.float32)
+        tl.store(gated_ptr + (row * HV + head) * DV + d, _gated_norm_of(o, weight, z, rstd, gated_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 if triton is not None:
@@ -378,6 +417,38 @@ def _check_decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a:
     for name, x in (("conv_state", conv_state), ("state", state)):
         if not x.is_contiguous() or x.dtype != torch.float32:
             raise ValueError(f"decode_step updates a contiguous fp32 {name} in place")
+
+
+def eager_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """An eager step's gates in one launch: a, b `[N, HV]` (any row stride: views of the
+    in-projection's output), a_log, dt_bias `[HV]` -> (g fp32 `[N, HV]`, beta `[N, HV]` in b's dtype),
+    the decode kernel's arithmetic (`_log_decay`, `_beta`). Why: as torch ops they were nine launches a
+    gated delta-net layer of every eager step, whose host time is what such a step waits on."""
+    rows, value_heads = b.shape
+    g = torch.empty((rows, value_heads), dtype=torch.float32, device=b.device)
+    beta = torch.empty((rows, value_heads), dtype=b.dtype, device=b.device)
+    if rows:
+        if a.stride(1) != 1 or b.stride(1) != 1:
+            raise ValueError("eager_gates: a and b must have contiguous heads")
+        _eager_gates_kernel[(rows, value_heads)](a, b, a_log, dt_bias, g, beta, a.stride(0), b.stride(0),
+                                                 HV=value_heads, num_warps=1)
+    return g, beta
+
+
+def eager_gated_norm(out: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """An eager step's gated RMSNorm in one launch: out `[N, HV, d_v]` (the rule's outputs, contiguous),
+    z `[N, HV*d_v]` (any row stride), weight `[d_v]` -> `[N, HV*d_v]` in out's dtype, w norm(o) silu(z)
+    rounded as the decode kernel's norm (`_gated_norm_of`). Why: twelve torch launches a layer before."""
+    rows, value_heads, value_dim = out.shape
+    gated = torch.empty((rows, value_heads * value_dim), dtype=out.dtype, device=out.device)
+    if rows:
+        if not out.is_contiguous() or z.stride(1) != 1:
+            raise ValueError("eager_gated_norm: out must be contiguous, z's columns contiguous")
+        block = triton.next_power_of_2(value_dim)
+        _eager_gated_norm_kernel[(rows, value_heads)](out, z, weight, gated, z.stride(0), eps, HV=value_heads,
+                                                      DV=value_dim, BD=block, num_warps=max(1, min(4, block // 128)))
+    return gated
 
 
 def value_block(value_dim: int) -> int:
