@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "44 passed")
+    run_child(__file__, "47 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -103,9 +103,12 @@ def test_silu_mul_matches_torch(interpreted):
     assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
-def test_causal_conv_matches_the_torch_gather(interpreted):
-    """The eager step's conv kernel against the torch gather of [stored | mixed] columns: rows of
-    1, 2 and 6 tokens (taps in the stored columns and in the step), mixed with a row stride."""
+@pytest.mark.parametrize("is_in_place", [True, False], ids=["in-place", "other-copy"])
+def test_causal_conv_and_conv_store_match_the_torch_gather(interpreted, is_in_place):
+    """The eager step's conv kernel and its store of the rows' new windows against the torch gather
+    of [stored | mixed] columns: rows of 1, 2 and 6 tokens (taps and new columns in the stored
+    columns and in the step) on slots read through `read`, mixed with a row stride; the new columns
+    written back into the rows' slots or into other ones, no other slot touched."""
     import numpy as np
 
     from mstar.runtime.engine.gpu import gdn_kernels
@@ -114,14 +117,22 @@ def test_causal_conv_matches_the_torch_gather(interpreted):
     torch.manual_seed(0)
     channels, taps = 40, 4
     layout = linear_layout(np.array([0, 1, 3, 9]), taps)
-    index = torch.from_numpy(layout.host[:layout.sizes[0]]).long().view(9, taps)
-    stored = torch.randn(3 * (taps - 1), channels)
+    index, state_index = (torch.from_numpy(part).long() for part in
+                          np.split(layout.host, np.cumsum(layout.sizes))[:2])
+    index, state_index = index.view(9, taps), state_index.view(3, taps - 1)
+    conv_state = torch.randn(8, channels, taps - 1)
+    read = torch.tensor([5, 2, 6])
+    write = read if is_in_place else torch.tensor([1, 7, 3])
     mixed = torch.randn(9, channels + 8)[:, :channels]  # a view with a row stride, as the projection's
     weight = torch.randn(channels, taps)
-    got = gdn_kernels.causal_conv(stored, mixed, index, weight)
-    columns = torch.cat([stored, mixed])
+    columns = torch.cat([conv_state[read].transpose(1, 2).reshape(-1, channels), mixed])
     expected = F.silu((columns[index] * weight.T).sum(1))
+    expected_state = conv_state.clone()
+    expected_state[write] = columns[state_index].transpose(1, 2)
+    got = gdn_kernels.causal_conv(conv_state, read, mixed, index, weight)
+    gdn_kernels.conv_store(conv_state, read, write, mixed, state_index)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(conv_state, expected_state)
 
 
 def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4, value_dim: int = 32, key_dim: int = 16):
@@ -247,6 +258,37 @@ def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     assert launches == {"aten.mm": 2, "_decode_step_kernel": 1, "aten.zeros": 1}, launches
     launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
     assert launches == {"aten.mm": 2, "_decode_step_kernel": 1}, launches
+
+
+@pytest.mark.parametrize("cu, expected", [
+    ([0, 1, 6, 7, 10], {"aten.mm": 2, "_eager_gates_kernel": 1, "_causal_conv_kernel": 1, "_conv_store_kernel": 1,
+                        "aten.new_zeros": 1, "aten.index": 15, "_recurrent_step_kernel": 1, "aten.index_copy_": 3,
+                        "_eager_gated_norm_kernel": 1}),
+    ([0, 5, 9], {"aten.mm": 2, "_eager_gates_kernel": 1, "_causal_conv_kernel": 1, "_conv_store_kernel": 1,
+                 "aten.new_zeros": 1, "aten.index": 8, "aten.index_copy_": 2, "_eager_gated_norm_kernel": 1})],
+    ids=["mixed", "prompts"])
+def test_eager_step_launches_of_a_layer(interpreted, cu, expected):
+    """An eager step of a gated delta-net layer on the fused path (rows of these token counts; fla's
+    chunk kernel stood in for by a function that launches nothing): the launches, counted by
+    `launch_count`. An eager hybrid step waits on its host's launches (docs/engine.md): the gates, the
+    gated norm, the conv and the store of the rows' windows are one kernel each (they were 9, 12, 3
+    and 10 torch launches); what is left is the gathers and scatters of the rows' tokens and states."""
+    import numpy as np
+    from launch_count import count_launches
+
+    from mstar.runtime.engine.gpu import gdn_kernels
+    from mstar.runtime.engine.gpu.gdn_forward import GdnForward, linear_layout
+
+    layer, states = _gdn_layer(torch.bfloat16)
+    forward = GdnForward([layer], states)
+    forward.is_fused = True
+    forward.kernels = lambda q, k, v, g, beta, initial_state, **kwargs: (v, initial_state)
+    layout = linear_layout(np.array(cu), layer.conv_kernel)
+    step = layout.on_device(torch.from_numpy(layout.host), torch.arange(1, len(cu)), states)
+    h = torch.randn(cu[-1], 48).to(torch.bfloat16)
+    with torch.no_grad():
+        launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
+    assert launches == expected, launches
 
 
 def test_decode_recurrent_step_matches_the_torch_rule(interpreted):

@@ -239,15 +239,16 @@ class GdnForward:
         """Rows of any length, by the layout's gather indices (module docstring): column j of
         [stored | mixed] is a row's stored column (j < R*(K-1)) or token j - R*(K-1) of the step."""
         channels = mixed.shape[1]
-        stored = conv_state[step.read].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]
         covered = mixed[:rows.conv_index.shape[0]]
-        if self.is_fused:  # one Triton kernel: no [T, K, C] window tensor
-            conv = gdn_kernels.causal_conv(stored, covered, rows.conv_index, weight)
+        if self.is_fused:  # two Triton kernels: no [T, K, C] window tensor, no copy of the rows' windows
+            conv = gdn_kernels.causal_conv(conv_state, step.read, covered, rows.conv_index, weight)
+            gdn_kernels.conv_store(conv_state, step.read, step.write, covered, rows.state_index)
         else:
+            stored = conv_state[step.read].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]
             windows = _columns(stored, covered, rows.conv_index)  # [T, K, C]
             conv = F.silu((windows * weight.T.to(windows.dtype)).sum(1))
-        if rows.state_index.shape[1]:  # each row's new stored columns: its last K-1 (conv width > 1)
-            conv_state.index_copy_(0, step.write, _columns(stored, covered, rows.state_index).transpose(1, 2))
+            if rows.state_index.shape[1]:  # each row's new stored columns: its last K-1 (conv width > 1)
+                conv_state.index_copy_(0, step.write, _columns(stored, covered, rows.state_index).transpose(1, 2))
         if conv.shape[0] < mixed.shape[0]:  # tokens of no row (none today): zeros
             conv = torch.cat([conv, conv.new_zeros(mixed.shape[0] - conv.shape[0], channels)])
         return conv

@@ -4,16 +4,22 @@ projections, each updating the rows' recurrent slots in place or, given `write_s
 of the state tensors (a slot's second copy: `LinearStates.step_slots`, whose flip of the slots'
 current copies `step_slots` here does in one launch).
 
-`causal_conv` (eager steps):
+`causal_conv` and `conv_store` (eager steps):
 
-In: `stored` `[S, C]` (every row's stored K-1 conv columns, fp32), `mixed` `[T, C]` (the step's
-[q|k|v] projections, any row stride), `index` `[T, K]` int64 (tap i of token t reads column
+In: `conv_state` `[S, C, K-1]` fp32 (the slots' stored columns) and `read` `[R]` (each row's slot),
+so the rows' stored columns are R*(K-1) columns, row r's K-1 first; `mixed` `[T, C]` (the step's
+[q|k|v] projections, any row stride); `index` `[T, K]` int64 (tap i of token t reads column
 `index[t, i]` of [stored | mixed]: `gdn_forward.linear_layout`), the conv weight `[C, K]`.
-Out: silu(sum_i weight[:, i] * column(index[t, i])) `[T, C]` in `mixed`'s dtype, summed in fp32.
+`causal_conv` out: silu(sum_i weight[:, i] * column(index[t, i])) `[T, C]` in `mixed`'s dtype,
+summed in fp32. `conv_store` (after it, in stream order) writes each row's new stored columns,
+columns `state_index[r]` `[R, K-1]` of the same [stored | mixed], into its `write` slot (its own slot
+with one copy a slot: every column read before any is written).
 
 Why: in torch ops the same conv gathers a `[T, K, C]` fp32 window tensor (1.6 GB for a 16 x 1024
 prefill at Qwen3.5's 6144 channels) and reads it twice more per layer; here each token reads its K
-columns once (neighbouring tokens share them in cache) and writes its output once.
+columns once (neighbouring tokens share them in cache) and writes its output once. Reading the
+stored columns through the slots, and storing them with one kernel, spares the gathered copy of the
+rows' windows and the eleven torch launches of the store (an eager step waits on its launches).
 
 `decode_step` (a decode-only step, what the decode graphs capture): everything of a gated delta-net
 layer between its two matrix products in one launch. A program takes one row, one q/k head (and the
@@ -71,25 +77,55 @@ def available(device: torch.device) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _causal_conv_kernel(stored_ptr, mixed_ptr, index_ptr, weight_ptr, out_ptr, stride_mixed, num_stored,
-                            channels, K: tl.constexpr, BLOCK: tl.constexpr):
+    def _column(conv_ptr, read_ptr, mixed_ptr, column, cols, mask, stride_mixed, num_stored, channels,
+                K1: tl.constexpr):
+        """Column `column` of [the rows' stored columns | the step's tokens] at channels `cols`, fp32:
+        stored column j is tap j % K1 of row j // K1's slot (`read_ptr`) in the conv windows
+        `[S, C, K1]`; token t is row t of `mixed`. `column` broadcasts against `cols`; masked lanes
+        and the part not taken load nothing."""
+        is_stored = column < num_stored
+        from_mixed = tl.load(mixed_ptr + (column - num_stored) * stride_mixed + cols,
+                             mask=mask & (column >= num_stored), other=0.0).to(tl.float32)
+        if K1 == 0:  # a conv of width 1 stores nothing
+            return from_mixed
+        row = tl.where(is_stored, column // K1, 0)
+        slot = tl.load(read_ptr + row, mask=mask & is_stored, other=0).to(tl.int64)
+        from_stored = tl.load(conv_ptr + (slot * channels + cols) * K1 + column % K1, mask=mask & is_stored,
+                              other=0.0)
+        return tl.where(is_stored, from_stored, from_mixed)
+
+    @triton.jit
+    def _causal_conv_kernel(conv_ptr, read_ptr, mixed_ptr, index_ptr, weight_ptr, out_ptr, stride_mixed,
+                            num_stored, channels, K: tl.constexpr, BLOCK: tl.constexpr):
         token = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < channels
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for tap in tl.static_range(K):
-            # The tap's column as a vector (masks are vectors): a stored column or a token of the step;
-            # one of the two loads is masked off whole.
+            # The tap's column as a vector (masks are vectors): a stored column or a token of the step.
             column = tl.zeros([BLOCK], dtype=tl.int64) + tl.load(index_ptr + token * K + tap).to(tl.int64)
-            is_stored = column < num_stored
-            from_stored = tl.load(stored_ptr + column * channels + cols, mask=mask & is_stored, other=0.0)
-            from_mixed = tl.load(mixed_ptr + (column - num_stored) * stride_mixed + cols,
-                                 mask=mask & (column >= num_stored), other=0.0)
-            x = tl.where(is_stored, from_stored.to(tl.float32), from_mixed.to(tl.float32))
+            x = _column(conv_ptr, read_ptr, mixed_ptr, column, cols, mask, stride_mixed, num_stored, channels, K - 1)
             weight = tl.load(weight_ptr + cols * K + tap, mask=mask, other=0.0).to(tl.float32)
             acc += x * weight
         out = acc * tl.sigmoid(acc)
         tl.store(out_ptr + token * channels + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _conv_store_kernel(conv_ptr, read_ptr, write_ptr, mixed_ptr, state_index_ptr, stride_mixed, num_stored,
+                           channels, K1: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        taps = tl.arange(0, KP)
+        is_tap = taps < K1
+        column = tl.load(state_index_ptr + row * K1 + taps, mask=is_tap, other=0).to(tl.int64)
+        mask = (cols < channels)[:, None] & is_tap[None, :]
+        values = _column(conv_ptr, read_ptr, mixed_ptr, column[None, :], cols[:, None], mask, stride_mixed,
+                         num_stored, channels, K1)
+        # Written in place when the row has one copy of its slot: every column read (above) before any
+        # is written, across the program's threads (one channel may sit in several: `_conv_shift`).
+        tl.debug_barrier()
+        write_slot = tl.load(write_ptr + row).to(tl.int64)
+        tl.store(conv_ptr + (write_slot * channels + cols[:, None]) * K1 + taps[None, :], values, mask=mask)
 
 
 if triton is not None:
@@ -460,18 +496,41 @@ def value_block(value_dim: int) -> int:
     return min(32, triton.next_power_of_2(value_dim))
 
 
-def causal_conv(stored: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def causal_conv(conv_state: torch.Tensor, read: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor,
+                weight: torch.Tensor) -> torch.Tensor:
     """The step's conv outputs `[T, C]` (module docstring); `index` has T rows (tokens of a row)."""
     num_tokens, taps = index.shape
     channels = mixed.shape[1]
     out = torch.empty((num_tokens, channels), dtype=mixed.dtype, device=mixed.device)
     if num_tokens == 0:
         return out
-    stored, index, weight = stored.contiguous(), index.contiguous(), weight.contiguous()
+    index, weight = index.contiguous(), weight.contiguous()
     if mixed.stride(1) != 1:
         mixed = mixed.contiguous()
     block = min(1024, triton.next_power_of_2(channels))
     _causal_conv_kernel[(num_tokens, triton.cdiv(channels, block))](
-        stored, mixed, index, weight, out, mixed.stride(0), stored.shape[0], channels, K=taps, BLOCK=block,
-        num_warps=4)
+        _windows(conv_state), read, mixed, index, weight, out, mixed.stride(0), read.shape[0] * (taps - 1),
+        channels, K=taps, BLOCK=block, num_warps=4)
     return out
+
+
+def conv_store(conv_state: torch.Tensor, read: torch.Tensor, write: torch.Tensor, mixed: torch.Tensor,
+               state_index: torch.Tensor) -> None:
+    """Each row's new stored columns (module docstring, `conv_store`): row r's K-1 columns
+    `state_index[r]` of [its stored columns | the step's tokens] into its `write` slot of conv_state."""
+    rows, k1 = state_index.shape
+    channels = mixed.shape[1]
+    if rows == 0 or k1 == 0:
+        return
+    if mixed.stride(1) != 1:
+        mixed = mixed.contiguous()
+    block = min(256, triton.next_power_of_2(channels))
+    _conv_store_kernel[(rows, triton.cdiv(channels, block))](
+        _windows(conv_state), read, write, mixed, state_index.contiguous(), mixed.stride(0), rows * k1, channels,
+        K1=k1, KP=triton.next_power_of_2(k1), BLOCK=block, num_warps=4)
+
+
+def _windows(conv_state: torch.Tensor) -> torch.Tensor:
+    if not conv_state.is_contiguous() or conv_state.dtype != torch.float32:
+        raise ValueError("the conv kernels read and write a contiguous fp32 conv_state")
+    return conv_state
