@@ -115,6 +115,18 @@ class LinearStep:
     # a decode graph, once a replay) on the first linear layer's call; each layer leaves them zero.
     counts: Optional[torch.Tensor] = None
 
+    @functools.cached_property
+    def decode_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(read, write) of an eager step's decode rows: gathered once a step, not once a layer."""
+        assert self.eager is not None
+        return self.read[self.eager.decode_rows], self.write[self.eager.decode_rows]
+
+    @functools.cached_property
+    def prompt_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(read, write) of an eager step's prompt rows: gathered once a step, not once a layer."""
+        assert self.eager is not None
+        return self.read[self.eager.prompt_rows], self.write[self.eager.prompt_rows]
+
     @classmethod
     def of(cls, row_slot: torch.Tensor, states: LinearStates, eager: Optional[EagerRows] = None) -> "LinearStep":
         """The step of rows on `row_slot`; flips their state versions (`LinearStates.step_slots`)."""
@@ -207,22 +219,33 @@ class GdnForward:
         if rows is None:
             out = self._recurrent(q, k, v, g, beta, ssm, step.read, step.write)
         else:
-            out = h.new_zeros(n, value_heads, layer.value_dim)
-            if rows.decode_tokens.shape[0]:
-                tokens = rows.decode_tokens
-                decode = rows.decode_rows
-                out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens],
-                                                           beta[tokens], ssm, step.read[decode], step.write[decode]))
-            if rows.prompt_tokens.shape[0]:
-                tokens = rows.prompt_tokens
-                out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
-                                                       ssm, step, rows))
+            out = self._eager_rule(q, k, v, g, beta, ssm, step, rows)
         if self.is_fused:
             return self.out_proj[index](gdn_kernels.eager_gated_norm(out, z, layer.norm.weight, layer.eps))
         out32 = out.float()
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
         return self.out_proj[index](gated.reshape(n, value_width))
+
+    def _eager_rule(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows) -> torch.Tensor:
+        """The rule over an eager step's tokens -> `[N, HV, d_v]`: decode rows one token each
+        (`_recurrent`), prompt rows by the chunk kernel (`_chunk`). Prompt rows alone hold every token
+        of the step in order (`linear_layout`), so they need no gather of their tokens and no scatter
+        of the outputs: launches are what an eager step waits on (docs/engine.md)."""
+        n = q.shape[0]
+        if rows.decode_tokens.shape[0] == 0 and rows.prompt_tokens.shape[0] == n:
+            return self._chunk(q, k, v, g, beta, ssm, step, rows)
+        out = v.new_zeros(v.shape)
+        if rows.decode_tokens.shape[0]:
+            tokens = rows.decode_tokens
+            read, write = step.decode_slots
+            out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], ssm,
+                                                       read, write))
+        if rows.prompt_tokens.shape[0]:
+            tokens = rows.prompt_tokens
+            out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], ssm, step,
+                                                   rows))
+        return out
 
     # -------------------------------------------------------------- the causal conv
 
@@ -269,7 +292,7 @@ class GdnForward:
 
     def _chunk(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows) -> torch.Tensor:
         """The prompt rows' tokens (varlen by `rows.prompt_cu`) from and back into their slots."""
-        read, write = step.read[rows.prompt_rows], step.write[rows.prompt_rows]
+        read, write = step.prompt_slots
         if self.kernels is not None:
             out, final = self.kernels(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.unsqueeze(0),
                                          beta=beta.unsqueeze(0), initial_state=ssm[read], output_final_state=True,
