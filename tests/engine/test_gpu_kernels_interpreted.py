@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "47 passed")
+    run_child(__file__, "48 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -262,8 +262,8 @@ def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
 
 @pytest.mark.parametrize("cu, expected, again", [
     ([0, 1, 6, 7, 10], {"aten.mm": 2, "_eager_gates_kernel": 1, "_causal_conv_kernel": 1, "_conv_store_kernel": 1,
-                        "aten.new_zeros": 1, "aten.index": 15, "_recurrent_step_kernel": 1, "aten.index_copy_": 3,
-                        "_eager_gated_norm_kernel": 1}, {"aten.index": 11}),
+                        "aten.new_zeros": 1, "aten.index": 10, "_recurrent_step_kernel": 1, "aten.index_copy_": 2,
+                        "_eager_gated_norm_kernel": 1}, {"aten.index": 6}),
     ([0, 5, 9], {"aten.mm": 2, "_eager_gates_kernel": 1, "_causal_conv_kernel": 1, "_conv_store_kernel": 1,
                  "aten.index": 3, "aten.index_copy_": 1, "_eager_gated_norm_kernel": 1}, {"aten.index": 1})],
     ids=["mixed", "prompts"])
@@ -273,9 +273,10 @@ def test_eager_step_launches_of_a_layer(interpreted, cu, expected, again):
     `launch_count`, in the step's first layer and in a later one (`again`: what differs). An eager
     hybrid step waits on its host's launches (docs/engine.md): the gates, the gated norm, the conv
     and the store of the rows' windows are one kernel each (they were 9, 12, 3 and 10 torch
-    launches); prompts alone skip the gathers of their tokens and the scatter of the outputs; the
-    rows' slots are gathered once a step; what is left is the gathers and scatters of a mixed step's
-    tokens and the prompt rows' states."""
+    launches); the decode rows' kernel reads their tokens and writes their outputs in place, and
+    prompts alone skip the gathers of their tokens and the scatter of the outputs; the rows' slots
+    are gathered once a step; what is left is the gathers of a mixed step's prompt tokens and the
+    prompt rows' states and their scatters."""
     import numpy as np
     from launch_count import count_launches
 
@@ -356,6 +357,31 @@ def test_decode_step_kernel_writes_the_other_copy(interpreted):
     for tensor, old, expected in zip(two.conv + two.ssm, before, one.conv + one.ssm):
         assert torch.equal(tensor[[3, 7]], old[[3, 7]])  # the copies read
         assert torch.equal(tensor[[9, 1]], expected[[3, 1]])  # the copies written
+
+
+def test_recurrent_step_kernel_reads_its_rows_tokens_among_the_steps(interpreted):
+    """Decode rows among an eager step's tokens: the kernel given the rows' token indices and the
+    step's output equals the kernel on the gathered tokens scattered back, and leaves the other
+    tokens' outputs as they were."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    torch.manual_seed(0)
+    num_tokens, heads, value_heads, key_dim, value_dim = 6, 2, 4, 16, 32
+    conv = torch.randn(num_tokens, 2 * heads * key_dim + value_heads * value_dim)
+    q = conv[:, :heads * key_dim].reshape(num_tokens, heads, key_dim)
+    k = conv[:, heads * key_dim:2 * heads * key_dim].reshape(num_tokens, heads, key_dim)
+    v = conv[:, 2 * heads * key_dim:].reshape(num_tokens, value_heads, value_dim)
+    g, beta = -torch.rand(num_tokens, value_heads), torch.rand(num_tokens, value_heads)
+    state = torch.randn(8, value_heads, key_dim, value_dim)
+    tokens, slots, write = torch.tensor([4, 1]), torch.tensor([3, 6]), torch.tensor([2, 7])
+    gathered_state = state.clone()
+    rows = gdn_kernels.recurrent_step(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], gathered_state, slots,
+                                      write)
+    out = torch.full((num_tokens, value_heads, value_dim), 5.0)
+    got = gdn_kernels.recurrent_step(q, k, v, g, beta, state, slots, write, tokens=tokens, out=out)
+    assert got is out
+    assert torch.equal(out[tokens], rows) and (out[[0, 2, 3, 5]] == 5.0).all()
+    assert torch.equal(state, gathered_state)
 
 
 def test_recurrent_step_kernel_writes_the_other_copy(interpreted):

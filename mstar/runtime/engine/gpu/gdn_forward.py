@@ -239,8 +239,11 @@ class GdnForward:
         if rows.decode_tokens.shape[0]:
             tokens = rows.decode_tokens
             read, write = step.decode_slots
-            out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], ssm,
-                                                       read, write))
+            if self.is_fused:  # the kernel reads the rows' tokens and writes their outputs in place
+                gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, read, write, tokens=tokens, out=out)
+            else:
+                out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
+                                                           ssm, read, write))
         if rows.prompt_tokens.shape[0]:
             tokens = rows.prompt_tokens
             out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], ssm, step,

@@ -131,18 +131,24 @@ if triton is not None:
 if triton is not None:
     @triton.jit
     def _recurrent_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, write_slots_ptr, out_ptr,
-                               stride_q, stride_k, stride_v, scale, H: tl.constexpr, HV: tl.constexpr,
-                               K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                               tokens_ptr, stride_q, stride_k, stride_v, scale, H: tl.constexpr, HV: tl.constexpr,
+                               K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                               GATHER: tl.constexpr):
         block_v = tl.program_id(0)
         row_head = tl.program_id(1).to(tl.int64)
         row, head_v = row_head // HV, row_head % HV
+        # the row's token among the step's (GATHER) or the row itself: its q, k, v, gates and output
+        if GATHER:
+            token = tl.load(tokens_ptr + row).to(tl.int64)
+        else:
+            token = row
         head = head_v // (HV // H)  # q/k head of this value head (fla's grouping)
         o_k = tl.arange(0, BK)
         o_v = block_v * BV + tl.arange(0, BV)
         mask_k, mask_v = o_k < K, o_v < V
-        q = tl.load(q_ptr + row * stride_q + head * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + row * stride_k + head * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + row * stride_v + head_v * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + token * stride_q + head * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + token * stride_k + head * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + token * stride_v + head_v * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
         q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
         k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
         slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -150,11 +156,11 @@ if triton is not None:
         p_state = state_ptr + ((slot * HV + head_v) * K + o_k[:, None]) * V + o_v[None, :]
         mask_state = mask_k[:, None] & mask_v[None, :]
         state = tl.load(p_state, mask=mask_state, other=0.0)
-        state *= tl.exp(tl.load(g_ptr + row * HV + head_v).to(tl.float32))
-        v = (v - tl.sum(state * k[:, None], 0)) * tl.load(beta_ptr + row * HV + head_v).to(tl.float32)
+        state *= tl.exp(tl.load(g_ptr + token * HV + head_v).to(tl.float32))
+        v = (v - tl.sum(state * k[:, None], 0)) * tl.load(beta_ptr + token * HV + head_v).to(tl.float32)
         state += k[:, None] * v[None, :]
         out = tl.sum(state * q[:, None], 0)
-        tl.store(out_ptr + (row * HV + head_v) * V + o_v, out.to(out_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(out_ptr + (token * HV + head_v) * V + o_v, out.to(out_ptr.dtype.element_ty), mask=mask_v)
         p_written = state_ptr + ((write_slot * HV + head_v) * K + o_k[:, None]) * V + o_v[None, :]
         tl.store(p_written, state, mask=mask_state)
 
@@ -373,15 +379,20 @@ def step_slots(slots: torch.Tensor, version: torch.Tensor) -> tuple[torch.Tensor
 
 
 def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   state: torch.Tensor, slots: torch.Tensor, write_slots: Optional[torch.Tensor] = None
-                   ) -> torch.Tensor:
+                   state: torch.Tensor, slots: torch.Tensor, write_slots: Optional[torch.Tensor] = None,
+                   tokens: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One token a row of the gated delta rule, from each row's slot of `state` into its
-    `write_slots` entry (None: back into the slot): q, k `[R, H, d_k]`, v `[R, HV, d_v]` (each with
-    any row stride, heads contiguous), g, beta `[R, HV]`, state `[S, HV, d_k, d_v]` fp32 -> out
-    `[R, HV, d_v]` in v's dtype."""
-    rows, heads, key_dim = q.shape
+    `write_slots` entry (None: back into the slot): q, k `[T, H, d_k]`, v `[T, HV, d_v]` (each with
+    any row stride, heads contiguous), g, beta `[T, HV]`, state `[S, HV, d_k, d_v]` fp32 -> out
+    `[T, HV, d_v]` in v's dtype. Row r takes token `tokens[r]` of the step's T and writes that row of
+    `out` (an eager step's decode rows among its tokens: no gather of their inputs, no scatter of the
+    outputs; the other rows of `out` are left as they are); without `tokens`, row r is token r and
+    out is new."""
+    heads, key_dim = q.shape[1], q.shape[2]
     value_heads, value_dim = v.shape[1], v.shape[2]
-    out = torch.empty((rows, value_heads, value_dim), dtype=v.dtype, device=v.device)
+    rows = q.shape[0] if tokens is None else tokens.shape[0]
+    if out is None:
+        out = torch.empty((v.shape[0], value_heads, value_dim), dtype=v.dtype, device=v.device)
     if rows == 0:
         return out
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -389,12 +400,15 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
             raise ValueError(f"recurrent_step: {name} must have contiguous heads")
     if not state.is_contiguous() or state.dtype != torch.float32:
         raise ValueError("recurrent_step updates a contiguous fp32 state in place")
+    if not out.is_contiguous() or out.shape != v.shape:
+        raise ValueError("recurrent_step writes a contiguous out shaped as v")
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(32, triton.next_power_of_2(value_dim))
     _recurrent_step_kernel[(triton.cdiv(value_dim, block_v), rows * value_heads)](
         q, k, v, g.contiguous(), beta.contiguous(), state, slots.contiguous(),
-        slots.contiguous() if write_slots is None else write_slots.contiguous(), out, q.stride(0), k.stride(0),
-        v.stride(0), key_dim ** -0.5, H=heads, HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v,
+        slots.contiguous() if write_slots is None else write_slots.contiguous(), out,
+        slots if tokens is None else tokens.contiguous(), q.stride(0), k.stride(0), v.stride(0), key_dim ** -0.5,
+        H=heads, HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, GATHER=tokens is not None,
         num_warps=4)
     return out
 
