@@ -237,13 +237,8 @@ class GdnForward:
             return self._chunk(q, k, v, g, beta, ssm, step, rows)
         out = v.new_zeros(v.shape)
         if rows.decode_tokens.shape[0]:
-            tokens = rows.decode_tokens
             read, write = step.decode_slots
-            if self.is_fused:  # the kernel reads the rows' tokens and writes their outputs in place
-                gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, read, write, tokens=tokens, out=out)
-            else:
-                out.index_copy_(0, tokens, self._recurrent(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
-                                                           ssm, read, write))
+            self._recurrent(q, k, v, g, beta, ssm, read, write, rows.decode_tokens, out)
         if rows.prompt_tokens.shape[0]:
             tokens = rows.prompt_tokens
             out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], ssm, step,
@@ -281,17 +276,24 @@ class GdnForward:
 
     # -------------------------------------------------------------- the gated delta rule
 
-    def _recurrent(self, q, k, v, g, beta, ssm: torch.Tensor, read: torch.Tensor, write: torch.Tensor
-                   ) -> torch.Tensor:
-        """One token a row -> [R, HV, d_v]: from the rows `read` into the rows `write` of the states
-        (`gdn_kernels.recurrent_step`), else the rows' states gathered, one step, scattered back."""
+    def _recurrent(self, q, k, v, g, beta, ssm: torch.Tensor, read: torch.Tensor, write: torch.Tensor,
+                   tokens: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One token a row -> `out` (new with no `tokens`): row r's token is `tokens[r]` of the step's
+        (None: token r), its output that row of `out`; from the rows `read` into the rows `write` of the
+        states (`gdn_kernels.recurrent_step`, which reads the tokens and writes the outputs in place),
+        else the tokens and the rows' states gathered, one step, both scattered back."""
         if self.is_fused:
-            return gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, read, write_slots=write)
+            return gdn_kernels.recurrent_step(q, k, v, g, beta, ssm, read, write_slots=write, tokens=tokens, out=out)
+        if tokens is not None:
+            q, k, v, g, beta = q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens]
         state = ssm[read]
         qn, kn = _prepare_qk(q, k, v.shape[1])
-        out, state = _rule_step(qn, kn, v.float(), g, beta.float(), state)
+        rule_out, state = _rule_step(qn, kn, v.float(), g, beta.float(), state)
         ssm.index_copy_(0, write, state)
-        return out.to(v.dtype)
+        if tokens is None:
+            return rule_out.to(v.dtype)
+        assert out is not None, "rows among the step's tokens write into the step's out"
+        return out.index_copy_(0, tokens, rule_out.to(v.dtype))
 
     def _chunk(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows) -> torch.Tensor:
         """The prompt rows' tokens (varlen by `rows.prompt_cu`) from and back into their slots."""
