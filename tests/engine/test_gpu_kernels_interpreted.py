@@ -298,6 +298,15 @@ def test_eager_step_launches_of_a_layer(interpreted, cu, expected, again):
     assert later == dict(expected, **again), later
 
 
+def _conv_qkv(tokens: int, heads: int, value_heads: int, key_dim: int, value_dim: int):
+    """Random q, k, v `[T, heads, d]` as views of one conv output (row stride, heads contiguous), as
+    the eager step hands them to the rule."""
+    conv = torch.randn(tokens, 2 * heads * key_dim + value_heads * value_dim)
+    q = conv[:, :heads * key_dim].reshape(tokens, heads, key_dim)
+    k = conv[:, heads * key_dim:2 * heads * key_dim].reshape(tokens, heads, key_dim)
+    return q, k, conv[:, 2 * heads * key_dim:].reshape(tokens, value_heads, value_dim)
+
+
 def test_decode_recurrent_step_matches_the_torch_rule(interpreted):
     """The in-place gated delta rule against `_rule_step` on gathered states (grouped value heads,
     q/k/v views with a row stride), the slots written back, other slots untouched."""
@@ -306,10 +315,7 @@ def test_decode_recurrent_step_matches_the_torch_rule(interpreted):
 
     torch.manual_seed(0)
     rows, heads, value_heads, key_dim, value_dim = 3, 2, 4, 16, 32
-    conv = torch.randn(rows, 2 * heads * key_dim + value_heads * value_dim)
-    q = conv[:, :heads * key_dim].reshape(rows, heads, key_dim)
-    k = conv[:, heads * key_dim:2 * heads * key_dim].reshape(rows, heads, key_dim)
-    v = conv[:, 2 * heads * key_dim:].reshape(rows, value_heads, value_dim)
+    q, k, v = _conv_qkv(rows, heads, value_heads, key_dim, value_dim)
     g = -torch.rand(rows, value_heads)
     beta = torch.rand(rows, value_heads)
     state = torch.randn(5, value_heads, key_dim, value_dim)
@@ -367,10 +373,7 @@ def test_recurrent_step_kernel_reads_its_rows_tokens_among_the_steps(interpreted
 
     torch.manual_seed(0)
     num_tokens, heads, value_heads, key_dim, value_dim = 6, 2, 4, 16, 32
-    conv = torch.randn(num_tokens, 2 * heads * key_dim + value_heads * value_dim)
-    q = conv[:, :heads * key_dim].reshape(num_tokens, heads, key_dim)
-    k = conv[:, heads * key_dim:2 * heads * key_dim].reshape(num_tokens, heads, key_dim)
-    v = conv[:, 2 * heads * key_dim:].reshape(num_tokens, value_heads, value_dim)
+    q, k, v = _conv_qkv(num_tokens, heads, value_heads, key_dim, value_dim)
     g, beta = -torch.rand(num_tokens, value_heads), torch.rand(num_tokens, value_heads)
     state = torch.randn(8, value_heads, key_dim, value_dim)
     tokens, slots, write = torch.tensor([4, 1]), torch.tensor([3, 6]), torch.tensor([2, 7])
