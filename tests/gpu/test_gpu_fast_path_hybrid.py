@@ -3,7 +3,8 @@ rule (prompt rows), the decode step's one fused kernel, the in-place recurrent k
 step's decode rows and the conv of eager steps (`gdn_kernels.py`) against the torch arithmetic of
 the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (the
 rows' slots updated in place) against the eager step; greedy tokens against the CPU reference;
-and the qwen3_5 plan at spec dims on its decode graphs, with and without running ahead (two copies
+the prompt rule's graphs (`rule_graphs.py`) against fla called in every layer; and the qwen3_5
+plan at spec dims on its decode graphs, with and without running ahead (two copies
 of each state slot); the fused kernel's parts and their arrival counters over many layers and
 steps. Skipped without a GPU (and, for the kernel checks, without fla-core)."""
 import copy
@@ -336,6 +337,49 @@ def test_hybrid_eager_mixed_step_with_fla_matches_torch():
     assert _rel(fla_logits, torch_logits) < 2e-2
     for got, expected in zip(fla_states, torch_states):
         assert _rel(got[1:5], expected[1:5]) < 2e-2
+
+
+def _eager_step(executor, rows):
+    with torch.no_grad():
+        return executor._run_eager(pack(rows, 16, executor.kv.dummy_page))[0].clone()
+
+
+@pytest.mark.parametrize("order", ["prompts, mixed, prompts", "mixed, prompts, mixed"])
+def test_rule_graphs_replay_what_fla_computes(order):
+    """Eager steps whose prompt rule is captured on the step's second linear layer and replayed by
+    the later ones (`rule_graphs.py`): the same logits and states as fla called in every layer, over
+    steps of two layouts in turn (each step captures its own graph in the shared pool)."""
+    _needs_fla()
+    executor, states = _executor([1, 2, 4])
+    prompts = [RowSpec(list(range(100)), 0, list(range(2, 9)), 2), RowSpec([4, 8, 15], 0, [11], 4)]
+    mixed = [RowSpec([5], 30, [0, 1], 1), RowSpec(list(range(40, 110)), 0, list(range(12, 17)), 3),
+             RowSpec([7], 17, [9, 10], 5)]
+    steps = [prompts if name == "prompts" else mixed for name in order.split(", ")]
+    graphs = executor.forward.gdn.rule_graphs
+    before = _snapshot(states)
+    results = {}
+    for graphed in (True, False):
+        _restore(states, before)
+        graphs.enabled = graphed
+        results[graphed] = [(_eager_step(executor, rows), _snapshot(states)) for rows in steps]
+    graphs.enabled = True
+    assert graphs.num_captured == len(steps) and graphs.num_replayed == 2 * len(steps)  # 3 linear layers a step
+    for (graph_logits, graph_states), (fla_logits, fla_states) in zip(results[True], results[False]):
+        assert torch.equal(graph_logits, fla_logits)
+        for got, expected in zip(graph_states, fla_states):
+            assert torch.equal(got, expected)
+
+
+def test_rule_graphs_leave_long_prompts_to_fla():
+    """A step over `MAX_TOKENS` prompt tokens calls fla in every layer: no capture."""
+    from mstar.runtime.engine.gpu.rule_graphs import MAX_TOKENS
+
+    _needs_fla()
+    executor, _ = _executor([1, 2, 4], num_pages=MAX_TOKENS // 16 + 8)
+    graphs = executor.forward.gdn.rule_graphs
+    tokens = MAX_TOKENS + 1
+    _eager_step(executor, [RowSpec([i % 100 for i in range(tokens)], 0, list(range(tokens // 16 + 1)), 1)])
+    assert graphs.num_captured == 0 and graphs.enabled
 
 
 def test_hybrid_engine_follows_the_cpu_reference():

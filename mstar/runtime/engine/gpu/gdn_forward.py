@@ -21,7 +21,9 @@ its rows is one kernel, its decode rows' rule one kernel (`recurrent_step`), the
 and the gated norm one kernel (`eager_gates`, `eager_gated_norm`: the decode kernel's arithmetic and
 rounding). Prompt rows run fla-core's `chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`,
 B = 1; its host copy one tensor a step, `EagerRows.prompt_cu_cpu`) from their states, its final
-states written back. Elsewhere (the CPU) the same arithmetic in torch ops, decode rows on states
+states written back; from a step's second such layer on, as a CUDA graph captured for the step
+(`rule_graphs.py`: fla's Python is most of an eager step's host time). Elsewhere (the CPU) the
+same arithmetic in torch ops, decode rows on states
 gathered and scattered back. Every path reads the rows `LinearStep.read` and writes the rows
 `LinearStep.write` (the same rows with one copy a slot: in place). A decode-only step
 (`LinearStep.eager` None: token i is row i) reads no host memory and never synchronises, so the decode
@@ -37,7 +39,7 @@ row indices.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -45,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.runtime.engine.gpu import gdn_kernels, products
+from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 
 __all__ = ["EagerRows", "GdnForward", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
@@ -93,6 +96,7 @@ class EagerRows:
     prompt_cu: torch.Tensor  # [Pr + 1]
     prompt_rows: torch.Tensor  # [Pr]: their rows in the step
     prompt_cu_host: list[int]
+    rule: StepRule = field(default_factory=StepRule)  # the step's share of the rule graphs (rule_graphs.py)
 
     @functools.cached_property
     def prompt_cu_cpu(self) -> torch.Tensor:
@@ -183,6 +187,7 @@ class GdnForward:
         self.out_proj = [products.fuse([layer.out_proj], transposed) for layer in layers]
         device = states.ssm[0].device if states.ssm else torch.device("cpu")
         self.kernels = fla_kernels(device)
+        self.rule_graphs = PromptRuleGraphs()  # used only with fla's kernels (on a CUDA device)
         self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
 
     def __call__(self, index: int, h: torch.Tensor, step: LinearStep) -> torch.Tensor:
@@ -299,11 +304,8 @@ class GdnForward:
         """The prompt rows' tokens (varlen by `rows.prompt_cu`) from and back into their slots."""
         read, write = step.prompt_slots
         if self.kernels is not None:
-            out, final = self.kernels(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g=g.unsqueeze(0),
-                                         beta=beta.unsqueeze(0), initial_state=ssm[read], output_final_state=True,
-                                         use_qk_l2norm_in_kernel=True, cu_seqlens=rows.prompt_cu,
-                                         # the host copy spares fla a device sync to count chunks
-                                         cu_seqlens_cpu=rows.prompt_cu_cpu)
+            call = RuleCall(self.kernels, q, k, v, g, beta, ssm, read, rows.prompt_cu, rows.prompt_cu_cpu)
+            out, final = self.rule_graphs(call, rows.rule)
             ssm.index_copy_(0, write, final.to(ssm.dtype))
             return out[0]
         qn, kn = _prepare_qk(q, k, v.shape[1])
