@@ -104,7 +104,8 @@ class CpuPiecewise:
     def row_fields_offset(self, bucket: int) -> int:
         return NUM_TOKEN_FIELDS * bucket
 
-    def replay(self, bucket: int, num_tokens: int, attention):
+    def replay(self, bucket: int, num_tokens: int, attention, linear=None):
+        assert linear is None, "the stand-in runs a plain decoder's steps"
         t, r = bucket, self.max_rows
         ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t] * 4 + [r] * 2)
 

@@ -3,7 +3,8 @@ rule (prompt rows), the decode step's one fused kernel, the in-place recurrent k
 step's decode rows and the conv of eager steps (`gdn_kernels.py`) against the torch arithmetic of
 the same module and against the CPU fp32 reference layer (bf16 tolerance); decode graphs (the
 rows' slots updated in place) against the eager step; greedy tokens against the CPU reference;
-the prompt rule's graphs (`rule_graphs.py`) against fla called in every layer; and the qwen3_5
+the prompt rule's graphs (`rule_graphs.py`) against fla called in every layer; piecewise graphs of
+packed steps against the same steps run eagerly; and the qwen3_5
 plan at spec dims on its decode graphs, with and without running ahead (two copies
 of each state slot); the fused kernel's parts and their arrival counters over many layers and
 steps. Skipped without a GPU (and, for the kernel checks, without fla-core)."""
@@ -22,7 +23,7 @@ from mstar.plan.io import load_plan  # noqa: E402
 from mstar.plan.schema import RecurrentState  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
-from mstar.runtime.engine.gpu.executor import StepExecutor  # noqa: E402
+from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep, fla_kernels, linear_layout  # noqa: E402
 from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
@@ -235,7 +236,8 @@ def test_decode_rows_of_a_mixed_step_compute_as_in_a_decode_only_step():
 # ------------------------------------------------------------------ the step: graphs against eager
 
 
-def _executor(batch_sizes, num_pages=256):
+def _executor(batch_sizes, num_pages=256, packed=None):
+    """packed: the executor's packed families (`PackedFamilies`), None for none."""
     plan = llm_plan(HYBRID_DIMS, recurrent=RECURRENT)
     dims = decoder_dims(plan.nodes[0], "spec")
     device = torch.device("cuda")
@@ -247,7 +249,7 @@ def _executor(batch_sizes, num_pages=256):
         tensor.normal_(0, 0.05)
     pad = [0] + [min([b for b in batch_sizes if b >= n], default=0) for n in range(1, max(batch_sizes) + 1)]
     forward = DecoderForward(model, dims, kv, 4097, states)
-    return StepExecutor(forward, kv, device, num_pages + 1, pad, is_flashinfer=True), states
+    return StepExecutor(forward, kv, device, num_pages + 1, pad, is_flashinfer=True, packed=packed), states
 
 
 def _snapshot(states: LinearStates) -> list[torch.Tensor]:
@@ -382,6 +384,42 @@ def test_rule_graphs_leave_long_prompts_to_fla():
     assert graphs.num_captured == 0 and graphs.enabled
 
 
+def test_hybrid_piecewise_steps_match_eager_steps():
+    """A hybrid decoder's packed steps on piecewise graphs (each layer cut at its attention or at its
+    gated delta-net middle, which runs between the pieces over the step's real tokens): the logits
+    and the rows' states of the same steps run eagerly, over a mixed step and a prompt step of two
+    buckets, the second reading the states the first wrote."""
+    _needs_fla()
+    family = "LLM:mixed"
+    packed = PackedFamilies(frozenset({family}), [32, 64, 128], max_rows=8)
+    executor, states = _executor([1, 2, 4], packed=packed)
+    executor.capture()
+    assert sorted(executor.piecewise.pieces) == [32, 64, 128]
+    assert all(len(pieces) == HYBRID_DIMS["layers"] + 1 for pieces in executor.piecewise.pieces.values())
+    first = [RowSpec([5], 30, [0, 1], 1), RowSpec(list(range(20)), 0, [2, 3], 2), RowSpec([7], 17, [9, 10], 3)]
+    second = [RowSpec([8], 20, [2, 3], 2), RowSpec(list(range(40, 90)), 0, list(range(12, 16)), 4)]
+    steps = [(first, 32), (second, 64)]
+    before, kv_before = _snapshot(states), executor.kv.data.clone()
+    runs = {}
+    for is_graph in (False, True):
+        _restore(states, before)
+        executor.kv.data.copy_(kv_before)
+        logits = []
+        for rows, bucket in steps:
+            if is_graph:
+                executor.collect(executor.launch(rows, None, family, bucket))
+                logits.append(executor.piecewise.logits[:len(rows)].clone())
+            else:
+                logits.append(_eager_step(executor, rows)[:len(rows)])
+        runs[is_graph] = (logits, _snapshot(states))
+    assert executor.num_piecewise_steps == 2
+    (eager_logits, eager_states), (graph_logits, graph_states) = runs[False], runs[True]
+    for eager, graphed in zip(eager_logits, graph_logits):
+        assert _rel(graphed, eager) < 2e-2
+    for got, expected in zip(graph_states, eager_states):
+        assert _rel(got[1:5], expected[1:5]) < 2e-2
+
+
 def test_hybrid_engine_follows_the_cpu_reference():
     """Greedy tokens of a small hybrid on the fast path (bf16, fla, FlashInfer) against the CPU
     fp32 path: the first tokens agree (later ones may drift with bf16 rounding)."""
@@ -412,7 +450,8 @@ def test_qwen3_5_plan_runs_on_its_decode_graphs():
     driver.run(Workload(requests))
     reasons = {r.finish_reason for r in driver.conductor.records.values()}
     assert reasons <= {"stop", "length", "done"}, reasons
-    assert runner.executor.num_graph_steps > 0 and runner.executor.num_eager_steps > 0
+    # prompts on the packed families' piecewise graphs (the linear layers' middles between the pieces)
+    assert runner.executor.num_graph_steps > 0 and runner.executor.num_piecewise_steps > 0
     assert runner.slots.num_free_slots == runner.slots.num_slots - 1  # every slot back but the sink
 
 

@@ -54,13 +54,14 @@ collected, so the run loop's host work hides behind the device's. What makes tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
 
 from mstar.runtime.engine.glue_reference import INDEX_DTYPE, KeyGlue, PackBuffers, RowInputs, TokenBuffers
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
+from mstar.runtime.engine.gpu.gdn_forward import LinearStep
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
 from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, fed_ids, max_row_pages, pack,
                                               padded)
@@ -136,7 +137,8 @@ class StepExecutor:
         hybrid decoder never unrolls (its recurrent state moves one token after another).
         packed: the node's packed capture families, captured piecewise (`piecewise.py`) or whole
         (`packed_graphs.py`); a hybrid decoder runs the whole families' steps eagerly (its prompt
-        rows' gated delta-net kernels plan on the host).
+        rows' gated delta-net kernels plan on the host) and the piecewise ones with each linear
+        layer's layout-bound middle between the pieces, as attention.
         glue_pages_per_seq: pack with the plan's generated glue (module docstring), whose device
         page table holds this many pages a row slot; None: `packing.pack`."""
         self.forward, self.kv, self.device = forward, kv, device
@@ -219,7 +221,7 @@ class StepExecutor:
             self.graphs = DecodeGraphs(self.forward, self.attention, self.loop_tokens, sizes, self.kv.dummy_slot,
                                        self.device)
             self.capture_bytes["decode"] = self.graphs.measured_bytes
-        if self.packed is not None and self.forward.gdn is None:
+        if self.packed is not None:
             self.piecewise = PiecewiseGraphs(self.forward, self.loop_tokens, self.packed.token_buckets,
                                              self.packed.max_rows, self.kv.dummy_slot, self.device)
             self.capture_bytes["packed"] = self.piecewise.measured_bytes
@@ -440,11 +442,25 @@ class StepExecutor:
         assert graphs is not None and attention is not None, "token_bucket() picks a bucket only once captured"
         offset, rows = graphs.row_fields_offset(bucket), graphs.max_rows
         self._stage(_padded_row_fields(packed, offset, rows), graphs.inputs[bucket])
+        row_slot = graphs.inputs[bucket][offset + rows:offset + 2 * rows]
+        linear = self._piecewise_linear(packed, row_slot[:packed.qo_indptr.shape[0] - 1])
         self._wait_previous_inputs()
         planned = attention.plan_eager(packed, num_decode)
         self._planned()
-        logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]), planned.run)
-        return logits, greedy, graphs.inputs[bucket][offset + rows:offset + 2 * rows]
+        logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]), planned.run, linear)
+        return logits, greedy, row_slot
+
+    def _piecewise_linear(self, packed: PackedStep, row_slot: torch.Tensor) -> Optional[Callable]:
+        """A hybrid decoder's step between its pieces: each linear layer's middle over the step's
+        real rows (`GdnForward.middle`), their layout staged as an eager step's; None for a plain
+        decoder."""
+        gdn = self.forward.gdn
+        if gdn is None:
+            return None
+        layout = self.forward.linear_layout(packed)
+        step = (LinearStep.of(row_slot, gdn.states) if layout is None
+                else self.forward.eager_linear_step(layout, self._stage(layout.host), row_slot))
+        return lambda index, mixed, g, beta: gdn.middle(index, mixed, g, beta, step)
 
     def _split(self, rows: list[RowSpec], route: str) -> tuple[Optional[list[int]], int]:
         """The plan's `split` route on a step with decode and prompt rows (FlashInfer): the launch

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.gpu import kernels, products
-from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearLayout, LinearStep, linear_layout
+from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearCut, LinearLayout, LinearStep, linear_layout
 from mstar.runtime.engine.gpu.packing import PackedStep
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import LinearStates
@@ -191,9 +191,11 @@ class DecoderForward:
         return self.down[index](act)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
-                 last_index: torch.Tensor, attend: Attend, linear: Optional[LinearStep] = None) -> torch.Tensor:
+                 last_index: torch.Tensor, attend: Attend, linear: LinearStep | LinearCut | None = None
+                 ) -> torch.Tensor:
         """linear: the step's rows for the gated delta-net layers (`decode_step`, or an eager
-        step's `linear_layout(...).on_device(...)`), None for a plain decoder."""
+        step's `linear_layout(...).on_device(...)`; a piecewise capture's `LinearCut`), None for a
+        plain decoder."""
         model = self.model
         x = model.embed_tokens(ids)  # a tensor-parallel rank's embeds its vocabulary slice, then all-reduces
         delta = None

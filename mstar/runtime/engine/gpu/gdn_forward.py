@@ -50,7 +50,7 @@ from mstar.runtime.engine.gpu import gdn_kernels, products
 from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 
-__all__ = ["EagerRows", "GdnForward", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
+__all__ = ["EagerRows", "GdnForward", "LinearCut", "LinearLayout", "LinearStep", "fla_kernels", "linear_layout"]
 
 
 def fla_kernels(device: torch.device) -> Optional[Callable]:
@@ -142,6 +142,16 @@ class LinearStep:
         return cls(read, write, eager)
 
 
+@dataclass
+class LinearCut:
+    """A piecewise capture's stand-in for a step's rows (`piecewise.py`): each linear layer hands
+    its [q|k|v] channels and gates to `cut(index, mixed, g, beta)`, which ends the captured piece and
+    returns the buffer that the layer's rule output will be in when the next piece runs
+    (`GdnForward.middle` runs between the two, over the step's real tokens)."""
+
+    cut: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def linear_layout(qo_indptr: np.ndarray, conv_kernel: int) -> Optional[LinearLayout]:
     """The layout of a step whose rows hold `diff(qo_indptr)` tokens; None when
     every row holds one token (the decode-only step needs nothing but the slots)."""
@@ -190,22 +200,21 @@ class GdnForward:
         self.rule_graphs = PromptRuleGraphs()  # used only with fla's kernels (on a CUDA device)
         self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
 
-    def __call__(self, index: int, h: torch.Tensor, step: LinearStep) -> torch.Tensor:
-        """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`."""
+    def __call__(self, index: int, h: torch.Tensor, step: "LinearStep | LinearCut") -> torch.Tensor:
+        """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`.
+        step: the step's rows, or a piecewise capture's cut (`LinearCut`: the layout-bound middle
+        runs eagerly between the captured pieces, `middle`)."""
         layer = self.layers[index]
-        conv_state, ssm = self.states.conv[index], self.states.ssm[index]
-        n = h.shape[0]
-        heads, value_heads = layer.num_heads, layer.num_value_heads
-        key_width, value_width = heads * layer.key_dim, value_heads * layer.value_dim
+        value_heads, value_width = layer.num_value_heads, layer.num_value_heads * layer.value_dim
         proj = self.in_proj[index](h)
         mixed, z, b, a = proj.split([layer.conv_dim, value_width, value_heads, value_heads], dim=-1)
-        weight = layer.conv1d.weight[:, 0, :]  # [C, K]
-        rows = step.eager
-        if rows is None and self.is_fused:  # one kernel from the projection to out_proj's input (gdn_kernels.py)
+        if isinstance(step, LinearStep) and step.eager is None and self.is_fused:
+            # one kernel from the projection to out_proj's input (gdn_kernels.py)
             if step.counts is None:
-                step.counts = torch.zeros(n * heads, dtype=torch.int32, device=h.device)
-            gated = gdn_kernels.decode_step(mixed, z, b, a, conv_state, weight, layer.A_log, layer.dt_bias, ssm,
-                                            step.read, layer.norm.weight, layer.eps, heads, counts=step.counts,
+                step.counts = torch.zeros(h.shape[0] * layer.num_heads, dtype=torch.int32, device=h.device)
+            gated = gdn_kernels.decode_step(mixed, z, b, a, self.states.conv[index], layer.conv1d.weight[:, 0, :],
+                                            layer.A_log, layer.dt_bias, self.states.ssm[index], step.read,
+                                            layer.norm.weight, layer.eps, layer.num_heads, counts=step.counts,
                                             write_slots=step.write)
             return self.out_proj[index](gated)
         if self.is_fused:  # one launch (gdn_kernels.eager_gates): this step's host time is its launches
@@ -213,24 +222,37 @@ class GdnForward:
         else:
             beta = torch.sigmoid(b.float()).to(h.dtype)  # fla reads beta in the activations' dtype
             g = -layer.A_log.float().exp() * F.softplus(a.float() + layer.dt_bias.float())
-        if rows is None:
-            conv = self._conv_decode(mixed, weight, conv_state, step.read, step.write)
+        if isinstance(step, LinearCut):
+            out = step.cut(index, mixed, g, beta)
         else:
-            conv = self._conv_varlen(mixed, weight, conv_state, step, rows)
-        conv = conv.to(h.dtype)
-        q = conv[:, :key_width].reshape(-1, heads, layer.key_dim)
-        k = conv[:, key_width:2 * key_width].reshape(-1, heads, layer.key_dim)
-        v = conv[:, 2 * key_width:].reshape(-1, value_heads, layer.value_dim)
-        if rows is None:
-            out = self._recurrent(q, k, v, g, beta, ssm, step.read, step.write)
-        else:
-            out = self._eager_rule(q, k, v, g, beta, ssm, step, rows)
+            out = self.middle(index, mixed, g, beta, step)
         if self.is_fused:
             return self.out_proj[index](gdn_kernels.eager_gated_norm(out, z, layer.norm.weight, layer.eps))
         out32 = out.float()
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
-        return self.out_proj[index](gated.reshape(n, value_width))
+        return self.out_proj[index](gated.reshape(h.shape[0], value_width))
+
+    def middle(self, index: int, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               step: LinearStep) -> torch.Tensor:
+        """What a step's token layout decides in linear layer `index`: the causal conv of the rows'
+        [q|k|v] channels `mixed` `[N, C]` over their stored windows and the rule from the gates, from
+        and back into the rows' slots -> the rule's output `[N, HV, d_v]` (before the gated norm)."""
+        layer = self.layers[index]
+        conv_state, ssm = self.states.conv[index], self.states.ssm[index]
+        key_width, weight = layer.num_heads * layer.key_dim, layer.conv1d.weight[:, 0, :]  # [C, K]
+        rows = step.eager
+        if rows is None:
+            conv = self._conv_decode(mixed, weight, conv_state, step.read, step.write)
+        else:
+            conv = self._conv_varlen(mixed, weight, conv_state, step, rows)
+        conv = conv.to(mixed.dtype)
+        q = conv[:, :key_width].reshape(-1, layer.num_heads, layer.key_dim)
+        k = conv[:, key_width:2 * key_width].reshape(-1, layer.num_heads, layer.key_dim)
+        v = conv[:, 2 * key_width:].reshape(-1, layer.num_value_heads, layer.value_dim)
+        if rows is None:
+            return self._recurrent(q, k, v, g, beta, ssm, step.read, step.write)
+        return self._eager_rule(q, k, v, g, beta, ssm, step, rows)
 
     def _eager_rule(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows) -> torch.Tensor:
         """The rule over an eager step's tokens -> `[N, HV, d_v]`: decode rows one token each
