@@ -20,6 +20,10 @@ Out: nothing; adds
   rows), on a node without a KV cache or with a recurrent state (a recurrent state moves one token
   after another, and the rows of one step run side by side), with N below 2 (nothing to unroll),
   or with N above the largest batch size (a step of one N-token prompt needs N rows).
+- MW427 (a warning): a packed capture held whole (no `piecewise`) on a node with a recurrent state.
+  Its gated delta-net layers' conv and chunked rule take their grids and indices from the rows'
+  lengths, which a whole graph would fix at capture, so the runtime runs those steps eagerly;
+  `piecewise` captures everything around them (docs/engine.md).
 (Several captures of one walk are allowed: the step takes the family whose key holds it with the
 smallest (tokens, batch), docs/language.md "Several captures of one walk".)
 """
@@ -39,6 +43,7 @@ from mstar.lang.diagnostics import Diagnostics, Note
 def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
     _check_mergeable(node, diags)
     _check_unroll(node, diags)
+    _check_whole_recurrent(node, diags)
     if not node.capture_replays:
         return
     trees: Optional[dict[str, WalkTree]] = None
@@ -157,6 +162,20 @@ def _check_unroll(node: ast.NodeDecl, diags: Diagnostics) -> None:
         else:
             continue
         diags.error(codes.UNROLL_CANNOT_APPLY, f"unroll_prompts={n} cannot apply here: {why}", capture.span)
+
+
+def _check_whole_recurrent(node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """MW427: a packed capture held whole on a node with a recurrent state (module docstring)."""
+    state = next((s for s in node.states if s.kind == "recurrent"), None)
+    if state is None:
+        return
+    for capture in [*node.captures, *(c.capture for c in node.combines if c.capture is not None)]:
+        if capture.family == "packed" and not capture.is_piecewise:
+            diags.warning(codes.WHOLE_PACKED_RECURRENT,
+                          f"this packed capture is held whole, but node {node.name} keeps a recurrent state: "
+                          "its layers' kernels follow each step's row lengths, which a whole graph would fix, so "
+                          "these steps run eagerly; add `piecewise` to capture everything around those layers",
+                          capture.span, Note("the recurrent state is declared here", state.span))
 
 
 def is_one_family(a: ast.CaptureDecl, b: ast.CaptureDecl, is_mode_ignored: bool = False) -> bool:

@@ -121,6 +121,7 @@ CHUNKING_NOT_OWNED = "MW423"
 PREFIX_CACHE_RECURRENT = "MW424"
 CAPTURE_KEY_TWICE = "MW425"
 UNROLL_CANNOT_APPLY = "MW426"
+WHOLE_PACKED_RECURRENT = "MW427"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -215,4 +216,5 @@ TITLES: dict[str, str] = {
     PREFIX_CACHE_RECURRENT: "prefix cache asked for on a node with recurrent state",
     CAPTURE_KEY_TWICE: "two captures of one walk with the same key",
     UNROLL_CANNOT_APPLY: "unroll_prompts where prompt rows cannot be unrolled",
+    WHOLE_PACKED_RECURRENT: "packed capture held whole on a node with recurrent state",
 }

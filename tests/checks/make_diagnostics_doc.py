@@ -341,6 +341,11 @@ explain = {
  "MW423": "A warning: the reference's `max_prefill_chunk_size` is read only with `scheduler_owns_chunking: true`, "
           "because mstar cuts prompts in the scheduler and nowhere else; without it prompts run whole (the step token "
           "budget still applies). `kv_pool.nodes.NODE.max_prefill_chunk_size` always chunks.",
+ "MW427": "A warning: a node with recurrent state (gated delta-net layers) runs its layers' conv and chunked rule "
+          "with grids and gather indices taken from each step's row lengths, which a whole packed graph would fix at "
+          "capture; the runtime runs such a family's steps eagerly. With `piecewise` the graphs hold everything "
+          "around those layers (norms, projections, gates, MLPs, the sampling head), and the layers' middles run "
+          "between the pieces, as attention does.",
  "MW424": "A warning: a prefix cache shares full KV pages between requests with the same leading tokens, but a node "
           "with recurrent state (gated delta-net layers) also needs the state after the prefix, which no KV page "
           "holds. The plan says `prefix_cache: recurrent_state` for that node and the runtime keeps the cache off "
