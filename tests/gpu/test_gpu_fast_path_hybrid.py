@@ -372,6 +372,30 @@ def test_rule_graphs_replay_what_fla_computes(order):
             assert torch.equal(got, expected)
 
 
+def test_rule_graphs_fall_back_to_the_kernel_when_a_capture_fails():
+    """A kernel that cannot run under capture: the capture fails once, the graphs turn off with a
+    warning, and every call (that one too) runs the kernel as it is, with its results."""
+    from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
+
+    def kernel(q, k, v, g, beta, initial_state, **_options):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("this kernel syncs with the host")
+        return v * 2, initial_state + 1
+
+    device = torch.device("cuda")
+    q = torch.randn(5, 2, 8, device=device)
+    states = torch.randn(3, 2, 8, 8, device=device)
+    cu = torch.tensor([0, 5], device=device)
+    call = RuleCall(kernel, q, q, q, q[:, :, 0], q[:, :, 0], states, torch.tensor([1], device=device), cu, cu.cpu())
+    graphs, step = PromptRuleGraphs(), StepRule()
+    for _ in range(3):
+        out, final = graphs(call, step)
+        assert torch.equal(out, q.unsqueeze(0) * 2) and torch.equal(final, states[1:2] + 1)
+    assert not graphs.enabled and graphs.num_captured == 0 and step.calls == 3
+    # the device and the allocator are usable after the failed capture
+    assert torch.equal((q + 1).cpu(), q.cpu() + 1)
+
+
 def test_rule_graphs_leave_long_prompts_to_fla():
     """A step over `MAX_TOKENS` prompt tokens calls fla in every layer: no capture."""
     from mstar.runtime.engine.gpu.rule_graphs import MAX_TOKENS

@@ -1,0 +1,28 @@
+"""The prompt rule's graphs (`engine/gpu/rule_graphs.py`) off a CUDA device: every call runs the
+kernel as it is (the graphs capture only CUDA tensors), with the arguments fla takes, and the step
+counts its calls. The captures themselves are GPU tests (tests/gpu/test_gpu_fast_path_hybrid.py)."""
+import torch
+
+from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
+
+
+def test_calls_off_the_gpu_run_the_kernel_each_time():
+    seen = []
+
+    def kernel(q, k, v, g, beta, initial_state, **options):
+        seen.append((q.shape, initial_state.clone(), options))
+        return v.clone(), initial_state + 1
+
+    q = torch.randn(7, 2, 4)
+    states = torch.arange(3 * 2 * 4 * 4, dtype=torch.float32).view(3, 2, 4, 4)
+    read = torch.tensor([2, 0])
+    cu = torch.tensor([0, 3, 7])
+    call = RuleCall(kernel, q, q, q, q[:, :, 0], q[:, :, 0], states, read, cu, cu.clone())
+    graphs, step = PromptRuleGraphs(), StepRule()
+    for _ in range(3):
+        out, final = graphs(call, step)
+        assert torch.equal(out, q.unsqueeze(0)) and torch.equal(final, states[read] + 1)
+    assert step.calls == 3 and step.captured is None and graphs.num_captured == 0 and graphs.enabled
+    shape, initial, options = seen[0]
+    assert shape == (1, 7, 2, 4) and torch.equal(initial, states[read])
+    assert options["cu_seqlens"] is cu and options["output_final_state"] and options["use_qk_l2norm_in_kernel"]
