@@ -13,7 +13,10 @@ replay the graph: a few copies and one graph launch instead of fla's Python.
 Steps over `MAX_TOKENS` prompt tokens run fla as it is: their kernels outlast the host's launches,
 and the graph's pool would hold their intermediates. The graphs share one memory pool; a step's
 graph is replayed only while its step runs (stream order on the step's stream), and it is kept
-alive until the device is past its last replay. A capture that fails (a kernel fla could not
+alive until the device is past its last replay. The graph reads the step's `cu_seqlens` and the
+chunk indices fla derived from it, which fla's identity caches hold (its last few argument tuples a
+helper): every call of a step passes the same two tensors, so nothing evicts them mid-step. A
+capture that fails (a kernel fla could not
 launch under capture) turns the graphs off for this engine and the step runs fla as it is.
 """
 
