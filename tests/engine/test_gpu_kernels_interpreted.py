@@ -108,7 +108,8 @@ def test_causal_conv_and_conv_store_match_the_torch_gather(interpreted, is_in_pl
     """The eager step's conv kernel and its store of the rows' new windows against the torch gather
     of [stored | mixed] columns: rows of 1, 2 and 6 tokens (taps and new columns in the stored
     columns and in the step) on slots read through `read`, mixed with a row stride; the new columns
-    written back into the rows' slots or into other ones, no other slot touched."""
+    written back into the rows' slots or into other ones, no other slot touched; the conv into a
+    given buffer as into a new one."""
     import numpy as np
 
     from mstar.runtime.engine.gpu import gdn_kernels
@@ -130,6 +131,11 @@ def test_causal_conv_and_conv_store_match_the_torch_gather(interpreted, is_in_pl
     expected_state = conv_state.clone()
     expected_state[write] = columns[state_index].transpose(1, 2)
     got = gdn_kernels.causal_conv(conv_state, read, mixed, index, weight)
+    buffer = torch.full((9, channels), float("nan"))  # a given output buffer (a step's, reused by its layers)
+    assert gdn_kernels.causal_conv(conv_state, read, mixed, index, weight, out=buffer) is buffer
+    assert torch.equal(buffer, got)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        gdn_kernels.causal_conv(conv_state, read, mixed, index, weight, out=torch.empty(channels, 9).T)
     gdn_kernels.conv_store(conv_state, read, write, mixed, state_index)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(conv_state, expected_state)

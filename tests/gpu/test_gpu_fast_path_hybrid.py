@@ -365,11 +365,45 @@ def test_rule_graphs_replay_what_fla_computes(order):
         graphs.enabled = graphed
         results[graphed] = [(_eager_step(executor, rows), _snapshot(states)) for rows in steps]
     graphs.enabled = True
-    assert graphs.num_captured == len(steps) and graphs.num_replayed == 2 * len(steps)  # 3 linear layers a step
+    # 3 linear layers a step: fla in the first, a capture and a replay in the second, a replay in the
+    # third (a capture again only where an input read in place moved: rule_graphs.py)
+    assert graphs.num_captured >= len(steps) and graphs.num_replayed == 2 * len(steps)
     for (graph_logits, graph_states), (fla_logits, fla_states) in zip(results[True], results[False]):
         assert torch.equal(graph_logits, fla_logits)
         for got, expected in zip(graph_states, fla_states):
             assert torch.equal(got, expected)
+
+
+def test_rule_graphs_read_fixed_inputs_in_place_and_copy_the_moved_ones():
+    """Values that lie where they lay in the step's first call are read in place by its graph (no
+    copy), with whatever they hold at each replay; a value that moves later is captured again and
+    copied from then on. Every call gives what the kernel gives on its own values."""
+    from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
+
+    def kernel(q, k, v, g, beta, initial_state, **_options):
+        return v * 2 + g.unsqueeze(-1) + q - k, initial_state + beta.sum()
+
+    device = torch.device("cuda")
+    conv = torch.empty(6, 3, 4, device=device)  # q, k and v in one buffer, as a step's conv output
+    g, beta = torch.empty(6, 3, device=device), torch.empty(6, 3, device=device)
+    states = torch.randn(4, 3, 4, 4, device=device)
+    read, cu = torch.tensor([2], device=device), torch.tensor([0, 6], device=device)
+    graphs, step = PromptRuleGraphs(), StepRule()
+    held = []  # every k, and g from call 4 on, a new tensor each call, kept so none reuses an address
+    for index in range(5):
+        conv.normal_(), beta.normal_(), g.normal_()
+        held.append(conv * 1)
+        if index >= 3:
+            held.append(torch.randn(6, 3, device=device))
+        call = RuleCall(kernel, conv, held[-2 if index >= 3 else -1], conv, held[-1] if index >= 3 else g, beta,
+                        states, read, cu, cu.cpu())
+        expected = call.run()
+        out, final = graphs(call, step)
+        assert torch.allclose(out, expected[0]) and torch.allclose(final, expected[1])
+    captured = step.captured
+    assert graphs.num_captured == 2 and graphs.num_replayed == 4
+    # the last graph reads q, v and beta in place and copies k (a new tensor each call) and the moved g
+    assert [buffer is None for buffer in captured.buffers] == [True, False, True, False, True]
 
 
 def test_rule_graphs_fall_back_to_the_kernel_when_a_capture_fails():

@@ -97,6 +97,16 @@ class EagerRows:
     prompt_rows: torch.Tensor  # [Pr]: their rows in the step
     prompt_cu_host: list[int]
     rule: StepRule = field(default_factory=StepRule)  # the step's share of the rule graphs (rule_graphs.py)
+    conv_out: Optional[torch.Tensor] = None  # the conv's output, one buffer for all the step's layers
+
+    def conv_buffer(self, num_tokens: int, channels: int, like: torch.Tensor) -> torch.Tensor:
+        """The step's conv output buffer `[T, C]`: every layer's conv writes the same one, so the
+        rule graph reads a layer's q, k and v where it read the previous layer's (rule_graphs.py).
+        A layer's conv output is used up within the layer (stream order)."""
+        buffer = self.conv_out
+        if buffer is None or buffer.shape != (num_tokens, channels) or buffer.dtype != like.dtype:
+            buffer = self.conv_out = torch.empty((num_tokens, channels), dtype=like.dtype, device=like.device)
+        return buffer
 
     @functools.cached_property
     def prompt_cu_cpu(self) -> torch.Tensor:
@@ -289,7 +299,8 @@ class GdnForward:
         channels = mixed.shape[1]
         covered = mixed[:rows.conv_index.shape[0]]
         if self.is_fused:  # two Triton kernels: no [T, K, C] window tensor, no copy of the rows' windows
-            conv = gdn_kernels.causal_conv(conv_state, step.read, covered, rows.conv_index, weight)
+            conv = gdn_kernels.causal_conv(conv_state, step.read, covered, rows.conv_index, weight,
+                                           out=rows.conv_buffer(covered.shape[0], channels, mixed))
             gdn_kernels.conv_store(conv_state, step.read, step.write, covered, rows.state_index)
         else:
             stored = conv_state[step.read].transpose(1, 2).reshape(-1, channels)  # [R*(K-1), C]

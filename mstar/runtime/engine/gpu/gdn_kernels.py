@@ -511,11 +511,16 @@ def value_block(value_dim: int) -> int:
 
 
 def causal_conv(conv_state: torch.Tensor, read: torch.Tensor, mixed: torch.Tensor, index: torch.Tensor,
-                weight: torch.Tensor) -> torch.Tensor:
-    """The step's conv outputs `[T, C]` (module docstring); `index` has T rows (tokens of a row)."""
+                weight: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The step's conv outputs `[T, C]` (module docstring); `index` has T rows (tokens of a row).
+    out: a contiguous `[T, C]` tensor of mixed's dtype to write them into (None: a new one)."""
     num_tokens, taps = index.shape
     channels = mixed.shape[1]
-    out = torch.empty((num_tokens, channels), dtype=mixed.dtype, device=mixed.device)
+    if out is None:
+        out = torch.empty((num_tokens, channels), dtype=mixed.dtype, device=mixed.device)
+    elif out.shape != (num_tokens, channels) or out.dtype != mixed.dtype or not out.is_contiguous():
+        raise ValueError(f"causal_conv: out must be a contiguous {mixed.dtype} tensor of shape "
+                         f"{(num_tokens, channels)}, got {out.dtype} {tuple(out.shape)}")
     if num_tokens == 0:
         return out
     index, weight = index.contiguous(), weight.contiguous()

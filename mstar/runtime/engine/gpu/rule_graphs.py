@@ -6,9 +6,13 @@ Why: an eager hybrid step waits on its host, and most of the host's time is fla'
 of Qwen3.5), while every layer of one step calls fla on the same token layout (the step's
 `cu_seqlens`); only the values differ. So the step's first call runs fla as it is (that call tunes
 its kernels for these shapes and caches the chunk indices of this `cu_seqlens`, so nothing in a
-capture tunes or copies from the host), the second captures the call into a CUDA graph over input
-buffers of its own, and that call and every later one copy their inputs into those buffers and
-replay the graph: a few copies and one graph launch instead of fla's Python.
+capture tunes or copies from the host), the second captures the call into a CUDA graph, and that
+call and every later one replay it: one graph launch instead of fla's Python. An input that lay at
+the same address, shape and strides in the first two calls (the step's conv output buffer, a
+piecewise step's gates in the handover: `gdn_forward.py`, `piecewise.py`) is read in place; the
+others are copied into buffers of the graph's own before each replay. A later call whose in-place
+input lies elsewhere is captured again with that input copied instead (a step's graphs then number
+two or more; each call is checked, so no graph reads a stale address).
 
 Steps over `MAX_TOKENS` prompt tokens run fla as it is: their kernels outlast the host's launches,
 and the graph's pool would hold their intermediates. The graphs share one memory pool; a step's
@@ -67,22 +71,40 @@ class RuleCall:
                       # the host copy spares fla a device sync to count chunks
                       cu_seqlens_cpu=self.cu_cpu)
 
-    def load(self, buffers: tuple[torch.Tensor, ...]) -> None:
-        """Copy this call's tensors into a graph's input buffers (one launch each)."""
-        for buffer, value in zip(buffers, (self.q, self.k, self.v, self.g, self.beta)):
-            buffer[0].copy_(value)
-        torch.index_select(self.states, 0, self.read, out=buffers[5])
+    def values(self) -> tuple[torch.Tensor, ...]:
+        """q, k, v, g and beta: the inputs a graph may read in place."""
+        return self.q, self.k, self.v, self.g, self.beta
+
+    def layouts(self) -> tuple[tuple, ...]:
+        """Where and how each of `values` lies: what a graph that reads it in place depends on."""
+        return tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in self.values())
+
+    def load(self, captured: "_Captured") -> None:
+        """This call's values into the graph's input buffers (one launch each; none for the values it
+        reads in place), and the rows' initial states."""
+        for buffer, value in zip(captured.buffers, self.values()):
+            if buffer is not None:
+                buffer[0].copy_(value)
+        torch.index_select(self.states, 0, self.read, out=captured.initial)
 
 
 @dataclass
 class _Captured:
-    """A step's graph: its input buffers, its outputs (in the pool) and an event after its last replay."""
+    """A step's graph: its input buffers (none for a value it reads in place: `fixed` holds where that
+    lay; the graph keeps no reference to it, so a later call's value can lie there), the initial
+    states' buffer, its outputs (in the pool) and an event after its last replay."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: tuple[torch.Tensor, ...]
+    buffers: tuple[Optional[torch.Tensor], ...]  # None where the graph reads the value in place
+    initial: torch.Tensor
+    fixed: tuple[Optional[tuple], ...]
     out: torch.Tensor
     final: torch.Tensor
     replayed: torch.cuda.Event
+
+    def reads_in_place(self, layouts: tuple[tuple, ...]) -> bool:
+        """Whether every value this graph reads in place lies where it did at capture."""
+        return all(fixed is None or fixed == layout for fixed, layout in zip(self.fixed, layouts))
 
 
 class PromptRuleGraphs:
@@ -101,24 +123,31 @@ class PromptRuleGraphs:
         step.calls += 1
         graphed = self.enabled and call.q.is_cuda and call.q.shape[0] <= MAX_TOKENS
         if step.captured is None and (step.calls == 1 or not graphed):
+            step.first = call.layouts() if graphed else None
             return call.run()
-        if step.captured is None:
-            step.captured = self._capture(call)
+        layouts = call.layouts()
+        if step.captured is None or not step.captured.reads_in_place(layouts):
+            # In place: what lay where it did in the step's first call (first capture), or still
+            # lies where the step's graph read it (a capture again).
+            before = step.captured.fixed if step.captured is not None else step.first or (None,) * len(layouts)
+            step.captured = self._capture(call, tuple(f if f == now else None for f, now in zip(before, layouts)))
             if step.captured is None:
                 return call.run()
         captured = step.captured
-        call.load(captured.inputs)
+        call.load(captured)
         captured.graph.replay()
         captured.replayed.record()
         self.num_replayed += 1
         return captured.out, captured.final
 
-    def _capture(self, call: RuleCall) -> Optional[_Captured]:
-        """The call captured over new input buffers, or None (and the graphs off) when it cannot be."""
+    def _capture(self, call: RuleCall, fixed: tuple[Optional[tuple], ...]) -> Optional[_Captured]:
+        """The call captured reading in place the values `fixed` gives a layout for and the others
+        from new buffers, or None (and the graphs off) when it cannot be."""
         self._retire()
-        inputs = tuple(torch.empty((1, *t.shape), dtype=t.dtype, device=t.device)
-                       for t in (call.q, call.k, call.v, call.g, call.beta))
-        inputs += (call.states.new_empty((call.read.shape[0], *call.states.shape[1:])),)
+        buffers = tuple(None if layout is not None else torch.empty((1, *t.shape), dtype=t.dtype, device=t.device)
+                        for t, layout in zip(call.values(), fixed))
+        initial = call.states.new_empty((call.read.shape[0], *call.states.shape[1:]))
+        inputs = tuple(t.unsqueeze(0) if buffer is None else buffer for t, buffer in zip(call.values(), buffers))
         if self._stream is None:
             self._stream, self._pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -127,7 +156,7 @@ class PromptRuleGraphs:
             with torch.cuda.stream(self._stream):
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
-                    out, final = call.run(inputs)
+                    out, final = call.run((*inputs, initial))
                 finally:
                     graph.capture_end()
         except Exception as error:  # noqa: BLE001 (any failure to capture falls back to fla as it is)
@@ -135,7 +164,7 @@ class PromptRuleGraphs:
             log.warning("the prompt rule runs without CUDA graphs from now on: its capture failed (%s)", error)
             return None
         torch.cuda.current_stream().wait_stream(self._stream)
-        captured = _Captured(graph, inputs, out, final, torch.cuda.Event())
+        captured = _Captured(graph, buffers, initial, fixed, out, final, torch.cuda.Event())
         self._live.append(captured)
         self.num_captured += 1
         return captured
@@ -152,3 +181,4 @@ class StepRule:
 
     calls: int = 0
     captured: Optional[_Captured] = None
+    first: Optional[tuple[tuple, ...]] = None  # the layouts of the step's first call's values (graphed calls)
