@@ -135,3 +135,13 @@ def test_the_table_says_how_many_edges_the_blas_what_if_rewrote():
     assert "made programmatic: 65" in bench._table(dict(base, programmatic_blas_edges=65))
     off = bench._table(dict(base, programmatic_blas_edges=0, blas_edges_off="cuda-bindings 13 is not installed"))
     assert "made programmatic: 0 (off: cuda-bindings 13 is not installed)" in off
+
+
+def test_the_table_says_what_the_prompt_rule_graphs_did():
+    base = {"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0, "decode": {},
+            "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()}
+    assert "prompt rule graphs" not in bench._table(base)  # a plain decoder has none
+    table = bench._table(dict(base, rule_graphs={"captured": 12, "replayed": 192, "on": True}))
+    assert "prompt rule graphs: 12 captured, 192 replays" in table and "off" not in table
+    off = bench._table(dict(base, rule_graphs={"captured": 0, "replayed": 0, "on": False}))
+    assert "prompt rule graphs: 0 captured, 0 replays (off: a capture failed)" in off

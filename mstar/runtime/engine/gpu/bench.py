@@ -326,6 +326,9 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
         out["profile"] = _profile(executor, executor.bucket(_rows(executor, [(1, CONTEXT)] * profile_rows,
                                                                    kv.page_size)))
     out["capture"] = _capture_report(plan, node, family, executor)
+    if executor.forward.gdn is not None:  # the prompt rule's graphs over the run's eager and piecewise steps
+        rule = executor.forward.gdn.rule_graphs
+        out["rule_graphs"] = {"captured": rule.num_captured, "replayed": rule.num_replayed, "on": rule.enabled}
     del executor, numpy_executor, model, kv
     torch.cuda.empty_cache()
     return out, dims
@@ -657,6 +660,10 @@ def _table(result: dict) -> str:
                          f"{value['not_unrolled']['ms']:.3f} ms (kernels {value['not_unrolled']['kernels_ms']:.3f} ms)")
     if "hf_eager_decode_64_ms" in result:
         lines.append(f"HF eager decode 64 rows: {result['hf_eager_decode_64_ms']} ms")
+    if "rule_graphs" in result:
+        rule = result["rule_graphs"]
+        lines.append(f"prompt rule graphs: {rule['captured']} captured, {rule['replayed']} replays"
+                     + ("" if rule["on"] else " (off: a capture failed)"))
     if "programmatic_blas_edges" in result:
         off = f" (off: {result['blas_edges_off']})" if "blas_edges_off" in result else ""
         lines.append(f"edges into cuBLAS's products made programmatic: {result['programmatic_blas_edges']}{off}")
