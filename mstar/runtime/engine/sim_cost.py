@@ -43,7 +43,7 @@ Orpheus-size LLM, 28 layers of hidden 3072) scaled by the node weight layers * h
 (28 and 3072 where missing), the previous model's weight. Not modelled: sub-models (a depth model's
 inner steps), the linear-attention layers' recurrent state (their parameters count like a full
 layer's, their state reads not at all) and their host time in eager and piecewise steps (their conv
-and chunked rule run eagerly: a Qwen3.5 packed step on its piecewise graphs measured 2.5-4 times its
+and chunked rule run eagerly: a Qwen3.5 packed step on its piecewise graphs measured 2-4 times its
 kernels on the H200, most of the rest those layers' launches, docs/engine.md), tensor parallelism
 (each rank is costed with all weights),
 media tokens.
