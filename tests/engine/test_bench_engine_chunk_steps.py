@@ -141,7 +141,25 @@ def test_the_table_says_what_the_prompt_rule_graphs_did():
     base = {"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0, "decode": {},
             "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case()}
     assert "prompt rule graphs" not in bench._table(base)  # a plain decoder has none
-    table = bench._table(dict(base, rule_graphs={"captured": 12, "replayed": 192, "on": True}))
-    assert "prompt rule graphs: 12 captured, 192 replays" in table and "off" not in table
-    off = bench._table(dict(base, rule_graphs={"captured": 0, "replayed": 0, "on": False}))
-    assert "prompt rule graphs: 0 captured, 0 replays (off: a capture failed)" in off
+    table = bench._table(dict(base, rule_graphs={"captured": 12, "replayed": 192}))
+    assert "prompt rule graphs: 12 captured, 192 replays\n" in table + "\n"
+    off = bench._table(dict(base, rule_graphs={"captured": 0, "replayed": 0, "off": "turned off (--no-rule-graphs)"}))
+    assert "prompt rule graphs: 0 captured, 0 replays (off: turned off (--no-rule-graphs))" in off
+
+
+def test_the_what_if_switches_reach_the_modules_they_turn_off(monkeypatch):
+    """`--no-rule-graphs`, `--no-pdl`, `--module-layout`, `--no-blas-pdl` set their modules' switches
+    before the engine is built; without them every switch is back on."""
+    from mstar.runtime.engine.gpu import blas_edges, kernels, products, rule_graphs
+
+    for module, name in ((rule_graphs, "_why_off"), (kernels, "_pdl_allowed"), (products, "_transposed_allowed"),
+                         (blas_edges, "_enabled")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    parser = bench._parser()
+    bench._set_what_ifs(parser.parse_args(["--no-rule-graphs", "--no-pdl", "--module-layout", "--no-blas-pdl"]))
+    assert rule_graphs._why_off and not kernels._pdl_allowed and not products._transposed_allowed
+    assert not blas_edges._enabled
+    bench._set_what_ifs(parser.parse_args([]))
+    assert rule_graphs._why_off is None and kernels._pdl_allowed and products._transposed_allowed
+    assert blas_edges._enabled
+    assert parser.parse_args(["--decode-graphs-only"]).decode_graphs_only

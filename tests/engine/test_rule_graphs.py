@@ -22,7 +22,20 @@ def test_calls_off_the_gpu_run_the_kernel_each_time():
     for _ in range(3):
         out, final = graphs(call, step)
         assert torch.equal(out, q.unsqueeze(0)) and torch.equal(final, states[read] + 1)
-    assert step.calls == 3 and step.captured is None and graphs.num_captured == 0 and graphs.enabled
+    assert step.calls == 3 and step.captured is None and graphs.num_captured == 0 and graphs.why_off is None
     shape, initial, options = seen[0]
     assert shape == (1, 7, 2, 4) and torch.equal(initial, states[read])
     assert options["cu_seqlens"] is cu and options["output_final_state"] and options["use_qk_l2norm_in_kernel"]
+
+
+def test_the_what_if_switch_starts_later_graphs_off(monkeypatch):
+    """`set_enabled(False)` (`mstar bench engine --no-rule-graphs`): graphs built afterwards start off
+    and say why; those built before keep capturing."""
+    from mstar.runtime.engine.gpu import rule_graphs
+
+    monkeypatch.setattr(rule_graphs, "_why_off", None)
+    before = PromptRuleGraphs()
+    rule_graphs.set_enabled(False)
+    assert PromptRuleGraphs().why_off == "turned off (--no-rule-graphs)" and before.why_off is None
+    rule_graphs.set_enabled(True)
+    assert PromptRuleGraphs().why_off is None

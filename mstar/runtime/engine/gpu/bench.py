@@ -18,6 +18,7 @@ runner's path: `glue_packing.py`); each step is also timed with the numpy packin
 `glue_over_numpy`, the ratio), unless `--no-numpy`.
 
 Usage: mstar bench engine [--plan P] [--node N] [--json] [--iters N] [--hf-compiled] [--no-numpy] [--host-pack]
+                          [--no-rule-graphs] [--decode-graphs-only] (and the what-ifs `--help` lists)
 Needs a CUDA GPU with FlashInfer; elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -278,12 +279,16 @@ def build(plan, node, decode_kernel="auto", glue=None, shared=None) -> tuple:
 
 
 def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="auto", glue_module=None,
-               is_numpy_too: bool = True, is_capture_only: bool = False) -> tuple[dict, DecoderDims]:
+               is_numpy_too: bool = True, is_capture_only: bool = False,
+               is_packed_captured: bool = True) -> tuple[dict, DecoderDims]:
     """glue_module: the plan's generated glue (the steps are packed by it); None: numpy packing.
     is_numpy_too: also time each step with the numpy packing on a second executor.
-    is_capture_only: capture the node's graphs and report their memory, time no step."""
+    is_capture_only: capture the node's graphs and report their memory, time no step.
+    is_packed_captured: false captures the decode family alone (`--decode-graphs-only`)."""
     glue = bench_glue(glue_module, node) if glue_module is not None else None
     dims, model, kv, family, executor = build(plan, node, decode_kernel, glue)
+    if not is_packed_captured:
+        executor.packed, executor.whole = None, {}
     if is_capture_only:
         return _capture_only(plan, node, family, executor), dims
     numpy_executor = None
@@ -328,7 +333,9 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
     out["capture"] = _capture_report(plan, node, family, executor)
     if executor.forward.gdn is not None:  # the prompt rule's graphs over the run's eager and piecewise steps
         rule = executor.forward.gdn.rule_graphs
-        out["rule_graphs"] = {"captured": rule.num_captured, "replayed": rule.num_replayed, "on": rule.enabled}
+        out["rule_graphs"] = {"captured": rule.num_captured, "replayed": rule.num_replayed}
+        if rule.why_off is not None:
+            out["rule_graphs"]["off"] = rule.why_off
     del executor, numpy_executor, model, kv
     torch.cuda.empty_cache()
     return out, dims
@@ -497,9 +504,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-blas-pdl", action="store_true",
                         help="keep the graphs' edges into cuBLAS's sm_90 products ordinary, not programmatic (a "
                              "what-if; docs/engine.md, \"Programmatic edges into cuBLAS\")")
+    parser.add_argument("--no-rule-graphs", action="store_true",
+                        help="call fla's chunked rule in every gated delta-net layer of a hybrid's eager and "
+                             "piecewise steps, not as a CUDA graph a step (a what-if; docs/engine.md)")
+    parser.add_argument("--decode-graphs-only", action="store_true",
+                        help="capture the decode family alone: the packed families' steps run eagerly (a "
+                             "what-if for what their capture costs the decode graphs; docs/engine.md)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
+
+
+def _set_what_ifs(args: argparse.Namespace):
+    """The what-if switches, set before the engine is built; returns `blas_edges` (its count of
+    edges made programmatic is read after the run)."""
+    from mstar.runtime.engine.gpu import blas_edges, kernels, products, rule_graphs
+
+    kernels.set_pdl(not args.no_pdl)
+    products.set_transposed(not args.module_layout)
+    blas_edges.set_enabled(not args.no_blas_pdl)
+    rule_graphs.set_enabled(not args.no_rule_graphs)
+    return blas_edges
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -522,17 +547,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     if args.decode_kernel == "cuda" and _lacks_cuda_core_kernel(node):
         return 1
-    if args.no_pdl:
-        from mstar.runtime.engine.gpu import kernels
-
-        kernels.set_pdl(False)
-    if args.module_layout:
-        from mstar.runtime.engine.gpu import products
-
-        products.set_transposed(False)
-    from mstar.runtime.engine.gpu import blas_edges
-
-    blas_edges.set_enabled(not args.no_blas_pdl)
+    blas_edges = _set_what_ifs(args)
     from mstar.plan.io import input_paths
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
 
@@ -542,7 +557,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
     result, dims = run_engine(plan, node, args.iters, args.profile, args.decode_kernel, glue_module, not args.no_numpy,
-                              args.capture_only)
+                              args.capture_only, not args.decode_graphs_only)
     result["programmatic_blas_edges"] = blas_edges.made_total  # 0 with --no-blas-pdl or without cuda-bindings
     off = blas_edges.why_off()
     if off is not None:
@@ -663,7 +678,7 @@ def _table(result: dict) -> str:
     if "rule_graphs" in result:
         rule = result["rule_graphs"]
         lines.append(f"prompt rule graphs: {rule['captured']} captured, {rule['replayed']} replays"
-                     + ("" if rule["on"] else " (off: a capture failed)"))
+                     + (f" (off: {rule['off']})" if "off" in rule else ""))
     if "programmatic_blas_edges" in result:
         off = f" (off: {result['blas_edges_off']})" if "blas_edges_off" in result else ""
         lines.append(f"edges into cuBLAS's products made programmatic: {result['programmatic_blas_edges']}{off}")

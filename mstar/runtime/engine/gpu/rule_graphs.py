@@ -33,9 +33,18 @@ from typing import Any, Callable, Optional
 
 import torch
 
-__all__ = ["MAX_TOKENS", "PromptRuleGraphs", "RuleCall", "StepRule"]
+__all__ = ["MAX_TOKENS", "PromptRuleGraphs", "RuleCall", "StepRule", "set_enabled"]
 
 log = logging.getLogger(__name__)
+
+_why_off: Optional[str] = None  # why rule graphs built from now on start off (a what-if), None: on
+
+
+def set_enabled(enabled: bool) -> None:
+    """Let the rule graphs built afterwards capture (the default), or never (fla in every layer:
+    `mstar bench engine --no-rule-graphs`, the what-if beside them)."""
+    global _why_off
+    _why_off = None if enabled else "turned off (--no-rule-graphs)"
 
 # Prompt tokens of a step up to which the rule is graphed. A judgement, not a measured crossover:
 # the 16 x 1024-token prefill is bound by its kernels, not its launches (docs/engine.md), and the
@@ -111,7 +120,7 @@ class PromptRuleGraphs:
     """The rule graphs of one engine's gated delta-net layers (module docstring)."""
 
     def __init__(self) -> None:
-        self.enabled = True
+        self.why_off = _why_off  # None while the graphs capture
         self.num_captured = 0
         self.num_replayed = 0
         self._pool: Any = None  # torch.cuda.graph_pool_handle() on the first capture
@@ -121,7 +130,7 @@ class PromptRuleGraphs:
     def __call__(self, call: RuleCall, step: "StepRule") -> tuple[torch.Tensor, torch.Tensor]:
         """fla over `call`, the `step.calls`-th call of its step -> (out `[1, T, HV, d_v]`, final states)."""
         step.calls += 1
-        graphed = self.enabled and call.q.is_cuda and call.q.shape[0] <= MAX_TOKENS
+        graphed = self.why_off is None and call.q.is_cuda and call.q.shape[0] <= MAX_TOKENS
         if step.captured is None and (step.calls == 1 or not graphed):
             step.first = call.layouts() if graphed else None
             return call.run()
@@ -160,8 +169,8 @@ class PromptRuleGraphs:
                 finally:
                     graph.capture_end()
         except Exception as error:  # noqa: BLE001 (any failure to capture falls back to fla as it is)
-            self.enabled = False
-            log.warning("the prompt rule runs without CUDA graphs from now on: its capture failed (%s)", error)
+            self.why_off = f"a capture failed: {error}"
+            log.warning("the prompt rule runs without CUDA graphs from now on: %s", self.why_off)
             return None
         torch.cuda.current_stream().wait_stream(self._stream)
         captured = _Captured(graph, buffers, initial, fixed, out, final, torch.cuda.Event())
