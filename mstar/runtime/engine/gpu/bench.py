@@ -287,13 +287,14 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
     is_packed_captured: false captures the decode family alone (`--decode-graphs-only`)."""
     glue = bench_glue(glue_module, node) if glue_module is not None else None
     dims, model, kv, family, executor = build(plan, node, decode_kernel, glue)
-    if not is_packed_captured:
-        executor.packed, executor.whole = None, {}
     if is_capture_only:
         return _capture_only(plan, node, family, executor), dims
     numpy_executor = None
     if executor.packer is not None and is_numpy_too:
         numpy_executor = build(plan, node, decode_kernel, None, (dims, model, kv))[4]
+    for each in (executor, numpy_executor) if not is_packed_captured else ():
+        if each is not None:
+            each.packed, each.whole = None, {}
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
     matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
