@@ -174,6 +174,34 @@ def test_a_layer_equals_the_reference_in_any_mix_of_rows(counts):
     torch.testing.assert_close(states.ssm[0], reference.ssm[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("counts", [[1, 1, 1], [5], [2, 7, 1]])
+def test_a_layers_middle_into_a_given_buffer(counts):
+    """`GdnForward.middle` (what a piecewise step runs between its pieces) into a given buffer of
+    stale values: the same output and the same slots as into a new one, every token's row written."""
+    layer = _layer()
+    slots, cu = torch.tensor([4, 1, 5][:len(counts)]), np.cumsum([0] + counts)
+    mixed = torch.randn(int(cu[-1]), layer.conv_dim, generator=torch.Generator().manual_seed(3))
+    g = -torch.rand(int(cu[-1]), layer.num_value_heads)
+    beta = torch.rand(int(cu[-1]), layer.num_value_heads)
+    results = []
+    for given in (False, True):
+        states = _clone(_states(layer))
+        forward = GdnForward([layer], states)
+        layout = linear_layout(cu, layer.conv_kernel)
+        step_rows = (LinearStep.of(slots, states) if layout is None
+                     else layout.on_device(torch.from_numpy(layout.host), slots, states))
+        out = torch.full((int(cu[-1]), layer.num_value_heads, layer.value_dim), float("nan")) if given else None
+        with torch.no_grad():
+            got = forward.middle(0, mixed, g, beta, step_rows, out)
+        assert got is out or not given
+        results.append((got, states))
+    (fresh, fresh_states), (into, into_states) = results
+    assert not into.isnan().any()
+    torch.testing.assert_close(into, fresh, rtol=0, atol=0)
+    assert torch.equal(into_states.ssm[0], fresh_states.ssm[0]) and torch.equal(into_states.conv[0],
+                                                                                fresh_states.conv[0])
+
+
 def test_padding_rows_touch_only_the_sink_slot():
     layer = _layer()
     states = _states(layer)

@@ -460,7 +460,7 @@ class StepExecutor:
         layout = self.forward.linear_layout(packed)
         step = (LinearStep.of(row_slot, gdn.states) if layout is None
                 else self.forward.eager_linear_step(layout, self._stage(layout.host), row_slot))
-        return lambda index, mixed, g, beta: gdn.middle(index, mixed, g, beta, step)
+        return lambda index, mixed, g, beta, out: gdn.middle(index, mixed, g, beta, step, out)
 
     def _split(self, rows: list[RowSpec], route: str) -> tuple[Optional[list[int]], int]:
         """The plan's `split` route on a step with decode and prompt rows (FlashInfer): the launch

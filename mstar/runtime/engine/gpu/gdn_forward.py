@@ -244,10 +244,11 @@ class GdnForward:
         return self.out_proj[index](gated.reshape(h.shape[0], value_width))
 
     def middle(self, index: int, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-               step: LinearStep) -> torch.Tensor:
+               step: LinearStep, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """What a step's token layout decides in linear layer `index`: the causal conv of the rows'
         [q|k|v] channels `mixed` `[N, C]` over their stored windows and the rule from the gates, from
-        and back into the rows' slots -> the rule's output `[N, HV, d_v]` (before the gated norm)."""
+        and back into the rows' slots -> the rule's output `[N, HV, d_v]` (before the gated norm),
+        written into `out` when given (a piecewise step's handover)."""
         layer = self.layers[index]
         conv_state, ssm = self.states.conv[index], self.states.ssm[index]
         key_width, weight = layer.num_heads * layer.key_dim, layer.conv1d.weight[:, 0, :]  # [C, K]
@@ -260,19 +261,23 @@ class GdnForward:
         q = conv[:, :key_width].reshape(-1, layer.num_heads, layer.key_dim)
         k = conv[:, key_width:2 * key_width].reshape(-1, layer.num_heads, layer.key_dim)
         v = conv[:, 2 * key_width:].reshape(-1, layer.num_value_heads, layer.value_dim)
-        if rows is None:
-            return self._recurrent(q, k, v, g, beta, ssm, step.read, step.write)
-        return self._eager_rule(q, k, v, g, beta, ssm, step, rows)
+        if rows is not None:
+            return self._eager_rule(q, k, v, g, beta, ssm, step, rows, out)
+        result = self._recurrent(q, k, v, g, beta, ssm, step.read, step.write)
+        return result if out is None else out.copy_(result)
 
-    def _eager_rule(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows) -> torch.Tensor:
-        """The rule over an eager step's tokens -> `[N, HV, d_v]`: decode rows one token each
-        (`_recurrent`), prompt rows by the chunk kernel (`_chunk`). Prompt rows alone hold every token
-        of the step in order (`linear_layout`), so they need no gather of their tokens and no scatter
-        of the outputs: launches are what an eager step waits on (docs/engine.md)."""
+    def _eager_rule(self, q, k, v, g, beta, ssm: torch.Tensor, step: LinearStep, rows: EagerRows,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The rule over an eager step's tokens -> `[N, HV, d_v]` (into `out` when given): decode
+        rows one token each (`_recurrent`), prompt rows by the chunk kernel (`_chunk`). Prompt rows
+        alone hold every token of the step in order (`linear_layout`), so they need no gather of their
+        tokens and no scatter of the outputs: launches are what an eager step waits on (docs/engine.md)."""
         n = q.shape[0]
         if rows.decode_tokens.shape[0] == 0 and rows.prompt_tokens.shape[0] == n:
-            return self._chunk(q, k, v, g, beta, ssm, step, rows)
-        out = v.new_zeros(v.shape)
+            result = self._chunk(q, k, v, g, beta, ssm, step, rows)
+            return result if out is None else out.copy_(result)
+        if out is None:  # a given `out` is not zeroed: the decode and prompt rows write every token's row
+            out = v.new_zeros(v.shape)
         if rows.decode_tokens.shape[0]:
             read, write = step.decode_slots
             self._recurrent(q, k, v, g, beta, ssm, read, write, rows.decode_tokens, out)

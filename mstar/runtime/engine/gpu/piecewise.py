@@ -11,7 +11,7 @@ decoder) at its rule (the piece ends with the layer's [q|k|v] channels and gates
 `GdnForward.middle`, the conv over the rows' stored windows and the rule from and into their
 slots, is what the step's token layout decides). `replay(T, num_tokens)` replays piece i, runs
 layer i's attention eagerly over the step's real tokens from `queries` into `attended` (or its
-middle from `handover` into `handover.out`), and goes on; the step's inputs are in
+middle from `handover` straight into `handover.out`), and goes on; the step's inputs are in
 `inputs[T]` beforehand (the packing layout of `packing.py` with T tokens and `max_rows` row
 entries), and the step's eager attention planned for its rows (`FlashInferSteps.plan_eager`: one
 prefill call, or the plan's split route).
@@ -142,8 +142,9 @@ class PiecewiseGraphs:
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run a step of `num_tokens` real tokens padded to `bucket` (its inputs staged, the eager
         wrapper planned); `attention(q, pages, out)` is the step's planned eager attention
-        (`EagerAttention.run`); `linear(index, mixed, g, beta)` a hybrid decoder's middle of linear
-        layer `index` over the step's real tokens (`GdnForward.middle` of the step's rows). Returns
+        (`EagerAttention.run`); `linear(index, mixed, g, beta, out)` a hybrid decoder's middle of
+        linear layer `index` over the step's real tokens into `out` (`GdnForward.middle` of the
+        step's rows). Returns
         (logits [max_rows, vocab], argmax [max_rows]), buffers every bucket writes (valid until the
         next replay)."""
         queries, attended = self.queries[:num_tokens], self.attended[:num_tokens]
@@ -154,7 +155,7 @@ class PiecewiseGraphs:
                 attention(queries, self.forward.kv.pages(index), attended)
             else:
                 assert linear is not None and self.handover is not None, "a hybrid decoder's step carries its rows"
-                self.handover.take(num_tokens, linear(index, *self.handover.given(num_tokens)))
+                linear(index, *self.handover.given(num_tokens), self.handover.out[:num_tokens])
         pieces[-1].replay()
         assert self.logits is not None, "allocated by the first warm-up"
         return self.logits, self.greedy
@@ -191,6 +192,3 @@ class Handover:
 
     def given(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.mixed[:num_tokens], self.g[:num_tokens], self.beta[:num_tokens]
-
-    def take(self, num_tokens: int, out: torch.Tensor) -> None:
-        self.out[:num_tokens].copy_(out)
