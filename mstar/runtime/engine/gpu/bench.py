@@ -135,6 +135,20 @@ def _rows(executor, rows: list[tuple[int, int]], page_size: int):
     return specs
 
 
+def _capture_decode_only(executor) -> None:
+    """`--decode-graphs-only`: the executor captures its decode family alone (its packed steps run eagerly)."""
+    if executor is not None:
+        executor.packed, executor.whole = None, {}
+
+
+def _rule_graphs_report(rule) -> dict:
+    """The prompt rule graphs' captures and replays over the run, and why they were off if they were."""
+    report = {"captured": rule.num_captured, "replayed": rule.num_replayed}
+    if rule.why_off is not None:
+        report["off"] = rule.why_off
+    return report
+
+
 def _replay_ms(executor, batch: int, iters: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     executor.graphs.replay(batch)
@@ -293,8 +307,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
     if executor.packer is not None and is_numpy_too:
         numpy_executor = build(plan, node, decode_kernel, None, (dims, model, kv))[4]
     for each in (executor, numpy_executor) if not is_packed_captured else ():
-        if each is not None:
-            each.packed, each.whole = None, {}
+        _capture_decode_only(each)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
     matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
@@ -333,10 +346,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
                                                                    kv.page_size)))
     out["capture"] = _capture_report(plan, node, family, executor)
     if executor.forward.gdn is not None:  # the prompt rule's graphs over the run's eager and piecewise steps
-        rule = executor.forward.gdn.rule_graphs
-        out["rule_graphs"] = {"captured": rule.num_captured, "replayed": rule.num_replayed}
-        if rule.why_off is not None:
-            out["rule_graphs"]["off"] = rule.why_off
+        out["rule_graphs"] = _rule_graphs_report(executor.forward.gdn.rule_graphs)
     del executor, numpy_executor, model, kv
     torch.cuda.empty_cache()
     return out, dims
