@@ -21,7 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 # Ops that allocate without writing (torch.empty and friends): no kernel.
-ALLOCATING = {"aten.empty", "aten.empty_strided", "aten.empty_like"}
+ALLOCATING = {"aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty"}
 
 
 class _Counting(TorchDispatchMode):

@@ -98,6 +98,18 @@ class EagerRows:
     prompt_cu_host: list[int]
     rule: StepRule = field(default_factory=StepRule)  # the step's share of the rule graphs (rule_graphs.py)
     conv_out: Optional[torch.Tensor] = None  # the conv's output, one buffer for all the step's layers
+    prompt_inputs: tuple[torch.Tensor, ...] = ()  # a mixed step's prompt tokens' q, k, v, g, beta (buffers)
+
+    def gather_prompt_tokens(self, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A mixed step's prompt tokens of each of `values` (rows `prompt_tokens`), into buffers of the
+        step that every layer reuses, so the rule graph reads them in place (rule_graphs.py) rather
+        than finding them wherever the allocator put a new gather."""
+        tokens = self.prompt_tokens
+        shapes = [(tokens.shape[0], *value.shape[1:]) for value in values]
+        if [(tuple(b.shape), b.dtype) for b in self.prompt_inputs] != [(s, v.dtype) for s, v in zip(shapes, values)]:
+            self.prompt_inputs = tuple(value.new_empty(shape) for value, shape in zip(values, shapes))
+        return tuple(torch.index_select(value, 0, tokens, out=buffer)
+                     for value, buffer in zip(values, self.prompt_inputs))
 
     def conv_buffer(self, num_tokens: int, channels: int, like: torch.Tensor) -> torch.Tensor:
         """The step's conv output buffer `[T, C]`: every layer's conv writes the same one, so the
@@ -282,9 +294,8 @@ class GdnForward:
             read, write = step.decode_slots
             self._recurrent(q, k, v, g, beta, ssm, read, write, rows.decode_tokens, out)
         if rows.prompt_tokens.shape[0]:
-            tokens = rows.prompt_tokens
-            out.index_copy_(0, tokens, self._chunk(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens], ssm, step,
-                                                   rows))
+            q_p, k_p, v_p, g_p, beta_p = rows.gather_prompt_tokens(q, k, v, g, beta)
+            out.index_copy_(0, rows.prompt_tokens, self._chunk(q_p, k_p, v_p, g_p, beta_p, ssm, step, rows))
         return out
 
     # -------------------------------------------------------------- the causal conv
