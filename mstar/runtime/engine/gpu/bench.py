@@ -135,10 +135,12 @@ def _rows(executor, rows: list[tuple[int, int]], page_size: int):
     return specs
 
 
-def _capture_decode_only(executor) -> None:
-    """`--decode-graphs-only`: the executor captures its decode family alone (its packed steps run eagerly)."""
-    if executor is not None:
-        executor.packed, executor.whole = None, {}
+def _capture_decode_only(*executors) -> None:
+    """`--decode-graphs-only`: the executors capture their decode family alone (their packed steps run
+    eagerly); None stands for an executor not built."""
+    for executor in executors:
+        if executor is not None:
+            executor.packed, executor.whole = None, {}
 
 
 def _rule_graphs_report(rule) -> dict:
@@ -306,8 +308,8 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
     numpy_executor = None
     if executor.packer is not None and is_numpy_too:
         numpy_executor = build(plan, node, decode_kernel, None, (dims, model, kv))[4]
-    for each in (executor, numpy_executor) if not is_packed_captured else ():
-        _capture_decode_only(each)
+    if not is_packed_captured:
+        _capture_decode_only(executor, numpy_executor)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
     matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)

@@ -443,7 +443,7 @@ class StepExecutor:
         offset, rows = graphs.row_fields_offset(bucket), graphs.max_rows
         self._stage(_padded_row_fields(packed, offset, rows), graphs.inputs[bucket])
         row_slot = graphs.inputs[bucket][offset + rows:offset + 2 * rows]
-        linear = self._piecewise_linear(packed, row_slot[:packed.qo_indptr.shape[0] - 1])
+        linear = self._piecewise_linear(packed, row_slot[:packed.num_rows])
         self._wait_previous_inputs()
         planned = attention.plan_eager(packed, num_decode)
         self._planned()

@@ -105,9 +105,9 @@ class EagerRows:
         step that every layer reuses, so the rule graph reads them in place (rule_graphs.py) rather
         than finding them wherever the allocator put a new gather."""
         tokens = self.prompt_tokens
-        shapes = [(tokens.shape[0], *value.shape[1:]) for value in values]
-        if [(tuple(b.shape), b.dtype) for b in self.prompt_inputs] != [(s, v.dtype) for s, v in zip(shapes, values)]:
-            self.prompt_inputs = tuple(value.new_empty(shape) for value, shape in zip(values, shapes))
+        held = self.prompt_inputs or (None,) * len(values)
+        self.prompt_inputs = tuple(_step_buffer(buffer, (tokens.shape[0], *value.shape[1:]), value)
+                                   for buffer, value in zip(held, values))
         return tuple(torch.index_select(value, 0, tokens, out=buffer)
                      for value, buffer in zip(values, self.prompt_inputs))
 
@@ -115,10 +115,8 @@ class EagerRows:
         """The step's conv output buffer `[T, C]`: every layer's conv writes the same one, so the
         rule graph reads a layer's q, k and v where it read the previous layer's (rule_graphs.py).
         A layer's conv output is used up within the layer (stream order)."""
-        buffer = self.conv_out
-        if buffer is None or buffer.shape != (num_tokens, channels) or buffer.dtype != like.dtype:
-            buffer = self.conv_out = torch.empty((num_tokens, channels), dtype=like.dtype, device=like.device)
-        return buffer
+        self.conv_out = _step_buffer(self.conv_out, (num_tokens, channels), like)
+        return self.conv_out
 
     @functools.cached_property
     def prompt_cu_cpu(self) -> torch.Tensor:
@@ -126,6 +124,14 @@ class EagerRows:
         indices) cache by their arguments' identity, so a new tensor a layer recomputed them in every
         layer (0.39 ms a call under the profiler on the H200, docs/engine.md)."""
         return torch.tensor(self.prompt_cu_host, dtype=torch.long)
+
+
+def _step_buffer(buffer: Optional[torch.Tensor], shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """`buffer` when it has this shape and `like`'s dtype (a step's buffer, kept across its layers),
+    else a new one like `like`."""
+    if buffer is not None and tuple(buffer.shape) == shape and buffer.dtype == like.dtype:
+        return buffer
+    return like.new_empty(shape)
 
 
 @dataclass

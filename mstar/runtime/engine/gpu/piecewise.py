@@ -144,9 +144,8 @@ class PiecewiseGraphs:
         wrapper planned); `attention(q, pages, out)` is the step's planned eager attention
         (`EagerAttention.run`); `linear(index, mixed, g, beta, out)` a hybrid decoder's middle of
         linear layer `index` over the step's real tokens into `out` (`GdnForward.middle` of the
-        step's rows). Returns
-        (logits [max_rows, vocab], argmax [max_rows]), buffers every bucket writes (valid until the
-        next replay)."""
+        step's rows). Returns (logits [max_rows, vocab], argmax [max_rows]), buffers every bucket
+        writes (valid until the next replay)."""
         queries, attended = self.queries[:num_tokens], self.attended[:num_tokens]
         pieces = self.pieces[bucket]
         for piece, (is_full, index) in zip(pieces, self.cuts):

@@ -76,9 +76,9 @@ class RuleCall:
         q, k, v, g, beta, initial = inputs or (self.q.unsqueeze(0), self.k.unsqueeze(0), self.v.unsqueeze(0),
                                                self.g.unsqueeze(0), self.beta.unsqueeze(0), self.states[self.read])
         return self.kernel(q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True,
-                      use_qk_l2norm_in_kernel=True, cu_seqlens=self.cu,
-                      # the host copy spares fla a device sync to count chunks
-                      cu_seqlens_cpu=self.cu_cpu)
+                           use_qk_l2norm_in_kernel=True, cu_seqlens=self.cu,
+                           # the host copy spares fla a device sync to count chunks
+                           cu_seqlens_cpu=self.cu_cpu)
 
     def values(self) -> tuple[torch.Tensor, ...]:
         """q, k, v, g and beta: the inputs a graph may read in place."""
