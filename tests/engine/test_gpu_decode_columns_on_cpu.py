@@ -237,31 +237,6 @@ def test_a_prompt_arriving_beside_decode_rows_shares_their_step_launched_ahead(i
     assert num_claimed_chunks == num_ahead_chunks  # the steps launched for real took every one
 
 
-def test_decode_rows_before_prompts_launched_ahead_go_in_columns():
-    # the decode rows leading a step launched ahead past a chunk step or beside a new prompt are
-    # taken in columns (`GpuDecoderRunner._leading_steady_rows`), the prompt rows row by row after
-    # them; against the per-row path with run-ahead on (pages reserved in the same order, the same
-    # admission state, every step), with and without the prefix cache and under memory pressure
-    taken = []
-    real = runner_module.steady_ahead
-
-    def counting(*args, **kwargs):
-        found = real(*args, **kwargs)
-        taken.append(found is not None and bool(found.specs))
-        return found
-
-    arriving = _requests([(3, 40), (4, 30), (2, 50), (5, 20), (60, 8), (40, 6), (70, 5)], stops=[],
-                         temperatures=[False, True])
-    cut = _requests([(3, 60), (4, 50), (2, 70), (150, 20), (5, 40)], stops=list(range(0, 512, 13)),
-                    temperatures=[False, True])
-    with mock.patch.object(runner_module, "steady_ahead", counting):
-        for requests, concurrency, num_pages in ((arriving, 4, 512), (cut, 5, 512), (cut, 5, 24)):
-            for prefix_cache in (False, True):
-                taken.clear()
-                _compare(requests, concurrency, True, num_pages, prefix_cache, budget=16)
-                assert sum(taken) >= 2
-
-
 @pytest.mark.parametrize("is_columnar", [True, False])
 def test_chunks_ahead_under_memory_pressure(is_columnar):
     # 20 pages of 16 tokens: chunks launched ahead reserve pages the decode rows would take

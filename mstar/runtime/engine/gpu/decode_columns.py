@@ -449,48 +449,8 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     sampled in the worker's latest step, hold row slots and KV sequences; False (nothing done)
     for other rows, which the per-row path takes. Rows past max_seq_len or whose next page the
     admission policy refuses are left out, as there."""
-    found = steady_ahead(runner, worker, rows)
-    if found is None:
-        return False
-    if not found.specs:
-        return True  # no row runs ahead
-    key_glue = runner._key_glue(worker, [rows[0][1]])
-    if key_glue is not None:
-        walk_index = key_glue.constants.walks.index(rows[0][1])
-        for spec in found.specs:
-            spec.walk_index = walk_index
-    # the step launched last samples first: its sample is not counted yet
-    pending = runner.executor.launch(found.specs, sampling_of(runner, found.requests, num_uncollected=1), glue=key_glue)
-    runner._launched_ahead(worker, pending, found.placed(), dict(zip(found.ids, found.slots)),
-                           dict(zip(found.ids, found.requests)))
-    return True
-
-
-@dataclass
-class SteadyAhead:
-    """Steady rows taken for a step launched ahead (`steady_ahead`): their ids, row slots, requests
-    and `RowSpec`s (walk index 0, for the caller to set), in step order."""
-
-    walk: str
-    ids: list[str]
-    slots: list[int]
-    requests: list[RequestState]
-    specs: list[RowSpec]
-
-    def placed(self, start: int = 0) -> dict[str, tuple[str, int]]:
-        """request id -> (walk, index in the step), the rows placed from step index `start` on."""
-        return dict(zip(self.ids, zip(repeat(self.walk), range(start, start + len(self.ids)))))
-
-
-def steady_ahead(runner: "GpuDecoderRunner", worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
-                 is_decode: bool = False) -> Optional[SteadyAhead]:
-    """The rows of a step launched ahead in columns, as the per-row path takes them (their next
-    token within max_seq_len and its page reserved, in step order, or the row left out); None,
-    with nothing changed, when some row is not steady (see `prelaunch_steady`). is_decode: the
-    specs' `is_decode` (rows of the split route's decode kernel). No row runs ahead (empty specs)
-    when the call loops no token back on the device."""
     if not rows or runner.offload is not None:
-        return None
+        return False
     call, walk = rows[0][2], rows[0][1]
     last, row_slots = runner._last_rows.get(worker, set()), runner.held_row_slots
     ids: list[str] = []
@@ -498,15 +458,15 @@ def steady_ahead(runner: "GpuDecoderRunner", worker: int, rows: list[tuple[str, 
     for request_id, _, row_call, _ in rows:  # one pass, no call per row
         slot = row_slots.get(request_id)
         if row_call is not call or request_id not in last or slot is None:
-            return None
+            return False
         ids.append(request_id)
         slots.append(slot)
     label = runner.guidance.first
     column = runner.pool.column(list(zip(ids, repeat(label)))) if len(set(ids)) == len(ids) else None
     if column is None:
-        return None
+        return False
     if not runner._facts_of(call).loop_backs:
-        return SteadyAhead(walk, [], [], [], [])
+        return True  # no row loops its token back on the device: nothing runs ahead
     num_cached, num_held = column.num_tokens, column.num_held
     keep = num_cached + 1 <= runner.max_seq_len
     boundary = np.flatnonzero(keep & (num_cached >= num_held)).tolist()  # rows at a page boundary, in order
@@ -518,8 +478,14 @@ def steady_ahead(runner: "GpuDecoderRunner", worker: int, rows: list[tuple[str, 
         pick = keep.tolist()
         ids, slots, requests = (list(compress(values, pick)) for values in (ids, slots, requests))
         if not ids:
-            return SteadyAhead(walk, [], [], [], [])
+            return True
         column = column.take(pick)
-    specs = list(map(RowSpec, repeat(None), column.num_tokens.tolist(), column.page_tables(), slots,
-                     repeat(is_decode)))
-    return SteadyAhead(walk, ids, slots, requests, specs)
+    key_glue = runner._key_glue(worker, [walk])
+    walk_index = key_glue.constants.walks.index(walk) if key_glue is not None else 0
+    specs = list(map(RowSpec, repeat(None), column.num_tokens.tolist(), column.page_tables(), slots, repeat(False),
+                     repeat(walk_index)))
+    # the step launched last samples first: its sample is not counted yet
+    pending = runner.executor.launch(specs, sampling_of(runner, requests, num_uncollected=1), glue=key_glue)
+    runner._launched_ahead(worker, pending, dict(zip(ids, zip(repeat(walk), range(len(ids))))),
+                           dict(zip(ids, slots)), dict(zip(ids, requests)))
+    return True

@@ -46,8 +46,6 @@ device, not built yet).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -56,7 +54,7 @@ import torch
 from mstar.plan.schema import CaptureFamily, NodePlan, Plan
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.plan.dims import DecoderDims
-from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_steady, steady_ahead, steady_rows
+from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_steady, steady_rows
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor, WholePacked
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
@@ -251,7 +249,6 @@ class GpuDecoderRunner(DecoderRunner):
         self.num_ahead_rows = self.num_claimed_rows = 0
         self.num_ahead_chunks = self.num_claimed_chunks = 0  # prompt chunks launched ahead, and taken
         self.num_ahead_first_chunks = 0  # of those, prompts' first chunks (AheadChunks.fresh)
-        self.num_ahead_column_runs = 0  # steps past a chunk step whose decode rows went ahead in columns
         self._writes = (self.guidance.first,)  # the one KV sequence a fast-path row extends
         self._last_facts: Optional[tuple[CallInfo, _CallFacts]] = None
         # steps of steady decode rows in columns (decode_columns.py); False: every step row by row
@@ -557,37 +554,39 @@ class GpuDecoderRunner(DecoderRunner):
 
     def _prelaunch_chunks(self, worker: int, rows: list[tuple[str, str, CallInfo, RequestState]],
                           chunks: AheadChunks, decode_walks: frozenset[str]) -> None:
-        """`prelaunch` of a step past a chunk step, in step order: the decode rows as the per-row
-        path takes them (a run of them in columns, `_decode_run`), the prompt rows' next chunks
-        (module docstring)."""
+        """`prelaunch` of a step past a chunk step, row by row in step order: the decode rows as
+        the per-row path takes them, the prompt rows' next chunks (module docstring)."""
+        last = self._last_rows.get(worker, set())
+        pool, label = self.pool, self.guidance.first
         specs: list[RowSpec] = []
         placed: dict[str, tuple[str, int]] = {}
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
         cut: dict[str, tuple[int, list[int]]] = {}
         uncollected: list[int] = []
-        start, end = self._decode_run(rows, chunks)
-        index = 0
-        while index < len(rows):
-            if index == start < end and placed.keys().isdisjoint(map(itemgetter(0), rows[start:end])):
-                steady = steady_ahead(self, worker, rows[start:end], rows[start][1] in decode_walks)
-                if steady is not None:  # in columns, reserving their pages here, in step order
-                    self.num_ahead_column_runs += 1
-                    placed.update(steady.placed(len(specs)))
-                    specs.extend(steady.specs)
-                    slots.update(zip(steady.ids, steady.slots))
-                    requests.update(zip(steady.ids, steady.requests))
-                    uncollected.extend(repeat(1, len(steady.ids)))
-                    index = end
-                    continue
-            request_id, walk, _, request = row = rows[index]
-            index += 1
-            taken = None if request_id in placed else self._ahead_row(worker, row, chunks, decode_walks)
-            if taken is None:
+        fresh = {row.request_id: row for row in chunks.fresh}
+        for request_id, walk, call, request in rows:
+            key = (request_id, label)
+            if request_id in placed:
                 continue
-            spec, tokens = taken
+            num_cached, num_held = pool.extent(key)
+            chunk = chunks.chunks.get(request_id)
+            tokens: Optional[list[int]] = None  # None: a decode row fed from the device
+            if request_id in fresh:  # a prompt new to the step: its first chunk
+                tokens = self._fresh_chunk(fresh[request_id], call, request, num_cached)
+                if tokens is None:
+                    continue  # it waits for the real launch
+                self.num_ahead_first_chunks += 1
+            elif chunk is not None:  # a prompt cut in the step launched last: its next chunk
+                tokens = self._cut_chunk(request_id, key, call, request, num_cached, chunk, last)
+                if tokens is None:
+                    continue
+            elif (request_id not in last or not self._facts_of(call).loop_backs
+                  or not self._next_token_fits(request_id, key, num_cached, num_held)):
+                continue  # a decode row, as `prelaunch` takes it, or none
+            spec = RowSpec(tokens, num_cached, pool.page_table(key), self._row_slot(request_id), walk in decode_walks)
             if tokens is not None:
-                cut[request_id] = (spec.num_cached, tokens)
+                cut[request_id] = (num_cached, tokens)
             # the step launched last samples a decode row first (its sample is not counted yet), a
             # prompt's chunk not at all
             uncollected.append(1 if tokens is None else 0)
@@ -595,16 +594,8 @@ class GpuDecoderRunner(DecoderRunner):
             slots[request_id] = spec.row_slot
             requests[request_id] = request
             specs.append(spec)
-        if specs:
-            self._launch_ahead_chunks(worker, chunks, specs, placed, slots, requests, (cut, uncollected))
-
-    def _launch_ahead_chunks(self, worker: int, chunks: AheadChunks, specs: list[RowSpec],
-                             placed: dict[str, tuple[str, int]], slots: dict[str, int],
-                             requests: dict[str, RequestState],
-                             prompts: tuple[dict[str, tuple[int, list[int]]], list[int]]) -> None:
-        """Launch `_prelaunch_chunks`'s rows; prompts: the prompt rows' (KV before, chunk tokens) by
-        request, and each row's samples launched but not collected."""
-        cut, uncollected = prompts
+        if not specs:
+            return
         key_glue = self._glue_for_ahead(worker, specs, placed)
         sampling = self._sampling(list(requests.values()))
         if sampling is not None:
@@ -615,49 +606,6 @@ class GpuDecoderRunner(DecoderRunner):
         else:
             pending = self.executor.launch(specs, sampling, glue=key_glue)
         self._launched_ahead(worker, pending, placed, slots, requests, cut)
-
-    def _ahead_row(self, worker: int, row: tuple[str, str, CallInfo, RequestState], chunks: AheadChunks,
-                   decode_walks: frozenset[str]) -> Optional[tuple[RowSpec, Optional[list[int]]]]:
-        """One row of a step launched past a chunk step, row by row: its spec and, for a prompt row,
-        its chunk's token ids (None for a decode row); None when it does not run ahead."""
-        request_id, walk, call, request = row
-        key = (request_id, self.guidance.first)
-        last = self._last_rows.get(worker, set())
-        num_cached, num_held = self.pool.extent(key)
-        tokens: Optional[list[int]] = None  # None: a decode row fed from the device
-        fresh = next((new for new in chunks.fresh if new.request_id == request_id), None)
-        chunk = chunks.chunks.get(request_id)
-        if fresh is not None:  # a prompt new to the step: its first chunk
-            tokens = self._fresh_chunk(fresh, call, request, num_cached)
-            if tokens is None:
-                return None  # it waits for the real launch
-            self.num_ahead_first_chunks += 1
-        elif chunk is not None:  # a prompt cut in the step launched last: its next chunk
-            tokens = self._cut_chunk(request_id, key, call, request, num_cached, chunk, last)
-            if tokens is None:
-                return None
-        elif (request_id not in last or not self._facts_of(call).loop_backs
-              or not self._next_token_fits(request_id, key, num_cached, num_held)):
-            return None  # a decode row, as `prelaunch` takes it, or none
-        spec = RowSpec(tokens, num_cached, self.pool.page_table(key), self._row_slot(request_id), walk in decode_walks)
-        return spec, tokens
-
-    def _decode_run(self, rows: list[tuple[str, str, CallInfo, RequestState]], chunks: AheadChunks
-                    ) -> tuple[int, int]:
-        """[start, end) of the first run of at least two decode rows of one walk (neither cut nor a
-        new prompt) among a step's rows launched ahead: `_prelaunch_chunks` takes them in columns
-        when they are steady (`decode_columns.steady_ahead`), where the per-row path would reach
-        them, so pages are reserved in step order as there. (0, 0): none, or no columns."""
-        if not self.is_columnar:
-            return 0, 0
-        is_prompt = set(chunks.chunks).union(row.request_id for row in chunks.fresh)
-        start = 0
-        for index, (request_id, walk, _, _) in enumerate(rows):
-            if request_id in is_prompt or walk != rows[start][1]:
-                if index - start > 1:
-                    return start, index
-                start = index + (request_id in is_prompt)
-        return (start, len(rows)) if len(rows) - start > 1 else (0, 0)
 
     def _cut_chunk(self, request_id: str, key: tuple[str, str], call: CallInfo, request: RequestState,
                    num_cached: int, num: int, last: set[str]) -> Optional[list[int]]:
