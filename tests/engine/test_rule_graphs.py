@@ -39,3 +39,32 @@ def test_the_what_if_switch_starts_later_graphs_off(monkeypatch):
     assert PromptRuleGraphs().why_off == "turned off (--no-rule-graphs)" and before.why_off is None
     rule_graphs.set_enabled(True)
     assert PromptRuleGraphs().why_off is None
+
+
+def test_chunk_indices_are_each_rows_chunks_in_order():
+    """`chunk_indices`: (row, chunk) for every chunk of 64 tokens of every row, rows in order, in the
+    device tensor's dtype (what fla derives from `cu_seqlens`; tests/gpu compares them with fla's)."""
+    from mstar.runtime.engine.gpu.rule_graphs import chunk_indices
+
+    for lengths in ([100, 3], [64], [1, 65, 128, 7], [0, 5, 0], []):
+        bounds = [0]
+        for length in lengths:
+            bounds.append(bounds[-1] + length)
+        expected = [(row, chunk) for row, length in enumerate(lengths) for chunk in range(-(-length // 64))]
+        got = chunk_indices(torch.tensor(bounds, dtype=torch.long), torch.zeros(1, dtype=torch.int32))
+        assert got.dtype == torch.int32 and got.shape == (len(expected), 2)
+        assert [tuple(pair) for pair in got.tolist()] == expected
+
+
+def test_a_call_given_chunk_indices_passes_them_to_fla():
+    seen = {}
+
+    def kernel(q, k, v, g, beta, initial_state, **options):
+        seen.update(options)
+        return v, initial_state
+
+    q, states = torch.randn(5, 2, 4), torch.zeros(2, 2, 4, 4)
+    cu = torch.tensor([0, 5])
+    chunks = torch.tensor([[0, 0]])
+    RuleCall(kernel, q, q, q, q[:, :, 0], q[:, :, 0], states, torch.tensor([1]), cu, cu, chunks).run()
+    assert seen["chunk_indices"] is chunks

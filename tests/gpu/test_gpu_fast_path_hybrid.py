@@ -365,9 +365,50 @@ def test_rule_graphs_replay_what_fla_computes(order):
         graphs.why_off = None if graphed else "off for the comparison"
         results[graphed] = [(_eager_step(executor, rows), _snapshot(states)) for rows in steps]
     graphs.why_off = None
-    # 3 linear layers a step: fla in the first, a capture and a replay in the second, a replay in the
-    # third (a capture again only where an input read in place moved: rule_graphs.py)
-    assert graphs.num_captured >= len(steps) and graphs.num_replayed == 2 * len(steps)
+    # 3 linear layers a step: a layout's first step runs fla in the first (its kernels' variant is
+    # new), a capture and a replay in the second, a replay in the third; a later step of a variant fla
+    # has run captures in the first and replays in all three (a capture again where an input read in
+    # place moved: rule_graphs.py)
+    assert graphs.num_captured >= len(steps) and graphs.num_replayed == 2 * len(steps) + 1
+    for (graph_logits, graph_states), (fla_logits, fla_states) in zip(results[True], results[False]):
+        assert torch.equal(graph_logits, fla_logits)
+        for got, expected in zip(graph_states, fla_states):
+            assert torch.equal(got, expected)
+
+
+def test_rule_graphs_run_fla_once_a_kernel_variant_then_capture_on_a_steps_first_call():
+    """Steps of one layout: fla runs as it is once (the first step's first layer: it tunes and
+    compiles), every later call is captured or replayed, with the chunk indices the step computes
+    (`rule_graphs.chunk_indices`, which match fla's own); the logits and states equal fla's in every
+    layer, step after step."""
+    _needs_fla()
+    from fla.ops.utils import prepare_chunk_indices
+
+    from mstar.runtime.engine.gpu.rule_graphs import chunk_indices
+
+    for lengths in ([100, 3], [64], [1, 65, 128, 7]):
+        cu_cpu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        cu = cu_cpu.cuda()
+        assert torch.equal(chunk_indices(cu_cpu, cu), prepare_chunk_indices(cu, 64, cu_seqlens_cpu=cu_cpu))
+    executor, states = _executor([1, 2, 4])
+    gdn = executor.forward.gdn
+    fla, eager_calls = gdn.kernels, []
+
+    def counted(*args, **kwargs):
+        if not torch.cuda.is_current_stream_capturing():
+            eager_calls.append(1)
+        return fla(*args, **kwargs)
+
+    rows = [RowSpec(list(range(100)), 0, list(range(2, 9)), 2), RowSpec([4, 8, 15], 0, [11], 4)]
+    before = _snapshot(states)
+    results = {}
+    for graphed in (True, False):
+        _restore(states, before)
+        gdn.rule_graphs.why_off = None if graphed else "off for the comparison"
+        gdn.kernels = counted if graphed else fla
+        results[graphed] = [(_eager_step(executor, rows), _snapshot(states)) for _ in range(3)]
+    gdn.kernels, gdn.rule_graphs.why_off = fla, None
+    assert len(eager_calls) == 1
     for (graph_logits, graph_states), (fla_logits, fla_states) in zip(results[True], results[False]):
         assert torch.equal(graph_logits, fla_logits)
         for got, expected in zip(graph_states, fla_states):

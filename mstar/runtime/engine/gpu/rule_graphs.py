@@ -1,26 +1,35 @@
-"""fla's chunked gated delta rule over an eager step's prompt rows, captured once a step and
-replayed by the step's later gated delta-net layers.
+"""fla's chunked gated delta rule over an eager or piecewise step's prompt rows, captured as a CUDA
+graph on the step's first gated delta-net layer and replayed by its later ones.
 
-Why: an eager hybrid step waits on its host, and most of the host's time is fla's Python
-(docs/engine.md: some 10 Triton launches a call through the JIT and its autotuners, 18 calls a step
-of Qwen3.5), while every layer of one step calls fla on the same token layout (the step's
-`cu_seqlens`); only the values differ. So the step's first call runs fla as it is (that call tunes
-its kernels for these shapes and caches the chunk indices of this `cu_seqlens`, so nothing in a
-capture tunes or copies from the host), the second captures the call into a CUDA graph, and that
-call and every later one replay it: one graph launch instead of fla's Python. An input that lay at
-the same address, shape and strides in the first two calls (the step's conv output buffer, a
-piecewise step's gates in the handover: `gdn_forward.py`, `piecewise.py`) is read in place; the
-others are copied into buffers of the graph's own before each replay. A later call whose in-place
-input lies elsewhere is captured again with that input copied instead (a step's graphs then number
-two or more; each call is checked, so no graph reads a stale address).
+Why: a hybrid step waits on its host, and most of the host's time was fla's Python (docs/engine.md:
+some 10 Triton launches a call through the JIT and its autotuners, 18 calls a step of Qwen3.5),
+while every layer of one step calls fla on the same token layout (the step's `cu_seqlens`); only the
+values differ. So a step captures the call once into a CUDA graph, and that call and every later
+one replay it: one graph launch instead of fla's Python.
+
+What a capture needs: fla's kernels tuned and compiled (their autotuners time configurations on
+the first call at a shape, and Triton compiles a variant for each specialization of the counts a
+kernel takes, neither of which a capture can hold: so the engine's first call of each kernel
+variant runs fla as it is, `_kernel_variant`, and its step captures on its second call), and no
+host work inside the call. fla derives the chunk
+indices of a layout from `cu_seqlens` (on the host, from `cu_seqlens_cpu`, then copied to the
+device); each step computes them once here (`chunk_indices`, the [chunks, 2] (row, chunk) pairs fla's
+`prepare_chunk_indices` makes) and passes them to every call of the step, so the capture derives
+only what device ops derive (the chunk offsets). Before, a step's first call ran fla as it is to
+fill fla's identity caches for that step's `cu_seqlens` (one fla call a step, 1.5-2.4 ms of host).
+
+An input that lies where the step's graph (or, on a step's first call, the previous step's graph)
+read it in place is read in place: the step's conv output buffer and a piecewise step's gates in
+the handover (`gdn_forward.py`, `piecewise.py`) stay put from step to step; the others are copied
+into buffers of the graph's own before each replay. A later call whose in-place input lies
+elsewhere is captured again with that input copied instead (a step's graphs then number two or
+more; each call is checked, so no graph reads a stale address).
 
 Steps over `MAX_TOKENS` prompt tokens run fla as it is: their kernels outlast the host's launches,
 and the graph's pool would hold their intermediates. The graphs share one memory pool; a step's
 graph is replayed only while its step runs (stream order on the step's stream), and it is kept
-alive until the device is past its last replay. The graph reads the step's `cu_seqlens` and the
-chunk indices fla derived from it, which fla's identity caches hold (its last few argument tuples a
-helper): every call of a step passes the same two tensors, so nothing evicts them mid-step. A
-capture that fails (a kernel fla could not
+alive until the device is past its last replay. The graph reads the step's `cu_seqlens` and chunk
+indices, which the step holds for all its calls. A capture that fails (a kernel fla could not
 launch under capture) turns the graphs off for this engine and the step runs fla as it is.
 """
 
@@ -31,9 +40,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
-__all__ = ["MAX_TOKENS", "PromptRuleGraphs", "RuleCall", "StepRule", "set_enabled"]
+__all__ = ["MAX_TOKENS", "PromptRuleGraphs", "RuleCall", "StepRule", "chunk_indices", "set_enabled"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +61,20 @@ def set_enabled(enabled: bool) -> None:
 # pool keeps the largest graphed step's intermediates (the chunks' fp32 states: 2048 tokens of
 # Qwen3.5 hold 32 chunks of 16 heads' 128 x 128 states, 32 MB).
 MAX_TOKENS = 2048
+CHUNK_SIZE = 64  # fla's chunk for the gated delta rule (its default, which the calls keep)
+
+
+def chunk_indices(cu_cpu: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The (row, chunk) pairs of a layout's chunks, `[chunks, 2]` in `like`'s dtype and device: what
+    fla's `prepare_chunk_indices(cu_seqlens, 64, cu_seqlens_cpu=...)` derives, from the host's
+    `cu_seqlens` (no device sync)."""
+    bounds = cu_cpu.numpy().astype(np.int64)
+    lengths = bounds[1:] - bounds[:-1]
+    counts = (lengths + CHUNK_SIZE - 1) // CHUNK_SIZE
+    rows = np.repeat(np.arange(counts.shape[0]), counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pairs = np.stack([rows, np.arange(rows.shape[0]) - starts[rows]], 1)
+    return torch.from_numpy(pairs).to(device=like.device, dtype=like.dtype)
 
 
 @dataclass
@@ -69,16 +93,18 @@ class RuleCall:
     read: torch.Tensor
     cu: torch.Tensor
     cu_cpu: torch.Tensor
+    chunks: Optional[torch.Tensor] = None  # the layout's chunk indices (`chunk_indices`), None: fla derives them
 
     def run(self, inputs: Optional[tuple[torch.Tensor, ...]] = None):
         """fla over this call's tensors (or `inputs`, buffers of the same shapes) -> (out `[1, T, HV,
         d_v]`, final states)."""
         q, k, v, g, beta, initial = inputs or (self.q.unsqueeze(0), self.k.unsqueeze(0), self.v.unsqueeze(0),
                                                self.g.unsqueeze(0), self.beta.unsqueeze(0), self.states[self.read])
+        given = {} if self.chunks is None else {"chunk_indices": self.chunks}
         return self.kernel(q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True,
                            use_qk_l2norm_in_kernel=True, cu_seqlens=self.cu,
                            # the host copy spares fla a device sync to count chunks
-                           cu_seqlens_cpu=self.cu_cpu)
+                           cu_seqlens_cpu=self.cu_cpu, **given)
 
     def values(self) -> tuple[torch.Tensor, ...]:
         """q, k, v, g and beta: the inputs a graph may read in place."""
@@ -126,22 +152,31 @@ class PromptRuleGraphs:
         self._pool: Any = None  # torch.cuda.graph_pool_handle() on the first capture
         self._stream: Optional[torch.cuda.Stream] = None
         self._live: deque[_Captured] = deque()  # captured graphs the device may still be replaying
+        self._tuned: set[tuple] = set()  # input shapes and dtypes fla has run at (its autotuners are warm)
+        self._fixed: tuple[Optional[tuple], ...] = ()  # what the latest graph read in place (`_Captured.fixed`)
 
     def __call__(self, call: RuleCall, step: "StepRule") -> tuple[torch.Tensor, torch.Tensor]:
         """fla over `call`, the `step.calls`-th call of its step -> (out `[1, T, HV, d_v]`, final states)."""
         step.calls += 1
-        graphed = self.why_off is None and call.q.is_cuda and call.q.shape[0] <= MAX_TOKENS
-        if step.captured is None and (step.calls == 1 or not graphed):
-            step.first = call.layouts() if graphed else None
+        if self.why_off is not None or not call.q.is_cuda or call.q.shape[0] > MAX_TOKENS:
             return call.run()
+        if step.chunks is None:
+            step.chunks = chunk_indices(call.cu_cpu, call.cu)
+        call.chunks = step.chunks
         layouts = call.layouts()
+        kind = _kernel_variant(call, step.chunks)
+        if kind not in self._tuned:  # fla tunes and compiles its kernels for these; the next call captures
+            self._tuned.add(kind)
+            self._fixed = layouts
+            return call.run()
         if step.captured is None or not step.captured.reads_in_place(layouts):
-            # In place: what lay where it did in the step's first call (first capture), or still
-            # lies where the step's graph read it (a capture again).
-            before = step.captured.fixed if step.captured is not None else step.first or (None,) * len(layouts)
+            # In place: what lies where the step's graph read it (a capture again), or on the step's
+            # first call where the latest graph read it (a step's buffers stay put from step to step).
+            before = step.captured.fixed if step.captured is not None else self._fixed or (None,) * len(layouts)
             step.captured = self._capture(call, tuple(f if f == now else None for f, now in zip(before, layouts)))
             if step.captured is None:
                 return call.run()
+            self._fixed = step.captured.fixed
         captured = step.captured
         call.load(captured)
         captured.graph.replay()
@@ -184,10 +219,23 @@ class PromptRuleGraphs:
             self._live.popleft()
 
 
+def _kernel_variant(call: RuleCall, chunks: torch.Tensor) -> tuple:
+    """What selects the variants of fla's kernels a call launches: the inputs' shapes past the token
+    axis and dtypes (its autotuners' keys), and how Triton specializes the tokens, rows and chunks
+    counts its kernels take (one, a multiple of 16, other). A variant fla has not run yet would tune
+    or compile inside a capture: such a call runs fla as it is."""
+    def specialized(n: int) -> tuple[bool, bool]:
+        return n == 1, n % 16 == 0
+
+    counts = (call.q.shape[0], call.cu_cpu.shape[0] - 1, chunks.shape[0])
+    return (tuple((t.shape[1:], t.dtype) for t in call.values()), tuple(map(specialized, counts)))
+
+
 @dataclass
 class StepRule:
-    """One eager step's share of the rule graphs: how many calls it made, and its graph."""
+    """One step's share of the rule graphs: how many calls it made, its graph, and its layout's chunk
+    indices (`chunk_indices`, which its graph reads)."""
 
     calls: int = 0
     captured: Optional[_Captured] = None
-    first: Optional[tuple[tuple, ...]] = None  # the layouts of the step's first call's values (graphed calls)
+    chunks: Optional[torch.Tensor] = None
