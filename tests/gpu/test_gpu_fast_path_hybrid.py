@@ -448,9 +448,8 @@ def test_rule_graphs_read_fixed_inputs_in_place_and_copy_the_moved_ones():
 
 
 def test_rule_graphs_fall_back_to_the_kernel_when_a_capture_fails():
-    """A kernel that cannot run under capture: the capture fails, the call runs the kernel as it is,
-    the next call too (its variant runs once more), the capture after fails again and the graphs turn
-    off with a warning; every call runs the kernel as it is, with its results."""
+    """A kernel that cannot run under capture: the capture fails once, the graphs turn off with a
+    warning, and every call (that one too) runs the kernel as it is, with its results."""
     from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
 
     def kernel(q, k, v, g, beta, initial_state, **_options):
@@ -464,12 +463,10 @@ def test_rule_graphs_fall_back_to_the_kernel_when_a_capture_fails():
     cu = torch.tensor([0, 5], device=device)
     call = RuleCall(kernel, q, q, q, q[:, :, 0], q[:, :, 0], states, torch.tensor([1], device=device), cu, cu.cpu())
     graphs, step = PromptRuleGraphs(), StepRule()
-    for index in range(5):
+    for _ in range(3):
         out, final = graphs(call, step)
         assert torch.equal(out, q.unsqueeze(0) * 2) and torch.equal(final, states[1:2] + 1)
-        # calls 1 and 3 run the variant as it is, 2 and 4 fail to capture, 5 runs with the graphs off
-        assert graphs.num_failed == (index + 1) // 2 and (graphs.why_off is None) == (index < 3)
-    assert graphs.why_off.startswith("a capture failed") and graphs.num_captured == 0 and step.calls == 5
+    assert graphs.why_off.startswith("a capture failed") and graphs.num_captured == 0 and step.calls == 3
     # the device and the allocator are usable after the failed capture
     assert torch.equal((q + 1).cpu(), q.cpu() + 1)
 

@@ -29,10 +29,8 @@ Steps over `MAX_TOKENS` prompt tokens run fla as it is: their kernels outlast th
 and the graph's pool would hold their intermediates. The graphs share one memory pool; a step's
 graph is replayed only while its step runs (stream order on the step's stream), and it is kept
 alive until the device is past its last replay. The graph reads the step's `cu_seqlens` and chunk
-indices, which the step holds for all its calls. A call whose capture fails runs fla as it is, and
-its kernel variant runs so once more before another capture (a variant Triton compiles on first use
-that `_kernel_variant` missed); a second failure (a kernel fla cannot launch under capture) turns the
-graphs off for this engine.
+indices, which the step holds for all its calls. A capture that fails (a kernel fla could not
+launch under capture) turns the graphs off for this engine and the step runs fla as it is.
 """
 
 from __future__ import annotations
@@ -151,7 +149,6 @@ class PromptRuleGraphs:
         self.why_off = _why_off  # None while the graphs capture
         self.num_captured = 0
         self.num_replayed = 0
-        self.num_failed = 0  # captures that failed (the second turns the graphs off)
         self._pool: Any = None  # torch.cuda.graph_pool_handle() on the first capture
         self._stream: Optional[torch.cuda.Stream] = None
         self._live: deque[_Captured] = deque()  # captured graphs the device may still be replaying
@@ -177,8 +174,7 @@ class PromptRuleGraphs:
             # first call where the latest graph read it (a step's buffers stay put from step to step).
             before = step.captured.fixed if step.captured is not None else self._fixed or (None,) * len(layouts)
             step.captured = self._capture(call, tuple(f if f == now else None for f, now in zip(before, layouts)))
-            if step.captured is None:  # fla runs this variant as it is again before the next capture
-                self._tuned.discard(kind)
+            if step.captured is None:
                 return call.run()
             self._fixed = step.captured.fixed
         captured = step.captured
@@ -190,7 +186,7 @@ class PromptRuleGraphs:
 
     def _capture(self, call: RuleCall, fixed: tuple[Optional[tuple], ...]) -> Optional[_Captured]:
         """The call captured reading in place the values `fixed` gives a layout for and the others
-        from new buffers, or None when it cannot be (the graphs off after a second failure)."""
+        from new buffers, or None (and the graphs off) when it cannot be."""
         self._retire()
         buffers = tuple(None if layout is not None else torch.empty((1, *t.shape), dtype=t.dtype, device=t.device)
                         for t, layout in zip(call.values(), fixed))
@@ -208,13 +204,8 @@ class PromptRuleGraphs:
                 finally:
                     graph.capture_end()
         except Exception as error:  # noqa: BLE001 (any failure to capture falls back to fla as it is)
-            # Once, the call may have met a kernel variant Triton had not compiled yet (a count's
-            # specialization `_kernel_variant` does not see): fla runs it as it is, then a capture
-            # again. A second failure turns the graphs off.
-            self.num_failed += 1
-            if self.num_failed > 1:
-                self.why_off = f"a capture failed: {error}"
-                log.warning("the prompt rule runs without CUDA graphs from now on: %s", self.why_off)
+            self.why_off = f"a capture failed: {error}"
+            log.warning("the prompt rule runs without CUDA graphs from now on: %s", self.why_off)
             return None
         torch.cuda.current_stream().wait_stream(self._stream)
         captured = _Captured(graph, buffers, initial, fixed, out, final, torch.cuda.Event())
