@@ -33,6 +33,19 @@ def test_the_slowest_chunk_step_shows_as_device_time_or_as_waiting_for_the_host(
     assert found["slowest_beside_decode"][0]["path"] == "path 6"  # the step's own path (its 7th launch)
 
 
+def test_a_step_says_how_much_of_its_span_came_before_its_replay():
+    """`StepEvents.replay`'s event gives each step the part of its span before its graph replay (the
+    device waiting for the host inside the step shows there); steps that marked none say None, and
+    `mstar bench kv` prints it beside the slowest chunk steps."""
+    from mstar.runtime.serve.bench_kv import _before_replay
+
+    table = step_table([(0.0, 2.0), (2.0, 5.5)], [(40, 40), (41, 256)], ["decode graph 64", "whole 256x64 split"],
+                       [0.03, 0.7125])
+    assert [step["before_replay_ms"] for step in table] == [0.03, 0.713]
+    assert step_table([(0.0, 1.0)], [(1, 1)])[0]["before_replay_ms"] is None
+    assert _before_replay(table[1]) == ", 0.71 ms of it before the replay" and _before_replay({}) == ""
+
+
 def test_a_run_without_device_events_reports_no_chunk_steps():
     assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": [],
                                          "beside_decode_span_p90_ms": None, "beside_decode_span_max_ms": None,

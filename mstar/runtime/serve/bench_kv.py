@@ -352,6 +352,13 @@ def _slashed(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
 
 
+def _before_replay(step: dict) -> str:
+    """The part of a step's device span before its replay, when known: its copies, packing kernels
+    and planning on the device, and the device waiting for the host inside the step."""
+    before = step.get("before_replay_ms")
+    return "" if before is None else f", {before:.2f} ms of it before the replay"
+
+
 def _print(results: dict) -> None:
     print(f"engine {results['engine']} ({results['device']}, {results['dims']} dims), plan {results['plan']}: "
           f"{results['decode_rows']} decode rows, one "
@@ -385,7 +392,7 @@ def _print(results: dict) -> None:
                   f"{device['span_p50_ms']:.2f} ms; the slowest: {slowest}")
             if device["beside_decode_span_max_ms"] is not None:
                 slowest_beside = "; ".join(f"chunk step {step['index']} {step['span_ms']:.2f} ms ({step['tokens']} "
-                                           f"tokens, {step['path'] or 'path unknown'})"
+                                           f"tokens, {step['path'] or 'path unknown'}{_before_replay(step)})"
                                            for step in device["slowest_beside_decode"])
                 print(f"{name}: on the device, the chunk steps beside the decode rows: span p90 "
                       f"{device['beside_decode_span_p90_ms']:.2f} ms, "

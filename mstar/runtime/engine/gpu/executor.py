@@ -345,6 +345,13 @@ class StepExecutor:
         event.record()
         return event
 
+    def _mark_replay(self) -> None:
+        """Where the host has issued a step's copies, packing and planning and its graph replay or
+        eager forward comes next: `StepEvents.replay` (`mstar bench kv` tells a step's device work from
+        the device waiting for the host inside the step)."""
+        if self.step_events is not None:
+            self.step_events.replay()
+
     def _wait_previous_inputs(self) -> None:
         """Before a plan: FlashInfer reuses its pinned plan buffer, which the previous step's
         asynchronous copy may still be reading."""
@@ -373,6 +380,7 @@ class StepExecutor:
                   else self.forward.eager_linear_step(layout, data[size:], row_slot))
         attend = self._eager_attend(packed, num_decode)
         ids = fed_ids(ids, src, self.loop_tokens)
+        self._mark_replay()
         logits = self.forward(ids, positions, slots, last_index, attend, linear)
         return logits, self.forward.greedy(logits), row_slot
 
@@ -382,6 +390,7 @@ class StepExecutor:
         self._plan_decode_graph(batch, packed)
         host = attention.decode_host(batch, packed)  # the graph's inputs and the attention's indices
         self._stage(host, attention.staged[batch][:host.shape[0]])
+        self._mark_replay()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], graphs.inputs[batch][5 * batch:6 * batch]
 
@@ -433,6 +442,7 @@ class StepExecutor:
         indices[pages_at:] = packed.kv_indices.numpy()
         self._stage(indices, graphs.indices[rows][:indices.shape[0]])
         self._plan_whole(key, qo, kv, last, num_decode)
+        self._mark_replay()
         logits, greedy = graphs.replay(key)
         return logits, greedy, graphs.inputs[key][offset + rows:offset + 2 * rows]
 
@@ -447,6 +457,7 @@ class StepExecutor:
         self._wait_previous_inputs()
         planned = attention.plan_eager(packed, num_decode)
         self._planned()
+        self._mark_replay()
         logits, greedy = graphs.replay(bucket, int(packed.qo_indptr[-1]), planned.run, linear)
         return logits, greedy, row_slot
 
@@ -562,6 +573,7 @@ class StepExecutor:
             inputs = packer.launch(glue, step, data, whole[0], self._whole_out[whole], self.loop_tokens)
             self._plan_whole(whole, step.qo_indptr.numpy(), step.kv_indptr.numpy(), step.last_page_len.numpy(),
                              num_decode)
+            self._mark_replay()
             logits, greedy = self._whole_graphs().replay(whole)
             return logits, greedy, inputs
         if padded_tokens:
@@ -569,6 +581,7 @@ class StepExecutor:
         out = eager_buffers(step.num_tokens, len(rows), step.num_pages, self.device)
         inputs = packer.launch(glue, step, data, step.num_tokens, out, self.loop_tokens)
         attend = self._eager_attend(step, num_decode)
+        self._mark_replay()
         logits = self.forward(out.tokens.long(), out.positions, out.kv_slots, out.logits_index, attend)
         return logits, self.forward.greedy(logits), inputs
 
@@ -581,6 +594,7 @@ class StepExecutor:
         assert graphs is not None and attention is not None and packer is not None, "bucket() picks a captured graph"
         inputs = packer.launch(glue, step, data, batch, self._graph_out[batch], self.loop_tokens)
         self._plan_decode_graph(batch, step)
+        self._mark_replay()
         graphs.replay(batch)
         return graphs.logits[batch], graphs.greedy[batch], inputs
 
@@ -608,6 +622,7 @@ class StepExecutor:
         self._wait_previous_inputs()
         planned = attention.plan_eager(step, num_decode)
         self._planned()
+        self._mark_replay()
         logits, greedy = pieces.replay(bucket, step.num_tokens, planned.run)
         return logits, greedy, inputs
 

@@ -11,12 +11,13 @@ host has issued N+1's first work: the time between the two is the device waiting
 between steps, and nothing else. Idle inside a step (between its own copy, pack kernel, planning
 and graph launch) is step time here; `--gpu-profile` shows it.
 
-In: `StepEvents.begin()` at a launch's start, `end(begin, rows, tokens, path)` at its end (path:
-how the executor ran it, `StepExecutor.path_of`). Out (once the run is over: both wait for the
+In: `StepEvents.begin()` at a launch's start, `replay()` just before its graph replay or eager
+forward, `end(begin, rows, tokens, path)` at its end (path: how the executor ran it,
+`StepExecutor.path_of`). Out (once the run is over: both wait for the
 device): `summary()`, the steps' spans and the gaps between them for the whole run and its middle
 half (without start-up and the tail where rows drain); `steps()`, each step's device start, span,
-the gap before it, its rows and tokens and its path (`mstar bench kv` picks the chunk steps out of
-them: more tokens than rows).
+the gap before it, its rows and tokens, its path and the part of its span before its replay
+(`mstar bench kv` picks the chunk steps out of them: more tokens than rows).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class StepEvents:
         self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.shapes: list[tuple[int, int]] = []  # (rows, tokens) launched, per step
         self.paths: list[str] = []  # how each ran: decode graph, whole or piecewise packed graphs, eager
+        self.replays: list[Optional[torch.cuda.Event]] = []  # per step: before its replay (`replay`)
+        self._replay: Optional[torch.cuda.Event] = None
 
     @staticmethod
     def begin() -> torch.cuda.Event:
@@ -37,12 +40,23 @@ class StepEvents:
         event.record()
         return event
 
+    def replay(self) -> None:
+        """Just before the step's graph replay (or eager forward), once the host has issued the
+        step's copies, packing kernels and planning: the device reaches it when that is done and
+        the host got there, so the time from the step's first event to it is the device's share of
+        those plus its waiting for the host inside the step (a launch ahead whose host work outlasts
+        the step before it: docs/runtime.md)."""
+        self._replay = torch.cuda.Event(enable_timing=True)
+        self._replay.record()
+
     def end(self, begin: torch.cuda.Event, num_rows: int = 0, num_tokens: int = 0, path: str = "") -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         self.pairs.append((begin, event))
         self.shapes.append((num_rows, num_tokens))
         self.paths.append(path)
+        self.replays.append(self._replay)
+        self._replay = None
         return event
 
     def _spans(self) -> list[tuple[float, float]]:
@@ -50,13 +64,18 @@ class StepEvents:
         origin = self.pairs[0][0]
         return [(origin.elapsed_time(begin), origin.elapsed_time(end)) for begin, end in self.pairs]
 
+    def _before_replays(self) -> list[Optional[float]]:
+        """Each step's ms from its first event to its replay's (None: a step that marked none)."""
+        return [None if replay is None else begin.elapsed_time(replay)
+                for (begin, _), replay in zip(self.pairs, self.replays)]
+
     def summary(self) -> dict[str, Any]:
         if not self.pairs:
             return {"error": "no step ran on the device"}
         return idle_between(self._spans())
 
     def steps(self) -> list[dict[str, Any]]:
-        return step_table(self._spans(), self.shapes, self.paths) if self.pairs else []
+        return step_table(self._spans(), self.shapes, self.paths, self._before_replays()) if self.pairs else []
 
 
 def attach(engine: Any) -> dict[str, StepEvents]:
@@ -71,13 +90,17 @@ def attach(engine: Any) -> dict[str, StepEvents]:
 
 
 def step_table(spans: list[tuple[float, float]], shapes: list[tuple[int, int]],
-               paths: Optional[list[str]] = None) -> list[dict[str, Any]]:
-    """Each step's device start and span (ms), the gap before it, its rows and tokens, and its path."""
+               paths: Optional[list[str]] = None,
+               before_replays: Optional[list[Optional[float]]] = None) -> list[dict[str, Any]]:
+    """Each step's device start and span (ms), the gap before it, its rows and tokens, its path, and
+    the part of its span before its replay (`StepEvents.replay`; None where unknown)."""
     table = []
     for index, ((start, end), (rows, tokens)) in enumerate(zip(spans, shapes)):
         gap = max(0.0, start - spans[index - 1][1]) if index else 0.0
+        before = before_replays[index] if before_replays else None
         table.append({"start_ms": round(start, 3), "span_ms": round(end - start, 3), "gap_before_ms": round(gap, 3),
-                      "rows": rows, "tokens": tokens, "path": paths[index] if paths else ""})
+                      "rows": rows, "tokens": tokens, "path": paths[index] if paths else "",
+                      "before_replay_ms": None if before is None else round(before, 3)})
     return table
 
 
