@@ -11,12 +11,12 @@ What a capture needs: fla's kernels tuned and compiled (their autotuners time co
 the first call at a shape, and Triton compiles a variant for each specialization of the counts a
 kernel takes, neither of which a capture can hold: so the engine's first call of each kernel
 variant runs fla as it is, `_kernel_variant`, and its step captures on its second call), and no
-host work inside the call. fla derives the chunk
-indices of a layout from `cu_seqlens` (on the host, from `cu_seqlens_cpu`, then copied to the
-device); each step computes them once here (`chunk_indices`, the [chunks, 2] (row, chunk) pairs fla's
-`prepare_chunk_indices` makes) and passes them to every call of the step, so the capture derives
-only what device ops derive (the chunk offsets). Before, a step's first call ran fla as it is to
-fill fla's identity caches for that step's `cu_seqlens` (one fla call a step, 1.5-2.4 ms of host).
+host work inside the call. fla derives the chunk indices of a layout from `cu_seqlens` (on the
+host, from `cu_seqlens_cpu`, then copied to the device); each step computes them once here
+(`chunk_indices`, the [chunks, 2] (row, chunk) pairs fla's `prepare_chunk_indices` makes) and passes
+them to every call of the step, so the capture derives only what device ops derive (the chunk
+offsets). Before, every step's first call ran fla as it is to fill fla's identity caches for that
+step's `cu_seqlens` (the A/B in docs/engine.md, "The rule as a CUDA graph a step").
 
 An input that lies where the step's graph (or, on a step's first call, the previous step's graph)
 read it in place is read in place: the step's conv output buffer and a piecewise step's gates in
@@ -152,7 +152,7 @@ class PromptRuleGraphs:
         self._pool: Any = None  # torch.cuda.graph_pool_handle() on the first capture
         self._stream: Optional[torch.cuda.Stream] = None
         self._live: deque[_Captured] = deque()  # captured graphs the device may still be replaying
-        self._tuned: set[tuple] = set()  # input shapes and dtypes fla has run at (its autotuners are warm)
+        self._tuned: set[tuple] = set()  # the kernel variants fla has run as it is (`_kernel_variant`)
         self._fixed: tuple[Optional[tuple], ...] = ()  # what the latest graph read in place (`_Captured.fixed`)
 
     def __call__(self, call: RuleCall, step: "StepRule") -> tuple[torch.Tensor, torch.Tensor]:
