@@ -143,6 +143,8 @@ def test_the_table_says_what_the_prompt_rule_graphs_did():
     assert "prompt rule graphs" not in bench._table(base)  # a plain decoder has none
     table = bench._table(dict(base, rule_graphs={"captured": 12, "replayed": 192}))
     assert "prompt rule graphs: 12 captured, 192 replays\n" in table + "\n"
+    table = bench._table(dict(base, rule_graphs={"captured": 12, "replayed": 204, "as_is": 3}))
+    assert "prompt rule graphs: 12 captured, 204 replays, 3 calls of fla as it is\n" in table + "\n"
     off = bench._table(dict(base, rule_graphs={"captured": 0, "replayed": 0, "off": "turned off (--no-rule-graphs)"}))
     assert "prompt rule graphs: 0 captured, 0 replays (off: turned off (--no-rule-graphs))" in off
 

@@ -23,6 +23,7 @@ def test_calls_off_the_gpu_run_the_kernel_each_time():
         out, final = graphs(call, step)
         assert torch.equal(out, q.unsqueeze(0)) and torch.equal(final, states[read] + 1)
     assert step.calls == 3 and step.captured is None and graphs.num_captured == 0 and graphs.why_off is None
+    assert graphs.num_as_is == 3
     shape, initial, options = seen[0]
     assert shape == (1, 7, 2, 4) and torch.equal(initial, states[read])
     assert options["cu_seqlens"] is cu and options["output_final_state"] and options["use_qk_l2norm_in_kernel"]

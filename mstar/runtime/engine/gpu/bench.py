@@ -144,8 +144,9 @@ def _capture_decode_only(*executors) -> None:
 
 
 def _rule_graphs_report(rule) -> dict:
-    """The prompt rule graphs' captures and replays over the run, and why they were off if they were."""
-    report = {"captured": rule.num_captured, "replayed": rule.num_replayed}
+    """The prompt rule graphs' captures and replays over the run, the calls that ran fla as it is, and
+    why they were off if they were."""
+    report = {"captured": rule.num_captured, "replayed": rule.num_replayed, "as_is": rule.num_as_is}
     if rule.why_off is not None:
         report["off"] = rule.why_off
     return report
@@ -692,6 +693,7 @@ def _table(result: dict) -> str:
     if "rule_graphs" in result:
         rule = result["rule_graphs"]
         lines.append(f"prompt rule graphs: {rule['captured']} captured, {rule['replayed']} replays"
+                     + (f", {rule['as_is']} calls of fla as it is" if "as_is" in rule else "")
                      + (f" (off: {rule['off']})" if "off" in rule else ""))
     if "programmatic_blas_edges" in result:
         off = f" (off: {result['blas_edges_off']})" if "blas_edges_off" in result else ""

@@ -149,6 +149,7 @@ class PromptRuleGraphs:
         self.why_off = _why_off  # None while the graphs capture
         self.num_captured = 0
         self.num_replayed = 0
+        self.num_as_is = 0  # calls that ran fla as it is (a new kernel variant, past the bound, graphs off)
         self._pool: Any = None  # torch.cuda.graph_pool_handle() on the first capture
         self._stream: Optional[torch.cuda.Stream] = None
         self._live: deque[_Captured] = deque()  # captured graphs the device may still be replaying
@@ -159,7 +160,7 @@ class PromptRuleGraphs:
         """fla over `call`, the `step.calls`-th call of its step -> (out `[1, T, HV, d_v]`, final states)."""
         step.calls += 1
         if self.why_off is not None or not call.q.is_cuda or call.q.shape[0] > MAX_TOKENS:
-            return call.run()
+            return self._as_is(call)
         if step.chunks is None:
             step.chunks = chunk_indices(call.cu_cpu, call.cu)
         call.chunks = step.chunks
@@ -168,14 +169,14 @@ class PromptRuleGraphs:
         if kind not in self._tuned:  # fla tunes and compiles its kernels for these; the next call captures
             self._tuned.add(kind)
             self._fixed = layouts
-            return call.run()
+            return self._as_is(call)
         if step.captured is None or not step.captured.reads_in_place(layouts):
             # In place: what lies where the step's graph read it (a capture again), or on the step's
             # first call where the latest graph read it (a step's buffers stay put from step to step).
             before = step.captured.fixed if step.captured is not None else self._fixed or (None,) * len(layouts)
             step.captured = self._capture(call, tuple(f if f == now else None for f, now in zip(before, layouts)))
             if step.captured is None:
-                return call.run()
+                return self._as_is(call)
             self._fixed = step.captured.fixed
         captured = step.captured
         call.load(captured)
@@ -183,6 +184,10 @@ class PromptRuleGraphs:
         captured.replayed.record()
         self.num_replayed += 1
         return captured.out, captured.final
+
+    def _as_is(self, call: RuleCall) -> tuple[torch.Tensor, torch.Tensor]:
+        self.num_as_is += 1
+        return call.run()
 
     def _capture(self, call: RuleCall, fixed: tuple[Optional[tuple], ...]) -> Optional[_Captured]:
         """The call captured reading in place the values `fixed` gives a layout for and the others
