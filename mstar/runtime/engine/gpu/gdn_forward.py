@@ -21,8 +21,8 @@ its rows is one kernel, its decode rows' rule one kernel (`recurrent_step`), the
 and the gated norm one kernel (`eager_gates`, `eager_gated_norm`: the decode kernel's arithmetic and
 rounding). Prompt rows run fla-core's `chunk_gated_delta_rule` as one varlen batch (`cu_seqlens`,
 B = 1; its host copy one tensor a step, `EagerRows.prompt_cu_cpu`) from their states, its final
-states written back; from a step's second such layer on, as a CUDA graph captured for the step
-(`rule_graphs.py`: fla's Python is most of an eager step's host time). Elsewhere (the CPU) the
+states written back, as a CUDA graph captured on the step's first such layer once fla has run
+the call's kernel variant (`rule_graphs.py`: fla's Python is most of an eager step's host time). Elsewhere (the CPU) the
 same arithmetic in torch ops, decode rows on states
 gathered and scattered back. Every path reads the rows `LinearStep.read` and writes the rows
 `LinearStep.write` (the same rows with one copy a slot: in place). A decode-only step

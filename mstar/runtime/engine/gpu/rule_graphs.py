@@ -161,13 +161,13 @@ class PromptRuleGraphs:
         step.calls += 1
         if self.why_off is not None or not call.q.is_cuda or call.q.shape[0] > MAX_TOKENS:
             return self._as_is(call)
-        if step.chunks is None:
+        if step.chunks is None:  # the step's layer calls share the layout, and so the kernel variant
             step.chunks = chunk_indices(call.cu_cpu, call.cu)
+            step.variant = _kernel_variant(call, step.chunks)
         call.chunks = step.chunks
         layouts = call.layouts()
-        kind = _kernel_variant(call, step.chunks)
-        if kind not in self._tuned:  # fla tunes and compiles its kernels for these; the next call captures
-            self._tuned.add(kind)
+        if step.variant not in self._tuned:  # fla tunes and compiles its kernels for it; the next call captures
+            self._tuned.add(step.variant)
             self._fixed = layouts
             return self._as_is(call)
         if step.captured is None or not step.captured.reads_in_place(layouts):
@@ -238,9 +238,11 @@ def _kernel_variant(call: RuleCall, chunks: torch.Tensor) -> tuple:
 
 @dataclass
 class StepRule:
-    """One step's share of the rule graphs: how many calls it made, its graph, and its layout's chunk
-    indices (`chunk_indices`, which its graph reads)."""
+    """One step's share of the rule graphs: how many calls it made, its graph, its layout's chunk
+    indices (`chunk_indices`, which its graph reads) and the kernel variant of its calls
+    (`_kernel_variant`)."""
 
     calls: int = 0
     captured: Optional[_Captured] = None
     chunks: Optional[torch.Tensor] = None
+    variant: tuple = ()
