@@ -44,11 +44,23 @@ def test_a_step_says_how_much_of_its_span_came_before_its_replay():
     assert [step["before_replay_ms"] for step in table] == [0.03, 0.713]
     assert step_table([(0.0, 1.0)], [(1, 1)])[0]["before_replay_ms"] is None
     assert _before_replay(table[1]) == ", 0.71 ms of it before the replay" and _before_replay({}) == ""
+    # the median over the chunk steps beside the decode rows (the decode step has none to count)
+    found = chunk_steps_on_device([_TimedWithReplays(table)], num_decode=40)
+    assert found["beside_decode_before_replay_p50_ms"] == 0.713
+
+
+class _TimedWithReplays:
+    def __init__(self, table):
+        self.table = table
+
+    def steps(self):
+        return self.table
 
 
 def test_a_run_without_device_events_reports_no_chunk_steps():
     assert chunk_steps_on_device([]) == {"num_chunk_steps": 0, "span_p50_ms": None, "slowest": [],
                                          "beside_decode_span_p90_ms": None, "beside_decode_span_max_ms": None,
+                                         "beside_decode_before_replay_p50_ms": None,
                                          "slowest_beside_decode": []}
 
 

@@ -164,9 +164,13 @@ def chunk_steps_on_device(timed: list, num_decode: int = 0, num: int = 3) -> dic
     # which of them are slow (their index among the chunk steps: the long prompt's chunks run in
     # order, so it tells how deep the chunk was), with their tokens and paths
     slowest_beside = sorted(beside_steps, key=lambda step: -step["span_ms"])[:num]
+    # how much of a typical such span is the device waiting for the host (or its own copies and
+    # packing) before the replay: a host-bound chunk step shows here, not in the gaps between steps
+    before = [step["before_replay_ms"] for step in beside_steps if step.get("before_replay_ms") is not None]
     return {"num_chunk_steps": len(steps), "span_p50_ms": float(np.median(spans)) if spans else None,
             "beside_decode_span_p90_ms": float(np.percentile(beside, 90)) if beside else None,
             "beside_decode_span_max_ms": max(beside) if beside else None,
+            "beside_decode_before_replay_p50_ms": float(np.median(before)) if before else None,
             "slowest": slowest, "slowest_beside_decode": slowest_beside}
 
 
@@ -394,9 +398,11 @@ def _print(results: dict) -> None:
                 slowest_beside = "; ".join(f"chunk step {step['index']} {step['span_ms']:.2f} ms ({step['tokens']} "
                                            f"tokens, {step['path'] or 'path unknown'}{_before_replay(step)})"
                                            for step in device["slowest_beside_decode"])
+                before = device.get("beside_decode_before_replay_p50_ms")
                 print(f"{name}: on the device, the chunk steps beside the decode rows: span p90 "
                       f"{device['beside_decode_span_p90_ms']:.2f} ms, "
-                      f"largest {device['beside_decode_span_max_ms']:.2f} ms; the slowest: {slowest_beside}")
+                      + ("" if before is None else f"before the replay p50 {before:.2f} ms, ")
+                      + f"largest {device['beside_decode_span_max_ms']:.2f} ms; the slowest: {slowest_beside}")
     for name in names:
         if results[name]["num_decode_ended_in_window"]:
             print(f"{name}: WARNING {results[name]['num_decode_ended_in_window']} decode rows ended before the "

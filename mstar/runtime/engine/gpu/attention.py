@@ -305,17 +305,18 @@ class TritonDecode:
     split scratch, allocated once so the graph's replays reuse them."""
 
     def __init__(self, heads: tuple[int, int, int], page_size: int, batch: int, kv_indptr: torch.Tensor,
-                 kv_indices: torch.Tensor, last_page_len: torch.Tensor):
+                 kv_indices: torch.Tensor, last_page_len: torch.Tensor, sm_count: Optional[int] = None):
         device = kv_indptr.device
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        sm_count = sm_count or torch.cuda.get_device_properties(device).multi_processor_count
         self.shape = decode_attention.graph_shape(*heads, page_size, batch, sm_count)
         self.kv_indptr, self.kv_indices, self.last_page_len = kv_indptr, kv_indices, last_page_len
         self.partial = torch.empty(decode_attention.partial_numel(self.shape, batch), dtype=torch.float32,
                                    device=device)
 
-    def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+    def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return decode_attention.decode_attention(self.shape, q, k_pages, v_pages, self.kv_indptr, self.kv_indices,
-                                                 self.last_page_len, self.partial)
+                                                 self.last_page_len, self.partial, out)
 
 
 def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, forced: Optional[bool] = None) -> bool:

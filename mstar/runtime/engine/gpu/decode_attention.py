@@ -86,9 +86,10 @@ def supports(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> bool:
 
 def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor,
-                     partial: torch.Tensor | None = None) -> torch.Tensor:
+                     partial: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The attention of `q`'s rows (module docstring). partial: fp32 scratch of at least
-    `partial_numel(shape, rows)` elements for a split shape (allocated here when not given)."""
+    `partial_numel(shape, rows)` elements for a split shape (allocated here when not given).
+    out: a contiguous `[rows, Hq, D]` tensor to write (a new one when not given)."""
     rows = q.shape[0]
     hq, hkv, d = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim
     group = hq // hkv
@@ -96,7 +97,9 @@ def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor,
     assert q.stride(2) == 1 and k_pages.stride(3) == 1, "a head's dims are contiguous"
     assert k_pages.shape[1] == shape.page_size and tuple(k_pages.shape[2:]) == (hkv, d), "the shape's pages"
     assert tuple(q.shape[1:]) == (hq, d), "the shape's query heads"
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.is_contiguous(), "out: a contiguous tensor of q's shape"
     scale = d ** -0.5 * LOG2E
     is_split = shape.num_splits > 1
     if is_split and partial is None:
@@ -123,6 +126,43 @@ def partial_numel(shape: DecodeShape, rows: int) -> int:
 
 
 if triton is not None:
+    @triton.jit
+    def walk_positions(q, k_ptr, v_ptr, indices_ptr, first_page, lo, hi, own, kv_head, scale, stride_kt, stride_kh,
+                       stride_kp, M: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DOT_FP32: tl.constexpr):
+        """The online softmax of `M` query rows over positions [lo, hi) of a row's pages (its page
+        list from `first_page` in `indices_ptr`), each query row masked past its own position `own`
+        (a decode row's is past every position): (unnormalised output, running max, denominator),
+        base 2. The decode kernel and `prefill_attention`'s share it."""
+        mx = tl.full([M], float("-inf"), tl.float32)
+        denom = tl.zeros([M], tl.float32)
+        acc = tl.zeros([M, HEAD_DIM], tl.float32)
+        d = tl.arange(0, HEAD_DIM)
+        n = tl.arange(0, BLOCK_N)
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + n
+            is_pos = pos < hi
+            page = tl.load(indices_ptr + first_page + pos // PAGE, mask=is_pos, other=0).to(tl.int64)
+            base = page * stride_kp + (pos % PAGE) * stride_kt + kv_head * stride_kh
+            k = tl.load(k_ptr + base[:, None] + d[None, :], mask=is_pos[:, None], other=0.0)
+            if DOT_FP32:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(is_pos[None, :] & (pos[None, :] <= own[:, None]), s, float("-inf"))
+            new_mx = tl.maximum(mx, tl.max(s, 1))
+            # a query token whose positions all lie past this tile's start keeps -inf: no NaN from it
+            base_mx = tl.where(new_mx == float("-inf"), 0.0, new_mx)
+            alpha = tl.exp2(mx - base_mx)
+            p = tl.exp2(s - base_mx[:, None])
+            denom = denom * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + base[:, None] + d[None, :], mask=is_pos[:, None], other=0.0)
+            if DOT_FP32:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            mx = new_mx
+        return acc, mx, denom
+
     @triton.jit
     def _decode_split_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, out_ptr, scale,
                              stride_qr, stride_qh, stride_kt, stride_kh, stride_kp,
@@ -151,30 +191,9 @@ if triton is not None:
                     mask=is_query[:, None], other=0.0)
         if DOT_FP32:
             q = q.to(tl.float32)
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        denom = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        n = tl.arange(0, BLOCK_N)
-        for start in range(lo, hi, BLOCK_N):
-            pos = start + n
-            is_pos = pos < hi
-            page = tl.load(indices_ptr + first_page + pos // PAGE, mask=is_pos, other=0).to(tl.int64)
-            base = page * stride_kp + (pos % PAGE) * stride_kt + kv_head * stride_kh
-            k = tl.load(k_ptr + base[:, None] + d[None, :], mask=is_pos[:, None], other=0.0)
-            if DOT_FP32:
-                k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(is_pos[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            denom = denom * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + base[:, None] + d[None, :], mask=is_pos[:, None], other=0.0)
-            if DOT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
+        own = tl.full([GROUP_PAD], 2 ** 30, tl.int32)  # a decode row attends to every position
+        acc, m, denom = walk_positions(q, k_ptr, v_ptr, indices_ptr, first_page, lo, hi, own, kv_head, scale,
+                                       stride_kt, stride_kh, stride_kp, GROUP_PAD, HEAD_DIM, PAGE, BLOCK_N, DOT_FP32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         _store_output(out_ptr, acc, m, denom, row, heads, is_query, split, HQ, HEAD_DIM, NUM_SPLITS, IS_SPLIT)

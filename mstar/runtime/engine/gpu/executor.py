@@ -420,6 +420,8 @@ class StepExecutor:
         graphs = self._whole_graphs()
         if key[2] == "split":
             self._stage(np.array([num_decode], dtype=np.int32), graphs.split[key[1]].num_decode)
+        if not graphs.needs_plan(key):  # attention on Triton kernels alone: nothing to schedule on the host
+            return
         self._wait_previous_inputs()
         graphs.plan(key, qo_indptr, kv_indptr, last_page_len, num_decode)
         self._planned()

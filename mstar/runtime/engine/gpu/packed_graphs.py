@@ -29,6 +29,13 @@ the executor (a plan waits for the previous plan's copies). In graph mode FlashI
 the KV, so the float workspace must hold the split outputs of the largest key
 (`graph_workspace_bytes`).
 
+Where the split route's decode rows take the Triton decode kernel (`FlashInferSteps.graph_kernel`)
+and `prefill_attention` serves the heads, a split key's attention runs on Triton kernels alone
+(`SplitAttend`): the decode kernel writes the decode rows' outputs, the prefill kernel the prompt
+rows' over the rest, from the same derived arrays; such a key has no FlashInfer wrapper and no
+host plan (`needs_plan`). FlashInfer's graph-mode prefill merged its always-split KV with a kernel
+of 29 us a layer on the H200 whatever the context (docs/engine.md, "The split route on Triton").
+
 Memory: every key's graph is captured in one pool, largest first, so a smaller key reuses the
 blocks a larger one freed; the logits of every key land in one buffer. `measured_bytes` is the
 growth of the memory torch reserved across the capture (`graphs.capture_measured`).
@@ -41,7 +48,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from mstar.runtime.engine.gpu import blas_edges
+from mstar.runtime.engine.gpu import blas_edges, prefill_attention
 from mstar.runtime.engine.gpu.attention import FlashInferSteps, TritonDecode, decode_backend, plan_graph_decode
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
@@ -155,6 +162,28 @@ def derive_split_arrays(qo: torch.Tensor, kv: torch.Tensor, last: torch.Tensor, 
     return (j[:rows] < d)[:, None, None]
 
 
+class SplitAttend:
+    """The split route's attention of a key on Triton kernels alone (where the decode rows take the
+    Triton decode kernel and `prefill_attention` serves the heads): the decode kernel writes the
+    decode rows' outputs into the first B rows of the step's output (its padding rows zeros), then
+    the prefill kernel writes every prompt row's tokens (rows 1.. of the derived prefill arrays:
+    they start where the decode rows end) over them. No host plan, no FlashInfer merge, no
+    `torch.where` of two outputs."""
+
+    def __init__(self, decode: Callable, heads: tuple[int, int, int], page_size: int, key: GraphKey,
+                 arrays: SplitArrays, pages: torch.Tensor, sm_count: int, partial: Optional[torch.Tensor]):
+        self.decode, self.rows, self.arrays, self.pages, self.partial = decode, key[1], arrays, pages, partial
+        self.shape = prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
+
+    def __call__(self, layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        self.decode(layer, q[:self.rows], k_pages, v_pages, out=out[:self.rows])
+        arrays = self.arrays
+        prefill_attention.prefill_attention(self.shape, q, k_pages, v_pages, arrays.pre_qo, arrays.pre_kv,
+                                            self.pages, arrays.pre_last, out, self.partial)
+        return out
+
+
 def first_plan_counts(tokens: int, rows: int, max_row_tokens: int) -> np.ndarray:
     """Query tokens per row of a key's first plan: the bucket's tokens with one row as long as a
     row may be (the rest one token each), and where a row is capped (`max_row_tokens`: the node's
@@ -194,8 +223,11 @@ class PackedGraphs:
         self.decode_attend = {rows: self._decode_attend(rows) for rows in self.split}
         self._decode_planned: set[int] = set()
         self.inputs: dict[GraphKey, torch.Tensor] = {}
+        self.split_attend = self._split_attends(device)
         self.wrappers = {}
         for key in self.keys:
+            if key in self.split_attend:
+                continue
             rows = key[1]
             if key[2] == "split":
                 arrays = self.split[rows]
@@ -219,6 +251,27 @@ class PackedGraphs:
         self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
         self.measured_bytes = capture_measured(
             self.keys, lambda key, pool, stream: self._capture(key, dummy_slot, pool, stream), device)
+
+    def _split_attends(self, device: torch.device) -> dict[GraphKey, SplitAttend]:
+        """The split keys whose attention runs on Triton kernels alone (`SplitAttend`): their decode
+        rows take the Triton decode kernel and the prefill kernel serves the heads. Their prefill
+        splits share one scratch (graphs replay one at a time)."""
+        heads, page_size = self.attention.heads, self.attention.page_size
+        if not prefill_attention.supports(*heads):
+            return {}
+        keys = [key for key in self.keys if key[2] == "split" and isinstance(self.decode_attend[key[1]], TritonDecode)]
+        sm_count = _num_sms(device)
+        shapes = [prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
+                  for key in keys]
+        numel = max([prefill_attention.partial_numel(shape) for shape in shapes], default=0)
+        partial = torch.empty(numel, dtype=torch.float32, device=device) if numel else None
+        return {key: SplitAttend(self.decode_attend[key[1]], heads, page_size, key, self.split[key[1]],
+                                 self._pages(key[1]), sm_count, partial) for key in keys}
+
+    def needs_plan(self, key: GraphKey) -> bool:
+        """Whether a step of `key` is planned on the host before its replay (`plan`): not where its
+        attention runs on Triton kernels alone."""
+        return key not in self.split_attend
 
     def index_layout(self, rows: int) -> tuple[int, int, int, int, int]:
         """Offsets in `indices[rows]` of the qo indptr, kv indptr, last page lengths, page indices,
@@ -279,6 +332,8 @@ class PackedGraphs:
         `num_decode` of them). The device's arrays must be in `indices[B]` (and on the split
         route `split[B].num_decode`) by the time the graph replays. Raises PlanMismatch when the
         schedule's layout is not the captured one."""
+        if not self.needs_plan(key):
+            return
         page_size = self.attention.page_size
         if key[2] == "split":
             dec_indptr, dec_last, qo_indptr, kv_indptr, last_page_len = split_host_arrays(
@@ -319,6 +374,9 @@ class PackedGraphs:
                                    packed[last_at:last_at + rows], self.split[rows])
 
     def _attend(self, key: GraphKey) -> Callable:
+        if key in self.split_attend:
+            self._derive(key[1])
+            return self.split_attend[key]
         prefill = self.wrappers[key]
         if key[2] != "split":
             return lambda _layer, q, k_pages, v_pages: prefill.run(q, (k_pages, v_pages))
@@ -351,7 +409,8 @@ class PackedGraphs:
         inputs[2 * tokens:3 * tokens] = dummy_slot
         inputs[3 * tokens:4 * tokens] = -1
         self.inputs[key] = inputs
-        self._first_plan(key, dummy_page)
+        if self.needs_plan(key):
+            self._first_plan(key, dummy_page)
         if key[2] == "split":
             # The warm-up's step: B one-token rows on the dummy page, the first a decode row.
             ones = np.arange(rows + 1, dtype=np.int32)
