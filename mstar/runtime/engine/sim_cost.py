@@ -34,7 +34,8 @@ launch: CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), el
 SPLIT_EXTRA_S more for a split-attention mixed step (eager or piecewise: one more eager call a
 layer); layers * PIECE_LAUNCH_S more for a replay of a piecewise family (its attention runs eagerly
 between the captured pieces); for a replay of a packed family captured whole, layers *
-GRAPH_MERGE_S per attention call (two on the split route, both inside the graph) instead.
+GRAPH_MERGE_S (FlashInfer's merge of its split KV; SPLIT_GRAPH_MERGE_S on the split route, whose
+attention runs on the Triton kernels) instead.
 
 Dims come from the plan (`layers`, `hidden`, `qo_heads`, `kv_heads`, `head_dim`, `vocab`,
 `intermediate`, `layer_pattern`). A missing `intermediate` is 4 x hidden, the torch engine's own
@@ -92,9 +93,13 @@ SPLIT_EXTRA_S = 0.0002
 # Per layer of a piecewise replay: its eager attention call and the next piece's launch (a chunk
 # step's wall time less its kernels exceeded the decode graph's by about 0.45 ms over 16 layers).
 PIECE_LAUNCH_S = 0.00003
-# Per layer and attention call of a whole packed graph's replay: FlashInfer's graph mode always splits
-# the KV and merges the partial outputs (on the H200, 32 merges a step of the split route, 0.52 ms).
+# Per layer of a whole packed graph's replay on the packed route: FlashInfer's graph mode always splits
+# the KV and merges the partial outputs (on the H200, 29 us a layer at every context).
 GRAPH_MERGE_S = 0.000016
+# Per layer of a whole graph's split route: its attention runs on the Triton decode and prefill
+# kernels, whose prefill merge took 43 us a 16-layer step on the H200 (docs/engine.md, "The split
+# route on Triton"); FlashInfer's two merges a layer (0.52 ms a step) are gone.
+SPLIT_GRAPH_MERGE_S = 0.0000027
 
 # The flat model of stateless nodes (and of a step on a node the plan does not list).
 PER_ROW_S = 0.00005
@@ -188,8 +193,8 @@ class StepCost:
         launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
         family = (step.worker, step.key, step.capture or "")
         whole_layers = self.whole_layers.get(family, 0) if is_captured and step.token_bucket else 0
-        if whole_layers:  # the split route's two calls are in the graph: their merges, no extra launch
-            launch += whole_layers * (2 if step.attention == "split" else 1) * GRAPH_MERGE_S
+        if whole_layers:  # the route's attention calls are in the graph: their merges, no extra launch
+            launch += whole_layers * (SPLIT_GRAPH_MERGE_S if step.attention == "split" else GRAPH_MERGE_S)
         elif step.attention == "split":
             launch += SPLIT_EXTRA_S
         if is_captured and self.piecewise_layers:
