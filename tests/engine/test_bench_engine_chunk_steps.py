@@ -165,3 +165,58 @@ def test_the_what_if_switches_reach_the_modules_they_turn_off(monkeypatch):
     assert rule_graphs._why_off is None and kernels._pdl_allowed and products._transposed_allowed
     assert blas_edges._enabled
     assert parser.parse_args(["--decode-graphs-only"]).decode_graphs_only
+
+
+class _Event:
+    """Stand-in CUDA event: times nothing, answers 6 ms between two."""
+
+    def __init__(self, enable_timing=False):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 6.0
+
+
+class _WholeGraphs:
+    def __init__(self):
+        self.replayed = []
+
+    def replay(self, key):
+        self.replayed.append(key)
+
+
+def test_a_chunk_step_on_a_whole_graph_also_times_the_graphs_replay_alone(monkeypatch):
+    """The device's share of a chunk step: after one engine step (staged, planned), the whole
+    graph's replays alone between two CUDA events (the profiler's kernel sums count a kernel's PDL
+    wait); the key is the one the executor picks for the step's rows, decode rows first on the
+    split route. A step on no whole graph gets no replay figure."""
+    plan, node, shapes, executor = _bench_setup(monkeypatch, (2.0, 0.5))
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    executor.packed_graphs = _WholeGraphs()
+    asked = []
+
+    def whole_key(specs, family, tokens, num_decode):
+        asked.append((len(specs), family, tokens, num_decode))
+        return (tokens, 64, "split")
+
+    executor.whole_key = whole_key
+    out: dict = {}
+    bench._chunk_steps(out, plan, node, executor, 16, 8, shapes, 4e12, 7e14)
+    expected_bucket = bench.packed_bucket(plan, node, [(1, bench.CONTEXT)] * 40 + [(216, 0)], True)
+    for figures in out["chunk"].values():
+        assert figures["replay_ms"] == 2.0  # 6 ms over max(8 // 4, 3) = 3 replays
+    assert asked == [(41, expected_bucket[0], expected_bucket[1], 40 if expected_bucket[2] == "split" else 0)] * 3
+    assert executor.packed_graphs.replayed == [(expected_bucket[1], 64, "split")] * 9
+    lines = bench._table({"device": "stand-in", "copy_bandwidth_tb_s": 4.0, "matmul_tflop_s": 700.0, "decode": {},
+                          "mixed_63_1": _case(), "prefill_1x512": _case(), "prefill_16x1024": _case(),
+                          "chunk": out["chunk"]})
+    assert "replay 2.000 ms; kernels 2.000 ms" in lines
+    executor.whole_key = lambda *args: None  # the step takes no whole graph
+    bench._chunk_steps(out, plan, node, executor, 16, 8, shapes, 4e12, 7e14)
+    assert all("replay_ms" not in figures for figures in out["chunk"].values())
