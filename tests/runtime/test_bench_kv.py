@@ -60,12 +60,15 @@ def test_the_route_what_if_changes_only_the_steps_that_mix_prompt_and_decode_row
     assert results["route"] == "packed"
     # the decode rows got tokens while the prompt prefilled, and the figures say how spread they were
     assert results["chunked"]["itl_p50_during_ms"] <= results["chunked"]["itl_max_during_ms"]
+    # and the steady window's median beside its p99 (which, like the prefill's, is about one step)
+    assert 0 < results["chunked"]["itl_p50_steady_ms"] <= results["chunked"]["itl_p99_steady_ms"]
 
 
 def test_no_whole_skips_the_reference_runs(capsys):
     assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--no-whole"]) == 0
     out = capsys.readouterr().out
     assert "chunked: decode ITL p99" in out and "whole" not in out
+    assert "(steady: p50 " in out
     assert bench_kv.main(["--decode-rows", "4", "--prompt-len", "512", "--scenario", "chunk", "--no-whole",
                           "--json"]) == 0
     results = json.loads(capsys.readouterr().out)

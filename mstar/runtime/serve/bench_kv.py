@@ -243,8 +243,8 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
     # the ratio means what it says only when every decode row ran through the whole prefill window
     num_ended_early = sum(record.finish_s is not None and record.finish_s - mixed.origin_s < end
                           for rid, record in mixed.conductor.records.items() if rid != "long")
-    during_gaps = _gaps(mixed, "d", arrival, end)
-    during, steady = _p99(during_gaps), _p99(_gaps(alone_run, "d", arrival, end))
+    during_gaps, steady_gaps = _gaps(mixed, "d", arrival, end), _gaps(alone_run, "d", arrival, end)
+    during, steady = _p99(during_gaps), _p99(steady_gaps)
     only = _run(plan, engine, [Request(id="long", prompt_tokens=long.prompt_tokens, max_tokens=1)])
     ttft_mixed, ttft_alone = _ttft(mixed, "long"), _ttft(only, "long")
     return {"token_budget": budget or None, "chunk_context_scale": scale or None, "arrival_s": arrival,
@@ -255,6 +255,8 @@ def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len
             # gap say whether it is one stall or every chunk step.
             "itl_p50_during_ms": float(np.median(during_gaps)) * 1e3 if during_gaps.size else None,
             "itl_max_during_ms": float(during_gaps.max()) * 1e3 if during_gaps.size else None,
+            # the steady window's p99 is as much one step as the prefill's: its median beside it
+            "itl_p50_steady_ms": float(np.median(steady_gaps)) * 1e3 if steady_gaps.size else None,
             "ttft_mixed_ms": ttft_mixed * 1e3, "ttft_alone_ms": ttft_alone * 1e3,
             "ttft_ratio": ttft_mixed / ttft_alone,
             "slowest_steps_during": slowest_steps(mixed, arrival, end),
@@ -380,8 +382,11 @@ def _print(results: dict) -> None:
     for name in names:
         row = results[name]
         if row.get("itl_p50_during_ms") is not None:
+            steady_p50 = row.get("itl_p50_steady_ms")
             print(f"{name}: decode inter-token gaps during the prefill: p50 {row['itl_p50_during_ms']:.2f} ms, "
-                  f"largest {row['itl_max_during_ms']:.2f} ms")
+                  f"largest {row['itl_max_during_ms']:.2f} ms"
+                  + ("" if steady_p50 is None else f" (steady: p50 {steady_p50:.2f} ms, "
+                                                   f"p99 {row['itl_p99_steady_ms'] or 0:.2f} ms)"))
         for step in row.get("slowest_steps_during", [])[:3]:
             print(f"{name}: slow step {step['index']} of the prefill: {step['gap_ms']:.2f} ms after the one before "
                   f"(ran {step['run_ms']:.2f} ms, {step['tokens']} tokens, rows {step['walk_rows']}, "
