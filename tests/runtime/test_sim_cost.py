@@ -44,7 +44,8 @@ def test_the_llama_shape_has_its_parameters_and_kv_bytes(plan):
     assert cost.flops_per_key == 4 * 2048 * 16
 
 
-@pytest.mark.parametrize("num_rows, replay_ms", [(1, 1.086), (8, 1.19), (64, 1.757)])
+# the decode graphs' replays on the H200 after RoPE became one program a token (docs/engine.md)
+@pytest.mark.parametrize("num_rows, replay_ms", [(1, 0.996), (8, 1.096), (64, 1.629)])
 def test_decode_steps_are_near_the_measured_replays(plan, num_rows, replay_ms):
     seconds = StepCost(plan).seconds(decode_step(decode_rows(num_rows, 1024), num_rows))
     assert seconds * 1e3 == pytest.approx(replay_ms, rel=0.1)

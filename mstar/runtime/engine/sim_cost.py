@@ -85,7 +85,9 @@ ATTENTION_RATE = 0.16 * MATMUL_RATE
 RIDGE_LOSS = 0.4
 BYTES_PER_VALUE = 2  # bf16 weights and KV
 
-CAPTURED_LAUNCH_S = 0.0002  # a replay's launch, norms, RoPE and the gaps between its kernels
+# A replay's launch, norms, RoPE and the gaps between its kernels (0.2 ms until RoPE became one
+# program a token: the decode graphs' replays then measured 0.996 / 1.096 / 1.629 ms at 1 / 8 / 64 rows).
+CAPTURED_LAUNCH_S = 0.0001
 # An eager step's host dispatch: on the H200 an eager 512-token step took 1.7-2.1 ms more than
 # its piecewise replay (docs/engine.md, "Piecewise graphs").
 EAGER_LAUNCH_S = 0.0025
