@@ -13,9 +13,16 @@ PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
 
 
 class _StandIn:
+    packed_graphs = None  # no whole graphs unless a test gives some
+
     def __init__(self, unroll_prompts: int = 0):
         self.launched = []
         self.unroll_prompts, self.num_unrolled_steps = unroll_prompts, 0
+
+    def _split(self, specs, route):
+        """As `StepExecutor._split`: decode rows (one token, looped back) first on the split route."""
+        num_decode = sum(spec.is_decode and spec.num_tokens == 1 for spec in specs) if route == "split" else 0
+        return None, num_decode if 0 < num_decode < len(specs) else 0
 
     def launch(self, specs, sampling, family, tokens, route, glue):
         self.launched.append(([(s.num_tokens, s.num_cached) for s in specs], family, tokens, route))

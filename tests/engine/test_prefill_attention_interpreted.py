@@ -121,7 +121,8 @@ def test_the_split_route_on_triton_kernels_alone_attends_every_row(interpreted):
     pages[:indices.shape[0]] = indices
     heads = (hq, hkv, d)
     decode = TritonDecode(heads, page_size, batch, arrays.dec_indptr, pages, arrays.dec_last, sm_count=132)
-    attend_split = SplitAttend(decode, heads, page_size, (bucket, batch, "split"), arrays, pages, 132, None)
+    shape = pa.graph_shape(*heads, page_size, batch + 1, bucket, 1, 132)
+    attend_split = SplitAttend(decode, shape, batch, arrays, pages, None)
     q = torch.randn(bucket, hq, d, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     got = attend_split(0, q, k_pages, v_pages)
     expected = torch_attend(qo.tolist(), kv.tolist(), indices, last.tolist(), page_size, d ** -0.5)(

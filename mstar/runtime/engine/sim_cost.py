@@ -96,11 +96,12 @@ SPLIT_EXTRA_S = 0.0002
 # step's wall time less its kernels exceeded the decode graph's by about 0.45 ms over 16 layers).
 PIECE_LAUNCH_S = 0.00003
 # Per layer of a whole packed graph's replay on the packed route: FlashInfer's graph mode always splits
-# the KV and merges the partial outputs (on the H200, 29 us a layer at every context).
+# the KV and merges the partial outputs (calibrated when a split step's 32 merges took 0.52 ms on the
+# H200: 16 us each).
 GRAPH_MERGE_S = 0.000016
 # Per layer of a whole graph's split route: its attention runs on the Triton decode and prefill
 # kernels, whose prefill merge took 43 us a 16-layer step on the H200 (docs/engine.md, "The split
-# route on Triton"); FlashInfer's two merges a layer (0.52 ms a step) are gone.
+# route on Triton"); the sim charged two FlashInfer merges a layer here before.
 SPLIT_GRAPH_MERGE_S = 0.0000027
 
 # The flat model of stateless nodes (and of a step on a node the plan does not list).

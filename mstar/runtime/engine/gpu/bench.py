@@ -152,15 +152,20 @@ def _rule_graphs_report(rule) -> dict:
     return report
 
 
-def _replay_ms(executor, batch: int, iters: int) -> float:
+def _events_ms(replay: Callable[[], object], iters: int) -> float:
+    """Device ms a call of `replay` (a graph's replay), between two CUDA events around `iters` calls."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    executor.graphs.replay(batch)
     start.record()
     for _ in range(iters):
-        executor.graphs.replay(batch)
+        replay()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+def _replay_ms(executor, batch: int, iters: int) -> float:
+    executor.graphs.replay(batch)
+    return _events_ms(lambda: executor.graphs.replay(batch), iters)
 
 
 def _profile(executor, batch: int) -> list[dict]:
@@ -457,26 +462,18 @@ def _step_with_kernels(plan, node, executor, rows, is_mixed: bool, page_size: in
 
 def _whole_replay_ms(executor, rows, page_size: int, bucket: tuple, iters: int) -> Optional[float]:
     """The device's share of a step the plan gives a whole packed graph: the graph's replay alone,
-    timed with CUDA events after one engine step staged and planned it (the profiler's kernel sums
-    count, under programmatic dependent launch, a kernel's wait for the one before). None when the
-    step ran on another path."""
-    graphs = getattr(executor, "packed_graphs", None)
+    timed with CUDA events after one engine step staged and planned it (the key the executor picks:
+    its `_split` of the rows, its `whole_key`). None when the step runs on another path."""
+    graphs = executor.packed_graphs
     if graphs is None:
         return None
     family, tokens, route = bucket
-    num_decode = sum(1 for new, _ in rows if new == 1) if route == "split" else 0
-    num_decode = num_decode if 0 < num_decode < len(rows) else 0
-    key = executor.whole_key(_rows(executor, rows, page_size), family, tokens, num_decode)
+    specs = _rows(executor, rows, page_size)
+    key = executor.whole_key(specs, family, tokens, executor._split(specs, route)[1])
     if key is None:
         return None
     executor.collect(_launcher(executor, rows, page_size, bucket)())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graphs.replay(key)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+    return _events_ms(lambda: graphs.replay(key), iters)
 
 
 def _prefix_tail_step(out: dict, plan, node, executor, page_size: int, iters: int, shapes: Shapes, bandwidth: float,

@@ -29,8 +29,8 @@ the executor (a plan waits for the previous plan's copies). In graph mode FlashI
 the KV, so the float workspace must hold the split outputs of the largest key
 (`graph_workspace_bytes`).
 
-Where the split route's decode rows take the Triton decode kernel (`FlashInferSteps.graph_kernel`)
-and `prefill_attention` serves the heads, a split key's attention runs on Triton kernels alone
+Where the split route's decode rows take the Triton decode kernel (`FlashInferSteps.graph_kernel`;
+`prefill_attention` serves the same heads), a split key's attention runs on Triton kernels alone
 (`SplitAttend`): the decode kernel writes the decode rows' outputs, the prefill kernel the prompt
 rows' over the rest, from the same derived arrays; such a key has no FlashInfer wrapper and no
 host plan (`needs_plan`). FlashInfer's graph-mode prefill merged its always-split KV with a kernel
@@ -164,16 +164,16 @@ def derive_split_arrays(qo: torch.Tensor, kv: torch.Tensor, last: torch.Tensor, 
 
 class SplitAttend:
     """The split route's attention of a key on Triton kernels alone (where the decode rows take the
-    Triton decode kernel and `prefill_attention` serves the heads): the decode kernel writes the
-    decode rows' outputs into the first B rows of the step's output (its padding rows zeros), then
-    the prefill kernel writes every prompt row's tokens (rows 1.. of the derived prefill arrays:
-    they start where the decode rows end) over them. No host plan, no FlashInfer merge, no
-    `torch.where` of two outputs."""
+    Triton decode kernel, whose heads the prefill kernel serves too): the decode kernel writes the
+    decode rows' outputs into the first `rows` rows of the step's output (its padding rows zeros),
+    then the prefill kernel (`shape`: `prefill_attention.graph_shape` of the key) writes every
+    prompt row's tokens (rows 1.. of the derived prefill arrays: they start where the decode rows
+    end) over them. No host plan, no FlashInfer merge, no `torch.where` of two outputs."""
 
-    def __init__(self, decode: Callable, heads: tuple[int, int, int], page_size: int, key: GraphKey,
-                 arrays: SplitArrays, pages: torch.Tensor, sm_count: int, partial: Optional[torch.Tensor]):
-        self.decode, self.rows, self.arrays, self.pages, self.partial = decode, key[1], arrays, pages, partial
-        self.shape = prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
+    def __init__(self, decode: Callable, shape: "prefill_attention.PrefillShape", rows: int, arrays: SplitArrays,
+                 pages: torch.Tensor, partial: Optional[torch.Tensor]):
+        self.decode, self.shape, self.rows, self.arrays, self.pages, self.partial = (decode, shape, rows, arrays,
+                                                                                     pages, partial)
 
     def __call__(self, layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -253,20 +253,16 @@ class PackedGraphs:
             self.keys, lambda key, pool, stream: self._capture(key, dummy_slot, pool, stream), device)
 
     def _split_attends(self, device: torch.device) -> dict[GraphKey, SplitAttend]:
-        """The split keys whose attention runs on Triton kernels alone (`SplitAttend`): their decode
-        rows take the Triton decode kernel and the prefill kernel serves the heads. Their prefill
+        """The split keys whose attention runs on Triton kernels alone (`SplitAttend`): those whose
+        decode rows take the Triton decode kernel (its heads are the prefill kernel's). Their prefill
         splits share one scratch (graphs replay one at a time)."""
-        heads, page_size = self.attention.heads, self.attention.page_size
-        if not prefill_attention.supports(*heads):
-            return {}
-        keys = [key for key in self.keys if key[2] == "split" and isinstance(self.decode_attend[key[1]], TritonDecode)]
-        sm_count = _num_sms(device)
-        shapes = [prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
-                  for key in keys]
-        numel = max([prefill_attention.partial_numel(shape) for shape in shapes], default=0)
+        heads, page_size, sm_count = self.attention.heads, self.attention.page_size, _num_sms(device)
+        shapes = {key: prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
+                  for key in self.keys if key[2] == "split" and isinstance(self.decode_attend[key[1]], TritonDecode)}
+        numel = max([prefill_attention.partial_numel(shape) for shape in shapes.values()], default=0)
         partial = torch.empty(numel, dtype=torch.float32, device=device) if numel else None
-        return {key: SplitAttend(self.decode_attend[key[1]], heads, page_size, key, self.split[key[1]],
-                                 self._pages(key[1]), sm_count, partial) for key in keys}
+        return {key: SplitAttend(self.decode_attend[key[1]], shape, key[1], self.split[key[1]], self._pages(key[1]),
+                                 partial) for key, shape in shapes.items()}
 
     def needs_plan(self, key: GraphKey) -> bool:
         """Whether a step of `key` is planned on the host before its replay (`plan`): not where its

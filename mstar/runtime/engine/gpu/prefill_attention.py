@@ -19,7 +19,8 @@ CSR array, no host schedule), walks its split's share of the positions the block
 later positions, with an online softmax in fp32. With more than one split the programs write fp32
 partial outputs and their log-sum-exp and a second kernel merges each token's heads over the splits.
 The grid is fixed per graph (`graph_shape`: a CUDA graph cannot change it); programs past the
-step's blocks find no tokens and store nothing.
+step's blocks find no tokens and store nothing. It serves the heads the decode kernel serves
+(`decode_attention.supports`), whose tile and padded group it shares.
 
 Why: in a whole split graph FlashInfer's graph-mode fa2 prefill always splits the KV and merges
 the splits with a persistent kernel that took 29 us a layer on the H200 whatever the context (468 us
@@ -39,7 +40,6 @@ except ImportError:  # CPU installs without Triton keep FlashInfer or torch atte
     triton = None
 
 from mstar.runtime.engine.gpu.decode_attention import DOT_FP32, LOG2E, walk_positions
-from mstar.runtime.engine.gpu.decode_heads import serves_heads
 from mstar.runtime.engine.gpu.kernels import pdl_launch
 
 QUERY_ROWS = 64  # rows of a program's product: block_t tokens x the group's padded query heads
@@ -91,11 +91,6 @@ def graph_shape(num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: 
     block_n = 8192 // head_dim
     return PrefillShape(num_qo_heads, num_kv_heads, head_dim, page_size, num_rows, num_tokens, first_row,
                         num_splits=splits, block_n=block_n, min_split_tokens=max(block_n, 256))
-
-
-def supports(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """The decode kernel's heads (`decode_heads.serves_heads`), with Triton installed."""
-    return triton is not None and serves_heads(num_qo_heads, num_kv_heads, head_dim)
 
 
 def partial_numel(shape: PrefillShape) -> int:
