@@ -28,7 +28,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "48 passed")
+    run_child(__file__, "53 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -41,6 +41,46 @@ def test_add_rmsnorm_matches_the_module(interpreted, is_zero_centred):
     expected = norm(expected_x)
     got = interpreted.add_rmsnorm(x, delta, norm.weight, norm.eps, is_zero_centred)
     torch.testing.assert_close(x, expected_x)  # the residual add is in place (the interpreter may round otherwise)
+    assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
+
+
+def test_add_rmsnorm_gathers_rows_and_leaves_x(interpreted):
+    """The final norm of each row's last token: rows gathered by the kernel (a row twice, out of
+    order), x not written."""
+    torch.manual_seed(0)
+    norm = RMSNorm(48, 1e-5).to(torch.bfloat16)
+    norm.weight.data.normal_()
+    x, delta = torch.randn(6, 48, dtype=torch.bfloat16), torch.randn(6, 48, dtype=torch.bfloat16)
+    before = x.clone()
+    rows = torch.tensor([4, 0, 4, 2], dtype=torch.int32)
+    expected = norm((x + delta)[rows.long()])
+    got = interpreted.add_rmsnorm(x, delta, norm.weight, norm.eps, rows=rows)
+    assert got.shape == (4, 48) and torch.equal(x, before)
+    assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
+
+
+@pytest.mark.parametrize("is_fed", [True, False], ids=["fed", "packed-ids"])
+@pytest.mark.parametrize("is_zero_centred", [False, True])
+def test_embed_rmsnorm_matches_fed_ids_the_embedding_and_the_norm(interpreted, is_zero_centred, is_fed):
+    """The step's first kernel: ids read from the device token table where the source is a slot
+    (`packing.fed_ids`), taken modulo the vocabulary as `Decoder.embed_tokens` (ids past it and
+    negative ones), the embedding rows as x and their norm."""
+    from mstar.runtime.engine.gpu.packing import fed_ids
+
+    torch.manual_seed(3)
+    vocab = 37
+    table = torch.randn(vocab, 48, dtype=torch.bfloat16)
+    norm = RMSNorm(48, 1e-5, is_zero_centred).to(torch.bfloat16)
+    norm.weight.data.normal_()
+    ids = torch.tensor([3, 40, -2, 0, 36], dtype=torch.int32)
+    src = torch.tensor([-1, -1, -1, 2, 0], dtype=torch.int32)
+    loop_tokens = torch.tensor([5, 9, 75, 1], dtype=torch.long)
+    chosen = fed_ids(ids, src, loop_tokens) if is_fed else ids.long()
+    expected_x = table[chosen % vocab]
+    got_x, got = interpreted.embed_rmsnorm(ids, src if is_fed else None, loop_tokens if is_fed else None, table,
+                                           norm.weight, norm.eps, is_zero_centred)
+    assert torch.equal(got_x, expected_x)
+    expected = norm(expected_x)
     assert (got.float() - expected.float()).abs().max() <= 0.02 * expected.float().abs().max()
 
 
@@ -413,7 +453,8 @@ def test_recurrent_step_kernel_writes_the_other_copy(interpreted):
 @pytest.mark.parametrize("is_decode", [False, True], ids=["prompts", "decode"])
 @pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
 def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_decode):
-    """The whole step with the fused kernels (forced on, on the CPU) against the torch ops, fp32; the
+    """The whole step with the fused kernels (forced on, on the CPU) against the torch ops, fp32 (a
+    decode row's token read from the device token table: the fused embedding's `fed`); the
     Qwen3.5 hybrid adds zero-centred norms, partial RoPE, the gated attention output and the gated
     delta-net layers (a decode-only step: their one kernel between the projections; prompts: the
     eager step's kernels)."""
@@ -429,8 +470,8 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_deco
         forward.is_fused = is_fused
         if forward.gdn is not None:  # the eager step's conv kernel too
             forward.gdn.is_fused = is_fused
-        if is_decode:  # one token a row on some cached context
-            rows = [RowSpec([3], 5, [0], 1), RowSpec([9], 2, [1], 2)]
+        if is_decode:  # one token a row on some cached context, the second row's from the token table
+            rows = [RowSpec([3], 5, [0], 1), RowSpec(None, 2, [1], 2)]
             kv.data.normal_(generator=torch.Generator().manual_seed(3))
             if states is not None:
                 for tensor in states.conv + states.ssm:
@@ -439,13 +480,14 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_deco
             rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
         packed = pack(rows, 16, kv.dummy_page)
         data = torch.from_numpy(packed.host)
-        ids, positions, slots, _, last_index, row_slot = data.split(packed.field_sizes())
+        ids, positions, slots, src, last_index, row_slot = data.split(packed.field_sizes())
         layout = forward.linear_layout(packed)
         linear = (forward.decode_step(row_slot) if layout is None
                   else forward.eager_linear_step(layout, torch.from_numpy(layout.host), row_slot))
         attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
                               packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
-        logits = forward(ids.long(), positions, slots, last_index, attend, linear)
+        loop_tokens = torch.tensor([0, 4, 9], dtype=torch.long)  # the device token table: row slot 2 fed 9
+        logits = forward(ids, positions, slots, last_index, attend, linear, fed=(src, loop_tokens))
         outputs.append((logits, kv.data.clone(), [t.clone() for t in states.conv + states.ssm] if states else []))
     (logits, cache, recurrent), (fused_logits, fused_cache, fused_recurrent) = outputs
     torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-4)

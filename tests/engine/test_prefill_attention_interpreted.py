@@ -68,8 +68,9 @@ def attend(shape, rows, seed, tokens=None, strided=False):
 ])
 @pytest.mark.parametrize("page_size", [16, 48])
 def test_matches_causal_fp32_attention_over_the_gathered_pages(interpreted, hq, hkv, d, splits, rows, page_size):
+    """(The grid in either order: the blocks last where a page of 48 positions is asked.)"""
     shape = pa.PrefillShape(hq, hkv, d, page_size, num_rows=len(rows), num_tokens=sum(n for n, _ in rows) + 7,
-                            num_splits=splits, block_n=32, min_split_tokens=64)
+                            num_splits=splits, block_n=32, min_split_tokens=64, blocks_last=page_size == 48)
     out, expected, qo = attend(shape, rows, seed=len(rows) + splits + page_size, tokens=shape.num_tokens)
     real = int(qo[-1])
     torch.testing.assert_close(out[:real].float(), expected[:real], atol=2e-2, rtol=2e-2)
@@ -102,6 +103,9 @@ def test_a_graph_shape_fills_the_device():
     assert pa.graph_shape(28, 4, 128, 16, 9, 512, 1, 132).block_t == 8  # a group of 7 padded to 8
     assert pa.partial_numel(chunk) == 256 * 32 * 4 * 65 and pa.partial_numel(pa.graph_shape(
         32, 8, 64, 16, 65, 1024, 1, 132)) == 0
+    # the token blocks on the grid's slowest axis only where the rows' spare blocks outnumber the bucket's
+    assert chunk.blocks_last and not pa.graph_shape(32, 8, 64, 16, 2, 256, 1, 132).blocks_last
+    assert not pa.graph_shape(32, 8, 64, 16, 65, 4096, 1, 132).blocks_last
 
 
 def test_the_split_route_on_triton_kernels_alone_attends_every_row(interpreted):

@@ -63,7 +63,7 @@ from mstar.runtime.engine.glue_reference import INDEX_DTYPE, KeyGlue, PackBuffer
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward, PagedKv, torch_attend
 from mstar.runtime.engine.gpu.gdn_forward import LinearStep
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
-from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, fed_ids, max_row_pages, pack,
+from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, max_row_pages, pack,
                                               padded)
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
@@ -379,9 +379,8 @@ class StepExecutor:
         linear = (self.forward.decode_step(row_slot) if layout is None
                   else self.forward.eager_linear_step(layout, data[size:], row_slot))
         attend = self._eager_attend(packed, num_decode)
-        ids = fed_ids(ids, src, self.loop_tokens)
         self._mark_replay()
-        logits = self.forward(ids, positions, slots, last_index, attend, linear)
+        logits = self.forward(ids, positions, slots, last_index, attend, linear, fed=(src, self.loop_tokens))
         return logits, self.forward.greedy(logits), row_slot
 
     def _run_graph(self, batch: int, packed: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.gpu import kernels, products
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearCut, LinearLayout, LinearStep, linear_layout
-from mstar.runtime.engine.gpu.packing import PackedStep
+from mstar.runtime.engine.gpu.packing import PackedStep, fed_ids
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.rope import inverse_frequencies
@@ -190,17 +190,34 @@ class DecoderForward:
         del gate_up
         return self.down[index](act)
 
+    def _embed(self, ids: torch.Tensor, fed: Optional[tuple[torch.Tensor, torch.Tensor]], norm
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, the first layer's norm of x): the tokens' embeddings, each id first read from the
+        device token table where `fed` says so. Fused where the table is the process's own: one
+        kernel for what took eight or so (`kernels.embed_rmsnorm`)."""
+        table = self.model.local_embedding()
+        if self.is_fused and table is not None:
+            src, loop_tokens = fed if fed is not None else (None, None)
+            return kernels.embed_rmsnorm(ids, src, loop_tokens, table, norm.weight, norm.eps, norm.is_zero_centred)
+        if fed is not None:
+            ids = fed_ids(ids, *fed)
+        # a tensor-parallel rank's embeds its vocabulary slice, then all-reduces
+        return self._norm(self.model.embed_tokens(ids), None, norm)
+
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
-                 last_index: torch.Tensor, attend: Attend, linear: LinearStep | LinearCut | None = None
-                 ) -> torch.Tensor:
+                 last_index: torch.Tensor, attend: Attend, linear: LinearStep | LinearCut | None = None,
+                 fed: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """linear: the step's rows for the gated delta-net layers (`decode_step`, or an eager
         step's `linear_layout(...).on_device(...)`; a piecewise capture's `LinearCut`), None for a
-        plain decoder."""
+        plain decoder. fed: (token_src, loop_tokens) of a packed step: a token whose source is a
+        slot of the device token table reads its id there (`packing.fed_ids`)."""
         model = self.model
-        x = model.embed_tokens(ids)  # a tensor-parallel rank's embeds its vocabulary slice, then all-reduces
+        layers = model.model.layers
+        x, h = self._embed(ids, fed, layers[0].input_layernorm)
         delta = None
-        for index, layer in enumerate(model.model.layers):
-            x, h = self._norm(x, delta, layer.input_layernorm)
+        for index, layer in enumerate(layers):
+            if delta is not None:  # the first layer's norm came with the embedding
+                x, h = self._norm(x, delta, layer.input_layernorm)
             if layer.is_full:
                 mixed = self._attention(self.kind_index[index], layer, h, positions, write_slots, attend)
             else:
@@ -210,10 +227,9 @@ class DecoderForward:
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
             delta = model.reduce_partial(self._mlp(index, h))
         assert delta is not None, "a decoder has at least one layer"
-        if self.is_fused:  # the last rows only: the residual add and the final norm in one kernel
-            rows = last_index.long()  # one cast for both gathers
-            last = kernels.add_rmsnorm(x[rows], delta[rows], model.model.norm.weight, model.model.norm.eps,
-                                       model.model.norm.is_zero_centred)
+        if self.is_fused:  # the last rows only, gathered by the kernel: the residual add and the final norm
+            last = kernels.add_rmsnorm(x, delta, model.model.norm.weight, model.model.norm.eps,
+                                       model.model.norm.is_zero_centred, rows=last_index)
         else:
             last = model.model.norm((x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight))

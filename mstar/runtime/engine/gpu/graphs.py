@@ -24,7 +24,7 @@ import torch
 from mstar.runtime.engine.gpu import blas_edges
 from mstar.runtime.engine.gpu.attention import NUM_FIELDS, FlashInferSteps
 from mstar.runtime.engine.gpu.forward import DecoderForward
-from mstar.runtime.engine.gpu.packing import fed_ids, pack
+from mstar.runtime.engine.gpu.packing import pack
 
 
 Key = TypeVar("Key", int, tuple[int, int, str])  # a decode batch or token bucket; a whole packed graph's key
@@ -76,9 +76,8 @@ class DecodeGraphs:
     def body(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         fields = self.inputs[batch].view(NUM_FIELDS, batch)
         ids, positions, slots, src, last_index, row_slot = (fields[i] for i in range(NUM_FIELDS))
-        ids = fed_ids(ids, src, self.loop_tokens)
         logits = self.forward(ids, positions, slots, last_index, self.attention.decode_attend(batch),
-                              self.forward.decode_step(row_slot))
+                              self.forward.decode_step(row_slot), fed=(src, self.loop_tokens))
         return logits, self.forward.greedy(logits)
 
     def _capture(self, batch: int, dummy_slot: int, pool: torch.cuda._POOL_HANDLE, stream: torch.cuda.Stream,

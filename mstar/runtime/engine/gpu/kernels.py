@@ -1,9 +1,16 @@
 """Fused Triton kernels of the device step: one launch where torch needs five to a dozen.
 
 In and out (all on one device; activations in the model dtype, bf16 on a GPU):
-- `add_rmsnorm(x, delta, weight, eps, is_zero_centred)`: `x += delta` in place (when `delta` is
-  given), then returns RMSNorm(x) `[N, H]`, the same rounding as `layers.RMSNorm` (normalised in
-  fp32, cast, then times the weight; zero-centred: times 1 + w in fp32).
+- `add_rmsnorm(x, delta, weight, eps, is_zero_centred, rows)`: `x += delta` in place (when `delta`
+  is given), then returns RMSNorm(x) `[N, H]`, the same rounding as `layers.RMSNorm` (normalised in
+  fp32, cast, then times the weight; zero-centred: times 1 + w in fp32). With `rows` (`[R]` indices
+  into x) only those rows, gathered, `[R, H]`, x left as it is (the final norm of each row's last
+  token: no gather kernels before it).
+- `embed_rmsnorm(ids, token_src, loop_tokens, table, weight, eps, is_zero_centred)`: each token's
+  id (from the device token table `loop_tokens[token_src]` where `token_src >= 0`, as
+  `packing.fed_ids`; modulo the table's rows, as `Decoder.embed_tokens`), its embedding row as the
+  residual stream x `[N, H]`, and RMSNorm(x): (x, normed). A step's first eight or so torch kernels
+  (casts, the clamp, the table's gather, the select, the modulo, the embedding, the first norm) in one.
 - `rope_write_kv(q, k, v, cos, sin, positions, slots, k_cache, v_cache, rotary)`: q `[N, Hq, D]`,
   k and v `[N, Hkv, D]` (views with any token stride, heads contiguous); rotates the first
   `rotary` dims of q and k by the fp32 cos/sin tables `[positions, rotary/2]` at each token's
@@ -91,15 +98,36 @@ class QkNorm:
 
 if triton is not None:
     @triton.jit
-    def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, stride_x, stride_d, stride_o, num_cols, eps,
-                            HAS_DELTA: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr, BLOCK: tl.constexpr,
-                            PDL: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def _norm_weight(w_ptr, num_cols, BLOCK: tl.constexpr):
+        """(columns, their mask, the norm's weight in fp32): loaded before a PDL wait, since no
+        kernel writes a weight."""
         cols = tl.arange(0, BLOCK)
         mask = cols < num_cols
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no kernel writes it
+        return cols, mask, tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _rmsnorm_row(x, w, out_ptr, num_cols, eps, mask, IS_ZERO_CENTRED: tl.constexpr):
+        """Stores RMSNorm of one row `x` (x's dtype) at out_ptr, rounded as `layers.RMSNorm`."""
+        x32 = x.to(tl.float32)
+        scale = tl.rsqrt(tl.sum(x32 * x32, axis=0) / num_cols + eps)
+        if IS_ZERO_CENTRED:
+            out = x32 * scale * (1.0 + w)
+        else:
+            out = (x32 * scale).to(out_ptr.dtype.element_ty).to(tl.float32) * w
+        tl.store(out_ptr, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _add_rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, rows_ptr, stride_x, stride_d, stride_o, num_cols, eps,
+                            HAS_DELTA: tl.constexpr, IS_GATHER: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr,
+                            BLOCK: tl.constexpr, PDL: tl.constexpr):
+        index = tl.program_id(0).to(tl.int64)
+        cols, mask, w = _norm_weight(w_ptr, num_cols, BLOCK)
         if PDL:
             tl.extra.cuda.gdc_wait()
+        if IS_GATHER:
+            row = tl.load(rows_ptr + index).to(tl.int64)
+        else:
+            row = index
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         if HAS_DELTA:
             delta = tl.load(delta_ptr + row * stride_d + cols, mask=mask, other=0.0)
@@ -107,14 +135,30 @@ if triton is not None:
             tl.extra.cuda.gdc_launch_dependents()
         if HAS_DELTA:
             x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)
-            tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
-        x32 = x.to(tl.float32)
-        scale = tl.rsqrt(tl.sum(x32 * x32, axis=0) / num_cols + eps)
-        if IS_ZERO_CENTRED:
-            out = x32 * scale * (1.0 + w)
-        else:
-            out = (x32 * scale).to(out_ptr.dtype.element_ty).to(tl.float32) * w
-        tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+            if not IS_GATHER:  # the residual stream moves on in place; a gather only reads it
+                tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
+        _rmsnorm_row(x, w, out_ptr + index * stride_o + cols, num_cols, eps, mask, IS_ZERO_CENTRED)
+
+    @triton.jit
+    def _embed_rmsnorm_kernel(ids_ptr, src_ptr, loop_ptr, table_ptr, w_ptr, x_ptr, out_ptr, vocab, stride_t,
+                              num_cols, eps, HAS_SRC: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr,
+                              BLOCK: tl.constexpr, PDL: tl.constexpr):
+        token = tl.program_id(0).to(tl.int64)
+        cols, mask, w = _norm_weight(w_ptr, num_cols, BLOCK)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        token_id = tl.load(ids_ptr + token).to(tl.int64)
+        if HAS_SRC:
+            src = tl.load(src_ptr + token).to(tl.int64)
+            fed = tl.load(loop_ptr + tl.maximum(src, 0)).to(tl.int64)  # slot 0 when unused: always there
+            token_id = tl.where(src >= 0, fed, token_id)
+        token_id = token_id % vocab
+        token_id = tl.where(token_id < 0, token_id + vocab, token_id)  # Python's modulo, as torch's
+        x = tl.load(table_ptr + token_id * stride_t + cols, mask=mask, other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.store(x_ptr + token * num_cols + cols, x, mask=mask)
+        _rmsnorm_row(x, w, out_ptr + token * num_cols + cols, num_cols, eps, mask, IS_ZERO_CENTRED)
 
     @triton.jit
     def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, stride_q, stride_qh, stride_k, stride_v, cos_ptr, sin_ptr,
@@ -243,17 +287,43 @@ ARGMAX_CHUNK = 4096  # columns a first-pass program reduces (Llama-3.2-1B: 32 ch
 
 
 def add_rmsnorm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
-                is_zero_centred: bool = False) -> torch.Tensor:
-    n, h = x.shape
-    out = torch.empty_like(x)
+                is_zero_centred: bool = False, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    h = x.shape[1]
+    n = x.shape[0] if rows is None else rows.shape[0]
+    out = torch.empty((n, h), dtype=x.dtype, device=x.device)
     if n == 0:
         return out
     block = triton.next_power_of_2(h)
-    _add_rmsnorm_kernel[(n,)](x, delta if delta is not None else x, weight, out, x.stride(0),
-                              delta.stride(0) if delta is not None else 0, out.stride(0), h, eps,
-                              HAS_DELTA=delta is not None, IS_ZERO_CENTRED=is_zero_centred, BLOCK=block,
-                              num_warps=min(16, max(1, block // 256)), **pdl_launch(x))
+    _add_rmsnorm_kernel[(n,)](x, delta if delta is not None else x, weight, out, rows if rows is not None else x,
+                              x.stride(0), delta.stride(0) if delta is not None else 0, out.stride(0), h, eps,
+                              HAS_DELTA=delta is not None, IS_GATHER=rows is not None,
+                              IS_ZERO_CENTRED=is_zero_centred, BLOCK=block, num_warps=_norm_warps(block),
+                              **pdl_launch(x))
     return out
+
+
+def _norm_warps(block: int) -> int:
+    return min(16, max(1, block // 256))
+
+
+def embed_rmsnorm(ids: torch.Tensor, token_src: Optional[torch.Tensor], loop_tokens: Optional[torch.Tensor],
+                  table: torch.Tensor, weight: torch.Tensor, eps: float, is_zero_centred: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, RMSNorm(x)) of the step's tokens, x their embedding rows (module docstring); without
+    `token_src` and `loop_tokens` every id is the packed one."""
+    n, (vocab, h) = ids.shape[0], table.shape
+    x = torch.empty((n, h), dtype=table.dtype, device=table.device)
+    out = torch.empty_like(x)
+    if n == 0:
+        return x, out
+    if table.stride(1) != 1:
+        raise ValueError("embed_rmsnorm: the table's rows must be contiguous")
+    block = triton.next_power_of_2(h)
+    has_src = token_src is not None and loop_tokens is not None
+    _embed_rmsnorm_kernel[(n,)](ids, token_src if has_src else ids, loop_tokens if has_src else ids, table, weight, x,
+                                out, vocab, table.stride(0), h, eps, HAS_SRC=has_src, IS_ZERO_CENTRED=is_zero_centred,
+                                BLOCK=block, num_warps=_norm_warps(block), **pdl_launch(table))
+    return x, out
 
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -52,7 +52,7 @@ from mstar.runtime.engine.gpu import blas_edges, prefill_attention
 from mstar.runtime.engine.gpu.attention import FlashInferSteps, TritonDecode, decode_backend, plan_graph_decode
 from mstar.runtime.engine.gpu.forward import Attend, DecoderForward
 from mstar.runtime.engine.gpu.graphs import capture_measured
-from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids, padded
+from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, padded
 
 GraphKey = tuple[int, int, str]  # (token bucket T, batch size B, attention route: "packed" or "split")
 INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's own size for a wrapper's int workspace
@@ -391,7 +391,7 @@ class PackedGraphs:
     def _body(self, key: GraphKey) -> None:
         tokens, rows = key[0], key[1]
         ids, positions, slots, src, last_index, _ = self.inputs[key].split([tokens] * NUM_TOKEN_FIELDS + [rows] * 2)
-        logits = self.forward(fed_ids(ids, src, self.loop_tokens), positions, slots, last_index, self._attend(key))
+        logits = self.forward(ids, positions, slots, last_index, self._attend(key), fed=(src, self.loop_tokens))
         if self.logits is None:  # the first warm-up, outside every graph (a TP rank's logits: the whole vocabulary)
             self.logits = torch.zeros(self.max_rows, logits.shape[1], dtype=logits.dtype, device=self.device)
         self.logits[:rows].copy_(logits)

@@ -45,7 +45,7 @@ from mstar.runtime.engine.gpu import blas_edges
 from mstar.runtime.engine.gpu.forward import DecoderForward
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearCut
 from mstar.runtime.engine.gpu.graphs import capture_measured, upload
-from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS, fed_ids
+from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS
 
 
 class PiecewiseGraphs:
@@ -81,9 +81,8 @@ class PiecewiseGraphs:
     def _body(self, bucket: int, attend: Callable, cut_linear: Optional[Callable]) -> None:
         t, r = bucket, self.max_rows
         ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t, t, t, t, r, r])
-        ids = fed_ids(ids, src, self.loop_tokens)
         linear = LinearCut(cut_linear) if cut_linear is not None else None
-        logits = self.forward(ids, positions, slots, last_index, attend, linear)
+        logits = self.forward(ids, positions, slots, last_index, attend, linear, fed=(src, self.loop_tokens))
         if self.logits is None:  # the first warm-up, outside every graph
             self.logits = torch.zeros(logits.shape, dtype=logits.dtype, device=self.device)
         self.logits.copy_(logits)

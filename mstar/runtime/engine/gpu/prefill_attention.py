@@ -63,6 +63,7 @@ class PrefillShape:
     num_warps: int = 4
     num_stages: int = 2
     query_rows: int = QUERY_ROWS
+    blocks_last: bool = False  # the token blocks on the grid's slowest axis (`graph_shape`)
 
     @property
     def group_pad(self) -> int:
@@ -83,14 +84,23 @@ def graph_shape(num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: 
                 num_tokens: int, first_row: int, sm_count: int) -> PrefillShape:
     """The shape a graph of `num_tokens` tokens over `num_rows` CSR rows launches: splits so the
     token blocks x KV heads x splits reach two programs an SM (a power of two, at most 8), tiles of
-    16 KiB of K as the decode kernel's."""
+    16 KiB of K as the decode kernel's.
+
+    The grid's order: the token blocks vary fastest (the programs dispatched together share a KV
+    head and split, so their keys stay in L2) unless the blocks past the step's tokens, one a
+    possible row (a graph's grid is fixed for its bucket), outnumber the bucket's own: then the
+    blocks go on the slowest axis, so those programs are dispatched after every real one instead of
+    between them. On the H200, 16 calls in a graph, Llama heads, 216 tokens after 4,096 and 7,936 in a
+    256 bucket: over 64 CSR rows 53.8 and 78.9 us a call blocks last against 62.8 and 95.8 first; over
+    2 rows 45.1 and 75.7 last against 42.4 and 74.4 first (docs/engine.md)."""
     shape = PrefillShape(num_qo_heads, num_kv_heads, head_dim, page_size, num_rows, num_tokens, first_row)
-    programs = -(-num_tokens // shape.block_t) * num_kv_heads
-    needed = -(-2 * sm_count // programs)
+    token_blocks = -(-num_tokens // shape.block_t)
+    needed = -(-2 * sm_count // (token_blocks * num_kv_heads))
     splits = min(8, 1 << (needed - 1).bit_length())
     block_n = 8192 // head_dim
     return PrefillShape(num_qo_heads, num_kv_heads, head_dim, page_size, num_rows, num_tokens, first_row,
-                        num_splits=splits, block_n=block_n, min_split_tokens=max(block_n, 256))
+                        num_splits=splits, block_n=block_n, min_split_tokens=max(block_n, 256),
+                        blocks_last=num_rows - first_row > token_blocks)
 
 
 def partial_numel(shape: PrefillShape) -> int:
@@ -117,15 +127,17 @@ def prefill_attention(shape: PrefillShape, q: torch.Tensor, k_pages: torch.Tenso
     if is_split and partial is None:
         partial = torch.empty(partial_numel(shape), dtype=torch.float32, device=q.device)
     group = hq // hkv
-    _prefill_kernel[(shape.num_blocks, hkv, shape.num_splits)](
+    grid = ((hkv, shape.num_splits, shape.num_blocks) if shape.blocks_last
+            else (shape.num_blocks, hkv, shape.num_splits))
+    _prefill_kernel[grid](
         q, k_pages, v_pages, qo_indptr, kv_indptr, kv_indices, last_page_len, partial if is_split else out,
         d ** -0.5 * LOG2E, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_pages.stride(1),
         k_pages.stride(2), k_pages.stride(0), shape.num_tokens,
         NUM_ROWS=shape.num_rows, ROWS_PAD=triton.next_power_of_2(shape.num_rows + 1), FIRST_ROW=shape.first_row,
         GROUP=group, GROUP_PAD=shape.group_pad, BLOCK_T=shape.block_t, HEAD_DIM=d, PAGE=shape.page_size,
         BLOCK_N=shape.block_n, NUM_SPLITS=shape.num_splits, MIN_SPLIT=shape.min_split_tokens, HQ=hq,
-        IS_SPLIT=is_split, DOT_FP32=DOT_FP32, num_warps=shape.num_warps, num_stages=shape.num_stages,
-        **pdl_launch(q))
+        IS_SPLIT=is_split, BLOCKS_LAST=shape.blocks_last, DOT_FP32=DOT_FP32, num_warps=shape.num_warps,
+        num_stages=shape.num_stages, **pdl_launch(q))
     if is_split:
         heads = min(triton.next_power_of_2(hq), max(1, 4096 // (shape.num_splits * d)))
         _merge_kernel[(shape.num_tokens, triton.cdiv(hq, heads))](
@@ -159,12 +171,15 @@ if triton is not None:
                         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
                         HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr, HQ: tl.constexpr,
-                        IS_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
-        kv_head = tl.program_id(1)
-        split = tl.program_id(2)
+                        IS_SPLIT: tl.constexpr, BLOCKS_LAST: tl.constexpr, DOT_FP32: tl.constexpr,
+                        PDL: tl.constexpr):
+        if BLOCKS_LAST:  # the grid's order (`graph_shape`)
+            block, kv_head, split = tl.program_id(2), tl.program_id(0), tl.program_id(1)
+        else:
+            block, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        row, first, q_start, q_len = _block_row(qo_ptr, tl.program_id(0), NUM_ROWS, ROWS_PAD, FIRST_ROW, BLOCK_T)
+        row, first, q_start, q_len = _block_row(qo_ptr, block, NUM_ROWS, ROWS_PAD, FIRST_ROW, BLOCK_T)
         first_page = tl.load(indptr_ptr + row)
         num_pages = tl.load(indptr_ptr + row + 1) - first_page
         kv_len = tl.where(num_pages > 0, (num_pages - 1) * PAGE + tl.load(last_ptr + row), 0)

@@ -148,6 +148,12 @@ class Decoder(nn.Module):
         """Token ids (any integers; taken modulo the vocabulary) -> `[T, hidden]`."""
         return self.model.embed_tokens(token_ids.long() % self.dims.vocab)
 
+    def local_embedding(self) -> Optional[torch.Tensor]:
+        """The embedding table `[vocab, hidden]` when every token id embeds from it on this process
+        alone (a fused kernel may then gather from it, `gpu/kernels.embed_rmsnorm`); None where the
+        vocabulary is split between ranks (`tp/sharded.py`)."""
+        return self.model.embed_tokens.weight
+
     def embed_latents(self, latents: torch.Tensor, time_index: int, num_steps: int) -> torch.Tensor:
         """Latent rows `[n, C]` at flow step `time_index` of `num_steps` -> `[n, hidden]`."""
         t = time_index / max(num_steps, 1)

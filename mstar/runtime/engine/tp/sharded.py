@@ -16,6 +16,8 @@ so norms, the image-flow head and sampling run the same everywhere and give the 
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from mstar.runtime.engine.models.decoder import Decoder
@@ -40,6 +42,9 @@ class ShardedDecoder(Decoder):
         is_mine = (local >= 0) & (local < self.dims.vocab)
         embedded = self.model.embed_tokens(torch.where(is_mine, local, torch.zeros_like(local)))
         return self.comm.all_reduce(embedded.masked_fill(~is_mine.unsqueeze(-1), 0.0))
+
+    def local_embedding(self) -> Optional[torch.Tensor]:
+        return None  # each rank holds a slice of the vocabulary: `embed_tokens` sums them
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """This rank's logits `[R, vocab / size]` -> `[R, vocab]`: every rank's slice, gathered,
