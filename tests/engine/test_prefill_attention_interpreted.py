@@ -98,14 +98,17 @@ def test_a_graph_shape_fills_the_device():
     """Llama-3.2-1B's heads in the llama plan's split graphs: 16 tokens a block (x a group of 4),
     splits up to two programs an SM, none from 1,024 tokens; every row may waste one block."""
     chunk = pa.graph_shape(32, 8, 64, 16, num_rows=65, num_tokens=256, first_row=1, sm_count=132)
-    assert (chunk.block_t, chunk.num_splits, chunk.block_n, chunk.num_blocks) == (16, 4, 128, 16 + 64)
+    assert (chunk.block_t, chunk.num_splits, chunk.num_blocks) == (16, 4, 16 + 64)
     assert pa.graph_shape(32, 8, 64, 16, 65, 1024, 1, 132).num_splits == 1
     assert pa.graph_shape(28, 4, 128, 16, 9, 512, 1, 132).block_t == 8  # a group of 7 padded to 8
     assert pa.partial_numel(chunk) == 256 * 32 * 4 * 65 and pa.partial_numel(pa.graph_shape(
         32, 8, 64, 16, 65, 1024, 1, 132)) == 0
-    # the token blocks on the grid's slowest axis only where the rows' spare blocks outnumber the bucket's
-    assert chunk.blocks_last and not pa.graph_shape(32, 8, 64, 16, 2, 256, 1, 132).blocks_last
+    # the token blocks on the grid's slowest axis, in 8 KiB tiles of K, only where the rows' spare
+    # blocks outnumber the bucket's; else 16 KiB tiles
+    two_rows = pa.graph_shape(32, 8, 64, 16, 2, 256, 1, 132)
+    assert (chunk.blocks_last, chunk.block_n) == (True, 64) and (two_rows.blocks_last, two_rows.block_n) == (False, 128)
     assert not pa.graph_shape(32, 8, 64, 16, 65, 4096, 1, 132).blocks_last
+    assert pa.graph_shape(24, 8, 128, 16, 65, 256, 1, 132).block_n == 32
 
 
 def test_the_split_route_on_triton_kernels_alone_attends_every_row(interpreted):

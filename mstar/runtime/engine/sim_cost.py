@@ -82,6 +82,11 @@ MATMUL_RATE = 780e12  # flop/s
 # there), a 472-token chunk about 1.9 and 3.1 ms (130-160 TFLOP/s); the 216-token chunk alone (fa3)
 # ran at about 124 TFLOP/s. One rate between them: 0.16 of the matmul rate, 125 TFLOP/s.
 ATTENTION_RATE = 0.16 * MATMUL_RATE
+# The prompt rows of a whole graph on the split route attend on the Triton prefill kernel where it
+# serves the heads (docs/engine.md, "The split route on Triton"): a 216-token chunk after 4,096 and
+# 7,936 positions took 42.6 and 71.4 us a layer on the H200 in the chunk step's graph (175 and 199
+# TFLOP/s): 0.25 of the matmul rate.
+SPLIT_ATTENTION_RATE = 0.25 * MATMUL_RATE
 RIDGE_LOSS = 0.4
 BYTES_PER_VALUE = 2  # bf16 weights and KV
 
@@ -130,6 +135,8 @@ class NodeCost:
     is_fallback: bool = False  # dims missing from the plan: the reference node scaled by the weight
     # A captured decode step's KV rate: the Triton decode kernel's where it serves the heads, else FlashInfer's.
     decode_kv_bandwidth: float = READ_BANDWIDTH
+    # A whole split graph's prompt attention: the Triton prefill kernel's rate where it serves the heads.
+    split_attention_rate: float = ATTENTION_RATE
 
     @property
     def weight_bytes(self) -> float:
@@ -144,14 +151,15 @@ def _from_dims(dims: dict[str, int], num_full_layers: int) -> NodeCost:
     layers, hidden = dims["layers"], dims["hidden"]
     qo_width, kv_width = dims["qo_heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]
     per_layer = attention_layer_params(hidden, qo_width, kv_width, dims["intermediate"])
+    is_served = serves_heads(dims["qo_heads"], dims["kv_heads"], dims["head_dim"])  # by the Triton kernels
     return NodeCost(
         layer_params=float(layers * per_layer),
         lm_head_params=float(dims["vocab"] * hidden),
         kv_bytes_per_token=float(2 * kv_width * num_full_layers * BYTES_PER_VALUE),
         flops_per_key=float(attention_flops_per_key(qo_width, num_full_layers)),
         num_layers=layers,
-        decode_kv_bandwidth=DECODE_KV_BANDWIDTH if serves_heads(dims["qo_heads"], dims["kv_heads"], dims["head_dim"])
-        else READ_BANDWIDTH,
+        decode_kv_bandwidth=DECODE_KV_BANDWIDTH if is_served else READ_BANDWIDTH,
+        split_attention_rate=SPLIT_ATTENTION_RATE if is_served else ATTENTION_RATE,
     )
 
 
@@ -191,11 +199,20 @@ class StepCost:
                     elif family.kind == "packed":
                         self.whole_layers[(worker.rank, key.name, family.name)] = layers
 
+    def _whole_layers(self, step: Step) -> int:
+        """The layers of the whole packed graph the step replays; 0 when it replays none."""
+        if step.padded_batch > 0 and step.token_bucket:
+            return self.whole_layers.get((step.worker, step.key, step.capture or ""), 0)
+        return 0
+
+    def _is_whole(self, step: Step) -> bool:
+        return self._whole_layers(step) > 0
+
     def launch(self, step: Step) -> float:
         is_captured = step.padded_batch > 0
         launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
         family = (step.worker, step.key, step.capture or "")
-        whole_layers = self.whole_layers.get(family, 0) if is_captured and step.token_bucket else 0
+        whole_layers = self._whole_layers(step)
         if whole_layers:  # the route's attention calls are in the graph: their merges, no extra launch
             launch += whole_layers * (SPLIT_GRAPH_MERGE_S if step.attention == "split" else GRAPH_MERGE_S)
         elif step.attention == "split":
@@ -211,6 +228,8 @@ class StepCost:
         rows = step.rows
         num_rows = len(rows)
         bandwidth, attention_rate = READ_BANDWIDTH, ATTENTION_RATE
+        if step.attention == "split" and self._is_whole(step):  # the prompt rows on the Triton prefill kernel
+            attention_rate = cost.split_attention_rate
         kv_bytes, flops_per_key = cost.kv_bytes_per_token, cost.flops_per_key
         num_tokens = sum(map(_tokens_of, rows))
         if num_rows and max(map(_tokens_of, rows)) == 1:

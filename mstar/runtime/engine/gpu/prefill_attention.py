@@ -90,17 +90,19 @@ def graph_shape(num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: 
     head and split, so their keys stay in L2) unless the blocks past the step's tokens, one a
     possible row (a graph's grid is fixed for its bucket), outnumber the bucket's own: then the
     blocks go on the slowest axis, so those programs are dispatched after every real one instead of
-    between them. On the H200, 16 calls in a graph, Llama heads, 216 tokens after 4,096 and 7,936 in a
-    256 bucket: over 64 CSR rows 53.8 and 78.9 us a call blocks last against 62.8 and 95.8 first; over
-    2 rows 45.1 and 75.7 last against 42.4 and 74.4 first (docs/engine.md)."""
+    between them, and the tiles hold 8 KiB of K instead of 16 (more programs resident, so the idle
+    ones drain sooner). On the H200, 16 calls in a graph, Llama heads, 216 tokens after 0 / 4,096 /
+    7,936 in a 256 bucket over 64 CSR rows: 17.8 / 42.6 / 71.4 us a call, against 25.7 / 53.5 / 79.5
+    with 16 KiB tiles and 25.8 / 62.8 / 95.8 with the blocks first; over 2 rows the blocks first and
+    16 KiB tiles stay the quickest (docs/engine.md, "The split route on Triton")."""
     shape = PrefillShape(num_qo_heads, num_kv_heads, head_dim, page_size, num_rows, num_tokens, first_row)
     token_blocks = -(-num_tokens // shape.block_t)
     needed = -(-2 * sm_count // (token_blocks * num_kv_heads))
     splits = min(8, 1 << (needed - 1).bit_length())
-    block_n = 8192 // head_dim
+    blocks_last = num_rows - first_row > token_blocks
+    block_n = (4096 if blocks_last else 8192) // head_dim
     return PrefillShape(num_qo_heads, num_kv_heads, head_dim, page_size, num_rows, num_tokens, first_row,
-                        num_splits=splits, block_n=block_n, min_split_tokens=max(block_n, 256),
-                        blocks_last=num_rows - first_row > token_blocks)
+                        num_splits=splits, block_n=block_n, min_split_tokens=max(block_n, 256), blocks_last=blocks_last)
 
 
 def partial_numel(shape: PrefillShape) -> int:
