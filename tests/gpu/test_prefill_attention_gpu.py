@@ -59,8 +59,12 @@ def _shape(heads, rows, tokens, first_row=0):
     return pa.graph_shape(*heads, PAGE, rows, tokens, first_row, sm_count)
 
 
+KEY_ROWS = [(216, 4312), (9, 900)] + [(0, 0)] * 62  # a whole split key's 64 CSR rows: the blocks last
+
+
 @pytest.mark.parametrize("heads", [(32, 8, 64), (24, 8, 128), (28, 4, 128)])
-@pytest.mark.parametrize("rows", [[(216, 216)], [(216, 4312)], [(216, 8152)], [(100, 300), (0, 0), (37, 37), (9, 900)]])
+@pytest.mark.parametrize("rows", [[(216, 216)], [(216, 4312)], [(216, 8152)], [(100, 300), (0, 0), (37, 37), (9, 900)],
+                                  KEY_ROWS], ids=["0", "4096", "7936", "four-rows", "key-rows"])
 def test_graph_shapes_match_fp32_and_flashinfer(heads, rows):
     from mstar.runtime.engine.gpu import prefill_attention as pa
 
@@ -69,7 +73,9 @@ def test_graph_shapes_match_fp32_and_flashinfer(heads, rows):
     tokens = 256
     q = torch.randn(tokens, hq, d, device="cuda", dtype=torch.bfloat16)
     out = torch.full_like(q, float("nan"))
-    pa.prefill_attention(_shape(heads, len(rows), tokens), q, pages[0], pages[1], qo, kv, indices, last, out)
+    shape = _shape(heads, len(rows), tokens)
+    assert shape.blocks_last == (rows is KEY_ROWS)
+    pa.prefill_attention(shape, q, pages[0], pages[1], qo, kv, indices, last, out)
     real = int(qo[-1])
     expected = _reference(q[:real], pages, qo, kv, indices, last)
     torch.testing.assert_close(out[:real].float(), expected, atol=1e-2, rtol=1e-2)
@@ -123,14 +129,16 @@ def _graph_us(run, replays=50):
     return (time.perf_counter() - start) / replays / 16 * 1e6
 
 
-def _chunk_timings(context: int) -> tuple[float, float, int]:
-    """(Triton us, FlashInfer graph-mode us, splits) a layer for a 216-token chunk after `context`."""
+def _chunk_timings(context: int, num_rows: int) -> tuple[float, float, int]:
+    """(Triton us, FlashInfer graph-mode us, splits) a layer for a 216-token chunk after `context`,
+    over `num_rows` CSR rows (the chunk step's whole key has 64: 40 decode rows and the prompt, padded)."""
     from mstar.runtime.engine.gpu import prefill_attention as pa
 
-    rows = [(40, 41), (216, 216 + context)]  # row 0: the decode rows' tokens over a page, as the split route
+    # row 0: the decode rows' tokens over a page, as the split route; then the prompt; then padding rows
+    rows = [(40, 41), (216, 216 + context)] + [(0, 0)] * (num_rows - 2)
     pages, qo, kv, indices, last, _ = _step(rows, 8, 64, seed=context)
     q = torch.randn(256, 32, 64, device="cuda", dtype=torch.bfloat16)
-    shape = _shape((32, 8, 64), 2, 256, first_row=1)
+    shape = _shape((32, 8, 64), num_rows, 256, first_row=1)
     out = torch.empty_like(q)
     partial = torch.empty(max(1, pa.partial_numel(shape)), dtype=torch.float32, device="cuda")
     triton_us = _graph_us(lambda: pa.prefill_attention(shape, q, pages[0], pages[1], qo, kv, indices, last, out,
@@ -142,7 +150,8 @@ def _chunk_timings(context: int) -> tuple[float, float, int]:
 def test_timed_against_flashinfers_graph_mode_prefill():
     """Not a timed test (nothing asserted on time): the per-layer figures of a chunk step's prompt
     attention, printed for docs/engine.md (`pytest -s`)."""
-    for context in (0, 4096, 7936):
-        triton_us, flashinfer_us, splits = _chunk_timings(context)
-        print(f"\nchunk of 216 after {context}: triton {triton_us:.1f} us a layer ({splits} splits), "
-              f"FlashInfer graph-mode fa2 {flashinfer_us:.1f} us")
+    for num_rows in (2, 64):
+        for context in (0, 4096, 7936):
+            triton_us, flashinfer_us, splits = _chunk_timings(context, num_rows)
+            print(f"\nchunk of 216 after {context} over {num_rows} CSR rows: triton {triton_us:.1f} us a layer "
+                  f"({splits} splits), FlashInfer graph-mode fa2 {flashinfer_us:.1f} us")
