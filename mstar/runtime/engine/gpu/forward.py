@@ -196,7 +196,7 @@ class DecoderForward:
         device token table where `fed` says so. Fused where the table is the process's own: one
         kernel for what took eight or so (`kernels.embed_rmsnorm`)."""
         table = self.model.local_embedding()
-        if self.is_fused and table is not None:
+        if self.is_fused and table is not None and table.stride(1) == 1:  # the kernel reads whole rows
             src, loop_tokens = fed if fed is not None else (None, None)
             return kernels.embed_rmsnorm(ids, src, loop_tokens, table, norm.weight, norm.eps, norm.is_zero_centred)
         if fed is not None:
