@@ -583,7 +583,7 @@ class StepExecutor:
         inputs = packer.launch(glue, step, data, step.num_tokens, out, self.loop_tokens)
         attend = self._eager_attend(step, num_decode)
         self._mark_replay()
-        logits = self.forward(out.tokens.long(), out.positions, out.kv_slots, out.logits_index, attend)
+        logits = self.forward(out.tokens, out.positions, out.kv_slots, out.logits_index, attend)
         return logits, self.forward.greedy(logits), inputs
 
     def _glue_graph(self, glue: KeyGlue, step: GlueStep, data: torch.Tensor, batch: int
