@@ -113,3 +113,27 @@ def test_bench_kv_automatic_gc_leaves_pythons_passes_on_during_the_run(monkeypat
     bench_kv._run(plan, bench_kv.EngineChoice("sim", is_gc_deferred=False), requests)
     bench_kv._run(plan, bench_kv.EngineChoice("sim"), requests)
     assert seen == ["AutomaticPasses", "PassesWhenBusy"]
+
+
+def test_refreeze_frees_old_garbage_and_freezes_what_lives():
+    """What a process that builds another engine calls before its run (collector.refreeze): cyclic
+    garbage left from before is collected, even garbage that an earlier freeze held, and what is
+    still referenced leaves the young generations."""
+    from mstar.runtime.serve.collector import refreeze
+
+    held_garbage = _Cycle()
+    held_garbage.me = held_garbage
+    held_ref = weakref.ref(held_garbage)
+    gc.freeze()  # as the driver's first run freezes what exists
+    del held_garbage  # garbage now, but frozen: no pass sees it
+    gc.collect()
+    assert held_ref() is not None
+    live = [_Cycle() for _ in range(100)]
+    try:
+        refreeze()
+        assert held_ref() is None  # the frozen garbage went back to the collector and was freed
+        young = {id(o) for o in gc.get_objects(0) + gc.get_objects(1) + gc.get_objects(2)}
+        assert not any(id(o) in young for o in live)  # the live objects are frozen
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

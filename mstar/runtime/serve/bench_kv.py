@@ -53,6 +53,7 @@ import numpy as np
 from mstar.arg_types import POSITIVE, int_range
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.collector import refreeze
 from mstar.runtime.serve.driver import Driver, Workload
 
 DECODE_PROMPT_LEN = 16
@@ -140,6 +141,7 @@ def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optio
 
         timed.extend(attach(built).values())
     driver = Driver(plan, built)
+    refreeze()  # each workload's engine out of the collector's reach, as a process of one engine has it
     if not engine.is_gc_deferred:
         from mstar.runtime.serve.collector import AutomaticPasses
 
@@ -314,6 +316,7 @@ def _cached_first_steps(plan: Plan, engine: EngineChoice, requests: list[Request
 def _one_after_another(plan: Plan, built: Any, requests: list[Request]) -> Driver:
     """The prefix scenario's run: each request arrives as the one before it ends."""
     driver = Driver(plan, built)
+    refreeze()
     driver.run(Workload(requests, closed_concurrency=1))
     return driver
 

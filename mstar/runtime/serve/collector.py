@@ -21,6 +21,21 @@ import gc
 from typing import Any
 
 
+def refreeze() -> None:
+    """For a process that builds another engine after its first run (the benchmarks run each
+    workload on a fresh engine): the driver moves what exists at its first run out of the
+    collector's reach once a process (`driver._freeze_start_up`), so a later engine's objects
+    (thousands of tensors, graphs, wrappers, its request tables) stay in the young generations,
+    where the run's middle passes scan them: on the H200 one such pass took 2.66 ms in the
+    middle of `mstar bench kv`'s chunk scenario and set its inter-token p99 (docs/runtime.md),
+    a cost a process of one engine (`mstar run`, `mstar serve`) does not pay. This does for the
+    new engine what the first run did: the earlier engines' objects go back to the collector,
+    which frees what nothing holds any more, and the rest is frozen again."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 class PassesWhenBusy:
     def __init__(self) -> None:
         self.is_active = False
