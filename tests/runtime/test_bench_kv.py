@@ -36,6 +36,7 @@ def test_the_slowest_steps_of_the_prefill_window_explain_its_largest_gap(capsys)
     assert gaps[0] == pytest.approx(chunked["itl_max_during_ms"], rel=1e-6)
     assert any(step["walk_rows"].get("prefill") for step in steps)
     assert all(step["run_ms"] > 0 and step["tokens"] >= step["rows"] for step in steps)
+    assert all(min(step["launch_ms"], step["wait_ms"], step["gc_ms"]) >= 0 for step in steps)
 
 
 def test_a_device_for_the_simulator_is_refused(capsys):

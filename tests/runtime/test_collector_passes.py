@@ -47,6 +47,11 @@ def test_automatic_passes_are_off_during_the_run_and_garbage_is_still_collected(
     assert all(r.finish_reason in ("stop", "length", "done") for r in driver.conductor.records.values())
     collected = sum(ref() is None for ref in cycles)
     assert collected >= len(cycles) - 2, (collected, len(cycles))  # the due passes ran inside the loop
+    # the passes' host time is in the step log, each pass with the step logged after it
+    log = driver.log
+    assert len(log.gc_s) == len(log.launch_s) == len(log.wait_s) == len(log)
+    assert sum(log.gc_s) > 0 and min(log.gc_s) >= 0 and sum(1 for s in log.gc_s if s > 0) >= len(cycles) // 2
+    assert min(log.launch_s) >= 0 and min(log.wait_s) >= 0
 
 
 def test_a_process_with_the_collector_off_keeps_it_off():

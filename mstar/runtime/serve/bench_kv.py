@@ -203,7 +203,9 @@ def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> lis
     the step before them: a p99 over a few dozen steps that every decode row shares is about the
     slowest of them, so these say which step set it. Each: `gap_ms` (end after the previous step's
     end), `run_ms` (launch to end), its tokens, rows and walks, whether it was speculated, the
-    scheduler's and post-processing's ms, and its index among the window's steps."""
+    scheduler's and post-processing's ms, the host's ms in the engine's launch with the launch
+    ahead after it and in the wait for the step, the collector's passes since the step before
+    (`StepLog.gc_s`), and its index among the window's steps."""
     log, origin = driver.log, driver.origin_s
     found: list[dict[str, Any]] = []
     previous_end: Optional[float] = None
@@ -214,7 +216,8 @@ def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> lis
                           "run_ms": (log.end_s[i] - log.start_s[i]) * 1e3, "tokens": log.num_tokens[i],
                           "rows": log.num_rows[i], "walk_rows": dict(log.walk_rows[i]),
                           "is_speculative": log.is_speculative[i], "sched_ms": log.sched_s[i] * 1e3,
-                          "post_ms": log.post_s[i] * 1e3})
+                          "post_ms": log.post_s[i] * 1e3, "launch_ms": log.launch_s[i] * 1e3,
+                          "wait_ms": log.wait_s[i] * 1e3, "gc_ms": log.gc_s[i] * 1e3})
         previous_end = end_s
     return sorted(found, key=lambda step: -float(step["gap_ms"]))[:num]
 
@@ -394,7 +397,9 @@ def _print(results: dict) -> None:
             print(f"{name}: slow step {step['index']} of the prefill: {step['gap_ms']:.2f} ms after the one before "
                   f"(ran {step['run_ms']:.2f} ms, {step['tokens']} tokens, rows {step['walk_rows']}, "
                   f"{'speculated' if step['is_speculative'] else 'not speculated'}, "
-                  f"scheduler {step['sched_ms']:.2f} ms, post {step['post_ms']:.2f} ms)")
+                  f"scheduler {step['sched_ms']:.2f} ms, post {step['post_ms']:.2f} ms, host: launch and "
+                  f"launch-ahead {step.get('launch_ms', 0.0):.2f} ms, wait {step.get('wait_ms', 0.0):.2f} ms, "
+                  f"collector {step.get('gc_ms', 0.0):.2f} ms)")
         device = row.get("chunk_steps_on_device")
         if device and device["num_chunk_steps"]:
             slowest = "; ".join(f"chunk step {step['index']} {step['span_ms']:.2f} ms after waiting "

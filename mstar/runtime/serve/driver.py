@@ -212,6 +212,7 @@ class Driver:
         self._inflight: list[tuple[float, int, Launch]] = []
         # Python's collector runs where the device is busy (AutomaticPasses: where it falls)
         self.collector: PassesWhenBusy | AutomaticPasses = PassesWhenBusy()
+        self._collected_s = 0.0  # the collector's passes since the log's last step
         self._seq = 0
 
     # ------------------------------------------------------------ conductor outputs
@@ -269,12 +270,15 @@ class Driver:
         if step is None:
             return True  # every row went stale; the worker looks again
         try:
+            launched = time.perf_counter()
             handle = self.engine.launch(step)
             # The host composes step N+1 while N runs.
             self.cover.speculate(rank, batch, loop_rows, self._cut_rows(batch, step) if self._cut_walks else None)
             if self.caps.can_launch_ahead:
                 self._launch_ahead(rank)
+            waited = time.perf_counter()
             result = self.engine.wait(handle)
+            done = time.perf_counter()
         except EngineLost:  # no step can run any more: the caller stops the run (fail_active)
             raise
         except Exception as error:  # the engine failed this step: its requests fail alone
@@ -287,7 +291,8 @@ class Driver:
             # Its rows come back through the conductor (ran) or the hold (failed), never a chain.
             self.cover.cancel(rank)
         ran_rows, followed = ran_part(batch, step, result, self.caps.runs_partial_steps)
-        launch = Launch(rank, batch, step, result, now, sched_s, continuing, ran_rows, lane_rows)
+        launch = Launch(rank, batch, step, result, now, sched_s, continuing, ran_rows, lane_rows,
+                        waited - launched, done - waited)
         if followed is not None:
             # Every rank of a TP group fails the same allocation, so failed rows are not
             # followed: the followers keep them ready for the retry.
@@ -375,7 +380,8 @@ class Driver:
             self._last_progress_s = self.clock()
         settle(self.schedulers[launch.worker], self.conductor, launch, self.caps.runs_partial_steps)
         self._drain()
-        self.log.add(launch, time.perf_counter() - started, self.clock())
+        self.log.add(launch, time.perf_counter() - started, self.clock(), self._collected_s)
+        self._collected_s = 0.0
         if self.on_step is not None:
             self.conductor.sync_lanes()  # the records hold the step's tokens for the callback
             self.on_step(launch)
@@ -423,14 +429,14 @@ class Driver:
             wake = self._wake_times(source)
             if self._inflight:
                 # before waiting for the step in flight: the device is busy, a collection costs it nothing
-                self.collector.collect_if_due()
+                self._collect()
                 self._complete_next(source, wake, now)
                 continue
             if self.conductor.is_idle():
                 if source.is_done():
                     return
                 if not wake:  # nothing in flight and nothing due: wait for an arrival
-                    self.collector.collect_if_due()
+                    self._collect()
                     source.idle(None)
                     continue
             if not wake:
@@ -439,8 +445,16 @@ class Driver:
                 continue
             if self._fail_if_no_progress(source, now):
                 continue
-            self.collector.collect_if_due()
+            self._collect()
             self.clock.sleep_until(min(wake), now, source.idle)
+
+    def _collect(self) -> None:
+        """The collector's due pass (`collector.py`), its host seconds added to the next step the
+        log records (`StepLog.gc_s`): a pass longer than the work queued on the device shows as
+        that step's gap."""
+        started = time.perf_counter()
+        if self.collector.collect_if_due() >= 0:
+            self._collected_s += time.perf_counter() - started
 
     def _wake_times(self, source: Source) -> list[float]:
         """Run-clock times at which something may become runnable: hold expiries, the next

@@ -47,11 +47,16 @@ class StepLog:
         self.is_captured: list[bool] = []
         self.is_oom: list[bool] = []  # some row failed allocation
         self.num_held_rows: list[int] = []  # rows that failed allocation (held and retried)
+        # host seconds around the step (Launch.launch_s, wait_s) and the collector's passes the
+        # run loop made since the step logged before it (Driver._collect)
+        self.launch_s: list[float] = []
+        self.wait_s: list[float] = []
+        self.gc_s: list[float] = []
 
     def __len__(self) -> int:
         return len(self.key)
 
-    def add(self, launch: Any, post_s: float, end_s: float) -> None:
+    def add(self, launch: Any, post_s: float, end_s: float, gc_s: float = 0.0) -> None:
         batch = launch.batch
         step = launch.step
         self.worker.append(launch.worker)
@@ -72,6 +77,9 @@ class StepLog:
         self.is_captured.append(batch.padded_batch > 0)
         self.is_oom.append(bool(launch.result.allocation_failed))
         self.num_held_rows.append(len(launch.result.allocation_failed))
+        self.launch_s.append(launch.launch_s)
+        self.wait_s.append(launch.wait_s)
+        self.gc_s.append(gc_s)
 
 
 def _percentiles(values: Iterable[float], scale: float) -> dict[str, Optional[float]]:

@@ -33,6 +33,10 @@ class Launch:
     continuing: set[str] = field(default_factory=set)  # rows a speculation already covers
     ran_rows: list[StepRow] = field(default_factory=list)  # rows of the step the engine ran
     lane_rows: Optional[LaneRows] = None  # the step's laned rows (Conductor.build_step), for its post-process
+    # host seconds of the run loop around the engine: its launch call with what follows it before
+    # the wait (the speculation and the launch of step N+1 ahead), and the wait for the step
+    launch_s: float = 0.0
+    wait_s: float = 0.0
 
 
 def to_step(conductor: Conductor, keys: dict[tuple[int, str], KeyPlan], rank: int,
