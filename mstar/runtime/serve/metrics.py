@@ -142,6 +142,11 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
         "num_oom_rows": int(sum(log.num_held_rows)),
         "scheduler_us_per_step": _percentiles(log.sched_s, 1e6),
         "postprocess_us_per_step": _percentiles(log.post_s, 1e6),
+        # the host around the engine (StepLog.launch_s, wait_s, gc_s): a run whose launch is near
+        # its inter-token time is the host's, one whose wait is, the device's
+        "launch_us_per_step": _percentiles(log.launch_s, 1e6),
+        "wait_us_per_step": _percentiles(log.wait_s, 1e6),
+        "collector_ms": float(sum(log.gc_s) * 1e3),
         "step_composition": dict(sorted(composition.items())),
         **_prefix_figures(records),
     }
@@ -202,9 +207,12 @@ def render_table(summary: dict[str, Any]):
         p = summary[name]
         table.add_row(label + " p50/p90/p99", " / ".join(_cell(p[q], 2) for q in ("p50", "p90", "p99")))
     for name, label in (("scheduler_us_per_step", "scheduler us/step"),
-                        ("postprocess_us_per_step", "postprocess us/step")):
+                        ("postprocess_us_per_step", "postprocess us/step"),
+                        ("launch_us_per_step", "launch and launch-ahead us/step"),
+                        ("wait_us_per_step", "wait for the step us/step")):
         p = summary[name]
         table.add_row(label + " p50/p90", " / ".join(_cell(p[q], 1) for q in ("p50", "p90")))
+    table.add_row("collector passes (ms, in all)", f"{summary['collector_ms']:.1f}")
     table.add_row(
         "steps (speculative, follower, out-of-memory)",
         f"{summary['num_steps']} ({summary['num_speculative_steps']}, {summary['num_follower_steps']}, "
