@@ -332,7 +332,7 @@ class OnlineLoop:
 class _NoLog:
     """The driver's step log for a server: counts go to the observer, no list grows."""
 
-    def add(self, launch: Any, post_s: float, end_s: float) -> None:
+    def add(self, launch: Any, post_s: float, end_s: float, gc_s: float = 0.0) -> None:
         pass
 
 
