@@ -164,6 +164,47 @@ def test_a_chain_past_a_chunk_step_is_the_step_built_after_it(num_decode, prompt
                 assert _shape(chained) == _shape(again)
 
 
+@MORE
+@given(st.lists(st.integers(2, 300), min_size=1, max_size=3), st.integers(8, 64), st.integers(1, 40), SCALES,
+       st.integers(0, 300))
+def test_a_chain_of_prompt_chunks_alone_is_the_step_built_after_it(prompts, budget, chunk, scale, cached):
+    """Prompts prefilling while nothing decodes: when every prompt row of N is cut with chunks
+    left, the chain's N+1 holds their next chunks (speculation.py, `_prompt_chain`), the step
+    `next_batch` builds once N's rows came back ready; and the chain goes on past N+1 the same way.
+    When one takes its last chunk in N, or N left a prompt waiting, it yields."""
+    worker = _chunk_worker(budget, chunk, 8, scale)
+    made = [WorkerScheduler(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0) for _ in range(2)]
+    ids = [f"p{i}" for i in range(len(prompts))]
+    for sched in made:
+        sched.add_ready_many(ids, "LLM", "prefill", prompts, contexts=[cached] * len(ids))
+    left = dict(zip(ids, prompts))
+    depth = dict.fromkeys(ids, cached)
+    step = made[0].next_batch()
+    assert step is not None and _shape(step) == _shape(made[1].next_batch())
+    for _ in range(3):  # N, then the chains past N+1 and N+2
+        fed = dict(zip(step.request_ids, step.num_tokens))
+        cut = [(rid, left[rid] - fed[rid]) for rid in step.request_ids if left[rid] > fed[rid]]
+        spec = made[0].speculate(step, [], cut=cut)
+        baseline = made[1]
+        for rid in step.request_ids:
+            left[rid] -= fed[rid]
+            depth[rid] += fed[rid]
+            if left[rid]:
+                baseline.add_ready_many([rid], "LLM", "prefill", [left[rid]], contexts=[depth[rid]])
+        expected = baseline.next_batch()
+        in_flight = sum(1 for rid in ids if left[rid] + fed.get(rid, 0))  # prompts not done before N
+        if len(cut) < len(step.request_ids) or len(step.request_ids) < in_flight:
+            assert spec is None  # a last chunk in N, or a prompt left waiting: N+1 is built after N
+            return
+        assert expected is not None
+        if spec is None:  # the budget left no room for some prompt's next chunk: it yields
+            assert len(expected.request_ids) < len(cut)
+            return
+        assert spec.is_speculative and sum(spec.num_tokens) <= budget
+        assert _shape(spec) == _shape(expected)
+        step = spec
+
+
 def test_a_chain_yields_past_a_last_chunk_and_behind_a_waiting_prompt():
     worker = _chunk_worker(16, 16, 8)
     sched = WorkerScheduler(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0)

@@ -34,12 +34,14 @@ def test_rounds_count_only_the_partitions_holding_the_nodes_walks():
 
 def test_the_api_bounds_a_request_by_the_kv_nodes_rounds():
     plan = _with_repeat(load_plan(ORPHEUS, verify=False), "SNAC", 3)
-    llm = LLM(plan, engine="sim")
-    assert llm.max_rounds == 1  # SNAC's rounds start no new LLM sequence
-    max_seq_len = plan.deployment.max_seq_len
-    with pytest.raises(PromptError, match=f"more than the plan's max_seq_len {max_seq_len}"):
-        llm.request([1, 2, 3], SamplingParams(max_tokens=max_seq_len))
-    whisper = LLM(load_plan(WHISPER, verify=False), engine="sim")
-    assert whisper.max_rounds == 1000
-    audio = audio_input_of(whisper.plan)
-    assert audio is not None and audio.max_samples == whisper.max_rounds * audio.window_samples
+    # closed at the end: an open LLM's run loop keeps Python's automatic collector off for the
+    # process (serve/collector.py), which a later test would find off
+    with LLM(plan, engine="sim") as llm:
+        assert llm.max_rounds == 1  # SNAC's rounds start no new LLM sequence
+        max_seq_len = plan.deployment.max_seq_len
+        with pytest.raises(PromptError, match=f"more than the plan's max_seq_len {max_seq_len}"):
+            llm.request([1, 2, 3], SamplingParams(max_tokens=max_seq_len))
+    with LLM(load_plan(WHISPER, verify=False), engine="sim") as whisper:
+        assert whisper.max_rounds == 1000
+        audio = audio_input_of(whisper.plan)
+        assert audio is not None and audio.max_samples == whisper.max_rounds * audio.window_samples

@@ -503,13 +503,14 @@ def _chain_parts(queue: KeyQueue, chain: ChainStep) -> list[tuple[int, list[str]
     parts = queue.take(chain.composition.takes)
     if chain.chunks is not None:
         parts = with_chunks(parts, chain.chunks)
-    fresh = next((part for part in parts if part[0] == chain.walk), None)
-    if fresh is None:
-        parts.append((chain.walk, chain.continuing, chain.continuing_tokens))
-        parts.sort(key=lambda part: part[0])
-    else:
-        at = parts.index(fresh)
-        parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
+    if chain.walk is not None:  # None: a chain of prompt chunks alone, no continuing rows
+        fresh = next((part for part in parts if part[0] == chain.walk), None)
+        if fresh is None:
+            parts.append((chain.walk, chain.continuing, chain.continuing_tokens))
+            parts.sort(key=lambda part: part[0])
+        else:
+            at = parts.index(fresh)
+            parts[at] = (chain.walk, chain.continuing + fresh[1], chain.continuing_tokens + fresh[2])
     if chain.cut_parts:
         parts.extend(chain.cut_parts)
         parts.sort(key=lambda part: part[0])

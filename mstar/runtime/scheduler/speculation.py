@@ -18,7 +18,9 @@ min(tokens left, the walk's chunk size, the budget left after the decode rows) -
 `token_budget.fit_tokens` would give it once N's rest came back ready. It yields (as before) when
 a row of a cut walk takes its last chunk in N (its first decode row is ready only after N), when a
 row of a cut walk is waiting in the queue (the FIFO order between prompts), when a cut row was
-removed, or when a cut row would get no token.
+removed, or when a cut row would get no token. A step of prompt rows alone (nothing whose loop goes
+on) chains the same way when every one of them is cut with chunks left, on a key whose plan
+chains steps at all (`_prompt_chain`): a lone prompt's chunk steps run one ahead of the other.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class ChainStep:
     """A speculative step: `continuing` rows of walk index `walk` first, then `composition`'s
     fresh rows taken from the ready queue."""
 
-    walk: int
+    walk: Optional[int]  # None: a chain of prompt chunks alone (no row of N loops on)
     continuing: list[str]
     continuing_tokens: list[int]
     composition: Composition
@@ -82,7 +84,7 @@ def plan_chain_step(
         return None
     walk = chain_walk(tables, specs, running)
     if walk is None:
-        return None
+        return _prompt_chain(tables, queue, specs, running, cut, removed)
     cut_rows: list[tuple[int, str, int, int]] = []
     if _feeds_chunks(tables, running):
         found = _cut_rows(tables, queue, running, cut, removed, walk)
@@ -160,13 +162,32 @@ def _cut_rows(tables: KeyTables, queue: KeyQueue, running: Batch, cut: Sequence[
     return rows
 
 
-def _past_chunks(tables: KeyTables, queue: KeyQueue, walk: int, rows: list[str], tokens: list[int],
+def _prompt_chain(tables: KeyTables, queue: KeyQueue, specs: list[Optional[SpeculationPlan]], running: Batch,
+                  cut: Sequence[tuple[str, int]], removed: set[str]) -> Optional[ChainStep]:
+    """Step N held prompt rows alone (a prompt prefilling while nothing decodes), each cut with
+    chunks left: N+1 is their next chunks, with fresh rows of walks never cut as past any chunk
+    step (`_past_chunks`), on a key whose plan chains steps at all (a walk that speculates). Without
+    it a lone prompt's chunk steps ran one after the other, the host's launch of each in series
+    with the device's step (docs/runtime.md, "Past a lone prompt's chunk steps")."""
+    if not cut or not _feeds_chunks(tables, running) or not any(s is not None and s.can_speculate for s in specs):
+        return None
+    walk_index, sizes = tables.walk_index, tables.chunk_sizes
+    if not all(sizes[walk_index[name]] for name in running.walks):
+        return None  # a row of a walk never cut that does not loop on: nothing to chain it with
+    cut_rows = _cut_rows(tables, queue, running, cut, removed, -1)
+    if not cut_rows:
+        return None
+    return _past_chunks(tables, queue, None, [], [], [0] * len(tables.walks), cut_rows)
+
+
+def _past_chunks(tables: KeyTables, queue: KeyQueue, walk: Optional[int], rows: list[str], tokens: list[int],
                  counts: list[int], cut_rows: list[tuple[int, str, int, int]]) -> Optional[ChainStep]:
-    """The chain step after a chunk step: the continuing rows and fresh rows of walks never cut
-    (the queue holds no row of a cut walk: `_cut_rows`), fitted to the budget first, then each cut
-    row's next chunk in the budget left (token_budget.py's order); None when a cut row gets no
-    token or the rows do not fit the mixture's cap and rows limits."""
-    mask = 1 << walk
+    """The chain step after a chunk step: the continuing rows (of `walk`; none for a chain of
+    prompt chunks alone) and fresh rows of walks never cut (the queue holds no row of a cut walk:
+    `_cut_rows`), fitted to the budget first, then each cut row's next chunk in the budget left
+    (token_budget.py's order); None when a cut row gets no token or the rows do not fit the
+    mixture's cap and rows limits."""
+    mask = 0 if walk is None else 1 << walk
     for index, _, _, _ in cut_rows:
         counts[index] += 1
         mask |= 1 << index

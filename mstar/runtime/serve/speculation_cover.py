@@ -36,6 +36,7 @@ class SpeculationCover:
         is_async = {node.name: node.is_async for node in plan.nodes}
         self.walks = {(w.rank, s.node, s.walk) for w in plan.workers for s in w.speculation
                       if s.can_speculate and is_async.get(s.node, False)}
+        self.nodes = {(rank, node) for rank, node, _ in self.walks}  # (rank, node) pairs that chain at all
         self.pending: dict[int, tuple[Batch, set[str]]] = {}  # worker -> (speculative batch, continuing rows)
         # rank -> (node, walk) -> rows the pending step N+1 of that rank already runs
         self.covered: dict[int, dict[tuple[str, str], set[str]]] = {w.rank: {} for w in plan.workers}
@@ -44,7 +45,12 @@ class SpeculationCover:
                   cut: Optional[list[tuple[str, int]]] = None) -> None:
         """continuing: rows of the batch whose loop has iterations left after this step; cut: its
         prompt rows with chunks left after it (request id, tokens left)."""
-        if not continuing or not any((rank, batch.node, walk) in self.walks for walk in set(batch.walks)):
+        # a chain of a looping walk, or of prompts cut with chunks left alone (speculation.py), on
+        # a node that chains steps at all
+        if cut and not continuing:
+            if (rank, batch.node) not in self.nodes:
+                return
+        elif not continuing or not any((rank, batch.node, walk) in self.walks for walk in set(batch.walks)):
             return
         spec = self.schedulers[rank].speculate(batch, continuing, cut=cut or ())
         if spec is None:
