@@ -127,6 +127,16 @@ def partial_numel(shape: DecodeShape, rows: int) -> int:
 
 if triton is not None:
     @triton.jit
+    def split_range(end, split, NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Positions [lo, hi) of `split` among positions [0, end): equal shares in whole tiles, at
+        least MIN_SPLIT positions each (a short row uses fewer splits; the rest get none). The
+        decode kernel and `prefill_attention`'s share it."""
+        share = tl.maximum(tl.cdiv(end, NUM_SPLITS), MIN_SPLIT)
+        share = tl.cdiv(share, BLOCK_N) * BLOCK_N
+        lo = split * share
+        return lo, tl.minimum(end, lo + share)
+
+    @triton.jit
     def walk_positions(q, k_ptr, v_ptr, indices_ptr, first_page, lo, hi, own, kv_head, scale, stride_kt, stride_kh,
                        stride_kp, M: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                        DOT_FP32: tl.constexpr):
@@ -181,11 +191,7 @@ if triton is not None:
         first_page = tl.load(indptr_ptr + row)
         num_pages = tl.load(indptr_ptr + row + 1) - first_page
         seq_len = (num_pages - 1) * PAGE + tl.load(last_ptr + row)
-        # Equal shares in whole tiles, at least MIN_SPLIT positions each (a short row uses fewer splits).
-        share = tl.maximum(tl.cdiv(seq_len, NUM_SPLITS), MIN_SPLIT)
-        share = tl.cdiv(share, BLOCK_N) * BLOCK_N
-        lo = split * share
-        hi = tl.minimum(seq_len, lo + share)
+        lo, hi = split_range(seq_len, split, NUM_SPLITS, MIN_SPLIT, BLOCK_N)
         heads = kv_head * GROUP + g
         q = tl.load(q_ptr + row.to(tl.int64) * stride_qr + heads[:, None] * stride_qh + d[None, :],
                     mask=is_query[:, None], other=0.0)

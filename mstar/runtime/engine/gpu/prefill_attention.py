@@ -39,7 +39,7 @@ try:
 except ImportError:  # CPU installs without Triton keep FlashInfer or torch attention
     triton = None
 
-from mstar.runtime.engine.gpu.decode_attention import DOT_FP32, LOG2E, walk_positions
+from mstar.runtime.engine.gpu.decode_attention import DOT_FP32, LOG2E, split_range, walk_positions
 from mstar.runtime.engine.gpu.kernels import pdl_launch
 
 QUERY_ROWS = 64  # rows of a program's product: block_t tokens x the group's padded query heads
@@ -200,10 +200,7 @@ if triton is not None:
             q = q.to(tl.float32)
         # the positions some token of the block needs, cut into equal shares in whole tiles
         end = tl.where(first < q_len, kv_len - q_len + tl.minimum(first + BLOCK_T, q_len), 0)
-        share = tl.maximum(tl.cdiv(end, NUM_SPLITS), MIN_SPLIT)
-        share = tl.cdiv(share, BLOCK_N) * BLOCK_N
-        lo = split * share
-        hi = tl.minimum(end, lo + share)
+        lo, hi = split_range(end, split, NUM_SPLITS, MIN_SPLIT, BLOCK_N)
         acc, mx, denom = walk_positions(q, k_ptr, v_ptr, indices_ptr, first_page, lo, hi, own, kv_head, scale,
                                         stride_kt, stride_kh, stride_kp, BLOCK_T * GROUP_PAD, HEAD_DIM, PAGE,
                                         BLOCK_N, DOT_FP32)
