@@ -18,6 +18,9 @@ def test_bench_kv_on_the_sim_gives_both_variants_and_the_prefix_figures(capsys):
     # The cache serves the whole shared prefix to every request after the first.
     assert results["prefix"]["cached_tokens"][1:] == [256, 256]
     assert results["prefix"]["ttft_ratio"] > 1
+    # Two rounds by default, each a cached and an uncached run (their order alternating), each ratio > 1.
+    assert results["prefix_rounds"] == 2 and len(results["prefix"]["round_ratios"]) == 2
+    assert all(ratio > 1 for ratio in results["prefix"]["round_ratios"])
     for state in ("cached", "uncached"):  # min <= median <= max, the mean between min and max
         low, median, high = results["prefix"][f"ttft_{state}_range_ms"]
         assert low <= median <= high and low - 1e-3 <= results["prefix"][f"ttft_{state}_ms"] <= high + 1e-3
@@ -156,3 +159,24 @@ def test_the_cached_first_steps_need_device_events():
     plan = load_plan("generated/llama_chunked.plan")
     requests = [Request(id=f"p{i}", prompt_tokens=[3] * 40 + [i + 1] * 4, max_tokens=2) for i in range(2)]
     assert bench_kv._cached_first_steps(plan, bench_kv.EngineChoice("torch", "cpu", "tiny"), requests) == {}
+
+
+def test_prefix_rounds_alternate_the_order_and_pool_every_run(monkeypatch):
+    """Three rounds: cached first, uncached first, cached first; the pooled TTFTs hold every run's
+    requests after the first, and each round's ratio is its own runs' means."""
+    from mstar.plan.io import load_plan
+
+    order: list[str] = []
+    real = bench_kv._one_after_another
+
+    def recorded(plan, built, requests):
+        order.append("cached" if any(p.prefix_cache == "pages" for p in plan.deployment.kv_pools) else "uncached")
+        return real(plan, built, requests)
+
+    monkeypatch.setattr(bench_kv, "_one_after_another", recorded)
+    plan = load_plan("generated/llama_chunked.plan")
+    figures = bench_kv.prefix_scenario(plan, bench_kv.EngineChoice("sim"), 3, 64, rounds=3)
+    assert order == ["cached", "uncached", "uncached", "cached", "cached", "uncached"]
+    assert len(figures["round_ratios"]) == 3
+    low, _, high = figures["ttft_cached_range_ms"]
+    assert low - 1e-3 <= figures["ttft_cached_ms"] <= high + 1e-3  # the range is rounded to 3 places

@@ -16,7 +16,9 @@ rows alone, the decode rows with the long prompt, the long prompt alone. Figures
 Prefix scenario (`--prefix-requests 8 --prefix-len 1024`): requests one after another (one client),
 each the same `--prefix-len` tokens then 16 of its own; the TTFT of the second and later ones with
 the plan's prefix cache over their TTFT with the cache off (target: at least 5x lower), and the
-cache's hits.
+cache's hits. `--prefix-rounds 2` (the default) runs the pair twice, cached first then uncached
+first, and pools the TTFTs: each round's ratio is printed beside the pooled one, so a drift of
+the host's speed between runs shows rather than landing on one side of the ratio.
 
 Engines: `--engine sim` (the cost model: simulated seconds) or `--engine torch` (wall seconds on
 this machine, so figures move with its load): the CPU torch reference with `--dims tiny` by
@@ -27,7 +29,7 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
                       [--arrive-after STEPS] [--budget N] [--route packed|split]
                       [--no-whole] [--no-flat] [--per-row] [--no-run-ahead] [--automatic-gc]
-                      [--prefix-requests N] [--prefix-len N]
+                      [--prefix-requests N] [--prefix-len N] [--prefix-rounds N]
 
 When the plan's budget counts a chunk token's context (KeyPlan.chunk_context_scale), the chunk
 scenario also runs the plan with every chunk token counting one ("flat", the reference's rule),
@@ -274,24 +276,33 @@ def with_prefix_cache(plan: Plan, state: str) -> Plan:
     return plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
 
 
-def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_len: int) -> dict:
-    """Mean TTFT of the 2nd and later requests sharing a prefix, with the cache and without."""
+def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_len: int, rounds: int = 2) -> dict:
+    """Mean TTFT of the 2nd and later requests sharing a prefix, with the cache and without, over
+    `rounds` rounds of one run each, the order alternating (cached then uncached, then uncached then
+    cached): on a shared host the host's speed drifts between runs, and a lone request's TTFT is
+    mostly host time, so one pair of runs can land its drift on either side of the ratio."""
     prefix = [(7 * i) % 500 for i in range(prefix_len)]
     requests = [Request(id=f"p{i:03d}", prompt_tokens=prefix + [(11 * i + j) % 500 for j in range(16)], max_tokens=2)
                 for i in range(num_requests)]
+    ttfts: dict[str, list[list[float]]] = {"cached": [], "uncached": []}
     figures: dict[str, Any] = {}
-    for name, state in (("cached", "pages"), ("uncached", "off")):
-        stated = with_prefix_cache(plan, state)
-        driver = _one_after_another(stated, _engine(stated, engine), requests)
-        ttfts = [_ttft(driver, r.id) * 1e3 for r in requests[1:]]
-        figures[f"ttft_{name}_ms"] = float(np.mean(ttfts))
+    for index in range(rounds):
+        order = (("cached", "pages"), ("uncached", "off"))
+        for name, state in order if index % 2 == 0 else order[::-1]:
+            stated = with_prefix_cache(plan, state)
+            driver = _one_after_another(stated, _engine(stated, engine), requests)
+            ttfts[name].append([_ttft(driver, r.id) * 1e3 for r in requests[1:]])
+            figures.setdefault(f"first_ttft_{name}_ms", _ttft(driver, requests[0].id) * 1e3)
+            if state == "pages" and "cached_tokens" not in figures:
+                figures["cached_tokens"] = [r.num_cached_tokens for r in driver.conductor.records.values()]
+    for name, runs in ttfts.items():
+        every = [ttft for run in runs for ttft in run]
+        figures[f"ttft_{name}_ms"] = float(np.mean(every))
         # The spread beside the mean: on a shared host one slow request moves a mean of seven.
-        figures[f"ttft_{name}_range_ms"] = _spread(ttfts)
-        figures[f"first_ttft_{name}_ms"] = _ttft(driver, requests[0].id) * 1e3
-        if state == "pages":
-            records = driver.conductor.records.values()
-            figures["cached_tokens"] = [r.num_cached_tokens for r in records]
+        figures[f"ttft_{name}_range_ms"] = _spread(every)
     figures["ttft_ratio"] = figures["ttft_uncached_ms"] / figures["ttft_cached_ms"]
+    figures["round_ratios"] = [round(float(np.mean(u) / np.mean(c)), 3)
+                               for c, u in zip(ttfts["cached"], ttfts["uncached"])]
     if engine.name == "torch" and engine.device.startswith("cuda"):
         figures.update(_cached_first_steps(plan, engine, requests))
     return figures
@@ -350,6 +361,8 @@ def _print_prefix(results: dict) -> None:
           f"uncached = {row['ttft_ratio']:.2f}x lower with the cache (target >= 5x); the 1st: "
           f"{row['first_ttft_cached_ms']:.2f} / {row['first_ttft_uncached_ms']:.2f} ms; cached tokens per request "
           f"{row['cached_tokens']}")
+    print(f"each round's ratio (runs alternating: cached first, then uncached first): "
+          f"{', '.join(f'{r:.2f}x' for r in row['round_ratios'])}")
     print(f"TTFT of the 2nd and later, min / median / max: cached {_slashed(row['ttft_cached_range_ms'])} ms, "
           f"uncached {_slashed(row['ttft_uncached_range_ms'])} ms")
     if "cached_first_step_span_ms" in row:
@@ -451,7 +464,8 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
     if args.scenario in ("all", "prefix"):
         if not any(p.prefix_walks for p in plan.deployment.kv_pools):
             return "has no prefix cache (prefix_cache: true in the deployment)"
-        results["prefix"] = prefix_scenario(plan, _choice(args), args.prefix_requests, args.prefix_len)
+        results["prefix"] = prefix_scenario(plan, _choice(args), args.prefix_requests, args.prefix_len,
+                                            args.prefix_rounds)
     return None
 
 
@@ -490,6 +504,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
+    parser.add_argument("--prefix-rounds", type=POSITIVE, default=2,
+                        help="rounds of a cached and an uncached run, the order alternating (each round's "
+                             "ratio printed; the figure pools them)")
     parser.add_argument("--device", default="cpu", help="torch engine: cpu (default) or cuda[:N] (the GPU fast path)")
     parser.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine: model dims")
     parser.add_argument("--json", action="store_true")
@@ -532,7 +549,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "is_blas_pdl": is_gpu_path and _blas_edges_enabled(),
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
-                               "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len}
+                               "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len,
+                               "prefix_rounds": args.prefix_rounds}
     problem = _run_scenarios(plan, args, results)
     if problem:
         print(f"mstar bench kv: error: plan {args.plan} {problem}", file=sys.stderr)
