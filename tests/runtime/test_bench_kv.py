@@ -151,14 +151,16 @@ def test_no_run_ahead_needs_the_torch_engine(capsys):
 
 
 def test_the_cached_first_steps_need_device_events():
-    """The third prefix run (CUDA events on each step) has nothing to time on the CPU: the torch
-    engine there has no device executor, so no figures rather than made-up ones."""
+    """The third prefix run has no device step to time on the CPU (the torch engine there has no
+    device executor): no step figures rather than made-up ones, only the host's path."""
     from mstar.plan.io import load_plan
     from mstar.runtime.serve.workload import Request
 
     plan = load_plan("generated/llama_chunked.plan")
     requests = [Request(id=f"p{i}", prompt_tokens=[3] * 40 + [i + 1] * 4, max_tokens=2) for i in range(2)]
-    assert bench_kv._cached_first_steps(plan, bench_kv.EngineChoice("torch", "cpu", "tiny"), requests) == {}
+    figures = bench_kv._cached_first_steps(plan, bench_kv.EngineChoice("torch", "cpu", "tiny"), requests)
+    assert set(figures) == {"cached_host_timeline_ms"}
+    assert dict(figures["cached_host_timeline_ms"])["first token"] > 0
 
 
 def test_prefix_rounds_alternate_the_order_and_pool_every_run(monkeypatch):

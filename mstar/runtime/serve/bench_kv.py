@@ -303,28 +303,36 @@ def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_
     figures["ttft_ratio"] = figures["ttft_uncached_ms"] / figures["ttft_cached_ms"]
     figures["round_ratios"] = [round(float(np.mean(u) / np.mean(c)), 3)
                                for c, u in zip(ttfts["cached"], ttfts["uncached"])]
-    if engine.name == "torch" and engine.device.startswith("cuda"):
+    if engine.name == "torch":
         figures.update(_cached_first_steps(plan, engine, requests))
     return figures
 
 
 def _cached_first_steps(plan: Plan, engine: EngineChoice, requests: list[Request]) -> dict[str, Any]:
-    """Where a cached TTFT goes, from a third run with the cache and CUDA events on every step (a
-    run of its own: the events cost the host a little on each step, so the measured runs go
-    without): each cached request's first step as `StepEvents` spans it, from its first event
-    (recorded as the executor begins the step: on an idle device it passes at once) to the copy of
-    its sampled ids, so the executor's host work before the replay plus the device's step; and the
-    rest of its TTFT: the Python above the executor, before (admission, scheduling, the runner) and
-    after (collecting, post-processing). Empty without device events (CPU)."""
+    """Where a cached TTFT goes, from a third run with the cache (a run of its own: its instruments
+    cost the host a little on each step, so the measured runs go without). The host's path of each
+    cached request, from a few timestamps (`host_timeline.py`): per point the median ms after its
+    arrival. On a GPU also CUDA events on every step: each cached request's first step as
+    `StepEvents` spans it, from its first event (recorded as the executor begins the step: on an
+    idle device it passes at once) to the copy of its sampled ids, so the executor's host work
+    before the replay plus the device's step; and the rest of its TTFT: the Python above the
+    executor, before (admission, scheduling, the runner) and after (collecting, post-processing)."""
+    from mstar.runtime.engine.gpu.step_events import attach
+    from mstar.runtime.serve.host_timeline import watch_lone_path
+
     cached = with_prefix_cache(plan, "pages")
     built = _engine(cached, engine)
-    from mstar.runtime.engine.gpu.step_events import attach
-
     timed = list(attach(built).values())
-    if not timed:
-        return {}
-    driver = _one_after_another(cached, built, requests)
-    return cached_first_steps(timed, [_ttft(driver, r.id) * 1e3 for r in requests[1:]])
+    driver = Driver(cached, built)
+    timeline = watch_lone_path(driver, built)
+    refreeze()
+    driver.run(Workload(requests, closed_concurrency=1))
+    records = [driver.conductor.records[r.id] for r in requests[1:]]
+    figures: dict[str, Any] = {"cached_host_timeline_ms": timeline.offsets_ms(
+        [(r.arrival_s, r.first_token_s) for r in records if r.first_token_s is not None])}
+    if timed:
+        figures.update(cached_first_steps(timed, [_ttft(driver, r.id) * 1e3 for r in requests[1:]]))
+    return figures
 
 
 def _one_after_another(plan: Plan, built: Any, requests: list[Request]) -> Driver:
@@ -365,6 +373,9 @@ def _print_prefix(results: dict) -> None:
           f"{', '.join(f'{r:.2f}x' for r in row['round_ratios'])}")
     print(f"TTFT of the 2nd and later, min / median / max: cached {_slashed(row['ttft_cached_range_ms'])} ms, "
           f"uncached {_slashed(row['ttft_uncached_range_ms'])} ms")
+    if row.get("cached_host_timeline_ms"):
+        print("a cached request's path on the host (a third run; ms after its arrival, medians): "
+              + ", ".join(f"{point} {ms:.2f}" for point, ms in row["cached_host_timeline_ms"]))
     if "cached_first_step_span_ms" in row:
         print("a cached request's first step from the executor's launch to its ids' copy back (a third run, CUDA "
               f"events on each step), min / median / max: {_slashed(row['cached_first_step_span_ms'])} ms "
