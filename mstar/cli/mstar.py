@@ -111,11 +111,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", add_help=False,
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
-    bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "attention", "load", "engine", "kv",
-                                         "serve", "gdn", "products"),
+    bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "lone", "attention", "load", "engine",
+                                         "kv", "serve", "gdn", "products"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; runner: the GPU fast path's host work per decode "
-                            "step (device stubbed, any machine); attention: FlashInfer vs torch on a GPU; "
+                            "step (device stubbed, any machine); lone: the host's path of a lone request to its first "
+                            "token (device stubbed, any machine); attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
                             "kv: decode latency beside a long prompt, chunked or whole; "
                             "serve: load an OpenAI-compatible server over HTTP; gdn: the gated delta-net decode "
@@ -629,6 +630,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from mstar.runtime.serve import bench_runner
 
         return bench_runner.main(argv[2:])
+    if argv[:2] == ["bench", "lone"]:
+        from mstar.runtime.serve import bench_lone
+
+        return bench_lone.main(argv[2:])
     if argv[:2] == ["bench", "attention"]:
         from mstar.runtime.serve import bench_attention
 

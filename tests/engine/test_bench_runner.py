@@ -92,3 +92,25 @@ def test_long_prompt_reports_chunk_steps_and_compares_with_the_per_row_path(caps
 def test_long_prompt_needs_a_step_token_budget(capsys):
     assert main(["bench", "runner", *SMALL, "--long-prompt", "100", "--no-bytecodes"]) == 1
     assert "cuts no prompt into chunks" in capsys.readouterr().err
+
+
+def test_the_stubbed_runner_shares_prefix_pages_as_the_plan_says():
+    """The bench's fast-path runner keeps the plan's prefix cache (llama_chunked: pages; llama:
+    none), so a second request with the first one's 64 leading tokens starts on its cached pages,
+    as in the engine the bench stands in for."""
+    from mstar.plan.io import load_plan
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.serve.bench_runner import build_engine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    generated = Path(__file__).resolve().parents[2] / "generated"
+    _, plain = build_engine(load_plan(str(generated / "llama.plan")), True, 256)
+    assert plain.pool.cache is None
+    plan = load_plan(str(generated / "llama_chunked.plan"))
+    engine, runner = build_engine(plan, True, 256)
+    assert runner.pool.cache is not None
+    prefix = [(5 * i) % 400 + 1 for i in range(64)]
+    requests = [Request(id=f"q{i}", prompt_tokens=prefix + [i + 1] * 4, max_tokens=2) for i in range(2)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests, closed_concurrency=1))
+    assert [driver.conductor.records[r.id].num_cached_tokens for r in requests] == [0, 64]

@@ -276,14 +276,22 @@ def with_prefix_cache(plan: Plan, state: str) -> Plan:
     return plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
 
 
+def shared_prefix_requests(num_requests: int, prefix_len: int, is_shared: bool = True) -> list[Request]:
+    """The prefix scenario's requests: the same `prefix_len` tokens (each its own with `is_shared`
+    False), then 16 of the request's own; two output tokens each."""
+    def prefix(index: int) -> list[int]:
+        return [(7 * i + (0 if is_shared else 13 * index)) % 500 for i in range(prefix_len)]
+
+    return [Request(id=f"p{i:03d}", prompt_tokens=prefix(i) + [(11 * i + j) % 500 for j in range(16)], max_tokens=2)
+            for i in range(num_requests)]
+
+
 def prefix_scenario(plan: Plan, engine: EngineChoice, num_requests: int, prefix_len: int, rounds: int = 2) -> dict:
     """Mean TTFT of the 2nd and later requests sharing a prefix, with the cache and without, over
     `rounds` rounds of one run each, the order alternating (cached then uncached, then uncached then
     cached): on a shared host the host's speed drifts between runs, and a lone request's TTFT is
     mostly host time, so one pair of runs can land its drift on either side of the ratio."""
-    prefix = [(7 * i) % 500 for i in range(prefix_len)]
-    requests = [Request(id=f"p{i:03d}", prompt_tokens=prefix + [(11 * i + j) % 500 for j in range(16)], max_tokens=2)
-                for i in range(num_requests)]
+    requests = shared_prefix_requests(num_requests, prefix_len)
     ttfts: dict[str, list[list[float]]] = {"cached": [], "uncached": []}
     figures: dict[str, Any] = {}
     for index in range(rounds):

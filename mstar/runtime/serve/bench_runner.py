@@ -128,7 +128,8 @@ def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int, is_columnar: b
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=position, seed=0)
     runner = GpuDecoderRunner(node, reference.dims, model, reference.pool.page_size, num_pages,
                               reference.max_seq_len, 0, CPU, decode_family(plan, name), is_flashinfer=False,
-                              position=position, can_run_ahead=can_run_ahead, slots=reference.slots)
+                              position=position, can_run_ahead=can_run_ahead, slots=reference.slots,
+                              prefix_cache=reference.pool.cache is not None)
     token = next(t for t in range(1, 1 << 20) if t not in runner.stop_tokens)
     runner.executor = StubExecutor(runner.executor.max_rows, token)  # type: ignore[assignment]
     runner.is_columnar = is_columnar
