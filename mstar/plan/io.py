@@ -120,11 +120,19 @@ def dump_plan(plan: Plan) -> str:
 
 
 def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
-    """`mstarc compile SPEC --config CONFIG -o PLAN` with paths as the user would type them."""
+    """`mstarc compile SPEC --config CONFIG -o PLAN` with paths as the user would type them; an
+    input the header's path does not find (a plan moved away from its inputs: the paths are
+    relative to the plan's directory) stays the placeholder rather than a path that is not there."""
     base = Path(plan_path).parent
-    spec = _display(base / str(header.get("spec_path", "SPEC")))
-    config = _display(base / str(header.get("deployment_path", "CONFIG")))
-    return f"mstarc compile {spec} --config {config} -o {_display(Path(plan_path))}"
+
+    def shown(key: str, placeholder: str) -> str:
+        named = header.get(key)
+        if not isinstance(named, str) or "\0" in named or not (base / named).is_file():
+            return placeholder
+        return _display(base / named)
+
+    return (f"mstarc compile {shown('spec_path', 'SPEC')} --config {shown('deployment_path', 'CONFIG')} "
+            f"-o {_display(Path(plan_path))}")
 
 
 def _display(path: Path) -> str:
@@ -203,8 +211,11 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             actual = sha256_file(file, _INPUT_LIMITS[what], what)
         except InputFileError as e:
             shown = e.path if "\0" in str(file) else _display(file)  # e.path: the repr of a NUL path
+            moved = ("" if what == "glue" or "\0" in str(file) or file.exists() else
+                     " (the plan names its inputs relative to its own directory: a plan moved or copied away "
+                     "from them no longer finds them)")
             raise PlanError(
-                f"plan {path}: cannot read its {what} file {shown} ({e.reason}); recompile: {how}") from None
+                f"plan {path}: cannot read its {what} file {shown} ({e.reason}){moved}; recompile: {how}") from None
         if actual != expected:
             raise PlanError(
                 f"plan {path} is stale: its {what} file {_display(file)} changed since the plan "

@@ -130,3 +130,20 @@ def test_input_paths(plan_file):
     paths = input_paths(plan_file, load_plan(plan_file))
     assert paths["glue"] == plan_file.with_name("tts_glue.py")
     assert paths["spec"].resolve() == (plan_file.parent.parent / "specs" / "tts.mw").resolve()
+
+
+def test_a_moved_plan_says_so_and_names_no_input_that_is_not_there(plan_file, tmp_path):
+    """A plan copied away from its spec and deployment (its header's paths are relative to its own
+    directory) is refused with why, and the recompile hint keeps SPEC and CONFIG as placeholders
+    rather than paths that do not exist; a plan in place names them."""
+    moved = tmp_path / "elsewhere" / "deeper" / "tts.plan"
+    moved.parent.mkdir(parents=True)
+    moved.write_text(plan_file.read_text())
+    (moved.parent / "tts_glue.py").write_text(GLUE)
+    with pytest.raises(PlanError, match=r"cannot read its spec file .*moved or copied away.*"
+                                        r"recompile: mstarc compile SPEC --config CONFIG -o .*tts\.plan$"):
+        load_plan(moved)
+    spec = plan_file.parent.parent / "specs" / "tts.mw"
+    spec.write_text(spec.read_text() + "\n# edited\n")
+    with pytest.raises(PlanError, match=r"mstarc compile \S*specs/tts\.mw --config \S*configs/tts\.yaml"):
+        load_plan(plan_file)
