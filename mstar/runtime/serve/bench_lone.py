@@ -20,17 +20,15 @@ Usage: mstar bench lone [--plan generated/llama_chunked.plan] [--requests 40] [-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from statistics import median
 from typing import Any, Optional
 
 from mstar.arg_types import int_range
-from mstar.plan.io import PlanError, load_plan
-from mstar.runtime.engine.torch_engine import EngineError
+from mstar.plan.io import load_plan
 from mstar.runtime.serve.bench_kv import shared_prefix_requests
-from mstar.runtime.serve.bench_runner import BenchError, build_engine
+from mstar.runtime.serve.bench_runner import BenchError, build_engine, measure_and_print
 from mstar.runtime.serve.collector import refreeze
 from mstar.runtime.serve.driver import Driver, Workload
 from mstar.runtime.serve.host_timeline import watch_lone_path
@@ -90,14 +88,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="give each request a prefix of its own (nothing to find cached)")
     parser.add_argument("--rounds", type=int_range(1, 1000), default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
-    try:
-        result = measure(args)
-    except (PlanError, EngineError, BenchError) as error:
-        print(f"mstar bench lone: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=1) if args.json else render(result))
-    return 0
+    return measure_and_print("mstar bench lone", parser.parse_args(argv), measure, render)
 
 
 if __name__ == "__main__":

@@ -398,11 +398,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--budget", type=count, help="step token budget (and chunk size) instead of the plan's")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with this thread's CPU time, which other jobs on the machine do not add to")
-    args = parser.parse_args(argv)
+    return measure_and_print("mstar bench runner", parser.parse_args(argv), measure, render)
+
+
+def measure_and_print(prog: str, args: argparse.Namespace, measure: Callable[[argparse.Namespace], dict[str, Any]],
+                      render: Callable[[dict[str, Any]], str]) -> int:
+    """A stubbed-device bench's main after its arguments: its figures as JSON (`--json`) or
+    rendered, or its one-line error (a plan, engine or bench problem) and exit status 1."""
     try:
         result = measure(args)
     except (PlanError, EngineError, BenchError) as error:
-        print(f"mstar bench runner: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else render(result))
     return 0
