@@ -326,18 +326,12 @@ def _cached_first_steps(plan: Plan, engine: EngineChoice, requests: list[Request
     before the replay plus the device's step; and the rest of its TTFT: the Python above the
     executor, before (admission, scheduling, the runner) and after (collecting, post-processing)."""
     from mstar.runtime.engine.gpu.step_events import attach
-    from mstar.runtime.serve.host_timeline import watch_lone_path
 
     cached = with_prefix_cache(plan, "pages")
     built = _engine(cached, engine)
     timed = list(attach(built).values())
-    driver = Driver(cached, built)
-    timeline = watch_lone_path(driver, built)
-    refreeze()
-    driver.run(Workload(requests, closed_concurrency=1))
-    records = [driver.conductor.records[r.id] for r in requests[1:]]
-    figures: dict[str, Any] = {"cached_host_timeline_ms": timeline.offsets_ms(
-        [(r.arrival_s, r.first_token_s) for r in records if r.first_token_s is not None])}
+    driver, points = one_after_another_timed(cached, built, requests)
+    figures: dict[str, Any] = {"cached_host_timeline_ms": points}
     if timed:
         figures.update(cached_first_steps(timed, [_ttft(driver, r.id) * 1e3 for r in requests[1:]]))
     return figures
@@ -346,9 +340,25 @@ def _cached_first_steps(plan: Plan, engine: EngineChoice, requests: list[Request
 def _one_after_another(plan: Plan, built: Any, requests: list[Request]) -> Driver:
     """The prefix scenario's run: each request arrives as the one before it ends."""
     driver = Driver(plan, built)
+    _run_closed(driver, requests)
+    return driver
+
+
+def one_after_another_timed(plan: Plan, built: Any, requests: list[Request]) -> tuple[Driver, list[tuple[str, float]]]:
+    """`_one_after_another` with the host's path of the 2nd and later requests timed
+    (`host_timeline.py`): the driver, and per point of the path the median ms after arrival."""
+    from mstar.runtime.serve.host_timeline import watch_lone_path
+
+    driver = Driver(plan, built)
+    timeline = watch_lone_path(driver, built)
+    _run_closed(driver, requests)
+    records = [driver.conductor.records[r.id] for r in requests[1:]]
+    return driver, timeline.offsets_ms([(r.arrival_s, r.first_token_s) for r in records if r.first_token_s is not None])
+
+
+def _run_closed(driver: Driver, requests: list[Request]) -> None:
     refreeze()
     driver.run(Workload(requests, closed_concurrency=1))
-    return driver
 
 
 def cached_first_steps(timed: list, ttfts_ms: list[float]) -> dict[str, Any]:

@@ -27,11 +27,8 @@ from typing import Any, Optional
 
 from mstar.arg_types import int_range
 from mstar.plan.io import load_plan
-from mstar.runtime.serve.bench_kv import shared_prefix_requests
+from mstar.runtime.serve.bench_kv import one_after_another_timed, shared_prefix_requests
 from mstar.runtime.serve.bench_runner import BenchError, build_engine, measure_and_print
-from mstar.runtime.serve.collector import refreeze
-from mstar.runtime.serve.driver import Driver, Workload
-from mstar.runtime.serve.host_timeline import watch_lone_path
 
 
 def one_run(plan: Any, num_requests: int, prefix_len: int, is_shared: bool) -> dict[str, Any]:
@@ -40,16 +37,12 @@ def one_run(plan: Any, num_requests: int, prefix_len: int, is_shared: bool) -> d
     requests = shared_prefix_requests(num_requests, prefix_len, is_shared)
     pages = -(-(prefix_len + 18) // 16)  # a request's pages at the smallest page size a plan uses
     engine, _ = build_engine(plan, True, max(256, 4 * pages))
-    driver = Driver(plan, engine)
-    timeline = watch_lone_path(driver, engine)
-    refreeze()
-    driver.run(Workload(requests, closed_concurrency=1))
+    driver, points = one_after_another_timed(plan, engine, requests)
     records = [driver.conductor.records[request.id] for request in requests]
     failed = [r.request.id for r in records if r.first_token_s is None]
     if failed:
         raise BenchError(f"requests {failed[:3]} produced no token: {records[0].finish_reason}")
-    windows = [(r.arrival_s, r.first_token_s) for r in records[1:] if r.first_token_s is not None]
-    return {"points_ms": timeline.offsets_ms(windows), "cached_tokens": [r.num_cached_tokens for r in records]}
+    return {"points_ms": points, "cached_tokens": [r.num_cached_tokens for r in records]}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
