@@ -205,9 +205,6 @@ class StepCost:
             return self.whole_layers.get((step.worker, step.key, step.capture or ""), 0)
         return 0
 
-    def _is_whole(self, step: Step) -> bool:
-        return self._whole_layers(step) > 0
-
     def launch(self, step: Step) -> float:
         is_captured = step.padded_batch > 0
         launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
@@ -228,7 +225,7 @@ class StepCost:
         rows = step.rows
         num_rows = len(rows)
         bandwidth, attention_rate = READ_BANDWIDTH, ATTENTION_RATE
-        if step.attention == "split" and self._is_whole(step):  # the prompt rows on the Triton prefill kernel
+        if step.attention == "split" and self._whole_layers(step):  # the prompt rows on the Triton prefill kernel
             attention_rate = cost.split_attention_rate
         kv_bytes, flops_per_key = cost.kv_bytes_per_token, cost.flops_per_key
         num_tokens = sum(map(_tokens_of, rows))

@@ -142,10 +142,10 @@ def _continuing_rows(tables: KeyTables, running: Batch, walk: int, continuing: O
 
 
 def _cut_rows(tables: KeyTables, queue: KeyQueue, running: Batch, cut: Sequence[tuple[str, int]],
-              removed: set[str], walk: int) -> Optional[list[tuple[int, str, int, int]]]:
+              removed: set[str], walk: Optional[int]) -> Optional[list[tuple[int, str, int, int]]]:
     """Running's rows of cut walks as (walk index, request id, tokens left after N, KV tokens after
-    N), in step order, when every one of them has chunks left; None (yield) otherwise (module
-    docstring)."""
+    N), in step order, when every one of them has chunks left and none is of the chain's `walk`
+    (None: a chain of prompt chunks alone); None (yield) otherwise (module docstring)."""
     left = dict(cut)
     walk_index, sizes, contexts = tables.walk_index, tables.chunk_sizes, queue.contexts
     rows = []
@@ -174,7 +174,7 @@ def _prompt_chain(tables: KeyTables, queue: KeyQueue, specs: list[Optional[Specu
     walk_index, sizes = tables.walk_index, tables.chunk_sizes
     if not all(sizes[walk_index[name]] for name in running.walks):
         return None  # a row of a walk never cut that does not loop on: nothing to chain it with
-    cut_rows = _cut_rows(tables, queue, running, cut, removed, -1)
+    cut_rows = _cut_rows(tables, queue, running, cut, removed, None)
     if not cut_rows:
         return None
     return _past_chunks(tables, queue, None, [], [], [0] * len(tables.walks), cut_rows)
