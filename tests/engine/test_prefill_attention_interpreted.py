@@ -22,7 +22,7 @@ def interpreted():
 def test_prefill_attention_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
     process with the variable set."""
-    run_child(__file__, "14 passed")
+    run_child(__file__, "15 passed")
 
 
 def random_rows(rows, page_size, hkv, d, seed, spare_pages=3):
@@ -132,6 +132,27 @@ def test_the_split_route_on_triton_kernels_alone_attends_every_row(interpreted):
     attend_split = SplitAttend(decode, shape, batch, arrays, pages, None)
     q = torch.randn(bucket, hq, d, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     got = attend_split(0, q, k_pages, v_pages)
+    expected = torch_attend(qo.tolist(), kv.tolist(), indices, last.tolist(), page_size, d ** -0.5)(
+        0, q.float(), k_pages.float(), v_pages.float())
+    real = int(qo[-1])
+    torch.testing.assert_close(got[:real].float(), expected[:real], atol=2e-2, rtol=2e-2)
+
+
+def test_a_packed_key_on_the_triton_prefill_kernel_attends_every_row(interpreted):
+    """`packed_graphs.PackedAttend` (a whole graph's packed key with `set_triton_packed`) over a packed
+    step of its graph's shape: prompt rows, the packed route's one-token decode rows and padding
+    rows in one prefill call equal causal attention over the step."""
+    from mstar.runtime.engine.gpu.packed_graphs import PackedAttend
+
+    hq, hkv, d, page_size, batch, bucket = 8, 2, 16, 16, 6, 64
+    rows = [(30, 95), (1, 40), (12, 12), (1, 17)]  # prompt rows and decode rows mixed; 2 padding rows
+    qo, kv, indices, last, k_pages, v_pages = random_rows(rows + [(0, 0)] * (batch - len(rows)), page_size, hkv, d, 5)
+    pages = torch.zeros(64, dtype=torch.int32)
+    pages[:indices.shape[0]] = indices
+    shape = pa.graph_shape(hq, hkv, d, page_size, batch, bucket, 0, 132)
+    attend_packed = PackedAttend(shape, qo, kv, pages, last, None)
+    q = torch.randn(bucket, hq, d, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    got = attend_packed(0, q, k_pages, v_pages)
     expected = torch_attend(qo.tolist(), kv.tolist(), indices, last.tolist(), page_size, d ** -0.5)(
         0, q.float(), k_pages.float(), v_pages.float())
     real = int(qo[-1])

@@ -12,6 +12,7 @@ from engine_plans import LLM_DIMS, llm_plan  # noqa: E402
 from mstar.plan.io import load_plan  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
+from mstar.runtime.engine.gpu import packed_graphs  # noqa: E402
 from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor, WholePacked  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
 from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
@@ -54,16 +55,22 @@ def _steps():
     return [(first, 32), (second, 64)]
 
 
-@pytest.mark.parametrize("is_whole", [False, True], ids=["piecewise", "whole"])
-def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(is_whole):
+@pytest.mark.parametrize("graphs", ["piecewise", "whole", "whole_triton_packed"])
+def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(graphs, monkeypatch):
+    """whole_triton_packed: the whole graphs' packed keys on the Triton prefill kernel
+    (`packed_graphs.set_triton_packed`), with no FlashInfer wrapper and no host plan."""
+    is_whole = graphs != "piecewise"
+    monkeypatch.setattr(packed_graphs, "_triton_packed", graphs == "whole_triton_packed")
     executor = _executor(is_whole=is_whole)
     executor.capture()
     if is_whole:
-        graphs = executor.packed_graphs.graphs
-        assert sorted(k for k in graphs if k[2] == "packed") == [(t, b, "packed") for t in (32, 64, 128)
-                                                                 for b in (1, 4, 8)]
-        assert sorted(k for k in graphs if k[2] == "split") == [(t, b, "split") for t in (32, 64, 128) for b in (4, 8)]
+        keys = executor.packed_graphs.graphs
+        assert sorted(k for k in keys if k[2] == "packed") == [(t, b, "packed") for t in (32, 64, 128)
+                                                               for b in (1, 4, 8)]
+        assert sorted(k for k in keys if k[2] == "split") == [(t, b, "split") for t in (32, 64, 128) for b in (4, 8)]
         assert executor.capture_bytes["whole"] > 0
+        on_triton = [k for k in keys if not executor.packed_graphs.needs_plan(k)]
+        assert sorted(on_triton) == sorted(k for k in keys if k[2] == "split" or graphs == "whole_triton_packed")
     else:
         assert sorted(executor.piecewise.pieces) == [32, 64, 128]
         assert executor.capture_bytes["packed"] > 0
@@ -75,8 +82,8 @@ def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(is_whole):
         for rows, bucket in _steps():
             if is_graph:
                 tokens.append(executor.collect(executor.launch(rows, None, FAMILY, bucket)).tolist())
-                graphs = executor.packed_graphs if is_whole else executor.piecewise
-                logits.append(graphs.logits[:len(rows)].clone())
+                source = executor.packed_graphs if is_whole else executor.piecewise
+                logits.append(source.logits[:len(rows)].clone())
             else:
                 with torch.no_grad():
                     eager, greedy, _ = executor._run_eager(pack(rows, 16, executor.kv.dummy_page))

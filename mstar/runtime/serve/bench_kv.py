@@ -530,6 +530,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-blas-pdl", action="store_true",
                         help="torch engine on a GPU: keep the graphs' edges into cuBLAS's sm_90 products ordinary, "
                              "not programmatic (a what-if; docs/engine.md, \"Programmatic edges into cuBLAS\")")
+    parser.add_argument("--triton-packed", action="store_true",
+                        help="torch engine on a GPU: run the whole packed graphs' one-call (packed) keys on the "
+                             "Triton prefill kernel, not FlashInfer's graph-mode prefill (an experiment; "
+                             "docs/engine.md, \"Whole packed keys on the Triton prefill kernel\")")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
@@ -549,6 +553,22 @@ def _blas_edges_enabled() -> bool:
     return blas_edges.is_enabled()
 
 
+def _set_graph_switches(parser: argparse.ArgumentParser, args: argparse.Namespace, is_gpu_path: bool) -> None:
+    """`--no-blas-pdl` and `--triton-packed` set their modules' switches before any graph is captured;
+    off the GPU fast path they are refused."""
+    for flag, is_set in (("--no-blas-pdl", args.no_blas_pdl), ("--triton-packed", args.triton_packed)):
+        if is_set and not is_gpu_path:
+            parser.error(f"{flag} is about the GPU fast path's graphs: use it with --engine torch --device cuda")
+    if args.no_blas_pdl:
+        from mstar.runtime.engine.gpu import blas_edges
+
+        blas_edges.set_enabled(False)
+    if args.triton_packed:
+        from mstar.runtime.engine.gpu import packed_graphs
+
+        packed_graphs.set_triton_packed(True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -559,12 +579,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     is_gpu_path = args.engine == "torch" and args.device.startswith("cuda")
     if args.per_row and not is_gpu_path:
         parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
-    if args.no_blas_pdl:
-        if not is_gpu_path:
-            parser.error("--no-blas-pdl is about the GPU fast path's graphs: use it with --engine torch --device cuda")
-        from mstar.runtime.engine.gpu import blas_edges
-
-        blas_edges.set_enabled(False)
+    _set_graph_switches(parser, args, is_gpu_path)
     from mstar.plan.io import PlanError, load_plan
 
     try:
@@ -576,6 +591,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "route": args.route, "is_columnar": not args.per_row,
                                "can_run_ahead": not args.no_run_ahead, "is_gc_deferred": not args.automatic_gc,
                                "is_blas_pdl": is_gpu_path and _blas_edges_enabled(),
+                               "is_triton_packed": args.triton_packed,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len,

@@ -550,6 +550,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-graphs-only", action="store_true",
                         help="capture the decode family alone: the packed families' steps run eagerly (a "
                              "what-if for what their capture costs the decode graphs; docs/engine.md)")
+    parser.add_argument("--triton-packed", action="store_true",
+                        help="run the whole packed graphs' one-call (packed) keys on the Triton prefill kernel, "
+                             "not FlashInfer's graph-mode prefill (an experiment; docs/engine.md)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -558,9 +561,10 @@ def _parser() -> argparse.ArgumentParser:
 def _set_what_ifs(args: argparse.Namespace):
     """The what-if switches, set before the engine is built; returns `blas_edges` (its count of
     edges made programmatic is read after the run)."""
-    from mstar.runtime.engine.gpu import blas_edges, kernels, products, rule_graphs
+    from mstar.runtime.engine.gpu import blas_edges, kernels, packed_graphs, products, rule_graphs
 
     kernels.set_pdl(not args.no_pdl)
+    packed_graphs.set_triton_packed(args.triton_packed)
     products.set_transposed(not args.module_layout)
     blas_edges.set_enabled(not args.no_blas_pdl)
     rule_graphs.set_enabled(not args.no_rule_graphs)

@@ -35,6 +35,11 @@ Where the split route's decode rows take the Triton decode kernel (`FlashInferSt
 rows' over the rest, from the same derived arrays; such a key has no FlashInfer wrapper and no
 host plan (`needs_plan`). FlashInfer's graph-mode prefill merged its always-split KV with a kernel
 of 29 us a layer on the H200 whatever the context (docs/engine.md, "The split route on Triton").
+With `set_triton_packed(True)` a packed key (one prefill call: a prompt-only step, or the packed
+route's decode rows as one-token rows) runs on the Triton prefill kernel too (`PackedAttend`), where
+that kernel serves the heads and the decode graphs take it: no wrapper, no host plan, no merge. Off
+by default until measured on a GPU against FlashInfer's graph-mode prefill (docs/engine.md, "Whole
+packed keys on the Triton prefill kernel").
 
 Memory: every key's graph is captured in one pool, largest first, so a smaller key reuses the
 blocks a larger one freed; the logits of every key land in one buffer. `measured_bytes` is the
@@ -58,6 +63,15 @@ GraphKey = tuple[int, int, str]  # (token bucket T, batch size B, attention rout
 INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's own size for a wrapper's int workspace
 CTA_TILE_Q = 128  # the fa2 prefill tile height graph mode picks for a key with a long row (head dim < 256)
 PLAN_INFO_TOTAL_ROWS = 1  # the one entry of FlashInfer's PrefillPlanInfo that may change between plans
+
+_triton_packed = False
+
+
+def set_triton_packed(enabled: bool) -> None:
+    """Run the packed keys of graphs captured afterwards on the Triton prefill kernel where it serves
+    the heads (`PackedAttend`), or on FlashInfer's graph-mode prefill wrapper (the default)."""
+    global _triton_packed
+    _triton_packed = enabled
 
 
 class PlanMismatch(RuntimeError):
@@ -184,6 +198,24 @@ class SplitAttend:
         return out
 
 
+class PackedAttend:
+    """A packed key's one prefill call on the Triton prefill kernel: every row of the step over its
+    batch size's packed arrays (`PackedGraphs.indices[B]`), a decode row as a one-token row, padding
+    rows zero-length. Tokens past the real ones are left unwritten, as the split route leaves them
+    (their K/V went to the dummy slot and no row samples them)."""
+
+    def __init__(self, shape: "prefill_attention.PrefillShape", qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                 pages: torch.Tensor, last_page_len: torch.Tensor, partial: Optional[torch.Tensor]):
+        self.shape, self.partial = shape, partial
+        self.qo_indptr, self.kv_indptr, self.pages, self.last_page_len = qo_indptr, kv_indptr, pages, last_page_len
+
+    def __call__(self, layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        prefill_attention.prefill_attention(self.shape, q, k_pages, v_pages, self.qo_indptr, self.kv_indptr,
+                                            self.pages, self.last_page_len, out, self.partial)
+        return out
+
+
 def first_plan_counts(tokens: int, rows: int, max_row_tokens: int) -> np.ndarray:
     """Query tokens per row of a key's first plan: the bucket's tokens with one row as long as a
     row may be (the rest one token each), and where a row is capped (`max_row_tokens`: the node's
@@ -223,10 +255,10 @@ class PackedGraphs:
         self.decode_attend = {rows: self._decode_attend(rows) for rows in self.split}
         self._decode_planned: set[int] = set()
         self.inputs: dict[GraphKey, torch.Tensor] = {}
-        self.split_attend = self._split_attends(device)
+        self.triton_attend = self._triton_attends(device)
         self.wrappers = {}
         for key in self.keys:
-            if key in self.split_attend:
+            if key in self.triton_attend:
                 continue
             rows = key[1]
             if key[2] == "split":
@@ -252,22 +284,36 @@ class PackedGraphs:
         self.measured_bytes = capture_measured(
             self.keys, lambda key, pool, stream: self._capture(key, dummy_slot, pool, stream), device)
 
-    def _split_attends(self, device: torch.device) -> dict[GraphKey, SplitAttend]:
-        """The split keys whose attention runs on Triton kernels alone (`SplitAttend`): those whose
-        decode rows take the Triton decode kernel (its heads are the prefill kernel's). Their prefill
-        splits share one scratch (graphs replay one at a time)."""
+    def _triton_attends(self, device: torch.device) -> dict[GraphKey, Callable]:
+        """The keys whose attention runs on Triton kernels alone: split keys whose decode rows take
+        the Triton decode kernel (`SplitAttend`; its heads are the prefill kernel's) and, with
+        `set_triton_packed`, packed keys where the decode graphs take it too (`PackedAttend`). Their
+        prefill splits share one scratch (graphs replay one at a time)."""
         heads, page_size, sm_count = self.attention.heads, self.attention.page_size, _num_sms(device)
-        shapes = {key: prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
-                  for key in self.keys if key[2] == "split" and isinstance(self.decode_attend[key[1]], TritonDecode)}
+        shapes = {}
+        for key in self.keys:
+            if key[2] == "split" and isinstance(self.decode_attend[key[1]], TritonDecode):
+                shapes[key] = prefill_attention.graph_shape(*heads, page_size, prefill_rows(key), key[0], 1, sm_count)
+            elif key[2] == "packed" and _triton_packed and self.attention.graph_kernel(key[1]) == "triton":
+                shapes[key] = prefill_attention.graph_shape(*heads, page_size, key[1], key[0], 0, sm_count)
         numel = max([prefill_attention.partial_numel(shape) for shape in shapes.values()], default=0)
         partial = torch.empty(numel, dtype=torch.float32, device=device) if numel else None
-        return {key: SplitAttend(self.decode_attend[key[1]], shape, key[1], self.split[key[1]], self._pages(key[1]),
-                                 partial) for key, shape in shapes.items()}
+        return {key: self._triton_attend(key, shape, partial) for key, shape in shapes.items()}
+
+    def _triton_attend(self, key: GraphKey, shape: "prefill_attention.PrefillShape",
+                       partial: Optional[torch.Tensor]) -> Callable:
+        rows = key[1]
+        if key[2] == "split":
+            return SplitAttend(self.decode_attend[rows], shape, rows, self.split[rows], self._pages(rows), partial)
+        qo, kv, last, _, _ = self.index_layout(rows)
+        buffer = self.indices[rows]
+        return PackedAttend(shape, buffer[qo:qo + rows + 1], buffer[kv:kv + rows + 1], self._pages(rows),
+                            buffer[last:last + rows], partial)
 
     def needs_plan(self, key: GraphKey) -> bool:
         """Whether a step of `key` is planned on the host before its replay (`plan`): not where its
         attention runs on Triton kernels alone."""
-        return key not in self.split_attend
+        return key not in self.triton_attend
 
     def index_layout(self, rows: int) -> tuple[int, int, int, int, int]:
         """Offsets in `indices[rows]` of the qo indptr, kv indptr, last page lengths, page indices,
@@ -370,9 +416,10 @@ class PackedGraphs:
                                    packed[last_at:last_at + rows], self.split[rows])
 
     def _attend(self, key: GraphKey) -> Callable:
-        if key in self.split_attend:
-            self._derive(key[1])
-            return self.split_attend[key]
+        if key in self.triton_attend:
+            if key[2] == "split":
+                self._derive(key[1])
+            return self.triton_attend[key]
         prefill = self.wrappers[key]
         if key[2] != "split":
             return lambda _layer, q, k_pages, v_pages: prefill.run(q, (k_pages, v_pages))
