@@ -199,17 +199,18 @@ class StepCost:
                     elif family.kind == "packed":
                         self.whole_layers[(worker.rank, key.name, family.name)] = layers
 
-    def _whole_layers(self, step: Step) -> int:
-        """The layers of the whole packed graph the step replays; 0 when it replays none."""
+    def _whole_layers(self, step: Step, family: Optional[tuple[int, str, str]] = None) -> int:
+        """The layers of the whole packed graph the step replays; 0 when it replays none. family:
+        the step's (worker, key, capture) where the caller built it already."""
         if step.padded_batch > 0 and step.token_bucket:
-            return self.whole_layers.get((step.worker, step.key, step.capture or ""), 0)
+            return self.whole_layers.get(family or (step.worker, step.key, step.capture or ""), 0)
         return 0
 
     def launch(self, step: Step) -> float:
         is_captured = step.padded_batch > 0
         launch = CAPTURED_LAUNCH_S if is_captured else EAGER_LAUNCH_S
         family = (step.worker, step.key, step.capture or "")
-        whole_layers = self._whole_layers(step)
+        whole_layers = self._whole_layers(step, family)
         if whole_layers:  # the route's attention calls are in the graph: their merges, no extra launch
             launch += whole_layers * (SPLIT_GRAPH_MERGE_S if step.attention == "split" else GRAPH_MERGE_S)
         elif step.attention == "split":
