@@ -29,9 +29,10 @@ RUN = ["--requests", "3", "--output-len", "8..8", "--no-progress"]
 LOST_RANK_STOP_S = 120.0
 
 
-def _command(plan: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", str(ROOT / "generated" / f"{plan}.plan"),
-            *extra]
+def _command(plan: str | Path, *extra: str) -> list[str]:
+    """plan: a checked-in plan's name, or a plan file's path."""
+    path = plan if isinstance(plan, Path) else ROOT / "generated" / f"{plan}.plan"
+    return [sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", str(path), *extra]
 
 
 def _env() -> dict[str, str]:
@@ -46,10 +47,11 @@ def _kill_group(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def _run(tmp_path: Path, plan: str, ranks: str) -> tuple[dict, dict]:
+def _run(tmp_path: Path, plan: str | Path, ranks: str, workload: tuple[str, ...] = tuple(RUN)) -> tuple[dict, dict]:
     """(id -> (tokens, finish reason, media bytes), report) of a small run."""
-    out, report = tmp_path / f"{plan}-{ranks}", tmp_path / f"{plan}-{ranks}.json"
-    process = subprocess.Popen(_command(plan, *RUN, "--ranks", ranks, "--out", str(out), "--report", str(report)),
+    name = plan.stem if isinstance(plan, Path) else plan
+    out, report = tmp_path / f"{name}-{ranks}", tmp_path / f"{name}-{ranks}.json"
+    process = subprocess.Popen(_command(plan, *workload, "--ranks", ranks, "--out", str(out), "--report", str(report)),
                                cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
     try:
@@ -97,6 +99,35 @@ def test_rank_processes_give_the_tokens_and_audio_of_one_process(processes, one_
     assert ranks["mode"] == "spawn"
     assert ranks["world_size"] == 1 + max(int(rank) for rank in ranks["memory"])
     assert (ranks["num_kv_moves"] == 3) == (plan == "orpheus_pd_disaggregated"), ranks
+
+
+@pytest.mark.parametrize("config", ["orpheus_tp2", "orpheus_pd_disaggregated"])
+def test_a_prefix_cache_claims_on_the_ranks_of_its_prefix_walks(tmp_path, config):
+    """A deployment with `prefix_cache: true` on rank processes: the prompt's cached pages are
+    claimed on every rank of the instance that runs the prefill (a TP group's two ranks; the
+    prefill rank, whose KV then moves to the decode rank), and requests sharing a prefix one after
+    another find it cached and give one process's tokens."""
+    from mstar.compiler.driver import compile_spec
+    from mstar.compiler.emit import write_outputs
+    from mstar.lang.diagnostics import Diagnostics
+
+    deployment = tmp_path / f"{config}_prefix.yaml"
+    deployment.write_text((ROOT / "configs" / f"{config}.yaml").read_text() + "\nprefix_cache: true\n")
+    diags = Diagnostics()
+    compiled = compile_spec(ROOT / "specs" / "orpheus.mw", deployment, diags, tmp_path)
+    assert compiled is not None, diags.render()
+    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
+    prompts = tmp_path / "prompts.jsonl"
+    shared = list(range(200, 264))  # four whole pages of 16
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_tokens": shared + [300 + i, 301 + i],
+                                           "max_tokens": 6}) + "\n" for i in range(3)))
+    workload = ("--prompts", str(prompts), "--concurrency", "1", "--no-progress")
+    runs = {ranks: _run(tmp_path, Path(compiled.plan_path), ranks, workload) for ranks in ("inproc", "processes")}
+    (one, one_report), (found, report) = runs["inproc"], runs["processes"]
+    assert found == one
+    for figures in (one_report, report):
+        assert (figures["num_prefix_lookups"], figures["num_prefix_hits"], figures["num_prefix_cached_tokens"]) == (
+            3, 2, 2 * len(shared))
 
 
 def _free_port() -> int:

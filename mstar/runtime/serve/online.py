@@ -91,6 +91,10 @@ class Observer:
     def on_step(self, key: str, mixture: str) -> None:
         """A step of this scheduling key and mixture (its walks, `+`-joined) finished."""
 
+    def on_prefix_lookups(self, num_lookups: int, num_cached_tokens: int) -> None:
+        """An ended request's prefix-cache lookups (one per kv node whose plan caches prefixes and
+        that took its prompt) and the prompt tokens they found cached; called only when it looked."""
+
 
 class _Tracked:
     """A request in flight, as the driver thread sees it."""
@@ -268,6 +272,8 @@ class OnlineLoop:
         with self._lock:
             self._num_in_flight -= 1
         self.observer.on_finish(record.finish_reason or "error", record.is_refused)
+        if record.num_prefix_lookups:
+            self.observer.on_prefix_lookups(record.num_prefix_lookups, record.num_cached_tokens)
         self._push(item, record, True, time.monotonic())
 
     def _push(self, item: _Tracked, record: RequestRecord, is_final: bool, now: float) -> None:

@@ -30,6 +30,9 @@ class PacedEngine:
     def end_request(self, request_id: str) -> None:
         self.inner.end_request(request_id)
 
+    def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
+        return self.inner.claim_prefix(request_id, node, tokens)
+
     def launch(self, step: Step) -> StepHandle:
         started = time.monotonic()
         handle = self.inner.launch(step)

@@ -14,6 +14,10 @@ queue and the engine's KV pools. Out: `render()`, the text exposition format for
     mstar_kv_pages_in_use{node}              KV pages held, per kv node
     mstar_kv_pages_total{node}               the pool's pages, per kv node
     mstar_steps_total{key,mixture}           steps run, by scheduling key and mixture (its walks)
+    mstar_prefix_cache_lookups_total         prompt lookups in a prefix cache (a request's, one per kv node
+                                             whose plan caches prefixes), counted when the request ends
+    mstar_prefix_cache_hits_total            ended requests that found part of their prompt cached
+    mstar_prefix_cache_tokens_total          prompt tokens served from the cache instead of prefilled
 """
 from __future__ import annotations
 
@@ -49,6 +53,12 @@ class ServerMetrics(Observer):
         self.kv_in_use = Gauge("mstar_kv_pages_in_use", "KV pages held", ["node"], registry=registry)
         self.kv_total = Gauge("mstar_kv_pages_total", "KV pages in the pool", ["node"], registry=registry)
         self.steps = Counter("mstar_steps", "Steps run by key and mixture", ["key", "mixture"], registry=registry)
+        self.prefix_lookups = Counter("mstar_prefix_cache_lookups", "Prompt lookups in a prefix cache",
+                                      registry=registry)
+        self.prefix_hits = Counter("mstar_prefix_cache_hits", "Requests that found part of their prompt cached",
+                                   registry=registry)
+        self.prefix_tokens = Counter("mstar_prefix_cache_tokens", "Prompt tokens served from the prefix cache",
+                                     registry=registry)
 
     # observer hooks (driver thread)
     def on_first_output(self, seconds: float) -> None:
@@ -62,6 +72,12 @@ class ServerMetrics(Observer):
 
     def on_step(self, key: str, mixture: str) -> None:
         self.steps.labels(key, mixture).inc()
+
+    def on_prefix_lookups(self, num_lookups: int, num_cached_tokens: int) -> None:
+        self.prefix_lookups.inc(num_lookups)
+        if num_cached_tokens:
+            self.prefix_hits.inc()
+            self.prefix_tokens.inc(num_cached_tokens)
 
     # HTTP layer
     def refused(self, outcome: str) -> None:

@@ -10,7 +10,12 @@ every worker's scheduler stay in this one process, and each step goes to the ran
   of the instance, then rank 0 runs its own part, so a TP group's ranks run it together (their
   collectives meet); `wait` takes the leader's result (followers answer with what they imported);
 - `add_request` goes to every rank (each checks the nodes it runs; the first refusal wins, and
-  the ranks that accepted forget it again); `end_request` to every rank.
+  the ranks that accepted forget it again); `end_request` to every rank;
+- `claim_prefix` (a plan with a prefix cache) goes to every rank of the one instance (a rank or
+  a TP group) that runs the node's prefix walks, and they must agree; the request's KV starts
+  there, so a decode step on another instance moves it as any other (prefill on one rank, decode
+  on another). Where several instances run them (replicas), which one takes the prompt is decided
+  only when its step is: nothing is claimed and the request prefills whole.
 
 A rank that exits, hangs past the timeout or breaks the protocol raises `RankFailure` (an
 `EngineLost`) naming the rank and its last step; from then on every request is refused with that
@@ -44,6 +49,16 @@ class RankEngines:
         self.remote = list(range(1, world_size))
         self.instances: dict[tuple[int, str], Instance] = {
             (worker.rank, group.node): tuple(group.ranks) for worker in plan.workers for group in worker.tp_groups}
+        # node -> the instances that run its prefix walks (KvPoolPlan.prefix_walks: the walks whose
+        # first row may start after a cached prefix), where claim_prefix claims
+        prefix_walks = {(pool.node, walk) for pool in plan.deployment.kv_pools if pool.prefix_cache == "pages"
+                        for walk in pool.prefix_walks}
+        self.prefix_instances: dict[str, set[Instance]] = {}
+        for worker in plan.workers:
+            for key in worker.keys:
+                if any((key.node, walk) in prefix_walks for walk in key.walks):
+                    instance = self.instances.get((worker.rank, key.node), (worker.rank,))
+                    self.prefix_instances.setdefault(key.node, set()).add(instance)
         self.homes = KvHomes(plan)
         # rank 0's engine reads every decoder's dims (its own nodes or not), so its caps hold for all ranks
         # (rank 0's engine runs nothing ahead for steps it sends to other ranks)
@@ -107,6 +122,31 @@ class RankEngines:
         if reason is not None:
             self.end_request(request_id)
         return reason
+
+    def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
+        """The request's prompt on `node`'s prefix cache (module docstring): the tokens the one
+        instance running the node's prefix walks now holds from cached pages, every rank of it the
+        same; 0 where several instances (or none) run them, or the run is lost."""
+        instances = self.prefix_instances.get(node, set())
+        if self.lost is not None or len(instances) != 1:
+            return 0
+        (instance,) = instances
+        body = {"request_id": request_id, "node": node, "tokens": list(tokens)}
+        for rank in instance:
+            if rank != 0:
+                self._send(rank, "claim_prefix", body)
+        claimed = {0: self.local.claim_prefix(request_id, node, tokens)} if 0 in instance and self.local else {}
+        for rank in instance:
+            if rank != 0:
+                claimed[rank] = self._recv(rank, "claimed").body["num_tokens"]
+        leader = claimed[instance[0]]
+        for rank, num_tokens in claimed.items():
+            if num_tokens != leader:
+                raise self._lose(RankFailure(rank, f"found {num_tokens} cached tokens of request {request_id} on "
+                                                   f"{node} where rank {instance[0]} found {leader}"))
+        if leader:
+            self.homes.start(request_id, node, instance)
+        return leader
 
     def end_request(self, request_id: str) -> None:
         if self.lost is not None:

@@ -57,6 +57,9 @@ class RankExecutor:
     def add_request(self, request_id: str, request: Any) -> Optional[str]:
         return self.engine.add_request(request_id, request)
 
+    def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
+        return self.engine.claim_prefix(request_id, node, tokens)
+
     def end_request(self, request_id: str) -> None:
         self.engine.end_request(request_id)
         self.held.discard(request_id)

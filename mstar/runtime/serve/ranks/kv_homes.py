@@ -41,6 +41,12 @@ class KvHomes:
             if row.request_id not in failed:
                 self.home.setdefault((row.request_id, step.node), instance)
 
+    def start(self, request_id: str, node: str, instance: Instance) -> None:
+        """The request's KV on `node` starts on `instance` before any step of it ran there (a prefix
+        claim put cached pages in its sequence)."""
+        if node in self.kv_nodes:
+            self.home[(request_id, node)] = instance
+
     def forget(self, request_id: str) -> None:
         for node in self.kv_nodes:
             self.home.pop((request_id, node), None)

@@ -4,6 +4,7 @@ In: the plan, this rank, the engine options (`RankOptions`) and a `Channel` to r
 the loop answers rank 0 until it says `stop`:
 
     add_request {request_id, request}  -> added {reason}
+    claim_prefix {request_id, node, tokens} -> claimed {num_tokens}
     end_request {request_id}
     step {step}                        -> result {result, imported} on the step's leader,
                                           done {imported} on a TP follower, step_error {message}
@@ -84,6 +85,8 @@ def _handle(executor: RankExecutor, rank: int, message: Message) -> Reply:
     if kind == "add_request":
         request = decode_request(body["request"], message.tensors)
         return "added", {"reason": executor.add_request(body["request_id"], request)}, []
+    if kind == "claim_prefix":
+        return "claimed", {"num_tokens": executor.claim_prefix(body["request_id"], body["node"], body["tokens"])}, []
     if kind == "end_request":
         executor.end_request(body["request_id"])
     elif kind == "step":
