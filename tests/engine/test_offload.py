@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.kv.cache import KvCache
-from mstar.runtime.engine.kv.host_cache import HostKv
+from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.torch_engine import TorchEngine
@@ -33,7 +33,7 @@ IS_LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 def test_offloaded_pages_come_back_bit_identical(num_tokens, num_other, page_size, seed):
     pool = PagePool(64, page_size)
     cache = KvCache(pool, num_layers=2, num_kv_heads=2, head_dim=4)
-    host = HostKv(64, cache)  # room for every page of the sequence (at most 40)
+    host = HostKv(64, page_tensors(cache))  # room for every page of the sequence (at most 40)
     generator = torch.Generator().manual_seed(seed)
     for layer in range(2):
         cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=generator))
@@ -46,11 +46,11 @@ def test_offloaded_pages_come_back_bit_identical(num_tokens, num_other, page_siz
     before = [(cache.k[i][flat].clone(), cache.v[i][flat].clone()) for i in range(2)]
     table = pool.page_table(key)
     host_pages = list(range(63, 63 - len(table), -1))
-    host.copy_out(cache, table, host_pages)
+    host.copy_out(table, host_pages)
     pool.free_request("r")
     assert pool.reserve(("third", "main"), 3 * page_size)  # the freed pages go to another request
     assert pool.restore(key, num_tokens)
-    host.copy_in(cache, host_pages, pool.page_table(key))
+    host.copy_in(host_pages, pool.page_table(key))
     flat = cache.flat_positions(pool.page_table(key), num_tokens)
     for layer, (k, v) in enumerate(before):
         assert torch.equal(cache.k[layer][flat], k) and torch.equal(cache.v[layer][flat], v)
@@ -96,6 +96,54 @@ def test_offload_keeps_the_greedy_tokens_torch():
     offload = engine.runners["LLM"].offload
     assert offload.num_offloaded_pages > 0 and offload.num_restored_pages > 0
     assert not offload.offloaded and offload.num_free_host_pages == 64
+
+
+def _fast_path_engine(plan, num_pages: int, host_pages: int) -> TorchEngine:
+    """The torch engine with the GPU fast path's runner for LLM, built on the CPU (fp32, torch
+    attention), its host pool `host_pages`."""
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
+    from mstar.runtime.engine.placement import CPU
+
+    engine = TorchEngine(plan, dims="tiny", num_pages=num_pages)
+    reference = engine.runners["LLM"]
+    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
+                                             decode_family(plan, "LLM"), is_flashinfer=False,
+                                             host_pages=host_pages)
+    return engine
+
+
+def test_offload_on_the_fast_path_keeps_the_greedy_tokens():
+    """The GPU fast path's runner (gpu/runner.py, here on the CPU) offloads through its own page
+    layout (`PagedKv`: `_page_tensors`) and gives the tokens of a pool that holds every request."""
+    roomy, tight = small_pool_plan(64, 0), small_pool_plan(6, 64)
+    reqs = requests(7)
+    want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, 5)
+            .conductor.records.items()}
+    engine = _fast_path_engine(tight, 6, 64)
+    runner = engine.runners["LLM"]
+    assert not runner.can_run_ahead
+    got = {r: list(x.output_tokens) for r, x in run(tight, engine, reqs, 5).conductor.records.items()}
+    assert got == want
+    offload = runner.offload
+    assert offload.num_offloaded_pages > 0 and offload.num_restored_pages > 0
+    assert not offload.offloaded and offload.num_free_host_pages == 64
+
+
+def test_fast_path_pages_come_back_bit_identical():
+    """`PagedKv`'s pages through the host pool and back to other pages, every layer, keys and values."""
+    from mstar.runtime.engine.gpu.forward import PagedKv
+
+    kv = PagedKv(3, 10, 4, 2, 8, torch.float32, torch.device("cpu"))
+    kv.data.copy_(torch.randn(kv.data.shape, generator=torch.Generator().manual_seed(1)))
+    views = [kv.data[layer, part] for part in (0, 1) for layer in range(3)]
+    host = HostKv(5, views)
+    before = kv.data[:, :, [7, 2, 5]].clone()
+    host.copy_out([7, 2, 5], [4, 0, 1])
+    kv.data[:, :, [7, 2, 5]] = 0
+    host.copy_in([4, 0, 1], [1, 8, 3])
+    assert torch.equal(kv.data[:, :, [1, 8, 3]], before)
 
 
 def test_sim_offloads_and_finishes_every_request():

@@ -93,3 +93,21 @@ def test_bench_load_is_wired(capsys, tmp_path):
     assert result["params"] > 512 * 256 and result["load_s"] > 0
     assert (tmp_path / "config.json").is_file()
     assert main(["bench", "load", "--hidden", "100"]) == 1
+
+
+def test_a_run_short_of_kv_pages_reports_the_pages_it_offloaded(capsys, tmp_path):
+    """llama_chunked sizes a host pool (kv_cache.cpu_offload_pages): with a small device pool
+    (`--kv-pages`) the run moves pages out and back, and the table and the report say how many;
+    a plan without a host pool reports none."""
+    report = tmp_path / "r.json"
+    for engine in ("sim", "torch"):
+        assert main(["run", "--plan", str(ROOT / "generated" / "llama_chunked.plan"), "--engine", engine,
+                     "--kv-pages", "64", "--requests", "20", "--concurrency", "20", "--prompt-len", "100..300",
+                     "--output-len", "20..40", "--no-progress", "--report", str(report)]) == 0
+        moved = json.loads(report.read_text())["kv_offload"]["LLM"]
+        assert moved["offloaded_pages"] > 0 and moved["restored_pages"] == moved["offloaded_pages"]
+        assert "KV pages offloaded / restored LLM" in capsys.readouterr().out
+    assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--requests", "3", "--no-progress",
+                 "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["kv_offload"] == {}
+    assert "offloaded" not in capsys.readouterr().out

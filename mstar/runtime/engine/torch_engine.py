@@ -354,6 +354,12 @@ class TorchEngine:
         return FlashInferAttention(self.placement.device, dims.num_qo_heads, dims.num_kv_heads, dims.head_dim,
                                    page_size)
 
+    def offload_figures(self) -> dict[str, dict[str, int]]:
+        """Per kv node with a host pool: the KV pages moved to it and back so far (for the report)."""
+        return {name: {"offloaded_pages": runner.offload.num_offloaded_pages,
+                       "restored_pages": runner.offload.num_restored_pages}
+                for name, runner in self.runners.items() if isinstance(runner, DecoderRunner) and runner.offload}
+
     def attention_backends(self) -> dict[str, str]:
         """kv node -> the attention backend its steps use where they can (for the report)."""
         return {name: runner.attention_backend()

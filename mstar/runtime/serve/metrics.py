@@ -225,6 +225,9 @@ def render_table(summary: dict[str, Any]):
         table.add_row("prefix cache hits (lookups, cached tokens)",
                       f"{summary['num_prefix_hits']} ({summary['num_prefix_lookups']}, "
                       f"{summary['num_prefix_cached_tokens']})")
+    for node, moved in summary.get("kv_offload", {}).items():
+        table.add_row(f"KV pages offloaded / restored {node}",
+                      f"{moved['offloaded_pages']} / {moved['restored_pages']}")
     for key, entry in summary["step_composition"].items():
         walks = ", ".join(f"{w} {n:.1f}" for w, n in entry["mean_rows_per_walk"].items())
         table.add_row(f"rows/step {key}", f"{entry['mean_rows']:.1f} ({walks})")

@@ -205,13 +205,16 @@ class GpuDecoderRunner(DecoderRunner):
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
                  is_flashinfer: bool, position: int = 0, prefix_cache: bool = False,
                  can_run_ahead: Optional[bool] = None, slots: Optional[SlotPool] = None,
-                 packed: Optional[PackedFamilies] = None, glue: Optional[dict[int, dict[str, KeyGlue]]] = None):
+                 packed: Optional[PackedFamilies] = None, glue: Optional[dict[int, dict[str, KeyGlue]]] = None,
+                 host_pages: int = 0):
         """can_run_ahead: launch decode steps ahead (`prelaunch`); None: on a GPU with decode graphs.
         slots: the recurrent state slots of a hybrid decoder (gated delta-net layers); its requests'
         row slots are then their state slots (slot 0, the sink, is for padding rows). packed: the
         node's packed capture families, whose steps replay piecewise graphs (`packed_families`).
         glue: the plan's generated glue for this node (`node_glue`): worker -> walk -> KeyGlue;
-        the steps are then packed by it (not for a hybrid decoder)."""
+        the steps are then packed by it (not for a hybrid decoder). host_pages: the host pool KV
+        offload moves pages to (KvPoolPlan.host_pages; 0: none); with one the runner never runs
+        ahead and takes no columns (a step may move pages first)."""
         is_default = can_run_ahead is None
         if can_run_ahead is None:  # on a GPU with decode graphs (known once captured: below)
             can_run_ahead = placement.device.type == "cuda" and family is not None and is_flashinfer
@@ -219,7 +222,7 @@ class GpuDecoderRunner(DecoderRunner):
         # that nobody claims has moved its rows' states one token on, which, unlike a KV write past
         # the sequence, nothing overwrites later; with two copies it wrote the one nobody reads.
         super().__init__(node, dims, model, page_size, num_pages, max_seq_len, slots, seed, position=position,
-                         placement=placement, prefix_cache=prefix_cache,
+                         placement=placement, prefix_cache=prefix_cache, host_pages=host_pages,
                          state_versions=2 if can_run_ahead and slots is not None else 1)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
         max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
@@ -257,6 +260,12 @@ class GpuDecoderRunner(DecoderRunner):
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
                        dims.head_dim, placement.kv_dtype, placement.device)
+
+    def _page_tensors(self) -> list[torch.Tensor]:
+        """Each layer's keys then values as `[pages, page_size, heads, dim]` views of `PagedKv.data`
+        (the dummy page last, never offloaded)."""
+        data = self.cache.data
+        return [data[layer, part] for part in (0, 1) for layer in range(data.shape[0])]
 
     def attention_backend(self) -> str:
         return "flashinfer+graphs" if self.executor.graphs is not None else "device"
@@ -343,9 +352,10 @@ class GpuDecoderRunner(DecoderRunner):
         grant would change nothing. That holds while the pool's free pages cover what the started
         requests may still claim (`Admission.shortfall` then never refuses such a row, and it
         leaves the running counts untouched for the rows after it); when they do not, every row
-        goes through the policy as before."""
+        goes through the policy as before, and so it does with KV offload (the policy's move out
+        must see every row of the step, or it could pick a request whose row runs in it)."""
         pool, admission, label = self.pool, self.admission, self.guidance.first
-        if on_host or pool.num_free_pages < admission.num_outstanding:
+        if on_host or self.offload is not None or pool.num_free_pages < admission.num_outstanding:
             return super()._admit(ready, on_host, is_partial_ok)
         budgets, slots, has_room = admission.budgets, self.slots, pool.has_room
         rest = [item for item in ready

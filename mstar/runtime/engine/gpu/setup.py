@@ -70,4 +70,5 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
                             prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots,
                             can_run_ahead=can_run_ahead,
                             packed=packed_families(plan, node.name),
-                            glue=node_glue(glue.GLUE_BY_WORKER, node.name) if glue is not None else None)
+                            glue=node_glue(glue.GLUE_BY_WORKER, node.name) if glue is not None else None,
+                            host_pages=pool.host_pages if pool else 0)

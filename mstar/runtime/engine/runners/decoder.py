@@ -53,7 +53,7 @@ from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.cache import KvCache
-from mstar.runtime.engine.kv.host_cache import HostKv
+from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
@@ -114,7 +114,7 @@ class DecoderRunner:
         self.cache = self._new_cache(dims, placement)
         self.flashinfer = flashinfer
         self.offload = Offload(host_pages) if host_pages else None
-        self.host = HostKv(host_pages, self.cache) if host_pages else None
+        self.host = HostKv(host_pages, self._page_tensors()) if host_pages else None
         self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
         self.slots = slots
         self.states = (LinearStates.for_dims(dims, slots.num_slots, placement.device, versions=state_versions)
@@ -144,6 +144,10 @@ class DecoderRunner:
         """The node's KV tensors (the GPU fast path's runner lays them out its own way)."""
         return KvCache(self.pool, dims.num_full_layers, dims.num_kv_heads, dims.head_dim,
                        dtype=placement.kv_dtype, device=placement.device)
+
+    def _page_tensors(self) -> list[torch.Tensor]:
+        """The KV cache as page-major tensors, what KV offload copies (kv/host_cache.py)."""
+        return page_tensors(self.cache)
 
     def attention_backend(self) -> str:
         """The attention backend this node's steps use where they can (for the report)."""
@@ -333,7 +337,7 @@ class DecoderRunner:
             sequences = self.pool.sequences_of(request_id)
             moved = self.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])
             for (_, _, table), host in zip(sequences, moved):
-                self.host.copy_out(self.cache, table, host.host_pages)
+                self.host.copy_out(table, host.host_pages)
             self.pool.free_request(request_id)
             self.admission.release(request_id)
             self.claimed.pop(request_id, None)
@@ -358,7 +362,7 @@ class DecoderRunner:
                 key = (request_id, seq.label)
                 if not self.pool.restore(key, seq.num_tokens):
                     raise RuntimeError(f"KV pages vanished between the check and the move back of {request_id}")
-                self.host.copy_in(self.cache, seq.host_pages, self.pool.page_table(key))
+                self.host.copy_in(seq.host_pages, self.pool.page_table(key))
         return on_host
 
     def model_of(self, walk: str) -> Decoder:
