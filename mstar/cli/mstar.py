@@ -568,8 +568,9 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
     summary["interrupted"] = signals.name or None
     summary["num_unfinished"] = num_unfinished
     summary["ranks"] = getattr(args, "ranks_summary", None) or {"mode": "inproc"}
-    offload_figures = getattr(driver.engine, "offload_figures", None)  # not an engine of rank processes
-    summary["kv_offload"] = offload_figures() if offload_figures else {}
+    # None where the engine cannot say (rank processes: each rank's pool is its own)
+    offload_figures = getattr(driver.engine, "offload_figures", None)
+    summary["kv_offload"] = offload_figures() if offload_figures else None
     if args.gpu_profile and os.path.exists(args.gpu_profile):
         from mstar.runtime.serve.gpu_profile import idle_summary, summary_line
 

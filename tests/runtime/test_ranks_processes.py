@@ -101,28 +101,48 @@ def test_rank_processes_give_the_tokens_and_audio_of_one_process(processes, one_
     assert (ranks["num_kv_moves"] == 3) == (plan == "orpheus_pd_disaggregated"), ranks
 
 
+def _orpheus_plan_with(tmp_path: Path, config: str, extra_yaml: str) -> Path:
+    """specs/orpheus.mw compiled against configs/CONFIG.yaml with `extra_yaml` appended; the plan's path."""
+    from mstar.compiler.driver import compile_spec
+    from mstar.compiler.emit import write_outputs
+    from mstar.lang.diagnostics import Diagnostics
+
+    deployment = tmp_path / f"{config}_variant.yaml"
+    deployment.write_text((ROOT / "configs" / f"{config}.yaml").read_text() + "\n" + extra_yaml)
+    diags = Diagnostics()
+    compiled = compile_spec(ROOT / "specs" / "orpheus.mw", deployment, diags, tmp_path)
+    assert compiled is not None, diags.render()
+    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
+    return Path(compiled.plan_path)
+
+
+def test_kv_offloaded_on_the_prefill_rank_moves_to_the_decode_rank_from_the_host(tmp_path):
+    """Prefill on rank 0, decode on rank 1, a device pool too small for the clients (`--kv-pages
+    40`) and a host pool: a request whose pages were offloaded on the prefill rank moves to the
+    decode rank from its host pages (it had sent no KV at all, and decoded from nothing: other
+    tokens than one process's with room for everyone)."""
+    plan = _orpheus_plan_with(tmp_path, "orpheus_pd_disaggregated", "kv_cache:\n  cpu_offload_pages: 4096\n")
+    workload = ("--requests", "16", "--concurrency", "16", "--prompt-len", "40..120", "--output-len", "20..40",
+                "--no-progress")
+    roomy, _ = _run(tmp_path, plan, "inproc", workload)
+    tight, report = _run(tmp_path, plan, "processes", (*workload, "--kv-pages", "40"))
+    assert tight == roomy
+    assert report["num_oom_rows"] > 0 and report["ranks"]["num_kv_moves"] == 16
+
+
 @pytest.mark.parametrize("config", ["orpheus_tp2", "orpheus_pd_disaggregated"])
 def test_a_prefix_cache_claims_on_the_ranks_of_its_prefix_walks(tmp_path, config):
     """A deployment with `prefix_cache: true` on rank processes: the prompt's cached pages are
     claimed on every rank of the instance that runs the prefill (a TP group's two ranks; the
     prefill rank, whose KV then moves to the decode rank), and requests sharing a prefix one after
     another find it cached and give one process's tokens."""
-    from mstar.compiler.driver import compile_spec
-    from mstar.compiler.emit import write_outputs
-    from mstar.lang.diagnostics import Diagnostics
-
-    deployment = tmp_path / f"{config}_prefix.yaml"
-    deployment.write_text((ROOT / "configs" / f"{config}.yaml").read_text() + "\nprefix_cache: true\n")
-    diags = Diagnostics()
-    compiled = compile_spec(ROOT / "specs" / "orpheus.mw", deployment, diags, tmp_path)
-    assert compiled is not None, diags.render()
-    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
+    plan = _orpheus_plan_with(tmp_path, config, "prefix_cache: true\n")
     prompts = tmp_path / "prompts.jsonl"
     shared = list(range(200, 264))  # four whole pages of 16
     prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_tokens": shared + [300 + i, 301 + i],
                                            "max_tokens": 6}) + "\n" for i in range(3)))
     workload = ("--prompts", str(prompts), "--concurrency", "1", "--no-progress")
-    runs = {ranks: _run(tmp_path, Path(compiled.plan_path), ranks, workload) for ranks in ("inproc", "processes")}
+    runs = {ranks: _run(tmp_path, plan, ranks, workload) for ranks in ("inproc", "processes")}
     (one, one_report), (found, report) = runs["inproc"], runs["processes"]
     assert found == one
     for figures in (one_report, report):

@@ -225,7 +225,7 @@ def render_table(summary: dict[str, Any]):
         table.add_row("prefix cache hits (lookups, cached tokens)",
                       f"{summary['num_prefix_hits']} ({summary['num_prefix_lookups']}, "
                       f"{summary['num_prefix_cached_tokens']})")
-    for node, moved in summary.get("kv_offload", {}).items():
+    for node, moved in (summary.get("kv_offload") or {}).items():
         table.add_row(f"KV pages offloaded / restored {node}",
                       f"{moved['offloaded_pages']} / {moved['restored_pages']}")
     for key, entry in summary["step_composition"].items():

@@ -2,7 +2,8 @@
 
 In: a `DecoderRunner` and the request's `RequestState` on the sending rank. Out: `export_kv` ->
 (a JSON-able header, tensors): every KV sequence of the request (label, tokens written, then K and
-V of every full-attention layer at its positions, `[tokens, kv_heads, head_dim]`), its recurrent
+V of every full-attention layer at its positions, `[tokens, kv_heads, head_dim]`; read from the
+host pool where KV offload moved them, kv/offload.py), its recurrent
 state slot when the node has linear layers (conv and ssm state per layer), and the request's
 per-node counters the node's next step reads (tokens fed, tokens sampled, the last sampled token,
 stream items decoded). `import_kv` on the receiving rank admits the request on its pool by the
@@ -41,6 +42,8 @@ def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any
     cache, node, request_id = _check_layout(runner), runner.node.name, state.request_id
     sequences: list[list[Any]] = []
     tensors: list[torch.Tensor] = []
+    if runner.offload is not None and runner.offload.is_offloaded(request_id):
+        sequences, tensors = _offloaded_kv(runner, request_id)
     for label in runner.pool.labels_of(request_id):
         key = (request_id, label)
         num_tokens = runner.pool.num_tokens(key)
@@ -57,6 +60,24 @@ def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any
               "history": state.history.get(node, []), "num_sampled": state.num_sampled.get(node, 0),
               "last_token": state.last_token.get(node), "num_items_seen": state.num_items_seen.get(node, 0)}
     return header, tensors
+
+
+def _offloaded_kv(runner: DecoderRunner, request_id: str) -> tuple[list[list[Any]], list[torch.Tensor]]:
+    """The sequences of a request that KV offload moved to the host pool (its device pool holds
+    none of them then), read from the host pages in `export_kv`'s layout."""
+    assert runner.offload is not None and runner.host is not None
+    host, num_layers = runner.host.host, len(runner.cache.k)
+    sequences: list[list[Any]] = []
+    tensors: list[torch.Tensor] = []
+    for seq in runner.offload.offloaded[request_id]:
+        size = host[0].shape[1] if host else 1
+        positions = torch.arange(seq.num_tokens)
+        flat = torch.tensor(seq.host_pages, dtype=torch.long)[positions // size] * size + positions % size
+        sequences.append([seq.label, seq.num_tokens])
+        for layer in range(num_layers):
+            keys, values = host[layer], host[num_layers + layer]  # `page_tensors`' order: keys, then values
+            tensors.extend((keys.view(-1, *keys.shape[2:])[flat], values.view(-1, *values.shape[2:])[flat]))
+    return sequences, tensors
 
 
 def import_kv(runner: DecoderRunner, state: RequestState, header: dict[str, Any],
