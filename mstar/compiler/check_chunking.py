@@ -2,7 +2,7 @@
 checked against each other, and a prefix cache that cannot apply.
 
 In:  a checked `Spec`, its `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW420-MW424 (warnings for switches that are given but cannot apply).
+Out: nothing; adds MW420-MW424 and MW428 (warnings for switches that are given but cannot apply).
 
 Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
 - MW420: the chunk size is at most the budget (a chunk the budget could never hold);
@@ -16,7 +16,11 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
   only in the scheduler, so the key is not read (kv_pool.nodes.NODE.max_prefill_chunk_size is);
 - MW424 (warning): a prefix cache asked for on a node with recurrent state: the state after a
   prefix is not in any KV page, so no page can be shared; the plan says `recurrent_state` and
-  the cache stays off there.
+  the cache stays off there;
+- MW428 (warning): a prefix cache asked for on a node with cross-attention KV (`cross_kv`): its
+  self-attention K/V after the first layer depend on what it cross-attends (a Whisper decoder's
+  on the audio), not on its token ids alone, so no page can be shared by them; the plan says
+  `cross_attention` and the cache stays off there.
 """
 from __future__ import annotations
 
@@ -46,6 +50,12 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
                           "stays off (the plan says prefix_cache: recurrent_state)",
                           deployment.span_of("prefix_cache"),
                           Note("the recurrent state is declared here", node.states[0].span))
+        elif deployment.prefix_cache_for(node.name) and node.cross_kv:
+            diags.warning(codes.PREFIX_CACHE_CROSS,
+                          f"node {node.name} cross-attends, so its KV depends on more than its tokens: its prefix "
+                          "cache stays off (the plan says prefix_cache: cross_attention)",
+                          deployment.span_of("prefix_cache"),
+                          Note("the cross-attention KV is declared here", node.cross_kv[0].span))
 
 
 def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunking, diags: Diagnostics) -> None:

@@ -163,12 +163,17 @@ def _prompt_format(decl: Optional[ast.PromptFormat]) -> Optional[PromptFormatPla
     )
 
 
-def _prefix_cache(node: ast.NodeDecl, deployment: Deployment) -> Literal["off", "pages", "recurrent_state"]:
+def _prefix_cache(node: ast.NodeDecl, deployment: Deployment
+                  ) -> Literal["off", "pages", "recurrent_state", "cross_attention"]:
     """"pages" when the deployment asks for the cache on the node; "recurrent_state" when it asks
-    but the node keeps recurrent state (no KV page holds it: off, and the plan says why)."""
+    but the node keeps recurrent state (no KV page holds it), "cross_attention" when the node
+    cross-attends (its KV depends on more than its tokens): off, and the plan says why (MW424,
+    MW428)."""
     if not deployment.prefix_cache_for(node.name):
         return "off"
-    return "recurrent_state" if any(s.kind == "recurrent" for s in node.states) else "pages"
+    if any(s.kind == "recurrent" for s in node.states):
+        return "recurrent_state"
+    return "cross_attention" if node.cross_kv else "pages"
 
 
 def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:

@@ -461,9 +461,10 @@ class KvPoolPlan(PlanModel):
     num_pages: int
     max_seq_len: int
     # Full pages keyed by a hash of their tokens, shared between requests: "pages" (on), "off",
-    # or "recurrent_state" (asked for, but the node keeps recurrent state that no page holds, so
-    # it stays off).
-    prefix_cache: Literal["off", "pages", "recurrent_state"] = "off"
+    # "recurrent_state" (asked for, but the node keeps recurrent state that no page holds, so it
+    # stays off), or "cross_attention" (asked for, but the node cross-attends: its KV depends on
+    # more than its tokens, so it stays off).
+    prefix_cache: Literal["off", "pages", "recurrent_state", "cross_attention"] = "off"
     # With the cache on: walks whose first row on the node may start after the request's cached
     # prefix (their call takes the text prompt and can be cut, as KeyPlan.chunk_sizes' walks).
     prefix_walks: list[str] = []

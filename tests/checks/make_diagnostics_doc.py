@@ -346,6 +346,11 @@ explain = {
           "capture; the runtime runs such a family's steps eagerly. With `piecewise` the graphs hold everything "
           "around those layers (norms, projections, gates, MLPs, the sampling head), and the layers' middles run "
           "between the pieces, as attention does.",
+ "MW428": "A warning: a prefix cache shares full KV pages by their token ids, but the self-attention K/V of a node "
+          "that cross-attends (a `cross_kv` pool: a Whisper decoder over the audio) depend, from its second layer "
+          "on, on what it cross-attends as well as on its tokens, so two requests with the same leading tokens and "
+          "other audio must not share them. The plan says `prefix_cache: cross_attention` for that node and the "
+          "runtime keeps the cache off there.",
  "MW424": "A warning: a prefix cache shares full KV pages between requests with the same leading tokens, but a node "
           "with recurrent state (gated delta-net layers) also needs the state after the prefix, which no KV page "
           "holds. The plan says `prefix_cache: recurrent_state` for that node and the runtime keeps the cache off "
