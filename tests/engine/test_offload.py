@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -98,9 +99,11 @@ def test_offload_keeps_the_greedy_tokens_torch():
     assert not offload.offloaded and offload.num_free_host_pages == 64
 
 
-def _fast_path_engine(plan, num_pages: int, host_pages: int) -> TorchEngine:
+def _fast_path_engine(plan, num_pages: int, host_pages: int, can_run_ahead: bool = False) -> TorchEngine:
     """The torch engine with the GPU fast path's runner for LLM, built on the CPU (fp32, torch
-    attention), its host pool `host_pages`."""
+    attention), its host pool `host_pages`; with `can_run_ahead`, steps launched ahead as on a GPU."""
+    import dataclasses
+
     from mstar.runtime.engine.gpu.device_model import build_decoder
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
     from mstar.runtime.engine.placement import CPU
@@ -110,25 +113,50 @@ def _fast_path_engine(plan, num_pages: int, host_pages: int) -> TorchEngine:
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
                                              decode_family(plan, "LLM"), is_flashinfer=False,
-                                             host_pages=host_pages)
+                                             can_run_ahead=can_run_ahead, host_pages=host_pages)
+    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
     return engine
 
 
-def test_offload_on_the_fast_path_keeps_the_greedy_tokens():
+@pytest.mark.parametrize("can_run_ahead", [False, True], ids=["serial", "run_ahead"])
+@pytest.mark.parametrize("num_pages, cap, clients", [(6, 2, 5), (9, 4, 6)])
+def test_offload_on_the_fast_path_keeps_the_greedy_tokens(can_run_ahead, num_pages, cap, clients):
     """The GPU fast path's runner (gpu/runner.py, here on the CPU) offloads through its own page
-    layout (`PagedKv`: `_page_tensors`) and gives the tokens of a pool that holds every request."""
-    roomy, tight = small_pool_plan(64, 0), small_pool_plan(6, 64)
-    reqs = requests(7)
-    want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, 5)
+    layout (`PagedKv`: `_page_tensors`) and gives the tokens of a pool that holds every request,
+    with steps launched ahead and decode rows in columns as on a GPU (no step launched ahead moves
+    pages out, and no step's own request is moved out: `step_ids`)."""
+    roomy, tight = small_pool_plan(64, 0, cap), small_pool_plan(num_pages, 64, cap)
+    reqs = requests(9)
+    want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, clients)
             .conductor.records.items()}
-    engine = _fast_path_engine(tight, 6, 64)
+    engine = _fast_path_engine(tight, num_pages, 64, can_run_ahead)
     runner = engine.runners["LLM"]
-    assert not runner.can_run_ahead
-    got = {r: list(x.output_tokens) for r, x in run(tight, engine, reqs, 5).conductor.records.items()}
+    got = {r: list(x.output_tokens) for r, x in run(tight, engine, reqs, clients).conductor.records.items()}
     assert got == want
     offload = runner.offload
     assert offload.num_offloaded_pages > 0 and offload.num_restored_pages > 0
     assert not offload.offloaded and offload.num_free_host_pages == 64
+    assert (runner.num_ahead_rows > 0) == can_run_ahead
+
+
+@settings(max_examples=60 if IS_LONG else 6, deadline=None)
+@given(st.lists(st.tuples(st.integers(5, 60), st.integers(4, 14)), min_size=3, max_size=9),
+       st.integers(6, 12), st.integers(1, 4), st.integers(2, 6), st.booleans())
+def test_offload_on_the_fast_path_under_random_loads(shapes, num_pages, cap, clients, can_run_ahead):
+    """Random prompts and output lengths, pool sizes, caps and clients: the fast path's runner with
+    a host pool (run ahead or not) gives a roomy pool's greedy tokens and ends with every page home."""
+    reqs = [Request(id=f"q{i}", prompt_tokens=[(31 * i + 7 * j) % 500 for j in range(n)], max_tokens=m)
+            for i, (n, m) in enumerate(shapes)]
+    roomy, tight = small_pool_plan(64, 0, cap), small_pool_plan(num_pages, 64, cap)
+    want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, clients)
+            .conductor.records.items()}
+    engine = _fast_path_engine(tight, num_pages, 64, can_run_ahead)
+    got = {r: (x.finish_reason, list(x.output_tokens)) for r, x in run(tight, engine, reqs, clients)
+           .conductor.records.items()}
+    assert got == {r: ("length", tokens) for r, tokens in want.items()}
+    runner = engine.runners["LLM"]
+    assert not runner.offload.offloaded and runner.offload.num_free_host_pages == 64
+    assert runner.pool.num_free_pages == num_pages
 
 
 def test_fast_path_pages_come_back_bit_identical():

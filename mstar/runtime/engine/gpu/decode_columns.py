@@ -14,9 +14,10 @@ A step is steady when every row of it is: one call for all rows, whose first inp
 node loops back on the device and whose outputs are all sampled tokens; the row feeds that token
 (no value on the row; its request's last token here, one token), is not a chunk, and its request
 has started on the node (an admission budget), holds a row slot and a KV sequence, and has a
-history here; the requests are distinct; no row would pass max_seq_len; the runner has no KV
-offload; and the pool's free pages cover what the started requests
-may still claim (`GpuDecoderRunner._admit`'s exact case). A steady row needs at most one page:
+history here; the requests are distinct; no row would pass max_seq_len; no row's pages are on the
+host (KV offload: the per-row path moves them back first); and the pool's free pages cover what
+the started requests may still claim (`GpuDecoderRunner._admit`'s exact case: no row is then short,
+so no page moves out). A steady row needs at most one page:
 the rows that need one are asked of the admission policy, in step order, through the runner's
 `_admit`, exactly as on the per-row path; the others need nothing.
 
@@ -63,6 +64,7 @@ from mstar.runtime.step import RowResult, StepRow
 
 if TYPE_CHECKING:
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _Ahead, _CallFacts, _Item
+    from mstar.runtime.engine.kv.offload import Offload
 
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
@@ -95,6 +97,12 @@ class SteadyRows:
     at: Optional[list[int]] = None  # a mixed step: each steady row's step index (else its index is its own)
 
 
+def _any_on_host(offload: "Offload", request_ids: Iterable[str]) -> bool:
+    """Whether KV offload holds the pages of one of these requests on the host."""
+    on_host = offload.offloaded
+    return bool(on_host) and any(request_id in on_host for request_id in request_ids)
+
+
 def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, RequestState]],
                 is_mixed_ok: bool = False) -> Optional[SteadyRows]:
     """The step's columns when every row is steady (module docstring), else None. With
@@ -102,7 +110,8 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
     indices in `others` (module docstring, "A mixed step"). Reads only. (On CPython a stage of a C
     `map` over the rows' objects costs about what five plain bytecodes do: the checks mix one
     plain pass and C passes, and neither calls a function per row.)"""
-    if not rows or runner.offload is not None:
+    offload = runner.offload
+    if not rows or (offload is not None and _any_on_host(offload, (row.request_id for row, _, _ in rows))):
         return None
     # a pure step's rows share one call; a mixed step's decode rows are those of one end's call
     call, name = rows[-1][1], _loop_back_input(runner, rows[-1][1])
@@ -449,7 +458,7 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     sampled in the worker's latest step, hold row slots and KV sequences; False (nothing done)
     for other rows, which the per-row path takes. Rows past max_seq_len or whose next page the
     admission policy refuses are left out, as there."""
-    if not rows or runner.offload is not None:
+    if not rows or (runner.offload is not None and _any_on_host(runner.offload, (r[0] for r in rows))):
         return False
     call, walk = rows[0][2], rows[0][1]
     last, row_slots = runner._last_rows.get(worker, set()), runner.held_row_slots

@@ -245,7 +245,7 @@ class GpuDecoderRunner(DecoderRunner):
         self.held_row_slots: Mapping[str, int] = slots.owners if slots is not None else self._row_slots
         if is_default:
             can_run_ahead = can_run_ahead and self.executor.graphs is not None
-        self.can_run_ahead = can_run_ahead and self.offload is None
+        self.can_run_ahead = can_run_ahead
         self._facts: dict[int, _CallFacts] = {}  # id of a call of the engine's call table -> its facts
         self._ahead: dict[int, _Ahead] = {}  # worker -> its step launched ahead
         self._last_rows: dict[int, set[str]] = {}  # worker -> rows of its latest step that sampled
@@ -352,10 +352,10 @@ class GpuDecoderRunner(DecoderRunner):
         grant would change nothing. That holds while the pool's free pages cover what the started
         requests may still claim (`Admission.shortfall` then never refuses such a row, and it
         leaves the running counts untouched for the rows after it); when they do not, every row
-        goes through the policy as before, and so it does with KV offload (the policy's move out
-        must see every row of the step, or it could pick a request whose row runs in it)."""
+        goes through the policy as before. (KV offload, asked about the rest only, still moves none
+        of the step's requests out: `step_ids`.)"""
         pool, admission, label = self.pool, self.admission, self.guidance.first
-        if on_host or self.offload is not None or pool.num_free_pages < admission.num_outstanding:
+        if on_host or pool.num_free_pages < admission.num_outstanding:
             return super()._admit(ready, on_host, is_partial_ok)
         budgets, slots, has_room = admission.budgets, self.slots, pool.has_room
         rest = [item for item in ready
@@ -424,6 +424,7 @@ class GpuDecoderRunner(DecoderRunner):
         steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
+        self.step_ids = {row.request_id for row, _, _ in rows}
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
         return start_steady(self, steady, rows, is_partial_ok, worker)
 
@@ -633,13 +634,17 @@ class GpuDecoderRunner(DecoderRunner):
         """The token ids of a new prompt row's chunk launched ahead, prepared and admitted as the
         real launch would (its input classified, its request's budget and pages granted); None when
         it must wait for the real launch: inputs the fast path cannot take (the real launch says
-        why), a chunk past max_seq_len, a start other than where its KV ends, the policy's no. (A
-        runner with KV offload never runs ahead: `can_run_ahead`.)"""
+        why), a chunk past max_seq_len, a start other than where its KV ends, the policy's no, or
+        with KV offload a shortfall (only a real launch moves pages out: a step launched ahead
+        holds rows the real one may not)."""
         try:
             item = self._prepare(row, call, request)
         except InputError:
             return None
         if item.is_loop_back or row.chunk_start != num_cached or self._length_problem(item) is not None:
+            return None
+        if self.offload is not None and self.admission.shortfall(
+                self._page_needs([item]), self.pool.num_free_pages, self.slots.num_free_slots if self.slots else 0):
             return None
         granted, _ = self._admit([item], [], True)
         return item.tokens_fed if granted else None
