@@ -53,18 +53,25 @@ def test_glue_step_path_under_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__],
                             env=env, capture_output=True, text=True, cwd=Path(__file__).parent, timeout=900)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "9 passed" in result.stdout, result.stdout[-2000:]
+    assert "10 passed" in result.stdout, result.stdout[-2000:]
 
 
-def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
+def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96, host_pages: int = 0, cap: int = 0
+            ) -> TorchEngine:
+    """cap: every mixture's cap at most this (0: the plan's), so started requests sit out steps."""
     plan = load_plan(PLAN, verify=False)
+    if cap:
+        workers = [w.model_copy(update={"keys": [k.model_copy(update={"mixtures": [
+            m.model_copy(update={"cap": min(m.cap, cap)}) for m in k.mixtures]}) for k in w.keys]})
+            for w in plan.workers]
+        plan = plan.model_copy(update={"workers": workers})
     engine = TorchEngine(plan, num_pages=num_pages)
     reference = engine.runners["LLM"]
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     glue = node_glue(load_glue(GLUE).GLUE_BY_WORKER, "LLM") if is_glue else None
     engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
                                              decode_family(plan, "LLM"), is_flashinfer=False,
-                                             can_run_ahead=can_run_ahead, glue=glue)
+                                             can_run_ahead=can_run_ahead, glue=glue, host_pages=host_pages)
     engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
     return engine
 
@@ -81,9 +88,9 @@ def _run(engine: TorchEngine, num: int) -> dict[str, tuple]:
 
 
 @functools.lru_cache(maxsize=None)
-def _numpy_run(num: int, num_pages: int) -> dict[str, tuple]:
+def _numpy_run(num: int, num_pages: int, cap: int = 0) -> dict[str, tuple]:
     """The numpy-packed runner's outcome (no run-ahead), once per shape for the cases below."""
-    return _run(_engine(False, False, num_pages), num)
+    return _run(_engine(False, False, num_pages, cap=cap), num)
 
 
 @interpreted
@@ -105,6 +112,18 @@ def test_glue_runner_under_memory_pressure_reuses_slots():
     engine = _engine(True, True, num_pages=6)
     assert _run(engine, 9) == expected
     assert engine.runners["LLM"].pool.num_free_pages == 6
+
+
+@interpreted
+def test_glue_runner_with_kv_offload_resends_the_page_tables_it_moves():
+    """Six pages and a host pool: requests are moved out and back to other pages, and the mirror
+    must send a restored request's page table again (`GpuDecoderRunner._move_back`); the tokens
+    are those of the numpy runner, which holds rows instead."""
+    expected = _numpy_run(9, 96, 2)
+    engine = _engine(True, True, num_pages=6, host_pages=64, cap=2)
+    assert _run(engine, 9) == expected
+    runner = engine.runners["LLM"]
+    assert runner.offload.num_restored_pages > 0 and runner.pool.num_free_pages == 6
 
 
 @interpreted

@@ -225,7 +225,8 @@ class GpuDecoderRunner(DecoderRunner):
                          placement=placement, prefix_cache=prefix_cache, host_pages=host_pages,
                          state_versions=2 if can_run_ahead and slots is not None else 1)
         forward = DecoderForward(model, dims, self.cache, max_seq_len + 1, self.states)
-        max_rows = max(num_pages + 1, slots.num_slots if slots else 0)
+        # a row slot a live request: each holds a device page, or host pages while offloaded
+        max_rows = max(num_pages + host_pages + 1, slots.num_slots if slots else 0)
         self.glue = glue if glue and slots is None else None
         sizes = {key_glue.constants.page_size for by_walk in (self.glue or {}).values()
                  for key_glue in by_walk.values()}
@@ -239,7 +240,7 @@ class GpuDecoderRunner(DecoderRunner):
         self.family = family
         self.capture_bytes = self.executor.capture() if (family or packed) and is_flashinfer else 0
         self._row_slots: dict[str, int] = {}
-        self._free_slots = list(range(num_pages, -1, -1))
+        self._free_slots = list(range(max_rows - 1, -1, -1))
         # request id -> its device token table slot while it holds one; a hybrid's row slot is its
         # state slot (`_row_slot`), so its pool's owners are that table
         self.held_row_slots: Mapping[str, int] = slots.owners if slots is not None else self._row_slots
@@ -260,6 +261,20 @@ class GpuDecoderRunner(DecoderRunner):
     def _new_cache(self, dims: DecoderDims, placement: Placement) -> PagedKv:  # type: ignore[override]
         return PagedKv(dims.num_full_layers, self.pool.num_pages, self.pool.page_size, dims.num_kv_heads,
                        dims.head_dim, placement.kv_dtype, placement.device)
+
+    def _move_back(self, ready: list[_Prepared]) -> list[str]:
+        """The base's move back; the glue's page-table mirror forgets each restored request's slot
+        (its pages are fresh ones: the mirror sends only pages past those it holds)."""
+        assert self.offload is not None
+        offloaded = [item.row.request_id for item in ready if self.offload.is_offloaded(item.row.request_id)]
+        on_host = super()._move_back(ready)
+        packer = self.executor.packer
+        if packer is not None:
+            for request_id in offloaded:
+                slot = self.held_row_slots.get(request_id)
+                if request_id not in on_host and slot is not None:
+                    packer.forget(slot)
+        return on_host
 
     def _page_tensors(self) -> list[torch.Tensor]:
         """Each layer's keys then values as `[pages, page_size, heads, dim]` views of `PagedKv.data`
@@ -450,9 +465,6 @@ class GpuDecoderRunner(DecoderRunner):
                              pool.page_table((item.row.request_id, label)),
                              self._row_slot(item.row.request_id), item.row.walk in decode_walks,
                              walk_index.get(item.row.walk, 0)) for item in fresh]
-            if key_glue is not None and self.offload is not None:
-                for spec in specs:  # offload may have moved the rows' pages since they were mirrored
-                    self.executor.packer.forget(spec.row_slot)  # type: ignore[union-attr]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
                                            *self._step_bucket, route=self._route, glue=key_glue)
         sampled: set[str] = set()
