@@ -125,7 +125,7 @@ def test_offload_on_the_fast_path_keeps_the_greedy_tokens(can_run_ahead, num_pag
     """The GPU fast path's runner (gpu/runner.py, here on the CPU) offloads through its own page
     layout (`PagedKv`: `_page_tensors`) and gives the tokens of a pool that holds every request,
     with steps launched ahead and decode rows in columns as on a GPU (no step launched ahead moves
-    pages out, and no step's own request is moved out: `step_ids`)."""
+    pages out, and no step's own request is moved out: `step_rows`)."""
     roomy, tight = small_pool_plan(64, 0, cap), small_pool_plan(num_pages, 64, cap)
     reqs = requests(9)
     want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, clients)

@@ -368,7 +368,7 @@ class GpuDecoderRunner(DecoderRunner):
         requests may still claim (`Admission.shortfall` then never refuses such a row, and it
         leaves the running counts untouched for the rows after it); when they do not, every row
         goes through the policy as before. (KV offload, asked about the rest only, still moves none
-        of the step's requests out: `step_ids`.)"""
+        of the step's requests out: `step_rows`.)"""
         pool, admission, label = self.pool, self.admission, self.guidance.first
         if on_host or pool.num_free_pages < admission.num_outstanding:
             return super()._admit(ready, on_host, is_partial_ok)
@@ -439,7 +439,7 @@ class GpuDecoderRunner(DecoderRunner):
         steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
-        self.step_ids = {row.request_id for row, _, _ in rows}
+        self.step_rows = rows
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
         return start_steady(self, steady, rows, is_partial_ok, worker)
 

@@ -116,9 +116,9 @@ class DecoderRunner:
         self.offload = Offload(host_pages) if host_pages else None
         self.host = HostKv(host_pages, self._page_tensors()) if host_pages else None
         self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
-        # the requests with a row in the step being started: KV offload never moves them out, even
-        # where admission is asked about a part of the step only (gpu/runner.py, decode_columns.py)
-        self.step_ids: set[str] = set()
+        # the rows of the step being started: KV offload never moves their requests out, even where
+        # admission is asked about a part of the step only (gpu/runner.py, decode_columns.py)
+        self.step_rows: list[tuple[StepRow, CallInfo, RequestState]] = []
         self.slots = slots
         self.states = (LinearStates.for_dims(dims, slots.num_slots, placement.device, versions=state_versions)
                        if slots else None)
@@ -252,7 +252,7 @@ class DecoderRunner:
         at once; a runner whose device runs ahead of the host (gpu/runner.py) returns before.
         bucket: the step's capture family and token bucket from the plan (`Step.capture`,
         `Step.token_bucket`); a runner with packed graphs replays them (gpu/runner.py)."""
-        self.step_ids = {row.request_id for row, _, _ in rows}
+        self.step_rows = rows
         results, ready = self._items(rows)
         long = next((item for item in ready if item.embeds.shape[0] != 1), None) if route == "decode" else None
         if long is not None:
@@ -325,10 +325,13 @@ class DecoderRunner:
         needs = self._page_needs(ready)
         num_free_slots = self.slots.num_free_slots if self.slots else 0
         failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
-        step_ids = self.step_ids | {i.row.request_id for i in ready}
-        if failed and self.offload is not None and self._move_out(step_ids, needs, failed):
+        if failed and self.offload is not None and self._move_out(self._step_ids(ready), needs, failed):
             failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
         return needs, failed
+
+    def _step_ids(self, ready: list[_Prepared]) -> set[str]:
+        """The requests with a row in the step being started (`step_rows`) or among `ready`."""
+        return {row.request_id for row, _, _ in self.step_rows} | {item.row.request_id for item in ready}
 
     def _move_out(self, step_ids: set[str], needs: list[PageNeed], short: list[str]) -> bool:
         """Copy the pages of started requests with no row in this step to the host pool and free
