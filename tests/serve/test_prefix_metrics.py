@@ -21,17 +21,27 @@ def _samples(url: str) -> dict[str, float]:
 
 
 def test_requests_sharing_a_prefix_count_lookups_hits_and_cached_tokens():
+    """Also OpenAI's `usage.prompt_tokens_details.cached_tokens`, per request."""
     llm = LLM(LLAMA_CHUNKED, engine="sim", sim_pace=0)
     shared = list(range(100, 200))  # 100 tokens: 6 whole pages of 16
     with running(make_service(llm)) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
-        for tail in (7, 8, 9):  # one after another: the first one's pages are cached when the next arrives
-            client.completions.create(model="llama", prompt=shared + [tail], max_tokens=3)
+        # one after another: the first one's pages are cached when the next arrives
+        answers = [client.completions.create(model="llama", prompt=shared + [tail], max_tokens=3) for tail in (7, 8, 9)]
         samples = _samples(url)
     page_size = llm.plan.deployment.kv_pools[0].page_size
+    cached = len(shared) // page_size * page_size
+    assert [answer.usage.prompt_tokens_details.cached_tokens for answer in answers] == [0, cached, cached]
     assert samples["mstar_prefix_cache_lookups_total"] == 3
     assert samples["mstar_prefix_cache_hits_total"] == 2
-    assert samples["mstar_prefix_cache_tokens_total"] == 2 * (len(shared) // page_size) * page_size
+    assert samples["mstar_prefix_cache_tokens_total"] == 2 * cached
+
+
+def test_the_python_api_reports_the_cached_tokens():
+    with LLM(LLAMA_CHUNKED, engine="sim") as llm:
+        shared = list(range(100, 200))
+        first, second = [llm.generate([shared + [tail]])[0] for tail in (7, 8)]
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 96)
 
 
 def test_a_plan_without_a_prefix_cache_counts_no_lookup():

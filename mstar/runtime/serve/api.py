@@ -98,6 +98,7 @@ class Output:
     finish_reason: str  # stop, length, cancelled, error: ...
     media: list[tuple[str, Any]]  # (modality, value) of audio and image emissions, in order
     num_output_tokens: int  # counted output tokens (audio codes included)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
 
 
 class LLM:
@@ -314,7 +315,7 @@ class _Collector:
                       [t for d in self.deltas for t in d.token_ids],
                       "".join(d.text for d in self.deltas) if self.has_text else None,
                       last.finish_reason or "error", [m for d in self.deltas for m in d.media],
-                      last.num_output_tokens)
+                      last.num_output_tokens, last.num_cached_tokens)
 
 
 def _is_one_prompt(prompts: Any) -> bool:

@@ -42,10 +42,13 @@ def response(events: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def usage(request: Request, last: Delta) -> dict[str, int]:
+def usage(request: Request, last: Delta) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix
+    cache held (0 without a hit, or without a cache)."""
     prompt = len(request.prompt_tokens)
     return {"prompt_tokens": prompt, "completion_tokens": last.num_output_tokens,
-            "total_tokens": prompt + last.num_output_tokens}
+            "total_tokens": prompt + last.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens}}
 
 
 def finish_reason(delta: Delta) -> Optional[str]:

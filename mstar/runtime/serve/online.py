@@ -70,6 +70,7 @@ class Delta:
     is_refused: bool = False  # the engine or the route refused it at admission (nothing ran)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # counted output tokens so far
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the conductor's count)
 
     @property
     def is_final(self) -> bool:
@@ -303,7 +304,7 @@ class OnlineLoop:
             if is_final:
                 text += item.text.finish()
         delta = Delta(record.request.id, token_ids, text, media, None, False, len(record.request.prompt_tokens),
-                      record.num_output_tokens)
+                      record.num_output_tokens, record.num_cached_tokens)
         if is_final:
             delta.finish_reason = record.finish_reason or "error"
             delta.is_refused = record.is_refused
