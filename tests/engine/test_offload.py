@@ -184,3 +184,17 @@ def test_sim_offloads_and_finishes_every_request():
     offload = engine.pools["LLM"].offload
     assert offload.num_offloaded_pages > 0 and offload.num_restored_pages == offload.num_offloaded_pages
     assert engine.num_pages_held() == 0
+
+
+def test_a_host_pool_that_cannot_be_allocated_is_a_clear_error(monkeypatch):
+    """A host pool too large for the machine: `KvCacheError` (a start-up refusal with its size and
+    the key to lower), not torch's RuntimeError."""
+    from mstar.runtime.engine.kv.cache import KvCacheError
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    pages = [torch.zeros(4, 16, 2, 8)]
+    monkeypatch.setattr(torch, "empty", refuse)
+    with pytest.raises(KvCacheError, match=r"host pool of 1000 pages \(.*GiB\).*cpu_offload_pages"):
+        HostKv(1000, pages)

@@ -17,7 +17,7 @@ from mstar.runtime.engine.kv.pages import PagePool
 MAX_TENSOR_BYTES = 2**63 - 1
 
 
-def _gib(num_bytes: int) -> str:
+def gib(num_bytes: int) -> str:
     """GiB, written without float overflow for any page count."""
     return f"{num_bytes / 2**30:.1f} GiB" if num_bytes < 2**100 else f"about 2^{num_bytes.bit_length() - 30} GiB"
 
@@ -44,7 +44,7 @@ class KvCache:
         except (RuntimeError, MemoryError) as error:
             raise KvCacheError(
                 f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "
-                f"({_gib(num_bytes)} for {num_layers} layers): {str(error).splitlines()[0]}; "
+                f"({gib(num_bytes)} for {num_layers} layers): {str(error).splitlines()[0]}; "
                 "lower kv_pool.num_pages in the deployment or pass --kv-pages N"
             ) from None
 

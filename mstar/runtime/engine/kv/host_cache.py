@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mstar.runtime.engine.kv.cache import KvCache
+from mstar.runtime.engine.kv.cache import KvCache, KvCacheError, gib
 
 
 def page_tensors(cache: KvCache) -> list[torch.Tensor]:
@@ -26,8 +26,15 @@ class HostKv:
         pinned when they are on a GPU."""
         self.pages = pages
         is_pinned = bool(pages) and pages[0].device.type == "cuda"
-        self.host = [torch.empty((num_pages,) + tuple(t.shape[1:]), dtype=t.dtype, pin_memory=is_pinned)
-                     for t in pages]
+        num_bytes = sum(num_pages * t[0].numel() * t.element_size() for t in pages)
+        try:
+            self.host = [torch.empty((num_pages,) + tuple(t.shape[1:]), dtype=t.dtype, pin_memory=is_pinned)
+                         for t in pages]
+        except (RuntimeError, MemoryError) as error:  # torch's word for an allocation it cannot make
+            raise KvCacheError(
+                f"cannot allocate a KV offload host pool of {num_pages} pages ({gib(num_bytes)}"
+                f"{' pinned' if is_pinned else ''}): {str(error).splitlines()[0]}; lower "
+                "kv_cache.cpu_offload_pages (or kv_pool.nodes.NODE.cpu_offload_pages) in the deployment") from None
 
     def copy_out(self, device_pages: list[int], host_pages: list[int]) -> None:
         """Device pages -> host pages."""
