@@ -2,7 +2,8 @@
 checked against each other, and a prefix cache that cannot apply.
 
 In:  a checked `Spec`, its `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW420-MW424 and MW428 (warnings for switches that are given but cannot apply).
+Out: nothing; adds MW420-MW424, MW428 and MW429 (warnings for switches that are given but cannot
+apply).
 
 Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
 - MW420: the chunk size is at most the budget (a chunk the budget could never hold);
@@ -20,12 +21,16 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
 - MW428 (warning): a prefix cache asked for on a node with cross-attention KV (`cross_kv`): its
   self-attention K/V after the first layer depend on what it cross-attends (a Whisper decoder's
   on the audio), not on its token ids alone, so no page can be shared by them; the plan says
-  `cross_attention` and the cache stays off there.
+  `cross_attention` and the cache stays off there;
+- MW429 (warning): a walk that takes the node's text prompt sends an output with a value per
+  prompt position (hidden states, a mask, embeddings: Qwen3-Omni's Thinker streams its states to
+  the Talker): a row starting after a cached prefix would send nothing for the cached positions, so
+  the walk is not one of the plan's `prefix_walks` and its prompts are computed whole.
 """
 from __future__ import annotations
 
 from mstar.compiler import codes
-from mstar.compiler.chunking import is_chunkable, node_calls
+from mstar.compiler.chunking import is_chunkable, node_calls, per_position_edges, prompt_walks
 from mstar.compiler.deployment import Deployment, NodeChunking
 from mstar.compiler.lower_keys import walk_cap, walk_captures
 from mstar.lang import ast
@@ -50,12 +55,28 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
                           "stays off (the plan says prefix_cache: recurrent_state)",
                           deployment.span_of("prefix_cache"),
                           Note("the recurrent state is declared here", node.states[0].span))
+        elif deployment.prefix_cache_for(node.name) and not node.cross_kv:
+            _check_prefix_walks(node, walks, deployment, diags)
         elif deployment.prefix_cache_for(node.name) and node.cross_kv:
             diags.warning(codes.PREFIX_CACHE_CROSS,
                           f"node {node.name} cross-attends, so its KV depends on more than its tokens: its prefix "
                           "cache stays off (the plan says prefix_cache: cross_attention)",
                           deployment.span_of("prefix_cache"),
                           Note("the cross-attention KV is declared here", node.cross_kv[0].span))
+
+
+def _check_prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk], deployment: Deployment,
+                        diags: Diagnostics) -> None:
+    """MW429 for each walk that takes the text prompt but sends a value per prompt position."""
+    for walk in prompt_walks(node, walks):
+        edges = per_position_edges(node, walk)
+        if edges:
+            role = {o.name: o.role for o in node.outputs}[edges[0].name]
+            diags.warning(codes.PREFIX_WALK_PER_POSITION,
+                          f"walk {walk.name} sends {edges[0].name} ({role}) of node {node.name} to {edges[0].dest}, a "
+                          "value per prompt position: a cached prefix's positions would send nothing, so its rows "
+                          "never start after one (its prompts are computed whole)",
+                          edges[0].span, Note("the prefix cache is asked for here", deployment.span_of("prefix_cache")))
 
 
 def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunking, diags: Diagnostics) -> None:

@@ -3,7 +3,8 @@
 In:  a node declaration, a walk (AST), the deployment's resolved `NodeChunking` for the node.
 Out: `is_chunkable(node, walk)`; `chunk_sizes(node, walks, chunking)` -> walk -> most tokens of
      one row a step feeds (only chunkable walks, only when the scheduler owns chunking);
-     `prefix_walks(node, walks)` -> the walks whose rows may start after a cached prefix.
+     `prefix_walks(node, walks)` -> the walks whose rows may start after a cached prefix;
+     `per_position_edges(node, walk)` -> the edges that keep a walk from being one.
 
 A row of walk W on node N may be cut when feeding its tokens in pieces, each attending over the
 KV the earlier pieces wrote, computes what feeding them at once does:
@@ -55,12 +56,31 @@ def chunk_sizes(node: ast.NodeDecl, walks: list[ast.Walk], chunk_size: Optional[
     return {walk.name: chunk_size for walk in walks if is_chunkable(node, walk)}
 
 
+# Outputs a prefill computes from its last position only (a sampled token) or from none (a
+# signal): a cached prefix's positions, never computed, leave them whole. Any other output (hidden
+# states, masks, embeddings) holds a value per prompt position.
+LAST_POSITION_ROLES = frozenset({"tokens", "signal"})
+
+
 def prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[str]:
     """Walks whose first row on `node` may start after a request's cached prefix: they can be cut
     (a cached prefix is one chunk already fed), the node's call in them takes the text prompt
-    (a cache hit is found by the prompt's token ids) and runs the node's own model (cached pages
-    hold that model's KV, not a sub-model's)."""
+    (a cache hit is found by the prompt's token ids), runs the node's own model (cached pages
+    hold that model's KV, not a sub-model's) and sends no output with a value per prompt position
+    (`per_position_edges`: the cached positions would send nothing)."""
+    return [walk.name for walk in prompt_walks(node, walks) if not per_position_edges(node, walk)]
+
+
+def prompt_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[ast.Walk]:
+    """`prefix_walks` before its last condition: cut, taking the text prompt, on the node's model."""
     prompt_inputs = {i.name for i in node.inputs if i.prompt == "text"}
     on_submodels = {walk for sub in node.submodels if sub.samples is None for walk in sub.walks}
-    return [walk.name for walk in walks if is_chunkable(node, walk) and walk.name not in on_submodels
+    return [walk for walk in walks if is_chunkable(node, walk) and walk.name not in on_submodels
             and all(not prompt_inputs.isdisjoint(call.inputs) for call, _ in node_calls(walk.body, node.name))]
+
+
+def per_position_edges(node: ast.NodeDecl, walk: ast.Walk) -> list[ast.Edge]:
+    """The edges of `node`'s calls in `walk` that carry an output with a value per position."""
+    roles = {o.name: o.role for o in node.outputs}
+    return [edge for call, _ in node_calls(walk.body, node.name) for edge in call.edges
+            if roles.get(edge.name) not in LAST_POSITION_ROLES]

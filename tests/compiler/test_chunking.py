@@ -27,3 +27,18 @@ def test_text_prefills_are_cut_and_loops_and_bidirectional_walks_are_not():
 
 def test_a_stateless_node_is_never_cut():
     assert not any(chunkable("orpheus", "snac_decoder").values())
+
+
+def test_prefix_walks_leave_out_walks_that_send_a_value_per_prompt_position():
+    """A prefix walk's row may start after a cached prefix only when what it sends comes from its
+    last position: Qwen3-Omni's Thinker streams its prompt's states to the Talker (MW429)."""
+    from mstar.compiler.chunking import prefix_walks
+
+    def walks_of(model: str, node: str) -> list[str]:
+        spec = load_checked_spec(ROOT / "specs" / f"{model}.mw", Diagnostics())
+        assert spec is not None
+        return prefix_walks(next(n for n in spec.nodes if n.name == node), spec.walks)
+
+    assert walks_of("llama", "LLM") == ["prefill"]
+    assert walks_of("bagel", "LLM") == ["prefill_text"]
+    assert walks_of("qwen3_omni", "Thinker") == []
