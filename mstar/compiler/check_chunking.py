@@ -23,9 +23,10 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
   on the audio), not on its token ids alone, so no page can be shared by them; the plan says
   `cross_attention` and the cache stays off there;
 - MW429 (warning): a walk that takes the node's text prompt sends an output with a value per
-  prompt position (hidden states, a mask, embeddings: Qwen3-Omni's Thinker streams its states to
-  the Talker): a row starting after a cached prefix would send nothing for the cached positions, so
-  the walk is not one of the plan's `prefix_walks` and its prompts are computed whole.
+  prompt position (hidden states that do not loop back, a mask: Qwen3-Omni's Thinker streams its
+  states to the Talker; `chunking.per_position_edges`): a row starting after a cached prefix would
+  send nothing for the cached positions, so the walk is not one of the plan's `prefix_walks` and its
+  prompts are computed whole.
 """
 from __future__ import annotations
 

@@ -56,10 +56,10 @@ def chunk_sizes(node: ast.NodeDecl, walks: list[ast.Walk], chunk_size: Optional[
     return {walk.name: chunk_size for walk in walks if is_chunkable(node, walk)}
 
 
-# Outputs a prefill computes from its last position only (a sampled token) or from none (a
-# signal): a cached prefix's positions, never computed, leave them whole. Any other output (hidden
-# states, masks, embeddings) holds a value per prompt position.
-LAST_POSITION_ROLES = frozenset({"tokens", "signal"})
+# Outputs that hold a value per fed position (the torch engine's `DecoderRunner._outputs`): hidden
+# states, except those that loop back into the node (its last position only), and masks. A cached
+# prefix's positions are never computed, so they would send nothing for those.
+PER_POSITION_ROLES = frozenset({"hidden", "mask"})
 
 
 def prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[str]:
@@ -80,7 +80,12 @@ def prompt_walks(node: ast.NodeDecl, walks: list[ast.Walk]) -> list[ast.Walk]:
 
 
 def per_position_edges(node: ast.NodeDecl, walk: ast.Walk) -> list[ast.Edge]:
-    """The edges of `node`'s calls in `walk` that carry an output with a value per position."""
+    """The edges of `node`'s calls in `walk` that carry an output with a value per position (a
+    hidden output any edge of the call loops back into the node is its last position's only)."""
     roles = {o.name: o.role for o in node.outputs}
-    return [edge for call, _ in node_calls(walk.body, node.name) for edge in call.edges
-            if roles.get(edge.name) not in LAST_POSITION_ROLES]
+    found = []
+    for call, _ in node_calls(walk.body, node.name):
+        looped = {edge.name for edge in call.edges if edge.dest == node.name}
+        found += [edge for edge in call.edges if roles.get(edge.name) in PER_POSITION_ROLES
+                  and not (roles.get(edge.name) == "hidden" and edge.name in looped)]
+    return found

@@ -347,10 +347,11 @@ explain = {
           "around those layers (norms, projections, gates, MLPs, the sampling head), and the layers' middles run "
           "between the pieces, as attention does.",
  "MW429": "A warning: a prefix cache skips computing a cached prefix's positions, so a walk can start after one "
-          "only when what it sends comes from its last position (a sampled token) or from none (a signal). A walk "
-          "that takes the node's text prompt but sends a value per prompt position (hidden states, a mask, "
-          "embeddings: Qwen3-Omni's Thinker streams its states to the Talker) would send nothing for the cached "
-          "positions; it is left out of the plan's `prefix_walks`, and its prompts are computed whole.",
+          "only when nothing it sends holds a value per prompt position. A walk that takes the node's text prompt but "
+          "sends hidden states that do not loop back into the node, or a mask (Qwen3-Omni's Thinker streams its "
+          "states to the Talker), would send nothing for the cached positions; it is left out of the plan's "
+          "`prefix_walks`, and its prompts are computed whole. (Cut into chunks, such a walk sends every "
+          "chunk's states with its last chunk.)",
  "MW428": "A warning: a prefix cache shares full KV pages by their token ids, but the self-attention K/V of a node "
           "that cross-attends (a `cross_kv` pool: a Whisper decoder over the audio) depend, from its second layer "
           "on, on what it cross-attends as well as on its tokens, so two requests with the same leading tokens and "

@@ -546,8 +546,11 @@ class DecoderRunner:
             tokens = self._sample(ready, mains, model)
             frames = [self._depth_frames(item, main, token, model) for item, main, token in zip(ready, mains, tokens)]
             results = [RowResult(item.row.request_id) if item.row.is_partial  # a chunk before the last: KV only
-                       else self._outputs(item, main, velocity, token, frame)
+                       else self._outputs(item, self._whole_prompt(item, main), velocity, token, frame)
                        for item, main, velocity, token, frame in zip(ready, mains, velocities, tokens, frames)]
+            for item, main in zip(ready, mains):
+                if item.row.is_partial and self._sends_per_position(item.call):
+                    item.request.cut_hidden.setdefault(self.node.name, []).append(main.clone())
         for item in ready:
             num_new = item.embeds.shape[0]
             # fed tokens key the pages for the prefix cache; a sub-model's KV is not the node's model's,
@@ -664,6 +667,19 @@ class DecoderRunner:
 
     def _device_loop_backs(self, call: CallInfo) -> set[str]:
         return {e.name for e in call.edges if e.is_device and e.is_loop_back and e.dest == self.node.name}
+
+    def _sends_per_position(self, call: CallInfo) -> bool:
+        """Whether the call sends a value per fed position (`_outputs`: hidden states that do not
+        loop back into this node, a mask), which a prompt cut into chunks must send for every chunk."""
+        return any((role == "hidden" and not self._is_self_loop(call, name)) or role == "mask"
+                   for name, role in ((n, call.output_roles.get(n, "tokens")) for n in call.output_names))
+
+    def _whole_prompt(self, item: _Prepared, hidden: torch.Tensor) -> torch.Tensor:
+        """A row's hidden states for its outputs: on the last chunk of a cut prompt, those of the
+        chunks before it (kept by `_forward`) then its own, so a per-position output covers every
+        prompt position as one uncut step's does; the row's own otherwise."""
+        pieces = item.request.cut_hidden.pop(self.node.name, None)
+        return torch.cat([*pieces, hidden]) if pieces else hidden
 
     def _is_self_loop(self, call: CallInfo, name: str) -> bool:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)

@@ -33,6 +33,9 @@ class RequestState:
     last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
     # (node, input) -> (the value, its classification) of a prompt cut into chunks (values.classify_for_row)
     cut_inputs: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)
+    # node -> the hidden states of a cut prompt's chunks so far, where its call sends a value per
+    # position (runners/decoder.py `_whole_prompt`: the last chunk sends them all)
+    cut_hidden: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
     def from_request(cls, request_id: str, request: Any) -> "RequestState":
