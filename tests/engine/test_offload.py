@@ -57,8 +57,9 @@ def test_offloaded_pages_come_back_bit_identical(num_tokens, num_other, page_siz
         assert torch.equal(cache.k[layer][flat], k) and torch.equal(cache.v[layer][flat], v)
 
 
-def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2):
-    """llama_chunked with every step capped at `cap` rows and a pool of `num_pages` pages of 16."""
+def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache: bool = False):
+    """llama_chunked with every step capped at `cap` rows and a pool of `num_pages` pages of 16
+    (its prefix cache off unless asked for)."""
     plan = load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
     workers = []
     for worker in plan.workers:
@@ -67,7 +68,8 @@ def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2):
             m.model_copy(update={"cap": min(m.cap, cap), "capture": None}) for m in key.mixtures]})
             for key in worker.keys]
         workers.append(worker.model_copy(update={"keys": keys}))
-    pools = [p.model_copy(update={"num_pages": num_pages, "host_pages": host_pages, "prefix_cache": "off"})
+    pools = [p.model_copy(update={"num_pages": num_pages, "host_pages": host_pages,
+                                  "prefix_cache": "pages" if prefix_cache else "off"})
              for p in plan.deployment.kv_pools]
     deployment = plan.deployment.model_copy(update={"kv_pools": pools})
     return plan.model_copy(update={"workers": workers, "deployment": deployment})
@@ -102,7 +104,8 @@ def test_offload_keeps_the_greedy_tokens_torch():
 
 def _fast_path_engine(plan, num_pages: int, host_pages: int, can_run_ahead: bool = False) -> TorchEngine:
     """The torch engine with the GPU fast path's runner for LLM, built on the CPU (fp32, torch
-    attention), its host pool `host_pages`; with `can_run_ahead`, steps launched ahead as on a GPU."""
+    attention), its host pool `host_pages` and, where the plan's pool asks for it, its prefix cache
+    (as gpu/setup.py builds it); with `can_run_ahead`, steps launched ahead as on a GPU."""
     import dataclasses
 
     from mstar.runtime.engine.gpu.device_model import build_decoder
@@ -114,7 +117,8 @@ def _fast_path_engine(plan, num_pages: int, host_pages: int, can_run_ahead: bool
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
                                              decode_family(plan, "LLM"), is_flashinfer=False,
-                                             can_run_ahead=can_run_ahead, host_pages=host_pages)
+                                             can_run_ahead=can_run_ahead, host_pages=host_pages,
+                                             prefix_cache=plan.deployment.kv_pools[0].prefix_cache == "pages")
     engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
     return engine
 
@@ -142,14 +146,17 @@ def test_offload_on_the_fast_path_keeps_the_greedy_tokens(can_run_ahead, num_pag
 
 @settings(max_examples=60 if IS_LONG else 6, deadline=None)
 @given(st.lists(st.tuples(st.integers(5, 60), st.integers(4, 14)), min_size=3, max_size=16),
-       st.integers(6, 12), st.integers(1, 4), st.sampled_from([0, 2, 5, 14]), st.booleans())
-def test_offload_on_the_fast_path_under_random_loads(shapes, num_pages, cap, clients, can_run_ahead):
+       st.integers(6, 12), st.integers(1, 4), st.sampled_from([0, 2, 5, 14]), st.booleans(), st.booleans())
+def test_offload_on_the_fast_path_under_random_loads(shapes, num_pages, cap, clients, can_run_ahead, is_shared):
     """Random prompts and output lengths, pool sizes, caps and clients (0: all arrive at once, so
-    more requests live than the pool has pages): the fast path's runner with a host pool (run ahead
-    or not) gives a roomy pool's greedy tokens and ends with every page home."""
-    reqs = [Request(id=f"q{i}", prompt_tokens=[(31 * i + 7 * j) % 500 for j in range(n)], max_tokens=m)
+    more requests live than the pool has pages), with or without a shared 32-token prefix and the
+    prefix cache: the fast path's runner with a host pool (run ahead or not) gives a roomy pool's
+    greedy tokens and ends with every page home (cached pages count as free)."""
+    prefix = list(range(100, 132)) if is_shared else []
+    reqs = [Request(id=f"q{i}", prompt_tokens=prefix + [(31 * i + 7 * j) % 500 for j in range(n)], max_tokens=m)
             for i, (n, m) in enumerate(shapes)]
-    roomy, tight = small_pool_plan(64, 0, cap), small_pool_plan(num_pages, 64, cap)
+    num_pages += 2 * is_shared  # the prefix's two pages
+    roomy, tight = small_pool_plan(64, 0, cap, is_shared), small_pool_plan(num_pages, 64, cap, is_shared)
     want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, clients)
             .conductor.records.items()}
     engine = _fast_path_engine(tight, num_pages, 64, can_run_ahead)
