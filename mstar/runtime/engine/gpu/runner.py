@@ -713,6 +713,9 @@ class GpuDecoderRunner(DecoderRunner):
         is_stop = (token in params.stop_tokens or token in self.stop_tokens
                    or (max_tokens is not None and num_sampled >= max_tokens))
         outputs: dict[str, object] = {}
+        # a mask has a value per position of the call's input: a cut prompt's last chunk covers the
+        # chunks before it too (as the reference runner's `_whole_prompt`)
+        num_positions = item.row.chunk_start + len(item.tokens_fed)
         for name, is_token in (item.facts or self._facts_of(item.call)).outputs:
-            outputs[name] = [token] if is_token else torch.ones(len(item.tokens_fed), dtype=torch.bool)
+            outputs[name] = [token] if is_token else torch.ones(num_positions, dtype=torch.bool)
         return RowResult(item.row.request_id, outputs, is_stop)
