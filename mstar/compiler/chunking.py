@@ -15,6 +15,10 @@ KV the earlier pieces wrote, computes what feeding them at once does:
   is not fed to the model (`mask`, `signal`); an image-flow step (`flow_latents`, `flow_time`)
   or raw media are never cut.
 Recurrent (gated delta-net) layers carry their state from piece to piece, so they chunk too.
+A node that cross-attends (`cross_kv`: Whisper's decoder) is never cut: its runner starts the
+decoder sequence from the whole prompt (the start sequence, the detected language) and samples on
+every row, so a chunk would be taken for a whole prompt (a cut Whisper prompt stopped after two
+tokens).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ def node_calls(sections: list, node: str, is_in_loop: bool = False) -> Iterator[
 
 def is_chunkable(node: ast.NodeDecl, walk: ast.Walk) -> bool:
     """The module docstring's rule."""
-    if node.engine != "kv":
+    if node.engine != "kv" or node.cross_kv:
         return False
     if node.bidirectional is not None and walk.name in node.bidirectional.walks:
         return False

@@ -42,3 +42,9 @@ def test_prefix_walks_leave_out_walks_that_send_a_value_per_prompt_position():
     assert walks_of("llama", "LLM") == ["prefill"]
     assert walks_of("bagel", "LLM") == ["prefill_text"]
     assert walks_of("qwen3_omni", "Thinker") == []
+
+
+def test_a_node_that_cross_attends_is_never_cut():
+    """Whisper's decoder: its runner starts the decoder sequence from the whole prompt and samples
+    on every row (a cut prompt stopped after two tokens)."""
+    assert not any(chunkable("whisper", "decoder").values())
