@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, cast
 import numpy as np
 
 from mstar.plan.guidance_mode import GuidanceRule
+from mstar.plan.prefix_walks import prefix_walk_pairs
 from mstar.plan.schema import PartitionPlan, Plan, StagePlan
 from mstar.runtime.conductor.lane_pass import advance_step
 from mstar.runtime.conductor.lanes import LaneRows, Lanes
@@ -157,8 +158,7 @@ class Conductor:
         self.cut_walks = {(key.node, walk) for worker in plan.workers for key in worker.keys
                           for walk in key.chunk_sizes}
         # (node, walk) pairs whose first row may start after a cached prefix (KvPoolPlan.prefix_walks)
-        self.prefix_walks = {(pool.node, walk) for pool in plan.deployment.kv_pools if pool.prefix_cache == "pages"
-                             for walk in pool.prefix_walks}
+        self.prefix_walks = prefix_walk_pairs(plan)
         self.is_columnar = True  # False: every row through its walk run (the reference path)
         # False: the loop pass's fast rows all take its general kernel, never the steady case
         # (loop_pass.py; `mstar bench postprocess` compares the two in one process)

@@ -28,6 +28,7 @@ import dataclasses
 
 from typing import Any, Optional
 
+from mstar.plan.prefix_walks import prefix_walk_pairs
 from mstar.plan.schema import Plan
 from mstar.runtime.serve.ranks.channel import Channel, Message, RankFailure
 from mstar.runtime.serve.ranks.executor import RankExecutor
@@ -51,8 +52,7 @@ class RankEngines:
             (worker.rank, group.node): tuple(group.ranks) for worker in plan.workers for group in worker.tp_groups}
         # node -> the instances that run its prefix walks (KvPoolPlan.prefix_walks: the walks whose
         # first row may start after a cached prefix), where claim_prefix claims
-        prefix_walks = {(pool.node, walk) for pool in plan.deployment.kv_pools if pool.prefix_cache == "pages"
-                        for walk in pool.prefix_walks}
+        prefix_walks = prefix_walk_pairs(plan)
         self.prefix_instances: dict[str, set[Instance]] = {}
         for worker in plan.workers:
             for key in worker.keys:
