@@ -43,7 +43,7 @@ def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any
     sequences: list[list[Any]] = []
     tensors: list[torch.Tensor] = []
     if runner.offload is not None and runner.offload.is_offloaded(request_id):
-        sequences, tensors = _offloaded_kv(runner, request_id)
+        sequences, tensors = _offloaded_kv(runner, cache, request_id)
     for label in runner.pool.labels_of(request_id):
         key = (request_id, label)
         num_tokens = runner.pool.num_tokens(key)
@@ -62,21 +62,21 @@ def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any
     return header, tensors
 
 
-def _offloaded_kv(runner: DecoderRunner, request_id: str) -> tuple[list[list[Any]], list[torch.Tensor]]:
+def _offloaded_kv(runner: DecoderRunner, cache: KvCache, request_id: str
+                  ) -> tuple[list[list[Any]], list[torch.Tensor]]:
     """The sequences of a request that KV offload moved to the host pool (its device pool holds
-    none of them then), read from the host pages in `export_kv`'s layout."""
+    none of them then), read from the host pages in `export_kv`'s layout. Host pages hold the
+    device pages' size, so a sequence's host page list places its positions as a page table does."""
     assert runner.offload is not None and runner.host is not None
-    host, num_layers = runner.host.host, len(runner.cache.k)
+    host, num_layers = runner.host.host, len(cache.k)
     sequences: list[list[Any]] = []
     tensors: list[torch.Tensor] = []
     for seq in runner.offload.offloaded[request_id]:
-        size = host[0].shape[1] if host else 1
-        positions = torch.arange(seq.num_tokens)
-        flat = torch.tensor(seq.host_pages, dtype=torch.long)[positions // size] * size + positions % size
+        flat = cache.flat_positions(seq.host_pages, seq.num_tokens)
         sequences.append([seq.label, seq.num_tokens])
         for layer in range(num_layers):
             keys, values = host[layer], host[num_layers + layer]  # `page_tensors`' order: keys, then values
-            tensors.extend((keys.view(-1, *keys.shape[2:])[flat], values.view(-1, *values.shape[2:])[flat]))
+            tensors.extend((keys.flatten(0, 1)[flat], values.flatten(0, 1)[flat]))
     return sequences, tensors
 
 
