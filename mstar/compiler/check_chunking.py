@@ -31,7 +31,7 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
 from __future__ import annotations
 
 from mstar.compiler import codes
-from mstar.compiler.chunking import is_chunkable, node_calls, per_position_edges, prompt_walks
+from mstar.compiler.chunking import is_chunkable, node_calls, per_position_edges, prefix_cache_mode, prompt_walks
 from mstar.compiler.deployment import Deployment, NodeChunking
 from mstar.compiler.lower_keys import walk_cap, walk_captures
 from mstar.lang import ast
@@ -50,15 +50,16 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
             continue
         walks = [w for w in spec.walks if any(True for _ in node_calls(w.body, node.name))]
         _check_node(node, walks, deployment.chunking_for(node.name), diags)
-        if deployment.prefix_cache_for(node.name) and any(s.kind == "recurrent" for s in node.states):
+        mode = prefix_cache_mode(node, deployment.prefix_cache_for(node.name))
+        if mode == "recurrent_state":
             diags.warning(codes.PREFIX_CACHE_RECURRENT,
                           f"node {node.name} keeps recurrent state, which no KV page holds: its prefix cache "
                           "stays off (the plan says prefix_cache: recurrent_state)",
                           deployment.span_of("prefix_cache"),
                           Note("the recurrent state is declared here", node.states[0].span))
-        elif deployment.prefix_cache_for(node.name) and not node.cross_kv:
+        elif mode == "pages":
             _check_prefix_walks(node, walks, deployment, diags)
-        elif deployment.prefix_cache_for(node.name) and node.cross_kv:
+        elif mode == "cross_attention":
             diags.warning(codes.PREFIX_CACHE_CROSS,
                           f"node {node.name} cross-attends, so its KV depends on more than its tokens: its prefix "
                           "cache stays off (the plan says prefix_cache: cross_attention)",

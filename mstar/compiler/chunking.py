@@ -4,7 +4,8 @@ In:  a node declaration, a walk (AST), the deployment's resolved `NodeChunking` 
 Out: `is_chunkable(node, walk)`; `chunk_sizes(node, walks, chunking)` -> walk -> most tokens of
      one row a step feeds (only chunkable walks, only when the scheduler owns chunking);
      `prefix_walks(node, walks)` -> the walks whose rows may start after a cached prefix;
-     `per_position_edges(node, walk)` -> the edges that keep a walk from being one.
+     `per_position_edges(node, walk)` -> the edges that keep a walk from being one;
+     `prefix_cache_mode(node, is_asked)` -> the plan's prefix cache setting of the node.
 
 A row of walk W on node N may be cut when feeding its tokens in pieces, each attending over the
 KV the earlier pieces wrote, computes what feeding them at once does:
@@ -22,7 +23,7 @@ tokens).
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Literal, Optional
 
 from mstar.lang import ast
 
@@ -58,6 +59,21 @@ def chunk_sizes(node: ast.NodeDecl, walks: list[ast.Walk], chunk_size: Optional[
     if chunk_size is None:
         return {}
     return {walk.name: chunk_size for walk in walks if is_chunkable(node, walk)}
+
+
+PrefixCacheMode = Literal["off", "pages", "recurrent_state", "cross_attention"]
+
+
+def prefix_cache_mode(node: ast.NodeDecl, is_asked: bool) -> PrefixCacheMode:
+    """The plan's `KvPoolPlan.prefix_cache` of a kv node: "pages" when the deployment asks for the
+    cache on it (`is_asked`); "recurrent_state" when it asks but the node keeps recurrent state (no
+    KV page holds it, MW424), "cross_attention" when the node cross-attends (its KV depends on more
+    than its tokens, MW428): off, and the plan says why."""
+    if not is_asked:
+        return "off"
+    if any(s.kind == "recurrent" for s in node.states):
+        return "recurrent_state"
+    return "cross_attention" if node.cross_kv else "pages"
 
 
 # Outputs that hold a value per fed position (the torch engine's `DecoderRunner._outputs`): hidden

@@ -24,12 +24,12 @@ UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture i
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
 from mstar.compiler.capture_keys import DEFAULT_KV_SEQUENCE  # a kv node's one sequence when none is declared
 from mstar.compiler.check_prompt_format import PROMPT_FIELD, TOKEN_LIST_ARGS, template_fields
 from mstar.compiler.check_roles import model_kind
-from mstar.compiler.chunking import prefix_walks
+from mstar.compiler.chunking import prefix_cache_mode, prefix_walks
 from mstar.compiler.chunk_cost import with_chunk_costs
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
@@ -163,26 +163,13 @@ def _prompt_format(decl: Optional[ast.PromptFormat]) -> Optional[PromptFormatPla
     )
 
 
-def _prefix_cache(node: ast.NodeDecl, deployment: Deployment
-                  ) -> Literal["off", "pages", "recurrent_state", "cross_attention"]:
-    """"pages" when the deployment asks for the cache on the node; "recurrent_state" when it asks
-    but the node keeps recurrent state (no KV page holds it), "cross_attention" when the node
-    cross-attends (its KV depends on more than its tokens): off, and the plan says why (MW424,
-    MW428)."""
-    if not deployment.prefix_cache_for(node.name):
-        return "off"
-    if any(s.kind == "recurrent" for s in node.states):
-        return "recurrent_state"
-    return "cross_attention" if node.cross_kv else "pages"
-
-
 def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
     max_seq_len = deployment.kv_cache.max_seq_len or deployment.max_seq_len
     pools = []
     for node in spec.nodes:
         if node.engine == "kv":
             pool = deployment.kv_pool_for(node.name)
-            cache = _prefix_cache(node, deployment)
+            cache = prefix_cache_mode(node, deployment.prefix_cache_for(node.name))
             pools.append(KvPoolPlan(node=node.name, page_size=pool.page_size, num_pages=pool.num_pages,
                                     max_seq_len=max_seq_len, prefix_cache=cache,
                                     prefix_walks=prefix_walks(node, spec.walks) if cache == "pages" else [],
