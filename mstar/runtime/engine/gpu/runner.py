@@ -213,8 +213,8 @@ class GpuDecoderRunner(DecoderRunner):
         node's packed capture families, whose steps replay piecewise graphs (`packed_families`).
         glue: the plan's generated glue for this node (`node_glue`): worker -> walk -> KeyGlue;
         the steps are then packed by it (not for a hybrid decoder). host_pages: the host pool KV
-        offload moves pages to (KvPoolPlan.host_pages; 0: none); with one the runner never runs
-        ahead and takes no columns (a step may move pages first)."""
+        offload moves pages to (KvPoolPlan.host_pages; 0: none); only a real launch moves pages
+        (`_fresh_chunk`), and a step with a row on the host takes the per-row path (`steady_rows`)."""
         is_default = can_run_ahead is None
         if can_run_ahead is None:  # on a GPU with decode graphs (known once captured: below)
             can_run_ahead = placement.device.type == "cuda" and family is not None and is_flashinfer
