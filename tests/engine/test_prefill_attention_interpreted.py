@@ -1,6 +1,8 @@
 """The Triton paged prefill attention of the whole split graphs (`engine/gpu/prefill_attention.py`)
 under the Triton interpreter on the CPU, against causal attention in fp32 over the gathered pages
 (`forward.torch_attend`)."""
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -111,6 +113,41 @@ def test_a_graph_shape_fills_the_device():
     assert pa.graph_shape(24, 8, 128, 16, 65, 256, 1, 132).block_n == 32
 
 
+# A whole graph's step in the two tests below: heads, page size, batch size and token bucket
+HQ, HKV, D, PAGE_SIZE, BATCH, BUCKET = 8, 2, 16, 16, 6, 64
+
+
+@dataclass
+class _GraphStep:
+    qo: torch.Tensor
+    kv: torch.Tensor
+    indices: torch.Tensor
+    last: torch.Tensor
+    k_pages: torch.Tensor
+    v_pages: torch.Tensor
+    pages: torch.Tensor  # the page indices in a graph's fixed buffer of 64 entries
+
+
+def _graph_step(rows, seed: int) -> _GraphStep:
+    """`random_rows` over `rows`, then padding rows (no pages) up to BATCH."""
+    qo, kv, indices, last, k_pages, v_pages = random_rows(rows + [(0, 0)] * (BATCH - len(rows)), PAGE_SIZE, HKV, D,
+                                                          seed)
+    pages = torch.zeros(64, dtype=torch.int32)
+    pages[:indices.shape[0]] = indices
+    return _GraphStep(qo, kv, indices, last, k_pages, v_pages, pages)
+
+
+def _assert_attends_causally(attend, step: _GraphStep, seed: int) -> None:
+    """`attend` (a graph's attention of one layer) over a random q of BUCKET tokens equals causal
+    attention over the step's rows, in fp32, on its real tokens."""
+    q = torch.randn(BUCKET, HQ, D, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    got = attend(0, q, step.k_pages, step.v_pages)
+    expected = torch_attend(step.qo.tolist(), step.kv.tolist(), step.indices, step.last.tolist(), PAGE_SIZE,
+                            D ** -0.5)(0, q.float(), step.k_pages.float(), step.v_pages.float())
+    real = int(step.qo[-1])
+    torch.testing.assert_close(got[:real].float(), expected[:real], atol=2e-2, rtol=2e-2)
+
+
 def test_the_split_route_on_triton_kernels_alone_attends_every_row(interpreted):
     """`packed_graphs.SplitAttend` over a packed split step (decode rows first, prompt rows, padding
     rows; the arrays derived as the graph derives them): the decode kernel's rows and the prefill
@@ -118,24 +155,15 @@ def test_the_split_route_on_triton_kernels_alone_attends_every_row(interpreted):
     from mstar.runtime.engine.gpu.attention import TritonDecode
     from mstar.runtime.engine.gpu.packed_graphs import SplitArrays, SplitAttend, derive_split_arrays
 
-    hq, hkv, d, page_size, batch, bucket = 8, 2, 16, 16, 6, 64
     rows = [(1, 40), (1, 17), (30, 95), (12, 12)]  # two decode rows, then two prompt rows; 2 padding rows
-    qo, kv, indices, last, k_pages, v_pages = random_rows(rows + [(0, 0)] * (batch - len(rows)), page_size, hkv, d, 3)
-    arrays = SplitArrays.zeros(batch, torch.device("cpu"))
+    step = _graph_step(rows, seed=3)
+    arrays = SplitArrays.zeros(BATCH, torch.device("cpu"))
     arrays.num_decode.fill_(2)
-    derive_split_arrays(qo, kv, last, arrays)
-    pages = torch.zeros(64, dtype=torch.int32)
-    pages[:indices.shape[0]] = indices
-    heads = (hq, hkv, d)
-    decode = TritonDecode(heads, page_size, batch, arrays.dec_indptr, pages, arrays.dec_last, sm_count=132)
-    shape = pa.graph_shape(*heads, page_size, batch + 1, bucket, 1, 132)
-    attend_split = SplitAttend(decode, shape, batch, arrays, pages, None)
-    q = torch.randn(bucket, hq, d, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    got = attend_split(0, q, k_pages, v_pages)
-    expected = torch_attend(qo.tolist(), kv.tolist(), indices, last.tolist(), page_size, d ** -0.5)(
-        0, q.float(), k_pages.float(), v_pages.float())
-    real = int(qo[-1])
-    torch.testing.assert_close(got[:real].float(), expected[:real], atol=2e-2, rtol=2e-2)
+    derive_split_arrays(step.qo, step.kv, step.last, arrays)
+    heads = (HQ, HKV, D)
+    decode = TritonDecode(heads, PAGE_SIZE, BATCH, arrays.dec_indptr, step.pages, arrays.dec_last, sm_count=132)
+    shape = pa.graph_shape(*heads, PAGE_SIZE, BATCH + 1, BUCKET, 1, 132)
+    _assert_attends_causally(SplitAttend(decode, shape, BATCH, arrays, step.pages, None), step, seed=4)
 
 
 def test_a_packed_key_on_the_triton_prefill_kernel_attends_every_row(interpreted):
@@ -144,16 +172,7 @@ def test_a_packed_key_on_the_triton_prefill_kernel_attends_every_row(interpreted
     rows in one prefill call equal causal attention over the step."""
     from mstar.runtime.engine.gpu.packed_graphs import PackedAttend
 
-    hq, hkv, d, page_size, batch, bucket = 8, 2, 16, 16, 6, 64
     rows = [(30, 95), (1, 40), (12, 12), (1, 17)]  # prompt rows and decode rows mixed; 2 padding rows
-    qo, kv, indices, last, k_pages, v_pages = random_rows(rows + [(0, 0)] * (batch - len(rows)), page_size, hkv, d, 5)
-    pages = torch.zeros(64, dtype=torch.int32)
-    pages[:indices.shape[0]] = indices
-    shape = pa.graph_shape(hq, hkv, d, page_size, batch, bucket, 0, 132)
-    attend_packed = PackedAttend(shape, qo, kv, pages, last, None)
-    q = torch.randn(bucket, hq, d, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
-    got = attend_packed(0, q, k_pages, v_pages)
-    expected = torch_attend(qo.tolist(), kv.tolist(), indices, last.tolist(), page_size, d ** -0.5)(
-        0, q.float(), k_pages.float(), v_pages.float())
-    real = int(qo[-1])
-    torch.testing.assert_close(got[:real].float(), expected[:real], atol=2e-2, rtol=2e-2)
+    step = _graph_step(rows, seed=5)
+    shape = pa.graph_shape(HQ, HKV, D, PAGE_SIZE, BATCH, BUCKET, 0, 132)
+    _assert_attends_causally(PackedAttend(shape, step.qo, step.kv, step.pages, step.last, None), step, seed=6)
