@@ -568,7 +568,7 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
     summary["interrupted"] = signals.name or None
     summary["num_unfinished"] = num_unfinished
     summary["ranks"] = getattr(args, "ranks_summary", None) or {"mode": "inproc"}
-    # None where the engine cannot say (rank processes: each rank's pool is its own)
+    # None where the engine cannot say (a rank process lost, or stopped mid-step)
     offload_figures = getattr(driver.engine, "offload_figures", None)
     summary["kv_offload"] = offload_figures() if offload_figures else None
     if args.gpu_profile and os.path.exists(args.gpu_profile):

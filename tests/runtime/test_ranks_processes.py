@@ -128,6 +128,10 @@ def test_kv_offloaded_on_the_prefill_rank_moves_to_the_decode_rank_from_the_host
     tight, report = _run(tmp_path, plan, "processes", (*workload, "--kv-pages", "40"))
     assert tight == roomy
     assert report["num_oom_rows"] > 0 and report["ranks"]["num_kv_moves"] == 16
+    # the report adds up the ranks' host pools (one node, the LLM, on the prefill and the decode rank;
+    # pages offloaded on the prefill rank leave it from the host, never restored there)
+    (_, moved), = report["kv_offload"].items()
+    assert moved["offloaded_pages"] > 0, report["kv_offload"]
 
 
 @pytest.mark.parametrize("config", ["orpheus_tp2", "orpheus_pd_disaggregated"])

@@ -52,6 +52,10 @@ class RankEngines:
             (worker.rank, group.node): tuple(group.ranks) for worker in plan.workers for group in worker.tp_groups}
         # node -> the instances that run its prefix walks (KvPoolPlan.prefix_walks: the walks whose
         # first row may start after a cached prefix), where claim_prefix claims
+        # (node, instance) of every instance running a node: a TP group once, a lone worker as itself
+        self.node_instances: set[tuple[str, Instance]] = {
+            (key.node, self.instances.get((worker.rank, key.node), (worker.rank,)))
+            for worker in plan.workers for key in worker.keys}
         prefix_walks = prefix_walk_pairs(plan)
         self.prefix_instances: dict[str, set[Instance]] = {}
         for worker in plan.workers:
@@ -156,6 +160,27 @@ class RankEngines:
         if self.local:
             self.local.end_request(request_id)
         self.homes.forget(request_id)
+
+    def offload_figures(self) -> Optional[dict[str, dict[str, int]]]:
+        """Per kv node with a host pool: the KV pages moved to it and back so far, summed over the
+        node's instances, a TP group counted once (its ranks move the same pages, each its shard:
+        the leader's figure); None once the run is lost (a rank may not answer) or while a step's
+        answer is due (a run stopped mid-step: that answer would come first)."""
+        if self.lost is not None or self.running:
+            return None
+        for rank in self.remote:
+            self._send(rank, "offload_figures", {})
+        per_rank = {0: self.local.engine.offload_figures()} if self.local else {}
+        for rank in self.remote:
+            per_rank[rank] = self._recv(rank, "offload").body["figures"]
+        totals: dict[str, dict[str, int]] = {}
+        for node, instance in sorted(self.node_instances):
+            figures = per_rank.get(instance[0], {}).get(node)
+            if figures is not None:
+                total = totals.setdefault(node, dict.fromkeys(figures, 0))
+                for name, value in figures.items():
+                    total[name] += value
+        return totals
 
     def stop(self) -> None:
         """Tell every rank the run is over (it exits); a rank already gone is ignored."""

@@ -87,6 +87,8 @@ def _handle(executor: RankExecutor, rank: int, message: Message) -> Reply:
         return "added", {"reason": executor.add_request(body["request_id"], request)}, []
     if kind == "claim_prefix":
         return "claimed", {"num_tokens": executor.claim_prefix(body["request_id"], body["node"], body["tokens"])}, []
+    if kind == "offload_figures":
+        return "offload", {"figures": executor.engine.offload_figures()}, []
     if kind == "end_request":
         executor.end_request(body["request_id"])
     elif kind == "step":

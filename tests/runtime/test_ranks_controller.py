@@ -1,6 +1,6 @@
-"""`RankEngines.claim_prefix` (serve/ranks/controller.py) over a stand-in channel: where a claim goes
-and what a disagreement between a TP group's ranks does. The claims on real rank processes are in
-test_ranks_processes.py."""
+"""`RankEngines` (serve/ranks/controller.py) over a stand-in channel: where a prefix claim goes and
+what a disagreement between a TP group's ranks does; how the ranks' KV offload figures add up. Both
+on real rank processes are in test_ranks_processes.py."""
 from __future__ import annotations
 
 import pytest
@@ -15,25 +15,32 @@ from runtime_plans import ROOT
 
 
 class _Channel:
-    """Records what rank 0 sends; each rank answers a claim with its own count."""
+    """Records what rank 0 sends; each rank answers a claim with its own count, and the offload
+    figures with its own."""
 
-    def __init__(self, counts: dict[int, int]):
-        self.counts, self.sent = counts, []
+    def __init__(self, counts: dict[int, int], figures: dict | None = None):
+        self.counts, self.figures, self.sent = counts, figures or {}, []
 
     def send(self, dst, kind, body, tensors=None, timeout_s=None):
         self.sent.append((dst, kind, body))
 
     def recv(self, src, timeout_s=None, what="answering"):
+        if self.sent[-1][1] == "offload_figures":
+            return Message("offload", {"figures": self.figures[src]})
         return Message("claimed", {"num_tokens": self.counts[src]})
 
 
 class _Local:
-    def __init__(self, count: int):
-        self.count, self.claims = count, []
+    def __init__(self, count: int, figures: dict | None = None):
+        self.count, self.figures, self.claims = count, figures or {}, []
+        self.engine = self  # RankExecutor.engine: the offload figures come from rank 0's engine
 
     def claim_prefix(self, request_id, node, tokens):
         self.claims.append((request_id, node))
         return self.count
+
+    def offload_figures(self):
+        return self.figures
 
 
 def _plan(tmp_path, config):
@@ -67,3 +74,32 @@ def test_ranks_that_disagree_lose_the_run_naming_them(tmp_path):
     with pytest.raises(RankFailure, match="rank 1 found 16 cached tokens of request r on LLM where rank 0 found 32"):
         engines.claim_prefix("r", "LLM", list(range(40)))
     assert engines.claim_prefix("s", "LLM", list(range(40))) == 0  # lost: nothing more is sent
+
+
+def _moved(offloaded: int, restored: int) -> dict:
+    return {"LLM": {"offloaded_pages": offloaded, "restored_pages": restored}}
+
+
+def test_a_tp_groups_offload_figures_count_once(tmp_path):
+    """Each rank of a TP group moves its shard of the same pages: the group's figure is its leader's."""
+    engines = _engines(_plan(tmp_path, "orpheus_tp2"), _Local(0, _moved(5, 3)), _Channel({}, {1: _moved(5, 3)}))
+    assert engines.offload_figures() == _moved(5, 3)
+
+
+def test_the_offload_figures_of_a_nodes_instances_add_up(tmp_path):
+    """Prefill on rank 0 and decode on rank 1, each with a pool of its own: the node's figures are the sum."""
+    engines = _engines(_plan(tmp_path, "orpheus_pd_disaggregated"), _Local(0, _moved(4, 0)),
+                       _Channel({}, {1: _moved(2, 1)}))
+    assert engines.offload_figures() == _moved(6, 1)
+
+
+def test_no_offload_figures_from_a_lost_run_or_mid_step(tmp_path):
+    """A rank that may not answer (the run is lost), or whose step's answer is due first: None."""
+    channel = _Channel({}, {1: _moved(5, 3)})
+    engines = _engines(_plan(tmp_path, "orpheus_tp2"), _Local(0, _moved(5, 3)), channel)
+    engines.running.add(1)
+    assert engines.offload_figures() is None
+    engines.running.clear()
+    engines.lost = "rank 1 exited"
+    assert engines.offload_figures() is None
+    assert channel.sent == []
