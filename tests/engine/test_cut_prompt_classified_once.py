@@ -10,17 +10,14 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
 
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.gpu.device_model import build_decoder
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.runners import decoder, values
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 PROMPT_LEN = 300
@@ -28,15 +25,7 @@ BUDGET = 64
 
 
 def _engine(plan, is_gpu_runner: bool) -> TorchEngine:
-    engine = TorchEngine(plan, num_pages=256)
-    if is_gpu_runner:
-        name = plan.nodes[0].name
-        reference = engine.runners[name]
-        model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-        engine.runners[name] = GpuDecoderRunner(
-            plan.nodes[0], reference.dims, model, reference.pool.page_size, 256, reference.max_seq_len, 0, CPU,
-            decode_family(plan, name), is_flashinfer=False)
-    return engine
+    return fast_path_engine(plan, 256)[0] if is_gpu_runner else TorchEngine(plan, num_pages=256)
 
 
 def _run(plan, is_gpu_runner: bool) -> tuple[list[int], int]:

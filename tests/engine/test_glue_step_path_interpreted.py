@@ -12,7 +12,6 @@ The cases run in a child pytest with TRITON_INTERPRET=1 (Triton reads it when fi
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import subprocess
@@ -30,13 +29,12 @@ from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine import glue_reference as ref
 from mstar.runtime.engine.glue_loader import load_glue
-from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, eager_buffers
 from mstar.runtime.engine.gpu.packing import RowSpec, fed_ids, pack
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, node_glue
-from mstar.runtime.engine.placement import CPU
+from mstar.runtime.engine.gpu.runner import node_glue
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN = REPO / "generated" / "llama.plan"
@@ -65,14 +63,9 @@ def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96, host_pages:
             m.model_copy(update={"cap": min(m.cap, cap)}) for m in k.mixtures]}) for k in w.keys]})
             for w in plan.workers]
         plan = plan.model_copy(update={"workers": workers})
-    engine = TorchEngine(plan, num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
     glue = node_glue(load_glue(GLUE).GLUE_BY_WORKER, "LLM") if is_glue else None
-    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
-                                             decode_family(plan, "LLM"), is_flashinfer=False,
-                                             can_run_ahead=can_run_ahead, glue=glue, host_pages=host_pages)
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
+    engine, _ = fast_path_engine(plan, num_pages, max_seq_len=4096, can_run_ahead=can_run_ahead, glue=glue,
+                                 host_pages=host_pages)
     return engine
 
 

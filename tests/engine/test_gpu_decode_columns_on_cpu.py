@@ -16,19 +16,17 @@ from unittest import mock
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu import runner as runner_module
-from mstar.runtime.engine.gpu.device_model import build_decoder
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.engine.kv.slots import node_slot_pool
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 from engine_plans import chunked_plan
 from tick_clock import TickClock
 
@@ -46,17 +44,9 @@ def _engine(is_columnar: bool, can_run_ahead: bool, num_pages: int, prefix_cache
         plan = chunked_plan(HYBRID, "prefill_text", budget)
     else:
         plan = with_budget(PLANS[True], budget) if budget else PLANS[prefix_cache]
-    engine = TorchEngine(plan, num_pages=num_pages)
-    name = plan.nodes[0].name
-    reference = engine.runners[name]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, reference.pool.page_size, num_pages,
-                              reference.max_seq_len, 0, CPU, decode_family(plan, name), is_flashinfer=False,
-                              prefix_cache=prefix_cache, can_run_ahead=can_run_ahead,
-                              slots=node_slot_pool(name, 12, None) if hybrid else None)
+    engine, runner = fast_path_engine(plan, num_pages, prefix_cache=prefix_cache, can_run_ahead=can_run_ahead,
+                                      slots=node_slot_pool(plan.nodes[0].name, 12, None) if hybrid else None)
     runner.is_columnar = is_columnar
-    engine.runners[name] = runner
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
     return engine, runner
 
 

@@ -6,35 +6,24 @@ prefix cache, run-ahead on and off."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.gpu.device_model import build_decoder
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
-from mstar.runtime.engine.placement import CPU
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama_chunked.plan"  # prefix cache: pages
 
 
 def _engine(can_run_ahead: bool, num_pages: int) -> tuple[TorchEngine, GpuDecoderRunner]:
-    plan = load_plan(PLAN, verify=False)
-    engine = TorchEngine(plan, num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
-                              decode_family(plan, "LLM"), is_flashinfer=False, prefix_cache=True,
-                              can_run_ahead=can_run_ahead)
-    engine.runners["LLM"] = runner
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
-    return engine, runner
+    return fast_path_engine(load_plan(PLAN, verify=False), num_pages, max_seq_len=4096, can_run_ahead=can_run_ahead,
+                            prefix_cache=True)
 
 
 def _state(runner: GpuDecoderRunner, ready: list) -> tuple:

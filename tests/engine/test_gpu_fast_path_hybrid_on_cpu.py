@@ -12,12 +12,11 @@ from engine_plans import generate, llm_plan, LLM_DIMS, step
 from mstar.plan.schema import RecurrentState
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep, linear_layout
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.step import StepRow
+from fast_path_cpu import fast_path_engine
 
 NUM_SLOTS = 9
 
@@ -31,12 +30,8 @@ def hybrid(value_heads: int = 4):
 
 def fast_engine(plan, num_pages=64):
     """A CPU engine whose LLM runner is the fast path's, in fp32 with the reference's weights."""
-    engine = TorchEngine(plan, num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
-                                             None, is_flashinfer=False, slots=SlotPool("LLM", NUM_SLOTS))
-    return engine
+    return fast_path_engine(plan, num_pages, max_seq_len=4096, with_decode_family=False,
+                            slots=SlotPool("LLM", NUM_SLOTS))[0]
 
 
 PROMPTS = {f"r{i}": [1 + i, 7, 3 + 2 * i, 11, 40, 9, 300, 2][: 1 + (3 * i) % 8] for i in range(6)}

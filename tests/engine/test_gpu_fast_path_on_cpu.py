@@ -11,21 +11,16 @@ from engine_plans import generate, llm_plan
 from mstar.plan.dims import RopeScaling
 from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_reason
 from mstar.runtime.engine.gpu.packing import RowSpec, pack
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason, packed_families
+from mstar.runtime.engine.gpu.runner import decode_family, fast_path_reason, packed_families
 from mstar.runtime.engine.gpu.sampler import hashed_uniform, sample
 from mstar.runtime.engine.models.kinds import call_table
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
+from fast_path_cpu import fast_path_engine
 
 
 def _fast_engine(plan, num_pages=64):
     """A CPU engine whose LLM runner is the fast path's, in fp32 with the reference's weights."""
-    engine = TorchEngine(plan, num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
-                                             None, is_flashinfer=False)
-    return engine
+    return fast_path_engine(plan, num_pages, max_seq_len=4096, with_decode_family=False)[0]
 
 
 SHARED_PREFIX_PAGES, SHARED_PREFIX_POOL = 20, 40  # 8 rows x 21 pages a step over a pool of 40 pages
@@ -49,12 +44,8 @@ def shared_prefix_run(glue=None, is_planned=True) -> tuple[dict[str, tuple], dic
     # The first request fills the cache; the others arrive once its prompt is in.
     requests = [Request(id=f"p{i}", prompt_tokens=prefix + [(11 * i + j) % 500 for j in range(3)], max_tokens=5,
                         arrival_s=0.0 if i == 0 else 0.05) for i in range(8)]
-    engine = TorchEngine(plan, num_pages=SHARED_PREFIX_POOL)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, SHARED_PREFIX_POOL, 4096, 0, CPU,
-                              decode_family(plan, "LLM"), is_flashinfer=False, prefix_cache=True,
-                              packed=packed_families(plan, "LLM"), glue=glue)
+    engine, runner = fast_path_engine(plan, SHARED_PREFIX_POOL, max_seq_len=4096, prefix_cache=True,
+                                      packed=packed_families(plan, "LLM"), glue=glue)
     graph_standins.install(runner.executor, is_planned)
     page_sums: list[int] = []
     launch = runner.executor.launch
@@ -64,7 +55,6 @@ def shared_prefix_run(glue=None, is_planned=True) -> tuple[dict[str, tuple], dic
         return launch(rows, *args, **kwargs)
 
     runner.executor.launch = counting_launch
-    engine.runners["LLM"] = runner
 
     def outcome(plan, engine) -> dict[str, tuple]:
         driver = Driver(plan, engine)

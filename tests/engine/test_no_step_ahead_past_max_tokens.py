@@ -5,34 +5,22 @@ decode step was followed by a decode step launched ahead for nothing, which the 
 first step waited behind on a GPU."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
-import torch
 
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.gpu.device_model import build_decoder
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
-from mstar.runtime.engine.placement import CPU
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 PLAN = load_plan(Path(__file__).resolve().parents[2] / "generated" / "llama_chunked.plan", verify=False)
 
 
 def _engine() -> tuple[TorchEngine, GpuDecoderRunner]:
-    engine = TorchEngine(PLAN, num_pages=256)
-    name = PLAN.nodes[0].name
-    reference = engine.runners[name]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    runner = GpuDecoderRunner(PLAN.nodes[0], reference.dims, model, reference.pool.page_size, 256,
-                              reference.max_seq_len, 0, CPU, decode_family(PLAN, name), is_flashinfer=False,
-                              prefix_cache=True, can_run_ahead=True)
-    engine.runners[name] = runner
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=True)
-    return engine, runner
+    return fast_path_engine(PLAN, 256, prefix_cache=True, can_run_ahead=True)
 
 
 @pytest.mark.parametrize("max_tokens", [2, 3, 6])

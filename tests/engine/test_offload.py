@@ -24,6 +24,7 @@ from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 IS_LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
@@ -106,20 +107,8 @@ def _fast_path_engine(plan, num_pages: int, host_pages: int, can_run_ahead: bool
     """The torch engine with the GPU fast path's runner for LLM, built on the CPU (fp32, torch
     attention), its host pool `host_pages` and, where the plan's pool asks for it, its prefix cache
     (as gpu/setup.py builds it); with `can_run_ahead`, steps launched ahead as on a GPU."""
-    import dataclasses
-
-    from mstar.runtime.engine.gpu.device_model import build_decoder
-    from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
-    from mstar.runtime.engine.placement import CPU
-
-    engine = TorchEngine(plan, dims="tiny", num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
-                                             decode_family(plan, "LLM"), is_flashinfer=False,
-                                             can_run_ahead=can_run_ahead, host_pages=host_pages,
-                                             prefix_cache=plan.deployment.kv_pools[0].prefix_cache == "pages")
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
+    engine, _ = fast_path_engine(plan, num_pages, max_seq_len=4096, can_run_ahead=can_run_ahead, host_pages=host_pages,
+                                 prefix_cache=plan.deployment.kv_pools[0].prefix_cache == "pages")
     return engine
 
 

@@ -16,14 +16,13 @@ import torch
 from engine_plans import chunked_plan, held_row_tokens
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.gdn_forward import LinearStep
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.gdn import LinearStates
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 PLAN = load_plan(Path(__file__).resolve().parents[2] / "generated" / "qwen3_5.plan", verify=False)
 
@@ -31,15 +30,8 @@ PLAN = load_plan(Path(__file__).resolve().parents[2] / "generated" / "qwen3_5.pl
 def _engine(can_run_ahead: bool, num_pages: int = 96, num_slots: int = 9, budget: int = 0
             ) -> tuple[TorchEngine, GpuDecoderRunner]:
     plan = chunked_plan(PLAN, "prefill_text", budget)
-    engine = TorchEngine(plan, num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    runner = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU, None,
-                              is_flashinfer=False, can_run_ahead=can_run_ahead,
-                              slots=node_slot_pool("LLM", num_slots, None))
-    engine.runners["LLM"] = runner
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
-    return engine, runner
+    return fast_path_engine(plan, num_pages, max_seq_len=4096, with_decode_family=False, can_run_ahead=can_run_ahead,
+                            slots=node_slot_pool("LLM", num_slots, None))
 
 
 def _requests(num: int, prompt_len: int = 4) -> list[Request]:

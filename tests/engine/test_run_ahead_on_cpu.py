@@ -5,17 +5,13 @@ result of a step launched ahead; rows it launched for requests that stopped, or 
 held, are dropped and their device loop-back token put back."""
 from __future__ import annotations
 
-import dataclasses
 
-import torch
 
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.gpu.device_model import build_decoder
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 
 from pathlib import Path
 
@@ -23,14 +19,8 @@ PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
 
 
 def _engine(can_run_ahead: bool, num_pages: int = 96) -> TorchEngine:
-    plan = load_plan(PLAN, verify=False)
-    engine = TorchEngine(plan, num_pages=num_pages)
-    reference = engine.runners["LLM"]
-    model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    family = decode_family(plan, "LLM")
-    engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, num_pages, 4096, 0, CPU,
-                                             family, is_flashinfer=False, can_run_ahead=can_run_ahead)
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
+    engine, _ = fast_path_engine(load_plan(PLAN, verify=False), num_pages, max_seq_len=4096,
+                                 can_run_ahead=can_run_ahead)
     return engine
 
 

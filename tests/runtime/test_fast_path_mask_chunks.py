@@ -3,14 +3,11 @@ the whole prompt on the GPU fast path's runner (built here on the CPU) as on the
 it covered the last chunk alone before (`GpuDecoderRunner._token_outputs`)."""
 from __future__ import annotations
 
-import torch
 
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.gpu.device_model import build_decoder
-from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
-from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from fast_path_cpu import fast_path_engine
 from spec_text import plan_of
 
 SPEC = """model mk
@@ -43,12 +40,7 @@ kv_pool:
 
 
 def _mask_lengths(plan, is_fast_path: bool) -> dict[str, int]:
-    engine = TorchEngine(plan, dims="tiny")
-    if is_fast_path:
-        reference = engine.runners["LLM"]
-        model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-        engine.runners["LLM"] = GpuDecoderRunner(plan.nodes[0], reference.dims, model, 16, 256, 2048, 0, CPU,
-                                                 decode_family(plan, "LLM"), is_flashinfer=False)
+    engine = fast_path_engine(plan, 256)[0] if is_fast_path else TorchEngine(plan, num_pages=256)
     seen: dict[str, int] = {}
     wait = engine.wait
 

@@ -655,8 +655,7 @@ class GpuDecoderRunner(DecoderRunner):
             return None
         if item.is_loop_back or row.chunk_start != num_cached or self._length_problem(item) is not None:
             return None
-        if self.offload is not None and self.admission.shortfall(
-                self._page_needs([item]), self.pool.num_free_pages, self.slots.num_free_slots if self.slots else 0):
+        if self.offload is not None and self.refused(self._page_needs([item])):
             return None
         granted, _ = self._admit([item], [], True)
         return item.tokens_fed if granted else None

@@ -88,8 +88,7 @@ def import_kv(runner: DecoderRunner, state: RequestState, header: dict[str, Any]
     needs_slot = bool(header["has_state"]) and runner.slots is not None and runner.slots.slot_of(request_id) is None
     need = PageNeed(request_id, sum(pool.pages_for(num) for _, num in sequences),
                     0 if runner.admission.is_started(request_id) else runner.start_budget_pages(state), needs_slot)
-    num_free_slots = runner.slots.num_free_slots if runner.slots else 0
-    if runner.admission.shortfall([need], pool.num_free_pages, num_free_slots):
+    if runner.refused([need]):
         return (f"node {runner.node.name}: no room for the request's {need.num_pages} KV pages "
                 f"(start budget {need.budget_pages}) on this rank yet")
     runner.admission.grant(need)

@@ -323,11 +323,15 @@ class DecoderRunner:
         """The rows' page needs, and the rows short of memory after moving other started requests
         to the host pool when the plan gives one (kv/offload.py)."""
         needs = self._page_needs(ready)
-        num_free_slots = self.slots.num_free_slots if self.slots else 0
-        failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
+        failed = self.refused(needs)
         if failed and self.offload is not None and self._move_out(self._step_ids(ready), needs, failed):
-            failed = self.admission.shortfall(needs, self.pool.num_free_pages, num_free_slots)
+            failed = self.refused(needs)
         return needs, failed
+
+    def refused(self, needs: list[PageNeed]) -> list[str]:
+        """The requests of `needs` the admission policy refuses with the pages and state slots free now."""
+        return self.admission.shortfall(needs, self.pool.num_free_pages,
+                                        self.slots.num_free_slots if self.slots else 0)
 
     def _step_ids(self, ready: list[_Prepared]) -> set[str]:
         """The requests with a row in the step being started (`step_rows`) or among `ready`."""
