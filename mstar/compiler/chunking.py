@@ -16,6 +16,9 @@ KV the earlier pieces wrote, computes what feeding them at once does:
   is not fed to the model (`mask`, `signal`); an image-flow step (`flow_latents`, `flow_time`)
   or raw media are never cut.
 Recurrent (gated delta-net) layers carry their state from piece to piece, so they chunk too.
+A walk with batching rules on N (`batching W same shape, ...`) is never cut: its rows share a step
+by their class (a chunk would change a row's shape), and its steps take whole rows within the
+step token budget (runtime/scheduler/batch_rules.py).
 A node that cross-attends (`cross_kv`: Whisper's decoder) is never cut: its runner starts the
 decoder sequence from the whole prompt (the start sequence, the detected language) and samples on
 every row, so a chunk would be taken for a whole prompt (a cut Whisper prompt stopped after two
@@ -45,6 +48,8 @@ def is_chunkable(node: ast.NodeDecl, walk: ast.Walk) -> bool:
     if node.engine != "kv" or node.cross_kv:
         return False
     if node.bidirectional is not None and walk.name in node.bidirectional.walks:
+        return False
+    if any(batching.walk == walk.name for batching in node.batching):
         return False
     roles = {i.name: i.role for i in node.inputs}
     calls = list(node_calls(walk.body, node.name))

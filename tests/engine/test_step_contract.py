@@ -1,6 +1,7 @@
 """The torch engine runs the step it is given: the step's attention route picks the attention path,
-and a step that disagrees with its plan row (key, mask, rows, label, route, capture bucket) is
-refused with an error naming the field, before anything runs."""
+and a step that disagrees with its plan row (key, mask, rows, label, route, capture bucket, token
+budget) is refused with an error naming the field, before anything runs; the simulated engine
+refuses the same steps (a what-if run finds what the real engine would refuse)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,6 +13,7 @@ from mstar.plan.io import load_plan
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.attention import routes
+from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.step_check import StepContractError
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.step import StepRow
@@ -33,8 +35,8 @@ def _orpheus(mixed_route: str = "split") -> Plan:
     return Plan.model_validate(data)
 
 
-def _engine(plan: Plan) -> TorchEngine:
-    engine = TorchEngine(plan)
+def _engine(plan: Plan, engine_class=TorchEngine):
+    engine = engine_class(plan)
     for rid in ("a", "b"):
         assert engine.add_request(rid, Request(id=rid, prompt_tokens=[1, 2, 3], max_tokens=8)) is None
     return engine
@@ -94,13 +96,25 @@ def test_a_route_of_none_on_a_kv_step_is_refused():
     assert engine.runners["LLM"].pool.num_free_pages == engine.runners["LLM"].pool.num_pages  # nothing ran
 
 
-def _refused(edit, match):
-    plan = generated("orpheus")
-    engine = _engine(plan)
-    bad = step(plan, "LLM", [_prefill("a"), _prefill("b")])
-    edit(bad)
-    with pytest.raises(StepContractError, match=match):
-        engine.run_step(bad)
+def _refused(edit, match, plan: Plan | None = None):
+    """On both engines."""
+    plan = plan or generated("orpheus")
+    for engine_class in (TorchEngine, SimEngine):
+        engine = _engine(plan, engine_class)
+        bad = step(plan, "LLM", [_prefill("a"), _prefill("b")])
+        edit(bad)
+        with pytest.raises(StepContractError, match=match):
+            engine.run_step(bad)
+
+
+def test_rows_past_the_step_token_budget_are_refused():
+    """Two rows of 3 tokens on a key whose budget is 5 (one row alone may pass a budget: a row that
+    cannot be cut runs alone)."""
+    data = generated("orpheus").model_dump(mode="json", by_alias=True)
+    for worker in data["workers"]:
+        for key in worker["keys"]:
+            key["token_budget"] = 5
+    _refused(lambda s: None, r"tokens: 6 tokens, past the key's token_budget 5", Plan.model_validate(data))
 
 
 def test_a_padded_size_that_is_not_captured_is_refused():

@@ -6,8 +6,9 @@ from mstar.plan.schema import DeploymentPlan, WorkerPlan
 from mstar.runtime.scheduler.scheduler import WorkerScheduler
 
 
-def scheduler(rules: dict[str, list[str]]) -> WorkerScheduler:
-    key = build_key("dit", ["gen"], {"gen": 8}).model_copy(update={"batch_rules": rules})
+def scheduler(rules: dict[str, list[str]], token_budget: int | None = None) -> WorkerScheduler:
+    key = build_key("dit", ["gen"], {"gen": 8}).model_copy(update={"batch_rules": rules,
+                                                                   "token_budget": token_budget})
     worker = WorkerPlan(rank=0, placements=["dit/gen"], walk_to_key={"dit/gen": key.name}, keys=[key],
                         speculation=[], tp_groups=[], capture_memory_bytes=0)
     return WorkerScheduler(worker, DeploymentPlan(max_seq_len=64, kv_pools=[]), clock=lambda: 0.0)
@@ -43,3 +44,19 @@ def test_a_key_with_rules_does_not_speculate():
     sched.add_ready_many(["a", "b"], "dit", "gen", 1, classes=[(0,), (0,)])
     batch = sched.next_batch()
     assert batch is not None and sched.speculate(batch) is None
+
+
+def test_a_class_keeps_to_the_step_token_budget_in_whole_rows():
+    """Rows of a walk with rules are never cut: a step takes the class's rows in FIFO order while
+    their tokens fit the key's budget (two 40-token rows passed a budget of 64 in one step before,
+    which the engine refused, failing both requests); a row larger than the budget runs alone."""
+    sched = scheduler({"gen": ["shape", "iteration"]}, token_budget=64)
+    sched.add_ready_many(["a", "b", "c", "d"], "dit", "gen", [40, 40, 40, 90], classes=[(0,), (0,), (0,), (1,)])
+    steps = []
+    while (batch := sched.next_batch()) is not None:
+        steps.append(batch.request_ids)
+    assert steps == [["a"], ["b"], ["c"], ["d"]]
+    sched.add_ready_many(["e", "f", "g"], "dit", "gen", [20, 30, 20], classes=[(0,)] * 3)
+    batch = sched.next_batch()
+    assert batch is not None and batch.request_ids == ["e", "f"]  # 50 tokens; g's 20 would pass 64
+

@@ -20,6 +20,9 @@ allocation_failed (nothing ran for them, the scheduler holds them) and, with `ru
 (the default), the other rows run in the same step; without it the step runs nothing (all or
 nothing, and nothing is taken). A request that could never fit the pool is refused by add_request.
 
+Each step is checked against its plan row first, as the torch engine checks it (`step_check.py`:
+a step that engine would refuse is a StepContractError here too, so a what-if run finds it).
+
 Step time: `sim_cost.StepCost` (a roofline per step for kv nodes, calibrated to H200 measurements;
 a flat per-row model for stateless nodes; docs/runtime.md "## Simulated engine"), plus PAGE_MOVE_S
 per KV page moved to or from the host pool; a step in which no row ran costs CAPTURED_LAUNCH_S.
@@ -38,6 +41,7 @@ from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
+from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
@@ -89,6 +93,8 @@ class SimEngine(RunsAtLaunch):
     fail rows of a step out of memory on purpose; inject_error maps a request id to an error
     message that its first row reports. runs_partial_steps: rows that got memory run beside
     the allocation_failed ones (default); False: a step with any failed row runs nothing.
+    check_steps: check each step against its plan row (module docstring); False for drivers of
+    hand-built steps that bypass the plan's keys (a conductor unit test's one-row steps).
     """
 
     def __init__(
@@ -100,6 +106,7 @@ class SimEngine(RunsAtLaunch):
         inject_oom: Optional[Callable[[Step], list[str]]] = None,
         inject_error: Optional[dict[str, str]] = None,
         runs_partial_steps: bool = True,
+        check_steps: bool = True,
     ):
         self.plan = plan
         self.runs_partial_steps = runs_partial_steps
@@ -120,6 +127,8 @@ class SimEngine(RunsAtLaunch):
             if node.engine == "kv" and node.name not in self.pools:
                 self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
         self.cost = StepCost(plan)
+        # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
+        self.checker = StepChecker(plan) if check_steps else None
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
         self.out_names: dict[tuple[str, str], list[str]] = {}
         for walk in plan.walks:
@@ -196,6 +205,8 @@ class SimEngine(RunsAtLaunch):
     def _run_step(self, step: Step) -> StepResult:
         if not step.rows:  # a TP follower's copy of its leader's step: it costs time, nothing more
             return StepResult(rows=[], elapsed_s=self.step_time(step))
+        if self.checker is not None:
+            self.checker.check(step)
         self.num_steps += 1
         node = step.node
         pool = self.pools.get(node)

@@ -5,7 +5,10 @@ In:  the key's tables, its ready queue and each ready row's batch class (a hasha
 Out: `pick_rule_rows(...) -> (walk index, request ids) | None`: the walk of the oldest ready row
      and, in FIFO order up to that walk's cap, the ready rows of that walk whose class equals the
      oldest row's. A walk without rules takes its FIFO prefix. Steps of such a key never mix walks
-     (the compiler refuses a walk with rules in a combined walk, MW412).
+     (the compiler refuses a walk with rules in a combined walk, MW412). The rows picked keep to
+     the key's step token budget as whole rows (such walks are never cut, compiler/chunking.py):
+     the picking stops at the first row that would pass it, except that the oldest row runs alone
+     when it passes the budget by itself (as token_budget.py's uncut rows).
 
 The rows picked need not be a prefix of the queue (a row of another class stays, keeping its
 place); the caller takes them with `KeyQueue.take_rows`. Cost: one pass over the walk's ready
@@ -25,17 +28,21 @@ def pick_rule_rows(tables: KeyTables, queue: KeyQueue,
     if not heads:
         return None
     walk = min(heads)[1]
-    ids = queue.ids[walk]
+    ids, tokens = queue.ids[walk], queue.tokens[walk]
     cap = tables.caps[1 << walk]
     if cap <= 0:
         return None
-    if not tables.rules[walk]:
-        return walk, ids[:cap]
+    rules = tables.rules[walk]
     wanted = classes.get(ids[0])
-    chosen = []
-    for request_id in ids:
-        if classes.get(request_id) == wanted:
-            chosen.append(request_id)
-            if len(chosen) == cap:
-                break
+    chosen: list[str] = []
+    left = tables.token_budget
+    for request_id, num_tokens in zip(ids, tokens):
+        if rules and classes.get(request_id) != wanted:
+            continue
+        if num_tokens > left and chosen:
+            break  # whole rows within the step token budget (the first alone may pass it)
+        chosen.append(request_id)
+        left -= num_tokens
+        if len(chosen) == cap:
+            break
     return walk, chosen
