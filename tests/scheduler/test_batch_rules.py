@@ -1,5 +1,6 @@
 """Batching rules in the scheduler: rows of a walk with rules share a step only with rows of an
 equal batch class (KeyPlan.batch_rules; the classes come from the conductor)."""
+from hypothesis import given, settings, strategies as st
 from plan_factory import build_key
 
 from mstar.plan.schema import DeploymentPlan, WorkerPlan
@@ -60,3 +61,23 @@ def test_a_class_keeps_to_the_step_token_budget_in_whole_rows():
     batch = sched.next_batch()
     assert batch is not None and batch.request_ids == ["e", "f"]  # 50 tokens; g's 20 would pass 64
 
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 100)), min_size=1, max_size=30), st.integers(1, 120))
+def test_steps_of_a_key_with_rules_keep_to_the_budget_and_lose_no_row(rows, budget):
+    """Random rows (class, tokens): every step is one class, within the cap, within the budget
+    unless it is one row, and every row runs exactly once, each class in FIFO order."""
+    sched = scheduler({"gen": ["shape"]}, token_budget=budget)
+    ids = [f"r{i}" for i in range(len(rows))]
+    sched.add_ready_many(ids, "dit", "gen", [tokens for _, tokens in rows], classes=[(c,) for c, _ in rows])
+    info = dict(zip(ids, rows))
+    ran: list[str] = []
+    while (batch := sched.next_batch()) is not None:
+        picked = batch.request_ids
+        assert 1 <= len(picked) <= 8 and len({info[r][0] for r in picked}) == 1
+        assert len(picked) == 1 or sum(info[r][1] for r in picked) <= budget
+        ran.extend(picked)
+    assert sorted(ran) == sorted(ids)
+    for cls in range(3):
+        assert [r for r in ran if info[r][0] == cls] == [r for r in ids if info[r][0] == cls]
