@@ -2,7 +2,7 @@
 checked against each other, and a prefix cache that cannot apply.
 
 In:  a checked `Spec`, its `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW420-MW424, MW428 and MW429 (warnings for switches that are given but cannot
+Out: nothing; adds MW420-MW424 and MW428-MW430 (warnings for switches that are given but cannot
 apply).
 
 Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
@@ -26,7 +26,10 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
   prompt position (hidden states that do not loop back, a mask: Qwen3-Omni's Thinker streams its
   states to the Talker; `chunking.per_position_edges`): a row starting after a cached prefix would
   send nothing for the cached positions, so the walk is not one of the plan's `prefix_walks` and its
-  prompts are computed whole.
+  prompts are computed whole;
+- MW430 (warning): KV offload (`cpu_offload_pages`) asked for on a node that cross-attends: its
+  runner keeps each request's KV outside the paged pool, so nothing can move; the plan's
+  `host_pages` is 0 there.
 """
 from __future__ import annotations
 
@@ -64,6 +67,13 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
                           f"node {node.name} cross-attends, so its KV depends on more than its tokens: its prefix "
                           "cache stays off (the plan says prefix_cache: cross_attention)",
                           deployment.span_of("prefix_cache"),
+                          Note("the cross-attention KV is declared here", node.cross_kv[0].span))
+        if node.cross_kv and deployment.host_pages_for(node.name):
+            diags.warning(codes.OFFLOAD_CROSS,
+                          f"node {node.name} cross-attends: its runner keeps each request's KV outside the paged "
+                          "pool (one request at a time), so none of it moves to the host pool (the plan says "
+                          "host_pages: 0 for it)",
+                          deployment.host_pages_span(node.name),
                           Note("the cross-attention KV is declared here", node.cross_kv[0].span))
 
 

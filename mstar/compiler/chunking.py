@@ -5,7 +5,8 @@ Out: `is_chunkable(node, walk)`; `chunk_sizes(node, walks, chunking)` -> walk ->
      one row a step feeds (only chunkable walks, only when the scheduler owns chunking);
      `prefix_walks(node, walks)` -> the walks whose rows may start after a cached prefix;
      `per_position_edges(node, walk)` -> the edges that keep a walk from being one;
-     `prefix_cache_mode(node, is_asked)` -> the plan's prefix cache setting of the node.
+     `prefix_cache_mode(node, is_asked)` -> the plan's prefix cache setting of the node;
+     `offload_host_pages(node, asked)` -> the plan's host pool for KV offload of the node.
 
 A row of walk W on node N may be cut when feeding its tokens in pieces, each attending over the
 KV the earlier pieces wrote, computes what feeding them at once does:
@@ -114,3 +115,10 @@ def per_position_edges(node: ast.NodeDecl, walk: ast.Walk) -> list[ast.Edge]:
         found += [edge for edge in call.edges if roles.get(edge.name) in PER_POSITION_ROLES
                   and not (roles.get(edge.name) == "hidden" and edge.name in looped)]
     return found
+
+
+def offload_host_pages(node: ast.NodeDecl, asked: int) -> int:
+    """The plan's `KvPoolPlan.host_pages` of a kv node: the pages the deployment asks for, or 0 on a
+    node that cross-attends (`cross_kv`, a Whisper decoder: its runner keeps each request's KV
+    outside the paged pool, one request at a time, so no page of it can move; MW430)."""
+    return 0 if node.cross_kv else asked

@@ -11,7 +11,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
                              MW414-MW416, MW426 (check_captures) several captures a walk, replays,
                              unrolled prompt rows;
                              MW417-MW419, MW425 (check_capture_keys) guidance modes and labels;
-                             MW420-MW424, MW428, MW429 (check_chunking) token budgets
+                             MW420-MW424, MW428-MW430 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
     MW124-MW125 check_submodels  sub-models and depth models of a kv node (run by check_combine)
@@ -124,6 +124,7 @@ UNROLL_CANNOT_APPLY = "MW426"
 WHOLE_PACKED_RECURRENT = "MW427"
 PREFIX_CACHE_CROSS = "MW428"
 PREFIX_WALK_PER_POSITION = "MW429"
+OFFLOAD_CROSS = "MW430"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -221,4 +222,5 @@ TITLES: dict[str, str] = {
     WHOLE_PACKED_RECURRENT: "packed capture held whole on a node with recurrent state",
     PREFIX_CACHE_CROSS: "prefix cache asked for on a node with cross-attention KV",
     PREFIX_WALK_PER_POSITION: "a prompt walk that sends a value per position cannot start after a cached prefix",
+    OFFLOAD_CROSS: "KV offload asked for on a node with cross-attention KV",
 }

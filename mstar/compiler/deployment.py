@@ -252,6 +252,13 @@ class Deployment(DeployModel):
         return _first(self.kv_pool.nodes.get(node, KvPoolNode()).cpu_offload_pages,
                       self.kv_cache.cpu_offload_pages, 0)
 
+    def host_pages_span(self, node: str) -> Span:
+        """Where `host_pages_for(node)` came from: the node's own key, else kv_cache's."""
+        per_node = self.kv_pool.nodes.get(node)
+        if per_node is not None and per_node.cpu_offload_pages is not None:
+            return per_node.span_of("cpu_offload_pages")
+        return self.kv_cache.span_of("cpu_offload_pages")
+
     def mixes_walks(self, node: str, walk: str) -> bool:
         """speculation_mixes_walks lists the node, or `node.walk`."""
         return node in self.speculation_mixes_walks or f"{node}.{walk}" in self.speculation_mixes_walks

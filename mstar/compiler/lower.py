@@ -29,7 +29,7 @@ from typing import Optional
 from mstar.compiler.capture_keys import DEFAULT_KV_SEQUENCE  # a kv node's one sequence when none is declared
 from mstar.compiler.check_prompt_format import PROMPT_FIELD, TOKEN_LIST_ARGS, template_fields
 from mstar.compiler.check_roles import model_kind
-from mstar.compiler.chunking import prefix_cache_mode, prefix_walks
+from mstar.compiler.chunking import offload_host_pages, prefix_cache_mode, prefix_walks
 from mstar.compiler.chunk_cost import with_chunk_costs
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
@@ -173,7 +173,7 @@ def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
             pools.append(KvPoolPlan(node=node.name, page_size=pool.page_size, num_pages=pool.num_pages,
                                     max_seq_len=max_seq_len, prefix_cache=cache,
                                     prefix_walks=prefix_walks(node, spec.walks) if cache == "pages" else [],
-                                    host_pages=deployment.host_pages_for(node.name)))
+                                    host_pages=offload_host_pages(node, deployment.host_pages_for(node.name))))
     # model_kwargs of the reference YAML are read by the deployment loader but not lowered: no
     # part of the runtime has a use for them (a checkpoint's own config.json gives its dims).
     return DeploymentPlan(

@@ -357,6 +357,10 @@ explain = {
           "on, on what it cross-attends as well as on its tokens, so two requests with the same leading tokens and "
           "other audio must not share them. The plan says `prefix_cache: cross_attention` for that node and the "
           "runtime keeps the cache off there.",
+ "MW430": "A warning: KV offload moves the paged KV of started requests that wait to a host pool, but a node that "
+          "cross-attends (a `cross_kv` pool: a Whisper decoder) keeps each request's KV outside the paged pool (its "
+          "runner decodes one request at a time, as the reference's), so nothing of it can move. The plan says "
+          "`host_pages: 0` for that node; other nodes of the deployment keep their host pool.",
  "MW424": "A warning: a prefix cache shares full KV pages between requests with the same leading tokens, but a node "
           "with recurrent state (gated delta-net layers) also needs the state after the prefix, which no KV page "
           "holds. The plan says `prefix_cache: recurrent_state` for that node and the runtime keeps the cache off "

@@ -28,6 +28,21 @@ def test_whisper_lowers_its_pool_and_kv_access():
     assert result.plan.header.schema_version == 12
 
 
+def test_whisper_asked_for_a_prefix_cache_and_offload_keeps_both_off_in_the_plan(tmp_path):
+    """Its decoder's KV depends on the audio (MW428) and lives outside the paged pool (MW430): the
+    plan says prefix_cache cross_attention and host_pages 0, so no runtime shares or moves it."""
+    deployment = tmp_path / "whisper_variant.yaml"
+    text = (ROOT / "configs" / "whisper.yaml").read_text()
+    assert "kv_cache:\n" in text
+    deployment.write_text(text.replace("kv_cache:\n", "kv_cache:\n  cpu_offload_pages: 512\n") + "prefix_cache: true\n")
+    diags = Diagnostics()
+    result = compile_spec(ROOT / "specs" / "whisper.mw", deployment, diags, tmp_path)
+    assert result is not None, diags.render()
+    assert {d.code for d in diags.sorted()} == {"MW428", "MW430"} and not diags.has_errors
+    (pool,) = result.plan.deployment.kv_pools
+    assert (pool.node, pool.prefix_cache, pool.prefix_walks, pool.host_pages) == ("decoder", "cross_attention", [], 0)
+
+
 def test_cross_kv_formats_back_with_its_comment():
     diags = Diagnostics()
     spec = parse(WHISPER, "whisper.mw", diags)
