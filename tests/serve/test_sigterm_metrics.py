@@ -72,7 +72,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_0():
 
 
 def test_metrics_parse_with_prometheus_client():
-    llm = LLM(LLAMA, engine="sim", sim_pace=0)
+    llm = LLM(LLAMA, engine="sim", sim_pace=0, kv_pages=8)  # 128 tokens of KV at most
     service = make_service(llm)
     with running(service) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
@@ -80,12 +80,16 @@ def test_metrics_parse_with_prometheus_client():
             client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=5)
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="llama", prompt=[1, 2, 3], temperature=-2)
+        with pytest.raises(openai.BadRequestError, match="can never fit"):  # the engine refuses it
+            client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=1000)
         with urllib.request.urlopen(url.replace("/v1", "/metrics")) as response:
             assert response.headers["Content-Type"].startswith("text/plain")
             families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
     assert samples[("mstar_requests_total", (("outcome", "length"),))] == 3
+    # each refusal counted once: the HTTP layer's as invalid, the engine's as refused (not both)
     assert samples[("mstar_requests_total", (("outcome", "invalid"),))] == 1
+    assert samples[("mstar_requests_total", (("outcome", "refused"),))] == 1
     assert samples[("mstar_time_to_first_token_seconds_count", ())] == 3
     assert samples[("mstar_inter_token_latency_seconds_count", ())] == 3 * 4
     assert samples[("mstar_queue_depth", ())] == 0 and samples[("mstar_requests_running", ())] == 0

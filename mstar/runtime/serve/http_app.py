@@ -91,8 +91,8 @@ class Service:
             raise ApiError(429, str(error), kind="rate_limit_error") from None
         except Closed as error:
             raise ApiError(503, str(error), kind="server_error") from None
-        if first.is_final and first.is_refused:
-            raise ApiError(400, _reason(first.finish_reason))
+        if first.is_final and first.is_refused:  # the run loop counted it `refused`
+            raise ApiError(400, _reason(first.finish_reason), is_counted=True)
         return stream, first
 
 
@@ -129,7 +129,7 @@ def build_app(service: Service) -> FastAPI:
 def _error_handlers(app: FastAPI, service: Service) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: HttpRequest, error: ApiError) -> JSONResponse:
-        if error.status != 429 and 400 <= error.status < 500:
+        if error.status != 429 and 400 <= error.status < 500 and not error.is_counted:
             service.metrics.refused("invalid")
         return JSONResponse(error.body(), status_code=error.status)
 

@@ -23,12 +23,16 @@ DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None,
+                 is_counted: bool = False):
+        """is_counted: the metrics already counted the request's outcome (an engine refusal ends as
+        `refused` in the run loop), so the HTTP layer does not count it again as `invalid`."""
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.param = param
+        self.is_counted = is_counted
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
