@@ -2,7 +2,7 @@
 checked against each other, and a prefix cache that cannot apply.
 
 In:  a checked `Spec`, its `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW420-MW424 and MW428-MW430 (warnings for switches that are given but cannot
+Out: nothing; adds MW420-MW424 and MW428-MW431 (warnings for switches that are given but cannot
 apply).
 
 Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
@@ -27,6 +27,9 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
   states to the Talker; `chunking.per_position_edges`): a row starting after a cached prefix would
   send nothing for the cached positions, so the walk is not one of the plan's `prefix_walks` and its
   prompts are computed whole;
+- MW431 (warning): a prefix cache asked for where no walk can use it (a node's own switch, or the
+  deployment-wide one when it serves no node): no walk takes the node's text prompt and can be cut,
+  so the plan's `prefix_walks` is empty and nothing is ever looked up;
 - MW430 (warning): KV offload (`cpu_offload_pages`) asked for on a node that cross-attends: its
   runner keeps each request's KV outside the paged pool, so nothing can move; the plan's
   `host_pages` is 0 there.
@@ -48,12 +51,15 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
                       "prompts in the scheduler only); prompts run whole unless kv_pool.nodes.NODE."
                       "max_prefill_chunk_size is set",
                       deployment.span_of("max_prefill_chunk_size"))
+    served: dict[str, bool] = {}  # kv node asked for a prefix cache -> whether some walk can use it
     for node in spec.nodes:
         if node.engine != "kv":
             continue
         walks = [w for w in spec.walks if any(True for _ in node_calls(w.body, node.name))]
         _check_node(node, walks, deployment.chunking_for(node.name), diags)
         mode = prefix_cache_mode(node, deployment.prefix_cache_for(node.name))
+        if mode == "pages":
+            served[node.name] = bool(prompt_walks(node, walks))
         if mode == "recurrent_state":
             diags.warning(codes.PREFIX_CACHE_RECURRENT,
                           f"node {node.name} keeps recurrent state, which no KV page holds: its prefix cache "
@@ -75,6 +81,24 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
                           "host_pages: 0 for it)",
                           deployment.host_pages_span(node.name),
                           Note("the cross-attention KV is declared here", node.cross_kv[0].span))
+    _check_cache_served(served, deployment, diags)
+
+
+def _check_cache_served(served: dict[str, bool], deployment: Deployment, diags: Diagnostics) -> None:
+    """MW431 for a prefix cache no walk can use: a node's own `kv_pool.nodes.NODE.prefix_cache`, or
+    the deployment-wide switch when it serves no node at all (a node it cannot serve beside one it
+    does is the common case of a multi-node model, not a mistake)."""
+    why = ("a row starts after a cached prefix only on a walk that takes the node's text prompt and can be cut "
+           "into chunks (not inside a loop, a bidirectional walk or one with batching rules)")
+    own = {name for name, per_node in deployment.kv_pool.nodes.items() if per_node.prefix_cache}
+    for name in sorted(own & {name for name, is_served in served.items() if not is_served}):
+        diags.warning(codes.PREFIX_CACHE_UNUSED, f"no walk of node {name} can use its prefix cache: {why}",
+                      deployment.kv_pool.nodes[name].span_of("prefix_cache"))
+    global_nodes = sorted(set(served) - own)
+    if global_nodes and not any(served.values()):
+        diags.warning(codes.PREFIX_CACHE_UNUSED,
+                      f"no walk of node{'s' if len(global_nodes) > 1 else ''} {', '.join(global_nodes)} can use the "
+                      f"prefix cache: {why}", deployment.span_of("prefix_cache"))
 
 
 def _check_prefix_walks(node: ast.NodeDecl, walks: list[ast.Walk], deployment: Deployment,

@@ -11,7 +11,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
                              MW414-MW416, MW426 (check_captures) several captures a walk, replays,
                              unrolled prompt rows;
                              MW417-MW419, MW425 (check_capture_keys) guidance modes and labels;
-                             MW420-MW424, MW428-MW430 (check_chunking) token budgets
+                             MW420-MW424, MW428-MW431 (check_chunking) token budgets
                              check_chunking: step token budget, chunks, prefix cache
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
     MW124-MW125 check_submodels  sub-models and depth models of a kv node (run by check_combine)
@@ -125,6 +125,7 @@ WHOLE_PACKED_RECURRENT = "MW427"
 PREFIX_CACHE_CROSS = "MW428"
 PREFIX_WALK_PER_POSITION = "MW429"
 OFFLOAD_CROSS = "MW430"
+PREFIX_CACHE_UNUSED = "MW431"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -223,4 +224,5 @@ TITLES: dict[str, str] = {
     PREFIX_CACHE_CROSS: "prefix cache asked for on a node with cross-attention KV",
     PREFIX_WALK_PER_POSITION: "a prompt walk that sends a value per position cannot start after a cached prefix",
     OFFLOAD_CROSS: "KV offload asked for on a node with cross-attention KV",
+    PREFIX_CACHE_UNUSED: "a prefix cache no walk can use",
 }

@@ -357,6 +357,13 @@ explain = {
           "on, on what it cross-attends as well as on its tokens, so two requests with the same leading tokens and "
           "other audio must not share them. The plan says `prefix_cache: cross_attention` for that node and the "
           "runtime keeps the cache off there.",
+ "MW431": "A warning: a prefix cache lets a request's first row start after the longest cached prefix of its "
+          "prompt, which only a walk that takes the node's text prompt and can be cut into chunks allows (a "
+          "cached prefix is a chunk already fed): not a call inside a loop, a bidirectional walk or a walk with "
+          "batching rules. When no walk of the node qualifies, the plan's `prefix_walks` is empty and nothing is "
+          "ever looked up: the switch does nothing. Given per node (`kv_pool.nodes.NODE.prefix_cache`) it is "
+          "warned for that node; the deployment-wide `prefix_cache: true` only when it serves no kv node at all "
+          "(a multi-node model's other nodes are expected to go without).",
  "MW430": "A warning: KV offload moves the paged KV of started requests that wait to a host pool, but a node that "
           "cross-attends (a `cross_kv` pool: a Whisper decoder) keeps each request's KV outside the paged pool (its "
           "runner decodes one request at a time, as the reference's), so nothing of it can move. The plan says "
