@@ -27,12 +27,12 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
   states to the Talker; `chunking.per_position_edges`): a row starting after a cached prefix would
   send nothing for the cached positions, so the walk is not one of the plan's `prefix_walks` and its
   prompts are computed whole;
-- MW431 (warning): a prefix cache asked for where no walk can use it (a node's own switch, or the
-  deployment-wide one when it serves no node): no walk takes the node's text prompt and can be cut,
-  so the plan's `prefix_walks` is empty and nothing is ever looked up;
 - MW430 (warning): KV offload (`cpu_offload_pages`) asked for on a node that cross-attends: its
   runner keeps each request's KV outside the paged pool, so nothing can move; the plan's
-  `host_pages` is 0 there.
+  `host_pages` is 0 there;
+- MW431 (warning): a prefix cache asked for where no walk can use it (a node's own switch, or the
+  deployment-wide one when it serves no node): no walk takes the node's text prompt and can be cut,
+  so the plan's `prefix_walks` is empty and nothing is ever looked up.
 """
 from __future__ import annotations
 
