@@ -49,6 +49,27 @@ def test_completion_from_text_tokenizes_it(llama):
     assert answer.choices[0].model_extra["token_ids"] == expected.token_ids
 
 
+def test_text_that_is_not_valid_unicode_is_a_400(llama):
+    """A JSON string may hold a lone surrogate (the escape \\ud800, which no client library sends,
+    so the body is written by hand): the tokenizer's backend refused it with a bare TypeError, a 500;
+    now a 400 naming it, and the server answers the next request."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    _, _, client = llama
+    for path, body in (("completions", '{"model": "llama", "prompt": "hello \\ud800 world", "max_tokens": 3}'),
+                       ("chat/completions", '{"model": "llama", "max_tokens": 3, '
+                                            '"messages": [{"role": "user", "content": "\\udfff"}]}')):
+        request = urllib.request.Request(f"{client.base_url}{path}", data=body.encode("ascii"),
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400
+        assert "not valid Unicode" in json.loads(refused.value.read())["error"]["message"]
+    assert client.completions.create(model="llama", prompt="hello world", max_tokens=3).usage.prompt_tokens == 3
+
+
 def test_chat_goes_through_the_chat_template(llama):
     service, _, client = llama
     messages = [{"role": "system", "content": "you are kind"}, {"role": "user", "content": "tell me a story"}]

@@ -49,7 +49,7 @@ class TextTokenizer:
         self._template: Any = None
 
     def encode(self, text: str) -> list[int]:
-        return list(self._backend.encode(text, add_special_tokens=True).ids)
+        return list(self._backend.encode(_unicode(text), add_special_tokens=True).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=True)
@@ -78,7 +78,7 @@ class TextTokenizer:
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         text = self.render_chat(messages)
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        return list(self._backend.encode(_unicode(text), add_special_tokens=False).ids)
 
     def _config_path(self) -> str:
         return str(Path(self.directory) / "tokenizer_config.json")
@@ -91,6 +91,16 @@ class TextTokenizer:
                                      "rendered; give the prompt as 'prompt' text or 'prompt_tokens'")
             self._template = _compile(source, self._config_path())
         return self._template
+
+
+def _unicode(text: str) -> str:
+    """`text` when it is valid Unicode; a JSON string may hold a lone surrogate ("\\ud800"), which
+    the tokenizer's backend refuses with a bare TypeError: a TokenizerError saying where instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise TokenizerError(f"the text is not valid Unicode: {error.reason} at character {error.start}") from None
+    return text
 
 
 def _token_text(value: Any) -> Optional[str]:
