@@ -22,6 +22,32 @@ def test_greedy_is_argmax():
     assert one(torch.tensor([0.1, 3.0, -1.0, 2.9]), SamplingParams()) == 1
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-38, 1e-320, 5e-324])
+def test_a_temperature_too_small_for_fp32_is_greedy_on_both_samplers(temperature):
+    """Beside a row that samples: a temperature of 1e-38 made every probability NaN and 1e-320 is 0
+    in fp32; the sampler's gather then failed the whole step (every request in it)."""
+    from mstar.runtime.engine.gpu.sampler import sample
+
+    logits = torch.tensor([[0.1, 3.0, -1.0, 2.9], [0.5, 0.4, 0.3, 0.2]])
+    tokens = sample_tokens(logits, [SamplingParams(temperature=temperature), SamplingParams(temperature=1.0)],
+                           [torch.tensor([], dtype=torch.long)] * 2, [0, 1], [0, 0])
+    assert tokens[0] == 1
+    device = sample(logits, torch.tensor([temperature, 1.0], dtype=torch.float32), torch.ones(2),
+                    torch.tensor([0, 1]), torch.tensor([0, 0]))
+    assert int(device[0]) == 1
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-9])
+def test_a_top_p_too_small_keeps_the_top_token_on_both_samplers(top_p):
+    from mstar.runtime.engine.gpu.sampler import sample
+
+    logits = torch.tensor([[0.1, 3.0, -1.0, 2.9]])
+    assert one(logits[0], SamplingParams(temperature=1.0, top_p=top_p)) == 1
+    device = sample(logits, torch.ones(1), torch.tensor([top_p], dtype=torch.float32), torch.tensor([3]),
+                    torch.tensor([0]))
+    assert int(device[0]) == 1
+
+
 def test_repetition_penalty_matches_hf_rule():
     logits = torch.tensor([[2.0, -2.0, 1.0], [2.0, -2.0, 1.0]])
     out = apply_repetition_penalty(logits, [torch.tensor([0, 1, 1]), torch.tensor([])], torch.tensor([2.0, 2.0]))

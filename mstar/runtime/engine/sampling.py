@@ -8,7 +8,8 @@ id per row, from one batched pass (`sample_tokens`).
 Each row's random draw is a counter-based hash of (stream, step), so it depends only on its own
 seed and step, never on which rows share the step or in what order (batch invariance on the CPU).
 Every other operation is row-wise. `temperature` None or 0 means greedy (argmax after the
-penalty); `top_k` 0 and `top_p` 1 keep every token.
+penalty), and so does one below MIN_TEMPERATURE; `top_k` 0 and `top_p` 1 keep every token, and
+every row keeps its most likely token whatever its `top_p`.
 """
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+
+# Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
+# before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in
+# fp32), and a row that close to greedy draws its argmax anyway.
+MIN_TEMPERATURE = 1e-5
 
 MASK32 = 0xFFFFFFFF
 
@@ -37,7 +43,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return not self.temperature
+        return not self.temperature or self.temperature < MIN_TEMPERATURE
 
     @classmethod
     def from_request(cls, request: Any) -> "SamplingParams":
@@ -117,16 +123,17 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories:
     is_greedy = torch.tensor([p.is_greedy for p in params])
     if bool(is_greedy.all()):
         return greedy.tolist()
-    temperature = torch.tensor([p.temperature or 1.0 for p in params]).unsqueeze(1)
+    temperature = torch.tensor([1.0 if p.is_greedy else p.temperature for p in params]).unsqueeze(1)
     probs = torch.softmax(logits / temperature, dim=1)
     sorted_probs, order = torch.sort(probs, dim=1, descending=True, stable=True)
     vocab = logits.shape[1]
     top_k = torch.tensor([p.top_k or vocab for p in params]).unsqueeze(1)
     top_p = torch.tensor([p.top_p for p in params], dtype=sorted_probs.dtype).unsqueeze(1)
-    # Keep the top_k most likely and, of those, the smallest prefix whose mass reaches top_p
-    # (always at least the top token).
+    # Keep the top_k most likely and, of those, the smallest prefix whose mass reaches top_p; always
+    # the top token (a top_p of 1e-300 is 0 in fp32: nothing was kept, and the gather below failed
+    # the whole step).
     rank = torch.arange(vocab).unsqueeze(0)
-    is_kept = (rank < top_k) & ((torch.cumsum(sorted_probs, dim=1) - sorted_probs) < top_p)
+    is_kept = ((rank < top_k) & ((torch.cumsum(sorted_probs, dim=1) - sorted_probs) < top_p)) | (rank == 0)
     kept = sorted_probs * is_kept
     cdf = torch.cumsum(kept / kept.sum(dim=1, keepdim=True), dim=1)
     draw = uniforms(torch.tensor(streams, dtype=torch.long), torch.tensor(steps, dtype=torch.long))

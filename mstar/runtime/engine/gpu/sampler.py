@@ -1,7 +1,8 @@
 """Token sampling on the device for a whole step: greedy, or temperature with top-p, per-row seeds.
 
-In: logits `[R, vocab]` (any float dtype; the arithmetic is fp32), per row a temperature (0 =
-greedy), top_p, seed and counter (the number of tokens the request has sampled on the node).
+In: logits `[R, vocab]` (any float dtype; the arithmetic is fp32), per row a temperature (0, or
+below `sampling.MIN_TEMPERATURE` = greedy), top_p (the top token is always kept), seed and counter
+(the number of tokens the request has sampled on the node).
 Out: token ids `[R]` (int64), on the device.
 
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
@@ -12,6 +13,8 @@ keeps, which samples softmax(logits / temperature) restricted to that nucleus.
 from __future__ import annotations
 
 import torch
+
+from mstar.runtime.engine.sampling import MIN_TEMPERATURE
 
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -43,12 +46,14 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax."""
     logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
-    is_sampled = temperature > 0
+    is_sampled = temperature >= MIN_TEMPERATURE
     scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
     probs = torch.softmax(scaled, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+    # Keep the smallest prefix whose mass reaches top_p, and always the top token (a top_p that is 0
+    # in fp32 kept nothing).
     is_kept_sorted = (torch.cumsum(sorted_probs, -1) - sorted_probs) < top_p.unsqueeze(1)
+    is_kept_sorted[:, 0] = True
     is_kept = torch.zeros_like(is_kept_sorted).scatter_(1, order, is_kept_sorted)
     gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
     drawn = torch.where(is_kept, scaled + gumbel, torch.full_like(scaled, float("-inf"))).argmax(-1)
