@@ -118,3 +118,18 @@ def test_serve_refuses_a_bad_plan_in_one_line(tmp_path):
     assert process.returncode == 1
     assert process.stderr.startswith("mstar serve: error: ") and "Traceback" not in process.stderr
     assert main(["serve", "--plan", LLAMA, "--port", "70000"]) == 1
+
+
+def test_serve_refuses_a_port_in_use_or_a_bad_host_in_one_line(capsys):
+    """Bound before the plan loads: uvicorn's own bind printed its log line and exited 3."""
+    from mstar.cli.mstar import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["serve", "--plan", LLAMA, "--engine", "sim", "--port", str(port)]) == 1
+    assert main(["serve", "--plan", LLAMA, "--engine", "sim", "--host", "999.1.1.1"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("mstar serve: error: ") for line in lines)
+    assert f"cannot listen on 127.0.0.1:{port}" in lines[0] and "--host '999.1.1.1' does not resolve" in lines[1]

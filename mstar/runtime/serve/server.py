@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import signal
+import socket
 import sys
 from typing import Any, Optional, Sequence
 
@@ -80,12 +81,31 @@ def build(args: argparse.Namespace) -> Any:
     return Service(llm, args.model or llm.plan.header.model, metrics)
 
 
-def serve(service: Any, host: str, port: int, drain_s: float, log_level: str = "info") -> int:
-    """Run uvicorn until a signal; the run loop stops after uvicorn drained. Exit status."""
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket uvicorn serves on, bound here first: a port in use or a host that does not
+    resolve is one error line before the plan is loaded (uvicorn's own bind printed its log line
+    and exited 3)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as error:
+        raise SetupError(f"--host {host!r} does not resolve: {getattr(error, 'strerror', None) or error}") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise SetupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return listener
+
+
+def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str = "info") -> int:
+    """Run uvicorn on `listener` until a signal; the run loop stops after uvicorn drained. Exit status."""
     import uvicorn
 
     from mstar.runtime.serve.http_app import build_app
 
+    host, port = listener.getsockname()[:2]
     config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=math.ceil(drain_s), lifespan="off")
     server = uvicorn.Server(config)
@@ -95,8 +115,8 @@ def serve(service: Any, host: str, port: int, drain_s: float, log_level: str = "
     previous = {signum: signal.signal(signum, lambda s, _: noted.append(s))
                 for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run()
-    except SystemExit as stop:  # uvicorn exits when it cannot bind
+        server.run(sockets=[listener])
+    except SystemExit as stop:  # uvicorn exits when it cannot serve (the socket is bound already)
         service.llm.close(0)
         return int(stop.code or 1)
     finally:
@@ -109,8 +129,14 @@ def serve(service: Any, host: str, port: int, drain_s: float, log_level: str = "
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        service = build(args)
+        listener = listening_socket(args.host, args.port)
     except SetupError as error:
         print(f"mstar serve: error: {error}", file=sys.stderr)
         return 1
-    return serve(service, args.host, args.port, args.drain_timeout, args.log_level)
+    try:
+        service = build(args)
+    except SetupError as error:
+        listener.close()
+        print(f"mstar serve: error: {error}", file=sys.stderr)
+        return 1
+    return serve(service, listener, args.drain_timeout, args.log_level)
