@@ -434,6 +434,10 @@ def test_zero_requests_show_no_latency_numbers(tmp_path, capsys):
     # an integer literal past Python's 4300-digit limit was a ValueError traceback
     (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 1' + b"0" * 5000 + b"}\n",
      "prompts.jsonl:1: a number on this line has too many digits to read"),
+    # arrays nested past the recursion limit were an internal error (RecursionError)
+    (b"[" * 100_000 + b"]" * 100_000 + b"\n", "prompts.jsonl:1: the line's JSON is nested too deeply to read"),
+    (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "route": ' + b'{"x": ' * 50_000 + b"1" + b"}" * 50_001
+     + b"\n", "prompts.jsonl:1: the line's JSON is nested too deeply to read"),
     # an int past the float range was an OverflowError traceback
     (b'{"id": "a", "prompt_tokens": [1], "max_tokens": 2, "temperature": 1' + b"0" * 400 + b"}\n",
      "field 'temperature' must be a finite number, got a 401-digit integer"),

@@ -314,6 +314,8 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
     except ValueError:  # an integer literal past Python's digit limit (4300 by default)
         raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
+    except RecursionError:  # arrays or objects nested past the interpreter's recursion limit
+        raise WorkloadError(f"{where}: the line's JSON is nested too deeply to read") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
