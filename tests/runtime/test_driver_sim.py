@@ -78,6 +78,25 @@ def test_oversized_request_fails_alone_with_a_reason():
     assert all(records[f"r{i}"].finish_reason == "length" for i in range(5))
 
 
+def test_the_sim_refuses_what_the_torch_engine_refuses():
+    """A prompt token id outside the spec's vocabulary, and prompt + max_tokens past max_seq_len:
+    the torch engine's decoders refuse both at admission; the simulated engine ran them."""
+    plan = generated("llama")
+    vocab, max_seq_len = plan.nodes[0].dims["vocab"], plan.deployment.kv_pools[0].max_seq_len
+    requests = [Request(id="ok", prompt_tokens=[1, 2, 3], max_tokens=4),
+                Request(id="vocab", prompt_tokens=[1, vocab], max_tokens=4),
+                Request(id="long", prompt_tokens=[1] * 8, max_tokens=max_seq_len)]
+    records = run(plan, Workload(requests, closed_concurrency=3)).conductor.records
+    assert records["ok"].finish_reason == "length"
+    assert f"prompt token id {vocab} is outside the vocabulary" in records["vocab"].finish_reason
+    assert f"exceeds max_seq_len {max_seq_len}" in records["long"].finish_reason
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    torch_engine = TorchEngine(plan)
+    for request in requests[1:]:
+        assert "can never fit" in torch_engine.add_request(request.id, request)
+
+
 def test_row_error_fails_one_request_and_the_rest_finish():
     plan = generated("orpheus")
     driver = run(plan, small_workload(20), inject_error={"req-000004": "NaN in logits"})

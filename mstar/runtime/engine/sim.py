@@ -146,6 +146,9 @@ class SimEngine(RunsAtLaunch):
 
     def add_request(self, request_id: str, spec: Any) -> Optional[str]:
         need_tokens = len(spec.prompt_tokens) + spec.max_tokens
+        reason = self._refusal(spec.prompt_tokens, need_tokens)
+        if reason is not None:
+            return reason
         for node, pool in self.pools.items():
             pages = self._pages_for(pool, need_tokens)
             if pages > pool.num_pages:
@@ -156,6 +159,24 @@ class SimEngine(RunsAtLaunch):
                 )
         self.requests[request_id] = spec
         self.budget_tokens[request_id] = need_tokens
+        return None
+
+    def _refusal(self, tokens: list[int], need_tokens: int) -> Optional[str]:
+        """What the torch engine's decoders refuse too (`DecoderRunner.refusal`): a prompt token id
+        outside the spec's vocabulary of a kv node that takes the text prompt, and prompt + max_tokens
+        past a kv node's max_seq_len (before, the simulated engine ran both)."""
+        for node in self.plan.nodes:
+            if node.engine != "kv":
+                continue
+            vocab = node.dims.get("vocab", 0)
+            takes_text = any(role.prompt == "text" for role in node.input_roles)
+            if takes_text and isinstance(vocab, int) and vocab and tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+                bad = next(t for t in tokens if not 0 <= t < vocab)
+                return f"can never fit: node {node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
+            max_seq_len = self.pools[node.name].max_seq_len
+            if need_tokens > max_seq_len:
+                return (f"can never fit: node {node.name}: prompt ({len(tokens)}) + max_tokens "
+                        f"({need_tokens - len(tokens)}) = {need_tokens} tokens exceeds max_seq_len {max_seq_len}")
         return None
 
     def end_request(self, request_id: str) -> None:
