@@ -73,3 +73,33 @@ def test_page_pool_invariants(ops):
         held = [p for table in tables for p in table]
         assert len(held) == len(set(held))  # no page in two tables
         assert len(held) + pool.num_free_pages == pool.num_pages  # no page lost
+
+
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30), st.booleans(), st.booleans()), min_size=1,
+                max_size=4), st.integers(1, 50), st.integers(0, 2**16))
+def test_queries_in_blocks_give_the_unblocked_output(rows, block_rows, seed):
+    """A long segment's queries go in blocks (SCORES_BLOCK_ELEMENTS bounds its scores: a 100k-token
+    prompt's took a terabyte); any block size gives the unblocked output, causal or not, writing or
+    read-only, up to the products' rounding (a one-row product may take another BLAS kernel). The
+    blocks depend on the segment's own shape only, so a row's numbers still do not depend on the
+    other rows of its step."""
+    from mstar.runtime.engine.attention import torch_paged
+
+    torch.manual_seed(seed)
+    total = sum(n for n, _, _, _ in rows)
+    q, k, v = torch.randn(total, HEADS_Q, DIM), torch.randn(total, HEADS_KV, DIM), torch.randn(total, HEADS_KV, DIM)
+    size = sum(n + c for n, c, _, _ in rows)
+    cache = torch.randn(size, HEADS_KV, DIM), torch.randn(size, HEADS_KV, DIM)
+    segments, start, base = [], 0, 0
+    for num_tokens, num_cached, is_causal, is_write in rows:
+        length = num_cached + (num_tokens if is_write else 0)
+        segments.append(Segment(start, num_tokens, num_cached, torch.arange(base, base + length), is_causal, is_write))
+        start, base = start + num_tokens, base + num_cached + num_tokens
+    whole = paged_attention(q, k, v, cache[0].clone(), cache[1].clone(), segments, 0.3)
+    limit = torch_paged.SCORES_BLOCK_ELEMENTS
+    try:
+        torch_paged.SCORES_BLOCK_ELEMENTS = HEADS_Q * block_rows  # block_rows queries over a key a block
+        blocked = paged_attention(q, k, v, cache[0].clone(), cache[1].clone(), segments, 0.3)
+    finally:
+        torch_paged.SCORES_BLOCK_ELEMENTS = limit
+    torch.testing.assert_close(blocked, whole, rtol=1e-5, atol=1e-6)

@@ -7,7 +7,11 @@ positions (unless it only reads, like an image-flow step), then attends over its
 causally for text, bidirectionally within the segment for image tokens.
 
 Every segment is computed on its own, so a row's numbers do not depend on which rows share its step
-(the batch-invariance the tests check).
+(the batch-invariance the tests check). A long segment's queries go in blocks whose scores hold at
+most SCORES_BLOCK_ELEMENTS values: a whole 100k-token prompt's scores were 24 heads x 100k x 100k
+fp32 (about a terabyte) in one tensor, and the allocation failed the step of every request in it.
+The blocks follow from the segment's own shape, so they keep the batch invariance; they equal one
+piece up to the products' rounding, and a segment below the bound is one piece as before.
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+SCORES_BLOCK_ELEMENTS = 1 << 26  # 256 MB of fp32 scores; a segment below it is computed in one piece
 
 
 @dataclass
@@ -61,11 +67,22 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             values = torch.cat([cache_v[old_index], v_seg])
         keys = keys.repeat_interleave(group, dim=1)
         values = values.repeat_interleave(group, dim=1)
-        scores = torch.einsum("thd,shd->hts", q_seg, keys) * scale
-        if seg.is_causal:
-            query_pos = torch.arange(seg.num_tokens).unsqueeze(1) + seg.num_cached
-            key_pos = torch.arange(keys.shape[0]).unsqueeze(0)
-            scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-        out[seg.start:seg.end] = torch.einsum("hts,shd->thd", probs, values)
+        block = max(1, SCORES_BLOCK_ELEMENTS // (q.shape[1] * keys.shape[0]))
+        for first in range(0, seg.num_tokens, block):
+            last = min(first + block, seg.num_tokens)
+            out[seg.start + first:seg.start + last] = _attend(q_seg[first:last], keys, values, scale,
+                                                              seg.num_cached + first if seg.is_causal else None)
     return out
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+            first_position: Optional[int]) -> torch.Tensor:
+    """Queries `[T, H, D]` over keys and values `[S, H, D]`; causal with the first query at
+    `first_position` (None: every query sees every key)."""
+    scores = torch.einsum("thd,shd->hts", q, keys) * scale
+    if first_position is not None:
+        query_pos = torch.arange(q.shape[0]).unsqueeze(1) + first_position
+        key_pos = torch.arange(keys.shape[0]).unsqueeze(0)
+        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
+    return torch.einsum("hts,shd->thd", probs, values)
