@@ -71,6 +71,34 @@ def test_sigterm_drains_in_flight_requests_and_exits_0():
             process.wait()
 
 
+def test_a_drain_that_runs_out_of_time_ends_the_stream_cleanly():
+    """--drain-timeout 1 and a stream far longer: the request is cancelled just before the timeout,
+    so its stream ends with an error event and [DONE] and the server exits 0 with no traceback
+    (uvicorn's own timeout cancelled the handler: the stream was cut, CancelledError logged)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "mstar.cli.mstar", "serve", "--plan", LLAMA, "--engine", "sim",
+                                "--sim-pace", "30", "--port", str(port), "--drain-timeout", "1"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_healthy(port, process)
+        body = json.dumps({"model": "llama", "prompt": [1, 2, 3], "max_tokens": 2000, "stream": True}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            lines = [response.readline()]
+            process.send_signal(signal.SIGTERM)
+            lines += response.read().splitlines()
+        events = [line.decode() for line in lines if line.strip()]
+        assert events[-1] == "data: [DONE]" and "cancelled" in events[-2] and '"error"' in events[-2], events[-3:]
+        assert process.wait(30) == 0
+        assert "Traceback" not in process.stderr.read().decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_metrics_parse_with_prometheus_client():
     llm = LLM(LLAMA, engine="sim", sim_pace=0, kv_pages=8)  # 128 tokens of KV at most
     service = make_service(llm)

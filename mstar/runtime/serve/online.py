@@ -161,6 +161,12 @@ class OnlineLoop:
         self._inbox.append(("cancel", request_id))
         self._wake.set()
 
+    def cancel_all(self) -> None:
+        """Cancel every request in flight (a drain running out of time): each ends `cancelled`, so a
+        stream ends with its error event and [DONE] instead of being cut by the server's exit."""
+        self._inbox.append(("cancel_all", None))
+        self._wake.set()
+
     @property
     def num_in_flight(self) -> int:
         return self._num_in_flight
@@ -203,10 +209,11 @@ class OnlineLoop:
                 self._unstarted.append(request.id)
                 conductor.submit(request)
             else:
-                conductor.cancel(payload)
-                record = conductor.records.get(payload)
-                if record is not None and record.is_finished:
-                    self._finish(payload)  # (cancelled while waiting, no on_finish would come for it)
+                for request_id in (list(self._tracked) if kind == "cancel_all" else [payload]):
+                    conductor.cancel(request_id)
+                    record = conductor.records.get(request_id)
+                    if record is not None and record.is_finished:
+                        self._finish(request_id)  # (cancelled while waiting, no on_finish would come for it)
         self._check_unstarted()
 
     def wake_times(self) -> list[float]:

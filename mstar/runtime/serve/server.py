@@ -5,7 +5,8 @@
 
 In: the options below. Out: a server (serve/http_app.py) until SIGTERM or SIGINT: then it stops
 accepting connections, lets the requests in flight finish for at most `--drain-timeout` seconds
-(uvicorn's graceful shutdown; longer ones are cancelled, which frees their pages), stops the run
+(uvicorn's graceful shutdown; those still running half a second before it ends are cancelled,
+which frees their pages and ends their streams with a `cancelled` error event), stops the run
 loop and exits 0. Exit 1 with one `mstar serve: error: ...` line for a plan, tokenizer or engine
 that cannot start, or a port that cannot be bound; 2 for bad usage.
 """
@@ -19,6 +20,8 @@ import sys
 from typing import Any, Optional, Sequence
 
 from mstar.runtime.serve.engine_setup import ENGINES, SetupError
+
+DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
 
 DEFAULT_DRAIN_S = 30.0
 
@@ -99,6 +102,26 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
+    """uvicorn's server, whose shutdown cancels the requests still in flight shortly before the
+    drain timeout: they end `cancelled` (a stream with its error event and [DONE]) where uvicorn's
+    own timeout cancelled their handlers, cutting the streams and logging CancelledError tracebacks.
+    (uvicorn is imported here: `import mstar` stays light.)"""
+    import asyncio
+
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            timer = asyncio.get_running_loop().call_later(max(0.0, drain_s - DRAIN_MARGIN_S), loop.cancel_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                timer.cancel()
+
+    return DrainingServer(config)
+
+
 def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str = "info") -> int:
     """Run uvicorn on `listener` until a signal; the run loop stops after uvicorn drained. Exit status."""
     import uvicorn
@@ -108,7 +131,7 @@ def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str 
     host, port = listener.getsockname()[:2]
     config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=math.ceil(drain_s), lifespan="off")
-    server = uvicorn.Server(config)
+    server = _draining_server(config, service.llm.loop, drain_s)
     noted: list[int] = []
     # uvicorn restores the handlers it found and raises the signal again once it has shut down:
     # these note it, so a drained server exits 0 instead of dying by the signal.
