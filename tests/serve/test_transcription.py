@@ -125,6 +125,15 @@ def test_a_stream_sends_text_deltas_then_the_whole_text(whisper):
 def test_models_says_whisper_transcribes(whisper):
     assert "transcription" in whisper["client"].models.list().data[0].serves
     assert "transcription" in endpoints_of(load_plan(str(ROOT / "generated" / "qwen3_asr.plan"))).names()
+
+
+@pytest.mark.parametrize("name", ["whisper", "whisper_turbo", "qwen3_asr"])
+def test_a_plan_whose_route_needs_audio_serves_no_text_completions(name):
+    """Its LLM takes the text prompt, but a request without a route runs the audio encoder: a text
+    request has no audio to give (Qwen3-ASR's encoder failed each one, a 500; Whisper transcribed
+    stand-in noise). Completions now answer 404 naming what the plan serves."""
+    assert endpoints_of(load_plan(str(ROOT / "generated" / f"{name}.plan"))).names() == ["transcription"]
+    assert "text" in endpoints_of(load_plan(str(ROOT / "generated" / "qwen3_omni.plan"))).names()  # optional audio
     # Higgs-Audio's audio prompt goes to the stand-in encoder, which takes feature frames, not a WAV
     assert "transcription" not in endpoints_of(load_plan(str(ROOT / "generated" / "higgs_audio.plan"))).names()
 

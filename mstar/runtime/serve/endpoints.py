@@ -2,8 +2,10 @@
 
 In: a plan. Out: `Endpoints` with, per kind of request, whether the plan can serve it and the
 route a request of that kind takes:
-- text (`/v1/completions`, `/v1/chat/completions`): some node input takes the text prompt and
-  some walk emits text to the client;
+- text (`/v1/completions`, `/v1/chat/completions`): some node input takes the text prompt, some
+  walk emits text to the client, and the route a request without one takes (the first walk of
+  every required stage) takes no prompt media: a text request has none to give (Qwen3-ASR's
+  encoder failed every such request, a 500; Whisper's transcribed stand-in noise);
 - speech (`/v1/audio/speech`): a text prompt and an audio emission to the client;
 - images (`/v1/images/generations`): a text prompt and an image emission to the client; the
   route takes, in each partition with a walk that emits images, every required stage, choosing
@@ -28,10 +30,12 @@ class Endpoints:
     emitted_modalities: frozenset[str]
     image_route: dict[str, list[str]] = field(default_factory=dict)
     takes_waveform: bool = False  # the audio prompt's encoders take samples (not feature frames)
+    default_route_takes_media: bool = False  # a request without a route gives some call prompt media
 
     @property
     def can_text(self) -> bool:
-        return "text" in self.prompt_modalities and "text" in self.emitted_modalities
+        return ("text" in self.prompt_modalities and "text" in self.emitted_modalities
+                and not self.default_route_takes_media)
 
     @property
     def can_speech(self) -> bool:
@@ -70,4 +74,14 @@ def endpoints_of(plan: Plan) -> Endpoints:
             continue
         route[part.name] = [next((w for w in stage.walks if "image" in emits.get(w, ())), stage.walks[0])
                             for stage in part.stages if not stage.is_optional]
-    return Endpoints(prompts, emitted, route, takes_waveform(plan))
+    return Endpoints(prompts, emitted, route, takes_waveform(plan), _default_route_takes_media(plan))
+
+
+def _default_route_takes_media(plan: Plan) -> bool:
+    """Whether a call of the first alternative of some required stage (a walk, or a sequence of
+    walks) takes the request's prompt media."""
+    walks = {walk.name: walk for walk in plan.walks}
+    return any(source.source == "prompt" and source.prompt not in (None, "text")
+               for part in plan.partitions for stage in part.stages if not stage.is_optional
+               for name in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]
+               for call in walks[name].calls for source in call.inputs)
