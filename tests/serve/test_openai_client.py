@@ -124,6 +124,9 @@ def test_streamed_chat_sends_the_role_then_content(llama):
     (dict(model="llama", prompt=[1, 2], logprobs=2), 400, "logprobs"),
     (dict(model="llama", prompt=[]), 400, "empty"),
     (dict(model="llama", prompt=[1, 200000]), 400, "vocabulary"),
+    # OpenAI fields this server does not implement are refused by name (they were ignored: a 200)
+    (dict(model="llama", prompt=[1, 2], extra_body={"tools": [{"type": "function"}]}), 400, "tools is not"),
+    (dict(model="llama", prompt=[1, 2], logit_bias={"5": 100}), 400, "logit_bias is not supported"),
 ])
 def test_bad_requests_get_an_openai_error(llama, call, status, words):
     _, _, client = llama
@@ -133,6 +136,23 @@ def test_bad_requests_get_an_openai_error(llama, call, status, words):
     assert words in caught.value.message
     body = caught.value.body
     assert isinstance(body, dict) and {"message", "type"} <= set(body)  # the client unwraps "error"
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
+    ({"tool_choice": "auto"}, "tool_choice is not supported"),
+    ({"messages": [{"role": "user"}]}, "a user message needs its 'content'"),
+    ({"messages": [{"content": "hi"}]}, "each message needs a 'role' string"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "a text content part needs a 'text' string"),
+])
+def test_bad_chat_requests_name_what_is_wrong(llama, extra, words):
+    _, _, client = llama
+    call = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    fields = {name: value for name, value in extra.items() if name != "messages"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(**{**call, "messages": extra.get("messages", call["messages"])},
+                                       extra_body=fields)
+    assert words in caught.value.message
 
 
 def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):

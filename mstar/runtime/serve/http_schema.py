@@ -38,8 +38,16 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
 
 
+# OpenAI request fields this server does not implement: refused by name rather than ignored (a
+# client asking for JSON output or tool calls must not get plain text as if it had). Fields of no
+# consequence to the answer (`user`, `metadata`, `store`, ...) and unknown ones are ignored.
+UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
+                      "response_format", "logit_bias", "top_logprobs", "modalities", "audio", "prediction",
+                      "web_search_options")
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # model_extra: the fields refused by name below
 
     model: str
     # sampling, shared
@@ -57,6 +65,10 @@ class _Body(BaseModel):
     stream_options: Optional[dict[str, Any]] = None
 
     def common_checks(self) -> None:
+        extra = self.model_extra or {}
+        for name in UNSUPPORTED_FIELDS:
+            if extra.get(name) is not None:
+                raise ApiError(400, f"{name} is not supported", param=name)
         if self.n not in (None, 1):
             raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -103,14 +115,11 @@ class ChatBody(_Body):
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     logprobs: Optional[bool] = None
-    tools: Optional[list[Any]] = None
 
     def prompt_value(self) -> dict[str, Any]:
         self.common_checks()
         if self.logprobs:
             raise ApiError(400, "logprobs is not supported", param="logprobs")
-        if self.tools:
-            raise ApiError(400, "tools are not supported", param="tools")
         return {"messages": [_flat_message(m) for m in self.messages]}
 
     def token_limit(self) -> Optional[int]:
@@ -118,13 +127,20 @@ class ChatBody(_Body):
 
 
 def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message whose content is a list of text parts becomes one string (other parts refused)."""
+    """A message whose content is a list of text parts becomes one string (other parts refused).
+    A message needs a role; a user or system message its content."""
     content = message.get("content")
+    if not isinstance(message.get("role"), str):
+        raise ApiError(400, "messages: each message needs a 'role' string", param="messages")
+    if content is None and message["role"] in ("user", "system", "developer"):
+        raise ApiError(400, f"messages: a {message['role']} message needs its 'content'", param="messages")
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            if not (isinstance(part, dict) and part.get("type") == "text"):
                 raise ApiError(400, "only text content parts are supported in messages", param="messages")
+            if not isinstance(part.get("text"), str):
+                raise ApiError(400, "messages: a text content part needs a 'text' string", param="messages")
             texts.append(part["text"])
         message = {**message, "content": "".join(texts)}
     if content is None:
