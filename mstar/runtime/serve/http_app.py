@@ -115,7 +115,10 @@ async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
 
 
 def build_app(service: Service) -> FastAPI:
+    from mstar.runtime.serve.body_limit import BodyLimit
+
     app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit)
     _error_handlers(app, service)
     _info_routes(app, service)
     _text_routes(app, service)
