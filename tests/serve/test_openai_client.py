@@ -3,6 +3,9 @@ talked to with the official `openai` client: completions from token ids and from
 streaming, and errors. Token ids are checked against the Python API on the same engine."""
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
+
 import pytest
 
 from mstar.runtime.serve.api import LLM, SamplingParams
@@ -54,8 +57,6 @@ def test_text_that_is_not_valid_unicode_is_a_400(llama):
     so the body is written by hand): the tokenizer's backend refused it with a bare TypeError, a 500;
     now a 400 naming it, and the server answers the next request."""
     import json
-    import urllib.error
-    import urllib.request
 
     _, _, client = llama
     for path, body in (("completions", '{"model": "llama", "prompt": "hello \\ud800 world", "max_tokens": 3}'),
@@ -160,3 +161,10 @@ def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):
     with pytest.raises(openai.NotFoundError) as caught:
         client.audio.speech.create(model="llama", voice="x", input="hello")
     assert "does not serve speech (it serves: text)" in caught.value.message
+    # whatever the body: the route validated it first, so a malformed one got a 400 here
+    for path in ("audio/speech", "images/generations", "audio/transcriptions"):
+        request = urllib.request.Request(f"{client.base_url}{path}", data=b'{"input": 5}',
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 404 and "does not serve" in refused.value.read().decode()

@@ -121,6 +121,7 @@ def build_app(service: Service) -> FastAPI:
     app.add_middleware(BodyLimit)
     _error_handlers(app, service)
     _info_routes(app, service)
+    _unserved_routes(app, service)  # first: a path's first route answers
     _text_routes(app, service)
     _media_routes(app, service)
     from mstar.runtime.serve.http_transcribe import transcription_routes  # it builds on this module
@@ -175,6 +176,27 @@ def _info_routes(app: FastAPI, service: Service) -> None:
         kv_pages = getattr(service.llm.engine, "kv_pages", None)
         text = service.metrics.render(service.llm.loop, kv_pages if callable(kv_pages) else dict)
         return Response(text, media_type=CONTENT_TYPE)
+
+
+def _unserved_routes(app: FastAPI, service: Service) -> None:
+    """An endpoint the plan does not serve answers 404 naming what it serves, whatever its body
+    (its route validated the body first: a malformed one got a 400 on a plan that cannot serve it)."""
+    endpoints = service.endpoints
+    for path, what, is_served in (("/v1/completions", "completions", endpoints.can_text),
+                                  ("/v1/chat/completions", "chat completions", endpoints.can_text),
+                                  ("/v1/audio/speech", "speech", endpoints.can_speech),
+                                  ("/v1/images/generations", "image generation", endpoints.can_images),
+                                  ("/v1/audio/transcriptions", "transcription", endpoints.can_transcribe)):
+        if not is_served:
+            app.add_api_route(path, _refusal(service, what), methods=["POST"])
+
+
+def _refusal(service: Service, what: str) -> Any:
+    async def unserved() -> Response:
+        service.check_serves(False, what)
+        raise AssertionError("check_serves raises for an endpoint not served")
+
+    return unserved
 
 
 def _text_routes(app: FastAPI, service: Service) -> None:
