@@ -188,10 +188,10 @@ def _unserved_routes(app: FastAPI, service: Service) -> None:
                                   ("/v1/images/generations", "image generation", endpoints.can_images),
                                   ("/v1/audio/transcriptions", "transcription", endpoints.can_transcribe)):
         if not is_served:
-            app.add_api_route(path, _refusal(service, what), methods=["POST"])
+            app.add_api_route(path, _unserved_handler(service, what), methods=["POST"])
 
 
-def _refusal(service: Service, what: str) -> Any:
+def _unserved_handler(service: Service, what: str) -> Any:
     async def unserved() -> Response:
         service.check_serves(False, what)
         raise AssertionError("check_serves raises for an endpoint not served")
