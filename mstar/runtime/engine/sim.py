@@ -192,9 +192,7 @@ class SimEngine(RunsAtLaunch):
 
     def offload_figures(self) -> dict[str, dict[str, int]]:
         """Per kv node with a host pool: the KV pages moved to it and back so far (for the report)."""
-        return {node: {"offloaded_pages": pool.offload.num_offloaded_pages,
-                       "restored_pages": pool.offload.num_restored_pages}
-                for node, pool in self.pools.items() if pool.offload is not None}
+        return {node: pool.offload.figures() for node, pool in self.pools.items() if pool.offload is not None}
 
     def kv_pages(self) -> dict[str, tuple[int, int]]:
         """Per kv node: (pages in use, pages in its pool), for a server's metrics (cached pages

@@ -356,9 +356,8 @@ class TorchEngine:
 
     def offload_figures(self) -> dict[str, dict[str, int]]:
         """Per kv node with a host pool: the KV pages moved to it and back so far (for the report)."""
-        return {name: {"offloaded_pages": runner.offload.num_offloaded_pages,
-                       "restored_pages": runner.offload.num_restored_pages}
-                for name, runner in self.runners.items() if isinstance(runner, DecoderRunner) and runner.offload}
+        return {name: runner.offload.figures() for name, runner in self.runners.items()
+                if isinstance(runner, DecoderRunner) and runner.offload}
 
     def attention_backends(self) -> dict[str, str]:
         """kv node -> the attention backend its steps use where they can (for the report)."""

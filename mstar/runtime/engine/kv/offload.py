@@ -49,6 +49,10 @@ class Offload:
         for request_id in request_ids:
             self.last_run[request_id] = self.num_steps
 
+    def figures(self) -> dict[str, int]:
+        """The pages moved to the host and back so far, as the run report's `kv_offload` gives them."""
+        return {"offloaded_pages": self.num_offloaded_pages, "restored_pages": self.num_restored_pages}
+
     def is_offloaded(self, request_id: str) -> bool:
         return request_id in self.offloaded
 
