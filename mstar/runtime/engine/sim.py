@@ -40,6 +40,7 @@ from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
+from mstar.runtime.engine.prompt_limits import prompt_limit_problem
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
@@ -127,6 +128,9 @@ class SimEngine(RunsAtLaunch):
             if node.engine == "kv" and node.name not in self.pools:
                 self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
         self.cost = StepCost(plan)
+        # per kv node: (name, the spec's vocabulary, whether it takes the text prompt, max_seq_len)
+        self.prompt_limits = [(node.name, node.dims.get("vocab", 0), any(r.prompt == "text" for r in node.input_roles),
+                               self.pools[node.name].max_seq_len) for node in plan.nodes if node.engine == "kv"]
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
@@ -146,7 +150,7 @@ class SimEngine(RunsAtLaunch):
 
     def add_request(self, request_id: str, spec: Any) -> Optional[str]:
         need_tokens = len(spec.prompt_tokens) + spec.max_tokens
-        reason = self._refusal(spec.prompt_tokens, need_tokens)
+        reason = self._refusal(spec.prompt_tokens, spec.max_tokens)
         if reason is not None:
             return reason
         for node, pool in self.pools.items():
@@ -161,22 +165,13 @@ class SimEngine(RunsAtLaunch):
         self.budget_tokens[request_id] = need_tokens
         return None
 
-    def _refusal(self, tokens: list[int], need_tokens: int) -> Optional[str]:
-        """What the torch engine's decoders refuse too (`DecoderRunner.refusal`): a prompt token id
-        outside the spec's vocabulary of a kv node that takes the text prompt, and prompt + max_tokens
-        past a kv node's max_seq_len (before, the simulated engine ran both)."""
-        for node in self.plan.nodes:
-            if node.engine != "kv":
-                continue
-            vocab = node.dims.get("vocab", 0)
-            takes_text = any(role.prompt == "text" for role in node.input_roles)
-            if takes_text and isinstance(vocab, int) and vocab and tokens and (min(tokens) < 0 or max(tokens) >= vocab):
-                bad = next(t for t in tokens if not 0 <= t < vocab)
-                return f"can never fit: node {node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
-            max_seq_len = self.pools[node.name].max_seq_len
-            if need_tokens > max_seq_len:
-                return (f"can never fit: node {node.name}: prompt ({len(tokens)}) + max_tokens "
-                        f"({need_tokens - len(tokens)}) = {need_tokens} tokens exceeds max_seq_len {max_seq_len}")
+    def _refusal(self, tokens: list[int], max_tokens: int) -> Optional[str]:
+        """What the torch engine's decoders refuse too (prompt_limits.py: a token id outside the
+        vocabulary, prompt + max_tokens past max_seq_len; before, the simulated engine ran both)."""
+        for node, vocab, takes_text_prompt, max_seq_len in self.prompt_limits:
+            problem = prompt_limit_problem(node, vocab, takes_text_prompt, tokens, max_tokens, max_seq_len)
+            if problem is not None:
+                return f"can never fit: {problem}"
         return None
 
     def end_request(self, request_id: str) -> None:

@@ -57,6 +57,7 @@ from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
+from mstar.runtime.engine.prompt_limits import prompt_limit_problem
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.depth import DepthModel
@@ -196,20 +197,11 @@ class DecoderRunner:
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
-        vocab = self.node.dims.get("vocab", 0)
-        if isinstance(vocab, int) and vocab and self.takes_text_prompt:
-            # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
-            # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
-            # min and max run in C; the offending id is looked for only when there is one (a
-            # generator over a 1,040-token prompt was 30 us of a cached request's admission).
-            tokens = request.prompt_tokens
-            if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
-                bad = next(t for t in tokens if not 0 <= t < vocab)
-                return f"node {self.node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        problem = prompt_limit_problem(self.node.name, self.node.dims.get("vocab", 0), self.takes_text_prompt,
+                                       request.prompt_tokens, request.params.max_tokens, self.max_seq_len)
+        if problem is not None:
+            return problem
         num_tokens = self._budget_tokens(request)
-        if num_tokens > self.max_seq_len:
-            return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
-                    f"({request.params.max_tokens}) = {num_tokens} tokens exceeds max_seq_len {self.max_seq_len}")
         num_pages = self.pool.pages_for(num_tokens)
         if num_pages > self.pool.num_pages:
             return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "

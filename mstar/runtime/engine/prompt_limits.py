@@ -1,0 +1,26 @@
+"""What makes a request impossible on a kv node whatever its pool holds: a prompt token id outside
+the spec's vocabulary (of a node that takes the text prompt), or prompt + max_tokens past the
+node's max_seq_len. Shared by the torch engine's decoders (`DecoderRunner.refusal`) and the
+simulated engine (`SimEngine.add_request`), so a what-if run refuses what a real one does.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, tokens: list[int],
+                         max_tokens: Optional[int], max_seq_len: int) -> Optional[str]:
+    """Why the request can never run on `node` (the message names the node), or None."""
+    if isinstance(vocab, int) and vocab and takes_text_prompt:
+        # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
+        # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
+        # min and max run in C; the offending id is looked for only when there is one (a
+        # generator over a 1,040-token prompt was 30 us of a cached request's admission).
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+            bad = next(t for t in tokens if not 0 <= t < vocab)
+            return f"node {node}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
+    num_tokens = len(tokens) + (max_tokens or 0)
+    if num_tokens > max_seq_len:
+        return (f"node {node}: prompt ({len(tokens)}) + max_tokens ({max_tokens}) = {num_tokens} tokens "
+                f"exceeds max_seq_len {max_seq_len}")
+    return None
