@@ -50,18 +50,17 @@ class RankEngines:
         self.remote = list(range(1, world_size))
         self.instances: dict[tuple[int, str], Instance] = {
             (worker.rank, group.node): tuple(group.ranks) for worker in plan.workers for group in worker.tp_groups}
+        # (node, instance) of every instance running a node: a TP group once, a lone worker as itself
+        self.node_instances: set[tuple[str, Instance]] = set()
         # node -> the instances that run its prefix walks (KvPoolPlan.prefix_walks: the walks whose
         # first row may start after a cached prefix), where claim_prefix claims
-        # (node, instance) of every instance running a node: a TP group once, a lone worker as itself
-        self.node_instances: set[tuple[str, Instance]] = {
-            (key.node, self.instances.get((worker.rank, key.node), (worker.rank,)))
-            for worker in plan.workers for key in worker.keys}
-        prefix_walks = prefix_walk_pairs(plan)
         self.prefix_instances: dict[str, set[Instance]] = {}
+        prefix_walks = prefix_walk_pairs(plan)
         for worker in plan.workers:
             for key in worker.keys:
+                instance = self._instance_of(worker.rank, key.node)
+                self.node_instances.add((key.node, instance))
                 if any((key.node, walk) in prefix_walks for walk in key.walks):
-                    instance = self.instances.get((worker.rank, key.node), (worker.rank,))
                     self.prefix_instances.setdefault(key.node, set()).add(instance)
         self.homes = KvHomes(plan)
         # rank 0's engine reads every decoder's dims (its own nodes or not), so its caps hold for all ranks
@@ -193,7 +192,11 @@ class RankEngines:
     # ------------------------------------------------------------ steps
 
     def instance(self, step: Step) -> Instance:
-        return self.instances.get((step.worker, step.node), (step.worker,))
+        return self._instance_of(step.worker, step.node)
+
+    def _instance_of(self, rank: int, node: str) -> Instance:
+        """The instance running `node` on worker `rank`: its TP group's ranks, else the rank alone."""
+        return self.instances.get((rank, node), (rank,))
 
     def launch(self, step: Step) -> StepHandle:
         if self.lost is not None:
