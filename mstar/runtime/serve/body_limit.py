@@ -13,6 +13,8 @@ from typing import Any, Optional
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from mstar.runtime.serve.http_schema import ApiError
+
 MAX_JSON_BODY_BYTES = 32 << 20  # a 131072-token prompt of token ids is about 1 MB of JSON
 
 
@@ -39,8 +41,7 @@ class BodyLimit:
         return f"the request body is larger than {self.limit} bytes"
 
     def _refuse(self) -> JSONResponse:
-        error = {"message": self._message(), "type": "invalid_request_error", "param": None, "code": None}
-        return JSONResponse({"error": error}, status_code=413)
+        return JSONResponse(ApiError(413, self._message()).body(), status_code=413)
 
     def _counted(self, receive: Any) -> Any:
         received = 0
