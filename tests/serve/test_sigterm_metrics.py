@@ -12,6 +12,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,14 +37,26 @@ def _wait_healthy(port, process, timeout_s=60.0):
     raise AssertionError("the server did not come up")
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_0():
+@contextmanager
+def _serving(*options: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`mstar serve` of the llama plan on the sim engine (30 steps a second) as a process, healthy;
+    (the process, its port). Killed on the way out if still running."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen([sys.executable, "-m", "mstar.cli.mstar", "serve", "--plan", LLAMA, "--engine", "sim",
-                                "--sim-pace", "30", "--port", str(port), "--log-level", "warning"],
+                                "--sim-pace", "30", "--port", str(port), *options],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait_healthy(port, process)
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0():
+    with _serving("--log-level", "warning") as (process, port):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
         stream = client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=150, stream=True)
         chunks = iter(stream)
@@ -65,23 +79,13 @@ def test_sigterm_drains_in_flight_requests_and_exits_0():
         assert received[-1].choices[0].finish_reason == "length"
         assert sum(len(c.choices[0].model_extra["token_ids"]) for c in received if c.choices) == 150
         assert process.wait(30) == 0, process.stderr.read().decode()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_a_drain_that_runs_out_of_time_ends_the_stream_cleanly():
     """--drain-timeout 1 and a stream far longer: the request is cancelled just before the timeout,
     so its stream ends with an error event and [DONE] and the server exits 0 with no traceback
     (uvicorn's own timeout cancelled the handler: the stream was cut, CancelledError logged)."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-m", "mstar.cli.mstar", "serve", "--plan", LLAMA, "--engine", "sim",
-                                "--sim-pace", "30", "--port", str(port), "--drain-timeout", "1"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        _wait_healthy(port, process)
+    with _serving("--drain-timeout", "1") as (process, port):
         body = json.dumps({"model": "llama", "prompt": [1, 2, 3], "max_tokens": 2000, "stream": True}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
@@ -93,10 +97,6 @@ def test_a_drain_that_runs_out_of_time_ends_the_stream_cleanly():
         assert events[-1] == "data: [DONE]" and "cancelled" in events[-2] and '"error"' in events[-2], events[-3:]
         assert process.wait(30) == 0
         assert "Traceback" not in process.stderr.read().decode()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_metrics_parse_with_prometheus_client():
