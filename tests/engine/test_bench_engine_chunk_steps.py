@@ -158,8 +158,8 @@ def test_the_table_says_what_the_prompt_rule_graphs_did():
 
 def test_the_what_if_switches_reach_the_modules_they_turn_off(monkeypatch):
     """`--no-rule-graphs`, `--no-pdl`, `--module-layout`, `--no-blas-pdl` set their modules' switches
-    before the engine is built, and `--triton-packed` turns its switch on; without them every switch
-    is back at its default."""
+    before the engine is built, and `--flashinfer-packed` turns the Triton packed keys off; without
+    them every switch is back at its default."""
     from mstar.runtime.engine.gpu import blas_edges, kernels, packed_graphs, products, rule_graphs
 
     for module, name in ((rule_graphs, "_why_off"), (kernels, "_pdl_allowed"), (products, "_transposed_allowed"),
@@ -167,12 +167,12 @@ def test_the_what_if_switches_reach_the_modules_they_turn_off(monkeypatch):
         monkeypatch.setattr(module, name, getattr(module, name))
     parser = bench._parser()
     bench._set_what_ifs(parser.parse_args(["--no-rule-graphs", "--no-pdl", "--module-layout", "--no-blas-pdl",
-                                           "--triton-packed"]))
+                                           "--flashinfer-packed"]))
     assert rule_graphs._why_off and not kernels._pdl_allowed and not products._transposed_allowed
-    assert not blas_edges._enabled and packed_graphs._triton_packed
+    assert not blas_edges._enabled and not packed_graphs._triton_packed
     bench._set_what_ifs(parser.parse_args([]))
     assert rule_graphs._why_off is None and kernels._pdl_allowed and products._transposed_allowed
-    assert blas_edges._enabled and not packed_graphs._triton_packed
+    assert blas_edges._enabled and packed_graphs._triton_packed
     assert parser.parse_args(["--decode-graphs-only"]).decode_graphs_only
 
 

@@ -55,12 +55,13 @@ def _steps():
     return [(first, 32), (second, 64)]
 
 
-@pytest.mark.parametrize("graphs", ["piecewise", "whole", "whole_triton_packed"])
+@pytest.mark.parametrize("graphs", ["piecewise", "whole", "whole_flashinfer_packed"])
 def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(graphs, monkeypatch):
-    """whole_triton_packed: the whole graphs' packed keys on the Triton prefill kernel
-    (`packed_graphs.set_triton_packed`), with no FlashInfer wrapper and no host plan."""
+    """whole: the whole graphs' packed keys on the Triton prefill kernel (the default), with no
+    FlashInfer wrapper and no host plan; whole_flashinfer_packed: on FlashInfer's graph-mode prefill
+    (`packed_graphs.set_triton_packed(False)`)."""
     is_whole = graphs != "piecewise"
-    monkeypatch.setattr(packed_graphs, "_triton_packed", graphs == "whole_triton_packed")
+    monkeypatch.setattr(packed_graphs, "_triton_packed", graphs == "whole")
     executor = _executor(is_whole=is_whole)
     executor.capture()
     if is_whole:
@@ -70,7 +71,7 @@ def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(graphs, monk
         assert sorted(k for k in keys if k[2] == "split") == [(t, b, "split") for t in (32, 64, 128) for b in (4, 8)]
         assert executor.capture_bytes["whole"] > 0
         on_triton = [k for k in keys if not executor.packed_graphs.needs_plan(k)]
-        assert sorted(on_triton) == sorted(k for k in keys if k[2] == "split" or graphs == "whole_triton_packed")
+        assert sorted(on_triton) == sorted(k for k in keys if k[2] == "split" or graphs == "whole")
     else:
         assert sorted(executor.piecewise.pieces) == [32, 64, 128]
         assert executor.capture_bytes["packed"] > 0

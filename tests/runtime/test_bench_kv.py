@@ -80,9 +80,9 @@ def test_no_whole_skips_the_reference_runs(capsys):
 
 
 @pytest.mark.parametrize("argv", [["--per-row"], ["--engine", "torch", "--per-row"], ["--no-blas-pdl"],
-                                  ["--engine", "torch", "--no-blas-pdl"], ["--engine", "torch", "--triton-packed"]],
+                                  ["--engine", "torch", "--no-blas-pdl"], ["--engine", "torch", "--flashinfer-packed"]],
                          ids=["sim", "torch_cpu", "no_blas_pdl_sim", "no_blas_pdl_torch_cpu",
-                              "triton_packed_torch_cpu"])
+                              "flashinfer_packed_torch_cpu"])
 def test_gpu_what_ifs_need_the_gpu_fast_path(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         bench_kv.main(argv)

@@ -34,8 +34,9 @@ launch: CAPTURED_LAUNCH_S when the step replays a capture (padded_batch > 0), el
 SPLIT_EXTRA_S more for a split-attention mixed step (eager or piecewise: one more eager call a
 layer); layers * PIECE_LAUNCH_S more for a replay of a piecewise family (its attention runs eagerly
 between the captured pieces); for a replay of a packed family captured whole, layers *
-GRAPH_MERGE_S (FlashInfer's merge of its split KV; SPLIT_GRAPH_MERGE_S on the split route, whose
-attention runs on the Triton kernels) instead.
+TRITON_GRAPH_MERGE_S where the node's heads are served by the Triton kernels (both routes' keys
+attend on them, the prompt tokens at TRITON_PREFILL_RATE), else layers * GRAPH_MERGE_S (FlashInfer's
+graph-mode prefill, which merges its split KV) instead.
 
 Dims come from the plan (`layers`, `hidden`, `qo_heads`, `kv_heads`, `head_dim`, `vocab`,
 `intermediate`, `layer_pattern`). A missing `intermediate` is 4 x hidden, the torch engine's own
@@ -82,11 +83,11 @@ MATMUL_RATE = 780e12  # flop/s
 # there), a 472-token chunk about 1.9 and 3.1 ms (130-160 TFLOP/s); the 216-token chunk alone (fa3)
 # ran at about 124 TFLOP/s. One rate between them: 0.16 of the matmul rate, 125 TFLOP/s.
 ATTENTION_RATE = 0.16 * MATMUL_RATE
-# The prompt rows of a whole graph on the split route attend on the Triton prefill kernel where it
+# The prompt rows of a whole graph (either route) attend on the Triton prefill kernel where it
 # serves the heads (docs/engine.md, "The split route on Triton"): a 216-token chunk after 4,096 and
 # 7,936 positions took 42.6 and 71.4 us a layer on the H200 in the chunk step's graph (175 and 199
 # TFLOP/s): 0.25 of the matmul rate.
-SPLIT_ATTENTION_RATE = 0.25 * MATMUL_RATE
+TRITON_PREFILL_RATE = 0.25 * MATMUL_RATE
 RIDGE_LOSS = 0.4
 BYTES_PER_VALUE = 2  # bf16 weights and KV
 
@@ -100,14 +101,14 @@ SPLIT_EXTRA_S = 0.0002
 # Per layer of a piecewise replay: its eager attention call and the next piece's launch (a chunk
 # step's wall time less its kernels exceeded the decode graph's by about 0.45 ms over 16 layers).
 PIECE_LAUNCH_S = 0.00003
-# Per layer of a whole packed graph's replay on the packed route: FlashInfer's graph mode always splits
-# the KV and merges the partial outputs (calibrated when a split step's 32 merges took 0.52 ms on the
-# H200: 16 us each).
+# Per layer of a whole packed graph's replay on FlashInfer's graph-mode prefill (heads the Triton
+# kernels do not serve): it always splits the KV and merges the partial outputs (calibrated when a
+# split step's 32 merges took 0.52 ms on the H200: 16 us each).
 GRAPH_MERGE_S = 0.000016
-# Per layer of a whole graph's split route: its attention runs on the Triton decode and prefill
-# kernels, whose prefill merge took 43 us a 16-layer step on the H200 (docs/engine.md, "The split
-# route on Triton"); the sim charged two FlashInfer merges a layer here before.
-SPLIT_GRAPH_MERGE_S = 0.0000027
+# Per layer of a whole graph whose attention runs on the Triton decode and prefill kernels (both
+# routes, where they serve the heads): the prefill merge took 43 us a 16-layer step on the H200
+# (docs/engine.md, "The split route on Triton").
+TRITON_GRAPH_MERGE_S = 0.0000027
 
 # The flat model of stateless nodes (and of a step on a node the plan does not list).
 PER_ROW_S = 0.00005
@@ -135,8 +136,8 @@ class NodeCost:
     is_fallback: bool = False  # dims missing from the plan: the reference node scaled by the weight
     # A captured decode step's KV rate: the Triton decode kernel's where it serves the heads, else FlashInfer's.
     decode_kv_bandwidth: float = READ_BANDWIDTH
-    # A whole split graph's prompt attention: the Triton prefill kernel's rate where it serves the heads.
-    split_attention_rate: float = ATTENTION_RATE
+    # Whether the Triton decode and prefill kernels serve the heads (a whole graph's attention runs on them).
+    is_triton_served: bool = False
 
     @property
     def weight_bytes(self) -> float:
@@ -159,7 +160,7 @@ def _from_dims(dims: dict[str, int], num_full_layers: int) -> NodeCost:
         flops_per_key=float(attention_flops_per_key(qo_width, num_full_layers)),
         num_layers=layers,
         decode_kv_bandwidth=DECODE_KV_BANDWIDTH if is_served else READ_BANDWIDTH,
-        split_attention_rate=SPLIT_ATTENTION_RATE if is_served else ATTENTION_RATE,
+        is_triton_served=is_served,
     )
 
 
@@ -212,7 +213,9 @@ class StepCost:
         family = (step.worker, step.key, step.capture or "")
         whole_layers = self._whole_layers(step, family)
         if whole_layers:  # the route's attention calls are in the graph: their merges, no extra launch
-            launch += whole_layers * (SPLIT_GRAPH_MERGE_S if step.attention == "split" else GRAPH_MERGE_S)
+            cost = self.nodes.get(step.node)
+            is_triton = cost is not None and cost.is_triton_served
+            launch += whole_layers * (TRITON_GRAPH_MERGE_S if is_triton else GRAPH_MERGE_S)
         elif step.attention == "split":
             launch += SPLIT_EXTRA_S
         if is_captured and self.piecewise_layers:
@@ -226,8 +229,8 @@ class StepCost:
         rows = step.rows
         num_rows = len(rows)
         bandwidth, attention_rate = READ_BANDWIDTH, ATTENTION_RATE
-        if step.attention == "split" and self._whole_layers(step):  # the prompt rows on the Triton prefill kernel
-            attention_rate = cost.split_attention_rate
+        if cost.is_triton_served and self._whole_layers(step):  # the prompt rows on the Triton prefill kernel
+            attention_rate = TRITON_PREFILL_RATE
         kv_bytes, flops_per_key = cost.kv_bytes_per_token, cost.flops_per_key
         num_tokens = sum(map(_tokens_of, rows))
         if num_rows and max(map(_tokens_of, rows)) == 1:

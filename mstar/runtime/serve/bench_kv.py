@@ -530,9 +530,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-blas-pdl", action="store_true",
                         help="torch engine on a GPU: keep the graphs' edges into cuBLAS's sm_90 products ordinary, "
                              "not programmatic (a what-if; docs/engine.md, \"Programmatic edges into cuBLAS\")")
-    parser.add_argument("--triton-packed", action="store_true",
-                        help="torch engine on a GPU: run the whole packed graphs' one-call (packed) keys on the "
-                             "Triton prefill kernel, not FlashInfer's graph-mode prefill (an experiment; "
+    parser.add_argument("--flashinfer-packed", action="store_true",
+                        help="torch engine on a GPU: run the whole packed graphs' one-call (packed) keys on "
+                             "FlashInfer's graph-mode prefill, not the Triton prefill kernel (a what-if; "
                              "docs/engine.md, \"Whole packed keys on the Triton prefill kernel\")")
     parser.add_argument("--prefix-requests", type=int_range(2), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
@@ -554,19 +554,19 @@ def _blas_edges_enabled() -> bool:
 
 
 def _set_graph_switches(parser: argparse.ArgumentParser, args: argparse.Namespace, is_gpu_path: bool) -> None:
-    """`--no-blas-pdl` and `--triton-packed` set their modules' switches before any graph is captured;
-    off the GPU fast path they are refused."""
-    for flag, is_set in (("--no-blas-pdl", args.no_blas_pdl), ("--triton-packed", args.triton_packed)):
+    """`--no-blas-pdl` and `--flashinfer-packed` set their modules' switches before any graph is
+    captured; off the GPU fast path they are refused."""
+    for flag, is_set in (("--no-blas-pdl", args.no_blas_pdl), ("--flashinfer-packed", args.flashinfer_packed)):
         if is_set and not is_gpu_path:
             parser.error(f"{flag} is about the GPU fast path's graphs: use it with --engine torch --device cuda")
     if args.no_blas_pdl:
         from mstar.runtime.engine.gpu import blas_edges
 
         blas_edges.set_enabled(False)
-    if args.triton_packed:
+    if args.flashinfer_packed:
         from mstar.runtime.engine.gpu import packed_graphs
 
-        packed_graphs.set_triton_packed(True)
+        packed_graphs.set_triton_packed(False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -591,7 +591,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "route": args.route, "is_columnar": not args.per_row,
                                "can_run_ahead": not args.no_run_ahead, "is_gc_deferred": not args.automatic_gc,
                                "is_blas_pdl": is_gpu_path and _blas_edges_enabled(),
-                               "is_triton_packed": args.triton_packed,
+                               "is_triton_packed": is_gpu_path and not args.flashinfer_packed,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len,

@@ -550,9 +550,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode-graphs-only", action="store_true",
                         help="capture the decode family alone: the packed families' steps run eagerly (a "
                              "what-if for what their capture costs the decode graphs; docs/engine.md)")
-    parser.add_argument("--triton-packed", action="store_true",
-                        help="run the whole packed graphs' one-call (packed) keys on the Triton prefill kernel, "
-                             "not FlashInfer's graph-mode prefill (an experiment; docs/engine.md)")
+    parser.add_argument("--flashinfer-packed", action="store_true",
+                        help="run the whole packed graphs' one-call (packed) keys on FlashInfer's graph-mode "
+                             "prefill, not the Triton prefill kernel (a what-if; docs/engine.md)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -564,7 +564,7 @@ def _set_what_ifs(args: argparse.Namespace):
     from mstar.runtime.engine.gpu import blas_edges, kernels, packed_graphs, products, rule_graphs
 
     kernels.set_pdl(not args.no_pdl)
-    packed_graphs.set_triton_packed(args.triton_packed)
+    packed_graphs.set_triton_packed(not args.flashinfer_packed)
     products.set_transposed(not args.module_layout)
     blas_edges.set_enabled(not args.no_blas_pdl)
     rule_graphs.set_enabled(not args.no_rule_graphs)

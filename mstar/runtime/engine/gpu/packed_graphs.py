@@ -35,11 +35,11 @@ Where the split route's decode rows take the Triton decode kernel (`FlashInferSt
 rows' over the rest, from the same derived arrays; such a key has no FlashInfer wrapper and no
 host plan (`needs_plan`). FlashInfer's graph-mode prefill merged its always-split KV with a kernel
 of 29 us a layer on the H200 whatever the context (docs/engine.md, "The split route on Triton").
-With `set_triton_packed(True)` a packed key (one prefill call: a prompt-only step, or the packed
-route's decode rows as one-token rows) runs on the Triton prefill kernel too (`PackedAttend`), where
-that kernel serves the heads and the decode graphs take it: no wrapper, no host plan, no merge. Off
-by default until measured on a GPU against FlashInfer's graph-mode prefill (docs/engine.md, "Whole
-packed keys on the Triton prefill kernel").
+A packed key (one prefill call: a prompt-only step, or the packed route's decode rows as one-token
+rows) runs on the Triton prefill kernel too (`PackedAttend`), where that kernel serves the heads and
+the decode graphs take it: no wrapper, no host plan, no FlashInfer merge. Measured on the H200
+against FlashInfer's graph-mode prefill, which `set_triton_packed(False)` keeps as a what-if
+(docs/engine.md, "Whole packed keys on the Triton prefill kernel").
 
 Memory: every key's graph is captured in one pool, largest first, so a smaller key reuses the
 blocks a larger one freed; the logits of every key land in one buffer. `measured_bytes` is the
@@ -64,12 +64,12 @@ INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's own size for a wrapper's int works
 CTA_TILE_Q = 128  # the fa2 prefill tile height graph mode picks for a key with a long row (head dim < 256)
 PLAN_INFO_TOTAL_ROWS = 1  # the one entry of FlashInfer's PrefillPlanInfo that may change between plans
 
-_triton_packed = False
+_triton_packed = True
 
 
 def set_triton_packed(enabled: bool) -> None:
     """Run the packed keys of graphs captured afterwards on the Triton prefill kernel where it serves
-    the heads (`PackedAttend`), or on FlashInfer's graph-mode prefill wrapper (the default)."""
+    the heads (`PackedAttend`, the default), or on FlashInfer's graph-mode prefill wrapper."""
     global _triton_packed
     _triton_packed = enabled
 
@@ -286,8 +286,8 @@ class PackedGraphs:
 
     def _triton_attends(self, device: torch.device) -> dict[GraphKey, Callable]:
         """The keys whose attention runs on Triton kernels alone: split keys whose decode rows take
-        the Triton decode kernel (`SplitAttend`; its heads are the prefill kernel's) and, with
-        `set_triton_packed`, packed keys where the decode graphs take it too (`PackedAttend`). Their
+        the Triton decode kernel (`SplitAttend`; its heads are the prefill kernel's) and, unless
+        `set_triton_packed(False)`, packed keys where the decode graphs take it too (`PackedAttend`). Their
         prefill splits share one scratch (graphs replay one at a time)."""
         heads, page_size, sm_count = self.attention.heads, self.attention.page_size, _num_sms(device)
         shapes = {}
