@@ -95,14 +95,18 @@ def test_context_costs_time_and_a_causal_prompt_halves_its_own_keys(plan):
     cost = StepCost(plan)
     short = cost.seconds(mixed_step([StepRow("p", "prefill", 472, 1024)], 512))
     long = cost.seconds(mixed_step([StepRow("p", "prefill", 472, 8192)], 512))
-    flops_s = 472 * 7168 * cost.nodes["LLM"].flops_per_key / sim_cost.ATTENTION_RATE
+    # The plan's packed family is captured whole and the Triton kernels serve Llama's heads: the
+    # prompt attends on the Triton prefill kernel, at its rate.
+    assert cost.nodes["LLM"].is_triton_served
+    rate = sim_cost.TRITON_PREFILL_RATE
+    flops_s = 472 * 7168 * cost.nodes["LLM"].flops_per_key / rate
     assert long - short == pytest.approx(flops_s)  # compute-bound: the extra keys at the attention rate
     bidirectional = StepCost(plan.model_copy(update={"nodes": [plan.nodes[0].model_copy(
         update={"bidirectional_walks": ["prefill"]})]}))
     step = mixed_step([StepRow("p", "prefill", 472, 0)], 512)
     extra_keys = 472 * 472 - 472 * 473 // 2
     assert bidirectional.seconds(step) - cost.seconds(step) == pytest.approx(
-        extra_keys * cost.nodes["LLM"].flops_per_key / sim_cost.ATTENTION_RATE)
+        extra_keys * cost.nodes["LLM"].flops_per_key / rate)
 
 
 def test_padding_rows_run_the_matrix_products(plan):
@@ -170,3 +174,21 @@ def test_only_a_decode_graph_of_served_heads_reads_at_the_triton_rate(plan):
     wide = node.model_copy(update={"dims": {**node.dims, "qo_heads": 160, "kv_heads": 8, "head_dim": 64}})
     assert node_cost(wide).decode_kv_bandwidth == sim_cost.READ_BANDWIDTH
     assert node_cost(node).decode_kv_bandwidth == sim_cost.DECODE_KV_BANDWIDTH
+
+
+def test_a_whole_packed_step_attends_on_triton_only_where_it_serves_the_heads(plan):
+    """A whole packed family's replay: on heads the Triton kernels serve, its prompt tokens attend
+    at the Triton prefill kernel's rate with its merge a layer; on heads they do not serve (a group
+    of 20 query heads), on FlashInfer's graph-mode prefill at ATTENTION_RATE with its split-KV merge."""
+    node = plan.nodes[0]
+    wide = node.model_copy(update={"dims": {**node.dims, "qo_heads": 160, "kv_heads": 8, "head_dim": 64}})
+    served, unserved = StepCost(plan), StepCost(plan.model_copy(update={"nodes": [wide]}))
+    assert served.nodes["LLM"].is_triton_served and not unserved.nodes["LLM"].is_triton_served
+    step = mixed_step([StepRow("p", "prefill", 472, 8192)], 512)
+    assert served.launch(step) == pytest.approx(sim_cost.CAPTURED_LAUNCH_S + 16 * sim_cost.TRITON_GRAPH_MERGE_S)
+    assert unserved.launch(step) == pytest.approx(sim_cost.CAPTURED_LAUNCH_S + 16 * sim_cost.GRAPH_MERGE_S)
+    short = dataclasses.replace(step, rows=[StepRow("p", "prefill", 472, 1024)])
+    extra_flops = 472 * 7168 * served.nodes["LLM"].flops_per_key
+    assert served.seconds(step) - served.seconds(short) == pytest.approx(extra_flops / sim_cost.TRITON_PREFILL_RATE)
+    extra_flops = 472 * 7168 * unserved.nodes["LLM"].flops_per_key
+    assert unserved.seconds(step) - unserved.seconds(short) == pytest.approx(extra_flops / sim_cost.ATTENTION_RATE)
