@@ -60,6 +60,9 @@ class RowResult:
     outputs: dict[str, Any] = field(default_factory=dict)  # output edge name -> value
     is_stop: bool = False  # the node's stop check fired for this row (e.g. a stop token)
     error: Optional[str] = None  # this row failed alone; the request ends with this reason
+    # The error came from the request's own input (`values.RequestInputError`: its audio, its
+    # prompt's media placeholders): the client's fault, which the server answers as a 400.
+    is_input_fault: bool = False
 
 
 @dataclass

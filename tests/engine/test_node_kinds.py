@@ -96,3 +96,20 @@ def test_every_checked_in_plan_builds_an_engine():
     for path in plans:
         engine = TorchEngine(load_plan(str(path)))
         assert set(engine.runners) == {node.name for node in engine.plan.nodes}
+
+
+def test_a_requests_own_bad_input_is_flagged_apart_from_a_value_another_node_passed():
+    """`values.RequestInputError`: audio the request brought that the encoder cannot take (2-D
+    samples, more states than its `num_tokens`) fails the row flagged `is_input_fault`, which the
+    server answers as a 400; latents of the wrong shape from another node fail it unflagged (a 500)."""
+    engine = engine_for("qwen3_asr")
+    for audio in (torch.zeros(2, 16000), torch.zeros(16000 * 31)):
+        result = engine.run_step(step(engine.plan, "audio_encoder", [StepRow("r", "prefill", 1, 0,
+                                                                            {"audio_features": audio})]))
+        row = result.rows[0]
+        assert row.error is not None and row.error.startswith("node audio_encoder: ") and row.is_input_fault
+    engine = engine_for("bagel")
+    result = engine.run_step(step(engine.plan, "vae_decoder", [StepRow("r", "image_gen", 1, 0,
+                                                                      {"latents": torch.zeros(3, 3)})]))
+    row = result.rows[0]
+    assert row.error is not None and "latents of shape (3, 3)" in row.error and not row.is_input_fault

@@ -398,6 +398,7 @@ class Conductor:
                 self.fail(request_id, "error: the engine returned a result for a row it was not given")
                 continue
             if result.error is not None:
+                state.record.is_input_fault = result.is_input_fault
                 self.fail(request_id, f"error: {result.error}")
                 continue
             ps = state.by_walk.get(row.walk)

@@ -66,6 +66,7 @@ class RequestRecord:
     finish_reason: Optional[str] = None  # "stop", "length", "done", "error: ...", "cancelled"
     num_output_tokens: int = 0
     is_refused: bool = False  # ended at admission: its route or the engine refused it (nothing ran)
+    is_input_fault: bool = False  # failed mid-run on its own input (a node could not take its audio, ...)
     # prefix cache: prompts looked up (one per kv node with the cache) and prompt tokens found
     num_prefix_lookups: int = 0
     num_cached_tokens: int = 0

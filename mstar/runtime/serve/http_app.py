@@ -102,11 +102,14 @@ def _reason(finish_reason: Optional[str]) -> str:
 
 
 async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
-    """Every delta of a request (non-streaming answers); 500 / 503 when it failed."""
+    """Every delta of a request (non-streaming answers); 400 when it failed on its own input,
+    500 / 503 when it failed otherwise."""
     deltas = [first]
     while not deltas[-1].is_final:
         deltas.append(await stream.__anext__())
     reason = deltas[-1].finish_reason or "error"
+    if reason.startswith("error") and deltas[-1].is_input_fault:  # the run loop counted it `invalid`
+        raise ApiError(400, _reason(reason), is_counted=True)
     if reason.startswith("error"):
         raise ApiError(500, _reason(reason), kind="server_error")
     if reason == "cancelled":

@@ -58,9 +58,12 @@ def finish_reason(delta: Delta) -> Optional[str]:
 
 
 def _error_event(delta: Delta) -> str:
+    """The stream's last event for a failed request: an invalid_request_error when its own input
+    failed it (the 400 a non-streaming request gets), else a server_error."""
     reason = delta.finish_reason or "error"
     message = reason[len("error: "):] if reason.startswith("error: ") else reason
-    return f"data: {dumps({'error': {'message': message, 'type': 'server_error', 'param': None, 'code': None}})}\n\n"
+    kind = "invalid_request_error" if delta.is_input_fault else "server_error"
+    return f"data: {dumps({'error': {'message': message, 'type': kind, 'param': None, 'code': None}})}\n\n"
 
 
 def _is_failed(delta: Delta) -> bool:

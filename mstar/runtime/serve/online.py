@@ -71,6 +71,7 @@ class Delta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # counted output tokens so far
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the conductor's count)
+    is_input_fault: bool = False  # it failed mid-run on its own input (RequestRecord.is_input_fault)
 
     @property
     def is_final(self) -> bool:
@@ -86,8 +87,9 @@ class Observer:
     def on_output_gap(self, seconds: float) -> None:
         """Time between two successive outputs of one request."""
 
-    def on_finish(self, finish_reason: str, is_refused: bool = False) -> None:
-        """A request ended with this reason (is_refused: at admission, nothing ran)."""
+    def on_finish(self, finish_reason: str, is_refused: bool = False, is_input_fault: bool = False) -> None:
+        """A request ended with this reason (is_refused: at admission, nothing ran; is_input_fault:
+        mid-run, on its own input)."""
 
     def on_step(self, key: str, mixture: str) -> None:
         """A step of this scheduling key and mixture (its walks, `+`-joined) finished."""
@@ -279,7 +281,7 @@ class OnlineLoop:
             return
         with self._lock:
             self._num_in_flight -= 1
-        self.observer.on_finish(record.finish_reason or "error", record.is_refused)
+        self.observer.on_finish(record.finish_reason or "error", record.is_refused, record.is_input_fault)
         if record.num_prefix_lookups:
             self.observer.on_prefix_lookups(record.num_prefix_lookups, record.num_cached_tokens)
         self._push(item, record, True, time.monotonic())
@@ -315,6 +317,7 @@ class OnlineLoop:
         if is_final:
             delta.finish_reason = record.finish_reason or "error"
             delta.is_refused = record.is_refused
+            delta.is_input_fault = record.is_input_fault
         if token_ids or media:
             self._observe(item, now)
         item.deliver(delta)

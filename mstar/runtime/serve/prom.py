@@ -31,9 +31,11 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def outcome_of(finish_reason: str, is_refused: bool) -> str:
+def outcome_of(finish_reason: str, is_refused: bool, is_input_fault: bool = False) -> str:
     if is_refused:
         return "refused"
+    if is_input_fault:  # its 400 is not counted again
+        return "invalid"
     if finish_reason.startswith("error"):
         return "error"
     return finish_reason  # stop, length, cancelled
@@ -67,8 +69,8 @@ class ServerMetrics(Observer):
     def on_output_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)
 
-    def on_finish(self, finish_reason: str, is_refused: bool = False) -> None:
-        self.requests.labels(outcome_of(finish_reason, is_refused)).inc()
+    def on_finish(self, finish_reason: str, is_refused: bool = False, is_input_fault: bool = False) -> None:
+        self.requests.labels(outcome_of(finish_reason, is_refused, is_input_fault)).inc()
 
     def on_step(self, key: str, mixture: str) -> None:
         self.steps.labels(key, mixture).inc()

@@ -48,7 +48,8 @@ from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, chunk_of, classify, classify_for_row, synthesise
+from mstar.runtime.engine.runners.values import (InputError, RequestInputError, chunk_of, classify, classify_for_row,
+                                                 failed_row, synthesise)
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
@@ -267,7 +268,7 @@ class DecoderRunner:
             try:
                 ready.append(self._prepare(row, call, request))
             except InputError as error:
-                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                results.append(failed_row(row.request_id, self.node.name, error))
         return results, ready
 
     def _within_length(self, ready: list[_Prepared], results: list[RowResult],
@@ -442,7 +443,7 @@ class DecoderRunner:
         is_slot = torch.eq(prompt, self.media_token)
         num_slots = int(is_slot.sum())
         if num_slots != states.shape[0]:
-            raise InputError(f"the prompt holds {num_slots} media placeholders (token {self.media_token}), "
+            raise RequestInputError(f"the prompt holds {num_slots} media placeholders (token {self.media_token}), "
                              f"the media bring {states.shape[0]} states")
         embeds = model.embed_tokens(prompt).clone()
         embeds[is_slot.to(embeds.device)] = states.to(embeds.device, embeds.dtype)  # the encoder may run elsewhere

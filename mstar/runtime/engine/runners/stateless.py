@@ -26,7 +26,7 @@ import torch
 
 from mstar.plan.schema import ChunkPolicyPlan, NodePlan
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, classify, synthesise
+from mstar.runtime.engine.runners.values import InputError, classify, failed_row, synthesise
 from mstar.runtime.engine.models.codec import CodecDecoder
 from mstar.runtime.engine.models.snac_codec import SnacCodec
 from mstar.runtime.engine.models.encoders import MediaEncoder
@@ -54,7 +54,7 @@ class StatelessRunner:
                 with torch.no_grad():
                     value = self.compute(row, call, request)
             except InputError as error:
-                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                results.append(failed_row(row.request_id, self.node.name, error))
                 continue
             results.append(RowResult(row.request_id, outputs={name: value for name in call.output_names}))
         return results, []
@@ -160,7 +160,7 @@ class EncoderRunner(StatelessRunner):
                 with torch.no_grad():
                     outputs = self.model(self._features(row, call, request))
             except InputError as error:
-                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                results.append(failed_row(row.request_id, self.node.name, error))
                 continue
             named = {name: outputs[self.output_positions[name]] for name in call.output_names
                      if name in self.output_positions}

@@ -16,11 +16,23 @@ from typing import Any, Literal, Optional
 import numpy as np
 import torch
 
-from mstar.runtime.step import StepRow
+from mstar.runtime.step import RowResult, StepRow
 
 
 class InputError(ValueError):
     """A row's input value has a form the node cannot consume (the row fails alone)."""
+
+
+class RequestInputError(InputError):
+    """The value the node cannot take came with the request itself (its audio, its prompt), not
+    from another node: the client's fault rather than the deployment's."""
+
+
+def failed_row(request_id: str, node_name: str, error: Exception) -> RowResult:
+    """The result of a row whose input the node could not take; a request's own bad input is
+    flagged so the server can answer it as a bad request."""
+    return RowResult(request_id, error=f"node {node_name}: {error}",
+                     is_input_fault=isinstance(error, RequestInputError))
 
 
 ValueKind = Literal["tokens", "embeddings", "signal"]

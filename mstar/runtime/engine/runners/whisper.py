@@ -27,7 +27,7 @@ from mstar.runtime.engine.models.log_mel import NUM_FRAMES, NUM_SAMPLES, log_mel
 from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder, WhisperKv
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import StatelessRunner
-from mstar.runtime.engine.runners.values import InputError
+from mstar.runtime.engine.runners.values import InputError, RequestInputError, failed_row
 from mstar.runtime.engine.runners.whisper_rules import WhisperRules, WhisperSequence, next_token, processed
 from mstar.runtime.engine.runners.whisper_windows import AudioWindow, WindowError, closed_cut, segment_cut, window_of
 from mstar.runtime.engine.sampling import draw_stream, sample_tokens
@@ -50,7 +50,7 @@ class WhisperEncoderRunner(StatelessRunner):
                 with torch.no_grad():
                     states, window = self.encode(row, call, request)
             except (InputError, WindowError) as error:
-                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                results.append(failed_row(row.request_id, self.node.name, error))
                 continue
             outputs = {name: window.to_signal() if call.output_roles.get(name) == "signal" else states
                        for name in call.output_names}
@@ -68,7 +68,7 @@ class WhisperEncoderRunner(StatelessRunner):
         else:
             samples = torch.as_tensor(raw, dtype=torch.float32)
             if samples.dim() != 1 or samples.numel() == 0:
-                raise InputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
+                raise RequestInputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
                                  f"{tuple(samples.shape)}")
         left = call.input_with("signal")
         window = window_of(samples.numel(), row.inputs.get(left) if left is not None else None)
@@ -131,7 +131,7 @@ class WhisperDecoderRunner:
                 with torch.no_grad():
                     results.append(self._run_row(row, call, request))
             except (InputError, WindowError) as error:
-                results.append(RowResult(row.request_id, error=f"node {self.node.name}: {error}"))
+                results.append(failed_row(row.request_id, self.node.name, error))
         return results, []
 
     def _run_row(self, row: StepRow, call: CallInfo, request: RequestState) -> RowResult:
@@ -153,7 +153,7 @@ class WhisperDecoderRunner:
             state.window = AudioWindow.of_signal(row.inputs[window])
         is_long_form = state.window is not None and state.window.is_long_form
         if is_long_form and self.rules.no_timestamps is None:
-            raise InputError("audio past 30 s is transcribed window by window with timestamps, and this "
+            raise RequestInputError("audio past 30 s is transcribed window by window with timestamps, and this "
                              "decoder's rules have no <|notimestamps|> token to place them")
         fed = self._tokens(row, call)
         if state.sequence is None:
