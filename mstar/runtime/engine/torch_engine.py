@@ -45,6 +45,7 @@ from mstar.runtime.engine import qwen3_asr_setup, whisper_setup
 from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
+from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.submodels import build_depth_models, build_submodels
 from mstar.runtime.engine.runners.request_state import RequestState
@@ -191,7 +192,10 @@ class TorchEngine:
                 return whisper_setup.encoder_runner(node, mode, weights_dir, seed, position, self._new)
             pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
             max_seq_len = pool.max_seq_len if pool else self.plan.deployment.max_seq_len
-            return whisper_setup.decoder_runner(node, mode, weights_dir, seed, position, max_seq_len, self._new)
+            pages = ReservedPages(node.name, num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES),
+                                  pool.page_size if pool else DEFAULT_PAGE_SIZE, max_seq_len)
+            return whisper_setup.decoder_runner(node, mode, weights_dir, seed, position, max_seq_len, pages,
+                                                self._new)
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
         if qwen3_asr_setup.is_qwen3_asr(node):
@@ -542,8 +546,12 @@ class TorchEngine:
 
     def kv_pages(self) -> dict[str, tuple[int, int]]:
         """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
-        return {name: (runner.pool.num_pages - runner.pool.num_free_pages, runner.pool.num_pages)
-                for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
+        pages = {name: (runner.pool.num_pages - runner.pool.num_free_pages, runner.pool.num_pages)
+                 for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
+        for name, runner in self.runners.items():
+            if isinstance(runner, WhisperDecoderRunner):  # reserved, not paged (kv/reserved_pages.py)
+                pages[name] = (runner.pages.num_held, runner.pages.num_pages)
+        return pages
 
 
 def _token_columns(step_rows: list[StepRow], rows: list[RowResult]) -> tuple[Optional[np.ndarray], list[int]]:

@@ -23,6 +23,7 @@ import torch
 
 from mstar.plan.schema import NodePlan
 from mstar.plan.dims import DimsError, DimsMode
+from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.models.whisper import (
     WhisperDecoder, WhisperDecoderDims, WhisperEncoder, WhisperEncoderDims, sinusoids,
 )
@@ -95,7 +96,7 @@ def encoder_runner(node: NodePlan, mode: DimsMode, weights_dir: Optional[str], s
 
 
 def decoder_runner(node: NodePlan, mode: DimsMode, weights_dir: Optional[str], seed: int, position: int,
-                   max_seq_len: int, new: Build) -> WhisperDecoderRunner:
+                   max_seq_len: int, pages: ReservedPages, new: Build) -> WhisperDecoderRunner:
     if len(node.cross_kv) != 1:
         raise DimsError(f"node {node.name}: a whisper decoder cross-attends over one cross_kv pool, "
                         f"the plan gives it {len(node.cross_kv)}")
@@ -121,4 +122,4 @@ def decoder_runner(node: NodePlan, mode: DimsMode, weights_dir: Optional[str], s
     else:
         init_random(model, seed, position)
     rules = rules or WhisperRules.layout(dims.vocab, eos)
-    return WhisperDecoderRunner(node, model.eval(), rules, max_seq_len, position)
+    return WhisperDecoderRunner(node, model.eval(), rules, max_seq_len, pages, position)

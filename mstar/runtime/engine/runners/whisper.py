@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from mstar.plan.schema import NodePlan
+from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.models.log_mel import NUM_FRAMES, NUM_SAMPLES, log_mel, log_mel_frames
 from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder, WhisperKv
@@ -95,9 +96,11 @@ class _Decoding:
 
 class WhisperDecoderRunner:
     def __init__(self, node: NodePlan, model: WhisperDecoder, rules: WhisperRules, max_seq_len: int,
-                 position: int = 0):
-        """max_seq_len: the longest decoder sequence (the deployment's, within the position table)."""
+                 pages: ReservedPages, position: int = 0):
+        """max_seq_len: the longest decoder sequence (the deployment's, within the position table);
+        pages: the plan's pool, which admits requests though the KV is held per request."""
         self.node = node
+        self.pages = pages
         self.model = model
         self.rules = rules
         self.max_seq_len = min(max_seq_len, model.dims.num_positions)
@@ -118,21 +121,30 @@ class WhisperDecoderRunner:
         if bad is not None:
             vocab = self.model.dims.vocab
             return f"node {self.node.name}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
-        return None
+        return self.pages.refusal(len(request.prompt_tokens), request.params.max_tokens)
 
     def end_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.pages.release(request_id)
 
     def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
-        """Rows run one by one; none waits for memory (the caches are per request)."""
+        """Rows run one by one, once their requests' pages are reserved (kv/reserved_pages.py); the
+        ids of the rows short of pages come back to be held and retried."""
+        budgets = [(row.request_id, self.pages.budget_pages(len(request.prompt_tokens), request.params.max_tokens))
+                   for row, _, request in rows]
+        short = self.pages.admit(budgets, is_partial_ok)
+        if short and not is_partial_ok:
+            return [], short
         results = []
         for row, call, request in rows:
+            if row.request_id in short:
+                continue
             try:
                 with torch.no_grad():
                     results.append(self._run_row(row, call, request))
             except (InputError, WindowError) as error:
                 results.append(failed_row(row.request_id, self.node.name, error))
-        return results, []
+        return results, short
 
     def _run_row(self, row: StepRow, call: CallInfo, request: RequestState) -> RowResult:
         state = self.requests.get(row.request_id)
