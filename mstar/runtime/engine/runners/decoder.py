@@ -444,7 +444,7 @@ class DecoderRunner:
         num_slots = int(is_slot.sum())
         if num_slots != states.shape[0]:
             raise RequestInputError(f"the prompt holds {num_slots} media placeholders (token {self.media_token}), "
-                             f"the media bring {states.shape[0]} states")
+                                    f"the media bring {states.shape[0]} states")
         embeds = model.embed_tokens(prompt).clone()
         embeds[is_slot.to(embeds.device)] = states.to(embeds.device, embeds.dtype)  # the encoder may run elsewhere
         return embeds

@@ -35,9 +35,9 @@ class Qwen3AsrEncoderRunner(StatelessRunner):
         samples = torch.as_tensor(raw, dtype=torch.float32)
         if samples.dim() != 1 or samples.numel() == 0:
             raise RequestInputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
-                             f"{tuple(samples.shape)}")
+                                    f"{tuple(samples.shape)}")
         count = num_states(samples.numel())
         if self.max_states is not None and count > self.max_states:
             raise RequestInputError(f"{samples.numel() / 16000:.2f} s of audio gives {count} states, past the node's "
-                             f"num_tokens={self.max_states}")
+                                    f"num_tokens={self.max_states}")
         return self.model(samples)

@@ -70,7 +70,7 @@ class WhisperEncoderRunner(StatelessRunner):
             samples = torch.as_tensor(raw, dtype=torch.float32)
             if samples.dim() != 1 or samples.numel() == 0:
                 raise RequestInputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
-                                 f"{tuple(samples.shape)}")
+                                        f"{tuple(samples.shape)}")
         left = call.input_with("signal")
         window = window_of(samples.numel(), row.inputs.get(left) if left is not None else None)
         bins = self.model.dims.num_mel_bins
@@ -166,7 +166,7 @@ class WhisperDecoderRunner:
         is_long_form = state.window is not None and state.window.is_long_form
         if is_long_form and self.rules.no_timestamps is None:
             raise RequestInputError("audio past 30 s is transcribed window by window with timestamps, and this "
-                             "decoder's rules have no <|notimestamps|> token to place them")
+                                    "decoder's rules have no <|notimestamps|> token to place them")
         fed = self._tokens(row, call)
         if state.sequence is None:
             state.sequence = WhisperSequence.start(fed, self.rules, is_long_form)
