@@ -219,11 +219,12 @@ def _is_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _start_long_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path, list[int], int]:
-    """A run of orpheus on two rank processes, once its first request finished: (process, report,
+def _start_long_run(tmp_path: Path, *extra: str, plan: str = "orpheus"
+                    ) -> tuple[subprocess.Popen, Path, list[int], int]:
+    """A run of `plan` on two rank processes, once its first request finished: (process, report,
     its child processes, rank 1's pid)."""
     out, report = tmp_path / "out", tmp_path / "run.json"
-    process = subprocess.Popen(_command("orpheus", "--requests", "400", "--output-len", "64..64", "--no-progress",
+    process = subprocess.Popen(_command(plan, "--requests", "400", "--output-len", "64..64", "--no-progress",
                                         "--out", str(out), "--report", str(report), *extra),
                                cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                start_new_session=True)
@@ -236,14 +237,18 @@ def _start_long_run(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path
     return process, report, _children(process.pid), _rank_pid(process.pid)
 
 
-@pytest.mark.parametrize("signum, says", [(signal.SIGKILL, "rank 1 was killed by SIGKILL"),
-                                          (signal.SIGSTOP, "rank 1 hangs")], ids=["killed", "frozen"])
-def test_a_lost_rank_stops_the_run_naming_it(tmp_path, signum, says):
+@pytest.mark.parametrize("plan, signum, says", [("orpheus", signal.SIGKILL, "rank 1 was killed by SIGKILL"),
+                                                ("orpheus", signal.SIGSTOP, "rank 1 hangs"),
+                                                ("orpheus_tp2", signal.SIGSTOP, "rank 1 hangs")],
+                         ids=["killed", "frozen", "frozen_in_rank_0s_tp_group"])
+def test_a_lost_rank_stops_the_run_naming_it(tmp_path, plan, signum, says):
     """The run ends on its own (the wait is for the process's exit, bounded only so that a hang
     fails instead of stalling the suite) with the error naming the rank and its requests failed,
     long before its 400 requests could finish. How fast it notices is not timed here: on a busy
-    2-core machine a 10 s wall-clock bound failed once at 10.6 s."""
-    process, report, children, rank = _start_long_run(tmp_path, "--rank-timeout", "3")
+    2-core machine a 10 s wall-clock bound failed once at 10.6 s. orpheus_tp2: rank 0 runs its own
+    shard of the LLM beside rank 1, so a frozen rank 1 held it in a collective; the TP groups'
+    collectives now give up after the rank timeout (before, the run hung until rank 1 was killed)."""
+    process, report, children, rank = _start_long_run(tmp_path, "--rank-timeout", "3", plan=plan)
     try:
         os.kill(rank, signum)
         try:

@@ -11,6 +11,8 @@ runs tensor-parallel. The engine builds the rest (`TorchEngine(plan, tp_comms=..
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 from typing import Optional
 
 import torch
@@ -59,14 +61,19 @@ def plan_tp_groups(plan: Plan) -> list[TPGroup]:
     return found
 
 
-def tp_comms(plan: Plan, rank: int, backend: Optional[str] = None) -> dict[str, TpComm]:
+def tp_comms(plan: Plan, rank: int, backend: Optional[str] = None,
+             timeout_s: Optional[float] = None) -> dict[str, TpComm]:
     """Node -> this rank's `TpComm`, for the nodes it runs in a TP group of more than one rank. Every
-    process of the run must call this (collectively) after `torch.distributed.init_process_group`."""
+    process of the run must call this (collectively) after `torch.distributed.init_process_group`.
+    timeout_s: how long a gloo collective may wait for the group's other ranks (the rank timeout):
+    rank 0 runs its own shard's forward, so a frozen peer held it in a collective for ever, past the
+    timeout the controller keeps on messages (NCCL's collectives keep the process group's)."""
     import torch.distributed as dist
 
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None and backend != "nccl" else None
     comms = {}
     for group in plan_tp_groups(plan):
-        process_group = dist.new_group(sorted(group.ranks), backend=backend)
+        process_group = dist.new_group(sorted(group.ranks), backend=backend, timeout=timeout)
         if rank in group.ranks:
             comms[group.node] = TpComm.of(process_group)
     return comms

@@ -83,7 +83,7 @@ def child_main(plan_path: str, rank: int, size: int, port: int, parent: int, opt
 def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_problem: Any) -> None:
     """Ranks other than 0: groups, engine, the ready message, then the command loop."""
     device = rank_device(options.device, local_rank)
-    comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo")
+    comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo", options.timeout_s)
     channel = Channel(peer_problem)
     try:
         executor = build_executor(plan, rank, options, channel, device, comms)
@@ -144,7 +144,7 @@ class RankProcesses:
         else:
             self._spawn()
         device = rank_device(self.options.device, int(os.environ.get("LOCAL_RANK", "0")))
-        comms = tp_comms(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo")
+        comms = tp_comms(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo", self.options.timeout_s)
         channel = Channel(self.problem)
         local = build_executor(self.plan, 0, self.options, channel, device, comms) if 0 in self._ranks() else None
         self.engine = RankEngines(self.plan, local, channel, self.size, self.options.timeout_s)
