@@ -241,3 +241,24 @@ def test_a_request_keeps_its_replica_and_the_policy_picks_it(policy):
         assert picked == {rid: zlib.crc32(rid.encode()) % 2 for rid in picked}
     else:  # in the order requests first needed a replica: alternating
         assert sorted(picked.values()) == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_an_engine_that_cannot_take_a_request_fails_it_alone():
+    """An engine whose `add_request` raises (a value it could not convert overflowed) fails that
+    request alone, refused; the run goes on and the others finish (the exception stopped the run
+    loop, and with it every request of a server)."""
+    plan = generated("llama")
+
+    class Raising(SimEngine):
+        def add_request(self, request_id, spec):
+            if request_id == "bad":
+                raise OverflowError("cannot convert float infinity to integer")
+            return super().add_request(request_id, spec)
+
+    driver = Driver(plan, Raising(plan))
+    requests = [Request(id=i, prompt_tokens=[1, 2, 3], max_tokens=4) for i in ("a", "bad", "b")]
+    driver.run(Workload(requests))
+    records = driver.conductor.records
+    assert records["bad"].is_refused and records["bad"].finish_reason == (
+        "error: the engine could not take the request (OverflowError: cannot convert float infinity to integer)")
+    assert records["a"].finish_reason == records["b"].finish_reason == "length"

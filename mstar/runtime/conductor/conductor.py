@@ -234,6 +234,8 @@ class Conductor:
             # the active requests) would leave it unfinished.
             self._finish_unadmitted(record, f"error: {lost}")
             raise
+        except Exception as error:  # the engine could not take this request: it fails alone, the run goes on
+            reason = f"the engine could not take the request ({type(error).__name__}: {error})"
         if reason is not None:
             record.is_refused = True
             self._finish_unadmitted(record, f"error: {reason}")

@@ -13,11 +13,14 @@ every row keeps its most likely token whatever its `top_p`.
 """
 from __future__ import annotations
 
+import numbers
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+
+from mstar.runtime.conductor.request import SEED_RANGE
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
 # before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in
@@ -25,6 +28,9 @@ import torch
 MIN_TEMPERATURE = 1e-5
 
 MASK32 = 0xFFFFFFFF
+# A top_k past any vocabulary keeps every token; larger ones are taken as this (a top_k of 10**30
+# reached the step's top-k tensor and failed every row of the step with an overflow).
+TOP_K_LIMIT = 2**31 - 1
 
 
 class SamplingError(ValueError):
@@ -56,24 +62,40 @@ class SamplingParams:
             return default
 
         stop = get("stop_tokens", "stop_token_ids", "stop", default=())
-        params = cls(
-            temperature=get("temperature"),
-            top_k=int(get("top_k", default=0)),
-            top_p=float(get("top_p", default=1.0)),
-            repetition_penalty=float(get("repetition_penalty", default=1.0)),
-            seed=int(get("seed", default=0)),
-            stop_tokens=frozenset(int(t) for t in ([stop] if isinstance(stop, int) else stop)),
-            max_tokens=get("max_tokens"),
-        )
-        if params.temperature is not None and params.temperature < 0:
+        try:
+            temperature = get("temperature")
+            params = cls(
+                temperature=None if temperature is None else float(temperature),
+                top_k=min(_integer("top_k", get("top_k", default=0)), TOP_K_LIMIT),
+                top_p=float(get("top_p", default=1.0)),
+                repetition_penalty=float(get("repetition_penalty", default=1.0)),
+                seed=_integer("seed", get("seed", default=0)),
+                stop_tokens=frozenset(int(t) for t in ([stop] if isinstance(stop, int) else stop)),
+                max_tokens=get("max_tokens"),
+            )
+        except SamplingError:
+            raise
+        except (TypeError, ValueError, OverflowError) as error:  # a value of the wrong kind: this request alone
+            raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
+        if params.temperature is not None and not 0 <= params.temperature < float("inf"):
             raise SamplingError(f"temperature must be >= 0, got {params.temperature}")
+        if not SEED_RANGE[0] <= params.seed < SEED_RANGE[1]:
+            raise SamplingError(f"seed must be a 64-bit integer, got {params.seed}")
         if params.top_k < 0:
             raise SamplingError(f"top_k must be >= 0 (0: no limit), got {params.top_k}")
         if not 0 < params.top_p <= 1:
             raise SamplingError(f"top_p must be in (0, 1], got {params.top_p}")
-        if params.repetition_penalty <= 0:
+        if not 0 < params.repetition_penalty < float("inf"):
             raise SamplingError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
         return params
+
+
+def _integer(name: str, value: Any) -> int:
+    """An integer setting as an int (a float that is a whole number too); SamplingError otherwise."""
+    is_whole = isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not is_whole:
+        raise SamplingError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def draw_stream(seed: int, position: int) -> int:

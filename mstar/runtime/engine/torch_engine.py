@@ -426,7 +426,7 @@ class TorchEngine:
     def add_request(self, request_id: str, request: Any) -> Optional[str]:
         try:
             state = RequestState.from_request(request_id, request)
-        except (SamplingError, GuidanceError, TypeError, ValueError) as error:
+        except (SamplingError, GuidanceError, TypeError, ValueError, ArithmeticError) as error:
             return f"request {request_id}: {error}"
         labels = [g.label for node in self.plan.nodes for g in node.guidance]
         unknown = sorted(set(state.guidance.scales) - set(labels))

@@ -28,15 +28,20 @@ simulated server as slow as the GPU it models, 0 as fast as the host goes), or a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
+import math
+import numbers
+import operator
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union, cast
 
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
-from mstar.runtime.conductor.request import Request
+from mstar.runtime.conductor.request import SEED_RANGE, Request
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
 
 Prompt = Union[str, Sequence[int], dict]
@@ -69,22 +74,52 @@ class SamplingParams:
     guidance: dict[str, float] = field(default_factory=dict)
 
     def check(self) -> None:
-        """Raise SamplingError naming the first value out of range."""
+        """Raise SamplingError naming the first value of the wrong kind or out of range (a value
+        of the wrong kind once reached the run loop and stopped it for every request)."""
+        for name in ("max_tokens", "top_k", "seed"):
+            value = getattr(self, name)
+            if value is not None and not _is_integer(value):
+                raise SamplingError(f"{name} must be an integer, got {value!r}")
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None and not _is_real(value):
+                raise SamplingError(f"{name} must be a number, got {value!r}")
         problems = [
-            (not isinstance(self.max_tokens, int) or self.max_tokens < 1,
-             f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (self.temperature is not None and not 0 <= self.temperature < float("inf"),
              f"temperature must be >= 0, got {self.temperature}"),
             (self.top_k is not None and self.top_k < 0, f"top_k must be >= 0 (0: no limit), got {self.top_k}"),
             (self.top_p is not None and not 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.seed is not None and not SEED_RANGE[0] <= self.seed < SEED_RANGE[1],
+             f"seed must be a 64-bit integer, got {self.seed}"),
             (self.repetition_penalty is not None and not 0 < self.repetition_penalty < float("inf"),
              f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
-            (any(t < 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative token ids"),
-            (any(not s for s in self.stop), "stop strings must not be empty"),
+            (not _is_list_of(self.stop_token_ids, lambda t: _is_integer(t) and t >= 0),
+             f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}"),
+            (not _is_list_of(self.stop, lambda t: isinstance(t, str) and bool(t)),
+             f"stop must be a list of non-empty strings, got {self.stop!r}"),
+            (not isinstance(self.route, dict) or not all(
+                isinstance(k, str) and _is_list_of(v, lambda w: isinstance(w, str)) for k, v in self.route.items()),
+             f"route must map partition names to lists of walk names, got {self.route!r}"),
+            (not isinstance(self.guidance, dict) or not all(
+                isinstance(k, str) and _is_real(v) and math.isfinite(v) for k, v in self.guidance.items()),
+             f"guidance must map guidance labels to finite numbers, got {self.guidance!r}"),
         ]
         for is_bad, message in problems:
             if is_bad:
                 raise SamplingError(message)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_list_of(value: Any, is_item: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(is_item(item) for item in value)
 
 
 @dataclass
@@ -108,6 +143,7 @@ class LLM:
                  weights: Optional[list[str]] = None, tokenizer: Optional[str] = None, dims: str = "tiny",
                  kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
                  sim_pace: float = 0.0, max_waiting: int = 256, observer: Optional[Observer] = None):
+        from mstar.runtime.serve.endpoints import default_route_media
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
         self.plan = load(plan) if isinstance(plan, str) else plan
@@ -126,7 +162,12 @@ class LLM:
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
         self._handoffs: dict[asyncio.AbstractEventLoop, _Handoff] = {}
+        # The prompt media the default route takes (a request without them is refused, _check_media).
+        self.default_media = default_route_media(self.plan)
         self.loop.start()
+        # An LLM never closed: its requests are cut at exit rather than left running in the run
+        # loop's thread while the interpreter shuts down (which aborted the process).
+        atexit.register(_close_at_exit, weakref.ref(self.loop))
 
     def __enter__(self) -> "LLM":
         return self
@@ -159,12 +200,12 @@ class LLM:
                                       f"({self.prompt_format.template!r}); it takes no chat messages")
                 ids = self.tokenizer.encode_chat(_messages(prompt.get("messages")))
             else:
-                ids = list(prompt)
+                ids = _token_ids(prompt)
         except (TokenizerError, PromptFormatError) as error:
             raise PromptError(str(error)) from None
         if not ids:
             raise PromptError("the prompt is empty")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        if not all(t >= 0 for t in ids):
             raise PromptError("prompt token ids must be non-negative integers")
         return ids
 
@@ -200,8 +241,13 @@ class LLM:
         request's media by modality (`{"audio": samples}`); with media the prompt may be empty
         token ids (Whisper's decoder then starts its own sequence, as a prompts line with audio; a
         plan with an audio layout frames it and repeats its placeholder once per audio state)."""
-        sampling = sampling or SamplingParams()
+        sampling = sampling if sampling is not None else SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise SamplingError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         sampling.check()
+        if media is not None and not isinstance(media, dict):
+            raise PromptError(f"media must map modalities to values ({{'audio': samples}}), got {type(media).__name__}")
+        self._check_media(media or {}, sampling.route)
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and this server has none; use stop_token_ids")
         is_empty = isinstance(prompt, (list, tuple)) and not prompt
@@ -225,16 +271,41 @@ class LLM:
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))
 
-    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+    def _check_media(self, media: dict[str, Any], route: dict[str, list[str]]) -> None:
+        """PromptError when the plan's default route takes prompt media the request lacks (Whisper's
+        and Qwen3-ASR's audio): without it a Whisper plan transcribed seeded noise."""
+        if route:
+            return
+        missing = sorted(set(self.default_media) - set(media))
+        if missing:
+            raise PromptError(f"this plan's default route takes the request's {' and '.join(missing)}: pass it as "
+                              f"llm.request(prompt, sampling, media={{{missing[0]!r}: ...}}) and give that request to "
+                              "generate or stream")
+
+    def generate(self, prompts: Union[Prompt, Request, Sequence[Union[Prompt, Request]]],
                  sampling: Optional[SamplingParams] = None) -> list[Output]:
-        """Run the prompts (one prompt, or a list of them) to the end; outputs in prompt order."""
-        batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(prompts)
-        requests = [self.request(p, sampling) for p in batch]
+        """Run the prompts (one prompt, or a list of them; a prompt may be a `request(...)`) to
+        the end; outputs in prompt order. An exception here (Overloaded, Ctrl-C) cancels the
+        requests it already submitted, so none keeps running with nobody to collect it."""
+        if hasattr(prompts, "tolist") and not isinstance(prompts, (str, dict)):  # a numpy array or a tensor
+            prompts = prompts.tolist()
+        if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Iterable, Request)):
+            raise PromptError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+        batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(cast(Iterable[Any], prompts))
+        requests = [p if isinstance(p, Request) else self.request(p, sampling) for p in batch]
         collectors = [_Collector(r, self.tokenizer is not None) for r in requests]
-        for request, collector in zip(requests, collectors):
-            self.loop.submit(request, collector.deliver)
-        for collector in collectors:
-            collector.done.wait()
+        submitted: list[Request] = []
+        try:
+            for request, collector in zip(requests, collectors):
+                self.loop.submit(request, collector.deliver)
+                submitted.append(request)
+            for collector in collectors:
+                collector.done.wait()
+        except BaseException:
+            for request, collector in zip(submitted, collectors):
+                if not collector.done.is_set():
+                    self.loop.cancel(request.id)
+            raise
         return [c.output() for c in collectors]
 
     def _handoff(self, event_loop: asyncio.AbstractEventLoop) -> _Handoff:
@@ -318,10 +389,27 @@ class _Collector:
                       last.num_output_tokens, last.num_cached_tokens)
 
 
+def _close_at_exit(loop_ref: "weakref.ref[OnlineLoop]") -> None:
+    loop = loop_ref()
+    if loop is not None and not loop.is_closed:
+        loop.close(0.0)
+
+
 def _is_one_prompt(prompts: Any) -> bool:
-    """Text, chat messages or token ids (a list of ints) rather than a list of prompts."""
-    return isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
-                                                  and isinstance(prompts[0], int))
+    """Text, chat messages, a request or token ids (a list of integers) rather than a list of prompts."""
+    return isinstance(prompts, (str, dict, Request)) or (isinstance(prompts, (list, tuple)) and bool(prompts)
+                                                           and isinstance(prompts[0], numbers.Integral))
+
+
+def _token_ids(prompt: Any) -> list[int]:
+    """A token-id prompt as ints (numpy and torch integers too); PromptError for anything else."""
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if not isinstance(prompt, (list, tuple)):
+        raise PromptError(f"a prompt is text, chat messages or a list of token ids, got {type(prompt).__name__}")
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+        raise PromptError("prompt token ids must be non-negative integers")
+    return [operator.index(t) for t in prompt]
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:

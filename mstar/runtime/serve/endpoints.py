@@ -80,8 +80,14 @@ def endpoints_of(plan: Plan) -> Endpoints:
 def _default_route_takes_media(plan: Plan) -> bool:
     """Whether a call of the first alternative of some required stage (a walk, or a sequence of
     walks) takes the request's prompt media."""
+    return bool(default_route_media(plan))
+
+
+def default_route_media(plan: Plan) -> list[str]:
+    """The prompt media (modalities) the calls of the default route take: the first alternative
+    of every required stage (a walk, or a sequence of walks)."""
     walks = {walk.name: walk for walk in plan.walks}
-    return any(source.source == "prompt" and source.prompt not in (None, "text")
-               for part in plan.partitions for stage in part.stages if not stage.is_optional
-               for name in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]
-               for call in walks[name].calls for source in call.inputs)
+    return sorted({source.prompt for part in plan.partitions for stage in part.stages if not stage.is_optional
+                   for name in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]
+                   for call in walks[name].calls for source in call.inputs
+                   if source.source == "prompt" and source.prompt not in (None, "text")})

@@ -205,11 +205,7 @@ class OnlineLoop:
         while inbox:
             kind, payload = inbox.popleft()
             if kind == "submit":
-                request, deliver = payload
-                text = TextStream(self.decode, request.stop_strings) if self.decode is not None else None
-                self._tracked[request.id] = _Tracked(request, deliver, text)
-                self._unstarted.append(request.id)
-                conductor.submit(request)
+                self._admit_one(conductor, *payload)
             else:
                 for request_id in (list(self._tracked) if kind == "cancel_all" else [payload]):
                     conductor.cancel(request_id)
@@ -217,6 +213,26 @@ class OnlineLoop:
                     if record is not None and record.is_finished:
                         self._finish(request_id)  # (cancelled while waiting, no on_finish would come for it)
         self._check_unstarted()
+
+    def _admit_one(self, conductor: Conductor, request: Request, deliver: Callable[[Delta], None]) -> None:
+        """Track and submit one request; one the loop cannot take (its id already in flight, stop
+        strings of the wrong kind) is refused alone, and the loop goes on (such a request killed
+        the run loop, and every later call found it closed)."""
+        try:
+            if request.id in self._tracked or request.id in conductor.records:
+                raise ValueError(f"request id {request.id!r} is already in flight")
+            text = TextStream(self.decode, request.stop_strings) if self.decode is not None else None
+        except Exception as error:
+            reason = f"error: {error}"
+            with self._lock:
+                self._num_in_flight -= 1
+            self.observer.on_finish(reason, True)
+            deliver(Delta(request.id, finish_reason=reason, is_refused=True,
+                          num_prompt_tokens=len(request.prompt_tokens)))
+            return
+        self._tracked[request.id] = _Tracked(request, deliver, text)
+        self._unstarted.append(request.id)
+        conductor.submit(request)
 
     def wake_times(self) -> list[float]:
         return []
@@ -331,6 +347,7 @@ class OnlineLoop:
 
     def _fail_all(self, reason: str) -> None:
         """End every tracked request with `reason` (the driver is gone)."""
+        self._end_in_conductor(reason)
         for request_id, item in list(self._tracked.items()):
             self._tracked.pop(request_id, None)
             with self._lock:
@@ -344,6 +361,18 @@ class OnlineLoop:
                 with self._lock:
                     self._num_in_flight -= 1
                 deliver(Delta(request.id, finish_reason=reason, num_prompt_tokens=len(request.prompt_tokens)))
+
+
+    def _end_in_conductor(self, reason: str) -> None:
+        """Fail the conductor's requests, waiting ones first (an ended one admits the next), so the
+        engine frees their KV pages and slots: a `close(timeout)` that cut requests off left their
+        pages held in an engine the caller may use again."""
+        conductor = self.driver.conductor
+        for request_id in [record.request.id for record in conductor.waiting] + list(conductor.active):
+            try:
+                conductor.fail(request_id, reason)
+            except Exception:  # the run loop died mid-step: its state may not take it; answer the clients anyway
+                pass
 
 
 class _NoLog:

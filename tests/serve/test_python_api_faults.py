@@ -1,0 +1,123 @@
+"""The Python API under bad or careless use: a value of the wrong kind is a PromptError or
+SamplingError before anything runs; one request the run loop cannot take (its id already in flight)
+fails alone and the loop goes on; a request whose top_k passes any vocabulary runs beside the others
+(it failed its whole step); `generate` that raises (Overloaded, an interrupt) leaves nothing
+running; `close(timeout)` frees the pages of the requests it cuts; a plan whose default route takes
+the request's audio refuses a request without it. Each of these once stopped the run loop for
+every later call, hung a caller, or held KV pages."""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from mstar import LLM, SamplingParams
+from mstar.runtime.engine.sampling import SamplingError as EngineSamplingError
+from mstar.runtime.engine.sampling import SamplingParams as EngineSampling
+from mstar.runtime.serve.api import Overloaded, PromptError, SamplingError
+from serve_harness import LLAMA, ROOT, wait_until, write_tokenizer
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    with LLM(LLAMA, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok")))) as llm:
+        yield llm
+
+
+def _idle(llm) -> bool:
+    return llm.loop.num_in_flight == 0 and all(in_use == 0 for in_use, _ in llm.engine.kv_pages().values())
+
+
+@pytest.mark.parametrize("sampling, words", [
+    (SamplingParams(stop=[1]), "stop must be a list of non-empty strings"),
+    (SamplingParams(stop="the"), "stop must be a list"),
+    (SamplingParams(top_k=float("inf")), "top_k must be an integer"),
+    (SamplingParams(seed=float("inf")), "seed must be an integer"),
+    (SamplingParams(seed=2**64), "seed must be a 64-bit integer"),
+    (SamplingParams(max_tokens=True), "max_tokens must be an integer"),
+    (SamplingParams(temperature="0.5"), "temperature must be a number"),
+    (SamplingParams(stop_token_ids=[1.5]), "stop_token_ids"),
+    (SamplingParams(route={"LLM": "prefill"}), "route must map partition names to lists of walk names"),
+    (SamplingParams(guidance={"x": float("nan")}), "guidance"),
+])
+def test_a_sampling_value_of_the_wrong_kind_is_refused_before_it_runs(llm, sampling, words):
+    with pytest.raises(SamplingError, match=words):
+        llm.generate([1, 2], sampling)
+    assert llm.generate([1, 2], SamplingParams(max_tokens=2))[0].finish_reason == "length"  # the loop lives
+    with pytest.raises(SamplingError, match="sampling must be a SamplingParams"):
+        llm.generate([1, 2], {"max_tokens": 3})
+
+
+@pytest.mark.parametrize("prompts, words", [(None, "prompts must be"), (5, "prompts must be"),
+                                            (b"hi", "prompts must be"), ([[1, True]], "non-negative integers"),
+                                            ([1.0, 2.0], "a list of token ids")])
+def test_a_prompt_of_the_wrong_kind_is_a_prompt_error(llm, prompts, words):
+    with pytest.raises(PromptError, match=words):
+        llm.generate(prompts)
+
+
+def test_numpy_and_torch_token_ids_are_prompts(llm):
+    expected = llm.generate([1, 2, 3], SamplingParams(max_tokens=3))[0].token_ids
+    for prompt in (np.array([1, 2, 3]), torch.tensor([1, 2, 3]), [np.int64(1), 2, 3]):
+        assert llm.generate(prompt, SamplingParams(max_tokens=3))[0].token_ids == expected
+
+
+def test_a_top_k_past_any_vocabulary_runs_beside_the_others(llm):
+    prompts = [[1, 2 + i] for i in range(4)]
+    alone = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0.8, seed=3))]
+    bad = llm.request([1, 9], SamplingParams(max_tokens=6, temperature=0.8, top_k=10**30))
+    outputs = llm.generate(prompts + [bad], SamplingParams(max_tokens=6, temperature=0.8, seed=3))
+    assert [o.finish_reason for o in outputs] == ["length"] * 5
+    assert [o.token_ids for o in outputs[:4]] == alone
+    assert EngineSampling.from_request({"top_k": 10**30}).top_k == 2**31 - 1
+    with pytest.raises(EngineSamplingError, match="seed must be an integer"):
+        EngineSampling.from_request({"seed": "abc"})
+
+
+def test_one_request_streamed_twice_fails_the_second_alone(llm):
+    request = llm.request([1, 2, 3], SamplingParams(max_tokens=20))
+
+    async def one():
+        return [delta async for delta in llm.stream(request)]
+
+    async def both():
+        return await asyncio.gather(one(), one())
+
+    first, second = asyncio.run(both())
+    reasons = {first[-1].finish_reason, second[-1].finish_reason}
+    assert reasons == {"length", f"error: request id {request.id!r} is already in flight"}
+    assert llm.loop.error is None and wait_until(lambda: _idle(llm))
+
+
+def test_generate_that_raises_leaves_nothing_running():
+    with LLM(LLAMA, max_waiting=0) as llm:
+        cap = llm.plan.deployment.max_concurrent_requests
+        with pytest.raises(Overloaded):
+            llm.generate([[1, 2]] * (cap + 1), SamplingParams(max_tokens=2000))
+        assert wait_until(lambda: _idle(llm))  # the `cap` submitted before the refusal were cancelled
+
+
+def test_close_with_a_timeout_frees_the_pages_of_what_it_cut():
+    llm = LLM(LLAMA)
+    engine = llm.engine
+    outputs: list = []
+    worker = threading.Thread(target=lambda: outputs.extend(llm.generate([1, 2], SamplingParams(max_tokens=8000))))
+    worker.start()
+    assert wait_until(lambda: any(in_use for in_use, _ in engine.kv_pages().values()))
+    llm.close(0.2)
+    worker.join(30)
+    assert outputs and outputs[0].finish_reason == "error: the server stopped before the request finished"
+    assert all(in_use == 0 for in_use, _ in engine.kv_pages().values())
+
+
+@pytest.mark.parametrize("plan, prompt", [("whisper", []), ("qwen3_asr", [151676])])  # its audio placeholder
+def test_a_plan_that_transcribes_refuses_a_request_without_audio(plan, prompt):
+    with LLM(str(ROOT / "generated" / f"{plan}.plan"), engine="sim") as llm:
+        with pytest.raises(PromptError, match="default route takes the request's audio"):
+            llm.generate([1, 2, 3])
+        audio = {"audio": np.zeros(16000, dtype=np.float32)}
+        request = llm.request(prompt, SamplingParams(max_tokens=4), media=audio)
+        assert not llm.generate(request)[0].finish_reason.startswith("error")
