@@ -28,26 +28,38 @@ def test_a_request_reserves_its_budget_once_and_gives_it_back():
                                          "pool has only 3")
 
 
-def _held_rows(engine) -> tuple[int, list[str]]:
+def _run(engine) -> tuple[int, list[str], int]:
+    """Six requests on the whisper plan: (rows held, finish reasons, the most decoder pages in use
+    after any step)."""
     plan = generated("whisper")
     requests = [Request(id=f"r{i}", prompt_tokens=[], max_tokens=60, seed=i) for i in range(6)]
-    driver = Driver(plan, engine(plan))
+    most = [0]
+    wait = engine.wait
+
+    def watched(handle):
+        result = wait(handle)
+        most[0] = max(most[0], engine.kv_pages()["decoder"][0])
+        return result
+
+    engine.wait = watched
+    driver = Driver(plan, engine)
     driver.run(Workload(requests))
-    records = [driver.conductor.records[r.id] for r in requests]
-    return sum(driver.log.num_held_rows), [r.finish_reason or "" for r in records]
+    return sum(driver.log.num_held_rows), [driver.conductor.records[r.id].finish_reason or "" for r in requests], most[0]
 
 
-def test_the_torch_engine_holds_whisper_rows_as_the_sim_does_for_a_small_pool():
+def test_the_torch_engine_bounds_whisper_by_the_pool_as_the_sim_does():
     """4 pages of 128 tokens: one request's budget each (its 60 tokens within a page), so four
-    decode at once and two wait; the engine once ran all six whatever --kv-pages said."""
-    torch_held, torch_reasons = _held_rows(lambda plan: TorchEngine(plan, num_pages=4))
-    sim_held, sim_reasons = _held_rows(lambda plan: SimEngine(plan, num_pages=4))
-    assert torch_held == sim_held > 0
-    assert len(torch_reasons) == len(sim_reasons) == 6 and not any(r.startswith("error") for r in torch_reasons)
-    all_or_nothing_held, reasons = _held_rows(lambda plan: TorchEngine(plan, num_pages=4, runs_partial_steps=False))
-    assert all_or_nothing_held > 0 and not any(r.startswith("error") for r in reasons)
-    engine = TorchEngine(generated("whisper"), num_pages=4)
-    assert engine.kv_pages()["decoder"] == (0, 4)
+    decode at once and two wait, on both engines (how many times a held row is retried depends on
+    the wall clock on the torch engine, the modelled one on the sim: not compared). The engine
+    once ran all six whatever --kv-pages said."""
+    plan = generated("whisper")
+    for engine in (TorchEngine(plan, num_pages=4), SimEngine(plan, num_pages=4),
+                   TorchEngine(plan, num_pages=4, runs_partial_steps=False)):
+        held, reasons, most = _run(engine)
+        assert held > 0 and most == 4, (type(engine).__name__, held, most)
+        assert len(reasons) == 6 and not any(r.startswith("error") for r in reasons), reasons
+        assert engine.kv_pages()["decoder"] == (0, 4)  # every reservation given back
+    engine = TorchEngine(plan, num_pages=4)
     assert engine.add_request("big", Request(id="big", prompt_tokens=[], max_tokens=600)) is None  # 448 positions
-    too_small = TorchEngine(generated("whisper"), num_pages=3)
+    too_small = TorchEngine(plan, num_pages=3)
     assert "the pool has only 3" in too_small.add_request("big", Request(id="big", prompt_tokens=[], max_tokens=600))

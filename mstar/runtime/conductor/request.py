@@ -9,9 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-# A request's seed is 64-bit (the device sampler holds seeds in int64; a seed of 10**30 failed its step).
-SEED_RANGE = (-(2**63), 2**63)
-
 
 @dataclass
 class Request:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from mstar.runtime.conductor.request import SEED_RANGE
+from mstar.runtime.step import SEED_RANGE
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
 # before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in

@@ -41,8 +41,9 @@ from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union, cast
 
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
-from mstar.runtime.conductor.request import SEED_RANGE, Request
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
+from mstar.runtime.step import SEED_RANGE
 
 Prompt = Union[str, Sequence[int], dict]
 __all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Overloaded", "Closed"]

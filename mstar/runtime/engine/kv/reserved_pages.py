@@ -10,8 +10,8 @@ A request reserves its whole budget, min(prompt + max_tokens, max_seq_len) token
 at its first row, through the shared admission policy (kv/admission.py). That is the decision the
 policy makes for a new request's first row on a paged node (its whole budget must fit beside what
 the started requests may still claim), and a started request's growth within its budget is never
-refused, so admitting by the reservation holds exactly the requests the simulated engine holds
-for the same pool: `--kv-pages` and the plan's pool bound the decoder as they bound the sim.
+refused, so admitting by the reservation makes the decisions the simulated engine makes for the
+same pool and requests: `--kv-pages` and the plan's pool bound the decoder as they bound the sim.
 """
 from __future__ import annotations
 
