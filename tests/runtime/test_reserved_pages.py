@@ -44,7 +44,8 @@ def _run(engine) -> tuple[int, list[str], int]:
     engine.wait = watched
     driver = Driver(plan, engine)
     driver.run(Workload(requests))
-    return sum(driver.log.num_held_rows), [driver.conductor.records[r.id].finish_reason or "" for r in requests], most[0]
+    reasons = [driver.conductor.records[r.id].finish_reason or "" for r in requests]
+    return sum(driver.log.num_held_rows), reasons, most[0]
 
 
 def test_the_torch_engine_bounds_whisper_by_the_pool_as_the_sim_does():
