@@ -23,6 +23,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 from mstar.arg_types import POSITIVE
 from mstar.cli.common import global_parser, take_global_options
@@ -80,6 +81,11 @@ def cmd_init(args) -> int:
         return EXIT_USAGE
     spec_path = Path(args.output or f"specs/{name}.mw")
     config_path = Path(args.config_out or f"configs/{name}.yaml")
+    outputs = [spec_path.resolve(), config_path.resolve()] + ([Path(args.plan_out).resolve()] if args.plan_out else [])
+    if len(set(outputs)) < len(outputs):
+        sys.stderr.write("mstarc: the spec, the deployment and the plan need three different paths "
+                         "(-o, --config-out, --plan-out)\n")
+        return EXIT_USAGE
     existing = [str(p) for p in (spec_path, config_path) if p.exists()]
     if existing and not args.force:
         verb = "already exists" if len(existing) == 1 else "already exist"
@@ -95,6 +101,7 @@ def cmd_init(args) -> int:
     except InitError as e:
         sys.stderr.write(f"mstarc: {e}\n")
         return EXIT_INPUT
+    previous = {path: path.read_bytes() if path.is_file() else None for path in (spec_path, config_path)}
     try:
         for path in (spec_path, config_path):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +110,24 @@ def cmd_init(args) -> int:
         sys.stderr.write(_write_problem(e.filename or spec_path, e))
         return EXIT_INPUT
     print(f"wrote {spec_path} and {config_path} ({files.architecture})")
-    return cmd_compile(argparse.Namespace(spec=str(spec_path), config=str(config_path), output=args.plan_out))
+    status = cmd_compile(argparse.Namespace(spec=str(spec_path), config=str(config_path), output=args.plan_out))
+    if status != EXIT_OK:  # values the compiler refuses (a size past its limits): leave nothing behind
+        _restore(previous)
+        sys.stderr.write(f"mstarc: {args.from_checkpoint}: the spec and deployment written from it do not compile "
+                         f"(above); {' and '.join(map(str, previous))} were "
+                         f"{'restored' if any(previous.values()) else 'removed'}\n")
+    return status
+
+
+def _restore(previous: dict[Path, Optional[bytes]]) -> None:
+    """Put each file back as it was before init wrote it (gone when it did not exist)."""
+    from mstar.files import atomic_write_many
+
+    for path, data in previous.items():
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_many([(path, data)])
 
 
 def cmd_check(args) -> int:
@@ -205,7 +229,7 @@ def cmd_regen(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    if Path(args.output).suffix.lower() != ".svg":
+    if not args.output.lower().endswith(".svg"):  # Path(".svg").suffix is "" (a dot file)
         # The picture is SVG text written directly; a .png (or any other) name would hold SVG.
         sys.stderr.write(f"mstarc: graph writes SVG only, and -o {args.output} does not end in .svg; give a .svg "
                          "name (convert it afterwards for a PNG, e.g. `rsvg-convert -o x.png x.svg`)\n")
@@ -324,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except KeyboardInterrupt:
         return EXIT_INPUT
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say, to anyone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
     except Exception as e:  # a bug in mstarc, not in the input: say so without a traceback
         if os.environ.get("MSTARC_TRACEBACK"):
             raise

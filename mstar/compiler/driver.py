@@ -62,14 +62,21 @@ class CompileResult:
     seconds_per_pass: dict[str, float] = field(default_factory=dict)
 
 
+def _above_spec(spec_path: str | os.PathLike) -> Path:
+    """The directory above the spec's, relative to the working directory: `llama.mw` run from
+    specs/ is `..` (its own `parent.parent` was `.`, which looked for configs/ and wrote generated/
+    inside specs/)."""
+    return Path(os.path.relpath(Path(spec_path).resolve().parent.parent))
+
+
 def default_config_path(spec_path: str | os.PathLike, model: str) -> Path:
     """configs/<model>.yaml in the directory above the spec's (specs/../configs)."""
-    return Path(spec_path).parent.parent / "configs" / f"{model}.yaml"
+    return _above_spec(spec_path) / "configs" / f"{model}.yaml"
 
 
 def default_plan_path(spec_path: str | os.PathLike, config_path: str | os.PathLike) -> Path:
     """generated/<config name>.plan in the directory above the spec's."""
-    return Path(spec_path).parent.parent / "generated" / f"{Path(config_path).stem}.plan"
+    return _above_spec(spec_path) / "generated" / f"{Path(config_path).stem}.plan"
 
 
 def glue_path_for(plan_path: Path) -> Path:
@@ -98,8 +105,9 @@ def _read_input(path: Path, what: str, diags: Diagnostics) -> bytes | None:
 
 
 def _decode(data: bytes, path: Path, what: str, diags: Diagnostics) -> str | None:
+    """UTF-8 text; a leading byte-order mark is dropped (docs/limits.md), as `mstarc fmt` drops it."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         diags.error(MW500, f"{what} file {path} is not UTF-8 text (byte {e.start})", Span(file=str(path)))
         return None

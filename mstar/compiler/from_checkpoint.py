@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
+from mstar.compiler.memory_bounds import MAX_LAYERS
 
 # architecture -> decoder style of the spec
 ARCHITECTURES = {
@@ -72,10 +73,14 @@ def read_json(path: Path, what: str, max_bytes: int = MAX_JSON_CONFIG_BYTES) -> 
 
 def _style(config: dict, path: Path) -> tuple[str, str]:
     architectures = config.get("architectures") or []
-    for arch in architectures if isinstance(architectures, list) else []:
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise InitError(f"{path}: architectures must be a list of names, got {architectures!r}")
+    for arch in architectures:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch], arch
     model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise InitError(f"{path}: model_type must be a name, got {model_type!r}")
     if not architectures and model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type], str(model_type)
     found = ", ".join(map(str, architectures)) if isinstance(architectures, list) and architectures \
@@ -133,7 +138,7 @@ def _hybrid_args(config: dict, path: Path, num_layers: int) -> tuple[list[str], 
         interval = positive_int(config, "full_attention_interval", path, 4)
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
     if not isinstance(types, list) or len(types) != num_layers or \
-            set(types) - {"full_attention", "linear_attention"}:
+            not all(t in ("full_attention", "linear_attention") for t in types):
         raise InitError(f"{path}: layer_types must list full_attention / linear_attention for each of the "
                         f"{num_layers} layers")
     flags = [1 if t == "full_attention" else 0 for t in types]
@@ -197,8 +202,9 @@ def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> Decoder
     elif eos:
         args.append(f"stop_tokens=[{', '.join(map(str, eos))}]")
     max_positions = config.get("max_position_embeddings")
-    max_seq_len = min(max_positions, MAX_SEQ_LEN) if isinstance(max_positions, int) and max_positions > 0 \
-        else MAX_SEQ_LEN
+    max_seq_len = MAX_SEQ_LEN
+    if isinstance(max_positions, int) and not isinstance(max_positions, bool) and max_positions > 0:
+        max_seq_len = min(max_positions, MAX_SEQ_LEN)
     source = f"{Path(directory).resolve().name}/config.json ({architecture})"
     return DecoderArgs(args, state, max_seq_len, source, architecture, style)
 
@@ -206,6 +212,8 @@ def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> Decoder
 def _dims_args(config: dict, path: Path) -> list[str]:
     """`layers=...` through `partial_rotary=...`: the dims and position encoding of the spec."""
     num_layers = positive_int(config, "num_hidden_layers", path)
+    if num_layers > MAX_LAYERS:  # before anything is built per layer (a Qwen3.5 layer pattern)
+        raise InitError(f"{path}: num_hidden_layers {num_layers} is more than the {MAX_LAYERS} layers mstar runs")
     num_heads = positive_int(config, "num_attention_heads", path)
     hidden = positive_int(config, "hidden_size", path)
     num_kv_heads = positive_int(config, "num_key_value_heads", path, num_heads)

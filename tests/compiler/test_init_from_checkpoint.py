@@ -116,6 +116,12 @@ def test_default_paths_name_and_existing_files(tmp_path, monkeypatch, capsys):
     ({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}, "missing field 'num_hidden_layers'"),
     ({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2.5, "num_attention_heads": 4},
      "num_hidden_layers must be a positive integer"),
+    # a list or an object where a name goes was an internal error (TypeError: unhashable type)
+    ({"architectures": [{"a": 1}]}, "architectures must be a list of names"),
+    ({"model_type": ["llama"]}, "model_type must be a name"),
+    # a Qwen3.5 of 10**12 layers built its layer pattern a layer at a time until memory ran out
+    ({"architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 10**12},
+     "num_hidden_layers 1000000000000 is more than the 4096 layers mstar runs"),
 ])
 def test_unsupported_or_broken_config_is_refused(tmp_path, capsys, config, message):
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -130,3 +136,28 @@ def test_missing_directory_is_refused(tmp_path, capsys):
     assert mstarc_main(["init", "--from-checkpoint", str(tmp_path / "nowhere"), "-o", str(tmp_path / "s.mw"),
                         "--config-out", str(tmp_path / "c.yaml")]) == 1
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_a_checkpoint_that_does_not_compile_leaves_nothing_behind(tmp_path, capsys):
+    """Values init takes but the compiler refuses (a vocabulary of 2**40: MW123) fail the command
+    and the spec and deployment it wrote are removed (they stayed, and a re-run then asked for
+    --force); files it replaced with --force come back as they were."""
+    config = {"architectures": ["LlamaForCausalLM"], **SIZES, "vocab_size": 2**40}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    outputs = ["-o", str(tmp_path / "s.mw"), "--config-out", str(tmp_path / "c.yaml"),
+               "--plan-out", str(tmp_path / "p.plan")]
+    assert mstarc_main(["init", "--from-checkpoint", str(tmp_path), *outputs]) == 1
+    err = capsys.readouterr().err
+    assert "MW123" in err and "were removed" in err and "Traceback" not in err
+    assert not any((tmp_path / name).exists() for name in ("s.mw", "c.yaml", "p.plan"))
+    (tmp_path / "s.mw").write_text("mine\n")
+    assert mstarc_main(["init", "--from-checkpoint", str(tmp_path), *outputs, "--force"]) == 1
+    assert "were restored" in capsys.readouterr().err
+    assert (tmp_path / "s.mw").read_text() == "mine\n" and not (tmp_path / "c.yaml").exists()
+
+
+def test_one_path_for_two_outputs_is_refused(tmp_path, capsys):
+    _save(_llama(), tmp_path / "ckpt")
+    same = str(tmp_path / "same.txt")
+    assert mstarc_main(["init", "--from-checkpoint", str(tmp_path / "ckpt"), "-o", same, "--config-out", same]) == 2
+    assert "three different paths" in capsys.readouterr().err and not (tmp_path / "same.txt").exists()

@@ -175,3 +175,34 @@ def test_bench_json_smoke(repo, capsys):
 def test_regen_outside_a_repository(tmp_path, capsys):
     assert main(["regen", "--check", "--root", str(tmp_path)]) == 1
     assert "no configs/ and specs/" in capsys.readouterr().err
+
+
+def test_a_spec_named_from_its_own_folder_finds_the_repository(repo, monkeypatch, capsys):
+    """`mstarc compile llama.mw` run inside specs/ takes ../configs/llama.yaml and writes
+    ../generated/ (the default paths took `.` for the folder above the spec's: the deployment was
+    not found, and the plan went to specs/generated/)."""
+    monkeypatch.chdir(repo / "specs")
+    assert main(["check", "llama.mw"]) == 0
+    assert main(["compile", "llama.mw"]) == 0
+    assert (repo / "generated" / "llama.plan").is_file() and not (repo / "specs" / "generated").exists()
+
+
+def test_a_leading_byte_order_mark_is_dropped(repo, capsys):
+    """docs/limits.md: a spec saved with a BOM compiles as without it (check, compile and graph
+    refused it with MW001 while fmt took it)."""
+    spec = repo / "specs" / "llama.mw"
+    spec.write_bytes(b"\xef\xbb\xbf" + spec.read_bytes())
+    assert main(["check", str(spec)]) == 0
+    assert main(["graph", str(spec), "-o", str(repo / "llama.svg")]) == 0
+
+
+def test_a_reader_that_goes_away_is_not_an_internal_error(repo):
+    """`mstarc schema -o /dev/stdout | head -1`: the closed pipe ends the command quietly."""
+    command = f"{sys.executable} -m mstar.cli.mstarc schema -o /dev/stdout | head -1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "{" and "internal error" not in done.stderr
+
+
+def test_graph_names_a_dot_file_svg(repo):
+    assert main(["graph", str(repo / "specs" / "llama.mw"), "-o", str(repo / ".svg")]) == 0
+    assert (repo / ".svg").read_text().lstrip().startswith("<")

@@ -26,3 +26,12 @@ def test_node_picks_the_kv_node_to_bench(capsys):
     capsys.readouterr()
     assert main(["bench", "engine", "--host-pack", "--plan", "generated/qwen3_omni.plan", "--node", "Nope"]) == 1
     assert "no kv node 'Nope' (its kv nodes: Thinker, Talker)" in capsys.readouterr().err
+
+
+def test_host_pack_refuses_a_plan_whose_steps_are_not_its_cases(capsys):
+    """Whisper's decoder feeds no row from the device token table: the bench's decode cases do not
+    apply, said in one line (a GlueLaunchError traceback before)."""
+    assert main(["bench", "engine", "--host-pack", "--plan", "generated/whisper.plan", "--iters", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "node decoder's steps are not the decode and prompt steps this bench packs" in err
+    assert "Traceback" not in err

@@ -15,12 +15,14 @@ from mstar.cli.mstarc import main as mstarc_main
 @pytest.mark.parametrize("argv, message", [
     (["bench", "postprocess", "--clients", "0"], "argument --clients: must be between 1 and 1000000, got 0"),
     (["bench", "runner", "--rounds", "100001"], "argument --rounds: must be between 1 and 100000, got 100001"),
-    (["bench", "kv", "--decode-rows", "0"], "argument --decode-rows: must be a positive integer, got 0"),
-    (["bench", "kv", "--prefix-requests", "1"], "argument --prefix-requests: must be at least 2, got 1"),
+    (["bench", "kv", "--decode-rows", "0"], "argument --decode-rows: must be between 1 and 4096, got 0"),
+    (["bench", "kv", "--decode-rows", "100000000"], "argument --decode-rows: must be between 1 and 4096"),
+    (["bench", "scheduler", "--iters", "99999999999"], "argument --iters: must be between 1 and 1000000"),
+    (["bench", "kv", "--prefix-requests", "1"], "argument --prefix-requests: must be between 2 and 4096, got 1"),
     (["bench", "kv", "--budget", "x"], "argument --budget: must be an integer, got 'x'"),
-    (["bench", "scheduler", "--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+    (["bench", "scheduler", "--warmup", "-1"], "argument --warmup: must be between 0 and 1000000, got -1"),
     (["bench", "attention", "--kv-heads", "0"], "argument --kv-heads: must be a positive integer, got 0"),
-    (["bench", "load", "--layers", "-3"], "argument --layers: must be a positive integer, got -3"),
+    (["bench", "load", "--layers", "-3"], "argument --layers: must be between 1 and 4096, got -3"),
     (["bench", "engine", "--iters", "0"], "argument --iters: must be a positive integer, got 0"),
 ])
 def test_an_option_out_of_range_is_one_usage_error(capsys, argv, message):
@@ -44,3 +46,27 @@ def test_the_range_type_keeps_values_inside_it():
     for text in ("1", "6", "2.5"):
         with pytest.raises(argparse.ArgumentTypeError):
             within(text)
+
+
+@pytest.mark.parametrize("argv, message", [
+    # the decode rows' max_tokens passes max_seq_len at budget 1: every request refused (an IndexError)
+    (["bench", "kv", "--engine", "sim", "--scenario", "chunk", "--budget", "1"], "requests failed, the first with"),
+    (["bench", "kv", "--engine", "torch", "--device", "cuda:7", "--scenario", "chunk"], "--device cuda:7"),
+    # prompt + output past max_seq_len: every request refused, a table of dashes that exited 0
+    (["bench", "postprocess", "--output-len", "8100", "--rounds", "1", "--requests", "2", "--clients", "2"],
+     "2 of 2 requests failed"),
+    (["bench", "load", "--device", "cuda"], "this machine has no CUDA GPU"),
+    (["bench", "load", "--device", "bogus"], "is not a torch device"),
+    (["bench", "load", "--layers", "4096", "--hidden", "65536"], "is more than this machine's"),
+])
+def test_a_bench_that_cannot_run_says_why_in_one_line(capsys, tmp_path, argv, message):
+    """Each was a traceback (or, for postprocess, a report of nothing with exit 0)."""
+    import torch
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    extra = ["--dir", str(tmp_path / "ckpt")] if argv[1] == "load" else []
+    assert main([*argv, *extra]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "ckpt").exists()  # bench load refused before writing a checkpoint

@@ -140,12 +140,19 @@ def _free_port() -> int:
     (["--request-rate", "0"], "--request-rate must be > 0"),
     (["--concurrency", "0"], "--concurrency must be >= 1"),
     (["--prompt-len", "9..3"], "--prompt-len: need 1 <= A <= B"),
-    (["--endpoint", "chat"], "add --prompt-kind text"),
     (["--extra-body", "[1]"], "--extra-body: expected a JSON object"),
+    (["--requests", "-5"], "argument --requests: must be between 1 and 1000000"),
 ])
 def test_bad_flags_are_refused_before_sending(args, message, capsys):
-    code = bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", *args])
-    assert code == 1 and message in capsys.readouterr().err
+    """An option's bad value is a usage error, exit 2 (docs/cli.md), as argparse's own checks."""
+    with pytest.raises(SystemExit) as stop:
+        bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", *args])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_chat_endpoint_needs_text_prompts(capsys):
+    code = bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", "--endpoint", "chat"])
+    assert code == 1 and "add --prompt-kind text" in capsys.readouterr().err
 
 
 def test_bad_dataset_line_names_the_line(tmp_path, capsys):

@@ -52,7 +52,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from mstar.arg_types import POSITIVE, int_range
+from mstar.arg_types import int_range
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.collector import refreeze
@@ -149,7 +149,16 @@ def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optio
 
         driver.collector = AutomaticPasses()
     driver.run(Workload(requests))
+    failed = [record for record in driver.conductor.records.values()
+              if (record.finish_reason or "error").startswith("error")]
+    if failed:  # a scenario of refused requests measures nothing
+        raise ScenarioError(f"{len(failed)} of {len(requests)} requests failed, the first with "
+                            f"{failed[0].finish_reason}")
     return driver
+
+
+class ScenarioError(Exception):
+    """A scenario the plan and the flags cannot run (its requests refused, no device): one line, exit 1."""
 
 
 def chunk_steps_on_device(timed: list, num_decode: int = 0, num: int = 3) -> dict[str, Any]:
@@ -507,11 +516,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench kv", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama_chunked.plan")
     parser.add_argument("--engine", choices=("sim", "torch"), default="sim")
-    parser.add_argument("--decode-rows", type=POSITIVE, default=40)
-    parser.add_argument("--prompt-len", type=POSITIVE, default=8192)
-    parser.add_argument("--arrive-after", type=POSITIVE, default=10,
+    parser.add_argument("--decode-rows", type=int_range(1, 4096), default=40)
+    parser.add_argument("--prompt-len", type=int_range(1, 1 << 20), default=8192)
+    parser.add_argument("--arrive-after", type=int_range(1, 100_000), default=10,
                         help="decode steps before the long prompt arrives")
-    parser.add_argument("--budget", type=POSITIVE, help="step token budget (and chunk size) instead of the plan's")
+    parser.add_argument("--budget", type=int_range(1, 1 << 20),
+                        help="step token budget (and chunk size) instead of the plan's")
     parser.add_argument("--route", choices=("packed", "split"),
                         help="attention route of the steps that mix prompt and decode rows, instead of the plan's")
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
@@ -534,10 +544,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="torch engine on a GPU: run the whole packed graphs' one-call (packed) keys on "
                              "FlashInfer's graph-mode prefill, not the Triton prefill kernel (a what-if; "
                              "docs/engine.md, \"Whole packed keys on the Triton prefill kernel\")")
-    parser.add_argument("--prefix-requests", type=int_range(2), default=8,
+    parser.add_argument("--prefix-requests", type=int_range(2, 4096), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
-    parser.add_argument("--prefix-len", type=POSITIVE, default=1024)
-    parser.add_argument("--prefix-rounds", type=POSITIVE, default=2,
+    parser.add_argument("--prefix-len", type=int_range(1, 1 << 20), default=1024)
+    parser.add_argument("--prefix-rounds", type=int_range(1, 100), default=2,
                         help="rounds of a cached and an uncached run, the order alternating (each round's "
                              "ratio printed; the figure pools them)")
     parser.add_argument("--device", default="cpu", help="torch engine: cpu (default) or cuda[:N] (the GPU fast path)")
@@ -596,7 +606,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len,
                                "prefix_rounds": args.prefix_rounds}
-    problem = _run_scenarios(plan, args, results)
+    from mstar.runtime.engine.torch_engine import EngineError
+
+    try:
+        problem = _run_scenarios(plan, args, results)
+    except (ScenarioError, EngineError) as error:
+        print(f"mstar bench kv: error: {error}", file=sys.stderr)
+        return 1
     if problem:
         print(f"mstar bench kv: error: plan {args.plan} {problem}", file=sys.stderr)
         return 1

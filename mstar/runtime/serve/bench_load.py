@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mstar.arg_types import POSITIVE
+from mstar.arg_types import int_range
 
 SHARD_BYTES = 1 << 30
 
@@ -93,17 +94,39 @@ def measure(directory: Path, device: str) -> dict:
             "device": device, "threads": torch.get_num_threads()}
 
 
+def _problem(args: argparse.Namespace) -> Optional[str]:
+    """Why the sizes or the device cannot be measured here, before anything is written: a model
+    past the machine's memory left a partial checkpoint and a traceback."""
+    if args.hidden % 256:
+        return f"--hidden must be a multiple of 256, got {args.hidden}"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        return f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:N)"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"--device {args.device}: this machine has no CUDA GPU that torch can use"
+    # bf16 weights: each layer's attention (q, o: hidden^2; k, v: hidden^2 / 4 each) and MLP (3 x 4 hidden^2),
+    # and the tied embedding
+    num_bytes = 2 * (args.layers * 14.5 * args.hidden ** 2 + args.vocab * args.hidden)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 3 * num_bytes > memory:  # written in bf16, then loaded beside it (in fp32 on the CPU)
+        return (f"a model of {num_bytes / 2**30:.1f} GiB in bf16 (--layers {args.layers} --hidden {args.hidden} "
+                f"--vocab {args.vocab}) is more than this machine's {memory / 2**30:.1f} GiB can write and load")
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench load", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--dir", help="where to write (and keep) the checkpoint; reused when it holds one")
-    parser.add_argument("--layers", type=POSITIVE, default=16)
-    parser.add_argument("--hidden", type=POSITIVE, default=2048, help="a multiple of 256")
-    parser.add_argument("--vocab", type=POSITIVE, default=128256)
+    parser.add_argument("--layers", type=int_range(1, 4096), default=16)
+    parser.add_argument("--hidden", type=int_range(256, 65536), default=2048, help="a multiple of 256")
+    parser.add_argument("--vocab", type=int_range(1, 1 << 22), default=128256)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    if args.hidden % 256:
-        print(f"mstar bench load: --hidden must be a multiple of 256, got {args.hidden}", file=sys.stderr)
+    problem = _problem(args)
+    if problem:
+        print(f"mstar bench load: {problem}", file=sys.stderr)
         return 1
     config = llama_config(args.layers, args.hidden, args.vocab)
     with tempfile.TemporaryDirectory(prefix="mstar-bench-load-") as scratch:

@@ -90,6 +90,10 @@ def _requests(args) -> list[Request]:
             for i in range(args.requests)]
 
 
+class BenchError(Exception):
+    """The run the bench needs did not happen (its requests failed): one line, exit 1."""
+
+
 def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> dict[str, Any]:
     """One closed-loop run; the post-process figures of its steps and the host time split (and,
     given `opcodes`, the bytecodes of each part: the run is traced, so its times mean nothing)."""
@@ -118,6 +122,9 @@ def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> di
     finally:
         sys.settrace(None)
     wall = time.perf_counter() - started
+    failed = [r.finish_reason for r in driver.conductor.records.values() if (r.finish_reason or "").startswith("error")]
+    if failed:  # refused requests run no step: a table of dashes measured nothing
+        raise BenchError(f"{len(failed)} of {args.requests} requests failed, the first with {failed[0]}")
     log = driver.log
     totals["post-process"] = float(sum(log.post_s))
     totals["run loop rest"] = wall - sum(totals.values())
@@ -230,7 +237,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = measure(args)
-    except PlanError as error:
+    except (PlanError, BenchError) as error:
         print(f"mstar bench postprocess: {error}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=1, sort_keys=True) if args.json else render(result))

@@ -25,10 +25,11 @@ which other jobs on a shared machine do not add to (they still share its caches)
 Chunk steps (`--long-prompt N`): one more request, of N prompt tokens and one output token,
 arrives once the clients have run `ARRIVE_AFTER` full decode steps (the run clock counts those
 steps, so it arrives at the same step in every run); the plan's step token budget (or `--budget`,
-which sets the budget and the chunk size as `mstar bench kv --budget` does) cuts it into chunks
-that run beside the clients' decode rows. A step counts as a chunk step when it holds a chunk of
-that prompt beside `--clients` one-token rows; its figures are printed apart from the full decode
-steps', bytecodes per row over all the step's rows (the chunk's included).
+which sets the budget and the chunk size of a plan that cuts prompts, as `mstar bench kv --budget`
+does) cuts it into chunks that run beside the clients' decode rows. A step counts as a chunk step
+when it holds a chunk of that prompt beside `--clients` one-token rows; its figures are printed
+apart from the full decode steps', bytecodes per row over all the step's rows (the chunk's
+included).
 
 Usage: mstar bench runner [--plan P] [--clients N] [--prompt-len N] [--output-len N] [--rounds N]
                           [--long-prompt N] [--budget N] [--json] [--no-bytecodes] [--per-row]
@@ -259,8 +260,11 @@ def measure(args) -> dict[str, Any]:
         plan = with_budget(plan, args.budget)
     kinds = KINDS if args.long_prompt else KINDS[:1]
     if args.long_prompt and not any(key.chunk_sizes for worker in plan.workers for key in worker.keys):
-        raise BenchError("the plan cuts no prompt into chunks (no step token budget): pass --budget N, or a "
-                         "chunked plan such as generated/llama_chunked.plan")
+        # --budget resizes the chunks of a plan that cuts prompts; which walks may be cut is the
+        # compiler's to say (its chunking checks), not this bench's
+        raise BenchError("the plan cuts no prompt into chunks (compiled without max_prefill_chunk_size), and "
+                         "--budget only resizes the chunks of one that does: use a chunked plan such as "
+                         "generated/llama_chunked.plan")
     if args.long_prompt and args.output_len <= ARRIVE_AFTER + 1:
         raise BenchError(f"the long prompt arrives after {ARRIVE_AFTER} full decode steps: raise --output-len "
                          f"past {ARRIVE_AFTER + 1}")

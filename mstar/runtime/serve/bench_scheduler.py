@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Callable, Literal, Optional, Sequence
 
-from mstar.arg_types import NON_NEGATIVE, POSITIVE
+from mstar.arg_types import int_range
 from mstar.plan.schema import (
     CaptureFamily,
     DeploymentPlan,
@@ -168,8 +168,8 @@ def run(iters: int = 2000, warmup: int = 200) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench scheduler", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=POSITIVE, default=2000, help="timed steps per scenario")
-    parser.add_argument("--warmup", type=NON_NEGATIVE, default=200, help="untimed steps first")
+    parser.add_argument("--iters", type=int_range(1, 1_000_000), default=2000, help="timed steps per scenario")
+    parser.add_argument("--warmup", type=int_range(0, 1_000_000), default=200, help="untimed steps first")
     args = parser.parse_args(argv)
     result = run(args.iters, args.warmup)
     if args.json:

@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
+from mstar.arg_types import int_range
 from mstar.runtime.serve.bench_serve_requests import (
     ENDPOINTS, PROMPT_KINDS, BenchInputError, HttpRequest, generated_requests, read_dataset,
 )
@@ -40,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--base-url", required=True,
                         help="the server, e.g. http://127.0.0.1:8000 (a trailing /v1 is dropped)")
     parser.add_argument("--model", help="model name to send (default: the first that GET /v1/models lists)")
-    parser.add_argument("--requests", type=int, default=100, help="generated requests (default 100)")
+    parser.add_argument("--requests", type=int_range(1, 1_000_000), default=100,
+                        help="generated requests (default 100)")
     parser.add_argument("--prompt-len", default="8..32", help="prompt length range A..B (default 8..32)")
     parser.add_argument("--output-len", default="32..64", help="max_tokens range A..B (default 32..64)")
     parser.add_argument("--prompt-kind", choices=PROMPT_KINDS, default="tokens",
@@ -78,6 +80,14 @@ def _check_args(args: argparse.Namespace) -> None:
         raise BenchInputError(f"--concurrency must be >= 1, got {args.concurrency}")
     if not args.timeout > 0:
         raise BenchInputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.dataset is None:
+        from mstar.runtime.serve.workload import WorkloadError, parse_range
+
+        try:
+            parse_range(args.prompt_len, "--prompt-len")
+            parse_range(args.output_len, "--output-len")
+        except WorkloadError as error:
+            raise BenchInputError(str(error)) from None
     if not args.base_url.startswith(("http://", "https://")):
         raise BenchInputError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
     # the OpenAI clients' base URL ends in /v1; the paths this sends start with it
@@ -171,7 +181,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        _check_args(args)
+        _extra_body(args.extra_body)
+    except BenchInputError as error:  # an option's value: exit 2 with the usage, as argparse's own checks
+        parser.error(str(error))
     try:
         return run(args)
     except BenchInputError as error:

@@ -645,6 +645,7 @@ def _lacks_cuda_core_kernel(node) -> bool:
 def _host_pack(args: argparse.Namespace) -> int:
     from mstar.plan.io import PlanError, input_paths, load_plan
     from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+    from mstar.runtime.engine.glue_reference import GlueLaunchError
     from mstar.runtime.engine.gpu import bench_pack
 
     try:
@@ -660,7 +661,12 @@ def _host_pack(args: argparse.Namespace) -> int:
     if glue is None:
         print(f"mstar bench engine: {args.plan} has no kv node with generated glue", file=sys.stderr)
         return 1
-    result = bench_pack.host_pack(glue, args.iters)
+    try:
+        result = bench_pack.host_pack(glue, args.iters)
+    except GlueLaunchError as error:  # the bench's decode cases feed rows from the device token table
+        print(f"mstar bench engine: {args.plan}: node {node.name}'s steps are not the decode and prompt steps "
+              f"this bench packs ({error})", file=sys.stderr)
+        return 1
     print(json.dumps(result, sort_keys=True) if args.json else bench_pack.table(result))
     return 0
 
