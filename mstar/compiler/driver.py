@@ -63,10 +63,11 @@ class CompileResult:
 
 
 def _above_spec(spec_path: str | os.PathLike) -> Path:
-    """The directory above the spec's, relative to the working directory: `llama.mw` run from
-    specs/ is `..` (its own `parent.parent` was `.`, which looked for configs/ and wrote generated/
-    inside specs/)."""
-    return Path(os.path.relpath(Path(spec_path).resolve().parent.parent))
+    """The directory above the spec's, absolute for an absolute spec path, else relative to the
+    working directory: `llama.mw` run from specs/ is `..` (its own `parent.parent` was `.`, which
+    looked for configs/ and wrote generated/ inside specs/)."""
+    above = Path(os.path.abspath(spec_path)).parent.parent
+    return above if Path(spec_path).is_absolute() else Path(os.path.relpath(above))
 
 
 def default_config_path(spec_path: str | os.PathLike, model: str) -> Path:
