@@ -154,7 +154,11 @@ def cmd_explain(args) -> int:
     except PlanError as e:
         sys.stderr.write(f"mstarc: {e}\n")
         return EXIT_INPUT
-    print_plan(plan, Console())
+    class _PipeConsole(Console):
+        def on_broken_pipe(self) -> None:  # rich exits 1 when the reader goes away; main ends quietly, 0
+            raise BrokenPipeError
+
+    print_plan(plan, _PipeConsole())
     return EXIT_OK
 
 
@@ -263,7 +267,11 @@ def cmd_schema(args) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return EXIT_OK
+    if not args.output:
+        sys.stderr.write("mstarc: schema -o needs a file path (leave -o out to print the schema)\n")
+        return EXIT_USAGE
     try:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # as graph and compile create theirs
         atomic_write_text(Path(args.output), text)
     except OSError as e:
         sys.stderr.write(_write_problem(args.output, e))

@@ -13,9 +13,11 @@ directory of the node taking the text prompt when it holds tokenizer.json), text
 of the plan's prompt format fields (`{"prompt": "Hello.", "voice": "leo"}`: a plan whose spec
 gives the text prompt node a `prompt_format` frames every text prompt by it, as `mstar run`
 does, serve/prompt_format.py) or chat messages (`{"messages": [...]}`, through the tokenizer's
-chat template; refused by a plan with a prompt format). `generate` blocks until every
-prompt has finished; `stream` is an async generator of one request's deltas, as each step makes
-them; leaving it early (a `break`, a cancelled task) cancels the request, which frees its pages.
+chat template; refused by a plan with a prompt format), or a `request(prompt, sampling, media)`
+(the way to give a request its media: a plan whose default route takes the request's audio refuses
+a prompt without it). `generate` blocks until every prompt has finished, and cancels what it
+submitted when it raises; `stream` is an async generator of one request's deltas, as each step
+makes them; leaving it early (a `break`, a cancelled task) cancels the request, which frees its pages.
 Both run on one `OnlineLoop` (its own thread), so `generate` and `stream` may be used together
 and from several threads. Bad input is a `ValueError` subclass (`PromptError`,
 `SamplingError`) with a message; `Overloaded` / `Closed` come from the loop.
