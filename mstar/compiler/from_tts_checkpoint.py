@@ -73,6 +73,10 @@ def _token_ids(path: Path) -> dict[str, int]:
     if missing:
         raise InitError(f"{path}: no token {missing[0]} (Orpheus's tokenizer adds <custom_token_N> tokens; "
                         "is this an Orpheus checkpoint?)")
+    for content in ROLES.values():  # a bool is an int to Python; a spec's token ids are 0 .. 2**31 - 1
+        token_id = found[content]
+        if isinstance(token_id, bool) or not 0 <= token_id < 2**31:
+            raise InitError(f"{path}: token {content} has id {token_id!r}, not a token id")
     return {role: found[content] for role, content in ROLES.items()}
 
 

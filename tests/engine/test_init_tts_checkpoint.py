@@ -74,3 +74,22 @@ def test_codec_checkpoint_without_orpheus_tokens_is_refused(tmp_path, capsys):
                           str(tmp_path / "snac2"), "--name", "orph", "-o", str(tmp_path / "o.mw"), "--force",
                           "--config-out", str(tmp_path / "o.yaml")])
     assert status != 0
+
+
+@pytest.mark.parametrize("token_id", [True, -5, 10**20])
+def test_a_token_id_that_is_not_one_is_refused_naming_the_tokenizer(tmp_path, capsys, token_id):
+    """tokenizer.json's id of <custom_token_3> a bool, negative or past 2**31: refused naming the
+    file and the token, nothing written (the spec was written with `keep True..` or `-5` and failed
+    to compile on its own text)."""
+    save_models(tmp_path)
+    path = tmp_path / "llm" / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["added_tokens"] = [dict(t, id=token_id) if t["content"] == "<custom_token_3>" else t
+                                 for t in tokenizer["added_tokens"]]
+    path.write_text(json.dumps(tokenizer))
+    status = mstarc_main(["init", "--from-checkpoint", str(tmp_path / "llm"), "--codec-checkpoint",
+                          str(tmp_path / "snac"), "--name", "orph", "-o", str(tmp_path / "o.mw"),
+                          "--config-out", str(tmp_path / "o.yaml")])
+    err = capsys.readouterr().err
+    assert status == 1 and f"{path}: token <custom_token_3> has id {token_id!r}, not a token id" in err
+    assert not (tmp_path / "o.mw").exists() and not (tmp_path / "o.yaml").exists()
