@@ -45,6 +45,7 @@ from mstar.runtime.engine import qwen3_asr_setup, whisper_setup
 from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
+from mstar.runtime.engine.kv.pool_size import pool_size
 from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.submodels import build_depth_models, build_submodels
@@ -74,8 +75,6 @@ from mstar.runtime.engine.weights import (
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,
                WhisperEncoderRunner, Qwen3AsrEncoderRunner]
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
-DEFAULT_PAGE_SIZE = 16
-DEFAULT_NUM_PAGES = 1024
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
 _walk_of, _request_id_of = attrgetter("walk"), attrgetter("request_id")
 MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and activations need the rest)
@@ -190,11 +189,9 @@ class TorchEngine:
         if kind in ("decoder", "audio_encoder") and whisper_setup.is_whisper(node):
             if kind == "audio_encoder":
                 return whisper_setup.encoder_runner(node, mode, weights_dir, seed, position, self._new)
-            pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
-            max_seq_len = pool.max_seq_len if pool else self.plan.deployment.max_seq_len
-            pages = ReservedPages(node.name, num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES),
-                                  pool.page_size if pool else DEFAULT_PAGE_SIZE, max_seq_len)
-            return whisper_setup.decoder_runner(node, mode, weights_dir, seed, position, max_seq_len, pages,
+            size = pool_size(self.plan, node.name, num_pages)
+            pages = ReservedPages(node.name, size.num_pages, size.page_size, size.max_seq_len)
+            return whisper_setup.decoder_runner(node, mode, weights_dir, seed, position, size.max_seq_len, pages,
                                                 self._new)
         if kind == "decoder":
             return self._build_decoder(node, mode, weights_dir, seed, num_pages)
@@ -258,11 +255,8 @@ class TorchEngine:
             if fast is not None:
                 return fast
         model, dims = self._decoder_model(node, dims, weights_dir, seed)
-        pool = next((p for p in self.plan.deployment.kv_pools if p.node == node.name), None)
-        # A compiled plan has a pool for every kv node; the defaults serve hand-built plans.
-        page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
-        max_seq_len = pool.max_seq_len if pool else self.plan.deployment.max_seq_len
-        pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
+        size = pool_size(self.plan, node.name, num_pages)
+        pool, page_size, max_seq_len, pages = size.entry, size.page_size, size.max_seq_len, size.num_pages
         slots = None
         if dims.has_linear_layers:
             slots = node_slot_pool(node.name, node.recurrent.num_slots if node.recurrent else None,
@@ -546,10 +540,11 @@ class TorchEngine:
 
     def kv_pages(self) -> dict[str, tuple[int, int]]:
         """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
-        pages = {name: (runner.pool.num_pages - runner.pool.num_free_pages, runner.pool.num_pages)
-                 for name, runner in self.runners.items() if isinstance(runner, DecoderRunner)}
+        pages = {}
         for name, runner in self.runners.items():
-            if isinstance(runner, WhisperDecoderRunner):  # reserved, not paged (kv/reserved_pages.py)
+            if isinstance(runner, DecoderRunner):
+                pages[name] = (runner.pool.num_pages - runner.pool.num_free_pages, runner.pool.num_pages)
+            elif isinstance(runner, WhisperDecoderRunner):  # reserved, not paged (kv/reserved_pages.py)
                 pages[name] = (runner.pages.num_held, runner.pages.num_pages)
         return pages
 

@@ -74,13 +74,7 @@ def endpoints_of(plan: Plan) -> Endpoints:
             continue
         route[part.name] = [next((w for w in stage.walks if "image" in emits.get(w, ())), stage.walks[0])
                             for stage in part.stages if not stage.is_optional]
-    return Endpoints(prompts, emitted, route, takes_waveform(plan), _default_route_takes_media(plan))
-
-
-def _default_route_takes_media(plan: Plan) -> bool:
-    """Whether a call of the first alternative of some required stage (a walk, or a sequence of
-    walks) takes the request's prompt media."""
-    return bool(default_route_media(plan))
+    return Endpoints(prompts, emitted, route, takes_waveform(plan), bool(default_route_media(plan)))
 
 
 def default_route_media(plan: Plan) -> list[str]:

@@ -23,6 +23,7 @@ from mstar.runtime.engine.gpu.device_model import build_decoder, unsupported_rea
 from mstar.runtime.engine.gpu.runner import (
     GpuDecoderRunner, decode_family, fast_path_reason, node_glue, packed_families,
 )
+from mstar.runtime.engine.kv.pool_size import pool_size
 from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
@@ -30,9 +31,6 @@ from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
-
-DEFAULT_PAGE_SIZE = 16
-DEFAULT_NUM_PAGES = 1024
 
 
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
@@ -49,10 +47,8 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
               or unavailable_reason(placement.device, dims.head_dim))
     if reason is not None or code_frames:
         return None
-    pool = next((p for p in plan.deployment.kv_pools if p.node == node.name), None)
-    page_size = pool.page_size if pool else DEFAULT_PAGE_SIZE
-    max_seq_len = pool.max_seq_len if pool else plan.deployment.max_seq_len
-    pages = num_pages or (pool.num_pages if pool else DEFAULT_NUM_PAGES)
+    size = pool_size(plan, node.name, num_pages)
+    pool, page_size, max_seq_len, pages = size.entry, size.page_size, size.max_seq_len, size.num_pages
     model: Decoder
     if comm.size > 1:
         model = build_sharded_decoder(dims, comm, node=node.name, weights_dir=weights_dir, seed=seed,
