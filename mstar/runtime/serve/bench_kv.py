@@ -55,6 +55,7 @@ import numpy as np
 from mstar.arg_types import int_range
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.bench_errors import BenchError, check_every_request_ran
 from mstar.runtime.serve.collector import refreeze
 from mstar.runtime.serve.driver import Driver, Workload
 
@@ -149,16 +150,8 @@ def _run(plan: Plan, engine: EngineChoice, requests: list[Request], timed: Optio
 
         driver.collector = AutomaticPasses()
     driver.run(Workload(requests))
-    failed = [record for record in driver.conductor.records.values()
-              if (record.finish_reason or "error").startswith("error")]
-    if failed:  # a scenario of refused requests measures nothing
-        raise ScenarioError(f"{len(failed)} of {len(requests)} requests failed, the first with "
-                            f"{failed[0].finish_reason}")
+    check_every_request_ran(driver, len(requests))  # a scenario of refused requests measures nothing
     return driver
-
-
-class ScenarioError(Exception):
-    """A scenario the plan and the flags cannot run (its requests refused, no device): one line, exit 1."""
 
 
 def chunk_steps_on_device(timed: list, num_decode: int = 0, num: int = 3) -> dict[str, Any]:
@@ -610,7 +603,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         problem = _run_scenarios(plan, args, results)
-    except (ScenarioError, EngineError) as error:
+    except (BenchError, EngineError) as error:
         print(f"mstar bench kv: error: {error}", file=sys.stderr)
         return 1
     if problem:

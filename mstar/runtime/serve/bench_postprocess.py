@@ -42,6 +42,7 @@ from mstar.arg_types import int_range
 from mstar.plan.io import PlanError, load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.serve.bench_errors import BenchError, check_every_request_ran
 from mstar.runtime.serve.driver import Driver, Workload
 
 VARIANTS = ("columnar", "steady", "general", "per-row")
@@ -90,10 +91,6 @@ def _requests(args) -> list[Request]:
             for i in range(args.requests)]
 
 
-class BenchError(Exception):
-    """The run the bench needs did not happen (its requests failed): one line, exit 1."""
-
-
 def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> dict[str, Any]:
     """One closed-loop run; the post-process figures of its steps and the host time split (and,
     given `opcodes`, the bytecodes of each part: the run is traced, so its times mean nothing)."""
@@ -122,9 +119,7 @@ def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> di
     finally:
         sys.settrace(None)
     wall = time.perf_counter() - started
-    failed = [r.finish_reason for r in driver.conductor.records.values() if (r.finish_reason or "").startswith("error")]
-    if failed:  # refused requests run no step: a table of dashes measured nothing
-        raise BenchError(f"{len(failed)} of {args.requests} requests failed, the first with {failed[0]}")
+    check_every_request_ran(driver, args.requests)  # refused requests: a table of dashes measured nothing
     log = driver.log
     totals["post-process"] = float(sum(log.post_s))
     totals["run loop rest"] = wall - sum(totals.values())

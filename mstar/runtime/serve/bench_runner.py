@@ -59,6 +59,7 @@ from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fas
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
+from mstar.runtime.serve.bench_errors import BenchError, check_every_request_ran
 from mstar.runtime.serve.bench_kv import with_budget
 from mstar.runtime.serve.driver import Driver, Workload
 
@@ -67,10 +68,6 @@ VARIANTS = ("ahead", "no-ahead")
 KINDS = ("decode", "chunk")  # full decode steps; steps of the long prompt's chunk beside the decode rows
 ARRIVE_AFTER = 4  # full decode steps before the long prompt arrives
 LONG = "long"  # the long prompt's request id
-
-
-class BenchError(ValueError):
-    """The plan cannot be benched this way (the message says why)."""
 
 
 @dataclasses.dataclass
@@ -233,9 +230,7 @@ def _one_run(plan: Plan, args, variant: str, is_traced: bool, is_columnar: bool)
     else:
         driver = Driver(plan, engine)
         driver.run(Workload(requests, closed_concurrency=args.clients))
-    failed = [r.finish_reason for r in driver.conductor.records.values() if (r.finish_reason or "").startswith("error")]
-    if failed:  # a fault of the bench's own stand-in or of the runner, not a short run: say which
-        raise BenchError(f"{len(failed)} of {len(requests)} requests failed, the first with {failed[0]}")
+    check_every_request_ran(driver, len(requests))  # a fault of the bench's own stand-in or of the runner
     steps = {kind: [step for step, step_kind in zip(parts.steps, parts.kinds) if step_kind == kind] for kind in KINDS}
     rows = {kind: [num for num, step_kind in zip(parts.num_rows_of, parts.kinds) if step_kind == kind]
             for kind in KINDS}
