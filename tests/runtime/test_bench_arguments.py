@@ -56,7 +56,7 @@ def test_the_range_type_keeps_values_inside_it():
     (["bench", "postprocess", "--output-len", "8100", "--rounds", "1", "--requests", "2", "--clients", "2"],
      "2 of 2 requests failed"),
     (["bench", "load", "--device", "cuda"], "this machine has no CUDA GPU"),
-    (["bench", "load", "--device", "bogus"], "is not a torch device"),
+    (["bench", "load", "--device", "bogus"], "--device 'bogus': not a device name (cpu, cuda, cuda:N)"),
     (["bench", "load", "--layers", "4096", "--hidden", "65536"], "is more than this machine's"),
 ])
 def test_a_bench_that_cannot_run_says_why_in_one_line(capsys, tmp_path, argv, message):

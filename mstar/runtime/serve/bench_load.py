@@ -97,14 +97,14 @@ def measure(directory: Path, device: str) -> dict:
 def _problem(args: argparse.Namespace) -> Optional[str]:
     """Why the sizes or the device cannot be measured here, before anything is written: a model
     past the machine's memory left a partial checkpoint and a traceback."""
+    from mstar.runtime.engine.placement import DeviceError, resolve_device
+
     if args.hidden % 256:
         return f"--hidden must be a multiple of 256, got {args.hidden}"
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        return f"--device {args.device!r} is not a torch device (cpu, cuda, cuda:N)"
-    if device.type == "cuda" and not torch.cuda.is_available():
-        return f"--device {args.device}: this machine has no CUDA GPU that torch can use"
+        resolve_device(args.device)
+    except DeviceError as error:
+        return str(error)
     # bf16 weights: each layer's attention (q, o: hidden^2; k, v: hidden^2 / 4 each) and MLP (3 x 4 hidden^2),
     # and the tied embedding
     num_bytes = 2 * (args.layers * 14.5 * args.hidden ** 2 + args.vocab * args.hidden)

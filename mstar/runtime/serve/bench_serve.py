@@ -151,14 +151,13 @@ async def _bench(args: argparse.Namespace, requests: list[HttpRequest], concurre
     return model, results, duration_s
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, extra_body: dict[str, Any]) -> int:
+    """The bench, on options `main` checked (`_check_args`, `_extra_body`)."""
     import aiohttp
 
     from mstar.runtime.serve.bench_serve_client import StreamError
     from mstar.runtime.serve.bench_serve_report import render_table, summarize
 
-    _check_args(args)
-    extra_body = _extra_body(args.extra_body)
     requests = _requests(args)
     arrivals, concurrency = _arrivals(args)
     try:
@@ -185,11 +184,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         _check_args(args)
-        _extra_body(args.extra_body)
+        extra_body = _extra_body(args.extra_body)
     except BenchInputError as error:  # an option's value: exit 2 with the usage, as argparse's own checks
         parser.error(str(error))
     try:
-        return run(args)
+        return run(args, extra_body)
     except BenchInputError as error:
         print(f"mstar bench serve: error: {error}", file=sys.stderr)
         return 1
