@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mstar.compiler.from_checkpoint import InitError, InitFiles, node_header, positive_int, read_decoder, read_json
+from mstar.compiler.memory_bounds import MAX_DIM
 from mstar.files import MAX_TOKENIZER_BYTES
 
 FRAMES_PER_WINDOW = 4  # Orpheus decodes 4 frames and keeps the second (the codec's `keep_frame`)
@@ -73,9 +74,9 @@ def _token_ids(path: Path) -> dict[str, int]:
     if missing:
         raise InitError(f"{path}: no token {missing[0]} (Orpheus's tokenizer adds <custom_token_N> tokens; "
                         "is this an Orpheus checkpoint?)")
-    for content in ROLES.values():  # a bool is an int to Python; a spec's token ids are 0 .. 2**31 - 1
+    for content in ROLES.values():  # a bool is an int to Python; token ids are int32 on the device
         token_id = found[content]
-        if isinstance(token_id, bool) or not 0 <= token_id < 2**31:
+        if isinstance(token_id, bool) or not 0 <= token_id <= MAX_DIM:
             raise InitError(f"{path}: token {content} has id {token_id!r}, not a token id")
     return {role: found[content] for role, content in ROLES.items()}
 
