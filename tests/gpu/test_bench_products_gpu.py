@@ -22,4 +22,5 @@ def test_the_products_bench_times_both_layouts(capsys):
         for case in shape["rows"].values():
             assert case["stored_us"] > 0.5 * shape["floor_us"] and case["module_us"] > 0.5 * shape["floor_us"]
             assert case["max_diff"] < 5e-2
+            assert ("skinny_us" in case) == (shape["roles"] != ["lm_head"])  # the split-K kernel beside cuBLAS
     assert set(result["step_us"]) == {"1", "8"}

@@ -553,6 +553,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--flashinfer-packed", action="store_true",
                         help="run the whole packed graphs' one-call (packed) keys on FlashInfer's graph-mode "
                              "prefill, not the Triton prefill kernel (a what-if; docs/engine.md)")
+    parser.add_argument("--skinny-products", action="store_true",
+                        help="run the products of steps of at most 64 rows (the LM head's aside) on the split-K "
+                             "Triton kernel, not cuBLAS (a what-if; docs/engine.md)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -561,13 +564,14 @@ def _parser() -> argparse.ArgumentParser:
 def _set_what_ifs(args: argparse.Namespace):
     """The what-if switches, set before the engine is built; returns `blas_edges` (its count of
     edges made programmatic is read after the run)."""
-    from mstar.runtime.engine.gpu import blas_edges, kernels, packed_graphs, products, rule_graphs
+    from mstar.runtime.engine.gpu import blas_edges, kernels, packed_graphs, products, rule_graphs, skinny_products
 
     kernels.set_pdl(not args.no_pdl)
     packed_graphs.set_triton_packed(not args.flashinfer_packed)
     products.set_transposed(not args.module_layout)
     blas_edges.set_enabled(not args.no_blas_pdl)
     rule_graphs.set_enabled(not args.no_rule_graphs)
+    skinny_products.set_enabled(args.skinny_products)
     return blas_edges
 
 

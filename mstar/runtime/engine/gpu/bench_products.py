@@ -4,7 +4,7 @@ the modules' `[out, in]`, at a few row counts. Each (shape, rows, layout) runs a
 16 distinct random bf16 weights of that shape (4 for a weight over 256 MiB), each read once a
 replay as a step's layers read theirs, timed with CUDA events (median, per product); beside it the
 floor: the weight's bytes at the copy rate measured in the same run. The last lines sum a step's
-products (each shape times how many a step runs) in either layout.
+products (each shape times how many a step runs) in each variant.
 
 The shapes come from `DecoderForward` itself, built on the meta device (`named_products`, and the
 LM head), so the bench times what a step multiplies. The LM head, which the fast path keeps in the
@@ -27,6 +27,7 @@ import torch
 from mstar.arg_types import POSITIVE
 
 ROWS = (1, 2, 4, 8, 16, 64)
+LAYOUTS = ("stored", "module", "skinny")  # cuBLAS on [in, out], cuBLAS on [out, in], skinny_products
 WEIGHTS_A_GRAPH = 16
 LARGE_WEIGHT_BYTES = 256 << 20  # above this, 4 weights a graph (an LM head of 248,320 x 1024 is 485 MiB)
 
@@ -73,7 +74,7 @@ def product_shapes(dims) -> list[ProductShape]:
 def _case(shape: ProductShape, rows: int, iters: int, device: torch.device) -> dict:
     """One shape at `rows` rows: us a product in either layout (the same weights, one stored
     transposed), and the largest difference between the two layouts' outputs."""
-    from mstar.runtime.engine.gpu import bench_decode_attention
+    from mstar.runtime.engine.gpu import bench_decode_attention, kernels, skinny_products
     from mstar.runtime.engine.gpu.products import Product
 
     count = WEIGHTS_A_GRAPH if shape.weight_bytes <= LARGE_WEIGHT_BYTES else 4
@@ -81,14 +82,18 @@ def _case(shape: ProductShape, rows: int, iters: int, device: torch.device) -> d
               .normal_(0.0, shape.in_features ** -0.5) for _ in range(count)]
     layouts = {"stored": [Product(w.t().contiguous(), None, True) for w in module],
                "module": [Product(w, None, False) for w in module]}
+    if kernels.available(device) and rows <= skinny_products.MAX_ROWS and "lm_head" not in shape.roles:
+        # the kernel as the engine would attach it; the LM head stays torch's
+        layouts["skinny"] = [Product(w.weight, None, True) for w in layouts["stored"]]
+        skinny_products.attach(layouts["skinny"], device)
     x = torch.randn(rows, shape.in_features, dtype=torch.bfloat16, device=device)
     case: dict = {}
     for name, calls in layouts.items():
         def products(calls: list[Product] = calls) -> list[torch.Tensor]:
             return [call(x) for call in calls]
         case[f"{name}_us"] = round(bench_decode_attention.graph_us(products, iters, count), 3)
-    difference = (layouts["stored"][0](x).float() - layouts["module"][0](x).float()).abs().max()
-    case["max_diff"] = float(difference)
+    stored = layouts["stored"][0](x).float()
+    case["max_diff"] = max(float((calls[0](x).float() - stored).abs().max()) for calls in layouts.values())
     return case
 
 
@@ -105,30 +110,41 @@ def run(shapes: list[ProductShape], rows: Sequence[int], iters: int, device: Opt
         measured.append({"roles": list(shape.roles), "in": shape.in_features, "out": shape.out_features,
                          "per_step": shape.per_step, "floor_us": round(shape.weight_bytes / rate * 1e6, 3),
                          "rows": cases})
-    step = {str(r): {layout: round(sum(m["per_step"] * m["rows"][str(r)][f"{layout}_us"] for m in measured), 1)
-                     for layout in ("stored", "module")} for r in rows}
+    # a step's sum in each variant; a product the skinny kernel does not take (the LM head, more rows
+    # than it holds) counts at cuBLAS's [in, out] time there, as the engine runs it
+    def step_sum(rows_key: str, layout: str) -> float:
+        cases = [(m["per_step"], m["rows"][rows_key]) for m in measured]
+        return round(sum(count * case.get(f"{layout}_us", case["stored_us"]) for count, case in cases), 1)
+
+    step = {str(r): {layout: step_sum(str(r), layout) for layout in LAYOUTS} for r in rows}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     return {"device": name, "copy_tb_s": round(rate / 1e12, 3), "shapes": measured, "step_us": step}
 
 
 def table(result: dict) -> str:
-    """One line a shape (us a product, [in, out] / module layout), then a step's sum."""
+    """One line a shape (us a product: cuBLAS on [in, out] / on the modules' [out, in] / the skinny
+    kernel), then a step's sum."""
     rows = list(result["step_us"])
     lines = [f"a step's matrix products on {result['device']} (copy {result['copy_tb_s']} TB/s); us a product, "
-             "weight stored [in, out] / the modules' [out, in] (ratio module over stored)",
+             "cuBLAS with the weight stored [in, out] / cuBLAS on the modules' [out, in] / the split-K "
+             "skinny kernel (`-`: not taken there)",
              f"{'product':<24} {'in -> out':>15} {'a step':>6} {'floor':>7}"
-             + "".join(f" {f'{r} rows':>22}" for r in rows)]
+             + "".join(f" {f'{r} rows':>24}" for r in rows)]
     for shape in result["shapes"]:
-        cells = "".join(f" {c['stored_us']:>7.2f} / {c['module_us']:>6.2f} ({c['module_us'] / c['stored_us']:.2f})"
+        cells = "".join(f" {c['stored_us']:>7.2f} / {c['module_us']:>6.2f} / "
+                        + (f"{c['skinny_us']:>6.2f}" if "skinny_us" in c else f"{'-':>6}")
                         for c in (shape["rows"][r] for r in rows))
         in_out = f"{shape['in']} -> {shape['out']}"
         lines.append(f"{', '.join(shape['roles']):<24} {in_out:>15} {shape['per_step']:>6} "
                      f"{shape['floor_us']:>7.2f}{cells}")
     worst = max(c["max_diff"] for shape in result["shapes"] for c in shape["rows"].values())
     lines.append(f"{'a step, all products':<24} {'':>15} {'':>6} {'':>7}"
-                 + "".join(f" {s['stored']:>7.0f} / {s['module']:>6.0f} ({s['module'] / s['stored']:.2f})"
+                 + "".join(f" {s['stored']:>7.0f} / {s['module']:>6.0f} / {s['skinny']:>6.0f}"
                            for s in result["step_us"].values()))
-    lines.append(f"largest difference between the layouts' outputs (the same weights): {worst:.1e}")
+    lines.append("a step's sum over cuBLAS [in, out]: "
+                 + ", ".join(f"{r} rows module {s['module'] / s['stored']:.2f}x, "
+                             f"skinny {s['skinny'] / s['stored']:.2f}x" for r, s in result["step_us"].items()))
+    lines.append(f"largest difference from cuBLAS [in, out]'s output (the same weights): {worst:.1e}")
     return "\n".join(lines)
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.plan.dims import DecoderDims
-from mstar.runtime.engine.gpu import kernels, products
+from mstar.runtime.engine.gpu import kernels, products, skinny_products
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearCut, LinearLayout, LinearStep, linear_layout
 from mstar.runtime.engine.gpu.packing import PackedStep, fed_ids
 from mstar.runtime.engine.models.decoder import Decoder
@@ -95,6 +95,8 @@ class DecoderForward:
         if linear and states is None:
             raise ValueError("a decoder with gated delta-net layers runs with its recurrent states")
         self.gdn = GdnForward(linear, states, transposed) if linear and states is not None else None
+        if skinny_products.serves(device):  # a decode step's few rows on the split-K kernel, not cuBLAS
+            skinny_products.attach((product for _, product in self.named_products()), device)
         # Per layer: its index among the full-attention layers (KV pages) or the linear ones (slots).
         self.kind_index = [sum(1 for other in layers[:i] if other.is_full == layer.is_full)
                            for i, layer in enumerate(layers)]
@@ -182,6 +184,9 @@ class DecoderForward:
         intermediates (gate/up, 8x the hidden width) are freed on return: held by names of the
         layer loop, they stayed alive into the next layer, two layers' worth at its peak."""
         gate_up = self.gate_up[index](h)
+        down = self.down[index]
+        if down.takes_gated(gate_up.shape[0]):  # silu(gate) * up inside down's operand load (skinny_products)
+            return down.gated(gate_up)
         if self.is_fused:
             act = kernels.silu_mul(gate_up)
         else:

@@ -15,7 +15,7 @@ CPU tests' batch invariance, stay as they were.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
 import torch
 import torch.nn as nn
@@ -37,22 +37,43 @@ def stores_transposed(device: torch.device) -> bool:
     return _transposed_allowed and device.type == "cuda"
 
 
+class FewRows(Protocol):
+    """A product's own kernel for steps of at most `max_rows` rows (`skinny_products.FewRowsProduct`);
+    `gated`: x is `[N, 2 * in]`, the product's input being silu(gate) * up."""
+
+    max_rows: int
+
+    def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor: ...
+
+
 @dataclass
 class Product:
     """One product's operands: `weight` `[in, out]` when `is_transposed`, else `[out, in]`; `bias`
-    `[out]` or None."""
+    `[out]` or None; `few_rows`, when set, runs the steps of at most its `max_rows` rows."""
 
     weight: torch.Tensor
     bias: Optional[torch.Tensor]
     is_transposed: bool
+    few_rows: Optional[FewRows] = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x `[N, in]` -> `[N, out]`."""
+        if self.few_rows is not None and x.shape[0] <= self.few_rows.max_rows:
+            return self.few_rows(x)
         if not self.is_transposed:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:
             return torch.mm(x, self.weight)
         return torch.addmm(self.bias, x, self.weight)
+
+    def takes_gated(self, rows: int) -> bool:
+        """Whether `gated` serves a step of `rows` rows (its kernel computes silu(gate) * up itself)."""
+        return self.few_rows is not None and rows <= self.few_rows.max_rows
+
+    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up `[N, 2 * in]` -> (silu(gate) * up) times the weight, where `takes_gated(N)`."""
+        assert self.few_rows is not None, "takes_gated says when"
+        return self.few_rows(gate_up, gated=True)
 
     @property
     def in_features(self) -> int:

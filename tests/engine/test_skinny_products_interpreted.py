@@ -1,0 +1,147 @@
+"""The split-K product for a decode step's few rows (`engine/gpu/skinny_products.py`) under the
+Triton interpreter on the CPU, against torch's product of the same bf16 operands."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
+
+from mstar.runtime.engine.gpu import skinny_products  # noqa: E402
+from mstar.runtime.engine.gpu.skinny_products import SkinnyConfig, Workspace  # noqa: E402
+
+
+@pytest.fixture
+def skinny():
+    skip_unless_child("test_skinny_products_under_the_interpreter")
+    return skinny_products
+
+
+@parent_only
+def test_skinny_products_under_the_interpreter():
+    run_child(__file__, "12 passed")
+
+
+def _operands(rows: int, k: int, n: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator).to(torch.bfloat16)
+    weight = (torch.randn(k, n, generator=generator) * k ** -0.5).to(torch.bfloat16)
+    return x, weight
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """bf16 outputs of fp32 sums taken in another order: within a few bf16 ulps of the magnitude."""
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    scale = expected.float().abs().max().clamp(min=1.0)
+    assert (got.float() - expected.float()).abs().max() <= 0.02 * scale
+
+
+@pytest.mark.parametrize("rows, k, n, config", [
+    (1, 96, 40, SkinnyConfig(block_n=16, block_k=16, split=1)),  # one piece: no partials
+    (5, 96, 40, SkinnyConfig(block_n=16, block_k=16, split=3)),  # ragged columns, three pieces
+    (17, 100, 48, SkinnyConfig(block_n=32, block_k=16, split=4)),  # ragged K: the last piece is short
+    (64, 64, 32, SkinnyConfig(block_n=16, block_k=16, split=8)),  # more pieces asked than K holds
+])
+def test_the_product_matches_torch(skinny, rows, k, n, config):
+    x, weight = _operands(rows, k, n)
+    workspace = Workspace(torch.device("cpu"))
+    got = skinny.skinny_mm(x, weight, None, config, workspace)
+    _close(got, (x.float() @ weight.float()).to(torch.bfloat16))
+    assert not workspace.counters.any(), "the last program of a tile sets its counter back to zero"
+
+
+def test_bias_is_added_once(skinny):
+    x, weight = _operands(3, 64, 24)
+    bias = torch.randn(24).to(torch.bfloat16)
+    got = skinny.skinny_mm(x, weight, bias, SkinnyConfig(16, 16, 4), Workspace(torch.device("cpu")))
+    _close(got, (x.float() @ weight.float() + bias.float()).to(torch.bfloat16))
+
+
+def test_gated_input_is_silu_mul_of_gate_and_up(skinny):
+    """down's operand: silu(gate) * up of the gate/up product's output, rounded as the kernel it replaces."""
+    generator = torch.Generator().manual_seed(1)
+    gate_up = torch.randn(6, 2 * 80, generator=generator).to(torch.bfloat16)
+    _, weight = _operands(6, 80, 32, seed=2)
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = F.silu(gate) * up  # torch's bf16 rounding, as kernels.silu_mul
+    got = skinny.skinny_mm(gate_up, weight, None, SkinnyConfig(16, 16, 3), Workspace(torch.device("cpu")), gated=True)
+    _close(got, (act.float() @ weight.float()).to(torch.bfloat16))
+
+
+def test_one_workspace_serves_products_one_after_another(skinny):
+    """A step's products share their function's workspace: partials of one never leak into the next."""
+    workspace = Workspace(torch.device("cpu"))
+    for seed, (k, n) in enumerate([(64, 48), (128, 16), (64, 48)]):
+        x, weight = _operands(9, k, n, seed)
+        got = skinny.skinny_mm(x, weight, None, SkinnyConfig(16, 16, 4), workspace)
+        _close(got, (x.float() @ weight.float()).to(torch.bfloat16))
+
+
+def test_rows_past_the_limit_and_mismatched_shapes_are_refused(skinny):
+    workspace = Workspace(torch.device("cpu"))
+    x, weight = _operands(65, 32, 16)
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        skinny.skinny_mm(x, weight, None, SkinnyConfig(16, 16, 1), workspace)
+    with pytest.raises(ValueError, match="does not fit"):
+        skinny.skinny_mm(x[:4, :16], weight, None, SkinnyConfig(16, 16, 1), workspace)
+
+
+def test_no_rows_launch_nothing(skinny):
+    x, weight = _operands(0, 32, 16)
+    got = skinny.skinny_mm(x, weight, None, SkinnyConfig(16, 16, 2), Workspace(torch.device("cpu")))
+    assert got.shape == (0, 16)
+
+
+def test_a_product_takes_its_few_rows_steps_and_leaves_the_rest(skinny):
+    """`attach`: steps of at most 64 rows on the kernel (the gated call too), more rows on torch's product."""
+    from mstar.runtime.engine.gpu.products import Product
+
+    _, weight = _operands(1, 64, 48)
+    product = Product(weight, None, is_transposed=True)
+    module_layout = Product(weight.t(), None, is_transposed=False)
+    assert skinny.attach([product, module_layout], torch.device("cpu"), sm_count=8) == 1
+    assert module_layout.few_rows is None and product.few_rows is not None
+    for rows in (3, 64, 65):
+        x, _ = _operands(rows, 64, 48, seed=rows)
+        _close(product(x), (x.float() @ weight.float()).to(torch.bfloat16))
+    assert product.takes_gated(64) and not product.takes_gated(65)
+    gate_up = torch.randn(4, 128).to(torch.bfloat16)
+    gate, up = gate_up.chunk(2, dim=-1)
+    _close(product.gated(gate_up), ((F.silu(gate) * up).float() @ weight.float()).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("is_hybrid", [False, True])
+def test_the_fused_forward_on_the_kernel_matches_it_on_torch_products(skinny, is_hybrid):
+    """A whole fp32 step of a few rows with every product on the kernel (down's silu * up inside
+    it; the hybrid's gated delta-net projections too) against the same step on torch's products."""
+    from engine_plans import hybrid_plan, llm_plan
+    from mstar.plan.dims import decoder_dims
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+    from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend
+    from mstar.runtime.engine.gpu.packing import RowSpec, pack
+    from mstar.runtime.engine.models.gdn import LinearStates
+
+    dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
+    logits = []
+    for on_kernel in (False, True):
+        model = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+        kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32, torch.device("cpu"))
+        kv.data.zero_()
+        states = LinearStates.for_dims(dims, 4) if is_hybrid else None
+        forward = DecoderForward(model, dims, kv, 256, states)
+        forward.is_fused = True
+        if forward.gdn is not None:
+            forward.gdn.is_fused = True
+        if on_kernel:  # the GPU's layout, [in, out], then the kernel
+            for _, product in forward.named_products():
+                product.weight, product.is_transposed = product.weight.t().contiguous(), True
+            assert skinny.attach((p for _, p in forward.named_products()), torch.device("cpu"), sm_count=8) > 0
+        packed = pack([RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)], 16, kv.dummy_page)
+        ids, positions, slots, src, last_index, row_slot = torch.from_numpy(packed.host).split(packed.field_sizes())
+        layout = forward.linear_layout(packed)
+        linear = None if layout is None else forward.eager_linear_step(layout, torch.from_numpy(layout.host), row_slot)
+        attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
+                              packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
+        logits.append(forward(ids, positions, slots, last_index, attend, linear))
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
