@@ -121,3 +121,26 @@ def test_a_plan_that_transcribes_refuses_a_request_without_audio(plan, prompt):
         audio = {"audio": np.zeros(16000, dtype=np.float32)}
         request = llm.request(prompt, SamplingParams(max_tokens=4), media=audio)
         assert not llm.generate(request)[0].finish_reason.startswith("error")
+
+
+def test_requests_still_in_the_inbox_when_the_loop_ends_are_answered_and_counted():
+    """The run loop gone with requests not yet taken from its inbox: each is answered with the
+    reason and counted by the observer once, as the tracked ones are (the metrics' outcome count)."""
+    from mstar.runtime.serve.online import Observer, OnlineLoop
+
+    class Counting(Observer):
+        def __init__(self):
+            self.finished: list[str] = []
+
+        def on_finish(self, finish_reason, is_refused=False, is_input_fault=False):
+            self.finished.append(finish_reason)
+
+    with LLM(LLAMA, engine="sim") as llm:
+        observer = Counting()
+        loop = OnlineLoop(llm.plan, llm.engine, observer=observer)  # never started: requests stay in its inbox
+        answers: list = []
+        for _ in range(3):
+            loop.submit(llm.request([1, 2], SamplingParams(max_tokens=2)), answers.append)
+        loop._fail_all("error: stopped")
+    assert [a.finish_reason for a in answers] == ["error: stopped"] * 3
+    assert observer.finished == ["error: stopped"] * 3 and loop.num_in_flight == 0

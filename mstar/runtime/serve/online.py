@@ -346,7 +346,7 @@ class OnlineLoop:
         item.last_output_s = now
 
     def _fail_all(self, reason: str) -> None:
-        """End every tracked request with `reason` (the driver is gone)."""
+        """End every tracked request with `reason` (the driver is gone), and those still in the inbox."""
         self._end_in_conductor(reason)
         for request_id, item in list(self._tracked.items()):
             self._tracked.pop(request_id, None)
@@ -360,6 +360,7 @@ class OnlineLoop:
                 request, deliver = payload
                 with self._lock:
                     self._num_in_flight -= 1
+                self.observer.on_finish(reason)  # counted as the tracked ones are: every answer is
                 deliver(Delta(request.id, finish_reason=reason, num_prompt_tokens=len(request.prompt_tokens)))
 
 

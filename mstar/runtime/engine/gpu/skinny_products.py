@@ -167,6 +167,8 @@ if triton is not None:
             local = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             tiles = tl.num_programs(0)
             tl.store(part_ptr + (piece * tiles + tile).to(tl.int64) * tile_values + local, acc)
+            # every thread's share of the partial is stored before the one atomic releases it
+            tl.debug_barrier()
             done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
             if done == SPLIT - 1:
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
