@@ -24,8 +24,8 @@ def test_a_request_reserves_its_budget_once_and_gives_it_back():
     assert pages.admit([("d", 2)], is_partial_ok=False) == ["d"] and pages.num_held == 4  # nothing reserved
     assert pages.refusal(4, 500) is None  # 64 positions at most: 4 pages
     too_small = ReservedPages("decoder", num_pages=3, page_size=16, max_seq_len=64)
-    assert too_small.refusal(4, 500) == ("node decoder: prompt (4) + max_tokens (500) need 4 KV pages of 16 but the "
-                                         "pool has only 3")
+    assert too_small.refusal(4, 500) == ("can never fit: node decoder: prompt (4) + max_tokens (500) need 4 KV pages "
+                                         "of 16 but the pool has only 3")
 
 
 def _run(engine) -> tuple[int, list[str], int]:

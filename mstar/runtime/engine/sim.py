@@ -171,7 +171,7 @@ class SimEngine(RunsAtLaunch):
         for node, vocab, takes_text_prompt, max_seq_len in self.prompt_limits:
             problem = prompt_limit_problem(node, vocab, takes_text_prompt, tokens, max_tokens, max_seq_len)
             if problem is not None:
-                return f"can never fit: {problem}"
+                return f"cannot run: {problem}"
         return None
 
     def end_request(self, request_id: str) -> None:

@@ -4,7 +4,7 @@
 device="cpu", attention="auto")` builds one model per plan
 node (the kind the spec states, `NodePlan.model_kind`; dims from `mstar.plan.dims`) and implements the
 `mstar.runtime.step.Engine` protocol:
-- `add_request(id, request)` -> None, or a message when the request can never fit (prompt +
+- `add_request(id, request)` -> None, or a message when the request can never run (prompt +
   max_tokens past a node's KV pool or max_seq_len, bad sampling settings);
 - `run_step(step)` -> `StepResult`: per-row outputs keyed by the output edge names of that row's
   (node, walk) call in `plan.walks`; `allocation_failed` for rows that got no KV pages / slot
@@ -430,7 +430,7 @@ class TorchEngine:
         for runner in self.runners.values():
             reason = runner.refusal(state)
             if reason:
-                return f"request {request_id} can never fit: {reason}"
+                return f"request {request_id} cannot run: {reason}"  # the reason says why (memory: "can never fit")
         self.requests[request_id] = state
         return None
 

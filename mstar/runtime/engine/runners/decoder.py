@@ -205,12 +205,12 @@ class DecoderRunner:
         num_tokens = self._budget_tokens(request)
         num_pages = self.pool.pages_for(num_tokens)
         if num_pages > self.pool.num_pages:
-            return (f"node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
+            return (f"can never fit: node {self.node.name}: prompt ({len(request.prompt_tokens)}) + max_tokens "
                     f"({request.params.max_tokens}) = {num_tokens} tokens need {num_pages} KV pages of "
                     f"{self.pool.page_size} but the pool has only {self.pool.num_pages}")
         if self.is_guided(request) and self._needed_pages(request) > self.pool.num_pages:
             labels = ", ".join(self.guidance.labels)
-            return (f"node {self.node.name}: with guidance the request keeps {1 + len(self.guidance.labels)} KV "
+            return (f"can never fit: node {self.node.name}: with guidance the request keeps {1 + len(self.guidance.labels)} KV "
                     f"sequences ({self._needed_pages(request)} pages of {self.pool.page_size}) but the pool has "
                     f"only {self.pool.num_pages}; lower max_tokens, or set the guidance scales ({labels}) to 1")
         return None
