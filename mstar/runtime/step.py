@@ -16,11 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-# The seeds an engine takes: 64-bit (the device sampler holds them in int64; a seed of 10**30 failed
-# its whole step).
-SEED_RANGE = (-(2**63), 2**63)
-
-
 @dataclass
 class StepRow:
     """One request's share of a step."""

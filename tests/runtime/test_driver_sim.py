@@ -96,7 +96,8 @@ def test_the_sim_refuses_what_the_torch_engine_refuses():
     for request in requests[1:]:  # neither is about memory: neither says it "can never fit"
         reason = torch_engine.add_request(request.id, request)
         assert "cannot run" in reason and "never fit" not in reason
-        assert "cannot run" in records[request.id].finish_reason and "never fit" not in records[request.id].finish_reason
+        finish_reason = records[request.id].finish_reason
+        assert "cannot run" in finish_reason and "never fit" not in finish_reason
 
 
 def test_row_error_fails_one_request_and_the_rest_finish():

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from mstar.runtime.step import SEED_RANGE
+from mstar.runtime.sampling_ranges import range_problem
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
 # before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in
@@ -77,16 +77,9 @@ class SamplingParams:
             raise
         except (TypeError, ValueError, OverflowError) as error:  # a value of the wrong kind: this request alone
             raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
-        if params.temperature is not None and not 0 <= params.temperature < float("inf"):
-            raise SamplingError(f"temperature must be >= 0, got {params.temperature}")
-        if not SEED_RANGE[0] <= params.seed < SEED_RANGE[1]:
-            raise SamplingError(f"seed must be a 64-bit integer, got {params.seed}")
-        if params.top_k < 0:
-            raise SamplingError(f"top_k must be >= 0 (0: no limit), got {params.top_k}")
-        if not 0 < params.top_p <= 1:
-            raise SamplingError(f"top_p must be in (0, 1], got {params.top_p}")
-        if not 0 < params.repetition_penalty < float("inf"):
-            raise SamplingError(f"repetition_penalty must be > 0, got {params.repetition_penalty}")
+        problem = range_problem(params.temperature, params.top_k, params.top_p, params.seed, params.repetition_penalty)
+        if problem is not None:
+            raise SamplingError(problem)
         return params
 
 

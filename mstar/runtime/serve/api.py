@@ -45,7 +45,7 @@ from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
-from mstar.runtime.step import SEED_RANGE
+from mstar.runtime.sampling_ranges import range_problem
 
 Prompt = Union[str, Sequence[int], dict]
 __all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Overloaded", "Closed"]
@@ -89,14 +89,6 @@ class SamplingParams:
                 raise SamplingError(f"{name} must be a number, got {value!r}")
         problems = [
             (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
-            (self.temperature is not None and not 0 <= self.temperature < float("inf"),
-             f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k is not None and self.top_k < 0, f"top_k must be >= 0 (0: no limit), got {self.top_k}"),
-            (self.top_p is not None and not 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.seed is not None and not SEED_RANGE[0] <= self.seed < SEED_RANGE[1],
-             f"seed must be a 64-bit integer, got {self.seed}"),
-            (self.repetition_penalty is not None and not 0 < self.repetition_penalty < float("inf"),
-             f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
             (not _is_list_of(self.stop_token_ids, lambda t: _is_integer(t) and t >= 0),
              f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}"),
             (not _is_list_of(self.stop, lambda t: isinstance(t, str) and bool(t)),
@@ -111,6 +103,9 @@ class SamplingParams:
         for is_bad, message in problems:
             if is_bad:
                 raise SamplingError(message)
+        out_of_range = range_problem(self.temperature, self.top_k, self.top_p, self.seed, self.repetition_penalty)
+        if out_of_range is not None:
+            raise SamplingError(out_of_range)
 
 
 def _is_integer(value: Any) -> bool:

@@ -36,8 +36,8 @@ class ReservedPages:
         pages = self.budget_pages(num_prompt_tokens, max_tokens)
         if pages <= self.num_pages:
             return None
-        return (f"can never fit: node {self.node}: prompt ({num_prompt_tokens}) + max_tokens ({max_tokens}) need {pages} KV pages "
-                f"of {self.page_size} but the pool has only {self.num_pages}")
+        return (f"can never fit: node {self.node}: prompt ({num_prompt_tokens}) + max_tokens ({max_tokens}) need "
+                f"{pages} KV pages of {self.page_size} but the pool has only {self.num_pages}")
 
     def admit(self, requests: list[tuple[str, int]], is_partial_ok: bool) -> list[str]:
         """Reserve the budgets of the not yet started requests among (request id, budget pages), in

@@ -210,9 +210,10 @@ class DecoderRunner:
                     f"{self.pool.page_size} but the pool has only {self.pool.num_pages}")
         if self.is_guided(request) and self._needed_pages(request) > self.pool.num_pages:
             labels = ", ".join(self.guidance.labels)
-            return (f"can never fit: node {self.node.name}: with guidance the request keeps {1 + len(self.guidance.labels)} KV "
-                    f"sequences ({self._needed_pages(request)} pages of {self.pool.page_size}) but the pool has "
-                    f"only {self.pool.num_pages}; lower max_tokens, or set the guidance scales ({labels}) to 1")
+            return (f"can never fit: node {self.node.name}: with guidance the request keeps "
+                    f"{1 + len(self.guidance.labels)} KV sequences ({self._needed_pages(request)} pages of "
+                    f"{self.pool.page_size}) but the pool has only {self.pool.num_pages}; lower max_tokens, or set "
+                    f"the guidance scales ({labels}) to 1")
         return None
 
     def end_request(self, request_id: str) -> None:
