@@ -66,7 +66,8 @@ def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache:
     for worker in plan.workers:
         # steps of at most `cap` rows, eager (no capture family holds them)
         keys = [key.model_copy(update={"captures": [], "mixtures": [
-            m.model_copy(update={"cap": min(m.cap, cap), "capture": None}) for m in key.mixtures]})
+            m.model_copy(update={"cap": min(m.cap, cap), "capture": None, "also_captures": []})
+            for m in key.mixtures]})
             for key in worker.keys]
         workers.append(worker.model_copy(update={"keys": keys}))
     pools = [p.model_copy(update={"num_pages": num_pages, "host_pages": host_pages,

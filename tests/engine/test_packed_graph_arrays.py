@@ -73,13 +73,18 @@ def test_the_graph_derives_the_hosts_split_arrays(step):
 
 
 def test_llama_plan_captures_its_mixed_family_whole_on_both_routes():
+    """specs/llama.mw: the mixed family whole on both routes, the short prefill steps whole (one
+    packed call), the long ones piecewise (the family of the second capture line)."""
     packed = packed_families(load_plan(str(GENERATED / "llama.plan")), "LLM")
-    assert packed is not None and packed.names == frozenset({"LLM:prefill"})
-    (mixed,) = packed.whole
+    assert packed is not None and packed.names == frozenset({"LLM:prefill#2"})
+    mixed, prefill = packed.whole
     assert mixed.name == "LLM:mixed" and mixed.routes == frozenset({"packed", "split"})
     keys = mixed.keys()
     assert (8192, 64, "split") in keys and (128, 1, "packed") in keys
     assert (128, 1, "split") not in keys  # a split step holds a decode row and a prompt row
+    assert prefill.name == "LLM:prefill" and prefill.routes == frozenset({"packed"})
+    assert {(tokens, batch) for tokens, batch, _ in prefill.keys()} == {
+        (tokens, batch) for tokens in (32, 64, 128, 256, 384, 512) for batch in (1, 2, 4)}
 
 
 def test_whole_keys_hold_a_token_a_row():

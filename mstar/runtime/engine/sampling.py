@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from mstar.runtime.sampling_ranges import range_problem
+from mstar.runtime.step import sampling_range_problem
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
 # before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in
@@ -77,7 +77,8 @@ class SamplingParams:
             raise
         except (TypeError, ValueError, OverflowError) as error:  # a value of the wrong kind: this request alone
             raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
-        problem = range_problem(params.temperature, params.top_k, params.top_p, params.seed, params.repetition_penalty)
+        problem = sampling_range_problem(params.temperature, params.top_k, params.top_p, params.seed,
+                                         params.repetition_penalty)
         if problem is not None:
             raise SamplingError(problem)
         return params

@@ -45,7 +45,7 @@ from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
-from mstar.runtime.sampling_ranges import range_problem
+from mstar.runtime.step import sampling_range_problem
 
 Prompt = Union[str, Sequence[int], dict]
 __all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Overloaded", "Closed"]
@@ -103,7 +103,8 @@ class SamplingParams:
         for is_bad, message in problems:
             if is_bad:
                 raise SamplingError(message)
-        out_of_range = range_problem(self.temperature, self.top_k, self.top_p, self.seed, self.repetition_penalty)
+        out_of_range = sampling_range_problem(self.temperature, self.top_k, self.top_p, self.seed,
+                                              self.repetition_penalty)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
 
