@@ -37,7 +37,14 @@ Per kv node, with the budget and chunk size `Deployment.chunking_for` resolves:
 from __future__ import annotations
 
 from mstar.compiler import codes
-from mstar.compiler.chunking import is_chunkable, node_calls, per_position_edges, prefix_cache_mode, prompt_walks
+from mstar.compiler.chunking import (
+    holds_only_fixed_rows,
+    is_chunkable,
+    node_calls,
+    per_position_edges,
+    prefix_cache_mode,
+    prompt_walks,
+)
 from mstar.compiler.deployment import Deployment, NodeChunking
 from mstar.compiler.lower_keys import walk_cap, walk_captures
 from mstar.lang import ast
@@ -125,7 +132,8 @@ def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunkin
     chunked = {w.name for w in walks if chunk is not None and is_chunkable(node, w)}
     if budget is not None:
         for walk in walks:
-            _check_fixed_rows(node, walk, budget, bool(chunked), chunking, diags)
+            if not holds_only_fixed_rows(node, _key_walks(node, walk, walks)):  # else its key has no budget
+                _check_fixed_rows(node, walk, budget, bool(chunked), chunking, diags)
     need = budget if budget is not None else chunk
     if chunked and need is not None:
         for capture, owner in _captures_holding(node, chunked):
@@ -137,6 +145,13 @@ def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunkin
                             f"would run eagerly: add a bucket of at least {need} tokens or lower the budget",
                             capture.span, Note("the budget is set here", chunking.budget_span
                                                if budget is not None else chunking.chunk_span))
+
+
+def _key_walks(node: ast.NodeDecl, walk: ast.Walk, walks: list[ast.Walk]) -> list[ast.Walk]:
+    """The walks a step of `walk` may share a key with: its combined walks' (whichever of them a
+    worker runs beside it), or itself alone."""
+    names = {walk.name}.union(*(set(c.walks) for c in node.combines if walk.name in c.walks))
+    return [w for w in walks if w.name in names]
 
 
 def _check_fixed_rows(node: ast.NodeDecl, walk: ast.Walk, budget: int, is_chunked: bool, chunking: NodeChunking,

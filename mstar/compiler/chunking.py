@@ -3,6 +3,8 @@
 In:  a node declaration, a walk (AST), the deployment's resolved `NodeChunking` for the node.
 Out: `is_chunkable(node, walk)`; `chunk_sizes(node, walks, chunking)` -> walk -> most tokens of
      one row a step feeds (only chunkable walks, only when the scheduler owns chunking);
+     `holds_only_fixed_rows(node, walks)` -> whether the walks run the node only inside loops (a
+     key of such walks carries no step token budget);
      `prefix_walks(node, walks)` -> the walks whose rows may start after a cached prefix;
      `per_position_edges(node, walk)` -> the edges that keep a walk from being one;
      `prefix_cache_mode(node, is_asked)` -> the plan's prefix cache setting of the node;
@@ -58,6 +60,16 @@ def is_chunkable(node: ast.NodeDecl, walk: ast.Walk) -> bool:
         not is_in_loop and all(roles.get(name) in CUTTABLE_ROLES for name in call.inputs)
         for call, is_in_loop in calls
     )
+
+
+def holds_only_fixed_rows(node: ast.NodeDecl, walks: list[ast.Walk]) -> bool:
+    """Whether every call of `node` in `walks` sits inside a loop (and there is one): their rows are
+    loop iterations of a fixed size, never cut and never a prompt, so a key holding only them has
+    nothing for a step token budget to bound but its rows, which its cap bounds already (Cosmos 3's
+    image_gen: 8 rows of 1,560 latent tokens a step; a budget sized for prompt chunks would hold it
+    to one row a step)."""
+    calls = [is_in_loop for walk in walks for _, is_in_loop in node_calls(walk.body, node.name)]
+    return bool(calls) and all(calls)
 
 
 def chunk_sizes(node: ast.NodeDecl, walks: list[ast.Walk], chunk_size: Optional[int]) -> dict[str, int]:

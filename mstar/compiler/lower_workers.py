@@ -13,7 +13,7 @@ memory of its keys' capture families. `call_instances(workers)` reads them back 
 """
 from __future__ import annotations
 
-from mstar.compiler.chunking import chunk_sizes
+from mstar.compiler.chunking import chunk_sizes, holds_only_fixed_rows
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_keys import lower_node_keys
 from mstar.compiler.walk_tree import WalkTree, has_device_loop_back
@@ -132,13 +132,15 @@ def lower_workers(
 
 
 def _with_chunking(key: KeyPlan, node: ast.NodeDecl, spec: ast.Spec, deployment: Deployment) -> KeyPlan:
-    """The key with its node's step token budget and the chunk sizes of its chunkable walks
-    (kv nodes only; compiler/chunking.py)."""
+    """The key with its node's step token budget (none for a key whose walks run the node only in
+    loops: `holds_only_fixed_rows`) and the chunk sizes of its chunkable walks (kv nodes only;
+    compiler/chunking.py)."""
     if node.engine != "kv":
         return key
     chunking = deployment.chunking_for(node.name)
     walks = [w for w in spec.walks if w.name in key.walks]
-    return key.model_copy(update={"token_budget": chunking.token_budget,
+    budget = None if holds_only_fixed_rows(node, walks) else chunking.token_budget
+    return key.model_copy(update={"token_budget": budget,
                                   "chunk_sizes": chunk_sizes(node, walks, chunking.chunk_size)})
 
 

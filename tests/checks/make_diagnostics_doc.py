@@ -333,7 +333,10 @@ explain = {
  "MW421": "Rows of a walk whose node runs inside a loop (a decode iteration) are never cut: a full step of them, the "
           "walk's cap (or a larger cap of a combined walk holding it) times its tokens a row, must fit the step token "
           "budget, or decode rows alone would break it; when the node's prompts are cut it must also leave at least "
-          "one token of the budget, or a prompt could wait behind full decode steps for ever.",
+          "one token of the budget, or a prompt could wait behind full decode steps for ever. Only where such rows "
+          "may share a key with prompt rows (a combined walk): a key of loop rows alone carries no budget "
+          "(docs/plan.md, `token_budget`), so Cosmos 3's image_gen, 8 rows of 1,560 latent tokens a step, takes a "
+          "budget sized for prompt chunks.",
  "MW422": "Steps that hold prompt chunks are packed: when the budget is set, the fullest of them hold the whole "
           "budget, so every packed capture such a step replays (the chunked walk's own, its combined walk's) needs a "
           "token bucket of at least the budget; without a budget, one that holds a chunk. Otherwise those steps, the "
