@@ -19,6 +19,12 @@ the next product: one launch, no memset and no reduction kernel, so it can sit i
 kernel go. With programmatic dependent launch (`kernels.pdl_launch`) the program computes its
 addresses before waiting on the previous kernel, and lets the next kernel launch once its loop is done.
 
+Measured on the H200, it was slower than cuBLAS: every Llama-3.2-1B product at 64 rows under each
+of 50 launch configs, and the whole decode step (1.66 -> 2.57 ms chained at 64 rows); it won only
+on Qwen3.5's narrow products at 1-16 rows (docs/engine.md, "A split-K Triton product for few
+rows"). So it is off by default: `set_enabled(True)` (`mstar bench engine --skinny-products`) is
+the what-if.
+
 A `Workspace` (partials and counters) belongs to one step function on one stream: products on it run
 one after another (a product's programs touch it only after the previous kernel has finished).
 
@@ -43,7 +49,7 @@ except ImportError:  # CPU installs without Triton never call it
 
 MAX_ROWS = 64  # one program holds every row of the step (BLOCK_M); more rows go to cuBLAS
 
-ENABLED_BY_DEFAULT = False
+ENABLED_BY_DEFAULT = False  # measured slower than cuBLAS (module docstring)
 _enabled = ENABLED_BY_DEFAULT
 
 
