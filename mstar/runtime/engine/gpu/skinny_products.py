@@ -19,11 +19,12 @@ the next product: one launch, no memset and no reduction kernel, so it can sit i
 kernel go. With programmatic dependent launch (`kernels.pdl_launch`) the program computes its
 addresses before waiting on the previous kernel, and lets the next kernel launch once its loop is done.
 
-Measured on the H200, it was slower than cuBLAS: every Llama-3.2-1B product at 64 rows under each
-of 50 launch configs, and the whole decode step (1.66 -> 2.57 ms chained at 64 rows); it won only
-on Qwen3.5's narrow products at 1-16 rows (docs/engine.md, "A split-K Triton product for few
-rows"). So it is off by default: `set_enabled(True)` (`mstar bench engine --skinny-products`) is
-the what-if.
+Measured on the H200, it was slower than cuBLAS in the engine (the chained 64-row decode step 1.66
+-> 2.57 ms with `config_for`'s launches); the best of 50 launch configs a shape was 11% slower on
+Llama-3.2-1B's q/k/v and o at 64 rows, 2-3% quicker on gate/up and down, 70% slower with down's
+gated operand, and quicker on Qwen3.5's narrow products at 1-16 rows (docs/engine.md, "A split-K
+Triton product for few rows"). No per-shape choice is worth wiring at those margins, so it is off
+by default: `set_enabled(True)` (`mstar bench engine --skinny-products`) is the what-if.
 
 A `Workspace` (partials and counters) belongs to one step function on one stream: products on it run
 one after another (a product's programs touch it only after the previous kernel has finished).
