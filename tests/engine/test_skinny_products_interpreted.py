@@ -105,10 +105,11 @@ def test_a_product_takes_its_few_rows_steps_and_leaves_the_rest(skinny):
     for rows in (3, 64, 65):
         x, _ = _operands(rows, 64, 48, seed=rows)
         _close(product(x), (x.float() @ weight.float()).to(torch.bfloat16))
-    assert product.takes_gated(64) and not product.takes_gated(65)
+    few_rows = product.few_rows_for(64)
+    assert few_rows is not None and product.few_rows_for(65) is None
     gate_up = torch.randn(4, 128).to(torch.bfloat16)
     gate, up = gate_up.chunk(2, dim=-1)
-    _close(product.gated(gate_up), ((F.silu(gate) * up).float() @ weight.float()).to(torch.bfloat16))
+    _close(few_rows(gate_up, gated=True), ((F.silu(gate) * up).float() @ weight.float()).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("is_hybrid", [False, True])

@@ -30,7 +30,7 @@ def test_the_kernel_matches_torch_at_decode_shapes(rows, k, n):
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
     assert _relative(product(x), x.float() @ weight.float()) < 1e-2
     gate_up = torch.randn(rows, 2 * k, device=device, dtype=torch.bfloat16)
-    assert _relative(product.gated(gate_up), kernels.silu_mul(gate_up).float() @ weight.float()) < 1e-2
+    assert _relative(product.few_rows(gate_up, gated=True), kernels.silu_mul(gate_up).float() @ weight.float()) < 1e-2
 
 
 def test_a_graph_of_products_replays_the_same_bits():
@@ -47,7 +47,7 @@ def test_a_graph_of_products_replays_the_same_bits():
         h = products[0](x)[:, :2048]
         h = products[1](h.contiguous())
         gate_up = products[2](h)
-        return products[3].gated(gate_up)
+        return products[3].few_rows(gate_up, gated=True)
 
     expected = step()
     graph = torch.cuda.CUDAGraph()

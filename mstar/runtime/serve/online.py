@@ -223,12 +223,7 @@ class OnlineLoop:
                 raise ValueError(f"request id {request.id!r} is already in flight")
             text = TextStream(self.decode, request.stop_strings) if self.decode is not None else None
         except Exception as error:
-            reason = f"error: {error}"
-            with self._lock:
-                self._num_in_flight -= 1
-            self.observer.on_finish(reason, True)
-            deliver(Delta(request.id, finish_reason=reason, is_refused=True,
-                          num_prompt_tokens=len(request.prompt_tokens)))
+            self._answer_unrun(request, deliver, f"error: {error}", is_refused=True)
             return
         self._tracked[request.id] = _Tracked(request, deliver, text)
         self._unstarted.append(request.id)
@@ -350,20 +345,22 @@ class OnlineLoop:
         self._end_in_conductor(reason)
         for request_id, item in list(self._tracked.items()):
             self._tracked.pop(request_id, None)
-            with self._lock:
-                self._num_in_flight -= 1
-            self.observer.on_finish(reason)
-            item.deliver(Delta(request_id, finish_reason=reason, num_prompt_tokens=len(item.request.prompt_tokens)))
+            self._answer_unrun(item.request, item.deliver, reason)
         while self._inbox:
             kind, payload = self._inbox.popleft()
             if kind == "submit":
                 request, deliver = payload
-                with self._lock:
-                    self._num_in_flight -= 1
-                self.observer.on_finish(reason)  # counted as the tracked ones are: every answer is
-                deliver(Delta(request.id, finish_reason=reason, num_prompt_tokens=len(request.prompt_tokens)))
+                self._answer_unrun(request, deliver, reason)
 
-
+    def _answer_unrun(self, request: Request, deliver: Callable[[Delta], None], reason: str,
+                      is_refused: bool = False) -> None:
+        """End a request the conductor will not finish (refused by the loop, or the loop is gone):
+        one fewer in flight, counted by the observer as every answer is, and its final delta."""
+        with self._lock:
+            self._num_in_flight -= 1
+        self.observer.on_finish(reason, is_refused)
+        deliver(Delta(request.id, finish_reason=reason, is_refused=is_refused,
+                      num_prompt_tokens=len(request.prompt_tokens)))
     def _end_in_conductor(self, reason: str) -> None:
         """Fail the conductor's requests, waiting ones first (an ended one admits the next), so the
         engine frees their KV pages and slots: a `close(timeout)` that cut requests off left their

@@ -184,9 +184,9 @@ class DecoderForward:
         intermediates (gate/up, 8x the hidden width) are freed on return: held by names of the
         layer loop, they stayed alive into the next layer, two layers' worth at its peak."""
         gate_up = self.gate_up[index](h)
-        down = self.down[index]
-        if down.takes_gated(gate_up.shape[0]):  # silu(gate) * up inside down's operand load (skinny_products)
-            return down.gated(gate_up)
+        few_rows = self.down[index].few_rows_for(gate_up.shape[0])
+        if few_rows is not None:  # silu(gate) * up inside down's operand load (skinny_products)
+            return few_rows(gate_up, gated=True)
         if self.is_fused:
             act = kernels.silu_mul(gate_up)
         else:

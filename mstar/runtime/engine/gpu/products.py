@@ -58,22 +58,19 @@ class Product:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x `[N, in]` -> `[N, out]`."""
-        if self.few_rows is not None and x.shape[0] <= self.few_rows.max_rows:
-            return self.few_rows(x)
+        few_rows = self.few_rows_for(x.shape[0])
+        if few_rows is not None:
+            return few_rows(x)
         if not self.is_transposed:
             return F.linear(x, self.weight, self.bias)
         if self.bias is None:
             return torch.mm(x, self.weight)
         return torch.addmm(self.bias, x, self.weight)
 
-    def takes_gated(self, rows: int) -> bool:
-        """Whether `gated` serves a step of `rows` rows (its kernel computes silu(gate) * up itself)."""
-        return self.few_rows is not None and rows <= self.few_rows.max_rows
-
-    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up `[N, 2 * in]` -> (silu(gate) * up) times the weight, where `takes_gated(N)`."""
-        assert self.few_rows is not None, "takes_gated says when"
-        return self.few_rows(gate_up, gated=True)
+    def few_rows_for(self, rows: int) -> Optional[FewRows]:
+        """`few_rows` when it runs a step of `rows` rows (its kernel also takes `gated` input), else None."""
+        few_rows = self.few_rows
+        return few_rows if few_rows is not None and rows <= few_rows.max_rows else None
 
     @property
     def in_features(self) -> int:

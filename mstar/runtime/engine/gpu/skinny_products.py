@@ -121,7 +121,7 @@ def config_for(k: int, n: int, sm_count: int) -> SkinnyConfig:
 
 def block_m(rows: int) -> int:
     """Rows a program holds: tl.dot's smallest tile is 16."""
-    return max(16, triton.next_power_of_2(rows)) if triton is not None else max(16, 1 << (rows - 1).bit_length())
+    return max(16, 1 << (rows - 1).bit_length())
 
 
 if triton is not None:
@@ -204,7 +204,7 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
         return out
     tiles, pieces = config.programs(k, n)
     if pieces > 1:
-        workspace.reserve(pieces * MAX_ROWS * tiles * config.block_n, tiles)
+        workspace.reserve_for(k, n, config)
     _skinny_kernel[(tiles, pieces)](
         x, weight, bias if bias is not None else weight, out, workspace.partials, workspace.counters,
         m, n, k, config.k_piece(k), x.stride(0), weight.stride(0), out.stride(0),
