@@ -85,3 +85,26 @@ def test_refusals_say_why(capsys):
 def test_rows_keep_their_order_once_each():
     assert bench_products._rows("8, 1,8,64") == [8, 1, 64]
     assert json.loads(json.dumps(bench_products.ROWS)) == [1, 2, 4, 8, 16, 64]
+
+
+def test_the_skinny_sweep_lists_its_configs_and_its_table():
+    """`--skinny-sweep` (engine/gpu/skinny_sweep.py): 50 distinct launch configs, and one table line
+    a case naming cuBLAS, config_for's config and the fastest with its ratio."""
+    from mstar.runtime.engine.gpu import skinny_sweep
+
+    configs = skinny_sweep.configs()
+    assert len(configs) == len(set(configs)) == 50
+    result = {"device": "H200", "copy_tb_s": 4.1, "cases": [
+        {"roles": ["down"], "k": 8192, "n": 2048, "rows": 64, "gated": True, "floor_us": 8.23, "cublas_us": 15.55,
+         "config_for": "n64 k128 split8 w4 s4", "config_for_us": 56.24,
+         "best": [[26.61, "n128 k128 split8 w4 s4"], [34.5, "n128 k128 split8 w8 s4"]]}]}
+    lines = skinny_sweep.table(result).splitlines()
+    assert len(lines) == 2 and "down gated 8192 -> 2048" in lines[1]
+    assert "cuBLAS   15.55" in lines[1] and "best   26.61 (n128 k128 split8 w4 s4, 1.71)" in lines[1]
+
+
+def test_the_skinny_sweep_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert bench_products.main(["--plan", str(GENERATED / "llama.plan"), "--skinny-sweep"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err

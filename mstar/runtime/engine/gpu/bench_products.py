@@ -11,7 +11,10 @@ LM head), so the bench times what a step multiplies. The LM head, which the fast
 modules' layout (its product reads the weight at its floor either way), is timed both ways too, and
 a step's sum takes it in the layout of its column.
 
+`--skinny-sweep` times the skinny kernel's launch configs instead (`skinny_sweep.py`).
+
 Usage: mstar bench products [--plan PLAN] [--node NODE] [--rows 1,2,4,8,16,64] [--iters N] [--json]
+                            [--skinny-sweep]
 Needs a CUDA GPU; elsewhere it says so and exits 1.
 """
 from __future__ import annotations
@@ -165,6 +168,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rows", type=_rows, default=list(ROWS), metavar="N,N", help="row counts to time")
     parser.add_argument("--iters", type=POSITIVE, default=30, help="graph replays a case")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
+    parser.add_argument("--skinny-sweep", action="store_true",
+                        help="instead: the split-K skinny kernel under each of its 50 launch configs against "
+                             "cuBLAS, per shape and row count of at most 64 (minutes; try --rows 64,16,1)")
     args = parser.parse_args(argv)
     shapes = _plan_shapes(args)
     if shapes is None:
@@ -173,6 +179,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if says_no_gpu("mstar bench products"):
         return 1
+    if args.skinny_sweep:
+        from mstar.runtime.engine.gpu import skinny_sweep
+
+        swept = skinny_sweep.sweep(shapes, args.rows, args.iters)
+        print(json.dumps(swept, sort_keys=True) if args.json else skinny_sweep.table(swept))
+        return 0
     result = run(shapes, args.rows, args.iters)
     print(json.dumps(result, sort_keys=True) if args.json else table(result))
     return 0
