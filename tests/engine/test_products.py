@@ -103,3 +103,16 @@ def test_a_hybrid_decoders_steps_are_the_same_with_its_weights_stored_transposed
     assert gdn_t is not None and gdn_m is not None
     for a, b in zip(gdn_t.states.ssm + gdn_t.states.conv, gdn_m.states.ssm + gdn_m.states.conv):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("biases", [(False, False, False), (True, False, True)])
+def test_accumulate_adds_the_product_into_its_target_in_place(transposed, biases):
+    """`Product.accumulate`: the residual add in the product (norm_folding.py), bias once."""
+    linears = _linears(2, biases)
+    product = products.fuse(linears, transposed)
+    x, into = torch.randn(4, 12), torch.randn(4, 15)
+    expected = into + torch.cat([linear(x) for linear in linears], dim=-1)
+    got = product.accumulate(into, x)
+    assert got is into
+    torch.testing.assert_close(into, expected)

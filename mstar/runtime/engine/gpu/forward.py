@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.plan.dims import DecoderDims
-from mstar.runtime.engine.gpu import kernels, products, skinny_products
+from mstar.runtime.engine.gpu import kernels, norm_folding, products, skinny_products
 from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearCut, LinearLayout, LinearStep, linear_layout
 from mstar.runtime.engine.gpu.packing import PackedStep, fed_ids
 from mstar.runtime.engine.models.decoder import Decoder
@@ -100,6 +100,23 @@ class DecoderForward:
         # Per layer: its index among the full-attention layers (KV pages) or the linear ones (slots).
         self.kind_index = [sum(1 for other in layers[:i] if other.is_full == layer.is_full)
                            for i, layer in enumerate(layers)]
+        self.folds_norms = False
+        if self.is_fused and norm_folding.is_enabled():
+            self.fold_norms()
+
+    def fold_norms(self) -> bool:
+        """Folds each layer's norms before q/k/v (full-attention layers) and gate/up into those
+        products, where they may be (`norm_folding.py`); the fused forward then runs with them
+        folded (only the fused kernels take a norm's scale). Whether it does."""
+        layers = self.model.model.layers
+        if not self.is_fused or not norm_folding.applies(self.model, self.qkv + self.gate_up):
+            return False
+        for index, layer in enumerate(layers):
+            norm_folding.fold(layer.post_attention_layernorm, self.gate_up[index])
+            if layer.is_full:
+                norm_folding.fold(layer.input_layernorm, self.qkv[self.kind_index[index]])
+        self.folds_norms = True
+        return True
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Half rotation of the first `rotary` dims (Hugging Face's rotate_half), in fp32."""
@@ -116,16 +133,20 @@ class DecoderForward:
         x = x if delta is None else x + delta
         return x, norm(x)
 
-    def _rope_write(self, q, k, v, positions, slots, k_pages, v_pages, attn) -> torch.Tensor:
+    def _rope_write(self, q, k, v, positions, slots, k_pages, v_pages, attn,
+                    row_norm: Optional[kernels.RowNorm] = None) -> torch.Tensor:
         """q and k per-head normed (when the layer has q/k norms), rotated; k and v written into the
-        pages; returns q. Fused: one kernel (the norms inside it)."""
+        pages; returns q. Fused: one kernel (the norms inside it; q, k and v first scaled by each
+        token's folded norm, `row_norm`)."""
         d = self.dims
         if self.is_fused:
             qk_norm = (kernels.QkNorm(attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps,
                                       attn.q_norm.is_zero_centred) if attn.has_qk_norm else None)
             return kernels.rope_write_kv(q, k, v, self.cos, self.sin, positions, slots,
                                          k_pages.view(-1, d.num_kv_heads, d.head_dim),
-                                         v_pages.view(-1, d.num_kv_heads, d.head_dim), self.rotary, qk_norm)
+                                         v_pages.view(-1, d.num_kv_heads, d.head_dim), self.rotary, qk_norm,
+                                         row_norm)
+        assert row_norm is None, "a folded norm's scale runs in the fused kernel"
         if attn.has_qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos = self.cos[positions.long()].unsqueeze(1)
@@ -153,10 +174,12 @@ class DecoderForward:
         return linear_layout(packed.qo_indptr.numpy(), self.dims.conv_kernel)
 
     def _attention(self, index: int, layer, h: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
-                   attend: Attend) -> torch.Tensor:
+                   attend: Attend, row_norm: Optional[kernels.RowNorm] = None,
+                   into: Optional[torch.Tensor] = None) -> torch.Tensor:
         """A full-attention layer's output (before a tensor-parallel reduce); `index` among the full
         layers. The qwen3_5 style's q_proj gives [query | gate] per head; the gate multiplies the
-        output by its sigmoid."""
+        output by its sigmoid. With the layer's norm folded (`_folded_layer`): h is the residual
+        stream, `row_norm` its norm's scale, and the output is added into `into`."""
         d = self.dims
         n = h.shape[0]
         attn = layer.self_attn
@@ -171,29 +194,49 @@ class DecoderForward:
         k = qkv[:, q_width:q_width + num_kv].view(n, d.num_kv_heads, d.head_dim)
         v = qkv[:, q_width + num_kv:].view(n, d.num_kv_heads, d.head_dim)
         k_pages, v_pages = self.kv.pages(index)
-        q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages, attn)
+        q = self._rope_write(q, k, v, positions, write_slots, k_pages, v_pages, attn, row_norm)
         out = attend(index, q, k_pages, v_pages).reshape(n, -1)
         if gate is not None and self.is_fused:  # one kernel for the strided gate's copy, sigmoid and product
-            out = kernels.sigmoid_gate(out, gate)
+            out = kernels.sigmoid_gate(out, gate, row_norm)
         elif gate is not None:
             out = out * torch.sigmoid(gate.reshape(n, -1))
-        return self.o[index](out.to(h.dtype))
+        o = self.o[index]
+        return o(out.to(h.dtype)) if into is None else o.accumulate(into, out.to(h.dtype))
 
-    def _mlp(self, index: int, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, index: int, h: torch.Tensor, row_norm: Optional[kernels.RowNorm] = None,
+             into: Optional[torch.Tensor] = None) -> torch.Tensor:
         """SwiGLU's output (before a tensor-parallel reduce). A method of its own so that its
         intermediates (gate/up, 8x the hidden width) are freed on return: held by names of the
-        layer loop, they stayed alive into the next layer, two layers' worth at its peak."""
+        layer loop, they stayed alive into the next layer, two layers' worth at its peak. With the
+        norm folded: h is the residual stream, `row_norm` its norm's scale, the output added into `into`."""
         gate_up = self.gate_up[index](h)
-        few_rows = self.down[index].few_rows_for(gate_up.shape[0])
+        down = self.down[index]
+        few_rows = down.few_rows_for(gate_up.shape[0]) if row_norm is None else None
         if few_rows is not None:  # silu(gate) * up inside down's operand load (skinny_products)
             return few_rows(gate_up, gated=True)
         if self.is_fused:
-            act = kernels.silu_mul(gate_up)
+            act = kernels.silu_mul(gate_up, row_norm)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up
         del gate_up
-        return self.down[index](act)
+        return down(act) if into is None else down.accumulate(into, act)
+
+    def _folded_layer(self, index: int, layer, x: torch.Tensor, h: Optional[torch.Tensor], positions: torch.Tensor,
+                      write_slots: torch.Tensor, attend: Attend, linear: LinearStep | LinearCut | None) -> None:
+        """Layer `index` with its norms folded into the products after them (`fold_norms`): the
+        products read the residual stream x, the kernels after them scale each row by its norm, and
+        the mixer's and the MLP's last products add into x in place. h: the layer's input norm when
+        the embedding's kernel made it (the first layer), for a gated delta-net layer, whose norm stays."""
+        if layer.is_full:
+            self._attention(self.kind_index[index], layer, x, positions, write_slots, attend,
+                            kernels.RowNorm(x, layer.input_layernorm.eps), into=x)
+        else:
+            assert self.gdn is not None and linear is not None, "a step of a hybrid decoder carries its rows' slots"
+            if h is None:
+                h = self._norm(x, None, layer.input_layernorm)[1]
+            self.gdn(self.kind_index[index], h, linear, into=x)
+        self._mlp(index, x, kernels.RowNorm(x, layer.post_attention_layernorm.eps), into=x)
 
     def _embed(self, ids: torch.Tensor, fed: Optional[tuple[torch.Tensor, torch.Tensor]], norm
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,6 +264,9 @@ class DecoderForward:
         x, h = self._embed(ids, fed, layers[0].input_layernorm)
         delta = None
         for index, layer in enumerate(layers):
+            if self.folds_norms:  # x moves on in place; no delta
+                self._folded_layer(index, layer, x, h if index == 0 else None, positions, write_slots, attend, linear)
+                continue
             if delta is not None:  # the first layer's norm came with the embedding
                 x, h = self._norm(x, delta, layer.input_layernorm)
             if layer.is_full:
@@ -231,12 +277,12 @@ class DecoderForward:
             delta = model.reduce_partial(mixed)
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
             delta = model.reduce_partial(self._mlp(index, h))
-        assert delta is not None, "a decoder has at least one layer"
+        assert delta is not None or self.folds_norms, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only, gathered by the kernel: the residual add and the final norm
             last = kernels.add_rmsnorm(x, delta, model.model.norm.weight, model.model.norm.eps,
                                        model.model.norm.is_zero_centred, rows=last_index)
         else:
-            last = model.model.norm((x + delta)[last_index.long()])
+            last = model.model.norm((x if delta is None else x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight))
 
     def named_products(self) -> list[tuple[str, products.Product]]:

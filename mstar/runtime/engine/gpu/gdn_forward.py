@@ -228,8 +228,10 @@ class GdnForward:
         self.rule_graphs = PromptRuleGraphs()  # used only with fla's kernels (on a CUDA device)
         self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
 
-    def __call__(self, index: int, h: torch.Tensor, step: "LinearStep | LinearCut") -> torch.Tensor:
-        """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`.
+    def __call__(self, index: int, h: torch.Tensor, step: "LinearStep | LinearCut",
+                 into: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`
+        (added into `into` in place when given: the residual stream, `norm_folding.py`).
         step: the step's rows, or a piecewise capture's cut (`LinearCut`: the layout-bound middle
         runs eagerly between the captured pieces, `middle`)."""
         layer = self.layers[index]
@@ -244,7 +246,7 @@ class GdnForward:
                                             layer.A_log, layer.dt_bias, self.states.ssm[index], step.read,
                                             layer.norm.weight, layer.eps, layer.num_heads, counts=step.counts,
                                             write_slots=step.write)
-            return self.out_proj[index](gated)
+            return self._out(index, gated, into)
         if self.is_fused:  # one launch (gdn_kernels.eager_gates): this step's host time is its launches
             g, beta = gdn_kernels.eager_gates(a, b, layer.A_log, layer.dt_bias)
         else:
@@ -255,11 +257,16 @@ class GdnForward:
         else:
             out = self.middle(index, mixed, g, beta, step)
         if self.is_fused:
-            return self.out_proj[index](gdn_kernels.eager_gated_norm(out, z, layer.norm.weight, layer.eps))
+            return self._out(index, gdn_kernels.eager_gated_norm(out, z, layer.norm.weight, layer.eps), into)
         out32 = out.float()
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
-        return self.out_proj[index](gated.reshape(h.shape[0], value_width))
+        return self._out(index, gated.reshape(h.shape[0], value_width), into)
+
+    def _out(self, index: int, gated: torch.Tensor, into: Optional[torch.Tensor]) -> torch.Tensor:
+        """out_proj of linear layer `index`, added into `into` when given."""
+        product = self.out_proj[index]
+        return product(gated) if into is None else product.accumulate(into, gated)
 
     def middle(self, index: int, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                step: LinearStep, out: Optional[torch.Tensor] = None) -> torch.Tensor:

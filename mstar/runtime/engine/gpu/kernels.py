@@ -17,10 +17,14 @@ In and out (all on one device; activations in the model dtype, bf16 on a GPU):
   position (Hugging Face's rotate_half, computed in fp32), writes k and v into the cache at each
   token's flat slot (`[slots, Hkv, D]` views of the pages) and returns the rotated q `[N, Hq, D]`.
   With `qk_norm` (`QkNorm`) q and k are first RMS-normed per head as `layers.RMSNorm` does (q may
-  then be a view with any head stride: the [query | gate] heads of Qwen3.5's q_proj).
+  then be a view with any head stride: the [query | gate] heads of Qwen3.5's q_proj). With
+  `row_norm` (`RowNorm`) q, k and v are first multiplied by each token's RMSNorm scale of the
+  residual stream (`norm_folding.py`: the norm before q/k/v folded into their product).
 - `sigmoid_gate(x, gate)`: `[N, H*D]` times sigmoid(gate) `[N, H, D]` (a strided view), with torch's
-  bf16 rounding (Qwen3.5's gated attention output).
-- `silu_mul(gate_up)`: `[N, 2I] -> [N, I]`, silu(gate) * up with torch's bf16 rounding.
+  bf16 rounding (Qwen3.5's gated attention output); with `row_norm`, the gate first times each
+  token's RMSNorm scale (as `rope_write_kv`).
+- `silu_mul(gate_up, row_norm)`: `[N, 2I] -> [N, I]`, silu(gate) * up with torch's bf16 rounding;
+  with `row_norm`, gate and up first times each row's RMSNorm scale (as `rope_write_kv`).
 - `argmax_rows(logits)`: `[N, V] -> [N]` int64, the first index of each row's largest value (as
   `torch.argmax`), in two launches: the maxima of `ARGMAX_CHUNK`-wide chunks of every row, then
   each row's first chunk holding its maximum. torch's reduction gave one row one block of 512
@@ -96,7 +100,37 @@ class QkNorm:
     is_zero_centred: bool
 
 
+@dataclass
+class RowNorm:
+    """The residual stream `x` `[N, H]` whose RMSNorm a kernel applies as a per-row scale,
+    rsqrt(mean(x^2) + eps), to a product's output (the norm's weight folded into the product's
+    weight: `norm_folding.py`); eps is the norm's."""
+
+    x: torch.Tensor
+    eps: float
+
+
+def _row_norm_args(row_norm: Optional[RowNorm], like: torch.Tensor) -> dict[str, Any]:
+    """A kernel's row-norm arguments: the residual rows, their stride and width, eps and the
+    `HAS_ROW_NORM` / `BLOCK_X` constexprs (a dummy pointer and one column without a norm)."""
+    if row_norm is None:
+        return {"x_ptr": like, "stride_x": 0, "num_x_cols": 1, "row_eps": 0.0, "HAS_ROW_NORM": False, "BLOCK_X": 1}
+    x = row_norm.x
+    if x.stride(1) != 1:
+        raise ValueError("row_norm: the residual stream must have contiguous columns")
+    return {"x_ptr": x, "stride_x": x.stride(0), "num_x_cols": x.shape[1], "row_eps": row_norm.eps,
+            "HAS_ROW_NORM": True, "BLOCK_X": triton.next_power_of_2(x.shape[1])}
+
+
 if triton is not None:
+    @triton.jit
+    def _row_scale(x_ptr, row, stride_x, num_cols, eps, BLOCK: tl.constexpr):
+        """One row's RMSNorm scale, rsqrt(mean(x^2) + eps), in fp32 (`RowNorm`); read after the
+        PDL wait: the residual stream is step data."""
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=cols < num_cols, other=0.0).to(tl.float32)
+        return tl.rsqrt(tl.sum(x * x, axis=0) / num_cols + eps)
+
     @triton.jit
     def _norm_weight(w_ptr, num_cols, BLOCK: tl.constexpr):
         """(columns, their mask, the norm's weight in fp32): loaded before a PDL wait, since no
@@ -163,9 +197,10 @@ if triton is not None:
     @triton.jit
     def _rope_write_kv_kernel(q_ptr, k_ptr, v_ptr, stride_q, stride_qh, stride_k, stride_v, cos_ptr, sin_ptr,
                               stride_cs, pos_ptr, slot_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, q_norm_ptr,
-                              k_norm_ptr, eps, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, D: tl.constexpr,
-                              ROTARY: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                              HAS_NORM: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr, PDL: tl.constexpr):
+                              k_norm_ptr, eps, x_ptr, stride_x, num_x_cols, row_eps, NUM_Q: tl.constexpr,
+                              NUM_KV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr, BLOCK_H: tl.constexpr,
+                              BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr, IS_ZERO_CENTRED: tl.constexpr,
+                              HAS_ROW_NORM: tl.constexpr, BLOCK_X: tl.constexpr, PDL: tl.constexpr):
         """One program a token, every q and k head of it as the rows of one tile (a program per
         (token, head) of one warp spent most of its time on the dependent loads of its position,
         cos/sin and slot: 13.7 us a layer for a 256-token chunk step on the H200)."""
@@ -195,6 +230,10 @@ if triton is not None:
         value = tl.load(v_ptr + token * stride_v + kv_head * D + d, mask=is_k & is_dim, other=0.0)
         cos = tl.load(cos_ptr + position * stride_cs + freq, mask=is_rotated, other=1.0)
         sin = tl.load(sin_ptr + position * stride_cs + freq, mask=is_rotated, other=0.0)
+        if HAS_ROW_NORM:  # the norm before q/k/v, folded into their product: its scale here
+            row_scale = _row_scale(x_ptr, token, stride_x, num_x_cols, row_eps, BLOCK_X)
+            x, other = x * row_scale, other * row_scale
+            value = value.to(tl.float32) * row_scale
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         if HAS_NORM:  # the per-head q/k RMSNorm first, rounded as `layers.RMSNorm` rounds it
@@ -218,38 +257,43 @@ if triton is not None:
         tl.store(v_cache_ptr + kv_at, value.to(v_cache_ptr.dtype.element_ty), mask=is_k & is_dim)
 
     @triton.jit
-    def _sigmoid_gate_kernel(x_ptr, gate_ptr, out_ptr, stride_x, stride_g, stride_gh, D: tl.constexpr,
-                             BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    def _sigmoid_gate_kernel(in_ptr, gate_ptr, out_ptr, stride_in, stride_g, stride_gh, x_ptr, stride_x, num_x_cols,
+                             row_eps, D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ROW_NORM: tl.constexpr,
+                             BLOCK_X: tl.constexpr, PDL: tl.constexpr):
         token = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         mask = d < D
         if PDL:
             tl.extra.cuda.gdc_wait()
-        x = tl.load(x_ptr + token * stride_x + head * D + d, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(in_ptr + token * stride_in + head * D + d, mask=mask, other=0.0).to(tl.float32)
         gate = tl.load(gate_ptr + token * stride_g + head * stride_gh + d, mask=mask, other=0.0).to(tl.float32)
+        if HAS_ROW_NORM:
+            gate = gate * _row_scale(x_ptr, token, stride_x, num_x_cols, row_eps, BLOCK_X)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         # torch rounds sigmoid(gate) to the activation dtype before the product.
         gate = tl.sigmoid(gate).to(out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(out_ptr + token * stride_x + head * D + d, (x * gate).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + token * stride_in + head * D + d, (x * gate).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, width, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
+    def _silu_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, width, x_ptr, stride_x, num_x_cols, row_eps,
+                         BLOCK: tl.constexpr, HAS_ROW_NORM: tl.constexpr, BLOCK_X: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < width
         if PDL:
             tl.extra.cuda.gdc_wait()
         gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(gate_up_ptr + row * stride_in + width + cols, mask=mask, other=0.0)
+        up = tl.load(gate_up_ptr + row * stride_in + width + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_ROW_NORM:  # the norm before gate/up, folded into their product: its scale here
+            row_scale = _row_scale(x_ptr, row, stride_x, num_x_cols, row_eps, BLOCK_X)
+            gate, up = gate * row_scale, up * row_scale
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         # torch rounds silu(gate) to the activation dtype before the product.
         silu = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(out_ptr + row * stride_out + cols, (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(out_ptr + row * stride_out + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
     @triton.jit
@@ -328,7 +372,7 @@ def embed_rmsnorm(ids: torch.Tensor, token_src: Optional[torch.Tensor], loop_tok
 
 def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   positions: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  rotary: int, qk_norm: Optional[QkNorm] = None) -> torch.Tensor:
+                  rotary: int, qk_norm: Optional[QkNorm] = None, row_norm: Optional[RowNorm] = None) -> torch.Tensor:
     n, num_q, d = q.shape
     num_kv = k.shape[1]
     out = torch.empty((n, num_q, d), dtype=q.dtype, device=q.device)
@@ -342,12 +386,12 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         q, k, v, q.stride(0), q.stride(1), k.stride(0), v.stride(0), cos, sin, cos.stride(0), positions, slots, out,
         k_cache, v_cache, q_weight, k_weight, qk_norm.eps if qk_norm is not None else 0.0, NUM_Q=num_q,
         NUM_KV=num_kv, D=d, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d, HAS_NORM=qk_norm is not None,
-        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred,
+        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred, **_row_norm_args(row_norm, q),
         num_warps=max(1, min(8, block_h * block_d // 1024)), **pdl_launch(q))
     return out
 
 
-def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, row_norm: Optional[RowNorm] = None) -> torch.Tensor:
     """x `[N, H*D]` (rows contiguous) times sigmoid(gate) `[N, H, D]` (any token and head stride)."""
     n, num_heads, d = gate.shape
     out = torch.empty_like(x)
@@ -356,11 +400,12 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if x.stride(1) != 1 or gate.stride(2) != 1:
         raise ValueError("sigmoid_gate: x and gate must have contiguous columns")
     _sigmoid_gate_kernel[(n, num_heads)](x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), D=d,
-                                         BLOCK_D=triton.next_power_of_2(d), num_warps=1, **pdl_launch(x))
+                                         BLOCK_D=triton.next_power_of_2(d), **_row_norm_args(row_norm, x),
+                                         num_warps=1, **pdl_launch(x))
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, row_norm: Optional[RowNorm] = None) -> torch.Tensor:
     n, double = gate_up.shape
     width = double // 2
     out = torch.empty((n, width), dtype=gate_up.dtype, device=gate_up.device)
@@ -368,7 +413,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = min(2048, triton.next_power_of_2(width))
     _silu_mul_kernel[(n, triton.cdiv(width, block))](gate_up, out, gate_up.stride(0), out.stride(0), width,
-                                                      BLOCK=block, num_warps=4, **pdl_launch(gate_up))
+                                                      BLOCK=block, **_row_norm_args(row_norm, gate_up), num_warps=4,
+                                                      **pdl_launch(gate_up))
     return out
 
 

@@ -67,6 +67,17 @@ class Product:
             return torch.mm(x, self.weight)
         return torch.addmm(self.bias, x, self.weight)
 
+    def accumulate(self, into: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`into += x @ W^T` in place and returns `into` `[N, out]`: the residual add in cuBLAS's
+        epilogue (beta = 1) rather than a kernel of its own (`norm_folding.py`)."""
+        few_rows = self.few_rows_for(x.shape[0])
+        if few_rows is not None:  # its kernel adds the bias
+            return into.add_(few_rows(x))
+        into.addmm_(x, self.weight if self.is_transposed else self.weight.t())
+        if self.bias is not None:
+            into.add_(self.bias)
+        return into
+
     def few_rows_for(self, rows: int) -> Optional[FewRows]:
         """`few_rows` when it runs a step of `rows` rows (its kernel also takes `gated` input), else None."""
         few_rows = self.few_rows

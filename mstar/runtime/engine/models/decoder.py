@@ -137,6 +137,8 @@ class FlowHead(nn.Module):
 
 
 class Decoder(nn.Module):
+    is_sharded = False  # a tensor-parallel rank's shard (`tp/sharded.py`) sums partial outputs across ranks
+
     def __init__(self, dims: DecoderDims):
         super().__init__()
         self.dims = dims

@@ -26,6 +26,8 @@ from mstar.runtime.engine.tp.layout import ShardLayout
 
 
 class ShardedDecoder(Decoder):
+    is_sharded = True
+
     def __init__(self, layout: ShardLayout, comm: TpComm):
         super().__init__(layout.local_dims)
         if (comm.rank, comm.size) != (layout.rank, layout.size):
