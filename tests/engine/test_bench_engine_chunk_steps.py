@@ -154,6 +154,7 @@ def test_the_table_says_what_the_prompt_rule_graphs_did():
     assert "prompt rule graphs: 12 captured, 204 replays, 3 calls of fla as it is\n" in table + "\n"
     assert "norms folded" in bench._table(dict(base, folded_norms=True))
     assert "norms folded" not in bench._table(dict(base, folded_norms=False))
+    assert "merged in the kernel" in bench._table(dict(base, decode_merge_in_kernel=True))
     off = bench._table(dict(base, rule_graphs={"captured": 0, "replayed": 0, "off": "turned off (--no-rule-graphs)"}))
     assert "prompt rule graphs: 0 captured, 0 replays (off: turned off (--no-rule-graphs))" in off
 
@@ -161,20 +162,25 @@ def test_the_table_says_what_the_prompt_rule_graphs_did():
 def test_the_what_if_switches_reach_the_modules_they_turn_off(monkeypatch):
     """`--no-rule-graphs`, `--no-pdl`, `--module-layout`, `--no-blas-pdl` set their modules' switches
     before the engine is built, and `--flashinfer-packed` turns the Triton packed keys off; without
-    them every switch is back at its default. `--fold-norms` turns norm folding on (off by default)."""
-    from mstar.runtime.engine.gpu import blas_edges, kernels, norm_folding, packed_graphs, products, rule_graphs
+    them every switch is back at its default. `--fold-norms` and `--decode-merge-in-kernel` turn
+    their what-ifs on (off by default)."""
+    from mstar.runtime.engine.gpu import (blas_edges, decode_attention, kernels, norm_folding, packed_graphs, products,
+                                          rule_graphs)
 
     for module, name in ((rule_graphs, "_why_off"), (kernels, "_pdl_allowed"), (products, "_transposed_allowed"),
-                         (blas_edges, "_enabled"), (packed_graphs, "_triton_packed"), (norm_folding, "_enabled")):
+                         (blas_edges, "_enabled"), (packed_graphs, "_triton_packed"), (norm_folding, "_enabled"),
+                         (decode_attention, "_merges_in_kernel")):
         monkeypatch.setattr(module, name, getattr(module, name))
     parser = bench._parser()
     bench._set_what_ifs(parser.parse_args(["--no-rule-graphs", "--no-pdl", "--module-layout", "--no-blas-pdl",
-                                           "--flashinfer-packed", "--fold-norms"]))
+                                           "--flashinfer-packed", "--fold-norms", "--decode-merge-in-kernel"]))
     assert rule_graphs._why_off and not kernels._pdl_allowed and not products._transposed_allowed
     assert not blas_edges._enabled and not packed_graphs._triton_packed and norm_folding.is_enabled()
+    assert decode_attention._merges_in_kernel
     bench._set_what_ifs(parser.parse_args([]))
     assert rule_graphs._why_off is None and kernels._pdl_allowed and products._transposed_allowed
     assert blas_edges._enabled and packed_graphs._triton_packed and not norm_folding.is_enabled()
+    assert not decode_attention._merges_in_kernel
     assert parser.parse_args(["--decode-graphs-only"]).decode_graphs_only
 
 

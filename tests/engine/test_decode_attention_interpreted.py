@@ -21,7 +21,7 @@ def interpreted():
 def test_decode_attention_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
     process with the variable set."""
-    run_child(__file__, "21 passed")
+    run_child(__file__, "33 passed")
 
 
 def random_rows(seq_lens, page_size, hkv, d, seed, spare_pages=3):
@@ -47,7 +47,10 @@ def random_rows(seq_lens, page_size, hkv, d, seed, spare_pages=3):
     (8, 2, 16, 2, [70, 0, 129]),              # a padding row between two rows: zeros
 ])
 @pytest.mark.parametrize("page_size", [16, 48])  # a tile of 32 positions holds two pages, or part of one
-def test_matches_fp32_attention_over_the_gathered_pages(interpreted, hq, hkv, d, splits, seq_lens, page_size):
+@pytest.mark.parametrize("merge_here", [False, True], ids=["merge kernel", "merged in kernel"])
+def test_matches_fp32_attention_over_the_gathered_pages(interpreted, monkeypatch, hq, hkv, d, splits, seq_lens,
+                                                        page_size, merge_here):
+    monkeypatch.setattr(da, "_merges_in_kernel", merge_here)
     k_pages, v_pages, indptr, indices, last = random_rows(seq_lens, page_size, hkv, d, seed=len(seq_lens) + splits)
     q = torch.randn(len(seq_lens), hq, d).to(torch.bfloat16)
     shape = da.DecodeShape(hq, hkv, d, page_size, num_splits=splits, block_n=32, min_split_tokens=64)
@@ -69,6 +72,42 @@ def test_a_strided_query_view_and_a_given_scratch(interpreted):
     got = interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial)
     torch.testing.assert_close(got.float(), decode_reference(q, k_pages, v_pages, indptr, indices, last),
                                atol=2e-2, rtol=2e-2)
+
+
+@pytest.fixture
+def merging_in_kernel(interpreted, monkeypatch):
+    monkeypatch.setattr(da, "_merges_in_kernel", True)
+    return interpreted
+
+
+def test_one_launch_merges_its_splits_and_leaves_the_counters_zero(merging_in_kernel):
+    """`set_merge_in_kernel(True)`: the last split of a (row, KV head) to count merges the group;
+    given counters stay zero between calls (one set serves every layer and replay of a graph)."""
+    interpreted = merging_in_kernel
+    hq, hkv, d, page_size = 8, 2, 16, 16
+    seq_lens = [300, 0, 45, 530]
+    k_pages, v_pages, indptr, indices, last = random_rows(seq_lens, page_size, hkv, d, seed=11)
+    q = torch.randn(len(seq_lens), hq, d).to(torch.bfloat16)
+    shape = da.DecodeShape(hq, hkv, d, page_size, num_splits=4, block_n=32, min_split_tokens=64)
+    counts = torch.zeros(len(seq_lens) * hkv, dtype=torch.int32)
+    expected = decode_reference(q, k_pages, v_pages, indptr, indices, last)
+    for _ in range(2):
+        got = interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, counts=counts)
+        # tight: an average over hundreds of positions is small, and a merge of missing splits is
+        # off by about 1e-2 (bf16's rounding of the output: a few 1e-3)
+        torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=1e-2)
+        assert not counts.any()
+    assert torch.equal(got[1], torch.zeros_like(got[1])), "a padding row gets zeros"
+
+
+def test_counters_of_the_wrong_kind_are_refused(merging_in_kernel):
+    interpreted = merging_in_kernel
+    shape = da.DecodeShape(8, 2, 16, 16, num_splits=2, block_n=32, min_split_tokens=64)
+    k_pages, v_pages, indptr, indices, last = random_rows([40, 70], 16, 2, 16, seed=12)
+    q = torch.randn(2, 8, 16).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="int32 zeros of at least 4"):
+        interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last,
+                                     counts=torch.zeros(3, dtype=torch.int32))
 
 
 def test_the_split_count_fills_the_device_in_powers_of_two():

@@ -162,7 +162,8 @@ def test_the_modules_compute_the_same_function_and_folding_twice_changes_nothing
 
 
 def test_folding_is_refused_where_it_would_change_the_model(interpreted):
-    """Not with torch's ops (no kernel takes the scale), not on a tensor-parallel shard, not into a product with a bias."""
+    """Not with torch's ops (no kernel takes the scale), not on a tensor-parallel shard, not into a
+    product with a bias."""
     dims = decoder_dims(llm_plan().nodes[0], "spec")
     forward, _, _ = _forward(dims, is_hybrid=False, is_fused=False)
     assert not forward.fold_norms() and not forward.folds_norms

@@ -58,11 +58,15 @@ def test_graph_shapes_match_fp32_and_flashinfer(heads, rows):
     torch.testing.assert_close(got, _flashinfer(q, pages, indptr, indices, last).float(), atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("merge_here", [False, True], ids=["merge kernel", "merged in kernel"])
 @pytest.mark.parametrize("splits", [1, 8])
-def test_a_captured_graph_follows_its_index_arrays(splits):
+def test_a_captured_graph_follows_its_index_arrays(splits, merge_here, monkeypatch):
     """A graph captured over fixed index buffers (as a decode graph's `staged` views) replays the
-    rows written into them later, a padding row (no pages) giving zeros."""
+    rows written into them later, a padding row (no pages) giving zeros; 20 more replays give the
+    same bits (merged in the kernel: the last split to count merges and sets its counter back)."""
     from mstar.runtime.engine.gpu import decode_attention as da
+
+    monkeypatch.setattr(da, "_merges_in_kernel", merge_here)
 
     hq, hkv, d, rows = 32, 8, 64, 4
     first, later = [40, 1, 700, 2000], [1500, 0, 17, 333]
@@ -73,7 +77,9 @@ def test_a_captured_graph_follows_its_index_arrays(splits):
     q = torch.randn(rows, hq, d, device="cuda", dtype=torch.bfloat16)
     shape = da.DecodeShape(hq, hkv, d, PAGE, num_splits=splits, block_n=128, min_split_tokens=128)
     partial = torch.empty(da.partial_numel(shape, rows), dtype=torch.float32, device="cuda")
-    run = lambda: da.decode_attention(shape, q, pages[0], pages[1], indptr, indices_buffer, last, partial)  # noqa: E731
+    counts = torch.zeros(rows * hkv, dtype=torch.int32, device="cuda")
+    run = lambda: da.decode_attention(shape, q, pages[0], pages[1], indptr, indices_buffer, last, partial,  # noqa: E731
+                                      counts=counts)
     run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -88,6 +94,11 @@ def test_a_captured_graph_follows_its_index_arrays(splits):
     graph.replay()
     expected = decode_reference(q, pages[0], pages[1], late_indptr, late_indices, late_last)
     torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    first_bits = out.clone()
+    for _ in range(20):  # the last split of each (row, head) merges and sets its counter back
+        graph.replay()
+        assert torch.equal(out, first_bits)
+    assert not counts.any()
     assert float(out[1].abs().max()) == 0.0  # the padding row
 
 

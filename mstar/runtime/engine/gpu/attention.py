@@ -302,7 +302,7 @@ class TritonDecode:
     """A graph's decode attention on `decode_attention.py`'s kernel: its shape (splits for this
     many rows on this device), the graph's index arrays (device views at fixed addresses: a decode
     graph's `staged` buffer, or the split route's derived arrays in a whole packed graph) and the
-    split scratch, allocated once so the graph's replays reuse them."""
+    split scratch and counters, allocated once so the graph's replays reuse them."""
 
     def __init__(self, heads: tuple[int, int, int], page_size: int, batch: int, kv_indptr: torch.Tensor,
                  kv_indices: torch.Tensor, last_page_len: torch.Tensor, sm_count: Optional[int] = None):
@@ -312,11 +312,13 @@ class TritonDecode:
         self.kv_indptr, self.kv_indices, self.last_page_len = kv_indptr, kv_indices, last_page_len
         self.partial = torch.empty(decode_attention.partial_numel(self.shape, batch), dtype=torch.float32,
                                    device=device)
+        # the splits' arrival counters, which the kernel leaves at zero for the next layer and replay
+        self.counts = torch.zeros(batch * self.shape.num_kv_heads, dtype=torch.int32, device=device)
 
     def __call__(self, _layer: int, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return decode_attention.decode_attention(self.shape, q, k_pages, v_pages, self.kv_indptr, self.kv_indices,
-                                                 self.last_page_len, self.partial, out)
+                                                 self.last_page_len, self.partial, out, self.counts)
 
 
 def decode_takes_tensor_cores(num_qo_heads: int, num_kv_heads: int, batch: int, forced: Optional[bool] = None) -> bool:

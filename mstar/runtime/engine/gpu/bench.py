@@ -35,6 +35,7 @@ import torch
 from mstar.arg_types import NON_NEGATIVE, POSITIVE
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
+from mstar.runtime.engine.gpu import decode_attention
 from mstar.runtime.engine.gpu.attention import DECODE_KERNELS
 from mstar.runtime.engine.gpu.executor import StepExecutor
 
@@ -348,6 +349,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
         out["decode"][name]["chain_ms"] = round(_chain_ms(executor, rows, kv.page_size, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
     out["folded_norms"] = executor.forward.folds_norms  # `--fold-norms`, where the decoder allows it
+    out["decode_merge_in_kernel"] = decode_attention._merges_in_kernel  # `--decode-merge-in-kernel`
     _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
     _chunk_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
     _prefix_tail_step(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
@@ -561,6 +563,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="fold each layer's norms into the products after them and the residual adds into o "
                              "and down: two kernels fewer a layer (a what-if; docs/engine.md, \"Norms folded into "
                              "the products\")")
+    parser.add_argument("--decode-merge-in-kernel", action="store_true",
+                        help="merge the Triton decode attention's splits in its last program, not a merge kernel "
+                             "a layer (a what-if; docs/engine.md, \"Decode attention in Triton\")")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -569,8 +574,8 @@ def _parser() -> argparse.ArgumentParser:
 def _set_what_ifs(args: argparse.Namespace):
     """The what-if switches, set before the engine is built; returns `blas_edges` (its count of
     edges made programmatic is read after the run)."""
-    from mstar.runtime.engine.gpu import (blas_edges, kernels, norm_folding, packed_graphs, products, rule_graphs,
-                                          skinny_products)
+    from mstar.runtime.engine.gpu import (blas_edges, decode_attention, kernels, norm_folding, packed_graphs, products,
+                                          rule_graphs, skinny_products)
 
     kernels.set_pdl(not args.no_pdl)
     packed_graphs.set_triton_packed(not args.flashinfer_packed)
@@ -579,6 +584,7 @@ def _set_what_ifs(args: argparse.Namespace):
     rule_graphs.set_enabled(not args.no_rule_graphs)
     skinny_products.set_enabled(args.skinny_products)
     norm_folding.set_enabled(args.fold_norms)
+    decode_attention.set_merge_in_kernel(args.decode_merge_in_kernel)
     return blas_edges
 
 
@@ -712,7 +718,8 @@ def _table(result: dict) -> str:
     lines = [f"{result['device']}: copy {result['copy_bandwidth_tb_s']} TB/s, bf16 matmul "
              f"{result['matmul_tflop_s']} TFLOP/s",
              f"packed by {result.get('packer', 'numpy')}"
-             + ("; norms folded into the products (--fold-norms)" if result.get("folded_norms") else ""),
+             + ("; norms folded into the products (--fold-norms)" if result.get("folded_norms") else "")
+             + ("; decode attention's splits merged in the kernel" if result.get("decode_merge_in_kernel") else ""),
              f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'numpy ms':>10}{'ratio':>7}{'HF compiled':>13}"
              f"{'chained ms':>12}{'x floor':>9}"]
     cases = [(f"decode {k}", v) for k, v in result["decode"].items()]

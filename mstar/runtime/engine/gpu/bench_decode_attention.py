@@ -125,10 +125,12 @@ def _flashinfer_us(q: torch.Tensor, cache: torch.Tensor, csr: tuple, outs: dict,
 def _triton_us(shape: decode_attention.DecodeShape, q: torch.Tensor, cache: torch.Tensor,
                csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor], outs: dict, iters: int) -> float:
     partial = torch.empty(decode_attention.partial_numel(shape, q.shape[0]), dtype=torch.float32, device=q.device)
+    counts = torch.zeros(q.shape[0] * shape.num_kv_heads, dtype=torch.int32, device=q.device)
     indptr, indices, last = csr
 
     def triton(k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
-        return decode_attention.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial)
+        return decode_attention.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial,
+                                                 counts=counts)
 
     return graph_us(_layer_calls(triton, cache, outs, "triton"), iters)
 

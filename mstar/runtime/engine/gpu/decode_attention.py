@@ -13,7 +13,13 @@ the tensor-core product), walks its share of the row's tokens in tiles of `block
 (each position's page looked up in the row's page list), and keeps an online softmax in fp32. A row's
 tokens are cut into `num_splits` equal shares of at least `min_split_tokens`, so a short row uses
 fewer programs; with more than one split, the programs write fp32 partial outputs and their
-log-sum-exp, and a second kernel merges them per query head. The number of splits is fixed per
+log-sum-exp, and a second kernel merges them per query head. With `set_merge_in_kernel(True)`
+(`mstar bench engine --decode-merge-in-kernel`, a what-if: not yet run on a GPU) each program
+counts itself in its (row, KV head)'s counter after storing, and the program that counts last
+merges the group's query heads over the splits (in split order: the result does not depend on
+who came last), writes the output and sets the counter back to zero: one launch a layer, where the
+merge kernel is a second launch in every layer of a graph of at most 32 rows (each launch costs a
+few microseconds there whatever its work). The number of splits is fixed per
 batch size (a CUDA graph cannot change its grid), chosen so that rows x KV heads x splits fills the
 GPU: `splits_for(rows, kv_heads, sm_count)`; from `2 x SMs` programs without splitting, none.
 
@@ -43,6 +49,16 @@ MIN_QUERY_ROWS = MAX_GROUP  # tl.dot's smallest M: a KV head's query group is pa
 # Triton's interpreter multiplies bf16 operands of tl.dot as their raw 16-bit patterns, so under it
 # (the CPU tests) the products take fp32 operands; on a GPU they stay bf16 (tensor cores).
 DOT_FP32 = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+_merges_in_kernel = False  # until measured on a GPU (module docstring)
+
+
+def set_merge_in_kernel(enabled: bool) -> None:
+    """Merge a split shape's partial outputs in the attention kernel's last program (module
+    docstring), or in a merge kernel of their own (the default); graphs captured afterwards follow it."""
+    global _merges_in_kernel
+    _merges_in_kernel = enabled
 
 
 @dataclass(frozen=True)
@@ -86,10 +102,13 @@ def supports(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> bool:
 
 def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, last_page_len: torch.Tensor,
-                     partial: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                     partial: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                     counts: torch.Tensor | None = None) -> torch.Tensor:
     """The attention of `q`'s rows (module docstring). partial: fp32 scratch of at least
     `partial_numel(shape, rows)` elements for a split shape (allocated here when not given).
-    out: a contiguous `[rows, Hq, D]` tensor to write (a new one when not given)."""
+    out: a contiguous `[rows, Hq, D]` tensor to write (a new one when not given). counts: a split
+    shape's arrival counters, int32 zeros of at least rows x KV heads entries, left zero (new zeros
+    when not given)."""
     rows = q.shape[0]
     hq, hkv, d = shape.num_qo_heads, shape.num_kv_heads, shape.head_dim
     group = hq // hkv
@@ -104,18 +123,30 @@ def decode_attention(shape: DecodeShape, q: torch.Tensor, k_pages: torch.Tensor,
     is_split = shape.num_splits > 1
     if is_split and partial is None:
         partial = torch.empty(partial_numel(shape, rows), dtype=torch.float32, device=q.device)
-    target = partial if is_split else out
+    merges_here = is_split and _merges_in_kernel
+    if merges_here:
+        counts = _checked_counts(counts, rows * hkv, q.device)
     _decode_split_kernel[(rows, hkv, shape.num_splits)](
-        q, k_pages, v_pages, kv_indptr, kv_indices, last_page_len, target, scale,
+        q, k_pages, v_pages, kv_indptr, kv_indices, last_page_len, partial if is_split else out, out,
+        counts if merges_here else out, scale,
         q.stride(0), q.stride(1), k_pages.stride(1), k_pages.stride(2), k_pages.stride(0),
         GROUP=group, GROUP_PAD=max(MIN_QUERY_ROWS, triton.next_power_of_2(group)), HEAD_DIM=d,
         PAGE=shape.page_size, BLOCK_N=shape.block_n, NUM_SPLITS=shape.num_splits,
-        MIN_SPLIT=shape.min_split_tokens, HQ=hq, IS_SPLIT=is_split, DOT_FP32=DOT_FP32,
+        MIN_SPLIT=shape.min_split_tokens, HQ=hq, IS_SPLIT=is_split, MERGE_HERE=merges_here, DOT_FP32=DOT_FP32,
         num_warps=shape.num_warps, num_stages=shape.num_stages, **pdl_launch(q))
-    if is_split:
+    if is_split and not merges_here:
         _merge_kernel[(rows, hq)](partial, out, out.stride(0), out.stride(1), HQ=hq, HEAD_DIM=d,
                                   NUM_SPLITS=shape.num_splits, num_warps=4, **pdl_launch(q))
     return out
+
+
+def _checked_counts(counts: torch.Tensor | None, needed: int, device: torch.device) -> torch.Tensor:
+    """The caller's arrival counters (int32 zeros of at least `needed` entries), or new zeros."""
+    if counts is None:
+        return torch.zeros(needed, dtype=torch.int32, device=device)
+    if counts.dtype != torch.int32 or counts.numel() < needed:
+        raise ValueError(f"decode_attention: counts must be int32 zeros of at least {needed} entries")
+    return counts
 
 
 def partial_numel(shape: DecodeShape, rows: int) -> int:
@@ -174,12 +205,12 @@ if triton is not None:
         return acc, mx, denom
 
     @triton.jit
-    def _decode_split_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, out_ptr, scale,
-                             stride_qr, stride_qh, stride_kt, stride_kh, stride_kp,
+    def _decode_split_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr, part_ptr, out_ptr, count_ptr,
+                             scale, stride_qr, stride_qh, stride_kt, stride_kh, stride_kp,
                              GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
                              MIN_SPLIT: tl.constexpr, HQ: tl.constexpr, IS_SPLIT: tl.constexpr,
-                             DOT_FP32: tl.constexpr, PDL: tl.constexpr):
+                             MERGE_HERE: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -202,26 +233,57 @@ if triton is not None:
                                        stride_kt, stride_kh, stride_kp, GROUP_PAD, HEAD_DIM, PAGE, BLOCK_N, DOT_FP32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
-        _store_output(out_ptr, acc, m, denom, row, heads, is_query, split, HQ, HEAD_DIM, NUM_SPLITS, IS_SPLIT)
-
-    @triton.jit
-    def _store_output(out_ptr, acc, m, denom, row, heads, is_query, split, HQ: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, IS_SPLIT: tl.constexpr):
-        """A split's partial output and log-sum-exp (base 2), or a whole row's output; a share
-        without positions (a padding row, or a split past a short row's end) stores zeros."""
-        d = tl.arange(0, HEAD_DIM)
-        is_empty = denom == 0.0
+        is_empty = denom == 0.0  # a share without positions (a padding row, a split past a short row's end)
         o = acc / tl.where(is_empty, 1.0, denom)[:, None]
         if IS_SPLIT:
-            # partial outputs [row, head, split, D], then the log-sum-exp [row, head, split]
-            slot = (row * HQ + heads) * NUM_SPLITS + split
-            tl.store(out_ptr + slot[:, None].to(tl.int64) * HEAD_DIM + d[None, :], o, mask=is_query[:, None])
             lse = tl.where(is_empty, float("-inf"), m + tl.log2(tl.where(is_empty, 1.0, denom)))
-            lse_base = tl.num_programs(0) * HQ * NUM_SPLITS * HEAD_DIM
-            tl.store(out_ptr + lse_base + slot, lse, mask=is_query)
+            _store_split(part_ptr, out_ptr, count_ptr, o, lse, row, kv_head, heads, is_query, split, HQ, HEAD_DIM,
+                         NUM_SPLITS, MERGE_HERE)
         else:
             tl.store(out_ptr + row.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
+
+    @triton.jit
+    def _store_split(part_ptr, out_ptr, count_ptr, o, lse, row, kv_head, heads, is_query, split, HQ: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, MERGE_HERE: tl.constexpr):
+        """A split's partial output and log-sum-exp (base 2) into the scratch (outputs [row, head,
+        split, D], then the log-sum-exp [row, head, split]); with MERGE_HERE the last split of the
+        (row, KV head) to count merges its group (module docstring)."""
+        d = tl.arange(0, HEAD_DIM)
+        first = (row * HQ + heads) * NUM_SPLITS  # each query head's split 0
+        lse_base = tl.num_programs(0) * HQ * NUM_SPLITS * HEAD_DIM
+        tl.store(part_ptr + (first + split)[:, None].to(tl.int64) * HEAD_DIM + d[None, :], o, mask=is_query[:, None])
+        tl.store(part_ptr + lse_base + first + split, lse, mask=is_query)
+        if MERGE_HERE:
+            _merge_if_last(part_ptr, out_ptr, count_ptr, o, row, kv_head, heads, is_query, first, lse_base, HQ,
+                           HEAD_DIM, NUM_SPLITS)
+
+    @triton.jit
+    def _merge_if_last(part_ptr, out_ptr, count_ptr, o, row, kv_head, heads, is_query, first, lse_base,
+                       HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+        """Counts this split in; the last of its (row, KV head) merges the group's heads over the
+        splits and sets the counter back to zero."""
+        d = tl.arange(0, HEAD_DIM)
+        # every thread's share is stored before the one atomic releases it (skinny_products' pattern)
+        tl.debug_barrier()
+        counter = count_ptr + row * tl.num_programs(1) + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+            s = tl.arange(0, NUM_SPLITS)
+            lses = tl.load(part_ptr + lse_base + first[:, None] + s[None, :], mask=is_query[:, None],
+                           other=float("-inf"), cache_modifier=".cg")
+            top = tl.max(lses, 1)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            weights = tl.where(lses == float("-inf"), 0.0, tl.exp2(lses - top[:, None]))
+            total = tl.sum(weights, 1)
+            merged = o * 0.0
+            for other in range(0, NUM_SPLITS):  # in split order
+                part = tl.load(part_ptr + (first + other)[:, None].to(tl.int64) * HEAD_DIM + d[None, :],
+                               mask=is_query[:, None], other=0.0, cache_modifier=".cg")
+                merged += part * tl.sum(tl.where(s[None, :] == other, weights, 0.0), 1)[:, None]
+            merged = merged / tl.where(total == 0.0, 1.0, total)[:, None]  # a padding row: zeros
+            tl.store(out_ptr + row.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :],
+                     merged.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
+            tl.atomic_xchg(counter, 0)
 
     @triton.jit
     def _merge_kernel(partial_ptr, out_ptr, stride_or, stride_oh, HQ: tl.constexpr, HEAD_DIM: tl.constexpr,
