@@ -537,6 +537,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="torch engine on a GPU: run the whole packed graphs' one-call (packed) keys on "
                              "FlashInfer's graph-mode prefill, not the Triton prefill kernel (a what-if; "
                              "docs/engine.md, \"Whole packed keys on the Triton prefill kernel\")")
+    parser.add_argument("--fold-norms", action="store_true",
+                        help="torch engine on a GPU: fold each layer's norms into the products after them (a "
+                             "what-if; docs/engine.md, \"Norms folded into the products\")")
+    parser.add_argument("--decode-merge-in-kernel", action="store_true",
+                        help="torch engine on a GPU: merge the Triton decode attention's splits in its last "
+                             "program (a what-if; docs/engine.md, \"Decode attention in Triton\")")
     parser.add_argument("--prefix-requests", type=int_range(2, 4096), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=int_range(1, 1 << 20), default=1024)
@@ -557,19 +563,28 @@ def _blas_edges_enabled() -> bool:
 
 
 def _set_graph_switches(parser: argparse.ArgumentParser, args: argparse.Namespace, is_gpu_path: bool) -> None:
-    """`--no-blas-pdl` and `--flashinfer-packed` set their modules' switches before any graph is
-    captured; off the GPU fast path they are refused."""
-    for flag, is_set in (("--no-blas-pdl", args.no_blas_pdl), ("--flashinfer-packed", args.flashinfer_packed)):
+    """The GPU fast path's what-if switches (`--no-blas-pdl`, `--flashinfer-packed`, `--fold-norms`,
+    `--decode-merge-in-kernel`) set their modules before any graph is captured; off the GPU fast
+    path they are refused."""
+    from mstar.runtime.engine.gpu import blas_edges, decode_attention, norm_folding
+
+    switches = [("--no-blas-pdl", args.no_blas_pdl, lambda: blas_edges.set_enabled(False)),
+                ("--flashinfer-packed", args.flashinfer_packed, _triton_packed_off),
+                ("--fold-norms", args.fold_norms, lambda: norm_folding.set_enabled(True)),
+                ("--decode-merge-in-kernel", args.decode_merge_in_kernel,
+                 lambda: decode_attention.set_merge_in_kernel(True))]
+    for flag, is_set, _ in switches:
         if is_set and not is_gpu_path:
             parser.error(f"{flag} is about the GPU fast path's graphs: use it with --engine torch --device cuda")
-    if args.no_blas_pdl:
-        from mstar.runtime.engine.gpu import blas_edges
+    for _, is_set, turn in switches:
+        if is_set:
+            turn()
 
-        blas_edges.set_enabled(False)
-    if args.flashinfer_packed:
-        from mstar.runtime.engine.gpu import packed_graphs
 
-        packed_graphs.set_triton_packed(False)
+def _triton_packed_off() -> None:
+    from mstar.runtime.engine.gpu import packed_graphs
+
+    packed_graphs.set_triton_packed(False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -595,6 +610,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "can_run_ahead": not args.no_run_ahead, "is_gc_deferred": not args.automatic_gc,
                                "is_blas_pdl": is_gpu_path and _blas_edges_enabled(),
                                "is_triton_packed": is_gpu_path and not args.flashinfer_packed,
+                               "is_norms_folded": args.fold_norms,
+                               "is_decode_merge_in_kernel": args.decode_merge_in_kernel,
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len,
