@@ -55,6 +55,7 @@ import numpy as np
 from mstar.arg_types import int_range
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.gpu import graph_what_ifs
 from mstar.runtime.serve.bench_errors import BenchError, check_every_request_ran
 from mstar.runtime.serve.collector import refreeze
 from mstar.runtime.serve.driver import Driver, Workload
@@ -530,19 +531,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--automatic-gc", action="store_true",
                         help="Python's collector passes where they fall, not where the run loop waits for the "
                              "device (a what-if beside the default)")
-    parser.add_argument("--no-blas-pdl", action="store_true",
-                        help="torch engine on a GPU: keep the graphs' edges into cuBLAS's sm_90 products ordinary, "
-                             "not programmatic (a what-if; docs/engine.md, \"Programmatic edges into cuBLAS\")")
-    parser.add_argument("--flashinfer-packed", action="store_true",
-                        help="torch engine on a GPU: run the whole packed graphs' one-call (packed) keys on "
-                             "FlashInfer's graph-mode prefill, not the Triton prefill kernel (a what-if; "
-                             "docs/engine.md, \"Whole packed keys on the Triton prefill kernel\")")
-    parser.add_argument("--fold-norms", action="store_true",
-                        help="torch engine on a GPU: fold each layer's norms into the products after them (a "
-                             "what-if; docs/engine.md, \"Norms folded into the products\")")
-    parser.add_argument("--decode-merge-in-kernel", action="store_true",
-                        help="torch engine on a GPU: merge the Triton decode attention's splits in its last "
-                             "program (a what-if; docs/engine.md, \"Decode attention in Triton\")")
+    graph_what_ifs.add_arguments(parser, scope="torch engine on a GPU: ")
     parser.add_argument("--prefix-requests", type=int_range(2, 4096), default=8,
                         help="at least 2: the figure is about the 2nd request and later")
     parser.add_argument("--prefix-len", type=int_range(1, 1 << 20), default=1024)
@@ -563,28 +552,13 @@ def _blas_edges_enabled() -> bool:
 
 
 def _set_graph_switches(parser: argparse.ArgumentParser, args: argparse.Namespace, is_gpu_path: bool) -> None:
-    """The GPU fast path's what-if switches (`--no-blas-pdl`, `--flashinfer-packed`, `--fold-norms`,
-    `--decode-merge-in-kernel`) set their modules before any graph is captured; off the GPU fast
-    path they are refused."""
-    from mstar.runtime.engine.gpu import blas_edges, decode_attention, norm_folding
-
-    switches = [("--no-blas-pdl", args.no_blas_pdl, lambda: blas_edges.set_enabled(False)),
-                ("--flashinfer-packed", args.flashinfer_packed, _triton_packed_off),
-                ("--fold-norms", args.fold_norms, lambda: norm_folding.set_enabled(True)),
-                ("--decode-merge-in-kernel", args.decode_merge_in_kernel,
-                 lambda: decode_attention.set_merge_in_kernel(True))]
-    for flag, is_set, _ in switches:
-        if is_set and not is_gpu_path:
+    """The GPU fast path's what-ifs (`graph_what_ifs`) set their modules before any graph is
+    captured; off the GPU fast path they are refused."""
+    for flag in graph_what_ifs.given(args):
+        if not is_gpu_path:
             parser.error(f"{flag} is about the GPU fast path's graphs: use it with --engine torch --device cuda")
-    for _, is_set, turn in switches:
-        if is_set:
-            turn()
-
-
-def _triton_packed_off() -> None:
-    from mstar.runtime.engine.gpu import packed_graphs
-
-    packed_graphs.set_triton_packed(False)
+    if is_gpu_path:
+        graph_what_ifs.apply(args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

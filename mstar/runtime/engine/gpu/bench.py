@@ -35,7 +35,7 @@ import torch
 from mstar.arg_types import NON_NEGATIVE, POSITIVE
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
-from mstar.runtime.engine.gpu import decode_attention
+from mstar.runtime.engine.gpu import decode_attention, graph_what_ifs
 from mstar.runtime.engine.gpu.attention import DECODE_KERNELS
 from mstar.runtime.engine.gpu.executor import StepExecutor
 
@@ -544,28 +544,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--module-layout", action="store_true",
                         help="hold the matrix products' weights [out, in] as the modules do, not [in, out] "
                              "(a what-if; docs/engine.md, \"Weights stored for the product\")")
-    parser.add_argument("--no-blas-pdl", action="store_true",
-                        help="keep the graphs' edges into cuBLAS's sm_90 products ordinary, not programmatic (a "
-                             "what-if; docs/engine.md, \"Programmatic edges into cuBLAS\")")
     parser.add_argument("--no-rule-graphs", action="store_true",
                         help="call fla's chunked rule in every gated delta-net layer of a hybrid's eager and "
                              "piecewise steps, not as a CUDA graph a step (a what-if; docs/engine.md)")
     parser.add_argument("--decode-graphs-only", action="store_true",
                         help="capture the decode family alone: the packed families' steps run eagerly (a "
                              "what-if for what their capture costs the decode graphs; docs/engine.md)")
-    parser.add_argument("--flashinfer-packed", action="store_true",
-                        help="run the whole packed graphs' one-call (packed) keys on FlashInfer's graph-mode "
-                             "prefill, not the Triton prefill kernel (a what-if; docs/engine.md)")
     parser.add_argument("--skinny-products", action="store_true",
                         help="run the products of steps of at most 64 rows (the LM head's aside) on the split-K "
                              "Triton kernel, not cuBLAS (a what-if; docs/engine.md)")
-    parser.add_argument("--fold-norms", action="store_true",
-                        help="fold each layer's norms into the products after them and the residual adds into o "
-                             "and down: two kernels fewer a layer (a what-if; docs/engine.md, \"Norms folded into "
-                             "the products\")")
-    parser.add_argument("--decode-merge-in-kernel", action="store_true",
-                        help="merge the Triton decode attention's splits in its last program, not a merge kernel "
-                             "a layer (a what-if; docs/engine.md, \"Decode attention in Triton\")")
+    graph_what_ifs.add_arguments(parser)
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -574,17 +562,13 @@ def _parser() -> argparse.ArgumentParser:
 def _set_what_ifs(args: argparse.Namespace):
     """The what-if switches, set before the engine is built; returns `blas_edges` (its count of
     edges made programmatic is read after the run)."""
-    from mstar.runtime.engine.gpu import (blas_edges, decode_attention, kernels, norm_folding, packed_graphs, products,
-                                          rule_graphs, skinny_products)
+    from mstar.runtime.engine.gpu import blas_edges, kernels, products, rule_graphs, skinny_products
 
     kernels.set_pdl(not args.no_pdl)
-    packed_graphs.set_triton_packed(not args.flashinfer_packed)
     products.set_transposed(not args.module_layout)
-    blas_edges.set_enabled(not args.no_blas_pdl)
     rule_graphs.set_enabled(not args.no_rule_graphs)
     skinny_products.set_enabled(args.skinny_products)
-    norm_folding.set_enabled(args.fold_norms)
-    decode_attention.set_merge_in_kernel(args.decode_merge_in_kernel)
+    graph_what_ifs.apply(args)  # those `mstar bench kv` takes too
     return blas_edges
 
 
