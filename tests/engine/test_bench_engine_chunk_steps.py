@@ -237,3 +237,15 @@ def test_a_chunk_step_on_a_whole_graph_also_times_the_graphs_replay_alone(monkey
     executor.whole_key = lambda *args: None  # the step takes no whole graph
     bench._chunk_steps(out, plan, node, executor, 16, 8, shapes, 4e12, 7e14)
     assert all("replay_ms" not in figures for figures in out["chunk"].values())
+
+
+def test_a_steps_flops_count_the_lm_head_once_a_row():
+    """The forward gathers each row's last token before the LM head: a 1,024-token prompt's floor
+    is its layers' products for every token and the head's for one (before, the head's for every
+    token: Llama-3.2-1B's prefill floor read about a quarter high)."""
+    node = next(n for n in load_plan(PLAN).nodes if n.engine == "kv")
+    shapes = bench.Shapes(decoder_dims(node, "spec"), weight_bytes=1, matmul_params=10, head_params=100)
+    assert shapes.model_flops([(5, 0), (3, 7)]) == 2 * 8 * 10 + 2 * 2 * 100
+    with_head_per_token = bench.Shapes(shapes.dims, weight_bytes=1, matmul_params=110)
+    assert shapes.floor_ms([(1024, 0)], 1e12, 1e12) < with_head_per_token.floor_ms([(1024, 0)], 1e12, 1e12)
+    assert shapes.floor_ms([(1, 9)], 1e12, 1e12) == with_head_per_token.floor_ms([(1, 9)], 1e12, 1e12)

@@ -84,10 +84,17 @@ def ceilings() -> tuple[float, float]:
 
 
 class Shapes:
-    """Bytes and FLOPs of a step of `rows` (new tokens, cached tokens) for these dims."""
+    """Bytes and FLOPs of a step of `rows` (new tokens, cached tokens) for these dims: every token
+    passes through the layers' matrices (`matmul_params`), and each row's last token alone through
+    the LM head (`head_params`: the forward gathers those rows before it)."""
 
-    def __init__(self, dims, weight_bytes: int, matmul_params: int):
+    def __init__(self, dims, weight_bytes: int, matmul_params: int, head_params: int = 0):
         self.dims, self.weight_bytes, self.matmul_params = dims, weight_bytes, matmul_params
+        self.head_params = head_params
+
+    def model_flops(self, rows: list[tuple[int, int]]) -> float:
+        """The matrix products' FLOPs: every new token through the layers, one a row through the head."""
+        return 2 * sum(new for new, _ in rows) * self.matmul_params + 2 * len(rows) * self.head_params
 
     def state_bytes(self) -> int:
         """A row's recurrent state over every gated delta-net layer (fp32 conv window and state)."""
@@ -102,13 +109,12 @@ class Shapes:
         kv_bytes = sum((new + cached) * per_token_kv for new, cached in rows)
         # Each row's recurrent state is read and written back once (the bandwidth counts both).
         state_bytes = 2 * len(rows) * self.state_bytes()
-        num_tokens = sum(new for new, _ in rows)
         attention = sum(4 * d.num_full_layers * d.num_qo_heads * d.head_dim * new * (cached + (new + 1) / 2)
                         for new, cached in rows)
         # The gated delta rule per token and value head: decay, k^T S, the rank-1 update, q^T S.
         state_size = d.num_linear_value_heads * d.linear_key_dim * d.linear_value_dim
-        recurrence = 8 * num_tokens * d.num_linear_layers * state_size
-        flops = 2 * num_tokens * self.matmul_params + attention + recurrence
+        recurrence = 8 * sum(new for new, _ in rows) * d.num_linear_layers * state_size
+        flops = self.model_flops(rows) + attention + recurrence
         return max((self.weight_bytes + kv_bytes + state_bytes) / bandwidth, flops / rate) * 1e3
 
 
@@ -320,8 +326,11 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
         _capture_decode_only(executor, numpy_executor)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
-    matmul_params = sum(p.numel() for name, p in params.items() if p.dim() == 2 and "embed_tokens" not in name)
-    shapes = Shapes(dims, weight_bytes, matmul_params)
+    # the LM head runs on each row's last token only; a tied head is the embedding (listed once, as it)
+    head_params = model.lm_head.weight.numel()
+    matmul_params = sum(p.numel() for name, p in params.items()
+                        if p.dim() == 2 and "embed_tokens" not in name and name != "lm_head.weight")
+    shapes = Shapes(dims, weight_bytes, matmul_params, head_params)
     bandwidth, rate = ceilings()
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -397,7 +406,7 @@ def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, s
         bucket = packed_bucket(plan, node, rows, is_mixed)
         before = executor.num_piecewise_steps, executor.num_whole_packed_steps
         ms = _engine_step_ms(executor, rows, page_size, max(iters // 4, 3), bucket)
-        flops = 2 * sum(n for n, _ in rows) * shapes.matmul_params
+        flops = shapes.model_flops(rows)
         graphs = ("piecewise" if executor.num_piecewise_steps > before[0]
                   else "whole" if executor.num_whole_packed_steps > before[1] else "eager")
         out[key] = {"ms": round(ms, 3), "floor_ms": round(shapes.floor_ms(rows, bandwidth, rate), 3),
