@@ -69,6 +69,16 @@ def _copy_ms() -> float:
     return _median_ms(lambda: dst.copy_(src), 20)
 
 
+def _shapes(dims, model) -> "Shapes":
+    """The step shapes of the bench's model: its weights' bytes (the embedding aside: a step reads
+    its rows alone) and its products' parameters, the LM head apart (each row's last token only)."""
+    params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
+    weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
+    matmul_params = sum(p.numel() for name, p in params.items()
+                        if p.dim() == 2 and "embed_tokens" not in name and name != "lm_head.weight")
+    return Shapes(dims, weight_bytes, matmul_params, model.lm_head.weight.numel())
+
+
 def copy_bandwidth() -> float:
     """The device-to-device copy bandwidth in bytes/s (read + write counted), measured now."""
     return 2 * (1 << 30) / (_copy_ms() / 1e3)
@@ -324,13 +334,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
         numpy_executor = build(plan, node, decode_kernel, None, (dims, model, kv))[4]
     if not is_packed_captured:
         _capture_decode_only(executor, numpy_executor)
-    params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
-    weight_bytes = sum(p.numel() * p.element_size() for name, p in params.items() if "embed_tokens" not in name)
-    # the LM head runs on each row's last token only; a tied head is the embedding (listed once, as it)
-    head_params = model.lm_head.weight.numel()
-    matmul_params = sum(p.numel() for name, p in params.items()
-                        if p.dim() == 2 and "embed_tokens" not in name and name != "lm_head.weight")
-    shapes = Shapes(dims, weight_bytes, matmul_params, head_params)
+    shapes = _shapes(dims, model)
     bandwidth, rate = ceilings()
     torch.cuda.synchronize()
     start = time.perf_counter()
