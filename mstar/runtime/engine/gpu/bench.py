@@ -362,7 +362,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
         out["decode"][name]["chain_ms"] = round(_chain_ms(executor, rows, kv.page_size, iters), 3)
     out["decode_graph_steps"] = executor.num_graph_steps
     out["folded_norms"] = executor.forward.folds_norms  # `--fold-norms`, where the decoder allows it
-    out["decode_merge_in_kernel"] = decode_attention._merges_in_kernel  # `--decode-merge-in-kernel`
+    out["decode_merge_in_kernel"] = decode_attention.merges_in_kernel()  # `--decode-merge-in-kernel`
     _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
     _chunk_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
     _prefix_tail_step(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)

@@ -61,6 +61,10 @@ def set_merge_in_kernel(enabled: bool) -> None:
     _merges_in_kernel = enabled
 
 
+def merges_in_kernel() -> bool:
+    return _merges_in_kernel
+
+
 @dataclass(frozen=True)
 class DecodeShape:
     """A decode graph's attention: heads, head dim, page size, rows (fixed by the graph) and
