@@ -9,6 +9,7 @@ pytest.importorskip("triton")
 from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
 
 from engine_plans import hybrid_plan, llm_plan  # noqa: E402
+from gdn_layer import small_gdn_layer  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu import kernels  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
@@ -181,26 +182,6 @@ def test_causal_conv_and_conv_store_match_the_torch_gather(interpreted, is_in_pl
     assert torch.equal(conv_state, expected_state)
 
 
-def _gdn_layer(dtype: torch.dtype, num_value_heads: int = 4, value_dim: int = 32, key_dim: int = 16):
-    """A small random gated delta-net layer (2 q/k heads, grouped value heads) and its states on 6
-    slots, in `dtype` with the decay parameters in fp32 (as `device_model` builds them)."""
-    from mstar.runtime.engine.models.gdn import GatedDeltaNet
-
-    torch.manual_seed(0)
-    layer = GatedDeltaNet(hidden=48, num_heads=2, key_dim=key_dim, value_dim=value_dim, conv_kernel=4, eps=1e-6,
-                          num_value_heads=num_value_heads)
-    with torch.no_grad():
-        for param in layer.parameters():
-            param.normal_(0, 0.5 if param.dim() < 2 else param[0].numel() ** -0.5)
-    layer.to(dtype)
-    layer.A_log.data, layer.dt_bias.data = layer.A_log.data.float(), layer.dt_bias.data.float() * 3
-    states = LinearStates.zeros(1, 6, layer.conv_dim, layer.conv_kernel, layer.num_value_heads, layer.key_dim,
-                                layer.value_dim)
-    states.conv[0].normal_(0, 0.5)
-    states.ssm[0].normal_(0, 0.1)
-    return layer, states
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_v, value_dim, key_dim", [(0, 32, 16), (16, 32, 16), (8, 32, 16), (8, 24, 16),
                                                      (16, 24, 12)],
@@ -220,7 +201,7 @@ def test_decode_step_kernel_matches_the_torch_layer(interpreted, dtype, block_v,
     from mstar.runtime.engine.gpu import gdn_kernels
     from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep
 
-    layer, states = _gdn_layer(dtype, num_value_heads, value_dim, key_dim)
+    layer, states = small_gdn_layer(dtype, num_value_heads, value_dim, key_dim)
     before = LinearStates([t.clone() for t in states.conv], [t.clone() for t in states.ssm])
     original = [states.conv[0].clone(), states.ssm[0].clone()]
     slots = torch.tensor([3, 1, 0, 0])
@@ -295,7 +276,7 @@ def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     from mstar.runtime.engine.gpu import gdn_kernels
     from mstar.runtime.engine.gpu.gdn_forward import GdnForward, LinearStep
 
-    layer, states = _gdn_layer(torch.bfloat16)
+    layer, states = small_gdn_layer(torch.bfloat16)
     forward = GdnForward([layer], states)
     forward.is_fused = True
     step = LinearStep.of(torch.tensor([3, 1, 0, 0]), states)
@@ -329,7 +310,7 @@ def test_eager_step_launches_of_a_layer(interpreted, cu, expected, again):
     from mstar.runtime.engine.gpu import gdn_kernels
     from mstar.runtime.engine.gpu.gdn_forward import GdnForward, linear_layout
 
-    layer, states = _gdn_layer(torch.bfloat16)
+    layer, states = small_gdn_layer(torch.bfloat16)
     forward = GdnForward([layer], states)
     forward.is_fused = True
     forward.kernels = lambda q, k, v, g, beta, initial_state, **kwargs: (torch.empty(v.shape, dtype=v.dtype),
@@ -382,7 +363,7 @@ def test_decode_step_kernel_writes_the_other_copy(interpreted):
     kernel leaves in the slot; the rows' bits flip (`gdn_kernels.step_slots`, the kernel too)."""
     from mstar.runtime.engine.gpu import gdn_kernels
 
-    layer, one = _gdn_layer(torch.bfloat16)
+    layer, one = small_gdn_layer(torch.bfloat16)
     two = LinearStates.zeros(1, 6, layer.conv_dim, layer.conv_kernel, layer.num_value_heads, layer.key_dim,
                              layer.value_dim, versions=2)
     assert two.version is not None

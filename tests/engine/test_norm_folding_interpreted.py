@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
 
 from engine_plans import hybrid_plan, llm_plan  # noqa: E402
+from gdn_layer import small_gdn_layer  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu import kernels, norm_folding  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
@@ -29,7 +30,7 @@ def interpreted():
 
 @parent_only
 def test_norm_folding_under_the_interpreter():
-    run_child(__file__, "10 passed")
+    run_child(__file__, "14 passed")
 
 
 def _row_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -173,3 +174,61 @@ def test_folding_is_refused_where_it_would_change_the_model(interpreted):
     assert norm_folding.applies(forward.model, [Product(weight, None, is_transposed=True)])
     forward.model.is_sharded = True
     assert not norm_folding.applies(forward.model, [Product(weight, None, is_transposed=True)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gated_delta_net_decode_step_scales_all_in_proj_gave_by_the_rows_norm(interpreted, dtype):
+    """The decode kernel with a row norm (the norm before in_proj folded) is the kernel on the
+    in-projection's output scaled beforehand: [q|k|v] (the conv, and the window it stores), z, b
+    and a; outputs and the slots' conv windows and states equal."""
+    from mstar.runtime.engine.gpu import gdn_kernels
+
+    layer, states = small_gdn_layer(dtype)
+    copies = [LinearStates([t.clone() for t in states.conv], [t.clone() for t in states.ssm]) for _ in range(2)]
+    generator = torch.Generator().manual_seed(6)
+    proj = torch.randn(3, layer.conv_dim + layer.num_value_heads * (layer.value_dim + 2), generator=generator)
+    proj, x = proj.to(dtype), (3 * torch.randn(3, 48, generator=generator)).to(dtype)
+    scaled = (proj.float() * _row_scale(x, 1e-6)).to(dtype)
+    slots = torch.tensor([3, 1, 4])
+    weights = (layer.conv1d.weight[:, 0, :], layer.A_log, layer.dt_bias)
+
+    def step(projection, copy, row_norm):
+        split = [layer.conv_dim, layer.num_value_heads * layer.value_dim, layer.num_value_heads, layer.num_value_heads]
+        return gdn_kernels.decode_step(*projection.split(split, dim=-1), copy.conv[0], *weights, copy.ssm[0], slots,
+                                       layer.norm.weight, layer.eps, layer.num_heads, row_norm=row_norm)
+
+    expected = step(scaled, copies[0], None)
+    got = step(proj, copies[1], kernels.RowNorm(x, 1e-6))
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, expected, **tolerance)
+    for got_state, expected_state in zip(copies[1].conv + copies[1].ssm, copies[0].conv + copies[0].ssm):
+        torch.testing.assert_close(got_state, expected_state, **tolerance)
+    assert not torch.equal(copies[1].conv[0], states.conv[0])  # the step wrote the slots
+
+
+@pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
+def test_a_folded_decode_step_launches_no_norm_but_the_final_one(interpreted, is_hybrid):
+    """Counted on the CPU (`launch_count`): a decode step's every add + norm kernel goes but the
+    final norm's (the first layer's norm comes with the embedding either way), a gated delta-net
+    layer's norm before in_proj too (its decode kernel takes the scale); o, down and out_proj add
+    into the residual stream in their product (addmm_, not mm); nothing else changes."""
+    from launch_count import count_launches
+
+    from mstar.runtime.engine.gpu import decode_attention, gdn_kernels
+
+    dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
+
+    def decode_launches(fold: bool) -> dict[str, int]:
+        forward, kv, states = _forward(dims, is_hybrid, is_fused=True)
+        assert forward.fold_norms() if fold else not forward.folds_norms
+        return count_launches(lambda: _step(forward, kv, states, is_decode=True),
+                              [kernels, gdn_kernels, decode_attention])
+
+    unfolded, folded = decode_launches(False), decode_launches(True)
+    num_layers = dims.num_layers
+    norms = unfolded.pop("_add_rmsnorm_kernel") - folded.pop("_add_rmsnorm_kernel")
+    assert norms == 2 * num_layers - 1, (unfolded, folded)
+    moved = unfolded["aten.mm"] - folded.get("aten.mm", 0)
+    assert moved == folded.pop("aten.addmm_") == 2 * num_layers, (unfolded, folded)
+    unfolded["aten.mm"] -= moved
+    assert {k: v for k, v in unfolded.items() if v} == {k: v for k, v in folded.items() if v}

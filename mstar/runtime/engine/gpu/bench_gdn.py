@@ -64,7 +64,7 @@ class LayerCall:
         from mstar.runtime.engine.gpu import gdn_kernels
 
         return gdn_kernels.decode_step(**self.shared, **self.layer, eps=shape.eps, num_heads=shape.num_heads,
-                                       block_v=block_v, counts=counts)
+                                       block_v=block_v, counts=counts, row_norm=None)
 
     def zero_counts(self, shape: GdnShape) -> torch.Tensor:
         """Arrival counters for the step's rows (`decode_step`'s `counts`), all zero."""

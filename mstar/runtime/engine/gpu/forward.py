@@ -105,16 +105,18 @@ class DecoderForward:
             self.fold_norms()
 
     def fold_norms(self) -> bool:
-        """Folds each layer's norms before q/k/v (full-attention layers) and gate/up into those
-        products, where they may be (`norm_folding.py`); the fused forward then runs with them
-        folded (only the fused kernels take a norm's scale). Whether it does."""
+        """Folds each layer's norms before its mixer's in-projection (q/k/v, or a gated delta-net
+        layer's in_proj) and before gate/up into those products, where they may be
+        (`norm_folding.py`); the fused forward then runs with them folded (only the fused kernels
+        take a norm's scale). Whether it does."""
         layers = self.model.model.layers
-        if not self.is_fused or not norm_folding.applies(self.model, self.qkv + self.gate_up):
+        in_proj = self.gdn.in_proj if self.gdn is not None else []
+        if not self.is_fused or not norm_folding.applies(self.model, self.qkv + self.gate_up + in_proj):
             return False
         for index, layer in enumerate(layers):
             norm_folding.fold(layer.post_attention_layernorm, self.gate_up[index])
-            if layer.is_full:
-                norm_folding.fold(layer.input_layernorm, self.qkv[self.kind_index[index]])
+            mixer_in = self.qkv if layer.is_full else in_proj
+            norm_folding.fold(layer.input_layernorm, mixer_in[self.kind_index[index]])
         self.folds_norms = True
         return True
 
@@ -226,16 +228,20 @@ class DecoderForward:
                       write_slots: torch.Tensor, attend: Attend, linear: LinearStep | LinearCut | None) -> None:
         """Layer `index` with its norms folded into the products after them (`fold_norms`): the
         products read the residual stream x, the kernels after them scale each row by its norm, and
-        the mixer's and the MLP's last products add into x in place. h: the layer's input norm when
-        the embedding's kernel made it (the first layer), for a gated delta-net layer, whose norm stays."""
+        the mixer's and the MLP's last products add into x in place. A gated delta-net layer's
+        kernels take its input norm's scale only in a decode step (`GdnForward.takes_row_norm`);
+        elsewhere in_proj reads the norm of x, its weight now the identity: h, the first layer's,
+        when the embedding's kernel made it."""
+        input_norm = kernels.RowNorm(x, layer.input_layernorm.eps)
         if layer.is_full:
-            self._attention(self.kind_index[index], layer, x, positions, write_slots, attend,
-                            kernels.RowNorm(x, layer.input_layernorm.eps), into=x)
+            self._attention(self.kind_index[index], layer, x, positions, write_slots, attend, input_norm, into=x)
         else:
             assert self.gdn is not None and linear is not None, "a step of a hybrid decoder carries its rows' slots"
-            if h is None:
-                h = self._norm(x, None, layer.input_layernorm)[1]
-            self.gdn(self.kind_index[index], h, linear, into=x)
+            if self.gdn.takes_row_norm(linear):
+                self.gdn(self.kind_index[index], x, linear, into=x, row_norm=input_norm)
+            else:
+                h = self._norm(x, None, layer.input_layernorm)[1] if h is None else h
+                self.gdn(self.kind_index[index], h, linear, into=x)
         self._mlp(index, x, kernels.RowNorm(x, layer.post_attention_layernorm.eps), into=x)
 
     def _embed(self, ids: torch.Tensor, fed: Optional[tuple[torch.Tensor, torch.Tensor]], norm

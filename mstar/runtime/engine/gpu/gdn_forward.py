@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from mstar.runtime.engine.gpu import gdn_kernels, products
+from mstar.runtime.engine.gpu.kernels import RowNorm
 from mstar.runtime.engine.gpu.rule_graphs import PromptRuleGraphs, RuleCall, StepRule
 from mstar.runtime.engine.models.gdn import GatedDeltaNet, LinearStates
 
@@ -228,25 +229,33 @@ class GdnForward:
         self.rule_graphs = PromptRuleGraphs()  # used only with fla's kernels (on a CUDA device)
         self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
 
+    def takes_row_norm(self, step: "LinearStep | LinearCut") -> bool:
+        """Whether a step's layers run as the fused decode kernel, which can take the layer's input
+        norm folded into the in-projection as a row scale (`__call__`'s `row_norm`)."""
+        return isinstance(step, LinearStep) and step.eager is None and self.is_fused
+
     def __call__(self, index: int, h: torch.Tensor, step: "LinearStep | LinearCut",
-                 into: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 into: Optional[torch.Tensor] = None, row_norm: Optional[RowNorm] = None) -> torch.Tensor:
         """Linear layer `index` (among the linear layers) over `h` `[N, hidden]` -> `[N, hidden]`
         (added into `into` in place when given: the residual stream, `norm_folding.py`).
         step: the step's rows, or a piecewise capture's cut (`LinearCut`: the layout-bound middle
-        runs eagerly between the captured pieces, `middle`)."""
+        runs eagerly between the captured pieces, `middle`). row_norm: h is the residual stream and
+        the layer's input norm is folded into in_proj (only where `takes_row_norm(step)`)."""
         layer = self.layers[index]
         value_heads, value_width = layer.num_value_heads, layer.num_value_heads * layer.value_dim
         proj = self.in_proj[index](h)
         mixed, z, b, a = proj.split([layer.conv_dim, value_width, value_heads, value_heads], dim=-1)
-        if isinstance(step, LinearStep) and step.eager is None and self.is_fused:
+        if self.takes_row_norm(step):
+            assert isinstance(step, LinearStep)
             # one kernel from the projection to out_proj's input (gdn_kernels.py)
             if step.counts is None:
                 step.counts = torch.zeros(h.shape[0] * layer.num_heads, dtype=torch.int32, device=h.device)
             gated = gdn_kernels.decode_step(mixed, z, b, a, self.states.conv[index], layer.conv1d.weight[:, 0, :],
                                             layer.A_log, layer.dt_bias, self.states.ssm[index], step.read,
                                             layer.norm.weight, layer.eps, layer.num_heads, counts=step.counts,
-                                            write_slots=step.write)
+                                            write_slots=step.write, row_norm=row_norm)
             return self._out(index, gated, into)
+        assert row_norm is None, "only the fused decode kernel takes a folded norm's scale"
         if self.is_fused:  # one launch (gdn_kernels.eager_gates): this step's host time is its launches
             g, beta = gdn_kernels.eager_gates(a, b, layer.A_log, layer.dt_bias)
         else:

@@ -62,7 +62,7 @@ from typing import Optional
 
 import torch
 
-from mstar.runtime.engine.gpu.kernels import pdl_launch
+from mstar.runtime.engine.gpu.kernels import RowNorm, pdl_launch, row_norm_args
 
 try:
     import triton
@@ -76,6 +76,8 @@ def available(device: torch.device) -> bool:
 
 
 if triton is not None:
+    from mstar.runtime.engine.gpu.kernels import rms_row_scale
+
     @triton.jit
     def _column(conv_ptr, read_ptr, mixed_ptr, column, cols, mask, stride_mixed, num_stored, channels,
                 K1: tl.constexpr):
@@ -167,11 +169,17 @@ if triton is not None:
 
 if triton is not None:
     @triton.jit
-    def _conv_read(row_ptr, window_ptr, weight_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
+    def _scaled(value, row_scale):
+        """A value of the in-projection's output times its row's folded norm scale (1.0 with the
+        norm unfolded: exact), rounded to the activations' dtype as the unfolded product rounds it."""
+        return (value.to(tl.float32) * row_scale).to(value.dtype).to(tl.float32)
+
+    @triton.jit
+    def _conv_read(row_ptr, window_ptr, weight_ptr, channels, mask, row_scale, KW: tl.constexpr, KP: tl.constexpr):
         """silu(conv) of one token over `channels` (fp32), from the slot's K-1 stored columns
-        (`window_ptr`: the slot's [C, K-1]) and the token; moves nothing. KP: K-1 rounded up to a
-        power of two."""
-        token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
+        (`window_ptr`: the slot's [C, K-1]) and the token (scaled by `row_scale`: `_scaled`); moves
+        nothing. KP: K-1 rounded up to a power of two."""
+        token = _scaled(tl.load(row_ptr + channels, mask=mask, other=0.0), row_scale)
         taps = tl.arange(0, KP)
         is_stored = mask[:, None] & (taps[None, :] < KW - 1)
         columns = tl.load(window_ptr + channels[:, None] * (KW - 1) + taps[None, :], mask=is_stored, other=0.0)
@@ -181,14 +189,15 @@ if triton is not None:
         return acc * tl.sigmoid(acc)
 
     @triton.jit
-    def _conv_shift(row_ptr, window_ptr, written_ptr, channels, mask, KW: tl.constexpr, KP: tl.constexpr):
+    def _conv_shift(row_ptr, window_ptr, written_ptr, channels, mask, row_scale, KW: tl.constexpr,
+                    KP: tl.constexpr):
         """The slot's stored columns of `channels` one on, from `window_ptr` into `written_ptr` (the
         same window: in place): column i takes column i + 1, the last takes the token. Every column
         is read before any is written, with a barrier between: Triton may hold one channel in several
         threads (a 32-channel block on 4 warps), and a thread that shifted a column in place before
         another read it handed that one the new value (on the GPU only: the interpreter runs a
-        program's threads as one)."""
-        token = tl.load(row_ptr + channels, mask=mask, other=0.0).to(tl.float32)
+        program's threads as one). The token is stored scaled (`_conv_read`)."""
+        token = _scaled(tl.load(row_ptr + channels, mask=mask, other=0.0), row_scale)
         taps = tl.arange(0, KP)
         columns = channels[:, None] * (KW - 1) + taps[None, :]
         following = tl.load(window_ptr + columns + 1, mask=mask[:, None] & (taps[None, :] < KW - 2), other=0.0)
@@ -199,10 +208,11 @@ if triton is not None:
     @triton.jit
     def _decode_step_kernel(mixed_ptr, z_ptr, b_ptr, a_ptr, stride_mixed, stride_z, stride_b, stride_a,
                             conv_ptr, conv_weight_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, write_slots_ptr,
-                            norm_ptr, out_ptr, squares_ptr, counts_ptr, scale, eps, H: tl.constexpr, HV: tl.constexpr,
-                            DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
-                            BK: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
-                            NSP: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
+                            norm_ptr, out_ptr, squares_ptr, counts_ptr, scale, eps, x_ptr, stride_x, num_x_cols,
+                            row_eps, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                            KW: tl.constexpr, KP: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, BV: tl.constexpr,
+                            NS: tl.constexpr, NSP: tl.constexpr, GROUP: tl.constexpr, HAS_ROW_NORM: tl.constexpr,
+                            BLOCK_X: tl.constexpr, PDL: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         # Parts numbered down: Triton's interpreter runs a head's parts in grid order, so there the last
@@ -211,6 +221,9 @@ if triton is not None:
         C = 2 * H * DK + HV * DV
         if PDL:  # programmatic dependent launch (kernels.py): the step's data only after the wait
             tl.extra.cuda.gdc_wait()
+        row_scale = 1.0
+        if HAS_ROW_NORM:  # the norm before in_proj, folded into its product: its scale on everything it gave
+            row_scale = rms_row_scale(x_ptr, row, stride_x, num_x_cols, row_eps, BLOCK_X)
         slot = tl.load(slots_ptr + row).to(tl.int64)
         write_slot = tl.load(write_slots_ptr + row).to(tl.int64)
         row_mixed = mixed_ptr + row * stride_mixed
@@ -220,8 +233,8 @@ if triton is not None:
         mask_k = o_k < DK
         # q and k of this head, read by every part (the last part to finish moves their columns on),
         # the conv output in the activations' dtype (as the torch path rounds it).
-        q = _conv_read(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, KW, KP)
-        k = _conv_read(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, KW, KP)
+        q = _conv_read(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, row_scale, KW, KP)
+        k = _conv_read(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, row_scale, KW, KP)
         q = q.to(out_ptr.dtype.element_ty).to(tl.float32)
         k = k.to(out_ptr.dtype.element_ty).to(tl.float32)
         q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
@@ -235,10 +248,10 @@ if triton is not None:
             p_written = state_ptr + ((write_slot * HV + head_v) * DK + o_k[:, None]) * DV + o_v[None, :]
             state = tl.load(p_state, mask=mask_state, other=0.0)
             decay, beta = _gates(a_ptr + row * stride_a + head_v, b_ptr + row * stride_b + head_v, a_log_ptr + head_v,
-                                 dt_bias_ptr + head_v)
+                                 dt_bias_ptr + head_v, row_scale)
             value_channels = 2 * H * DK + head_v * DV + o_v  # this part's alone: read and moved here
-            v = _conv_read(row_mixed, window, conv_weight_ptr, value_channels, mask_v, KW, KP)
-            _conv_shift(row_mixed, window, written, value_channels, mask_v, KW, KP)
+            v = _conv_read(row_mixed, window, conv_weight_ptr, value_channels, mask_v, row_scale, KW, KP)
+            _conv_shift(row_mixed, window, written, value_channels, mask_v, row_scale, KW, KP)
             v = v.to(out_ptr.dtype.element_ty).to(tl.float32)
             state = state * decay
             v = (v - tl.sum(state * k[:, None], 0)) * beta
@@ -253,7 +266,7 @@ if triton is not None:
         # and norms the whole head.
         if _arrive(counts_ptr + row * H + head, NS) == NS - 1:
             _finish_head(row_mixed, window, written, squares_ptr + row * HV * NSP, out_ptr + row * HV * DV, norm_ptr,
-                         z_ptr + row * stride_z, head, eps, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
+                         z_ptr + row * stride_z, head, eps, row_scale, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
             if NS > 1:
                 tl.store(counts_ptr + row * H + head, 0)  # ready for the next layer or step
 
@@ -273,14 +286,15 @@ if triton is not None:
         return arrived
 
     @triton.jit
-    def _finish_head(row_mixed, window, written, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, H: tl.constexpr,
+    def _finish_head(row_mixed, window, written, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, row_scale,
+                     H: tl.constexpr,
                      HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
                      BK: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, GROUP: tl.constexpr):
         """The last part of a (row, q/k head): the q/k conv columns one on, and the gated norm over each
         of its value heads' whole d_v from the parts' sums of squares (pointers at the row)."""
         o_k = tl.arange(0, BK)
-        _conv_shift(row_mixed, window, written, head * DK + o_k, o_k < DK, KW, KP)
-        _conv_shift(row_mixed, window, written, H * DK + head * DK + o_k, o_k < DK, KW, KP)
+        _conv_shift(row_mixed, window, written, head * DK + o_k, o_k < DK, row_scale, KW, KP)
+        _conv_shift(row_mixed, window, written, H * DK + head * DK + o_k, o_k < DK, row_scale, KW, KP)
         o_v = tl.arange(0, BD)
         parts = tl.arange(0, NSP)
         for j in tl.static_range(GROUP):
@@ -288,17 +302,19 @@ if triton is not None:
             sum_squares = tl.sum(tl.load(squares_ptr + head_v * NSP + parts, mask=parts < NS, other=0.0,
                                          volatile=True))
             rstd = 1.0 / tl.sqrt(sum_squares / DV + eps)
-            _gated_norm(out_ptr + head_v * DV + o_v, norm_ptr + o_v, z_ptr + head_v * DV + o_v, o_v < DV, rstd)
+            _gated_norm(out_ptr + head_v * DV + o_v, norm_ptr + o_v, z_ptr + head_v * DV + o_v, o_v < DV, rstd,
+                        row_scale)
 
     @triton.jit
-    def _gates(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr):
-        """(exp(g), beta) of one row and value head (`_log_decay`, `_beta`)."""
-        return tl.exp(_log_decay(a_ptr, a_log_ptr, dt_bias_ptr)), _beta(b_ptr)
+    def _gates(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, row_scale):
+        """(exp(g), beta) of one row and value head (`_log_decay`, `_beta`; a and b scaled by `row_scale`)."""
+        return tl.exp(_log_decay(a_ptr, a_log_ptr, dt_bias_ptr, row_scale)), _beta(b_ptr, row_scale)
 
     @triton.jit
-    def _log_decay(a_ptr, a_log_ptr, dt_bias_ptr):
-        """g = -exp(A_log) softplus(a + dt_bias) in fp32 (softplus as torch's: x past 20 stays x)."""
-        x = tl.load(a_ptr).to(tl.float32) + tl.load(dt_bias_ptr).to(tl.float32)
+    def _log_decay(a_ptr, a_log_ptr, dt_bias_ptr, row_scale):
+        """g = -exp(A_log) softplus(a + dt_bias) in fp32 (softplus as torch's: x past 20 stays x; a
+        scaled by `row_scale`: `_scaled`)."""
+        x = _scaled(tl.load(a_ptr), row_scale) + tl.load(dt_bias_ptr).to(tl.float32)
         # log(1 + e^x) = max(x, 0) + log(1 + e^-|x|), the last term's series where it is small
         small = tl.exp(-tl.abs(x))
         tail = tl.where(small < 1e-4, small - 0.5 * small * small, tl.log(1.0 + small))
@@ -306,16 +322,18 @@ if triton is not None:
         return -tl.exp(tl.load(a_log_ptr).to(tl.float32)) * softplus
 
     @triton.jit
-    def _beta(b_ptr):
-        """beta = sigmoid(b), rounded to b's dtype (the activations'), as fp32."""
-        return tl.sigmoid(tl.load(b_ptr).to(tl.float32)).to(b_ptr.dtype.element_ty).to(tl.float32)
+    def _beta(b_ptr, row_scale):
+        """beta = sigmoid(b), b scaled by `row_scale` (`_scaled`), rounded to b's dtype (the
+        activations'), as fp32."""
+        return tl.sigmoid(_scaled(tl.load(b_ptr), row_scale)).to(b_ptr.dtype.element_ty).to(tl.float32)
 
     @triton.jit
-    def _gated_norm(p_out, p_weight, p_z, mask, rstd):
-        """out = w norm(o) silu(z) over one block of a head's outputs, in place (`_gated_norm_of`)."""
+    def _gated_norm(p_out, p_weight, p_z, mask, rstd, row_scale):
+        """out = w norm(o) silu(z) over one block of a head's outputs, in place (`_gated_norm_of`; z
+        scaled by `row_scale`: `_scaled`)."""
         o = tl.load(p_out, mask=mask, other=0.0).to(tl.float32)
         weight = tl.load(p_weight, mask=mask, other=0.0).to(tl.float32)
-        z = tl.load(p_z, mask=mask, other=0.0).to(tl.float32)
+        z = _scaled(tl.load(p_z, mask=mask, other=0.0), row_scale)
         tl.store(p_out, _gated_norm_of(o, weight, z, rstd, p_out.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -333,8 +351,8 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         tl.store(g_ptr + row * HV + head, _log_decay(a_ptr + row * stride_a + head, a_log_ptr + head,
-                                                     dt_bias_ptr + head))
-        tl.store(beta_ptr + row * HV + head, _beta(b_ptr + row * stride_b + head).to(beta_ptr.dtype.element_ty))
+                                                     dt_bias_ptr + head, 1.0))
+        tl.store(beta_ptr + row * HV + head, _beta(b_ptr + row * stride_b + head, 1.0).to(beta_ptr.dtype.element_ty))
 
     @triton.jit
     def _eager_gated_norm_kernel(out_ptr, z_ptr, weight_ptr, gated_ptr, stride_z, eps, HV: tl.constexpr,
@@ -417,7 +435,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
                 conv_weight: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
                 slots: torch.Tensor, norm_weight: torch.Tensor, eps: float, num_heads: int,
                 block_v: int = 0, counts: Optional[torch.Tensor] = None,
-                write_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+                write_slots: Optional[torch.Tensor] = None, row_norm: Optional[RowNorm] = None) -> torch.Tensor:
     """A decode-only step's gated delta-net layer between its projections (module docstring).
     mixed `[R, C]` ([q|k|v]), z `[R, HV*d_v]`, b and a `[R, HV]` (each any row stride: views of the
     in-projection's output), conv_state `[S, C, K-1]` and state `[S, HV, d_k, d_v]` fp32 (updated in
@@ -426,7 +444,9 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
     counts: int32 zeros of at least R x H entries, left zero (the parts' arrival counters; one a step
     serves all its layers: `LinearStep.counts`), None: new zeros. write_slots `[R]`: where each row's
     new conv columns and state go (None: back into its slot; else another row of conv_state and
-    state, which the step does not read: `LinearStates.step_slots`)."""
+    state, which the step does not read: `LinearStates.step_slots`). row_norm: the layer's input norm
+    folded into the in-projection (`norm_folding.py`): every value it gave ([q|k|v], z, b, a) is
+    first scaled by its row's norm scale of the residual stream."""
     rows, channels = mixed.shape
     value_heads = b.shape[1]
     value_dim = z.shape[1] // value_heads
@@ -450,7 +470,7 @@ def decode_step(mixed: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.
         HV=value_heads, DK=key_dim, DV=value_dim, KW=taps, KP=triton.next_power_of_2(max(taps - 1, 1)),
         BK=triton.next_power_of_2(key_dim), BD=triton.next_power_of_2(value_dim), BV=block_v, NS=parts,
         NSP=triton.next_power_of_2(parts), GROUP=value_heads // num_heads, num_warps=4,
-        **pdl_launch(mixed))
+        **row_norm_args(row_norm, mixed), **pdl_launch(mixed))
     return out
 
 

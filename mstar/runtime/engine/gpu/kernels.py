@@ -110,7 +110,7 @@ class RowNorm:
     eps: float
 
 
-def _row_norm_args(row_norm: Optional[RowNorm], like: torch.Tensor) -> dict[str, Any]:
+def row_norm_args(row_norm: Optional[RowNorm], like: torch.Tensor) -> dict[str, Any]:
     """A kernel's row-norm arguments: the residual rows, their stride and width, eps and the
     `HAS_ROW_NORM` / `BLOCK_X` constexprs (a dummy pointer and one column without a norm)."""
     if row_norm is None:
@@ -124,7 +124,7 @@ def _row_norm_args(row_norm: Optional[RowNorm], like: torch.Tensor) -> dict[str,
 
 if triton is not None:
     @triton.jit
-    def _row_scale(x_ptr, row, stride_x, num_cols, eps, BLOCK: tl.constexpr):
+    def rms_row_scale(x_ptr, row, stride_x, num_cols, eps, BLOCK: tl.constexpr):
         """One row's RMSNorm scale, rsqrt(mean(x^2) + eps), in fp32 (`RowNorm`); read after the
         PDL wait: the residual stream is step data."""
         cols = tl.arange(0, BLOCK)
@@ -231,7 +231,7 @@ if triton is not None:
         cos = tl.load(cos_ptr + position * stride_cs + freq, mask=is_rotated, other=1.0)
         sin = tl.load(sin_ptr + position * stride_cs + freq, mask=is_rotated, other=0.0)
         if HAS_ROW_NORM:  # the norm before q/k/v, folded into their product: its scale here
-            row_scale = _row_scale(x_ptr, token, stride_x, num_x_cols, row_eps, BLOCK_X)
+            row_scale = rms_row_scale(x_ptr, token, stride_x, num_x_cols, row_eps, BLOCK_X)
             x, other = x * row_scale, other * row_scale
             value = value.to(tl.float32) * row_scale
         if PDL:
@@ -269,7 +269,7 @@ if triton is not None:
         x = tl.load(in_ptr + token * stride_in + head * D + d, mask=mask, other=0.0).to(tl.float32)
         gate = tl.load(gate_ptr + token * stride_g + head * stride_gh + d, mask=mask, other=0.0).to(tl.float32)
         if HAS_ROW_NORM:
-            gate = gate * _row_scale(x_ptr, token, stride_x, num_x_cols, row_eps, BLOCK_X)
+            gate = gate * rms_row_scale(x_ptr, token, stride_x, num_x_cols, row_eps, BLOCK_X)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         # torch rounds sigmoid(gate) to the activation dtype before the product.
@@ -287,7 +287,7 @@ if triton is not None:
         gate = tl.load(gate_up_ptr + row * stride_in + cols, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(gate_up_ptr + row * stride_in + width + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_ROW_NORM:  # the norm before gate/up, folded into their product: its scale here
-            row_scale = _row_scale(x_ptr, row, stride_x, num_x_cols, row_eps, BLOCK_X)
+            row_scale = rms_row_scale(x_ptr, row, stride_x, num_x_cols, row_eps, BLOCK_X)
             gate, up = gate * row_scale, up * row_scale
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
@@ -386,7 +386,7 @@ def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         q, k, v, q.stride(0), q.stride(1), k.stride(0), v.stride(0), cos, sin, cos.stride(0), positions, slots, out,
         k_cache, v_cache, q_weight, k_weight, qk_norm.eps if qk_norm is not None else 0.0, NUM_Q=num_q,
         NUM_KV=num_kv, D=d, ROTARY=rotary, BLOCK_H=block_h, BLOCK_D=block_d, HAS_NORM=qk_norm is not None,
-        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred, **_row_norm_args(row_norm, q),
+        IS_ZERO_CENTRED=qk_norm is not None and qk_norm.is_zero_centred, **row_norm_args(row_norm, q),
         num_warps=max(1, min(8, block_h * block_d // 1024)), **pdl_launch(q))
     return out
 
@@ -400,7 +400,7 @@ def sigmoid_gate(x: torch.Tensor, gate: torch.Tensor, row_norm: Optional[RowNorm
     if x.stride(1) != 1 or gate.stride(2) != 1:
         raise ValueError("sigmoid_gate: x and gate must have contiguous columns")
     _sigmoid_gate_kernel[(n, num_heads)](x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), D=d,
-                                         BLOCK_D=triton.next_power_of_2(d), **_row_norm_args(row_norm, x),
+                                         BLOCK_D=triton.next_power_of_2(d), **row_norm_args(row_norm, x),
                                          num_warps=1, **pdl_launch(x))
     return out
 
@@ -413,7 +413,7 @@ def silu_mul(gate_up: torch.Tensor, row_norm: Optional[RowNorm] = None) -> torch
         return out
     block = min(2048, triton.next_power_of_2(width))
     _silu_mul_kernel[(n, triton.cdiv(width, block))](gate_up, out, gate_up.stride(0), out.stride(0), width,
-                                                      BLOCK=block, **_row_norm_args(row_norm, gate_up), num_warps=4,
+                                                      BLOCK=block, **row_norm_args(row_norm, gate_up), num_warps=4,
                                                       **pdl_launch(gate_up))
     return out
 

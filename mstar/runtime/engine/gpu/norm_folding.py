@@ -5,11 +5,14 @@ A norm before a product is `h = s * x * w` (s = rsqrt(mean(x^2) + eps), one scal
 rows of the product's weight once at start-up (`fold`), the product reads the residual stream x
 itself, and the fused kernel that reads the product's output anyway multiplies each row by s, which
 it computes from x (`kernels.RowNorm`): RoPE with the K/V write after q/k/v (and the gated
-attention's sigmoid gate), silu * up after gate/up. The residual adds move into the products that
-write the residual stream (o and down, a gated delta-net layer's out_proj): `x += a @ W` in
-cuBLAS's epilogue, beta = 1 (`Product.accumulate`). A full-attention layer so launches two kernels
-fewer (its two add + norm kernels); a gated delta-net layer one (its norm before in_proj stays:
-the kernels after in_proj take no row scale).
+attention's sigmoid gate), silu * up after gate/up, a gated delta-net layer's decode kernel after
+its in_proj (`gdn_kernels.decode_step`: [q|k|v] before the conv, so its window stores the scaled
+projections, z, b and a). The residual adds move into the products that write the residual stream
+(o and down, a gated delta-net layer's out_proj): `x += a @ W` in cuBLAS's epilogue, beta = 1
+(`Product.accumulate`). A decode step's layer so launches two kernels fewer (its two add + norm
+kernels). In other steps a gated delta-net layer's in_proj reads the norm of x, one kernel as
+before: its eager and piecewise kernels take no row scale, and the norm's weight, now the
+identity, leaves the fold exact.
 
 Why: in a CUDA graph every kernel costs a few microseconds beyond its bytes, and a 64-row decode
 step of Llama-3.2-1B runs its norms as 32 of about 165 kernels (docs/engine.md, "Norms folded into
