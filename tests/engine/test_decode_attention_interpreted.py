@@ -57,7 +57,7 @@ def test_matches_fp32_attention_over_the_gathered_pages(interpreted, monkeypatch
     got = interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last)
     expected = decode_reference(q, k_pages, v_pages, indptr, indices, last)
     assert got.dtype == torch.bfloat16 and got.shape == q.shape
-    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got.float(), expected, atol=4e-3, rtol=1e-2)
 
 
 def test_a_strided_query_view_and_a_given_scratch(interpreted):
@@ -71,7 +71,7 @@ def test_a_strided_query_view_and_a_given_scratch(interpreted):
     partial = torch.full((da.partial_numel(shape, len(seq_lens)),), float("nan"))
     got = interpreted.decode_attention(shape, q, k_pages, v_pages, indptr, indices, last, partial)
     torch.testing.assert_close(got.float(), decode_reference(q, k_pages, v_pages, indptr, indices, last),
-                               atol=2e-2, rtol=2e-2)
+                               atol=4e-3, rtol=1e-2)
 
 
 @pytest.fixture
