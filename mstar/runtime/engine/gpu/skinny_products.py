@@ -18,6 +18,11 @@ the next product: one launch, no memset and no reduction kernel, so it can sit i
 (silu rounded to the activation dtype, then the product rounded), so the activation tensor and its
 kernel go. With programmatic dependent launch (`kernels.pdl_launch`) the program computes its
 addresses before waiting on the previous kernel, and lets the next kernel launch once its loop is done.
+`SkinnyConfig.weights_first` (a what-if of the sweep, `skinny_sweep.py`): each piece is one block of
+K whose weight tile the program loads before that wait, so a product's weights stream while the
+kernel before it finishes; only the rows, the previous kernel's output, wait. Why try: every product
+of 2-8 MiB took 6-7 us against 2-3 us of bytes, cuBLAS's or this kernel's, a fixed cost a launch
+that reading the weights earlier might hide.
 
 Measured on the H200, it was slower than cuBLAS in the engine (the chained 64-row decode step 1.66
 -> 2.57 ms with `config_for`'s launches); the best of 50 launch configs a shape was 11% slower on
@@ -52,13 +57,15 @@ MAX_ROWS = 64  # one program holds every row of the step (BLOCK_M); more rows go
 
 ENABLED_BY_DEFAULT = False  # measured slower than cuBLAS (module docstring)
 _enabled = ENABLED_BY_DEFAULT
+_weights_first = False
 
 
-def set_enabled(enabled: bool) -> None:
+def set_enabled(enabled: bool, weights_first: bool = False) -> None:
     """Serve the few-row steps of products built afterwards here (`attach`), or leave every step to
-    cuBLAS (`mstar bench engine --skinny-products`, the what-if)."""
-    global _enabled
-    _enabled = enabled
+    cuBLAS (`mstar bench engine --skinny-products`, the what-if); `weights_first`: with
+    `config_for`'s weights-first launches (`--skinny-weights-first`, not yet measured)."""
+    global _enabled, _weights_first
+    _enabled, _weights_first = enabled, weights_first
 
 
 def serves(device: torch.device) -> bool:
@@ -75,9 +82,13 @@ class SkinnyConfig:
     split: int
     num_warps: int = 4
     num_stages: int = 4
+    weights_first: bool = False  # each piece one block_k: its weight tile loaded before the PDL wait
 
     def k_piece(self, k: int) -> int:
-        """The K each program covers: a multiple of block_k, so only the last piece is ragged."""
+        """The K each program covers: a multiple of block_k, so only the last piece is ragged
+        (`weights_first`: block_k itself, so the pieces are as many as K needs, whatever `split`)."""
+        if self.weights_first:
+            return self.block_k
         per = -(-k // self.split)
         return -(-per // self.block_k) * self.block_k
 
@@ -108,9 +119,17 @@ class Workspace:
         self.reserve(pieces * MAX_ROWS * tiles * config.block_n, tiles)
 
 
-def config_for(k: int, n: int, sm_count: int) -> SkinnyConfig:
+def config_for(k: int, n: int, sm_count: int, weights_first: bool = False) -> SkinnyConfig:
     """The launch for a product of K x N on `sm_count` SMs: 64 columns a program, and pieces of K
-    enough for about two programs an SM, each piece at least two loop iterations long."""
+    enough for about two programs an SM, each piece at least two loop iterations long.
+    `weights_first`: pieces of one block of 128-512 K, the longest that still gives each SM two
+    programs (q/k/v of Llama-3.2-1B: 256, 384 programs on 132 SMs; down: 512, 512 programs), 8
+    warps from 256 (a 64 KiB weight tile is 64 registers a thread)."""
+    if weights_first:
+        tiles, block_k = -(-n // 64), 512
+        while block_k > 128 and tiles * -(-k // block_k) < 2 * sm_count:
+            block_k //= 2
+        return SkinnyConfig(64, block_k, 1, 8 if block_k >= 256 else 4, 1, weights_first=True)
     block_n, block_k = 64, 128
     tiles = -(-n // block_n)
     split = 1
@@ -126,10 +145,38 @@ def block_m(rows: int) -> int:
 
 if triton is not None:
     @triton.jit
+    def _operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED: tl.constexpr):
+        """The product's input rows at columns `ks`: x, or (GATED) silu(gate) * up of the gate/up
+        product's output, rounded as `kernels.silu_mul` (silu in the activation dtype, then the product)."""
+        a_mask = row_mask[:, None] & k_mask[None, :]
+        a_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]
+        if GATED:
+            gate = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
+            up = tl.load(a_ptrs + K, mask=a_mask, other=0.0).to(tl.float32)
+            silu = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
+            a = (silu * up).to(x_ptr.dtype.element_ty)
+        else:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        return a
+
+    @triton.jit
+    def _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w):
+        return tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
+                       mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+
+    @triton.jit
+    def _dot(a, w, acc, DOT_FP32: tl.constexpr):
+        if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
+            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
+        else:
+            acc = tl.dot(a, w, acc)
+        return acc
+
+    @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, K_PIECE, stride_x, stride_w,
                        stride_o, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
-                       PDL: tl.constexpr):
+                       WEIGHTS_FIRST: tl.constexpr, PDL: tl.constexpr):
         tile = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -139,27 +186,23 @@ if triton is not None:
         k_start = piece * K_PIECE
         k_end = tl.minimum(k_start + K_PIECE, K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-        for k in range(k_start, k_end, BLOCK_K):
-            ks = k + tl.arange(0, BLOCK_K)
+        if WEIGHTS_FIRST:
+            # The piece is one block of K: its weights, which no kernel writes, are read while the
+            # kernel before still runs (under PDL), and only the rows wait for it.
+            ks = k_start + tl.arange(0, BLOCK_K)
             k_mask = ks < k_end
-            a_mask = row_mask[:, None] & k_mask[None, :]
-            a_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]
-            if GATED:
-                gate = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
-                up = tl.load(a_ptrs + K, mask=a_mask, other=0.0).to(tl.float32)
-                # kernels.silu_mul's rounding: silu in the activation dtype, then the product
-                silu = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
-                a = (silu * up).to(x_ptr.dtype.element_ty)
-            else:
-                a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            w = tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
-                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-            if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
-                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, w, acc)
+            w = _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w)
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+            acc = _dot(_operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED), w, acc, DOT_FP32)
+        else:
+            if PDL:
+                tl.extra.cuda.gdc_wait()
+            for k in range(k_start, k_end, BLOCK_K):
+                ks = k + tl.arange(0, BLOCK_K)
+                k_mask = ks < k_end
+                a = _operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED)
+                acc = _dot(a, _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w), acc, DOT_FP32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
@@ -173,7 +216,9 @@ if triton is not None:
             tile_values = BLOCK_M * BLOCK_N
             local = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             tiles = tl.num_programs(0)
-            tl.store(part_ptr + (piece * tiles + tile).to(tl.int64) * tile_values + local, acc)
+            # (the step's rows only: at one row the tile's other 15 would be 15/16 of the traffic)
+            tl.store(part_ptr + (piece * tiles + tile).to(tl.int64) * tile_values + local, acc,
+                     mask=row_mask[:, None])
             # every thread's share of the partial is stored before the one atomic releases it
             tl.debug_barrier()
             done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
@@ -181,7 +226,7 @@ if triton is not None:
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for other in range(0, SPLIT):  # in piece order: the sum does not depend on who came last
                     total += tl.load(part_ptr + (other * tiles + tile).to(tl.int64) * tile_values + local,
-                                     cache_modifier=".cg")
+                                     mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
                 if HAS_BIAS:
                     total += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
                 tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -209,8 +254,8 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
         x, weight, bias if bias is not None else weight, out, workspace.partials, workspace.counters,
         m, n, k, config.k_piece(k), x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, SPLIT=pieces, BLOCK_M=block_m(m), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, num_warps=config.num_warps, num_stages=config.num_stages,
-        **kernels.pdl_launch(x))
+        BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, WEIGHTS_FIRST=config.weights_first, num_warps=config.num_warps,
+        num_stages=config.num_stages, **kernels.pdl_launch(x))
     return out
 
 
@@ -229,20 +274,21 @@ class FewRowsProduct:
         return skinny_mm(x, self.weight, self.bias, self.config, self.workspace, gated)
 
 
-def attach(products: Iterable, device: torch.device, sm_count: Optional[int] = None) -> int:
+def attach(products: Iterable, device: torch.device, sm_count: Optional[int] = None,
+           config: Optional[SkinnyConfig] = None) -> int:
     """Give each product held `[in, out]` on `device` its few-row kernel, all on one workspace
     reserved here (outside any graph's capture); returns how many took it. Products held in the
-    modules' layout keep cuBLAS. `sm_count`: the device's SMs (read from it when not given)."""
+    modules' layout keep cuBLAS. `sm_count`: the device's SMs (read from it when not given);
+    `config`: one launch for every product (a what-if), else `config_for`'s per shape."""
     workspace = Workspace(device)
-    sm_count = sm_count or _sm_count(device)
     attached = 0
     for product in products:
         if not product.is_transposed:
             continue
         k, n = product.weight.shape
-        config = config_for(k, n, sm_count)
-        workspace.reserve_for(k, n, config)
-        product.few_rows = FewRowsProduct(product.weight, product.bias, config, workspace)
+        launch = config or config_for(k, n, sm_count or _sm_count(device), _weights_first)
+        workspace.reserve_for(k, n, launch)
+        product.few_rows = FewRowsProduct(product.weight, product.bias, launch, workspace)
         attached += 1
     return attached
 
