@@ -22,7 +22,7 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 # config_for's launches, and the weights-first what-if (`SkinnyConfig.weights_first`)
-CONFIGS = [None, SkinnyConfig(64, 256, 1, 8, 1, weights_first=True)]
+CONFIGS = [None, SkinnyConfig(64, 128, 16, 8, 3, weights_first=True)]  # K 2048: a block a piece
 CONFIG_IDS = ["config_for", "weights first"]
 
 

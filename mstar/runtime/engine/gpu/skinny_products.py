@@ -18,11 +18,11 @@ the next product: one launch, no memset and no reduction kernel, so it can sit i
 (silu rounded to the activation dtype, then the product rounded), so the activation tensor and its
 kernel go. With programmatic dependent launch (`kernels.pdl_launch`) the program computes its
 addresses before waiting on the previous kernel, and lets the next kernel launch once its loop is done.
-`SkinnyConfig.weights_first` (a what-if of the sweep, `skinny_sweep.py`): each piece is one block of
-K whose weight tile the program loads before that wait, so a product's weights stream while the
-kernel before it finishes; only the rows, the previous kernel's output, wait. Why try: every product
-of 2-8 MiB took 6-7 us against 2-3 us of bytes, cuBLAS's or this kernel's, a fixed cost a launch
-that reading the weights earlier might hide.
+`SkinnyConfig.weights_first` (a what-if, `--skinny-weights-first` and the sweep's): the program
+loads its piece's first weight tile before that wait (a piece of one block: all its weights), so a
+product's weights start streaming while the kernel before it finishes; only the rows, the previous
+kernel's output, wait. Why try: every product of 2-8 MiB took 6-7 us against 2-3 us of bytes,
+cuBLAS's or this kernel's, a fixed cost a launch that reading the weights earlier might hide.
 
 Measured on the H200, it was slower than cuBLAS in the engine (the chained 64-row decode step 1.66
 -> 2.57 ms with `config_for`'s launches); the best of 50 launch configs a shape was 11% slower on
@@ -82,13 +82,10 @@ class SkinnyConfig:
     split: int
     num_warps: int = 4
     num_stages: int = 4
-    weights_first: bool = False  # each piece one block_k: its weight tile loaded before the PDL wait
+    weights_first: bool = False  # a program's first weight tile loaded before the PDL wait
 
     def k_piece(self, k: int) -> int:
-        """The K each program covers: a multiple of block_k, so only the last piece is ragged
-        (`weights_first`: block_k itself, so the pieces are as many as K needs, whatever `split`)."""
-        if self.weights_first:
-            return self.block_k
+        """The K each program covers: a multiple of block_k, so only the last piece is ragged."""
         per = -(-k // self.split)
         return -(-per // self.block_k) * self.block_k
 
@@ -121,21 +118,14 @@ class Workspace:
 
 def config_for(k: int, n: int, sm_count: int, weights_first: bool = False) -> SkinnyConfig:
     """The launch for a product of K x N on `sm_count` SMs: 64 columns a program, and pieces of K
-    enough for about two programs an SM, each piece at least two loop iterations long.
-    `weights_first`: pieces of one block of 128-512 K, the longest that still gives each SM two
-    programs (q/k/v of Llama-3.2-1B: 256, 384 programs on 132 SMs; down: 512, 512 programs), 8
-    warps from 256 (a 64 KiB weight tile is 64 registers a thread)."""
-    if weights_first:
-        tiles, block_k = -(-n // 64), 512
-        while block_k > 128 and tiles * -(-k // block_k) < 2 * sm_count:
-            block_k //= 2
-        return SkinnyConfig(64, block_k, 1, 8 if block_k >= 256 else 4, 1, weights_first=True)
+    enough for about two programs an SM, each piece at least two loop iterations long;
+    `weights_first` (the what-if) on the same launch."""
     block_n, block_k = 64, 128
     tiles = -(-n // block_n)
     split = 1
     while split * 2 * tiles <= 2 * sm_count and split * 2 * 2 * block_k <= k:
         split *= 2
-    return SkinnyConfig(block_n, block_k, split)
+    return SkinnyConfig(block_n, block_k, split, weights_first=weights_first)
 
 
 def block_m(rows: int) -> int:
@@ -186,23 +176,25 @@ if triton is not None:
         k_start = piece * K_PIECE
         k_end = tl.minimum(k_start + K_PIECE, K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        loop_start = k_start
         if WEIGHTS_FIRST:
-            # The piece is one block of K: its weights, which no kernel writes, are read while the
-            # kernel before still runs (under PDL), and only the rows wait for it.
+            # The piece's first weight tile, which no kernel writes, is read while the kernel before
+            # still runs (under PDL); only the rows wait for it. A piece of one block reads all its
+            # weights so.
             ks = k_start + tl.arange(0, BLOCK_K)
             k_mask = ks < k_end
             w = _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w)
             if PDL:
                 tl.extra.cuda.gdc_wait()
             acc = _dot(_operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED), w, acc, DOT_FP32)
-        else:
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            for k in range(k_start, k_end, BLOCK_K):
-                ks = k + tl.arange(0, BLOCK_K)
-                k_mask = ks < k_end
-                a = _operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED)
-                acc = _dot(a, _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w), acc, DOT_FP32)
+            loop_start += BLOCK_K
+        elif PDL:
+            tl.extra.cuda.gdc_wait()
+        for k in range(loop_start, k_end, BLOCK_K):
+            ks = k + tl.arange(0, BLOCK_K)
+            k_mask = ks < k_end
+            a = _operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED)
+            acc = _dot(a, _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w), acc, DOT_FP32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]

@@ -18,10 +18,10 @@ BEST_KEPT = 3  # fastest configs listed a case
 
 
 def configs() -> list:
-    """68 launch configs: 64- and 128-column tiles at 64-256 K a step and 1-16 pieces (128 columns
+    """66 launch configs: 64- and 128-column tiles at 64-256 K a step and 1-16 pieces (128 columns
     with 4 or 8 warps), and 32-column tiles at 128 K a step, 3 stages at 256 K a step, else 4; and
-    18 weights first (`SkinnyConfig.weights_first`: a piece of 128-512 K in 32-128 columns, its
-    weight tile read before the PDL wait; 4 or 8 warps, one stage: no loop)."""
+    16 weights first (`SkinnyConfig.weights_first`: the first weight tile read before the PDL wait),
+    64- and 128-column tiles at 128 or 256 K a step, 2-16 pieces, 8 warps, 3 stages."""
     from mstar.runtime.engine.gpu.skinny_products import SkinnyConfig
 
     def stages(block_k: int) -> int:
@@ -31,8 +31,8 @@ def configs() -> list:
     return ([SkinnyConfig(64, k, s, 4, stages(k)) for k in steps for s in splits]
             + [SkinnyConfig(128, k, s, w, stages(k)) for k in steps for s in splits for w in (4, 8)]
             + [SkinnyConfig(32, 128, s, 4, 4) for s in splits]
-            + [SkinnyConfig(n, k, 1, w, 1, weights_first=True) for n in (32, 64, 128) for k in (128, 256, 512)
-               for w in (4, 8)])
+            + [SkinnyConfig(n, k, s, 8, 3, weights_first=True) for n in (64, 128) for k in (128, 256)
+               for s in (2, 4, 8, 16)])
 
 
 def sweep(shapes: list, rows: Sequence[int], iters: int, device: Optional[torch.device] = None) -> dict:
