@@ -20,7 +20,7 @@ def skinny():
 
 @parent_only
 def test_skinny_products_under_the_interpreter():
-    run_child(__file__, "18 passed")
+    run_child(__file__, "20 passed")
 
 
 def _operands(rows: int, k: int, n: int, seed: int = 0):
@@ -74,6 +74,28 @@ def test_gated_input_is_silu_mul_of_gate_and_up(skinny, config):
     act = F.silu(gate) * up  # torch's bf16 rounding, as kernels.silu_mul
     got = skinny.skinny_mm(gate_up, weight, None, config, Workspace(torch.device("cpu")), gated=True)
     _close(got, (act.float() @ weight.float()).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("config", [SkinnyConfig(16, 16, 1), SkinnyConfig(16, 16, 3)], ids=["one piece", "split"])
+def test_into_adds_the_product_and_the_bias_into_the_output_in_place(skinny, config):
+    """`Product.accumulate` on the kernel: `into += x @ W + b` in one launch, one rounding of the
+    fp32 sum (cuBLAS's beta = 1)."""
+    from mstar.runtime.engine.gpu.products import Product
+
+    x, weight = _operands(5, 64, 40)
+    bias = torch.randn(40).to(torch.bfloat16)
+    residual = torch.randn(5, 40).to(torch.bfloat16)
+    expected = (residual.float() + x.float() @ weight.float() + bias.float()).to(torch.bfloat16)
+    into = residual.clone()
+    assert skinny.skinny_mm(x, weight, bias, config, Workspace(torch.device("cpu")), into=into) is into
+    _close(into, expected)
+    product = Product(weight, bias, is_transposed=True)
+    assert skinny.attach([product], torch.device("cpu"), sm_count=8, config=config) == 1
+    into = residual.clone()
+    assert product.accumulate(into, x) is into
+    _close(into, expected)
+    with pytest.raises(ValueError, match="into"):
+        skinny.skinny_mm(x, weight, None, config, Workspace(torch.device("cpu")), into=residual[:, :8])
 
 
 def test_one_workspace_serves_products_one_after_another(skinny):

@@ -39,11 +39,13 @@ def stores_transposed(device: torch.device) -> bool:
 
 class FewRows(Protocol):
     """A product's own kernel for steps of at most `max_rows` rows (`skinny_products.FewRowsProduct`);
-    `gated`: x is `[N, 2 * in]`, the product's input being silu(gate) * up."""
+    `gated`: x is `[N, 2 * in]`, the product's input being silu(gate) * up; `into`: the product is
+    added into it in place (and it is returned)."""
 
     max_rows: int
 
-    def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor: ...
+    def __call__(self, x: torch.Tensor, gated: bool = False, into: Optional[torch.Tensor] = None
+                 ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -71,8 +73,8 @@ class Product:
         """`into += x @ W^T` in place and returns `into` `[N, out]`: the residual add in cuBLAS's
         epilogue (beta = 1) rather than a kernel of its own (`norm_folding.py`)."""
         few_rows = self.few_rows_for(x.shape[0])
-        if few_rows is not None:  # its kernel adds the bias
-            return into.add_(few_rows(x))
+        if few_rows is not None:  # its kernel adds the bias and the sum into `into`, one rounding
+            return few_rows(x, into=into)
         into.addmm_(x, self.weight if self.is_transposed else self.weight.t())
         if self.bias is not None:
             into.add_(self.bias)

@@ -164,7 +164,7 @@ if triton is not None:
 
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, K_PIECE, stride_x, stride_w,
-                       stride_o, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
+                       stride_o, HAS_BIAS: tl.constexpr, ADDS: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
                        WEIGHTS_FIRST: tl.constexpr, PDL: tl.constexpr):
         tile = tl.program_id(0)
@@ -200,9 +200,7 @@ if triton is not None:
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
         if SPLIT == 1:
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            _store_tile(acc, b_ptr, cols, col_mask, out_ptrs, out_mask, HAS_BIAS, ADDS)
         else:
             # partial tiles: [piece, tile, BLOCK_M, BLOCK_N], each program's own block
             tile_values = BLOCK_M * BLOCK_N
@@ -219,16 +217,25 @@ if triton is not None:
                 for other in range(0, SPLIT):  # in piece order: the sum does not depend on who came last
                     total += tl.load(part_ptr + (other * tiles + tile).to(tl.int64) * tile_values + local,
                                      mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-                if HAS_BIAS:
-                    total += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-                tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+                _store_tile(total, b_ptr, cols, col_mask, out_ptrs, out_mask, HAS_BIAS, ADDS)
                 tl.atomic_xchg(count_ptr + tile, 0)
+
+    @triton.jit
+    def _store_tile(total, b_ptr, cols, col_mask, out_ptrs, out_mask, HAS_BIAS: tl.constexpr, ADDS: tl.constexpr):
+        """A tile's sum, plus the bias, plus (ADDS) what the output held (cuBLAS's beta = 1: one
+        rounding, of the fp32 sum), stored."""
+        if HAS_BIAS:
+            total += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        if ADDS:
+            total += tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=out_mask)
 
 
 def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: SkinnyConfig,
-              workspace: Workspace, gated: bool = False) -> torch.Tensor:
+              workspace: Workspace, gated: bool = False, into: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x `[M, K]` (`gated`: `[M, 2K]`, the input being silu(gate) * up) times weight `[K, N]`, plus
-    bias; M at most MAX_ROWS; x's columns and the weight's rows contiguous."""
+    bias; M at most MAX_ROWS; x's columns and the weight's rows contiguous. `into` `[M, N]`: the
+    product is added into it in place and it is returned (`Product.accumulate`)."""
     m = x.shape[0]
     k, n = weight.shape
     if m > MAX_ROWS:
@@ -236,7 +243,9 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     if x.shape[1] != (2 * k if gated else k) or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"skinny_mm: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}"
                          f"{' (gated)' if gated else ''}, or a tensor's last dimension is strided")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if into is not None and (into.shape != (m, n) or into.stride(1) != 1):
+        raise ValueError(f"skinny_mm: into {tuple(into.shape)} is not the [{m}, {n}] output with contiguous columns")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device) if into is None else into
     if m == 0:
         return out
     tiles, pieces = config.programs(k, n)
@@ -245,7 +254,7 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     _skinny_kernel[(tiles, pieces)](
         x, weight, bias if bias is not None else weight, out, workspace.partials, workspace.counters,
         m, n, k, config.k_piece(k), x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, GATED=gated, SPLIT=pieces, BLOCK_M=block_m(m), BLOCK_N=config.block_n,
+        HAS_BIAS=bias is not None, ADDS=into is not None, GATED=gated, SPLIT=pieces, BLOCK_M=block_m(m), BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, WEIGHTS_FIRST=config.weights_first, num_warps=config.num_warps,
         num_stages=config.num_stages, **kernels.pdl_launch(x))
     return out
@@ -262,8 +271,8 @@ class FewRowsProduct:
     workspace: Workspace
     max_rows: int = MAX_ROWS
 
-    def __call__(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
-        return skinny_mm(x, self.weight, self.bias, self.config, self.workspace, gated)
+    def __call__(self, x: torch.Tensor, gated: bool = False, into: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return skinny_mm(x, self.weight, self.bias, self.config, self.workspace, gated, into)
 
 
 def attach(products: Iterable, device: torch.device, sm_count: Optional[int] = None,
