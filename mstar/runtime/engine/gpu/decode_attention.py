@@ -275,10 +275,7 @@ if triton is not None:
             s = tl.arange(0, NUM_SPLITS)
             lses = tl.load(part_ptr + lse_base + first[:, None] + s[None, :], mask=is_query[:, None],
                            other=float("-inf"), cache_modifier=".cg")
-            top = tl.max(lses, 1)
-            top = tl.where(top == float("-inf"), 0.0, top)
-            weights = tl.where(lses == float("-inf"), 0.0, tl.exp2(lses - top[:, None]))
-            total = tl.sum(weights, 1)
+            weights, total = _split_weights(lses, 1)
             merged = o * 0.0
             for other in range(0, NUM_SPLITS):  # in split order
                 part = tl.load(part_ptr + (first + other)[:, None].to(tl.int64) * HEAD_DIM + d[None, :],
@@ -288,6 +285,15 @@ if triton is not None:
             tl.store(out_ptr + row.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + d[None, :],
                      merged.to(out_ptr.dtype.element_ty), mask=is_query[:, None])
             tl.atomic_xchg(counter, 0)
+
+    @triton.jit
+    def _split_weights(lses, AXIS: tl.constexpr):
+        """Each split's weight in the merge, 2^(lse - the largest) along AXIS (0 for a split without
+        positions, whose lse is -inf), and their sum (0 for a padding row: every split empty)."""
+        top = tl.max(lses, axis=AXIS, keep_dims=True)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        weights = tl.where(lses == float("-inf"), 0.0, tl.exp2(lses - top))
+        return weights, tl.sum(weights, axis=AXIS)
 
     @triton.jit
     def _merge_kernel(partial_ptr, out_ptr, stride_or, stride_oh, HQ: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -304,8 +310,6 @@ if triton is not None:
         o = tl.load(partial_ptr + slot[:, None].to(tl.int64) * HEAD_DIM + d[None, :])
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
-        top = tl.max(lse, 0)
-        w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - top))
-        total = tl.sum(w, 0)
+        w, total = _split_weights(lse, 0)
         merged = tl.sum(o * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)  # a padding row: zeros
         tl.store(out_ptr + row.to(tl.int64) * stride_or + head * stride_oh + d, merged.to(out_ptr.dtype.element_ty))

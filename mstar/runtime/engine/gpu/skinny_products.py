@@ -254,9 +254,9 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     _skinny_kernel[(tiles, pieces)](
         x, weight, bias if bias is not None else weight, out, workspace.partials, workspace.counters,
         m, n, k, config.k_piece(k), x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, ADDS=into is not None, GATED=gated, SPLIT=pieces, BLOCK_M=block_m(m), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, WEIGHTS_FIRST=config.weights_first, num_warps=config.num_warps,
-        num_stages=config.num_stages, **kernels.pdl_launch(x))
+        HAS_BIAS=bias is not None, ADDS=into is not None, GATED=gated, SPLIT=pieces, BLOCK_M=block_m(m),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, WEIGHTS_FIRST=config.weights_first,
+        num_warps=config.num_warps, num_stages=config.num_stages, **kernels.pdl_launch(x))
     return out
 
 
