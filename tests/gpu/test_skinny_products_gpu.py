@@ -1,13 +1,11 @@
 """The split-K skinny product (`engine/gpu/skinny_products.py`) on a CUDA GPU: Llama-3.2-1B's decode
 shapes at 1-64 rows against torch's product, in a CUDA graph replayed many times (the tiles' counters
-go back to zero each time), down's gated operand; config_for's launches and the weights-first what-if.
-Skipped without a GPU."""
+go back to zero each time), down's gated operand. Skipped without a GPU."""
 import pytest
 import torch
 
 from mstar.runtime.engine.gpu import kernels, skinny_products
 from mstar.runtime.engine.gpu.products import Product
-from mstar.runtime.engine.gpu.skinny_products import SkinnyConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,36 +19,28 @@ def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
 
 
-# config_for's launches, and the weights-first what-if (`SkinnyConfig.weights_first`)
-CONFIGS = [None, SkinnyConfig(64, 128, 16, 8, 3, weights_first=True)]  # K 2048: a block a piece
-CONFIG_IDS = ["config_for", "weights first"]
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("rows", [1, 7, 16, 33, 64])
 @pytest.mark.parametrize("k, n", SHAPES)
-def test_the_kernel_matches_torch_at_decode_shapes(rows, k, n, config):
+def test_the_kernel_matches_torch_at_decode_shapes(rows, k, n):
     device = torch.device("cuda")
     torch.manual_seed(rows)
     weight = torch.randn(k, n, device=device, dtype=torch.bfloat16) * k ** -0.5
     product = Product(weight, None, is_transposed=True)
-    assert skinny_products.attach([product], device, config=config) == 1
+    assert skinny_products.attach([product], device) == 1
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
     assert _relative(product(x), x.float() @ weight.float()) < 1e-2
     gate_up = torch.randn(rows, 2 * k, device=device, dtype=torch.bfloat16)
     assert _relative(product.few_rows(gate_up, gated=True), kernels.silu_mul(gate_up).float() @ weight.float()) < 1e-2
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
-def test_a_graph_of_products_replays_the_same_bits(config):
+def test_a_graph_of_products_replays_the_same_bits():
     """Products one after another on one workspace, in a CUDA graph: every replay gives what the
-    first gave (a counter left non-zero would skip or repeat a tile's sum; weights first, a weight
-    read before the wait must not be a read of the rows)."""
+    first gave (a counter left non-zero would skip or repeat a tile's sum)."""
     device = torch.device("cuda")
     torch.manual_seed(0)
     products = [Product(torch.randn(k, n, device=device, dtype=torch.bfloat16) * k ** -0.5, None, True)
                 for k, n in SHAPES]
-    skinny_products.attach(products, device, config=config)
+    skinny_products.attach(products, device)
     x = torch.randn(64, 2048, device=device, dtype=torch.bfloat16)
 
     def step() -> torch.Tensor:
@@ -67,3 +57,20 @@ def test_a_graph_of_products_replays_the_same_bits(config):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_accumulate_adds_into_the_residual_on_the_kernel(rows):
+    """`Product.accumulate` on the kernel (`skinny_mm(..., into=)`): the residual plus the product
+    in one launch, as torch's addmm_ gives it within bf16's rounding."""
+    device = torch.device("cuda")
+    torch.manual_seed(rows)
+    k, n = SHAPES[1]
+    weight = torch.randn(k, n, device=device, dtype=torch.bfloat16) * k ** -0.5
+    product = Product(weight, None, is_transposed=True)
+    skinny_products.attach([product], device)
+    x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+    residual = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+    into = residual.clone()
+    assert product.accumulate(into, x) is into
+    assert _relative(into, residual.float() + x.float() @ weight.float()) < 1e-2

@@ -566,9 +566,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skinny-products", action="store_true",
                         help="run the products of steps of at most 64 rows (the LM head's aside) on the split-K "
                              "Triton kernel, not cuBLAS (a what-if; docs/engine.md)")
-    parser.add_argument("--skinny-weights-first", action="store_true",
-                        help="--skinny-products with each program's piece of K one block, its weights read "
-                             "before the wait on the kernel before (a what-if; docs/engine.md)")
     graph_what_ifs.add_arguments(parser)
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
@@ -583,7 +580,7 @@ def _set_what_ifs(args: argparse.Namespace):
     kernels.set_pdl(not args.no_pdl)
     products.set_transposed(not args.module_layout)
     rule_graphs.set_enabled(not args.no_rule_graphs)
-    skinny_products.set_enabled(args.skinny_products or args.skinny_weights_first, args.skinny_weights_first)
+    skinny_products.set_enabled(args.skinny_products)
     graph_what_ifs.apply(args)  # those `mstar bench kv` takes too
     return blas_edges
 

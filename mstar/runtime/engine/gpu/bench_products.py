@@ -169,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--iters", type=POSITIVE, default=30, help="graph replays a case")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     parser.add_argument("--skinny-sweep", action="store_true",
-                        help="instead: the split-K skinny kernel under each of its 66 launch configs against "
+                        help="instead: the split-K skinny kernel under each of its 50 launch configs against "
                              "cuBLAS, per shape and row count of at most 64 (minutes; try --rows 64,16,1)")
     args = parser.parse_args(argv)
     shapes = _plan_shapes(args)

@@ -18,11 +18,8 @@ the next product: one launch, no memset and no reduction kernel, so it can sit i
 (silu rounded to the activation dtype, then the product rounded), so the activation tensor and its
 kernel go. With programmatic dependent launch (`kernels.pdl_launch`) the program computes its
 addresses before waiting on the previous kernel, and lets the next kernel launch once its loop is done.
-`SkinnyConfig.weights_first` (a what-if, `--skinny-weights-first` and the sweep's): the program
-loads its piece's first weight tile before that wait (a piece of one block: all its weights), so a
-product's weights start streaming while the kernel before it finishes; only the rows, the previous
-kernel's output, wait. Why try: every product of 2-8 MiB took 6-7 us against 2-3 us of bytes,
-cuBLAS's or this kernel's, a fixed cost a launch that reading the weights earlier might hide.
+(Loading the first weight block before that wait was measured in a one-off sweep and did not make
+it beat cuBLAS at any shape: docs/engine.md, "Nor does a product of our own at 64 rows".)
 
 Measured on the H200, it was slower than cuBLAS in the engine (the chained 64-row decode step 1.66
 -> 2.57 ms with `config_for`'s launches); the best of 50 launch configs a shape was 11% slower on
@@ -57,15 +54,13 @@ MAX_ROWS = 64  # one program holds every row of the step (BLOCK_M); more rows go
 
 ENABLED_BY_DEFAULT = False  # measured slower than cuBLAS (module docstring)
 _enabled = ENABLED_BY_DEFAULT
-_weights_first = False
 
 
-def set_enabled(enabled: bool, weights_first: bool = False) -> None:
+def set_enabled(enabled: bool) -> None:
     """Serve the few-row steps of products built afterwards here (`attach`), or leave every step to
-    cuBLAS (`mstar bench engine --skinny-products`, the what-if); `weights_first`: with
-    `config_for`'s weights-first launches (`--skinny-weights-first`, not yet measured)."""
-    global _enabled, _weights_first
-    _enabled, _weights_first = enabled, weights_first
+    cuBLAS (`mstar bench engine --skinny-products`, the what-if)."""
+    global _enabled
+    _enabled = enabled
 
 
 def serves(device: torch.device) -> bool:
@@ -82,7 +77,6 @@ class SkinnyConfig:
     split: int
     num_warps: int = 4
     num_stages: int = 4
-    weights_first: bool = False  # a program's first weight tile loaded before the PDL wait
 
     def k_piece(self, k: int) -> int:
         """The K each program covers: a multiple of block_k, so only the last piece is ragged."""
@@ -116,16 +110,15 @@ class Workspace:
         self.reserve(pieces * MAX_ROWS * tiles * config.block_n, tiles)
 
 
-def config_for(k: int, n: int, sm_count: int, weights_first: bool = False) -> SkinnyConfig:
+def config_for(k: int, n: int, sm_count: int) -> SkinnyConfig:
     """The launch for a product of K x N on `sm_count` SMs: 64 columns a program, and pieces of K
-    enough for about two programs an SM, each piece at least two loop iterations long;
-    `weights_first` (the what-if) on the same launch."""
+    enough for about two programs an SM, each piece at least two loop iterations long."""
     block_n, block_k = 64, 128
     tiles = -(-n // block_n)
     split = 1
     while split * 2 * tiles <= 2 * sm_count and split * 2 * 2 * block_k <= k:
         split *= 2
-    return SkinnyConfig(block_n, block_k, split, weights_first=weights_first)
+    return SkinnyConfig(block_n, block_k, split)
 
 
 def block_m(rows: int) -> int:
@@ -135,38 +128,10 @@ def block_m(rows: int) -> int:
 
 if triton is not None:
     @triton.jit
-    def _operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED: tl.constexpr):
-        """The product's input rows at columns `ks`: x, or (GATED) silu(gate) * up of the gate/up
-        product's output, rounded as `kernels.silu_mul` (silu in the activation dtype, then the product)."""
-        a_mask = row_mask[:, None] & k_mask[None, :]
-        a_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]
-        if GATED:
-            gate = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
-            up = tl.load(a_ptrs + K, mask=a_mask, other=0.0).to(tl.float32)
-            silu = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
-            a = (silu * up).to(x_ptr.dtype.element_ty)
-        else:
-            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        return a
-
-    @triton.jit
-    def _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w):
-        return tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
-                       mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-
-    @triton.jit
-    def _dot(a, w, acc, DOT_FP32: tl.constexpr):
-        if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
-            acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
-        else:
-            acc = tl.dot(a, w, acc)
-        return acc
-
-    @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, K_PIECE, stride_x, stride_w,
                        stride_o, HAS_BIAS: tl.constexpr, ADDS: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
-                       WEIGHTS_FIRST: tl.constexpr, PDL: tl.constexpr):
+                       PDL: tl.constexpr):
         tile = tl.program_id(0)
         piece = tl.program_id(1)
         rows = tl.arange(0, BLOCK_M)
@@ -176,25 +141,27 @@ if triton is not None:
         k_start = piece * K_PIECE
         k_end = tl.minimum(k_start + K_PIECE, K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        loop_start = k_start
-        if WEIGHTS_FIRST:
-            # The piece's first weight tile, which no kernel writes, is read while the kernel before
-            # still runs (under PDL); only the rows wait for it. A piece of one block reads all its
-            # weights so.
-            ks = k_start + tl.arange(0, BLOCK_K)
-            k_mask = ks < k_end
-            w = _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w)
-            if PDL:
-                tl.extra.cuda.gdc_wait()
-            acc = _dot(_operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED), w, acc, DOT_FP32)
-            loop_start += BLOCK_K
-        elif PDL:
+        if PDL:
             tl.extra.cuda.gdc_wait()
-        for k in range(loop_start, k_end, BLOCK_K):
+        for k in range(k_start, k_end, BLOCK_K):
             ks = k + tl.arange(0, BLOCK_K)
             k_mask = ks < k_end
-            a = _operand(x_ptr, rows, ks, row_mask, k_mask, stride_x, K, GATED)
-            acc = _dot(a, _weight_tile(w_ptr, ks, cols, k_mask, col_mask, stride_w), acc, DOT_FP32)
+            a_mask = row_mask[:, None] & k_mask[None, :]
+            a_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]
+            if GATED:
+                gate = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
+                up = tl.load(a_ptrs + K, mask=a_mask, other=0.0).to(tl.float32)
+                # kernels.silu_mul's rounding: silu in the activation dtype, then the product
+                silu = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
+                a = (silu * up).to(x_ptr.dtype.element_ty)
+            else:
+                a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            w = tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
+                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+            if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
+                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
+            else:
+                acc = tl.dot(a, w, acc)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
@@ -255,8 +222,8 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
         x, weight, bias if bias is not None else weight, out, workspace.partials, workspace.counters,
         m, n, k, config.k_piece(k), x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, ADDS=into is not None, GATED=gated, SPLIT=pieces, BLOCK_M=block_m(m),
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, WEIGHTS_FIRST=config.weights_first,
-        num_warps=config.num_warps, num_stages=config.num_stages, **kernels.pdl_launch(x))
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, DOT_FP32=DOT_FP32, num_warps=config.num_warps,
+        num_stages=config.num_stages, **kernels.pdl_launch(x))
     return out
 
 
@@ -287,7 +254,7 @@ def attach(products: Iterable, device: torch.device, sm_count: Optional[int] = N
         if not product.is_transposed:
             continue
         k, n = product.weight.shape
-        launch = config or config_for(k, n, sm_count or _sm_count(device), _weights_first)
+        launch = config or config_for(k, n, sm_count or _sm_count(device))
         workspace.reserve_for(k, n, launch)
         product.few_rows = FewRowsProduct(product.weight, product.bias, launch, workspace)
         attached += 1

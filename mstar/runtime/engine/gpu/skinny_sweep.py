@@ -18,10 +18,8 @@ BEST_KEPT = 3  # fastest configs listed a case
 
 
 def configs() -> list:
-    """66 launch configs: 64- and 128-column tiles at 64-256 K a step and 1-16 pieces (128 columns
-    with 4 or 8 warps), and 32-column tiles at 128 K a step, 3 stages at 256 K a step, else 4; and
-    16 weights first (`SkinnyConfig.weights_first`: the first weight tile read before the PDL wait),
-    64- and 128-column tiles at 128 or 256 K a step, 2-16 pieces, 8 warps, 3 stages."""
+    """50 launch configs: 64- and 128-column tiles at 64-256 K a step and 1-16 pieces (128 columns
+    with 4 or 8 warps), and 32-column tiles at 128 K a step; 3 stages at 256 K a step, else 4."""
     from mstar.runtime.engine.gpu.skinny_products import SkinnyConfig
 
     def stages(block_k: int) -> int:
@@ -30,9 +28,7 @@ def configs() -> list:
     splits, steps = (1, 2, 4, 8, 16), (64, 128, 256)
     return ([SkinnyConfig(64, k, s, 4, stages(k)) for k in steps for s in splits]
             + [SkinnyConfig(128, k, s, w, stages(k)) for k in steps for s in splits for w in (4, 8)]
-            + [SkinnyConfig(32, 128, s, 4, 4) for s in splits]
-            + [SkinnyConfig(n, k, s, 8, 3, weights_first=True) for n in (64, 128) for k in (128, 256)
-               for s in (2, 4, 8, 16)])
+            + [SkinnyConfig(32, 128, s, 4, 4) for s in splits])
 
 
 def sweep(shapes: list, rows: Sequence[int], iters: int, device: Optional[torch.device] = None) -> dict:
@@ -87,8 +83,8 @@ def _case(k: int, n: int, rows: int, is_gated: bool, iters: int, device: torch.d
 
 
 def _name(config: Any) -> str:
-    pieces = "weights-first" if config.weights_first else f"split{config.split}"
-    return f"n{config.block_n} k{config.block_k} {pieces} w{config.num_warps} s{config.num_stages}"
+    return (f"n{config.block_n} k{config.block_k} split{config.split} w{config.num_warps} "
+            f"s{config.num_stages}")
 
 
 def table(result: dict) -> str:
