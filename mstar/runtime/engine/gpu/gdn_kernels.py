@@ -231,14 +231,9 @@ if triton is not None:
         written = conv_ptr + write_slot * C * (KW - 1)
         o_k = tl.arange(0, BK)
         mask_k = o_k < DK
-        # q and k of this head, read by every part (the last part to finish moves their columns on),
-        # the conv output in the activations' dtype (as the torch path rounds it).
-        q = _conv_read(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, row_scale, KW, KP)
-        k = _conv_read(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, row_scale, KW, KP)
-        q = q.to(out_ptr.dtype.element_ty).to(tl.float32)
-        k = k.to(out_ptr.dtype.element_ty).to(tl.float32)
-        q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale
-        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        # q and k of this head, read by every part (the last part to finish moves their columns on)
+        q, k = _head_qk(row_mixed, window, conv_weight_ptr, head, row_scale, scale, out_ptr.dtype.element_ty, H, DK,
+                        BK, KW, KP)
         o_v = part * BV + tl.arange(0, BV)
         mask_v = o_v < DV
         mask_state = mask_k[:, None] & mask_v[None, :]
@@ -269,6 +264,19 @@ if triton is not None:
                          z_ptr + row * stride_z, head, eps, row_scale, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
             if NS > 1:
                 tl.store(counts_ptr + row * H + head, 0)  # ready for the next layer or step
+
+    @triton.jit
+    def _head_qk(row_mixed, window, conv_weight_ptr, head, row_scale, scale, act: tl.constexpr, H: tl.constexpr,
+                 DK: tl.constexpr, BK: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr):
+        """q and k of one head (fp32): the conv over the window and the token (`_conv_read`),
+        rounded to the activations' dtype `act` as the torch path rounds it, L2-normed, q times `scale`."""
+        o_k = tl.arange(0, BK)
+        mask_k = o_k < DK
+        q = _conv_read(row_mixed, window, conv_weight_ptr, head * DK + o_k, mask_k, row_scale, KW, KP)
+        k = _conv_read(row_mixed, window, conv_weight_ptr, H * DK + head * DK + o_k, mask_k, row_scale, KW, KP)
+        q = q.to(act).to(tl.float32)
+        k = k.to(act).to(tl.float32)
+        return q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale, k / tl.sqrt(tl.sum(k * k) + 1e-6)
 
     @triton.jit
     def _arrive(count_ptr, NS: tl.constexpr):
