@@ -295,9 +295,9 @@ if triton is not None:
 
     @triton.jit
     def _finish_head(row_mixed, window, written, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, row_scale,
-                     H: tl.constexpr,
-                     HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr,
-                     BK: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr, GROUP: tl.constexpr):
+                     H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
+                     KP: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, NS: tl.constexpr, NSP: tl.constexpr,
+                     GROUP: tl.constexpr):
         """The last part of a (row, q/k head): the q/k conv columns one on, and the gated norm over each
         of its value heads' whole d_v from the parts' sums of squares (pointers at the row)."""
         o_k = tl.arange(0, BK)
