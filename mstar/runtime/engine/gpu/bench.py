@@ -32,10 +32,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from mstar.arg_types import NON_NEGATIVE, POSITIVE
+from mstar.arg_types import NON_NEGATIVE, POSITIVE, int_range
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
-from mstar.runtime.engine.gpu import decode_attention, graph_what_ifs
+from mstar.runtime.engine.gpu import decode_attention, graph_what_ifs, launch_probe
 from mstar.runtime.engine.gpu.attention import DECODE_KERNELS
 from mstar.runtime.engine.gpu.executor import StepExecutor
 
@@ -363,6 +363,7 @@ def run_engine(plan, node, iters: int, profile_rows: int = 0, decode_kernel="aut
     out["decode_graph_steps"] = executor.num_graph_steps
     out["folded_norms"] = executor.forward.folds_norms  # `--fold-norms`, where the decoder allows it
     out["decode_merge_in_kernel"] = decode_attention.merges_in_kernel()  # `--decode-merge-in-kernel`
+    out["extra_launches_a_layer"] = launch_probe.extra_launches()  # `--extra-launches`
     _packed_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate, numpy_executor)
     _chunk_steps(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
     _prefix_tail_step(out, plan, node, executor, kv.page_size, iters, shapes, bandwidth, rate)
@@ -567,6 +568,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the products of steps of at most 64 rows (the LM head's aside) on the split-K "
                              "Triton kernel, not cuBLAS (a what-if; docs/engine.md)")
     graph_what_ifs.add_arguments(parser)
+    parser.add_argument("--extra-launches", type=int_range(0, 64), default=0, metavar="N",
+                        help="launch N small kernels more after each layer (a probe: the step's time against a run "
+                             "without, over N x layers, is what one small kernel costs in the graphs; docs/engine.md)")
     parser.add_argument("--host-pack", action="store_true",
                         help="only the host's share of packing each step, numpy against the glue (no GPU needed)")
     return parser
@@ -581,6 +585,7 @@ def _set_what_ifs(args: argparse.Namespace):
     products.set_transposed(not args.module_layout)
     rule_graphs.set_enabled(not args.no_rule_graphs)
     skinny_products.set_enabled(args.skinny_products)
+    launch_probe.set_extra_launches(args.extra_launches)
     graph_what_ifs.apply(args)  # those `mstar bench kv` takes too
     return blas_edges
 
@@ -716,7 +721,9 @@ def _table(result: dict) -> str:
              f"{result['matmul_tflop_s']} TFLOP/s",
              f"packed by {result.get('packer', 'numpy')}"
              + ("; norms folded into the products (--fold-norms)" if result.get("folded_norms") else "")
-             + ("; decode attention's splits merged in the kernel" if result.get("decode_merge_in_kernel") else ""),
+             + ("; decode attention's splits merged in the kernel" if result.get("decode_merge_in_kernel") else "")
+             + (f"; {result['extra_launches_a_layer']} probe kernels a layer (--extra-launches)"
+                if result.get("extra_launches_a_layer") else ""),
              f"{'step':<18}{'ms':>10}{'floor ms':>10}{'x floor':>9}{'numpy ms':>10}{'ratio':>7}{'HF compiled':>13}"
              f"{'chained ms':>12}{'x floor':>9}"]
     cases = [(f"decode {k}", v) for k, v in result["decode"].items()]
