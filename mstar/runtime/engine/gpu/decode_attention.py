@@ -44,6 +44,9 @@ except ImportError:  # CPU installs without Triton keep FlashInfer or torch atte
 from mstar.runtime.engine.gpu.decode_heads import MAX_GROUP, serves_heads
 from mstar.runtime.engine.gpu.kernels import pdl_launch
 
+if triton is not None:
+    from mstar.runtime.engine.gpu.kernels import arrivals_before
+
 LOG2E = 1.4426950408889634
 MIN_QUERY_ROWS = MAX_GROUP  # tl.dot's smallest M: a KV head's query group is padded to this
 # Triton's interpreter multiplies bf16 operands of tl.dot as their raw 16-bit patterns, so under it
@@ -268,10 +271,8 @@ if triton is not None:
         """Counts this split in; the last of its (row, KV head) merges the group's heads over the
         splits and sets the counter back to zero."""
         d = tl.arange(0, HEAD_DIM)
-        # every thread's share is stored before the one atomic releases it (skinny_products' pattern)
-        tl.debug_barrier()
         counter = count_ptr + row * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        if arrivals_before(counter, NUM_SPLITS) == NUM_SPLITS - 1:
             s = tl.arange(0, NUM_SPLITS)
             lses = tl.load(part_ptr + lse_base + first[:, None] + s[None, :], mask=is_query[:, None],
                            other=float("-inf"), cache_modifier=".cg")

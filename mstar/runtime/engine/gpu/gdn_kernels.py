@@ -76,7 +76,7 @@ def available(device: torch.device) -> bool:
 
 
 if triton is not None:
-    from mstar.runtime.engine.gpu.kernels import rms_row_scale
+    from mstar.runtime.engine.gpu.kernels import arrivals_before, rms_row_scale
 
     @triton.jit
     def _column(conv_ptr, read_ptr, mixed_ptr, column, cols, mask, stride_mixed, num_stored, channels,
@@ -259,7 +259,7 @@ if triton is not None:
             tl.store(squares_ptr + (row * HV + head_v) * NSP + part, tl.sum(tl.where(mask_v, o32 * o32, 0.0)))
         # The last part of (row, head) to arrive moves the q/k columns on (every part has read them)
         # and norms the whole head.
-        if _arrive(counts_ptr + row * H + head, NS) == NS - 1:
+        if arrivals_before(counts_ptr + row * H + head, NS) == NS - 1:
             _finish_head(row_mixed, window, written, squares_ptr + row * HV * NSP, out_ptr + row * HV * DV, norm_ptr,
                          z_ptr + row * stride_z, head, eps, row_scale, H, HV, DK, DV, KW, KP, BK, BD, NS, NSP, GROUP)
             if NS > 1:
@@ -277,21 +277,6 @@ if triton is not None:
         q = q.to(act).to(tl.float32)
         k = k.to(act).to(tl.float32)
         return q / tl.sqrt(tl.sum(q * q) + 1e-6) * scale, k / tl.sqrt(tl.sum(k * k) + 1e-6)
-
-    @triton.jit
-    def _arrive(count_ptr, NS: tl.constexpr):
-        """How many of a (row, head)'s parts arrived before this one (0 to NS-1). The first barrier
-        puts every thread's stores before the counter's increment (one thread's atomic, release); the
-        second extends that thread's acquire to all the program's threads (Triton's broadcast of a
-        scalar atomic's result syncs them too, but that is its lowering, not its semantics), so the
-        other parts' stores are visible to every thread of the last."""
-        tl.debug_barrier()
-        if NS == 1:
-            arrived = 0
-        else:
-            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
-            tl.debug_barrier()
-        return arrived
 
     @triton.jit
     def _finish_head(row_mixed, window, written, squares_ptr, out_ptr, norm_ptr, z_ptr, head, eps, row_scale,

@@ -124,6 +124,23 @@ def row_norm_args(row_norm: Optional[RowNorm], like: torch.Tensor) -> dict[str, 
 
 if triton is not None:
     @triton.jit
+    def arrivals_before(count_ptr, NUM: tl.constexpr):
+        """How many of the `NUM` programs sharing the counter at `count_ptr` counted in before this
+        one (0 to NUM-1: the one that gets NUM-1 is the last, and may read what all the others
+        stored). The first barrier puts every thread's stores before the counter's increment (one
+        thread's atomic, release); the second extends that thread's acquire to all the program's
+        threads (Triton's broadcast of a scalar atomic's result syncs them too, but that is its
+        lowering, not its semantics), so the others' stores are visible to every thread of the last.
+        The caller sets the counter back to zero once the last is done with it."""
+        tl.debug_barrier()
+        if NUM == 1:
+            arrived = 0
+        else:
+            arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+            tl.debug_barrier()
+        return arrived
+
+    @triton.jit
     def rms_row_scale(x_ptr, row, stride_x, num_cols, eps, BLOCK: tl.constexpr):
         """One row's RMSNorm scale, rsqrt(mean(x^2) + eps), in fp32 (`RowNorm`); read after the
         PDL wait: the residual stream is step data."""

@@ -127,6 +127,8 @@ def block_m(rows: int) -> int:
 
 
 if triton is not None:
+    from mstar.runtime.engine.gpu.kernels import arrivals_before
+
     @triton.jit
     def _skinny_kernel(x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K, K_PIECE, stride_x, stride_w,
                        stride_o, HAS_BIAS: tl.constexpr, ADDS: tl.constexpr, GATED: tl.constexpr, SPLIT: tl.constexpr,
@@ -176,10 +178,7 @@ if triton is not None:
             # (the step's rows only: at one row the tile's other 15 would be 15/16 of the traffic)
             tl.store(part_ptr + (piece * tiles + tile).to(tl.int64) * tile_values + local, acc,
                      mask=row_mask[:, None])
-            # every thread's share of the partial is stored before the one atomic releases it
-            tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-            if done == SPLIT - 1:
+            if arrivals_before(count_ptr + tile, SPLIT) == SPLIT - 1:
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 for other in range(0, SPLIT):  # in piece order: the sum does not depend on who came last
                     total += tl.load(part_ptr + (other * tiles + tile).to(tl.int64) * tile_values + local,
