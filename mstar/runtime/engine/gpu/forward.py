@@ -269,10 +269,12 @@ class DecoderForward:
         layers = model.model.layers
         x, h = self._embed(ids, fed, layers[0].input_layernorm)
         delta = None
+        probes = self.is_fused and launch_probe.extra_launches() > 0  # the launch probe's what-if
         for index, layer in enumerate(layers):
             if self.folds_norms:  # x moves on in place; no delta
                 self._folded_layer(index, layer, x, h if index == 0 else None, positions, write_slots, attend, linear)
-                self._after_layer(x)
+                if probes:
+                    launch_probe.after_layer(x)
                 continue
             if delta is not None:  # the first layer's norm came with the embedding
                 x, h = self._norm(x, delta, layer.input_layernorm)
@@ -284,7 +286,8 @@ class DecoderForward:
             delta = model.reduce_partial(mixed)
             x, h = self._norm(x, delta, layer.post_attention_layernorm)
             delta = model.reduce_partial(self._mlp(index, h))
-            self._after_layer(x)
+            if probes:
+                launch_probe.after_layer(x)
         assert delta is not None or self.folds_norms, "a decoder has at least one layer"
         if self.is_fused:  # the last rows only, gathered by the kernel: the residual add and the final norm
             last = kernels.add_rmsnorm(x, delta, model.model.norm.weight, model.model.norm.eps,
@@ -292,11 +295,6 @@ class DecoderForward:
         else:
             last = model.model.norm((x if delta is None else x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight))
-
-    def _after_layer(self, x: torch.Tensor) -> None:
-        """The launch probe's kernels after a layer (`launch_probe.py`: none unless the what-if is set)."""
-        if self.is_fused:
-            launch_probe.after_layer(x)
 
     def named_products(self) -> list[tuple[str, products.Product]]:
         """Every matrix product a step runs but the LM head (the model's own), by role, one a layer."""
