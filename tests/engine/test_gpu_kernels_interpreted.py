@@ -9,12 +9,10 @@ pytest.importorskip("triton")
 from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
 
 from engine_plans import hybrid_plan, llm_plan  # noqa: E402
+from fused_steps import fused_forward, two_row_step  # noqa: E402
 from gdn_layer import small_gdn_layer  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu import kernels  # noqa: E402
-from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
-from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend  # noqa: E402
-from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
 from mstar.runtime.engine.models.gdn import LinearStates  # noqa: E402
 from mstar.runtime.engine.models.layers import RMSNorm  # noqa: E402
 
@@ -440,36 +438,7 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_deco
     delta-net layers (a decode-only step: their one kernel between the projections; prompts: the
     eager step's kernels)."""
     dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
-    outputs = []
-    for is_fused in (False, True):
-        model = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-        kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32,
-                     torch.device("cpu"))
-        kv.data.zero_()
-        states = LinearStates.for_dims(dims, 4) if is_hybrid else None
-        forward = DecoderForward(model, dims, kv, 256, states)
-        forward.is_fused = is_fused
-        if forward.gdn is not None:  # the eager step's conv kernel too
-            forward.gdn.is_fused = is_fused
-        if is_decode:  # one token a row on some cached context, the second row's from the token table
-            rows = [RowSpec([3], 5, [0], 1), RowSpec(None, 2, [1], 2)]
-            kv.data.normal_(generator=torch.Generator().manual_seed(3))
-            if states is not None:
-                for tensor in states.conv + states.ssm:
-                    tensor.normal_(0, 0.1, generator=torch.Generator().manual_seed(4))
-        else:
-            rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
-        packed = pack(rows, 16, kv.dummy_page)
-        data = torch.from_numpy(packed.host)
-        ids, positions, slots, src, last_index, row_slot = data.split(packed.field_sizes())
-        layout = forward.linear_layout(packed)
-        linear = (forward.decode_step(row_slot) if layout is None
-                  else forward.eager_linear_step(layout, torch.from_numpy(layout.host), row_slot))
-        attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
-                              packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
-        loop_tokens = torch.tensor([0, 4, 9], dtype=torch.long)  # the device token table: row slot 2 fed 9
-        logits = forward(ids, positions, slots, last_index, attend, linear, fed=(src, loop_tokens))
-        outputs.append((logits, kv.data.clone(), [t.clone() for t in states.conv + states.ssm] if states else []))
+    outputs = [two_row_step(*fused_forward(dims, is_hybrid, is_fused), is_decode) for is_fused in (False, True)]
     (logits, cache, recurrent), (fused_logits, fused_cache, fused_recurrent) = outputs
     torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused_cache, cache, rtol=1e-4, atol=1e-4)

@@ -11,12 +11,10 @@ pytest.importorskip("triton")
 from interpreter_child import parent_only, run_child, skip_unless_child  # noqa: E402
 
 from engine_plans import hybrid_plan, llm_plan  # noqa: E402
+from fused_steps import fused_forward, two_row_step  # noqa: E402
 from gdn_layer import small_gdn_layer  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
 from mstar.runtime.engine.gpu import kernels, norm_folding  # noqa: E402
-from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
-from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend  # noqa: E402
-from mstar.runtime.engine.gpu.packing import RowSpec, pack  # noqa: E402
 from mstar.runtime.engine.gpu.products import Product  # noqa: E402
 from mstar.runtime.engine.models.gdn import LinearStates  # noqa: E402
 from mstar.runtime.engine.models.layers import RMSNorm  # noqa: E402
@@ -89,37 +87,10 @@ def _drawn_norms(model, seed: int) -> None:
                 module.weight.copy_(drawn if module.is_zero_centred else 1.0 + drawn)
 
 
-def _step(forward: DecoderForward, kv: PagedKv, states, is_decode: bool):
-    """One step of two rows (decode: one token each over cached context) -> (logits, the KV cache,
-    the recurrent states), as test_gpu_kernels_interpreted's fused-forward test runs it."""
-    if is_decode:
-        rows = [RowSpec([3], 5, [0], 1), RowSpec(None, 2, [1], 2)]
-        kv.data.normal_(generator=torch.Generator().manual_seed(3))
-        for tensor in (states.conv + states.ssm) if states is not None else []:
-            tensor.normal_(0, 0.1, generator=torch.Generator().manual_seed(4))
-    else:
-        kv.data.zero_()
-        rows = [RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)]
-    packed = pack(rows, 16, kv.dummy_page)
-    ids, positions, slots, src, last_index, row_slot = torch.from_numpy(packed.host).split(packed.field_sizes())
-    layout = forward.linear_layout(packed)
-    linear = (forward.decode_step(row_slot) if layout is None
-              else forward.eager_linear_step(layout, torch.from_numpy(layout.host), row_slot))
-    attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
-                          packed.last_page_len.tolist(), 16, forward.dims.head_dim ** -0.5)
-    logits = forward(ids, positions, slots, last_index, attend, linear, fed=(src, torch.tensor([0, 4, 9])))
-    return logits, kv.data.clone(), [t.clone() for t in states.conv + states.ssm] if states is not None else []
-
-
 def _forward(dims, is_hybrid: bool, is_fused: bool):
-    model = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-    _drawn_norms(model, seed=5)
-    kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32, torch.device("cpu"))
-    states = LinearStates.for_dims(dims, 4) if is_hybrid else None
-    forward = DecoderForward(model, dims, kv, 256, states)
-    forward.is_fused = is_fused
-    if forward.gdn is not None:
-        forward.gdn.is_fused = is_fused
+    """`fused_forward` with every norm's weight drawn away from its start value."""
+    forward, kv, states = fused_forward(dims, is_hybrid, is_fused)
+    _drawn_norms(forward.model, seed=5)
     return forward, kv, states
 
 
@@ -127,13 +98,14 @@ def _forward(dims, is_hybrid: bool, is_fused: bool):
 @pytest.mark.parametrize("is_hybrid", [False, True], ids=["llama", "qwen3_5"])
 def test_the_folded_forward_matches_the_torch_forward(interpreted, is_hybrid, is_decode):
     """Llama's plain norms; Qwen3.5's zero-centred ones, q/k norms, the gated attention output and
-    gated delta-net layers (whose norm before in_proj stays, their out_proj adding into x)."""
+    gated delta-net layers (their input norm's scale in the decode kernel, a norm kernel of
+    identity weight before in_proj in prompt steps; their out_proj adding into x)."""
     dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
     torch_forward, kv, states = _forward(dims, is_hybrid, is_fused=False)
-    expected = _step(torch_forward, kv, states, is_decode)
+    expected = two_row_step(torch_forward, kv, states, is_decode)
     folded, kv, states = _forward(dims, is_hybrid, is_fused=True)
     assert folded.fold_norms() and folded.folds_norms
-    got = _step(folded, kv, states, is_decode)
+    got = two_row_step(folded, kv, states, is_decode)
     for got_part, expected_part in zip(got[:2], expected[:2]):  # logits, the KV cache
         torch.testing.assert_close(got_part, expected_part, rtol=1e-4, atol=1e-4)
     for got_state, expected_state in zip(got[2], expected[2]):
@@ -221,7 +193,7 @@ def test_a_folded_decode_step_launches_no_norm_but_the_final_one(interpreted, is
     def decode_launches(fold: bool) -> dict[str, int]:
         forward, kv, states = _forward(dims, is_hybrid, is_fused=True)
         assert forward.fold_norms() if fold else not forward.folds_norms
-        return count_launches(lambda: _step(forward, kv, states, is_decode=True),
+        return count_launches(lambda: two_row_step(forward, kv, states, is_decode=True),
                               [kernels, gdn_kernels, decode_attention])
 
     unfolded, folded = decode_launches(False), decode_launches(True)

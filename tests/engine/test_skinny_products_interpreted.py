@@ -139,32 +139,16 @@ def test_the_fused_forward_on_the_kernel_matches_it_on_torch_products(skinny, is
     """A whole fp32 step of a few rows with every product on the kernel (down's silu * up inside
     it; the hybrid's gated delta-net projections too) against the same step on torch's products."""
     from engine_plans import hybrid_plan, llm_plan
+    from fused_steps import fused_forward, two_row_step
     from mstar.plan.dims import decoder_dims
-    from mstar.runtime.engine.gpu.device_model import build_decoder
-    from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv, torch_attend
-    from mstar.runtime.engine.gpu.packing import RowSpec, pack
-    from mstar.runtime.engine.models.gdn import LinearStates
 
     dims = decoder_dims((hybrid_plan() if is_hybrid else llm_plan()).nodes[0], "spec")
     logits = []
     for on_kernel in (False, True):
-        model = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
-        kv = PagedKv(dims.num_full_layers, 16, 16, dims.num_kv_heads, dims.head_dim, torch.float32, torch.device("cpu"))
-        kv.data.zero_()
-        states = LinearStates.for_dims(dims, 4) if is_hybrid else None
-        forward = DecoderForward(model, dims, kv, 256, states)
-        forward.is_fused = True
-        if forward.gdn is not None:
-            forward.gdn.is_fused = True
+        forward, kv, states = fused_forward(dims, is_hybrid, is_fused=True)
         if on_kernel:  # the GPU's layout, [in, out], then the kernel
             for _, product in forward.named_products():
                 product.weight, product.is_transposed = product.weight.t().contiguous(), True
             assert skinny.attach((p for _, p in forward.named_products()), torch.device("cpu"), sm_count=8) > 0
-        packed = pack([RowSpec([3, 5, 7], 0, [0], 1), RowSpec([9, 2], 0, [1], 2)], 16, kv.dummy_page)
-        ids, positions, slots, src, last_index, row_slot = torch.from_numpy(packed.host).split(packed.field_sizes())
-        layout = forward.linear_layout(packed)
-        linear = None if layout is None else forward.eager_linear_step(layout, torch.from_numpy(layout.host), row_slot)
-        attend = torch_attend(packed.qo_indptr.tolist(), packed.kv_indptr.tolist(), packed.kv_indices,
-                              packed.last_page_len.tolist(), 16, dims.head_dim ** -0.5)
-        logits.append(forward(ids, positions, slots, last_index, attend, linear))
+        logits.append(two_row_step(forward, kv, states, is_decode=False)[0])
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
