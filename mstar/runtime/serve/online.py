@@ -361,6 +361,7 @@ class OnlineLoop:
         self.observer.on_finish(reason, is_refused)
         deliver(Delta(request.id, finish_reason=reason, is_refused=is_refused,
                       num_prompt_tokens=len(request.prompt_tokens)))
+
     def _end_in_conductor(self, reason: str) -> None:
         """Fail the conductor's requests, waiting ones first (an ended one admits the next), so the
         engine frees their KV pages and slots: a `close(timeout)` that cut requests off left their

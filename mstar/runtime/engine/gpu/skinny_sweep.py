@@ -63,6 +63,7 @@ def _case(k: int, n: int, rows: int, is_gated: bool, iters: int, device: torch.d
     cublas_us = graph_us(lambda: [p(kernels.silu_mul(x) if is_gated else x) for p in cublas], iters, WEIGHTS_A_GRAPH)
     workspace = skinny_products.Workspace(device)
     timed = []
+
     def launches(config: Any) -> Callable[[], list[torch.Tensor]]:
         return lambda: [skinny_products.skinny_mm(x, w, None, config, workspace, is_gated) for w in weights]
 
