@@ -54,6 +54,7 @@ runs and nothing can.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 
 import heapq
@@ -166,12 +167,15 @@ def _freeze_start_up() -> None:
     buffers) lives for the whole run, so it is moved out of the collector's reach (`gc.freeze`) and
     its full passes stop scanning it. Measured with the sim engine at 64 rows (docs/runtime.md,
     "Decode lanes"): post-process mean 184 -> 104 us a step. Once, not per run: a process running
-    many short runs (the tests) would pay a full collection each time."""
+    many short runs (the tests) would pay a full collection each time. Unfrozen at exit: the
+    interpreter's last collection skips frozen objects, and Triton's bindings (nanobind) then
+    report every object of theirs still alive as a leak on stderr."""
     global _is_start_up_frozen
     if not _is_start_up_frozen:
         _is_start_up_frozen = True
         gc.collect()
         gc.freeze()
+        atexit.register(gc.unfreeze)
 
 
 class Driver:
