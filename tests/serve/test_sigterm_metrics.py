@@ -163,3 +163,39 @@ def test_serve_refuses_a_port_in_use_or_a_bad_host_in_one_line(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and all(line.startswith("mstar serve: error: ") for line in lines)
     assert f"cannot listen on 127.0.0.1:{port}" in lines[0] and "--host '999.1.1.1' does not resolve" in lines[1]
+
+
+def test_a_second_signal_while_draining_cancels_every_request_cleanly():
+    """SIGTERM then SIGINT (Ctrl-C twice): the requests in flight are cancelled at once, a stream
+    ends with its error event and [DONE], a whole answer is a JSON 503, and the server exits 0
+    with no traceback (uvicorn's force exit cut the streams, answered a plain-text 500 and logged
+    CancelledError tracebacks)."""
+    with _serving("--drain-timeout", "30") as (process, port):
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        answers: dict = {}
+
+        def whole() -> None:
+            body = json.dumps({"model": "llama", "prompt": [1, 2, 3], "max_tokens": 4000}).encode()
+            request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(request, timeout=30)
+            except urllib.error.HTTPError as error:
+                answers["whole"] = (error.code, json.loads(error.read()))
+
+        waiting = threading.Thread(target=whole)
+        waiting.start()
+        body = json.dumps({"model": "llama", "prompt": [4, 5, 6], "max_tokens": 4000, "stream": True}).encode()
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            lines = [response.readline()]
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            process.send_signal(signal.SIGINT)
+            lines += response.read().splitlines()
+        waiting.join(30)
+        events = [line.decode() for line in lines if line.strip()]
+        assert events[-1] == "data: [DONE]" and "cancelled" in events[-2] and '"error"' in events[-2], events[-3:]
+        status, error = answers["whole"]
+        assert status == 503 and "cancelled" in error["error"]["message"]
+        assert process.wait(30) == 0
+        assert "Traceback" not in process.stderr.read().decode()

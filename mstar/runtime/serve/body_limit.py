@@ -1,10 +1,12 @@
-"""A bound on the size of a request body other than a multipart upload (a JSON request).
+"""A bound on the size of a request body other than a transcription upload (a JSON request).
 
-In: the ASGI app and the bound. Out: `BodyLimit`, ASGI middleware: a body whose Content-Length is
-past the bound is answered 413 before it is read; one sent in chunks without a length is counted
-as it arrives and refused (413) once past it. Multipart bodies (transcription uploads) pass: their
-route bounds the audio itself (transcription.py, MAX_AUDIO_BYTES). Before, a 200 MB JSON body was
-read whole and parsed.
+In: the ASGI app and the bound (`json_body_limit` of the plan's max_seq_len). Out: `BodyLimit`,
+ASGI middleware: a body whose Content-Length is past the bound is answered 413 before it is read;
+one sent in chunks without a length is counted as it arrives and refused (413) once past it. A
+multipart body sent to the transcription route passes: that route bounds the audio itself
+(transcription.py, MAX_AUDIO_BYTES); one sent to any other route is bounded like JSON (before,
+any multipart Content-Type passed everywhere, and a 400 MB body was read whole to be refused).
+Before the bound, a 200 MB JSON body was read whole and parsed.
 """
 from __future__ import annotations
 
@@ -15,7 +17,18 @@ from starlette.responses import JSONResponse
 
 from mstar.runtime.serve.http_schema import ApiError
 
-MAX_JSON_BODY_BYTES = 32 << 20  # a 131072-token prompt of token ids is about 1 MB of JSON
+MAX_JSON_BODY_BYTES = 32 << 20  # the bound whatever the plan
+MIN_JSON_BODY_BYTES = 1 << 20
+JSON_BYTES_PER_TOKEN = 64  # text runs at 4-12 bytes a token in JSON (escapes included), ids under 8
+UPLOAD_PATHS = ("/v1/audio/transcriptions",)  # routes that bound their multipart form themselves
+
+
+def json_body_limit(max_seq_len: int) -> int:
+    """A JSON body's bound for a plan: JSON_BYTES_PER_TOKEN bytes a token of its max_seq_len,
+    within [MIN_JSON_BODY_BYTES, MAX_JSON_BODY_BYTES]. A prompt past max_seq_len is refused
+    anyway; a larger body only costs the server the time to read, parse and tokenize it (30 MB of
+    text took 20 s to be refused)."""
+    return min(MAX_JSON_BODY_BYTES, max(MIN_JSON_BODY_BYTES, JSON_BYTES_PER_TOKEN * max_seq_len))
 
 
 class BodyLimit:
@@ -28,7 +41,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if headers.get(b"content-type", b"").startswith(b"multipart/"):
+        if scope.get("path") in UPLOAD_PATHS and headers.get(b"content-type", b"").startswith(b"multipart/"):
             await self.app(scope, receive, send)
             return
         length = headers.get(b"content-length", b"")

@@ -17,16 +17,20 @@ metrics (serve/prom.py). Out: `build_app(...) -> FastAPI` with
 Which of them a plan serves comes from its roles (serve/endpoints.py); the others answer 404
 with a message naming what the plan serves. Streams carry one event per delta the run loop
 delivers (one per step that produced output for the request), then the finish reason and usage,
-then `data: [DONE]`. A client that disconnects mid-stream cancels its request (the async
-generator of `LLM.stream` is closed, which cancels it at the next step boundary). Errors are
+then `data: [DONE]`. A client that disconnects cancels its request at the next step boundary,
+whether it streams (the async generator of `LLM.stream` is closed) or waits for the whole answer
+or for its first output (`cancelled_when_gone`); its pages go back to the pool. A text prompt is
+tokenized on a worker thread, so a long one does not hold the other clients up. Errors are
 OpenAI-style JSON (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body or
 values, 404 for an unknown model or an endpoint the plan does not serve, 429 when the admission
 queue is full, 503 while shutting down, 500 for a failure inside the server; never a traceback.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
+from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -68,11 +72,16 @@ class Service:
             raise ApiError(404, f"the plan of {self.model_name!r} does not serve {what} (it serves: {served})",
                            kind="not_found_error")
 
-    def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
-                media: Optional[dict[str, Any]] = None) -> Request:
-        """The runtime request (400 for a bad prompt or values). default_to_rest: max_tokens is
-        what the plan's max_seq_len leaves after the prompt. media: by modality; with media the
-        prompt may be empty token ids."""
+    async def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
+                      media: Optional[dict[str, Any]] = None) -> Request:
+        """The runtime request (400 for a bad prompt or values), made on a worker thread: a long
+        text prompt takes the tokenizer seconds (about 0.7 s a megabyte), which the event loop
+        spends on the other clients. default_to_rest: max_tokens is what the plan's max_seq_len
+        leaves after the prompt. media: by modality; with media the prompt may be empty token ids."""
+        return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media)
+
+    def _request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool,
+                 media: Optional[dict[str, Any]]) -> Request:
         try:
             ids = [] if media and prompt == [] else self.llm.prompt_tokens(prompt)
             if default_to_rest:
@@ -94,6 +103,27 @@ class Service:
         if first.is_final and first.is_refused:  # the run loop counted it `refused`
             raise ApiError(400, _reason(first.finish_reason), is_counted=True)
         return stream, first
+
+
+@asynccontextmanager
+async def cancelled_when_gone(service: Service, http: HttpRequest, request: Request) -> AsyncIterator[None]:
+    """While the block runs (a handler waiting for a request's first output or its whole answer),
+    a client that disconnects cancels the request: it ends `cancelled` at the next step boundary
+    and frees its pages, where before it ran to its max_tokens for nobody. A streaming response
+    watches for the disconnect itself once it has started (Starlette's), so leave the block first."""
+    watcher = asyncio.ensure_future(_until_disconnected(http))
+    watcher.add_done_callback(lambda done: done.cancelled() or service.llm.loop.cancel(request.id))
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def _until_disconnected(http: HttpRequest) -> None:
+    """Returns when the client goes: once a handler has its body, the next ASGI message is the
+    disconnect (or the end of the response, after the block above has left)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _reason(finish_reason: Optional[str]) -> str:
@@ -118,10 +148,10 @@ async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
 
 
 def build_app(service: Service) -> FastAPI:
-    from mstar.runtime.serve.body_limit import BodyLimit
+    from mstar.runtime.serve.body_limit import BodyLimit, json_body_limit
 
     app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len))
     _error_handlers(app, service)
     _info_routes(app, service)
     _unserved_routes(app, service)  # first: a path's first route answers
@@ -204,61 +234,67 @@ def _unserved_handler(service: Service, what: str) -> Any:
 
 def _text_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/completions")
-    async def completions(body: CompletionBody) -> Response:
+    async def completions(body: CompletionBody, http: HttpRequest) -> Response:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_text, "completions")
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-        request = service.request(body.prompt_value(), body.sampling(tokens))
-        stream, first = await service.start(request)
-        if body.stream:
-            return sse.response(sse.completion_events(service, request, body, stream, first))
-        return JSONResponse(sse.completion_body(service, request, await collect(stream, first)))
+        request = await service.request(body.prompt_value(), body.sampling(tokens))
+        async with cancelled_when_gone(service, http, request):
+            stream, first = await service.start(request)
+            if body.stream:
+                return sse.response(sse.completion_events(service, request, body, stream, first))
+            deltas = await collect(stream, first)
+        return JSONResponse(sse.completion_body(service, request, deltas))
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatBody) -> Response:
+    async def chat(body: ChatBody, http: HttpRequest) -> Response:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_text, "chat completions")
         limit = body.token_limit()
-        request = service.request(body.prompt_value(), body.sampling(1 if limit is None else limit),
-                                  default_to_rest=limit is None)
-        stream, first = await service.start(request)
-        if body.stream:
-            return sse.response(sse.chat_events(service, request, body, stream, first))
-        return JSONResponse(sse.chat_body(service, request, await collect(stream, first)))
+        request = await service.request(body.prompt_value(), body.sampling(1 if limit is None else limit),
+                                        default_to_rest=limit is None)
+        async with cancelled_when_gone(service, http, request):
+            stream, first = await service.start(request)
+            if body.stream:
+                return sse.response(sse.chat_events(service, request, body, stream, first))
+            deltas = await collect(stream, first)
+        return JSONResponse(sse.chat_body(service, request, deltas))
 
 
 def _media_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/audio/speech")
-    async def speech(body: SpeechBody) -> Response:
+    async def speech(body: SpeechBody, http: HttpRequest) -> Response:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_speech, "speech")
         body.checks()
-        request = service.request(body.prompt(), body.sampling())
-        stream, first = await service.start(request)
-        if body.stream_format == "sse":
-            return sse.response(sse.speech_events(request, stream, first))
-        if body.response_format == "pcm":
-            return StreamingResponse(sse.pcm_chunks(stream, first), media_type="audio/pcm")
+        request = await service.request(body.prompt(), body.sampling())
+        async with cancelled_when_gone(service, http, request):
+            stream, first = await service.start(request)
+            if body.stream_format == "sse":
+                return sse.response(sse.speech_events(request, stream, first))
+            if body.response_format == "pcm":
+                return StreamingResponse(sse.pcm_chunks(stream, first), media_type="audio/pcm")
+            deltas = await collect(stream, first)
         from mstar.runtime.serve.media import wav_bytes
         from mstar.runtime.serve.results import sample_rate_of
 
-        deltas = await collect(stream, first)
         chunks = [value for d in deltas for modality, value in d.media if modality == "audio"]
         data, _ = wav_bytes(chunks, sample_rate_of(service.llm.plan))
         return Response(data, media_type="audio/wav")
 
     @app.post("/v1/images/generations")
-    async def images(body: ImageBody) -> JSONResponse:
+    async def images(body: ImageBody, http: HttpRequest) -> JSONResponse:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_images, "image generation")
         body.checks()
         sampling = SamplingParams(max_tokens=DEFAULT_IMAGE_TOKENS, seed=body.seed,
                                   route=dict(service.endpoints.image_route))
-        request = service.request(body.prompt, sampling)
-        stream, first = await service.start(request)
+        request = await service.request(body.prompt, sampling)
+        async with cancelled_when_gone(service, http, request):
+            stream, first = await service.start(request)
+            deltas = await collect(stream, first)
         from mstar.runtime.serve.media import png_bytes
 
-        deltas = await collect(stream, first)
         images = [png_bytes(value)[0] for d in deltas for modality, value in d.media if modality == "image"]
         data = [{"b64_json": base64.b64encode(png).decode("ascii")} for png in images]
         return JSONResponse({"created": int(time.time()), "data": data})

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from mstar.runtime.serve import http_stream as sse
 from mstar.runtime.serve.api import PromptError, SamplingParams
 from mstar.runtime.serve.audio_input import audio_input_of
-from mstar.runtime.serve.http_app import Service, collect
+from mstar.runtime.serve.http_app import Service, cancelled_when_gone, collect
 from mstar.runtime.serve.http_schema import ApiError
 from mstar.runtime.serve.transcription import read_form, samples, start_sequence
 
@@ -56,11 +56,13 @@ def transcription_routes(app: FastAPI, service: Service) -> None:
             num_windows = -(-int(audio.shape[0]) // audio_input.window_samples)
             max_tokens = max(1, llm.plan.deployment.max_seq_len * num_windows - len(prompt))
         sampling = SamplingParams(max_tokens=max_tokens, temperature=form.temperature, seed=form.seed)
-        request = service.request(prompt, sampling, media={"audio": audio})
-        stream, first = await service.start(request)
-        if form.is_stream:
-            return sse.response(sse.transcript_events(request, stream, first))
-        text = "".join(d.text for d in await collect(stream, first))
+        request = await service.request(prompt, sampling, media={"audio": audio})
+        async with cancelled_when_gone(service, http, request):
+            stream, first = await service.start(request)
+            if form.is_stream:
+                return sse.response(sse.transcript_events(request, stream, first))
+            deltas = await collect(stream, first)
+        text = "".join(d.text for d in deltas)
         if form.response_format == "text":
             return PlainTextResponse(text)
         return JSONResponse({"text": text, "usage": {"type": "duration", "seconds": seconds}})

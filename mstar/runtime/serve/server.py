@@ -6,9 +6,10 @@
 In: the options below. Out: a server (serve/http_app.py) until SIGTERM or SIGINT: then it stops
 accepting connections, lets the requests in flight finish for at most `--drain-timeout` seconds
 (uvicorn's graceful shutdown; those still running half a second before it ends are cancelled,
-which frees their pages and ends their streams with a `cancelled` error event), stops the run
-loop and exits 0. Exit 1 with one `mstar serve: error: ...` line for a plan, tokenizer or engine
-that cannot start, or a port that cannot be bound; 2 for bad usage.
+which frees their pages and ends their streams with a `cancelled` error event; a second signal
+cancels them at once, a third is uvicorn's force exit), stops the run loop and exits 0. Exit 1
+with one `mstar serve: error: ...` line for a plan, tokenizer or engine that cannot start, or a
+port that cannot be bound; 2 for bad usage.
 """
 from __future__ import annotations
 
@@ -112,6 +113,19 @@ def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        is_cancelling = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            """A second signal while draining (Ctrl-C twice) cancels every request now, so each
+            answers `cancelled` and the drain ends when they have; uvicorn's own force exit cut
+            the streams, answered a plain-text 500 and logged CancelledError tracebacks. A third
+            signal is uvicorn's force exit."""
+            if self.should_exit and not self.is_cancelling:
+                self.is_cancelling = True
+                loop.cancel_all()
+                return
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets: Any = None) -> None:
             timer = asyncio.get_running_loop().call_later(max(0.0, drain_s - DRAIN_MARGIN_S), loop.cancel_all)
             try:

@@ -49,7 +49,12 @@ class TextTokenizer:
         self._template: Any = None
 
     def encode(self, text: str) -> list[int]:
-        return list(self._backend.encode(_unicode(text), add_special_tokens=True).ids)
+        return self._ids(text, add_special_tokens=True)
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Through `encode_batch`, which lets go of the GIL while it works (`encode` holds it: a
+        30 MB prompt held every other thread of the server, the run loop's among them, for 20 s)."""
+        return list(self._backend.encode_batch([_unicode(text)], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=True)
@@ -77,8 +82,7 @@ class TextTokenizer:
                                  f"{error}") from None
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        text = self.render_chat(messages)
-        return list(self._backend.encode(_unicode(text), add_special_tokens=False).ids)
+        return self._ids(self.render_chat(messages), add_special_tokens=False)
 
     def _config_path(self) -> str:
         return str(Path(self.directory) / "tokenizer_config.json")
