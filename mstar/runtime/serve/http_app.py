@@ -111,8 +111,12 @@ async def cancelled_when_gone(service: Service, http: HttpRequest, request: Requ
     a client that disconnects cancels the request: it ends `cancelled` at the next step boundary
     and frees its pages, where before it ran to its max_tokens for nobody. A streaming response
     watches for the disconnect itself once it has started (Starlette's), so leave the block first."""
+    def on_gone(watched: asyncio.Future) -> None:
+        if not watched.cancelled():
+            service.llm.loop.cancel(request.id)
+
     watcher = asyncio.ensure_future(_until_disconnected(http))
-    watcher.add_done_callback(lambda done: done.cancelled() or service.llm.loop.cancel(request.id))
+    watcher.add_done_callback(on_gone)
     try:
         yield
     finally:
