@@ -112,7 +112,8 @@ async def cancelled_when_gone(service: Service, http: HttpRequest, request: Requ
     and frees its pages, where before it ran to its max_tokens for nobody. A streaming response
     watches for the disconnect itself once it has started (Starlette's), so leave the block first."""
     def on_gone(watched: asyncio.Future) -> None:
-        if not watched.cancelled():
+        if not watched.cancelled():  # gone, or its connection failed (the exception retrieved: no log line)
+            watched.exception()
             service.llm.loop.cancel(request.id)
 
     watcher = asyncio.ensure_future(_until_disconnected(http))
