@@ -33,6 +33,13 @@ def test_models_lists_the_plan_model(llama):
     assert models[0].model_extra["serves"] == ["text"]
 
 
+def test_a_model_is_retrieved_by_name(llama):
+    _, _, client = llama
+    assert client.models.retrieve("llama").id == "llama"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
 def test_completion_from_token_ids_matches_the_python_api(llama):
     service, _, client = llama
     answer = client.completions.create(model="llama", prompt=[1, 9, 10, 11], max_tokens=6)
@@ -168,3 +175,49 @@ def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=30)
         assert refused.value.code == 404 and "does not serve" in refused.value.read().decode()
+
+
+def _raw_post(client, path: str, data: bytes) -> tuple[int, dict]:
+    import json
+
+    request = urllib.request.Request(f"{client.base_url}{path}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())["error"]
+
+
+@pytest.mark.parametrize("body, message, param", [
+    # strict: a number as a string, a boolean as a number or as ids, a string as a boolean (they were coerced)
+    (b'{"model": "llama", "prompt": [1, 2], "max_tokens": "5"}', "max_tokens: Input should be a valid integer",
+     "max_tokens"),
+    (b'{"model": "llama", "prompt": [1, 2], "max_tokens": true}', "max_tokens: Input should be a valid integer",
+     "max_tokens"),
+    (b'{"model": "llama", "prompt": [1, 2], "stream": "yes"}', "stream: Input should be a valid boolean", "stream"),
+    (b'{"model": "llama", "prompt": [true, false]}', "prompt: must be a string, a list of token ids", "prompt"),
+    # one message a field, not the union's branch (it said "prompt.str" and "stop.str")
+    (b'{"model": "llama", "prompt": [1, "a"]}', "prompt: must be a string, a list of token ids", "prompt"),
+    (b'{"model": "llama", "prompt": [1, 2], "stop": 5}', "stop: must be a string or a list of strings", "stop"),
+    # the body itself (a JSON error's offset read as a field: "26: JSON decode error", param "26")
+    (b'{"model": "llama", "prompt":', "the request body is not valid JSON", None),
+    (b"", "the request body is missing", None),
+    # a value out of range names its field
+    (b'{"model": "llama", "prompt": [1, 2], "temperature": -1}', "temperature must be >= 0", "temperature"),
+    (b'{"model": "llama", "prompt": [1, 2], "max_tokens": 0}', "max_tokens must be >= 1", "max_tokens"),
+])
+def test_a_bad_body_is_a_400_naming_its_field(llama, body, message, param):
+    status, error = _raw_post(llama[2], "completions", body)
+    assert status == 400 and error["message"].startswith(message), error
+    assert error["param"] == param
+
+
+def test_a_chat_prompt_that_fills_the_sequence_says_so(llama):
+    """Without max_tokens a chat request takes what max_seq_len leaves; a prompt that leaves
+    nothing was refused as "max_tokens (1)", a value the client never sent."""
+    import json
+
+    body = {"model": "llama", "messages": [{"role": "user", "content": "hello " * 8200}]}
+    status, error = _raw_post(llama[2], "chat/completions", json.dumps(body).encode())
+    assert status == 400 and "leaves no room to generate" in error["message"] and "max_tokens" not in error["message"]

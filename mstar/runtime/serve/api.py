@@ -56,7 +56,13 @@ class PromptError(ValueError):
 
 
 class SamplingError(ValueError):
-    """A sampling value out of range (the message names it)."""
+    """A sampling value out of range (the message names it, first)."""
+
+    @property
+    def param(self) -> Optional[str]:
+        """The field the message is about: every message starts with its name."""
+        name = str(self).split(" ", 1)[0]
+        return name if name in SamplingParams.__dataclass_fields__ else None
 
 
 @dataclass

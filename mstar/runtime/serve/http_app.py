@@ -5,6 +5,7 @@ metrics (serve/prom.py). Out: `build_app(...) -> FastAPI` with
 
     GET  /health                      200 {"status": "ok"}; 503 once the run loop failed or closed
     GET  /v1/models                   the one model, with the request kinds its plan serves
+    GET  /v1/models/{model}           that model's card; 404 for another name
     POST /v1/completions              prompt as text or token ids; `stream` as server-sent events
     POST /v1/chat/completions         messages through the tokenizer's chat template
     POST /v1/audio/speech             plans with a text prompt and audio emissions: WAV, or PCM
@@ -42,7 +43,7 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
 from mstar.runtime.serve.endpoints import endpoints_of
 from mstar.runtime.serve.http_schema import (
-    DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, ImageBody, SpeechBody,
+    CANCELLED_MESSAGE, DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, ImageBody, SpeechBody,
 )
 from mstar.runtime.serve.online import Closed, Delta, Overloaded
 from mstar.runtime.serve.prom import CONTENT_TYPE, ServerMetrics
@@ -85,10 +86,16 @@ class Service:
         try:
             ids = [] if media and prompt == [] else self.llm.prompt_tokens(prompt)
             if default_to_rest:
-                sampling.max_tokens = max(1, self.llm.plan.deployment.max_seq_len - len(ids))
+                room = self.llm.plan.deployment.max_seq_len - len(ids)
+                if room < 1:
+                    raise PromptError(f"the prompt ({len(ids)} tokens) leaves no room to generate within the "
+                                      f"plan's max_seq_len {self.llm.plan.deployment.max_seq_len}")
+                sampling.max_tokens = room
             return self.llm.request(ids, sampling, media)
-        except (PromptError, SamplingError) as error:
+        except PromptError as error:
             raise ApiError(400, str(error)) from None
+        except SamplingError as error:
+            raise ApiError(400, str(error), param=error.param) from None
 
     async def start(self, request: Request) -> tuple[AsyncIterator[Delta], Delta]:
         """Submit; the stream and its first delta (429 full queue, 503 closing, 400 refused)."""
@@ -148,7 +155,7 @@ async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
     if reason.startswith("error"):
         raise ApiError(500, _reason(reason), kind="server_error")
     if reason == "cancelled":
-        raise ApiError(503, "the request was cancelled (the server is shutting down)", kind="server_error")
+        raise ApiError(503, CANCELLED_MESSAGE, kind="server_error")
     return deltas
 
 
@@ -178,9 +185,7 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
     @app.exception_handler(RequestValidationError)
     async def bad_body(_: HttpRequest, error: RequestValidationError) -> JSONResponse:
         service.metrics.refused("invalid")
-        first = error.errors()[0] if error.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        message = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid body"))
+        message, where = _body_problem(error.errors()[0] if error.errors() else {})
         return JSONResponse(ApiError(400, message, param=where).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -195,6 +200,23 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
         return JSONResponse(ApiError(500, message, kind="server_error").body(), status_code=500)
 
 
+def _body_problem(first: dict[str, Any]) -> tuple[str, Optional[str]]:
+    """(message, the field it is about) for a body FastAPI could not read into the route's model.
+    A body that is not JSON and a missing body are said as such (FastAPI's loc for a JSON error is
+    the character's offset, which read as a field: "26: JSON decode error")."""
+    kind, msg = first.get("type"), str(first.get("msg", "invalid"))
+    if kind == "json_invalid":
+        offset = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
+        at = f" at character {offset}" if offset is not None else ""
+        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', msg)}{at})", None
+    location = tuple(p for p in first.get("loc", ()) if p != "body")
+    if kind == "missing" and not location:
+        return "the request body is missing: send a JSON object", None
+    where = ".".join(str(p) for p in location) or None
+    msg = msg.removeprefix("Value error, ")
+    return (f"{where}: {msg}" if where else msg), where
+
+
 def _info_routes(app: FastAPI, service: Service) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -203,11 +225,18 @@ def _info_routes(app: FastAPI, service: Service) -> None:
             return JSONResponse({"status": "unavailable", "reason": loop.error or "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    def card() -> dict[str, Any]:
+        return {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "mstar",
+                "serves": service.endpoints.names(), "max_model_len": service.llm.plan.deployment.max_seq_len}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "mstar",
-                "serves": service.endpoints.names(), "max_model_len": service.llm.plan.deployment.max_seq_len}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card()]})
+
+    @app.get("/v1/models/{model:path}")  # a path: model names such as "meta-llama/Llama-3.2-1B" hold slashes
+    async def model(model: str) -> JSONResponse:
+        service.check_model(model)
+        return JSONResponse(card())
 
     @app.get("/metrics")
     async def metrics() -> Response:

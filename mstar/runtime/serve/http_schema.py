@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-style endpoints, and what they become for the Python API.
 
-In: JSON bodies (pydantic models below; unknown fields are ignored, as OpenAI's server does for
-fields it does not know). Out: a prompt (token ids, text or chat messages) and `SamplingParams`
+In: JSON bodies (pydantic models below, strict: a number as a string, a boolean as a number or a
+string as a boolean is refused, not coerced; unknown fields are ignored, as OpenAI's server does
+for fields it does not know). Out: a prompt (token ids, text or chat messages) and `SamplingParams`
 (serve/api.py), or an `ApiError` (status, OpenAI error type, message, param) for a body the
 server cannot take: unsupported options (n > 1, logprobs, echo, best_of, non-zero penalties,
 response formats other than those documented) are refused rather than ignored, so a client is
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from mstar.runtime.serve.api import SamplingParams
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
+CANCELLED_MESSAGE = "the request was cancelled (the server is shutting down)"
 
 
 class ApiError(Exception):
@@ -46,8 +48,12 @@ UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "par
                       "web_search_options")
 
 
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")  # model_extra: the fields refused by name below
+    model_config = ConfigDict(extra="allow", strict=True)  # model_extra: the fields refused by name below
 
     model: str
     # sampling, shared
@@ -63,6 +69,15 @@ class _Body(BaseModel):
     stop_token_ids: Optional[list[int]] = None
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
+
+    @field_validator("stop", mode="plain")
+    @classmethod
+    def _stop(cls, value: Any) -> Any:
+        """One message for what stop may be (a union's error named the branch tried: `stop.str`)."""
+        is_strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if value is None or isinstance(value, str) or is_strings:
+            return value
+        raise ValueError("must be a string or a list of strings")
 
     def common_checks(self) -> None:
         extra = self.model_extra or {}
@@ -88,6 +103,17 @@ class _Body(BaseModel):
 
 class CompletionBody(_Body):
     prompt: Union[str, list[int], list[str], list[list[int]]]
+
+    @field_validator("prompt", mode="plain")
+    @classmethod
+    def _prompt(cls, value: Any) -> Any:
+        """One message for what a prompt may be (a union's error named the branch tried:
+        `prompt.str` for a list holding a string among ids)."""
+        if isinstance(value, str) or _is_token_ids(value):
+            return value
+        if isinstance(value, list) and (all(isinstance(v, str) for v in value) or all(map(_is_token_ids, value))):
+            return value
+        raise ValueError("must be a string, a list of token ids (integers), or a list of one of those")
     max_tokens: Optional[int] = DEFAULT_COMPLETION_TOKENS
     logprobs: Optional[int] = None
     echo: bool = False
@@ -150,7 +176,7 @@ def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
 
 class SpeechBody(BaseModel):
     # Other fields are kept: they may give values to fields of the plan's prompt format.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     input: str
@@ -190,7 +216,7 @@ class SpeechBody(BaseModel):
 
 
 class ImageBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     prompt: str

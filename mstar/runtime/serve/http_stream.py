@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi.responses import StreamingResponse
 
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.http_schema import CANCELLED_MESSAGE
 from mstar.runtime.serve.online import Delta
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
@@ -62,6 +63,8 @@ def _error_event(delta: Delta) -> str:
     failed it (the 400 a non-streaming request gets), else a server_error."""
     reason = delta.finish_reason or "error"
     message = reason[len("error: "):] if reason.startswith("error: ") else reason
+    if reason == "cancelled":  # a stream's client is there to read it: only the server cancels it
+        message = CANCELLED_MESSAGE
     kind = "invalid_request_error" if delta.is_input_fault else "server_error"
     return f"data: {dumps({'error': {'message': message, 'type': kind, 'param': None, 'code': None}})}\n\n"
 
