@@ -21,6 +21,7 @@ timeline and prints one line saying what was kept.
 from __future__ import annotations
 
 import argparse
+import importlib
 import contextlib
 import json
 import logging
@@ -29,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from mstar.cli.common import global_parser, take_global_options
 from mstar.runtime.serve.workload import (
@@ -614,60 +615,31 @@ def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinis
     return "; ".join(parts)
 
 
+# `mstar bench WHAT` -> the module whose main(argv) runs it (imported when asked for: `import mstar` stays light)
+BENCHES = {"scheduler": "mstar.runtime.serve.bench_scheduler", "postprocess": "mstar.runtime.serve.bench_postprocess",
+           "runner": "mstar.runtime.serve.bench_runner", "lone": "mstar.runtime.serve.bench_lone",
+           "attention": "mstar.runtime.serve.bench_attention", "load": "mstar.runtime.serve.bench_load",
+           "kv": "mstar.runtime.serve.bench_kv", "serve": "mstar.runtime.serve.bench_serve",
+           "gdn": "mstar.runtime.engine.gpu.bench_gdn", "products": "mstar.runtime.engine.gpu.bench_products",
+           "engine": "mstar.runtime.engine.gpu.bench"}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # `mstar serve` hands its --log-level to uvicorn too
     argv = take_global_options(sys.argv[1:] if argv is None else argv, "mstar", own_log_level=("serve",))
     if argv[:1] == ["serve"]:
-        from mstar.runtime.serve import server
-
-        return server.main(argv[1:])
-    if argv[:2] == ["bench", "scheduler"]:
-        from mstar.runtime.serve import bench_scheduler
-
-        return bench_scheduler.main(argv[2:])
-    if argv[:2] == ["bench", "postprocess"]:
-        from mstar.runtime.serve import bench_postprocess
-
-        return bench_postprocess.main(argv[2:])
-    if argv[:2] == ["bench", "runner"]:
-        from mstar.runtime.serve import bench_runner
-
-        return bench_runner.main(argv[2:])
-    if argv[:2] == ["bench", "lone"]:
-        from mstar.runtime.serve import bench_lone
-
-        return bench_lone.main(argv[2:])
-    if argv[:2] == ["bench", "attention"]:
-        from mstar.runtime.serve import bench_attention
-
-        return bench_attention.main(argv[2:])
-    if argv[:2] == ["bench", "load"]:
-        from mstar.runtime.serve import bench_load
-
-        return bench_load.main(argv[2:])
-    if argv[:2] == ["bench", "kv"]:
-        from mstar.runtime.serve import bench_kv
-
-        return bench_kv.main(argv[2:])
-    if argv[:2] == ["bench", "serve"]:
-        from mstar.runtime.serve import bench_serve
-
-        return bench_serve.main(argv[2:])
-    if argv[:2] == ["bench", "gdn"]:
-        from mstar.runtime.engine.gpu import bench_gdn
-
-        return bench_gdn.main(argv[2:])
-    if argv[:2] == ["bench", "products"]:
-        from mstar.runtime.engine.gpu import bench_products
-
-        return bench_products.main(argv[2:])
-    if argv[:2] == ["bench", "engine"]:
-        from mstar.runtime.engine.gpu import bench
-
-        return bench.main(argv[2:])
+        return _guarded(lambda: importlib.import_module("mstar.runtime.serve.server").main(argv[1:]))
+    if argv[:1] == ["bench"] and argv[1:2] and argv[1] in BENCHES:
+        return _guarded(lambda: importlib.import_module(BENCHES[argv[1]]).main(argv[2:]))
     args = _parser().parse_args(argv)
+    return _guarded(lambda: run_command(args))
+
+
+def _guarded(command: Callable[[], int]) -> int:
+    """Run a command; what it did not turn into an error line of its own becomes one here, never a
+    traceback (each bench and `mstar serve` say their own errors; this catches what they missed)."""
     try:
-        return run_command(args)
+        return command()
     except CliError as error:
         print(f"mstar: error: {error}", file=sys.stderr)
         return 1
@@ -677,6 +649,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:  # before `mstar run` set its own handlers
         print("mstar: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except MemoryError:
+        print("mstar: error: out of memory (a pool or an input larger than this machine holds)", file=sys.stderr)
+        return 1
     except Exception as error:  # a bug (or a plan edited by hand with its hash redone): no traceback
         if os.environ.get("MSTAR_TRACEBACK"):
             raise

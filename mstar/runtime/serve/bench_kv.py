@@ -198,8 +198,8 @@ def _p99(values: np.ndarray) -> Optional[float]:
 
 def _ttft(driver: Driver, rid: str) -> float:
     record = driver.conductor.records[rid]
-    if record.first_token_s is None:
-        raise RuntimeError(f"request {rid} produced no token: {record.finish_reason}")
+    if record.first_token_s is None:  # refused (a prefix past max_seq_len, a pool too small): say so
+        raise BenchError(f"request {rid} produced no token: {record.finish_reason}")
     return record.first_token_s - record.arrival_s
 
 

@@ -115,6 +115,22 @@ def _problem(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
+SIZE_KEYS = {"num_hidden_layers": "--layers", "hidden_size": "--hidden", "vocab_size": "--vocab"}
+
+
+def _check_sizes(directory: Path, config: dict) -> None:
+    """A reused --dir must hold a checkpoint of the sizes asked for (it was measured whatever they
+    were). WeightsError when it does not, or when its config.json cannot be read."""
+    from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_object
+
+    held = read_json_object(directory / "config.json", "a checkpoint config")
+    wrong = [f"{flag} {config[key]} (it holds {held.get(key)!r})" for key, flag in SIZE_KEYS.items()
+             if held.get(key) != config[key]]
+    if wrong:
+        raise WeightsError(f"{directory} holds a checkpoint of other sizes than asked for: {', '.join(wrong)}; "
+                           "give another --dir, or its sizes")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench load", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -125,16 +141,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     problem = _problem(args)
+    if args.dir and os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        problem = f"--dir {args.dir} exists and is not a directory"
     if problem:
         print(f"mstar bench load: {problem}", file=sys.stderr)
         return 1
+    from mstar.runtime.engine.checkpoint_config import WeightsError
+
     config = llama_config(args.layers, args.hidden, args.vocab)
-    with tempfile.TemporaryDirectory(prefix="mstar-bench-load-") as scratch:
-        directory = Path(args.dir) if args.dir else Path(scratch)
-        if not (directory / "config.json").is_file():
-            print(f"writing a random checkpoint to {directory} ...", file=sys.stderr)
-            write_checkpoint(directory, config)
-        result = measure(directory, args.device)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mstar-bench-load-") as scratch:
+            directory = Path(args.dir) if args.dir else Path(scratch)
+            if not (directory / "config.json").is_file():
+                print(f"writing a random checkpoint to {directory} ...", file=sys.stderr)
+                write_checkpoint(directory, config)
+            _check_sizes(directory, config)
+            result = measure(directory, args.device)
+    except (OSError, WeightsError) as error:  # a --dir that is a file, or holds a broken checkpoint
+        print(f"mstar bench load: error: {error}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(result))
     else:

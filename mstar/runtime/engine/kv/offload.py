@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mstar.runtime.engine.kv.admission import Admission
+from mstar.runtime.engine.kv.free_ids import FreeIds
 from mstar.runtime.engine.kv.pages import PagePool
 
 
@@ -33,7 +34,7 @@ class HostSequence:
 class Offload:
     def __init__(self, num_host_pages: int):
         self.num_host_pages = num_host_pages
-        self._free = list(range(num_host_pages - 1, -1, -1))
+        self._free = FreeIds(0, num_host_pages)
         self.offloaded: dict[str, list[HostSequence]] = {}
         self.last_run: dict[str, int] = {}  # request -> step number it last ran in
         self.num_steps = 0
@@ -43,6 +44,11 @@ class Offload:
     @property
     def num_free_host_pages(self) -> int:
         return len(self._free)
+
+    def _take(self) -> int:
+        page = self._free.take()
+        assert page is not None, "victims() chose only what the host pool has room for"
+        return page
 
     def note_step(self, request_ids: list[str]) -> None:
         self.num_steps += 1
@@ -77,7 +83,7 @@ class Offload:
         """Host pages for each (label, tokens, device pages) of a victim, recorded as offloaded."""
         moved = []
         for label, num_tokens, num_pages in sequences:
-            pages = [self._free.pop() for _ in range(num_pages)]
+            pages = [self._take() for _ in range(num_pages)]
             moved.append(HostSequence(label, num_tokens, pages))
             self.num_offloaded_pages += num_pages
         self.offloaded[request_id] = moved
@@ -87,7 +93,7 @@ class Offload:
         """The offloaded sequences of a request, its host pages given back (after the copy)."""
         moved = self.offloaded.pop(request_id)
         for seq in moved:
-            self._free.extend(reversed(seq.host_pages))
+            self._free.give_back(reversed(seq.host_pages))
             self.num_restored_pages += len(seq.host_pages)
         return moved
 
@@ -95,5 +101,5 @@ class Offload:
         """The request ended: its host pages (if any) go back to the host pool."""
         if request_id in self.offloaded:
             for seq in self.offloaded.pop(request_id):
-                self._free.extend(reversed(seq.host_pages))
+                self._free.give_back(reversed(seq.host_pages))
         self.last_run.pop(request_id, None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+from mstar.runtime.engine.kv.free_ids import FreeIds
+
 SINK_SLOT = 0
 
 
@@ -33,7 +35,7 @@ class SlotPool:
             )
         self.node = node
         self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, SINK_SLOT, -1))
+        self._free = FreeIds(SINK_SLOT + 1, num_slots)
         self._owner: dict[str, int] = {}
 
     @property
@@ -53,16 +55,15 @@ class SlotPool:
         """The request's slot, allocating one if needed; None when every slot is taken."""
         if request_id in self._owner:
             return self._owner[request_id]
-        if not self._free:
-            return None
-        slot = self._free.pop()
-        self._owner[request_id] = slot
+        slot = self._free.take()
+        if slot is not None:
+            self._owner[request_id] = slot
         return slot
 
     def release(self, request_id: str) -> None:
         slot = self._owner.pop(request_id, None)
         if slot is not None:
-            self._free.append(slot)
+            self._free.give_back([slot])
 
 
 def node_slot_pool(node: str, plan_slots: Optional[int], max_concurrent_requests: Optional[int]) -> SlotPool:
