@@ -32,13 +32,19 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from mstar.arg_types import int_range
 from mstar.cli.common import global_parser, take_global_options
+from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.workload import (
-    ARRIVALS, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
+    ARRIVALS, VOCAB_SIZE, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
 )
 
 
 log = logging.getLogger(__name__)
+
+
+SEED_BOUND = 2**43
+RANK_TIMEOUT_S = (0.01, 86400.0)  # below 10 ms torch's store waits 0 ms; its milliseconds overflow a C int past 24 days
 
 
 class CliError(Exception):
@@ -58,7 +64,9 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--output-len", default="32..64", help="max output tokens range A..B (default 32..64)")
     run.add_argument("--arrival", choices=ARRIVALS, default="closed", help="arrival process (default closed)")
     run.add_argument("--rate", type=float, default=100.0, help="requests/s for poisson and staggered (default 100)")
-    run.add_argument("--seed", type=int, default=0, help="workload and engine seed (default 0)")
+    run.add_argument("--seed", type=int_range(-SEED_BOUND, SEED_BOUND), default=0,
+                     help="workload and engine seed (default 0; within +-2**43: request i's seed is "
+                          "seed x 1000003 + i, a 64-bit integer)")
     run.add_argument("--prompts", help="JSONL file of requests instead of a generated workload")
     run.add_argument("--route", action="append", default=[], metavar="PARTITION=WALK,WALK",
                      help="walks every request takes in a partition (repeatable), e.g. LLM=prefill_text,image_gen")
@@ -200,8 +208,10 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                                     form=form)
             _lay_out_audio(plan, workload)
         else:
+            vocab = text_prompt_vocab(plan)
             workload = generate(
                 args.requests,
+                vocab_size=min(VOCAB_SIZE, vocab) if vocab else VOCAB_SIZE,
                 prompt_len=parse_range(args.prompt_len, "--prompt-len"),
                 output_len=parse_range(args.output_len, "--output-len"),
                 arrival=args.arrival,
@@ -270,6 +280,13 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
     if args.no_blas_pdl and not is_on_gpu:
         raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
+    torch_only = [option for option, is_set in (("--device", args.device != "cpu"), ("--dims", args.dims != "tiny"),
+                                                ("--attention", args.attention != "auto"),
+                                                ("--no-run-ahead", args.no_run_ahead)) if is_set]
+    if args.engine == "sim" and torch_only:  # the cost model has no model to place or size: they were ignored
+        one = len(torch_only) == 1
+        raise CliError(f"{', '.join(torch_only)} {'chooses' if one else 'choose'} the torch engine's model: use "
+                       f"{'it' if one else 'them'} with --engine torch")
     if args.timeline:
         from mstar.runtime.serve.timeline import format_problem
 
@@ -391,6 +408,9 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
     """How the plan's ranks run: `inproc` (one process), `spawn` (one child per rank) or
     `torchrun` (this process is one rank of a torchrun launch)."""
     num_ranks = max(worker.rank for worker in plan.workers) + 1
+    if not RANK_TIMEOUT_S[0] <= args.rank_timeout <= RANK_TIMEOUT_S[1]:  # NaN too: torch's stores take milliseconds
+        raise CliError(f"--rank-timeout must be a number of seconds in [{RANK_TIMEOUT_S[0]}, {RANK_TIMEOUT_S[1]:.0f}], "
+                       f"got {args.rank_timeout}")
     if args.ranks == "inproc":
         return "inproc"
     if args.engine == "sim":
@@ -402,8 +422,6 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
             raise CliError(f"torchrun started WORLD_SIZE={os.environ['WORLD_SIZE']} processes but plan {args.plan} "
                            f"has {num_ranks} ranks; start one process per rank")
         return "torchrun"
-    if args.rank_timeout <= 0:
-        raise CliError(f"--rank-timeout must be a positive number of seconds, got {args.rank_timeout}")
     return "spawn" if args.ranks == "processes" or num_ranks > 1 else "inproc"
 
 
@@ -521,6 +539,7 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         args.ranks_summary = engine.summary(mode)
     records = list(driver.conductor.records.values())
     num_unfinished = sum(1 for r in records if not r.is_finished) + len(workload.requests) - len(records)
+    problems.extend(_every_request_failed(records))
     try:
         _finish(args, driver, records, host_wall_s, num_unfinished, signals, problems)
     except _Interrupted:
@@ -531,6 +550,15 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         _say(f"mstar: interrupted by {signals.name}: " + _kept(args, writer, records, num_unfinished, problems))
         return 128 + signals.signum
     return 1 if problems else 0
+
+
+def _every_request_failed(records: list[Any]) -> list[str]:
+    """The run's problem when not one request ended well (the run exits 1: a script running it must
+    not read a run of refusals as a success), else none."""
+    failed = [r.finish_reason for r in records if r.is_finished and (r.finish_reason or "").startswith("error")]
+    if not records or len(failed) < len(records):
+        return []
+    return [f"every request failed ({len(failed)}); the first with {failed[0]}"]
 
 
 def _step_events(args: argparse.Namespace, engine: Any, mode: str) -> dict[str, Any]:

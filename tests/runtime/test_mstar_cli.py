@@ -73,11 +73,13 @@ def test_bad_ranges_and_routes_exit_1(capsys):
 
 
 def test_a_route_the_plan_does_not_have_fails_the_requests_not_the_run(capsys):
+    """Every request runs and is reported; since none ended well the command exits 1 (it exited 0)."""
     code = main(["run", "--plan", ORPHEUS, "--engine", "sim", "--requests", "3", "--no-progress",
                  "--route", "LLM=prefill"])
-    assert code == 0
+    assert code == 1
     captured = capsys.readouterr()
     assert "3 failed" in captured.out and "stage ['decode'] is not optional" in captured.err
+    assert "mstar: error: every request failed (3)" in captured.err
 
 
 def test_bench_scheduler_is_wired(capsys):

@@ -5,7 +5,7 @@ simulated engine (`SimEngine.add_request`), so a what-if run refuses what a real
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 
 def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, tokens: list[int],
@@ -24,3 +24,11 @@ def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, toke
         return (f"node {node}: prompt ({len(tokens)}) + max_tokens ({max_tokens}) = {num_tokens} tokens "
                 f"exceeds max_seq_len {max_seq_len}")
     return None
+
+
+def text_prompt_vocab(plan: Any) -> Optional[int]:
+    """The smallest vocabulary of the nodes that take the text prompt (what `prompt_limit_problem`
+    refuses ids past), None when none states one."""
+    vocabs = [node.dims.get("vocab") for node in plan.nodes if any(r.prompt == "text" for r in node.input_roles)]
+    known = [v for v in vocabs if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return min(known) if known else None

@@ -128,6 +128,9 @@ def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> di
     # Walks whose calls are loop steps (a decode loop): a step of only those is a loop step.
     loop_walks = {walk.name for walk in driver.conductor.walks.values() if any(c.is_loop_step for c in walk.calls)}
     loop_only = np.array([bool(w) and set(w) <= loop_walks for w in log.walk_rows], dtype=bool)
+    if not loop_only.any():  # the target is per loop step: a table of dashes and "missed" measured nothing
+        raise BenchError(f"{len(log)} steps and not one loop step (a step whose rows are all at a decode loop's "
+                         "step): this bench's figure is per loop step; use a plan whose requests decode in a loop")
     return {"post_us": post, "rows": rows, "is_loop_step": loop_only, "num_steps": len(log),
             "split_us": {part: seconds * 1e6 / max(len(log), 1) for part, seconds in totals.items()},
             "num_finished": driver.conductor.num_finished}

@@ -57,14 +57,25 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not 0 <= args.port <= 65535:
-        raise SetupError(f"--port must be in 0..65535, got {args.port}")
+    _check_port(args.port)
     if args.max_waiting < 0:
         raise SetupError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if not args.drain_timeout >= 0:
         raise SetupError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
         raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
+    # options of the other engine were ignored: a typo of --engine went unnoticed
+    torch_only = [option for option, is_set in (("--device", args.device != "cpu"), ("--dims", args.dims != "tiny"),
+                                                ("--attention", args.attention != "auto")) if is_set]
+    if args.engine == "sim" and torch_only:
+        raise SetupError(f"{', '.join(torch_only)}: options of the torch engine; this server runs --engine sim")
+    if args.engine != "sim" and args.sim_pace != 1.0:
+        raise SetupError(f"--sim-pace paces the sim engine; this server runs --engine {args.engine}")
+
+
+def _check_port(port: int) -> None:
+    if not 0 <= port <= 65535:  # before the socket: a negative port read as a host that does not resolve
+        raise SetupError(f"--port must be in 0..65535, got {port}")
 
 
 def build(args: argparse.Namespace) -> Any:
@@ -166,6 +177,7 @@ def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
+        _check_port(args.port)
         listener = listening_socket(args.host, args.port)
     except SetupError as error:
         print(f"mstar serve: error: {error}", file=sys.stderr)

@@ -50,6 +50,8 @@ VOCAB_SIZE = 1000
 # zero or ten) is refused at once instead of filling memory
 MAX_GENERATED_REQUESTS = 10_000_000
 MAX_GENERATED_PROMPT_LEN = 1_000_000
+MAX_GENERATED_OUTPUT_LEN = 1_000_000
+MAX_ARRIVAL_SPAN_S = 86_400.0  # a torch run waits for each arrival in wall time: a tiny --rate waited forever
 MAX_ID_CHARS = 128
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:@+=-]+")
 
@@ -112,6 +114,9 @@ def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where:
                     f"{where}: partition {partition!r} has no walk {walk!r}"
                     f"{_did_you_mean(walk, names[partition])} (walks: {', '.join(names[partition])})"
                 )
+    if names and all(not route.get(partition, [None]) for partition in names):
+        raise WorkloadError(f"{where}: the route leaves every partition out ({', '.join(names)}), so a request "
+                            "would run nothing; name a walk for at least one")
 
 
 def generate(
@@ -123,7 +128,10 @@ def generate(
     concurrency: int = 8,
     rate: float = 100.0,
     seed: int = 0,
+    vocab_size: int = VOCAB_SIZE,
 ) -> Workload:
+    """vocab_size: prompt ids are drawn below it (the plan's text vocabulary when smaller than
+    VOCAB_SIZE: a plan of 100 tokens refused every request drawn below 1000)."""
     if arrival not in ARRIVALS:
         raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if num_requests < 0:
@@ -134,6 +142,10 @@ def generate(
         raise WorkloadError(
             f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got {prompt_len[1]}"
         )
+    if output_len[1] > MAX_GENERATED_OUTPUT_LEN:
+        raise WorkloadError(
+            f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got {output_len[1]}"
+        )
     if concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     if not rate > 0:  # also NaN, which no comparison accepts
@@ -143,7 +155,7 @@ def generate(
     now = 0.0
     for index in range(num_requests):
         num_prompt = rng.randint(*prompt_len)
-        prompt = [rng.randrange(VOCAB_SIZE) for _ in range(num_prompt)]
+        prompt = [rng.randrange(vocab_size) for _ in range(num_prompt)]
         if arrival == "poisson":
             now += rng.expovariate(rate)
         elif arrival == "staggered":
@@ -157,6 +169,9 @@ def generate(
                 arrival_s=now if arrival != "closed" else 0.0,
             )
         )
+    if now > MAX_ARRIVAL_SPAN_S:
+        raise WorkloadError(f"--rate {rate} spreads {num_requests} requests' arrivals over {now:.3g} s, more than "
+                            f"{MAX_ARRIVAL_SPAN_S:.0f} s (a day); raise --rate")
     return Workload(requests, closed_concurrency=concurrency if arrival == "closed" else None)
 
 

@@ -1,0 +1,96 @@
+"""Bad input to `mstar` is one error line and a non-zero exit, never a traceback nor a silent
+success: cases an audit of the command line found (each gave a traceback, a hang, an exit 0 that
+measured or ran nothing, or an option quietly ignored)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mstar.cli.mstar import main
+from mstar.plan.io import load_plan
+from mstar.runtime.engine.prompt_limits import text_prompt_vocab
+from mstar.runtime.serve.workload import generate
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA = str(ROOT / "generated" / "llama.plan")
+ORPHEUS_TP2 = str(ROOT / "generated" / "orpheus_tp2.plan")
+COSMOS = str(ROOT / "generated" / "cosmos3.plan")
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "kv", "--scenario", "prefix", "--prefix-len", "20000", "--prefix-requests", "2", "--prefix-rounds",
+      "1"], "produced no token"),  # past max_seq_len: a RuntimeError's traceback
+    (["bench", "postprocess", "--plan", COSMOS, "--requests", "4", "--rounds", "1"], "not one loop step"),
+    (["run", "--plan", ORPHEUS_TP2, "--rank-timeout", "inf"], "--rank-timeout must be"),  # an OverflowError
+    (["run", "--plan", ORPHEUS_TP2, "--rank-timeout", "1e-9"], "--rank-timeout must be"),  # torch waited 0 ms
+    (["run", "--plan", LLAMA, "--ranks", "inproc", "--rank-timeout", "-1"], "--rank-timeout must be"),
+    (["run", "--plan", LLAMA, "--arrival", "poisson", "--rate", "1e-300", "--requests", "2"], "more than 86400 s"),
+    (["run", "--plan", LLAMA, "--output-len", "99999999999999999999"], "--output-len must be at most"),
+    (["run", "--plan", LLAMA, "--requests", "2", "--route", "LLM="], "leaves every partition out"),
+    (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
+    (["run", "--plan", LLAMA, "--prompt-len", "9000..9000", "--requests", "2", "--engine", "sim"],
+     "every request failed (2)"),
+    (["serve", "--plan", LLAMA, "--port", "-1"], "--port must be in 0..65535"),  # blamed the host
+    (["serve", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "options of the torch engine"),
+])
+def test_a_refusal_is_one_line_and_exit_1(capsys, argv, words):
+    assert main([*argv, "--no-progress"] if argv[0] == "run" else argv) == 1
+    assert words in _error(capsys)
+
+
+def test_a_seed_past_64_bits_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as stopped:  # every request failed on its seed, exit 0
+        main(["run", "--plan", LLAMA, "--seed", str(10**26)])
+    assert stopped.value.code == 2 and "--seed" in _error(capsys)
+
+
+def test_bench_load_refuses_a_dir_it_cannot_use(capsys, tmp_path):
+    sizes = ["--layers", "1", "--hidden", "256", "--vocab", "16"]
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{bad")
+    for directory, words in ((a_file, "is not a directory"), (broken, "not valid JSON")):
+        assert main(["bench", "load", "--dir", str(directory), *sizes]) == 1
+        assert words in _error(capsys)
+    kept = tmp_path / "kept"
+    assert main(["bench", "load", "--json", "--dir", str(kept), *sizes]) == 0
+    capsys.readouterr()
+    assert main(["bench", "load", "--dir", str(kept), "--layers", "2", "--hidden", "256", "--vocab", "16"]) == 1
+    assert "holds a checkpoint of other sizes" in _error(capsys)  # it measured the old one, exit 0
+
+
+def test_what_a_command_does_not_catch_is_an_internal_error_line(capsys, monkeypatch):
+    from mstar.runtime.serve import bench_scheduler
+
+    def broken(_argv):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(bench_scheduler, "main", broken)
+    monkeypatch.delenv("MSTAR_TRACEBACK", raising=False)
+    assert main(["bench", "scheduler"]) == 1
+    assert "mstar: internal error (RuntimeError: a bug)" in _error(capsys)
+
+
+def test_a_generated_workload_draws_below_the_plans_vocabulary():
+    assert text_prompt_vocab(load_plan(LLAMA)) == 128256
+    workload = generate(20, prompt_len=(50, 50), output_len=(1, 1), vocab_size=7)
+    assert max(t for r in workload.requests for t in r.prompt_tokens) < 7
+
+
+def test_a_run_with_one_good_request_still_exits_0(capsys, tmp_path):
+    lines = [{"id": "good", "prompt_tokens": [1, 2, 3], "max_tokens": 3},
+             {"id": "bad", "prompt_tokens": [1] * 9000, "max_tokens": 3}]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["run", "--plan", LLAMA, "--engine", "sim", "--prompts", str(prompts), "--no-progress"]) == 0
+    assert "every request failed" not in _error(capsys)
