@@ -38,6 +38,8 @@ def _error(capsys) -> str:
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
     (["run", "--plan", LLAMA, "--prompt-len", "9000..9000", "--requests", "2", "--engine", "sim"],
      "every request failed (2)"),
+    (["run", "--plan", LLAMA, "--requests", "1", "--device", ""], "not a device name"),  # ran on the CPU
+    (["run", "--plan", LLAMA, "--requests", "1", "--device", "cpu:5"], "not a device name"),
     (["serve", "--plan", LLAMA, "--port", "-1"], "--port must be in 0..65535"),  # blamed the host
     (["serve", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "options of the torch engine"),
 ])

@@ -591,7 +591,8 @@ def build(plan: Plan, args: Any) -> TorchEngine:
     """The engine the CLI asks for: reads `args.dims`, `args.weights`, `args.seed`, `args.kv_pages`,
     `args.device`, `args.attention`, `args.no_run_ahead` and, off the CPU, `args.plan` (the plan's
     path: its generated glue, named in the plan's header, packs the GPU fast path's steps)."""
-    device = getattr(args, "device", None) or "cpu"
+    device = getattr(args, "device", None)
+    device = "cpu" if device is None else device  # an empty --device is refused, not read as the CPU
     plan_path = getattr(args, "plan", None)
     glue = plan_glue(plan, plan_path if isinstance(plan_path, str) else None, device)
     return TorchEngine(
@@ -600,7 +601,7 @@ def build(plan: Plan, args: Any) -> TorchEngine:
         weights_dir=getattr(args, "weights", None),
         seed=getattr(args, "seed", None) or 0,
         num_pages=getattr(args, "kv_pages", None),
-        device=getattr(args, "device", None) or "cpu",
+        device=device,
         attention=getattr(args, "attention", None) or "auto",
         run_ahead=not getattr(args, "no_run_ahead", False),
         glue=glue,
