@@ -27,7 +27,7 @@ Per worker (deployment):
   at world size 1; walks the worker does not run are not judged, so a prefill/decode split needs
   no change to the spec;
 - the capture memory estimate (capture_memory.py) of every capture family the worker holds is
-  within capture_memory_budget_mb;
+  within capture_memory_budget_mb, or without one within what the runtime can allocate (2 TiB);
 - step token budgets, chunk sizes, caps and token buckets agree (check_chunking.py, MW420-MW424).
 """
 from __future__ import annotations
@@ -39,7 +39,9 @@ from mstar.compiler import (
     capture_keys, capture_memory, check_batching, check_capture_keys, check_captures, check_chunking, check_submodels,
     codes,
 )
-from mstar.compiler.memory_bounds import MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_STEP_ROWS, MAX_STEP_TOKENS
+from mstar.compiler.memory_bounds import (
+    MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_NODE_BYTES, MAX_STEP_ROWS, MAX_STEP_TOKENS, format_bytes,
+)
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_keys import walk_captures, walk_families
@@ -291,12 +293,14 @@ def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[Wo
 
 
 def _check_memory(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
+    """MW408: each worker's capture estimate within capture_memory_budget_mb, else within what the
+    runtime can allocate (MAX_NODE_BYTES): the plan holds the estimates as int64, and absurd dims
+    (a 2**31-wide node with 4,096 batch sizes) once gave one past 2**63."""
     budget = deployment.capture_memory_budget_bytes
-    if budget is None:
-        return
+    limit = MAX_NODE_BYTES if budget is None else budget
     for rank, families in sorted(worker_captures(spec, deployment).items()):
         total = sum(f.num_bytes for f in families)
-        if total <= budget:
+        if total <= limit:
             continue
         largest = max(families, key=lambda f: f.num_bytes)
         by_node: dict[str, list[WorkerCapture]] = {}
@@ -307,6 +311,11 @@ def _check_memory(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) ->
             + ", ".join(f"{f.name} {capture_memory.num_graphs(f.capture)} buckets "
                         f"{capture_memory.format_mib(f.num_bytes)}" for f in fams)
             for node, fams in by_node.items())
+        if budget is None:
+            diags.error(codes.CAPTURE_MEMORY_OVER_BUDGET,
+                        f"capture memory estimate on rank {rank} is {format_bytes(total)}, more than the "
+                        f"runtime can allocate ({format_bytes(MAX_NODE_BYTES)}; {parts})", largest.capture.span)
+            continue
         diags.error(codes.CAPTURE_MEMORY_OVER_BUDGET,
                     f"capture memory estimate on rank {rank} is {capture_memory.format_mib(total)}, "
                     f"over capture_memory_budget_mb {deployment.capture_memory_budget_mb:g} "

@@ -1,7 +1,7 @@
 """Pass 4, check the deployment: every (node, walk) placed once, sharding rules of the reference.
 
 In:  a `Spec` that passed resolve, a loaded `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW310-MW323 diagnostics, located in the deployment YAML (with notes into the
+Out: nothing; adds MW310-MW325 diagnostics, located in the deployment YAML (with notes into the
      spec where that helps).
 
 Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's own keys):
@@ -11,21 +11,28 @@ Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's
 - every (node, walk) the spec's walks run is placed by exactly one node group; a group's
   explicit graph_walks only lists walks its nodes run;
 - len(ranks) is a multiple of tp_size x sp_size; no rank twice in a group;
+- the ranks of all groups are 0 to N-1, none skipped: the runtime starts a process per rank up
+  to the highest (`ranks: [15]` started 15 idle ones);
 - tp_size or sp_size > 1 only for nodes marked `tp`; at most one lockstep (tp x sp > 1) node
   per worker;
 - a node with a stream input runs all its walks on the same ranks (its stream buffers live
   there), and a lockstep such node is not restricted to some walks;
 - a kv node's walks share one world size (the KV cache moves between them: PD split needs equal
   TP on both sides);
-- each kv node's pool holds at least one max_seq_len request.
+- each kv node's pool holds at least one request of the pool's max_seq_len; its device pool, its
+  KV offload host pool and its recurrent state slots each fit what the runtime can allocate
+  (MAX_NODE_BYTES), and there are as many slots as max_concurrent_requests (the runtime refuses
+  fewer at start-up).
 """
 from __future__ import annotations
 
 from mstar.compiler import codes
-from mstar.compiler.memory_bounds import MAX_NODE_BYTES, format_bytes, kv_pool_bytes
+from mstar.compiler.chunking import offload_host_pages
+from mstar.compiler.memory_bounds import MAX_NODE_BYTES, format_bytes, kv_pool_bytes, recurrent_slot_bytes
 from mstar.compiler.deployment import Deployment, NodeGroup
 from mstar.compiler.resolve import iter_calls, suggestion, walk_nodes
 from mstar.lang import ast
+from mstar.lang.ast import Span
 from mstar.lang.diagnostics import Diagnostics, Note
 
 
@@ -149,6 +156,7 @@ def _check_stream_consumers(spec: ast.Spec, deployment: Deployment, diags: Diagn
 
 
 def _check_workers(deployment: Deployment, diags: Diagnostics) -> None:
+    _check_rank_numbers(deployment, diags)
     lockstep: dict[int, dict[str, NodeGroup]] = {}
     for group in deployment.node_groups:
         if group.world_size > 1:
@@ -162,6 +170,38 @@ def _check_workers(deployment: Deployment, diags: Diagnostics) -> None:
             diags.error(codes.TWO_LOCKSTEP_NODES,
                         f"rank {rank} would host lockstep nodes {' and '.join(names)}; a worker runs "
                         f"at most one node with tp_size x sp_size > 1", later.span_of("ranks"))
+
+
+def _check_rank_numbers(deployment: Deployment, diags: Diagnostics) -> None:
+    """MW324: the ranks used are 0 to N-1. The runtime's world is the highest rank plus one, a
+    process each, so a skipped rank is a process that idles (and waits at the rendezvous)."""
+    used = deployment.ranks()
+    if used == list(range(len(used))):
+        return
+    missing = sorted(set(range(used[-1] + 1)) - set(used))
+    # some rank is past the count (the highest is): blame the first such in the file
+    group, index = next((g, i) for g in deployment.node_groups for i, r in enumerate(g.ranks) if r >= len(used))
+    diags.error(codes.RANKS_NOT_CONTIGUOUS,
+                f"rank {group.ranks[index]} leaves {_rank_list(missing)} unused: the deployment's "
+                f"{_rank_count(len(used))} (the runtime starts a process for every rank up to the highest)",
+                group.item_span("ranks", index))
+
+
+def _rank_count(count: int) -> str:
+    """`1 rank must be rank 0`, `2 ranks must be ranks 0 and 1`, `3 ranks must be ranks 0 to 2`."""
+    if count <= 2:
+        return "1 rank must be rank 0" if count == 1 else "2 ranks must be ranks 0 and 1"
+    return f"{count} ranks must be ranks 0 to {count - 1}"
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """`rank 1`, `ranks 0 to 14`, `ranks 1 and 3`, `ranks 1, 3 and 5`."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]} to {ranks[-1]}"
+    shown = ", ".join(map(str, ranks[:-1][:8])) + (", ..." if len(ranks) > 9 else "")
+    return f"ranks {shown} and {ranks[-1]}"
 
 
 def _check_kv_nodes(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[str, str]],
@@ -179,21 +219,77 @@ def _check_kv_nodes(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[st
                         Note(f"world size {low} here", sizes[low].span))
         if not any(n == node.name for n, _ in pairs):
             continue
-        pool = deployment.kv_pool_for(node.name)
-        if node.name in deployment.kv_pool.nodes:
-            span = deployment.kv_pool.span_of(f"nodes.{node.name}")
-        else:
-            span = deployment.span_of("kv_pool" if "kv_pool" in deployment.model_fields_set
-                                      else "max_seq_len")
-        pool_bytes = kv_pool_bytes({a.name: a.value for a in node.args}, pool.page_size, pool.num_pages)
-        if pool_bytes > MAX_NODE_BYTES:
-            diags.error(codes.KV_POOL_TOO_LARGE,
-                        f"KV pool of {node.name}: {pool.num_pages} pages x {pool.page_size} tokens "
-                        f"with the node's layers, kv_heads and head_dim take at least "
-                        f"{format_bytes(pool_bytes)}, more than the runtime can allocate "
-                        f"({format_bytes(MAX_NODE_BYTES)})", span)
-        elif pool.num_pages * pool.page_size < deployment.max_seq_len:
-            diags.error(codes.KV_POOL_TOO_SMALL,
-                        f"KV pool of {node.name} holds {pool.num_pages} pages x {pool.page_size} = "
-                        f"{pool.num_pages * pool.page_size} tokens, less than one max_seq_len "
-                        f"{deployment.max_seq_len} request", span)
+        _check_kv_pool(node, deployment, diags)
+        _check_host_pool(node, deployment, diags)
+        for state in node.states:
+            if state.kind == "recurrent":
+                _check_recurrent_slots(node, state, deployment, diags)
+
+
+def _pool_span(node: ast.NodeDecl, deployment: Deployment) -> Span:
+    """Where a node's KV pool is set: its kv_pool.nodes entry, else kv_pool, else max_seq_len."""
+    if node.name in deployment.kv_pool.nodes:
+        return deployment.kv_pool.span_of(f"nodes.{node.name}")
+    return deployment.span_of("kv_pool" if "kv_pool" in deployment.model_fields_set else "max_seq_len")
+
+
+def _check_kv_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostics) -> None:
+    """MW323 past what the runtime can allocate; MW322 too small for one request of the pool's
+    max_seq_len (kv_cache.max_seq_len, else max_seq_len: the runtime sizes per-request tables by it)."""
+    pool = deployment.kv_pool_for(node.name)
+    span = _pool_span(node, deployment)
+    pool_bytes = kv_pool_bytes(_node_args(node), pool.page_size, pool.num_pages)
+    max_seq_len = deployment.pool_max_seq_len()
+    if pool_bytes > MAX_NODE_BYTES:
+        diags.error(codes.KV_POOL_TOO_LARGE,
+                    f"KV pool of {node.name}: {pool.num_pages} pages x {pool.page_size} tokens "
+                    f"with the node's layers, kv_heads and head_dim take at least "
+                    f"{format_bytes(pool_bytes)}, more than the runtime can allocate "
+                    f"({format_bytes(MAX_NODE_BYTES)})", span)
+    elif pool.num_pages * pool.page_size < max_seq_len:
+        which = "kv_cache.max_seq_len" if deployment.kv_cache.max_seq_len else "max_seq_len"
+        diags.error(codes.KV_POOL_TOO_SMALL,
+                    f"KV pool of {node.name} holds {pool.num_pages} pages x {pool.page_size} = "
+                    f"{pool.num_pages * pool.page_size} tokens, less than one {which} "
+                    f"{max_seq_len} request", span)
+
+
+def _check_host_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostics) -> None:
+    """MW323 for the KV offload host pool: host pages are the device pool's pages (same page
+    size, every layer's keys and values), allocated in host memory at start-up."""
+    host_pages = offload_host_pages(node, deployment.host_pages_for(node.name))
+    page_size = deployment.kv_pool_for(node.name).page_size
+    host_bytes = kv_pool_bytes(_node_args(node), page_size, host_pages)
+    if host_bytes > MAX_NODE_BYTES:
+        diags.error(codes.KV_POOL_TOO_LARGE,
+                    f"KV offload host pool of {node.name}: cpu_offload_pages {host_pages} pages x {page_size} "
+                    f"tokens with the node's layers, kv_heads and head_dim take at least "
+                    f"{format_bytes(host_bytes)} of host memory, more than the runtime can allocate "
+                    f"({format_bytes(MAX_NODE_BYTES)})", deployment.host_pages_span(node.name))
+
+
+def _check_recurrent_slots(node: ast.NodeDecl, state: ast.StateDecl, deployment: Deployment,
+                           diags: Diagnostics) -> None:
+    """MW323: the slots' state past what the runtime can allocate; MW325: fewer slots than
+    requests admitted at once (the runtime refuses to start: each holds a slot until it ends)."""
+    slots = deployment.recurrent_slots()
+    span = deployment.span_of("recurrent_state_slots" if deployment.recurrent_state_slots
+                              else "max_concurrent_requests")
+    state_bytes = slots * recurrent_slot_bytes({a.name: a.value for a in state.args})
+    if state_bytes > MAX_NODE_BYTES:
+        diags.error(codes.KV_POOL_TOO_LARGE,
+                    f"recurrent state of {node.name}: {slots} slots of its state recurrent(...) take at least "
+                    f"{format_bytes(state_bytes)}, more than the runtime can allocate "
+                    f"({format_bytes(MAX_NODE_BYTES)}); lower recurrent_state_slots", span,
+                    Note("the state declaration", state.span))
+    limit = deployment.max_concurrent_requests
+    if limit is not None and slots < limit:
+        diags.error(codes.RECURRENT_SLOTS_TOO_FEW,
+                    f"recurrent_state_slots {slots} cannot hold max_concurrent_requests={limit} requests "
+                    f"on {node.name} (each holds a slot of its recurrent state until it ends); set "
+                    f"recurrent_state_slots to at least {limit}, or leave it out (it defaults to "
+                    "max_concurrent_requests)", span)
+
+
+def _node_args(node: ast.NodeDecl) -> dict:
+    return {a.name: a.value for a in node.args}

@@ -93,6 +93,8 @@ DUPLICATE_RANK = "MW320"
 KV_HANDOFF_TP_MISMATCH = "MW321"
 KV_POOL_TOO_SMALL = "MW322"
 KV_POOL_TOO_LARGE = "MW323"
+RANKS_NOT_CONTIGUOUS = "MW324"
+RECURRENT_SLOTS_TOO_FEW = "MW325"
 
 # ---------------------------------------------------------------- check_combine (MW4xx)
 NOT_A_WALK_OF_NODE = "MW401"
@@ -193,7 +195,9 @@ TITLES: dict[str, str] = {
     DUPLICATE_RANK: "rank listed twice in one node group",
     KV_HANDOFF_TP_MISMATCH: "KV handed between walks of different TP world sizes",
     KV_POOL_TOO_SMALL: "KV pool cannot hold one max_seq_len request",
-    KV_POOL_TOO_LARGE: "KV pool past what the runtime can allocate",
+    KV_POOL_TOO_LARGE: "KV pool, offload host pool or recurrent state past what the runtime can allocate",
+    RANKS_NOT_CONTIGUOUS: "ranks not numbered 0 to N-1",
+    RECURRENT_SLOTS_TOO_FEW: "fewer recurrent state slots than max_concurrent_requests",
     NOT_A_WALK_OF_NODE: "combined walk, cap or capture for a walk that does not run the node",
     WALK_IN_TWO_COMBINES: "walk in two combined walks of one node",
     CAPTURE_KEY_SPLIT: "capture-key split",

@@ -27,7 +27,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from mstar.compiler import codes
-from mstar.compiler.memory_bounds import MAX_NUM_PAGES, MAX_PAGE_SIZE
+from mstar.compiler.memory_bounds import (
+    MAX_CAPTURE_BUDGET_MB, MAX_CONCURRENT_REQUESTS, MAX_DIM, MAX_LAYERS, MAX_NUM_PAGES, MAX_PAGE_SIZE, MAX_RANKS,
+)
 from mstar.files import MAX_DEPLOYMENT_BYTES, InputFileError, read_text_bounded
 from mstar.lang.ast import NO_SPAN, Span
 from mstar.lang.diagnostics import Diagnostics
@@ -44,6 +46,12 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_VALUES = 100_000
 # Integers a deployment may hold anywhere (model_kwargs included): int64.
 MAX_YAML_INT = 2**63 - 1
+# Rows per step of a walk with neither a cap nor a capture, and recurrent state slots, when no
+# max_concurrent_requests bounds them.
+UNBOUNDED_ROWS = 256
+# A count or size of the device (int32), for the reference's kv_cache keys mstar does not read:
+# still refused when it is no count (0, negative).
+DeviceCount = Optional[Annotated[int, Field(ge=1, le=MAX_DIM)]]
 
 class DeployModel(BaseModel):
     """A mapping of the YAML. Spans live in private attributes so no YAML key can set them."""
@@ -76,7 +84,7 @@ class NodeGroup(DeployModel):
     """Nodes placed on ranks. `graph_walks` None: every walk of those nodes."""
 
     node_names: list[str] = Field(min_length=1)
-    ranks: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    ranks: list[Annotated[int, Field(ge=0, le=MAX_RANKS - 1)]] = Field(min_length=1)  # all: 0..N-1 (MW324)
     tp_size: int = Field(default=1, ge=1)
     sp_size: int = Field(default=1, ge=1)
     graph_walks: Optional[list[str]] = None
@@ -100,14 +108,14 @@ class NodeGroup(DeployModel):
 class KvCacheOverrides(DeployModel):
     """`kv_cache:` of the reference: overrides applied to every KV cache config."""
 
-    num_layers: Optional[int] = None
-    num_kv_heads: Optional[int] = None
-    num_qo_heads: Optional[int] = None
-    head_dim: Optional[int] = None
-    max_seq_len: Optional[int] = None
+    num_layers: Optional[int] = Field(default=None, ge=1, le=MAX_LAYERS)  # not read (the spec's dims)
+    num_kv_heads: DeviceCount = None  # not read
+    num_qo_heads: DeviceCount = None  # not read
+    head_dim: DeviceCount = None  # not read
+    max_seq_len: Optional[int] = Field(default=None, ge=1)  # the pool must hold one (MW322)
     max_num_pages: Optional[int] = Field(default=None, ge=1, le=MAX_NUM_PAGES)
     page_size: Optional[int] = Field(default=None, ge=1, le=MAX_PAGE_SIZE)
-    cpu_offload_pages: Optional[int] = Field(default=None, ge=0)
+    cpu_offload_pages: Optional[int] = Field(default=None, ge=0, le=MAX_NUM_PAGES)  # as kv_pool.nodes'
     nodes: Optional[list[str]] = None
     attention_backend: Optional[str] = None
     flashinfer_backend: Optional[str] = None
@@ -158,7 +166,7 @@ class Deployment(DeployModel):
     max_seq_len: int = Field(ge=1)
     node_groups: list[NodeGroup] = Field(min_length=1)
     kv_cache: KvCacheOverrides = KvCacheOverrides()
-    max_concurrent_requests: Optional[int] = Field(default=None, ge=1)
+    max_concurrent_requests: Optional[int] = Field(default=None, ge=1, le=MAX_CONCURRENT_REQUESTS)
     model_kwargs: dict[str, Any] = {}
     autocast_dtype: Optional[str] = None
     resources: dict[str, dict[str, Any]] = {}
@@ -168,9 +176,11 @@ class Deployment(DeployModel):
     dist_timeout_s: Optional[float] = Field(default=None, gt=0)
     # ---- mstar's own keys
     kv_pool: KvPool = KvPool()
-    capture_memory_budget_mb: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
+    # the plan holds it in bytes, an int64: bounded (2 TiB) so the bytes always fit
+    capture_memory_budget_mb: Optional[float] = Field(default=None, gt=0, le=MAX_CAPTURE_BUDGET_MB,
+                                                      allow_inf_nan=False)
     speculation_mixes_walks: list[str] = []  # "NODE" (every walk) or "NODE.WALK"
-    recurrent_state_slots: Optional[int] = Field(default=None, ge=1)
+    recurrent_state_slots: Optional[int] = Field(default=None, ge=1, le=MAX_CONCURRENT_REQUESTS)
     max_consecutive_follower_batches: int = Field(default=1, ge=1)
     # How a request picks one of several data-parallel replicas of a (node, walk).
     replica_policy: Literal["request_hash", "round_robin"] = "request_hash"
@@ -196,6 +206,19 @@ class Deployment(DeployModel):
     def groups_for(self, node: str, walk: str) -> list[NodeGroup]:
         """Node groups that run `node` for `walk` (normally one)."""
         return [g for g in self.node_groups if g.runs(node, walk)]
+
+    def row_limit(self) -> int:
+        """Rows per step when neither a cap nor a capture bounds a walk."""
+        return self.max_concurrent_requests or UNBOUNDED_ROWS
+
+    def recurrent_slots(self) -> int:
+        """Recurrent state slots of a node with recurrent state, one per request held at once (the
+        plan adds the padding sink): recurrent_state_slots, else one per admitted request."""
+        return self.recurrent_state_slots or self.row_limit()
+
+    def pool_max_seq_len(self) -> int:
+        """The longest request a KV pool holds: kv_cache.max_seq_len, else max_seq_len."""
+        return self.kv_cache.max_seq_len or self.max_seq_len
 
     def ranks(self) -> list[int]:
         """Every rank any group uses, sorted: the workers."""

@@ -19,8 +19,8 @@ Defaults applied here (documented in docs/plan.md): KV pools (with their prefix 
 walks that may start after a cached prefix, chunking.py) as `Deployment.kv_pool_for` resolves
 them (kv_pool.nodes, kv_pool, kv_cache, then page 128 x 2048 pages); recurrent state
 slots = the deployment's `recurrent_state_slots` (else `max_concurrent_requests`, else
-UNBOUNDED_ROWS) plus one padding sink; a walk with neither a cap nor a capture is capped at
-`max_concurrent_requests`, else UNBOUNDED_ROWS.
+`deployment.UNBOUNDED_ROWS`, 256) plus one padding sink; a walk with neither a cap nor a
+capture is capped at `max_concurrent_requests`, else 256.
 """
 from __future__ import annotations
 
@@ -52,17 +52,13 @@ from mstar.plan.schema import (
     SubModelPlan,
 )
 
-# Rows per step when nothing bounds a walk (no cap, no capture, no admission limit).
-UNBOUNDED_ROWS = 256
-
-
 def _args(args: list[ast.Arg]) -> dict:
     return {a.name: (list(a.value) if isinstance(a.value, list) else a.value) for a in args}
 
 
 def row_limit(deployment: Deployment) -> int:
     """Rows per step when neither a cap nor a capture bounds a walk."""
-    return deployment.max_concurrent_requests or UNBOUNDED_ROWS
+    return deployment.row_limit()
 
 
 def _recurrent(node: ast.NodeDecl, deployment: Deployment) -> RecurrentState | None:
@@ -70,7 +66,7 @@ def _recurrent(node: ast.NodeDecl, deployment: Deployment) -> RecurrentState | N
         if state.kind != "recurrent":
             continue
         args = _args(state.args)
-        num_requests = deployment.recurrent_state_slots or row_limit(deployment)
+        num_requests = deployment.recurrent_slots()
         return RecurrentState(
             num_layers=int(args.get("layers", 0)),
             num_heads=int(args.get("heads", 0)),
@@ -164,7 +160,7 @@ def _prompt_format(decl: Optional[ast.PromptFormat]) -> Optional[PromptFormatPla
 
 
 def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
-    max_seq_len = deployment.kv_cache.max_seq_len or deployment.max_seq_len
+    max_seq_len = deployment.pool_max_seq_len()
     pools = []
     for node in spec.nodes:
         if node.engine == "kv":

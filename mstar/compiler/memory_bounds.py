@@ -3,8 +3,9 @@
 In:  a node's arguments (name -> value, already of the right kinds: check_args.py), a KV pool
      size, a loop nest.
 Out: `weight_bytes(engine, args, state_args)`, a lower bound of the node's bf16 weights and
-     per-request recurrent state; `kv_pool_bytes(args, page_size, num_pages)`, the KV pool's
-     bytes; the limits below, and `format_bytes`.
+     per-request recurrent state; `recurrent_slot_bytes(state_args)`, one request's recurrent
+     state; `kv_pool_bytes(args, page_size, num_pages)`, the KV pool's bytes (a host pool's too);
+     the limits below, and `format_bytes`.
 
 The estimates count the big matrices only (embeddings, attention and MLP projections, the KV
 pages), so they are lower bounds: a node over a limit by this count is surely over it. They use
@@ -21,6 +22,7 @@ GIB = KIB * MIB
 TIB = KIB * GIB
 
 BF16_BYTES = 2
+FP32_BYTES = 4  # recurrent state
 # One node's weights, or one KV pool, may use at most this: twice the GPU memory of the largest
 # single host the runtime runs on (8 x H200, 8 x 141 GB), leaving room for CPU offload.
 MAX_NODE_BYTES = 2 * TIB
@@ -41,8 +43,20 @@ MAX_STEP_TOKENS = 2**20
 MAX_CAPTURE_KEYS = 4096
 MAX_COMBINED_WALKS = 12
 # KV pool sizes in a deployment: page indices are int32, and a page beyond 2**20 tokens is no page.
+# A KV offload host pool (cpu_offload_pages) counts pages the same way.
 MAX_NUM_PAGES = 2**31 - 1
 MAX_PAGE_SIZE = 2**20
+# Requests admitted at once (max_concurrent_requests) and recurrent state slots: a walk with neither
+# a cap nor a capture is capped at max_concurrent_requests rows a step, so it is bounded as rows
+# are (a larger one made the capture tables of an `eager_above` family 2**62 entries long); the
+# slots default to it and must hold that many requests.
+MAX_CONCURRENT_REQUESTS = MAX_STEP_ROWS
+# Ranks of a deployment: the runtime starts one process per rank up to the highest (a TCPStore
+# rendezvous of that many); 128 hosts of 8 GPUs.
+MAX_RANKS = 1024
+# capture_memory_budget_mb: the plan holds the budget in bytes (int64); a worker's budget beyond
+# what one node may use at all (MAX_NODE_BYTES) is no budget.
+MAX_CAPTURE_BUDGET_MB = MAX_NODE_BYTES // MIB
 
 
 def _get(args: Mapping, name: str, default: int) -> int:
@@ -67,11 +81,13 @@ def weight_bytes(engine: str, args: Mapping, state_args: Mapping | None = None) 
         params = (layers * 12 * hidden * hidden  # attention and a 4x MLP per layer
                   + _get(args, "codebook", 1) * _get(args, "quantizers", 1) * hidden
                   + _get(args, "feature_dim", 1) * hidden)
-    state = 0
-    if state_args:
-        state = (_get(state_args, "layers", 1) * _get(state_args, "heads", 1)
-                 * _get(state_args, "key_dim", 1) * _get(state_args, "value_dim", 1) * 4)  # fp32
-    return params * BF16_BYTES + state
+    return params * BF16_BYTES + (recurrent_slot_bytes(state_args) if state_args else 0)
+
+
+def recurrent_slot_bytes(state_args: Mapping) -> int:
+    """Bytes of one request's recurrent state (one slot): layers x heads x key_dim x value_dim, fp32."""
+    return (_get(state_args, "layers", 1) * _get(state_args, "heads", 1)
+            * _get(state_args, "key_dim", 1) * _get(state_args, "value_dim", 1) * FP32_BYTES)
 
 
 def kv_pool_bytes(args: Mapping, page_size: int, num_pages: int) -> int:

@@ -249,9 +249,18 @@ explain = {
           "different TP world sizes, so a PD split needs equal TP on both sides.",
  "MW323": "A kv node's pool (pages x page size x the node's layers, KV heads and head dim, keys and values in bf16) "
           "takes more than 2 TiB, more than the runtime can allocate; `num_pages` is also bounded by 2**31 - 1 and "
-          "`page_size` by 2**20 (MW304).",
+          "`page_size` by 2**20 (MW304). The same bound holds for its KV offload host pool (`cpu_offload_pages` "
+          "pages of the same size, in host memory; at most 2**31 - 1 pages, MW304) and for its recurrent state "
+          "(`recurrent_state_slots` slots of layers x heads x key_dim x value_dim fp32 values).",
+ "MW324": "The ranks the node groups use must be 0 to N-1 with none skipped: the runtime's world is the highest rank "
+          "plus one, a process each, so `ranks: [15]` on a one-GPU deployment started 15 processes with nothing to "
+          "do. A rank is also at most 1023 (MW304).",
+ "MW325": "Each request holds one recurrent state slot of a node with `state recurrent(...)` from its first step to "
+          "its end, so `recurrent_state_slots` must be at least `max_concurrent_requests` (the runtime refuses to "
+          "start otherwise). Left out, it defaults to `max_concurrent_requests`.",
  "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must "
-          "hold at least one request of `max_seq_len` tokens.",
+          "hold at least one request of the pool's `max_seq_len` tokens (`kv_cache.max_seq_len` when given, else "
+          "`max_seq_len`).",
  "MW401": "A combined walk batches rows of several walks of one node; every walk it names must run that node. Likewise "
           "a node's `cap`, `capture` and `bidirectional` lines are for walks that run it.",
  "MW402": "A walk belongs to at most one combined walk of a node: its rows get one scheduling key.",
@@ -277,7 +286,8 @@ explain = {
           "plus the capture stream's cuBLAS workspace) of all capture families on one worker exceeds "
           "`capture_memory_budget_mb`. The message lists every family with its "
           "bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to "
-          "boot) shows up here at compile time.",
+          "boot) shows up here at compile time. Without `capture_memory_budget_mb` (at most 2,097,152, 2 TiB) the "
+          "bound is 2 TiB, what the runtime can allocate.",
  "MW409": "A combined walk needs at least two distinct walks.",
  "MW411": "Caps and captured batch sizes are at most 65,536 rows, a step at most 2**20 tokens (token buckets, or "
           "tokens per row x batch size), a capture family at most 4,096 graphs (batch sizes x token buckets) and a "
