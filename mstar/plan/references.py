@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from mstar.plan.buckets import batch_pad_table, family_max_rows
-from mstar.plan.schema import EdgePlan, KeyPlan, NextPlan, Plan, WalkPlan
+from mstar.plan.schema import EdgePlan, KeyPlan, NextPlan, PartitionPlan, Plan, WalkPlan
 
 MAX_PROBLEMS = 5
 
@@ -164,14 +164,7 @@ def reference_problems(plan: Plan) -> list[str]:
                         if rank not in ranks)
     for part in plan.partitions:
         where = f"partition {part.name}"
-        for stage in part.stages:
-            problems.extend(f"{where}: stage walk {w!r} is not a walk" for w in stage.walks if w not in walks)
-            if stage.sequence_lengths and (sum(stage.sequence_lengths) != len(stage.walks)
-                                           or min(stage.sequence_lengths) < 1):
-                problems.append(f"{where}: stage sequence lengths {stage.sequence_lengths} do not split "
-                                f"its {len(stage.walks)} walks")
-        if part.initial_walk is not None and part.initial_walk not in walks:
-            problems.append(f"{where}: initial walk {part.initial_walk!r} is not a walk")
+        problems.extend(_stage_problems(part, walks))
         for stream in part.streams:
             if stream.producer_partition not in partitions:
                 problems.append(f"{where}: stream from unknown partition {stream.producer_partition!r}")
@@ -195,6 +188,27 @@ def reference_problems(plan: Plan) -> list[str]:
         _worker_problems(worker, nodes, walks, {n.name for n in plan.nodes if n.engine == "kv"}, problems)
     _capture_key_problems(plan, problems)
     return problems
+
+
+def _stage_problems(part: PartitionPlan, walks: set[str]) -> Iterator[str]:
+    """A partition's stages as mstarc writes them: at least one stage, each with at least one walk
+    (the conductor routes a request through the first alternative of every stage it does not
+    skip: an empty stage was an IndexError there), walks that exist, sequence lengths that split
+    them, and the initial walk, when there is one, the first walk of the first stage."""
+    where = f"partition {part.name}"
+    if not part.stages:
+        yield f"{where} has no stages"
+    for index, stage in enumerate(part.stages):
+        if not stage.walks:
+            yield f"{where}: stage {index} has no walks (a stage lists at least one alternative)"
+        yield from (f"{where}: stage walk {w!r} is not a walk" for w in stage.walks if w not in walks)
+        if stage.sequence_lengths and (sum(stage.sequence_lengths) != len(stage.walks)
+                                       or min(stage.sequence_lengths) < 1):
+            yield f"{where}: stage sequence lengths {stage.sequence_lengths} do not split its {len(stage.walks)} walks"
+    if part.initial_walk is not None and part.initial_walk not in walks:
+        yield f"{where}: initial walk {part.initial_walk!r} is not a walk"
+    elif part.initial_walk is not None and part.stages and part.stages[0].walks[:1] not in ([], [part.initial_walk]):
+        yield f"{where}: initial walk {part.initial_walk} is not the first walk of its first stage"
 
 
 def _capture_key_problems(plan: Plan, problems: list[str]) -> None:

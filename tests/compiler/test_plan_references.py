@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from mstar.cli.mstarc import main as mstarc_main
 from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
 from mstar.plan.references import reference_problems
 from mstar.plan.schema import Plan
@@ -107,6 +108,14 @@ EDITS = {
     "placement without a key": (lambda d: d["workers"][0]["walk_to_key"].clear(), "has no scheduling key"),
     "stage walk renamed": (lambda d: d["partitions"][0]["stages"][0]["walks"].__setitem__(0, "prefil"),
                            "stage walk 'prefil' is not a walk"),
+    # the conductor took the first alternative of the stage: IndexError
+    "stage without walks": (lambda d: d["partitions"][0]["stages"][0].update(walks=[]),
+                            "partition LLM: stage 0 has no walks"),
+    "optional stage without walks": (lambda d: d["partitions"][0]["stages"][1].update(walks=[], is_optional=True),
+                                     "partition LLM: stage 1 has no walks"),
+    "partition without stages": (lambda d: d["partitions"][0].update(stages=[]), "partition LLM has no stages"),
+    "initial walk not the first stage's": (lambda d: d["partitions"][0].update(initial_walk="decode"),
+                                           "initial walk decode is not the first walk of its first stage"),
     "zero page size": (lambda d: d["deployment"]["kv_pools"][0].update(page_size=0),
                        "page_size, num_pages and max_seq_len must be positive"),
     "key walk unknown": (lambda d: d["workers"][0]["keys"][0]["walks"].__setitem__(0, "x"), "has unknown walk 'x'"),
@@ -129,6 +138,24 @@ def test_hand_edited_plans_are_refused(name, tmp_path):
     with pytest.raises(PlanError, match="tables do not fit together") as error:
         load_plan(path)
     assert fragment in str(error.value) and "mstarc compile" in str(error.value)
+
+
+def test_an_empty_stage_is_refused_by_the_commands(tmp_path, capsys):
+    """The audit's reproduction: llama's plan with its first stage emptied (content hash recomputed)
+    crashed `mstar bench lone` with an IndexError; explain and the runtime's loader now refuse it."""
+    data = json.loads((ROOT / "generated" / "llama.plan").read_text())
+    data["partitions"][0]["stages"][0]["walks"] = []
+    plan = Plan.model_validate(data)
+    plan = plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
+    for sub in ("specs", "configs"):
+        shutil.copytree(ROOT / sub, tmp_path / sub)
+    path = tmp_path / "generated" / "llama.plan"
+    path.parent.mkdir()
+    shutil.copy(ROOT / "generated" / "llama_glue.py", path.parent)
+    path.write_text(dump_plan(plan))
+    assert mstarc_main(["explain", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "stage 0 has no walks" in err and "Traceback" not in err
 
 
 def test_compiled_plans_have_no_problems():
