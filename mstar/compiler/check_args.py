@@ -5,8 +5,8 @@ Out: nothing; adds MW107 (an argument given twice), MW109 (an argument the engin
      with a "did you mean" and the known names), MW110 (a value of the wrong kind), MW111 (a
      `state recurrent` argument missing) and MW112 (dims that describe no model: query heads not
      a multiple of KV heads, recurrent state whose layer count differs from the layer pattern's
-     linear-attention layers, state on a stateless node, ...). A node's model kind is stated in
-     the language, not an argument (check_roles.py, MW113).
+     linear-attention layers, an odd head_dim, state on a stateless node, ...). A node's model
+     kind is stated in the language, not an argument (check_roles.py, MW113).
      MW123: dims past what the runtime can allocate, with the memory they imply
      (mstar/compiler/memory_bounds.py), checked before MW112 so that no later pass builds
      anything per layer of a billion-layer node.
@@ -167,6 +167,7 @@ def _check_consistency(node: ast.NodeDecl, diags: Diagnostics) -> None:
             problem(f"the layer pattern has {num_linear} linear-attention layers but the node "
                     "declares no `state recurrent(...)` to keep their per-request state",
                     "layer_pattern")
+        _check_head_dims(node, diags)
         vocab = ints.get("vocab")
         for name in ("stop_token", "stop_tokens"):
             ids = value.get(name)
@@ -181,6 +182,19 @@ def _check_consistency(node: ast.NodeDecl, diags: Diagnostics) -> None:
     latent = ints.get("latent_tokens")
     if latent is not None and math.isqrt(latent) ** 2 != latent:
         problem(f"latent_tokens={latent} is not a square grid", "latent_tokens")
+
+
+def _check_head_dims(node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """An odd head_dim (the node's, or a depth model's own) describes no model the runtime runs:
+    RoPE rotates a head's dims in pairs (the first half with the second), and `--dims spec` failed
+    every step with a size mismatch."""
+    odd = [(arg, "") for arg in node.args if arg.name == "head_dim"]
+    odd += [(arg, f"depth model {sub.name}: ") for sub in node.submodels for arg in sub.args if arg.name == "head_dim"]
+    for arg, where in odd:
+        if isinstance(arg.value, int) and arg.value % 2:
+            diags.error(codes.DIMS_INCONSISTENT,
+                        f"node {node.name}: {where}head_dim={arg.value} is odd; RoPE rotates a head's dims in "
+                        "pairs, so the runtime runs even head dims only", arg.span)
 
 
 def _state_arg(state: ast.StateDecl, name: str) -> int:

@@ -201,12 +201,8 @@ def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> Decoder
         args.append(f"stop_token={eos[0]}")
     elif eos:
         args.append(f"stop_tokens=[{', '.join(map(str, eos))}]")
-    max_positions = config.get("max_position_embeddings")
-    max_seq_len = MAX_SEQ_LEN
-    if isinstance(max_positions, int) and not isinstance(max_positions, bool) and max_positions > 0:
-        max_seq_len = min(max_positions, MAX_SEQ_LEN)
     source = f"{Path(directory).resolve().name}/config.json ({architecture})"
-    return DecoderArgs(args, state, max_seq_len, source, architecture, style)
+    return DecoderArgs(args, state, _max_seq_len(config, path), source, architecture, style)
 
 
 def _dims_args(config: dict, path: Path) -> list[str]:
@@ -224,7 +220,7 @@ def _dims_args(config: dict, path: Path) -> list[str]:
     rope = rope if isinstance(rope, dict) else {}
     theta = _positive_number(rope.get("rope_theta", config.get("rope_theta", 10000.0)), "rope_theta", path)
     args = [f"layers={num_layers}", f"kv_heads={num_kv_heads}", f"qo_heads={num_heads}",
-            f"head_dim={positive_int(config, 'head_dim', path, hidden // num_heads)}", f"hidden={hidden}",
+            f"head_dim={_head_dim(config, path, hidden, num_heads)}", f"hidden={hidden}",
             f"intermediate={positive_int(config, 'intermediate_size', path)}",
             f"vocab={positive_int(config, 'vocab_size', path)}", f"rope_theta={_number(theta)}"]
     partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
@@ -234,6 +230,28 @@ def _dims_args(config: dict, path: Path) -> list[str]:
             raise InitError(f"{path}: partial_rotary_factor must be in (0, 1], got {partial!r}")
         args.append(f"partial_rotary={_number(partial)}")
     return args
+
+
+def _head_dim(config: dict, path: Path, hidden: int, num_heads: int) -> int:
+    """config.json's head_dim, else hidden_size / num_attention_heads (as transformers derives it).
+    It must be even: RoPE rotates a head's dims in pairs (the first half with the second), so the
+    runtime's attention cannot run an odd one (head_dim 7 failed every step with a size mismatch)."""
+    if config.get("head_dim") is None:
+        head_dim, given = hidden // num_heads, f"head_dim (hidden_size {hidden} // num_attention_heads {num_heads})"
+    else:
+        head_dim, given = positive_int(config, "head_dim", path), "head_dim"
+    if head_dim < 2 or head_dim % 2:
+        raise InitError(f"{path}: {given} is {head_dim}; RoPE rotates a head's dims in pairs, so mstar runs "
+                        "even head dims only")
+    return head_dim
+
+
+def _max_seq_len(config: dict, path: Path) -> int:
+    """The deployment's max_seq_len: max_position_embeddings (a positive integer when given), at
+    most MAX_SEQ_LEN; MAX_SEQ_LEN when config.json has none."""
+    if config.get("max_position_embeddings") is None:
+        return MAX_SEQ_LEN
+    return min(positive_int(config, "max_position_embeddings", path), MAX_SEQ_LEN)
 
 
 def node_header(start: str, args: list[str]) -> str:

@@ -169,7 +169,8 @@ explain = {
           "a multiple of KV heads, linear value heads not a multiple of the linear q/k heads, a recurrent state whose "
           "layer count differs from the linear-attention layers of the layer pattern (or linear layers without a "
           "recurrent state), state on a stateless node, a stop token outside the vocabulary, `hidden` not a multiple "
-          "of `heads`, a non-square `latent_tokens`.",
+          "of `heads`, a non-square `latent_tokens`, an odd `head_dim` (a kv node's or a depth model's: RoPE rotates a "
+          "head's dims in pairs).",
  "MW201": "Where an input may come from: an earlier edge of the same walk (or a parallel sibling); a stream, when the "
           "input is declared `in NAME stream` and the walk's partition has a stream source `<- P.NAME`; or the "
           "conductor, which feeds every input of a walk's entry calls (calls no edge of the walk reaches), any request "

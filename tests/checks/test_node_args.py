@@ -116,6 +116,10 @@ def test_stateless_node_with_state_and_a_kv_only_argument():
      "hidden=100 is not a multiple of heads=16"),
     ("node L kv(layers=2, latent_tokens=15) {\n    in x\n}", "latent_tokens=15 is not a square grid"),
     ("node L kv(layers=2, partial_rotary=1.5) {\n    in x\n}", "partial_rotary=1.5 must be a number in (0, 1]"),
+    # RoPE rotates dims in pairs: `--dims spec` failed every step with a size mismatch
+    ("node L kv(layers=2, head_dim=7) {\n    in x\n}", "error[MW112]: node L: head_dim=7 is odd"),
+    ("node L kv(layers=2, head_dim=64) {\n    in x\n    out t: tokens\n"
+     "    submodel p(layers=1, head_dim=9) samples t depth=2 for w\n}", "node L: depth model p: head_dim=9 is odd"),
 ])
 def test_argument_diagnostics(node_text, fragment):
     assert fragment in _args_diagnostics(node_text)

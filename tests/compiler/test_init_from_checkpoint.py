@@ -122,6 +122,16 @@ def test_default_paths_name_and_existing_files(tmp_path, monkeypatch, capsys):
     # a Qwen3.5 of 10**12 layers built its layer pattern a layer at a time until memory ran out
     ({"architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 10**12},
      "num_hidden_layers 1000000000000 is more than the 4096 layers mstar runs"),
+    # RoPE rotates a head's dims in pairs: the run failed every step with a size mismatch
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "head_dim": 7},
+     "head_dim is 7; RoPE rotates a head's dims in pairs, so mstar runs even head dims only"),
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "hidden_size": 60},
+     "head_dim (hidden_size 60 // num_attention_heads 4) is 15; RoPE rotates"),
+    # was silently replaced by 32768
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "max_position_embeddings": 0},
+     "max_position_embeddings must be a positive integer, got 0"),
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "max_position_embeddings": "x"},
+     "max_position_embeddings must be a positive integer, got 'x'"),
 ])
 def test_unsupported_or_broken_config_is_refused(tmp_path, capsys, config, message):
     (tmp_path / "config.json").write_text(json.dumps(config))
