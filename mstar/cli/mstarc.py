@@ -51,11 +51,28 @@ def _write_problem(target, error: OSError) -> str:
     return f"mstarc: cannot write {target}: {why}\n"
 
 
+def _plan_path_problem(option: str, output: Optional[str]) -> Optional[str]:
+    """Why `output` (given to `option`) cannot be where a plan goes, or None. A plan's path ends in
+    .plan, or names an existing directory (the default name goes inside): the glue is written
+    beside it as STEM_glue.py, so `-o generated/llama_glue.py` wrote a plan over llama's glue and
+    then a llama_glue_glue.py, and `-o x.txt` a plan that `mstarc regen` never sees."""
+    if output is None or output.endswith(".plan") or (output and Path(output).is_dir()):
+        return None
+    if not output:
+        return f"mstarc: {option} needs a plan path (NAME.plan) or a directory\n"
+    return (f"mstarc: {option} {output} does not end in .plan; a plan's path is NAME.plan (its glue is "
+            "written beside it as NAME_glue.py) or an existing directory\n")
+
+
 def cmd_compile(args) -> int:
     from mstar.compiler.driver import compile_spec
     from mstar.compiler.emit import write_outputs
     from mstar.lang.diagnostics import Diagnostics
 
+    problem = _plan_path_problem("-o", args.output)
+    if problem is not None:
+        sys.stderr.write(problem)
+        return EXIT_USAGE
     diags = Diagnostics()
     result = compile_spec(args.spec, args.config, diags, args.output)
     _report(diags)
@@ -78,6 +95,10 @@ def cmd_init(args) -> int:
     name = args.name or model_name(Path(args.from_checkpoint).resolve().name)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         sys.stderr.write(f"mstarc: --name {name!r}: a model name is letters, digits and _, not starting with a digit\n")
+        return EXIT_USAGE
+    problem = _plan_path_problem("--plan-out", args.plan_out)
+    if problem is not None:  # before anything is written
+        sys.stderr.write(problem)
         return EXIT_USAGE
     spec_path = Path(args.output or f"specs/{name}.mw")
     config_path = Path(args.config_out or f"configs/{name}.yaml")
@@ -294,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
-    p.add_argument("-o", "--output", metavar="PLAN", help="plan path (default generated/<config>.plan)")
+    p.add_argument("-o", "--output", metavar="PLAN", help="plan path, NAME.plan or a directory (default "
+                                                           "generated/<config>.plan); the glue goes beside it")
     p.set_defaults(run=cmd_compile)
 
     p = sub.add_parser("init", help="write a spec and a deployment from a checkpoint's config.json, then compile")

@@ -159,6 +159,32 @@ def test_output_folder_and_unwritable_output(repo, capsys):
     assert "mstarc: cannot write" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("output", ["generated/llama_glue.py", "x.txt", "plan", ""])
+def test_a_plan_path_ends_in_plan(repo, capsys, output):
+    """`-o generated/llama_glue.py` wrote a plan over llama's glue, then llama_glue_glue.py beside it;
+    `-o x.txt` a plan regen never sees. Refused as usage errors, nothing written."""
+    (repo / "generated").mkdir()
+    glue = repo / "generated" / "llama_glue.py"
+    glue.write_text("# the glue\n")
+    before = sorted(p.name for p in repo.rglob("*"))
+    target = str(repo / output) if output else ""
+    assert main(["compile", str(repo / "specs" / "llama.mw"), "-o", target]) == 2
+    err = capsys.readouterr().err
+    assert ("does not end in .plan" in err or "needs a plan path" in err) and "Traceback" not in err
+    assert sorted(p.name for p in repo.rglob("*")) == before and glue.read_text() == "# the glue\n"
+
+
+def test_init_plan_out_ends_in_plan(repo, capsys):
+    """Checked before init writes the spec and the deployment."""
+    checkpoint = repo / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    outputs = ["-o", str(repo / "s.mw"), "--config-out", str(repo / "c.yaml"), "--plan-out", str(repo / "p.txt")]
+    assert main(["init", "--from-checkpoint", str(checkpoint), *outputs]) == 2
+    assert "--plan-out" in capsys.readouterr().err
+    assert not any((repo / name).exists() for name in ("s.mw", "c.yaml", "p.txt"))
+
+
 def test_bench_json_smoke(repo, capsys):
     import json
 
