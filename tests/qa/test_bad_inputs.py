@@ -276,7 +276,9 @@ def test_request_too_big_for_the_kv_pool_fails_alone(tmp_path, capsys):
 
 
 def test_kv_pages_one_fails_every_request_cleanly(capsys):
-    mstar([*RUN, "--requests", 2, "--kv-pages", 1], capsys, 0, "2 (0 ok, 2 failed)")
+    """Every request is run and reported; none ended well, so the command exits 1."""
+    text = mstar([*RUN, "--requests", 2, "--kv-pages", 1], capsys, 1, "2 (0 ok, 2 failed)")
+    assert "mstar: error: every request failed (2)" in text
 
 
 @pytest.mark.parametrize("argv, status, fragment", [
@@ -409,10 +411,11 @@ def test_output_parents_are_created(tmp_path, capsys):
 
 def test_failures_are_grouped_in_the_table_and_listed_below(tmp_path, capsys):
     report = tmp_path / "r.json"
-    text = mstar([*RUN, "--engine", "sim", "--requests", 8, "--kv-pages", 1, "--report", report], capsys, 0,
+    text = mstar([*RUN, "--engine", "sim", "--requests", 8, "--kv-pages", 1, "--report", report], capsys, 1,
                  "error: 8")
     lines = [line for line in text.splitlines() if line.startswith("mstar: ")]
-    assert len(lines) == 6 and lines[-1].startswith("mstar: and 3 more")
+    assert len(lines) == 7 and lines[-2].startswith("mstar: and 3 more")
+    assert lines[-1].startswith("mstar: error: every request failed (8)")
     summary = json.loads(report.read_text())
     assert summary["finish_kinds"] == {"error": 8} and len(summary["failed_requests"]) == 8
     assert all(reason.startswith("error: can never fit") for reason in summary["failed_requests"].values())
