@@ -280,10 +280,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
     if args.no_blas_pdl and not is_on_gpu:
         raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
-    torch_only = [option for option, is_set in (("--device", args.device != "cpu"), ("--dims", args.dims != "tiny"),
-                                                ("--attention", args.attention != "auto"),
-                                                ("--no-run-ahead", args.no_run_ahead)) if is_set]
-    if args.engine == "sim" and torch_only:  # the cost model has no model to place or size: they were ignored
+    from mstar.runtime.serve.engine_setup import torch_options_set
+
+    torch_only = torch_options_set(args.device, args.dims, args.attention) + ["--no-run-ahead"] * args.no_run_ahead
+    if args.engine == "sim" and torch_only:
         one = len(torch_only) == 1
         raise CliError(f"{', '.join(torch_only)} {'chooses' if one else 'choose'} the torch engine's model: use "
                        f"{'it' if one else 'them'} with --engine torch")

@@ -24,6 +24,14 @@ class SetupError(ValueError):
     """The plan, the tokenizer or the engine cannot be set up (the message says why)."""
 
 
+def torch_options_set(device: str, dims: str, attention: str) -> list[str]:
+    """The torch engine's model options given other than their defaults (`--device`, `--dims`,
+    `--attention`): `mstar run` and `mstar serve` refuse them with the sim engine, which has no
+    model to place or size (they were ignored, so a mistyped `--engine` went unnoticed)."""
+    return [option for option, is_set in (("--device", device != "cpu"), ("--dims", dims != "tiny"),
+                                           ("--attention", attention != "auto")) if is_set]
+
+
 def load(path: str) -> Plan:
     from mstar.plan.io import PlanError, load_plan
 

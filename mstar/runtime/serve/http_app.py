@@ -32,7 +32,7 @@ import asyncio
 import base64
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
@@ -273,12 +273,9 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_serves(service.endpoints.can_text, "completions")
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         request = await service.request(body.prompt_value(), body.sampling(tokens))
-        async with cancelled_when_gone(service, http, request):
-            stream, first = await service.start(request)
-            if body.stream:
-                return sse.response(sse.completion_events(service, request, body, stream, first))
-            deltas = await collect(stream, first)
-        return JSONResponse(sse.completion_body(service, request, deltas))
+        return await _text_answer(service, http, request, body.stream,
+                                  lambda stream, first: sse.completion_events(service, request, body, stream, first),
+                                  lambda deltas: sse.completion_body(service, request, deltas))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, http: HttpRequest) -> Response:
@@ -287,12 +284,21 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         limit = body.token_limit()
         request = await service.request(body.prompt_value(), body.sampling(1 if limit is None else limit),
                                         default_to_rest=limit is None)
-        async with cancelled_when_gone(service, http, request):
-            stream, first = await service.start(request)
-            if body.stream:
-                return sse.response(sse.chat_events(service, request, body, stream, first))
-            deltas = await collect(stream, first)
-        return JSONResponse(sse.chat_body(service, request, deltas))
+        return await _text_answer(service, http, request, body.stream,
+                                  lambda stream, first: sse.chat_events(service, request, body, stream, first),
+                                  lambda deltas: sse.chat_body(service, request, deltas))
+
+
+async def _text_answer(service: Service, http: HttpRequest, request: Request, is_stream: bool,
+                       events: Callable[[AsyncIterator[Delta], Delta], AsyncIterator[str]],
+                       answer: Callable[[list[Delta]], dict[str, Any]]) -> Response:
+    """A text request's answer: its events streamed, or the body of all its deltas."""
+    async with cancelled_when_gone(service, http, request):
+        stream, first = await service.start(request)
+        if is_stream:
+            return sse.response(events(stream, first))
+        deltas = await collect(stream, first)
+    return JSONResponse(answer(deltas))
 
 
 def _media_routes(app: FastAPI, service: Service) -> None:

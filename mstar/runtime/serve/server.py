@@ -20,7 +20,7 @@ import socket
 import sys
 from typing import Any, Optional, Sequence
 
-from mstar.runtime.serve.engine_setup import ENGINES, SetupError
+from mstar.runtime.serve.engine_setup import ENGINES, SetupError, torch_options_set
 
 DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
 
@@ -64,9 +64,7 @@ def _check(args: argparse.Namespace) -> None:
         raise SetupError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
     if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
         raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
-    # options of the other engine were ignored: a typo of --engine went unnoticed
-    torch_only = [option for option, is_set in (("--device", args.device != "cpu"), ("--dims", args.dims != "tiny"),
-                                                ("--attention", args.attention != "auto")) if is_set]
+    torch_only = torch_options_set(args.device, args.dims, args.attention)
     if args.engine == "sim" and torch_only:
         raise SetupError(f"{', '.join(torch_only)}: options of the torch engine; this server runs --engine sim")
     if args.engine != "sim" and args.sim_pace != 1.0:
