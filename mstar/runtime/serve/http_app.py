@@ -75,11 +75,14 @@ class Service:
 
     async def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
                       media: Optional[dict[str, Any]] = None) -> Request:
-        """The runtime request (400 for a bad prompt or values), made on a worker thread: a long
-        text prompt takes the tokenizer seconds (about 0.7 s a megabyte), which the event loop
-        spends on the other clients. default_to_rest: max_tokens is what the plan's max_seq_len
-        leaves after the prompt. media: by modality; with media the prompt may be empty token ids."""
-        return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media)
+        """The runtime request (400 for a bad prompt or values). A text or chat prompt is made on
+        a worker thread: a long one takes the tokenizer seconds (about 0.7 s a megabyte), which the
+        event loop spends on the other clients; token ids are checked here (the hop costs about
+        50 us). default_to_rest: max_tokens is what the plan's max_seq_len leaves after the
+        prompt. media: by modality; with media the prompt may be empty token ids."""
+        if isinstance(prompt, (str, dict)):
+            return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media)
+        return self._request(prompt, sampling, default_to_rest, media)
 
     def _request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool,
                  media: Optional[dict[str, Any]]) -> Request:
