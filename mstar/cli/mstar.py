@@ -320,6 +320,7 @@ class _Signals:
         self.signum: Optional[int] = None
         self.driver: Any = None
         self.is_writing = False
+        self.is_reported = False  # the run's outcome is written and said: a signal now changes nothing
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_Signals":
@@ -333,6 +334,8 @@ class _Signals:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.is_reported:  # (the engine's teardown after the run: a second Ctrl-C there said
+            return            # "before the run started; nothing was written")
         is_first = self.signum is None
         first_signum = signum if self.signum is None else self.signum
         self.signum = first_signum
@@ -548,8 +551,8 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         _say(f"mstar: error: {problem}")
     if signals.signum:
         _say(f"mstar: interrupted by {signals.name}: " + _kept(args, writer, records, num_unfinished, problems))
-        return 128 + signals.signum
-    return 1 if problems else 0
+    signals.is_reported = True
+    return 128 + signals.signum if signals.signum else (1 if problems else 0)
 
 
 def _every_request_failed(records: list[Any]) -> list[str]:

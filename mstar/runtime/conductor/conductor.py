@@ -34,6 +34,7 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from itertools import compress, repeat
 from operator import attrgetter
@@ -54,6 +55,8 @@ from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import RunWalk
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
+
+log = logging.getLogger(__name__)
 
 
 # A stop string of N characters is looked for in the text of the last max(MIN, N * PER_CHAR)
@@ -602,7 +605,13 @@ class Conductor:
         for key in state.ready_keys:
             self.ready_calls[key].pop(record.request.id, None)
         self.ended_out.append(record.request.id)
-        self.engine.end_request(record.request.id)
+        try:
+            self.engine.end_request(record.request.id)
+        except EngineLost:  # a rank is gone: the run stops (the driver fails what is active)
+            raise
+        except Exception as error:  # the request has ended: the others go on, the engine may keep its pages
+            log.error("request %s: the engine failed to release it (%s: %s); its memory may stay held",
+                      record.request.id, type(error).__name__, error)
         self._admit()
 
     # ------------------------------------------------------------ lanes

@@ -178,6 +178,12 @@ def _freeze_start_up() -> None:
         atexit.register(gc.unfreeze)
 
 
+def _said(error: BaseException) -> str:
+    """An exception as a failed request's reason says it: its message, with its kind (a bare
+    `RuntimeError()` said nothing after "engine failed the step: ")."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 class Driver:
     def __init__(self, plan: Plan, engine: Engine, *, clock: Optional[Callable[[], float]] = None,
                  on_finish: Optional[Callable[[list[str]], None]] = None,
@@ -286,10 +292,7 @@ class Driver:
         except EngineLost:  # no step can run any more: the caller stops the run (fail_active)
             raise
         except Exception as error:  # the engine failed this step: its requests fail alone
-            self.cover.cancel(rank)
-            for row in step.rows:
-                self.conductor.fail(row.request_id, f"error: engine failed the step: {error}")
-            self._drain()
+            self._fail_step(rank, [row.request_id for row in step.rows], f"engine failed the step: {_said(error)}")
             return True
         if result.allocation_failed:
             # Its rows come back through the conductor (ran) or the hold (failed), never a chain.
@@ -353,9 +356,24 @@ class Driver:
     def _launch_follower(self, rank: int, batch: Batch, now: float, sched_s: float) -> bool:
         result = StepResult(rows=[])
         if self.caps.can_run_followers:
-            result = self.engine.wait(self.engine.launch(follower_step(rank, batch)))
+            try:
+                result = self.engine.wait(self.engine.launch(follower_step(rank, batch)))
+            except EngineLost:
+                raise
+            except Exception as error:  # the group's step failed on this rank: its requests fail alone
+                self._fail_step(rank, batch.request_ids, f"engine failed the step on rank {rank}: {_said(error)}")
+        # started either way: the leader waits for every follower's copy (lockstep), and its rows
+        # of requests failed here are left out when it settles
         self._start(Launch(rank, batch, None, result, now, sched_s))
         return True
+
+    def _fail_step(self, rank: int, request_ids: list[str], reason: str) -> None:
+        """A step the engine failed, or whose results could not be applied: its requests end with
+        `reason` (the others go on), and the step speculated after it is dropped."""
+        self.cover.cancel(rank)
+        for request_id in dict.fromkeys(request_ids):
+            self.conductor.fail(request_id, f"error: {reason}")
+        self._drain()
 
     def _start(self, launch: Launch) -> None:
         self._busy.add(launch.worker)
@@ -382,7 +400,13 @@ class Driver:
         assert launch.step is not None
         if len(launch.result.allocation_failed) < len(launch.step.rows):
             self._last_progress_s = self.clock()
-        settle(self.schedulers[launch.worker], self.conductor, launch, self.caps.runs_partial_steps)
+        try:
+            settle(self.schedulers[launch.worker], self.conductor, launch, self.caps.runs_partial_steps)
+        except EngineLost:
+            raise
+        except Exception as error:  # an answer the conductor cannot apply (a bad stop row): the run went down with it
+            self._fail_step(launch.worker, [row.request_id for row in launch.step.rows],
+                            f"the step's results could not be applied: {_said(error)}")
         self._drain()
         self.log.add(launch, time.perf_counter() - started, self.clock(), self._collected_s)
         self._collected_s = 0.0

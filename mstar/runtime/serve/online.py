@@ -48,6 +48,10 @@ from mstar.runtime.serve.steps import Launch
 from mstar.runtime.serve.text_stream import TextStream
 from mstar.runtime.step import Engine
 
+# close(timeout): after the timeout the driver stops at the step boundary; a step still running this
+# much later is not waited for (a hung step held close, and the interpreter's exit, for ever)
+STOP_GRACE_S = 0.5
+
 
 class Overloaded(Exception):
     """Too many requests in flight: the admission queue is full (HTTP 429)."""
@@ -195,8 +199,24 @@ class OnlineLoop:
         if thread.is_alive():
             self.driver.stop()
             self._wake.set()
-            thread.join()
+            thread.join(None if timeout_s is None else STOP_GRACE_S)
+        if thread.is_alive():  # inside a step that does not return: answer every client, leave the
+            self._answer_all("error: the server stopped while a step was still running")  # driver be
+            return
         self._fail_all("error: the server stopped before the request finished")
+
+    def _answer_all(self, reason: str) -> None:
+        """End every tracked request and those still in the inbox with `reason`, without touching
+        the conductor, whose thread is still inside a step (a daemon thread: it does not hold the
+        process). Its later deltas find no tracked request and go nowhere."""
+        for request_id, item in list(self._tracked.items()):
+            if self._tracked.pop(request_id, None) is not None:
+                self._answer_unrun(item.request, item.deliver, reason)
+        while self._inbox:
+            kind, payload = self._inbox.popleft()
+            if kind == "submit":
+                request, deliver = payload
+                self._answer_unrun(request, deliver, reason)
 
     # ------------------------------------------------------------ the driver's source
 
@@ -343,14 +363,7 @@ class OnlineLoop:
     def _fail_all(self, reason: str) -> None:
         """End every tracked request with `reason` (the driver is gone), and those still in the inbox."""
         self._end_in_conductor(reason)
-        for request_id, item in list(self._tracked.items()):
-            self._tracked.pop(request_id, None)
-            self._answer_unrun(item.request, item.deliver, reason)
-        while self._inbox:
-            kind, payload = self._inbox.popleft()
-            if kind == "submit":
-                request, deliver = payload
-                self._answer_unrun(request, deliver, reason)
+        self._answer_all(reason)
 
     def _answer_unrun(self, request: Request, deliver: Callable[[Delta], None], reason: str,
                       is_refused: bool = False) -> None:
