@@ -6,6 +6,7 @@ audit (each case stopped `Driver.run` for every request, or held a caller for ev
 - a step whose results the conductor cannot apply (a stop row past the step's rows);
 - a tensor-parallel follower's copy of a step failing (the leader's failure already failed alone);
 - `LLM.close(timeout)` while a step does not return (it waited for the step);
+- a result for a request the step did not hold (that request was failed for the engine's mistake);
 - an exception without a message (the reason said nothing after "engine failed the step: ");
 - a second Ctrl-C while `mstar run` tears its engine down after reporting (it said "before the run
   started; nothing was written")."""
@@ -164,3 +165,24 @@ def test_a_signal_after_the_run_is_reported_changes_nothing():
     signals.is_reported = True
     signals._handle(2, None)  # raised _Interrupted: "before the run started; nothing was written"
     assert signals.signum is None
+
+
+def test_a_result_for_a_request_outside_the_step_is_ignored():
+    """One KV page: r0 runs while r1 waits, held out of memory (active, in no step). r0's steps also
+    answer for r1: r1 runs on as ever (it failed). A second answer for a row is ignored too."""
+    def foreign_then_twice(step: Any, result: Any) -> Any:
+        ids = [row.request_id for row in step.rows]
+        if ids == ["r0"] and result.rows:
+            foreign = dataclasses.replace(result.rows[0], request_id="r1")
+            return dataclasses.replace(result, rows=result.rows + [foreign])
+        if ids == ["r2"] and result.rows:
+            return dataclasses.replace(result, rows=result.rows + [result.rows[0]])
+        return result
+
+    plan = load_plan(ROOT / "generated" / "llama.plan")
+    engine = Faulty(SimEngine(plan, num_pages=1), on_result=foreign_then_twice)
+    requests = _requests(4)
+    driver, finished = _run("llama", engine, requests)
+    assert sorted(finished) == sorted(r.id for r in requests)
+    reasons = {r.id: driver.conductor.records[r.id].finish_reason for r in requests}
+    assert set(reasons.values()) == {"length"}

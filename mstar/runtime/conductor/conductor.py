@@ -384,9 +384,11 @@ class Conductor:
         self.on_rows(node, rows, results)
 
     def on_rows(self, node: str, rows: list[StepRow], results: list[RowResult]) -> None:
-        """Row by row: each result goes to its walk run. A row without a result (or an engine
-        answering twice for a row) fails that request; results of stale rows (their request or
-        partition ended meanwhile) are ignored."""
+        """Row by row: each result goes to its walk run. A row without a result fails that
+        request; results of stale rows (their request or partition ended meanwhile) are ignored,
+        and so are results that match no row left to apply (for a request the step did not hold,
+        or a second answer for a row), logged: failing such a request failed it for the engine's
+        mistake, and one in no step was not even involved."""
         by_id = {row.request_id: row for row in rows}
         is_kv = node in self.kv_nodes
         active = self.active
@@ -397,11 +399,12 @@ class Conductor:
             state = active.get(request_id)
             if state is None:
                 continue
+            if row is None:
+                log.error("node %s: the engine returned a result for request %s that matches no row of the step "
+                          "left to apply (not in the step, or answered twice); ignored", node, request_id)
+                continue
             if state.lanes:  # its state, written back before the walk run takes the row
                 self.lanes.detach_all(state)
-            if row is None:
-                self.fail(request_id, "error: the engine returned a result for a row it was not given")
-                continue
             if result.error is not None:
                 state.record.is_input_fault = result.is_input_fault
                 self.fail(request_id, f"error: {result.error}")
