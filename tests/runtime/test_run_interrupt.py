@@ -71,4 +71,5 @@ def test_an_interrupted_run_keeps_every_finished_request(tmp_path, signum, engin
     summary_json = json.loads(report.read_text())
     assert summary_json["interrupted"] == name
     assert summary_json["num_unfinished"] > 0
+    assert summary_json["finish_kinds"].get("unfinished") == summary_json["num_unfinished"]
     assert summary_json["num_completed"] + summary_json["num_failed"] == len(lines)
