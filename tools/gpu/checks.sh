@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU checks waiting for a device, each part sized for one device call (at most 600 s):
+#
+#   run(command="source tools/gpu/env.sh; tools/gpu/checks.sh tests 2>&1 | tee $OUT/tests.log; save_caches",
+#       carry=[".whl", ".gpucache"])
+#
+# parts (one a call, in this order):
+#   tests  the GPU tests of the changes written without a device (norm folding, the skinny products'
+#          accumulate, the decode attention's merge) and of the fast paths they touch
+#   llama  `mstar bench engine` on llama's plan: the default, then each what-if (--extra-launches 2:
+#          the cost of a small kernel in the graphs; --fold-norms; --decode-merge-in-kernel; both),
+#          the default again (ratios are read within this one call)
+#   qwen   the same on qwen3_5's plan, with --skinny-products, then the skinny kernel's sweep of
+#          its 50 launch configs against cuBLAS at 64 and 1 rows
+#   kv     `mstar bench kv`: the prefix scenario (default, both what-ifs, default), then the chunk
+#          scenario at budgets 160 and 192 (the sim meets both chunk targets there)
+# A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
+set -uo pipefail
+part=${1:?usage: checks.sh tests|llama|qwen|kv}
+limit=${LIMIT_S:-540}
+t0=$(date +%s)
+in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
+engine() {  # engine PLAN [flags]: one bench run, its JSON on one line after a header
+  local plan=$1; shift
+  in_time "bench engine $plan $*" || return 1
+  echo "== bench engine $plan $* (t=$(( $(date +%s) - t0 )) s)"
+  python3 -m mstar.cli.mstar bench engine --plan "generated/$plan.plan" --no-hf --no-numpy --iters 10 --json "$@"
+}
+kv() {
+  in_time "bench kv $*" || return 1
+  echo "== bench kv $* (t=$(( $(date +%s) - t0 )) s)"
+  python3 -m mstar.cli.mstar bench kv --engine torch --device cuda --dims spec "$@"
+}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+case $part in
+  tests)
+    python3 -m pytest -q -x tests/gpu/test_norm_folding_gpu.py tests/gpu/test_skinny_products_gpu.py \
+      tests/gpu/test_decode_attention_gpu.py
+    in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
+      tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
+  llama)
+    for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
+                 "--decode-merge-in-kernel" "--extra-launches 2"; do
+      # shellcheck disable=SC2086  # the flags split into options
+      engine llama $flags || break
+    done ;;
+  qwen)
+    for flags in "" "--fold-norms --decode-merge-in-kernel" "--skinny-products" ""; do
+      # shellcheck disable=SC2086
+      engine qwen3_5 $flags || break
+    done
+    in_time "the skinny sweep" && python3 -m mstar.cli.mstar bench products --plan generated/qwen3_5.plan \
+      --skinny-sweep --rows 64,1 ;;
+  kv)
+    for flags in "" "--fold-norms --decode-merge-in-kernel" ""; do
+      # shellcheck disable=SC2086
+      kv --scenario prefix $flags || break
+    done
+    for budget in 160 192; do
+      kv --scenario chunk --no-whole --no-flat --budget "$budget" || break
+    done ;;
+  *) echo "unknown part $part: tests, llama, qwen or kv"; exit 2 ;;
+esac

@@ -1,0 +1,23 @@
+# Sourced at the start of every device call (`source tools/gpu/env.sh`), from the project root:
+# installs the carried wheels (.whl/, tools/gpu/fetch_kit.sh) for this call, restores the compiled
+# kernel caches carried in .gpucache/ (a fresh machine compiled FlashInfer's prefill kernels for
+# 89 s), and defines `save_caches`, which writes them back under $OUT; copy those files into
+# .gpucache/ on the development machine for the next call.
+S=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" .whl/*.whl
+export PYTHONPATH="$S:$PWD"
+export FLASHINFER_CUDA_ARCH_LIST=9.0a
+export FLASHINFER_WORKSPACE_BASE="$HOME"  # FlashInfer's JIT cache: $HOME/.cache/flashinfer
+export TRITON_CACHE_DIR="$HOME/.triton/cache"
+mkdir -p "$HOME/.cache" "$TRITON_CACHE_DIR" "${OUT:-/tmp/out}"
+[ -f .gpucache/flashinfer.tgz ] && tar xzf .gpucache/flashinfer.tgz -C "$HOME/.cache"
+[ -f .gpucache/triton.tgz ] && tar xzf .gpucache/triton.tgz -C "$HOME/.triton"
+mstar() { python3 -m mstar.cli.mstar "$@"; }
+started=$(date +%s)
+elapsed() { echo $(( $(date +%s) - started )); }
+
+save_caches() {
+  [ -d "$HOME/.cache/flashinfer" ] && tar czf "$OUT/flashinfer.tgz" -C "$HOME/.cache" flashinfer
+  [ -d "$TRITON_CACHE_DIR" ] && tar czf "$OUT/triton.tgz" -C "$HOME/.triton" cache
+  true
+}
