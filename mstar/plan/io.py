@@ -224,6 +224,13 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             )
 
 
+def _is_glue_name(name: str) -> bool:
+    """A glue path as mstarc writes it: a bare file name, NAME_glue.py, beside the plan. The
+    runtime imports the glue as Python, so a plan edited to name a file elsewhere (its hash
+    recomputed: the plan's own hash only catches careless edits) must not reach an import."""
+    return name == Path(name).name and name.endswith("_glue.py") and not any(c in name for c in "\\\0")
+
+
 def input_paths(plan_path: str | os.PathLike, plan: Plan) -> dict[str, Path]:
     """The plan's inputs on disk: {"spec", "deployment", "glue"} -> path (header paths are
     relative to the plan's directory). The runtime imports the glue from `["glue"]`."""
@@ -257,6 +264,12 @@ def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:
         raise PlanError(
             f"plan {path}: its tables do not fit together ({describe(problems)}); mstarc does not "
             f"write such a plan, so it was edited by hand. Recompile: {recompile_command(path, data['header'])}"
+        )
+    if not _is_glue_name(plan.header.glue_path):
+        raise PlanError(
+            f"plan {path} names its glue {plan.header.glue_path!r}; the runtime imports that file, so it must be "
+            f"a file beside the plan named NAME_glue.py, as mstarc writes it. Recompile: "
+            f"{recompile_command(path, data['header'])}"
         )
     if verify:
         _check_inputs(path, plan)

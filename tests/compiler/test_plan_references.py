@@ -162,3 +162,17 @@ def test_an_empty_stage_is_refused_by_the_commands(tmp_path, capsys):
 def test_compiled_plans_have_no_problems():
     for path in sorted((ROOT / "generated").glob("*.plan")):
         assert reference_problems(load_plan(path)) == [], path.name
+
+
+def test_a_plan_naming_its_glue_elsewhere_is_refused(tmp_path):
+    """The runtime imports the glue a plan names: a plan edited to name a file outside its own
+    directory (its content hash recomputed) is refused before anything is imported."""
+    data = json.loads((ROOT / "generated" / "llama.plan").read_text())
+    for named in ("../specs/evil_glue.py", "/tmp/evil_glue.py", "evil.py"):
+        data["header"]["glue_path"] = named
+        plan = Plan.model_validate(data)
+        plan = plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
+        path = tmp_path / "llama.plan"
+        path.write_text(dump_plan(plan))
+        with pytest.raises(PlanError, match="names its glue"):
+            load_plan(path, verify=False)

@@ -146,12 +146,14 @@ def _rewrite_header(plan_path: Path, **updates) -> None:
     plan_path.write_text(dump_plan(plan.model_copy(update={"header": header})))
 
 
-@pytest.mark.parametrize("field", ["spec_path", "deployment_path", "glue_path"])
-def test_plan_inputs_that_read_forever(work, capsys, fifo, field):
+@pytest.mark.parametrize("field, fragment", [("spec_path", "not a regular file"),
+                                             ("deployment_path", "not a regular file"),
+                                             ("glue_path", "names its glue")])  # refused before any read
+def test_plan_inputs_that_read_forever(work, capsys, fifo, field, fragment):
     plan = _compiled_plan(work, capsys)
     for special in ("/dev/zero", str(fifo)):
         _rewrite_header(plan, **{field: special})
-        mstarc(["explain", plan], capsys, "not a regular file")
+        mstarc(["explain", plan], capsys, fragment)
 
 
 def test_plan_input_path_with_nul(work, capsys):
