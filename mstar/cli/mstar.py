@@ -21,8 +21,8 @@ timeline and prints one line saying what was kept.
 from __future__ import annotations
 
 import argparse
-import importlib
 import contextlib
+import importlib
 import json
 import logging
 import os

@@ -45,7 +45,7 @@ def resolve_device(name: str) -> Placement:
     except (RuntimeError, TypeError):
         raise DeviceError(f"--device {name!r}: not a device name (cpu, cuda, cuda:N)") from None
     if device.type == "cpu":
-        if device.index not in (None, 0) or not name.strip():  # torch took "cpu:5" and "" for the CPU
+        if device.index not in (None, 0):  # torch takes "cpu:5" for the CPU
             raise DeviceError(f"--device {name!r}: not a device name (cpu, cuda, cuda:N)")
         return CPU
     if device.type != "cuda":

@@ -26,9 +26,15 @@ def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, toke
     return None
 
 
+def takes_text_prompt(node: Any) -> bool:
+    """Whether one of the node's inputs takes the request's text prompt (the plan's input roles):
+    the nodes whose vocabulary `prompt_limit_problem` checks a prompt's ids against."""
+    return any(role.prompt == "text" for role in node.input_roles)
+
+
 def text_prompt_vocab(plan: Any) -> Optional[int]:
     """The smallest vocabulary of the nodes that take the text prompt (what `prompt_limit_problem`
     refuses ids past), None when none states one."""
-    vocabs = [node.dims.get("vocab") for node in plan.nodes if any(r.prompt == "text" for r in node.input_roles)]
+    vocabs = [node.dims.get("vocab") for node in plan.nodes if takes_text_prompt(node)]
     known = [v for v in vocabs if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     return min(known) if known else None

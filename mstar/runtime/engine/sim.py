@@ -40,7 +40,7 @@ from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
-from mstar.runtime.engine.prompt_limits import prompt_limit_problem
+from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
@@ -129,7 +129,7 @@ class SimEngine(RunsAtLaunch):
                 self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
         self.cost = StepCost(plan)
         # per kv node: (name, the spec's vocabulary, whether it takes the text prompt, max_seq_len)
-        self.prompt_limits = [(node.name, node.dims.get("vocab", 0), any(r.prompt == "text" for r in node.input_roles),
+        self.prompt_limits = [(node.name, node.dims.get("vocab", 0), takes_text_prompt(node),
                                self.pools[node.name].max_seq_len) for node in plan.nodes if node.engine == "kv"]
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
@@ -168,8 +168,8 @@ class SimEngine(RunsAtLaunch):
     def _refusal(self, tokens: list[int], max_tokens: int) -> Optional[str]:
         """What the torch engine's decoders refuse too (prompt_limits.py: a token id outside the
         vocabulary, prompt + max_tokens past max_seq_len; before, the simulated engine ran both)."""
-        for node, vocab, takes_text_prompt, max_seq_len in self.prompt_limits:
-            problem = prompt_limit_problem(node, vocab, takes_text_prompt, tokens, max_tokens, max_seq_len)
+        for node, vocab, is_text_prompt, max_seq_len in self.prompt_limits:
+            problem = prompt_limit_problem(node, vocab, is_text_prompt, tokens, max_tokens, max_seq_len)
             if problem is not None:
                 return f"cannot run: {problem}"
         return None

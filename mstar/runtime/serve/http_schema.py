@@ -103,6 +103,11 @@ class _Body(BaseModel):
 
 class CompletionBody(_Body):
     prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = DEFAULT_COMPLETION_TOKENS
+    logprobs: Optional[int] = None
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
 
     @field_validator("prompt", mode="plain")
     @classmethod
@@ -114,11 +119,6 @@ class CompletionBody(_Body):
         if isinstance(value, list) and (all(isinstance(v, str) for v in value) or all(map(_is_token_ids, value))):
             return value
         raise ValueError("must be a string, a list of token ids (integers), or a list of one of those")
-    max_tokens: Optional[int] = DEFAULT_COMPLETION_TOKENS
-    logprobs: Optional[int] = None
-    echo: bool = False
-    best_of: Optional[int] = None
-    suffix: Optional[str] = None
 
     def prompt_value(self) -> Union[str, list[int]]:
         self.common_checks()

@@ -200,8 +200,8 @@ class OnlineLoop:
             self.driver.stop()
             self._wake.set()
             thread.join(None if timeout_s is None else STOP_GRACE_S)
-        if thread.is_alive():  # inside a step that does not return: answer every client, leave the
-            self._answer_all("error: the server stopped while a step was still running")  # driver be
+        if thread.is_alive():  # inside a step that does not return: answer every client, leave the driver be
+            self._answer_all("error: the server stopped while a step was still running")
             return
         self._fail_all("error: the server stopped before the request finished")
 

@@ -58,7 +58,7 @@ from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
-from mstar.runtime.engine.prompt_limits import prompt_limit_problem
+from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.depth import DepthModel
@@ -135,7 +135,7 @@ class DecoderRunner:
         self.position = position
         self.input_positions = {r.name: i for i, r in enumerate(node.input_roles)}
         self.output_positions = {o.name: i for i, o in enumerate(node.outputs)}
-        self.takes_text_prompt = any(r.prompt == "text" for r in node.input_roles)
+        self.takes_text_prompt = takes_text_prompt(node)
         self.bidirectional_walks = frozenset(node.bidirectional_walks)
         self.guidance = NodeGuidance.of(node)
         self.guidance_rule = GuidanceRule.of(node)  # the plan's rule: the scheduler keys captures on it too
