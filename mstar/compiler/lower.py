@@ -52,13 +52,9 @@ from mstar.plan.schema import (
     SubModelPlan,
 )
 
+
 def _args(args: list[ast.Arg]) -> dict:
     return {a.name: (list(a.value) if isinstance(a.value, list) else a.value) for a in args}
-
-
-def row_limit(deployment: Deployment) -> int:
-    """Rows per step when neither a cap nor a capture bounds a walk."""
-    return deployment.row_limit()
 
 
 def _recurrent(node: ast.NodeDecl, deployment: Deployment) -> RecurrentState | None:
@@ -188,7 +184,7 @@ def run(spec: ast.Spec, deployment: Deployment, header: Header) -> Plan:
     trees = lower_walks(spec, params)
     partitions = lower_partitions(spec)
     nodes = lower_nodes(spec, deployment)
-    workers = with_chunk_costs(lower_workers(spec, deployment, trees, row_limit(deployment)), nodes, deployment)
+    workers = with_chunk_costs(lower_workers(spec, deployment, trees, deployment.row_limit()), nodes, deployment)
     return Plan(
         header=header,
         params=dict(sorted(params.items())),
