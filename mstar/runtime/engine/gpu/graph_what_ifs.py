@@ -54,7 +54,8 @@ WHAT_IFS = (
            "down: two kernels fewer a layer; 2%% quicker decode on the H200, its capture pools under the estimate "
            "(docs/engine.md, \"Norms folded into the products\")", _fold_norms),
     WhatIf("--decode-merge-in-kernel", "merge the Triton decode attention's splits in its last program, not a "
-           "merge kernel a layer; slower on the H200 (docs/engine.md, \"Decode attention in Triton\")", _merge_in_kernel),
+           "merge kernel a layer; slower on the H200 (docs/engine.md, \"Decode attention in Triton\")",
+           _merge_in_kernel),
 )
 
 
