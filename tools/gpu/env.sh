@@ -3,7 +3,14 @@
 # kernel caches carried in .gpucache/ (a fresh machine compiled FlashInfer's prefill kernels for
 # 89 s), and defines `save_caches`, which writes them back under $OUT; copy those files into
 # .gpucache/ on the development machine for the next call.
-S=$(mktemp -d)
+# One fixed path on every machine, not a fresh temporary folder: FlashInfer's JIT cache keeps build
+# files naming the include paths of the package they were written from. On 2026-12-05 a fresh
+# machine given the cache of an earlier call (its package under another mktemp folder) failed to
+# build FlashInfer's batch prefill kernel of head_dim 64 ("Ninja build failed", the rest of the
+# message cut off); a path that moves between calls is the likely cause, removed here (unverified:
+# the session's device time ran out).
+S=/tmp/mstar-gpu-site
+rm -rf "$S"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" .whl/*.whl
 export PYTHONPATH="$S:$PWD"
 export FLASHINFER_CUDA_ARCH_LIST=9.0a
