@@ -87,6 +87,34 @@ def test_device_model_has_the_reference_weights():
         assert name == other and torch.equal(expected, got), name
 
 
+def test_random_on_device_switch_chooses_the_generator_of_decoders_built_after_it(monkeypatch):
+    """`mstar bench kv` on a GPU draws its engines' weights with the device's generator (seconds of
+    host draws saved an engine); everything else keeps the CPU reference's host draws. (On the CPU
+    the two give the same values, so what is checked is which draw ran.)"""
+    from mstar.runtime.engine.gpu import device_model
+
+    host_drawn: list[int] = []
+    real_draw = device_model._draw_on_host
+    monkeypatch.setattr(device_model, "_draw_on_host",
+                        lambda draws, seed, position: (host_drawn.append(len(draws)), real_draw(draws, seed, position)))
+    engine = TorchEngine(llm_plan())
+    reference, dims = engine.runners["LLM"].model, engine.runners["LLM"].dims
+    device_model.set_random_on_device(True)
+    try:
+        drawn = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+        on_device = host_drawn[-1]
+        again = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+        build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0, is_fast_random=False)
+        forced = host_drawn[-1]
+    finally:
+        device_model.set_random_on_device(False)
+    after = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0)
+    num_matrices = sum(1 for value in reference.parameters() if value.dim() >= 2)
+    assert (on_device, forced, host_drawn[-1]) == (0, num_matrices, num_matrices)
+    assert all(torch.equal(a, b) for a, b in zip(drawn.parameters(), again.parameters()))  # still seeded
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), after.parameters()))
+
+
 def test_packing_lays_out_rows_and_padding():
     rows = [RowSpec([5, 6, 7], 0, [3], 0), RowSpec(None, 17, [1, 4], 2)]
     packed = pack(rows, 16, 9, padded_rows=4, padded_tokens=8)

@@ -81,9 +81,11 @@ def test_no_whole_skips_the_reference_runs(capsys):
 
 @pytest.mark.parametrize("argv", [["--per-row"], ["--engine", "torch", "--per-row"], ["--no-blas-pdl"],
                                   ["--engine", "torch", "--no-blas-pdl"], ["--engine", "torch", "--flashinfer-packed"],
-                                  ["--engine", "torch", "--fold-norms"], ["--decode-merge-in-kernel"]],
+                                  ["--engine", "torch", "--fold-norms"], ["--decode-merge-in-kernel"],
+                                  ["--engine", "torch", "--reference-weights"]],
                          ids=["sim", "torch_cpu", "no_blas_pdl_sim", "no_blas_pdl_torch_cpu",
-                              "flashinfer_packed_torch_cpu", "fold_norms_torch_cpu", "merge_in_kernel_sim"])
+                              "flashinfer_packed_torch_cpu", "fold_norms_torch_cpu", "merge_in_kernel_sim",
+                              "reference_weights_torch_cpu"])
 def test_gpu_what_ifs_need_the_gpu_fast_path(argv, capsys):
     with pytest.raises(SystemExit) as stop:
         bench_kv.main(argv)

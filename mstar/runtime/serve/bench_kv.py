@@ -30,6 +30,11 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--arrive-after STEPS] [--budget N] [--route packed|split]
                       [--no-whole] [--no-flat] [--per-row] [--no-run-ahead] [--automatic-gc]
                       [--prefix-requests N] [--prefix-len N] [--prefix-rounds N]
+                      [--reference-weights]
+
+On a GPU the engines' random weights are drawn by the device's generator (a spec-size model's host
+draws, the CPU reference's values, took seconds of each engine's start; three engines a chunk
+run); `--reference-weights` draws them as the reference does.
 
 When the plan's budget counts a chunk token's context (KeyPlan.chunk_context_scale), the chunk
 scenario also runs the plan with every chunk token counting one ("flat", the reference's rule),
@@ -538,6 +543,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix-rounds", type=int_range(1, 100), default=2,
                         help="rounds of a cached and an uncached run, the order alternating (each round's "
                              "ratio printed; the figure pools them)")
+    parser.add_argument("--reference-weights", action="store_true",
+                        help="torch engine on a GPU: random weights drawn on the host as the CPU reference's (each "
+                             "engine's start takes seconds longer), not by the device's generator")
     parser.add_argument("--device", default="cpu", help="torch engine: cpu (default) or cuda[:N] (the GPU fast path)")
     parser.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine: model dims")
     parser.add_argument("--json", action="store_true")
@@ -561,6 +569,18 @@ def _set_graph_switches(parser: argparse.ArgumentParser, args: argparse.Namespac
         graph_what_ifs.apply(args)
 
 
+def _set_weights_source(parser: argparse.ArgumentParser, args: argparse.Namespace, is_gpu_path: bool) -> None:
+    """On the GPU fast path the runs time steps, not tokens: the device draws the random weights
+    (`device_model.set_random_on_device`) unless `--reference-weights`; elsewhere that flag is refused."""
+    if args.reference_weights and not is_gpu_path:
+        parser.error("--reference-weights is about the GPU fast path's weights: use it with --engine torch "
+                     "--device cuda")
+    if is_gpu_path:
+        from mstar.runtime.engine.gpu import device_model
+
+        device_model.set_random_on_device(not args.reference_weights)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -572,6 +592,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.per_row and not is_gpu_path:
         parser.error("--per-row turns off the GPU fast path's columns: use it with --engine torch --device cuda")
     _set_graph_switches(parser, args, is_gpu_path)
+    _set_weights_source(parser, args, is_gpu_path)
     from mstar.plan.io import PlanError, load_plan
 
     try:
@@ -586,6 +607,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                "is_triton_packed": is_gpu_path and not args.flashinfer_packed,
                                "is_norms_folded": args.fold_norms,
                                "is_decode_merge_in_kernel": args.decode_merge_in_kernel,
+                               "weights": "reference" if args.reference_weights or not is_gpu_path else "device random",
                                "decode_rows": args.decode_rows,
                                "prompt_len": args.prompt_len, "arrive_after": args.arrive_after,
                                "prefix_requests": args.prefix_requests, "prefix_len": args.prefix_len,

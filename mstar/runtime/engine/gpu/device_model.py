@@ -3,7 +3,8 @@
 In: `DecoderDims`, a device, a dtype, the node's position in the plan (it seeds the random weights),
 and where the weights come from: the engine's seeded random
 init (`weights.init_random`'s values, drawn on the host one parameter at a time, so a GPU model has
-the CPU reference's weights), a fast on-device random init (benchmarks), or a local checkpoint
+the CPU reference's weights), a fast on-device random init (benchmarks: `is_fast_random`, or
+`set_random_on_device(True)` for every decoder built afterwards), or a local checkpoint
 (safetensors read straight onto the device). Out: the `Decoder` module whose parameters live on the
 device; nothing is autocast.
 
@@ -30,6 +31,21 @@ from mstar.runtime.engine.weights import WeightsError, param_seed, random_matrix
 __all__ = ["build_decoder", "unsupported_reason"]
 
 _HOST_DRAW_THREADS = min(8, os.cpu_count() or 1)
+# Random weights drawn by the device's generator rather than the CPU reference's host draws: a
+# benchmark's engines time steps, not tokens, and a spec-size model's host draws took seconds of
+# every engine's start on the lent GPU's host (`mstar bench kv` builds three engines a run).
+_draws_on_device = False
+
+
+def set_random_on_device(enabled: bool) -> None:
+    """Random weights of decoders built afterwards from the device's generator (benchmarks: the
+    values differ from the CPU reference's), or the reference's host draws (the default)."""
+    global _draws_on_device
+    _draws_on_device = enabled
+
+
+def draws_random_on_device() -> bool:
+    return _draws_on_device
 
 
 def unsupported_reason(dims: DecoderDims) -> Optional[str]:
@@ -63,9 +79,12 @@ def _dtype(module: nn.Module, name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def build_decoder(dims: DecoderDims, device: torch.device, dtype: torch.dtype, *, position: int, seed: int,
-                  weights_dir: Optional[str] = None, is_fast_random: bool = False) -> Decoder:
+                  weights_dir: Optional[str] = None, is_fast_random: Optional[bool] = None) -> Decoder:
     """The decoder with every parameter allocated on `device` in `dtype` and filled (module docstring);
-    `position`: the node's index in the plan (what random weights are seeded by)."""
+    `position`: the node's index in the plan (what random weights are seeded by); is_fast_random:
+    draw them with the device's generator (None: as `set_random_on_device` says)."""
+    if is_fast_random is None:
+        is_fast_random = _draws_on_device
     with torch.device("meta"):
         model = Decoder(dims)
     embeddings = {name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
