@@ -44,10 +44,6 @@ def set_random_on_device(enabled: bool) -> None:
     _draws_on_device = enabled
 
 
-def draws_random_on_device() -> bool:
-    return _draws_on_device
-
-
 def unsupported_reason(dims: DecoderDims) -> Optional[str]:
     """Why `dims` cannot run on the device fast path, or None."""
     if dims.style not in ("llama", "qwen3_5"):
