@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case $part in
   tests)
     python3 -m pytest -q tests/gpu/test_norm_folding_gpu.py tests/gpu/test_skinny_products_gpu.py \
-      tests/gpu/test_decode_attention_gpu.py
+      tests/gpu/test_decode_attention_gpu.py tests/gpu/test_bench_kv_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
   llama)
