@@ -6,7 +6,8 @@
 #
 # parts (one a call, in this order):
 #   tests  the GPU tests of the changes written without a device (norm folding, the skinny products'
-#          accumulate, the decode attention's merge) and of the fast paths they touch
+#          accumulate, the decode attention's merge, bench kv's device-drawn weights) and of the fast
+#          paths they touch
 #   llama  `mstar bench engine` on llama's plan: the default, then each what-if (--extra-launches 2:
 #          the cost of a small kernel in the graphs; --fold-norms; --decode-merge-in-kernel; both),
 #          the default again (ratios are read within this one call)
