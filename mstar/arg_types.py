@@ -2,6 +2,7 @@
 bench`): one range check, one message.
 
     int_range(low, high=None) -> type   an int in [low, high]; no upper bound when high is None
+    int_list(low, high) -> type         comma-separated ints, each in [low, high], repeats dropped
     POSITIVE = int_range(1)             NON_NEGATIVE = int_range(0)
 
 Given as `add_argument(..., type=...)`, a value out of range (or not an integer) is refused by
@@ -31,6 +32,24 @@ def int_range(low: int, high: Optional[int] = None) -> Callable[[str], int]:
         return value
 
     parse.__name__ = "integer"  # argparse names the type in some messages
+    return parse
+
+
+def int_list(low: int, high: int) -> Callable[[str], list[int]]:
+    """`--budgets 224,192`: each part an int in [low, high], in the order given, repeats dropped."""
+    one = int_range(low, high)
+
+    def parse(text: str) -> list[int]:
+        parts = [part.strip() for part in text.split(",")]
+        if not any(parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        try:
+            values = [one(part) for part in parts if part]
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: each {error}") from None
+        return list(dict.fromkeys(values))
+
+    parse.__name__ = "integer list"
     return parse
 
 

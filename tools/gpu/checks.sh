@@ -63,9 +63,7 @@ case $part in
     for budget in 160 192; do
       kv --scenario chunk --no-whole --no-flat --budget "$budget" || break
     done ;;
-  chunk)
-    for budget in 224 192 224 192 224; do
-      kv --scenario chunk --no-whole --no-flat --budget "$budget" || break
-    done ;;
+  chunk)  # one process: the budgets interleaved, three rounds (serve/bench_kv_sweep.py)
+    kv --scenario chunk --budgets 224,192 --chunk-rounds 3 ;;
   *) echo "unknown part $part: tests, llama, qwen, kv or chunk"; exit 2 ;;
 esac

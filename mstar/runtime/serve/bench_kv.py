@@ -57,10 +57,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_list, int_range
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu import graph_what_ifs
+from mstar.runtime.serve import bench_kv_sweep
 from mstar.runtime.serve.bench_errors import BenchError, check_every_request_ran
 from mstar.runtime.serve.collector import refreeze
 from mstar.runtime.serve.driver import Driver, Workload
@@ -490,6 +491,14 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
             plan = with_budget(plan, args.budget)
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
             return "cuts no prompt into chunks (no max_prefill_chunk_size)"
+        if args.budgets or args.chunk_rounds > 1:
+            def run_at(budget: Optional[int]) -> dict[str, Any]:
+                variant = plan if budget is None else with_budget(plan, budget)
+                return chunk_scenario(variant, _choice(args), args.decode_rows, args.prompt_len, args.arrive_after)
+
+            budgets: list[Optional[int]] = list(args.budgets or [args.budget])
+            results["sweep"] = bench_kv_sweep.sweep(budgets, args.chunk_rounds, run_at)
+            return _run_prefix(plan, args, results)
         variants = [("chunked", plan)]
         if counts_context(plan) and not args.no_flat:
             variants.append(("flat", without_context_weight(plan)))
@@ -498,6 +507,10 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
         for name, variant in variants:
             results[name] = chunk_scenario(variant, _choice(args), args.decode_rows, args.prompt_len,
                                            args.arrive_after)
+    return _run_prefix(plan, args, results)
+
+
+def _run_prefix(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
     if args.scenario in ("all", "prefix"):
         if not any(p.prefix_walks for p in plan.deployment.kv_pools):
             return "has no prefix cache (prefix_cache: true in the deployment)"
@@ -521,6 +534,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="decode steps before the long prompt arrives")
     parser.add_argument("--budget", type=int_range(1, 1 << 20),
                         help="step token budget (and chunk size) instead of the plan's")
+    parser.add_argument("--budgets", type=int_list(1, 1 << 20), metavar="N,N",
+                        help="chunk scenario: the chunked variant at each of these budgets (and chunk sizes), "
+                             "every round, interleaved (bench_kv_sweep.py)")
+    parser.add_argument("--chunk-rounds", type=int_range(1, 100), default=1,
+                        help="chunk scenario: rounds of the budget sweep, the budgets' order reversed every "
+                             "other round; more than 1 runs the sweep at the plan's budget (or --budget)")
     parser.add_argument("--route", choices=("packed", "split"),
                         help="attention route of the steps that mix prompt and decode rows, instead of the plan's")
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
@@ -586,6 +605,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
+    if args.budgets and args.budget is not None:
+        parser.error("--budgets runs each budget of its list: give it or --budget, not both")
     if args.no_run_ahead and args.engine != "torch":
         parser.error("--no-run-ahead turns off the torch engine's launch-ahead: use it with --engine torch")
     is_gpu_path = args.engine == "torch" and args.device.startswith("cuda")
@@ -627,6 +648,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if "chunked" in results:
         _print(results)
+    if "sweep" in results:
+        print(bench_kv_sweep.render(results["sweep"]))
     if "prefix" in results:
         _print_prefix(results)
     return 0
