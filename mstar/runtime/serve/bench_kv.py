@@ -27,10 +27,14 @@ default, or `--device cuda --dims spec` for the GPU fast path at the spec's dims
 Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch] [--json]
                       [--device cpu|cuda[:N]] [--dims tiny|spec]
                       [--scenario all|chunk|prefix] [--decode-rows N] [--prompt-len N]
-                      [--arrive-after STEPS] [--budget N] [--route packed|split]
+                      [--arrive-after STEPS] [--budget N | --budgets N,N] [--chunk-rounds N]
+                      [--route packed|split]
                       [--no-whole] [--no-flat] [--per-row] [--no-run-ahead] [--automatic-gc]
                       [--prefix-requests N] [--prefix-len N] [--prefix-rounds N]
                       [--reference-weights]
+
+`--budgets` and `--chunk-rounds` sweep the chunked variant over budgets and rounds, interleaved
+(`bench_kv_sweep.py`).
 
 On a GPU the engines' random weights are drawn by the device's generator (a spec-size model's host
 draws, the CPU reference's values, took seconds of each engine's start; three engines a chunk
