@@ -35,7 +35,8 @@ from mstar.compiler import (
 )
 from mstar.compiler.codes import DEPLOYMENT_UNREADABLE
 from mstar.compiler.deployment import Deployment, load_deployment
-from mstar.files import MAX_DEPLOYMENT_BYTES, MAX_SPEC_BYTES, InputFileError, read_bytes_bounded
+from mstar.files import (MAX_DEPLOYMENT_BYTES, MAX_GLUE_BYTES, MAX_PLAN_BYTES, MAX_SPEC_BYTES, InputFileError,
+                         read_bytes_bounded)
 from mstar.lang.ast import Span, Spec
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
@@ -44,8 +45,9 @@ from mstar.plan.schema import COMPILER_VERSION, Hashes, Header, Plan
 
 log = logging.getLogger(__name__)
 
-# The driver's own diagnostic: an input file that cannot be read.
+# The driver's own diagnostics: an input file that cannot be read; an output the runtime would refuse.
 MW500 = "MW500"
+MW501 = "MW501"
 
 
 @dataclass
@@ -261,9 +263,25 @@ def compile_spec(
     plan = emit.finish(plan, glue_text)
     plan_text = emit.plan_text(plan)
     timer.lap("emit")
+    if not _outputs_fit(plan_text, glue_text, checked.spec_path, diags):
+        return None
     log.info("compiled %s with %s in %.1f ms", checked.spec_path, checked.config_path,
              sum(timer.seconds.values()) * 1000)
     return CompileResult(spec, deployment, plan, plan_text, glue_text, plan_path, glue_path, timer.seconds)
+
+
+def _outputs_fit(plan_text: str, glue_text: str, spec_path: Path, diags: Diagnostics) -> bool:
+    """Whether the plan and its glue are within the sizes `load_plan` reads (mstar/files.py); MW501
+    otherwise, nothing written: a plan the runtime then refused would pass `mstarc compile`."""
+    fits = True
+    for what, text, limit in (("plan", plan_text, MAX_PLAN_BYTES), ("glue", glue_text, MAX_GLUE_BYTES)):
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            diags.error(MW501, f"the {what} would be {size:,} bytes, past the {limit:,} that `mstar run` reads "
+                               f"(docs/limits.md): fewer walks, nodes or captures",
+                        Span(file=str(spec_path)))
+            fits = False
+    return fits
 
 
 def render_glue(plan: Plan) -> str:

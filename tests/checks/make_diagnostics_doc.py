@@ -421,7 +421,7 @@ def build() -> str:
     w("| MW301-MW309 | reading the deployment YAML | `mstar/compiler/codes.py` |")
     w("| MW310-MW399 | check_deployment: placement and sharding | `mstar/compiler/codes.py` |")
     w("| MW401-MW499 | check_combine: combined walks, caps, captures, capture memory | `mstar/compiler/codes.py` |")
-    w("| MW500 | the compiler driver: input files | `mstar/compiler/driver.py` |\n")
+    w("| MW500-MW501 | the compiler driver: input files, output sizes | `mstar/compiler/driver.py` |\n")
     w("Examples of MW1xx-MW4xx are the golden fixtures in `tests/checks/fixtures/` (a `.mw` spec, a")
     w("`.yaml` deployment, or both; deployment fixtures without a spec of their own are checked against")
     w("`fixtures/base.mw`), printed exactly as the tests expect.\n")
@@ -456,6 +456,11 @@ def build() -> str:
       "or `/dev/zero` would read forever), is larger than 1 MiB (docs/limits.md) or is not UTF-8 text;")
     w("`mstarc regen` also reports a config whose `model` has no `specs/<model>.mw`.\n")
     w("```\nspecs/orpheuss.mw:1:1: error[MW500]: spec file not found: specs/orpheuss.mw\n```\n")
+    w("### MW501: output past what the runtime reads\n")
+    w("The plan (or its glue) the spec compiles to would be larger than `load_plan` reads: 16 MiB for a plan, "
+      "4 MiB for its glue (docs/limits.md). Nothing is written; `mstar run` would have refused the plan.\n")
+    w("```\nspecs/big.mw:1:1: error[MW501]: the plan would be 17,301,504 bytes, past the 16,777,216 that "
+      "`mstar run` reads (docs/limits.md): fewer walks, nodes or captures\n```\n")
     if done != set(comp_codes.TITLES):
         raise SystemExit(f"no section for {sorted(set(comp_codes.TITLES) - done)}")
     return "\n".join(lines)

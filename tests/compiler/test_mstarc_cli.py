@@ -60,6 +60,20 @@ def test_input_errors_exit_1_with_diagnostics(repo, capsys):
     assert "llama.yaml" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("limit", ["MAX_PLAN_BYTES", "MAX_GLUE_BYTES"])
+def test_an_output_past_what_the_runtime_reads_is_mw501_and_nothing_is_written(repo, capsys, monkeypatch, limit):
+    """The plan and its glue must be within the sizes load_plan reads (mstar/files.py): a spec whose
+    outputs would pass them is refused at compile time, not by `mstar run` afterwards. The limits are
+    lowered here: a spec of 1 MiB that compiles to 16 MiB is large to build in a test."""
+    from mstar.compiler import driver
+
+    monkeypatch.setattr(driver, limit, 4096)
+    assert main(["compile", str(repo / "specs" / "llama.mw")]) == 1
+    err = capsys.readouterr().err
+    assert "error[MW501]" in err and "past the 4,096 that `mstar run` reads" in err and "Traceback" not in err
+    assert not (repo / "generated").exists()
+
+
 def test_check_writes_nothing(repo, capsys):
     assert main(["check", str(repo / "specs" / "llama.mw")]) == 0
     assert "ok" in capsys.readouterr().out
