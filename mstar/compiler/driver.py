@@ -16,7 +16,7 @@ Reads as a table of contents: read the inputs, then
 
 stopping after any pass that left an error in `diags` (the caller renders them). A missing or
 unreadable spec file is a diagnostic (MW500; a deployment file, load_deployment's MW301), never
-an exception. Nothing is written here:
+an exception, and so is a plan or glue past the sizes `load_plan` reads (MW501). Nothing is written here:
 `emit.write_outputs(...)` writes a result's files.
 
 Default paths: the config of `specs/<model>.mw` is `configs/<model>.yaml` beside `specs/`; the
