@@ -7,8 +7,8 @@
 # files naming the include paths of the package they were written from. On 2026-12-05 a fresh
 # machine given the cache of an earlier call (its package under another mktemp folder) failed to
 # build FlashInfer's batch prefill kernel of head_dim 64 ("Ninja build failed", the rest of the
-# message cut off); a path that moves between calls is the likely cause, removed here (unverified:
-# the session's device time ran out).
+# message cut off): that cache's build.ninja names /tmp/tmp.TtNpSQw5ZS/flashinfer/data/include and
+# tvm_ffi/include, gone on the new machine. A fixed path keeps them valid (not yet run on a device).
 S=/tmp/mstar-gpu-site
 rm -rf "$S"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$S" .whl/*.whl
