@@ -602,8 +602,8 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
     # requests of the workload that never arrived are unfinished too (the counts named only those
     # admitted: 16 against 232 in one interrupted run)
     never_arrived = num_unfinished - sum(1 for r in records if not r.is_finished)
-    for key in ("finish_reasons", "finish_kinds"):
-        if never_arrived:
+    if never_arrived:
+        for key in ("finish_reasons", "finish_kinds"):
             summary[key]["unfinished"] = summary[key].get("unfinished", 0) + never_arrived
     summary["ranks"] = getattr(args, "ranks_summary", None) or {"mode": "inproc"}
     # None where the engine cannot say (a rank process lost, or stopped mid-step)
