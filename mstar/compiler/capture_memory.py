@@ -131,7 +131,7 @@ def _recurrent_row_bytes(node: ast.NodeDecl) -> int:
     `recurrent` term), 0 for a node without a recurrent state."""
     if not node.states:
         return 0
-    args = {a.name: a.value for a in node.states[0].args}
+    args = ast.values_by_name(node.states[0].args)
     heads, key_dim, value_dim = (args.get(name) for name in ("heads", "key_dim", "value_dim"))
     if not all(isinstance(n, int) and n > 0 for n in (heads, key_dim, value_dim)):
         return 0  # the argument checks report it

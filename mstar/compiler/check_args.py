@@ -79,8 +79,8 @@ def _check_args(args: list[ast.Arg], registry: dict[str, ArgKind], what: str,
 def _within_bounds(node: ast.NodeDecl, diags: Diagnostics) -> bool:
     """MW123: dims the runtime could not allocate (a count past MAX_DIM, layers past MAX_LAYERS,
     weights past MAX_NODE_BYTES), stating the memory the dims imply; True when none."""
-    args = {a.name: a.value for a in node.args}
-    state_args = {a.name: a.value for a in node.states[0].args} if node.states else None
+    args = ast.values_by_name(node.args)
+    state_args = ast.values_by_name(node.states[0].args) if node.states else None
     implied = weight_bytes(node.engine, args, state_args)
     memory = (f"its dims imply at least {format_bytes(implied)} of weights and state "
               f"(at most {format_bytes(MAX_NODE_BYTES)} per node)")

@@ -65,7 +65,7 @@ def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], di
                         f"{replay.source} has no capture of its own there; {why}", source_span)
             continue
         if trees is None:
-            params = {p.name: p.value for p in spec.params}
+            params = ast.values_by_name(spec.params)
             if _names_unknown_loop_params(spec, params):
                 return  # a loop names an unknown param (MW104): the walks cannot be compared
             trees = {tree.name: tree for tree in lower_walks(spec, params)}

@@ -238,7 +238,7 @@ def _check_kv_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostic
     max_seq_len (kv_cache.max_seq_len, else max_seq_len: the runtime sizes per-request tables by it)."""
     pool = deployment.kv_pool_for(node.name)
     span = _pool_span(node, deployment)
-    pool_bytes = kv_pool_bytes(_values(node.args), pool.page_size, pool.num_pages)
+    pool_bytes = kv_pool_bytes(ast.values_by_name(node.args), pool.page_size, pool.num_pages)
     max_seq_len = deployment.pool_max_seq_len()
     if pool_bytes > MAX_NODE_BYTES:
         diags.error(codes.KV_POOL_TOO_LARGE,
@@ -259,7 +259,7 @@ def _check_host_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnost
     size, every layer's keys and values), allocated in host memory at start-up."""
     host_pages = offload_host_pages(node, deployment.host_pages_for(node.name))
     page_size = deployment.kv_pool_for(node.name).page_size
-    host_bytes = kv_pool_bytes(_values(node.args), page_size, host_pages)
+    host_bytes = kv_pool_bytes(ast.values_by_name(node.args), page_size, host_pages)
     if host_bytes > MAX_NODE_BYTES:
         diags.error(codes.KV_POOL_TOO_LARGE,
                     f"KV offload host pool of {node.name}: cpu_offload_pages {host_pages} pages x {page_size} "
@@ -275,7 +275,7 @@ def _check_recurrent_slots(node: ast.NodeDecl, state: ast.StateDecl, deployment:
     slots = deployment.recurrent_slots()
     span = deployment.span_of("recurrent_state_slots" if deployment.recurrent_state_slots
                               else "max_concurrent_requests")
-    state_bytes = slots * recurrent_slot_bytes(_values(state.args))
+    state_bytes = slots * recurrent_slot_bytes(ast.values_by_name(state.args))
     if state_bytes > MAX_NODE_BYTES:
         diags.error(codes.KV_POOL_TOO_LARGE,
                     f"recurrent state of {node.name}: {slots} slots of its state recurrent(...) take at least "
@@ -289,8 +289,3 @@ def _check_recurrent_slots(node: ast.NodeDecl, state: ast.StateDecl, deployment:
                     f"on {node.name} (each holds a slot of its recurrent state until it ends); set "
                     f"recurrent_state_slots to at least {limit}, or leave it out (it defaults to "
                     "max_concurrent_requests)", span)
-
-
-def _values(args: list[ast.Arg]) -> dict:
-    """A declaration's arguments by name (a node's dims, a state's sizes)."""
-    return {a.name: a.value for a in args}

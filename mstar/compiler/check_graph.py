@@ -113,7 +113,7 @@ def _relation(flow: WalkFlow, source: int, target: int) -> str:
 
 
 def run(spec: ast.Spec, diags: Diagnostics) -> None:
-    params = {p.name: p.value for p in spec.params}
+    params = ast.values_by_name(spec.params)
     partition_of = _check_partitions(spec, diags)
     flows = {w.name: walk_flow(w) for w in spec.walks}
     conductor_names = _conductor_names(spec, flows, partition_of)

@@ -96,7 +96,7 @@ def _columns(partitions: list[PartitionPlan]) -> dict[str, int]:
 
 def _client_outputs(spec: ast.Spec) -> dict[str, list[str]]:
     """Partition -> the modalities its walks send to the client, in first-seen order."""
-    params = {p.name: p.value for p in spec.params}
+    params = ast.values_by_name(spec.params)
     found: dict[str, list[str]] = {}
 
     def visit(sections: list, partition: str) -> None:

@@ -230,7 +230,7 @@ def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float, float]:
 
 
 def walks_svg(spec: ast.Spec) -> str:
-    params = {p.name: p.value for p in spec.params}
+    params = ast.values_by_name(spec.params)
     walks = {w.name: w for w in lower_walks(spec, params)}
     parts: list[str] = []
     top, width = 0.0, 600.0

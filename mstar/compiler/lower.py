@@ -180,7 +180,7 @@ def lower_deployment(spec: ast.Spec, deployment: Deployment) -> DeploymentPlan:
 
 def run(spec: ast.Spec, deployment: Deployment, header: Header) -> Plan:
     """Every table of the plan for `spec` placed by `deployment` (see the module docstring)."""
-    params = {p.name: p.value for p in spec.params}
+    params = ast.values_by_name(spec.params)
     trees = lower_walks(spec, params)
     partitions = lower_partitions(spec)
     nodes = lower_nodes(spec, deployment)

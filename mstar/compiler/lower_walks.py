@@ -244,7 +244,7 @@ def lower_partitions(spec: ast.Spec) -> list[PartitionPlan]:
     """Partitions in declaration order (the implicit one last). A partition fed by streams self-triggers from its stream
     buffers (initial_walk None); any other starts at the first walk of its first stage."""
     partitions = []
-    params = {p.name: p.value for p in spec.params}
+    params = ast.values_by_name(spec.params)
     for partition in spec.partitions:
         streams = [
             StreamPlan(

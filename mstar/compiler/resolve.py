@@ -115,7 +115,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
 def _resolve_repeat(spec: ast.Spec, partition: ast.Partition, repeat: ast.Repeat, diags: Diagnostics) -> None:
     """MW104 for an unknown bound; MW216 when the rule cannot run: a bound below 1, or a value no
     walk of the partition persists (the conductor reads it from the partition's persisted values)."""
-    params = {p.name: p.value for p in spec.params}
+    params = ast.values_by_name(spec.params)
     if isinstance(repeat.max_rounds, str) and repeat.max_rounds not in params:
         diags.error(codes.UNKNOWN_PARAM,
                     f"unknown param '{repeat.max_rounds}' as repeat bound{suggestion(repeat.max_rounds, params)}",

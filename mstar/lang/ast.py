@@ -64,6 +64,11 @@ class Param(AstNode):
     value: int
 
 
+def values_by_name(items: "list[Arg] | list[Param]") -> dict:
+    """Arguments or params as `{name: value}`: a declaration's dims, a state's sizes, a spec's params."""
+    return {item.name: item.value for item in items}
+
+
 # ---- roles: what a value is (docs/language.md "Roles"). The plan carries the same words
 # (mstar/plan/schema.py); tests/lang/test_lang_roles.py checks that the two lists agree.
 
