@@ -15,12 +15,14 @@
 #          its 50 launch configs against cuBLAS at 64 and 1 rows
 #   kv     `mstar bench kv`: the prefix scenario (default, both what-ifs, default), then the chunk
 #          scenario at budgets 160 and 192 (the sim meets both chunk targets there)
+#   launch `mstar bench engine` on llama's plan, the default and `--extra-launches 2` alternated
+#          twice: what one small kernel costs inside the decode graphs
 #   chunk  the chunk scenario alone at budgets 224 and 192, alternated: 192 met both targets in two
 #          of four runs on 2026-12-05 (the TTFT ratio 1.35-1.55x), 160 missed the TTFT one in three;
 #          whether 224 keeps the decode rows' ITL under 2x while the TTFT ratio falls
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -63,7 +65,12 @@ case $part in
     for budget in 160 192; do
       kv --scenario chunk --no-whole --no-flat --budget "$budget" || break
     done ;;
+  launch)
+    for flags in "" "--extra-launches 2" "" "--extra-launches 2"; do
+      # shellcheck disable=SC2086
+      engine llama $flags || break
+    done ;;
   chunk)  # one process: the budgets interleaved, three rounds (serve/bench_kv_sweep.py)
     kv --scenario chunk --budgets 224,192 --chunk-rounds 3 ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv or chunk"; exit 2 ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk or launch"; exit 2 ;;
 esac
