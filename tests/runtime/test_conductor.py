@@ -58,13 +58,13 @@ def test_stop_in_a_stop_loop_ends_it_and_is_ignored_outside_loops():
     assert record.finish_reason == "stop" and record.num_output_tokens == 2  # prefill + the one decode token
 
 
-def build_loop_plan():
+def build_loop_plan(has_stop=False):
     """A(seed) -> x loops back 3 times; y accumulated, z output -> B; B(y, z) -> out: client."""
     a, b = kv_node("A", ["seed", "x"]), stateless_node("B", ["y", "z"])
     body = [call("A", ["x"], edge("x", "node", "A", is_loop_back=True), edge("y", "node", "B"), edge("z", "node", "B"))]
     w = walk("gen", "P",
              call("A", ["seed"], edge("x", "node", "A")),
-             loop("gen_loop", 3, body, nodes=["A"], outputs=("z",), accumulate=("y",)),
+             loop("gen_loop", 3, body, has_stop=has_stop, nodes=["A"], outputs=("z",), accumulate=("y",)),
              call("B", ["y", "z"], edge("out", "client", modality="image")))
     return hand_plan([w], [partition("P", ["gen"])], [a, b])
 
@@ -91,6 +91,28 @@ def test_loop_outputs_deliver_the_last_value_and_accumulate_every_iteration():
     assert b_inputs["y"] == [4, 7, 10]  # every iteration's y
     assert b_inputs["z"] == 11  # the last iteration's z
     assert record.finish_reason == "stop" and len(record.emissions) == 1
+
+
+def test_a_stop_loop_out_of_iterations_ends_length_and_a_stopped_one_stop():
+    """A loop with a stop condition that reaches its max before a stop cut the output: "length"
+    (as max_tokens would); stopped within its max, "stop"; a loop without a stop condition that
+    runs its count (above) ends "stop"."""
+    def numbered(node, row, result):
+        return RowResult(result.request_id, {name: 0 for name in result.outputs})
+
+    cut = Harness(build_loop_plan(has_stop=True), respond=numbered)
+    record = cut.submit(request(max_tokens=1000))
+    cut.run()
+    assert [n for _, n, _, _ in cut.ran] == ["A", "A", "A", "A", "B"] and record.finish_reason == "length"
+
+    def stop_second(node, row, result):
+        return RowResult(result.request_id, {name: 0 for name in result.outputs},
+                         is_stop=node == "A" and row.loop_iter == 1)
+
+    stopped = Harness(build_loop_plan(has_stop=True), respond=stop_second)
+    record = stopped.submit(request(max_tokens=1000))
+    stopped.run()
+    assert [n for _, n, _, _ in stopped.ran] == ["A", "A", "A", "B"] and record.finish_reason == "stop"
 
 
 def test_parallel_members_are_ready_together():

@@ -30,7 +30,9 @@ scheduler rows must be freed. It never touches workers, schedulers or tensors it
   per character of the longest stop string, at least `MIN_STOP_TAIL_TOKENS`), so a long output
   costs the same per token as a short one.
 - When a partition ends, the streams it produces are marked producer-done (final chunks flow).
-- A request ends when every partition is done; a row error fails the request alone.
+- A request ends when every partition is done; a row error fails the request alone. Its finish
+  reason is "length" when max_tokens ended a partition or a loop with a stop condition ran out of
+  iterations before a stop (WalkRun.is_cut: the output was cut), else "stop".
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class PartitionState:
         self.num_tokens = 0
         self.max_tokens = record.request.max_tokens
         self.is_done = not walks
-        self.is_length = False  # ended by max_tokens
+        self.is_length = False  # ended by max_tokens, or a walk's stop-conditioned loop by its limit
         self.other_stores: list[dict[str, Any]] = []  # the request's other partitions' stores
         self.owner: Any = None  # the conductor's state of the request (set by the conductor)
 
@@ -85,6 +85,7 @@ class PartitionState:
             self.store.pop(name, None)
         self.used_persisted.clear()
         if self.run is not None:
+            self.is_length = self.is_length or self.run.is_cut
             self.run.cancel()  # a call still active in a finished walk never runs (nor is ready)
         self.run = None
         self.stage += 1

@@ -115,6 +115,9 @@ class WalkRun:
         self.waiting: list[ActiveCall] = []
         self.new_ready: list[ActiveCall] = []
         self.is_done = False
+        # A loop with a stop condition ran out of iterations before its stop: the output was cut
+        # by a limit (the loop's max or the request's count), so the request ends "length".
+        self.is_cut = False
         self.context: dict[str, int] = {}  # the request's KV context per node (set by its partition)
 
     def start(self) -> None:
@@ -165,7 +168,11 @@ class WalkRun:
         state = self.loops[loop]
         if state is None:
             raise WalkStateError(f"walk {self.name}: an iteration of loop {plan.name} ends while it is not running")
-        if state.iteration + 1 >= state.limit or (plan.has_stop and state.is_stop):
+        if plan.has_stop and state.is_stop:
+            self.exit_loop(loop, state)
+            return plan.then
+        if state.iteration + 1 >= state.limit:
+            self.is_cut = self.is_cut or plan.has_stop
             self.exit_loop(loop, state)
             return plan.then
         state.iteration += 1
