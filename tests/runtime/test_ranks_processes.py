@@ -268,6 +268,13 @@ def test_a_lost_rank_stops_the_run_naming_it(tmp_path, plan, signum, says):
     _assert_gone(children)
 
 
+def _is_ignored(pid: int, signum: int) -> bool:
+    """Whether process `pid` ignores `signum` (Linux: the SigIgn mask of /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
 def _assert_gone(children: list[int]) -> None:
     """Every child of the command ended (multiprocessing's resource tracker may take a moment to
     notice that its last user exited)."""
@@ -277,15 +284,22 @@ def _assert_gone(children: list[int]) -> None:
     assert not [pid for pid in children if _is_alive(pid)], "a rank process was left behind"
 
 
-def test_sigint_ends_every_rank(tmp_path):
-    process, report, children, _ = _start_long_run(tmp_path)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_to_the_process_group_ends_every_rank(tmp_path, signum):
+    """Ctrl-C, a closed terminal, a service stop: every process of the group gets the signal; the
+    ranks ignore it and rank 0 stops after its step, so no request fails of a rank's death."""
+    process, report, children, rank = _start_long_run(tmp_path)
     try:
-        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: every process of the group
+        # The run's outcome alone is a race (a rank that dies of the signal fails only the
+        # requests of a step it has in progress then): the rank's ignored signals say it at once.
+        assert _is_ignored(rank, signum), f"rank 1 does not ignore {signum.name}"
+        os.killpg(process.pid, signum)
         _, stderr = process.communicate(timeout=60)
     finally:
         _kill_group(process)
     err = stderr.decode()
-    assert process.returncode == 128 + signal.SIGINT, err
-    assert "interrupted by SIGINT" in err and "Traceback" not in err, err
-    assert json.loads(report.read_text())["interrupted"] == "SIGINT"
+    assert process.returncode == 128 + signum, err
+    assert f"interrupted by {signum.name}" in err and "Traceback" not in err and "error" not in err, err
+    summary = json.loads(report.read_text())
+    assert summary["interrupted"] == signum.name and not summary["failed_requests"], summary["failed_requests"]
     _assert_gone(children)

@@ -167,11 +167,14 @@ class RankEngines:
         answer is due (a run stopped mid-step: that answer would come first)."""
         if self.lost is not None or self.running:
             return None
-        for rank in self.remote:
-            self._send(rank, "offload_figures", {})
-        per_rank = {0: self.local.engine.offload_figures()} if self.local else {}
-        for rank in self.remote:
-            per_rank[rank] = self._recv(rank, "offload").body["figures"]
+        try:  # a rank lost only now (a signal to the whole process group, say): the run is lost
+            for rank in self.remote:
+                self._send(rank, "offload_figures", {})
+            per_rank = {0: self.local.engine.offload_figures()} if self.local else {}
+            for rank in self.remote:
+                per_rank[rank] = self._recv(rank, "offload").body["figures"]
+        except RankFailure:
+            return None
         totals: dict[str, dict[str, int]] = {}
         for node, instance in sorted(self.node_instances):
             figures = per_rank.get(instance[0], {}).get(node)

@@ -7,8 +7,9 @@ In: the plan (and its path: each process loads and verifies it itself), `RankOpt
   children. Rendezvous through a TCPStore that rank 0 opens on 127.0.0.1 (a free port); each child
   announces itself in the store before `init_process_group`, so a child that dies while starting
   is noticed (rank 0 polls the store and the children's exit codes) instead of waited for.
-  Children die with their parent (Linux `PR_SET_PDEATHSIG`), ignore SIGINT (rank 0 stops them in
-  order) and are terminated, then killed, when the run ends however it ends.
+  Children die with their parent (Linux `PR_SET_PDEATHSIG`), ignore SIGINT, SIGTERM and SIGHUP
+  (sent to the whole process group by Ctrl-C, a closed terminal or a service stop: rank 0 stops
+  them in order), and are asked to exit, then killed, when the run ends however it ends.
 - `torchrun` (env:// rendezvous, RANK, WORLD_SIZE, LOCAL_RANK): each process runs `mstar run` with
   the same arguments; rank 0 becomes the controller, the others serve it (worker.py) and exit when
   it stops. torchrun's agent watches the processes on each host.
@@ -70,7 +71,11 @@ def _die_with_parent() -> None:
 def child_main(plan_path: str, rank: int, size: int, port: int, parent: int, options: RankOptions) -> None:
     """A spawned rank: announce, join the groups, build the engine, serve rank 0, exit."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent owns the run's end: an interrupt, a closed terminal or a service stop reaches the
+    # whole process group, and the parent stops its ranks after the step in progress and writes
+    # the report; a rank that died of the signal first would fail that step's requests instead.
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     if os.getppid() != parent:
         os._exit(1)
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timedelta(seconds=START_TIMEOUT_S))
@@ -198,10 +203,7 @@ class RankProcesses:
             for child in self.children.values():
                 child.join(timeout=5.0)
         for child in self.children.values():
-            if child.exitcode is None:
-                child.terminate()
-                child.join(timeout=2.0)
-            if child.exitcode is None:
+            if child.exitcode is None:  # a rank ignores SIGTERM (child_main): kill it
                 child.kill()
                 child.join()
         if dist.is_initialized():
