@@ -196,6 +196,15 @@ def _raw_post(client, path: str, data: bytes) -> tuple[int, dict]:
     (b'{"model": "llama", "prompt": [1, 2], "max_tokens": true}', "max_tokens: Input should be a valid integer",
      "max_tokens"),
     (b'{"model": "llama", "prompt": [1, 2], "stream": "yes"}', "stream: Input should be a valid boolean", "stream"),
+    # stream_options as strictly (a string there read as true: "no" sent the usage chunk)
+    (b'{"model": "llama", "prompt": [1], "max_tokens": 2, "stream": true, "stream_options": {"include_usage": "no"}}',
+     "stream_options.include_usage: Input should be a valid boolean", "stream_options.include_usage"),
+    (b'{"model": "llama", "prompt": [1], "stream": true, "stream_options": {"include_usage": 1}}',
+     "stream_options.include_usage: Input should be a valid boolean", "stream_options.include_usage"),
+    (b'{"model": "llama", "prompt": [1], "stream": true, "stream_options": "include_usage"}',
+     "stream_options: must be an object", "stream_options"),
+    (b'{"model": "llama", "prompt": [1], "stream": true, "stream_options": [true]}',
+     "stream_options: must be an object", "stream_options"),
     (b'{"model": "llama", "prompt": [true, false]}', "prompt: must be a string, a list of token ids", "prompt"),
     # one message a field, not the union's branch (it said "prompt.str" and "stop.str")
     (b'{"model": "llama", "prompt": [1, "a"]}', "prompt: must be a string, a list of token ids", "prompt"),
@@ -211,6 +220,31 @@ def test_a_bad_body_is_a_400_naming_its_field(llama, body, message, param):
     status, error = _raw_post(llama[2], "completions", body)
     assert status == 400 and error["message"].startswith(message), error
     assert error["param"] == param
+
+
+def _stream_events(client, body: dict) -> list:
+    import json
+
+    request = urllib.request.Request(f"{client.base_url}completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200
+        lines = [line for line in answer.read().decode().splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("options, has_usage_chunk", [
+    (None, False), ({}, False), ({"include_usage": None}, False), ({"include_usage": False}, False),
+    ({"include_usage": True}, True),
+    # other keys are ignored, as unknown fields of the body are (OpenAI's include_obfuscation, vLLM's own)
+    ({"include_usage": True, "include_obfuscation": False}, True), ({"continuous_usage_stats": "x"}, False),
+])
+def test_include_usage_adds_the_usage_chunk_only_when_true(llama, options, has_usage_chunk):
+    body = {"model": "llama", "prompt": [1, 2], "max_tokens": 2, "stream": True, "stream_options": options}
+    chunks = _stream_events(llama[2], body)
+    assert [c for c in chunks if c["choices"] == [] and "usage" in c] == ([chunks[-1]] if has_usage_chunk else [])
+    assert chunks[-1 - has_usage_chunk]["usage"]["completion_tokens"] == 2  # the last chunk's usage either way
 
 
 def test_a_chat_prompt_that_fills_the_sequence_says_so(llama):

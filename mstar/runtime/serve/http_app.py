@@ -73,6 +73,18 @@ class Service:
             raise ApiError(404, f"the plan of {self.model_name!r} does not serve {what} (it serves: {served})",
                            kind="not_found_error")
 
+    def check_tokenizer(self, needs: str, param: str, instead: str = "") -> None:
+        """400 for an endpoint whose prompt is text on a server without a tokenizer, saying what
+        works there. The Python API's message offers token ids, which only /v1/completions takes:
+        a speech client that followed it got "input: Input should be a valid string". needs: what
+        the endpoint needs the tokenizer for; param: the body's field holding the text; instead:
+        another way its client has, if any."""
+        from mstar.runtime.serve.tokenizer import HOW_TO_ADD
+
+        if self.llm.tokenizer is None:
+            raise ApiError(400, f"{needs}, and this server has none: restart it and {HOW_TO_ADD}{instead}",
+                           param=param)
+
     async def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
                       media: Optional[dict[str, Any]] = None) -> Request:
         """The runtime request (400 for a bad prompt or values). A text or chat prompt is made on
@@ -285,7 +297,10 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_text, "chat completions")
         limit = body.token_limit()
-        request = await service.request(body.prompt_value(), body.sampling(1 if limit is None else limit),
+        prompt = body.prompt_value()
+        service.check_tokenizer("chat messages need a tokenizer with a chat template", "messages",
+                                "; or send the prompt as token ids to /v1/completions")
+        request = await service.request(prompt, body.sampling(1 if limit is None else limit),
                                         default_to_rest=limit is None)
         return await _text_answer(service, http, request, body.stream,
                                   lambda stream, first: sse.chat_events(service, request, body, stream, first),
@@ -310,6 +325,8 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_speech, "speech")
         body.checks()
+        service.check_tokenizer("speech takes its input as text (not token ids), which needs a tokenizer",
+                                "input")
         request = await service.request(body.prompt(), body.sampling())
         async with cancelled_when_gone(service, http, request):
             stream, first = await service.start(request)
@@ -330,6 +347,8 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_images, "image generation")
         body.checks()
+        service.check_tokenizer("image generation takes its prompt as text (not token ids), which needs a "
+                                "tokenizer", "prompt")
         sampling = SamplingParams(max_tokens=DEFAULT_IMAGE_TOKENS, seed=body.seed,
                                   route=dict(service.endpoints.image_route))
         request = await service.request(body.prompt, sampling)

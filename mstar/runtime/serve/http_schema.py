@@ -48,6 +48,15 @@ UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "par
                       "web_search_options")
 
 
+class StreamOptions(BaseModel):
+    """`stream_options`: as strict as the body (`"include_usage": "no"` is a 400 naming
+    `stream_options.include_usage`; it was read as true). Other keys are ignored, as unknown fields
+    of the body are (OpenAI's `include_obfuscation` among them: this server adds no padding)."""
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: Optional[bool] = None
+
+
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
@@ -68,7 +77,7 @@ class _Body(BaseModel):
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
     stream: bool = False
-    stream_options: Optional[dict[str, Any]] = None
+    stream_options: Optional[StreamOptions] = None
 
     @field_validator("stop", mode="plain")
     @classmethod
@@ -78,6 +87,14 @@ class _Body(BaseModel):
         if value is None or isinstance(value, str) or is_strings:
             return value
         raise ValueError("must be a string or a list of strings")
+
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _stream_options(cls, value: Any) -> Any:
+        """A JSON object or null (pydantic's message named the class: "or instance of StreamOptions")."""
+        if value is None or isinstance(value, (dict, StreamOptions)):
+            return value
+        raise ValueError("must be an object (such as {\"include_usage\": true}) or null")
 
     def common_checks(self) -> None:
         extra = self.model_extra or {}
@@ -98,7 +115,7 @@ class _Body(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage is True
 
 
 class CompletionBody(_Body):

@@ -27,6 +27,14 @@ DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain time
 DEFAULT_DRAIN_S = 30.0
 
 
+def model_name(text: str) -> str:
+    """argparse type of --model: an empty (or blank) name is a usage error; it was taken as absent,
+    so the server went on serving the plan's name, which clients of the empty name never send."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must be a non-empty model name, got {text!r}")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mstar serve", description="Serve a compiled plan over an OpenAI-compatible "
                                                                "HTTP API.")
@@ -47,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
                    help="sim engine: wall seconds per modelled second (default 1; 0: as fast as the host goes)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--model", help="the model name clients send (default: the plan's model name)")
+    p.add_argument("--model", type=model_name, help="the model name clients send (default: the plan's model name)")
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests that may wait beyond the plan's max_concurrent_requests before 429 (default 256)")
     p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_S,
@@ -91,7 +99,7 @@ def build(args: argparse.Namespace) -> Any:
     llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
               kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,
               sim_pace=args.sim_pace, max_waiting=args.max_waiting, observer=metrics)
-    return Service(llm, args.model or llm.plan.header.model, metrics)
+    return Service(llm, llm.plan.header.model if args.model is None else args.model, metrics)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
