@@ -157,8 +157,9 @@ def _check_unroll(node: ast.NodeDecl, diags: Diagnostics) -> None:
         elif n < 2:
             why = "a prompt row of one token is a one-token row already: give 2 or more, or drop the option"
         elif n > max(capture.batch, default=0):
+            largest = max(capture.batch, default=0)  # `batch=[]` is MW433's (check_zero_sizes), reported first
             why = (f"a step of one {n}-token prompt needs {n} rows, above the largest captured batch size "
-                   f"{max(capture.batch)}: give at most {max(capture.batch)}")
+                   f"{largest}: give at most {largest}")
         else:
             continue
         diags.error(codes.UNROLL_CANNOT_APPLY, f"unroll_prompts={n} cannot apply here: {why}", capture.span)

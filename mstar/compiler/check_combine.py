@@ -5,9 +5,12 @@ In:  a `Spec` that passed resolve and check_graph, its `Deployment` (None: only 
 Out: nothing; adds MW401-MW419 and MW420-MW425 diagnostics (MW412, batching rules: check_batching.py;
 MW414-MW416, several captures of a walk and capture replays: check_captures.py; MW417-MW419 and
 MW425, captures' guidance modes and KV sequences: check_capture_keys.py;
-MW420-MW424, step token budgets and the prefix cache: check_chunking.py).
+MW420-MW424, step token budgets and the prefix cache: check_chunking.py; MW432-MW433, caps, rows
+limits and capture lists of no rows or tokens: check_zero_sizes.py).
 
 Spec-level rules, per node:
+- caps and rows limits of at least one row, capture lists of positive, distinct sizes (MW432,
+  MW433, check_zero_sizes.py: checked first with MW411);
 - sizes the runtime can hold (MW411, checked first): caps and batch sizes at most MAX_STEP_ROWS,
   tokens a step at most MAX_STEP_TOKENS, at most MAX_CAPTURE_KEYS graphs a capture family and
   MAX_COMBINED_WALKS walks a combined walk (memory_bounds.py);
@@ -37,7 +40,7 @@ from typing import Optional
 
 from mstar.compiler import (
     capture_keys, capture_memory, check_batching, check_capture_keys, check_captures, check_chunking, check_submodels,
-    codes,
+    check_zero_sizes, codes,
 )
 from mstar.compiler.memory_bounds import (
     MAX_CAPTURE_KEYS, MAX_COMBINED_WALKS, MAX_NODE_BYTES, MAX_STEP_ROWS, MAX_STEP_TOKENS, format_bytes,
@@ -68,7 +71,8 @@ class WorkerCapture:
 def run(spec: ast.Spec, deployment: Optional[Deployment], diags: Diagnostics) -> None:
     runs = {w.name: set(walk_nodes(w)) for w in spec.walks}
     for node in spec.nodes:
-        if _step_sizes_fit(node, diags):
+        # the later checks and lowering take a capture's largest batch: only for usable sizes
+        if all([check_zero_sizes.check_node(node, diags), _step_sizes_fit(node, diags)]):
             _check_node(node, runs, diags)
             check_captures.check_node(spec, node, runs, diags)
             check_capture_keys.check_node(node, runs, diags)

@@ -1,7 +1,7 @@
 """Pass 3, check the graph: walks, loops and partitions are well formed.
 
 In:  a `Spec` that passed resolve, and the run's `Diagnostics`.
-Out: nothing; adds MW201-MW214 diagnostics.
+Out: nothing; adds MW201-MW215 and MW217 diagnostics (MW216 is resolve's).
 
 Where a call's input may come from (MW201 when none applies):
 1. an edge of the same walk that reaches the call: from an earlier section of a sequence, or
@@ -132,6 +132,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
         _check_inputs(flow, nodes, partition, conductor_names.get(partition_of.get(walk.name), set()),
                       delivered, persisted, diags)
     _check_streams(spec, partition_of, diags)
+    _check_chunk_policies(spec, diags)
 
 
 # ---------------------------------------------------------------- sections and loops
@@ -446,6 +447,24 @@ def _check_streams(spec: ast.Spec, partition_of: dict[str, str], diags: Diagnost
                 diags.error(codes.STREAM_MISMATCH,
                             f"partition {partition.name} takes stream '{source.edge}' but none of its "
                             f"walks runs a node with a `stream` input '{source.edge}'", source.span)
+
+
+def _check_chunk_policies(spec: ast.Spec, diags: Diagnostics) -> None:
+    """MW217: a stream source's policy cuts chunks of at least one item (`load_plan` refuses a
+    plan whose stream has chunk size 0), and a window moves by at least one."""
+    for partition in spec.partitions:
+        for source in partition.streams:
+            policy = source.policy
+            stream = f"stream {source.partition}.{source.edge} into partition {partition.name}"
+            size_name = "chunk" if policy.kind == "left_context" else "size"
+            if policy.size < 1:
+                diags.error(codes.BAD_CHUNK_SIZE,
+                            f"{stream}: a {policy.kind} {size_name} of {policy.size} cuts chunks of no items, so its "
+                            f"consumer would never run; give a {size_name} of at least 1", policy.span)
+            elif policy.stride is not None and policy.stride < 1:
+                diags.error(codes.BAD_CHUNK_SIZE,
+                            f"{stream}: stride={policy.stride} would never move the window; give a stride of at "
+                            f"least 1, or leave it out (it is then the window's size, {policy.size})", policy.span)
 
 
 def _find_cycle(edges) -> Optional[tuple]:

@@ -12,7 +12,9 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
                              unrolled prompt rows;
                              MW417-MW419, MW425 (check_capture_keys) guidance modes and labels;
                              MW420-MW424, MW428-MW431 (check_chunking) token budgets
-                             check_chunking: step token budget, chunks, prefix cache
+                             check_chunking: step token budget, chunks, prefix cache;
+                             MW432-MW433 (check_zero_sizes) caps, rows limits and capture lists
+                             of no rows or tokens
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
     MW124-MW125 check_submodels  sub-models and depth models of a kv node (run by check_combine)
     MW130-MW133 check_cross  cross-attention KV pools (run by check_roles)
@@ -70,6 +72,7 @@ STOP_WITHOUT_NAME = "MW213"
 LOOP_NEST_TOO_LONG = "MW214"
 BAD_LOOP_COUNT = "MW215"
 BAD_REPEAT = "MW216"
+BAD_CHUNK_SIZE = "MW217"
 
 # ---------------------------------------------------------------- deployment file (MW30x)
 DEPLOYMENT_UNREADABLE = "MW301"
@@ -128,6 +131,8 @@ PREFIX_CACHE_CROSS = "MW428"
 PREFIX_WALK_PER_POSITION = "MW429"
 OFFLOAD_CROSS = "MW430"
 PREFIX_CACHE_UNUSED = "MW431"
+ZERO_ROWS = "MW432"
+BAD_CAPTURE_SIZES = "MW433"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -177,6 +182,7 @@ TITLES: dict[str, str] = {
     LOOP_NEST_TOO_LONG: "nested loops whose maximum iterations multiply past the limit",
     BAD_LOOP_COUNT: "loop count whose default is outside 1..max",
     BAD_REPEAT: "partition repeat rule that cannot run",
+    BAD_CHUNK_SIZE: "stream chunk policy of no items, or a window that never moves",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
     DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
     DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",
@@ -229,4 +235,6 @@ TITLES: dict[str, str] = {
     PREFIX_WALK_PER_POSITION: "a prompt walk that sends a value per position cannot start after a cached prefix",
     OFFLOAD_CROSS: "KV offload asked for on a node with cross-attention KV",
     PREFIX_CACHE_UNUSED: "a prefix cache no walk can use",
+    ZERO_ROWS: "cap or rows limit of no rows",
+    BAD_CAPTURE_SIZES: "capture batch sizes or token buckets that are empty, zero or repeated",
 }

@@ -210,6 +210,10 @@ explain = {
  "MW216": "A partition's `repeat while VALUE max=N` runs its stages again while the partition's persisted value "
           "VALUE is above zero, so some walk of the partition must persist it (`-> VALUE: conductor persist`); the "
           "bound counts every round, the first included, so it is at least 1.",
+ "MW217": "A stream source's policy cuts chunks of at least one item: `window(SIZE, ...)`, "
+          "`left_context(chunk=C, ...)` and `fixed(SIZE)` need SIZE (C) of 1 or more, or the consumer partition "
+          "would never get a chunk to run (`load_plan` refuses a plan with such a stream). A window's `stride`, "
+          "when given, is at least 1 too: left out, the window moves by its size.",
  "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty "
           "nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop "
           "where the product passes the limit, with the enclosing loops as notes.",
@@ -382,6 +386,17 @@ explain = {
           "cross-attends (a `cross_kv` pool: a Whisper decoder) keeps each request's KV outside the paged pool (its "
           "runner decodes one request at a time, as the reference's), so nothing of it can move. The plan says "
           "`host_pages: 0` for that node; other nodes of the deployment keep their host pool.",
+ "MW432": "A step holds at least one row: `cap WALK N`, a combined walk's `cap N` and `rows WALK <= N` need N of "
+          "1 or more. A cap of 0 would let no step of the walk (or no mixed step) run, and a rows limit of 0 keeps "
+          "the walk out of every mixed step, which is what leaving it out of the combined walk says; `load_plan` "
+          "refuses a plan with a cap or a rows limit below 1. Leave a cap out to take the default (the walk's "
+          "largest captured batch size; for a mixed step the smallest cap of the walks in it).",
+ "MW433": "A capture's graphs are keyed by its batch sizes (and, packed, its token buckets), so `batch=[...]` lists "
+          "at least one size, each at least 1 and listed once, and a packed capture lists its token buckets the "
+          "same way in `tokens=[...]` (which it cannot leave out). A batched capture's tokens are its batch sizes x "
+          "`tokens_per_row` (at least 1), so it takes no `tokens=` list. `load_plan` refuses a plan whose batch "
+          "sizes or token buckets are empty, hold 0 or repeat; the order of a list does not matter (it is sorted). "
+          "Checked first among the capture checks (with MW411), which read a capture's largest batch size.",
  "MW424": "A warning: a prefix cache shares full KV pages between requests with the same leading tokens, but a node "
           "with recurrent state (gated delta-net layers) also needs the state after the prefix, which no KV page "
           "holds. The plan says `prefix_cache: recurrent_state` for that node and the runtime keeps the cache off "
