@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -253,9 +254,22 @@ def _check_file_target(option: str, path: str) -> None:
         os.makedirs(parent, exist_ok=True)
     except OSError as error:
         raise CliError(f"{option} {path}: cannot create directory {parent}: {error.strerror}") from None
-    target = path if os.path.exists(path) else parent
-    if not os.access(target, os.W_OK):
-        raise CliError(f"{option} {path} is not writable")
+    _probe_writable(option, path, parent)
+
+
+def _probe_writable(option: str, path: str, folder: str) -> None:
+    """Write there, not ask `os.access`: as root it says yes to /proc and to read-only mounts, and
+    the run then failed at its end (`cannot write /proc/x.json`). An existing file is opened to
+    append (left as it is); else a nameless file is made in the folder and dropped at once."""
+    try:
+        if os.path.isfile(path):
+            with open(path, "ab"):
+                pass
+        else:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+    except OSError as error:
+        raise CliError(f"{option} {path} is not writable ({error.strerror})") from None
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -267,8 +281,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
             os.makedirs(args.out, exist_ok=True)
         except OSError as error:
             raise CliError(f"--out {args.out}: cannot create directory: {error.strerror}") from None
-        if not os.access(args.out, os.W_OK):
-            raise CliError(f"--out {args.out} is not writable")
+        _probe_writable("--out", args.out, args.out)
     for option, path in (("--report", args.report), ("--timeline", args.timeline),
                          ("--gpu-profile", args.gpu_profile)):
         if path:

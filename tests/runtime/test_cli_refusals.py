@@ -42,6 +42,11 @@ def _error(capsys) -> str:
     (["run", "--plan", LLAMA, "--requests", "1", "--device", "cpu:5"], "not a device name"),
     (["serve", "--plan", LLAMA, "--port", "-1"], "--port must be in 0..65535"),  # blamed the host
     (["serve", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "options of the torch engine"),
+    # os.access said yes as root, and the run failed at its end: refused before it now
+    (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--report", "/proc/mstar-report.json"],
+     "--report /proc/mstar-report.json is not writable"),
+    (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--timeline", "/proc/mstar-timeline.json"],
+     "--timeline /proc/mstar-timeline.json is not writable"),
 ])
 def test_a_refusal_is_one_line_and_exit_1(capsys, argv, words):
     assert main([*argv, "--no-progress"] if argv[0] == "run" else argv) == 1
