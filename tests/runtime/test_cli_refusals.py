@@ -42,6 +42,9 @@ def _error(capsys) -> str:
     (["run", "--plan", LLAMA, "--requests", "1", "--device", "cpu:5"], "not a device name"),
     (["serve", "--plan", LLAMA, "--port", "-1"], "--port must be in 0..65535"),  # blamed the host
     (["serve", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "options of the torch engine"),
+    # 64 decode rows and a chunk never fit llama_chunked's 64-row mixed step: the run said "raise --output-len"
+    (["bench", "runner", "--plan", str(ROOT / "generated" / "llama_chunked.plan"), "--long-prompt", "8192"],
+     "give --clients 63 or fewer"),
     # os.access said yes as root, and the run failed at its end: refused before it now
     (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--report", "/proc/mstar-report.json"],
      "--report /proc/mstar-report.json is not writable"),

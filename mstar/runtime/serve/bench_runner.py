@@ -249,6 +249,21 @@ def _summary(steps: list[dict[str, float]]) -> dict[str, float]:
     return p50
 
 
+def _check_chunk_step_fits(plan, clients: int) -> None:
+    """A chunk step holds every client's decode row and the long prompt's chunk: refuse a client
+    count the plan's step of all its key's walks cannot hold (llama_chunked's mixed cap is 64 rows,
+    so the default 64 clients never shared a step with a chunk and the run ended in "no chunk step
+    ran, raise --output-len", which no output length mends)."""
+    for worker in plan.workers:
+        for key in worker.keys:
+            if key.chunk_sizes:
+                cap = key.mixtures[-1].cap  # the mask of every walk: the last entry
+                if clients + 1 > cap:
+                    raise BenchError(f"a step of {key.name} holds at most {cap} rows, so {clients} decode rows "
+                                     f"and the long prompt's chunk never share one: give --clients {cap - 1} or "
+                                     "fewer")
+
+
 def measure(args) -> dict[str, Any]:
     plan = load_plan(args.plan, verify=False)
     if args.budget is not None:
@@ -260,6 +275,8 @@ def measure(args) -> dict[str, Any]:
         raise BenchError("the plan cuts no prompt into chunks (compiled without max_prefill_chunk_size), and "
                          "--budget only resizes the chunks of one that does: use a chunked plan such as "
                          "generated/llama_chunked.plan")
+    if args.long_prompt:
+        _check_chunk_step_fits(plan, args.clients)
     if args.long_prompt and args.output_len <= ARRIVE_AFTER + 1:
         raise BenchError(f"the long prompt arrives after {ARRIVE_AFTER} full decode steps: raise --output-len "
                          f"past {ARRIVE_AFTER + 1}")
