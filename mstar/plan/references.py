@@ -5,13 +5,20 @@ hand (with its content hash recomputed) is refused by `load_plan` with the first
 instead of failing deep inside the scheduler or the conductor. mstarc never writes such a plan.
 
     reference_problems(plan) -> list[str]     empty for a consistent plan
+
+Besides this module's own checks it gathers those of loop_nesting.py (the loops around every call
+of a walk, followed from its start), rank_checks.py (worker ranks, TP groups and call instances)
+and stream_checks.py (a partition's streams and their chunk policies).
 """
 from __future__ import annotations
 
 from typing import Iterator
 
 from mstar.plan.buckets import batch_pad_table, family_max_rows
+from mstar.plan.loop_nesting import loop_nesting_problems
+from mstar.plan.rank_checks import rank_problems
 from mstar.plan.schema import EdgePlan, KeyPlan, NextPlan, PartitionPlan, Plan, WalkPlan
+from mstar.plan.stream_checks import stream_problems
 
 MAX_PROBLEMS = 5
 
@@ -146,7 +153,6 @@ def reference_problems(plan: Plan) -> list[str]:
     node_inputs = {n.name: set(n.inputs) | set(n.stream_inputs) for n in plan.nodes}
     node_outputs = {n.name: {o.name for o in n.outputs} for n in plan.nodes}
     _role_problems(plan, problems)
-    stream_inputs = {n.name: set(n.stream_inputs) for n in plan.nodes}
     walks = {w.name for w in plan.walks}
     partitions = {p.name for p in plan.partitions}
     for what, names in (("node", [n.name for n in plan.nodes]), ("walk", [w.name for w in plan.walks]),
@@ -158,27 +164,14 @@ def reference_problems(plan: Plan) -> list[str]:
 
     ranks = {w.rank for w in plan.workers}
     for walk in plan.walks:
-        problems.extend(_index_problems(walk, nodes, node_inputs, node_outputs, partitions))
+        index_problems = list(_index_problems(walk, nodes, node_inputs, node_outputs, partitions))
+        problems.extend(index_problems or loop_nesting_problems(walk))
         problems.extend(f"walk {walk.name}: {call.node} runs on rank {rank}, which the plan lacks"
                         for call in walk.calls for instance in call.instances for rank in instance
                         if rank not in ranks)
     for part in plan.partitions:
-        where = f"partition {part.name}"
         problems.extend(_stage_problems(part, walks))
-        for stream in part.streams:
-            if stream.producer_partition not in partitions:
-                problems.append(f"{where}: stream from unknown partition {stream.producer_partition!r}")
-            if stream.consumer_node not in nodes:
-                problems.append(f"{where}: stream into unknown node {stream.consumer_node!r}")
-            elif stream.edge not in stream_inputs[stream.consumer_node]:
-                problems.append(f"{where}: stream {stream.edge} feeds {stream.consumer_node}, which has no such "
-                                "stream input")
-            elif not any(c.node == stream.consumer_node and any(i.name == stream.edge for i in c.inputs)
-                         for w in plan.walks if w.partition == part.name for c in w.calls):
-                problems.append(f"{where}: no walk of the partition calls {stream.consumer_node} on stream "
-                                f"{stream.edge}, so its chunks would wait forever")
-            if stream.policy.size < 1:
-                problems.append(f"{where}: stream {stream.edge} has chunk size {stream.policy.size}")
+        problems.extend(stream_problems(plan, part))
     for pool in plan.deployment.kv_pools:
         if pool.node not in nodes:
             problems.append(f"kv pool of unknown node {pool.node!r}")
@@ -186,6 +179,7 @@ def reference_problems(plan: Plan) -> list[str]:
             problems.append(f"kv pool of {pool.node}: page_size, num_pages and max_seq_len must be positive")
     for worker in plan.workers:
         _worker_problems(worker, nodes, walks, {n.name for n in plan.nodes if n.engine == "kv"}, problems)
+    problems.extend(rank_problems(plan))
     _capture_key_problems(plan, problems)
     return problems
 
