@@ -26,41 +26,62 @@ MAX_PROBLEMS = 5
 def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[str]],
                     node_outputs: dict[str, set[str]], partitions: set[str]) -> Iterator[str]:
     """Every index of a walk's tables within its lists; every name declared."""
-    where = f"walk {walk.name}"
-    num_calls, num_joins, num_loops, num_slots = len(walk.calls), len(walk.joins), len(walk.loops), len(walk.slots)
-
-    def next_problems(then: NextPlan, what: str) -> Iterator[str]:
-        if then.kind == "start" and not then.calls:
-            yield f"{where}: {what} starts no call"
-        for name, indices, size in (("call", then.calls, num_calls), ("join", then.joins, num_joins),
-                                    ("loop", then.loops, num_loops)):
-            yield from (f"{where}: {what} names {name} {i}, which the walk lacks" for i in indices if not 0 <= i < size)
-        target_size = {"join": num_joins, "loop_end": num_loops}.get(then.kind)
-        if target_size is not None and (then.target is None or not 0 <= then.target < target_size):
-            yield f"{where}: {what} ends {then.kind} {then.target}, which the walk lacks"
-
-    def edge_problems(edge: EdgePlan, what: str) -> Iterator[str]:
-        if edge.dest_kind in ("node", "stream") and edge.dest not in nodes:
-            yield f"{where}: edge {edge.name} goes to unknown node {edge.dest!r}"
-        if edge.stream_partition is not None and edge.stream_partition not in partitions:
-            yield f"{where}: edge {edge.name} streams to unknown partition {edge.stream_partition!r}"
-        if edge.action in ("slot", "loop_back") and (edge.slot is None or not 0 <= edge.slot < num_slots):
-            yield f"{where}: {what} edge {edge.name} writes slot {edge.slot}, which the walk lacks"
-        if edge.action in ("loop_back", "loop_output", "loop_accumulate"):
-            if edge.loop is None or not 0 <= edge.loop < num_loops:
-                yield f"{where}: {what} edge {edge.name} names loop {edge.loop}, which the walk lacks"
-            elif edge.action != "loop_back":
-                exits = walk.loops[edge.loop].exits
-                if edge.exit is None or not 0 <= edge.exit < len(exits) or exits[edge.exit].edge is None:
-                    yield f"{where}: {what} edge {edge.name} names exit {edge.exit} of loop {edge.loop}, which it lacks"
-
+    check = _WalkIndices(walk, nodes, partitions)
+    where = check.where
     if walk.partition not in partitions:
         yield f"{where}: unknown partition {walk.partition!r}"
     yield from (f"{where}: unknown node {n!r}" for n in walk.nodes if n not in nodes)
-    yield from next_problems(walk.start, "its start")
+    yield from check.next_problems(walk.start, "its start")
     for index, call in enumerate(walk.calls):
-        what = f"call {index}"
-        if call.node not in nodes:
+        yield from check.call_problems(index, call, node_inputs, node_outputs)
+    for index, join in enumerate(walk.joins):
+        if join.num_members < 1:
+            yield f"{where}: join {index} has {join.num_members} members"
+        yield from check.next_problems(join.then, f"join {index}")
+    for index, loop in enumerate(walk.loops):
+        yield from check.loop_problems(index, loop)
+
+
+class _WalkIndices:
+    """The index checks of one walk's tables (`_index_problems`), a method a table."""
+
+    def __init__(self, walk: WalkPlan, nodes: set[str], partitions: set[str]) -> None:
+        self.walk, self.nodes, self.partitions = walk, nodes, partitions
+        self.where = f"walk {walk.name}"
+        self.num_calls, self.num_joins = len(walk.calls), len(walk.joins)
+        self.num_loops, self.num_slots = len(walk.loops), len(walk.slots)
+
+    def next_problems(self, then: NextPlan, what: str) -> Iterator[str]:
+        where = self.where
+        if then.kind == "start" and not then.calls:
+            yield f"{where}: {what} starts no call"
+        for name, indices, size in (("call", then.calls, self.num_calls), ("join", then.joins, self.num_joins),
+                                    ("loop", then.loops, self.num_loops)):
+            yield from (f"{where}: {what} names {name} {i}, which the walk lacks" for i in indices if not 0 <= i < size)
+        target_size = {"join": self.num_joins, "loop_end": self.num_loops}.get(then.kind)
+        if target_size is not None and (then.target is None or not 0 <= then.target < target_size):
+            yield f"{where}: {what} ends {then.kind} {then.target}, which the walk lacks"
+
+    def edge_problems(self, edge: EdgePlan, what: str) -> Iterator[str]:
+        where = self.where
+        if edge.dest_kind in ("node", "stream") and edge.dest not in self.nodes:
+            yield f"{where}: edge {edge.name} goes to unknown node {edge.dest!r}"
+        if edge.stream_partition is not None and edge.stream_partition not in self.partitions:
+            yield f"{where}: edge {edge.name} streams to unknown partition {edge.stream_partition!r}"
+        if edge.action in ("slot", "loop_back") and (edge.slot is None or not 0 <= edge.slot < self.num_slots):
+            yield f"{where}: {what} edge {edge.name} writes slot {edge.slot}, which the walk lacks"
+        if edge.action in ("loop_back", "loop_output", "loop_accumulate"):
+            if edge.loop is None or not 0 <= edge.loop < self.num_loops:
+                yield f"{where}: {what} edge {edge.name} names loop {edge.loop}, which the walk lacks"
+            elif edge.action != "loop_back":
+                exits = self.walk.loops[edge.loop].exits
+                if edge.exit is None or not 0 <= edge.exit < len(exits) or exits[edge.exit].edge is None:
+                    yield f"{where}: {what} edge {edge.name} names exit {edge.exit} of loop {edge.loop}, which it lacks"
+
+    def call_problems(self, index: int, call, node_inputs: dict[str, set[str]],
+                      node_outputs: dict[str, set[str]]) -> Iterator[str]:
+        where, what, num_slots = self.where, f"call {index}", self.num_slots
+        if call.node not in self.nodes:
             yield f"{where}: a call of unknown node {call.node!r}"
         else:
             yield from (f"{where}: {call.node} is called with {i.name!r}, not one of its inputs"
@@ -71,20 +92,17 @@ def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[
             if source.is_wait and not source.slots:
                 yield f"{where}: {what} waits for {source.name} in no slot"
         for edge in call.edges:
-            yield from edge_problems(edge, what)
-            if call.node in nodes and edge.name not in node_outputs[call.node]:
+            yield from self.edge_problems(edge, what)
+            if call.node in self.nodes and edge.name not in node_outputs[call.node]:
                 yield f"{where}: edge {edge.name} is not an output of {call.node}"
         for name, loop_index in (("loop", call.loop), ("stop loop", call.stop_loop)):
-            if loop_index is not None and not 0 <= loop_index < num_loops:
+            if loop_index is not None and not 0 <= loop_index < self.num_loops:
                 yield f"{where}: {what} has {name} {loop_index}, which the walk lacks"
-        yield from next_problems(call.then, what)
-    for index, join in enumerate(walk.joins):
-        if join.num_members < 1:
-            yield f"{where}: join {index} has {join.num_members} members"
-        yield from next_problems(join.then, f"join {index}")
-    for index, loop in enumerate(walk.loops):
-        what = f"loop {loop.name}"
-        yield from (f"{where}: {what} runs unknown node {n!r}" for n in loop.nodes if n not in nodes)
+        yield from self.next_problems(call.then, what)
+
+    def loop_problems(self, index: int, loop) -> Iterator[str]:
+        where, what = self.where, f"loop {loop.name}"
+        yield from (f"{where}: {what} runs unknown node {n!r}" for n in loop.nodes if n not in self.nodes)
         if loop.max_iters < 1:
             yield f"{where}: {what} has max_iters {loop.max_iters}"
         if (loop.count_param is None) != (loop.default_count is None):
@@ -93,24 +111,27 @@ def _index_problems(walk: WalkPlan, nodes: set[str], node_inputs: dict[str, set[
             yield f"{where}: {what} has default_count {loop.default_count} outside 1..{loop.max_iters}"
         if loop.body.kind != "start":
             yield f"{where}: {what} body is not a start"
-        yield from next_problems(loop.body, what)
-        yield from next_problems(loop.then, what)
+        yield from self.next_problems(loop.body, what)
+        yield from self.next_problems(loop.then, what)
         if loop.then.kind == "loop_end" and loop.then.target is not None and loop.then.target >= index:
             yield f"{where}: {what} ends loop {loop.then.target} when it exits, not an outer loop"
         yield from (f"{where}: {what} clears slot {s}, which the walk lacks"
-                    for s in loop.cleared_slots if not 0 <= s < num_slots)
+                    for s in loop.cleared_slots if not 0 <= s < self.num_slots)
+        yield from self.exit_problems(index, loop, what)
+
+    def exit_problems(self, index: int, loop, what: str) -> Iterator[str]:
+        where = self.where
         for exit in loop.exits:
             if exit.kind == "scope":
-                if exit.slot is None or not 0 <= exit.slot < num_slots:
+                if exit.slot is None or not 0 <= exit.slot < self.num_slots:
                     yield f"{where}: {what} writes its output {exit.name} to slot {exit.slot}, which the walk lacks"
             elif exit.edge is None:
                 yield f"{where}: {what} hands on {exit.name} by no edge"
+            elif exit.edge.action in ("loop_output", "loop_accumulate", "loop_back") and (
+                    exit.edge.loop is None or not 0 <= exit.edge.loop < index):
+                yield f"{where}: {what} hands {exit.name} on to loop {exit.edge.loop}, not an outer loop"
             else:
-                if exit.edge.action in ("loop_output", "loop_accumulate", "loop_back") and (
-                        exit.edge.loop is None or not 0 <= exit.edge.loop < index):
-                    yield f"{where}: {what} hands {exit.name} on to loop {exit.edge.loop}, not an outer loop"
-                    continue
-                yield from edge_problems(exit.edge, what)
+                yield from self.edge_problems(exit.edge, what)
 
 
 def _role_problems(plan: Plan, problems: list[str]) -> None:
