@@ -188,6 +188,17 @@ def _worker(console: Console, worker: WorkerPlan) -> None:
 
 
 def print_plan(plan: Plan, console: Console) -> None:
+    _header(plan, console)
+    _nodes(plan, console)
+    for walk in plan.walks:
+        _walk_tables(console, walk)
+    _partitions(plan, console)
+    _deployment(plan, console)
+    for worker in plan.workers:
+        _worker(console, worker)
+
+
+def _header(plan: Plan, console: Console) -> None:
     h = plan.header
     console.rule(Text(f"plan {h.model} / {h.deployment}"))
     console.print(Text(
@@ -198,6 +209,9 @@ def print_plan(plan: Plan, console: Console) -> None:
     ))
     if plan.params:
         console.print(Text("params: " + ", ".join(f"{k} = {v}" for k, v in plan.params.items())))
+
+
+def _nodes(plan: Plan, console: Console) -> None:
     table = _table("nodes", "name", "engine", "state", "inputs", "outputs", "flags")
     for n in plan.nodes:
         state = ""
@@ -225,8 +239,9 @@ def print_plan(plan: Plan, console: Console) -> None:
             widths = " ".join(f"{k}={v}" for k, v in sub.dims.items())
             samples = f" samples {sub.samples} depth={sub.depth}" if sub.samples is not None else ""
             console.print(Text(f"  {n.name} submodel {sub.name} ({widths}){samples} for {' '.join(sub.walks)}"))
-    for walk in plan.walks:
-        _walk_tables(console, walk)
+
+
+def _partitions(plan: Plan, console: Console) -> None:
     table = _table("partitions", "name", "stages", "initial walk", "streams in")
     for p in plan.partitions:
         stages = " -> ".join(" | ".join(s.walks) + ("?" if s.is_optional else "") for s in p.stages)
@@ -239,6 +254,9 @@ def print_plan(plan: Plan, console: Console) -> None:
         )
         table.add_row(p.name, stages, p.initial_walk or "(stream-triggered)", streams)
     console.print(table)
+
+
+def _deployment(plan: Plan, console: Console) -> None:
     d = plan.deployment
     budget = "none" if d.capture_memory_budget_bytes is None else f"{d.capture_memory_budget_bytes / MIB:.0f} MiB"
     console.print(Text(
@@ -250,8 +268,6 @@ def print_plan(plan: Plan, console: Console) -> None:
     for pool in d.kv_pools:
         table.add_row(pool.node, str(pool.page_size), str(pool.num_pages), str(pool.max_seq_len))
     console.print(table)
-    for worker in plan.workers:
-        _worker(console, worker)
 
 
 def explain_text(plan: Plan, width: int = 120) -> str:
