@@ -3,13 +3,15 @@
 The Python API is imported lazily, so `import mstar` stays light (no torch, no web framework):
 
     from mstar import LLM, SamplingParams      # mstar/runtime/serve/api.py
+    from mstar import PromptError, SamplingError, Closed, Overloaded, SetupError   # its errors
 """
 from __future__ import annotations
 
 from typing import Any
 
-_LAZY = {"LLM": "mstar.runtime.serve.api", "SamplingParams": "mstar.runtime.serve.api",
-         "Output": "mstar.runtime.serve.api"}
+_API = "mstar.runtime.serve.api"
+_LAZY = {name: _API for name in ("LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Closed",
+                                 "Overloaded", "SetupError")}
 __all__ = sorted(_LAZY)
 
 

@@ -1,13 +1,14 @@
 """The Python API under bad or careless use: a value of the wrong kind is a PromptError or
 SamplingError before anything runs; one request the run loop cannot take (its id already in flight)
 fails alone and the loop goes on; a request whose top_k passes any vocabulary runs beside the others
-(it failed its whole step); `generate` that raises (Overloaded, an interrupt) leaves nothing
+(it failed its whole step); `generate` that raises (Closed, an interrupt) leaves nothing
 running; `close(timeout)` frees the pages of the requests it cuts; a plan whose default route takes
 the request's audio refuses a request without it. Each of these once stopped the run loop for
 every later call, hung a caller, or held KV pages."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from mstar import LLM, SamplingParams
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sampling import SamplingError as EngineSamplingError
 from mstar.runtime.engine.sampling import SamplingParams as EngineSampling
 from mstar.runtime.serve.api import Overloaded, PromptError, SamplingError
@@ -77,27 +79,92 @@ def test_a_top_k_past_any_vocabulary_runs_beside_the_others(llm):
         EngineSampling.from_request({"seed": "abc"})
 
 
-def test_one_request_streamed_twice_fails_the_second_alone(llm):
+def test_one_request_streamed_twice_refuses_the_second_alone(llm):
     request = llm.request([1, 2, 3], SamplingParams(max_tokens=20))
 
     async def one():
         return [delta async for delta in llm.stream(request)]
 
     async def both():
-        return await asyncio.gather(one(), one())
+        return await asyncio.gather(one(), one(), return_exceptions=True)
 
     first, second = asyncio.run(both())
-    reasons = {first[-1].finish_reason, second[-1].finish_reason}
-    assert reasons == {"length", f"error: request id {request.id!r} is already in flight"}
+    assert first[-1].finish_reason == "length"
+    assert isinstance(second, PromptError) and "already given to this LLM" in str(second)
     assert llm.loop.error is None and wait_until(lambda: _idle(llm))
 
 
-def test_generate_that_raises_leaves_nothing_running():
-    with LLM(LLAMA, max_waiting=0) as llm:
+def test_a_request_with_an_id_in_flight_fails_alone(llm):
+    """A Request built by hand with the id of one in flight (the LLM cannot know it): the run loop
+    fails it alone and goes on."""
+    first = llm.request([1, 2, 3], SamplingParams(max_tokens=20))
+    twin = Request(id=first.id, prompt_tokens=[1, 2, 3], max_tokens=20)
+    outputs = llm.generate([first, twin])
+    assert {o.finish_reason for o in outputs} == {"length", f"error: request id {first.id!r} is already in flight"}
+    assert llm.loop.error is None and wait_until(lambda: _idle(llm))
+
+
+def test_a_finished_request_given_again_is_refused(llm):
+    request = llm.request([1, 2], SamplingParams(max_tokens=3))
+    assert llm.generate(request)[0].finish_reason == "length"
+    with pytest.raises(PromptError, match=f"request id {request.id!r} was already given to this LLM"):
+        llm.generate(request)
+    with pytest.raises(PromptError, match="already given"):
+        asyncio.run(anext(llm.stream(request)))
+    again = llm.request([1, 2], SamplingParams(max_tokens=3))
+    with pytest.raises(PromptError, match="already given"):  # twice in one batch: refused before anything runs
+        llm.generate([again, again])
+    assert llm.generate(again)[0].finish_reason == "length"
+
+
+def test_a_request_made_by_one_llm_runs_on_another():
+    """Request ids are unique in the process: one LLM's request did not reuse an id another LLM's
+    run loop had spent (it stalled: `error: stalled: no row of the request can run`)."""
+    with LLM(LLAMA, engine="sim") as a, LLM(LLAMA, engine="sim") as b:
+        b.generate([1, 2, 3])
+        assert b.generate(a.request([4, 5, 6], SamplingParams(max_tokens=3)))[0].finish_reason == "length"
+
+
+def test_generate_that_raises_leaves_nothing_running(monkeypatch):
+    with LLM(LLAMA) as llm:
+        submit = llm.loop.submit
+        calls = itertools.count()
+
+        def interrupted(request, deliver):  # Ctrl-C while the batch is being submitted
+            if next(calls) == 3:
+                raise KeyboardInterrupt
+            submit(request, deliver)
+
+        monkeypatch.setattr(llm.loop, "submit", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([[1, 2]] * 5, SamplingParams(max_tokens=2000))
+        assert wait_until(lambda: _idle(llm))  # the 3 submitted before the interrupt were cancelled
+
+
+def test_generate_feeds_a_batch_past_the_queue_as_room_frees():
+    """More prompts than max_concurrent_requests + max_waiting: generate waits for room for its
+    own requests (it refused them with Overloaded after submitting part of the batch)."""
+    with LLM(LLAMA, engine="sim", sim_pace=0) as llm:
+        assert llm.loop.max_in_flight is not None and llm.loop.max_in_flight < 2000
+        prompts = [[1, 2, 3, i % 500 + 4, i // 500 + 4] for i in range(2000)]
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=4))
+        assert [o.prompt_token_ids for o in outputs] == prompts
+        assert all(o.finish_reason == "length" and len(o.token_ids) == 4 for o in outputs)
+        assert wait_until(lambda: _idle(llm))
+
+
+def test_a_stream_past_the_queue_is_overloaded_while_generate_waits():
+    with LLM(LLAMA, engine="sim", sim_pace=1.0, max_waiting=0) as llm:
         cap = llm.plan.deployment.max_concurrent_requests
+        outputs: list = []
+        worker = threading.Thread(target=lambda: outputs.extend(
+            llm.generate([[1, 2]] * (cap + 2), SamplingParams(max_tokens=5))))
+        worker.start()
+        assert wait_until(lambda: llm.loop.num_in_flight == cap)
         with pytest.raises(Overloaded):
-            llm.generate([[1, 2]] * (cap + 1), SamplingParams(max_tokens=2000))
-        assert wait_until(lambda: _idle(llm))  # the `cap` submitted before the refusal were cancelled
+            asyncio.run(anext(llm.stream([1, 2], SamplingParams(max_tokens=2))))
+        worker.join(60)
+        assert [o.finish_reason for o in outputs] == ["length"] * (cap + 2)
 
 
 def test_close_with_a_timeout_frees_the_pages_of_what_it_cut():

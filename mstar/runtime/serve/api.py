@@ -17,10 +17,16 @@ chat template; refused by a plan with a prompt format), or a `request(prompt, sa
 (the way to give a request its media: a plan whose default route takes the request's audio refuses
 a prompt without it). `generate` blocks until every prompt has finished, and cancels what it
 submitted when it raises; `stream` is an async generator of one request's deltas, as each step
-makes them; leaving it early (a `break`, a cancelled task) cancels the request, which frees its pages.
+makes them; closing it (`aclose()`, `contextlib.aclosing`, a cancelled task) cancels the request, which
+frees its pages; a `break` alone cancels it only once the generator is collected (Python finalizes an
+async generator on `aclose()` or collection, nothing else). `generate` feeds its batch to the loop
+as room frees (it never refuses its own prompts with `Overloaded`); a single `stream` past the
+loop's limit is refused (`Overloaded`). A `Request` runs once on an LLM: given again it is a
+`PromptError` (its id is spent in the run loop). An LLM collected without `close()` is closed then.
 Both run on one `OnlineLoop` (its own thread), so `generate` and `stream` may be used together
 and from several threads. Bad input is a `ValueError` subclass (`PromptError`,
-`SamplingError`) with a message; `Overloaded` / `Closed` come from the loop.
+`SamplingError`) with a message; `Overloaded` / `Closed` come from the loop; a bad constructor
+argument (or a plan, tokenizer or engine that cannot be set up) is a `SetupError` (a ValueError).
 
 Engines: `engine="torch"` (the models: `dims`, `weights`, `device`, `attention`, `kv_pages`),
 `"sim"` (the cost model; `sim_pace` wall seconds per modelled second, serve/paced.py: 1 makes a
@@ -30,11 +36,11 @@ simulated server as slow as the GPU it models, 0 as fast as the host goes), or a
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
 import math
 import numbers
 import operator
+import os
 import threading
 import weakref
 from collections import deque
@@ -44,11 +50,20 @@ from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union, cast
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.engine_setup import SetupError
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
 from mstar.runtime.step import sampling_range_problem
 
 Prompt = Union[str, Sequence[int], dict]
-__all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Overloaded", "Closed"]
+__all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "Overloaded", "Closed", "SetupError"]
+
+# Request ids are unique in the process, not per LLM: a request made by one LLM and run on another
+# would otherwise reuse an id the other's run loop had spent (its schedulers remember removed ids).
+_REQUEST_IDS = itertools.count()
+_REQUEST_IDS_LOCK = threading.Lock()
+# `generate` waiting for room in a full loop looks again at least this often (the final delta of
+# a request of this LLM wakes it sooner; this covers room freed any other way).
+_ROOM_WAIT_S = 0.05
 
 
 class PromptError(ValueError):
@@ -151,6 +166,9 @@ class LLM:
         from mstar.runtime.serve.endpoints import default_route_media
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
+        _check_arguments(plan, engine, max_waiting)
+        if isinstance(plan, os.PathLike):
+            plan = os.fspath(plan)
         self.plan = load(plan) if isinstance(plan, str) else plan
         # A partition that repeats (`repeat while VALUE max=N`, Whisper's windows) starts a new
         # sequence each round, so a request's tokens may reach N sequences' worth: the rounds of
@@ -164,15 +182,18 @@ class LLM:
             seed=seed, sim_pace=sim_pace, plan_path=plan if isinstance(plan, str) else None)
         self.loop = OnlineLoop(self.plan, self.engine, decode=self.tokenizer.decode if self.tokenizer else None,
                                max_waiting=max_waiting, observer=observer)
-        self._ids = itertools.count()
-        self._id_lock = threading.Lock()
+        self._used: weakref.WeakValueDictionary[int, Request] = weakref.WeakValueDictionary()  # by id()
+        self._used_lock = threading.Lock()
+        self._room = threading.Condition()  # notified when a request of this LLM ends (generate waits on it)
         self._handoffs: dict[asyncio.AbstractEventLoop, _Handoff] = {}
         # The prompt media the default route takes (a request without them is refused, _check_media).
         self.default_media = default_route_media(self.plan)
         self.loop.start()
-        # An LLM never closed: its requests are cut at exit rather than left running in the run
-        # loop's thread while the interpreter shuts down (which aborted the process).
-        atexit.register(_close_at_exit, weakref.ref(self.loop))
+        # An LLM never closed is closed when it is collected or at the interpreter's exit, whichever
+        # comes first (its thread ran on, holding the engine; at exit, running in torch while the
+        # interpreter shut down aborted the process). The finalizer holds the loop, not the LLM,
+        # and nothing the loop's thread holds refers to the LLM, so a dropped LLM is collected.
+        self._finalizer = weakref.finalize(self, _close_dropped, self.loop)
 
     def __enter__(self) -> "LLM":
         return self
@@ -183,6 +204,7 @@ class LLM:
     def close(self, timeout_s: Optional[float] = None) -> None:
         """No new requests; those in flight finish (at most timeout_s), then the loop stops."""
         self.loop.close(timeout_s)
+        self._finalizer.detach()
 
     # ------------------------------------------------------------ requests
 
@@ -267,8 +289,8 @@ class LLM:
                 f"max_seq_len {self.plan.deployment.max_seq_len} x {rounds} rounds"
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
                               f"{len(ids) + sampling.max_tokens} tokens, more than the plan's {bound}")
-        with self._id_lock:
-            request_id = f"req-{next(self._ids)}"
+        with _REQUEST_IDS_LOCK:
+            request_id = f"req-{next(_REQUEST_IDS)}"
         return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
@@ -290,28 +312,61 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Request, Sequence[Union[Prompt, Request]]],
                  sampling: Optional[SamplingParams] = None) -> list[Output]:
         """Run the prompts (one prompt, or a list of them; a prompt may be a `request(...)`) to
-        the end; outputs in prompt order. An exception here (Overloaded, Ctrl-C) cancels the
-        requests it already submitted, so none keeps running with nobody to collect it."""
+        the end; outputs in prompt order. A batch larger than the loop queues is fed to it as its
+        requests end (never refused with Overloaded). An exception here (Closed, Ctrl-C) cancels
+        the requests it already submitted, so none keeps running with nobody to collect it."""
         if hasattr(prompts, "tolist") and not isinstance(prompts, (str, dict)):  # a numpy array or a tensor
             prompts = prompts.tolist()
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Iterable, Request)):
             raise PromptError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(cast(Iterable[Any], prompts))
         requests = [p if isinstance(p, Request) else self.request(p, sampling) for p in batch]
+        self._claim([p for p in batch if isinstance(p, Request)])
         collectors = [_Collector(r, self.tokenizer is not None) for r in requests]
-        submitted: list[Request] = []
+        num_submitted = 0
         try:
             for request, collector in zip(requests, collectors):
-                self.loop.submit(request, collector.deliver)
-                submitted.append(request)
+                self._submit_when_room(request, _notifying(self._room, collector.deliver))
+                num_submitted += 1
             for collector in collectors:
                 collector.done.wait()
         except BaseException:
-            for request, collector in zip(submitted, collectors):
+            for request, collector in zip(requests[:num_submitted], collectors):
                 if not collector.done.is_set():
                     self.loop.cancel(request.id)
+            self._unclaim(requests[num_submitted:])  # never ran: they may be given again
             raise
         return [c.output() for c in collectors]
+
+    def _submit_when_room(self, request: Request, deliver: Any) -> None:
+        """Submit, waiting while the loop is full (Overloaded) for a request to end. The lock is
+        held from the refusal to the wait, so an end notified in between is not missed."""
+        with self._room:
+            while True:
+                try:
+                    self.loop.submit(request, deliver)
+                    return
+                except Overloaded:
+                    self._room.wait(_ROOM_WAIT_S)
+
+    def _claim(self, requests: list[Request]) -> None:
+        """PromptError for a `Request` given to this LLM before (or twice in one batch): the run
+        loop spends its id (a second run stalled: `error: stalled: no row of the request can run`).
+        Remembered weakly, by object, for as long as the caller keeps it."""
+        with self._used_lock:
+            seen: set[int] = set()
+            for request in requests:
+                if self._used.get(id(request)) is request or id(request) in seen:
+                    raise PromptError(f"request id {request.id!r} was already given to this LLM, and a request "
+                                      "runs once: make a new one with llm.request(...)")
+                seen.add(id(request))
+            for request in requests:
+                self._used[id(request)] = request
+
+    def _unclaim(self, requests: list[Request]) -> None:
+        with self._used_lock:
+            for request in requests:
+                self._used.pop(id(request), None)
 
     def _handoff(self, event_loop: asyncio.AbstractEventLoop) -> _Handoff:
         handoff = self._handoffs.get(event_loop)
@@ -323,12 +378,19 @@ class LLM:
 
     async def stream(self, prompt: Union[Prompt, Request],
                      sampling: Optional[SamplingParams] = None) -> AsyncIterator[Delta]:
-        """One request's deltas as its steps finish; the last has `finish_reason`. Leaving early
-        cancels the request."""
+        """One request's deltas as its steps finish; the last has `finish_reason`. Closing the
+        generator early (aclose(), contextlib.aclosing, a cancelled task; a `break` only once the
+        generator is collected) cancels the request. Overloaded when the loop is full."""
         request = prompt if isinstance(prompt, Request) else self.request(prompt, sampling)
+        if prompt is request:
+            self._claim([request])
         queue: asyncio.Queue[Delta] = asyncio.Queue()
         handoff = self._handoff(asyncio.get_running_loop())
-        self.loop.submit(request, lambda delta: handoff.put(queue, delta))
+        try:
+            self.loop.submit(request, _notifying(self._room, lambda delta: handoff.put(queue, delta)))
+        except BaseException:  # Overloaded, Closed: it never ran, and may be given again
+            self._unclaim([request])
+            raise
         is_finished = False
         try:
             while not is_finished:
@@ -394,9 +456,39 @@ class _Collector:
                       last.num_output_tokens, last.num_cached_tokens)
 
 
-def _close_at_exit(loop_ref: "weakref.ref[OnlineLoop]") -> None:
-    loop = loop_ref()
-    if loop is not None and not loop.is_closed:
+def _check_arguments(plan: Any, engine: Any, max_waiting: Any) -> None:
+    """SetupError for a constructor argument of the wrong kind or out of range (None for the plan
+    or engine was an AttributeError deep inside; max_waiting=-1 silently queued 255)."""
+    if not isinstance(plan, (str, os.PathLike, Plan)):
+        raise SetupError(f"plan must be a plan file path or a Plan, got {type(plan).__name__}")
+    if not isinstance(engine, str) and not hasattr(engine, "caps"):
+        raise SetupError(f"engine must be 'torch', 'sim' or an engine object (mstar.runtime.step.Engine), "
+                         f"got {engine!r}")
+    if not _is_integer(max_waiting) or max_waiting < 0:
+        raise SetupError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+
+
+def _notifying(room: threading.Condition, deliver: Any) -> Any:
+    """`deliver`, then wake the callers waiting for room when the delta is a request's last (on
+    the driver's thread). Holds the condition, never the LLM: the loop's thread must not keep a
+    dropped LLM alive."""
+    def deliver_and_notify(delta: Delta) -> None:
+        deliver(delta)
+        if delta.is_final:
+            with room:
+                room.notify_all()
+    return deliver_and_notify
+
+
+def _close_dropped(loop: OnlineLoop) -> None:
+    """An LLM collected, or open at the interpreter's exit, without close(): cut what is in flight
+    (nobody waits for it: a waiting caller holds the LLM) and stop the loop's thread. A collection
+    may run on a run loop's thread, which cannot join itself: there the closing gets its own thread."""
+    if loop.is_closed:
+        return
+    if threading.current_thread().name == "mstar-run-loop":
+        threading.Thread(target=loop.close, args=(0.0,), name="mstar-close", daemon=True).start()
+    else:
         loop.close(0.0)
 
 
