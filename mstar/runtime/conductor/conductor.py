@@ -106,7 +106,7 @@ def _alternatives(stage: StagePlan) -> list[list[str]]:
     return found
 
 
-def _follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
+def follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     """The walks a route takes through a partition's stages: per stage, the alternative whose
     sequence of walks comes next in the route (none for an optional stage, or when the route is
     empty: the partition is left out)."""
@@ -216,7 +216,7 @@ class Conductor:
                 routes[part.name] = [self.walks[w] for st in part.stages if not st.is_optional
                                      for w in _alternatives(st)[0]]
                 continue
-            routes[part.name] = [self.walks[w] for w in _follow_stages(part, request.route[part.name])]
+            routes[part.name] = [self.walks[w] for w in follow_stages(part, request.route[part.name])]
         return routes
 
     def _start(self, record: RequestRecord) -> None:

@@ -25,8 +25,10 @@ loop's limit is refused (`Overloaded`). A `Request` runs once on an LLM: given a
 `PromptError` (its id is spent in the run loop). An LLM collected without `close()` is closed then.
 Both run on one `OnlineLoop` (its own thread), so `generate` and `stream` may be used together
 and from several threads. Bad input is a `ValueError` subclass (`PromptError`,
-`SamplingError`) with a message; `Overloaded` / `Closed` come from the loop; a bad constructor
-argument (or a plan, tokenizer or engine that cannot be set up) is a `SetupError` (a ValueError).
+`SamplingError`) with a message, raised before anything runs (values checked against the plan's
+vocabulary, routes and guidance labels too, serve/plan_checks.py); `Overloaded` / `Closed` come
+from the loop; a bad constructor argument (or a plan, tokenizer or engine that cannot be set up)
+is a `SetupError` (a ValueError).
 
 Engines: `engine="torch"` (the models: `dims`, `weights`, `device`, `attention`, `kv_pages`),
 `"sim"` (the cost model; `sim_pace` wall seconds per modelled second, serve/paced.py: 1 makes a
@@ -52,6 +54,7 @@ from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.engine_setup import SetupError
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
+from mstar.runtime.serve.plan_checks import PlanChecks
 from mstar.runtime.step import sampling_range_problem
 
 Prompt = Union[str, Sequence[int], dict]
@@ -67,7 +70,13 @@ _ROOM_WAIT_S = 0.05
 
 
 class PromptError(ValueError):
-    """A prompt this LLM cannot take (text without a tokenizer, an empty or bad prompt)."""
+    """A prompt this LLM cannot take (text without a tokenizer, an empty or bad prompt, a token id
+    outside the vocabulary, one too long for the plan). `param`: the sampling field the refusal is
+    also about (max_tokens, for a prompt + max_tokens past the plan's max_seq_len), else None."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
 
 
 class SamplingError(ValueError):
@@ -177,6 +186,7 @@ class LLM:
         self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
         self.prompt_format = prompt_format(self.plan)
         self.audio_layout = audio_layout(self.plan)
+        self.checks = PlanChecks(self.plan)  # vocabulary, routes, guidance labels (request() checks them)
         self.engine = engine if not isinstance(engine, str) else build_engine(
             self.plan, engine, weights=weights, dims=dims, kv_pages=kv_pages, device=device, attention=attention,
             seed=seed, sim_pace=sim_pace, plan_path=plan if isinstance(plan, str) else None)
@@ -272,6 +282,7 @@ class LLM:
         if not isinstance(sampling, SamplingParams):
             raise SamplingError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         sampling.check()
+        self._check_against_plan(sampling)
         if media is not None and not isinstance(media, dict):
             raise PromptError(f"media must map modalities to values ({{'audio': samples}}), got {type(media).__name__}")
         self._check_media(media or {}, sampling.route)
@@ -282,13 +293,17 @@ class LLM:
         audio = (media or {}).get("audio")
         if audio is not None and self.audio_layout is not None:
             ids = self.laid_out_audio(ids, int(audio.shape[0]))
+        outside = self.checks.prompt_problem(ids)
+        if outside is not None:
+            raise PromptError(outside)
         rounds = self.max_rounds
         limit = self.plan.deployment.max_seq_len * rounds
         if len(ids) + sampling.max_tokens > limit:
             bound = f"max_seq_len {limit}" if rounds == 1 else \
                 f"max_seq_len {self.plan.deployment.max_seq_len} x {rounds} rounds"
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
-                              f"{len(ids) + sampling.max_tokens} tokens, more than the plan's {bound}")
+                              f"{len(ids) + sampling.max_tokens} tokens, more than the plan's {bound}",
+                              param="max_tokens")
         with _REQUEST_IDS_LOCK:
             request_id = f"req-{next(_REQUEST_IDS)}"
         return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
@@ -297,6 +312,16 @@ class LLM:
                        stop_tokens=list(sampling.stop_token_ids), stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))
+
+    def _check_against_plan(self, sampling: SamplingParams) -> None:
+        """SamplingError for a stop token id no node of the plan samples, a route the plan's
+        partitions and stages do not take, a guidance label the plan does not declare (these once
+        ran and ended `error: ...`, and the simulated engine ignored an unknown guidance label)."""
+        for problem in (self.checks.stop_problem(list(sampling.stop_token_ids)),
+                        self.checks.route_problem(sampling.route),
+                        self.checks.guidance_problem(sampling.guidance)):
+            if problem is not None:
+                raise SamplingError(problem)
 
     def _check_media(self, media: dict[str, Any], route: dict[str, list[str]]) -> None:
         """PromptError when the plan's default route takes prompt media the request lacks (Whisper's
@@ -312,14 +337,19 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Request, Sequence[Union[Prompt, Request]]],
                  sampling: Optional[SamplingParams] = None) -> list[Output]:
         """Run the prompts (one prompt, or a list of them; a prompt may be a `request(...)`) to
-        the end; outputs in prompt order. A batch larger than the loop queues is fed to it as its
-        requests end (never refused with Overloaded). An exception here (Closed, Ctrl-C) cancels
-        the requests it already submitted, so none keeps running with nobody to collect it."""
+        the end; outputs in prompt order. `sampling` is the prompts'; a request carries its own
+        (sampling with only requests is a SamplingError). Every request is made (and checked)
+        before any is submitted: one bad prompt refuses the batch. A batch larger than the loop
+        queues is fed to it as its requests end (never refused with Overloaded). An exception here
+        (Closed, Ctrl-C) cancels the requests it already submitted, so none keeps running with
+        nobody to collect it."""
         if hasattr(prompts, "tolist") and not isinstance(prompts, (str, dict)):  # a numpy array or a tensor
             prompts = prompts.tolist()
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Iterable, Request)):
             raise PromptError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(cast(Iterable[Any], prompts))
+        if sampling is not None and batch and all(isinstance(p, Request) for p in batch):
+            raise _sampling_beside_request()
         requests = [p if isinstance(p, Request) else self.request(p, sampling) for p in batch]
         self._claim([p for p in batch if isinstance(p, Request)])
         collectors = [_Collector(r, self.tokenizer is not None) for r in requests]
@@ -381,6 +411,8 @@ class LLM:
         """One request's deltas as its steps finish; the last has `finish_reason`. Closing the
         generator early (aclose(), contextlib.aclosing, a cancelled task; a `break` only once the
         generator is collected) cancels the request. Overloaded when the loop is full."""
+        if isinstance(prompt, Request) and sampling is not None:
+            raise _sampling_beside_request()
         request = prompt if isinstance(prompt, Request) else self.request(prompt, sampling)
         if prompt is request:
             self._claim([request])
@@ -466,6 +498,11 @@ def _check_arguments(plan: Any, engine: Any, max_waiting: Any) -> None:
                          f"got {engine!r}")
     if not _is_integer(max_waiting) or max_waiting < 0:
         raise SetupError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+
+
+def _sampling_beside_request() -> SamplingError:
+    return SamplingError("sampling was given with a Request, which carries its own (it would be ignored): "
+                         "pass the sampling to llm.request(prompt, sampling, media) instead")
 
 
 def _notifying(room: threading.Condition, deliver: Any) -> Any:

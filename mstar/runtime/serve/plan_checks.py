@@ -1,0 +1,68 @@
+"""What a request must agree with in its plan, checked before it runs (serve/api.py `LLM.request`,
+which the HTTP server calls too): prompt token ids inside the vocabulary of the nodes that take the
+text prompt, stop token ids some kv node of the plan can sample, a route through the plan's
+partitions and stages, guidance labels the plan declares.
+
+Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
+the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
+engines refuse at admission), the route check the conductor's `follow_stages`, the guidance labels
+those the torch engine accepts (every node's `guidance` labels). Each returns a message, or None.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from mstar.plan.schema import Plan
+from mstar.runtime.conductor.conductor import RouteError, follow_stages
+from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
+
+
+class PlanChecks:
+    """A plan's tables a request is checked against (read once, when the LLM is built)."""
+
+    def __init__(self, plan: Plan):
+        # (node, the spec's vocabulary) of the kv nodes that take the text prompt: as the engines check
+        self.prompt_vocabs = [(node.name, node.dims.get("vocab", 0)) for node in plan.nodes
+                              if node.engine == "kv" and takes_text_prompt(node)]
+        # the largest vocabulary of a kv node: a stop id at or past it is no token any node samples
+        vocabs = [v for node in plan.nodes if node.engine == "kv"
+                  for v in [node.dims.get("vocab")] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+        self.stop_vocab: Optional[int] = max(vocabs) if vocabs else None
+        self.partitions = {part.name: part for part in plan.partitions}
+        self.guidance_labels = list(dict.fromkeys(g.label for node in plan.nodes for g in node.guidance))
+
+    def prompt_problem(self, ids: list[int]) -> Optional[str]:
+        """A prompt token id outside a text prompt node's vocabulary (the engines' own check and
+        message; max_seq_len is checked by the caller, against the plan's rounds)."""
+        for node, vocab in self.prompt_vocabs:
+            problem = prompt_limit_problem(node, vocab, True, ids, None, len(ids))
+            if problem is not None:
+                return problem
+        return None
+
+    def stop_problem(self, stop_token_ids: list[int]) -> Optional[str]:
+        vocab = self.stop_vocab
+        bad = next((t for t in stop_token_ids if vocab is not None and t >= vocab), None)
+        if bad is None:
+            return None
+        return f"stop_token_ids holds token id {bad}, outside the plan's vocabulary [0, {vocab})"
+
+    def route_problem(self, route: dict[str, list[str]]) -> Optional[str]:
+        unknown = sorted(set(route) - set(self.partitions))
+        if unknown:
+            return (f"route names unknown partitions {unknown} (this plan's partitions: "
+                    f"{', '.join(self.partitions)})")
+        for name, walks in route.items():
+            try:
+                follow_stages(self.partitions[name], list(walks))
+            except RouteError as error:
+                stages = [stage.walks for stage in self.partitions[name].stages]
+                return f"route is not one this plan takes: {error} (the stages' walks: {stages})"
+        return None
+
+    def guidance_problem(self, guidance: dict[str, float]) -> Optional[str]:
+        unknown = [label for label in guidance if label not in self.guidance_labels]
+        if not unknown:
+            return None
+        return (f"guidance {unknown[0]!r} is not a guidance label of the plan "
+                f"(labels: {', '.join(self.guidance_labels) or 'none'})")
