@@ -44,6 +44,7 @@ def _idle(llm) -> bool:
     (SamplingParams(stop_token_ids=[1.5]), "stop_token_ids"),
     (SamplingParams(route={"LLM": "prefill"}), "route must map partition names to lists of walk names"),
     (SamplingParams(guidance={"x": float("nan")}), "guidance"),
+    (SamplingParams(guidance={"x": -1.0}), "guidance"),  # the torch engine refused it, the sim ran it
 ])
 def test_a_sampling_value_of_the_wrong_kind_is_refused_before_it_runs(llm, sampling, words):
     with pytest.raises(SamplingError, match=words):

@@ -127,8 +127,8 @@ class SamplingParams:
                 isinstance(k, str) and _is_list_of(v, lambda w: isinstance(w, str)) for k, v in self.route.items()),
              f"route must map partition names to lists of walk names, got {self.route!r}"),
             (not isinstance(self.guidance, dict) or not all(
-                isinstance(k, str) and _is_real(v) and math.isfinite(v) for k, v in self.guidance.items()),
-             f"guidance must map guidance labels to finite numbers, got {self.guidance!r}"),
+                isinstance(k, str) and _is_real(v) and math.isfinite(v) and v >= 0 for k, v in self.guidance.items()),
+             f"guidance must map guidance labels to finite scales >= 0, got {self.guidance!r}"),
         ]
         for is_bad, message in problems:
             if is_bad:
