@@ -138,3 +138,16 @@ def test_the_checks_read_the_plan_tables():
         if len(default) == len([s for s in part.stages if not s.is_optional]):
             assert checks.route_problem({part.name: default}) is None
     assert checks.stop_problem([checks.stop_vocab - 1]) is None and checks.stop_problem([checks.stop_vocab])
+
+
+def test_a_prompt_dict_key_the_prompt_does_not_take_is_refused(tmp_path):
+    """A misspelt prompt format field (Orpheus's `voice`) silently took the spec's default voice."""
+    from serve_harness import ORPHEUS, write_tokenizer
+
+    with LLM(ORPHEUS, engine="sim", sim_pace=0, tokenizer=str(write_tokenizer(tmp_path))) as llm:
+        with pytest.raises(PromptError, match="'vocie', which it does not take") as refused:
+            llm.request({"prompt": "hello", "vocie": "leo"}, SamplingParams(max_tokens=3))
+        assert "voice" in str(refused.value)
+        assert llm.request({"prompt": "hello", "voice": "leo"}, SamplingParams(max_tokens=3)).prompt_tokens
+        with pytest.raises(PromptError, match="'extra', which it does not take"):
+            llm.request({"messages": [{"role": "user", "content": "hi"}], "extra": 1}, SamplingParams(max_tokens=3))

@@ -226,6 +226,8 @@ class LLM:
         if isinstance(prompt, (str, dict)) and self.tokenizer is None:
             raise PromptError(f"a text or chat prompt needs a tokenizer, and this server has none: {HOW_TO_ADD}; "
                               "or send the prompt as token ids")
+        if isinstance(prompt, dict):
+            self._check_prompt_keys(prompt)
         try:
             if isinstance(prompt, str):
                 ids = self._text_tokens(prompt, {})
@@ -245,6 +247,17 @@ class LLM:
         if not all(t >= 0 for t in ids):
             raise PromptError("prompt token ids must be non-negative integers")
         return ids
+
+    def _check_prompt_keys(self, prompt: dict) -> None:
+        """PromptError for a key a prompt dict cannot mean: a misspelt format field (Orpheus's
+        `"vocie"`) silently took the default voice. A text prompt takes `prompt` and the plan's
+        prompt format fields; a chat prompt `messages`."""
+        fields = self.prompt_format.fields if self.prompt_format is not None else []
+        known = ["prompt", *fields] if "prompt" in prompt else ["messages"]
+        unknown = sorted(str(key) for key in prompt if key not in known)
+        if unknown:
+            raise PromptError(f"the prompt names {', '.join(map(repr, unknown))}, which it does not take (it takes: "
+                              f"{', '.join(known)})")
 
     def _text_tokens(self, text: Any, fields: dict[str, Any]) -> list[int]:
         """Text through the plan's prompt format (its other fields from `fields`, else the spec's
