@@ -1,7 +1,6 @@
 """A plan whose tables do not fit together (edited by hand, hash recomputed) is refused by load_plan
 with the problem named, instead of failing inside the scheduler or conductor."""
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ from mstar.cli.mstarc import main as mstarc_main
 from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
 from mstar.plan.references import reference_problems
 from mstar.plan.schema import Plan
+from plan_files import written_beside_its_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,23 +124,12 @@ EDITS = {
 }
 
 
-def _written_beside_its_sources(plan: Plan, name: str, tmp_path: Path) -> Path:
-    """`plan` as generated/NAME.plan under tmp_path, with the specs, configs and glue it names."""
-    for sub in ("specs", "configs"):
-        shutil.copytree(ROOT / sub, tmp_path / sub)
-    path = tmp_path / "generated" / f"{name}.plan"
-    path.parent.mkdir()
-    shutil.copy(ROOT / "generated" / f"{name}_glue.py", path.parent)
-    path.write_text(dump_plan(plan))
-    return path
-
-
 @pytest.mark.parametrize("name", sorted(EDITS))
 def test_hand_edited_plans_are_refused(name, tmp_path):
     edit, fragment = EDITS[name]
     plan = _edit_orpheus(edit)
     assert any(fragment in problem for problem in reference_problems(plan)), reference_problems(plan)
-    path = _written_beside_its_sources(plan, "orpheus", tmp_path)
+    path = written_beside_its_sources(plan, "orpheus", tmp_path)
     with pytest.raises(PlanError, match="tables do not fit together") as error:
         load_plan(path)
     assert fragment in str(error.value) and "mstarc compile" in str(error.value)
@@ -153,7 +142,7 @@ def test_an_empty_stage_is_refused_by_the_commands(tmp_path, capsys):
     data["partitions"][0]["stages"][0]["walks"] = []
     plan = Plan.model_validate(data)
     plan = plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
-    path = _written_beside_its_sources(plan, "llama", tmp_path)
+    path = written_beside_its_sources(plan, "llama", tmp_path)
     assert mstarc_main(["explain", str(path)]) == 1
     err = capsys.readouterr().err
     assert "stage 0 has no walks" in err and "Traceback" not in err

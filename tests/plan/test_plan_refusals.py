@@ -6,16 +6,16 @@ chunk policies (stream_checks.py). tests/compiler/test_plan_references.py has th
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from mstar.cli.mstar import main as mstar_main
 from mstar.cli.mstarc import main as mstarc_main
-from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
+from mstar.plan.io import PlanError, content_hash, load_plan
 from mstar.plan.references import reference_problems
 from mstar.plan.schema import Plan
+from plan_files import written_beside_its_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,17 +26,6 @@ def _edited(name: str, edit) -> Plan:
     edit(data)
     plan = Plan.model_validate(data)
     return plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
-
-
-def _written_beside_its_sources(plan: Plan, name: str, tmp_path: Path) -> Path:
-    """`plan` as generated/NAME.plan under tmp_path, with the specs, configs and glue it names."""
-    for sub in ("specs", "configs"):
-        shutil.copytree(ROOT / sub, tmp_path / sub)
-    path = tmp_path / "generated" / f"{name}.plan"
-    path.parent.mkdir()
-    shutil.copy(ROOT / "generated" / f"{name}_glue.py", path.parent)
-    path.write_text(dump_plan(plan))
-    return path
 
 
 def _walk(data, name):
@@ -118,7 +107,7 @@ def test_hand_edited_plans_are_refused_at_load(name, tmp_path):
     plan_name, edit, fragment = EDITS[name]
     plan = _edited(plan_name, edit)
     assert any(fragment in problem for problem in reference_problems(plan)), reference_problems(plan)
-    path = _written_beside_its_sources(plan, plan_name, tmp_path)
+    path = written_beside_its_sources(plan, plan_name, tmp_path)
     with pytest.raises(PlanError, match="tables do not fit together") as error:
         load_plan(path)
     message = str(error.value)
@@ -132,7 +121,7 @@ def test_the_audits_plans_are_refused_by_the_commands(name, tmp_path, capsys):
     """The audit's reproductions: `mstar run --engine sim` and `mstarc explain` print the loader's
     refusal, not an internal error."""
     plan_name, edit, fragment = EDITS[name]
-    path = _written_beside_its_sources(_edited(plan_name, edit), plan_name, tmp_path)
+    path = written_beside_its_sources(_edited(plan_name, edit), plan_name, tmp_path)
     assert mstar_main(["run", "--plan", str(path), "--engine", "sim", "--requests", "2", "--no-progress"]) == 1
     assert mstarc_main(["explain", str(path)]) == 1
     err = capsys.readouterr().err
