@@ -34,8 +34,9 @@ from mstar.compiler.chunk_cost import with_chunk_costs
 from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
-from mstar.compiler.lower_workers import call_instances, lower_workers
+from mstar.compiler.lower_workers import lower_workers
 from mstar.lang import ast
+from mstar.plan.instances import call_instances
 from mstar.plan.schema import (
     CrossKvPlan,
     DeploymentPlan,

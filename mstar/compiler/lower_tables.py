@@ -351,6 +351,6 @@ def tables_for(trees: list[WalkTree], partitions: list[PartitionPlan], nodes: li
                workers: list) -> list[WalkPlan]:
     """The walk tables of section trees for a plan with these `NodePlan`s and `WorkerPlan`s
     (what `lower.run` does from a spec; tests build plans from hand-written trees with it)."""
-    from mstar.compiler.lower_workers import call_instances
+    from mstar.plan.instances import call_instances
 
     return lower_walk_tables(trees, partitions, nodes, call_instances(workers))

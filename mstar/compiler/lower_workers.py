@@ -8,8 +8,9 @@ Out: `lower_workers(...) -> list[WorkerPlan]`, sorted by rank; keys in declarati
 Per rank: placements (`node/walk` pairs placed on it), keys and walk_to_key (lower_keys),
 speculation switches, the step token budget and chunk sizes of kv nodes' keys (chunking.py),
 the TP groups (tp*sp > 1 instances) holding the rank, and the capture
-memory of its keys' capture families. `call_instances(workers)` reads them back into the
-(node, walk) -> instances table the walk tables carry per call (lower_tables).
+memory of its keys' capture families. `call_instances(workers)` (plan/instances.py, which
+`load_plan` checks by too) reads them back into the (node, walk) -> instances table the walk
+tables carry per call (lower_tables).
 """
 from __future__ import annotations
 
@@ -142,21 +143,3 @@ def _with_chunking(key: KeyPlan, node: ast.NodeDecl, spec: ast.Spec, deployment:
     budget = None if holds_only_fixed_rows(node, walks) else chunking.token_budget
     return key.model_copy(update={"token_budget": budget,
                                   "chunk_sizes": chunk_sizes(node, walks, chunking.chunk_size)})
-
-
-def call_instances(workers: list[WorkerPlan]) -> dict[tuple[str, str], list[list[int]]]:
-    """(node, walk) -> the instances that run it, in rank order: a TP group's ranks with its
-    leader first, or one rank. More than one instance: data-parallel replicas."""
-    instances: dict[tuple[str, str], list[list[int]]] = {}
-    for worker in workers:
-        for placement in worker.placements:
-            node, walk = placement.split("/", 1)
-            group = next((g for g in worker.tp_groups if g.node == node and walk in g.walks), None)
-            if group is None:
-                instance = [worker.rank]
-            else:
-                instance = [group.leader] + [r for r in group.ranks if r != group.leader]
-            found = instances.setdefault((node, walk), [])
-            if instance not in found:
-                found.append(instance)
-    return instances

@@ -15,30 +15,10 @@ them (compiler/lower_workers.py):
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator
 
+from mstar.plan.instances import call_instances, tp_group_for
 from mstar.plan.schema import CallPlan, Plan, TPGroup, WalkPlan, WorkerPlan
-
-
-def _group_for(worker: WorkerPlan, node: str, walk: str) -> Optional[TPGroup]:
-    """The TP group `worker` runs (node, walk) in, as the lowering reads it back (the first listed)."""
-    return next((g for g in worker.tp_groups if g.node == node and walk in g.walks), None)
-
-
-def expected_instances(plan: Plan) -> dict[tuple[str, str], list[list[int]]]:
-    """(node, walk) -> the instances the workers' placements and TP groups give (the compiler's
-    `call_instances`): per worker in rank order its TP group's ranks, leader first, or its rank."""
-    instances: dict[tuple[str, str], list[list[int]]] = {}
-    for worker in plan.workers:
-        for placement in worker.placements:
-            node, _, walk = placement.partition("/")
-            group = _group_for(worker, node, walk)
-            instance = [worker.rank] if group is None else [group.leader] + [r for r in group.ranks
-                                                                              if r != group.leader]
-            found = instances.setdefault((node, walk), [])
-            if instance not in found:
-                found.append(instance)
-    return instances
 
 
 def _worker_rank_problems(plan: Plan) -> Iterator[str]:
@@ -85,7 +65,7 @@ def _call_problems(workers: dict[int, WorkerPlan], walk: WalkPlan, index: int, c
             if placement not in worker.placements:
                 found = True
                 yield f"{where} runs on rank {rank}, whose worker does not run {placement}"
-            elif len(instance) > 1 and _group_for(worker, call.node, walk.name) is None:
+            elif len(instance) > 1 and tp_group_for(worker, call.node, walk.name) is None:
                 found = True
                 yield f"{where} runs on TP instance {instance}, but worker {rank} lists no TP group for {placement}"
     want = expected.get((call.node, walk.name), [])
@@ -100,7 +80,7 @@ def rank_problems(plan: Plan) -> list[str]:
     for worker in plan.workers:
         for group in worker.tp_groups:
             problems.extend(_group_problems(workers, worker, group, nodes))
-    expected = expected_instances(plan)
+    expected = call_instances(plan.workers)
     for walk in plan.walks:
         for index, call in enumerate(walk.calls):
             problems.extend(_call_problems(workers, walk, index, call, expected))
