@@ -15,9 +15,9 @@ matching a batch to a capture: only configs whose `requires_cfg` equals it are c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Mapping
+from typing import Collection, Mapping, Optional
 
-from mstar.plan.schema import NodePlan
+from mstar.plan.schema import NodePlan, Plan
 
 
 @dataclass(frozen=True)
@@ -37,3 +37,13 @@ class GuidanceRule:
         if not any(scales.get(label, default) > 1.0 for label, default in self.defaults):
             return False
         return not self.guided_walks.isdisjoint(route_walks)
+
+
+def unknown_label_problem(plan: Plan, scales: Collection[str]) -> Optional[str]:
+    """A guidance label a request sets that no node of the plan declares (the torch engine's
+    admission and the Python API's up-front check), else None."""
+    labels = list(dict.fromkeys(g.label for node in plan.nodes for g in node.guidance))
+    unknown = sorted(set(scales) - set(labels))
+    if not unknown:
+        return None
+    return f"guidance {unknown[0]!r} is not a guidance label of the plan (labels: {', '.join(labels) or 'none'})"

@@ -37,6 +37,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, TypeVar, Union
 import numpy as np
 import torch
 
+from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.schema import NodePlan, Plan
 from mstar.plan.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
@@ -422,11 +423,9 @@ class TorchEngine:
             state = RequestState.from_request(request_id, request)
         except (SamplingError, GuidanceError, TypeError, ValueError, ArithmeticError) as error:
             return f"request {request_id}: {error}"
-        labels = [g.label for node in self.plan.nodes for g in node.guidance]
-        unknown = sorted(set(state.guidance.scales) - set(labels))
+        unknown = unknown_label_problem(self.plan, state.guidance.scales)
         if unknown:
-            return (f"request {request_id}: guidance {unknown[0]!r} is not a guidance label of the plan "
-                    f"(labels: {', '.join(labels) or 'none'})")
+            return f"request {request_id}: {unknown}"
         for runner in self.runners.values():
             reason = runner.refusal(state)
             if reason:

@@ -6,12 +6,13 @@ partitions and stages, guidance labels the plan declares.
 Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
 the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
 engines refuse at admission), the route check the conductor's `follow_stages`, the guidance labels
-those the torch engine accepts (every node's `guidance` labels). Each returns a message, or None.
+the torch engine's own check (plan/guidance_mode.py `unknown_label_problem`). Each returns a message, or None.
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
@@ -29,7 +30,7 @@ class PlanChecks:
                   for v in [node.dims.get("vocab")] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
         self.stop_vocab: Optional[int] = max(vocabs) if vocabs else None
         self.partitions = {part.name: part for part in plan.partitions}
-        self.guidance_labels = list(dict.fromkeys(g.label for node in plan.nodes for g in node.guidance))
+        self.plan = plan
 
     def prompt_problem(self, ids: list[int]) -> Optional[str]:
         """A prompt token id outside a text prompt node's vocabulary (the engines' own check and
@@ -61,8 +62,4 @@ class PlanChecks:
         return None
 
     def guidance_problem(self, guidance: dict[str, float]) -> Optional[str]:
-        unknown = [label for label in guidance if label not in self.guidance_labels]
-        if not unknown:
-            return None
-        return (f"guidance {unknown[0]!r} is not a guidance label of the plan "
-                f"(labels: {', '.join(self.guidance_labels) or 'none'})")
+        return unknown_label_problem(self.plan, guidance)
