@@ -120,3 +120,17 @@ def wait_until(predicate: Any, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
+
+
+def post_json(url: str, data: bytes) -> tuple[int, dict]:
+    """POST `data` as JSON to `url`: (status, the answer's body), or on an HTTP error (status, the
+    body's `error` object)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())["error"]

@@ -5,26 +5,18 @@ takes them. The speech endpoint offered "or send the prompt as token ids", and a
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
 from mstar.runtime.serve.api import LLM
-from serve_harness import LLAMA, ORPHEUS, ROOT, make_service, running
+from serve_harness import LLAMA, ORPHEUS, ROOT, make_service, post_json, running
 
 BAGEL = str(ROOT / "generated" / "bagel.plan")
 ADD_ONE = "restart it and pass --weights DIR with a checkpoint directory that holds tokenizer.json, or --tokenizer DIR"
 
 
 def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{url}/{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())["error"]
+    return post_json(f"{url}/{path}", json.dumps(body).encode())
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from mstar.runtime.serve.api import LLM, SamplingParams
-from serve_harness import LLAMA, Gate, make_service, running, write_tokenizer
+from serve_harness import LLAMA, Gate, make_service, post_json, running, write_tokenizer
 
 openai = pytest.importorskip("openai")
 
@@ -178,15 +178,7 @@ def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):
 
 
 def _raw_post(client, path: str, data: bytes) -> tuple[int, dict]:
-    import json
-
-    request = urllib.request.Request(f"{client.base_url}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as refused:
-        return refused.code, json.loads(refused.read())["error"]
+    return post_json(f"{client.base_url}{path}", data)
 
 
 @pytest.mark.parametrize("body, message, param", [
