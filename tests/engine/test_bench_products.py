@@ -108,3 +108,34 @@ def test_the_skinny_sweep_needs_a_gpu(capsys):
         pytest.skip("this machine has a GPU")
     assert bench_products.main(["--plan", str(GENERATED / "llama.plan"), "--skinny-sweep"]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_chain_refuses_what_it_cannot_run(capsys):
+    """`--chain` (engine/gpu/bench_chain.py): one tile of at most 64 rows, not beside --skinny-sweep,
+    and a GPU; its table reads each way's figures and flags a barrier that gave up."""
+    from mstar.runtime.engine.gpu import bench_chain
+
+    llama = str(GENERATED / "llama.plan")
+    for argv in (["--chain", "--rows", "65"], ["--chain", "--skinny-sweep"]):
+        with pytest.raises(SystemExit):
+            bench_products.main(["--plan", llama, *argv])
+    capsys.readouterr()
+    if not torch.cuda.is_available():
+        assert bench_products.main(["--plan", llama, "--chain"]) == 1
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+    way = {"us": 1500.0, "x_floor": 2.6, "beyond_floor_us_a_product": 14.4, "max_rel_error": 4e-3}
+    result = {"device": "H200", "copy_tb_s": 4.1, "products": 64, "floor_us": 580.0,
+              "rows": {"64": {w: dict(way) for w in bench_chain.WAYS}}}
+    result["rows"]["64"]["persistent"]["barrier_gave_up"] = True
+    lines = bench_chain.table(result).splitlines()
+    assert "64 matrix products" in lines[0] and "floor 580.0 us" in lines[0]
+    assert lines[2].count("1500.0 (2.60x, 14.40)") == 4 and "!" in lines[2]
+    assert "a barrier gave up" in lines[-1]
+
+
+def test_the_chain_runs_the_step_layer_by_layer():
+    from mstar.runtime.engine.gpu import bench_chain
+
+    order = bench_chain.chain_order(bench_products.named_products(_dims("llama")))
+    assert len(order) == 64
+    assert [r for r, _, _ in order[:5]] == ["q/k/v", "o", "gate/up", "down", "q/k/v"]

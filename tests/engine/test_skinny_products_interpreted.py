@@ -20,7 +20,7 @@ def skinny():
 
 @parent_only
 def test_skinny_products_under_the_interpreter():
-    run_child(__file__, "14 passed")
+    run_child(__file__, "15 passed")
 
 
 def _operands(rows: int, k: int, n: int, seed: int = 0):
@@ -152,3 +152,14 @@ def test_the_fused_forward_on_the_kernel_matches_it_on_torch_products(skinny, is
             assert skinny.attach((p for _, p in forward.named_products()), torch.device("cpu"), sm_count=8) > 0
         logits.append(two_row_step(forward, kv, states, is_decode=False)[0])
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_out_is_written_in_place_and_not_beside_into(skinny):
+    x, weight = _operands(3, 64, 24)
+    wide = torch.zeros(3, 40, dtype=torch.bfloat16)
+    got = skinny.skinny_mm(x, weight, None, SkinnyConfig(16, 16, 2), Workspace(torch.device("cpu")), out=wide[:, :24])
+    assert got.data_ptr() == wide.data_ptr() and not wide[:, 24:].any()
+    _close(wide[:, :24], (x.float() @ weight.float()).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="not both"):
+        skinny.skinny_mm(x, weight, None, SkinnyConfig(16, 16, 2), Workspace(torch.device("cpu")),
+                         into=wide[:, :24], out=wide[:, :24])

@@ -20,9 +20,12 @@
 #   chunk  the chunk scenario alone at budgets 224 and 192, alternated: 192 met both targets in two
 #          of four runs on 2026-12-05 (the TTFT ratio 1.35-1.55x), 160 missed the TTFT one in three;
 #          whether 224 keeps the decode rows' ITL under 2x while the TTFT ratio falls
+#   persist the persistent chain of products (engine/gpu/persistent_chain.py): its GPU tests (the grid
+#          barrier and the L2 prefetch run only there), then `mstar bench products --chain` on llama's
+#          and qwen3_5's plans: a step's products a kernel each (cuBLAS, skinny) against one launch
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -72,5 +75,12 @@ case $part in
     done ;;
   chunk)  # one process: the budgets interleaved, three rounds (serve/bench_kv_sweep.py)
     kv --scenario chunk --budgets 224,192 --chunk-rounds 3 ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv, chunk or launch"; exit 2 ;;
+  persist)
+    timeout 240 python3 -m pytest -q -x tests/gpu/test_persistent_chain_gpu.py
+    for plan in llama qwen3_5; do
+      in_time "bench products --chain $plan" || break
+      echo "== bench products --chain $plan (t=$(( $(date +%s) - t0 )) s)"
+      timeout 150 python3 -m mstar.cli.mstar bench products --plan "generated/$plan.plan" --chain --rows 64,8,1 --iters 30
+    done ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch or persist"; exit 2 ;;
 esac

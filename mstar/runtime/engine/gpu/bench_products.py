@@ -30,6 +30,8 @@ import torch
 from mstar.arg_types import POSITIVE
 
 ROWS = (1, 2, 4, 8, 16, 64)
+CHAIN_ROWS = (64, 1)
+MAX_CHAIN_ROWS = 64  # skinny_products.MAX_ROWS: one tile holds the step's rows
 LAYOUTS = ("stored", "module", "skinny")  # cuBLAS on [in, out], cuBLAS on [out, in], skinny_products
 WEIGHTS_A_GRAPH = 16
 LARGE_WEIGHT_BYTES = 256 << 20  # above this, 4 weights a graph (an LM head of 248,320 x 1024 is 485 MiB)
@@ -52,6 +54,20 @@ class ProductShape:
 def product_shapes(dims) -> list[ProductShape]:
     """A step's products as `DecoderForward` builds them for `dims`, grouped by shape (first seen
     first), the LM head last."""
+    named = named_products(dims)
+    named.append(("lm_head", dims.hidden, dims.vocab))
+    grouped: dict[tuple[int, int], tuple[list[str], int]] = {}
+    for role, n_in, n_out in named:
+        roles, count = grouped.get((n_in, n_out), ([], 0))
+        if role not in roles:
+            roles.append(role)
+        grouped[(n_in, n_out)] = (roles, count + 1)
+    return [ProductShape(tuple(roles), n_in, n_out, count) for (n_in, n_out), (roles, count) in grouped.items()]
+
+
+def named_products(dims) -> list[tuple[str, int, int]]:
+    """(role, in, out) of each matrix product `DecoderForward` builds for `dims` (the LM head not
+    among them), in its order: built on the meta device, so no weight is allocated."""
     from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
     from mstar.runtime.engine.models.decoder import Decoder
     from mstar.runtime.engine.models.gdn import LinearStates
@@ -62,16 +78,7 @@ def product_shapes(dims) -> list[ProductShape]:
     kv = PagedKv(dims.num_full_layers, 1, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, meta)
     states = LinearStates.for_dims(dims, 1, meta) if dims.has_linear_layers else None
     forward = DecoderForward(model, dims, kv, 2, states)
-    named = [(role, p.in_features, p.out_features) for role, p in forward.named_products()]
-    lm_head = model.lm_head.weight
-    named.append(("lm_head", lm_head.shape[1], lm_head.shape[0]))
-    grouped: dict[tuple[int, int], tuple[list[str], int]] = {}
-    for role, n_in, n_out in named:
-        roles, count = grouped.get((n_in, n_out), ([], 0))
-        if role not in roles:
-            roles.append(role)
-        grouped[(n_in, n_out)] = (roles, count + 1)
-    return [ProductShape(tuple(roles), n_in, n_out, count) for (n_in, n_out), (roles, count) in grouped.items()]
+    return [(role, p.in_features, p.out_features) for role, p in forward.named_products()]
 
 
 def _case(shape: ProductShape, rows: int, iters: int, device: torch.device) -> dict:
@@ -165,33 +172,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench products", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama.plan")
     parser.add_argument("--node", help="the kv node (default: the plan's first)")
-    parser.add_argument("--rows", type=_rows, default=list(ROWS), metavar="N,N", help="row counts to time")
+    parser.add_argument("--rows", type=_rows, metavar="N,N",
+                        help=f"row counts to time (default {','.join(map(str, ROWS))}; with --chain "
+                             f"{','.join(map(str, CHAIN_ROWS))})")
     parser.add_argument("--iters", type=POSITIVE, default=30, help="graph replays a case")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     parser.add_argument("--skinny-sweep", action="store_true",
                         help="instead: the split-K skinny kernel under each of its 50 launch configs against "
                              "cuBLAS, per shape and row count of at most 64 (minutes; try --rows 64,16,1)")
+    parser.add_argument("--chain", action="store_true",
+                        help="instead: the step's products as one dependent chain, a kernel a product (cuBLAS, "
+                             "the skinny kernel) against one persistent kernel (bench_chain.py)")
     args = parser.parse_args(argv)
-    shapes = _plan_shapes(args)
-    if shapes is None:
+    if args.chain and args.skinny_sweep:
+        parser.error("--chain and --skinny-sweep are two different runs: give one")
+    if args.rows is None:
+        args.rows = list(CHAIN_ROWS if args.chain else ROWS)
+    elif args.chain and max(args.rows) > MAX_CHAIN_ROWS:
+        parser.error(f"--chain takes at most {MAX_CHAIN_ROWS} rows (the kernels hold a step's rows in one tile)")
+    dims = _plan_dims(args)
+    if dims is None:
         return 1
     from mstar.runtime.engine.gpu.bench import says_no_gpu
 
     if says_no_gpu("mstar bench products"):
         return 1
+    if args.chain:
+        from mstar.runtime.engine.gpu import bench_chain
+
+        chained = bench_chain.run(dims, args.rows, args.iters)
+        print(json.dumps(chained, sort_keys=True) if args.json else bench_chain.table(chained))
+        return 0
     if args.skinny_sweep:
         from mstar.runtime.engine.gpu import skinny_sweep
 
-        swept = skinny_sweep.sweep(shapes, args.rows, args.iters)
+        swept = skinny_sweep.sweep(product_shapes(dims), args.rows, args.iters)
         print(json.dumps(swept, sort_keys=True) if args.json else skinny_sweep.table(swept))
         return 0
-    result = run(shapes, args.rows, args.iters)
+    result = run(product_shapes(dims), args.rows, args.iters)
     print(json.dumps(result, sort_keys=True) if args.json else table(result))
     return 0
 
 
-def _plan_shapes(args: argparse.Namespace) -> Optional[list[ProductShape]]:
-    """The product shapes of the kv node `--node` names (default: the plan's first), or None after
+def _plan_dims(args: argparse.Namespace) -> Any:
+    """The spec dims of the kv node `--node` names (default: the plan's first), or None after
     saying why."""
     from mstar.plan.dims import DimsError, decoder_dims
     from mstar.plan.io import PlanError, load_plan
@@ -206,7 +230,7 @@ def _plan_shapes(args: argparse.Namespace) -> Optional[list[ProductShape]]:
     if node is None:
         return None
     try:
-        return product_shapes(decoder_dims(node, "spec"))
+        return decoder_dims(node, "spec")
     except DimsError as error:
         print(f"mstar bench products: node {node.name}: {error}", file=sys.stderr)
         return None

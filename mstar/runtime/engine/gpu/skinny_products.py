@@ -198,10 +198,12 @@ if triton is not None:
 
 
 def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: SkinnyConfig,
-              workspace: Workspace, gated: bool = False, into: Optional[torch.Tensor] = None) -> torch.Tensor:
+              workspace: Workspace, gated: bool = False, into: Optional[torch.Tensor] = None,
+              out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x `[M, K]` (`gated`: `[M, 2K]`, the input being silu(gate) * up) times weight `[K, N]`, plus
     bias; M at most MAX_ROWS; x's columns and the weight's rows contiguous. `into` `[M, N]`: the
-    product is added into it in place and it is returned (`Product.accumulate`)."""
+    product is added into it in place and it is returned (`Product.accumulate`); `out` `[M, N]`:
+    written into it (`bench_chain`'s chain), else a new tensor."""
     m = x.shape[0]
     k, n = weight.shape
     if m > MAX_ROWS:
@@ -209,9 +211,13 @@ def skinny_mm(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     if x.shape[1] != (2 * k if gated else k) or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"skinny_mm: x {tuple(x.shape)} does not fit weight {tuple(weight.shape)}"
                          f"{' (gated)' if gated else ''}, or a tensor's last dimension is strided")
-    if into is not None and (into.shape != (m, n) or into.stride(1) != 1):
-        raise ValueError(f"skinny_mm: into {tuple(into.shape)} is not the [{m}, {n}] output with contiguous columns")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device) if into is None else into
+    if into is not None and out is not None:
+        raise ValueError("skinny_mm: give into (add) or out (write), not both")
+    given, given_name = (into, "into") if into is not None else (out, "out")
+    if given is not None and (given.shape != (m, n) or given.stride(1) != 1):
+        raise ValueError(f"skinny_mm: {given_name} {tuple(given.shape)} is not the [{m}, {n}] output with "
+                         "contiguous columns")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device) if given is None else given
     if m == 0:
         return out
     tiles, pieces = config.programs(k, n)
