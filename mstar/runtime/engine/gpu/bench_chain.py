@@ -16,7 +16,6 @@ checked product by product against the same operands' fp32 product (`max_rel_err
 """
 from __future__ import annotations
 
-import statistics
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -81,32 +80,6 @@ def ways(phases: list, prefetch_rows: int = PREFETCH_ROWS) -> dict[str, Callable
     return runs
 
 
-def graph_us(run_chain: Callable[[], None], iters: int) -> float:
-    """Median us a replay of a CUDA graph of one run of the chain (CUDA events), the graph's edges
-    into cuBLAS's products programmatic where the engine makes them so (`blas_edges`)."""
-    from mstar.runtime.engine.gpu import blas_edges
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run_chain()  # compiles outside the graph
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = blas_edges.new_graph()
-    with torch.cuda.graph(graph):
-        run_chain()
-    blas_edges.finish(graph)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return statistics.median(times)
-
-
 def max_rel_error(phases: list) -> float:
     """The largest difference, product by product, between an output and the fp32 product of the
     operands it was computed from, over that output's largest magnitude (at least 1)."""
@@ -120,7 +93,7 @@ def max_rel_error(phases: list) -> float:
 
 def run(dims, rows: Sequence[int], iters: int, device: Optional[torch.device] = None) -> dict:
     """Each way at each row count: us a chain, us a product beyond the floor, the largest error."""
-    from mstar.runtime.engine.gpu import bench
+    from mstar.runtime.engine.gpu import bench, bench_decode_attention
 
     device = device or torch.device("cuda")
     rate = bench.copy_bandwidth()
@@ -133,7 +106,8 @@ def run(dims, rows: Sequence[int], iters: int, device: Optional[torch.device] = 
         for name, run_chain in ways(phases).items():
             for phase in phases:
                 phase.out.zero_()
-            us = graph_us(run_chain, iters)
+            # the engine's programmatic edges into cuBLAS's products, as its graphs have them
+            us = bench_decode_attention.graph_us(run_chain, iters, 1, blas_edges=True)
             case[name] = {"us": round(us, 2), "x_floor": round(us / floor_us, 3),
                           "beyond_floor_us_a_product": round((us - floor_us) / len(shapes), 3),
                           "max_rel_error": float(f"{max_rel_error(phases):.2e}")}

@@ -26,17 +26,22 @@ ROWS = (1, 4, 8, 16, 64)
 LAYERS = 16  # layer calls in one graph, each over its own layer's pages
 
 
-def graph_us(calls: Callable[[], object], iters: int, num_calls: int = LAYERS) -> float:
+def graph_us(calls: Callable[[], object], iters: int, num_calls: int = LAYERS, blas_edges: bool = False) -> float:
     """Per layer call: the replays of a graph of `calls` (`num_calls` layer calls), timed with CUDA
-    events (median)."""
+    events (median). `blas_edges`: the graph's edges into cuBLAS's products made programmatic as
+    the engine's graphs have them (engine/gpu/blas_edges.py; where cuda-bindings allows)."""
+    from mstar.runtime.engine.gpu import blas_edges as edges
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         calls()  # compiles, plans the wrappers' first run, outside the graph
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
+    graph = edges.new_graph() if blas_edges else torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         calls()
+    if blas_edges:
+        edges.finish(graph)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []

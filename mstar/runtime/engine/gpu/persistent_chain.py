@@ -68,6 +68,8 @@ def split_for(k: int, n: int, programs: int, block_n: int, block_k: int) -> int:
 
 
 if triton is not None:
+    from mstar.runtime.engine.gpu.skinny_products import piece_product
+
     @triton.jit
     def _phase_fields(entry):
         """A phase's row of the table: (x, weight, out, K, N, stride_x, stride_w, stride_o, split,
@@ -95,18 +97,8 @@ if triton is not None:
         col_mask = cols < N
         k_start = piece * k_piece
         k_end = tl.minimum(k_start + k_piece, K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(k_start, k_end, BLOCK_K):
-            ks = k + tl.arange(0, BLOCK_K)
-            k_mask = ks < k_end
-            a = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :],
-                        mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
-                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-            if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
-                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, w, acc)
+        acc = piece_product(x_ptr, w_ptr, rows, cols, row_mask, col_mask, k_start, k_end, K, stride_x, stride_w,
+                            False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32)
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
         out_mask = row_mask[:, None] & col_mask[None, :]
         if split == 1:

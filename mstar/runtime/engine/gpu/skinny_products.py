@@ -142,28 +142,10 @@ if triton is not None:
         col_mask = cols < N
         k_start = piece * K_PIECE
         k_end = tl.minimum(k_start + K_PIECE, K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if PDL:
             tl.extra.cuda.gdc_wait()
-        for k in range(k_start, k_end, BLOCK_K):
-            ks = k + tl.arange(0, BLOCK_K)
-            k_mask = ks < k_end
-            a_mask = row_mask[:, None] & k_mask[None, :]
-            a_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]
-            if GATED:
-                gate = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
-                up = tl.load(a_ptrs + K, mask=a_mask, other=0.0).to(tl.float32)
-                # kernels.silu_mul's rounding: silu in the activation dtype, then the product
-                silu = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
-                a = (silu * up).to(x_ptr.dtype.element_ty)
-            else:
-                a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-            w = tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
-                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-            if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
-                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
-            else:
-                acc = tl.dot(a, w, acc)
+        acc = piece_product(x_ptr, w_ptr, rows, cols, row_mask, col_mask, k_start, k_end, K, stride_x, stride_w,
+                            GATED, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
@@ -185,6 +167,35 @@ if triton is not None:
                                      mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
                 _store_tile(total, b_ptr, cols, col_mask, out_ptrs, out_mask, HAS_BIAS, ADDS)
                 tl.atomic_xchg(count_ptr + tile, 0)
+
+    @triton.jit
+    def piece_product(x_ptr, w_ptr, rows, cols, row_mask, col_mask, k_start, k_end, K, stride_x, stride_w,
+                      GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT_FP32: tl.constexpr):
+        """The fp32 `[BLOCK_M, BLOCK_N]` product of x's rows and the weight's columns `cols` over
+        K in [k_start, k_end) (`GATED`: x holds gate and up, K apart, and the operand is
+        silu(gate) * up). Also the persistent chain's item (persistent_chain.py)."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_start, k_end, BLOCK_K):
+            ks = k + tl.arange(0, BLOCK_K)
+            k_mask = ks < k_end
+            a_mask = row_mask[:, None] & k_mask[None, :]
+            a_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_x + ks[None, :]
+            if GATED:
+                gate = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float32)
+                up = tl.load(a_ptrs + K, mask=a_mask, other=0.0).to(tl.float32)
+                # kernels.silu_mul's rounding: silu in the activation dtype, then the product
+                silu = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32)
+                a = (silu * up).to(x_ptr.dtype.element_ty)
+            else:
+                a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            w = tl.load(w_ptr + ks[:, None].to(tl.int64) * stride_w + cols[None, :],
+                        mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+            if DOT_FP32:  # the interpreter's bf16 tl.dot is wrong (decode_attention.DOT_FP32)
+                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc)
+            else:
+                acc = tl.dot(a, w, acc)
+        return acc
 
     @triton.jit
     def _store_tile(total, b_ptr, cols, col_mask, out_ptrs, out_mask, HAS_BIAS: tl.constexpr, ADDS: tl.constexpr):
