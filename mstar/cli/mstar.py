@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from mstar.arg_types import int_range
 from mstar.cli.common import global_parser, take_global_options
+from mstar.plan.output_bound import most_counted_tokens
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.workload import (
     ARRIVALS, VOCAB_SIZE, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
@@ -215,6 +216,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                 vocab_size=min(VOCAB_SIZE, vocab) if vocab else VOCAB_SIZE,
                 prompt_len=parse_range(args.prompt_len, "--prompt-len"),
                 output_len=parse_range(args.output_len, "--output-len"),
+                max_output_len=most_counted_tokens(plan),
                 arrival=args.arrival,
                 concurrency=args.concurrency,
                 rate=args.rate,

@@ -111,3 +111,11 @@ def loop_nesting_problems(walk: WalkPlan) -> list[str]:
     """What in `walk`'s tables does not nest as mstarc writes it (module docstring); every index of
     the walk must be within its lists (references.py checks that first)."""
     return _Nesting(walk).run()
+
+
+def loops_around_calls(walk: WalkPlan) -> dict[int, frozenset[int]]:
+    """The loops around each call its start reaches (outer and inner alike), for a walk whose
+    tables nest (`loop_nesting_problems` found nothing: every loaded plan's)."""
+    nesting = _Nesting(walk)
+    nesting.run()
+    return {index: loops for (kind, index), loops in nesting.around.items() if kind == "call"}

@@ -112,3 +112,31 @@ def partition(name: str, *stages: list[str], initial: Optional[str] = "first", s
     return PartitionPlan(name=name,
                          stages=[StagePlan(walks=s, is_optional=i in optional) for i, s in enumerate(stages)],
                          initial_walk=first, streams=list(streams))
+
+
+class Names:
+    """Fresh node names n1, n2, ... for generated walk trees."""
+
+    def __init__(self):
+        self.next = 0
+
+    def name(self) -> str:
+        self.next += 1
+        return f"n{self.next}"
+
+
+def section_shapes(depth: int):
+    """A hypothesis strategy of section trees up to `depth` deep: ("call",), ("seq", children),
+    ("par", children), ("loop", count 1-3, children)."""
+    from hypothesis import strategies as st
+
+    leaf = st.just(("call",))
+    if depth == 0:
+        return leaf
+    inner = st.lists(section_shapes(depth - 1), min_size=1, max_size=3)
+    return st.one_of(
+        leaf,
+        st.tuples(st.just("seq"), inner),
+        st.tuples(st.just("par"), inner),
+        st.tuples(st.just("loop"), st.integers(1, 3), inner),
+    )

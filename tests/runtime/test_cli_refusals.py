@@ -34,6 +34,8 @@ def _error(capsys) -> str:
     (["run", "--plan", LLAMA, "--ranks", "inproc", "--rank-timeout", "-1"], "--rank-timeout must be"),
     (["run", "--plan", LLAMA, "--arrival", "poisson", "--rate", "1e-300", "--requests", "2"], "more than 86400 s"),
     (["run", "--plan", LLAMA, "--output-len", "99999999999999999999"], "--output-len must be at most"),
+    # past the decode loop's 2048 after the prefill's token: each request ended `length` at 2049
+    (["run", "--plan", LLAMA, "--output-len", "3000..3000", "--requests", "2"], "at most 2049 output tokens"),
     (["run", "--plan", LLAMA, "--requests", "2", "--route", "LLM="], "leaves every partition out"),
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
     (["run", "--plan", LLAMA, "--prompt-len", "9000..9000", "--requests", "2", "--engine", "sim"],

@@ -7,32 +7,10 @@ from mstar.runtime.serve.driver import Driver, Workload
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.conductor.request import Request
 
-from runtime_plans import call, edge, hand_plan, loop, partition, stateless_node, walk
+from runtime_plans import Names, call, edge, hand_plan, loop, partition, section_shapes, stateless_node, walk
 
 
-class Counter:
-    def __init__(self):
-        self.next = 0
-
-    def name(self) -> str:
-        self.next += 1
-        return f"n{self.next}"
-
-
-def sections(depth: int):
-    leaf = st.just(("call",))
-    if depth == 0:
-        return leaf
-    inner = st.lists(sections(depth - 1), min_size=1, max_size=3)
-    return st.one_of(
-        leaf,
-        st.tuples(st.just("seq"), inner),
-        st.tuples(st.just("par"), inner),
-        st.tuples(st.just("loop"), st.integers(1, 3), inner),
-    )
-
-
-def build(shape, names: Counter, nodes: list):
+def build(shape, names: Names, nodes: list):
     """Section plan for a shape, and how many calls one run of it makes per node."""
     if shape[0] == "call":
         node = names.name()
@@ -52,9 +30,9 @@ def build(shape, names: Counter, nodes: list):
     return loop(f"l{names.name()}", shape[1], body, nodes=inner_nodes), {n: c * shape[1] for n, c in counts.items()}
 
 
-@given(st.lists(sections(3), min_size=1, max_size=3), st.integers(1, 4))
+@given(st.lists(section_shapes(3), min_size=1, max_size=3), st.integers(1, 4))
 def test_random_section_trees_run_every_call_exactly(shapes, num_requests):
-    names, nodes, body, expected = Counter(), [], [], {}
+    names, nodes, body, expected = Names(), [], [], {}
     for shape in shapes:
         section, counts = build(shape, names, nodes)
         body.append(section)

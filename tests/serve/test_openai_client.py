@@ -129,6 +129,8 @@ def test_streamed_chat_sends_the_role_then_content(llama):
     (dict(model="llama", prompt=[1, 2], max_tokens=0), 400, "max_tokens"),
     (dict(model="llama", prompt=[1, 2], n=2), 400, "n must be 1"),
     (dict(model="llama", prompt=[1] * 8190, max_tokens=16), 400, "max_seq_len"),
+    # past the decode loop's 2048 after the prefill's token: the answer would stop there ("length")
+    (dict(model="llama", prompt=[1, 2], max_tokens=5000), 400, "at most 2049 output tokens"),
     (dict(model="llama", prompt=[1, 2], logprobs=2), 400, "logprobs"),
     (dict(model="llama", prompt=[]), 400, "empty"),
     (dict(model="llama", prompt=[1, 200000]), 400, "vocabulary"),
@@ -247,3 +249,10 @@ def test_a_chat_prompt_that_fills_the_sequence_says_so(llama):
     body = {"model": "llama", "messages": [{"role": "user", "content": "hello " * 8200}]}
     status, error = _raw_post(llama[2], "chat/completions", json.dumps(body).encode())
     assert status == 400 and "leaves no room to generate" in error["message"] and "max_tokens" not in error["message"]
+
+
+def test_a_chat_request_without_max_tokens_takes_no_more_than_the_plan_makes(llama):
+    """max_seq_len leaves 8,000-odd tokens after a short prompt, more than llama's walks make
+    (2049): the default is that, not a refusal of a value the client never sent."""
+    service = llama[0]
+    assert service.default_tokens(8000) == 2049 and service.default_tokens(16) == 16

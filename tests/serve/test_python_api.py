@@ -68,7 +68,8 @@ def test_stream_yields_each_step_and_leaving_early_cancels(llm):
     ([1, -2], SamplingParams(), PromptError, "non-negative"),
     ([1, 2], SamplingParams(temperature=-1.0), SamplingError, "temperature"),
     ([1, 2], SamplingParams(top_p=0.0), SamplingError, "top_p"),
-    ([1, 2], SamplingParams(max_tokens=9000), PromptError, "max_seq_len"),
+    ([1] * 7000, SamplingParams(max_tokens=2000), PromptError, "max_seq_len"),
+    ([1, 2], SamplingParams(max_tokens=2050), SamplingError, "at most 2049 output tokens"),  # the loop's 2048 + 1
     ({"messages": "hi"}, SamplingParams(), PromptError, "messages"),
 ])
 def test_bad_input_is_a_clear_error(llm, prompt, sampling, error, words):

@@ -172,7 +172,7 @@ def test_close_with_a_timeout_frees_the_pages_of_what_it_cut():
     llm = LLM(LLAMA)
     engine = llm.engine
     outputs: list = []
-    worker = threading.Thread(target=lambda: outputs.extend(llm.generate([1, 2], SamplingParams(max_tokens=8000))))
+    worker = threading.Thread(target=lambda: outputs.extend(llm.generate([1, 2], SamplingParams(max_tokens=2049))))
     worker.start()
     assert wait_until(lambda: any(in_use for in_use, _ in engine.kv_pages().values()))
     llm.close(0.2)

@@ -73,7 +73,10 @@ def _both(llm, prompt, sampling):
      "route is not one this plan takes"),
     ([1, 2], SamplingParams(max_tokens=3, guidance={"zzz": 2.0}), SamplingError, "guidance",
      r"guidance 'zzz' is not a guidance label of the plan \(labels: none\)"),
-    ([1, 2], SamplingParams(max_tokens=10**9), PromptError, "max_tokens", "more than the plan's max_seq_len"),
+    ([1] * 8190, SamplingParams(max_tokens=3), PromptError, "max_tokens", "more than the plan's max_seq_len"),
+    # llama's decode loop runs at most 2048 times after the prefill's token: 2049 (plan/output_bound.py)
+    ([1, 2], SamplingParams(max_tokens=10**9), SamplingError, "max_tokens",
+     r"max_tokens 1000000000 is more than this plan makes for a request: at most 2049 output tokens"),
 ])
 def test_a_request_the_plan_cannot_take_is_refused_before_it_runs(llm, submitted, prompt, sampling, kind, param,
                                                                   words):

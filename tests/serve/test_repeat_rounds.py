@@ -40,7 +40,7 @@ def test_the_api_bounds_a_request_by_the_kv_nodes_rounds():
         assert llm.max_rounds == 1  # SNAC's rounds start no new LLM sequence
         max_seq_len = plan.deployment.max_seq_len
         with pytest.raises(PromptError, match=f"more than the plan's max_seq_len {max_seq_len}"):
-            llm.request([1, 2, 3], SamplingParams(max_tokens=max_seq_len))
+            llm.request([1] * (max_seq_len - 2), SamplingParams(max_tokens=3))
     with LLM(load_plan(WHISPER, verify=False), engine="sim") as whisper:
         assert whisper.max_rounds == 1000
         audio = audio_input_of(whisper.plan)

@@ -175,7 +175,7 @@ def test_a_second_signal_while_draining_cancels_every_request_cleanly():
         answers: dict = {}
 
         def whole() -> None:
-            body = json.dumps({"model": "llama", "prompt": [1, 2, 3], "max_tokens": 4000}).encode()
+            body = json.dumps({"model": "llama", "prompt": [1, 2, 3], "max_tokens": 2049}).encode()
             request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
             try:
                 urllib.request.urlopen(request, timeout=30)
@@ -184,7 +184,7 @@ def test_a_second_signal_while_draining_cancels_every_request_cleanly():
 
         waiting = threading.Thread(target=whole)
         waiting.start()
-        body = json.dumps({"model": "llama", "prompt": [4, 5, 6], "max_tokens": 4000, "stream": True}).encode()
+        body = json.dumps({"model": "llama", "prompt": [4, 5, 6], "max_tokens": 2049, "stream": True}).encode()
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             lines = [response.readline()]

@@ -62,6 +62,12 @@ class Service:
         self.endpoints = endpoints_of(llm.plan)
         self.created = int(time.time())
 
+    def default_tokens(self, max_tokens: int) -> int:
+        """A max_tokens the client did not give, no more than the plan's walks make (a larger one
+        given is refused: serve/plan_checks.py)."""
+        most = self.llm.checks.most_tokens
+        return max_tokens if most is None else min(max_tokens, most)
+
     def check_model(self, model: str) -> None:
         if model != self.model_name:
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
@@ -91,7 +97,7 @@ class Service:
         a worker thread: a long one takes the tokenizer seconds (about 0.7 s a megabyte), which the
         event loop spends on the other clients; token ids are checked here (the hop costs about
         50 us). default_to_rest: max_tokens is what the plan's max_seq_len leaves after the
-        prompt. media: by modality; with media the prompt may be empty token ids."""
+        prompt, at most what its walks make. media: by modality; with media the prompt may be empty token ids."""
         if isinstance(prompt, (str, dict)):
             return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media)
         return self._request(prompt, sampling, default_to_rest, media)
@@ -105,7 +111,7 @@ class Service:
                 if room < 1:
                     raise PromptError(f"the prompt ({len(ids)} tokens) leaves no room to generate within the "
                                       f"plan's max_seq_len {self.llm.plan.deployment.max_seq_len}")
-                sampling.max_tokens = room
+                sampling.max_tokens = self.default_tokens(room)
             return self.llm.request(ids, sampling, media)
         except PromptError as error:
             raise ApiError(400, str(error)) from None
@@ -327,7 +333,10 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         body.checks()
         service.check_tokenizer("speech takes its input as text (not token ids), which needs a tokenizer",
                                 "input")
-        request = await service.request(body.prompt(), body.sampling())
+        sampling = body.sampling()
+        if "max_tokens" not in body.model_fields_set:
+            sampling.max_tokens = service.default_tokens(sampling.max_tokens)
+        request = await service.request(body.prompt(), sampling)
         async with cancelled_when_gone(service, http, request):
             stream, first = await service.start(request)
             if body.stream_format == "sse":
@@ -349,7 +358,7 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         body.checks()
         service.check_tokenizer("image generation takes its prompt as text (not token ids), which needs a "
                                 "tokenizer", "prompt")
-        sampling = SamplingParams(max_tokens=DEFAULT_IMAGE_TOKENS, seed=body.seed,
+        sampling = SamplingParams(max_tokens=service.default_tokens(DEFAULT_IMAGE_TOKENS), seed=body.seed,
                                   route=dict(service.endpoints.image_route))
         request = await service.request(body.prompt, sampling)
         async with cancelled_when_gone(service, http, request):

@@ -54,7 +54,7 @@ def transcription_routes(app: FastAPI, service: Service) -> None:
         max_tokens = form.max_tokens
         if max_tokens is None:  # what the decoder's sequence holds, once per window the clip spans
             num_windows = -(-int(audio.shape[0]) // audio_input.window_samples)
-            max_tokens = max(1, llm.plan.deployment.max_seq_len * num_windows - len(prompt))
+            max_tokens = service.default_tokens(max(1, llm.plan.deployment.max_seq_len * num_windows - len(prompt)))
         sampling = SamplingParams(max_tokens=max_tokens, temperature=form.temperature, seed=form.seed)
         request = await service.request(prompt, sampling, media={"audio": audio})
         async with cancelled_when_gone(service, http, request):

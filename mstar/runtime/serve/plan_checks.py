@@ -1,7 +1,8 @@
 """What a request must agree with in its plan, checked before it runs (serve/api.py `LLM.request`,
 which the HTTP server calls too): prompt token ids inside the vocabulary of the nodes that take the
 text prompt, stop token ids some kv node of the plan can sample, a route through the plan's
-partitions and stages, guidance labels the plan declares.
+partitions and stages, guidance labels the plan declares, max_tokens within what the plan's walks
+can make (plan/output_bound.py).
 
 Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
 the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Optional
 
 from mstar.plan.guidance_mode import unknown_label_problem
+from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
@@ -30,6 +32,9 @@ class PlanChecks:
                   for v in [node.dims.get("vocab")] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
         self.stop_vocab: Optional[int] = max(vocabs) if vocabs else None
         self.partitions = {part.name: part for part in plan.partitions}
+        # the most counted tokens a request can get, from the walks' loops and stages; None: the
+        # plan states no size for some counted output (plan/output_bound.py)
+        self.most_tokens = most_counted_tokens(plan)
         self.plan = plan
 
     def prompt_problem(self, ids: list[int]) -> Optional[str]:
@@ -40,6 +45,14 @@ class PlanChecks:
             if problem is not None:
                 return problem
         return None
+
+    def max_tokens_problem(self, max_tokens: int) -> Optional[str]:
+        """max_tokens past what the plan's walks can make: the request would end at that count
+        (finish_reason "length") without the tokens it asked for."""
+        if self.most_tokens is None or max_tokens <= self.most_tokens:
+            return None
+        return (f"max_tokens {max_tokens} is more than this plan makes for a request: at most {self.most_tokens} "
+                "output tokens (its loops' max iterations over its stages)")
 
     def stop_problem(self, stop_token_ids: list[int]) -> Optional[str]:
         vocab = self.stop_vocab

@@ -129,9 +129,11 @@ def generate(
     rate: float = 100.0,
     seed: int = 0,
     vocab_size: int = VOCAB_SIZE,
+    max_output_len: Optional[int] = None,
 ) -> Workload:
     """vocab_size: prompt ids are drawn below it (the plan's text vocabulary when smaller than
-    VOCAB_SIZE: a plan of 100 tokens refused every request drawn below 1000)."""
+    VOCAB_SIZE: a plan of 100 tokens refused every request drawn below 1000). max_output_len: the
+    most output tokens the plan makes for a request (plan/output_bound.py), None when unstated."""
     if arrival not in ARRIVALS:
         raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if num_requests < 0:
@@ -146,6 +148,9 @@ def generate(
         raise WorkloadError(
             f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got {output_len[1]}"
         )
+    if max_output_len is not None and output_len[1] > max_output_len:
+        raise WorkloadError(f"--output-len {output_len[1]} is more than this plan makes for a request: at most "
+                            f"{max_output_len} output tokens (its loops' max iterations over its stages)")
     if concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     if not rate > 0:  # also NaN, which no comparison accepts
