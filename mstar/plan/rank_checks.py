@@ -9,7 +9,10 @@ them (compiler/lower_workers.py):
   rows: the scheduler then ran every row twice, or failed on a rank number it does not have);
 - a call's `instances` are the ones its workers give (node, walk): for each rank that runs it, in
   rank order, the rank's TP group for it (leader first) or the rank alone, each once; a rank of an
-  instance runs (node, walk), and a TP instance's ranks each list a TP group for it.
+  instance runs (node, walk), and a TP instance's ranks each list a TP group for it;
+- a kv node's instances are of one width in every walk (mstarc's MW321): its KV cache cannot move
+  between different TP world sizes (a plan whose TP groups covered decode alone ran prefill on one
+  rank, and every request ended `stalled`).
 
     rank_problems(plan) -> list[str]     empty for a consistent plan
 """
@@ -73,6 +76,22 @@ def _call_problems(workers: dict[int, WorkerPlan], walk: WalkPlan, index: int, c
         yield f"{where} has instances {call.instances}, but its workers' placements and TP groups give {want}"
 
 
+def _kv_width_problems(plan: Plan) -> Iterator[str]:
+    """A kv node whose walks run on instances of different widths (module docstring)."""
+    kv_nodes = {node.name for node in plan.nodes if node.engine == "kv"}
+    widths: dict[str, dict[int, str]] = {}
+    for walk in plan.walks:
+        for call in walk.calls:
+            if call.node in kv_nodes:
+                for instance in call.instances:
+                    widths.setdefault(call.node, {}).setdefault(len(instance), walk.name)
+    for node, by_width in widths.items():
+        if len(by_width) > 1:
+            low, high = min(by_width), max(by_width)
+            yield (f"node {node}: its walks run at TP world sizes {low} (walk {by_width[low]}) and {high} "
+                   f"(walk {by_width[high]}); its KV cache cannot move between different TP world sizes")
+
+
 def rank_problems(plan: Plan) -> list[str]:
     nodes = {n.name for n in plan.nodes}
     workers = {w.rank: w for w in plan.workers}
@@ -84,4 +103,6 @@ def rank_problems(plan: Plan) -> list[str]:
     for walk in plan.walks:
         for index, call in enumerate(walk.calls):
             problems.extend(_call_problems(workers, walk, index, call, expected))
+    if not problems:  # widths read the instances, which must first agree with the workers
+        problems.extend(_kv_width_problems(plan))
     return problems

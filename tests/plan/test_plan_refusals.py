@@ -53,6 +53,15 @@ def _instances(walk: str, instances):
     return edit
 
 
+def _tp_for_decode_alone(data):
+    """orpheus_tp2 as mstarc would write it if MW321 let a deployment put LLM's TP group on decode
+    alone: each rank runs prefill on its own (the instances to match, so nothing else disagrees)."""
+    for worker in data["workers"]:
+        for group in worker["tp_groups"]:
+            group["walks"] = ["decode"]
+    _walk(data, "prefill")["calls"][0]["instances"] = [[0], [1]]
+
+
 def _policy(partition: int, **fields):
     def edit(data):
         data["partitions"][partition]["streams"][0]["policy"].update(fields)
@@ -93,6 +102,11 @@ EDITS = {
     "TP instance cut to one rank": ("orpheus_tp2", _instances("decode", [[0]]),  # DuplicateRowError
                                     "walk decode: call 0 (LLM) has instances [[0]], but its workers' placements "
                                     "and TP groups give [[0, 1]]"),
+    # every request ended `stalled`: prefill wrote the KV on one rank, decode read it sharded over two
+    "TP groups that cover decode alone": ("orpheus_tp2", _tp_for_decode_alone,
+                                          "node LLM: its walks run at TP world sizes 1 (walk prefill) and 2 "
+                                          "(walk decode); its KV cache cannot move between different TP world "
+                                          "sizes"),
     "workers out of rank order": ("orpheus", lambda d: d["workers"].reverse(),
                                   "workers[0] is rank 1; the workers are ranks 0 to 1, in order"),
     "window stride -1": ("orpheus", _policy(1, stride=-1),  # the run hung
