@@ -492,21 +492,10 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
                 engine: Any, mode: str) -> int:
     from mstar.runtime.serve.driver import Driver, DriverError
     from mstar.runtime.scheduler.key_tables import PlanTableError
-    from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
-    from mstar.runtime.step import EngineLost
+    from mstar.runtime.serve.results import OutputError
 
-    writer = None
-    if args.out:
-        try:
-            writer = ResultWriter(args.out, sample_rate_of(plan), tokenizer)
-        except OutputError as error:
-            raise CliError(str(error)) from None
-    progress = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        progress = tqdm(total=len(workload.requests), desc="requests", unit="req", file=sys.stderr,
-                        disable=not sys.stderr.isatty())
+    writer = _result_writer(args, plan, tokenizer)
+    progress = _progress_bar(args, len(workload.requests))
     problems: list[str] = []
 
     def on_finish(request_ids: list[str]) -> None:
@@ -530,29 +519,9 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         raise CliError(str(error)) from None
     signals.driver = driver
     started = time.perf_counter()
-    try:
-        with _gpu_profiled(args):
-            driver.run(workload)
-    except (DriverError, PlanTableError) as error:
-        if writer is not None:
-            writer.close()
-        raise CliError(str(error)) from None
-    except _Interrupted:
-        pass  # a second signal: the step in progress is abandoned; what finished is kept
-    except EngineLost as error:  # a rank process is gone: its requests fail, the run stops
-        driver.fail_active(str(error))
-        problems.append(str(error))
-        args.lost_rank = True  # run_command ends the process without the transport's teardown
-    finally:
-        signals.is_writing = True
+    _drive(args, signals, driver, workload, writer, problems)
     host_wall_s = time.perf_counter() - started
-    if progress is not None:
-        progress.close()
-    if writer is not None:
-        try:
-            writer.close()
-        except OutputError as error:
-            problems.append(f"--out: {error}")
+    _close_outputs(progress, writer, problems)
     if mode != "inproc":  # ranks as processes: the engine is serve/ranks/controller.RankEngines
         args.ranks_summary = engine.summary(mode)
     records = list(driver.conductor.records.values())
@@ -568,6 +537,64 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         _say(f"mstar: interrupted by {signals.name}: " + _kept(args, writer, records, num_unfinished, problems))
     signals.is_reported = True
     return 128 + signals.signum if signals.signum else (1 if problems else 0)
+
+
+def _result_writer(args: argparse.Namespace, plan: Any, tokenizer: Any) -> Any:
+    """The ResultWriter of `--out` (a CliError when its folder cannot be written), else None."""
+    from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
+
+    if not args.out:
+        return None
+    try:
+        return ResultWriter(args.out, sample_rate_of(plan), tokenizer)
+    except OutputError as error:
+        raise CliError(str(error)) from None
+
+
+def _progress_bar(args: argparse.Namespace, num_requests: int) -> Any:
+    """The run's progress bar on stderr (drawn only on a terminal), None with --no-progress."""
+    if args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=num_requests, desc="requests", unit="req", file=sys.stderr, disable=not sys.stderr.isatty())
+
+
+def _drive(args: argparse.Namespace, signals: _Signals, driver: Any, workload: Any, writer: Any,
+           problems: list[str]) -> None:
+    """Run the workload; a lost rank or a second signal ends it with what finished kept."""
+    from mstar.runtime.serve.driver import DriverError
+    from mstar.runtime.scheduler.key_tables import PlanTableError
+    from mstar.runtime.step import EngineLost
+
+    try:
+        with _gpu_profiled(args):
+            driver.run(workload)
+    except (DriverError, PlanTableError) as error:
+        if writer is not None:
+            writer.close()
+        raise CliError(str(error)) from None
+    except _Interrupted:
+        pass  # a second signal: the step in progress is abandoned; what finished is kept
+    except EngineLost as error:  # a rank process is gone: its requests fail, the run stops
+        driver.fail_active(str(error))
+        problems.append(str(error))
+        args.lost_rank = True  # run_command ends the process without the transport's teardown
+    finally:
+        signals.is_writing = True
+
+
+def _close_outputs(progress: Any, writer: Any, problems: list[str]) -> None:
+    """Close the progress bar and `--out`'s files (a failure to finish them is a problem)."""
+    from mstar.runtime.serve.results import OutputError
+
+    if progress is not None:
+        progress.close()
+    if writer is not None:
+        try:
+            writer.close()
+        except OutputError as error:
+            problems.append(f"--out: {error}")
 
 
 def _every_request_failed(records: list[Any]) -> list[str]:
