@@ -207,7 +207,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
             except PromptFormatError as error:
                 raise CliError(str(error)) from None
             workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer,
-                                    form=form)
+                                    form=form, max_output_len=most_counted_tokens(plan))
             _lay_out_audio(plan, workload)
         else:
             vocab = text_prompt_vocab(plan)

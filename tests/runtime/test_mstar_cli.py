@@ -53,6 +53,9 @@ def test_prompts_file_runs_and_bad_lines_are_named(capsys, tmp_path):
         ('{"id": "a", "prompt_tokens": [1], "max_tokens": 5}\n{"id": "b", "max_tokens": 5}\n',
             "p.jsonl:2: missing required field 'prompt_tokens'"),
         ('{"id": "a", "prompt_tokens": [1], "max_tokens": 0}\n', "'max_tokens' must be >= 1"),
+        # orpheus's LLM makes at most 2049 (plan/output_bound.py): such a request ended `length` there
+        ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3000}\n',
+            "p.jsonl:1: 'max_tokens' 3000 is more than this plan makes for a request: at most 2049 output tokens"),
         ('{"id": "a", "prompt_tokens": "hi", "max_tokens": 3}\n', "field 'prompt_tokens' must be list"),
         ('not json\n', "p.jsonl:1: not valid JSON"),
         ('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, "colour": 1}\n', "unknown field(s) ['colour']"),

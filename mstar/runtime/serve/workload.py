@@ -385,11 +385,12 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
 
 def read_prompts(
     path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None,
-    tokenizer: Any = None, form: Any = None,
+    tokenizer: Any = None, form: Any = None, max_output_len: Optional[int] = None,
 ) -> Workload:
     """Read a prompts file; with `names` (from `route_names`) each line's route is checked too;
     `tokenizer` turns text prompts into tokens (without one a text prompt is refused), framed by
-    `form`, the plan's prompt format (serve/prompt_format.py `prompt_format_of`)."""
+    `form`, the plan's prompt format (serve/prompt_format.py `prompt_format_of`); max_output_len:
+    the most output tokens the plan makes for a request (plan/output_bound.py), None when unstated."""
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
@@ -414,6 +415,9 @@ def read_prompts(
         request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
         if names is not None:
             check_route(request.route, names, where)
+        if max_output_len is not None and request.max_tokens > max_output_len:
+            raise WorkloadError(f"{where}: 'max_tokens' {request.max_tokens} is more than this plan makes for a "
+                                f"request: at most {max_output_len} output tokens")
         if request.id in seen:
             raise WorkloadError(f"{where}: duplicate id {request.id!r} (first on line {seen[request.id]})")
         seen[request.id] = number
