@@ -114,15 +114,34 @@ class ErrorExplainer:
         plain = f"unexpected {where}; expected {self.describe_expected(expected)}"
 
         if token.type == "$END":
-            brace = _last_token(stack, "LBRACE")
-            if "RBRACE" in expected and brace is not None:
-                return SyntaxProblem(codes.MISSING_RBRACE,
-                                     f"missing `}}`: the block opened at line {brace.line} "
-                                     f"is not closed before the end of the declaration", span,
-                                     (Note("the block opened here", _token_span(brace, file)),))
-            ending = "end of file" if is_last else "end of the declaration"
-            return SyntaxProblem(codes.UNEXPECTED_END,
-                                 f"unexpected {ending}; expected {self.describe_expected(expected)}", span)
+            return self._explain_end(expected, stack, span, file, is_last)
+        known = self._explain_known_mistake(token, expected, stack, span, where, file)
+        if known is not None:
+            return known
+        previous = _previous_token(stack)
+        if "LBRACE" in expected and (previous is None or (previous.end_line or 1) < (token.line or 1)):
+            # The header's line ended and the block's body started without its `{`.
+            return SyntaxProblem(codes.MISSING_LBRACE,
+                                 f"missing `{{` at the end of line {previous.end_line if previous else 1}: "
+                                 f"{plain}", span)
+        return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain, span)
+
+    def _explain_end(self, expected: set[str], stack: list, span: ast.Span, file: str, is_last: bool) -> SyntaxProblem:
+        """The declaration or the file ended early: an unclosed block, else what was expected."""
+        brace = _last_token(stack, "LBRACE")
+        if "RBRACE" in expected and brace is not None:
+            return SyntaxProblem(codes.MISSING_RBRACE,
+                                 f"missing `}}`: the block opened at line {brace.line} "
+                                 f"is not closed before the end of the declaration", span,
+                                 (Note("the block opened here", _token_span(brace, file)),))
+        ending = "end of file" if is_last else "end of the declaration"
+        return SyntaxProblem(codes.UNEXPECTED_END,
+                             f"unexpected {ending}; expected {self.describe_expected(expected)}", span)
+
+    def _explain_known_mistake(self, token: Token, expected: set[str], stack: list, span: ast.Span, where: str,
+                               file: str) -> Optional[SyntaxProblem]:
+        """A mistake the message can name (a missing `}` or `->`, a reserved word as a name, `=` for
+        `<=`, ...), or None for the general message."""
         if expected == {"MODEL"}:
             return SyntaxProblem(codes.MODEL_LINE,
                                  f"a spec starts with `model NAME`; found {where}", span)
@@ -168,13 +187,7 @@ class ErrorExplainer:
             return SyntaxProblem(codes.CLIENT_WITHOUT_MODALITY,
                                  "a client edge names what it carries: `-> NAME: client MODALITY` "
                                  f"(text, audio, image, ...); found {where}", span)
-        previous = _previous_token(stack)
-        if "LBRACE" in expected and (previous is None or (previous.end_line or 1) < (token.line or 1)):
-            # The header's line ended and the block's body started without its `{`.
-            return SyntaxProblem(codes.MISSING_LBRACE,
-                                 f"missing `{{` at the end of line {previous.end_line if previous else 1}: "
-                                 f"{plain}", span)
-        return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain, span)
+        return None
 
     def _explain_unknown_word(self, token: Token, expected: set[str]) -> Optional[tuple[str, str]]:
         """A name found where only certain words may stand: engine kind, capture family, ..."""
