@@ -139,66 +139,84 @@ def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
     num_cols, _ = _place(walk.body, 0, 0, 0, layout)
     parts = [_text(MARGIN, top + 18, f"walk {walk.name}  (partition {walk.partition})", 15, weight="bold")]
     for frame in sorted(layout.frames, key=lambda f: f.depth):
-        pad = 14 - 4 * frame.depth
-        x0 = MARGIN + frame.first_col * COL_W - pad
-        x1: float = MARGIN + frame.last_col * COL_W + BOX_W + pad
-        y0 = top + TITLE_H - pad + 8
-        y1 = top + TITLE_H + frame.rows * ROW_H - 12
-        loop = frame.loop
-        label = f"loop {loop.name} max={loop.max_iters}" + (" stop" if loop.has_stop else "") + (
-            " on-device" if loop.is_on_device else "")
-        x1 = max(x1, x0 + _text_width(label, 11) + 12)
-        parts.append(f"<rect x='{x0:.0f}' y='{y0:.0f}' width='{x1 - x0:.0f}' height='{y1 - y0:.0f}' "
-                     "fill='none' stroke='#7a5195' stroke-dasharray='6 4' rx='8'/>")
-        parts.append(_text(x0 + 6, y1 - 5, label, 11))
+        parts.extend(_loop_frame(frame, top))
     for box in layout.boxes:
-        x, y = box.x, box.y(top)
-        call = box.call
-        parts.append(f"<rect x='{x:.0f}' y='{y:.0f}' width='{BOX_W}' height='{BOX_H}' rx='6' "
-                     "fill='#e8f1fa' stroke='#1f4e79'/>")
-        parts.append(_text(x + BOX_W / 2, y + 16, call.node, 13, "middle", "bold"))
-        for i, line in enumerate(_wrap(f"({', '.join(call.inputs)})", 9, BOX_W - 8, 2)):
-            parts.append(_text(x + BOX_W / 2, y + 29 + i * 11, line, 9, "middle"))
-        targets = [(e, _target(layout.boxes, box, e) if e.dest_kind == "node" else None) for e in call.edges]
-        listed = [e for e, target in targets if target is None]
-        for row, edge in enumerate(listed):
-            dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
-            if edge.dest_kind == "stream":
-                dest = f"{edge.dest} (stream to {edge.stream_partition})"
-            parts.append(_text(x, y + BOX_H + 14 + row * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
-        num_curves = 0
-        num_forward: dict[int, int] = {}  # target box -> forward edges drawn to it so far
-        for edge, target in targets:
-            if target is None:
-                continue
-            tx, ty = target.x, target.y(top)
-            dash = " stroke-dasharray='4 3'" if edge.is_device else ""
-            if edge.is_loop_back:
-                # From the source's right side, under the edges listed below the box, into the
-                # target's left side (for a self edge: around the box's bottom).
-                sx, sy = x + BOX_W, y + BOX_H * 0.75
-                ex, ey = tx, ty + BOX_H * 0.75
-                drop = BOX_H * 0.25 + 18 + LINE_H * len(listed) + 16 * num_curves
-                num_curves += 1
-                control_y = sy + drop / 0.75  # a cubic with both controls at c reaches 3/4 of c
-                path = (f"M{sx:.0f},{sy:.0f} C{sx + 60:.0f},{control_y:.0f} {ex - 60:.0f},{control_y:.0f} "
-                        f"{ex:.0f},{ey:.0f}")
-                parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
-                parts.append(_text((sx + ex) / 2, sy + drop + 12, f"{edge.name}{_flags(edge)} (loop-back)", 10,
-                                   "middle"))
-            else:
-                index = num_forward.get(id(target), 0)
-                num_forward[id(target)] = index + 1
-                sx, sy = x + BOX_W, y + BOX_H / 2
-                ex, ey = tx, ty + BOX_H / 2
-                parts.append(f"<line x1='{sx:.0f}' y1='{sy:.0f}' x2='{ex - 2:.0f}' y2='{ey:.0f}' "
-                             f"stroke='#1f4e79'{dash} marker-end='url(#arrow)'/>")
-                # labels of several edges to one box stack upwards, one line each
-                label_y = (sy + ey) / 2 - 6 - index * 12
-                parts.append(_text((sx + ex) / 2, label_y, f"{edge.name}{_flags(edge)}", 10, "middle"))
+        parts.extend(_call_box(box, layout, top))
     height = TITLE_H + layout.num_rows * ROW_H + 10
     width = 2 * MARGIN + max(1, num_cols) * COL_W
     return parts, height, width
+
+
+def _loop_frame(frame, top: float) -> list[str]:
+    """A loop's dashed frame around its calls, with its bound and flags."""
+    pad = 14 - 4 * frame.depth
+    x0 = MARGIN + frame.first_col * COL_W - pad
+    x1: float = MARGIN + frame.last_col * COL_W + BOX_W + pad
+    y0 = top + TITLE_H - pad + 8
+    y1 = top + TITLE_H + frame.rows * ROW_H - 12
+    loop = frame.loop
+    label = f"loop {loop.name} max={loop.max_iters}" + (" stop" if loop.has_stop else "") + (
+        " on-device" if loop.is_on_device else "")
+    x1 = max(x1, x0 + _text_width(label, 11) + 12)
+    return [f"<rect x='{x0:.0f}' y='{y0:.0f}' width='{x1 - x0:.0f}' height='{y1 - y0:.0f}' "
+            "fill='none' stroke='#7a5195' stroke-dasharray='6 4' rx='8'/>",
+            _text(x0 + 6, y1 - 5, label, 11)]
+
+
+def _call_box(box, layout, top: float) -> list[str]:
+    """A call's box (node, inputs), the edges it lists below itself (to the client, the conductor,
+    a stream, a node not drawn) and the arrows to the boxes its other edges reach."""
+    x, y = box.x, box.y(top)
+    call = box.call
+    parts = [f"<rect x='{x:.0f}' y='{y:.0f}' width='{BOX_W}' height='{BOX_H}' rx='6' "
+             "fill='#e8f1fa' stroke='#1f4e79'/>",
+             _text(x + BOX_W / 2, y + 16, call.node, 13, "middle", "bold")]
+    for i, line in enumerate(_wrap(f"({', '.join(call.inputs)})", 9, BOX_W - 8, 2)):
+        parts.append(_text(x + BOX_W / 2, y + 29 + i * 11, line, 9, "middle"))
+    targets = [(e, _target(layout.boxes, box, e) if e.dest_kind == "node" else None) for e in call.edges]
+    listed = [e for e, target in targets if target is None]
+    for row, edge in enumerate(listed):
+        dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
+        if edge.dest_kind == "stream":
+            dest = f"{edge.dest} (stream to {edge.stream_partition})"
+        parts.append(_text(x, y + BOX_H + 14 + row * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
+    parts.extend(_edge_arrows(x, y, [(e, t) for e, t in targets if t is not None], len(listed), top))
+    return parts
+
+
+def _edge_arrows(x: float, y: float, targets: list, num_listed: int, top: float) -> list[str]:
+    """Arrows from the box at (x, y) to the boxes its edges reach: loop-backs curve below the
+    edges listed under the box, forward edges are straight with labels stacked per target."""
+    parts: list[str] = []
+    num_curves = 0
+    num_forward: dict[int, int] = {}  # target box -> forward edges drawn to it so far
+    for edge, target in targets:
+        tx, ty = target.x, target.y(top)
+        dash = " stroke-dasharray='4 3'" if edge.is_device else ""
+        if edge.is_loop_back:
+            # From the source's right side, under the edges listed below the box, into the
+            # target's left side (for a self edge: around the box's bottom).
+            sx, sy = x + BOX_W, y + BOX_H * 0.75
+            ex, ey = tx, ty + BOX_H * 0.75
+            drop = BOX_H * 0.25 + 18 + LINE_H * num_listed + 16 * num_curves
+            num_curves += 1
+            control_y = sy + drop / 0.75  # a cubic with both controls at c reaches 3/4 of c
+            path = (f"M{sx:.0f},{sy:.0f} C{sx + 60:.0f},{control_y:.0f} {ex - 60:.0f},{control_y:.0f} "
+                    f"{ex:.0f},{ey:.0f}")
+            parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
+            parts.append(_text((sx + ex) / 2, sy + drop + 12, f"{edge.name}{_flags(edge)} (loop-back)", 10,
+                               "middle"))
+        else:
+            index = num_forward.get(id(target), 0)
+            num_forward[id(target)] = index + 1
+            sx, sy = x + BOX_W, y + BOX_H / 2
+            ex, ey = tx, ty + BOX_H / 2
+            parts.append(f"<line x1='{sx:.0f}' y1='{sy:.0f}' x2='{ex - 2:.0f}' y2='{ey:.0f}' "
+                         f"stroke='#1f4e79'{dash} marker-end='url(#arrow)'/>")
+            # labels of several edges to one box stack upwards, one line each
+            label_y = (sy + ey) / 2 - 6 - index * 12
+            parts.append(_text((sx + ex) / 2, label_y, f"{edge.name}{_flags(edge)}", 10, "middle"))
+    return parts
 
 
 def _legend(spec: ast.Spec, top: float) -> tuple[list[str], float, float]:
