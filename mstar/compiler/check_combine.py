@@ -132,8 +132,31 @@ def _family_text(families: tuple) -> str:
 
 
 def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
+    _check_named_walks(node, runs, diags)
+    _check_piecewise(node, diags)
+    for cap in node.caps:
+        # with several families (own or replayed) the largest batch of any bounds the walk's steps
+        captures = [c for c in walk_captures(node, cap.walk) if c.batch]
+        capture = max(captures, key=lambda c: max(c.batch), default=None)
+        if capture is not None and cap.value > max(capture.batch) and not any(c.is_eager_above for c in captures):
+            _cap_error(f"cap {cap.walk} {cap.value}", cap.value, capture, cap.span, diags)
     owner: dict[str, ast.CombineDecl] = {}
     caps = {c.walk: c.value for c in node.caps}
+    for combine in node.combines:
+        _check_combine(node, combine, runs, owner, diags)
+        _check_combine_caps(combine, caps, diags)
+
+
+def _bidirectional(node: ast.NodeDecl) -> tuple[set[str], ast.Span]:
+    """The node's bidirectional walks, and where they are declared (the node, when none are)."""
+    if node.bidirectional is None:
+        return set(), node.span
+    return set(node.bidirectional.walks), node.bidirectional.span
+
+
+def _check_named_walks(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
+    """MW401: a cap, capture, capture replay or bidirectional declaration naming a walk that does
+    not run the node."""
     decls: list[ast.CapDecl | ast.CaptureDecl] = [*node.caps, *node.captures]
     for decl in decls:
         if decl.walk in runs and node.name not in runs[decl.walk]:
@@ -147,55 +170,52 @@ def _check_node(node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostic
                 diags.error(codes.NOT_A_WALK_OF_NODE,
                             f"capture replay names walk {walk}, which does not run {node.name}",
                             name_span(replay.span, walk, diags, skip=skip))
-    bidirectional = set(node.bidirectional.walks) if node.bidirectional else set()
-    bidirectional_span = node.bidirectional.span if node.bidirectional else node.span  # used when it has walks
+    bidirectional, bidirectional_span = _bidirectional(node)
     for walk in sorted(bidirectional):
         if walk in runs and node.name not in runs[walk]:
             diags.error(codes.NOT_A_WALK_OF_NODE, f"bidirectional walk {walk}, which does not run {node.name}",
                         name_span(bidirectional_span, walk, diags))
-    _check_piecewise(node, diags)
-    for cap in node.caps:
-        # with several families (own or replayed) the largest batch of any bounds the walk's steps
-        captures = [c for c in walk_captures(node, cap.walk) if c.batch]
-        capture = max(captures, key=lambda c: max(c.batch), default=None)
-        if capture is not None and cap.value > max(capture.batch) and not any(c.is_eager_above for c in captures):
-            _cap_error(f"cap {cap.walk} {cap.value}", cap.value, capture, cap.span, diags)
-    for combine in node.combines:
-        distinct = list(dict.fromkeys(combine.walks))
-        if len(distinct) < 2:
-            diags.error(codes.COMBINE_TOO_FEW_WALKS,
-                        f"combined walk {combine.name} needs at least two distinct walks, got "
-                        f"{' + '.join(combine.walks)}", name_span(combine.span, combine.name, diags))
-        for walk in distinct:
-            if walk in runs and node.name not in runs[walk]:
-                diags.error(codes.NOT_A_WALK_OF_NODE,
-                            f"walk {walk} does not run {node.name}, so it cannot be part of "
-                            f"{node.name}'s combined walk {combine.name}",
-                            name_span(combine.span, walk, diags, skip=1 if walk == combine.name else 0))
-            if walk in owner:
-                diags.error(codes.WALK_IN_TWO_COMBINES,
-                            f"walk {walk} is already in combined walk {owner[walk].name} of "
-                            f"{node.name}; a walk joins at most one",
-                            name_span(combine.span, walk, diags), Note("first here", owner[walk].span))
-            else:
-                owner[walk] = combine
-        masked = [w for w in distinct if w in bidirectional]
-        if masked and len(masked) < len(distinct):
-            causal = [w for w in distinct if w not in bidirectional]
-            diags.error(codes.COMBINE_MIXES_MASKS,
-                        f"combined walk {combine.name} mixes bidirectional {', '.join(masked)} with causal "
-                        f"{', '.join(causal)}: one packed attention call has one mask",
-                        name_span(combine.span, combine.name, diags),
-                        Note("the bidirectional walks", bidirectional_span))
-        families = {w: capture_family(node, w) for w in distinct if w in runs}
-        if combine.capture is None and len(set(families.values())) > 1:
-            listed = ", ".join(f"{w}: {_family_text(f)}" for w, f in families.items())
-            diags.error(codes.CAPTURE_KEY_SPLIT,
-                        f"capture-key split: the walks of {combine.name} fall in different capture "
-                        f"families ({listed}) and {combine.name} has no capture of its own, so no "
-                        f"single capture can replay a mixed step; give it a `capture`",
-                        name_span(combine.span, combine.name, diags))
-        _check_combine_caps(combine, caps, diags)
+
+
+def _check_combine(node: ast.NodeDecl, combine: ast.CombineDecl, runs: dict[str, set[str]],
+                   owner: dict[str, ast.CombineDecl], diags: Diagnostics) -> None:
+    """One combined walk: two or more distinct walks of the node, none in an earlier combine
+    (`owner`: walk -> its combine so far), one attention mask, one capture family or its own."""
+    distinct = list(dict.fromkeys(combine.walks))
+    if len(distinct) < 2:
+        diags.error(codes.COMBINE_TOO_FEW_WALKS,
+                    f"combined walk {combine.name} needs at least two distinct walks, got "
+                    f"{' + '.join(combine.walks)}", name_span(combine.span, combine.name, diags))
+    for walk in distinct:
+        if walk in runs and node.name not in runs[walk]:
+            diags.error(codes.NOT_A_WALK_OF_NODE,
+                        f"walk {walk} does not run {node.name}, so it cannot be part of "
+                        f"{node.name}'s combined walk {combine.name}",
+                        name_span(combine.span, walk, diags, skip=1 if walk == combine.name else 0))
+        if walk in owner:
+            diags.error(codes.WALK_IN_TWO_COMBINES,
+                        f"walk {walk} is already in combined walk {owner[walk].name} of "
+                        f"{node.name}; a walk joins at most one",
+                        name_span(combine.span, walk, diags), Note("first here", owner[walk].span))
+        else:
+            owner[walk] = combine
+    bidirectional, bidirectional_span = _bidirectional(node)
+    masked = [w for w in distinct if w in bidirectional]
+    if masked and len(masked) < len(distinct):
+        causal = [w for w in distinct if w not in bidirectional]
+        diags.error(codes.COMBINE_MIXES_MASKS,
+                    f"combined walk {combine.name} mixes bidirectional {', '.join(masked)} with causal "
+                    f"{', '.join(causal)}: one packed attention call has one mask",
+                    name_span(combine.span, combine.name, diags),
+                    Note("the bidirectional walks", bidirectional_span))
+    families = {w: capture_family(node, w) for w in distinct if w in runs}
+    if combine.capture is None and len(set(families.values())) > 1:
+        listed = ", ".join(f"{w}: {_family_text(f)}" for w, f in families.items())
+        diags.error(codes.CAPTURE_KEY_SPLIT,
+                    f"capture-key split: the walks of {combine.name} fall in different capture "
+                    f"families ({listed}) and {combine.name} has no capture of its own, so no "
+                    f"single capture can replay a mixed step; give it a `capture`",
+                    name_span(combine.span, combine.name, diags))
 
 
 def _check_piecewise(node: ast.NodeDecl, diags: Diagnostics) -> None:
