@@ -53,7 +53,7 @@ def test_the_product_matches_torch(skinny, rows, k, n, config):
 
 def test_bias_is_added_once(skinny):
     x, weight = _operands(3, 64, 24)
-    bias = torch.randn(24).to(torch.bfloat16)
+    bias = torch.randn(24, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     got = skinny.skinny_mm(x, weight, bias, SkinnyConfig(16, 16, 4), Workspace(torch.device("cpu")))
     _close(got, (x.float() @ weight.float() + bias.float()).to(torch.bfloat16))
 
@@ -76,8 +76,9 @@ def test_into_adds_the_product_and_the_bias_into_the_output_in_place(skinny, con
     from mstar.runtime.engine.gpu.products import Product
 
     x, weight = _operands(5, 64, 40)
-    bias = torch.randn(40).to(torch.bfloat16)
-    residual = torch.randn(5, 40).to(torch.bfloat16)
+    generator = torch.Generator().manual_seed(2)
+    bias = torch.randn(40, generator=generator).to(torch.bfloat16)
+    residual = torch.randn(5, 40, generator=generator).to(torch.bfloat16)
     expected = (residual.float() + x.float() @ weight.float() + bias.float()).to(torch.bfloat16)
     into = residual.clone()
     assert skinny.skinny_mm(x, weight, bias, config, Workspace(torch.device("cpu")), into=into) is into
@@ -129,7 +130,9 @@ def test_a_product_takes_its_few_rows_steps_and_leaves_the_rest(skinny):
         _close(product(x), (x.float() @ weight.float()).to(torch.bfloat16))
     few_rows = product.few_rows_for(64)
     assert few_rows is not None and product.few_rows_for(65) is None
-    gate_up = torch.randn(4, 128).to(torch.bfloat16)
+    # seeded: an unseeded draw was past the 2% tolerance about once in a thousand runs (CI saw 2.03%:
+    # the operand's silu * up rounds to bf16 on both sides, an ulp apart now and then)
+    gate_up = torch.randn(4, 128, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     gate, up = gate_up.chunk(2, dim=-1)
     _close(few_rows(gate_up, gated=True), ((F.silu(gate) * up).float() @ weight.float()).to(torch.bfloat16))
 
