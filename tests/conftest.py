@@ -4,7 +4,8 @@ Hypothesis profiles: `ci` (the default, used by .ci/run) keeps property runs sho
 machine; `long` runs many more examples: `HYPOTHESIS_PROFILE=long python3 -m pytest tests`;
 `sched-long` is for long scheduler-only runs (`HYPOTHESIS_PROFILE=sched-long python3 -m pytest
 tests/scheduler`). All are registered here, before the profile named in the environment loads.
-Every test runs under a hang guard (below): MSTAR_TEST_TIMEOUT_S, default 600 s.
+Every test runs under a hang guard (below): MSTAR_TEST_TIMEOUT_S, default 600 s, and starts from
+torch's default generator seeded with 0.
 """
 import os
 import signal
@@ -47,3 +48,17 @@ def _hang_guard():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_torch():
+    """Every test starts from torch's default generator seeded the same way: a test's unseeded
+    draws are the same in every run, so a tolerance at its edge fails every run, not one in a
+    thousand (the skinny kernel's gated case once read 2.03% against its 2% in CI)."""
+    try:
+        import torch
+    except ImportError:  # the CPU install always has torch; a stripped one skips the seeding
+        yield
+        return
+    torch.manual_seed(0)
+    yield
