@@ -159,34 +159,12 @@ class PagePool:
         if self.cache is None or self.num_tokens(key):
             return 0
         seq = self._seqs.setdefault(key, _Sequence())
-        size, cache, label = self.page_size, self.cache, key[1]
+        size, cache = self.page_size, self.cache
         num_full = (len(tokens) - 1) // size
-        # The walk down the cached prefix with the cache's tables held locally: a cached request's
-        # 64 pages are host time before its first step.
-        # `page_key` and `cache.acquire` are written out here (the key's tuple, the reference count
-        # and the free order): `mstar bench lone`'s admission took 0.123-0.124 ms against 0.133-0.135
-        # with the calls, alternated on one host.
-        page_of, refs, free_order, pages = cache.page_of, cache.refs, cache.free_order, seq.pages
-        prefix, ids = seq.key, tuple(tokens)  # a tuple's slices are the keys' tuples already
-        num_keyed = 0
-        for start in range(0, num_full * size, size):
-            found = page_of.get((prefix, label, ids[start:start + size]))
-            if found is None:
-                break
-            page = found[0]
-            held = refs[page]
-            if held == 0:
-                if max_from_free <= 0:
-                    break
-                max_from_free -= 1
-                del free_order[page]
-            refs[page] = held + 1
-            pages.append(page)
-            prefix = found[1]
-            num_keyed += 1
-        if num_keyed:
-            seq.num_keyed = num_keyed
-        seq.key = prefix
+        pages, seq.key = cache.claim_chain(seq.key, key[1], tuple(tokens), size, num_full, max_from_free)
+        if pages:
+            seq.pages.extend(pages)
+            seq.num_keyed = len(pages)
         seq.num_tokens = seq.num_keyed * size
         cache.num_hits += seq.num_keyed
         cache.num_misses += num_full - seq.num_keyed
