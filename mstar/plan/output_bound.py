@@ -10,6 +10,7 @@ counted output (a stateless node's, or another role) has no size the plan states
 
     most_counted_tokens(plan) -> Optional[int]   the largest partition's bound, None if unknown
     partition_bound(plan, partition) -> Optional[int]
+    excess_tokens_problem(what, asked, most) -> Optional[str]   the refusal of asking past it
 """
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def most_counted_tokens(plan: Plan) -> Optional[int]:
         return None
     counting = [b for b in bounds if b]
     return max(counting) if counting else None
+
+
+def excess_tokens_problem(what: str, asked: int, most: Optional[int]) -> Optional[str]:
+    """Why `asked` output tokens (named `what`: max_tokens, --output-len, ...) cannot be had when the
+    plan makes at most `most` for a request (`most_counted_tokens`; None: no bound), or None. Such a
+    request ran and ended `length` at that count."""
+    if most is None or asked <= most:
+        return None
+    return (f"{what} {asked} is more than this plan makes for a request: at most {most} output tokens (its "
+            "loops' max iterations over its stages)")
 
 
 def partition_bound(plan: Plan, partition: PartitionPlan) -> Optional[int]:

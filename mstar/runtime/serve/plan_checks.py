@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Optional
 
 from mstar.plan.guidance_mode import unknown_label_problem
-from mstar.plan.output_bound import most_counted_tokens
+from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
@@ -49,10 +49,7 @@ class PlanChecks:
     def max_tokens_problem(self, max_tokens: int) -> Optional[str]:
         """max_tokens past what the plan's walks can make: the request would end at that count
         (finish_reason "length") without the tokens it asked for."""
-        if self.most_tokens is None or max_tokens <= self.most_tokens:
-            return None
-        return (f"max_tokens {max_tokens} is more than this plan makes for a request: at most {self.most_tokens} "
-                "output tokens (its loops' max iterations over its stages)")
+        return excess_tokens_problem("max_tokens", max_tokens, self.most_tokens)
 
     def stop_problem(self, stop_token_ids: list[int]) -> Optional[str]:
         vocab = self.stop_vocab

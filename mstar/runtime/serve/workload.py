@@ -41,6 +41,7 @@ import re
 from typing import Any, Optional
 
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
+from mstar.plan.output_bound import excess_tokens_problem
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
 
@@ -148,9 +149,9 @@ def generate(
         raise WorkloadError(
             f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got {output_len[1]}"
         )
-    if max_output_len is not None and output_len[1] > max_output_len:
-        raise WorkloadError(f"--output-len {output_len[1]} is more than this plan makes for a request: at most "
-                            f"{max_output_len} output tokens (its loops' max iterations over its stages)")
+    excess = excess_tokens_problem("--output-len", output_len[1], max_output_len)
+    if excess is not None:
+        raise WorkloadError(excess)
     if concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     if not rate > 0:  # also NaN, which no comparison accepts
@@ -415,9 +416,9 @@ def read_prompts(
         request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
         if names is not None:
             check_route(request.route, names, where)
-        if max_output_len is not None and request.max_tokens > max_output_len:
-            raise WorkloadError(f"{where}: 'max_tokens' {request.max_tokens} is more than this plan makes for a "
-                                f"request: at most {max_output_len} output tokens")
+        excess = excess_tokens_problem("'max_tokens'", request.max_tokens, max_output_len)
+        if excess is not None:
+            raise WorkloadError(f"{where}: {excess}")
         if request.id in seen:
             raise WorkloadError(f"{where}: duplicate id {request.id!r} (first on line {seen[request.id]})")
         seen[request.id] = number
