@@ -17,9 +17,9 @@
 #          scenario at budgets 160 and 192 (the sim meets both chunk targets there)
 #   launch `mstar bench engine` on llama's plan, the default and `--extra-launches 2` alternated
 #          twice: what one small kernel costs inside the decode graphs
-#   chunk  the chunk scenario alone at budgets 224 and 192, alternated: on the H200 192 met both
-#          targets in two of four runs on 2026-12-05 (the TTFT ratio 1.35-1.55x); on two H100s 224
-#          met both in six of six (docs/runtime.md); 224 is still unrun on an H200
+#   chunk  the chunk scenario alone at budgets 224 and 192, alternated: on 2026-12-05 budget 224
+#          met both targets in every run (three on an H200, six on two H100s), 192 in two of three
+#          on either GPU (docs/runtime.md)
 #   persist the persistent chain of products (engine/gpu/persistent_chain.py): its GPU tests (the grid
 #          barrier and the L2 prefetch run only there), then `mstar bench products --chain` on llama's
 #          and qwen3_5's plans: a step's products a kernel each (cuBLAS, skinny) against one launch
