@@ -307,18 +307,8 @@ def cmd_bench(args) -> int:
     return run_bench(Path(args.root), args.runs, args.json)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mstarc", description="Compile .mw walk-graph specs into plans.",
-                                     parents=[global_parser("mstarc")])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
-    p.add_argument("-o", "--output", metavar="PLAN", help="plan path, NAME.plan or a directory (default "
-                                                           "generated/<config>.plan); the glue goes beside it")
-    p.set_defaults(run=cmd_compile)
-
+def _add_init(sub: "argparse._SubParsersAction") -> None:
+    """`mstarc init`: the longest option list of the commands, apart from the table of the rest."""
     p = sub.add_parser("init", help="write a spec and a deployment from a checkpoint's config.json, then compile")
     p.add_argument("--from-checkpoint", required=True, metavar="DIR",
                    help="a Hugging Face checkpoint directory (config.json)")
@@ -332,6 +322,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "beside the spec's directory)")
     p.add_argument("--force", action="store_true", help="replace an existing spec or deployment")
     p.set_defaults(run=cmd_init)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mstarc", description="Compile .mw walk-graph specs into plans.",
+                                     parents=[global_parser("mstarc")])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
+    p.add_argument("-o", "--output", metavar="PLAN", help="plan path, NAME.plan or a directory (default "
+                                                           "generated/<config>.plan); the glue goes beside it")
+    p.set_defaults(run=cmd_compile)
+
+    _add_init(sub)
 
     p = sub.add_parser("check", help="run every check, write nothing")
     p.add_argument("spec", metavar="SPEC")

@@ -205,16 +205,8 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
                                  _point_span(file, line + line_offset, col), ()))
             else:
                 shift_tokens([tree], line_offset, set())
-                item = _build(tree, AstBuilder(file, diags))
-                is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
-                if is_model and models_seen > 1:
-                    diags.error(codes.MODEL_LINE,
-                                "`model` may appear only once, as the first line of the spec", item.span)
-                    num_reported += 1
-                elif not is_model and models_seen == 0 and num_reported == 0:
-                    diags.error(codes.MODEL_LINE,
-                                "a spec starts with `model NAME`; this declaration comes first", item.span)
-                    num_reported += 1
+                num_reported += _check_model_line(_build(tree, AstBuilder(file, diags)), models_seen,
+                                                  num_reported, diags)
         for code, message, span, notes in problems:
             num_reported += 1
             if num_reported >= MAX_SYNTAX_ERRORS and index < last_filled:
@@ -226,6 +218,20 @@ def _report_by_declaration(text: str, file: str, diags: Diagnostics, whole_error
     if num_reported == 0:
         problem = explainer.explain(whole_error, text, file)
         diags.error(problem.code, problem.message, problem.span, *problem.notes)
+
+
+def _check_model_line(item, models_seen: int, num_reported: int, diags: Diagnostics) -> int:
+    """The `model` line's place, for a declaration that parsed alone: one `model` line, first.
+    Returns the errors reported (0 or 1); a misplaced first declaration is reported only when
+    nothing was reported before it."""
+    is_model = not isinstance(item, (ast.Param, ast.NodeDecl, ast.Walk, ast.Partition))
+    if is_model and models_seen > 1:
+        diags.error(codes.MODEL_LINE, "`model` may appear only once, as the first line of the spec", item.span)
+        return 1
+    if not is_model and models_seen == 0 and num_reported == 0:
+        diags.error(codes.MODEL_LINE, "a spec starts with `model NAME`; this declaration comes first", item.span)
+        return 1
+    return 0
 
 
 def _is_blank(text: str) -> bool:
