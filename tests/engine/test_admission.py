@@ -2,12 +2,20 @@
 the same steps fail the same rows out of memory on both."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from hypothesis import given, settings, strategies as st
+
 from engine_plans import llm_plan, step
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.step import StepRow
+
+CHUNKED = Path(__file__).resolve().parents[2] / "generated" / "llama_chunked.plan"  # prefix cache, offload
+IS_LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 
 
 def test_a_request_starts_only_when_its_budget_fits_beside_what_others_may_claim():
@@ -77,3 +85,81 @@ def test_one_page_each_in_one_pass_ends_as_row_by_row_or_changes_nothing():
         for need in needs:
             row_by_row.grant(need)
         assert (one_pass.held, one_pass.num_outstanding) == (row_by_row.held, row_by_row.num_outstanding)
+
+
+def test_a_request_refused_a_start_keeps_its_place_before_later_ones():
+    """First come, first started: a request refused a start for memory reserves its budget, so a
+    later request that would fit beside the started ones' claims waits behind it; when pages come
+    back the first one starts, then the later one."""
+    admission = _started({"s": 4}, {"s": 4})  # s holds 4 pages of an 8-page pool
+    assert admission.shortfall([PageNeed("big", 1, 5)], num_free_pages=4) == ["big"]
+    assert admission.waiting == {"big": 5} and admission.num_reserved == 5
+    # "small" fits in the 4 free pages, but not beside the 5 reserved for big
+    assert admission.shortfall([PageNeed("small", 1, 2)], num_free_pages=4) == ["small"]
+    assert admission.room_to_start("small", 4) == -1 and admission.room_to_start("big", 4) == 4
+    assert admission.release("s") == 4
+    # in one step, in either order: big starts first, small only beside it
+    assert admission.shortfall([PageNeed("small", 1, 2), PageNeed("big", 1, 5)], num_free_pages=8) == []
+    assert admission.shortfall([PageNeed("small", 1, 4), PageNeed("big", 1, 5)], num_free_pages=8) == ["small"]
+    admission.grant(PageNeed("big", 1, 5))
+    assert list(admission.waiting) == ["small"] and admission.num_reserved == 4
+    admission.grant(PageNeed("small", 1, 2))
+    assert not admission.waiting and admission.num_reserved == 0
+
+
+def test_rows_passed_in_a_step_that_ran_nothing_keep_their_place():
+    """A step run all or nothing grants no row when one is short: the rows that passed joined the
+    waiting ones before the short one (step order), so they are not behind it next time."""
+    admission = Admission()
+    assert admission.shortfall([PageNeed("a", 1, 2), PageNeed("b", 1, 2)], num_free_pages=3) == ["b"]
+    assert list(admission.waiting) == ["a", "b"]
+    assert admission.shortfall([PageNeed("a", 1, 2)], num_free_pages=3) == []
+    assert admission.release("b") == 0 and list(admission.waiting) == ["a"]  # b ended before it started
+
+
+def test_a_large_request_is_not_starved_by_small_ones_on_a_tight_pool():
+    """A 63-page request among many 2-page ones in a 64-page pool, 32 clients: it used to start
+    only after every small request (the small ones took each page a finished request freed)."""
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = llm_plan(num_pages=64, page_size=16)
+    requests = [Request(id=f"s{i}", prompt_tokens=[1 + i % 50] * (5 + i % 10), max_tokens=5 + i % 15)
+                for i in range(300)]
+    requests.insert(5, Request(id="big", prompt_tokens=[3] * 900, max_tokens=100))
+    driver = Driver(plan, SimEngine(plan))
+    driver.run(Workload(requests, closed_concurrency=32))
+    records = driver.conductor.records
+    assert all(r.finish_reason in ("stop", "length") for r in records.values())
+    first_tokens = sorted(records, key=lambda rid: records[rid].first_token_s)
+    # it waits for the requests started before it to end, not for the ones after it
+    assert first_tokens.index("big") < 32
+
+
+@settings(max_examples=200 if IS_LONG else 15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300), st.integers(1, 120)), min_size=2, max_size=40),
+       st.integers(12, 48), st.integers(1, 16), st.booleans())
+def test_every_request_starts_on_a_tight_pool_with_shared_prefixes(shapes, num_pages, clients, is_offloaded):
+    """Random requests (one of four shared prefixes of 48 tokens, then their own, any size up to
+    most of the pool) on llama_chunked's plan (prefix cache, chunked prompts, KV offload on or off),
+    closed loop: none stalls or is lost, whatever prefix claims younger requests hold while older
+    ones wait to start, and the policy ends with nobody waiting or reserved."""
+    from mstar.plan.io import load_plan
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(CHUNKED, verify=False)
+    if not is_offloaded:
+        pools = [p.model_copy(update={"host_pages": 0}) for p in plan.deployment.kv_pools]
+        plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
+    prefixes = [[(11 * j + 5 * k) % 400 + 1 for j in range(48)] for k in range(4)]
+    requests = [Request(id=f"r{i}", prompt_tokens=prefixes[k] + [(i + j) % 400 + 1 for j in range(own)],
+                        max_tokens=out) for i, (k, own, out) in enumerate(shapes)]
+    engine = SimEngine(plan, num_pages=num_pages)
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests, closed_concurrency=clients))
+    records = driver.conductor.records
+    assert len(records) == len(requests)
+    for record in records.values():
+        reason = record.finish_reason
+        assert reason in ("stop", "length") or (reason or "").startswith("error: can never fit"), reason
+    admission = engine.pools["LLM"].admission
+    assert not admission.waiting and admission.num_reserved == 0 and not admission.budgets

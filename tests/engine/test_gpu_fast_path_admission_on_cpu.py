@@ -64,9 +64,12 @@ def _check_against_the_base(runner: GpuDecoderRunner) -> dict[str, int]:
 
 def _requests(num: int) -> list[Request]:
     # A shared 32-token prefix (two cached pages), then a few tokens of each request's own;
-    # outputs long enough to cross page boundaries while decoding.
+    # outputs long enough to cross page boundaries while decoding. r0, whose prefix pages are
+    # the cached ones, decodes longest: the later requests claim them while r0 holds them (a
+    # newcomer takes no free cached page while older requests wait to start, kv/admission.py).
     shared = [(5 * j) % 97 + 1 for j in range(32)]
-    return [Request(id=f"r{i}", prompt_tokens=shared + [i + 1] * (1 + i % 5), max_tokens=6 + (7 * i) % 23,
+    return [Request(id=f"r{i}", prompt_tokens=shared + [i + 1] * (1 + i % 5),
+                    max_tokens=40 if i == 0 else 6 + (7 * i) % 23,
                     temperature=0.8 if i % 4 == 1 else None, seed=i) for i in range(num)]
 
 
@@ -82,3 +85,4 @@ def test_the_shortcut_admits_as_the_policy_does_under_pressure(can_run_ahead):
     assert seen["short_rows"] > 0  # the pool ran short: rows were held
     assert runner.pool.cache is not None and runner.pool.cache.num_hits > 0
     assert runner.admission.num_outstanding == 0 and not runner.admission.budgets
+    assert not runner.admission.waiting and runner.admission.num_reserved == 0

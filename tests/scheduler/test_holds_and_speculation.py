@@ -44,6 +44,19 @@ def test_held_rows_wait_out_the_backoff_then_return():
     assert sched.next_batch().request_ids == ["a", "b"]
 
 
+def test_woken_holds_return_before_their_deadline():
+    """The driver wakes the holds when a request ends (its pages came back): held rows rejoin the
+    end of their ready queue at once."""
+    clock = Clock()
+    sched = llm_scheduler(clock=clock)
+    sched.add_ready_many(["a", "b"], "LLM", "decode")
+    sched.hold(sched.next_batch(), ["a"])
+    sched.add_ready_many(["c"], "LLM", "decode")
+    sched.wake_holds()
+    assert (sched.num_held(), sched.next_hold_deadline()) == (0, None)
+    assert sched.next_batch().request_ids == ["b", "c", "a"]
+
+
 def test_only_the_named_rows_are_held():
     clock = Clock()
     sched = llm_scheduler(clock=clock)

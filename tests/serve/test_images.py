@@ -32,3 +32,19 @@ def test_an_image_plan_answers_with_a_png(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     pixels = mpimg.imread(io.BytesIO(png), format="png")
     assert pixels.shape[:2] == (32, 32)  # the tiny image decoder's size
+
+
+def test_the_sim_engine_answers_an_image_request_with_a_placeholder_png(tmp_path):
+    """The sim engine's image outputs are small gray images (engine/sim.py), so a what-if server
+    answers 200 with a PNG rather than failing to encode a token placeholder (it answered 500)."""
+    from matplotlib import image as mpimg
+
+    from serve_harness import write_tokenizer
+
+    llm = LLM(BAGEL, engine="sim", tokenizer=str(write_tokenizer(tmp_path / "tok")))
+    service = make_service(llm)
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        answer = client.images.generate(model="bagel", prompt="a cat")
+    pixels = mpimg.imread(io.BytesIO(base64.b64decode(answer.data[0].b64_json)), format="png")
+    assert pixels.shape[:2] == (8, 8)

@@ -2,7 +2,9 @@
 
 In: the plan; per step, a `Step`. Out: a `StepResult` whose outputs are small placeholders
 (a kv node emits one token, as a one-element list, under each output edge name of its call; a
-stateless node emits a one-element list holding the row's input length) and whose `elapsed_s`
+stateless node emits a one-element list holding the row's input length; an output the plan sends
+to the client as an image is a small gray RGB image instead, `[3, 8, 8]`, so a client that encodes
+it, the server's PNG answer among them, gets one) and whose `elapsed_s`
 is the modelled step time. The driver advances a `SimClock` by it, so runs are reproducible and
 take only host time.
 
@@ -46,6 +48,9 @@ from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
+# An image output's placeholder: a gray RGB image, [3, 8, 8] in [0, 1], immutable and shared (nested
+# tuples: outputs compare with ==, as the tests of equal runs compare them)
+SIM_IMAGE = tuple(tuple((0.5,) * 8 for _ in range(8)) for _ in range(3))
 PAGE_MOVE_S = 0.00001  # one KV page copied between the device and the host pool
 SEQUENCE = "main"  # the simulated engine keeps one KV sequence per request and kv node
 
@@ -77,6 +82,9 @@ class _KvPool:
     admission: Admission = field(default_factory=Admission)
     claimed: dict[str, int] = field(default_factory=dict)  # request -> cached pages it started on
     sampled: dict[str, int] = field(default_factory=dict)  # request -> tokens sampled on this node
+
+    def __post_init__(self) -> None:
+        self.admission.num_pages = self.pages.num_pages  # which waiting requests are reachable
 
     @property
     def page_size(self) -> int:
@@ -135,12 +143,16 @@ class SimEngine(RunsAtLaunch):
         self.checker = StepChecker(plan) if check_steps else None
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
         self.out_names: dict[tuple[str, str], list[str]] = {}
+        # (node, walk) -> the output edges the client takes as images (placeholders of that shape)
+        self.image_names: dict[tuple[str, str], list[str]] = {}
         for walk in plan.walks:
             for call in walk.calls:
                 names = self.out_names.setdefault((call.node, walk.name), [])
                 for edge in call.edges:
                     if not edge.is_device and edge.name not in names:
                         names.append(edge.name)
+                    if edge.dest_kind == "client" and edge.modality == "image":
+                        self.image_names.setdefault((call.node, walk.name), []).append(edge.name)
         self.requests: dict[str, Any] = {}
         self.budget_tokens: dict[str, int] = {}  # request -> prompt + max_tokens (its KV budget's tokens)
         self.num_steps = 0
@@ -203,10 +215,13 @@ class SimEngine(RunsAtLaunch):
         pool = self.pools.get(node)
         if pool is None or pool.admission.is_started(request_id):
             return 0
-        free_for_claims = pool.pages.num_free_pages - pool.admission.num_outstanding
+        free_for_claims = pool.admission.room_to_start(request_id, pool.pages.num_free_pages)
         shareable = shareable_prefix(tokens, self.media_tokens.get(node))
         num_cached = pool.pages.claim_prefix((request_id, SEQUENCE), shareable, free_for_claims)
         pool.claimed[request_id] = pool.pages.pages_for(num_cached)
+        # first come, first started (kv/admission.py)
+        pool.admission.join(request_id, self._budget_pages(pool, request_id),
+                            pool.pages.page_table((request_id, SEQUENCE)) if num_cached else None)
         return num_cached
 
     def run_step(self, step: Step) -> StepResult:
@@ -321,9 +336,7 @@ class SimEngine(RunsAtLaunch):
         """Move started requests with no row in the step to the host pool (kv/offload.py) so that
         the short rows' pages fit; True when any moved."""
         assert pool.offload is not None
-        failed = set(short)
-        wanted = sum(max(n.budget_pages, n.num_pages) for n in needs if n.request_id in failed)
-        num_short = wanted - max(0, pool.pages.num_free_pages - pool.admission.num_outstanding)
+        num_short = pool.admission.pages_short(needs, set(short), pool.pages.num_free_pages)
         victims = pool.offload.victims(pool.pages, pool.admission, {r.request_id for r in step.rows}, num_short)
         for request_id in victims:
             sequences = pool.pages.sequences_of(request_id)
@@ -367,6 +380,7 @@ class SimEngine(RunsAtLaunch):
         stop_rows: list[int] = []
         walk: Optional[str] = None
         names: Sequence[str] = ()
+        images: Sequence[str] = ()
         for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
@@ -376,8 +390,10 @@ class SimEngine(RunsAtLaunch):
             if row.walk != walk:  # one lookup per run of rows of one walk
                 walk = row.walk
                 names = self.out_names.get((node, walk), ())
+                images = self.image_names.get((node, walk), ())
             if pool is None:
-                append(RowResult(request_id, _placeholders(names, row.num_tokens)))
+                outputs = _placeholders(names, row.num_tokens)
+                append(RowResult(request_id, _with_images(outputs, images) if images else outputs))
                 continue
             if row.is_partial:  # a chunk of a cut prompt that is not its last: KV only, no token
                 append(RowResult(request_id))
@@ -388,9 +404,10 @@ class SimEngine(RunsAtLaunch):
             token = (count * 7919 + len(request_id) * 104729 + seed) % SIM_VOCAB
             spec = requests.get(request_id)
             is_stop = spec is not None and count >= spec.max_tokens
-            append(RowResult(request_id, _placeholders(names, token), is_stop))
+            outputs = _placeholders(names, token)
+            append(RowResult(request_id, _with_images(outputs, images) if images else outputs, is_stop))
             if token_ids is not None:
-                if not names:
+                if not names or images:  # nothing to answer, or an image the columns cannot carry
                     token_ids = None  # a call with no host output sampled nothing to answer
                     continue
                 token_ids.append(token)
@@ -408,6 +425,13 @@ def _placeholders(names: Sequence[str], value: int) -> dict[str, list[int]]:
     if len(names) == 1:
         return {names[0]: [value]}
     return {name: [value] for name in names}
+
+
+def _with_images(outputs: dict[str, Any], images: Sequence[str]) -> dict[str, Any]:
+    """The placeholders with each image output `SIM_IMAGE`."""
+    for name in images:
+        outputs[name] = SIM_IMAGE
+    return outputs
 
 
 def _prompt_tokens(row: StepRow, num: int) -> Optional[list[int]]:

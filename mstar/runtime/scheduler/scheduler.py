@@ -25,6 +25,8 @@ on it to keep its memory bounded.
 """
 from __future__ import annotations
 
+import math
+
 import time
 from itertools import compress
 from typing import Callable, Hashable, Optional, Sequence, Union
@@ -453,8 +455,14 @@ class WorkerScheduler:
                 yield walk_index[walks[start]], batch.request_ids[start:end], batch.num_tokens[start:end]
                 start = end
 
-    def _expire_holds(self) -> None:
-        for hold in self._holds.pop_expired(self._clock()):
+    def wake_holds(self) -> None:
+        """Memory came back (a request ended and freed its pages): every held row rejoins the end of
+        its ready queue now, as at its hold's deadline, rather than waiting out the backoff."""
+        if self._holds:
+            self._expire_holds(math.inf)
+
+    def _expire_holds(self, now: Optional[float] = None) -> None:
+        for hold in self._holds.pop_expired(self._clock() if now is None else now):
             queue = self._queues[hold.key]
             queue.held.difference_update(hold.request_ids)
             queue.add(hold.walk, hold.request_ids, self._next_seq, hold.tokens, is_new=False)

@@ -260,6 +260,8 @@ class Driver:
                 self.routing.forget(request_id)
                 for scheduler in self.schedulers.values():
                     scheduler.remove(request_id)
+            for scheduler in self.schedulers.values():  # their pages came back: held rows try again
+                scheduler.wake_holds()
             if self.on_finish is not None:
                 self.on_finish(ended)
 

@@ -13,11 +13,31 @@ grows into its budget before anyone else's claims. So a request that started can
 a full pool never deadlocks. A request that outgrows its budget (it feeds more tokens than it
 declared) takes only pages nobody else may claim. Rows are considered in step order. The policy
 keeps its own count of what each started request holds, so a step costs O(rows), not O(requests).
+
+First come, first started (no starvation): a request that has not started waits in the order of
+its first contact with the policy (its prefix claim, `join`, or its first `shortfall`), and its
+budget is reserved: a request may start only when its budget fits beside the started requests'
+claims and the budgets of the requests that waited before it, and a prefix claim takes no free page
+those need (`room_to_start`). Without that, small newcomers took each page a finishing request
+freed, and a large request waited until the workload drained (a 63-page request behind 1,600 small
+ones in a 64-page pool started after all of them). A request stops waiting when it starts or ends.
+
+Pages that requests not yet started hold (their prefix claims: a claim of pages another request
+holds needs no free page, and keeps them when that one ends) are not freed by any started request
+ending. So a waiting request reserves its budget only while it could start once every started
+request ended, its budget within the pool less the distinct pages the waiting requests' claims
+hold (`is_reachable`, given the pool's size); one that could not waits without a reservation, so the
+claimers before which it cannot start do start, end, and free their claims. Without that rule a
+waiting request whose budget wanted a younger one's claimed pages and the younger one, behind its
+reservation, waited for each other forever. (Not ruled out: a stream of newcomers whose claims keep
+an older request unreachable, and so unreserved, for as long as it lasts.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections import Counter
 from operator import ge
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -29,18 +49,27 @@ class PageNeed:
 
 
 class Admission:
-    def __init__(self) -> None:
+    def __init__(self, num_pages: Optional[int] = None) -> None:
+        """num_pages: the pool's pages (None: every waiting request counts as reachable)."""
+        self.num_pages = num_pages
         self.budgets: dict[str, int] = {}  # started request -> pages it may need
         self.held: dict[str, int] = {}  # started request -> pages it holds
         self.num_outstanding = 0  # sum over started requests of max(0, budget - held)
+        self.waiting: dict[str, int] = {}  # not started -> its budget, in the order of first contact
+        self.num_reserved = 0  # sum of the waiting requests' budgets
+        self.claims: dict[str, tuple[int, ...]] = {}  # waiting request -> the pages its prefix claim holds
+        self.claimed_refs: Counter[int] = Counter()  # page -> waiting requests whose claim holds it
 
     def is_started(self, request_id: str) -> bool:
         return request_id in self.budgets
 
     def shortfall(self, needs: list[PageNeed], num_free_pages: int, num_free_slots: int = 0) -> list[str]:
-        """Ids of rows that cannot get their pages (or a slot) this step; nothing is changed."""
+        """Ids of rows that cannot get their pages (or a slot) this step. Nothing else changes, but
+        a request not started joins the waiting ones, in step order, until `grant` starts it
+        (module docstring)."""
         num_free, outstanding = num_free_pages, self.num_outstanding
         failed = []
+        starting: set[str] = set()  # waiting requests this pass lets start: no longer reserved
         for need in needs:
             budget = self.budgets.get(need.request_id)
             if budget is not None:
@@ -48,11 +77,16 @@ class Admission:
                 is_granted = need.num_pages <= num_free - (outstanding - remaining)
                 claimed = -min(need.num_pages, remaining)
             else:
-                is_granted = max(need.budget_pages, need.num_pages) <= num_free - outstanding
+                reserved = self.reserved_before(need.request_id, starting)
+                is_granted = max(need.budget_pages, need.num_pages) <= num_free - outstanding - reserved
                 claimed = max(0, need.budget_pages - need.num_pages)
+            if budget is None:  # first contact, or its budget now (a step may grant no row)
+                self.join(need.request_id, max(need.budget_pages, need.num_pages))
             if not is_granted or (need.needs_slot and num_free_slots == 0):
                 failed.append(need.request_id)
                 continue
+            if budget is None:
+                starting.add(need.request_id)
             num_free -= need.num_pages
             outstanding += claimed
             num_free_slots -= need.needs_slot
@@ -62,6 +96,7 @@ class Admission:
         """The row runs: its request starts (when new) and holds `num_pages` more pages."""
         request_id = need.request_id
         if request_id not in self.budgets:
+            self._stop_waiting(request_id)
             self.budgets[request_id] = need.budget_pages
             self.held[request_id] = 0
             self.num_outstanding += need.budget_pages
@@ -86,10 +121,69 @@ class Admission:
         return True
 
     def release(self, request_id: str) -> int:
-        """The request ended; returns the pages it held (the engine frees them in its pool)."""
+        """The request ended (or its pages moved to the host); returns the pages it held (the engine
+        frees them in its pool)."""
+        self._stop_waiting(request_id)
         budget = self.budgets.pop(request_id, None)
         if budget is None:
             return 0
         held = self.held.pop(request_id)
         self.num_outstanding -= max(0, budget - held)
         return held
+
+    def room_to_start(self, request_id: str, num_free_pages: int) -> int:
+        """Free pages a start of this request may take now (a prefix claim takes no more): the free
+        pages less what the started requests may still claim and the budgets reserved before it."""
+        return num_free_pages - self.num_outstanding - self.reserved_before(request_id)
+
+    def pages_short(self, needs: list[PageNeed], failed: set[str], num_free_pages: int) -> int:
+        """Free pages the refused rows of `needs` want beyond what is free to them, which moving
+        other requests' pages to the host would have to give (kv/offload.py): their pages, less the
+        room the oldest refused start has (a started row's growth is not behind any reservation)."""
+        wanted = sum(max(n.budget_pages, n.num_pages) for n in needs if n.request_id in failed)
+        starts = [n.request_id for n in needs if n.request_id in failed and n.request_id not in self.budgets]
+        reserved = min(map(self.reserved_before, starts), default=0)
+        return wanted - max(0, num_free_pages - self.num_outstanding - reserved)
+
+    def reserved_before(self, request_id: str, starting: frozenset[str] | set[str] = frozenset()) -> int:
+        """The budgets of the reachable requests that waited before this one (every waiting one
+        when it does not wait), less those in `starting`; what a start of it must leave free."""
+        if not self.waiting:
+            return 0
+        reserved = 0
+        for waiting_id, budget in self.waiting.items():
+            if waiting_id == request_id:
+                break
+            if waiting_id not in starting and self.is_reachable(waiting_id):
+                reserved += budget
+        return reserved
+
+    def is_reachable(self, request_id: str) -> bool:
+        """Whether the waiting request could start once every started request ended: its budget
+        (beyond its own claim) within the pool less the pages the waiting requests' claims hold, its
+        own among them (module docstring)."""
+        return self.num_pages is None or self.waiting[request_id] <= self.num_pages - len(self.claimed_refs)
+
+    def join(self, request_id: str, budget: int, claimed_pages: Optional[Sequence[int]] = None) -> None:
+        """The request waits to start from its first contact on (a prefix claim, a refused start),
+        with its latest budget and, from a claim, the pages the claim holds (counted once however
+        many waiting requests share them); a started request does not wait."""
+        if request_id in self.budgets:
+            return
+        self.num_reserved += budget - self.waiting.get(request_id, 0)
+        self.waiting[request_id] = budget
+        if claimed_pages:
+            self._drop_claim(request_id)
+            self.claims[request_id] = tuple(claimed_pages)
+            self.claimed_refs.update(claimed_pages)
+
+    def _stop_waiting(self, request_id: str) -> None:
+        self.num_reserved -= self.waiting.pop(request_id, 0)
+        self._drop_claim(request_id)
+
+    def _drop_claim(self, request_id: str) -> None:
+        refs = self.claimed_refs
+        for page in self.claims.pop(request_id, ()):
+            refs[page] -= 1
+            if not refs[page]:
+                del refs[page]

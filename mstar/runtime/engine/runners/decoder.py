@@ -127,7 +127,7 @@ class DecoderRunner:
         self.stop_tokens = _node_stop_tokens(node)
         media_token = node.dims.get("media_token")  # embeddings replace these prompt positions
         self.media_token = media_token if isinstance(media_token, int) and not isinstance(media_token, bool) else None
-        self.admission = Admission()  # the start budgets over this node's pages (kv/admission.py)
+        self.admission = Admission(self.pool.num_pages)  # the start budgets over this node's pages (kv/admission.py)
         self._adapters: dict[tuple[str, int, int], torch.Tensor] = {}  # (input, width, model width)
         self.code_frames = code_frames or {}
         self.num_media_tokens = 0  # tokens the encoders feeding this node emit per request (set by the engine)
@@ -189,11 +189,15 @@ class DecoderRunner:
         hold join its history as if fed."""
         if self.pool.cache is None or self.admission.is_started(request.request_id):
             return 0
-        free_for_claims = self.pool.num_free_pages - self.admission.num_outstanding
+        free_for_claims = self.admission.room_to_start(request.request_id, self.pool.num_free_pages)
         shareable = shareable_prefix(tokens, self.media_token)
         num_cached = self.pool.claim_prefix((request.request_id, self.guidance.first), shareable, free_for_claims)
         self.claimed[request.request_id] = self.pool.pages_for(num_cached)
         request.history.setdefault(self.node.name, []).extend(tokens[:num_cached])
+        # first come, first started (kv/admission.py)
+        key = (request.request_id, self.guidance.first)
+        self.admission.join(request.request_id, self.start_budget_pages(request),
+                            self.pool.page_table(key) if num_cached else None)
         return num_cached
 
     def refusal(self, request: RequestState) -> Optional[str]:
@@ -335,9 +339,7 @@ class DecoderRunner:
         """Copy the pages of started requests with no row in this step to the host pool and free
         them, until the short rows' pages fit; True when any moved."""
         assert self.offload is not None and self.host is not None
-        failed = set(short)
-        wanted = sum(max(n.budget_pages, n.num_pages) for n in needs if n.request_id in failed)
-        num_short = wanted - max(0, self.pool.num_free_pages - self.admission.num_outstanding)
+        num_short = self.admission.pages_short(needs, set(short), self.pool.num_free_pages)
         victims = self.offload.victims(self.pool, self.admission, step_ids, num_short)
         for request_id in victims:
             sequences = self.pool.sequences_of(request_id)
