@@ -288,6 +288,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
                          ("--gpu-profile", args.gpu_profile)):
         if path:
             _check_file_target(option, path)
+    _check_distinct_files(args)
     is_on_gpu = args.engine == "torch" and args.device.startswith("cuda")
     if args.gpu_profile and not is_on_gpu:
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
@@ -308,6 +309,23 @@ def _check_outputs(args: argparse.Namespace) -> None:
         problem = format_problem(args.timeline)
         if problem:
             raise CliError(f"--timeline {args.timeline}: {problem}")
+
+
+def _check_distinct_files(args: argparse.Namespace) -> None:
+    """No file the run writes is another it writes or one it reads: `--report` on the run's own
+    outputs.jsonl, or on its `--timeline`, replaced it without a word (and on `--plan` or
+    `--prompts`, an input)."""
+    writes = [(option, path) for option, path in (("--report", args.report), ("--timeline", args.timeline),
+                                                  ("--gpu-profile", args.gpu_profile)) if path]
+    taken = {os.path.realpath(path): option for option, path in (("--plan", args.plan), ("--prompts", args.prompts))
+             if path}
+    if args.out:
+        taken[os.path.realpath(os.path.join(args.out, "outputs.jsonl"))] = "--out's outputs.jsonl"
+    for option, path in writes:
+        real = os.path.realpath(path)
+        if real in taken:
+            raise CliError(f"{option} {path} is the file of {taken[real]}: give it a path of its own")
+        taken[real] = option
 
 
 class _Interrupted(BaseException):

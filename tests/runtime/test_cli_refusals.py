@@ -106,3 +106,18 @@ def test_a_run_with_one_good_request_still_exits_0(capsys, tmp_path):
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["run", "--plan", LLAMA, "--engine", "sim", "--prompts", str(prompts), "--no-progress"]) == 0
     assert "every request failed" not in _error(capsys)
+
+
+@pytest.mark.parametrize("paths, words", [
+    (lambda d: ["--out", str(d), "--report", str(d / "outputs.jsonl")], "--out's outputs.jsonl"),
+    (lambda d: ["--report", str(d / "s.png"), "--timeline", str(d / "s.png")], "is the file of --report"),
+    (lambda d: ["--report", LLAMA], "is the file of --plan"),
+])
+def test_a_written_file_is_not_another_file_of_the_run(capsys, tmp_path, paths, words):
+    """The audit's case: `--report DIR/outputs.jsonl` beside `--out DIR` replaced the run's outputs
+    with the report, exit 0; `--report` and `--timeline` on one path kept only the picture."""
+    plan_bytes = Path(LLAMA).read_bytes()
+    assert main(["run", "--plan", LLAMA, "--engine", "sim", "--requests", "2", "--no-progress", *paths(tmp_path)]) == 1
+    err = _error(capsys)
+    assert words in err and len(err.strip().splitlines()) == 1
+    assert Path(LLAMA).read_bytes() == plan_bytes and not (tmp_path / "outputs.jsonl").exists()
