@@ -238,3 +238,16 @@ def test_a_plan_that_cannot_transcribe_says_what_it_serves():
         with pytest.raises(openai.NotFoundError) as caught:
             client.audio.transcriptions.create(model="llama", file=("a.wav", wav_bytes(0.5)))
     assert "does not serve transcription (it serves: text)" in caught.value.message
+
+
+def test_the_sim_engine_takes_a_clip_past_30_s_as_the_torch_engine_does(tmp_path):
+    """The sim bounded prompt + max_tokens by one window's max_seq_len (448) and refused a 40 s clip
+    (the default 896 tokens, two rounds) that the torch engine transcribes: it now bounds them by
+    max_seq_len a round of the repeating partition, as the server does."""
+    from serve_harness import write_tokenizer
+
+    llm = LLM(WHISPER, engine="sim", tokenizer=str(write_tokenizer(tmp_path / "tok")))
+    with running(make_service(llm)) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        answer = client.audio.transcriptions.create(model="whisper", file=("long.wav", wav_bytes(40.0, seed=2)))
+    assert answer.usage.seconds == 40.0

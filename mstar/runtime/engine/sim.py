@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.offload import Offload
@@ -136,9 +137,11 @@ class SimEngine(RunsAtLaunch):
             if node.engine == "kv" and node.name not in self.pools:
                 self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
         self.cost = StepCost(plan)
-        # per kv node: (name, the spec's vocabulary, whether it takes the text prompt, max_seq_len)
+        # per kv node: (name, the spec's vocabulary, whether it takes the text prompt, the tokens a
+        # request may reach: max_seq_len a round of a repeating partition, as serve/api.py bounds them)
         self.prompt_limits = [(node.name, node.dims.get("vocab", 0), takes_text_prompt(node),
-                               self.pools[node.name].max_seq_len) for node in plan.nodes if node.engine == "kv"]
+                               self.pools[node.name].max_seq_len * max_rounds(plan, [node.name]))
+                              for node in plan.nodes if node.engine == "kv"]
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
