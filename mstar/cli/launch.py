@@ -1,0 +1,27 @@
+"""The `mstar` and `mstarc` console scripts: each command's module is imported inside a guard, so
+a Ctrl-C while its imports load (numpy, the runtime: a few hundred ms) ends with one line and exit
+130, not the import's traceback (an audit: `mstar run` or `mstar bench` interrupted in its first
+0.1-0.3 s printed a traceback through numpy's import). `python3 -m mstar.cli.mstar` imports the
+module itself, outside any guard."""
+from __future__ import annotations
+
+import signal
+import sys
+from importlib import import_module
+
+
+def _launch(module: str, name: str) -> int:
+    try:
+        command = import_module(module).main
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted before the command started; nothing was written", file=sys.stderr)
+        return 128 + signal.SIGINT
+    return command()
+
+
+def mstar() -> int:
+    return _launch("mstar.cli.mstar", "mstar")
+
+
+def mstarc() -> int:
+    return _launch("mstar.cli.mstarc", "mstarc")
