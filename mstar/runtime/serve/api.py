@@ -133,6 +133,11 @@ class SamplingParams:
         for is_bad, message in problems:
             if is_bad:
                 raise SamplingError(message)
+        from mstar.runtime.serve.tokenizer import stop_strings_problem
+
+        problem = stop_strings_problem(self.stop)
+        if problem is not None:
+            raise SamplingError(problem)
         out_of_range = sampling_range_problem(self.temperature, self.top_k, self.top_p, self.seed,
                                               self.repetition_penalty)
         if out_of_range is not None:

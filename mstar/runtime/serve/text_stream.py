@@ -9,7 +9,8 @@ the last emitted boundary are decoded, together with a few before them so that a
 merges spaces or multi-byte characters across tokens decodes them in context; text that ends in
 an incomplete character (U+FFFD) waits for the next token. So each token costs the same however
 long the output is. With stop strings the last `longest stop - 1` characters wait until the
-text after them shows they do not start a stop string (a stop string is never streamed).
+text after them shows they do not start a stop string (a stop string is never streamed), and each
+step looks for them only where one could start in the new text.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class TextStream:
         self._read = 0  # tokens before it are in `text`
         self.text = ""  # decoded so far (maybe past a stop string)
         self._num_shown = 0  # characters of `text` already handed out
+        self._num_searched = 0  # no stop string starts before it (each step searches the new text only)
         self.is_stopped = False  # a stop string appeared: nothing more is shown
 
     def add(self, ids: Sequence[int]) -> str:
@@ -59,7 +61,11 @@ class TextStream:
         if self.is_stopped:
             return ""
         end = len(self.text)
-        cut = stop_text_index(self.text, self._stops) if self._stops else None
+        cut = None
+        if self._stops:
+            cut = stop_text_index(self.text, self._stops, self._num_searched)
+            # a stop string starting in the last `hold` characters may end in text still to come
+            self._num_searched = max(self._num_searched, end - self._hold)
         if cut is not None:
             end = cut
             self.is_stopped = True

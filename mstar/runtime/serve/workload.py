@@ -302,6 +302,11 @@ def _stop_strings(obj: dict, where: str, tokenizer: Any) -> list[str]:
     stops = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stops):
         raise WorkloadError(f"{where}: 'stop' must be a non-empty string or a list of non-empty strings")
+    from mstar.runtime.serve.tokenizer import stop_strings_problem
+
+    problem = stop_strings_problem(stops)
+    if problem is not None:
+        raise WorkloadError(f"{where}: {problem}")
     if stops and tokenizer is None:
         from mstar.runtime.serve.tokenizer import HOW_TO_ADD
 
