@@ -217,6 +217,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                 prompt_len=parse_range(args.prompt_len, "--prompt-len"),
                 output_len=parse_range(args.output_len, "--output-len"),
                 max_output_len=most_counted_tokens(plan),
+                max_seq_len=_max_request_tokens(plan),
                 arrival=args.arrival,
                 concurrency=args.concurrency,
                 rate=args.rate,
@@ -228,6 +229,15 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
         for partition, walks in route.items():
             request.route.setdefault(partition, walks)
     return workload
+
+
+def _max_request_tokens(plan: Any) -> int:
+    """The tokens a request may reach, prompt + max_tokens: max_seq_len a round of a repeating
+    partition (plan/rounds.py), as the server bounds them."""
+    from mstar.plan.rounds import max_rounds
+
+    kv_nodes = [node.name for node in plan.nodes if node.engine == "kv"]
+    return plan.deployment.max_seq_len * max_rounds(plan, kv_nodes)
 
 
 def _lay_out_audio(plan: Any, workload: Any) -> None:

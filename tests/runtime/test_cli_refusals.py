@@ -33,13 +33,20 @@ def _error(capsys) -> str:
     (["run", "--plan", ORPHEUS_TP2, "--rank-timeout", "1e-9"], "--rank-timeout must be"),  # torch waited 0 ms
     (["run", "--plan", LLAMA, "--ranks", "inproc", "--rank-timeout", "-1"], "--rank-timeout must be"),
     (["run", "--plan", LLAMA, "--arrival", "poisson", "--rate", "1e-300", "--requests", "2"], "more than 86400 s"),
+    # refused before anything is drawn (an audit: 31 s and 2.9 GB of requests first)
+    (["run", "--plan", LLAMA, "--arrival", "staggered", "--rate", "1e-300", "--requests", "2000000"],
+     "more than 86400 s"),
+    # 100 prompts of 10**6 tokens took 28 s and 3.1 GB, then every one was refused; 1,000 passed 12 GB
+    (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1000", "--prompt-len", "1000000..1000000"],
+     "tokens a generated workload may hold"),
     (["run", "--plan", LLAMA, "--output-len", "99999999999999999999"], "--output-len must be at most"),
     # past the decode loop's 2048 after the prefill's token: each request ended `length` at 2049
     (["run", "--plan", LLAMA, "--output-len", "3000..3000", "--requests", "2"], "at most 2049 output tokens"),
     (["run", "--plan", LLAMA, "--requests", "2", "--route", "LLM="], "leaves every partition out"),
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
+    # every request past max_seq_len: refused before the run now (it ran and failed each one)
     (["run", "--plan", LLAMA, "--prompt-len", "9000..9000", "--requests", "2", "--engine", "sim"],
-     "every request failed (2)"),
+     "longer than the plan's 8192 tokens"),
     (["run", "--plan", LLAMA, "--requests", "1", "--device", ""], "not a device name"),  # ran on the CPU
     (["run", "--plan", LLAMA, "--requests", "1", "--device", "cpu:5"], "not a device name"),
     (["serve", "--plan", LLAMA, "--port", "-1"], "--port must be in 0..65535"),  # blamed the host

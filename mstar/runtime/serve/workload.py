@@ -52,6 +52,10 @@ VOCAB_SIZE = 1000
 MAX_GENERATED_REQUESTS = 10_000_000
 MAX_GENERATED_PROMPT_LEN = 1_000_000
 MAX_GENERATED_OUTPUT_LEN = 1_000_000
+# prompt tokens a generated workload may hold, expected (--requests x the middle of --prompt-len):
+# a token is about 36 bytes as a Python int in a list, so this is about 3.6 GB; 1,000 prompts of
+# 10**6 tokens grew past 12 GB before the run refused every one of them
+MAX_GENERATED_PROMPT_TOKENS = 100_000_000
 MAX_ARRIVAL_SPAN_S = 86_400.0  # a torch run waits for each arrival in wall time: a tiny --rate waited forever
 MAX_ID_CHARS = 128
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:@+=-]+")
@@ -131,10 +135,13 @@ def generate(
     seed: int = 0,
     vocab_size: int = VOCAB_SIZE,
     max_output_len: Optional[int] = None,
+    max_seq_len: Optional[int] = None,
 ) -> Workload:
     """vocab_size: prompt ids are drawn below it (the plan's text vocabulary when smaller than
     VOCAB_SIZE: a plan of 100 tokens refused every request drawn below 1000). max_output_len: the
-    most output tokens the plan makes for a request (plan/output_bound.py), None when unstated."""
+    most output tokens the plan makes for a request (plan/output_bound.py), None when unstated.
+    max_seq_len: the tokens a request may reach (prompt + max_tokens); a workload whose every
+    request would pass it is refused before any is drawn."""
     if arrival not in ARRIVALS:
         raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if num_requests < 0:
@@ -156,6 +163,7 @@ def generate(
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     if not rate > 0:  # also NaN, which no comparison accepts
         raise WorkloadError(f"--rate must be > 0, got {rate}")
+    _check_size(num_requests, prompt_len, output_len, arrival, rate, max_seq_len)
     rng = random.Random(seed)
     requests = []
     now = 0.0
@@ -179,6 +187,23 @@ def generate(
         raise WorkloadError(f"--rate {rate} spreads {num_requests} requests' arrivals over {now:.3g} s, more than "
                             f"{MAX_ARRIVAL_SPAN_S:.0f} s (a day); raise --rate")
     return Workload(requests, closed_concurrency=concurrency if arrival == "closed" else None)
+
+
+def _check_size(num_requests: int, prompt_len: tuple[int, int], output_len: tuple[int, int], arrival: str,
+                rate: float, max_seq_len: Optional[int]) -> None:
+    """What `generate` can tell before it draws anything: the workload's size in memory, every
+    request past the plan's length, and a staggered arrival span past a day (found only after
+    building, seconds and gigabytes later)."""
+    if num_requests * (prompt_len[0] + prompt_len[1]) / 2 > MAX_GENERATED_PROMPT_TOKENS:
+        raise WorkloadError(f"--requests {num_requests} of {prompt_len[0]}..{prompt_len[1]} prompt tokens is past the "
+                            f"{MAX_GENERATED_PROMPT_TOKENS:,} tokens a generated workload may hold")
+    if max_seq_len is not None and num_requests and prompt_len[0] + output_len[0] > max_seq_len:
+        raise WorkloadError(f"--prompt-len {prompt_len[0]}.. and --output-len {output_len[0]}.. make every request "
+                            f"longer than the plan's {max_seq_len} tokens (prompt + max_tokens)")
+    if arrival == "staggered" and (num_requests - 1) / rate > MAX_ARRIVAL_SPAN_S:
+        raise WorkloadError(f"--rate {rate} spreads {num_requests} requests' arrivals over "
+                            f"{(num_requests - 1) / rate:.3g} s, more than {MAX_ARRIVAL_SPAN_S:.0f} s (a day); "
+                            "raise --rate")
 
 
 def _field(obj: dict[str, Any], name: str, kinds: tuple, where: str, *, is_required: bool) -> Any:
