@@ -148,14 +148,7 @@ def generate(
         raise WorkloadError(f"--requests must be >= 0, got {num_requests}")
     if num_requests > MAX_GENERATED_REQUESTS:
         raise WorkloadError(f"--requests must be at most {MAX_GENERATED_REQUESTS}, got {num_requests}")
-    if prompt_len[1] > MAX_GENERATED_PROMPT_LEN:
-        raise WorkloadError(
-            f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got {prompt_len[1]}"
-        )
-    if output_len[1] > MAX_GENERATED_OUTPUT_LEN:
-        raise WorkloadError(
-            f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got {output_len[1]}"
-        )
+    _check_lengths(prompt_len, output_len)
     excess = excess_tokens_problem("--output-len", output_len[1], max_output_len)
     if excess is not None:
         raise WorkloadError(excess)
@@ -187,6 +180,13 @@ def generate(
         raise WorkloadError(f"--rate {rate} spreads {num_requests} requests' arrivals over {now:.3g} s, more than "
                             f"{MAX_ARRIVAL_SPAN_S:.0f} s (a day); raise --rate")
     return Workload(requests, closed_concurrency=concurrency if arrival == "closed" else None)
+
+
+def _check_lengths(prompt_len: tuple[int, int], output_len: tuple[int, int]) -> None:
+    if prompt_len[1] > MAX_GENERATED_PROMPT_LEN:
+        raise WorkloadError(f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got {prompt_len[1]}")
+    if output_len[1] > MAX_GENERATED_OUTPUT_LEN:
+        raise WorkloadError(f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got {output_len[1]}")
 
 
 def _check_size(num_requests: int, prompt_len: tuple[int, int], output_len: tuple[int, int], arrival: str,
