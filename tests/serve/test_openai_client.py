@@ -148,6 +148,14 @@ def test_bad_requests_get_an_openai_error(llama, call, status, words):
     assert isinstance(body, dict) and {"message", "type"} <= set(body)  # the client unwraps "error"
 
 
+def test_a_prompt_past_max_seq_len_names_max_tokens(llama):
+    """As the Python API's PromptError does (the server answered `param: null`)."""
+    _, _, client = llama
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="llama", prompt=[1] * 8190, max_tokens=16)
+    assert caught.value.body["param"] == "max_tokens"
+
+
 @pytest.mark.parametrize("extra, words", [
     ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
     ({"tool_choice": "auto"}, "tool_choice is not supported"),

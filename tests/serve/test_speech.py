@@ -78,3 +78,14 @@ def test_speech_refuses_what_it_cannot_make(orpheus):
     with pytest.raises(openai.NotFoundError) as caught:
         client.completions.create(model="orpheus", prompt=[1, 2])
     assert "does not serve completions (it serves: speech)" in caught.value.message
+
+
+@pytest.mark.parametrize("extra, named", [({"instructions": "whisper it"}, "'instructions'"),
+                                          ({"extra_body": {"n": 2}}, "'n'")])
+def test_speech_refuses_a_field_the_plans_prompt_does_not_take(orpheus, extra, named):
+    """Orpheus's prompt format names `voice` alone: OpenAI's `instructions` and an extra field such
+    as `"n": 2` were accepted and ignored (an audit); now a 400 naming them."""
+    _, _, client = orpheus
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.audio.speech.create(model="orpheus", voice="tara", input="hi", **extra)
+    assert named in caught.value.message and "which it does not take" in caught.value.message

@@ -220,11 +220,15 @@ class SpeechBody(BaseModel):
             raise ApiError(400, "input must not be empty", param="input")
 
     def prompt(self) -> dict[str, Any]:
-        """The text and the values for the plan's prompt format fields: `voice` (when given) and
-        any other string field of the body, by name; the format uses those it names."""
-        fields = {k: v for k, v in (self.model_extra or {}).items() if isinstance(v, str)}
+        """The text and the values for the plan's prompt format fields: `voice` and `instructions`
+        (when given) and any other field of the body, by name. A field the format does not name is
+        refused (400, the API's PromptError), not dropped: `instructions` and extra fields such as
+        `"n": 2` were accepted and ignored."""
+        fields = dict(self.model_extra or {})
         if self.voice:
             fields["voice"] = self.voice
+        if self.instructions:
+            fields["instructions"] = self.instructions
         return {**fields, "prompt": self.input}
 
     def sampling(self) -> SamplingParams:
