@@ -286,6 +286,9 @@ def _probe_writable(option: str, path: str, folder: str) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Check --out, --report and --timeline before the run, so a bad path costs no run time."""
+    for option in ("out", "report", "timeline", "gpu_profile", "prompts"):
+        if getattr(args, option) == "":  # an empty path was taken for no option: nothing was written
+            raise CliError(f"--{option.replace('_', '-')} needs a path, got an empty one")
     if args.out:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise CliError(f"--out {args.out} exists and is not a directory")
