@@ -71,10 +71,21 @@ def test_stream_yields_each_step_and_leaving_early_cancels(llm):
     ([1] * 7000, SamplingParams(max_tokens=2000), PromptError, "max_seq_len"),
     ([1, 2], SamplingParams(max_tokens=2050), SamplingError, "at most 2049 output tokens"),  # the loop's 2048 + 1
     ({"messages": "hi"}, SamplingParams(), PromptError, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, SamplingParams(), PromptError,
+     "only text content parts"),
+    ([[1, 2], [3]], SamplingParams(), PromptError, "one prompt was expected"),  # said "non-negative integers"
 ])
 def test_bad_input_is_a_clear_error(llm, prompt, sampling, error, words):
     with pytest.raises(error, match=words):
         llm.generate([prompt], sampling)
+
+
+def test_chat_content_parts_are_joined_as_the_server_joins_them(llm):
+    """OpenAI's text content parts: the API refused them while the server joined them."""
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": " world"}]
+    (joined,), (plain,) = (llm.generate([{"messages": [{"role": "user", "content": content}]}],
+                                        SamplingParams(max_tokens=3)) for content in (parts, "hello world"))
+    assert joined.prompt_token_ids == plain.prompt_token_ids and joined.token_ids == plain.token_ids
 
 
 def test_text_stream_never_shows_a_stop_string(llm):

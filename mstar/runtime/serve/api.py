@@ -572,16 +572,44 @@ def _token_ids(prompt: Any) -> list[int]:
     if not isinstance(prompt, (list, tuple)):
         raise PromptError(f"a prompt is text, chat messages or a list of token ids, got {type(prompt).__name__}")
     if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+        if any(isinstance(t, (str, dict, list, tuple)) or hasattr(t, "tolist") for t in prompt):
+            # several prompts, or a 2-D array, where one was wanted (`stream` and `request` take one)
+            raise PromptError("one prompt was expected, got a list of prompts: give each its own call, or "
+                              "the list to generate()")
         raise PromptError("prompt token ids must be non-negative integers")
     return [operator.index(t) for t in prompt]
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
-    """Chat messages: a non-empty list of {"role": str, "content": str}."""
+    """Chat messages: a non-empty list of {"role": str, "content": str}, a content of text parts
+    joined into one string (`flat_message`, as the server takes them)."""
     if not isinstance(value, list) or not value:
         raise PromptError("messages must be a non-empty list of {\"role\", \"content\"} objects")
-    for message in value:
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            raise PromptError("each message must be an object with a string 'role' and a string 'content'")
-    return value
+    messages = [flat_message(message) for message in value]
+    for message in messages:
+        if not isinstance(message.get("content"), str):
+            raise PromptError("each message must be an object with a string 'role' and a string 'content'",
+                              param="messages")
+    return messages
+
+
+def flat_message(message: Any) -> Any:
+    """A message whose content is a list of text parts (OpenAI's `[{"type": "text", "text": ...}]`)
+    with them joined into one string (other parts refused); a message needs a `role` string, and a
+    user, system or developer message its content; a missing content of another role (an
+    assistant's tool call) is empty."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise PromptError("messages: each message needs a 'role' string", param="messages")
+    content = message.get("content")
+    if content is None and message["role"] in ("user", "system", "developer"):
+        raise PromptError(f"messages: a {message['role']} message needs its 'content'", param="messages")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise PromptError("only text content parts are supported in messages", param="messages")
+            if not isinstance(part.get("text"), str):
+                raise PromptError("messages: a text content part needs a 'text' string", param="messages")
+            texts.append(part["text"])
+        return {**message, "content": "".join(texts)}
+    return {**message, "content": ""} if content is None else message

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from mstar.runtime.serve.api import SamplingParams
+from mstar.runtime.serve.api import PromptError, SamplingParams, flat_message
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
@@ -170,25 +170,11 @@ class ChatBody(_Body):
 
 
 def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message whose content is a list of text parts becomes one string (other parts refused).
-    A message needs a role; a user or system message its content."""
-    content = message.get("content")
-    if not isinstance(message.get("role"), str):
-        raise ApiError(400, "messages: each message needs a 'role' string", param="messages")
-    if content is None and message["role"] in ("user", "system", "developer"):
-        raise ApiError(400, f"messages: a {message['role']} message needs its 'content'", param="messages")
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise ApiError(400, "only text content parts are supported in messages", param="messages")
-            if not isinstance(part.get("text"), str):
-                raise ApiError(400, "messages: a text content part needs a 'text' string", param="messages")
-            texts.append(part["text"])
-        message = {**message, "content": "".join(texts)}
-    if content is None:
-        message = {**message, "content": ""}
-    return message
+    """The API's `flat_message` (text content parts joined), its PromptError a 400."""
+    try:
+        return flat_message(message)
+    except PromptError as error:
+        raise ApiError(400, str(error), param=error.param) from None
 
 
 class SpeechBody(BaseModel):
