@@ -163,3 +163,24 @@ def test_every_request_starts_on_a_tight_pool_with_shared_prefixes(shapes, num_p
         assert reason in ("stop", "length") or (reason or "").startswith("error: can never fit"), reason
     admission = engine.pools["LLM"].admission
     assert not admission.waiting and admission.num_reserved == 0 and not admission.budgets
+
+
+def test_a_claim_keeps_every_reachable_waiting_request_reachable():
+    """Pages a waiting request's claim holds no started request frees: a new claim takes no more
+    pages no waiting request holds than the least room a reachable one has (`claim_cap`); pages
+    another waiting request holds already cost nothing."""
+    admission = Admission(num_pages=12)
+    admission.join("x", 7, claimed_pages=[0, 1, 2])  # reachable: 7 <= 12 - 3
+    assert admission.is_reachable("x")
+    assert admission.claim_cap(lambda: [0, 1, 2, 5, 6, 7]) == 5  # 0-2 are x's; 5 and 6 fit, 7 would not
+    admission.join("y", 1, claimed_pages=[0, 1, 2, 5, 6])
+    assert admission.is_reachable("x") and admission.claim_cap(lambda: [9]) == 0
+    # a request made unreachable by others' claims reserves nothing until they end, and meanwhile
+    # a new claim takes only pages waiting requests hold already
+    admission.join("z", 8)
+    assert not admission.is_reachable("z") and admission.reserved_before("w") == 7 + 1
+    assert admission.claim_cap(lambda: [5, 6, 9]) == 2
+    admission.release("y")  # its claim's pages 5 and 6 no longer count
+    assert admission.is_reachable("z") and admission.reserved_before("w") == 7 + 8
+    assert admission.claim_cap(lambda: [9]) is None and admission.claim_cap(lambda: [9, 10]) == 1
+    assert Admission().claim_cap(lambda: [1]) is None  # the pool's size not known: no cap

@@ -27,17 +27,19 @@ holds needs no free page, and keeps them when that one ends) are not freed by an
 ending. So a waiting request reserves its budget only while it could start once every started
 request ended, its budget within the pool less the distinct pages the waiting requests' claims
 hold (`is_reachable`, given the pool's size); one that could not waits without a reservation, so the
-claimers before which it cannot start do start, end, and free their claims. Without that rule a
-waiting request whose budget wanted a younger one's claimed pages and the younger one, behind its
-reservation, waited for each other forever. (Not ruled out: a stream of newcomers whose claims keep
-an older request unreachable, and so unreserved, for as long as it lasts.)
+claimers before which it cannot start do start, end, and free their claims; and a new request's
+claim takes no more pages no waiting request holds than the least room a waiting one has, none
+while one is unreachable (`claim_cap`), so no stream of claiming newcomers makes a waiting request
+unreachable or keeps it so. Without the
+first rule a waiting request whose budget wanted a younger one's claimed pages and the younger one,
+behind its reservation, waited for each other forever.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from collections import Counter
 from operator import ge
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,23 @@ class Admission:
             if waiting_id not in starting and self.is_reachable(waiting_id):
                 reserved += budget
         return reserved
+
+    def claim_cap(self, chain: Callable[[], list[int]]) -> Optional[int]:
+        """The most pages of `chain()` (the cached pages a new request's claim would walk, in
+        order) the claim may take so that no waiting request loses room: a page no waiting request
+        holds yet counts against the least room any of them has (none while one is unreachable:
+        it must get there as the claims before it end). None: no cap (nobody waits, or the pool's
+        size is not known), and `chain` is not called."""
+        if self.num_pages is None or not self.waiting:
+            return None
+        free_of_claims = self.num_pages - len(self.claimed_refs)
+        room, held = max(0, min(free_of_claims - budget for budget in self.waiting.values())), self.claimed_refs
+        for index, page in enumerate(chain()):
+            if page not in held:
+                room -= 1
+                if room < 0:
+                    return index
+        return None
 
     def is_reachable(self, request_id: str) -> bool:
         """Whether the waiting request could start once every started request ended: its budget

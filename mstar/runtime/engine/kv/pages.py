@@ -152,16 +152,18 @@ class PagePool:
             seq.num_keyed += 1
             del seq.pending[:size]
 
-    def claim_prefix(self, key: SeqKey, tokens: list[int], max_from_free: int) -> int:
+    def claim_prefix(self, key: SeqKey, tokens: list[int], max_from_free: int, max_pages: Optional[int] = None) -> int:
         """Start the empty sequence `key` on the cached pages of the longest cached prefix of
         `tokens` (whole pages, leaving at least one token to feed; at most `max_from_free` of them
-        pages nobody held, since those count as free). Returns the tokens it now holds."""
+        pages nobody held, since those count as free, and at most `max_pages` in all when given).
+        Returns the tokens it now holds."""
         if self.cache is None or self.num_tokens(key):
             return 0
         seq = self._seqs.setdefault(key, _Sequence())
         size, cache = self.page_size, self.cache
         num_full = (len(tokens) - 1) // size
-        pages, seq.key = cache.claim_chain(seq.key, key[1], tuple(tokens), size, num_full, max_from_free)
+        num_claimed = num_full if max_pages is None else max(0, min(num_full, max_pages))
+        pages, seq.key = cache.claim_chain(seq.key, key[1], tuple(tokens), size, num_claimed, max_from_free)
         if pages:
             seq.pages.extend(pages)
             seq.num_keyed = len(pages)
@@ -169,6 +171,13 @@ class PagePool:
         cache.num_hits += seq.num_keyed
         cache.num_misses += num_full - seq.num_keyed
         return seq.num_tokens
+
+    def cached_chain(self, label: str, tokens: list[int]) -> list[int]:
+        """The cached pages `claim_prefix` would find for a new sequence of `label` on `tokens`,
+        claiming nothing (what a claim would hold, for the admission's `claim_cap`)."""
+        if self.cache is None:
+            return []
+        return self.cache.chain(ROOT, label, tuple(tokens), self.page_size, (len(tokens) - 1) // self.page_size)
 
     def sequences_of(self, request_id: str) -> list[tuple[str, int, list[int]]]:
         """(label, tokens, page table) of each sequence of the request (what offload moves)."""

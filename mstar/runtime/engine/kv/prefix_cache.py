@@ -110,6 +110,17 @@ class PrefixCache:
             prefix = found[1]
         return pages, prefix
 
+    def chain(self, prefix: int, label: str, tokens: tuple[int, ...], page_size: int, num_pages: int) -> list[int]:
+        """The cached pages `claim_chain` would walk, references and free order untouched."""
+        page_of, pages = self.page_of, []
+        for start in range(0, num_pages * page_size, page_size):
+            found = page_of.get((prefix, label, tokens[start:start + page_size]))
+            if found is None:
+                break
+            pages.append(found[0])
+            prefix = found[1]
+        return pages
+
     def release(self, page: int) -> None:
         self.refs[page] -= 1
         if self.refs[page] == 0:

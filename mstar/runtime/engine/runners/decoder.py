@@ -191,11 +191,12 @@ class DecoderRunner:
             return 0
         free_for_claims = self.admission.room_to_start(request.request_id, self.pool.num_free_pages)
         shareable = shareable_prefix(tokens, self.media_token)
-        num_cached = self.pool.claim_prefix((request.request_id, self.guidance.first), shareable, free_for_claims)
+        key = (request.request_id, self.guidance.first)
+        # first come, first started (kv/admission.py): the claim keeps reachable waiters reachable
+        cap = self.admission.claim_cap(lambda: self.pool.cached_chain(key[1], shareable))
+        num_cached = self.pool.claim_prefix(key, shareable, free_for_claims, cap)
         self.claimed[request.request_id] = self.pool.pages_for(num_cached)
         request.history.setdefault(self.node.name, []).extend(tokens[:num_cached])
-        # first come, first started (kv/admission.py)
-        key = (request.request_id, self.guidance.first)
         self.admission.join(request.request_id, self.start_budget_pages(request),
                             self.pool.page_table(key) if num_cached else None)
         return num_cached
