@@ -37,7 +37,6 @@ behind its reservation, waited for each other forever.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from collections import Counter
 from operator import ge
 from typing import Callable, Optional, Sequence
 
@@ -59,8 +58,10 @@ class Admission:
         self.num_outstanding = 0  # sum over started requests of max(0, budget - held)
         self.waiting: dict[str, int] = {}  # not started -> its budget, in the order of first contact
         self.num_reserved = 0  # sum of the waiting requests' budgets
-        self.claims: dict[str, tuple[int, ...]] = {}  # waiting request -> the pages its prefix claim holds
-        self.claimed_refs: Counter[int] = Counter()  # page -> waiting requests whose claim holds it
+        self.claims: dict[str, Sequence[int]] = {}  # waiting request -> the pages its prefix claim holds
+        # the distinct pages of the claims, built when asked (a lone cached request's 64 claimed
+        # pages would otherwise be counted in and out on its admission's path)
+        self._claimed: Optional[frozenset[int]] = frozenset()
 
     def is_started(self, request_id: str) -> bool:
         return request_id in self.budgets
@@ -168,8 +169,8 @@ class Admission:
         size is not known), and `chain` is not called."""
         if self.num_pages is None or not self.waiting:
             return None
-        free_of_claims = self.num_pages - len(self.claimed_refs)
-        room, held = max(0, min(free_of_claims - budget for budget in self.waiting.values())), self.claimed_refs
+        held = self.claimed_pages()
+        room = max(0, min(self.num_pages - len(held) - budget for budget in self.waiting.values()))
         for index, page in enumerate(chain()):
             if page not in held:
                 room -= 1
@@ -181,7 +182,7 @@ class Admission:
         """Whether the waiting request could start once every started request ended: its budget
         (beyond its own claim) within the pool less the pages the waiting requests' claims hold, its
         own among them (module docstring)."""
-        return self.num_pages is None or self.waiting[request_id] <= self.num_pages - len(self.claimed_refs)
+        return self.num_pages is None or self.waiting[request_id] <= self.num_pages - len(self.claimed_pages())
 
     def join(self, request_id: str, budget: int, claimed_pages: Optional[Sequence[int]] = None) -> None:
         """The request waits to start from its first contact on (a prefix claim, a refused start),
@@ -193,16 +194,19 @@ class Admission:
         self.waiting[request_id] = budget
         if claimed_pages:
             self._drop_claim(request_id)
-            self.claims[request_id] = tuple(claimed_pages)
-            self.claimed_refs.update(claimed_pages)
+            self.claims[request_id] = claimed_pages
+            self._claimed = None
 
     def _stop_waiting(self, request_id: str) -> None:
         self.num_reserved -= self.waiting.pop(request_id, 0)
         self._drop_claim(request_id)
 
     def _drop_claim(self, request_id: str) -> None:
-        refs = self.claimed_refs
-        for page in self.claims.pop(request_id, ()):
-            refs[page] -= 1
-            if not refs[page]:
-                del refs[page]
+        if self.claims.pop(request_id, None) is not None:
+            self._claimed = None
+
+    def claimed_pages(self) -> frozenset[int]:
+        """The distinct pages the waiting requests' claims hold."""
+        if self._claimed is None:
+            self._claimed = frozenset().union(*self.claims.values())
+        return self._claimed
