@@ -199,6 +199,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
     try:
         route = parse_route(args.route)
         check_route(route, names, "--route")
+        _check_route_stages(plan, route)
         if args.prompts:
             from mstar.runtime.serve.prompt_format import PromptFormatError, prompt_format_of
 
@@ -229,6 +230,19 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
         for partition, walks in route.items():
             request.route.setdefault(partition, walks)
     return workload
+
+
+def _check_route_stages(plan: Any, route: dict[str, list[str]]) -> None:
+    """`--route`'s walks through each partition's stages, as the conductor follows them: a route
+    that leaves out a stage that is not optional failed every request at run time."""
+    from mstar.runtime.conductor.conductor import RouteError, follow_stages
+
+    partitions = {partition.name: partition for partition in plan.partitions}
+    for name, walks in route.items():
+        try:
+            follow_stages(partitions[name], walks)
+        except RouteError as error:
+            raise CliError(f"--route: {error}") from None
 
 
 def _max_request_tokens(plan: Any) -> int:

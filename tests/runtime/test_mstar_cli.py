@@ -75,14 +75,29 @@ def test_bad_ranges_and_routes_exit_1(capsys):
     assert "--route: expected PARTITION=WALK,WALK" in capsys.readouterr().err
 
 
-def test_a_route_the_plan_does_not_have_fails_the_requests_not_the_run(capsys):
-    """Every request runs and is reported; since none ended well the command exits 1 (it exited 0)."""
+def test_a_route_that_skips_a_stage_is_refused_before_the_run(capsys):
+    """`--route` applies to every request: one that leaves out a stage that is not optional ran and
+    failed each request (exit 1 after the run); now one line before it."""
     code = main(["run", "--plan", ORPHEUS, "--engine", "sim", "--requests", "3", "--no-progress",
                  "--route", "LLM=prefill"])
     assert code == 1
     captured = capsys.readouterr()
-    assert "3 failed" in captured.out and "stage ['decode'] is not optional" in captured.err
-    assert "mstar: error: every request failed (3)" in captured.err
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err.strip() == ("mstar: error: --route: partition LLM: stage ['decode'] is not optional and "
+                                    "the route ['prefill'] does not take it")
+
+
+def test_a_prompts_line_whose_route_skips_a_stage_fails_alone(capsys, tmp_path):
+    """A line's own route is that request's: it fails alone, the others run."""
+    import json
+
+    lines = [{"id": "bad", "prompt_tokens": [1, 2], "max_tokens": 4, "route": {"LLM": ["prefill"]}},
+             {"id": "good", "prompt_tokens": [1, 2], "max_tokens": 4}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["run", "--plan", ORPHEUS, "--engine", "sim", "--prompts", str(path), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "2 (1 ok, 1 failed)" in captured.out and "stage ['decode'] is not optional" in captured.err
 
 
 def test_bench_scheduler_is_wired(capsys):
