@@ -211,6 +211,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                                     form=form, max_output_len=most_counted_tokens(plan))
             _lay_out_audio(plan, workload)
         else:
+            _check_generated_fits(args, plan)
             vocab = text_prompt_vocab(plan)
             workload = generate(
                 args.requests,
@@ -252,6 +253,22 @@ def _max_request_tokens(plan: Any) -> int:
 
     kv_nodes = [node.name for node in plan.nodes if node.engine == "kv"]
     return plan.deployment.max_seq_len * max_rounds(plan, kv_nodes)
+
+
+def _check_generated_fits(args: argparse.Namespace, plan: Any) -> None:
+    """A generated workload has no audio: on a plan that lays each prompt out for its clip's audio
+    states (serve/audio_prompt.py: Qwen3-ASR's), the torch engine failed every request ("this
+    encoder needs the request's audio"); the sim runs them."""
+    from mstar.runtime.serve.audio_prompt import AudioPromptError, audio_layout_of
+
+    try:
+        has_layout = audio_layout_of(plan) is not None
+    except AudioPromptError:
+        return  # said with its own message where the prompts are laid out
+    if has_layout and args.engine == "torch":
+        raise CliError("this plan lays each prompt out for its audio clip (a media_token the encoder's states "
+                       "replace), and a generated workload has no audio: give --prompts FILE with an \"audio\" "
+                       "WAV per line, or --engine sim")
 
 
 def _lay_out_audio(plan: Any, workload: Any) -> None:

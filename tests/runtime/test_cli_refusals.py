@@ -44,6 +44,9 @@ def _error(capsys) -> str:
     (["run", "--plan", LLAMA, "--output-len", "3000..3000", "--requests", "2"], "at most 2049 output tokens"),
     (["run", "--plan", LLAMA, "--requests", "2", "--route", "LLM="], "leaves every partition out"),
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
+    # a generated workload has no audio: every request failed on the torch engine
+    (["run", "--plan", str(ROOT / "generated" / "qwen3_asr.plan"), "--requests", "2"],
+     "a generated workload has no audio"),
     # an empty path was taken for no option at all: exit 0, nothing written
     (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "2", "--report", ""], "--report needs a path"),
     (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "2", "--out", ""], "--out needs a path"),
