@@ -589,6 +589,11 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
     records = list(driver.conductor.records.values())
     num_unfinished = sum(1 for r in records if not r.is_finished) + len(workload.requests) - len(records)
     problems.extend(_every_request_failed(records))
+    if num_unfinished and not signals.signum:
+        # the loop ended with requests it could neither admit nor advance (a plan admitting none
+        # ran nothing and exited 0)
+        problems.append(f"{num_unfinished} of {len(workload.requests)} requests never finished: the run could "
+                        "not admit or advance them")
     try:
         _finish(args, driver, records, host_wall_s, num_unfinished, signals, problems)
     except _Interrupted:

@@ -475,7 +475,7 @@ class KvPoolPlan(PlanModel):
 
 class DeploymentPlan(PlanModel):
     max_seq_len: int
-    max_concurrent_requests: Optional[int] = None
+    max_concurrent_requests: Optional[int] = Field(default=None, ge=1)  # 0 admitted nothing, ran nothing
     capture_memory_budget_bytes: Optional[int] = None
     max_consecutive_follower_batches: int = 1
     # How a request picks one instance of a (node, walk) that several data-parallel replicas run

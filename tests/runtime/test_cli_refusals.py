@@ -134,3 +134,22 @@ def test_a_written_file_is_not_another_file_of_the_run(capsys, tmp_path, paths, 
     err = _error(capsys)
     assert words in err and len(err.strip().splitlines()) == 1
     assert Path(LLAMA).read_bytes() == plan_bytes and not (tmp_path / "outputs.jsonl").exists()
+
+
+def test_a_run_that_leaves_requests_unfinished_exits_1(capsys, monkeypatch):
+    """A run whose loop ended with requests it could neither admit nor advance exited 0 with
+    "unfinished: 3" in its table (an audit: a re-hashed plan admitting 0 requests at once)."""
+    from mstar.runtime.conductor.conductor import Conductor
+
+    monkeypatch.setattr(Conductor, "_admit", lambda self: None)  # the conductor admits nobody
+    assert main(["run", "--plan", LLAMA, "--engine", "sim", "--requests", "3", "--no-progress"]) == 1
+    assert "3 of 3 requests never finished" in _error(capsys)
+
+
+def test_a_plan_admitting_no_request_is_refused_at_load():
+    from pydantic import ValidationError
+
+    from mstar.plan.schema import DeploymentPlan
+
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        DeploymentPlan(max_seq_len=16, max_concurrent_requests=0)
