@@ -13,6 +13,7 @@ route); an engine runs it as given and refuses one that disagrees with its plan 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
@@ -26,6 +27,10 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
     """The first sampling setting outside the range an engine takes, said as the error to raise;
     None when all are in range (None for a setting: left at its default). The Python API checks it
     before a request is queued, the engine for requests that come another way."""
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("repetition_penalty", repetition_penalty)):
+        if value is not None and not _is_finite(value):  # temperature=10**400 failed in the engine's float()
+            shown = f"a {len(str(value))}-digit integer" if isinstance(value, int) else repr(value)
+            return f"{name} must be a finite number, got {shown}"
     infinity = float("inf")
     problems = [
         (temperature is not None and not 0 <= temperature < infinity, f"temperature must be >= 0, got {temperature}"),
@@ -36,6 +41,13 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
          f"repetition_penalty must be > 0, got {repetition_penalty}"),
     ]
     return next((message for is_bad, message in problems if is_bad), None)
+
+
+def _is_finite(value: Any) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past the float range
+        return False
 
 
 @dataclass

@@ -109,3 +109,18 @@ def test_the_simulated_engine_takes_its_modelled_time_when_paced():
         sim = SimEngine(paced.plan)
         Driver(paced.plan, sim).run(Workload([Request(id="a", prompt_tokens=[1, 2, 3], max_tokens=20)]))
     assert sim.clock() > 0 and paced_s >= 20 * sim.clock()  # the modelled seconds, slept 20x over
+
+
+@pytest.mark.parametrize("values", [{"temperature": 10**400}, {"repetition_penalty": float("inf")},
+                                    {"top_p": float("nan")}])
+def test_a_sampling_number_past_floats_is_refused_before_it_runs(values):
+    """`temperature=10**400` passed the check and failed in the torch engine (the sim ran it): the
+    API's and the engines' one range check (runtime/step.py `sampling_range_problem`) refuses it."""
+    from mstar.runtime.step import sampling_range_problem
+
+    (name, _), = values.items()
+    with pytest.raises(SamplingError, match=f"{name} must be a finite number") as error:
+        SamplingParams(**values).check()
+    assert error.value.param == name
+    fields = {"temperature": None, "top_k": None, "top_p": None, "seed": None, "repetition_penalty": None}
+    assert sampling_range_problem(**{**fields, **values}).startswith(f"{name} must be a finite number")

@@ -117,9 +117,6 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not _is_real(value):
                 raise SamplingError(f"{name} must be a number, got {value!r}")
-            if value is not None and not _is_finite(value):  # 10**400 reached the engine, which failed on it
-                shown = f"a {len(str(value))}-digit integer" if isinstance(value, int) else repr(value)
-                raise SamplingError(f"{name} must be a finite number, got {shown}")
         problems = [
             (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (not _is_list_of(self.stop_token_ids, lambda t: _is_integer(t) and t >= 0),
@@ -153,13 +150,6 @@ def _is_integer(value: Any) -> bool:
 
 def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _is_finite(value: Any) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int past the float range
-        return False
 
 
 def _is_list_of(value: Any, is_item: Any) -> bool:

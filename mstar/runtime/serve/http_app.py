@@ -113,9 +113,7 @@ class Service:
                                       f"plan's max_seq_len {self.llm.plan.deployment.max_seq_len}")
                 sampling.max_tokens = self.default_tokens(room)
             return self.llm.request(ids, sampling, media)
-        except PromptError as error:  # its field (max_tokens past max_seq_len), as the Python API names it
-            raise ApiError(400, str(error), param=error.param) from None
-        except SamplingError as error:
+        except (PromptError, SamplingError) as error:  # each names its field (max_tokens past max_seq_len)
             raise ApiError(400, str(error), param=error.param) from None
 
     async def start(self, request: Request) -> tuple[AsyncIterator[Delta], Delta]:
