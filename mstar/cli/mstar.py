@@ -249,10 +249,9 @@ def _check_route_stages(plan: Any, route: dict[str, list[str]]) -> None:
 def _max_request_tokens(plan: Any) -> int:
     """The tokens a request may reach, prompt + max_tokens: max_seq_len a round of a repeating
     partition (plan/rounds.py), as the server bounds them."""
-    from mstar.plan.rounds import max_rounds
+    from mstar.plan.rounds import kv_rounds
 
-    kv_nodes = [node.name for node in plan.nodes if node.engine == "kv"]
-    return plan.deployment.max_seq_len * max_rounds(plan, kv_nodes)
+    return plan.deployment.max_seq_len * kv_rounds(plan)
 
 
 def _check_generated_fits(args: argparse.Namespace, plan: Any) -> None:

@@ -5,10 +5,12 @@ windows) runs its stages again from the first, each round on a new sequence, at 
 
     max_rounds(plan, nodes) -> int   the most rounds a partition holding a walk that calls one of
                                      `nodes` may run; 1 when none of them repeats
+    kv_rounds(plan) -> int           max_rounds over the plan's kv nodes: a request's prompt +
+                                     max_tokens may reach max_seq_len x that
 
 Its users: the audio a request may bring (one front-end window a round, serve/audio_input.py) and
-the tokens a request may ask (max_seq_len a round on the kv nodes, serve/api.py). A repeating
-partition that holds none of the nodes does not raise their bound.
+the tokens a request may ask (max_seq_len a round on the kv nodes: serve/api.py, `mstar run`'s
+generated workload). A repeating partition that holds none of the nodes does not raise their bound.
 """
 from __future__ import annotations
 
@@ -22,3 +24,7 @@ def max_rounds(plan: Plan, nodes: Iterable[str]) -> int:
     walks = {walk.name for walk in plan.walks if any(call.node in names for call in walk.calls)}
     return max((p.repeat.max_rounds for p in plan.partitions
                 if p.repeat is not None and any(set(stage.walks) & walks for stage in p.stages)), default=1)
+
+
+def kv_rounds(plan: Plan) -> int:
+    return max_rounds(plan, (node.name for node in plan.nodes if node.engine == "kv"))

@@ -49,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union, cast
 
-from mstar.plan.rounds import max_rounds
+from mstar.plan.rounds import kv_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.engine_setup import SetupError
@@ -187,7 +187,7 @@ class LLM:
         # A partition that repeats (`repeat while VALUE max=N`, Whisper's windows) starts a new
         # sequence each round, so a request's tokens may reach N sequences' worth: the rounds of
         # the partitions holding the kv nodes' walks (max_seq_len bounds their sequences).
-        self.max_rounds = max_rounds(self.plan, (node.name for node in self.plan.nodes if node.engine == "kv"))
+        self.max_rounds = kv_rounds(self.plan)
         self.tokenizer = build_tokenizer(self.plan, weights, tokenizer)
         self.prompt_format = prompt_format(self.plan)
         self.audio_layout = audio_layout(self.plan)
