@@ -80,12 +80,12 @@ class _KvPool:
     pages: PagePool  # the torch engine's page bookkeeping (and prefix cache), without tensors
     max_seq_len: int
     offload: Optional[Offload] = None  # the host pool (cpu_offload_pages), when the plan sizes one
-    admission: Admission = field(default_factory=Admission)
+    admission: Admission = field(init=False)  # over this pool's pages (which waiting requests are reachable)
     claimed: dict[str, int] = field(default_factory=dict)  # request -> cached pages it started on
     sampled: dict[str, int] = field(default_factory=dict)  # request -> tokens sampled on this node
 
     def __post_init__(self) -> None:
-        self.admission.num_pages = self.pages.num_pages  # which waiting requests are reachable
+        self.admission = Admission(self.pages.num_pages)
 
     @property
     def page_size(self) -> int:

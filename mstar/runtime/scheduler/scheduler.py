@@ -26,7 +26,6 @@ on it to keep its memory bounded.
 from __future__ import annotations
 
 import math
-
 import time
 from itertools import compress
 from typing import Callable, Hashable, Optional, Sequence, Union

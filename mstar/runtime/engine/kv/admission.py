@@ -30,9 +30,8 @@ hold (`is_reachable`, given the pool's size); one that could not waits without a
 claimers before which it cannot start do start, end, and free their claims; and a new request's
 claim takes no more pages no waiting request holds than the least room a waiting one has, none
 while one is unreachable (`claim_cap`), so no stream of claiming newcomers makes a waiting request
-unreachable or keeps it so. Without the
-first rule a waiting request whose budget wanted a younger one's claimed pages and the younger one,
-behind its reservation, waited for each other forever.
+unreachable or keeps it so. Without the first rule a waiting request whose budget wanted a younger
+one's claimed pages and the younger one, behind its reservation, waited for each other forever.
 """
 from __future__ import annotations
 
@@ -57,11 +56,15 @@ class Admission:
         self.held: dict[str, int] = {}  # started request -> pages it holds
         self.num_outstanding = 0  # sum over started requests of max(0, budget - held)
         self.waiting: dict[str, int] = {}  # not started -> its budget, in the order of first contact
-        self.num_reserved = 0  # sum of the waiting requests' budgets
         self.claims: dict[str, Sequence[int]] = {}  # waiting request -> the pages its prefix claim holds
         # the distinct pages of the claims, built when asked (a lone cached request's 64 claimed
         # pages would otherwise be counted in and out on its admission's path)
         self._claimed: Optional[frozenset[int]] = frozenset()
+
+    @property
+    def num_reserved(self) -> int:
+        """The waiting requests' budgets."""
+        return sum(self.waiting.values())
 
     def is_started(self, request_id: str) -> bool:
         return request_id in self.budgets
@@ -190,7 +193,6 @@ class Admission:
         many waiting requests share them); a started request does not wait."""
         if request_id in self.budgets:
             return
-        self.num_reserved += budget - self.waiting.get(request_id, 0)
         self.waiting[request_id] = budget
         if claimed_pages:
             self._drop_claim(request_id)
@@ -198,7 +200,7 @@ class Admission:
             self._claimed = None
 
     def _stop_waiting(self, request_id: str) -> None:
-        self.num_reserved -= self.waiting.pop(request_id, 0)
+        self.waiting.pop(request_id, None)
         self._drop_claim(request_id)
 
     def _drop_claim(self, request_id: str) -> None:
