@@ -139,7 +139,7 @@ def test_a_large_request_is_not_starved_by_small_ones_on_a_tight_pool():
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 300), st.integers(1, 120)), min_size=2, max_size=40),
        st.integers(12, 48), st.integers(1, 16), st.booleans())
 def test_every_request_starts_on_a_tight_pool_with_shared_prefixes(shapes, num_pages, clients, is_offloaded):
-    """Random requests (one of four shared prefixes of 48 tokens, then their own, any size up to
+    """Random requests (one of four shared prefixes of 32 to 96 tokens, then their own, any size up to
     most of the pool) on llama_chunked's plan (prefix cache, chunked prompts, KV offload on or off),
     closed loop: none stalls or is lost, whatever prefix claims younger requests hold while older
     ones wait to start, and the policy ends with nobody waiting or reserved."""
@@ -150,7 +150,9 @@ def test_every_request_starts_on_a_tight_pool_with_shared_prefixes(shapes, num_p
     if not is_offloaded:
         pools = [p.model_copy(update={"host_pages": 0}) for p in plan.deployment.kv_pools]
         plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
-    prefixes = [[(11 * j + 5 * k) % 400 + 1 for j in range(48)] for k in range(4)]
+    # two prefixes of one text (a claim of the longer holds the shorter's pages) and two of others
+    texts = [[(11 * j + 5 * k) % 400 + 1 for j in range(96)] for k in range(3)]
+    prefixes = [texts[0][:48], texts[0], texts[1][:32], texts[2][:80]]
     requests = [Request(id=f"r{i}", prompt_tokens=prefixes[k] + [(i + j) % 400 + 1 for j in range(own)],
                         max_tokens=out) for i, (k, own, out) in enumerate(shapes)]
     engine = SimEngine(plan, num_pages=num_pages)
@@ -167,20 +169,81 @@ def test_every_request_starts_on_a_tight_pool_with_shared_prefixes(shapes, num_p
 
 def test_a_claim_keeps_every_reachable_waiting_request_reachable():
     """Pages a waiting request's claim holds no started request frees: a new claim takes no more
-    pages no waiting request holds than the least room a reachable one has (`claim_cap`); pages
-    another waiting request holds already cost nothing."""
+    pages than the least room a waiting request has (`claim_cap`); pages the claims of a waiting
+    request and of the ones after it hold cost that request nothing."""
     admission = Admission(num_pages=12)
     admission.join("x", 7, claimed_pages=[0, 1, 2])  # reachable: 7 <= 12 - 3
     assert admission.is_reachable("x")
-    assert admission.claim_cap(lambda: [0, 1, 2, 5, 6, 7]) == 5  # 0-2 are x's; 5 and 6 fit, 7 would not
+    assert admission.claim_cap("w", lambda: [0, 1, 2, 5, 6, 7]) == 5  # 0-2 are x's; 5 and 6 fit, 7 would not
     admission.join("y", 1, claimed_pages=[0, 1, 2, 5, 6])
-    assert admission.is_reachable("x") and admission.claim_cap(lambda: [9]) == 0
+    assert admission.is_reachable("x") and admission.claim_cap("w", lambda: [9]) == 0
     # a request made unreachable by others' claims reserves nothing until they end, and meanwhile
-    # a new claim takes only pages waiting requests hold already
+    # a new claim takes only pages that keep every waiting request's room
     admission.join("z", 8)
     assert not admission.is_reachable("z") and admission.reserved_before("w") == 7 + 1
-    assert admission.claim_cap(lambda: [5, 6, 9]) == 2
+    assert admission.claim_cap("w", lambda: [5, 6, 9]) == 2  # y's pages cost z 2 of its 4; 9 costs x
     admission.release("y")  # its claim's pages 5 and 6 no longer count
     assert admission.is_reachable("z") and admission.reserved_before("w") == 7 + 8
-    assert admission.claim_cap(lambda: [9]) is None and admission.claim_cap(lambda: [9, 10]) == 1
-    assert Admission().claim_cap(lambda: [1]) is None  # the pool's size not known: no cap
+    # x's claim ends when x starts, so z's room is 12 - 8 and x's 12 - 7 - 3: two new pages fit both
+    assert admission.claim_cap("w", lambda: [9]) is None and admission.claim_cap("w", lambda: [9, 10]) is None
+    assert admission.claim_cap("w", lambda: [9, 10, 11]) == 2
+    assert Admission().claim_cap("w", lambda: [1]) is None  # the pool's size not known: no cap
+
+
+def test_a_claim_of_an_older_waiters_pages_leaves_room_for_the_requests_between():
+    """A newcomer's claim of pages an older waiting request's claim holds keeps them once that one
+    has started and ended: they count against the rooms of the requests waiting between the two.
+    Counted free, two waiting requests came to want each other's claimed pages with nothing
+    started, and waited forever."""
+    admission = Admission(num_pages=10)
+    admission.join("a", 2, claimed_pages=[0, 1, 2, 3])  # a's prefix is cached on pages 0-3
+    assert admission.claim_cap("b", lambda: [4, 5]) is None  # a keeps 10 - 2 - 6 = 2
+    admission.join("b", 5, claimed_pages=[4, 5])  # 7 pages in all
+    # c's prefix is a's: each of a's pages c keeps costs b one of its 10 - 5 - 2 = 3
+    assert admission.claim_cap("c", lambda: [0, 1, 2, 3]) == 3
+    admission.join("c", 6, claimed_pages=[0, 1, 2])
+    _drain(admission)
+
+
+def _drain(admission: Admission, is_oldest_first: bool = True) -> None:
+    """Once the started requests end, the waiting ones start one by one as the policy starts them
+    (the oldest that fits beside the claims waiting requests hold) and end: some request can always
+    start. With `is_oldest_first`, also that this is always the oldest (module docstring)."""
+    for request_id in list(admission.budgets):
+        admission.release(request_id)
+    while admission.waiting:
+        startable = [r for r in admission.waiting if admission.is_reachable(r)]
+        assert startable, ("every waiting request waits on another's claim", dict(admission.waiting), admission.claims)
+        if is_oldest_first:
+            assert startable[0] == next(iter(admission.waiting))
+        admission.grant(PageNeed(startable[0], admission.waiting[startable[0]], admission.waiting[startable[0]]))
+        admission.release(startable[0])
+
+
+@settings(max_examples=400 if IS_LONG else 60, deadline=None)
+@given(st.integers(6, 24), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(0, 30),
+                                               st.integers(0, 2)), min_size=1, max_size=30))
+def test_waiting_requests_always_drain_whatever_they_claim(num_pages, events):
+    """Requests claim prefixes of a few chains of cached pages that share pages (as capped), join,
+    start when they fit and end in random orders: at every point, once the started requests end,
+    the waiting ones start one after another, oldest first (no two wait on each other's claims)."""
+    from copy import deepcopy
+
+    chains = [list(range(num_pages)), list(range(num_pages // 2, num_pages)) + list(range(num_pages // 2)),
+              list(range(0, num_pages, 2)), list(range(num_pages - 1, -1, -1))]
+    admission = Admission(num_pages=num_pages)
+    for index, (chain, length, total, action) in enumerate(events):
+        request_id = f"r{index}"
+        wanted = chains[chain][:min(length, num_pages)]
+        cap = admission.claim_cap(request_id, lambda wanted=wanted: wanted)
+        claimed = wanted[:cap] if cap is not None else wanted
+        budget = max(0, min(total, num_pages) - len(claimed))
+        admission.join(request_id, budget, claimed or None)
+        if action == 1 and admission.waiting:  # the oldest reachable request starts
+            oldest = next(r for r in admission.waiting if admission.is_reachable(r)) \
+                if any(map(admission.is_reachable, admission.waiting)) else None
+            if oldest is not None:
+                admission.grant(PageNeed(oldest, 0, admission.waiting[oldest]))
+        elif action == 2 and admission.budgets:  # a started request ends
+            admission.release(next(iter(admission.budgets)))
+        _drain(deepcopy(admission))

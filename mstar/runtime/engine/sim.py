@@ -220,7 +220,7 @@ class SimEngine(RunsAtLaunch):
             return 0
         free_for_claims = pool.admission.room_to_start(request_id, pool.pages.num_free_pages)
         shareable = shareable_prefix(tokens, self.media_tokens.get(node))
-        cap = pool.admission.claim_cap(lambda: pool.pages.cached_chain(SEQUENCE, shareable))
+        cap = pool.admission.claim_cap(request_id, lambda: pool.pages.cached_chain(SEQUENCE, shareable))
         num_cached = pool.pages.claim_prefix((request_id, SEQUENCE), shareable, free_for_claims, cap)
         pool.claimed[request_id] = pool.pages.pages_for(num_cached)
         # first come, first started (kv/admission.py)

@@ -27,11 +27,20 @@ holds needs no free page, and keeps them when that one ends) are not freed by an
 ending. So a waiting request reserves its budget only while it could start once every started
 request ended, its budget within the pool less the distinct pages the waiting requests' claims
 hold (`is_reachable`, given the pool's size); one that could not waits without a reservation, so the
-claimers before which it cannot start do start, end, and free their claims; and a new request's
-claim takes no more pages no waiting request holds than the least room a waiting one has, none
-while one is unreachable (`claim_cap`), so no stream of claiming newcomers makes a waiting request
-unreachable or keeps it so. Without the first rule a waiting request whose budget wanted a younger
-one's claimed pages and the younger one, behind its reservation, waited for each other forever.
+claimers before which it cannot start do start, end, and free their claims. Without that rule a
+waiting request whose budget wanted a younger one's claimed pages and the younger one, behind its
+reservation, waited for each other forever.
+
+And every waiting request stays startable once the requests that waited before it have started:
+its budget fits the pool beside the pages its own claim and the claims of the requests after it
+hold (its room, the claims before it ending as they start). A new claim takes only pages that keep
+every waiting request's room (`claim_cap`): a page counts against the rooms of the requests whose
+claims and younger ones' do not hold it already. Counting only pages no waiting request held let
+a newcomer claim, free of charge, the cached pages of an older waiter's claim and keep them after
+that one started and ended: two waiting requests then each wanted pages the other's claim held,
+with nothing started to free any, and waited forever. Joining without a claim, starting and
+ending only shrink the claims after a request, so the oldest waiting request can always start
+once the started ones end: no request waits forever.
 """
 from __future__ import annotations
 
@@ -57,9 +66,10 @@ class Admission:
         self.num_outstanding = 0  # sum over started requests of max(0, budget - held)
         self.waiting: dict[str, int] = {}  # not started -> its budget, in the order of first contact
         self.claims: dict[str, Sequence[int]] = {}  # waiting request -> the pages its prefix claim holds
-        # the distinct pages of the claims, built when asked (a lone cached request's 64 claimed
-        # pages would otherwise be counted in and out on its admission's path)
+        # the distinct pages of the claims, and each waiting request's room, built when asked (a lone
+        # cached request's 64 claimed pages would otherwise be counted in and out on its admission's path)
         self._claimed: Optional[frozenset[int]] = frozenset()
+        self._rooms: Optional[_Rooms] = None
 
     @property
     def num_reserved(self) -> int:
@@ -164,20 +174,28 @@ class Admission:
                 reserved += budget
         return reserved
 
-    def claim_cap(self, chain: Callable[[], list[int]]) -> Optional[int]:
-        """The most pages of `chain()` (the cached pages a new request's claim would walk, in
-        order) the claim may take so that no waiting request loses room: a page no waiting request
-        holds yet counts against the least room any of them has (none while one is unreachable:
-        it must get there as the claims before it end). None: no cap (nobody waits, or the pool's
-        size is not known), and `chain` is not called."""
+    def claim_cap(self, request_id: str, chain: Callable[[], list[int]]) -> Optional[int]:
+        """The most pages of `chain()` (the cached pages this request's claim would walk, in order)
+        the claim may take so that every waiting request keeps its room (module docstring): a page
+        counts against the room of each request that waited before this one and whose claim, and the
+        claims after it, do not hold the page. None: no cap (nobody waits, or the pool's size is not
+        known), and `chain` is not called."""
         if self.num_pages is None or not self.waiting:
             return None
-        held = self.claimed_pages()
-        room = max(0, min(self.num_pages - len(held) - budget for budget in self.waiting.values()))
+        rooms = self._waiting_rooms()
+        position = rooms.positions.get(request_id, len(rooms.rooms))
+        least = rooms.least_before(position)  # least[t]: the least room of the requests t..position-1
+        counts: dict[int, int] = {}  # first position charged -> pages of the claim so far
         for index, page in enumerate(chain()):
-            if page not in held:
-                room -= 1
-                if room < 0:
+            first = rooms.youngest.get(page, -1) + 1  # the requests from here on lack the page
+            if first >= position:
+                continue  # held by this request's or a younger one's claim: charged to nobody
+            counts[first] = counts.get(first, 0) + 1
+            # the requests from each charged position on: the pages charged to them within their room
+            charged = 0
+            for start in sorted(counts):
+                charged += counts[start]
+                if start >= first and charged > least[start]:
                     return index
         return None
 
@@ -194,21 +212,66 @@ class Admission:
         if request_id in self.budgets:
             return
         self.waiting[request_id] = budget
+        self._rooms = None
         if claimed_pages:
             self._drop_claim(request_id)
             self.claims[request_id] = claimed_pages
             self._claimed = None
 
     def _stop_waiting(self, request_id: str) -> None:
-        self.waiting.pop(request_id, None)
+        if self.waiting.pop(request_id, None) is not None:
+            self._rooms = None
         self._drop_claim(request_id)
 
     def _drop_claim(self, request_id: str) -> None:
         if self.claims.pop(request_id, None) is not None:
-            self._claimed = None
+            self._claimed = self._rooms = None
 
     def claimed_pages(self) -> frozenset[int]:
         """The distinct pages the waiting requests' claims hold."""
         if self._claimed is None:
             self._claimed = frozenset().union(*self.claims.values())
         return self._claimed
+
+    def _waiting_rooms(self) -> _Rooms:
+        if self._rooms is None:
+            assert self.num_pages is not None
+            self._rooms = _Rooms.of(self.waiting, self.claims, self.num_pages)
+        return self._rooms
+
+
+@dataclass
+class _Rooms:
+    """Each waiting request's room: the pool's pages less its budget and the distinct pages its
+    claim and the claims of the requests after it hold (what stays claimed once the requests before
+    it have started)."""
+    positions: dict[str, int]  # waiting request -> its place in the waiting order
+    youngest: dict[int, int]  # claimed page -> the place of the latest waiting request claiming it
+    rooms: list[int]  # by place
+
+    @classmethod
+    def of(cls, waiting: dict[str, int], claims: dict[str, Sequence[int]], num_pages: int) -> _Rooms:
+        positions = {request_id: place for place, request_id in enumerate(waiting)}
+        youngest: dict[int, int] = {}
+        for request_id, pages in claims.items():
+            place = positions[request_id]
+            for page in pages:
+                if youngest.get(page, -1) < place:
+                    youngest[page] = place
+        last_claimed = [0] * len(positions)  # pages whose latest claimer is at this place
+        for place in youngest.values():
+            last_claimed[place] += 1
+        rooms, held = [0] * len(positions), 0
+        for request_id, place in reversed(positions.items()):
+            held += last_claimed[place]
+            rooms[place] = num_pages - waiting[request_id] - held
+        return cls(positions, youngest, rooms)
+
+    def least_before(self, position: int) -> list[int]:
+        """least[t]: the least room among the places t .. position - 1."""
+        least = [0] * position
+        lowest = None
+        for place in reversed(range(position)):
+            lowest = self.rooms[place] if lowest is None else min(lowest, self.rooms[place])
+            least[place] = lowest
+        return least

@@ -193,7 +193,7 @@ class DecoderRunner:
         shareable = shareable_prefix(tokens, self.media_token)
         key = (request.request_id, self.guidance.first)
         # first come, first started (kv/admission.py): the claim keeps reachable waiters reachable
-        cap = self.admission.claim_cap(lambda: self.pool.cached_chain(key[1], shareable))
+        cap = self.admission.claim_cap(request.request_id, lambda: self.pool.cached_chain(key[1], shareable))
         num_cached = self.pool.claim_prefix(key, shareable, free_for_claims, cap)
         self.claimed[request.request_id] = self.pool.pages_for(num_cached)
         request.history.setdefault(self.node.name, []).extend(tokens[:num_cached])
