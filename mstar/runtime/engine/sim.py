@@ -9,7 +9,9 @@ is the modelled step time. The driver advances a `SimClock` by it, so runs are r
 take only host time.
 
 Per-request behaviour: a kv node reports is_stop once it has sampled `max_tokens` tokens for the
-request (the conductor applies stops only in loops that have a stop check).
+request (the conductor applies stops only in loops that have a stop check), and only then: its
+tokens are placeholders, so stop tokens (the request's, the node's) are not matched against them,
+which would end requests at random; a what-if run takes every request to its max_tokens.
 
 KV pool (per kv node, pages of page_size tokens): the torch engine's page bookkeeping
 (`kv/pages.py`, with its prefix cache when the plan turns it on: `claim_prefix` finds a prompt's
