@@ -181,6 +181,10 @@ class Engine(Protocol):
     def end_request(self, request_id: str) -> None:
         """Free the request's KV pages and state slots."""
 
+    def end_node(self, request_id: str, node: str) -> None:
+        """The request runs nothing more on this node (every partition of it that calls the node
+        has ended): free its KV pages and state slots there; the rest of the request goes on."""
+
 
 @dataclass
 class AheadChunks:

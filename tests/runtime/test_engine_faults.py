@@ -46,6 +46,9 @@ class Faulty:
         if self.on_end is not None:
             self.on_end(request_id)
 
+    def end_node(self, request_id: str, node: str) -> None:
+        self.inner.end_node(request_id, node)
+
     def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
         return self.inner.claim_prefix(request_id, node, tokens)
 

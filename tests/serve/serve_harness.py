@@ -67,6 +67,9 @@ class Gate:
     def end_request(self, request_id: str) -> None:
         self.inner.end_request(request_id)
 
+    def end_node(self, request_id: str, node: str) -> None:
+        self.inner.end_node(request_id, node)
+
     def kv_pages(self) -> dict:
         return self.inner.kv_pages()
 

@@ -106,6 +106,13 @@ def _alternatives(stage: StagePlan) -> list[list[str]]:
     return found
 
 
+def partition_kv_nodes(plan: Plan, kv_nodes: set[str]) -> dict[str, frozenset[str]]:
+    """Partition -> the kv nodes its walks (every alternative of every stage) call."""
+    walk_nodes = {walk.name: {call.node for call in walk.calls if call.node in kv_nodes} for walk in plan.walks}
+    return {part.name: frozenset().union(*(walk_nodes[walk] for stage in part.stages for walk in stage.walks))
+            for part in plan.partitions}
+
+
 def follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     """The walks a route takes through a partition's stages: per stage, the alternative whose
     sequence of walks comes next in the route (none for an optional stage, or when the route is
@@ -159,6 +166,10 @@ class Conductor:
             for stream in part.streams:
                 self.produced.setdefault(stream.producer_partition, []).append((part.name, stream.edge))
         self._keeps = stream_keeps(plan, engine.caps.vocab_sizes)
+        # The kv nodes each partition's walks call: a request's memory on a node goes once every
+        # partition of it that calls the node has ended (Qwen3-Omni's Thinker pages while its
+        # Talker and Code2Wav still run), not at the request's end (`_end_nodes`).
+        self.partition_kv_nodes = partition_kv_nodes(plan, self.kv_nodes)
         # (node, walk) pairs whose rows a scheduler may cut into chunks (KeyPlan.chunk_sizes)
         self.cut_walks = {(key.node, walk) for worker in plan.workers for key in worker.keys
                           for walk in key.chunk_sizes}
@@ -575,6 +586,24 @@ class Conductor:
         state.signalled.add(ps.name)
         for key in self.produced.get(ps.name, ()):
             state.buffers[key].mark_producer_done()
+        if self.partition_kv_nodes.get(ps.name):
+            self._end_nodes(state, ps)
+
+    def _end_nodes(self, state: _RequestState, ps: PartitionState) -> None:
+        """The kv nodes no partition of the request still running calls free its memory now (when
+        every partition has ended, `_end` frees it all)."""
+        running = [p for p in state.partitions if not p.is_done]
+        if not running:
+            return
+        nodes = self.partition_kv_nodes[ps.name].difference(*(self.partition_kv_nodes[p.name] for p in running))
+        for node in sorted(nodes):
+            try:
+                self.engine.end_node(state.record.request.id, node)
+            except EngineLost:
+                raise
+            except Exception as error:  # as in `_end`: the request goes on, the pages may stay held
+                log.error("request %s: the engine failed to release its memory on %s (%s: %s)",
+                          state.record.request.id, node, type(error).__name__, error)
 
     # ------------------------------------------------------------ endings
 

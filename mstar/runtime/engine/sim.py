@@ -89,6 +89,16 @@ class _KvPool:
     def __post_init__(self) -> None:
         self.admission = Admission(self.pages.num_pages)
 
+    def release(self, request_id: str) -> None:
+        """The request's pages, claim, host pages and counts here go (it ended, or ran its last
+        walk on this node)."""
+        self.admission.release(request_id)
+        self.pages.free_request(request_id)
+        self.claimed.pop(request_id, None)
+        if self.offload is not None:
+            self.offload.forget(request_id)
+        self.sampled.pop(request_id, None)
+
     @property
     def page_size(self) -> int:
         return self.pages.page_size
@@ -195,12 +205,12 @@ class SimEngine(RunsAtLaunch):
         self.requests.pop(request_id, None)
         self.budget_tokens.pop(request_id, None)
         for pool in self.pools.values():
-            pool.admission.release(request_id)
-            pool.pages.free_request(request_id)
-            pool.claimed.pop(request_id, None)
-            if pool.offload is not None:
-                pool.offload.forget(request_id)
-            pool.sampled.pop(request_id, None)
+            pool.release(request_id)
+
+    def end_node(self, request_id: str, node: str) -> None:
+        pool = self.pools.get(node)
+        if pool is not None:
+            pool.release(request_id)
 
     def offload_figures(self) -> dict[str, dict[str, int]]:
         """Per kv node with a host pool: the KV pages moved to it and back so far (for the report)."""

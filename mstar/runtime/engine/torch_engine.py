@@ -537,6 +537,11 @@ class TorchEngine:
             runner.end_request(request_id)
         self.requests.pop(request_id, None)
 
+    def end_node(self, request_id: str, node: str) -> None:
+        runner = self.runners.get(node)
+        if runner is not None:
+            runner.end_request(request_id)  # its pages, slots and claim on this node only
+
     def kv_pages(self) -> dict[str, tuple[int, int]]:
         """Per kv node: (pages in use, pages in its pool), for a server's metrics."""
         pages = {}

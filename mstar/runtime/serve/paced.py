@@ -30,6 +30,9 @@ class PacedEngine:
     def end_request(self, request_id: str) -> None:
         self.inner.end_request(request_id)
 
+    def end_node(self, request_id: str, node: str) -> None:
+        self.inner.end_node(request_id, node)
+
     def claim_prefix(self, request_id: str, node: str, tokens: list[int]) -> int:
         return self.inner.claim_prefix(request_id, node, tokens)
 

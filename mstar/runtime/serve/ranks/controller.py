@@ -10,7 +10,8 @@ every worker's scheduler stay in this one process, and each step goes to the ran
   of the instance, then rank 0 runs its own part, so a TP group's ranks run it together (their
   collectives meet); `wait` takes the leader's result (followers answer with what they imported);
 - `add_request` goes to every rank (each checks the nodes it runs; the first refusal wins, and
-  the ranks that accepted forget it again); `end_request` to every rank;
+  the ranks that accepted forget it again); `end_request` to every rank, and `end_node` (the
+  request's last partition calling the node ended) too, each freeing what it holds there;
 - `claim_prefix` (a plan with a prefix cache) goes to every rank of the one instance (a rank or
   a TP group) that runs the node's prefix walks, and they must agree; the request's KV starts
   there, so a decode step on another instance moves it as any other (prefill on one rank, decode
@@ -159,6 +160,14 @@ class RankEngines:
         if self.local:
             self.local.end_request(request_id)
         self.homes.forget(request_id)
+
+    def end_node(self, request_id: str, node: str) -> None:
+        if self.lost is not None:
+            return
+        for rank in self.remote:  # each rank frees what it holds of the node (none where it runs no instance)
+            self._send(rank, "end_node", {"request_id": request_id, "node": node})
+        if self.local:
+            self.local.end_node(request_id, node)
 
     def offload_figures(self) -> Optional[dict[str, dict[str, int]]]:
         """Per kv node with a host pool: the KV pages moved to it and back so far, summed over the

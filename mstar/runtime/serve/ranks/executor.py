@@ -3,7 +3,7 @@
 In: the rank's `TorchEngine` (built for the nodes its worker runs), a `Channel` and the plan's keys.
 Out: `RankExecutor`, called directly on rank 0 and from the worker loop (worker.py) elsewhere:
 
-    add_request(id, request) -> reason or None     end_request(id)
+    add_request(id, request) -> reason or None     end_request(id)     end_node(id, node)
     run_step(step) -> (StepResult, ids whose KV was imported since the last step)
     kv_send(id, node, dst)     export the request's KV on `node` and send it to rank `dst`
     kv_recv(id, node, src)     receive it from `src` and import it (a failed import holds the row:
@@ -64,6 +64,9 @@ class RankExecutor:
         self.engine.end_request(request_id)
         self.held.discard(request_id)
         self.failed.pop(request_id, None)
+
+    def end_node(self, request_id: str, node: str) -> None:
+        self.engine.end_node(request_id, node)
 
     def run_step(self, step: Step) -> tuple[StepResult, list[str]]:
         left_out = self.held | set(self.failed)

@@ -5,7 +5,7 @@ the loop answers rank 0 until it says `stop`:
 
     add_request {request_id, request}  -> added {reason}
     claim_prefix {request_id, node, tokens} -> claimed {num_tokens}
-    end_request {request_id}
+    end_request {request_id}           end_node {request_id, node}
     step {step}                        -> result {result, imported} on the step's leader,
                                           done {imported} on a TP follower, step_error {message}
     kv_send {request_id, node, dst}    kv_recv {request_id, node, src}    kv_drop {request_id, node}
@@ -91,6 +91,8 @@ def _handle(executor: RankExecutor, rank: int, message: Message) -> Reply:
         return "offload", {"figures": executor.engine.offload_figures()}, []
     if kind == "end_request":
         executor.end_request(body["request_id"])
+    elif kind == "end_node":
+        executor.end_node(body["request_id"], body["node"])
     elif kind == "step":
         return _step(executor, rank, message)
     elif kind == "kv_send":

@@ -1,0 +1,89 @@
+"""A request's memory on a kv node goes when every partition of it that calls the node has ended
+(`Conductor._end_nodes`, the engines' `end_node`), not at the request's end: Qwen3-Omni's Thinker
+pages while its Talker and Code2Wav still run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.conductor import partition_kv_nodes
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
+
+PLAN = Path(__file__).resolve().parents[2] / "generated" / "qwen3_omni.plan"
+
+
+class _Recording:
+    """Wraps an engine; records end_node and end_request calls, and each kv pool's pages of the
+    request just after its end_node."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.caps = inner.caps
+        self.calls: list[tuple[str, ...]] = []
+        self.pages_after: dict[tuple[str, str], int] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def end_node(self, request_id: str, node: str) -> None:
+        self.inner.end_node(request_id, node)
+        self.calls.append(("end_node", request_id, node))
+        pools = getattr(self.inner, "pools", None)
+        if pools is not None:
+            self.pages_after[(request_id, node)] = len(pools[node].pages.sequences_of(request_id))
+
+    def end_request(self, request_id: str) -> None:
+        self.calls.append(("end_request", request_id))
+        self.inner.end_request(request_id)
+
+
+def _run(engine, requests, concurrency=None):
+    plan = load_plan(PLAN)
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests, closed_concurrency=concurrency))
+    return plan, driver.conductor.records
+
+
+def test_a_node_only_ended_partitions_call_frees_the_requests_memory_before_the_request_ends():
+    plan = load_plan(PLAN)
+    by_partition = partition_kv_nodes(plan, {n.name for n in plan.nodes if n.engine == "kv"})
+    first = plan.partitions[0].name
+    only_first = by_partition[first].difference(*(nodes for name, nodes in by_partition.items() if name != first))
+    assert only_first  # the Thinker: no later partition calls it
+    engine = _Recording(SimEngine(plan))
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3], max_tokens=4 + i) for i in range(6)]
+    _, records = _run(engine, requests, concurrency=3)
+    assert all(r.finish_reason in ("stop", "length") for r in records.values())
+    for request in requests:
+        ended = [c for c in engine.calls if c[1] == request.id]
+        # before the request ends, each node once, those among them (the Talker too: Code2Wav runs on)
+        early = [c[2] for c in ended[:-1]]
+        assert ended[-1] == ("end_request", request.id) and len(set(early)) == len(early)
+        assert set(only_first) <= set(early) and all(engine.pages_after[(request.id, node)] == 0 for node in early)
+
+
+def test_ending_a_node_early_changes_no_output_and_frees_no_page_twice_on_a_tight_pool():
+    """The torch engine on the CPU, a pool that holds about two requests: the same tokens and audio
+    as when every node's memory is kept to the request's end, and nothing left held after."""
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3, 4], max_tokens=3 + i % 3) for i in range(5)]
+
+    def outputs(is_early: bool):
+        plan = load_plan(PLAN)
+        engine = TorchEngine(plan, num_pages=6)
+        driver = Driver(plan, engine)
+        if not is_early:
+            driver.conductor.partition_kv_nodes = {}
+        driver.run(Workload(requests, closed_concurrency=3))
+        records = driver.conductor.records
+        assert all(r.finish_reason in ("stop", "length") for r in records.values())
+        assert all(runner.pool.num_free_pages == runner.pool.num_pages
+                   for runner in engine.runners.values() if hasattr(runner, "pool"))
+        return {rid: [(e.modality, e.value.tolist() if isinstance(e.value, torch.Tensor) else e.value)
+                      for e in record.emissions] for rid, record in records.items()}
+
+    assert outputs(True) == outputs(False)
