@@ -42,9 +42,9 @@ import numpy as np
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
+from mstar.runtime.engine.kv.claims import claim_cached_prefix
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
-from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
@@ -230,10 +230,8 @@ class SimEngine(RunsAtLaunch):
         pool = self.pools.get(node)
         if pool is None or pool.admission.is_started(request_id):
             return 0
-        free_for_claims = pool.admission.room_to_start(request_id, pool.pages.num_free_pages)
-        shareable = shareable_prefix(tokens, self.media_tokens.get(node))
-        cap = pool.admission.claim_cap(request_id, lambda: pool.pages.cached_chain(SEQUENCE, shareable))
-        num_cached = pool.pages.claim_prefix((request_id, SEQUENCE), shareable, free_for_claims, cap)
+        num_cached = claim_cached_prefix(pool.admission, pool.pages, (request_id, SEQUENCE), tokens,
+                                         self.media_tokens.get(node))
         pool.claimed[request_id] = pool.pages.pages_for(num_cached)
         # first come, first started (kv/admission.py)
         pool.admission.join(request_id, self._budget_pages(pool, request_id),

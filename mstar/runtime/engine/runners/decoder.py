@@ -54,10 +54,10 @@ from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
 from mstar.runtime.engine.runners.guidance import NodeGuidance, in_interval
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.cache import KvCache
+from mstar.runtime.engine.kv.claims import claim_cached_prefix
 from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
-from mstar.runtime.engine.kv.prefix_cache import shareable_prefix
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
@@ -189,12 +189,8 @@ class DecoderRunner:
         hold join its history as if fed."""
         if self.pool.cache is None or self.admission.is_started(request.request_id):
             return 0
-        free_for_claims = self.admission.room_to_start(request.request_id, self.pool.num_free_pages)
-        shareable = shareable_prefix(tokens, self.media_token)
         key = (request.request_id, self.guidance.first)
-        # first come, first started (kv/admission.py): the claim keeps reachable waiters reachable
-        cap = self.admission.claim_cap(request.request_id, lambda: self.pool.cached_chain(key[1], shareable))
-        num_cached = self.pool.claim_prefix(key, shareable, free_for_claims, cap)
+        num_cached = claim_cached_prefix(self.admission, self.pool, key, tokens, self.media_token)
         self.claimed[request.request_id] = self.pool.pages_for(num_cached)
         request.history.setdefault(self.node.name, []).extend(tokens[:num_cached])
         self.admission.join(request.request_id, self.start_budget_pages(request),
