@@ -587,12 +587,15 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         args.ranks_summary = engine.summary(mode)
     records = list(driver.conductor.records.values())
     num_unfinished = sum(1 for r in records if not r.is_finished) + len(workload.requests) - len(records)
-    problems.extend(_every_request_failed(records))
+    is_lost = getattr(args, "lost_rank", False)  # the lost rank's line says why its requests failed
+    if not is_lost:
+        problems.extend(_every_request_failed(records))
     if num_unfinished and not signals.signum:
         # the loop ended with requests it could neither admit nor advance (a plan admitting none
-        # ran nothing and exited 0)
-        problems.append(f"{num_unfinished} of {len(workload.requests)} requests never finished: the run could "
-                        "not admit or advance them")
+        # ran nothing and exited 0), or stopped with a lost rank
+        problems.append(f"{num_unfinished} of {len(workload.requests)} requests never finished: "
+                        + ("the run stopped when it lost the rank" if is_lost
+                           else "the run could not admit or advance them"))
     try:
         _finish(args, driver, records, host_wall_s, num_unfinished, signals, problems)
     except _Interrupted:
@@ -711,6 +714,7 @@ def _finish(args: argparse.Namespace, driver: Any, records: list[Any], host_wall
     # admitted: 16 against 232 in one interrupted run)
     never_arrived = num_unfinished - sum(1 for r in records if not r.is_finished)
     if never_arrived:
+        summary["num_requests"] += never_arrived  # the workload's, as the finish counts are
         for key in ("finish_reasons", "finish_kinds"):
             summary[key]["unfinished"] = summary[key].get("unfinished", 0) + never_arrived
     summary["ranks"] = getattr(args, "ranks_summary", None) or {"mode": "inproc"}

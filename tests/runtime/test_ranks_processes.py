@@ -261,7 +261,11 @@ def test_a_lost_rank_stops_the_run_naming_it(tmp_path, plan, signum, says):
     assert process.returncode == 1, err
     assert f"mstar: error: {says}" in err and "its step" in err, err
     assert "Traceback" not in err
+    # the requests it had not run yet: not "could not admit or advance", not "every request failed"
+    assert "requests never finished: the run stopped when it lost the rank" in err and "every request" not in err, err
     summary = json.loads(report.read_text())
+    counts = summary["num_completed"] + summary["num_failed"] + summary["num_unfinished"]
+    assert summary["num_requests"] == 400 == counts
     reasons = summary["failed_requests"].values()
     assert reasons and all(says in reason for reason in reasons), summary["failed_requests"]
     assert summary["finish_kinds"].get("error", 0) == len(reasons)

@@ -79,17 +79,31 @@ def child_main(plan_path: str, rank: int, size: int, port: int, parent: int, opt
     if os.getppid() != parent:
         os._exit(1)
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timedelta(seconds=START_TIMEOUT_S))
+    plan = load_or_tell(plan_path, rank, store)
     store.set(f"mstar/hello/{rank}", "1")
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT)
-    run_rank(load_plan(plan_path), rank, rank, options, lambda peer: None if os.getppid() == parent else "is gone")
+    run_rank(plan, rank, rank, options, lambda peer: None if os.getppid() == parent else "is gone")
     dist.destroy_process_group()
+
+
+def load_or_tell(plan_path: str, rank: int, store: Any) -> Plan:
+    """The spawned rank's plan; one it cannot load (the file changed since rank 0 read it: a
+    recompile while the run starts) is told to rank 0 through the store, which names it (`_spawn`),
+    and the rank exits with no traceback of its own."""
+    try:
+        return load_plan(plan_path)
+    except Exception as error:
+        store.set(f"mstar/fatal/{rank}", f"cannot load the plan: {' '.join(str(error).split())}")
+        raise SystemExit(1) from None
 
 
 def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_problem: Any) -> None:
     """Ranks other than 0: groups, engine, the ready message, then the command loop."""
     device = rank_device(options.device, local_rank)
-    comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo", options.timeout_s)
     channel = Channel(peer_problem)
+    # what this rank loaded and runs with, before any group or model is built (`_await_hello`)
+    channel.send(0, "hello", {"plan": plan.header.content_sha256, "options": options.shared()})
+    comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo", options.timeout_s)
     try:
         executor = build_executor(plan, rank, options, channel, device, comms)
     except Exception as error:  # a refused engine: rank 0 reports it and stops
@@ -98,7 +112,7 @@ def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_
         except RankFailure:  # rank 0 is still building its own engine: it sees this rank exit instead
             raise SystemExit(1) from None
         return
-    channel.send(0, "ready", {"plan": plan.header.content_sha256, "memory": executor.memory()})
+    channel.send(0, "ready", {"memory": executor.memory()})
     serve(executor, channel, rank)
 
 
@@ -149,8 +163,10 @@ class RankProcesses:
         else:
             self._spawn()
         device = rank_device(self.options.device, int(os.environ.get("LOCAL_RANK", "0")))
-        comms = tp_comms(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo", self.options.timeout_s)
         channel = Channel(self.problem)
+        for rank in range(1, self.size):
+            self._await_hello(channel, rank)
+        comms = tp_comms(self.plan, 0, "nccl" if device.startswith("cuda") else "gloo", self.options.timeout_s)
         local = build_executor(self.plan, 0, self.options, channel, device, comms) if 0 in self._ranks() else None
         self.engine = RankEngines(self.plan, local, channel, self.size, self.options.timeout_s)
         if local is not None:
@@ -176,24 +192,42 @@ class RankProcesses:
             while not _has_key(store, f"mstar/hello/{rank}"):
                 problem = self.problem(rank)
                 if problem is not None:
+                    if store.check([f"mstar/fatal/{rank}"]):
+                        raise LaunchError(f"rank {rank} {store.get(f'mstar/fatal/{rank}').decode()}")
                     raise LaunchError(f"rank {rank} {problem} while starting")
                 if time.monotonic() > deadline:
                     raise LaunchError(f"rank {rank} did not start within {START_TIMEOUT_S:.0f} s")
         dist.init_process_group("gloo", store=store, rank=0, world_size=self.size, timeout=GROUP_TIMEOUT)
 
-    def _await_ready(self, channel: Channel, rank: int) -> None:
-        try:
-            message = channel.recv(rank, timeout_s=START_TIMEOUT_S, what="building its engine")
-        except RankFailure as failure:
-            raise LaunchError(f"rank {rank} {failure.reason} while starting") from None
-        if message.kind == "fatal":
-            raise LaunchError(f"rank {rank} {message.body['message']}")
+    def _await_hello(self, channel: Channel, rank: int) -> None:
+        """The plan and the options the rank runs with are rank 0's (torchrun starts each rank
+        with its own command line), checked before any rank builds a group or a model."""
+        message = self._start_message(channel, rank, "loading the plan")
         if message.body.get("plan") != self.plan.header.content_sha256:
             raise LaunchError(f"rank {rank} loaded another plan than rank 0 (content hash "
                               f"{message.body.get('plan')} vs {self.plan.header.content_sha256}); every "
                               "rank must run the same plan file")
+        theirs, ours = message.body.get("options") or {}, self.options.shared()
+        differing = [f"{key} {theirs.get(key)!r} against {value!r}" for key, value in ours.items()
+                     if theirs.get(key) != value]
+        if differing:
+            raise LaunchError(f"rank {rank} runs with other engine options than rank 0 ({'; '.join(differing)}); "
+                              "every rank must run the same options (--dims, --seed, --kv-pages, --attention, "
+                              "--device, --weights or none, --no-blas-pdl)")
+
+    def _await_ready(self, channel: Channel, rank: int) -> None:
+        message = self._start_message(channel, rank, "building its engine")
         assert self.engine is not None
         self.engine.memory[rank] = message.body["memory"]
+
+    def _start_message(self, channel: Channel, rank: int, what: str) -> Any:
+        try:
+            message = channel.recv(rank, timeout_s=START_TIMEOUT_S, what=what)
+        except RankFailure as failure:
+            raise LaunchError(f"rank {rank} {failure.reason} while starting") from None
+        if message.kind == "fatal":
+            raise LaunchError(f"rank {rank} {message.body['message']}")
+        return message
 
     def close(self) -> None:
         """Stop every rank: ask (a run that ended well), then terminate, then kill; leave the

@@ -42,6 +42,14 @@ class RankOptions:
     plan_path: Optional[str] = None  # where the plan was read: its generated glue sits beside it
     blas_pdl: bool = True  # the graphs' edges into cuBLAS's products programmatic (--no-blas-pdl: False)
 
+    def shared(self) -> dict[str, Any]:
+        """The options every rank must run with alike (rank 0 compares them at start-up): each
+        rank builds its shard and its pool from them, so a TP shard from another seed or dims gives
+        other tokens and another pool size holds other rows, and the ranks' collectives no longer
+        meet. The weights' folder and the timeout may differ between hosts."""
+        return {"dims": self.dims, "seed": self.seed, "kv_pages": self.kv_pages, "attention": self.attention,
+                "device": self.device.split(":")[0], "weights": bool(self.weights), "blas_pdl": self.blas_pdl}
+
 
 def nodes_of(plan: Plan, rank: int) -> set[str]:
     """The nodes whose models this rank builds: every node its worker runs a walk of."""
