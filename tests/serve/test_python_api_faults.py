@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import threading
 
 import numpy as np
@@ -189,6 +190,37 @@ def test_a_plan_that_transcribes_refuses_a_request_without_audio(plan, prompt):
         audio = {"audio": np.zeros(16000, dtype=np.float32)}
         request = llm.request(prompt, SamplingParams(max_tokens=4), media=audio)
         assert not llm.generate(request)[0].finish_reason.startswith("error")
+
+
+@pytest.mark.parametrize("value, says", [
+    (None, "got NoneType"),  # once transcribed seeded noise: the check looked for the key only
+    ("speech.wav", "got str (read a WAV file with"),  # once failed its whole step (every request in it)
+    (b"RIFF", "got bytes"), ([], "got shape [0]"), (np.float32(0.5), "got shape []"),
+    (np.zeros((2, 8000), dtype=np.float32), "a 1-D array; got shape [2, 8000]"),
+    (np.zeros(16000, dtype=np.int16), "samples as floats in [-1, 1], got int16"),
+    ([0.0, float("nan")], "not a finite number"), ([True, False], "got bool"), ([{"a": 1}], "not an array"),
+])
+@pytest.mark.parametrize("plan, prompt", [("whisper", []), ("qwen3_asr", [151676])])
+def test_a_media_value_the_request_cannot_carry_is_refused_before_it_runs(plan, prompt, value, says):
+    with LLM(str(ROOT / "generated" / f"{plan}.plan"), engine="sim") as llm:
+        with pytest.raises(PromptError, match=re.escape(says)) as refused:
+            llm.request(prompt, SamplingParams(max_tokens=4), media={"audio": value})
+        assert refused.value.param == "media"
+        with pytest.raises(PromptError, match="media 'image': this plan takes no such prompt media"):
+            llm.request(prompt, SamplingParams(max_tokens=4), media={"image": [0.5]})
+        # a list of float samples is taken, as a float32 tensor
+        taken = llm.request(prompt, SamplingParams(max_tokens=4), media={"audio": [0.0] * 1600})
+        assert taken.media["audio"].dtype == torch.float32 and tuple(taken.media["audio"].shape) == (1600,)
+
+
+def test_a_bad_media_value_beside_good_requests_fails_nothing_that_ran():
+    """On the torch engine a str path among good requests failed the whole step (TypeError)."""
+    with LLM(str(ROOT / "generated" / "whisper.plan")) as llm:
+        good = [llm.request([], SamplingParams(max_tokens=3), media={"audio": np.zeros(16000, np.float32)})
+                for _ in range(2)]
+        with pytest.raises(PromptError):
+            llm.request([], SamplingParams(max_tokens=3), media={"audio": "speech.wav"})
+        assert [o.finish_reason for o in llm.generate(good)] == ["length", "length"]
 
 
 def test_requests_still_in_the_inbox_when_the_loop_ends_are_answered_and_counted():

@@ -53,6 +53,7 @@ from mstar.plan.rounds import kv_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.engine_setup import SetupError
+from mstar.runtime.serve.media_values import MediaError, media_tensors
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
 from mstar.runtime.serve.plan_checks import PlanChecks
 from mstar.runtime.step import sampling_range_problem
@@ -177,6 +178,7 @@ class LLM:
                  weights: Optional[list[str]] = None, tokenizer: Optional[str] = None, dims: str = "tiny",
                  kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
                  sim_pace: float = 0.0, max_waiting: int = 256, observer: Optional[Observer] = None):
+        from mstar.runtime.serve.audio_input import takes_waveform
         from mstar.runtime.serve.endpoints import default_route_media
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
@@ -203,6 +205,10 @@ class LLM:
         self._handoffs: dict[asyncio.AbstractEventLoop, _Handoff] = {}
         # The prompt media the default route takes (a request without them is refused, _check_media).
         self.default_media = default_route_media(self.plan)
+        # The prompt media any route takes, and whether its audio is a waveform (media_values.py)
+        self.media_modalities = frozenset(i.prompt for node in self.plan.nodes for i in node.input_roles
+                                          if i.prompt not in (None, "text"))
+        self.takes_waveform = takes_waveform(self.plan)
         self.loop.start()
         # An LLM never closed is closed when it is collected or at the interpreter's exit, whichever
         # comes first (its thread ran on, holding the engine; at exit, running in torch while the
@@ -303,7 +309,11 @@ class LLM:
         self._check_against_plan(sampling)
         if media is not None and not isinstance(media, dict):
             raise PromptError(f"media must map modalities to values ({{'audio': samples}}), got {type(media).__name__}")
-        self._check_media(media or {}, sampling.route)
+        try:
+            media = media_tensors(media, self.media_modalities, self.takes_waveform) if media else {}
+        except MediaError as error:
+            raise PromptError(str(error), param="media") from None
+        self._check_media(media, sampling.route)
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and this server has none; use stop_token_ids")
         is_empty = isinstance(prompt, (list, tuple)) and not prompt
