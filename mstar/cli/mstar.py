@@ -37,6 +37,7 @@ from mstar.arg_types import int_range
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
+from mstar.runtime.serve.engine_setup import SEED_BOUND
 from mstar.runtime.serve.workload import (
     ARRIVALS, VOCAB_SIZE, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
 )
@@ -45,7 +46,6 @@ from mstar.runtime.serve.workload import (
 log = logging.getLogger(__name__)
 
 
-SEED_BOUND = 2**43
 RANK_TIMEOUT_S = (0.01, 86400.0)  # below 10 ms torch's store waits 0 ms; its milliseconds overflow a C int past 24 days
 
 

@@ -20,7 +20,7 @@ from mstar import LLM, SamplingParams
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sampling import SamplingError as EngineSamplingError
 from mstar.runtime.engine.sampling import SamplingParams as EngineSampling
-from mstar.runtime.serve.api import Overloaded, PromptError, SamplingError
+from mstar.runtime.serve.api import Overloaded, PromptError, SamplingError, SetupError
 from serve_harness import LLAMA, ROOT, wait_until, write_tokenizer
 
 
@@ -244,3 +244,42 @@ def test_requests_still_in_the_inbox_when_the_loop_ends_are_answered_and_counted
         loop._fail_all("error: stopped")
     assert [a.finish_reason for a in answers] == ["error: stopped"] * 3
     assert observer.finished == ["error: stopped"] * 3 and loop.num_in_flight == 0
+
+
+@pytest.mark.parametrize("arguments, says", [
+    ({"engine": "sim", "seed": 1.5}, "seed must be an integer"),  # gave float token ids
+    ({"engine": "sim", "seed": "x"}, "seed must be an integer"),  # failed every request
+    ({"engine": "sim", "seed": 2**50}, "within +-2**43"),
+    ({"engine": "sim", "sim_pace": float("inf")}, "pace must be a finite number"),  # failed every request
+    ({"engine": "sim", "sim_pace": None}, "pace must be a finite number"),
+    ({"engine": "sim", "kv_pages": "5"}, "kv pages must be a positive integer"),
+    ({"engine": "sim", "kv_pages": True}, "kv pages must be a positive integer"),
+    ({"engine": "sim", "kv_pages": 2.5}, "kv pages must be a positive integer"),  # a pool of 2.5 pages
+    ({"engine": "sim", "tokenizer": 5}, "tokenizer must be a directory"),
+    ({"engine": "sim", "weights": [None]}, "weights must be a list of checkpoint directories"),
+    ({"engine": "sim", "device": "cuda"}, "device: options of the torch engine's model"),
+    ({"engine": "sim", "dims": "spec"}, "dims: options of the torch engine's model"),
+    ({"engine": "sim", "observer": 5}, "observer must be an mstar.runtime.serve.online.Observer"),
+])
+def test_a_constructor_argument_of_the_wrong_kind_is_a_setup_error(arguments, says):
+    with pytest.raises(SetupError, match=re.escape(says)):
+        LLM(LLAMA, **arguments)
+
+
+def test_an_observer_that_raises_is_logged_and_every_request_is_answered(caplog):
+    """Its on_step raised on the run loop's thread, which stopped before it answered: generate never
+    returned."""
+    from mstar.runtime.serve.online import Observer
+
+    class Raising(Observer):
+        def on_step(self, key, mixture):
+            raise RuntimeError("metrics store gone")
+
+        def on_finish(self, finish_reason, is_refused=False, is_input_fault=False):
+            raise RuntimeError("metrics store gone")
+
+    with LLM(LLAMA, engine="sim", observer=Raising()) as llm:
+        outputs = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=4))
+    assert [o.finish_reason for o in outputs] == ["length", "length"]
+    raised = [r.getMessage() for r in caplog.records if "observer's" in r.getMessage()]
+    assert len(raised) == 2 and all("metrics store gone" in m for m in raised)  # once a hook

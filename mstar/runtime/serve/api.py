@@ -182,7 +182,7 @@ class LLM:
         from mstar.runtime.serve.endpoints import default_route_media
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
-        _check_arguments(plan, engine, max_waiting)
+        _check_arguments(plan, engine, max_waiting, observer)
         if isinstance(plan, os.PathLike):
             plan = os.fspath(plan)
         self.plan = load(plan) if isinstance(plan, str) else plan
@@ -518,9 +518,15 @@ class _Collector:
                       last.num_output_tokens, last.num_cached_tokens)
 
 
-def _check_arguments(plan: Any, engine: Any, max_waiting: Any) -> None:
+def _check_arguments(plan: Any, engine: Any, max_waiting: Any, observer: Any) -> None:
     """SetupError for a constructor argument of the wrong kind or out of range (None for the plan
-    or engine was an AttributeError deep inside; max_waiting=-1 silently queued 255)."""
+    or engine was an AttributeError deep inside; max_waiting=-1 silently queued 255; observer=5
+    raised on the run loop's thread and the first generate never returned)."""
+    from mstar.runtime.serve.online import OBSERVER_HOOKS
+
+    if observer is not None and not all(callable(getattr(observer, hook, None)) for hook in OBSERVER_HOOKS):
+        raise SetupError(f"observer must be an mstar.runtime.serve.online.Observer (hooks "
+                         f"{', '.join(OBSERVER_HOOKS)}), got {type(observer).__name__}")
     if not isinstance(plan, (str, os.PathLike, Plan)):
         raise SetupError(f"plan must be a plan file path or a Plan, got {type(plan).__name__}")
     if not isinstance(engine, str) and not hasattr(engine, "caps"):

@@ -12,12 +12,16 @@ refusal is a `SetupError` (a ValueError) with the message the user needs; never 
 """
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
 from mstar.plan.schema import Plan
 
 ENGINES = ("torch", "sim")
+SEED_BOUND = 2**43  # a seed within +-2**43: request i's seed, seed x 1000003 + i, stays a 64-bit integer
 
 
 class SetupError(ValueError):
@@ -46,6 +50,7 @@ def build_tokenizer(plan: Plan, weights: Optional[list[str]], tokenizer: Optiona
     node taking the text prompt when it holds tokenizer.json, else None."""
     from mstar.runtime.serve.tokenizer import TokenizerError, load_tokenizer, tokenizer_dir
 
+    check_paths(weights, tokenizer)
     try:
         checkpoints: dict[str, str] = {}
         if weights and tokenizer is None:
@@ -89,14 +94,11 @@ def build_engine(plan: Plan, kind: str, *, weights: Optional[list[str]] = None, 
     """plan_path: where the plan was read (its generated glue packs the GPU fast path's steps)."""
     if kind not in ENGINES:
         raise SetupError(f"engine {kind!r}: choose one of {', '.join(ENGINES)}")
-    if kv_pages is not None and kv_pages <= 0:
-        raise SetupError(f"kv pages must be a positive number, got {kv_pages}")
+    _check_engine_arguments(kind, weights, kv_pages, seed, sim_pace, torch_options_set(device, dims, attention))
     if kind == "sim":
         from mstar.runtime.engine.sim import SimEngine
         from mstar.runtime.serve.paced import PacedEngine
 
-        if not sim_pace >= 0:
-            raise SetupError(f"the simulated engine's pace must be >= 0, got {sim_pace}")
         return PacedEngine(SimEngine(plan, seed=seed, num_pages=kv_pages), sim_pace)
     try:
         from mstar.runtime.engine import torch_engine
@@ -108,3 +110,37 @@ def build_engine(plan: Plan, kind: str, *, weights: Optional[list[str]] = None, 
         return torch_engine.build(plan, options)
     except ValueError as error:  # EngineError and the engine's other start-up refusals
         raise SetupError(str(error)) from None
+
+
+def _check_engine_arguments(kind: str, weights: Any, kv_pages: Any, seed: Any, sim_pace: Any,
+                            torch_only: list[str]) -> None:
+    """SetupError for an engine argument of the wrong kind or range, as `mstar run` refuses it (the
+    Python API passed them on: seed=1.5 gave float token ids, seed="x" and sim_pace=inf failed
+    every request, kv_pages="5" raised a TypeError, and the sim engine took dims, device and weights
+    it has no model for)."""
+    check_paths(weights, None)
+    if kv_pages is not None and (not _is_integer(kv_pages) or kv_pages <= 0):
+        raise SetupError(f"kv pages must be a positive integer, got {kv_pages!r}")
+    if not _is_integer(seed) or abs(seed) > SEED_BOUND:
+        raise SetupError(f"seed must be an integer within +-2**43, got {seed!r}")
+    if kind != "sim":
+        return
+    if not isinstance(sim_pace, (int, float)) or isinstance(sim_pace, bool) or not 0 <= sim_pace < math.inf:
+        raise SetupError(f"the simulated engine's pace must be a finite number >= 0, got {sim_pace!r}")
+    if torch_only:  # weights may come with the sim engine: their folder may hold the tokenizer
+        raise SetupError(f"{', '.join(o.lstrip('-') for o in torch_only)}: options of the torch engine's model; "
+                         "the sim engine has none (leave them out, or use engine='torch')")
+
+
+def check_paths(weights: Any, tokenizer: Any) -> None:
+    """SetupError unless `weights` is None or a list of directories (DIR or NODE=DIR) and
+    `tokenizer` None or a directory (a None or an int among them raised from deep inside)."""
+    if weights is not None and (isinstance(weights, (str, bytes)) or not isinstance(weights, (list, tuple))
+                                or not all(isinstance(w, (str, os.PathLike)) for w in weights)):
+        raise SetupError(f"weights must be a list of checkpoint directories (DIR or NODE=DIR), got {weights!r}"[:300])
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        raise SetupError(f"tokenizer must be a directory holding tokenizer.json, got {tokenizer!r}"[:300])
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -34,6 +34,7 @@ tokens, gaps between deltas, endings and steps, for metrics.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -47,6 +48,8 @@ from mstar.runtime.serve.driver import Driver
 from mstar.runtime.serve.steps import Launch
 from mstar.runtime.serve.text_stream import TextStream
 from mstar.runtime.step import Engine
+
+log = logging.getLogger(__name__)
 
 # close(timeout): after the timeout the driver stops at the step boundary; a step still running this
 # much later is not waited for (a hung step held close, and the interpreter's exit, for ever)
@@ -103,6 +106,32 @@ class Observer:
         that took its prompt) and the prompt tokens they found cached; called only when it looked."""
 
 
+OBSERVER_HOOKS = ("on_first_output", "on_output_gap", "on_finish", "on_step", "on_prefix_lookups")
+
+
+class _Guarded(Observer):
+    """A caller's observer whose raises are logged (once a hook) and go no further: a hook that
+    raised on the driver's thread stopped the run loop before it answered its clients, and a
+    `generate` waiting on them never returned."""
+
+    def __init__(self, inner: Observer):
+        self.inner = inner
+        self.failed: set[str] = set()
+        for name in OBSERVER_HOOKS:
+            setattr(self, name, self._guard(name, getattr(inner, name)))
+
+    def _guard(self, name: str, hook: Callable[..., None]) -> Callable[..., None]:
+        def guarded(*args: Any) -> None:
+            try:
+                hook(*args)
+            except Exception as error:
+                if name not in self.failed:
+                    self.failed.add(name)
+                    log.error("the observer's %s raised (%s: %s); the requests go on (logged once)",
+                              name, type(error).__name__, error)
+        return guarded
+
+
 class _Tracked:
     """A request in flight, as the driver thread sees it."""
 
@@ -126,7 +155,7 @@ class OnlineLoop:
         self.plan = plan
         self.engine = engine
         self.decode = decode
-        self.observer = observer or Observer()
+        self.observer = Observer() if observer is None else _Guarded(observer)
         self.driver = Driver(plan, engine, on_finish=self._on_finish, decode=decode, on_step=self._on_step,
                              log=_NoLog())
         max_concurrent = plan.deployment.max_concurrent_requests
