@@ -64,6 +64,25 @@ def _plan_path_problem(option: str, output: Optional[str]) -> Optional[str]:
             "written beside it as NAME_glue.py) or an existing directory\n")
 
 
+def _replaces_input(outputs: list[tuple[str, object]], inputs: list[tuple[str, object]]) -> Optional[str]:
+    """Why writing one of `outputs` (what, path) would replace one of the `inputs` (what, path),
+    or None: `mstarc compile x.plan -o x.plan` wrote the plan over its own spec, `graph -o s.svg
+    s.svg` the picture over the spec, and exited 0."""
+    for out_what, out in outputs:
+        for in_what, source in inputs:
+            if source is not None and _is_same_file(str(out), str(source)):
+                return (f"mstarc: {out_what} {out} is the {in_what}: writing it would replace that input; "
+                        "choose another path\n")
+    return None
+
+
+def _is_same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)  # a hard link or a symlink to it counts
+    except OSError:  # one does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def cmd_compile(args) -> int:
     from mstar.compiler.driver import compile_spec
     from mstar.compiler.emit import write_outputs
@@ -78,6 +97,11 @@ def cmd_compile(args) -> int:
     _report(diags)
     if result is None:
         return EXIT_INPUT
+    problem = _replaces_input([("the plan", result.plan_path), ("its glue", result.glue_path)],
+                              [("spec", args.spec), ("deployment", args.config)])
+    if problem is not None:
+        sys.stderr.write(problem)
+        return EXIT_USAGE
     try:
         write_outputs(result.plan_path, result.plan_text, result.glue_path, result.glue_text)
     except OSError as e:
@@ -106,6 +130,11 @@ def cmd_init(args) -> int:
     if len(set(outputs)) < len(outputs):
         sys.stderr.write("mstarc: the spec, the deployment and the plan need three different paths "
                          "(-o, --config-out, --plan-out)\n")
+        return EXIT_USAGE
+    problem = _inside_checkpoint([spec_path, config_path] + ([Path(args.plan_out)] if args.plan_out else []),
+                                 [args.from_checkpoint, args.codec_checkpoint])
+    if problem is not None:  # even with --force: init reads those files
+        sys.stderr.write(problem)
         return EXIT_USAGE
     existing = [str(p) for p in (spec_path, config_path) if p.exists()]
     if existing and not args.force:
@@ -138,6 +167,21 @@ def cmd_init(args) -> int:
                          f"(above); {' and '.join(map(str, previous))} were "
                          f"{'restored' if any(previous.values()) else 'removed'}\n")
     return status
+
+
+def _inside_checkpoint(outputs: list[Path], checkpoints: list[Optional[str]]) -> Optional[str]:
+    """Why init would write over a file of a checkpoint it reads, or None (`--config-out
+    CK/config.json --force` replaced the checkpoint's own config.json with the deployment, and the
+    next init from there failed). Files of init's own kinds (a spec, a deployment, a plan) may be
+    replaced there with --force."""
+    for output in outputs:
+        if not output.is_file() or output.suffix in (".mw", ".yaml", ".yml", ".plan"):
+            continue
+        for checkpoint in filter(None, checkpoints):
+            if Path(checkpoint).is_dir() and _is_same_file(str(output.resolve().parent), checkpoint):
+                return (f"mstarc: {output} is a file of the checkpoint {checkpoint}, which init reads; "
+                        "write the spec, deployment and plan elsewhere\n")
+    return None
 
 
 def _restore(previous: dict[Path, Optional[bytes]]) -> None:
@@ -258,6 +302,10 @@ def cmd_graph(args) -> int:
         # The picture is SVG text written directly; a .png (or any other) name would hold SVG.
         sys.stderr.write(f"mstarc: graph writes SVG only, and -o {args.output} does not end in .svg; give a .svg "
                          "name (convert it afterwards for a PNG, e.g. `rsvg-convert -o x.png x.svg`)\n")
+        return EXIT_USAGE
+    problem = _replaces_input([("-o", args.output)], [("spec", args.spec)])
+    if problem is not None:
+        sys.stderr.write(problem)
         return EXIT_USAGE
     from mstar.compiler.driver import load_checked_spec
     from mstar.lang.diagnostics import Diagnostics

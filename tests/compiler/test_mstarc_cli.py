@@ -199,6 +199,40 @@ def test_init_plan_out_ends_in_plan(repo, capsys):
     assert not any((repo / name).exists() for name in ("s.mw", "c.yaml", "p.txt"))
 
 
+@pytest.mark.parametrize("command, replaced", [
+    (["compile", "{spec}", "--config", "{config}", "-o", "{spec}"], "spec"),  # the plan over its own spec
+    (["compile", "{spec}", "--config", "{config}", "-o", "{config}"], "config"),  # ... over the deployment
+    (["compile", "{spec}", "--config", "{config}", "-o", "{link}"], "spec"),  # ... through a link to it
+    (["graph", "{spec}", "-o", "{spec}"], "spec"),  # the picture over the spec
+], ids=["plan_over_spec", "plan_over_config", "plan_over_a_link_to_the_spec", "svg_over_spec"])
+def test_an_output_that_is_an_input_is_refused_and_nothing_is_written(repo, capsys, command, replaced):
+    """Each exited 0 having replaced the input (a spec named x.plan or x.svg)."""
+    suffix = ".svg" if command[0] == "graph" else ".plan"
+    spec, config, link = repo / "specs" / f"same{suffix}", repo / "configs" / "same.plan", repo / "link.plan"
+    shutil.copy(repo / "specs" / "llama.mw", spec)
+    shutil.copy(repo / "configs" / "llama.yaml", config)
+    link.symlink_to(spec if replaced == "spec" else config)
+    before = {p: p.read_bytes() for p in (spec, config)}
+    assert main([a.format(spec=spec, config=config, link=link) for a in command]) == 2
+    err = capsys.readouterr().err
+    assert "writing it would replace that input" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in (spec, config)} == before
+
+
+def test_init_never_writes_over_a_checkpoint_file(repo, capsys):
+    """`--config-out CK/config.json --force` replaced the checkpoint's config.json with the
+    deployment; the next init from there failed. Init's own kinds (.mw, .yaml, .plan) may be
+    replaced there with --force."""
+    checkpoint = repo / "ckpt"
+    checkpoint.mkdir()
+    config = '{"architectures": ["LlamaForCausalLM"]}'
+    (checkpoint / "config.json").write_text(config)
+    outputs = ["-o", str(checkpoint / "t.mw"), "--config-out", str(checkpoint / "config.json"), "--force"]
+    assert main(["init", "--from-checkpoint", str(checkpoint), *outputs]) == 2
+    assert "is a file of the checkpoint" in capsys.readouterr().err
+    assert (checkpoint / "config.json").read_text() == config and not (checkpoint / "t.mw").exists()
+
+
 def test_bench_json_smoke(repo, capsys):
     import json
 

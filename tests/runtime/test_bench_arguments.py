@@ -70,3 +70,21 @@ def test_a_bench_that_cannot_run_says_why_in_one_line(capsys, tmp_path, argv, me
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "ckpt").exists()  # bench load refused before writing a checkpoint
+
+
+def test_bench_load_writes_only_into_a_new_or_empty_folder(capsys, tmp_path):
+    """It wrote config.json and model-0000N.safetensors into any folder named (replacing files of
+    those names) and made missing parents."""
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    small = ["--layers", "1", "--hidden", "256", "--vocab", "64"]
+    assert main(["bench", "load", "--dir", str(full), *small]) == 1
+    assert "holds other files and no checkpoint" in capsys.readouterr().err
+    assert sorted(p.name for p in full.iterdir()) == ["notes.txt"]
+    assert main(["bench", "load", "--dir", str(tmp_path / "no" / "such" / "x"), *small]) == 1
+    assert "its parent folder does not exist" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["bench", "load", "--dir", str(empty), *small]) == 0  # written, then reused
+    assert main(["bench", "load", "--dir", str(empty), *small]) == 0

@@ -9,7 +9,7 @@ and the growth of the process's peak resident memory (the model itself plus one 
 a full fp32 copy of the checkpoint would show as twice the model).
 
 The checkpoint is written once per run into a temporary folder (or `--dir`, kept and reused when it
-already holds one); writing it is not timed.
+already holds one; a new or empty folder, never one holding other files); writing it is not timed.
 
 Usage: mstar bench load [--json] [--dir DIR] [--layers N] [--hidden N] [--vocab N] [--device D]
 """
@@ -50,7 +50,7 @@ def write_checkpoint(directory: Path, config: dict) -> int:
     from mstar.runtime.engine.checkpoint_config import read_checkpoint_config
     from mstar.runtime.engine.models.decoder import Decoder
 
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
     dims = read_checkpoint_config(str(directory))
     with torch.device("meta"):
@@ -115,6 +115,22 @@ def _problem(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
+def _dir_problem(directory: str) -> Optional[str]:
+    """Why the checkpoint may not be written to or read from --dir, or None: it is written only into
+    a new folder (in one that exists) or an empty one, and one holding config.json is read as a
+    checkpoint written before; any other folder's files would be replaced (config.json and
+    model-0000N.safetensors written into whatever folder was named, its missing parents made)."""
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        return f"--dir {directory} exists and is not a directory"
+    if not path.exists():
+        return None if path.absolute().parent.is_dir() else f"--dir {directory}: its parent folder does not exist"
+    if (path / "config.json").is_file() or not any(path.iterdir()):
+        return None
+    return (f"--dir {directory} holds other files and no checkpoint (config.json); give a new or empty folder, "
+            "or one this bench wrote")
+
+
 SIZE_KEYS = {"num_hidden_layers": "--layers", "hidden_size": "--hidden", "vocab_size": "--vocab"}
 
 
@@ -140,9 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--vocab", type=int_range(1, 1 << 22), default=128256)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    problem = _problem(args)
-    if args.dir and os.path.exists(args.dir) and not os.path.isdir(args.dir):
-        problem = f"--dir {args.dir} exists and is not a directory"
+    problem = _problem(args) or (_dir_problem(args.dir) if args.dir else None)
     if problem:
         print(f"mstar bench load: {problem}", file=sys.stderr)
         return 1
