@@ -1,9 +1,9 @@
 """argparse types for the commands' integer options (the benches of `mstar bench` and `mstarc
 bench`): one range check, one message.
 
-    int_range(low, high=None) -> type   an int in [low, high]; no upper bound when high is None
+    int_range(low, high) -> type        an int in [low, high]
     int_list(low, high) -> type         comma-separated ints, each in [low, high], repeats dropped
-    POSITIVE = int_range(1)             NON_NEGATIVE = int_range(0)
+    ITERS = int_range(1, 100_000)       the timed repetitions of a bench
 
 Given as `add_argument(..., type=...)`, a value out of range (or not an integer) is refused by
 argparse itself: `mstar bench NAME: error: argument --NAME: must be between 1 and 100000, got 0`
@@ -15,20 +15,18 @@ mains live in runtime.serve and runtime.engine, which cannot import cli) and imp
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Optional
+from typing import Callable
 
 
-def int_range(low: int, high: Optional[int] = None) -> Callable[[str], int]:
+def int_range(low: int, high: int) -> Callable[[str], int]:
+    """Every count has an upper bound: `--iters 10**12` or `--runs 10**9` ran for ever."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if high is not None and not low <= value <= high:
+        if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
-        if value < low:
-            bound = "a positive integer" if low == 1 else f"at least {low}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
     parse.__name__ = "integer"  # argparse names the type in some messages
@@ -53,5 +51,4 @@ def int_list(low: int, high: int) -> Callable[[str], list[int]]:
     return parse
 
 
-POSITIVE = int_range(1)
-NON_NEGATIVE = int_range(0)
+ITERS = int_range(1, 100_000)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from mstar.arg_types import POSITIVE
+from mstar.arg_types import int_range
 from mstar.cli.common import global_parser, take_global_options
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="compile time per spec (whole process and in-process work)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--runs", type=POSITIVE, default=5, metavar="N", help="runs per measurement (median)")
+    p.add_argument("--runs", type=int_range(1, 1000), default=5, metavar="N", help="runs per measurement (median)")
     p.add_argument("--root", default=".", metavar="DIR", help="repository root (default .)")
     p.set_defaults(run=cmd_bench)
     return parser

@@ -124,7 +124,7 @@ def print_report(report: dict) -> None:
 
 
 def run_bench(root: Path, runs: int, as_json: bool) -> int:
-    """runs: at least 1 (the parser's `POSITIVE` type)."""
+    """runs: at least 1 (the parser's `int_range(1, 1000)` type)."""
     if not (root / "configs").is_dir() or not (root / "specs").is_dir():
         print(f"mstarc: {root} has no configs/ and specs/; run from the repository root or pass --root",
               file=sys.stderr)

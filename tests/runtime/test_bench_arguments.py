@@ -21,9 +21,12 @@ from mstar.cli.mstarc import main as mstarc_main
     (["bench", "kv", "--prefix-requests", "1"], "argument --prefix-requests: must be between 2 and 4096, got 1"),
     (["bench", "kv", "--budget", "x"], "argument --budget: must be an integer, got 'x'"),
     (["bench", "scheduler", "--warmup", "-1"], "argument --warmup: must be between 0 and 1000000, got -1"),
-    (["bench", "attention", "--kv-heads", "0"], "argument --kv-heads: must be a positive integer, got 0"),
+    (["bench", "attention", "--kv-heads", "0"], "argument --kv-heads: must be between 1 and 256, got 0"),
     (["bench", "load", "--layers", "-3"], "argument --layers: must be between 1 and 4096, got -3"),
-    (["bench", "engine", "--iters", "0"], "argument --iters: must be a positive integer, got 0"),
+    (["bench", "engine", "--iters", "0"], "argument --iters: must be between 1 and 100000, got 0"),
+    # each ran for ever on any machine (--host-pack needs no GPU)
+    (["bench", "engine", "--host-pack", "--iters", "1000000000000"], "argument --iters: must be between 1 and 100000"),
+    (["bench", "attention", "--context", "10000000000"], "argument --context: must be between 1 and 1048576"),
 ])
 def test_an_option_out_of_range_is_one_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:
@@ -33,11 +36,12 @@ def test_an_option_out_of_range_is_one_usage_error(capsys, argv, message):
     assert f"mstar {' '.join(argv[:2])}: error: {message}" in err and "Traceback" not in err
 
 
-def test_mstarc_bench_runs_takes_the_same_check(capsys):
+@pytest.mark.parametrize("runs", ["0", "1000000000"])  # 10**9 ran for ever
+def test_mstarc_bench_runs_takes_the_same_check(capsys, runs):
     with pytest.raises(SystemExit) as stop:
-        mstarc_main(["bench", "--runs", "0"])
+        mstarc_main(["bench", "--runs", runs])
     assert stop.value.code == 2
-    assert "argument --runs: must be a positive integer, got 0" in capsys.readouterr().err
+    assert f"argument --runs: must be between 1 and 1000, got {runs}" in capsys.readouterr().err
 
 
 def test_the_range_type_keeps_values_inside_it():

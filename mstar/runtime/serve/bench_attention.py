@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from mstar.arg_types import POSITIVE
+from mstar.arg_types import ITERS, int_range
 from mstar.runtime.engine.attention.torch_paged import Segment, paged_attention
 
 PAGE_SIZE = 16
@@ -102,14 +102,14 @@ def run(iters: int, head_dim: int, qo_heads: int, kv_heads: int) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench attention", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=POSITIVE, default=200, help="timed FlashInfer calls (torch: a tenth)")
+    parser.add_argument("--iters", type=ITERS, default=200, help="timed FlashInfer calls (torch: a tenth)")
     parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
-    parser.add_argument("--qo-heads", type=POSITIVE, default=32)
-    parser.add_argument("--kv-heads", type=POSITIVE, default=8)
+    parser.add_argument("--qo-heads", type=int_range(1, 256), default=32)
+    parser.add_argument("--kv-heads", type=int_range(1, 256), default=8)
     parser.add_argument("--decode", action="store_true",
                         help="the decode graphs' attention: the Triton decode kernel against FlashInfer's, at 1 to "
                              "64 rows (--iters: graph replays)")
-    parser.add_argument("--context", type=POSITIVE, default=1024, help="--decode: positions a row")
+    parser.add_argument("--context", type=int_range(1, 1 << 20), default=1024, help="--decode: positions a row")
     parser.add_argument("--spread", action="store_true",
                         help="--decode: rows of unequal length, a quarter of --context to four times it")
     parser.add_argument("--split-what-ifs", action="store_true",

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from mstar.arg_types import NON_NEGATIVE, POSITIVE, int_range
+from mstar.arg_types import ITERS, int_range
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.gpu import decode_attention, graph_what_ifs, launch_probe
@@ -538,11 +538,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", default="generated/llama.plan")
     parser.add_argument("--node", help="the kv node to bench (default: the plan's first)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=POSITIVE, default=50)
+    parser.add_argument("--iters", type=ITERS, default=50)
     parser.add_argument("--hf-compiled", action="store_true",
                         help="also time HF with a static cache under torch.compile (minutes of compiling)")
     parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
-    parser.add_argument("--profile", type=NON_NEGATIVE, default=0, metavar="ROWS",
+    parser.add_argument("--profile", type=int_range(0, 4096), default=0, metavar="ROWS",
                         help="also list the top kernels of the decode graph of ROWS rows (torch profiler)")
     parser.add_argument("--no-numpy", action="store_true",
                         help="skip timing each step with the numpy packing (a second executor and capture)")

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mstar.arg_types import POSITIVE
+from mstar.arg_types import ITERS
 
 ROWS = (1, 8, 64)
 
@@ -202,7 +202,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--blocks", type=_blocks, default=None, metavar="N,N",
                         help="value columns a program takes in the variants set against the kernel's own "
                              "(default: d_v, one program a head, and 64)")
-    parser.add_argument("--iters", type=POSITIVE, default=30, help="graph replays a variant")
+    parser.add_argument("--iters", type=ITERS, default=30, help="graph replays a variant")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     args = parser.parse_args(argv)
     shape = _plan_shape(args)

@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from mstar.arg_types import POSITIVE
+from mstar.arg_types import ITERS
 
 ROWS = (1, 2, 4, 8, 16, 64)
 CHAIN_ROWS = (64, 1)
@@ -175,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--rows", type=_rows, metavar="N,N",
                         help=f"row counts to time (default {','.join(map(str, ROWS))}; with --chain "
                              f"{','.join(map(str, CHAIN_ROWS))})")
-    parser.add_argument("--iters", type=POSITIVE, default=30, help="graph replays a case")
+    parser.add_argument("--iters", type=ITERS, default=30, help="graph replays a case")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     parser.add_argument("--skinny-sweep", action="store_true",
                         help="instead: the split-K skinny kernel under each of its 50 launch configs against "
