@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from mstar.arg_types import int_range
 from mstar.cli.common import global_parser, take_global_options
@@ -425,16 +427,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(take_global_options(sys.argv[1:] if argv is None else argv, "mstarc"))
+    interrupts: list[int] = []
+    previous = _note_interrupts(interrupts)
     try:
         return args.run(args)
     except KeyboardInterrupt:
-        return EXIT_INPUT
+        return _interrupted()
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say, to anyone
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return EXIT_OK
     except Exception as e:  # a bug in mstarc, not in the input: say so without a traceback
+        if interrupts:  # a Ctrl-C inside a library's import (pydantic building a schema) surfaced as its error
+            return _interrupted()
         if os.environ.get("MSTARC_TRACEBACK"):
             raise
         sys.stderr.write(
@@ -442,6 +451,28 @@ def main(argv: list[str] | None = None) -> int:
             "your input. Set MSTARC_TRACEBACK=1 to see where.\n"
         )
         return EXIT_INPUT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _note_interrupts(interrupts: list[int]) -> Any:
+    """Python's own Ctrl-C (KeyboardInterrupt), noted: a command's imports run inside `main`, and
+    an interrupt there could come out as an import's error (exit 1, "internal error") or end the
+    command silently with exit 1. The handler before, or None off the main thread."""
+    def on_interrupt(signum: int, frame: Any) -> None:
+        interrupts.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None
+    return signal.signal(signal.SIGINT, on_interrupt)
+
+
+def _interrupted() -> int:
+    sys.stderr.write("mstarc: interrupted; a file it writes is replaced whole or not at all\n")
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
