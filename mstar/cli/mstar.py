@@ -43,7 +43,7 @@ from mstar.runtime.serve.workload import (
 )
 
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mstar.cli.mstar")  # not __name__: under `python3 -m` that is __main__, outside `mstar`
 
 
 RANK_TIMEOUT_S = (0.01, 86400.0)  # below 10 ms torch's store waits 0 ms; its milliseconds overflow a C int past 24 days

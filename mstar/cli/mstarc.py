@@ -269,10 +269,12 @@ def cmd_regen(args) -> int:
     from mstar.compiler import regen
     from mstar.lang.diagnostics import Diagnostics
 
+    from mstar.cli.mstarc_bench import missing_folders
+
     root = Path(args.root)
-    if not (root / "configs").is_dir() or not (root / "specs").is_dir():
-        sys.stderr.write(f"mstarc: {root} has no configs/ and specs/; run from the repository root "
-                         "or pass --root\n")
+    problem = missing_folders(root)
+    if problem is not None:
+        sys.stderr.write(problem + "\n")
         return EXIT_INPUT
     diags = Diagnostics()
     expected = regen.expected_outputs(root, diags)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 from pathlib import Path
 
 PROCESS_TARGET_S = 0.5
@@ -123,11 +123,20 @@ def print_report(report: dict) -> None:
           "(per-pass columns: the slowest passes, ms)")
 
 
+def missing_folders(root: Path) -> Optional[str]:
+    """Why `root` is not a repository (its configs/ or specs/ folder missing, named), or None."""
+    missing = [name for name in ("configs", "specs") if not (root / name).is_dir()]
+    if not missing:
+        return None
+    return f"mstarc: {root} has no {' and no '.join(f'{name}/' for name in missing)}; run from the repository " \
+           "root or pass --root"
+
+
 def run_bench(root: Path, runs: int, as_json: bool) -> int:
     """runs: at least 1 (the parser's `int_range(1, 1000)` type)."""
-    if not (root / "configs").is_dir() or not (root / "specs").is_dir():
-        print(f"mstarc: {root} has no configs/ and specs/; run from the repository root or pass --root",
-              file=sys.stderr)
+    problem = missing_folders(root)
+    if problem is not None:
+        print(problem, file=sys.stderr)
         return 1
     report = measure(root, runs)
     if as_json:

@@ -248,7 +248,7 @@ def test_bench_json_smoke(repo, capsys):
 
 def test_regen_outside_a_repository(tmp_path, capsys):
     assert main(["regen", "--check", "--root", str(tmp_path)]) == 1
-    assert "no configs/ and specs/" in capsys.readouterr().err
+    assert "no configs/ and no specs/" in capsys.readouterr().err
 
 
 def test_a_spec_named_from_its_own_folder_finds_the_repository(repo, monkeypatch, capsys):

@@ -494,7 +494,7 @@ def test_timeline_in_a_format_matplotlib_cannot_write(tmp_path, capsys):
 
 def test_bench_with_a_root_that_is_no_repository(tmp_path, capsys):
     """`mstarc bench --root /nonexistent` was an internal error (FileNotFoundError)."""
-    mstarc(["bench", "--runs", 1, "--root", tmp_path / "nope"], capsys, 1, "has no configs/ and specs/")
+    mstarc(["bench", "--runs", 1, "--root", tmp_path / "nope"], capsys, 1, "has no configs/ and no specs/")
 
 
 def test_an_unexpected_error_is_reported_without_a_traceback(monkeypatch, capsys):

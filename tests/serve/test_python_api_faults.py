@@ -283,3 +283,14 @@ def test_an_observer_that_raises_is_logged_and_every_request_is_answered(caplog)
     assert [o.finish_reason for o in outputs] == ["length", "length"]
     raised = [r.getMessage() for r in caplog.records if "observer's" in r.getMessage()]
     assert len(raised) == 2 and all("metrics store gone" in m for m in raised)  # once a hook
+
+
+def test_a_route_leaving_every_partition_out_and_a_set_of_prompts_are_refused():
+    """The route ran nothing and ended `stop` with no output (mstar run refused it); a set has no
+    order, so its outputs' order was undefined."""
+    with LLM(LLAMA, engine="sim") as llm:
+        with pytest.raises(SamplingError, match="route leaves every partition out") as refused:
+            llm.generate([[1, 2, 3]], SamplingParams(route={"LLM": []}))
+        assert refused.value.param == "route"
+        with pytest.raises(PromptError, match="prompts must be a list .* got a set"):
+            llm.generate({(1, 2), (3, 4)})

@@ -377,6 +377,8 @@ class LLM:
             prompts = prompts.tolist()
         if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Iterable, Request)):
             raise PromptError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+        if isinstance(prompts, (set, frozenset)):  # outputs come in prompt order, and a set has none
+            raise PromptError(f"prompts must be a list (outputs come in prompt order), got a {type(prompts).__name__}")
         batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(cast(Iterable[Any], prompts))
         if sampling is not None and batch and all(isinstance(p, Request) for p in batch):
             raise _sampling_beside_request()

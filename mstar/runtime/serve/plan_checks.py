@@ -69,6 +69,9 @@ class PlanChecks:
             except RouteError as error:
                 stages = [stage.walks for stage in self.partitions[name].stages]
                 return f"route is not one this plan takes: {error} (the stages' walks: {stages})"
+        if all(not route.get(name, [None]) for name in self.partitions):  # as `mstar run` refuses it
+            return (f"route leaves every partition out ({', '.join(self.partitions)}), so the request would run "
+                    "nothing (it ended `stop` with no output); name a walk for at least one")
         return None
 
     def guidance_problem(self, guidance: dict[str, float]) -> Optional[str]:
