@@ -58,7 +58,11 @@ def test_the_range_type_keeps_values_inside_it():
     (["bench", "kv", "--engine", "torch", "--device", "cuda:7", "--scenario", "chunk"], "--device cuda:7"),
     # prompt + output past max_seq_len: every request refused, a table of dashes that exited 0
     (["bench", "postprocess", "--output-len", "8100", "--rounds", "1", "--requests", "2", "--clients", "2"],
-     "2 of 2 requests failed"),
+     "--prompt-len 100 + --output-len 8100 is past the plan's max_seq_len 8192"),
+    # blamed a decode request sized from it: "prompt (16) + max_tokens (307846) ..."
+    (["bench", "kv", "--prompt-len", "1000000"], "max_seq_len 16384 tokens a request: --prompt-len 1000000"),
+    # ran 44 s, then named the prompt's token ids past the vocabulary, not its length
+    (["bench", "postprocess", "--prompt-len", "200000"], "--prompt-len 200000 + --output-len 200 is past"),
     (["bench", "load", "--device", "cuda"], "this machine has no CUDA GPU"),
     (["bench", "load", "--device", "bogus"], "--device 'bogus': not a device name (cpu, cuda, cuda:N)"),
     (["bench", "load", "--layers", "4096", "--hidden", "65536"], "is more than this machine's"),

@@ -491,6 +491,9 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
     """Fill `results` with the scenarios asked for; a reason when the plan cannot run one."""
     if args.scenario in ("all", "chunk"):
         plan = with_route(plan, args.route)
+        if args.prompt_len + 1 > plan.deployment.max_seq_len:  # before the decode rows sized to outlast it
+            return (f"holds at most max_seq_len {plan.deployment.max_seq_len} tokens a request: --prompt-len "
+                    f"{args.prompt_len} and its token cannot run")
         if args.budget is not None:
             plan = with_budget(plan, args.budget)
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):

@@ -40,7 +40,9 @@ import numpy as np
 
 from mstar.arg_types import int_range
 from mstar.plan.io import PlanError, load_plan
+from mstar.plan.rounds import kv_rounds
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve.bench_errors import BenchError, check_every_request_ran
 from mstar.runtime.serve.driver import Driver, Workload
@@ -86,9 +88,9 @@ class _Timed:
                 opcodes.part = outer
 
 
-def _requests(args) -> list[Request]:
-    return [Request(id=f"r{i}", prompt_tokens=list(range(args.prompt_len)), max_tokens=args.output_len)
-            for i in range(args.requests)]
+def _requests(args, vocab: Optional[int]) -> list[Request]:
+    prompt = [t % vocab for t in range(args.prompt_len)] if vocab else list(range(args.prompt_len))
+    return [Request(id=f"r{i}", prompt_tokens=list(prompt), max_tokens=args.output_len) for i in range(args.requests)]
 
 
 def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> dict[str, Any]:
@@ -115,7 +117,7 @@ def _one_run(plan, args, variant: str, opcodes: Optional[_Opcodes] = None) -> di
         sys.settrace(opcodes.trace)
     started = time.perf_counter()
     try:
-        driver.run(Workload(_requests(args), closed_concurrency=args.clients))
+        driver.run(Workload(_requests(args, text_prompt_vocab(plan)), closed_concurrency=args.clients))
     finally:
         sys.settrace(None)
     wall = time.perf_counter() - started
@@ -157,8 +159,18 @@ def _median_of(runs: list[dict], key: str) -> dict[str, Optional[float]]:
     return out
 
 
+def _check_lengths(plan, args) -> None:
+    """BenchError for requests the plan refuses, before the runs (`--prompt-len 200000` ran 44 s,
+    then named its token ids past the vocabulary rather than its length)."""
+    limit = plan.deployment.max_seq_len * kv_rounds(plan)
+    if args.prompt_len + args.output_len > limit:
+        raise BenchError(f"--prompt-len {args.prompt_len} + --output-len {args.output_len} is past the plan's "
+                         f"max_seq_len {limit}: every request would be refused")
+
+
 def measure(args) -> dict[str, Any]:
     plan = load_plan(args.plan, verify=False)
+    _check_lengths(plan, args)
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for _ in range(args.rounds):
         for variant in VARIANTS:
