@@ -142,6 +142,12 @@ def _free_port() -> int:
     (["--prompt-len", "9..3"], "--prompt-len: need 1 <= A <= B"),
     (["--extra-body", "[1]"], "--extra-body: expected a JSON object"),
     (["--requests", "-5"], "argument --requests: must be between 1 and 1000000"),
+    # each was taken: an empty model as none, a port past 65535 failed later naming only the URL, the
+    # dataset's own requests ignored the generator's options, and unstreamed answers were timed as streamed
+    (["--model", ""], "--model needs a name"),
+    (["--base-url", "http://127.0.0.1:99999"], "Port out of range"),
+    (["--dataset", "d.jsonl", "--endpoint", "chat", "--requests", "5"], "--requests, --endpoint: options of generated"),
+    (["--extra-body", '{"stream": false}'], "--extra-body sets stream"),
 ])
 def test_bad_flags_are_refused_before_sending(args, message, capsys):
     """An option's bad value is a usage error, exit 2 (docs/cli.md), as argparse's own checks."""
@@ -165,6 +171,8 @@ def test_bad_dataset_line_names_the_line(tmp_path, capsys):
 def test_unreachable_server_and_unknown_model(capsys):
     code = bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", "--requests", "2"])
     assert code == 1 and "cannot reach a model at" in capsys.readouterr().err
+    code = bench_main(["--base-url", f"http://127.0.0.1:{_free_port()}", "--request-rate", "1e-300"])
+    assert code == 1 and "raise --request-rate" in capsys.readouterr().err  # it named mstar run's --rate
     with FakeServer(0.0, 0.0) as server:
         code = bench_main(["--base-url", server.url, "--model", "nope", "--requests", "2", "--json"])
     captured = capsys.readouterr()

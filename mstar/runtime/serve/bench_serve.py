@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import math
+import urllib.parse
 import random
 import sys
 import time
@@ -80,6 +81,19 @@ def _check_args(args: argparse.Namespace) -> None:
         raise BenchInputError(f"--concurrency must be >= 1, got {args.concurrency}")
     if not args.timeout > 0:
         raise BenchInputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.model is not None and not args.model.strip():  # as mstar serve refuses an empty name
+        raise BenchInputError("--model needs a name (leave it out for the first that GET /v1/models lists)")
+    if args.dataset is not None:  # the file holds the requests: options that shape generated ones would be ignored
+        given = [option for option, value, default in (("--requests", args.requests, 100),
+                                                      ("--prompt-len", args.prompt_len, "8..32"),
+                                                      ("--output-len", args.output_len, "32..64"),
+                                                      ("--prompt-kind", args.prompt_kind, "tokens"),
+                                                      ("--endpoint", args.endpoint, "completions")) if value != default]
+        if given:
+            raise BenchInputError(f"{', '.join(given)}: options of generated requests; --dataset's file holds its "
+                                  "own (leave them out)")
+    if _extra_body(args.extra_body).get("stream", True) is not True:
+        raise BenchInputError("--extra-body sets stream: the bench times streamed answers (first token, gaps)")
     if args.dataset is None:
         from mstar.runtime.serve.workload import WorkloadError, parse_range
 
@@ -90,6 +104,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise BenchInputError(str(error)) from None
     if not args.base_url.startswith(("http://", "https://")):
         raise BenchInputError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
+    try:
+        _ = urllib.parse.urlsplit(args.base_url).port  # a port past 65535 raises here
+    except ValueError as error:
+        raise BenchInputError(f"--base-url {args.base_url}: {error}") from None
     # the OpenAI clients' base URL ends in /v1; the paths this sends start with it
     args.base_url = args.base_url.rstrip("/").removesuffix("/v1")
 
@@ -123,6 +141,14 @@ def _arrivals(args: argparse.Namespace) -> tuple[str, Optional[int]]:
     rate = "all at once" if math.isinf(args.request_rate) else f"Poisson {args.request_rate:g}/s"
     cap = f", at most {args.concurrency} in flight" if args.concurrency else ""
     return rate + cap, args.concurrency
+
+
+def _reason(error: BaseException) -> str:
+    """What went wrong, never empty (a timeout's text is empty; an invalid URL's is the URL alone)."""
+    if isinstance(error, asyncio.TimeoutError):
+        return "no answer in time (--timeout, at most 30 s for the model list)"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _json_rate(rate: Optional[float]) -> Any:
@@ -163,7 +189,7 @@ def run(args: argparse.Namespace, extra_body: dict[str, Any]) -> int:
     try:
         model, results, duration_s = asyncio.run(_bench(args, requests, concurrency, extra_body))
     except (aiohttp.ClientError, asyncio.TimeoutError, StreamError) as error:
-        raise BenchInputError(f"cannot reach a model at {args.base_url}: {error or type(error).__name__}") from None
+        raise BenchInputError(f"cannot reach a model at {args.base_url}: {_reason(error)}") from None
     settings = {"base_url": args.base_url, "model": model, "arrivals": arrivals, "concurrency": concurrency,
                 "request_rate": _json_rate(args.request_rate), "dataset": args.dataset, "seed": args.seed}
     summary = summarize(results, duration_s, settings)

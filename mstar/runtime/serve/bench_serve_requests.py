@@ -72,8 +72,8 @@ def generated_requests(num_requests: int, prompt_len: tuple[int, int], output_le
         workload = generate(num_requests, prompt_len=prompt_len, output_len=output_len,
                             arrival="poisson" if poisson_rate is not None else "closed",
                             rate=poisson_rate if poisson_rate is not None else 100.0, seed=seed)
-    except WorkloadError as error:
-        raise BenchInputError(str(error)) from None
+    except WorkloadError as error:  # the generator speaks of mstar run's --rate
+        raise BenchInputError(str(error).replace("--rate", "--request-rate")) from None
     requests = []
     for request in workload.requests:
         body: dict[str, Any] = {"max_tokens": request.max_tokens}
