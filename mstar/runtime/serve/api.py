@@ -235,8 +235,9 @@ class LLM:
         from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
 
         if isinstance(prompt, (str, dict)) and self.tokenizer is None:
-            raise PromptError(f"a text or chat prompt needs a tokenizer, and this server has none: {HOW_TO_ADD}; "
-                              "or send the prompt as token ids")
+            raise PromptError(f"a text or chat prompt needs a tokenizer, and none is loaded: {HOW_TO_ADD} (in "
+                              "Python: LLM(..., weights=[DIR]) or LLM(..., tokenizer=DIR)); or send the prompt as "
+                              "token ids")
         if isinstance(prompt, dict):
             self._check_prompt_keys(prompt)
         try:
@@ -315,7 +316,7 @@ class LLM:
             raise PromptError(str(error), param="media") from None
         self._check_media(media, sampling.route)
         if sampling.stop and self.tokenizer is None:
-            raise SamplingError("stop strings need a tokenizer, and this server has none; use stop_token_ids")
+            raise SamplingError("stop strings need a tokenizer, and none is loaded; use stop_token_ids")
         is_empty = isinstance(prompt, (list, tuple)) and not prompt
         ids = [] if media and is_empty else self.prompt_tokens(prompt)
         audio = (media or {}).get("audio")
