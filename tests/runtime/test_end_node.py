@@ -87,3 +87,20 @@ def test_ending_a_node_early_changes_no_output_and_frees_no_page_twice_on_a_tigh
                       for e in record.emissions] for rid, record in records.items()}
 
     assert outputs(True) == outputs(False)
+
+
+def test_an_engine_without_end_node_keeps_the_memory_to_the_requests_end(caplog):
+    """An engine object of the caller's may predate end_node: nothing is logged as failed."""
+    class Older:
+        def __init__(self, inner):
+            self.inner, self.caps = inner, inner.caps
+
+        def __getattr__(self, name):
+            if name == "end_node":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    plan = load_plan(PLAN)
+    _, records = _run(Older(SimEngine(plan)), [Request(id="r", prompt_tokens=[1, 2, 3], max_tokens=4)])
+    assert records["r"].finish_reason in ("stop", "length")
+    assert not [r for r in caplog.records if "failed to release" in r.getMessage()]

@@ -37,6 +37,9 @@ def test_a_rank_with_other_engine_options_is_refused_naming_them():
     with pytest.raises(LaunchError, match=r"rank 1 runs with other engine options than rank 0 \(seed 1 against 0; "
                                           r"kv_pages 8 against None\)"):
         launch._await_hello(_Channel(_hello(plan, RankOptions(seed=1, kv_pages=8, weights=["/a/ckpt"]))), 1)
+    # which nodes load a checkpoint must agree (a node of random weights on one rank), not from where
+    with pytest.raises(LaunchError, match=r"weights \['Talker'\] against \['\*'\]"):
+        launch._await_hello(_Channel(_hello(plan, RankOptions(weights=["Talker=/y"]))), 1)
     other = Message("hello", {"plan": "0" * 64, "options": ours.shared()})
     with pytest.raises(LaunchError, match="rank 1 loaded another plan than rank 0"):
         launch._await_hello(_Channel(other), 1)

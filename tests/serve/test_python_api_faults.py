@@ -211,6 +211,8 @@ def test_a_media_value_the_request_cannot_carry_is_refused_before_it_runs(plan, 
         # a list of float samples is taken, as a float32 tensor
         taken = llm.request(prompt, SamplingParams(max_tokens=4), media={"audio": [0.0] * 1600})
         assert taken.media["audio"].dtype == torch.float32 and tuple(taken.media["audio"].shape) == (1600,)
+        mono = llm.request(prompt, SamplingParams(max_tokens=4), media={"audio": torch.zeros(1, 1600)})
+        assert tuple(mono.media["audio"].shape) == (1600,)  # torchaudio.load's mono shape
 
 
 def test_a_bad_media_value_beside_good_requests_fails_nothing_that_ran():
@@ -252,6 +254,7 @@ def test_requests_still_in_the_inbox_when_the_loop_ends_are_answered_and_counted
     ({"engine": "sim", "seed": 2**50}, "within +-2**43"),
     ({"engine": "sim", "sim_pace": float("inf")}, "pace must be a finite number"),  # failed every request
     ({"engine": "sim", "sim_pace": None}, "pace must be a finite number"),
+    ({"engine": "sim", "sim_pace": np.float32("inf")}, "pace must be a finite number"),
     ({"engine": "sim", "kv_pages": "5"}, "kv pages must be a positive integer"),
     ({"engine": "sim", "kv_pages": True}, "kv pages must be a positive integer"),
     ({"engine": "sim", "kv_pages": 2.5}, "kv pages must be a positive integer"),  # a pool of 2.5 pages

@@ -170,6 +170,7 @@ class Conductor:
         # partition of it that calls the node has ended (Qwen3-Omni's Thinker pages while its
         # Talker and Code2Wav still run), not at the request's end (`_end_nodes`).
         self.partition_kv_nodes = partition_kv_nodes(plan, self.kv_nodes)
+        self.end_node = getattr(engine, "end_node", None)  # an engine object of the caller's may lack it
         # (node, walk) pairs whose rows a scheduler may cut into chunks (KeyPlan.chunk_sizes)
         self.cut_walks = {(key.node, walk) for worker in plan.workers for key in worker.keys
                           for walk in key.chunk_sizes}
@@ -591,14 +592,15 @@ class Conductor:
 
     def _end_nodes(self, state: _RequestState, ps: PartitionState) -> None:
         """The kv nodes no partition of the request still running calls free its memory now (when
-        every partition has ended, `_end` frees it all)."""
+        every partition has ended, `_end` frees it all; a partition its route skips ran nothing;
+        an engine without `end_node` keeps the memory to the request's end)."""
         running = [p for p in state.partitions if not p.is_done]
-        if not running:
+        if not running or not ps.walks or self.end_node is None:
             return
         nodes = self.partition_kv_nodes[ps.name].difference(*(self.partition_kv_nodes[p.name] for p in running))
         for node in sorted(nodes):
             try:
-                self.engine.end_node(state.record.request.id, node)
+                self.end_node(state.record.request.id, node)
             except EngineLost:
                 raise
             except Exception as error:  # as in `_end`: the request goes on, the pages may stay held

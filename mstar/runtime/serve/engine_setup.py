@@ -125,7 +125,7 @@ def _check_engine_arguments(kind: str, weights: Any, kv_pages: Any, seed: Any, s
         raise SetupError(f"seed must be an integer within +-2**43, got {seed!r}")
     if kind != "sim":
         return
-    if not isinstance(sim_pace, (int, float)) or isinstance(sim_pace, bool) or not 0 <= sim_pace < math.inf:
+    if not isinstance(sim_pace, numbers.Real) or isinstance(sim_pace, bool) or not 0 <= float(sim_pace) < math.inf:
         raise SetupError(f"the simulated engine's pace must be a finite number >= 0, got {sim_pace!r}")
     if torch_only:  # weights may come with the sim engine: their folder may hold the tokenizer
         raise SetupError(f"{', '.join(o.lstrip('-') for o in torch_only)}: options of the torch engine's model; "

@@ -6,8 +6,8 @@ TypeError (every request beside it too) or, for None, transcribed seeded noise.
 In: the media dict, the plan's prompt modalities (text aside) and whether its audio input takes a
 waveform. Out: {modality: float32 tensor}, or `MediaError` naming the modality and the problem.
 Accepted: a torch tensor, a numpy array or a (nested) list of numbers, non-empty and finite; a
-waveform (Whisper, Qwen3-ASR) is one channel of 16 kHz samples, a 1-D array (read a WAV file with
-`mstar.runtime.serve.wav.read_wav`).
+waveform (Whisper, Qwen3-ASR) is one channel of 16 kHz samples, a 1-D array or a [1, n] one (read
+a WAV file with `mstar.runtime.serve.wav.read_wav`).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def media_tensors(media: dict[str, Any], modalities: frozenset[str], takes_wavef
             raise MediaError(f"media {modality!r}: this plan takes no such prompt media (it takes: {taken})")
         tensor = _as_tensor(modality, value, torch)
         if modality == "audio" and takes_waveform:
+            if tensor.dim() == 2 and tensor.shape[0] == 1:  # one channel first, as torchaudio.load gives mono
+                tensor = tensor[0]
             if tensor.dim() != 1:
                 raise MediaError(f"media 'audio': one channel of 16 kHz samples, a 1-D array; got shape "
                                  f"{list(tensor.shape)} (read a WAV file with mstar.runtime.serve.wav.read_wav)")

@@ -40,7 +40,10 @@ a newcomer claim, free of charge, the cached pages of an older waiter's claim an
 that one started and ended: two waiting requests then each wanted pages the other's claim held,
 with nothing started to free any, and waited forever. Joining without a claim, starting and
 ending only shrink the claims after a request, so the oldest waiting request can always start
-once the started ones end: no request waits forever.
+once the started ones end: no request waits forever. Not covered: a request whose first row
+adds more pages than its budget (it joins with the larger figure, which no claim was capped for):
+the engines' budgets cover the rows they feed, so none is known to; a policy-level search found
+two waiting requests stuck so once a row outgrew its budget.
 """
 from __future__ import annotations
 
@@ -211,8 +214,9 @@ class Admission:
         many waiting requests share them); a started request does not wait."""
         if request_id in self.budgets:
             return
-        self.waiting[request_id] = budget
-        self._rooms = None
+        if self.waiting.get(request_id) != budget:  # `shortfall` joins every waiting row each step, mostly unchanged
+            self.waiting[request_id] = budget
+            self._rooms = None
         if claimed_pages:
             self._drop_claim(request_id)
             self.claims[request_id] = claimed_pages

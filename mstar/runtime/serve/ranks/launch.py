@@ -102,7 +102,10 @@ def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_
     device = rank_device(options.device, local_rank)
     channel = Channel(peer_problem)
     # what this rank loaded and runs with, before any group or model is built (`_await_hello`)
-    channel.send(0, "hello", {"plan": plan.header.content_sha256, "options": options.shared()})
+    try:
+        channel.send(0, "hello", {"plan": plan.header.content_sha256, "options": options.shared()})
+    except RankFailure:  # rank 0 is gone: it reports the run's end itself
+        raise SystemExit(1) from None
     comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo", options.timeout_s)
     try:
         executor = build_executor(plan, rank, options, channel, device, comms)

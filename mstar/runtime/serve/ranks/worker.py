@@ -48,7 +48,13 @@ class RankOptions:
         other tokens and another pool size holds other rows, and the ranks' collectives no longer
         meet. The weights' folder and the timeout may differ between hosts."""
         return {"dims": self.dims, "seed": self.seed, "kv_pages": self.kv_pages, "attention": self.attention,
-                "device": self.device.split(":")[0], "weights": bool(self.weights), "blas_pdl": self.blas_pdl}
+                "device": self.device.split(":")[0], "weights": weights_nodes(self.weights), "blas_pdl": self.blas_pdl}
+
+
+def weights_nodes(weights: Optional[list[str]]) -> list[str]:
+    """The nodes `--weights` entries name (`NODE=DIR`; `*` for a bare DIR): which nodes load a
+    checkpoint, not from where (a folder's path may differ between hosts)."""
+    return sorted({entry.split("=", 1)[0] if "=" in entry else "*" for entry in weights or []})
 
 
 def nodes_of(plan: Plan, rank: int) -> set[str]:
