@@ -1,7 +1,7 @@
 """Pass 3, check the graph: walks, loops and partitions are well formed.
 
 In:  a `Spec` that passed resolve, and the run's `Diagnostics`.
-Out: nothing; adds MW201-MW215 and MW217 diagnostics (MW216 is resolve's).
+Out: nothing; adds MW201-MW215, MW217 and MW218 diagnostics (MW216 is resolve's).
 
 Where a call's input may come from (MW201 when none applies):
 1. an edge of the same walk that reaches the call: from an earlier section of a sequence, or
@@ -35,6 +35,7 @@ from graphlib import CycleError, TopologicalSorter
 from mstar.compiler import codes
 from mstar.compiler.memory_bounds import MAX_LOOP_ITERATIONS
 from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, iter_sections, name_span, suggestion
+from mstar.plan.stream_checks import route_lengths
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
 
@@ -133,6 +134,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
                       delivered, persisted, diags)
     _check_streams(spec, partition_of, diags)
     _check_chunk_policies(spec, diags)
+    _check_streams_end(spec, diags)
 
 
 # ---------------------------------------------------------------- sections and loops
@@ -465,6 +467,24 @@ def _check_chunk_policies(spec: ast.Spec, diags: Diagnostics) -> None:
                 diags.error(codes.BAD_CHUNK_SIZE,
                             f"{stream}: stride={policy.stride} would never move the window; give a stride of at "
                             f"least 1, or leave it out (it is then the window's size, {policy.size})", policy.span)
+
+
+def _check_streams_end(spec: ast.Spec, diags: Diagnostics) -> None:
+    """MW218: a `continue_after_done` stream never ends (drained, it answers each ask for a chunk
+    with an empty one: Qwen3-Omni's Talker stages each run once on it), and a partition fed by
+    streams whose route can be a single walk re-runs that walk per chunk until its streams end
+    (SNAC, Code2Wav): such a stream into such a partition ran every request for ever, spinning."""
+    for partition in spec.partitions:
+        if not partition.streams or 1 not in route_lengths(partition.stages):
+            continue
+        for source in partition.streams:
+            if source.policy.is_continue_after_done:
+                diags.error(codes.STREAM_NEVER_ENDS,
+                            f"stream {source.partition}.{source.edge} into partition {partition.name}: "
+                            "continue_after_done keeps it open for ever, and a route of "
+                            f"{partition.name} that is one walk re-runs it per chunk until its streams end, so "
+                            "no request would end; drop continue_after_done (the walk then ends with the stream)",
+                            source.policy.span)
 
 
 def _find_cycle(edges) -> Optional[tuple]:

@@ -6,8 +6,9 @@ Out: nothing; adds
            a template without `{prompt}` or with a field that is not a plain name (`{a.b}`,
            `{0}`, `{x!r}`, `{x:>4}`), a malformed template, `before`/`after` that are not token
            lists inside the node's vocabulary, a default that is not text or names no field;
-     MW141 a `keep LOW..HIGH` range that is empty (LOW > HIGH) or on a stream whose edge does not
-           carry tokens (only token ids are compared against the range).
+     MW141 a `keep LOW..HIGH` range that is empty (LOW > HIGH, or LOW at or past the producing
+           node's vocab: no token passes, so the consumer never gets a chunk) or on a stream whose
+           edge does not carry tokens (only token ids are compared against the range).
 
 The runtime reads the lowered forms (`NodePlan.prompt_format`, `StreamPlan.keep`); what they do is
 in docs/language.md "Prompt formats" and "Partitions".
@@ -98,19 +99,26 @@ def _check_keep(spec: ast.Spec, source: ast.StreamSource, diags: Diagnostics) ->
         diags.error(codes.BAD_KEEP_RANGE,
                     f"keep {low}..{high} keeps nothing: the range's low end is above its high end", source.span)
         return
-    role = _edge_role(spec, source.edge)
+    producer = _edge_producer(spec, source.edge)
+    if producer is None:
+        return
+    role = next((o.role for o in producer.outputs if o.name == source.edge), None)
     if role is not None and role != "tokens":
         diags.error(codes.BAD_KEEP_RANGE, f"keep compares token ids, but stream edge {source.edge} carries `{role}`",
                     source.span)
+        return
+    vocab = next((a.value for a in producer.args if a.name == "vocab" and isinstance(a.value, int)), None)
+    if vocab is not None and low >= vocab:  # no token passes: the consumer never gets a chunk
+        diags.error(codes.BAD_KEEP_RANGE, f"keep {low}..{high} keeps nothing: node {producer.name} samples ids "
+                    f"0..{vocab - 1} (vocab={vocab})", source.span)
 
 
-def _edge_role(spec: ast.Spec, edge: str) -> Optional[str]:
-    """The role of the output that stream edges named `edge` carry (None when it cannot be told)."""
+def _edge_producer(spec: ast.Spec, edge: str) -> Optional[ast.NodeDecl]:
+    """The node whose calls put stream edge `edge` on a stream (None when it cannot be told)."""
     nodes = {n.name: n for n in spec.nodes}
     for walk in spec.walks:
         for call in iter_calls(walk.body):
             node = nodes.get(call.node)
-            if node is None or not any(e.name == edge and e.is_stream for e in call.edges):
-                continue
-            return next((o.role for o in node.outputs if o.name == edge), None)
+            if node is not None and any(e.name == edge and e.is_stream for e in call.edges):
+                return node
     return None

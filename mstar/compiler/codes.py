@@ -73,6 +73,7 @@ LOOP_NEST_TOO_LONG = "MW214"
 BAD_LOOP_COUNT = "MW215"
 BAD_REPEAT = "MW216"
 BAD_CHUNK_SIZE = "MW217"
+STREAM_NEVER_ENDS = "MW218"
 
 # ---------------------------------------------------------------- deployment file (MW30x)
 DEPLOYMENT_UNREADABLE = "MW301"
@@ -183,6 +184,7 @@ TITLES: dict[str, str] = {
     BAD_LOOP_COUNT: "loop count whose default is outside 1..max",
     BAD_REPEAT: "partition repeat rule that cannot run",
     BAD_CHUNK_SIZE: "stream chunk policy of no items, or a window that never moves",
+    STREAM_NEVER_ENDS: "a stream that never ends into a partition that runs until its streams end",
     DEPLOYMENT_UNREADABLE: "deployment file cannot be read",
     DEPLOYMENT_SYNTAX: "deployment file is not valid YAML",
     DEPLOYMENT_UNKNOWN_KEY: "unknown deployment key",

@@ -3,15 +3,28 @@ policy's fields against its kind, as the language writes them (grammar/mw.lark `
 `window(SIZE[, stride=N])`, `left_context(chunk=SIZE, context=N)`, `fixed(SIZE[,
 continue_after_done])`; sizes and strides at least 1 (MW217), a context at least 0. The runtime's
 buffers (conductor/streams.py) trust them: a stride of -1 or a left_context stream that continues
-after its producer is done never finished, and the run hung.
+after its producer is done never finished, and the run hung; so did a continue_after_done
+stream into a partition whose route is one walk (MW218).
 
     stream_problems(plan, part) -> Iterator[str]
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan, Plan
+
+
+def route_lengths(stages: Iterable[Any]) -> set[int]:
+    """How many walks the routes through these stages (a spec's or a plan's: `walks`,
+    `is_optional`, `sequence_lengths`) can have: an optional stage may be left out, an alternative
+    may be a sequence of walks. A partition fed by streams whose route is one walk re-runs it per
+    chunk until its streams end (conductor/partition_state.py)."""
+    lengths = {0}
+    for stage in stages:
+        options = set(stage.sequence_lengths or [1] * len(stage.walks)) | ({0} if stage.is_optional else set())
+        lengths = {total + extra for total in lengths for extra in options}
+    return lengths
 
 
 def _policy_problems(where: str, policy: ChunkPolicyPlan) -> Iterator[str]:
@@ -43,3 +56,6 @@ def stream_problems(plan: Plan, part: PartitionPlan) -> Iterator[str]:
             yield (f"{where}: no walk of the partition calls {stream.consumer_node} on stream "
                    f"{stream.edge}, so its chunks would wait forever")
         yield from _policy_problems(f"{where}: stream {stream.edge}", stream.policy)
+        if stream.policy.is_continue_after_done and 1 in route_lengths(part.stages):
+            yield (f"{where}: stream {stream.edge} continues after done into a partition whose one-walk route "
+                   "re-runs per chunk until its streams end, so no request would end (MW218)")

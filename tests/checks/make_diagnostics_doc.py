@@ -163,8 +163,9 @@ explain = {
           "positional, dotted or formatted ones), `before` and `after` are token lists inside the node's vocabulary, "
           "and each default is text for a field of the template. docs/language.md \"Prompt formats\".",
  "MW141": "A stream's `keep LOW..HIGH` drops the items outside the range before the stream is cut into chunks; the "
-          "range must keep something (LOW <= HIGH) and the stream must carry tokens, since items are compared as "
-          "token ids. docs/language.md \"Partitions\".",
+          "range must keep something (LOW <= HIGH, and LOW below the producing node's `vocab`: with no token "
+          "passing, the consumer never gets a chunk and the media it makes never come) and the stream must carry "
+          "tokens, since items are compared as token ids. docs/language.md \"Partitions\".",
  "MW112": "The arguments are each valid but together describe no model the runtime can build: query heads that are not "
           "a multiple of KV heads, linear value heads not a multiple of the linear q/k heads, a recurrent state whose "
           "layer count differs from the linear-attention layers of the layer pattern (or linear layers without a "
@@ -214,6 +215,10 @@ explain = {
           "`left_context(chunk=C, ...)` and `fixed(SIZE)` need SIZE (C) of 1 or more, or the consumer partition "
           "would never get a chunk to run (`load_plan` refuses a plan with such a stream). A window's `stride`, "
           "when given, is at least 1 too: left out, the window moves by its size.",
+ "MW218": "A `continue_after_done` stream never ends: once drained it answers each ask for a chunk with an empty "
+          "one, for consumers whose stages each run once (Qwen3-Omni's Talker). A partition fed by streams whose "
+          "route can be a single walk re-runs that walk per chunk until its streams end (SNAC, Code2Wav), so such a "
+          "stream into it would run every request for ever (the run spun at full CPU and no request ended).",
  "MW214": "The maximum iterations of nested loops multiply into the steps one request may take in a walk (twenty "
           "nested `loop max=3` is 3**20, about 3.5 billion). Past 2**30 the walk is refused, at the innermost loop "
           "where the product passes the limit, with the enclosing loops as notes.",

@@ -113,6 +113,10 @@ EDITS = {
                          "partition SNAC: stream new_token: a window policy has stride -1"),
     "left_context that continues after done": ("qwen3_tts", _policy(1, is_continue_after_done=True),  # hung
                                                "stream codec_tokens: a left_context policy continues after done"),
+    # every request spun for ever: SNAC's one walk re-runs per chunk, and the stream never ends
+    "a fixed stream that continues after done into a one-walk partition": (
+        "orpheus", _policy(1, kind="fixed", size=28, stride=None, is_continue_after_done=True),
+        "partition SNAC: stream new_token continues after done into a partition whose one-walk route"),
 }
 
 
