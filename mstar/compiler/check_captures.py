@@ -20,6 +20,8 @@ Out: nothing; adds
   rows), on a node without a KV cache or with a recurrent state (a recurrent state moves one token
   after another, and the rows of one step run side by side), with N below 2 (nothing to unroll),
   or with N above the largest batch size (a step of one N-token prompt needs N rows).
+- MW434: a stream into a kv node whose chunks hold more items than a batched capture of a walk
+  taking them holds tokens a row (each item is a position the row feeds).
 - MW427 (a warning): a packed capture held whole (no `piecewise`) on a node with a recurrent state.
   Its gated delta-net layers' conv and chunked rule take their grids and indices from the rows'
   lengths, which a whole graph would fix at capture, so the runtime runs those steps eagerly;
@@ -34,7 +36,7 @@ from typing import Optional
 from mstar.compiler import codes
 from mstar.compiler.lower_keys import single_attention
 from mstar.compiler.lower_walks import lower_walks
-from mstar.compiler.resolve import iter_sections, name_span
+from mstar.compiler.resolve import iter_calls, iter_sections, name_span
 from mstar.compiler.walk_tree import WalkTree
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -42,6 +44,8 @@ from mstar.lang.diagnostics import Diagnostics, Note
 
 def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], diags: Diagnostics) -> None:
     _check_mergeable(node, diags)
+    if node.engine == "kv":
+        _check_stream_rows(spec, node, diags)
     _check_unroll(node, diags)
     _check_whole_recurrent(node, diags)
     if not node.capture_replays:
@@ -137,6 +141,36 @@ def _check_mergeable(node: ast.NodeDecl, diags: Diagnostics) -> None:
                     f"walk {capture.walk} has two {capture.family} captures on {node.name} with the same {shared} "
                     "and options: they are one family; write one line with both lists' sizes",
                     capture.span, Note("the first", earlier.span))
+
+
+def _check_stream_rows(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """MW434: a stream into this kv node whose chunks hold more items than a batched capture of a
+    walk taking them holds tokens a row: each item is a position the row feeds, so every such step
+    was refused at run time (`StepContractError: ... feeds 2 tokens, past the 1 tokens a row ...`)."""
+    streamed = {d.name for d in node.inputs if d.is_stream}
+    walks = {w.name: w for w in spec.walks}
+    part_of = {walk: p for p in spec.partitions for stage in p.stages for walk in stage.walks}
+    families = [*((c.walk, c) for c in node.captures),
+                *((walk, c.capture) for c in node.combines if c.capture is not None for walk in c.walks)]
+    for walk_name, capture in families:
+        walk, partition = walks.get(walk_name or ""), part_of.get(walk_name or "")
+        if capture.family != "batched" or walk is None or partition is None:
+            continue
+        taken = {i for call in iter_calls(walk.body) if call.node == node.name for i in call.inputs} & streamed
+        for source in partition.streams:
+            items = _most_items(source.policy)
+            if source.edge in taken and items > capture.tokens_per_row:
+                diags.error(codes.STREAM_CHUNK_PAST_ROW,
+                            f"stream {source.partition}.{source.edge} feeds {node.name} chunks of up to {items} "
+                            f"items, one position each, in walk {walk_name}, but a batched capture of it holds "
+                            f"{capture.tokens_per_row} token{'s' if capture.tokens_per_row != 1 else ''} a row: "
+                            "cut chunks of at most that many, or capture the walk with tokens_per_row of at least "
+                            f"{items} (or packed)", source.policy.span, Note("the capture", capture.span))
+
+
+def _most_items(policy: ast.ChunkPolicy) -> int:
+    """The most items one chunk of the policy holds (a left_context chunk carries its context too)."""
+    return policy.size + (policy.context or 0) if policy.kind == "left_context" else policy.size
 
 
 def _check_unroll(node: ast.NodeDecl, diags: Diagnostics) -> None:

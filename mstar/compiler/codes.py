@@ -134,6 +134,7 @@ OFFLOAD_CROSS = "MW430"
 PREFIX_CACHE_UNUSED = "MW431"
 ZERO_ROWS = "MW432"
 BAD_CAPTURE_SIZES = "MW433"
+STREAM_CHUNK_PAST_ROW = "MW434"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -239,4 +240,5 @@ TITLES: dict[str, str] = {
     PREFIX_CACHE_UNUSED: "a prefix cache no walk can use",
     ZERO_ROWS: "cap or rows limit of no rows",
     BAD_CAPTURE_SIZES: "capture batch sizes or token buckets that are empty, zero or repeated",
+    STREAM_CHUNK_PAST_ROW: "a stream's chunks feed more tokens a row than a batched capture of the walk holds",
 }

@@ -215,6 +215,12 @@ explain = {
           "`left_context(chunk=C, ...)` and `fixed(SIZE)` need SIZE (C) of 1 or more, or the consumer partition "
           "would never get a chunk to run (`load_plan` refuses a plan with such a stream). A window's `stride`, "
           "when given, is at least 1 too: left out, the window moves by its size.",
+ "MW434": "Each item of a stream chunk is a position the consumer's row feeds, so a stream into a kv node whose "
+          "chunks hold more items (a `fixed` or `window` size, a `left_context` chunk plus its context) than a "
+          "batched capture of a walk taking them holds tokens a row makes every such step one its capture cannot "
+          "replay (the engines refused each at run time: `StepContractError: ... feeds 2 tokens, past the 1 "
+          "tokens a row of batched capture ...`). Cut smaller chunks, or capture the walk with `tokens_per_row` "
+          "of at least the chunk's items (or packed).",
  "MW218": "A `continue_after_done` stream never ends: once drained it answers each ask for a chunk with an empty "
           "one, for consumers whose stages each run once (Qwen3-Omni's Talker). A partition fed by streams whose "
           "route can be a single walk re-runs that walk per chunk until its streams end (SNAC, Code2Wav), so such a "
