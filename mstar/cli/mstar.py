@@ -207,8 +207,11 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                 form = prompt_format_of(plan)
             except PromptFormatError as error:
                 raise CliError(str(error)) from None
+            from mstar.runtime.serve.audio_input import takes_waveform
+
             workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer,
-                                    form=form, max_output_len=most_counted_tokens(plan))
+                                    form=form, max_output_len=most_counted_tokens(plan),
+                                    takes_wav=takes_waveform(plan))
             _lay_out_audio(plan, workload)
         else:
             _check_generated_fits(args, plan)

@@ -153,3 +153,23 @@ def test_a_plan_admitting_no_request_is_refused_at_load():
 
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         DeploymentPlan(max_seq_len=16, max_concurrent_requests=0)
+
+
+def test_a_wav_for_a_plan_whose_audio_input_takes_feature_frames_is_refused_at_load(capsys, tmp_path):
+    """Qwen3-Omni's audio encoder (a stand-in) takes feature frames: each such request failed in the
+    torch engine ("media features of shape (1, 80000)")."""
+    import wave
+
+    with wave.open(str(tmp_path / "a.wav"), "wb") as clip:
+        clip.setnchannels(1)
+        clip.setsampwidth(2)
+        clip.setframerate(16000)
+        clip.writeframes(bytes(3200))
+    prompts = tmp_path / "p.jsonl"
+    route = {"Thinker": ["prefill_text", "prefill_audio", "thinker_decode"]}
+    prompts.write_text(json.dumps({"id": "x", "prompt_tokens": [1, 2, 3], "audio": "a.wav", "max_tokens": 4,
+                                   "route": route}) + "\n")
+    assert main(["run", "--plan", str(ROOT / "generated" / "qwen3_omni.plan"), "--prompts", str(prompts),
+                 "--no-progress"]) == 1
+    assert f"{prompts}:1: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes feature" \
+        in _error(capsys)

@@ -13,7 +13,8 @@ exactly one of "prompt_tokens" ([int, ...]), "prompt" (text, tokenized by the ru
 tokenized), and optionally "audio" (a 16 kHz WAV file, relative to the prompts file's folder; read
 by serve/wav.py into the request's audio media; a line with audio may leave the text prompt out,
 which gives an empty one, e.g. for Whisper's decoder, or, with the plan's prompt_format and a
-tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns), "stop" (a string or a list of strings: the
+tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns; refused for a plan whose audio
+input takes feature frames, `takes_wav`), "stop" (a string or a list of strings: the
 request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
 "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
@@ -416,12 +417,15 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
 
 def read_prompts(
     path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None,
-    tokenizer: Any = None, form: Any = None, max_output_len: Optional[int] = None,
+    tokenizer: Any = None, form: Any = None, max_output_len: Optional[int] = None, takes_wav: bool = True,
 ) -> Workload:
     """Read a prompts file; with `names` (from `route_names`) each line's route is checked too;
     `tokenizer` turns text prompts into tokens (without one a text prompt is refused), framed by
     `form`, the plan's prompt format (serve/prompt_format.py `prompt_format_of`); max_output_len:
-    the most output tokens the plan makes for a request (plan/output_bound.py), None when unstated."""
+    the most output tokens the plan makes for a request (plan/output_bound.py), None when unstated;
+    takes_wav: whether the plan's audio input takes 16 kHz samples (serve/audio_input.py
+    `takes_waveform`): else a line's `audio` file is refused (each such request failed in the
+    torch engine: its encoder takes feature frames)."""
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
@@ -444,6 +448,10 @@ def read_prompts(
             continue
         where = f"{path}:{number}"
         request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
+        if "audio" in request.media and not takes_wav:
+            raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
+                                "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
+                                "takes a waveform (Whisper, Qwen3-ASR) read one")
         if names is not None:
             check_route(request.route, names, where)
         excess = excess_tokens_problem("'max_tokens'", request.max_tokens, max_output_len)
