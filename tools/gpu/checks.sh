@@ -23,9 +23,13 @@
 #   persist the persistent chain of products (engine/gpu/persistent_chain.py): its GPU tests (the grid
 #          barrier and the L2 prefetch run only there), then `mstar bench products --chain` on llama's
 #          and qwen3_5's plans: a step's products a kernel each (cuBLAS, skinny) against one launch
+#   nodes  the changes of a session without a device (2026-12-05, the sixteenth): a request's memory
+#          freed per node when its partitions there end (Engine.end_node: the GPU runner's row slots
+#          go mid-request on Qwen3-Omni, Orpheus and BAGEL), the admission's claim cap (shared
+#          prefix pages), then Qwen3-Omni on a tight pool with --device cuda (every request ok)
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -82,5 +86,10 @@ case $part in
       echo "== bench products --chain $plan (t=$(( $(date +%s) - t0 )) s)"
       timeout 150 python3 -m mstar.cli.mstar bench products --plan "generated/$plan.plan" --chain --rows 64,8,1 --iters 30
     done ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch or persist"; exit 2 ;;
+  nodes)
+    timeout 420 python3 -m pytest -q tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_shared_prefix_pages.py \
+      tests/gpu/test_gpu_fast_path.py
+    in_time "the tight Qwen3-Omni run" && timeout 100 python3 -m mstar.cli.mstar run \
+      --plan generated/qwen3_omni.plan --device cuda --kv-pages 24 --requests 12 --concurrency 6 --no-progress ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist or nodes"; exit 2 ;;
 esac
