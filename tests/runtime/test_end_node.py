@@ -3,9 +3,11 @@
 pages while its Talker and Code2Wav still run."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
+from hypothesis import given, settings, strategies as st
 
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.conductor import partition_kv_nodes
@@ -104,3 +106,26 @@ def test_an_engine_without_end_node_keeps_the_memory_to_the_requests_end(caplog)
     _, records = _run(Older(SimEngine(plan)), [Request(id="r", prompt_tokens=[1, 2, 3], max_tokens=4)])
     assert records["r"].finish_reason in ("stop", "length")
     assert not [r for r in caplog.records if "failed to release" in r.getMessage()]
+
+
+@settings(max_examples=120 if os.environ.get("HYPOTHESIS_PROFILE") == "long" else 12, deadline=None)
+@given(st.sampled_from(["qwen3_omni", "qwen3omni_2gpu", "orpheus", "bagel"]),
+       st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=14),
+       st.integers(8, 40), st.integers(1, 6))
+def test_tight_pools_of_multi_partition_plans_end_with_every_page_back(name, shapes, num_pages, clients):
+    """Random requests on a tight pool (offloading where the plan has a host pool), memory freed per
+    node as partitions end: every request ends, and every pool ends with all its pages free, nobody
+    waiting or started, and nothing left on the host."""
+    plan = load_plan(Path(__file__).resolve().parents[2] / "generated" / f"{name}.plan")
+    engine = SimEngine(plan, num_pages=num_pages)
+    driver = Driver(plan, engine)
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + (i + j) % 97 for j in range(size)], max_tokens=out)
+                for i, (size, out) in enumerate(shapes)]
+    driver.run(Workload(requests, closed_concurrency=clients))
+    reasons = [r.finish_reason or "" for r in driver.conductor.records.values()]
+    assert len(reasons) == len(requests)
+    assert all(r in ("stop", "length") or r.startswith("error: can never fit") for r in reasons), reasons
+    for node, pool in engine.pools.items():
+        assert pool.pages.num_free_pages == pool.num_pages, node
+        assert not pool.admission.waiting and not pool.admission.budgets, node
+        assert pool.offload is None or not pool.offload.offloaded, node
