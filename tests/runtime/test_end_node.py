@@ -129,3 +129,33 @@ def test_tight_pools_of_multi_partition_plans_end_with_every_page_back(name, sha
         assert pool.pages.num_free_pages == pool.num_pages, node
         assert not pool.admission.waiting and not pool.admission.budgets, node
         assert pool.offload is None or not pool.offload.offloaded, node
+
+
+def test_a_request_cancelled_after_its_thinker_ended_frees_the_rest():
+    """Cancelled while its Talker still holds pages and its Thinker's are freed already (end_node),
+    or at its first delta, with both running: the end frees whatever is left."""
+    import asyncio
+    import time
+
+    from mstar import LLM, SamplingParams
+
+    async def cancel_when(llm, is_thinker_done: bool) -> dict:
+        stream = llm.stream([1, 2, 3, 4], SamplingParams(max_tokens=60))
+        seen: dict = {}
+        async for delta in stream:
+            pages = llm.engine.kv_pages()
+            if delta.finish_reason is None and (pages["Thinker"][0] == 0) == is_thinker_done:
+                seen = pages
+                break
+        await stream.aclose()
+        return seen
+
+    # paced to the wall clock, so each delta comes as its step ends and the pages read are the step's
+    with LLM(str(PLAN), engine="sim", kv_pages=64, sim_pace=1.0) as llm:
+        for is_thinker_done in (False, True):
+            seen = asyncio.run(cancel_when(llm, is_thinker_done))
+            assert seen and (seen["Thinker"][0] == 0) == is_thinker_done  # (the Talker held 4 pages then, unloaded)
+            deadline = time.monotonic() + 10.0  # the cancel lands at the run loop's next step boundary
+            while any(in_use for in_use, _ in llm.engine.kv_pages().values()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert all(in_use == 0 for in_use, _ in llm.engine.kv_pages().values()), llm.engine.kv_pages()
