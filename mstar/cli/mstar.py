@@ -400,6 +400,10 @@ class _Signals:
         self.driver: Any = None
         self.is_writing = False
         self.is_reported = False  # the run's outcome is written and said: a signal now changes nothing
+        # a rank was lost: the run's outcome is the loss, and the first signal after it (torchrun's
+        # agent stopping the group once a rank died) changes nothing; a second one still ends the command
+        self.is_lost = False
+        self.is_lost_signalled = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_Signals":
@@ -415,6 +419,9 @@ class _Signals:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.is_reported:  # (the engine's teardown after the run: a second Ctrl-C there said
             return            # "before the run started; nothing was written")
+        if self.is_lost and not self.is_lost_signalled:  # (it marked the report "interrupted: SIGTERM")
+            self.is_lost_signalled = True
+            return
         is_first = self.signum is None
         first_signum = signum if self.signum is None else self.signum
         self.signum = first_signum
@@ -649,6 +656,7 @@ def _drive(args: argparse.Namespace, signals: _Signals, driver: Any, workload: A
     except _Interrupted:
         pass  # a second signal: the step in progress is abandoned; what finished is kept
     except EngineLost as error:  # a rank process is gone: its requests fail, the run stops
+        signals.is_lost = True
         driver.fail_active(str(error))
         problems.append(str(error))
         args.lost_rank = True  # run_command ends the process without the transport's teardown

@@ -173,3 +173,40 @@ def test_a_wav_for_a_plan_whose_audio_input_takes_feature_frames_is_refused_at_l
                  "--no-progress"]) == 1
     assert f"{prompts}:1: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes feature" \
         in _error(capsys)
+
+
+def test_a_signal_right_after_a_lost_rank_does_not_relabel_the_run(capsys, monkeypatch, tmp_path):
+    """Under torchrun the agent sends SIGTERM to rank 0 once a rank died: the report said
+    `interrupted: SIGTERM` and the exit was 143, where the lost rank is the run's outcome (exit 1)."""
+    import os
+    import signal as signals
+
+    from mstar.cli import mstar as cli
+    from mstar.runtime.engine.sim import SimEngine
+    from mstar.runtime.serve.driver import Driver
+    from mstar.runtime.step import EngineLost
+
+    class LosesARank(SimEngine):
+        def launch(self, step):
+            self.num_launched = getattr(self, "num_launched", 0) + 1
+            if self.num_launched == 10:
+                raise EngineLost("rank 1 was killed by SIGKILL (during its step 10)")
+            return super().launch(step)
+
+    fail_active = Driver.fail_active
+
+    def fail_then_terminated(driver, reason):  # the agent's SIGTERM, just after rank 0 saw the loss
+        fail_active(driver, reason)
+        os.kill(os.getpid(), signals.SIGTERM)
+
+    monkeypatch.setattr(cli, "_engine", lambda plan, args: LosesARank(plan))
+    monkeypatch.setattr(Driver, "fail_active", fail_then_terminated)
+    monkeypatch.setattr(cli, "_exit_without_teardown", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    report = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--plan", LLAMA, "--engine", "sim", "--requests", "40", "--no-progress", "--report",
+              str(report)])
+    assert exited.value.code == 1
+    err = _error(capsys)
+    assert "rank 1 was killed by SIGKILL" in err and "interrupted" not in err
+    assert json.loads(report.read_text())["interrupted"] is None
