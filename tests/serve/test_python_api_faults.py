@@ -297,3 +297,53 @@ def test_a_route_leaving_every_partition_out_and_a_set_of_prompts_are_refused():
         assert refused.value.param == "route"
         with pytest.raises(PromptError, match="prompts must be a list .* got a set"):
             llm.generate({(1, 2), (3, 4)})
+
+
+def test_a_route_is_checked_for_the_media_it_takes_and_the_media_given():
+    """A route given switched the missing-media check off (Whisper transcribed noise again; Qwen3-Omni's
+    vision walk ran on seeded features), and media the route takes nowhere were dropped silently."""
+    with LLM(str(ROOT / "generated" / "whisper.plan"), engine="sim") as llm:
+        route = {"ASR": ["prefill", "decode"]}
+        with pytest.raises(PromptError, match="this plan's route takes the request's audio") as refused:
+            llm.request([50258], SamplingParams(max_tokens=4, route=route))
+        assert refused.value.param == "media"
+    omni = str(ROOT / "generated" / "qwen3_omni.plan")
+    with LLM(omni, engine="sim") as llm:
+        vision = {"Thinker": ["prefill_text", "prefill_vision", "thinker_decode"]}
+        with pytest.raises(PromptError, match="route takes the request's image"):
+            llm.request([5, 6, 7], SamplingParams(max_tokens=4, route=vision))
+        frames = np.zeros((20, 16), dtype=np.float32)
+        with pytest.raises(PromptError, match="default route takes no audio, which it brings"):
+            llm.request([5, 6, 7], SamplingParams(max_tokens=4), media={"audio": frames})
+        audio = {"Thinker": ["prefill_text", "prefill_audio", "thinker_decode"]}
+        llm.request([5, 6, 7], SamplingParams(max_tokens=4, route=audio), media={"audio": frames})  # taken
+
+
+@pytest.mark.parametrize("value, says", [
+    (np.full(1600, 1e300), "not a finite number"),  # finite in float64, inf once the engines read float32
+    (np.full(1600, 1e20, dtype=np.float32), "one is 1e+20"),  # its log-mel energies overflowed to NaN
+    (torch.zeros(1600).to_sparse(), "a sparse tensor"),  # a NotImplementedError from the finite check
+])
+def test_waveform_values_past_full_scale_or_not_dense_are_refused(value, says):
+    with LLM(str(ROOT / "generated" / "whisper.plan"), engine="sim") as llm:
+        with pytest.raises(PromptError, match=re.escape(says)):
+            llm.request([], SamplingParams(max_tokens=4), media={"audio": value})
+        peak = np.full(1600, 1.5, dtype=np.float32)  # a float WAV may peak a little past full scale
+        assert llm.request([], SamplingParams(max_tokens=4), media={"audio": peak}).media["audio"].shape[0] == 1600
+
+
+def test_a_float_wav_far_past_full_scale_is_refused():
+    """Samples of 1e30 passed the NaN-and-infinity check and transcribed as nothing, HTTP 200."""
+    import struct
+
+    from mstar.runtime.serve.wav import WavError, decode_wav
+
+    def float_wav(samples) -> bytes:
+        data = np.asarray(samples, dtype=np.float32).tobytes()
+        fmt = struct.pack("<HHIIHH", 3, 1, 16000, 64000, 4, 32)
+        return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt "
+                + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+    with pytest.raises(WavError, match="float samples reach 1e\\+30"):
+        decode_wav(float_wav([0.0, 1e30]), "upload x.wav")
+    assert decode_wav(float_wav([0.0, 1.2, -1.5]), "upload x.wav").shape[0] == 3

@@ -355,15 +355,25 @@ class LLM:
                 raise SamplingError(problem)
 
     def _check_media(self, media: dict[str, Any], route: dict[str, list[str]]) -> None:
-        """PromptError when the plan's default route takes prompt media the request lacks (Whisper's
-        and Qwen3-ASR's audio): without it a Whisper plan transcribed seeded noise."""
-        if route:
-            return
-        missing = sorted(set(self.default_media) - set(media))
+        """PromptError when the request's route (the plan's default where it names none) takes prompt
+        media the request lacks (Whisper's and Qwen3-ASR's audio; Qwen3-Omni's through its audio or
+        vision walk): without them the encoder ran on seeded noise, a default route's check once
+        skipped when a route was given; and when it takes none of media the request brings
+        (Qwen3-Omni's default route ignored an audio clip without a word)."""
+        from mstar.runtime.serve.endpoints import route_media
+
+        taken = set(self.default_media) if not route else route_media(self.plan, route)
+        which = "default route" if not route else "route"
+        missing = sorted(taken - set(media))
         if missing:
-            raise PromptError(f"this plan's default route takes the request's {' and '.join(missing)}: pass it as "
+            raise PromptError(f"this plan's {which} takes the request's {' and '.join(missing)}: pass it as "
                               f"llm.request(prompt, sampling, media={{{missing[0]!r}: ...}}) and give that request to "
-                              "generate or stream")
+                              "generate or stream", param="media")
+        unused = sorted(set(media) - taken)
+        if unused:
+            raise PromptError(f"the request's {which} takes no {' or '.join(unused)}, which it brings: give a route "
+                              f"through a walk that takes it (SamplingParams(route=...)), or leave it out",
+                              param="media")
 
     def generate(self, prompts: Union[Prompt, Request, Sequence[Union[Prompt, Request]]],
                  sampling: Optional[SamplingParams] = None) -> list[Output]:

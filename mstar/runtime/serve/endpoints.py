@@ -80,8 +80,16 @@ def endpoints_of(plan: Plan) -> Endpoints:
 def default_route_media(plan: Plan) -> list[str]:
     """The prompt media (modalities) the calls of the default route take: the first alternative
     of every required stage (a walk, or a sequence of walks)."""
+    return sorted(route_media(plan, {}))
+
+
+def route_media(plan: Plan, route: dict[str, list[str]]) -> set[str]:
+    """The prompt media the calls of a request's route take: the walks it names for a partition,
+    the default (the first alternative of every required stage) for the others."""
     walks = {walk.name: walk for walk in plan.walks}
-    return sorted({source.prompt for part in plan.partitions for stage in part.stages if not stage.is_optional
-                   for name in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]
-                   for call in walks[name].calls for source in call.inputs
-                   if source.source == "prompt" and source.prompt not in (None, "text")})
+    taken = [name for part in plan.partitions
+             for name in (route[part.name] if part.name in route else
+                          [w for stage in part.stages if not stage.is_optional
+                           for w in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]])]
+    return {source.prompt for name in taken if name in walks for call in walks[name].calls
+            for source in call.inputs if source.source == "prompt" and source.prompt not in (None, "text")}

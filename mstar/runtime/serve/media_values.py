@@ -14,6 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 
+MAX_SAMPLE = 2.0  # a waveform's largest magnitude taken (serve/wav.py's MAX_FLOAT_SAMPLE holds float WAVs alike)
+
+
 class MediaError(ValueError):
     """A media value the request cannot carry (the message names its modality)."""
 
@@ -36,6 +39,10 @@ def media_tensors(media: dict[str, Any], modalities: frozenset[str], takes_wavef
             if not tensor.is_floating_point():  # int16 PCM read as numbers would be 32,768 times too loud
                 raise MediaError(f"media 'audio': samples as floats in [-1, 1], got {_dtype(tensor)} (PCM "
                                  "integers: divide by their full scale, 32768 for int16)")
+            peak = float(tensor.abs().max())
+            if peak > MAX_SAMPLE:  # far past full scale: not samples (1e20 overflowed the log-mel energies to NaN)
+                raise MediaError(f"media 'audio': samples as floats in [-1, 1], and one is {peak:.3g} (at most "
+                                 f"{MAX_SAMPLE:g} is taken: a float WAV may peak a little past full scale)")
         values[modality] = tensor.to(torch.float32)
     return values
 
@@ -50,10 +57,15 @@ def _as_tensor(modality: str, value: Any, torch: Any) -> Any:
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
         detail = " ".join(str(error).split())[:200]
         raise MediaError(f"media {modality!r}: not an array of numbers ({detail})") from None
+    if tensor.is_nested or tensor.layout != torch.strided:  # sparse or nested: no element-wise check runs on them
+        raise MediaError(f"media {modality!r}: a dense array (got a {'nested' if tensor.is_nested else 'sparse'} "
+                         "tensor: .to_dense() it)")
     if tensor.dtype == torch.bool or tensor.is_complex():
         raise MediaError(f"media {modality!r}: an array of real numbers, got {_dtype(tensor)}")
     if tensor.dim() == 0 or tensor.numel() == 0:
         raise MediaError(f"media {modality!r}: an array of numbers with at least one, got shape {list(tensor.shape)}")
+    if tensor.is_floating_point():  # checked as the engines read it: 1e300 in float64 is inf in float32
+        tensor = tensor.to(torch.float32)
     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
         raise MediaError(f"media {modality!r}: holds a value that is not a finite number")
     return tensor

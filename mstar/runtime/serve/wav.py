@@ -19,6 +19,7 @@ import torch
 from mstar.files import MAX_AUDIO_BYTES, InputFileError, read_bytes_bounded
 
 SAMPLE_RATE = 16_000
+MAX_FLOAT_SAMPLE = 2.0  # the largest magnitude of a float WAV's samples taken (a little past full scale)
 PCM, FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
 
 
@@ -76,6 +77,10 @@ def _decode(raw: bytes, kind: int, bits: int, where: str) -> np.ndarray:
         floats = np.frombuffer(raw[:len(raw) - len(raw) % (bits // 8)], dtype=np.float32 if bits == 32 else np.float64)
         if not np.isfinite(floats).all():
             raise WavError(f"{where}: float samples that are NaN or infinite")
+        peak = float(np.abs(floats).max()) if floats.size else 0.0
+        if peak > MAX_FLOAT_SAMPLE:  # 1e30 passed, and its log-mel energies overflowed to NaN: a transcript of nothing
+            raise WavError(f"{where}: float samples reach {peak:.3g}; a float WAV holds samples in [-1, 1] (at most "
+                           f"{MAX_FLOAT_SAMPLE:g} is taken)")
         return floats.astype(np.float64)
     if kind != PCM or bits not in (8, 16, 24, 32):
         raise WavError(f"{where}: format {kind} with {bits} bits; read are PCM 8/16/24/32 and float 32/64")
