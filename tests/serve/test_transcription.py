@@ -170,6 +170,9 @@ def test_the_audio_bound_is_the_front_ends_window_times_the_partitions_rounds():
     ({"language": "xx"}, 400, "language 'xx' is not one of this model's languages"),
     ({"language": "english"}, 400, "language must be an ISO 639-1 code"),
     ({"temperature": -1}, 400, "temperature must be >= 0"),
+    # read by Python's int() and float(), which take other scripts' digits and nan
+    ({"extra_body": {"max_tokens": "\u0665"}}, 400, "max_tokens must be an integer, got '\u0665'"),
+    ({"temperature": "nan"}, 400, "temperature must be a number, got 'nan'"),
 ])
 def test_bad_input_is_an_openai_error(whisper, fields, status, message):
     fields.setdefault("model", "whisper")

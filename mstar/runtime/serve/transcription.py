@@ -129,15 +129,20 @@ def _checked(fields: dict[str, str], data: bytes, filename: str) -> Transcriptio
                              _number(fields, "max_tokens", int), _number(fields, "seed", int))
 
 
+# A form field's number as the JSON endpoints take one: ASCII digits only (Python's int() and
+# float() also read other scripts' digits, "٥", and float() "nan" and "inf").
+NUMBER_FORMS = {int: re.compile(r"[+-]?[0-9]+"),
+                float: re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")}
+
+
 def _number(fields: dict[str, str], name: str, kind: type) -> Any:
     text = fields.get(name, "").strip()
     if not text:
         return None
-    try:
-        return kind(text)
-    except ValueError:
+    if not NUMBER_FORMS[kind].fullmatch(text):
         raise ApiError(400, f"{name} must be {'a number' if kind is float else 'an integer'}, got {text!r}",
-                       param=name) from None
+                       param=name)
+    return kind(text)
 
 
 def _flag(fields: dict[str, str], name: str) -> bool:
