@@ -254,3 +254,22 @@ def test_the_sim_engine_takes_a_clip_past_30_s_as_the_torch_engine_does(tmp_path
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         answer = client.audio.transcriptions.create(model="whisper", file=("long.wav", wav_bytes(40.0, seed=2)))
     assert answer.usage.seconds == 40.0
+
+
+def _invalid_count(url: str) -> float:
+    text = urllib.request.urlopen(url.rstrip("/").removesuffix("/v1") + "/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("mstar_requests_total") and 'outcome="invalid"' in line)
+
+
+def test_a_body_that_is_not_a_form_is_answered_and_counted_as_invalid(whisper):
+    """starlette's own 400 for an unparsable multipart body was answered but not counted."""
+    before = _invalid_count(whisper["url"])
+    form = "multipart/form-data; boundary=b0undary"
+    two_files = multipart({"model": "whisper"}, {"file": ("a.wav", whisper["audio"])}).replace(
+        b"--b0undary--", b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"b.wav\"\r\n\r\nx\r\n"
+        b"--b0undary--")
+    for body, kind in ((b"x", "multipart/form-data"), (b"--b0undary\r\nnot a part", form), (two_files, form)):
+        status, answer = post(whisper["url"], body, kind)
+        assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
+    assert _invalid_count(whisper["url"]) == before + 3

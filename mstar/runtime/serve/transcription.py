@@ -30,6 +30,7 @@ from typing import Any, Optional, Union
 
 from fastapi import Request as HttpRequest
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mstar.files import MAX_AUDIO_BYTES
 from mstar.plan.schema import Plan
@@ -73,16 +74,19 @@ async def read_form(http: HttpRequest) -> TranscriptionForm:
     if length.isdigit() and int(length) > limit:
         raise _too_large(limit)
     bounded = HttpRequest(http.scope, _bounded_receive(http, limit))
-    async with bounded.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:
-        fields = {key: value for key, value in form.multi_items() if isinstance(value, str)}
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(400, "file: a WAV file is required (a multipart form field `file` holding the audio)",
-                           param="file")
-        data = await upload.read(MAX_AUDIO_BYTES + 1)
-        if len(data) > MAX_AUDIO_BYTES:
-            raise _too_large(limit)
-        filename = upload.filename or "file"
+    try:
+        async with bounded.form(max_files=1, max_fields=MAX_FORM_FIELDS) as form:
+            fields = {key: value for key, value in form.multi_items() if isinstance(value, str)}
+            upload = form.get("file")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "file: a WAV file is required (a multipart form field `file` holding the audio)",
+                               param="file")
+            data = await upload.read(MAX_AUDIO_BYTES + 1)
+            if len(data) > MAX_AUDIO_BYTES:
+                raise _too_large(limit)
+            filename = upload.filename or "file"
+    except StarletteHTTPException as error:  # a body starlette cannot parse as a form: answered and counted as ours
+        raise ApiError(error.status_code, f"the body is not a form this endpoint reads: {error.detail}") from None
     return _checked(fields, data, filename)
 
 
