@@ -181,17 +181,9 @@ def test_a_signal_right_after_a_lost_rank_does_not_relabel_the_run(capsys, monke
     import os
     import signal as signals
 
+    from lost_rank import LosesARank
     from mstar.cli import mstar as cli
-    from mstar.runtime.engine.sim import SimEngine
     from mstar.runtime.serve.driver import Driver
-    from mstar.runtime.step import EngineLost
-
-    class LosesARank(SimEngine):
-        def launch(self, step):
-            self.num_launched = getattr(self, "num_launched", 0) + 1
-            if self.num_launched == 10:
-                raise EngineLost("rank 1 was killed by SIGKILL (during its step 10)")
-            return super().launch(step)
 
     fail_active = Driver.fail_active
 

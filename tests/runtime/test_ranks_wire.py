@@ -22,6 +22,7 @@ from mstar.runtime.serve.driver import Driver
 from mstar.runtime.serve.workload import generate
 from mstar.runtime.step import EngineLost, RowResult, Step, StepResult, StepRow
 from mstar.plan.io import load_plan
+from lost_rank import LosesARank
 from runtime_plans import ROOT
 
 
@@ -113,19 +114,9 @@ def test_kv_homes_move_a_request_to_the_instance_that_runs_its_next_walk():
     assert homes.home == {("b", "LLM"): (1,)}
 
 
-class _LosesARank(SimEngine):
-    """The simulated engine, until its tenth step: then a rank is gone."""
-
-    def launch(self, step):
-        self.num_launched = getattr(self, "num_launched", 0) + 1
-        if self.num_launched == 10:
-            raise EngineLost("rank 1 was killed by SIGKILL (during its step 10)")
-        return super().launch(step)
-
-
 def test_a_lost_engine_leaves_the_run_and_every_request_in_it_fails_with_its_message():
     plan = load_plan(str(ROOT / "generated" / "orpheus.plan"))
-    driver = Driver(plan, _LosesARank(plan))
+    driver = Driver(plan, LosesARank(plan))
     workload = generate(12, prompt_len=(4, 8), output_len=(20, 20), concurrency=4, seed=0)
     with pytest.raises(EngineLost):
         driver.run(workload)
