@@ -52,7 +52,7 @@ from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union, cast
 from mstar.plan.rounds import kv_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.serve.engine_setup import SetupError
+from mstar.runtime.serve.engine_setup import SetupError, is_integer, is_real
 from mstar.runtime.serve.media_values import MediaError, media_tensors
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
 from mstar.runtime.serve.plan_checks import PlanChecks
@@ -112,15 +112,15 @@ class SamplingParams:
         of the wrong kind once reached the run loop and stopped it for every request)."""
         for name in ("max_tokens", "top_k", "seed"):
             value = getattr(self, name)
-            if value is not None and not _is_integer(value):
+            if value is not None and not is_integer(value):
                 raise SamplingError(f"{name} must be an integer, got {value!r}")
         for name in ("temperature", "top_p", "repetition_penalty"):
             value = getattr(self, name)
-            if value is not None and not _is_real(value):
+            if value is not None and not is_real(value):
                 raise SamplingError(f"{name} must be a number, got {value!r}")
         problems = [
             (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
-            (not _is_list_of(self.stop_token_ids, lambda t: _is_integer(t) and t >= 0),
+            (not _is_list_of(self.stop_token_ids, lambda t: is_integer(t) and t >= 0),
              f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}"),
             (not _is_list_of(self.stop, lambda t: isinstance(t, str) and bool(t)),
              f"stop must be a list of non-empty strings, got {self.stop!r}"),
@@ -128,7 +128,7 @@ class SamplingParams:
                 isinstance(k, str) and _is_list_of(v, lambda w: isinstance(w, str)) for k, v in self.route.items()),
              f"route must map partition names to lists of walk names, got {self.route!r}"),
             (not isinstance(self.guidance, dict) or not all(
-                isinstance(k, str) and _is_real(v) and math.isfinite(v) and v >= 0 for k, v in self.guidance.items()),
+                isinstance(k, str) and is_real(v) and math.isfinite(v) and v >= 0 for k, v in self.guidance.items()),
              f"guidance must map guidance labels to finite scales >= 0, got {self.guidance!r}"),
         ]
         for is_bad, message in problems:
@@ -143,14 +143,6 @@ class SamplingParams:
                                               self.repetition_penalty)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
-
-
-def _is_integer(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _is_list_of(value: Any, is_item: Any) -> bool:
@@ -179,7 +171,7 @@ class LLM:
                  kv_pages: Optional[int] = None, device: str = "cpu", attention: str = "auto", seed: int = 0,
                  sim_pace: float = 0.0, max_waiting: int = 256, observer: Optional[Observer] = None):
         from mstar.runtime.serve.audio_input import takes_waveform
-        from mstar.runtime.serve.endpoints import default_route_media
+        from mstar.runtime.serve.endpoints import default_route_media, prompt_modalities
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
         _check_arguments(plan, engine, max_waiting, observer)
@@ -206,8 +198,7 @@ class LLM:
         # The prompt media the default route takes (a request without them is refused, _check_media).
         self.default_media = default_route_media(self.plan)
         # The prompt media any route takes, and whether its audio is a waveform (media_values.py)
-        self.media_modalities = frozenset(i.prompt for node in self.plan.nodes for i in node.input_roles
-                                          if i.prompt not in (None, "text"))
+        self.media_modalities = prompt_modalities(self.plan) - {"text"}
         self.takes_waveform = takes_waveform(self.plan)
         self.loop.start()
         # An LLM never closed is closed when it is collected or at the interpreter's exit, whichever
@@ -545,7 +536,7 @@ def _check_arguments(plan: Any, engine: Any, max_waiting: Any, observer: Any) ->
     if not isinstance(engine, str) and not hasattr(engine, "caps"):
         raise SetupError(f"engine must be 'torch', 'sim' or an engine object (mstar.runtime.step.Engine), "
                          f"got {engine!r}")
-    if not _is_integer(max_waiting) or max_waiting < 0:
+    if not is_integer(max_waiting) or max_waiting < 0:
         raise SetupError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
 
 

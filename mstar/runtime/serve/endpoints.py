@@ -64,7 +64,7 @@ def _client_edges(walk: WalkPlan) -> Iterator[EdgePlan]:
 
 
 def endpoints_of(plan: Plan) -> Endpoints:
-    prompts = frozenset(i.prompt for node in plan.nodes for i in node.input_roles if i.prompt is not None)
+    prompts = prompt_modalities(plan)
     emits: dict[str, set[str]] = {w.name: {e.modality for e in _client_edges(w) if e.modality} for w in plan.walks}
     emitted = frozenset(m for modalities in emits.values() for m in modalities)
     route: dict[str, list[str]] = {}
@@ -75,6 +75,11 @@ def endpoints_of(plan: Plan) -> Endpoints:
         route[part.name] = [next((w for w in stage.walks if "image" in emits.get(w, ())), stage.walks[0])
                             for stage in part.stages if not stage.is_optional]
     return Endpoints(prompts, emitted, route, takes_waveform(plan), bool(default_route_media(plan)))
+
+
+def prompt_modalities(plan: Plan) -> frozenset[str]:
+    """The modalities some node of the plan takes as its prompt (text among them)."""
+    return frozenset(i.prompt for node in plan.nodes for i in node.input_roles if i.prompt is not None)
 
 
 def default_route_media(plan: Plan) -> list[str]:

@@ -119,13 +119,13 @@ def _check_engine_arguments(kind: str, weights: Any, kv_pages: Any, seed: Any, s
     every request, kv_pages="5" raised a TypeError, and the sim engine took dims, device and weights
     it has no model for)."""
     check_paths(weights, None)
-    if kv_pages is not None and (not _is_integer(kv_pages) or kv_pages <= 0):
+    if kv_pages is not None and (not is_integer(kv_pages) or kv_pages <= 0):
         raise SetupError(f"kv pages must be a positive integer, got {kv_pages!r}")
-    if not _is_integer(seed) or abs(seed) > SEED_BOUND:
+    if not is_integer(seed) or abs(seed) > SEED_BOUND:
         raise SetupError(f"seed must be an integer within +-2**43, got {seed!r}")
     if kind != "sim":
         return
-    if not isinstance(sim_pace, numbers.Real) or isinstance(sim_pace, bool) or not 0 <= float(sim_pace) < math.inf:
+    if not is_real(sim_pace) or not 0 <= float(sim_pace) < math.inf:
         raise SetupError(f"the simulated engine's pace must be a finite number >= 0, got {sim_pace!r}")
     if torch_only:  # weights may come with the sim engine: their folder may hold the tokenizer
         raise SetupError(f"{', '.join(o.lstrip('-') for o in torch_only)}: options of the torch engine's model; "
@@ -142,5 +142,11 @@ def check_paths(weights: Any, tokenizer: Any) -> None:
         raise SetupError(f"tokenizer must be a directory holding tokenizer.json, got {tokenizer!r}"[:300])
 
 
-def _is_integer(value: Any) -> bool:
+def is_integer(value: Any) -> bool:
+    """An integer of any kind (numpy's too), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """A real number of any kind (numpy's too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

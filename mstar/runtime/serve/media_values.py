@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 
-MAX_SAMPLE = 2.0  # a waveform's largest magnitude taken (serve/wav.py's MAX_FLOAT_SAMPLE holds float WAVs alike)
+MAX_SAMPLE = 2.0  # a waveform's largest magnitude taken, here and from a float WAV (serve/wav.py)
 
 
 class MediaError(ValueError):

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from mstar.files import MAX_AUDIO_BYTES, InputFileError, read_bytes_bounded
+from mstar.runtime.serve.media_values import MAX_SAMPLE
 
 SAMPLE_RATE = 16_000
-MAX_FLOAT_SAMPLE = 2.0  # the largest magnitude of a float WAV's samples taken (a little past full scale)
 PCM, FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
 
 
@@ -78,9 +78,9 @@ def _decode(raw: bytes, kind: int, bits: int, where: str) -> np.ndarray:
         if not np.isfinite(floats).all():
             raise WavError(f"{where}: float samples that are NaN or infinite")
         peak = float(np.abs(floats).max()) if floats.size else 0.0
-        if peak > MAX_FLOAT_SAMPLE:  # 1e30 passed, and its log-mel energies overflowed to NaN: a transcript of nothing
+        if peak > MAX_SAMPLE:  # 1e30 passed, and its log-mel energies overflowed to NaN: a transcript of nothing
             raise WavError(f"{where}: float samples reach {peak:.3g}; a float WAV holds samples in [-1, 1] (at most "
-                           f"{MAX_FLOAT_SAMPLE:g} is taken)")
+                           f"{MAX_SAMPLE:g} is taken)")
         return floats.astype(np.float64)
     if kind != PCM or bits not in (8, 16, 24, 32):
         raise WavError(f"{where}: format {kind} with {bits} bits; read are PCM 8/16/24/32 and float 32/64")
