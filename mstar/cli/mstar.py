@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 from mstar.arg_types import int_range
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
+from mstar.plan.rounds import max_request_tokens
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.engine_setup import SEED_BOUND
 from mstar.runtime.serve.workload import (
@@ -222,7 +223,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                 prompt_len=parse_range(args.prompt_len, "--prompt-len"),
                 output_len=parse_range(args.output_len, "--output-len"),
                 max_output_len=most_counted_tokens(plan),
-                max_seq_len=_max_request_tokens(plan),
+                max_seq_len=max_request_tokens(plan),  # as the server bounds them
                 arrival=args.arrival,
                 concurrency=args.concurrency,
                 rate=args.rate,
@@ -247,14 +248,6 @@ def _check_route_stages(plan: Any, route: dict[str, list[str]]) -> None:
             follow_stages(partitions[name], walks)
         except RouteError as error:
             raise CliError(f"--route: {error}") from None
-
-
-def _max_request_tokens(plan: Any) -> int:
-    """The tokens a request may reach, prompt + max_tokens: max_seq_len a round of a repeating
-    partition (plan/rounds.py), as the server bounds them."""
-    from mstar.plan.rounds import kv_rounds
-
-    return plan.deployment.max_seq_len * kv_rounds(plan)
 
 
 def _check_generated_fits(args: argparse.Namespace, plan: Any) -> None:

@@ -7,6 +7,7 @@ windows) runs its stages again from the first, each round on a new sequence, at 
                                      `nodes` may run; 1 when none of them repeats
     kv_rounds(plan) -> int           max_rounds over the plan's kv nodes: a request's prompt +
                                      max_tokens may reach max_seq_len x that
+    max_request_tokens(plan) -> int  that bound, max_seq_len x kv_rounds(plan)
 
 Its users: the audio a request may bring (one front-end window a round, serve/audio_input.py) and
 the tokens a request may ask (max_seq_len a round on the kv nodes: serve/api.py, `mstar run`'s
@@ -28,3 +29,9 @@ def max_rounds(plan: Plan, nodes: Iterable[str]) -> int:
 
 def kv_rounds(plan: Plan) -> int:
     return max_rounds(plan, (node.name for node in plan.nodes if node.engine == "kv"))
+
+
+def max_request_tokens(plan: Plan) -> int:
+    """The tokens a request may reach, prompt + max_tokens: max_seq_len a round of a repeating
+    partition holding the kv nodes' walks."""
+    return plan.deployment.max_seq_len * kv_rounds(plan)

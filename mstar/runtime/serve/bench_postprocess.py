@@ -40,7 +40,7 @@ import numpy as np
 
 from mstar.arg_types import int_range
 from mstar.plan.io import PlanError, load_plan
-from mstar.plan.rounds import kv_rounds
+from mstar.plan.rounds import max_request_tokens
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.engine.sim import SimEngine
@@ -162,7 +162,7 @@ def _median_of(runs: list[dict], key: str) -> dict[str, Optional[float]]:
 def _check_lengths(plan, args) -> None:
     """BenchError for requests the plan refuses, before the runs (`--prompt-len 200000` ran 44 s,
     then named its token ids past the vocabulary rather than its length)."""
-    limit = plan.deployment.max_seq_len * kv_rounds(plan)
+    limit = max_request_tokens(plan)
     if args.prompt_len + args.output_len > limit:
         raise BenchError(f"--prompt-len {args.prompt_len} + --output-len {args.output_len} is past the plan's "
                          f"max_seq_len {limit}: every request would be refused")

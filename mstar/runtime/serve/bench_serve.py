@@ -37,6 +37,10 @@ DEFAULT_CONCURRENCY = 8  # as `mstar run`'s closed loop
 log = logging.getLogger(__name__)
 
 
+# the options that shape generated requests (a --dataset file holds its own)
+GENERATOR_OPTIONS = ("requests", "prompt_len", "output_len", "prompt_kind", "endpoint")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench serve", description=__doc__.split("\n")[0])
     parser.add_argument("--base-url", required=True,
@@ -84,11 +88,9 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.model is not None and not args.model.strip():  # as mstar serve refuses an empty name
         raise BenchInputError("--model needs a name (leave it out for the first that GET /v1/models lists)")
     if args.dataset is not None:  # the file holds the requests: options that shape generated ones would be ignored
-        given = [option for option, value, default in (("--requests", args.requests, 100),
-                                                      ("--prompt-len", args.prompt_len, "8..32"),
-                                                      ("--output-len", args.output_len, "32..64"),
-                                                      ("--prompt-kind", args.prompt_kind, "tokens"),
-                                                      ("--endpoint", args.endpoint, "completions")) if value != default]
+        parser = _parser()
+        given = ["--" + dest.replace("_", "-") for dest in GENERATOR_OPTIONS
+                 if getattr(args, dest) != parser.get_default(dest)]
         if given:
             raise BenchInputError(f"{', '.join(given)}: options of generated requests; --dataset's file holds its "
                                   "own (leave them out)")
