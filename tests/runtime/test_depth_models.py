@@ -2,6 +2,7 @@
 predictor): the walk's rows run the node's model, which samples the output's first token, then the
 depth model, which samples N more from its own vocabulary over its own small KV; the frame of 1 + N
 tokens is the output's value (what the codec reads)."""
+import pytest
 import torch
 from spec_text import plan_of
 
@@ -10,6 +11,7 @@ from mstar.lang.fmt import format_spec
 from mstar.lang.parser import parse
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.models.depth import DepthModel
+from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
 
@@ -163,3 +165,28 @@ def test_geometry_belongs_to_depth_models_only(tmp_path):
     text = check(tmp_path, "submodel wide(layers=1, hidden=8) for decode")
     assert "error[MW109]: 'layers' is not an argument of sub-model wide" in text
     assert "error" not in check(tmp_path, PREDICTOR)
+
+
+def counted_run(tmp_path, engine_name: str, max_tokens: int):
+    """A run of the depth spec whose frames count as the request's output tokens (`count_tokens`
+    on the codec edges, as specs/qwen3_tts.mw), on the torch engine or the sim; its one record."""
+    spec = SPEC.replace("SUBMODEL", PREDICTOR).replace("param max_new_tokens = 6", "param max_new_tokens = 40")
+    spec = spec.replace("-> codec_tokens: Codec stream", "-> codec_tokens: Codec stream count_tokens")
+    plan = plan_of(tmp_path, spec, CONFIG)
+    engine = TorchEngine(plan, dims="spec", seed=1) if engine_name == "torch" else SimEngine(plan)
+    driver = Driver(plan, engine)
+    driver.run(Workload([Request(id="a", prompt_tokens=[1, 2, 3], max_tokens=max_tokens, seed=4)]))
+    (record,) = driver.conductor.records.values()
+    return record
+
+
+@pytest.mark.parametrize("engine_name", ["torch", "sim"])
+def test_counted_frames_count_their_codes_and_max_tokens_cuts_them(tmp_path, engine_name):
+    """A frame counts 1 + depth tokens (plan/output_bound.py counts it so); max_tokens ends the
+    partition at the frame that reaches it, `length` (it reported `stop` and no token while the
+    frames were not counted), and the output lists the frames, 4 codes each on either engine."""
+    record = counted_run(tmp_path, engine_name, max_tokens=10)
+    assert record.finish_reason == "length"
+    assert [len(frame) for frame in record.output_tokens] == [4, 4, 4]  # 12 >= 10 at the third frame
+    assert record.num_output_tokens == 12
+    assert any(e.modality == "audio" for e in record.emissions)

@@ -1,7 +1,8 @@
 """A simulated engine: runs steps by a cost model instead of models, with a small KV pool.
 
 In: the plan; per step, a `Step`. Out: a `StepResult` whose outputs are small placeholders
-(a kv node emits one token, as a one-element list, under each output edge name of its call; a
+(a kv node emits one token, as a one-element list, under each output edge name of its call, or
+a frame of 1 + depth codes, a tuple, where a depth model extends the output on the row's walk; a
 stateless node emits a one-element list holding the row's input length; an output the plan sends
 to the client as an image is a small gray RGB image instead, `[3, 8, 8]`, so a client that encodes
 it, the server's PNG answer among them, gets one) and whose `elapsed_s`
@@ -168,6 +169,13 @@ class SimEngine(RunsAtLaunch):
                         names.append(edge.name)
                     if edge.dest_kind == "client" and edge.modality == "image":
                         self.image_names.setdefault((call.node, walk.name), []).append(edge.name)
+        # (node, walk) -> {tokens output: depth} where a depth model extends the sampled token into a
+        # frame of 1 + depth codes, as the torch engine's one-item frame (a tuple here: counted and
+        # streamed as one item of 1 + depth tokens)
+        self.depth_frames: dict[tuple[str, str], dict[str, int]] = {
+            (node.name, walk): {sub.samples: sub.depth for sub in node.submodels
+                                if sub.samples and walk in sub.walks}
+            for node in plan.nodes for walk in {w for sub in node.submodels if sub.samples for w in sub.walks}}
         self.requests: dict[str, Any] = {}
         self.budget_tokens: dict[str, int] = {}  # request -> prompt + max_tokens (its KV budget's tokens)
         self.num_steps = 0
@@ -395,6 +403,7 @@ class SimEngine(RunsAtLaunch):
         walk: Optional[str] = None
         names: Sequence[str] = ()
         images: Sequence[str] = ()
+        depths: dict[str, int] = {}
         for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
@@ -405,6 +414,7 @@ class SimEngine(RunsAtLaunch):
                 walk = row.walk
                 names = self.out_names.get((node, walk), ())
                 images = self.image_names.get((node, walk), ())
+                depths = self.depth_frames.get((node, walk), {})
             if pool is None:
                 outputs = _placeholders(names, row.num_tokens)
                 append(RowResult(request_id, _with_images(outputs, images) if images else outputs))
@@ -419,10 +429,13 @@ class SimEngine(RunsAtLaunch):
             spec = requests.get(request_id)
             is_stop = spec is not None and count >= spec.max_tokens
             outputs = _placeholders(names, token)
+            for name, depth in depths.items():
+                if name in outputs:
+                    outputs[name] = _frame(token, depth)
             append(RowResult(request_id, _with_images(outputs, images) if images else outputs, is_stop))
             if token_ids is not None:
-                if not names or images:  # nothing to answer, or an image the columns cannot carry
-                    token_ids = None  # a call with no host output sampled nothing to answer
+                if not names or images or depths:  # nothing to answer (no host output), or an image
+                    token_ids = None  # or a frame of codes, which the columns cannot carry
                     continue
                 token_ids.append(token)
                 if is_stop:
@@ -439,6 +452,11 @@ def _placeholders(names: Sequence[str], value: int) -> dict[str, list[int]]:
     if len(names) == 1:
         return {names[0]: [value]}
     return {name: [value] for name in names}
+
+
+def _frame(token: int, depth: int) -> tuple[int, ...]:
+    """A frame of codes: the sampled placeholder, then `depth` more (placeholders too)."""
+    return (token, *((token * 31 + k * 977) % SIM_VOCAB for k in range(1, depth + 1)))
 
 
 def _with_images(outputs: dict[str, Any], images: Sequence[str]) -> dict[str, Any]:
