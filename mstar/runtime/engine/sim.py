@@ -447,7 +447,7 @@ class SimEngine(RunsAtLaunch):
         return self.cost.seconds(step)
 
 
-def _placeholders(names: Sequence[str], value: int) -> dict[str, list[int]]:
+def _placeholders(names: Sequence[str], value: int) -> dict[str, Any]:
     """A one-element list of `value` under each name (a list of its own per name)."""
     if len(names) == 1:
         return {names[0]: [value]}
