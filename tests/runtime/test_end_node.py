@@ -159,3 +159,39 @@ def test_a_request_cancelled_after_its_thinker_ended_frees_the_rest():
             while any(in_use for in_use, _ in llm.engine.kv_pages().values()) and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert all(in_use == 0 for in_use, _ in llm.engine.kv_pages().values()), llm.engine.kv_pages()
+
+
+def test_rows_held_for_memory_try_again_when_a_node_is_freed():
+    """Memory a request frees on a node before its end wakes the rows held for memory, as a
+    request's end does (they waited out their backoff before): after every end_node a wake comes
+    before the next step is launched. A tight Qwen3-Omni pool on the sim, where rows are held."""
+    plan = load_plan(PLAN)
+    engine = _Recording(SimEngine(plan, num_pages=24))
+    events = engine.calls
+    launch = engine.inner.launch
+
+    def launching(step):
+        events.append(("launch",))
+        return launch(step)
+
+    engine.launch = launching
+    driver = Driver(plan, engine)
+    for scheduler in driver.schedulers.values():
+        wake = scheduler.wake_holds
+
+        def waking(wake=wake):
+            events.append(("wake",))
+            wake()
+
+        scheduler.wake_holds = waking
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i] * 60, max_tokens=8 + i % 4) for i in range(12)]
+    driver.run(Workload(requests, closed_concurrency=6))
+    assert all(r.finish_reason in ("stop", "length") for r in driver.conductor.records.values())
+    assert sum(driver.log.num_held_rows) > 0  # rows were held for memory in this run
+    kinds = [e[0] for e in events]
+    assert "end_node" in kinds
+    for index, kind in enumerate(kinds):
+        if kind == "end_node":
+            rest = kinds[index + 1:]
+            next_launch = rest.index("launch") if "launch" in rest else len(rest)
+            assert "wake" in rest[:next_launch], f"no wake after the end_node at event {index}"

@@ -2,8 +2,10 @@
 
 In: requests (`submit`), step results (`on_step`), failures and cancellations. Out, drained by the
 driver after each call: `ready_out` rows (request id, node, walk, num_tokens) to put on the
-schedulers of the ranks that run them, and `ended_out` request ids whose engine resources and
-scheduler rows must be freed. It never touches workers, schedulers or tensors itself.
+schedulers of the ranks that run them, `ended_out` request ids whose engine resources and
+scheduler rows must be freed, and `nodes_freed_out` (a request's memory on a node was freed before
+its end, `_end_nodes`: rows held for memory may try again). It never touches workers, schedulers
+or tensors itself.
 
 - Admission: at most deployment.max_concurrent_requests at once, the rest wait FIFO. The engine
   may refuse a request (`add_request` returns a reason, e.g. it can never fit): it fails alone.
@@ -196,6 +198,7 @@ class Conductor:
         # Rows that became ready, grouped: (node, walk, request ids, tokens per row).
         self.ready_out: list[tuple[str, str, list[str], list[int]]] = []
         self.ended_out: list[str] = []
+        self.nodes_freed_out = False
         # (node, walk) -> request id -> the call of that request made ready last (step_rows finds a
         # scheduled row's call here; it is live while its is_ready holds: walk_run.ActiveCall).
         self.ready_calls: dict[tuple[str, str], dict[str, ActiveCall]] = {}
@@ -601,6 +604,7 @@ class Conductor:
         for node in sorted(nodes):
             try:
                 self.end_node(state.record.request.id, node)
+                self.nodes_freed_out = True
             except EngineLost:
                 raise
             except Exception as error:  # as in `_end`: the request goes on, the pages may stay held

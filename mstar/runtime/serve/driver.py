@@ -230,7 +230,8 @@ class Driver:
     def _drain(self) -> None:
         """Rows the conductor made ready go to the schedulers of their ranks, one add_ready_many
         per (rank, node, walk) in the order they became ready; ended requests leave every
-        scheduler."""
+        scheduler; where memory came back (a request ended, or freed a node before its end) held
+        rows try again."""
         conductor = self.conductor
         if conductor.ready_out:
             ready, conductor.ready_out = conductor.ready_out, []
@@ -254,16 +255,19 @@ class Driver:
                 contexts = ([conductor.kv_context(rid, node) for rid in request_ids]
                             if (node, walk) in self._depth_walks else None)
                 self.schedulers[rank].add_ready_many(request_ids, node, walk, num_tokens, classes, guided, contexts)
+        ended: list[str] = []
         if conductor.ended_out:
             ended, conductor.ended_out = conductor.ended_out, []
             for request_id in ended:
                 self.routing.forget(request_id)
                 for scheduler in self.schedulers.values():
                     scheduler.remove(request_id)
-            for scheduler in self.schedulers.values():  # their pages came back: held rows try again
+        if ended or conductor.nodes_freed_out:  # pages came back: held rows try again
+            conductor.nodes_freed_out = False
+            for scheduler in self.schedulers.values():
                 scheduler.wake_holds()
-            if self.on_finish is not None:
-                self.on_finish(ended)
+        if ended and self.on_finish is not None:
+            self.on_finish(ended)
 
     # ------------------------------------------------------------ steps
 
