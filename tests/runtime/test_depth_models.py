@@ -169,7 +169,7 @@ def test_geometry_belongs_to_depth_models_only(tmp_path):
 
 def counted_run(tmp_path, engine_name: str, max_tokens: int):
     """A run of the depth spec whose frames count as the request's output tokens (`count_tokens`
-    on the codec edges, as specs/qwen3_tts.mw), on the torch engine or the sim; its one record."""
+    on the codec edges), on the torch engine or the sim; its one record."""
     spec = SPEC.replace("SUBMODEL", PREDICTOR).replace("param max_new_tokens = 6", "param max_new_tokens = 40")
     spec = spec.replace("-> codec_tokens: Codec stream", "-> codec_tokens: Codec stream count_tokens")
     plan = plan_of(tmp_path, spec, CONFIG)
@@ -183,8 +183,8 @@ def counted_run(tmp_path, engine_name: str, max_tokens: int):
 @pytest.mark.parametrize("engine_name", ["torch", "sim"])
 def test_counted_frames_count_their_codes_and_max_tokens_cuts_them(tmp_path, engine_name):
     """A frame counts 1 + depth tokens (plan/output_bound.py counts it so); max_tokens ends the
-    partition at the frame that reaches it, `length` (it reported `stop` and no token while the
-    frames were not counted), and the output lists the frames, 4 codes each on either engine."""
+    partition at the frame that reaches it, `length`, and the output lists the frames, 4 codes each
+    on either engine (the sim's frames were one placeholder token)."""
     record = counted_run(tmp_path, engine_name, max_tokens=10)
     assert record.finish_reason == "length"
     assert [len(frame) for frame in record.output_tokens] == [4, 4, 4]  # 12 >= 10 at the third frame
