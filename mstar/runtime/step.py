@@ -96,6 +96,21 @@ class RowResult:
     # The error came from the request's own input (`values.RequestInputError`: its audio, its
     # prompt's media placeholders): the client's fault, which the server answers as a 400.
     is_input_fault: bool = False
+    # The stop came from a limit, not the model: the node sampled the request's max_tokens (or
+    # filled its sequence). A partition that counts no tokens (Qwen3-TTS's Talker, Qwen3-Omni's) is
+    # cut so without the conductor's own count seeing it: the request then ends "length".
+    is_length: bool = False
+
+
+def row_stop(token: int, stop_tokens: Any, node_stops: Any, num_sampled: int,
+             max_tokens: Optional[int]) -> tuple[bool, bool]:
+    """(is_stop, is_length) of a row that sampled `token`, its request's `num_sampled`-th on the
+    node: a stop token (the request's or the node's) is the model's stop; else reaching max_tokens
+    cuts the row (the engines' one rule, so every engine says "length" alike)."""
+    if token in stop_tokens or token in node_stops:
+        return True, False
+    is_cut = max_tokens is not None and num_sampled >= max_tokens
+    return is_cut, is_cut
 
 
 @dataclass

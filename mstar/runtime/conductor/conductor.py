@@ -33,8 +33,9 @@ or tensors itself.
   costs the same per token as a short one.
 - When a partition ends, the streams it produces are marked producer-done (final chunks flow).
 - A request ends when every partition is done; a row error fails the request alone. Its finish
-  reason is "length" when max_tokens ended a partition or a loop with a stop condition ran out of
-  iterations before a stop (WalkRun.is_cut: the output was cut), else "stop".
+  reason is "length" when max_tokens ended a partition, a loop with a stop condition ran out of
+  iterations before a stop, or the engine stopped one at a limit (`RowResult.is_length`: a node
+  that counts no tokens sampled max_tokens; WalkRun.is_cut: the output was cut), else "stop".
 """
 from __future__ import annotations
 
@@ -444,7 +445,7 @@ class Conductor:
                 continue
             outputs = result.outputs
             counted = active_call.call.counted
-            run.complete(node, outputs, result.is_stop)
+            run.complete(node, outputs, result.is_stop, result.is_length)
             if counted:
                 self.count(state, ps, counted, outputs, now)
             self.after_row(state, ps, run)

@@ -224,7 +224,7 @@ def _end_of_shape(conductor, ready: "_ReadyRows", row: StepRow, result: RowResul
     run = call.run
     if not ps.is_done:
         if result.is_stop and call.call.stop_loop is not None:
-            _stop(run, call)
+            _stop(run, call, result.is_length)
         step = call.step
         loop_state = call.loop_state
         if not (loop_state.iteration + 1 >= loop_state.limit or (step.has_stop and loop_state.is_stop)):
@@ -317,7 +317,7 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     if ps.is_done:  # max_tokens or a stop string ended the partition (and cancelled the run)
         return False
     if result.is_stop and call.call.stop_loop is not None:
-        _stop(run, call)
+        _stop(run, call, result.is_length)
     if is_missing or loop_state.iteration + 1 >= loop_state.limit or (step.has_stop and loop_state.is_stop):
         _exit_loop(run, call)
         return False
@@ -369,11 +369,13 @@ def _is_settled(state) -> bool:
     return True
 
 
-def _stop(run, call) -> None:
-    """A row reported a stop: its innermost stop loop ends after this iteration."""
+def _stop(run, call, is_length: bool) -> None:
+    """A row reported a stop: its innermost stop loop ends after this iteration (cut, when the
+    stop was a limit: WalkRun.complete's rule)."""
     state = run.loops[call.call.stop_loop]
     if state is not None:
         state.is_stop = True
+        run.is_cut = run.is_cut or is_length
 
 
 def _next_iteration(run, call, step, loop_state) -> None:

@@ -115,8 +115,9 @@ class WalkRun:
         self.waiting: list[ActiveCall] = []
         self.new_ready: list[ActiveCall] = []
         self.is_done = False
-        # A loop with a stop condition ran out of iterations before its stop: the output was cut
-        # by a limit (the loop's max or the request's count), so the request ends "length".
+        # A loop with a stop condition ran out of iterations before its stop, or the engine stopped
+        # it at a limit (RowResult.is_length: the node sampled the request's max_tokens): the output
+        # was cut, so the request ends "length".
         self.is_cut = False
         self.context: dict[str, int] = {}  # the request's KV context per node (set by its partition)
 
@@ -269,8 +270,9 @@ class WalkRun:
             else:
                 state.accumulated.setdefault(exit_index, []).append(value)
 
-    def complete(self, node: str, outputs: dict[str, Any], is_stop: bool) -> None:
-        """The ready call of `node` ran: apply its edge actions and follow its transition."""
+    def complete(self, node: str, outputs: dict[str, Any], is_stop: bool, is_length: bool = False) -> None:
+        """The ready call of `node` ran: apply its edge actions and follow its transition (a stop
+        that was a limit, `is_length`, marks the run cut)."""
         active = self.active.pop(node, None)
         if active is None or not active.is_ready:
             raise WalkStateError(f"walk {self.name}: no ready call of node {node}")
@@ -289,4 +291,5 @@ class WalkRun:
             state = self.loops[call.stop_loop]
             if state is not None:
                 state.is_stop = True
+                self.is_cut = self.is_cut or is_length
         self.follow(call.then)

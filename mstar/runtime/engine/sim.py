@@ -9,10 +9,12 @@ it, the server's PNG answer among them, gets one) and whose `elapsed_s`
 is the modelled step time. The driver advances a `SimClock` by it, so runs are reproducible and
 take only host time.
 
-Per-request behaviour: a kv node reports is_stop once it has sampled `max_tokens` tokens for the
-request (the conductor applies stops only in loops that have a stop check), and only then: its
-tokens are placeholders, so stop tokens (the request's, the node's) are not matched against them,
-which would end requests at random; a what-if run takes every request to its max_tokens.
+Per-request behaviour: a kv node reports is_stop (a limit: `is_length`) once it has sampled
+`max_tokens` tokens for the request, a row sampling where its call has a `tokens` or `transcript`
+output, as on the torch engine (the conductor applies stops only in loops that have a stop
+check), and only then: its tokens are placeholders, so stop tokens (the request's, the node's)
+are not matched against them, which would end requests at random; a what-if run takes every
+request to its max_tokens.
 
 KV pool (per kv node, pages of page_size tokens): the torch engine's page bookkeeping
 (`kv/pages.py`, with its prefix cache when the plan turns it on: `claim_prefix` finds a prompt's
@@ -51,6 +53,7 @@ from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
+SAMPLED_ROLES = ("tokens", "transcript")  # a kv node's call with such an output samples a token
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
 # An image output's placeholder: a gray RGB image, [3, 8, 8] in [0, 1], immutable and shared (nested
 # tuples: outputs compare with ==, as the tests of equal runs compare them)
@@ -157,25 +160,9 @@ class SimEngine(RunsAtLaunch):
                               for node in plan.nodes if node.engine == "kv"]
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
-        # (node, walk) -> output edge names (loop-backs on the device carry no value).
-        self.out_names: dict[tuple[str, str], list[str]] = {}
-        # (node, walk) -> the output edges the client takes as images (placeholders of that shape)
-        self.image_names: dict[tuple[str, str], list[str]] = {}
-        for walk in plan.walks:
-            for call in walk.calls:
-                names = self.out_names.setdefault((call.node, walk.name), [])
-                for edge in call.edges:
-                    if not edge.is_device and edge.name not in names:
-                        names.append(edge.name)
-                    if edge.dest_kind == "client" and edge.modality == "image":
-                        self.image_names.setdefault((call.node, walk.name), []).append(edge.name)
-        # (node, walk) -> {tokens output: depth} where a depth model extends the sampled token into a
-        # frame of 1 + depth codes, as the torch engine's one-item frame (a tuple here: counted and
-        # streamed as one item of 1 + depth tokens)
-        self.depth_frames: dict[tuple[str, str], dict[str, int]] = {
-            (node.name, walk): {sub.samples: sub.depth for sub in node.submodels
-                                if sub.samples and walk in sub.walks}
-            for node in plan.nodes for walk in {w for sub in node.submodels if sub.samples for w in sub.walks}}
+        tables = _CallTables(plan)
+        self.out_names, self.image_names = tables.out_names, tables.image_names
+        self.sampling, self.depth_frames = tables.sampling, tables.depth_frames
         self.requests: dict[str, Any] = {}
         self.budget_tokens: dict[str, int] = {}  # request -> prompt + max_tokens (its KV budget's tokens)
         self.num_steps = 0
@@ -404,6 +391,7 @@ class SimEngine(RunsAtLaunch):
         names: Sequence[str] = ()
         images: Sequence[str] = ()
         depths: dict[str, int] = {}
+        samples = False
         for row in rows:
             request_id = row.request_id
             if errors and request_id in errors:
@@ -415,6 +403,7 @@ class SimEngine(RunsAtLaunch):
                 names = self.out_names.get((node, walk), ())
                 images = self.image_names.get((node, walk), ())
                 depths = self.depth_frames.get((node, walk), {})
+                samples = (node, walk) in self.sampling
             if pool is None:
                 outputs = _placeholders(names, row.num_tokens)
                 append(RowResult(request_id, _with_images(outputs, images) if images else outputs))
@@ -423,19 +412,20 @@ class SimEngine(RunsAtLaunch):
                 append(RowResult(request_id))
                 token_ids = None
                 continue
-            count = pool.sampled.get(request_id, 0) + 1
+            count = pool.sampled.get(request_id, 0) + samples
             pool.sampled[request_id] = count
             token = (count * 7919 + len(request_id) * 104729 + seed) % SIM_VOCAB
             spec = requests.get(request_id)
-            is_stop = spec is not None and count >= spec.max_tokens
+            is_stop = samples and spec is not None and count >= spec.max_tokens
             outputs = _placeholders(names, token)
             for name, depth in depths.items():
                 if name in outputs:
                     outputs[name] = _frame(token, depth)
-            append(RowResult(request_id, _with_images(outputs, images) if images else outputs, is_stop))
+            append(RowResult(request_id, _with_images(outputs, images) if images else outputs, is_stop,
+                             is_length=is_stop))  # the sim stops at max_tokens only
             if token_ids is not None:
-                if not names or images or depths:  # nothing to answer (no host output), or an image
-                    token_ids = None  # or a frame of codes, which the columns cannot carry
+                if not names or not samples or images or depths:  # nothing sampled or to answer, or an
+                    token_ids = None  # image or a frame of codes, which the columns cannot carry
                     continue
                 token_ids.append(token)
                 if is_stop:
@@ -445,6 +435,37 @@ class SimEngine(RunsAtLaunch):
     def step_time(self, step: Step) -> float:
         """The step's modelled seconds (sim_cost.StepCost)."""
         return self.cost.seconds(step)
+
+
+class _CallTables:
+    """What each (node, walk) call of the plan answers, read once at start."""
+
+    def __init__(self, plan: Plan):
+        # (node, walk) -> output edge names (loop-backs on the device carry no value).
+        self.out_names: dict[tuple[str, str], list[str]] = {}
+        # (node, walk) -> the output edges the client takes as images (placeholders of that shape)
+        self.image_names: dict[tuple[str, str], list[str]] = {}
+        # (node, walk) of the calls that sample a token (a `tokens` or `transcript` output, as the
+        # torch engine samples): the others count nothing toward max_tokens
+        self.sampling: set[tuple[str, str]] = set()
+        roles = {(node.name, out.name): out.role for node in plan.nodes for out in node.outputs}
+        for walk in plan.walks:
+            for call in walk.calls:
+                if any(roles.get((call.node, edge.name)) in SAMPLED_ROLES for edge in call.edges):
+                    self.sampling.add((call.node, walk.name))
+                names = self.out_names.setdefault((call.node, walk.name), [])
+                for edge in call.edges:
+                    if not edge.is_device and edge.name not in names:
+                        names.append(edge.name)
+                    if edge.dest_kind == "client" and edge.modality == "image":
+                        self.image_names.setdefault((call.node, walk.name), []).append(edge.name)
+        # (node, walk) -> {tokens output: depth} where a depth model extends the sampled token into a
+        # frame of 1 + depth codes, as the torch engine's one-item frame (a tuple here: counted and
+        # streamed as one item of 1 + depth tokens)
+        self.depth_frames: dict[tuple[str, str], dict[str, int]] = {
+            (node.name, walk): {sub.samples: sub.depth for sub in node.submodels
+                                if sub.samples and walk in sub.walks}
+            for node in plan.nodes for walk in {w for sub in node.submodels if sub.samples for w in sub.walks}}
 
 
 def _placeholders(names: Sequence[str], value: int) -> dict[str, Any]:

@@ -60,7 +60,7 @@ from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.pages import SequenceColumn
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.step import RowResult, StepRow
+from mstar.runtime.step import RowResult, StepRow, row_stop
 
 if TYPE_CHECKING:
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _Ahead, _CallFacts, _Item
@@ -440,14 +440,12 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
         counts, params = request.num_sampled, request.params
         num_sampled = counts[node] = counts.get(node, 0) + 1
         request.last_token[node] = [token]
-        max_tokens = params.max_tokens
-        is_stop = (token in params.stop_tokens or token in node_stops
-                   or (max_tokens is not None and num_sampled >= max_tokens))
+        is_stop, is_length = row_stop(token, params.stop_tokens, node_stops, num_sampled, params.max_tokens)
         if is_stop:
             stop(index)
         outputs = ({first: [token]} if width == 1 else {first: [token], second: [token]} if width == 2
                    else {name: [token] for name in names})
-        append(RowResult(request_id, outputs, is_stop))
+        append(RowResult(request_id, outputs, is_stop, is_length=is_length))
     results.token_ids, results.stop_rows = tokens, stop_rows
     return results
 

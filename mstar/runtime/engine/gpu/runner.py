@@ -67,7 +67,7 @@ from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
                                                  token_list_chunk)
-from mstar.runtime.step import AheadChunks, RowResult, StepRow
+from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
 
 
 def fast_path_reason(node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> Optional[str]:
@@ -708,13 +708,11 @@ class GpuDecoderRunner(DecoderRunner):
         request.history.setdefault(node, []).extend(item.tokens_fed)
         num_sampled = request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
         request.last_token[node] = [token]
-        max_tokens = params.max_tokens
-        is_stop = (token in params.stop_tokens or token in self.stop_tokens
-                   or (max_tokens is not None and num_sampled >= max_tokens))
+        is_stop, is_length = row_stop(token, params.stop_tokens, self.stop_tokens, num_sampled, params.max_tokens)
         outputs: dict[str, object] = {}
         # a mask has a value per position of the call's input: a cut prompt's last chunk covers the
         # chunks before it too (as the reference runner's `_whole_prompt`)
         num_positions = item.row.chunk_start + len(item.tokens_fed)
         for name, is_token in (item.facts or self._facts_of(item.call)).outputs:
             outputs[name] = [token] if is_token else torch.ones(num_positions, dtype=torch.bool)
-        return RowResult(item.row.request_id, outputs, is_stop)
+        return RowResult(item.row.request_id, outputs, is_stop, is_length=is_length)

@@ -66,7 +66,7 @@ from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import CPU, Placement
 from mstar.runtime.engine.sampling import SamplingParams, draw_stream, sample_tokens
-from mstar.runtime.step import AheadChunks, RowResult, StepRow
+from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
 
 
 @dataclass
@@ -624,9 +624,8 @@ class DecoderRunner:
         if token is not None:
             request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
             request.last_token[node] = [token]
-            max_tokens = request.params.max_tokens
-            result.is_stop = (token in request.params.stop_tokens or token in self.stop_tokens
-                              or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
+            result.is_stop, result.is_length = row_stop(token, request.params.stop_tokens, self.stop_tokens,
+                                                        request.num_sampled[node], request.params.max_tokens)
         for name, role in roles.items():
             if role == "tokens":
                 if token is not None and frames and name in frames:

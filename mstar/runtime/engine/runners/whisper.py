@@ -32,7 +32,7 @@ from mstar.runtime.engine.runners.values import InputError, RequestInputError, f
 from mstar.runtime.engine.runners.whisper_rules import WhisperRules, WhisperSequence, next_token, processed
 from mstar.runtime.engine.runners.whisper_windows import AudioWindow, WindowError, closed_cut, segment_cut, window_of
 from mstar.runtime.engine.sampling import draw_stream, sample_tokens
-from mstar.runtime.step import RowResult, StepRow
+from mstar.runtime.step import RowResult, StepRow, row_stop
 
 Rows = list[tuple[StepRow, CallInfo, RequestState]]
 
@@ -239,12 +239,13 @@ class WhisperDecoderRunner:
     def _result(self, row: StepRow, call: CallInfo, request: RequestState, token: int, hidden: torch.Tensor,
                 state: _Decoding) -> RowResult:
         node = self.node.name
-        request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
-        max_tokens = request.params.max_tokens
+        num_sampled = request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
         length = len(state.sequence.tokens) if state.sequence is not None else 0
         result = RowResult(row.request_id)
-        result.is_stop = (token == self.rules.eos or token in request.params.stop_tokens or length >= self.max_seq_len
-                          or (max_tokens is not None and request.num_sampled[node] >= max_tokens))
+        # a window's sequence full is its end (long-form decoding goes on to the next), not a cut
+        result.is_stop, result.is_length = row_stop(token, request.params.stop_tokens, (self.rules.eos,),
+                                                    num_sampled, request.params.max_tokens)
+        result.is_stop = result.is_stop or length >= self.max_seq_len
         released, audio_left = self._transcript(state, token, result.is_stop)
         for name in call.output_names:
             role = call.output_roles.get(name, "tokens")

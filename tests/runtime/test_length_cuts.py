@@ -1,0 +1,67 @@
+"""A request whose output a limit cut ends "length", also where the cut partition counts no
+tokens: the engines say a stop was a limit (`RowResult.is_length`, `step.row_stop`: the node
+sampled the request's max_tokens), and the conductor marks the run cut. Before, Qwen3-TTS's and
+Qwen3-Omni's Talkers stopped at max_tokens frames and their requests reported `stop`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.sim import SimEngine
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.step import row_stop
+
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+
+
+def test_a_stop_token_is_the_models_stop_and_max_tokens_a_cut():
+    assert row_stop(7, [7], (), 5, 5) == (True, False)  # a stop token at the last allowed sample
+    assert row_stop(7, [], {7}, 1, None) == (True, False)  # the node's own stop token
+    assert row_stop(3, [7], (), 5, 5) == (True, True)
+    assert row_stop(3, [7], (), 4, 5) == (False, False)
+    assert row_stop(3, [], (), 10**6, None) == (False, False)
+
+
+def run(plan_name: str, engine_name: str, requests: list[Request]):
+    plan = load_plan(GENERATED / f"{plan_name}.plan")
+    engine = SimEngine(plan) if engine_name == "sim" else TorchEngine(plan, seed=0)
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    return driver.conductor.records
+
+
+@pytest.mark.parametrize("engine_name", ["sim", "torch"])
+def test_speech_cut_at_max_tokens_frames_ends_length(engine_name):
+    """Qwen3-TTS counts no output tokens; its Talker samples at most max_tokens frames."""
+    records = run("qwen3_tts", engine_name, [Request(id="a", prompt_tokens=[5, 6, 7, 8], max_tokens=6)])
+    assert records["a"].finish_reason == "length"
+    assert records["a"].num_output_tokens == 0 and any(e.modality == "audio" for e in records["a"].emissions)
+
+
+def test_a_thinker_that_stops_with_a_talker_cut_ends_length_and_one_that_ends_stop():
+    """Qwen3-Omni on the torch engine: the Thinker's third token made a stop token, so its text ends
+    `stop`; the Talker's frames are cut at max_tokens, so the request ends `length`. Without
+    the Talker (a text-only route) the same request ends `stop`."""
+    plan = load_plan(GENERATED / "qwen3_omni.plan")
+    alone = run("qwen3_omni", "torch", [Request(id="a", prompt_tokens=[5, 6, 7, 8], max_tokens=20)])["a"]
+    stop = int(alone.output_tokens[2])
+    both = [Request(id="speech", prompt_tokens=[5, 6, 7, 8], max_tokens=20, stop_tokens=[stop]),
+            Request(id="text", prompt_tokens=[5, 6, 7, 8], max_tokens=20, stop_tokens=[stop],
+                    route={p.name: [] for p in plan.partitions[1:]})]
+    records = run("qwen3_omni", "torch", both)
+    assert [int(t) for t in records["speech"].output_tokens] == [int(t) for t in alone.output_tokens[:3]]
+    assert records["speech"].finish_reason == "length"
+    assert records["text"].finish_reason == "stop" and len(records["text"].output_tokens) == 3
+
+
+def test_the_sim_counts_only_rows_that_sample_toward_max_tokens():
+    """BAGEL's prefill_vae call extends the KV and samples nothing (the torch engine samples only a
+    call with a tokens output): the sim gave it a sample, so a request of max_tokens 4 through it
+    got 3 tokens (and now would read `length` with 3)."""
+    route = {"LLM": ["prefill_vae", "prefill_vit", "prefill_text", "decode"]}
+    records = run("bagel", "sim", [Request(id="a", prompt_tokens=[1, 2], max_tokens=4, route=route)])
+    assert records["a"].finish_reason == "length" and records["a"].num_output_tokens == 4
