@@ -247,3 +247,65 @@ def test_waiting_requests_always_drain_whatever_they_claim(num_pages, events):
         elif action == 2 and admission.budgets:  # a started request ends
             admission.release(next(iter(admission.budgets)))
         _drain(deepcopy(admission))
+
+
+def _cached_pool(num_pages: int, *prompts: list[int]):
+    """A pool of pages of 4 with a prefix cache, each prompt's full pages cached and held by nobody."""
+    from mstar.runtime.engine.kv.pages import PagePool
+
+    pool = PagePool(num_pages, 4, prefix_cache=True)
+    for prompt in prompts:
+        assert pool.reserve(("writer", "main"), len(prompt))
+        pool.commit(("writer", "main"), len(prompt), prompt)
+        pool.free_request("writer")
+    return pool
+
+
+def test_a_prefix_claim_takes_no_free_page_the_started_requests_may_still_claim():
+    """`claim_cached_prefix` (both engines' claim): cached pages nobody holds count as free, so a
+    claim takes no more of them than the room a start has (`room_to_start`): here the 7 free pages
+    less the 5 a started request may still claim."""
+    from mstar.runtime.engine.kv.claims import claim_cached_prefix
+
+    prompt = list(range(12))
+    pool = _cached_pool(8, prompt)
+    admission = Admission(num_pages=8)
+    assert pool.reserve(("s", "main"), 1)
+    admission.grant(PageNeed("s", 1, 6))  # holds 1 of its 6
+    assert pool.num_free_pages == 7 and admission.room_to_start("w", 7) == 2
+    assert claim_cached_prefix(admission, pool, ("w", "main"), prompt + [99], None) == 8  # 2 of the 3 pages
+
+
+def test_a_prefix_claim_keeps_every_waiting_requests_room():
+    """`claim_cached_prefix` caps a claim by `claim_cap`: a newcomer's claim of pages an older
+    waiting request's claim holds costs the requests waiting between them (as in
+    `test_a_claim_of_an_older_waiters_pages_leaves_room_for_the_requests_between`, on a real pool),
+    and once the started requests end the waiting ones still start, oldest first."""
+    from mstar.runtime.engine.kv.claims import claim_cached_prefix
+
+    first, second = list(range(16)), list(range(100, 108))
+    pool = _cached_pool(10, first, second)
+    admission = Admission(num_pages=10)
+
+    def claim(request_id: str, prompt: list[int], budget: int) -> int:
+        num = claim_cached_prefix(admission, pool, (request_id, "main"), prompt, None)
+        admission.join(request_id, budget, pool.page_table((request_id, "main")) or None)
+        return num
+
+    assert claim("a", first + [1], 2) == 16
+    assert claim("b", second + [1], 5) == 8
+    assert claim("c", first + [2], 6) == 12  # three of a's four pages: b keeps its room of 3
+    _drain(admission)
+
+
+def test_a_request_that_stops_waiting_no_longer_limits_claims():
+    """A waiting request's room caps new claims (`claim_cap`) only while it waits: once it has
+    started, a claim it would have capped is whole (its pages count in `room_to_start` instead)."""
+    admission = Admission(num_pages=10)
+    admission.join("x", 9)
+    admission.join("y", 1)
+    assert admission.claim_cap("w", lambda: [0, 1]) == 1  # x's room: 10 - 9
+    admission.grant(PageNeed("x", 9, 9))
+    assert admission.claim_cap("w", lambda: [0, 1]) is None  # y's room is 9 (x's pages: `room_to_start`)
+    admission.release("x")
+    assert admission.claim_cap("w", lambda: [0, 1]) is None

@@ -58,6 +58,35 @@ def test_offloaded_pages_come_back_bit_identical(num_tokens, num_other, page_siz
         assert torch.equal(cache.k[layer][flat], k) and torch.equal(cache.v[layer][flat], v)
 
 
+
+def test_victims_fit_the_host_pool_and_free_enough_or_none_move():
+    """`Offload.victims`: least recently run first, never a request of the step, only one whose
+    pages all fit what is left of the host pool, and nobody at all when the victims together would
+    not free the pages asked for (a move that frees too little only costs copies)."""
+    from mstar.runtime.engine.kv.admission import Admission, PageNeed
+    from mstar.runtime.engine.kv.offload import Offload
+
+    pool, admission = PagePool(16, 4), Admission(16)
+    for request_id, num_pages in (("a", 3), ("b", 2), ("c", 4)):
+        assert pool.reserve((request_id, "main"), 4 * num_pages)
+        admission.grant(PageNeed(request_id, num_pages, num_pages))
+    offload = Offload(num_host_pages=3)
+    for request_id in ("c", "a", "b"):  # c ran longest ago, b last
+        offload.note_step([request_id])
+    assert offload.victims(pool, admission, {"b"}, 3) == ["a"]  # c's 4 pages do not fit the host's 3
+    assert offload.victims(pool, admission, set(), 2) == ["a"]
+    assert offload.victims(pool, admission, {"a"}, 2) == ["b"]  # a is in the step, c too large
+    assert offload.victims(pool, admission, {"b"}, 5) == []  # a's 3 pages alone are not enough
+    moved = offload.take("a", [("main", 12, 3)])
+    assert offload.num_free_host_pages == 0 and len(set(moved[0].host_pages)) == 3
+    assert offload.victims(pool, admission, {"a"}, 1) == []  # no host page left for anyone
+    assert offload.restore("a") == moved and offload.num_free_host_pages == 3
+    roomier = Offload(num_host_pages=5)
+    for request_id in ("c", "a", "b"):
+        roomier.note_step([request_id])
+    assert roomier.victims(pool, admission, {"c"}, 5) == ["a", "b"]  # together within the 5
+    assert roomier.victims(pool, admission, set(), 9) == []  # c's 4 leave room for neither a nor b
+
 def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache: bool = False):
     """llama_chunked with every step capped at `cap` rows and a pool of `num_pages` pages of 16
     (its prefix cache off unless asked for)."""

@@ -156,3 +156,52 @@ def test_sim_counts_hits_and_a_cached_prefix_cuts_ttft():
     # docs/runtime.md); it was 15-19x under the earlier cost model, additive in tokens.
     assert all(ttft[f"p{i}"] * 3 < ttft_off[f"p{i}"] for i in range(1, 6))
     assert cached.engine.num_pages_held() == 0
+
+
+def _cached(pool: PagePool, tokens: list[int]) -> None:
+    """A request that wrote `tokens` (keyed) and ended: their full pages stay cached, nobody holding them."""
+    key = ("writer", "main")
+    assert pool.reserve(key, len(tokens))
+    pool.commit(key, len(tokens), tokens)
+    pool.free_request("writer")
+
+
+def test_a_claim_takes_at_most_max_from_free_unheld_pages_and_at_most_max_pages():
+    """Cached pages nobody holds count as free: a claim takes no more of them than `max_from_free`
+    (pages another sequence holds cost nothing), and no more pages in all than `max_pages`."""
+    pool = PagePool(8, PAGE, prefix_cache=True)
+    prompt = list(range(13))  # three full pages and one token
+    _cached(pool, prompt)
+    assert pool.claim_prefix(("b", "main"), prompt[:8] + [99], max_from_free=8) == 8  # b holds the first two
+    assert pool.claim_prefix(("c", "main"), prompt, max_from_free=0) == 8  # b's two, not the third (unheld)
+    assert pool.claim_prefix(("d", "main"), prompt, max_from_free=1) == 12  # the third is free to take now
+    assert pool.claim_prefix(("e", "main"), prompt, max_from_free=8, max_pages=1) == 4
+    assert pool.page_table(("e", "main")) == pool.page_table(("d", "main"))[:1]
+    check_places(pool)
+
+
+def test_a_sequence_moved_back_from_the_host_keys_no_page():
+    """Restored pages hold tokens the pool does not know (`restore`): what the sequence writes
+    after them keys nothing, so no request starts on a page whose tokens differ from its own."""
+    pool = PagePool(8, PAGE, prefix_cache=True)
+    key = ("moved", "main")
+    assert pool.restore(key, PAGE)  # its first page came back from the host
+    assert pool.reserve(key, PAGE)
+    pool.commit(key, PAGE, [5, 6, 7, 8])  # its second page, written from token ids
+    assert pool.claim_prefix(("new", "main"), [5, 6, 7, 8, 9], max_from_free=8) == 0
+    assert pool.claim_prefix(("other", "main"), [1, 2, 3, 4, 5, 6, 7, 8, 9], max_from_free=8) == 0
+    check_places(pool)
+
+
+def test_cached_pages_nobody_holds_go_least_recently_freed_first_a_prefix_from_its_end():
+    """Eviction order: the cached page freed longest ago goes first, and a freed prefix's later
+    pages before its earlier ones (so what stays cached is still a prefix that hits)."""
+    pool = PagePool(4, PAGE, prefix_cache=True)
+    old, new = list(range(9)), list(range(100, 105))  # two full pages, then one
+    _cached(pool, old)
+    _cached(pool, new)
+    assert pool.cache.num_evictable == 3 and pool.num_free_pages == 4
+    assert pool.reserve(("a", "main"), 2 * PAGE)  # the one free page, then one eviction
+    assert pool.claim_prefix(("b", "main"), old, max_from_free=4) == PAGE  # old's second page went
+    assert pool.claim_prefix(("c", "main"), new, max_from_free=4) == PAGE  # new's page is still cached
+    check_places(pool)

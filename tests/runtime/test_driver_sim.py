@@ -265,3 +265,33 @@ def test_an_engine_that_cannot_take_a_request_fails_it_alone():
     assert records["bad"].is_refused and records["bad"].finish_reason == (
         "error: the engine could not take the request (OverflowError: cannot convert float infinity to integer)")
     assert records["a"].finish_reason == records["b"].finish_reason == "length"
+
+
+def test_a_request_whose_rows_never_reach_a_scheduler_fails_as_stalled_and_the_run_returns():
+    """Nothing in flight, nothing held or due, and a request still active (its rows were lost on
+    the way to the scheduler here): the run fails it as stalled rather than spinning, and the
+    other requests finish."""
+    import threading
+    from itertools import compress
+
+    plan = generated("llama")
+    driver = Driver(plan, SimEngine(plan))
+    for scheduler in driver.schedulers.values():
+        def dropping(request_ids, node, walk, num_tokens=1, classes=None, guided=None, contexts=None,
+                     add=scheduler.add_ready_many):
+            keep = [request_id != "lost" for request_id in request_ids]
+            kept = lambda values: values if values is None or isinstance(values, int) else list(compress(values, keep))  # noqa: E731
+            add(kept(request_ids), node, walk, kept(num_tokens), kept(classes), kept(guided), kept(contexts))
+
+        scheduler.add_ready_many = dropping
+    requests = [Request(id=rid, prompt_tokens=[1, 2, 3], max_tokens=4) for rid in ("a", "lost", "b")]
+    runner = threading.Thread(target=driver.run, args=(Workload(requests),), daemon=True)
+    runner.start()
+    runner.join(15)
+    if runner.is_alive():
+        driver.stop()
+        runner.join(10)
+        pytest.fail("the run did not return with a request that can never run")
+    records = driver.conductor.records
+    assert records["lost"].finish_reason == "error: stalled: no row of the request can run"
+    assert records["a"].finish_reason == records["b"].finish_reason == "length"

@@ -195,3 +195,23 @@ def test_rows_held_for_memory_try_again_when_a_node_is_freed():
             rest = kinds[index + 1:]
             next_launch = rest.index("launch") if "launch" in rest else len(rest)
             assert "wake" in rest[:next_launch], f"no wake after the end_node at event {index}"
+
+
+def test_a_node_two_partitions_call_is_freed_only_when_both_have_ended():
+    """A kv node called by a partition still running keeps the request's memory: here the Talker's
+    partition is taken to call the Thinker too (no checked-in plan shares a node between
+    partitions), so the Thinker's memory goes with the Talker's, once, after the Thinker ended."""
+    plan = load_plan(PLAN)
+    engine = _Recording(SimEngine(plan))
+    driver = Driver(plan, engine)
+    shared = dict(driver.conductor.partition_kv_nodes)
+    assert shared["Thinker"] == {"Thinker"} and shared["Talker"] == {"Talker"}
+    shared["Talker"] = frozenset({"Talker", "Thinker"})
+    driver.conductor.partition_kv_nodes = shared
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i, 2, 3], max_tokens=4 + i) for i in range(4)]
+    driver.run(Workload(requests, closed_concurrency=2))
+    assert all(r.finish_reason in ("stop", "length") for r in driver.conductor.records.values())
+    for request in requests:
+        ended = [c for c in engine.calls if c[1] == request.id]
+        assert ended == [("end_node", request.id, "Talker"), ("end_node", request.id, "Thinker"),
+                         ("end_request", request.id)], ended

@@ -189,3 +189,31 @@ def test_a_result_for_a_request_outside_the_step_is_ignored():
     assert sorted(finished) == sorted(r.id for r in requests)
     reasons = {r.id: driver.conductor.records[r.id].finish_reason for r in requests}
     assert set(reasons.values()) == {"length"}
+
+
+def test_a_failed_step_fails_its_own_requests_and_no_other_active_one():
+    """A step the engine fails while other requests are active outside it (waiting for their own
+    step): the step's requests fail, every other request, active then or admitted later, finishes."""
+    plan = load_plan(ROOT / "generated" / "llama.plan")
+    seen: dict[str, set[str]] = {}
+    driver: Optional[Driver] = None
+
+    def on_launch(step: Any, num: int) -> None:
+        assert driver is not None
+        ids = {row.request_id for row in step.rows}
+        others = set(driver.conductor.active) - ids
+        if not seen and ids and others:
+            seen["failed"], seen["others"] = ids, others
+            raise RuntimeError("boom")
+
+    engine = Faulty(SimEngine(plan), on_launch=on_launch)
+    requests = [Request(id=f"r{i}", prompt_tokens=[1 + i] * (3 + 5 * i), max_tokens=4 + 3 * i) for i in range(6)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests, closed_concurrency=3))
+    assert seen, "no step left an active request out"
+    reasons = {r.id: driver.conductor.records[r.id].finish_reason for r in requests}
+    for request_id, reason in reasons.items():
+        if request_id in seen["failed"]:
+            assert reason == "error: engine failed the step: RuntimeError: boom", (request_id, reason)
+        else:
+            assert reason == "length", (request_id, reason, seen)

@@ -16,6 +16,7 @@ def drain(make, worker, rows: list[tuple[str, int]], budget: int, first_context:
     """Every row's tokens through the scheduler, a cut row's rest coming back with its depth (the
     prompt's first row after `first_context` cached tokens, as after a prefix-cache hit)."""
     sched = make(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0)
+    caps = {entry.mask: entry.cap for entry in worker.keys[0].mixtures}
     left, fed = {}, {}
     for i, (walk, tokens) in enumerate(rows):
         context = first_context if walk == "prefill" else 0
@@ -27,6 +28,7 @@ def drain(make, worker, rows: list[tuple[str, int]], budget: int, first_context:
         if batch is None:
             break
         assert sum(batch.num_tokens) <= budget or batch.num_rows == 1
+        assert batch.num_rows <= caps[batch.mask], f"{batch.num_rows} rows over the cap {caps[batch.mask]}"
         log.append((batch.mask, tuple(batch.request_ids), tuple(batch.num_tokens), batch.padded_batch,
                     batch.token_bucket))
         for rid, walk, chunk in zip(batch.request_ids, batch.walks, batch.num_tokens):
@@ -55,6 +57,23 @@ def test_budget_fit_matches_the_row_by_row_rule(rows, budget, chunk, decode_cap,
     worker = assemble_worker(0, [key], specs, [])
     assert (drain(WorkerScheduler, worker, rows, budget, cached)
             == drain(BaselineScheduler, worker, rows, budget, cached))
+
+
+@MORE
+@given(st.lists(st.tuples(st.sampled_from(["decode", "prefill"]), st.integers(1, 40)), min_size=1, max_size=24),
+       st.integers(1, 64), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 4)))
+def test_whole_rows_keep_to_the_budget_and_one_too_large_runs_alone(rows, budget, decode_cap, prefill_limit):
+    """A walk whose prompts are never cut (no chunk size) under a step budget, down to budgets
+    smaller than one prompt: whole rows join while they fit (decode rows first), a row larger than
+    the whole budget runs alone (the only way it can run), a step the budget leaves with one walk
+    keeps that walk's own cap, and every row runs; as the row-by-row baseline decides."""
+    rows = [(walk, 1 if walk == "decode" else tokens) for walk, tokens in rows]
+    key = build_key("LLM", ["decode", "prefill"], {"decode": decode_cap, "prefill": 4}, "mixed", 8,
+                    {"prefill": prefill_limit} if prefill_limit else {}, mixed_capture=([1, 4, 8], [16, 64]))
+    key = key.model_copy(update={"token_budget": budget})
+    specs = [SpeculationPlan(node="LLM", walk=w, can_speculate=False, mixes_walks=False) for w in key.walks]
+    worker = assemble_worker(0, [key], specs, [])
+    assert drain(WorkerScheduler, worker, rows, budget) == drain(BaselineScheduler, worker, rows, budget)
 
 
 @MORE
