@@ -26,7 +26,9 @@
 #   nodes  the changes of a session without a device (2026-12-05, the sixteenth): a request's memory
 #          freed per node when its partitions there end (Engine.end_node: the GPU runner's row slots
 #          go mid-request on Qwen3-Omni, Orpheus and BAGEL), the admission's claim cap (shared
-#          prefix pages), then Qwen3-Omni on a tight pool with --device cuda (every request ok)
+#          prefix pages), then Qwen3-Omni on a tight pool with --device cuda (every request ok); and
+#          of the next session's: the GPU runner's and decode columns' `is_length` (step.row_stop),
+#          which these tests' decode steps run through
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes}
