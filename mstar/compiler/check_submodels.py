@@ -3,8 +3,8 @@
 In:  the spec, one node, the nodes each walk runs, the run's `Diagnostics` (arguments were checked
      against node_args.SUBMODEL_ARGS / DEPTH_SUBMODEL_ARGS in check_args, MW109/MW110/MW123).
 Out: nothing; adds MW401 (a sub-model for a walk that does not run the node), MW124 when a
-     sub-model cannot share the node's KV cache and MW125 when a depth model cannot extend its
-     output:
+     sub-model cannot share the node's KV cache, MW125 when a depth model cannot extend its
+     output and the warning MW126 when its frames count as the request's output tokens:
 - only a kv node has sub-models (they run beside its KV cache), and not a decoder of a style
   whose runner runs one model (Whisper's, which cross-attends: check_cross.CROSS_STYLES);
 - a walk runs on one model of the node: it is in at most one sub-model without `samples`, and
@@ -15,7 +15,11 @@ Out: nothing; adds MW401 (a sub-model for a walk that does not run the node), MW
   N >= 1 tokens; every walk it lists emits that output from the node's call and runs the node's
   own model (it reads that model's hidden state and token embedding); one depth model per (walk,
   output); where the output feeds an audio codec with `quantizers=Q`, the frame it makes (the
-  node's token and N more) holds Q codes, so N + 1 = Q.
+  node's token and N more) holds Q codes, so N + 1 = Q;
+- (warning) an edge of the output that counts toward the request's output tokens (`count_tokens`,
+  or a `client text` edge, which a partition without `count_tokens` counts) counts N + 1 a frame,
+  while the engines reserve and check `prompt + max_tokens` KV positions on the node: a frame takes
+  one, so the budget is N + 1 times what the frames need and long requests are refused.
 """
 from __future__ import annotations
 
@@ -125,6 +129,19 @@ def _check_depth_models(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[
                 diags.error(codes.DEPTH_MODEL_BAD, f"depth model {sub.name} for walk {walk}, whose call of "
                             f"{node.name} emits no {sub.samples}", walk_span)
             _check_frame(spec, sub, edges, diags)
+            _warn_counted(node, sub, edges, diags)
+
+
+def _warn_counted(node: ast.NodeDecl, sub: ast.SubModelDecl, edges: list[ast.Edge], diags: Diagnostics) -> None:
+    for edge in edges:
+        if edge.is_count_tokens or (edge.dest == "client" and edge.modality == "text"):
+            diags.warning(codes.DEPTH_FRAMES_COUNTED,
+                          f"{sub.samples} counts as the request's output tokens, {sub.depth + 1} a frame (depth "
+                          f"model {sub.name}), but the engines reserve prompt + max_tokens KV positions on "
+                          f"{node.name} and a frame takes one: requests reserve {sub.depth + 1} times the pages "
+                          f"their frames need; count nothing there (max_tokens then bounds the frames)",
+                          edge.span, Note("the depth model", sub.span))
+            return
 
 
 def _check_frame(spec: ast.Spec, sub: ast.SubModelDecl, edges: list[ast.Edge], diags: Diagnostics) -> None:

@@ -16,7 +16,7 @@ code. docs/diagnostics.md documents every code with an example. Ranges:
                              MW432-MW433 (check_zero_sizes) caps, rows limits and capture lists
                              of no rows or tokens
     MW113-MW122 check_roles  roles: what each value is, model kinds, KV sequences (after MW4xx)
-    MW124-MW125 check_submodels  sub-models and depth models of a kv node (run by check_combine)
+    MW124-MW126 check_submodels  sub-models and depth models of a kv node (run by check_combine)
     MW130-MW133 check_cross  cross-attention KV pools (run by check_roles)
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ ROLE_FOR_KIND = "MW122"
 DIMS_TOO_LARGE = "MW123"
 SUBMODEL_CANNOT_SHARE = "MW124"
 DEPTH_MODEL_BAD = "MW125"
+DEPTH_FRAMES_COUNTED = "MW126"
 # check_prompt_format
 BAD_PROMPT_FORMAT = "MW140"
 BAD_KEEP_RANGE = "MW141"
@@ -162,6 +163,7 @@ TITLES: dict[str, str] = {
     DIMS_TOO_LARGE: "node dims past what the runtime can allocate",
     SUBMODEL_CANNOT_SHARE: "sub-model that cannot share its node's KV cache",
     DEPTH_MODEL_BAD: "depth model that cannot extend its output",
+    DEPTH_FRAMES_COUNTED: "depth model frames counted as output tokens (warning)",
     BAD_PROMPT_FORMAT: "prompt_format that cannot frame a text prompt",
     BAD_KEEP_RANGE: "stream keep range that is empty or on a stream without tokens",
     CROSS_KV_BAD: "cross-attention KV pool the node cannot hold",

@@ -147,6 +147,12 @@ explain = {
           "call and runs the node's own model (not a sub-model), a walk has one depth model per output, and "
           "where OUTPUT feeds an audio codec with `quantizers=Q` "
           "the frame it makes holds Q codes (N + 1 = Q). docs/language.md \"Depth models\".",
+ "MW126": "A warning: the output a depth model extends counts toward the request's output tokens (an edge with "
+          "`count_tokens`, or a `client text` edge, which a partition without `count_tokens` counts), N + 1 a "
+          "frame, while the engines reserve and check `prompt + max_tokens` KV positions on the node, one a "
+          "frame: each request reserves N + 1 times the pages its frames need and a long one is refused as past "
+          "`max_seq_len`. Count nothing there (`specs/qwen3_tts.mw`): `max_tokens` then bounds the frames and a "
+          "request it cuts ends `length`. docs/language.md \"Depth models\".",
  "MW130": "A `cross_kv LABEL from INPUT tokens=N` pool belongs on a kv node whose decoder style has cross-attention "
           "layers (`style=whisper`), is filled from an input that carries another model's states (`hidden` or "
           "`embeddings`, not a stream input or the prompt) and holds at least one token. A `whisper` decoder without a "
