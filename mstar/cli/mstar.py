@@ -613,7 +613,7 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
 
 def _result_writer(args: argparse.Namespace, plan: Any, tokenizer: Any) -> Any:
     """The ResultWriter of `--out` (a CliError when its folder cannot be written), else None."""
-    from mstar.runtime.serve.endpoints import endpoints_of
+    from mstar.runtime.serve.endpoints import endpoints_of, load_media_encoders
     from mstar.runtime.serve.results import OutputError, ResultWriter, sample_rate_of
 
     if not args.out:
@@ -622,10 +622,7 @@ def _result_writer(args: argparse.Namespace, plan: Any, tokenizer: Any) -> Any:
         writer = ResultWriter(args.out, sample_rate_of(plan), tokenizer)
     except OutputError as error:
         raise CliError(str(error)) from None
-    if endpoints_of(plan).emitted_modalities & {"audio", "image"}:
-        # its encoders import torch, which the first finished request's write would otherwise do
-        # inside a step's post-process (a sim run's p99 of 0.5-1 s on qwen3_tts, orpheus, qwen3_omni)
-        import mstar.runtime.serve.media  # noqa: F401
+    load_media_encoders(endpoints_of(plan))
     return writer
 
 

@@ -96,9 +96,10 @@ class RowResult:
     # The error came from the request's own input (`values.RequestInputError`: its audio, its
     # prompt's media placeholders): the client's fault, which the server answers as a 400.
     is_input_fault: bool = False
-    # The stop came from a limit, not the model: the node sampled the request's max_tokens (or
-    # filled its sequence). A partition that counts no tokens (Qwen3-TTS's Talker, Qwen3-Omni's) is
-    # cut so without the conductor's own count seeing it: the request then ends "length".
+    # The stop came from a limit, not the model: the node sampled the request's max_tokens (a
+    # Whisper window's full sequence is no cut: long-form decoding goes on). A partition that
+    # counts no tokens (Qwen3-TTS's Talker, Qwen3-Omni's) is cut so without the conductor's own
+    # count seeing it: the request then ends "length".
     is_length: bool = False
 
 

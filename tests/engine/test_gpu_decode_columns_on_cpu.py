@@ -56,7 +56,7 @@ def _snapshot(engine: TorchEngine, runner: GpuDecoderRunner, result) -> tuple:
                       dict(state.num_sampled), dict(state.last_token))
                 for rid, state in sorted(engine.requests.items())}
     rows = [(row.request_id, {name: list(value) if isinstance(value, list) else value.tolist()
-                              for name, value in row.outputs.items()}, row.is_stop, row.error)
+                              for name, value in row.outputs.items()}, row.is_stop, row.is_length, row.error)
             for row in result.rows]
     token_ids = None if result.token_ids is None else np.asarray(result.token_ids).tolist()
     return (rows, token_ids, list(result.stop_rows), list(result.allocation_failed), requests,

@@ -418,11 +418,13 @@ class SimEngine(RunsAtLaunch):
             spec = requests.get(request_id)
             is_stop = samples and spec is not None and count >= spec.max_tokens
             outputs = _placeholders(names, token)
-            for name, depth in depths.items():
-                if name in outputs:
-                    outputs[name] = _frame(token, depth)
-            append(RowResult(request_id, _with_images(outputs, images) if images else outputs, is_stop,
-                             is_length=is_stop))  # the sim stops at max_tokens only
+            if depths:
+                for name, depth in depths.items():
+                    if name in outputs:
+                        outputs[name] = _frame(token, depth)
+            # positional (a keyword costs on this path); is_length = is_stop: the sim stops at max_tokens only
+            append(RowResult(request_id, _with_images(outputs, images) if images else outputs, is_stop, None, False,
+                             is_stop))
             if token_ids is not None:
                 if not names or not samples or images or depths:  # nothing sampled or to answer, or an
                     token_ids = None  # image or a frame of codes, which the columns cannot carry

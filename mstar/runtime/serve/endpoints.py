@@ -46,6 +46,12 @@ class Endpoints:
         return "text" in self.prompt_modalities and "image" in self.emitted_modalities
 
     @property
+    def emits_media(self) -> bool:
+        """The plan sends the client audio or images, which serve/media.py encodes (with torch: load it
+        before serving, `load_media_encoders`, not in the first answer's step or handler)."""
+        return bool(self.emitted_modalities & {"audio", "image"})
+
+    @property
     def can_transcribe(self) -> bool:
         return "audio" in self.prompt_modalities and self.takes_waveform and "text" in self.emitted_modalities
 
@@ -98,3 +104,12 @@ def route_media(plan: Plan, route: dict[str, list[str]]) -> set[str]:
                            for w in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]])]
     return {source.prompt for name in taken if name in walks for call in walks[name].calls
             for source in call.inputs if source.source == "prompt" and source.prompt not in (None, "text")}
+
+
+def load_media_encoders(endpoints: Endpoints) -> None:
+    """Import the media encoders (and torch) now where the plan emits audio or images: the first
+    finished request's WAV or PNG imported them inside a step's post-process (`mstar run --out`:
+    a qwen3_tts sim run's post-process mean 1.7-12 ms a step, 49-67 us after) or a server handler
+    (the event loop blocked about a second)."""
+    if endpoints.emits_media:
+        import mstar.runtime.serve.media  # noqa: F401

@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
-from mstar.runtime.serve.endpoints import endpoints_of
+from mstar.runtime.serve.endpoints import endpoints_of, load_media_encoders
 from mstar.runtime.serve.http_schema import (
     CANCELLED_MESSAGE, DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, ImageBody, SpeechBody,
 )
@@ -181,6 +181,7 @@ async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
 def build_app(service: Service) -> FastAPI:
     from mstar.runtime.serve.body_limit import BodyLimit, json_body_limit
 
+    load_media_encoders(service.endpoints)
     app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len))
     _error_handlers(app, service)

@@ -60,7 +60,7 @@ from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.kv.pages import SequenceColumn
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.step import RowResult, StepRow, row_stop
+from mstar.runtime.step import RowResult, StepRow
 
 if TYPE_CHECKING:
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _Ahead, _CallFacts, _Item
@@ -440,12 +440,15 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
         counts, params = request.num_sampled, request.params
         num_sampled = counts[node] = counts.get(node, 0) + 1
         request.last_token[node] = [token]
-        is_stop, is_length = row_stop(token, params.stop_tokens, node_stops, num_sampled, params.max_tokens)
-        if is_stop:
+        # step.row_stop written out (no call a row; the tests compare it with the per-row path's)
+        is_stop = token in params.stop_tokens or token in node_stops
+        is_length = not is_stop and params.max_tokens is not None and num_sampled >= params.max_tokens
+        if is_stop or is_length:
+            is_stop = True
             stop(index)
         outputs = ({first: [token]} if width == 1 else {first: [token], second: [token]} if width == 2
                    else {name: [token] for name in names})
-        append(RowResult(request_id, outputs, is_stop, is_length=is_length))
+        append(RowResult(request_id, outputs, is_stop, None, False, is_length))
     results.token_ids, results.stop_rows = tokens, stop_rows
     return results
 
