@@ -370,12 +370,8 @@ def _is_settled(state) -> bool:
 
 
 def _stop(run, call, is_length: bool) -> None:
-    """A row reported a stop: its innermost stop loop ends after this iteration (cut, when the
-    stop was a limit: WalkRun.complete's rule)."""
-    state = run.loops[call.call.stop_loop]
-    if state is not None:
-        state.is_stop = True
-        run.is_cut = run.is_cut or is_length
+    """A row reported a stop: its innermost stop loop ends after this iteration."""
+    run.mark_stop(call.call.stop_loop, is_length)
 
 
 def _next_iteration(run, call, step, loop_state) -> None:

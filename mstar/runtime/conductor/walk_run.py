@@ -288,8 +288,13 @@ class WalkRun:
                 continue
             self.apply(edge, value)
         if is_stop and call.stop_loop is not None:
-            state = self.loops[call.stop_loop]
-            if state is not None:
-                state.is_stop = True
-                self.is_cut = self.is_cut or is_length
+            self.mark_stop(call.stop_loop, is_length)
         self.follow(call.then)
+
+    def mark_stop(self, loop: int, is_length: bool) -> None:
+        """A row of `loop` reported a stop: the loop ends after this iteration, and the run is cut
+        when the stop was a limit (`RowResult.is_length`)."""
+        state = self.loops[loop]
+        if state is not None:
+            state.is_stop = True
+            self.is_cut = self.is_cut or is_length
