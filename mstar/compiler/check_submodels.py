@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from mstar.compiler import codes
 from mstar.compiler.check_cross import CROSS_STYLES
+from mstar.compiler.counting import counted_names
 from mstar.compiler.resolve import iter_calls, name_span, suggestion
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -129,12 +130,24 @@ def _check_depth_models(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[
                 diags.error(codes.DEPTH_MODEL_BAD, f"depth model {sub.name} for walk {walk}, whose call of "
                             f"{node.name} emits no {sub.samples}", walk_span)
             _check_frame(spec, sub, edges, diags)
-            _warn_counted(node, sub, edges, diags)
+            _warn_counted(spec, node, sub, walk, edges, diags)
 
 
-def _warn_counted(node: ast.NodeDecl, sub: ast.SubModelDecl, edges: list[ast.Edge], diags: Diagnostics) -> None:
-    for edge in edges:
-        if edge.is_count_tokens or (edge.dest == "client" and edge.modality == "text"):
+def _warn_counted(spec: ast.Spec, node: ast.NodeDecl, sub: ast.SubModelDecl, walk: str, edges: list[ast.Edge],
+                  diags: Diagnostics) -> None:
+    """MW126 where a partition running `walk` counts the depth model's output (lowering's rule)."""
+    walks = {w.name: w for w in spec.walks}
+    for partition in spec.partitions:
+        names_in = {w for stage in partition.stages for w in stage.walks}
+        if walk not in names_in:
+            continue
+        counted = counted_names((e.name, e.is_count_tokens, e.dest == "client" and e.modality == "text")
+                                for name in names_in if name in walks for call in iter_calls(walks[name].body)
+                                for e in call.edges)
+        if sub.samples in counted and edges:
+            # the edge that counts here, else (counted through another walk of the partition) the first
+            edge = next((e for e in edges if e.is_count_tokens or (e.dest == "client" and e.modality == "text")),
+                        edges[0])
             diags.warning(codes.DEPTH_FRAMES_COUNTED,
                           f"{sub.samples} counts as the request's output tokens, {sub.depth + 1} a frame (depth "
                           f"model {sub.name}), but the engines reserve prompt + max_tokens KV positions on "

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, TypeVar, cast
 
+from mstar.compiler.counting import counted_names
 from mstar.compiler.walk_tree import (
     TreeCall,
     TreeEdge,
@@ -321,11 +322,8 @@ def count_names(trees: list[WalkTree], partition: PartitionPlan) -> frozenset[st
     """Output names counted as tokens in a partition: its walks' count_tokens edges, else (none
     marked) the text its walks send to the client."""
     names_in = {w for stage in partition.stages for w in stage.walks}
-    edges = [e for t in trees if t.name in names_in for c in iter_calls(t.body) for e in c.edges]
-    counted = {e.name for e in edges if e.is_count_tokens}
-    if not counted:
-        counted = {e.name for e in edges if e.dest_kind == "client" and e.modality == "text"}
-    return frozenset(counted)
+    return counted_names((e.name, e.is_count_tokens, e.dest_kind == "client" and e.modality == "text")
+                         for t in trees if t.name in names_in for c in iter_calls(t.body) for e in c.edges)
 
 
 def lower_walk_tables(
