@@ -10,6 +10,7 @@ counted output (a stateless node's, or another role) has no size the plan states
 
     most_counted_tokens(plan) -> Optional[int]   the largest partition's bound, None if unknown
     partition_bound(plan, partition) -> Optional[int]
+    frame_depths(node, walk) -> {output: depth}   the depth models extending a call's outputs
     excess_tokens_problem(what, asked, most) -> Optional[str]   the refusal of asking past it
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Optional
 from mstar.plan.loop_nesting import loops_around_calls
 from mstar.plan.schema import NodePlan, PartitionPlan, Plan, StagePlan, WalkPlan
 
-_ONE_TOKEN_ROLES = ("tokens", "transcript")  # a kv node's sampled output: one token a row a call
+# a kv node's sampled output: one token a row a call (a call with one samples; the sim engine reads this too)
+SAMPLED_ROLES = ("tokens", "transcript")
 
 
 def most_counted_tokens(plan: Plan) -> Optional[int]:
@@ -85,7 +87,13 @@ def walk_bound(walk: WalkPlan, nodes: dict[str, NodePlan]) -> Optional[int]:
 
 def _tokens_a_call(counted: list[str], node: NodePlan, walk: str) -> Optional[int]:
     roles = {output.name: output.role for output in node.outputs}
-    if node.engine != "kv" or any(roles.get(name) not in _ONE_TOKEN_ROLES for name in counted):
+    if node.engine != "kv" or any(roles.get(name) not in SAMPLED_ROLES for name in counted):
         return None
-    depth = {sub.samples: sub.depth for sub in node.submodels if sub.samples and walk in sub.walks}
+    depth = frame_depths(node, walk)
     return sum(1 + depth.get(name, 0) for name in counted)
+
+
+def frame_depths(node: NodePlan, walk: str) -> dict[str, int]:
+    """{tokens output: depth} of the depth models extending `node`'s outputs on `walk` (a frame of
+    1 + depth tokens a row)."""
+    return {sub.samples: sub.depth for sub in node.submodels if sub.samples and walk in sub.walks}

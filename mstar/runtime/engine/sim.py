@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from mstar.plan.output_bound import SAMPLED_ROLES, frame_depths
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.engine.kv.admission import Admission, PageNeed
@@ -53,7 +54,6 @@ from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
 
-SAMPLED_ROLES = ("tokens", "transcript")  # a kv node's call with such an output samples a token
 SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabulary: EngineCaps.vocab_sizes)
 # An image output's placeholder: a gray RGB image, [3, 8, 8] in [0, 1], immutable and shared (nested
 # tuples: outputs compare with ==, as the tests of equal runs compare them)
@@ -465,8 +465,7 @@ class _CallTables:
         # frame of 1 + depth codes, as the torch engine's one-item frame (a tuple here: counted and
         # streamed as one item of 1 + depth tokens)
         self.depth_frames: dict[tuple[str, str], dict[str, int]] = {
-            (node.name, walk): {sub.samples: sub.depth for sub in node.submodels
-                                if sub.samples and walk in sub.walks}
+            (node.name, walk): frame_depths(node, walk)
             for node in plan.nodes for walk in {w for sub in node.submodels if sub.samples for w in sub.walks}}
 
 
