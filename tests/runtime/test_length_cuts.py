@@ -65,3 +65,20 @@ def test_the_sim_counts_only_rows_that_sample_toward_max_tokens():
     route = {"LLM": ["prefill_vae", "prefill_vit", "prefill_text", "decode"]}
     records = run("bagel", "sim", [Request(id="a", prompt_tokens=[1, 2], max_tokens=4, route=route)])
     assert records["a"].finish_reason == "length" and records["a"].num_output_tokens == 4
+
+
+@pytest.mark.parametrize("engine_name", ["sim", "torch"])
+def test_max_tokens_reached_where_nothing_after_counts_goes_on(engine_name):
+    """BAGEL's image route counts the prefill's one token and image_gen counts none: at max_tokens 1
+    the partition goes on to the image and ends `stop` (before, it ended `length` with no image).
+    With an image prompt two prefills count, so max_tokens 1 still cuts before the image; a decode
+    route ends at max_tokens as before."""
+    def one(max_tokens: int, walks: list[str]):
+        request = Request(id="a", prompt_tokens=[1, 2], max_tokens=max_tokens, route={"LLM": walks})
+        record = run("bagel", engine_name, [request])["a"]
+        return record.finish_reason, record.num_output_tokens, [e.modality for e in record.emissions]
+
+    assert one(1, ["prefill_text", "image_gen"]) == ("stop", 1, ["text", "image"])
+    assert one(1, ["prefill_vit", "prefill_text", "image_gen"]) == ("length", 1, ["text"])
+    assert one(2, ["prefill_vit", "prefill_text", "image_gen"]) == ("stop", 2, ["text", "text", "image"])
+    assert one(1, ["prefill_text", "decode"]) == ("length", 1, ["text"])

@@ -14,7 +14,9 @@ or tensors itself.
   streams are exhausted; a partition whose walk waits on a stream that will never deliver ends.
 - Token counting: every value a row produced under one of its call's `counted` outputs (the
   partition's count_tokens edges, or without any its text edges to the client: the compiler
-  decides) adds its element count; at max_tokens the partition ends ("length").
+  decides) adds its element count; at max_tokens the partition ends ("length") where anything
+  after could count more (`PartitionState.may_count_more`: not after a walk's one counting call
+  when the route's later stages count nothing, BAGEL's prefill_text before image_gen).
 - Prefix cache: when a call of a walk the plan lists in its kv pool's `prefix_walks` becomes ready
   before anything of the request ran on that node, the engine's `claim_prefix` starts the
   request's KV on the cached pages of its prompt's longest cached prefix; the row then feeds only
@@ -495,7 +497,7 @@ class Conductor:
         this under the same condition.)"""
         if record.request.stop_strings and not ps.is_done and self.has_stop_string(record):
             ps.end()
-        if ps.num_tokens >= ps.max_tokens and not ps.is_done:
+        if ps.num_tokens >= ps.max_tokens and not ps.is_done and ps.may_count_more():
             ps.end(is_length=True)
 
     def has_stop_string(self, record: RequestRecord) -> bool:

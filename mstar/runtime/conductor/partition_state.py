@@ -116,6 +116,19 @@ class PartitionState:
             return False
         return value > 0
 
+    def may_count_more(self) -> bool:
+        """Whether an output could still be counted after the one just counted: max_tokens ends the
+        partition only then. A run whose one counting call ran outside loops, followed by stages
+        that count nothing, cannot (BAGEL's image route: prefill_text's token, then image_gen's
+        flow loop); a partition that repeats its stages or re-runs its walk per chunk may."""
+        if self.plan.repeat is not None or self.is_repeating:
+            return True
+        run = self.run
+        if run is not None and not run.walk.counts_once:
+            return True
+        later = self.walks[self.stage + 1:] if run is not None else self.walks[self.stage:]
+        return any(walk.counts_output for walk in later)
+
     def end(self, is_length: bool = False) -> None:
         """End the partition now (max tokens, or its streams ran dry)."""
         if self.run is not None:

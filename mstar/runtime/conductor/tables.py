@@ -187,7 +187,7 @@ class RunCall:
 
 class RunWalk:
     __slots__ = ("name", "partition", "calls", "loops", "joins", "start", "num_slots", "plan", "max_limits",
-                 "has_counts")
+                 "has_counts", "counts_output", "counts_once")
 
     def __init__(self, plan: WalkPlan):
         self.plan = plan
@@ -200,6 +200,11 @@ class RunWalk:
         self.num_slots = len(plan.slots)
         self.max_limits = tuple(loop.max_iters for loop in self.loops)
         self.has_counts = any(loop.count_param is not None for loop in self.loops)
+        counting = [call for call in plan.calls if call.counted]
+        self.counts_output = bool(counting)  # some call's outputs count toward max_tokens
+        # One counting call outside every loop: once its output is counted the run counts no more
+        # (PartitionState.may_count_more: BAGEL's prefill_text before image_gen).
+        self.counts_once = len(counting) == 1 and counting[0].loop is None
 
     def loop_limits(self, counts: dict[str, int]) -> tuple[int, ...]:
         """Iterations each loop runs for a request with these loop counts (checked against the
