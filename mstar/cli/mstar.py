@@ -240,14 +240,11 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
 def _check_route_stages(plan: Any, route: dict[str, list[str]]) -> None:
     """`--route`'s walks through each partition's stages, as the conductor follows them: a route
     that leaves out a stage that is not optional failed every request at run time."""
-    from mstar.runtime.conductor.conductor import RouteError, follow_stages
+    from mstar.runtime.serve.plan_checks import stages_not_followed
 
-    partitions = {partition.name: partition for partition in plan.partitions}
-    for name, walks in route.items():
-        try:
-            follow_stages(partitions[name], walks)
-        except RouteError as error:
-            raise CliError(f"--route: {error}") from None
+    unfollowed = stages_not_followed({partition.name: partition for partition in plan.partitions}, route)
+    if unfollowed is not None:
+        raise CliError(f"--route: {unfollowed[1]}")
 
 
 def _check_generated_fits(args: argparse.Namespace, plan: Any) -> None:

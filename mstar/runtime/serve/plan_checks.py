@@ -15,9 +15,23 @@ from typing import Optional
 
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
-from mstar.plan.schema import Plan
+from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
+
+
+def stages_not_followed(partitions: dict[str, PartitionPlan],
+                        route: dict[str, list[str]]) -> Optional[tuple[PartitionPlan, RouteError]]:
+    """The first partition of `route` whose stages its walks do not follow, with the conductor's
+    own refusal (`follow_stages`, what admission raises), or None. Every partition `route` names
+    is in `partitions` (the callers check the names first, each with its own message). The one
+    stage rule of a request's route (`PlanChecks.route_problem`) and `mstar run --route`'s."""
+    for name, walks in route.items():
+        try:
+            follow_stages(partitions[name], list(walks))
+        except RouteError as error:
+            return partitions[name], error
+    return None
 
 
 class PlanChecks:
@@ -63,12 +77,11 @@ class PlanChecks:
         if unknown:
             return (f"route names unknown partitions {unknown} (this plan's partitions: "
                     f"{', '.join(self.partitions)})")
-        for name, walks in route.items():
-            try:
-                follow_stages(self.partitions[name], list(walks))
-            except RouteError as error:
-                stages = [stage.walks for stage in self.partitions[name].stages]
-                return f"route is not one this plan takes: {error} (the stages' walks: {stages})"
+        unfollowed = stages_not_followed(self.partitions, route)
+        if unfollowed is not None:
+            part, error = unfollowed
+            stages = [stage.walks for stage in part.stages]
+            return f"route is not one this plan takes: {error} (the stages' walks: {stages})"
         if all(not route.get(name, [None]) for name in self.partitions):  # as `mstar run` refuses it
             return (f"route leaves every partition out ({', '.join(self.partitions)}), so the request would run "
                     "nothing (it ended `stop` with no output); name a walk for at least one")
