@@ -18,7 +18,8 @@ never by a new request (a lost hit, never a wrong one).
 - `lookup(key)`: the cached page holding a key and its prefix id;
 - `claim_chain(prefix, label, tokens, page_size, num_pages, max_from_free)`: a new sequence takes a
   reference to each cached page of the longest cached run of its full pages (out of the free order
-  when it had none; at most `max_from_free` such), walking the keys from `prefix`;
+  when it had none; at most `max_from_free` such), walking the keys from `prefix`; with
+  `take=False` (`chain`) the same walk only looks, references and free order untouched;
 - `release(page)`: a sequence lets go; at zero references the page joins the free order, still
   cached; `evict()` hands back the least recently used such page (and forgets its key) when the
   pool has no other free page;
