@@ -249,6 +249,87 @@ def test_waiting_requests_always_drain_whatever_they_claim(num_pages, events):
         _drain(deepcopy(admission))
 
 
+def test_a_first_row_past_its_budget_leaves_no_two_requests_waiting_on_each_other():
+    """a's prefix claim holds 4 pages of 10 and it joins with a budget of 2, so b's claim of 4 other
+    pages keeps a's room (10 - 2 - 8 = 0) and b waits with 3. a's first row then adds 5 pages, 3
+    past its budget, which no claim was capped for: joined with 5, neither could ever start (5 and
+    3 beside the 8 claimed pages of 10), nothing started to free a page, and both waited forever.
+    Now the row is refused for good (`outgrows_room`: the engines end a with an error) and a keeps
+    waiting with its budget until it ends; then b starts."""
+    from copy import deepcopy
+
+    admission = Admission(num_pages=10)
+    admission.join("a", 2, claimed_pages=[0, 1, 2, 3])
+    assert admission.claim_cap("b", lambda: [4, 5, 6, 7]) is None  # a's room was 10 - 2 - 4 = 4
+    admission.join("b", 3, claimed_pages=[4, 5, 6, 7])
+    first_row = PageNeed("a", 5, 2)
+    assert admission.shortfall([first_row], num_free_pages=2) == ["a"]
+    _drain(deepcopy(admission))  # oldest first: a could start with its budget once nothing else ran
+    assert admission.outgrows_room(first_row) and admission.waiting == {"a": 2, "b": 3}
+    admission.release("a")  # the engine ended a with the error
+    assert admission.shortfall([PageNeed("b", 3, 3)], num_free_pages=6) == []
+    # a row past its budget within its room starts with the larger figure, as before
+    grown = Admission(num_pages=10)
+    grown.join("a", 2, claimed_pages=[0, 1])
+    assert not grown.outgrows_room(PageNeed("a", 8, 2)) and grown.outgrows_room(PageNeed("a", 9, 2))
+    assert grown.shortfall([PageNeed("a", 8, 2)], num_free_pages=8) == [] and grown.waiting == {"a": 8}
+    # a first contact whose row could never fit the pool waits with no figure (its room would be below 0)
+    assert grown.outgrows_room(PageNeed("c", 11, 2)) and grown.shortfall([PageNeed("c", 11, 2)], 8) == ["c"]
+    assert "c" not in grown.waiting and not Admission().outgrows_room(PageNeed("c", 11, 2))
+
+
+def test_the_torch_engine_ends_a_request_whose_first_row_can_never_start():
+    """A first row past its budget that leaves its request no room (`outgrows_room`; here 5 pages
+    of 8 tokens for a budget of 1 in a pool of 4) ends the request with an error naming the pages,
+    where it was held and retried forever."""
+    plan = llm_plan(num_pages=4, page_size=8)
+    engine = TorchEngine(plan)
+    assert engine.add_request("a", Request(id="a", prompt_tokens=[1, 2, 3, 4], max_tokens=4)) is None
+    result = engine.run_step(step(plan, "LLM", [StepRow("a", "prefill", 40, 0, {"text_inputs": list(range(1, 41))})]))
+    assert result.allocation_failed == [] and [r.request_id for r in result.rows] == ["a"]
+    assert "first row adds 5 KV pages, past its budget of 1" in (result.rows[0].error or "")
+    assert not engine.runners["LLM"].admission.waiting
+
+
+@settings(max_examples=400 if IS_LONG else 60, deadline=None)
+@given(st.integers(6, 24), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(0, 30),
+                                               st.integers(0, 8)), min_size=1, max_size=30))
+def test_waiting_requests_drain_whatever_their_first_rows_add(num_pages, events):
+    """As `test_waiting_requests_always_drain_whatever_they_claim`, with first rows that add up to
+    8 pages past their request's budget (an encoder feeding more than its declared media tokens),
+    each fitting the pool beside its own request's claim, coming in random orders: such a row is
+    refused for good when its figure would leave its request no room (the engine ends that
+    request), else the request waits with the larger figure; at every point the waiting requests
+    still drain, oldest first. Under the rule before (every such row joined with the larger figure)
+    it found the oldest waiting request unable to start, and two requests each waiting on the
+    other's claim."""
+    from copy import deepcopy
+
+    chains = [list(range(num_pages)), list(range(num_pages // 2, num_pages)) + list(range(num_pages // 2)),
+              list(range(0, num_pages, 2)), list(range(num_pages - 1, -1, -1))]
+    admission = Admission(num_pages=num_pages)
+    for index, (chain, length, total, extra) in enumerate(events):
+        request_id = f"r{index}"
+        wanted = chains[chain][:min(length, num_pages)]
+        cap = admission.claim_cap(request_id, lambda wanted=wanted: wanted)
+        claimed = wanted[:cap] if cap is not None else wanted
+        budget = max(0, min(total, num_pages) - len(claimed))
+        admission.join(request_id, budget, claimed or None)
+        if extra and admission.waiting:  # a waiting request's first row adds up to `extra` pages past its budget
+            grower = list(admission.waiting)[index % len(admission.waiting)]
+            own = len(admission.claims.get(grower, ()))  # the row fits the pool beside its own claim
+            row = PageNeed(grower, min(admission.waiting[grower] + extra, num_pages - own), admission.waiting[grower])
+            admission.shortfall([row], num_free_pages=0)
+            if admission.outgrows_room(row):
+                admission.release(grower)
+        elif admission.waiting and any(map(admission.is_reachable, admission.waiting)):
+            oldest = next(r for r in admission.waiting if admission.is_reachable(r))
+            admission.grant(PageNeed(oldest, 0, admission.waiting[oldest]))
+        if index % 3 == 2 and admission.budgets:  # a started request ends
+            admission.release(next(iter(admission.budgets)))
+        _drain(deepcopy(admission))
+
+
 def _cached_pool(num_pages: int, *prompts: list[int]):
     """A pool of pages of 4 with a prefix cache, each prompt's full pages cached and held by nobody."""
     from mstar.runtime.engine.kv.pages import PagePool

@@ -40,10 +40,16 @@ a newcomer claim, free of charge, the cached pages of an older waiter's claim an
 that one started and ended: two waiting requests then each wanted pages the other's claim held,
 with nothing started to free any, and waited forever. Joining without a claim, starting and
 ending only shrink the claims after a request, so the oldest waiting request can always start
-once the started ones end: no request waits forever. Not covered: a request whose first row
-adds more pages than its budget (it joins with the larger figure, which no claim was capped for):
-the engines' budgets cover the rows they feed, so none is known to; a policy-level search found
-two waiting requests stuck so once a row outgrew its budget.
+once the started ones end: no request waits forever.
+
+A row of a request not started may add more pages than its budget (an encoder feeding more than
+its declared media tokens). The request then waits with the larger figure only while that keeps
+its room (`outgrows_room`: the pool beside the pages its own claim and the later waiters' claims
+hold, claims that were capped for the smaller figure); past it `shortfall` refuses the row without
+letting the request wait with it, and the torch engine ends the request with an error naming the
+pages (runners/decoder.py `_room_problem`; the simulated engine's rows never pass their budget).
+Before, the request joined with the larger figure: with a younger claim capped for its budget,
+each could then wait on the other's claimed pages with nothing started to free any, forever.
 """
 from __future__ import annotations
 
@@ -96,6 +102,9 @@ class Admission:
                 is_granted = need.num_pages <= num_free - (outstanding - remaining)
                 claimed = -min(need.num_pages, remaining)
             else:
+                if self.outgrows_room(need):  # refused for good: it never waits with that figure
+                    failed.append(need.request_id)
+                    continue
                 reserved = self.reserved_before(need.request_id, starting)
                 is_granted = max(need.budget_pages, need.num_pages) <= num_free - outstanding - reserved
                 claimed = max(0, need.budget_pages - need.num_pages)
@@ -201,6 +210,24 @@ class Admission:
                 if start >= first and charged > least[start]:
                     return index
         return None
+
+    def outgrows_room(self, need: PageNeed) -> bool:
+        """Whether this row of a request not started would leave it no room (module docstring): it
+        adds more pages than the request waits with, and the larger figure does not fit the pool
+        beside the pages its claim and the later waiters' claims hold (those claims were capped for
+        the smaller figure). Such a row can never start its request, so `shortfall` refuses it
+        without letting the request wait with it, and the engines end the request with an error."""
+        request_id = need.request_id
+        if self.num_pages is None or request_id in self.budgets:
+            return False  # no claims to keep rooms for; a started request's growth takes free pages only
+        figure = max(need.budget_pages, need.num_pages)
+        waited = self.waiting.get(request_id)
+        if waited is None:  # a first contact holds no claim (a claim joins) and waits last
+            return figure > self.num_pages
+        if figure <= waited:
+            return False  # the claims after it were capped for this figure or a larger one
+        rooms = self._waiting_rooms()
+        return rooms.rooms[rooms.positions[request_id]] + waited < figure
 
     def is_reachable(self, request_id: str) -> bool:
         """Whether the waiting request could start once every started request ended: its budget

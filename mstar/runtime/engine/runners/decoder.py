@@ -275,18 +275,32 @@ class DecoderRunner:
 
     def _within_length(self, ready: list[_Prepared], results: list[RowResult],
                        on_host: Collection[str] = ()) -> list[_Prepared]:
-        """The items that fit max_seq_len, less the rows whose pages stay on the host; an error
-        result joins `results` for each that does not fit."""
+        """The items that fit max_seq_len and could start their request, less the rows whose pages
+        stay on the host; an error result joins `results` for each of the others."""
         kept: list[_Prepared] = []
         for item in ready:
             if item.row.request_id in on_host:
                 continue
-            problem = self._length_problem(item)
+            problem = self._length_problem(item) or self._room_problem(item)
             if problem:
                 results.append(RowResult(item.row.request_id, error=problem))
             else:
                 kept.append(item)
         return kept
+
+    def _room_problem(self, item: _Prepared) -> Optional[str]:
+        """Why the row can never start its request, or None: it adds more pages than the request's
+        budget, past the room the admission policy keeps for it (`Admission.outgrows_room`: held,
+        it and a younger request could each wait on the other's prefix claim forever)."""
+        if self.admission.is_started(item.row.request_id):
+            return None
+        need = self._page_needs([item])[0]
+        if not self.admission.outgrows_room(need):
+            return None
+        return (f"node {self.node.name}: the request's first row adds {need.num_pages} KV pages, past its budget "
+                f"of {need.budget_pages} (its prompt, max_tokens and the node's declared media tokens), more than "
+                f"the pool of {self.pool.num_pages} can keep for it beside the pages the waiting requests' prefix "
+                f"claims hold")
 
     def _admit(self, ready: list[_Prepared], on_host: list[str],
                is_partial_ok: bool) -> tuple[list[_Prepared], list[str]]:
