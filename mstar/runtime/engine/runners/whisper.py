@@ -11,7 +11,8 @@ embeddings), every call attends over it; token inputs extend the request's self-
 The first call starts the request's decoder sequence from its text prompt (runners/whisper_rules.py:
 start of transcript, detected language, task, no timestamps); each call then yields one token, forced
 by the start sequence or sampled from the logits after the suppression and timestamp rules. A row
-stops at the end-of-text token, a request stop token, max_tokens, or the decoder's last position.
+stops at the end-of-text token, a request stop token, max_tokens, or the decoder's last position;
+only max_tokens is a cut (`is_length`), after which no window follows (its `audio_left` is 0).
 Out: per row its token under `tokens` outputs and its hidden states under other outputs.
 """
 from __future__ import annotations
@@ -247,6 +248,8 @@ class WhisperDecoderRunner:
                                                     num_sampled, request.params.max_tokens)
         result.is_stop = result.is_stop or length >= self.max_seq_len
         released, audio_left = self._transcript(state, token, result.is_stop)
+        if result.is_length:  # the request's max_tokens cut it: no window after this one (a full one goes on)
+            audio_left = 0
         for name in call.output_names:
             role = call.output_roles.get(name, "tokens")
             if role == "tokens":
