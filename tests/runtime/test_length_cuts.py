@@ -82,3 +82,67 @@ def test_max_tokens_reached_where_nothing_after_counts_goes_on(engine_name):
     assert one(1, ["prefill_vit", "prefill_text", "image_gen"]) == ("length", 1, ["text"])
     assert one(2, ["prefill_vit", "prefill_text", "image_gen"]) == ("stop", 2, ["text", "text", "image"])
     assert one(1, ["prefill_text", "decode"]) == ("length", 1, ["text"])
+
+
+# A decode loop whose stop is followed by a stage that counts too: a stop token as the request's
+# max_tokens-th leaves the `after` walk's token uncounted, so the request was cut.
+THEN_COUNTS = """model stop_then
+node LLM kv(layers=1, kv_heads=2, qo_heads=2, head_dim=8, hidden=16, vocab=64) {
+    in text_inputs: tokens prompt text
+    out text_inputs: tokens
+    out new_token: tokens
+}
+walk prefill {
+    LLM(text_inputs) -> new_token: client text persist
+}
+walk decode {
+    loop decode_loop max=50 stop {
+        LLM(text_inputs)
+            -> new_token: client text
+            -> text_inputs: LLM device
+    }
+}
+walk after {
+    LLM(text_inputs) -> new_token: client text
+}
+partition P = prefill -> decode -> after
+"""
+THEN_CONFIG = "model: stop_then\nmax_seq_len: 128\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n"
+
+
+def stop_at(plan, extra: int):
+    """The torch engine's run of one request whose stop token is the first decode token its
+    unstopped run made that no token before it equals, with max_tokens `extra` past that token's
+    count: (finish reason, number of output tokens, the stop token's count)."""
+    def one(request: Request):
+        driver = Driver(plan, TorchEngine(plan, seed=0))
+        driver.run(Workload([request]))
+        return driver.conductor.records[request.id]
+    free = [int(t) for t in one(Request(id="a", prompt_tokens=[5, 6, 7, 8], max_tokens=8)).output_tokens]
+    position = next(p for p in range(1, len(free)) if free[p] not in free[:p])
+    record = one(Request(id="b", prompt_tokens=[5, 6, 7, 8], max_tokens=position + 1 + extra,
+                         stop_tokens=[free[position]]))
+    return record.finish_reason, len(record.output_tokens), position + 1
+
+
+def test_a_stop_token_as_the_last_allowed_token_ends_stop():
+    """llama: the model's stop token as the request's max_tokens-th token ends `stop` (as a stop
+    before it does, and as the engines' row_stop says), not `length`; a limit one short cuts it."""
+    plan = load_plan(GENERATED / "llama.plan")
+    reason, num, at = stop_at(plan, 0)
+    assert (reason, num) == ("stop", at)
+    reason, num, at = stop_at(plan, 3)
+    assert (reason, num) == ("stop", at)
+    reason, num, at = stop_at(plan, -1)
+    assert (reason, num) == ("length", at - 1)
+
+
+def test_a_stop_token_as_the_last_allowed_token_with_more_to_count_after_is_a_cut(tmp_path):
+    """The stop ends the decode loop, but the `after` walk would count another token: `length`.
+    Without the stop at the limit (max_tokens one more) the `after` token comes and it ends `stop`."""
+    from spec_text import plan_of
+    plan = plan_of(tmp_path, THEN_COUNTS, THEN_CONFIG)
+    reason, num, at = stop_at(plan, 0)
+    assert (reason, num) == ("length", at)
+    reason, num, at = stop_at(plan, 1)
+    assert (reason, num) == ("stop", at + 1)

@@ -15,8 +15,9 @@ or tensors itself.
 - Token counting: every value a row produced under one of its call's `counted` outputs (the
   partition's count_tokens edges, or without any its text edges to the client: the compiler
   decides) adds its element count; at max_tokens the partition ends ("length") where anything
-  after could count more (`PartitionState.may_count_more`: not after a walk's one counting call
-  when the route's later stages count nothing, BAGEL's prefill_text before image_gen).
+  after could count more (`PartitionState.may_count_more`: not after a walk's one counting call,
+  nor after a stop token ending the loop around its counting calls, when the route's later stages
+  count nothing: BAGEL's prefill_text before image_gen; a stop token as the max_tokens-th ends "stop").
 - Prefix cache: when a call of a walk the plan lists in its kv pool's `prefix_walks` becomes ready
   before anything of the request ran on that node, the engine's `claim_prefix` starts the
   request's KV on the cached pages of its prompt's longest cached prefix; the row then feeds only
@@ -59,7 +60,7 @@ from mstar.runtime.conductor.loop_pass import advance_loop_rows, steady_refs
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
-from mstar.runtime.conductor.tables import RunWalk
+from mstar.runtime.conductor.tables import RunWalk, model_stop_loop
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
 
@@ -449,7 +450,7 @@ class Conductor:
             counted = active_call.call.counted
             run.complete(node, outputs, result.is_stop, result.is_length)
             if counted:
-                self.count(state, ps, counted, outputs, now)
+                self.count(state, ps, counted, outputs, now, model_stop_loop(active_call.call, result))
             self.after_row(state, ps, run)
         for request_id in by_id:
             self.fail(request_id, "error: the engine returned no result for the row")
@@ -463,8 +464,9 @@ class Conductor:
         self.pump(state, is_any_done=ps.is_done)
 
     def count(self, state: _RequestState, ps: PartitionState, counted: tuple, outputs: dict[str, Any],
-              now: float) -> None:
-        """Count the values under the call's counted outputs (tokens at time `now`)."""
+              now: float, stop_loop: Optional[int] = None) -> None:
+        """Count the values under the call's counted outputs (tokens at time `now`); stop_loop: the
+        loop the row's model stop ends (`model_stop_loop`), or None."""
         record = state.record
         num = 0
         for name in counted:
@@ -477,9 +479,10 @@ class Conductor:
                     num += count_elements(value)
                     record.output_tokens.append(value)
         if num:
-            self.note_tokens(record, ps, num, now)
+            self.note_tokens(record, ps, num, now, stop_loop)
 
-    def note_tokens(self, record: RequestRecord, ps: PartitionState, num: int, now: float) -> None:
+    def note_tokens(self, record: RequestRecord, ps: PartitionState, num: int, now: float,
+                    stop_loop: Optional[int] = None) -> None:
         """`num` tokens (already in record.output_tokens) arrived at `now`: time stamps, counts,
         and the partition's end at a stop string or max_tokens. The one place both the row-by-row
         count and the loop pass take it from."""
@@ -489,15 +492,17 @@ class Conductor:
         record.num_output_tokens += num
         ps.num_tokens += num
         if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
-            self.end_at_tokens(record, ps)
+            self.end_at_tokens(record, ps, stop_loop)
 
-    def end_at_tokens(self, record: RequestRecord, ps: PartitionState) -> None:
+    def end_at_tokens(self, record: RequestRecord, ps: PartitionState, stop_loop: Optional[int] = None) -> None:
         """After a count: the partition ends at a stop string in its decoded tail, or at
-        max_tokens. (The loop pass's fast kernel inlines note_tokens' bookkeeping above and calls
-        this under the same condition.)"""
+        max_tokens where more could be counted (a model's stop in `stop_loop` as the max_tokens-th
+        token may leave nothing to count: the partition then ends `stop`, by that stop). (The loop
+        pass's fast kernel inlines note_tokens' bookkeeping above and calls this under the same
+        condition.)"""
         if record.request.stop_strings and not ps.is_done and self.has_stop_string(record):
             ps.end()
-        if ps.num_tokens >= ps.max_tokens and not ps.is_done and ps.may_count_more():
+        if ps.num_tokens >= ps.max_tokens and not ps.is_done and ps.may_count_more(stop_loop):
             ps.end(is_length=True)
 
     def has_stop_string(self, record: RequestRecord) -> bool:

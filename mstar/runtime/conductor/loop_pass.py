@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mstar.runtime.conductor.request import num_tokens_of
+from mstar.runtime.conductor.tables import model_stop_loop
 from mstar.runtime.conductor.walk_run import EMPTY
 from mstar.runtime.step import RowResult, StepRow
 
@@ -194,9 +195,9 @@ def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready
                 record.num_output_tokens += num_tokens
                 ps.num_tokens += num_tokens
                 if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
-                    conductor.end_at_tokens(record, ps)
+                    conductor.end_at_tokens(record, ps, model_stop_loop(call.call, result))
         elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
-            conductor.count(ps.owner, ps, call.call.counted, outputs, now)
+            conductor.count(ps.owner, ps, call.call.counted, outputs, now, model_stop_loop(call.call, result))
     loop_state = call.loop_state
     iteration = loop_state.iteration + 1  # against its limit: max_iters, or the request's own count
     if ps.is_done or result.is_stop or iteration >= loop_state.limit or (has_stop and loop_state.is_stop):
@@ -311,9 +312,9 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
         num = len(value)
         if num:
             record.output_tokens += value
-            conductor.note_tokens(record, ps, num, now)
+            conductor.note_tokens(record, ps, num, now, model_stop_loop(call.call, result))
     elif call.call.counted:
-        conductor.count(ps.owner, ps, call.call.counted, outputs, now)
+        conductor.count(ps.owner, ps, call.call.counted, outputs, now, model_stop_loop(call.call, result))
     if ps.is_done:  # max_tokens or a stop string ended the partition (and cancelled the run)
         return False
     if result.is_stop and call.call.stop_loop is not None:

@@ -116,15 +116,19 @@ class PartitionState:
             return False
         return value > 0
 
-    def may_count_more(self) -> bool:
+    def may_count_more(self, stop_loop: Optional[int] = None) -> bool:
         """Whether an output could still be counted after the one just counted: max_tokens ends the
-        partition only then. A run whose one counting call ran outside loops, followed by stages
-        that count nothing, cannot (BAGEL's image route: prefill_text's token, then image_gen's
-        flow loop); a partition that repeats its stages or re-runs its walk per chunk may."""
+        partition only then. stop_loop: the loop the model's stop (a stop token, not a limit) of the
+        counted row ends, or None. A run counts no more after its one counting call ran outside
+        loops, or after a model's stop in the outermost loop around all its counting calls; with
+        later stages that count nothing the partition then cannot (BAGEL's image route:
+        prefill_text's token, then image_gen's flow loop; a decode loop's stop token as its
+        max_tokens-th, which ends `stop`). A partition that repeats its stages or re-runs its walk
+        per chunk may."""
         if self.plan.repeat is not None or self.is_repeating:
             return True
         run = self.run
-        if run is not None and not run.walk.counts_once:
+        if run is not None and not (run.walk.counts_once or stop_loop in run.walk.stop_ends_counts):
             return True
         later = self.walks[self.stage + 1:] if run is not None else self.walks[self.stage:]
         return any(walk.counts_output for walk in later)

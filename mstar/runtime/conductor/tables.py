@@ -17,7 +17,9 @@ from __future__ import annotations
 from typing import Optional
 
 from mstar.plan.io import PlanError
+from mstar.plan.loop_nesting import loops_around_calls
 from mstar.plan.schema import CallPlan, EdgePlan, LoopExitPlan, LoopPlan, NextPlan, WalkPlan
+from mstar.runtime.step import RowResult
 
 # Input sources (InputSourcePlan.source). PROMPT: the text prompt rule; PROMPT_IMAGE /
 # PROMPT_AUDIO: a persisted value of that name, else the request's media of that modality;
@@ -187,7 +189,7 @@ class RunCall:
 
 class RunWalk:
     __slots__ = ("name", "partition", "calls", "loops", "joins", "start", "num_slots", "plan", "max_limits",
-                 "has_counts", "counts_output", "counts_once")
+                 "has_counts", "counts_output", "counts_once", "stop_ends_counts")
 
     def __init__(self, plan: WalkPlan):
         self.plan = plan
@@ -200,11 +202,16 @@ class RunWalk:
         self.num_slots = len(plan.slots)
         self.max_limits = tuple(loop.max_iters for loop in self.loops)
         self.has_counts = any(loop.count_param is not None for loop in self.loops)
-        counting = [call for call in plan.calls if call.counted]
+        counting = [index for index, call in enumerate(plan.calls) if call.counted]
         self.counts_output = bool(counting)  # some call's outputs count toward max_tokens
         # One counting call outside every loop: once its output is counted the run counts no more
         # (PartitionState.may_count_more: BAGEL's prefill_text before image_gen).
-        self.counts_once = len(counting) == 1 and counting[0].loop is None
+        self.counts_once = len(counting) == 1 and plan.calls[counting[0]].loop is None
+        # The loops a model's stop in which ends the run's counting: the outermost loop around every
+        # counting call (loops are numbered outer first), so no counted call runs after it exits.
+        around = loops_around_calls(plan) if counting else {}
+        outermost = {min(around.get(index) or (-1,)) for index in counting}
+        self.stop_ends_counts = frozenset(outermost - {-1}) if len(outermost) == 1 else frozenset()
 
     def loop_limits(self, counts: dict[str, int]) -> tuple[int, ...]:
         """Iterations each loop runs for a request with these loop counts (checked against the
@@ -214,3 +221,10 @@ class RunWalk:
             return self.max_limits
         return tuple(loop.max_iters if loop.count_param is None else counts.get(loop.count_param, loop.default_count)
                      for loop in self.loops)
+
+
+def model_stop_loop(call: RunCall, result: RowResult) -> Optional[int]:
+    """The loop a row's model stop ends (a stop token, not a limit: `RowResult.is_length`), or None:
+    a counted stop token as the request's max_tokens-th ends the request `stop` where nothing after
+    it counts (PartitionState.may_count_more)."""
+    return call.stop_loop if result.is_stop and not result.is_length else None
