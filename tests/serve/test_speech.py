@@ -13,10 +13,13 @@ import numpy as np
 import pytest
 
 from mstar.runtime.serve.api import LLM, SamplingParams
+from mstar.runtime.serve.engine_setup import build_engine, load
 from mstar.runtime.serve.media import pcm_bytes
-from serve_harness import ORPHEUS, make_service, running, write_tokenizer
+from mstar.runtime.step import RowResult
+from serve_harness import ORPHEUS, Gate, make_service, running, write_tokenizer
 
 openai = pytest.importorskip("openai")
+httpx2 = pytest.importorskip("httpx2")  # the openai client's HTTP library
 NUM_TOKENS = 42  # 28-token windows every 7 tokens: 3 windows, then a final partial one
 
 
@@ -89,3 +92,41 @@ def test_speech_refuses_a_field_the_plans_prompt_does_not_take(orpheus, extra, n
     with pytest.raises(openai.BadRequestError) as caught:
         client.audio.speech.create(model="orpheus", voice="tara", input="hi", **extra)
     assert named in caught.value.message and "which it does not take" in caught.value.message
+
+
+class FailingAfter(Gate):
+    """Fails every row of each step after the first `num_ok`, as a node's fault would."""
+
+    def __init__(self, inner, num_ok: int):
+        super().__init__(inner)
+        self.num_ok = num_ok
+
+    def wait(self, handle):
+        result = super().wait(handle)
+        if self.num_steps > self.num_ok:
+            result.rows = [RowResult(row.request_id, error="node snac_decoder: a fault") for row in result.rows]
+        return result
+
+
+@pytest.mark.parametrize("num_ok", [40, 0], ids=["after_the_first_audio", "before_any_audio"])
+def test_a_pcm_stream_whose_request_fails_is_not_answered_as_complete(tmp_path, num_ok):
+    """Raw PCM cannot carry an error event: a request that failed after its first window ended
+    its stream as if done (200, shorter audio), and one that failed before any audio was a 200
+    with no bytes. Now the first is cut (no last chunk: the client reads an incomplete body) and
+    the second is a JSON 500; the next request runs."""
+    engine = FailingAfter(build_engine(load(ORPHEUS), "sim", sim_pace=0), num_ok)
+    llm = LLM(ORPHEUS, engine=engine, tokenizer=str(write_tokenizer(tmp_path / "tok")))
+    body = {"model": "orpheus", "input": TEXT, "response_format": "pcm", "max_tokens": 1200}
+    with running(make_service(llm)) as url:
+        client = httpx2.Client(timeout=30)
+        if num_ok:
+            with pytest.raises(httpx2.RemoteProtocolError, match="incomplete"):
+                with client.stream("POST", f"{url}/audio/speech", json=body) as response:
+                    assert response.status_code == 200
+                    assert b"".join(response.iter_bytes())  # some audio, then the cut
+        else:
+            response = client.post(f"{url}/audio/speech", json=body)
+            assert response.status_code == 500 and "a fault" in response.json()["error"]["message"]
+        engine.num_ok = 10 ** 9
+        answer = client.post(f"{url}/audio/speech", json={**body, "max_tokens": 42})
+        assert answer.status_code == 200 and len(answer.content) == 3 * 2  # the sim's three 1-sample windows

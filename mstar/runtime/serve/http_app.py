@@ -36,7 +36,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mstar.runtime.conductor.request import Request
@@ -341,7 +341,9 @@ def _media_routes(app: FastAPI, service: Service) -> None:
             if body.stream_format == "sse":
                 return sse.response(sse.speech_events(request, stream, first))
             if body.response_format == "pcm":
-                return StreamingResponse(sse.pcm_chunks(stream, first), media_type="audio/pcm")
+                if first.is_final:  # nothing streamed yet: a failure is still a JSON error
+                    await collect(stream, first)
+                return sse.pcm_response(request, stream, first)
             deltas = await collect(stream, first)
         from mstar.runtime.serve.media import wav_bytes
         from mstar.runtime.serve.results import sample_rate_of

@@ -8,7 +8,10 @@ In: the service (model name), the runtime `Request`, the request body, and the r
                                            the finish reason and `usage`, then `data: [DONE]`
     speech_events                          SSE: `speech.audio.delta` (base64 16-bit PCM) per delta
                                            with audio, then `speech.audio.done` with usage
-    pcm_chunks                             raw 16-bit PCM bytes, one chunk per codec window
+    pcm_response                           raw 16-bit PCM bytes, one chunk per codec window; a
+                                           request that fails or is cancelled after its first bytes
+                                           cuts the response (no last chunk), as raw audio has no
+                                           way to say so in its bytes
     transcript_events                      SSE: `transcript.text.delta` per delta with text, then
                                            `transcript.text.done` with the whole text and usage
     response(events)                       a StreamingResponse of text/event-stream
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from typing import Any, AsyncIterator, Optional
 
@@ -32,6 +36,7 @@ from mstar.runtime.serve.http_schema import CANCELLED_MESSAGE
 from mstar.runtime.serve.online import Delta
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
+log = logging.getLogger(__name__)
 
 
 def dumps(value: Any) -> str:
@@ -155,11 +160,33 @@ def pcm(value: Any) -> bytes:
     return pcm_bytes(value)
 
 
-async def pcm_chunks(stream: AsyncIterator[Delta], first: Delta) -> AsyncIterator[bytes]:
+class _Cut(Exception):
+    """A raw stream's request failed or was cancelled after its first bytes went out."""
+
+
+class _PcmResponse(StreamingResponse):
+    """Raw PCM, whose bytes cannot say that the request failed: on `_Cut` the response ends without
+    its last chunk and uvicorn closes the connection, which a client reads as an incomplete body
+    (httpx: RemoteProtocolError) instead of complete, shorter audio (the stream ended as if done)."""
+
+    async def stream_response(self, send: Any) -> None:
+        try:
+            await super().stream_response(send)
+        except _Cut as cut:
+            log.warning("%s; its PCM stream is cut short (the client sees an incomplete body)", cut)
+
+
+def pcm_response(request: Request, stream: AsyncIterator[Delta], first: Delta) -> StreamingResponse:
+    return _PcmResponse(_pcm_chunks(request, stream, first), media_type="audio/pcm")
+
+
+async def _pcm_chunks(request: Request, stream: AsyncIterator[Delta], first: Delta) -> AsyncIterator[bytes]:
     async for delta in _deltas(stream, first):
         for modality, value in delta.media:
             if modality == "audio":
                 yield pcm(value)
+        if _is_failed(delta):
+            raise _Cut(f"request {request.id} ended {delta.finish_reason!r} mid-stream")
 
 
 async def speech_events(request: Request, stream: AsyncIterator[Delta], first: Delta) -> AsyncIterator[str]:
