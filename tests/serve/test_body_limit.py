@@ -17,11 +17,22 @@ LIMIT = 4096
 
 
 @pytest.fixture(scope="module")
-def url():
+def served():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(body_limit, "MAX_JSON_BODY_BYTES", LIMIT)  # read when the app is built
-        with running(make_service(LLM(LLAMA, engine="sim", sim_pace=0))) as base:
-            yield base.removesuffix("/v1")
+        service = make_service(LLM(LLAMA, engine="sim", sim_pace=0))
+        with running(service) as base:
+            yield base.removesuffix("/v1"), service
+
+
+@pytest.fixture(scope="module")
+def url(served):
+    return served[0]
+
+
+def _invalid(service) -> float:
+    return sum(s.value for s in service.metrics.requests.collect()[0].samples
+               if s.name.endswith("_total") and s.labels["outcome"] == "invalid")
 
 
 def _post(url: str, body: bytes, chunked: bool = False, content_type: str = "application/json",
@@ -43,9 +54,12 @@ def _completion(num_ids: int) -> bytes:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content_length", "chunked"])
-def test_a_body_past_the_bound_is_413_and_the_server_goes_on(url, chunked):
+def test_a_body_past_the_bound_is_413_and_the_server_goes_on(served, chunked):
+    url, service = served
+    before = _invalid(service)
     status, answer = _post(url, _completion(3000), chunked)  # about 9 kB
     assert status == 413 and f"larger than {LIMIT} bytes" in answer["error"]["message"]
+    assert _invalid(service) == before + 1  # counted as every other 4xx is (it was not counted)
     status, answer = _post(url, _completion(8))
     assert status == 200 and answer["usage"]["completion_tokens"] == 2
 

@@ -1,8 +1,10 @@
 """A bound on the size of a request body other than a transcription upload (a JSON request).
 
-In: the ASGI app and the bound (`json_body_limit` of the plan's max_seq_len). Out: `BodyLimit`,
-ASGI middleware: a body whose Content-Length is past the bound is answered 413 before it is read;
-one sent in chunks without a length is counted as it arrives and refused (413) once past it. A
+In: the ASGI app, the bound (`json_body_limit` of the plan's max_seq_len) and what to call on
+each refusal (the server counts it `invalid`, as every other 4xx; it was not counted). Out:
+`BodyLimit`, ASGI middleware: a body whose Content-Length is past the bound is answered 413 before
+it is read; one sent in chunks without a length is counted as it arrives and refused (413) once
+past it. A
 multipart body sent to the transcription route passes: that route bounds the audio itself
 (transcription.py, MAX_AUDIO_BYTES); one sent to any other route is bounded like JSON (before,
 any multipart Content-Type passed everywhere, and a 400 MB body was read whole to be refused).
@@ -10,7 +12,7 @@ Before the bound, a 200 MB JSON body was read whole and parsed.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -32,9 +34,11 @@ def json_body_limit(max_seq_len: int) -> int:
 
 
 class BodyLimit:
-    def __init__(self, app: Any, limit: Optional[int] = None):
-        """limit: None takes MAX_JSON_BODY_BYTES as it is when the app is built."""
+    def __init__(self, app: Any, limit: Optional[int] = None, on_refused: Optional[Callable[[], None]] = None):
+        """limit: None takes MAX_JSON_BODY_BYTES as it is when the app is built; on_refused: called
+        once per 413."""
         self.app, self.limit = app, MAX_JSON_BODY_BYTES if limit is None else limit
+        self.on_refused = on_refused or (lambda: None)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -46,6 +50,7 @@ class BodyLimit:
             return
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.limit:
+            self.on_refused()
             await self._refuse()(scope, receive, send)
             return
         await self.app(scope, self._counted(receive), send)
@@ -65,6 +70,7 @@ class BodyLimit:
             if message.get("type") == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
+                    self.on_refused()
                     raise HTTPException(413, self._message())
             return message
 

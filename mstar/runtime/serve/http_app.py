@@ -183,7 +183,8 @@ def build_app(service: Service) -> FastAPI:
 
     load_media_encoders(service.endpoints)
     app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len))
+    app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len),
+                       on_refused=lambda: service.metrics.refused("invalid"))
     _error_handlers(app, service)
     _info_routes(app, service)
     _unserved_routes(app, service)  # first: a path's first route answers
