@@ -224,6 +224,18 @@ def test_a_bad_body_is_a_400_naming_its_field(llama, body, message, param):
     assert error["param"] == param
 
 
+@pytest.mark.parametrize("path, body", [
+    ("completions", b'{"model": "llama", "prompt": [1, 2], "max_tokens": 2, "stream": null, "echo": null}'),
+    ("chat/completions", b'{"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+                         b'"stream": null}'),
+], ids=["completions", "chat"])
+def test_a_null_stream_or_echo_is_their_default(llama, path, body):
+    """OpenAI's API takes null for these ("boolean or null", default false), as for the other
+    optional fields here: they were a 400 ("Input should be a valid boolean")."""
+    status, answer = _raw_post(llama[2], path, body)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2, answer
+
+
 def _stream_events(client, body: dict) -> list:
     import json
 

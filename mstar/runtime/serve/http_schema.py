@@ -88,6 +88,12 @@ class _Body(BaseModel):
             return value
         raise ValueError("must be a string or a list of strings")
 
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, value: Any) -> Any:
+        """null is the default (OpenAI's "boolean or null"; it was a 400), a string still refused."""
+        return False if value is None else value
+
     @field_validator("stream_options", mode="before")
     @classmethod
     def _stream_options(cls, value: Any) -> Any:
@@ -125,6 +131,11 @@ class CompletionBody(_Body):
     echo: bool = False
     best_of: Optional[int] = None
     suffix: Optional[str] = None
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _echo(cls, value: Any) -> Any:
+        return False if value is None else value
 
     @field_validator("prompt", mode="plain")
     @classmethod
