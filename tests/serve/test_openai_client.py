@@ -214,6 +214,9 @@ def _raw_post(client, path: str, data: bytes) -> tuple[int, dict]:
     # the body itself (a JSON error's offset read as a field: "26: JSON decode error", param "26")
     (b'{"model": "llama", "prompt":', "the request body is not valid JSON", None),
     (b"", "the request body is missing", None),
+    # FastAPI's "Input should be a valid dictionary or object to extract fields from" said neither
+    (b"[1, 2]", "the request body must be a JSON object, got an array", None),
+    (b'"hello"', "the request body must be a JSON object, got a string", None),
     # a value out of range names its field
     (b'{"model": "llama", "prompt": [1, 2], "temperature": -1}', "temperature must be >= 0", "temperature"),
     (b'{"model": "llama", "prompt": [1, 2], "max_tokens": 0}', "max_tokens must be >= 1", "max_tokens"),
@@ -222,6 +225,21 @@ def test_a_bad_body_is_a_400_naming_its_field(llama, body, message, param):
     status, error = _raw_post(llama[2], "completions", body)
     assert status == 400 and error["message"].startswith(message), error
     assert error["param"] == param
+
+
+def test_a_body_not_sent_as_json_says_to_send_it_so(llama):
+    """curl's `-d` without `-H "Content-Type: application/json"` sends a form's content type, so
+    FastAPI does not parse the body: the 400 said "Input should be a valid dictionary or object to
+    extract fields from"."""
+    import json
+
+    body = b'{"model": "llama", "prompt": [1, 2], "max_tokens": 2}'
+    request = urllib.request.Request(f"{llama[2].base_url}completions", data=body,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 400
+    assert "Content-Type: application/json" in json.loads(refused.value.read())["error"]["message"]
 
 
 @pytest.mark.parametrize("path, body", [

@@ -223,8 +223,9 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
 
 def _body_problem(first: dict[str, Any]) -> tuple[str, Optional[str]]:
     """(message, the field it is about) for a body FastAPI could not read into the route's model.
-    A body that is not JSON and a missing body are said as such (FastAPI's loc for a JSON error is
-    the character's offset, which read as a field: "26: JSON decode error")."""
+    A body that is not JSON, a missing body and one that is not an object (or not sent as JSON) are
+    said as such (FastAPI's loc for a JSON error is the character's offset, which read as a field:
+    "26: JSON decode error")."""
     kind, msg = first.get("type"), str(first.get("msg", "invalid"))
     if kind == "json_invalid":
         offset = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
@@ -233,6 +234,12 @@ def _body_problem(first: dict[str, Any]) -> tuple[str, Optional[str]]:
     location = tuple(p for p in first.get("loc", ()) if p != "body")
     if kind == "missing" and not location:
         return "the request body is missing: send a JSON object", None
+    if kind == "model_attributes_type" and not location:  # FastAPI: "a valid dictionary or object"
+        given = first.get("input")
+        if isinstance(given, (bytes, bytearray)):  # a content type FastAPI does not parse as JSON (curl's -d)
+            return "the request body was not read as JSON: send a JSON object with Content-Type: application/json", None
+        what = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(given), "a number")
+        return f"the request body must be a JSON object, got {what}", None
     where = ".".join(str(p) for p in location) or None
     msg = msg.removeprefix("Value error, ")
     return (f"{where}: {msg}" if where else msg), where
