@@ -199,3 +199,65 @@ def test_a_second_signal_while_draining_cancels_every_request_cleanly():
         assert status == 503 and "cancelled" in error["error"]["message"]
         assert process.wait(30) == 0
         assert "Traceback" not in process.stderr.read().decode()
+
+
+def test_a_drain_timeout_inside_a_long_step_still_answers_every_client(caplog):
+    """The drain cancels its requests half a second before its timeout, and they end at the next
+    step boundary; a step that outlasted that margin (a long prefill, a diffusion step, or
+    `--drain-timeout 0`) let uvicorn's timeout cancel the handlers: the stream was cut mid-chunk,
+    the whole answer a plain-text 500, CancelledError tracebacks logged. Now the run loop is closed
+    at the timeout without waiting for the step, which answers every client: the stream ends with
+    its error event and [DONE], the whole answer is an OpenAI error."""
+    import asyncio
+    import logging
+
+    import uvicorn
+
+    from mstar.runtime.serve.engine_setup import build_engine, load
+    from mstar.runtime.serve.http_app import build_app
+    from mstar.runtime.serve.server import _draining_server, graceful_timeout_s
+    from serve_harness import Gate, wait_until
+
+    plan = load(LLAMA)
+    gate = Gate(build_engine(plan, "sim", sim_pace=0), limit=3)
+    service = make_service(LLM(plan, engine=gate))
+    port = free_port()
+    config = uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=graceful_timeout_s(0.0))
+    server = _draining_server(config, service.llm.loop, 0.0)  # --drain-timeout 0
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    answers: dict = {}
+
+    def whole() -> None:
+        body = json.dumps({"model": "llama", "prompt": [1, 2, 3], "max_tokens": 50}).encode()
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}), timeout=30)
+        except urllib.error.HTTPError as error:
+            answers["whole"] = (error.code, error.headers["Content-Type"], error.read())
+
+    waiting = threading.Thread(target=whole)
+    caplog.set_level(logging.ERROR)
+    try:
+        body = json.dumps({"model": "llama", "prompt": [4, 5, 6], "max_tokens": 50, "stream": True}).encode()
+        with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}),
+                                    timeout=30) as response:
+            lines = [response.readline()]
+            waiting.start()
+            assert gate.reached.wait(10) and wait_until(lambda: service.llm.loop.num_in_flight == 2)
+            server.should_exit = True  # SIGTERM, while the step is held past the drain's end
+            lines += response.read().splitlines()
+        waiting.join(30)
+        events = [line.decode() for line in lines if line.strip()]
+        assert events[-1] == "data: [DONE]" and '"error"' in events[-2], events[-3:]
+        status, content_type, text = answers["whole"]
+        assert status == 500 and content_type == "application/json" and "the server stopped" in text.decode()
+        thread.join(30)
+        assert not thread.is_alive()
+        assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    finally:
+        gate.release()
+        server.should_exit = True
+        service.llm.close(5)

@@ -6,8 +6,9 @@
 In: the options below. Out: a server (serve/http_app.py) until SIGTERM or SIGINT: then it stops
 accepting connections, lets the requests in flight finish for at most `--drain-timeout` seconds
 (uvicorn's graceful shutdown; those still running half a second before it ends are cancelled,
-which frees their pages and ends their streams with a `cancelled` error event; a second signal
-cancels them at once, a third is uvicorn's force exit), stops the run loop and exits 0. Exit 1
+which frees their pages and ends their streams with a `cancelled` error event, and those a long
+step keeps past the timeout are answered by closing the run loop; a second signal cancels them at
+once, a third is uvicorn's force exit), stops the run loop and exits 0. Exit 1
 with one `mstar serve: error: ...` line for a plan, tokenizer or engine that cannot start, or a
 port that cannot be bound; 2 for bad usage.
 """
@@ -120,11 +121,30 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _drain_times(drain_s: float) -> tuple[float, float]:
+    """(when the drain cancels the requests in flight, when it closes the run loop without waiting
+    for a step), in seconds after the shutdown began: a cancelled request ends at the next step
+    boundary, which a long step (a long prefill, a diffusion step) puts past the drain's end."""
+    cancel_s = max(0.0, drain_s - DRAIN_MARGIN_S)
+    return cancel_s, cancel_s + DRAIN_MARGIN_S
+
+
+def graceful_timeout_s(drain_s: float) -> int:
+    """uvicorn's own drain timeout, which cancels the handlers still running (their streams cut, a
+    plain-text 500, CancelledError tracebacks): only once the run loop's close has answered them
+    (online.STOP_GRACE_S after the close at the latest), a second later."""
+    from mstar.runtime.serve.online import STOP_GRACE_S
+
+    return math.ceil(_drain_times(drain_s)[1] + STOP_GRACE_S) + 1
+
+
 def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
     """uvicorn's server, whose shutdown cancels the requests still in flight shortly before the
     drain timeout: they end `cancelled` (a stream with its error event and [DONE]) where uvicorn's
     own timeout cancelled their handlers, cutting the streams and logging CancelledError tracebacks.
-    (uvicorn is imported here: `import mstar` stays light.)"""
+    Those a long step keeps past the timeout are answered then by closing the run loop without
+    waiting for the step (`OnlineLoop.close(0)`: the stream's error event, a JSON 500); before,
+    uvicorn's timeout cut them as above. (uvicorn is imported here: `import mstar` stays light.)"""
     import asyncio
 
     import uvicorn
@@ -144,11 +164,15 @@ def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
             super().handle_exit(sig, frame)
 
         async def shutdown(self, sockets: Any = None) -> None:
-            timer = asyncio.get_running_loop().call_later(max(0.0, drain_s - DRAIN_MARGIN_S), loop.cancel_all)
+            event_loop = asyncio.get_running_loop()
+            cancel_s, close_s = _drain_times(drain_s)
+            timers = [event_loop.call_later(cancel_s, loop.cancel_all),
+                      event_loop.call_later(close_s, lambda: event_loop.run_in_executor(None, loop.close, 0.0))]
             try:
                 await super().shutdown(sockets)
             finally:
-                timer.cancel()
+                for timer in timers:
+                    timer.cancel()
 
     return DrainingServer(config)
 
@@ -161,7 +185,7 @@ def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str 
 
     host, port = listener.getsockname()[:2]
     config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=math.ceil(drain_s), lifespan="off")
+                            timeout_graceful_shutdown=graceful_timeout_s(drain_s), lifespan="off")
     server = _draining_server(config, service.llm.loop, drain_s)
     noted: list[int] = []
     # uvicorn restores the handlers it found and raises the signal again once it has shut down:
