@@ -1,13 +1,16 @@
 """argparse types for the commands' integer options (the benches of `mstar bench` and `mstarc
-bench`): one range check, one message.
+bench`) and their paths: one range check, one message.
 
     int_range(low, high) -> type        an int in [low, high]
     int_list(low, high) -> type         comma-separated ints, each in [low, high], repeats dropped
     ITERS = int_range(1, 100_000)       the timed repetitions of a bench
+    path_arg(text) -> str               a path that is not empty
 
 Given as `add_argument(..., type=...)`, a value out of range (or not an integer) is refused by
 argparse itself: `mstar bench NAME: error: argument --NAME: must be between 1 and 100000, got 0`
-and exit status 2, before any work starts.
+and exit status 2, before any work starts. So is an empty path (`path_arg`): `Path("")` is the
+working directory, so `--root ""` (an unset shell variable) rebuilt the working directory's
+generated/ and `mstarc init -o ""` wrote the spec to its default place, each with exit 0.
 
 Like `mstar.files`, this module sits below the packages whose commands parse arguments (the bench
 mains live in runtime.serve and runtime.engine, which cannot import cli) and imports none of them.
@@ -52,3 +55,13 @@ def int_list(low: int, high: int) -> Callable[[str], list[int]]:
 
 
 ITERS = int_range(1, 100_000)
+
+
+def path_arg(text: str) -> str:
+    """A file or directory path that is not the empty string."""
+    if not text:
+        raise argparse.ArgumentTypeError("needs a path, got an empty one")
+    return text
+
+
+path_arg.__name__ = "path"

@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 from mstar.cli.common import global_parser, take_global_options
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
@@ -118,7 +118,8 @@ def cmd_init(args) -> int:
     from mstar.compiler.from_checkpoint import InitError, model_name, read_checkpoint
     from mstar.files import atomic_write_many
 
-    name = args.name or model_name(Path(args.from_checkpoint).resolve().name)
+    # `--name ""` is refused below, not taken for no --name
+    name = args.name if args.name is not None else model_name(Path(args.from_checkpoint).resolve().name)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         sys.stderr.write(f"mstarc: --name {name!r}: a model name is letters, digits and _, not starting with a digit\n")
         return EXIT_USAGE
@@ -362,14 +363,14 @@ def cmd_bench(args) -> int:
 def _add_init(sub: "argparse._SubParsersAction") -> None:
     """`mstarc init`: the longest option list of the commands, apart from the table of the rest."""
     p = sub.add_parser("init", help="write a spec and a deployment from a checkpoint's config.json, then compile")
-    p.add_argument("--from-checkpoint", required=True, metavar="DIR",
+    p.add_argument("--from-checkpoint", required=True, metavar="DIR", type=path_arg,
                    help="a Hugging Face checkpoint directory (config.json)")
-    p.add_argument("--codec-checkpoint", metavar="DIR",
+    p.add_argument("--codec-checkpoint", metavar="DIR", type=path_arg,
                    help="a SNAC checkpoint directory: write a TTS spec (Orpheus: the decoder's audio tokens "
                         "through the codec) instead of a text decoder's")
     p.add_argument("--name", help="model name (default: the directory's name as an identifier)")
-    p.add_argument("-o", "--output", metavar="SPEC", help="spec path (default specs/NAME.mw)")
-    p.add_argument("--config-out", metavar="FILE", help="deployment path (default configs/NAME.yaml)")
+    p.add_argument("-o", "--output", metavar="SPEC", type=path_arg, help="spec path (default specs/NAME.mw)")
+    p.add_argument("--config-out", metavar="FILE", type=path_arg, help="deployment path (default configs/NAME.yaml)")
     p.add_argument("--plan-out", metavar="PLAN", help="plan path (default as mstarc compile: generated/NAME.plan "
                                                        "beside the spec's directory)")
     p.add_argument("--force", action="store_true", help="replace an existing spec or deployment")
@@ -382,8 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
+    p.add_argument("spec", metavar="SPEC", type=path_arg)
+    p.add_argument("--config", metavar="FILE", type=path_arg, help="deployment YAML (default configs/<model>.yaml)")
     p.add_argument("-o", "--output", metavar="PLAN", help="plan path, NAME.plan or a directory (default "
                                                            "generated/<config>.plan); the glue goes beside it")
     p.set_defaults(run=cmd_compile)
@@ -391,17 +392,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_init(sub)
 
     p = sub.add_parser("check", help="run every check, write nothing")
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--config", metavar="FILE", help="deployment YAML (default configs/<model>.yaml)")
+    p.add_argument("spec", metavar="SPEC", type=path_arg)
+    p.add_argument("--config", metavar="FILE", type=path_arg, help="deployment YAML (default configs/<model>.yaml)")
     p.set_defaults(run=cmd_check)
 
     p = sub.add_parser("explain", help="print a plan's tables")
-    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("plan", metavar="PLAN", type=path_arg)
     p.add_argument("--no-verify", action="store_true", help="do not re-hash the spec, deployment and glue")
     p.set_defaults(run=cmd_explain)
 
     p = sub.add_parser("fmt", help="print a spec in canonical form")
-    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("spec", metavar="SPEC", type=path_arg)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 when the file is not canonical")
     mode.add_argument("--write", action="store_true", help="rewrite the file in canonical form")
@@ -409,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("regen", help="rebuild generated/ from every configs/*.yaml")
     p.add_argument("--check", action="store_true", help="exit 1 listing stale files, write nothing")
-    p.add_argument("--root", default=".", metavar="DIR", help="repository root (default .)")
+    p.add_argument("--root", default=".", metavar="DIR", type=path_arg, help="repository root (default .)")
     p.set_defaults(run=cmd_regen)
 
     p = sub.add_parser("schema", help="print the deployment file's JSON Schema (from its pydantic model)")
@@ -417,14 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_schema)
 
     p = sub.add_parser("graph", help="draw a spec's walks and the streams between its partitions as SVG")
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("-o", "--output", required=True, metavar="FILE.svg")
+    p.add_argument("spec", metavar="SPEC", type=path_arg)
+    p.add_argument("-o", "--output", required=True, metavar="FILE.svg", type=path_arg)
     p.set_defaults(run=cmd_graph)
 
     p = sub.add_parser("bench", help="compile time per spec (whole process and in-process work)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--runs", type=int_range(1, 1000), default=5, metavar="N", help="runs per measurement (median)")
-    p.add_argument("--root", default=".", metavar="DIR", help="repository root (default .)")
+    p.add_argument("--root", default=".", metavar="DIR", type=path_arg, help="repository root (default .)")
     p.set_defaults(run=cmd_bench)
     return parser
 

@@ -1,0 +1,81 @@
+"""Cases a black-box sweep of `mstarc` and `mstar` found (each exited 0 having done something other
+than asked, or gave a wrong remedy): one clear line and a non-zero exit now.
+
+Each calls the command's `main()` in-process, as tests/qa/test_bad_inputs.py does; the working
+directory is a temporary one wherever a command could write into it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mstar.cli import mstarc as mstarc_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKPOINT_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                     "vocab_size": 512}
+
+
+def _call(main, argv, capsys) -> tuple[int, str]:
+    try:
+        status = main([str(a) for a in argv])
+    except SystemExit as stop:  # argparse usage errors
+        status = stop.code
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert "Traceback" not in text and "internal error" not in text, text
+    return status, text
+
+
+# ---------------------------------------------------------------- empty paths
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """A working directory of its own, with a checkpoint folder `ckpt` (config.json only)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(CHECKPOINT_CONFIG))
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, option", [
+    # each wrote specs/ckpt.mw (or configs/ckpt.yaml) into the working directory, exit 0
+    (["init", "--from-checkpoint", "ckpt", "-o", "", "--config-out", "c.yaml", "--plan-out", "p.plan"], "-o/--output"),
+    (["init", "--from-checkpoint", "ckpt", "-o", "s.mw", "--config-out", "", "--plan-out", "p.plan"], "--config-out"),
+    (["init", "--from-checkpoint", "", "-o", "s.mw", "--config-out", "c.yaml"], "--from-checkpoint"),
+    # rebuilt (or benchmarked) the working directory's generated/, exit 0
+    (["regen", "--root", ""], "--root"),
+    (["regen", "--check", "--root", ""], "--root"),
+    (["bench", "--runs", "1", "--root", ""], "--root"),
+    # "spec path is a directory, not a file: ." and the like
+    (["check", ""], "SPEC"),
+    (["compile", ""], "SPEC"),
+    (["check", ROOT / "specs" / "llama.mw", "--config", ""], "--config"),
+    (["explain", ""], "PLAN"),
+    (["fmt", ""], "SPEC"),
+    (["graph", ROOT / "specs" / "llama.mw", "-o", ""], "-o/--output"),
+])
+def test_mstarc_refuses_an_empty_path(in_tmp, capsys, argv, option):
+    status, text = _call(mstarc_cli.main, argv, capsys)
+    assert status == 2, text
+    assert f"argument {option}: needs a path, got an empty one" in text, text
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["ckpt"]  # nothing written
+
+
+def test_mstarc_init_refuses_an_empty_name(in_tmp, capsys):
+    """`--name ""` was taken for no --name: the model was named after the folder, exit 0."""
+    status, text = _call(mstarc_cli.main, ["init", "--from-checkpoint", "ckpt", "--name", "", "-o", "s.mw",
+                                           "--config-out", "c.yaml", "--plan-out", "p.plan"], capsys)
+    assert status == 2 and "--name '': a model name is letters, digits and _" in text, text
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["ckpt"]
+
+
+def test_an_empty_path_arg_is_the_only_one_refused():
+    from mstar.arg_types import path_arg
+
+    assert path_arg("x") == "x" and path_arg(".") == "."
+    with pytest.raises(Exception, match="needs a path"):
+        path_arg("")
