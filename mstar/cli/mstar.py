@@ -309,9 +309,6 @@ def _probe_writable(option: str, path: str, folder: str) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Check --out, --report and --timeline before the run, so a bad path costs no run time."""
-    for option in ("out", "report", "timeline", "gpu_profile", "prompts"):
-        if getattr(args, option) == "":  # an empty path was taken for no option: nothing was written
-            raise CliError(f"--{option.replace('_', '-')} needs a path, got an empty one")
     if args.out:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise CliError(f"--out {args.out} exists and is not a directory")
@@ -345,6 +342,15 @@ def _check_outputs(args: argparse.Namespace) -> None:
         problem = format_problem(args.timeline)
         if problem:
             raise CliError(f"--timeline {args.timeline}: {problem}")
+
+
+def _check_paths_given(args: argparse.Namespace) -> None:
+    """An empty path is refused before anything is read: one to write was taken for no option
+    (exit 0, nothing written), one to read for the working directory (`--plan ""`: "cannot read
+    plan .: is a directory")."""
+    for option in ("plan", "prompts", "tokenizer", "out", "report", "timeline", "gpu_profile"):
+        if getattr(args, option) == "":
+            raise CliError(f"--{option.replace('_', '-')} needs a path, got an empty one")
 
 
 def _check_distinct_files(args: argparse.Namespace) -> None:
@@ -537,6 +543,7 @@ def _serve_rank(args: argparse.Namespace, plan: Any) -> int:
 
 
 def _run(args: argparse.Namespace, signals: _Signals) -> int:
+    _check_paths_given(args)
     plan = _load_plan(args.plan)
     mode = _ranks_mode(args, plan)
     if mode == "torchrun" and os.environ["RANK"] != "0":

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from mstar.cli import mstar as mstar_cli
 from mstar.cli import mstarc as mstarc_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+LLAMA = str(ROOT / "generated" / "llama.plan")
 CHECKPOINT_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
                      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
                      "vocab_size": 512}
@@ -71,6 +73,20 @@ def test_mstarc_init_refuses_an_empty_name(in_tmp, capsys):
                                            "--config-out", "c.yaml", "--plan-out", "p.plan"], capsys)
     assert status == 2 and "--name '': a model name is letters, digits and _" in text, text
     assert sorted(p.name for p in in_tmp.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--plan", ""], "--plan needs a path, got an empty one"),  # "cannot read plan .: is a directory"
+    (["--plan", LLAMA, "--tokenizer", ""], "--tokenizer needs a path, got an empty one"),
+    # exit 0 on the sim, the option ignored; "--weights : no config.json there" on the torch engine
+    (["--plan", LLAMA, "--weights", ""], "--weights '': no checkpoint directory given"),
+    (["--plan", LLAMA, "--weights", "LLM="], "--weights 'LLM=': no checkpoint directory given"),
+])
+def test_mstar_run_refuses_an_empty_path(capsys, argv, words):
+    status, text = _call(mstar_cli.main, ["run", *argv, "--engine", "sim", "--requests", "1", "--no-progress"],
+                         capsys)
+    assert status == 1 and words in text, text
+    assert "requests/s" not in text  # refused before the run
 
 
 def test_an_empty_path_arg_is_the_only_one_refused():

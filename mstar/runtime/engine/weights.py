@@ -42,8 +42,8 @@ def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]
                     codec_nodes: Sequence[str] = ()) -> dict[str, str]:
     """{node: checkpoint dir} from `--weights` entries (`DIR` or `NODE=DIR`); a NODE is a kv node
     or an audio codec node (a SNAC checkpoint), a bare DIR goes to the plan's one kv node.
-    WeightsError for an unknown node, a node named twice, or a bare DIR when the plan has several
-    kv nodes."""
+    WeightsError for an unknown node, a node named twice, an empty DIR, or a bare DIR when the plan
+    has several kv nodes."""
     if entries is None:
         return {}
     if isinstance(entries, str):
@@ -54,6 +54,8 @@ def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]
         node, sep, directory = entry.partition("=")
         if not sep or (node not in loadable and Path(entry).exists()):
             node, directory = "", entry  # a bare directory (its path may contain '=')
+        if not directory:  # Path("") is the working directory: `--weights ""` read ./config.json
+            raise WeightsError(f"--weights {entry!r}: no checkpoint directory given (--weights DIR, or NODE=DIR)")
         if not node:
             if len(kv_nodes) != 1:
                 raise WeightsError(
