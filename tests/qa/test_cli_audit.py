@@ -89,6 +89,13 @@ def test_mstar_run_refuses_an_empty_path(capsys, argv, words):
     assert "requests/s" not in text  # refused before the run
 
 
+def test_bench_load_refuses_an_empty_dir(capsys):
+    """`--dir ""` was taken for no --dir: a checkpoint written to a temporary folder, exit 0."""
+    status, text = _call(mstar_cli.main, ["bench", "load", "--dir", "", "--layers", "1", "--hidden", "256",
+                                          "--vocab", "16"], capsys)
+    assert status == 2 and "argument --dir: needs a path, got an empty one" in text, text
+
+
 def test_an_empty_path_arg_is_the_only_one_refused():
     from mstar.arg_types import path_arg
 

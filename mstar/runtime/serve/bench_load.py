@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 
 SHARD_BYTES = 1 << 30
 
@@ -150,7 +150,8 @@ def _check_sizes(directory: Path, config: dict) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench load", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--dir", help="where to write (and keep) the checkpoint; reused when it holds one")
+    parser.add_argument("--dir", type=path_arg,
+                        help="where to write (and keep) the checkpoint; reused when it holds one")
     parser.add_argument("--layers", type=int_range(1, 4096), default=16)
     parser.add_argument("--hidden", type=int_range(256, 65536), default=2048, help="a multiple of 256")
     parser.add_argument("--vocab", type=int_range(1, 1 << 22), default=128256)
