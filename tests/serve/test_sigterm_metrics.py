@@ -239,7 +239,8 @@ def test_a_drain_timeout_inside_a_long_step_still_answers_every_client(caplog):
             answers["whole"] = (error.code, error.headers["Content-Type"], error.read())
 
     waiting = threading.Thread(target=whole)
-    caplog.set_level(logging.ERROR)
+    uvicorn_log = logging.getLogger("uvicorn.error")  # "uvicorn" does not propagate to the root's caplog
+    uvicorn_log.addHandler(caplog.handler)
     try:
         body = json.dumps({"model": "llama", "prompt": [4, 5, 6], "max_tokens": 50, "stream": True}).encode()
         with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}),
@@ -258,6 +259,7 @@ def test_a_drain_timeout_inside_a_long_step_still_answers_every_client(caplog):
         assert not thread.is_alive()
         assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
     finally:
+        uvicorn_log.removeHandler(caplog.handler)
         gate.release()
         server.should_exit = True
         service.llm.close(5)
