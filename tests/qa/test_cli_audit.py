@@ -96,6 +96,29 @@ def test_bench_load_refuses_an_empty_dir(capsys):
     assert status == 2 and "argument --dir: needs a path, got an empty one" in text, text
 
 
+# ---------------------------------------------------------------- a prompts file's seed
+
+@pytest.mark.parametrize("seed", [2**63, -(2**63) - 1, 10**30])
+def test_a_prompts_seed_past_64_bits_names_its_line(tmp_path, capsys, seed):
+    """The other sampling fields are checked as the file is read; a seed past 64 bits ran with
+    exit 0 on the sim (which samples nothing) and failed its request in the torch engine
+    ("request a: seed must be a 64-bit integer"), the file's line unnamed."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2, "seed": seed}) + "\n")
+    status, text = _call(mstar_cli.main, ["run", "--plan", LLAMA, "--engine", "sim", "--prompts", prompts,
+                                          "--no-progress"], capsys)
+    assert status == 1 and "p.jsonl:1: 'seed' must be a 64-bit integer" in text, text
+    assert "requests/s" not in text
+
+
+def test_a_prompts_seed_at_the_64_bit_ends_runs(tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"s{i}", "prompt_tokens": [1, 2], "max_tokens": 2, "seed": seed})
+                               + "\n" for i, seed in enumerate((2**63 - 1, -(2**63)))))
+    status, text = _call(mstar_cli.main, ["run", "--plan", LLAMA, "--prompts", prompts, "--no-progress"], capsys)
+    assert status == 0 and "2 (2 ok, 0 failed)" in text, text
+
+
 def test_an_empty_path_arg_is_the_only_one_refused():
     from mstar.arg_types import path_arg
 

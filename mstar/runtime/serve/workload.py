@@ -15,8 +15,8 @@ by serve/wav.py into the request's audio media; a line with audio may leave the 
 which gives an empty one, e.g. for Whisper's decoder, or, with the plan's prompt_format and a
 tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns; refused for a plan whose audio
 input takes feature frames, `takes_wav`), "stop" (a string or a list of strings: the
-request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p", "seed",
-"repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
+request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p",
+"seed" (64-bit), "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
 loops written `count=PARAM`, each within its loop's max: the conductor refuses the request
@@ -45,6 +45,7 @@ from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 from mstar.plan.output_bound import excess_tokens_problem
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.step import SEED_RANGE
 
 ARRIVALS = ("poisson", "staggered", "closed")
 VOCAB_SIZE = 1000
@@ -250,11 +251,14 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
     if penalty is not None and not penalty > 0:
         raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {penalty}")
+    seed = _field(obj, "seed", (int,), where, is_required=False)
+    if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:  # the engines' sampler holds int64
+        raise WorkloadError(f"{where}: 'seed' must be a 64-bit integer (-2**63 to 2**63 - 1), got {seed}")
     return {
         "temperature": float(temperature) if temperature is not None else None,
         "top_k": top_k,
         "top_p": float(top_p) if top_p is not None else None,
-        "seed": _field(obj, "seed", (int,), where, is_required=False),
+        "seed": seed,
         "repetition_penalty": float(penalty) if penalty is not None else None,
     }
 
