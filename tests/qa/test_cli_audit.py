@@ -119,6 +119,32 @@ def test_a_prompts_seed_at_the_64_bit_ends_runs(tmp_path, capsys):
     assert status == 0 and "2 (2 ok, 0 failed)" in text, text
 
 
+# ---------------------------------------------------------------- bench runner's full decode step
+
+@pytest.mark.parametrize("argv, words", [
+    # llama's step holds 64 rows; a budget of 63 tokens, 63 one-token rows
+    (["--clients", "65"], "a step of LLM:mixed holds at most 64 rows, so no decode step of 65 rows runs: "
+                          "give --clients 64 or fewer"),
+    (["--clients", "64", "--budget", "63"], "a step of LLM:mixed feeds at most 63 tokens (its token budget), so "
+                                            "no decode step of 64 rows runs: give --clients 63 or fewer, or "
+                                            "--budget 64 or more"),
+    (["--clients", "10", "--budget", "5"], "give --clients 5 or fewer, or --budget 10 or more"),
+])
+def test_bench_runner_refuses_clients_no_step_holds(capsys, argv, words):
+    """Each ran a round, then said "no full decode step of 65 decode rows ran (raise --output-len)",
+    which no output length mends."""
+    status, text = _call(mstar_cli.main, ["bench", "runner", "--plan", LLAMA, "--rounds", "1", "--no-bytecodes",
+                                          *argv], capsys)
+    assert status == 1 and words in text, text
+    assert "raise --output-len" not in text
+
+
+def test_bench_runner_runs_clients_a_step_just_holds(capsys):
+    status, text = _call(mstar_cli.main, ["bench", "runner", "--plan", LLAMA, "--rounds", "1", "--no-bytecodes",
+                                          "--clients", "8", "--budget", "8", "--output-len", "8", "--json"], capsys)
+    assert status == 0 and json.loads(text)["clients"] == 8, text
+
+
 def test_an_empty_path_arg_is_the_only_one_refused():
     from mstar.arg_types import path_arg
 

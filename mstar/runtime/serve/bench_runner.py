@@ -221,6 +221,7 @@ def _one_run(plan: Plan, args, variant: str, is_traced: bool, is_columnar: bool)
     num_pages = args.clients * (-(-(args.prompt_len + args.output_len + 1) // page_size) + 1)
     num_pages += -(-(args.long_prompt + 2) // page_size) + 1 if args.long_prompt else 0
     engine, runner = build_engine(plan, variant == "ahead", num_pages, is_columnar=is_columnar)
+    _check_decode_step_fits(plan, runner.node.name, args.clients)
     parts = _Parts(engine, args.clients, _Counter() if is_traced else None,
                    time.thread_time if args.cpu_time else time.perf_counter)
     requests = _requests(args)
@@ -247,6 +248,27 @@ def _summary(steps: list[dict[str, float]]) -> dict[str, float]:
     # device's, the device waits (a page boundary crossed by every row at once).
     p50["total_p90"], p50["total_max"] = float(np.percentile(totals, 90)), float(max(totals))
     return p50
+
+
+def _check_decode_step_fits(plan: Plan, node: str, clients: int) -> None:
+    """A full decode step holds every client's row: refuse a client count no step of the node's
+    keys holds, by its rows (the mask of every walk: the last entry) or its token budget (a decode
+    row feeds one token). Such a run ended in "no full decode step ran, raise --output-len", which
+    no output length mends."""
+    keys = [key for worker in plan.workers for key in worker.keys if key.node == node]
+    if not keys:
+        return
+    for key in keys:
+        cap, budget = key.mixtures[-1].cap, key.token_budget
+        if clients <= cap and (budget is None or clients <= budget):
+            return
+    key = keys[0]
+    if clients > key.mixtures[-1].cap:
+        raise BenchError(f"a step of {key.name} holds at most {key.mixtures[-1].cap} rows, so no decode step of "
+                         f"{clients} rows runs: give --clients {key.mixtures[-1].cap} or fewer")
+    raise BenchError(f"a step of {key.name} feeds at most {key.token_budget} tokens (its token budget), so no "
+                     f"decode step of {clients} rows runs: give --clients {key.token_budget} or fewer, or "
+                     f"--budget {clients} or more")
 
 
 def _check_chunk_step_fits(plan, clients: int) -> None:
