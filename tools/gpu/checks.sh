@@ -92,6 +92,7 @@ case $part in
     timeout 420 python3 -m pytest -q tests/gpu/test_gpu_engine.py tests/gpu/test_gpu_shared_prefix_pages.py \
       tests/gpu/test_gpu_fast_path.py
     in_time "the tight Qwen3-Omni run" && timeout 100 python3 -m mstar.cli.mstar run \
-      --plan generated/qwen3_omni.plan --device cuda --kv-pages 24 --requests 12 --concurrency 6 --no-progress ;;
+      --plan generated/qwen3_omni.plan --device cuda --ranks inproc --kv-pages 24 --requests 12 --concurrency 6 \
+      --no-progress ;;
   *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist or nodes"; exit 2 ;;
 esac
