@@ -220,6 +220,19 @@ def _drain(admission: Admission, is_oldest_first: bool = True) -> None:
         admission.release(startable[0])
 
 
+def _join_capped(admission: Admission, request_id: str, chain: int, length: int, total: int) -> None:
+    """The request claims the first `length` cached pages of one of four chains over the pool that
+    share pages (as `claim_cap` caps it) and joins with `total` pages less its claim."""
+    num_pages = admission.num_pages
+    assert num_pages is not None
+    chains = [list(range(num_pages)), list(range(num_pages // 2, num_pages)) + list(range(num_pages // 2)),
+              list(range(0, num_pages, 2)), list(range(num_pages - 1, -1, -1))]
+    wanted = chains[chain][:min(length, num_pages)]
+    cap = admission.claim_cap(request_id, lambda: wanted)
+    claimed = wanted[:cap] if cap is not None else wanted
+    admission.join(request_id, max(0, min(total, num_pages) - len(claimed)), claimed or None)
+
+
 @settings(max_examples=400 if IS_LONG else 60, deadline=None)
 @given(st.integers(6, 24), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(0, 30),
                                                st.integers(0, 2)), min_size=1, max_size=30))
@@ -229,16 +242,9 @@ def test_waiting_requests_always_drain_whatever_they_claim(num_pages, events):
     the waiting ones start one after another, oldest first (no two wait on each other's claims)."""
     from copy import deepcopy
 
-    chains = [list(range(num_pages)), list(range(num_pages // 2, num_pages)) + list(range(num_pages // 2)),
-              list(range(0, num_pages, 2)), list(range(num_pages - 1, -1, -1))]
     admission = Admission(num_pages=num_pages)
     for index, (chain, length, total, action) in enumerate(events):
-        request_id = f"r{index}"
-        wanted = chains[chain][:min(length, num_pages)]
-        cap = admission.claim_cap(request_id, lambda wanted=wanted: wanted)
-        claimed = wanted[:cap] if cap is not None else wanted
-        budget = max(0, min(total, num_pages) - len(claimed))
-        admission.join(request_id, budget, claimed or None)
+        _join_capped(admission, f"r{index}", chain, length, total)
         if action == 1 and admission.waiting:  # the oldest reachable request starts
             oldest = next(r for r in admission.waiting if admission.is_reachable(r)) \
                 if any(map(admission.is_reachable, admission.waiting)) else None
@@ -305,16 +311,9 @@ def test_waiting_requests_drain_whatever_their_first_rows_add(num_pages, events)
     other's claim."""
     from copy import deepcopy
 
-    chains = [list(range(num_pages)), list(range(num_pages // 2, num_pages)) + list(range(num_pages // 2)),
-              list(range(0, num_pages, 2)), list(range(num_pages - 1, -1, -1))]
     admission = Admission(num_pages=num_pages)
     for index, (chain, length, total, extra) in enumerate(events):
-        request_id = f"r{index}"
-        wanted = chains[chain][:min(length, num_pages)]
-        cap = admission.claim_cap(request_id, lambda wanted=wanted: wanted)
-        claimed = wanted[:cap] if cap is not None else wanted
-        budget = max(0, min(total, num_pages) - len(claimed))
-        admission.join(request_id, budget, claimed or None)
+        _join_capped(admission, f"r{index}", chain, length, total)
         if extra and admission.waiting:  # a waiting request's first row adds up to `extra` pages past its budget
             grower = list(admission.waiting)[index % len(admission.waiting)]
             own = len(admission.claims.get(grower, ()))  # the row fits the pool beside its own claim
