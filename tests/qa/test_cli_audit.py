@@ -151,3 +151,38 @@ def test_an_empty_path_arg_is_the_only_one_refused():
     assert path_arg("x") == "x" and path_arg(".") == "."
     with pytest.raises(Exception, match="needs a path"):
         path_arg("")
+
+
+# ---------------------------------------------------------------- a prompts file's guidance and loop counts
+
+@pytest.mark.parametrize("plan, field, words", [
+    # ran with exit 0 on the sim; failed its request in the torch engine, the line unnamed
+    ("llama", {"guidance": {"cfg": 2}}, "p.jsonl:1: guidance 'cfg' is not a guidance label of the plan (labels: none)"),
+    ("bagel", {"guidance": {"cfg_txt": 2}}, "p.jsonl:1: guidance 'cfg_txt' is not a guidance label of the plan "
+                                            "(labels: cfg_text, cfg_img)"),
+    # failed the request at admission ("loop_counts names 'stepz' ..."), the line unnamed
+    ("llama", {"loop_counts": {"stepz": 2}}, "p.jsonl:1: loop_counts names 'stepz', which no loop of this plan "
+                                             "counts by (counts: none)"),
+    ("wan22", {"loop_counts": {"num_inference_step": 2}}, "did you mean 'num_inference_steps'?"),
+    ("wan22", {"loop_counts": {"num_inference_steps": 101}}, "p.jsonl:1: loop_counts num_inference_steps=101 is "
+                                                             "outside 1..100"),
+])
+def test_a_prompts_line_the_plan_does_not_take_names_its_line(tmp_path, capsys, plan, field, words):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2, **field}) + "\n")
+    status, text = _call(mstar_cli.main, ["run", "--plan", ROOT / "generated" / f"{plan}.plan", "--engine", "sim",
+                                          "--prompts", prompts, "--no-progress"], capsys)
+    assert status == 1 and words in text, text
+    assert "requests/s" not in text and "failed" not in text  # refused as the file is read, before the run
+
+
+def test_a_prompts_line_the_plan_takes_is_read(tmp_path):
+    from mstar.plan.io import load_plan
+    from mstar.runtime.serve.workload import read_prompts
+
+    prompts = tmp_path / "p.jsonl"
+    for plan, field in (("bagel", {"guidance": {"cfg_text": 4, "cfg_img": 0}}),
+                        ("wan22", {"loop_counts": {"num_inference_steps": 100}})):
+        prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2, **field}) + "\n")
+        workload = read_prompts(str(prompts), plan=load_plan(str(ROOT / "generated" / f"{plan}.plan")))
+        assert len(workload.requests) == 1

@@ -19,8 +19,9 @@ request ends once its decoded output holds one; needs the tokenizer too), "tempe
 "seed" (64-bit), "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
-loops written `count=PARAM`, each within its loop's max: the conductor refuses the request
-otherwise); blank lines are skipped. An id is 1 to
+loops written `count=PARAM`, each within its loop's max); blank lines are skipped. Given the plan,
+a line's guidance labels and loop counts are checked against it as the file is read, by the rules
+the engine and the conductor apply at admission (`unknown_label_problem`, `LoopCounts`). An id is 1 to
 MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path
 separator, NUL or space). The file is read through mstar.files.read_bytes_bounded: a regular file
 of at most MAX_PROMPTS_BYTES (a FIFO or /dev/zero is refused at once). Every request arrives at
@@ -42,7 +43,9 @@ import re
 from typing import Any, Optional
 
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
+from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem
+from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import SEED_RANGE
@@ -419,17 +422,31 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     )
 
 
+def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = None) -> Optional[str]:
+    """A request's guidance label the plan does not declare (the torch engine's admission check;
+    the sim ran it, exit 0) or loop count the plan does not take (a name no loop counts by, or a
+    count past its loop's max: the conductor's admission check), else None. `counts`: the plan's
+    `LoopCounts`, built once per file."""
+    problem = unknown_label_problem(plan, request.guidance)
+    if problem is None and request.loop_counts:
+        problem = (counts or LoopCounts(plan)).problem(request.loop_counts)
+    return problem
+
+
 def read_prompts(
     path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None,
     tokenizer: Any = None, form: Any = None, max_output_len: Optional[int] = None, takes_wav: bool = True,
+    plan: Any = None,
 ) -> Workload:
     """Read a prompts file; with `names` (from `route_names`) each line's route is checked too;
+    with `plan`, each line's guidance labels and loop counts (`plan_problem`);
     `tokenizer` turns text prompts into tokens (without one a text prompt is refused), framed by
     `form`, the plan's prompt format (serve/prompt_format.py `prompt_format_of`); max_output_len:
     the most output tokens the plan makes for a request (plan/output_bound.py), None when unstated;
     takes_wav: whether the plan's audio input takes 16 kHz samples (serve/audio_input.py
     `takes_waveform`): else a line's `audio` file is refused (each such request failed in the
     torch engine: its encoder takes feature frames)."""
+    counts = LoopCounts(plan) if plan is not None else None
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
     try:
@@ -458,6 +475,9 @@ def read_prompts(
                                 "takes a waveform (Whisper, Qwen3-ASR) read one")
         if names is not None:
             check_route(request.route, names, where)
+        problem = plan_problem(request, plan, counts) if plan is not None else None
+        if problem is not None:
+            raise WorkloadError(f"{where}: {problem}")
         excess = excess_tokens_problem("'max_tokens'", request.max_tokens, max_output_len)
         if excess is not None:
             raise WorkloadError(f"{where}: {excess}")
