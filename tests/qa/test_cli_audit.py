@@ -186,3 +186,41 @@ def test_a_prompts_line_the_plan_takes_is_read(tmp_path):
         prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2, **field}) + "\n")
         workload = read_prompts(str(prompts), plan=load_plan(str(ROOT / "generated" / f"{plan}.plan")))
         assert len(workload.requests) == 1
+
+
+# ---------------------------------------------------------------- bench kv: one scenario's options
+
+@pytest.mark.parametrize("argv, words", [
+    # each ran the other scenario as if the option were not given, exit 0
+    (["--scenario", "prefix", "--no-whole"], "--no-whole: an option of the chunk scenario, which --scenario prefix "
+                                             "does not run (use --scenario chunk or all)"),
+    (["--scenario", "prefix", "--decode-rows", "4", "--no-flat", "--route", "packed"],
+     "--decode-rows, --route, --no-flat: options of the chunk scenario"),
+    (["--scenario", "prefix", "--chunk-rounds", "1"], "--chunk-rounds: an option of the chunk scenario"),
+    (["--scenario", "prefix", "--budgets", "64,128"], "--budgets: an option of the chunk scenario"),
+    (["--scenario", "chunk", "--prefix-len", "64"], "--prefix-len: an option of the prefix scenario, which "
+                                                    "--scenario chunk does not run (use --scenario prefix or all)"),
+    (["--scenario", "chunk", "--prefix-requests", "2", "--prefix-rounds", "1"],
+     "--prefix-requests, --prefix-rounds: options of the prefix scenario"),
+])
+def test_bench_kv_refuses_an_option_its_scenario_does_not_read(capsys, argv, words):
+    status, text = _call(mstar_cli.main, ["bench", "kv", *argv], capsys)
+    assert status == 2 and f"mstar bench kv: error: {words}" in text, text
+
+
+def test_bench_kv_prefix_scenario_runs_at_the_budget_given(capsys, monkeypatch):
+    """`--scenario all --budget N` ran the prefix scenario at N; `--scenario prefix --budget N` ran it
+    at the plan's budget."""
+    from mstar.runtime.serve import bench_kv
+
+    budgets = []
+
+    def prefix_scenario(plan, engine, num_requests, prefix_len, rounds):
+        budgets.append({k.token_budget for w in plan.workers for k in w.keys})
+        assert (num_requests, prefix_len, rounds) == (8, 1024, 2)  # the defaults, filled in
+        return {}
+
+    monkeypatch.setattr(bench_kv, "prefix_scenario", prefix_scenario)
+    monkeypatch.setattr(bench_kv, "_print_prefix", lambda results: None)
+    status, text = _call(mstar_cli.main, ["bench", "kv", "--scenario", "prefix", "--budget", "96"], capsys)
+    assert status == 0 and budgets == [{96}], text

@@ -36,6 +36,11 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
 `--budgets` and `--chunk-rounds` sweep the chunked variant over budgets and rounds, interleaved
 (`bench_kv_sweep.py`).
 
+`--decode-rows`, `--prompt-len`, `--arrive-after`, `--budgets`, `--chunk-rounds`, `--route`,
+`--no-whole` and `--no-flat` are the chunk scenario's, `--prefix-*` the prefix scenario's: given
+beside `--scenario` of the other, one is a usage error naming the scenario that reads it.
+`--budget` is read by both (`--scenario all` runs the prefix scenario at it too).
+
 On a GPU the engines' random weights are drawn by the device's generator (a spec-size model's host
 draws, the CPU reference's values, took seconds of each engine's start; three engines a chunk
 run); `--reference-weights` draws them as the reference does.
@@ -71,6 +76,14 @@ from mstar.runtime.serve.collector import refreeze
 from mstar.runtime.serve.driver import Driver, Workload
 
 DECODE_PROMPT_LEN = 16
+# The options only one scenario reads, with their defaults: given beside --scenario of the other,
+# each is refused (`--scenario prefix --no-whole` ran the prefix scenario as if it were not given).
+# `--budget` is read by both: `--scenario all` ran the prefix scenario at it, so `prefix` does too.
+SCENARIO_OPTIONS: dict[str, dict[str, Any]] = {
+    "chunk": {"decode_rows": 40, "prompt_len": 8192, "arrive_after": 10, "budgets": None, "chunk_rounds": 1,
+              "route": None, "no_whole": False, "no_flat": False},
+    "prefix": {"prefix_requests": 8, "prefix_len": 1024, "prefix_rounds": 2},
+}
 TAIL_STEPS = 12  # decode steps the decode rows run on after the long prompt's expected prefill
 
 
@@ -489,6 +502,8 @@ def _print(results: dict) -> None:
 
 def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
     """Fill `results` with the scenarios asked for; a reason when the plan cannot run one."""
+    if args.scenario == "prefix" and args.budget is not None:
+        plan = with_budget(plan, args.budget)  # as `--scenario all` runs it
     if args.scenario in ("all", "chunk"):
         plan = with_route(plan, args.route)
         if args.prompt_len + 1 > plan.deployment.max_seq_len:  # before the decode rows sized to outlast it
@@ -535,20 +550,23 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench kv", description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default="generated/llama_chunked.plan")
     parser.add_argument("--engine", choices=("sim", "torch"), default="sim")
-    parser.add_argument("--decode-rows", type=int_range(1, 4096), default=40)
-    parser.add_argument("--prompt-len", type=int_range(1, 1 << 20), default=8192)
-    parser.add_argument("--arrive-after", type=int_range(1, 100_000), default=10,
-                        help="decode steps before the long prompt arrives")
+    # the options of one scenario default to None here (`_check_scenario_options` fills them in)
+    parser.add_argument("--decode-rows", type=int_range(1, 4096), help="chunk scenario: requests decoding (default 40)")
+    parser.add_argument("--prompt-len", type=int_range(1, 1 << 20),
+                        help="chunk scenario: the long prompt's tokens (default 8192)")
+    parser.add_argument("--arrive-after", type=int_range(1, 100_000),
+                        help="chunk scenario: decode steps before the long prompt arrives (default 10)")
     parser.add_argument("--budget", type=int_range(1, 1 << 20),
                         help="step token budget (and chunk size) instead of the plan's")
     parser.add_argument("--budgets", type=int_list(1, 1 << 20), metavar="N,N",
                         help="chunk scenario: the chunked variant at each of these budgets (and chunk sizes), "
                              "every round, interleaved (bench_kv_sweep.py)")
-    parser.add_argument("--chunk-rounds", type=int_range(1, 100), default=1,
+    parser.add_argument("--chunk-rounds", type=int_range(1, 100),
                         help="chunk scenario: rounds of the budget sweep, the budgets' order reversed every "
                              "other round; more than 1 runs the sweep at the plan's budget (or --budget)")
     parser.add_argument("--route", choices=("packed", "split"),
-                        help="attention route of the steps that mix prompt and decode rows, instead of the plan's")
+                        help="chunk scenario: attention route of the steps that mix prompt and decode rows, instead "
+                             "of the plan's")
     parser.add_argument("--scenario", choices=("all", "chunk", "prefix"), default="all")
     parser.add_argument("--no-whole", action="store_true",
                         help="chunk scenario: skip the whole-prompt reference runs (half the time)")
@@ -563,12 +581,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="Python's collector passes where they fall, not where the run loop waits for the "
                              "device (a what-if beside the default)")
     graph_what_ifs.add_arguments(parser, scope="torch engine on a GPU: ")
-    parser.add_argument("--prefix-requests", type=int_range(2, 4096), default=8,
-                        help="at least 2: the figure is about the 2nd request and later")
-    parser.add_argument("--prefix-len", type=int_range(1, 1 << 20), default=1024)
-    parser.add_argument("--prefix-rounds", type=int_range(1, 100), default=2,
-                        help="rounds of a cached and an uncached run, the order alternating (each round's "
-                             "ratio printed; the figure pools them)")
+    parser.add_argument("--prefix-requests", type=int_range(2, 4096),
+                        help="prefix scenario: at least 2, the figure is about the 2nd request and later (default 8)")
+    parser.add_argument("--prefix-len", type=int_range(1, 1 << 20),
+                        help="prefix scenario: the shared prefix's tokens (default 1024)")
+    parser.add_argument("--prefix-rounds", type=int_range(1, 100),
+                        help="prefix scenario: rounds of a cached and an uncached run, the order alternating (each "
+                             "round's ratio printed; the figure pools them; default 2)")
     parser.add_argument("--reference-weights", action="store_true",
                         help="torch engine on a GPU: random weights drawn on the host as the CPU reference's (each "
                              "engine's start takes seconds longer), not by the device's generator")
@@ -607,9 +626,24 @@ def _set_weights_source(parser: argparse.ArgumentParser, args: argparse.Namespac
         device_model.set_random_on_device(not args.reference_weights)
 
 
+def _check_scenario_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse the options of the scenario `--scenario` leaves out (a usage error naming the
+    scenario that reads them), then fill in the defaults of those not given."""
+    for scenario, options in SCENARIO_OPTIONS.items():
+        given = [f"--{dest.replace('_', '-')}" for dest in options if getattr(args, dest) not in (None, False)]
+        if given and args.scenario not in ("all", scenario):
+            parser.error(f"{', '.join(given)}: {'options' if len(given) > 1 else 'an option'} of the {scenario} "
+                         f"scenario, which --scenario {args.scenario} does not run (use --scenario {scenario} "
+                         "or all)")
+        for dest, default in options.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, default)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    _check_scenario_options(parser, args)
     if args.engine == "sim" and (args.device != "cpu" or args.dims != "tiny"):
         parser.error("--device and --dims choose the torch engine's model: use them with --engine torch")
     if args.budgets and args.budget is not None:
