@@ -48,3 +48,34 @@ def test_the_sim_engine_answers_an_image_request_with_a_placeholder_png(tmp_path
         answer = client.images.generate(model="bagel", prompt="a cat")
     pixels = mpimg.imread(io.BytesIO(base64.b64decode(answer.data[0].b64_json)), format="png")
     assert pixels.shape[:2] == (8, 8)
+
+
+@pytest.fixture(scope="module")
+def bagel_sim(tmp_path_factory):
+    from serve_harness import write_tokenizer
+
+    llm = LLM(BAGEL, engine="sim", tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
+    with running(make_service(llm)) as url:
+        yield llm, url
+
+
+def test_a_prompt_too_long_for_an_image_names_the_prompt(bagel_sim):
+    """The images API has no max_tokens: a long prompt was refused as "the prompt (N tokens) +
+    max_tokens (1024) is ...", `param: "max_tokens"`. Now it says what the client can change."""
+    import json
+
+    from serve_harness import post_json
+
+    llm, url = bagel_sim
+    limit = llm.plan.deployment.max_seq_len - 1024  # the image's 1024 tokens
+    body = {"model": "bagel", "prompt": " ".join(["cat"] * limit)}  # + the tokenizer's <s>: one past
+    status, error = post_json(f"{url}/images/generations", json.dumps(body).encode())
+    assert status == 400 and error["param"] == "prompt", error
+    assert "max_tokens" not in error["message"]
+    assert error["message"].startswith(f"the prompt is {limit + 1} tokens, more than this plan takes: at most "
+                                        f"{limit} tokens"), error
+    assert "shorten the prompt" in error["message"]
+    body["prompt"] = " ".join(["cat"] * (limit - 1))  # fits exactly
+    status, answer = post_json(f"{url}/images/generations", json.dumps(body).encode())
+    assert status == 200 and len(answer["data"]) == 1, answer
+

@@ -173,6 +173,26 @@ def test_bad_chat_requests_name_what_is_wrong(llama, extra, words):
     assert words in caught.value.message
 
 
+@pytest.mark.parametrize("field", ["max_completion_tokens", "max_tokens"])
+@pytest.mark.parametrize("value, words, long_prompt", [
+    (0, "{} must be >= 1, got 0", False),
+    (5000, "{} 5000 is more than this plan makes", False),
+    (16, "+ {} (16) is", True),  # past max_seq_len with the prompt
+], ids=["below_one", "past_the_plan", "past_max_seq_len"])
+def test_a_chat_token_limit_error_names_the_field_sent(llama, field, value, words, long_prompt):
+    """A refused `max_completion_tokens` was named `max_tokens` (message and param), a field the
+    client did not send."""
+    import json
+
+    content = "hello " * 8190 if long_prompt else "hi"
+    body = {"model": "llama", "messages": [{"role": "user", "content": content}], field: value}
+    status, error = _raw_post(llama[2], "chat/completions", json.dumps(body).encode())
+    assert status == 400 and words.format(field) in error["message"], error
+    assert error["param"] == field
+    if field == "max_completion_tokens":
+        assert "max_tokens" not in error["message"].replace("max_completion_tokens", "")
+
+
 def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):
     _, _, client = llama
     with pytest.raises(openai.NotFoundError) as caught:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Optional
@@ -92,18 +93,21 @@ class Service:
                            param=param)
 
     async def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
-                      media: Optional[dict[str, Any]] = None) -> Request:
+                      media: Optional[dict[str, Any]] = None, limit_field: Optional[str] = "max_tokens") -> Request:
         """The runtime request (400 for a bad prompt or values). A text or chat prompt is made on
         a worker thread: a long one takes the tokenizer seconds (about 0.7 s a megabyte), which the
         event loop spends on the other clients; token ids are checked here (the hop costs about
         50 us). default_to_rest: max_tokens is what the plan's max_seq_len leaves after the
-        prompt, at most what its walks make. media: by modality; with media the prompt may be empty token ids."""
+        prompt, at most what its walks make. media: by modality; with media the prompt may be empty
+        token ids. limit_field: the body's field that gave max_tokens, named in its errors (chat's
+        `max_completion_tokens`); None where the body has none (images: the server's own count),
+        so a prompt too long for it is refused by the prompt's length (`param: "prompt"`)."""
         if isinstance(prompt, (str, dict)):
-            return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media)
-        return self._request(prompt, sampling, default_to_rest, media)
+            return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media, limit_field)
+        return self._request(prompt, sampling, default_to_rest, media, limit_field)
 
     def _request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool,
-                 media: Optional[dict[str, Any]]) -> Request:
+                 media: Optional[dict[str, Any]], limit_field: Optional[str]) -> Request:
         try:
             ids = [] if media and prompt == [] else self.llm.prompt_tokens(prompt)
             if default_to_rest:
@@ -112,9 +116,23 @@ class Service:
                     raise PromptError(f"the prompt ({len(ids)} tokens) leaves no room to generate within the "
                                       f"plan's max_seq_len {self.llm.plan.deployment.max_seq_len}")
                 sampling.max_tokens = self.default_tokens(room)
+            if limit_field is None:
+                self._check_prompt_room(len(ids), sampling.max_tokens)
             return self.llm.request(ids, sampling, media)
         except (PromptError, SamplingError) as error:  # each names its field (max_tokens past max_seq_len)
-            raise ApiError(400, str(error), param=error.param) from None
+            raise _named_error(error, limit_field or "max_tokens") from None
+
+    def _check_prompt_room(self, num_prompt: int, num_kept: int) -> None:
+        """PromptError (`prompt`) for a prompt that leaves fewer than `num_kept` tokens (a count the
+        body does not set: the image's) within the plan's max_seq_len: what the client can change
+        is the prompt's length (it was told of a `max_tokens (1024)` it never sent)."""
+        length, rounds = self.llm.plan.deployment.max_seq_len, self.llm.max_rounds
+        limit = length * rounds
+        if num_prompt + num_kept > limit:
+            bound = f"max_seq_len {length}" if rounds == 1 else f"max_seq_len {length} x {rounds} rounds"
+            raise PromptError(f"the prompt is {num_prompt} tokens, more than this plan takes: at most "
+                              f"{max(0, limit - num_kept)} tokens (its {bound}, less the {num_kept} kept for "
+                              "the generation); shorten the prompt", param="prompt")
 
     async def start(self, request: Request) -> tuple[AsyncIterator[Delta], Delta]:
         """Submit; the stream and its first delta (429 full queue, 503 closing, 400 refused)."""
@@ -155,6 +173,16 @@ async def _until_disconnected(http: HttpRequest) -> None:
     disconnect (or the end of the response, after the block above has left)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+def _named_error(error: PromptError | SamplingError, limit_field: str) -> ApiError:
+    """The 400 of a refused prompt or value. The Python API calls the token limit `max_tokens`; a
+    body that gave it by another field (chat's `max_completion_tokens`) gets that field's name, in
+    the message and as `param`."""
+    message, param = str(error), error.param
+    if param == "max_tokens" and limit_field != "max_tokens":
+        message, param = re.sub(r"\bmax_tokens\b", limit_field, message), limit_field
+    return ApiError(400, message, param=param)
 
 
 def _reason(finish_reason: Optional[str]) -> str:
@@ -314,7 +342,7 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_tokenizer("chat messages need a tokenizer with a chat template", "messages",
                                 "; or send the prompt as token ids to /v1/completions")
         request = await service.request(prompt, body.sampling(1 if limit is None else limit),
-                                        default_to_rest=limit is None)
+                                        default_to_rest=limit is None, limit_field=body.token_limit_field())
         return await _text_answer(service, http, request, body.stream,
                                   lambda stream, first: sse.chat_events(service, request, body, stream, first),
                                   lambda deltas: sse.chat_body(service, request, deltas))
@@ -369,7 +397,7 @@ def _media_routes(app: FastAPI, service: Service) -> None:
                                 "tokenizer", "prompt")
         sampling = SamplingParams(max_tokens=service.default_tokens(DEFAULT_IMAGE_TOKENS), seed=body.seed,
                                   route=dict(service.endpoints.image_route))
-        request = await service.request(body.prompt, sampling)
+        request = await service.request(body.prompt, sampling, limit_field=None)
         async with cancelled_when_gone(service, http, request):
             stream, first = await service.start(request)
             deltas = await collect(stream, first)

@@ -179,6 +179,11 @@ class ChatBody(_Body):
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def token_limit_field(self) -> str:
+        """The field `token_limit` comes from, which its errors name (they said `max_tokens` to a
+        client that sent `max_completion_tokens`)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
 
 def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
     """The API's `flat_message` (text content parts joined), its PromptError a 400."""
