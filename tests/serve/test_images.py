@@ -79,3 +79,17 @@ def test_a_prompt_too_long_for_an_image_names_the_prompt(bagel_sim):
     status, answer = post_json(f"{url}/images/generations", json.dumps(body).encode())
     assert status == 200 and len(answer["data"]) == 1, answer
 
+
+@pytest.mark.parametrize("output_format", ["jpeg", "webp", "gif"])
+def test_an_output_format_other_than_png_is_refused(bagel_sim, output_format):
+    """The answer is always a PNG: `output_format: "jpeg"` was ignored (a PNG came back as if it
+    were a JPEG)."""
+    _, url = bagel_sim
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.generate(model="bagel", prompt="a cat", extra_body={"output_format": output_format})
+    assert caught.value.body["param"] == "output_format"
+    assert caught.value.body["message"] == f"output_format {output_format!r} is not supported: png (the only " \
+                                        "format this server encodes)"
+    answer = client.images.generate(model="bagel", prompt="a cat", extra_body={"output_format": "png"})
+    assert base64.b64decode(answer.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"

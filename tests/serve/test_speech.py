@@ -16,7 +16,7 @@ from mstar.runtime.serve.api import LLM, SamplingParams
 from mstar.runtime.serve.engine_setup import build_engine, load
 from mstar.runtime.serve.media import pcm_bytes
 from mstar.runtime.step import RowResult
-from serve_harness import ORPHEUS, Gate, make_service, running, write_tokenizer
+from serve_harness import ORPHEUS, Gate, make_service, post_json, running, write_tokenizer
 
 openai = pytest.importorskip("openai")
 httpx2 = pytest.importorskip("httpx2")  # the openai client's HTTP library
@@ -92,6 +92,30 @@ def test_speech_refuses_a_field_the_plans_prompt_does_not_take(orpheus, extra, n
     with pytest.raises(openai.BadRequestError) as caught:
         client.audio.speech.create(model="orpheus", voice="tara", input="hi", **extra)
     assert named in caught.value.message and "which it does not take" in caught.value.message
+
+
+@pytest.mark.parametrize("value", [True, "yes", 0])
+def test_speech_refuses_stream_saying_how_it_streams(orpheus, value):
+    """`"stream": true` was read as a prompt format field: "the prompt names 'stream', which it does
+    not take", `param: null`. The speech API streams by its formats."""
+    _, url, _ = orpheus
+    body = {"model": "orpheus", "input": TEXT, "stream": value, "max_tokens": NUM_TOKENS}
+    status, error = post_json(f"{url}/audio/speech", json.dumps(body).encode())
+    assert status == 400 and error["param"] == "stream", error
+    assert error["message"] == ('speech takes no "stream" field: it streams by its formats, "response_format": '
+                                '"pcm" (raw samples as they are made) or "stream_format": "sse" (audio delta events)')
+
+
+@pytest.mark.parametrize("value", [False, None])
+def test_speech_takes_a_stream_that_asks_for_nothing(orpheus, value):
+    """false and null ask for the answer speech gives anyway (they were refused as a prompt field)."""
+    chunks, url, _ = orpheus
+    body = {"model": "orpheus", "voice": "leo", "input": TEXT, "stream": value, "max_tokens": NUM_TOKENS}
+    request = urllib.request.Request(f"{url}/audio/speech", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response, wave.open(io.BytesIO(response.read())) as wav:
+        samples = wav.readframes(wav.getnframes())
+    assert samples == b"".join(pcm_bytes(c) for c in chunks)
 
 
 class FailingAfter(Gate):

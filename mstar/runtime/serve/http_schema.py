@@ -213,6 +213,7 @@ class SpeechBody(BaseModel):
     repetition_penalty: Optional[float] = None
 
     def checks(self) -> None:
+        self._check_stream()
         if self.response_format not in ("wav", "pcm"):
             raise ApiError(400, f"response_format {self.response_format!r} is not supported: wav or pcm",
                            param="response_format")
@@ -220,6 +221,18 @@ class SpeechBody(BaseModel):
             raise ApiError(400, "speed other than 1.0 is not supported", param="speed")
         if not self.input:
             raise ApiError(400, "input must not be empty", param="input")
+
+    def _check_stream(self) -> None:
+        """OpenAI's speech API has no `stream` (the chat one's): `"stream": true` was taken for a prompt
+        format field, "the prompt names 'stream'" with `param: null`. Now a 400 saying how speech
+        streams; false and null, which ask for what speech gives anyway, are dropped."""
+        extra = self.model_extra or {}
+        if "stream" in extra and (extra["stream"] is None or extra["stream"] is False):  # not 0: strict
+            del extra["stream"]
+        elif "stream" in extra:
+            raise ApiError(400, 'speech takes no "stream" field: it streams by its formats, "response_format": '
+                           '"pcm" (raw samples as they are made) or "stream_format": "sse" (audio delta events)',
+                           param="stream")
 
     def prompt(self) -> dict[str, Any]:
         """The text and the values for the plan's prompt format fields: `voice` and `instructions`
@@ -247,6 +260,7 @@ class ImageBody(BaseModel):
     response_format: Optional[str] = None
     size: Optional[str] = None
     seed: Optional[int] = None
+    output_format: Optional[str] = None  # the answer is a PNG: another is refused (it was ignored)
 
     def checks(self) -> None:
         if self.n not in (None, 1):
@@ -254,5 +268,8 @@ class ImageBody(BaseModel):
         if self.response_format not in (None, "b64_json"):
             raise ApiError(400, "response_format must be b64_json (this server keeps no files to link to)",
                            param="response_format")
+        if self.output_format not in (None, "png"):
+            raise ApiError(400, f"output_format {self.output_format!r} is not supported: png (the only format "
+                           "this server encodes)", param="output_format")
         if not self.prompt:
             raise ApiError(400, "prompt must not be empty", param="prompt")
