@@ -148,6 +148,11 @@ def _free_port() -> int:
     (["--base-url", "http://127.0.0.1:99999"], "Port out of range"),
     (["--dataset", "d.jsonl", "--endpoint", "chat", "--requests", "5"], "--requests, --endpoint: options of generated"),
     (["--extra-body", '{"stream": false}'], "--extra-body sets stream"),
+    # a URL without a host failed at the first request (exit 1, "InvalidUrlClientError"); an empty
+    # dataset path was the working directory ("cannot read dataset .: is a directory")
+    (["--base-url", "http://"], "--base-url 'http://' names no host (e.g. http://127.0.0.1:8000)"),
+    (["--base-url", "http://:8000/v1"], "--base-url 'http://:8000/v1' names no host"),
+    (["--dataset", ""], "argument --dataset: needs a path, got an empty one"),
 ])
 def test_bad_flags_are_refused_before_sending(args, message, capsys):
     """An option's bad value is a usage error, exit 2 (docs/cli.md), as argparse's own checks."""

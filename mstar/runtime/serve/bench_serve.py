@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 from mstar.runtime.serve.bench_serve_requests import (
     ENDPOINTS, PROMPT_KINDS, BenchInputError, HttpRequest, generated_requests, read_dataset,
 )
@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="tokens: token-id prompts (default); text: one word per generated token")
     parser.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
                         help="/v1/completions (default) or /v1/chat/completions (text prompts)")
-    parser.add_argument("--dataset", metavar="FILE", help="JSONL requests (mstar run --prompts format) instead")
+    parser.add_argument("--dataset", metavar="FILE", type=path_arg,
+                        help="JSONL requests (mstar run --prompts format) instead")
     parser.add_argument("--request-rate", type=float, metavar="R",
                         help="Poisson arrivals at R requests/s (inf: all at once)")
     parser.add_argument("--concurrency", type=int, metavar="C",
@@ -107,9 +108,12 @@ def _check_args(args: argparse.Namespace) -> None:
     if not args.base_url.startswith(("http://", "https://")):
         raise BenchInputError(f"--base-url must start with http:// or https://, got {args.base_url!r}")
     try:
-        _ = urllib.parse.urlsplit(args.base_url).port  # a port past 65535 raises here
+        url = urllib.parse.urlsplit(args.base_url)
+        _ = url.port  # a port past 65535 raises here
     except ValueError as error:
         raise BenchInputError(f"--base-url {args.base_url}: {error}") from None
+    if not url.hostname:  # it failed at the first request: exit 1, "InvalidUrlClientError"
+        raise BenchInputError(f"--base-url {args.base_url!r} names no host (e.g. http://127.0.0.1:8000)")
     # the OpenAI clients' base URL ends in /v1; the paths this sends start with it
     args.base_url = args.base_url.rstrip("/").removesuffix("/v1")
 

@@ -21,6 +21,7 @@ import socket
 import sys
 from typing import Any, Optional, Sequence
 
+from mstar.arg_types import path_arg
 from mstar.runtime.serve.engine_setup import ENGINES, SetupError, torch_options_set
 
 DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
@@ -39,11 +40,12 @@ def model_name(text: str) -> str:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mstar serve", description="Serve a compiled plan over an OpenAI-compatible "
                                                                "HTTP API.")
-    p.add_argument("--plan", required=True, help="compiled plan (generated/<config>.plan)")
+    p.add_argument("--plan", required=True, type=path_arg, help="compiled plan (generated/<config>.plan)")
     p.add_argument("--engine", choices=ENGINES, default="torch",
                    help="torch: the models (default); sim: the cost model, taking its modelled time in wall time")
-    p.add_argument("--weights", action="append", metavar="[NODE=]DIR", help="checkpoint directory (as mstar run)")
-    p.add_argument("--tokenizer", metavar="DIR", help="directory with tokenizer.json (as mstar run)")
+    p.add_argument("--weights", action="append", type=path_arg, metavar="[NODE=]DIR",
+                   help="checkpoint directory (as mstar run)")
+    p.add_argument("--tokenizer", metavar="DIR", type=path_arg, help="directory with tokenizer.json (as mstar run)")
     p.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine model dims (default tiny)")
     p.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
     p.add_argument("--device", default="cpu", help="torch engine: cpu or cuda[:N]")
