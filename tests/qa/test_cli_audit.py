@@ -224,3 +224,49 @@ def test_bench_kv_prefix_scenario_runs_at_the_budget_given(capsys, monkeypatch):
     monkeypatch.setattr(bench_kv, "_print_prefix", lambda results: None)
     status, text = _call(mstar_cli.main, ["bench", "kv", "--scenario", "prefix", "--budget", "96"], capsys)
     assert status == 0 and budgets == [{96}], text
+
+
+# ---------------------------------------------------------------- bench kv: decode rows past max_seq_len
+
+@pytest.mark.parametrize("argv, words", [
+    # each ran the decode-only workload, then "4096 of 4096 requests failed ... exceeds max_seq_len 16384"
+    (["--decode-rows", "4096"], "the decode rows would each run 26050 (a 16-token prompt, then enough to outlast "
+                                "the long prompt: twice its arrival after --arrive-after 10 steps and its 13001 "
+                                "prefill steps beside --decode-rows 4096 at budget 512, plus 12): give --decode-rows "
+                                "510 or fewer, --prompt-len 5776 or fewer, or --budget 4098 or more"),
+    (["--arrive-after", "100000"], "the decode rows would each run 200086 (a 16-token prompt, then enough to outlast "
+                                   "the long prompt: twice its arrival after --arrive-after 100000 steps and its 29 "
+                                   "prefill steps beside --decode-rows 40 at budget 512, plus 12): give "
+                                   "--arrive-after 8149 or fewer"),
+    (["--budgets", "1,512", "--decode-rows", "600"], "at budget 1 of --budgets, plus 12): give --prompt-len 5776 or "
+                                                     "fewer"),
+])
+def test_bench_kv_refuses_decode_rows_past_max_seq_len_before_running(capsys, monkeypatch, argv, words):
+    from mstar.runtime.serve import bench_kv
+
+    def run(*args, **kwargs):
+        raise AssertionError("ran")
+
+    monkeypatch.setattr(bench_kv, "_run", run)
+    status, text = _call(mstar_cli.main, ["bench", "kv", "--scenario", "chunk", *argv], capsys)
+    assert status == 1 and "mstar bench kv: error: plan generated/llama_chunked.plan holds at most max_seq_len " \
+                           "16384 tokens a request, and" in text and words in text, text
+
+
+@pytest.mark.parametrize("budget, change, fits", [
+    (None, {"decode_rows": 510}, True), (None, {"decode_rows": 511}, False),
+    (None, {"arrive_after": 8149}, True), (None, {"arrive_after": 8150}, False),
+    (1, {"prompt_len": 5776}, True), (1, {"prompt_len": 5777}, False),
+    (42, {}, True), (41, {}, False),  # --budget: the least that fits
+])
+def test_bench_kv_the_value_named_is_the_largest_that_fits(budget, change, fits):
+    """Each value named above was run on the sim, and ran."""
+    import argparse
+
+    from mstar.plan.io import load_plan
+    from mstar.runtime.serve import bench_kv
+
+    plan = load_plan(str(ROOT / "generated" / "llama_chunked.plan"))
+    plan = bench_kv.with_budget(plan, budget) if budget else plan
+    args = argparse.Namespace(**{"decode_rows": 40, "arrive_after": 10, "prompt_len": 8192, "budgets": None, **change})
+    assert (bench_kv.decode_rows_problem(plan, args) is None) == fits

@@ -33,6 +33,10 @@ Usage: mstar bench kv [--plan generated/llama_chunked.plan] [--engine sim|torch]
                       [--prefix-requests N] [--prefix-len N] [--prefix-rounds N]
                       [--reference-weights]
 
+Each decode row runs enough tokens to outlast the long prompt's prefill (`decode_max_tokens`); rows
+that would pass the plan's max_seq_len are refused before anything runs, naming the options that
+mend it and the nearest value of each that fits (`decode_rows_problem`).
+
 `--budgets` and `--chunk-rounds` sweep the chunked variant over budgets and rounds, interleaved
 (`bench_kv_sweep.py`).
 
@@ -250,18 +254,33 @@ def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> lis
     return sorted(found, key=lambda step: -float(step["gap_ms"]))[:num]
 
 
-def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
-    """The figures of one plan variant (module docstring)."""
+def budget_and_scale(plan: Plan) -> tuple[int, int]:
+    """The plan's step token budget and chunk context scale, the largest of its keys' (0: none)."""
     budget = max((k.token_budget or 0 for w in plan.workers for k in w.keys), default=0)
     scale = max((k.chunk_context_scale or 0 for w in plan.workers for k in w.keys), default=0)
+    return budget, scale
+
+
+def prefill_steps(budget: int, scale: int, num_decode: int, prompt_len: int) -> int:
+    """The steps the long prompt's prefill is expected to take beside `num_decode` decode rows."""
     # a budget that counts context feeds deep chunks fewer tokens: 1 + c / scale each, on average
     # over the prompt 1 + prompt_len / (2 scale)
     weighted_len = prompt_len * (1 + prompt_len / (2 * scale)) if scale else prompt_len
-    num_prefill_steps = int(-(-weighted_len // max(budget - num_decode, 1))) + 1 if budget else 1
-    # Twice the expected steps: the prompt arrives at a wall-clock time taken from the first run,
-    # and a later run (caches warm) may have decoded more by then (on the H200 the decode rows of
-    # the mixed run once ended before the prompt's prefill did at 1x).
-    max_tokens = 2 * (arrive_after + num_prefill_steps) + TAIL_STEPS
+    return int(-(-weighted_len // max(budget - num_decode, 1))) + 1 if budget else 1
+
+
+def decode_max_tokens(budget: int, scale: int, num_decode: int, prompt_len: int, arrive_after: int) -> int:
+    """The max_tokens of each decode row: enough to outlast the long prompt's prefill. Twice the
+    expected steps: the prompt arrives at a wall-clock time taken from the first run, and a later
+    run (caches warm) may have decoded more by then (on the H200 the decode rows of the mixed run
+    once ended before the prompt's prefill did at 1x)."""
+    return 2 * (arrive_after + prefill_steps(budget, scale, num_decode, prompt_len)) + TAIL_STEPS
+
+
+def chunk_scenario(plan: Plan, engine: EngineChoice, num_decode: int, prompt_len: int, arrive_after: int) -> dict:
+    """The figures of one plan variant (module docstring)."""
+    budget, scale = budget_and_scale(plan)
+    max_tokens = decode_max_tokens(budget, scale, num_decode, prompt_len, arrive_after)
     decode = [Request(id=f"d{i:03d}", prompt_tokens=[1 + i % 400] * DECODE_PROMPT_LEN, max_tokens=max_tokens)
               for i in range(num_decode)]
     alone_run = _run(plan, engine, decode)
@@ -513,6 +532,9 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
             plan = with_budget(plan, args.budget)
         if not any(k.chunk_sizes for w in plan.workers for k in w.keys):
             return "cuts no prompt into chunks (no max_prefill_chunk_size)"
+        problem = decode_rows_problem(plan, args)
+        if problem is not None:
+            return problem
         if args.budgets or args.chunk_rounds > 1:
             def run_at(budget: Optional[int]) -> dict[str, Any]:
                 variant = plan if budget is None else with_budget(plan, budget)
@@ -530,6 +552,75 @@ def _run_scenarios(plan: Plan, args: argparse.Namespace, results: dict[str, Any]
             results[name] = chunk_scenario(variant, _choice(args), args.decode_rows, args.prompt_len,
                                            args.arrive_after)
     return _run_prefix(plan, args, results)
+
+
+def decode_rows_problem(plan: Plan, args: argparse.Namespace) -> Optional[str]:
+    """Why the chunk scenario's decode rows would pass the plan's max_seq_len (each sized to
+    outlast the long prompt's prefill: `decode_max_tokens`; every one was refused after the
+    decode-only run, "N of N requests failed"), naming the options that mend it alone, each at the
+    value nearest the one given that fits; else None. `plan`: the chunked variant, at `--budget`
+    (the flat and whole variants prefill in fewer steps); a sweep checks each of `--budgets`."""
+    plan_budget, scale = budget_and_scale(plan)
+    given = {"num_decode": args.decode_rows, "prompt_len": args.prompt_len, "arrive_after": args.arrive_after}
+    for budget in args.budgets or [plan_budget]:
+        fits = _RowsFit(plan.deployment.max_seq_len, scale, budget, given)
+        if fits.at():
+            continue
+        fixes = [f"{option} {most} or fewer" for option, key in OPTIONS_OF_DECODE_ROWS
+                 for most in [_largest(fits.at_value(key), given[key] - 1)] if most is not None]
+        least = _least(fits.at, budget + 1, 1 << 20) if budget and not args.budgets else None
+        if least is not None:
+            fixes.append(f"--budget {least} or more")
+        steps = prefill_steps(budget, scale, args.decode_rows, args.prompt_len)
+        return (f"holds at most max_seq_len {fits.limit} tokens a request, and the decode rows would each run "
+                f"{DECODE_PROMPT_LEN + decode_max_tokens(budget, scale, **given)} (a {DECODE_PROMPT_LEN}-token prompt, "
+                f"then enough to outlast the long prompt: twice its arrival after --arrive-after "
+                f"{args.arrive_after} steps and its {steps} prefill steps beside --decode-rows {args.decode_rows} at "
+                f"budget {budget}{' of --budgets' if args.budgets else ''}, plus {TAIL_STEPS}): give "
+                + (", ".join(fixes[:-1]) + ", or " + fixes[-1] if len(fixes) > 1 else "".join(fixes)
+                   or "a plan of a longer max_seq_len"))
+    return None
+
+
+@dataclass(frozen=True)
+class _RowsFit:
+    """Whether the decode rows fit max_seq_len (`limit`) with one of the values given changed."""
+    limit: int
+    scale: int
+    budget: int
+    given: dict[str, int]
+
+    def at(self, budget: Optional[int] = None, **change: int) -> bool:
+        tokens = decode_max_tokens(self.budget if budget is None else budget, self.scale, **{**self.given, **change})
+        return DECODE_PROMPT_LEN + tokens <= self.limit
+
+    def at_value(self, key: str) -> Callable[[int], bool]:
+        return lambda value: self.at(**{key: value})
+
+
+OPTIONS_OF_DECODE_ROWS = (("--decode-rows", "num_decode"), ("--arrive-after", "arrive_after"),
+                          ("--prompt-len", "prompt_len"))
+
+
+def _largest(fits: Callable[[int], bool], high: int) -> Optional[int]:
+    """The largest value in 1..high that `fits` (true up to a point, false past it), or None."""
+    if high < 1 or not fits(1):
+        return None
+    low = 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def _least(fits: Callable[[int], bool], low: int, high: int) -> Optional[int]:
+    """The least value in low..high that `fits` (false up to a point, true past it), or None."""
+    if low > high or not fits(high):
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle + 1, high)
+    return low
 
 
 def _run_prefix(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
