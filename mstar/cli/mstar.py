@@ -40,7 +40,8 @@ from mstar.plan.rounds import max_request_tokens
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.engine_setup import SEED_BOUND
 from mstar.runtime.serve.workload import (
-    ARRIVALS, VOCAB_SIZE, WorkloadError, check_route, generate, parse_range, parse_route, read_prompts, route_names,
+    ARRIVALS, MAX_GENERATED_OUTPUT_LEN, MAX_GENERATED_PROMPT_LEN, VOCAB_SIZE, WorkloadError, check_route, generate,
+    parse_range, parse_route, read_prompts, route_names, shown,
 )
 
 
@@ -148,7 +149,7 @@ def _load_plan(path: str):
 
 def _engine(plan: Any, args: argparse.Namespace) -> Any:
     if args.kv_pages is not None and args.kv_pages <= 0:
-        raise CliError(f"--kv-pages must be a positive number of pages, got {args.kv_pages}")
+        raise CliError(f"--kv-pages must be a positive number of pages, got {shown(args.kv_pages)}")
     log.info("engine %s (device %s, dims %s)", args.engine, args.device, args.dims)
     if args.engine == "sim":
         from mstar.runtime.engine.sim import SimEngine
@@ -220,8 +221,8 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
             workload = generate(
                 args.requests,
                 vocab_size=min(VOCAB_SIZE, vocab) if vocab else VOCAB_SIZE,
-                prompt_len=parse_range(args.prompt_len, "--prompt-len"),
-                output_len=parse_range(args.output_len, "--output-len"),
+                prompt_len=parse_range(args.prompt_len, "--prompt-len", MAX_GENERATED_PROMPT_LEN),
+                output_len=parse_range(args.output_len, "--output-len", MAX_GENERATED_OUTPUT_LEN),
                 max_output_len=most_counted_tokens(plan),
                 max_seq_len=max_request_tokens(plan),  # as the server bounds them
                 arrival=args.arrival,
@@ -513,7 +514,7 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
 def _rank_engine(plan: Any, args: argparse.Namespace, mode: str, stack: contextlib.ExitStack) -> Any:
     """Rank 0's engine over the rank processes (serve/ranks), closed with `stack`."""
     if args.kv_pages is not None and args.kv_pages <= 0:
-        raise CliError(f"--kv-pages must be a positive number of pages, got {args.kv_pages}")
+        raise CliError(f"--kv-pages must be a positive number of pages, got {shown(args.kv_pages)}")
     from mstar.runtime.serve.ranks.launch import LaunchError, RankProcesses
 
     try:

@@ -270,3 +270,59 @@ def test_bench_kv_the_value_named_is_the_largest_that_fits(budget, change, fits)
     plan = bench_kv.with_budget(plan, budget) if budget else plan
     args = argparse.Namespace(**{"decode_rows": 40, "arrive_after": 10, "prompt_len": 8192, "budgets": None, **change})
     assert (bench_kv.decode_rows_problem(plan, args) is None) == fits
+
+
+# ---------------------------------------------------------------- long values echoed in messages
+
+NINES = "9" * 5000  # past Python's 4300-digit limit of int()
+CLIPPED = "9" * 40 + "... (5000 digits)"
+
+
+@pytest.mark.parametrize("argv, words", [
+    # "--prompt-len: expected A..B or N with integers, got '999...'": an integer, too large, echoed whole
+    (["--prompt-len", NINES], f"--prompt-len must be at most 1000000 tokens, got {CLIPPED}"),
+    (["--output-len", f"1..{NINES}"], f"--output-len must be at most 1000000 tokens, got {CLIPPED}"),
+    (["--prompt-len", "9" * 4000], "--prompt-len must be at most 1000000 tokens, got " + "9" * 40
+                                   + "... (4000 digits)"),
+    (["--prompt-len", "x" * 5000], "--prompt-len: expected A..B or N with integers, got '" + "x" * 39
+                                   + "... (5000 characters)"),
+    (["--requests", "9" * 4000], "--requests must be at most 10000000, got " + "9" * 40 + "... (4000 digits)"),
+    (["--kv-pages", "-" + "9" * 4000], "--kv-pages must be a positive number of pages, got -" + "9" * 39
+                                       + "... (4000 digits)"),
+    (["--route", NINES], "--route: expected PARTITION=WALK,WALK, got '" + "9" * 39 + "... (5000 characters)"),
+    (["--route", f"LLM={NINES}"], "--route: partition 'LLM' has no walk '" + "9" * 39 + "... (5000 characters)"),
+])
+def test_a_long_value_is_echoed_clipped(capsys, argv, words):
+    status, text = _call(mstar_cli.main, ["run", "--plan", LLAMA, "--engine", "sim", "--no-progress", *argv], capsys)
+    assert status == 1 and words in text, text
+    assert "9" * 41 not in text and "x" * 41 not in text
+
+
+@pytest.mark.parametrize("field, words", [
+    ({"max_tokens": "x" * 5000}, "field 'max_tokens' must be int, got 'xxx"),
+    ({"max_tokens": -(10**4000)}, "'max_tokens' must be >= 1, got -1000"),
+    ({"seed": 10**4000}, "'seed' must be a 64-bit integer (-2**63 to 2**63 - 1), got 1000"),
+    ({"top_k": -(10**4000)}, "'top_k' must be >= 0 (0: no limit), got -1000"),
+    ({"guidance": {"x" * 5000: -1}}, "guidance scale of 'xxx"),
+    ({"loop_counts": {"steps": -(10**4000)}}, "'loop_counts' maps a loop's count param to a positive integer; "
+                                              "'steps' has -1000"),
+    ({"x" * 5000: 1}, "unknown field(s) ['xxx"),
+])
+def test_a_long_value_of_a_prompts_line_is_echoed_clipped(tmp_path, capsys, field, words):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2, **field}) + "\n")
+    status, text = _call(mstar_cli.main, ["run", "--plan", LLAMA, "--engine", "sim", "--prompts", prompts,
+                                          "--no-progress"], capsys)
+    assert status == 1 and f"p.jsonl:1: {words}" in text, text
+    assert "... (4000 digits)" in text or "... (4001 digits)" in text or "... (5000 characters)" in text, text
+    assert len(text) < 600, text
+
+
+def test_a_range_past_the_digit_limit_without_a_bound_is_too_large():
+    """`mstar bench serve` reads its ranges without a bound."""
+    from mstar.runtime.serve.workload import WorkloadError, parse_range
+
+    with pytest.raises(WorkloadError, match=r"^--prompt-len: 9{40}\.\.\. \(5000 digits\) is too large$"):
+        parse_range(NINES, "--prompt-len")
+    with pytest.raises(WorkloadError, match=r"^--prompt-len: need 1 <= A <= B, got -9{39}\.\.\. \(5000 digits\)$"):
+        parse_range(f"-{NINES}..3", "--prompt-len")

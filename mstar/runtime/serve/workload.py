@@ -64,14 +64,27 @@ MAX_GENERATED_PROMPT_TOKENS = 100_000_000
 MAX_ARRIVAL_SPAN_S = 86_400.0  # a torch run waits for each arrival in wall time: a tiny --rate waited forever
 MAX_ID_CHARS = 128
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:@+=-]+")
+SHOWN_CHARS = 40  # of a value echoed in a message
+INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")  # what int() reads, at any length
 
 
 class WorkloadError(Exception):
     """Bad workload input (a range, an arrival kind, a prompts file line)."""
 
 
-def parse_range(text: str, what: str) -> tuple[int, int]:
-    """`A..B` (or a single `N`) -> (A, B) with 1 <= A <= B."""
+def shown(value: Any) -> str:
+    """repr(value) for a message, clipped to SHOWN_CHARS characters with its length after it (a
+    5000-digit value was echoed whole)."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text.lstrip('-'))} digits" \
+        if isinstance(value, int) else f"{len(text)} characters"
+    return f"{text[:SHOWN_CHARS]}... ({size})"
+
+
+def parse_range(text: str, what: str, most: Optional[int] = None) -> tuple[int, int]:
+    """`A..B` (or a single `N`) -> (A, B) with 1 <= A <= B (<= `most` tokens, when given)."""
     parts = text.split("..")
     try:
         if len(parts) == 1:
@@ -81,10 +94,33 @@ def parse_range(text: str, what: str) -> tuple[int, int]:
         else:
             raise ValueError
     except ValueError:
-        raise WorkloadError(f"{what}: expected A..B or N with integers, got {text!r}") from None
+        if len(parts) <= 2 and all(INTEGER.fullmatch(part) for part in parts):
+            raise WorkloadError(_unreadable_integer(parts, what, most)) from None
+        raise WorkloadError(f"{what}: expected A..B or N with integers, got {shown(text)}") from None
     if low < 1 or high < low:
-        raise WorkloadError(f"{what}: need 1 <= A <= B, got {text!r}")
+        raise WorkloadError(f"{what}: need 1 <= A <= B, got {shown(text)}")
+    if most is not None and high > most:
+        raise WorkloadError(f"{what} must be at most {most} tokens, got {shown(high)}")
     return low, high
+
+
+def _unreadable_integer(parts: list[str], what: str, most: Optional[int]) -> str:
+    """What is wrong with a range of integers past Python's digit limit (4300), which int() does not
+    read: too large (or too small), not "not integers"."""
+    text = next(part.strip() for part in parts if _is_unreadable(part))
+    digits = f"{text[:SHOWN_CHARS]}... ({sum(c.isdigit() for c in text)} digits)"
+    if text.startswith("-"):
+        return f"{what}: need 1 <= A <= B, got {digits}"
+    return f"{what} must be at most {most} tokens, got {digits}" if most is not None else \
+        f"{what}: {digits} is too large"
+
+
+def _is_unreadable(part: str) -> bool:
+    try:
+        int(part)
+    except ValueError:
+        return True
+    return False
 
 
 def parse_route(items: list[str]) -> dict[str, list[str]]:
@@ -94,7 +130,7 @@ def parse_route(items: list[str]) -> dict[str, list[str]]:
     for item in items:
         partition, sep, walks = item.partition("=")
         if not sep or not partition.strip():
-            raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {item!r}")
+            raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {shown(item)}")
         route[partition.strip()] = [w.strip() for w in walks.split(",") if w.strip()]
     return route
 
@@ -115,13 +151,13 @@ def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where:
     for partition, walks in route.items():
         if partition not in names:
             raise WorkloadError(
-                f"{where}: unknown partition {partition!r}{_did_you_mean(partition, list(names))}"
+                f"{where}: unknown partition {shown(partition)}{_did_you_mean(partition, list(names))}"
                 f" (partitions: {', '.join(sorted(names))})"
             )
         for walk in walks:
             if walk not in names[partition]:
                 raise WorkloadError(
-                    f"{where}: partition {partition!r} has no walk {walk!r}"
+                    f"{where}: partition {partition!r} has no walk {shown(walk)}"
                     f"{_did_you_mean(walk, names[partition])} (walks: {', '.join(names[partition])})"
                 )
     if names and all(not route.get(partition, [None]) for partition in names):
@@ -150,15 +186,15 @@ def generate(
     if arrival not in ARRIVALS:
         raise WorkloadError(f"--arrival must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
     if num_requests < 0:
-        raise WorkloadError(f"--requests must be >= 0, got {num_requests}")
+        raise WorkloadError(f"--requests must be >= 0, got {shown(num_requests)}")
     if num_requests > MAX_GENERATED_REQUESTS:
-        raise WorkloadError(f"--requests must be at most {MAX_GENERATED_REQUESTS}, got {num_requests}")
+        raise WorkloadError(f"--requests must be at most {MAX_GENERATED_REQUESTS}, got {shown(num_requests)}")
     _check_lengths(prompt_len, output_len)
     excess = excess_tokens_problem("--output-len", output_len[1], max_output_len)
     if excess is not None:
         raise WorkloadError(excess)
     if concurrency < 1:
-        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
+        raise WorkloadError(f"--concurrency must be >= 1, got {shown(concurrency)}")
     if not rate > 0:  # also NaN, which no comparison accepts
         raise WorkloadError(f"--rate must be > 0, got {rate}")
     _check_size(num_requests, prompt_len, output_len, arrival, rate, max_seq_len)
@@ -189,9 +225,11 @@ def generate(
 
 def _check_lengths(prompt_len: tuple[int, int], output_len: tuple[int, int]) -> None:
     if prompt_len[1] > MAX_GENERATED_PROMPT_LEN:
-        raise WorkloadError(f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got {prompt_len[1]}")
+        raise WorkloadError(f"--prompt-len must be at most {MAX_GENERATED_PROMPT_LEN} tokens, got "
+                            f"{shown(prompt_len[1])}")
     if output_len[1] > MAX_GENERATED_OUTPUT_LEN:
-        raise WorkloadError(f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got {output_len[1]}")
+        raise WorkloadError(f"--output-len must be at most {MAX_GENERATED_OUTPUT_LEN} tokens, got "
+                            f"{shown(output_len[1])}")
 
 
 def _check_size(num_requests: int, prompt_len: tuple[int, int], output_len: tuple[int, int], arrival: str,
@@ -219,15 +257,15 @@ def _field(obj: dict[str, Any], name: str, kinds: tuple, where: str, *, is_requi
     value = obj[name]
     if isinstance(value, bool) or not isinstance(value, kinds):
         kind_names = " or ".join(k.__name__ for k in kinds)
-        raise WorkloadError(f"{where}: field {name!r} must be {kind_names}, got {value!r}")
+        raise WorkloadError(f"{where}: field {name!r} must be {kind_names}, got {shown(value)}")
     if float in kinds:
         try:
             is_finite = math.isfinite(value)
         except OverflowError:  # an int past the float range
             is_finite = False
         if not is_finite:
-            shown = value if isinstance(value, float) else f"a {len(str(value))}-digit integer"
-            raise WorkloadError(f"{where}: field {name!r} must be a finite number, got {shown}")
+            said = value if isinstance(value, float) else f"a {len(str(value))}-digit integer"
+            raise WorkloadError(f"{where}: field {name!r} must be a finite number, got {said}")
     return value
 
 
@@ -244,19 +282,19 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     """temperature, top_k, top_p, seed and repetition_penalty of a prompt line, checked."""
     temperature = _field(obj, "temperature", (int, float), where, is_required=False)
     if temperature is not None and temperature < 0:
-        raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {temperature}")
+        raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {shown(temperature)}")
     top_k = _field(obj, "top_k", (int,), where, is_required=False)
     if top_k is not None and top_k < 0:
-        raise WorkloadError(f"{where}: 'top_k' must be >= 0 (0: no limit), got {top_k}")
+        raise WorkloadError(f"{where}: 'top_k' must be >= 0 (0: no limit), got {shown(top_k)}")
     top_p = _field(obj, "top_p", (int, float), where, is_required=False)
     if top_p is not None and not 0 < top_p <= 1:
-        raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {top_p}")
+        raise WorkloadError(f"{where}: 'top_p' must be in (0, 1], got {shown(top_p)}")
     penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
     if penalty is not None and not penalty > 0:
-        raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {penalty}")
+        raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {shown(penalty)}")
     seed = _field(obj, "seed", (int,), where, is_required=False)
     if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:  # the engines' sampler holds int64
-        raise WorkloadError(f"{where}: 'seed' must be a 64-bit integer (-2**63 to 2**63 - 1), got {seed}")
+        raise WorkloadError(f"{where}: 'seed' must be a 64-bit integer (-2**63 to 2**63 - 1), got {shown(seed)}")
     return {
         "temperature": float(temperature) if temperature is not None else None,
         "top_k": top_k,
@@ -382,13 +420,14 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     known |= set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
-        raise WorkloadError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
+        raise WorkloadError(f"{where}: unknown field(s) [{', '.join(shown(name) for name in unknown)}]; "
+                            f"allowed: {sorted(known)}")
     request_id = _field(obj, "id", (str,), where, is_required=True)
     _check_id(request_id, where)
     tokens = _prompt_tokens(obj, where, tokenizer, form)
     max_tokens = _field(obj, "max_tokens", (int,), where, is_required=True)
     if max_tokens < 1:
-        raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
+        raise WorkloadError(f"{where}: 'max_tokens' must be >= 1, got {shown(max_tokens)}")
     stop_tokens = _field(obj, "stop_tokens", (list,), where, is_required=False) or []
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in stop_tokens):
         raise WorkloadError(f"{where}: 'stop_tokens' must be a list of non-negative integers")
@@ -397,13 +436,13 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     for label, scale in guidance.items():
         scale = _field(guidance, label, (int, float), f"{where}: 'guidance'", is_required=True)
         if scale < 0:
-            raise WorkloadError(f"{where}: guidance scale of {label!r} must be >= 0, got {scale}")
+            raise WorkloadError(f"{where}: guidance scale of {shown(label)} must be >= 0, got {shown(scale)}")
         scales[label] = float(scale)
     loop_counts = _field(obj, "loop_counts", (dict,), where, is_required=False) or {}
     for name, count in loop_counts.items():
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise WorkloadError(f"{where}: 'loop_counts' maps a loop's count param to a positive integer; "
-                                f"{name!r} has {count!r}")
+                                f"{shown(name)} has {shown(count)}")
     route = _field(obj, "route", (dict,), where, is_required=False) or {}
     for walks in route.values():
         if not isinstance(walks, list) or not all(isinstance(w, str) for w in walks):
@@ -448,7 +487,7 @@ def read_prompts(
     torch engine: its encoder takes feature frames)."""
     counts = LoopCounts(plan) if plan is not None else None
     if concurrency is not None and concurrency < 1:
-        raise WorkloadError(f"--concurrency must be >= 1, got {concurrency}")
+        raise WorkloadError(f"--concurrency must be >= 1, got {shown(concurrency)}")
     try:
         data = read_bytes_bounded(path, max_bytes=MAX_PROMPTS_BYTES, what="prompts file")
         text = data.decode("utf-8-sig")  # -sig: a leading byte-order mark is skipped
