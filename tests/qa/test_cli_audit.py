@@ -326,3 +326,18 @@ def test_a_range_past_the_digit_limit_without_a_bound_is_too_large():
         parse_range(NINES, "--prompt-len")
     with pytest.raises(WorkloadError, match=r"^--prompt-len: need 1 <= A <= B, got -9{39}\.\.\. \(5000 digits\)$"):
         parse_range(f"-{NINES}..3", "--prompt-len")
+
+
+# ---------------------------------------------------------------- bench runner --long-prompt, an unchunked plan
+
+@pytest.mark.parametrize("argv, words", [
+    # "..., and --budget only resizes the chunks of one that does" with no --budget given
+    ([], "the plan cuts no prompt into chunks (compiled without max_prefill_chunk_size), so --long-prompt has no "
+         "chunk steps to time: use a chunked plan such as generated/llama_chunked.plan"),
+    (["--budget", "64"], "the plan cuts no prompt into chunks (compiled without max_prefill_chunk_size), and --budget "
+                         "only resizes the chunks of one that does: use a chunked plan"),
+])
+def test_bench_runner_long_prompt_on_an_unchunked_plan_words_what_was_given(capsys, argv, words):
+    status, text = _call(mstar_cli.main, ["bench", "runner", "--plan", LLAMA, "--long-prompt", "100", *argv], capsys)
+    assert status == 1 and words in text, text
+    assert argv or "--budget" not in text

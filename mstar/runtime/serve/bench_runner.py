@@ -294,9 +294,10 @@ def measure(args) -> dict[str, Any]:
     if args.long_prompt and not any(key.chunk_sizes for worker in plan.workers for key in worker.keys):
         # --budget resizes the chunks of a plan that cuts prompts; which walks may be cut is the
         # compiler's to say (its chunking checks), not this bench's
-        raise BenchError("the plan cuts no prompt into chunks (compiled without max_prefill_chunk_size), and "
-                         "--budget only resizes the chunks of one that does: use a chunked plan such as "
-                         "generated/llama_chunked.plan")
+        given = ("and --budget only resizes the chunks of one that does" if args.budget is not None
+                 else "so --long-prompt has no chunk steps to time")
+        raise BenchError(f"the plan cuts no prompt into chunks (compiled without max_prefill_chunk_size), {given}: "
+                         "use a chunked plan such as generated/llama_chunked.plan")
     if args.long_prompt:
         _check_chunk_step_fits(plan, args.clients)
     if args.long_prompt and args.output_len <= ARRIVE_AFTER + 1:
