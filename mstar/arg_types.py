@@ -5,6 +5,7 @@ bench`) and their paths: one range check, one message.
     int_list(low, high) -> type         comma-separated ints, each in [low, high], repeats dropped
     ITERS = int_range(1, 100_000)       the timed repetitions of a bench
     path_arg(text) -> str               a path that is not empty
+    shown(value) -> str                 a value as a message echoes it: repr, clipped past SHOWN_CHARS
 
 Given as `add_argument(..., type=...)`, a value out of range (or not an integer) is refused by
 argparse itself: `mstar bench NAME: error: argument --NAME: must be between 1 and 100000, got 0`
@@ -18,7 +19,22 @@ mains live in runtime.serve and runtime.engine, which cannot import cli) and imp
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+import re
+from typing import Any, Callable
+
+SHOWN_CHARS = 40  # of a value echoed in a message
+INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")  # what int() reads, at any length
+
+
+def shown(value: Any) -> str:
+    """repr(value) for a message, clipped to SHOWN_CHARS characters with its length after it (a
+    5000-digit value was echoed whole)."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text.lstrip('-'))} digits" \
+        if isinstance(value, int) else f"{len(text)} characters"
+    return f"{text[:SHOWN_CHARS]}... ({size})"
 
 
 def int_range(low: int, high: int) -> Callable[[str], int]:
@@ -27,9 +43,11 @@ def int_range(low: int, high: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+            # an integer past int()'s 4,300 digits is out of range, not "not an integer"
+            what = "an integer" if INTEGER.fullmatch(text) is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be {what}, got {shown(text)}") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {shown(value)}")
         return value
 
     parse.__name__ = "integer"  # argparse names the type in some messages

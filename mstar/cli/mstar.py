@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, shown
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
@@ -41,7 +41,7 @@ from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.engine_setup import SEED_BOUND
 from mstar.runtime.serve.workload import (
     ARRIVALS, MAX_GENERATED_OUTPUT_LEN, MAX_GENERATED_PROMPT_LEN, VOCAB_SIZE, WorkloadError, check_route, generate,
-    parse_range, parse_route, read_prompts, route_names, shown,
+    parse_range, parse_route, read_prompts, route_names,
 )
 
 

@@ -44,6 +44,16 @@ def test_mstarc_bench_runs_takes_the_same_check(capsys, runs):
     assert f"argument --runs: must be between 1 and 1000, got {runs}" in capsys.readouterr().err
 
 
+def test_the_range_type_says_a_huge_integer_is_out_of_range_and_clips_it():
+    """An integer past int()'s 4,300 digits was "must be an integer, got '<5,000 digits>'"."""
+    within = int_range(2, 5)
+    for text, message in [("9" * 5000, "must be between 2 and 5, got '" + "9" * 39 + "... (5000 characters)"),
+                          ("1" * 60, "must be between 2 and 5, got " + "1" * 40 + "... (60 digits)")]:
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            within(text)
+        assert str(refused.value) == message
+
+
 def test_the_range_type_keeps_values_inside_it():
     within = int_range(2, 5)
     assert [within(text) for text in ("2", "5")] == [2, 5]

@@ -42,6 +42,7 @@ import random
 import re
 from typing import Any, Optional
 
+from mstar.arg_types import INTEGER, SHOWN_CHARS, shown
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem
@@ -64,23 +65,10 @@ MAX_GENERATED_PROMPT_TOKENS = 100_000_000
 MAX_ARRIVAL_SPAN_S = 86_400.0  # a torch run waits for each arrival in wall time: a tiny --rate waited forever
 MAX_ID_CHARS = 128
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:@+=-]+")
-SHOWN_CHARS = 40  # of a value echoed in a message
-INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")  # what int() reads, at any length
 
 
 class WorkloadError(Exception):
     """Bad workload input (a range, an arrival kind, a prompts file line)."""
-
-
-def shown(value: Any) -> str:
-    """repr(value) for a message, clipped to SHOWN_CHARS characters with its length after it (a
-    5000-digit value was echoed whole)."""
-    text = repr(value)
-    if len(text) <= SHOWN_CHARS:
-        return text
-    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text.lstrip('-'))} digits" \
-        if isinstance(value, int) else f"{len(text)} characters"
-    return f"{text[:SHOWN_CHARS]}... ({size})"
 
 
 def parse_range(text: str, what: str, most: Optional[int] = None) -> tuple[int, int]:
