@@ -93,3 +93,17 @@ def test_an_output_format_other_than_png_is_refused(bagel_sim, output_format):
                                         "format this server encodes)"
     answer = client.images.generate(model="bagel", prompt="a cat", extra_body={"output_format": "png"})
     assert base64.b64decode(answer.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("field, value", [("stream", True), ("partial_images", 2), ("background", "transparent")])
+def test_a_stream_of_partial_images_or_a_transparent_background_is_refused(bagel_sim, field, value):
+    """Each was ignored: a streaming client got a whole JSON answer it could not read as a stream,
+    and a transparent background an opaque image. The values that ask nothing else still answer."""
+    _, url = bagel_sim
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.generate(model="bagel", prompt="a cat", extra_body={field: value})
+    assert caught.value.body["param"] == field
+    fine = {"stream": False, "partial_images": 0, "background": "opaque"}[field]
+    answer = client.images.generate(model="bagel", prompt="a cat", extra_body={field: fine})
+    assert base64.b64decode(answer.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"

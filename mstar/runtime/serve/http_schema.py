@@ -261,8 +261,20 @@ class ImageBody(BaseModel):
     size: Optional[str] = None
     seed: Optional[int] = None
     output_format: Optional[str] = None  # the answer is a PNG: another is refused (it was ignored)
+    # the answer is one whole opaque image: a stream of partial images and a transparent background
+    # are refused (both were ignored; a streaming client could not read the JSON answer)
+    stream: Optional[bool] = None
+    partial_images: Optional[int] = None
+    background: Optional[str] = None
 
     def checks(self) -> None:
+        if self.stream or self.partial_images:
+            field = "stream" if self.stream else "partial_images"
+            raise ApiError(400, f"{field}: this server answers an image whole, not as a stream of partial images",
+                           param=field)
+        if self.background not in (None, "auto", "opaque"):
+            raise ApiError(400, f"background {self.background!r} is not supported: auto or opaque (the image "
+                           "has no alpha channel)", param="background")
         if self.n not in (None, 1):
             raise ApiError(400, f"n must be 1, got {self.n}", param="n")
         if self.response_format not in (None, "b64_json"):
