@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_call import call_main
 
 from mstar.cli import mstar as mstar_cli
 from mstar.cli import mstarc as mstarc_cli
@@ -20,18 +21,8 @@ from mstar.cli import mstarc as mstarc_cli
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _call(main, argv, capsys) -> tuple[int, str]:
-    """(exit status, stdout + stderr) of one in-process CLI call."""
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as stop:  # argparse usage errors
-        status = stop.code
-    captured = capsys.readouterr()
-    return status, captured.out + captured.err
-
-
 def _expect(main, argv, capsys, status: int, fragment: str) -> str:
-    actual, text = _call(main, argv, capsys)
+    actual, text = call_main(main, argv, capsys)
     assert "Traceback" not in text, text
     assert "internal error" not in text, text
     assert actual == status, text
@@ -182,7 +173,7 @@ def test_stale_plan(work, plan, capsys):
         f.write("# edited after compiling\n")
     _refused(plan, capsys, "is stale: its spec file")
     # the recompile command names the spec by a direct path, not ../../ from the working directory
-    _, text = _call(mstarc_cli.main, ["explain", str(plan)], capsys)
+    _, text = call_main(mstarc_cli.main, ["explain", str(plan)], capsys)
     assert f"mstarc compile {work / 'specs' / 'llama.mw'}" in text or "mstarc compile specs/" in text
     mstarc(["explain", "--no-verify", plan], capsys, 0, "plan llama")
 
@@ -318,7 +309,6 @@ def test_weights_for_the_wrong_node(tmp_path, capsys):
           "'Thinker' is not a kv or audio codec node of the plan (those nodes: LLM)")
     mstar([*RUN, "--weights", f"LLM={tmp_path}", "--weights", f"LLM={tmp_path}"], capsys, 1,
           "node LLM already gets")
-
 
 
 def test_token_id_outside_the_vocabulary_fails_alone(tmp_path, capsys):
@@ -502,6 +492,6 @@ def test_an_unexpected_error_is_reported_without_a_traceback(monkeypatch, capsys
     def broken(args):
         raise KeyError("LLM")
     monkeypatch.setattr(mstar_cli, "run_command", broken)
-    status, text = _call(mstar_cli.main, RUN, capsys)  # _expect refuses "internal error" itself
+    status, text = call_main(mstar_cli.main, RUN, capsys)  # _expect refuses "internal error" itself
     assert status == 1 and "Traceback" not in text
     assert "internal error (KeyError: 'LLM'); this is a bug in mstar" in text

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_call import call_main
 
 from mstar.cli import mstar as mstar_cli
 from mstar.cli import mstarc as mstarc_cli
@@ -22,12 +23,7 @@ CHECKPOINT_CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "
 
 
 def _call(main, argv, capsys) -> tuple[int, str]:
-    try:
-        status = main([str(a) for a in argv])
-    except SystemExit as stop:  # argparse usage errors
-        status = stop.code
-    captured = capsys.readouterr()
-    text = captured.out + captured.err
+    status, text = call_main(main, argv, capsys)
     assert "Traceback" not in text and "internal error" not in text, text
     return status, text
 
