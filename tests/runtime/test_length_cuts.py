@@ -146,3 +146,68 @@ def test_a_stop_token_as_the_last_allowed_token_with_more_to_count_after_is_a_cu
     assert (reason, num) == ("length", at)
     reason, num, at = stop_at(plan, 1)
     assert (reason, num) == ("stop", at + 1)
+
+
+# A stop ends its loop after the iteration it came in, so a counted call after the stopping one in
+# that iteration still runs (TWO_COUNTS: B after A), and an inner loop around the counting call goes
+# on to its limit (NESTED: the stop is the outer loop's). Neither stop ends the run's counting.
+TWO_COUNTS = """model two_counts
+node A kv(layers=1, kv_heads=2, qo_heads=2, head_dim=8, hidden=16, vocab=64) {
+    in text_inputs: tokens prompt text
+    out text_inputs: tokens
+    out new_token: tokens
+    out b_in: tokens
+}
+node B kv(layers=1, kv_heads=2, qo_heads=2, head_dim=8, hidden=16, vocab=64) {
+    in b_in: tokens
+    out b_tok: tokens
+}
+walk prefill {
+    A(text_inputs) -> new_token: client text persist
+}
+walk decode {
+    loop decode_loop max=50 stop {
+        A(text_inputs)
+            -> new_token: client text
+            -> text_inputs: A device
+            -> b_in: B
+        B(b_in) -> b_tok: client text
+    }
+}
+partition P = prefill -> decode
+"""
+NESTED = """model nested_stop
+node A kv(layers=1, kv_heads=2, qo_heads=2, head_dim=8, hidden=16, vocab=64) {
+    in text_inputs: tokens prompt text
+    out text_inputs: tokens
+    out new_token: tokens
+}
+walk prefill {
+    A(text_inputs) -> new_token: client text persist
+}
+walk decode {
+    loop outer max=20 stop {
+        loop inner max=3 {
+            A(text_inputs)
+                -> new_token: client text
+                -> text_inputs: A device
+        }
+    }
+}
+partition P = prefill -> decode
+"""
+
+
+@pytest.mark.parametrize("spec", [TWO_COUNTS, NESTED], ids=["two_counting_calls", "inner_loop"])
+def test_a_stop_token_as_the_last_allowed_token_where_its_loop_counts_more_is_a_cut(tmp_path, spec):
+    """The stop token as the max_tokens-th token (A's first decode token, the 2nd counted) leaves
+    more to count in its iteration (B's token) or its inner loop (A's next): max_tokens still ends
+    the request there, `length` with max_tokens tokens (it went on past max_tokens, ending `length`
+    with one more)."""
+    from spec_text import plan_of
+    model = spec.split()[1]
+    nodes = "A, B" if "node B" in spec else "A"
+    config = f"model: {model}\nmax_seq_len: 128\nnode_groups:\n  - node_names: [{nodes}]\n    ranks: [0]\n"
+    plan = plan_of(tmp_path, spec, config)
+    reason, num, at = stop_at(plan, 0)
+    assert at == 2 and (reason, num) == ("length", at)

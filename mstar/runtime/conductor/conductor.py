@@ -16,7 +16,7 @@ or tensors itself.
   partition's count_tokens edges, or without any its text edges to the client: the compiler
   decides) adds its element count; at max_tokens the partition ends ("length") where anything
   after could count more (`PartitionState.may_count_more`: not after a walk's one counting call,
-  nor after a stop token ending the loop around its counting calls, when the route's later stages
+  nor after a stop token ending the one loop around its one counting call, when the route's later stages
   count nothing: BAGEL's prefill_text before image_gen; a stop token as the max_tokens-th ends "stop").
 - Prefix cache: when a call of a walk the plan lists in its kv pool's `prefix_walks` becomes ready
   before anything of the request ran on that node, the engine's `claim_prefix` starts the

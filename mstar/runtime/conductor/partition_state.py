@@ -120,7 +120,7 @@ class PartitionState:
         """Whether an output could still be counted after the one just counted: max_tokens ends the
         partition only then. stop_loop: the loop the model's stop (a stop token, not a limit) of the
         counted row ends, or None. A run counts no more after its one counting call ran outside
-        loops, or after a model's stop in the outermost loop around all its counting calls; with
+        loops, or after a model's stop ending the one loop around its one counting call; with
         later stages that count nothing the partition then cannot (BAGEL's image route:
         prefill_text's token, then image_gen's flow loop; a decode loop's stop token as its
         max_tokens-th, which ends `stop`). A partition that repeats its stages or re-runs its walk

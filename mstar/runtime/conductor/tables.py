@@ -207,11 +207,17 @@ class RunWalk:
         # One counting call outside every loop: once its output is counted the run counts no more
         # (PartitionState.may_count_more: BAGEL's prefill_text before image_gen).
         self.counts_once = len(counting) == 1 and plan.calls[counting[0]].loop is None
-        # The loops a model's stop in which ends the run's counting: the outermost loop around every
-        # counting call (loops are numbered outer first), so no counted call runs after it exits.
-        around = loops_around_calls(plan) if counting else {}
-        outermost = {min(around.get(index) or (-1,)) for index in counting}
-        self.stop_ends_counts = frozenset(outermost - {-1}) if len(outermost) == 1 else frozenset()
+        # The loops a model's stop in which ends the run's counting: the one counting call's own loop,
+        # when that is the only loop around it and the one its stop ends. A stop ends its loop after
+        # the iteration it came in, so a second counting call later in that iteration still counts
+        # (A then B in one loop), and an inner loop around the call goes on to its limit (a stop of
+        # the loop around that one): there max_tokens still ends the partition.
+        self.stop_ends_counts: frozenset[int] = frozenset()
+        if len(counting) == 1:
+            call = plan.calls[counting[0]]
+            if call.loop is not None and call.stop_loop == call.loop \
+                    and loops_around_calls(plan).get(counting[0]) == {call.loop}:
+                self.stop_ends_counts = frozenset((call.loop,))
 
     def loop_limits(self, counts: dict[str, int]) -> tuple[int, ...]:
         """Iterations each loop runs for a request with these loop counts (checked against the
