@@ -46,14 +46,24 @@ def test_max_tokens_ends_the_partition_and_counts_exactly():
     assert all(len(r.token_times_s) == r.num_output_tokens for r in records)
 
 
-def test_stop_in_a_stop_loop_ends_it_and_is_ignored_outside_loops():
+def test_stop_in_a_stop_loop_ends_it_and_outside_loops_ends_the_partition():
     def stop_everything(node, row, result):
         return RowResult(result.request_id, result.outputs, is_stop=True)
+
+    def stop_in_decode(node, row, result):
+        return RowResult(result.request_id, result.outputs, is_stop=row.walk == "decode")
 
     harness = Harness(generated("orpheus"), respond=stop_everything)
     record = harness.submit(request(max_tokens=100))
     harness.run()
-    # prefill's stop is ignored (no loop), decode stops after its first iteration.
+    # prefill's stop (no loop to end) ends the partition where the decode after it would count
+    # (PartitionState.stops_outside_loops); before, it was ignored and the decode ran one iteration
+    assert [w for _, n, w, _ in harness.ran if n == "LLM"] == ["prefill"]
+    assert record.finish_reason == "stop" and record.num_output_tokens == 1
+    harness = Harness(generated("orpheus"), respond=stop_in_decode)
+    record = harness.submit(request(max_tokens=100))
+    harness.run()
+    # decode stops after its first iteration
     assert [w for _, n, w, _ in harness.ran if n == "LLM"] == ["prefill", "decode"]
     assert record.finish_reason == "stop" and record.num_output_tokens == 2  # prefill + the one decode token
 

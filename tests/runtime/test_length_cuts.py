@@ -211,3 +211,21 @@ def test_a_stop_token_as_the_last_allowed_token_where_its_loop_counts_more_is_a_
     plan = plan_of(tmp_path, spec, config)
     reason, num, at = stop_at(plan, 0)
     assert at == 2 and (reason, num) == ("length", at)
+
+
+def test_a_stop_token_as_the_prefills_first_token_ends_the_request():
+    """The prefill samples outside loops, so its stop token had no loop to end and the decode ran on
+    to max_tokens (`length`, 6 tokens). Now the partition ends `stop` with that one token; BAGEL's
+    image route goes on to its image, which counts nothing."""
+    def first_is_stop(plan_name: str, max_tokens: int, route=None):
+        route = route or {}
+        request = Request(id="a", prompt_tokens=[5, 6, 7, 8], max_tokens=6, route=route)
+        first = int(run(plan_name, "torch", [request])["a"].output_tokens[0])
+        request = Request(id="b", prompt_tokens=[5, 6, 7, 8], max_tokens=max_tokens, route=route, stop_tokens=[first])
+        record = run(plan_name, "torch", [request])["b"]
+        return record.finish_reason, record.num_output_tokens, sorted({e.modality for e in record.emissions})
+
+    assert first_is_stop("llama", 6) == ("stop", 1, ["text"])
+    assert first_is_stop("llama", 1) == ("stop", 1, ["text"])
+    assert first_is_stop("bagel", 6, {"LLM": ["prefill_text", "decode"]}) == ("stop", 1, ["text"])
+    assert first_is_stop("bagel", 6, {"LLM": ["prefill_text", "image_gen"]}) == ("stop", 1, ["image", "text"])

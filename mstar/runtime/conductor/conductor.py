@@ -17,7 +17,10 @@ or tensors itself.
   decides) adds its element count; at max_tokens the partition ends ("length") where anything
   after could count more (`PartitionState.may_count_more`: not after a walk's one counting call,
   nor after a stop token ending the one loop around its one counting call, when the route's later stages
-  count nothing: BAGEL's prefill_text before image_gen; a stop token as the max_tokens-th ends "stop").
+  count nothing: BAGEL's prefill_text before image_gen; a stop token as the max_tokens-th ends "stop";
+  not on a repeating partition, Whisper's). A stop token a counting call samples outside loops (the
+  prefill's first token) ends the partition ("stop") where anything after could count
+  (`PartitionState.stops_outside_loops`).
 - Prefix cache: when a call of a walk the plan lists in its kv pool's `prefix_walks` becomes ready
   before anything of the request ran on that node, the engine's `claim_prefix` starts the
   request's KV on the cached pages of its prompt's longest cached prefix; the row then feeds only
@@ -60,7 +63,7 @@ from mstar.runtime.conductor.loop_pass import advance_loop_rows, steady_refs
 from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
-from mstar.runtime.conductor.tables import RunWalk, model_stop_loop
+from mstar.runtime.conductor.tables import OUTSIDE_LOOPS, RunWalk, model_stop_loop
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
 
@@ -491,16 +494,19 @@ class Conductor:
         record.token_times_s.append(now)
         record.num_output_tokens += num
         ps.num_tokens += num
-        if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
+        if ps.num_tokens >= ps.max_tokens or record.request.stop_strings or stop_loop == OUTSIDE_LOOPS:
             self.end_at_tokens(record, ps, stop_loop)
 
     def end_at_tokens(self, record: RequestRecord, ps: PartitionState, stop_loop: Optional[int] = None) -> None:
-        """After a count: the partition ends at a stop string in its decoded tail, or at
+        """After a count: the partition ends at a stop string in its decoded tail, at a model's stop
+        outside loops (`stop_loop` OUTSIDE_LOOPS: PartitionState.stops_outside_loops), or at
         max_tokens where more could be counted (a model's stop in `stop_loop` as the max_tokens-th
         token may leave nothing to count: the partition then ends `stop`, by that stop). (The loop
         pass's fast kernel inlines note_tokens' bookkeeping above and calls this under the same
         condition.)"""
         if record.request.stop_strings and not ps.is_done and self.has_stop_string(record):
+            ps.end()
+        if stop_loop == OUTSIDE_LOOPS and ps.stops_outside_loops():
             ps.end()
         if ps.num_tokens >= ps.max_tokens and not ps.is_done and ps.may_count_more(stop_loop):
             ps.end(is_length=True)

@@ -133,6 +133,16 @@ class PartitionState:
         later = self.walks[self.stage + 1:] if run is not None else self.walks[self.stage:]
         return any(walk.counts_output for walk in later)
 
+    def stops_outside_loops(self) -> bool:
+        """Whether a model's stop sampled by a counting call outside loops (a prefill's first token
+        is a stop token) ends the partition: where an output could still be counted after it (the
+        decode after llama's prefill; not BAGEL's image_gen after prefill_text, which then runs), in
+        a partition that neither repeats (a Whisper window's stop is the repeat rule's to read) nor
+        re-runs per chunk. No loop holds such a call for the stop to end, so the decode ran on."""
+        if self.is_done or self.plan.repeat is not None or self.is_repeating:
+            return False
+        return self.may_count_more()
+
     def end(self, is_length: bool = False) -> None:
         """End the partition now (max tokens, or its streams ran dry)."""
         if self.run is not None:

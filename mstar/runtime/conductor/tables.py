@@ -229,8 +229,14 @@ class RunWalk:
                      for loop in self.loops)
 
 
+OUTSIDE_LOOPS = -1  # model_stop_loop of a call outside every loop (a prefill's first token)
+
+
 def model_stop_loop(call: RunCall, result: RowResult) -> Optional[int]:
-    """The loop a row's model stop ends (a stop token, not a limit: `RowResult.is_length`), or None:
-    a counted stop token as the request's max_tokens-th ends the request `stop` where nothing after
-    it counts (PartitionState.may_count_more)."""
-    return call.stop_loop if result.is_stop and not result.is_length else None
+    """The loop a row's model stop ends (a stop token, not a limit: `RowResult.is_length`), OUTSIDE_LOOPS
+    for a call outside every loop, or None: a counted stop token as the request's max_tokens-th ends
+    the request `stop` where nothing after it counts, and one outside loops ends the partition's
+    counting (PartitionState.may_count_more, Conductor.end_at_tokens)."""
+    if not result.is_stop or result.is_length:
+        return None
+    return OUTSIDE_LOOPS if call.loop is None else call.stop_loop
