@@ -258,8 +258,24 @@ def test_a_drain_timeout_inside_a_long_step_still_answers_every_client(caplog):
         thread.join(30)
         assert not thread.is_alive()
         assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+        # what `serve` closes the run loop with: nothing is left of a drain that ran out (it waited a
+        # whole drain timeout again on the step still running)
+        assert server.drain_left_s() == 0.0
     finally:
         uvicorn_log.removeHandler(caplog.handler)
         gate.release()
         server.should_exit = True
         service.llm.close(5)
+
+
+def test_the_drain_left_is_the_whole_timeout_before_a_shutdown_and_less_after():
+    import uvicorn
+
+    from mstar.runtime.serve.server import _draining_server
+
+    server = _draining_server(uvicorn.Config(lambda *_: None), loop=None, drain_s=2.0)
+    assert server.drain_left_s() == 2.0
+    server.drain_started_s = time.monotonic() - 1.5
+    assert 0.0 < server.drain_left_s() <= 0.5
+    server.drain_started_s = time.monotonic() - 3.0
+    assert server.drain_left_s() == 0.0
