@@ -216,7 +216,8 @@ class Admission:
         adds more pages than the request waits with, and the larger figure does not fit the pool
         beside the pages its claim and the later waiters' claims hold (those claims were capped for
         the smaller figure). Such a row can never start its request, so `shortfall` refuses it
-        without letting the request wait with it, and the engines end the request with an error."""
+        without letting the request wait with it, and the torch and GPU engines end the request with an
+        error (runners/decoder.py `_room_problem`; the simulated engine's rows never pass their budget)."""
         request_id = need.request_id
         if self.num_pages is None or request_id in self.budgets:
             return False  # no claims to keep rooms for; a started request's growth takes free pages only
