@@ -133,3 +133,40 @@ def test_cancelling_a_waiting_request_and_a_refused_one_end_them_alone():
         assert llm.loop.num_in_flight == 0 and llm.engine.kv_pages() == {"LLM": (0, 4)}
     finally:
         llm.close(5)
+
+
+def test_queue_depth_counts_waiting_requests_not_cancels_in_the_inbox():
+    """`mstar_queue_depth` read the inbox's length, cancel messages and all: with one request
+    running and two waiting, a cancel sent while the driver was inside a step made it 3 until the
+    next step boundary. It counts the requests waiting for admission alone."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    plan = load(LLAMA)
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"max_concurrent_requests": 1})})
+    gate = Gate(build_engine(plan, "sim", sim_pace=0), limit=1)
+    llm = LLM(plan, engine=gate)
+
+    def queue_depth(url):
+        with urllib.request.urlopen(url.replace("/v1", "/metrics")) as response:
+            text = response.read().decode()
+        return next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                    if s.name == "mstar_queue_depth")
+
+    with running(make_service(llm)) as url:
+        requests = [llm.request([1, 2, 3], SamplingParams(max_tokens=5)) for _ in range(3)]
+        finals: list = []
+        for request in requests:
+            llm.loop.submit(request, lambda delta: finals.append(delta) if delta.is_final else None)
+        assert gate.reached.wait(10)  # the first runs; the driver is inside a step, the others wait
+        try:
+            assert queue_depth(url) == 2
+            llm.loop.cancel(requests[0].id)
+            llm.loop.cancel(requests[1].id)
+            assert queue_depth(url) == 2  # the cancels are in the inbox, not yet taken
+        finally:
+            gate.release()
+        assert wait_until(lambda: len(finals) == 3)
+        assert queue_depth(url) == 0
+        assert sorted(d.finish_reason for d in finals) == ["cancelled", "cancelled", "length"]

@@ -107,3 +107,26 @@ def test_a_stream_of_partial_images_or_a_transparent_background_is_refused(bagel
     fine = {"stream": False, "partial_images": 0, "background": "opaque"}[field]
     answer = client.images.generate(model="bagel", prompt="a cat", extra_body={field: fine})
     assert base64.b64decode(answer.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("field, value, taken", [
+    ("quality", "hd", "auto or standard"), ("quality", "high", "auto or standard"),
+    ("style", "vivid", "leave it out"), ("moderation", "strict", "auto or low")])
+def test_a_quality_style_or_moderation_the_server_does_not_make_is_refused(bagel_sim, field, value, taken):
+    """Each was ignored: `quality: "hd"` or `style: "vivid"` got the plan's one image as if it
+    were that one. A value asking for what the server does anyway still answers."""
+    _, url = bagel_sim
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.images.generate(model="bagel", prompt="a cat", extra_body={field: value})
+    assert caught.value.body["param"] == field
+    assert caught.value.body["message"].startswith(f"{field} {value!r} is not supported: {taken} (")
+
+
+@pytest.mark.parametrize("fields", [{"quality": "auto"}, {"quality": "standard"}, {"moderation": "auto"},
+                                    {"moderation": "low"}, {"style": None}])
+def test_a_quality_or_moderation_that_asks_for_the_servers_image_answers(bagel_sim, fields):
+    _, url = bagel_sim
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    answer = client.images.generate(model="bagel", prompt="a cat", extra_body=fields)
+    assert base64.b64decode(answer.data[0].b64_json)[:8] == b"\x89PNG\r\n\x1a\n"

@@ -83,15 +83,19 @@ def test_speech_refuses_what_it_cannot_make(orpheus):
     assert "does not serve completions (it serves: speech)" in caught.value.message
 
 
-@pytest.mark.parametrize("extra, named", [({"instructions": "whisper it"}, "'instructions'"),
-                                          ({"extra_body": {"n": 2}}, "'n'")])
-def test_speech_refuses_a_field_the_plans_prompt_does_not_take(orpheus, extra, named):
+@pytest.mark.parametrize("fields, named", [({"instructions": "whisper it"}, "instructions"), ({"n": 2}, "n"),
+                                           ({"vocie": "leo"}, "vocie"), ({"prompt": "other"}, "prompt")])
+def test_speech_refuses_a_field_the_plans_prompt_does_not_take(orpheus, fields, named):
     """Orpheus's prompt format names `voice` alone: OpenAI's `instructions` and an extra field such
-    as `"n": 2` were accepted and ignored (an audit); now a 400 naming them."""
-    _, _, client = orpheus
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.audio.speech.create(model="orpheus", voice="tara", input="hi", **extra)
-    assert named in caught.value.message and "which it does not take" in caught.value.message
+    as `"n": 2` were accepted and ignored (an audit); then refused as "the prompt names 'n', which
+    it does not take" with `param: null`, and a `prompt` field was dropped for `input`. Now a 400
+    naming the field in `param` and saying it is not supported."""
+    _, url, _ = orpheus
+    body = {"model": "orpheus", "voice": "tara", "input": "hi", "max_tokens": NUM_TOKENS, **fields}
+    status, error = post_json(f"{url}/audio/speech", json.dumps(body).encode())
+    assert status == 400 and error["param"] == named, error
+    assert error["message"] == (f"{named} is not supported: this model's speech takes voice beside input (its "
+                                "prompt format's fields)")
 
 
 @pytest.mark.parametrize("value", [True, "yes", 0])

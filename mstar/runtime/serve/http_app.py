@@ -371,7 +371,8 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         sampling = body.sampling()
         if "max_tokens" not in body.model_fields_set:
             sampling.max_tokens = service.default_tokens(sampling.max_tokens)
-        request = await service.request(body.prompt(), sampling)
+        form = service.llm.prompt_format
+        request = await service.request(body.prompt(form.fields if form is not None else []), sampling)
         async with cancelled_when_gone(service, http, request):
             stream, first = await service.start(request)
             if body.stream_format == "sse":

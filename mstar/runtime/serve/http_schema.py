@@ -2,18 +2,19 @@
 
 In: JSON bodies (pydantic models below, strict: a number as a string, a boolean as a number or a
 string as a boolean is refused, not coerced; unknown fields are ignored, as OpenAI's server does
-for fields it does not know). Out: a prompt (token ids, text or chat messages) and `SamplingParams`
-(serve/api.py), or an `ApiError` (status, OpenAI error type, message, param) for a body the
-server cannot take: unsupported options (n > 1, logprobs, echo, best_of, non-zero penalties,
-response formats other than those documented) are refused rather than ignored, so a client is
-never silently given something other than what it asked for.
+for fields it does not know, but on speech, where any other field gives a value to the plan's
+prompt format, one the format does not name is refused by name). Out: a prompt (token ids, text
+or chat messages) and `SamplingParams` (serve/api.py), or an `ApiError` (status, OpenAI error
+type, message, param) for a body the server cannot take: unsupported options (n > 1, logprobs,
+echo, best_of, non-zero penalties, response formats other than those documented) are refused
+rather than ignored, so a client is never silently given something other than what it asked for.
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
 `top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -234,21 +235,39 @@ class SpeechBody(BaseModel):
                            '"pcm" (raw samples as they are made) or "stream_format": "sse" (audio delta events)',
                            param="stream")
 
-    def prompt(self) -> dict[str, Any]:
-        """The text and the values for the plan's prompt format fields: `voice` and `instructions`
-        (when given) and any other field of the body, by name. A field the format does not name is
-        refused (400, the API's PromptError), not dropped: `instructions` and extra fields such as
-        `"n": 2` were accepted and ignored."""
+    def prompt(self, format_fields: Sequence[str]) -> dict[str, Any]:
+        """The text and the values for the plan's prompt format fields (`format_fields`): `voice`
+        and `instructions` (when given) and any other field of the body, by name. A field the format
+        does not name is a 400 naming it in `param` (`instructions` and extra fields such as `"n": 2`
+        were accepted and ignored; then the Python API's "the prompt names 'n', which it does not
+        take" came with `param: null`, and an extra `prompt` was dropped for `input`)."""
         fields = dict(self.model_extra or {})
         if self.voice:
             fields["voice"] = self.voice
         if self.instructions:
             fields["instructions"] = self.instructions
+        for name in fields:
+            if name not in format_fields:
+                takes = (f"takes {', '.join(format_fields)} beside input (its prompt format's fields)"
+                         if format_fields else "takes no field beside input (it has no prompt format)")
+                raise ApiError(400, f"{name} is not supported: this model's speech {takes}", param=name)
         return {**fields, "prompt": self.input}
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, seed=self.seed, repetition_penalty=self.repetition_penalty)
+
+
+# Image fields that choose among kinds of answer: the values taken (those asking for the one image
+# this server makes anyway: absent, OpenAI's defaults) and why others are refused. Each was
+# ignored, so a client asking for a transparent, JPEG, hd or vivid image got this opaque PNG as if
+# it were that one. Moderation: the server filters no prompt or image, which `auto` and `low` (less
+# filtering) ask no more than.
+IMAGE_CHOICES = (("background", ("auto", "opaque"), "the image has no alpha channel"),
+                 ("output_format", ("png",), "the only format this server encodes"),
+                 ("quality", ("auto", "standard"), "the plan makes every image the one way, by its own steps"),
+                 ("style", (), "this server has no styles: the image is the plan's model's own"),
+                 ("moderation", ("auto", "low"), "this server filters no prompt or image"))
 
 
 class ImageBody(BaseModel):
@@ -260,28 +279,30 @@ class ImageBody(BaseModel):
     response_format: Optional[str] = None
     size: Optional[str] = None
     seed: Optional[int] = None
-    output_format: Optional[str] = None  # the answer is a PNG: another is refused (it was ignored)
-    # the answer is one whole opaque image: a stream of partial images and a transparent background
-    # are refused (both were ignored; a streaming client could not read the JSON answer)
+    # the answer is one whole opaque image: a stream of partial images is refused (it was ignored;
+    # a streaming client could not read the JSON answer), and so are the IMAGE_CHOICES' other values
     stream: Optional[bool] = None
     partial_images: Optional[int] = None
     background: Optional[str] = None
+    output_format: Optional[str] = None
+    quality: Optional[str] = None
+    style: Optional[str] = None
+    moderation: Optional[str] = None
 
     def checks(self) -> None:
         if self.stream or self.partial_images:
             field = "stream" if self.stream else "partial_images"
             raise ApiError(400, f"{field}: this server answers an image whole, not as a stream of partial images",
                            param=field)
-        if self.background not in (None, "auto", "opaque"):
-            raise ApiError(400, f"background {self.background!r} is not supported: auto or opaque (the image "
-                           "has no alpha channel)", param="background")
         if self.n not in (None, 1):
             raise ApiError(400, f"n must be 1, got {self.n}", param="n")
         if self.response_format not in (None, "b64_json"):
             raise ApiError(400, "response_format must be b64_json (this server keeps no files to link to)",
                            param="response_format")
-        if self.output_format not in (None, "png"):
-            raise ApiError(400, f"output_format {self.output_format!r} is not supported: png (the only format "
-                           "this server encodes)", param="output_format")
+        for name, taken, why in IMAGE_CHOICES:
+            value = getattr(self, name)
+            if value is not None and value not in taken:
+                raise ApiError(400, f"{name} {value!r} is not supported: {' or '.join(taken) or 'leave it out'} "
+                               f"({why})", param=name)
         if not self.prompt:
             raise ApiError(400, "prompt must not be empty", param="prompt")

@@ -161,6 +161,11 @@ class OnlineLoop:
         max_concurrent = plan.deployment.max_concurrent_requests
         self.max_in_flight = None if max_concurrent is None else max_concurrent + max_waiting
         self._inbox: deque[tuple[str, Any]] = deque()
+        # Submissions put in the inbox (under the lock) and taken out of it (by the thread emptying
+        # it): their difference is the requests waiting there, which the inbox's length overstated
+        # by its cancel messages. Two counts, each written by one side, so taking needs no lock.
+        self._num_put = 0
+        self._num_taken = 0
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._num_in_flight = 0
@@ -189,6 +194,7 @@ class OnlineLoop:
                 raise Overloaded(f"{self._num_in_flight} requests in flight, the most this server queues "
                                  f"({self.max_in_flight}); retry later")
             self._num_in_flight += 1
+            self._num_put += 1
             self._inbox.append(("submit", (request, deliver)))
         self._wake.set()
 
@@ -208,8 +214,10 @@ class OnlineLoop:
 
     @property
     def num_waiting(self) -> int:
-        """Requests not yet admitted: in the inbox or in the conductor's queue."""
-        return len(self._inbox) + self.driver.conductor.num_waiting
+        """Requests not yet admitted: submitted ones in the inbox (not its cancels) or in the
+        conductor's queue. `taken` is read first: it never passes `put`, which only grows."""
+        taken = self._num_taken
+        return self._num_put - taken + self.driver.conductor.num_waiting
 
     @property
     def num_running(self) -> int:
@@ -244,6 +252,7 @@ class OnlineLoop:
         while self._inbox:
             kind, payload = self._inbox.popleft()
             if kind == "submit":
+                self._num_taken += 1
                 request, deliver = payload
                 self._answer_unrun(request, deliver, reason)
 
@@ -254,6 +263,7 @@ class OnlineLoop:
         while inbox:
             kind, payload = inbox.popleft()
             if kind == "submit":
+                self._num_taken += 1
                 self._admit_one(conductor, *payload)
             else:
                 for request_id in (list(self._tracked) if kind == "cancel_all" else [payload]):

@@ -9,7 +9,8 @@ queue and the engine's KV pools. Out: `render()`, the text exposition format for
                                              invalid (the HTTP layer refused it: 4xx), overloaded (429)
     mstar_time_to_first_token_seconds        submission to the first output delivered (histogram)
     mstar_inter_token_latency_seconds        between two outputs of one request (histogram)
-    mstar_queue_depth                        requests waiting for admission (inbox + conductor queue)
+    mstar_queue_depth                        requests waiting for admission (submitted ones in the loop's
+                                             inbox, not its cancels, + the conductor's queue)
     mstar_requests_running                   requests admitted and not ended
     mstar_kv_pages_in_use{node}              KV pages held, per kv node
     mstar_kv_pages_total{node}               the pool's pages, per kv node
