@@ -68,6 +68,45 @@ def test_stop_in_a_stop_loop_ends_it_and_outside_loops_ends_the_partition():
     assert record.finish_reason == "stop" and record.num_output_tokens == 2  # prefill + the one decode token
 
 
+def test_a_partition_that_runs_again_may_count_more_and_a_stop_outside_loops_is_not_its_end():
+    """One test of a partition that runs again (`PartitionState.can_run_again`: Whisper's repeat
+    rule, SNAC's walk per chunk) answers both questions: more may be counted after any output, and
+    a model's stop outside loops does not end it. Orpheus's LLM partition, at its prefill, runs
+    once: a decode follows that counts, so the two questions agree there."""
+    for model, runs_again in (("whisper", {"ASR"}), ("orpheus", {"SNAC"})):
+        harness = Harness(generated(model))
+        harness.submit(request(max_tokens=40))
+        for ps in harness.conductor.active["r0"].partitions:
+            assert ps.can_run_again() == (ps.name in runs_again), (model, ps.name)
+            if ps.can_run_again():
+                assert ps.may_count_more() and ps.may_count_more(0) and not ps.stops_outside_loops()
+            else:
+                assert ps.may_count_more() and ps.stops_outside_loops()
+
+
+def test_the_loop_pass_asks_which_loop_a_stop_ends_only_on_a_stop_token(monkeypatch):
+    """The loop pass's general kernel (`loop_pass._advance_row`, Orpheus's decode here) looks up
+    the loop a row's model stop ends (`model_stop_loop`) only for a row that reported a stop: for
+    any other it is None. The ends are as before: a stop as the max_tokens-th token ends `stop`,
+    max_tokens before a stop ends `length`."""
+    import mstar.runtime.conductor.loop_pass as loop_pass
+
+    asked = []
+    real = loop_pass.model_stop_loop
+    monkeypatch.setattr(loop_pass, "model_stop_loop", lambda c, result: asked.append(result.is_stop) or real(c, result))
+
+    def stop_at_fourth_decode(node, row, result):
+        return RowResult(result.request_id, result.outputs, is_stop=row.walk == "decode" and row.loop_iter == 3)
+
+    for max_tokens, reason, num_tokens in ((100, "stop", 5), (5, "stop", 5), (4, "length", 4)):
+        asked.clear()
+        harness = Harness(generated("orpheus"), respond=stop_at_fourth_decode)
+        record = harness.submit(request(max_tokens=max_tokens))
+        harness.run()
+        assert (record.finish_reason, record.num_output_tokens) == (reason, num_tokens), max_tokens
+        assert asked == ([True] if num_tokens == 5 else []), max_tokens
+
+
 def build_loop_plan(has_stop=False):
     """A(seed) -> x loops back 3 times; y accumulated, z output -> B; B(y, z) -> out: client."""
     a, b = kv_node("A", ["seed", "x"]), stateless_node("B", ["y", "z"])

@@ -197,7 +197,8 @@ def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready
                 if ps.num_tokens >= ps.max_tokens or record.request.stop_strings:
                     conductor.end_at_tokens(record, ps, model_stop_loop(call.call, result))
         elif counted in outputs:  # not a list: counted by its elements (a tensor, a number)
-            conductor.count(ps.owner, ps, call.call.counted, outputs, now, model_stop_loop(call.call, result))
+            conductor.count(ps.owner, ps, call.call.counted, outputs, now,
+                            model_stop_loop(call.call, result) if result.is_stop else None)
     loop_state = call.loop_state
     iteration = loop_state.iteration + 1  # against its limit: max_iters, or the request's own count
     if ps.is_done or result.is_stop or iteration >= loop_state.limit or (has_stop and loop_state.is_stop):
@@ -308,13 +309,15 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     is_missing = False if step.is_plain else _apply_edges(run, step, loop_state, outputs)
     counted = step.counted_one
     value = outputs.get(counted) if counted is not None else None
+    # without a stop token the row's model stop ends no loop (model_stop_loop is None): asked only then
+    stop_loop = model_stop_loop(call.call, result) if result.is_stop else None
     if type(value) is list:
         num = len(value)
         if num:
             record.output_tokens += value
-            conductor.note_tokens(record, ps, num, now, model_stop_loop(call.call, result))
+            conductor.note_tokens(record, ps, num, now, stop_loop)
     elif call.call.counted:
-        conductor.count(ps.owner, ps, call.call.counted, outputs, now, model_stop_loop(call.call, result))
+        conductor.count(ps.owner, ps, call.call.counted, outputs, now, stop_loop)
     if ps.is_done:  # max_tokens or a stop string ended the partition (and cancelled the run)
         return False
     if result.is_stop and call.call.stop_loop is not None:

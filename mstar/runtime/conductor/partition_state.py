@@ -125,7 +125,7 @@ class PartitionState:
         prefill_text's token, then image_gen's flow loop; a decode loop's stop token as its
         max_tokens-th, which ends `stop`). A partition that repeats its stages or re-runs its walk
         per chunk may."""
-        if self.plan.repeat is not None or self.is_repeating:
+        if self.can_run_again():
             return True
         run = self.run
         if run is not None and not (run.walk.counts_once or stop_loop in run.walk.stop_ends_counts):
@@ -139,9 +139,16 @@ class PartitionState:
         decode after llama's prefill; not BAGEL's image_gen after prefill_text, which then runs), in
         a partition that neither repeats (a Whisper window's stop is the repeat rule's to read) nor
         re-runs per chunk. No loop holds such a call for the stop to end, so the decode ran on."""
-        if self.is_done or self.plan.repeat is not None or self.is_repeating:
+        if self.is_done or self.can_run_again():
             return False
         return self.may_count_more()
+
+    def can_run_again(self) -> bool:
+        """Whether the partition may start its walks again after the last: it repeats its stages
+        (the plan's repeat rule: Whisper's windows) or re-runs its one walk per chunk (SNAC). Such
+        a partition may count more after any output, and a model's stop outside loops is its
+        rule's to read, not an end (`may_count_more`, `stops_outside_loops`)."""
+        return self.plan.repeat is not None or self.is_repeating
 
     def end(self, is_length: bool = False) -> None:
         """End the partition now (max tokens, or its streams ran dry)."""
