@@ -389,3 +389,32 @@ def test_a_request_that_stops_waiting_no_longer_limits_claims():
     assert admission.claim_cap("w", lambda: [0, 1]) is None  # y's room is 9 (x's pages: `room_to_start`)
     admission.release("x")
     assert admission.claim_cap("w", lambda: [0, 1]) is None
+
+
+def test_a_first_rows_page_need_is_counted_once_per_step():
+    """`_room_problem` counts a not-started request's first row's page need; admission takes that
+    figure (`_Prepared.start_need`) rather than counting it again. A started request's row is
+    counted once, by admission. The step runs as before: the same rows short, the same grants."""
+    plan = llm_plan(num_pages=4, page_size=8)
+    engine = TorchEngine(plan)
+    for rid in ("a", "b", "c"):
+        assert engine.add_request(rid, Request(id=rid, prompt_tokens=list(range(1, 11)), max_tokens=6)) is None
+    runner = engine.runners["LLM"]
+    asked: list[str] = []
+    page_needs = runner._page_needs
+
+    def counting(ready):
+        asked.extend(item.row.request_id for item in ready)
+        return page_needs(ready)
+
+    runner._page_needs = counting  # type: ignore[method-assign]
+
+    def prefill(rid):
+        return StepRow(rid, "prefill", 10, 0, {"text_inputs": list(range(1, 11))})
+
+    first = engine.run_step(step(plan, "LLM", [prefill("a"), prefill("b"), prefill("c")]))
+    assert first.allocation_failed == ["c"] and sorted(asked) == ["a", "b", "c"]
+    assert runner.admission.budgets == {"a": 2, "b": 2} and runner.pool.num_free_pages == 0
+    asked.clear()
+    engine.run_step(step(plan, "LLM", [StepRow("a", "decode", 1, 10, {"text_inputs": [7]}), prefill("c")]))
+    assert sorted(asked) == ["a", "c"]

@@ -66,3 +66,26 @@ def test_all_or_nothing_engine_still_runs_every_request():
         record = driver.conductor.records[request.id]
         assert record.finish_reason == "length"
         assert _tokens(record) == _tokens(roomy.conductor.records[request.id])
+
+
+def test_a_request_whose_rows_outgrow_the_pool_ends_alone_at_once():
+    """BAGEL's LLM budgets a request its prompt + max_tokens plus the media tokens its encoders
+    declare (8 each at tiny dims), cut to the pool: an estimate, so a request whose text fits is
+    accepted (docs/runtime.md "Admission": the text-only request here runs though text + media do
+    not fit). The image route's request feeds 8 image tokens + 10 + its decode, past the 2 pages of
+    16 tokens: its row that would take its sequence to a 3rd page now ends it alone with an error
+    naming the pages (`DecoderRunner._past_pool`), where it was held until the run loop called it
+    stalled 30 s later, the pool held all the while; the other request finishes."""
+    plan = generated("bagel")
+    engine = torch_engine.TorchEngine(plan, num_pages=2)
+    route = {"LLM": ["prefill_vit", "prefill_text", "decode"]}
+    requests = [Request(id="image", prompt_tokens=list(range(1, 11)), max_tokens=20, route=route),
+                Request(id="text", prompt_tokens=list(range(1, 11)), max_tokens=20)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    image, text = (driver.conductor.records[r.id] for r in requests)
+    assert image.finish_reason.startswith("error: node LLM: the request's KV sequences would grow to 3 pages of 16 "
+                                          "tokens, past the pool's 2: its rows fed more tokens than its start budget "
+                                          "of 2 pages"), image.finish_reason
+    assert text.finish_reason == "length" and text.num_output_tokens == 20
+    assert engine.runners["LLM"].pool.num_free_pages == 2  # every page came back

@@ -31,7 +31,8 @@ Memory: pages are allocated per step by the admission policy shared with the sim
 allocation_failed (the runtime holds it), while the other rows of the step run. A request starts on
 the node only when the pages it may need (prompt + max_tokens, plus media and guidance sequences)
 fit beside what already-started requests may still need, so running requests can always finish and
-a full pool never deadlocks.
+a full pool never deadlocks. The media part is the encoders' declared figure, an estimate, so a row
+may pass that budget; one that could never get its pages (past the pool's) fails its request alone.
 """
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ class _Prepared:
     num_steps: int = 0  # a flow row: the steps its loop runs for this request (the flow's schedule)
     writes: tuple[str, ...] = ()  # KV sequences the row extends (none for a flow row or a read-only walk)
     reads: tuple[str, ...] = ()  # KV sequences a row that writes none attends over
+    # a not-started request's page need, counted by `_room_problem` in this step before any grant
+    # (the pool and the budgets are as admission then finds them): `_shortfall` takes it as is
+    start_need: Optional[PageNeed] = None
 
     def keys(self) -> list[tuple[str, str]]:
         return [(self.row.request_id, label) for label in self.writes]
@@ -255,10 +259,12 @@ class DecoderRunner:
                              f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
         on_host = self._move_back(ready) if self.offload is not None else []
-        ready = self._within_length(ready, results, on_host)
-        ready, failed = self._admit(ready, on_host, is_partial_ok)
+        asked = self._within_length(ready, results, on_host)
+        ready, failed = self._admit(asked, on_host, is_partial_ok)
         if failed and not is_partial_ok:
-            return results, failed, list
+            return results, failed, list  # nothing ran: the run loop holds the whole step
+        if failed:
+            failed = self._past_pool(asked, failed, results)
         return results, failed, self._start_forward(ready, worker) if ready else list
 
     def _items(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> tuple[list[RowResult], list[_Prepared]]:
@@ -294,13 +300,34 @@ class DecoderRunner:
         it and a younger request could each wait on the other's prefix claim forever)."""
         if self.admission.is_started(item.row.request_id):
             return None
-        need = self._page_needs([item])[0]
+        need = item.start_need = self._page_needs([item])[0]
         if not self.admission.outgrows_room(need):
             return None
         return (f"node {self.node.name}: the request's first row adds {need.num_pages} KV pages, past its budget "
                 f"of {need.budget_pages} (its prompt, max_tokens and the node's declared media tokens), more than "
                 f"the pool of {self.pool.num_pages} can keep for it beside the pages the waiting requests' prefix "
                 f"claims hold")
+
+    def _past_pool(self, asked: list[_Prepared], short: list[str], results: list[RowResult]) -> list[str]:
+        """`short` less the rows of started requests that can never get their pages: the request's
+        sequences would hold more pages than the pool has. Its budget was cut to the pool, the
+        declared media tokens only an estimate (docs/runtime.md "Admission"), and its rows fed more;
+        held, it waited until the run loop called it stalled (30 s, the pool held all the while).
+        An error result joins `results` for each, so that request ends alone now."""
+        is_short = set(short)
+        for item in asked:
+            request_id = item.row.request_id
+            if request_id not in is_short or not self.admission.is_started(request_id):
+                continue
+            num_pages = self.pool.num_pages_held(request_id) + self._page_needs([item])[0].num_pages
+            if num_pages > self.pool.num_pages:
+                is_short.discard(request_id)
+                results.append(RowResult(request_id, error=(
+                    f"node {self.node.name}: the request's KV sequences would grow to {num_pages} pages of "
+                    f"{self.pool.page_size} tokens, past the pool's {self.pool.num_pages}: its rows fed more tokens "
+                    f"than its start budget of {self.admission.budgets[request_id]} pages counted (its prompt, "
+                    f"max_tokens and the node's declared media tokens, cut to the pool)")))
+        return [request_id for request_id in short if request_id in is_short]
 
     def _admit(self, ready: list[_Prepared], on_host: list[str],
                is_partial_ok: bool) -> tuple[list[_Prepared], list[str]]:
@@ -330,8 +357,13 @@ class DecoderRunner:
 
     def _shortfall(self, ready: list[_Prepared]) -> tuple[list[PageNeed], list[str]]:
         """The rows' page needs, and the rows short of memory after moving other started requests
-        to the host pool when the plan gives one (kv/offload.py)."""
-        needs = self._page_needs(ready)
+        to the host pool when the plan gives one (kv/offload.py). A row whose need `_room_problem`
+        counted keeps it: a need reads only the pool and the budgets, which no grant changed since."""
+        uncounted = [item for item in ready if item.start_need is None]
+        needs = self._page_needs(uncounted)
+        if len(uncounted) < len(ready):
+            counted = iter(needs)
+            needs = [next(counted) if item.start_need is None else item.start_need for item in ready]
         failed = self.refused(needs)
         if failed and self.offload is not None and self._move_out(self._step_ids(ready), needs, failed):
             failed = self.refused(needs)
