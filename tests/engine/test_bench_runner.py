@@ -114,3 +114,35 @@ def test_the_stubbed_runner_shares_prefix_pages_as_the_plan_says():
     driver = Driver(plan, engine)
     driver.run(Workload(requests, closed_concurrency=1))
     assert [driver.conductor.records[r.id].num_cached_tokens for r in requests] == [0, 64]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--clients", "65"], "a step of LLM:mixed holds at most 64 rows, so no decode step of 65 rows runs"),
+    # the engine sized for these clients' pages failed to allocate first: "internal error (KvCacheError ...)"
+    (["--clients", "100000", "--prompt-len", "100000", "--output-len", "100000"], "give --clients 64 or fewer"),
+])
+def test_clients_no_step_holds_are_refused_before_an_engine_is_built(capsys, monkeypatch, argv, words):
+    from mstar.runtime.serve import bench_runner
+
+    def built(*args, **kwargs):
+        raise AssertionError("an engine was built")
+
+    monkeypatch.setattr(bench_runner, "TorchEngine", built)
+    assert main(["bench", "runner", "--plan", str(PLAN), "--rounds", "1", "--no-bytecodes", *argv]) == 1
+    err = capsys.readouterr().err
+    assert words in err and "an engine was built" not in err and "Traceback" not in err, err
+
+
+def test_the_fast_node_is_read_from_the_plan_as_the_engine_picks_it():
+    """`fast_node` reads the plan alone; the engine then runs that node's `DecoderRunner`."""
+    from mstar.plan.io import load_plan
+    from mstar.runtime.serve.bench_errors import BenchError
+    from mstar.runtime.serve.bench_runner import build_engine, fast_node
+
+    for name in ("llama", "qwen3_5"):
+        plan = load_plan(str(PLAN.parent / f"{name}.plan"))
+        _, runner = build_engine(plan, True, 64)
+        assert fast_node(plan) == runner.node.name == "LLM"
+    for name in ("whisper", "pi05", "bagel"):  # cross-attention, no decoder, guidance sequences
+        with pytest.raises(BenchError, match="no decoder node the GPU fast path takes"):
+            fast_node(load_plan(str(PLAN.parent / f"{name}.plan")))

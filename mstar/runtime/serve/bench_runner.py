@@ -56,6 +56,7 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.models.kinds import call_table
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
@@ -103,12 +104,13 @@ class StubExecutor:
         return pending.tokens
 
 
-def _fast_node(plan: Plan, engine: TorchEngine) -> str:
-    """The first decoder node the fast path takes."""
+def fast_node(plan: Plan) -> str:
+    """The first decoder node the fast path takes, read from the plan (the engine's call table is
+    `call_table(plan)`), so a bad --clients is refused before an engine is built. A decoder the
+    engine runs otherwise (Whisper's) reads cross-attention pools, which `fast_path_reason` refuses."""
+    calls = call_table(plan)
     for node in plan.nodes:
-        runner = engine.runners.get(node.name)
-        if isinstance(runner, DecoderRunner) and node.model_kind == "decoder" and not node.submodels \
-                and fast_path_reason(node, engine.calls) is None:
+        if node.model_kind == "decoder" and not node.submodels and fast_path_reason(node, calls) is None:
             return node.name
     raise BenchError("the plan has no decoder node the GPU fast path takes (gpu/runner.py fast_path_reason)")
 
@@ -117,8 +119,8 @@ def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int, is_columnar: b
                  ) -> tuple[TorchEngine, GpuDecoderRunner]:
     """A tiny-dims CPU engine whose fast-path node runs a `GpuDecoderRunner` on a `StubExecutor`
     (is_columnar False: its steady decode steps row by row too, `gpu/decode_columns.py`)."""
+    name = fast_node(plan)
     engine = TorchEngine(plan, num_pages=num_pages)
-    name = _fast_node(plan, engine)
     reference = engine.runners[name]
     assert isinstance(reference, DecoderRunner)
     node = next(n for n in plan.nodes if n.name == name)
@@ -221,7 +223,6 @@ def _one_run(plan: Plan, args, variant: str, is_traced: bool, is_columnar: bool)
     num_pages = args.clients * (-(-(args.prompt_len + args.output_len + 1) // page_size) + 1)
     num_pages += -(-(args.long_prompt + 2) // page_size) + 1 if args.long_prompt else 0
     engine, runner = build_engine(plan, variant == "ahead", num_pages, is_columnar=is_columnar)
-    _check_decode_step_fits(plan, runner.node.name, args.clients)
     parts = _Parts(engine, args.clients, _Counter() if is_traced else None,
                    time.thread_time if args.cpu_time else time.perf_counter)
     requests = _requests(args)
@@ -303,6 +304,8 @@ def measure(args) -> dict[str, Any]:
     if args.long_prompt and args.output_len <= ARRIVE_AFTER + 1:
         raise BenchError(f"the long prompt arrives after {ARRIVE_AFTER} full decode steps: raise --output-len "
                          f"past {ARRIVE_AFTER + 1}")
+    # before any engine is built: one sized for 100,000 clients' pages failed to allocate first
+    _check_decode_step_fits(plan, fast_node(plan), args.clients)
     modes = (True, False) if args.compare else (not args.per_row,)  # is_columnar
     timed: dict[tuple[str, bool, str], list[dict[str, float]]] = {}
     claims: dict[tuple[str, bool], tuple[int, int]] = {}
