@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from mstar.arg_types import int_range, shown
+from mstar.arg_types import float_range, int_range, integer, shown
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
@@ -49,6 +49,9 @@ log = logging.getLogger("mstar.cli.mstar")  # not __name__: under `python3 -m` t
 
 
 RANK_TIMEOUT_S = (0.01, 86400.0)  # below 10 ms torch's store waits 0 ms; its milliseconds overflow a C int past 24 days
+# requests/s: past it the arrivals of even 10,000,000 requests lie within 10 ms; a number past the
+# float range (5000 digits) read as inf, every arrival at once, without a word
+MAX_RATE = 1e9
 
 
 class CliError(Exception):
@@ -61,13 +64,15 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--plan", required=True, help="compiled plan (generated/<config>.plan)")
     run.add_argument("--engine", choices=("torch", "sim"), default="torch",
                      help="torch: real models on the CPU (default); sim: cost-model engine")
-    run.add_argument("--requests", type=int, default=8, help="generated requests (default 8)")
-    run.add_argument("--concurrency", type=int, default=8,
+    # --requests, --concurrency and --kv-pages: their ranges are the workload's and the engine's checks
+    run.add_argument("--requests", type=integer, default=8, help="generated requests (default 8)")
+    run.add_argument("--concurrency", type=integer, default=8,
                      help="closed-loop clients (default 8; --arrival closed and --prompts)")
     run.add_argument("--prompt-len", default="8..32", help="prompt length range A..B (default 8..32)")
     run.add_argument("--output-len", default="32..64", help="max output tokens range A..B (default 32..64)")
     run.add_argument("--arrival", choices=ARRIVALS, default="closed", help="arrival process (default closed)")
-    run.add_argument("--rate", type=float, default=100.0, help="requests/s for poisson and staggered (default 100)")
+    run.add_argument("--rate", type=float_range(0, MAX_RATE, is_low_open=True), default=100.0,
+                     help=f"requests/s for poisson and staggered, in (0, {MAX_RATE:g}] (default 100)")
     run.add_argument("--seed", type=int_range(-SEED_BOUND, SEED_BOUND), default=0,
                      help="workload and engine seed (default 0; within +-2**43: request i's seed is "
                           "seed x 1000003 + i, a 64-bit integer)")
@@ -85,7 +90,7 @@ def _run_parser(sub: Any) -> None:
                      help="a directory with tokenizer.json (and tokenizer_config.json for chat messages) for text "
                           "prompts and text outputs; default: the --weights directory of the node taking the text "
                           "prompt, when it holds tokenizer.json")
-    run.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
+    run.add_argument("--kv-pages", type=integer, help="KV pool pages per kv node (overrides the plan)")
     run.add_argument("--device", default="cpu",
                      help="torch engine: cpu (fp32, default) or cuda[:N] (bf16: decoders on the device fast path, "
                           "other models under bf16 autocast; KV cache in bf16)")
@@ -111,8 +116,9 @@ def _run_parser(sub: Any) -> None:
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
                           "processes for the torch engine on a plan of several ranks or under torchrun")
-    run.add_argument("--rank-timeout", type=float, default=8.0, metavar="S",
-                     help="a rank that does not answer within S seconds stops the run (default 8)")
+    run.add_argument("--rank-timeout", type=float_range(*RANK_TIMEOUT_S), default=8.0, metavar="S",
+                     help="a rank that does not answer within S seconds stops the run (default 8; "
+                          f"{RANK_TIMEOUT_S[0]:g} to {RANK_TIMEOUT_S[1]:g})")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -494,9 +500,6 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
     """How the plan's ranks run: `inproc` (one process), `spawn` (one child per rank) or
     `torchrun` (this process is one rank of a torchrun launch)."""
     num_ranks = max(worker.rank for worker in plan.workers) + 1
-    if not RANK_TIMEOUT_S[0] <= args.rank_timeout <= RANK_TIMEOUT_S[1]:  # NaN too: torch's stores take milliseconds
-        raise CliError(f"--rank-timeout must be a number of seconds in [{RANK_TIMEOUT_S[0]}, {RANK_TIMEOUT_S[1]:.0f}], "
-                       f"got {args.rank_timeout}")
     if args.ranks == "inproc":
         return "inproc"
     if args.engine == "sim":

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Mapping, Optional
 
+from mstar.arg_types import shown
 from mstar.plan.schema import NodePlan, Plan
 
 
@@ -41,9 +42,10 @@ class GuidanceRule:
 
 def unknown_label_problem(plan: Plan, scales: Collection[str]) -> Optional[str]:
     """A guidance label a request sets that no node of the plan declares (the torch engine's
-    admission and the Python API's up-front check), else None."""
+    admission and the Python API's up-front check), else None. The label is the request's, so it is
+    echoed clipped (`shown`: a 10,000-character label was echoed whole)."""
     labels = list(dict.fromkeys(g.label for node in plan.nodes for g in node.guidance))
     unknown = sorted(set(scales) - set(labels))
     if not unknown:
         return None
-    return f"guidance {unknown[0]!r} is not a guidance label of the plan (labels: {', '.join(labels) or 'none'})"
+    return f"guidance {shown(unknown[0])} is not a guidance label of the plan (labels: {', '.join(labels) or 'none'})"

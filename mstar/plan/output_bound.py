@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from mstar.arg_types import shown
 from mstar.plan.loop_nesting import loops_around_calls
 from mstar.plan.schema import NodePlan, PartitionPlan, Plan, StagePlan, WalkPlan
 
@@ -38,10 +39,11 @@ def most_counted_tokens(plan: Plan) -> Optional[int]:
 def excess_tokens_problem(what: str, asked: int, most: Optional[int]) -> Optional[str]:
     """Why `asked` output tokens (named `what`: max_tokens, --output-len, ...) cannot be had when the
     plan makes at most `most` for a request (`most_counted_tokens`; None: no bound), or None. Such a
-    request ran and ended `length` at that count."""
+    request ran and ended `length` at that count. `asked` is the request's, echoed clipped (`shown`: a
+    4000-digit max_tokens was echoed whole, and one past 4,300 digits raised ValueError)."""
     if most is None or asked <= most:
         return None
-    return (f"{what} {asked} is more than this plan makes for a request: at most {most} output tokens (its "
+    return (f"{what} {shown(asked)} is more than this plan makes for a request: at most {most} output tokens (its "
             "loops' max iterations over its stages)")
 
 

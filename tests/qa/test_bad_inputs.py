@@ -280,9 +280,9 @@ def test_kv_pages_one_fails_every_request_cleanly(capsys):
     (["--prompt-len", "0..2"], 1, "need 1 <= A <= B"),
     (["--output-len", "x"], 1, "--output-len"),
     (["--concurrency", 0], 1, "--concurrency must be >= 1"),
-    (["--arrival", "poisson", "--rate", 0], 1, "--rate must be > 0"),
+    (["--arrival", "poisson", "--rate", 0], 2, "argument --rate: must be a number in (0, 1e+09], got 0.0"),
     (["--route", "garbage"], 1, "expected PARTITION=WALK,WALK"),
-    (["--requests", "many"], 2, "invalid int value"),
+    (["--requests", "many"], 2, "argument --requests: must be an integer, got 'many'"),
     (["--engine", "gpu"], 2, "invalid choice"),
 ])
 def test_bad_run_options(capsys, argv, status, fragment):
@@ -463,8 +463,6 @@ def test_prompts_file_with_a_byte_order_mark(tmp_path, capsys):
     (["--prompts", "PROMPTS", "--concurrency", -3], "--concurrency must be >= 1, got -3"),
     (["--requests", 10**30], "--requests must be at most 10000000"),
     (["--prompt-len", 10**30], "--prompt-len must be at most 1000000 tokens"),
-    (["--arrival", "poisson", "--rate", "nan"], "--rate must be > 0, got nan"),
-    (["--arrival", "staggered", "--rate", "nan"], "--rate must be > 0, got nan"),
 ])
 def test_workload_options_that_hung(tmp_path, capsys, argv, fragment):
     prompts = _prompts(tmp_path, GOOD)

@@ -137,7 +137,14 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--request-rate", "0"], "--request-rate must be > 0"),
+    (["--request-rate", "0"], "argument --request-rate: must be a number in (0, inf], got 0.0"),
+    (["--request-rate", "nan"], "argument --request-rate: must be a number in (0, inf], got 'nan'"),
+    # aiohttp's timeout overflowed at inf ("OverflowError: cannot convert float infinity to integer")
+    (["--timeout", "inf"], "argument --timeout: must be a number in (0, 86400], got 'inf'"),
+    (["--timeout", "9" * 5000], "argument --timeout: must be a number in (0, 86400], got '" + "9" * 39
+                                + "... (5000 characters)"),
+    (["--concurrency", "x" * 5000], "argument --concurrency: must be an integer, got '" + "x" * 39
+                                    + "... (5000 characters)"),
     (["--concurrency", "0"], "--concurrency must be >= 1"),
     (["--prompt-len", "9..3"], "--prompt-len: need 1 <= A <= B"),
     (["--extra-body", "[1]"], "--extra-body: expected a JSON object"),

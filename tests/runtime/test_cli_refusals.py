@@ -29,9 +29,6 @@ def _error(capsys) -> str:
     (["bench", "kv", "--scenario", "prefix", "--prefix-len", "20000", "--prefix-requests", "2", "--prefix-rounds",
       "1"], "produced no token"),  # past max_seq_len: a RuntimeError's traceback
     (["bench", "postprocess", "--plan", COSMOS, "--requests", "4", "--rounds", "1"], "not one loop step"),
-    (["run", "--plan", ORPHEUS_TP2, "--rank-timeout", "inf"], "--rank-timeout must be"),  # an OverflowError
-    (["run", "--plan", ORPHEUS_TP2, "--rank-timeout", "1e-9"], "--rank-timeout must be"),  # torch waited 0 ms
-    (["run", "--plan", LLAMA, "--ranks", "inproc", "--rank-timeout", "-1"], "--rank-timeout must be"),
     (["run", "--plan", LLAMA, "--arrival", "poisson", "--rate", "1e-300", "--requests", "2"], "more than 86400 s"),
     # refused before anything is drawn (an audit: 31 s and 2.9 GB of requests first)
     (["run", "--plan", LLAMA, "--arrival", "staggered", "--rate", "1e-300", "--requests", "2000000"],
@@ -69,6 +66,20 @@ def _error(capsys) -> str:
 def test_a_refusal_is_one_line_and_exit_1(capsys, argv, words):
     assert main([*argv, "--no-progress"] if argv[0] == "run" else argv) == 1
     assert words in _error(capsys)
+
+
+@pytest.mark.parametrize("argv", [
+    [ORPHEUS_TP2, "--rank-timeout", "inf"],  # an OverflowError
+    [ORPHEUS_TP2, "--rank-timeout", "1e-9"],  # torch waited 0 ms
+    [LLAMA, "--ranks", "inproc", "--rank-timeout", "-1"],
+    [LLAMA, "--ranks", "inproc", "--rank-timeout", "nan"],
+])
+def test_a_rank_timeout_out_of_range_is_a_usage_error(capsys, argv):
+    """Checked by its argparse type (mstar/arg_types.py float_range) before the plan is read."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", "--plan", *argv])
+    assert stopped.value.code == 2
+    assert "argument --rank-timeout: must be a number in [0.01, 86400], got" in _error(capsys)
 
 
 def test_a_seed_past_64_bits_is_a_usage_error(capsys):

@@ -5,13 +5,15 @@ In: a `Plan` (its loops' `count_param` and `max_iters`). Out: `LoopCounts(plan).
 count is unknown or out of range. A loop with `count=PARAM` runs the request's count of that name
 (default: the param's value in the plan), so every such count must be 1..max_iters of each loop
 that reads it; a name no loop reads is refused rather than ignored (a misspelt name would else run
-the default silently).
+the default silently). The request's names and counts are echoed clipped (`shown`: a
+10,000-character name was echoed whole).
 """
 from __future__ import annotations
 
 import difflib
 from typing import Optional
 
+from mstar.arg_types import shown
 from mstar.plan.schema import Plan
 
 
@@ -34,8 +36,8 @@ class LoopCounts:
                 close = difflib.get_close_matches(name, list(self.bounds), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 known = ", ".join(sorted(self.bounds)) or "none"
-                return f"loop_counts names {name!r}, which no loop of this plan counts by (counts: {known}){hint}"
+                return f"loop_counts names {shown(name)}, which no loop of this plan counts by (counts: {known}){hint}"
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound[0]:
-                return (f"loop_counts {name}={value!r} is outside 1..{bound[0]}, the most iterations loop "
+                return (f"loop_counts {name}={shown(value)} is outside 1..{bound[0]}, the most iterations loop "
                         f"{bound[1]} may run")
         return None

@@ -103,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench attention", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     parser.add_argument("--iters", type=ITERS, default=200, help="timed FlashInfer calls (torch: a tenth)")
-    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    parser.add_argument("--head-dim", type=int_range(64, 256), default=128, choices=(64, 128, 256))
     parser.add_argument("--qo-heads", type=int_range(1, 256), default=32)
     parser.add_argument("--kv-heads", type=int_range(1, 256), default=8)
     parser.add_argument("--decode", action="store_true",

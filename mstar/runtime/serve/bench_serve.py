@@ -28,12 +28,15 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from mstar.arg_types import int_range, path_arg
+from mstar.arg_types import float_range, int_range, integer, path_arg, shown
 from mstar.runtime.serve.bench_serve_requests import (
     ENDPOINTS, PROMPT_KINDS, BenchInputError, HttpRequest, generated_requests, read_dataset,
 )
 
 DEFAULT_CONCURRENCY = 8  # as `mstar run`'s closed loop
+# seconds a request may take: aiohttp's timeout overflowed at inf (a 5000-digit --timeout read as
+# inf: "OverflowError: cannot convert float infinity to integer", an internal error)
+MAX_TIMEOUT_S = 86_400.0
 log = logging.getLogger(__name__)
 
 
@@ -56,15 +59,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="/v1/completions (default) or /v1/chat/completions (text prompts)")
     parser.add_argument("--dataset", metavar="FILE", type=path_arg,
                         help="JSONL requests (mstar run --prompts format) instead")
-    parser.add_argument("--request-rate", type=float, metavar="R",
+    # inf (and a number past the float range, which reads as inf) sends every request at once
+    parser.add_argument("--request-rate", type=float_range(0, math.inf, is_low_open=True), metavar="R",
                         help="Poisson arrivals at R requests/s (inf: all at once)")
-    parser.add_argument("--concurrency", type=int, metavar="C",
+    parser.add_argument("--concurrency", type=integer, metavar="C",
                         help=f"closed loop of C clients (default {DEFAULT_CONCURRENCY} without --request-rate); "
                              "with --request-rate: at most C requests in flight")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0, as mstar run)")
+    parser.add_argument("--seed", type=integer, default=0, help="workload seed (default 0, as mstar run)")
     parser.add_argument("--extra-body", default="{}", metavar="JSON",
                         help='fields added to every request body, e.g. \'{"ignore_eos": true}\'')
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    parser.add_argument("--timeout", type=float_range(0, MAX_TIMEOUT_S, is_low_open=True), default=600.0,
+                        help=f"seconds per request (default 600, at most {MAX_TIMEOUT_S:.0f})")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return parser
 
@@ -80,12 +85,8 @@ def _extra_body(text: str) -> dict[str, Any]:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if args.request_rate is not None and not args.request_rate > 0:  # also NaN
-        raise BenchInputError(f"--request-rate must be > 0 (or inf), got {args.request_rate}")
     if args.concurrency is not None and args.concurrency < 1:
-        raise BenchInputError(f"--concurrency must be >= 1, got {args.concurrency}")
-    if not args.timeout > 0:
-        raise BenchInputError(f"--timeout must be > 0 seconds, got {args.timeout}")
+        raise BenchInputError(f"--concurrency must be >= 1, got {shown(args.concurrency)}")
     if args.model is not None and not args.model.strip():  # as mstar serve refuses an empty name
         raise BenchInputError("--model needs a name (leave it out for the first that GET /v1/models lists)")
     if args.dataset is not None:  # the file holds the requests: options that shape generated ones would be ignored

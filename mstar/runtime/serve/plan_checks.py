@@ -6,8 +6,10 @@ can make (plan/output_bound.py).
 
 Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
 the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
-engines refuse at admission), the route check the conductor's `follow_stages`, the guidance labels
-the torch engine's own check (plan/guidance_mode.py `unknown_label_problem`). Each returns a message, or None.
+engines refuse at admission), the route check `mstar run --route`'s and a prompts file's
+(workload.py `route_name_problem`: partition and walk names, every partition left out) and then
+the conductor's `follow_stages`, the guidance labels the torch engine's own check
+(plan/guidance_mode.py `unknown_label_problem`). Each returns a message, or None.
 """
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
+from mstar.runtime.serve.workload import route_name_problem, route_names
 
 
 def stages_not_followed(partitions: dict[str, PartitionPlan],
                         route: dict[str, list[str]]) -> Optional[tuple[PartitionPlan, RouteError]]:
     """The first partition of `route` whose stages its walks do not follow, with the conductor's
     own refusal (`follow_stages`, what admission raises), or None. Every partition `route` names
-    is in `partitions` (the callers check the names first, each with its own message). The one
+    is in `partitions` (the callers check the names first: workload.py `route_name_problem`). The one
     stage rule of a request's route (`PlanChecks.route_problem`) and `mstar run --route`'s."""
     for name, walks in route.items():
         try:
@@ -46,6 +49,7 @@ class PlanChecks:
                   for v in [node.dims.get("vocab")] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
         self.stop_vocab: Optional[int] = max(vocabs) if vocabs else None
         self.partitions = {part.name: part for part in plan.partitions}
+        self.route_names = route_names(plan)  # {partition: the walks of its stages}
         # the most counted tokens a request can get, from the walks' loops and stages; None: the
         # plan states no size for some counted output (plan/output_bound.py)
         self.most_tokens = most_counted_tokens(plan)
@@ -73,18 +77,17 @@ class PlanChecks:
         return f"stop_token_ids holds token id {bad}, outside the plan's vocabulary [0, {vocab})"
 
     def route_problem(self, route: dict[str, list[str]]) -> Optional[str]:
-        unknown = sorted(set(route) - set(self.partitions))
-        if unknown:
-            return (f"route names unknown partitions {unknown} (this plan's partitions: "
-                    f"{', '.join(self.partitions)})")
+        """The route's names and whether it leaves every partition out, in the words of `mstar
+        run --route` and a prompts file's (workload.py `route_name_problem`), then its walks'
+        order through the stages. The message starts with "route ", the field it is about."""
+        problem = route_name_problem(route, self.route_names)
+        if problem is not None:
+            return f"route is not one this plan takes: {problem}"
         unfollowed = stages_not_followed(self.partitions, route)
         if unfollowed is not None:
             part, error = unfollowed
             stages = [stage.walks for stage in part.stages]
             return f"route is not one this plan takes: {error} (the stages' walks: {stages})"
-        if all(not route.get(name, [None]) for name in self.partitions):  # as `mstar run` refuses it
-            return (f"route leaves every partition out ({', '.join(self.partitions)}), so the request would run "
-                    "nothing (it ended `stop` with no output); name a walk for at least one")
         return None
 
     def guidance_problem(self, guidance: dict[str, float]) -> Optional[str]:

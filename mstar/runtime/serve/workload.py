@@ -29,8 +29,9 @@ time 0 (or through the closed loop when a concurrency is given). A bad line rais
 naming the file, the line and what is wrong.
 
 Routes (`check_route`): given the plan's `route_names` ({partition: walks of its stages}), a
-route naming an unknown partition or a walk outside that partition's stages is a WorkloadError
-(with a "did you mean" when a known name is close), found before anything runs.
+route naming an unknown partition or a walk outside that partition's stages, or leaving every
+partition out, is a WorkloadError (with a "did you mean" when a known name is close), found before
+anything runs; `route_name_problem` words it, for the Python API's check too (plan_checks.py).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import random
 import re
 from typing import Any, Optional
 
-from mstar.arg_types import INTEGER, SHOWN_CHARS, shown
+from mstar.arg_types import INTEGER, read_int, shown
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem
@@ -94,9 +95,9 @@ def parse_range(text: str, what: str, most: Optional[int] = None) -> tuple[int, 
 
 def _unreadable_integer(parts: list[str], what: str, most: Optional[int]) -> str:
     """What is wrong with a range of integers past Python's digit limit (4300), which int() does not
-    read: too large (or too small), not "not integers"."""
+    read: too large (or too small), not "not integers"; the integer echoed as `shown` clips it."""
     text = next(part.strip() for part in parts if _is_unreadable(part))
-    digits = f"{text[:SHOWN_CHARS]}... ({sum(c.isdigit() for c in text)} digits)"
+    digits = shown(read_int(text))
     if text.startswith("-"):
         return f"{what}: need 1 <= A <= B, got {digits}"
     return f"{what} must be at most {most} tokens, got {digits}" if most is not None else \
@@ -136,21 +137,26 @@ def _did_you_mean(name: str, known: list[str]) -> str:
 def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where: str) -> None:
     """Raise WorkloadError (prefixed by `where`) when `route` names a partition or walk that
     `names` (from `route_names`) does not have. Stage order is left to the conductor."""
+    problem = route_name_problem(route, names)
+    if problem is not None:
+        raise WorkloadError(f"{where}: {problem}")
+
+
+def route_name_problem(route: dict[str, list[str]], names: dict[str, list[str]]) -> Optional[str]:
+    """What `check_route` refuses, in words (also the Python API's and the server's, through
+    plan_checks.py `PlanChecks.route_problem`), else None."""
     for partition, walks in route.items():
         if partition not in names:
-            raise WorkloadError(
-                f"{where}: unknown partition {shown(partition)}{_did_you_mean(partition, list(names))}"
-                f" (partitions: {', '.join(sorted(names))})"
-            )
+            return (f"unknown partition {shown(partition)}{_did_you_mean(partition, list(names))}"
+                    f" (partitions: {', '.join(sorted(names))})")
         for walk in walks:
             if walk not in names[partition]:
-                raise WorkloadError(
-                    f"{where}: partition {partition!r} has no walk {shown(walk)}"
-                    f"{_did_you_mean(walk, names[partition])} (walks: {', '.join(names[partition])})"
-                )
+                return (f"partition {partition!r} has no walk {shown(walk)}"
+                        f"{_did_you_mean(walk, names[partition])} (walks: {', '.join(names[partition])})")
     if names and all(not route.get(partition, [None]) for partition in names):
-        raise WorkloadError(f"{where}: the route leaves every partition out ({', '.join(names)}), so a request "
-                            "would run nothing; name a walk for at least one")
+        return (f"the route leaves every partition out ({', '.join(names)}), so a request would run nothing; "
+                "name a walk for at least one")
+    return None
 
 
 def generate(
