@@ -170,6 +170,12 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
 
         blas_edges.set_enabled(False)
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
+        from mstar.runtime.engine.placement import resolve_device
+
+        try:  # a device the machine lacks is refused before the wait is announced, not after it
+            resolve_device(args.device)
+        except ValueError as error:
+            raise CliError(str(error)) from None
         print("mstar: building the models at the spec's dims (random weights are drawn on the CPU; "
               "a 1B model takes 10-60 s, by the cores)...", file=sys.stderr, flush=True)
     try:

@@ -213,3 +213,14 @@ def test_a_signal_right_after_a_lost_rank_does_not_relabel_the_run(capsys, monke
     err = _error(capsys)
     assert "rank 1 was killed by SIGKILL" in err and "interrupted" not in err
     assert json.loads(report.read_text())["interrupted"] is None
+
+
+def test_missing_gpu_is_refused_before_the_spec_dims_wait_is_announced(capsys, monkeypatch):
+    """`--device cuda --dims spec` on a machine without a GPU printed "building the models at the
+    spec's dims (... 10-60 s ...)" and then the refusal: the device is checked first now."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["run", "--plan", LLAMA, "--device", "cuda", "--dims", "spec", "--requests", "1"]) == 1
+    err = _error(capsys)
+    assert "no CUDA GPU" in err and "building the models" not in err
