@@ -113,3 +113,39 @@ def test_a_requests_own_bad_input_is_flagged_apart_from_a_value_another_node_pas
                                                                       {"latents": torch.zeros(3, 3)})]))
     row = result.rows[0]
     assert row.error is not None and "latents of shape (3, 3)" in row.error and not row.is_input_fault
+
+
+def _omni_audio_row(plan, features):
+    """Qwen3-Omni's audio encoder's row on `features` (feature frames 16 wide at tiny dims)."""
+    engine = TorchEngine(plan)
+    assert engine.add_request("r", Request(id="r", prompt_tokens=[1, 2, 3], max_tokens=8, seed=7)) is None
+    rows = [StepRow("r", "prefill_audio", 1, 0, {"audio_features": features})]
+    return engine.run_step(step(plan, "audio_encoder", rows)).rows[0]
+
+
+@pytest.mark.parametrize("shape", [(10, 7), (10,), (2, 3, 16)])
+def test_a_stand_in_encoders_bad_media_is_the_clients_only_where_the_request_brought_it(shape):
+    """The stateless stand-in encoder's media of a shape it cannot take (7 frames' width where it
+    takes 16, one frame of 10, a 3-D tensor) failed the row as the deployment's fault, so the
+    server answered the client's bad audio with a 500. Now the plan decides (`CallInfo.
+    request_inputs`): Qwen3-Omni's `audio_features` takes the request's audio and nothing else, so
+    the row is flagged `is_input_fault` (a 400); where an edge of the plan persists a value of that
+    name (audio a codec made, which the conductor hands the input before the request's own), the
+    same value is another node's and the deployment's fault (unflagged)."""
+    plan = load_plan(str(GENERATED / "qwen3_omni.plan"))
+    features = torch.zeros(shape)
+    own = _omni_audio_row(plan, features)
+    assert own.error is not None and own.error.startswith("node audio_encoder: ") and own.is_input_fault
+    assert run(engine_for("qwen3_omni"), "audio_encoder", "prefill_audio",
+               {"audio_features": torch.zeros(10, 16)}).outputs  # the width it takes runs
+    codec = plan.model_copy(deep=True)
+    call = next(c for w in codec.walks for c in w.calls if c.node == "Code2Wav")
+    made = call.edges[0].model_copy(update={"name": "audio_features", "is_persist": True})
+    call.edges.append(made)  # the codec's audio persisted under the encoder's input name
+    other = _omni_audio_row(codec, features)
+    assert other.error == own.error and not other.is_input_fault
+    fed = plan.model_copy(deep=True)  # an edge of the walk fills the input (a run slot): not the request's
+    audio = next(c for w in fed.walks if w.name == "prefill_audio" for c in w.calls if c.node == "audio_encoder")
+    index = next(k for k, i in enumerate(audio.inputs) if i.name == "audio_features")
+    audio.inputs[index] = audio.inputs[index].model_copy(update={"slots": [0]})
+    assert not _omni_audio_row(fed, features).is_input_fault

@@ -97,11 +97,12 @@ def make_service(llm: LLM, model: Optional[str] = None) -> Service:
 
 
 @contextmanager
-def running(service: Service) -> Iterator[str]:
-    """A real uvicorn server for `service` on a free port; yields its base URL ending in /v1."""
+def running(service: Service, app: Any = None) -> Iterator[str]:
+    """A real uvicorn server for `service` on a free port (its app, or `app` built for it with more
+    routes); yields its base URL ending in /v1."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(service), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app or build_app(service), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from mstar.plan.schema import EdgePlan, NodePlan, Plan
+from mstar.plan.schema import EdgePlan, NodePlan, Plan, WalkPlan
 
 
 @dataclass
@@ -18,7 +18,9 @@ class CallInfo:
     """What one (node, walk) call consumes and produces, merged over the walk's calls of that node.
 
     input_roles / output_roles: the node's declared role of each input the call takes and of each
-    output its edges carry (name -> role)."""
+    output its edges carry (name -> role). request_inputs: the inputs whose value is always the
+    request's own media (`_request_media`), so a value the node cannot take there is the
+    client's fault; any other input's value came from the deployment (another node, a stand-in)."""
 
     node: str
     walk: str
@@ -27,6 +29,7 @@ class CallInfo:
     loop_max_iters: int = 0  # of the innermost loop around the call, 0 outside loops
     input_roles: dict[str, str] = field(default_factory=dict)
     output_roles: dict[str, str] = field(default_factory=dict)
+    request_inputs: frozenset[str] = frozenset()
 
     @property
     def is_image_flow(self) -> bool:
@@ -60,4 +63,32 @@ def call_table(plan: Plan) -> dict[tuple[str, str], CallInfo]:
                 outputs = {o.name: o.role for o in node.outputs}
                 info.input_roles.update((i.name, roles[i.name]) for i in call.inputs if i.name in roles)
                 info.output_roles.update((e.name, outputs[e.name]) for e in call.edges if e.name in outputs)
+    persisted = {edge.name for walk in plan.walks for edge in _edges(walk) if edge.is_persist}
+    for walk in plan.walks:
+        for name in {call.node for call in walk.calls}:
+            table[(name, walk.name)].request_inputs = _request_media(walk, name, persisted)
     return table
+
+
+def _request_media(walk: WalkPlan, node: str, persisted: set[str]) -> frozenset[str]:
+    """The inputs of `node`'s calls in `walk` that take the request's own media and nothing else:
+    each call sources them from the request's prompt of an image or audio modality, with no run
+    slot (no edge of the walk fills them) and under a name no edge of the plan persists (the
+    conductor hands a persisted value of that name first: a codec's audio, say). An input some
+    call of the walk feeds otherwise is left out: its value may be another node's."""
+    brought: set[str] = set()
+    fed: set[str] = set()
+    for call in walk.calls:
+        if call.node != node:
+            continue
+        for source in call.inputs:
+            is_media = source.source == "prompt" and source.prompt is not None and source.prompt != "text"
+            is_own = is_media and not source.slots and source.name not in persisted
+            (brought if is_own else fed).add(source.name)
+    return frozenset(brought - fed)
+
+
+def _edges(walk: WalkPlan) -> list[EdgePlan]:
+    """Every edge of the walk: its calls' and the onward edges its loops' exits take."""
+    exits = [x.edge for loop in walk.loops for x in loop.exits if x.edge is not None]
+    return [edge for call in walk.calls for edge in call.edges] + exits

@@ -16,7 +16,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.models.qwen3_asr import Qwen3AsrEncoder, num_states
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import StatelessRunner
-from mstar.runtime.engine.runners.values import RequestInputError
+from mstar.runtime.engine.runners.values import input_error
 from mstar.runtime.step import StepRow
 
 
@@ -31,13 +31,13 @@ class Qwen3AsrEncoderRunner(StatelessRunner):
         name = call.input_with("media")
         raw = row.inputs.get(name) if name is not None else None
         if raw is None:
-            raise RequestInputError("this encoder needs the request's audio (a prompts line's `audio` WAV file)")
+            raise input_error(call, name, "this encoder needs the request's audio (a prompts line's `audio` WAV file)")
         samples = torch.as_tensor(raw, dtype=torch.float32)
         if samples.dim() != 1 or samples.numel() == 0:
-            raise RequestInputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
-                                    f"{tuple(samples.shape)}")
+            raise input_error(call, name, f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
+                                          f"{tuple(samples.shape)}")
         count = num_states(samples.numel())
         if self.max_states is not None and count > self.max_states:
-            raise RequestInputError(f"{samples.numel() / 16000:.2f} s of audio gives {count} states, past the node's "
-                                    f"num_tokens={self.max_states}")
+            raise input_error(call, name, f"{samples.numel() / 16000:.2f} s of audio gives {count} states, past "
+                                          f"the node's num_tokens={self.max_states}")
         return self.model(samples)

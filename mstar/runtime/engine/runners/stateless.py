@@ -26,7 +26,7 @@ import torch
 
 from mstar.plan.schema import ChunkPolicyPlan, NodePlan
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, classify, failed_row, synthesise
+from mstar.runtime.engine.runners.values import InputError, classify_input, failed_row, input_error, synthesise
 from mstar.runtime.engine.models.codec import CodecDecoder
 from mstar.runtime.engine.models.snac_codec import SnacCodec
 from mstar.runtime.engine.models.encoders import MediaEncoder
@@ -70,13 +70,19 @@ class StatelessRunner:
 
     def _first_value(self, row: StepRow, call: CallInfo, role: str, kind: str) -> Optional[torch.Tensor]:
         """The first value of `kind` (tokens or embeddings) among the call's inputs of `role`, else None."""
+        return self._first_input(row, call, role, kind)[1]
+
+    def _first_input(self, row: StepRow, call: CallInfo, role: str,
+                     kind: str) -> tuple[Optional[str], Optional[torch.Tensor]]:
+        """`_first_value` and the input it came from (None, None when none has one); a value no
+        input's kind takes is the client's fault where the request brought it (`input_error`)."""
         for name in call.inputs:
             if call.input_roles.get(name) != role:
                 continue
-            value = classify(name, row.inputs.get(name))
+            value = classify_input(call, name, row.inputs.get(name))
             if value.kind == kind:
-                return value.tensor
-        return None
+                return name, value.tensor
+        return None, None
 
     def _stand_in(self, request: RequestState, call: CallInfo, role: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Deterministic media for the call's input of `role` when the request brought none."""
@@ -169,12 +175,13 @@ class EncoderRunner(StatelessRunner):
 
     def _features(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
         dims = self.model.dims
-        features = self._first_value(row, call, "media", "embeddings")
+        name, features = self._first_input(row, call, "media", "embeddings")
         if features is None:
             return self._stand_in(request, call, "media", (dims.num_tokens, dims.feature_dim))
         if features.shape[1] != dims.feature_dim or features.shape[0] > 4096:
-            raise InputError(f"media features of shape {tuple(features.shape)}; the encoder takes "
-                             f"[n <= 4096, {dims.feature_dim}]")
+            # the request's own media (a 400), or a value another node made (the deployment's fault)
+            raise input_error(call, name, f"media features of shape {tuple(features.shape)}; the encoder takes "
+                                          f"[n <= 4096, {dims.feature_dim}]")
         return features
 
 

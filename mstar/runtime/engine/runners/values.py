@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 import torch
 
+from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.step import RowResult, StepRow
 
 
@@ -26,6 +27,23 @@ class InputError(ValueError):
 class RequestInputError(InputError):
     """The value the node cannot take came with the request itself (its audio, its prompt), not
     from another node: the client's fault rather than the deployment's."""
+
+
+def input_error(call: CallInfo, name: Optional[str], message: str) -> InputError:
+    """The error for a value of the call's input `name` that the node cannot take: the client's
+    (`RequestInputError`) where the plan says that input holds the request's own media
+    (`CallInfo.request_inputs`), else the deployment's (another node's output, such as audio a
+    codec made, or a stand-in)."""
+    is_own = name is not None and name in call.request_inputs
+    return RequestInputError(message) if is_own else InputError(message)
+
+
+def classify_input(call: CallInfo, name: str, value: Any) -> Classified:
+    """`classify` of the call's input `name`, its error said as `input_error`'s."""
+    try:
+        return classify(name, value)
+    except InputError as error:
+        raise input_error(call, name, str(error)) from None
 
 
 def failed_row(request_id: str, node_name: str, error: Exception) -> RowResult:

@@ -29,7 +29,7 @@ from mstar.runtime.engine.models.log_mel import NUM_FRAMES, NUM_SAMPLES, log_mel
 from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder, WhisperKv
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import StatelessRunner
-from mstar.runtime.engine.runners.values import InputError, RequestInputError, failed_row
+from mstar.runtime.engine.runners.values import InputError, RequestInputError, failed_row, input_error
 from mstar.runtime.engine.runners.whisper_rules import WhisperRules, WhisperSequence, next_token, processed
 from mstar.runtime.engine.runners.whisper_windows import AudioWindow, WindowError, closed_cut, segment_cut, window_of
 from mstar.runtime.engine.sampling import draw_stream, sample_tokens
@@ -70,8 +70,8 @@ class WhisperEncoderRunner(StatelessRunner):
         else:
             samples = torch.as_tensor(raw, dtype=torch.float32)
             if samples.dim() != 1 or samples.numel() == 0:
-                raise RequestInputError(f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
-                                        f"{tuple(samples.shape)}")
+                raise input_error(call, name, f"audio must be a non-empty 1-D tensor of 16 kHz samples, got "
+                                              f"shape {tuple(samples.shape)}")
         left = call.input_with("signal")
         window = window_of(samples.numel(), row.inputs.get(left) if left is not None else None)
         bins = self.model.dims.num_mel_bins
