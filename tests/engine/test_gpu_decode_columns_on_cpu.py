@@ -324,3 +324,27 @@ def test_hybrid_chunk_steps_in_columns(can_run_ahead):
 def test_hybrid_columns_under_memory_pressure():
     lengths = [(8 + (5 * i) % 16, 12 + (13 * i) % 28) for i in range(6)]
     _compare(_requests(lengths, stops=[], temperatures=[False]), 6, True, 12, False, hybrid=True)
+
+
+@pytest.mark.parametrize("can_run_ahead", [True, False])
+def test_a_steady_row_past_the_pool_ends_its_request_as_on_the_per_row_path(monkeypatch, can_run_ahead):
+    """A started request whose rows would take its KV sequence past the pool's pages can never get
+    them: the per-row path ends it alone (`DecoderRunner._past_pool`); a steady decode row in columns
+    was held instead, until the run loop called the request stalled 30 s on, the pool held all the
+    while. Now the columns end it with the same error at the same step. The GPU runner's rows feed
+    tokens only, so their budget counts them all; the budget here counts the prompt alone, as the
+    declared media tokens (an estimate) undercount what a request's media feed on the per-row
+    runner: "long" (10 + 30 tokens, a budget of 1 page) grows into the second of the pool's 2
+    pages once "short" ends, and its row at the third page ends it; "short" finishes."""
+    monkeypatch.setattr(GpuDecoderRunner, "_budget_tokens", lambda self, request: len(request.prompt_tokens))
+    requests = [Request(id="long", prompt_tokens=list(range(1, 11)), max_tokens=30),
+                Request(id="short", prompt_tokens=list(range(1, 11)), max_tokens=4)]
+    expected, expected_records, _, _ = _run(requests, 2, False, can_run_ahead, 2, False)
+    got, records, num_steady, _ = _run(requests, 2, True, can_run_ahead, 2, False)
+    assert expected_records["long"][0] == ("error: node LLM: the request's KV sequences would grow to 3 pages of 16 "
+                                           "tokens, past the pool's 2: its rows fed more tokens than its start "
+                                           "budget of 1 pages counted (its prompt, max_tokens and the node's "
+                                           "declared media tokens, cut to the pool)")
+    assert records == expected_records and expected_records["short"][0] == "length"
+    assert num_steady > 0 and got == expected  # step by step as the per-row path, the last step in columns
+    assert got[-1][0][0][4] == expected_records["long"][0][len("error: "):]

@@ -19,7 +19,10 @@ host (KV offload: the per-row path moves them back first); and the pool's free p
 the started requests may still claim (`GpuDecoderRunner._admit`'s exact case: no row is then short,
 so no page moves out). A steady row needs at most one page:
 the rows that need one are asked of the admission policy, in step order, through the runner's
-`_admit`, exactly as on the per-row path; the others need nothing.
+`_admit`, exactly as on the per-row path; the others need nothing. A refused row whose request
+has started and would take its sequence past the pool's pages ends that request alone with the
+per-row path's error (`DecoderRunner._past_pool` over the items asked): held, it waited until the
+run loop called it stalled, 30 s on, the pool held all the while.
 
 A mixed step (a chunk step: steady decode rows beside prompt chunks, a new request's prompt, a
 request's first decode row): with `is_mixed_ok` (the engine runs partial steps and the step's
@@ -64,6 +67,7 @@ from mstar.runtime.step import RowResult, StepRow
 
 if TYPE_CHECKING:
     from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, _Ahead, _CallFacts, _Item
+    from mstar.runtime.engine.runners.decoder import _Prepared
     from mstar.runtime.engine.kv.offload import Offload
 
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
@@ -207,6 +211,7 @@ class _Step:
     fresh_items: list[int] = field(default_factory=list)  # the other rows launched here (indices in items)
     pending: Any = None
     places: list[int] = field(default_factory=list)  # the fresh other rows' indices in the step launched
+    asked: list["_Prepared"] = field(default_factory=list)  # the items the admission policy was asked about
 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -223,6 +228,8 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
         index_of = dict(zip([rows[index][0].request_id for index in steady.others], steady.others))
         step.items_at = [index_of[item.row.request_id] for item in step.items]
     failed, is_running = _admit_step(runner, step, rows, is_partial_ok)
+    if failed and is_partial_ok:  # a started request that can never get its pages ends now, as on the per-row path
+        failed = runner._past_pool(step.asked, failed, results)
     if not is_running:
         return results, failed, list  # nothing runs (nor claims what the step launched ahead holds)
     _claim_ahead(runner, step, worker)
@@ -242,7 +249,8 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
 def _admit_step(runner: "GpuDecoderRunner", step: _Step, rows: list[tuple[StepRow, CallInfo, RequestState]],
                 is_partial_ok: bool) -> tuple[list[str], bool]:
     """Admit the step's rows that need memory, as the per-row path does and in its order; drop
-    those refused. Returns (rows short of memory, whether anything runs)."""
+    those refused. Returns (rows short of memory, whether anything runs); the items asked stay on
+    `step.asked`, where `start_steady` finds the rows that can never get their pages."""
     steady, items = step.steady, step.items
     refused: set[int] = set()  # steady rows the admission policy refused
     failed: list[str] = []
@@ -251,6 +259,7 @@ def _admit_step(runner: "GpuDecoderRunner", step: _Step, rows: list[tuple[StepRo
         # a row at a page boundary before another row: one admission of both, in step order
         needy_items = [runner._prepare(*rows[step.at[index]]) for index in needy]
         asked, _ = _merged(needy_items, [step.at[index] for index in needy], items, step.items_at)
+        step.asked = asked
         granted, failed = runner._admit(asked, [], is_partial_ok)
         if failed and not is_partial_ok:
             return failed, False
@@ -259,7 +268,8 @@ def _admit_step(runner: "GpuDecoderRunner", step: _Step, rows: list[tuple[StepRo
         _keep_items(step, is_granted)
         needy = []
     elif items:  # every other row comes before the rows at a page boundary: asked first, as in step order
-        granted, failed = runner._admit(list(items), [], is_partial_ok)
+        step.asked = list(items)
+        granted, failed = runner._admit(step.asked, [], is_partial_ok)
         if failed and not is_partial_ok:
             return failed, False
         _keep_items(step, {id(item) for item in granted})
@@ -267,6 +277,7 @@ def _admit_step(runner: "GpuDecoderRunner", step: _Step, rows: list[tuple[StepRo
         needy = []
     if needy:  # a row at a page boundary: the admission policy decides, as on the per-row path
         asked = [runner._prepare(*rows[step.at[index]]) for index in needy]
+        step.asked = step.asked + asked
         granted, more = runner._admit(asked, [], is_partial_ok)
         if more and not is_partial_ok:
             return more, False
