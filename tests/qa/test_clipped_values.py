@@ -192,3 +192,149 @@ def test_a_route_both_take_is_taken_by_both():
     plan = load_plan(LLAMA)
     check_route({"LLM": ["prefill", "decode"]}, route_names(plan), "--route")
     assert PlanChecks(plan).route_problem({"LLM": ["prefill", "decode"]}) is None
+
+
+# ---------------------------------------------------------------- mstar serve's options
+
+SERVE = ["serve", "--plan", LLAMA, "--engine", "sim", "--port", "0"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--seed", NINES], "argument --seed: must be between -8796093022208 and 8796093022208, got '" + "9" * 39
+     + "... (5000 characters)"),
+    (["--seed", str(10**20)], "argument --seed: must be between -8796093022208 and 8796093022208, got 1" + "0" * 20),
+    (["--port", NINES], "argument --port: must be an integer of at most 4300 digits, got '" + "9" * 39),
+    (["--kv-pages", "x" * 5000], "argument --kv-pages: must be an integer, got '" + "x" * 39),
+    (["--max-waiting", "-1"], "argument --max-waiting: must be between 0 and 10000000, got -1"),
+    (["--max-waiting", NINES], "argument --max-waiting: must be between 0 and 10000000, got '" + "9" * 39),
+    (["--sim-pace", NINES], "argument --sim-pace: must be a number in [0, 1000], got '" + "9" * 39),
+    (["--sim-pace", "1e300"], "argument --sim-pace: must be a number in [0, 1000], got 1e+300"),
+    (["--drain-timeout", "inf"], "argument --drain-timeout: must be a number in [0, 86400], got 'inf'"),
+    (["--drain-timeout", NINES], "argument --drain-timeout: must be a number in [0, 86400], got '" + "9" * 39),
+    (["--drain-timeout", "-1"], "argument --drain-timeout: must be a number in [0, 86400], got -1.0"),
+], ids=["seed-digits", "seed-1e20", "port-digits", "kv-pages-letters", "max-waiting--1", "max-waiting-digits",
+        "sim-pace-digits", "sim-pace-1e300", "drain-inf", "drain-digits", "drain--1"])
+def test_serve_refuses_a_number_out_of_range_as_a_usage_error(capsys, argv, words):
+    """`type=int` and `type=float` echoed a 5000-digit value whole (5,600 characters), and read it
+    as inf for --sim-pace (exit 1) and --drain-timeout (an internal error once the engine was built);
+    --seed 10**20, --max-waiting -1 and --drain-timeout -1 were exit 1 after the same checks."""
+    status, text = _call([*SERVE, *argv], capsys)
+    assert status == 2 and f"mstar serve: error: {words}" in text, text
+    assert len(text) < 1500, len(text)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "-" + "9" * 4000], "--port must be in 0..65535, got -" + "9" * 39 + "... (4000 digits)"),
+    (["--kv-pages", "-" + "9" * 4000], "--kv-pages must be a positive number of pages, got -" + "9" * 39
+     + "... (4000 digits)"),
+    (["--kv-pages", "0"], "--kv-pages must be a positive number of pages, got 0"),
+], ids=["port", "kv-pages", "kv-pages-0"])
+def test_serve_echoes_a_port_or_page_count_out_of_range_clipped(capsys, argv, words):
+    """Their ranges stay checks with exit 1 (as `mstar run --kv-pages`); the value was echoed whole."""
+    status, text = _call([*SERVE, *argv], capsys)
+    assert status == 1 and text.strip() == f"mstar serve: error: {words}", text
+
+
+# ---------------------------------------------------------------- python3 -m mstar.runtime.engine.tp.memory
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tp", NINES], "argument --tp: must be between 1 and 1024, got '" + "9" * 39 + "... (5000 characters)"),
+    (["--tp", "0"], "argument --tp: must be between 1 and 1024, got 0"),  # taken as no --tp: exit 0
+    (["--bytes-per-param", "-3"], "argument --bytes-per-param: must be between 1 and 8, got -3"),  # -10850.5 MiB
+    (["--bytes-per-param", "x" * 5000], "argument --bytes-per-param: must be an integer, got '" + "x" * 39),
+], ids=["tp-digits", "tp-0", "bytes--3", "bytes-letters"])
+def test_tp_memory_refuses_an_option_out_of_range(capsys, argv, words):
+    from mstar.runtime.engine.tp import memory
+
+    status, text = call_main(memory.main, ["--plan", str(ROOT / "generated" / "orpheus_tp2.plan"), *argv], capsys)
+    assert status == 2 and words in text and "MiB" not in text, text
+    assert len(text) < 1500, len(text)
+
+
+# ---------------------------------------------------------------- the Python API's and the HTTP API's values
+
+@pytest.mark.parametrize("params, words", [
+    ({"route": {LABEL: "prefill"}}, "route must map partition names to lists of walk names, got {'" + "x" * 38
+     + "... (10015 characters)"),
+    ({"max_tokens": -(10**5000)}, "max_tokens must be >= 1, got -1" + "0" * 38 + "... (5001 digits)"),
+    ({"stop": ["", LABEL]}, "stop must be a list of non-empty strings, got ['', '" + "x" * 33),
+    ({"top_k": LABEL}, f"top_k must be an integer, got {CLIPPED_LABEL}"),
+], ids=["route", "max_tokens", "stop", "top_k"])
+def test_sampling_params_echo_a_value_clipped(params, words):
+    from mstar.runtime.serve.api import SamplingError, SamplingParams
+
+    with pytest.raises(SamplingError) as refused:
+        SamplingParams(**params).check()
+    assert str(refused.value).startswith(words) and len(str(refused.value)) < 200, refused.value
+
+
+def test_sampling_params_take_a_max_tokens_past_the_digit_limit():
+    """Every check wrote max_tokens into its message first: one past 4,300 digits raised
+    Python's "Exceeds the limit (4300 digits)" ValueError (the plan refuses it later, by its length)."""
+    from mstar.runtime.serve.api import SamplingParams
+
+    SamplingParams(max_tokens=10**5000).check()
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"quality": LABEL}, f"quality {CLIPPED_LABEL} is not supported: auto or standard ("),
+    ({"style": LABEL}, f"style {CLIPPED_LABEL} is not supported: leave it out ("),
+    ({"n": 10**4000}, "n must be 1, got 1" + "0" * 39 + "... (4001 digits)"),
+], ids=["quality", "style", "n"])
+def test_an_image_request_echoes_a_value_clipped(body, words):
+    from mstar.runtime.serve.http_schema import ApiError, ImageBody
+
+    with pytest.raises(ApiError) as refused:
+        ImageBody(model="bagel", prompt="a cat", **body).checks()
+    assert refused.value.status == 400 and refused.value.message.startswith(words), refused.value.message
+    assert len(refused.value.message) < 200
+
+
+def test_a_speech_request_echoes_its_response_format_clipped():
+    from mstar.runtime.serve.http_schema import ApiError, SpeechBody
+
+    with pytest.raises(ApiError) as refused:
+        SpeechBody(model="orpheus", input="hi", response_format=LABEL).checks()
+    assert refused.value.message == f"response_format {CLIPPED_LABEL} is not supported: wav or pcm"
+
+
+# ---------------------------------------------------------------- KV pools too large to allocate
+
+def test_a_kv_cache_echoes_its_page_count_clipped(capsys):
+    """`mstar run --kv-pages <4000 digits>` was a 4,200-character line."""
+    status, text = _call(["run", "--plan", LLAMA, "--requests", "1", "--no-progress", "--kv-pages", "9" * 4000],
+                         capsys)
+    assert status == 1 and text.startswith("mstar: error: cannot allocate a KV cache of " + "9" * 40
+                                           + "... (4000 digits) pages x 16 positions (about 2^"), text
+    assert text.rstrip().endswith("more bytes than one tensor can address; lower kv_pool.num_pages in the deployment "
+                                  "or pass --kv-pages N") and len(text) < 400, text
+
+
+def test_bench_runner_says_in_one_line_that_its_kv_pool_cannot_be_allocated(capsys, monkeypatch):
+    """A pool the machine cannot hold (64 clients of 100000 + 100000 tokens under a 3 GB memory
+    limit: 800,128 pages) was `mstar: internal error (KvCacheError ...)`, its way out the
+    deployment's pages or --kv-pages, neither of which this bench has. Here every tensor is too large."""
+    from mstar.runtime.engine.kv import cache
+
+    monkeypatch.setattr(cache, "MAX_TENSOR_BYTES", 1024)
+    status, text = _call(["bench", "runner", "--rounds", "1", "--no-bytecodes"], capsys)
+    assert status == 1 and text.startswith("mstar bench runner: cannot allocate a KV cache of "), text
+    assert text.rstrip().endswith("more bytes than one tensor can address; the bench sizes the pool for every "
+                                  "request's tokens: ask for fewer or shorter requests") and "--kv-pages" not in text
+
+
+def test_bench_runner_says_in_one_line_that_its_runners_pages_cannot_be_allocated(capsys, monkeypatch):
+    """The fast-path runner's own KV pages are one tensor (`PagedKv`): under a 9.5 GB memory limit
+    the engine's per-layer pool fitted and it did not, torch's RuntimeError an internal error."""
+    from mstar.runtime.engine.gpu import runner
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 6554656768 bytes.\nError code 12")
+
+    monkeypatch.setattr(runner, "PagedKv", refuse)
+    status, text = _call(["bench", "runner", "--rounds", "1", "--no-bytecodes"], capsys)
+    assert status == 1 and len(text.strip().splitlines()) == 1, text
+    assert text.startswith("mstar bench runner: cannot build the fast-path runner of LLM with ") and \
+        "KV pages: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you " \
+        "tried to allocate 6554656768 bytes. Error code 12; the bench sizes the pool" in text, text

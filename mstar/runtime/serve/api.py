@@ -49,6 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Optional, Sequence, Union, cast
 
+from mstar.arg_types import shown
 from mstar.plan.rounds import kv_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
@@ -109,27 +110,29 @@ class SamplingParams:
 
     def check(self) -> None:
         """Raise SamplingError naming the first value of the wrong kind or out of range (a value
-        of the wrong kind once reached the run loop and stopped it for every request)."""
+        of the wrong kind once reached the run loop and stopped it for every request). Values are
+        echoed by `shown`: a route's 10,000-character name was echoed whole, and any max_tokens
+        past 4,300 digits, even a valid one, raised Python's ValueError of int -> str instead."""
         for name in ("max_tokens", "top_k", "seed"):
             value = getattr(self, name)
             if value is not None and not is_integer(value):
-                raise SamplingError(f"{name} must be an integer, got {value!r}")
+                raise SamplingError(f"{name} must be an integer, got {shown(value)}")
         for name in ("temperature", "top_p", "repetition_penalty"):
             value = getattr(self, name)
             if value is not None and not is_real(value):
-                raise SamplingError(f"{name} must be a number, got {value!r}")
+                raise SamplingError(f"{name} must be a number, got {shown(value)}")
         problems = [
-            (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {shown(self.max_tokens)}"),
             (not _is_list_of(self.stop_token_ids, lambda t: is_integer(t) and t >= 0),
-             f"stop_token_ids must be a list of non-negative token ids, got {self.stop_token_ids!r}"),
+             f"stop_token_ids must be a list of non-negative token ids, got {shown(self.stop_token_ids)}"),
             (not _is_list_of(self.stop, lambda t: isinstance(t, str) and bool(t)),
-             f"stop must be a list of non-empty strings, got {self.stop!r}"),
+             f"stop must be a list of non-empty strings, got {shown(self.stop)}"),
             (not isinstance(self.route, dict) or not all(
                 isinstance(k, str) and _is_list_of(v, lambda w: isinstance(w, str)) for k, v in self.route.items()),
-             f"route must map partition names to lists of walk names, got {self.route!r}"),
+             f"route must map partition names to lists of walk names, got {shown(self.route)}"),
             (not isinstance(self.guidance, dict) or not all(
                 isinstance(k, str) and is_real(v) and math.isfinite(v) and v >= 0 for k, v in self.guidance.items()),
-             f"guidance must map guidance labels to finite scales >= 0, got {self.guidance!r}"),
+             f"guidance must map guidance labels to finite scales >= 0, got {shown(self.guidance)}"),
         ]
         for is_bad, message in problems:
             if is_bad:

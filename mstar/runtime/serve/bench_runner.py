@@ -56,6 +56,7 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.packing import RowSpec
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
+from mstar.runtime.engine.kv.cache import KvCacheError
 from mstar.runtime.engine.models.kinds import call_table
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.runners.decoder import DecoderRunner
@@ -120,16 +121,27 @@ def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int, is_columnar: b
     """A tiny-dims CPU engine whose fast-path node runs a `GpuDecoderRunner` on a `StubExecutor`
     (is_columnar False: its steady decode steps row by row too, `gpu/decode_columns.py`)."""
     name = fast_node(plan)
-    engine = TorchEngine(plan, num_pages=num_pages)
+    # Both pools are sized by the bench from its requests' tokens: one too large for the machine was
+    # an internal error, and the engine's way out (the deployment's pages, --kv-pages) is not this
+    # command's.
+    sized = "the bench sizes the pool for every request's tokens: ask for fewer or shorter requests"
+    try:
+        engine = TorchEngine(plan, num_pages=num_pages)
+    except KvCacheError as error:
+        raise BenchError(f"{error.problem}; {sized}") from None
     reference = engine.runners[name]
     assert isinstance(reference, DecoderRunner)
     node = next(n for n in plan.nodes if n.name == name)
     position = engine.positions[name]
     model = build_decoder(reference.dims, torch.device("cpu"), torch.float32, position=position, seed=0)
-    runner = GpuDecoderRunner(node, reference.dims, model, reference.pool.page_size, num_pages,
-                              reference.max_seq_len, 0, CPU, decode_family(plan, name), is_flashinfer=False,
-                              position=position, can_run_ahead=can_run_ahead, slots=reference.slots,
-                              prefix_cache=reference.pool.cache is not None)
+    try:
+        runner = GpuDecoderRunner(node, reference.dims, model, reference.pool.page_size, num_pages,
+                                  reference.max_seq_len, 0, CPU, decode_family(plan, name), is_flashinfer=False,
+                                  position=position, can_run_ahead=can_run_ahead, slots=reference.slots,
+                                  prefix_cache=reference.pool.cache is not None)
+    except RuntimeError as error:  # torch's word for an allocation it cannot make (its KV pages: one tensor)
+        raise BenchError(f"cannot build the fast-path runner of {name} with {num_pages} KV pages: "
+                         f"{' '.join(str(error).split())[:300]}; {sized}") from None
     token = next(t for t in range(1, 1 << 20) if t not in runner.stop_tokens)
     runner.executor = StubExecutor(runner.executor.max_rows, token)  # type: ignore[assignment]
     runner.is_columnar = is_columnar

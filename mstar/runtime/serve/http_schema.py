@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from mstar.arg_types import shown
 from mstar.runtime.serve.api import PromptError, SamplingParams, flat_message
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -109,7 +110,7 @@ class _Body(BaseModel):
             if extra.get(name) is not None:
                 raise ApiError(400, f"{name} is not supported", param=name)
         if self.n not in (None, 1):
-            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}", param="n")
+            raise ApiError(400, f"n must be 1 (one choice per request), got {shown(self.n)}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise ApiError(400, f"{name} is not supported (use repetition_penalty)", param=name)
@@ -216,7 +217,7 @@ class SpeechBody(BaseModel):
     def checks(self) -> None:
         self._check_stream()
         if self.response_format not in ("wav", "pcm"):
-            raise ApiError(400, f"response_format {self.response_format!r} is not supported: wav or pcm",
+            raise ApiError(400, f"response_format {shown(self.response_format)} is not supported: wav or pcm",
                            param="response_format")
         if self.speed not in (None, 1, 1.0):
             raise ApiError(400, "speed other than 1.0 is not supported", param="speed")
@@ -295,14 +296,15 @@ class ImageBody(BaseModel):
             raise ApiError(400, f"{field}: this server answers an image whole, not as a stream of partial images",
                            param=field)
         if self.n not in (None, 1):
-            raise ApiError(400, f"n must be 1, got {self.n}", param="n")
+            raise ApiError(400, f"n must be 1, got {shown(self.n)}", param="n")
         if self.response_format not in (None, "b64_json"):
             raise ApiError(400, "response_format must be b64_json (this server keeps no files to link to)",
                            param="response_format")
         for name, taken, why in IMAGE_CHOICES:
             value = getattr(self, name)
             if value is not None and value not in taken:
-                raise ApiError(400, f"{name} {value!r} is not supported: {' or '.join(taken) or 'leave it out'} "
+                # the value clipped: a 10,000-character one was echoed whole
+                raise ApiError(400, f"{name} {shown(value)} is not supported: {' or '.join(taken) or 'leave it out'} "
                                f"({why})", param=name)
         if not self.prompt:
             raise ApiError(400, "prompt must not be empty", param="prompt")

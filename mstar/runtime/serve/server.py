@@ -22,12 +22,19 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from mstar.arg_types import path_arg
-from mstar.runtime.serve.engine_setup import ENGINES, SetupError, torch_options_set
+from mstar.arg_types import float_range, int_range, integer, path_arg, shown
+from mstar.runtime.serve.engine_setup import ENGINES, SEED_BOUND, SetupError, torch_options_set
 
 DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
 
 DEFAULT_DRAIN_S = 30.0
+# A drain of more than a day is no drain: inf was an internal error (graceful_timeout_s's ceil), and
+# a finite 1e300 overflows the run loop's close (a thread join).
+MAX_DRAIN_S = 86_400.0
+# The sim engine sleeps pace x a step's modelled time: past this a millisecond step takes over a
+# second, and a pace of 1e300 failed every request (time.sleep overflowed in the run loop).
+MAX_SIM_PACE = 1000.0
+MAX_WAITING = 10_000_000  # as many as `mstar run --requests` makes
 
 
 def model_name(text: str) -> str:
@@ -48,32 +55,36 @@ def parser() -> argparse.ArgumentParser:
                    help="checkpoint directory (as mstar run)")
     p.add_argument("--tokenizer", metavar="DIR", type=path_arg, help="directory with tokenizer.json (as mstar run)")
     p.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine model dims (default tiny)")
-    p.add_argument("--kv-pages", type=int, help="KV pool pages per kv node (overrides the plan)")
+    # --kv-pages and --port keep their range checks in _check, exit status 1: --kv-pages's is mstar run's,
+    # and --port's runs before the socket is bound
+    p.add_argument("--kv-pages", type=integer, help="KV pool pages per kv node (overrides the plan)")
     p.add_argument("--device", default="cpu", help="torch engine: cpu or cuda[:N]")
     p.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto")
-    p.add_argument("--seed", type=int, default=0, help="engine seed (random weights)")
+    p.add_argument("--seed", type=int_range(-SEED_BOUND, SEED_BOUND), default=0,
+                   help="engine seed (random weights; within +-2**43, as mstar run)")
     p.add_argument("--no-blas-pdl", action="store_true",
                    help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's products ordinary "
                         "(as mstar run; default: programmatic)")
-    p.add_argument("--sim-pace", type=float, default=1.0,
-                   help="sim engine: wall seconds per modelled second (default 1; 0: as fast as the host goes)")
+    p.add_argument("--sim-pace", type=float_range(0, MAX_SIM_PACE), default=1.0,
+                   help=f"sim engine: wall seconds per modelled second, in [0, {MAX_SIM_PACE:g}] (default 1; 0: as "
+                        "fast as the host goes)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=integer, default=8000, help="port, 0..65535 (default 8000; 0: one the system picks)")
     p.add_argument("--model", type=model_name, help="the model name clients send (default: the plan's model name)")
-    p.add_argument("--max-waiting", type=int, default=256,
-                   help="requests that may wait beyond the plan's max_concurrent_requests before 429 (default 256)")
-    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_S,
-                   help=f"seconds in-flight requests get to finish after SIGTERM (default {DEFAULT_DRAIN_S:.0f})")
+    p.add_argument("--max-waiting", type=int_range(0, MAX_WAITING), default=256,
+                   help="requests that may wait beyond the plan's max_concurrent_requests before 429 "
+                        f"(0..{MAX_WAITING}, default 256)")
+    p.add_argument("--drain-timeout", type=float_range(0, MAX_DRAIN_S), default=DEFAULT_DRAIN_S,
+                   help=f"seconds in-flight requests get to finish after SIGTERM, in [0, {MAX_DRAIN_S:g}] "
+                        f"(default {DEFAULT_DRAIN_S:.0f})")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
 
 def _check(args: argparse.Namespace) -> None:
     _check_port(args.port)
-    if args.max_waiting < 0:
-        raise SetupError(f"--max-waiting must be >= 0, got {args.max_waiting}")
-    if not args.drain_timeout >= 0:
-        raise SetupError(f"--drain-timeout must be >= 0 seconds, got {args.drain_timeout}")
+    if args.kv_pages is not None and args.kv_pages <= 0:  # mstar run's words
+        raise SetupError(f"--kv-pages must be a positive number of pages, got {shown(args.kv_pages)}")
     if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
         raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
     torch_only = torch_options_set(args.device, args.dims, args.attention)
@@ -85,7 +96,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def _check_port(port: int) -> None:
     if not 0 <= port <= 65535:  # before the socket: a negative port read as a host that does not resolve
-        raise SetupError(f"--port must be in 0..65535, got {port}")
+        raise SetupError(f"--port must be in 0..65535, got {shown(port)}")
 
 
 def build(args: argparse.Namespace) -> Any:

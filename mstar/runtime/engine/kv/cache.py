@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from mstar.arg_types import shown
 from mstar.runtime.engine.kv.pages import PagePool
 
 
@@ -26,7 +27,14 @@ _CPU = torch.device("cpu")  # the default device (a module constant, not a call 
 
 
 class KvCacheError(ValueError):
-    """The KV tensors of a pool cannot be allocated (the message names the pool and a way out)."""
+    """The KV tensors of a pool cannot be allocated: the message names the pool (its page count
+    clipped by `shown`: `--kv-pages` of 4000 digits was echoed whole), then a way out. `problem` is
+    the message without the way out, for a command that sizes the pool from options of its own
+    (`mstar bench runner` has no deployment or --kv-pages to lower)."""
+
+    def __init__(self, problem: str, way_out: str = ""):
+        super().__init__(f"{problem}; {way_out}" if way_out else problem)
+        self.problem = problem
 
 
 class KvCache:
@@ -43,10 +51,9 @@ class KvCache:
         # torch reports an impossible allocation (CPU or GPU) as RuntimeError
         except (RuntimeError, MemoryError) as error:
             raise KvCacheError(
-                f"cannot allocate a KV cache of {pool.num_pages} pages x {pool.page_size} positions "
-                f"({gib(num_bytes)} for {num_layers} layers): {str(error).splitlines()[0]}; "
-                "lower kv_pool.num_pages in the deployment or pass --kv-pages N"
-            ) from None
+                f"cannot allocate a KV cache of {shown(pool.num_pages)} pages x {pool.page_size} positions "
+                f"({gib(num_bytes)} for {num_layers} layers): {str(error).splitlines()[0]}",
+                "lower kv_pool.num_pages in the deployment or pass --kv-pages N") from None
 
     def flat_positions(self, page_table: list[int], num_tokens: int) -> torch.Tensor:
         """Flat cache indices of positions 0..num_tokens-1 of a sequence with this page table."""

@@ -5,7 +5,8 @@
 and each rank's (the rank's `ShardedDecoder` built on the meta device: nothing is allocated), plus
 the KV cache bytes per token of one rank. `--tp` defaults to the node's TP group size in the plan
 (2 when it has none). Nothing is run; the figures are exact counts of the modules' parameters. A
-missing or bad plan, or dims that do not split over the ranks, is an error message and exit 1.
+missing or bad plan, or dims that do not split over the ranks, is an error message and exit 1; a
+`--tp` outside 1..1024 or a `--bytes-per-param` outside 1..8 is a usage error (exit 2).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from mstar.arg_types import int_range
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.schema import Plan
 from mstar.plan.dims import DIMS_MODES, DecoderDims, DimsError, DimsMode, decoder_dims
@@ -42,8 +44,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m mstar.runtime.engine.tp.memory", description=__doc__)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--dims", choices=DIMS_MODES, default="spec")
-    parser.add_argument("--tp", type=int, default=None)
-    parser.add_argument("--bytes-per-param", type=int, default=2, help="2 for bf16 (the GPU), 4 for fp32 (the CPU)")
+    # --tp 0 was taken as no --tp (the plan's group size) and a negative --bytes-per-param printed
+    # negative MiB. Each rank needs whole query heads: the checked-in models have at most 64
+    parser.add_argument("--tp", type=int_range(1, 1024), default=None,
+                        help="ranks to split over, 1..1024 (default: the node's TP group size in the plan, else 2)")
+    parser.add_argument("--bytes-per-param", type=int_range(1, 8), default=2,
+                        help="1..8: 2 for bf16 (the GPU), 4 for fp32 (the CPU)")
     args = parser.parse_args(argv)
     try:
         _report(load_plan(args.plan), args.dims, args.tp, args.bytes_per_param)
