@@ -269,6 +269,18 @@ def test_a_constructor_argument_of_the_wrong_kind_is_a_setup_error(arguments, sa
         LLM(LLAMA, **arguments)
 
 
+@pytest.mark.parametrize("arguments", [
+    {"engine": "sim", "kv_pages": -10**4000}, {"engine": "sim", "seed": 10**5000},
+    {"engine": "sim", "weights": [10**5000]}, {"engine": "sim", "tokenizer": 10**5000},
+])
+def test_a_long_constructor_argument_is_echoed_clipped(arguments):
+    """kv_pages=-10**4000 was echoed whole (4,000 digits) and a seed past 4,300 digits raised
+    Python's int-to-str limit instead of the SetupError."""
+    with pytest.raises(SetupError) as refused:
+        LLM(LLAMA, **arguments)
+    assert len(str(refused.value)) < 200
+
+
 def test_an_observer_that_raises_is_logged_and_every_request_is_answered(caplog):
     """Its on_step raised on the run loop's thread, which stopped before it answered: generate never
     returned."""

@@ -18,6 +18,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
+from mstar.arg_types import shown
 from mstar.plan.schema import Plan
 
 ENGINES = ("torch", "sim")
@@ -120,13 +121,13 @@ def _check_engine_arguments(kind: str, weights: Any, kv_pages: Any, seed: Any, s
     it has no model for)."""
     check_paths(weights, None)
     if kv_pages is not None and (not is_integer(kv_pages) or kv_pages <= 0):
-        raise SetupError(f"kv pages must be a positive integer, got {kv_pages!r}")
+        raise SetupError(f"kv pages must be a positive integer, got {shown(kv_pages)}")
     if not is_integer(seed) or abs(seed) > SEED_BOUND:
-        raise SetupError(f"seed must be an integer within +-2**43, got {seed!r}")
+        raise SetupError(f"seed must be an integer within +-2**43, got {shown(seed)}")
     if kind != "sim":
         return
     if not is_real(sim_pace) or not 0 <= float(sim_pace) < math.inf:
-        raise SetupError(f"the simulated engine's pace must be a finite number >= 0, got {sim_pace!r}")
+        raise SetupError(f"the simulated engine's pace must be a finite number >= 0, got {shown(sim_pace)}")
     if torch_only:  # weights may come with the sim engine: their folder may hold the tokenizer
         raise SetupError(f"{', '.join(o.lstrip('-') for o in torch_only)}: options of the torch engine's model; "
                          "the sim engine has none (leave them out, or use engine='torch')")
@@ -137,9 +138,9 @@ def check_paths(weights: Any, tokenizer: Any) -> None:
     `tokenizer` None or a directory (a None or an int among them raised from deep inside)."""
     if weights is not None and (isinstance(weights, (str, bytes)) or not isinstance(weights, (list, tuple))
                                 or not all(isinstance(w, (str, os.PathLike)) for w in weights)):
-        raise SetupError(f"weights must be a list of checkpoint directories (DIR or NODE=DIR), got {weights!r}"[:300])
+        raise SetupError(f"weights must be a list of checkpoint directories (DIR or NODE=DIR), got {shown(weights)}")
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        raise SetupError(f"tokenizer must be a directory holding tokenizer.json, got {tokenizer!r}"[:300])
+        raise SetupError(f"tokenizer must be a directory holding tokenizer.json, got {shown(tokenizer)}")
 
 
 def is_integer(value: Any) -> bool:
