@@ -6,15 +6,23 @@ bench`, `mstar run`'s) and their paths: one range check, one message.
     integer(text) -> int                an int, its range the command's to check
     float_range(low, high) -> type      a number in [low, high] or (low, high], never NaN
     ITERS = int_range(1, 100_000)       the timed repetitions of a bench
-    path_arg(text) -> str               a path that is not empty
+    path_arg(text) -> str               a path the OS can name: not empty, no name or whole too long
+    weights_arg(text) -> str            a --weights entry, DIR or NODE=DIR, its DIR as path_arg takes it
+    path_problem(path) -> str or None   why path_arg refuses a path (mstar run's and the Python API's check)
+    weights_problem(entry) -> ...       why weights_arg refuses an entry
     shown(value) -> str                 a value as a message echoes it: repr, clipped past SHOWN_CHARS
+    shown_path(path) -> str             a path as a message names it: whole, clipped past SHOWN_PATH_CHARS
+    os_error_text(error) -> str         an OSError's strerror and file names, clipped
     read_int(text) -> int               int(text), also past Python's 4,300-digit limit of int()
 
 Given as `add_argument(..., type=...)`, a value out of range (or not an integer) is refused by
 argparse itself: `mstar bench NAME: error: argument --NAME: must be between 1 and 100000, got 0`
 and exit status 2, before any work starts. So is an empty path (`path_arg`): `Path("")` is the
 working directory, so `--root ""` (an unset shell variable) rebuilt the working directory's
-generated/ and `mstarc init -o ""` wrote the spec to its default place, each with exit 0.
+generated/ and `mstarc init -o ""` wrote the spec to its default place, each with exit 0. So is a
+path the OS cannot name (a name in it longer than NAME_MAX bytes, or the whole PATH_MAX bytes or
+more): os.stat raised ENAMETOOLONG from deep inside, an internal error (`mstarc regen --root`) or
+`mstar: error: [Errno 36] File name too long: '<all 5,000 characters>'`.
 
 argparse's own `type=int` and `type=float` echoed a refused value whole (a 5000-digit one in a
 5,900-character line), and `type=float` read such a number as infinity: these types echo it through
@@ -23,18 +31,24 @@ argparse's own `type=int` and `type=float` echoed a refused value whole (a 5000-
 
 Like `mstar.files`, this module sits below the packages whose commands parse arguments (the bench
 mains live in runtime.serve and runtime.engine, which cannot import cli) and imports none of them;
-`shown` is the one clipper of messages, so the plan and the conductor import it too.
+`shown` is the one clipper of the values messages echo (`shown_path` of the paths they name), so
+the plan, the conductor and the file readers import them too.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 SHOWN_CHARS = 40  # of a value echoed in a message
+# of a path named in a message: real paths are shorter and are named whole (`shown`'s 40 would cut
+# a test's or a checkpoint's path); past it, its head and its tail (the file's own name) are kept
+SHOWN_PATH_CHARS = 200
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits in bytes, where os.pathconf cannot say
 INTEGER = re.compile(r"\s*[+-]?\d+(_\d+)*\s*")  # what int() reads, at any length
 
 
@@ -152,11 +166,93 @@ def float_range(low: float, high: float, *, is_low_open: bool = False) -> Callab
 ITERS = int_range(1, 100_000)
 
 
-def path_arg(text: str) -> str:
-    """A file or directory path that is not the empty string."""
+def shown_path(path: Any) -> str:
+    """A path (str, bytes or os.PathLike) as a message names it: as written, unquoted as messages
+    name paths, up to SHOWN_PATH_CHARS characters; past that its head and tail around "..." and
+    its length (a 5,000-character --prompts was echoed whole in "cannot read prompts file ...")."""
+    try:
+        text = os.fsdecode(path)
+    except TypeError:  # not a path at all: what the caller was given, written as it is
+        text = str(path)
+    if len(text) <= SHOWN_PATH_CHARS:
+        return text
+    keep = SHOWN_PATH_CHARS // 2 - 10
+    return f"{text[:keep]}...{text[-keep:]} ({len(text)} characters)"
+
+
+def os_error_text(error: OSError) -> str:
+    """An OSError as a message says it: its strerror and the file name(s) it names through
+    `shown_path` (str(error) put "[Errno 36]" and the whole 5,000-character name in the line)."""
+    if error.strerror is None:  # raised with a message of its own, not by a system call
+        return shown_path(str(error))
+    names = [shown_path(name) for name in (error.filename, error.filename2) if name is not None]
+    return error.strerror + (f": {' -> '.join(names)}" if names else "")
+
+
+def _os_limits(text: str) -> tuple[int, int]:
+    """NAME_MAX and PATH_MAX (bytes) of the file system a path starts on: its root's, or the
+    working directory's for a relative path; Linux's where os.pathconf cannot say."""
+    where = os.sep if os.path.isabs(text) else os.curdir
+    try:
+        name_max, path_max = os.pathconf(where, "PC_NAME_MAX"), os.pathconf(where, "PC_PATH_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or the working directory is gone
+        return NAME_MAX, PATH_MAX
+    return name_max if name_max > 0 else NAME_MAX, path_max if path_max > 0 else PATH_MAX  # -1: no limit told
+
+
+def path_problem(path: Any) -> Optional[str]:
+    """Why `path` is no path the OS can name, worded to follow its option's name (`--plan needs a
+    path ...`), or None. Checked before any use: os.stat raised ENAMETOOLONG from wherever the
+    path was first touched (`mstarc regen --root`: an internal error), and the message held the
+    path whole. A name longer than NAME_MAX bytes, or a whole of PATH_MAX bytes or more (the
+    count holds the C string's NUL), is refused as the kernel refuses it."""
+    text = os.fsdecode(path)
     if not text:
-        raise argparse.ArgumentTypeError("needs a path, got an empty one")
+        return "needs a path, got an empty one"
+    if "\0" in text:
+        return f"needs a path without a NUL byte, got {shown(text)}"
+    try:
+        size = len(os.fsencode(text))
+    except UnicodeEncodeError:  # a lone surrogate (the Python API's "\ud800"): os.stat raised it too
+        return f"needs a path the file system can encode, got {shown(text)}"
+    name_max, path_max = _os_limits(text)
+    if size >= path_max:
+        return (f"needs a path shorter than {path_max} bytes (this system's limit), got one of {size} bytes: "
+                f"{shown(text)}")
+    parts = text.split(os.sep) if os.altsep is None else text.replace(os.altsep, os.sep).split(os.sep)
+    longest = max(len(os.fsencode(part)) for part in parts)
+    if longest > name_max:
+        return (f"needs a path whose names are at most {name_max} bytes each (this system's limit), got one "
+                f"with a name of {longest} bytes: {shown(text)}")
+    return None
+
+
+def path_arg(text: str) -> str:
+    """A file or directory path the OS can name (`path_problem`): not the empty string."""
+    problem = path_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
 path_arg.__name__ = "path"
+
+
+def weights_problem(entry: Any) -> Optional[str]:
+    """`path_problem` of a `--weights` entry, DIR or NODE=DIR: None where the entry or its DIR (the
+    part after the first '='; which one it is, the plan's nodes decide) is a path the OS can name,
+    so `NODE=` followed by a path near the limits is taken; `LLM=` is weights_by_node's to refuse."""
+    problem = path_problem(entry)
+    _, sep, directory = os.fsdecode(entry).partition("=")
+    return None if problem is None or (sep and path_problem(directory) is None) else problem
+
+
+def weights_arg(text: str) -> str:
+    """A `--weights` entry as `weights_problem` takes it."""
+    problem = weights_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+weights_arg.__name__ = "path"

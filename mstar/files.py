@@ -6,7 +6,7 @@ Writes go to a temporary file beside the target, are flushed and fsynced, then r
 so the old file survives any failure (a full disk, an interrupt) and readers never see half a file.
 
 This module sits below every other package (lang, compiler, plan, runtime, cli may all import it)
-and imports none of them.
+and imports none of them; only mstar.arg_types, which sits as low, for `shown_path`.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import stat
 import tempfile
 from pathlib import Path
 from typing import Optional, Sequence, Union
+
+from mstar.arg_types import shown_path
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -40,7 +42,7 @@ class InputFileError(Exception):
     their own message."""
 
     def __init__(self, what: str, path, reason: str):
-        super().__init__(f"{what} {path}: {reason}")
+        super().__init__(f"{what} {shown_path(path)}: {reason}")  # a path past 200 characters clipped
         self.what, self.path, self.reason = what, path, reason
 
 

@@ -33,7 +33,9 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from mstar.arg_types import float_range, int_range, integer, shown
+from mstar.arg_types import (
+    float_range, int_range, integer, os_error_text, path_problem, shown, shown_path, weights_problem,
+)
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
@@ -296,12 +298,13 @@ def _lay_out_audio(plan: Any, workload: Any) -> None:
 def _check_file_target(option: str, path: str) -> None:
     """Refuse a file output that cannot be written: a directory, or an unwritable place."""
     if os.path.isdir(path):
-        raise CliError(f"{option} {path} is a directory")
+        raise CliError(f"{option} {shown_path(path)} is a directory")
     parent = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(parent, exist_ok=True)
     except OSError as error:
-        raise CliError(f"{option} {path}: cannot create directory {parent}: {error.strerror}") from None
+        raise CliError(f"{option} {shown_path(path)}: cannot create directory {shown_path(parent)}: "
+                       f"{error.strerror}") from None
     _probe_writable(option, path, parent)
 
 
@@ -317,18 +320,18 @@ def _probe_writable(option: str, path: str, folder: str) -> None:
             with tempfile.TemporaryFile(dir=folder):
                 pass
     except OSError as error:
-        raise CliError(f"{option} {path} is not writable ({error.strerror})") from None
+        raise CliError(f"{option} {shown_path(path)} is not writable ({error.strerror})") from None
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Check --out, --report and --timeline before the run, so a bad path costs no run time."""
     if args.out:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
-            raise CliError(f"--out {args.out} exists and is not a directory")
+            raise CliError(f"--out {shown_path(args.out)} exists and is not a directory")
         try:
             os.makedirs(args.out, exist_ok=True)
         except OSError as error:
-            raise CliError(f"--out {args.out}: cannot create directory: {error.strerror}") from None
+            raise CliError(f"--out {shown_path(args.out)}: cannot create directory: {error.strerror}") from None
         _probe_writable("--out", args.out, args.out)
     for option, path in (("--report", args.report), ("--timeline", args.timeline),
                          ("--gpu-profile", args.gpu_profile)):
@@ -354,16 +357,24 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
         problem = format_problem(args.timeline)
         if problem:
-            raise CliError(f"--timeline {args.timeline}: {problem}")
+            raise CliError(f"--timeline {shown_path(args.timeline)}: {problem}")
 
 
 def _check_paths_given(args: argparse.Namespace) -> None:
-    """An empty path is refused before anything is read: one to write was taken for no option
-    (exit 0, nothing written), one to read for the working directory (`--plan ""`: "cannot read
-    plan .: is a directory")."""
+    """A path the OS cannot name (arg_types.path_problem) is refused before anything is read: an
+    empty one to write was taken for no option (exit 0, nothing written), one to read for the
+    working directory (`--plan ""`: "cannot read plan .: is a directory"); a name past NAME_MAX
+    raised ENAMETOOLONG wherever it was first used, its 5,000 characters in the message. Exit 1
+    with the command's other refusals, as `mstar run` refused an empty path before path_arg."""
     for option in ("plan", "prompts", "tokenizer", "out", "report", "timeline", "gpu_profile"):
-        if getattr(args, option) == "":
-            raise CliError(f"--{option.replace('_', '-')} needs a path, got an empty one")
+        path = getattr(args, option)
+        problem = path_problem(path) if path is not None else None
+        if problem is not None:
+            raise CliError(f"--{option.replace('_', '-')} {problem}")
+    for entry in args.weights or []:
+        problem = weights_problem(entry) if entry else None  # an empty one: weights_by_node's words
+        if problem is not None:
+            raise CliError(f"--weights {problem}")
 
 
 def _check_distinct_files(args: argparse.Namespace) -> None:
@@ -379,7 +390,7 @@ def _check_distinct_files(args: argparse.Namespace) -> None:
     for option, path in writes:
         real = os.path.realpath(path)
         if real in taken:
-            raise CliError(f"{option} {path} is the file of {taken[real]}: give it a path of its own")
+            raise CliError(f"{option} {shown_path(path)} is the file of {taken[real]}: give it a path of its own")
         taken[real] = option
 
 
@@ -514,8 +525,8 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
         return "inproc"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         if int(os.environ["WORLD_SIZE"]) != num_ranks:
-            raise CliError(f"torchrun started WORLD_SIZE={os.environ['WORLD_SIZE']} processes but plan {args.plan} "
-                           f"has {num_ranks} ranks; start one process per rank")
+            raise CliError(f"torchrun started WORLD_SIZE={os.environ['WORLD_SIZE']} processes but plan "
+                           f"{shown_path(args.plan)} has {num_ranks} ranks; start one process per rank")
         return "torchrun"
     return "spawn" if args.ranks == "processes" or num_ranks > 1 else "inproc"
 
@@ -778,10 +789,10 @@ def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinis
     num_finished = sum(1 for r in records if r.is_finished)
     parts = [f"{num_finished} requests finished, {num_unfinished} not"]
     if writer is not None:
-        parts.append(f"kept {writer.num_lines} in {writer.path} with {writer.num_media} media files")
+        parts.append(f"kept {writer.num_lines} in {shown_path(writer.path)} with {writer.num_media} media files")
     is_report_written = not any(p.startswith(("--report", "stopped")) for p in problems)
     if args.report and is_report_written:
-        parts.append(f"report {args.report} marked interrupted")
+        parts.append(f"report {shown_path(args.report)} marked interrupted")
     return "; ".join(parts)
 
 
@@ -813,8 +824,8 @@ def _guarded(command: Callable[[], int]) -> int:
     except CliError as error:
         print(f"mstar: error: {error}", file=sys.stderr)
         return 1
-    except OSError as error:
-        print(f"mstar: error: {error}", file=sys.stderr)
+    except OSError as error:  # str(error) held "[Errno N]" and the whole file name (5,000 characters)
+        print(f"mstar: error: {os_error_text(error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # before `mstar run` set its own handlers
         print("mstar: interrupted", file=sys.stderr)

@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from mstar.arg_types import int_range, path_arg
+from mstar.arg_types import int_range, os_error_text, path_arg, shown, shown_path
 from mstar.cli.common import global_parser, take_global_options
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
@@ -44,25 +44,24 @@ def _report(diags) -> None:
 def _write_problem(target, error: OSError) -> str:
     """`mstarc: cannot write TARGET: why`, naming the path that failed when it is not TARGET
     (a parent directory that could not be made because a file has its name, say)."""
-    why = error.strerror or str(error)
+    why = error.strerror or shown_path(str(error))
     failed = error.filename
     if isinstance(error, FileExistsError) and failed:
-        why = f"{failed} exists and is not a directory"
+        why = f"{shown_path(failed)} exists and is not a directory"
     elif failed and str(failed) != str(target):
-        why = f"{why}: {failed}"
-    return f"mstarc: cannot write {target}: {why}\n"
+        why = f"{why}: {shown_path(failed)}"
+    return f"mstarc: cannot write {shown_path(target)}: {why}\n"
 
 
 def _plan_path_problem(option: str, output: Optional[str]) -> Optional[str]:
     """Why `output` (given to `option`) cannot be where a plan goes, or None. A plan's path ends in
     .plan, or names an existing directory (the default name goes inside): the glue is written
     beside it as STEM_glue.py, so `-o generated/llama_glue.py` wrote a plan over llama's glue and
-    then a llama_glue_glue.py, and `-o x.txt` a plan that `mstarc regen` never sees."""
-    if output is None or output.endswith(".plan") or (output and Path(output).is_dir()):
+    then a llama_glue_glue.py, and `-o x.txt` a plan that `mstarc regen` never sees. (An empty
+    one is path_arg's to refuse.)"""
+    if output is None or output.endswith(".plan") or Path(output).is_dir():
         return None
-    if not output:
-        return f"mstarc: {option} needs a plan path (NAME.plan) or a directory\n"
-    return (f"mstarc: {option} {output} does not end in .plan; a plan's path is NAME.plan (its glue is "
+    return (f"mstarc: {option} {shown_path(output)} does not end in .plan; a plan's path is NAME.plan (its glue is "
             "written beside it as NAME_glue.py) or an existing directory\n")
 
 
@@ -73,7 +72,7 @@ def _replaces_input(outputs: list[tuple[str, object]], inputs: list[tuple[str, o
     for out_what, out in outputs:
         for in_what, source in inputs:
             if source is not None and _is_same_file(str(out), str(source)):
-                return (f"mstarc: {out_what} {out} is the {in_what}: writing it would replace that input; "
+                return (f"mstarc: {out_what} {shown_path(out)} is the {in_what}: writing it would replace that input; "
                         "choose another path\n")
     return None
 
@@ -121,7 +120,8 @@ def cmd_init(args) -> int:
     # `--name ""` is refused below, not taken for no --name
     name = args.name if args.name is not None else model_name(Path(args.from_checkpoint).resolve().name)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        sys.stderr.write(f"mstarc: --name {name!r}: a model name is letters, digits and _, not starting with a digit\n")
+        sys.stderr.write(f"mstarc: --name {shown(name)}: a model name is letters, digits and _, not starting with a "
+                         "digit\n")
         return EXIT_USAGE
     problem = _plan_path_problem("--plan-out", args.plan_out)
     if problem is not None:  # before anything is written
@@ -142,7 +142,7 @@ def cmd_init(args) -> int:
     existing = [str(p) for p in (spec_path, config_path) if p.exists()]
     if existing and not args.force:
         verb = "already exists" if len(existing) == 1 else "already exist"
-        sys.stderr.write(f"mstarc: {' and '.join(existing)} {verb}; pass --force to replace\n")
+        sys.stderr.write(f"mstarc: {' and '.join(map(shown_path, existing))} {verb}; pass --force to replace\n")
         return EXIT_INPUT
     try:
         if args.codec_checkpoint is not None:
@@ -166,8 +166,8 @@ def cmd_init(args) -> int:
     status = cmd_compile(argparse.Namespace(spec=str(spec_path), config=str(config_path), output=args.plan_out))
     if status != EXIT_OK:  # values the compiler refuses (a size past its limits): leave nothing behind
         _restore(previous)
-        sys.stderr.write(f"mstarc: {args.from_checkpoint}: the spec and deployment written from it do not compile "
-                         f"(above); {' and '.join(map(str, previous))} were "
+        sys.stderr.write(f"mstarc: {shown_path(args.from_checkpoint)}: the spec and deployment written from it do "
+                         f"not compile (above); {' and '.join(map(shown_path, previous))} were "
                          f"{'restored' if any(previous.values()) else 'removed'}\n")
     return status
 
@@ -182,8 +182,8 @@ def _inside_checkpoint(outputs: list[Path], checkpoints: list[Optional[str]]) ->
             continue
         for checkpoint in filter(None, checkpoints):
             if Path(checkpoint).is_dir() and _is_same_file(str(output.resolve().parent), checkpoint):
-                return (f"mstarc: {output} is a file of the checkpoint {checkpoint}, which init reads; "
-                        "write the spec, deployment and plan elsewhere\n")
+                return (f"mstarc: {shown_path(output)} is a file of the checkpoint {shown_path(checkpoint)}, which "
+                        "init reads; write the spec, deployment and plan elsewhere\n")
     return None
 
 
@@ -250,7 +250,8 @@ def cmd_fmt(args) -> int:
     formatted = format_spec(spec)
     if args.check:
         if formatted != text:
-            sys.stderr.write(f"mstarc: {path} is not in canonical form (run mstarc fmt --write {path})\n")
+            sys.stderr.write(f"mstarc: {shown_path(path)} is not in canonical form (run mstarc fmt --write "
+                             f"{shown_path(path)})\n")
             return EXIT_INPUT
         return EXIT_OK
     if args.write:
@@ -305,8 +306,8 @@ def cmd_regen(args) -> int:
 def cmd_graph(args) -> int:
     if not args.output.lower().endswith(".svg"):  # Path(".svg").suffix is "" (a dot file)
         # The picture is SVG text written directly; a .png (or any other) name would hold SVG.
-        sys.stderr.write(f"mstarc: graph writes SVG only, and -o {args.output} does not end in .svg; give a .svg "
-                         "name (convert it afterwards for a PNG, e.g. `rsvg-convert -o x.png x.svg`)\n")
+        sys.stderr.write(f"mstarc: graph writes SVG only, and -o {shown_path(args.output)} does not end in .svg; "
+                         "give a .svg name (convert it afterwards for a PNG, e.g. `rsvg-convert -o x.png x.svg`)\n")
         return EXIT_USAGE
     problem = _replaces_input([("-o", args.output)], [("spec", args.spec)])
     if problem is not None:
@@ -341,9 +342,6 @@ def cmd_schema(args) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return EXIT_OK
-    if not args.output:
-        sys.stderr.write("mstarc: schema -o needs a file path (leave -o out to print the schema)\n")
-        return EXIT_USAGE
     try:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # as graph and compile create theirs
         atomic_write_text(Path(args.output), text)
@@ -371,8 +369,8 @@ def _add_init(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--name", help="model name (default: the directory's name as an identifier)")
     p.add_argument("-o", "--output", metavar="SPEC", type=path_arg, help="spec path (default specs/NAME.mw)")
     p.add_argument("--config-out", metavar="FILE", type=path_arg, help="deployment path (default configs/NAME.yaml)")
-    p.add_argument("--plan-out", metavar="PLAN", help="plan path (default as mstarc compile: generated/NAME.plan "
-                                                       "beside the spec's directory)")
+    p.add_argument("--plan-out", metavar="PLAN", type=path_arg,
+                   help="plan path (default as mstarc compile: generated/NAME.plan beside the spec's directory)")
     p.add_argument("--force", action="store_true", help="replace an existing spec or deployment")
     p.set_defaults(run=cmd_init)
 
@@ -385,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="compile a spec against a deployment into a plan and its glue")
     p.add_argument("spec", metavar="SPEC", type=path_arg)
     p.add_argument("--config", metavar="FILE", type=path_arg, help="deployment YAML (default configs/<model>.yaml)")
-    p.add_argument("-o", "--output", metavar="PLAN", help="plan path, NAME.plan or a directory (default "
+    p.add_argument("-o", "--output", metavar="PLAN", type=path_arg, help="plan path, NAME.plan or a directory (default "
                                                            "generated/<config>.plan); the glue goes beside it")
     p.set_defaults(run=cmd_compile)
 
@@ -414,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_regen)
 
     p = sub.add_parser("schema", help="print the deployment file's JSON Schema (from its pydantic model)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE instead of stdout")
+    p.add_argument("-o", "--output", metavar="FILE", type=path_arg, help="write it to FILE instead of stdout")
     p.set_defaults(run=cmd_schema)
 
     p = sub.add_parser("graph", help="draw a spec's walks and the streams between its partitions as SVG")
@@ -444,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say, to anyone
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return EXIT_OK
+    except OSError as e:  # the file system refused a command's read or write the command did not word itself
+        if interrupts:
+            return _interrupted()
+        sys.stderr.write(f"mstarc: {os_error_text(e)}\n")  # str(e) held "[Errno N]" and the whole file name
+        return EXIT_INPUT
     except Exception as e:  # a bug in mstarc, not in the input: say so without a traceback
         if interrupts:  # a Ctrl-C inside a library's import (pydantic building a schema) surfaced as its error
             return _interrupted()

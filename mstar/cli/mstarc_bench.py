@@ -22,6 +22,8 @@ import time
 from typing import Any, Optional
 from pathlib import Path
 
+from mstar.arg_types import shown_path
+
 PROCESS_TARGET_S = 0.5
 OWN_WORK_TARGET_S = 0.050
 COMPILER_IMPORTS = "import mstar.cli.mstarc, mstar.compiler.driver, mstar.compiler.glue"
@@ -128,8 +130,8 @@ def missing_folders(root: Path) -> Optional[str]:
     missing = [name for name in ("configs", "specs") if not (root / name).is_dir()]
     if not missing:
         return None
-    return f"mstarc: {root} has no {' and no '.join(f'{name}/' for name in missing)}; run from the repository " \
-           "root or pass --root"
+    return f"mstarc: {shown_path(root)} has no {' and no '.join(f'{name}/' for name in missing)}; run from the " \
+           "repository root or pass --root"
 
 
 def run_bench(root: Path, runs: int, as_json: bool) -> int:

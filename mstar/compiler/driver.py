@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mstar.arg_types import shown_path
 from mstar.compiler import (
     check_args, check_combine, check_deployment, check_graph, check_prompt_format, check_roles, emit, lower, resolve,
 )
@@ -99,11 +100,11 @@ def _read_input(path: Path, what: str, diags: Diagnostics) -> bytes | None:
     except InputFileError as e:
         span = Span(file=repr(str(path)) if "\0" in str(path) else str(path))
         if e.reason == "no such file":
-            diags.error(MW500, f"{what} file not found: {path}", span)
+            diags.error(MW500, f"{what} file not found: {shown_path(path)}", span)
         elif e.reason.startswith("is a directory"):
-            diags.error(MW500, f"{what} path is a directory, not a file: {path}", span)
+            diags.error(MW500, f"{what} path is a directory, not a file: {shown_path(path)}", span)
         else:
-            diags.error(MW500, f"cannot read {what} file {e.path}: {e.reason}", span)
+            diags.error(MW500, f"cannot read {what} file {shown_path(e.path)}: {e.reason}", span)
     return None
 
 
@@ -207,7 +208,7 @@ def check_spec(
         if not config_path.exists():
             diags.error(DEPLOYMENT_UNREADABLE,
                         f"no --config given, and the default deployment for model {spec.model!r}, "
-                        f"{config_path}, does not exist; pass --config FILE", Span(file=str(spec_path)))
+                        f"{shown_path(config_path)}, does not exist; pass --config FILE", Span(file=str(spec_path)))
             return None
     config_path = Path(config_path)
     deployment = load_deployment(str(config_path), diags)  # an unreadable file is its MW301

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from mstar.arg_types import shown_path
 from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
 from mstar.compiler.memory_bounds import MAX_LAYERS
 
@@ -65,43 +66,43 @@ def read_json(path: Path, what: str, max_bytes: int = MAX_JSON_CONFIG_BYTES) -> 
     except InputFileError as error:
         raise InitError(str(error)) from None
     except (ValueError, RecursionError) as error:
-        raise InitError(f"{path}: not valid JSON ({error})") from None
+        raise InitError(f"{shown_path(path)}: not valid JSON ({error})") from None
     if not isinstance(data, dict):
-        raise InitError(f"{path}: not a JSON object")
+        raise InitError(f"{shown_path(path)}: not a JSON object")
     return data
 
 
 def _style(config: dict, path: Path) -> tuple[str, str]:
     architectures = config.get("architectures") or []
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise InitError(f"{path}: architectures must be a list of names, got {architectures!r}")
+        raise InitError(f"{shown_path(path)}: architectures must be a list of names, got {architectures!r}")
     for arch in architectures:
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch], arch
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
-        raise InitError(f"{path}: model_type must be a name, got {model_type!r}")
+        raise InitError(f"{shown_path(path)}: model_type must be a name, got {model_type!r}")
     if not architectures and model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type], str(model_type)
     found = ", ".join(map(str, architectures)) if isinstance(architectures, list) and architectures \
         else model_type or "unknown"
-    raise InitError(f"{path}: architecture {found} is not supported; mstarc init writes specs for "
+    raise InitError(f"{shown_path(path)}: architecture {found} is not supported; mstarc init writes specs for "
                     f"{', '.join(ARCHITECTURES)} (model_type {', '.join(MODEL_TYPES)})")
 
 
 def positive_int(config: dict, name: str, path: Path, default: Optional[int] = None) -> int:
     value = config.get(name, default)
     if value is None:
-        raise InitError(f"{path}: missing field {name!r}")
+        raise InitError(f"{shown_path(path)}: missing field {name!r}")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InitError(f"{path}: {name} must be a positive integer, got {value!r}")
+        raise InitError(f"{shown_path(path)}: {name} must be a positive integer, got {value!r}")
     return value
 
 
 def _positive_number(value: Any, name: str, path: Path) -> float:
     is_ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not is_ok or not math.isfinite(value) or value <= 0:
-        raise InitError(f"{path}: {name} must be a finite positive number, got {value!r}")
+        raise InitError(f"{shown_path(path)}: {name} must be a finite positive number, got {value!r}")
     return value
 
 
@@ -112,7 +113,7 @@ def _eos_ids(*sources: tuple[dict, Path]) -> list[int]:
         values = value if isinstance(value, list) else [] if value is None else [value]
         for item in values:
             if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-                raise InitError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
+                raise InitError(f"{shown_path(path)}: eos_token_id must be a token id or a list of them, got {value!r}")
             if item not in found:
                 found.append(item)
     return found
@@ -139,12 +140,13 @@ def _hybrid_args(config: dict, path: Path, num_layers: int) -> tuple[list[str], 
         types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
     if not isinstance(types, list) or len(types) != num_layers or \
             not all(t in ("full_attention", "linear_attention") for t in types):
-        raise InitError(f"{path}: layer_types must list full_attention / linear_attention for each of the "
+        raise InitError(f"{shown_path(path)}: layer_types must list full_attention / linear_attention for each of the "
                         f"{num_layers} layers")
     flags = [1 if t == "full_attention" else 0 for t in types]
     num_linear = flags.count(0)
     if not num_linear:
-        raise InitError(f"{path}: no linear_attention layer; a Qwen3.5 spec needs its gated delta-net layers")
+        raise InitError(f"{shown_path(path)}: no linear_attention layer; a Qwen3.5 spec needs its gated delta-net "
+                        "layers")
     key_heads = positive_int(config, "linear_num_key_heads", path)
     value_heads = positive_int(config, "linear_num_value_heads", path)
     key_dim = positive_int(config, "linear_key_head_dim", path)
@@ -182,7 +184,7 @@ def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> Decoder
     tokens when given (a TTS model stops on its end of speech, not on end of text)."""
     path = Path(directory) / "config.json"
     if not path.exists():
-        raise InitError(f"--from-checkpoint {directory}: no config.json there (expected a Hugging Face "
+        raise InitError(f"--from-checkpoint {shown_path(directory)}: no config.json there (expected a Hugging Face "
                         "checkpoint directory)")
     outer = read_json(path, "checkpoint config")
     style, architecture = _style(outer, path)
@@ -209,12 +211,13 @@ def _dims_args(config: dict, path: Path) -> list[str]:
     """`layers=...` through `partial_rotary=...`: the dims and position encoding of the spec."""
     num_layers = positive_int(config, "num_hidden_layers", path)
     if num_layers > MAX_LAYERS:  # before anything is built per layer (a Qwen3.5 layer pattern)
-        raise InitError(f"{path}: num_hidden_layers {num_layers} is more than the {MAX_LAYERS} layers mstar runs")
+        raise InitError(f"{shown_path(path)}: num_hidden_layers {num_layers} is more than the {MAX_LAYERS} layers "
+                        "mstar runs")
     num_heads = positive_int(config, "num_attention_heads", path)
     hidden = positive_int(config, "hidden_size", path)
     num_kv_heads = positive_int(config, "num_key_value_heads", path, num_heads)
     if num_heads % num_kv_heads:
-        raise InitError(f"{path}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads "
+        raise InitError(f"{shown_path(path)}: num_attention_heads {num_heads} is not a multiple of num_key_value_heads "
                         f"{num_kv_heads}")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope = rope if isinstance(rope, dict) else {}
@@ -227,7 +230,7 @@ def _dims_args(config: dict, path: Path) -> list[str]:
     if partial is not None:
         partial = _positive_number(partial, "partial_rotary_factor", path)
         if partial > 1:
-            raise InitError(f"{path}: partial_rotary_factor must be in (0, 1], got {partial!r}")
+            raise InitError(f"{shown_path(path)}: partial_rotary_factor must be in (0, 1], got {partial!r}")
         args.append(f"partial_rotary={_number(partial)}")
     return args
 
@@ -241,8 +244,8 @@ def _head_dim(config: dict, path: Path, hidden: int, num_heads: int) -> int:
     else:
         head_dim, given = positive_int(config, "head_dim", path), "head_dim"
     if head_dim < 2 or head_dim % 2:
-        raise InitError(f"{path}: {given} is {head_dim}; RoPE rotates a head's dims in pairs, so mstar runs "
-                        "even head dims only")
+        raise InitError(f"{shown_path(path)}: {given} is {head_dim}; RoPE rotates a head's dims in pairs, so mstar "
+                        "runs even head dims only")
     return head_dim
 
 

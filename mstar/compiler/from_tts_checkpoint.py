@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mstar.arg_types import shown_path
 from mstar.compiler.from_checkpoint import InitError, InitFiles, node_header, positive_int, read_decoder, read_json
 from mstar.compiler.memory_bounds import MAX_DIM
 from mstar.files import MAX_TOKENIZER_BYTES
@@ -58,7 +59,8 @@ def read_tts_checkpoints(llm_dir: str, codec_dir: str, name: str) -> InitFiles:
 
 def _token_ids(path: Path) -> dict[str, int]:
     if not path.exists():
-        raise InitError(f"{path}: missing; the TTS prompt format and audio tokens are read from the tokenizer")
+        raise InitError(f"{shown_path(path)}: missing; the TTS prompt format and audio tokens are read from the "
+                        "tokenizer")
     tokenizer = read_json(path, "tokenizer", max_bytes=MAX_TOKENIZER_BYTES)
     found: dict[str, int] = {}
     added = tokenizer.get("added_tokens")
@@ -72,12 +74,12 @@ def _token_ids(path: Path) -> dict[str, int]:
             found.setdefault(content, token_id)
     missing = [content for content in ROLES.values() if content not in found]
     if missing:
-        raise InitError(f"{path}: no token {missing[0]} (Orpheus's tokenizer adds <custom_token_N> tokens; "
+        raise InitError(f"{shown_path(path)}: no token {missing[0]} (Orpheus's tokenizer adds <custom_token_N> tokens; "
                         "is this an Orpheus checkpoint?)")
     for content in ROLES.values():  # a bool is an int to Python; token ids are int32 on the device
         token_id = found[content]
         if isinstance(token_id, bool) or not 0 <= token_id <= MAX_DIM:
-            raise InitError(f"{path}: token {content} has id {token_id!r}, not a token id")
+            raise InitError(f"{shown_path(path)}: token {content} has id {token_id!r}, not a token id")
     return {role: found[content] for role, content in ROLES.items()}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from mstar.arg_types import shown_path
 from mstar.lang.ast import Span
 
 Severity = Literal["error", "warning", "note"]
@@ -105,14 +106,14 @@ def render_diagnostic(diag: Diagnostic, sources: dict[str, str],
     """One diagnostic with its source lines; `lines_by_file` caches the split sources across calls."""
     lines_by_file = {} if lines_by_file is None else lines_by_file
     s = diag.span
-    out = [f"{s.file}:{s.line}:{s.col}: {diag.severity}[{diag.code}]: {diag.message}\n"]
+    out = [f"{shown_path(s.file)}:{s.line}:{s.col}: {diag.severity}[{diag.code}]: {diag.message}\n"]
     out.append(_source_excerpt(s, sources, lines_by_file))
     for note in diag.notes:
         if note.span is None:
             out.append(f"    note: {note.message}\n")
         else:
             n = note.span
-            out.append(f"{n.file}:{n.line}:{n.col}: note: {note.message}\n")
+            out.append(f"{shown_path(n.file)}:{n.line}:{n.col}: note: {note.message}\n")
             out.append(_source_excerpt(n, sources, lines_by_file))
     return "".join(out)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from mstar.arg_types import shown_path
 from mstar.files import (
     MAX_DEPLOYMENT_BYTES, MAX_GLUE_BYTES, MAX_PLAN_BYTES, MAX_SPEC_BYTES, InputFileError,
     read_bytes_bounded, read_text_bounded,
@@ -132,7 +133,7 @@ def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
         return _display(base / named)
 
     return (f"mstarc compile {shown('spec_path', 'SPEC')} --config {shown('deployment_path', 'CONFIG')} "
-            f"-o {_display(Path(plan_path))}")
+            f"-o {shown_path(_display(Path(plan_path)))}")
 
 
 def _display(path: Path) -> str:
@@ -148,8 +149,12 @@ def _display(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    if "\0" not in str(path) and not path.exists():
-        raise PlanError(f"plan {path} does not exist; compile one with `mstarc compile SPEC`")
+    try:
+        is_missing = "\0" not in str(path) and not path.exists()
+    except OSError:  # a name the OS cannot take (ENAMETOOLONG raised here): the read below says so
+        is_missing = False
+    if is_missing:
+        raise PlanError(f"plan {shown_path(path)} does not exist; compile one with `mstarc compile SPEC`")
     try:
         text = read_text_bounded(path, max_bytes=MAX_PLAN_BYTES, what="plan")
     except InputFileError as e:
@@ -158,13 +163,14 @@ def _read_json(path: Path) -> dict:
     try:
         data = json.loads(text, parse_int=_plan_int, parse_constant=_plan_constant)
     except json.JSONDecodeError as e:
-        raise PlanError(f"plan {path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); {how}") from None
+        raise PlanError(f"plan {shown_path(path)} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                        f"{how}") from None
     except RecursionError:
-        raise PlanError(f"plan {path} nests its values too deeply to be a plan; {how}") from None
+        raise PlanError(f"plan {shown_path(path)} nests its values too deeply to be a plan; {how}") from None
     except ValueError as e:  # from the hooks above
-        raise PlanError(f"plan {path} is not a valid plan ({e}); {how}") from None
+        raise PlanError(f"plan {shown_path(path)} is not a valid plan ({e}); {how}") from None
     if not isinstance(data, dict) or not isinstance(data.get("header"), dict):
-        raise PlanError(f"plan {path} has no header object; it is not an mstarc plan")
+        raise PlanError(f"plan {shown_path(path)} has no header object; it is not an mstarc plan")
     return data
 
 
@@ -173,13 +179,13 @@ def _check_versions(path: Path, header: dict) -> None:
     schema_version = header.get("schema_version")
     if schema_version != SCHEMA_VERSION:
         raise PlanError(
-            f"plan {path} has schema version {schema_version!r}, this mstar reads version "
+            f"plan {shown_path(path)} has schema version {schema_version!r}, this mstar reads version "
             f"{SCHEMA_VERSION}; recompile: {how}"
         )
     compiler_version = header.get("compiler_version")
     if compiler_version != COMPILER_VERSION:
         raise PlanError(
-            f"plan {path} was written by mstarc {compiler_version!r}, this is mstarc "
+            f"plan {shown_path(path)} was written by mstarc {compiler_version!r}, this is mstarc "
             f"{COMPILER_VERSION}; recompile: {how}"
         )
 
@@ -194,7 +200,7 @@ def _validate(path: Path, data: dict) -> Plan:
             problems.append(f"  {where}: {err['msg']}")
         more = "" if e.error_count() <= 5 else f"\n  ... and {e.error_count() - 5} more"
         raise PlanError(
-            f"plan {path} does not match the plan schema (edited by hand?):\n"
+            f"plan {shown_path(path)} does not match the plan schema (edited by hand?):\n"
             + "\n".join(problems)
             + more
             + f"\nrecompile: {recompile_command(path, data['header'])}"
@@ -210,16 +216,17 @@ def _check_inputs(path: Path, plan: Plan) -> None:
         try:
             actual = sha256_file(file, _INPUT_LIMITS[what], what)
         except InputFileError as e:
-            shown = e.path if "\0" in str(file) else _display(file)  # e.path: the repr of a NUL path
+            shown = e.path if "\0" in str(file) else shown_path(_display(file))  # e.path: the repr of a NUL path
             moved = ("" if what == "glue" or "\0" in str(file) or file.exists() else
                      " (the plan names its inputs relative to its own directory: a plan moved or copied away "
                      "from them no longer finds them)")
             raise PlanError(
-                f"plan {path}: cannot read its {what} file {shown} ({e.reason}){moved}; recompile: {how}") from None
+                f"plan {shown_path(path)}: cannot read its {what} file {shown} ({e.reason}){moved}; "
+                f"recompile: {how}") from None
         if actual != expected:
             raise PlanError(
-                f"plan {path} is stale: its {what} file {_display(file)} changed since the plan "
-                f"was compiled (sha256 {actual[:12]}..., plan has {expected[:12]}...); "
+                f"plan {shown_path(path)} is stale: its {what} file {shown_path(_display(file))} changed since the "
+                f"plan was compiled (sha256 {actual[:12]}..., plan has {expected[:12]}...); "
                 f"recompile: {how}"
             )
 
@@ -256,19 +263,19 @@ def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:
     plan = _validate(path, data)
     if plan.header.content_sha256 != content_hash(plan):
         raise PlanError(
-            f"plan {path} was edited after it was compiled (content hash mismatch); "
+            f"plan {shown_path(path)} was edited after it was compiled (content hash mismatch); "
             f"recompile: {recompile_command(path, data['header'])}"
         )
     problems = reference_problems(plan)
     if problems:
         raise PlanError(
-            f"plan {path}: its tables do not fit together ({describe(problems)}); mstarc does not "
+            f"plan {shown_path(path)}: its tables do not fit together ({describe(problems)}); mstarc does not "
             f"write such a plan, so it was edited by hand. Recompile: {recompile_command(path, data['header'])}"
         )
     if not _is_glue_name(plan.header.glue_path):
         raise PlanError(
-            f"plan {path} names its glue {plan.header.glue_path!r}; the runtime imports that file, so it must be "
-            f"a file beside the plan named NAME_glue.py, as mstarc writes it. Recompile: "
+            f"plan {shown_path(path)} names its glue {plan.header.glue_path!r}; the runtime imports that file, so it "
+            f"must be a file beside the plan named NAME_glue.py, as mstarc writes it. Recompile: "
             f"{recompile_command(path, data['header'])}"
         )
     if verify:

@@ -32,6 +32,7 @@ import math
 from pathlib import Path
 from typing import Any, TypedDict
 
+from mstar.arg_types import shown_path
 from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
 from mstar.plan.dims import ROPE_KINDS, DecoderDims, RopeScaling
 
@@ -77,7 +78,8 @@ def read_checkpoint_config(weights_dir: str) -> DecoderDims:
     """Dims (and style) of the checkpoint in `weights_dir`, or a WeightsError saying why it cannot load."""
     path = Path(weights_dir) / "config.json"
     if not path.exists():
-        raise WeightsError(f"--weights {weights_dir}: no config.json there (expected a Hugging Face checkpoint)")
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: no config.json there (expected a Hugging Face "
+                           "checkpoint)")
     config = read_json_object(path, "checkpoint config")
     style, architecture = _architecture_of(config, path)
     if isinstance(config.get("text_config"), dict):  # a VLM checkpoint: the text model's config

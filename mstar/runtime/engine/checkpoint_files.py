@@ -27,6 +27,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from mstar.arg_types import shown_path
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_object
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -49,7 +50,7 @@ def _files(weights_dir: Path) -> tuple[list[Path], Optional[dict[str, str]]]:
     index_path = weights_dir / INDEX_NAME
     if not index_path.exists():
         if not present:
-            raise WeightsError(f"--weights {weights_dir}: no *.safetensors files")
+            raise WeightsError(f"--weights {shown_path(weights_dir)}: no *.safetensors files")
         return present, None
     index = read_json_object(index_path, "safetensors index")
     weight_map = index.get("weight_map")
@@ -58,10 +59,10 @@ def _files(weights_dir: Path) -> tuple[list[Path], Optional[dict[str, str]]]:
     listed = sorted(set(weight_map.values()))
     for name in listed:
         if Path(name).name != name or not (weights_dir / name).exists():
-            raise WeightsError(f"{index_path}: lists {name!r}, which is not a file in {weights_dir}")
+            raise WeightsError(f"{index_path}: lists {name!r}, which is not a file in {shown_path(weights_dir)}")
     unlisted = [p.name for p in present if p.name not in set(listed)]
     if unlisted:
-        raise WeightsError(f"--weights {weights_dir}: {', '.join(unlisted)} not listed in {INDEX_NAME} "
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: {', '.join(unlisted)} not listed in {INDEX_NAME} "
                            "(a stale file? remove it, or fix the index)")
     return [weights_dir / name for name in listed], weight_map
 
@@ -72,11 +73,11 @@ def _keys(weights_dir: Path, file: Path) -> list[str]:
 
     try:
         if not stat.S_ISREG(file.stat().st_mode):
-            raise WeightsError(f"--weights {weights_dir}: {file.name} is not a regular file")
+            raise WeightsError(f"--weights {shown_path(weights_dir)}: {file.name} is not a regular file")
         with safe_open(str(file), framework="pt") as shard:
             return list(shard.keys())
     except (SafetensorError, OSError) as error:  # a truncated, corrupt or unreadable file
-        raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
 
 
 def tensor_index(weights_dir: str) -> dict[str, tuple[Path, str]]:
@@ -90,13 +91,14 @@ def tensor_index(weights_dir: str) -> dict[str, tuple[Path, str]]:
                 continue  # the index gives this tensor to another file (or to none)
             name = decoder_name(key)
             if name in index:
-                raise WeightsError(f"--weights {weights_dir}: tensor {key} is in both {index[name][0].name} and "
-                                   f"{file.name}; remove the stale file (or add {INDEX_NAME})")
+                raise WeightsError(f"--weights {shown_path(weights_dir)}: tensor {key} is in both "
+                                   f"{index[name][0].name} and {file.name}; remove the stale file (or add "
+                                   f"{INDEX_NAME})")
             index[name] = (file, key)
     if weight_map is not None:
         missing = sorted(set(weight_map) - {key for _, key in index.values()})
         if missing:
-            raise WeightsError(f"--weights {weights_dir}: {INDEX_NAME} puts {missing[0]} in "
+            raise WeightsError(f"--weights {shown_path(weights_dir)}: {INDEX_NAME} puts {missing[0]} in "
                                f"{weight_map[missing[0]]}, which does not hold it"
                                + (f" ({len(missing) - 1} more missing)" if len(missing) > 1 else ""))
     return index
@@ -115,5 +117,5 @@ def check_finite(weights_dir: str, file: Path, key: str, tensor: torch.Tensor) -
     is_finite = torch.isfinite(tensor)
     if not bool(is_finite.all()):
         num_bad = int((~is_finite).sum())
-        raise WeightsError(f"--weights {weights_dir}: {file.name}: tensor {key} holds {num_bad} NaN or "
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: {file.name}: tensor {key} holds {num_bad} NaN or "
                            f"infinite value(s) of {tensor.numel()}; the checkpoint is damaged")

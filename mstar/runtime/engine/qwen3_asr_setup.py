@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from mstar.arg_types import shown_path
 from mstar.plan.schema import NodePlan
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_object
 from mstar.plan.dims import DimsError, DimsMode
@@ -50,7 +51,8 @@ def read_encoder_dims(weights_dir: str, out_width: int) -> Qwen3AsrEncoderDims:
     """The audio encoder's dims from config.json's `audio_config` (module docstring)."""
     path = Path(weights_dir) / "config.json"
     if not path.is_file():
-        raise WeightsError(f"--weights {weights_dir}: no config.json there (expected a Qwen3-ASR checkpoint)")
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: no config.json there (expected a Qwen3-ASR "
+                           "checkpoint)")
     config = read_json_object(path, "checkpoint config")
     if ARCHITECTURE not in (config.get("architectures") or []) and config.get("model_type") != "qwen3_asr":
         found = ", ".join(config.get("architectures") or []) or config.get("model_type") or "unknown"

@@ -37,6 +37,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, TypeVar, Union
 import numpy as np
 import torch
 
+from mstar.arg_types import shown_path
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.schema import NodePlan, Plan
 from mstar.plan.dims import (
@@ -292,7 +293,7 @@ class TorchEngine:
         checkpoint = read_checkpoint_config(weights_dir)
         if checkpoint.style != dims.style:
             kinds = {"llama": "a plain Llama decoder", "qwen3_5": "a Qwen3.5 gated delta-net hybrid"}
-            raise WeightsError(f"--weights {weights_dir}: the checkpoint is {kinds[checkpoint.style]} but "
+            raise WeightsError(f"--weights {shown_path(weights_dir)}: the checkpoint is {kinds[checkpoint.style]} but "
                                f"node {node.name} is {kinds[dims.style]}")
         return checkpoint
 

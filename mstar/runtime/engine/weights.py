@@ -21,6 +21,7 @@ one keep random weights.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
@@ -28,6 +29,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from mstar.arg_types import shown, shown_path
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_checkpoint_config
 from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
 from mstar.runtime.engine.models.decoder import Decoder
@@ -52,21 +54,22 @@ def weights_by_node(kv_nodes: list[str], entries: Optional[Union[str, list[str]]
     assigned: dict[str, str] = {}
     for entry in entries:
         node, sep, directory = entry.partition("=")
-        if not sep or (node not in loadable and Path(entry).exists()):
+        # os.path.exists, not Path.exists: False for a name the OS cannot take (ENAMETOOLONG raised)
+        if not sep or (node not in loadable and os.path.exists(entry)):
             node, directory = "", entry  # a bare directory (its path may contain '=')
         if not directory:  # Path("") is the working directory: `--weights ""` read ./config.json
-            raise WeightsError(f"--weights {entry!r}: no checkpoint directory given (--weights DIR, or NODE=DIR)")
+            raise WeightsError(f"--weights {shown(entry)}: no checkpoint directory given (--weights DIR, or NODE=DIR)")
         if not node:
             if len(kv_nodes) != 1:
                 raise WeightsError(
-                    f"--weights {entry}: the plan has {len(kv_nodes)} kv nodes "
+                    f"--weights {shown_path(entry)}: the plan has {len(kv_nodes)} kv nodes "
                     f"({', '.join(kv_nodes) or 'none'}); name the one it is for: --weights NODE=DIR")
             node = kv_nodes[0]
         elif node not in loadable:
-            raise WeightsError(f"--weights {entry}: {node!r} is not a kv or audio codec node of the plan "
-                               f"(those nodes: {', '.join(loadable) or 'none'})")
+            raise WeightsError(f"--weights {shown_path(entry)}: {shown(node)} is not a kv or audio codec node of the "
+                               f"plan (those nodes: {', '.join(loadable) or 'none'})")
         if node in assigned:
-            raise WeightsError(f"--weights {entry}: node {node} already gets {assigned[node]}")
+            raise WeightsError(f"--weights {shown_path(entry)}: node {node} already gets {shown_path(assigned[node])}")
         assigned[node] = directory
     return assigned
 
@@ -141,7 +144,7 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
     _check_layer_count(weights_dir, set(index), wanted)
     missing = sorted(wanted - set(index))
     if missing:
-        raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
                            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
     by_file: dict[Path, list[str]] = {}
     for name in sorted(wanted):
@@ -154,12 +157,12 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
                         key, param = index[name][1], params[name]
                         shape = tuple(shard.get_slice(key).get_shape())
                         if shape != tuple(param.shape):
-                            raise WeightsError(f"--weights {weights_dir}: {name} has shape {shape}, "
+                            raise WeightsError(f"--weights {shown_path(weights_dir)}: {name} has shape {shape}, "
                                                f"config.json implies {tuple(param.shape)}")
                         param.copy_(shard.get_tensor(key))
                         check_finite(weights_dir, file, key, param)
             except (SafetensorError, OSError) as error:
-                raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+                raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
     return set(params) - wanted
 
 
@@ -167,6 +170,6 @@ def _check_layer_count(weights_dir: str, tensor_names: set[str], param_names: se
     num_layers = len(layer_indices(param_names))
     found = layer_indices(tensor_names)
     if found and len(found) != num_layers:
-        raise WeightsError(f"--weights {weights_dir}: config.json's num_hidden_layers is {num_layers} but the "
-                           f"checkpoint holds {len(found)} layers (model.layers.{min(found)} to "
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: config.json's num_hidden_layers is {num_layers} "
+                           f"but the checkpoint holds {len(found)} layers (model.layers.{min(found)} to "
                            f"model.layers.{max(found)}); fix num_hidden_layers")

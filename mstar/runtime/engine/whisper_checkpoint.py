@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from mstar.arg_types import shown_path
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_object
 from mstar.runtime.engine.checkpoint_files import check_finite, tensor_index
 from mstar.runtime.engine.models.whisper import WhisperDecoderDims, WhisperEncoderDims
@@ -41,7 +42,7 @@ def is_whisper_checkpoint(weights_dir: str) -> bool:
 def read_whisper_dims(weights_dir: str) -> tuple[WhisperEncoderDims, WhisperDecoderDims]:
     path = Path(weights_dir) / "config.json"
     if not path.is_file():
-        raise WeightsError(f"--weights {weights_dir}: no config.json there (expected a Whisper checkpoint)")
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: no config.json there (expected a Whisper checkpoint)")
     config = read_json_object(path, "checkpoint config")
     if not is_whisper_checkpoint(weights_dir):
         found = ", ".join(config.get("architectures") or []) or config.get("model_type") or "unknown"
@@ -110,7 +111,7 @@ def load_part(module: nn.Module, weights_dir: str, prefix: str) -> None:
     params = dict(module.named_parameters())
     missing = sorted(prefix + name for name in params if prefix + name not in index)
     if missing:
-        raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
                            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
     by_file: dict[Path, list[str]] = {}
     for name in sorted(params):
@@ -123,9 +124,9 @@ def load_part(module: nn.Module, weights_dir: str, prefix: str) -> None:
                         key, param = index[prefix + name][1], params[name]
                         shape = tuple(shard.get_slice(key).get_shape())
                         if shape != tuple(param.shape):
-                            raise WeightsError(f"--weights {weights_dir}: {key} has shape {shape}, "
+                            raise WeightsError(f"--weights {shown_path(weights_dir)}: {key} has shape {shape}, "
                                                f"config.json implies {tuple(param.shape)}")
                         param.copy_(shard.get_tensor(key))
                         check_finite(weights_dir, file, key, param)
             except (SafetensorError, OSError) as error:
-                raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+                raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None

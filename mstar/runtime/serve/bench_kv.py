@@ -70,7 +70,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from mstar.arg_types import int_list, int_range
+from mstar.arg_types import int_list, int_range, path_arg, shown_path
 from mstar.plan.schema import KeyPlan, Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu import graph_what_ifs
@@ -639,7 +639,7 @@ def _choice(args: argparse.Namespace) -> EngineChoice:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench kv", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", default="generated/llama_chunked.plan")
+    parser.add_argument("--plan", type=path_arg, default="generated/llama_chunked.plan")
     parser.add_argument("--engine", choices=("sim", "torch"), default="sim")
     # the options of one scenario default to None here (`_check_scenario_options` fills them in)
     parser.add_argument("--decode-rows", type=int_range(1, 4096), help="chunk scenario: requests decoding (default 40)")
@@ -773,7 +773,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mstar bench kv: error: {error}", file=sys.stderr)
         return 1
     if problem:
-        print(f"mstar bench kv: error: plan {args.plan} {problem}", file=sys.stderr)
+        print(f"mstar bench kv: error: plan {shown_path(args.plan)} {problem}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(results, indent=1, sort_keys=True))

@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mstar.arg_types import int_range, path_arg
+from mstar.arg_types import int_range, os_error_text, path_arg, shown_path
 
 SHARD_BYTES = 1 << 30
 
@@ -120,14 +120,14 @@ def _dir_problem(directory: str) -> Optional[str]:
     a new folder (in one that exists) or an empty one, and one holding config.json is read as a
     checkpoint written before; any other folder's files would be replaced (config.json and
     model-0000N.safetensors written into whatever folder was named, its missing parents made)."""
-    path = Path(directory)
+    path, named = Path(directory), shown_path(directory)
     if path.exists() and not path.is_dir():
-        return f"--dir {directory} exists and is not a directory"
+        return f"--dir {named} exists and is not a directory"
     if not path.exists():
-        return None if path.absolute().parent.is_dir() else f"--dir {directory}: its parent folder does not exist"
+        return None if path.absolute().parent.is_dir() else f"--dir {named}: its parent folder does not exist"
     if (path / "config.json").is_file() or not any(path.iterdir()):
         return None
-    return (f"--dir {directory} holds other files and no checkpoint (config.json); give a new or empty folder, "
+    return (f"--dir {named} holds other files and no checkpoint (config.json); give a new or empty folder, "
             "or one this bench wrote")
 
 
@@ -143,8 +143,8 @@ def _check_sizes(directory: Path, config: dict) -> None:
     wrong = [f"{flag} {config[key]} (it holds {held.get(key)!r})" for key, flag in SIZE_KEYS.items()
              if held.get(key) != config[key]]
     if wrong:
-        raise WeightsError(f"{directory} holds a checkpoint of other sizes than asked for: {', '.join(wrong)}; "
-                           "give another --dir, or its sizes")
+        raise WeightsError(f"{shown_path(directory)} holds a checkpoint of other sizes than asked for: "
+                           f"{', '.join(wrong)}; give another --dir, or its sizes")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -168,12 +168,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with tempfile.TemporaryDirectory(prefix="mstar-bench-load-") as scratch:
             directory = Path(args.dir) if args.dir else Path(scratch)
             if not (directory / "config.json").is_file():
-                print(f"writing a random checkpoint to {directory} ...", file=sys.stderr)
+                print(f"writing a random checkpoint to {shown_path(directory)} ...", file=sys.stderr)
                 write_checkpoint(directory, config)
             _check_sizes(directory, config)
             result = measure(directory, args.device)
     except (OSError, WeightsError) as error:  # a --dir that is a file, or holds a broken checkpoint
-        print(f"mstar bench load: error: {error}", file=sys.stderr)
+        # an OSError's str() held "[Errno N]" and the whole file name
+        print(f"mstar bench load: error: {os_error_text(error) if isinstance(error, OSError) else error}",
+              file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result))

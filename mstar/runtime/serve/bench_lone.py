@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from statistics import median
 from typing import Any, Optional
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 from mstar.plan.io import load_plan
 from mstar.runtime.serve.bench_kv import one_after_another_timed, shared_prefix_requests
 from mstar.runtime.serve.bench_runner import BenchError, build_engine, measure_and_print
@@ -73,7 +72,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench lone", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", type=Path, default=Path("generated/llama_chunked.plan"))
+    parser.add_argument("--plan", type=path_arg, default="generated/llama_chunked.plan")
     parser.add_argument("--requests", type=int_range(2, 100_000), default=40,
                         help="at least 2: the figures are about the 2nd request and later")
     parser.add_argument("--prefix-len", type=int_range(1, 1_000_000), default=1024)

@@ -32,13 +32,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from statistics import median
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.rounds import max_request_tokens
 from mstar.runtime.conductor.request import Request
@@ -234,7 +233,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench postprocess", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", type=Path, default=Path("generated/llama.plan"))
+    parser.add_argument("--plan", type=path_arg, default="generated/llama.plan")
     count = int_range(1, 1_000_000)
     parser.add_argument("--clients", type=count, default=64)
     parser.add_argument("--requests", type=count, default=256)

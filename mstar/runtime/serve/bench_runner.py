@@ -42,14 +42,13 @@ import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 from statistics import median
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
@@ -433,7 +432,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench runner", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", type=Path, default=Path("generated/llama.plan"))
+    parser.add_argument("--plan", type=path_arg, default="generated/llama.plan")
     count = int_range(1, 100_000)
     parser.add_argument("--clients", type=count, default=64, help="concurrent requests: rows of a full decode step")
     parser.add_argument("--prompt-len", type=count, default=16)

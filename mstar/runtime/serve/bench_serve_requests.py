@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mstar.arg_types import shown_path
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 
 COMPLETIONS = "/v1/completions"
@@ -170,16 +171,17 @@ def parse_dataset_line(line: str, where: str, index: int) -> HttpRequest:
 
 def read_dataset(path: str) -> list[HttpRequest]:
     """Every non-blank line of a JSONL dataset as a request (all ready at time 0)."""
+    named = shown_path(path)  # as messages name it
     try:
         text = read_bytes_bounded(path, max_bytes=MAX_PROMPTS_BYTES, what="dataset").decode("utf-8-sig")
     except InputFileError as error:
         raise BenchInputError(f"cannot read {error}") from None
     except UnicodeDecodeError as error:
-        raise BenchInputError(f"cannot read dataset {path}: not UTF-8 text (offset {error.start}); it must be "
+        raise BenchInputError(f"cannot read dataset {named}: not UTF-8 text (offset {error.start}); it must be "
                               "JSON lines") from None
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    requests = [parse_dataset_line(line, f"{path}:{number}", number)
+    requests = [parse_dataset_line(line, f"{named}:{number}", number)
                 for number, line in enumerate(lines, start=1) if line.strip()]
     if not requests:
-        raise BenchInputError(f"{path}: no requests in the file")
+        raise BenchInputError(f"{named}: no requests in the file")
     return requests

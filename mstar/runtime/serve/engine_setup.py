@@ -18,7 +18,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from mstar.arg_types import shown
+from mstar.arg_types import path_problem, shown, weights_problem
 from mstar.plan.schema import Plan
 
 ENGINES = ("torch", "sim")
@@ -40,6 +40,9 @@ def torch_options_set(device: str, dims: str, attention: str) -> list[str]:
 def load(path: str) -> Plan:
     from mstar.plan.io import PlanError, load_plan
 
+    problem = path_problem(path)  # as path_arg refuses it for `mstar serve --plan`
+    if problem is not None:
+        raise SetupError(f"plan {problem}")
     try:
         return load_plan(path)
     except PlanError as error:
@@ -135,12 +138,20 @@ def _check_engine_arguments(kind: str, weights: Any, kv_pages: Any, seed: Any, s
 
 def check_paths(weights: Any, tokenizer: Any) -> None:
     """SetupError unless `weights` is None or a list of directories (DIR or NODE=DIR) and
-    `tokenizer` None or a directory (a None or an int among them raised from deep inside)."""
+    `tokenizer` None or a directory (a None or an int among them raised from deep inside), each a
+    path the OS can name, as path_arg takes it for `mstar serve` (`tokenizer="x" * 10000` raised
+    ENAMETOOLONG from Path.is_file, the whole name in the OSError)."""
     if weights is not None and (isinstance(weights, (str, bytes)) or not isinstance(weights, (list, tuple))
                                 or not all(isinstance(w, (str, os.PathLike)) for w in weights)):
         raise SetupError(f"weights must be a list of checkpoint directories (DIR or NODE=DIR), got {shown(weights)}")
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         raise SetupError(f"tokenizer must be a directory holding tokenizer.json, got {shown(tokenizer)}")
+    if tokenizer is not None and path_problem(tokenizer) is not None:
+        raise SetupError(f"tokenizer {path_problem(tokenizer)}")
+    for entry in weights or ():
+        problem = weights_problem(entry) if os.fspath(entry) else None  # an empty one: weights_by_node's words
+        if problem is not None:
+            raise SetupError(f"weights entry {problem}")
 
 
 def is_integer(value: Any) -> bool:

@@ -44,6 +44,8 @@ import sys
 import tempfile
 from typing import Any, Optional
 
+from mstar.arg_types import shown_path
+
 MAX_NAME_STEM = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -95,7 +97,7 @@ class ResultWriter:
             os.makedirs(out_dir, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         except OSError as error:
-            raise OutputError(f"cannot write {self.path}: {error.strerror or error}") from None
+            raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}") from None
 
     def write(self, record: Any) -> None:
         """The finished request's media files, then its line in outputs.jsonl."""
@@ -152,7 +154,7 @@ class ResultWriter:
         try:
             _replace(path, data)
         except OSError as error:
-            raise OutputError(f"cannot write {path}: {error.strerror or error}; {self._kept()}") from None
+            raise OutputError(f"cannot write {shown_path(path)}: {error.strerror or error}; {self._kept()}") from None
         self.num_media += 1
         return name
 
@@ -167,11 +169,12 @@ class ResultWriter:
                 os.ftruncate(self._fd, self._size)
             except OSError:
                 pass
-            raise OutputError(f"cannot write {self.path}: {error.strerror or error}; {self._kept()}") from None
+            raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}; "
+                              f"{self._kept()}") from None
         self._size += len(data)
 
     def _kept(self) -> str:
-        return f"{self.path} holds the {self.num_lines} requests written before it"
+        return f"{shown_path(self.path)} holds the {self.num_lines} requests written before it"
 
     def close(self) -> None:
         """Flush outputs.jsonl to the disk and close it (idempotent)."""
@@ -182,7 +185,7 @@ class ResultWriter:
             os.fsync(fd)
             _fsync_directory(self.out_dir)
         except OSError as error:
-            raise OutputError(f"cannot write {self.path}: {error.strerror or error}") from None
+            raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}") from None
         finally:
             os.close(fd)
 
@@ -242,7 +245,7 @@ def write_output_file(path: str, data: bytes) -> None:
         else:
             atomic_write_bytes(path, data)
     except OSError as error:
-        raise OutputError(f"cannot write {path}: {_reason(error)}") from None
+        raise OutputError(f"cannot write {shown_path(path)}: {_reason(error)}") from None
 
 
 def _reason(error: OSError) -> str:

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from mstar.arg_types import float_range, int_range, integer, path_arg, shown
+from mstar.arg_types import float_range, int_range, integer, path_arg, shown, weights_arg
 from mstar.runtime.serve.engine_setup import ENGINES, SEED_BOUND, SetupError, torch_options_set
 
 DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, type=path_arg, help="compiled plan (generated/<config>.plan)")
     p.add_argument("--engine", choices=ENGINES, default="torch",
                    help="torch: the models (default); sim: the cost model, taking its modelled time in wall time")
-    p.add_argument("--weights", action="append", type=path_arg, metavar="[NODE=]DIR",
+    p.add_argument("--weights", action="append", type=weights_arg, metavar="[NODE=]DIR",
                    help="checkpoint directory (as mstar run)")
     p.add_argument("--tokenizer", metavar="DIR", type=path_arg, help="directory with tokenizer.json (as mstar run)")
     p.add_argument("--dims", choices=("tiny", "spec"), default="tiny", help="torch engine model dims (default tiny)")

@@ -24,10 +24,12 @@ that directory holds tokenizer.json. Failures: `TokenizerError` naming the file 
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from mstar.arg_types import path_problem, shown_path
 from mstar.files import MAX_JSON_CONFIG_BYTES, MAX_TOKENIZER_BYTES, InputFileError, read_text_bounded
 
 HOW_TO_ADD = ("pass --weights DIR with a checkpoint directory that holds tokenizer.json, "
@@ -85,7 +87,7 @@ class TextTokenizer:
         return self._ids(self.render_chat(messages), add_special_tokens=False)
 
     def _config_path(self) -> str:
-        return str(Path(self.directory) / "tokenizer_config.json")
+        return shown_path(Path(self.directory) / "tokenizer_config.json")  # for messages: clipped
 
     def _compiled(self) -> Any:
         if self._template is None:
@@ -152,7 +154,9 @@ def _compile(source: str, where: str) -> Any:
 
 
 def has_tokenizer(directory: str) -> bool:
-    return (Path(directory) / "tokenizer.json").is_file()
+    """os.path.isfile, not Path.is_file: False for a path the OS cannot name, where Path.is_file
+    raised ENAMETOOLONG (`tokenizer_dir` refuses such an override with a TokenizerError first)."""
+    return os.path.isfile(os.path.join(directory, "tokenizer.json"))
 
 
 def load_tokenizer(directory: str) -> TextTokenizer:
@@ -169,19 +173,20 @@ def load_tokenizer(directory: str) -> TextTokenizer:
     try:
         backend = Tokenizer.from_str(text)
     except Exception as error:  # the Rust side raises its own exception type
-        raise TokenizerError(f"tokenizer {path}: not a tokenizer.json the tokenizers library reads ({error})") from None
+        raise TokenizerError(f"tokenizer {shown_path(path)}: not a tokenizer.json the tokenizers library reads "
+                             f"({error})") from None
     config: dict[str, Any] = {}
     config_path = Path(directory) / "tokenizer_config.json"
-    if config_path.exists():
+    if os.path.exists(config_path):  # (Path.exists raised past PATH_MAX, 7 bytes beyond tokenizer.json's)
         try:
             config = json.loads(read_text_bounded(config_path, max_bytes=MAX_JSON_CONFIG_BYTES,
                                                   what="tokenizer config"))
         except InputFileError as error:
             raise TokenizerError(f"cannot read {error}") from None
         except ValueError as error:
-            raise TokenizerError(f"tokenizer config {config_path}: not valid JSON ({error})") from None
+            raise TokenizerError(f"tokenizer config {shown_path(config_path)}: not valid JSON ({error})") from None
         if not isinstance(config, dict):
-            raise TokenizerError(f"tokenizer config {config_path}: expected a JSON object")
+            raise TokenizerError(f"tokenizer config {shown_path(config_path)}: expected a JSON object")
     return TextTokenizer(str(directory), backend, config)
 
 
@@ -195,14 +200,17 @@ def tokenizer_dir(plan: Any, checkpoints: dict[str, str], override: Optional[str
     """The directory to read the tokenizer from, or None when there is none (module docstring).
     `checkpoints`: {node: directory} from the `--weights` entries."""
     if override is not None:
+        problem = path_problem(override)
+        if problem is not None:  # a path the OS cannot name: has_tokenizer would call it empty
+            raise TokenizerError(f"--tokenizer {problem}")
         if not has_tokenizer(override):
-            raise TokenizerError(f"--tokenizer {override}: no tokenizer.json in that directory")
+            raise TokenizerError(f"--tokenizer {shown_path(override)}: no tokenizer.json in that directory")
         return override
     found = {checkpoints[name] for name in text_prompt_nodes(plan)
              if name in checkpoints and has_tokenizer(checkpoints[name])}
     if len(found) > 1:
         raise TokenizerError(f"the checkpoints of several text prompt nodes hold a tokenizer "
-                             f"({', '.join(sorted(found))}); "
+                             f"({', '.join(map(shown_path, sorted(found)))}); "
                              "choose one with --tokenizer DIR")
     return found.pop() if found else None
 

@@ -43,7 +43,7 @@ import random
 import re
 from typing import Any, Optional
 
-from mstar.arg_types import INTEGER, read_int, shown
+from mstar.arg_types import INTEGER, read_int, shown, shown_path
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem
@@ -480,6 +480,7 @@ def read_prompts(
     `takes_waveform`): else a line's `audio` file is refused (each such request failed in the
     torch engine: its encoder takes feature frames)."""
     counts = LoopCounts(plan) if plan is not None else None
+    named = shown_path(path)  # as messages name it
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {shown(concurrency)}")
     try:
@@ -489,7 +490,7 @@ def read_prompts(
         raise WorkloadError(f"cannot read {error}") from None
     except UnicodeDecodeError as error:
         raise WorkloadError(
-            f"cannot read prompts file {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} "
+            f"cannot read prompts file {named}: not UTF-8 text (byte 0x{error.object[error.start]:02x} "
             f"at offset {error.start}); it must be JSON lines"
         ) from None
     # Line ends as Python's universal newlines read them (str.splitlines would also split on
@@ -500,7 +501,7 @@ def read_prompts(
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{path}:{number}"
+        where = f"{named}:{number}"
         request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
         if "audio" in request.media and not takes_wav:
             raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
@@ -519,5 +520,5 @@ def read_prompts(
         seen[request.id] = number
         requests.append(request)
     if not requests:
-        raise WorkloadError(f"{path}: no requests in the file")
+        raise WorkloadError(f"{named}: no requests in the file")
     return Workload(requests, closed_concurrency=concurrency)

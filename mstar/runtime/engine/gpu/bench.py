@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from mstar.arg_types import ITERS, int_range
+from mstar.arg_types import ITERS, int_range, path_arg, shown_path
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.gpu import decode_attention, graph_what_ifs, launch_probe
@@ -535,7 +535,7 @@ def _capture_report(plan, node, family, executor) -> dict:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mstar bench engine", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", default="generated/llama.plan")
+    parser.add_argument("--plan", type=path_arg, default="generated/llama.plan")
     parser.add_argument("--node", help="the kv node to bench (default: the plan's first)")
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
     parser.add_argument("--iters", type=ITERS, default=50)
@@ -645,7 +645,7 @@ def kv_node(plan, args: argparse.Namespace, prog: str = "mstar bench engine") ->
     if node is None:
         wanted = f"no kv node {args.node!r} (its kv nodes: {', '.join(n.name for n in kv_nodes) or 'none'})" \
             if args.node else "no kv node"
-        print(f"{prog}: {args.plan} has {wanted}", file=sys.stderr)
+        print(f"{prog}: {shown_path(args.plan)} has {wanted}", file=sys.stderr)
     return node
 
 
@@ -678,13 +678,13 @@ def _host_pack(args: argparse.Namespace) -> int:
         return 1
     glue = bench_glue(glue_module, node)
     if glue is None:
-        print(f"mstar bench engine: {args.plan} has no kv node with generated glue", file=sys.stderr)
+        print(f"mstar bench engine: {shown_path(args.plan)} has no kv node with generated glue", file=sys.stderr)
         return 1
     try:
         result = bench_pack.host_pack(glue, args.iters)
     except GlueLaunchError as error:  # the bench's decode cases feed rows from the device token table
-        print(f"mstar bench engine: {args.plan}: node {node.name}'s steps are not the decode and prompt steps "
-              f"this bench packs ({error})", file=sys.stderr)
+        print(f"mstar bench engine: {shown_path(args.plan)}: node {node.name}'s steps are not the decode and prompt "
+              f"steps this bench packs ({error})", file=sys.stderr)
         return 1
     print(json.dumps(result, sort_keys=True) if args.json else bench_pack.table(result))
     return 0

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mstar.arg_types import ITERS
+from mstar.arg_types import ITERS, path_arg, shown_path
 
 ROWS = (1, 8, 64)
 
@@ -197,7 +197,7 @@ def _blocks(text: str) -> list[int]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench gdn", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", default="generated/qwen3_5.plan")
+    parser.add_argument("--plan", type=path_arg, default="generated/qwen3_5.plan")
     parser.add_argument("--node", help="the kv node with gated delta-net layers (default: the plan's first)")
     parser.add_argument("--blocks", type=_blocks, default=None, metavar="N,N",
                         help="value columns a program takes in the variants set against the kernel's own "
@@ -237,7 +237,7 @@ def _plan_shape(args: argparse.Namespace) -> Optional[GdnShape]:
         wanted = (f"no node {args.node!r} with gated delta-net layers (those with: "
                   f"{', '.join(n.name for n in nodes) or 'none'})") if args.node else \
             "no kv node with gated delta-net layers"
-        print(f"mstar bench gdn: {args.plan} has {wanted}", file=sys.stderr)
+        print(f"mstar bench gdn: {shown_path(args.plan)} has {wanted}", file=sys.stderr)
         return None
     return shape_of(node)
 

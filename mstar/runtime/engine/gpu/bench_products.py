@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from mstar.arg_types import ITERS
+from mstar.arg_types import ITERS, path_arg
 
 ROWS = (1, 2, 4, 8, 16, 64)
 CHAIN_ROWS = (64, 1)
@@ -170,7 +170,7 @@ def _rows(text: str) -> list[int]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench products", description=__doc__.split("\n")[0])
-    parser.add_argument("--plan", default="generated/llama.plan")
+    parser.add_argument("--plan", type=path_arg, default="generated/llama.plan")
     parser.add_argument("--node", help="the kv node (default: the plan's first)")
     parser.add_argument("--rows", type=_rows, metavar="N,N",
                         help=f"row counts to time (default {','.join(map(str, ROWS))}; with --chain "

@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from mstar.arg_types import shown_path
 from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
@@ -129,7 +130,7 @@ def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: to
 
     files = sorted(Path(weights_dir).glob("*.safetensors"))
     if not files:
-        raise WeightsError(f"--weights {weights_dir}: no *.safetensors files")
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: no *.safetensors files")
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
     prefix = "model.language_model."
     found: set[str] = set()
@@ -147,15 +148,15 @@ def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: to
                                 _copy(params[target], handle.get_tensor(key), target, weights_dir)
                                 found.add(target)
             except (SafetensorError, OSError) as error:
-                raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+                raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
     missing = sorted(set(params) - found)
     if missing:
-        raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
                            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, weights_dir: str) -> None:
     if tuple(tensor.shape) != tuple(param.shape):
-        raise WeightsError(f"--weights {weights_dir}: {name} has shape {tuple(tensor.shape)}, "
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: {name} has shape {tuple(tensor.shape)}, "
                            f"config.json implies {tuple(param.shape)}")
     param.copy_(tensor)

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from mstar.arg_types import shown_path
 from mstar.runtime.engine.checkpoint_config import WeightsError
 from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
 from mstar.runtime.engine.models.decoder import Decoder
@@ -61,11 +62,12 @@ def load_checkpoint_shard(model: Decoder, layout: ShardLayout, weights_dir: str,
     wanted = {name for name in params if not name.startswith("flow.")}
     found = layer_indices(index)
     if found and len(found) != len(layer_indices(wanted)):
-        raise WeightsError(f"--weights {weights_dir}: config.json's num_hidden_layers is {len(layer_indices(wanted))}"
-                           f" but the checkpoint holds {len(found)} layers; fix num_hidden_layers")
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: config.json's num_hidden_layers is "
+                           f"{len(layer_indices(wanted))} but the checkpoint holds {len(found)} layers; fix "
+                           "num_hidden_layers")
     missing = sorted(wanted - set(index))
     if missing:
-        raise WeightsError(f"--weights {weights_dir}: missing tensors {', '.join(missing[:4])}"
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
                            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
     by_file: dict[Path, list[str]] = {}
     for name in sorted(wanted):
@@ -87,9 +89,9 @@ def _read_file(weights_dir: str, file: Path, items: list[tuple[str, str, torch.T
                 source = handle.get_slice(key)
                 shape = tuple(source.get_shape())
                 if shape != shapes[name]:
-                    raise WeightsError(f"--weights {weights_dir}: {name} has shape {shape}, "
+                    raise WeightsError(f"--weights {shown_path(weights_dir)}: {name} has shape {shape}, "
                                        f"config.json implies {shapes[name]}")
                 param.copy_(layout.take(name, source, shape))
                 check_finite(weights_dir, file, key, param)
     except (SafetensorError, OSError) as error:
-        raise WeightsError(f"--weights {weights_dir}: cannot read {file.name}: {error}") from None
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from mstar.arg_types import int_range
+from mstar.arg_types import int_range, path_arg
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.schema import Plan
 from mstar.plan.dims import DIMS_MODES, DecoderDims, DimsError, DimsMode, decoder_dims
@@ -42,7 +42,7 @@ def params_per_rank(dims: DecoderDims, size: int) -> tuple[int, list[int]]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m mstar.runtime.engine.tp.memory", description=__doc__)
-    parser.add_argument("--plan", required=True)
+    parser.add_argument("--plan", required=True, type=path_arg)
     parser.add_argument("--dims", choices=DIMS_MODES, default="spec")
     # --tp 0 was taken as no --tp (the plan's group size) and a negative --bytes-per-param printed
     # negative MiB. Each rank needs whole query heads: the checked-in models have at most 64
