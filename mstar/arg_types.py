@@ -174,10 +174,30 @@ def shown_path(path: Any) -> str:
         text = os.fsdecode(path)
     except TypeError:  # not a path at all: what the caller was given, written as it is
         text = str(path)
-    if len(text) <= SHOWN_PATH_CHARS:
+    return shown_text(text, SHOWN_PATH_CHARS)
+
+
+SHOWN_ERROR_CHARS = 1000  # of an unexpected exception's text in an "internal error" line
+
+
+def shown_text(text: str, most: int = SHOWN_ERROR_CHARS) -> str:
+    """`text` whole up to `most` characters; past that its head and tail around "..." and its
+    length (the tail often names what failed: a file's name, an exception's last words)."""
+    if len(text) <= most:
         return text
-    keep = SHOWN_PATH_CHARS // 2 - 10
+    keep = most // 2 - 10
     return f"{text[:keep]}...{text[-keep:]} ({len(text)} characters)"
+
+
+def shown_error(error: BaseException) -> str:
+    """An unexpected exception as an "internal error" line names it: its type and its text, clipped
+    by `shown_text` (a value of 5,000 characters in the text came out whole); a text that cannot be
+    made (its __str__ raised) is named as such."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - the line must come out whatever the exception holds
+        text = "(its message could not be written)"
+    return shown_text(f"{type(error).__name__}: {text}")
 
 
 def os_error_text(error: OSError) -> str:

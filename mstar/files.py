@@ -46,6 +46,28 @@ class InputFileError(Exception):
         self.what, self.path, self.reason = what, path, reason
 
 
+def make_dirs(path: PathLike, mode: int = 0o777) -> None:
+    """os.makedirs(path, exist_ok=True) without recursion: os.makedirs and Path.mkdir(parents=True)
+    recurse once a missing level, so a valid path more than about 1,000 levels deep (2,200
+    characters of "d/") raised RecursionError, an internal error. Missing levels are made from
+    the top down; one that exists, as a directory, is left as it is."""
+    missing = []
+    folder = Path(path)
+    while not os.path.lexists(folder):  # a file in the way stops the walk: making below it raises ENOTDIR
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    if not missing and not folder.is_dir():
+        raise FileExistsError(errno.EEXIST, "File exists", str(folder))
+    for level in reversed(missing):
+        try:
+            level.mkdir(mode=mode)
+        except FileExistsError:  # made meanwhile by another process
+            if not level.is_dir():
+                raise
+
+
 def _check_regular(path: Path, what: str) -> int:
     """The file's size; refuses anything but a regular file (a FIFO or /dev/zero reads forever)."""
     if "\0" in str(path):

@@ -34,8 +34,9 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from mstar.arg_types import (
-    float_range, int_range, integer, os_error_text, path_problem, shown, shown_path, weights_problem,
+    float_range, int_range, integer, os_error_text, path_problem, shown, shown_error, shown_path, weights_problem,
 )
+from mstar.files import make_dirs
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
@@ -301,7 +302,7 @@ def _check_file_target(option: str, path: str) -> None:
         raise CliError(f"{option} {shown_path(path)} is a directory")
     parent = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(parent, exist_ok=True)
+        make_dirs(parent)
     except OSError as error:
         raise CliError(f"{option} {shown_path(path)}: cannot create directory {shown_path(parent)}: "
                        f"{error.strerror}") from None
@@ -329,7 +330,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise CliError(f"--out {shown_path(args.out)} exists and is not a directory")
         try:
-            os.makedirs(args.out, exist_ok=True)
+            make_dirs(args.out)
         except OSError as error:
             raise CliError(f"--out {shown_path(args.out)}: cannot create directory: {error.strerror}") from None
         _probe_writable("--out", args.out, args.out)
@@ -836,7 +837,7 @@ def _guarded(command: Callable[[], int]) -> int:
     except Exception as error:  # a bug (or a plan edited by hand with its hash redone): no traceback
         if os.environ.get("MSTAR_TRACEBACK"):
             raise
-        print(f"mstar: internal error ({type(error).__name__}: {error}); this is a bug in mstar, or the "
+        print(f"mstar: internal error ({shown_error(error)}); this is a bug in mstar, or the "
               "plan was edited by hand (recompile it with mstarc). Set MSTAR_TRACEBACK=1 to see where.",
               file=sys.stderr)
         return 1

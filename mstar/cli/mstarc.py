@@ -27,7 +27,8 @@ import threading
 from pathlib import Path
 from typing import Any, Optional
 
-from mstar.arg_types import int_range, os_error_text, path_arg, shown, shown_path
+from mstar.arg_types import int_range, os_error_text, path_arg, shown, shown_error, shown_path
+from mstar.files import make_dirs
 from mstar.cli.common import global_parser, take_global_options
 
 EXIT_OK, EXIT_INPUT, EXIT_USAGE = 0, 1, 2
@@ -157,7 +158,7 @@ def cmd_init(args) -> int:
     previous = {path: path.read_bytes() if path.is_file() else None for path in (spec_path, config_path)}
     try:
         for path in (spec_path, config_path):
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(path.parent)
         atomic_write_many([(spec_path, files.spec.encode("utf-8")), (config_path, files.deployment.encode("utf-8"))])
     except OSError as e:
         sys.stderr.write(_write_problem(e.filename or spec_path, e))
@@ -343,7 +344,7 @@ def cmd_schema(args) -> int:
         sys.stdout.write(text)
         return EXIT_OK
     try:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # as graph and compile create theirs
+        make_dirs(Path(args.output).parent)  # as graph and compile create theirs
         atomic_write_text(Path(args.output), text)
     except OSError as e:
         sys.stderr.write(_write_problem(args.output, e))
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("MSTARC_TRACEBACK"):
             raise
         sys.stderr.write(
-            f"mstarc: internal error ({type(e).__name__}: {e}); this is a bug in mstarc, not in "
+            f"mstarc: internal error ({shown_error(e)}); this is a bug in mstarc, not in "
             "your input. Set MSTARC_TRACEBACK=1 to see where.\n"
         )
         return EXIT_INPUT

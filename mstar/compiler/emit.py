@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mstar.files import atomic_write_many
+from mstar.files import atomic_write_many, make_dirs
 from mstar.plan.io import content_hash, dump_plan, sha256_bytes
 from mstar.plan.schema import Plan
 
@@ -33,5 +33,5 @@ def write_outputs(plan_path: Path, plan_body: str, glue_path: Path, glue_text: s
     old plan and the glue it was compiled with. Bytes are written exactly (no newline
     translation) so a rewrite of an unchanged plan is byte-identical."""
     for path in (glue_path, plan_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
     atomic_write_many([(glue_path, glue_text.encode("utf-8")), (plan_path, plan_body.encode("utf-8"))])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mstar.compiler.graph_partitions import partitions_panel, policy_text, stage_text
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
-from mstar.files import atomic_write_text
+from mstar.files import atomic_write_text, make_dirs
 from mstar.lang import ast
 from mstar.compiler.walk_tree import TreeCall, TreeEdge, TreeLoop, TreeParallel, WalkTree
 
@@ -281,6 +281,6 @@ def walks_svg(spec: ast.Spec) -> str:
 
 
 def draw_walks(spec: ast.Spec, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     atomic_write_text(path, walks_svg(spec))
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mstar.compiler.deployment import load_deployment
 from mstar.compiler.driver import MW500, compile_spec
-from mstar.files import MAX_GLUE_BYTES, MAX_PLAN_BYTES, InputFileError, atomic_write_many, read_bytes_bounded
+from mstar.files import (MAX_GLUE_BYTES, MAX_PLAN_BYTES, InputFileError, atomic_write_many, make_dirs,
+                         read_bytes_bounded)
 from mstar.lang.diagnostics import Diagnostics
 
 
@@ -87,7 +88,7 @@ def write(root: Path, expected: dict[Path, str]) -> list[Stale]:
     changed = stale_files(root, expected)
     writes = [item.path for item in changed if item.reason != "orphan"]
     for path in writes:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
     atomic_write_many([(path, expected[path].encode("utf-8")) for path in writes])
     for item in changed:
         if item.reason == "orphan":

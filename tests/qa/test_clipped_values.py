@@ -338,3 +338,26 @@ def test_bench_runner_says_in_one_line_that_its_runners_pages_cannot_be_allocate
     assert text.startswith("mstar bench runner: cannot build the fast-path runner of LLM with ") and \
         "KV pages: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you " \
         "tried to allocate 6554656768 bytes. Error code 12; the bench sizes the pool" in text, text
+
+
+def test_an_internal_error_line_is_clipped(monkeypatch, capsys):
+    """The catch-all "internal error (...)" line printed the exception's text whole (a value of
+    5,000 characters in it came out whole); now its head and tail, and an exception whose text
+    cannot be written is still named."""
+    from mstar.arg_types import SHOWN_ERROR_CHARS, shown_error
+
+    def fails(args):
+        raise ValueError("y" * 5000 + " the end")
+
+    monkeypatch.setattr(mstar_cli, "run_command", fails)
+    status, text = call_main(mstar_cli.main, ["run", "--plan", str(Path(__file__).resolve().parents[2]
+                                                                    / "generated" / "llama.plan")], capsys)
+    assert status == 1 and "internal error (ValueError: yyy" in text and "the end" in text
+    assert "y" * 1000 not in text and "(5020 characters)" in text
+
+    class Unwritable(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert shown_error(Unwritable()) == "Unwritable: (its message could not be written)"
+    assert len(shown_error(KeyError("k" * 10**6))) < SHOWN_ERROR_CHARS + 40

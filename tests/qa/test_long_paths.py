@@ -14,6 +14,7 @@ check, exit 1, as for its empty paths), and a message names a long path by its h
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,46 @@ def test_the_python_api_names_a_long_plan_path_clipped(tmp_path):
         LLM(plan, engine="sim")
     assert str(refused.value) == f"plan {shown_path(plan)} does not exist; compile one with `mstarc compile SPEC`"
     assert os.path.basename(plan) in str(refused.value)  # the tail, the file's own name, is kept
+
+
+# ---------------------------------------------------------------- deep paths (files.make_dirs)
+
+def _deep(base: Path, name: str) -> str:
+    """A valid path 1,100 levels deep (2,200 characters of "d/"): os.makedirs and
+    Path.mkdir(parents=True) recursed once a missing level and raised RecursionError."""
+    return str(base / ("d/" * 1100 + name))
+
+
+def _remove_deep(base: Path) -> None:
+    """Take the deep tree down from its bottom: pytest's own clean-up of its temporary folders
+    recurses a level too and raised RecursionError at exit."""
+    for depth in range(1100, 0, -1):
+        folder = base.joinpath(*["d"] * depth)
+        if folder.is_dir():
+            for entry in os.scandir(folder):  # the deeper levels are gone: a shallow folder (--out's) or files
+                shutil.rmtree(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+            folder.rmdir()
+
+
+@pytest.mark.parametrize("main, argv", [
+    (mstar_cli.main, ["run", "--plan", LLAMA, "--requests", "1", "--no-progress", "--report", "{deep}r.json"]),
+    (mstar_cli.main, ["run", "--plan", LLAMA, "--requests", "1", "--no-progress", "--out", "{deep}out"]),
+    (mstarc_cli.main, ["schema", "-o", "{deep}schema.json"]),
+])
+def test_a_deep_output_path_is_made(main, argv, in_tmp, capsys, request):
+    deep = _deep(in_tmp, "")
+    request.addfinalizer(lambda: _remove_deep(in_tmp))
+    status, text = call_main(main, [a.replace("{deep}", deep + os.sep) for a in argv], capsys)
+    assert status == 0 and "internal error" not in text and "Recursion" not in text, text[-300:]
+    assert os.path.isdir(deep)
+
+
+def test_make_dirs_leaves_what_exists_and_refuses_a_file_in_the_way(tmp_path):
+    from mstar.files import make_dirs
+
+    make_dirs(tmp_path / "a" / "b")
+    make_dirs(tmp_path / "a" / "b")  # exists: left as it is
+    assert (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OSError):
+        make_dirs(tmp_path / "f" / "g")

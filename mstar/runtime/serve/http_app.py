@@ -40,6 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mstar.arg_types import shown_error
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
 from mstar.runtime.serve.endpoints import endpoints_of, load_media_encoders
@@ -245,7 +246,7 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
 
     @app.exception_handler(Exception)
     async def internal(_: HttpRequest, error: Exception) -> JSONResponse:
-        message = f"internal error ({type(error).__name__}: {error})"
+        message = f"internal error ({shown_error(error)})"
         return JSONResponse(ApiError(500, message, kind="server_error").body(), status_code=500)
 
 

@@ -45,6 +45,7 @@ import tempfile
 from typing import Any, Optional
 
 from mstar.arg_types import shown_path
+from mstar.files import make_dirs
 
 MAX_NAME_STEM = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -94,7 +95,7 @@ class ResultWriter:
         self.num_media = 0
         self._size = 0  # bytes of whole lines in outputs.jsonl
         try:
-            os.makedirs(out_dir, exist_ok=True)
+            make_dirs(out_dir)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         except OSError as error:
             raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}") from None
