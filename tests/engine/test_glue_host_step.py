@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mstar.plan.io import input_paths, load_plan
-from mstar.runtime.engine.glue_loader import load_glue
+from mstar.plan.io import load_plan
+from mstar.runtime.engine.glue_loader import load_plan_glue
 from mstar.runtime.engine.glue_reference import GlueLaunchError
 from mstar.runtime.engine.gpu import bench
 from mstar.runtime.engine.gpu.glue_packing import NUM_ROW_FIELDS, GluePacker
@@ -16,7 +16,7 @@ from mstar.runtime.engine.gpu.packing import RowSpec
 
 PLAN_PATH = Path(__file__).resolve().parents[2] / "generated" / "llama_chunked.plan"
 PLAN = load_plan(PLAN_PATH, verify=False)
-GLUE = bench.bench_glue(load_glue(input_paths(str(PLAN_PATH), PLAN)["glue"]), PLAN.nodes[0])
+GLUE = bench.bench_glue(load_plan_glue(PLAN_PATH, PLAN), PLAN.nodes[0])
 WALKS = range(len(GLUE.constants.walks))
 LOOP_WALK = next(w for w in WALKS if GLUE.constants.device_loop_mask >> w & 1)
 PROMPT_WALK = next(w for w in WALKS if not GLUE.constants.device_loop_mask >> w & 1)

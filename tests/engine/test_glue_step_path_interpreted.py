@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine import glue_reference as ref
-from mstar.runtime.engine.glue_loader import load_glue
+from mstar.runtime.engine.glue_loader import load_plan_glue
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, eager_buffers
 from mstar.runtime.engine.gpu.packing import RowSpec, fed_ids, pack
 from mstar.runtime.engine.gpu.runner import node_glue
@@ -38,7 +38,6 @@ from fast_path_cpu import fast_path_engine
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN = REPO / "generated" / "llama.plan"
-GLUE = REPO / "generated" / "llama_glue.py"
 IS_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IS_INTERPRETED, reason="runs in the interpreter's own process (below)")
 
@@ -54,6 +53,11 @@ def test_glue_step_path_under_the_interpreter():
     assert "10 passed" in result.stdout, result.stdout[-2000:]
 
 
+def _glue(plan_path: Path):
+    """The plan's checked-in glue, loaded as the runtime loads it (checked against the plan's hash)."""
+    return load_plan_glue(plan_path, load_plan(plan_path, verify=False))
+
+
 def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96, host_pages: int = 0, cap: int = 0
             ) -> TorchEngine:
     """cap: every mixture's cap at most this (0: the plan's), so started requests sit out steps."""
@@ -63,7 +67,7 @@ def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96, host_pages:
             m.model_copy(update={"cap": min(m.cap, cap)}) for m in k.mixtures]}) for k in w.keys]})
             for w in plan.workers]
         plan = plan.model_copy(update={"workers": workers})
-    glue = node_glue(load_glue(GLUE).GLUE_BY_WORKER, "LLM") if is_glue else None
+    glue = node_glue(_glue(PLAN).GLUE_BY_WORKER, "LLM") if is_glue else None
     engine, _ = fast_path_engine(plan, num_pages, max_seq_len=4096, can_run_ahead=can_run_ahead, glue=glue,
                                  host_pages=host_pages)
     return engine
@@ -195,7 +199,7 @@ def test_glue_packs_rows_sharing_a_long_prefix_into_the_decode_graphs_buffers(is
     Triton decode kernel's graphs), from the arrays the glue wrote alone."""
     from test_gpu_fast_path_on_cpu import SHARED_PREFIX_POOL, shared_prefix_run
 
-    glue = node_glue(load_glue(REPO / "generated" / "llama_chunked_glue.py").GLUE_BY_WORKER, "LLM")
+    glue = node_glue(_glue(REPO / "generated" / "llama_chunked.plan").GLUE_BY_WORKER, "LLM")
     got, expected, page_sums, num_graph_steps = shared_prefix_run(glue, is_planned)
     assert {rid: outcome[:2] for rid, outcome in got.items()} == {rid: outcome[:2] for rid, outcome in expected.items()}
     assert max(page_sums) > SHARED_PREFIX_POOL + 64 and num_graph_steps > 0
@@ -221,7 +225,7 @@ def _steps(draw):
 @settings(max_examples=15, deadline=None)
 @given(steps=_steps(), seed=st.integers(0, 2 ** 16))
 def test_glue_packer_matches_numpy_packing_over_scheduler_steps(steps, seed):
-    module = load_glue(GLUE)
+    module = _glue(PLAN)
     glue = module.GLUE_BY_WORKER[0]["LLM:mixed"]
     constants = glue.constants
     decode = constants.walks.index("decode")

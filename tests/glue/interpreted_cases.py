@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 before triton is imported")
 
 import glue_cases  # noqa: E402
-from glue_modules import key_glues, sample_generated_glue_files, tiny_glue_module  # noqa: E402
+from glue_modules import checked_in_glue, key_glues, sample_generated_glue_files, tiny_glue_module  # noqa: E402
 
 SEEDS = range(8)
 # The interpreter runs each program in Python: keep steps small.
@@ -43,9 +43,7 @@ def test_kernels_are_interpreted(tmp_path):
 
 @pytest.mark.parametrize("path", sample_generated_glue_files(), ids=lambda p: p.name)
 def test_generated_glue_matches_reference(path):
-    from mstar.runtime.engine.glue_loader import load_glue
-
-    for key_glue in key_glues(load_glue(path)):
+    for key_glue in key_glues(checked_in_glue(path)):
         for seed in range(3):
             glue_cases.compare_pack(key_glue, seed, "cpu", MAX_ROWS)
             glue_cases.compare_scatter(key_glue, seed, "cpu", MAX_ROWS)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glue_modules import generated_glue_files
+from glue_modules import checked_in_glue, generated_glue_files
 from mstar.plan.buckets import pick_smallest
 from mstar.plan.io import load_plan
 from mstar.runtime.engine import glue_reference as ref
-from mstar.runtime.engine.glue_loader import load_glue
 from mstar.runtime.engine.gpu.packing import max_row_pages
 
 ROW_COUNTS = (1, 2, 3, 7, 16, 33, 63, 64, 100, 128, 256)
@@ -58,7 +57,7 @@ def _launch_shapes(pick, family, tokens):
 @pytest.mark.parametrize("path", generated_glue_files(), ids=lambda p: p.name)
 def test_glue_accepts_the_scheduler_batches_of_the_plan(path):
     plan = load_plan(path.with_name(path.name.replace("_glue.py", ".plan")), verify=False)
-    module = load_glue(path)
+    module = checked_in_glue(path)
     num_checked = 0
     for key_glue, pool, pick, family, tokens in _cases(plan, module):
         constants, page_size = key_glue.constants, pool.page_size

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import glue_cases
-from glue_modules import key_glues, sample_generated_glue_files, tiny_glue_module
+from glue_modules import checked_in_glue, key_glues, sample_generated_glue_files, tiny_glue_module
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,9 +22,7 @@ def test_kernels_match_reference_on_gpu(tmp_path, page_size):
 
 @pytest.mark.parametrize("path", sample_generated_glue_files(), ids=lambda p: p.name)
 def test_generated_glue_on_gpu(path):
-    from mstar.runtime.engine.glue_loader import load_glue
-
-    for key_glue in key_glues(load_glue(path)):
+    for key_glue in key_glues(checked_in_glue(path)):
         for seed in range(8):
             glue_cases.compare_pack(key_glue, seed, "cuda")
             glue_cases.compare_scatter(key_glue, seed, "cuda")

@@ -6,16 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from glue_modules import checked_in_glue
 
 from mstar.runtime.engine.glue_jit import CAN_SKIP_ALIGNMENT
-from mstar.runtime.engine.glue_loader import load_glue
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
 
 @pytest.mark.parametrize("path", sorted(GENERATED.glob("*_glue.py")), ids=lambda p: p.stem)
 def test_no_glue_kernel_parameter_is_specialized(path):
-    module = load_glue(path)
+    module = checked_in_glue(path)
     kernels = [value for name, value in vars(module).items() if name.startswith("_") and name.endswith("_kernel")]
     assert kernels
     for kernel in (k.jitted for k in kernels):  # the triton.jit function each GlueKernel launches

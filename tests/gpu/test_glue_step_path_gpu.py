@@ -15,7 +15,7 @@ from engine_plans import LLM_DIMS, llm_plan  # noqa: E402
 
 from mstar.plan.io import load_plan  # noqa: E402
 from mstar.plan.dims import decoder_dims  # noqa: E402
-from mstar.runtime.engine.glue_loader import load_glue  # noqa: E402
+from mstar.runtime.engine.glue_loader import load_plan_glue  # noqa: E402
 from mstar.runtime.engine.gpu.device_model import build_decoder  # noqa: E402
 from mstar.runtime.engine.gpu.executor import PackedFamilies, StepExecutor, WholePacked  # noqa: E402
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv  # noqa: E402
@@ -32,7 +32,8 @@ PREFILL, DECODE = 0, 1  # the llama glue key's walk order (prefill, decode)
 
 
 def _glue():
-    key_glue = load_glue(GENERATED / "llama_glue.py").GLUE_BY_WORKER[0]["LLM:mixed"]
+    module = load_plan_glue(GENERATED / "llama.plan", load_plan(str(GENERATED / "llama.plan")))
+    key_glue = module.GLUE_BY_WORKER[0]["LLM:mixed"]
     assert key_glue.constants.walks == ("prefill", "decode") and key_glue.constants.page_size == 16
     return key_glue
 
@@ -148,7 +149,7 @@ def test_llama_plan_end_to_end_with_the_glue():
     plan = load_plan(str(GENERATED / "llama.plan"))
     runs = {}
     for is_glue in (True, False):
-        glue = load_glue(GENERATED / "llama_glue.py") if is_glue else None
+        glue = load_plan_glue(GENERATED / "llama.plan", load_plan(str(GENERATED / "llama.plan"))) if is_glue else None
         engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=1024, glue=glue)
         runner = engine.runners["LLM"]
         assert (runner.executor.packer is not None) == is_glue

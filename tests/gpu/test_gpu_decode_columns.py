@@ -27,15 +27,16 @@ GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
 def _run(is_columnar: bool) -> tuple[list[tuple], dict[str, tuple], int, tuple[int, int]]:
     from mstar.runtime.conductor.request import Request
-    from mstar.runtime.engine.glue_loader import load_glue
+    from mstar.runtime.engine.glue_loader import load_plan_glue
     from mstar.runtime.engine.gpu import runner as runner_module
     from mstar.runtime.engine.torch_engine import TorchEngine
     from mstar.runtime.serve.bench_kv import with_budget
     from mstar.runtime.serve.driver import Driver, Workload
 
-    plan = with_budget(load_plan(str(GENERATED / "llama_chunked.plan")), 64)
+    chunked = load_plan(str(GENERATED / "llama_chunked.plan"))
+    plan = with_budget(chunked, 64)
     engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=1024,
-                         glue=load_glue(GENERATED / "llama_chunked_glue.py"))
+                         glue=load_plan_glue(GENERATED / "llama_chunked.plan", chunked))
     runner = engine.runners["LLM"]
     assert isinstance(runner, runner_module.GpuDecoderRunner) and runner.glue is not None
     runner.is_columnar = is_columnar

@@ -21,14 +21,15 @@ GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
 def test_a_lone_prompt_runs_ahead_chunk_by_chunk_with_the_same_tokens():
     from mstar.runtime.conductor.request import Request
-    from mstar.runtime.engine.glue_loader import load_glue
+    from mstar.runtime.engine.glue_loader import load_plan_glue
     from mstar.runtime.engine.torch_engine import TorchEngine
     from mstar.runtime.serve.bench_kv import with_budget
     from mstar.runtime.serve.driver import Driver, Workload
 
-    plan = with_budget(load_plan(str(GENERATED / "llama_chunked.plan")), 128)
+    chunked = load_plan(str(GENERATED / "llama_chunked.plan"))
+    plan = with_budget(chunked, 128)
     engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=512,
-                         glue=load_glue(GENERATED / "llama_chunked_glue.py"))
+                         glue=load_plan_glue(GENERATED / "llama_chunked.plan", chunked))
     runner = engine.runners["LLM"]
     assert runner.can_run_ahead
     prompt = [(7 * i) % 500 + 1 for i in range(900)]

@@ -7,11 +7,16 @@ In: a directory with `config.json` (SNAC's constructor arguments: `sampling_rate
 fills a `SnacDecoder`. Refused with a `WeightsError`: a missing or malformed file, a decoder with
 local attention (`attn_window_size` set: the 32 and 44 kHz models; the 24 kHz one has none).
 
-`pytorch_model.bin` is read with `torch.load(weights_only=True)`: tensors only, no code runs.
+`model.safetensors` is taken when both are there: plain data, nothing in it is run.
+`pytorch_model.bin` is a pickle, read with `torch.load(weights_only=True)`: tensors only, no code
+runs, from torch 2.6 on. Before 2.6 that restricted unpickler could be made to run code from the
+file (CVE-2025-32434), and pyproject allows torch 2.4, so there a .bin is refused, with the fix
+(upgrade torch, or convert the file to model.safetensors), rather than loaded.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -24,7 +29,14 @@ from mstar.runtime.engine.models.snac import SnacDecoder, load_snac_state
 SNAC_DEFAULTS = {"sampling_rate": 44100, "encoder_dim": 64, "encoder_rates": [3, 3, 7, 7], "latent_dim": None,
                  "decoder_dim": 1536, "decoder_rates": [7, 7, 3, 3], "attn_window_size": 32, "codebook_size": 4096,
                  "codebook_dim": 8, "vq_strides": [8, 4, 2, 1], "noise": True, "depthwise": True}
-WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # safetensors first (module docstring)
+SAFE_TORCH_LOAD = (2, 6)  # the first torch whose torch.load(weights_only=True) runs no code from the file
+
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the torch in use; (0, 0) when its version string does not say."""
+    found = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def read_snac_config(directory: str) -> SnacDims:
@@ -70,6 +82,10 @@ def read_snac_state(directory: str) -> dict[str, torch.Tensor]:
             break
     else:
         raise WeightsError(f"SNAC checkpoint {directory}: none of {', '.join(WEIGHT_FILES)} there")
+    if path.suffix != ".safetensors" and torch_release() < SAFE_TORCH_LOAD:
+        raise WeightsError(f"{path}: torch {torch.__version__} cannot read a pickled checkpoint safely (its "
+                           f"torch.load can run code from the file before torch 2.6); upgrade torch to 2.6 or later, "
+                           f"or convert the file to model.safetensors")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

@@ -104,7 +104,7 @@ class TorchEngine:
         the others' dims are still read, for the widths and budgets that depend on them); None: all.
         run_ahead: let a GPU fast-path runner launch a decode step before the one before it was
         collected (`launch_ahead`, gpu/runner.py); False: every step waits for the one before.
-        glue: the plan's glue module (`load_glue`): the GPU fast path packs with it; None: numpy."""
+        glue: the plan's glue module (`load_plan_glue`): the GPU fast path packs with it; None: numpy."""
         if dims not in DIMS_MODES:
             raise EngineError(f"--dims {dims!r}: choose one of {', '.join(DIMS_MODES)}")
         if num_pages is not None and num_pages <= 0:
@@ -583,11 +583,10 @@ def plan_glue(plan: Plan, plan_path: Optional[str], device: str) -> Optional[Mod
     rank process load it the same way."""
     if device == "cpu" or plan_path is None:
         return None
-    from mstar.plan.io import input_paths
-    from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+    from mstar.runtime.engine.glue_loader import GlueLoadError, load_plan_glue
 
     try:
-        return load_glue(input_paths(plan_path, plan)["glue"])
+        return load_plan_glue(plan_path, plan)
     except GlueLoadError as error:
         raise EngineError(str(error)) from None
 

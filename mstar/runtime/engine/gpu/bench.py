@@ -611,11 +611,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.decode_kernel == "cuda" and _lacks_cuda_core_kernel(node):
         return 1
     blas_edges = _set_what_ifs(args)
-    from mstar.plan.io import input_paths
-    from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+    from mstar.runtime.engine.glue_loader import GlueLoadError, load_plan_glue
 
     try:
-        glue_module = load_glue(input_paths(args.plan, plan)["glue"])
+        glue_module = load_plan_glue(args.plan, plan)
     except GlueLoadError as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
@@ -662,14 +661,14 @@ def _lacks_cuda_core_kernel(node) -> bool:
 
 
 def _host_pack(args: argparse.Namespace) -> int:
-    from mstar.plan.io import PlanError, input_paths, load_plan
-    from mstar.runtime.engine.glue_loader import GlueLoadError, load_glue
+    from mstar.plan.io import PlanError, load_plan
+    from mstar.runtime.engine.glue_loader import GlueLoadError, load_plan_glue
     from mstar.runtime.engine.glue_reference import GlueLaunchError
     from mstar.runtime.engine.gpu import bench_pack
 
     try:
         plan = load_plan(args.plan)
-        glue_module = load_glue(input_paths(args.plan, plan)["glue"])
+        glue_module = load_plan_glue(args.plan, plan)
     except (PlanError, GlueLoadError) as error:
         print(f"mstar bench engine: {error}", file=sys.stderr)
         return 1
