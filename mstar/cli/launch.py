@@ -2,9 +2,15 @@
 a Ctrl-C while its imports load (numpy, the runtime: a few hundred ms) ends with one line and exit
 130, not the import's traceback (an audit: `mstar run` or `mstar bench` interrupted in its first
 0.1-0.3 s printed a traceback through numpy's import). `python3 -m mstar.cli.mstar` imports the
-module itself, outside any guard."""
+module itself, outside any guard.
+
+Once the command returned, its outcome is written and said: a Ctrl-C while the interpreter exits
+(torch's finalizers run a while) ends the process by SIGINT (a shell sees 130), where Python's
+handler raised KeyboardInterrupt inside an exit callback and printed its traceback after the
+command's last line (`exit_by_signals`)."""
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 from importlib import import_module
@@ -16,7 +22,15 @@ def _launch(module: str, name: str) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted before the command started; nothing was written", file=sys.stderr)
         return 128 + signal.SIGINT
-    return command()
+    code = command()
+    exit_by_signals()
+    return code
+
+
+def exit_by_signals() -> None:
+    """At exit, before the exit callbacks registered so far (they run last first), SIGINT takes its
+    default action again (see the module docstring)."""
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_DFL)
 
 
 def mstar() -> int:

@@ -409,9 +409,12 @@ class _Signals:
 
     Before the run a signal ends the command at once (`_Interrupted`). During the run the first
     one stops the driver (it returns after the step in progress) and a second one ends the run
-    at once; either way the command then writes what finished. After the run, while the report
-    and timeline are written, a first signal is only noted (the exit status says which) and a
-    second one ends the command (a report to a FIFO nobody reads would otherwise block it).
+    at once, though never inside `held()` (a request's media and its line): it ends the run when
+    the block is done; either way the command then writes what finished. After the run a signal
+    is only noted (the exit status says which), and a second one abandons the report and timeline
+    (`abandonable()`: a report to a FIFO nobody reads would otherwise block the command); it ended
+    the command from wherever it came, outputs.jsonl's close among them, and the command then
+    said "before the run started; nothing was written" with lines kept.
     """
 
     HANDLED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -425,6 +428,10 @@ class _Signals:
         # agent stopping the group once a rank died) changes nothing; a second one still ends the command
         self.is_lost = False
         self.is_lost_signalled = False
+        self.is_ending = False  # after the run: a second signal came (the report and timeline are abandoned)
+        self.is_abandonable = False
+        self._num_holding = 0
+        self._is_held = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_Signals":
@@ -446,11 +453,43 @@ class _Signals:
         is_first = self.signum is None
         first_signum = signum if self.signum is None else self.signum
         self.signum = first_signum
-        if is_first and (self.is_writing or self.driver is not None):
-            if not self.is_writing:
-                self.driver.stop()
+        if self.is_writing:
+            self.is_ending = self.is_ending or not is_first
+            if self.is_ending and self.is_abandonable:
+                raise _Interrupted(first_signum)
+            return
+        if is_first and self.driver is not None:
+            self.driver.stop()
+            return
+        if self._num_holding:
+            self._is_held = True
             return
         raise _Interrupted(first_signum)
+
+    @contextlib.contextmanager
+    def held(self) -> Any:
+        """A signal that would end the run waits for the block's end: ending between a request's
+        media and its line left the media without a line and the finished request unwritten."""
+        self._num_holding += 1
+        try:
+            yield
+        finally:
+            self._num_holding -= 1
+        if self._is_held and not self._num_holding:
+            self._is_held = False
+            raise _Interrupted(self.signum or signal.SIGINT)
+
+    @contextlib.contextmanager
+    def abandonable(self) -> Any:
+        """The report and timeline: a second signal, during them or noted since the run ended,
+        abandons them (`_Interrupted`)."""
+        if self.is_ending:
+            raise _Interrupted(self.signum or signal.SIGINT)
+        self.is_abandonable = True
+        try:
+            yield
+        finally:
+            self.is_abandonable = False
 
     @property
     def name(self) -> str:
@@ -594,13 +633,14 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
             progress.update(len(request_ids))
         if writer is None or problems:
             return
-        for request_id in request_ids:
-            try:
-                writer.write(driver.conductor.records[request_id])
-            except OutputError as error:  # a full disk: stop, keep what was written, say where
-                problems.append(f"--out: {error}")
-                driver.stop()
-                return
+        with signals.held():
+            for request_id in request_ids:
+                try:
+                    writer.write(driver.conductor.records[request_id])
+                except OutputError as error:  # a full disk: stop, keep what was written, say where
+                    problems.append(f"--out: {error}")
+                    driver.stop()
+                    return
 
     args.step_events = _step_events(args, engine, mode)
     try:
@@ -620,13 +660,10 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
     if not is_lost:
         problems.extend(_every_request_failed(records))
     if num_unfinished and not signals.signum:
-        # the loop ended with requests it could neither admit nor advance (a plan admitting none
-        # ran nothing and exited 0), or stopped with a lost rank
-        problems.append(f"{num_unfinished} of {len(workload.requests)} requests never finished: "
-                        + ("the run stopped when it lost the rank" if is_lost
-                           else "the run could not admit or advance them"))
+        problems.append(_unfinished_problem(num_unfinished, len(workload.requests), is_lost, driver.is_stopped))
     try:
-        _finish(args, driver, records, host_wall_s, num_unfinished, signals, problems)
+        with signals.abandonable():
+            _finish(args, driver, records, host_wall_s, num_unfinished, signals, problems)
     except _Interrupted:
         problems.append("stopped by a second signal while writing the report and timeline")
     for problem in problems:
@@ -635,6 +672,17 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
         _say(f"mstar: interrupted by {signals.name}: " + _kept(args, writer, records, num_unfinished, problems))
     signals.is_reported = True
     return 128 + signals.signum if signals.signum else (1 if problems else 0)
+
+
+def _unfinished_problem(num_unfinished: int, num_requests: int, is_lost: bool, is_stopped: bool) -> str:
+    """Why requests never finished, without a signal: a lost rank, a failed --out write (the only
+    other `driver.stop()`: it was said as "the run could not admit or advance them", wrongly), or
+    the loop ended with requests it could neither admit nor advance (a plan admitting none ran
+    nothing and exited 0)."""
+    reason = ("the run stopped when it lost the rank" if is_lost
+              else "the run stopped at the failed --out write" if is_stopped
+              else "the run could not admit or advance them")
+    return f"{num_unfinished} of {num_requests} requests never finished: {reason}"
 
 
 def _result_writer(args: argparse.Namespace, plan: Any, tokenizer: Any) -> Any:
@@ -844,4 +892,8 @@ def _guarded(command: Callable[[], int]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from mstar.cli.launch import exit_by_signals
+
+    status = main()
+    exit_by_signals()
+    sys.exit(status)

@@ -54,3 +54,29 @@ def test_an_interrupt_inside_an_mstarc_command_is_one_line_and_exit_130(capsys, 
         err = capsys.readouterr().err
         assert err == "mstarc: interrupted; a file it writes is replaced whole or not at all\n", err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_an_interrupt_while_the_interpreter_exits_ends_it_by_sigint_without_a_traceback(tmp_path):
+    """After `mstar run` said its last line, a Ctrl-C during the interpreter's exit (torch's
+    finalizers, an exit callback here) raised KeyboardInterrupt there: its traceback on stderr."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "exiting.py"
+    script.write_text(
+        "import os, signal, sys, time, weakref\n"
+        "from mstar.cli import launch\n"
+        "class Held: pass\n"
+        "held = Held()\n"
+        "def main():\n"
+        "    weakref.finalize(held, lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(1)))\n"
+        "    return 0\n"
+        "launch.import_module = lambda name: type('Command', (), {'main': staticmethod(main)})\n"
+        "sys.exit(launch.mstar())\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert done.returncode == -signal.SIGINT

@@ -73,3 +73,73 @@ def test_an_interrupted_run_keeps_every_finished_request(tmp_path, signum, engin
     assert summary_json["num_unfinished"] > 0
     assert summary_json["finish_kinds"].get("unfinished") == summary_json["num_unfinished"]
     assert summary_json["num_completed"] + summary_json["num_failed"] == len(lines)
+
+
+def _run_in_process(tmp_path: Path, plan: str) -> tuple[int, str, Path]:
+    """`mstar run` on the sim engine in this process, one request at a time (so the first
+    signal stops it with few requests written); (status, stderr, out folder)."""
+    import contextlib
+    import io
+
+    from mstar.cli import mstar as mstar_cli
+
+    out = tmp_path / "out"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = mstar_cli.main(["run", "--plan", str(ROOT / "generated" / f"{plan}.plan"), "--engine", "sim",
+                                 "--requests", "20", "--concurrency", "1", "--no-progress", "--out", str(out),
+                                 "--report", str(tmp_path / "run.json")])
+    return status, err.getvalue(), out
+
+
+def test_a_second_signal_while_outputs_close_keeps_the_run_said(tmp_path, monkeypatch):
+    """SIGINT once 3 requests are written, a second one while outputs.jsonl is closed (its fsync):
+    the command said "interrupted by SIGINT before the run started; nothing was written" with 3
+    lines kept. Now the second signal abandons the report alone and the line says what was kept."""
+    from mstar.runtime.serve import results
+
+    write, close = results.ResultWriter.write, results.ResultWriter.close
+
+    def write_then_signal(self, record):
+        write(self, record)
+        if self.num_lines == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def close_under_signal(self):
+        if self._fd >= 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        close(self)
+
+    monkeypatch.setattr(results.ResultWriter, "write", write_then_signal)
+    monkeypatch.setattr(results.ResultWriter, "close", close_under_signal)
+    status, err, out = _run_in_process(tmp_path, "llama")
+    assert status == 130, err
+    assert "before the run started" not in err
+    assert "stopped by a second signal while writing the report and timeline" in err
+    assert "mstar: interrupted by SIGINT: 3 requests finished, 17 not; kept 3 in " in err
+    assert len((out / "outputs.jsonl").read_text().splitlines()) == 3
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_a_second_signal_between_a_requests_media_and_its_line_waits_for_the_line(tmp_path, monkeypatch):
+    """Two signals right after request 3's WAV is written: the second ended the run before its
+    line, leaving the WAV without a line ("3 requests finished ... kept 2"). Now the line is
+    written first."""
+    from mstar.runtime.serve import results
+
+    write_media = results.ResultWriter._write_media
+
+    def media_then_signals(self, request_id, emissions):
+        names = write_media(self, request_id, emissions)
+        if self.num_media == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # stops the run after this step
+            os.kill(os.getpid(), signal.SIGINT)  # ends it at once
+        return names
+
+    monkeypatch.setattr(results.ResultWriter, "_write_media", media_then_signals)
+    status, err, out = _run_in_process(tmp_path, "orpheus")
+    assert status == 130, err
+    lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 and "3 requests finished, 17 not; kept 3 in " in err
+    assert {p.name for p in out.iterdir()} == {name for line in lines for name in line["media"]} | {"outputs.jsonl"}
+    assert "Traceback" not in err

@@ -24,7 +24,14 @@ during the run may lose recent media.
 
 A write that fails (a full disk) removes its temporary file, cuts outputs.jsonl back to its last
 whole line, and raises `OutputError` naming the file and what was kept. `close()` fsyncs
-outputs.jsonl.
+outputs.jsonl. outputs.jsonl removed or replaced during the run (the folder deleted, the file
+unlinked or made a directory) is an `OutputError` at the next request's write and at `close()`:
+the lines went on into the open but nameless file, and the run exited 0 with nothing kept.
+
+A run killed (SIGKILL, a power loss) while a line is written may leave that last line cut short:
+the kernel ends a write to a file early at a page boundary for a fatal signal (ext4 here: 2 of 40
+kills of a loop of 300-byte appends left a cut line). `read_outputs` reads outputs.jsonl and
+leaves such a last line out; every line before it is whole.
 
 `write_output_file(path, data)` writes one whole output file (a report, a timeline): a regular
 file (or a new one) is replaced atomically, the old one left as it was on a failure; a device or
@@ -94,14 +101,18 @@ class ResultWriter:
         self.num_lines = 0
         self.num_media = 0
         self._size = 0  # bytes of whole lines in outputs.jsonl
+        self._is_failed = False  # an OutputError was raised: close() does not say it again
         try:
             make_dirs(out_dir)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            info = os.fstat(self._fd)
         except OSError as error:
             raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}") from None
+        self._identity = (info.st_dev, info.st_ino)
 
     def write(self, record: Any) -> None:
         """The finished request's media files, then its line in outputs.jsonl."""
+        self._check_in_place()
         request_id = record.request.id
         media = self._write_media(request_id, record.emissions)
         ttft = None
@@ -155,6 +166,7 @@ class ResultWriter:
         try:
             _replace(path, data)
         except OSError as error:
+            self._is_failed = True
             raise OutputError(f"cannot write {shown_path(path)}: {error.strerror or error}; {self._kept()}") from None
         self.num_media += 1
         return name
@@ -170,6 +182,7 @@ class ResultWriter:
                 os.ftruncate(self._fd, self._size)
             except OSError:
                 pass
+            self._is_failed = True
             raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}; "
                               f"{self._kept()}") from None
         self._size += len(data)
@@ -177,8 +190,22 @@ class ResultWriter:
     def _kept(self) -> str:
         return f"{shown_path(self.path)} holds the {self.num_lines} requests written before it"
 
+    def _check_in_place(self) -> None:
+        """outputs.jsonl still names the file this writer appends to (one stat per request);
+        else an OutputError: what was written went with the removed file."""
+        try:
+            info = os.stat(self.path)
+            is_same = (info.st_dev, info.st_ino) == self._identity
+        except OSError:  # gone, or its folder gone
+            is_same = False
+        if not is_same:
+            self._is_failed = True
+            raise OutputError(f"{shown_path(self.path)} was removed or replaced during the run; the "
+                              f"{self.num_lines} requests written to it went with it")
+
     def close(self) -> None:
-        """Flush outputs.jsonl to the disk and close it (idempotent)."""
+        """Flush outputs.jsonl to the disk and close it (idempotent); an OutputError when it was
+        removed or replaced since the last write."""
         if self._fd < 0:
             return
         fd, self._fd = self._fd, -1
@@ -189,6 +216,24 @@ class ResultWriter:
             raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}") from None
         finally:
             os.close(fd)
+        if not self._is_failed:
+            self._check_in_place()
+
+
+def read_outputs(out_dir: str) -> list[dict[str, Any]]:
+    """The lines of `out_dir`'s outputs.jsonl, without a last line cut short by a kill (see the
+    module docstring); a line that is not JSON elsewhere raises ValueError naming it."""
+    path = os.path.join(out_dir, "outputs.jsonl")
+    with open(path, "rb") as handle:
+        data = handle.read()
+    whole = data[:data.rfind(b"\n") + 1]  # a kill mid-write leaves a tail without its newline
+    lines = []
+    for number, line in enumerate(whole.split(b"\n")[:-1], start=1):
+        try:
+            lines.append(json.loads(line))
+        except ValueError as error:
+            raise ValueError(f"{shown_path(path)}:{number}: not a JSON line ({error})") from None
+    return lines
 
 
 def _replace(path: str, data: bytes) -> None:

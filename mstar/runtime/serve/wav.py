@@ -55,7 +55,10 @@ def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE) -> torch
         raise WavError(f"{where}: inconsistent fmt chunk ({channels} channels, {bits} bits, block {block})")
     samples = _decode(chunks["data"], kind, bits, where)
     usable = samples.shape[0] - samples.shape[0] % channels
-    mono = samples[:usable].reshape(-1, channels).mean(axis=1)
+    frames = samples[:usable].reshape(-1, channels)
+    # one channel is taken as it is: its mean made another float64 copy (with _scaled's in-place
+    # division, decoding a 60 MB file peaks 0.46 GB above the interpreter's memory, not 0.69)
+    mono = frames[:, 0] if channels == 1 else frames.mean(axis=1)
     return torch.from_numpy(mono.astype(np.float32))
 
 
@@ -87,11 +90,17 @@ def _decode(raw: bytes, kind: int, bits: int, where: str) -> np.ndarray:
     width = bits // 8
     raw = raw[:len(raw) - len(raw) % width]
     if bits == 8:
-        return (np.frombuffer(raw, dtype=np.uint8).astype(np.float64) - 128.0) / 128.0
+        return _scaled(np.frombuffer(raw, dtype=np.uint8).astype(np.float64) - 128.0, 128.0)
     if bits == 24:
         triples = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
         packed = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
         signed = np.where(packed >= 1 << 23, packed - (1 << 24), packed)
-        return signed.astype(np.float64) / float(1 << 23)
+        return _scaled(signed.astype(np.float64), float(1 << 23))
     dtype = np.int16 if bits == 16 else np.int32
-    return np.frombuffer(raw, dtype=dtype).astype(np.float64) / float(1 << (bits - 1))
+    return _scaled(np.frombuffer(raw, dtype=dtype).astype(np.float64), float(1 << (bits - 1)))
+
+
+def _scaled(samples: np.ndarray, full_scale: float) -> np.ndarray:
+    """`samples / full_scale` in place (a second float64 copy of a long clip is what ran out of memory)."""
+    samples /= full_scale
+    return samples

@@ -391,6 +391,9 @@ def _audio(obj: dict, where: str, base_dir: str) -> dict[str, Any]:
         return {"audio": read_wav(os.path.join(base_dir, path))}
     except WavError as error:
         raise WorkloadError(f"{where}: {error}") from None
+    except MemoryError:  # (the command said "out of memory" without naming the line or the file)
+        raise WorkloadError(f"{where}: audio file {shown_path(path)}: out of memory decoding it (shorten the "
+                            "clip, or give the run more memory)") from None
 
 
 def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = None,

@@ -26,7 +26,9 @@ import torch
 
 from mstar.plan.schema import ChunkPolicyPlan, NodePlan
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.runners.values import InputError, classify_input, failed_row, input_error, synthesise
+from mstar.runtime.engine.runners.values import (
+    InputError, classify_input, failed_row, input_error, out_of_memory_row, synthesise,
+)
 from mstar.runtime.engine.models.codec import CodecDecoder
 from mstar.runtime.engine.models.snac_codec import SnacCodec
 from mstar.runtime.engine.models.encoders import MediaEncoder
@@ -53,14 +55,24 @@ class StatelessRunner:
             try:
                 with torch.no_grad():
                     value = self.compute(row, call, request)
-            except InputError as error:
-                results.append(failed_row(row.request_id, self.node.name, error))
+            except Exception as error:
+                results.append(self.row_failure(row, error))
                 continue
             results.append(RowResult(row.request_id, outputs={name: value for name in call.output_names}))
         return results, []
 
     def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> object:
         raise NotImplementedError
+
+    def row_failure(self, row: StepRow, error: Exception) -> RowResult:
+        """The failed result of a row whose input the node cannot take or whose memory could not be
+        allocated (that row fails alone); any other error is raised again (it fails the step)."""
+        if isinstance(error, InputError):
+            return failed_row(row.request_id, self.node.name, error)
+        failed = out_of_memory_row(row.request_id, self.node.name, error)
+        if failed is None:
+            raise error
+        return failed
 
     def refusal(self, request: RequestState) -> Optional[str]:
         return None
@@ -165,8 +177,8 @@ class EncoderRunner(StatelessRunner):
             try:
                 with torch.no_grad():
                     outputs = self.model(self._features(row, call, request))
-            except InputError as error:
-                results.append(failed_row(row.request_id, self.node.name, error))
+            except Exception as error:
+                results.append(self.row_failure(row, error))
                 continue
             named = {name: outputs[self.output_positions[name]] for name in call.output_names
                      if name in self.output_positions}

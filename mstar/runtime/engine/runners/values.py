@@ -53,6 +53,19 @@ def failed_row(request_id: str, node_name: str, error: Exception) -> RowResult:
                      is_input_fault=isinstance(error, RequestInputError))
 
 
+def out_of_memory_row(request_id: str, node_name: str, error: BaseException) -> Optional[RowResult]:
+    """The failed result of a row whose computation could not allocate its memory (Python's
+    MemoryError, or torch's RuntimeError: its CPU allocator's "can't allocate memory", CUDA's
+    OutOfMemoryError), else None. A stateless node computes each row alone, so such a row fails
+    alone: one long clip failed every request of its encoder step."""
+    is_cuda_oom = isinstance(error, getattr(torch, "OutOfMemoryError", ()))
+    is_cpu_oom = isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    if not (isinstance(error, MemoryError) or is_cuda_oom or is_cpu_oom):
+        return None
+    return RowResult(request_id, error=f"node {node_name}: out of memory for this request ({type(error).__name__}: "
+                                       f"{error})")
+
+
 ValueKind = Literal["tokens", "embeddings", "signal"]
 
 

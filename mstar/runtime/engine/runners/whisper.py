@@ -51,8 +51,11 @@ class WhisperEncoderRunner(StatelessRunner):
             try:
                 with torch.no_grad():
                     states, window = self.encode(row, call, request)
-            except (InputError, WindowError) as error:
+            except WindowError as error:
                 results.append(failed_row(row.request_id, self.node.name, error))
+                continue
+            except Exception as error:  # a bad input, or a clip too long for the memory: that row fails alone
+                results.append(self.row_failure(row, error))
                 continue
             outputs = {name: window.to_signal() if call.output_roles.get(name) == "signal" else states
                        for name in call.output_names}
