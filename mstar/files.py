@@ -68,34 +68,41 @@ def make_dirs(path: PathLike, mode: int = 0o777) -> None:
                 raise
 
 
-def _check_regular(path: Path, what: str) -> int:
-    """The file's size; refuses anything but a regular file (a FIFO or /dev/zero reads forever)."""
+def _open_regular(path: Path, what: str) -> tuple[int, int]:
+    """An open descriptor of the file and its size; refuses anything but a regular file (a FIFO or
+    /dev/zero reads forever). The checks read the opened file (fstat), not the path: a FIFO swapped
+    in between a stat and the open blocked the open. O_NONBLOCK makes opening a FIFO return at once
+    (it has no effect on a regular file's reads)."""
     if "\0" in str(path):
         raise InputFileError(what, repr(str(path)), "a path may not contain a NUL byte")
     try:
-        info = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise InputFileError(what, path, "no such file") from None
+    except IsADirectoryError:  # where a directory cannot be opened to read
+        raise InputFileError(what, path, "is a directory, not a file") from None
     except (OSError, ValueError) as error:  # ValueError: a path the OS cannot take at all
         raise InputFileError(what, path, f"cannot read it ({getattr(error, 'strerror', None) or error})") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise InputFileError(what, path, "is a directory, not a file")
-    if not stat.S_ISREG(info.st_mode):
-        raise InputFileError(what, path, "not a regular file (a device, FIFO or socket is refused)")
-    return info.st_size
+    info = os.fstat(fd)
+    problem = ("is a directory, not a file" if stat.S_ISDIR(info.st_mode) else None if stat.S_ISREG(info.st_mode)
+               else "not a regular file (a device, FIFO or socket is refused)")
+    if problem is not None:
+        os.close(fd)
+        raise InputFileError(what, path, problem)
+    return fd, info.st_size
 
 
 def read_bytes_bounded(path: PathLike, *, max_bytes: int, what: str) -> bytes:
     """The whole file, refused when it is not a regular file or larger than `max_bytes`."""
     path = Path(path)
-    size = _check_regular(path, what)
-    if size > max_bytes:
-        raise InputFileError(what, path, f"{size} bytes is over the limit of {max_bytes} bytes")
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)  # the file may have grown since the stat
-    except OSError as error:
-        raise InputFileError(what, path, f"cannot read it ({error.strerror or error})") from None
+    fd, size = _open_regular(path, what)
+    with os.fdopen(fd, "rb") as handle:
+        if size > max_bytes:
+            raise InputFileError(what, path, f"{size} bytes is over the limit of {max_bytes} bytes")
+        try:
+            data = handle.read(max_bytes + 1)  # the file may have grown since the open
+        except OSError as error:
+            raise InputFileError(what, path, f"cannot read it ({error.strerror or error})") from None
     if len(data) > max_bytes:
         raise InputFileError(what, path, f"over the limit of {max_bytes} bytes")
     return data

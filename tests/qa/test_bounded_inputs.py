@@ -228,3 +228,42 @@ def test_a_combined_walk_of_fourteen_walks(tmp_path, capsys):
     config.write_text("model: m\nmax_seq_len: 1024\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n")
     mstarc(["compile", spec, "--config", config, "-o", tmp_path / "comb.plan"], capsys,
            "combined walk all mixes 14 walks; at most 12")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_swapped_in_after_a_stat_of_the_path_does_not_block_the_read(tmp_path, monkeypatch):
+    """The file kind was checked by os.stat(path), then the path opened: a FIFO put in its place
+    between the two blocked the open (no writer comes) forever. The kind is now read from the
+    opened descriptor; here every stat of the path swaps the file for a FIFO just after it."""
+    import threading
+
+    from mstar.files import InputFileError, read_bytes_bounded
+
+    path = tmp_path / "spec.mw"
+    path.write_text("model m {}\n")
+    real_stat = os.stat
+
+    def stat_then_swap(target, *args, **kwargs):
+        info = real_stat(target, *args, **kwargs)
+        if str(target) == str(path) and not os.path.exists(str(path) + ".swapped"):
+            os.unlink(path)
+            os.mkfifo(path)
+            Path(str(path) + ".swapped").touch()
+        return info
+
+    monkeypatch.setattr(os, "stat", stat_then_swap)
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(read_bytes_bounded(path, max_bytes=1024, what="spec"))
+        except InputFileError as error:
+            outcome.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    if reader.is_alive():  # let the blocked open return, so the thread ends
+        with open(path, "wb"):
+            pass
+    assert outcome, "the read blocked on a FIFO swapped in after the stat"
