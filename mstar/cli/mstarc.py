@@ -115,7 +115,7 @@ def cmd_compile(args) -> int:
 
 def cmd_init(args) -> int:
     """Write a spec and a deployment for a checkpoint (compiler/from_checkpoint.py), then compile them."""
-    from mstar.compiler.from_checkpoint import InitError, model_name, read_checkpoint
+    from mstar.compiler.from_checkpoint import MAX_MODEL_NAME_CHARS, InitError, model_name, read_checkpoint
     from mstar.files import atomic_write_many
 
     # `--name ""` is refused below, not taken for no --name
@@ -123,6 +123,9 @@ def cmd_init(args) -> int:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         sys.stderr.write(f"mstarc: --name {shown(name)}: a model name is letters, digits and _, not starting with a "
                          "digit\n")
+        return EXIT_USAGE
+    if len(name) > MAX_MODEL_NAME_CHARS:  # it names the default files: past a file name's length the writes failed
+        sys.stderr.write(f"mstarc: --name {shown(name)}: a model name is at most {MAX_MODEL_NAME_CHARS} characters\n")
         return EXIT_USAGE
     problem = _plan_path_problem("--plan-out", args.plan_out)
     if problem is not None:  # before anything is written

@@ -54,10 +54,16 @@ class InitFiles:
     architecture: str
 
 
+# A model name names the default spec and deployment files (specs/NAME.mw, configs/NAME.yaml): kept
+# well under a file name's 255 bytes (a --name of 5,000 letters failed writing them, an OS error)
+MAX_MODEL_NAME_CHARS = 200
+
+
 def model_name(text: str) -> str:
-    """A spec model name from a directory name: `Llama-3.2-1B` -> `llama_3_2_1b`."""
+    """A spec model name from a directory name: `Llama-3.2-1B` -> `llama_3_2_1b` (its first
+    MAX_MODEL_NAME_CHARS characters: a directory's name may be 255 bytes)."""
     name = re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "model"
-    return name if not name[0].isdigit() else f"m_{name}"
+    return (name if not name[0].isdigit() else f"m_{name}")[:MAX_MODEL_NAME_CHARS]
 
 
 def read_json(path: Path, what: str, max_bytes: int = MAX_JSON_CONFIG_BYTES) -> dict:

@@ -171,3 +171,15 @@ def test_one_path_for_two_outputs_is_refused(tmp_path, capsys):
     same = str(tmp_path / "same.txt")
     assert mstarc_main(["init", "--from-checkpoint", str(tmp_path / "ckpt"), "-o", same, "--config-out", same]) == 2
     assert "three different paths" in capsys.readouterr().err and not (tmp_path / "same.txt").exists()
+
+
+def test_a_model_name_past_200_characters(tmp_path, monkeypatch, capsys):
+    """--name of 5,000 letters was taken and failed writing specs/NAME.mw (an OS error, exit 1); a
+    directory's name of 255 letters gave a default name whose configs/NAME.yaml passed 255 bytes."""
+    from mstar.compiler.from_checkpoint import model_name
+
+    monkeypatch.chdir(tmp_path)
+    assert mstarc_main(["init", "--from-checkpoint", str(tmp_path), "--name", "m" * 5000]) == 2
+    err = capsys.readouterr().err
+    assert "a model name is at most 200 characters" in err and len(err) < 300
+    assert len(model_name("9" * 255)) == 200 and model_name("9" * 255).startswith("m_9")

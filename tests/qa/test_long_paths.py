@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from cli_call import call_main
 
-from mstar.arg_types import SHOWN_PATH_CHARS, os_error_text, path_problem, shown_path, weights_problem
+from mstar.arg_types import SHOWN_PATH_CHARS, os_error_text, path_problem, shown, shown_path, weights_problem
 from mstar.cli import mstar as mstar_cli
 from mstar.cli import mstarc as mstarc_cli
 
@@ -125,14 +125,14 @@ def test_mstarc_refuses_a_name_past_name_max(in_tmp, capsys):
                            "limit), got one with a name of 300 bytes: 'a/xxx" in text, text
 
 
-def test_mstarc_says_an_os_error_it_does_not_word_in_one_line(in_tmp, capsys):
-    """`init --name` of 5,000 letters is a model name, but specs/NAME.mw no path: it was `mstarc:
-    internal error (OSError: [Errno 36] File name too long: 'specs/<5,000 x>.mw')`."""
+def test_mstarc_init_refuses_a_model_name_no_file_can_carry(in_tmp, capsys):
+    """`init --name` of 5,000 letters names specs/NAME.mw, no path: it was `mstarc: internal error
+    (OSError: [Errno 36] File name too long: 'specs/<5,000 x>.mw')`, then an OS error line (exit 1);
+    now a usage error before anything is read (a model name is at most 200 characters)."""
     (in_tmp / "ckpt").mkdir()
     (in_tmp / "ckpt" / "config.json").write_text("{}")
     status, text = _call(mstarc_cli.main, ["init", "--from-checkpoint", "ckpt", "--name", LONG], capsys)
-    assert status == 1 and text.strip() == "mstarc: File name too long: specs/" + "x" * 84 + "..." + "x" * 87 \
-        + ".mw (5009 characters)", text
+    assert status == 2 and text.strip() == "mstarc: --name " + shown(LONG) + ": a model name is at most 200 characters"
 
 
 def test_mstarc_clips_the_name_of_any_os_error(capsys, monkeypatch):
