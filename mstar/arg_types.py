@@ -10,8 +10,11 @@ bench`, `mstar run`'s) and their paths: one range check, one message.
     weights_arg(text) -> str            a --weights entry, DIR or NODE=DIR, its DIR as path_arg takes it
     path_problem(path) -> str or None   why path_arg refuses a path (mstar run's and the Python API's check)
     weights_problem(entry) -> ...       why weights_arg refuses an entry
+    weights_list_problem(entries) -> .. the first weights_problem of a list (empty entries left out)
     shown(value) -> str                 a value as a message echoes it: repr, clipped past SHOWN_CHARS
     shown_path(path) -> str             a path as a message names it: whole, clipped past SHOWN_PATH_CHARS
+    shown_text(text, most) -> str       text whole, or its head and tail past `most` characters
+    shown_error(error) -> str           an unexpected exception's type and text, clipped (internal errors)
     os_error_text(error) -> str         an OSError's strerror and file names, clipped
     read_int(text) -> int               int(text), also past Python's 4,300-digit limit of int()
 
@@ -247,15 +250,20 @@ def path_problem(path: Any) -> Optional[str]:
     return None
 
 
-def path_arg(text: str) -> str:
-    """A file or directory path the OS can name (`path_problem`): not the empty string."""
-    problem = path_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return text
+def _checked_by(problem_of: Callable[[str], Optional[str]]) -> Callable[[str], str]:
+    """An argparse type taking the text as it is where `problem_of` finds nothing wrong."""
+    def parse(text: str) -> str:
+        problem = problem_of(text)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    parse.__name__ = "path"  # argparse names the type in some messages
+    return parse
 
 
-path_arg.__name__ = "path"
+# A file or directory path the OS can name (`path_problem`): not the empty string.
+path_arg = _checked_by(path_problem)
 
 
 def weights_problem(entry: Any) -> Optional[str]:
@@ -267,12 +275,15 @@ def weights_problem(entry: Any) -> Optional[str]:
     return None if problem is None or (sep and path_problem(directory) is None) else problem
 
 
-def weights_arg(text: str) -> str:
-    """A `--weights` entry as `weights_problem` takes it."""
-    problem = weights_problem(text)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return text
+def weights_list_problem(entries: Any) -> Optional[str]:
+    """The first `weights_problem` of a list of `--weights` entries, or None; an empty entry is
+    left to the loader (weights_by_node), which words it."""
+    for entry in entries or ():
+        problem = weights_problem(entry) if os.fspath(entry) else None
+        if problem is not None:
+            return problem
+    return None
 
 
-weights_arg.__name__ = "path"
+# A `--weights` entry as `weights_problem` takes it.
+weights_arg = _checked_by(weights_problem)

@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from mstar.arg_types import (
-    float_range, int_range, integer, os_error_text, path_problem, shown, shown_error, shown_path, weights_problem,
+    float_range, int_range, integer, os_error_text, path_problem, shown, shown_error, shown_path, weights_list_problem,
 )
 from mstar.files import make_dirs
 from mstar.cli.common import global_parser, take_global_options
@@ -372,10 +372,9 @@ def _check_paths_given(args: argparse.Namespace) -> None:
         problem = path_problem(path) if path is not None else None
         if problem is not None:
             raise CliError(f"--{option.replace('_', '-')} {problem}")
-    for entry in args.weights or []:
-        problem = weights_problem(entry) if entry else None  # an empty one: weights_by_node's words
-        if problem is not None:
-            raise CliError(f"--weights {problem}")
+    problem = weights_list_problem(args.weights)
+    if problem is not None:
+        raise CliError(f"--weights {problem}")
 
 
 def _check_distinct_files(args: argparse.Namespace) -> None:

@@ -18,7 +18,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from mstar.arg_types import path_problem, shown, weights_problem
+from mstar.arg_types import path_problem, shown, weights_list_problem
 from mstar.plan.schema import Plan
 
 ENGINES = ("torch", "sim")
@@ -146,12 +146,12 @@ def check_paths(weights: Any, tokenizer: Any) -> None:
         raise SetupError(f"weights must be a list of checkpoint directories (DIR or NODE=DIR), got {shown(weights)}")
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         raise SetupError(f"tokenizer must be a directory holding tokenizer.json, got {shown(tokenizer)}")
-    if tokenizer is not None and path_problem(tokenizer) is not None:
-        raise SetupError(f"tokenizer {path_problem(tokenizer)}")
-    for entry in weights or ():
-        problem = weights_problem(entry) if os.fspath(entry) else None  # an empty one: weights_by_node's words
-        if problem is not None:
-            raise SetupError(f"weights entry {problem}")
+    problem = path_problem(tokenizer) if tokenizer is not None else None
+    if problem is not None:
+        raise SetupError(f"tokenizer {problem}")
+    problem = weights_list_problem(weights)
+    if problem is not None:
+        raise SetupError(f"weights entry {problem}")
 
 
 def is_integer(value: Any) -> bool:
