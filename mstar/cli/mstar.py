@@ -34,14 +34,14 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from mstar.arg_types import (
-    float_range, int_range, integer, os_error_text, path_problem, shown, shown_error, shown_path, weights_list_problem,
+    float_range, int_range, integer, os_error_text, path_problem, shown_error, shown_path, weights_list_problem,
 )
 from mstar.files import make_dirs
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
-from mstar.runtime.serve.engine_setup import SEED_BOUND
+from mstar.runtime.serve.engine_setup import SEED_BOUND, kv_pages_option_problem
 from mstar.runtime.serve.workload import (
     ARRIVALS, MAX_GENERATED_OUTPUT_LEN, MAX_GENERATED_PROMPT_LEN, VOCAB_SIZE, WorkloadError, check_route, generate,
     parse_range, parse_route, read_prompts, route_names,
@@ -157,8 +157,6 @@ def _load_plan(path: str):
 
 
 def _engine(plan: Any, args: argparse.Namespace) -> Any:
-    if args.kv_pages is not None and args.kv_pages <= 0:
-        raise CliError(f"--kv-pages must be a positive number of pages, got {shown(args.kv_pages)}")
     log.info("engine %s (device %s, dims %s)", args.engine, args.device, args.dims)
     if args.engine == "sim":
         from mstar.runtime.engine.sim import SimEngine
@@ -572,8 +570,6 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
 
 def _rank_engine(plan: Any, args: argparse.Namespace, mode: str, stack: contextlib.ExitStack) -> Any:
     """Rank 0's engine over the rank processes (serve/ranks), closed with `stack`."""
-    if args.kv_pages is not None and args.kv_pages <= 0:
-        raise CliError(f"--kv-pages must be a positive number of pages, got {shown(args.kv_pages)}")
     from mstar.runtime.serve.ranks.launch import LaunchError, RankProcesses
 
     try:
@@ -611,6 +607,9 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     tokenizer = _tokenizer(plan, args)
     workload = _workload(args, plan, tokenizer)
     _check_outputs(args)
+    problem = kv_pages_option_problem(args.kv_pages)  # either engine's, before it is built
+    if problem is not None:
+        raise CliError(problem)
     with contextlib.ExitStack() as stack:
         engine = _engine(plan, args) if mode == "inproc" else _rank_engine(plan, args, mode, stack)
         return _run_engine(args, signals, plan, tokenizer, workload, engine, mode)

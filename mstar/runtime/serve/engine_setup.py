@@ -116,6 +116,14 @@ def build_engine(plan: Plan, kind: str, *, weights: Optional[list[str]] = None, 
         raise SetupError(str(error)) from None
 
 
+def kv_pages_option_problem(kv_pages: Optional[int]) -> Optional[str]:
+    """Why `--kv-pages` (mstar run's and mstar serve's, an integer by argparse) is refused: not a
+    positive number of pages; else None. The Python API's `kv_pages` has its own words, below."""
+    if kv_pages is not None and kv_pages <= 0:
+        return f"--kv-pages must be a positive number of pages, got {shown(kv_pages)}"
+    return None
+
+
 def _check_engine_arguments(kind: str, weights: Any, kv_pages: Any, seed: Any, sim_pace: Any,
                             torch_only: list[str]) -> None:
     """SetupError for an engine argument of the wrong kind or range, as `mstar run` refuses it (the

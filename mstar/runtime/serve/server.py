@@ -23,7 +23,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from mstar.arg_types import float_range, int_range, integer, path_arg, shown, weights_arg
-from mstar.runtime.serve.engine_setup import ENGINES, SEED_BOUND, SetupError, torch_options_set
+from mstar.runtime.serve.engine_setup import ENGINES, SEED_BOUND, SetupError, kv_pages_option_problem, torch_options_set
 
 DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
 
@@ -83,8 +83,9 @@ def parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     _check_port(args.port)
-    if args.kv_pages is not None and args.kv_pages <= 0:  # mstar run's words
-        raise SetupError(f"--kv-pages must be a positive number of pages, got {shown(args.kv_pages)}")
+    problem = kv_pages_option_problem(args.kv_pages)  # mstar run's words
+    if problem is not None:
+        raise SetupError(problem)
     if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
         raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
     torch_only = torch_options_set(args.device, args.dims, args.attention)
