@@ -319,11 +319,8 @@ class LLM:
         outside = self.checks.prompt_problem(ids)
         if outside is not None:
             raise PromptError(outside)
-        rounds = self.max_rounds
-        limit = self.plan.deployment.max_seq_len * rounds
+        limit, bound = self.token_limit()
         if len(ids) + sampling.max_tokens > limit:
-            bound = f"max_seq_len {limit}" if rounds == 1 else \
-                f"max_seq_len {self.plan.deployment.max_seq_len} x {rounds} rounds"
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
                               f"{len(ids) + sampling.max_tokens} tokens, more than the plan's {bound}",
                               param="max_tokens")
@@ -335,6 +332,13 @@ class LLM:
                        stop_tokens=list(sampling.stop_token_ids), stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))
+
+    def token_limit(self) -> tuple[int, str]:
+        """The most tokens a request's prompt and output may hold together, and how messages name
+        that bound: the plan's max_seq_len, times its rounds where each round starts a sequence."""
+        length, rounds = self.plan.deployment.max_seq_len, self.max_rounds
+        bound = f"max_seq_len {length}" if rounds == 1 else f"max_seq_len {length} x {rounds} rounds"
+        return length * rounds, bound
 
     def _check_against_plan(self, sampling: SamplingParams) -> None:
         """SamplingError for max_tokens past what the plan's walks make (the request ended at that

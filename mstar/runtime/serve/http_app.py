@@ -127,10 +127,8 @@ class Service:
         """PromptError (`prompt`) for a prompt that leaves fewer than `num_kept` tokens (a count the
         body does not set: the image's) within the plan's max_seq_len: what the client can change
         is the prompt's length (it was told of a `max_tokens (1024)` it never sent)."""
-        length, rounds = self.llm.plan.deployment.max_seq_len, self.llm.max_rounds
-        limit = length * rounds
+        limit, bound = self.llm.token_limit()
         if num_prompt + num_kept > limit:
-            bound = f"max_seq_len {length}" if rounds == 1 else f"max_seq_len {length} x {rounds} rounds"
             raise PromptError(f"the prompt is {num_prompt} tokens, more than this plan takes: at most "
                               f"{max(0, limit - num_kept)} tokens (its {bound}, less the {num_kept} kept for "
                               "the generation); shorten the prompt", param="prompt")
