@@ -63,6 +63,7 @@ the device (`serve/collector.py`).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from dataclasses import dataclass
@@ -604,23 +605,15 @@ OPTIONS_OF_DECODE_ROWS = (("--decode-rows", "num_decode"), ("--arrive-after", "a
 
 def _largest(fits: Callable[[int], bool], high: int) -> Optional[int]:
     """The largest value in 1..high that `fits` (true up to a point, false past it), or None."""
-    if high < 1 or not fits(1):
-        return None
-    low = 1
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
+    num_fitting = bisect.bisect_left(range(1, high + 1), True, key=lambda value: not fits(value))
+    return num_fitting or None  # the values 1..num_fitting fit
 
 
 def _least(fits: Callable[[int], bool], low: int, high: int) -> Optional[int]:
     """The least value in low..high that `fits` (false up to a point, true past it), or None."""
-    if low > high or not fits(high):
-        return None
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if fits(middle) else (middle + 1, high)
-    return low
+    values = range(low, high + 1)
+    index = bisect.bisect_left(values, True, key=fits)
+    return values[index] if index < len(values) else None
 
 
 def _run_prefix(plan: Plan, args: argparse.Namespace, results: dict[str, Any]) -> Optional[str]:
