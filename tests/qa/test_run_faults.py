@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_call import call_main
+
 from mstar.cli import mstar as mstar_cli
 from mstar.runtime.serve import results
 from mstar.runtime.serve.results import read_outputs
@@ -21,12 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _call(argv, capsys) -> tuple[int, str]:
-    try:
-        status = mstar_cli.main([str(a) for a in argv])
-    except SystemExit as stop:
-        status = stop.code
-    captured = capsys.readouterr()
-    return status, captured.out + captured.err
+    return call_main(mstar_cli.main, argv, capsys)
 
 
 def _remove_file(out: Path) -> None:

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cli_call import call_main
+
 from mstar.cli import mstar as mstar_cli
 from mstar.runtime.serve.workload import WorkloadError, read_prompts
 
@@ -21,12 +23,7 @@ GOOD = {"id": "a", "prompt_tokens": [1, 2, 3], "max_tokens": 4}
 
 
 def _call(argv, capsys) -> tuple[int, str]:
-    try:
-        status = mstar_cli.main([str(a) for a in argv])
-    except SystemExit as stop:
-        status = stop.code
-    captured = capsys.readouterr()
-    return status, captured.out + captured.err
+    return call_main(mstar_cli.main, argv, capsys)
 
 
 def _prompts(tmp_path: Path, *lines) -> Path:
