@@ -168,6 +168,11 @@ class ImageDecoderDims:
     hidden: int
     upscale: int  # image pixels per latent cell along each side
 
+    @property
+    def image_side(self) -> int:
+        """Pixels along each side of the square image it makes."""
+        return math.isqrt(self.latent_tokens) * self.upscale
+
 
 def _int(node: NodePlan, key: str, default: int) -> int:
     value = node.dims.get(key, default)

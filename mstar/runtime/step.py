@@ -148,6 +148,9 @@ class EngineCaps:
     can_launch_ahead:   the engine has `launch_ahead(worker, node, rows)`: right after step N
                         launched, the run loop names the rows of the speculated step N+1 and the
                         engine may start N+1 before N is waited for (the device runs ahead).
+    image_sizes:        node -> (width, height) of every image its client image outputs carry,
+                        for the nodes this engine knows it of (the server refuses an image
+                        request's `size` that no such node makes); a node left out: unknown.
     """
 
     is_simulated: bool = False
@@ -156,6 +159,7 @@ class EngineCaps:
     clock: Optional[Callable[[], float]] = None
     vocab_sizes: dict[str, int] = field(default_factory=dict)
     can_launch_ahead: bool = False
+    image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class EngineLost(Exception):

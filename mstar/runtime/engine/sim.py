@@ -37,7 +37,7 @@ per KV page moved to or from the host pool; a step in which no row ran costs CAP
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -58,6 +58,7 @@ SIM_VOCAB = 4096  # the placeholder tokens are ids below this (a stand-in vocabu
 # An image output's placeholder: a gray RGB image, [3, 8, 8] in [0, 1], immutable and shared (nested
 # tuples: outputs compare with ==, as the tests of equal runs compare them)
 SIM_IMAGE = tuple(tuple((0.5,) * 8 for _ in range(8)) for _ in range(3))
+SIM_IMAGE_SIZE = (8, 8)  # its (width, height), as EngineCaps.image_sizes says it
 PAGE_MOVE_S = 0.00001  # one KV page copied between the device and the host pool
 SEQUENCE = "main"  # the simulated engine keeps one KV sequence per request and kv node
 
@@ -162,6 +163,7 @@ class SimEngine(RunsAtLaunch):
         self.checker = StepChecker(plan) if check_steps else None
         tables = _CallTables(plan)
         self.out_names, self.image_names = tables.out_names, tables.image_names
+        self.caps = replace(self.caps, image_sizes={node: SIM_IMAGE_SIZE for node, _ in self.image_names})
         self.sampling, self.depth_frames = tables.sampling, tables.depth_frames
         self.requests: dict[str, Any] = {}
         self.budget_tokens: dict[str, int] = {}  # request -> prompt + max_tokens (its KV budget's tokens)

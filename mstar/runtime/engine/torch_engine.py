@@ -134,6 +134,7 @@ class TorchEngine:
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
         self.runners: dict[str, Runner] = {}
+        self.image_sizes: dict[str, tuple[int, int]] = {}  # image decoder node -> (width, height)
         try:
             self._build_runners(dims, weights_dir, seed, num_pages, nodes)
         except (DimsError, SlotPoolError, WeightsError) as error:
@@ -144,7 +145,7 @@ class TorchEngine:
             if isinstance(vocab, int):
                 planned[node.name] = vocab
         # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
-        self.caps = dataclasses.replace(self.caps, vocab_sizes={
+        self.caps = dataclasses.replace(self.caps, image_sizes=self.image_sizes, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
         self._set_run_ahead(run_ahead)
 
@@ -220,6 +221,7 @@ class TorchEngine:
             return EncoderRunner(node, self._place(encoder), self.positions[node.name])
         latent_source = self._latent_source()
         image_dims = image_decoder_dims(node, mode, latent_source)
+        self.image_sizes[node.name] = (image_dims.image_side, image_dims.image_side)
         image_decoder = self._new(node.name, lambda: ImageDecoder(image_dims))
         init_random(image_decoder, seed, self.positions[node.name])
         return ImageDecoderRunner(node, self._place(image_decoder), self.positions[node.name])

@@ -18,8 +18,9 @@ Client emissions are the edges with `dest_kind == "client"` of every call and lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Mapping, Optional
 
+from mstar.arg_types import shown
 from mstar.plan.schema import EdgePlan, Plan, WalkPlan
 from mstar.runtime.serve.audio_input import takes_waveform
 
@@ -31,6 +32,7 @@ class Endpoints:
     image_route: dict[str, list[str]] = field(default_factory=dict)
     takes_waveform: bool = False  # the audio prompt's encoders take samples (not feature frames)
     default_route_takes_media: bool = False  # a request without a route gives some call prompt media
+    image_nodes: frozenset[str] = frozenset()  # the nodes whose calls on the image route send the client images
 
     @property
     def can_text(self) -> bool:
@@ -80,7 +82,37 @@ def endpoints_of(plan: Plan) -> Endpoints:
             continue
         route[part.name] = [next((w for w in stage.walks if "image" in emits.get(w, ())), stage.walks[0])
                             for stage in part.stages if not stage.is_optional]
-    return Endpoints(prompts, emitted, route, takes_waveform(plan), bool(default_route_media(plan)))
+    return Endpoints(prompts, emitted, route, takes_waveform(plan), bool(default_route_media(plan)),
+                     _image_nodes(plan, {w for walks in route.values() for w in walks}))
+
+
+def _image_nodes(plan: Plan, walk_names: set[str]) -> frozenset[str]:
+    """The nodes whose calls in these walks send the client an image, directly or through a loop's
+    exit."""
+    nodes = set()
+    for walk in (w for w in plan.walks if w.name in walk_names):
+        exits: dict[tuple[Optional[int], Optional[int]], Optional[EdgePlan]] = {
+            (index, number): x.edge for index, loop in enumerate(walk.loops) for number, x in enumerate(loop.exits)}
+        for call in walk.calls:
+            for edge in call.edges:
+                sent = exits.get((edge.loop, edge.exit)) if edge.action.startswith("loop_") else edge
+                if sent is not None and sent.dest_kind == "client" and sent.modality == "image":
+                    nodes.add(call.node)
+    return frozenset(nodes)
+
+
+def image_size_problem(size: Optional[str], endpoints: Endpoints,
+                       known: Mapping[str, tuple[int, int]]) -> Optional[str]:
+    """Why an image request's `size` ("WIDTHxHEIGHT") cannot be met: the images the route's nodes
+    make are of other sizes. None for no size, `auto`, or a node whose size the engine does not
+    know (ranks as processes: another rank's node), where the size is not checked."""
+    if size in (None, "auto") or not endpoints.image_nodes or not endpoints.image_nodes <= known.keys():
+        return None
+    made = sorted({f"{width}x{height}" for width, height in (known[n] for n in endpoints.image_nodes)})
+    if size in made:
+        return None
+    return (f"size {shown(size)} is not supported: this server makes {' or '.join(made)} images (the plan's "
+            f"image decoder at the dims it runs); leave it out or ask for auto")
 
 
 def prompt_modalities(plan: Plan) -> frozenset[str]:

@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mstar.arg_types import shown_error
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
-from mstar.runtime.serve.endpoints import endpoints_of, load_media_encoders
+from mstar.runtime.serve.endpoints import endpoints_of, image_size_problem, load_media_encoders
 from mstar.runtime.serve.http_schema import (
     CANCELLED_MESSAGE, DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, ImageBody, SpeechBody,
 )
@@ -393,6 +393,9 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_images, "image generation")
         body.checks()
+        size_problem = image_size_problem(body.size, service.endpoints, service.llm.engine.caps.image_sizes)
+        if size_problem:
+            raise ApiError(400, size_problem, param="size")
         service.check_tokenizer("image generation takes its prompt as text (not token ids), which needs a "
                                 "tokenizer", "prompt")
         sampling = SamplingParams(max_tokens=service.default_tokens(DEFAULT_IMAGE_TOKENS), seed=body.seed,
