@@ -49,17 +49,23 @@ class StatelessRunner:
         self.input_positions = {r.name: i for i, r in enumerate(node.input_roles)}
 
     def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
-        """Stateless rows never wait for memory (`is_partial_ok` changes nothing)."""
+        """Each row alone (a row that fails, fails alone: `row_failure`); stateless rows never wait
+        for memory (`is_partial_ok` changes nothing)."""
         results = []
         for row, call, request in rows:
             try:
                 with torch.no_grad():
-                    value = self.compute(row, call, request)
+                    outputs = self.row_outputs(row, call, request)
             except Exception as error:
                 results.append(self.row_failure(row, error))
                 continue
-            results.append(RowResult(row.request_id, outputs={name: value for name in call.output_names}))
+            results.append(RowResult(row.request_id, outputs=outputs))
         return results, []
+
+    def row_outputs(self, row: StepRow, call: CallInfo, request: RequestState) -> dict[str, object]:
+        """A row's value under each output the call names (the node's one value, by default)."""
+        value = self.compute(row, call, request)
+        return {name: value for name in call.output_names}
 
     def compute(self, row: StepRow, call: CallInfo, request: RequestState) -> object:
         raise NotImplementedError
@@ -171,19 +177,11 @@ class EncoderRunner(StatelessRunner):
         self.model = model
         self.output_positions = {o.name: i for i, o in enumerate(node.outputs)}
 
-    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
-        results = []
-        for row, call, request in rows:
-            try:
-                with torch.no_grad():
-                    outputs = self.model(self._features(row, call, request))
-            except Exception as error:
-                results.append(self.row_failure(row, error))
-                continue
-            named = {name: outputs[self.output_positions[name]] for name in call.output_names
-                     if name in self.output_positions}
-            results.append(RowResult(row.request_id, outputs=named))
-        return results, []
+    def row_outputs(self, row: StepRow, call: CallInfo, request: RequestState) -> dict[str, object]:
+        """The encoder's one output a head: each under the output the call names."""
+        outputs = self.model(self._features(row, call, request))
+        return {name: outputs[self.output_positions[name]] for name in call.output_names
+                if name in self.output_positions}
 
     def _features(self, row: StepRow, call: CallInfo, request: RequestState) -> torch.Tensor:
         dims = self.model.dims

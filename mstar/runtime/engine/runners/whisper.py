@@ -43,24 +43,19 @@ class WhisperEncoderRunner(StatelessRunner):
         super().__init__(node, position)
         self.model = model
 
-    def run(self, rows: Rows, is_partial_ok: bool = False) -> tuple[list[RowResult], list[str]]:
-        """Per row: the window's states under `hidden`/`embeddings` outputs, the window itself
+    def row_outputs(self, row: StepRow, call: CallInfo, request: RequestState) -> dict[str, object]:
+        """The window's states under `hidden`/`embeddings` outputs, the window itself
         (runners/whisper_windows.py) under `signal` outputs."""
-        results = []
-        for row, call, request in rows:
-            try:
-                with torch.no_grad():
-                    states, window = self.encode(row, call, request)
-            except WindowError as error:
-                results.append(failed_row(row.request_id, self.node.name, error))
-                continue
-            except Exception as error:  # a bad input, or a clip too long for the memory: that row fails alone
-                results.append(self.row_failure(row, error))
-                continue
-            outputs = {name: window.to_signal() if call.output_roles.get(name) == "signal" else states
-                       for name in call.output_names}
-            results.append(RowResult(row.request_id, outputs=outputs))
-        return results, []
+        states, window = self.encode(row, call, request)
+        return {name: window.to_signal() if call.output_roles.get(name) == "signal" else states
+                for name in call.output_names}
+
+    def row_failure(self, row: StepRow, error: Exception) -> RowResult:
+        """A window the runner cannot use fails its row alone, as a bad input or a clip too long
+        for the memory does (`StatelessRunner.row_failure`)."""
+        if isinstance(error, WindowError):
+            return failed_row(row.request_id, self.node.name, error)
+        return super().row_failure(row, error)
 
     def encode(self, row: StepRow, call: CallInfo, request: RequestState) -> tuple[torch.Tensor, AudioWindow]:
         """The states of the window that starts where the row's `signal` input (the audio not yet
