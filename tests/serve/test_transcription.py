@@ -173,6 +173,12 @@ def test_the_audio_bound_is_the_front_ends_window_times_the_partitions_rounds():
     # read by Python's int() and float(), which take other scripts' digits and nan
     ({"extra_body": {"max_tokens": "\u0665"}}, 400, "max_tokens must be an integer, got '\u0665'"),
     ({"temperature": "nan"}, 400, "temperature must be a number, got 'nan'"),
+    # past Python's 4,300-digit int() limit: a 500 "internal error (ValueError ...)"; values echoed clipped
+    ({"extra_body": {"max_tokens": "9" * 5000}}, 400, "max_tokens is out of range (too many digits), got '999"),
+    ({"extra_body": {"seed": "-" + "9" * 5000}}, 400, "seed is out of range (too many digits), got '-99"),
+    ({"language": "x" * 100_000}, 400, "got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (100000 characters)"),
+    ({"response_format": "x" * 100_000}, 400, "... (100000 characters) is not supported"),
+    ({"extra_body": {"stream": "y" * 100_000}}, 400, "stream must be true or false, got 'yyyy"),
 ])
 def test_bad_input_is_an_openai_error(whisper, fields, status, message):
     fields.setdefault("model", "whisper")
@@ -181,6 +187,7 @@ def test_bad_input_is_an_openai_error(whisper, fields, status, message):
         whisper["client"].audio.transcriptions.create(**fields)
     assert caught.value.status_code == status and message in caught.value.message
     assert caught.value.body["type"] in ("invalid_request_error", "not_found_error")
+    assert len(caught.value.message) < 300  # a value is echoed clipped, never whole
 
 
 def test_a_form_without_a_file_is_refused(whisper):

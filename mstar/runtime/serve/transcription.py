@@ -32,6 +32,7 @@ from fastapi import Request as HttpRequest
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mstar.arg_types import shown
 from mstar.files import MAX_AUDIO_BYTES
 from mstar.plan.schema import Plan
 from mstar.runtime.serve.audio_input import AudioInput
@@ -121,12 +122,12 @@ def _checked(fields: dict[str, str], data: bytes, filename: str) -> Transcriptio
         raise ApiError(400, "prompt (text that conditions the transcript) is not supported", param="prompt")
     response_format = fields.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
-        raise ApiError(400, f"response_format {response_format!r} is not supported: json or text (verbose_json, "
+        raise ApiError(400, f"response_format {shown(response_format)} is not supported: json or text (verbose_json, "
                             "srt and vtt need timestamps, which this server does not decode)",
                        param="response_format")
     language = (fields.get("language") or "").strip().lower() or None
     if language is not None and not LANGUAGE.fullmatch(language):
-        raise ApiError(400, f"language must be an ISO 639-1 code such as 'en', got {fields['language']!r}",
+        raise ApiError(400, f"language must be an ISO 639-1 code such as 'en', got {shown(fields['language'])}",
                        param="language")
     return TranscriptionForm(model, data, filename, language, response_format,
                              _number(fields, "temperature", float), _flag(fields, "stream"),
@@ -140,13 +141,18 @@ NUMBER_FORMS = {int: re.compile(r"[+-]?[0-9]+"),
 
 
 def _number(fields: dict[str, str], name: str, kind: type) -> Any:
+    """The field's number, None when absent. Values are echoed clipped (`shown`): a 100,000-character
+    field came back whole in the 400."""
     text = fields.get(name, "").strip()
     if not text:
         return None
     if not NUMBER_FORMS[kind].fullmatch(text):
-        raise ApiError(400, f"{name} must be {'a number' if kind is float else 'an integer'}, got {text!r}",
+        raise ApiError(400, f"{name} must be {'a number' if kind is float else 'an integer'}, got {shown(text)}",
                        param=name)
-    return kind(text)
+    try:
+        return kind(text)
+    except ValueError:  # int() past Python's 4,300-digit limit (it was a 500, "internal error (ValueError ...)")
+        raise ApiError(400, f"{name} is out of range (too many digits), got {shown(text)}", param=name) from None
 
 
 def _flag(fields: dict[str, str], name: str) -> bool:
@@ -155,7 +161,7 @@ def _flag(fields: dict[str, str], name: str) -> bool:
         return False
     if text in ("true", "1"):
         return True
-    raise ApiError(400, f"{name} must be true or false, got {fields[name]!r}", param=name)
+    raise ApiError(400, f"{name} must be true or false, got {shown(fields[name])}", param=name)
 
 
 def samples(form: TranscriptionForm, audio: AudioInput) -> Any:
