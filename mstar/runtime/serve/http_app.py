@@ -40,7 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mstar.arg_types import shown_error
+from mstar.arg_types import shown, shown_error
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
 from mstar.runtime.serve.endpoints import endpoints_of, image_size_problem, load_media_encoders
@@ -52,6 +52,9 @@ from mstar.runtime.serve.prom import CONTENT_TYPE, ServerMetrics
 from mstar.runtime.serve import http_stream as sse
 
 DEFAULT_IMAGE_TOKENS = 1024
+# The read-only routes answer HEAD as GET without the body (HTTP requires it of a GET route; a load
+# balancer's `HEAD /health` was a 405)
+READ_METHODS = ["GET", "HEAD"]
 
 
 class Service:
@@ -72,7 +75,7 @@ class Service:
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+            raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {self.model_name!r}",
                            kind="not_found_error", param="model")
 
     def check_serves(self, is_served: bool, what: str) -> None:
@@ -238,9 +241,17 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: HttpRequest, error: StarletteHTTPException) -> JSONResponse:
+        """Starlette's and FastAPI's own errors (an unknown path or method, a body FastAPI could not
+        parse, the body bound's 413) as OpenAI errors, with their headers (a 405's `Allow` was
+        dropped). A 400 here is a body FastAPI could not parse: named and counted `invalid` as every
+        other bad body (it said "There was an error parsing the body" and was not counted)."""
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(error.status_code, str(error.detail), kind=kind).body(),
-                            status_code=error.status_code)
+        message = str(error.detail)
+        if error.status_code == 400:
+            service.metrics.refused("invalid")
+            message = _unparsed_body(error.__cause__) or message
+        return JSONResponse(ApiError(error.status_code, message, kind=kind).body(), status_code=error.status_code,
+                            headers=error.headers)
 
     @app.exception_handler(Exception)
     async def internal(_: HttpRequest, error: Exception) -> JSONResponse:
@@ -272,8 +283,22 @@ def _body_problem(first: dict[str, Any]) -> tuple[str, Optional[str]]:
     return (f"{where}: {msg}" if where else msg), where
 
 
+def _unparsed_body(cause: Optional[BaseException]) -> Optional[str]:
+    """What a body FastAPI's JSON reading failed on was, where json.loads raised something other
+    than the JSONDecodeError `_body_problem` words (FastAPI said "There was an error parsing the
+    body" for each); None for anything else."""
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the request body is not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} at position "
+                f"{cause.start}): send JSON text in UTF-8")
+    if isinstance(cause, RecursionError):
+        return "the request body nests arrays or objects too deeply to be read"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return "the request body holds an integer of more than 4300 digits, which no field takes"
+    return None
+
+
 def _info_routes(app: FastAPI, service: Service) -> None:
-    @app.get("/health")
+    @app.api_route("/health", methods=READ_METHODS)
     async def health() -> JSONResponse:
         loop = service.llm.loop
         if loop.error is not None or loop.is_closed:
@@ -284,16 +309,17 @@ def _info_routes(app: FastAPI, service: Service) -> None:
         return {"id": service.model_name, "object": "model", "created": service.created, "owned_by": "mstar",
                 "serves": service.endpoints.names(), "max_model_len": service.llm.plan.deployment.max_seq_len}
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=READ_METHODS)
     async def models() -> JSONResponse:
         return JSONResponse({"object": "list", "data": [card()]})
 
-    @app.get("/v1/models/{model:path}")  # a path: model names such as "meta-llama/Llama-3.2-1B" hold slashes
+    # a path: model names such as "meta-llama/Llama-3.2-1B" hold slashes
+    @app.api_route("/v1/models/{model:path}", methods=READ_METHODS)
     async def model(model: str) -> JSONResponse:
         service.check_model(model)
         return JSONResponse(card())
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=READ_METHODS)
     async def metrics() -> Response:
         kv_pages = getattr(service.llm.engine, "kv_pages", None)
         text = service.metrics.render(service.llm.loop, kv_pages if callable(kv_pages) else dict)
