@@ -165,6 +165,31 @@ def test_serve_refuses_a_port_in_use_or_a_bad_host_in_one_line(capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in lines[0] and "--host '999.1.1.1' does not resolve" in lines[1]
 
 
+def test_the_server_says_where_it_listens_and_port_0_which_port_it_took():
+    """uvicorn writes its "Uvicorn running on" line only for a socket it binds itself; `serve` binds
+    the socket first, so nothing said where it listened, nor which port `--port 0` had taken."""
+    import re
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "mstar.cli.mstar", "serve", "--plan", LLAMA, "--engine", "sim",
+                                "--port", "0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, process.kill)  # a line that never comes ends the read, not the test run
+    watchdog.start()
+    try:
+        said = next((line for line in iter(process.stderr.readline, "") if "running on" in line), "")
+        match = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+) ", said)
+        assert match, said
+        with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/health", timeout=10) as response:
+            assert json.loads(response.read())["status"] == "ok"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_a_second_signal_while_draining_cancels_every_request_cleanly():
     """SIGTERM then SIGINT (Ctrl-C twice): the requests in flight are cancelled at once, a stream
     ends with its error event and [DONE], a whole answer is a JSON 503, and the server exits 0

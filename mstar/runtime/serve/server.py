@@ -187,6 +187,11 @@ def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
                 return
             super().handle_exit(sig, frame)
 
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and sockets:
+                _say_listening(sockets[0])
+
         async def shutdown(self, sockets: Any = None) -> None:
             self.drain_started_s = time.monotonic()
             event_loop = asyncio.get_running_loop()
@@ -200,6 +205,17 @@ def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
                     timer.cancel()
 
     return DrainingServer(config)
+
+
+def _say_listening(listener: socket.socket) -> None:
+    """uvicorn's "Uvicorn running on http://HOST:PORT" line, which it writes only for a socket it
+    binds itself: `serve` binds it first (a port in use is one error line), so nothing said where the
+    server listened, nor which port `--port 0` had taken."""
+    import logging
+
+    host, port = listener.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    logging.getLogger("uvicorn.error").info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", shown_host, port)
 
 
 def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str = "info") -> int:
