@@ -14,7 +14,7 @@ import mstar
 from mstar import LLM, SamplingParams
 from mstar.runtime.serve import api, engine_setup, online
 from mstar.runtime.serve.online import Observer
-from serve_harness import LLAMA, wait_until
+from serve_harness import LLAMA, wait_until, write_tokenizer
 
 
 class Endings(Observer):
@@ -81,6 +81,7 @@ def test_close_leaves_nothing_for_the_interpreters_exit():
     (LLAMA, {"engine": None}, "engine must be 'torch', 'sim' or an engine object"),
     (None, {"engine": "sim"}, "plan must be a plan file path or a Plan, got NoneType"),
     (3, {"engine": "sim"}, "plan must be a plan file path or a Plan, got int"),
+    (LLAMA, {"max_waiting": "w" * 10_000}, r"got 'wwww.*\.\.\. \(10000 characters\)$"),  # clipped, not whole
 ])
 def test_a_bad_constructor_argument_is_a_setup_error(plan, options, words):
     with pytest.raises(mstar.SetupError, match=words):
@@ -92,3 +93,30 @@ def test_a_plan_path_may_be_a_path_object():
 
     with LLM(Path(LLAMA), engine="sim") as llm:
         assert llm.generate([1, 2], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("timeout_s", [float("nan"), "5", -1, [1]])
+def test_a_bad_close_timeout_is_refused_before_anything_closes(timeout_s):
+    """nan, "5" and [1] raised from the thread join (ValueError, TypeError) after the LLM had
+    stopped taking requests, its run loop left running; -1 was taken as 0."""
+    llm = LLM(LLAMA, engine="sim")
+    with pytest.raises(ValueError, match="timeout_s must be None or a number of seconds >= 0, got "):
+        llm.close(timeout_s)
+    assert llm.generate([1, 2], SamplingParams(max_tokens=2))[0].finish_reason == "length"  # still open
+    llm.close()
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300])
+def test_a_close_timeout_past_any_wait_waits_for_the_requests(timeout_s):
+    """inf and 1e300 overflowed the thread join (OverflowError); each means: wait for them."""
+    llm = LLM(LLAMA, engine="sim", sim_pace=0)
+    llm.close(timeout_s)
+    assert not llm.loop._thread.is_alive() and not llm._finalizer.alive
+
+
+def test_empty_chat_messages_name_the_field(tmp_path):
+    """The server's 400 for `"messages": []` had `param: null`."""
+    tokenizer = str(write_tokenizer(tmp_path / "tokenizer"))
+    with LLM(LLAMA, engine="sim", tokenizer=tokenizer) as llm, pytest.raises(mstar.PromptError) as refused:
+        llm.request({"messages": []}, SamplingParams(max_tokens=2))
+    assert refused.value.param == "messages"

@@ -217,8 +217,11 @@ class LLM:
         self.close()
 
     def close(self, timeout_s: Optional[float] = None) -> None:
-        """No new requests; those in flight finish (at most timeout_s), then the loop stops."""
-        self.loop.close(timeout_s)
+        """No new requests; those in flight finish (at most timeout_s seconds; None waits for them),
+        then the loop stops. A timeout that is not a number >= 0 is a ValueError, before anything
+        is closed (nan, "5" and inf raised from the thread join after the LLM had stopped taking
+        requests, its run loop left running)."""
+        self.loop.close(_close_timeout(timeout_s))
         self._finalizer.detach()
 
     # ------------------------------------------------------------ requests
@@ -542,9 +545,20 @@ def _check_arguments(plan: Any, engine: Any, max_waiting: Any, observer: Any) ->
         raise SetupError(f"plan must be a plan file path or a Plan, got {type(plan).__name__}")
     if not isinstance(engine, str) and not hasattr(engine, "caps"):
         raise SetupError(f"engine must be 'torch', 'sim' or an engine object (mstar.runtime.step.Engine), "
-                         f"got {engine!r}")
+                         f"got {shown(engine)}")
     if not is_integer(max_waiting) or max_waiting < 0:
-        raise SetupError(f"max_waiting must be an integer >= 0, got {max_waiting!r}")
+        raise SetupError(f"max_waiting must be an integer >= 0, got {shown(max_waiting)}")
+
+
+def _close_timeout(timeout_s: Any) -> Optional[float]:
+    """`close`'s timeout as a thread join takes it: None for None or one past the longest a join
+    waits (inf, 1e300: they overflowed it; either is "wait for them"); ValueError for anything but a
+    number >= 0."""
+    if timeout_s is None:
+        return None
+    if not is_real(timeout_s) or math.isnan(timeout_s) or timeout_s < 0:
+        raise ValueError(f"timeout_s must be None or a number of seconds >= 0, got {shown(timeout_s)}")
+    return None if timeout_s > threading.TIMEOUT_MAX else float(timeout_s)
 
 
 def _sampling_beside_request() -> SamplingError:
@@ -601,7 +615,7 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     """Chat messages: a non-empty list of {"role": str, "content": str}, a content of text parts
     joined into one string (`flat_message`, as the server takes them)."""
     if not isinstance(value, list) or not value:
-        raise PromptError("messages must be a non-empty list of {\"role\", \"content\"} objects")
+        raise PromptError("messages must be a non-empty list of {\"role\", \"content\"} objects", param="messages")
     messages = [flat_message(message) for message in value]
     for message in messages:
         if not isinstance(message.get("content"), str):
