@@ -61,3 +61,25 @@ def test_the_server_answers_its_own_size_and_refuses_another(tmp_path, engine, s
     for image in (answer, auto):
         pixels = mpimg.imread(io.BytesIO(base64.b64decode(image.data[0].b64_json)), format="png")
         assert pixels.shape[:2] == (side, side)
+
+
+def test_image_fields_the_server_does_not_take_are_refused_by_name(tmp_path):
+    """An unknown field (`temperature`, `tools`, a typo) and `output_compression` were ignored;
+    each is now a 400 naming it in `param`. `user` (the provider's abuse monitoring) is taken."""
+    from serve_harness import write_tokenizer
+
+    llm = LLM(BAGEL, engine="sim", tokenizer=str(write_tokenizer(tmp_path / "tok")))
+    with running(make_service(llm)) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        params = {}
+        for extra in ({"temperature": 0.5}, {"tools": []}, {"sedd": 3}, {"x" * 5000: 1}):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.images.generate(model="bagel", prompt="a cat", extra_body=extra)
+            params[next(iter(extra))[:20]] = refused.value.body
+        with pytest.raises(openai.BadRequestError, match="png") as compression:
+            client.images.generate(model="bagel", prompt="a cat", output_compression=50)
+        taken = client.images.generate(model="bagel", prompt="a cat", user="someone")
+    assert [body["param"] for body in list(params.values())[:3]] == ["temperature", "tools", "sedd"]
+    assert len(params["x" * 20]["param"]) < 200 and len(params["x" * 20]["message"]) < 400
+    assert isinstance(compression.value.body, dict) and compression.value.body["param"] == "output_compression"
+    assert len(taken.data) == 1

@@ -158,3 +158,22 @@ def test_a_pcm_stream_whose_request_fails_is_not_answered_as_complete(tmp_path, 
         engine.num_ok = 10 ** 9
         answer = client.post(f"{url}/audio/speech", json={**body, "max_tokens": 42})
         assert answer.status_code == 200 and len(answer.content) == 3 * 2  # the sim's three 1-sample windows
+
+
+def _speech(url: str, body: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(url + "/audio/speech", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return answer.status, answer.read()
+
+
+def test_null_speech_fields_ask_for_their_defaults(orpheus):
+    """`null` for response_format, max_tokens or voice asks for the default, as the text endpoints
+    take it (each was a 400); the answer is the default request's WAV."""
+    _, url, _ = orpheus
+    body = {"model": "orpheus", "input": TEXT, "voice": "leo", "max_tokens": NUM_TOKENS}
+    plain = _speech(url, body)
+    assert plain[0] == 200 and plain[1][:4] == b"RIFF"
+    assert _speech(url, {**body, "response_format": None}) == plain
+    status, wav = _speech(url, {**body, "voice": None, "max_tokens": None})
+    assert status == 200 and wav[:4] == b"RIFF"

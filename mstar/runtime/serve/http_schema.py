@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
-from mstar.arg_types import shown
+from mstar.arg_types import shown, shown_text
 from mstar.runtime.serve.api import PromptError, SamplingParams, flat_message
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -214,6 +214,12 @@ class SpeechBody(BaseModel):
     seed: Optional[int] = None
     repetition_penalty: Optional[float] = None
 
+    @field_validator("voice", "response_format", "max_tokens", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """null asks for the default, as on the text endpoints (it was a 400 here)."""
+        return cls.model_fields[info.field_name or ""].default if value is None else value
+
     def checks(self) -> None:
         self._check_stream()
         if self.response_format not in ("wav", "pcm"):
@@ -251,7 +257,8 @@ class SpeechBody(BaseModel):
             if name not in format_fields:
                 takes = (f"takes {', '.join(format_fields)} beside input (its prompt format's fields)"
                          if format_fields else "takes no field beside input (it has no prompt format)")
-                raise ApiError(400, f"{name} is not supported: this model's speech {takes}", param=name)
+                raise ApiError(400, f"{shown_text(name, 100)} is not supported: this model's speech {takes}",
+                               param=shown_text(name, 100))
         return {**fields, "prompt": self.input}
 
     def sampling(self) -> SamplingParams:
@@ -272,7 +279,8 @@ IMAGE_CHOICES = (("background", ("auto", "opaque"), "the image has no alpha chan
 
 
 class ImageBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # extra fields kept to be refused by name (`checks`): a `temperature` or `tools` was ignored
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     prompt: str
@@ -289,8 +297,18 @@ class ImageBody(BaseModel):
     quality: Optional[str] = None
     style: Optional[str] = None
     moderation: Optional[str] = None
+    # lossy encoders' quality (jpeg, webp): the PNG this server makes has none
+    output_compression: Optional[int] = None
+    user: Optional[str] = None  # the end user, for the provider's abuse monitoring: this server keeps no such log
 
     def checks(self) -> None:
+        extra = next(iter(self.model_extra or {}), None)
+        if extra is not None:
+            raise ApiError(400, f"{shown(extra)} is not supported: the images endpoint takes the fields of OpenAI's "
+                           f"image generation API, and seed", param=shown_text(extra, 100))
+        if self.output_compression is not None:
+            raise ApiError(400, "output_compression is not supported: it sets jpeg and webp compression, and this "
+                           "server encodes png (lossless)", param="output_compression")
         if self.stream or self.partial_images:
             field = "stream" if self.stream else "partial_images"
             raise ApiError(400, f"{field}: this server answers an image whole, not as a stream of partial images",
