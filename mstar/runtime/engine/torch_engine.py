@@ -134,7 +134,6 @@ class TorchEngine:
         self.decoder_dims: dict[str, DecoderDims] = {}
         self._num_weight_bytes = 0
         self.runners: dict[str, Runner] = {}
-        self.image_sizes: dict[str, tuple[int, int]] = {}  # image decoder node -> (width, height)
         try:
             self._build_runners(dims, weights_dir, seed, num_pages, nodes)
         except (DimsError, SlotPoolError, WeightsError) as error:
@@ -161,6 +160,7 @@ class TorchEngine:
                        num_pages: Optional[int], nodes: Optional[Collection[str]]) -> None:
         """A runner per node of `nodes` (every node when None); the other decoders' dims only."""
         plan = self.plan
+        self.image_sizes: dict[str, tuple[int, int]] = {}  # image decoder node -> (width, height)
         checkpoints = whisper_setup.checkpoints_by_node(plan.nodes, weights_dir)
         # Decoders first: encoders size their heads and image decoders their latents after them.
         for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
