@@ -28,6 +28,15 @@ def test_a_request_reserves_its_budget_once_and_gives_it_back():
                                          "of 16 but the pool has only 3")
 
 
+def test_without_partial_steps_a_short_request_leaves_the_others_unreserved():
+    """All or nothing: without `is_partial_ok` a step runs no row when one is short, so none of its
+    requests may keep a reservation (it would hold pages for a row that did not run)."""
+    pages = ReservedPages("decoder", num_pages=3, page_size=16, max_seq_len=64)
+    assert pages.admit([("a", 2), ("b", 2)], is_partial_ok=False) == ["b"]
+    assert pages.num_held == 0 and not pages.admission.is_started("a")
+    assert pages.admit([("a", 2)], is_partial_ok=False) == [] and pages.num_held == 2
+
+
 def _run(engine) -> tuple[int, list[str], int]:
     """Six requests on the whisper plan: (rows held, finish reasons, the most decoder pages in use
     after any step)."""

@@ -1,0 +1,64 @@
+"""Which started requests KV offload moves to the host (kv/offload.py `Offload.victims`) and what
+an ended request leaves behind there, beside `test_offload.py`'s choices:
+
+- among requests that ran equally long ago, the one holding the most pages moves first (fewest
+  victims, fewest copies of a whole request's KV);
+- the choice stops as soon as the pages asked for are freed, counting what a victim's budget may
+  still claim (moving it out gives that claim up too): no victim more than needed;
+- an ended request's host pages all come back, and the request is forgotten (the bookkeeping
+  stays bounded by the live requests).
+"""
+
+from __future__ import annotations
+
+from mstar.runtime.engine.kv.admission import Admission, PageNeed
+from mstar.runtime.engine.kv.offload import Offload
+from mstar.runtime.engine.kv.pages import PagePool
+
+PAGE = 4
+
+
+def started(pool: PagePool, admission: Admission, request_id: str, num_pages: int, budget: int) -> None:
+    assert pool.reserve((request_id, "main"), PAGE * num_pages)
+    admission.grant(PageNeed(request_id, num_pages, budget))
+
+
+def test_of_requests_that_ran_equally_long_ago_the_largest_moves_first():
+    pool, admission = PagePool(16, PAGE), Admission(16)
+    started(pool, admission, "small", 2, 2)
+    started(pool, admission, "large", 4, 4)
+    offload = Offload(num_host_pages=8)
+    assert offload.victims(pool, admission, set(), 2) == ["large"]  # neither ran yet
+    offload.note_step(["small", "large"])
+    assert offload.victims(pool, admission, set(), 2) == ["large"]  # both ran in the same step
+
+
+def test_victims_stop_once_the_pages_asked_for_are_freed():
+    pool, admission = PagePool(16, PAGE), Admission(16)
+    for request_id in ("a", "b", "c"):
+        started(pool, admission, request_id, 3, 3)
+    offload = Offload(num_host_pages=9)
+    for request_id in ("a", "b", "c"):  # a ran longest ago
+        offload.note_step([request_id])
+    assert offload.victims(pool, admission, set(), 3) == ["a"]  # a's 3 pages are exactly enough
+    assert offload.victims(pool, admission, set(), 4) == ["a", "b"]
+
+
+def test_a_victims_budget_left_counts_as_freed():
+    """x holds 1 page of a 4-page budget: moving it out frees its page and the 3 it may still claim."""
+    pool, admission = PagePool(16, PAGE), Admission(16)
+    started(pool, admission, "x", 1, 4)
+    offload = Offload(num_host_pages=4)
+    assert offload.victims(pool, admission, set(), 4) == ["x"]
+    assert offload.victims(pool, admission, set(), 5) == []
+
+
+def test_an_ended_request_gives_back_its_host_pages_and_is_forgotten():
+    offload = Offload(num_host_pages=6)
+    offload.note_step(["a", "b"])
+    offload.take("a", [("main", 10, 3), ("cfg", 5, 2)])
+    assert offload.num_free_host_pages == 1
+    offload.forget("a")
+    offload.forget("b")  # ended without being offloaded
+    assert offload.num_free_host_pages == 6 and not offload.is_offloaded("a")
+    assert offload.last_run == {}
