@@ -294,7 +294,9 @@ def _check_tp_groups(node: ast.NodeDecl, deployment: Deployment, diags: Diagnost
 
 
 def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[WorkerCapture]]:
-    """rank -> the capture families it holds, with their estimated bytes on that rank."""
+    """rank -> the capture families it holds, with their estimated bytes on that rank. A combined
+    walk's capture is held only where the rank runs at least two of its walks: elsewhere (a
+    prefill/decode split) lowering makes each walk its own key, without the combined family."""
     nodes = {n.name: n for n in spec.nodes}
     out: dict[int, list[WorkerCapture]] = {}
     for rank, placed in deployment.placements(spec_pairs(spec)).items():
@@ -303,9 +305,11 @@ def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[Wo
             node = nodes.get(node_name)
             if node is None:  # an unresolved name: resolve has reported it
                 continue
+            walks_here = {w for n, w, _ in placed if n == node_name}
             found = [(name, c, [c.walk or walk]) for name, c in walk_families(node, walk)]
             found += [(f"{node_name}:{c.name}", c.capture, list(c.walks)) for c in node.combines
-                      if walk in c.walks and c.capture is not None]
+                      if walk in c.walks and c.capture is not None
+                      and len([w for w in c.walks if w in walks_here]) >= 2]  # as lower_keys.lower_node_keys
             for name, capture, walks in found:
                 if name not in families:
                     labels = capture_keys.family_labels(node, capture, walks)
