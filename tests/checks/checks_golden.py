@@ -11,7 +11,7 @@ relative to tests/checks, so run with that as the working directory.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from mstar.compiler import (
     check_args,
@@ -22,7 +22,8 @@ from mstar.compiler import (
     check_roles,
     resolve,
 )
-from mstar.compiler.deployment import load_deployment
+from mstar.compiler.deployment import Deployment, load_deployment, parse_deployment
+from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 
@@ -53,17 +54,33 @@ def check_spec_text(text: str) -> Diagnostics:
     return diags
 
 
+def check_texts(spec_text: str, config_text: Optional[str] = None) -> Diagnostics:
+    """Every check pass on a spec and deployment given as text (`m.mw`, `m.yaml`), as the driver
+    runs them: passes 2 to 5, stopping after the first that reports an error."""
+    diags = Diagnostics()
+    spec = parse(spec_text, "m.mw", diags)
+    if spec is not None and not diags.has_errors:
+        load = None if config_text is None else (lambda: parse_deployment(config_text, "m.yaml", diags))
+        _run_passes(spec, load, diags)
+    return diags
+
+
 def run_checks(spec_path: str, config_path: Optional[str], diags: Diagnostics) -> None:
     spec = parse((HERE / spec_path).read_text(encoding="utf-8"), spec_path, diags)
     if spec is None or diags.has_errors:
         return
+    _run_passes(spec, None if config_path is None else (lambda: load_deployment(config_path, diags)), diags)
+
+
+def _run_passes(spec: ast.Spec, load: Optional[Callable[[], Optional[Deployment]]], diags: Diagnostics) -> None:
+    """Passes 2 to 5 on a parsed spec; `load` reads the deployment (None: the spec alone)."""
     for step in (resolve.run, check_args.run, check_graph.run):
         step(spec, diags)
         if diags.has_errors:
             return
     deployment = None
-    if config_path is not None:
-        deployment = load_deployment(config_path, diags)
+    if load is not None:
+        deployment = load()
         if deployment is None or diags.has_errors:
             return
         check_deployment.run(spec, deployment, diags)
