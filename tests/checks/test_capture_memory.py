@@ -168,3 +168,36 @@ def test_piecewise_batched_family_has_a_bucket_per_batch_size():
     estimate = capture_memory.estimate_family_bytes
     extra = estimate(node, batched, 1) - estimate(node, whole, 1)
     assert extra == (200 + 2 * 200 - (100 + 200)) * 512 * 2
+
+
+def test_a_whole_packed_peak_is_attention_where_it_outweighs_the_mlp():
+    """With a narrow MLP (intermediate 1024 against hidden 2048) a layer's peak is attention's:
+    4 hidden + q, k and v (k and v kv_heads x head_dim wide, 8 x 64 here, not q's 32 x 64) + 2 q."""
+    args = [ast.Arg(name=n, value=v) for n, v in
+            (("hidden", 2048), ("intermediate", 1024), ("vocab", 1000), ("qo_heads", 32), ("kv_heads", 8),
+             ("head_dim", 64))]
+    node = ast.NodeDecl(name="N", engine="kv", args=args)
+    whole = ast.CaptureDecl(walk="prefill", family="packed", batch=[1, 2, 4], tokens=[64, 128, 256])
+    attention = 4 * 2048 + (2048 + 2 * 8 * 64) + 2 * 2048
+    assert attention > 3 * 2048 + 3 * 1024
+    outputs = 256 * 2048 * 2 + 4 * (1000 * 2 + 8)
+    logits = 4 * 1000 * 2
+    pool = int(256 * attention * capture_memory.POOL_SLACK) * 2
+    assert capture_memory.estimate_family_bytes(node, whole, 1) == (
+        pool + logits + outputs + capture_memory.CAPTURE_WORKSPACE_BYTES)
+
+
+def test_the_recurrent_scratch_is_as_wide_as_the_linear_value_heads():
+    """Qwen3.5's linear layers have more value heads than q/k heads (`linear_value_heads`): the
+    rule's output, its normed copy and the value part of the conv output are that many heads wide."""
+    state = ast.StateDecl(kind="recurrent", args=[ast.Arg(name="heads", value=16), ast.Arg(name="key_dim", value=128),
+                                                 ast.Arg(name="value_dim", value=128)])
+    args = [ast.Arg(name="hidden", value=1024), ast.Arg(name="vocab", value=1000)]
+    plain = ast.NodeDecl(name="N", engine="kv", args=args)
+    wide = ast.NodeDecl(name="N", engine="kv", args=args + [ast.Arg(name="linear_value_heads", value=32)],
+                        states=[state])
+    batched = ast.CaptureDecl(walk="decode", family="batched", batch=[1, 8, 32])
+    extra = capture_memory.estimate_family_bytes(wide, batched, 1) - capture_memory.estimate_family_bytes(
+        plain, batched, 1)
+    conv_dim = 2 * 16 * 128 + 32 * 128
+    assert extra == 32 * (2 * 32 * 128 * 4 + conv_dim * 2)
