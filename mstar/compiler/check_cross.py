@@ -10,7 +10,8 @@ Out: nothing; adds
      MW131 a pool no walk fills (no `kv W writes ... LABEL`);
      MW132 a fill that disagrees with the walk's call: the walk writes the pool but its call of
            the node does not take the pool's input, or it passes that input without filling;
-     MW133 a walk that reads a pool before any walk of its partition fills it (an earlier stage).
+     MW133 a walk that only reads a pool (its `kv` line does not also write it) before any walk of
+           its partition fills it (an earlier stage).
 MW121 (check_roles) covers a walk whose `kv` line leaves a pool of the node out.
 
 A pool is filled once per request by the walk that writes it (the decoder's projections of the
@@ -100,7 +101,7 @@ def _check_order(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -> None
             continue
         for label in access.reads:
             cross = next((c for c in node.cross_kv if c.label == label), None)
-            if cross is None:
+            if cross is None or label in access.writes:  # a walk that fills the pool itself does not only read it
                 continue
             fillers = [a.walk for a in node.kv_access if label in a.writes]
             if fillers and not set(fillers) & earlier:  # no filler at all is MW131
