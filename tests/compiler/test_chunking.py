@@ -80,3 +80,68 @@ def test_loop_rows_combined_with_prompts_keep_the_budget_check():
     assert holds_only_fixed_rows(node, [walks["decode"]])
     assert not holds_only_fixed_rows(node, [walks["prefill"], walks["decode"]])
     assert not holds_only_fixed_rows(node, [])
+
+
+def test_a_walk_with_batching_rules_is_never_cut():
+    """Its rows share a step by their class, whole (runtime/scheduler/batch_rules.py)."""
+    from compiler_helpers import spec_from
+
+    text = (ROOT / "tests" / "checks" / "fixtures" / "base.mw").read_text()
+    for rules, expected in (("", True), ("    batching prefill same shape\n", False)):
+        spec = spec_from(text.replace("    cap prefill 4\n", "    cap prefill 4\n" + rules))
+        walks = {w.name: w for w in spec.walks}
+        assert is_chunkable(spec.nodes[0], walks["prefill"]) is expected
+
+
+def test_a_depth_model_does_not_keep_a_walk_from_the_prefix_cache():
+    """Qwen3-TTS's code predictor extends each Talker token (a depth model, `samples`): the cached
+    pages hold the Talker's own KV, so talker_prefill may start after a cached prefix; a sub-model
+    that replaces the node's model on a walk (Cosmos 3's generation tower) would not."""
+    from mstar.compiler.chunking import prefix_walks
+
+    spec = load_checked_spec(ROOT / "specs" / "qwen3_tts.mw", Diagnostics())
+    assert spec is not None
+    talker = next(n for n in spec.nodes if n.name == "Talker")
+    assert any(sub.samples for sub in talker.submodels)
+    assert prefix_walks(talker, spec.walks) == ["talker_prefill"]
+
+
+TWO_CALLS = """
+model m
+node LLM kv(layers=2, kv_heads=2, qo_heads=4, head_dim=64, hidden=256, vocab=1024) {
+    in text_inputs: tokens prompt text
+    in h: hidden
+    out h: hidden
+    out new_token: tokens
+}
+walk prefill {
+    LLM(text_inputs) -> h: LLM
+    LLM(%s) -> new_token: client text
+}
+partition P = prefill
+"""
+
+
+def test_every_call_of_a_prefix_walk_takes_the_prompt():
+    """A cache hit is found by the prompt's token ids: a walk with a call of the node that does not
+    take the prompt cannot start that call after a cached prefix."""
+    from compiler_helpers import spec_from
+    from mstar.compiler.chunking import prefix_walks
+
+    spec = spec_from(TWO_CALLS % "text_inputs, h")
+    assert prefix_walks(spec.nodes[0], spec.walks) == ["prefill"]
+    spec = spec_from(TWO_CALLS % "h")
+    assert prefix_walks(spec.nodes[0], spec.walks) == []
+
+
+def test_hidden_states_fed_back_into_the_node_are_its_last_position_only():
+    """An edge of a hidden output into the node itself carries the last position's state (the torch
+    engine's DecoderRunner), not a value per prompt position: it does not keep a prefix walk."""
+    from compiler_helpers import spec_from
+    from mstar.compiler.chunking import per_position_edges
+
+    spec = spec_from(TWO_CALLS % "text_inputs, h")
+    assert per_position_edges(spec.nodes[0], spec.walks[0]) == []
+    sent = spec_from(TWO_CALLS.replace("    LLM(text_inputs) -> h: LLM\n    LLM(%s) -> new_token: client text\n",
+                                       "    LLM(text_inputs) -> h: client latents\n"))
+    assert [(e.name, e.dest) for e in per_position_edges(sent.nodes[0], sent.walks[0])] == [("h", "client")]
