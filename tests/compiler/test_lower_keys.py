@@ -132,3 +132,47 @@ def test_attention_of_host_loop_back_is_prefill_device_loop_back_is_decode():
     assert keys["LLM:gen"].mixtures[1].attention == "prefill"  # latents through the host
     assert keys["LLM:gen"].mixtures[1].cap == 1
     assert keys["LLM:text"].mixtures[1].cap == 256  # no cap, no capture, no admission limit
+
+
+DECODE_ROUTES = """
+model routes
+node LLM kv(layers=1, kv_heads=1, qo_heads=1, head_dim=8, hidden=8, vocab=16) {
+    in tokens: tokens prompt text
+    in side: tokens
+    out tokens: tokens
+    out side: tokens
+    out out: tokens
+    %s
+}
+walk one { loop l max=4 stop { LLM(tokens) -> tokens: LLM device -> out: client text } }
+walk two { loop l max=4 stop { LLM(tokens, side) -> tokens: LLM device -> side: LLM -> out: client text } }
+partition P = one | two
+"""
+
+
+@pytest.mark.parametrize("body, attention", [
+    ("", {"one": "decode", "two": "prefill"}),  # a loop-back through the host: not one sampled token
+    ("capture one batched batch=[1, 2]", {"one": "decode", "two": "prefill"}),
+    # a packed family beside the batched one: its steps are not all one token a row
+    ("capture one batched batch=[1, 2]\n    capture one packed batch=[1] tokens=[64]", {"one": "prefill",
+                                                                                        "two": "prefill"}),
+])
+def test_decode_attention_needs_every_loop_back_and_every_family_one_token_a_row(body, attention):
+    config = "model: routes\nmax_seq_len: 64\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n"
+    plan = lower.run(spec_from(DECODE_ROUTES % body), deployment_from(config), blank_header())
+    keys = {k.name: k for k in plan.workers[0].keys}
+    assert {walk: keys[f"LLM:{walk}"].mixtures[1].attention for walk in ("one", "two")} == attention
+
+
+def test_a_key_keeps_the_rows_limits_of_the_walks_it_holds():
+    """A rank that runs two of the combined walk's three walks keys those two: the rows limit of the
+    walk that runs elsewhere is not the key's."""
+    config = ("model: three\nmax_seq_len: 1024\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n"
+              "    graph_walks: [a, c]\n  - node_names: [LLM]\n    ranks: [1]\n    graph_walks: [b]\n")
+    spec = THREE_WALKS.replace("        rows c <= 1\n",
+                               "        rows c <= 1\n        capture packed batch=[1, 2, 4, 8] tokens=[64]\n")
+    key, _ = _key(spec, config, "LLM:mix")
+    assert key.walks == ["a", "c"] and key.rows_limits == {"a": 2, "c": 1}
+    config = config.replace("[a, c]", "[a, b]").replace("graph_walks: [b]", "graph_walks: [c]")
+    key, _ = _key(spec, config, "LLM:mix")
+    assert key.walks == ["a", "b"] and key.rows_limits == {"a": 2}

@@ -88,3 +88,34 @@ def test_tts_walks_partitions_and_streams():
     (stream,) = codec.streams
     assert (stream.producer_partition, stream.edge, stream.consumer_node) == ("LLM", "new_token", "codec")
     assert (stream.policy.kind, stream.policy.size, stream.policy.stride) == ("window", 14, 7)
+
+
+NESTED_SPEC = """
+model nested
+node A stateless { in x in y }
+node B stateless { in x in z }
+node C stateless { in x }
+walk nested {
+    loop outer max=3 {
+        loop inner max=2 { A(x, y) -> y: A }
+        B(x, z) -> x: A -> out: client image
+    }
+}
+walk no_back {
+    loop max=2 { C(x) -> out: client image }
+}
+partition P = nested -> no_back
+"""
+
+
+def test_an_edge_back_to_a_node_of_an_earlier_nested_loop_loops_back_in_the_outer_loop():
+    walk = _walks(NESTED_SPEC)["nested"]
+    outer, inner = iter_loops(walk.body)
+    assert (outer.name, inner.name) == ("outer", "inner")
+    assert [(e.dest, e.name) for e in outer.loop_back] == [("A", "x")]
+    assert [(e.dest, e.name) for e in inner.loop_back] == [("A", "y")]
+
+
+def test_a_loop_without_loop_backs_is_not_on_the_device():
+    (loop,) = iter_loops(_walks(NESTED_SPEC)["no_back"].body)
+    assert loop.loop_back == [] and not loop.is_on_device

@@ -68,8 +68,28 @@ def _policy(partition: int, **fields):
     return edit
 
 
+def _tp_group(**fields):
+    """Every worker's (one) TP group edited alike, so the groups still agree with each other."""
+    def edit(data):
+        for worker in data["workers"]:
+            worker["tp_groups"][0].update(fields)
+    return edit
+
+
+def _foreign_tp_group(data):
+    """Worker 0 also lists a group of rank 1 alone (one that rank 1 does not list)."""
+    data["workers"][0]["tp_groups"].append(dict(data["workers"][0]["tp_groups"][0], ranks=[1], leader=1,
+                                                tp_size=1))
+
+
+def _stream_in_the_producers_partition(data):
+    """orpheus' SNAC stream moved to the LLM partition, whose walks never call snac_decoder."""
+    data["partitions"][0]["streams"], data["partitions"][1]["streams"] = data["partitions"][1]["streams"], []
+
+
 # name -> (plan, edit, what the message says); each reached an internal error (or a hang) in a
-# 2-request sim run before load_plan checked it.
+# 2-request sim run before load_plan checked it. (The cases after the first block were added by
+# the compiler mutation audit: each check they name passed every test with its condition removed.)
 EDITS = {
     "TP group rank -1": ("orpheus_tp2", _set_rank(0, 0, -1),  # KeyError: -1
                          "worker 0: TP group of LLM with ranks [-1, 1] has rank -1, which the plan lacks"),
@@ -117,6 +137,22 @@ EDITS = {
     "a fixed stream that continues after done into a one-walk partition": (
         "orpheus", _policy(1, kind="fixed", size=28, stride=None, is_continue_after_done=True),
         "partition SNAC: stream new_token continues after done into a partition whose one-walk route"),
+    "TP group that repeats a rank": ("orpheus_tp2", _tp_group(ranks=[0, 0]),
+                                     "worker 0: TP group of LLM with ranks [0, 0] repeats a rank"),
+    "TP group of negative sizes": ("orpheus_tp2", _tp_group(tp_size=-1, sp_size=-2),
+                                   "has 2 ranks for tp_size -1 x sp_size -2"),
+    "TP group that does not hold its worker": ("orpheus_tp2", _foreign_tp_group,
+                                               "worker 0: TP group of LLM with ranks [1] does not hold rank 0"),
+    "TP group of a walk its ranks do not run": ("orpheus_tp2", _tp_group(walks=["decode", "prefill", "snac_chunk"]),
+                                                "runs walk 'snac_chunk', which rank 0 does not run on LLM"),
+    "window of size 0": ("orpheus", _policy(1, size=0), "partition SNAC: stream new_token has chunk size 0"),
+    "fixed policy with a stride": ("orpheus", _policy(1, kind="fixed", stride=4),
+                                   "stream new_token: a fixed policy has stride 4"),
+    "left_context of negative context": ("qwen3_tts", _policy(1, context=-1),
+                                         "stream codec_tokens: a left_context policy has context -1"),
+    "stream that no walk of its partition takes": (
+        "orpheus", _stream_in_the_producers_partition,
+        "partition LLM: no walk of the partition calls snac_decoder on stream new_token"),
 }
 
 

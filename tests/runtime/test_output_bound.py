@@ -4,12 +4,13 @@ engine counts when no loop stops early), and None where the plan states no size.
 from hypothesis import given, settings, strategies as st
 
 from mstar.compiler.walk_tree import TreeParallel as ParallelPlan, TreeSequential as SequentialPlan
-from mstar.plan.output_bound import most_counted_tokens, partition_bound
+from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens, partition_bound
 from mstar.plan.schema import SubModelPlan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve.driver import Driver, Workload
 
+from plan_roles import with_roles
 from runtime_plans import (
     Names, call, edge, generated, hand_plan, kv_node, loop, partition, section_shapes, stateless_node, walk,
 )
@@ -39,6 +40,49 @@ def test_a_counted_output_of_no_stated_size_gives_no_bound():
     body = [call("codec", ["go"], edge("out", "client", modality="text"))]
     plan = hand_plan([walk("w", "P", *body)], [partition("P", ["w"])], [stateless_node("codec", ["go"])])
     assert most_counted_tokens(plan) is None
+
+
+def _token_walk(name: str, partition_name: str, node: str, iterations: int = 0):
+    """A walk of one kv call sending a token to the client, in a loop of `iterations` if any."""
+    body = call(node, ["go"], edge("out", "client", modality="text"))
+    return walk(name, partition_name, loop(f"{name}_loop", iterations, [body], nodes=[node]) if iterations else body)
+
+
+def test_the_plan_bound_is_its_largest_partition_and_none_if_any_is_unbounded():
+    """A request runs one partition's walks (its route), so the bound is the largest partition's,
+    not their sum; a partition whose counted output has no stated size leaves the plan unbounded."""
+    walks = [_token_walk("a", "P", "n1"), _token_walk("b", "Q", "n2", iterations=5)]
+    nodes = [kv_node("n1", ["go"]), kv_node("n2", ["go"])]
+    plan = hand_plan(walks, [partition("P", ["a"]), partition("Q", ["b"])], nodes)
+    assert [partition_bound(plan, p) for p in plan.partitions] == [1, 5]
+    assert most_counted_tokens(plan) == 5
+    codec = walk("c", "R", call("codec", ["go"], edge("out", "client", modality="text")))
+    plan = hand_plan(walks + [codec], [partition("P", ["a"]), partition("Q", ["b"]), partition("R", ["c"])],
+                     nodes + [stateless_node("codec", ["go"])])
+    assert most_counted_tokens(plan) is None
+
+
+def test_a_stage_counts_its_largest_alternative_and_a_partition_none_if_a_stage_has_no_bound():
+    walks = [_token_walk("a", "P", "n1"), _token_walk("b", "P", "n2", iterations=3)]
+    nodes = [kv_node("n1", ["go"]), kv_node("n2", ["go"])]
+    plan = hand_plan(walks, [partition("P", ["a", "b"])], nodes)  # one stage: a | b
+    assert partition_bound(plan, plan.partitions[0]) == 3
+    codec = walk("c", "P", call("codec", ["go"], edge("out", "client", modality="text")))
+    plan = hand_plan(walks + [codec], [partition("P", ["a"], ["c"])], nodes + [stateless_node("codec", ["go"])])
+    assert partition_bound(plan, plan.partitions[0]) is None
+
+
+def test_a_counted_kv_output_that_is_not_a_sampled_token_gives_no_bound():
+    """Only a kv node's `tokens` or `transcript` output is one token a row a call."""
+    w = _token_walk("a", "P", "n1")
+    for role, bound in (("tokens", 1), ("hidden", None)):
+        node = with_roles(kv_node("n1", ["go"]), [w], output_roles={"out": role})
+        assert most_counted_tokens(hand_plan([w], [partition("P", ["a"])], [node])) == bound
+
+
+def test_asking_for_exactly_the_bound_is_not_refused():
+    assert excess_tokens_problem("max_tokens", 2049, 2049) is None
+    assert "at most 2049 output tokens" in excess_tokens_problem("max_tokens", 2050, 2049)
 
 
 def _build(shape, names: Names, nodes: list):
