@@ -306,7 +306,8 @@ explain = {
           "outputs, the activations and bf16 logits of the largest bucket (and a gated delta-net node's gathered "
           "recurrent states) shared through the pool, divided by TP, "
           "plus the capture stream's cuBLAS workspace) of all capture families on one worker exceeds "
-          "`capture_memory_budget_mb`. The message lists every family with its "
+          "`capture_memory_budget_mb`: the families its plan holds (a combined walk's only where the worker runs "
+          "two of its walks, not on the ranks of a prefill/decode split). The message lists every family with its "
           "bucket count: a wider capture set (the reference once grew a node's buckets from 29 to 68 and failed to "
           "boot) shows up here at compile time. Without `capture_memory_budget_mb` (at most 2,097,152, 2 TiB) the "
           "bound is 2 TiB, what the runtime can allocate.",
