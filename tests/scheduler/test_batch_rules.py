@@ -7,10 +7,12 @@ from mstar.plan.schema import DeploymentPlan, WorkerPlan
 from mstar.runtime.scheduler.scheduler import WorkerScheduler
 
 
-def scheduler(rules: dict[str, list[str]], token_budget: int | None = None) -> WorkerScheduler:
-    key = build_key("dit", ["gen"], {"gen": 8}).model_copy(update={"batch_rules": rules,
-                                                                   "token_budget": token_budget})
-    worker = WorkerPlan(rank=0, placements=["dit/gen"], walk_to_key={"dit/gen": key.name}, keys=[key],
+def scheduler(rules: dict[str, list[str]], token_budget: int | None = None,
+              walks: tuple[str, ...] = ("gen",)) -> WorkerScheduler:
+    key = build_key("dit", list(walks), {walk: 8 for walk in walks}).model_copy(update={
+        "batch_rules": rules, "token_budget": token_budget})
+    placements = [f"dit/{walk}" for walk in walks]
+    worker = WorkerPlan(rank=0, placements=placements, walk_to_key={p: key.name for p in placements}, keys=[key],
                         speculation=[], tp_groups=[], capture_memory_bytes=0)
     return WorkerScheduler(worker, DeploymentPlan(max_seq_len=64, kv_pools=[]), clock=lambda: 0.0)
 
@@ -61,6 +63,27 @@ def test_a_class_keeps_to_the_step_token_budget_in_whole_rows():
     batch = sched.next_batch()
     assert batch is not None and batch.request_ids == ["e", "f"]  # 50 tokens; g's 20 would pass 64
 
+
+
+def test_a_row_that_fills_the_budget_exactly_joins():
+    sched = scheduler({"gen": ["shape"]}, token_budget=64)
+    sched.add_ready_many(["a", "b", "c"], "dit", "gen", [24, 40, 1], classes=[(0,)] * 3)
+    batch = sched.next_batch()
+    assert batch is not None and batch.request_ids == ["a", "b"]  # 64 tokens: the whole budget, not past it
+
+
+def test_the_walk_of_the_oldest_ready_row_runs_first():
+    """Steps of a key with rules never mix walks; the next one is the walk of the oldest ready row,
+    also after a step took rows from the middle of a walk's queue (a class), so a walk whose rows
+    came later cannot keep an older walk's rows waiting."""
+    sched = scheduler({"gen": ["iteration"], "edit": ["iteration"]}, walks=("gen", "edit"))
+    sched.add_ready_many(["e1"], "dit", "edit", 1, classes=[(0,)])
+    sched.add_ready_many(["g1"], "dit", "gen", 1, classes=[(0,)])
+    sched.add_ready_many(["e2", "e3"], "dit", "edit", 1, classes=[(1,), (0,)])
+    steps = []
+    while (batch := sched.next_batch()) is not None:
+        steps.append(batch.request_ids)
+    assert steps == [["e1", "e3"], ["g1"], ["e2"]]
 
 
 @settings(deadline=None)

@@ -84,3 +84,38 @@ def test_a_removed_request_never_comes_back_from_the_steps_that_name_it():
     sched.add_ready("b", "LLM", "decode")
     assert sched.next_batch().request_ids == ["b"]
     assert sched.num_tracked()["removed"] == 0
+
+
+def test_a_request_removed_while_only_step_n_names_it_never_comes_back():
+    """Step N names a and b; its speculative N+1 continues only b (a's loop ended). a is removed
+    while N runs; N then fails: b comes back, a does not (the tombstone covers step N as well as
+    N+1)."""
+    sched = WorkerScheduler(two_key_worker(), DEPLOYMENT, clock=lambda: 0.0)
+    sched.add_ready_many(["a", "b"], "LLM", "decode")
+    running = sched.next_batch()
+    spec = sched.speculate(running, continuing=["b"])
+    assert spec is not None and spec.request_ids == ["b"]
+    sched.remove("a")
+    sched.hold(running, [])
+    sched.discard(spec)
+    assert sched.num_ready() == 1 and sched.next_batch().request_ids == ["b"]
+
+
+def test_removed_requests_leave_no_batch_class_or_kv_depth():
+    """A row's batch class (a walk with rules) and KV depth (a budget that counts context) outlive
+    the step that took the row, until its request's next row replaces them; removing the request
+    forgets them, so neither grows with the requests that came and went."""
+    rules = build_key("dit", ["gen"], {"gen": 8}).model_copy(update={"batch_rules": {"gen": ["iteration"]}})
+    llm = build_key("LLM", ["decode", "prefill"], {"decode": 4, "prefill": 2}, "mixed", 4,
+                    mixed_capture=([1, 4], [16, 64]))
+    llm = llm.model_copy(update={"token_budget": 64, "chunk_sizes": {"prefill": 16}, "chunk_context_scale": 100})
+    sched = WorkerScheduler(assemble_worker(0, [rules, llm], [], []), DEPLOYMENT, clock=lambda: 0.0)
+    for i in range(50):
+        sched.add_ready_many([f"g{i}"], "dit", "gen", 1, classes=[(i % 3,)])
+        sched.add_ready_many([f"p{i}"], "LLM", "prefill", [10], contexts=[5])
+        while sched.next_batch() is not None:
+            pass
+        sched.remove(f"g{i}")
+        sched.remove(f"p{i}")
+    tracked = sched.num_tracked()
+    assert tracked["classes"] == tracked["contexts"] == 0, tracked

@@ -128,6 +128,19 @@ def test_unknown_placement_and_duplicate_rows_are_errors():
     assert sched.num_ready() == 1
 
 
+def test_a_refused_add_leaves_no_trace():
+    """A request id repeated within one add is refused as a whole: none of its rows is ready or
+    counted present, so each may be added again (a leftover `present` entry would refuse the row
+    as a duplicate, or be reported lost)."""
+    sched = scheduler(llm())
+    with pytest.raises(DuplicateRowError):
+        sched.add_ready_many(["x", "y", "x"], "LLM", "decode")
+    assert sched.num_ready() == 0 and sched.num_tracked()["present"] == 0
+    sched.add_ready_many(["x", "y"], "LLM", "decode")
+    batch = sched.next_batch()
+    assert batch is not None and batch.request_ids == ["x", "y"]
+
+
 def test_a_lost_row_raises_an_error_naming_it():
     sched = scheduler(llm())
     add(sched, "dd")

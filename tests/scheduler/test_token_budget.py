@@ -112,6 +112,21 @@ def test_deeper_chunks_of_one_prompt_get_fewer_tokens():
     assert chunks[:-1] == sorted(chunks[:-1], reverse=True) and chunks[-2] < chunks[0] // 4
 
 
+def test_a_cut_walk_left_alone_keeps_its_cap_and_one_chunk_a_row():
+    """Two cut walks composed into a mixed step (cap 8): the first walk's chunks take the whole
+    budget, so the second's row gets no token and the step is the first walk's alone, under its
+    own cap of 1. The chunks kept are the rows kept: one chunk per row, never a chunk of a row the
+    cap left out (the step's token counts and rows would disagree)."""
+    key = build_key("LLM", ["a", "b"], {"a": 1, "b": 4}, "mixed", 8, mixed_capture=([1, 4, 8], [16, 64]))
+    key = key.model_copy(update={"token_budget": 16, "chunk_sizes": {"a": 8, "b": 8}})
+    specs = [SpeculationPlan(node="LLM", walk=w, can_speculate=False, mixes_walks=False) for w in key.walks]
+    sched = WorkerScheduler(assemble_worker(0, [key], specs, []), DeploymentPlan(max_seq_len=4096, kv_pools=[]),
+                            lambda: 0.0)
+    for request_id, walk in (("a1", "a"), ("b1", "b"), ("a2", "a")):
+        sched.add_ready_many([request_id], "LLM", walk, [40])
+    batch = sched.next_batch()
+    assert batch is not None and batch.request_ids == ["a1"] and batch.num_tokens == [8]
+
 def _chunk_worker(budget: int, chunk: int, decode_cap: int, scale: int | None = None):
     key = build_key("LLM", ["decode", "prefill"], {"decode": decode_cap, "prefill": 4}, "mixed", 8, {},
                     mixed_capture=([1, 4, 8], [16, 64]))

@@ -54,6 +54,52 @@ def test_at_most_n_follower_batches_in_a_row_while_local_work_waits():
     assert kinds == [True, True, False, True]
 
 
+def test_a_local_step_ends_the_followers_run_even_while_local_work_still_waits():
+    """After N follower batches in a row one local step runs; then the follower's count starts
+    again, so local work arriving all the time cannot keep the leader's batches waiting."""
+    leader, follower = pair(max_follow=2)
+    for i in range(4):
+        leader.add_ready(f"t{i}", "LLM", "decode")
+        follower.add_ready(f"t{i}", "LLM", "decode")
+        follower.register_follow(leader.next_batch())
+    follower.add_ready("c1", "codec", "chunk")
+    kinds = [follower.next_batch().is_follower for _ in range(3)]
+    follower.add_ready("c2", "codec", "chunk")
+    kinds += [follower.next_batch().is_follower for _ in range(3)]
+    assert kinds == [True, True, False, True, True, False]
+
+
+def test_a_follower_keeps_a_ready_row_a_queued_leader_batch_names_after_its_request_ends():
+    """The leader ran (or committed) the step; the request ended before the follower ran its
+    share. Dropping the row would leave the follower waiting for it forever."""
+    leader, follower = pair()
+    leader.add_ready_many(["a", "b"], "LLM", "decode")
+    batch = leader.next_batch()
+    follower.register_follow(batch)
+    follower.add_ready_many(["a", "b"], "LLM", "decode")
+    follower.remove("a")
+    run = follower.next_batch()
+    assert run is not None and run.request_ids == batch.request_ids
+
+
+def test_a_follower_takes_a_late_row_a_queued_leader_batch_names_after_its_request_ends():
+    """As above with the row arriving after the removal, while the follower still remembers the
+    request (its last step named it): the queued leader batch still needs the row."""
+    leader, follower = pair()
+    leader.add_ready("a", "LLM", "decode")
+    follower.register_follow(leader.next_batch())
+    follower.add_ready("a", "LLM", "decode")
+    assert follower.next_batch().request_ids == ["a"]
+    leader.add_ready_many(["a", "b"], "LLM", "decode")
+    second = leader.next_batch()
+    follower.register_follow(second)
+    follower.add_ready("b", "LLM", "decode")
+    follower.remove("a")
+    follower.add_ready("a", "LLM", "decode")
+    run = follower.next_batch()
+    assert run is not None and run.request_ids == second.request_ids
+
+
 @given(worker_cases(with_tp=True), st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=60))
 def test_followers_run_whole_leader_batches_in_order(case, ops):
     """Random arrivals reach leader and follower (the follower's rows may lag); every follower
