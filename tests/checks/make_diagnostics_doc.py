@@ -303,8 +303,9 @@ explain = {
  "MW407": "A rows limit bounds one of the combined walk's own walks.",
  "MW408": "The estimated capture memory (capture_memory.py, modelled on the GPU engine's graphs and within 25% "
           "of the growth measured at capture on an H200 for the Llama decode family: each graph's logits and "
-          "outputs, the activations and bf16 logits of the largest bucket (and a gated delta-net node's gathered "
-          "recurrent states) shared through the pool, divided by TP, "
+          "outputs, the activations and bf16 logits of the largest bucket (and a gated delta-net node's rule "
+          "scratch in one layer; its states are read in their slots, not copied) shared through the pool, "
+          "divided by TP, "
           "plus the capture stream's cuBLAS workspace) of all capture families on one worker exceeds "
           "`capture_memory_budget_mb`: the families its plan holds (a combined walk's only where the worker runs "
           "two of its walks, not on the ranks of a prefill/decode split). The message lists every family with its "
