@@ -47,7 +47,7 @@ from mstar.compiler.memory_bounds import (
 )
 from mstar.compiler.check_deployment import spec_pairs
 from mstar.compiler.deployment import Deployment
-from mstar.compiler.lower_keys import walk_captures, walk_families
+from mstar.compiler.lower_keys import family_name, placed_combines, walk_captures, walk_families
 from mstar.compiler.resolve import name_span, walk_nodes
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -307,9 +307,9 @@ def worker_captures(spec: ast.Spec, deployment: Deployment) -> dict[int, list[Wo
                 continue
             walks_here = {w for n, w, _ in placed if n == node_name}
             found = [(name, c, [c.walk or walk]) for name, c in walk_families(node, walk)]
-            found += [(f"{node_name}:{c.name}", c.capture, list(c.walks)) for c in node.combines
-                      if walk in c.walks and c.capture is not None
-                      and len([w for w in c.walks if w in walks_here]) >= 2]  # as lower_keys.lower_node_keys
+            found += [(family_name(node_name, c.name), c.capture, list(c.walks))
+                      for c, members in placed_combines(node, walks_here)
+                      if walk in members and c.capture is not None]
             for name, capture, walks in found:
                 if name not in families:
                     labels = capture_keys.family_labels(node, capture, walks)

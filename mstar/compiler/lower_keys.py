@@ -26,7 +26,7 @@ Rules (docs/plan.md, keys and mixture tables):
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Collection, Literal
 
 from mstar.compiler import capture_keys, capture_memory
 from mstar.lang import ast
@@ -182,6 +182,22 @@ def _key(
     )
 
 
+def placed_combines(node: ast.NodeDecl, walks_here: Collection[str]) -> list[tuple[ast.CombineDecl, list[str]]]:
+    """The combined walks of `node` that are keys on a worker running `walks_here`, each with its
+    walks there (combine order): those with at least two walks here, a walk going to the first
+    combine that takes it. The one rule for where a combined key, and so its capture family,
+    exists: lowering and the compile-time capture estimate (check_combine.worker_captures, MW408)
+    both read it."""
+    placed: list[tuple[ast.CombineDecl, list[str]]] = []
+    taken: set[str] = set()
+    for combine in node.combines:
+        members = [w for w in combine.walks if w in walks_here and w not in taken]
+        if len(members) >= 2:
+            placed.append((combine, members))
+            taken.update(members)
+    return placed
+
+
 def lower_node_keys(
     node: ast.NodeDecl,
     walks_here: list[str],
@@ -192,10 +208,7 @@ def lower_node_keys(
     """Keys of `node` on one worker and the walk -> key name map (see the module docstring)."""
     keys: list[KeyPlan] = []
     walk_to_key: dict[str, str] = {}
-    for combine in node.combines:
-        members = [w for w in combine.walks if w in walks_here and w not in walk_to_key]
-        if len(members) < 2:
-            continue
+    for combine, members in placed_combines(node, walks_here):
         name = family_name(node.name, combine.name)
         keys.append(_key(node, name, members, combine, walk_plans, tp_sizes[members[0]], fallback_cap))
         walk_to_key.update({w: name for w in members})

@@ -10,6 +10,7 @@ import pytest
 from compiler_helpers import COLOCATED, PD_SPLIT, TP2, TTS_SPEC, blank_header, deployment_from, spec_from
 
 from mstar.compiler import check_combine, lower, regen
+from mstar.compiler.lower_keys import placed_combines
 from mstar.compiler.driver import compile_spec
 from mstar.lang.diagnostics import Diagnostics
 
@@ -51,3 +52,10 @@ def test_every_checked_in_config_is_judged_by_what_its_plan_holds(tmp_path):
         assert result is not None, diags.render()
         assert _estimates(result.spec, result.deployment) == {
             w.rank: w.capture_memory_bytes for w in result.plan.workers}, config_path.name
+
+
+def test_a_combined_key_exists_where_two_of_its_walks_run():
+    llm = next(n for n in spec_from(TTS_SPEC).nodes if n.name == "LLM")
+    assert [(c.name, members) for c, members in placed_combines(llm, ["decode", "prefill"])] == [
+        ("mixed", ["prefill", "decode"])]  # the combine's order, not the worker's
+    assert placed_combines(llm, ["decode"]) == []  # its partner runs on another rank
