@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from mstar.plan.client_images import image_outputs
 from mstar.plan.output_bound import SAMPLED_ROLES, frame_depths
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
@@ -447,8 +448,12 @@ class _CallTables:
     def __init__(self, plan: Plan):
         # (node, walk) -> output edge names (loop-backs on the device carry no value).
         self.out_names: dict[tuple[str, str], list[str]] = {}
-        # (node, walk) -> the output edges the client takes as images (placeholders of that shape)
+        # (node, walk) -> the output edges the client takes as images, through a loop's exit too
+        # (placeholders of that shape)
         self.image_names: dict[tuple[str, str], list[str]] = {}
+        for walk in plan.walks:
+            for node, name in image_outputs(walk):
+                self.image_names.setdefault((node, walk.name), []).append(name)
         # (node, walk) of the calls that sample a token (a `tokens` or `transcript` output, as the
         # torch engine samples): the others count nothing toward max_tokens
         self.sampling: set[tuple[str, str]] = set()
@@ -461,8 +466,6 @@ class _CallTables:
                 for edge in call.edges:
                     if not edge.is_device and edge.name not in names:
                         names.append(edge.name)
-                    if edge.dest_kind == "client" and edge.modality == "image":
-                        self.image_names.setdefault((call.node, walk.name), []).append(edge.name)
         # (node, walk) -> {tokens output: depth} where a depth model extends the sampled token into a
         # frame of 1 + depth codes, as the torch engine's one-item frame (a tuple here: counted and
         # streamed as one item of 1 + depth tokens)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional
 
 from mstar.arg_types import shown
+from mstar.plan.client_images import image_outputs
 from mstar.plan.schema import EdgePlan, Plan, WalkPlan
 from mstar.runtime.serve.audio_input import takes_waveform
 
@@ -89,16 +90,7 @@ def endpoints_of(plan: Plan) -> Endpoints:
 def _image_nodes(plan: Plan, walk_names: set[str]) -> frozenset[str]:
     """The nodes whose calls in these walks send the client an image, directly or through a loop's
     exit."""
-    nodes = set()
-    for walk in (w for w in plan.walks if w.name in walk_names):
-        exits: dict[tuple[Optional[int], Optional[int]], Optional[EdgePlan]] = {
-            (index, number): x.edge for index, loop in enumerate(walk.loops) for number, x in enumerate(loop.exits)}
-        for call in walk.calls:
-            for edge in call.edges:
-                sent = exits.get((edge.loop, edge.exit)) if edge.action.startswith("loop_") else edge
-                if sent is not None and sent.dest_kind == "client" and sent.modality == "image":
-                    nodes.add(call.node)
-    return frozenset(nodes)
+    return frozenset(node for w in plan.walks if w.name in walk_names for node, _ in image_outputs(w))
 
 
 def image_size_problem(size: Optional[str], endpoints: Endpoints,
