@@ -1,13 +1,17 @@
 """Shared builders for the compiler tests: specs and deployments from short texts."""
 from __future__ import annotations
 
+import tempfile
 import textwrap
+from pathlib import Path
 
+from mstar.compiler import lower
 from mstar.compiler.deployment import Deployment, parse_deployment
+from mstar.compiler.driver import check_spec
 from mstar.lang.ast import Spec
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
-from mstar.plan.schema import Hashes, Header
+from mstar.plan.schema import Hashes, Header, Plan
 
 
 def spec_from(text: str) -> Spec:
@@ -30,6 +34,19 @@ def blank_header(model: str = "test") -> Header:
         compiler_version="test", model=model, deployment="test", spec_path="s.mw",
         deployment_path="d.yaml", glue_path="g.py", hashes=Hashes(spec="", deployment="", glue=""),
     )
+
+
+def checked_plan(spec_text: str, config_text: str) -> Plan:
+    """The plan of a spec and deployment that pass every check (`mstarc check`), lowered: a test of
+    lowering on a spec the checks refuse would hold rules no plan meets."""
+    diags = Diagnostics()
+    with tempfile.TemporaryDirectory() as folder:
+        spec_path, config_path = Path(folder) / "test.mw", Path(folder) / "test.yaml"
+        spec_path.write_text(textwrap.dedent(spec_text))
+        config_path.write_text(textwrap.dedent(config_text))
+        checked = check_spec(spec_path, config_path, diags)
+    assert checked is not None and not diags.has_errors, diags.render()
+    return lower.run(checked.spec, checked.deployment, blank_header())
 
 
 # A small Orpheus-like model: an LLM with prefill and decode combined, a stateless codec

@@ -1,8 +1,7 @@
 """Keys and mixture tables: caps, rows limits, captures, batch_pad, attention routes."""
 import pytest
-from compiler_helpers import COLOCATED, TTS_SPEC, blank_header, deployment_from, spec_from
+from compiler_helpers import COLOCATED, TTS_SPEC, checked_plan
 
-from mstar.compiler import lower
 from mstar.compiler.lower_keys import batch_pad_table
 
 THREE_WALKS = """
@@ -18,6 +17,7 @@ node LLM kv(layers=1, kv_heads=1, qo_heads=1, head_dim=8, hidden=8, vocab=16) {
     combine mix = a + b + c {
         rows a <= 2
         rows c <= 1
+        capture packed batch=[1, 2, 4, 8] tokens=[64]
     }
 }
 walk a { LLM(tokens) -> out: client text }
@@ -35,7 +35,7 @@ node_groups:
 
 
 def _key(spec_text, config_text, key_name, rank=0):
-    plan = lower.run(spec_from(spec_text), deployment_from(config_text), blank_header())
+    plan = checked_plan(spec_text, config_text)
     worker = next(w for w in plan.workers if w.rank == rank)
     return next(k for k in worker.keys if k.name == key_name), worker
 
@@ -61,9 +61,17 @@ def test_mixture_labels_captures_and_attention():
     assert by_walks[("b",)].attention == "decode"  # loops its token back into the node
     assert by_walks[("a",)].capture is None and by_walks[("a",)].attention == "prefill"
     mixed = by_walks[("a", "b")]
-    assert mixed.label is None and mixed.capture is None  # no combine capture: eager
+    assert mixed.label is None and mixed.capture == "LLM:mix"  # the combine's own capture
     assert mixed.attention == "split"  # the default route
-    assert [f.name for f in key.captures] == ["LLM:b"]
+    assert [f.name for f in key.captures] == ["LLM:b", "LLM:mix"]
+
+
+def test_a_mixed_step_of_walks_without_captures_runs_eagerly():
+    spec = THREE_WALKS.replace("    capture b batched batch=[1, 2, 4, 8, 16, 32]\n", "").replace(
+        "        capture packed batch=[1, 2, 4, 8] tokens=[64]\n", "")
+    key, _ = _key(spec, ONE_RANK, "LLM:mix")
+    mixed = {tuple(m.walks): m for m in key.mixtures}[("a", "b")]
+    assert mixed.capture is None and mixed.attention == "split" and key.captures == []
 
 
 def test_combine_cap_and_capture_override():
@@ -117,6 +125,7 @@ node LLM kv(layers=1, kv_heads=1, qo_heads=1, head_dim=8, hidden=8, vocab=16) {
 node dec stateless image_decoder { in latents: flow_latents out image: image }
 walk text { loop tl max=4 stop { LLM(tokens) -> tokens: LLM device -> t: client text } }
 walk gen {
+    LLM(tokens)  # the request's prompt first, as every walk a request enters with
     loop max=3 { LLM(latents) -> latents: LLM } outputs latents
     dec(latents) -> image: client image
 }
@@ -126,7 +135,7 @@ partition P = text | gen
 
 def test_attention_of_host_loop_back_is_prefill_device_loop_back_is_decode():
     config = "model: img\nmax_seq_len: 64\nnode_groups:\n  - node_names: [LLM, dec]\n    ranks: [0]\n"
-    plan = lower.run(spec_from(IMAGE_LOOP), deployment_from(config), blank_header())
+    plan = checked_plan(IMAGE_LOOP, config)
     keys = {k.name: k for k in plan.workers[0].keys}
     assert keys["LLM:text"].mixtures[1].attention == "decode"  # sampled token, on the device
     assert keys["LLM:gen"].mixtures[1].attention == "prefill"  # latents through the host
@@ -159,7 +168,7 @@ partition P = one | two
 ])
 def test_decode_attention_needs_every_loop_back_and_every_family_one_token_a_row(body, attention):
     config = "model: routes\nmax_seq_len: 64\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n"
-    plan = lower.run(spec_from(DECODE_ROUTES % body), deployment_from(config), blank_header())
+    plan = checked_plan(DECODE_ROUTES % body, config)
     keys = {k.name: k for k in plan.workers[0].keys}
     assert {walk: keys[f"LLM:{walk}"].mixtures[1].attention for walk in ("one", "two")} == attention
 
@@ -169,10 +178,8 @@ def test_a_key_keeps_the_rows_limits_of_the_walks_it_holds():
     walk that runs elsewhere is not the key's."""
     config = ("model: three\nmax_seq_len: 1024\nnode_groups:\n  - node_names: [LLM]\n    ranks: [0]\n"
               "    graph_walks: [a, c]\n  - node_names: [LLM]\n    ranks: [1]\n    graph_walks: [b]\n")
-    spec = THREE_WALKS.replace("        rows c <= 1\n",
-                               "        rows c <= 1\n        capture packed batch=[1, 2, 4, 8] tokens=[64]\n")
-    key, _ = _key(spec, config, "LLM:mix")
+    key, _ = _key(THREE_WALKS, config, "LLM:mix")
     assert key.walks == ["a", "c"] and key.rows_limits == {"a": 2, "c": 1}
     config = config.replace("[a, c]", "[a, b]").replace("graph_walks: [b]", "graph_walks: [c]")
-    key, _ = _key(spec, config, "LLM:mix")
+    key, _ = _key(THREE_WALKS, config, "LLM:mix")
     assert key.walks == ["a", "b"] and key.rows_limits == {"a": 2}

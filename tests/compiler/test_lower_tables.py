@@ -1,8 +1,7 @@
 """Walk tables (plan schema 3): golden tables for a small spec with a loop (a loop-back, an output
 and an accumulated edge), a parallel section and a stream, and the rules the lowering follows."""
-from compiler_helpers import blank_header, deployment_from, spec_from
+from compiler_helpers import checked_plan
 
-from mstar.compiler import lower
 from mstar.plan.schema import EdgePlan, NextPlan, WalkPlan
 
 GOLDEN_SPEC = """
@@ -133,7 +132,7 @@ def _render(walk: WalkPlan) -> list[str]:
 
 
 def _plan(spec: str = GOLDEN_SPEC, config: str = GOLDEN_CONFIG):
-    return lower.run(spec_from(spec), deployment_from(config), blank_header())
+    return checked_plan(spec, config)
 
 
 def test_golden_walk_tables():
@@ -176,6 +175,7 @@ walk w {
     }
     L(text_inputs, emb) -> new_token: client text
 }
+partition P = w
 """
 
 FEED_CONFIG = """

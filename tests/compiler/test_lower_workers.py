@@ -1,11 +1,10 @@
 """Per-worker tables: placements, walk_to_key under disaggregation, call instances, speculation, TP."""
-from compiler_helpers import COLOCATED, PD_SPLIT, TP2, TTS_SPEC, blank_header, deployment_from, spec_from
+from compiler_helpers import COLOCATED, PD_SPLIT, TP2, TTS_SPEC, checked_plan
 
-from mstar.compiler import lower
 
 
 def _plan(config_text, spec_text=TTS_SPEC):
-    return lower.run(spec_from(spec_text), deployment_from(config_text), blank_header())
+    return checked_plan(spec_text, config_text)
 
 
 def test_colocated_walks_share_the_combined_key():
@@ -80,6 +79,7 @@ node LLM kv(layers=4, kv_heads=2, qo_heads=4, head_dim=16, hidden=64, vocab=128)
     in tokens: tokens prompt text
     out out: tokens
     kv_sequences main cfg
+    kv w writes main
     state recurrent(layers=3, heads=4, key_dim=16, value_dim=32)
     cap w 4
 }

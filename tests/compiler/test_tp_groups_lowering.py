@@ -2,9 +2,8 @@
 lowering writes each TP group with the walks its group places (not every walk of the node), and
 load_plan's rank checks take a stateless node at different widths (only a KV cache cannot move
 between TP world sizes, MW321)."""
-from compiler_helpers import blank_header, deployment_from, spec_from
+from compiler_helpers import checked_plan
 
-from mstar.compiler import lower
 from mstar.plan.references import reference_problems
 
 SPEC = """
@@ -47,13 +46,13 @@ node_groups:
 
 
 def test_a_tp_group_lists_the_walks_its_node_group_places():
-    plan = lower.run(spec_from(SPEC), deployment_from(CONFIG), blank_header("m"))
+    plan = checked_plan(SPEC, CONFIG)
     groups = {w.rank: [(g.node, g.walks, g.ranks) for g in w.tp_groups] for w in plan.workers}
     assert groups == {0: [("enc", ["enc_a"], [0, 1])], 1: [("enc", ["enc_a"], [0, 1])]}
 
 
 def test_a_stateless_node_at_two_world_sizes_is_a_consistent_plan():
-    plan = lower.run(spec_from(SPEC), deployment_from(CONFIG), blank_header("m"))
+    plan = checked_plan(SPEC, CONFIG)
     calls = {w.name: w.calls[0].instances for w in plan.walks if w.calls[0].node == "enc"}
     assert calls == {"enc_a": [[0, 1]], "enc_b": [[0]]}
     assert reference_problems(plan) == []
