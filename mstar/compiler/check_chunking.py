@@ -142,9 +142,10 @@ def _check_node(node: ast.NodeDecl, walks: list[ast.Walk], chunking: NodeChunkin
                 diags.error(codes.BUCKETS_BELOW_BUDGET,
                             f"node {node.name}: the packed capture of {owner} has no token bucket that holds "
                             f"{what} ({need} tokens; its largest is {max(capture.tokens, default=0)}); such steps "
-                            f"would run eagerly: add a bucket of at least {need} tokens or lower the budget",
-                            capture.span, Note("the budget is set here", chunking.budget_span
-                                               if budget is not None else chunking.chunk_span))
+                            f"would run eagerly: add a bucket of at least {need} tokens or lower the "
+                            f"{'budget' if budget is not None else 'chunk size'}",
+                            capture.span, Note("the budget is set here", chunking.budget_span) if budget is not None
+                            else Note("the chunk size is set here", chunking.chunk_span))
 
 
 def _key_walks(node: ast.NodeDecl, walk: ast.Walk, walks: list[ast.Walk]) -> list[ast.Walk]:

@@ -107,3 +107,12 @@ def test_a_combined_walk_whose_walks_are_never_cut_needs_no_bucket_of_the_budget
     config = CONFIG % 64 + "scheduler_owns_chunking: true\n"
     assert _found(TWO_DECODES % "decode + decode_b", config) == []
     assert _found(TWO_DECODES % "prefill + decode_b", config) == [("MW422", "m.mw", 9)]
+
+
+def test_without_a_budget_mw422_points_at_the_chunk_size():
+    found = check_texts(BASE, ONE_RANK + "scheduler_owns_chunking: true\nmax_prefill_chunk_size: 512\n").sorted()
+    assert {d.code for d in found} == {"MW422"}
+    for diagnostic in found:
+        assert "holds one prefill chunk (512 tokens" in diagnostic.message
+        assert diagnostic.message.endswith("or lower the chunk size")
+        assert [(n.message, n.span.line) for n in diagnostic.notes] == [("the chunk size is set here", 7)]
