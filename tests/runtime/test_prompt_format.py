@@ -63,3 +63,12 @@ def test_messages_and_unknown_fields_are_refused_with_the_line(tmp_path):
     typo = _prompts(tmp_path, {"id": "a", "prompt": "hi", "vocie": "leo", "max_tokens": 8})
     with pytest.raises(WorkloadError, match="unknown field"):
         read_prompts(typo, tokenizer=WordLengths(), form=form)
+
+
+def test_a_lone_surrogate_is_placed_in_what_the_client_sent():
+    """The position counts from the client's text or field, not from the framed text ("leo: " first)."""
+    form = prompt_format_of(load_plan(str(GENERATED / "orpheus.plan")))
+    with pytest.raises(PromptFormatError, match=r"^the text is not valid Unicode: .* at character 3$"):
+        format_prompt(form, WordLengths(), "hi \ud800", {"voice": "leo"})
+    with pytest.raises(PromptFormatError, match=r"^'voice' is not valid Unicode: .* at character 1$"):
+        format_prompt(form, WordLengths(), "hi", {"voice": "l\udc00o"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from mstar.plan.schema import PromptFormatPlan
+from mstar.runtime.serve.tokenizer import unicode_problem
 
 
 class PromptFormatError(Exception):
@@ -30,7 +31,7 @@ def prompt_format_of(plan: Any) -> Optional[PromptFormatPlan]:
 
 def format_prompt(form: PromptFormatPlan, tokenizer: Any, text: str, values: Mapping[str, Any]) -> list[int]:
     """The prompt tokens of `text` framed by `form`; `values`: the request's field values by name."""
-    filled = {"prompt": text}
+    filled = {"prompt": _unicode(text, "the text")}
     for field in form.fields:
         value = values.get(field, form.defaults.get(field))
         if value is None:
@@ -38,5 +39,15 @@ def format_prompt(form: PromptFormatPlan, tokenizer: Any, text: str, values: Map
                                     f"{form.template!r}) and the request gives none")
         if not isinstance(value, str) or not value:
             raise PromptFormatError(f"'{field}' must be non-empty text")
-        filled[field] = value
+        filled[field] = _unicode(value, f"'{field}'")
     return list(form.before) + tokenizer.encode(form.template.format(**filled)) + list(form.after)
+
+
+def _unicode(value: str, what: str) -> str:
+    """`value` when it is valid Unicode, checked before the template frames it: the tokenizer's own
+    check would count the position of a lone surrogate from the framed text (Orpheus's voice and
+    colon before the prompt), not from what the client sent."""
+    problem = unicode_problem(value)
+    if problem is not None:
+        raise PromptFormatError(f"{what} is not valid Unicode: {problem}")
+    return value

@@ -102,11 +102,19 @@ class TextTokenizer:
 def _unicode(text: str) -> str:
     """`text` when it is valid Unicode; a JSON string may hold a lone surrogate ("\\ud800"), which
     the tokenizer's backend refuses with a bare TypeError: a TokenizerError saying where instead."""
+    problem = unicode_problem(text)
+    if problem is not None:
+        raise TokenizerError(f"the text is not valid Unicode: {problem}")
+    return text
+
+
+def unicode_problem(text: str) -> Optional[str]:
+    """Where `text` is not valid Unicode ("surrogates not allowed at character 3"), or None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise TokenizerError(f"the text is not valid Unicode: {error.reason} at character {error.start}") from None
-    return text
+        return f"{error.reason} at character {error.start}"
+    return None
 
 
 def _token_text(value: Any) -> Optional[str]:
