@@ -12,6 +12,7 @@ and stream_checks.py (a partition's streams and their chunk policies).
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterator
 
 from mstar.plan.buckets import batch_pad_table, family_max_rows
@@ -179,7 +180,7 @@ def reference_problems(plan: Plan) -> list[str]:
     for what, names in (("node", [n.name for n in plan.nodes]), ("walk", [w.name for w in plan.walks]),
                         ("partition", [p.name for p in plan.partitions]),
                         ("worker rank", [str(w.rank) for w in plan.workers])):
-        repeated = sorted({n for n in names if names.count(n) > 1})
+        repeated = sorted(n for n, count in Counter(names).items() if count > 1)  # linear: a plan holds 100k+ workers
         if repeated:
             problems.append(f"{what} {repeated[0]} is declared twice")
 
