@@ -323,7 +323,15 @@ def _capture_problems(where: str, key: KeyPlan, problems: list[str]) -> None:
                             "distinct")
         if family.kind == "batched" and buckets:
             problems.append(f"{where}: capture {family.name}: a batched family has token_buckets {buckets}")
-        expected = batch_pad_table(sizes, family_max_rows(key, family.name))
+        # The table's length first: a tampered cap or batch size of 10**12 would otherwise have the
+        # check build a table of that many entries (out of memory instead of refused); the stored
+        # table's length is bounded by the file's.
+        length = max(family_max_rows(key, family.name), sizes[-1]) + 1
+        if len(family.batch_pad) != length:
+            problems.append(f"{where}: capture {family.name}: batch_pad has {len(family.batch_pad)} entries, where "
+                            f"its largest batch size ({sizes[-1]}) and the largest cap replaying it give {length}")
+            continue
+        expected = batch_pad_table(sizes, length - 1)
         if family.batch_pad != expected:
             at = next((b for b, (x, y) in enumerate(zip(family.batch_pad, expected)) if x != y),
                       min(len(family.batch_pad), len(expected)))

@@ -621,3 +621,18 @@ def test_a_plan_over_its_size_limit_is_not_read(tmp_path):
         load_plan(path, verify=False)
     path.write_text(text + " " * 16)  # the same plan under the limit loads
     assert load_plan(path, verify=False).header.model == "llama"
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["workers"][0]["keys"][0]["mixtures"][3].update(cap=10**12),
+    lambda d: d["workers"][0]["keys"][0]["captures"][0].update(
+        batch_sizes=d["workers"][0]["keys"][0]["captures"][0]["batch_sizes"] + [10**12]),
+], ids=["cap", "batch_size"])
+def test_a_huge_cap_or_batch_size_is_refused_without_building_its_table(edit, tmp_path):
+    """The batch_pad check compares the table's length before it rebuilds the table: a tampered cap
+    of 10**12 had it build 10**12 entries (out of memory where the plan should be refused)."""
+    plan = _edited("orpheus", edit)
+    problems = reference_problems(plan)
+    assert any("batch_pad has" in p and "entries" in p for p in problems), problems
+    with pytest.raises(PlanError, match="do not fit together"):
+        load_plan(str(_written(plan, "orpheus", tmp_path)), verify=False)
