@@ -119,3 +119,11 @@ def loops_around_calls(walk: WalkPlan) -> dict[int, frozenset[int]]:
     nesting = _Nesting(walk)
     nesting.run()
     return {index: loops for (kind, index), loops in nesting.around.items() if kind == "call"}
+
+
+def loops_around_loops(walk: WalkPlan) -> dict[int, frozenset[int]]:
+    """The loops around each loop its start reaches (the loop itself not among them), for a walk
+    whose tables nest (`loop_nesting_problems` found nothing)."""
+    nesting = _Nesting(walk)
+    nesting.run()
+    return {index: loops for (kind, index), loops in nesting.around.items() if kind == "loop"}

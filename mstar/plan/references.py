@@ -7,8 +7,9 @@ instead of failing deep inside the scheduler or the conductor. mstarc never writ
     reference_problems(plan) -> list[str]     empty for a consistent plan
 
 Besides this module's own checks it gathers those of loop_nesting.py (the loops around every call
-of a walk, followed from its start), rank_checks.py (worker ranks, TP groups and call instances)
-and stream_checks.py (a partition's streams and their chunk policies).
+of a walk, followed from its start), rank_checks.py (worker ranks, TP groups and call instances),
+stream_checks.py (a partition's streams and their chunk policies) and int_bounds.py (sizes within
+mstarc's bounds: dims, pools, steps, nested loop iterations).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections import Counter
 from typing import Iterator
 
 from mstar.plan.buckets import batch_pad_table, family_max_rows
+from mstar.plan.int_bounds import bound_problems, loop_iteration_problems
 from mstar.plan.loop_nesting import loop_nesting_problems
 from mstar.plan.rank_checks import rank_problems
 from mstar.plan.schema import EdgePlan, KeyPlan, NextPlan, PartitionPlan, Plan, WalkPlan
@@ -187,7 +189,8 @@ def reference_problems(plan: Plan) -> list[str]:
     ranks = {w.rank for w in plan.workers}
     for walk in plan.walks:
         index_problems = list(_index_problems(walk, nodes, node_inputs, node_outputs, partitions))
-        problems.extend(index_problems or loop_nesting_problems(walk))
+        nesting_problems = index_problems or loop_nesting_problems(walk)
+        problems.extend(nesting_problems or loop_iteration_problems(walk))
         problems.extend(f"walk {walk.name}: {call.node} runs on rank {rank}, which the plan lacks"
                         for call in walk.calls for instance in call.instances for rank in instance
                         if rank not in ranks)
@@ -203,6 +206,7 @@ def reference_problems(plan: Plan) -> list[str]:
         _worker_problems(worker, nodes, walks, {n.name for n in plan.nodes if n.engine == "kv"}, problems)
     problems.extend(rank_problems(plan))
     _capture_key_problems(plan, problems)
+    problems.extend(bound_problems(plan))
     return problems
 
 

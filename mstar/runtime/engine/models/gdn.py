@@ -26,6 +26,12 @@ if TYPE_CHECKING:
 _CPU = torch.device("cpu")  # the default device (a module constant, not a call per signature)
 
 
+class LinearStatesError(ValueError):
+    """The recurrent state slots cannot be allocated (a start-up refusal, as a KV cache's
+    KvCacheError): a plan's recurrent_state_slots or conv_kernel past what the machine holds was an
+    internal error ("can't allocate memory") instead of a message naming the state."""
+
+
 @dataclass
 class LinearStates:
     """Slot-indexed state of every gated delta-net layer of one node (slot 0 is the padding sink).
@@ -48,11 +54,19 @@ class LinearStates:
         if versions not in (1, 2):
             raise ValueError(f"linear states keep one or two versions, not {versions}")
         rows = versions * num_slots
-        return cls(
-            conv=[torch.zeros(rows, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
-            ssm=[torch.zeros(rows, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
-            version=torch.zeros(num_slots, dtype=torch.int32, device=device) if versions == 2 else None,
-        )
+        try:
+            return cls(
+                conv=[torch.zeros(rows, conv_dim, conv_kernel - 1, device=device) for _ in range(num_layers)],
+                ssm=[torch.zeros(rows, num_heads, key_dim, value_dim, device=device) for _ in range(num_layers)],
+                version=torch.zeros(num_slots, dtype=torch.int32, device=device) if versions == 2 else None,
+            )
+        # torch reports an impossible allocation (CPU or GPU) as RuntimeError
+        except (RuntimeError, MemoryError) as error:
+            num_bytes = rows * num_layers * (conv_dim * (conv_kernel - 1) + num_heads * key_dim * value_dim) * 4
+            raise LinearStatesError(
+                f"cannot allocate the recurrent state of {num_slots} slots x {num_layers} layers "
+                f"(conv kernel {conv_kernel}; {num_bytes / 2**30:.1f} GiB): {str(error).splitlines()[0]}; lower "
+                "recurrent_state_slots (or max_concurrent_requests) in the deployment") from None
 
     @classmethod
     def for_dims(cls, dims: "DecoderDims", num_slots: int, device: torch.device = _CPU,
