@@ -12,10 +12,13 @@ Out: nothing; adds MW401 (a sub-model for a walk that does not run the node), MW
 - the sub-model's query heads are a multiple of the KV heads it attends over (the node's, or a
   depth model's own);
 - a depth model (`samples OUTPUT depth=N`) extends a declared `tokens` output of the node by
-  N >= 1 tokens; every walk it lists emits that output from the node's call and runs the node's
-  own model (it reads that model's hidden state and token embedding); one depth model per (walk,
-  output); where the output feeds an audio codec with `quantizers=Q`, the frame it makes (the
-  node's token and N more) holds Q codes, so N + 1 = Q;
+  N tokens, 1 <= N <= MAX_LAYERS (the runtime builds an embedding and a head per position, as it
+  builds a module per layer, and frames of N + 1 tokens: depth=10**12 once compiled, and the
+  simulated engine built a frame until memory ran out); every walk it lists emits that output
+  from the node's call and runs the node's own model (it reads that model's hidden state and
+  token embedding); one depth model per (walk, output); where the output feeds an audio codec
+  with `quantizers=Q`, the frame it makes (the node's token and N more) holds Q codes, so
+  N + 1 = Q;
 - (warning) an edge of the output that counts toward the request's output tokens (`count_tokens`,
   or a `client text` edge, which a partition without `count_tokens` counts) counts N + 1 a frame,
   while the engines reserve and check `prompt + max_tokens` KV positions on the node: a frame takes
@@ -26,6 +29,7 @@ from __future__ import annotations
 from mstar.compiler import codes
 from mstar.compiler.check_cross import CROSS_STYLES
 from mstar.compiler.counting import counted_names
+from mstar.compiler.memory_bounds import MAX_LAYERS
 from mstar.compiler.resolve import iter_calls, name_span, suggestion
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics, Note
@@ -109,6 +113,11 @@ def _check_depth_models(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[
         if sub.depth < 1:
             diags.error(codes.DEPTH_MODEL_BAD, f"depth model {sub.name}: depth={sub.depth} adds no token; "
                         f"give the number of tokens it samples after the node's (at least 1)", sub.span)
+            continue
+        if sub.depth > MAX_LAYERS:
+            diags.error(codes.DEPTH_MODEL_BAD, f"depth model {sub.name}: depth={sub.depth} is more than the runtime "
+                        f"builds (at most {MAX_LAYERS}: a head per position, and frames of depth + 1 tokens)",
+                        sub.span)
             continue
         for walk in sub.walks:
             walk_span = name_span(sub.span, walk, diags, skip=_skip(sub, walk))

@@ -143,7 +143,8 @@ explain = {
           "its own: MW125). docs/language.md \"Sub-models\".",
  "MW125": "A depth model (`submodel NAME(ARGS) samples OUTPUT depth=N for WALK ...`, Qwen3-TTS's code predictor) "
           "runs after the node's model and extends the token it sampled for OUTPUT by N more, so OUTPUT is a "
-          "declared `tokens` output of the node, N is at least 1, every walk it lists emits OUTPUT from the node's "
+          "declared `tokens` output of the node, N is 1 to 4096 (the runtime builds an embedding and a head per "
+          "position), every walk it lists emits OUTPUT from the node's "
           "call and runs the node's own model (not a sub-model), a walk has one depth model per output, and "
           "where OUTPUT feeds an audio codec with `quantizers=Q` "
           "the frame it makes holds Q codes (N + 1 = Q). docs/language.md \"Depth models\".",

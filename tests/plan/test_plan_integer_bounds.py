@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from mstar.compiler import memory_bounds
+from mstar.compiler import check_combine, check_graph, memory_bounds, resolve
+from mstar.lang.diagnostics import Diagnostics
+from mstar.lang.parser import parse
 from mstar.plan import int_bounds
 from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
 from mstar.plan.references import reference_problems
@@ -161,6 +163,39 @@ def test_the_bounds_are_the_compilers():
     for name in ("MAX_LAYERS", "MAX_DIM", "MAX_LOOP_ITERATIONS", "MAX_STEP_ROWS", "MAX_STEP_TOKENS",
                  "MAX_CAPTURE_KEYS", "MAX_NUM_PAGES", "MAX_PAGE_SIZE", "MAX_CONCURRENT_REQUESTS"):
         assert getattr(int_bounds, name) == getattr(memory_bounds, name), name
+
+
+def _spec_diagnostics(depth: int) -> str:
+    """The spec-level checks of a small spec whose depth model adds `depth` tokens to a client output
+    (tests/checks/test_depth_frames_counted.py's: it warns MW126, counting the frames)."""
+    text = f"""model m
+node T kv(layers=2, kv_heads=2, qo_heads=4, vocab=64) {{
+    in text_inputs: tokens prompt text
+    out codes: tokens
+    submodel predictor(layers=1, vocab=16) samples codes depth={depth} for speak
+}}
+
+walk speak {{
+    T(text_inputs) -> codes: client text
+}}
+
+partition P = speak
+"""
+    diags = Diagnostics()
+    spec = parse(text, "m.mw", diags)
+    assert spec is not None, diags.render()
+    for check in (resolve.run, check_graph.run, lambda s, d: check_combine.run(s, None, d)):
+        if not diags.has_errors:
+            check(spec, diags)
+    return diags.render()
+
+
+def test_mstarc_refuses_a_depth_the_loader_refuses():
+    """A depth model of depth=10**12 compiled (only MW126 warned) and the simulated engine then built
+    a frame of 10**12 + 1 tokens a step; mstarc's MW125 now holds depth to the loader's bound."""
+    assert "MW125" not in _spec_diagnostics(4096)
+    rendered = _spec_diagnostics(BIG)
+    assert "error[MW125]" in rendered and "depth=1000000000000 is more than the runtime builds" in rendered
 
 
 def test_mstar_run_refuses_a_loop_of_10_12_iterations_at_once(tmp_path):
