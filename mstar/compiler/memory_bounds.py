@@ -16,6 +16,21 @@ from __future__ import annotations
 
 from typing import Mapping
 
+# The bounds a plan's loader holds a plan to as well (plan/int_bounds.py defines them, this
+# package imports them: the plan package imports no compiler module).
+from mstar.plan.int_bounds import (
+    MAX_CAPTURE_KEYS as MAX_CAPTURE_KEYS,
+    MAX_COMBINED_WALKS as MAX_COMBINED_WALKS,
+    MAX_CONCURRENT_REQUESTS as MAX_CONCURRENT_REQUESTS,
+    MAX_DIM as MAX_DIM,
+    MAX_LAYERS as MAX_LAYERS,
+    MAX_LOOP_ITERATIONS as MAX_LOOP_ITERATIONS,
+    MAX_NUM_PAGES as MAX_NUM_PAGES,
+    MAX_PAGE_SIZE as MAX_PAGE_SIZE,
+    MAX_STEP_ROWS as MAX_STEP_ROWS,
+    MAX_STEP_TOKENS as MAX_STEP_TOKENS,
+)
+
 KIB = 1024
 MIB = KIB * KIB
 GIB = KIB * MIB
@@ -26,31 +41,6 @@ FP32_BYTES = 4  # recurrent state
 # One node's weights, or one KV pool, may use at most this: twice the GPU memory of the largest
 # single host the runtime runs on (8 x H200, 8 x 141 GB), leaving room for CPU offload.
 MAX_NODE_BYTES = 2 * TIB
-# The runtime builds one module per layer and keeps per-layer tables in Python: 32 times the
-# deepest model of reference/mstar-models.md.
-MAX_LAYERS = 4096
-# Every other count or size: token ids, head counts and page indices are int32 on the device.
-MAX_DIM = 2**31 - 1
-# The product of the maximum iterations of nested loops: the steps one request may take in one
-# walk. 2**30 steps at 10 us each is three hours of one request; 20 nested `loop max=3` is 3**20.
-MAX_LOOP_ITERATIONS = 2**30
-# Steps: rows a step may hold (caps, captured batch sizes), tokens a step may hold (token
-# buckets, tokens per row); the plan keeps a direct lookup per row count, so these size tables.
-MAX_STEP_ROWS = 65536
-MAX_STEP_TOKENS = 2**20
-# Graphs one capture family captures (batch sizes x token buckets), and walks one combined walk
-# mixes (the plan lists a mixture for each of the 2**n subsets).
-MAX_CAPTURE_KEYS = 4096
-MAX_COMBINED_WALKS = 12
-# KV pool sizes in a deployment: page indices are int32, and a page beyond 2**20 tokens is no page.
-# A KV offload host pool (cpu_offload_pages) counts pages the same way.
-MAX_NUM_PAGES = 2**31 - 1
-MAX_PAGE_SIZE = 2**20
-# Requests admitted at once (max_concurrent_requests) and recurrent state slots: a walk with neither
-# a cap nor a capture is capped at max_concurrent_requests rows a step, so it is bounded as rows
-# are (a larger one made the capture tables of an `eager_above` family 2**62 entries long); the
-# slots default to it and must hold that many requests.
-MAX_CONCURRENT_REQUESTS = MAX_STEP_ROWS
 # Ranks of a deployment: the runtime starts one process per rank up to the highest (a TCPStore
 # rendezvous of that many); 128 hosts of 8 GPUs.
 MAX_RANKS = 1024

@@ -8,8 +8,8 @@ allocate (an internal error), and a loop's max_iters and default count of 10**12
 never ended. Lower bounds where the runtime trusts them: a step token budget, chunk size or
 repeat bound below 1 stalled every request or ran none.
 
-The numbers are the compiler's (compiler/memory_bounds.py; this package imports no compiler
-module, and tests/plan/test_plan_integer_bounds.py checks that the two agree).
+The numbers are defined here, and compiler/memory_bounds.py imports them: one set of bounds for
+what mstarc writes and what the loader takes (this package imports no compiler module).
 
     bound_problems(plan) -> list[str]          empty for a plan within the bounds
     loop_iteration_problems(walk) -> list[str] nested loops past MAX_LOOP_ITERATIONS (MW214); the
@@ -23,15 +23,31 @@ from mstar.arg_types import shown
 from mstar.plan.loop_nesting import loops_around_loops
 from mstar.plan.schema import DeploymentPlan, KeyPlan, NodePlan, Plan, WalkPlan
 
-# compiler/memory_bounds.py's numbers (MW123, MW214, MW304, MW411)
+# mstarc's bounds (compiler/memory_bounds.py reads them from here; MW123, MW214, MW304, MW411).
+# The runtime builds one module per layer and keeps per-layer tables in Python: 32 times the
+# deepest model of reference/mstar-models.md.
 MAX_LAYERS = 4096
+# Every other count or size: token ids, head counts and page indices are int32 on the device.
 MAX_DIM = 2**31 - 1
+# The product of the maximum iterations of nested loops: the steps one request may take in one
+# walk. 2**30 steps at 10 us each is three hours of one request; 20 nested `loop max=3` is 3**20.
 MAX_LOOP_ITERATIONS = 2**30
+# Steps: rows a step may hold (caps, captured batch sizes), tokens a step may hold (token
+# buckets, tokens per row); the plan keeps a direct lookup per row count, so these size tables.
 MAX_STEP_ROWS = 65536
 MAX_STEP_TOKENS = 2**20
+# Graphs one capture family captures (batch sizes x token buckets), and walks one combined walk
+# mixes (the plan lists a mixture for each of the 2**n subsets).
 MAX_CAPTURE_KEYS = 4096
+MAX_COMBINED_WALKS = 12
+# KV pool sizes in a deployment: page indices are int32, and a page beyond 2**20 tokens is no page.
+# A KV offload host pool (cpu_offload_pages) counts pages the same way.
 MAX_NUM_PAGES = 2**31 - 1
 MAX_PAGE_SIZE = 2**20
+# Requests admitted at once (max_concurrent_requests) and recurrent state slots: a walk with neither
+# a cap nor a capture is capped at max_concurrent_requests rows a step, so it is bounded as rows
+# are (a larger one made the capture tables of an `eager_above` family 2**62 entries long); the
+# slots default to it and must hold that many requests.
 MAX_CONCURRENT_REQUESTS = MAX_STEP_ROWS
 
 

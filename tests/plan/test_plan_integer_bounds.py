@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mstar.compiler import check_combine, check_graph, memory_bounds, resolve
+from mstar.compiler import check_combine, check_graph, resolve
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 from mstar.plan import int_bounds
@@ -157,12 +157,6 @@ def test_a_size_at_mstarcs_bound_loads(case):
 def test_every_generated_plan_is_within_the_bounds(path):
     plan = load_plan(path, verify=False)
     assert int_bounds.bound_problems(plan) == []
-
-
-def test_the_bounds_are_the_compilers():
-    for name in ("MAX_LAYERS", "MAX_DIM", "MAX_LOOP_ITERATIONS", "MAX_STEP_ROWS", "MAX_STEP_TOKENS",
-                 "MAX_CAPTURE_KEYS", "MAX_NUM_PAGES", "MAX_PAGE_SIZE", "MAX_CONCURRENT_REQUESTS"):
-        assert getattr(int_bounds, name) == getattr(memory_bounds, name), name
 
 
 def _spec_diagnostics(depth: int) -> str:
