@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 from graphlib import CycleError, TopologicalSorter
 
 from mstar.compiler import codes
-from mstar.compiler.memory_bounds import MAX_LOOP_ITERATIONS
+from mstar.compiler.memory_bounds import MAX_LOOP_ITERATIONS, MAX_STEP_TOKENS
 from mstar.compiler.resolve import SPECIAL_DESTS, iter_calls, iter_sections, name_span, suggestion
 from mstar.plan.stream_checks import route_lengths
 from mstar.lang import ast
@@ -453,7 +453,8 @@ def _check_streams(spec: ast.Spec, partition_of: dict[str, str], diags: Diagnost
 
 def _check_chunk_policies(spec: ast.Spec, diags: Diagnostics) -> None:
     """MW217: a stream source's policy cuts chunks of at least one item (`load_plan` refuses a
-    plan whose stream has chunk size 0), and a window moves by at least one."""
+    plan whose stream has chunk size 0) and of at most MAX_STEP_TOKENS, and a window moves by at
+    least one."""
     for partition in spec.partitions:
         for source in partition.streams:
             policy = source.policy
@@ -463,6 +464,12 @@ def _check_chunk_policies(spec: ast.Spec, diags: Diagnostics) -> None:
                 diags.error(codes.BAD_CHUNK_SIZE,
                             f"{stream}: a {policy.kind} {size_name} of {policy.size} cuts chunks of no items, so its "
                             f"consumer would never run; give a {size_name} of at least 1", policy.span)
+            elif max(policy.size, policy.stride or 0, policy.context or 0) > MAX_STEP_TOKENS:
+                largest = max(policy.size, policy.stride or 0, policy.context or 0)
+                diags.error(codes.BAD_CHUNK_SIZE,
+                            f"{stream}: a chunk policy of {largest} items is past {MAX_STEP_TOKENS}, the most tokens "
+                            "a step may hold (a chunk is one step's input of its consumer, which pads the last to "
+                            "the window's size)", policy.span)
             elif policy.stride is not None and policy.stride < 1:
                 diags.error(codes.BAD_CHUNK_SIZE,
                             f"{stream}: stride={policy.stride} would never move the window; give a stride of at "

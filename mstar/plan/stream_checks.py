@@ -1,7 +1,8 @@
 """A partition's stream sources against the plan's partitions, nodes and walks, and each chunk
 policy's fields against its kind, as the language writes them (grammar/mw.lark `chunk_policy`):
 `window(SIZE[, stride=N])`, `left_context(chunk=SIZE, context=N)`, `fixed(SIZE[,
-continue_after_done])`; sizes and strides at least 1 (MW217), a context at least 0. The runtime's
+continue_after_done])`; sizes and strides at least 1 (MW217), a context at least 0, none past MAX_STEP_TOKENS (a
+chunk is a step's input of its consumer, padded to the window's size by the codec runners). The runtime's
 buffers (conductor/streams.py) trust them: a stride of -1 or a left_context stream that continues
 after its producer is done never finished, and the run hung; so did a continue_after_done
 stream into a partition whose route is one walk (MW218).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
+from mstar.arg_types import shown
+from mstar.plan.int_bounds import MAX_STEP_TOKENS
 from mstar.plan.schema import ChunkPolicyPlan, PartitionPlan, Plan
 
 
@@ -30,6 +33,9 @@ def route_lengths(stages: Iterable[Any]) -> set[int]:
 def _policy_problems(where: str, policy: ChunkPolicyPlan) -> Iterator[str]:
     if policy.size < 1:
         yield f"{where} has chunk size {policy.size}"
+    for name in ("size", "stride", "context"):  # a chunk is one step's input of its consumer
+        if (getattr(policy, name) or 0) > MAX_STEP_TOKENS:
+            yield f"{where}: its {name} {shown(getattr(policy, name))} is past {MAX_STEP_TOKENS} items (MW217)"
     if policy.stride is not None and (policy.kind != "window" or policy.stride < 1):
         yield f"{where}: a {policy.kind} policy has stride {policy.stride} (only a window has one, at least 1)"
     if (policy.context is not None) != (policy.kind == "left_context") or (policy.context or 0) < 0:

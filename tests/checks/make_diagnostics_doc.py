@@ -221,7 +221,9 @@ explain = {
  "MW217": "A stream source's policy cuts chunks of at least one item: `window(SIZE, ...)`, "
           "`left_context(chunk=C, ...)` and `fixed(SIZE)` need SIZE (C) of 1 or more, or the consumer partition "
           "would never get a chunk to run (`load_plan` refuses a plan with such a stream). A window's `stride`, "
-          "when given, is at least 1 too: left out, the window moves by its size.",
+          "when given, is at least 1 too: left out, the window moves by its size. No size, stride or context passes "
+          "2**20 items, the most tokens a step holds (a chunk is one step's input of its consumer, and the codec "
+          "runners pad the last chunk to the window's size).",
  "MW434": "Each item of a stream chunk is a position the consumer's row feeds, so a stream into a kv node whose "
           "chunks hold more items (a `fixed` or `window` size, a `left_context` chunk plus its context) than a "
           "batched capture of a walk taking them holds tokens a row makes every such step one its capture cannot "

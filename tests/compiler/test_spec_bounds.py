@@ -114,6 +114,9 @@ CASES = {
     "fixed chunks of no items": (
         "qwen3_omni", "qwen3_omni", "fixed(1, continue_after_done)", "fixed(0, continue_after_done)", "MW217",
         "a fixed size of 0 cuts chunks of no items", "fixed(0, continue_after_done)"),
+    "a window past the most tokens a step holds": (
+        "orpheus", "orpheus", "window(28, stride=7)", "window(1048577, stride=7)", "MW217",
+        "a chunk policy of 1048577 items is past 1048576", "window(1048577, stride=7)"),
     "left-context chunks of no items": (
         "qwen3_omni", "qwen3_omni", "left_context(chunk=25,", "left_context(chunk=0,", "MW217",
         "a left_context chunk of 0 cuts chunks of no items, so its consumer would never run; give a chunk of at "

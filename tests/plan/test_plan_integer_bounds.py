@@ -115,6 +115,9 @@ REFUSED = {
                        "unroll_prompts 1000000000000"),
     "capture_memory": ("llama", lambda d: d["workers"][0].update(capture_memory_bytes=-1),
                        "capture_memory_bytes -1"),
+    # a chunk is one step's input of its consumer; the SNAC runner pads the last to the window's size
+    "stream_window": ("orpheus", lambda d: next(p for p in d["partitions"] if p["streams"])["streams"][0]["policy"]
+                      .update(size=BIG), "its size 1000000000000 is past 1048576 items"),
 }
 
 
