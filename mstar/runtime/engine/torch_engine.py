@@ -54,6 +54,7 @@ from mstar.runtime.engine.submodels import build_depth_models, build_submodels
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
+from mstar.runtime.engine.runners.values import is_out_of_memory
 from mstar.runtime.engine.runners.guidance import GuidanceError
 from mstar.runtime.engine.kv.slots import SlotPoolError, node_slot_pool
 from mstar.runtime.engine.models.codec import CodecDecoder
@@ -387,7 +388,14 @@ class TorchEngine:
         if not self.is_tiny:
             self._check_memory(node, factory)
             return factory()
-        model = factory()
+        try:
+            model = factory()
+        except (RuntimeError, MemoryError) as error:  # dims tiny mode does not shrink (a conv kernel)
+            if not is_out_of_memory(error):
+                raise
+            raise EngineError(f"node {node}: its model cannot be allocated at tiny dims ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0]}); the plan's dims ask more than this machine "
+                              "holds") from None
         self._count_weights(node, model)
         return model
 

@@ -58,12 +58,21 @@ def out_of_memory_row(request_id: str, node_name: str, error: BaseException) -> 
     MemoryError, or torch's RuntimeError: its CPU allocator's "can't allocate memory", CUDA's
     OutOfMemoryError), else None. A stateless node computes each row alone, so such a row fails
     alone: one long clip failed every request of its encoder step."""
-    is_cuda_oom = isinstance(error, getattr(torch, "OutOfMemoryError", ()))
-    is_cpu_oom = isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-    if not (isinstance(error, MemoryError) or is_cuda_oom or is_cpu_oom):
+    if not is_out_of_memory(error):
         return None
     return RowResult(request_id, error=f"node {node_name}: out of memory for this request ({type(error).__name__}: "
                                        f"{error})")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """An allocation that could not be made: Python's MemoryError, CUDA's OutOfMemoryError, or
+    torch's RuntimeError from its CPU allocator ("can't allocate memory") or from a size past what
+    a tensor can hold ("Storage size calculation overflowed")."""
+    if isinstance(error, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in text
+                                                or "Storage size calculation overflowed" in text)
 
 
 ValueKind = Literal["tokens", "embeddings", "signal"]
