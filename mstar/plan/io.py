@@ -60,7 +60,7 @@ _MAX_PLAN_INT = 2**63 - 1
 
 def _plan_int(text: str) -> int:
     """json's int hook: refuses integers outside int64 before Python converts thousands of digits."""
-    if len(text.lstrip("-")) > 19 or abs(int(text)) > _MAX_PLAN_INT:
+    if len(text.lstrip("-")) > 19 or not -_MAX_PLAN_INT - 1 <= int(text) <= _MAX_PLAN_INT:
         raise ValueError(f"integer {text[:20]}{'...' if len(text) > 20 else ''} is out of range")
     return int(text)
 

@@ -553,6 +553,8 @@ def test_the_calls_after_a_join_are_checked_too():
     ("9223372036854775807", "has schema version 9223372036854775807"),  # int64's largest: read, its version refused
     ("9223372036854775808", "integer 9223372036854775808 is out of range"),
     ("9999999999999999999", "integer 9999999999999999999 is out of range"),  # 19 digits, past int64
+    ("-9223372036854775808", "has schema version -9223372036854775808"),  # int64's smallest: read
+    ("-9223372036854775809", "integer -9223372036854775809 is out of range"),
 ])
 def test_plan_integers_at_the_edge_of_int64(tmp_path, value, refusal):
     path = tmp_path / "x.plan"
