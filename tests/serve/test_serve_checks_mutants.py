@@ -379,3 +379,12 @@ def test_a_repeating_plans_bound_is_named_with_its_rounds():
         limit, bound = whisper.token_limit()
         length = whisper.plan.deployment.max_seq_len
         assert (limit, bound) == (length * 1000, f"max_seq_len {length} x 1000 rounds")
+
+
+def test_a_loops_exit_to_the_client_is_a_client_emission():
+    from mstar.runtime.serve.endpoints import _client_edges
+
+    to_client = SimpleNamespace(dest_kind="client", modality="audio")
+    walk = SimpleNamespace(calls=[SimpleNamespace(edges=[SimpleNamespace(dest_kind="node", modality=None)])],
+                           loops=[SimpleNamespace(exits=[SimpleNamespace(edge=to_client), SimpleNamespace(edge=None)])])
+    assert list(_client_edges(walk)) == [to_client]
