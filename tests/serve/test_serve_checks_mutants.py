@@ -388,3 +388,18 @@ def test_a_loops_exit_to_the_client_is_a_client_emission():
     walk = SimpleNamespace(calls=[SimpleNamespace(edges=[SimpleNamespace(dest_kind="node", modality=None)])],
                            loops=[SimpleNamespace(exits=[SimpleNamespace(edge=to_client), SimpleNamespace(edge=None)])])
     assert list(_client_edges(walk)) == [to_client]
+
+
+def test_the_python_api_lays_an_audio_prompt_out_around_its_states():
+    """`LLM.request` with audio on a plan whose prompt holds audio placeholders (Qwen3-ASR) puts one
+    placeholder per audio state where the prompt holds one (the HTTP transcription route and `mstar
+    run` lay it out themselves, so their tests passed without this step; the mutation audit's A56)."""
+    import numpy as np
+
+    with LLM(str(ROOT / "generated" / "qwen3_asr.plan"), engine="sim") as asr:
+        layout = asr.audio_layout
+        samples = np.zeros(16000 * 3, dtype=np.float32)
+        count = layout.num_states(samples.shape[0])
+        assert count > 1
+        request = asr.request([7, layout.placeholder, 8], SamplingParams(max_tokens=4), media={"audio": samples})
+        assert request.prompt_tokens == [7] + [layout.placeholder] * count + [8]
