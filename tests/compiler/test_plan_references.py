@@ -6,20 +6,12 @@ from pathlib import Path
 import pytest
 
 from mstar.cli.mstarc import main as mstarc_main
-from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
+from mstar.plan.io import PlanError, dump_plan, load_plan
 from mstar.plan.references import reference_problems
 from mstar.plan.schema import Plan
-from plan_files import written_beside_its_sources
+from plan_files import edited_plan, rehashed, written_beside_its_sources
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _edit_orpheus(edit):
-    """The orpheus plan's JSON edited by `edit`, re-validated, with its content hash recomputed."""
-    data = json.loads((ROOT / "generated" / "orpheus.plan").read_text())
-    edit(data)
-    plan = Plan.model_validate(data)
-    return plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
 
 
 def _edge_to_nowhere(data):
@@ -127,7 +119,7 @@ EDITS = {
 @pytest.mark.parametrize("name", sorted(EDITS))
 def test_hand_edited_plans_are_refused(name, tmp_path):
     edit, fragment = EDITS[name]
-    plan = _edit_orpheus(edit)
+    plan = edited_plan("orpheus", edit)
     assert any(fragment in problem for problem in reference_problems(plan)), reference_problems(plan)
     path = written_beside_its_sources(plan, "orpheus", tmp_path)
     with pytest.raises(PlanError, match="tables do not fit together") as error:
@@ -140,8 +132,7 @@ def test_an_empty_stage_is_refused_by_the_commands(tmp_path, capsys):
     crashed `mstar bench lone` with an IndexError; explain and the runtime's loader now refuse it."""
     data = json.loads((ROOT / "generated" / "llama.plan").read_text())
     data["partitions"][0]["stages"][0]["walks"] = []
-    plan = Plan.model_validate(data)
-    plan = plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
+    plan = rehashed(Plan.model_validate(data))
     path = written_beside_its_sources(plan, "llama", tmp_path)
     assert mstarc_main(["explain", str(path)]) == 1
     err = capsys.readouterr().err
@@ -159,8 +150,7 @@ def test_a_plan_naming_its_glue_elsewhere_is_refused(tmp_path):
     data = json.loads((ROOT / "generated" / "llama.plan").read_text())
     for named in ("../specs/evil_glue.py", "/tmp/evil_glue.py", "evil.py"):
         data["header"]["glue_path"] = named
-        plan = Plan.model_validate(data)
-        plan = plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
+        plan = rehashed(Plan.model_validate(data))
         path = tmp_path / "llama.plan"
         path.write_text(dump_plan(plan))
         with pytest.raises(PlanError, match="names its glue"):

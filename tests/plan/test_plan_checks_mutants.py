@@ -23,17 +23,11 @@ from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
 from mstar.plan.loop_nesting import loop_nesting_problems
 from mstar.plan.references import reference_problems
 from mstar.plan.schema import NodePlan, PartitionPlan, Plan, StagePlan, WalkPlan
-from plan_files import written_beside_its_sources
+from plan_files import (
+    edited_plan as _edited, plan_key as _key, plan_node as _node, plan_walk as _walk, written_beside_its_sources,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _edited(name: str, edit) -> Plan:
-    """generated/NAME.plan's JSON edited by `edit`, re-validated, its content hash recomputed."""
-    data = json.loads((ROOT / "generated" / f"{name}.plan").read_text())
-    edit(data)
-    plan = Plan.model_validate(data)
-    return plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
 
 
 def _written(plan: Plan, name: str, tmp_path: Path) -> Path:
@@ -41,18 +35,6 @@ def _written(plan: Plan, name: str, tmp_path: Path) -> Path:
     path = tmp_path / f"{name}.plan"
     path.write_text(dump_plan(plan))
     return path
-
-
-def _walk(data, name):
-    return next(w for w in data["walks"] if w["name"] == name)
-
-
-def _node(data, name):
-    return next(n for n in data["nodes"] if n["name"] == name)
-
-
-def _key(data, name):
-    return next(k for w in data["workers"] for k in w["keys"] if k["name"] == name)
 
 
 def _family(key, name):

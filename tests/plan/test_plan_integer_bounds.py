@@ -11,7 +11,6 @@ what the edit asks for: the refusals are checked on the tables, and the one `mst
 formerly endless plan runs in a subprocess under `ulimit -v` and a timeout."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,33 +23,14 @@ from mstar.compiler import check_combine, check_graph, resolve
 from mstar.lang.diagnostics import Diagnostics
 from mstar.lang.parser import parse
 from mstar.plan import int_bounds
-from mstar.plan.io import PlanError, content_hash, dump_plan, load_plan
+from mstar.plan.io import PlanError, dump_plan, load_plan
 from mstar.plan.references import reference_problems
-from mstar.plan.schema import Plan
-from plan_files import written_beside_its_sources
+from plan_files import (
+    edited_plan as _edited, plan_key as _key, plan_node as _node, plan_walk as _walk, written_beside_its_sources,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIG = 10**12
-
-
-def _edited(name: str, edit) -> Plan:
-    """generated/NAME.plan's JSON edited by `edit`, re-validated, its content hash recomputed."""
-    data = json.loads((ROOT / "generated" / f"{name}.plan").read_text())
-    edit(data)
-    plan = Plan.model_validate(data)
-    return plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
-
-
-def _node(data, name):
-    return next(n for n in data["nodes"] if n["name"] == name)
-
-
-def _walk(data, name):
-    return next(w for w in data["walks"] if w["name"] == name)
-
-
-def _key(data, name):
-    return next(k for w in data["workers"] for k in w["keys"] if k["name"] == name)
 
 
 def _family(data, key, name):

@@ -5,31 +5,17 @@ against the workers (mstar/plan/rank_checks.py), the loops around each call (loo
 chunk policies (stream_checks.py). tests/compiler/test_plan_references.py has the older cases."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from mstar.cli.mstar import main as mstar_main
 from mstar.cli.mstarc import main as mstarc_main
-from mstar.plan.io import PlanError, content_hash, load_plan
+from mstar.plan.io import PlanError, load_plan
 from mstar.plan.references import reference_problems
-from mstar.plan.schema import Plan
-from plan_files import written_beside_its_sources
+from plan_files import edited_plan as _edited, plan_walk as _walk, written_beside_its_sources
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _edited(name: str, edit) -> Plan:
-    """generated/NAME.plan's JSON edited by `edit`, re-validated, its content hash recomputed."""
-    data = json.loads((ROOT / "generated" / f"{name}.plan").read_text())
-    edit(data)
-    plan = Plan.model_validate(data)
-    return plan.model_copy(update={"header": plan.header.model_copy(update={"content_sha256": content_hash(plan)})})
-
-
-def _walk(data, name):
-    return next(w for w in data["walks"] if w["name"] == name)
 
 
 def _set_rank(worker: int, index: int, rank: int):
