@@ -460,12 +460,12 @@ def _check_chunk_policies(spec: ast.Spec, diags: Diagnostics) -> None:
             policy = source.policy
             stream = f"stream {source.partition}.{source.edge} into partition {partition.name}"
             size_name = "chunk" if policy.kind == "left_context" else "size"
+            largest = max(policy.size, policy.stride or 0, policy.context or 0)
             if policy.size < 1:
                 diags.error(codes.BAD_CHUNK_SIZE,
                             f"{stream}: a {policy.kind} {size_name} of {policy.size} cuts chunks of no items, so its "
                             f"consumer would never run; give a {size_name} of at least 1", policy.span)
-            elif max(policy.size, policy.stride or 0, policy.context or 0) > MAX_STEP_TOKENS:
-                largest = max(policy.size, policy.stride or 0, policy.context or 0)
+            elif largest > MAX_STEP_TOKENS:
                 diags.error(codes.BAD_CHUNK_SIZE,
                             f"{stream}: a chunk policy of {largest} items is past {MAX_STEP_TOKENS}, the most tokens "
                             "a step may hold (a chunk is one step's input of its consumer, which pads the last to "

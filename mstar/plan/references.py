@@ -337,12 +337,9 @@ def _capture_problems(where: str, key: KeyPlan, problems: list[str]) -> None:
             continue
         expected = batch_pad_table(sizes, length - 1)
         if family.batch_pad != expected:
-            at = next((b for b, (x, y) in enumerate(zip(family.batch_pad, expected)) if x != y),
-                      min(len(family.batch_pad), len(expected)))
-            got = family.batch_pad[at] if at < len(family.batch_pad) else "nothing"
-            want = expected[at] if at < len(expected) else "nothing"
+            at = next(b for b, (x, y) in enumerate(zip(family.batch_pad, expected)) if x != y)  # lengths equal
             problems.append(f"{where}: capture {family.name}: batch_pad disagrees with batch_sizes {sizes}: it pads "
-                            f"{at} rows to {got}, batch_sizes give {want}")
+                            f"{at} rows to {family.batch_pad[at]}, batch_sizes give {expected[at]}")
 
 
 def describe(problems: list[str]) -> str:

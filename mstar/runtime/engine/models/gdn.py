@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mstar.runtime.engine.kv.cache import gib
 from mstar.runtime.engine.models.layers import Bounds, seg_linear
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class LinearStates:
             num_bytes = rows * num_layers * (conv_dim * (conv_kernel - 1) + num_heads * key_dim * value_dim) * 4
             raise LinearStatesError(
                 f"cannot allocate the recurrent state of {num_slots} slots x {num_layers} layers "
-                f"(conv kernel {conv_kernel}; {num_bytes / 2**30:.1f} GiB): {str(error).splitlines()[0]}; lower "
+                f"(conv kernel {conv_kernel}; {gib(num_bytes)}): {str(error).splitlines()[0]}; lower "
                 "recurrent_state_slots (or max_concurrent_requests) in the deployment") from None
 
     @classmethod
