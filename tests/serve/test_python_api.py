@@ -80,6 +80,32 @@ def test_bad_input_is_a_clear_error(llm, prompt, sampling, error, words):
         llm.generate([prompt], sampling)
 
 
+def test_sampling_may_be_a_list_of_one_a_prompt(llm):
+    """As vLLM's generate: each prompt runs with its own entry, as it would alone; None takes the
+    defaults; a list of another length, or an entry at a request's place, is refused before any
+    request runs."""
+    prompts = [[1, 9, 10], [1, 11, 12]]
+    each = llm.generate(prompts, [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5, stop_token_ids=[])])
+    alone = [llm.generate([p], s)[0] for p, s in zip(prompts, (SamplingParams(max_tokens=2),
+                                                              SamplingParams(max_tokens=5)))]
+    assert [o.token_ids for o in each] == [o.token_ids for o in alone]
+    assert [o.num_output_tokens for o in each] == [2, 5]
+    assert llm.generate([[1, 2]], [None])[0].num_output_tokens == SamplingParams().max_tokens
+    assert llm.generate([1, 2], (SamplingParams(max_tokens=3),))[0].num_output_tokens == 3  # one prompt
+    with pytest.raises(SamplingError, match="a list of 1 SamplingParams for 2 prompt"):
+        llm.generate(prompts, [SamplingParams(max_tokens=2)])
+    with pytest.raises(SamplingError, match="carries its own"):
+        llm.generate([llm.request([1, 2]), [1, 3]], [SamplingParams(), None])
+    mixed = llm.generate([llm.request([1, 2], SamplingParams(max_tokens=4)), [1, 3]],
+                         [None, SamplingParams(max_tokens=1)])
+    assert [o.num_output_tokens for o in mixed] == [4, 1]
+    with pytest.raises(SamplingError, match="temperature"):
+        llm.generate(prompts, [SamplingParams(), SamplingParams(temperature=-1.0)])
+    with pytest.raises(SamplingError, match="must be a SamplingParams, got dict"):
+        llm.generate(prompts, [SamplingParams(), {"max_tokens": 2}])
+    assert wait_until(lambda: llm.loop.num_in_flight == 0)
+
+
 def test_chat_content_parts_are_joined_as_the_server_joins_them(llm):
     """OpenAI's text content parts: the API refused them while the server joined them."""
     parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": " world"}]

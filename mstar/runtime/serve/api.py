@@ -377,10 +377,12 @@ class LLM:
                               param="media")
 
     def generate(self, prompts: Union[Prompt, Request, Sequence[Union[Prompt, Request]]],
-                 sampling: Optional[SamplingParams] = None) -> list[Output]:
+                 sampling: Union[None, SamplingParams, Sequence[Optional[SamplingParams]]] = None) -> list[Output]:
         """Run the prompts (one prompt, or a list of them; a prompt may be a `request(...)`) to
-        the end; outputs in prompt order. `sampling` is the prompts'; a request carries its own
-        (sampling with only requests is a SamplingError). Every request is made (and checked)
+        the end; outputs in prompt order. `sampling` is the prompts': one SamplingParams for all,
+        or a list of one a prompt, in prompt order (None where a prompt takes the defaults); a
+        request carries its own (sampling with only requests, or a list's entry at a request's
+        place, is a SamplingError). Every request is made (and checked)
         before any is submitted: one bad prompt refuses the batch. A batch larger than the loop
         queues is fed to it as its requests end (never refused with Overloaded). An exception here
         (Closed, Ctrl-C) cancels the requests it already submitted, so none keeps running with
@@ -392,9 +394,8 @@ class LLM:
         if isinstance(prompts, (set, frozenset)):  # outputs come in prompt order, and a set has none
             raise PromptError(f"prompts must be a list (outputs come in prompt order), got a {type(prompts).__name__}")
         batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(cast(Iterable[Any], prompts))
-        if sampling is not None and batch and all(isinstance(p, Request) for p in batch):
-            raise _sampling_beside_request()
-        requests = [p if isinstance(p, Request) else self.request(p, sampling) for p in batch]
+        each = _sampling_each(batch, sampling)
+        requests = [p if isinstance(p, Request) else self.request(p, s) for p, s in zip(batch, each)]
         self._claim([p for p in batch if isinstance(p, Request)])
         collectors = [_Collector(r, self.tokenizer is not None) for r in requests]
         num_submitted = 0
@@ -559,6 +560,22 @@ def _close_timeout(timeout_s: Any) -> Optional[float]:
     if not is_real(timeout_s) or math.isnan(timeout_s) or timeout_s < 0:
         raise ValueError(f"timeout_s must be None or a number of seconds >= 0, got {shown(timeout_s)}")
     return None if timeout_s > threading.TIMEOUT_MAX else float(timeout_s)
+
+
+def _sampling_each(batch: list[Any], sampling: Any) -> list[Optional[SamplingParams]]:
+    """`generate`'s sampling a prompt: one SamplingParams (or None) for every prompt, or a list or
+    tuple of one a prompt, as vLLM's `generate` takes. SamplingError for a list of another length
+    (zip would drop prompts or settings without a word) and for sampling given for a request."""
+    if not isinstance(sampling, (list, tuple)):
+        if sampling is not None and batch and all(isinstance(p, Request) for p in batch):
+            raise _sampling_beside_request()
+        return [sampling] * len(batch)
+    if len(sampling) != len(batch):
+        raise SamplingError(f"sampling is a list of {len(sampling)} SamplingParams for {len(batch)} prompt(s): "
+                            "give one a prompt, in prompt order, or one SamplingParams for all")
+    if any(s is not None and isinstance(p, Request) for p, s in zip(batch, sampling)):
+        raise _sampling_beside_request()
+    return list(sampling)
 
 
 def _sampling_beside_request() -> SamplingError:
