@@ -127,7 +127,7 @@ def test_streamed_chat_sends_the_role_then_content(llama):
     (dict(model="llama", prompt=[1, 2], temperature=-1), 400, "temperature"),
     (dict(model="llama", prompt=[1, 2], top_p=1.5), 400, "top_p"),
     (dict(model="llama", prompt=[1, 2], max_tokens=0), 400, "max_tokens"),
-    (dict(model="llama", prompt=[1, 2], n=2), 400, "n must be 1"),
+    (dict(model="llama", prompt=[1, 2], n=200), 400, "n must be between 1 and 128"),
     (dict(model="llama", prompt=[1] * 8190, max_tokens=16), 400, "max_seq_len"),
     # past the decode loop's 2048 after the prefill's token: the answer would stop there ("length")
     (dict(model="llama", prompt=[1, 2], max_tokens=5000), 400, "at most 2049 output tokens"),

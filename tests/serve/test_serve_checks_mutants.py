@@ -64,7 +64,9 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
     # a refused field is refused whatever its value but null (an empty list asks for tools too)
     ({"tools": []}, "tools", "tools is not supported"),
     ({"stop": [5]}, "stop", "must be a string or a list of strings"),
-    ({"prompt": ["hello", "world"]}, "prompt", "one prompt per request, got 2"),
+    ({"n": 0}, "n", "n must be between 1 and 128, got 0"),
+    ({"n": 129}, "n", "n must be between 1 and 128, got 129"),
+    ({"prompt": [[1, 2]] * 5, "n": 26}, "prompt", "5 prompts x n 26 is 130 choices, more than the 128"),
 ])
 def test_a_completion_option_the_server_does_not_take_is_a_400(llama, fields, param, words):
     url, _, _ = llama
@@ -157,11 +159,20 @@ def test_completion_body_sampling_keeps_a_stop_string_whole():
     assert sampling.stop == ["ab"] and sampling.stop_token_ids == [3] and sampling.max_tokens == 4
 
 
-def test_a_completion_body_of_two_prompts_is_refused():
-    body = CompletionBody.model_validate({"model": "m", "prompt": [[1], [2]]})
+@pytest.mark.parametrize("prompt, prompts", [([[1], [2]], [[1], [2]]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]),
+                                             ("a", ["a"]), ([[1, 2]], [[1, 2]]), ([], [[]])])
+def test_a_completion_body_gives_its_prompts_in_order(prompt, prompts):
+    """A list of texts or of token-id lists is a prompt each (it was refused past one); token ids
+    alone, or text, are one prompt; an empty list is one empty prompt (refused as such later)."""
+    assert CompletionBody.model_validate({"model": "m", "prompt": prompt}).prompt_values() == prompts
+
+
+def test_a_completion_body_of_too_many_choices_is_refused():
+    body = CompletionBody.model_validate({"model": "m", "prompt": [[1]] * 65, "n": 2})
     with pytest.raises(ApiError) as refused:
-        body.prompt_value()
+        body.prompt_values()
     assert refused.value.status == 400 and refused.value.param == "prompt"
+    assert len(CompletionBody.model_validate({"model": "m", "prompt": [[1]] * 64, "n": 2}).prompt_values()) == 64
 
 
 def test_speech_body_prompt_gives_the_voice_to_the_format():

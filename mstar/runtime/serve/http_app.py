@@ -33,7 +33,7 @@ import base64
 import re
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
@@ -136,31 +136,49 @@ class Service:
                               f"{max(0, limit - num_kept)} tokens (its {bound}, less the {num_kept} kept for "
                               "the generation); shorten the prompt", param="prompt")
 
-    async def start(self, request: Request) -> tuple[AsyncIterator[Delta], Delta]:
+    async def start(self, request: Request) -> sse.Started:
         """Submit; the stream and its first delta (429 full queue, 503 closing, 400 refused)."""
-        stream = self.llm.stream(request)
+        return (await self.start_all([request]))[0]
+
+    async def start_all(self, requests: Sequence[Request]) -> list[sse.Started]:
+        """Submit every request (all before waiting for any first delta, so n choices share their
+        steps); each one's stream and first delta. Where one cannot start (429 full queue, 503
+        closing, 400 refused), the others are cancelled and that is the answer."""
+        streams = [self.llm.stream(request) for request in requests]
         try:
-            first = await stream.__anext__()
-        except Overloaded as error:
+            firsts = await asyncio.gather(*(stream.__anext__() for stream in streams), return_exceptions=True)
+        except BaseException:  # the handler was cancelled: nothing may keep running for it
+            await sse.close_all([(stream, None) for stream in streams])  # type: ignore[misc]
+            raise
+        started = [(stream, first) for stream, first in zip(streams, firsts) if isinstance(first, Delta)]
+        failed = next((first for first in firsts if not isinstance(first, Delta)), None)
+        refused = next((first for _, first in started if first.is_final and first.is_refused), None)
+        if failed is not None or refused is not None:
+            await sse.close_all(started)
+        if isinstance(failed, Overloaded):
             self.metrics.refused("overloaded")
-            raise ApiError(429, str(error), kind="rate_limit_error") from None
-        except Closed as error:
-            raise ApiError(503, str(error), kind="server_error") from None
-        if first.is_final and first.is_refused:  # the run loop counted it `refused`
-            raise ApiError(400, _reason(first.finish_reason), is_counted=True)
-        return stream, first
+            raise ApiError(429, str(failed), kind="rate_limit_error") from None
+        if isinstance(failed, Closed):
+            raise ApiError(503, str(failed), kind="server_error") from None
+        if failed is not None:
+            raise failed
+        if refused is not None:  # the run loop counted it `refused`
+            raise ApiError(400, _reason(refused.finish_reason), is_counted=True)
+        return started
 
 
 @asynccontextmanager
-async def cancelled_when_gone(service: Service, http: HttpRequest, request: Request) -> AsyncIterator[None]:
-    """While the block runs (a handler waiting for a request's first output or its whole answer),
-    a client that disconnects cancels the request: it ends `cancelled` at the next step boundary
+async def cancelled_when_gone(service: Service, http: HttpRequest, requests: Sequence[Request]
+                              ) -> AsyncIterator[None]:
+    """While the block runs (a handler waiting for its requests' first outputs or whole answers),
+    a client that disconnects cancels the requests: each ends `cancelled` at the next step boundary
     and frees its pages, where before it ran to its max_tokens for nobody. A streaming response
     watches for the disconnect itself once it has started (Starlette's), so leave the block first."""
     def on_gone(watched: asyncio.Future) -> None:
         if not watched.cancelled():  # gone, or its connection failed (the exception retrieved: no log line)
             watched.exception()
-            service.llm.loop.cancel(request.id)
+            for request in requests:
+                service.llm.loop.cancel(request.id)
 
     watcher = asyncio.ensure_future(_until_disconnected(http))
     watcher.add_done_callback(on_gone)
@@ -190,6 +208,15 @@ def _named_error(error: PromptError | SamplingError, limit_field: str) -> ApiErr
 def _reason(finish_reason: Optional[str]) -> str:
     reason = finish_reason or "error"
     return reason[len("error: "):] if reason.startswith("error: ") else reason
+
+
+async def collect_all(started: Sequence[sse.Started]) -> list[list[Delta]]:
+    """Every delta of every request, in order; where one fails (`collect`'s errors) the others
+    still running are cancelled."""
+    try:
+        return [await collect(stream, first) for stream, first in started]
+    finally:
+        await sse.close_all(started)
 
 
 async def collect(stream: AsyncIterator[Delta], first: Delta) -> list[Delta]:
@@ -353,10 +380,12 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_model(body.model)
         service.check_serves(service.endpoints.can_text, "completions")
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-        request = await service.request(body.prompt_value(), body.sampling(tokens))
-        return await _text_answer(service, http, request, body.stream,
-                                  lambda stream, first: sse.completion_events(service, request, body, stream, first),
-                                  lambda deltas: sse.completion_body(service, request, deltas))
+        choices: list[sse.Choice] = []
+        for prompt_index, prompt in enumerate(body.prompt_values()):
+            choices += await _choices(service, body, prompt, prompt_index, len(choices), tokens)
+        return await _text_answer(service, http, choices, body.stream,
+                                  lambda started: sse.completion_events(service, choices, body, started),
+                                  lambda answers: sse.completion_body(service, choices, answers))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, http: HttpRequest) -> Response:
@@ -366,23 +395,34 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         prompt = body.prompt_value()
         service.check_tokenizer("chat messages need a tokenizer with a chat template", "messages",
                                 "; or send the prompt as token ids to /v1/completions")
-        request = await service.request(prompt, body.sampling(1 if limit is None else limit),
-                                        default_to_rest=limit is None, limit_field=body.token_limit_field())
-        return await _text_answer(service, http, request, body.stream,
-                                  lambda stream, first: sse.chat_events(service, request, body, stream, first),
-                                  lambda deltas: sse.chat_body(service, request, deltas))
+        choices = await _choices(service, body, prompt, 0, 0, 1 if limit is None else limit,
+                                 default_to_rest=limit is None, limit_field=body.token_limit_field())
+        return await _text_answer(service, http, choices, body.stream,
+                                  lambda started: sse.chat_events(service, choices, body, started),
+                                  lambda answers: sse.chat_body(service, choices, answers))
 
 
-async def _text_answer(service: Service, http: HttpRequest, request: Request, is_stream: bool,
-                       events: Callable[[AsyncIterator[Delta], Delta], AsyncIterator[str]],
-                       answer: Callable[[list[Delta]], dict[str, Any]]) -> Response:
-    """A text request's answer: its events streamed, or the body of all its deltas."""
-    async with cancelled_when_gone(service, http, request):
-        stream, first = await service.start(request)
+async def _choices(service: Service, body: Any, prompt: Any, prompt_index: int, first_index: int, tokens: int,
+                   **options: Any) -> list[sse.Choice]:
+    """The body's n requests for one prompt (400 for a bad prompt or values): the first made from
+    the prompt as sent (text is tokenized once, on a worker thread), the others from its ids."""
+    first = await service.request(prompt, body.sampling(tokens), **options)
+    requests = [first] + [await service.request(list(first.prompt_tokens), body.sampling(tokens, choice), **options)
+                          for choice in range(1, body.num_choices)]
+    return [sse.Choice(first_index + offset, request, prompt_index) for offset, request in enumerate(requests)]
+
+
+async def _text_answer(service: Service, http: HttpRequest, choices: list[sse.Choice], is_stream: bool,
+                       events: Callable[[list[sse.Started]], AsyncIterator[str]],
+                       answer: Callable[[list[list[Delta]]], dict[str, Any]]) -> Response:
+    """A text answer of one or more choices: their events streamed, or the body of all their deltas."""
+    requests = [choice.request for choice in choices]
+    async with cancelled_when_gone(service, http, requests):
+        started = await service.start_all(requests)
         if is_stream:
-            return sse.response(events(stream, first))
-        deltas = await collect(stream, first)
-    return JSONResponse(answer(deltas))
+            return sse.response(events(started))
+        answers = await collect_all(started)
+    return JSONResponse(answer(answers))
 
 
 def _media_routes(app: FastAPI, service: Service) -> None:
@@ -398,7 +438,7 @@ def _media_routes(app: FastAPI, service: Service) -> None:
             sampling.max_tokens = service.default_tokens(sampling.max_tokens)
         form = service.llm.prompt_format
         request = await service.request(body.prompt(form.fields if form is not None else []), sampling)
-        async with cancelled_when_gone(service, http, request):
+        async with cancelled_when_gone(service, http, [request]):
             stream, first = await service.start(request)
             if body.stream_format == "sse":
                 return sse.response(sse.speech_events(request, stream, first))
@@ -427,7 +467,7 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         sampling = SamplingParams(max_tokens=service.default_tokens(DEFAULT_IMAGE_TOKENS), seed=body.seed,
                                   route=dict(service.endpoints.image_route))
         request = await service.request(body.prompt, sampling, limit_field=None)
-        async with cancelled_when_gone(service, http, request):
+        async with cancelled_when_gone(service, http, [request]):
             stream, first = await service.start(request)
             deltas = await collect(stream, first)
         from mstar.runtime.serve.media import png_bytes

@@ -5,16 +5,18 @@ string as a boolean is refused, not coerced; unknown fields are ignored, as Open
 for fields it does not know, but on speech, where any other field gives a value to the plan's
 prompt format, one the format does not name is refused by name). Out: a prompt (token ids, text
 or chat messages) and `SamplingParams` (serve/api.py), or an `ApiError` (status, OpenAI error
-type, message, param) for a body the server cannot take: unsupported options (n > 1, logprobs,
-echo, best_of, non-zero penalties, response formats other than those documented) are refused
-rather than ignored, so a client is never silently given something other than what it asked for.
+type, message, param) for a body the server cannot take: unsupported options (logprobs, echo,
+best_of, non-zero penalties, response formats other than those documented) are refused rather than
+ignored, so a client is never silently given something other than what it asked for. `n` choices
+(and a completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
+`_Body.sampling(max_tokens, choice)`; serve/http_choices.py answers them as one).
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
 `top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -23,6 +25,7 @@ from mstar.runtime.serve.api import PromptError, SamplingParams, flat_message
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
+MAX_CHOICES = 128  # choices one text request may ask for (n x prompts): OpenAI's largest n
 CANCELLED_MESSAGE = "the request was cancelled (the server is shutting down)"
 
 
@@ -109,16 +112,24 @@ class _Body(BaseModel):
         for name in UNSUPPORTED_FIELDS:
             if extra.get(name) is not None:
                 raise ApiError(400, f"{name} is not supported", param=name)
-        if self.n not in (None, 1):
-            raise ApiError(400, f"n must be 1 (one choice per request), got {shown(self.n)}", param="n")
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be between 1 and {MAX_CHOICES}, got {shown(self.n)}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
                 raise ApiError(400, f"{name} is not supported (use repetition_penalty)", param=name)
 
-    def sampling(self, max_tokens: int) -> SamplingParams:
+    @property
+    def num_choices(self) -> int:
+        return 1 if self.n is None else self.n
+
+    def sampling(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+        """A fresh SamplingParams (the server sets a chat request's max_tokens on it) for choice
+        `choice` of a prompt: with a seed, choice j samples with seed + j, so the n choices differ
+        and choice 0 is the answer the same body with n = 1 gets."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        seed = None if self.seed is None else self.seed + choice
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, seed=self.seed, repetition_penalty=self.repetition_penalty,
+                              top_p=self.top_p, seed=seed, repetition_penalty=self.repetition_penalty,
                               stop=stop, stop_token_ids=list(self.stop_token_ids or []))
 
     @property
@@ -150,7 +161,10 @@ class CompletionBody(_Body):
             return value
         raise ValueError("must be a string, a list of token ids (integers), or a list of one of those")
 
-    def prompt_value(self) -> Union[str, list[int]]:
+    def prompt_values(self) -> list[Union[str, list[int]]]:
+        """The prompts, in order (a list of texts or of token-id lists is one prompt each; OpenAI's
+        choices come prompt by prompt, n each); 400 for an unsupported option, an empty list or more
+        than MAX_CHOICES choices in all."""
         self.common_checks()
         for name, value, ok in (("logprobs", self.logprobs, None), ("best_of", self.best_of, 1),
                                 ("suffix", self.suffix, None)):
@@ -159,11 +173,12 @@ class CompletionBody(_Body):
         if self.echo:
             raise ApiError(400, "echo is not supported", param="echo")
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise ApiError(400, f"one prompt per request, got {len(prompt)}", param="prompt")
-            prompt = prompt[0]
-        return prompt  # type: ignore[return-value]
+        is_list = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+        prompts = cast(list[Union[str, list[int]]], list(prompt) if is_list else [prompt])
+        if len(prompts) * self.num_choices > MAX_CHOICES:
+            raise ApiError(400, f"{len(prompts)} prompts x n {self.num_choices} is {len(prompts) * self.num_choices} "
+                           f"choices, more than the {MAX_CHOICES} one request may ask for", param="prompt")
+        return prompts
 
 
 class ChatBody(_Body):

@@ -16,18 +16,26 @@ In: the service (model name), the runtime `Request`, the request body, and the r
                                            `transcript.text.done` with the whole text and usage
     response(events)                       a StreamingResponse of text/event-stream
 
-Every choice also carries `token_ids`: the delta's token ids (an extension; without a
-tokenizer the text is empty and the ids are the output). A request that fails mid-stream ends
-with an `{"error": {...}}` event before `[DONE]`. `stream_options.include_usage` adds OpenAI's
-separate usage chunk (empty `choices`); the last chunk with a finish reason has usage either way.
+A text answer has one choice per request (`Choice`: OpenAI's `n`, and a completion's list of
+prompts, n choices a prompt in prompt order); a stream interleaves the choices' deltas as they
+come (`merged`), each chunk naming its choice's `index`. Every choice also carries `token_ids`:
+the delta's token ids (an extension; without a tokenizer the text is empty and the ids are the
+output). A request that fails mid-stream ends the stream with an `{"error": {...}}` event before
+`[DONE]`, and the other choices' requests are cancelled. `stream_options.include_usage` adds
+OpenAI's separate usage chunk (empty `choices`); the last chunk with a finish reason has usage
+either way. Usage counts each prompt's tokens once (and its first choice's cached tokens), every
+choice's output tokens.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
-from typing import Any, AsyncIterator, Optional
+from dataclasses import dataclass
+from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 
 from fastapi.responses import StreamingResponse
 
@@ -48,13 +56,30 @@ def response(events: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def usage(request: Request, last: Delta) -> dict[str, Any]:
-    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix
-    cache held (0 without a hit, or without a cache)."""
-    prompt = len(request.prompt_tokens)
-    return {"prompt_tokens": prompt, "completion_tokens": last.num_output_tokens,
-            "total_tokens": prompt + last.num_output_tokens,
-            "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens}}
+@dataclass(frozen=True)
+class Choice:
+    """One request of a text answer: its place among the answer's choices and its prompt's among
+    the body's prompts (usage counts a prompt's tokens once, whatever its n)."""
+    index: int
+    request: Request
+    prompt_index: int = 0
+
+
+Started = tuple[AsyncIterator[Delta], Delta]  # a submitted request's stream and its first delta
+
+
+def usage(choices: Sequence[Choice], finals: Sequence[Delta]) -> dict[str, Any]:
+    """OpenAI's usage object over the choices (their last deltas, in choice order);
+    `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache held (0 without a
+    hit, or without a cache), a prompt's first choice's."""
+    firsts: dict[int, tuple[Choice, Delta]] = {}
+    for choice, final in zip(choices, finals):
+        firsts.setdefault(choice.prompt_index, (choice, final))
+    prompt = sum(len(choice.request.prompt_tokens) for choice, _ in firsts.values())
+    cached = sum(final.num_cached_tokens for _, final in firsts.values())
+    completion = sum(final.num_output_tokens for final in finals)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def finish_reason(delta: Delta) -> Optional[str]:
@@ -86,67 +111,121 @@ async def _deltas(stream: AsyncIterator[Delta], first: Delta) -> AsyncIterator[D
         yield delta
 
 
+async def close_all(started: Sequence[Started]) -> None:
+    """Close every request's stream: one still running is cancelled (its pages go back), one that
+    ended is left as it is."""
+    for stream, _ in started:
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta], None]:
+    """(choice index, delta) of every choice as the deltas come, until each choice's last; on
+    leaving early (a failed choice, a client gone) the choices still running are cancelled. One
+    choice is read directly, without a task."""
+    if len(started) == 1:
+        try:
+            async for delta in _deltas(*started[0]):
+                yield 0, delta
+        finally:
+            await close_all(started)
+        return
+    queue: asyncio.Queue[tuple[int, Union[Delta, BaseException]]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[Delta], first: Delta) -> None:
+        try:
+            async for delta in _deltas(stream, first):
+                queue.put_nowait((index, delta))
+        except Exception as error:  # handed to the reader, which raises it
+            queue.put_nowait((index, error))
+
+    tasks = [asyncio.ensure_future(pump(index, *pair)) for index, pair in enumerate(started)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            running -= 1 if item.is_final else 0
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await close_all(started)
+
+
 # ---------------------------------------------------------------- completions
 
 
-def completion_body(service: Any, request: Request, deltas: list[Delta]) -> dict[str, Any]:
-    last = deltas[-1]
-    choice = {"index": 0, "text": "".join(d.text for d in deltas), "logprobs": None,
-              "finish_reason": finish_reason(last), "token_ids": [t for d in deltas for t in d.token_ids]}
-    return {"id": f"cmpl-{request.id}", "object": "text_completion", "created": int(time.time()),
-            "model": service.model_name, "choices": [choice], "usage": usage(request, last)}
+def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
+    bodies = [{"index": c.index, "text": "".join(d.text for d in deltas), "logprobs": None,
+               "finish_reason": finish_reason(deltas[-1]), "token_ids": [t for d in deltas for t in d.token_ids]}
+              for c, deltas in zip(choices, answers)]
+    return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
+            "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
 
-async def completion_events(service: Any, request: Request, body: Any, stream: AsyncIterator[Delta],
-                            first: Delta) -> AsyncIterator[str]:
-    head = {"id": f"cmpl-{request.id}", "object": "text_completion", "created": int(time.time()),
+async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
+                            started: Sequence[Started]) -> AsyncIterator[str]:
+    head = {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
             "model": service.model_name}
-    async for delta in _deltas(stream, first):
-        if _is_failed(delta):
-            yield _error_event(delta)
-            break
-        choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": finish_reason(delta),
-                  "token_ids": delta.token_ids}
-        chunk: dict[str, Any] = {**head, "choices": [choice]}
-        if delta.is_final:
-            chunk["usage"] = usage(request, delta)
-        yield f"data: {dumps(chunk)}\n\n"
-        if delta.is_final and body.include_usage:
-            yield f"data: {dumps({**head, 'choices': [], 'usage': usage(request, delta)})}\n\n"
-    yield "data: [DONE]\n\n"
+
+    def choice(index: int, delta: Delta) -> dict[str, Any]:
+        return {"index": index, "text": delta.text, "logprobs": None, "finish_reason": finish_reason(delta),
+                "token_ids": delta.token_ids}
+
+    async for event in _choice_events(head, choices, body, started, choice):
+        yield event
 
 
 # ---------------------------------------------------------------- chat
 
 
-def chat_body(service: Any, request: Request, deltas: list[Delta]) -> dict[str, Any]:
-    last = deltas[-1]
-    message = {"role": "assistant", "content": "".join(d.text for d in deltas)}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(last),
-              "token_ids": [t for d in deltas for t in d.token_ids]}
-    return {"id": f"chatcmpl-{request.id}", "object": "chat.completion", "created": int(time.time()),
-            "model": service.model_name, "choices": [choice], "usage": usage(request, last)}
+def chat_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
+    bodies = [{"index": c.index, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
+               "logprobs": None, "finish_reason": finish_reason(deltas[-1]),
+               "token_ids": [t for d in deltas for t in d.token_ids]}
+              for c, deltas in zip(choices, answers)]
+    return {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion", "created": int(time.time()),
+            "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
 
-async def chat_events(service: Any, request: Request, body: Any, stream: AsyncIterator[Delta],
-                      first: Delta) -> AsyncIterator[str]:
-    head = {"id": f"chatcmpl-{request.id}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": service.model_name}
-    opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-    yield f"data: {dumps({**head, 'choices': [opening]})}\n\n"
-    async for delta in _deltas(stream, first):
-        if _is_failed(delta):
-            yield _error_event(delta)
-            break
+async def chat_events(service: Any, choices: Sequence[Choice], body: Any,
+                      started: Sequence[Started]) -> AsyncIterator[str]:
+    head = {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": service.model_name}
+    openings = [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None} for c in choices]
+    yield f"data: {dumps({**head, 'choices': openings})}\n\n"
+
+    def choice(index: int, delta: Delta) -> dict[str, Any]:
         content = {"content": delta.text} if delta.text or not delta.is_final else {}
-        choice = {"index": 0, "delta": content, "logprobs": None, "finish_reason": finish_reason(delta),
-                  "token_ids": delta.token_ids}
-        chunk: dict[str, Any] = {**head, "choices": [choice]}
-        if delta.is_final:
-            chunk["usage"] = usage(request, delta)
-        yield f"data: {dumps(chunk)}\n\n"
-        if delta.is_final and body.include_usage:
-            yield f"data: {dumps({**head, 'choices': [], 'usage': usage(request, delta)})}\n\n"
+        return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason(delta),
+                "token_ids": delta.token_ids}
+
+    async for event in _choice_events(head, choices, body, started, choice):
+        yield event
+
+
+async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: Any, started: Sequence[Started],
+                         choice: Any) -> AsyncIterator[str]:
+    """A chunk per delta of any choice (`choice(index, delta)` its entry), the usage of them all on
+    the chunk that ends the last choice (and in its own chunk with `include_usage`), then [DONE]; a
+    failed choice's error event ends the stream."""
+    finals: dict[int, Delta] = {}
+    async with contextlib.aclosing(merged(started)) as deltas:  # leaving cancels the choices still running
+        async for position, delta in deltas:
+            if _is_failed(delta):
+                yield _error_event(delta)
+                break
+            chunk: dict[str, Any] = {**head, "choices": [choice(choices[position].index, delta)]}
+            if delta.is_final:
+                finals[position] = delta
+            is_last = len(finals) == len(choices) and delta.is_final
+            if is_last:
+                chunk["usage"] = usage(choices, [finals[p] for p in range(len(choices))])
+            yield f"data: {dumps(chunk)}\n\n"
+            if is_last and body.include_usage:
+                yield f"data: {dumps({**head, 'choices': [], 'usage': chunk['usage']})}\n\n"
     yield "data: [DONE]\n\n"
 
 

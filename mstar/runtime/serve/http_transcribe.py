@@ -57,7 +57,7 @@ def transcription_routes(app: FastAPI, service: Service) -> None:
             max_tokens = service.default_tokens(max(1, llm.plan.deployment.max_seq_len * num_windows - len(prompt)))
         sampling = SamplingParams(max_tokens=max_tokens, temperature=form.temperature, seed=form.seed)
         request = await service.request(prompt, sampling, media={"audio": audio})
-        async with cancelled_when_gone(service, http, request):
+        async with cancelled_when_gone(service, http, [request]):
             stream, first = await service.start(request)
             if form.is_stream:
                 return sse.response(sse.transcript_events(request, stream, first))

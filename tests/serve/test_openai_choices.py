@@ -1,0 +1,138 @@
+"""Several choices in one answer: OpenAI's `n`, and a completion's list of prompts (n choices a
+prompt, in prompt order). Each choice is its own request and gives the tokens that request gives
+through the Python API (choice j with seed + j); usage counts each prompt once; a stream
+interleaves the choices by `index`; where one choice cannot start, none runs."""
+from __future__ import annotations
+
+import pytest
+
+from mstar.runtime.serve.api import LLM, SamplingParams
+from mstar.runtime.serve.engine_setup import build_engine, load
+from serve_harness import LLAMA, Gate, make_service, running, wait_until, write_tokenizer
+
+openai = pytest.importorskip("openai")
+
+SAMPLED = dict(temperature=1.0, top_k=50)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    llm = LLM(LLAMA, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
+    service = make_service(llm)
+    with running(service) as url:
+        yield llm, openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+
+
+def _alone(llm, prompt, max_tokens, seed):
+    return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, seed=seed, **SAMPLED))[0]
+
+
+def test_n_choices_are_the_requests_of_seeds_seed_plus_j(llama):
+    llm, client = llama
+    answer = client.completions.create(model="llama", prompt=[1, 9, 10], max_tokens=5, n=3, seed=7,
+                                       extra_body={"top_k": 50}, temperature=1.0)
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    expected = [_alone(llm, [1, 9, 10], 5, 7 + j).token_ids for j in range(3)]
+    assert [c.model_extra["token_ids"] for c in answer.choices] == expected
+    assert len({tuple(ids) for ids in expected}) > 1  # sampled with different seeds
+    single = client.completions.create(model="llama", prompt=[1, 9, 10], max_tokens=5, seed=7,
+                                       extra_body={"top_k": 50}, temperature=1.0)
+    assert single.choices[0].model_extra["token_ids"] == expected[0]  # choice 0 is the n = 1 answer
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (3, 15, 18)
+    assert answer.id == f"cmpl-{answer.id.removeprefix('cmpl-')}"
+
+
+def test_a_list_of_prompts_gives_n_choices_a_prompt_in_prompt_order(llama):
+    llm, client = llama
+    prompts = [[1, 9, 10, 11], [1, 12]]
+    answer = client.completions.create(model="llama", prompt=prompts, max_tokens=4, n=2, seed=3,
+                                       extra_body={"top_k": 50}, temperature=1.0)
+    assert [c.index for c in answer.choices] == [0, 1, 2, 3]
+    expected = [_alone(llm, p, 4, 3 + j).token_ids for p in prompts for j in range(2)]
+    assert [c.model_extra["token_ids"] for c in answer.choices] == expected
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (4 + 2, 4 * 4)
+
+
+def test_a_list_of_texts_is_tokenized_prompt_by_prompt(llama):
+    llm, client = llama
+    answer = client.completions.create(model="llama", prompt=["hello world", "the cat sat"], max_tokens=3)
+    expected = [o.token_ids for o in llm.generate([[1, 15, 16], [1, 7, 8, 9]], SamplingParams(max_tokens=3))]
+    assert [c.model_extra["token_ids"] for c in answer.choices] == expected
+    assert [c.text for c in answer.choices] == [llm.tokenizer.decode(ids) for ids in expected]
+    assert answer.usage.prompt_tokens == 3 + 4
+
+
+def test_streamed_choices_come_interleaved_by_index(llama):
+    llm, client = llama
+    whole = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                           max_tokens=6, n=3, seed=11, temperature=1.0)
+    stream = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                            max_tokens=6, n=3, seed=11, temperature=1.0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert [c.index for c in chunks[0].choices] == [0, 1, 2]
+    assert all(c.delta.role == "assistant" for c in chunks[0].choices)
+    texts, ids, reasons = ["", "", ""], [[], [], []], [None, None, None]
+    for chunk in chunks[1:]:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            ids[choice.index] += choice.model_extra["token_ids"]
+            reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert ids == [c.model_extra["token_ids"] for c in whole.choices]
+    assert reasons == ["length"] * 3
+    with_usage = [c for c in chunks if c.usage is not None]
+    assert [c.usage.completion_tokens for c in with_usage] == [18, 18]  # the last choice's end, then its own
+    assert with_usage[-1].choices == [] and with_usage[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_streamed_completions_of_two_prompts(llama):
+    llm, client = llama
+    prompts = [[1, 20, 21], [1, 22, 23, 24]]
+    stream = client.completions.create(model="llama", prompt=prompts, max_tokens=5, stream=True)
+    ids: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in stream:
+        for choice in chunk.choices:
+            ids[choice.index] += choice.model_extra["token_ids"]
+    assert [ids[0], ids[1]] == [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=5))]
+
+
+def test_a_bad_prompt_among_several_refuses_the_body_before_any_runs(llama):
+    llm, client = llama
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        client.completions.create(model="llama", prompt=[[1, 2], [1, 200000]], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="seed"):  # choice 1's seed is past 64 bits
+        client.completions.create(model="llama", prompt=[1, 2], max_tokens=2, n=2, seed=2**63 - 1)
+    assert llm.loop.num_in_flight == 0
+
+
+def test_choices_past_the_queue_are_a_429_and_leave_nothing_running():
+    """Two choices where the loop has room for one: the one submitted is cancelled, its pages
+    freed, and the answer is the 429 a single request past the queue gets."""
+    plan = load(LLAMA)
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"max_concurrent_requests": 1})})
+    llm = LLM(plan, engine=Gate(build_engine(plan, "torch")), max_waiting=0)
+    service = make_service(llm)
+    start = llm.engine.kv_pages()
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=50, n=2)
+        assert wait_until(lambda: llm.loop.num_in_flight == 0)
+        assert llm.engine.kv_pages() == start
+        answer = client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=3)
+        assert answer.choices[0].finish_reason == "length"
+
+
+def test_a_client_leaving_a_stream_of_choices_cancels_every_choice(llama):
+    llm, client = llama
+    start = llm.engine.kv_pages()
+    stream = client.completions.create(model="llama", prompt=[[1, 30, 31], [1, 32]], max_tokens=2000, n=2,
+                                       stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    next(chunks)
+    assert wait_until(lambda: llm.loop.num_running == 4)
+    stream.close()
+    assert wait_until(lambda: llm.loop.num_in_flight == 0)
+    assert llm.engine.kv_pages() == start
