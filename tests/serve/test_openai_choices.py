@@ -136,3 +136,57 @@ def test_a_client_leaving_a_stream_of_choices_cancels_every_choice(llama):
     stream.close()
     assert wait_until(lambda: llm.loop.num_in_flight == 0)
     assert llm.engine.kv_pages() == start
+
+
+class _Stream:
+    """An LLM.stream stand-in: `deltas` then, unless the last is final, waits for ever; records
+    whether it was left before its last delta (LLM.stream then cancels its request)."""
+
+    def __init__(self, deltas):
+        self.deltas = deltas
+        self.left_early = False
+
+    async def run(self):
+        import asyncio
+
+        try:
+            for delta in self.deltas:
+                yield delta
+            await asyncio.Event().wait()
+        finally:
+            self.left_early = not self.deltas[-1].is_final
+
+
+@pytest.mark.parametrize("is_streamed", [False, True])
+def test_a_failed_choice_cancels_the_choices_still_running_at_once(is_streamed):
+    """Choice 0 never ends; choice 1 fails: the answer is choice 1's error, without waiting for
+    choice 0, whose stream is left (its request cancelled)."""
+    import asyncio
+
+    from types import SimpleNamespace
+
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.serve import http_stream as sse
+    from mstar.runtime.serve.http_app import collect_all
+    from mstar.runtime.serve.http_schema import ApiError
+    from mstar.runtime.serve.online import Delta
+
+    running = _Stream([Delta("a", [5], "x")])
+    failing = _Stream([Delta("b", [6], "y"), Delta("b", finish_reason="error: the step failed")])
+
+    async def answer():
+        streams = [running.run(), failing.run()]
+        started = [(s, await s.__anext__()) for s in streams]
+        if not is_streamed:
+            return await asyncio.wait_for(collect_all(started), 5)
+        choices = [sse.Choice(i, Request(id=name, prompt_tokens=[1], max_tokens=1)) for i, name in enumerate("ab")]
+        service, body = SimpleNamespace(model_name="m"), SimpleNamespace(include_usage=False)
+        return [event async for event in sse.completion_events(service, choices, body, started)]
+
+    if is_streamed:
+        events = asyncio.run(answer())
+        assert '"the step failed"' in events[-2] and events[-1] == "data: [DONE]\n\n"
+    else:
+        with pytest.raises(ApiError, match="the step failed"):
+            asyncio.run(answer())
+    assert running.left_early and not failing.left_early

@@ -211,11 +211,17 @@ def _reason(finish_reason: Optional[str]) -> str:
 
 
 async def collect_all(started: Sequence[sse.Started]) -> list[list[Delta]]:
-    """Every delta of every request, in order; where one fails (`collect`'s errors) the others
-    still running are cancelled."""
+    """Every delta of every request, in order; as soon as one fails (`collect`'s errors) the others
+    still running are cancelled. One request is collected directly, without a task."""
+    if len(started) == 1:
+        return [await collect(*started[0])]
+    tasks = [asyncio.ensure_future(collect(stream, first)) for stream, first in started]
     try:
-        return [await collect(stream, first) for stream, first in started]
-    finally:
+        return list(await asyncio.gather(*tasks))
+    finally:  # a task cancelled inside its stream cancels that request (LLM.stream's finally)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await sse.close_all(started)
 
 

@@ -147,9 +147,10 @@ async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta]
                 raise item
             running -= 1 if item.is_final else 0
             yield index, item
-    finally:
+    finally:  # a pump cancelled inside its stream cancels that request (LLM.stream's finally)
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await close_all(started)
 
 
