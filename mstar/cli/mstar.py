@@ -649,6 +649,7 @@ def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenize
     started = time.perf_counter()
     _drive(args, signals, driver, workload, writer, problems)
     host_wall_s = time.perf_counter() - started
+    _write_unwritten(writer, driver, problems)
     _close_outputs(progress, writer, problems)
     if mode != "inproc":  # ranks as processes: the engine is serve/ranks/controller.RankEngines
         args.ranks_summary = engine.summary(mode)
@@ -730,6 +731,23 @@ def _drive(args: argparse.Namespace, signals: _Signals, driver: Any, workload: A
         args.lost_rank = True  # run_command ends the process without the transport's teardown
     finally:
         signals.is_writing = True
+
+
+def _write_unwritten(writer: Any, driver: Any, problems: list[str]) -> None:
+    """The lines of finished requests that on_finish never got to: a second signal between the
+    conductor ending a request and the driver's on_finish call ended the run with the request
+    counted finished and its output in memory only. Signals are only noted by now (`is_writing`)."""
+    from mstar.runtime.serve.results import OutputError
+
+    if writer is None or problems:  # (a failed write stopped the run: nothing more is written)
+        return
+    for record in driver.conductor.records.values():
+        if record.is_finished and not writer.has_written(record.request.id):
+            try:
+                writer.write(record)
+            except OutputError as error:
+                problems.append(f"--out: {error}")
+                return
 
 
 def _close_outputs(progress: Any, writer: Any, problems: list[str]) -> None:

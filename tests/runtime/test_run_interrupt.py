@@ -143,3 +143,28 @@ def test_a_second_signal_between_a_requests_media_and_its_line_waits_for_the_lin
     assert len(lines) == 3 and "3 requests finished, 17 not; kept 3 in " in err
     assert {p.name for p in out.iterdir()} == {name for line in lines for name in line["media"]} | {"outputs.jsonl"}
     assert "Traceback" not in err
+
+
+def test_a_second_signal_before_a_finished_requests_line_is_written_keeps_the_line(tmp_path, monkeypatch):
+    """Two signals right after the conductor ended request 3, before the driver handed it to
+    on_finish: the run ended with it counted finished ("3 requests finished ... kept 2") and its
+    tokens in memory only. Now the command writes every finished request's line it has not."""
+    from mstar.runtime.serve import routing
+
+    forget = routing.Routing.forget
+    forgotten = []
+
+    def forget_then_signals(self, request_id):
+        forget(self, request_id)
+        forgotten.append(request_id)
+        if len(forgotten) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # stops the run after this step
+            os.kill(os.getpid(), signal.SIGINT)  # ends it at once, before on_finish
+
+    monkeypatch.setattr(routing.Routing, "forget", forget_then_signals)
+    status, err, out = _run_in_process(tmp_path, "llama")
+    assert status == 130, err
+    lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == forgotten[:3]
+    assert "3 requests finished, 17 not; kept 3 in " in err and "Traceback" not in err
+    assert all(line["finish_reason"] == "length" and line["output_tokens"] for line in lines)

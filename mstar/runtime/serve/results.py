@@ -100,6 +100,7 @@ class ResultWriter:
         self.path = os.path.join(out_dir, "outputs.jsonl")
         self.num_lines = 0
         self.num_media = 0
+        self._written: set[str] = set()  # the ids of the requests whose lines are written
         self._size = 0  # bytes of whole lines in outputs.jsonl
         self._is_failed = False  # an OutputError was raised: close() does not say it again
         try:
@@ -130,6 +131,10 @@ class ResultWriter:
             line["latents"] = latents
         self._append((json.dumps(line) + "\n").encode("utf-8"))
         self.num_lines += 1
+        self._written.add(request_id)
+
+    def has_written(self, request_id: str) -> bool:
+        return request_id in self._written
 
     def _text(self, tokens: list[Any], stops: list[str]) -> Optional[str]:
         if self.tokenizer is None or not all(isinstance(t, int) for t in tokens):
