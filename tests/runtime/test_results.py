@@ -77,6 +77,28 @@ def test_each_request_is_on_disk_when_write_returns(tmp_path):
     writer.close()
 
 
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_outputs_jsonl_left_as_a_link_is_replaced_not_emptied_through(tmp_path, link):
+    """A link left at DIR/outputs.jsonl (a symbolic one planted to a file outside --out, or a hard
+    one) was opened with O_TRUNC: the file it led to was emptied, then written. Now the name is
+    replaced by a new file (mode 644 under the umask) and the other file keeps its bytes."""
+    other, out = tmp_path / "precious", tmp_path / "out"
+    other.write_text("keep me\n")
+    out.mkdir()
+    if link == "symbolic":
+        (out / "outputs.jsonl").symlink_to(other)
+    else:
+        os.link(other, out / "outputs.jsonl")
+    writer = ResultWriter(str(out), 24000)
+    writer.write(_record("r1"))
+    writer.close()
+    assert other.read_text() == "keep me\n"
+    assert not (out / "outputs.jsonl").is_symlink() and [line["id"] for line in _check_whole(out)] == ["r1"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "outputs.jsonl").stat().st_mode & 0o777 == 0o644 & ~umask
+
+
 def test_a_line_cut_by_a_full_disk_is_removed(tmp_path, monkeypatch):
     writer = ResultWriter(str(tmp_path), 24000)
     writer.write(_record("r1"))

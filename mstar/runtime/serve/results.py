@@ -16,6 +16,9 @@ per request as it ends. Out, in DIR:
   temporary name beside the final one and renamed, so a file under its final name is always
   complete.
 
+outputs.jsonl is made new (a temporary file renamed over the name): a link left at that name is
+replaced, never followed, so no file outside DIR is emptied or written.
+
 Durability: what is written is in the operating system's hands at once, so an interrupt, a kill
 or a crash of mstar loses nothing written; `close()` fsyncs outputs.jsonl and the directory.
 Media files are not fsynced one by one (on ext4 here an fsync per file made writing a request
@@ -43,6 +46,7 @@ sha256: two ids never share a name, and no id (`/abs`, `../x`, `a/b`) names a pa
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -105,7 +109,7 @@ class ResultWriter:
         self._is_failed = False  # an OutputError was raised: close() does not say it again
         try:
             make_dirs(out_dir)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            self._fd = _fresh_file(self.path)
             info = os.fstat(self._fd)
         except OSError as error:
             raise OutputError(f"cannot write {shown_path(self.path)}: {error.strerror or error}") from None
@@ -257,6 +261,27 @@ def _replace(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def _fresh_file(path: str) -> int:
+    """A new empty file at `path`, open for appending: made under a temporary name beside it and
+    renamed over whatever was there. Opening `path` itself with O_TRUNC followed a symbolic link
+    left at that name (or shared a hard link's inode) and emptied the file it led to, outside
+    --out; a rename replaces the name alone."""
+    directory, name = os.path.split(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+    try:
+        os.fchmod(fd, 0o644 & ~_UMASK)
+        os.replace(temp, path)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+    return fd
 
 
 def _fsync_directory(directory: str) -> None:
