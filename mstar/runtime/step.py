@@ -20,14 +20,19 @@ from typing import Any, Callable, Optional, Protocol
 # The seeds an engine takes: 64-bit (the device sampler holds them in int64; a seed of 10**30 failed
 # its whole step).
 SEED_RANGE = (-(2**63), 2**63)
+# presence_penalty and frequency_penalty: OpenAI's range (a logit moved by at most 2 a count)
+OUTPUT_PENALTY_RANGE = (-2.0, 2.0)
 
 
 def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
-                           seed: Optional[int], repetition_penalty: Optional[float]) -> Optional[str]:
+                           seed: Optional[int], repetition_penalty: Optional[float],
+                           presence_penalty: Optional[float] = None,
+                           frequency_penalty: Optional[float] = None) -> Optional[str]:
     """The first sampling setting outside the range an engine takes, said as the error to raise;
     None when all are in range (None for a setting: left at its default). The Python API checks it
     before a request is queued, the engine for requests that come another way."""
-    for name, value in (("temperature", temperature), ("top_p", top_p), ("repetition_penalty", repetition_penalty)):
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("repetition_penalty", repetition_penalty),
+                        ("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         if value is not None and not _is_finite(value):  # temperature=10**400 failed in the engine's float()
             shown = f"a {len(str(value))}-digit integer" if isinstance(value, int) else repr(value)
             return f"{name} must be a finite number, got {shown}"
@@ -39,6 +44,9 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
         (seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1], f"seed must be a 64-bit integer, got {seed}"),
         (repetition_penalty is not None and not 0 < repetition_penalty < infinity,
          f"repetition_penalty must be > 0, got {repetition_penalty}"),
+        *((value is not None and not OUTPUT_PENALTY_RANGE[0] <= value <= OUTPUT_PENALTY_RANGE[1],
+           f"{name} must be in [-2, 2], got {value}")
+          for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty))),
     ]
     return next((message for is_bad, message in problems if is_bad), None)
 

@@ -7,7 +7,9 @@ from hypothesis import given, strategies as st
 from engine_plans import llm_plan, step
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.sampling import SamplingError, SamplingParams, apply_repetition_penalty, sample_tokens
+from mstar.runtime.engine.sampling import (
+    SamplingError, SamplingParams, apply_output_penalties, apply_repetition_penalty, sample_tokens,
+)
 from mstar.runtime.step import StepRow
 
 import pytest
@@ -53,6 +55,38 @@ def test_repetition_penalty_matches_hf_rule():
     out = apply_repetition_penalty(logits, [torch.tensor([0, 1, 1]), torch.tensor([])], torch.tensor([2.0, 2.0]))
     assert out.tolist() == [[1.0, -4.0, 1.0], [2.0, -2.0, 1.0]]
     assert one(torch.tensor([3.0, 1.0]), SamplingParams(repetition_penalty=4.0), history=[0]) == 1
+
+
+def test_presence_and_frequency_penalties_follow_openais_rule():
+    """A logit less presence once its token is among the row's outputs and frequency a time; rows
+    are penalised by their own outputs and settings alone."""
+    logits = torch.tensor([[2.0, -2.0, 1.0], [2.0, -2.0, 1.0]])
+    out = apply_output_penalties(logits, [torch.tensor([0, 1, 1]), torch.tensor([], dtype=torch.long)],
+                                 torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.25]))
+    assert out.tolist() == [[2.0 - 0.5 - 0.25, -2.0 - 0.5 - 0.5, 1.0], [2.0, -2.0, 1.0]]
+    negative = apply_output_penalties(logits[:1], [torch.tensor([2])], torch.tensor([-1.5]), torch.tensor([0.0]))
+    assert negative.tolist() == [[2.0, -2.0, 2.5]]  # a negative penalty favours a token already said
+
+
+def test_output_penalties_take_the_outputs_not_the_history():
+    """The repetition penalty reads everything the row has seen (its prompt too); presence and
+    frequency read only the tokens sampled so far: a prompt token keeps its logit."""
+    logits = torch.tensor([[3.0, 2.5, 0.0]])
+    params = SamplingParams(presence_penalty=1.0)
+    assert sample_tokens(logits, [params], [torch.tensor([0])], [0], [0], [torch.tensor([], dtype=torch.long)]) == [0]
+    assert sample_tokens(logits, [params], [torch.tensor([0])], [0], [0], [torch.tensor([0])]) == [1]
+    assert sample_tokens(logits, [params], [torch.tensor([0])], [0], [0]) == [0]  # no outputs given: no penalty
+    beside = sample_tokens(logits.repeat(2, 1), [SamplingParams(), params], [torch.tensor([0])] * 2, [0, 0], [0, 0],
+                           [torch.tensor([0]), torch.tensor([0])])
+    assert beside == [0, 1]
+
+
+@pytest.mark.parametrize("values, words", [({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2]"),
+                                           ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2]"),
+                                           ({"presence_penalty": float("nan")}, "presence_penalty must be a finite")])
+def test_an_output_penalty_out_of_range_is_refused(values, words):
+    with pytest.raises(SamplingError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        SamplingParams.from_request({"prompt_tokens": [1], "max_tokens": 1, **values})
 
 
 @given(st.integers(0, 2**31 - 1), st.integers(0, 1000), st.floats(0.05, 1.0), st.integers(0, 5))

@@ -116,6 +116,25 @@ def test_llama_plan_runs_on_its_decode_graphs():
     assert any(s["tokens"] > s["rows"] for s in steps)  # the prompts' step
 
 
+@pytest.mark.parametrize("penalty", [{"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
+                                     {"frequency_penalty": -1.0}])
+def test_the_fast_path_refuses_the_penalties_its_sampler_lacks_alone(penalty):
+    """The device sampler has no penalties: such a request is refused at admission, saying so, and
+    the requests beside it run (they were sampled without the penalty before the refusal)."""
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(str(GENERATED / "llama.plan"))
+    driver = Driver(plan, TorchEngine(plan, dims="spec", device="cuda", num_pages=256))
+    driver.run(Workload([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=4),
+                         Request(id="penalised", prompt_tokens=[1, 2, 3], max_tokens=4, **penalty)]))
+    records = driver.conductor.records
+    assert records["plain"].finish_reason == "length"
+    assert "not supported on the GPU fast path yet" in records["penalised"].finish_reason, records["penalised"]
+    assert next(iter(penalty)) in records["penalised"].finish_reason
+
+
 def test_fused_kernels_match_the_torch_ops():
     """The step with the fused Triton kernels against the same step in torch ops (bf16, eager)."""
     executor = _executor([1, 2, 4, 8])

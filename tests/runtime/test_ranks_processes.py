@@ -101,6 +101,22 @@ def test_rank_processes_give_the_tokens_and_audio_of_one_process(processes, one_
     assert (ranks["num_kv_moves"] == 3) == (plan == "orpheus_pd_disaggregated"), ranks
 
 
+def test_a_moved_request_keeps_the_tokens_its_output_penalties_count(tmp_path):
+    """Prefill on rank 0 samples the first token; the decode rank's presence and frequency
+    penalties count it. Negative penalties make the first token win again at every step, so a
+    decode rank that lost it (the KV move carried no sampled tokens) picks another."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_tokens": [1, 9 + i, 10, 11], "max_tokens": 6,
+                                           "presence_penalty": -2.0, "frequency_penalty": -2.0}) + "\n"
+                               for i in range(2)))
+    workload = ("--prompts", str(prompts), "--no-progress")
+    moved, report = _run(tmp_path, "orpheus_pd_disaggregated", "processes", workload)
+    alone, _ = _run(tmp_path, "orpheus_colocated", "inproc", workload)
+    assert report["ranks"]["num_kv_moves"] == 2
+    assert moved == alone
+    assert all(len(set(tokens)) == 1 for tokens, _, _ in alone.values())  # the first token, again and again
+
+
 def _orpheus_plan_with(tmp_path: Path, config: str, extra_yaml: str) -> Path:
     """specs/orpheus.mw compiled against configs/CONFIG.yaml with `extra_yaml` appended; the plan's path."""
     from mstar.compiler.driver import compile_spec

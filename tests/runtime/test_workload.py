@@ -164,6 +164,26 @@ def test_prompt_lines_take_stop_tokens_and_repetition_penalty():
             parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, ' + text + '}', "f:1")
 
 
+def test_prompt_lines_take_presence_and_frequency_penalties():
+    from mstar.runtime.engine.sampling import SamplingParams
+    from mstar.runtime.serve.workload import parse_prompt_line
+
+    request = parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, "presence_penalty": -2, '
+                                '"frequency_penalty": 0.75}', "f:1")
+    assert (request.presence_penalty, request.frequency_penalty) == (-2.0, 0.75)
+    params = SamplingParams.from_request(request)  # the names the engine reads
+    assert (params.presence_penalty, params.frequency_penalty) == (-2.0, 0.75)
+    plain = SamplingParams.from_request(parse_prompt_line('{"id": "b", "prompt_tokens": [1], "max_tokens": 3}', "f:2"))
+    assert (plain.presence_penalty, plain.frequency_penalty) == (0.0, 0.0)
+    for text, message in [
+        ('"presence_penalty": 2.5', "'presence_penalty' must be in [-2, 2], got 2.5"),
+        ('"frequency_penalty": NaN', "field 'frequency_penalty' must be a finite number, got nan"),
+        ('"frequency_penalty": "x"', "field 'frequency_penalty' must be int or float"),
+    ]:
+        with pytest.raises(WorkloadError, match=re.escape(message)):
+            parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, ' + text + '}', "f:1")
+
+
 def test_arrivals_and_timeline_are_relative_to_the_run_start(monkeypatch, tmp_path):
     """On a clock that does not start at 0 (a real engine's monotonic clock), workload arrival
     times count from the run start, and the timeline's x axis is seconds since then."""

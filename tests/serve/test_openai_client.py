@@ -51,6 +51,19 @@ def test_completion_from_token_ids_matches_the_python_api(llama):
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (4, 6, 10)
 
 
+def test_presence_and_frequency_penalties_reach_the_sampler(llama):
+    """OpenAI's penalties (they were refused with 400): the answer is the Python API's with the same
+    settings, and the penalty changes greedy tokens that repeat without it."""
+    service, _, client = llama
+    penalised = client.completions.create(model="llama", prompt=[1, 9, 10], max_tokens=24, presence_penalty=2.0,
+                                          frequency_penalty=0.5)
+    ids = penalised.choices[0].model_extra["token_ids"]
+    plain, expected = service.llm.generate([[1, 9, 10]] * 2, [SamplingParams(max_tokens=24), SamplingParams(
+        max_tokens=24, presence_penalty=2.0, frequency_penalty=0.5)])
+    assert ids == expected.token_ids and ids != plain.token_ids
+    assert len(set(ids)) == len(ids) and len(set(plain.token_ids)) < len(plain.token_ids)
+
+
 def test_completion_from_text_tokenizes_it(llama):
     service, _, client = llama
     answer = client.completions.create(model="llama", prompt="hello world", max_tokens=3)

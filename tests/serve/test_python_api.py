@@ -106,6 +106,23 @@ def test_sampling_may_be_a_list_of_one_a_prompt(llm):
     assert wait_until(lambda: llm.loop.num_in_flight == 0)
 
 
+def test_output_penalties_are_batch_invariant(llm):
+    """A penalised request gives the tokens it gives alone beside requests without penalties (each
+    row counts its own outputs), and a penalty of 0 is none."""
+    prompts = [[1, 9, 10], [1, 11, 12], [1, 13]]
+    penalised = SamplingParams(max_tokens=12, presence_penalty=1.5, frequency_penalty=-0.5)
+    alone = llm.generate([prompts[1]], penalised)[0].token_ids
+    batch = llm.generate(prompts, [SamplingParams(max_tokens=12), penalised, SamplingParams(max_tokens=12)])
+    assert batch[1].token_ids == alone
+    zero = SamplingParams(max_tokens=12, presence_penalty=0.0, frequency_penalty=0)
+    assert llm.generate([prompts[0]], zero)[0].token_ids == batch[0].token_ids
+    with pytest.raises(SamplingError, match=r"presence_penalty must be in \[-2, 2\]") as refused:
+        llm.generate([prompts[0]], SamplingParams(presence_penalty=3))
+    assert refused.value.param == "presence_penalty"
+    with pytest.raises(SamplingError, match="frequency_penalty must be a number"):
+        llm.generate([prompts[0]], SamplingParams(frequency_penalty="1"))
+
+
 def test_chat_content_parts_are_joined_as_the_server_joins_them(llm):
     """OpenAI's text content parts: the API refused them while the server joined them."""
     parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": " world"}]

@@ -55,9 +55,8 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
 
 
 @pytest.mark.parametrize("fields, param, words", [
-    ({"presence_penalty": 0.5}, "presence_penalty", "use repetition_penalty"),
-    ({"presence_penalty": 1.0}, "presence_penalty", "use repetition_penalty"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty", "use repetition_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5"),
+    ({"frequency_penalty": -2.01}, "frequency_penalty", "frequency_penalty must be in [-2, 2], got -2.01"),
     ({"echo": True}, "echo", "echo is not supported"),
     ({"logprobs": 0}, "logprobs", "logprobs is not supported"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction", "prediction is not supported"),

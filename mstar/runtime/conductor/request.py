@@ -32,6 +32,10 @@ class Request:
     top_p: Optional[float] = None
     seed: Optional[int] = None
     repetition_penalty: Optional[float] = None  # None: no penalty (HF's rule, read by the engine)
+    # OpenAI's: a logit less presence_penalty once its token is in the node's output so far and
+    # frequency_penalty a time it is there (None: 0, no penalty)
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
     # text that ends the request's counted output once its decoded text holds one (needs the
     # conductor's `decode`; the output's text is then cut before it)

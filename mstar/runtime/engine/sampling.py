@@ -1,15 +1,18 @@
-"""Token sampling, batched over a step's rows: greedy, temperature, top-k, top-p, repetition penalty.
+"""Token sampling, batched over a step's rows: greedy, temperature, top-k, top-p, repetition,
+presence and frequency penalties.
 
 In: the logits of the step's sampling rows `[R, vocab]` and per row its request's `SamplingParams`,
-the token ids it has seen, and its draw coordinates (`stream`: `draw_stream(seed, node position)`,
+the token ids it has seen (the repetition penalty's), the tokens it sampled on the node so far (the
+presence and frequency penalties', OpenAI's rule: a logit less presence_penalty once its token is
+among them and frequency_penalty a time), and its draw coordinates (`stream`: `draw_stream(seed, node position)`,
 fixed per request and node; `step`: how many tokens that request sampled there before). Out: one token
 id per row, from one batched pass (`sample_tokens`).
 
 Each row's random draw is a counter-based hash of (stream, step), so it depends only on its own
 seed and step, never on which rows share the step or in what order (batch invariance on the CPU).
 Every other operation is row-wise. `temperature` None or 0 means greedy (argmax after the
-penalty), and so does one below MIN_TEMPERATURE; `top_k` 0 and `top_p` 1 keep every token, and
-every row keeps its most likely token whatever its `top_p`.
+penalties, the repetition penalty first), and so does one below MIN_TEMPERATURE; `top_k` 0 and
+`top_p` 1 keep every token, and every row keeps its most likely token whatever its `top_p`.
 """
 from __future__ import annotations
 
@@ -43,6 +46,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int = 0
     stop_tokens: frozenset[int] = field(default_factory=frozenset)
     max_tokens: Optional[int] = None
@@ -69,6 +74,8 @@ class SamplingParams:
                 top_k=min(_integer("top_k", get("top_k", default=0)), TOP_K_LIMIT),
                 top_p=float(get("top_p", default=1.0)),
                 repetition_penalty=float(get("repetition_penalty", default=1.0)),
+                presence_penalty=float(get("presence_penalty", default=0.0)),
+                frequency_penalty=float(get("frequency_penalty", default=0.0)),
                 seed=_integer("seed", get("seed", default=0)),
                 stop_tokens=frozenset(int(t) for t in ([stop] if isinstance(stop, int) else stop)),
                 max_tokens=get("max_tokens"),
@@ -78,7 +85,7 @@ class SamplingParams:
         except (TypeError, ValueError, OverflowError) as error:  # a value of the wrong kind: this request alone
             raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
         problem = sampling_range_problem(params.temperature, params.top_k, params.top_p, params.seed,
-                                         params.repetition_penalty)
+                                         params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
         if problem is not None:
             raise SamplingError(problem)
         return params
@@ -128,13 +135,29 @@ def apply_repetition_penalty(logits: torch.Tensor, histories: list[torch.Tensor]
     return torch.where(seen, penalised, logits)
 
 
+def apply_output_penalties(logits: torch.Tensor, outputs: list[torch.Tensor], presence: torch.Tensor,
+                           frequency: torch.Tensor) -> torch.Tensor:
+    """OpenAI's rule, per row: each token's logit less presence (once the token is among the row's
+    outputs) and frequency times its count there. logits `[R, V]`, presence and frequency `[R]`."""
+    vocab = logits.shape[1]
+    counts = torch.stack([torch.bincount(out.long() % vocab, minlength=vocab) if out.numel()
+                          else torch.zeros(vocab, dtype=torch.long) for out in outputs]).to(logits.dtype)
+    return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+
+
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories: list[torch.Tensor],
-                  streams: list[int], steps: list[int]) -> list[int]:
-    """One token id per row of `logits` `[R, V]` (see the module docstring)."""
+                  streams: list[int], steps: list[int], outputs: Optional[list[torch.Tensor]] = None) -> list[int]:
+    """One token id per row of `logits` `[R, V]` (see the module docstring). outputs: per row the
+    tokens its request sampled on the node so far (None: none, as for a depth model's inner
+    tokens)."""
     logits = logits.float()
     penalties = torch.tensor([p.repetition_penalty for p in params])
     if bool((penalties != 1.0).any()):
         logits = apply_repetition_penalty(logits, histories, penalties)
+    presence = torch.tensor([p.presence_penalty for p in params])
+    frequency = torch.tensor([p.frequency_penalty for p in params])
+    if outputs is not None and bool(((presence != 0) | (frequency != 0)).any()):
+        logits = apply_output_penalties(logits, outputs, presence, frequency)
     greedy = logits.argmax(dim=1)
     is_greedy = torch.tensor([p.is_greedy for p in params])
     if bool(is_greedy.all()):

@@ -107,6 +107,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     route: dict[str, list[str]] = field(default_factory=dict)  # partition -> walks (docs/runtime.md)
     guidance: dict[str, float] = field(default_factory=dict)
+    presence_penalty: Optional[float] = None  # OpenAI's, in [-2, 2]: on the node's output tokens so far
+    frequency_penalty: Optional[float] = None
 
     def check(self) -> None:
         """Raise SamplingError naming the first value of the wrong kind or out of range (a value
@@ -117,7 +119,7 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not is_integer(value):
                 raise SamplingError(f"{name} must be an integer, got {shown(value)}")
-        for name in ("temperature", "top_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if value is not None and not is_real(value):
                 raise SamplingError(f"{name} must be a number, got {shown(value)}")
@@ -143,7 +145,7 @@ class SamplingParams:
         if problem is not None:
             raise SamplingError(problem)
         out_of_range = sampling_range_problem(self.temperature, self.top_k, self.top_p, self.seed,
-                                              self.repetition_penalty)
+                                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
 
@@ -332,6 +334,7 @@ class LLM:
         return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
+                       presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
                        stop_tokens=list(sampling.stop_token_ids), stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))

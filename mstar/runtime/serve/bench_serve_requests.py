@@ -14,7 +14,8 @@ to /v1/completions or, as one user message, /v1/chat/completions.
 A dataset line is `mstar run --prompts`'s format (docs/runtime.md) as far as an OpenAI endpoint
 can carry it: exactly one of "prompt_tokens" ([int]), "prompt" (text) or "messages" (chat), a
 "max_tokens", optional "id", "temperature", "top_p", "top_k", "seed", "stop",
-"repetition_penalty" and "stop_tokens" (sent as vLLM's "stop_token_ids"). "route" and "guidance"
+"repetition_penalty", "presence_penalty", "frequency_penalty" and "stop_tokens" (sent as vLLM's
+"stop_token_ids"). "route" and "guidance"
 are mstar plan fields that no OpenAI request has: refused, as is any other unknown field.
 `BenchInputError` names the file, the line and what is wrong.
 """
@@ -41,7 +42,8 @@ WORDS = tuple(
     "get come made may part".split()
 )
 SAMPLING_FIELDS = {"temperature": (int, float), "top_p": (int, float), "top_k": (int,), "seed": (int,),
-                   "repetition_penalty": (int, float)}
+                   "repetition_penalty": (int, float), "presence_penalty": (int, float),
+                   "frequency_penalty": (int, float)}
 
 
 class BenchInputError(Exception):

@@ -6,10 +6,12 @@ for fields it does not know, but on speech, where any other field gives a value 
 prompt format, one the format does not name is refused by name). Out: a prompt (token ids, text
 or chat messages) and `SamplingParams` (serve/api.py), or an `ApiError` (status, OpenAI error
 type, message, param) for a body the server cannot take: unsupported options (logprobs, echo,
-best_of, non-zero penalties, response formats other than those documented) are refused rather than
-ignored, so a client is never silently given something other than what it asked for. `n` choices
-(and a completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
-`_Body.sampling(max_tokens, choice)`; serve/http_choices.py answers them as one).
+best_of, response formats other than those documented) are refused rather than ignored, so a
+client is never silently given something other than what it asked for. `n` choices (and a
+completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
+`_Body.sampling(max_tokens, choice)`; serve/http_app.py and serve/http_stream.py answer them as
+one). `presence_penalty` and `frequency_penalty` are OpenAI's (in [-2, 2]; the GPU fast path
+refuses non-zero ones at admission, as it does `repetition_penalty`).
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
 `top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.
@@ -114,9 +116,6 @@ class _Body(BaseModel):
                 raise ApiError(400, f"{name} is not supported", param=name)
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise ApiError(400, f"n must be between 1 and {MAX_CHOICES}, got {shown(self.n)}", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise ApiError(400, f"{name} is not supported (use repetition_penalty)", param=name)
 
     @property
     def num_choices(self) -> int:
@@ -130,7 +129,8 @@ class _Body(BaseModel):
         seed = None if self.seed is None else self.seed + choice
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, seed=seed, repetition_penalty=self.repetition_penalty,
-                              stop=stop, stop_token_ids=list(self.stop_token_ids or []))
+                              stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
 
     @property
     def include_usage(self) -> bool:

@@ -16,7 +16,8 @@ which gives an empty one, e.g. for Whisper's decoder, or, with the plan's prompt
 tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns; refused for a plan whose audio
 input takes feature frames, `takes_wav`), "stop" (a string or a list of strings: the
 request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p",
-"seed" (64-bit), "repetition_penalty" (> 0), "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
+"seed" (64-bit), "repetition_penalty" (> 0), "presence_penalty" and "frequency_penalty" (in [-2, 2]),
+"stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
 loops written `count=PARAM`, each within its loop's max); blank lines are skipped. Given the plan,
@@ -50,7 +51,7 @@ from mstar.plan.output_bound import excess_tokens_problem
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.step import SEED_RANGE
+from mstar.runtime.step import OUTPUT_PENALTY_RANGE, SEED_RANGE
 
 ARRIVALS = ("poisson", "staggered", "closed")
 VOCAB_SIZE = 1000
@@ -272,8 +273,14 @@ def _check_id(request_id: str, where: str) -> None:
                             f"(it names the request's output files), got {bad!r} in {request_id[:40]!r}")
 
 
+# the fields a prompts line may hold (beside the plan's prompt format fields)
+LINE_FIELDS = frozenset({"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k",
+                         "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_tokens",
+                         "route", "guidance", "audio", "loop_counts"})
+
+
 def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
-    """temperature, top_k, top_p, seed and repetition_penalty of a prompt line, checked."""
+    """temperature, top_k, top_p, seed and the penalties of a prompt line, checked."""
     temperature = _field(obj, "temperature", (int, float), where, is_required=False)
     if temperature is not None and temperature < 0:
         raise WorkloadError(f"{where}: 'temperature' must be >= 0, got {shown(temperature)}")
@@ -286,6 +293,12 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     penalty = _field(obj, "repetition_penalty", (int, float), where, is_required=False)
     if penalty is not None and not penalty > 0:
         raise WorkloadError(f"{where}: 'repetition_penalty' must be > 0, got {shown(penalty)}")
+    output_penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _field(obj, name, (int, float), where, is_required=False)
+        if value is not None and not OUTPUT_PENALTY_RANGE[0] <= value <= OUTPUT_PENALTY_RANGE[1]:
+            raise WorkloadError(f"{where}: {name!r} must be in [-2, 2], got {shown(value)}")
+        output_penalties[name] = float(value) if value is not None else None
     seed = _field(obj, "seed", (int,), where, is_required=False)
     if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:  # the engines' sampler holds int64
         raise WorkloadError(f"{where}: 'seed' must be a 64-bit integer (-2**63 to 2**63 - 1), got {shown(seed)}")
@@ -295,6 +308,7 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
         "top_p": float(top_p) if top_p is not None else None,
         "seed": seed,
         "repetition_penalty": float(penalty) if penalty is not None else None,
+        **output_penalties,
     }
 
 
@@ -412,9 +426,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         raise WorkloadError(f"{where}: the line's JSON is nested too deeply to read") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    known = {"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k", "top_p",
-             "seed", "repetition_penalty", "stop_tokens", "route", "guidance", "audio", "loop_counts"}
-    known |= set(form.fields if form else ())
+    known = LINE_FIELDS | set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) [{', '.join(shown(name) for name in unknown)}]; "

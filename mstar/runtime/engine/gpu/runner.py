@@ -299,6 +299,9 @@ class GpuDecoderRunner(DecoderRunner):
     def refusal(self, request: RequestState) -> Optional[str]:
         if request.params.repetition_penalty != 1.0:
             return f"node {self.node.name}: repetition_penalty is not supported on the GPU fast path yet"
+        if request.has_output_penalty:
+            return (f"node {self.node.name}: presence_penalty and frequency_penalty are not supported on the GPU "
+                    "fast path yet")
         return super().refusal(request)
 
     def end_request(self, request_id: str) -> None:

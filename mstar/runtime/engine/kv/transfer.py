@@ -58,6 +58,7 @@ def export_kv(runner: DecoderRunner, state: RequestState) -> tuple[dict[str, Any
         tensors.extend(ssm[current] for ssm in runner.states.ssm)
     header = {"sequences": sequences, "has_state": slot is not None,
               "history": state.history.get(node, []), "num_sampled": state.num_sampled.get(node, 0),
+              "sampled": state.sampled.get(node, []),
               "last_token": state.last_token.get(node), "num_items_seen": state.num_items_seen.get(node, 0)}
     return header, tensors
 
@@ -117,6 +118,8 @@ def import_kv(runner: DecoderRunner, state: RequestState, header: dict[str, Any]
 def _restore_counters(node: str, state: RequestState, header: dict[str, Any]) -> None:
     state.history[node] = [int(t) for t in header["history"]]
     state.num_sampled[node] = int(header["num_sampled"])
+    if header.get("sampled"):
+        state.sampled[node] = [int(t) for t in header["sampled"]]
     state.num_items_seen[node] = int(header["num_items_seen"])
     if header["last_token"] is not None:
         state.last_token[node] = [int(t) for t in header["last_token"]]

@@ -48,7 +48,7 @@ from mstar.plan.schema import NodePlan
 from mstar.runtime.engine.attention.routes import RouteError
 from mstar.runtime.engine.attention.torch_paged import Segment
 from mstar.plan.dims import DecoderDims
-from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.runners.request_state import RequestState, output_tokens
 from mstar.runtime.engine.runners.values import (InputError, RequestInputError, chunk_of, classify, classify_for_row,
                                                  failed_row, synthesise)
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention
@@ -635,7 +635,7 @@ class DecoderRunner:
             logits, [r.params for r in requests],
             [torch.tensor(r.history[node], dtype=torch.long) for r in requests],
             [draw_stream(r.params.seed, self.position) for r in requests],
-            [r.num_sampled.get(node, 0) for r in requests])
+            [r.num_sampled.get(node, 0) for r in requests], output_tokens(requests, node))
         for index, token in zip(picked, sampled):
             tokens[index] = token
         return tokens
@@ -668,10 +668,10 @@ class DecoderRunner:
         result = RowResult(item.row.request_id)
         roles = {name: item.call.output_roles.get(name, "tokens") for name in item.call.output_names}
         if token is not None:
-            request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+            num_sampled = request.count_sampled(node, token)
             request.last_token[node] = [token]
             result.is_stop, result.is_length = row_stop(token, request.params.stop_tokens, self.stop_tokens,
-                                                        request.num_sampled[node], request.params.max_tokens)
+                                                        num_sampled, request.params.max_tokens)
         for name, role in roles.items():
             if role == "tokens":
                 if token is not None and frames and name in frames:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
+
+import torch
 
 from mstar.runtime.engine.runners.guidance import GuidanceParams
 from mstar.runtime.engine.sampling import SamplingParams
@@ -29,6 +31,9 @@ class RequestState:
     route_walks: frozenset[str] = frozenset()  # every walk the request's explicit route names
     history: dict[str, list[int]] = field(default_factory=dict)  # node -> token ids fed so far
     num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
+    # node -> the tokens sampled there so far, kept for a request with a presence or frequency
+    # penalty only (`output_tokens`)
+    sampled: dict[str, list[int]] = field(default_factory=dict)
     num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
     last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
     # (node, input) -> (the value, its classification) of a prompt cut into chunks (values.classify_for_row)
@@ -36,6 +41,17 @@ class RequestState:
     # node -> the hidden states of a cut prompt's chunks so far, where its call sends a value per
     # position (runners/decoder.py `_whole_prompt`: the last chunk sends them all)
     cut_hidden: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def has_output_penalty(self) -> bool:
+        return self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
+
+    def count_sampled(self, node: str, token: int) -> int:
+        """One more token sampled on `node`; the count so far."""
+        num_sampled = self.num_sampled[node] = self.num_sampled.get(node, 0) + 1
+        if self.has_output_penalty:
+            self.sampled.setdefault(node, []).append(token)
+        return num_sampled
 
     @classmethod
     def from_request(cls, request_id: str, request: Any) -> "RequestState":
@@ -47,3 +63,11 @@ class RequestState:
             guidance=GuidanceParams.from_request(request),
             route_walks=frozenset(walk for walks in (get("route") or {}).values() for walk in walks),
         )
+
+
+def output_tokens(requests: list[RequestState], node: str) -> Optional[list[torch.Tensor]]:
+    """`sample_tokens`' outputs for these rows: the tokens each request sampled on `node`, or None
+    when no request has a presence or frequency penalty (nothing is built on the common path)."""
+    if not any(request.has_output_penalty for request in requests):
+        return None
+    return [torch.tensor(request.sampled.get(node, []), dtype=torch.long) for request in requests]

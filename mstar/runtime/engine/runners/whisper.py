@@ -27,7 +27,7 @@ from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.models.log_mel import NUM_FRAMES, NUM_SAMPLES, log_mel, log_mel_frames
 from mstar.runtime.engine.models.whisper import WhisperDecoder, WhisperEncoder, WhisperKv
-from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.runners.request_state import RequestState, output_tokens
 from mstar.runtime.engine.runners.stateless import StatelessRunner
 from mstar.runtime.engine.runners.values import InputError, RequestInputError, failed_row, input_error
 from mstar.runtime.engine.runners.whisper_rules import WhisperRules, WhisperSequence, next_token, processed
@@ -233,12 +233,12 @@ class WhisperDecoderRunner:
         scores = processed(logits, sequence, self.rules).unsqueeze(0)
         history = torch.tensor(sequence.tokens, dtype=torch.long)
         return sample_tokens(scores, [request.params], [history], [draw_stream(request.params.seed, self.position)],
-                             [request.num_sampled.get(node, 0)])[0]
+                             [request.num_sampled.get(node, 0)], output_tokens([request], node))[0]
 
     def _result(self, row: StepRow, call: CallInfo, request: RequestState, token: int, hidden: torch.Tensor,
                 state: _Decoding) -> RowResult:
         node = self.node.name
-        num_sampled = request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+        num_sampled = request.count_sampled(node, token)
         length = len(state.sequence.tokens) if state.sequence is not None else 0
         result = RowResult(row.request_id)
         # a window's sequence full is its end (long-form decoding goes on to the next), not a cut
