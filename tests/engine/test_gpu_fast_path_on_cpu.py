@@ -178,6 +178,31 @@ def test_device_sampling_is_seeded_per_row_and_follows_top_p():
     assert float(u.min()) > 0 and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.02
 
 
+def test_device_sampling_keeps_the_cpu_samplers_tokens_under_top_k_and_top_p():
+    """The device sampler ignored top_k (a GPU request with top_k=2 drew from the whole nucleus).
+    Now every row draws only tokens the CPU sampler keeps for the same top_k and top_p, top_k 1 is
+    the argmax, and top_k 0 is no limit."""
+    from mstar.runtime.engine.sampling import SamplingParams, sample_tokens
+
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(5)) * 2
+    temperature = torch.ones(4)
+    top_k, top_p = torch.tensor([1, 3, 0, 5]), torch.tensor([1.0, 1.0, 0.6, 0.5])
+    seeds = torch.tensor([1, 2, 3, 4])
+    device = [set() for _ in range(4)]
+    cpu = [set() for _ in range(4)]
+    params = [SamplingParams(temperature=1.0, top_k=int(k), top_p=float(p)) for k, p in zip(top_k, top_p)]
+    for counter in range(300):
+        for row, token in enumerate(sample(logits, temperature, top_p, seeds, torch.full((4,), counter), top_k)):
+            device[row].add(int(token))
+        for row, token in enumerate(sample_tokens(logits, params, [torch.tensor([], dtype=torch.long)] * 4,
+                                                  [row + 1 for row in range(4)], [counter] * 4)):
+            cpu[row].add(token)
+    assert device[0] == {int(logits[0].argmax())}
+    assert device == cpu and len(device[1]) == 3 and len(device[2]) > 3  # every kept token drawn, no other
+    without = {int(sample(logits[2:3], temperature[:1], top_p[2:3], seeds[2:3], torch.tensor([c]))) for c in range(300)}
+    assert without == device[2]  # top_k 0: the same as no top_k
+
+
 def test_device_sampling_of_bf16_logits_is_that_of_their_fp32_copy():
     """A GPU step's logits come in bf16 (forward.py): the sampler computes in fp32 from them, so
     bf16 logits sample exactly what their fp32 copy does (greedy and drawn rows, every counter)."""

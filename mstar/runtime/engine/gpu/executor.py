@@ -83,9 +83,11 @@ class SamplingRows:
     top_p: np.ndarray  # float32 [R]
     seeds: np.ndarray  # int64 [R]
     counters: np.ndarray  # int64 [R]
+    top_k: np.ndarray  # int64 [R], 0 = no limit
 
     def take(self, order: list[int]) -> "SamplingRows":
-        return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order])
+        return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order],
+                            self.top_k[order])
 
 
 @dataclass(frozen=True)
@@ -637,7 +639,7 @@ class StepExecutor:
         self._inputs_copied = self._record() if self.is_cuda else None
 
     def _sampling_tensors(self, sampling: SamplingRows) -> list[torch.Tensor]:
-        arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters)
+        arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters, sampling.top_k)
         return [torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True) for a in arrays]
 
     def collect(self, pending: Pending) -> np.ndarray:

@@ -431,7 +431,8 @@ class GpuDecoderRunner(DecoderRunner):
                             np.array([p.top_p for p in params], dtype=np.float32),
                             np.array([p.seed for p in params], dtype=np.int64),
                             np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
-                                     dtype=np.int64))
+                                     dtype=np.int64),
+                            np.array([p.top_k for p in params], dtype=np.int64))
 
     def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,

@@ -1,8 +1,11 @@
-"""Token sampling on the device for a whole step: greedy, or temperature with top-p, per-row seeds.
+"""Token sampling on the device for a whole step: greedy, or temperature with top-k and top-p,
+per-row seeds.
 
 In: logits `[R, vocab]` (any float dtype; the arithmetic is fp32), per row a temperature (0, or
 below `sampling.MIN_TEMPERATURE` = greedy), top_p (the top token is always kept), seed and counter
-(the number of tokens the request has sampled on the node).
+(the number of tokens the request has sampled on the node), and top_k (0: no limit), kept together
+with top_p as the CPU sampler (`sampling.sample_tokens`) keeps them: the top_k most likely tokens
+and, of those, the smallest prefix whose mass (of the whole distribution) reaches top_p.
 Out: token ids `[R]` (int64), on the device.
 
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
@@ -11,6 +14,8 @@ freeze), and the same seed gives the same tokens again. A draw is Gumbel-max ove
 keeps, which samples softmax(logits / temperature) restricted to that nucleus.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -42,8 +47,9 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> t
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
-           counters: torch.Tensor) -> torch.Tensor:
-    """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax."""
+           counters: torch.Tensor, top_k: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax. top_k: `[R]`
+    int64, 0 for no limit (None: no row has one)."""
     logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
     is_sampled = temperature >= MIN_TEMPERATURE
@@ -53,6 +59,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     # Keep the smallest prefix whose mass reaches top_p, and always the top token (a top_p that is 0
     # in fp32 kept nothing).
     is_kept_sorted = (torch.cumsum(sorted_probs, -1) - sorted_probs) < top_p.unsqueeze(1)
+    if top_k is not None:  # (a top_k was ignored here: the GPU sampled the whole nucleus)
+        limit = torch.where(top_k > 0, top_k, torch.full_like(top_k, logits.shape[1]))
+        is_kept_sorted &= torch.arange(logits.shape[1], device=logits.device).unsqueeze(0) < limit.unsqueeze(1)
     is_kept_sorted[:, 0] = True
     is_kept = torch.zeros_like(is_kept_sorted).scatter_(1, order, is_kept_sorted)
     gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
