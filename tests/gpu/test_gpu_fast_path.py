@@ -128,9 +128,10 @@ def test_the_fast_path_refuses_the_penalties_its_sampler_lacks_alone(penalty):
     plan = load_plan(str(GENERATED / "llama.plan"))
     driver = Driver(plan, TorchEngine(plan, dims="spec", device="cuda", num_pages=256))
     driver.run(Workload([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=4),
+                         Request(id="top_k", prompt_tokens=[1, 2, 3], max_tokens=4, temperature=1.0, top_k=2, seed=1),
                          Request(id="penalised", prompt_tokens=[1, 2, 3], max_tokens=4, **penalty)]))
     records = driver.conductor.records
-    assert records["plain"].finish_reason == "length"
+    assert records["plain"].finish_reason == records["top_k"].finish_reason == "length"
     assert "not supported on the GPU fast path yet" in records["penalised"].finish_reason, records["penalised"]
     assert next(iter(penalty)) in records["penalised"].finish_reason
 
