@@ -226,12 +226,42 @@ def test_fast_path_reasons():
     assert "dynamic NTK" in unsupported_reason(dynamic)
 
 
-def test_fast_runner_refuses_a_repetition_penalty():
-    from mstar.runtime.conductor.request import Request
+PENALTIES = [dict(repetition_penalty=1.3), dict(presence_penalty=1.5), dict(frequency_penalty=0.7),
+             dict(presence_penalty=-2.0, frequency_penalty=0.4, repetition_penalty=0.8),
+             dict(presence_penalty=1.0, temperature=0.9, top_k=20, seed=5), {}]
 
-    engine = _fast_engine(llm_plan())
-    reason = engine.add_request("a", Request(id="a", prompt_tokens=[1], max_tokens=2, repetition_penalty=1.2))
-    assert reason is not None and "repetition_penalty" in reason
+
+@pytest.mark.parametrize("plan_name, can_run_ahead", [("llm", False), ("llm", True), ("llama_chunked", True)])
+def test_fast_runner_samples_with_the_references_penalties(plan_name, can_run_ahead):
+    """The repetition, presence and frequency penalties on the fast path (gpu/penalties.py; it
+    refused the repetition penalty and the others) give the reference runner's tokens: greedy rows
+    and a sampled one beside rows without a penalty, run ahead or not, prompts whole or in chunks
+    (llama_chunked cuts the 40-token prompts). A step holding a penalised row is never run ahead."""
+    from mstar.plan.io import load_plan
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.serve.driver import Driver, Workload
+    from test_prefix_cache import ROOT
+
+    plan = llm_plan() if plan_name == "llm" else load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
+    prompt_len = 4 if plan_name == "llm" else 40
+
+    def run(engine):
+        requests = [Request(id=f"r{i}", prompt_tokens=[(5 * i + 3 * j) % 60 + 1 for j in range(prompt_len)],
+                            max_tokens=24, **penalty) for i, penalty in enumerate(PENALTIES)]
+        driver = Driver(plan, engine)
+        driver.run(Workload(requests))
+        return {rid: (r.output_tokens, r.finish_reason) for rid, r in driver.conductor.records.items()}
+
+    def fast():
+        return run(fast_path_engine(plan, 64, max_seq_len=4096, with_decode_family=False,
+                                    can_run_ahead=can_run_ahead)[0])
+
+    got, expected = fast(), run(TorchEngine(plan, num_pages=64))
+    sampled = "r4"  # the device sampler draws from its own hash, not the CPU's: the same again, not the same
+    assert got.pop(sampled) == fast()[sampled] and expected.pop(sampled)[1] == "length"
+    assert got == expected
+    assert {reason for _, reason in got.values()} == {"length"}
+    assert len({tuple(tokens) for tokens, _ in got.values()}) > 1
 
 
 @pytest.mark.parametrize("temperature", [0.8])

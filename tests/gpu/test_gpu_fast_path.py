@@ -117,23 +117,37 @@ def test_llama_plan_runs_on_its_decode_graphs():
 
 
 @pytest.mark.parametrize("penalty", [{"repetition_penalty": 1.2}, {"presence_penalty": 0.5},
-                                     {"frequency_penalty": -1.0}])
-def test_the_fast_path_refuses_the_penalties_its_sampler_lacks_alone(penalty):
-    """The device sampler has no penalties: such a request is refused at admission, saying so, and
-    the requests beside it run (they were sampled without the penalty before the refusal)."""
+                                     {"frequency_penalty": -1.0, "temperature": 0.8, "seed": 3}])
+def test_penalised_requests_run_on_the_fast_path_beside_others(penalty):
+    """The penalties on the device (gpu/penalties.py; such requests were refused): a penalised
+    request runs to its length beside a plain and a top_k one, on the plan's decode graphs, and no
+    step holding it is launched ahead."""
     from mstar.runtime.conductor.request import Request
     from mstar.runtime.engine.torch_engine import TorchEngine
     from mstar.runtime.serve.driver import Driver, Workload
 
     plan = load_plan(str(GENERATED / "llama.plan"))
-    driver = Driver(plan, TorchEngine(plan, dims="spec", device="cuda", num_pages=256))
-    driver.run(Workload([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=4),
-                         Request(id="top_k", prompt_tokens=[1, 2, 3], max_tokens=4, temperature=1.0, top_k=2, seed=1),
-                         Request(id="penalised", prompt_tokens=[1, 2, 3], max_tokens=4, **penalty)]))
+    engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=256)
+    driver = Driver(plan, engine)
+    driver.run(Workload([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=8),
+                         Request(id="top_k", prompt_tokens=[1, 2, 3], max_tokens=8, temperature=1.0, top_k=2, seed=1),
+                         Request(id="penalised", prompt_tokens=[1, 2, 3], max_tokens=8, **penalty)]))
     records = driver.conductor.records
-    assert records["plain"].finish_reason == records["top_k"].finish_reason == "length"
-    assert "not supported on the GPU fast path yet" in records["penalised"].finish_reason, records["penalised"]
-    assert next(iter(penalty)) in records["penalised"].finish_reason
+    assert {r.finish_reason for r in records.values()} == {"length"}, records
+    runner = engine.runners["LLM"]
+    assert runner.executor.num_graph_steps > 0 and runner.num_ahead_rows == 0
+
+
+def test_device_penalties_are_the_cpus():
+    """`penalise` on the GPU gives what it gives on the CPU (the CPU fast path's tests compare that
+    with the reference sampler), bf16 logits taken as fp32."""
+    from mstar.runtime.engine.gpu.penalties import penalise, penalty_rows
+    from mstar.runtime.engine.sampling import SamplingParams
+
+    logits = (torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
+    rows = penalty_rows([(1, SamplingParams(repetition_penalty=1.3, presence_penalty=0.5), [3, 9, 9], [9, 4, 4]),
+                         (3, SamplingParams(frequency_penalty=-0.7), [], [1, 1, 1, 999])])
+    assert torch.equal(penalise(logits.cuda(), rows).cpu(), penalise(logits, rows))
 
 
 def test_fused_kernels_match_the_torch_ops():

@@ -10,8 +10,7 @@ best_of, response formats other than those documented) are refused rather than i
 client is never silently given something other than what it asked for. `n` choices (and a
 completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
 `_Body.sampling(max_tokens, choice)`; serve/http_app.py and serve/http_stream.py answer them as
-one). `presence_penalty` and `frequency_penalty` are OpenAI's (in [-2, 2]; the GPU fast path
-refuses non-zero ones at admission, as it does `repetition_penalty`).
+one). `presence_penalty` and `frequency_penalty` are OpenAI's (in [-2, 2]).
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
 `top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.

@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
 _last_token_of, _history_of = attrgetter("last_token"), attrgetter("history")
+_has_penalty = attrgetter("has_penalty")
 _first, _second, _third, _fourth = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _NOT_AHEAD = (None, -1)  # a row the step launched ahead does not hold: (walk, index there)
 
@@ -429,7 +430,7 @@ def _take(steady: SteadyRows, pick: list[bool]) -> SteadyRows:
 
 def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0):
     """`runner._sampling`, with the all-greedy answer (None) found without Python work per row."""
-    if not any(map(_temperature_of, map(_params_of, requests))):
+    if not any(map(_temperature_of, map(_params_of, requests))) and not any(map(_has_penalty, requests)):
         return None
     return runner._sampling(requests, num_uncollected)
 
@@ -450,6 +451,8 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
         request.history[node].extend(fed)
         counts, params = request.num_sampled, request.params
         num_sampled = counts[node] = counts.get(node, 0) + 1
+        if request.has_penalty:  # `RequestState.count_sampled` written out
+            request.sampled.setdefault(node, []).append(token)
         request.last_token[node] = [token]
         # step.row_stop written out (no call a row; the tests compare it with the per-row path's)
         is_stop = token in params.stop_tokens or token in node_stops

@@ -65,6 +65,7 @@ from mstar.runtime.engine.gpu.gdn_forward import LinearStep
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
 from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, max_row_pages, pack,
                                               padded)
+from mstar.runtime.engine.gpu.penalties import PenaltyRows, penalise
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
 
@@ -84,10 +85,11 @@ class SamplingRows:
     seeds: np.ndarray  # int64 [R]
     counters: np.ndarray  # int64 [R]
     top_k: np.ndarray  # int64 [R], 0 = no limit
+    penalties: Optional[PenaltyRows] = None  # the rows with a penalty (gpu/penalties.py), None: none
 
     def take(self, order: list[int]) -> "SamplingRows":
         return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order],
-                            self.top_k[order])
+                            self.top_k[order], None if self.penalties is None else self.penalties.take(order))
 
 
 @dataclass(frozen=True)
@@ -522,7 +524,10 @@ class StepExecutor:
             self._count(batch, whole, padded_tokens)
             tokens = greedy[:num_rows]
             if sampling is not None:
-                tokens = sample(logits[:num_rows], *self._sampling_tensors(sampling))
+                rows_logits = logits[:num_rows]
+                if sampling.penalties is not None:
+                    rows_logits = penalise(rows_logits.float(), sampling.penalties)
+                tokens = sample(rows_logits, *self._sampling_tensors(sampling))
             if glue is not None and inputs is not None:
                 glue.scatter_after_sampling(num_rows, tokens, inputs, self.token_buffers)
             else:

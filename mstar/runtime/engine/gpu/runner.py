@@ -40,12 +40,14 @@ With the plan's generated glue (`glue`: this node's `KeyGlue` per worker and wal
 packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the numpy packing.
 
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
-path); requests with a repetition penalty are refused here (it needs each request's history on the
-device, not built yet).
+path). A request with a repetition, presence or frequency penalty samples with it
+(`gpu/penalties.py`, from the host's lists of its seen and sampled tokens), and no step holding
+one is launched ahead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -58,6 +60,7 @@ from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_stea
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor, WholePacked
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
+from mstar.runtime.engine.gpu.penalties import penalty_rows
 from mstar.runtime.engine.kv.admission import PageNeed
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder
@@ -296,14 +299,6 @@ class GpuDecoderRunner(DecoderRunner):
                                f"walks {sorted(set(walks))}; regenerate it (`mstarc regen`)")
         return key_glue
 
-    def refusal(self, request: RequestState) -> Optional[str]:
-        if request.params.repetition_penalty != 1.0:
-            return f"node {self.node.name}: repetition_penalty is not supported on the GPU fast path yet"
-        if request.has_output_penalty:
-            return (f"node {self.node.name}: presence_penalty and frequency_penalty are not supported on the GPU "
-                    "fast path yet")
-        return super().refusal(request)
-
     def end_request(self, request_id: str) -> None:
         super().end_request(request_id)
         slot = self._row_slots.pop(request_id, None)
@@ -420,19 +415,27 @@ class GpuDecoderRunner(DecoderRunner):
             self._row_slots[request_id] = self._free_slots.pop()
         return self._row_slots[request_id]
 
-    def _sampling(self, requests: list[RequestState], num_uncollected: int = 0) -> Optional[SamplingRows]:
-        """The rows' sampling arrays, None when all are greedy. num_uncollected: steps of these rows
-        launched but not yet collected, whose samples the per-row counters must count."""
+    def _sampling(self, requests: list[RequestState], num_uncollected: int = 0,
+                  fed: Optional[list[list[int]]] = None) -> Optional[SamplingRows]:
+        """The rows' sampling arrays, None when all are greedy without a penalty. num_uncollected:
+        steps of these rows launched but not yet collected, whose samples the per-row counters must
+        count (never a penalised row's: `prelaunch`). fed: each row's tokens fed this step, which a
+        prompt row's repetition penalty counts (a decode row's fed token is among its samples)."""
         params = [request.params for request in requests]
-        if all(p.is_greedy for p in params):
+        is_penalised = any(map(_has_penalty, requests))
+        if not is_penalised and all(p.is_greedy for p in params):
             return None
         node = self.node.name
+        penalties = None
+        if is_penalised:
+            penalties = penalty_rows([(index, r.params, _seen(r, node, fed[index] if fed else []),
+                                       r.sampled.get(node, [])) for index, r in enumerate(requests) if r.has_penalty])
         return SamplingRows(np.array([p.temperature or 0.0 for p in params], dtype=np.float32),
                             np.array([p.top_p for p in params], dtype=np.float32),
                             np.array([p.seed for p in params], dtype=np.int64),
                             np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
                                      dtype=np.int64),
-                            np.array([p.top_k for p in params], dtype=np.int64))
+                            np.array([p.top_k for p in params], dtype=np.int64), penalties)
 
     def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
@@ -469,7 +472,8 @@ class GpuDecoderRunner(DecoderRunner):
                              pool.page_table((item.row.request_id, label)),
                              self._row_slot(item.row.request_id), item.row.walk in decode_walks,
                              walk_index.get(item.row.walk, 0)) for item in fresh]
-            pending = self.executor.launch(specs, self._sampling([item.request for item in fresh]),
+            pending = self.executor.launch(specs, self._sampling([item.request for item in fresh],
+                                                                 fed=[item.tokens_fed for item in fresh]),
                                            *self._step_bucket, route=self._route, glue=key_glue)
         sampled: set[str] = set()
         for item in ready:
@@ -531,6 +535,8 @@ class GpuDecoderRunner(DecoderRunner):
         `chunks`, also the prompt rows' next chunks (module docstring; decode_walks: the key's
         walks the split route runs on the decode kernel)."""
         if not self.can_run_ahead or worker in self._ahead:
+            return
+        if any(map(_has_penalty, map(_fourth, rows))):  # its samples need the host's lists whole (gpu/penalties.py)
             return
         if chunks is not None:
             self._prelaunch_chunks(worker, rows, chunks, decode_walks)
@@ -710,7 +716,7 @@ class GpuDecoderRunner(DecoderRunner):
     def _token_outputs(self, item: _Item, token: int) -> RowResult:
         node, request, params = self.node.name, item.request, item.request.params
         request.history.setdefault(node, []).extend(item.tokens_fed)
-        num_sampled = request.num_sampled[node] = request.num_sampled.get(node, 0) + 1
+        num_sampled = request.count_sampled(node, token)
         request.last_token[node] = [token]
         is_stop, is_length = row_stop(token, params.stop_tokens, self.stop_tokens, num_sampled, params.max_tokens)
         outputs: dict[str, object] = {}
@@ -720,3 +726,14 @@ class GpuDecoderRunner(DecoderRunner):
         for name, is_token in (item.facts or self._facts_of(item.call)).outputs:
             outputs[name] = [token] if is_token else torch.ones(num_positions, dtype=torch.bool)
         return RowResult(item.row.request_id, outputs, is_stop, is_length=is_length)
+
+
+_has_penalty, _fourth = attrgetter("has_penalty"), itemgetter(3)
+
+
+def _seen(request: RequestState, node: str, fed: list[int]) -> list[int]:
+    """The tokens a row's repetition penalty counts, as the CPU runner's history holds them when it
+    samples: those fed to the node before, this step's, and the samples (none without the penalty)."""
+    if request.params.repetition_penalty == 1.0:
+        return []
+    return request.history.get(node, []) + fed + request.sampled.get(node, [])

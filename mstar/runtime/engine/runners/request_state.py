@@ -31,8 +31,8 @@ class RequestState:
     route_walks: frozenset[str] = frozenset()  # every walk the request's explicit route names
     history: dict[str, list[int]] = field(default_factory=dict)  # node -> token ids fed so far
     num_sampled: dict[str, int] = field(default_factory=dict)  # node -> tokens sampled so far
-    # node -> the tokens sampled there so far, kept for a request with a presence or frequency
-    # penalty only (`output_tokens`)
+    # node -> the tokens sampled there so far, kept for a request with a penalty only
+    # (`output_tokens`; the GPU fast path's penalties read them, gpu/penalties.py)
     sampled: dict[str, list[int]] = field(default_factory=dict)
     num_items_seen: dict[str, int] = field(default_factory=dict)  # codec node -> stream items decoded
     last_token: dict[str, list[int]] = field(default_factory=dict)  # node -> its latest sampled token
@@ -41,15 +41,19 @@ class RequestState:
     # node -> the hidden states of a cut prompt's chunks so far, where its call sends a value per
     # position (runners/decoder.py `_whole_prompt`: the last chunk sends them all)
     cut_hidden: dict[str, list[Any]] = field(default_factory=dict)
+    # set from params (fields, not properties: the GPU fast path reads them a row a step)
+    has_output_penalty: bool = field(init=False)  # a presence or frequency penalty
+    has_penalty: bool = field(init=False)  # those, or a repetition penalty
 
-    @property
-    def has_output_penalty(self) -> bool:
-        return self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
+    def __post_init__(self) -> None:
+        params = self.params
+        self.has_output_penalty = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        self.has_penalty = self.has_output_penalty or params.repetition_penalty != 1.0
 
     def count_sampled(self, node: str, token: int) -> int:
         """One more token sampled on `node`; the count so far."""
         num_sampled = self.num_sampled[node] = self.num_sampled.get(node, 0) + 1
-        if self.has_output_penalty:
+        if self.has_penalty:
             self.sampled.setdefault(node, []).append(token)
         return num_sampled
 

@@ -1,0 +1,77 @@
+"""The repetition, presence and frequency penalties on the device, for the rows of a step that have one.
+
+In: per penalised row of the step its settings and, from the host, the tokens it has seen on the
+node (its history, this step's fed tokens and the tokens it sampled: the repetition penalty's
+set) and the tokens it sampled there (the presence and frequency penalties' counts). Out: the
+step's logits with those rows penalised as the CPU sampler penalises them (engine/sampling.py:
+HF's repetition rule first, then OpenAI's presence and frequency rule), before `sampler.sample`.
+
+The host's lists are whole only when the step was launched after the row's previous step was
+collected: a step launched ahead samples before the host has the token of the step before it, so
+the runner launches no step ahead that holds a penalised row (gpu/runner.py `prelaunch`). Only such
+rows cost anything: a step without one builds nothing here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain, repeat
+from typing import Optional
+
+import numpy as np
+import torch
+
+
+@dataclass
+class PenaltyRows:
+    rows: np.ndarray  # int64 [P]: the penalised rows' places in the step's sampled rows
+    repetition: np.ndarray  # float32 [P] (1: none)
+    presence: np.ndarray  # float32 [P]
+    frequency: np.ndarray  # float32 [P]
+    seen: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token): the repetition penalty's tokens
+    sampled: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token), once a sample
+
+    def take(self, order: list[int]) -> "PenaltyRows":
+        """The same rows after the step's rows were put in `order` (new place i held old row order[i])."""
+        new_place = np.empty(len(order), dtype=np.int64)
+        new_place[order] = np.arange(len(order))
+        return PenaltyRows(new_place[self.rows], self.repetition, self.presence, self.frequency, self.seen,
+                           self.sampled)
+
+
+def penalty_rows(penalised: list[tuple[int, object, list[int], list[int]]]) -> Optional[PenaltyRows]:
+    """From (row place, SamplingParams, tokens seen, tokens sampled) of each penalised row; None for none."""
+    if not penalised:
+        return None
+    places, params, seen, sampled = zip(*penalised)
+
+    def pairs(lists: tuple[list[int], ...]) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.fromiter(chain.from_iterable(repeat(i, len(t)) for i, t in enumerate(lists)), dtype=np.int64)
+        return rows, np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=len(rows))
+
+    def values(name: str) -> np.ndarray:
+        return np.array([getattr(p, name) for p in params], dtype=np.float32)
+
+    return PenaltyRows(np.array(places, dtype=np.int64), values("repetition_penalty"), values("presence_penalty"),
+                       values("frequency_penalty"), pairs(seen), pairs(sampled))
+
+
+def penalise(logits: torch.Tensor, rows: PenaltyRows) -> torch.Tensor:
+    """`logits` `[R, V]` (float32) with the penalised rows penalised (a new tensor)."""
+    device, vocab = logits.device, logits.shape[1]
+
+    def moved(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+    places = moved(rows.rows)
+    sub = logits.index_select(0, places)
+    counts = torch.zeros_like(sub)
+    sampled_rows, sampled_tokens = (moved(a) for a in rows.sampled)
+    counts.index_put_((sampled_rows, sampled_tokens % vocab), torch.ones_like(sampled_rows, dtype=sub.dtype),
+                      accumulate=True)
+    seen = counts > 0
+    seen_rows, seen_tokens = (moved(a) for a in rows.seen)
+    seen[seen_rows, seen_tokens % vocab] = True
+    repetition = moved(rows.repetition).unsqueeze(1)
+    sub = torch.where(seen, torch.where(sub > 0, sub / repetition, sub * repetition), sub)
+    sub = sub - moved(rows.frequency).unsqueeze(1) * counts - moved(rows.presence).unsqueeze(1) * (counts > 0)
+    return logits.index_copy(0, places, sub)
