@@ -451,8 +451,6 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
         request.history[node].extend(fed)
         counts, params = request.num_sampled, request.params
         num_sampled = counts[node] = counts.get(node, 0) + 1
-        if request.has_penalty:  # `RequestState.count_sampled` written out
-            request.sampled.setdefault(node, []).append(token)
         request.last_token[node] = [token]
         # step.row_stop written out (no call a row; the tests compare it with the per-row path's)
         is_stop = token in params.stop_tokens or token in node_stops
@@ -463,6 +461,10 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
         outputs = ({first: [token]} if width == 1 else {first: [token], second: [token]} if width == 2
                    else {name: [token] for name in names})
         append(RowResult(request_id, outputs, is_stop, None, False, is_length))
+    if any(map(_has_penalty, steady.requests)):  # `RequestState.count_sampled`'s list, once a step when none has one
+        for request, token in zip(steady.requests, token_list):
+            if request.has_penalty:
+                request.sampled.setdefault(node, []).append(token)
     results.token_ids, results.stop_rows = tokens, stop_rows
     return results
 
