@@ -29,9 +29,13 @@
 #          prefix pages), then Qwen3-Omni on a tight pool with --device cuda (every request ok); and
 #          of the next session's: the GPU runner's and decode columns' `is_length` (step.row_stop),
 #          which these tests' decode steps run through
+#   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
+#          repetition, presence and frequency on the fast path, no step launched ahead with one): the
+#          fast path's GPU tests, the decode columns', and `mstar run` on llama's graphs with a
+#          prompts file mixing penalised, sampled and plain requests (every one must end `length`)
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -53,6 +57,19 @@ case $part in
       tests/gpu/test_decode_attention_gpu.py tests/gpu/test_bench_kv_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
+  sampling)
+    python3 -m pytest -q tests/gpu/test_gpu_fast_path.py tests/gpu/test_gpu_decode_columns.py
+    in_time "mstar run with penalties" && python3 - <<'PY' > /tmp/penalties.jsonl
+import json
+kinds = [{}, {"presence_penalty": 1.0}, {"frequency_penalty": 0.5, "repetition_penalty": 1.1},
+         {"temperature": 0.8, "top_k": 40, "presence_penalty": 0.3}]
+for i in range(16):
+    print(json.dumps({"id": f"r{i}", "prompt_tokens": [1 + i, 5, 9, 13] * 8, "max_tokens": 64, "seed": i,
+                      **kinds[i % 4]}))
+PY
+    python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
+      --prompts /tmp/penalties.jsonl --no-progress --report /tmp/penalties.json | tail -3
+    python3 -c "import json; print(json.load(open('/tmp/penalties.json'))['finish_reasons'])" ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do
