@@ -190,3 +190,30 @@ def test_a_failed_choice_cancels_the_choices_still_running_at_once(is_streamed):
         with pytest.raises(ApiError, match="the step failed"):
             asyncio.run(answer())
     assert running.left_early and not failing.left_early
+
+
+def test_a_handler_cancelled_while_its_choices_start_leaves_none_running():
+    """The handler's task cancelled (the server going down) while it waits for its choices' first
+    deltas: each stream's wait is cancelled and the stream closed, so its request is cancelled."""
+    import asyncio
+
+    from mstar.runtime.serve.http_app import _first_deltas
+
+    left = []
+
+    async def never_first(name):
+        try:
+            await asyncio.Event().wait()
+            yield None
+        finally:
+            left.append(name)
+
+    async def handler():
+        waiting = asyncio.ensure_future(_first_deltas([never_first("a"), never_first("b")]))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(handler())
+    assert sorted(left) == ["a", "b"]

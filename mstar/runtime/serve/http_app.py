@@ -145,11 +145,7 @@ class Service:
         steps); each one's stream and first delta. Where one cannot start (429 full queue, 503
         closing, 400 refused), the others are cancelled and that is the answer."""
         streams = [self.llm.stream(request) for request in requests]
-        try:
-            firsts = await asyncio.gather(*(stream.__anext__() for stream in streams), return_exceptions=True)
-        except BaseException:  # the handler was cancelled: nothing may keep running for it
-            await sse.close_all([(stream, None) for stream in streams])  # type: ignore[misc]
-            raise
+        firsts = await _first_deltas(streams)
         started = [(stream, first) for stream, first in zip(streams, firsts) if isinstance(first, Delta)]
         failed = next((first for first in firsts if not isinstance(first, Delta)), None)
         refused = next((first for _, first in started if first.is_final and first.is_refused), None)
@@ -165,6 +161,24 @@ class Service:
         if refused is not None:  # the run loop counted it `refused`
             raise ApiError(400, _reason(refused.finish_reason), is_counted=True)
         return started
+
+
+async def _first_deltas(streams: list[AsyncIterator[Delta]]) -> list[Any]:
+    """Each stream's first delta, or the Overloaded or Closed its submission raised. One stream is
+    awaited directly (as before several could be: no task for the common request); several
+    together, and if the handler is cancelled meanwhile, gather has cancelled each one's wait (its
+    request with it) by the time it raises here, and each stream is closed."""
+    if len(streams) == 1:
+        try:
+            return [await streams[0].__anext__()]
+        except (Overloaded, Closed) as error:
+            return [error]
+    try:
+        return await asyncio.gather(*(stream.__anext__() for stream in streams), return_exceptions=True)
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+        raise
 
 
 @asynccontextmanager
