@@ -130,9 +130,14 @@ def apply_repetition_penalty(logits: torch.Tensor, histories: list[torch.Tensor]
     for row, history in enumerate(histories):
         if history.numel():
             seen[row, history.long() % logits.shape[1]] = True
+    return repetition_rule(logits, seen, penalties)
+
+
+def repetition_rule(logits: torch.Tensor, seen: torch.Tensor, penalties: torch.Tensor) -> torch.Tensor:
+    """`apply_repetition_penalty`'s rule over a `[R, V]` mask of the tokens each row has seen (the
+    GPU fast path builds its mask on the device: gpu/penalties.py)."""
     penalty = penalties.unsqueeze(1).to(logits.dtype)
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
 def apply_output_penalties(logits: torch.Tensor, outputs: list[torch.Tensor], presence: torch.Tensor,
@@ -142,6 +147,13 @@ def apply_output_penalties(logits: torch.Tensor, outputs: list[torch.Tensor], pr
     vocab = logits.shape[1]
     counts = torch.stack([torch.bincount(out.long() % vocab, minlength=vocab) if out.numel()
                           else torch.zeros(vocab, dtype=torch.long) for out in outputs]).to(logits.dtype)
+    return output_rule(logits, counts, presence, frequency)
+
+
+def output_rule(logits: torch.Tensor, counts: torch.Tensor, presence: torch.Tensor,
+                frequency: torch.Tensor) -> torch.Tensor:
+    """`apply_output_penalties`' rule over `[R, V]` counts of each row's outputs (in the logits'
+    dtype; the GPU fast path counts on the device: gpu/penalties.py)."""
     return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
 
 
@@ -154,10 +166,11 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories:
     penalties = torch.tensor([p.repetition_penalty for p in params])
     if bool((penalties != 1.0).any()):
         logits = apply_repetition_penalty(logits, histories, penalties)
-    presence = torch.tensor([p.presence_penalty for p in params])
-    frequency = torch.tensor([p.frequency_penalty for p in params])
-    if outputs is not None and bool(((presence != 0) | (frequency != 0)).any()):
-        logits = apply_output_penalties(logits, outputs, presence, frequency)
+    if outputs is not None:  # (the runners give outputs only for a step with such a penalty)
+        presence = torch.tensor([p.presence_penalty for p in params])
+        frequency = torch.tensor([p.frequency_penalty for p in params])
+        if bool(((presence != 0) | (frequency != 0)).any()):
+            logits = apply_output_penalties(logits, outputs, presence, frequency)
     greedy = logits.argmax(dim=1)
     is_greedy = torch.tensor([p.is_greedy for p in params])
     if bool(is_greedy.all()):

@@ -20,6 +20,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from mstar.runtime.engine.sampling import output_rule, repetition_rule
+
 
 @dataclass
 class PenaltyRows:
@@ -71,7 +73,6 @@ def penalise(logits: torch.Tensor, rows: PenaltyRows) -> torch.Tensor:
     seen = counts > 0
     seen_rows, seen_tokens = (moved(a) for a in rows.seen)
     seen[seen_rows, seen_tokens % vocab] = True
-    repetition = moved(rows.repetition).unsqueeze(1)
-    sub = torch.where(seen, torch.where(sub > 0, sub / repetition, sub * repetition), sub)
-    sub = sub - moved(rows.frequency).unsqueeze(1) * counts - moved(rows.presence).unsqueeze(1) * (counts > 0)
+    sub = repetition_rule(sub, seen, moved(rows.repetition))
+    sub = output_rule(sub, counts, moved(rows.presence), moved(rows.frequency))
     return logits.index_copy(0, places, sub)
