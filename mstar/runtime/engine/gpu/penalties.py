@@ -1,8 +1,8 @@
 """The repetition, presence and frequency penalties on the device, for the rows of a step that have one.
 
 In: per penalised row of the step its settings and, from the host, the tokens it has seen on the
-node (its history, this step's fed tokens and the tokens it sampled: the repetition penalty's
-set) and the tokens it sampled there (the presence and frequency penalties' counts). Out: the
+node (its history and this step's fed tokens: with the tokens it sampled, the repetition penalty's
+set) and the tokens it sampled there (the presence and frequency penalties' counts, and seen). Out: the
 step's logits with those rows penalised as the CPU sampler penalises them (engine/sampling.py:
 HF's repetition rule first, then OpenAI's presence and frequency rule), before `sampler.sample`.
 

@@ -733,7 +733,8 @@ _has_penalty, _fourth = attrgetter("has_penalty"), itemgetter(3)
 
 def _seen(request: RequestState, node: str, fed: list[int]) -> list[int]:
     """The tokens a row's repetition penalty counts, as the CPU runner's history holds them when it
-    samples: those fed to the node before, this step's, and the samples (none without the penalty)."""
+    samples, less its samples (`penalise` marks every sampled token seen): those fed to the node
+    before and this step's (none without the penalty)."""
     if request.params.repetition_penalty == 1.0:
         return []
-    return request.history.get(node, []) + fed + request.sampled.get(node, [])
+    return request.history.get(node, []) + fed
