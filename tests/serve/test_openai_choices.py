@@ -179,7 +179,7 @@ def test_a_failed_choice_cancels_the_choices_still_running_at_once(is_streamed):
         started = [(s, await s.__anext__()) for s in streams]
         if not is_streamed:
             return await asyncio.wait_for(collect_all(started), 5)
-        choices = [sse.Choice(i, Request(id=name, prompt_tokens=[1], max_tokens=1)) for i, name in enumerate("ab")]
+        choices = [sse.Choice(Request(id=name, prompt_tokens=[1], max_tokens=1)) for name in "ab"]
         service, body = SimpleNamespace(model_name="m"), SimpleNamespace(include_usage=False)
         return [event async for event in sse.completion_events(service, choices, body, started)]
 

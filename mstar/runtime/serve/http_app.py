@@ -402,7 +402,7 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         choices: list[sse.Choice] = []
         for prompt_index, prompt in enumerate(body.prompt_values()):
-            choices += await _choices(service, body, prompt, prompt_index, len(choices), tokens)
+            choices += await _choices(service, body, prompt, prompt_index, tokens)
         return await _text_answer(service, http, choices, body.stream,
                                   lambda started: sse.completion_events(service, choices, body, started),
                                   lambda answers: sse.completion_body(service, choices, answers))
@@ -415,21 +415,21 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         prompt = body.prompt_value()
         service.check_tokenizer("chat messages need a tokenizer with a chat template", "messages",
                                 "; or send the prompt as token ids to /v1/completions")
-        choices = await _choices(service, body, prompt, 0, 0, 1 if limit is None else limit,
+        choices = await _choices(service, body, prompt, 0, 1 if limit is None else limit,
                                  default_to_rest=limit is None, limit_field=body.token_limit_field())
         return await _text_answer(service, http, choices, body.stream,
                                   lambda started: sse.chat_events(service, choices, body, started),
                                   lambda answers: sse.chat_body(service, choices, answers))
 
 
-async def _choices(service: Service, body: Any, prompt: Any, prompt_index: int, first_index: int, tokens: int,
+async def _choices(service: Service, body: Any, prompt: Any, prompt_index: int, tokens: int,
                    **options: Any) -> list[sse.Choice]:
     """The body's n requests for one prompt (400 for a bad prompt or values): the first made from
     the prompt as sent (text is tokenized once, on a worker thread), the others from its ids."""
     first = await service.request(prompt, body.sampling(tokens), **options)
     requests = [first] + [await service.request(list(first.prompt_tokens), body.sampling(tokens, choice), **options)
                           for choice in range(1, body.num_choices)]
-    return [sse.Choice(first_index + offset, request, prompt_index) for offset, request in enumerate(requests)]
+    return [sse.Choice(request, prompt_index) for request in requests]
 
 
 async def _text_answer(service: Service, http: HttpRequest, choices: list[sse.Choice], is_stream: bool,

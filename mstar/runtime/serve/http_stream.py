@@ -58,9 +58,8 @@ def response(events: AsyncIterator[str]) -> StreamingResponse:
 
 @dataclass(frozen=True)
 class Choice:
-    """One request of a text answer: its place among the answer's choices and its prompt's among
-    the body's prompts (usage counts a prompt's tokens once, whatever its n)."""
-    index: int
+    """One request of a text answer (its `index` is its place in the answer's list of choices) and
+    its prompt's place among the body's prompts (usage counts a prompt's tokens once, whatever its n)."""
     request: Request
     prompt_index: int = 0
 
@@ -158,9 +157,9 @@ async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta]
 
 
 def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
-    bodies = [{"index": c.index, "text": "".join(d.text for d in deltas), "logprobs": None,
+    bodies = [{"index": index, "text": "".join(d.text for d in deltas), "logprobs": None,
                "finish_reason": finish_reason(deltas[-1]), "token_ids": [t for d in deltas for t in d.token_ids]}
-              for c, deltas in zip(choices, answers)]
+              for index, deltas in enumerate(answers)]
     return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
@@ -182,10 +181,10 @@ async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
 
 
 def chat_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
-    bodies = [{"index": c.index, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
+    bodies = [{"index": index, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
                "logprobs": None, "finish_reason": finish_reason(deltas[-1]),
                "token_ids": [t for d in deltas for t in d.token_ids]}
-              for c, deltas in zip(choices, answers)]
+              for index, deltas in enumerate(answers)]
     return {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
@@ -194,8 +193,8 @@ async def chat_events(service: Any, choices: Sequence[Choice], body: Any,
                       started: Sequence[Started]) -> AsyncIterator[str]:
     head = {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion.chunk",
             "created": int(time.time()), "model": service.model_name}
-    openings = [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": None} for c in choices]
+    openings = [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None} for index in range(len(choices))]
     yield f"data: {dumps({**head, 'choices': openings})}\n\n"
 
     def choice(index: int, delta: Delta) -> dict[str, Any]:
@@ -218,7 +217,7 @@ async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: 
             if _is_failed(delta):
                 yield _error_event(delta)
                 break
-            chunk: dict[str, Any] = {**head, "choices": [choice(choices[position].index, delta)]}
+            chunk: dict[str, Any] = {**head, "choices": [choice(position, delta)]}
             if delta.is_final:
                 finals[position] = delta
             is_last = len(finals) == len(choices) and delta.is_final
