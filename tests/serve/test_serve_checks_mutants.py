@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -35,12 +35,18 @@ def _recording(llm: LLM) -> list[Any]:
     return made
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    llm = LLM(LLAMA, engine="sim", tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
+def _served(plan: str, tmp_path_factory: Any) -> Iterator[tuple[str, list[Any], LLM]]:
+    """A module fixture's server: `plan` on the sim engine with the word tokenizer, recording the
+    Requests it builds; (its URL, those Requests, its LLM)."""
+    llm = LLM(plan, engine="sim", tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
     made = _recording(llm)
     with running(make_service(llm)) as url:
         yield url, made, llm
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    yield from _served(LLAMA, tmp_path_factory)
 
 
 def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
@@ -189,10 +195,7 @@ def test_speech_body_without_a_voice_gives_the_format_no_voice():
 
 @pytest.fixture(scope="module")
 def orpheus(tmp_path_factory):
-    llm = LLM(ORPHEUS, engine="sim", tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
-    made = _recording(llm)
-    with running(make_service(llm)) as url:
-        yield url, made, llm
+    yield from _served(ORPHEUS, tmp_path_factory)
 
 
 @pytest.mark.parametrize("fields, param, words", [
@@ -222,8 +225,7 @@ def test_speech_frames_the_voice_the_client_names(orpheus):
 
 @pytest.fixture(scope="module")
 def bagel(tmp_path_factory):
-    llm = LLM(BAGEL, engine="sim", tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
-    with running(make_service(llm)) as url:
+    for url, _, _ in _served(BAGEL, tmp_path_factory):
         yield url
 
 
