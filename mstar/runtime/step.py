@@ -22,12 +22,22 @@ from typing import Any, Callable, Optional, Protocol
 SEED_RANGE = (-(2**63), 2**63)
 # presence_penalty and frequency_penalty: OpenAI's range (a logit moved by at most 2 a count)
 OUTPUT_PENALTY_RANGE = (-2.0, 2.0)
+# The most alternatives a request may ask log-probabilities of beside its sampled token's (vLLM's
+# and OpenAI's chat limit; each is a host copy per token).
+MAX_LOGPROBS = 20
+
+# A sampled token's log-probability under the node's distribution (log-softmax of its logits,
+# before any penalty, temperature, top-k or top-p), then the `logprobs` most likely tokens with
+# theirs, most likely first: (logprob, ((token, logprob), ...)). Plain tuples: they cross ranks as
+# they are (serve/ranks/wire.py).
+TokenLogprobs = tuple[float, tuple[tuple[int, float], ...]]
 
 
 def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float],
                            seed: Optional[int], repetition_penalty: Optional[float],
                            presence_penalty: Optional[float] = None,
-                           frequency_penalty: Optional[float] = None) -> Optional[str]:
+                           frequency_penalty: Optional[float] = None,
+                           logprobs: Optional[int] = None) -> Optional[str]:
     """The first sampling setting outside the range an engine takes, said as the error to raise;
     None when all are in range (None for a setting: left at its default). The Python API checks it
     before a request is queued, the engine for requests that come another way."""
@@ -47,6 +57,8 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
         *((value is not None and not OUTPUT_PENALTY_RANGE[0] <= value <= OUTPUT_PENALTY_RANGE[1],
            f"{name} must be in [-2, 2], got {value}")
           for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty))),
+        (logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS,
+         f"logprobs must be in [0, {MAX_LOGPROBS}] (the alternatives beside the sampled token), got {logprobs}"),
     ]
     return next((message for is_bad, message in problems if is_bad), None)
 
@@ -109,6 +121,9 @@ class RowResult:
     # counts no tokens (Qwen3-TTS's Talker, Qwen3-Omni's) is cut so without the conductor's own
     # count seeing it: the request then ends "length".
     is_length: bool = False
+    # The sampled token's log-probabilities, where its request asked for them (Request.logprobs)
+    # and the call sends the token to the client as text; None otherwise.
+    logprobs: Optional[TokenLogprobs] = None
 
 
 def row_stop(token: int, stop_tokens: Any, node_stops: Any, num_sampled: int,

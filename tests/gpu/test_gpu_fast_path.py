@@ -138,6 +138,41 @@ def test_penalised_requests_run_on_the_fast_path_beside_others(penalty):
     assert runner.executor.num_graph_steps > 0 and runner.num_ahead_rows == 0
 
 
+def test_logprobs_come_back_from_the_device_with_their_tokens():
+    """Log-probabilities on the device (StepExecutor.collect_logprobs): each token of a request that asks
+    has its own and N alternatives', most likely first, the greedy token's the largest; a request
+    beside it gets none; no step holding one is launched ahead (the CPU fast path's tests compare
+    the numbers with the reference runner's)."""
+    import math
+
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(str(GENERATED / "llama.plan"))
+    engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=256)
+    driver = Driver(plan, engine)
+    driver.run(Workload([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=8),
+                         Request(id="greedy", prompt_tokens=[1, 2, 3], max_tokens=8, logprobs=5),
+                         Request(id="sampled", prompt_tokens=[4, 5], max_tokens=8, temperature=1.0, seed=2,
+                                 logprobs=1)]))
+    records = driver.conductor.records
+    assert {r.finish_reason for r in records.values()} == {"length"}, records
+    assert not records["plain"].emission_logprobs
+    for rid, count in (("greedy", 5), ("sampled", 1)):
+        found = records[rid].emission_logprobs
+        assert len(found) == 8, rid
+        for own, top in found.values():
+            values = [value for _, value in top]
+            assert len(top) == count and values == sorted(values, reverse=True)
+            assert math.isfinite(own) and own <= 0 and own <= values[0] + 1e-6
+            assert math.log(sum(math.exp(v) for v in values)) <= 1e-4
+            if rid == "greedy":
+                assert own == pytest.approx(values[0], abs=1e-6)
+    runner = engine.runners["LLM"]
+    assert runner.executor.num_graph_steps > 0 and runner.num_ahead_rows == 0
+
+
 def test_device_penalties_are_the_cpus():
     """`penalise` on the GPU gives what it gives on the CPU (the CPU fast path's tests compare that
     with the reference sampler), bf16 logits taken as fp32."""

@@ -117,6 +117,17 @@ def running(service: Service, app: Any = None) -> Iterator[str]:
         service.llm.close(5)
 
 
+@contextmanager
+def llama_with_client(directory: Path) -> Iterator[tuple[LLM, Any]]:
+    """The llama plan with the tiny tokenizer (written into `directory`) served on a free port:
+    (its LLM, an official openai client of it)."""
+    import openai
+
+    llm = LLM(LLAMA, tokenizer=str(write_tokenizer(directory)))
+    with running(make_service(llm)) as url:
+        yield llm, openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+
+
 def wait_until(predicate: Any, timeout_s: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

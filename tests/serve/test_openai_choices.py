@@ -8,7 +8,7 @@ import pytest
 
 from mstar.runtime.serve.api import LLM, SamplingParams
 from mstar.runtime.serve.engine_setup import build_engine, load
-from serve_harness import LLAMA, Gate, make_service, running, wait_until, write_tokenizer
+from serve_harness import LLAMA, Gate, llama_with_client, make_service, running, wait_until
 
 openai = pytest.importorskip("openai")
 
@@ -17,10 +17,8 @@ SAMPLED = dict(temperature=1.0, top_k=50)
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    llm = LLM(LLAMA, tokenizer=str(write_tokenizer(tmp_path_factory.mktemp("tok"))))
-    service = make_service(llm)
-    with running(service) as url:
-        yield llm, openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    with llama_with_client(tmp_path_factory.mktemp("tok")) as served:
+        yield served
 
 
 def _alone(llm, prompt, max_tokens, seed):

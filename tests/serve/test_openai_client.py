@@ -144,7 +144,7 @@ def test_streamed_chat_sends_the_role_then_content(llama):
     (dict(model="llama", prompt=[1] * 8190, max_tokens=16), 400, "max_seq_len"),
     # past the decode loop's 2048 after the prefill's token: the answer would stop there ("length")
     (dict(model="llama", prompt=[1, 2], max_tokens=5000), 400, "at most 2049 output tokens"),
-    (dict(model="llama", prompt=[1, 2], logprobs=2), 400, "logprobs"),
+    (dict(model="llama", prompt=[1, 2], logprobs=21), 400, "logprobs must be between 0 and 20, got 21"),
     (dict(model="llama", prompt=[]), 400, "empty"),
     (dict(model="llama", prompt=[1, 200000]), 400, "vocabulary"),
     # OpenAI fields this server does not implement are refused by name (they were ignored: a 200)

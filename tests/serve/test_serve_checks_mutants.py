@@ -64,7 +64,9 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
     ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5"),
     ({"frequency_penalty": -2.01}, "frequency_penalty", "frequency_penalty must be in [-2, 2], got -2.01"),
     ({"echo": True}, "echo", "echo is not supported"),
-    ({"logprobs": 0}, "logprobs", "logprobs is not supported"),
+    ({"logprobs": 21}, "logprobs", "logprobs must be between 0 and 20, got 21"),
+    ({"logprobs": -1}, "logprobs", "logprobs must be between 0 and 20, got -1"),
+    ({"top_logprobs": 2}, "top_logprobs", "top_logprobs is a chat completion field"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction", "prediction is not supported"),
     # a refused field is refused whatever its value but null (an empty list asks for tools too)
     ({"tools": []}, "tools", "tools is not supported"),
@@ -111,11 +113,34 @@ def test_a_completion_carries_its_stop_string_whole_and_its_stop_token_ids(llama
     assert made[-1].stop_strings == ["hello world"] and made[-1].stop_tokens == [7, 8]
 
 
-def test_chat_logprobs_true_is_a_400(llama):
+@pytest.mark.parametrize("fields, words", [
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs must be between 0 and 20, got 21"),
+    ({"top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+    ({"logprobs": False, "top_logprobs": 2}, "top_logprobs needs logprobs: true"),
+])
+def test_a_chat_top_logprobs_out_of_range_or_alone_is_a_400(llama, fields, words):
     url, _, _ = llama
     status, error = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
-                                                     "max_tokens": 2, "logprobs": True})
-    assert status == 400 and error["param"] == "logprobs", error
+                                                     "max_tokens": 2, **fields})
+    assert status == 400 and error["param"] == "top_logprobs" and words in error["message"], error
+
+
+@pytest.mark.parametrize("fields", [{"logprobs": False, "top_logprobs": 0}, {"logprobs": None, "top_logprobs": None}])
+def test_a_chat_without_logprobs_asks_for_none(llama, fields):
+    url, made, _ = llama
+    status, answer = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+                                                      "max_tokens": 2, **fields})
+    assert status == 200, answer
+    assert made[-1].logprobs is None and answer["choices"][0]["logprobs"] is None
+
+
+def test_logprobs_on_the_simulated_engine_are_refused_saying_why(llama):
+    """(tests/serve/test_openai_logprobs.py answers them on the torch engine)"""
+    url, made, _ = llama
+    status, error = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 2, "logprobs": True, "top_logprobs": 3})
+    assert status == 400 and "the simulated engine draws its tokens without any" in error["message"], error
+    assert made[-1].logprobs == 3
 
 
 def test_a_chat_max_completion_tokens_wins_over_max_tokens(llama):

@@ -30,9 +30,10 @@
 #          of the next session's: the GPU runner's and decode columns' `is_length` (step.row_stop),
 #          which these tests' decode steps run through
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
-#          repetition, presence and frequency on the fast path, no step launched ahead with one): the
-#          fast path's GPU tests, the decode columns', and `mstar run` on llama's graphs with a
-#          prompts file mixing penalised, sampled and plain requests (every one must end `length`)
+#          repetition, presence and frequency on the fast path, no step launched ahead with one) and
+#          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
+#          tests, the decode columns', and `mstar run` on llama's graphs with a prompts file mixing
+#          penalised, sampled, logprobs and plain requests (every one must end `length`)
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling}
@@ -59,17 +60,19 @@ case $part in
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
   sampling)
     python3 -m pytest -q tests/gpu/test_gpu_fast_path.py tests/gpu/test_gpu_decode_columns.py
-    in_time "mstar run with penalties" && python3 - <<'PY' > /tmp/penalties.jsonl
+    in_time "mstar run with penalties and logprobs" && python3 - <<'PY' > /tmp/penalties.jsonl
 import json
-kinds = [{}, {"presence_penalty": 1.0}, {"frequency_penalty": 0.5, "repetition_penalty": 1.1},
-         {"temperature": 0.8, "top_k": 40, "presence_penalty": 0.3}]
+kinds = [{}, {"presence_penalty": 1.0, "logprobs": 2}, {"frequency_penalty": 0.5, "repetition_penalty": 1.1},
+         {"temperature": 0.8, "top_k": 40, "presence_penalty": 0.3}, {"logprobs": 0, "temperature": 0.9}]
 for i in range(16):
     print(json.dumps({"id": f"r{i}", "prompt_tokens": [1 + i, 5, 9, 13] * 8, "max_tokens": 64, "seed": i,
-                      **kinds[i % 4]}))
+                      **kinds[i % len(kinds)]}))
 PY
     python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
-      --prompts /tmp/penalties.jsonl --no-progress --report /tmp/penalties.json | tail -3
-    python3 -c "import json; print(json.load(open('/tmp/penalties.json'))['finish_reasons'])" ;;
+      --prompts /tmp/penalties.jsonl --no-progress --report /tmp/penalties.json --out /tmp/penalties | tail -3
+    python3 -c "import json; print(json.load(open('/tmp/penalties.json'))['finish_reasons'])"
+    python3 -c "import json; lines = [json.loads(l) for l in open('/tmp/penalties/outputs.jsonl')]; \
+print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs'][0] for l in lines if 'logprobs' in l][:2])" ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do

@@ -149,7 +149,7 @@ def steady_refs(call, node: str, is_kv: bool):
     run = call.run
     ps = run.source
     record = ps.record
-    if record.request.stop_strings:
+    if record.request.stop_strings or record.request.logprobs is not None:  # (the second: RowResult.logprobs)
         return False
     if record.first_token_s is None or (is_kv and node not in run.context):
         return None
@@ -182,6 +182,8 @@ def _fast_row(conductor, node: str, step, row: StepRow, result: RowResult, ready
             record.add_emission(now, client_kind, value)
             if record.first_token_s is None:
                 record.first_token_s = now
+            if result.logprobs is not None:
+                record.attach_logprobs(result.logprobs, len(record.emission_values) - 1)
     if counted is not None:
         if counted is not client_name:  # the same name: `value` is already its value (or _MISSING)
             value = outputs.get(counted)
@@ -299,12 +301,15 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     outputs = result.outputs
     ps = run.source
     record = ps.record
+    since = len(record.emission_values)
     for name, kind in step.client:
         value = outputs.get(name, _MISSING)
         if value is not _MISSING:
             record.add_emission(now, kind, value)
             if record.first_token_s is None:
                 record.first_token_s = now
+    if result.logprobs is not None:
+        record.attach_logprobs(result.logprobs, since)
     loop_state = call.loop_state
     is_missing = False if step.is_plain else _apply_edges(run, step, loop_state, outputs)
     counted = step.counted_one

@@ -37,6 +37,9 @@ class Request:
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
+    # log-probabilities of each text token sent to the client and of this many alternatives beside
+    # it (0 to step.MAX_LOGPROBS; None: none, nothing is computed)
+    logprobs: Optional[int] = None
     # text that ends the request's counted output once its decoded text holds one (needs the
     # conductor's `decode`; the output's text is then cut before it)
     stop_strings: list[str] = field(default_factory=list)
@@ -87,6 +90,18 @@ class RequestRecord:
     emission_kinds: list[tuple[str, Optional[str]]] = field(default_factory=list)  # (edge, modality)
     emission_values: list[Any] = field(default_factory=list)
     emission_is_token: bytearray = field(default_factory=bytearray)
+    # emission index -> the log-probabilities of its token (RowResult.logprobs), for a request that
+    # asked for them (Request.logprobs): only one-token text emissions have any
+    emission_logprobs: dict[int, Any] = field(default_factory=dict)
+
+    def attach_logprobs(self, logprobs: Any, since: int) -> None:
+        """A row's log-probabilities go to the first one-token text emission it made: the first
+        at index `since` or after (the emissions before the row was applied), if any."""
+        kinds, is_token = self.emission_kinds, self.emission_is_token
+        for index in range(since, len(is_token)):
+            if is_token[index] and kinds[index][1] == "text":
+                self.emission_logprobs[index] = logprobs
+                return
 
     def emit(self, time_s: float, kind: tuple[str, Optional[str]], value: Any) -> None:
         """Record a value sent to the client: kind is (edge name, modality)."""

@@ -6,7 +6,9 @@ the token ids it has seen (the repetition penalty's), the tokens it sampled on t
 presence and frequency penalties', OpenAI's rule: a logit less presence_penalty once its token is
 among them and frequency_penalty a time), and its draw coordinates (`stream`: `draw_stream(seed, node position)`,
 fixed per request and node; `step`: how many tokens that request sampled there before). Out: one token
-id per row, from one batched pass (`sample_tokens`).
+id per row, from one batched pass (`sample_tokens`). `token_logprobs` gives the sampled tokens'
+log-probabilities for the rows whose requests ask for them (of the logits before any of the rules
+below: the model's own distribution, as vLLM's default and OpenAI's).
 
 Each row's random draw is a counter-based hash of (stream, step), so it depends only on its own
 seed and step, never on which rows share the step or in what order (batch invariance on the CPU).
@@ -23,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from mstar.runtime.step import sampling_range_problem
+from mstar.runtime.step import TokenLogprobs, sampling_range_problem
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
 # before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in
@@ -51,6 +53,7 @@ class SamplingParams:
     seed: int = 0
     stop_tokens: frozenset[int] = field(default_factory=frozenset)
     max_tokens: Optional[int] = None
+    logprobs: Optional[int] = None  # Request.logprobs: alternatives beside the sampled token, None: none
 
     @property
     def is_greedy(self) -> bool:
@@ -79,13 +82,15 @@ class SamplingParams:
                 seed=_integer("seed", get("seed", default=0)),
                 stop_tokens=frozenset(int(t) for t in ([stop] if isinstance(stop, int) else stop)),
                 max_tokens=get("max_tokens"),
+                logprobs=None if get("logprobs") is None else _integer("logprobs", get("logprobs")),
             )
         except SamplingError:
             raise
         except (TypeError, ValueError, OverflowError) as error:  # a value of the wrong kind: this request alone
             raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
         problem = sampling_range_problem(params.temperature, params.top_k, params.top_p, params.seed,
-                                         params.repetition_penalty, params.presence_penalty, params.frequency_penalty)
+                                         params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
+                                         params.logprobs)
         if problem is not None:
             raise SamplingError(problem)
         return params
@@ -193,3 +198,27 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories:
     index = torch.minimum(index, is_kept.sum(dim=1) - 1)
     sampled = order.gather(1, index.unsqueeze(1)).squeeze(1)
     return torch.where(is_greedy, greedy, sampled).tolist()
+
+
+def logprob_tensors(logits: torch.Tensor, tokens: torch.Tensor,
+                    most: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows' sampled-token log-probabilities `[R]` under log_softmax(logits) and the `most` most
+    likely tokens' `[R, most]` (values, then ids; most likely first), on the logits' device (the GPU
+    fast path copies them to the host with its tokens). logits `[R, V]`, tokens `[R]`."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, tokens.reshape(-1, 1).long()).squeeze(1)
+    values, ids = logprobs.topk(min(most, logprobs.shape[1]), dim=-1)
+    return chosen, values, ids
+
+
+def as_token_logprobs(chosen: list[float], values: list[list[float]], ids: list[list[int]],
+                      counts: list[int]) -> list[TokenLogprobs]:
+    """`logprob_tensors`' host values as one TokenLogprobs (step.py) a row, row r keeping its
+    `counts[r]` alternatives."""
+    return [(chosen[row], tuple(zip(ids[row][:count], values[row][:count]))) for row, count in enumerate(counts)]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], counts: list[int]) -> list[TokenLogprobs]:
+    """Each row's TokenLogprobs: its sampled token `tokens[r]` and `counts[r]` alternatives."""
+    chosen, values, ids = logprob_tensors(logits, torch.tensor(tokens), max(counts, default=0))
+    return as_token_logprobs(chosen.tolist(), values.tolist(), ids.tolist(), counts)

@@ -568,13 +568,15 @@ def _token_columns(step_rows: list[StepRow], rows: list[RowResult]) -> tuple[Opt
     """The step's answer in columns (`StepResult.token_ids`, `stop_rows`), so the conductor moves
     its decode rows at once (conductor/lane_pass.py), when the contract holds: every row of the step
     answered, in step order, with no error, and every output of each row is the one token it
-    sampled (`[token]`); else (None, []) and the conductor reads the rows."""
+    sampled (`[token]`) and carries no log-probabilities; else (None, []) and the conductor reads
+    the rows."""
     if len(rows) != len(step_rows):
         return None, []
     tokens = []
     for step_row, result in zip(step_rows, rows):
         outputs = result.outputs
-        if result.error is not None or result.request_id != step_row.request_id or not outputs:
+        if (result.error is not None or result.request_id != step_row.request_id or not outputs
+                or result.logprobs is not None):  # (the columns carry no log-probabilities)
             return None, []
         token = None
         for value in outputs.values():

@@ -109,13 +109,16 @@ class SamplingParams:
     guidance: dict[str, float] = field(default_factory=dict)
     presence_penalty: Optional[float] = None  # OpenAI's, in [-2, 2]: on the node's output tokens so far
     frequency_penalty: Optional[float] = None
+    # log-probabilities of each output text token and of this many alternatives beside it (0 to
+    # 20; None: none): Output.logprobs
+    logprobs: Optional[int] = None
 
     def check(self) -> None:
         """Raise SamplingError naming the first value of the wrong kind or out of range (a value
         of the wrong kind once reached the run loop and stopped it for every request). Values are
         echoed by `shown`: a route's 10,000-character name was echoed whole, and any max_tokens
         past 4,300 digits, even a valid one, raised Python's ValueError of int -> str instead."""
-        for name in ("max_tokens", "top_k", "seed"):
+        for name in ("max_tokens", "top_k", "seed", "logprobs"):
             value = getattr(self, name)
             if value is not None and not is_integer(value):
                 raise SamplingError(f"{name} must be an integer, got {shown(value)}")
@@ -145,7 +148,8 @@ class SamplingParams:
         if problem is not None:
             raise SamplingError(problem)
         out_of_range = sampling_range_problem(self.temperature, self.top_k, self.top_p, self.seed,
-                                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+                                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+                                              self.logprobs)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
 
@@ -166,6 +170,10 @@ class Output:
     media: list[tuple[str, Any]]  # (modality, value) of audio and image emissions, in order
     num_output_tokens: int  # counted output tokens (audio codes included)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    # with SamplingParams.logprobs: one TokenLogprobs a token of token_ids, (the token's
+    # log-probability, ((alternative id, its log-probability), ...) most likely first), None for a
+    # token no engine row answered them of; None without
+    logprobs: Optional[list[Any]] = None
 
 
 class LLM:
@@ -334,8 +342,9 @@ class LLM:
         return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
-                       presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                       stop_tokens=list(sampling.stop_token_ids), stop_strings=list(sampling.stop),
+                        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+                       logprobs=sampling.logprobs, stop_tokens=list(sampling.stop_token_ids),
+                       stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))
 
@@ -533,7 +542,8 @@ class _Collector:
                       [t for d in self.deltas for t in d.token_ids],
                       "".join(d.text for d in self.deltas) if self.has_text else None,
                       last.finish_reason or "error", [m for d in self.deltas for m in d.media],
-                      last.num_output_tokens, last.num_cached_tokens)
+                      last.num_output_tokens, last.num_cached_tokens,
+                      None if self.request.logprobs is None else [e for d in self.deltas for e in d.logprobs or []])
 
 
 def _check_arguments(plan: Any, engine: Any, max_waiting: Any, observer: Any) -> None:

@@ -97,6 +97,9 @@ class StubExecutor:
         self.num_steps += 1
         return _Answered(np.full(len(rows), self.token, dtype=np.int64))
 
+    def collect_logprobs(self, pending: _Answered) -> dict:
+        return {}  # (the bench's requests ask for none)
+
     def restore_loop_tokens(self, slots: list[int], tokens: list[int]) -> None:
         self.loop_tokens[torch.tensor(slots)] = torch.tensor(tokens, dtype=self.loop_tokens.dtype)
 

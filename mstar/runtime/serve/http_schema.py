@@ -5,12 +5,14 @@ string as a boolean is refused, not coerced; unknown fields are ignored, as Open
 for fields it does not know, but on speech, where any other field gives a value to the plan's
 prompt format, one the format does not name is refused by name). Out: a prompt (token ids, text
 or chat messages) and `SamplingParams` (serve/api.py), or an `ApiError` (status, OpenAI error
-type, message, param) for a body the server cannot take: unsupported options (logprobs, echo,
-best_of, response formats other than those documented) are refused rather than ignored, so a
+type, message, param) for a body the server cannot take: unsupported options (echo, best_of,
+response formats other than those documented) are refused rather than ignored, so a
 client is never silently given something other than what it asked for. `n` choices (and a
 completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
 `_Body.sampling(max_tokens, choice)`; serve/http_app.py and serve/http_stream.py answer them as
-one). `presence_penalty` and `frequency_penalty` are OpenAI's (in [-2, 2]).
+one). `presence_penalty` and `frequency_penalty` are OpenAI's (in [-2, 2]). Log-probabilities:
+a completion's `logprobs: N` and a chat's `logprobs: true` with `top_logprobs: N` (N in 0..20)
+become `SamplingParams.logprobs` (`_Body.logprobs_count`); serve/logprobs_format.py answers them.
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
 `top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from mstar.arg_types import shown, shown_text
 from mstar.runtime.serve.api import PromptError, SamplingParams, flat_message
+from mstar.runtime.step import MAX_LOGPROBS
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
@@ -50,7 +53,7 @@ class ApiError(Exception):
 # client asking for JSON output or tool calls must not get plain text as if it had). Fields of no
 # consequence to the answer (`user`, `metadata`, `store`, ...) and unknown ones are ignored.
 UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-                      "response_format", "logit_bias", "top_logprobs", "modalities", "audio", "prediction",
+                      "response_format", "logit_bias", "modalities", "audio", "prediction",
                       "web_search_options")
 
 
@@ -129,7 +132,12 @@ class _Body(BaseModel):
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, seed=seed, repetition_penalty=self.repetition_penalty,
                               stop=stop, stop_token_ids=list(self.stop_token_ids or []),
-                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              logprobs=self.logprobs_count())
+
+    def logprobs_count(self) -> Optional[int]:
+        """The alternatives a choice asks log-probabilities of beside each token (None: none)."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -165,8 +173,11 @@ class CompletionBody(_Body):
         choices come prompt by prompt, n each); 400 for an unsupported option, an empty list or more
         than MAX_CHOICES choices in all."""
         self.common_checks()
-        for name, value, ok in (("logprobs", self.logprobs, None), ("best_of", self.best_of, 1),
-                                ("suffix", self.suffix, None)):
+        if (self.model_extra or {}).get("top_logprobs") is not None:
+            raise ApiError(400, "top_logprobs is a chat completion field: a completion asks for `logprobs: N`",
+                           param="top_logprobs")
+        _check_logprobs_count("logprobs", self.logprobs)
+        for name, value, ok in (("best_of", self.best_of, 1), ("suffix", self.suffix, None)):
             if value is not None and value != ok:
                 raise ApiError(400, f"{name} is not supported", param=name)
         if self.echo:
@@ -179,18 +190,26 @@ class CompletionBody(_Body):
                            f"choices, more than the {MAX_CHOICES} one request may ask for", param="prompt")
         return prompts
 
+    def logprobs_count(self) -> Optional[int]:
+        return self.logprobs
+
 
 class ChatBody(_Body):
     messages: list[dict[str, Any]]
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
 
     def prompt_value(self) -> dict[str, Any]:
         self.common_checks()
-        if self.logprobs:
-            raise ApiError(400, "logprobs is not supported", param="logprobs")
+        _check_logprobs_count("top_logprobs", self.top_logprobs)
+        if self.top_logprobs and not self.logprobs:  # (0 asks for nothing: some clients send it always)
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return {"messages": [_flat_message(m) for m in self.messages]}
+
+    def logprobs_count(self) -> Optional[int]:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -199,6 +218,11 @@ class ChatBody(_Body):
         """The field `token_limit` comes from, which its errors name (they said `max_tokens` to a
         client that sent `max_completion_tokens`)."""
         return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+
+def _check_logprobs_count(name: str, value: Optional[int]) -> None:
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise ApiError(400, f"{name} must be between 0 and {MAX_LOGPROBS}, got {shown(value)}", param=name)
 
 
 def _flat_message(message: dict[str, Any]) -> dict[str, Any]:

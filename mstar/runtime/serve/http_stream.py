@@ -21,7 +21,9 @@ prompts, n choices a prompt in prompt order); a stream interleaves the choices' 
 come (`merged`), each chunk naming its choice's `index`. Every choice also carries `token_ids`:
 the delta's token ids (an extension; without a tokenizer the text is empty and the ids are the
 output). A request that fails mid-stream ends the stream with an `{"error": {...}}` event before
-`[DONE]`, and the other choices' requests are cancelled. `stream_options.include_usage` adds
+`[DONE]`, and the other choices' requests are cancelled. A choice whose request asked for
+log-probabilities carries them in `logprobs`, per chunk for the chunk's tokens
+(serve/logprobs_format.py); null otherwise. `stream_options.include_usage` adds
 OpenAI's separate usage chunk (empty `choices`); the last chunk with a finish reason has usage
 either way. Usage counts each prompt's tokens once (and its first choice's cached tokens), every
 choice's output tokens.
@@ -41,6 +43,7 @@ from fastapi.responses import StreamingResponse
 
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.http_schema import CANCELLED_MESSAGE
+from mstar.runtime.serve.logprobs_format import Offsets, chat_logprobs, completion_logprobs
 from mstar.runtime.serve.online import Delta
 
 FINISH_REASONS = {"stop": "stop", "length": "length"}
@@ -157,9 +160,14 @@ async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta]
 
 
 def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
-    bodies = [{"index": index, "text": "".join(d.text for d in deltas), "logprobs": None,
-               "finish_reason": finish_reason(deltas[-1]), "token_ids": [t for d in deltas for t in d.token_ids]}
-              for index, deltas in enumerate(answers)]
+    tokenizer = _tokenizer(service, choices)
+    bodies = []
+    for index, deltas in enumerate(answers):
+        token_ids = [t for d in deltas for t in d.token_ids]
+        logprobs = _joined_logprobs(choices[index], deltas)
+        bodies.append({"index": index, "text": "".join(d.text for d in deltas),
+                       "logprobs": completion_logprobs(tokenizer, token_ids, logprobs, Offsets()),
+                       "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
     return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
@@ -169,8 +177,13 @@ async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
     head = {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
             "model": service.model_name}
 
+    tokenizer = _tokenizer(service, choices)
+    offsets = [Offsets() for _ in choices]
+
     def choice(index: int, delta: Delta) -> dict[str, Any]:
-        return {"index": index, "text": delta.text, "logprobs": None, "finish_reason": finish_reason(delta),
+        logprobs = completion_logprobs(tokenizer, delta.token_ids, _delta_logprobs(choices[index], delta),
+                                       offsets[index])
+        return {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": finish_reason(delta),
                 "token_ids": delta.token_ids}
 
     async for event in _choice_events(head, choices, body, started, choice):
@@ -181,10 +194,13 @@ async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
 
 
 def chat_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
-    bodies = [{"index": index, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
-               "logprobs": None, "finish_reason": finish_reason(deltas[-1]),
-               "token_ids": [t for d in deltas for t in d.token_ids]}
-              for index, deltas in enumerate(answers)]
+    tokenizer = _tokenizer(service, choices)
+    bodies = []
+    for index, deltas in enumerate(answers):
+        token_ids = [t for d in deltas for t in d.token_ids]
+        bodies.append({"index": index, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
+                       "logprobs": chat_logprobs(tokenizer, token_ids, _joined_logprobs(choices[index], deltas)),
+                       "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
     return {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
@@ -197,13 +213,35 @@ async def chat_events(service: Any, choices: Sequence[Choice], body: Any,
                  "finish_reason": None} for index in range(len(choices))]
     yield f"data: {dumps({**head, 'choices': openings})}\n\n"
 
+    tokenizer = _tokenizer(service, choices)
+
     def choice(index: int, delta: Delta) -> dict[str, Any]:
         content = {"content": delta.text} if delta.text or not delta.is_final else {}
-        return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason(delta),
+        logprobs = chat_logprobs(tokenizer, delta.token_ids, _delta_logprobs(choices[index], delta))
+        return {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish_reason(delta),
                 "token_ids": delta.token_ids}
 
     async for event in _choice_events(head, choices, body, started, choice):
         yield event
+
+
+def _tokenizer(service: Any, choices: Sequence[Choice]) -> Any:
+    """The tokenizer that names the choices' tokens, where one asked for log-probabilities."""
+    return service.llm.tokenizer if any(choice.request.logprobs is not None for choice in choices) else None
+
+
+def _delta_logprobs(choice: Choice, delta: Delta) -> Optional[list[Any]]:
+    """The delta's TokenLogprobs, one a token (an empty list for a delta without any, such as a
+    refused request's); None when its request asked for none."""
+    if choice.request.logprobs is None:
+        return None
+    return delta.logprobs if delta.logprobs is not None else [None] * len(delta.token_ids)
+
+
+def _joined_logprobs(choice: Choice, deltas: Sequence[Delta]) -> Optional[list[Any]]:
+    if choice.request.logprobs is None:
+        return None
+    return [entry for delta in deltas for entry in _delta_logprobs(choice, delta) or []]
 
 
 async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: Any, started: Sequence[Started],

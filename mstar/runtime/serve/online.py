@@ -79,6 +79,9 @@ class Delta:
     num_output_tokens: int = 0  # counted output tokens so far
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the conductor's count)
     is_input_fault: bool = False  # it failed mid-run on its own input (RequestRecord.is_input_fault)
+    # one per token of token_ids, for a request that asked for them (Request.logprobs): its
+    # TokenLogprobs (step.py), None for a token no row answered them of; None for other requests
+    logprobs: Optional[list[Any]] = None
 
     @property
     def is_final(self) -> bool:
@@ -377,13 +380,14 @@ class OnlineLoop:
                     token_ids.extend(value if type(value) is list else _token_ids(value))
             else:
                 media.append((modality or "", record.emission_value(index)))
+        logprobs = _emitted_logprobs(record, start, end) if record.request.logprobs is not None else None
         text = ""
         if item.text is not None:
             text = item.text.add(token_ids) if token_ids else ""
             if is_final:
                 text += item.text.finish()
         delta = Delta(record.request.id, token_ids, text, media, None, False, len(record.request.prompt_tokens),
-                      record.num_output_tokens, record.num_cached_tokens)
+                      record.num_output_tokens, record.num_cached_tokens, logprobs=logprobs)
         if is_final:
             delta.finish_reason = record.finish_reason or "error"
             delta.is_refused = record.is_refused
@@ -442,3 +446,20 @@ def _token_ids(value: Any) -> list[int]:
         items = to_list()
         return [int(v) for v in items] if isinstance(items, list) else [int(items)]
     return [int(value)]
+
+
+def _emitted_logprobs(record: RequestRecord, start: int, end: int) -> list[Any]:
+    """One entry per text token of emissions [start, end), as `_push` lists their ids: the
+    TokenLogprobs the conductor attached to a one-token emission, None for any other token."""
+    found = record.emission_logprobs
+    kinds, values, is_token = record.emission_kinds, record.emission_values, record.emission_is_token
+    out: list[Any] = []
+    for index in range(start, end):
+        if kinds[index][1] != "text":
+            continue
+        if is_token[index]:
+            out.append(found.get(index))
+        else:
+            value = values[index]
+            out.extend([None] * len(value if type(value) is list else _token_ids(value)))
+    return out

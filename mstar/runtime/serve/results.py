@@ -9,7 +9,10 @@ per request as it ends. Out, in DIR:
   tokenizer or when the output is not token ids), and `actions` when the request emitted any
   (`client action` edges: each emission a list of rows of floats, Pi0.5's action chunk, in
   emission order), and `latents` likewise for `client latents` edges (hidden states as floats; an
-  accumulated emission is a list of them, one per loop iteration). Each line goes out in one
+  accumulated emission is a list of them, one per loop iteration), and `logprobs` for a request
+  that asked for them (its line's "logprobs": N): one `{"token", "logprob", "top"}` per text token
+  sent, `top` its N most likely alternatives as [id, logprob] pairs (a logprob of minus infinity
+  as -9999.0; null for a token no engine row gave them of). Each line goes out in one
   unbuffered write, so an interrupt or a crash keeps every line written before it whole, and a line
   is written only after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
@@ -133,6 +136,8 @@ class ResultWriter:
         latents = [_float_rows(e.value) for e in record.emissions if e.modality == "latents"]
         if latents:
             line["latents"] = latents
+        if record.request.logprobs is not None:
+            line["logprobs"] = _logprobs_json(record)
         self._append((json.dumps(line) + "\n").encode("utf-8"))
         self.num_lines += 1
         self._written.add(request_id)
@@ -328,3 +333,20 @@ def _reason(error: OSError) -> str:
     """The OS's reason without the path atomic_write_bytes already put in its message."""
     return error.strerror.split(": ", 1)[-1] if error.strerror and error.strerror.startswith("cannot write") \
         else (error.strerror or str(error))
+
+
+def _logprobs_json(record: Any) -> list[dict[str, Any]]:
+    """One entry per one-token text emission of the record, with its attached log-probabilities
+    (RequestRecord.emission_logprobs)."""
+    from mstar.runtime.serve.logprobs_format import finite
+
+    found = record.emission_logprobs
+    entries: list[dict[str, Any]] = []
+    for index, (kind, value, is_token) in enumerate(zip(record.emission_kinds, record.emission_values,
+                                                        record.emission_is_token)):
+        if kind[1] != "text" or not is_token:
+            continue
+        own, top = found.get(index, (None, ()))
+        entries.append({"token": value, "logprob": finite(own),
+                        "top": [[token, finite(logprob)] for token, logprob in top]})
+    return entries

@@ -61,6 +61,11 @@ class TextTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=True)
 
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (a token that holds only part of a
+        character's bytes reads as U+FFFD)."""
+        return self._backend.decode([token], skip_special_tokens=False)
+
     def token_id(self, token: str) -> Optional[int]:
         """The id of one token of the vocabulary (a special token such as `<|en|>`), else None."""
         found = self._backend.token_to_id(token)

@@ -20,7 +20,8 @@ request ends once its decoded output holds one; needs the tokenizer too), "tempe
 "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
-loops written `count=PARAM`, each within its loop's max); blank lines are skipped. Given the plan,
+loops written `count=PARAM`, each within its loop's max), "logprobs" (0 to 20: each output text
+token's log-probability and that many alternatives', in outputs.jsonl); blank lines are skipped. Given the plan,
 a line's guidance labels and loop counts are checked against it as the file is read, by the rules
 the engine and the conductor apply at admission (`unknown_label_problem`, `LoopCounts`). An id is 1 to
 MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path
@@ -51,7 +52,7 @@ from mstar.plan.output_bound import excess_tokens_problem
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.step import OUTPUT_PENALTY_RANGE, SEED_RANGE
+from mstar.runtime.step import MAX_LOGPROBS, OUTPUT_PENALTY_RANGE, SEED_RANGE
 
 ARRIVALS = ("poisson", "staggered", "closed")
 VOCAB_SIZE = 1000
@@ -276,7 +277,7 @@ def _check_id(request_id: str, where: str) -> None:
 # the fields a prompts line may hold (beside the plan's prompt format fields)
 LINE_FIELDS = frozenset({"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k",
                          "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_tokens",
-                         "route", "guidance", "audio", "loop_counts"})
+                         "route", "guidance", "audio", "loop_counts", "logprobs"})
 
 
 def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
@@ -416,16 +417,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
     turns 'prompt' and 'messages' into tokens; `form` (the plan's PromptFormatPlan, or None)
     frames a text prompt, and its fields (e.g. 'voice') are fields of the line; `base_dir`: where
     relative `audio` paths start."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-    except ValueError:  # an integer literal past Python's digit limit (4300 by default)
-        raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
-    except RecursionError:  # arrays or objects nested past the interpreter's recursion limit
-        raise WorkloadError(f"{where}: the line's JSON is nested too deeply to read") from None
-    if not isinstance(obj, dict):
-        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    obj = _line_object(line, where)
     known = LINE_FIELDS | set(form.fields if form else ())
     unknown = sorted(set(obj) - known)
     if unknown:
@@ -467,7 +459,31 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         guidance=scales,
         media=_audio(obj, where, base_dir),
         loop_counts=dict(loop_counts),
+        logprobs=_logprobs(obj, where),
     )
+
+
+def _line_object(line: str, where: str) -> dict:
+    """A prompts line's JSON object (WorkloadError naming what is wrong with it)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise WorkloadError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except ValueError:  # an integer literal past Python's digit limit (4300 by default)
+        raise WorkloadError(f"{where}: a number on this line has too many digits to read") from None
+    except RecursionError:  # arrays or objects nested past the interpreter's recursion limit
+        raise WorkloadError(f"{where}: the line's JSON is nested too deeply to read") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _logprobs(obj: dict, where: str) -> Optional[int]:
+    logprobs = _field(obj, "logprobs", (int,), where, is_required=False)
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise WorkloadError(f"{where}: 'logprobs' (the alternatives beside each token) must be in "
+                            f"[0, {MAX_LOGPROBS}], got {shown(logprobs)}")
+    return logprobs
 
 
 def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = None) -> Optional[str]:

@@ -68,6 +68,8 @@ from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowS
 from mstar.runtime.engine.gpu.penalties import PenaltyRows, penalise
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
+from mstar.runtime.engine.sampling import as_token_logprobs, logprob_tensors
+from mstar.runtime.step import TokenLogprobs
 
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
 
@@ -86,10 +88,14 @@ class SamplingRows:
     counters: np.ndarray  # int64 [R]
     top_k: np.ndarray  # int64 [R], 0 = no limit
     penalties: Optional[PenaltyRows] = None  # the rows with a penalty (gpu/penalties.py), None: none
+    # int64 [R]: the alternatives each row asks log-probabilities of beside its token (-1: none);
+    # None: no row asks (RowResult.logprobs)
+    logprobs: Optional[np.ndarray] = None
 
     def take(self, order: list[int]) -> "SamplingRows":
         return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order],
-                            self.top_k[order], None if self.penalties is None else self.penalties.take(order))
+                            self.top_k[order], None if self.penalties is None else self.penalties.take(order),
+                            None if self.logprobs is None else self.logprobs[order])
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,9 @@ class Pending:
     is_graph: bool
     buffer: torch.Tensor  # the pinned buffer `tokens` views, reused once collected
     order: Optional[list[int]] = None  # the launch order of the caller's rows (the split route), None: theirs
+    # the rows that asked for log-probabilities (launch order), their counts, and `logprob_tensors`'
+    # device tensors for them (`collect_logprobs`); None: none asked
+    logprobs: Optional[tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
 
 class StepExecutor:
@@ -523,11 +532,14 @@ class StepExecutor:
                 logits, greedy, row_slot = self._run_numpy(rows, batch, whole, padded_tokens, num_decode)
             self._count(batch, whole, padded_tokens)
             tokens = greedy[:num_rows]
+            logprobs = None
             if sampling is not None:
                 rows_logits = logits[:num_rows]
                 if sampling.penalties is not None:
                     rows_logits = penalise(rows_logits.float(), sampling.penalties)
                 tokens = sample(rows_logits, *self._sampling_tensors(sampling))
+                if sampling.logprobs is not None:  # of the logits before any penalty (sampling.py)
+                    logprobs = self._logprobs(logits[:num_rows], tokens, sampling.logprobs)
             if glue is not None and inputs is not None:
                 glue.scatter_after_sampling(num_rows, tokens, inputs, self.token_buffers)
             else:
@@ -541,7 +553,19 @@ class StepExecutor:
                 began, len(rows), sum(row.num_tokens for row in rows), path_of(batch, whole, padded_tokens))
         else:
             event = self._record() if self.is_cuda else None
-        return Pending(num_rows, event, out, bool(batch), buffer, order)
+        return Pending(num_rows, event, out, bool(batch), buffer, order, logprobs)
+
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, counts: np.ndarray
+                  ) -> Optional[tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """`Pending.logprobs` of the rows whose count is not -1, computed on the device now (the
+        host reads them at `collect_logprobs`, after the step's event)."""
+        rows = np.flatnonzero(counts >= 0).tolist()
+        if not rows:
+            return None
+        wanted = counts[rows].tolist()
+        index = torch.tensor(rows, device=logits.device)
+        return (rows, wanted, *logprob_tensors(logits.index_select(0, index), tokens.index_select(0, index),
+                                               max(wanted)))
 
     def _run_numpy(self, rows: list[RowSpec], batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int,
                    num_decode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -658,6 +682,16 @@ class StepExecutor:
             ordered[pending.order] = tokens
             return ordered
         return tokens
+
+    def collect_logprobs(self, pending: Pending) -> dict[int, TokenLogprobs]:
+        """The step's log-probabilities by the caller's row index (the rows that asked); call after
+        `collect`, which waits for the step."""
+        if pending.logprobs is None:
+            return {}
+        rows, counts, chosen, values, ids = pending.logprobs
+        found = as_token_logprobs(chosen.tolist(), values.tolist(), ids.tolist(), counts)
+        order = pending.order
+        return {(order[row] if order is not None else row): row_logprobs for row, row_logprobs in zip(rows, found)}
 
 
 def path_of(batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int) -> str:

@@ -42,7 +42,9 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
 (`gpu/penalties.py`, from the host's lists of its seen and sampled tokens), and no step holding
-one is launched ahead.
+one is launched ahead. Nor is one holding a request that asks for log-probabilities: the executor
+computes them on the device from the step's logits and copies them back with its tokens
+(`StepExecutor.collect_logprobs`), and the step takes the per-row path (the columns carry none).
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
+from mstar.runtime.engine.sampling import SamplingParams
 from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
                                                  token_list_chunk)
 from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
@@ -416,14 +419,19 @@ class GpuDecoderRunner(DecoderRunner):
         return self._row_slots[request_id]
 
     def _sampling(self, requests: list[RequestState], num_uncollected: int = 0,
-                  fed: Optional[list[list[int]]] = None) -> Optional[SamplingRows]:
-        """The rows' sampling arrays, None when all are greedy without a penalty. num_uncollected:
-        steps of these rows launched but not yet collected, whose samples the per-row counters must
-        count (never a penalised row's: `prelaunch`). fed: each row's tokens fed this step, which a
-        prompt row's repetition penalty counts (a decode row's fed token is among its samples)."""
+                  fed: Optional[list[list[int]]] = None,
+                  calls: Optional[list[CallInfo]] = None) -> Optional[SamplingRows]:
+        """The rows' sampling arrays, None when all are greedy without a penalty or log-probabilities.
+        num_uncollected: steps of these rows launched but not yet collected, whose samples the
+        per-row counters must count (never a penalised row's: `prelaunch`). fed: each row's tokens
+        fed this step, which a prompt row's repetition penalty counts (a decode row's fed token is
+        among its samples). calls: each row's call, whose `sends_text_tokens` says whether the
+        log-probabilities its request asks for are given there (None: nowhere; no row launched
+        ahead asks for them)."""
         params = [request.params for request in requests]
         is_penalised = any(map(_has_penalty, requests))
-        if not is_penalised and all(p.is_greedy for p in params):
+        wants_logprobs = calls is not None and any(map(_wants_logprobs, requests))
+        if not is_penalised and not wants_logprobs and all(p.is_greedy for p in params):
             return None
         node = self.node.name
         penalties = None
@@ -435,7 +443,8 @@ class GpuDecoderRunner(DecoderRunner):
                             np.array([p.seed for p in params], dtype=np.int64),
                             np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
                                      dtype=np.int64),
-                            np.array([p.top_k for p in params], dtype=np.int64), penalties)
+                            np.array([p.top_k for p in params], dtype=np.int64), penalties,
+                            _logprob_counts(params, calls) if wants_logprobs and calls is not None else None)
 
     def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
@@ -443,7 +452,9 @@ class GpuDecoderRunner(DecoderRunner):
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
         beside its other rows (prompt chunks) done row by row."""
-        steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
+        # (a row asking for log-probabilities takes the per-row path: the columns carry none)
+        steady = (steady_rows(self, rows, is_partial_ok and route != "decode")
+                  if self.is_columnar and not any(map(_wants_logprobs, map(_third, rows))) else None)
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
         self.step_rows = rows
@@ -473,7 +484,8 @@ class GpuDecoderRunner(DecoderRunner):
                              self._row_slot(item.row.request_id), item.row.walk in decode_walks,
                              walk_index.get(item.row.walk, 0)) for item in fresh]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh],
-                                                                 fed=[item.tokens_fed for item in fresh]),
+                                                                 fed=[item.tokens_fed for item in fresh],
+                                                                 calls=[item.call for item in fresh]),
                                            *self._step_bucket, route=self._route, glue=key_glue)
         sampled: set[str] = set()
         for item in ready:
@@ -485,15 +497,22 @@ class GpuDecoderRunner(DecoderRunner):
 
         def finish() -> list[RowResult]:
             fresh_tokens = iter(self.executor.collect(pending).tolist() if pending is not None else [])
+            logprobs = self.executor.collect_logprobs(pending) if pending is not None else {}  # by index in `fresh`
             ahead_tokens = ahead.collect(self.executor) if claimed and ahead is not None else []
             results = []
+            num_fresh = 0
             for index, item in enumerate(ready):
-                token = ahead_tokens[claimed[index]] if index in claimed else next(fresh_tokens)
+                if index in claimed:
+                    token = ahead_tokens[claimed[index]]
+                else:
+                    token, num_fresh = next(fresh_tokens), num_fresh + 1
                 if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
                     item.request.history.setdefault(self.node.name, []).extend(item.tokens_fed)
                     results.append(RowResult(item.row.request_id))
                 else:
                     results.append(self._token_outputs(item, token))
+                    if logprobs and index not in claimed:
+                        results[-1].logprobs = logprobs.get(num_fresh - 1)
             return results
         return finish
 
@@ -536,7 +555,7 @@ class GpuDecoderRunner(DecoderRunner):
         walks the split route runs on the decode kernel)."""
         if not self.can_run_ahead or worker in self._ahead:
             return
-        if any(map(_has_penalty, map(_fourth, rows))):  # its samples need the host's lists whole (gpu/penalties.py)
+        if any(map(_is_never_ahead, map(_fourth, rows))):  # (RequestState.is_never_ahead)
             return
         if chunks is not None:
             self._prelaunch_chunks(worker, rows, chunks, decode_walks)
@@ -728,7 +747,14 @@ class GpuDecoderRunner(DecoderRunner):
         return RowResult(item.row.request_id, outputs, is_stop, is_length=is_length)
 
 
-_has_penalty, _fourth = attrgetter("has_penalty"), itemgetter(3)
+_has_penalty, _third, _fourth = attrgetter("has_penalty"), itemgetter(2), itemgetter(3)
+_wants_logprobs, _is_never_ahead = attrgetter("wants_logprobs"), attrgetter("is_never_ahead")
+
+
+def _logprob_counts(params: list[SamplingParams], calls: list[CallInfo]) -> np.ndarray:
+    """SamplingRows.logprobs: each row's count where its call sends its token as text, else -1."""
+    return np.array([-1 if p.logprobs is None or not call.sends_text_tokens else p.logprobs
+                     for p, call in zip(params, calls)], dtype=np.int64)
 
 
 def _seen(request: RequestState, node: str, fed: list[int]) -> list[int]:

@@ -30,6 +30,9 @@ class CallInfo:
     input_roles: dict[str, str] = field(default_factory=dict)
     output_roles: dict[str, str] = field(default_factory=dict)
     request_inputs: frozenset[str] = frozenset()
+    # the call sends a sampled token to the client as text, one an emission (`sends_text_tokens`):
+    # the token whose log-probabilities a request may ask for (RowResult.logprobs)
+    sends_text_tokens: bool = False
 
     @property
     def is_image_flow(self) -> bool:
@@ -63,11 +66,20 @@ def call_table(plan: Plan) -> dict[tuple[str, str], CallInfo]:
                 outputs = {o.name: o.role for o in node.outputs}
                 info.input_roles.update((i.name, roles[i.name]) for i in call.inputs if i.name in roles)
                 info.output_roles.update((e.name, outputs[e.name]) for e in call.edges if e.name in outputs)
+    for info in table.values():
+        info.sends_text_tokens = any(_is_text_token_sink(edge, info.output_roles) for edge in info.edges)
     persisted = {edge.name for walk in plan.walks for edge in _edges(walk) if edge.is_persist}
     for walk in plan.walks:
         for name in {call.node for call in walk.calls}:
             table[(name, walk.name)].request_inputs = _request_media(walk, name, persisted)
     return table
+
+
+def _is_text_token_sink(edge: EdgePlan, output_roles: dict[str, str]) -> bool:
+    """An edge that hands each sampled token to the client as text when the call runs (not at a
+    loop's exit, where a loop's accumulated tokens leave together)."""
+    return (edge.action == "sink" and edge.dest_kind == "client" and edge.modality == "text"
+            and output_roles.get(edge.name, "tokens") == "tokens")
 
 
 def _request_media(walk: WalkPlan, node: str, persisted: set[str]) -> frozenset[str]:

@@ -66,8 +66,8 @@ from mstar.runtime.engine.models.depth import DepthModel
 from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import CPU, Placement
-from mstar.runtime.engine.sampling import SamplingParams, draw_stream, sample_tokens
-from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
+from mstar.runtime.engine.sampling import SamplingParams, draw_stream, sample_tokens, token_logprobs
+from mstar.runtime.step import AheadChunks, RowResult, StepRow, TokenLogprobs, row_stop
 
 
 @dataclass
@@ -586,11 +586,13 @@ class DecoderRunner:
                 first = span.get(self.guidance.first) or next(iter(span.values()))
                 mains.append(hidden[slice(*first)])
                 velocities.append(self._flow_velocity(item, {label: hidden[slice(*s)] for label, s in span.items()}))
-            tokens = self._sample(ready, mains, model)
+            tokens, logprobs = self._sample(ready, mains, model)
             frames = [self._depth_frames(item, main, token, model) for item, main, token in zip(ready, mains, tokens)]
             results = [RowResult(item.row.request_id) if item.row.is_partial  # a chunk before the last: KV only
                        else self._outputs(item, self._whole_prompt(item, main), velocity, token, frame)
                        for item, main, velocity, token, frame in zip(ready, mains, velocities, tokens, frames)]
+            for index, row_logprobs in logprobs.items():
+                results[index].logprobs = row_logprobs
             for item, main in zip(ready, mains):
                 if item.row.is_partial and self._sends_per_position(item.call):
                     item.request.cut_hidden.setdefault(self.node.name, []).append(main.clone())
@@ -616,9 +618,12 @@ class DecoderRunner:
         velocities[first] = v_first
         return self.guidance.combine(velocities, item.request.guidance)
 
-    def _sample(self, ready: list[_Prepared], mains: list[torch.Tensor], model: Decoder) -> list[Optional[int]]:
+    def _sample(self, ready: list[_Prepared], mains: list[torch.Tensor],
+                model: Decoder) -> tuple[list[Optional[int]], dict[int, TokenLogprobs]]:
         """Each row's fed tokens join its history; the rows with a tokens output get a token from
-        one batched sampling call over their last hidden states (None for the other rows)."""
+        one batched sampling call over their last hidden states (None for the other rows), and
+        those whose request asks for log-probabilities of a token the call sends as text get them
+        (by index in `ready`)."""
         node = self.node.name
         picked = []
         for index, item in enumerate(ready):
@@ -628,7 +633,7 @@ class DecoderRunner:
                 picked.append(index)
         tokens: list[Optional[int]] = [None] * len(ready)
         if not picked:
-            return tokens
+            return tokens, {}
         requests = [ready[i].request for i in picked]
         logits = model.logits(torch.cat([mains[i][-1:] for i in picked]))
         sampled = sample_tokens(
@@ -638,7 +643,7 @@ class DecoderRunner:
             [r.num_sampled.get(node, 0) for r in requests], output_tokens(requests, node))
         for index, token in zip(picked, sampled):
             tokens[index] = token
-        return tokens
+        return tokens, _logprobs_of(ready, picked, logits, sampled)
 
     def _depth_frames(self, item: _Prepared, hidden: torch.Tensor, token: Optional[int],
                       model: Decoder) -> dict[str, torch.Tensor]:
@@ -725,6 +730,20 @@ class DecoderRunner:
 
     def _is_self_loop(self, call: CallInfo, name: str) -> bool:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)
+
+
+def _logprobs_of(ready: list[_Prepared], picked: list[int], logits: torch.Tensor,
+                 sampled: list[int]) -> dict[int, TokenLogprobs]:
+    """The TokenLogprobs of the picked rows (`logits`' rows, in order) whose request asks for them
+    and whose call sends the token to the client as text, by index in `ready`."""
+    wanted = [(at, index) for at, index in enumerate(picked)
+              if ready[index].request.params.logprobs is not None and ready[index].call.sends_text_tokens]
+    if not wanted:
+        return {}
+    rows = [at for at, _ in wanted]
+    counts = [ready[index].request.params.logprobs or 0 for _, index in wanted]
+    found = token_logprobs(logits[rows], [sampled[at] for at in rows], counts)
+    return {index: row_logprobs for (_, index), row_logprobs in zip(wanted, found)}
 
 
 def _pick_inner(params: SamplingParams, stream: int, first_step: int, k: int, logits: torch.Tensor) -> int:

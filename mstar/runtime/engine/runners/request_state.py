@@ -44,11 +44,17 @@ class RequestState:
     # set from params (fields, not properties: the GPU fast path reads them a row a step)
     has_output_penalty: bool = field(init=False)  # a presence or frequency penalty
     has_penalty: bool = field(init=False)  # those, or a repetition penalty
+    wants_logprobs: bool = field(init=False)  # params.logprobs is set (RowResult.logprobs)
+    # the GPU fast path launches no step holding it ahead of the host: its penalties need the host's
+    # lists of its tokens whole, its log-probabilities are collected with its step's tokens
+    is_never_ahead: bool = field(init=False)
 
     def __post_init__(self) -> None:
         params = self.params
         self.has_output_penalty = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         self.has_penalty = self.has_output_penalty or params.repetition_penalty != 1.0
+        self.wants_logprobs = params.logprobs is not None
+        self.is_never_ahead = self.has_penalty or self.wants_logprobs
 
     def count_sampled(self, node: str, token: int) -> int:
         """One more token sampled on `node`; the count so far."""

@@ -1,0 +1,61 @@
+"""Log-probabilities on the device fast path (`StepExecutor.collect_logprobs`), run on the CPU: a
+request that asks for them gets, for every text token, the reference runner's numbers (the same
+model's logits, another kernel order: within 1e-4) and the same alternatives, greedy or penalised,
+whole prompts or chunks, beside requests that ask for none (which get none); a step holding one is
+never launched ahead, and steps without one still are."""
+from __future__ import annotations
+
+import pytest
+
+from fast_path_cpu import fast_path_engine
+from mstar.plan.io import load_plan
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
+from test_prefix_cache import ROOT
+
+ASKS = [dict(logprobs=3), dict(logprobs=0, repetition_penalty=1.3), dict(logprobs=5, presence_penalty=1.0),
+        {}, dict(temperature=0.9, seed=5, logprobs=1)]
+SAMPLED = "r4"  # the device sampler draws from its own hash: its tokens are not the reference's
+
+
+def _run(plan, engine, asks, prompt_len, max_tokens=12):
+    requests = [Request(id=f"r{i}", prompt_tokens=[(5 * i + 3 * j) % 60 + 1 for j in range(prompt_len)],
+                        max_tokens=max_tokens, **ask) for i, ask in enumerate(asks)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    return {rid: (r.output_tokens, r.finish_reason, [r.emission_logprobs.get(i) for i in range(len(r.emission_values))])
+            for rid, r in driver.conductor.records.items()}
+
+
+@pytest.mark.parametrize("plan_name, can_run_ahead", [("llama", False), ("llama", True), ("llama_chunked", True)])
+def test_fast_path_logprobs_are_the_reference_runners(plan_name, can_run_ahead):
+    plan = load_plan(ROOT / "generated" / f"{plan_name}.plan", verify=False)
+    prompt_len = 40 if plan_name == "llama_chunked" else 6
+    engine, _ = fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=can_run_ahead)
+    got = _run(plan, engine, ASKS, prompt_len)
+    expected = _run(plan, TorchEngine(plan, num_pages=64), ASKS, prompt_len)
+    for rid, (tokens, reason, logprobs) in got.items():
+        assert reason == "length" and len(tokens) == 12, rid
+        if ASKS[int(rid[1:])].get("logprobs") is None:
+            assert logprobs == [None] * len(tokens), rid
+            continue
+        assert all(entry is not None for entry in logprobs), rid
+        assert [len(entry[1]) for entry in logprobs] == [ASKS[int(rid[1:])]["logprobs"]] * len(tokens)
+        if rid == SAMPLED:
+            continue
+        want_tokens, _, want = expected[rid]
+        assert tokens == want_tokens, rid
+        for (own, top), (want_own, want_top) in zip(logprobs, want):
+            assert own == pytest.approx(want_own, abs=1e-4)
+            assert [t for t, _ in top] == [t for t, _ in want_top]
+            assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-4)
+
+
+def test_no_step_holding_a_logprobs_row_runs_ahead():
+    plan = load_plan(ROOT / "generated" / "llama.plan", verify=False)
+    engine, runner = fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=True)
+    _run(plan, engine, [dict(logprobs=1)] * 3, 6)
+    assert runner.num_ahead_rows == 0
+    _run(plan, engine, [{}] * 3, 6)  # the same rows without: launched ahead
+    assert runner.num_ahead_rows > 0

@@ -1,0 +1,59 @@
+"""`mstar run --prompts` with a line's `logprobs`: its outputs.jsonl line carries one
+`{"token", "logprob", "top"}` per output token, the Python API's numbers for the same request; a
+line without gets none; a count out of range is an input error naming the line; on the simulated
+engine such a request fails alone, saying why, and the others run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mstar.cli.mstar import main
+from mstar.runtime.serve.api import LLM, SamplingParams
+
+PLAN = Path(__file__).resolve().parents[2] / "generated" / "llama.plan"
+LINES = [{"id": "asks", "prompt_tokens": [1, 2, 3], "max_tokens": 4, "logprobs": 2, "temperature": 0.7, "seed": 3},
+         {"id": "plain", "prompt_tokens": [4, 5], "max_tokens": 3}]
+
+
+def _run(tmp_path, lines, *extra):
+    if not PLAN.exists():
+        pytest.skip(f"{PLAN} not generated")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    status = main(["run", "--plan", str(PLAN), "--prompts", str(prompts), "--out", str(out), "--no-progress", *extra])
+    found = {}
+    if (out / "outputs.jsonl").exists():
+        found = {r["id"]: r for r in map(json.loads, (out / "outputs.jsonl").read_text().splitlines())}
+    return status, found
+
+
+def test_a_lines_logprobs_reach_its_output_line(tmp_path):
+    status, found = _run(tmp_path, LINES)
+    assert status == 0
+    asks, plain = found["asks"], found["plain"]
+    assert "logprobs" not in plain
+    with LLM(str(PLAN)) as llm:
+        expected = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, logprobs=2, temperature=0.7, seed=3))[0]
+    assert asks["output_tokens"] == expected.token_ids
+    assert [entry["token"] for entry in asks["logprobs"]] == expected.token_ids
+    for entry, (own, top) in zip(asks["logprobs"], expected.logprobs):
+        assert entry["logprob"] == pytest.approx(own)
+        assert [tuple(pair) for pair in entry["top"]] == pytest.approx(list(top))
+
+
+def test_a_logprobs_count_out_of_range_is_an_input_error(tmp_path, capsys):
+    status, _ = _run(tmp_path, [dict(LINES[0], logprobs=21)])
+    assert status == 1
+    assert "prompts.jsonl:1: 'logprobs' (the alternatives beside each token) must be in [0, 20], got 21" in \
+        capsys.readouterr().err
+
+
+def test_the_simulated_engine_fails_a_logprobs_request_alone(tmp_path, capsys):
+    status, found = _run(tmp_path, LINES, "--engine", "sim")
+    assert found["plain"]["finish_reason"] == "length"
+    assert found["asks"]["finish_reason"].startswith("error: logprobs need a model's logits")
+    assert "logprobs need a model's logits" in capsys.readouterr().err
+    assert status == 0  # (a request that fails alone leaves the run's status as it is)

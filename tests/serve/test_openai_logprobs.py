@@ -1,0 +1,98 @@
+"""Log-probabilities through the server, in OpenAI's two shapes: a completion's `logprobs: N`
+(parallel `tokens`, `token_logprobs`, `top_logprobs` of up to N + 1 entries, `text_offset`) and a
+chat's `logprobs: true` with `top_logprobs: N` (`content` entries with token, logprob, bytes and N
+alternatives). The numbers are the Python API's for the same request (tests/engine/
+test_logprobs_parity.py holds those against transformers); a stream carries each chunk's tokens'."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mstar.runtime.serve.api import SamplingParams
+from serve_harness import llama_with_client
+
+openai = pytest.importorskip("openai")
+
+PROMPT = [1, 9, 10, 11]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    with llama_with_client(tmp_path_factory.mktemp("tok")) as served:
+        yield served
+
+
+def _api(llm, prompt, max_tokens, logprobs, **settings):
+    return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **settings))[0]
+
+
+def test_a_completions_logprobs_are_the_apis_in_openais_shape(llama):
+    llm, client = llama
+    answer = client.completions.create(model="llama", prompt=PROMPT, max_tokens=5, logprobs=3, temperature=1.0,
+                                       seed=5)
+    expected = _api(llm, PROMPT, 5, 3, temperature=1.0, seed=5)
+    choice = answer.choices[0]
+    assert choice.model_extra["token_ids"] == expected.token_ids
+    logprobs = choice.logprobs
+    assert logprobs.tokens == [llm.tokenizer.token_text(t) for t in expected.token_ids]
+    assert logprobs.token_logprobs == pytest.approx([own for own, _ in expected.logprobs])
+    for text, top, (own, alternatives) in zip(logprobs.tokens, logprobs.top_logprobs, expected.logprobs):
+        assert top == pytest.approx({**{llm.tokenizer.token_text(t): v for t, v in alternatives}, text: own})
+        assert 3 <= len(top) <= 4
+    lengths = [len(text) for text in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
+    assert all(value <= 0 for value in logprobs.token_logprobs)
+
+
+def test_a_chats_logprobs_carry_the_alternatives_most_likely_first(llama):
+    llm, client = llama
+    messages = [{"role": "user", "content": "hello"}]
+    answer = client.chat.completions.create(model="llama", messages=messages, max_tokens=4, logprobs=True,
+                                            top_logprobs=2)
+    prompt = llm.tokenizer.encode_chat(messages)
+    expected = _api(llm, prompt, 4, 2)
+    content = answer.choices[0].logprobs.content
+    assert [entry.token for entry in content] == [llm.tokenizer.token_text(t) for t in expected.token_ids]
+    for entry, (own, alternatives) in zip(content, expected.logprobs):
+        assert entry.logprob == pytest.approx(own)
+        assert entry.bytes == list(entry.token.encode())
+        assert [(top.token, top.logprob) for top in entry.top_logprobs] == pytest.approx(
+            [(llm.tokenizer.token_text(t), v) for t, v in alternatives])
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the most likely
+    plain = client.chat.completions.create(model="llama", messages=messages, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == answer.choices[0].message.content
+
+
+def test_a_stream_carries_each_chunks_tokens_logprobs(llama):
+    llm, client = llama
+    whole = client.completions.create(model="llama", prompt=PROMPT, max_tokens=6, logprobs=1)
+    chunks = list(client.completions.create(model="llama", prompt=PROMPT, max_tokens=6, logprobs=1, stream=True))
+    tokens, values, offsets = [], [], []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                tokens += choice.logprobs.tokens
+                values += choice.logprobs.token_logprobs
+                offsets += choice.logprobs.text_offset
+    assert tokens == whole.choices[0].logprobs.tokens
+    assert values == pytest.approx(whole.choices[0].logprobs.token_logprobs)
+    assert offsets == whole.choices[0].logprobs.text_offset
+    messages = [{"role": "user", "content": "hello"}]
+    stream = client.chat.completions.create(model="llama", messages=messages, max_tokens=5, logprobs=True,
+                                            stream=True)
+    content = [entry for chunk in stream for choice in chunk.choices if choice.logprobs is not None
+               for entry in choice.logprobs.content]
+    assert len(content) == 5 and all(entry.top_logprobs == [] for entry in content)
+    assert all(math.isfinite(entry.logprob) for entry in content)
+
+
+def test_n_choices_each_carry_their_own_logprobs(llama):
+    llm, client = llama
+    answer = client.completions.create(model="llama", prompt=PROMPT, max_tokens=3, n=2, seed=3, temperature=1.0,
+                                       logprobs=0)
+    for j, choice in enumerate(answer.choices):
+        expected = _api(llm, PROMPT, 3, 0, temperature=1.0, seed=3 + j)
+        assert choice.logprobs.token_logprobs == pytest.approx([own for own, _ in expected.logprobs])
+        assert [len(top) for top in choice.logprobs.top_logprobs] == [1, 1, 1]  # the sampled token's own
