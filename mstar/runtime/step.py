@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, cast
 
 # The seeds an engine takes: 64-bit (the device sampler holds them in int64; a seed of 10**30 failed
 # its whole step).
@@ -122,8 +122,11 @@ class RowResult:
     # count seeing it: the request then ends "length".
     is_length: bool = False
     # The sampled token's log-probabilities, where its request asked for them (Request.logprobs)
-    # and the call sends the token to the client as text; None otherwise.
-    logprobs: Optional[TokenLogprobs] = None
+    # and the call sends the token to the client as text; None otherwise. A class default, not a
+    # field: a field is an assignment in every row's __init__, 3.3 bytecodes a row on the decode
+    # columns' path (`mstar bench runner`) for what few rows carry; the engine sets it on those
+    # rows, and serve/ranks/wire.py carries it across ranks beside the fields.
+    logprobs = cast(Optional[TokenLogprobs], None)
 
 
 def row_stop(token: int, stop_tokens: Any, node_stops: Any, num_sampled: int,

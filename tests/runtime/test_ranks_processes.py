@@ -117,6 +117,53 @@ def test_a_moved_request_keeps_the_tokens_its_output_penalties_count(tmp_path):
     assert all(len(set(tokens)) == 1 for tokens, _, _ in alone.values())  # the first token, again and again
 
 
+LLAMA_PD = """model: "llama"
+max_seq_len: 8192
+node_groups:
+  - node_names: [LLM]
+    ranks: [0]
+    graph_walks: [prefill]
+  - node_names: [LLM]
+    ranks: [1]
+    graph_walks: [decode]
+kv_pool:
+  page_size: 16
+  num_pages: 8192
+"""
+
+
+def test_log_probabilities_cross_ranks_as_one_process_gives_them(tmp_path):
+    """Llama's prefill on rank 0 and decode on rank 1: the decode rank's rows answer their tokens'
+    log-probabilities across ranks (RowResult's `logprobs`, sent beside its fields:
+    serve/ranks/wire.py) as one process answers them."""
+    from mstar.compiler.driver import compile_spec
+    from mstar.compiler.emit import write_outputs
+    from mstar.lang.diagnostics import Diagnostics
+
+    deployment = tmp_path / "llama_pd.yaml"
+    deployment.write_text(LLAMA_PD)
+    diags = Diagnostics()
+    compiled = compile_spec(ROOT / "specs" / "llama.mw", deployment, diags, tmp_path)
+    assert compiled is not None, diags.render()
+    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_tokens": [1, 9 + i, 10, 11], "max_tokens": 5,
+                                           "logprobs": 2}) + "\n" for i in range(2)))
+    workload = ("--prompts", str(prompts), "--no-progress")
+    _, report = _run(tmp_path, Path(compiled.plan_path), "processes", workload)
+    assert report["ranks"]["num_kv_moves"] == 2
+    _run(tmp_path, "llama", "inproc", workload)
+
+    def logprobs(name: str) -> dict:
+        lines = (tmp_path / name / "outputs.jsonl").read_text().splitlines()
+        return {line["id"]: line["logprobs"] for line in map(json.loads, lines)}
+    moved, alone = logprobs("llama_pd-processes"), logprobs("llama-inproc")
+    assert moved.keys() == alone.keys() == {"r0", "r1"}
+    for request_id, entries in alone.items():
+        assert len(entries) == 5 and all(len(entry["top"]) == 2 for entry in entries)
+        assert moved[request_id] == entries  # the same model, weights and kernels on either rank
+
+
 def _orpheus_plan_with(tmp_path: Path, config: str, extra_yaml: str) -> Path:
     """specs/orpheus.mw compiled against configs/CONFIG.yaml with `extra_yaml` appended; the plan's path."""
     from mstar.compiler.driver import compile_spec

@@ -79,17 +79,18 @@ def test_a_step_crosses_without_the_conductor_handle():
 
 
 def test_results_and_requests_cross_field_for_field():
-    logprobs = (-0.5, ((5, -0.5), (7, -1.25)))  # a TokenLogprobs (step.py): plain tuples
-    result = StepResult(rows=[RowResult("r1", {"new_token": [5], "states": torch.randn(1, 4)}, is_stop=True,
-                                        logprobs=logprobs),
-                              RowResult("r2", error="boom", logprobs=(float("-inf"), ()))],
+    result = StepResult(rows=[RowResult("r1", {"new_token": [5], "states": torch.randn(1, 4)}, is_stop=True),
+                              RowResult("r2", error="boom"), RowResult("r4")],
                         allocation_failed=["r3"], elapsed_s=0.25)
+    logprobs = (-0.5, ((5, -0.5), (7, -1.25)))  # a TokenLogprobs (step.py): plain tuples, set where asked for
+    result.rows[0].logprobs, result.rows[1].logprobs = logprobs, (float("-inf"), ())
     tensors: list = []
     back = decode_result(encode_result(result, tensors), tensors)
     assert back.allocation_failed == ["r3"] and back.elapsed_s == 0.25
-    assert [(r.request_id, r.is_stop, r.error) for r in back.rows] == [("r1", True, None), ("r2", False, "boom")]
+    assert [(r.request_id, r.is_stop, r.error) for r in back.rows] == [("r1", True, None), ("r2", False, "boom"),
+                                                                        ("r4", False, None)]
     assert _same(back.rows[0].outputs, result.rows[0].outputs)
-    assert back.rows[0].logprobs == logprobs and back.rows[1].logprobs == (float("-inf"), ())
+    assert [r.logprobs for r in back.rows] == [logprobs, (float("-inf"), ()), None]
     request = Request("q", [1, 2], 9, temperature=0.5, seed=3, stop_tokens=[7], stop_strings=["x"], logprobs=4,
                       guidance={"cfg": 2.0}, route={"LLM": ["prefill", "decode"]},
                       media={"image": np.zeros((2, 2), dtype=np.uint8)}, arrival_s=1.5)

@@ -12,7 +12,8 @@ naming its type. A value tree is JSON with tagged objects:
 
 The dataclasses that cross ranks (`Step` and its rows without the conductor's row handle,
 `StepResult`, `RowResult`, `Request`) are written field by field (`dataclasses.fields`, so a
-field added later travels too), each field's value by the rules above.
+field added later travels too), each field's value by the rules above; a `RowResult`'s
+`logprobs` too where set (a class default, not a field: step.py).
 
     encode_value(value, tensors) -> json-able      decode_value(obj, tensors) -> value
     encode_step(step, tensors) / decode_step(obj, tensors)
@@ -30,6 +31,9 @@ import torch
 
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import RowResult, Step, StepResult, StepRow
+
+
+LOGPROBS = "logprobs"  # RowResult.logprobs: a class default, not a field (step.py), sent where set
 
 
 class WireError(ValueError):
@@ -102,13 +106,28 @@ def decode_step(obj: dict[str, Any], tensors: list[torch.Tensor]) -> Step:
 
 def encode_result(result: StepResult, tensors: list[torch.Tensor]) -> dict[str, Any]:
     obj = _encode_fields(result, tensors, skip=("rows",))
-    obj["rows"] = [_encode_fields(row, tensors) for row in result.rows]
+    obj["rows"] = [_encode_row(row, tensors) for row in result.rows]
+    return obj
+
+
+def _encode_row(row: RowResult, tensors: list[torch.Tensor]) -> dict[str, Any]:
+    """The row's fields, and its log-probabilities where it has them (not a field: step.py)."""
+    obj = _encode_fields(row, tensors)
+    if row.logprobs is not None:
+        obj[LOGPROBS] = encode_value(row.logprobs, tensors)
     return obj
 
 
 def decode_result(obj: dict[str, Any], tensors: list[torch.Tensor]) -> StepResult:
     fields = _decode_fields({k: v for k, v in obj.items() if k != "rows"}, tensors)
-    return StepResult(rows=[RowResult(**_decode_fields(row, tensors)) for row in obj["rows"]], **fields)
+    return StepResult(rows=[_decode_row(row, tensors) for row in obj["rows"]], **fields)
+
+
+def _decode_row(obj: dict[str, Any], tensors: list[torch.Tensor]) -> RowResult:
+    row = RowResult(**_decode_fields({k: v for k, v in obj.items() if k != LOGPROBS}, tensors))
+    if LOGPROBS in obj:
+        row.logprobs = decode_value(obj[LOGPROBS], tensors)
+    return row
 
 
 def encode_request(request: Request, tensors: list[torch.Tensor]) -> dict[str, Any]:
