@@ -56,6 +56,29 @@ def test_failed_requests_are_named_not_taken_for_a_short_run(capsys, monkeypatch
     assert "requests failed" in err and "the stand-in broke" in err
 
 
+def test_failed_requests_with_a_long_prompt_due_end_the_run(capsys, monkeypatch):
+    """With `--long-prompt` the run clock counts full decode steps: clients that fail before the
+    long prompt is due stopped that clock, and the run waited for it for ever. Now the prompt comes
+    at once and the bench says which requests failed."""
+    import threading
+
+    from mstar.runtime.serve import bench_runner
+
+    def broken(self, pending):
+        raise ValueError("the stand-in broke")
+
+    monkeypatch.setattr(bench_runner.StubExecutor, "collect", broken)
+    status = []
+    argv = ["bench", "runner", "--plan", str(CHUNKED), "--clients", "4", "--prompt-len", "5", "--output-len", "24",
+            "--rounds", "1", "--long-prompt", "300", "--budget", "48", "--no-bytecodes"]
+    worker = threading.Thread(target=lambda: status.append(main(argv)), daemon=True)
+    worker.start()
+    worker.join(120)
+    assert status == [1], "the run did not end"
+    err = capsys.readouterr().err
+    assert "requests failed" in err and "the stand-in broke" in err
+
+
 def test_per_row_and_cpu_time_compare_the_runners_steps_in_one_tree(capsys):
     """`--per-row` runs steady decode steps row by row (more bytecodes a row than the columns);
     `--cpu-time` says which clock timed the parts."""

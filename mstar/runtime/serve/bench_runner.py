@@ -230,6 +230,19 @@ def _requests(args) -> list[Request]:
                               max_tokens=1, arrival_s=(ARRIVE_AFTER - 0.5) * 1e-3)]
 
 
+def _decode_clock(parts: "_Parts", is_idle: Callable[[], bool]) -> Callable[[], float]:
+    """The run clock of a run with a long prompt: the full decode steps launched, a millisecond
+    each; once nothing runs before the long prompt is due (the clients ran steps, then ended or
+    failed early), its arrival at once: a clock of decode steps alone then stood still, and the run waited for ever."""
+    arrived = [False]
+
+    def clock() -> float:
+        if not arrived[0] and parts.num_full < ARRIVE_AFTER and parts.steps and is_idle():
+            arrived[0] = True
+        return (max(parts.num_full, ARRIVE_AFTER) if arrived[0] else parts.num_full) * 1e-3
+    return clock
+
+
 def _one_run(plan: Plan, args, variant: str, is_traced: bool, is_columnar: bool) -> dict[str, Any]:
     """One run; per kind of step (KINDS) the parts' microseconds (or bytecodes when traced) of
     each such step, and its rows."""
@@ -241,7 +254,7 @@ def _one_run(plan: Plan, args, variant: str, is_traced: bool, is_columnar: bool)
                    time.thread_time if args.cpu_time else time.perf_counter)
     requests = _requests(args)
     if args.long_prompt:  # open loop on a clock of full decode steps: the long prompt arrives mid-decode
-        driver = Driver(plan, engine, clock=lambda: parts.num_full * 1e-3)
+        driver = Driver(plan, engine, clock=_decode_clock(parts, lambda: driver.conductor.is_idle()))
         driver.run(Workload(requests))
     else:
         driver = Driver(plan, engine)
