@@ -25,6 +25,8 @@ tokenized on a worker thread, so a long one does not hold the other clients up. 
 OpenAI-style JSON (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body or
 values, 404 for an unknown model or an endpoint the plan does not serve, 429 when the admission
 queue is full, 503 while shutting down, 500 for a failure inside the server; never a traceback.
+With `Service.cors_origins` (`mstar serve --cors-origin`) the answers carry CORS headers for
+those origins, preflight requests included, so a web page there can call the API.
 """
 from __future__ import annotations
 
@@ -60,10 +62,13 @@ READ_METHODS = ["GET", "HEAD"]
 class Service:
     """What the handlers share: the LLM, the model name, what the plan serves, the metrics."""
 
-    def __init__(self, llm: LLM, model_name: str, metrics: ServerMetrics):
+    def __init__(self, llm: LLM, model_name: str, metrics: ServerMetrics, cors_origins: Sequence[str] = ()):
         self.llm = llm
         self.model_name = model_name
         self.metrics = metrics
+        # browser origins allowed to call the API (`mstar serve --cors-origin`; "*": any); none:
+        # no CORS headers, so a page of another origin cannot read an answer
+        self.cors_origins = tuple(cors_origins)
         self.endpoints = endpoints_of(llm.plan)
         self.created = int(time.time())
 
@@ -262,6 +267,11 @@ def build_app(service: Service) -> FastAPI:
     app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len),
                        on_refused=lambda: service.metrics.refused("invalid"))
+    if service.cors_origins:  # added last, so outermost: a refusal (413, 429, 500) carries its headers too
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(service.cors_origins),
+                           allow_methods=["GET", "HEAD", "POST"], allow_headers=["*"])
     _error_handlers(app, service)
     _info_routes(app, service)
     _unserved_routes(app, service)  # first: a path's first route answers

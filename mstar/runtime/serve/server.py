@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import signal
 import socket
 import sys
@@ -78,7 +79,19 @@ def parser() -> argparse.ArgumentParser:
                    help=f"seconds in-flight requests get to finish after SIGTERM, in [0, {MAX_DRAIN_S:g}] "
                         f"(default {DEFAULT_DRAIN_S:.0f})")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--cors-origin", action="append", default=[], type=cors_origin, metavar="ORIGIN",
+                   help="a browser origin allowed to call the API (scheme://host[:port], repeatable; '*': any); "
+                        "default: none, no CORS headers")
     return p
+
+
+def cors_origin(text: str) -> str:
+    """argparse type of --cors-origin: `*` or scheme://host[:port] with no path (a browser's Origin
+    header never has one, so an origin with a path would match no request, silently)."""
+    if text == "*" or re.fullmatch(r"https?://[^/\s?#]+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"must be '*' or an origin such as http://localhost:3000 (scheme://host[:port], "
+                                     f"no path), got {shown(text)}")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -115,7 +128,7 @@ def build(args: argparse.Namespace) -> Any:
     llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
               kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,
               sim_pace=args.sim_pace, max_waiting=args.max_waiting, observer=metrics)
-    return Service(llm, llm.plan.header.model if args.model is None else args.model, metrics)
+    return Service(llm, llm.plan.header.model if args.model is None else args.model, metrics, args.cors_origin)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
