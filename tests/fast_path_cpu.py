@@ -5,6 +5,8 @@
 dims and page size, the weights `build_decoder` makes from seed 0 (the reference runner's), torch
 attention (no FlashInfer), the plan's decode family unless told otherwise; the engine's caps say
 whether steps may be launched ahead, as the runner does. Returns (engine, runner).
+`run_asks(plan, engine, asks, prompt_len, max_tokens)` runs one request a settings dict through the
+run loop and returns the conductor's records by id (r0, r1, ...).
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from typing import Any, Optional
 
 import torch
 
+from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.placement import CPU
 from mstar.runtime.engine.torch_engine import TorchEngine
+from mstar.runtime.serve.driver import Driver, Workload
 
 
 def fast_path_engine(plan, num_pages: int, *, node: Optional[str] = None, max_seq_len: Optional[int] = None,
@@ -38,3 +42,13 @@ def fast_path_engine(plan, num_pages: int, *, node: Optional[str] = None, max_se
     engine.runners[name] = runner
     engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
     return engine, runner
+
+
+def run_asks(plan, engine, asks: list[dict], prompt_len: int, max_tokens: int) -> dict:
+    """Request r{i} with the settings asks[i] and a prompt of `prompt_len` ids of its own, all
+    through the run loop on `engine`; the conductor's records by request id."""
+    requests = [Request(id=f"r{i}", prompt_tokens=[(5 * i + 3 * j) % 60 + 1 for j in range(prompt_len)],
+                        max_tokens=max_tokens, **ask) for i, ask in enumerate(asks)]
+    driver = Driver(plan, engine)
+    driver.run(Workload(requests))
+    return driver.conductor.records

@@ -22,6 +22,10 @@ from typing import Any, Callable, Optional, Protocol, cast
 SEED_RANGE = (-(2**63), 2**63)
 # presence_penalty and frequency_penalty: OpenAI's range (a logit moved by at most 2 a count)
 OUTPUT_PENALTY_RANGE = (-2.0, 2.0)
+# logit_bias: OpenAI's range of a bias (-100 bans a token in effect, 100 all but forces it), and the
+# most entries one request may carry (each is a host-to-device pair a step)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+MAX_LOGIT_BIAS = 1024
 # The most alternatives a request may ask log-probabilities of beside its sampled token's (vLLM's
 # and OpenAI's chat limit; each is a host copy per token).
 MAX_LOGPROBS = 20

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from fast_path_cpu import fast_path_engine
+from fast_path_cpu import fast_path_engine, run_asks
 from mstar.plan.io import load_plan
-from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.torch_engine import TorchEngine
-from mstar.runtime.serve.driver import Driver, Workload
 from test_prefix_cache import ROOT
 
 ASKS = [dict(logprobs=3), dict(logprobs=0, repetition_penalty=1.3), dict(logprobs=5, presence_penalty=1.0),
@@ -20,12 +18,8 @@ SAMPLED = "r4"  # the device sampler draws from its own hash: its tokens are not
 
 
 def _run(plan, engine, asks, prompt_len, max_tokens=12):
-    requests = [Request(id=f"r{i}", prompt_tokens=[(5 * i + 3 * j) % 60 + 1 for j in range(prompt_len)],
-                        max_tokens=max_tokens, **ask) for i, ask in enumerate(asks)]
-    driver = Driver(plan, engine)
-    driver.run(Workload(requests))
     return {rid: (r.output_tokens, r.finish_reason, [r.emission_logprobs.get(i) for i in range(len(r.emission_values))])
-            for rid, r in driver.conductor.records.items()}
+            for rid, r in run_asks(plan, engine, asks, prompt_len, max_tokens).items()}
 
 
 @pytest.mark.parametrize("plan_name, can_run_ahead", [("llama", False), ("llama", True), ("llama_chunked", True)])

@@ -15,7 +15,7 @@ from mstar.runtime.engine.gpu.runner import decode_family, fast_path_reason, pac
 from mstar.runtime.engine.gpu.sampler import hashed_uniform, sample
 from mstar.runtime.engine.models.kinds import call_table
 from mstar.runtime.engine.torch_engine import TorchEngine
-from fast_path_cpu import fast_path_engine
+from fast_path_cpu import fast_path_engine, run_asks
 
 
 def _fast_engine(plan, num_pages=64):
@@ -238,19 +238,14 @@ def test_fast_runner_samples_with_the_references_penalties(plan_name, can_run_ah
     and a sampled one beside rows without a penalty, run ahead or not, prompts whole or in chunks
     (llama_chunked cuts the 40-token prompts). A step holding a penalised row is never run ahead."""
     from mstar.plan.io import load_plan
-    from mstar.runtime.conductor.request import Request
-    from mstar.runtime.serve.driver import Driver, Workload
     from test_prefix_cache import ROOT
 
     plan = llm_plan() if plan_name == "llm" else load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
     prompt_len = 4 if plan_name == "llm" else 40
 
     def run(engine):
-        requests = [Request(id=f"r{i}", prompt_tokens=[(5 * i + 3 * j) % 60 + 1 for j in range(prompt_len)],
-                            max_tokens=24, **penalty) for i, penalty in enumerate(PENALTIES)]
-        driver = Driver(plan, engine)
-        driver.run(Workload(requests))
-        return {rid: (r.output_tokens, r.finish_reason) for rid, r in driver.conductor.records.items()}
+        return {rid: (r.output_tokens, r.finish_reason)
+                for rid, r in run_asks(plan, engine, PENALTIES, prompt_len, 24).items()}
 
     def fast():
         return run(fast_path_engine(plan, 64, max_seq_len=4096, with_decode_family=False,

@@ -173,6 +173,37 @@ def test_logprobs_come_back_from_the_device_with_their_tokens():
     assert runner.executor.num_graph_steps > 0 and runner.num_ahead_rows == 0
 
 
+def test_logit_bias_applies_on_the_device():
+    """logit_bias on the device (executor: `sampling.bias_rule` after the penalties): +100 forces a
+    token, and -100 on the tokens a greedy request picked keeps a second one, biased so, off them,
+    beside a request without a bias; no step holding one is launched ahead (the CPU fast path's
+    tests compare the tokens with the reference runner's)."""
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = load_plan(str(GENERATED / "llama.plan"))
+    engine = TorchEngine(plan, dims="spec", device="cuda", num_pages=256)
+
+    def run(requests):
+        driver = Driver(plan, engine)
+        driver.run(Workload(requests))
+        records = driver.conductor.records
+        assert {r.finish_reason for r in records.values()} == {"length"}, records
+        return {rid: r.output_tokens for rid, r in records.items()}
+
+    first = run([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=8),
+                 Request(id="forced", prompt_tokens=[1, 2, 3], max_tokens=8, logit_bias=[(4242, 100.0)])])
+    assert first["forced"] == [4242] * 8
+    banned = sorted(set(first["plain"]))
+    second = run([Request(id="plain", prompt_tokens=[1, 2, 3], max_tokens=8),
+                  Request(id="banned", prompt_tokens=[1, 2, 3], max_tokens=8,
+                          logit_bias=[(token, -100.0) for token in banned])])
+    assert second["plain"] == first["plain"] and not set(second["banned"]) & set(banned)
+    runner = engine.runners["LLM"]
+    assert runner.executor.num_graph_steps > 0
+
+
 def test_device_penalties_are_the_cpus():
     """`penalise` on the GPU gives what it gives on the CPU (the CPU fast path's tests compare that
     with the reference sampler), bf16 logits taken as fp32."""

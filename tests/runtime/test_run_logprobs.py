@@ -1,7 +1,8 @@
-"""`mstar run --prompts` with a line's `logprobs`: its outputs.jsonl line carries one
-`{"token", "logprob", "top"}` per output token, the Python API's numbers for the same request; a
-line without gets none; a count out of range is an input error naming the line; on the simulated
-engine such a request fails alone, saying why, and the others run."""
+"""`mstar run --prompts` with a line's `logit_bias` (its tokens biased) and `logprobs`: its
+outputs.jsonl line carries one `{"token", "logprob", "top"}` per output token, the Python API's
+numbers for the same request; a line without gets none; a count out of range is an input error
+naming the line; on the simulated engine such a request fails alone, saying why, and the others
+run."""
 from __future__ import annotations
 
 import json
@@ -54,6 +55,16 @@ def test_a_logprobs_count_out_of_range_is_an_input_error(tmp_path, capsys):
 def test_the_simulated_engine_fails_a_logprobs_request_alone(tmp_path, capsys):
     status, found = _run(tmp_path, LINES, "--engine", "sim")
     assert found["plain"]["finish_reason"] == "length"
-    assert found["asks"]["finish_reason"].startswith("error: logprobs need a model's logits")
-    assert "logprobs need a model's logits" in capsys.readouterr().err
+    assert found["asks"]["finish_reason"].startswith("error: logprobs and logit_bias need a model's logits")
+    assert "logprobs and logit_bias need a model's logits" in capsys.readouterr().err
     assert status == 0  # (a request that fails alone leaves the run's status as it is)
+
+
+def test_a_lines_logit_bias_biases_its_tokens(tmp_path, capsys):
+    status, found = _run(tmp_path, [{"id": "forced", "prompt_tokens": [1, 2, 3], "max_tokens": 3,
+                                     "logit_bias": {"42": 100}}])
+    assert status == 0 and found["forced"]["output_tokens"] == [42, 42, 42]
+    (tmp_path / "bad").mkdir()
+    status, _ = _run(tmp_path / "bad", [{"id": "x", "prompt_tokens": [1], "max_tokens": 3, "logit_bias": {"4": 200}}])
+    assert status == 1 and "prompts.jsonl:1: logit_bias of token 4 must be a number in [-100, 100]" in \
+        capsys.readouterr().err

@@ -149,7 +149,8 @@ def test_streamed_chat_sends_the_role_then_content(llama):
     (dict(model="llama", prompt=[1, 200000]), 400, "vocabulary"),
     # OpenAI fields this server does not implement are refused by name (they were ignored: a 200)
     (dict(model="llama", prompt=[1, 2], extra_body={"tools": [{"type": "function"}]}), 400, "tools is not"),
-    (dict(model="llama", prompt=[1, 2], logit_bias={"5": 100}), 400, "logit_bias is not supported"),
+    (dict(model="llama", prompt=[1, 2], extra_body={"response_format": {"type": "json_object"}}), 400,
+     "response_format is not supported"),
 ])
 def test_bad_requests_get_an_openai_error(llama, call, status, words):
     _, _, client = llama

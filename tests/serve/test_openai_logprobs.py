@@ -1,8 +1,9 @@
-"""Log-probabilities through the server, in OpenAI's two shapes: a completion's `logprobs: N`
-(parallel `tokens`, `token_logprobs`, `top_logprobs` of up to N + 1 entries, `text_offset`) and a
-chat's `logprobs: true` with `top_logprobs: N` (`content` entries with token, logprob, bytes and N
-alternatives). The numbers are the Python API's for the same request (tests/engine/
-test_logprobs_parity.py holds those against transformers); a stream carries each chunk's tokens'."""
+"""Log-probabilities and logit_bias through the server. Log-probabilities come in OpenAI's two
+shapes: a completion's `logprobs: N` (parallel `tokens`, `token_logprobs`, `top_logprobs` of up to
+N + 1 entries, `text_offset`) and a chat's `logprobs: true` with `top_logprobs: N` (`content`
+entries with token, logprob, bytes and N alternatives). The numbers are the Python API's for the
+same request (tests/engine/test_logprobs_parity.py holds those against transformers); a stream
+carries each chunk's tokens'. A logit_bias reaches the engine from both endpoints."""
 from __future__ import annotations
 
 import math
@@ -96,3 +97,22 @@ def test_n_choices_each_carry_their_own_logprobs(llama):
         expected = _api(llm, PROMPT, 3, 0, temperature=1.0, seed=3 + j)
         assert choice.logprobs.token_logprobs == pytest.approx([own for own, _ in expected.logprobs])
         assert [len(top) for top in choice.logprobs.top_logprobs] == [1, 1, 1]  # the sampled token's own
+
+
+def test_logit_bias_reaches_the_engine_on_both_endpoints(llama):
+    _, client = llama
+    answer = client.completions.create(model="llama", prompt=PROMPT, max_tokens=4, logit_bias={"42": 100})
+    assert answer.choices[0].model_extra["token_ids"] == [42] * 4
+    chat = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=3, logit_bias={"17": 100}, temperature=1.0, seed=1)
+    assert chat.choices[0].model_extra["token_ids"] == [17] * 3
+
+
+@pytest.mark.parametrize("bias, words", [({"42": 101}, "logit_bias of token 42 must be a number in [-100, 100]"),
+                                         ({"abc": 1}, "logit_bias token id must be an integer"),
+                                         ({"200000": 1}, "logit_bias token id 200000 is outside the vocabulary")])
+def test_a_bad_logit_bias_is_a_400_naming_it(llama, bias, words):
+    _, client = llama
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logit_bias=bias)
+    assert words in refused.value.message

@@ -134,13 +134,16 @@ def test_a_chat_without_logprobs_asks_for_none(llama, fields):
     assert made[-1].logprobs is None and answer["choices"][0]["logprobs"] is None
 
 
-def test_logprobs_on_the_simulated_engine_are_refused_saying_why(llama):
+def test_logprobs_and_logit_bias_on_the_simulated_engine_are_refused_saying_why(llama):
     """(tests/serve/test_openai_logprobs.py answers them on the torch engine)"""
     url, made, _ = llama
     status, error = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
                                                      "max_tokens": 2, "logprobs": True, "top_logprobs": 3})
     assert status == 400 and "the simulated engine draws its tokens without any" in error["message"], error
     assert made[-1].logprobs == 3
+    status, error = _completion(url, logit_bias={"5": 10})
+    assert status == 400 and "the simulated engine draws its tokens without any" in error["message"], error
+    assert made[-1].logit_bias == [(5, 10.0)]
 
 
 def test_a_chat_max_completion_tokens_wins_over_max_tokens(llama):

@@ -37,6 +37,9 @@ class Request:
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
+    # (token id, bias): added to the logit of that token before sampling, on the calls that send
+    # their tokens to the client as text (OpenAI's logit_bias, each in [-100, 100])
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
     # log-probabilities of each text token sent to the client and of this many alternatives beside
     # it (0 to step.MAX_LOGPROBS; None: none, nothing is computed)
     logprobs: Optional[int] = None

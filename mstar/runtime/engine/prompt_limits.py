@@ -26,6 +26,15 @@ def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, toke
     return None
 
 
+def logit_bias_problem(node: str, vocab: object, takes_text_prompt: bool,
+                       logit_bias: tuple[tuple[int, float], ...]) -> Optional[str]:
+    """A logit_bias token id outside the spec's vocabulary of a node that takes the text prompt
+    (the ids a bias names are the prompt's; `logit_bias` is sorted by id), or None."""
+    if logit_bias and isinstance(vocab, int) and vocab and takes_text_prompt and logit_bias[-1][0] >= vocab:
+        return f"node {node}: logit_bias token id {logit_bias[-1][0]} is outside the vocabulary [0, {vocab})"
+    return None
+
+
 def takes_text_prompt(node: Any) -> bool:
     """Whether one of the node's inputs takes the request's text prompt (the plan's input roles):
     the nodes whose vocabulary `prompt_limit_problem` checks a prompt's ids against."""

@@ -1,11 +1,13 @@
 """Token sampling, batched over a step's rows: greedy, temperature, top-k, top-p, repetition,
-presence and frequency penalties.
+presence and frequency penalties, logit biases.
 
 In: the logits of the step's sampling rows `[R, vocab]` and per row its request's `SamplingParams`,
 the token ids it has seen (the repetition penalty's), the tokens it sampled on the node so far (the
 presence and frequency penalties', OpenAI's rule: a logit less presence_penalty once its token is
 among them and frequency_penalty a time), and its draw coordinates (`stream`: `draw_stream(seed, node position)`,
-fixed per request and node; `step`: how many tokens that request sampled there before). Out: one token
+fixed per request and node; `step`: how many tokens that request sampled there before), and the
+logit biases that apply to it (OpenAI's `logit_bias`: added to the logits after the penalties, where
+the row's call sends its token to the client as text). Out: one token
 id per row, from one batched pass (`sample_tokens`). `token_logprobs` gives the sampled tokens'
 log-probabilities for the rows whose requests ask for them (of the logits before any of the rules
 below: the model's own distribution, as vLLM's default and OpenAI's).
@@ -25,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from mstar.runtime.step import TokenLogprobs, sampling_range_problem
+from mstar.runtime.step import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, TokenLogprobs, sampling_range_problem
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
 # before t reaches 0 (a temperature of 1e-38 made every probability NaN, and 1e-320 rounds to 0 in
@@ -54,6 +56,7 @@ class SamplingParams:
     stop_tokens: frozenset[int] = field(default_factory=frozenset)
     max_tokens: Optional[int] = None
     logprobs: Optional[int] = None  # Request.logprobs: alternatives beside the sampled token, None: none
+    logit_bias: tuple[tuple[int, float], ...] = ()  # Request.logit_bias: (token id, bias) pairs
 
     @property
     def is_greedy(self) -> bool:
@@ -83,6 +86,7 @@ class SamplingParams:
                 stop_tokens=frozenset(int(t) for t in ([stop] if isinstance(stop, int) else stop)),
                 max_tokens=get("max_tokens"),
                 logprobs=None if get("logprobs") is None else _integer("logprobs", get("logprobs")),
+                logit_bias=logit_bias_pairs(get("logit_bias", default=())),
             )
         except SamplingError:
             raise
@@ -94,6 +98,30 @@ class SamplingParams:
         if problem is not None:
             raise SamplingError(problem)
         return params
+
+
+def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    """A request's logit_bias as (token id, bias) pairs, in token order: from a dict (token ids as
+    ints or as the decimal strings OpenAI's JSON keys are) or from pairs; SamplingError for a token
+    id that is not a non-negative integer, a bias outside LOGIT_BIAS_RANGE or too many entries."""
+    items = value.items() if isinstance(value, dict) else value
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise SamplingError(f"logit_bias must map token ids to biases, got an entry {item!r}")
+        token, bias = item
+        if isinstance(token, str) and token.isascii() and token.isdecimal():
+            token = int(token)
+        token = _integer("logit_bias token id", token)
+        if token < 0:
+            raise SamplingError(f"logit_bias token id must be >= 0, got {token}")
+        if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
+                LOGIT_BIAS_RANGE[0] <= float(bias) <= LOGIT_BIAS_RANGE[1]):
+            raise SamplingError(f"logit_bias of token {token} must be a number in [-100, 100], got {bias!r}")
+        pairs[token] = float(bias)
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise SamplingError(f"logit_bias has {len(pairs)} entries, more than the {MAX_LOGIT_BIAS} a request may carry")
+    return tuple(sorted(pairs.items()))
 
 
 def _integer(name: str, value: Any) -> int:
@@ -162,11 +190,27 @@ def output_rule(logits: torch.Tensor, counts: torch.Tensor, presence: torch.Tens
     return logits - frequency.unsqueeze(1) * counts - presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
 
 
+def bias_pairs(biases: list[tuple[tuple[int, float], ...]]) -> Optional[tuple[list[int], list[int], list[float]]]:
+    """The rows' logit biases as (row, token, bias) columns; None when no row has one."""
+    rows = [row for row, pairs in enumerate(biases) for _ in pairs]
+    if not rows:
+        return None
+    return rows, [token for pairs in biases for token, _ in pairs], [bias for pairs in biases for _, bias in pairs]
+
+
+def bias_rule(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`logits` `[R, V]` with `values` added at (rows, tokens) (a new tensor): OpenAI's logit_bias,
+    after the penalties. A token id past a stand-in's smaller vocabulary folds into it, as prompt
+    ids do (prompt_limits.py); the plan's vocabulary bounds the ids at admission."""
+    return logits.index_put((rows, tokens % logits.shape[1]), values.to(logits.dtype), accumulate=True)
+
+
 def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories: list[torch.Tensor],
-                  streams: list[int], steps: list[int], outputs: Optional[list[torch.Tensor]] = None) -> list[int]:
+                  streams: list[int], steps: list[int], outputs: Optional[list[torch.Tensor]] = None,
+                  biases: Optional[list[tuple[tuple[int, float], ...]]] = None) -> list[int]:
     """One token id per row of `logits` `[R, V]` (see the module docstring). outputs: per row the
     tokens its request sampled on the node so far (None: none, as for a depth model's inner
-    tokens)."""
+    tokens). biases: per row the logit biases that apply to it there (None: none)."""
     logits = logits.float()
     penalties = torch.tensor([p.repetition_penalty for p in params])
     if bool((penalties != 1.0).any()):
@@ -176,6 +220,10 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories:
         frequency = torch.tensor([p.frequency_penalty for p in params])
         if bool(((presence != 0) | (frequency != 0)).any()):
             logits = apply_output_penalties(logits, outputs, presence, frequency)
+    found = bias_pairs(biases) if biases is not None else None
+    if found is not None:
+        rows, tokens, values = found
+        logits = bias_rule(logits, torch.tensor(rows), torch.tensor(tokens), torch.tensor(values))
     greedy = logits.argmax(dim=1)
     is_greedy = torch.tensor([p.is_greedy for p in params])
     if bool(is_greedy.all()):

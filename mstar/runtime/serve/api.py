@@ -112,6 +112,9 @@ class SamplingParams:
     # log-probabilities of each output text token and of this many alternatives beside it (0 to
     # 20; None: none): Output.logprobs
     logprobs: Optional[int] = None
+    # token id -> bias in [-100, 100], added to that token's logit before sampling on the calls that
+    # send their tokens as text (OpenAI's logit_bias; ids as ints or decimal strings)
+    logit_bias: Optional[dict[Any, float]] = None
 
     def check(self) -> None:
         """Raise SamplingError naming the first value of the wrong kind or out of range (a value
@@ -152,6 +155,18 @@ class SamplingParams:
                                               self.logprobs)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
+        self.bias_pairs()
+
+    def bias_pairs(self) -> list[tuple[int, float]]:
+        """logit_bias as checked (token id, bias) pairs (SamplingError for a bad one)."""
+        from mstar.runtime.engine.sampling import SamplingError as EngineSamplingError, logit_bias_pairs
+
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise SamplingError(f"logit_bias must map token ids to biases, got {shown(self.logit_bias)}")
+        try:
+            return list(logit_bias_pairs(self.logit_bias or {}))
+        except EngineSamplingError as error:
+            raise SamplingError(str(error)) from None
 
 
 def _is_list_of(value: Any, is_item: Any) -> bool:
@@ -343,7 +358,8 @@ class LLM:
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
                         presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                       logprobs=sampling.logprobs, stop_tokens=list(sampling.stop_token_ids),
+                       logprobs=sampling.logprobs, logit_bias=sampling.bias_pairs(),
+                       stop_tokens=list(sampling.stop_token_ids),
                        stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))

@@ -10,7 +10,8 @@ response formats other than those documented) are refused rather than ignored, s
 client is never silently given something other than what it asked for. `n` choices (and a
 completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
 `_Body.sampling(max_tokens, choice)`; serve/http_app.py and serve/http_stream.py answer them as
-one). `presence_penalty` and `frequency_penalty` are OpenAI's (in [-2, 2]). Log-probabilities:
+one). `presence_penalty`, `frequency_penalty` (in [-2, 2]) and `logit_bias` (token id -> bias in
+[-100, 100]) are OpenAI's. Log-probabilities:
 a completion's `logprobs: N` and a chat's `logprobs: true` with `top_logprobs: N` (N in 0..20)
 become `SamplingParams.logprobs` (`_Body.logprobs_count`); serve/logprobs_format.py answers them.
 
@@ -53,7 +54,7 @@ class ApiError(Exception):
 # client asking for JSON output or tool calls must not get plain text as if it had). Fields of no
 # consequence to the answer (`user`, `metadata`, `store`, ...) and unknown ones are ignored.
 UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
-                      "response_format", "logit_bias", "modalities", "audio", "prediction",
+                      "response_format", "modalities", "audio", "prediction",
                       "web_search_options")
 
 
@@ -82,6 +83,7 @@ class _Body(BaseModel):
     repetition_penalty: Optional[float] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None  # OpenAI's: token id (a JSON key) -> bias in [-100, 100]
     n: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
@@ -133,7 +135,7 @@ class _Body(BaseModel):
                               top_p=self.top_p, seed=seed, repetition_penalty=self.repetition_penalty,
                               stop=stop, stop_token_ids=list(self.stop_token_ids or []),
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              logprobs=self.logprobs_count())
+                              logprobs=self.logprobs_count(), logit_bias=self.logit_bias)
 
     def logprobs_count(self) -> Optional[int]:
         """The alternatives a choice asks log-probabilities of beside each token (None: none)."""

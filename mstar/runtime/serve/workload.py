@@ -21,7 +21,8 @@ request ends once its decoded output holds one; needs the tokenizer too), "tempe
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
 loops written `count=PARAM`, each within its loop's max), "logprobs" (0 to 20: each output text
-token's log-probability and that many alternatives', in outputs.jsonl); blank lines are skipped. Given the plan,
+token's log-probability and that many alternatives', in outputs.jsonl), "logit_bias" ({token id:
+bias in [-100, 100]}, OpenAI's, on the calls that send tokens as text); blank lines are skipped. Given the plan,
 a line's guidance labels and loop counts are checked against it as the file is read, by the rules
 the engine and the conductor apply at admission (`unknown_label_problem`, `LoopCounts`). An id is 1 to
 MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path
@@ -277,7 +278,8 @@ def _check_id(request_id: str, where: str) -> None:
 # the fields a prompts line may hold (beside the plan's prompt format fields)
 LINE_FIELDS = frozenset({"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k",
                          "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_tokens",
-                         "route", "guidance", "audio", "loop_counts", "logprobs"})
+                         "route", "guidance", "audio", "loop_counts", "logprobs",
+                         "logit_bias"})
 
 
 def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
@@ -460,6 +462,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         media=_audio(obj, where, base_dir),
         loop_counts=dict(loop_counts),
         logprobs=_logprobs(obj, where),
+        logit_bias=_logit_bias(obj, where),
     )
 
 
@@ -476,6 +479,16 @@ def _line_object(line: str, where: str) -> dict:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _logit_bias(obj: dict, where: str) -> list[tuple[int, float]]:
+    from mstar.runtime.engine.sampling import SamplingError, logit_bias_pairs
+
+    biases = _field(obj, "logit_bias", (dict,), where, is_required=False) or {}
+    try:
+        return list(logit_bias_pairs(biases))
+    except SamplingError as error:
+        raise WorkloadError(f"{where}: {error}") from None
 
 
 def _logprobs(obj: dict, where: str) -> Optional[int]:

@@ -68,7 +68,7 @@ from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowS
 from mstar.runtime.engine.gpu.penalties import PenaltyRows, penalise
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
-from mstar.runtime.engine.sampling import as_token_logprobs, logprob_tensors
+from mstar.runtime.engine.sampling import as_token_logprobs, bias_rule, logprob_tensors
 from mstar.runtime.step import TokenLogprobs
 
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
@@ -91,11 +91,19 @@ class SamplingRows:
     # int64 [R]: the alternatives each row asks log-probabilities of beside its token (-1: none);
     # None: no row asks (RowResult.logprobs)
     logprobs: Optional[np.ndarray] = None
+    # the rows' logit biases as int64 rows, int64 tokens and float32 biases (`sampling.bias_pairs`);
+    # None: no row has one
+    bias: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
 
     def take(self, order: list[int]) -> "SamplingRows":
+        bias = None
+        if self.bias is not None:  # new place i held old row order[i]
+            new_place = np.empty(len(order), dtype=np.int64)
+            new_place[order] = np.arange(len(order))
+            bias = (new_place[self.bias[0]], self.bias[1], self.bias[2])
         return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order],
                             self.top_k[order], None if self.penalties is None else self.penalties.take(order),
-                            None if self.logprobs is None else self.logprobs[order])
+                            None if self.logprobs is None else self.logprobs[order], bias)
 
 
 @dataclass(frozen=True)
@@ -537,6 +545,8 @@ class StepExecutor:
                 rows_logits = logits[:num_rows]
                 if sampling.penalties is not None:
                     rows_logits = penalise(rows_logits.float(), sampling.penalties)
+                if sampling.bias is not None:
+                    rows_logits = bias_rule(rows_logits.float(), *(self._moved(a) for a in sampling.bias))
                 tokens = sample(rows_logits, *self._sampling_tensors(sampling))
                 if sampling.logprobs is not None:  # of the logits before any penalty (sampling.py)
                     logprobs = self._logprobs(logits[:num_rows], tokens, sampling.logprobs)
@@ -669,7 +679,10 @@ class StepExecutor:
 
     def _sampling_tensors(self, sampling: SamplingRows) -> list[torch.Tensor]:
         arrays = (sampling.temperature, sampling.top_p, sampling.seeds, sampling.counters, sampling.top_k)
-        return [torch.from_numpy(np.ascontiguousarray(a)).to(self.device, non_blocking=True) for a in arrays]
+        return [self._moved(a) for a in arrays]
+
+    def _moved(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, non_blocking=True)
 
     def collect(self, pending: Pending) -> np.ndarray:
         """The step's sampled ids (waits for the step); call once per launched step."""

@@ -70,7 +70,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.sampling import SamplingParams
+from mstar.runtime.engine.sampling import SamplingParams, bias_pairs
 from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
                                                  token_list_chunk)
 from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
@@ -426,12 +426,13 @@ class GpuDecoderRunner(DecoderRunner):
         per-row counters must count (never a penalised row's: `prelaunch`). fed: each row's tokens
         fed this step, which a prompt row's repetition penalty counts (a decode row's fed token is
         among its samples). calls: each row's call, whose `sends_text_tokens` says whether the
-        log-probabilities its request asks for are given there (None: nowhere; no row launched
-        ahead asks for them)."""
+        log-probabilities its request asks for are given there and its logit bias applies (None:
+        nowhere; no row launched ahead, nor any steady row of the decode columns, has either)."""
         params = [request.params for request in requests]
         is_penalised = any(map(_has_penalty, requests))
         wants_logprobs = calls is not None and any(map(_wants_logprobs, requests))
-        if not is_penalised and not wants_logprobs and all(p.is_greedy for p in params):
+        is_biased = calls is not None and any(map(_has_logit_bias, requests))
+        if not is_penalised and not wants_logprobs and not is_biased and all(p.is_greedy for p in params):
             return None
         node = self.node.name
         penalties = None
@@ -444,7 +445,8 @@ class GpuDecoderRunner(DecoderRunner):
                             np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
                                      dtype=np.int64),
                             np.array([p.top_k for p in params], dtype=np.int64), penalties,
-                            _logprob_counts(params, calls) if wants_logprobs and calls is not None else None)
+                            _logprob_counts(params, calls) if wants_logprobs and calls is not None else None,
+                            _bias_columns(params, calls) if is_biased and calls is not None else None)
 
     def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
@@ -452,9 +454,9 @@ class GpuDecoderRunner(DecoderRunner):
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
         beside its other rows (prompt chunks) done row by row."""
-        # (a row asking for log-probabilities takes the per-row path: the columns carry none)
+        # (a row asking for log-probabilities or with a logit bias takes the per-row path: RequestState.needs_row_path)
         steady = (steady_rows(self, rows, is_partial_ok and route != "decode")
-                  if self.is_columnar and not any(map(_wants_logprobs, map(_third, rows))) else None)
+                  if self.is_columnar and not any(map(_needs_row_path, map(_third, rows))) else None)
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
         self.step_rows = rows
@@ -749,6 +751,17 @@ class GpuDecoderRunner(DecoderRunner):
 
 _has_penalty, _third, _fourth = attrgetter("has_penalty"), itemgetter(2), itemgetter(3)
 _wants_logprobs, _is_never_ahead = attrgetter("wants_logprobs"), attrgetter("is_never_ahead")
+_has_logit_bias, _needs_row_path = attrgetter("has_logit_bias"), attrgetter("needs_row_path")
+
+
+def _bias_columns(params: list[SamplingParams], calls: list[CallInfo]
+                  ) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """SamplingRows.bias: the rows' logit biases where their calls send the token as text."""
+    found = bias_pairs([p.logit_bias if call.sends_text_tokens else () for p, call in zip(params, calls)])
+    if found is None:
+        return None
+    rows, tokens, values = found
+    return np.array(rows, dtype=np.int64), np.array(tokens, dtype=np.int64), np.array(values, dtype=np.float32)
 
 
 def _logprob_counts(params: list[SamplingParams], calls: list[CallInfo]) -> np.ndarray:

@@ -59,7 +59,7 @@ from mstar.runtime.engine.kv.claims import claim_cached_prefix
 from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
-from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
+from mstar.runtime.engine.prompt_limits import logit_bias_problem, prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.depth import DepthModel
@@ -203,8 +203,10 @@ class DecoderRunner:
 
     def refusal(self, request: RequestState) -> Optional[str]:
         """Why the request can never run on this node, or None when it can."""
-        problem = prompt_limit_problem(self.node.name, self.node.dims.get("vocab", 0), self.takes_text_prompt,
-                                       request.prompt_tokens, request.params.max_tokens, self.max_seq_len)
+        vocab = self.node.dims.get("vocab", 0)
+        problem = (prompt_limit_problem(self.node.name, vocab, self.takes_text_prompt, request.prompt_tokens,
+                                        request.params.max_tokens, self.max_seq_len)
+                   or logit_bias_problem(self.node.name, vocab, self.takes_text_prompt, request.params.logit_bias))
         if problem is not None:
             return problem
         num_tokens = self._budget_tokens(request)
@@ -640,7 +642,8 @@ class DecoderRunner:
             logits, [r.params for r in requests],
             [torch.tensor(r.history[node], dtype=torch.long) for r in requests],
             [draw_stream(r.params.seed, self.position) for r in requests],
-            [r.num_sampled.get(node, 0) for r in requests], output_tokens(requests, node))
+            [r.num_sampled.get(node, 0) for r in requests], output_tokens(requests, node),
+            _biases(ready, picked))
         for index, token in zip(picked, sampled):
             tokens[index] = token
         return tokens, _logprobs_of(ready, picked, logits, sampled)
@@ -730,6 +733,15 @@ class DecoderRunner:
 
     def _is_self_loop(self, call: CallInfo, name: str) -> bool:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)
+
+
+def _biases(ready: list[_Prepared], picked: list[int]) -> Optional[list[tuple[tuple[int, float], ...]]]:
+    """The picked rows' logit biases, where their calls send the token to the client as text (the
+    tokens the biases' ids name); None when no such row has one."""
+    if not any(ready[index].request.has_logit_bias for index in picked):
+        return None
+    return [ready[index].request.params.logit_bias if ready[index].call.sends_text_tokens else ()
+            for index in picked]
 
 
 def _logprobs_of(ready: list[_Prepared], picked: list[int], logits: torch.Tensor,

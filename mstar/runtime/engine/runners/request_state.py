@@ -45,8 +45,13 @@ class RequestState:
     has_output_penalty: bool = field(init=False)  # a presence or frequency penalty
     has_penalty: bool = field(init=False)  # those, or a repetition penalty
     wants_logprobs: bool = field(init=False)  # params.logprobs is set (RowResult.logprobs)
+    has_logit_bias: bool = field(init=False)  # params.logit_bias is not empty
+    # the GPU fast path runs a step holding it row by row (its decode columns carry neither
+    # log-probabilities nor the calls that say where a logit bias applies)
+    needs_row_path: bool = field(init=False)
     # the GPU fast path launches no step holding it ahead of the host: its penalties need the host's
-    # lists of its tokens whole, its log-probabilities are collected with its step's tokens
+    # lists of its tokens whole, its log-probabilities are collected with its step's tokens, and a
+    # step launched ahead knows no calls (where its logit bias applies)
     is_never_ahead: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,7 +59,9 @@ class RequestState:
         self.has_output_penalty = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         self.has_penalty = self.has_output_penalty or params.repetition_penalty != 1.0
         self.wants_logprobs = params.logprobs is not None
-        self.is_never_ahead = self.has_penalty or self.wants_logprobs
+        self.has_logit_bias = bool(params.logit_bias)
+        self.needs_row_path = self.wants_logprobs or self.has_logit_bias
+        self.is_never_ahead = self.has_penalty or self.needs_row_path
 
     def count_sampled(self, node: str, token: int) -> int:
         """One more token sampled on `node`; the count so far."""
