@@ -68,3 +68,16 @@ def test_a_lines_logit_bias_biases_its_tokens(tmp_path, capsys):
     status, _ = _run(tmp_path / "bad", [{"id": "x", "prompt_tokens": [1], "max_tokens": 3, "logit_bias": {"4": 200}}])
     assert status == 1 and "prompts.jsonl:1: logit_bias of token 4 must be a number in [-100, 100]" in \
         capsys.readouterr().err
+
+
+def test_a_lines_ignore_eos_and_min_tokens_reach_the_request(tmp_path, capsys):
+    from mstar.runtime.serve.workload import WorkloadError, parse_prompt_line
+
+    line = '{"id": "a", "prompt_tokens": [1], "max_tokens": 4, "ignore_eos": true, "min_tokens": 3}'
+    request = parse_prompt_line(line, "p:1")
+    assert request.ignore_eos is True and request.min_tokens == 3
+    for bad, words in (('"ignore_eos": 1', "'ignore_eos' must be true or false"),
+                       ('"min_tokens": 5', "'min_tokens' must be in [0, max_tokens (4)], got 5")):
+        with pytest.raises(WorkloadError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                           .replace(")", r"\)")):
+            parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 4, ' + bad + "}", "p:1")

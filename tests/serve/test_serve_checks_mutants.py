@@ -106,6 +106,18 @@ def test_a_completion_without_max_tokens_makes_openais_default_16(llama):
     assert made[-1].max_tokens == 16
 
 
+def test_vllms_ignore_eos_and_min_tokens_reach_the_request(llama):
+    url, made, _ = llama
+    status, answer = _completion(url, ignore_eos=True, min_tokens=2)
+    assert status == 200, answer
+    assert made[-1].ignore_eos is True and made[-1].min_tokens == 2
+    status, answer = _completion(url, ignore_eos=None, min_tokens=None)
+    assert status == 200 and made[-1].ignore_eos is False and made[-1].min_tokens == 0
+    status, error = _completion(url, min_tokens=3)  # past max_tokens (2)
+    assert status == 400 and "min_tokens must be in [0, max_tokens (2)], got 3" in error["message"], error
+    assert error["param"] == "min_tokens"
+
+
 def test_a_completion_carries_its_stop_string_whole_and_its_stop_token_ids(llama):
     url, made, _ = llama
     status, answer = _completion(url, stop="hello world", stop_token_ids=[7, 8])

@@ -37,6 +37,11 @@ class Request:
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     stop_tokens: list[int] = field(default_factory=list)  # token ids that end the request's loops
+    # vLLM's extensions: ignore_eos samples on past the model's own stop tokens (the node's; the
+    # request's stop_tokens still stop it); min_tokens keeps every stop token from being sampled
+    # until the request has sampled that many on a node
+    ignore_eos: bool = False
+    min_tokens: int = 0
     # (token id, bias): added to the logit of that token before sampling, on the calls that send
     # their tokens to the client as text (OpenAI's logit_bias, each in [-100, 100])
     logit_bias: list[tuple[int, float]] = field(default_factory=list)

@@ -20,6 +20,7 @@ penalties, the repetition penalty first), and so does one below MIN_TEMPERATURE;
 """
 from __future__ import annotations
 
+import math
 import numbers
 import zlib
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class SamplingParams:
     max_tokens: Optional[int] = None
     logprobs: Optional[int] = None  # Request.logprobs: alternatives beside the sampled token, None: none
     logit_bias: tuple[tuple[int, float], ...] = ()  # Request.logit_bias: (token id, bias) pairs
+    ignore_eos: bool = False  # Request.ignore_eos: the node's stop tokens do not stop it
+    min_tokens: int = 0  # Request.min_tokens: no stop token is sampled before this many tokens
 
     @property
     def is_greedy(self) -> bool:
@@ -87,6 +90,8 @@ class SamplingParams:
                 max_tokens=get("max_tokens"),
                 logprobs=None if get("logprobs") is None else _integer("logprobs", get("logprobs")),
                 logit_bias=logit_bias_pairs(get("logit_bias", default=())),
+                ignore_eos=_flag("ignore_eos", get("ignore_eos", default=False)),
+                min_tokens=_integer("min_tokens", get("min_tokens", default=0)),
             )
         except SamplingError:
             raise
@@ -97,6 +102,8 @@ class SamplingParams:
                                          params.logprobs)
         if problem is not None:
             raise SamplingError(problem)
+        if params.min_tokens < 0 or (params.max_tokens is not None and params.min_tokens > params.max_tokens):
+            raise SamplingError(f"min_tokens must be in [0, max_tokens ({params.max_tokens})], got {params.min_tokens}")
         return params
 
 
@@ -122,6 +129,28 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
     if len(pairs) > MAX_LOGIT_BIAS:
         raise SamplingError(f"logit_bias has {len(pairs)} entries, more than the {MAX_LOGIT_BIAS} a request may carry")
     return tuple(sorted(pairs.items()))
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise SamplingError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def stop_masks(params: SamplingParams, num_sampled: int, node_stops: Any) -> tuple[tuple[int, float], ...]:
+    """The (token, -inf) pairs that keep a row from sampling a stop token (its request's, and the
+    node's unless ignore_eos) while it has sampled fewer than min_tokens there; () otherwise."""
+    if num_sampled >= params.min_tokens:
+        return ()
+    stops = set(params.stop_tokens) if params.ignore_eos else set(params.stop_tokens) | set(node_stops)
+    return tuple((token, -math.inf) for token in sorted(stops))
+
+
+def row_biases(params: SamplingParams, num_sampled: int, node_stops: Any) -> tuple[tuple[int, float], ...]:
+    """Everything added to a row's logits before it samples on a call that sends text tokens: its
+    logit_bias, and the stop-token masks of min_tokens."""
+    masks = stop_masks(params, num_sampled, node_stops) if params.min_tokens else ()
+    return params.logit_bias + masks if masks else params.logit_bias
 
 
 def _integer(name: str, value: Any) -> int:

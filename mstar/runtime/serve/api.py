@@ -115,13 +115,19 @@ class SamplingParams:
     # token id -> bias in [-100, 100], added to that token's logit before sampling on the calls that
     # send their tokens as text (OpenAI's logit_bias; ids as ints or decimal strings)
     logit_bias: Optional[dict[Any, float]] = None
+    # vLLM's extensions: sample on past the model's own end-of-text tokens (stop_token_ids still
+    # stop); sample no stop token before this many tokens
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     def check(self) -> None:
         """Raise SamplingError naming the first value of the wrong kind or out of range (a value
         of the wrong kind once reached the run loop and stopped it for every request). Values are
         echoed by `shown`: a route's 10,000-character name was echoed whole, and any max_tokens
         past 4,300 digits, even a valid one, raised Python's ValueError of int -> str instead."""
-        for name in ("max_tokens", "top_k", "seed", "logprobs"):
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingError(f"ignore_eos must be true or false, got {shown(self.ignore_eos)}")
+        for name in ("max_tokens", "top_k", "seed", "logprobs", "min_tokens"):
             value = getattr(self, name)
             if value is not None and not is_integer(value):
                 raise SamplingError(f"{name} must be an integer, got {shown(value)}")
@@ -131,6 +137,8 @@ class SamplingParams:
                 raise SamplingError(f"{name} must be a number, got {shown(value)}")
         problems = [
             (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {shown(self.max_tokens)}"),
+            (self.min_tokens is None or not 0 <= self.min_tokens <= (self.max_tokens or 0),
+             f"min_tokens must be in [0, max_tokens ({shown(self.max_tokens)})], got {shown(self.min_tokens)}"),
             (not _is_list_of(self.stop_token_ids, lambda t: is_integer(t) and t >= 0),
              f"stop_token_ids must be a list of non-negative token ids, got {shown(self.stop_token_ids)}"),
             (not _is_list_of(self.stop, lambda t: isinstance(t, str) and bool(t)),
@@ -358,7 +366,8 @@ class LLM:
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
                         presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                       logprobs=sampling.logprobs, logit_bias=sampling.bias_pairs(),
+                       logprobs=sampling.logprobs, logit_bias=sampling.bias_pairs(), ignore_eos=sampling.ignore_eos,
+                       min_tokens=sampling.min_tokens,
                        stop_tokens=list(sampling.stop_token_ids),
                        stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),

@@ -16,7 +16,8 @@ a completion's `logprobs: N` and a chat's `logprobs: true` with `top_logprobs: N
 become `SamplingParams.logprobs` (`_Body.logprobs_count`); serve/logprobs_format.py answers them.
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
-`top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, and `max_tokens` on speech.
+`top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, vLLM's `ignore_eos` and
+`min_tokens` on completions and chat, and `max_tokens` on speech.
 """
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ class _Body(BaseModel):
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None  # OpenAI's: token id (a JSON key) -> bias in [-100, 100]
+    ignore_eos: Optional[bool] = None  # vLLM's extensions (null: the default)
+    min_tokens: Optional[int] = None
     n: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
@@ -135,7 +138,8 @@ class _Body(BaseModel):
                               top_p=self.top_p, seed=seed, repetition_penalty=self.repetition_penalty,
                               stop=stop, stop_token_ids=list(self.stop_token_ids or []),
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              logprobs=self.logprobs_count(), logit_bias=self.logit_bias)
+                              logprobs=self.logprobs_count(), logit_bias=self.logit_bias,
+                              ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0)
 
     def logprobs_count(self) -> Optional[int]:
         """The alternatives a choice asks log-probabilities of beside each token (None: none)."""

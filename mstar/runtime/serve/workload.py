@@ -22,7 +22,9 @@ Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
 loops written `count=PARAM`, each within its loop's max), "logprobs" (0 to 20: each output text
 token's log-probability and that many alternatives', in outputs.jsonl), "logit_bias" ({token id:
-bias in [-100, 100]}, OpenAI's, on the calls that send tokens as text); blank lines are skipped. Given the plan,
+bias in [-100, 100]}, OpenAI's, on the calls that send tokens as text), "ignore_eos" (true: the
+model's own stop tokens do not end it) and "min_tokens" (no stop token before that many), vLLM's;
+blank lines are skipped. Given the plan,
 a line's guidance labels and loop counts are checked against it as the file is read, by the rules
 the engine and the conductor apply at admission (`unknown_label_problem`, `LoopCounts`). An id is 1 to
 MAX_ID_CHARS characters of [A-Za-z0-9._:@+=-] (it names the request's files under --out; no path
@@ -279,7 +281,7 @@ def _check_id(request_id: str, where: str) -> None:
 LINE_FIELDS = frozenset({"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k",
                          "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_tokens",
                          "route", "guidance", "audio", "loop_counts", "logprobs",
-                         "logit_bias"})
+                         "logit_bias", "ignore_eos", "min_tokens"})
 
 
 def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
@@ -463,6 +465,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         loop_counts=dict(loop_counts),
         logprobs=_logprobs(obj, where),
         logit_bias=_logit_bias(obj, where),
+        **_stop_extensions(obj, where, max_tokens),
     )
 
 
@@ -479,6 +482,17 @@ def _line_object(line: str, where: str) -> dict:
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _stop_extensions(obj: dict, where: str, max_tokens: int) -> dict[str, Any]:
+    """ignore_eos and min_tokens of a prompts line (vLLM's; Request's fields), checked."""
+    ignore_eos = obj.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):  # (`_field` takes no booleans: they are ints to isinstance)
+        raise WorkloadError(f"{where}: field 'ignore_eos' must be true or false, got {shown(ignore_eos)}")
+    min_tokens = _field(obj, "min_tokens", (int,), where, is_required=False)
+    if min_tokens is not None and not 0 <= min_tokens <= max_tokens:
+        raise WorkloadError(f"{where}: 'min_tokens' must be in [0, max_tokens ({max_tokens})], got {shown(min_tokens)}")
+    return {"ignore_eos": ignore_eos, "min_tokens": min_tokens or 0}
 
 
 def _logit_bias(obj: dict, where: str) -> list[tuple[int, float]]:

@@ -70,7 +70,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
 from mstar.runtime.engine.runners.decoder import DecoderRunner, _Prepared
 from mstar.runtime.engine.runners.request_state import RequestState
-from mstar.runtime.engine.sampling import SamplingParams, bias_pairs
+from mstar.runtime.engine.sampling import SamplingParams, bias_pairs, row_biases
 from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
                                                  token_list_chunk)
 from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
@@ -431,7 +431,7 @@ class GpuDecoderRunner(DecoderRunner):
         params = [request.params for request in requests]
         is_penalised = any(map(_has_penalty, requests))
         wants_logprobs = calls is not None and any(map(_wants_logprobs, requests))
-        is_biased = calls is not None and any(map(_has_logit_bias, requests))
+        is_biased = calls is not None and any(map(_has_biases, requests))
         if not is_penalised and not wants_logprobs and not is_biased and all(p.is_greedy for p in params):
             return None
         node = self.node.name
@@ -446,7 +446,19 @@ class GpuDecoderRunner(DecoderRunner):
                                      dtype=np.int64),
                             np.array([p.top_k for p in params], dtype=np.int64), penalties,
                             _logprob_counts(params, calls) if wants_logprobs and calls is not None else None,
-                            _bias_columns(params, calls) if is_biased and calls is not None else None)
+                            self._bias_columns(requests, calls) if is_biased and calls is not None else None)
+
+    def _bias_columns(self, requests: list[RequestState], calls: list[CallInfo]
+                      ) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """SamplingRows.bias: the rows' additions to their logits (`sampling.row_biases`) where their
+        calls send the token as text (no row of a step launched ahead has any: `prelaunch`)."""
+        node = self.node.name
+        found = bias_pairs([row_biases(r.params, r.num_sampled.get(node, 0), self.stop_tokens)
+                            if call.sends_text_tokens else () for r, call in zip(requests, calls)])
+        if found is None:
+            return None
+        rows, tokens, values = found
+        return np.array(rows, dtype=np.int64), np.array(tokens, dtype=np.int64), np.array(values, dtype=np.float32)
 
     def start(self, rows: list[tuple[StepRow, CallInfo, RequestState]], is_partial_ok: bool = False,
               route: str = "packed", decode_walks: frozenset[str] = frozenset(), worker: int = 0,
@@ -739,7 +751,8 @@ class GpuDecoderRunner(DecoderRunner):
         request.history.setdefault(node, []).extend(item.tokens_fed)
         num_sampled = request.count_sampled(node, token)
         request.last_token[node] = [token]
-        is_stop, is_length = row_stop(token, params.stop_tokens, self.stop_tokens, num_sampled, params.max_tokens)
+        node_stops = frozenset() if params.ignore_eos and item.call.sends_text_tokens else self.stop_tokens
+        is_stop, is_length = row_stop(token, params.stop_tokens, node_stops, num_sampled, params.max_tokens)
         outputs: dict[str, object] = {}
         # a mask has a value per position of the call's input: a cut prompt's last chunk covers the
         # chunks before it too (as the reference runner's `_whole_prompt`)
@@ -751,17 +764,7 @@ class GpuDecoderRunner(DecoderRunner):
 
 _has_penalty, _third, _fourth = attrgetter("has_penalty"), itemgetter(2), itemgetter(3)
 _wants_logprobs, _is_never_ahead = attrgetter("wants_logprobs"), attrgetter("is_never_ahead")
-_has_logit_bias, _needs_row_path = attrgetter("has_logit_bias"), attrgetter("needs_row_path")
-
-
-def _bias_columns(params: list[SamplingParams], calls: list[CallInfo]
-                  ) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """SamplingRows.bias: the rows' logit biases where their calls send the token as text."""
-    found = bias_pairs([p.logit_bias if call.sends_text_tokens else () for p, call in zip(params, calls)])
-    if found is None:
-        return None
-    rows, tokens, values = found
-    return np.array(rows, dtype=np.int64), np.array(tokens, dtype=np.int64), np.array(values, dtype=np.float32)
+_has_biases, _needs_row_path = attrgetter("has_biases"), attrgetter("needs_row_path")
 
 
 def _logprob_counts(params: list[SamplingParams], calls: list[CallInfo]) -> np.ndarray:

@@ -66,7 +66,7 @@ from mstar.runtime.engine.models.depth import DepthModel
 from mstar.runtime.engine.models.gdn import LinearStates
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import CPU, Placement
-from mstar.runtime.engine.sampling import SamplingParams, draw_stream, sample_tokens, token_logprobs
+from mstar.runtime.engine.sampling import SamplingParams, draw_stream, row_biases, sample_tokens, token_logprobs
 from mstar.runtime.step import AheadChunks, RowResult, StepRow, TokenLogprobs, row_stop
 
 
@@ -643,7 +643,7 @@ class DecoderRunner:
             [torch.tensor(r.history[node], dtype=torch.long) for r in requests],
             [draw_stream(r.params.seed, self.position) for r in requests],
             [r.num_sampled.get(node, 0) for r in requests], output_tokens(requests, node),
-            _biases(ready, picked))
+            _biases(ready, picked, node, self.stop_tokens))
         for index, token in zip(picked, sampled):
             tokens[index] = token
         return tokens, _logprobs_of(ready, picked, logits, sampled)
@@ -678,7 +678,8 @@ class DecoderRunner:
         if token is not None:
             num_sampled = request.count_sampled(node, token)
             request.last_token[node] = [token]
-            result.is_stop, result.is_length = row_stop(token, request.params.stop_tokens, self.stop_tokens,
+            node_stops = frozenset() if request.params.ignore_eos and item.call.sends_text_tokens else self.stop_tokens
+            result.is_stop, result.is_length = row_stop(token, request.params.stop_tokens, node_stops,
                                                         num_sampled, request.params.max_tokens)
         for name, role in roles.items():
             if role == "tokens":
@@ -735,13 +736,15 @@ class DecoderRunner:
         return any(e.name == name and e.dest_kind == "node" and e.dest == self.node.name for e in call.edges)
 
 
-def _biases(ready: list[_Prepared], picked: list[int]) -> Optional[list[tuple[tuple[int, float], ...]]]:
-    """The picked rows' logit biases, where their calls send the token to the client as text (the
-    tokens the biases' ids name); None when no such row has one."""
-    if not any(ready[index].request.has_logit_bias for index in picked):
+def _biases(ready: list[_Prepared], picked: list[int], node: str,
+            node_stops: frozenset[int]) -> Optional[list[tuple[tuple[int, float], ...]]]:
+    """The picked rows' additions to their logits (`sampling.row_biases`: the logit bias, min_tokens'
+    stop masks), where their calls send the token to the client as text (the tokens the biases'
+    ids name); None when no such row has any."""
+    if not any(ready[index].request.has_biases for index in picked):
         return None
-    return [ready[index].request.params.logit_bias if ready[index].call.sends_text_tokens else ()
-            for index in picked]
+    return [row_biases(item.request.params, item.request.num_sampled.get(node, 0), node_stops)
+            if item.call.sends_text_tokens else () for item in (ready[index] for index in picked)]
 
 
 def _logprobs_of(ready: list[_Prepared], picked: list[int], logits: torch.Tensor,

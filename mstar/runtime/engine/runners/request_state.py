@@ -45,9 +45,10 @@ class RequestState:
     has_output_penalty: bool = field(init=False)  # a presence or frequency penalty
     has_penalty: bool = field(init=False)  # those, or a repetition penalty
     wants_logprobs: bool = field(init=False)  # params.logprobs is set (RowResult.logprobs)
-    has_logit_bias: bool = field(init=False)  # params.logit_bias is not empty
+    # a logit_bias or a min_tokens: its rows' logits take additions (sampling.row_biases)
+    has_biases: bool = field(init=False)
     # the GPU fast path runs a step holding it row by row (its decode columns carry neither
-    # log-probabilities nor the calls that say where a logit bias applies)
+    # log-probabilities nor the calls that say where a logit bias, min_tokens or ignore_eos applies)
     needs_row_path: bool = field(init=False)
     # the GPU fast path launches no step holding it ahead of the host: its penalties need the host's
     # lists of its tokens whole, its log-probabilities are collected with its step's tokens, and a
@@ -59,8 +60,8 @@ class RequestState:
         self.has_output_penalty = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         self.has_penalty = self.has_output_penalty or params.repetition_penalty != 1.0
         self.wants_logprobs = params.logprobs is not None
-        self.has_logit_bias = bool(params.logit_bias)
-        self.needs_row_path = self.wants_logprobs or self.has_logit_bias
+        self.has_biases = bool(params.logit_bias) or params.min_tokens > 0
+        self.needs_row_path = self.wants_logprobs or self.has_biases or params.ignore_eos
         self.is_never_ahead = self.has_penalty or self.needs_row_path
 
     def count_sampled(self, node: str, token: int) -> int:

@@ -113,9 +113,11 @@ class WhisperDecoderRunner:
         return "torch"
 
     def refusal(self, request: RequestState) -> Optional[str]:
-        if request.params.logprobs is not None or request.params.logit_bias:  # (its timestamp rules sample from
-            # their own scores)
-            return f"node {self.node.name}: logprobs and logit_bias are not taken on a Whisper decoder"
+        params = request.params
+        if params.logprobs is not None or params.logit_bias or params.ignore_eos or params.min_tokens:
+            # (its timestamp rules sample from their own scores, and its own end token ends a window)
+            return (f"node {self.node.name}: logprobs, logit_bias, ignore_eos and min_tokens are not taken on a "
+                    "Whisper decoder")
         if len(request.prompt_tokens) >= self.max_seq_len:  # a longer run stops at the last position
             return (f"node {self.node.name}: the decoder prompt ({len(request.prompt_tokens)} tokens) leaves none "
                     f"of the decoder's {self.max_seq_len} positions to generate in")
