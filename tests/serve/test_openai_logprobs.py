@@ -3,7 +3,8 @@ shapes: a completion's `logprobs: N` (parallel `tokens`, `token_logprobs`, `top_
 N + 1 entries, `text_offset`) and a chat's `logprobs: true` with `top_logprobs: N` (`content`
 entries with token, logprob, bytes and N alternatives). The numbers are the Python API's for the
 same request (tests/engine/test_logprobs_parity.py holds those against transformers); a stream
-carries each chunk's tokens'. A logit_bias reaches the engine from both endpoints."""
+carries each chunk's tokens'. A logit_bias reaches the engine from both endpoints. A completion's
+`echo` puts the prompt before each choice's text, whole or streamed."""
 from __future__ import annotations
 
 import math
@@ -116,3 +117,19 @@ def test_a_bad_logit_bias_is_a_400_naming_it(llama, bias, words):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logit_bias=bias)
     assert words in refused.value.message
+
+
+def test_echo_puts_the_prompt_before_each_choices_text(llama):
+    llm, client = llama
+    plain = client.completions.create(model="llama", prompt="hello world", max_tokens=3)
+    echoed = client.completions.create(model="llama", prompt="hello world", max_tokens=3, echo=True, n=2, seed=1,
+                                       temperature=1.0)
+    assert all(c.text.startswith("hello world") for c in echoed.choices)
+    greedy = client.completions.create(model="llama", prompt="hello world", max_tokens=3, echo=True)
+    assert greedy.choices[0].text == "hello world" + plain.choices[0].text
+    assert greedy.usage.completion_tokens == plain.usage.completion_tokens  # the prompt is not output
+    ids = client.completions.create(model="llama", prompt=[1, 9, 10], max_tokens=2, echo=True)
+    assert ids.choices[0].text.startswith(llm.tokenizer.decode([1, 9, 10]))
+    stream = list(client.completions.create(model="llama", prompt="hello world", max_tokens=3, echo=True,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in stream if c.choices) == greedy.choices[0].text

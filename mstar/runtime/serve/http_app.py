@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import re
 import time
 from contextlib import asynccontextmanager
@@ -412,7 +413,11 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         choices: list[sse.Choice] = []
         for prompt_index, prompt in enumerate(body.prompt_values()):
-            choices += await _choices(service, body, prompt, prompt_index, tokens)
+            made = await _choices(service, body, prompt, prompt_index, tokens)
+            if body.echo:  # each choice's text after its prompt's: as sent, token ids decoded
+                echo = prompt if isinstance(prompt, str) else _prompt_text(service, made[0].request)
+                made = [dataclasses.replace(choice, echo=echo) for choice in made]
+            choices += made
         return await _text_answer(service, http, choices, body.stream,
                                   lambda started: sse.completion_events(service, choices, body, started),
                                   lambda answers: sse.completion_body(service, choices, answers))
@@ -440,6 +445,13 @@ async def _choices(service: Service, body: Any, prompt: Any, prompt_index: int, 
     requests = [first] + [await service.request(list(first.prompt_tokens), body.sampling(tokens, choice), **options)
                           for choice in range(1, body.num_choices)]
     return [sse.Choice(request, prompt_index) for request in requests]
+
+
+def _prompt_text(service: Service, request: Any) -> str:
+    """A completion's prompt as text for `echo`: its ids decoded ('' without a tokenizer, as every
+    text of that server is: the ids are in `token_ids` then)."""
+    tokenizer = service.llm.tokenizer
+    return tokenizer.decode(request.prompt_tokens) if tokenizer is not None else ""
 
 
 async def _text_answer(service: Service, http: HttpRequest, choices: list[sse.Choice], is_stream: bool,

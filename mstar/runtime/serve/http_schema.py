@@ -5,8 +5,8 @@ string as a boolean is refused, not coerced; unknown fields are ignored, as Open
 for fields it does not know, but on speech, where any other field gives a value to the plan's
 prompt format, one the format does not name is refused by name). Out: a prompt (token ids, text
 or chat messages) and `SamplingParams` (serve/api.py), or an `ApiError` (status, OpenAI error
-type, message, param) for a body the server cannot take: unsupported options (echo, best_of,
-response formats other than those documented) are refused rather than ignored, so a
+type, message, param) for a body the server cannot take: unsupported options (echo with
+logprobs, best_of, response formats other than those documented) are refused rather than ignored, so a
 client is never silently given something other than what it asked for. `n` choices (and a
 completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
 `_Body.sampling(max_tokens, choice)`; serve/http_app.py and serve/http_stream.py answer them as
@@ -186,8 +186,9 @@ class CompletionBody(_Body):
         for name, value, ok in (("best_of", self.best_of, 1), ("suffix", self.suffix, None)):
             if value is not None and value != ok:
                 raise ApiError(400, f"{name} is not supported", param=name)
-        if self.echo:
-            raise ApiError(400, "echo is not supported", param="echo")
+        if self.echo and self.logprobs is not None:
+            raise ApiError(400, "echo with logprobs needs the prompt's log-probabilities, which the engines do not "
+                           "compute: send echo without logprobs, or logprobs without echo", param="echo")
         prompt = self.prompt
         is_list = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
         prompts = cast(list[Union[str, list[int]]], list(prompt) if is_list else [prompt])

@@ -62,9 +62,11 @@ def response(events: AsyncIterator[str]) -> StreamingResponse:
 @dataclass(frozen=True)
 class Choice:
     """One request of a text answer (its `index` is its place in the answer's list of choices) and
-    its prompt's place among the body's prompts (usage counts a prompt's tokens once, whatever its n)."""
+    its prompt's place among the body's prompts (usage counts a prompt's tokens once, whatever its
+    n); `echo`: the text a completion's `echo` puts before the choice's own (its prompt's)."""
     request: Request
     prompt_index: int = 0
+    echo: str = ""
 
 
 Started = tuple[AsyncIterator[Delta], Delta]  # a submitted request's stream and its first delta
@@ -165,7 +167,7 @@ def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[l
     for index, deltas in enumerate(answers):
         token_ids = [t for d in deltas for t in d.token_ids]
         logprobs = _joined_logprobs(choices[index], deltas)
-        bodies.append({"index": index, "text": "".join(d.text for d in deltas),
+        bodies.append({"index": index, "text": choices[index].echo + "".join(d.text for d in deltas),
                        "logprobs": completion_logprobs(tokenizer, token_ids, logprobs, Offsets()),
                        "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
     return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
@@ -179,11 +181,13 @@ async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
 
     tokenizer = _tokenizer(service, choices)
     offsets = [Offsets() for _ in choices]
+    echoes = [c.echo for c in choices]  # each sent once, before its choice's first text
 
     def choice(index: int, delta: Delta) -> dict[str, Any]:
         logprobs = completion_logprobs(tokenizer, delta.token_ids, _delta_logprobs(choices[index], delta),
                                        offsets[index])
-        return {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": finish_reason(delta),
+        text, echoes[index] = echoes[index] + delta.text, ""
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(delta),
                 "token_ids": delta.token_ids}
 
     async for event in _choice_events(head, choices, body, started, choice):
