@@ -122,6 +122,22 @@ def test_dataset_errors_are_counted_by_message(tmp_path, capsys):
     assert chat["stop_token_ids"] == [7]
 
 
+def test_a_dataset_lines_logprobs_logit_bias_ignore_eos_and_min_tokens_reach_the_body(tmp_path, capsys):
+    """The fields `mstar run` reads go out as OpenAI bodies carry them (a chat's logprobs as
+    `logprobs: true` and `top_logprobs`)."""
+    extra = {"logprobs": 2, "logit_bias": {"42": -100}, "ignore_eos": True, "min_tokens": 2}
+    lines = [{"prompt_tokens": [1, 2, 3], "max_tokens": 3, **extra},
+             {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    with FakeServer(TTFT_S, ITL_S) as server:
+        _bench(capsys, "--base-url", server.url, "--dataset", str(dataset))
+    bodies = {path: body for _, path, body in server.received}
+    shared = {"logit_bias": {"42": -100}, "ignore_eos": True, "min_tokens": 2}
+    assert bodies["/v1/completions"].items() >= {**shared, "logprobs": 2}.items()
+    assert bodies["/v1/chat/completions"].items() >= {**shared, "logprobs": True, "top_logprobs": 2}.items()
+
+
 def test_table_through_the_mstar_command(capsys):
     with FakeServer(0.0, 0.0) as server:
         code = mstar_main(["bench", "serve", "--base-url", server.url + "/v1/", "--requests", "3", "--output-len", "2"])

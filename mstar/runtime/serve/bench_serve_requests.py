@@ -43,7 +43,10 @@ WORDS = tuple(
 )
 SAMPLING_FIELDS = {"temperature": (int, float), "top_p": (int, float), "top_k": (int,), "seed": (int,),
                    "repetition_penalty": (int, float), "presence_penalty": (int, float),
-                   "frequency_penalty": (int, float)}
+                   "frequency_penalty": (int, float), "min_tokens": (int,)}
+# A prompts line's fields that `mstar run` reads and an OpenAI body carries under the same name or
+# another shape (`_carried_fields`)
+CARRIED_FIELDS = ("logprobs", "logit_bias", "ignore_eos")
 
 
 class BenchInputError(Exception):
@@ -145,6 +148,26 @@ def _optional_fields(obj: dict, where: str) -> dict[str, Any]:
     return body
 
 
+def _carried_fields(obj: dict, where: str, path: str) -> dict[str, Any]:
+    """logprobs (a completion's `logprobs: N`, a chat's `logprobs: true, top_logprobs: N`),
+    logit_bias and ignore_eos of a dataset line, as the body carries them (the server checks
+    their values, as for any client)."""
+    body: dict[str, Any] = {}
+    if "logprobs" in obj:
+        count = _checked(obj, "logprobs", (int,), where)
+        body.update({"logprobs": True, "top_logprobs": count} if path == CHAT else {"logprobs": count})
+    if "logit_bias" in obj:
+        biases = obj["logit_bias"]
+        if not isinstance(biases, dict):
+            raise BenchInputError(f"{where}: 'logit_bias' must map token ids to biases")
+        body["logit_bias"] = biases
+    if "ignore_eos" in obj:
+        if not isinstance(obj["ignore_eos"], bool):
+            raise BenchInputError(f"{where}: 'ignore_eos' must be true or false")
+        body["ignore_eos"] = obj["ignore_eos"]
+    return body
+
+
 def parse_dataset_line(line: str, where: str, index: int) -> HttpRequest:
     try:
         obj = json.loads(line)
@@ -156,7 +179,8 @@ def parse_dataset_line(line: str, where: str, index: int) -> HttpRequest:
         if name in obj:
             raise BenchInputError(f"{where}: {name!r} is an mstar plan field that an OpenAI request cannot carry; "
                                   "remove it to benchmark over HTTP")
-    known = {"id", "prompt_tokens", "prompt", "messages", "max_tokens", "stop", "stop_tokens", *SAMPLING_FIELDS}
+    known = {"id", "prompt_tokens", "prompt", "messages", "max_tokens", "stop", "stop_tokens", *SAMPLING_FIELDS,
+             *CARRIED_FIELDS}
     unknown = sorted(set(obj) - known)
     if unknown:
         raise BenchInputError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(known)}")
@@ -167,7 +191,7 @@ def parse_dataset_line(line: str, where: str, index: int) -> HttpRequest:
         raise BenchInputError(f"{where}: 'max_tokens' must be >= 1, got {max_tokens}")
     request_id = _checked(obj, "id", (str,), where) if "id" in obj else f"line-{index:06d}"
     path, body, num_prompt = _prompt(obj, where)
-    body.update(max_tokens=max_tokens, **_optional_fields(obj, where))
+    body.update(max_tokens=max_tokens, **_optional_fields(obj, where), **_carried_fields(obj, where, path))
     return HttpRequest(request_id, path, body, num_prompt)
 
 
