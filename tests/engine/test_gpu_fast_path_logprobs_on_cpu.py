@@ -1,8 +1,7 @@
 """Log-probabilities on the device fast path (`StepExecutor.collect_logprobs`), run on the CPU: a
 request that asks for them gets, for every text token, the reference runner's numbers (the same
 model's logits, another kernel order: within 1e-4) and the same alternatives, greedy or penalised,
-whole prompts or chunks, beside requests that ask for none (which get none); a step holding one is
-never launched ahead, and steps without one still are."""
+whole prompts or chunks, beside requests that ask for none (which get none), run ahead or not."""
 from __future__ import annotations
 
 import pytest
@@ -46,10 +45,16 @@ def test_fast_path_logprobs_are_the_reference_runners(plan_name, can_run_ahead):
             assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-4)
 
 
-def test_no_step_holding_a_logprobs_row_runs_ahead():
+def test_steps_holding_logprobs_rows_run_ahead_and_keep_them():
+    """A step launched ahead computes its rows' log-probabilities too, and the step that claims
+    those rows answers them (`_Ahead.logprobs`): every token of every request has its own, the
+    reference runner's, though most steps ran ahead."""
     plan = load_plan(ROOT / "generated" / "llama.plan", verify=False)
     engine, runner = fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=True)
-    _run(plan, engine, [dict(logprobs=1)] * 3, 6)
-    assert runner.num_ahead_rows == 0
-    _run(plan, engine, [{}] * 3, 6)  # the same rows without: launched ahead
-    assert runner.num_ahead_rows > 0
+    asks = [dict(logprobs=1), dict(logprobs=2, logit_bias=[(9, 1.5)]), dict(logprobs=0, min_tokens=6)]
+    got = _run(plan, engine, asks, 6)
+    assert runner.num_ahead_rows > 0 and runner.num_claimed_rows > 0
+    expected = _run(plan, TorchEngine(plan, num_pages=64), asks, 6)
+    for rid, (tokens, _, logprobs) in got.items():
+        assert tokens == expected[rid][0] and all(entry is not None for entry in logprobs)
+        assert [own for own, _ in logprobs] == pytest.approx([own for own, _ in expected[rid][2]], abs=1e-4)

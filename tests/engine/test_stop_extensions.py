@@ -76,7 +76,10 @@ def test_the_fast_path_gives_the_references_tokens(plan_path):
     from mstar.runtime.serve.driver import Driver, Workload
 
     plan, stop = load_plan(plan_path[0], verify=False), plan_path[1]
-    asks = [dict(ignore_eos=True), dict(min_tokens=5), {}, dict(min_tokens=3, ignore_eos=True, logit_bias=[(7, 2.0)])]
+    with LLM(plan_path[0]) as llm:  # past the node's stop token: its fifth token ends r4 at once past min_tokens
+        fifth = llm.generate([PROMPT], SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids[4]
+    asks = [dict(ignore_eos=True), dict(min_tokens=5), {}, dict(min_tokens=3, ignore_eos=True, logit_bias=[(7, 2.0)]),
+            dict(ignore_eos=True, stop_tokens=[fifth], min_tokens=4)]
 
     def run(engine):
         driver = Driver(plan, engine)
@@ -84,9 +87,10 @@ def test_the_fast_path_gives_the_references_tokens(plan_path):
                              for i, ask in enumerate(asks)]))
         return {rid: (r.output_tokens, r.finish_reason) for rid, r in driver.conductor.records.items()}
 
-    engine, _ = fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=True)
+    engine, runner = fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=True)
     got, expected = run(engine), run(TorchEngine(plan, num_pages=64))
-    assert got == expected
+    assert got == expected and runner.num_claimed_rows > 0  # (min_tokens' masks count a step launched ahead's)
+    assert got["r4"][1] == "stop" and len(got["r4"][0]) == 5
     assert got["r2"] == (got["r2"][0][:1] + [stop], "stop")  # the node's stop token, second
     assert got["r0"][1] == "length" and got["r0"][0][1] == stop  # sampled past it
     assert len(got["r1"][0]) >= 5 and stop not in got["r1"][0][:5]

@@ -42,15 +42,16 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
 (`gpu/penalties.py`, from the host's lists of its seen and sampled tokens), and no step holding
-one is launched ahead. Nor is one holding a request that asks for log-probabilities: the executor
-computes them on the device from the step's logits and copies them back with its tokens
-(`StepExecutor.collect_logprobs`), and the step takes the per-row path (the columns carry none).
+one is launched ahead. A request that asks for log-probabilities, or carries a logit bias,
+min_tokens or ignore_eos, takes the per-row path (the columns carry none of them); the executor
+computes log-probabilities on the device from the step's logits and copies them back with its
+tokens (`StepExecutor.collect_logprobs`), for steps launched ahead too (`_Ahead.logprobs`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -181,6 +182,7 @@ class _Ahead:
     requests: dict[str, RequestState] = field(default_factory=dict)
     tokens: Optional[list[int]] = None  # collected once
     chunks: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # prompt rows: (start, token ids)
+    logprobs: dict[int, Any] = field(default_factory=dict)  # by index in the step, collected with the tokens
 
     def holds(self, item: "_Item", pool_start: int) -> bool:
         """The step launched ahead ran this row of the step being launched: a decode row fed from
@@ -199,6 +201,7 @@ class _Ahead:
     def collect(self, executor: StepExecutor) -> list[int]:
         if self.tokens is None:
             self.tokens = executor.collect(self.pending).tolist()
+            self.logprobs = executor.collect_logprobs(self.pending)
         return self.tokens
 
 
@@ -419,15 +422,16 @@ class GpuDecoderRunner(DecoderRunner):
         return self._row_slots[request_id]
 
     def _sampling(self, requests: list[RequestState], num_uncollected: int = 0,
-                  fed: Optional[list[list[int]]] = None,
-                  calls: Optional[list[CallInfo]] = None) -> Optional[SamplingRows]:
+                  fed: Optional[list[list[int]]] = None, calls: Optional[list[CallInfo]] = None,
+                  uncollected: Optional[list[int]] = None) -> Optional[SamplingRows]:
         """The rows' sampling arrays, None when all are greedy without a penalty or log-probabilities.
         num_uncollected: steps of these rows launched but not yet collected, whose samples the
-        per-row counters must count (never a penalised row's: `prelaunch`). fed: each row's tokens
-        fed this step, which a prompt row's repetition penalty counts (a decode row's fed token is
-        among its samples). calls: each row's call, whose `sends_text_tokens` says whether the
-        log-probabilities its request asks for are given there and its logit bias applies (None:
-        nowhere; no row launched ahead, nor any steady row of the decode columns, has either)."""
+        per-row counters and min_tokens' masks must count (never a penalised row's: `prelaunch`);
+        `uncollected`: the same a row (a step past a chunk step). fed: each row's tokens fed this
+        step, which a prompt row's repetition penalty counts (a decode row's fed token is among
+        its samples). calls: each row's call, whose `sends_text_tokens` says whether the
+        log-probabilities its request asks for are given there and its logit additions apply
+        (None: nowhere; no steady row of the decode columns has any)."""
         params = [request.params for request in requests]
         is_penalised = any(map(_has_penalty, requests))
         wants_logprobs = calls is not None and any(map(_wants_logprobs, requests))
@@ -439,22 +443,23 @@ class GpuDecoderRunner(DecoderRunner):
         if is_penalised:
             penalties = penalty_rows([(index, r.params, _seen(r, node, fed[index] if fed else []),
                                        r.sampled.get(node, [])) for index, r in enumerate(requests) if r.has_penalty])
+        counts = [r.num_sampled.get(node, 0) + num_uncollected for r in requests] if uncollected is None else [
+            r.num_sampled.get(node, 0) + extra for r, extra in zip(requests, uncollected)]
         return SamplingRows(np.array([p.temperature or 0.0 for p in params], dtype=np.float32),
                             np.array([p.top_p for p in params], dtype=np.float32),
                             np.array([p.seed for p in params], dtype=np.int64),
-                            np.array([r.num_sampled.get(node, 0) + num_uncollected for r in requests],
-                                     dtype=np.int64),
+                            np.array(counts, dtype=np.int64),
                             np.array([p.top_k for p in params], dtype=np.int64), penalties,
                             _logprob_counts(params, calls) if wants_logprobs and calls is not None else None,
-                            self._bias_columns(requests, calls) if is_biased and calls is not None else None)
+                            self._bias_columns(requests, calls, counts) if is_biased and calls is not None else None)
 
-    def _bias_columns(self, requests: list[RequestState], calls: list[CallInfo]
+    def _bias_columns(self, requests: list[RequestState], calls: list[CallInfo], counts: list[int]
                       ) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """SamplingRows.bias: the rows' additions to their logits (`sampling.row_biases`) where their
-        calls send the token as text (no row of a step launched ahead has any: `prelaunch`)."""
-        node = self.node.name
-        found = bias_pairs([row_biases(r.params, r.num_sampled.get(node, 0), self.stop_tokens)
-                            if call.sends_text_tokens else () for r, call in zip(requests, calls)])
+        """SamplingRows.bias: the rows' additions to their logits (`sampling.row_biases`, min_tokens'
+        masks by `counts`: each row's tokens sampled before this step's) where their calls send the
+        token as text."""
+        found = bias_pairs([row_biases(r.params, count, self.stop_tokens) if call.sends_text_tokens else ()
+                            for r, call, count in zip(requests, calls, counts)])
         if found is None:
             return None
         rows, tokens, values = found
@@ -525,7 +530,10 @@ class GpuDecoderRunner(DecoderRunner):
                     results.append(RowResult(item.row.request_id))
                 else:
                     results.append(self._token_outputs(item, token))
-                    if logprobs and index not in claimed:
+                    if index in claimed:
+                        if ahead is not None and ahead.logprobs:
+                            results[-1].logprobs = ahead.logprobs.get(claimed[index])
+                    elif logprobs:
                         results[-1].logprobs = logprobs.get(num_fresh - 1)
             return results
         return finish
@@ -574,13 +582,15 @@ class GpuDecoderRunner(DecoderRunner):
         if chunks is not None:
             self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
-        if self.is_columnar and prelaunch_steady(self, worker, rows):
+        if (self.is_columnar and not any(map(_needs_row_path, map(_fourth, rows)))
+                and prelaunch_steady(self, worker, rows)):
             return
         last = self._last_rows.get(worker, set())
         specs: list[RowSpec] = []
         placed: dict[str, tuple[str, int]] = {}  # request id -> (walk, index in the step)
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
+        calls: dict[str, CallInfo] = {}
         pool, label = self.pool, self.guidance.first
         row_slots = self.held_row_slots
         last_call, is_loop_back = None, False  # the rows mostly share one call
@@ -599,13 +609,14 @@ class GpuDecoderRunner(DecoderRunner):
             placed[request_id] = (walk, len(specs))
             slots[request_id] = slot
             requests[request_id] = request
+            calls[request_id] = call
             specs.append(RowSpec(None, num_cached, pool.page_table(key), slot))
         if not specs:
             return
         key_glue = self._glue_for_ahead(worker, specs, placed)
         # the step launched last samples first: its sample is not counted yet
-        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1),
-                                       glue=key_glue)
+        pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1,
+                                                             calls=list(calls.values())), glue=key_glue)
         self._launched_ahead(worker, pending, placed, slots, requests)
 
     def _glue_for_ahead(self, worker: int, specs: list[RowSpec], placed: dict[str, tuple[str, int]]):
@@ -629,6 +640,7 @@ class GpuDecoderRunner(DecoderRunner):
         slots: dict[str, int] = {}
         requests: dict[str, RequestState] = {}
         cut: dict[str, tuple[int, list[int]]] = {}
+        calls: dict[str, CallInfo] = {}
         uncollected: list[int] = []
         fresh = {row.request_id: row for row in chunks.fresh}
         for request_id, walk, call, request in rows:
@@ -659,13 +671,12 @@ class GpuDecoderRunner(DecoderRunner):
             placed[request_id] = (walk, len(specs))
             slots[request_id] = spec.row_slot
             requests[request_id] = request
+            calls[request_id] = call
             specs.append(spec)
         if not specs:
             return
         key_glue = self._glue_for_ahead(worker, specs, placed)
-        sampling = self._sampling(list(requests.values()))
-        if sampling is not None:
-            sampling.counters += np.asarray(uncollected, dtype=np.int64)
+        sampling = self._sampling(list(requests.values()), calls=list(calls.values()), uncollected=uncollected)
         if cut:  # the real N+1's shape: its capture family, token bucket and attention route
             pending = self.executor.launch(specs, sampling, chunks.capture, chunks.token_bucket,
                                            route=chunks.attention, glue=key_glue)
