@@ -141,8 +141,8 @@ def test_penalised_requests_run_on_the_fast_path_beside_others(penalty):
 def test_logprobs_come_back_from_the_device_with_their_tokens():
     """Log-probabilities on the device (StepExecutor.collect_logprobs): each token of a request that asks
     has its own and N alternatives', most likely first, the greedy token's the largest; a request
-    beside it gets none; no step holding one is launched ahead (the CPU fast path's tests compare
-    the numbers with the reference runner's)."""
+    beside it gets none; steps holding one are launched ahead and their rows claimed (the CPU fast
+    path's tests compare the numbers with the reference runner's)."""
     import math
 
     from mstar.runtime.conductor.request import Request
@@ -170,7 +170,7 @@ def test_logprobs_come_back_from_the_device_with_their_tokens():
             if rid == "greedy":
                 assert own == pytest.approx(values[0], abs=1e-6)
     runner = engine.runners["LLM"]
-    assert runner.executor.num_graph_steps > 0 and runner.num_ahead_rows == 0
+    assert runner.executor.num_graph_steps > 0 and runner.num_claimed_rows > 0
 
 
 def test_logit_bias_applies_on_the_device():

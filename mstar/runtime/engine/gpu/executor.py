@@ -68,7 +68,7 @@ from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowS
 from mstar.runtime.engine.gpu.penalties import PenaltyRows, penalise
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
-from mstar.runtime.engine.sampling import as_token_logprobs, bias_rule, logprob_tensors
+from mstar.runtime.engine.sampling import MIN_TEMPERATURE, as_token_logprobs, bias_rule, logprob_tensors
 from mstar.runtime.step import TokenLogprobs
 
 NUM_STAGING = 4  # pinned input buffers in the ring: a step and the ones launched ahead of it
@@ -94,6 +94,12 @@ class SamplingRows:
     # the rows' logit biases as int64 rows, int64 tokens and float32 biases (`sampling.bias_pairs`);
     # None: no row has one
     bias: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+
+    @property
+    def is_greedy(self) -> bool:
+        """No row draws (each takes its argmax, after its penalties and logit additions): read on
+        the host, so a step of such rows skips the sampler's sort of the vocabulary."""
+        return not bool((self.temperature >= MIN_TEMPERATURE).any())
 
     def take(self, order: list[int]) -> "SamplingRows":
         bias = None
@@ -543,11 +549,15 @@ class StepExecutor:
             logprobs = None
             if sampling is not None:
                 rows_logits = logits[:num_rows]
+                is_changed = sampling.penalties is not None or sampling.bias is not None
                 if sampling.penalties is not None:
                     rows_logits = penalise(rows_logits.float(), sampling.penalties)
                 if sampling.bias is not None:
                     rows_logits = bias_rule(rows_logits.float(), *(self._moved(a) for a in sampling.bias))
-                tokens = sample(rows_logits, *self._sampling_tensors(sampling))
+                if sampling.is_greedy:  # (the sampler sorts every row's vocabulary: none here needs it)
+                    tokens = rows_logits.float().argmax(-1) if is_changed else tokens
+                else:
+                    tokens = sample(rows_logits, *self._sampling_tensors(sampling))
                 if sampling.logprobs is not None:  # of the logits before any penalty (sampling.py)
                     logprobs = self._logprobs(logits[:num_rows], tokens, sampling.logprobs)
             if glue is not None and inputs is not None:
