@@ -29,6 +29,10 @@
 #          prefix pages), then Qwen3-Omni on a tight pool with --device cuda (every request ok); and
 #          of the next session's: the GPU runner's and decode columns' `is_length` (step.row_stop),
 #          which these tests' decode steps run through
+#   extras what requests asking for log-probabilities, or with a logit_bias or a temperature, cost
+#          the decode steps they share (docs/engine.md "Log-probabilities"): `mstar run` on llama's
+#          graphs, 64 requests of 128 + 128 tokens each kind, plain first and last, inter-token times;
+#          then the fast path's GPU tests of log-probabilities and logit_bias
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
 #          repetition, presence and frequency on the fast path, no step launched ahead with one) and
 #          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
@@ -36,7 +40,7 @@
 #          penalised, sampled, logprobs and plain requests (every one must end `length`)
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -73,6 +77,25 @@ PY
     python3 -c "import json; print(json.load(open('/tmp/penalties.json'))['finish_reasons'])"
     python3 -c "import json; lines = [json.loads(l) for l in open('/tmp/penalties/outputs.jsonl')]; \
 print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs'][0] for l in lines if 'logprobs' in l][:2])" ;;
+  extras)
+    python3 - <<'PY'
+import json
+kinds = {"plain": {}, "logprobs": {"logprobs": 1}, "bias": {"logit_bias": {"13": -100}},
+         "temperature": {"temperature": 1.0, "seed": 1}}
+for name, extra in kinds.items():
+    with open(f"/tmp/{name}.jsonl", "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"id": f"r{i}", "prompt_tokens": [(7 * i + j) % 1000 + 1 for j in range(128)],
+                                "max_tokens": 128, **extra}) + "\n")
+PY
+    for name in plain logprobs bias temperature plain; do
+      in_time "mstar run $name" || break
+      timeout 120 python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
+        --prompts "/tmp/$name.jsonl" --concurrency 64 --no-progress --report "/tmp/$name.json" > "/tmp/$name.log" 2>&1 \
+        || tail -2 "/tmp/$name.log"
+      python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$name', r['itl_ms'], r['finish_reasons'])"
+    done
+    in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do
@@ -114,5 +137,5 @@ print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs']
     in_time "the tight Qwen3-Omni run" && timeout 100 python3 -m mstar.cli.mstar run \
       --plan generated/qwen3_omni.plan --device cuda --ranks inproc --kv-pages 24 --requests 12 --concurrency 6 \
       --no-progress ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist or nodes"; exit 2 ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling or extras"; exit 2 ;;
 esac
