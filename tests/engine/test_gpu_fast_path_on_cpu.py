@@ -203,6 +203,22 @@ def test_device_sampling_keeps_the_cpu_samplers_tokens_under_top_k_and_top_p():
     assert without == device[2]  # top_k 0: the same as no top_k
 
 
+def test_device_sampling_over_the_whole_vocabulary_needs_no_sort():
+    """Rows that limit nothing (top_p 1, no top_k) draw by Gumbel-max over every token
+    (`is_whole`, no sort of the vocabulary): the tokens the sorted path draws, counter for counter,
+    greedy rows their argmax."""
+    logits = torch.randn(5, 60, generator=torch.Generator().manual_seed(7)) * 2
+    temperature, top_p = torch.tensor([0.0, 0.5, 1.0, 1.5, 3.0]), torch.ones(5)
+    seeds = torch.tensor([1, 2, 3, 4, 5])
+    drawn = set()
+    for counter in range(200):
+        counters = torch.full((5,), counter)
+        whole = sample(logits, temperature, top_p, seeds, counters, is_whole=True)
+        assert torch.equal(whole, sample(logits, temperature, top_p, seeds, counters))
+        drawn.add(int(whole[4]))
+    assert len(drawn) > 10  # (a hot row draws widely: the test compares real draws)
+
+
 def test_device_sampling_of_bf16_logits_is_that_of_their_fp32_copy():
     """A GPU step's logits come in bf16 (forward.py): the sampler computes in fp32 from them, so
     bf16 logits sample exactly what their fp32 copy does (greedy and drawn rows, every counter)."""

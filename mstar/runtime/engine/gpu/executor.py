@@ -101,6 +101,11 @@ class SamplingRows:
         the host, so a step of such rows skips the sampler's sort of the vocabulary."""
         return not bool((self.temperature >= MIN_TEMPERATURE).any())
 
+    @property
+    def is_whole(self) -> bool:
+        """No row limits the tokens it draws from (top_p 1, no top_k): `sampler.sample` needs no sort."""
+        return not bool((self.top_p < 1.0).any() or (self.top_k > 0).any())
+
     def take(self, order: list[int]) -> "SamplingRows":
         bias = None
         if self.bias is not None:  # new place i held old row order[i]
@@ -141,6 +146,11 @@ class PackedFamilies:
     whole: tuple[WholePacked, ...] = ()
 
 
+# the rows of a step that asked for log-probabilities (launch order), their counts, and
+# `sampling.logprob_tensors`' device tensors for them
+DeviceLogprobs = tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @dataclass
 class Pending:
     num_rows: int
@@ -149,9 +159,7 @@ class Pending:
     is_graph: bool
     buffer: torch.Tensor  # the pinned buffer `tokens` views, reused once collected
     order: Optional[list[int]] = None  # the launch order of the caller's rows (the split route), None: theirs
-    # the rows that asked for log-probabilities (launch order), their counts, and `logprob_tensors`'
-    # device tensors for them (`collect_logprobs`); None: none asked
-    logprobs: Optional[tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]] = None
+    logprobs: Optional[DeviceLogprobs] = None  # read by `collect_logprobs`; None: no row asked
 
 
 class StepExecutor:
@@ -545,21 +553,9 @@ class StepExecutor:
             else:
                 logits, greedy, row_slot = self._run_numpy(rows, batch, whole, padded_tokens, num_decode)
             self._count(batch, whole, padded_tokens)
-            tokens = greedy[:num_rows]
-            logprobs = None
+            tokens, logprobs = greedy[:num_rows], None
             if sampling is not None:
-                rows_logits = logits[:num_rows]
-                is_changed = sampling.penalties is not None or sampling.bias is not None
-                if sampling.penalties is not None:
-                    rows_logits = penalise(rows_logits.float(), sampling.penalties)
-                if sampling.bias is not None:
-                    rows_logits = bias_rule(rows_logits.float(), *(self._moved(a) for a in sampling.bias))
-                if sampling.is_greedy:  # (the sampler sorts every row's vocabulary: none here needs it)
-                    tokens = rows_logits.float().argmax(-1) if is_changed else tokens
-                else:
-                    tokens = sample(rows_logits, *self._sampling_tensors(sampling))
-                if sampling.logprobs is not None:  # of the logits before any penalty (sampling.py)
-                    logprobs = self._logprobs(logits[:num_rows], tokens, sampling.logprobs)
+                tokens, logprobs = self._sampled(logits[:num_rows], tokens, sampling)
             if glue is not None and inputs is not None:
                 glue.scatter_after_sampling(num_rows, tokens, inputs, self.token_buffers)
             else:
@@ -575,8 +571,25 @@ class StepExecutor:
             event = self._record() if self.is_cuda else None
         return Pending(num_rows, event, out, bool(batch), buffer, order, logprobs)
 
-    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, counts: np.ndarray
-                  ) -> Optional[tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _sampled(self, logits: torch.Tensor, greedy: torch.Tensor, sampling: SamplingRows
+                 ) -> tuple[torch.Tensor, Optional[DeviceLogprobs]]:
+        """The rows' tokens (their penalties and logit additions applied; the sampler only where a
+        row draws, over its whole vocabulary without a sort where no row limits it) and
+        `Pending.logprobs` of the rows that ask (of the logits before any of that: sampling.py)."""
+        rows_logits = logits
+        if sampling.penalties is not None:
+            rows_logits = penalise(rows_logits.float(), sampling.penalties)
+        if sampling.bias is not None:
+            rows_logits = bias_rule(rows_logits.float(), *(self._moved(a) for a in sampling.bias))
+        if sampling.is_greedy:  # (the sampler sorts every row's vocabulary: none here needs it)
+            tokens = greedy if rows_logits is logits else rows_logits.float().argmax(-1)
+        else:
+            temperature, top_p, seeds, counters, top_k = self._sampling_tensors(sampling)
+            tokens = sample(rows_logits, temperature, top_p, seeds, counters, top_k, is_whole=sampling.is_whole)
+        logprobs = self._logprobs(logits, tokens, sampling.logprobs) if sampling.logprobs is not None else None
+        return tokens, logprobs
+
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, counts: np.ndarray) -> Optional[DeviceLogprobs]:
         """`Pending.logprobs` of the rows whose count is not -1, computed on the device now (the
         host reads them at `collect_logprobs`, after the step's event)."""
         rows = np.flatnonzero(counts >= 0).tolist()

@@ -8,6 +8,8 @@ with top_p as the CPU sampler (`sampling.sample_tokens`) keeps them: the top_k m
 and, of those, the smallest prefix whose mass (of the whole distribution) reaches top_p.
 Out: token ids `[R]` (int64), on the device.
 
+A step whose rows all limit nothing (top_p 1, no top_k) skips the sort: `is_whole`.
+
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
 on its own request only (not on its neighbours, nor on a generator's state that a CUDA graph could
 freeze), and the same seed gives the same tokens again. A draw is Gumbel-max over the tokens top-p
@@ -47,13 +49,19 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> t
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
-           counters: torch.Tensor, top_k: Optional[torch.Tensor] = None) -> torch.Tensor:
+           counters: torch.Tensor, top_k: Optional[torch.Tensor] = None, is_whole: bool = False) -> torch.Tensor:
     """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax. top_k: `[R]`
-    int64, 0 for no limit (None: no row has one)."""
+    int64, 0 for no limit (None: no row has one). is_whole: no row limits its tokens (every top_p
+    1, no top_k; the caller knows it on the host): the draw is Gumbel-max over the whole
+    vocabulary, without the sort a nucleus needs (what the sort keeps then is every token, but
+    those whose probability the cumulative sum's rounding loses past 1, a few ulps)."""
     logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
     is_sampled = temperature >= MIN_TEMPERATURE
     scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
+    if is_whole:
+        gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
+        return torch.where(is_sampled, (scaled + gumbel).argmax(-1), greedy)
     probs = torch.softmax(scaled, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     # Keep the smallest prefix whose mass reaches top_p, and always the top token (a top_p that is 0
