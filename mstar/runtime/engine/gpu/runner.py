@@ -424,7 +424,8 @@ class GpuDecoderRunner(DecoderRunner):
     def _sampling(self, requests: list[RequestState], num_uncollected: int = 0,
                   fed: Optional[list[list[int]]] = None, calls: Optional[list[CallInfo]] = None,
                   uncollected: Optional[list[int]] = None) -> Optional[SamplingRows]:
-        """The rows' sampling arrays, None when all are greedy without a penalty or log-probabilities.
+        """The rows' sampling arrays, None when all are greedy without a penalty, log-probabilities
+        or logit additions.
         num_uncollected: steps of these rows launched but not yet collected, whose samples the
         per-row counters and min_tokens' masks must count (never a penalised row's: `prelaunch`);
         `uncollected`: the same a row (a step past a chunk step). fed: each row's tokens fed this
