@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fast_path_cpu import fast_path_engine
+from plan_variants import compiled
 from mstar.plan.io import load_plan
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.api import LLM, SamplingError, SamplingParams
@@ -19,20 +20,12 @@ PROMPT = [1, 2, 3]
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory):
     """specs/llama.mw with its stop token one the tiny model picks second from PROMPT (greedy)."""
-    from mstar.compiler.driver import compile_spec
-    from mstar.compiler.emit import write_outputs
-    from mstar.lang.diagnostics import Diagnostics
-
     with LLM(str(ROOT / "generated" / "llama.plan")) as llm:
         second = llm.generate([PROMPT], SamplingParams(max_tokens=2))[0].token_ids[1]
     folder = tmp_path_factory.mktemp("stops")
     spec = folder / "llama.mw"
     spec.write_text((ROOT / "specs" / "llama.mw").read_text().replace("stop_token=128001", f"stop_token={second}"))
-    diags = Diagnostics()
-    compiled = compile_spec(spec, ROOT / "configs" / "llama.yaml", diags, folder)
-    assert compiled is not None, diags.render()
-    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
-    return compiled.plan_path, second
+    return str(compiled(spec, ROOT / "configs" / "llama.yaml", folder)), second
 
 
 @pytest.fixture(scope="module")

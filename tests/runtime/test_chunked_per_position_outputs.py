@@ -11,9 +11,7 @@ from pathlib import Path
 import yaml
 
 from mstar.cli.mstar import main
-from mstar.compiler.driver import compile_spec
-from mstar.compiler.emit import write_outputs
-from mstar.lang.diagnostics import Diagnostics
+from plan_variants import compiled
 from runtime_plans import ROOT
 
 
@@ -22,11 +20,7 @@ def _plan(tmp_path: Path, name: str, edit) -> Path:
     edit(config)
     deployment = tmp_path / f"{name}.yaml"
     deployment.write_text(yaml.safe_dump(config))
-    diags = Diagnostics()
-    compiled = compile_spec(ROOT / "specs" / "qwen3_omni.mw", deployment, diags, tmp_path)
-    assert compiled is not None, diags.render()
-    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
-    return Path(compiled.plan_path)
+    return compiled(ROOT / "specs" / "qwen3_omni.mw", deployment, tmp_path)
 
 
 def _run(tmp_path: Path, plan: Path, prompts: Path) -> dict[str, tuple]:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from mstar.compiler.driver import compile_spec
-from mstar.compiler.emit import write_outputs
-from mstar.lang.diagnostics import Diagnostics
 from mstar.plan.io import load_plan
 from mstar.runtime.serve.ranks.channel import Message, RankFailure
 from mstar.runtime.serve.ranks.controller import RankEngines
+from plan_variants import compiled
 from runtime_plans import ROOT
 
 
@@ -46,11 +44,7 @@ class _Local:
 def _plan(tmp_path, config):
     deployment = tmp_path / f"{config}.yaml"
     deployment.write_text((ROOT / "configs" / f"{config}.yaml").read_text() + "\nprefix_cache: true\n")
-    diags = Diagnostics()
-    compiled = compile_spec(ROOT / "specs" / "orpheus.mw", deployment, diags, tmp_path)
-    assert compiled is not None, diags.render()
-    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
-    return load_plan(str(compiled.plan_path))
+    return load_plan(str(compiled(ROOT / "specs" / "orpheus.mw", deployment, tmp_path)))
 
 
 def _engines(plan, local, channel):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from plan_variants import compiled
 from runtime_plans import ROOT
 
 START_TIMEOUT_S = 240.0  # interpreters and torch start-up, several processes, a busy 2-core machine
@@ -136,21 +137,14 @@ def test_log_probabilities_cross_ranks_as_one_process_gives_them(tmp_path):
     """Llama's prefill on rank 0 and decode on rank 1: the decode rank's rows answer their tokens'
     log-probabilities across ranks (RowResult's `logprobs`, sent beside its fields:
     serve/ranks/wire.py) as one process answers them."""
-    from mstar.compiler.driver import compile_spec
-    from mstar.compiler.emit import write_outputs
-    from mstar.lang.diagnostics import Diagnostics
-
     deployment = tmp_path / "llama_pd.yaml"
     deployment.write_text(LLAMA_PD)
-    diags = Diagnostics()
-    compiled = compile_spec(ROOT / "specs" / "llama.mw", deployment, diags, tmp_path)
-    assert compiled is not None, diags.render()
-    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
+    plan = compiled(ROOT / "specs" / "llama.mw", deployment, tmp_path)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"r{i}", "prompt_tokens": [1, 9 + i, 10, 11], "max_tokens": 5,
                                            "logprobs": 2}) + "\n" for i in range(2)))
     workload = ("--prompts", str(prompts), "--no-progress")
-    _, report = _run(tmp_path, Path(compiled.plan_path), "processes", workload)
+    _, report = _run(tmp_path, plan, "processes", workload)
     assert report["ranks"]["num_kv_moves"] == 2
     _run(tmp_path, "llama", "inproc", workload)
 
@@ -166,17 +160,9 @@ def test_log_probabilities_cross_ranks_as_one_process_gives_them(tmp_path):
 
 def _orpheus_plan_with(tmp_path: Path, config: str, extra_yaml: str) -> Path:
     """specs/orpheus.mw compiled against configs/CONFIG.yaml with `extra_yaml` appended; the plan's path."""
-    from mstar.compiler.driver import compile_spec
-    from mstar.compiler.emit import write_outputs
-    from mstar.lang.diagnostics import Diagnostics
-
     deployment = tmp_path / f"{config}_variant.yaml"
     deployment.write_text((ROOT / "configs" / f"{config}.yaml").read_text() + "\n" + extra_yaml)
-    diags = Diagnostics()
-    compiled = compile_spec(ROOT / "specs" / "orpheus.mw", deployment, diags, tmp_path)
-    assert compiled is not None, diags.render()
-    write_outputs(compiled.plan_path, compiled.plan_text, compiled.glue_path, compiled.glue_text)
-    return Path(compiled.plan_path)
+    return compiled(ROOT / "specs" / "orpheus.mw", deployment, tmp_path)
 
 
 def test_kv_offloaded_on_the_prefill_rank_moves_to_the_decode_rank_from_the_host(tmp_path):
