@@ -87,3 +87,21 @@ def test_the_fast_path_gives_the_references_tokens(plan_path):
     assert got["r2"] == (got["r2"][0][:1] + [stop], "stop")  # the node's stop token, second
     assert got["r0"][1] == "length" and got["r0"][0][1] == stop  # sampled past it
     assert len(got["r1"][0]) >= 5 and stop not in got["r1"][0][:5]
+
+
+def test_min_tokens_holds_a_stop_string_back_too(tmp_path):
+    """vLLM's rule: a stop string counts only where it ends past the first min_tokens tokens' text,
+    in the conductor's stop check and in the text the API (and `mstar run`) gives."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "serve"))
+    from serve_harness import write_tokenizer
+
+    with LLM(str(ROOT / "generated" / "llama.plan"), tokenizer=str(write_tokenizer(tmp_path / "tok"))) as llm:
+        free = llm.generate([PROMPT], SamplingParams(max_tokens=8))[0]
+        word = llm.tokenizer.decode([free.token_ids[1]])
+        stopped = llm.generate([PROMPT], SamplingParams(max_tokens=8, stop=[word]))[0]
+        held = llm.generate([PROMPT], SamplingParams(max_tokens=8, stop=[word], min_tokens=3))[0]
+    assert stopped.finish_reason == "stop" and word not in stopped.text
+    assert held.token_ids[:3] == free.token_ids[:3] and word in held.text
+    assert len(held.token_ids) > 3

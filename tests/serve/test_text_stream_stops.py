@@ -23,18 +23,21 @@ def _decode(ids: list[int]) -> str:
 
 @settings(max_examples=300)
 @given(st.lists(st.integers(0, 3), max_size=60), st.lists(st.text(ALPHABET, min_size=1, max_size=5), max_size=4),
-       st.lists(st.integers(1, 4), min_size=1, max_size=20))
-def test_the_stream_cuts_where_a_whole_text_search_cuts(ids, stops, chunk_sizes):
+       st.lists(st.integers(1, 4), min_size=1, max_size=20), st.integers(0, 12))
+def test_the_stream_cuts_where_a_whole_text_search_cuts(ids, stops, chunk_sizes, min_tokens):
     """The text ends where a search of the whole text so far cuts, after the first batch of tokens
     that completes a stop string (a longer stop string that began earlier but completes later does
-    not count: generation ends at the first, as the conductor ends the request)."""
-    stream = TextStream(_decode, stops)
+    not count: generation ends at the first, as the conductor ends the request). With min_tokens
+    (vLLM's) only a stop string that ends past the first min_tokens tokens' text counts (one
+    character a token here), searched once that many tokens have come."""
+    stream = TextStream(_decode, stops, min_tokens)
     shown, at, index, expected = [], 0, 0, None
     while at < len(ids):
         size = chunk_sizes[index % len(chunk_sizes)]
         shown.append(stream.add(ids[at:at + size]))
         at, index = at + size, index + 1
-        cut = stop_text_index(_decode(ids[:at]), stops) if stops else None
+        is_searched = stops and at >= min_tokens
+        cut = stop_text_index(_decode(ids[:at]), stops, after=min_tokens) if is_searched else None
         if expected is None and cut is not None:
             expected = _decode(ids[:at])[:cut]
     shown.append(stream.finish())

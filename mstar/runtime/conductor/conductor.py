@@ -515,16 +515,26 @@ class Conductor:
             ps.end(is_length=True)
 
     def has_stop_string(self, record: RequestRecord) -> bool:
-        """The decoded tail of the request's output holds one of its stop strings."""
+        """The decoded tail of the request's output holds one of its stop strings (with min_tokens,
+        one that ends past the text of the first min_tokens tokens)."""
         if self.decode is None:
             return False
-        stops = record.request.stop_strings
+        request = record.request
+        stops, min_tokens = request.stop_strings, request.min_tokens
+        output = record.output_tokens
+        if len(output) <= min_tokens:  # (vLLM's: no stop string before min_tokens tokens)
+            return False
         tail = max(MIN_STOP_TAIL_TOKENS, STOP_TAIL_TOKENS * max(map(len, stops)))
-        tokens = record.output_tokens[-tail:]
+        tokens = output[-tail:]
         if not all(isinstance(t, int) for t in tokens):
             return False  # frames of codes, not text
         text = self.decode(tokens)
-        return any(stop in text for stop in stops)
+        if not min_tokens:
+            return any(stop in text for stop in stops)
+        # a stop string counts where it ends past the first min_tokens tokens' text (in the tail)
+        head = output[max(0, len(output) - tail):min_tokens]
+        after = len(self.decode(head)) if head else 0
+        return any(text.find(stop, max(0, after - len(stop) + 1)) >= 0 for stop in stops)
 
     # ------------------------------------------------------------ progress
 

@@ -283,7 +283,8 @@ class OnlineLoop:
         try:
             if request.id in self._tracked or request.id in conductor.records:
                 raise ValueError(f"request id {request.id!r} is already in flight")
-            text = TextStream(self.decode, request.stop_strings) if self.decode is not None else None
+            text = (TextStream(self.decode, request.stop_strings, request.min_tokens) if self.decode is not None
+                    else None)
         except Exception as error:
             self._answer_unrun(request, deliver, f"error: {error}", is_refused=True)
             return

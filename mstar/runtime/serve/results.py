@@ -127,8 +127,8 @@ class ResultWriter:
         if record.first_token_s is not None:
             ttft = round((record.first_token_s - record.arrival_s) * 1000.0, 3)
         tokens = _tokens_json(record.output_tokens)
-        line = {"id": request_id, "output_tokens": tokens, "text": self._text(tokens, record.request.stop_strings),
-                "ttft_ms": ttft,
+        text = self._text(tokens, record.request.stop_strings, record.request.min_tokens)
+        line = {"id": request_id, "output_tokens": tokens, "text": text, "ttft_ms": ttft,
                 "finish_reason": record.finish_reason, "media": media}
         actions = [_float_rows(e.value) for e in record.emissions if e.modality == "action"]
         if actions:
@@ -145,13 +145,16 @@ class ResultWriter:
     def has_written(self, request_id: str) -> bool:
         return request_id in self._written
 
-    def _text(self, tokens: list[Any], stops: list[str]) -> Optional[str]:
+    def _text(self, tokens: list[Any], stops: list[str], min_tokens: int = 0) -> Optional[str]:
+        """The output as text, cut before the first stop string that ends past the text of its
+        first `min_tokens` tokens."""
         if self.tokenizer is None or not all(isinstance(t, int) for t in tokens):
             return None
         from mstar.runtime.serve.tokenizer import stop_text_index
 
         text = self.tokenizer.decode(tokens)
-        cut = stop_text_index(text, stops)
+        after = len(self.tokenizer.decode(tokens[:min_tokens])) if min_tokens and stops else 0
+        cut = stop_text_index(text, stops, after=after)
         return text if cut is None else text[:cut]
 
     def _write_media(self, request_id: str, emissions: list[Any]) -> list[str]:

@@ -10,7 +10,8 @@ merges spaces or multi-byte characters across tokens decodes them in context; te
 an incomplete character (U+FFFD) waits for the next token. So each token costs the same however
 long the output is. With stop strings the last `longest stop - 1` characters wait until the
 text after them shows they do not start a stop string (a stop string is never streamed), and each
-step looks for them only where one could start in the new text.
+step looks for them only where one could start in the new text. With `min_tokens` (vLLM's) a stop
+string counts only where it ends past the text of the first min_tokens tokens.
 """
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ INCOMPLETE = "\ufffd"  # what a decoder gives for a byte sequence cut inside a c
 
 
 class TextStream:
-    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = ()):
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = (), min_tokens: int = 0):
         self._decode = decode
         self._stops = list(stops)
+        self._min_tokens = min_tokens
+        # characters a stop string must end past: the first min_tokens tokens' text (known once
+        # they have come; until then no stop string counts)
+        self._after = 0 if not (min_tokens and self._stops) else None
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._ids: list[int] = []
         self._prefix = 0  # tokens before it are final text; decoding starts here for context
@@ -37,6 +42,8 @@ class TextStream:
     def add(self, ids: Sequence[int]) -> str:
         """The new text that can be shown after these tokens ('' when it must wait)."""
         self._ids.extend(ids)
+        if self._after is None and len(self._ids) >= self._min_tokens:
+            self._after = len(self._decode(self._ids[:self._min_tokens]))
         before = self._decode(self._ids[self._prefix:self._read])
         after = self._decode(self._ids[self._prefix:])
         if len(after) > len(before) and not after.endswith(INCOMPLETE):
@@ -62,8 +69,8 @@ class TextStream:
             return ""
         end = len(self.text)
         cut = None
-        if self._stops:
-            cut = stop_text_index(self.text, self._stops, self._num_searched)
+        if self._stops and self._after is not None:
+            cut = stop_text_index(self.text, self._stops, self._num_searched, self._after)
             # a stop string starting in the last `hold` characters may end in text still to come
             self._num_searched = max(self._num_searched, end - self._hold)
         if cut is not None:

@@ -245,7 +245,9 @@ def stop_strings_problem(stops: Sequence[str]) -> Optional[str]:
     return None
 
 
-def stop_text_index(text: str, stops: Sequence[str], start: int = 0) -> Optional[int]:
-    """Where the earliest of the stop strings starts in `text` at or after `start`, or None."""
-    found = [index for index in (text.find(s, start) for s in stops) if index >= 0]
+def stop_text_index(text: str, stops: Sequence[str], start: int = 0, after: int = 0) -> Optional[int]:
+    """Where the earliest of the stop strings starts in `text` at or after `start`, or None; only
+    an occurrence that ends past character `after` counts (min_tokens: the text of a request's
+    first min_tokens tokens holds no stop, as vLLM's)."""
+    found = [index for index in (text.find(s, max(start, after - len(s) + 1)) for s in stops) if index >= 0]
     return min(found) if found else None
