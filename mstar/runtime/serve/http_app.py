@@ -13,6 +13,8 @@ metrics (serve/prom.py). Out: `build_app(...) -> FastAPI` with
     POST /v1/images/generations       plans with a text prompt and image emissions: base64 PNG
     POST /v1/audio/transcriptions     plans with a waveform audio prompt and text emissions: a WAV
                                       file (multipart form) to its transcript (serve/http_transcribe.py)
+    POST /tokenize, /detokenize       vLLM's: a prompt (text or messages) to its token ids as a
+                                      completion or chat request sends them, and ids to text
     GET  /metrics                     Prometheus text format
 
 Which of them a plan serves comes from its roles (serve/endpoints.py); the others answer 404
@@ -48,7 +50,8 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, PromptError, SamplingError, SamplingParams
 from mstar.runtime.serve.endpoints import endpoints_of, image_size_problem, load_media_encoders
 from mstar.runtime.serve.http_schema import (
-    CANCELLED_MESSAGE, DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, ImageBody, SpeechBody,
+    CANCELLED_MESSAGE, DEFAULT_COMPLETION_TOKENS, ApiError, ChatBody, CompletionBody, DetokenizeBody, ImageBody,
+    SpeechBody, TokenizeBody,
 )
 from mstar.runtime.serve.online import Closed, Delta, Overloaded
 from mstar.runtime.serve.prom import CONTENT_TYPE, ServerMetrics
@@ -277,6 +280,7 @@ def build_app(service: Service) -> FastAPI:
     _info_routes(app, service)
     _unserved_routes(app, service)  # first: a path's first route answers
     _text_routes(app, service)
+    _token_routes(app, service)
     _media_routes(app, service)
     from mstar.runtime.serve.http_transcribe import transcription_routes  # it builds on this module
 
@@ -465,6 +469,33 @@ async def _text_answer(service: Service, http: HttpRequest, choices: list[sse.Ch
             return sse.response(events(started))
         answers = await collect_all(started)
     return JSONResponse(answer(answers))
+
+
+def _token_routes(app: FastAPI, service: Service) -> None:
+    """vLLM's /tokenize and /detokenize, with the server's tokenizer: a prompt's token ids as a
+    completion or chat request would send them (the plan's prompt format and chat template
+    included), and ids back to text. 400 without a tokenizer; ids outside the plan's vocabulary
+    are a 400 too."""
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody) -> JSONResponse:
+        service.check_model(body.model)
+        service.check_tokenizer("/tokenize needs a tokenizer", "prompt")
+        prompt = body.prompt_value()
+        try:
+            ids = await asyncio.to_thread(service.llm.prompt_tokens, prompt)
+        except PromptError as error:
+            raise ApiError(400, str(error), param=error.param or "prompt") from None
+        return JSONResponse({"count": len(ids), "max_model_len": service.llm.plan.deployment.max_seq_len,
+                             "tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeBody) -> JSONResponse:
+        service.check_model(body.model)
+        service.check_tokenizer("/detokenize needs a tokenizer", "tokens")
+        outside = service.llm.checks.prompt_problem(body.tokens)
+        if outside is not None:
+            raise ApiError(400, outside, param="tokens")
+        return JSONResponse({"prompt": service.llm.tokenizer.decode(body.tokens)})
 
 
 def _media_routes(app: FastAPI, service: Service) -> None:

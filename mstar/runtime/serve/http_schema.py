@@ -240,6 +240,30 @@ def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
         raise ApiError(400, str(error), param=error.param) from None
 
 
+class TokenizeBody(BaseModel):
+    """vLLM's /tokenize: a prompt as /v1/completions takes it (`prompt` text), or chat `messages`."""
+    model_config = ConfigDict(strict=True)
+
+    model: str
+    prompt: Optional[str] = None
+    messages: Optional[list[dict[str, Any]]] = None
+
+    def prompt_value(self) -> Union[str, dict[str, Any]]:
+        if (self.prompt is None) == (self.messages is None):
+            raise ApiError(400, "give exactly one of prompt (text) or messages (chat)", param="prompt")
+        if self.messages is not None:
+            return {"messages": [_flat_message(m) for m in self.messages]}
+        return cast(str, self.prompt)
+
+
+class DetokenizeBody(BaseModel):
+    """vLLM's /detokenize: token ids to their text."""
+    model_config = ConfigDict(strict=True)
+
+    model: str
+    tokens: list[int]
+
+
 class SpeechBody(BaseModel):
     # Other fields are kept: they may give values to fields of the plan's prompt format.
     model_config = ConfigDict(extra="allow", strict=True)
