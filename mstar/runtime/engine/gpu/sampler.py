@@ -59,8 +59,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     greedy = logits.argmax(-1)
     is_sampled = temperature >= MIN_TEMPERATURE
     scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
+    gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
     if is_whole:
-        gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
         return torch.where(is_sampled, (scaled + gumbel).argmax(-1), greedy)
     probs = torch.softmax(scaled, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
@@ -72,6 +72,5 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
         is_kept_sorted &= torch.arange(logits.shape[1], device=logits.device).unsqueeze(0) < limit.unsqueeze(1)
     is_kept_sorted[:, 0] = True
     is_kept = torch.zeros_like(is_kept_sorted).scatter_(1, order, is_kept_sorted)
-    gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
     drawn = torch.where(is_kept, scaled + gumbel, torch.full_like(scaled, float("-inf"))).argmax(-1)
     return torch.where(is_sampled, drawn, greedy)
