@@ -65,7 +65,7 @@ from mstar.runtime.engine.gpu.gdn_forward import LinearStep
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
 from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, max_row_pages, pack,
                                               padded)
-from mstar.runtime.engine.gpu.penalties import PenaltyRows, penalise
+from mstar.runtime.engine.gpu.penalties import PenaltyRows, new_places, penalise
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
 from mstar.runtime.engine.sampling import MIN_TEMPERATURE, as_token_logprobs, bias_rule, logprob_tensors
@@ -107,11 +107,7 @@ class SamplingRows:
         return not bool((self.top_p < 1.0).any() or (self.top_k > 0).any())
 
     def take(self, order: list[int]) -> "SamplingRows":
-        bias = None
-        if self.bias is not None:  # new place i held old row order[i]
-            new_place = np.empty(len(order), dtype=np.int64)
-            new_place[order] = np.arange(len(order))
-            bias = (new_place[self.bias[0]], self.bias[1], self.bias[2])
+        bias = None if self.bias is None else (new_places(order)[self.bias[0]], self.bias[1], self.bias[2])
         return SamplingRows(self.temperature[order], self.top_p[order], self.seeds[order], self.counters[order],
                             self.top_k[order], None if self.penalties is None else self.penalties.take(order),
                             None if self.logprobs is None else self.logprobs[order], bias)

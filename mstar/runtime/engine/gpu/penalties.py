@@ -33,11 +33,16 @@ class PenaltyRows:
     sampled: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token), once a sample
 
     def take(self, order: list[int]) -> "PenaltyRows":
-        """The same rows after the step's rows were put in `order` (new place i held old row order[i])."""
-        new_place = np.empty(len(order), dtype=np.int64)
-        new_place[order] = np.arange(len(order))
-        return PenaltyRows(new_place[self.rows], self.repetition, self.presence, self.frequency, self.seen,
+        """The same rows after the step's rows were put in `order`."""
+        return PenaltyRows(new_places(order)[self.rows], self.repetition, self.presence, self.frequency, self.seen,
                            self.sampled)
+
+
+def new_places(order: list[int]) -> np.ndarray:
+    """Each old row's place once a step's rows are put in `order` (new place i held old row order[i])."""
+    places = np.empty(len(order), dtype=np.int64)
+    places[order] = np.arange(len(order))
+    return places
 
 
 def penalty_rows(penalised: list[tuple[int, object, list[int], list[int]]]) -> Optional[PenaltyRows]:
