@@ -111,6 +111,22 @@ class RequestRecord:
                 self.emission_logprobs[index] = logprobs
                 return
 
+    def text_token_logprobs(self, start: int, end: int) -> list[tuple[int, Any]]:
+        """(token id, its log-probabilities or None) for every text token of emissions [start, end),
+        in order: a one-token emission's with what `attach_logprobs` gave it, the tokens of a longer
+        text emission with None."""
+        found, kinds, values, is_token = (self.emission_logprobs, self.emission_kinds, self.emission_values,
+                                          self.emission_is_token)
+        out: list[tuple[int, Any]] = []
+        for index in range(start, end):
+            if kinds[index][1] != "text":
+                continue
+            if is_token[index]:
+                out.append((values[index], found.get(index)))
+            else:
+                out.extend((token, None) for token in token_ids_of(values[index]))
+        return out
+
     def emit(self, time_s: float, kind: tuple[str, Optional[str]], value: Any) -> None:
         """Record a value sent to the client: kind is (edge name, modality)."""
         self.add_emission(time_s, kind, value)
@@ -169,3 +185,14 @@ def num_tokens_of(value: Any) -> int:
     if shape is not None and len(shape) > 0:
         return int(shape[0])
     return 1
+
+
+def token_ids_of(value: Any) -> list[int]:
+    """A text emission's token ids: a list of ids, one id, or a tensor of ids."""
+    if isinstance(value, list):
+        return [int(v) for v in value]
+    to_list = getattr(value, "tolist", None)
+    if callable(to_list):
+        items = to_list()
+        return [int(v) for v in items] if isinstance(items, list) else [int(items)]
+    return [int(value)]

@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import Conductor
-from mstar.runtime.conductor.request import Request, RequestRecord
+from mstar.runtime.conductor.request import Request, RequestRecord, token_ids_of
 from mstar.runtime.serve.driver import Driver
 from mstar.runtime.serve.steps import Launch
 from mstar.runtime.serve.text_stream import TextStream
@@ -378,10 +378,12 @@ class OnlineLoop:
                 if is_token[index]:
                     token_ids.append(value)
                 else:
-                    token_ids.extend(value if type(value) is list else _token_ids(value))
+                    token_ids.extend(value if type(value) is list else token_ids_of(value))
             else:
                 media.append((modality or "", record.emission_value(index)))
-        logprobs = _emitted_logprobs(record, start, end) if record.request.logprobs is not None else None
+        logprobs = None
+        if record.request.logprobs is not None:
+            logprobs = [found for _, found in record.text_token_logprobs(start, end)]
         text = ""
         if item.text is not None:
             text = item.text.add(token_ids) if token_ids else ""
@@ -437,30 +439,3 @@ class _NoLog:
     def add(self, launch: Any, post_s: float, end_s: float, gc_s: float = 0.0) -> None:
         pass
 
-
-def _token_ids(value: Any) -> list[int]:
-    """A text emission's token ids: a list of ids, one id, or a tensor of ids."""
-    if isinstance(value, list):
-        return [int(v) for v in value]
-    to_list = getattr(value, "tolist", None)
-    if callable(to_list):
-        items = to_list()
-        return [int(v) for v in items] if isinstance(items, list) else [int(items)]
-    return [int(value)]
-
-
-def _emitted_logprobs(record: RequestRecord, start: int, end: int) -> list[Any]:
-    """One entry per text token of emissions [start, end), as `_push` lists their ids: the
-    TokenLogprobs the conductor attached to a one-token emission, None for any other token."""
-    found = record.emission_logprobs
-    kinds, values, is_token = record.emission_kinds, record.emission_values, record.emission_is_token
-    out: list[Any] = []
-    for index in range(start, end):
-        if kinds[index][1] != "text":
-            continue
-        if is_token[index]:
-            out.append(found.get(index))
-        else:
-            value = values[index]
-            out.extend([None] * len(value if type(value) is list else _token_ids(value)))
-    return out

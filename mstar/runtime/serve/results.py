@@ -339,17 +339,13 @@ def _reason(error: OSError) -> str:
 
 
 def _logprobs_json(record: Any) -> list[dict[str, Any]]:
-    """One entry per one-token text emission of the record, with its attached log-probabilities
-    (RequestRecord.emission_logprobs)."""
+    """One entry per text token the record sent, with its log-probabilities
+    (`RequestRecord.text_token_logprobs`; null where no engine row gave them)."""
     from mstar.runtime.serve.logprobs_format import finite
 
-    found = record.emission_logprobs
     entries: list[dict[str, Any]] = []
-    for index, (kind, value, is_token) in enumerate(zip(record.emission_kinds, record.emission_values,
-                                                        record.emission_is_token)):
-        if kind[1] != "text" or not is_token:
-            continue
-        own, top = found.get(index, (None, ()))
-        entries.append({"token": value, "logprob": finite(own),
-                        "top": [[token, finite(logprob)] for token, logprob in top]})
+    for token, found in record.text_token_logprobs(0, len(record.emission_values)):
+        own, top = found if found is not None else (None, ())
+        entries.append({"token": token, "logprob": finite(own),
+                        "top": [[other, finite(logprob)] for other, logprob in top]})
     return entries
