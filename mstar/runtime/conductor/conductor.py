@@ -451,10 +451,11 @@ class Conductor:
                 continue
             outputs = result.outputs
             counted = active_call.call.counted
-            since = len(state.record.emission_values)
+            logprobs = result.logprobs
+            since = len(state.record.emission_values) if logprobs is not None else 0
             run.complete(node, outputs, result.is_stop, result.is_length)
-            if result.logprobs is not None:
-                state.record.attach_logprobs(result.logprobs, since)
+            if logprobs is not None:
+                state.record.attach_logprobs(logprobs, since)
             if counted:
                 self.count(state, ps, counted, outputs, now, model_stop_loop(active_call.call, result))
             self.after_row(state, ps, run)

@@ -301,15 +301,16 @@ def _advance_row(conductor, run, call, result: RowResult, now: float) -> bool:
     outputs = result.outputs
     ps = run.source
     record = ps.record
-    since = len(record.emission_values)
+    logprobs = result.logprobs
+    since = len(record.emission_values) if logprobs is not None else 0  # (a len a row only where asked)
     for name, kind in step.client:
         value = outputs.get(name, _MISSING)
         if value is not _MISSING:
             record.add_emission(now, kind, value)
             if record.first_token_s is None:
                 record.first_token_s = now
-    if result.logprobs is not None:
-        record.attach_logprobs(result.logprobs, since)
+    if logprobs is not None:
+        record.attach_logprobs(logprobs, since)
     loop_state = call.loop_state
     is_missing = False if step.is_plain else _apply_edges(run, step, loop_state, outputs)
     counted = step.counted_one
