@@ -41,30 +41,35 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
                            seed: Optional[int], repetition_penalty: Optional[float],
                            presence_penalty: Optional[float] = None,
                            frequency_penalty: Optional[float] = None,
-                           logprobs: Optional[int] = None) -> Optional[str]:
+                           logprobs: Optional[int] = None, min_tokens: Optional[int] = None,
+                           max_tokens: Optional[int] = None, *, show: Callable[[Any], str]) -> Optional[str]:
     """The first sampling setting outside the range an engine takes, said as the error to raise;
-    None when all are in range (None for a setting: left at its default). The Python API checks it
-    before a request is queued, the engine for requests that come another way."""
+    None when all are in range (None for a setting: left at its default; min_tokens is held to
+    max_tokens where that is given). The Python API checks it before a request is queued, the
+    engine for requests that come another way. `show` writes a value into the message (the
+    caller's `arg_types.shown`, which this module may not import): repr or str raised Python's
+    ValueError on an integer past 4,300 digits, a seed of 10**5000 for one."""
     for name, value in (("temperature", temperature), ("top_p", top_p), ("repetition_penalty", repetition_penalty),
                         ("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
         if value is not None and not _is_finite(value):  # temperature=10**400 failed in the engine's float()
-            shown = f"a {len(str(value))}-digit integer" if isinstance(value, int) else repr(value)
-            return f"{name} must be a finite number, got {shown}"
+            return f"{name} must be a finite number, got {show(value)}"
     infinity = float("inf")
-    problems = [
-        (temperature is not None and not 0 <= temperature < infinity, f"temperature must be >= 0, got {temperature}"),
-        (top_k is not None and top_k < 0, f"top_k must be >= 0 (0: no limit), got {top_k}"),
-        (top_p is not None and not 0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}"),
-        (seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1], f"seed must be a 64-bit integer, got {seed}"),
+    checks: list[tuple[bool, str, Any]] = [
+        (temperature is not None and not 0 <= temperature < infinity, "temperature must be >= 0", temperature),
+        (top_k is not None and top_k < 0, "top_k must be >= 0 (0: no limit)", top_k),
+        (top_p is not None and not 0 < top_p <= 1, "top_p must be in (0, 1]", top_p),
+        (seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1], "seed must be a 64-bit integer", seed),
         (repetition_penalty is not None and not 0 < repetition_penalty < infinity,
-         f"repetition_penalty must be > 0, got {repetition_penalty}"),
+         "repetition_penalty must be > 0", repetition_penalty),
         *((value is not None and not OUTPUT_PENALTY_RANGE[0] <= value <= OUTPUT_PENALTY_RANGE[1],
-           f"{name} must be in [-2, 2], got {value}")
+           f"{name} must be in [-2, 2]", value)
           for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty))),
         (logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS,
-         f"logprobs must be in [0, {MAX_LOGPROBS}] (the alternatives beside the sampled token), got {logprobs}"),
+         f"logprobs must be in [0, {MAX_LOGPROBS}] (the alternatives beside the sampled token)", logprobs),
+        (min_tokens is not None and not 0 <= min_tokens <= (infinity if max_tokens is None else max_tokens),
+         f"min_tokens must be in [0, max_tokens ({show(max_tokens)})]", min_tokens),
     ]
-    return next((message for is_bad, message in problems if is_bad), None)
+    return next((f"{message}, got {show(value)}" for is_bad, message, value in checks if is_bad), None)
 
 
 def _is_finite(value: Any) -> bool:

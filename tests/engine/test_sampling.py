@@ -128,6 +128,15 @@ def test_a_rows_draw_depends_only_on_its_own_seed_and_step(rows, random):
     assert [together[order.index(i)] for i in range(len(rows))] == alone
 
 
+@pytest.mark.parametrize("name, sign", [("seed", 1), ("top_k", -1), ("min_tokens", 1),
+                                        ("logprobs", 1)])
+def test_an_integer_past_4300_digits_is_refused_with_its_length(name, sign):
+    """seed=10**5000 raised Python's ValueError of int -> str inside the range check's message (a
+    traceback where a 400 or a SamplingError belongs); the message gives the digit count instead."""
+    with pytest.raises(SamplingError, match=f"{name} must .*5001 digits"):
+        SamplingParams.from_request({"prompt_tokens": [1], "max_tokens": 4, name: sign * 10**5000})
+
+
 def test_top_k_must_not_be_negative():
     with pytest.raises(SamplingError, match="top_k must be >= 0"):
         SamplingParams.from_request({"top_k": -1})

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from mstar import LLM, SamplingParams
+from mstar.arg_types import shown
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import PromptError, SamplingError
 from mstar.runtime.serve.driver import Driver, Workload
@@ -166,4 +167,4 @@ def test_a_sampling_number_past_floats_is_refused_before_it_runs(values):
         SamplingParams(**values).check()
     assert error.value.param == name
     fields = {"temperature": None, "top_k": None, "top_p": None, "seed": None, "repetition_penalty": None}
-    assert sampling_range_problem(**{**fields, **values}).startswith(f"{name} must be a finite number")
+    assert sampling_range_problem(**{**fields, **values}, show=shown).startswith(f"{name} must be a finite number")

@@ -41,6 +41,9 @@ def _idle(llm) -> bool:
     (SamplingParams(seed=float("inf")), "seed must be an integer"),
     (SamplingParams(seed=2**64), "seed must be a 64-bit integer"),
     (SamplingParams(max_tokens=True), "max_tokens must be an integer"),
+    (SamplingParams(seed=10**5000), r"seed must be a 64-bit integer, got 1000.*\(5001 digits\)"),  # ValueError
+    (SamplingParams(temperature=-10**5000), r"temperature must be a finite number, got -1000.*\(5001 digits\)"),
+    (SamplingParams(max_tokens=4, min_tokens=10**5000), r"min_tokens must be in \[0, max_tokens \(4\)\]"),
     (SamplingParams(temperature="0.5"), "temperature must be a number"),
     (SamplingParams(stop_token_ids=[1.5]), "stop_token_ids"),
     (SamplingParams(route={"LLM": "prefill"}), "route must map partition names to lists of walk names"),

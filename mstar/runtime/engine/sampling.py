@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import torch
 
+from mstar.arg_types import shown
 from mstar.runtime.step import LOGIT_BIAS_RANGE, MAX_LOGIT_BIAS, TokenLogprobs, sampling_range_problem
 
 # Below this a temperature samples as greedy (vLLM's convention too): logits / t overflows fp32 long
@@ -99,11 +100,9 @@ class SamplingParams:
             raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
         problem = sampling_range_problem(params.temperature, params.top_k, params.top_p, params.seed,
                                          params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
-                                         params.logprobs)
+                                         params.logprobs, params.min_tokens, params.max_tokens, show=shown)
         if problem is not None:
             raise SamplingError(problem)
-        if params.min_tokens < 0 or (params.max_tokens is not None and params.min_tokens > params.max_tokens):
-            raise SamplingError(f"min_tokens must be in [0, max_tokens ({params.max_tokens})], got {params.min_tokens}")
         return params
 
 

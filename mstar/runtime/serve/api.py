@@ -137,8 +137,7 @@ class SamplingParams:
                 raise SamplingError(f"{name} must be a number, got {shown(value)}")
         problems = [
             (self.max_tokens is None or self.max_tokens < 1, f"max_tokens must be >= 1, got {shown(self.max_tokens)}"),
-            (self.min_tokens is None or not 0 <= self.min_tokens <= (self.max_tokens or 0),
-             f"min_tokens must be in [0, max_tokens ({shown(self.max_tokens)})], got {shown(self.min_tokens)}"),
+            (self.min_tokens is None, "min_tokens must be an integer, got None"),
             (not _is_list_of(self.stop_token_ids, lambda t: is_integer(t) and t >= 0),
              f"stop_token_ids must be a list of non-negative token ids, got {shown(self.stop_token_ids)}"),
             (not _is_list_of(self.stop, lambda t: isinstance(t, str) and bool(t)),
@@ -160,7 +159,7 @@ class SamplingParams:
             raise SamplingError(problem)
         out_of_range = sampling_range_problem(self.temperature, self.top_k, self.top_p, self.seed,
                                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                                              self.logprobs)
+                                              self.logprobs, self.min_tokens, self.max_tokens, show=shown)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
         self.bias_pairs()
