@@ -134,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "lone", "attention", "load", "engine",
-                                         "kv", "serve", "gdn", "products"),
+                                         "kv", "serve", "gdn", "products", "sampler"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; runner: the GPU fast path's host work per decode "
                             "step (device stubbed, any machine); lone: the host's path of a lone request to its first "
@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                             "kv: decode latency beside a long prompt, chunked or whole; "
                             "serve: load an OpenAI-compatible server over HTTP; gdn: the gated delta-net decode "
                             "kernel's value parts against other widths on a GPU; products: a decoder step's "
-                            "matrix products, weights [in, out] against the modules' [out, in], on a GPU")
+                            "matrix products, weights [in, out] against the modules' [out, in], on a GPU; sampler: the "
+                            "device sampler's cost a step per kind of request, torch ops against Triton draws")
     return parser
 
 
@@ -867,7 +868,7 @@ BENCHES = {"scheduler": "mstar.runtime.serve.bench_scheduler", "postprocess": "m
            "attention": "mstar.runtime.serve.bench_attention", "load": "mstar.runtime.serve.bench_load",
            "kv": "mstar.runtime.serve.bench_kv", "serve": "mstar.runtime.serve.bench_serve",
            "gdn": "mstar.runtime.engine.gpu.bench_gdn", "products": "mstar.runtime.engine.gpu.bench_products",
-           "engine": "mstar.runtime.engine.gpu.bench"}
+           "engine": "mstar.runtime.engine.gpu.bench", "sampler": "mstar.runtime.engine.gpu.bench_sampler"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -32,7 +32,8 @@
 #   extras what requests asking for log-probabilities, or with a logit_bias or a temperature, cost
 #          the decode steps they share (docs/engine.md "Log-probabilities"): `mstar run` on llama's
 #          graphs, 64 requests of 128 + 128 tokens each kind, plain first and last, inter-token times;
-#          then the fast path's GPU tests of log-probabilities and logit_bias
+#          then the fast path's GPU tests of log-probabilities and logit_bias; first `mstar bench sampler`
+#          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
 #          repetition, presence and frequency on the fast path, no step launched ahead with one) and
 #          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
@@ -78,24 +79,26 @@ PY
     python3 -c "import json; lines = [json.loads(l) for l in open('/tmp/penalties/outputs.jsonl')]; \
 print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs'][0] for l in lines if 'logprobs' in l][:2])" ;;
   extras)
+    python3 -m mstar.cli.mstar bench sampler --iters 20
     python3 - <<'PY'
 import json
 kinds = {"plain": {}, "logprobs": {"logprobs": 1}, "bias": {"logit_bias": {"13": -100}},
-         "temperature": {"temperature": 1.0, "seed": 1}}
+         "temperature": {"temperature": 1.0, "seed": 1}, "top_p": {"temperature": 0.7, "top_p": 0.9, "seed": 1}}
 for name, extra in kinds.items():
     with open(f"/tmp/{name}.jsonl", "w") as f:
         for i in range(64):
             f.write(json.dumps({"id": f"r{i}", "prompt_tokens": [(7 * i + j) % 1000 + 1 for j in range(128)],
                                 "max_tokens": 128, **extra}) + "\n")
 PY
-    for name in plain logprobs bias temperature plain; do
+    for name in plain temperature top_p logprobs bias plain; do
       in_time "mstar run $name" || break
       timeout 120 python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
         --prompts "/tmp/$name.jsonl" --concurrency 64 --no-progress --report "/tmp/$name.json" > "/tmp/$name.log" 2>&1 \
         || tail -2 "/tmp/$name.log"
       python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$name', r['itl_ms'], r['finish_reasons'])"
     done
-    in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" ;;
+    in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" \
+      tests/gpu/test_sampling_kernels_gpu.py ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do

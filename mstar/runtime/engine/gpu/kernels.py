@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -314,21 +314,31 @@ if triton is not None:
 
 
     @triton.jit
-    def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, best_ptr, index_ptr, num_chunks, BLOCK: tl.constexpr,
-                             PDL: tl.constexpr):
+    def load_chunk(logits_ptr, stride_row, vocab, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """(row, columns, fp32 values) of the program's chunk of a row, (row, chunk) its grid place;
+        -inf past the vocabulary. Under PDL, after the predecessor's writes."""
         row = tl.program_id(0).to(tl.int64)
-        chunk = tl.program_id(1)
-        cols = chunk * BLOCK + tl.arange(0, BLOCK)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         if PDL:
             tl.extra.cuda.gdc_wait()
         x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
+        return row, cols, x
+
+    @triton.jit
+    def store_chunk_max(best_ptr, index_ptr, num_chunks, row, cols, x, vocab):
+        """The chunk's maximum and the first column holding it (torch.argmax's tie rule)."""
         best = tl.max(x, 0)
-        # the first column holding the chunk's maximum (torch.argmax's tie rule)
         first = tl.min(tl.where(x == best, cols, vocab), 0)
-        tl.store(best_ptr + row * num_chunks + chunk, best)
-        tl.store(index_ptr + row * num_chunks + chunk, tl.minimum(first, vocab - 1))
+        tl.store(best_ptr + row * num_chunks + tl.program_id(1), best)
+        tl.store(index_ptr + row * num_chunks + tl.program_id(1), tl.minimum(first, vocab - 1))
+
+    @triton.jit
+    def _chunk_argmax_kernel(logits_ptr, stride_row, vocab, best_ptr, index_ptr, num_chunks, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr):
+        row, cols, x = load_chunk(logits_ptr, stride_row, vocab, BLOCK, PDL)
+        store_chunk_max(best_ptr, index_ptr, num_chunks, row, cols, x, vocab)
 
     @triton.jit
     def _rows_argmax_kernel(best_ptr, index_ptr, out_ptr, num_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -439,6 +449,19 @@ def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> tor
     """`[N, V]` (columns contiguous) -> `[N]` int64 (into `out` when given): the first index of each
     row's maximum. A row of -inf only gives its first column; a row holding NaN an unspecified one
     (torch: the NaN's)."""
+    def first_pass(grid: tuple[int, int], best: torch.Tensor, index: torch.Tensor) -> None:
+        _chunk_argmax_kernel[grid](logits, logits.stride(0), logits.shape[1], best, index, grid[1],
+                                   BLOCK=ARGMAX_CHUNK, num_warps=8, **pdl_launch(logits))
+
+    return chunked_argmax(logits, first_pass, out)
+
+
+def chunked_argmax(logits: torch.Tensor, first_pass: Callable[[tuple[int, int], torch.Tensor, torch.Tensor], None],
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`argmax_rows`'s two launches around a first pass of the caller's (`sampling_kernels.draw_rows`
+    maximises its draws): `first_pass(grid, best, index)` writes each (row, chunk of ARGMAX_CHUNK
+    columns)'s maximum and its first column, `[N, chunks]` fp32 and int32, grid (N, chunks); then
+    each row's first chunk holding its maximum gives the row's index."""
     n, vocab = logits.shape
     out = torch.empty(n, dtype=torch.long, device=logits.device) if out is None else out
     if n == 0:
@@ -448,8 +471,7 @@ def argmax_rows(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> tor
     num_chunks = triton.cdiv(vocab, ARGMAX_CHUNK)
     best = torch.empty((n, num_chunks), dtype=torch.float32, device=logits.device)
     index = torch.empty((n, num_chunks), dtype=torch.int32, device=logits.device)
-    _chunk_argmax_kernel[(n, num_chunks)](logits, logits.stride(0), vocab, best, index, num_chunks,
-                                          BLOCK=ARGMAX_CHUNK, num_warps=8, **pdl_launch(logits))
+    first_pass((n, num_chunks), best, index)
     _rows_argmax_kernel[(n,)](best, index, out, num_chunks, BLOCK=triton.next_power_of_2(num_chunks), num_warps=1,
                               **pdl_launch(logits))
     return out

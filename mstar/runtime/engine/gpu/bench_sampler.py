@@ -1,0 +1,114 @@
+"""`mstar bench sampler`: what the device sampler (`sampler.sample`) costs a step, per kind of
+request, at 1, 8 and 64 rows of a vocabulary (default 128,256: Llama-3.2-1B's, llama.plan's):
+greedy rows (the executor's argmax, no sampler), temperature alone (the whole-vocabulary draw), a
+top_p of 0.9 and a top_k of 50 (the sorted nucleus), each with the torch ops and with the Triton
+draws (`sampling_kernels.py`) where they run, their ratio measured in the same run. Each figure is
+the median of `--iters` eager calls (the executor calls the sampler eagerly, after the step's
+graph), timed with CUDA events on a GPU; on the CPU the torch ops alone, by the clock (ratios only:
+absolute times count on a GPU). The fused and torch tokens are compared on every case.
+
+Usage: mstar bench sampler [--vocab V] [--rows 1,8,64] [--iters N] [--device cuda|cpu] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from functools import partial
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from mstar.arg_types import ITERS, int_list, int_range
+from mstar.runtime.engine.gpu import kernels
+from mstar.runtime.engine.gpu.sampler import sample
+
+LLAMA_VOCAB = 128256
+# kind -> (temperature, top_p, top_k) of every row
+KINDS = {"temperature": (1.0, 1.0, 0), "top_p": (0.9, 0.9, 0), "top_k": (1.0, 1.0, 50)}
+
+
+def _timed_us(call: Callable[[], torch.Tensor], iters: int, device: torch.device) -> float:
+    """Median microseconds of one call (two warm-up calls first)."""
+    for _ in range(2):
+        call()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            began = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - began) * 1e6)
+    return statistics.median(times)
+
+
+def run(vocab: int, rows_list: Sequence[int], iters: int, device: torch.device) -> dict:
+    has_kernels = kernels.available(device)
+    cases: dict[str, dict] = {}
+    for rows in rows_list:
+        generator = torch.Generator().manual_seed(rows)
+        logits = (torch.randn(rows, vocab, generator=generator) * 3).to(device, torch.bfloat16)
+        seeds = torch.arange(rows, dtype=torch.long, device=device) * 7919
+        counters = torch.full((rows,), 5, dtype=torch.long, device=device)
+        case: dict = {"greedy_us": round(_timed_us(partial(logits.argmax, -1), iters, device), 2)}
+        for kind, (temperature, top_p, top_k) in KINDS.items():
+            args = (logits, torch.full((rows,), temperature, device=device), torch.full((rows,), top_p, device=device),
+                    seeds, counters, torch.full((rows,), top_k, dtype=torch.long, device=device) if top_k else None)
+            is_whole = top_p >= 1.0 and not top_k
+            variants = {"torch": False, **({"fused": True} if has_kernels else {})}
+            figures = {f"{name}_us": round(_timed_us(partial(sample, *args, is_whole=is_whole, is_fused=is_fused),
+                                                     iters, device), 2)
+                       for name, is_fused in variants.items()}
+            if has_kernels:
+                figures["torch_over_fused"] = round(figures["torch_us"] / figures["fused_us"], 2)
+                figures["same_tokens"] = bool(torch.equal(sample(*args, is_whole=is_whole, is_fused=False),
+                                                          sample(*args, is_whole=is_whole, is_fused=True)))
+            case[kind] = figures
+        cases[str(rows)] = case
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"vocab": vocab, "device": name, "has_kernels": has_kernels, "rows": cases}
+
+
+def table(result: dict) -> str:
+    lines = [f"the device sampler per step, vocabulary {result['vocab']}, on {result['device']} "
+             f"(median us of eager calls; greedy: the argmax alone)"]
+    header = f"{'rows':>5} {'greedy':>8}" + "".join(
+        f" {kind + ' torch':>18}" + (f" {'fused':>9} {'ratio':>6} {'same':>5}" if result["has_kernels"] else "")
+        for kind in KINDS)
+    lines.append(header)
+    for rows, case in result["rows"].items():
+        line = f"{rows:>5} {case['greedy_us']:>8.1f}"
+        for kind in KINDS:
+            figures = case[kind]
+            line += f" {figures['torch_us']:>18.1f}"
+            if result["has_kernels"]:
+                line += (f" {figures['fused_us']:>9.1f} {figures['torch_over_fused']:>5.2f}x"
+                         f" {str(figures['same_tokens']):>5}")
+        lines.append(line)
+    if not result["has_kernels"]:
+        lines.append("(no Triton draws here: they run on a CUDA GPU; the torch ops alone were timed)")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="mstar bench sampler", description=__doc__.split("\n")[0])
+    parser.add_argument("--vocab", type=int_range(2, 1 << 20), default=LLAMA_VOCAB)
+    parser.add_argument("--rows", type=int_list(1, 4096), default=[1, 8, 64])
+    parser.add_argument("--iters", type=ITERS, default=20)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("mstar bench sampler: error: --device cuda needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 1
+    result = run(args.vocab, args.rows, args.iters, torch.device(args.device))
+    print(json.dumps(result) if args.json else table(result))
+    return 0

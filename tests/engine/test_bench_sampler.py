@@ -1,0 +1,28 @@
+"""`mstar bench sampler` (`engine/gpu/bench_sampler.py`) on the CPU: every kind timed at every row
+count with the torch ops, its table and JSON, its refusals (the Triton draws and their ratio need a
+GPU: tests/gpu/test_sampling_kernels_gpu.py)."""
+import json
+
+import pytest
+
+from mstar.cli.mstar import main
+from mstar.runtime.engine.gpu import bench_sampler
+
+
+def test_every_kind_is_timed_at_every_row_count(capsys):
+    assert main(["bench", "sampler", "--device", "cpu", "--vocab", "300", "--rows", "1,3", "--iters", "2",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["vocab"] == 300 and not result["has_kernels"] and set(result["rows"]) == {"1", "3"}
+    for case in result["rows"].values():
+        assert case["greedy_us"] > 0
+        assert all(case[kind]["torch_us"] > 0 and "fused_us" not in case[kind] for kind in bench_sampler.KINDS)
+    assert "the torch ops alone were timed" in bench_sampler.table(result)
+
+
+@pytest.mark.parametrize("argv, words", [(["--rows", "0"], "between 1 and 4096"), (["--vocab", "1"], "between 2 and"),
+                                         (["--rows", ","], "comma-separated integers")])
+def test_bad_arguments_are_refused(capsys, argv, words):
+    with pytest.raises(SystemExit):
+        main(["bench", "sampler", "--device", "cpu", *argv])
+    assert words in capsys.readouterr().err

@@ -1,0 +1,34 @@
+"""The device sampler's Triton draws (`engine/gpu/sampling_kernels.py`) on a CUDA GPU: the torch
+sampler's tokens from the same logits, and `mstar bench sampler`'s figures. Skipped without a GPU."""
+import pytest
+import torch
+
+from mstar.runtime.engine.gpu import bench_sampler, sampler
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.mark.parametrize("is_whole", [True, False])
+def test_the_kernels_draw_the_torch_samplers_tokens(is_whole):
+    gen = torch.Generator().manual_seed(0)
+    rows = 64
+    logits = (torch.randn(rows, 128256, generator=gen) * 3).cuda().to(torch.bfloat16)
+    temperature = torch.linspace(0.0, 1.5, rows).cuda()  # row 0 greedy
+    top_p = torch.ones(rows).cuda() if is_whole else torch.linspace(0.2, 1.0, rows).cuda()
+    top_k = None if is_whole else torch.arange(rows).cuda() % 7 * 10
+    seeds, counters = torch.arange(rows).cuda() * 31 - 5, torch.arange(rows).cuda() * 3
+    expected = sampler.sample(logits, temperature, top_p, seeds, counters, top_k, is_whole=is_whole, is_fused=False)
+    got = sampler.sample(logits, temperature, top_p, seeds, counters, top_k, is_whole=is_whole, is_fused=True)
+    assert torch.equal(got, expected)
+
+
+def test_the_sampler_bench_times_both_variants():
+    result = bench_sampler.run(128256, [1, 64], iters=3, device=torch.device("cuda"))
+    assert result["has_kernels"]
+    for case in result["rows"].values():
+        for kind in bench_sampler.KINDS:
+            assert case[kind]["fused_us"] > 0 and case[kind]["same_tokens"], (kind, case)
+    assert "ratio" in bench_sampler.table(result)
