@@ -97,8 +97,8 @@ PY
         || tail -2 "/tmp/$name.log"
       python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$name', r['itl_ms'], r['finish_reasons'])"
     done
-    in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" \
-      tests/gpu/test_sampling_kernels_gpu.py ;;
+    in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
+    in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do
