@@ -143,7 +143,7 @@ class PackedFamilies:
 
 
 # the rows of a step that asked for log-probabilities (launch order), their counts, and
-# `sampling.logprob_tensors`' device tensors for them
+# `sampling.logprob_tensors`' tensors for them, host copies (pinned) that the step's event covers
 DeviceLogprobs = tuple[list[int], list[int], torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -586,15 +586,22 @@ class StepExecutor:
         return tokens, logprobs
 
     def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, counts: np.ndarray) -> Optional[DeviceLogprobs]:
-        """`Pending.logprobs` of the rows whose count is not -1, computed on the device now (the
-        host reads them at `collect_logprobs`, after the step's event)."""
+        """`Pending.logprobs` of the rows whose count is not -1, computed on the device now and copied
+        to the host behind the step (the host reads them at `collect_logprobs`, after its event)."""
         rows = np.flatnonzero(counts >= 0).tolist()
         if not rows:
             return None
         wanted = counts[rows].tolist()
-        index = torch.tensor(rows, device=logits.device)
-        return (rows, wanted, *logprob_tensors(logits.index_select(0, index), tokens.index_select(0, index),
-                                               max(wanted)))
+        index = self._moved(np.asarray(rows, dtype=np.int64))
+        on_device = logprob_tensors(logits.index_select(0, index), tokens.index_select(0, index), max(wanted))
+        # Copied to pinned host tensors now, in the step's stream, as its tokens are: `tolist()` on
+        # the device tensors at `collect_logprobs` waited for every step queued since (the step
+        # launched ahead), which made a step holding such a row as slow as two (torch.tensor(rows,
+        # device=...) here waited for the step before).
+        on_host = [self._host(torch.empty(t.shape, dtype=t.dtype)) for t in on_device]
+        for host, device in zip(on_host, on_device):
+            host.copy_(device, non_blocking=True)
+        return (rows, wanted, *on_host)
 
     def _run_numpy(self, rows: list[RowSpec], batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int,
                    num_decode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
