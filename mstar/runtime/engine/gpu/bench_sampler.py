@@ -6,7 +6,8 @@ draws (`sampling_kernels.py`) where they run, their ratio measured in the same r
 the median of `--iters` eager calls (the executor calls the sampler eagerly, after the step's
 graph), timed with CUDA events on a GPU; on the CPU the torch ops alone, by the clock (ratios only:
 absolute times count on a GPU). Each case gives the share of rows whose fused and torch tokens are
-the same ("same": the kernels' noise is the torch ops' bit for bit, so 1.00).
+the same ("same": the whole draw's are equal; a nucleus keeps the ties at its edge that the torch
+sort cuts, and bf16 logits tie often).
 
 Usage: mstar bench sampler [--vocab V] [--rows 1,8,64] [--iters N] [--device cuda|cpu] [--json]
 """

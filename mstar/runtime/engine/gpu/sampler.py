@@ -10,7 +10,7 @@ Out: token ids `[R]` (int64), on the device.
 
 A step whose rows all limit nothing (top_p 1, no top_k) skips the sort: `is_whole`. On a GPU the
 draws are Triton kernels (`sampling_kernels.py`: the noise computed where it is used, the same
-numbers); elsewhere the torch ops below.
+numbers; the nucleus found by a search, not a sort, its ties all kept); elsewhere the torch ops below.
 
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
 on its own request only (not on its neighbours, nor on a generator's state that a CUDA graph could
@@ -63,14 +63,14 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     `mstar bench sampler`'s baseline)."""
     if is_fused is None:
         is_fused = kernels.available(logits.device)
-    if is_whole and is_fused:
-        return sampling_kernels.draw_rows(logits, temperature, seeds, counters)
+    if is_fused:
+        return (sampling_kernels.draw_rows(logits, temperature, seeds, counters) if is_whole
+                else sampling_kernels.nucleus_draw(logits, temperature, top_p, top_k, seeds, counters))
     logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
     is_sampled = temperature >= MIN_TEMPERATURE
     scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
-    gumbel = (sampling_kernels.gumbel_noise(seeds, counters, logits.shape[1]) if is_fused
-              else -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float())
+    gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
     if is_whole:
         return torch.where(is_sampled, (scaled + gumbel).argmax(-1), greedy)
     probs = torch.softmax(scaled, dim=-1)

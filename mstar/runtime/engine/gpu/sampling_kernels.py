@@ -2,23 +2,38 @@
 
 - `draw_rows(logits, temperature, seeds, counters)`: `[R, V]` -> `[R]` int64, each row's
   Gumbel-max draw over its whole vocabulary, argmax(logits / temperature + g) with g the row's
-  Gumbel noise of `gumbel_noise`, or argmax(logits) where the row's temperature is below
+  Gumbel noise, -log(-log(u)) of its hashed uniforms u (`sampler.hashed_uniform`: the same
+  integers, so the same noise), or argmax(logits) where the row's temperature is below
   `sampling.MIN_TEMPERATURE` (greedy). The sampler's `is_whole` case (no row limits its tokens).
-- `gumbel_noise(seeds, counters, vocab)`: `[R, V]` float32, -log(-log(u)) of the row's hashed
-  uniforms u (`sampler.hashed_uniform`: the same integers, so the same noise), for the sorted case.
+- `nucleus_draw(logits, temperature, top_p, top_k, seeds, counters)`: the same draw over each
+  row's nucleus: the tokens whose strictly more probable tokens weigh less than top_p and number
+  fewer than top_k (0: no limit), of the whole distribution, as the CPU sampler keeps them; tokens
+  tied with the nucleus' least probable are all kept (the torch sampler's sort keeps a prefix of
+  them, in its own order).
+
+The nucleus without a sort: every row is cut in chunks of ARGMAX_CHUNK columns, a program each.
+The chunks' largest logits give each row m, its largest scaled logit; each chunk writes its
+weights exp(x - m) (the top token's is 1.0) and their sum. Non-negative floats order as their
+bits, so the least weight inside the nucleus is found by a search over the keys from 0 to 1.0's:
+each pass weighs NUCLEUS_WAYS candidate keys (every chunk sums the mass and counts the tokens
+strictly heavier than each), and the next pass's programs read those partials and narrow the
+row's (lo, hi) alike, about four bits a pass, NUCLEUS_PASSES launches in all; the draw then keeps
+the tokens at or above hi. (A first version searched in one program a row: 1.85-1.95 ms a call on
+an H100 at any row count, each pass bound by the latency of its block reads; docs/engine.md.)
 
 Why: the torch sampler wrote its noise through about twenty elementwise kernels over `[R, V]`
 int64 and float64 tensors (splitmix64's mixes, the shifts, the logs): at 64 rows of a 128k
-vocabulary each pass moves 64 MB. Here the hash is computed where it is used, in registers: the
-whole case reads the logits once and writes two small tensors; the sorted case writes the noise
-once, in fp32. (A nucleus found without the sort, by a search over the weights' bits in one
-program a row, was measured slower on an H100 at every row count: docs/engine.md.)
+vocabulary each pass moves 64 MB; and a nucleus sorted every row's vocabulary (1.35 ms of the 1.48
+ms a step's sampler took at 64 rows on an H100, `mstar bench sampler`). Here the hash is computed
+where it is used, in registers.
 
-Both keep torch's tie rule (the first index of a row's maximum): `draw_rows` is
-`kernels.chunked_argmax` around its own first pass. Tests run them under the Triton interpreter on
-the CPU against the torch sampler (tests/engine/test_sampling_kernels_interpreted.py).
+Both draws keep torch's tie rule (the first index of a row's maximum): `kernels.chunked_argmax`
+around their own first pass. Tests run them under the Triton interpreter on the CPU against the
+torch sampler (tests/engine/test_sampling_kernels_interpreted.py).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -64,10 +79,127 @@ if triton is not None:
         store_chunk_max(best_ptr, index_ptr, num_chunks, row, cols, x, vocab)
 
     @triton.jit
-    def _noise_kernel(seeds_ptr, counters_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    def _chunk_top_kernel(logits_ptr, stride_row, vocab, maxima_ptr, num_chunks, BLOCK: tl.constexpr):
+        row, cols, x = load_chunk(logits_ptr, stride_row, vocab, BLOCK, False)
+        tl.store(maxima_ptr + row * num_chunks + tl.program_id(1), tl.max(x, 0))
+
+    @triton.jit
+    def _row_scale(temperature_ptr, maxima_ptr, row, num_chunks, min_temperature, CHUNKS: tl.constexpr):
+        """(is_sampled, the divisor, m) of a row: m its largest scaled logit (rounding is monotone:
+        the largest logit's quotient)."""
+        temperature = tl.load(temperature_ptr + row)
+        is_sampled = temperature >= min_temperature
+        temperature = tl.where(is_sampled, temperature, 1.0)
+        chunks = tl.arange(0, CHUNKS)
+        top = tl.max(tl.load(maxima_ptr + row * num_chunks + chunks, mask=chunks < num_chunks,
+                             other=float("-inf")), 0)
+        return is_sampled, temperature, tl.math.div_rn(top, temperature)
+
+    @triton.jit
+    def _candidates(lo, hi, WAYS: tl.constexpr):
+        """WAYS keys splitting (lo, hi) into WAYS + 1 parts."""
+        return lo + (tl.arange(0, WAYS).to(tl.int64) + 1) * (hi - lo) // (WAYS + 1)
+
+    @triton.jit
+    def _weigh(weights_ptr, mass_ptr, count_ptr, row, vocab, num_chunks, candidates, BLOCK: tl.constexpr,
+               SUB: tl.constexpr, WAYS: tl.constexpr):
+        """The mass and the count of the chunk's weights strictly heavier than each candidate key,
+        into the partials at (row, chunk)."""
+        chunk = tl.program_id(1)
+        mass = tl.zeros((WAYS,), dtype=tl.float32)
+        count = tl.zeros((WAYS,), dtype=tl.int32)
+        for start in range(0, BLOCK, SUB):
+            cols = chunk * BLOCK + start + tl.arange(0, SUB)
+            weight = tl.load(weights_ptr + row * vocab + cols, mask=cols < vocab, other=0.0)
+            heavier = weight.to(tl.int32, bitcast=True).to(tl.int64)[:, None] > candidates[None, :]
+            mass += tl.sum(tl.where(heavier, weight[:, None], 0.0), 0)
+            count += tl.sum(heavier.to(tl.int32), 0)
+        place = (row * num_chunks + chunk) * WAYS + tl.arange(0, WAYS)
+        tl.store(mass_ptr + place, mass)
+        tl.store(count_ptr + place, count)
+
+    @triton.jit
+    def _narrowed(state_ptr, mass_ptr, count_ptr, totals_ptr, top_p_ptr, top_k_ptr, row, num_chunks,
+                  CHUNKS: tl.constexpr, WAYS: tl.constexpr):
+        """The row's (lo, hi) after the pass that weighed the candidates of its (lo, hi) in the
+        state: the keys inside the nucleus are those whose strictly heavier tokens weigh less than
+        top_p of the row's total and number fewer than top_k; lo stays outside, hi inside."""
+        lo = tl.load(state_ptr + row * 2)
+        hi = tl.load(state_ptr + row * 2 + 1)
+        candidates = _candidates(lo, hi, WAYS)
+        chunks = tl.arange(0, CHUNKS)
+        place = (row * num_chunks + chunks[:, None]) * WAYS + tl.arange(0, WAYS)[None, :]
+        is_chunk = chunks[:, None] < num_chunks
+        mass = tl.sum(tl.load(mass_ptr + place, mask=is_chunk, other=0.0), 0)
+        count = tl.sum(tl.load(count_ptr + place, mask=is_chunk, other=0), 0)
+        total = tl.sum(tl.load(totals_ptr + row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0), 0)
+        top_p = tl.load(top_p_ptr + row)
+        top_k = tl.load(top_k_ptr + row)
+        mass_limit = tl.where(top_p < 1.0, top_p * total, float("inf"))  # (a top_p of 1 limits nothing)
+        count_limit = tl.where(top_k > 0, top_k, 1 << 40)  # (nor a top_k of 0)
+        is_inside = (mass < mass_limit) & (count < count_limit)
+        return tl.max(tl.where(is_inside, lo, candidates), 0), tl.min(tl.where(is_inside, candidates, hi), 0)
+
+    @triton.jit
+    def _weights_kernel(logits_ptr, stride_row, temperature_ptr, maxima_ptr, weights_ptr, totals_ptr, state_ptr,
+                        mass_ptr, count_ptr, vocab, num_chunks, min_temperature, ONE_KEY: tl.constexpr,
+                        BLOCK: tl.constexpr, SUB: tl.constexpr, CHUNKS: tl.constexpr, WAYS: tl.constexpr):
+        """The chunk's weights exp(x - m) and their sum, then the search's first pass."""
         row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + row * vocab + cols, _noise(seeds_ptr, counters_ptr, row, cols), mask=cols < vocab)
+        chunk = tl.program_id(1)
+        _, temperature, top = _row_scale(temperature_ptr, maxima_ptr, row, num_chunks, min_temperature, CHUNKS)
+        total = 0.0
+        for start in range(0, BLOCK, SUB):
+            cols = chunk * BLOCK + start + tl.arange(0, SUB)
+            x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+            weight = tl.exp(tl.math.div_rn(x, temperature) - top)
+            tl.store(weights_ptr + row * vocab + cols, weight, mask=cols < vocab)
+            total += tl.sum(weight, 0)
+        tl.store(totals_ptr + row * num_chunks + chunk, total)
+        lo = row * 0  # (an int64 scalar) the search starts at (0, the top token's weight 1.0)
+        if chunk == 0:
+            tl.store(state_ptr + row * 2, lo)
+            tl.store(state_ptr + row * 2 + 1, lo + ONE_KEY)
+        tl.debug_barrier()  # (this program's own weights, read back below)
+        _weigh(weights_ptr, mass_ptr, count_ptr, row, vocab, num_chunks, _candidates(lo, lo + ONE_KEY, WAYS),
+               BLOCK, SUB, WAYS)
+
+    @triton.jit
+    def _search_kernel(weights_ptr, totals_ptr, top_p_ptr, top_k_ptr, state_ptr, mass_ptr, count_ptr, vocab,
+                       num_chunks, num_rows, BLOCK: tl.constexpr, SUB: tl.constexpr, CHUNKS: tl.constexpr,
+                       WAYS: tl.constexpr):
+        """A pass of the search: narrow (lo, hi) by the last pass's partials (each program of a row
+        alike; the first writes the state this pass weighs), then weigh its candidates."""
+        row = tl.program_id(0).to(tl.int64)
+        lo, hi = _narrowed(state_ptr, mass_ptr, count_ptr, totals_ptr, top_p_ptr, top_k_ptr, row, num_chunks,
+                           CHUNKS, WAYS)
+        if tl.program_id(1) == 0:
+            tl.store(state_ptr + (num_rows + row) * 2, lo)
+            tl.store(state_ptr + (num_rows + row) * 2 + 1, hi)
+        _weigh(weights_ptr, mass_ptr + num_rows * num_chunks * WAYS, count_ptr + num_rows * num_chunks * WAYS, row,
+               vocab, num_chunks, _candidates(lo, hi, WAYS), BLOCK, SUB, WAYS)
+
+    @triton.jit
+    def _chunk_nucleus_draw_kernel(logits_ptr, stride_row, temperature_ptr, seeds_ptr, counters_ptr, maxima_ptr,
+                                   weights_ptr, totals_ptr, top_p_ptr, top_k_ptr, state_ptr, mass_ptr, count_ptr,
+                                   vocab, best_ptr, index_ptr, num_chunks, min_temperature, BLOCK: tl.constexpr,
+                                   CHUNKS: tl.constexpr, WAYS: tl.constexpr):
+        """The chunk's draw over the tokens at or above the search's last hi (every token where the
+        row limits nothing), its maximum for `kernels.chunked_argmax`."""
+        row, cols, x = load_chunk(logits_ptr, stride_row, vocab, BLOCK, False)
+        is_sampled, temperature, _ = _row_scale(temperature_ptr, maxima_ptr, row, num_chunks, min_temperature,
+                                                CHUNKS)
+        if is_sampled:
+            _, threshold = _narrowed(state_ptr, mass_ptr, count_ptr, totals_ptr, top_p_ptr, top_k_ptr, row,
+                                     num_chunks, CHUNKS, WAYS)
+            # every token where the row limits nothing (its search kept the weights above 0 alone)
+            is_limited = tl.maximum((tl.load(top_p_ptr + row) < 1.0).to(tl.int32),
+                                    (tl.load(top_k_ptr + row) > 0).to(tl.int32))
+            threshold = tl.where(is_limited > 0, threshold, -1)
+            key = tl.load(weights_ptr + row * vocab + cols, mask=cols < vocab, other=0.0).to(tl.int32, bitcast=True)
+            drawn = tl.math.div_rn(x, temperature) + _noise(seeds_ptr, counters_ptr, row, cols)
+            x = tl.where((key >= threshold) & (cols < vocab), drawn, float("-inf"))
+        store_chunk_max(best_ptr, index_ptr, num_chunks, row, cols, x, vocab)
 
 
 def draw_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
@@ -84,15 +216,53 @@ def draw_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tens
     return chunked_argmax(logits, first_pass)
 
 
-NOISE_BLOCK = 2048
+NUCLEUS_WAYS = 16  # candidate keys a pass of the search weighs: about four bits of the key a pass
+NUCLEUS_SUB = 512  # columns of a chunk weighed at a time (the [SUB, WAYS] comparison in registers)
+ONE_KEY = 0x3F800000  # the fp32 bits of 1.0, the top token's weight
 
 
-def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """`[R, vocab]` fp32 Gumbel noise of each row (module docstring)."""
-    n = seeds.shape[0]
-    out = torch.empty((n, vocab), dtype=torch.float32, device=seeds.device)
-    if n == 0:
-        return out
-    _noise_kernel[(n, triton.cdiv(vocab, NOISE_BLOCK))](seeds.long().contiguous(), counters.long().contiguous(), out,
-                                                        vocab, BLOCK=NOISE_BLOCK, num_warps=8)
-    return out
+def _search_passes(ways: int) -> int:
+    """Passes that take (0, ONE_KEY) to adjacent keys: each leaves at most ceil(width / (ways + 1))."""
+    width, passes = ONE_KEY, 0
+    while width > 1:
+        width, passes = -(-width // (ways + 1)), passes + 1
+    return passes
+
+
+NUCLEUS_PASSES = _search_passes(NUCLEUS_WAYS)
+
+
+def nucleus_draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: Optional[torch.Tensor],
+                 seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """`[R, V]` (columns contiguous) -> `[R]` int64: each sampled row's Gumbel-max draw over its
+    nucleus (module docstring), greedy rows' argmax; top_k None: no row has one."""
+    n, vocab = logits.shape
+    if n == 0 or logits.stride(1) != 1:
+        return chunked_argmax(logits, lambda grid, best, index: None)  # (its own answer or refusal)
+    device, num_chunks = logits.device, triton.cdiv(vocab, ARGMAX_CHUNK)
+    temperature, top_p = temperature.float().contiguous(), top_p.float().contiguous()
+    top_k = torch.zeros(n, dtype=torch.long, device=device) if top_k is None else top_k.long().contiguous()
+    seeds, counters = seeds.long().contiguous(), counters.long().contiguous()
+    maxima, totals = (torch.empty((n, num_chunks), dtype=torch.float32, device=device) for _ in range(2))
+    weights = torch.empty((n, vocab), dtype=torch.float32, device=device)
+    # per pass: the rows' (lo, hi) it weighed and its partials (mass, count) a (row, chunk, candidate)
+    state = torch.empty((NUCLEUS_PASSES, n, 2), dtype=torch.long, device=device)
+    mass = torch.empty((NUCLEUS_PASSES, n, num_chunks, NUCLEUS_WAYS), dtype=torch.float32, device=device)
+    count = torch.empty((NUCLEUS_PASSES, n, num_chunks, NUCLEUS_WAYS), dtype=torch.int32, device=device)
+    grid, chunks = (n, num_chunks), triton.next_power_of_2(num_chunks)
+    sizes = dict(CHUNKS=chunks, WAYS=NUCLEUS_WAYS)
+    _chunk_top_kernel[grid](logits, logits.stride(0), vocab, maxima, num_chunks, BLOCK=ARGMAX_CHUNK, num_warps=8)
+    _weights_kernel[grid](logits, logits.stride(0), temperature, maxima, weights, totals, state, mass, count, vocab,
+                          num_chunks, MIN_TEMPERATURE, ONE_KEY=ONE_KEY, BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, **sizes,
+                          num_warps=8)
+    for p in range(1, NUCLEUS_PASSES):
+        _search_kernel[grid](weights, totals, top_p, top_k, state[p - 1], mass[p - 1], count[p - 1], vocab, num_chunks,
+                             n, BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, **sizes, num_warps=8)
+    last = NUCLEUS_PASSES - 1
+
+    def first_pass(grid: tuple[int, int], best: torch.Tensor, index: torch.Tensor) -> None:
+        _chunk_nucleus_draw_kernel[grid](logits, logits.stride(0), temperature, seeds, counters, maxima, weights,
+                                         totals, top_p, top_k, state[last], mass[last], count[last], vocab, best,
+                                         index, num_chunks, MIN_TEMPERATURE, BLOCK=ARGMAX_CHUNK, **sizes, num_warps=8)
+
+    return chunked_argmax(logits, first_pass)
