@@ -24,7 +24,7 @@ def interpreted():
 def test_sampling_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
     process with the variable set."""
-    run_child(__file__, "11 passed")
+    run_child(__file__, "14 passed")
 
 
 @pytest.mark.parametrize("vocab", [1, 4095, 4097])
@@ -34,6 +34,12 @@ def test_the_noise_is_the_torch_samplers(interpreted, vocab):
     ones = torch.ones(len(SEEDS))
     noise = -torch.log(-torch.log(sampler.hashed_uniform(SEEDS, COUNTERS, vocab))).float()
     assert torch.equal(interpreted.draw_rows(torch.zeros(len(SEEDS), vocab), ones, SEEDS, COUNTERS), noise.argmax(-1))
+
+
+@pytest.mark.parametrize("vocab", [1, 2047, 2049])
+def test_the_sorts_noise_is_the_torch_samplers_bit_for_bit(interpreted, vocab):
+    expected = -torch.log(-torch.log(sampler.hashed_uniform(SEEDS, COUNTERS, vocab))).float()
+    assert torch.equal(interpreted.gumbel_noise(SEEDS, COUNTERS, vocab), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -66,7 +72,9 @@ def test_nucleus_and_top_k_draws_are_the_torch_samplers(interpreted, seed, vocab
     top_p = torch.tensor([0.9, 1.0, 0.5, 0.95, 0.3, 1.0, 1.0, 0.5])
     top_k = torch.tensor([0, 40, 0, 5, 0, 1, 0, 3])
     expected = sampler.sample(logits, temperature, top_p, seeds, counters, top_k, is_fused=False)
-    assert torch.equal(sampler.sample(logits, temperature, top_p, seeds, counters, top_k, is_fused=True), expected)
+    for nucleus in ("search", "sort"):
+        assert torch.equal(sampler.sample(logits, temperature, top_p, seeds, counters, top_k, is_fused=True,
+                                          nucleus=nucleus), expected), nucleus
 
 
 def test_draws_stay_in_the_nucleus_and_ties_at_its_edge_are_kept(interpreted):

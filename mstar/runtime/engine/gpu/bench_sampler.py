@@ -2,12 +2,13 @@
 request, at 1, 8 and 64 rows of a vocabulary (default 128,256: Llama-3.2-1B's, llama.plan's):
 greedy rows (the executor's argmax, no sampler), temperature alone (the whole-vocabulary draw), a
 top_p of 0.9 and a top_k of 50 (the sorted nucleus), each with the torch ops and with the Triton
-draws (`sampling_kernels.py`) where they run, their ratio measured in the same run. Each figure is
-the median of `--iters` eager calls (the executor calls the sampler eagerly, after the step's
-graph), timed with CUDA events on a GPU; on the CPU the torch ops alone, by the clock (ratios only:
-absolute times count on a GPU). Each case gives the share of rows whose fused and torch tokens are
-the same ("same": the whole draw's are equal; a nucleus keeps the ties at its edge that the torch
-sort cuts, and bf16 logits tie often).
+draws (`sampling_kernels.py`) where they run ("fused": the whole draw, or a nucleus by torch's sort
+with the kernels' noise; "search": a nucleus by `nucleus_draw`'s search, `sampler.NUCLEUS`), their
+ratios measured in the same run. Each figure is the median of `--iters` eager calls (the executor
+calls the sampler eagerly, after the step's graph), timed with CUDA events on a GPU; on the CPU the
+torch ops alone, by the clock (ratios only: absolute times count on a GPU). Each variant gives the
+share of rows whose tokens are the torch ops' ("same": the kernels' noise is the torch ops' bit for
+bit; a search keeps the ties at a nucleus' edge that the sort cuts, and bf16 logits tie often).
 
 Usage: mstar bench sampler [--vocab V] [--rows 1,8,64] [--iters N] [--device cuda|cpu] [--json]
 """
@@ -65,15 +66,18 @@ def run(vocab: int, rows_list: Sequence[int], iters: int, device: torch.device) 
             args = (logits, torch.full((rows,), temperature, device=device), torch.full((rows,), top_p, device=device),
                     seeds, counters, torch.full((rows,), top_k, dtype=torch.long, device=device) if top_k else None)
             is_whole = top_p >= 1.0 and not top_k
-            variants = {"torch": False, **({"fused": True} if has_kernels else {})}
-            figures = {f"{name}_us": round(_timed_us(partial(sample, *args, is_whole=is_whole, is_fused=is_fused),
-                                                     iters, device), 2)
-                       for name, is_fused in variants.items()}
-            if has_kernels:
-                figures["torch_over_fused"] = round(figures["torch_us"] / figures["fused_us"], 2)
-                same = sample(*args, is_whole=is_whole, is_fused=False) == sample(*args, is_whole=is_whole,
-                                                                                   is_fused=True)
-                figures["same_rows"] = round(float(same.float().mean()), 3)
+            variants: dict[str, dict] = {"torch": {"is_fused": False}}
+            if has_kernels:  # the whole draw, or a nucleus by torch's sort with the kernels' noise; and by search
+                variants["fused"] = {"is_fused": True, "nucleus": "sort"}
+                if not is_whole:
+                    variants["search"] = {"is_fused": True, "nucleus": "search"}
+            figures = {f"{name}_us": round(_timed_us(partial(sample, *args, is_whole=is_whole, **options), iters,
+                                                     device), 2) for name, options in variants.items()}
+            expected = sample(*args, is_whole=is_whole, is_fused=False)
+            for name, options in list(variants.items())[1:]:
+                figures[f"torch_over_{name}"] = round(figures["torch_us"] / figures[f"{name}_us"], 2)
+                same = sample(*args, is_whole=is_whole, **options) == expected
+                figures[f"{name}_same_rows"] = round(float(same.float().mean()), 3)
             case[kind] = figures
         cases[str(rows)] = case
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -83,22 +87,30 @@ def run(vocab: int, rows_list: Sequence[int], iters: int, device: torch.device) 
 def table(result: dict) -> str:
     lines = [f"the device sampler per step, vocabulary {result['vocab']}, on {result['device']} "
              f"(median us of eager calls; greedy: the argmax alone)"]
-    header = f"{'rows':>5} {'greedy':>8}" + "".join(
-        f" {kind + ' torch':>18}" + (f" {'fused':>9} {'ratio':>6} {'same':>5}" if result["has_kernels"] else "")
-        for kind in KINDS)
+    header = f"{'rows':>5} {'greedy':>8}"
+    for kind in KINDS:
+        header += f" {kind + ' torch':>18}"
+        for name in _fused_variants(result, kind):
+            header += f" {name:>9} {'ratio':>6} {'same':>5}"
     lines.append(header)
     for rows, case in result["rows"].items():
         line = f"{rows:>5} {case['greedy_us']:>8.1f}"
         for kind in KINDS:
             figures = case[kind]
             line += f" {figures['torch_us']:>18.1f}"
-            if result["has_kernels"]:
-                line += (f" {figures['fused_us']:>9.1f} {figures['torch_over_fused']:>5.2f}x"
-                         f" {figures['same_rows']:>5.2f}")
+            for name in _fused_variants(result, kind):
+                line += (f" {figures[name + '_us']:>9.1f} {figures['torch_over_' + name]:>5.2f}x"
+                         f" {figures[name + '_same_rows']:>5.2f}")
         lines.append(line)
     if not result["has_kernels"]:
         lines.append("(no Triton draws here: they run on a CUDA GPU; the torch ops alone were timed)")
     return "\n".join(lines)
+
+
+def _fused_variants(result: dict, kind: str) -> list[str]:
+    """The kernels' variants a kind was timed with (none without them)."""
+    first = next(iter(result["rows"].values()))[kind]
+    return [name for name in ("fused", "search") if f"{name}_us" in first]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

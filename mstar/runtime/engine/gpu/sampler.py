@@ -10,7 +10,8 @@ Out: token ids `[R]` (int64), on the device.
 
 A step whose rows all limit nothing (top_p 1, no top_k) skips the sort: `is_whole`. On a GPU the
 draws are Triton kernels (`sampling_kernels.py`: the noise computed where it is used, the same
-numbers; the nucleus found by a search, not a sort, its ties all kept); elsewhere the torch ops below.
+numbers; a nucleus by torch's sort, or by a search with its ties all kept: NUCLEUS); elsewhere the
+torch ops below.
 
 Random draws come from a counter-based hash of (seed, counter, token id), so a row's draw depends
 on its own request only (not on its neighbours, nor on a generator's state that a CUDA graph could
@@ -51,26 +52,34 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> t
     return (bits.double() + 0.5) * 2.0 ** -53
 
 
+# How the kernels find a nucleus: "sort" (torch's sort of every row's vocabulary, the kernels' noise)
+# or "search" (`sampling_kernels.nucleus_draw`, no sort). The sort stays the default until the
+# search is measured on a GPU against it (`mstar bench sampler` times both in one run).
+NUCLEUS = "sort"
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
            counters: torch.Tensor, top_k: Optional[torch.Tensor] = None, is_whole: bool = False,
-           is_fused: Optional[bool] = None) -> torch.Tensor:
+           is_fused: Optional[bool] = None, nucleus: Optional[str] = None) -> torch.Tensor:
     """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax. top_k: `[R]`
     int64, 0 for no limit (None: no row has one). is_whole: no row limits its tokens (every top_p
     1, no top_k; the caller knows it on the host): the draw is Gumbel-max over the whole
     vocabulary, without the sort a nucleus needs (what the sort keeps then is every token, but
     those whose probability the cumulative sum's rounding loses past 1, a few ulps). is_fused:
     draw with `sampling_kernels` (None: where they run, a GPU with Triton; False: the torch ops,
-    `mstar bench sampler`'s baseline)."""
+    `mstar bench sampler`'s baseline). nucleus: how the kernels find a nucleus (None: NUCLEUS)."""
     if is_fused is None:
         is_fused = kernels.available(logits.device)
-    if is_fused:
-        return (sampling_kernels.draw_rows(logits, temperature, seeds, counters) if is_whole
-                else sampling_kernels.nucleus_draw(logits, temperature, top_p, top_k, seeds, counters))
+    if is_fused and is_whole:
+        return sampling_kernels.draw_rows(logits, temperature, seeds, counters)
+    if is_fused and (nucleus or NUCLEUS) == "search":
+        return sampling_kernels.nucleus_draw(logits, temperature, top_p, top_k, seeds, counters)
     logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
     is_sampled = temperature >= MIN_TEMPERATURE
     scaled = logits / torch.where(is_sampled, temperature, torch.ones_like(temperature)).unsqueeze(1)
-    gumbel = -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float()
+    gumbel = (sampling_kernels.gumbel_noise(seeds, counters, logits.shape[1]) if is_fused
+              else -torch.log(-torch.log(hashed_uniform(seeds, counters, logits.shape[1]))).float())
     if is_whole:
         return torch.where(is_sampled, (scaled + gumbel).argmax(-1), greedy)
     probs = torch.softmax(scaled, dim=-1)

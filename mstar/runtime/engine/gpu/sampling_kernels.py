@@ -5,6 +5,8 @@
   Gumbel noise, -log(-log(u)) of its hashed uniforms u (`sampler.hashed_uniform`: the same
   integers, so the same noise), or argmax(logits) where the row's temperature is below
   `sampling.MIN_TEMPERATURE` (greedy). The sampler's `is_whole` case (no row limits its tokens).
+- `gumbel_noise(seeds, counters, vocab)`: `[R, V]` fp32, that noise, for a nucleus that torch's
+  sort finds (`sampler.NUCLEUS`, the default until the search below is measured on a GPU).
 - `nucleus_draw(logits, temperature, top_p, top_k, seeds, counters)`: the same draw over each
   row's nucleus: the tokens whose strictly more probable tokens weigh less than top_p and number
   fewer than top_k (0: no limit), of the whole distribution, as the CPU sampler keeps them; tokens
@@ -202,6 +204,13 @@ if triton is not None:
         store_chunk_max(best_ptr, index_ptr, num_chunks, row, cols, x, vocab)
 
 
+    @triton.jit
+    def _noise_kernel(seeds_ptr, counters_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + row * vocab + cols, _noise(seeds_ptr, counters_ptr, row, cols), mask=cols < vocab)
+
+
 def draw_rows(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
               counters: torch.Tensor) -> torch.Tensor:
     """`[R, V]` (columns contiguous) -> `[R]` int64 (module docstring); temperature `[R]` fp32,
@@ -266,3 +275,18 @@ def nucleus_draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
                                          index, num_chunks, MIN_TEMPERATURE, BLOCK=ARGMAX_CHUNK, **sizes, num_warps=8)
 
     return chunked_argmax(logits, first_pass)
+
+
+NOISE_BLOCK = 2048
+
+
+def gumbel_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`[R, vocab]` fp32 Gumbel noise of each row (`draw_rows`' noise), for a nucleus that torch's
+    sort finds (`sampler.NUCLEUS`)."""
+    n = seeds.shape[0]
+    out = torch.empty((n, vocab), dtype=torch.float32, device=seeds.device)
+    if n == 0:
+        return out
+    _noise_kernel[(n, triton.cdiv(vocab, NOISE_BLOCK))](seeds.long().contiguous(), counters.long().contiguous(), out,
+                                                        vocab, BLOCK=NOISE_BLOCK, num_warps=8)
+    return out
