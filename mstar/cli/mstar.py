@@ -115,6 +115,10 @@ def _run_parser(sub: Any) -> None:
                      help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's sm_90 products "
                           "ordinary (default: programmatic, docs/engine.md \"Programmatic edges into cuBLAS\"; "
                           "this turns that off if a cuBLAS upgrade breaks what it relies on)")
+    run.add_argument("--nucleus", choices=("sort", "search"), default="sort",
+                     help="torch engine on a GPU: how the device sampler finds a top_p or top_k nucleus: "
+                          "torch's sort of each row's vocabulary (default) or the Triton kernels' search "
+                          "(docs/engine.md, not yet the default: a what-if to measure)")
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
@@ -171,6 +175,10 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine.gpu import blas_edges
 
         blas_edges.set_enabled(False)
+    if args.nucleus != "sort":  # (process-wide, as the module's switch is)
+        from mstar.runtime.engine.gpu import sampler
+
+        sampler.set_nucleus(args.nucleus)
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
         from mstar.runtime.engine.placement import resolve_device
 
@@ -345,6 +353,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
     if args.no_blas_pdl and not is_on_gpu:
         raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
+    if args.nucleus != "sort" and not is_on_gpu:
+        raise CliError("--nucleus is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
     from mstar.runtime.serve.engine_setup import torch_options_set
 
     torch_only = torch_options_set(args.device, args.dims, args.attention) + ["--no-run-ahead"] * args.no_run_ahead
@@ -585,7 +595,7 @@ def _rank_options(args: argparse.Namespace) -> Any:
 
     return RankOptions(dims=args.dims, weights=args.weights, seed=args.seed, kv_pages=args.kv_pages,
                        device=args.device, attention=args.attention, timeout_s=args.rank_timeout,
-                       plan_path=args.plan, blas_pdl=not args.no_blas_pdl)
+                       plan_path=args.plan, blas_pdl=not args.no_blas_pdl, nucleus=args.nucleus)
 
 
 def _serve_rank(args: argparse.Namespace, plan: Any) -> int:

@@ -1,4 +1,4 @@
-"""`mstar serve --no-blas-pdl`: as `mstar run`'s flag (tests/runtime/test_run_no_blas_pdl.py), the
+"""`mstar serve --no-blas-pdl`: as `mstar run`'s flag (tests/runtime/test_run_gpu_switches.py), the
 way back to ordinary edges into cuBLAS's products; refused off the GPU with one error line, and set
 before the engine is built."""
 from pathlib import Path

@@ -32,6 +32,7 @@
 #   extras what requests asking for log-probabilities, or with a logit_bias or a temperature, cost
 #          the decode steps they share (docs/engine.md "Log-probabilities"): `mstar run` on llama's
 #          graphs, 64 requests of 128 + 128 tokens each kind, plain first and last, inter-token times;
+#          (top_p twice: the sampler's nucleus by sort and by search, --nucleus),
 #          then the fast path's GPU tests of log-probabilities and logit_bias; first `mstar bench sampler`
 #          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
@@ -90,12 +91,13 @@ for name, extra in kinds.items():
             f.write(json.dumps({"id": f"r{i}", "prompt_tokens": [(7 * i + j) % 1000 + 1 for j in range(128)],
                                 "max_tokens": 128, **extra}) + "\n")
 PY
-    for name in plain temperature top_p logprobs bias plain; do
-      in_time "mstar run $name" || break
+    for run in plain top_p top_p:search temperature logprobs bias plain; do  # NAME[:NUCLEUS]
+      name=${run%%:*}; nucleus=${run#*:}; [ "$nucleus" = "$run" ] && nucleus=sort
+      in_time "mstar run $run" || break
       timeout 120 python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
-        --prompts "/tmp/$name.jsonl" --concurrency 64 --no-progress --report "/tmp/$name.json" > "/tmp/$name.log" 2>&1 \
-        || tail -2 "/tmp/$name.log"
-      python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$name', r['itl_ms'], r['finish_reasons'])"
+        --prompts "/tmp/$name.jsonl" --concurrency 64 --no-progress --nucleus "$nucleus" --report "/tmp/$name.json" \
+        > "/tmp/$name.log" 2>&1 || tail -2 "/tmp/$name.log"
+      python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$run', r['itl_ms'], r['finish_reasons'])"
     done
     in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
     in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" ;;

@@ -54,8 +54,18 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> t
 
 # How the kernels find a nucleus: "sort" (torch's sort of every row's vocabulary, the kernels' noise)
 # or "search" (`sampling_kernels.nucleus_draw`, no sort). The sort stays the default until the
-# search is measured on a GPU against it (`mstar bench sampler` times both in one run).
+# search is measured on a GPU against it (`mstar bench sampler` times both in one run; `mstar run
+# --nucleus search` runs a workload with it).
+NUCLEUS_CHOICES = ("sort", "search")
 NUCLEUS = "sort"
+
+
+def set_nucleus(name: str) -> None:
+    """How every later `sample` call finds a nucleus (NUCLEUS_CHOICES), process-wide."""
+    global NUCLEUS
+    if name not in NUCLEUS_CHOICES:
+        raise ValueError(f"a nucleus is found by one of {', '.join(NUCLEUS_CHOICES)}, got {name!r}")
+    NUCLEUS = name
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,

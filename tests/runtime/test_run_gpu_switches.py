@@ -1,0 +1,87 @@
+"""`mstar run`'s process-wide GPU switches: `--no-blas-pdl`, the way back to ordinary edges into
+cuBLAS's products (engine/gpu/blas_edges.py, on by default), and `--nucleus search`, the device
+sampler's nucleus by the Triton kernels' search instead of torch's sort (engine/gpu/sampler.py
+NUCLEUS, a what-if until it is measured on a GPU). Each is refused off the GPU and set before the
+engine is built, in this process and in every rank process (`RankOptions.blas_pdl`, `.nucleus`)."""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from mstar.cli import mstar as cli
+from mstar.plan.io import load_plan
+from mstar.runtime.engine import torch_engine
+from mstar.runtime.engine.gpu import blas_edges, sampler
+from mstar.runtime.serve.ranks import worker
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "generated" / "llama.plan"
+
+
+@pytest.fixture
+def switches_seen(monkeypatch):
+    """The engine's construction replaced by a recorder of the switches as they stood then."""
+    seen: list[tuple[bool, str]] = []
+
+    def record(*args, **kwargs):
+        seen.append((blas_edges._enabled, sampler.NUCLEUS))
+        return "engine"
+
+    monkeypatch.setattr(torch_engine, "build", record)
+    monkeypatch.setattr(torch_engine, "TorchEngine", record)
+    monkeypatch.setattr(torch_engine, "plan_glue", lambda plan, path, device: None)
+    monkeypatch.setattr(worker, "RankExecutor", lambda plan, engine, channel: engine)
+    yield seen
+    blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
+    sampler.set_nucleus("sort")
+
+
+def cli_args(**switches):
+    return argparse.Namespace(**{**dict(engine="torch", dims="tiny", device="cuda", seed=0, kv_pages=None,
+                                        no_blas_pdl=False, nucleus="sort"), **switches})
+
+
+def rank_args(**switches):
+    return SimpleNamespace(**{**dict(dims="tiny", weights=None, seed=0, kv_pages=None, device="cuda",
+                                     attention="auto", rank_timeout=8.0, plan=str(PLAN), no_blas_pdl=False,
+                                     nucleus="sort"), **switches})
+
+
+@pytest.mark.parametrize("flags", [["--no-blas-pdl"], ["--nucleus", "search"]])
+def test_a_switch_off_the_gpu_is_refused(flags):
+    result = subprocess.run([sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", "generated/llama.plan",
+                             "--requests", "1", *flags, "--no-progress"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 1, result.stderr
+    assert flags[0] in result.stderr and "cuda" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("switches, expected", [({}, (True, "sort")), ({"no_blas_pdl": True}, (False, "sort")),
+                                                ({"nucleus": "search"}, (True, "search"))])
+def test_the_switches_are_set_before_the_engine_is_built(switches_seen, switches, expected):
+    assert cli._engine(load_plan(str(PLAN)), cli_args(**switches)) == "engine"
+    assert switches_seen == [expected]
+
+
+@pytest.mark.parametrize("blas_pdl, nucleus", [(True, "search"), (False, "sort")])
+def test_a_rank_process_takes_the_switches_from_its_options(switches_seen, blas_pdl, nucleus):
+    blas_edges.set_enabled(not blas_pdl)  # whatever the process held before
+    sampler.set_nucleus("sort" if nucleus == "search" else "search")
+    options = worker.RankOptions(device="cuda", plan_path=str(PLAN), blas_pdl=blas_pdl, nucleus=nucleus)
+    worker.build_executor(load_plan(str(PLAN)), 0, options, None, "cuda:0", {})
+    assert switches_seen == [(blas_pdl, nucleus)]
+
+
+def test_mstar_run_hands_the_switches_to_the_ranks():
+    options = cli._rank_options(rank_args(no_blas_pdl=True, nucleus="search"))
+    assert options.blas_pdl is False and options.nucleus == "search"
+    assert worker.RankOptions().blas_pdl is True and worker.RankOptions().nucleus == "sort"
+
+
+def test_an_unknown_nucleus_is_refused():
+    with pytest.raises(ValueError, match="sort, search"):
+        sampler.set_nucleus("bubble")
+    assert sampler.NUCLEUS == "sort"
