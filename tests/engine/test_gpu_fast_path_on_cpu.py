@@ -252,7 +252,9 @@ def test_fast_runner_samples_with_the_references_penalties(plan_name, can_run_ah
     """The repetition, presence and frequency penalties on the fast path (gpu/penalties.py; it
     refused the repetition penalty and the others) give the reference runner's tokens: greedy rows
     and a sampled one beside rows without a penalty, run ahead or not, prompts whole or in chunks
-    (llama_chunked cuts the 40-token prompts). A step holding a penalised row is never run ahead."""
+    (llama_chunked cuts the 40-token prompts). Steps holding penalised rows run ahead too: their
+    penalties count the token not yet collected from the device token table (`PenaltyRows.pending`;
+    before, no such step was launched ahead)."""
     from mstar.plan.io import load_plan
     from test_prefix_cache import ROOT
 
@@ -263,11 +265,17 @@ def test_fast_runner_samples_with_the_references_penalties(plan_name, can_run_ah
         return {rid: (r.output_tokens, r.finish_reason)
                 for rid, r in run_asks(plan, engine, PENALTIES, prompt_len, 24).items()}
 
+    runners = []
+
     def fast():
-        return run(fast_path_engine(plan, 64, max_seq_len=4096, with_decode_family=False,
-                                    can_run_ahead=can_run_ahead)[0])
+        engine, runner = fast_path_engine(plan, 64, max_seq_len=4096, with_decode_family=False,
+                                          can_run_ahead=can_run_ahead)
+        runners.append(runner)
+        return run(engine)
 
     got, expected = fast(), run(TorchEngine(plan, num_pages=64))
+    if plan_name == "llama_chunked":  # (the llm plan's run loop launches nothing ahead, penalised or not)
+        assert runners[0].num_ahead_rows > 0  # and every step held a penalised row
     sampled = "r4"  # the device sampler draws from its own hash, not the CPU's: the same again, not the same
     assert got.pop(sampled) == fast()[sampled] and expected.pop(sampled)[1] == "length"
     assert got == expected

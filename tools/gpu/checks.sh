@@ -36,7 +36,7 @@
 #          then the fast path's GPU tests of log-probabilities and logit_bias; first `mstar bench sampler`
 #          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
-#          repetition, presence and frequency on the fast path, no step launched ahead with one) and
+#          repetition, presence and frequency on the fast path, steps with one launched ahead since) and
 #          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
 #          tests, the decode columns', and `mstar run` on llama's graphs with a prompts file mixing
 #          penalised, sampled, logprobs and plain requests (every one must end `length`)

@@ -7,9 +7,11 @@ step's logits with those rows penalised as the CPU sampler penalises them (engin
 HF's repetition rule first, then OpenAI's presence and frequency rule), before `sampler.sample`.
 
 The host's lists are whole only when the step was launched after the row's previous step was
-collected: a step launched ahead samples before the host has the token of the step before it, so
-the runner launches no step ahead that holds a penalised row (gpu/runner.py `prelaunch`). Only such
-rows cost anything: a step without one builds nothing here.
+collected: a step launched ahead samples before the host has the token of the step before it. That
+token is the one the step feeds the row from the device token table, so such rows carry their
+table slot (`pending`) and `penalise` counts the token found there among their samples (it is read
+before the step's own samples are written back). Only penalised rows cost anything: a step without
+one builds nothing here.
 """
 from __future__ import annotations
 
@@ -31,11 +33,14 @@ class PenaltyRows:
     frequency: np.ndarray  # float32 [P]
     seen: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token): the repetition penalty's tokens
     sampled: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token), once a sample
+    # int64 (row among the P, device token table slot): rows whose last sample the host has not
+    # collected (a step launched ahead), that token fed to them from the table; None: no such row
+    pending: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     def take(self, order: list[int]) -> "PenaltyRows":
         """The same rows after the step's rows were put in `order`."""
         return PenaltyRows(new_places(order)[self.rows], self.repetition, self.presence, self.frequency, self.seen,
-                           self.sampled)
+                           self.sampled, self.pending)
 
 
 def new_places(order: list[int]) -> np.ndarray:
@@ -45,8 +50,11 @@ def new_places(order: list[int]) -> np.ndarray:
     return places
 
 
-def penalty_rows(penalised: list[tuple[int, object, list[int], list[int]]]) -> Optional[PenaltyRows]:
-    """From (row place, SamplingParams, tokens seen, tokens sampled) of each penalised row; None for none."""
+def penalty_rows(penalised: list[tuple[int, object, list[int], list[int]]],
+                 pending_slots: Optional[list[Optional[int]]] = None) -> Optional[PenaltyRows]:
+    """From (row place, SamplingParams, tokens seen, tokens sampled) of each penalised row; None for
+    none. pending_slots: each one's device token table slot where its last sample waits uncollected
+    (None: the host has them all)."""
     if not penalised:
         return None
     places, params, seen, sampled = zip(*penalised)
@@ -58,12 +66,18 @@ def penalty_rows(penalised: list[tuple[int, object, list[int], list[int]]]) -> O
     def values(name: str) -> np.ndarray:
         return np.array([getattr(p, name) for p in params], dtype=np.float32)
 
+    pending = None
+    if pending_slots is not None and any(slot is not None for slot in pending_slots):
+        waiting = [(row, slot) for row, slot in enumerate(pending_slots) if slot is not None]
+        pending = (np.array([row for row, _ in waiting], dtype=np.int64),
+                   np.array([slot for _, slot in waiting], dtype=np.int64))
     return PenaltyRows(np.array(places, dtype=np.int64), values("repetition_penalty"), values("presence_penalty"),
-                       values("frequency_penalty"), pairs(seen), pairs(sampled))
+                       values("frequency_penalty"), pairs(seen), pairs(sampled), pending)
 
 
-def penalise(logits: torch.Tensor, rows: PenaltyRows) -> torch.Tensor:
-    """`logits` `[R, V]` (float32) with the penalised rows penalised (a new tensor)."""
+def penalise(logits: torch.Tensor, rows: PenaltyRows, loop_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`logits` `[R, V]` (float32) with the penalised rows penalised (a new tensor); loop_tokens:
+    the device token table, where `rows.pending`'s uncollected samples are."""
     device, vocab = logits.device, logits.shape[1]
 
     def moved(array: np.ndarray) -> torch.Tensor:
@@ -73,6 +87,12 @@ def penalise(logits: torch.Tensor, rows: PenaltyRows) -> torch.Tensor:
     sub = logits.index_select(0, places)
     counts = torch.zeros_like(sub)
     sampled_rows, sampled_tokens = (moved(a) for a in rows.sampled)
+    if rows.pending is not None:
+        if loop_tokens is None:
+            raise ValueError("penalise: rows with uncollected samples need the device token table")
+        pending_rows, slots = (moved(a) for a in rows.pending)
+        sampled_rows = torch.cat([sampled_rows, pending_rows])
+        sampled_tokens = torch.cat([sampled_tokens, loop_tokens.index_select(0, slots).long()])
     counts.index_put_((sampled_rows, sampled_tokens % vocab), torch.ones_like(sampled_rows, dtype=sub.dtype),
                       accumulate=True)
     seen = counts > 0

@@ -41,11 +41,12 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
-(`gpu/penalties.py`, from the host's lists of its seen and sampled tokens), and no step holding
-one is launched ahead. A request that asks for log-probabilities, or carries a logit bias,
-min_tokens or ignore_eos, takes the per-row path (the columns carry none of them); the executor
-computes log-probabilities on the device from the step's logits and copies them back with its
-tokens (`StepExecutor.collect_logprobs`), for steps launched ahead too (`_Ahead.logprobs`).
+(`gpu/penalties.py`, from the host's lists of its seen and sampled tokens; a step launched ahead
+counts the token not yet collected from the device token table, and takes the per-row path). A
+request that asks for log-probabilities, or carries a logit bias, min_tokens or ignore_eos, takes
+the per-row path (the columns carry none of them); the executor computes log-probabilities on the
+device from the step's logits and copies them back with its tokens
+(`StepExecutor.collect_logprobs`), for steps launched ahead too (`_Ahead.logprobs`).
 """
 from __future__ import annotations
 
@@ -423,12 +424,15 @@ class GpuDecoderRunner(DecoderRunner):
 
     def _sampling(self, requests: list[RequestState], num_uncollected: int = 0,
                   fed: Optional[list[list[int]]] = None, calls: Optional[list[CallInfo]] = None,
-                  uncollected: Optional[list[int]] = None) -> Optional[SamplingRows]:
+                  uncollected: Optional[list[int]] = None,
+                  pending_slots: Optional[list[int]] = None) -> Optional[SamplingRows]:
         """The rows' sampling arrays, None when all are greedy without a penalty, log-probabilities
         or logit additions.
         num_uncollected: steps of these rows launched but not yet collected, whose samples the
-        per-row counters and min_tokens' masks must count (never a penalised row's: `prelaunch`);
-        `uncollected`: the same a row (a step past a chunk step). fed: each row's tokens fed this
+        per-row counters and min_tokens' masks must count, and whose tokens a penalised row's
+        penalties count from its device token table slot in `pending_slots` (`prelaunch`; a step
+        past a chunk step holds no penalised row); `uncollected`: the same a row (a step past a
+        chunk step). fed: each row's tokens fed this
         step, which a prompt row's repetition penalty counts (a decode row's fed token is among
         its samples). calls: each row's call, whose `sends_text_tokens` says whether the
         log-probabilities its request asks for are given there and its logit additions apply
@@ -442,8 +446,11 @@ class GpuDecoderRunner(DecoderRunner):
         node = self.node.name
         penalties = None
         if is_penalised:
-            penalties = penalty_rows([(index, r.params, _seen(r, node, fed[index] if fed else []),
-                                       r.sampled.get(node, [])) for index, r in enumerate(requests) if r.has_penalty])
+            penalised = [index for index, r in enumerate(requests) if r.has_penalty]
+            penalties = penalty_rows([(index, requests[index].params, _seen(requests[index], node,
+                                                                              fed[index] if fed else []),
+                                       requests[index].sampled.get(node, [])) for index in penalised],
+                                     [pending_slots[index] for index in penalised] if pending_slots else None)
         counts = [r.num_sampled.get(node, 0) + num_uncollected for r in requests] if uncollected is None else [
             r.num_sampled.get(node, 0) + extra for r, extra in zip(requests, uncollected)]
         return SamplingRows(np.array([p.temperature or 0.0 for p in params], dtype=np.float32),
@@ -578,12 +585,14 @@ class GpuDecoderRunner(DecoderRunner):
         walks the split route runs on the decode kernel)."""
         if not self.can_run_ahead or worker in self._ahead:
             return
-        if any(map(_is_never_ahead, map(_fourth, rows))):  # (RequestState.is_never_ahead)
-            return
+        # a penalised row's uncollected sample is counted from the device token table by the
+        # per-row path alone (`_sampling`'s pending_slots): neither the columns nor a chunk step
+        is_penalised = any(map(_has_penalty, map(_fourth, rows)))
         if chunks is not None:
-            self._prelaunch_chunks(worker, rows, chunks, decode_walks)
+            if not is_penalised:
+                self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
-        if (self.is_columnar and not any(map(_needs_row_path, map(_fourth, rows)))
+        if (self.is_columnar and not is_penalised and not any(map(_needs_row_path, map(_fourth, rows)))
                 and prelaunch_steady(self, worker, rows)):
             return
         last = self._last_rows.get(worker, set())
@@ -617,7 +626,8 @@ class GpuDecoderRunner(DecoderRunner):
         key_glue = self._glue_for_ahead(worker, specs, placed)
         # the step launched last samples first: its sample is not counted yet
         pending = self.executor.launch(specs, self._sampling(list(requests.values()), num_uncollected=1,
-                                                             calls=list(calls.values())), glue=key_glue)
+                                                             calls=list(calls.values()),
+                                                             pending_slots=list(slots.values())), glue=key_glue)
         self._launched_ahead(worker, pending, placed, slots, requests)
 
     def _glue_for_ahead(self, worker: int, specs: list[RowSpec], placed: dict[str, tuple[str, int]]):
@@ -775,7 +785,7 @@ class GpuDecoderRunner(DecoderRunner):
 
 
 _has_penalty, _third, _fourth = attrgetter("has_penalty"), itemgetter(2), itemgetter(3)
-_wants_logprobs, _is_never_ahead = attrgetter("wants_logprobs"), attrgetter("is_never_ahead")
+_wants_logprobs = attrgetter("wants_logprobs")
 _has_biases, _needs_row_path = attrgetter("has_biases"), attrgetter("needs_row_path")
 
 

@@ -50,9 +50,6 @@ class RequestState:
     # the GPU fast path runs a step holding it row by row (its decode columns carry neither
     # log-probabilities nor the calls that say where a logit bias, min_tokens or ignore_eos applies)
     needs_row_path: bool = field(init=False)
-    # the GPU fast path launches no step holding it ahead of the host: its penalties need the host's
-    # lists of its tokens whole (a step launched ahead would miss the token not yet collected)
-    is_never_ahead: bool = field(init=False)
 
     def __post_init__(self) -> None:
         params = self.params
@@ -61,7 +58,6 @@ class RequestState:
         self.wants_logprobs = params.logprobs is not None
         self.has_biases = bool(params.logit_bias) or params.min_tokens > 0
         self.needs_row_path = self.wants_logprobs or self.has_biases or params.ignore_eos
-        self.is_never_ahead = self.has_penalty
 
     def count_sampled(self, node: str, token: int) -> int:
         """One more token sampled on `node`; the count so far."""
