@@ -30,6 +30,28 @@ def test_json_counts_every_part_and_run_ahead_claims_rows(capsys):
     assert 0 < ahead["p50_us_per_step"]["total"] <= slow["p90"] <= slow["largest"]
 
 
+def test_sampling_settings_reach_the_runner_and_cost_more_than_greedy(capsys):
+    """--sampling: penalised clients and clients asking for log-probabilities (which the stand-in
+    answers) run ahead, each costing more bytecodes a row than greedy clients (the per-row path,
+    not the columns)."""
+    rows = {}
+    for name, sampling in (("greedy", "{}"), ("penalty", '{"repetition_penalty": 1.1}'),
+                           ("logprobs", '{"logprobs": 2}')):
+        assert main(["bench", "runner", *SMALL, "--json", "--sampling", sampling]) == 0
+        ahead = json.loads(capsys.readouterr().out)["variants"]["ahead"]
+        assert ahead["rows_claimed"] > 0, name
+        rows[name] = sum(ahead["bytecodes_per_row"].values())
+    assert rows["penalty"] > rows["greedy"] and rows["logprobs"] > rows["greedy"], rows
+
+
+@pytest.mark.parametrize("sampling, words", [("[1]", "expected a JSON object of"), ('{"stop": 1}', "expected a JSON"),
+                                             ('{"logprobs": 99}', "logprobs must be in [0, 20]"), ("{", "JSON object")])
+def test_bad_sampling_settings_are_refused(capsys, sampling, words):
+    with pytest.raises(SystemExit):
+        main(["bench", "runner", *SMALL, "--sampling", sampling])
+    assert words in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, fragment", [(["--rounds", "0"], "argument --rounds: must be between"),
                                             (["--plan", "/nonexistent.plan"], "does not exist"),
                                             (["--plan", str(PLAN.parent / "pi05.plan")], "fast path takes")])

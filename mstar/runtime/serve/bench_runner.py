@@ -31,9 +31,14 @@ when it holds a chunk of that prompt beside `--clients` one-token rows; its figu
 apart from the full decode steps', bytecodes per row over all the step's rows (the chunk's
 included).
 
+`--sampling JSON` gives every client sampling settings (log-probabilities, penalties, a
+temperature, ...): the host's work for such requests (the per-row path where the columns carry
+none of it; the stand-in answers log-probabilities of the right shape, so the runner and the
+conductor place them; it samples nothing: the device sampler is `mstar bench sampler`'s).
+
 Usage: mstar bench runner [--plan P] [--clients N] [--prompt-len N] [--output-len N] [--rounds N]
                           [--long-prompt N] [--budget N] [--json] [--no-bytecodes] [--per-row]
-                          [--compare] [--cpu-time]
+                          [--compare] [--cpu-time] [--sampling JSON]
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from mstar.arg_types import int_range, path_arg
+from mstar.arg_types import int_range, path_arg, shown
 from mstar.plan.io import PlanError, load_plan
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
@@ -73,9 +78,10 @@ LONG = "long"  # the long prompt's request id
 
 @dataclasses.dataclass
 class _Answered:
-    """A stand-in step: its tokens are known at launch."""
+    """A stand-in step: its tokens (and the log-probabilities its rows ask for) are known at launch."""
 
     tokens: np.ndarray
+    logprobs: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class StubExecutor:
@@ -95,10 +101,13 @@ class StubExecutor:
     def launch(self, rows: list[RowSpec], sampling: Any = None, family: Optional[str] = None,
                token_bucket: int = 0, route: str = "packed", glue: Any = None) -> _Answered:
         self.num_steps += 1
-        return _Answered(np.full(len(rows), self.token, dtype=np.int64))
+        counts = getattr(sampling, "logprobs", None)  # (SamplingRows.logprobs: -1 where a row asks none)
+        logprobs = {} if counts is None else {row: (-0.5, ((self.token, -0.5),) * int(count))
+                                              for row, count in enumerate(counts.tolist()) if count >= 0}
+        return _Answered(np.full(len(rows), self.token, dtype=np.int64), logprobs)
 
     def collect_logprobs(self, pending: _Answered) -> dict:
-        return {}  # (the bench's requests ask for none)
+        return pending.logprobs  # what the executor answers: TokenLogprobs by row, of the rows that asked
 
     def restore_loop_tokens(self, slots: list[int], tokens: list[int]) -> None:
         self.loop_tokens[torch.tensor(slots)] = torch.tensor(tokens, dtype=self.loop_tokens.dtype)
@@ -222,7 +231,7 @@ class _Parts:
 
 def _requests(args) -> list[Request]:
     clients = [Request(id=f"r{i}", prompt_tokens=[(7 * i + j) % 1000 + 1 for j in range(args.prompt_len)],
-                       max_tokens=args.output_len) for i in range(args.clients)]
+                       max_tokens=args.output_len, **args.sampling) for i in range(args.clients)]
     if not args.long_prompt:
         return clients
     # due once the clients' ARRIVE_AFTER-th full decode step launched (the run clock counts them)
@@ -467,7 +476,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--budget", type=count, help="step token budget (and chunk size) instead of the plan's")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with this thread's CPU time, which other jobs on the machine do not add to")
+    parser.add_argument("--sampling", type=_sampling, default={}, metavar="JSON",
+                        help="every client's sampling settings as a prompts line gives them, e.g. "
+                             "'{\"logprobs\": 1}' or '{\"repetition_penalty\": 1.1}' (default: greedy)")
     return measure_and_print("mstar bench runner", parser.parse_args(argv), measure, render)
+
+
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "logprobs", "logit_bias", "ignore_eos", "min_tokens")
+
+
+def _sampling(text: str) -> dict[str, Any]:
+    """--sampling: a JSON object of SAMPLING_FIELDS, their values checked as the engine checks a
+    request's (`SamplingParams.from_request`)."""
+    from mstar.runtime.engine.sampling import SamplingError, SamplingParams
+
+    try:
+        fields = json.loads(text)
+    except (ValueError, RecursionError):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {shown(text)}") from None
+    if not isinstance(fields, dict) or not set(fields) <= set(SAMPLING_FIELDS):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of {', '.join(SAMPLING_FIELDS)}, got {shown(text)}")
+    try:
+        SamplingParams.from_request({**fields, "max_tokens": None})
+    except SamplingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return fields
 
 
 def measure_and_print(prog: str, args: argparse.Namespace, measure: Callable[[argparse.Namespace], dict[str, Any]],
