@@ -428,11 +428,13 @@ def _take(steady: SteadyRows, pick: list[bool]) -> SteadyRows:
                       None if steady.at is None else list(compress(steady.at, pick)))
 
 
-def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0):
-    """`runner._sampling`, with the all-greedy answer (None) found without Python work per row."""
+def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0,
+                pending_slots: Optional[list[int]] = None):
+    """`runner._sampling`, with the all-greedy answer (None) found without Python work per row
+    (pending_slots: a step launched ahead's rows' token table slots, for their penalties)."""
     if not any(map(_temperature_of, map(_params_of, requests))) and not any(map(_has_penalty, requests)):
         return None
-    return runner._sampling(requests, num_uncollected)
+    return runner._sampling(requests, num_uncollected, pending_slots=pending_slots)
 
 
 def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.ndarray) -> TokenRows:
@@ -511,7 +513,8 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     specs = list(map(RowSpec, repeat(None), column.num_tokens.tolist(), column.page_tables(), slots, repeat(False),
                      repeat(walk_index)))
     # the step launched last samples first: its sample is not counted yet
-    pending = runner.executor.launch(specs, sampling_of(runner, requests, num_uncollected=1), glue=key_glue)
+    pending = runner.executor.launch(specs, sampling_of(runner, requests, num_uncollected=1, pending_slots=slots),
+                                     glue=key_glue)
     runner._launched_ahead(worker, pending, dict(zip(ids, zip(repeat(walk), range(len(ids))))),
                            dict(zip(ids, slots)), dict(zip(ids, requests)))
     return True

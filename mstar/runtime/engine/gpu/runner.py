@@ -42,7 +42,7 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
 (`gpu/penalties.py`, from the host's lists of its seen and sampled tokens; a step launched ahead
-counts the token not yet collected from the device token table, and takes the per-row path). A
+counts the token not yet collected from the device token table). A
 request that asks for log-probabilities, or carries a logit bias, min_tokens or ignore_eos, takes
 the per-row path (the columns carry none of them); the executor computes log-probabilities on the
 device from the step's logits and copies them back with its tokens
@@ -585,14 +585,13 @@ class GpuDecoderRunner(DecoderRunner):
         walks the split route runs on the decode kernel)."""
         if not self.can_run_ahead or worker in self._ahead:
             return
-        # a penalised row's uncollected sample is counted from the device token table by the
-        # per-row path alone (`_sampling`'s pending_slots): neither the columns nor a chunk step
-        is_penalised = any(map(_has_penalty, map(_fourth, rows)))
         if chunks is not None:
-            if not is_penalised:
+            # (a penalised row's uncollected sample is counted from the device token table, by
+            # `_sampling`'s pending_slots, on the per-row path and the columns, not past a chunk step)
+            if not any(map(_has_penalty, map(_fourth, rows))):
                 self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
-        if (self.is_columnar and not is_penalised and not any(map(_needs_row_path, map(_fourth, rows)))
+        if (self.is_columnar and not any(map(_needs_row_path, map(_fourth, rows)))
                 and prelaunch_steady(self, worker, rows)):
             return
         last = self._last_rows.get(worker, set())
