@@ -89,6 +89,40 @@ def test_the_fast_path_gives_the_references_tokens(plan_path):
     assert len(got["r1"][0]) >= 5 and stop not in got["r1"][0][:5]
 
 
+def test_the_decode_columns_apply_the_additions_and_ignore_eos(plan_path, monkeypatch):
+    """Steady decode steps in columns (gpu/decode_columns.py; they took the per-row path before)
+    with every row's logit_bias forcing the node's stop token: ignore_eos runs past it to the
+    length, min_tokens holds it back that many tokens, a plain row stops at once, run ahead or not,
+    the reference runner's tokens. Dropping the columns' calls (no additions there) or their
+    ignore_eos rule fails it."""
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.gpu import runner as gpu_runner
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan, stop = load_plan(plan_path[0], verify=False), plan_path[1]
+    forced = [(stop, 100.0)]
+    asks = [dict(ignore_eos=True, logit_bias=forced), dict(min_tokens=6, logit_bias=forced), dict(logit_bias=forced),
+            dict(ignore_eos=True), {}]
+    steady_steps = []
+    start_steady = gpu_runner.start_steady
+    monkeypatch.setattr(gpu_runner, "start_steady", lambda *args: steady_steps.append(1) or start_steady(*args))
+
+    def run(engine):
+        driver = Driver(plan, engine)
+        driver.run(Workload([Request(id=f"r{i}", prompt_tokens=[4 + i, 5, 6], max_tokens=10, **ask)
+                             for i, ask in enumerate(asks)]))
+        return {rid: (r.output_tokens, r.finish_reason) for rid, r in driver.conductor.records.items()}
+
+    expected = run(TorchEngine(plan, num_pages=64))
+    for can_run_ahead in (False, True):
+        steady_steps.clear()
+        assert run(fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=can_run_ahead)[0]) == expected
+        assert len(steady_steps) >= 5, can_run_ahead  # the rows' later steps went through the columns
+    assert expected["r0"] == ([stop] * 10, "length")
+    assert expected["r1"][1] == "stop" and len(expected["r1"][0]) == 7 and stop not in expected["r1"][0][:6]
+    assert expected["r2"] == ([stop], "stop")
+
+
 def test_min_tokens_holds_a_stop_string_back_too(tmp_path):
     """vLLM's rule: a stop string counts only where it ends past the first min_tokens tokens' text,
     in the conductor's stop check and in the text the API (and `mstar run`) gives."""

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an iterator of calls in C
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
 _last_token_of, _history_of = attrgetter("last_token"), attrgetter("history")
-_has_penalty = attrgetter("has_penalty")
+_has_penalty, _has_biases = attrgetter("has_penalty"), attrgetter("has_biases")
 _first, _second, _third, _fourth = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _NOT_AHEAD = (None, -1)  # a row the step launched ahead does not hold: (walk, index there)
 
@@ -98,6 +98,7 @@ class SteadyRows:
     column: SequenceColumn  # each row's KV sequence: positions written before the step, positions held
     slots: list[int]  # row slots (the device token table)
     fed: list[list[int]]  # the token each row feeds (its request's last token; the device holds it too)
+    call: CallInfo  # the steady rows' call (whether it sends its token as text: logit additions, ignore_eos)
     others: list[int] = field(default_factory=list)  # a mixed step: step indices of the rows that are not steady
     at: Optional[list[int]] = None  # a mixed step: each steady row's step index (else its index is its own)
 
@@ -167,7 +168,7 @@ def steady_rows(runner: "GpuDecoderRunner", rows: list[tuple[StepRow, CallInfo, 
     if column is None or int(column.num_tokens.max()) + 1 > runner.max_seq_len:
         return None  # (a row past max_seq_len gets its error on the per-row path)
     walk = rows[0][0].walk if at is None else rows[int(at[0])][0].walk
-    return SteadyRows(ids, requests, walk, facts, column, slots, fed, others, at)
+    return SteadyRows(ids, requests, walk, facts, column, slots, fed, call, others, at)
 
 
 def _loop_back_input(runner: "GpuDecoderRunner", call: CallInfo) -> Optional[str]:
@@ -343,6 +344,7 @@ def _launch(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
                      steady.column.page_tables(fresh), pick(steady.slots), repeat(walk in decode_walks),
                      repeat(walk_index.get(walk, 0))))
     requests = list(pick(steady.requests))
+    calls = [steady.call] * len(requests)
     if fresh_items:
         pool, label = runner.pool, runner.guidance.first
         other_specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
@@ -353,7 +355,8 @@ def _launch(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
         other_at, fresh_at = [step.items_at[k] for k in fresh_items], pick(step.at)
         specs, step.places = _merged(specs, fresh_at, other_specs, other_at)
         requests, _ = _merged(requests, fresh_at, [items[k].request for k in fresh_items], other_at)
-    step.pending = runner.executor.launch(specs, sampling_of(runner, requests),
+        calls, _ = _merged(calls, fresh_at, [items[k].call for k in fresh_items], other_at)
+    step.pending = runner.executor.launch(specs, sampling_of(runner, requests, calls),
                                           *runner._step_bucket, route=runner._route, glue=key_glue)
 
 
@@ -424,23 +427,28 @@ def _take(steady: SteadyRows, pick: list[bool]) -> SteadyRows:
     """The columns of the kept rows (those the admission policy let run), in step order."""
     return SteadyRows(list(compress(steady.request_ids, pick)), list(compress(steady.requests, pick)), steady.walk,
                       steady.facts, steady.column.take(pick),
-                      list(compress(steady.slots, pick)), list(compress(steady.fed, pick)), steady.others,
-                      None if steady.at is None else list(compress(steady.at, pick)))
+                      list(compress(steady.slots, pick)), list(compress(steady.fed, pick)), steady.call,
+                      steady.others, None if steady.at is None else list(compress(steady.at, pick)))
 
 
-def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], num_uncollected: int = 0,
-                pending_slots: Optional[list[int]] = None):
+def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], calls: list[CallInfo],
+                num_uncollected: int = 0, pending_slots: Optional[list[int]] = None):
     """`runner._sampling`, with the all-greedy answer (None) found without Python work per row
-    (pending_slots: a step launched ahead's rows' token table slots, for their penalties)."""
-    if not any(map(_temperature_of, map(_params_of, requests))) and not any(map(_has_penalty, requests)):
+    (calls: each row's, where its logit additions apply; pending_slots: a step launched ahead's
+    rows' token table slots, for their penalties)."""
+    if (not any(map(_temperature_of, map(_params_of, requests))) and not any(map(_has_penalty, requests))
+            and not any(map(_has_biases, requests))):
         return None
-    return runner._sampling(requests, num_uncollected, pending_slots=pending_slots)
+    return runner._sampling(requests, num_uncollected, calls=calls, pending_slots=pending_slots)
 
 
 def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.ndarray) -> TokenRows:
     """`_token_outputs` of every row in one pass (no call per row): the fed token joins the
     history, the sampled count and last token move on, the stop check; one `RowResult` a row."""
     node, node_stops = runner.node.name, runner.stop_tokens
+    # ignore_eos (vLLM's): the node's stop tokens do not stop a request that asks, where the call
+    # sends its token as text (the per-row path's rule)
+    is_text = steady.call.sends_text_tokens
     names = [name for name, _ in steady.facts.outputs]
     # one or two outputs (the common cases): a dict literal a row, each output its own list, as before
     width, first, second = len(names), names[0], names[-1]
@@ -455,7 +463,7 @@ def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.nd
         num_sampled = counts[node] = counts.get(node, 0) + 1
         request.last_token[node] = [token]
         # step.row_stop written out (no call a row; the tests compare it with the per-row path's)
-        is_stop = token in params.stop_tokens or token in node_stops
+        is_stop = token in params.stop_tokens or (token in node_stops and not (is_text and params.ignore_eos))
         is_length = not is_stop and params.max_tokens is not None and num_sampled >= params.max_tokens
         if is_stop or is_length:
             is_stop = True
@@ -513,8 +521,8 @@ def prelaunch_steady(runner: "GpuDecoderRunner", worker: int,
     specs = list(map(RowSpec, repeat(None), column.num_tokens.tolist(), column.page_tables(), slots, repeat(False),
                      repeat(walk_index)))
     # the step launched last samples first: its sample is not counted yet
-    pending = runner.executor.launch(specs, sampling_of(runner, requests, num_uncollected=1, pending_slots=slots),
-                                     glue=key_glue)
+    pending = runner.executor.launch(specs, sampling_of(runner, requests, [call] * len(requests), num_uncollected=1,
+                                                        pending_slots=slots), glue=key_glue)
     runner._launched_ahead(worker, pending, dict(zip(ids, zip(repeat(walk), range(len(ids))))),
                            dict(zip(ids, slots)), dict(zip(ids, requests)))
     return True

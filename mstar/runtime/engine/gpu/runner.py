@@ -42,9 +42,9 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
 (`gpu/penalties.py`, from the host's lists of its seen and sampled tokens; a step launched ahead
-counts the token not yet collected from the device token table). A
-request that asks for log-probabilities, or carries a logit bias, min_tokens or ignore_eos, takes
-the per-row path (the columns carry none of them); the executor computes log-probabilities on the
+counts the token not yet collected from the device token table). A request that asks for
+log-probabilities takes the per-row path (the columns carry none; a logit bias, min_tokens or
+ignore_eos they apply with their rows' call); the executor computes log-probabilities on the
 device from the step's logits and copies them back with its tokens
 (`StepExecutor.collect_logprobs`), for steps launched ahead too (`_Ahead.logprobs`).
 """
@@ -479,7 +479,7 @@ class GpuDecoderRunner(DecoderRunner):
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
         beside its other rows (prompt chunks) done row by row."""
-        # (a row asking for log-probabilities or with a logit bias takes the per-row path: RequestState.needs_row_path)
+        # (a row asking for log-probabilities takes the per-row path: RequestState.needs_row_path)
         steady = (steady_rows(self, rows, is_partial_ok and route != "decode")
                   if self.is_columnar and not any(map(_needs_row_path, map(_third, rows))) else None)
         if steady is None:
