@@ -58,3 +58,34 @@ def test_steps_holding_logprobs_rows_run_ahead_and_keep_them():
     for rid, (tokens, _, logprobs) in got.items():
         assert tokens == expected[rid][0] and all(entry is not None for entry in logprobs)
         assert [own for own, _ in logprobs] == pytest.approx([own for own, _ in expected[rid][2]], abs=1e-4)
+
+
+@pytest.mark.parametrize("can_run_ahead", [False, True])
+def test_chunk_steps_in_columns_answer_every_rows_logprobs(can_run_ahead):
+    """Steady rows done in columns beside other rows (prompt chunks, a prompt's last chunk, a
+    request's first decode row: gpu/decode_columns.py's mixed steps), each asking for
+    log-probabilities: every token gets the reference runner's, whichever of the step's parts (the
+    columns, the other rows, the step launched ahead) sampled it."""
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    from mstar.runtime.serve.bench_kv import with_budget
+
+    # a 16-token step budget cuts the long prompts into chunks beside the short ones' decode rows
+    plan = with_budget(load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False), 16)
+    shapes = [(4, 16, 1), (40, 6, 2), (60, 5, 0), (9, 12, 3)]  # (prompt length, max_tokens, logprobs)
+
+    def run(engine):
+        driver = Driver(plan, engine)
+        driver.run(Workload([Request(id=f"r{i}", prompt_tokens=[(11 * i + 3 * j) % 90 + 1 for j in range(length)],
+                                     max_tokens=max_tokens, logprobs=count)
+                             for i, (length, max_tokens, count) in enumerate(shapes)]))
+        return {rid: (r.output_tokens, [r.emission_logprobs.get(i) for i in range(len(r.emission_values))])
+                for rid, r in driver.conductor.records.items()}
+
+    engine, runner = fast_path_engine(plan, 64, max_seq_len=4096, can_run_ahead=can_run_ahead)
+    got, expected = run(engine), run(TorchEngine(plan, num_pages=64))
+    for rid, (tokens, logprobs) in got.items():
+        assert tokens == expected[rid][0] and all(entry is not None for entry in logprobs), rid
+        assert [own for own, _ in logprobs] == pytest.approx([own for own, _ in expected[rid][1]], abs=1e-4), rid
+        assert [[t for t, _ in top] for _, top in logprobs] == [[t for t, _ in top] for _, top in expected[rid][1]]

@@ -74,6 +74,7 @@ _consume: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend  # runs an it
 _params_of, _temperature_of = attrgetter("params"), attrgetter("temperature")
 _last_token_of, _history_of = attrgetter("last_token"), attrgetter("history")
 _has_penalty, _has_biases = attrgetter("has_penalty"), attrgetter("has_biases")
+_wants_logprobs = attrgetter("wants_logprobs")
 _first, _second, _third, _fourth = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)
 _NOT_AHEAD = (None, -1)  # a row the step launched ahead does not hold: (walk, index there)
 
@@ -214,6 +215,7 @@ class _Step:
     pending: Any = None
     places: list[int] = field(default_factory=list)  # the fresh other rows' indices in the step launched
     asked: list["_Prepared"] = field(default_factory=list)  # the items the admission policy was asked about
+    wants_logprobs: bool = False  # some row's request asks for log-probabilities (RowResult.logprobs)
 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -234,6 +236,8 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
         failed = runner._past_pool(step.asked, failed, results)
     if not is_running:
         return results, failed, list  # nothing runs (nor claims what the step launched ahead holds)
+    step.wants_logprobs = any(map(_wants_logprobs, steady.requests)) or any(
+        item.request.wants_logprobs for item in step.items)
     _claim_ahead(runner, step, worker)
     _launch(runner, step, worker)
     step.steady.column.commit_one_each()
@@ -365,17 +369,22 @@ def _finish(runner: "GpuDecoderRunner", step: _Step) -> list[RowResult]:
     other rows' as the per-row path gives them."""
     tokens, item_tokens = _tokens(runner, step)
     outputs = _token_outputs(runner, step.steady, tokens)
+    steady_logprobs, item_logprobs = _logprobs(runner, step) if step.wants_logprobs else ({}, {})
+    for index, row_logprobs in steady_logprobs.items():
+        outputs[index].logprobs = row_logprobs
     if not step.items:
         return outputs
     node, is_cut = runner.node.name, False
     ran = []
-    for item, token in zip(step.items, item_tokens):  # the per-row path's outputs
+    for index, (item, token) in enumerate(zip(step.items, item_tokens)):  # the per-row path's outputs
         if item.row.is_partial:  # a chunk before the last: its KV is written, its token unused
             item.request.history.setdefault(node, []).extend(item.tokens_fed)
             ran.append(RowResult(item.row.request_id))
             is_cut = True
         else:
             ran.append(runner._token_outputs(item, token))
+            if index in item_logprobs:
+                ran[-1].logprobs = item_logprobs[index]
     merged, _ = _merged(outputs, step.at, ran, step.items_at)
     if not is_cut:
         return merged  # the engine reads the rows' answer in columns (`_token_columns`)
@@ -411,6 +420,38 @@ def _tokens(runner: "GpuDecoderRunner", step: _Step) -> tuple[np.ndarray, list[i
     return tokens, item_tokens
 
 
+def _logprobs(runner: "GpuDecoderRunner", step: _Step) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The log-probabilities of the rows that asked (`RowResult.logprobs`), by steady row index and
+    by index in the other rows, from the step launched here (after `_tokens` collected it) and the
+    step launched ahead."""
+    steady_found: dict[int, Any] = {}
+    item_found: dict[int, Any] = {}
+    if step.pending is not None:
+        launched = runner.executor.collect_logprobs(step.pending)  # by index in the step launched here
+        if launched:
+            is_item = dict(zip(step.places, step.fresh_items))
+            steady_rows = iter(step.fresh if step.fresh is not None else range(len(step.steady.request_ids)))
+            for place in range(max(launched) + 1):  # the launched rows in order: the other rows at their places
+                index = is_item.get(place)
+                if index is not None:
+                    if place in launched:
+                        item_found[index] = launched[place]
+                    continue
+                row = next(steady_rows)
+                if place in launched:
+                    steady_found[row] = launched[place]
+    ahead = step.ahead
+    if ahead is not None and ahead.logprobs:
+        if step.claimed is not None:
+            for row, there in zip(np.flatnonzero(step.claimed).tolist(), step.there.tolist()):
+                if there in ahead.logprobs:
+                    steady_found[row] = ahead.logprobs[there]
+        for index, there in step.items_claimed.items():
+            if there in ahead.logprobs:
+                item_found[index] = ahead.logprobs[there]
+    return steady_found, item_found
+
+
 def _merged(columns: list, columns_at: Sequence[int], others: list, others_at: list[int]) -> tuple[list, list[int]]:
     """The rows of `columns` (at step indices `columns_at`, ascending) and of `others` (at
     `others_at`, ascending; a few) in one list in step order, and the others' places in it."""
@@ -437,7 +478,7 @@ def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], calls:
     (calls: each row's, where its logit additions apply; pending_slots: a step launched ahead's
     rows' token table slots, for their penalties)."""
     if (not any(map(_temperature_of, map(_params_of, requests))) and not any(map(_has_penalty, requests))
-            and not any(map(_has_biases, requests))):
+            and not any(map(_has_biases, requests)) and not any(map(_wants_logprobs, requests))):
         return None
     return runner._sampling(requests, num_uncollected, calls=calls, pending_slots=pending_slots)
 

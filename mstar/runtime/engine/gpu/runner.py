@@ -42,11 +42,11 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
 (`gpu/penalties.py`, from the host's lists of its seen and sampled tokens; a step launched ahead
-counts the token not yet collected from the device token table). A request that asks for
-log-probabilities takes the per-row path (the columns carry none; a logit bias, min_tokens or
-ignore_eos they apply with their rows' call); the executor computes log-probabilities on the
-device from the step's logits and copies them back with its tokens
-(`StepExecutor.collect_logprobs`), for steps launched ahead too (`_Ahead.logprobs`).
+counts the token not yet collected from the device token table). Log-probabilities, a logit
+bias, min_tokens and ignore_eos go through the decode columns too (their rows' call says where
+they apply); the executor computes log-probabilities on the device from the step's logits and
+copies them back with its tokens (`StepExecutor.collect_logprobs`), for steps launched ahead too
+(`_Ahead.logprobs`), and the columns place them (`decode_columns._logprobs`).
 """
 from __future__ import annotations
 
@@ -479,9 +479,7 @@ class GpuDecoderRunner(DecoderRunner):
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
         beside its other rows (prompt chunks) done row by row."""
-        # (a row asking for log-probabilities takes the per-row path: RequestState.needs_row_path)
-        steady = (steady_rows(self, rows, is_partial_ok and route != "decode")
-                  if self.is_columnar and not any(map(_needs_row_path, map(_third, rows))) else None)
+        steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
         self.step_rows = rows
@@ -591,8 +589,7 @@ class GpuDecoderRunner(DecoderRunner):
             if not any(map(_has_penalty, map(_fourth, rows))):
                 self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
-        if (self.is_columnar and not any(map(_needs_row_path, map(_fourth, rows)))
-                and prelaunch_steady(self, worker, rows)):
+        if self.is_columnar and prelaunch_steady(self, worker, rows):
             return
         last = self._last_rows.get(worker, set())
         specs: list[RowSpec] = []
@@ -783,9 +780,9 @@ class GpuDecoderRunner(DecoderRunner):
         return RowResult(item.row.request_id, outputs, is_stop, is_length=is_length)
 
 
-_has_penalty, _third, _fourth = attrgetter("has_penalty"), itemgetter(2), itemgetter(3)
+_has_penalty, _fourth = attrgetter("has_penalty"), itemgetter(3)
 _wants_logprobs = attrgetter("wants_logprobs")
-_has_biases, _needs_row_path = attrgetter("has_biases"), attrgetter("needs_row_path")
+_has_biases = attrgetter("has_biases")
 
 
 def _logprob_counts(params: list[SamplingParams], calls: list[CallInfo]) -> np.ndarray:

@@ -47,9 +47,6 @@ class RequestState:
     wants_logprobs: bool = field(init=False)  # params.logprobs is set (RowResult.logprobs)
     # a logit_bias or a min_tokens: its rows' logits take additions (sampling.row_biases)
     has_biases: bool = field(init=False)
-    # the GPU fast path runs a step holding it row by row (its decode columns carry no
-    # log-probabilities)
-    needs_row_path: bool = field(init=False)
 
     def __post_init__(self) -> None:
         params = self.params
@@ -57,7 +54,6 @@ class RequestState:
         self.has_penalty = self.has_output_penalty or params.repetition_penalty != 1.0
         self.wants_logprobs = params.logprobs is not None
         self.has_biases = bool(params.logit_bias) or params.min_tokens > 0
-        self.needs_row_path = self.wants_logprobs
 
     def count_sampled(self, node: str, token: int) -> int:
         """One more token sampled on `node`; the count so far."""
