@@ -64,7 +64,7 @@ from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_stea
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor, WholePacked
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
-from mstar.runtime.engine.gpu.penalties import penalty_rows
+from mstar.runtime.engine.gpu.penalties import TokenArrays, penalty_rows
 from mstar.runtime.engine.kv.admission import PageNeed
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder
@@ -447,9 +447,9 @@ class GpuDecoderRunner(DecoderRunner):
         penalties = None
         if is_penalised:
             penalised = [index for index, r in enumerate(requests) if r.has_penalty]
-            penalties = penalty_rows([(index, requests[index].params, _seen(requests[index], node,
-                                                                              fed[index] if fed else []),
-                                       requests[index].sampled.get(node, [])) for index in penalised],
+            penalties = penalty_rows([(index, requests[index].params,
+                                       *_penalty_arrays(requests[index], node, fed[index] if fed else []))
+                                      for index in penalised],
                                      [pending_slots[index] for index in penalised] if pending_slots else None)
         counts = [r.num_sampled.get(node, 0) + num_uncollected for r in requests] if uncollected is None else [
             r.num_sampled.get(node, 0) + extra for r, extra in zip(requests, uncollected)]
@@ -791,10 +791,19 @@ def _logprob_counts(params: list[SamplingParams], calls: list[CallInfo]) -> np.n
                      for p, call in zip(params, calls)], dtype=np.int64)
 
 
-def _seen(request: RequestState, node: str, fed: list[int]) -> list[int]:
-    """The tokens a row's repetition penalty counts, as the CPU runner's history holds them when it
+_NO_TOKENS = np.zeros(0, dtype=np.int64)
+
+
+def _penalty_arrays(request: RequestState, node: str, fed: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A penalised row's tokens seen and tokens sampled on `node`, as `penalty_rows` takes them.
+    Seen: what its repetition penalty counts, as the CPU runner's history holds them when it
     samples, less its samples (`penalise` marks every sampled token seen): those fed to the node
     before and this step's (none without the penalty)."""
+    arrays = request.token_arrays
+    if arrays is None:
+        arrays = request.token_arrays = TokenArrays()
+    sampled = arrays.of((node, "sampled"), request.sampled.get(node, []))
     if request.params.repetition_penalty == 1.0:
-        return []
-    return request.history.get(node, []) + fed
+        return _NO_TOKENS, sampled
+    seen = arrays.of((node, "history"), request.history.get(node, []))
+    return (np.concatenate([seen, np.array(fed, dtype=np.int64)]) if fed else seen), sampled
