@@ -6,9 +6,12 @@ draws (`sampling_kernels.py`) where they run ("fused": the whole draw, or a nucl
 with the kernels' noise; "search": a nucleus by `nucleus_draw`'s search, `sampler.NUCLEUS`), their
 ratios measured in the same run. Each figure is the median of `--iters` eager calls (the executor
 calls the sampler eagerly, after the step's graph), timed with CUDA events on a GPU; on the CPU the
-torch ops alone, by the clock (ratios only: absolute times count on a GPU). Each variant gives the
-share of rows whose tokens are the torch ops' ("same": the kernels' noise is the torch ops' bit for
-bit; a search keeps the ties at a nucleus' edge that the sort cuts, and bf16 logits tie often).
+torch ops alone, by the clock (ratios only: absolute times count on a GPU). Beside the draws, what
+the step's other sampling work costs: `penalise` (a repetition and a presence penalty, 1,000
+tokens seen and 64 sampled a row, the host's pairs moved to the device) and `logprob_tensors` (one
+alternative). Each variant gives the share of rows whose tokens are the torch ops' ("same": the
+kernels' noise is the torch ops' bit for bit; a search keeps the ties at a nucleus' edge that the
+sort cuts, and bf16 logits tie often).
 
 Usage: mstar bench sampler [--vocab V] [--rows 1,8,64] [--iters N] [--device cuda|cpu] [--json]
 """
@@ -22,6 +25,7 @@ import time
 from functools import partial
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from mstar.arg_types import ITERS, int_list, int_range
@@ -79,9 +83,33 @@ def run(vocab: int, rows_list: Sequence[int], iters: int, device: torch.device) 
                 same = sample(*args, is_whole=is_whole, **options) == expected
                 figures[f"{name}_same_rows"] = round(float(same.float().mean()), 3)
             case[kind] = figures
+        case.update(_beside_the_draw(logits, iters, device))
         cases[str(rows)] = case
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"vocab": vocab, "device": name, "has_kernels": has_kernels, "rows": cases}
+
+
+# the penalties' workload a row: a repetition and a presence penalty over SEEN_TOKENS tokens seen
+# (a prompt's) and SAMPLED_TOKENS sampled
+SEEN_TOKENS, SAMPLED_TOKENS = 1000, 64
+
+
+def _beside_the_draw(logits: torch.Tensor, iters: int, device: torch.device) -> dict[str, float]:
+    """What a step's sampling rows cost besides the draw, the executor's calls as they are:
+    `penalise` (the host's pairs moved to the device and applied) and `logprob_tensors` (one
+    alternative a row)."""
+    from mstar.runtime.engine.gpu.penalties import penalise, penalty_rows
+    from mstar.runtime.engine.sampling import SamplingParams, logprob_tensors
+
+    rows, vocab = logits.shape
+    generator = np.random.default_rng(rows)
+    params = SamplingParams(repetition_penalty=1.1, presence_penalty=0.5)
+    penalised = penalty_rows([(row, params, generator.integers(0, vocab, SEEN_TOKENS),
+                               generator.integers(0, vocab, SAMPLED_TOKENS)) for row in range(rows)])
+    assert penalised is not None
+    tokens = logits.argmax(-1)
+    return {"penalise_us": round(_timed_us(lambda: penalise(logits.float(), penalised), iters, device), 2),
+            "logprobs_us": round(_timed_us(lambda: logprob_tensors(logits, tokens, 1)[0], iters, device), 2)}
 
 
 def table(result: dict) -> str:
@@ -102,6 +130,10 @@ def table(result: dict) -> str:
                 line += (f" {figures[name + '_us']:>9.1f} {figures['torch_over_' + name]:>5.2f}x"
                          f" {figures[name + '_same_rows']:>5.2f}")
         lines.append(line)
+    lines.append(f"besides the draw: penalise (repetition and presence penalties, {SEEN_TOKENS} tokens seen and "
+                 f"{SAMPLED_TOKENS} sampled a row) and the log-probabilities (one alternative), us: "
+                 + "; ".join(f"{rows} rows {case['penalise_us']:.1f} and {case['logprobs_us']:.1f}"
+                             for rows, case in result["rows"].items()))
     if not result["has_kernels"]:
         lines.append("(no Triton draws here: they run on a CUDA GPU; the torch ops alone were timed)")
     return "\n".join(lines)
