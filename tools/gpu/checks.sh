@@ -32,7 +32,8 @@
 #   extras what requests asking for log-probabilities, or with a logit_bias or a temperature, cost
 #          the decode steps they share (docs/engine.md "Log-probabilities"): `mstar run` on llama's
 #          graphs, 64 requests of 128 + 128 tokens each kind, plain first and last, inter-token times;
-#          (top_p twice: the sampler's nucleus by sort and by search, --nucleus),
+#          (top_p twice: the sampler's nucleus by sort and by search, --nucleus; penalised requests,
+#          launched ahead since 2026-12-06's seventh session),
 #          then the fast path's GPU tests of log-probabilities and logit_bias; first `mstar bench sampler`
 #          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
@@ -84,14 +85,15 @@ print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs']
     python3 - <<'PY'
 import json
 kinds = {"plain": {}, "logprobs": {"logprobs": 1}, "bias": {"logit_bias": {"13": -100}},
-         "temperature": {"temperature": 1.0, "seed": 1}, "top_p": {"temperature": 0.7, "top_p": 0.9, "seed": 1}}
+         "temperature": {"temperature": 1.0, "seed": 1}, "top_p": {"temperature": 0.7, "top_p": 0.9, "seed": 1},
+         "penalty": {"repetition_penalty": 1.1, "presence_penalty": 0.5}}
 for name, extra in kinds.items():
     with open(f"/tmp/{name}.jsonl", "w") as f:
         for i in range(64):
             f.write(json.dumps({"id": f"r{i}", "prompt_tokens": [(7 * i + j) % 1000 + 1 for j in range(128)],
                                 "max_tokens": 128, **extra}) + "\n")
 PY
-    for run in plain top_p top_p:search temperature logprobs bias plain; do  # NAME[:NUCLEUS]
+    for run in plain top_p top_p:search temperature logprobs bias penalty plain; do  # NAME[:NUCLEUS]
       name=${run%%:*}; nucleus=${run#*:}; [ "$nucleus" = "$run" ] && nucleus=sort
       in_time "mstar run $run" || break
       timeout 120 python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
@@ -100,7 +102,8 @@ PY
       python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$run', r['itl_ms'], r['finish_reasons'])"
     done
     in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
-    in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "logprobs or logit_bias" ;;
+    in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
+      -k "logprobs or logit_bias or penal" ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do
