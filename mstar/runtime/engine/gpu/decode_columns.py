@@ -215,7 +215,6 @@ class _Step:
     pending: Any = None
     places: list[int] = field(default_factory=list)  # the fresh other rows' indices in the step launched
     asked: list["_Prepared"] = field(default_factory=list)  # the items the admission policy was asked about
-    wants_logprobs: bool = False  # some row's request asks for log-probabilities (RowResult.logprobs)
 
 
 def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tuple[StepRow, CallInfo, RequestState]],
@@ -236,8 +235,6 @@ def start_steady(runner: "GpuDecoderRunner", steady: SteadyRows, rows: list[tupl
         failed = runner._past_pool(step.asked, failed, results)
     if not is_running:
         return results, failed, list  # nothing runs (nor claims what the step launched ahead holds)
-    step.wants_logprobs = any(map(_wants_logprobs, steady.requests)) or any(
-        item.request.wants_logprobs for item in step.items)
     _claim_ahead(runner, step, worker)
     _launch(runner, step, worker)
     step.steady.column.commit_one_each()
@@ -369,7 +366,7 @@ def _finish(runner: "GpuDecoderRunner", step: _Step) -> list[RowResult]:
     other rows' as the per-row path gives them."""
     tokens, item_tokens = _tokens(runner, step)
     outputs = _token_outputs(runner, step.steady, tokens)
-    steady_logprobs, item_logprobs = _logprobs(runner, step) if step.wants_logprobs else ({}, {})
+    steady_logprobs, item_logprobs = _logprobs(runner, step)
     for index, row_logprobs in steady_logprobs.items():
         outputs[index].logprobs = row_logprobs
     if not step.items:
@@ -423,7 +420,7 @@ def _tokens(runner: "GpuDecoderRunner", step: _Step) -> tuple[np.ndarray, list[i
 def _logprobs(runner: "GpuDecoderRunner", step: _Step) -> tuple[dict[int, Any], dict[int, Any]]:
     """The log-probabilities of the rows that asked (`RowResult.logprobs`), by steady row index and
     by index in the other rows, from the step launched here (after `_tokens` collected it) and the
-    step launched ahead."""
+    step launched ahead; two empty dicts when no row asked (neither step computed any)."""
     steady_found: dict[int, Any] = {}
     item_found: dict[int, Any] = {}
     if step.pending is not None:

@@ -32,9 +32,9 @@ class PenaltyRows:
     frequency: np.ndarray  # float32 [P]
     seen: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token): the repetition penalty's tokens
     sampled: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token), once a sample
-    # int64 (row among the P, device token table slot): rows whose last sample the host has not
-    # collected (a step launched ahead), that token fed to them from the table; None: no such row
-    pending: Optional[tuple[np.ndarray, np.ndarray]] = None
+    # int64 [P]: each row's device token table slot, where its last sample waits that the host has
+    # not collected (a step launched ahead: every row's), fed to it from there; None: the host has all
+    pending: Optional[np.ndarray] = None
 
     def take(self, order: list[int]) -> "PenaltyRows":
         """The same rows after the step's rows were put in `order`."""
@@ -50,10 +50,10 @@ def new_places(order: list[int]) -> np.ndarray:
 
 
 def penalty_rows(penalised: list[tuple[int, object, np.ndarray, np.ndarray]],
-                 pending_slots: Optional[list[Optional[int]]] = None) -> Optional[PenaltyRows]:
+                 pending_slots: Optional[list[int]] = None) -> Optional[PenaltyRows]:
     """From (row place, SamplingParams, tokens seen, tokens sampled: int64 arrays, `TokenArrays`)
     of each penalised row; None for none. pending_slots: each one's device token table slot where
-    its last sample waits uncollected (None: the host has them all)."""
+    its last sample waits uncollected (a step launched ahead; None: the host has them all)."""
     if not penalised:
         return None
     places, params, seen, sampled = zip(*penalised)
@@ -65,11 +65,7 @@ def penalty_rows(penalised: list[tuple[int, object, np.ndarray, np.ndarray]],
     def values(name: str) -> np.ndarray:
         return np.array([getattr(p, name) for p in params], dtype=np.float32)
 
-    pending = None
-    if pending_slots is not None and any(slot is not None for slot in pending_slots):
-        waiting = [(row, slot) for row, slot in enumerate(pending_slots) if slot is not None]
-        pending = (np.array([row for row, _ in waiting], dtype=np.int64),
-                   np.array([slot for _, slot in waiting], dtype=np.int64))
+    pending = None if pending_slots is None else np.array(pending_slots, dtype=np.int64)
     return PenaltyRows(np.array(places, dtype=np.int64), values("repetition_penalty"), values("presence_penalty"),
                        values("frequency_penalty"), pairs(seen), pairs(sampled), pending)
 
@@ -118,8 +114,8 @@ def penalise(logits: torch.Tensor, rows: PenaltyRows, loop_tokens: Optional[torc
     if rows.pending is not None:
         if loop_tokens is None:
             raise ValueError("penalise: rows with uncollected samples need the device token table")
-        pending_rows, slots = (moved(a) for a in rows.pending)
-        sampled_rows = torch.cat([sampled_rows, pending_rows])
+        slots = moved(rows.pending)
+        sampled_rows = torch.cat([sampled_rows, torch.arange(len(rows.pending), device=device)])
         sampled_tokens = torch.cat([sampled_tokens, loop_tokens.index_select(0, slots).long()])
     counts.index_put_((sampled_rows, sampled_tokens % vocab), torch.ones_like(sampled_rows, dtype=sub.dtype),
                       accumulate=True)

@@ -203,7 +203,6 @@ if triton is not None:
             x = tl.where((key >= threshold) & (cols < vocab), drawn, float("-inf"))
         store_chunk_max(best_ptr, index_ptr, num_chunks, row, cols, x, vocab)
 
-
     @triton.jit
     def _noise_kernel(seeds_ptr, counters_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
