@@ -115,10 +115,10 @@ def _run_parser(sub: Any) -> None:
                      help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's sm_90 products "
                           "ordinary (default: programmatic, docs/engine.md \"Programmatic edges into cuBLAS\"; "
                           "this turns that off if a cuBLAS upgrade breaks what it relies on)")
-    run.add_argument("--nucleus", choices=("sort", "search"), default="sort",
+    run.add_argument("--nucleus", choices=("sort", "search"),
                      help="torch engine on a GPU: how the device sampler finds a top_p or top_k nucleus: "
-                          "torch's sort of each row's vocabulary (default) or the Triton kernels' search "
-                          "(docs/engine.md, not yet the default: a what-if to measure)")
+                          "the Triton kernels' search (default) or torch's sort of each row's vocabulary "
+                          "(docs/engine.md \"A nucleus without the sort\")")
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
@@ -175,7 +175,7 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine.gpu import blas_edges
 
         blas_edges.set_enabled(False)
-    if args.nucleus != "sort":  # (process-wide, as the module's switch is)
+    if args.nucleus is not None:  # (process-wide, as the module's switch is)
         from mstar.runtime.engine.gpu import sampler
 
         sampler.set_nucleus(args.nucleus)
@@ -353,7 +353,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
     if args.no_blas_pdl and not is_on_gpu:
         raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
-    if args.nucleus != "sort" and not is_on_gpu:
+    if args.nucleus is not None and not is_on_gpu:
         raise CliError("--nucleus is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
     from mstar.runtime.serve.engine_setup import torch_options_set
 

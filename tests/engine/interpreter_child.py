@@ -1,16 +1,29 @@
 """A test file of Triton kernels runs its kernel cases in a child pytest of itself with
 TRITON_INTERPRET=1: Triton reads the variable when it first decorates its own library, and setting
-it in this process would turn every later GPU test of the session into an interpreted one."""
+it in this process would turn every later GPU test of the session into an interpreted one.
+
+The interpreter runs a kernel's Python, not what Triton's compiler accepts: a name typed twice in
+one scope, or a value whose type differs between an `if`'s branches, passes there and fails the
+first launch on a GPU. So the child also writes down every kernel it launched, with the types of
+the arguments it got (and its constexprs' values), and the parent lowers each to Triton's IR for
+an sm_90 target, on the CPU (`lower_launched`)."""
+import importlib
+import inspect
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 IS_CHILD = os.environ.get("TRITON_INTERPRET") == "1"
+SIGNATURES_ENV = "MSTAR_KERNEL_SIGNATURES"  # the file a child appends its launches' signatures to
 # For the parent's one test that runs the child: skipped inside the child itself.
 parent_only = pytest.mark.skipif(IS_CHILD, reason="this is the interpreter's process")
+# A launch's options, not the kernel's arguments.
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid")
 
 
 def skip_unless_child(test_name: str) -> None:
@@ -21,9 +34,89 @@ def skip_unless_child(test_name: str) -> None:
 
 def run_child(test_file: str, expected: str) -> None:
     """Run `test_file` under the interpreter; it must pass with `expected` in its summary (a count
-    of passed cases, so cases that all skipped would not pass for run)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file],
-                            env=env, capture_output=True, text=True, cwd=Path(test_file).parent)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert expected in result.stdout, result.stdout[-2000:]
+    of passed cases, so cases that all skipped would not pass for run); then every kernel it
+    launched must lower for a GPU."""
+    with tempfile.TemporaryDirectory() as folder:
+        signatures = Path(folder) / "signatures.jsonl"
+        env = dict(os.environ, TRITON_INTERPRET="1", **{SIGNATURES_ENV: str(signatures)})
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file],
+                                env=env, capture_output=True, text=True, cwd=Path(test_file).parent)
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+        assert expected in result.stdout, result.stdout[-2000:]
+        lowered = lower_launched(signatures)
+    assert lowered, "the child launched no kernel"
+
+
+def _value(value):
+    """A constexpr's value as JSON: a Triton dtype by its name."""
+    import triton.language as tl
+
+    if isinstance(value, tl.constexpr):
+        value = value.value
+    if isinstance(value, tl.dtype):
+        return {"dtype": value.name}
+    return value
+
+
+def _signature(kernel, args, kwargs) -> dict:
+    """The launch as lowering needs it: the kernel's place, each argument's Triton type (or a
+    constexpr's value) and the launch options."""
+    from triton.runtime.jit import mangle_type
+
+    fn = kernel.fn
+    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+    bound.apply_defaults()
+    constexprs = {name for name, param in inspect.signature(fn).parameters.items()
+                  if "constexpr" in str(param.annotation)}
+    return {"module": fn.__module__, "name": fn.__name__,
+            "constexprs": {name: _value(bound.arguments[name]) for name in constexprs},
+            "types": {name: mangle_type(value) for name, value in bound.arguments.items() if name not in constexprs},
+            "options": {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}}
+
+
+def _record_launches(path: str) -> None:
+    """In the child: every interpreted launch's signature appended to `path`, once each."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen: set[str] = set()
+    run = InterpretedFunction.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        line = json.dumps(_signature(self, args, kwargs), sort_keys=True)
+        if line not in seen:
+            seen.add(line)
+            with open(path, "a") as out:
+                out.write(line + "\n")
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = recording_run
+
+
+def lower_launched(path: Path) -> int:
+    """Lower each launch written to `path` to Triton's IR for an sm_90 GPU (no device needed):
+    the number lowered. A kernel the compiler refuses raises its CompilationError."""
+    import triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, make_backend
+
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    launches = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    for launch in launches:
+        kernel = getattr(importlib.import_module(launch["module"]), launch["name"])
+        constexprs = {name: getattr(tl, value["dtype"]) if isinstance(value, dict) else value
+                      for name, value in launch["constexprs"].items()}
+        signature = {**launch["types"], **{name: "constexpr" for name in constexprs}}
+        source = ASTSource(kernel, signature, constexprs)
+        options = backend.parse_options(launch["options"])
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(),
+                       context)
+    return len(launches)
+
+
+if IS_CHILD and os.environ.get(SIGNATURES_ENV):
+    _record_launches(os.environ[SIGNATURES_ENV])

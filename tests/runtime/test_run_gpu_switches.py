@@ -1,8 +1,9 @@
 """`mstar run`'s process-wide GPU switches: `--no-blas-pdl`, the way back to ordinary edges into
 cuBLAS's products (engine/gpu/blas_edges.py, on by default), and `--nucleus search`, the device
-sampler's nucleus by the Triton kernels' search instead of torch's sort (engine/gpu/sampler.py
-NUCLEUS, a what-if until it is measured on a GPU). Each is refused off the GPU and set before the
-engine is built, in this process and in every rank process (`RankOptions.blas_pdl`, `.nucleus`)."""
+sampler's nucleus by the Triton kernels' search (the default, engine/gpu/sampler.py NUCLEUS) or
+`--nucleus sort` by torch's sort. Each is refused off the GPU and set before the engine is built,
+in this process and in every rank process (`RankOptions.blas_pdl`, `.nucleus`; left out, the
+sampler's default holds)."""
 import argparse
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from mstar.runtime.serve.ranks import worker
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "generated" / "llama.plan"
+DEFAULT_NUCLEUS = sampler.NUCLEUS  # (as this process imported it)
 
 
 @pytest.fixture
@@ -36,21 +38,21 @@ def switches_seen(monkeypatch):
     monkeypatch.setattr(worker, "RankExecutor", lambda plan, engine, channel: engine)
     yield seen
     blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
-    sampler.set_nucleus("sort")
+    sampler.set_nucleus(DEFAULT_NUCLEUS)
 
 
 def cli_args(**switches):
     return argparse.Namespace(**{**dict(engine="torch", dims="tiny", device="cuda", seed=0, kv_pages=None,
-                                        no_blas_pdl=False, nucleus="sort"), **switches})
+                                        no_blas_pdl=False, nucleus=None), **switches})
 
 
 def rank_args(**switches):
     return SimpleNamespace(**{**dict(dims="tiny", weights=None, seed=0, kv_pages=None, device="cuda",
                                      attention="auto", rank_timeout=8.0, plan=str(PLAN), no_blas_pdl=False,
-                                     nucleus="sort"), **switches})
+                                     nucleus=None), **switches})
 
 
-@pytest.mark.parametrize("flags", [["--no-blas-pdl"], ["--nucleus", "search"]])
+@pytest.mark.parametrize("flags", [["--no-blas-pdl"], ["--nucleus", "search"], ["--nucleus", "sort"]])
 def test_a_switch_off_the_gpu_is_refused(flags):
     result = subprocess.run([sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", "generated/llama.plan",
                              "--requests", "1", *flags, "--no-progress"],
@@ -59,7 +61,8 @@ def test_a_switch_off_the_gpu_is_refused(flags):
     assert flags[0] in result.stderr and "cuda" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("switches, expected", [({}, (True, "sort")), ({"no_blas_pdl": True}, (False, "sort")),
+@pytest.mark.parametrize("switches, expected", [({}, (True, "search")), ({"no_blas_pdl": True}, (False, "search")),
+                                                ({"nucleus": "sort"}, (True, "sort")),
                                                 ({"nucleus": "search"}, (True, "search"))])
 def test_the_switches_are_set_before_the_engine_is_built(switches_seen, switches, expected):
     assert cli._engine(load_plan(str(PLAN)), cli_args(**switches)) == "engine"
@@ -78,10 +81,15 @@ def test_a_rank_process_takes_the_switches_from_its_options(switches_seen, blas_
 def test_mstar_run_hands_the_switches_to_the_ranks():
     options = cli._rank_options(rank_args(no_blas_pdl=True, nucleus="search"))
     assert options.blas_pdl is False and options.nucleus == "search"
-    assert worker.RankOptions().blas_pdl is True and worker.RankOptions().nucleus == "sort"
+    assert worker.RankOptions().blas_pdl is True and worker.RankOptions().nucleus is None
+    assert cli._rank_options(rank_args()).nucleus is None  # (the rank's sampler keeps its default)
+
+
+def test_the_search_is_the_default_nucleus():
+    assert DEFAULT_NUCLEUS == "search"
 
 
 def test_an_unknown_nucleus_is_refused():
     with pytest.raises(ValueError, match="sort, search"):
         sampler.set_nucleus("bubble")
-    assert sampler.NUCLEUS == "sort"
+    assert sampler.NUCLEUS == DEFAULT_NUCLEUS

@@ -189,10 +189,11 @@ if triton is not None:
         """The chunk's draw over the tokens at or above the search's last hi (every token where the
         row limits nothing), its maximum for `kernels.chunked_argmax`."""
         row, cols, x = load_chunk(logits_ptr, stride_row, vocab, BLOCK, False)
-        is_sampled, temperature, _ = _row_scale(temperature_ptr, maxima_ptr, row, num_chunks, min_temperature,
-                                                CHUNKS)
+        # (distinct names for the values left unused: the compiler types a name once per scope)
+        is_sampled, temperature, unused_top = _row_scale(temperature_ptr, maxima_ptr, row, num_chunks,
+                                                         min_temperature, CHUNKS)
         if is_sampled:
-            _, threshold = _narrowed(state_ptr, mass_ptr, count_ptr, totals_ptr, top_p_ptr, top_k_ptr, row,
+            unused_lo, threshold = _narrowed(state_ptr, mass_ptr, count_ptr, totals_ptr, top_p_ptr, top_k_ptr, row,
                                      num_chunks, CHUNKS, WAYS)
             # every token where the row limits nothing (its search kept the weights above 0 alone)
             is_limited = tl.maximum((tl.load(top_p_ptr + row) < 1.0).to(tl.int32),

@@ -41,7 +41,7 @@ class RankOptions:
     timeout_s: float = 8.0
     plan_path: Optional[str] = None  # where the plan was read: its generated glue sits beside it
     blas_pdl: bool = True  # the graphs' edges into cuBLAS's products programmatic (--no-blas-pdl: False)
-    nucleus: str = "sort"  # how the device sampler finds a nucleus (gpu/sampler.py NUCLEUS, --nucleus)
+    nucleus: Optional[str] = None  # how the device sampler finds a nucleus (--nucleus; None: sampler.NUCLEUS)
 
     def shared(self) -> dict[str, Any]:
         """The options every rank must run with alike (rank 0 compares them at start-up): each
@@ -71,7 +71,8 @@ def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel
     from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
     blas_edges.set_enabled(options.blas_pdl)  # this process's graphs, captured below
-    sampler.set_nucleus(options.nucleus)
+    if options.nucleus is not None:
+        sampler.set_nucleus(options.nucleus)
     # ranks never launch ahead (the controller's caps say so): a hybrid's states keep one copy a slot
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
