@@ -207,14 +207,22 @@ def test_logit_bias_applies_on_the_device():
 
 def test_device_penalties_are_the_cpus():
     """`penalise` on the GPU gives what it gives on the CPU (the CPU fast path's tests compare that
-    with the reference sampler), bf16 logits taken as fp32."""
-    from mstar.runtime.engine.gpu.penalties import penalise, penalty_rows
+    with the reference sampler), bf16 logits taken as fp32, from each device's own `PenaltyTable`."""
+    from types import SimpleNamespace
+
+    from mstar.runtime.engine.gpu.penalties import PenaltyTable, penalise
     from mstar.runtime.engine.sampling import SamplingParams
 
     logits = (torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)) * 3).to(torch.bfloat16).float()
-    rows = penalty_rows([(1, SamplingParams(repetition_penalty=1.3, presence_penalty=0.5), [3, 9, 9], [9, 4, 4]),
-                         (3, SamplingParams(frequency_penalty=-0.7), [], [1, 1, 1, 999])])
-    assert torch.equal(penalise(logits.cuda(), rows).cpu(), penalise(logits, rows))
+    requests = [(1, SimpleNamespace(request_id="a", params=SamplingParams(repetition_penalty=1.3, presence_penalty=0.5),
+                                    history={"LLM": [3, 9, 9]}, sampled={"LLM": [9, 4, 4]}), [7]),
+                (3, SimpleNamespace(request_id="b", params=SamplingParams(frequency_penalty=-0.7),
+                                    history={"LLM": [5]}, sampled={"LLM": [1, 1, 1, 999]}), [])]
+    penalised = []
+    for device in ("cuda", "cpu"):
+        table = PenaltyTable(torch.device(device))
+        penalised.append(penalise(logits.to(device), table.rows(requests, "LLM"), table).cpu())
+    assert torch.equal(penalised[0], penalised[1])
 
 
 def test_fused_kernels_match_the_torch_ops():

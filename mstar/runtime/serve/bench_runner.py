@@ -59,6 +59,7 @@ from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.device_model import build_decoder
 from mstar.runtime.engine.gpu.packing import RowSpec
+from mstar.runtime.engine.gpu.penalties import PenaltyTable
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner, decode_family, fast_path_reason
 from mstar.runtime.engine.kv.cache import KvCacheError
 from mstar.runtime.engine.models.kinds import call_table
@@ -95,12 +96,17 @@ class StubExecutor:
 
     def __init__(self, max_rows: int, token: int):
         self.loop_tokens = torch.zeros(max_rows, dtype=torch.int32)
+        # the penalised rows' table: the runner's record of what it holds, kept as the executor
+        # keeps it, so a step's update is what it would be (the device rows are never written)
+        self.penalty_table = PenaltyTable(torch.device("cpu"))
         self.token = token
         self.num_steps = 0
 
     def launch(self, rows: list[RowSpec], sampling: Any = None, family: Optional[str] = None,
                token_bucket: int = 0, route: str = "packed", glue: Any = None) -> _Answered:
         self.num_steps += 1
+        if getattr(sampling, "penalties", None) is not None:
+            self.penalty_table.commit(sampling.penalties.update)
         counts = getattr(sampling, "logprobs", None)  # (SamplingRows.logprobs: -1 where a row asks none)
         logprobs = {} if counts is None else {row: (-0.5, ((self.token, -0.5),) * int(count))
                                               for row, count in enumerate(counts.tolist()) if count >= 0}

@@ -8,7 +8,8 @@ ratios measured in the same run. Each figure is the median of `--iters` eager ca
 calls the sampler eagerly, after the step's graph), timed with CUDA events on a GPU; on the CPU the
 torch ops alone, by the clock (ratios only: absolute times count on a GPU). Beside the draws, what
 the step's other sampling work costs: `penalise` (a repetition and a presence penalty, 1,000
-tokens seen and 64 sampled a row, the host's pairs moved to the device) and `logprob_tensors` (one
+tokens seen and 64 sampled a row held in a `PenaltyTable`, a step adding one of each: the host's
+update built and applied, then the rules) and `logprob_tensors` (one
 alternative). Each variant gives the share of rows whose tokens are the torch ops' ("same": the
 kernels' noise is the torch ops' bit for bit; a search keeps the ties at a nucleus' edge that the
 sort cuts, and bf16 logits tie often).
@@ -23,6 +24,7 @@ import statistics
 import sys
 import time
 from functools import partial
+from types import SimpleNamespace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -96,19 +98,30 @@ SEEN_TOKENS, SAMPLED_TOKENS = 1000, 64
 
 def _beside_the_draw(logits: torch.Tensor, iters: int, device: torch.device) -> dict[str, float]:
     """What a step's sampling rows cost besides the draw, the executor's calls as they are:
-    `penalise` (the host's pairs moved to the device and applied) and `logprob_tensors` (one
-    alternative a row)."""
-    from mstar.runtime.engine.gpu.penalties import penalise, penalty_rows
+    `penalise` (each row's request in a `PenaltyTable` holding its seen and sampled tokens, one more
+    of each a step: the host's update built, moved and applied, then the rules) and
+    `logprob_tensors` (one alternative a row)."""
+    from mstar.runtime.engine.gpu.penalties import PenaltyTable, penalise
     from mstar.runtime.engine.sampling import SamplingParams, logprob_tensors
 
     rows, vocab = logits.shape
     generator = np.random.default_rng(rows)
     params = SamplingParams(repetition_penalty=1.1, presence_penalty=0.5)
-    penalised = penalty_rows([(row, params, generator.integers(0, vocab, SEEN_TOKENS),
-                               generator.integers(0, vocab, SAMPLED_TOKENS)) for row in range(rows)])
-    assert penalised is not None
+    requests = [SimpleNamespace(request_id=f"r{row}", params=params,
+                                history={"LLM": generator.integers(0, vocab, SEEN_TOKENS).tolist()},
+                                sampled={"LLM": generator.integers(0, vocab, SAMPLED_TOKENS).tolist()})
+                for row in range(rows)]
+    penalty_table = PenaltyTable(device)
+
+    def step() -> torch.Tensor:
+        for request in requests:  # a decode step's new sample, fed next
+            request.sampled["LLM"].append(request.history["LLM"][-1])
+            request.history["LLM"].append(request.sampled["LLM"][-1])
+        penalised = penalty_table.rows([(row, request, ()) for row, request in enumerate(requests)], "LLM")
+        return penalise(logits.float(), penalised, penalty_table)
+
     tokens = logits.argmax(-1)
-    return {"penalise_us": round(_timed_us(lambda: penalise(logits.float(), penalised), iters, device), 2),
+    return {"penalise_us": round(_timed_us(step, iters, device), 2),
             "logprobs_us": round(_timed_us(lambda: logprob_tensors(logits, tokens, 1)[0], iters, device), 2)}
 
 
@@ -131,7 +144,8 @@ def table(result: dict) -> str:
                          f" {figures[name + '_same_rows']:>5.2f}")
         lines.append(line)
     lines.append(f"besides the draw: penalise (repetition and presence penalties, {SEEN_TOKENS} tokens seen and "
-                 f"{SAMPLED_TOKENS} sampled a row) and the log-probabilities (one alternative), us: "
+                 f"{SAMPLED_TOKENS} sampled a row in the table, one more of each a step) "
+                 f"and the log-probabilities (one alternative), us: "
                  + "; ".join(f"{rows} rows {case['penalise_us']:.1f} and {case['logprobs_us']:.1f}"
                              for rows, case in result["rows"].items()))
     if not result["has_kernels"]:

@@ -65,7 +65,7 @@ from mstar.runtime.engine.gpu.gdn_forward import LinearStep
 from mstar.runtime.engine.gpu.glue_packing import GluePacker, GlueStep, eager_buffers
 from mstar.runtime.engine.gpu.packing import (NUM_TOKEN_FIELDS, PackedStep, RowSpec, max_row_pages, pack,
                                               padded)
-from mstar.runtime.engine.gpu.penalties import PenaltyRows, new_places, penalise
+from mstar.runtime.engine.gpu.penalties import PenaltyRows, PenaltyTable, new_places, penalise
 from mstar.runtime.engine.gpu.sampler import sample
 from mstar.runtime.engine.gpu.step_events import StepEvents
 from mstar.runtime.engine.sampling import MIN_TEMPERATURE, as_token_logprobs, bias_rule, logprob_tensors
@@ -176,6 +176,8 @@ class StepExecutor:
         self.is_cuda = device.type == "cuda"
         # The device token table: int32, as the generated glue reads and writes it.
         self.loop_tokens = torch.zeros(max_rows, dtype=INDEX_DTYPE, device=device)
+        # the penalised requests' sample counts and seen masks, kept between steps (gpu/penalties.py)
+        self.penalty_table = PenaltyTable(device)
         self.packer: Optional[GluePacker] = None
         if glue_pages_per_seq is not None:
             if forward.gdn is not None:
@@ -574,7 +576,7 @@ class StepExecutor:
         `Pending.logprobs` of the rows that ask (of the logits before any of that: sampling.py)."""
         rows_logits = logits
         if sampling.penalties is not None:
-            rows_logits = penalise(rows_logits.float(), sampling.penalties, self.loop_tokens)
+            rows_logits = penalise(rows_logits.float(), sampling.penalties, self.penalty_table, self.loop_tokens)
         if sampling.bias is not None:
             rows_logits = bias_rule(rows_logits.float(), *(self._moved(a) for a in sampling.bias))
         if sampling.is_greedy:  # (the sampler sorts every row's vocabulary: none here needs it)

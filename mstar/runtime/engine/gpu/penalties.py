@@ -1,27 +1,46 @@
 """The repetition, presence and frequency penalties on the device, for the rows of a step that have one.
 
-In: per penalised row of the step its settings and, from the host, the tokens it has seen on the
-node (its history and this step's fed tokens: with the tokens it sampled, the repetition penalty's
-set) and the tokens it sampled there (the presence and frequency penalties' counts, and seen). Out: the
-step's logits with those rows penalised as the CPU sampler penalises them (engine/sampling.py:
-HF's repetition rule first, then OpenAI's presence and frequency rule), before `sampler.sample`.
+In: per penalised row of the step its settings and its request's row in a `PenaltyTable`: the
+device's counts of the tokens it sampled on the node (the presence and frequency penalties'
+counts) and a mask of the tokens it was fed there (its history: with its samples, the repetition
+penalty's set), kept between steps. Out: the step's logits with those rows penalised as the CPU
+sampler penalises them (engine/sampling.py: HF's repetition rule first, then OpenAI's presence and
+frequency rule), before `sampler.sample`.
 
-The host's lists are whole only when the step was launched after the row's previous step was
-collected: a step launched ahead samples before the host has the token of the step before it. That
-token is the one the step feeds the row from the device token table, so such rows carry their
-table slot (`pending`) and `penalise` counts the token found there among their samples (it is read
-before the step's own samples are written back). Only penalised rows cost anything: a step without
-one builds nothing here.
+The host sends the table only what it collected since the step before (a row's new sample and
+fed token, a prompt chunk's tokens), so a penalised row costs the host a few list slices a step
+whatever its length; the host's whole lists were rebuilt and moved each step before (2.2 ms
+against 1.5 for a plain step at 64 rows on an H100, docs/engine.md). The table holds what the
+host collected and nothing else: a step launched ahead samples before the host has the token of the
+step before it, the token the step feeds the row from the device token table, so such rows carry
+their token table slot (`pending`) and `penalise` counts the token found there beside the table's
+counts (read before the step writes its own samples back), without writing it to the table: a
+step launched ahead that nobody claims leaves nothing behind. A step without a penalised row
+builds nothing here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
 from mstar.runtime.engine.sampling import output_rule, repetition_rule
+
+_FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests outnumber them
+
+
+@dataclass
+class TableUpdate:
+    """What a step adds to the table before it penalises, in this order: the slots emptied (a
+    request new to its slot, or whose lists shrank: read again whole), the (slot, token) pairs
+    counted as samples, the pairs marked seen; `held`: (slot, the sampled list, its tokens, the
+    history list, its tokens) the table holds once applied."""
+    resets: list[int] = field(default_factory=list)
+    counted: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+    seen: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+    held: list[tuple[int, Sequence[int], int, Sequence[int], int]] = field(default_factory=list)
 
 
 @dataclass
@@ -30,16 +49,16 @@ class PenaltyRows:
     repetition: np.ndarray  # float32 [P] (1: none)
     presence: np.ndarray  # float32 [P]
     frequency: np.ndarray  # float32 [P]
-    seen: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token): the repetition penalty's tokens
-    sampled: tuple[np.ndarray, np.ndarray]  # int64 (row among the P, token), once a sample
+    slots: np.ndarray  # int64 [P]: each row's request's row in the PenaltyTable
+    update: TableUpdate
     # int64 [P]: each row's device token table slot, where its last sample waits that the host has
     # not collected (a step launched ahead: every row's), fed to it from there; None: the host has all
     pending: Optional[np.ndarray] = None
 
     def take(self, order: list[int]) -> "PenaltyRows":
         """The same rows after the step's rows were put in `order`."""
-        return PenaltyRows(new_places(order)[self.rows], self.repetition, self.presence, self.frequency, self.seen,
-                           self.sampled, self.pending)
+        return PenaltyRows(new_places(order)[self.rows], self.repetition, self.presence, self.frequency, self.slots,
+                           self.update, self.pending)
 
 
 def new_places(order: list[int]) -> np.ndarray:
@@ -49,79 +68,146 @@ def new_places(order: list[int]) -> np.ndarray:
     return places
 
 
-def penalty_rows(penalised: list[tuple[int, object, np.ndarray, np.ndarray]],
-                 pending_slots: Optional[list[int]] = None) -> Optional[PenaltyRows]:
-    """From (row place, SamplingParams, tokens seen, tokens sampled: int64 arrays, `TokenArrays`)
-    of each penalised row; None for none. pending_slots: each one's device token table slot where
-    its last sample waits uncollected (a step launched ahead; None: the host has them all)."""
-    if not penalised:
-        return None
-    places, params, seen, sampled = zip(*penalised)
+class PenaltyTable:
+    """Per penalised request on a node, a row of int32 counts of its samples and a bool mask of
+    the tokens it was fed, `[capacity, vocab]` on the device (allocated at the first penalised
+    step, so runs without penalties hold nothing), and on the host what each row holds."""
 
-    def pairs(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
-        rows = np.repeat(np.arange(len(arrays), dtype=np.int64), [len(a) for a in arrays])
-        return rows, np.concatenate([np.asarray(a, dtype=np.int64) for a in arrays])
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.counts: Optional[torch.Tensor] = None
+        self.seen: Optional[torch.Tensor] = None
+        self._slot_of: dict[str, int] = {}
+        # slot -> (the sampled list, its tokens held, the history list, its tokens held)
+        self._held: dict[int, tuple[Sequence[int], int, Sequence[int], int]] = {}
+        self._free: list[int] = []
 
-    def values(name: str) -> np.ndarray:
-        return np.array([getattr(p, name) for p in params], dtype=np.float32)
+    def rows(self, penalised: Sequence[tuple[int, object, Sequence[int]]], node: str,
+             pending_slots: Optional[list[int]] = None) -> PenaltyRows:
+        """The step's `PenaltyRows` from (row place, RequestState, tokens fed this step) of each
+        penalised row (a non-empty list); pending_slots: each one's device token table slot where
+        its last sample waits uncollected (a step launched ahead; None: the host has them all)."""
+        update = TableUpdate()
+        slots = []
+        for _, request, fed in penalised:
+            slots.append(self._add(update, request, node, fed))
+        params = [request.params for _, request, _ in penalised]  # type: ignore[attr-defined]
 
-    pending = None if pending_slots is None else np.array(pending_slots, dtype=np.int64)
-    return PenaltyRows(np.array(places, dtype=np.int64), values("repetition_penalty"), values("presence_penalty"),
-                       values("frequency_penalty"), pairs(seen), pairs(sampled), pending)
+        def values(name: str) -> np.ndarray:
+            return np.array([getattr(p, name) for p in params], dtype=np.float32)
+
+        pending = None if pending_slots is None else np.array(pending_slots, dtype=np.int64)
+        return PenaltyRows(np.array([place for place, _, _ in penalised], dtype=np.int64),
+                           values("repetition_penalty"), values("presence_penalty"), values("frequency_penalty"),
+                           np.array(slots, dtype=np.int64), update, pending)
+
+    def _add(self, update: TableUpdate, request, node: str, fed: Sequence[int]) -> int:
+        """Into `update`: what `request`'s row lacks of its lists on `node` (its new samples; its
+        new history and this step's fed tokens where it has a repetition penalty); its slot."""
+        slot = self._slot_of.get(request.request_id)
+        if slot is None:
+            slot = self._slot_of[request.request_id] = self._free.pop() if self._free else len(self._slot_of)
+        repeats = request.params.repetition_penalty != 1.0
+        sampled = request.sampled.get(node, ())
+        history = request.history.get(node, ()) if repeats else ()
+        samples, known = self._lacking(slot, sampled, history)
+        if samples < 0:  # new to its row, or its lists were replaced (a request's KV moved in)
+            update.resets.append(slot)
+            samples = known = 0
+        new = sampled[samples:]
+        update.counted[0].extend([slot] * len(new))
+        update.counted[1].extend(new)
+        seen = [*history[known:], *fed] if repeats else []
+        update.seen[0].extend([slot] * len(seen))
+        update.seen[1].extend(seen)
+        # (the fed tokens join the history once the step ran: held as history already)
+        update.held.append((slot, sampled, len(sampled), history, len(history) + (len(fed) if repeats else 0)))
+        return slot
+
+    def _lacking(self, slot: int, sampled: Sequence[int], history: Sequence[int]) -> tuple[int, int]:
+        """(samples, history tokens) of these lists the row holds; (-1, -1): empty it first. The
+        engine's lists only grow in place, so a list object other than the one held (none held
+        yet aside) or one shorter than held means the row must be read again whole."""
+        held = self._held.get(slot)
+        if held is None:
+            return -1, -1
+        held_sampled, samples, held_history, known = held
+        if ((held_sampled is not sampled and samples) or (held_history is not history and known)
+                or samples > len(sampled) or known > len(history)):
+            return -1, -1
+        return samples, known
+
+    def forget(self, request_id: str) -> None:
+        """The request's row freed for the next penalised request (which empties it first)."""
+        slot = self._slot_of.pop(request_id, None)
+        if slot is not None:
+            self._held.pop(slot, None)
+            self._free.append(slot)
+
+    def apply(self, update: TableUpdate, vocab: int) -> None:
+        """`update` written to the device rows (queued on the current stream, behind the steps
+        that read them before)."""
+        need = max((held[0] for held in update.held), default=-1) + 1
+        self._grow(need, vocab)
+        assert self.counts is not None and self.seen is not None
+        if update.resets:
+            resets = self._moved(update.resets)
+            self.counts.index_fill_(0, resets, 0)
+            self.seen.index_fill_(0, resets, False)
+        if update.counted[0]:
+            rows, tokens = (self._moved(a) for a in update.counted)
+            self.counts.index_put_((rows, tokens % vocab), torch.ones_like(rows, dtype=self.counts.dtype),
+                                   accumulate=True)
+        if update.seen[0]:
+            rows, tokens = (self._moved(a) for a in update.seen)
+            self.seen[rows, tokens % vocab] = True
+        self.commit(update)
+
+    def commit(self, update: TableUpdate) -> None:
+        """The host's record that the device rows hold `update` (`apply` writes them first; a
+        stand-in executor without a device keeps only the record: serve/bench_runner.py)."""
+        for slot, *held in update.held:
+            self._held[slot] = tuple(held)  # type: ignore[assignment]
+
+    def _grow(self, need: int, vocab: int) -> None:
+        if self.counts is not None and self.counts.shape[0] >= need:
+            return
+        have = 0 if self.counts is None else self.counts.shape[0]
+        capacity = max(_FIRST_CAPACITY, 2 * have, need)
+        counts = torch.zeros(capacity, vocab, dtype=torch.int32, device=self.device)
+        seen = torch.zeros(capacity, vocab, dtype=torch.bool, device=self.device)
+        if self.counts is not None and self.seen is not None:
+            counts[:have] = self.counts
+            seen[:have] = self.seen
+        self.counts, self.seen = counts, seen
+
+    def _moved(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
 
 
-class TokenArrays:
-    """A request's token lists (its history on a node, its samples there) as int64 arrays, kept
-    between steps: the lists only grow (`extend`, `append`), so each step converts only the tokens
-    added since. Rebuilding both lists' arrays whole each step (a 1,000-token prompt's history for
-    each of 64 penalised rows) took 2.5 ms of the host's step (`mstar bench runner --prompt-len
-    1000 --sampling '{"repetition_penalty": 1.1}'`)."""
-
-    def __init__(self) -> None:
-        self._arrays: dict[tuple[str, str], list] = {}  # key -> [buffer, tokens in it]
-
-    def of(self, key: tuple[str, str], tokens: list[int]) -> np.ndarray:
-        """`tokens` as an int64 array, a view of the kept buffer (`key`: which list; a list that
-        shrank is read again whole; the buffer doubles when full, so a step's few new tokens are
-        one slice assignment)."""
-        entry = self._arrays.get(key)
-        count = len(tokens)
-        if entry is None or entry[1] > count:
-            entry = self._arrays[key] = [np.empty(max(16, 2 * count), dtype=np.int64), 0]
-        buffer, known = entry
-        if known < count:
-            if count > len(buffer):
-                grown = np.empty(2 * count, dtype=np.int64)
-                grown[:known] = buffer[:known]
-                buffer = entry[0] = grown
-            buffer[known:count] = tokens[known:count]
-            entry[1] = count
-        return buffer[:count]
-
-
-def penalise(logits: torch.Tensor, rows: PenaltyRows, loop_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`logits` `[R, V]` (float32) with the penalised rows penalised (a new tensor); loop_tokens:
-    the device token table, where `rows.pending`'s uncollected samples are."""
+def penalise(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
+             loop_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`logits` `[R, V]` (float32) with the penalised rows penalised (a new tensor), `rows.update`
+    applied to `table` first; loop_tokens: the device token table, where `rows.pending`'s
+    uncollected samples are."""
     device, vocab = logits.device, logits.shape[1]
+    table.apply(rows.update, vocab)
+    assert table.counts is not None and table.seen is not None
 
     def moved(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
     places = moved(rows.rows)
+    slots = moved(rows.slots)
     sub = logits.index_select(0, places)
-    counts = torch.zeros_like(sub)
-    sampled_rows, sampled_tokens = (moved(a) for a in rows.sampled)
+    counts = table.counts.index_select(0, slots).to(sub.dtype)
     if rows.pending is not None:
         if loop_tokens is None:
             raise ValueError("penalise: rows with uncollected samples need the device token table")
-        slots = moved(rows.pending)
-        sampled_rows = torch.cat([sampled_rows, torch.arange(len(rows.pending), device=device)])
-        sampled_tokens = torch.cat([sampled_tokens, loop_tokens.index_select(0, slots).long()])
-    counts.index_put_((sampled_rows, sampled_tokens % vocab), torch.ones_like(sampled_rows, dtype=sub.dtype),
-                      accumulate=True)
-    seen = counts > 0
-    seen_rows, seen_tokens = (moved(a) for a in rows.seen)
-    seen[seen_rows, seen_tokens % vocab] = True
+        pending = loop_tokens.index_select(0, moved(rows.pending)).long() % vocab
+        counts.index_put_((torch.arange(len(rows.pending), device=device), pending),
+                          torch.ones(len(rows.pending), dtype=sub.dtype, device=device), accumulate=True)
+    seen = table.seen.index_select(0, slots) | (counts > 0)
     sub = repetition_rule(sub, seen, moved(rows.repetition))
     sub = output_rule(sub, counts, moved(rows.presence), moved(rows.frequency))
     return logits.index_copy(0, places, sub)

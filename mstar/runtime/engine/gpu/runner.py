@@ -64,7 +64,6 @@ from mstar.runtime.engine.gpu.decode_columns import prelaunch_steady, start_stea
 from mstar.runtime.engine.gpu.executor import PackedFamilies, Pending, SamplingRows, StepExecutor, WholePacked
 from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
 from mstar.runtime.engine.gpu.packing import RowSpec
-from mstar.runtime.engine.gpu.penalties import TokenArrays, penalty_rows
 from mstar.runtime.engine.kv.admission import PageNeed
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder
@@ -308,6 +307,7 @@ class GpuDecoderRunner(DecoderRunner):
 
     def end_request(self, request_id: str) -> None:
         super().end_request(request_id)
+        self.executor.penalty_table.forget(request_id)
         slot = self._row_slots.pop(request_id, None)
         if slot is not None:
             self._free_slots.append(slot)
@@ -447,10 +447,9 @@ class GpuDecoderRunner(DecoderRunner):
         penalties = None
         if is_penalised:
             penalised = [index for index, r in enumerate(requests) if r.has_penalty]
-            penalties = penalty_rows([(index, requests[index].params,
-                                       *_penalty_arrays(requests[index], node, fed[index] if fed else []))
-                                      for index in penalised],
-                                     [pending_slots[index] for index in penalised] if pending_slots else None)
+            penalties = self.executor.penalty_table.rows(
+                [(index, requests[index], fed[index] if fed else ()) for index in penalised], node,
+                [pending_slots[index] for index in penalised] if pending_slots else None)
         counts = [r.num_sampled.get(node, 0) + num_uncollected for r in requests] if uncollected is None else [
             r.num_sampled.get(node, 0) + extra for r, extra in zip(requests, uncollected)]
         return SamplingRows(np.array([p.temperature or 0.0 for p in params], dtype=np.float32),
@@ -791,19 +790,3 @@ def _logprob_counts(params: list[SamplingParams], calls: list[CallInfo]) -> np.n
                      for p, call in zip(params, calls)], dtype=np.int64)
 
 
-_NO_TOKENS = np.zeros(0, dtype=np.int64)
-
-
-def _penalty_arrays(request: RequestState, node: str, fed: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """A penalised row's tokens seen and tokens sampled on `node`, as `penalty_rows` takes them.
-    Seen: what its repetition penalty counts, as the CPU runner's history holds them when it
-    samples, less its samples (`penalise` marks every sampled token seen): those fed to the node
-    before and this step's (none without the penalty)."""
-    arrays = request.token_arrays
-    if arrays is None:
-        arrays = request.token_arrays = TokenArrays()
-    sampled = arrays.of((node, "sampled"), request.sampled.get(node, []))
-    if request.params.repetition_penalty == 1.0:
-        return _NO_TOKENS, sampled
-    seen = arrays.of((node, "history"), request.history.get(node, []))
-    return (np.concatenate([seen, np.array(fed, dtype=np.int64)]) if fed else seen), sampled

@@ -41,9 +41,6 @@ class RequestState:
     # node -> the hidden states of a cut prompt's chunks so far, where its call sends a value per
     # position (runners/decoder.py `_whole_prompt`: the last chunk sends them all)
     cut_hidden: dict[str, list[Any]] = field(default_factory=dict)
-    # the GPU fast path's int64 arrays of `history` and `sampled`, kept between steps for a
-    # penalised request (gpu/penalties.py `TokenArrays`); None until its first penalised step
-    token_arrays: Any = None
     # set from params (fields, not properties: the GPU fast path reads them a row a step)
     has_output_penalty: bool = field(init=False)  # a presence or frequency penalty
     has_penalty: bool = field(init=False)  # those, or a repetition penalty
