@@ -35,7 +35,8 @@
 #          (top_p twice: the sampler's nucleus by sort and by search, --nucleus; penalised requests,
 #          launched ahead since 2026-12-06's seventh session),
 #          then the fast path's GPU tests of log-probabilities and logit_bias; first `mstar bench sampler`
-#          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests
+#          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests;
+#          RUNS="plain penalty plain" runs those workloads alone after the bench, no tests
 #   sampling the device penalties of a session that got no device for them (gpu/penalties.py:
 #          repetition, presence and frequency on the fast path, steps with one launched ahead since) and
 #          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
@@ -93,7 +94,8 @@ for name, extra in kinds.items():
             f.write(json.dumps({"id": f"r{i}", "prompt_tokens": [(7 * i + j) % 1000 + 1 for j in range(128)],
                                 "max_tokens": 128, **extra}) + "\n")
 PY
-    for run in plain top_p top_p:search temperature logprobs bias penalty plain; do  # NAME[:NUCLEUS]
+    # RUNS: the workloads to run, in order (default all)
+    for run in ${RUNS:-plain top_p top_p:search temperature logprobs bias penalty plain}; do  # NAME[:NUCLEUS]
       name=${run%%:*}; nucleus=${run#*:}; [ "$nucleus" = "$run" ] && nucleus=sort
       in_time "mstar run $run" || break
       timeout 120 python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
@@ -101,6 +103,7 @@ PY
         > "/tmp/$name.log" 2>&1 || tail -2 "/tmp/$name.log"
       python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$run', r['itl_ms'], r['finish_reasons'])"
     done
+    [ -n "${RUNS:-}" ] && exit 0  # (a chosen few workloads: no tests)
     in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
     in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       -k "logprobs or logit_bias or penal" ;;
