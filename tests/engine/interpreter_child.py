@@ -23,7 +23,8 @@ SIGNATURES_ENV = "MSTAR_KERNEL_SIGNATURES"  # the file a child appends its launc
 # For the parent's one test that runs the child: skipped inside the child itself.
 parent_only = pytest.mark.skipif(IS_CHILD, reason="this is the interpreter's process")
 # A launch's options, not the kernel's arguments.
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid",
+                  "enable_fp_fusion")
 
 
 def skip_unless_child(test_name: str) -> None:

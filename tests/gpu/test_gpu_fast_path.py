@@ -207,7 +207,8 @@ def test_logit_bias_applies_on_the_device():
 
 def test_device_penalties_are_the_cpus():
     """`penalise` on the GPU gives what it gives on the CPU (the CPU fast path's tests compare that
-    with the reference sampler), bf16 logits taken as fp32, from each device's own `PenaltyTable`."""
+    with the reference sampler) bit for bit, bf16 logits taken as fp32, from each device's own
+    `PenaltyTable`, before and with a step launched ahead."""
     from types import SimpleNamespace
 
     from mstar.runtime.engine.gpu.penalties import PenaltyTable, penalise
@@ -219,10 +220,18 @@ def test_device_penalties_are_the_cpus():
                 (3, SimpleNamespace(request_id="b", params=SamplingParams(frequency_penalty=-0.7),
                                     history={"LLM": [5]}, sampled={"LLM": [1, 1, 1, 999]}), [])]
     penalised = []
-    for device in ("cuda", "cpu"):
+    for device in ("cuda", "cpu"):  # the Triton kernels (penalty_kernels.py) against the torch ops
         table = PenaltyTable(torch.device(device))
-        penalised.append(penalise(logits.to(device), table.rows(requests, "LLM"), table).cpu())
+        loop_tokens = torch.tensor([4, 999], dtype=torch.int32, device=device)
+        first = penalise(logits.to(device), table.rows(requests, "LLM"), table, loop_tokens)
+        for _, request, _ in requests:  # a later step, launched ahead: its rows' last samples on the device
+            request.sampled["LLM"].append(7)
+        ahead = penalise(logits.to(device), table.rows(requests, "LLM", [0, 1]), table, loop_tokens)
+        penalised.append(torch.stack([first, ahead]).cpu())
+        for _, request, _ in requests:
+            request.sampled["LLM"].pop()
     assert torch.equal(penalised[0], penalised[1])
+    assert not torch.equal(penalised[0][0], penalised[0][1])
 
 
 def test_fused_kernels_match_the_torch_ops():

@@ -9,7 +9,8 @@ calls the sampler eagerly, after the step's graph), timed with CUDA events on a 
 torch ops alone, by the clock (ratios only: absolute times count on a GPU). Beside the draws, what
 the step's other sampling work costs: `penalise` (a repetition and a presence penalty, 1,000
 tokens seen and 64 sampled a row held in a `PenaltyTable`, a step adding one of each: the host's
-update built and applied, then the rules) and `logprob_tensors` (one
+update built and applied, then the rules: by the Triton kernels of `penalty_kernels.py` where they
+run, beside the torch ops) and `logprob_tensors` (one
 alternative). Each variant gives the share of rows whose tokens are the torch ops' ("same": the
 kernels' noise is the torch ops' bit for bit; a search keeps the ties at a nucleus' edge that the
 sort cuts, and bf16 logits tie often).
@@ -111,18 +112,20 @@ def _beside_the_draw(logits: torch.Tensor, iters: int, device: torch.device) -> 
                                 history={"LLM": generator.integers(0, vocab, SEEN_TOKENS).tolist()},
                                 sampled={"LLM": generator.integers(0, vocab, SAMPLED_TOKENS).tolist()})
                 for row in range(rows)]
-    penalty_table = PenaltyTable(device)
 
-    def step() -> torch.Tensor:
+    def step(penalty_table: PenaltyTable, is_fused: bool) -> torch.Tensor:
         for request in requests:  # a decode step's new sample, fed next
             request.sampled["LLM"].append(request.history["LLM"][-1])
             request.history["LLM"].append(request.sampled["LLM"][-1])
         penalised = penalty_table.rows([(row, request, ()) for row, request in enumerate(requests)], "LLM")
-        return penalise(logits.float(), penalised, penalty_table)
+        return penalise(logits.float(), penalised, penalty_table, is_fused=is_fused)
 
     tokens = logits.argmax(-1)
-    return {"penalise_us": round(_timed_us(step, iters, device), 2),
-            "logprobs_us": round(_timed_us(lambda: logprob_tensors(logits, tokens, 1)[0], iters, device), 2)}
+    figures = {"penalise_torch_us": round(_timed_us(partial(step, PenaltyTable(device), False), iters, device), 2)}
+    if kernels.available(device):  # (penalty_kernels.py, where `penalise` takes them)
+        figures["penalise_us"] = round(_timed_us(partial(step, PenaltyTable(device), True), iters, device), 2)
+    figures["logprobs_us"] = round(_timed_us(lambda: logprob_tensors(logits, tokens, 1)[0], iters, device), 2)
+    return figures
 
 
 def table(result: dict) -> str:
@@ -146,7 +149,8 @@ def table(result: dict) -> str:
     lines.append(f"besides the draw: penalise (repetition and presence penalties, {SEEN_TOKENS} tokens seen and "
                  f"{SAMPLED_TOKENS} sampled a row in the table, one more of each a step) "
                  f"and the log-probabilities (one alternative), us: "
-                 + "; ".join(f"{rows} rows {case['penalise_us']:.1f} and {case['logprobs_us']:.1f}"
+                 + "; ".join(f"{rows} rows {case.get('penalise_us', case['penalise_torch_us']):.1f} "
+                             f"(torch ops {case['penalise_torch_us']:.1f}) and {case['logprobs_us']:.1f}"
                              for rows, case in result["rows"].items()))
     if not result["has_kernels"]:
         lines.append("(no Triton draws here: they run on a CUDA GPU; the torch ops alone were timed)")

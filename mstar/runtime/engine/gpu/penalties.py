@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from mstar.runtime.engine.gpu import kernels, penalty_kernels
 from mstar.runtime.engine.sampling import output_rule, repetition_rule
 
 _FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests outnumber them
@@ -69,7 +70,7 @@ def new_places(order: list[int]) -> np.ndarray:
 
 
 class PenaltyTable:
-    """Per penalised request on a node, a row of int32 counts of its samples and a bool mask of
+    """Per penalised request on a node, a row of int32 counts of its samples and a uint8 mask of
     the tokens it was fed, `[capacity, vocab]` on the device (allocated at the first penalised
     step, so runs without penalties hold nothing), and on the host what each row holds."""
 
@@ -144,24 +145,16 @@ class PenaltyTable:
             self._held.pop(slot, None)
             self._free.append(slot)
 
-    def apply(self, update: TableUpdate, vocab: int) -> None:
-        """`update` written to the device rows (queued on the current stream, behind the steps
-        that read them before)."""
+    def prepare(self, update: TableUpdate, vocab: int) -> None:
+        """The rows `update` names made and emptied where it says (queued on the current stream,
+        behind the steps that read them before); its pairs are written by `penalise`."""
         need = max((held[0] for held in update.held), default=-1) + 1
         self._grow(need, vocab)
         assert self.counts is not None and self.seen is not None
         if update.resets:
-            resets = self._moved(update.resets)
+            resets = torch.tensor(update.resets, dtype=torch.int64).to(self.device, non_blocking=True)
             self.counts.index_fill_(0, resets, 0)
-            self.seen.index_fill_(0, resets, False)
-        if update.counted[0]:
-            rows, tokens = (self._moved(a) for a in update.counted)
-            self.counts.index_put_((rows, tokens % vocab), torch.ones_like(rows, dtype=self.counts.dtype),
-                                   accumulate=True)
-        if update.seen[0]:
-            rows, tokens = (self._moved(a) for a in update.seen)
-            self.seen[rows, tokens % vocab] = True
-        self.commit(update)
+            self.seen.index_fill_(0, resets, 0)
 
     def commit(self, update: TableUpdate) -> None:
         """The host's record that the device rows hold `update` (`apply` writes them first; a
@@ -175,39 +168,84 @@ class PenaltyTable:
         have = 0 if self.counts is None else self.counts.shape[0]
         capacity = max(_FIRST_CAPACITY, 2 * have, need)
         counts = torch.zeros(capacity, vocab, dtype=torch.int32, device=self.device)
-        seen = torch.zeros(capacity, vocab, dtype=torch.bool, device=self.device)
+        seen = torch.zeros(capacity, vocab, dtype=torch.uint8, device=self.device)
         if self.counts is not None and self.seen is not None:
             counts[:have] = self.counts
             seen[:have] = self.seen
         self.counts, self.seen = counts, seen
 
-    def _moved(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
-
 
 def penalise(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
-             loop_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`logits` `[R, V]` (float32) with the penalised rows penalised (a new tensor), `rows.update`
-    applied to `table` first; loop_tokens: the device token table, where `rows.pending`'s
-    uncollected samples are."""
-    device, vocab = logits.device, logits.shape[1]
-    table.apply(rows.update, vocab)
+             loop_tokens: Optional[torch.Tensor] = None, is_fused: Optional[bool] = None) -> torch.Tensor:
+    """`logits` `[R, V]` with the penalised rows penalised (a new float32 tensor), `rows.update`
+    written to `table` first; loop_tokens: the device token table, where `rows.pending`'s
+    uncollected samples are. is_fused: by `penalty_kernels` (None: where they run, a GPU with
+    Triton; False: torch ops, as on the CPU)."""
+    if rows.pending is not None and loop_tokens is None:
+        raise ValueError("penalise: rows with uncollected samples need the device token table")
+    vocab = logits.shape[1]
+    if is_fused is None:
+        is_fused = kernels.available(logits.device)
+    table.prepare(rows.update, vocab)
+    out = (_penalised_by_kernels if is_fused else _penalised_by_torch)(logits, rows, table, loop_tokens)
+    table.commit(rows.update)
+    return out
+
+
+def _pairs(update: TableUpdate, vocab: int) -> np.ndarray:
+    """int64: the counted pairs' slots and tokens, then the seen pairs' (tokens taken mod vocab,
+    as the CPU rules take them)."""
+    (counted_slots, counted), (seen_slots, seen) = update.counted, update.seen
+    pairs = np.array([*counted_slots, *counted, *seen_slots, *seen], dtype=np.int64)
+    pairs[len(counted_slots):2 * len(counted_slots)] %= vocab
+    pairs[2 * len(counted_slots) + len(seen_slots):] %= vocab
+    return pairs
+
+
+def _penalised_by_kernels(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
+                          loop_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+    """Two copies to the device (the pairs with the rows' places and slots, then their factors)
+    and two launches."""
     assert table.counts is not None and table.seen is not None
+    vocab, num_rows = logits.shape[1], len(rows.rows)
+    pairs = _pairs(rows.update, vocab)
+    pending = rows.pending if rows.pending is not None else np.full(num_rows, -1, dtype=np.int64)
+    host = np.concatenate([pairs, rows.rows, rows.slots, pending])
+    factors = np.concatenate([rows.repetition, rows.presence, rows.frequency]).astype(np.float32)
+    on_device = torch.from_numpy(host).to(logits.device, non_blocking=True)
+    penalty_kernels.update_table(table.counts, table.seen, on_device, len(rows.update.counted[0]),
+                                 len(rows.update.seen[0]))
+    out = logits.to(torch.float32, copy=True)
+    penalty_kernels.penalise_rows(logits, out, table.counts, table.seen, on_device[len(pairs):],
+                                  torch.from_numpy(factors).to(logits.device, non_blocking=True),
+                                  loop_tokens if loop_tokens is not None else table.counts)
+    return out
+
+
+def _penalised_by_torch(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
+                        loop_tokens: Optional[torch.Tensor]) -> torch.Tensor:
+    assert table.counts is not None and table.seen is not None
+    device, vocab = logits.device, logits.shape[1]
 
     def moved(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
-    places = moved(rows.rows)
-    slots = moved(rows.slots)
+    pairs = moved(_pairs(rows.update, vocab))
+    num_counted, num_seen = len(rows.update.counted[0]), len(rows.update.seen[0])
+    if num_counted:
+        table.counts.index_put_((pairs[:num_counted], pairs[num_counted:2 * num_counted]),
+                                torch.ones(num_counted, dtype=table.counts.dtype, device=device), accumulate=True)
+    if num_seen:
+        table.seen[pairs[2 * num_counted:2 * num_counted + num_seen], pairs[2 * num_counted + num_seen:]] = 1
+    logits = logits.float()
+    places, slots = moved(rows.rows), moved(rows.slots)
     sub = logits.index_select(0, places)
     counts = table.counts.index_select(0, slots).to(sub.dtype)
-    if rows.pending is not None:
-        if loop_tokens is None:
-            raise ValueError("penalise: rows with uncollected samples need the device token table")
+    if rows.pending is not None and loop_tokens is not None:
         pending = loop_tokens.index_select(0, moved(rows.pending)).long() % vocab
         counts.index_put_((torch.arange(len(rows.pending), device=device), pending),
                           torch.ones(len(rows.pending), dtype=sub.dtype, device=device), accumulate=True)
-    seen = table.seen.index_select(0, slots) | (counts > 0)
+    seen = table.seen.index_select(0, slots).bool() | (counts > 0)
     sub = repetition_rule(sub, seen, moved(rows.repetition))
     sub = output_rule(sub, counts, moved(rows.presence), moved(rows.frequency))
     return logits.index_copy(0, places, sub)

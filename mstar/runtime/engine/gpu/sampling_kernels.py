@@ -6,7 +6,7 @@
   integers, so the same noise), or argmax(logits) where the row's temperature is below
   `sampling.MIN_TEMPERATURE` (greedy). The sampler's `is_whole` case (no row limits its tokens).
 - `gumbel_noise(seeds, counters, vocab)`: `[R, V]` fp32, that noise, for a nucleus that torch's
-  sort finds (`sampler.NUCLEUS`, the default until the search below is measured on a GPU).
+  sort finds (`mstar run --nucleus sort`; the search below is the default, `sampler.NUCLEUS`).
 - `nucleus_draw(logits, temperature, top_p, top_k, seeds, counters)`: the same draw over each
   row's nucleus: the tokens whose strictly more probable tokens weigh less than top_p and number
   fewer than top_k (0: no limit), of the whole distribution, as the CPU sampler keeps them; tokens
