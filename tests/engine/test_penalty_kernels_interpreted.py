@@ -60,3 +60,24 @@ def test_the_kernels_penalise_as_the_torch_ops_do(interpreted, dtype):
         assert torch.equal(tables[True].counts, tables[False].counts)
         assert torch.equal(tables[True].seen, tables[False].seen)
     assert not torch.equal(got[True], logits.float())
+
+
+TYPES = {"logits_ptr": "*bf16", "stride_row": "i64", "out_ptr": "*fp32", "stride_out": "i64", "counts_ptr": "*i32",
+         "seen_ptr": "*u8", "index_ptr": "*i64", "factors_ptr": "*fp32", "loop_ptr": "*i32", "num_rows": "i32",
+         "vocab": "i32"}
+
+
+@parent_only
+@pytest.mark.parametrize("is_launched_so", [True, False])
+def test_the_rules_round_as_torch_does_on_the_gpu(is_launched_so):
+    """Compiled for an sm_90 GPU (on the CPU) with the options `penalise_rows` launches it with, the
+    rules' division rounds to nearest and no multiply is fused into the subtraction after it; with
+    fusion on (Triton 3.9's default) a multiply-add appears, so the bit-for-bit comparisons need the
+    option."""
+    from interpreter_child import compiled_for_sm90
+    from mstar.runtime.engine.gpu import penalty_kernels
+
+    options = penalty_kernels.PENALISE_OPTIONS if is_launched_so else {"enable_fp_fusion": True}
+    ptx = compiled_for_sm90(penalty_kernels._penalise_kernel, TYPES, {"BLOCK": 1024}, options).asm["ptx"]
+    assert "div.rn.f32" in ptx
+    assert ("fma." not in ptx) == is_launched_so

@@ -26,6 +26,8 @@ from mstar.runtime.engine.gpu.kernels import triton
 
 UPDATE_BLOCK = 1024  # pairs a program of the table's update
 PENALISE_BLOCK = 4096  # columns a program of a penalised row
+# torch's roundings: no multiply fused into the subtraction after it (the compiler's default fuses)
+PENALISE_OPTIONS = {"enable_fp_fusion": False}
 
 if triton is not None:
     import triton.language as tl
@@ -86,4 +88,4 @@ def penalise_rows(logits: torch.Tensor, out: torch.Tensor, counts: torch.Tensor,
     if num_rows:
         grid = (num_rows, triton.cdiv(vocab, PENALISE_BLOCK))
         _penalise_kernel[grid](logits, logits.stride(0), out, out.stride(0), counts, seen, index, factors,
-                               loop_tokens, num_rows, vocab, BLOCK=PENALISE_BLOCK, enable_fp_fusion=False)
+                               loop_tokens, num_rows, vocab, BLOCK=PENALISE_BLOCK, **PENALISE_OPTIONS)
