@@ -157,7 +157,7 @@ class PenaltyTable:
             self.seen.index_fill_(0, resets, 0)
 
     def commit(self, update: TableUpdate) -> None:
-        """The host's record that the device rows hold `update` (`apply` writes them first; a
+        """The host's record that the device rows hold `update` (`penalise` writes them first; a
         stand-in executor without a device keeps only the record: serve/bench_runner.py)."""
         for slot, *held in update.held:
             self._held[slot] = tuple(held)  # type: ignore[assignment]
