@@ -119,6 +119,10 @@ def _run_parser(sub: Any) -> None:
                      help="torch engine on a GPU: how the device sampler finds a top_p or top_k nucleus: "
                           "the Triton kernels' search (default) or torch's sort of each row's vocabulary "
                           "(docs/engine.md \"A nucleus without the sort\")")
+    run.add_argument("--penalties", choices=("torch", "kernels"),
+                     help="torch engine on a GPU: how the repetition, presence and frequency penalties are "
+                          "applied: torch ops (default) or two Triton kernels (docs/engine.md \"Penalties from a "
+                          "device table\": not yet run on a GPU)")
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
@@ -179,6 +183,10 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine.gpu import sampler
 
         sampler.set_nucleus(args.nucleus)
+    if args.penalties is not None:
+        from mstar.runtime.engine.gpu import penalties
+
+        penalties.set_penalties(args.penalties)
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
         from mstar.runtime.engine.placement import resolve_device
 
@@ -355,6 +363,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
     if args.nucleus is not None and not is_on_gpu:
         raise CliError("--nucleus is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
+    if args.penalties is not None and not is_on_gpu:
+        raise CliError("--penalties is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
     from mstar.runtime.serve.engine_setup import torch_options_set
 
     torch_only = torch_options_set(args.device, args.dims, args.attention) + ["--no-run-ahead"] * args.no_run_ahead
@@ -595,7 +605,8 @@ def _rank_options(args: argparse.Namespace) -> Any:
 
     return RankOptions(dims=args.dims, weights=args.weights, seed=args.seed, kv_pages=args.kv_pages,
                        device=args.device, attention=args.attention, timeout_s=args.rank_timeout,
-                       plan_path=args.plan, blas_pdl=not args.no_blas_pdl, nucleus=args.nucleus)
+                       plan_path=args.plan, blas_pdl=not args.no_blas_pdl, nucleus=args.nucleus,
+                       penalties=args.penalties)
 
 
 def _serve_rank(args: argparse.Namespace, plan: Any) -> int:

@@ -223,10 +223,12 @@ def test_device_penalties_are_the_cpus():
     for device in ("cuda", "cpu"):  # the Triton kernels (penalty_kernels.py) against the torch ops
         table = PenaltyTable(torch.device(device))
         loop_tokens = torch.tensor([4, 999], dtype=torch.int32, device=device)
-        first = penalise(logits.to(device), table.rows(requests, "LLM"), table, loop_tokens)
+        is_fused = device == "cuda"
+        first = penalise(logits.to(device), table.rows(requests, "LLM"), table, loop_tokens, is_fused=is_fused)
         for _, request, _ in requests:  # a later step, launched ahead: its rows' last samples on the device
             request.sampled["LLM"].append(7)
-        ahead = penalise(logits.to(device), table.rows(requests, "LLM", [0, 1]), table, loop_tokens)
+        ahead = penalise(logits.to(device), table.rows(requests, "LLM", [0, 1]), table, loop_tokens,
+                         is_fused=is_fused)
         penalised.append(torch.stack([first, ahead]).cpu())
         for _, request, _ in requests:
             request.sampled["LLM"].pop()

@@ -1,9 +1,10 @@
 """`mstar run`'s process-wide GPU switches: `--no-blas-pdl`, the way back to ordinary edges into
 cuBLAS's products (engine/gpu/blas_edges.py, on by default), and `--nucleus search`, the device
 sampler's nucleus by the Triton kernels' search (the default, engine/gpu/sampler.py NUCLEUS) or
-`--nucleus sort` by torch's sort. Each is refused off the GPU and set before the engine is built,
-in this process and in every rank process (`RankOptions.blas_pdl`, `.nucleus`; left out, the
-sampler's default holds)."""
+`--nucleus sort` by torch's sort, and `--penalties kernels`, the penalties by two Triton kernels
+instead of torch ops (engine/gpu/penalties.py PENALTIES). Each is refused off the GPU and set
+before the engine is built, in this process and in every rank process (`RankOptions.blas_pdl`,
+`.nucleus`, `.penalties`; left out, the module's default holds)."""
 import argparse
 import subprocess
 import sys
@@ -15,21 +16,22 @@ import pytest
 from mstar.cli import mstar as cli
 from mstar.plan.io import load_plan
 from mstar.runtime.engine import torch_engine
-from mstar.runtime.engine.gpu import blas_edges, sampler
+from mstar.runtime.engine.gpu import blas_edges, penalties, sampler
 from mstar.runtime.serve.ranks import worker
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "generated" / "llama.plan"
 DEFAULT_NUCLEUS = sampler.NUCLEUS  # (as this process imported it)
+DEFAULT_PENALTIES = penalties.PENALTIES
 
 
 @pytest.fixture
 def switches_seen(monkeypatch):
     """The engine's construction replaced by a recorder of the switches as they stood then."""
-    seen: list[tuple[bool, str]] = []
+    seen: list[tuple[bool, str, str]] = []
 
     def record(*args, **kwargs):
-        seen.append((blas_edges._enabled, sampler.NUCLEUS))
+        seen.append((blas_edges._enabled, sampler.NUCLEUS, penalties.PENALTIES))
         return "engine"
 
     monkeypatch.setattr(torch_engine, "build", record)
@@ -39,20 +41,22 @@ def switches_seen(monkeypatch):
     yield seen
     blas_edges.set_enabled(blas_edges.ENABLED_BY_DEFAULT)
     sampler.set_nucleus(DEFAULT_NUCLEUS)
+    penalties.set_penalties(DEFAULT_PENALTIES)
 
 
 def cli_args(**switches):
     return argparse.Namespace(**{**dict(engine="torch", dims="tiny", device="cuda", seed=0, kv_pages=None,
-                                        no_blas_pdl=False, nucleus=None), **switches})
+                                        no_blas_pdl=False, nucleus=None, penalties=None), **switches})
 
 
 def rank_args(**switches):
     return SimpleNamespace(**{**dict(dims="tiny", weights=None, seed=0, kv_pages=None, device="cuda",
                                      attention="auto", rank_timeout=8.0, plan=str(PLAN), no_blas_pdl=False,
-                                     nucleus=None), **switches})
+                                     nucleus=None, penalties=None), **switches})
 
 
-@pytest.mark.parametrize("flags", [["--no-blas-pdl"], ["--nucleus", "search"], ["--nucleus", "sort"]])
+@pytest.mark.parametrize("flags", [["--no-blas-pdl"], ["--nucleus", "search"], ["--nucleus", "sort"],
+                                   ["--penalties", "kernels"]])
 def test_a_switch_off_the_gpu_is_refused(flags):
     result = subprocess.run([sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", "generated/llama.plan",
                              "--requests", "1", *flags, "--no-progress"],
@@ -61,35 +65,46 @@ def test_a_switch_off_the_gpu_is_refused(flags):
     assert flags[0] in result.stderr and "cuda" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("switches, expected", [({}, (True, "search")), ({"no_blas_pdl": True}, (False, "search")),
-                                                ({"nucleus": "sort"}, (True, "sort")),
-                                                ({"nucleus": "search"}, (True, "search"))])
+@pytest.mark.parametrize("switches, expected", [({}, (True, "search", "torch")),
+                                                ({"no_blas_pdl": True}, (False, "search", "torch")),
+                                                ({"nucleus": "sort"}, (True, "sort", "torch")),
+                                                ({"nucleus": "search"}, (True, "search", "torch")),
+                                                ({"penalties": "kernels"}, (True, "search", "kernels"))])
 def test_the_switches_are_set_before_the_engine_is_built(switches_seen, switches, expected):
     assert cli._engine(load_plan(str(PLAN)), cli_args(**switches)) == "engine"
     assert switches_seen == [expected]
 
 
-@pytest.mark.parametrize("blas_pdl, nucleus", [(True, "search"), (False, "sort")])
-def test_a_rank_process_takes_the_switches_from_its_options(switches_seen, blas_pdl, nucleus):
+@pytest.mark.parametrize("blas_pdl, nucleus, way", [(True, "search", "kernels"), (False, "sort", "torch")])
+def test_a_rank_process_takes_the_switches_from_its_options(switches_seen, blas_pdl, nucleus, way):
     blas_edges.set_enabled(not blas_pdl)  # whatever the process held before
     sampler.set_nucleus("sort" if nucleus == "search" else "search")
-    options = worker.RankOptions(device="cuda", plan_path=str(PLAN), blas_pdl=blas_pdl, nucleus=nucleus)
+    penalties.set_penalties("torch" if way == "kernels" else "kernels")
+    options = worker.RankOptions(device="cuda", plan_path=str(PLAN), blas_pdl=blas_pdl, nucleus=nucleus,
+                                 penalties=way)
     worker.build_executor(load_plan(str(PLAN)), 0, options, None, "cuda:0", {})
-    assert switches_seen == [(blas_pdl, nucleus)]
+    assert switches_seen == [(blas_pdl, nucleus, way)]
 
 
 def test_mstar_run_hands_the_switches_to_the_ranks():
-    options = cli._rank_options(rank_args(no_blas_pdl=True, nucleus="search"))
-    assert options.blas_pdl is False and options.nucleus == "search"
+    options = cli._rank_options(rank_args(no_blas_pdl=True, nucleus="search", penalties="kernels"))
+    assert options.blas_pdl is False and options.nucleus == "search" and options.penalties == "kernels"
     assert worker.RankOptions().blas_pdl is True and worker.RankOptions().nucleus is None
     assert cli._rank_options(rank_args()).nucleus is None  # (the rank's sampler keeps its default)
+    assert worker.RankOptions().penalties is None and cli._rank_options(rank_args()).penalties is None
 
 
-def test_the_search_is_the_default_nucleus():
-    assert DEFAULT_NUCLEUS == "search"
+def test_the_search_is_the_default_nucleus_and_torch_ops_the_default_penalties():
+    assert DEFAULT_NUCLEUS == "search" and DEFAULT_PENALTIES == "torch"  # (the kernels: not yet run on a GPU)
 
 
 def test_an_unknown_nucleus_is_refused():
     with pytest.raises(ValueError, match="sort, search"):
         sampler.set_nucleus("bubble")
     assert sampler.NUCLEUS == DEFAULT_NUCLEUS
+
+
+def test_unknown_penalties_are_refused():
+    with pytest.raises(ValueError, match="torch, kernels"):
+        penalties.set_penalties("numpy")
+    assert penalties.PENALTIES == DEFAULT_PENALTIES

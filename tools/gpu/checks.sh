@@ -32,8 +32,8 @@
 #   extras what requests asking for log-probabilities, or with a logit_bias or a temperature, cost
 #          the decode steps they share (docs/engine.md "Log-probabilities"): `mstar run` on llama's
 #          graphs, 64 requests of 128 + 128 tokens each kind, plain first and last, inter-token times;
-#          (top_p twice: the sampler's nucleus by sort and by search, --nucleus; penalised requests,
-#          launched ahead since 2026-12-06's seventh session),
+#          (top_p twice: the sampler's nucleus by sort and by search, --nucleus; penalised requests
+#          twice: by torch ops and by the Triton kernels, --penalties),
 #          then the fast path's GPU tests of log-probabilities and logit_bias; first `mstar bench sampler`
 #          (the sampler's torch ops against its Triton draws, sampling_kernels.py) and after, their GPU tests;
 #          RUNS="plain penalty plain" runs those workloads alone after the bench, no tests
@@ -41,7 +41,8 @@
 #          repetition, presence and frequency on the fast path, steps with one launched ahead since) and
 #          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
 #          tests, the decode columns', and `mstar run` on llama's graphs with a prompts file mixing
-#          penalised, sampled, logprobs and plain requests (every one must end `length`)
+#          penalised, sampled, logprobs and plain requests (every one must end `length`), then again with
+#          `--penalties kernels` (gpu/penalty_kernels.py, not yet run on a GPU: the same outputs expected)
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras}
@@ -80,7 +81,13 @@ PY
       --prompts /tmp/penalties.jsonl --no-progress --report /tmp/penalties.json --out /tmp/penalties | tail -3
     python3 -c "import json; print(json.load(open('/tmp/penalties.json'))['finish_reasons'])"
     python3 -c "import json; lines = [json.loads(l) for l in open('/tmp/penalties/outputs.jsonl')]; \
-print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs'][0] for l in lines if 'logprobs' in l][:2])" ;;
+print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs'][0] for l in lines if 'logprobs' in l][:2])"
+    in_time "the same with --penalties kernels" && python3 -m mstar.cli.mstar run --plan generated/llama.plan \
+      --device cuda --dims spec --prompts /tmp/penalties.jsonl --no-progress --penalties kernels \
+      --report /tmp/penalties_kernels.json --out /tmp/penalties_kernels | tail -1
+    python3 -c "import json; print('kernels', json.load(open('/tmp/penalties_kernels.json'))['finish_reasons'])"
+    python3 -c "import json; a, b = ({l['id']: l['output_tokens'] for l in map(json.loads, open(f'/tmp/{d}/outputs.jsonl'))} \
+for d in ('penalties', 'penalties_kernels')); print('same tokens with the kernels (steps batched alike):', a == b)" ;;
   extras)
     python3 -m mstar.cli.mstar bench sampler --iters 20
     python3 - <<'PY'
@@ -95,11 +102,13 @@ for name, extra in kinds.items():
                                 "max_tokens": 128, **extra}) + "\n")
 PY
     # RUNS: the workloads to run, in order (default all)
-    for run in ${RUNS:-plain top_p top_p:search temperature logprobs bias penalty plain}; do  # NAME[:NUCLEUS]
-      name=${run%%:*}; nucleus=${run#*:}; [ "$nucleus" = "$run" ] && nucleus=sort
+    for run in ${RUNS:-plain top_p:sort top_p temperature logprobs bias penalty penalty::kernels plain}; do
+      # NAME[:NUCLEUS[:PENALTIES]], each left empty for the default
+      IFS=: read -r name nucleus penalties <<< "$run"
+      flags=${nucleus:+--nucleus $nucleus}${penalties:+ --penalties $penalties}
       in_time "mstar run $run" || break
       timeout 120 python3 -m mstar.cli.mstar run --plan generated/llama.plan --device cuda --dims spec \
-        --prompts "/tmp/$name.jsonl" --concurrency 64 --no-progress --nucleus "$nucleus" --report "/tmp/$name.json" \
+        --prompts "/tmp/$name.jsonl" --concurrency 64 --no-progress $flags --report "/tmp/$name.json" \
         > "/tmp/$name.log" 2>&1 || tail -2 "/tmp/$name.log"
       python3 -c "import json; r = json.load(open('/tmp/$name.json')); print('$run', r['itl_ms'], r['finish_reasons'])"
     done

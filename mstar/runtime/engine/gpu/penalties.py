@@ -30,6 +30,20 @@ from mstar.runtime.engine.gpu import kernels, penalty_kernels
 from mstar.runtime.engine.sampling import output_rule, repetition_rule
 
 _FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests outnumber them
+# How a GPU applies the penalties: "torch" (torch ops, about 43 launches a step) or "kernels"
+# (`penalty_kernels`, two launches). The kernels compile for sm_90 and give the torch ops' logits
+# bit for bit under the interpreter, but have not run on a GPU yet (docs/engine.md "Penalties from
+# a device table"): torch stays the default until they have (`mstar run --penalties kernels`).
+PENALTIES_CHOICES = ("torch", "kernels")
+PENALTIES = "torch"
+
+
+def set_penalties(name: str) -> None:
+    """How every later `penalise` call on a GPU applies the penalties (PENALTIES_CHOICES), process-wide."""
+    global PENALTIES
+    if name not in PENALTIES_CHOICES:
+        raise ValueError(f"the penalties are applied by one of {', '.join(PENALTIES_CHOICES)}, got {name!r}")
+    PENALTIES = name
 
 
 @dataclass
@@ -179,13 +193,13 @@ def penalise(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
              loop_tokens: Optional[torch.Tensor] = None, is_fused: Optional[bool] = None) -> torch.Tensor:
     """`logits` `[R, V]` with the penalised rows penalised (a new float32 tensor), `rows.update`
     written to `table` first; loop_tokens: the device token table, where `rows.pending`'s
-    uncollected samples are. is_fused: by `penalty_kernels` (None: where they run, a GPU with
-    Triton; False: torch ops, as on the CPU)."""
+    uncollected samples are. is_fused: by `penalty_kernels` (None: as PENALTIES says, where they
+    run, a GPU with Triton; False: torch ops, as on the CPU)."""
     if rows.pending is not None and loop_tokens is None:
         raise ValueError("penalise: rows with uncollected samples need the device token table")
     vocab = logits.shape[1]
     if is_fused is None:
-        is_fused = kernels.available(logits.device)
+        is_fused = PENALTIES == "kernels" and kernels.available(logits.device)
     table.prepare(rows.update, vocab)
     out = (_penalised_by_kernels if is_fused else _penalised_by_torch)(logits, rows, table, loop_tokens)
     table.commit(rows.update)

@@ -30,7 +30,7 @@ Reply = Optional[tuple[str, dict[str, Any], list]]
 @dataclass
 class RankOptions:
     """The torch engine's options (`mstar run`'s --dims, --weights, --seed, --kv-pages, --device,
-    --attention, --no-blas-pdl, --nucleus) and the rank timeout, as plain data for every rank."""
+    --attention, --no-blas-pdl, --nucleus, --penalties) and the rank timeout, as plain data for every rank."""
 
     dims: str = "tiny"
     weights: Optional[list[str]] = None
@@ -42,6 +42,7 @@ class RankOptions:
     plan_path: Optional[str] = None  # where the plan was read: its generated glue sits beside it
     blas_pdl: bool = True  # the graphs' edges into cuBLAS's products programmatic (--no-blas-pdl: False)
     nucleus: Optional[str] = None  # how the device sampler finds a nucleus (--nucleus; None: sampler.NUCLEUS)
+    penalties: Optional[str] = None  # how a GPU applies penalties (--penalties; None: penalties.PENALTIES)
 
     def shared(self) -> dict[str, Any]:
         """The options every rank must run with alike (rank 0 compares them at start-up): each
@@ -67,12 +68,14 @@ def nodes_of(plan: Plan, rank: int) -> set[str]:
 def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str,
                    comms: dict[str, Any]) -> RankExecutor:
     """The rank's engine (its nodes; its shard of each TP node, `comms` from tp.build.tp_comms)."""
-    from mstar.runtime.engine.gpu import blas_edges, sampler
+    from mstar.runtime.engine.gpu import blas_edges, penalties, sampler
     from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
     blas_edges.set_enabled(options.blas_pdl)  # this process's graphs, captured below
     if options.nucleus is not None:
         sampler.set_nucleus(options.nucleus)
+    if options.penalties is not None:
+        penalties.set_penalties(options.penalties)
     # ranks never launch ahead (the controller's caps say so): a hybrid's states keep one copy a slot
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
