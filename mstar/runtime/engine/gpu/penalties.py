@@ -21,7 +21,7 @@ builds nothing here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -49,13 +49,22 @@ def set_penalties(name: str) -> None:
 @dataclass
 class TableUpdate:
     """What a step adds to the table before it penalises, in this order: the slots emptied (a
-    request new to its slot, or whose lists shrank: read again whole), the (slot, token) pairs
-    counted as samples, the pairs marked seen; `held`: (slot, the sampled list, its tokens, the
-    history list, its tokens) the table holds once applied."""
+    request new to its slot, or whose lists were replaced: read again whole), the tokens counted
+    as samples, the tokens marked seen (each: the rows' slots, each row's number of tokens, the
+    tokens in row order); `held`: (slot, (the sampled list, its tokens, the history list, its
+    tokens)) the table holds once applied."""
     resets: list[int] = field(default_factory=list)
-    counted: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
-    seen: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
-    held: list[tuple[int, Sequence[int], int, Sequence[int], int]] = field(default_factory=list)
+    counted: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))
+    seen: tuple[list[int], list[int], list[int]] = field(default_factory=lambda: ([], [], []))
+    held: list[tuple[int, tuple[Sequence[int], int, Sequence[int], int]]] = field(default_factory=list)
+
+    @property
+    def num_counted(self) -> int:
+        return len(self.counted[2])
+
+    @property
+    def num_seen(self) -> int:
+        return len(self.seen[2])
 
 
 @dataclass
@@ -83,6 +92,16 @@ def new_places(order: list[int]) -> np.ndarray:
     return places
 
 
+def _holds(held: tuple, sampled: Sequence[int], history: Sequence[int]) -> bool:
+    """Whether a table row holding `held` (the sampled list, its tokens, the history list, its
+    tokens) holds a prefix of these lists. The engine's lists only grow in place, so a list object
+    other than the one held (none held yet aside) or one shorter than held means the row must be
+    read again whole."""
+    held_sampled, samples, held_history, known = held
+    return ((held_sampled is sampled or not samples) and (held_history is history or not known)
+            and samples <= len(sampled) and known <= len(history))
+
+
 class PenaltyTable:
     """Per penalised request on a node, a row of int32 counts of its samples and a uint8 mask of
     the tokens it was fed, `[capacity, vocab]` on the device (allocated at the first penalised
@@ -97,60 +116,57 @@ class PenaltyTable:
         self._held: dict[int, tuple[Sequence[int], int, Sequence[int], int]] = {}
         self._free: list[int] = []
 
-    def rows(self, penalised: Sequence[tuple[int, object, Sequence[int]]], node: str,
+    def rows(self, penalised: Sequence[tuple[int, Any, Sequence[int]]], node: str,
              pending_slots: Optional[list[int]] = None) -> PenaltyRows:
         """The step's `PenaltyRows` from (row place, RequestState, tokens fed this step) of each
         penalised row (a non-empty list); pending_slots: each one's device token table slot where
-        its last sample waits uncollected (a step launched ahead; None: the host has them all)."""
+        its last sample waits uncollected (a step launched ahead; None: the host has them all).
+        Into the update, per row: what its table row lacks of its lists on `node` (its new samples;
+        its new history and this step's fed tokens where it has a repetition penalty). One plain
+        loop over the penalised rows: it is their host cost a step (`mstar bench runner`)."""
         update = TableUpdate()
-        slots = []
-        for _, request, fed in penalised:
-            slots.append(self._add(update, request, node, fed))
-        params = [request.params for _, request, _ in penalised]  # type: ignore[attr-defined]
-
-        def values(name: str) -> np.ndarray:
-            return np.array([getattr(p, name) for p in params], dtype=np.float32)
-
+        counted_slots, counted_lengths, counted = update.counted
+        seen_slots, seen_lengths, seen = update.seen
+        places: list[int] = []
+        slots: list[int] = []
+        factors: list[tuple[float, float, float]] = []
+        slot_of, held_of, held_now = self._slot_of, self._held, update.held
+        for place, request, fed in penalised:
+            slot = slot_of.get(request.request_id)
+            if slot is None:
+                slot = slot_of[request.request_id] = self._free.pop() if self._free else len(slot_of)
+            params = request.params
+            repetition = params.repetition_penalty
+            factors.append((repetition, params.presence_penalty, params.frequency_penalty))
+            sampled = request.sampled.get(node, ())
+            num_sampled = len(sampled)
+            if repetition != 1.0:
+                history = request.history.get(node, ())
+                num_history = len(history) + len(fed)  # (fed: history once the step ran, held as such)
+            else:
+                history, num_history = (), 0
+            held = held_of.get(slot)
+            if held is None or not _holds(held, sampled, history):  # new, or its lists replaced (KV moved in)
+                update.resets.append(slot)
+                samples = known = 0
+            else:
+                _, samples, _, known = held
+            places.append(place)
+            slots.append(slot)
+            if num_sampled > samples:
+                counted_slots.append(slot)
+                counted_lengths.append(num_sampled - samples)
+                counted += sampled[samples:]
+            if num_history > known:
+                seen_slots.append(slot)
+                seen_lengths.append(num_history - known)
+                seen += history[known:]
+                seen += fed
+            held_now.append((slot, (sampled, num_sampled, history, num_history)))
+        columns = np.array(factors, dtype=np.float32).reshape(-1, 3).T.copy()  # (each penalty contiguous)
         pending = None if pending_slots is None else np.array(pending_slots, dtype=np.int64)
-        return PenaltyRows(np.array([place for place, _, _ in penalised], dtype=np.int64),
-                           values("repetition_penalty"), values("presence_penalty"), values("frequency_penalty"),
+        return PenaltyRows(np.array(places, dtype=np.int64), columns[0], columns[1], columns[2],
                            np.array(slots, dtype=np.int64), update, pending)
-
-    def _add(self, update: TableUpdate, request, node: str, fed: Sequence[int]) -> int:
-        """Into `update`: what `request`'s row lacks of its lists on `node` (its new samples; its
-        new history and this step's fed tokens where it has a repetition penalty); its slot."""
-        slot = self._slot_of.get(request.request_id)
-        if slot is None:
-            slot = self._slot_of[request.request_id] = self._free.pop() if self._free else len(self._slot_of)
-        repeats = request.params.repetition_penalty != 1.0
-        sampled = request.sampled.get(node, ())
-        history = request.history.get(node, ()) if repeats else ()
-        samples, known = self._lacking(slot, sampled, history)
-        if samples < 0:  # new to its row, or its lists were replaced (a request's KV moved in)
-            update.resets.append(slot)
-            samples = known = 0
-        new = sampled[samples:]
-        update.counted[0].extend([slot] * len(new))
-        update.counted[1].extend(new)
-        seen = [*history[known:], *fed] if repeats else []
-        update.seen[0].extend([slot] * len(seen))
-        update.seen[1].extend(seen)
-        # (the fed tokens join the history once the step ran: held as history already)
-        update.held.append((slot, sampled, len(sampled), history, len(history) + (len(fed) if repeats else 0)))
-        return slot
-
-    def _lacking(self, slot: int, sampled: Sequence[int], history: Sequence[int]) -> tuple[int, int]:
-        """(samples, history tokens) of these lists the row holds; (-1, -1): empty it first. The
-        engine's lists only grow in place, so a list object other than the one held (none held
-        yet aside) or one shorter than held means the row must be read again whole."""
-        held = self._held.get(slot)
-        if held is None:
-            return -1, -1
-        held_sampled, samples, held_history, known = held
-        if ((held_sampled is not sampled and samples) or (held_history is not history and known)
-                or samples > len(sampled) or known > len(history)):
-            return -1, -1
-        return samples, known
 
     def forget(self, request_id: str) -> None:
         """The request's row freed for the next penalised request (which empties it first)."""
@@ -162,7 +178,7 @@ class PenaltyTable:
     def prepare(self, update: TableUpdate, vocab: int) -> None:
         """The rows `update` names made and emptied where it says (queued on the current stream,
         behind the steps that read them before); its pairs are written by `penalise`."""
-        need = max((held[0] for held in update.held), default=-1) + 1
+        need = max(update.held)[0] + 1 if update.held else 0  # (a step's slots differ: the first items decide)
         self._grow(need, vocab)
         assert self.counts is not None and self.seen is not None
         if update.resets:
@@ -173,8 +189,7 @@ class PenaltyTable:
     def commit(self, update: TableUpdate) -> None:
         """The host's record that the device rows hold `update` (`penalise` writes them first; a
         stand-in executor without a device keeps only the record: serve/bench_runner.py)."""
-        for slot, *held in update.held:
-            self._held[slot] = tuple(held)  # type: ignore[assignment]
+        self._held.update(update.held)
 
     def _grow(self, need: int, vocab: int) -> None:
         if self.counts is not None and self.counts.shape[0] >= need:
@@ -209,11 +224,11 @@ def penalise(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
 def _pairs(update: TableUpdate, vocab: int) -> np.ndarray:
     """int64: the counted pairs' slots and tokens, then the seen pairs' (tokens taken mod vocab,
     as the CPU rules take them)."""
-    (counted_slots, counted), (seen_slots, seen) = update.counted, update.seen
-    pairs = np.array([*counted_slots, *counted, *seen_slots, *seen], dtype=np.int64)
-    pairs[len(counted_slots):2 * len(counted_slots)] %= vocab
-    pairs[2 * len(counted_slots) + len(seen_slots):] %= vocab
-    return pairs
+    columns = []
+    for slots, lengths, tokens in (update.counted, update.seen):
+        columns.append(np.repeat(np.array(slots, dtype=np.int64), lengths))
+        columns.append(np.array(tokens, dtype=np.int64) % vocab)
+    return np.concatenate(columns)
 
 
 def _penalised_by_kernels(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,
@@ -227,8 +242,8 @@ def _penalised_by_kernels(logits: torch.Tensor, rows: PenaltyRows, table: Penalt
     host = np.concatenate([pairs, rows.rows, rows.slots, pending])
     factors = np.concatenate([rows.repetition, rows.presence, rows.frequency]).astype(np.float32)
     on_device = torch.from_numpy(host).to(logits.device, non_blocking=True)
-    penalty_kernels.update_table(table.counts, table.seen, on_device, len(rows.update.counted[0]),
-                                 len(rows.update.seen[0]))
+    penalty_kernels.update_table(table.counts, table.seen, on_device, rows.update.num_counted,
+                                 rows.update.num_seen)
     out = logits.to(torch.float32, copy=True)
     penalty_kernels.penalise_rows(logits, out, table.counts, table.seen, on_device[len(pairs):],
                                   torch.from_numpy(factors).to(logits.device, non_blocking=True),
@@ -245,7 +260,7 @@ def _penalised_by_torch(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyT
         return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
     pairs = moved(_pairs(rows.update, vocab))
-    num_counted, num_seen = len(rows.update.counted[0]), len(rows.update.seen[0])
+    num_counted, num_seen = rows.update.num_counted, rows.update.num_seen
     if num_counted:
         table.counts.index_put_((pairs[:num_counted], pairs[num_counted:2 * num_counted]),
                                 torch.ones(num_counted, dtype=table.counts.dtype, device=device), accumulate=True)
