@@ -9,8 +9,10 @@ frequency rule), before `sampler.sample`.
 
 The host sends the table only what it collected since the step before (a row's new sample and
 fed token, a prompt chunk's tokens), so a penalised row costs the host a few list slices a step
-whatever its length; the host's whole lists were rebuilt and moved each step before (2.2 ms
-against 1.5 for a plain step at 64 rows on an H100, docs/engine.md). The table holds what the
+whatever its length (before, each row's whole lists were rebuilt and moved every step). Applied
+by torch ops, a step's penalties are about 43 launches, 1.3-1.4 ms of an H100 host's time, which
+made a penalised workload's inter-token p50 3.6 ms against 1.45 plain; `penalty_kernels` does it
+in two (a choice until run on a GPU: PENALTIES; docs/engine.md). The table holds what the
 host collected and nothing else: a step launched ahead samples before the host has the token of the
 step before it, the token the step feeds the row from the device token table, so such rows carry
 their token table slot (`pending`) and `penalise` counts the token found there beside the table's
