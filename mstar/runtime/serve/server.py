@@ -66,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-blas-pdl", action="store_true",
                    help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's products ordinary "
                         "(as mstar run; default: programmatic)")
+    p.add_argument("--nucleus", choices=("sort", "search"),
+                   help="torch engine on a GPU: how the device sampler finds a top_p or top_k nucleus (as mstar "
+                        "run; default: the Triton kernels' search)")
+    p.add_argument("--penalties", choices=("torch", "kernels"),
+                   help="torch engine on a GPU: how the penalties are applied (as mstar run; default: torch ops)")
     p.add_argument("--sim-pace", type=float_range(0, MAX_SIM_PACE), default=1.0,
                    help=f"sim engine: wall seconds per modelled second, in [0, {MAX_SIM_PACE:g}] (default 1; 0: as "
                         "fast as the host goes)")
@@ -99,8 +104,12 @@ def _check(args: argparse.Namespace) -> None:
     problem = kv_pages_option_problem(args.kv_pages)  # mstar run's words
     if problem is not None:
         raise SetupError(problem)
-    if args.no_blas_pdl and not (args.engine == "torch" and args.device.startswith("cuda")):
+    is_on_gpu = args.engine == "torch" and args.device.startswith("cuda")
+    if args.no_blas_pdl and not is_on_gpu:
         raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
+    for flag, value in (("--nucleus", args.nucleus), ("--penalties", args.penalties)):
+        if value is not None and not is_on_gpu:
+            raise SetupError(f"{flag} is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
     torch_only = torch_options_set(args.device, args.dims, args.attention)
     if args.engine == "sim" and torch_only:
         raise SetupError(f"{', '.join(torch_only)}: options of the torch engine; this server runs --engine sim")
@@ -124,6 +133,14 @@ def build(args: argparse.Namespace) -> Any:
         from mstar.runtime.engine.gpu import blas_edges
 
         blas_edges.set_enabled(False)
+    if args.nucleus is not None:
+        from mstar.runtime.engine.gpu import sampler
+
+        sampler.set_nucleus(args.nucleus)
+    if args.penalties is not None:
+        from mstar.runtime.engine.gpu import penalties
+
+        penalties.set_penalties(args.penalties)
     metrics = ServerMetrics()
     llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
               kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,
