@@ -43,9 +43,13 @@
 #          tests, the decode columns', and `mstar run` on llama's graphs with a prompts file mixing
 #          penalised, sampled, logprobs and plain requests (every one must end `length`), then again with
 #          `--penalties kernels` (gpu/penalty_kernels.py, not yet run on a GPU: the same outputs expected)
+#   penalties the penalty kernels' first GPU run (gpu/penalty_kernels.py, opt-in until then: --penalties
+#          kernels): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
+#          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
+#          mixed workload both ways (sampling's, without its tests); about 300 s
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -67,8 +71,19 @@ case $part in
       tests/gpu/test_decode_attention_gpu.py tests/gpu/test_bench_kv_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
-  sampling)
-    python3 -m pytest -q tests/gpu/test_gpu_fast_path.py tests/gpu/test_gpu_decode_columns.py
+  penalties)
+    python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "device_penalties or penal"
+    in_time "penalise timed" && python3 -c "
+import torch
+from mstar.runtime.engine.gpu.bench_sampler import _beside_the_draw
+device = torch.device('cuda')
+for rows in (1, 8, 64):
+    print(rows, 'rows:', _beside_the_draw(torch.randn(rows, 128256, device=device, dtype=torch.bfloat16), 20, device))"
+    in_time "the penalised workloads" && NO_BENCH=1 RUNS="plain penalty penalty::kernels plain" \
+      LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras
+    in_time "the mixed workload" && LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" sampling-workload ;;
+  sampling|sampling-workload)
+    [ "$part" = sampling ] && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py tests/gpu/test_gpu_decode_columns.py
     in_time "mstar run with penalties and logprobs" && python3 - <<'PY' > /tmp/penalties.jsonl
 import json
 kinds = [{}, {"presence_penalty": 1.0, "logprobs": 2}, {"frequency_penalty": 0.5, "repetition_penalty": 1.1},
@@ -89,7 +104,7 @@ print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs']
     python3 -c "import json; a, b = ({l['id']: l['output_tokens'] for l in map(json.loads, open(f'/tmp/{d}/outputs.jsonl'))} \
 for d in ('penalties', 'penalties_kernels')); print('same tokens with the kernels (steps batched alike):', a == b)" ;;
   extras)
-    python3 -m mstar.cli.mstar bench sampler --iters 20
+    [ -n "${NO_BENCH:-}" ] || python3 -m mstar.cli.mstar bench sampler --iters 20  # (NO_BENCH=1: the workloads alone)
     python3 - <<'PY'
 import json
 kinds = {"plain": {}, "logprobs": {"logprobs": 1}, "bias": {"logit_bias": {"13": -100}},
