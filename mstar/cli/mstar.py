@@ -40,6 +40,7 @@ from mstar.files import make_dirs
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
+from mstar.runtime.engine import gpu_switches
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.engine_setup import SEED_BOUND, kv_pages_option_problem
 from mstar.runtime.serve.workload import (
@@ -111,18 +112,7 @@ def _run_parser(sub: Any) -> None:
                      help="torch engine on a GPU: launch each decode step only after the one before was "
                           "collected (default: the device runs the speculated next step behind it; a hybrid "
                           "decoder then keeps two copies of each recurrent state slot)")
-    run.add_argument("--no-blas-pdl", action="store_true",
-                     help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's sm_90 products "
-                          "ordinary (default: programmatic, docs/engine.md \"Programmatic edges into cuBLAS\"; "
-                          "this turns that off if a cuBLAS upgrade breaks what it relies on)")
-    run.add_argument("--nucleus", choices=("sort", "search"),
-                     help="torch engine on a GPU: how the device sampler finds a top_p or top_k nucleus: "
-                          "the Triton kernels' search (default) or torch's sort of each row's vocabulary "
-                          "(docs/engine.md \"A nucleus without the sort\")")
-    run.add_argument("--penalties", choices=("torch", "kernels"),
-                     help="torch engine on a GPU: how the repetition, presence and frequency penalties are "
-                          "applied: torch ops (default) or two Triton kernels (docs/engine.md \"Penalties from a "
-                          "device table\": not yet run on a GPU)")
+    gpu_switches.add_arguments(run)  # --no-blas-pdl, --nucleus, --penalties
     run.add_argument("--ranks", choices=("auto", "inproc", "processes"), default="auto",
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
@@ -175,18 +165,8 @@ def _engine(plan: Any, args: argparse.Namespace) -> Any:
         from mstar.runtime.engine import torch_engine
     except ImportError as error:
         raise CliError(f"the torch engine is not available ({error}); use --engine sim") from None
-    if args.no_blas_pdl:  # before any graph is captured (process-wide, as the module's switch is)
-        from mstar.runtime.engine.gpu import blas_edges
-
-        blas_edges.set_enabled(False)
-    if args.nucleus is not None:  # (process-wide, as the module's switch is)
-        from mstar.runtime.engine.gpu import sampler
-
-        sampler.set_nucleus(args.nucleus)
-    if args.penalties is not None:
-        from mstar.runtime.engine.gpu import penalties
-
-        penalties.set_penalties(args.penalties)
+    # before any graph is captured (process-wide, as the modules' switches are)
+    gpu_switches.apply(False if args.no_blas_pdl else None, args.nucleus, args.penalties)
     if args.dims == "spec":  # full-size models initialise for a while before the progress bar starts
         from mstar.runtime.engine.placement import resolve_device
 
@@ -359,12 +339,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
     if args.gpu_idle and not is_on_gpu:
         raise CliError("--gpu-idle times steps on the GPU: it needs --engine torch --device cuda[:N]")
-    if args.no_blas_pdl and not is_on_gpu:
-        raise CliError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
-    if args.nucleus is not None and not is_on_gpu:
-        raise CliError("--nucleus is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
-    if args.penalties is not None and not is_on_gpu:
-        raise CliError("--penalties is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
+    switches_problem = gpu_switches.off_gpu_problem(args, is_on_gpu)
+    if switches_problem is not None:
+        raise CliError(switches_problem)
     from mstar.runtime.serve.engine_setup import torch_options_set
 
     torch_only = torch_options_set(args.device, args.dims, args.attention) + ["--no-run-ahead"] * args.no_run_ahead

@@ -24,6 +24,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from mstar.arg_types import float_range, int_range, integer, path_arg, shown, weights_arg
+from mstar.runtime.engine import gpu_switches
 from mstar.runtime.serve.engine_setup import ENGINES, SEED_BOUND, SetupError, kv_pages_option_problem, torch_options_set
 
 DRAIN_MARGIN_S = 0.5  # requests still in flight this long before the drain timeout are cancelled
@@ -63,14 +64,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--attention", choices=("auto", "torch", "flashinfer"), default="auto")
     p.add_argument("--seed", type=int_range(-SEED_BOUND, SEED_BOUND), default=0,
                    help="engine seed (random weights; within +-2**43, as mstar run)")
-    p.add_argument("--no-blas-pdl", action="store_true",
-                   help="torch engine on a GPU: keep the CUDA graphs' edges into cuBLAS's products ordinary "
-                        "(as mstar run; default: programmatic)")
-    p.add_argument("--nucleus", choices=("sort", "search"),
-                   help="torch engine on a GPU: how the device sampler finds a top_p or top_k nucleus (as mstar "
-                        "run; default: the Triton kernels' search)")
-    p.add_argument("--penalties", choices=("torch", "kernels"),
-                   help="torch engine on a GPU: how the penalties are applied (as mstar run; default: torch ops)")
+    gpu_switches.add_arguments(p)  # --no-blas-pdl, --nucleus, --penalties, as mstar run's
     p.add_argument("--sim-pace", type=float_range(0, MAX_SIM_PACE), default=1.0,
                    help=f"sim engine: wall seconds per modelled second, in [0, {MAX_SIM_PACE:g}] (default 1; 0: as "
                         "fast as the host goes)")
@@ -104,12 +98,9 @@ def _check(args: argparse.Namespace) -> None:
     problem = kv_pages_option_problem(args.kv_pages)  # mstar run's words
     if problem is not None:
         raise SetupError(problem)
-    is_on_gpu = args.engine == "torch" and args.device.startswith("cuda")
-    if args.no_blas_pdl and not is_on_gpu:
-        raise SetupError("--no-blas-pdl is about the GPU's CUDA graphs: it needs --engine torch --device cuda[:N]")
-    for flag, value in (("--nucleus", args.nucleus), ("--penalties", args.penalties)):
-        if value is not None and not is_on_gpu:
-            raise SetupError(f"{flag} is about the GPU's sampler: it needs --engine torch --device cuda[:N]")
+    switches_problem = gpu_switches.off_gpu_problem(args, args.engine == "torch" and args.device.startswith("cuda"))
+    if switches_problem is not None:
+        raise SetupError(switches_problem)
     torch_only = torch_options_set(args.device, args.dims, args.attention)
     if args.engine == "sim" and torch_only:
         raise SetupError(f"{', '.join(torch_only)}: options of the torch engine; this server runs --engine sim")
@@ -129,18 +120,8 @@ def build(args: argparse.Namespace) -> Any:
     from mstar.runtime.serve.prom import ServerMetrics
 
     _check(args)
-    if args.no_blas_pdl:  # before any graph is captured (process-wide, as the module's switch is)
-        from mstar.runtime.engine.gpu import blas_edges
-
-        blas_edges.set_enabled(False)
-    if args.nucleus is not None:
-        from mstar.runtime.engine.gpu import sampler
-
-        sampler.set_nucleus(args.nucleus)
-    if args.penalties is not None:
-        from mstar.runtime.engine.gpu import penalties
-
-        penalties.set_penalties(args.penalties)
+    # before any graph is captured (process-wide, as the modules' switches are)
+    gpu_switches.apply(False if args.no_blas_pdl else None, args.nucleus, args.penalties)
     metrics = ServerMetrics()
     llm = LLM(args.plan, engine=args.engine, weights=args.weights, tokenizer=args.tokenizer, dims=args.dims,
               kv_pages=args.kv_pages, device=args.device, attention=args.attention, seed=args.seed,

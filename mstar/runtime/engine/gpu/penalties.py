@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from mstar.runtime.engine.gpu import kernels, penalty_kernels
+from mstar.runtime.engine.gpu_switches import PENALTIES_CHOICES
 from mstar.runtime.engine.sampling import output_rule, repetition_rule
 
 _FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests outnumber them
@@ -36,7 +37,6 @@ _FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests 
 # (`penalty_kernels`, two launches). The kernels compile for sm_90 and give the torch ops' logits
 # bit for bit under the interpreter, but have not run on a GPU yet (docs/engine.md "Penalties from
 # a device table"): torch stays the default until they have (`mstar run --penalties kernels`).
-PENALTIES_CHOICES = ("torch", "kernels")
 PENALTIES = "torch"
 
 

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from mstar.runtime.engine.gpu import kernels, sampling_kernels
+from mstar.runtime.engine.gpu_switches import NUCLEUS_CHOICES
 from mstar.runtime.engine.sampling import MIN_TEMPERATURE
 
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -57,7 +58,6 @@ def hashed_uniform(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> t
 # H100 measured it (docs/engine.md "A nucleus without the sort": 0.83 ms a 64-row top_p step
 # against the sort's 1.54, a top_p workload's inter-token p50 2.18 ms against 2.94); `mstar run
 # --nucleus sort` keeps the sort, whose ties at the nucleus' edge are a prefix in its own order.
-NUCLEUS_CHOICES = ("sort", "search")
 NUCLEUS = "search"
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from mstar.plan.schema import Plan
+from mstar.runtime.engine import gpu_switches
 from mstar.runtime.serve.ranks.channel import Channel, Message
 from mstar.runtime.serve.ranks.executor import RankExecutor
 from mstar.runtime.serve.ranks.wire import decode_request, decode_step, encode_result
@@ -68,14 +69,9 @@ def nodes_of(plan: Plan, rank: int) -> set[str]:
 def build_executor(plan: Plan, rank: int, options: RankOptions, channel: Channel, device: str,
                    comms: dict[str, Any]) -> RankExecutor:
     """The rank's engine (its nodes; its shard of each TP node, `comms` from tp.build.tp_comms)."""
-    from mstar.runtime.engine.gpu import blas_edges, penalties, sampler
     from mstar.runtime.engine.torch_engine import TorchEngine, plan_glue
 
-    blas_edges.set_enabled(options.blas_pdl)  # this process's graphs, captured below
-    if options.nucleus is not None:
-        sampler.set_nucleus(options.nucleus)
-    if options.penalties is not None:
-        penalties.set_penalties(options.penalties)
+    gpu_switches.apply(options.blas_pdl, options.nucleus, options.penalties)  # before the graphs below
     # ranks never launch ahead (the controller's caps say so): a hybrid's states keep one copy a slot
     engine = TorchEngine(plan, dims=options.dims, weights_dir=options.weights, seed=options.seed,
                          num_pages=options.kv_pages, device=device, attention=options.attention,
