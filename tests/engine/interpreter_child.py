@@ -65,10 +65,10 @@ def _signature(kernel, args, kwargs) -> dict:
     from triton.runtime.jit import mangle_type
 
     fn = kernel.fn
-    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
+    signature = inspect.signature(fn)
+    bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
     bound.apply_defaults()
-    constexprs = {name for name, param in inspect.signature(fn).parameters.items()
-                  if "constexpr" in str(param.annotation)}
+    constexprs = {name for name, param in signature.parameters.items() if "constexpr" in str(param.annotation)}
     return {"module": fn.__module__, "name": fn.__name__,
             "constexprs": {name: _value(bound.arguments[name]) for name in constexprs},
             "types": {name: mangle_type(value) for name, value in bound.arguments.items() if name not in constexprs},

@@ -576,7 +576,8 @@ class StepExecutor:
         `Pending.logprobs` of the rows that ask (of the logits before any of that: sampling.py)."""
         rows_logits = logits
         if sampling.penalties is not None:
-            rows_logits = penalise(rows_logits.float(), sampling.penalties, self.penalty_table, self.loop_tokens)
+            # (float32 out: penalise copies the step's logits once, bf16 or not)
+            rows_logits = penalise(rows_logits, sampling.penalties, self.penalty_table, self.loop_tokens)
         if sampling.bias is not None:
             rows_logits = bias_rule(rows_logits.float(), *(self._moved(a) for a in sampling.bias))
         if sampling.is_greedy:  # (the sampler sorts every row's vocabulary: none here needs it)
