@@ -41,8 +41,9 @@ packs each step on the device (`glue_packing.py`); a hybrid decoder keeps the nu
 
 `fast_path_reason(...)` says why a node cannot take this path (the engine then keeps the general
 path). A request with a repetition, presence or frequency penalty samples with it
-(`gpu/penalties.py`, from the host's lists of its seen and sampled tokens; a step launched ahead
-counts the token not yet collected from the device token table). Log-probabilities, a logit
+(`gpu/penalties.py`, from a table on the device of its sampled and seen tokens, sent what the
+host collected since its last step; a step launched ahead counts the token not yet collected from
+the device token table). Log-probabilities, a logit
 bias, min_tokens and ignore_eos go through the decode columns too (their rows' call says where
 they apply); the executor computes log-probabilities on the device from the step's logits and
 copies them back with its tokens (`StepExecutor.collect_logprobs`), for steps launched ahead too
