@@ -12,6 +12,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="needs TRITON_INTERPRET=1 before triton is imported")
 
 import glue_cases  # noqa: E402
+import interpreter_child  # noqa: E402,F401  (records each launch for the parent to compile)
 from glue_modules import checked_in_glue, key_glues, sample_generated_glue_files, tiny_glue_module  # noqa: E402
 
 SEEDS = range(8)

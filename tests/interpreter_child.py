@@ -6,11 +6,18 @@ The interpreter runs a kernel's Python, not what Triton's compiler accepts: a na
 one scope, or a value whose type differs between an `if`'s branches, passes there and fails the
 first launch on a GPU. So the child also writes down every kernel it launched, with the types of
 the arguments it got (and its constexprs' values), and the parent lowers each to Triton's IR for
-an sm_90 target, on the CPU (`lower_launched`)."""
+an sm_90 target, on the CPU (`lower_launched`).
+
+The generated glue has no module to import (engine/glue_loader.py runs a glue file's verified
+bytes into a fresh module): the child copies each glue file it launched from beside the
+signatures, and the parent loads that copy as the runtime does."""
+import functools
+import hashlib
 import importlib
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +32,8 @@ parent_only = pytest.mark.skipif(IS_CHILD, reason="this is the interpreter's pro
 # A launch's options, not the kernel's arguments.
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid",
                   "enable_fp_fusion")
+# The code filename glue_loader gives a glue file's code.
+GLUE_CODE_FILENAME = re.compile(r"^<mstar glue (.+)>$")
 
 
 def skip_unless_child(test_name: str) -> None:
@@ -59,7 +68,21 @@ def _value(value):
     return value
 
 
-def _signature(kernel, args, kwargs) -> dict:
+def _kernel_place(fn, folder: Path) -> dict:
+    """Where the parent finds `fn`: its module's import name, or for a generated glue kernel the
+    copy of its glue file written to `folder` (named by its hash) and that hash."""
+    glue = GLUE_CODE_FILENAME.match(fn.__code__.co_filename)
+    if glue is None:
+        return {"module": fn.__module__}
+    data = Path(glue[1]).read_bytes()
+    sha256 = hashlib.sha256(data).hexdigest()
+    copy = folder / f"glue_{sha256[:16]}.py"
+    if not copy.exists():
+        copy.write_bytes(data)
+    return {"glue": copy.name, "sha256": sha256}
+
+
+def _signature(kernel, args, kwargs, folder: Path) -> dict:
     """The launch as lowering needs it: the kernel's place, each argument's Triton type (or a
     constexpr's value) and the launch options."""
     from triton.runtime.jit import mangle_type
@@ -69,7 +92,7 @@ def _signature(kernel, args, kwargs) -> dict:
     bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS})
     bound.apply_defaults()
     constexprs = {name for name, param in signature.parameters.items() if "constexpr" in str(param.annotation)}
-    return {"module": fn.__module__, "name": fn.__name__,
+    return {**_kernel_place(fn, folder), "name": fn.__name__,
             "constexprs": {name: _value(bound.arguments[name]) for name in constexprs},
             "types": {name: mangle_type(value) for name, value in bound.arguments.items() if name not in constexprs},
             "options": {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}}
@@ -83,7 +106,7 @@ def _record_launches(path: str) -> None:
     run = InterpretedFunction.run
 
     def recording_run(self, *args, grid, warmup, **kwargs):
-        line = json.dumps(_signature(self, args, kwargs), sort_keys=True)
+        line = json.dumps(_signature(self, args, kwargs, Path(path).parent), sort_keys=True)
         if line not in seen:
             seen.add(line)
             with open(path, "a") as out:
@@ -107,8 +130,8 @@ def lower_launched(path: Path) -> int:
     launches = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     compiled: set[tuple[str, str]] = set()
     for launch in launches:
-        source = _source(launch)
-        kernel = (launch["module"], launch["name"])
+        source = _source(launch, path.parent)
+        kernel = (launch.get("module") or launch["glue"], launch["name"])
         if kernel not in compiled:
             compiled.add(kernel)
             triton.compile(source, target=target, options=launch["options"])
@@ -136,12 +159,24 @@ def _sm90():
     return GPUTarget("cuda", 90, 32)
 
 
-def _source(launch: dict):
-    """A recorded launch as Triton's compiler takes it."""
+@functools.cache
+def _glue_module(path: Path, sha256: str):
+    from mstar.runtime.engine.glue_loader import load_glue
+
+    return load_glue(path, sha256)
+
+
+def _source(launch: dict, folder: Path | None = None):
+    """A recorded launch as Triton's compiler takes it (a glue kernel's file copy is in `folder`)."""
     import triton.language as tl
     from triton.compiler.compiler import ASTSource
 
-    kernel = getattr(importlib.import_module(launch["module"]), launch["name"])
+    if "glue" in launch:
+        module = _glue_module(folder / launch["glue"], launch["sha256"])
+    else:
+        module = importlib.import_module(launch["module"])
+    kernel = getattr(module, launch["name"])
+    kernel = getattr(kernel, "jitted", kernel)  # a glue kernel's GlueKernel wraps the JIT function
     constexprs = {name: getattr(tl, value["dtype"]) if isinstance(value, dict) else value
                   for name, value in launch["constexprs"].items()}
     return ASTSource(kernel, {**launch["types"], **{name: "constexpr" for name in constexprs}}, constexprs)
