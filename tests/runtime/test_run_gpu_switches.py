@@ -1,8 +1,8 @@
 """`mstar run`'s process-wide GPU switches: `--no-blas-pdl`, the way back to ordinary edges into
 cuBLAS's products (engine/gpu/blas_edges.py, on by default), and `--nucleus search`, the device
 sampler's nucleus by the Triton kernels' search (the default, engine/gpu/sampler.py NUCLEUS) or
-`--nucleus sort` by torch's sort, and `--penalties kernels`, the penalties by two Triton kernels
-instead of torch ops (engine/gpu/penalties.py PENALTIES). Each is refused off the GPU and set
+`--nucleus sort` by torch's sort, and `--penalties`, the penalties by two Triton kernels (the
+default) or `torch` ops (engine/gpu/penalties.py PENALTIES). Each is refused off the GPU and set
 before the engine is built, in this process and in every rank process (`RankOptions.blas_pdl`,
 `.nucleus`, `.penalties`; left out, the module's default holds)."""
 import argparse
@@ -56,7 +56,7 @@ def rank_args(**switches):
 
 
 @pytest.mark.parametrize("flags", [["--no-blas-pdl"], ["--nucleus", "search"], ["--nucleus", "sort"],
-                                   ["--penalties", "kernels"]])
+                                   ["--penalties", "kernels"], ["--penalties", "torch"]])
 def test_a_switch_off_the_gpu_is_refused(flags):
     result = subprocess.run([sys.executable, "-m", "mstar.cli.mstar", "run", "--plan", "generated/llama.plan",
                              "--requests", "1", *flags, "--no-progress"],
@@ -65,11 +65,11 @@ def test_a_switch_off_the_gpu_is_refused(flags):
     assert flags[0] in result.stderr and "cuda" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("switches, expected", [({}, (True, "search", "torch")),
-                                                ({"no_blas_pdl": True}, (False, "search", "torch")),
-                                                ({"nucleus": "sort"}, (True, "sort", "torch")),
-                                                ({"nucleus": "search"}, (True, "search", "torch")),
-                                                ({"penalties": "kernels"}, (True, "search", "kernels"))])
+@pytest.mark.parametrize("switches, expected", [({}, (True, "search", "kernels")),
+                                                ({"no_blas_pdl": True}, (False, "search", "kernels")),
+                                                ({"nucleus": "sort"}, (True, "sort", "kernels")),
+                                                ({"nucleus": "search"}, (True, "search", "kernels")),
+                                                ({"penalties": "torch"}, (True, "search", "torch"))])
 def test_the_switches_are_set_before_the_engine_is_built(switches_seen, switches, expected):
     assert cli._engine(load_plan(str(PLAN)), cli_args(**switches)) == "engine"
     assert switches_seen == [expected]
@@ -94,8 +94,8 @@ def test_mstar_run_hands_the_switches_to_the_ranks():
     assert worker.RankOptions().penalties is None and cli._rank_options(rank_args()).penalties is None
 
 
-def test_the_search_is_the_default_nucleus_and_torch_ops_the_default_penalties():
-    assert DEFAULT_NUCLEUS == "search" and DEFAULT_PENALTIES == "torch"  # (the kernels: not yet run on a GPU)
+def test_the_search_is_the_default_nucleus_and_the_kernels_the_default_penalties():
+    assert DEFAULT_NUCLEUS == "search" and DEFAULT_PENALTIES == "kernels"
 
 
 def test_an_unknown_nucleus_is_refused():

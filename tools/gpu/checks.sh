@@ -42,9 +42,9 @@
 #          the device log-probabilities of the next (StepExecutor.collect_logprobs): the fast path's GPU
 #          tests, the decode columns', and `mstar run` on llama's graphs with a prompts file mixing
 #          penalised, sampled, logprobs and plain requests (every one must end `length`), then again with
-#          `--penalties kernels` (gpu/penalty_kernels.py, not yet run on a GPU: the same outputs expected)
-#   penalties the penalty kernels' first GPU run (gpu/penalty_kernels.py, opt-in until then: --penalties
-#          kernels): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
+#          `--penalties torch` (the same outputs expected)
+#   penalties the penalty kernels (gpu/penalty_kernels.py, the default since their first GPU run;
+#          --penalties torch the torch ops): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
 #          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
 #          mixed workload both ways (sampling's, without its tests); about 300 s
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
@@ -79,7 +79,7 @@ from mstar.runtime.engine.gpu.bench_sampler import _beside_the_draw
 device = torch.device('cuda')
 for rows in (1, 8, 64):
     print(rows, 'rows:', _beside_the_draw(torch.randn(rows, 128256, device=device, dtype=torch.bfloat16), 20, device))"
-    in_time "the penalised workloads" && NO_BENCH=1 RUNS="plain penalty penalty::kernels plain" \
+    in_time "the penalised workloads" && NO_BENCH=1 RUNS="plain penalty::torch penalty plain" \
       LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras
     in_time "the mixed workload" && LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" sampling-workload ;;
   sampling|sampling-workload)
@@ -97,12 +97,12 @@ PY
     python3 -c "import json; print(json.load(open('/tmp/penalties.json'))['finish_reasons'])"
     python3 -c "import json; lines = [json.loads(l) for l in open('/tmp/penalties/outputs.jsonl')]; \
 print('lines with logprobs', sum('logprobs' in l for l in lines), [l['logprobs'][0] for l in lines if 'logprobs' in l][:2])"
-    in_time "the same with --penalties kernels" && python3 -m mstar.cli.mstar run --plan generated/llama.plan \
-      --device cuda --dims spec --prompts /tmp/penalties.jsonl --no-progress --penalties kernels \
-      --report /tmp/penalties_kernels.json --out /tmp/penalties_kernels | tail -1
-    python3 -c "import json; print('kernels', json.load(open('/tmp/penalties_kernels.json'))['finish_reasons'])"
+    in_time "the same with --penalties torch" && python3 -m mstar.cli.mstar run --plan generated/llama.plan \
+      --device cuda --dims spec --prompts /tmp/penalties.jsonl --no-progress --penalties torch \
+      --report /tmp/penalties_torch.json --out /tmp/penalties_torch | tail -1
+    python3 -c "import json; print('torch ops', json.load(open('/tmp/penalties_torch.json'))['finish_reasons'])"
     python3 -c "import json; a, b = ({l['id']: l['output_tokens'] for l in map(json.loads, open(f'/tmp/{d}/outputs.jsonl'))} \
-for d in ('penalties', 'penalties_kernels')); print('same tokens with the kernels (steps batched alike):', a == b)" ;;
+for d in ('penalties', 'penalties_torch')); print('same tokens by the torch ops (steps batched alike):', a == b)" ;;
   extras)
     [ -n "${NO_BENCH:-}" ] || python3 -m mstar.cli.mstar bench sampler --iters 20  # (NO_BENCH=1: the workloads alone)
     python3 - <<'PY'
@@ -117,7 +117,7 @@ for name, extra in kinds.items():
                                 "max_tokens": 128, **extra}) + "\n")
 PY
     # RUNS: the workloads to run, in order (default all)
-    for run in ${RUNS:-plain top_p:sort top_p temperature logprobs bias penalty penalty::kernels plain}; do
+    for run in ${RUNS:-plain top_p:sort top_p temperature logprobs bias penalty::torch penalty plain}; do
       # NAME[:NUCLEUS[:PENALTIES]], each left empty for the default
       IFS=: read -r name nucleus penalties <<< "$run"
       flags=${nucleus:+--nucleus $nucleus}${penalties:+ --penalties $penalties}

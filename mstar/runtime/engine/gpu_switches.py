@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(docs/engine.md \"A nucleus without the sort\")")
     parser.add_argument("--penalties", choices=PENALTIES_CHOICES,
                         help="torch engine on a GPU: how the repetition, presence and frequency penalties are "
-                             "applied: torch ops (default) or two Triton kernels (docs/engine.md \"Penalties "
-                             "from a device table\": not yet run on a GPU)")
+                             "applied: two Triton kernels (default) or torch ops (docs/engine.md \"Penalties "
+                             "from a device table\")")
 
 
 def off_gpu_problem(args: Any, is_on_gpu: bool) -> Optional[str]:

@@ -12,7 +12,7 @@ fed token, a prompt chunk's tokens), so a penalised row costs the host a few lis
 whatever its length (before, each row's whole lists were rebuilt and moved every step). Applied
 by torch ops, a step's penalties are about 43 launches, 1.3-1.4 ms of an H100 host's time, which
 made a penalised workload's inter-token p50 3.6 ms against 1.45 plain; `penalty_kernels` does it
-in two (a choice until run on a GPU: PENALTIES; docs/engine.md). The table holds what the
+in two (the default, PENALTIES: 1.6 ms; docs/engine.md). The table holds what the
 host collected and nothing else: a step launched ahead samples before the host has the token of the
 step before it, the token the step feeds the row from the device token table, so such rows carry
 their token table slot (`pending`) and `penalise` counts the token found there beside the table's
@@ -33,11 +33,11 @@ from mstar.runtime.engine.gpu_switches import PENALTIES_CHOICES
 from mstar.runtime.engine.sampling import output_rule, repetition_rule
 
 _FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests outnumber them
-# How a GPU applies the penalties: "torch" (torch ops, about 43 launches a step) or "kernels"
-# (`penalty_kernels`, two launches). The kernels compile for sm_90 and give the torch ops' logits
-# bit for bit under the interpreter, but have not run on a GPU yet (docs/engine.md "Penalties from
-# a device table"): torch stays the default until they have (`mstar run --penalties kernels`).
-PENALTIES = "torch"
+# How a GPU applies the penalties: "kernels" (`penalty_kernels`, two launches: on an H100 a
+# penalised workload's inter-token p50 1.61 ms against 3.72 by the torch ops and 1.45 plain,
+# docs/engine.md "Penalties from a device table") or "torch" (torch ops, about 43 launches a step;
+# `mstar run --penalties torch`).
+PENALTIES = "kernels"
 
 
 def set_penalties(name: str) -> None:
