@@ -42,7 +42,8 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
                            presence_penalty: Optional[float] = None,
                            frequency_penalty: Optional[float] = None,
                            logprobs: Optional[int] = None, min_tokens: Optional[int] = None,
-                           max_tokens: Optional[int] = None, *, show: Callable[[Any], str]) -> Optional[str]:
+                           max_tokens: Optional[int] = None, prompt_logprobs: Optional[int] = None, *,
+                           show: Callable[[Any], str]) -> Optional[str]:
     """The first sampling setting outside the range an engine takes, said as the error to raise;
     None when all are in range (None for a setting: left at its default; min_tokens is held to
     max_tokens where that is given). The Python API checks it before a request is queued, the
@@ -66,6 +67,9 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
           for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty))),
         (logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS,
          f"logprobs must be in [0, {MAX_LOGPROBS}] (the alternatives beside the sampled token)", logprobs),
+        (prompt_logprobs is not None and not 0 <= prompt_logprobs <= MAX_LOGPROBS,
+         f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] (the alternatives beside each prompt token)",
+         prompt_logprobs),
         (min_tokens is not None and not 0 <= min_tokens <= (infinity if max_tokens is None else max_tokens),
          f"min_tokens must be in [0, max_tokens ({show(max_tokens)})]", min_tokens),
     ]
@@ -136,6 +140,11 @@ class RowResult:
     # columns' path (`mstar bench runner`) for what few rows carry; the engine sets it on those
     # rows, and serve/ranks/wire.py carries it across ranks beside the fields.
     logprobs = cast(Optional[TokenLogprobs], None)
+    # The log-probabilities of the prompt tokens this row fed (a prompt or a chunk of one), each
+    # given the tokens before it, where its request asked for them (Request.prompt_logprobs) and
+    # the engine computes them on this call: one entry a fed token, in order; None for a
+    # request's first prompt token (nothing precedes it). A class default, as `logprobs`.
+    prompt_logprobs = cast(Optional[list[Optional[TokenLogprobs]]], None)
 
 
 def row_stop(token: int, stop_tokens: Any, node_stops: Any, num_sampled: int,

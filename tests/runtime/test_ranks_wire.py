@@ -91,7 +91,11 @@ def test_results_and_requests_cross_field_for_field():
                                                                         ("r4", False, None)]
     assert _same(back.rows[0].outputs, result.rows[0].outputs)
     assert [r.logprobs for r in back.rows] == [logprobs, (float("-inf"), ()), None]
+    result.rows[2].prompt_logprobs = [None, logprobs]  # a prompt's: its first token has none
+    back = decode_result(encode_result(result, tensors := []), tensors)
+    assert [r.prompt_logprobs for r in back.rows] == [None, None, [None, logprobs]]
     request = Request("q", [1, 2], 9, temperature=0.5, seed=3, stop_tokens=[7], stop_strings=["x"], logprobs=4,
+                      prompt_logprobs=2,
                       guidance={"cfg": 2.0}, route={"LLM": ["prefill", "decode"]},
                       media={"image": np.zeros((2, 2), dtype=np.uint8)}, arrival_s=1.5)
     tensors = []

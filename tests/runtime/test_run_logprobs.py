@@ -55,8 +55,9 @@ def test_a_logprobs_count_out_of_range_is_an_input_error(tmp_path, capsys):
 def test_the_simulated_engine_fails_a_logprobs_request_alone(tmp_path, capsys):
     status, found = _run(tmp_path, LINES, "--engine", "sim")
     assert found["plain"]["finish_reason"] == "length"
-    assert found["asks"]["finish_reason"].startswith("error: logprobs and logit_bias need a model's logits")
-    assert "logprobs and logit_bias need a model's logits" in capsys.readouterr().err
+    said = "logprobs, prompt_logprobs and logit_bias need a model's logits"
+    assert found["asks"]["finish_reason"].startswith(f"error: {said}")
+    assert said in capsys.readouterr().err
     assert status == 0  # (a request that fails alone leaves the run's status as it is)
 
 
@@ -81,3 +82,21 @@ def test_a_lines_ignore_eos_and_min_tokens_reach_the_request(tmp_path, capsys):
         with pytest.raises(WorkloadError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
                            .replace(")", r"\)")):
             parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 4, ' + bad + "}", "p:1")
+
+
+def test_a_lines_prompt_logprobs_reach_its_output_line(tmp_path, capsys):
+    line = {"id": "p", "prompt_tokens": [5, 9, 13, 2], "max_tokens": 2, "prompt_logprobs": 1}
+    status, found = _run(tmp_path, [line, LINES[1]])
+    assert status == 0 and "prompt_logprobs" not in found["plain"]
+    with LLM(str(PLAN)) as llm:
+        expected = llm.generate([[5, 9, 13, 2]], SamplingParams(max_tokens=2, prompt_logprobs=1))[0]
+    entries = found["p"]["prompt_logprobs"]
+    assert [entry["token"] for entry in entries] == [5, 9, 13, 2]
+    assert entries[0] == {"token": 5, "logprob": None, "top": []}
+    for entry, (own, top) in zip(entries[1:], expected.prompt_logprobs[1:]):
+        assert entry["logprob"] == pytest.approx(own)
+        assert [tuple(pair) for pair in entry["top"]] == pytest.approx(list(top))
+    (tmp_path / "bad").mkdir()
+    status, _ = _run(tmp_path / "bad", [dict(line, prompt_logprobs=-1)])
+    assert status == 1 and "prompts.jsonl:1: 'prompt_logprobs' (the alternatives beside each prompt token) must be " \
+        "in [0, 20], got -1" in capsys.readouterr().err

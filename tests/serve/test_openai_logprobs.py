@@ -133,3 +133,27 @@ def test_echo_puts_the_prompt_before_each_choices_text(llama):
     stream = list(client.completions.create(model="llama", prompt="hello world", max_tokens=3, echo=True,
                                             stream=True))
     assert "".join(c.choices[0].text for c in stream if c.choices) == greedy.choices[0].text
+
+
+def test_echo_with_logprobs_covers_the_prompts_tokens_then_the_completions(llama):
+    """OpenAI's legacy shape for a loglikelihood: the prompt's tokens first (the first with null),
+    each with the API's prompt log-probabilities, then the completion's; a stream carries the
+    prompt's on its first chunk."""
+    llm, client = llama
+    answer = client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logprobs=1, echo=True)
+    expected = llm.generate([PROMPT], SamplingParams(max_tokens=2, logprobs=1, prompt_logprobs=1))[0]
+    logprobs = answer.choices[0].logprobs
+    ids = PROMPT + expected.token_ids
+    assert logprobs.tokens == [llm.tokenizer.token_text(t) for t in ids]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    entries = expected.prompt_logprobs[1:] + expected.logprobs
+    assert logprobs.token_logprobs[1:] == pytest.approx([own for own, _ in entries])
+    for text, top, (own, alternatives) in zip(logprobs.tokens[1:], logprobs.top_logprobs[1:], entries):
+        assert top == pytest.approx({**{llm.tokenizer.token_text(t): v for t, v in alternatives}, text: own})
+    lengths = [len(text) for text in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
+    stream = list(client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logprobs=1, echo=True,
+                                            stream=True))
+    chunks = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
+    assert [t for chunk in chunks for t in chunk.tokens] == logprobs.tokens
+    assert [v for chunk in chunks for v in chunk.token_logprobs] == pytest.approx(logprobs.token_logprobs)

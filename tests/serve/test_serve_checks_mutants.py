@@ -63,7 +63,6 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
 @pytest.mark.parametrize("fields, param, words", [
     ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5"),
     ({"frequency_penalty": -2.01}, "frequency_penalty", "frequency_penalty must be in [-2, 2], got -2.01"),
-    ({"echo": True, "logprobs": 1}, "echo", "echo with logprobs needs the prompt's log-probabilities"),
     ({"logprobs": 21}, "logprobs", "logprobs must be between 0 and 20, got 21"),
     ({"logprobs": -1}, "logprobs", "logprobs must be between 0 and 20, got -1"),
     ({"top_logprobs": 2}, "top_logprobs", "top_logprobs is a chat completion field"),

@@ -445,6 +445,8 @@ class Conductor:
             if is_kv:
                 context = state.context
                 context[node] = context.get(node, 0) + row.num_tokens
+            if result.prompt_logprobs is not None:  # its prompt's chunks come in order, one row a step
+                state.record.prompt_logprobs += result.prompt_logprobs
             if row.is_partial:  # a chunk of a cut prompt: the rest is ready again, nothing sampled
                 active_call.num_fed += row.num_tokens
                 self.ready_out.append((node, row.walk, [request_id], [active_call.num_tokens - active_call.num_fed]))
@@ -602,10 +604,13 @@ class Conductor:
     def _claim_prefix(self, state: _RequestState, call: ActiveCall) -> None:
         """A call that takes the prompt became ready on a node with a prefix cache: when nothing of
         the request ran there yet, the engine starts its KV on the cached prefix, and the row feeds
-        only the rest (as a chunk after the KV present)."""
+        only the rest (as a chunk after the KV present). A request asking for its prompt's
+        log-probabilities claims nothing: cached tokens are fed again, as their logits are needed."""
         node, record = call.node, state.record
         tokens = next((v for v in call.inputs.values() if isinstance(v, list) and v), None)
         if state.context.get(node, 0) or call.num_fed or tokens is None or not isinstance(tokens[0], int):
+            return
+        if record.request.prompt_logprobs is not None:
             return
         num_cached = self.engine.claim_prefix(record.request.id, node, tokens)
         record.num_prefix_lookups += 1

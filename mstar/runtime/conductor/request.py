@@ -48,6 +48,11 @@ class Request:
     # log-probabilities of each text token sent to the client and of this many alternatives beside
     # it (0 to step.MAX_LOGPROBS; None: none, nothing is computed)
     logprobs: Optional[int] = None
+    # each prompt token's log-probability given the tokens before it, and this many alternatives
+    # (0 to step.MAX_LOGPROBS; None: none): from the plan's first node that takes the text prompt
+    # outside loops and sends text tokens (engine/prompt_logprobs.py); such a request claims no
+    # cached prefix (its tokens would have no logits)
+    prompt_logprobs: Optional[int] = None
     # text that ends the request's counted output once its decoded text holds one (needs the
     # conductor's `decode`; the output's text is then cut before it)
     stop_strings: list[str] = field(default_factory=list)
@@ -101,6 +106,9 @@ class RequestRecord:
     # emission index -> the log-probabilities of its token (RowResult.logprobs), for a request that
     # asked for them (Request.logprobs): only one-token text emissions have any
     emission_logprobs: dict[int, Any] = field(default_factory=dict)
+    # the prompt's log-probabilities (RowResult.prompt_logprobs), one entry a prompt token, where
+    # the request asked for them (Request.prompt_logprobs)
+    prompt_logprobs: list[Any] = field(default_factory=list)
 
     def attach_logprobs(self, logprobs: Any, since: int) -> None:
         """A row's log-probabilities go to the first one-token text emission it made: the first
@@ -110,6 +118,11 @@ class RequestRecord:
             if is_token[index] and kinds[index][1] == "text":
                 self.emission_logprobs[index] = logprobs
                 return
+
+    def prompt_token_logprobs(self) -> list[Any]:
+        """One entry per prompt token: what `prompt_logprobs` holds for it, else None."""
+        found = self.prompt_logprobs
+        return [found[index] if index < len(found) else None for index in range(len(self.request.prompt_tokens))]
 
     def text_token_logprobs(self, start: int, end: int) -> list[tuple[int, Any]]:
         """(token id, its log-probabilities or None) for every text token of emissions [start, end),

@@ -61,6 +61,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # Request.logit_bias: (token id, bias) pairs
     ignore_eos: bool = False  # Request.ignore_eos: the node's stop tokens do not stop it
     min_tokens: int = 0  # Request.min_tokens: no stop token is sampled before this many tokens
+    # Request.prompt_logprobs: each prompt token's log-probability and this many alternatives, None: none
+    prompt_logprobs: Optional[int] = None
 
     @property
     def is_greedy(self) -> bool:
@@ -93,6 +95,8 @@ class SamplingParams:
                 logit_bias=logit_bias_pairs(get("logit_bias", default=())),
                 ignore_eos=_flag("ignore_eos", get("ignore_eos", default=False)),
                 min_tokens=_integer("min_tokens", get("min_tokens", default=0)),
+                prompt_logprobs=(None if get("prompt_logprobs") is None
+                                 else _integer("prompt_logprobs", get("prompt_logprobs"))),
             )
         except SamplingError:
             raise
@@ -100,7 +104,8 @@ class SamplingParams:
             raise SamplingError(f"a sampling setting is not a number of its kind ({error})") from None
         problem = sampling_range_problem(params.temperature, params.top_k, params.top_p, params.seed,
                                          params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
-                                         params.logprobs, params.min_tokens, params.max_tokens, show=shown)
+                                         params.logprobs, params.min_tokens, params.max_tokens,
+                                         params.prompt_logprobs, show=shown)
         if problem is not None:
             raise SamplingError(problem)
         return params

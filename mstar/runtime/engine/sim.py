@@ -174,9 +174,10 @@ class SimEngine(RunsAtLaunch):
     # ------------------------------------------------------------ Engine protocol
 
     def add_request(self, request_id: str, spec: Any) -> Optional[str]:
-        if getattr(spec, "logprobs", None) is not None or getattr(spec, "logit_bias", None):
-            return ("logprobs and logit_bias need a model's logits, and the simulated engine draws its tokens "
-                    "without any")
+        if (getattr(spec, "logprobs", None) is not None or getattr(spec, "prompt_logprobs", None) is not None
+                or getattr(spec, "logit_bias", None)):
+            return ("logprobs, prompt_logprobs and logit_bias need a model's logits, and the simulated engine draws "
+                    "its tokens without any")
         need_tokens = len(spec.prompt_tokens) + spec.max_tokens
         reason = self._refusal(spec.prompt_tokens, spec.max_tokens)
         if reason is not None:

@@ -64,6 +64,7 @@ from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.encoders import MediaEncoder
 from mstar.runtime.engine.models.image_decoder import ImageDecoder
 from mstar.runtime.engine.models.kinds import CallInfo, call_table
+from mstar.runtime.engine.prompt_logprobs import prompt_logprob_calls
 from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
 from mstar.runtime.engine.step_check import StepChecker
@@ -148,6 +149,24 @@ class TorchEngine:
         self.caps = dataclasses.replace(self.caps, image_sizes=self.image_sizes, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
         self._set_run_ahead(run_ahead)
+
+    def _place_prompt_logprobs(self) -> Optional[str]:
+        """Tell the runner of the node that gives prompt log-probabilities (prompt_logprobs.py)
+        its walks; why a request asking for them cannot run here, or None. Asked per such request
+        (a few dict lookups), so a runner swapped in after start is the one asked."""
+        calls = prompt_logprob_calls(self.plan, self.calls)
+        if not calls:
+            return ("this plan gives no prompt log-probabilities: none of its walks has a call outside loops that "
+                    "takes the text prompt and sends text tokens to the client")
+        node = next(iter(calls))[0]
+        runner = self.runners.get(node)
+        if runner is None:  # the node runs on another rank, which answers for it
+            return None
+        if not isinstance(runner, DecoderRunner) or runner.prompt_logprobs_refusal is not None:
+            why = getattr(runner, "prompt_logprobs_refusal", None) or "its runner does not compute them"
+            return f"node {node} gives the prompt's log-probabilities, but {why}"
+        runner.prompt_logprob_walks = frozenset(walk for _, walk in calls)
+        return None
 
     def _set_run_ahead(self, run_ahead: bool) -> None:
         """`run_ahead=False`: every step waits for the one before; caps say whether any runner can."""
@@ -437,6 +456,9 @@ class TorchEngine:
         unknown = unknown_label_problem(self.plan, state.guidance.scales)
         if unknown:
             return f"request {request_id}: {unknown}"
+        problem = self._place_prompt_logprobs() if state.params.prompt_logprobs is not None else None
+        if problem:
+            return f"request {request_id} cannot run: prompt_logprobs: {problem}"
         for runner in self.runners.values():
             reason = runner.refusal(state)
             if reason:

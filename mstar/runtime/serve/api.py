@@ -112,6 +112,9 @@ class SamplingParams:
     # log-probabilities of each output text token and of this many alternatives beside it (0 to
     # 20; None: none): Output.logprobs
     logprobs: Optional[int] = None
+    # log-probabilities of each prompt token given the tokens before it, and of this many
+    # alternatives (0 to 20; None: none): Output.prompt_logprobs (the CPU engine; no cached prefix)
+    prompt_logprobs: Optional[int] = None
     # token id -> bias in [-100, 100], added to that token's logit before sampling on the calls that
     # send their tokens as text (OpenAI's logit_bias; ids as ints or decimal strings)
     logit_bias: Optional[dict[Any, float]] = None
@@ -127,7 +130,7 @@ class SamplingParams:
         past 4,300 digits, even a valid one, raised Python's ValueError of int -> str instead."""
         if not isinstance(self.ignore_eos, bool):
             raise SamplingError(f"ignore_eos must be true or false, got {shown(self.ignore_eos)}")
-        for name in ("max_tokens", "top_k", "seed", "logprobs", "min_tokens"):
+        for name in ("max_tokens", "top_k", "seed", "logprobs", "min_tokens", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not is_integer(value):
                 raise SamplingError(f"{name} must be an integer, got {shown(value)}")
@@ -159,7 +162,8 @@ class SamplingParams:
             raise SamplingError(problem)
         out_of_range = sampling_range_problem(self.temperature, self.top_k, self.top_p, self.seed,
                                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                                              self.logprobs, self.min_tokens, self.max_tokens, show=shown)
+                                              self.logprobs, self.min_tokens, self.max_tokens,
+                                              self.prompt_logprobs, show=shown)
         if out_of_range is not None:
             raise SamplingError(out_of_range)
         self.bias_pairs()
@@ -196,6 +200,9 @@ class Output:
     # log-probability, ((alternative id, its log-probability), ...) most likely first), None for a
     # token no engine row answered them of; None without
     logprobs: Optional[list[Any]] = None
+    # with SamplingParams.prompt_logprobs: one TokenLogprobs a token of prompt_token_ids, given the
+    # tokens before it (None for the first); None without
+    prompt_logprobs: Optional[list[Any]] = None
 
 
 class LLM:
@@ -365,7 +372,8 @@ class LLM:
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                        seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
                         presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                       logprobs=sampling.logprobs, logit_bias=sampling.bias_pairs(), ignore_eos=sampling.ignore_eos,
+                       logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs,
+                       logit_bias=sampling.bias_pairs(), ignore_eos=sampling.ignore_eos,
                        min_tokens=sampling.min_tokens,
                        stop_tokens=list(sampling.stop_token_ids),
                        stop_strings=list(sampling.stop),
@@ -567,7 +575,8 @@ class _Collector:
                       "".join(d.text for d in self.deltas) if self.has_text else None,
                       last.finish_reason or "error", [m for d in self.deltas for m in d.media],
                       last.num_output_tokens, last.num_cached_tokens,
-                      None if self.request.logprobs is None else [e for d in self.deltas for e in d.logprobs or []])
+                      None if self.request.logprobs is None else [e for d in self.deltas for e in d.logprobs or []],
+                      self.deltas[0].prompt_logprobs)
 
 
 def _check_arguments(plan: Any, engine: Any, max_waiting: Any, observer: Any) -> None:

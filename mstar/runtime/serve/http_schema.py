@@ -5,8 +5,8 @@ string as a boolean is refused, not coerced; unknown fields are ignored, as Open
 for fields it does not know, but on speech, where any other field gives a value to the plan's
 prompt format, one the format does not name is refused by name). Out: a prompt (token ids, text
 or chat messages) and `SamplingParams` (serve/api.py), or an `ApiError` (status, OpenAI error
-type, message, param) for a body the server cannot take: unsupported options (echo with
-logprobs, best_of, response formats other than those documented) are refused rather than ignored, so a
+type, message, param) for a body the server cannot take: unsupported options (best_of, response
+formats other than those documented) are refused rather than ignored, so a
 client is never silently given something other than what it asked for. `n` choices (and a
 completion's list of prompts) become that many requests (`CompletionBody.prompt_values`,
 `_Body.sampling(max_tokens, choice)`; serve/http_app.py and serve/http_stream.py answer them as
@@ -14,6 +14,9 @@ one). `presence_penalty`, `frequency_penalty` (in [-2, 2]) and `logit_bias` (tok
 [-100, 100]) are OpenAI's. Log-probabilities:
 a completion's `logprobs: N` and a chat's `logprobs: true` with `top_logprobs: N` (N in 0..20)
 become `SamplingParams.logprobs` (`_Body.logprobs_count`); serve/logprobs_format.py answers them.
+A completion's `echo` with `logprobs: N` asks the same of the echoed prompt's tokens
+(`SamplingParams.prompt_logprobs`, `prompt_logprobs_count`): the choice's `logprobs` then covers
+the prompt's tokens, the first with null, then the completion's.
 
 Field names and meanings follow OpenAI's API; extensions (documented in docs/serve.md):
 `top_k`, `repetition_penalty`, `stop_token_ids`, `seed` everywhere, vLLM's `ignore_eos` and
@@ -138,11 +141,16 @@ class _Body(BaseModel):
                               top_p=self.top_p, seed=seed, repetition_penalty=self.repetition_penalty,
                               stop=stop, stop_token_ids=list(self.stop_token_ids or []),
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              logprobs=self.logprobs_count(), logit_bias=self.logit_bias,
-                              ignore_eos=bool(self.ignore_eos), min_tokens=self.min_tokens or 0)
+                              logprobs=self.logprobs_count(), prompt_logprobs=self.prompt_logprobs_count(),
+                              logit_bias=self.logit_bias, ignore_eos=bool(self.ignore_eos),
+                              min_tokens=self.min_tokens or 0)
 
     def logprobs_count(self) -> Optional[int]:
         """The alternatives a choice asks log-probabilities of beside each token (None: none)."""
+        return None
+
+    def prompt_logprobs_count(self) -> Optional[int]:
+        """The alternatives a choice asks log-probabilities of beside each prompt token (None: none)."""
         return None
 
     @property
@@ -186,9 +194,6 @@ class CompletionBody(_Body):
         for name, value, ok in (("best_of", self.best_of, 1), ("suffix", self.suffix, None)):
             if value is not None and value != ok:
                 raise ApiError(400, f"{name} is not supported", param=name)
-        if self.echo and self.logprobs is not None:
-            raise ApiError(400, "echo with logprobs needs the prompt's log-probabilities, which the engines do not "
-                           "compute: send echo without logprobs, or logprobs without echo", param="echo")
         prompt = self.prompt
         is_list = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
         prompts = cast(list[Union[str, list[int]]], list(prompt) if is_list else [prompt])
@@ -199,6 +204,10 @@ class CompletionBody(_Body):
 
     def logprobs_count(self) -> Optional[int]:
         return self.logprobs
+
+    def prompt_logprobs_count(self) -> Optional[int]:
+        """echo with logprobs: the echoed prompt's tokens carry log-probabilities too (OpenAI's)."""
+        return self.logprobs if self.echo else None
 
 
 class ChatBody(_Body):

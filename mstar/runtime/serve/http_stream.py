@@ -166,9 +166,9 @@ def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[l
     bodies = []
     for index, deltas in enumerate(answers):
         token_ids = [t for d in deltas for t in d.token_ids]
-        logprobs = _joined_logprobs(choices[index], deltas)
+        echoed, logprobs = _with_prompt(choices[index], deltas[0], _joined_logprobs(choices[index], deltas))
         bodies.append({"index": index, "text": choices[index].echo + "".join(d.text for d in deltas),
-                       "logprobs": completion_logprobs(tokenizer, token_ids, logprobs, Offsets()),
+                       "logprobs": completion_logprobs(tokenizer, echoed + token_ids, logprobs, Offsets()),
                        "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
     return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
@@ -184,8 +184,8 @@ async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
     echoes = [c.echo for c in choices]  # each sent once, before its choice's first text
 
     def choice(index: int, delta: Delta) -> dict[str, Any]:
-        logprobs = completion_logprobs(tokenizer, delta.token_ids, _delta_logprobs(choices[index], delta),
-                                       offsets[index])
+        echoed, entries = _with_prompt(choices[index], delta, _delta_logprobs(choices[index], delta))
+        logprobs = completion_logprobs(tokenizer, echoed + delta.token_ids, entries, offsets[index])
         text, echoes[index] = echoes[index] + delta.text, ""
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(delta),
                 "token_ids": delta.token_ids}
@@ -240,6 +240,17 @@ def _delta_logprobs(choice: Choice, delta: Delta) -> Optional[list[Any]]:
     if choice.request.logprobs is None:
         return None
     return delta.logprobs if delta.logprobs is not None else [None] * len(delta.token_ids)
+
+
+def _with_prompt(choice: Choice, delta: Delta, logprobs: Optional[list[Any]]
+                 ) -> tuple[list[int], Optional[list[Any]]]:
+    """The prompt's token ids and log-probabilities to put before the choice's own, on the delta
+    that carries them (its first, where `echo` asked for them: Delta.prompt_logprobs); else no ids
+    and `logprobs` as they are."""
+    found = delta.prompt_logprobs
+    if found is None or logprobs is None:
+        return [], logprobs
+    return list(choice.request.prompt_tokens), found + logprobs
 
 
 def _joined_logprobs(choice: Choice, deltas: Sequence[Delta]) -> Optional[list[Any]]:

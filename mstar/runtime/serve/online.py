@@ -82,6 +82,9 @@ class Delta:
     # one per token of token_ids, for a request that asked for them (Request.logprobs): its
     # TokenLogprobs (step.py), None for a token no row answered them of; None for other requests
     logprobs: Optional[list[Any]] = None
+    # on a request's first delta, where it asked for them (Request.prompt_logprobs): one per prompt
+    # token (RequestRecord.prompt_logprobs; None for the first token and any the engine gave none of)
+    prompt_logprobs: Optional[list[Any]] = None
 
     @property
     def is_final(self) -> bool:
@@ -391,6 +394,8 @@ class OnlineLoop:
                 text += item.text.finish()
         delta = Delta(record.request.id, token_ids, text, media, None, False, len(record.request.prompt_tokens),
                       record.num_output_tokens, record.num_cached_tokens, logprobs=logprobs)
+        if start == 0 and record.request.prompt_logprobs is not None:  # the prompt's, complete by the first token
+            delta.prompt_logprobs = record.prompt_token_logprobs()
         if is_final:
             delta.finish_reason = record.finish_reason or "error"
             delta.is_refused = record.is_refused

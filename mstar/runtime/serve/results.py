@@ -12,7 +12,9 @@ per request as it ends. Out, in DIR:
   accumulated emission is a list of them, one per loop iteration), and `logprobs` for a request
   that asked for them (its line's "logprobs": N): one `{"token", "logprob", "top"}` per text token
   sent, `top` its N most likely alternatives as [id, logprob] pairs (a logprob of minus infinity
-  as -9999.0; null for a token no engine row gave them of). Each line goes out in one
+  as -9999.0; null for a token no engine row gave them of), and `prompt_logprobs` likewise for a
+  request that asked for its prompt's (its line's "prompt_logprobs": N): one entry per prompt
+  token, given the tokens before it (the first's logprob null). Each line goes out in one
   unbuffered write, so an interrupt or a crash keeps every line written before it whole, and a line
   is written only after its media files are.
 - media: a request's audio chunks as one WAV, its images as PNGs, each written under a
@@ -138,6 +140,8 @@ class ResultWriter:
             line["latents"] = latents
         if record.request.logprobs is not None:
             line["logprobs"] = _logprobs_json(record)
+        if record.request.prompt_logprobs is not None:
+            line["prompt_logprobs"] = prompt_logprobs_json(record)
         self._append((json.dumps(line) + "\n").encode("utf-8"))
         self.num_lines += 1
         self._written.add(request_id)
@@ -341,10 +345,20 @@ def _reason(error: OSError) -> str:
 def _logprobs_json(record: Any) -> list[dict[str, Any]]:
     """One entry per text token the record sent, with its log-probabilities
     (`RequestRecord.text_token_logprobs`; null where no engine row gave them)."""
+    return _entries_json(record.text_token_logprobs(0, len(record.emission_values)))
+
+
+def prompt_logprobs_json(record: Any) -> list[dict[str, Any]]:
+    """One entry per prompt token, with its log-probabilities given the tokens before it
+    (`RequestRecord.prompt_logprobs`; null for the first, and for any the engine gave none of)."""
+    return _entries_json(list(zip(record.request.prompt_tokens, record.prompt_token_logprobs())))
+
+
+def _entries_json(pairs: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
     from mstar.runtime.serve.logprobs_format import finite
 
     entries: list[dict[str, Any]] = []
-    for token, found in record.text_token_logprobs(0, len(record.emission_values)):
+    for token, found in pairs:
         own, top = found if found is not None else (None, ())
         entries.append({"token": token, "logprob": finite(own),
                         "top": [[other, finite(logprob)] for other, logprob in top]})

@@ -21,7 +21,9 @@ request ends once its decoded output holds one; needs the tokenizer too), "tempe
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
 loops written `count=PARAM`, each within its loop's max), "logprobs" (0 to 20: each output text
-token's log-probability and that many alternatives', in outputs.jsonl), "logit_bias" ({token id:
+token's log-probability and that many alternatives', in outputs.jsonl), "prompt_logprobs" (0 to
+20: the same of each prompt token given the tokens before it, in outputs.jsonl; the CPU engine, no
+prefix cache claimed), "logit_bias" ({token id:
 bias in [-100, 100]}, OpenAI's, on the calls that send tokens as text), "ignore_eos" (true: the
 model's own stop tokens do not end it) and "min_tokens" (no stop token before that many), vLLM's;
 blank lines are skipped. Given the plan,
@@ -280,7 +282,7 @@ def _check_id(request_id: str, where: str) -> None:
 # the fields a prompts line may hold (beside the plan's prompt format fields)
 LINE_FIELDS = frozenset({"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k",
                          "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_tokens",
-                         "route", "guidance", "audio", "loop_counts", "logprobs",
+                         "route", "guidance", "audio", "loop_counts", "logprobs", "prompt_logprobs",
                          "logit_bias", "ignore_eos", "min_tokens"})
 
 
@@ -464,6 +466,7 @@ def parse_prompt_line(line: str, where: str, tokenizer: Any = None, form: Any = 
         media=_audio(obj, where, base_dir),
         loop_counts=dict(loop_counts),
         logprobs=_logprobs(obj, where),
+        prompt_logprobs=_logprobs(obj, where, "prompt_logprobs", "each prompt token"),
         logit_bias=_logit_bias(obj, where),
         **_stop_extensions(obj, where, max_tokens),
     )
@@ -505,10 +508,10 @@ def _logit_bias(obj: dict, where: str) -> list[tuple[int, float]]:
         raise WorkloadError(f"{where}: {error}") from None
 
 
-def _logprobs(obj: dict, where: str) -> Optional[int]:
-    logprobs = _field(obj, "logprobs", (int,), where, is_required=False)
+def _logprobs(obj: dict, where: str, name: str = "logprobs", beside: str = "each token") -> Optional[int]:
+    logprobs = _field(obj, name, (int,), where, is_required=False)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise WorkloadError(f"{where}: 'logprobs' (the alternatives beside each token) must be in "
+        raise WorkloadError(f"{where}: '{name}' (the alternatives beside {beside}) must be in "
                             f"[0, {MAX_LOGPROBS}], got {shown(logprobs)}")
     return logprobs
 

@@ -210,6 +210,10 @@ class GpuDecoderRunner(DecoderRunner):
     # The fast path lays the KV pages out its own way (`_new_cache`) and overrides every base
     # method that touches them; the base's single-KvCache typing cannot say so.
     cache: PagedKv  # type: ignore[assignment]
+    # its steps give each row's last logits only (its graphs' shapes): a prompt's log-probabilities
+    # need every position's
+    prompt_logprobs_refusal = ("the GPU fast path gives each row's last logits only, not every prompt "
+                               "position's (run on the CPU engine: --device cpu)")
 
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],

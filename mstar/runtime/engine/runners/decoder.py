@@ -60,6 +60,7 @@ from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.prompt_limits import logit_bias_problem, prompt_limit_problem, takes_text_prompt
+from mstar.runtime.engine.prompt_logprobs import chunk_logprobs
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.depth import DepthModel
@@ -92,6 +93,9 @@ class _Prepared:
 
 
 class DecoderRunner:
+    # why this runner cannot compute a prompt's log-probabilities; None: it can (`_prompt_logprobs`)
+    prompt_logprobs_refusal: Optional[str] = None
+
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, slots: Optional[SlotPool], seed: int,
                  code_frames: Optional[dict[str, tuple[int, int]]] = None,
@@ -122,6 +126,9 @@ class DecoderRunner:
         self.offload = Offload(host_pages) if host_pages else None
         self.host = HostKv(host_pages, self._page_tensors()) if host_pages else None
         self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
+        # the walks whose rows give their requests' prompt log-probabilities (prompt_logprobs.py;
+        # the engine sets them on the plan's one node that gives them)
+        self.prompt_logprob_walks: frozenset[str] = frozenset()
         # the rows of the step being started: KV offload never moves their requests out, even where
         # admission is asked about a part of the step only (gpu/runner.py, decode_columns.py)
         self.step_rows: list[tuple[StepRow, CallInfo, RequestState]] = []
@@ -595,6 +602,8 @@ class DecoderRunner:
                        for item, main, velocity, token, frame in zip(ready, mains, velocities, tokens, frames)]
             for index, row_logprobs in logprobs.items():
                 results[index].logprobs = row_logprobs
+            if self.prompt_logprob_walks:
+                self._prompt_logprobs(ready, mains, results, model)
             for item, main in zip(ready, mains):
                 if item.row.is_partial and self._sends_per_position(item.call):
                     item.request.cut_hidden.setdefault(self.node.name, []).append(main.clone())
@@ -606,6 +615,21 @@ class DecoderRunner:
             for key in item.keys():
                 self.pool.commit(key, num_new, fed)
         return results
+
+    def _prompt_logprobs(self, ready: list[_Prepared], mains: list[torch.Tensor], results: list[RowResult],
+                         model: Decoder) -> None:
+        """The prompt log-probabilities of the rows that feed a prompt (or a chunk of one) for a
+        request that asks for them (prompt_logprobs.py); a chunk's tail waits on the request."""
+        node = self.node.name
+        for item, main, result in zip(ready, mains, results):
+            count = item.request.params.prompt_logprobs
+            if count is None or item.row.walk not in self.prompt_logprob_walks or item.is_flow:
+                continue
+            tails = item.request.prompt_tails
+            result.prompt_logprobs, tail = chunk_logprobs(model.logits, main, item.tokens_fed, tails.pop(node, None),
+                                                          count)
+            if item.row.is_partial:
+                tails[node] = tail
 
     def _flow_velocity(self, item: _Prepared, hidden: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
         """A flow row's velocity: the first sequence's, or the guided combination inside the interval."""

@@ -41,6 +41,9 @@ class RequestState:
     # node -> the hidden states of a cut prompt's chunks so far, where its call sends a value per
     # position (runners/decoder.py `_whole_prompt`: the last chunk sends them all)
     cut_hidden: dict[str, list[Any]] = field(default_factory=dict)
+    # node -> the log-probabilities of a cut prompt's last fed position so far, which predict its
+    # next chunk's first token (engine/prompt_logprobs.py)
+    prompt_tails: dict[str, Any] = field(default_factory=dict)
     # set from params (fields, not properties: the GPU fast path reads them a row a step)
     has_output_penalty: bool = field(init=False)  # a presence or frequency penalty
     has_penalty: bool = field(init=False)  # those, or a repetition penalty

@@ -33,7 +33,8 @@ from mstar.runtime.conductor.request import Request
 from mstar.runtime.step import RowResult, Step, StepResult, StepRow
 
 
-LOGPROBS = "logprobs"  # RowResult.logprobs: a class default, not a field (step.py), sent where set
+# RowResult.logprobs and .prompt_logprobs: class defaults, not fields (step.py), sent where set
+ROW_EXTRAS = ("logprobs", "prompt_logprobs")
 
 
 class WireError(ValueError):
@@ -111,10 +112,12 @@ def encode_result(result: StepResult, tensors: list[torch.Tensor]) -> dict[str, 
 
 
 def _encode_row(row: RowResult, tensors: list[torch.Tensor]) -> dict[str, Any]:
-    """The row's fields, and its log-probabilities where it has them (not a field: step.py)."""
+    """The row's fields, and its log-probabilities where it has them (not fields: step.py)."""
     obj = _encode_fields(row, tensors)
-    if row.logprobs is not None:
-        obj[LOGPROBS] = encode_value(row.logprobs, tensors)
+    for name in ROW_EXTRAS:
+        value = getattr(row, name)
+        if value is not None:
+            obj[name] = encode_value(value, tensors)
     return obj
 
 
@@ -124,9 +127,10 @@ def decode_result(obj: dict[str, Any], tensors: list[torch.Tensor]) -> StepResul
 
 
 def _decode_row(obj: dict[str, Any], tensors: list[torch.Tensor]) -> RowResult:
-    row = RowResult(**_decode_fields({k: v for k, v in obj.items() if k != LOGPROBS}, tensors))
-    if LOGPROBS in obj:
-        row.logprobs = decode_value(obj[LOGPROBS], tensors)
+    row = RowResult(**_decode_fields({k: v for k, v in obj.items() if k not in ROW_EXTRAS}, tensors))
+    for name in ROW_EXTRAS:
+        if name in obj:
+            setattr(row, name, decode_value(obj[name], tensors))
     return row
 
 

@@ -1,0 +1,67 @@
+"""A prompt's own log-probabilities: each prompt token's under the model, given the tokens before it.
+
+In: a request's `prompt_logprobs` (the alternatives it wants beside each prompt token), and a row
+of it that feeds the prompt or a chunk of one: the row's final hidden states (one a fed token),
+its fed token ids and the model's LM head. Out: one `TokenLogprobs` (step.py) a fed token, in
+order, for `RowResult.prompt_logprobs`; the first prompt token's entry is None (nothing precedes
+it). What OpenAI's completions answer for `echo` with `logprobs`, and what a loglikelihood
+evaluation reads.
+
+Position p's logits predict token p + 1, so a chunk's last position predicts the next chunk's first
+token: that row of log-probabilities (the "tail", one vocabulary's floats) waits on the request
+between its chunks, and the last chunk's tail, which predicts the sampled token, is dropped.
+
+Which calls give them (`prompt_logprob_calls`): the calls of the plan's first node, in plan order,
+that take the text prompt (an input whose role says `prompt text`), outside any loop (so what they
+feed is the prompt itself), and send text tokens to the client. A plan without one refuses such
+requests. Cached prefix pages have no logits, so such a request claims none (conductor.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.sampling import as_token_logprobs
+from mstar.runtime.step import TokenLogprobs
+
+# Positions whose logits are made at once: [positions, vocab] floats (an 8,192-token chunk of a
+# 128k vocabulary whole would be 4 GB).
+POSITIONS_AT_ONCE = 256
+
+
+def prompt_logprob_calls(plan: Any, calls: dict[tuple[str, str], CallInfo]) -> frozenset[tuple[str, str]]:
+    """The (node, walk) calls that give a request's prompt log-probabilities (module docstring);
+    empty when the plan has none."""
+    for node in plan.nodes:
+        prompt_inputs = {role.name for role in node.input_roles if role.prompt == "text"}
+        found = frozenset(key for key, call in calls.items()
+                          if key[0] == node.name and call.loop_max_iters == 0 and call.sends_text_tokens
+                          and prompt_inputs.intersection(call.inputs))
+        if found:
+            return found
+    return frozenset()
+
+
+def chunk_logprobs(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tokens: list[int],
+                   tail: Optional[torch.Tensor], count: int
+                   ) -> tuple[list[Optional[TokenLogprobs]], torch.Tensor]:
+    """The entries of a chunk's fed `tokens` (hidden `[T, H]`, one row a token), each with `count`
+    alternatives, and the chunk's tail; `tail`: the previous chunk's (None for the prompt's first)."""
+    ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
+    entries: list[Optional[TokenLogprobs]] = [None if tail is None else _entries(tail[None], ids[:1], count)[0]]
+    last = tail
+    for start in range(0, len(tokens), POSITIONS_AT_ONCE):
+        logprobs = torch.log_softmax(logits_of(hidden[start:start + POSITIONS_AT_ONCE]).float(), dim=-1)
+        targets = ids[start + 1:start + 1 + logprobs.shape[0]]  # the next token of each position, in the chunk
+        entries += _entries(logprobs[:targets.shape[0]], targets, count)
+        last = logprobs[-1]
+    assert last is not None, "a chunk feeds at least one token"
+    return entries, last
+
+
+def _entries(logprobs: torch.Tensor, targets: torch.Tensor, count: int) -> list[Optional[TokenLogprobs]]:
+    chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
+    values, ids = logprobs.topk(min(count, logprobs.shape[1]), dim=-1)
+    return list(as_token_logprobs(chosen.tolist(), values.tolist(), ids.tolist(), [count] * targets.shape[0]))

@@ -1,0 +1,88 @@
+"""A prompt's own log-probabilities (engine/prompt_logprobs.py) on the CPU engine.
+
+The oracle: a prompt whose tail is the model's own greedy continuation of its head. Each tail
+token is then the argmax of the distribution before it, so its prompt log-probability and its
+first alternative are what the sampler reported when it drew that token (`logprobs`), a number
+computed on another path (the last position of each decode step). A prompt cut into chunks (the
+llama_chunked plan, 512-token chunks) gives what the whole prompt gives; such a request claims no
+cached prefix and still gets every entry; a plan's fast path and the simulated engine refuse it
+alone, saying why."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mstar.runtime.conductor.request import Request
+from mstar.runtime.serve.api import LLM, SamplingParams
+
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+LLAMA, CHUNKED = GENERATED / "llama.plan", GENERATED / "llama_chunked.plan"
+HEAD = [5, 9, 13, 2, 7, 11, 3]
+
+
+def _generate(llm, prompts, **settings):
+    return llm.generate(prompts, SamplingParams(**settings))
+
+
+def test_the_tail_of_a_greedy_prompt_has_the_samplers_logprobs():
+    with LLM(str(LLAMA)) as llm:
+        drawn = _generate(llm, [HEAD], max_tokens=6, logprobs=2)[0]
+        prompt = HEAD + drawn.token_ids
+        out = _generate(llm, [prompt], max_tokens=1, prompt_logprobs=2)[0]
+    assert out.prompt_token_ids == prompt and len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None
+    for position, (token, (own, top)) in enumerate(zip(drawn.token_ids, drawn.logprobs), start=len(HEAD)):
+        found_own, found_top = out.prompt_logprobs[position]
+        assert found_own == pytest.approx(own, abs=1e-5)
+        assert [t for t, _ in found_top] == [t for t, _ in top] and found_top[0][0] == token
+        assert [v for _, v in found_top] == pytest.approx([v for _, v in top], abs=1e-5)
+    for own, top in out.prompt_logprobs[1:len(HEAD)]:
+        assert own <= top[0][1] + 1e-6 and len(top) == 2
+
+
+def test_a_prompt_cut_into_chunks_gives_what_the_whole_prompt_gives():
+    prompt = [(7 * i) % 500 + 1 for i in range(1200)]  # three chunks of llama_chunked's 512
+    answers = []
+    for plan in (LLAMA, CHUNKED):
+        with LLM(str(plan)) as llm:
+            answers.append(_generate(llm, [prompt], max_tokens=1, prompt_logprobs=1)[0].prompt_logprobs)
+    whole, chunked = answers
+    assert whole[0] is None and chunked[0] is None and len(whole) == len(chunked) == len(prompt)
+    for at in (1, 511, 512, 513, 1023, 1024, 1025, 1199):  # either side of each chunk's edge
+        assert chunked[at][0] == pytest.approx(whole[at][0], abs=1e-4)
+        assert chunked[at][1][0][0] == whole[at][1][0][0]
+
+
+def test_a_request_asking_for_them_claims_no_cached_prefix():
+    prompt = [(3 * i) % 400 + 1 for i in range(600)]
+    with LLM(str(CHUNKED)) as llm:
+        first = _generate(llm, [prompt], max_tokens=1)[0]
+        cached = _generate(llm, [prompt], max_tokens=1)[0]
+        asks = _generate(llm, [prompt], max_tokens=1, prompt_logprobs=0)[0]
+    assert first.num_cached_tokens == 0 and cached.num_cached_tokens > 0  # the cache works here
+    assert asks.num_cached_tokens == 0 and asks.finish_reason == "length"
+    assert asks.prompt_logprobs[0] is None and all(entry is not None for entry in asks.prompt_logprobs[1:])
+    assert all(top == () for _, top in asks.prompt_logprobs[1:])
+
+
+def test_a_request_without_them_gets_none():
+    with LLM(str(LLAMA)) as llm:
+        out = _generate(llm, [HEAD], max_tokens=2)[0]
+    assert out.prompt_logprobs is None
+
+
+def test_the_fast_path_refuses_them_alone_saying_why():
+    from fast_path_cpu import fast_path_engine
+
+    from mstar.plan.io import load_plan
+
+    engine, _ = fast_path_engine(load_plan(str(LLAMA), verify=False), 64)
+    reason = engine.add_request("asks", Request(id="asks", prompt_tokens=HEAD, max_tokens=2, prompt_logprobs=1))
+    assert reason is not None and "GPU fast path gives each row's last logits only" in reason
+    assert engine.add_request("plain", Request(id="plain", prompt_tokens=HEAD, max_tokens=2)) is None
+
+
+def test_an_out_of_range_count_is_refused():
+    with pytest.raises(ValueError, match=r"prompt_logprobs must be in \[0, 20\]"):
+        SamplingParams(max_tokens=2, prompt_logprobs=21).check()
