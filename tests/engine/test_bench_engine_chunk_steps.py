@@ -24,7 +24,7 @@ class _StandIn:
         num_decode = sum(spec.is_decode and spec.num_tokens == 1 for spec in specs) if route == "split" else 0
         return None, num_decode if 0 < num_decode < len(specs) else 0
 
-    def launch(self, specs, sampling, family, tokens, route, glue):
+    def launch(self, specs, sampling, family, tokens, route, glue, scoring=()):
         self.launched.append(([(s.num_tokens, s.num_cached) for s in specs], family, tokens, route))
         if 1 < max(s.num_tokens for s in specs) <= self.unroll_prompts:  # as StepExecutor._unrolled
             self.num_unrolled_steps += 1
@@ -105,7 +105,7 @@ class _Ordered(_StandIn):
         super().__init__()
         self.events = []
 
-    def launch(self, specs, sampling, family, tokens, route, glue):
+    def launch(self, specs, sampling, family, tokens, route, glue, scoring=()):
         super().launch(specs, sampling, family, tokens, route, glue)
         self.events.append(("launch", len(self.launched) - 1))
         return len(self.launched) - 1

@@ -1,19 +1,18 @@
-"""A prompt's own log-probabilities (engine/prompt_logprobs.py) on the CPU engine.
+"""A prompt's own log-probabilities (engine/prompt_logprobs.py).
 
 The oracle: a prompt whose tail is the model's own greedy continuation of its head. Each tail
 token is then the argmax of the distribution before it, so its prompt log-probability and its
 first alternative are what the sampler reported when it drew that token (`logprobs`), a number
 computed on another path (the last position of each decode step). A prompt cut into chunks (the
 llama_chunked plan, 512-token chunks) gives what the whole prompt gives; such a request claims no
-cached prefix and still gets every entry; a plan's fast path and the simulated engine refuse it
-alone, saying why."""
+cached prefix and still gets every entry; the GPU fast path's runner (on the CPU: its executor,
+packing and forward) gives what the CPU engine gives."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.api import LLM, SamplingParams
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
@@ -72,17 +71,58 @@ def test_a_request_without_them_gets_none():
     assert out.prompt_logprobs is None
 
 
-def test_the_fast_path_refuses_them_alone_saying_why():
-    from fast_path_cpu import fast_path_engine
+@pytest.mark.parametrize("plan_path, prompt_len", [(LLAMA, 40), (CHUNKED, 600)])
+def test_the_fast_path_gives_what_the_cpu_engine_gives(plan_path, prompt_len):
+    """The GPU fast path's runner on the CPU (its executor, packing and forward in fp32): a step
+    scoring a prompt runs eagerly and keeps every position's hidden state; llama_chunked's
+    600-token prompts cross a chunk's edge, and steps are launched ahead beside them."""
+    from fast_path_cpu import fast_path_engine, run_asks
 
     from mstar.plan.io import load_plan
+    from mstar.runtime.engine.torch_engine import TorchEngine
 
-    engine, _ = fast_path_engine(load_plan(str(LLAMA), verify=False), 64)
-    reason = engine.add_request("asks", Request(id="asks", prompt_tokens=HEAD, max_tokens=2, prompt_logprobs=1))
-    assert reason is not None and "GPU fast path gives each row's last logits only" in reason
-    assert engine.add_request("plain", Request(id="plain", prompt_tokens=HEAD, max_tokens=2)) is None
+    plan = load_plan(str(plan_path), verify=False)
+    asks = [{"prompt_logprobs": 2}, {}, {"prompt_logprobs": 0, "logprobs": 1}, {"prompt_logprobs": 1}]
+    reference = run_asks(plan, TorchEngine(plan, num_pages=256), asks, prompt_len, 4)
+    engine, runner = fast_path_engine(plan, 256, can_run_ahead=True)
+    fast = run_asks(plan, engine, asks, prompt_len, 4)
+    assert runner.executor.num_eager_steps > 0
+    for request_id, expected in reference.items():
+        found = fast[request_id]
+        assert found.finish_reason == expected.finish_reason == "length"
+        assert found.output_tokens == expected.output_tokens
+        assert len(found.prompt_logprobs) == len(expected.prompt_logprobs)
+        if not expected.prompt_logprobs:
+            continue
+        assert len(expected.prompt_logprobs) == prompt_len and found.prompt_logprobs[0] is None
+        for got, want in zip(found.prompt_logprobs[1:], expected.prompt_logprobs[1:]):
+            assert got[0] == pytest.approx(want[0], abs=1e-4)
+            assert [t for t, _ in got[1]] == [t for t, _ in want[1]]
 
 
 def test_an_out_of_range_count_is_refused():
     with pytest.raises(ValueError, match=r"prompt_logprobs must be in \[0, 20\]"):
         SamplingParams(max_tokens=2, prompt_logprobs=21).check()
+
+
+def test_a_hybrid_decoders_fast_path_gives_what_the_cpu_engine_gives():
+    """The qwen3_5 plan (gated delta-net layers beside full attention; tiny dims): the scored
+    prompt step runs eagerly with its linear layers' layout, on the fast path's runner on the CPU."""
+    from fast_path_cpu import fast_path_engine, run_asks
+
+    from mstar.plan.io import load_plan
+    from mstar.runtime.engine.kv.slots import SlotPool
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    plan = load_plan(str(GENERATED / "qwen3_5.plan"), verify=False)
+    asks = [{"prompt_logprobs": 1}, {}, {"prompt_logprobs": 3}]
+    reference = run_asks(plan, TorchEngine(plan, num_pages=64), asks, 12, 3)
+    engine, _ = fast_path_engine(plan, 64, max_seq_len=4096, with_decode_family=False,
+                                 slots=SlotPool("LLM", plan.nodes[0].recurrent.num_slots))
+    fast = run_asks(plan, engine, asks, 12, 3)
+    for request_id, expected in reference.items():
+        found = fast[request_id]
+        assert found.output_tokens == expected.output_tokens and found.finish_reason == "length"
+        assert len(found.prompt_logprobs) == len(expected.prompt_logprobs) == (0 if request_id == "r1" else 12)
+        for got, want in zip(found.prompt_logprobs[1:], expected.prompt_logprobs[1:]):
+            assert got[0] == pytest.approx(want[0], abs=1e-4) and [t for t, _ in got[1]] == [t for t, _ in want[1]]

@@ -47,9 +47,12 @@
 #          --penalties torch the torch ops): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
 #          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
 #          mixed workload both ways (sampling's, without its tests); about 300 s
+#   prompts a prompt's own log-probabilities on the fast path (tests/gpu/test_prompt_logprobs_gpu.py,
+#          llama and llama_chunked at spec dims), what asking costs a lone 1,024-token prompt (the
+#          Python API, alternated with plain ones), the fast path's GPU tests, two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -71,6 +74,26 @@ case $part in
       tests/gpu/test_decode_attention_gpu.py tests/gpu/test_bench_kv_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
+  prompts)
+    python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
+    in_time "what a scored prompt costs" && python3 - <<'PY'
+import statistics, time
+from mstar.runtime.serve.api import LLM, SamplingParams
+with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
+    times = {"plain": [], "prompt_logprobs": []}
+    for index in range(24):  # alternated, one at a time: each a lone 1,024-token prompt of its own
+        kind = "plain" if index % 2 == 0 else "prompt_logprobs"
+        prompt = [(31 * index + 7 * i) % 5000 + 100 for i in range(1024)]
+        started = time.perf_counter()
+        llm.generate([prompt], SamplingParams(max_tokens=1, **({"prompt_logprobs": 1} if index % 2 else {})))
+        times[kind].append((time.perf_counter() - started) * 1000)
+    medians = {kind: statistics.median(found[2:]) for kind, found in times.items()}
+    print("a lone 1,024-token prompt to its one token, ms (medians of 10):",
+          {kind: round(value, 2) for kind, value in medians.items()},
+          "ratio", round(medians["prompt_logprobs"] / medians["plain"], 2))
+PY
+    in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py
+    in_time "the plain workloads" && NO_BENCH=1 RUNS="plain plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras ;;
   penalties)
     python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "device_penalties or penal"
     in_time "penalise timed" && python3 -c "

@@ -150,23 +150,24 @@ class TorchEngine:
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
         self._set_run_ahead(run_ahead)
 
-    def _place_prompt_logprobs(self) -> Optional[str]:
-        """Tell the runner of the node that gives prompt log-probabilities (prompt_logprobs.py)
-        its walks; why a request asking for them cannot run here, or None. Asked per such request
-        (a few dict lookups), so a runner swapped in after start is the one asked."""
+    def _prompt_logprobs_runner(self) -> tuple[Optional[str], Optional[DecoderRunner]]:
+        """(why a request asking for prompt log-probabilities cannot run here, or None; the runner
+        that computes them here, told its walks, or None where the node runs on another rank,
+        which answers for it). Asked per such request (a few dict lookups), so a runner swapped in
+        after start is the one asked."""
         calls = prompt_logprob_calls(self.plan, self.calls)
         if not calls:
             return ("this plan gives no prompt log-probabilities: none of its walks has a call outside loops that "
-                    "takes the text prompt and sends text tokens to the client")
+                    "takes the text prompt and sends text tokens to the client"), None
         node = next(iter(calls))[0]
         runner = self.runners.get(node)
-        if runner is None:  # the node runs on another rank, which answers for it
-            return None
+        if runner is None:
+            return None, None
         if not isinstance(runner, DecoderRunner) or runner.prompt_logprobs_refusal is not None:
             why = getattr(runner, "prompt_logprobs_refusal", None) or "its runner does not compute them"
-            return f"node {node} gives the prompt's log-probabilities, but {why}"
+            return f"node {node} gives the prompt's log-probabilities, but {why}", None
         runner.prompt_logprob_walks = frozenset(walk for _, walk in calls)
-        return None
+        return None, runner
 
     def _set_run_ahead(self, run_ahead: bool) -> None:
         """`run_ahead=False`: every step waits for the one before; caps say whether any runner can."""
@@ -456,13 +457,15 @@ class TorchEngine:
         unknown = unknown_label_problem(self.plan, state.guidance.scales)
         if unknown:
             return f"request {request_id}: {unknown}"
-        problem = self._place_prompt_logprobs() if state.params.prompt_logprobs is not None else None
+        problem, scorer = self._prompt_logprobs_runner() if state.params.prompt_logprobs is not None else (None, None)
         if problem:
             return f"request {request_id} cannot run: prompt_logprobs: {problem}"
         for runner in self.runners.values():
             reason = runner.refusal(state)
             if reason:
                 return f"request {request_id} cannot run: {reason}"  # the reason says why (memory: "can never fit")
+        if scorer is not None:
+            scorer.scoring.add(request_id)
         self.requests[request_id] = state
         return None
 

@@ -113,7 +113,7 @@ class SamplingParams:
     # 20; None: none): Output.logprobs
     logprobs: Optional[int] = None
     # log-probabilities of each prompt token given the tokens before it, and of this many
-    # alternatives (0 to 20; None: none): Output.prompt_logprobs (the CPU engine; no cached prefix)
+    # alternatives (0 to 20; None: none): Output.prompt_logprobs (no cached prefix is claimed)
     prompt_logprobs: Optional[int] = None
     # token id -> bias in [-100, 100], added to that token's logit before sampling on the calls that
     # send their tokens as text (OpenAI's logit_bias; ids as ints or decimal strings)

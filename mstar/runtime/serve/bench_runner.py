@@ -103,7 +103,7 @@ class StubExecutor:
         self.num_steps = 0
 
     def launch(self, rows: list[RowSpec], sampling: Any = None, family: Optional[str] = None,
-               token_bucket: int = 0, route: str = "packed", glue: Any = None) -> _Answered:
+               token_bucket: int = 0, route: str = "packed", glue: Any = None, scoring: Any = ()) -> _Answered:
         self.num_steps += 1
         if getattr(sampling, "penalties", None) is not None:
             self.penalty_table.commit(sampling.penalties.update)

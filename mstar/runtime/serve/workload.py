@@ -22,8 +22,8 @@ Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
 loops written `count=PARAM`, each within its loop's max), "logprobs" (0 to 20: each output text
 token's log-probability and that many alternatives', in outputs.jsonl), "prompt_logprobs" (0 to
-20: the same of each prompt token given the tokens before it, in outputs.jsonl; the CPU engine, no
-prefix cache claimed), "logit_bias" ({token id:
+20: the same of each prompt token given the tokens before it, in outputs.jsonl; no cached prefix
+claimed), "logit_bias" ({token id:
 bias in [-100, 100]}, OpenAI's, on the calls that send tokens as text), "ignore_eos" (true: the
 model's own stop tokens do not end it) and "min_tokens" (no stop token before that many), vLLM's;
 blank lines are skipped. Given the plan,

@@ -54,7 +54,7 @@ collected, so the run loop's host work hides behind the device's. What makes tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -156,6 +156,10 @@ class Pending:
     buffer: torch.Tensor  # the pinned buffer `tokens` views, reused once collected
     order: Optional[list[int]] = None  # the launch order of the caller's rows (the split route), None: theirs
     logprobs: Optional[DeviceLogprobs] = None  # read by `collect_logprobs`; None: no row asked
+    # `launch(scoring=...)`: the step's final hidden states, every position, and each scored row's
+    # token span in them (by the caller's row index): `prompt_hidden`
+    hidden: Optional[torch.Tensor] = None
+    spans: Optional[dict[int, tuple[int, int]]] = None
 
 
 class StepExecutor:
@@ -521,18 +525,21 @@ class StepExecutor:
 
     def launch(self, rows: list[RowSpec], sampling: Optional[SamplingRows] = None,
                family: Optional[str] = None, token_bucket: int = 0, route: str = "packed",
-               glue: Optional[KeyGlue] = None) -> Pending:
+               glue: Optional[KeyGlue] = None, scoring: Sequence[int] = ()) -> Pending:
         """family, token_bucket: the step's capture family and token bucket from the plan (a packed
         family's step replays its piecewise graphs); a decode-only step picks its decode graph.
         route: the step's attention route from the plan (`split`: its decode rows on the decode
         kernel, launched first; `collect` returns the tokens in the caller's row order).
         glue: the generated glue of the step's key, which an executor with the glue packer needs
-        (the rows' `walk_index` index its walks); an executor without one takes none."""
+        (the rows' `walk_index` index its walks); an executor without one takes none.
+        scoring: the caller's rows whose every position's final hidden state is wanted (a prompt's
+        log-probabilities, engine/prompt_logprobs.py): the step then runs eagerly, its graphs
+        giving the last positions' only (`prompt_hidden`)."""
         if (glue is None) != (self.packer is None):
             raise ValueError("an executor packing with the generated glue takes each step's KeyGlue, and only it")
         began = self.step_events.begin() if self.step_events is not None else None
         num_rows = len(rows)  # the caller's: the rows sampled, scattered and copied back
-        unrolled = self._unrolled(rows)
+        unrolled = None if scoring else self._unrolled(rows)
         if unrolled is not None:
             rows, order, num_decode = unrolled, None, 0
             self.num_unrolled_steps += 1
@@ -541,15 +548,19 @@ class StepExecutor:
         if order is not None:
             rows = [rows[index] for index in order]
             sampling = sampling.take(order) if sampling is not None else None
-        batch = self.bucket(rows)
-        whole = None if batch else self.whole_key(rows, family, token_bucket, num_decode)
-        padded_tokens = 0 if batch or whole else self.token_bucket(rows, family, token_bucket)
+        batch = 0 if scoring else self.bucket(rows)
+        whole = None if batch or scoring else self.whole_key(rows, family, token_bucket, num_decode)
+        padded_tokens = 0 if batch or whole or scoring else self.token_bucket(rows, family, token_bucket)
         with torch.no_grad():
             inputs: Optional[RowInputs] = None
-            if glue is not None:
-                logits, greedy, inputs = self._run_glue(glue, rows, batch, padded_tokens, num_decode, whole)
-            else:
-                logits, greedy, row_slot = self._run_numpy(rows, batch, whole, padded_tokens, num_decode)
+            self.forward.keep_hidden = bool(scoring)
+            try:
+                if glue is not None:
+                    logits, greedy, inputs = self._run_glue(glue, rows, batch, padded_tokens, num_decode, whole)
+                else:
+                    logits, greedy, row_slot = self._run_numpy(rows, batch, whole, padded_tokens, num_decode)
+            finally:
+                self.forward.keep_hidden = False
             self._count(batch, whole, padded_tokens)
             tokens, logprobs = greedy[:num_rows], None
             if sampling is not None:
@@ -567,7 +578,11 @@ class StepExecutor:
                 began, len(rows), sum(row.num_tokens for row in rows), path_of(batch, whole, padded_tokens))
         else:
             event = self._record() if self.is_cuda else None
-        return Pending(num_rows, event, out, bool(batch), buffer, order, logprobs)
+        pending = Pending(num_rows, event, out, bool(batch), buffer, order, logprobs)
+        if scoring:
+            pending.hidden, self.forward.hidden = self.forward.hidden, None
+            pending.spans = _spans(rows, order, scoring)
+        return pending
 
     def _sampled(self, logits: torch.Tensor, greedy: torch.Tensor, sampling: SamplingRows
                  ) -> tuple[torch.Tensor, Optional[DeviceLogprobs]]:
@@ -734,6 +749,20 @@ class StepExecutor:
         found = as_token_logprobs(chosen.tolist(), values.tolist(), ids.tolist(), counts)
         order = pending.order
         return {(order[row] if order is not None else row): row_logprobs for row, row_logprobs in zip(rows, found)}
+
+
+def _spans(rows: list[RowSpec], order: Optional[list[int]], scoring: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Each scored row's token span in an eager step's positions (rows laid out one after another
+    in launch order), by the caller's row index."""
+    wanted = set(scoring)
+    spans: dict[int, tuple[int, int]] = {}
+    start = 0
+    for position, row in enumerate(rows):
+        caller = order[position] if order is not None else position
+        if caller in wanted:
+            spans[caller] = (start, start + row.num_tokens)
+        start += row.num_tokens
+    return spans
 
 
 def path_of(batch: int, whole: Optional[tuple[int, int, str]], padded_tokens: int) -> str:

@@ -101,6 +101,10 @@ class DecoderForward:
         self.kind_index = [sum(1 for other in layers[:i] if other.is_full == layer.is_full)
                            for i, layer in enumerate(layers)]
         self.folds_norms = False
+        # an eager step that keeps every position's final hidden state in `hidden` (the executor's
+        # prompt log-probabilities; never inside a graph)
+        self.keep_hidden = False
+        self.hidden: Optional[torch.Tensor] = None
         if self.is_fused and norm_folding.is_enabled():
             self.fold_norms()
 
@@ -289,6 +293,8 @@ class DecoderForward:
             if probes:
                 launch_probe.after_layer(x)
         assert delta is not None or self.folds_norms, "a decoder has at least one layer"
+        if self.keep_hidden:  # every position's final hidden state, for a prompt's log-probabilities
+            self.hidden = model.model.norm(x if delta is None else x + delta)
         if self.is_fused:  # the last rows only, gathered by the kernel: the residual add and the final norm
             last = kernels.add_rmsnorm(x, delta, model.model.norm.weight, model.model.norm.eps,
                                        model.model.norm.is_zero_centred, rows=last_index)
@@ -303,6 +309,10 @@ class DecoderForward:
         if self.gdn is not None:
             named += [("linear in", p) for p in self.gdn.in_proj] + [("linear out", p) for p in self.gdn.out_proj]
         return named
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final hidden states (`hidden` kept by an eager step: `keep_hidden`)."""
+        return self.model.gather_vocab(F.linear(hidden, self.model.lm_head.weight))
 
     def greedy(self, logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Each row's argmax (the first index of its maximum; into `out` when given): one fused pair

@@ -75,6 +75,7 @@ from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.sampling import SamplingParams, bias_pairs, row_biases
 from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
                                                  token_list_chunk)
+from mstar.runtime.engine.prompt_logprobs import chunk_logprobs
 from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
 
 
@@ -210,10 +211,6 @@ class GpuDecoderRunner(DecoderRunner):
     # The fast path lays the KV pages out its own way (`_new_cache`) and overrides every base
     # method that touches them; the base's single-KvCache typing cannot say so.
     cache: PagedKv  # type: ignore[assignment]
-    # its steps give each row's last logits only (its graphs' shapes): a prompt's log-probabilities
-    # need every position's
-    prompt_logprobs_refusal = ("the GPU fast path gives each row's last logits only, not every prompt "
-                               "position's (run on the CPU engine: --device cpu)")
 
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],
@@ -483,7 +480,10 @@ class GpuDecoderRunner(DecoderRunner):
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
         beside its other rows (prompt chunks) done row by row."""
-        steady = steady_rows(self, rows, is_partial_ok and route != "decode") if self.is_columnar else None
+        # a step scoring a prompt (its log-probabilities) runs its rows one by one, eagerly (`_scored`)
+        is_scoring = bool(self.scoring) and any(self._scores(row.walk, request) for row, _, request in rows)
+        steady = (steady_rows(self, rows, is_partial_ok and route != "decode")
+                  if self.is_columnar and not is_scoring else None)
         if steady is None:
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
         self.step_rows = rows
@@ -503,6 +503,7 @@ class GpuDecoderRunner(DecoderRunner):
         claimed = self._claim(ahead, ready) if ahead is not None else {}
         fresh = [item for index, item in enumerate(ready) if index not in claimed] if claimed else ready
         pending = None
+        scoring: list[int] = []  # fresh rows whose prompt's log-probabilities are asked for
         if fresh:
             decode_walks = self._decode_walks  # the split route's rows for the decode kernel
             key_glue = self._key_glue(worker, [item.row.walk for item in fresh])
@@ -512,10 +513,12 @@ class GpuDecoderRunner(DecoderRunner):
                              pool.page_table((item.row.request_id, label)),
                              self._row_slot(item.row.request_id), item.row.walk in decode_walks,
                              walk_index.get(item.row.walk, 0)) for item in fresh]
+            if self.scoring:
+                scoring = [index for index, item in enumerate(fresh) if self._scores(item.row.walk, item.request)]
             pending = self.executor.launch(specs, self._sampling([item.request for item in fresh],
                                                                  fed=[item.tokens_fed for item in fresh],
                                                                  calls=[item.call for item in fresh]),
-                                           *self._step_bucket, route=self._route, glue=key_glue)
+                                           *self._step_bucket, route=self._route, glue=key_glue, scoring=scoring)
         sampled: set[str] = set()
         for item in ready:
             row = item.row
@@ -545,8 +548,27 @@ class GpuDecoderRunner(DecoderRunner):
                             results[-1].logprobs = ahead.logprobs.get(claimed[index])
                     elif logprobs:
                         results[-1].logprobs = logprobs.get(num_fresh - 1)
+                if scoring and index not in claimed:
+                    self._scored(item, pending, num_fresh - 1, results[-1])
             return results
         return finish
+
+    def _scores(self, walk: str, request: RequestState) -> bool:
+        """Whether a row of `walk` feeds a prompt whose log-probabilities its request asks for."""
+        return request.request_id in self.scoring and walk in self.prompt_logprob_walks
+
+    def _scored(self, item: _Item, pending: Any, fresh_index: int, result: RowResult) -> None:
+        """A scored row's prompt log-probabilities from its step's kept hidden states (the base's
+        `_prompt_logprobs`, over the executor's LM head); a chunk's tail waits on the request."""
+        span = pending.spans.get(fresh_index)
+        count = item.request.params.prompt_logprobs
+        if span is None or count is None:
+            return
+        node, tails = self.node.name, item.request.prompt_tails
+        result.prompt_logprobs, tail = chunk_logprobs(self.executor.forward.lm_logits, pending.hidden[slice(*span)],
+                                                      item.tokens_fed, tails.pop(node, None), count)
+        if item.row.is_partial:
+            tails[node] = tail
 
     def _claim(self, ahead: _Ahead, ready: list[_Item]) -> dict[int, int]:
         """Rows of this step the step launched ahead already ran: index here -> index there. The
@@ -590,7 +612,9 @@ class GpuDecoderRunner(DecoderRunner):
         if chunks is not None:
             # (a penalised row's uncollected sample is counted from the device token table, by
             # `_sampling`'s pending_slots, on the per-row path and the columns, not past a chunk step)
-            if not any(map(_has_penalty, map(_fourth, rows))):
+            # (nor a prompt scored for its log-probabilities: its step runs eagerly, `_scored`)
+            if not any(map(_has_penalty, map(_fourth, rows))) and not (
+                    self.scoring and any(self._scores(walk, request) for _, walk, _, request in rows)):
                 self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
         if self.is_columnar and prelaunch_steady(self, worker, rows):

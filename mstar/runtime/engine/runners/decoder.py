@@ -126,9 +126,10 @@ class DecoderRunner:
         self.offload = Offload(host_pages) if host_pages else None
         self.host = HostKv(host_pages, self._page_tensors()) if host_pages else None
         self.can_run_ahead = False  # `prelaunch` launches nothing here (gpu/runner.py's can)
-        # the walks whose rows give their requests' prompt log-probabilities (prompt_logprobs.py;
-        # the engine sets them on the plan's one node that gives them)
+        # the walks giving prompt log-probabilities (prompt_logprobs.py; set by the engine on the one node
+        # that gives them) and the live requests asking for them (empty: a step looks no further)
         self.prompt_logprob_walks: frozenset[str] = frozenset()
+        self.scoring: set[str] = set()
         # the rows of the step being started: KV offload never moves their requests out, even where
         # admission is asked about a part of the step only (gpu/runner.py, decode_columns.py)
         self.step_rows: list[tuple[StepRow, CallInfo, RequestState]] = []
@@ -235,6 +236,7 @@ class DecoderRunner:
         if self.offload is not None:
             self.offload.forget(request_id)
         self.claimed.pop(request_id, None)
+        self.scoring.discard(request_id)
         self.admission.release(request_id)
         if self.slots:
             self.slots.release(request_id)
@@ -602,7 +604,7 @@ class DecoderRunner:
                        for item, main, velocity, token, frame in zip(ready, mains, velocities, tokens, frames)]
             for index, row_logprobs in logprobs.items():
                 results[index].logprobs = row_logprobs
-            if self.prompt_logprob_walks:
+            if self.scoring:
                 self._prompt_logprobs(ready, mains, results, model)
             for item, main in zip(ready, mains):
                 if item.row.is_partial and self._sends_per_position(item.call):
