@@ -157,7 +157,7 @@ class Pending:
     order: Optional[list[int]] = None  # the launch order of the caller's rows (the split route), None: theirs
     logprobs: Optional[DeviceLogprobs] = None  # read by `collect_logprobs`; None: no row asked
     # `launch(scoring=...)`: the step's final hidden states, every position, and each scored row's
-    # token span in them (by the caller's row index): `prompt_hidden`
+    # token span in them (by the caller's row index), which `GpuDecoderRunner._scored` reads
     hidden: Optional[torch.Tensor] = None
     spans: Optional[dict[int, tuple[int, int]]] = None
 
@@ -533,8 +533,8 @@ class StepExecutor:
         glue: the generated glue of the step's key, which an executor with the glue packer needs
         (the rows' `walk_index` index its walks); an executor without one takes none.
         scoring: the caller's rows whose every position's final hidden state is wanted (a prompt's
-        log-probabilities, engine/prompt_logprobs.py): the step then runs eagerly, its graphs
-        giving the last positions' only (`prompt_hidden`)."""
+        log-probabilities, engine/prompt_logprobs.py): the step then runs eagerly, as its graphs
+        keep the last positions only (`Pending.hidden`, `.spans`)."""
         if (glue is None) != (self.packer is None):
             raise ValueError("an executor packing with the generated glue takes each step's KeyGlue, and only it")
         began = self.step_events.begin() if self.step_events is not None else None
