@@ -44,6 +44,17 @@ def prompt_logprob_calls(plan: Any, calls: dict[tuple[str, str], CallInfo]) -> f
     return frozenset()
 
 
+def score_row(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tokens: list[int],
+              request: Any, node: str, is_partial: bool) -> list[Optional[TokenLogprobs]]:
+    """A row's entries (`chunk_logprobs`) with the request's (a `RequestState`) alternatives,
+    from its tail on `node` so far; a chunk before the last leaves its own tail there."""
+    tails = request.prompt_tails
+    entries, tail = chunk_logprobs(logits_of, hidden, tokens, tails.pop(node, None), request.params.prompt_logprobs)
+    if is_partial:
+        tails[node] = tail
+    return entries
+
+
 def chunk_logprobs(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tokens: list[int],
                    tail: Optional[torch.Tensor], count: int
                    ) -> tuple[list[Optional[TokenLogprobs]], torch.Tensor]:

@@ -75,7 +75,7 @@ from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.sampling import SamplingParams, bias_pairs, row_biases
 from mstar.runtime.engine.runners.values import (InputError, chunk_of, classify_for_row, held_token_chunk,
                                                  token_list_chunk)
-from mstar.runtime.engine.prompt_logprobs import chunk_logprobs
+from mstar.runtime.engine.prompt_logprobs import score_row
 from mstar.runtime.step import AheadChunks, RowResult, StepRow, row_stop
 
 
@@ -558,17 +558,12 @@ class GpuDecoderRunner(DecoderRunner):
         return request.request_id in self.scoring and walk in self.prompt_logprob_walks
 
     def _scored(self, item: _Item, pending: Any, fresh_index: int, result: RowResult) -> None:
-        """A scored row's prompt log-probabilities from its step's kept hidden states (the base's
-        `_prompt_logprobs`, over the executor's LM head); a chunk's tail waits on the request."""
+        """A scored row's prompt log-probabilities from its step's kept hidden states, over the
+        executor's LM head (`score_row`, as the base's `_prompt_logprobs`)."""
         span = pending.spans.get(fresh_index)
-        count = item.request.params.prompt_logprobs
-        if span is None or count is None:
-            return
-        node, tails = self.node.name, item.request.prompt_tails
-        result.prompt_logprobs, tail = chunk_logprobs(self.executor.forward.lm_logits, pending.hidden[slice(*span)],
-                                                      item.tokens_fed, tails.pop(node, None), count)
-        if item.row.is_partial:
-            tails[node] = tail
+        if span is not None:
+            result.prompt_logprobs = score_row(self.executor.forward.lm_logits, pending.hidden[slice(*span)],
+                                               item.tokens_fed, item.request, self.node.name, item.row.is_partial)
 
     def _claim(self, ahead: _Ahead, ready: list[_Item]) -> dict[int, int]:
         """Rows of this step the step launched ahead already ran: index here -> index there. The

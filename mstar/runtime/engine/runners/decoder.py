@@ -60,7 +60,7 @@ from mstar.runtime.engine.kv.host_cache import HostKv, page_tensors
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.prompt_limits import logit_bias_problem, prompt_limit_problem, takes_text_prompt
-from mstar.runtime.engine.prompt_logprobs import chunk_logprobs
+from mstar.runtime.engine.prompt_logprobs import score_row
 from mstar.runtime.engine.kv.slots import SlotPool
 from mstar.runtime.engine.models.decoder import Decoder, DecoderBatch
 from mstar.runtime.engine.models.depth import DepthModel
@@ -622,16 +622,11 @@ class DecoderRunner:
                          model: Decoder) -> None:
         """The prompt log-probabilities of the rows that feed a prompt (or a chunk of one) for a
         request that asks for them (prompt_logprobs.py); a chunk's tail waits on the request."""
-        node = self.node.name
         for item, main, result in zip(ready, mains, results):
-            count = item.request.params.prompt_logprobs
-            if count is None or item.row.walk not in self.prompt_logprob_walks or item.is_flow:
-                continue
-            tails = item.request.prompt_tails
-            result.prompt_logprobs, tail = chunk_logprobs(model.logits, main, item.tokens_fed, tails.pop(node, None),
-                                                          count)
-            if item.row.is_partial:
-                tails[node] = tail
+            if (item.request.params.prompt_logprobs is not None and item.row.walk in self.prompt_logprob_walks
+                    and not item.is_flow):
+                result.prompt_logprobs = score_row(model.logits, main, item.tokens_fed, item.request, self.node.name,
+                                                   item.row.is_partial)
 
     def _flow_velocity(self, item: _Prepared, hidden: dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
         """A flow row's velocity: the first sequence's, or the guided combination inside the interval."""
