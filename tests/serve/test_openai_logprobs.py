@@ -157,3 +157,25 @@ def test_echo_with_logprobs_covers_the_prompts_tokens_then_the_completions(llama
     chunks = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
     assert [t for chunk in chunks for t in chunk.tokens] == logprobs.tokens
     assert [v for chunk in chunks for v in chunk.token_logprobs] == pytest.approx(logprobs.token_logprobs)
+
+
+def test_echo_with_logprobs_gives_each_prompt_and_choice_its_own(llama):
+    """Two prompts, two choices each: every choice's logprobs start with its own prompt's tokens,
+    whole and streamed (each choice's first chunk)."""
+    llm, client = llama
+    prompts = [PROMPT, [1, 5, 7]]
+    answer = client.completions.create(model="llama", prompt=prompts, max_tokens=2, logprobs=0, echo=True, n=2,
+                                       temperature=1.0, seed=4)
+    stream = list(client.completions.create(model="llama", prompt=prompts, max_tokens=2, logprobs=0, echo=True,
+                                            n=2, temperature=1.0, seed=4, stream=True))
+    assert len(answer.choices) == 4
+    for choice in answer.choices:
+        prompt = prompts[choice.index // 2]
+        tokens = choice.logprobs.tokens
+        assert tokens[:len(prompt)] == [llm.tokenizer.token_text(t) for t in prompt]
+        assert len(tokens) == len(prompt) + len(choice.model_extra["token_ids"])
+        assert choice.logprobs.token_logprobs[0] is None
+        assert all(value is not None for value in choice.logprobs.token_logprobs[1:])
+        streamed = [t for chunk in stream for c in chunk.choices if c.index == choice.index and c.logprobs
+                    for t in c.logprobs.tokens]
+        assert streamed[:len(prompt)] == tokens[:len(prompt)]
