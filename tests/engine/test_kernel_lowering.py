@@ -43,10 +43,13 @@ def _two_names_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + tl.arange(0, BLOCK), value)
 
 
-def launches(tmp_path, name):
+def launches(tmp_path, name, place=None, options=None):
+    """A launch of `name` as the interpreter's child records one; `place`: where the kernel is
+    found (this module by default), `options`: the launch's (num_warps 4 by default)."""
     path = tmp_path / "signatures.jsonl"
-    path.write_text(json.dumps({"module": __name__, "name": name, "constexprs": {"BLOCK": 16},
-                                "types": {"x_ptr": "*i32", "out_ptr": "*fp32"}, "options": {"num_warps": 4}}) + "\n")
+    path.write_text(json.dumps({**(place or {"module": __name__}), "name": name, "constexprs": {"BLOCK": 16},
+                                "types": {"x_ptr": "*i32", "out_ptr": "*fp32"},
+                                "options": {"num_warps": 4} if options is None else options}) + "\n")
     return path
 
 
@@ -68,11 +71,8 @@ def glue_launches(tmp_path, name):
     source = ("import triton\nimport triton.language as tl\n\nfrom mstar.runtime.engine.glue_jit import glue_jit\n\n"
               f"{helpers}\n\n{kernels}\n\nGLUE_BY_WORKER = {{}}\n")
     (tmp_path / "glue_one.py").write_text(source)
-    path = tmp_path / "signatures.jsonl"
-    path.write_text(json.dumps({"glue": "glue_one.py", "sha256": hashlib.sha256(source.encode()).hexdigest(),
-                                "name": name, "constexprs": {"BLOCK": 16},
-                                "types": {"x_ptr": "*i32", "out_ptr": "*fp32"}, "options": {}}) + "\n")
-    return path
+    return launches(tmp_path, name, {"glue": "glue_one.py", "sha256": hashlib.sha256(source.encode()).hexdigest()},
+                    options={})
 
 
 def test_a_glue_kernel_the_compiler_refuses_fails_on_the_cpu(tmp_path):
