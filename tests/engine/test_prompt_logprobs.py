@@ -126,3 +126,32 @@ def test_a_hybrid_decoders_fast_path_gives_what_the_cpu_engine_gives():
         assert len(found.prompt_logprobs) == len(expected.prompt_logprobs) == (0 if request_id == "r1" else 12)
         for got, want in zip(found.prompt_logprobs[1:], expected.prompt_logprobs[1:]):
             assert got[0] == pytest.approx(want[0], abs=1e-4) and [t for t, _ in got[1]] == [t for t, _ in want[1]]
+
+
+def test_a_chunks_entries_and_tail_over_several_slices_of_positions():
+    """`chunk_logprobs` over 600 positions (three slices of POSITIONS_AT_ONCE) against one
+    log_softmax of the whole chunk: every entry, the alternatives in order; the tail is the last
+    position's row and owns only that row's storage (a view would keep a [256, vocab] block alive
+    on the request between its chunks)."""
+    import torch
+
+    from mstar.runtime.engine.prompt_logprobs import POSITIONS_AT_ONCE, chunk_logprobs
+
+    generator = torch.Generator().manual_seed(3)
+    vocab, count = 50, 3
+    hidden = torch.randn(600, 8, generator=generator)
+    head = torch.randn(vocab, 8, generator=generator)
+    tokens = torch.randint(0, vocab, (600,), generator=generator).tolist()
+    previous_tail = torch.log_softmax(torch.randn(vocab, generator=generator), dim=-1)
+    entries, tail = chunk_logprobs(lambda h: h @ head.T, hidden, tokens, previous_tail, count)
+    whole = torch.log_softmax(hidden @ head.T, dim=-1)
+    assert 600 > 2 * POSITIONS_AT_ONCE and len(entries) == 600
+    expected_rows = [previous_tail] + [whole[p] for p in range(599)]  # entry p: given position p - 1
+    for entry, row, token in zip(entries, expected_rows, tokens):
+        own, top = entry
+        assert own == pytest.approx(row[token].item(), abs=1e-5)
+        assert [t for t, _ in top] == row.topk(count).indices.tolist()
+    assert torch.allclose(tail, whole[-1], atol=1e-5)
+    assert tail.untyped_storage().nbytes() == vocab * 4
+    first, _ = chunk_logprobs(lambda h: h @ head.T, hidden[:1], tokens[:1], None, count)
+    assert first == [None]  # a prompt's first token has nothing before it

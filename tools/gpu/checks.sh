@@ -47,9 +47,10 @@
 #          --penalties torch the torch ops): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
 #          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
 #          mixed workload both ways (sampling's, without its tests); about 300 s
-#   prompts a prompt's own log-probabilities on the fast path (tests/gpu/test_prompt_logprobs_gpu.py,
-#          llama and llama_chunked at spec dims), what asking costs a lone 1,024-token prompt (the
-#          Python API, alternated with plain ones), the fast path's GPU tests, two plain workloads
+#   prompts a prompt's own log-probabilities on the fast path: what asking costs a lone 1,024-token
+#          prompt (the Python API, alternated with plain ones; first, as it is the figure least often
+#          reached), tests/gpu/test_prompt_logprobs_gpu.py (llama and llama_chunked at spec dims), the
+#          fast path's GPU tests, two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts}
@@ -75,11 +76,13 @@ case $part in
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
   prompts)
-    python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
-    in_time "what a scored prompt costs" && python3 - <<'PY'
+    echo "== what a scored prompt costs (t=0 s)"
+    python3 - <<'PY'
 import statistics, time
 from mstar.runtime.serve.api import LLM, SamplingParams
+begun = time.perf_counter()
 with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
+    print(f"the engine built in {time.perf_counter() - begun:.1f} s", flush=True)
     times = {"plain": [], "prompt_logprobs": []}
     for index in range(24):  # alternated, one at a time: each a lone 1,024-token prompt of its own
         kind = "plain" if index % 2 == 0 else "prompt_logprobs"
@@ -92,6 +95,7 @@ with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
           {kind: round(value, 2) for kind, value in medians.items()},
           "ratio", round(medians["prompt_logprobs"] / medians["plain"], 2))
 PY
+    in_time "the GPU test" && python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py
     in_time "the plain workloads" && NO_BENCH=1 RUNS="plain plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras ;;
   penalties)

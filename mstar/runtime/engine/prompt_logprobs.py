@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from mstar.runtime.engine.models.kinds import CallInfo
-from mstar.runtime.engine.sampling import as_token_logprobs
+from mstar.runtime.engine.sampling import as_token_logprobs, logprob_tensors
 from mstar.runtime.step import TokenLogprobs
 
 # Positions whose logits are made at once: [positions, vocab] floats (an 8,192-token chunk of a
@@ -59,20 +59,22 @@ def chunk_logprobs(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: to
                    tail: Optional[torch.Tensor], count: int
                    ) -> tuple[list[Optional[TokenLogprobs]], torch.Tensor]:
     """The entries of a chunk's fed `tokens` (hidden `[T, H]`, one row a token), each with `count`
-    alternatives, and the chunk's tail; `tail`: the previous chunk's (None for the prompt's first)."""
+    alternatives, and the chunk's tail; `tail`: the previous chunk's (None for the prompt's first).
+    The figures stay on the logits' device until the chunk's last slice of positions, then come to
+    the host at once (a copy a slice would make the host wait on the device each time)."""
     ids = torch.tensor(tokens, dtype=torch.long, device=hidden.device)
-    entries: list[Optional[TokenLogprobs]] = [None if tail is None else _entries(tail[None], ids[:1], count)[0]]
+    parts = [] if tail is None else [logprob_tensors(tail[None], ids[:1], count, is_logprobs=True)]
     last = tail
     for start in range(0, len(tokens), POSITIONS_AT_ONCE):
-        logprobs = torch.log_softmax(logits_of(hidden[start:start + POSITIONS_AT_ONCE]).float(), dim=-1)
+        logprobs = torch.log_softmax(logits_of(hidden[start:start + POSITIONS_AT_ONCE]), dim=-1, dtype=torch.float32)
         targets = ids[start + 1:start + 1 + logprobs.shape[0]]  # the next token of each position, in the chunk
-        entries += _entries(logprobs[:targets.shape[0]], targets, count)
+        if targets.shape[0]:
+            parts.append(logprob_tensors(logprobs[:targets.shape[0]], targets, count, is_logprobs=True))
         last = logprobs[-1]
     assert last is not None, "a chunk feeds at least one token"
-    return entries, last
-
-
-def _entries(logprobs: torch.Tensor, targets: torch.Tensor, count: int) -> list[Optional[TokenLogprobs]]:
-    chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
-    values, ids = logprobs.topk(min(count, logprobs.shape[1]), dim=-1)
-    return list(as_token_logprobs(chosen.tolist(), values.tolist(), ids.tolist(), [count] * targets.shape[0]))
+    entries: list[Optional[TokenLogprobs]] = [None] if tail is None else []
+    if parts:
+        chosen, values, alternatives = (torch.cat(column).tolist() for column in zip(*parts))
+        entries += as_token_logprobs(chosen, values, alternatives, [count] * len(chosen))
+    # a copy: the slice's view would keep its whole [positions, vocab] block alive on the request
+    return entries, last.clone()

@@ -281,12 +281,13 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories:
     return torch.where(is_greedy, greedy, sampled).tolist()
 
 
-def logprob_tensors(logits: torch.Tensor, tokens: torch.Tensor,
-                    most: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logprob_tensors(logits: torch.Tensor, tokens: torch.Tensor, most: int,
+                    is_logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rows' sampled-token log-probabilities `[R]` under log_softmax(logits) and the `most` most
     likely tokens' `[R, most]` (values, then ids; most likely first), on the logits' device (the GPU
-    fast path copies them to the host with its tokens). logits `[R, V]`, tokens `[R]`."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    fast path copies them to the host with its tokens). logits `[R, V]`, tokens `[R]`;
+    is_logprobs: `logits` are log-probabilities already (fp32)."""
+    logprobs = logits if is_logprobs else torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, tokens.reshape(-1, 1).long()).squeeze(1)
     values, ids = logprobs.topk(min(most, logprobs.shape[1]), dim=-1)
     return chosen, values, ids
