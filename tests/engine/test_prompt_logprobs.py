@@ -155,3 +155,42 @@ def test_a_chunks_entries_and_tail_over_several_slices_of_positions():
     assert tail.untyped_storage().nbytes() == vocab * 4
     first, _ = chunk_logprobs(lambda h: h @ head.T, hidden[:1], tokens[:1], None, count)
     assert first == [None]  # a prompt's first token has nothing before it
+
+
+def test_a_scoring_step_takes_the_smallest_piecewise_bucket_that_keeps_its_hidden_states():
+    """`StepExecutor._path` of a step scoring a prompt: the smallest piecewise bucket holding its
+    tokens whatever family the plan gave it, where the pieces keep every position's final hidden
+    state; eagerly where they keep none, where its rows or tokens do not fit, or with
+    `scores_on_pieces` off; a step scoring nothing keeps the plan's path (the stand-in has no
+    graphs here: eager)."""
+    from types import SimpleNamespace
+
+    import torch
+    from fast_path_cpu import fast_path_engine
+
+    from mstar.plan.io import load_plan
+    from mstar.runtime.engine.gpu.packing import RowSpec
+
+    plan = load_plan(str(LLAMA), verify=False)
+    _, runner = fast_path_engine(plan, 64)
+    executor = runner.executor
+
+    def rows(*lengths):
+        return [RowSpec(list(range(1, n + 1)), 0, [0], index) for index, n in enumerate(lengths)]
+
+    def path(step, is_scoring=True):
+        return executor._path(step, "LLM:prefill", 32, 0, is_scoring)
+
+    assert path(rows(14)) == (0, None, 0)  # no piecewise graphs: eager
+    executor.piecewise = SimpleNamespace(hidden=torch.zeros(8192, 8), max_rows=16, token_buckets=[64, 128, 1024, 8192])
+    assert path(rows(14)) == (0, None, 64)
+    assert path(rows(100, 28)) == (0, None, 128)
+    assert path(rows(129)) == (0, None, 1024)
+    assert path(rows(8193)) == (0, None, 0)  # past the largest bucket
+    assert path(rows(*[1] * 17)) == (0, None, 0)  # past the graphs' row entries
+    assert path(rows(14), is_scoring=False)[2] == 0  # a plain step: the plan's family, not captured here
+    executor.scores_on_pieces = False
+    assert path(rows(14)) == (0, None, 0)
+    executor.scores_on_pieces = True
+    executor.piecewise.hidden = None  # pieces that keep no hidden states
+    assert path(rows(14)) == (0, None, 0)

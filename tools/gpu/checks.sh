@@ -48,8 +48,8 @@
 #          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
 #          mixed workload both ways (sampling's, without its tests); about 300 s
 #   prompts a prompt's own log-probabilities on the fast path: what asking costs a lone 1,024-token
-#          prompt (the Python API, alternated with plain ones; first, as it is the figure least often
-#          reached), tests/gpu/test_prompt_logprobs_gpu.py (llama and llama_chunked at spec dims), the
+#          prompt (the Python API, alternated with plain ones, scored on the piecewise graphs and
+#          eagerly; first, as it is the figure least often reached), tests/gpu/test_prompt_logprobs_gpu.py (llama and llama_chunked at spec dims), the
 #          fast path's GPU tests, two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
@@ -79,21 +79,26 @@ case $part in
     echo "== what a scored prompt costs (t=0 s)"
     python3 - <<'PY'
 import statistics, time
+from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.serve.api import LLM, SamplingParams
 begun = time.perf_counter()
 with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
     print(f"the engine built in {time.perf_counter() - begun:.1f} s", flush=True)
-    times = {"plain": [], "prompt_logprobs": []}
-    for index in range(24):  # alternated, one at a time: each a lone 1,024-token prompt of its own
-        kind = "plain" if index % 2 == 0 else "prompt_logprobs"
+    executor = next(r for r in llm.engine.runners.values() if isinstance(r, GpuDecoderRunner)).executor
+    kinds = ("plain", "scored on the pieces", "scored eagerly")
+    times = {kind: [] for kind in kinds}
+    for index in range(36):  # alternated, one at a time: each a lone 1,024-token prompt of its own
+        kind = kinds[index % 3]
+        executor.scores_on_pieces = kind != "scored eagerly"
         prompt = [(31 * index + 7 * i) % 5000 + 100 for i in range(1024)]
         started = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_tokens=1, **({"prompt_logprobs": 1} if index % 2 else {})))
+        llm.generate([prompt], SamplingParams(max_tokens=1, **({"prompt_logprobs": 1} if index % 3 else {})))
         times[kind].append((time.perf_counter() - started) * 1000)
     medians = {kind: statistics.median(found[2:]) for kind, found in times.items()}
     print("a lone 1,024-token prompt to its one token, ms (medians of 10):",
           {kind: round(value, 2) for kind, value in medians.items()},
-          "ratio", round(medians["prompt_logprobs"] / medians["plain"], 2))
+          "ratios", {kind: round(medians[kind] / medians["plain"], 2) for kind in kinds[1:]},
+          "piecewise steps", executor.num_piecewise_steps, "eager steps", executor.num_eager_steps)
 PY
     in_time "the GPU test" && python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py

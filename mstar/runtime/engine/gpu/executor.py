@@ -140,6 +140,9 @@ class PackedFamilies:
     token_buckets: list[int]  # the union of the piecewise families' buckets
     max_rows: int  # the largest batch size among them: the graphs' row entries
     whole: tuple[WholePacked, ...] = ()
+    # the piecewise graphs also keep every position's final hidden state (`PiecewiseGraphs.hidden`):
+    # the node gives prompts' log-probabilities (gpu/setup.py)
+    keeps_hidden: bool = False
 
 
 # the rows of a step that asked for log-probabilities (launch order), their counts, and
@@ -220,6 +223,9 @@ class StepExecutor:
         self.num_unrolled_steps = 0  # graph steps whose prompt rows ran one row per query token
         self.num_whole_packed_steps = 0  # prefill and mixed steps on a whole graph (packed_graphs.py)
         self.step_events: Optional[StepEvents] = None  # `mstar run --gpu-idle` (step_events.py)
+        # a step scoring a prompt runs on the piecewise graphs that keep its hidden states
+        # (`_scoring_bucket`); False: eagerly (a what-if, timed by `tools/gpu/checks.sh prompts`)
+        self.scores_on_pieces = True
 
     def _flashinfer_steps(self, decode_kernel: str) -> "FlashInferSteps":
         """The node's attention (FlashInfer's wrappers, and the decode graphs' kernel picked by
@@ -260,7 +266,8 @@ class StepExecutor:
             self.capture_bytes["decode"] = self.graphs.measured_bytes
         if self.packed is not None:
             self.piecewise = PiecewiseGraphs(self.forward, self.loop_tokens, self.packed.token_buckets,
-                                             self.packed.max_rows, self.kv.dummy_slot, self.device)
+                                             self.packed.max_rows, self.kv.dummy_slot, self.device,
+                                             keeps_hidden=self.packed.keeps_hidden)
             self.capture_bytes["packed"] = self.piecewise.measured_bytes
         if self.whole:
             self.packed_graphs = PackedGraphs(self.forward, self.attention, self.loop_tokens, self._whole_keys(),
@@ -533,8 +540,8 @@ class StepExecutor:
         glue: the generated glue of the step's key, which an executor with the glue packer needs
         (the rows' `walk_index` index its walks); an executor without one takes none.
         scoring: the caller's rows whose every position's final hidden state is wanted (a prompt's
-        log-probabilities, engine/prompt_logprobs.py): the step then runs eagerly, as its graphs
-        keep the last positions only (`Pending.hidden`, `.spans`)."""
+        log-probabilities, engine/prompt_logprobs.py): the step then runs on the piecewise graphs
+        where they keep those states, else eagerly (`_path`; `Pending.hidden`, `.spans`)."""
         if (glue is None) != (self.packer is None):
             raise ValueError("an executor packing with the generated glue takes each step's KeyGlue, and only it")
         began = self.step_events.begin() if self.step_events is not None else None
@@ -548,9 +555,7 @@ class StepExecutor:
         if order is not None:
             rows = [rows[index] for index in order]
             sampling = sampling.take(order) if sampling is not None else None
-        batch = 0 if scoring else self.bucket(rows)
-        whole = None if batch or scoring else self.whole_key(rows, family, token_bucket, num_decode)
-        padded_tokens = 0 if batch or whole or scoring else self.token_bucket(rows, family, token_bucket)
+        batch, whole, padded_tokens = self._path(rows, family, token_bucket, num_decode, bool(scoring))
         with torch.no_grad():
             inputs: Optional[RowInputs] = None
             self.forward.keep_hidden = bool(scoring)
@@ -580,9 +585,41 @@ class StepExecutor:
             event = self._record() if self.is_cuda else None
         pending = Pending(num_rows, event, out, bool(batch), buffer, order, logprobs)
         if scoring:
-            pending.hidden, self.forward.hidden = self.forward.hidden, None
+            pending.hidden = self._kept_hidden(rows, padded_tokens)
             pending.spans = _spans(rows, order, scoring)
         return pending
+
+    def _path(self, rows: list[RowSpec], family: Optional[str], token_bucket: int, num_decode: int,
+              is_scoring: bool) -> tuple[int, Optional[tuple[int, int, str]], int]:
+        """How a step runs: (its decode graph's batch, its whole packed graph's key, its piecewise
+        bucket), all empty for an eager step. A step scoring a prompt keeps every position's final
+        hidden state (`_scoring_bucket`)."""
+        if is_scoring:
+            return 0, None, self._scoring_bucket(rows)
+        batch = self.bucket(rows)
+        whole = None if batch else self.whole_key(rows, family, token_bucket, num_decode)
+        return batch, whole, 0 if batch or whole else self.token_bucket(rows, family, token_bucket)
+
+    def _scoring_bucket(self, rows: list[RowSpec]) -> int:
+        """The piecewise bucket of a step scoring a prompt: the smallest that holds its tokens,
+        whatever family the plan gave the step, where the piecewise graphs keep every position's
+        final hidden state (`PiecewiseGraphs.hidden`) and `scores_on_pieces`; else 0, eagerly (the
+        decode and whole graphs keep the last positions only)."""
+        pieces = self.piecewise
+        if pieces is None or pieces.hidden is None or not self.scores_on_pieces or len(rows) > pieces.max_rows:
+            return 0
+        tokens = sum(row.num_tokens for row in rows)
+        return next((bucket for bucket in pieces.token_buckets if bucket >= tokens), 0)
+
+    def _kept_hidden(self, rows: list[RowSpec], padded_tokens: int) -> Optional[torch.Tensor]:
+        """A scoring step's final hidden states, every position: the piecewise graphs' buffer, copied
+        now in the stream (the next replay, a step launched ahead say, writes it again), or the
+        eager forward's."""
+        if padded_tokens:
+            assert self.piecewise is not None and self.piecewise.hidden is not None, "_path picked the pieces"
+            return self.piecewise.hidden[:sum(row.num_tokens for row in rows)].clone()
+        hidden, self.forward.hidden = self.forward.hidden, None
+        return hidden
 
     def _sampled(self, logits: torch.Tensor, greedy: torch.Tensor, sampling: SamplingRows
                  ) -> tuple[torch.Tensor, Optional[DeviceLogprobs]]:

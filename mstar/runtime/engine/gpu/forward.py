@@ -102,9 +102,10 @@ class DecoderForward:
                            for i, layer in enumerate(layers)]
         self.folds_norms = False
         # an eager step that keeps every position's final hidden state in `hidden` (the executor's
-        # prompt log-probabilities; never inside a graph)
+        # prompt log-probabilities); a piecewise capture writes them into `hidden_into` instead
         self.keep_hidden = False
         self.hidden: Optional[torch.Tensor] = None
+        self.hidden_into: Optional[torch.Tensor] = None
         if self.is_fused and norm_folding.is_enabled():
             self.fold_norms()
 
@@ -293,14 +294,24 @@ class DecoderForward:
             if probes:
                 launch_probe.after_layer(x)
         assert delta is not None or self.folds_norms, "a decoder has at least one layer"
-        if self.keep_hidden:  # every position's final hidden state, for a prompt's log-probabilities
-            self.hidden = model.model.norm(x if delta is None else x + delta)
+        if self.keep_hidden or self.hidden_into is not None:  # for a prompt's log-probabilities
+            self.hidden = self._all_normed(x, delta, self.hidden_into)
         if self.is_fused:  # the last rows only, gathered by the kernel: the residual add and the final norm
             last = kernels.add_rmsnorm(x, delta, model.model.norm.weight, model.model.norm.eps,
                                        model.model.norm.is_zero_centred, rows=last_index)
         else:
             last = model.model.norm((x if delta is None else x + delta)[last_index.long()])
         return model.gather_vocab(F.linear(last, model.lm_head.weight))
+
+    def _all_normed(self, x: torch.Tensor, delta: Optional[torch.Tensor], out: Optional[torch.Tensor]
+                    ) -> torch.Tensor:
+        """Every position's final hidden state (into `out` when given): the fused kernel where it
+        runs, so the last positions' rows are the ones the step's own logits come from."""
+        norm = self.model.model.norm
+        if self.is_fused:
+            return kernels.add_rmsnorm(x, delta, norm.weight, norm.eps, norm.is_zero_centred, out=out)
+        normed = norm(x if delta is None else x + delta)
+        return normed if out is None else out.copy_(normed)
 
     def named_products(self) -> list[tuple[str, products.Product]]:
         """Every matrix product a step runs but the LM head (the model's own), by role, one a layer."""

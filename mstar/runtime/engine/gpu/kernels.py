@@ -358,10 +358,14 @@ ARGMAX_CHUNK = 4096  # columns a first-pass program reduces (Llama-3.2-1B: 32 ch
 
 
 def add_rmsnorm(x: torch.Tensor, delta: Optional[torch.Tensor], weight: torch.Tensor, eps: float,
-                is_zero_centred: bool = False, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+                is_zero_centred: bool = False, rows: Optional[torch.Tensor] = None,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
     h = x.shape[1]
     n = x.shape[0] if rows is None else rows.shape[0]
-    out = torch.empty((n, h), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((n, h), dtype=x.dtype, device=x.device)
+    elif out.shape != (n, h) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"add_rmsnorm: out must be [{n}, {h}] {x.dtype} with contiguous rows")
     if n == 0:
         return out
     block = triton.next_power_of_2(h)

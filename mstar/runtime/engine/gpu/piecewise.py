@@ -50,7 +50,9 @@ from mstar.runtime.engine.gpu.packing import NUM_TOKEN_FIELDS
 
 class PiecewiseGraphs:
     def __init__(self, forward: DecoderForward, loop_tokens: torch.Tensor, token_buckets: list[int], max_rows: int,
-                 dummy_slot: int, device: torch.device):
+                 dummy_slot: int, device: torch.device, keeps_hidden: bool = False):
+        """keeps_hidden: every step also writes every position's final hidden state into `hidden`
+        (a prompt's log-probabilities, engine/prompt_logprobs.py)."""
         self.forward, self.loop_tokens = forward, loop_tokens
         self.max_rows, self.device = max_rows, device
         # Where each piece ends: (is a full-attention layer, its index among its kind), in layer order.
@@ -63,6 +65,11 @@ class PiecewiseGraphs:
         self.queries = torch.zeros(largest, d.num_qo_heads, d.head_dim, dtype=torch.bfloat16, device=device)
         self.attended = torch.zeros_like(self.queries)
         self.handover = Handover.of(forward.gdn, largest, device) if forward.gdn is not None else None
+        # Every position's final hidden state, shared by every bucket as the queries are (32 MiB at
+        # Llama-3.2-1B's 8,192-token bucket; outside the measured growth, as they are): one fused
+        # norm over the step's tokens more a step, a few us beside a prefill step's milliseconds.
+        self.hidden = (torch.zeros(largest, forward.model.model.norm.weight.shape[0], dtype=torch.bfloat16,
+                                   device=device) if keeps_hidden else None)
         self.inputs: dict[int, torch.Tensor] = {}
         # Every bucket's last piece copies its logits and their argmax here: one [max_rows, vocab]
         # fp32 buffer for all buckets instead of one each (32 MiB a bucket for Llama-3.2-1B). Sized
@@ -82,7 +89,11 @@ class PiecewiseGraphs:
         t, r = bucket, self.max_rows
         ids, positions, slots, src, last_index, _ = self.inputs[bucket].split([t, t, t, t, r, r])
         linear = LinearCut(cut_linear) if cut_linear is not None else None
-        logits = self.forward(ids, positions, slots, last_index, attend, linear, fed=(src, self.loop_tokens))
+        self.forward.hidden_into = self.hidden[:t] if self.hidden is not None else None
+        try:
+            logits = self.forward(ids, positions, slots, last_index, attend, linear, fed=(src, self.loop_tokens))
+        finally:
+            self.forward.hidden_into = self.forward.hidden = None
         if self.logits is None:  # the first warm-up, outside every graph
             self.logits = torch.zeros(logits.shape, dtype=logits.dtype, device=self.device)
         self.logits.copy_(logits)

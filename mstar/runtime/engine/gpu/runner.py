@@ -109,10 +109,11 @@ def decode_family(plan: Plan, node: str) -> Optional[CaptureFamily]:
     return None
 
 
-def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
+def packed_families(plan: Plan, node: str, keeps_hidden: bool = False) -> Optional[PackedFamilies]:
     """The node's packed capture families, None when it has none: those the plan captures
     piecewise (`CaptureFamily.is_piecewise`: attention eager between the pieces) and those it
-    captures whole (a graph per batch size and token bucket, attention inside)."""
+    captures whole (a graph per batch size and token bucket, attention inside). keeps_hidden:
+    `PackedFamilies.keeps_hidden`."""
     packed = {f.name: f for worker in plan.workers for key in worker.keys if key.node == node
               for f in key.captures if f.kind == "packed"}
     if not packed:
@@ -130,7 +131,8 @@ def packed_families(plan: Plan, node: str) -> Optional[PackedFamilies]:
                               frozenset(routes.get(f.name, {"packed"})))
                   for f in packed.values() if not f.is_piecewise)
     return PackedFamilies(frozenset(pieces), sorted({t for f in pieces.values() for t in f.token_buckets}),
-                          max((max(f.batch_sizes) for f in pieces.values()), default=0), whole)
+                          max((max(f.batch_sizes) for f in pieces.values()), default=0), whole,
+                          keeps_hidden=keeps_hidden)
 
 
 def node_glue(glue_by_worker: dict[int, dict[str, KeyGlue]], node: str) -> dict[int, dict[str, KeyGlue]]:

@@ -28,6 +28,7 @@ from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.placement import Placement
+from mstar.runtime.engine.prompt_logprobs import prompt_logprob_calls
 from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
@@ -65,6 +66,13 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
                             decode_family(plan, node.name), is_flashinfer=True, position=position,
                             prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots,
                             can_run_ahead=can_run_ahead,
-                            packed=packed_families(plan, node.name),
+                            packed=packed_families(plan, node.name,
+                                                   keeps_hidden=gives_prompt_logprobs(plan, node, calls)),
                             glue=node_glue(glue.GLUE_BY_WORKER, node.name) if glue is not None else None,
                             host_pages=pool.host_pages if pool else 0)
+
+
+def gives_prompt_logprobs(plan: Plan, node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> bool:
+    """Whether the node's steps may score a prompt (`prompt_logprob_calls`): its piecewise graphs
+    then keep every position's final hidden state (`PackedFamilies.keeps_hidden`)."""
+    return any(name == node.name for name, _ in prompt_logprob_calls(plan, calls))
