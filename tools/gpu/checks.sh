@@ -99,6 +99,8 @@ with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
           {kind: round(value, 2) for kind, value in medians.items()},
           "ratios", {kind: round(medians[kind] / medians["plain"], 2) for kind in kinds[1:]},
           "piecewise steps", executor.num_piecewise_steps, "eager steps", executor.num_eager_steps)
+    print("capture bytes measured", executor.capture_bytes, "the plan's estimates",
+          {f.name: f.memory_bytes for w in llm.plan.workers for k in w.keys for f in k.captures})
 PY
     in_time "the GPU test" && python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py
