@@ -179,3 +179,29 @@ def test_echo_with_logprobs_gives_each_prompt_and_choice_its_own(llama):
         streamed = [t for chunk in stream for c in chunk.choices if c.index == choice.index and c.logprobs
                     for t in c.logprobs.tokens]
         assert streamed[:len(prompt)] == tokens[:len(prompt)]
+
+
+def test_echo_with_max_tokens_zero_answers_the_prompt_alone(llama):
+    """`max_tokens: 0` with `echo` (what prompt-scoring clients send, vLLM's answer): the prompt's
+    text and its tokens' log-probabilities, no completion token, none counted, whole and streamed;
+    without `echo` it is still refused."""
+    llm, client = llama
+    answer = client.completions.create(model="llama", prompt=PROMPT, max_tokens=0, logprobs=2, echo=True)
+    expected = llm.generate([PROMPT], SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
+    choice = answer.choices[0]
+    assert choice.text == llm.tokenizer.decode(PROMPT) and choice.model_extra["token_ids"] == []
+    assert choice.finish_reason == "length"
+    assert choice.logprobs.tokens == [llm.tokenizer.token_text(t) for t in PROMPT]
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx([own for own, _ in expected.prompt_logprobs[1:]])
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (len(PROMPT), 0)
+    stream = list(client.completions.create(model="llama", prompt=PROMPT, max_tokens=0, logprobs=2, echo=True,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in stream if c.choices) == choice.text
+    streamed = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs]
+    assert [t for chunk in streamed for t in chunk.tokens] == choice.logprobs.tokens
+    assert stream[-1].usage.completion_tokens == 0
+    text = client.completions.create(model="llama", prompt="hello world", max_tokens=0, echo=True)
+    assert text.choices[0].text == "hello world" and text.usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
+        client.completions.create(model="llama", prompt=PROMPT, max_tokens=0)

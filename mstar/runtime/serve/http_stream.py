@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -67,6 +68,9 @@ class Choice:
     request: Request
     prompt_index: int = 0
     echo: str = ""
+    # a completion's `echo` with `max_tokens: 0` (what prompt-scoring clients send): its request
+    # samples one token, as every request samples one, and the answer leaves it out (`shown`)
+    is_echo_only: bool = False
 
 
 Started = tuple[AsyncIterator[Delta], Delta]  # a submitted request's stream and its first delta
@@ -84,6 +88,15 @@ def usage(choices: Sequence[Choice], finals: Sequence[Delta]) -> dict[str, Any]:
     completion = sum(final.num_output_tokens for final in finals)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def shown(choice: Choice, delta: Delta) -> Delta:
+    """The delta as the choice's answer shows it: an echo-only choice's without its sampled token
+    (no ids, text or log-probabilities, none counted; its prompt's log-probabilities kept)."""
+    if not choice.is_echo_only:
+        return delta
+    return dataclasses.replace(delta, token_ids=[], text="", logprobs=None if delta.logprobs is None else [],
+                               num_output_tokens=0)
 
 
 def finish_reason(delta: Delta) -> Optional[str]:
@@ -163,6 +176,7 @@ async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta]
 
 def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
     tokenizer = _tokenizer(service, choices)
+    answers = [[shown(choice, delta) for delta in deltas] for choice, deltas in zip(choices, answers)]
     bodies = []
     for index, deltas in enumerate(answers):
         token_ids = [t for d in deltas for t in d.token_ids]
@@ -267,6 +281,7 @@ async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: 
     finals: dict[int, Delta] = {}
     async with contextlib.aclosing(merged(started)) as deltas:  # leaving cancels the choices still running
         async for position, delta in deltas:
+            delta = shown(choices[position], delta)
             if _is_failed(delta):
                 yield _error_event(delta)
                 break
