@@ -416,7 +416,7 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_serves(service.endpoints.can_text, "completions")
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         # echo with max_tokens 0 answers the prompt alone (vLLM's): its request samples one token,
-        # which the answer leaves out (sse.shown)
+        # which the answer leaves out (sse.as_answered)
         is_echo_only = body.echo and tokens == 0
         choices: list[sse.Choice] = []
         for prompt_index, prompt in enumerate(body.prompt_values()):

@@ -69,7 +69,7 @@ class Choice:
     prompt_index: int = 0
     echo: str = ""
     # a completion's `echo` with `max_tokens: 0` (what prompt-scoring clients send): its request
-    # samples one token, as every request samples one, and the answer leaves it out (`shown`)
+    # samples one token, as every request samples one, and the answer leaves it out (`as_answered`)
     is_echo_only: bool = False
 
 
@@ -90,7 +90,7 @@ def usage(choices: Sequence[Choice], finals: Sequence[Delta]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def shown(choice: Choice, delta: Delta) -> Delta:
+def as_answered(choice: Choice, delta: Delta) -> Delta:
     """The delta as the choice's answer shows it: an echo-only choice's without its sampled token
     (no ids, text or log-probabilities, none counted; its prompt's log-probabilities kept)."""
     if not choice.is_echo_only:
@@ -176,7 +176,7 @@ async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta]
 
 def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
     tokenizer = _tokenizer(service, choices)
-    answers = [[shown(choice, delta) for delta in deltas] for choice, deltas in zip(choices, answers)]
+    answers = [[as_answered(choice, delta) for delta in deltas] for choice, deltas in zip(choices, answers)]
     bodies = []
     for index, deltas in enumerate(answers):
         token_ids = [t for d in deltas for t in d.token_ids]
@@ -281,7 +281,7 @@ async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: 
     finals: dict[int, Delta] = {}
     async with contextlib.aclosing(merged(started)) as deltas:  # leaving cancels the choices still running
         async for position, delta in deltas:
-            delta = shown(choices[position], delta)
+            delta = as_answered(choices[position], delta)
             if _is_failed(delta):
                 yield _error_event(delta)
                 break
