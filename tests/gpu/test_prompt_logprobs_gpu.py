@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mstar.runtime.engine.gpu import setup
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.serve.api import LLM, SamplingParams
 
@@ -24,7 +25,8 @@ TOLERANCE = 0.15  # in log-probability, bf16 (module docstring)
 
 
 @pytest.mark.parametrize("plan", ["llama.plan", "llama_chunked.plan"])
-def test_the_greedy_tail_of_a_prompt_has_the_samplers_logprobs_on_the_gpu(plan):
+def test_the_greedy_tail_of_a_prompt_has_the_samplers_logprobs_on_the_gpu(plan, monkeypatch):
+    monkeypatch.setattr(setup, "KEEP_HIDDEN_ON_PIECES", True)  # (off by default until measured)
     long_head = [(7 * i) % 5000 + 100 for i in range(1100)] + HEAD  # past llama_chunked's 512-token chunks
     with LLM(str(GENERATED / plan), device="cuda", dims="spec") as llm:
         executor = next(r for r in llm.engine.runners.values() if isinstance(r, GpuDecoderRunner)).executor

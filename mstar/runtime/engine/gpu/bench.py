@@ -281,7 +281,7 @@ def build(plan, node, decode_kernel="auto", glue=None, shared=None) -> tuple:
     from mstar.runtime.engine.gpu.device_model import build_decoder
     from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
     from mstar.runtime.engine.gpu.runner import decode_family, packed_families
-    from mstar.runtime.engine.gpu.setup import gives_prompt_logprobs
+    from mstar.runtime.engine.gpu.setup import keeps_hidden
     from mstar.runtime.engine.models.kinds import call_table
 
     device = torch.device("cuda")
@@ -305,8 +305,8 @@ def build(plan, node, decode_kernel="auto", glue=None, shared=None) -> tuple:
         # two copies of each slot, as the runner that runs ahead keeps them (`mstar run`'s default):
         # a step reads one and writes the other
         states = LinearStates.for_dims(dims, num_slots, device, versions=2)
-    # (the pieces keep every position's hidden state where the engine's would: `gives_prompt_logprobs`)
-    packed = packed_families(plan, node.name, keeps_hidden=gives_prompt_logprobs(plan, node, call_table(plan)))
+    # (the pieces keep every position's hidden state where the engine's would: `keeps_hidden`)
+    packed = packed_families(plan, node.name, keeps_hidden=keeps_hidden(plan, node, call_table(plan)))
     # The bench's rows reach 8192 tokens; a graph's first plan holds one row of its largest token
     # bucket (qwen3_omni's vision prefill: 16384), whose pages the row's page table must hold.
     max_positions = max([8192] + [t for f in (packed.whole if packed else ()) for t in f.token_buckets])

@@ -34,6 +34,15 @@ from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
 
 
+# A node that gives prompt log-probabilities captures piecewise graphs that keep every position's
+# final hidden state, so its scoring steps replay them rather than run eagerly
+# (`PackedFamilies.keeps_hidden`, docs/engine.md "A prompt's own log-probabilities"). Off until it
+# has run on a GPU: written in a session whose device starts were refused, and it changes the
+# capture of the piecewise graphs every long prompt replays. `tools/gpu/checks.sh prompts` and the
+# GPU test turn it on.
+KEEP_HIDDEN_ON_PIECES = False
+
+
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
                 placement: Placement, weights_dir: Optional[str], seed: int, num_pages: Optional[int],
                 code_frames: dict, position: int = 0, comm: TpComm = SINGLE_RANK,
@@ -66,13 +75,13 @@ def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple
                             decode_family(plan, node.name), is_flashinfer=True, position=position,
                             prefix_cache=pool is not None and pool.prefix_cache == "pages", slots=slots,
                             can_run_ahead=can_run_ahead,
-                            packed=packed_families(plan, node.name,
-                                                   keeps_hidden=gives_prompt_logprobs(plan, node, calls)),
+                            packed=packed_families(plan, node.name, keeps_hidden=keeps_hidden(plan, node, calls)),
                             glue=node_glue(glue.GLUE_BY_WORKER, node.name) if glue is not None else None,
                             host_pages=pool.host_pages if pool else 0)
 
 
-def gives_prompt_logprobs(plan: Plan, node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> bool:
-    """Whether the node's steps may score a prompt (`prompt_logprob_calls`): its piecewise graphs
-    then keep every position's final hidden state (`PackedFamilies.keeps_hidden`)."""
-    return any(name == node.name for name, _ in prompt_logprob_calls(plan, calls))
+def keeps_hidden(plan: Plan, node: NodePlan, calls: dict[tuple[str, str], CallInfo]) -> bool:
+    """Whether the node's piecewise graphs keep every position's final hidden state
+    (`PackedFamilies.keeps_hidden`): its steps may score a prompt (`prompt_logprob_calls`), and
+    KEEP_HIDDEN_ON_PIECES is on."""
+    return KEEP_HIDDEN_ON_PIECES and any(name == node.name for name, _ in prompt_logprob_calls(plan, calls))
