@@ -295,22 +295,20 @@ class DecoderForward:
                 launch_probe.after_layer(x)
         assert delta is not None or self.folds_norms, "a decoder has at least one layer"
         if self.keep_hidden or self.hidden_into is not None:  # for a prompt's log-probabilities
-            self.hidden = self._all_normed(x, delta, self.hidden_into)
-        if self.is_fused:  # the last rows only, gathered by the kernel: the residual add and the final norm
-            last = kernels.add_rmsnorm(x, delta, model.model.norm.weight, model.model.norm.eps,
-                                       model.model.norm.is_zero_centred, rows=last_index)
-        else:
-            last = model.model.norm((x if delta is None else x + delta)[last_index.long()])
+            self.hidden = self._final_norm(x, delta, out=self.hidden_into)
+        last = self._final_norm(x, delta, rows=last_index)  # the rows' last positions only
         return model.gather_vocab(F.linear(last, model.lm_head.weight))
 
-    def _all_normed(self, x: torch.Tensor, delta: Optional[torch.Tensor], out: Optional[torch.Tensor]
-                    ) -> torch.Tensor:
-        """Every position's final hidden state (into `out` when given): the fused kernel where it
-        runs, so the last positions' rows are the ones the step's own logits come from."""
+    def _final_norm(self, x: torch.Tensor, delta: Optional[torch.Tensor], rows: Optional[torch.Tensor] = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The residual add and the final norm of the positions `rows` (every position: None), into
+        `out` when given: one kernel where the fused kernels run (gathering `rows`), so every
+        position's states and the last positions' the logits come from are the same numbers."""
         norm = self.model.model.norm
         if self.is_fused:
-            return kernels.add_rmsnorm(x, delta, norm.weight, norm.eps, norm.is_zero_centred, out=out)
-        normed = norm(x if delta is None else x + delta)
+            return kernels.add_rmsnorm(x, delta, norm.weight, norm.eps, norm.is_zero_centred, rows=rows, out=out)
+        summed = x if delta is None else x + delta
+        normed = norm(summed if rows is None else summed[rows.long()])
         return normed if out is None else out.copy_(normed)
 
     def named_products(self) -> list[tuple[str, products.Product]]:
