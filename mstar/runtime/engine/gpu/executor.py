@@ -141,7 +141,7 @@ class PackedFamilies:
     max_rows: int  # the largest batch size among them: the graphs' row entries
     whole: tuple[WholePacked, ...] = ()
     # the piecewise graphs also keep every position's final hidden state (`PiecewiseGraphs.hidden`):
-    # the node gives prompts' log-probabilities (gpu/setup.py)
+    # the node gives prompts' log-probabilities and the switch is on (gpu/setup.py `keeps_hidden`)
     keeps_hidden: bool = False
 
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -482,8 +482,9 @@ class GpuDecoderRunner(DecoderRunner):
               ) -> tuple[list[RowResult], list[str], Callable[[], list[RowResult]]]:
         """The base's `start`; a step's steady decode rows (`decode_columns.py`) are done in columns,
         beside its other rows (prompt chunks) done row by row."""
-        # a step scoring a prompt (its log-probabilities) runs its rows one by one, eagerly (`_scored`)
-        is_scoring = bool(self.scoring) and any(self._scores(row.walk, request) for row, _, request in rows)
+        # a step scoring a prompt (its log-probabilities) runs its rows one by one, on graphs that keep
+        # every position's hidden state or eagerly (`StepExecutor.launch(scoring=...)`, `_scored`)
+        is_scoring = self._scores_any((row.walk, request) for row, _, request in rows)
         steady = (steady_rows(self, rows, is_partial_ok and route != "decode")
                   if self.is_columnar and not is_scoring else None)
         if steady is None:
@@ -559,6 +560,11 @@ class GpuDecoderRunner(DecoderRunner):
         """Whether a row of `walk` feeds a prompt whose log-probabilities its request asks for."""
         return request.request_id in self.scoring and walk in self.prompt_logprob_walks
 
+    def _scores_any(self, rows: Iterable[tuple[str, RequestState]]) -> bool:
+        """Whether any of the (walk, request) rows is scored (`_scores`); no look while no live
+        request asks."""
+        return bool(self.scoring) and any(self._scores(walk, request) for walk, request in rows)
+
     def _scored(self, item: _Item, pending: Any, fresh_index: int, result: RowResult) -> None:
         """A scored row's prompt log-probabilities from its step's kept hidden states, over the
         executor's LM head (`score_row`, as the base's `_prompt_logprobs`)."""
@@ -609,9 +615,10 @@ class GpuDecoderRunner(DecoderRunner):
         if chunks is not None:
             # (a penalised row's uncollected sample is counted from the device token table, by
             # `_sampling`'s pending_slots, on the per-row path and the columns, not past a chunk step)
-            # (nor a prompt scored for its log-probabilities: its step runs eagerly, `_scored`)
-            if not any(map(_has_penalty, map(_fourth, rows))) and not (
-                    self.scoring and any(self._scores(walk, request) for _, walk, _, request in rows)):
+            # (nor a prompt scored for its log-probabilities: its step keeps every position's hidden
+            # state, which a step launched ahead does not, `_scored`)
+            if not any(map(_has_penalty, map(_fourth, rows))) and not self._scores_any(
+                    (walk, request) for _, walk, _, request in rows):
                 self._prelaunch_chunks(worker, rows, chunks, decode_walks)
             return
         if self.is_columnar and prelaunch_steady(self, worker, rows):
