@@ -50,7 +50,7 @@
 #   prompts a prompt's own log-probabilities on the fast path: what asking costs a lone 1,024-token
 #          prompt (the Python API, alternated with plain ones, scored on the piecewise graphs and
 #          eagerly; first, as it is the figure least often reached), tests/gpu/test_prompt_logprobs_gpu.py (llama and llama_chunked at spec dims), the
-#          fast path's GPU tests, two plain workloads
+#          piecewise graphs' and the fast path's GPU tests with KEEP_HIDDEN_ON_PIECES on, two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts}
@@ -105,7 +105,12 @@ with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
           {f.name: f.memory_bytes for w in llm.plan.workers for k in w.keys for f in k.captures})
 PY
     in_time "the GPU test" && python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
-    in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py
+    # the piecewise graphs' and the fast path's tests with the switch on (what its default would be)
+    in_time "the piecewise and fast path tests, keeping hidden states" && python3 -c "
+import sys, pytest
+from mstar.runtime.engine.gpu import setup
+setup.KEEP_HIDDEN_ON_PIECES = True
+sys.exit(pytest.main(['-q', 'tests/gpu/test_gpu_piecewise.py', 'tests/gpu/test_gpu_fast_path.py']))"
     in_time "the plain workloads" && NO_BENCH=1 RUNS="plain plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras ;;
   penalties)
     python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "device_penalties or penal"
