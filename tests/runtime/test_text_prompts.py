@@ -91,10 +91,10 @@ def test_text_and_chat_prompts_give_text(checkpoint, tmp_path, capsys):
     ], "--weights", str(directory))
     assert status == 0, capsys.readouterr().err
     backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
-    for result in results.values():
-        assert result["text"] == backend.decode(result["output_tokens"], skip_special_tokens=True)
     # the text prompt is tokenized as transformers' tokenizer does (with its BOS), and generates as transformers does
     text_ids = hf_tokenizer(prompt)["input_ids"]
+    for name, prompt_ids in (("text", text_ids), ("chat", list(chat_tokens)), ("chat_tokens", list(chat_tokens))):
+        assert results[name]["text"] == _after(backend, prompt_ids, results[name]["output_tokens"])
     assert text_ids[0] == 1
     assert results["text"]["output_tokens"] == _hf_greedy(model, text_ids, 8)
     # the chat prompt's tokens are the template's rendering tokenized: the same output as those tokens given
@@ -124,8 +124,9 @@ def test_stop_string_ends_the_request(checkpoint, tmp_path, capsys):
     tokens = free["r"]["output_tokens"]
     backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
     stop = backend.id_to_token(tokens[4])
-    # the first token at which the decoded output holds the stop string
-    end = next(k for k in range(len(tokens)) if stop in backend.decode(tokens[:k + 1], skip_special_tokens=True))
+    prompt_ids = backend.encode(prompt).ids
+    # the first token at which the output's text (read after the prompt's) holds the stop string
+    end = next(k for k in range(len(tokens)) if stop in _after(backend, prompt_ids, tokens[:k + 1]))
     assert end <= 4
     status, stopped = _run(tmp_path / "stopped", [{"id": "r", "prompt": prompt, "max_tokens": 12,
                                                    "stop": ["never appears", stop]}], "--weights", str(directory))
@@ -133,8 +134,15 @@ def test_stop_string_ends_the_request(checkpoint, tmp_path, capsys):
     result = stopped["r"]
     assert result["output_tokens"] == tokens[:end + 1]
     assert result["finish_reason"] == "stop"
-    full = backend.decode(tokens[:end + 1], skip_special_tokens=True)
+    full = _after(backend, prompt_ids, tokens[:end + 1])
     assert result["text"] == full[:full.index(stop)] and stop not in result["text"]
+
+
+def _after(backend, prompt_ids, ids):
+    """The text an output adds to its prompt's: the whole decoded, the prompt's own taken off."""
+    def decode(found):
+        return backend.decode(found, skip_special_tokens=True)
+    return decode(prompt_ids + ids)[len(decode(prompt_ids)):]
 
 
 def test_tokenizer_option_overrides(checkpoint, tmp_path, capsys):

@@ -56,7 +56,9 @@ def test_a_list_of_texts_is_tokenized_prompt_by_prompt(llama):
     answer = client.completions.create(model="llama", prompt=["hello world", "the cat sat"], max_tokens=3)
     expected = [o.token_ids for o in llm.generate([[1, 15, 16], [1, 7, 8, 9]], SamplingParams(max_tokens=3))]
     assert [c.model_extra["token_ids"] for c in answer.choices] == expected
-    assert [c.text for c in answer.choices] == [llm.tokenizer.decode(ids) for ids in expected]
+    # each choice's text reads after its prompt (a space before the first word here)
+    texts = [_after(llm.tokenizer.decode, p, ids) for p, ids in zip([[1, 15, 16], [1, 7, 8, 9]], expected)]
+    assert [c.text for c in answer.choices] == texts and all(t.startswith(" ") for t in texts)
     assert answer.usage.prompt_tokens == 3 + 4
 
 
@@ -215,3 +217,8 @@ def test_a_handler_cancelled_while_its_choices_start_leaves_none_running():
 
     asyncio.run(handler())
     assert sorted(left) == ["a", "b"]
+
+
+def _after(decode, prompt, ids):
+    """The text a completion adds to its prompt's: the whole decoded, the prompt's own taken off."""
+    return decode(prompt + ids)[len(decode(prompt)):]

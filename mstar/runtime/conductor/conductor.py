@@ -66,6 +66,7 @@ from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import OUTSIDE_LOOPS, RunWalk, model_stop_loop
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
+from mstar.runtime.text_context import context_before, text_after
 
 log = logging.getLogger(__name__)
 
@@ -528,15 +529,18 @@ class Conductor:
         if len(output) <= min_tokens:  # (vLLM's: no stop string before min_tokens tokens)
             return False
         tail = max(MIN_STOP_TAIL_TOKENS, STOP_TAIL_TOKENS * max(map(len, stops)))
-        tokens = output[-tail:]
+        start = max(0, len(output) - tail)
+        tokens = output[start:]
         if not all(isinstance(t, int) for t in tokens):
             return False  # frames of codes, not text
-        text = self.decode(tokens)
+        # read after the tokens before the tail, as the text shown is (text_context.py)
+        context = [t for t in context_before(request.prompt_tokens, output, start) if isinstance(t, int)]
+        text = text_after(self.decode, context, tokens)
         if not min_tokens:
             return any(stop in text for stop in stops)
         # a stop string counts where it ends past the first min_tokens tokens' text (in the tail)
-        head = output[max(0, len(output) - tail):min_tokens]
-        after = len(self.decode(head)) if head else 0
+        head = output[start:min_tokens]
+        after = len(text_after(self.decode, context, head)) if head else 0
         return any(text.find(stop, max(0, after - len(stop) + 1)) >= 0 for stop in stops)
 
     # ------------------------------------------------------------ progress

@@ -48,6 +48,7 @@ from mstar.runtime.serve.driver import Driver
 from mstar.runtime.serve.steps import Launch
 from mstar.runtime.serve.text_stream import TextStream
 from mstar.runtime.step import Engine
+from mstar.runtime.text_context import CONTEXT_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -286,8 +287,8 @@ class OnlineLoop:
         try:
             if request.id in self._tracked or request.id in conductor.records:
                 raise ValueError(f"request id {request.id!r} is already in flight")
-            text = (TextStream(self.decode, request.stop_strings, request.min_tokens) if self.decode is not None
-                    else None)
+            text = (TextStream(self.decode, request.stop_strings, request.min_tokens,
+                               request.prompt_tokens[-CONTEXT_TOKENS:]) if self.decode is not None else None)
         except Exception as error:
             self._answer_unrun(request, deliver, f"error: {error}", is_refused=True)
             return

@@ -129,7 +129,7 @@ class ResultWriter:
         if record.first_token_s is not None:
             ttft = round((record.first_token_s - record.arrival_s) * 1000.0, 3)
         tokens = _tokens_json(record.output_tokens)
-        text = self._text(tokens, record.request.stop_strings, record.request.min_tokens)
+        text = self._text(tokens, record.request)
         line = {"id": request_id, "output_tokens": tokens, "text": text, "ttft_ms": ttft,
                 "finish_reason": record.finish_reason, "media": media}
         actions = [_float_rows(e.value) for e in record.emissions if e.modality == "action"]
@@ -149,15 +149,18 @@ class ResultWriter:
     def has_written(self, request_id: str) -> bool:
         return request_id in self._written
 
-    def _text(self, tokens: list[Any], stops: list[str], min_tokens: int = 0) -> Optional[str]:
-        """The output as text, cut before the first stop string that ends past the text of its
-        first `min_tokens` tokens."""
+    def _text(self, tokens: list[Any], request: Any) -> Optional[str]:
+        """The output as text read after the prompt's last tokens (text_context.py), cut before the
+        first stop string that ends past the text of its first `min_tokens` tokens."""
         if self.tokenizer is None or not all(isinstance(t, int) for t in tokens):
             return None
         from mstar.runtime.serve.tokenizer import stop_text_index
+        from mstar.runtime.text_context import CONTEXT_TOKENS, text_after
 
-        text = self.tokenizer.decode(tokens)
-        after = len(self.tokenizer.decode(tokens[:min_tokens])) if min_tokens and stops else 0
+        stops, min_tokens = request.stop_strings, request.min_tokens
+        context = [t for t in request.prompt_tokens[-CONTEXT_TOKENS:] if isinstance(t, int)]
+        text = text_after(self.tokenizer.decode, context, tokens)
+        after = len(text_after(self.tokenizer.decode, context, tokens[:min_tokens])) if min_tokens and stops else 0
         cut = stop_text_index(text, stops, after=after)
         return text if cut is None else text[:cut]
 

@@ -1,8 +1,11 @@
 """A request's output text, delta by delta, as its tokens arrive.
 
-In: `decode(ids) -> str` (the tokenizer's, special tokens skipped) and the request's stop
-strings; then token ids in the order they were generated (`add`), and the end (`finish`).
-Out: text deltas whose concatenation is the final text, cut before the first stop string.
+In: `decode(ids) -> str` (the tokenizer's, special tokens skipped), the request's stop strings
+and its prompt's last tokens (`context`); then token ids in the order they were generated
+(`add`), and the end (`finish`). Out: text deltas whose concatenation is the final text, cut
+before the first stop string.
+
+The output is decoded after the prompt's last tokens (mstar/runtime/text_context.py says why).
 
 Decoding is incremental (the offsets method of text-generation-inference): only the tokens since
 the last emitted boundary are decoded, together with a few before them so that a tokenizer that
@@ -23,7 +26,8 @@ INCOMPLETE = "\ufffd"  # what a decoder gives for a byte sequence cut inside a c
 
 
 class TextStream:
-    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = (), min_tokens: int = 0):
+    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = (), min_tokens: int = 0,
+                 context: Sequence[int] = ()):
         self._decode = decode
         self._stops = list(stops)
         self._min_tokens = min_tokens
@@ -31,9 +35,10 @@ class TextStream:
         # they have come; until then no stop string counts)
         self._after = 0 if not (min_tokens and self._stops) else None
         self._hold = max((len(s) for s in self._stops), default=1) - 1
-        self._ids: list[int] = []
+        self._ids: list[int] = list(context)  # the prompt's last tokens, then the output's
+        self._start = len(self._ids)  # the output's first token
         self._prefix = 0  # tokens before it are final text; decoding starts here for context
-        self._read = 0  # tokens before it are in `text`
+        self._read = self._start  # tokens before it are in `text`
         self.text = ""  # decoded so far (maybe past a stop string)
         self._num_shown = 0  # characters of `text` already handed out
         self._num_searched = 0  # no stop string starts before it (each step searches the new text only)
@@ -42,8 +47,9 @@ class TextStream:
     def add(self, ids: Sequence[int]) -> str:
         """The new text that can be shown after these tokens ('' when it must wait)."""
         self._ids.extend(ids)
-        if self._after is None and len(self._ids) >= self._min_tokens:
-            self._after = len(self._decode(self._ids[:self._min_tokens]))
+        if self._after is None and len(self._ids) - self._start >= self._min_tokens:
+            head = self._ids[:self._start + self._min_tokens]
+            self._after = len(self._decode(head)) - len(self._decode(head[:self._start]))
         before = self._decode(self._ids[self._prefix:self._read])
         after = self._decode(self._ids[self._prefix:])
         if len(after) > len(before) and not after.endswith(INCOMPLETE):

@@ -1,0 +1,30 @@
+"""An output's text as it reads after the tokens before it.
+
+A decoder that drops the leading space of a text's first token (SentencePiece's Metaspace,
+WordPiece's) gives an output's first token without its space when the output is decoded alone:
+a prompt and its completion read "hellome", and a stop string starting with a space never
+matched there. So output text is decoded after the prompt's last `CONTEXT_TOKENS` tokens (vLLM's
+and text-generation-inference's prefix offset) and the context's own text taken off.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+CONTEXT_TOKENS = 5  # tokens before an output decoded with it (enough for a space or a split character)
+
+
+def text_after(decode: Callable[[list[int]], str], context: Sequence[int], ids: Sequence[int]) -> str:
+    """The text of `ids` read after `context`; decoded alone where the context's text is not a
+    prefix of the whole (a decoder that rewrites across the boundary)."""
+    if not context:
+        return decode(list(ids))
+    before = decode(list(context))
+    whole = decode([*context, *ids])
+    return whole[len(before):] if whole.startswith(before) else decode(list(ids))
+
+
+def context_before(prompt: Sequence[int], output: Sequence[int], start: int) -> list[int]:
+    """The `CONTEXT_TOKENS` tokens before `output[start:]`: the output's own, then the prompt's."""
+    from_output = list(output[max(0, start - CONTEXT_TOKENS):start])
+    missing = CONTEXT_TOKENS - len(from_output)
+    return (list(prompt[-missing:]) if missing else []) + from_output
