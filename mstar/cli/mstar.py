@@ -223,7 +223,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
 
             workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer,
                                     form=form, max_output_len=most_counted_tokens(plan),
-                                    takes_wav=takes_waveform(plan), plan=plan)
+                                    takes_wav=takes_waveform(plan), plan=plan, seed=args.seed)
             _lay_out_audio(plan, workload)
         else:
             _check_generated_fits(args, plan)

@@ -189,3 +189,22 @@ def test_a_request_refused_at_admission_has_its_line_with_the_reason(tmp_path, c
     assert set(lines) == {"a", "b"}
     assert lines["b"]["finish_reason"].startswith("error: can never fit") and lines["b"]["output_tokens"] == []
     assert len(lines["a"]["output_tokens"]) == 4
+
+
+def test_prompts_lines_without_a_seed_sample_apart_and_repeat_with_the_runs_seed(tmp_path, capsys):
+    """A line without a seed samples with --seed x 1000003 + its place in the file (a generated
+    workload's rule): two lines of one prompt differ, the same --seed repeats them, a line's own
+    seed is kept. With one seed for all they sampled the same tokens."""
+    line = {"prompt_tokens": [1, 9, 10], "max_tokens": 6, "temperature": 1.0}
+    path = _prompts(tmp_path, {"id": "a", **line}, {"id": "b", **line}, {"id": "c", **line, "seed": 3},
+                    {"id": "d", **line, "seed": 3})
+    assert [r.seed for r in read_prompts(str(path), seed=2).requests] == [2_000_006, 2_000_007, 3, 3]
+    runs = []
+    for run in range(2):
+        out = tmp_path / f"out{run}"
+        status, text = _call(["run", "--plan", str(ROOT / "generated" / "llama.plan"), "--prompts", path,
+                              "--seed", 2, "--no-progress", "--out", out], capsys)
+        assert status == 0, text
+        runs.append({r["id"]: r["output_tokens"] for r in map(json.loads, (out / "outputs.jsonl").open())})
+    assert runs[0] == runs[1]
+    assert runs[0]["a"] != runs[0]["b"] and runs[0]["c"] == runs[0]["d"]

@@ -40,6 +40,20 @@ def test_n_choices_are_the_requests_of_seeds_seed_plus_j(llama):
     assert answer.id == f"cmpl-{answer.id.removeprefix('cmpl-')}"
 
 
+def test_choices_without_a_seed_and_repeats_of_a_body_sample_apart(llama):
+    """Without a seed each choice (and each repeat of the body) draws with a seed of its own: they
+    all sampled with the sampler's seed 0 and came out the same."""
+    _, client = llama
+    body = dict(model="llama", prompt=[1, 9, 10], max_tokens=6, temperature=1.0)
+    answer = client.completions.create(n=3, **body)
+    again = client.completions.create(**body)
+    found = [tuple(c.model_extra["token_ids"]) for c in answer.choices + again.choices]
+    assert len(set(found)) == 4, found
+    chat = client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=6, temperature=1.0, n=2)
+    assert chat.choices[0].message.content != chat.choices[1].message.content
+
+
 def test_a_list_of_prompts_gives_n_choices_a_prompt_in_prompt_order(llama):
     llm, client = llama
     prompts = [[1, 9, 10, 11], [1, 12]]

@@ -169,3 +169,19 @@ def test_a_sampling_number_past_floats_is_refused_before_it_runs(values):
     assert error.value.param == name
     fields = {"temperature": None, "top_k": None, "top_p": None, "seed": None, "repetition_penalty": None}
     assert sampling_range_problem(**{**fields, **values}, show=shown).startswith(f"{name} must be a finite number")
+
+
+def test_requests_without_a_seed_draw_apart_and_repeat_with_the_llms_seed():
+    """An unseeded request samples with seed x 1000003 + i (i counting the LLM's unseeded
+    requests): two of one prompt differ, and a second LLM of the same seed repeats the first's
+    draws in order; a request's own seed is kept."""
+    sampled = SamplingParams(max_tokens=6, temperature=1.0)
+    found = []
+    for _ in range(2):
+        with LLM(LLAMA, seed=5) as llm:
+            found.append([o.token_ids for o in llm.generate([[1, 9, 10]] * 3, sampled)])
+            seeded = llm.generate([[1, 9, 10]] * 2, SamplingParams(max_tokens=6, temperature=1.0, seed=11))
+            assert seeded[0].token_ids == seeded[1].token_ids
+            assert llm.request([1, 9, 10], sampled).seed == 5 * 1_000_003 + 3
+    assert len({tuple(ids) for ids in found[0]}) == 3
+    assert found[0] == found[1]

@@ -217,6 +217,12 @@ class LLM:
         from mstar.runtime.serve.engine_setup import audio_layout, build_engine, build_tokenizer, load, prompt_format
 
         _check_arguments(plan, engine, max_waiting, observer)
+        # A request without a seed samples with the next of seed x 1000003 + i (i counting this LLM's
+        # unseeded requests, `mstar run`'s rule for request i): each its own draws, reproducible from
+        # the LLM's seed and the order of requests. With one seed for all (the sampler's 0), n
+        # choices of a body and every repeat of a prompt came out the same.
+        self._unseeded = itertools.count(seed * 1_000_003 if is_integer(seed) else 0)
+        self._unseeded_lock = threading.Lock()
         if isinstance(plan, os.PathLike):
             plan = os.fspath(plan)
         self.plan = load(plan) if isinstance(plan, str) else plan
@@ -368,9 +374,10 @@ class LLM:
                               param="max_tokens")
         with _REQUEST_IDS_LOCK:
             request_id = f"req-{next(_REQUEST_IDS)}"
+        seed = sampling.seed if sampling.seed is not None else self._next_unseeded()
         return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
                        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                       seed=sampling.seed, repetition_penalty=sampling.repetition_penalty,
+                       seed=seed, repetition_penalty=sampling.repetition_penalty,
                         presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
                        logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs,
                        logit_bias=sampling.bias_pairs(), ignore_eos=sampling.ignore_eos,
@@ -379,6 +386,10 @@ class LLM:
                        stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))
+
+    def _next_unseeded(self) -> int:
+        with self._unseeded_lock:
+            return next(self._unseeded)
 
     def token_limit(self) -> tuple[int, str]:
         """The most tokens a request's prompt and output may hold together, and how messages name

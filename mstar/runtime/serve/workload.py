@@ -16,7 +16,8 @@ which gives an empty one, e.g. for Whisper's decoder, or, with the plan's prompt
 tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns; refused for a plan whose audio
 input takes feature frames, `takes_wav`), "stop" (a string or a list of strings: the
 request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p",
-"seed" (64-bit), "repetition_penalty" (> 0), "presence_penalty" and "frequency_penalty" (in [-2, 2]),
+"seed" (64-bit; a line without one samples with --seed x 1000003 + its place among the requests),
+"repetition_penalty" (> 0), "presence_penalty" and "frequency_penalty" (in [-2, 2]),
 "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
@@ -530,7 +531,7 @@ def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = Non
 def read_prompts(
     path: str, concurrency: Optional[int] = None, names: Optional[dict[str, list[str]]] = None,
     tokenizer: Any = None, form: Any = None, max_output_len: Optional[int] = None, takes_wav: bool = True,
-    plan: Any = None,
+    plan: Any = None, seed: int = 0,
 ) -> Workload:
     """Read a prompts file; with `names` (from `route_names`) each line's route is checked too;
     with `plan`, each line's guidance labels and loop counts (`plan_problem`);
@@ -539,7 +540,9 @@ def read_prompts(
     the most output tokens the plan makes for a request (plan/output_bound.py), None when unstated;
     takes_wav: whether the plan's audio input takes 16 kHz samples (serve/audio_input.py
     `takes_waveform`): else a line's `audio` file is refused (each such request failed in the
-    torch engine: its encoder takes feature frames)."""
+    torch engine: its encoder takes feature frames); seed: a line without its own `seed` samples
+    with seed x 1000003 + i, i its request's place in the file (as a generated workload's request
+    i; with one seed for all, two lines of one prompt sampled the same tokens)."""
     counts = LoopCounts(plan) if plan is not None else None
     named = shown_path(path)  # as messages name it
     if concurrency is not None and concurrency < 1:
@@ -557,7 +560,7 @@ def read_prompts(
     # Line ends as Python's universal newlines read them (str.splitlines would also split on
     # U+2028 and other characters a JSON string may hold raw).
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    requests = []
+    requests: list[Request] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -579,6 +582,8 @@ def read_prompts(
         if request.id in seen:
             raise WorkloadError(f"{where}: duplicate id {request.id!r} (first on line {seen[request.id]})")
         seen[request.id] = number
+        if request.seed is None:
+            request.seed = seed * 1_000_003 + len(requests)
         requests.append(request)
     if not requests:
         raise WorkloadError(f"{named}: no requests in the file")
