@@ -26,6 +26,12 @@ OUTPUT_PENALTY_RANGE = (-2.0, 2.0)
 # most entries one request may carry (each is a host-to-device pair a step)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_LOGIT_BIAS = 1024
+# temperature and repetition_penalty: the sampler's float32 arithmetic holds a finite logit finite
+# within these (a temperature of 1e39 is infinite in float32, and a masked logit's -inf / inf NaN;
+# a penalty of 1e-300 is 0, and a logit / 0 infinite: either row sampled token 0, silently). Far
+# past any use: at a temperature of 10,000 every token is as likely as the next to 3 decimals.
+MAX_TEMPERATURE = 1e4
+REPETITION_PENALTY_RANGE = (1e-4, 1e4)
 # The most alternatives a request may ask log-probabilities of beside its sampled token's (vLLM's
 # and OpenAI's chat limit; each is a host copy per token).
 MAX_LOGPROBS = 20
@@ -56,12 +62,18 @@ def sampling_range_problem(temperature: Optional[float], top_k: Optional[int], t
             return f"{name} must be a finite number, got {show(value)}"
     infinity = float("inf")
     checks: list[tuple[bool, str, Any]] = [
-        (temperature is not None and not 0 <= temperature < infinity, "temperature must be >= 0", temperature),
+        (temperature is not None and temperature < 0, "temperature must be >= 0", temperature),
+        (temperature is not None and temperature > MAX_TEMPERATURE,
+         f"temperature must be at most {MAX_TEMPERATURE:g} (every token is about as likely past it)", temperature),
         (top_k is not None and top_k < 0, "top_k must be >= 0 (0: no limit)", top_k),
         (top_p is not None and not 0 < top_p <= 1, "top_p must be in (0, 1]", top_p),
         (seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1], "seed must be a 64-bit integer", seed),
-        (repetition_penalty is not None and not 0 < repetition_penalty < infinity,
-         "repetition_penalty must be > 0", repetition_penalty),
+        (repetition_penalty is not None and repetition_penalty <= 0, "repetition_penalty must be > 0",
+         repetition_penalty),
+        (repetition_penalty is not None and not (
+            REPETITION_PENALTY_RANGE[0] <= repetition_penalty <= REPETITION_PENALTY_RANGE[1]),
+         f"repetition_penalty must be in [{REPETITION_PENALTY_RANGE[0]:g}, {REPETITION_PENALTY_RANGE[1]:g}] "
+         "(1 is none)", repetition_penalty),
         *((value is not None and not OUTPUT_PENALTY_RANGE[0] <= value <= OUTPUT_PENALTY_RANGE[1],
            f"{name} must be in [-2, 2]", value)
           for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty))),

@@ -89,6 +89,30 @@ def test_an_output_penalty_out_of_range_is_refused(values, words):
         SamplingParams.from_request({"prompt_tokens": [1], "max_tokens": 1, **values})
 
 
+@pytest.mark.parametrize("values, words", [
+    ({"temperature": 1e39}, "temperature must be at most 10000"),
+    ({"temperature": 1.0, "repetition_penalty": 1e-300}, r"repetition_penalty must be in \[0.0001, 10000\]"),
+    ({"temperature": 1.0, "repetition_penalty": 1e5}, r"repetition_penalty must be in \[0.0001, 10000\]")])
+def test_a_value_past_the_samplers_float32_is_refused(values, words):
+    """1e39 is inf in float32 (a masked logit's -inf / inf is NaN) and 1e-300 is 0 (a logit / 0 is
+    inf): the row's probabilities were NaN and it sampled token 0, silently."""
+    with pytest.raises(SamplingError, match=words):
+        SamplingParams.from_request({"prompt_tokens": [1], "max_tokens": 1, **values})
+
+
+def test_the_samplers_bounds_keep_every_probability_finite():
+    """At the bounds a masked token stays unsampled and the draws spread over the rest (NaN
+    probabilities gave token 0 every time)."""
+    logits = torch.tensor([[60.0, -60.0, 30.0, 0.0, 10.0]] * 64)
+    masked = [((0, float("-inf")),)] * 32 + [()] * 32
+    params = [SamplingParams(temperature=1e4)] * 32 + [SamplingParams(temperature=1.0, repetition_penalty=1e-4)] * 32
+    tokens = sample_tokens(logits, params, [torch.tensor([2, 4])] * 64, list(range(64)), [0] * 64, biases=masked)
+    assert 0 not in tokens[:32] and len(set(tokens[:32])) == 4  # near-uniform over the four left
+    assert set(tokens[32:]) == {2}  # the seen tokens' logits x 1e4: 3e5 against 1e5, finite
+    probe = logits[:1] / 1e-4
+    assert bool(torch.isfinite(torch.softmax(probe / 1e-5, dim=1)).all())  # the least temperature, too
+
+
 @given(st.integers(0, 2**31 - 1), st.integers(0, 1000), st.floats(0.05, 1.0), st.integers(0, 5))
 def test_draws_stay_in_the_nucleus_and_the_top_k(stream, step_index, top_p, top_k):
     logits = torch.tensor([4.0, 3.0, 1.0, 0.0, -1.0])

@@ -254,6 +254,14 @@ def _raw_post(client, path: str, data: bytes) -> tuple[int, dict]:
     # a value out of range names its field
     (b'{"model": "llama", "prompt": [1, 2], "temperature": -1}', "temperature must be >= 0", "temperature"),
     (b'{"model": "llama", "prompt": [1, 2], "max_tokens": 0}', "max_tokens must be >= 1", "max_tokens"),
+    # values the sampler's float32 cannot hold (1e39 is inf there, 1e-300 is 0: each row's NaN
+    # probabilities sampled token 0), and a stop string no decoded text holds
+    (b'{"model": "llama", "prompt": [1, 2], "temperature": 1e39}', "temperature must be at most 10000",
+     "temperature"),
+    (b'{"model": "llama", "prompt": [1, 2], "temperature": 1, "repetition_penalty": 1e-300}',
+     "repetition_penalty must be in [0.0001, 10000]", "repetition_penalty"),
+    (b'{"model": "llama", "prompt": [1, 2], "stop": ["ok", "\\ud800"]}',
+     "stop string 1 is not valid Unicode: surrogates not allowed", "stop"),
 ])
 def test_a_bad_body_is_a_400_naming_its_field(llama, body, message, param):
     status, error = _raw_post(llama[2], "completions", body)

@@ -111,12 +111,17 @@ def test_logit_bias_reaches_the_engine_on_both_endpoints(llama):
 
 @pytest.mark.parametrize("bias, words", [({"42": 101}, "logit_bias of token 42 must be a number in [-100, 100]"),
                                          ({"abc": 1}, "logit_bias token id must be an integer"),
-                                         ({"200000": 1}, "logit_bias token id 200000 is outside the vocabulary")])
+                                         ({"200000": 1}, "logit_bias token id 200000 is outside the vocabulary"),
+                                         ({"7": -100, "07": 100}, "logit_bias names token 7 twice")])
 def test_a_bad_logit_bias_is_a_400_naming_it(llama, bias, words):
+    """Each names `logit_bias` in `param` and no request id: a token outside the vocabulary was
+    refused at the engine's admission ("request req-7 cannot run: node LLM: ...", param null),
+    and one named twice ("7" and "07") took the later bias, lifting the ban silently."""
     _, client = llama
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logit_bias=bias)
-    assert words in refused.value.message
+        client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logit_bias=bias, n=2)
+    assert words in refused.value.message and "req-" not in refused.value.message
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "logit_bias"
 
 
 def test_echo_puts_the_prompt_before_each_choices_text(llama):
@@ -205,3 +210,12 @@ def test_echo_with_max_tokens_zero_answers_the_prompt_alone(llama):
     assert text.choices[0].text == "hello world" and text.usage.completion_tokens == 0
     with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
         client.completions.create(model="llama", prompt=PROMPT, max_tokens=0)
+    # a prompt filling max_seq_len has no room for the token its request samples: refused by its
+    # length (it was told of a `max_tokens (1)` the client never sent)
+    longest = llm.plan.deployment.max_seq_len
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="llama", prompt=[5] * longest, max_tokens=0, echo=True)
+    assert f"the prompt is {longest} tokens, more than this plan takes: at most {longest - 1}" in refused.value.message
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "prompt"
+    alone = client.completions.create(model="llama", prompt=[5] * (longest - 1), max_tokens=0, echo=True)
+    assert alone.usage.prompt_tokens == longest - 1 and alone.choices[0].model_extra["token_ids"] == []

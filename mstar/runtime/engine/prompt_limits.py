@@ -31,7 +31,7 @@ def logit_bias_problem(node: str, vocab: object, takes_text_prompt: bool,
     """A logit_bias token id outside the spec's vocabulary of a node that takes the text prompt
     (the ids a bias names are the prompt's; `logit_bias` is sorted by id), or None."""
     if logit_bias and isinstance(vocab, int) and vocab and takes_text_prompt and logit_bias[-1][0] >= vocab:
-        return f"node {node}: logit_bias token id {logit_bias[-1][0]} is outside the vocabulary [0, {vocab})"
+        return f"logit_bias token id {logit_bias[-1][0]} is outside the vocabulary [0, {vocab}) of node {node}"
     return None
 
 

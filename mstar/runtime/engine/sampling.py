@@ -114,7 +114,9 @@ class SamplingParams:
 def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
     """A request's logit_bias as (token id, bias) pairs, in token order: from a dict (token ids as
     ints or as the decimal strings OpenAI's JSON keys are) or from pairs; SamplingError for a token
-    id that is not a non-negative integer, a bias outside LOGIT_BIAS_RANGE or too many entries."""
+    id that is not a non-negative integer, a bias outside LOGIT_BIAS_RANGE, a token named twice
+    ("7" and "07": the later bias replaced the earlier, so a ban by -100 was lifted silently) or
+    too many entries."""
     items = value.items() if isinstance(value, dict) else value
     pairs: dict[int, float] = {}
     for item in items:
@@ -126,6 +128,8 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
         token = _integer("logit_bias token id", token)
         if token < 0:
             raise SamplingError(f"logit_bias token id must be >= 0, got {token}")
+        if token in pairs:
+            raise SamplingError(f"logit_bias names token {token} twice")
         if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
                 LOGIT_BIAS_RANGE[0] <= float(bias) <= LOGIT_BIAS_RANGE[1]):
             raise SamplingError(f"logit_bias of token {token} must be a number in [-100, 100], got {bias!r}")

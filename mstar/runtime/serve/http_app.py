@@ -416,11 +416,13 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_serves(service.endpoints.can_text, "completions")
         tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
         # echo with max_tokens 0 answers the prompt alone (vLLM's): its request samples one token,
-        # which the answer leaves out (sse.as_answered)
+        # which the answer leaves out (sse.as_answered); a prompt with no room for it is refused by
+        # its length (it was told of a `max_tokens (1)` it never sent)
         is_echo_only = body.echo and tokens == 0
+        options: dict[str, Any] = {"limit_field": None} if is_echo_only else {}
         choices: list[sse.Choice] = []
         for prompt_index, prompt in enumerate(body.prompt_values()):
-            made = await _choices(service, body, prompt, prompt_index, 1 if is_echo_only else tokens)
+            made = await _choices(service, body, prompt, prompt_index, 1 if is_echo_only else tokens, **options)
             if body.echo:  # each choice's text after its prompt's: as sent, token ids decoded
                 echo = prompt if isinstance(prompt, str) else _prompt_text(service, made[0].request)
                 made = [dataclasses.replace(choice, echo=echo, is_echo_only=is_echo_only) for choice in made]

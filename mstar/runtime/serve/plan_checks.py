@@ -19,7 +19,7 @@ from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
-from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
+from mstar.runtime.engine.prompt_limits import logit_bias_problem, prompt_limit_problem, takes_text_prompt
 from mstar.runtime.serve.workload import route_name_problem, route_names
 
 
@@ -75,6 +75,15 @@ class PlanChecks:
         if bad is None:
             return None
         return f"stop_token_ids holds token id {bad}, outside the plan's vocabulary [0, {vocab})"
+
+    def logit_bias_problem(self, pairs: list[tuple[int, float]]) -> Optional[str]:
+        """A biased token id outside a text prompt node's vocabulary (the engines refused it at
+        admission, a 400 that named no field and leaked the request's id). `pairs` sorted by id."""
+        for node, vocab in self.prompt_vocabs:
+            problem = logit_bias_problem(node, vocab, True, tuple(pairs))
+            if problem is not None:
+                return problem
+        return None
 
     def route_problem(self, route: dict[str, list[str]]) -> Optional[str]:
         """The route's names and whether it leaves every partition out, in the words of `mstar

@@ -242,6 +242,10 @@ def stop_strings_problem(stops: Sequence[str]) -> Optional[str]:
     longest = max(map(len, stops), default=0)
     if longest > MAX_STOP_CHARS:
         return f"stop strings may be at most {MAX_STOP_CHARS} characters long, got one of {longest}"
+    for index, stop in enumerate(stops):  # a lone surrogate ("\ud800") is in no decoded text: it never matched
+        problem = unicode_problem(stop)
+        if problem is not None:
+            return f"stop string {index} is not valid Unicode: {problem}"
     return None
 
 
