@@ -510,6 +510,8 @@ def _draw_timeline(path: str, driver: Any, records: list[Any]) -> Optional[str]:
         draw(driver.log, records, path, origin_s=driver.origin_s)
     except OutputError as error:
         return f"--timeline: {error}"
+    except Exception as error:  # matplotlib's own (a backend's missing tool): the outputs are kept
+        return f"--timeline: matplotlib could not draw {shown_path(path)}: {type(error).__name__}: {error}"
     return None
 
 

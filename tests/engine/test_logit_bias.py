@@ -56,6 +56,8 @@ def test_a_large_bias_forces_its_token_and_a_neighbour_is_untouched(llm):
     ({5: 100.5}, "logit_bias of token 5 must be a number in [-100, 100]"),
     ({5: "1"}, "logit_bias of token 5 must be a number"), ({i: 1 for i in range(1025)}, "more than the 1024"),
     ([(5, 1)], "logit_bias must map token ids to biases"),
+    ({"9" * 5000: 1}, "(5000 digits) is outside every vocabulary"),  # int() raised past 4,300 digits
+    ({"5": 1, "005": 2}, "logit_bias names token 5 twice"),
 ])
 def test_bad_biases_are_refused_before_anything_runs(llm, bias, words):
     from mstar.runtime.serve.api import SamplingError as ApiSamplingError

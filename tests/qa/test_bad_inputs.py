@@ -470,11 +470,28 @@ def test_workload_options_that_hung(tmp_path, capsys, argv, fragment):
     mstar([*RUN, "--engine", "sim", *argv], capsys, 1, fragment)
 
 
+def test_a_timeline_drawing_that_fails_is_an_error_line_after_the_outputs(tmp_path, capsys, monkeypatch):
+    from mstar.runtime.serve import timeline
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("'xelatex' not found")
+
+    monkeypatch.setattr(timeline, "draw", fails)
+    out = tmp_path / "out"
+    mstar([*RUN, "--engine", "sim", "--requests", 2, "--out", out, "--timeline", tmp_path / "t.png"], capsys, 1,
+          "--timeline: matplotlib could not draw")
+    assert len((out / "outputs.jsonl").read_text().splitlines()) == 2
+
+
 def test_timeline_in_a_format_matplotlib_cannot_write(tmp_path, capsys):
     """`--timeline x.txt` ran the whole workload, then died with matplotlib's ValueError."""
     text = mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t.txt"], capsys, 1,
                  "cannot draw a .txt file; name it .png")
     assert "requests/s" not in text  # refused before the run
+    # .pgf is matplotlib's, through an installed LaTeX: it ran the workload, then an internal error
+    text = mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t.pgf"], capsys, 1,
+                 "cannot draw a .pgf file; name it .png")
+    assert "requests/s" not in text
     # no suffix: a PNG at exactly that path (matplotlib alone would write t.png)
     mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t"], capsys, 0, "1 (1 ok")
     assert (tmp_path / "t").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "t.png").exists()

@@ -111,6 +111,9 @@ class SamplingParams:
         return params
 
 
+MAX_TOKEN_ID_DIGITS = 19  # a token id as a decimal string: int64's digits
+
+
 def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
     """A request's logit_bias as (token id, bias) pairs, in token order: from a dict (token ids as
     ints or as the decimal strings OpenAI's JSON keys are) or from pairs; SamplingError for a token
@@ -124,6 +127,9 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
             raise SamplingError(f"logit_bias must map token ids to biases, got an entry {item!r}")
         token, bias = item
         if isinstance(token, str) and token.isascii() and token.isdecimal():
+            if len(token) > MAX_TOKEN_ID_DIGITS:  # (past 4,300 digits int() raised ValueError: an internal error)
+                raise SamplingError(f"logit_bias token id {token[:MAX_TOKEN_ID_DIGITS]}... ({len(token)} digits) "
+                                    "is outside every vocabulary")
             token = int(token)
         token = _integer("logit_bias token id", token)
         if token < 0:

@@ -18,6 +18,9 @@ from mstar.runtime.serve.results import write_output_file
 NUM_BINS = 150
 
 
+NEEDS_LATEX = {"pgf"}
+
+
 def format_problem(path: str) -> Optional[str]:
     """Why matplotlib cannot write `path` (its suffix names no image format it knows), else None;
     checked before the run so a typo costs no run time. No suffix writes a PNG."""
@@ -26,7 +29,8 @@ def format_problem(path: str) -> Optional[str]:
         return None
     from matplotlib.backend_bases import FigureCanvasBase
 
-    formats = FigureCanvasBase.get_supported_filetypes()
+    # matplotlib writes .pgf through an installed LaTeX (xelatex): it failed after the whole run
+    formats = set(FigureCanvasBase.get_supported_filetypes()) - NEEDS_LATEX
     if suffix in formats:
         return None
     return f"cannot draw a .{suffix} file; name it .png (or .{', .'.join(sorted(formats))})"
