@@ -1,5 +1,5 @@
-"""An output's text reads after its prompt (mstar/runtime/text_context.py): with a decoder that
-drops a text's first leading space (SentencePiece's Metaspace), the streamed text, the stop
+"""An output's text reads after its prompt (mstar/runtime/conductor/text_context.py): with a
+decoder that drops a text's first leading space (SentencePiece's Metaspace), the streamed text, the stop
 strings the conductor ends a request on and `mstar run`'s outputs file keep the space the first
 output token has after the prompt. Decoded alone, "hello" + "▁me" read "hellome" and a stop
 string " me" never matched at the output's first token."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from mstar import LLM, SamplingParams
 from mstar.cli.mstar import main
 from mstar.runtime.serve.text_stream import TextStream
-from mstar.runtime.text_context import CONTEXT_TOKENS, context_before, text_after
+from mstar.runtime.conductor.text_context import CONTEXT_TOKENS, context_before, text_after
 from serve_harness import LLAMA
 
 VOCAB = 512  # the tiny dims' vocabulary: every generated id decodes to a piece

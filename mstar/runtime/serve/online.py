@@ -48,7 +48,7 @@ from mstar.runtime.serve.driver import Driver
 from mstar.runtime.serve.steps import Launch
 from mstar.runtime.serve.text_stream import TextStream
 from mstar.runtime.step import Engine
-from mstar.runtime.text_context import CONTEXT_TOKENS
+from mstar.runtime.conductor.text_context import CONTEXT_TOKENS
 
 log = logging.getLogger(__name__)
 

@@ -155,7 +155,7 @@ class ResultWriter:
         if self.tokenizer is None or not all(isinstance(t, int) for t in tokens):
             return None
         from mstar.runtime.serve.tokenizer import stop_text_index
-        from mstar.runtime.text_context import CONTEXT_TOKENS, text_after
+        from mstar.runtime.conductor.text_context import CONTEXT_TOKENS, text_after
 
         stops, min_tokens = request.stop_strings, request.min_tokens
         context = [t for t in request.prompt_tokens[-CONTEXT_TOKENS:] if isinstance(t, int)]

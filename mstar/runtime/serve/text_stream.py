@@ -5,7 +5,8 @@ and its prompt's last tokens (`context`); then token ids in the order they were 
 (`add`), and the end (`finish`). Out: text deltas whose concatenation is the final text, cut
 before the first stop string.
 
-The output is decoded after the prompt's last tokens (mstar/runtime/text_context.py says why).
+The output is decoded after the prompt's last tokens (mstar/runtime/conductor/text_context.py
+says why).
 
 Decoding is incremental (the offsets method of text-generation-inference): only the tokens since
 the last emitted boundary are decoded, together with a few before them so that a tokenizer that
