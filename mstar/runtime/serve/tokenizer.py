@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -77,16 +76,15 @@ class TextTokenizer:
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         """The chat template's text for `messages`, ending with the assistant's turn opened."""
-        import jinja2
+        from mstar.runtime.serve.chat_template import ChatTemplateError
 
         template = self._compiled()
         variables = {key: _token_text(value) for key, value in self._config.items()
                      if key.endswith("_token") and _token_text(value) is not None}
         try:
             return template.render(messages=messages, add_generation_prompt=True, **variables)
-        except jinja2.TemplateError as error:
-            raise TokenizerError(f"{self._config_path()}: the chat template failed on these messages: "
-                                 f"{error}") from None
+        except ChatTemplateError as error:
+            raise TokenizerError(str(error)) from None
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         return self._ids(self.render_chat(messages), add_special_tokens=False)
@@ -100,7 +98,12 @@ class TextTokenizer:
             if source is None:
                 raise TokenizerError(f"{self._config_path()}: no chat_template, so 'messages' cannot be "
                                      "rendered; give the prompt as 'prompt' text or 'prompt_tokens'")
-            self._template = _compile(source, self._config_path())
+            from mstar.runtime.serve.chat_template import ChatTemplateError, compile_template
+
+            try:
+                self._template = compile_template(source, self._config_path())
+            except ChatTemplateError as error:
+                raise TokenizerError(str(error)) from None
         return self._template
 
 
@@ -137,33 +140,6 @@ def _chat_template(config: dict[str, Any]) -> Optional[str]:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     return template if isinstance(template, str) and template else None
-
-
-def _compile(source: str, where: str) -> Any:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        # jinja2's own tojson escapes HTML characters, which chat templates do not want
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    def strftime_now(form: str) -> str:
-        return datetime.now().strftime(form)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateSyntaxError as error:
-        raise TokenizerError(f"{where}: chat_template is not a valid template (line {error.lineno}: "
-                             f"{error.message})") from None
 
 
 def has_tokenizer(directory: str) -> bool:
