@@ -33,7 +33,8 @@ def test_a_template_that_fails_or_overreaches_is_the_templates_error(source, wor
     with pytest.raises(ChatTemplateError) as failed:
         template.render(messages=MESSAGES, add_generation_prompt=True)
     message = str(failed.value)
-    assert message.startswith("tok/tokenizer_config.json: the chat template failed on these messages") and words in message
+    assert message.startswith("tok/tokenizer_config.json: the chat template failed on these messages")
+    assert words in message
 
 
 def test_what_real_templates_do_renders_as_before():
