@@ -45,7 +45,7 @@ from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.engine_setup import SEED_BOUND, kv_pages_option_problem
 from mstar.runtime.serve.workload import (
     ARRIVALS, MAX_GENERATED_OUTPUT_LEN, MAX_GENERATED_PROMPT_LEN, VOCAB_SIZE, WorkloadError, check_route, generate,
-    parse_range, parse_route, read_prompts, route_names,
+    parse_range, parse_route, read_prompts, route_names, starting_partitions,
 )
 
 
@@ -210,7 +210,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
     names = route_names(plan)
     try:
         route = parse_route(args.route)
-        check_route(route, names, "--route")
+        check_route(route, names, "--route", starting_partitions(plan))
         _check_route_stages(plan, route)
         if args.prompts:
             from mstar.runtime.serve.prompt_format import PromptFormatError, prompt_format_of

@@ -40,6 +40,9 @@ def _error(capsys) -> str:
     # past the decode loop's 2048 after the prefill's token: each request ended `length` at 2049
     (["run", "--plan", LLAMA, "--output-len", "3000..3000", "--requests", "2"], "at most 2049 output tokens"),
     (["run", "--plan", LLAMA, "--requests", "2", "--route", "LLM="], "leaves every partition out"),
+    # SNAC starts only from the LLM's stream: every request ran nothing, "2 ok", finish `stop`
+    (["run", "--plan", str(ROOT / "generated" / "orpheus.plan"), "--engine", "sim", "--route", "LLM="],
+     "leaves out every partition a request starts (LLM; SNAC starts only from streams)"),
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
     # a generated workload has no audio: every request failed on the torch engine
     (["run", "--plan", str(ROOT / "generated" / "qwen3_asr.plan"), "--requests", "2"],

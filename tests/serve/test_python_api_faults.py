@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -312,6 +313,9 @@ def test_a_route_leaving_every_partition_out_and_a_set_of_prompts_are_refused():
         assert refused.value.param == "route"
         with pytest.raises(PromptError, match="prompts must be a list .* got a set"):
             llm.generate({(1, 2), (3, 4)})
+    with LLM(str(Path(LLAMA).parent / "qwen3_omni.plan"), engine="sim") as llm:  # Talker, Code2Wav: from streams
+        with pytest.raises(SamplingError, match=r"every partition a request starts \(Thinker; Code2Wav, Talker start"):
+            llm.generate([[1, 2, 3]], SamplingParams(route={"Thinker": []}))
 
 
 def test_a_route_is_checked_for_the_media_it_takes_and_the_media_given():

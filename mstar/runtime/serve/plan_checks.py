@@ -20,7 +20,7 @@ from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.prompt_limits import logit_bias_problem, prompt_limit_problem, takes_text_prompt
-from mstar.runtime.serve.workload import route_name_problem, route_names
+from mstar.runtime.serve.workload import route_name_problem, route_names, starting_partitions
 
 
 def stages_not_followed(partitions: dict[str, PartitionPlan],
@@ -50,6 +50,7 @@ class PlanChecks:
         self.stop_vocab: Optional[int] = max(vocabs) if vocabs else None
         self.partitions = {part.name: part for part in plan.partitions}
         self.route_names = route_names(plan)  # {partition: the walks of its stages}
+        self.starters = starting_partitions(plan)  # the partitions a request starts (not from streams)
         # the most counted tokens a request can get, from the walks' loops and stages; None: the
         # plan states no size for some counted output (plan/output_bound.py)
         self.most_tokens = most_counted_tokens(plan)
@@ -89,7 +90,7 @@ class PlanChecks:
         """The route's names and whether it leaves every partition out, in the words of `mstar
         run --route` and a prompts file's (workload.py `route_name_problem`), then its walks'
         order through the stages. The message starts with "route ", the field it is about."""
-        problem = route_name_problem(route, self.route_names)
+        problem = route_name_problem(route, self.route_names, self.starters)
         if problem is not None:
             return f"route is not one this plan takes: {problem}"
         unfollowed = stages_not_followed(self.partitions, route)

@@ -49,7 +49,7 @@ import math
 import os
 import random
 import re
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from mstar.arg_types import INTEGER, read_int, shown, shown_path
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
@@ -137,20 +137,29 @@ def route_names(plan: Any) -> dict[str, list[str]]:
     return {part.name: [w for stage in part.stages for w in stage.walks] for part in plan.partitions}
 
 
+def starting_partitions(plan: Any) -> set[str]:
+    """The partitions a request starts by their initial walk; the others start only from streams
+    other partitions send them (Orpheus's SNAC, Qwen3-Omni's Talker and Code2Wav)."""
+    return {part.name for part in plan.partitions if part.initial_walk is not None}
+
+
 def _did_you_mean(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where: str) -> None:
+def check_route(route: dict[str, list[str]], names: dict[str, list[str]], where: str,
+                starters: Collection[str] = ()) -> None:
     """Raise WorkloadError (prefixed by `where`) when `route` names a partition or walk that
-    `names` (from `route_names`) does not have. Stage order is left to the conductor."""
-    problem = route_name_problem(route, names)
+    `names` (from `route_names`) does not have, or leaves out every partition of `starters`
+    (`starting_partitions`). Stage order is left to the conductor."""
+    problem = route_name_problem(route, names, starters)
     if problem is not None:
         raise WorkloadError(f"{where}: {problem}")
 
 
-def route_name_problem(route: dict[str, list[str]], names: dict[str, list[str]]) -> Optional[str]:
+def route_name_problem(route: dict[str, list[str]], names: dict[str, list[str]],
+                       starters: Collection[str] = ()) -> Optional[str]:
     """What `check_route` refuses, in words (also the Python API's and the server's, through
     plan_checks.py `PlanChecks.route_problem`), else None."""
     for partition, walks in route.items():
@@ -164,6 +173,12 @@ def route_name_problem(route: dict[str, list[str]], names: dict[str, list[str]])
     if names and all(not route.get(partition, [None]) for partition in names):
         return (f"the route leaves every partition out ({', '.join(names)}), so a request would run nothing; "
                 "name a walk for at least one")
+    if starters and all(not route.get(partition, [None]) for partition in starters):
+        # (the others start only from their streams: the request ran nothing and ended `stop`)
+        others = sorted(set(names) - set(starters))
+        return (f"the route leaves out every partition a request starts ({', '.join(sorted(starters))}; "
+                f"{', '.join(others)} {'starts' if len(others) == 1 else 'start'} only from streams), so a "
+                "request would run nothing; name a walk for one of them")
     return None
 
 
@@ -572,7 +587,7 @@ def read_prompts(
                                 "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
                                 "takes a waveform (Whisper, Qwen3-ASR) read one")
         if names is not None:
-            check_route(request.route, names, where)
+            check_route(request.route, names, where, starting_partitions(plan) if plan is not None else ())
         problem = plan_problem(request, plan, counts) if plan is not None else None
         if problem is not None:
             raise WorkloadError(f"{where}: {problem}")
