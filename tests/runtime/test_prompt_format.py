@@ -63,6 +63,11 @@ def test_messages_and_unknown_fields_are_refused_with_the_line(tmp_path):
     typo = _prompts(tmp_path, {"id": "a", "prompt": "hi", "vocie": "leo", "max_tokens": 8})
     with pytest.raises(WorkloadError, match="unknown field"):
         read_prompts(typo, tokenizer=WordLengths(), form=form)
+    # a format field beside token ids frames nothing: it was ignored, whatever its value (`"voice": 5` ran)
+    for voice in ("leo", 5):
+        ids = _prompts(tmp_path, {"id": "a", "prompt_tokens": [1, 2], "voice": voice, "max_tokens": 8})
+        with pytest.raises(WorkloadError, match=r"prompts.jsonl:1: 'voice' is a field of the plan's prompt format"):
+            read_prompts(ids, tokenizer=WordLengths(), form=form)
 
 
 def test_a_lone_surrogate_is_placed_in_what_the_client_sent():

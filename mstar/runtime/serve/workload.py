@@ -353,6 +353,10 @@ def _prompt_tokens(obj: dict, where: str, tokenizer: Any, form: Any = None) -> l
         tokens = _field(obj, "prompt_tokens", (list,), where, is_required=True)
         if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
             raise WorkloadError(f"{where}: 'prompt_tokens' must be a non-empty list of non-negative integers")
+        framing = sorted(set(obj) & set(form.fields)) if form is not None else []
+        if framing:  # (it was ignored, whatever its value: `"voice": 5` ran)
+            raise WorkloadError(f"{where}: {framing[0]!r} is a field of the plan's prompt format, which frames "
+                                "a text 'prompt'; 'prompt_tokens' are taken as they are")
         return list(tokens)
     from mstar.runtime.serve.prompt_format import PromptFormatError
     from mstar.runtime.serve.tokenizer import HOW_TO_ADD, TokenizerError
