@@ -66,6 +66,8 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
     ({"logprobs": 21}, "logprobs", "logprobs must be between 0 and 20, got 21"),
     ({"logprobs": -1}, "logprobs", "logprobs must be between 0 and 20, got -1"),
     ({"top_logprobs": 2}, "top_logprobs", "top_logprobs is a chat completion field"),
+    # vLLM's field, ignored before: the prompt's log-probabilities come with echo and logprobs here
+    ({"prompt_logprobs": 1}, "prompt_logprobs", "a completion's prompt log-probabilities come with `echo: true`"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction", "prediction is not supported"),
     # a refused field is refused whatever its value but null (an empty list asks for tools too)
     ({"tools": []}, "tools", "tools is not supported"),
@@ -134,6 +136,18 @@ def test_a_chat_top_logprobs_out_of_range_or_alone_is_a_400(llama, fields, words
     status, error = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
                                                      "max_tokens": 2, **fields})
     assert status == 400 and error["param"] == "top_logprobs" and words in error["message"], error
+
+
+@pytest.mark.parametrize("fields, param", [({"echo": True}, "echo"), ({"prompt_logprobs": 2}, "prompt_logprobs")])
+def test_vllms_chat_echo_and_prompt_logprobs_are_refused(llama, fields, param):
+    """Each was ignored (a client asking for the echoed message got the reply alone)."""
+    url, _, _ = llama
+    status, error = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 2, **fields})
+    assert status == 400 and error["param"] == param and "not supported on chat completions" in error["message"]
+    status, _ = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2, "echo": False})
+    assert status == 200
 
 
 @pytest.mark.parametrize("fields", [{"logprobs": False, "top_logprobs": 0}, {"logprobs": None, "top_logprobs": None}])

@@ -190,6 +190,10 @@ class CompletionBody(_Body):
         if (self.model_extra or {}).get("top_logprobs") is not None:
             raise ApiError(400, "top_logprobs is a chat completion field: a completion asks for `logprobs: N`",
                            param="top_logprobs")
+        if (self.model_extra or {}).get("prompt_logprobs") is not None:  # (vLLM's; it was ignored)
+            raise ApiError(400, "prompt_logprobs is not supported: a completion's prompt log-probabilities come "
+                           "with `echo: true` and `logprobs: N` (OpenAI's), in the choice's logprobs",
+                           param="prompt_logprobs")
         _check_logprobs_count("logprobs", self.logprobs)
         for name, value, ok in (("best_of", self.best_of, 1), ("suffix", self.suffix, None)):
             if value is not None and value != ok:
@@ -219,6 +223,10 @@ class ChatBody(_Body):
 
     def prompt_value(self) -> dict[str, Any]:
         self.common_checks()
+        for name in ("echo", "prompt_logprobs"):  # (vLLM's; each was ignored)
+            if (self.model_extra or {}).get(name) not in (None, False):
+                raise ApiError(400, f"{name} is not supported on chat completions (a completion's `echo` with "
+                               "`logprobs: N` gives a prompt's text and log-probabilities)", param=name)
         _check_logprobs_count("top_logprobs", self.top_logprobs)
         if self.top_logprobs and not self.logprobs:  # (0 asks for nothing: some clients send it always)
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
