@@ -52,6 +52,7 @@ from mstar.runtime.serve.workload import (
 log = logging.getLogger("mstar.cli.mstar")  # not __name__: under `python3 -m` that is __main__, outside `mstar`
 
 
+DEFAULT_RANK_TIMEOUT_S = 8.0
 RANK_TIMEOUT_S = (0.01, 86400.0)  # below 10 ms torch's store waits 0 ms; its milliseconds overflow a C int past 24 days
 # requests/s: past it the arrivals of even 10,000,000 requests lie within 10 ms; a number past the
 # float range (5000 digits) read as inf, every arrival at once, without a word
@@ -117,7 +118,7 @@ def _run_parser(sub: Any) -> None:
                      help="processes: one process per rank of the plan (torch engine; under torchrun each "
                           "process is one rank); inproc: every rank in this process; auto (default): "
                           "processes for the torch engine on a plan of several ranks or under torchrun")
-    run.add_argument("--rank-timeout", type=float_range(*RANK_TIMEOUT_S), default=8.0, metavar="S",
+    run.add_argument("--rank-timeout", type=float_range(*RANK_TIMEOUT_S), default=None, metavar="S",
                      help="a rank that does not answer within S seconds stops the run (default 8; "
                           f"{RANK_TIMEOUT_S[0]:g} to {RANK_TIMEOUT_S[1]:g})")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -583,7 +584,8 @@ def _rank_options(args: argparse.Namespace) -> Any:
     from mstar.runtime.serve.ranks.worker import RankOptions
 
     return RankOptions(dims=args.dims, weights=args.weights, seed=args.seed, kv_pages=args.kv_pages,
-                       device=args.device, attention=args.attention, timeout_s=args.rank_timeout,
+                       device=args.device, attention=args.attention,
+                       timeout_s=DEFAULT_RANK_TIMEOUT_S if args.rank_timeout is None else args.rank_timeout,
                        plan_path=args.plan, blas_pdl=not args.no_blas_pdl, nucleus=args.nucleus,
                        penalties=args.penalties)
 
@@ -603,6 +605,9 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
     _check_paths_given(args)
     plan = _load_plan(args.plan)
     mode = _ranks_mode(args, plan)
+    if mode == "inproc" and args.rank_timeout is not None:  # (it was ignored)
+        raise CliError("--rank-timeout bounds the wait for rank processes, and this run has none (every rank "
+                       "runs in this process: --ranks inproc, --engine sim or a plan of one rank)")
     if mode == "torchrun" and os.environ["RANK"] != "0":
         return _serve_rank(args, plan)
     tokenizer = _tokenizer(plan, args)

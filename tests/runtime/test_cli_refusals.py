@@ -44,6 +44,9 @@ def _error(capsys) -> str:
     (["run", "--plan", str(ROOT / "generated" / "orpheus.plan"), "--engine", "sim", "--route", "LLM="],
      "leaves out every partition a request starts (LLM; SNAC starts only from streams)"),
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
+    # no rank process to wait for: it was ignored
+    (["run", "--plan", ORPHEUS_TP2, "--engine", "sim", "--rank-timeout", "3"], "--rank-timeout bounds the wait"),
+    (["run", "--plan", LLAMA, "--requests", "2", "--rank-timeout", "3"], "this run has none"),
     # a generated workload has no audio: every request failed on the torch engine
     (["run", "--plan", str(ROOT / "generated" / "qwen3_asr.plan"), "--requests", "2"],
      "a generated workload has no audio"),

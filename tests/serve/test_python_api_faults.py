@@ -110,6 +110,44 @@ def test_a_request_with_an_id_in_flight_fails_alone(llm):
     assert llm.loop.error is None and wait_until(lambda: _idle(llm))
 
 
+@pytest.mark.parametrize("fields, error, words", [
+    ({"prompt_tokens": None}, PromptError, "prompt_tokens must be a non-empty list of token ids"),
+    ({"prompt_tokens": [1.5, 2.0]}, PromptError, "prompt_tokens must be a non-empty list of token ids"),
+    ({"id": 12345}, PromptError, "a request's id must be a non-empty string"),
+    ({"route": None}, SamplingError, "route must map partition names to lists of walk names"),
+    ({"max_tokens": None}, SamplingError, "max_tokens must be >= 1"),
+    ({"temperature": float("nan")}, SamplingError, "temperature must be a finite number"),
+    ({"top_p": 0.0}, SamplingError, "top_p must be in (0, 1]"),
+    ({"logit_bias": [(5, 1.0, 2)]}, SamplingError, "logit_bias must be (token id, bias) pairs"),
+    ({"prompt_tokens": [10**6]}, PromptError, "is outside the vocabulary"),
+])
+def test_a_request_built_by_hand_is_checked_as_the_apis_own(llm, fields, error, words):
+    """A bad field of a hand-built Request reached the run loop: `prompt_tokens=None` left the batch
+    waiting for ever (the loop died answering it), `route=None` failed every request in flight and
+    closed the LLM, `id=12345` and `max_tokens=None` failed the good requests of its step."""
+    bad = Request(**{"id": "hand", "prompt_tokens": [1, 2], "max_tokens": 4, **fields})
+    with pytest.raises(error, match=re.escape(words)):
+        llm.generate([[1, 2, 3], bad])
+    with pytest.raises(error, match=re.escape(words)):
+        asyncio.run(anext(llm.stream(bad)))
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+    assert llm.loop.error is None and wait_until(lambda: _idle(llm))
+
+
+def test_a_route_of_the_wrong_kind_fails_alone_in_the_conductor(llm):
+    """Past the API's checks (a Request changed after them), the conductor refuses it alone: it
+    failed the run loop and every request in flight."""
+    good = llm.request([1, 2, 3], SamplingParams(max_tokens=6))
+    bad = llm.request([4, 5], SamplingParams(max_tokens=6))
+    llm._check_given = lambda request: None  # as if the checks had passed
+    bad.route = None
+    outputs = llm.generate([good, bad])
+    assert outputs[0].finish_reason == "length"
+    assert outputs[1].finish_reason.startswith("error: the request's route cannot be read (TypeError")
+    del llm._check_given
+    assert llm.loop.error is None and wait_until(lambda: _idle(llm))
+
+
 def test_a_finished_request_given_again_is_refused(llm):
     request = llm.request([1, 2], SamplingParams(max_tokens=3))
     assert llm.generate(request)[0].finish_reason == "length"

@@ -136,6 +136,14 @@ def test_import_mstar_stays_light():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["[]", "LLM", "False"]
+    # nor a simulated engine's requests (a request's checks imported the sampler, and torch, on the
+    # first generate: 0.9 s, and a Ctrl-C inside that import left the LLM unusable)
+    code = ("import sys; from mstar import LLM, SamplingParams; llm = LLM(sys.argv[1], engine='sim'); "
+            "print(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.5, stop_token_ids=[7]))"
+            "[0].finish_reason, 'torch' in sys.modules); llm.close()")
+    out = subprocess.run([sys.executable, "-c", code, LLAMA], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["length", "False"]
 
 
 def test_serve_refuses_a_bad_plan_in_one_line(tmp_path):

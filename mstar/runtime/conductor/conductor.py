@@ -251,6 +251,11 @@ class Conductor:
             record.is_refused = True
             self._finish_unadmitted(record, f"error: {error}")
             return
+        except Exception as error:  # a route of the wrong kind (`None`): it failed the run loop, every request
+            record.is_refused = True
+            self._finish_unadmitted(record, f"error: the request's route cannot be read ({type(error).__name__}: "
+                                            f"{error})")
+            return
         problem = self.counts.problem(request.loop_counts)
         if problem is not None:
             self._finish_unadmitted(record, f"error: {problem}")

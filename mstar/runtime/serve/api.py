@@ -170,6 +170,8 @@ class SamplingParams:
 
     def bias_pairs(self) -> list[tuple[int, float]]:
         """logit_bias as checked (token id, bias) pairs (SamplingError for a bad one)."""
+        if self.logit_bias is None or self.logit_bias == {}:  # (the sampling module imports torch: a sim
+            return []                                         # LLM loaded it on its first request, 0.9 s)
         from mstar.runtime.engine.sampling import SamplingError as EngineSamplingError, logit_bias_pairs
 
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
@@ -364,14 +366,7 @@ class LLM:
         audio = (media or {}).get("audio")
         if audio is not None and self.audio_layout is not None:
             ids = self.laid_out_audio(ids, int(audio.shape[0]))
-        outside = self.checks.prompt_problem(ids)
-        if outside is not None:
-            raise PromptError(outside)
-        limit, bound = self.token_limit()
-        if len(ids) + sampling.max_tokens > limit:
-            raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({sampling.max_tokens}) is "
-                              f"{len(ids) + sampling.max_tokens} tokens, more than the plan's {bound}",
-                              param="max_tokens")
+        self._check_room(ids, sampling.max_tokens)
         with _REQUEST_IDS_LOCK:
             request_id = f"req-{next(_REQUEST_IDS)}"
         seed = sampling.seed if sampling.seed is not None else self._next_unseeded()
@@ -386,6 +381,44 @@ class LLM:
                        stop_strings=list(sampling.stop),
                        route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
                        media=dict(media or {}))
+
+    def _check_room(self, ids: list[int], max_tokens: int) -> None:
+        """PromptError for a prompt id outside the vocabulary, or a prompt and max_tokens past the
+        plan's max_seq_len (its rounds')."""
+        outside = self.checks.prompt_problem(ids)
+        if outside is not None:
+            raise PromptError(outside)
+        limit, bound = self.token_limit()
+        if len(ids) + max_tokens > limit:
+            raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) is "
+                              f"{len(ids) + max_tokens} tokens, more than the plan's {bound}", param="max_tokens")
+
+    def _check_given(self, request: Request) -> None:
+        """A Request built by hand (not by `request`), checked as `request` checks what it makes
+        (PromptError / SamplingError before anything runs): a bad field failed in the run loop,
+        which then failed every request in flight (`route=None`) or left the batch waiting for ever
+        (`prompt_tokens=None`)."""
+        if not isinstance(request.id, str) or not request.id:
+            raise PromptError(f"a request's id must be a non-empty string, got {shown(request.id)}")
+        ids = request.prompt_tokens
+        if not _is_list_of(ids, lambda t: is_integer(t) and t >= 0) or not (ids or request.media):
+            raise PromptError(f"request {shown(request.id)}: prompt_tokens must be a non-empty list of token ids "
+                              f"(integers >= 0), got {shown(ids)}")
+        if not _is_list_of(request.logit_bias, lambda pair: isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise SamplingError(f"logit_bias must be (token id, bias) pairs, got {shown(request.logit_bias)}")
+        sampling = SamplingParams(
+            max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
+            top_p=request.top_p, seed=request.seed, repetition_penalty=request.repetition_penalty,
+            stop=request.stop_strings, stop_token_ids=request.stop_tokens, route=request.route,
+            guidance=request.guidance, presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty, ignore_eos=request.ignore_eos, min_tokens=request.min_tokens,
+            logit_bias=dict(request.logit_bias) or None, logprobs=request.logprobs,
+            prompt_logprobs=request.prompt_logprobs)
+        sampling.check()
+        self._check_against_plan(sampling)
+        if sampling.stop and self.tokenizer is None:
+            raise SamplingError("stop strings need a tokenizer, and none is loaded; use stop_token_ids")
+        self._check_room(ids, sampling.max_tokens)
 
     def _next_unseeded(self) -> int:
         with self._unseeded_lock:
@@ -453,6 +486,8 @@ class LLM:
         batch: list[Any] = [prompts] if _is_one_prompt(prompts) else list(cast(Iterable[Any], prompts))
         each = _sampling_each(batch, sampling)
         requests = [p if isinstance(p, Request) else self.request(p, s) for p, s in zip(batch, each)]
+        for given in (p for p in batch if isinstance(p, Request)):
+            self._check_given(given)
         self._claim([p for p in batch if isinstance(p, Request)])
         collectors = [_Collector(r, self.tokenizer is not None) for r in requests]
         num_submitted = 0
@@ -517,6 +552,7 @@ class LLM:
             raise _sampling_beside_request()
         request = prompt if isinstance(prompt, Request) else self.request(prompt, sampling)
         if prompt is request:
+            self._check_given(request)
             self._claim([request])
         queue: asyncio.Queue[Delta] = asyncio.Queue()
         handoff = self._handoff(asyncio.get_running_loop())

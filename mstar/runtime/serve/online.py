@@ -424,8 +424,9 @@ class OnlineLoop:
         with self._lock:
             self._num_in_flight -= 1
         self.observer.on_finish(reason, is_refused)
+        ids = request.prompt_tokens
         deliver(Delta(request.id, finish_reason=reason, is_refused=is_refused,
-                      num_prompt_tokens=len(request.prompt_tokens)))
+                      num_prompt_tokens=len(ids) if isinstance(ids, (list, tuple)) else 0))
 
     def _end_in_conductor(self, reason: str) -> None:
         """Fail the conductor's requests, waiting ones first (an ended one admits the next), so the
