@@ -97,7 +97,7 @@ def test_mstar_run_transcribes_a_wav_as_transformers_generates(checkpoint, tmp_p
     directory, model = checkpoint
     tokenizer = AutoTokenizer.from_pretrained(directory)
     runs = {"plain": ("", 2.37), "forced": ("language English<asr_text>", 3.5)}
-    expected = {}
+    expected, prompt_ids = {}, {}
     for name, (prefill, seconds) in runs.items():
         heard = write_wav(tmp_path / f"{name}.wav", clip(seconds, seed=3))
         inputs = extract(heard)
@@ -106,6 +106,7 @@ def test_mstar_run_transcribes_a_wav_as_transformers_generates(checkpoint, tmp_p
         out = model.generate(input_ids=ids, input_features=inputs["input_features"],
                              input_features_mask=inputs["attention_mask"], max_new_tokens=16, do_sample=False)
         expected[name] = out[0, ids.shape[1]:].tolist()
+        prompt_ids[name] = ids[0].tolist()
     lines = [{"id": "plain", "audio": "plain.wav", "max_tokens": 16},
              {"id": "forced", "audio": "forced.wav", "prompt": runs["forced"][0], "max_tokens": 16}]
     prompts = tmp_path / "prompts.jsonl"
@@ -116,7 +117,10 @@ def test_mstar_run_transcribes_a_wav_as_transformers_generates(checkpoint, tmp_p
     outputs = {o["id"]: o for o in map(json.loads, (tmp_path / "out" / "outputs.jsonl").read_text().splitlines())}
     for name, tokens in expected.items():
         assert outputs[name]["output_tokens"] == tokens
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        # the text the output adds to its prompt's (the test tokenizer joins words with spaces)
+        whole, prompt = (tokenizer.decode(ids, skip_special_tokens=True)
+                         for ids in (prompt_ids[name] + tokens, prompt_ids[name]))
+        text = whole[len(prompt):]
         assert outputs[name]["text"] == text and len(text.split()) > 3
 
 
