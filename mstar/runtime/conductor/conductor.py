@@ -64,9 +64,9 @@ from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import OUTSIDE_LOOPS, RunWalk, model_stop_loop
+from mstar.runtime.conductor.text_context import context_before, text_after
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
-from mstar.runtime.conductor.text_context import context_before, text_after
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ tokenizer, that frame around empty text, e.g. Qwen3-ASR's chat turns; refused fo
 input takes feature frames, `takes_wav`), "stop" (a string or a list of strings: the
 request ends once its decoded output holds one; needs the tokenizer too), "temperature", "top_k", "top_p",
 "seed" (64-bit; a line without one samples with --seed x 1000003 + its place among the requests),
-"repetition_penalty" (> 0), "presence_penalty" and "frequency_penalty" (in [-2, 2]),
+"repetition_penalty" (in [1e-4, 1e4]), "presence_penalty" and "frequency_penalty" (in [-2, 2]),
 "stop_tokens" ([int, ...]), "route" ({partition: [walk, ...]}, see
 Request.route), "guidance" ({label: scale >= 0}, image-flow guidance by the spec's guidance
 labels, see mstar/runtime/engine/runners/guidance.py), "loop_counts" ({param: iterations >= 1}, for
@@ -562,7 +562,7 @@ def read_prompts(
     torch engine: its encoder takes feature frames); seed: a line without its own `seed` samples
     with seed x 1000003 + i, i its request's place in the file (as a generated workload's request
     i; with one seed for all, two lines of one prompt sampled the same tokens)."""
-    counts = LoopCounts(plan) if plan is not None else None
+    counts, starters = (LoopCounts(plan), starting_partitions(plan)) if plan is not None else (None, set())
     named = shown_path(path)  # as messages name it
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {shown(concurrency)}")
@@ -591,7 +591,7 @@ def read_prompts(
                                 "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
                                 "takes a waveform (Whisper, Qwen3-ASR) read one")
         if names is not None:
-            check_route(request.route, names, where, starting_partitions(plan) if plan is not None else ())
+            check_route(request.route, names, where, starters)
         problem = plan_problem(request, plan, counts) if plan is not None else None
         if problem is not None:
             raise WorkloadError(f"{where}: {problem}")
