@@ -105,6 +105,17 @@ def test_an_out_of_range_count_is_refused():
         SamplingParams(max_tokens=2, prompt_logprobs=21).check()
 
 
+@pytest.mark.parametrize("plan", ["orpheus.plan", "cosmos3.plan"])
+def test_a_plan_that_gives_none_refuses_the_request_before_it_runs(plan):
+    """Orpheus's LLM sends audio codes, not text: the request ran and came back an error output."""
+    from mstar.runtime.serve.api import SamplingError
+
+    with LLM(str(GENERATED / plan), engine="sim") as llm:
+        with pytest.raises(SamplingError, match="prompt_logprobs asks for what this plan does not give") as refused:
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, prompt_logprobs=1))
+        assert refused.value.param == "prompt_logprobs"
+
+
 def test_a_hybrid_decoders_fast_path_gives_what_the_cpu_engine_gives():
     """The qwen3_5 plan (gated delta-net layers beside full attention; tiny dims): the scored
     prompt step runs eagerly with its linear layers' layout, on the fast path's runner on the CPU."""

@@ -11,7 +11,7 @@ Position p's logits predict token p + 1, so a chunk's last position predicts the
 token: that row of log-probabilities (the "tail", one vocabulary's floats) waits on the request
 between its chunks, and the last chunk's tail, which predicts the sampled token, is dropped.
 
-Which calls give them (`prompt_logprob_calls`): the calls of the plan's first node, in plan order,
+Which calls give them (models/kinds.py `prompt_logprob_calls`): the calls of the plan's first node, in plan order,
 that take the text prompt (an input whose role says `prompt text`), outside any loop (so what they
 feed is the prompt itself), and send text tokens to the client. A plan without one refuses such
 requests. Cached prefix pages have no logits, so such a request claims none (conductor.py).
@@ -22,26 +22,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.engine.sampling import as_token_logprobs, logprob_tensors
 from mstar.runtime.step import TokenLogprobs
 
 # Positions whose logits are made at once: [positions, vocab] floats (an 8,192-token chunk of a
 # 128k vocabulary whole would be 4 GB).
 POSITIONS_AT_ONCE = 256
-
-
-def prompt_logprob_calls(plan: Any, calls: dict[tuple[str, str], CallInfo]) -> frozenset[tuple[str, str]]:
-    """The (node, walk) calls that give a request's prompt log-probabilities (module docstring);
-    empty when the plan has none."""
-    for node in plan.nodes:
-        prompt_inputs = {role.name for role in node.input_roles if role.prompt == "text"}
-        found = frozenset(key for key, call in calls.items()
-                          if key[0] == node.name and call.loop_max_iters == 0 and call.sends_text_tokens
-                          and prompt_inputs.intersection(call.inputs))
-        if found:
-            return found
-    return frozenset()
 
 
 def score_row(logits_of: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tokens: list[int],

@@ -63,8 +63,7 @@ from mstar.runtime.engine.snac_checkpoint import load_snac_weights, read_snac_co
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.encoders import MediaEncoder
 from mstar.runtime.engine.models.image_decoder import ImageDecoder
-from mstar.runtime.engine.models.kinds import CallInfo, call_table
-from mstar.runtime.engine.prompt_logprobs import prompt_logprob_calls
+from mstar.runtime.engine.models.kinds import CallInfo, call_table, prompt_logprob_calls
 from mstar.runtime.engine.placement import DeviceError, OnDevice, resolve_device
 from mstar.runtime.engine.sampling import SamplingError
 from mstar.runtime.engine.step_check import StepChecker

@@ -26,9 +26,8 @@ from mstar.runtime.engine.gpu.runner import (
 from mstar.runtime.engine.kv.pool_size import pool_size
 from mstar.runtime.engine.kv.slots import node_slot_pool
 from mstar.runtime.engine.models.decoder import Decoder
-from mstar.runtime.engine.models.kinds import CallInfo
+from mstar.runtime.engine.models.kinds import CallInfo, prompt_logprob_calls
 from mstar.runtime.engine.placement import Placement
-from mstar.runtime.engine.prompt_logprobs import prompt_logprob_calls
 from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout

@@ -8,7 +8,7 @@ Nothing here reads meaning from a name: a name is only a key into the plan's rol
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from mstar.plan.schema import EdgePlan, NodePlan, Plan, WalkPlan
 
@@ -104,3 +104,18 @@ def _edges(walk: WalkPlan) -> list[EdgePlan]:
     """Every edge of the walk: its calls' and the onward edges its loops' exits take."""
     exits = [x.edge for loop in walk.loops for x in loop.exits if x.edge is not None]
     return [edge for call in walk.calls for edge in call.edges] + exits
+
+
+def prompt_logprob_calls(plan: Any, calls: dict[tuple[str, str], CallInfo]) -> frozenset[tuple[str, str]]:
+    """The (node, walk) calls that give a request's prompt log-probabilities (engine/prompt_logprobs.py):
+    the first node's, in plan order, that take the text prompt (an input whose role says `prompt
+    text`) outside any loop and send text tokens to the client; empty when the plan has none.
+    Here, without torch, so the Python API can refuse such a request before it runs."""
+    for node in plan.nodes:
+        prompt_inputs = {role.name for role in node.input_roles if role.prompt == "text"}
+        found = frozenset(key for key, call in calls.items()
+                          if key[0] == node.name and call.loop_max_iters == 0 and call.sends_text_tokens
+                          and prompt_inputs.intersection(call.inputs))
+        if found:
+            return found
+    return frozenset()
