@@ -114,3 +114,34 @@ def test_the_outputs_file_text_reads_after_the_prompt(tmp_path, capsys):
     assert status == 0, capsys.readouterr().err
     line = json.loads((out / "outputs.jsonl").read_text())
     assert (line["output_tokens"], line["text"]) == ([ME] * 3, " me me me")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(3, 12), min_size=1, max_size=6), st.lists(st.integers(3, 12), max_size=30),
+       st.lists(st.sampled_from([" me", "me", "s ", " a", "mes", " hello me"]), max_size=3),
+       st.lists(st.integers(1, 4), min_size=1, max_size=8), st.integers(0, 8))
+def test_stops_and_min_tokens_are_read_in_the_text_after_the_prompt(prompt, ids, stops, chunk_sizes, min_tokens):
+    """With a context, the stream still cuts where a search of the whole text so far (read after
+    the prompt) cuts, a stop string counting only past the first min_tokens tokens' text."""
+    from tokenizers import Tokenizer, decoders, models
+
+    from mstar.runtime.serve.tokenizer import stop_text_index
+
+    pieces = SPECIALS + PIECES + [f"▁w{i}" if i % 2 else f"x{i}" for i in range(4)]
+    tokenizer = Tokenizer(models.WordLevel({p: i for i, p in enumerate(pieces)}, unk_token="<unk>"))
+    tokenizer.decoder = decoders.Metaspace()
+    decode = _decode_with(tokenizer)
+    context = prompt[-CONTEXT_TOKENS:]
+    stream = TextStream(decode, stops, min_tokens, context=context)
+    after = len(text_after(decode, context, ids[:min_tokens]))
+    shown, at, index, expected = [], 0, 0, None
+    while at < len(ids):
+        size = chunk_sizes[index % len(chunk_sizes)]
+        shown.append(stream.add(ids[at:at + size]))
+        at, index = at + size, index + 1
+        so_far = text_after(decode, context, ids[:at])
+        cut = stop_text_index(so_far, stops, after=after) if stops and at >= min_tokens else None
+        if expected is None and cut is not None:
+            expected = so_far[:cut]
+    shown.append(stream.finish())
+    assert "".join(shown) == (text_after(decode, context, ids) if expected is None else expected)
