@@ -25,6 +25,18 @@ def llama(tmp_path_factory):
         yield served
 
 
+def _name(llm, before, token):
+    """A token's name after the tokens before it: the text it adds there (the whole prefix decoded,
+    where the server reads the last five tokens: the same for this tokenizer), its own where it
+    adds none (a special token)."""
+    decode = llm.tokenizer.decode
+    return decode(list(before) + [token])[len(decode(list(before))):] or llm.tokenizer.token_text(token)
+
+
+def _names(llm, before, ids):
+    return [_name(llm, list(before) + list(ids[:i]), token) for i, token in enumerate(ids)]
+
+
 def _api(llm, prompt, max_tokens, logprobs, **settings):
     return llm.generate([prompt], SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **settings))[0]
 
@@ -37,10 +49,13 @@ def test_a_completions_logprobs_are_the_apis_in_openais_shape(llama):
     choice = answer.choices[0]
     assert choice.model_extra["token_ids"] == expected.token_ids
     logprobs = choice.logprobs
-    assert logprobs.tokens == [llm.tokenizer.token_text(t) for t in expected.token_ids]
+    assert logprobs.tokens == _names(llm, PROMPT, expected.token_ids)
+    assert "".join(logprobs.tokens) == choice.text  # each token's name is what it adds to the text
     assert logprobs.token_logprobs == pytest.approx([own for own, _ in expected.logprobs])
-    for text, top, (own, alternatives) in zip(logprobs.tokens, logprobs.top_logprobs, expected.logprobs):
-        assert top == pytest.approx({**{llm.tokenizer.token_text(t): v for t, v in alternatives}, text: own})
+    for i, (text, top, (own, alternatives)) in enumerate(zip(logprobs.tokens, logprobs.top_logprobs,
+                                                              expected.logprobs)):
+        before = PROMPT + expected.token_ids[:i]
+        assert top == pytest.approx({**{_name(llm, before, t): v for t, v in alternatives}, text: own})
         assert 3 <= len(top) <= 4
     lengths = [len(text) for text in logprobs.tokens]
     assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
@@ -55,12 +70,13 @@ def test_a_chats_logprobs_carry_the_alternatives_most_likely_first(llama):
     prompt = llm.tokenizer.encode_chat(messages)
     expected = _api(llm, prompt, 4, 2)
     content = answer.choices[0].logprobs.content
-    assert [entry.token for entry in content] == [llm.tokenizer.token_text(t) for t in expected.token_ids]
-    for entry, (own, alternatives) in zip(content, expected.logprobs):
+    assert [entry.token for entry in content] == _names(llm, prompt, expected.token_ids)
+    assert "".join(entry.token for entry in content) == answer.choices[0].message.content
+    for i, (entry, (own, alternatives)) in enumerate(zip(content, expected.logprobs)):
         assert entry.logprob == pytest.approx(own)
         assert entry.bytes == list(entry.token.encode())
         assert [(top.token, top.logprob) for top in entry.top_logprobs] == pytest.approx(
-            [(llm.tokenizer.token_text(t), v) for t, v in alternatives])
+            [(_name(llm, prompt + expected.token_ids[:i], t), v) for t, v in alternatives])
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the most likely
     plain = client.chat.completions.create(model="llama", messages=messages, max_tokens=4)
     assert plain.choices[0].logprobs is None
@@ -149,12 +165,13 @@ def test_echo_with_logprobs_covers_the_prompts_tokens_then_the_completions(llama
     expected = llm.generate([PROMPT], SamplingParams(max_tokens=2, logprobs=1, prompt_logprobs=1))[0]
     logprobs = answer.choices[0].logprobs
     ids = PROMPT + expected.token_ids
-    assert logprobs.tokens == [llm.tokenizer.token_text(t) for t in ids]
+    assert logprobs.tokens == _names(llm, [], ids)  # from the text's start: the prompt is echoed
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
     entries = expected.prompt_logprobs[1:] + expected.logprobs
     assert logprobs.token_logprobs[1:] == pytest.approx([own for own, _ in entries])
-    for text, top, (own, alternatives) in zip(logprobs.tokens[1:], logprobs.top_logprobs[1:], entries):
-        assert top == pytest.approx({**{llm.tokenizer.token_text(t): v for t, v in alternatives}, text: own})
+    for i, (text, top, (own, alternatives)) in enumerate(zip(logprobs.tokens[1:], logprobs.top_logprobs[1:],
+                                                              entries), start=1):
+        assert top == pytest.approx({**{_name(llm, ids[:i], t): v for t, v in alternatives}, text: own})
     lengths = [len(text) for text in logprobs.tokens]
     assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
     stream = list(client.completions.create(model="llama", prompt=PROMPT, max_tokens=2, logprobs=1, echo=True,
@@ -177,7 +194,7 @@ def test_echo_with_logprobs_gives_each_prompt_and_choice_its_own(llama):
     for choice in answer.choices:
         prompt = prompts[choice.index // 2]
         tokens = choice.logprobs.tokens
-        assert tokens[:len(prompt)] == [llm.tokenizer.token_text(t) for t in prompt]
+        assert tokens[:len(prompt)] == _names(llm, [], prompt)
         assert len(tokens) == len(prompt) + len(choice.model_extra["token_ids"])
         assert choice.logprobs.token_logprobs[0] is None
         assert all(value is not None for value in choice.logprobs.token_logprobs[1:])
@@ -196,7 +213,7 @@ def test_echo_with_max_tokens_zero_answers_the_prompt_alone(llama):
     choice = answer.choices[0]
     assert choice.text == llm.tokenizer.decode(PROMPT) and choice.model_extra["token_ids"] == []
     assert choice.finish_reason == "length"
-    assert choice.logprobs.tokens == [llm.tokenizer.token_text(t) for t in PROMPT]
+    assert choice.logprobs.tokens == _names(llm, [], PROMPT)
     assert choice.logprobs.token_logprobs[0] is None
     assert choice.logprobs.token_logprobs[1:] == pytest.approx([own for own, _ in expected.prompt_logprobs[1:]])
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (len(PROMPT), 0)

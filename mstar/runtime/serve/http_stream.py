@@ -44,6 +44,7 @@ from fastapi.responses import StreamingResponse
 
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.serve.http_schema import CANCELLED_MESSAGE
+from mstar.runtime.conductor.text_context import CONTEXT_TOKENS
 from mstar.runtime.serve.logprobs_format import Offsets, chat_logprobs, completion_logprobs
 from mstar.runtime.serve.online import Delta
 
@@ -182,7 +183,8 @@ def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[l
         token_ids = [t for d in deltas for t in d.token_ids]
         echoed, logprobs = _with_prompt(choices[index], deltas[0], _joined_logprobs(choices[index], deltas))
         bodies.append({"index": index, "text": choices[index].echo + "".join(d.text for d in deltas),
-                       "logprobs": completion_logprobs(tokenizer, echoed + token_ids, logprobs, Offsets()),
+                       "logprobs": completion_logprobs(tokenizer, echoed + token_ids, logprobs,
+                                                       _offsets(choices[index], echoed)),
                        "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
     return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
@@ -194,11 +196,13 @@ async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
             "model": service.model_name}
 
     tokenizer = _tokenizer(service, choices)
-    offsets = [Offsets() for _ in choices]
+    offsets = [_offsets(c, []) for c in choices]
     echoes = [c.echo for c in choices]  # each sent once, before its choice's first text
 
     def choice(index: int, delta: Delta) -> dict[str, Any]:
         echoed, entries = _with_prompt(choices[index], delta, _delta_logprobs(choices[index], delta))
+        if echoed:  # (the choice's first delta: its tokens start with the prompt's)
+            offsets[index] = _offsets(choices[index], echoed)
         logprobs = completion_logprobs(tokenizer, echoed + delta.token_ids, entries, offsets[index])
         text, echoes[index] = echoes[index] + delta.text, ""
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(delta),
@@ -217,7 +221,8 @@ def chat_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[De
     for index, deltas in enumerate(answers):
         token_ids = [t for d in deltas for t in d.token_ids]
         bodies.append({"index": index, "message": {"role": "assistant", "content": "".join(d.text for d in deltas)},
-                       "logprobs": chat_logprobs(tokenizer, token_ids, _joined_logprobs(choices[index], deltas)),
+                       "logprobs": chat_logprobs(tokenizer, token_ids, _joined_logprobs(choices[index], deltas),
+                                                 _offsets(choices[index], [])),
                        "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
     return {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
@@ -232,10 +237,11 @@ async def chat_events(service: Any, choices: Sequence[Choice], body: Any,
     yield f"data: {dumps({**head, 'choices': openings})}\n\n"
 
     tokenizer = _tokenizer(service, choices)
+    offsets = [_offsets(c, []) for c in choices]
 
     def choice(index: int, delta: Delta) -> dict[str, Any]:
         content = {"content": delta.text} if delta.text or not delta.is_final else {}
-        logprobs = chat_logprobs(tokenizer, delta.token_ids, _delta_logprobs(choices[index], delta))
+        logprobs = chat_logprobs(tokenizer, delta.token_ids, _delta_logprobs(choices[index], delta), offsets[index])
         return {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish_reason(delta),
                 "token_ids": delta.token_ids}
 
@@ -254,6 +260,12 @@ def _delta_logprobs(choice: Choice, delta: Delta) -> Optional[list[Any]]:
     if choice.request.logprobs is None:
         return None
     return delta.logprobs if delta.logprobs is not None else [None] * len(delta.token_ids)
+
+
+def _offsets(choice: Choice, echoed: list[int]) -> Offsets:
+    """Where a choice's token names start: after its prompt's last tokens, or at the text's start
+    where its tokens begin with the echoed prompt's (logprobs_format.py)."""
+    return Offsets([] if echoed else choice.request.prompt_tokens[-CONTEXT_TOKENS:])
 
 
 def _with_prompt(choice: Choice, delta: Delta, logprobs: Optional[list[Any]]

@@ -9,7 +9,8 @@ convention). Out:
                           `token_logprobs`, `top_logprobs` (a dict of the N alternatives and the
                           sampled token, so up to N + 1 entries, as OpenAI's) and `text_offset`
                           (each token's offset in the choice's text, counted by token texts; a
-                          stream carries it on from chunk to chunk: `Offsets`)
+                          stream carries it on from chunk to chunk: `Offsets`). A token's text
+                          is what it adds to the text after the tokens before it (`Offsets.names`)
     chat_logprobs         a chat choice's `logprobs`: `content`, one entry a token with its
                           `token`, `logprob`, `bytes` (its text's UTF-8) and `top_logprobs` (the N
                           alternatives, most likely first)
@@ -21,6 +22,8 @@ A token no engine row gave log-probabilities of (a text emission of several toke
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
+
+from mstar.runtime.conductor.text_context import CONTEXT_TOKENS
 
 
 LOWEST = -9999.0
@@ -35,10 +38,31 @@ def token_text(tokenizer: Any, token: int) -> str:
 
 
 class Offsets:
-    """A choice's running text offset across its stream's chunks (`completion_logprobs`)."""
+    """A choice's running text offset and its last tokens, across its stream's chunks: each token
+    is named as it reads after the tokens before it (`context`: at first the prompt's last ones,
+    none where the answer starts with the echoed prompt)."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: Sequence[int] = ()) -> None:
         self.offset = 0
+        self.context = list(context)[-CONTEXT_TOKENS:]
+
+    def names(self, tokenizer: Any, token: int, others: Sequence[int]) -> tuple[str, list[str]]:
+        """The token's text and its alternatives' at this place, read after the context
+        (text_context.py: a SentencePiece or WordPiece token alone drops its leading space, so
+        the tokens did not join to the text); a token that reads as nothing there (a special
+        token, skipped in text) by its own name. Then the token joins the context."""
+        if tokenizer is None:
+            return token_text(None, token), [token_text(None, other) for other in others]
+        context = self.context
+        before = tokenizer.decode(context)
+
+        def read(candidate: int) -> str:
+            whole = tokenizer.decode([*context, candidate])
+            text = whole[len(before):] if whole.startswith(before) else ""
+            return text or tokenizer.token_text(candidate)
+
+        self.context = [*context, token][-CONTEXT_TOKENS:]
+        return read(token), [read(other) for other in others]
 
 
 def completion_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Optional[Sequence[Any]],
@@ -46,36 +70,38 @@ def completion_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Opti
     """A completion choice's `logprobs` for these tokens (None: the request asked for none)."""
     if logprobs is None:
         return None
-    texts = [token_text(tokenizer, token) for token in token_ids]
+    texts: list[str] = []
     top: list[Optional[dict[str, Optional[float]]]] = []
     text_offset = []
-    for text, found in zip(texts, logprobs):
+    for token, found in zip(token_ids, logprobs):
+        own, alternatives = found if found is not None else (None, ())
+        text, names = offsets.names(tokenizer, token, [other for other, _ in alternatives])
+        texts.append(text)
         text_offset.append(offsets.offset)
         offsets.offset += len(text)
         if found is None:
             top.append(None)
             continue
-        own, alternatives = found
-        entry = {token_text(tokenizer, other): finite(value) for other, value in alternatives}
+        entry = {name: finite(value) for name, (_, value) in zip(names, alternatives)}
         entry.setdefault(text, finite(own))
         top.append(entry)
     return {"tokens": texts, "token_logprobs": [None if found is None else finite(found[0]) for found in logprobs],
             "top_logprobs": top, "text_offset": text_offset}
 
 
-def chat_logprobs(tokenizer: Any, token_ids: Sequence[int],
-                  logprobs: Optional[Sequence[Any]]) -> Optional[dict[str, Any]]:
+def chat_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Optional[Sequence[Any]],
+                  offsets: Offsets) -> Optional[dict[str, Any]]:
     """A chat choice's `logprobs` for these tokens (None: the request asked for none)."""
     if logprobs is None:
         return None
     content = []
     for token, found in zip(token_ids, logprobs):
         own, alternatives = found if found is not None else (None, ())
-        content.append({**_named(tokenizer, token, own),
-                        "top_logprobs": [_named(tokenizer, other, value) for other, value in alternatives]})
+        text, names = offsets.names(tokenizer, token, [other for other, _ in alternatives])
+        content.append({**_named(text, own),
+                        "top_logprobs": [_named(name, value) for name, (_, value) in zip(names, alternatives)]})
     return {"content": content, "refusal": None}
 
 
-def _named(tokenizer: Any, token: int, logprob: Optional[float]) -> dict[str, Any]:
-    text = token_text(tokenizer, token)
+def _named(text: str, logprob: Optional[float]) -> dict[str, Any]:
     return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
