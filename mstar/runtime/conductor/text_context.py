@@ -23,8 +23,13 @@ def text_after(decode: Callable[[list[int]], str], context: Sequence[int], ids: 
     return whole[len(before):] if whole.startswith(before) else decode(list(ids))
 
 
+def prompt_context(prompt: Sequence[int]) -> list[int]:
+    """The tokens an output's first token is read after: the prompt's last `CONTEXT_TOKENS`."""
+    return list(prompt[-CONTEXT_TOKENS:])
+
+
 def context_before(prompt: Sequence[int], output: Sequence[int], start: int) -> list[int]:
     """The `CONTEXT_TOKENS` tokens before `output[start:]`: the output's own, then the prompt's."""
     from_output = list(output[max(0, start - CONTEXT_TOKENS):start])
     missing = CONTEXT_TOKENS - len(from_output)
-    return (list(prompt[-missing:]) if missing else []) + from_output
+    return (prompt_context(prompt)[-missing:] if missing else []) + from_output

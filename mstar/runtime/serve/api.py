@@ -174,7 +174,7 @@ class SamplingParams:
             return []                                         # LLM loaded it on its first request, 0.9 s)
         from mstar.runtime.engine.sampling import SamplingError as EngineSamplingError, logit_bias_pairs
 
-        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+        if not isinstance(self.logit_bias, dict):
             raise SamplingError(f"logit_bias must map token ids to biases, got {shown(self.logit_bias)}")
         try:
             return list(logit_bias_pairs(self.logit_bias or {}))

@@ -43,8 +43,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Optional, Sequence, Union
 from fastapi.responses import StreamingResponse
 
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.conductor.text_context import prompt_context
 from mstar.runtime.serve.http_schema import CANCELLED_MESSAGE
-from mstar.runtime.conductor.text_context import CONTEXT_TOKENS
 from mstar.runtime.serve.logprobs_format import Offsets, chat_logprobs, completion_logprobs
 from mstar.runtime.serve.online import Delta
 
@@ -265,7 +265,7 @@ def _delta_logprobs(choice: Choice, delta: Delta) -> Optional[list[Any]]:
 def _offsets(choice: Choice, echoed: list[int]) -> Offsets:
     """Where a choice's token names start: after its prompt's last tokens, or at the text's start
     where its tokens begin with the echoed prompt's (logprobs_format.py)."""
-    return Offsets([] if echoed else choice.request.prompt_tokens[-CONTEXT_TOKENS:])
+    return Offsets([] if echoed else prompt_context(choice.request.prompt_tokens))
 
 
 def _with_prompt(choice: Choice, delta: Delta, logprobs: Optional[list[Any]]

@@ -44,11 +44,11 @@ from typing import Any, Callable, Optional
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import Conductor
 from mstar.runtime.conductor.request import Request, RequestRecord, token_ids_of
+from mstar.runtime.conductor.text_context import prompt_context
 from mstar.runtime.serve.driver import Driver
 from mstar.runtime.serve.steps import Launch
 from mstar.runtime.serve.text_stream import TextStream
 from mstar.runtime.step import Engine
-from mstar.runtime.conductor.text_context import CONTEXT_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class OnlineLoop:
             if request.id in self._tracked or request.id in conductor.records:
                 raise ValueError(f"request id {request.id!r} is already in flight")
             text = (TextStream(self.decode, request.stop_strings, request.min_tokens,
-                               request.prompt_tokens[-CONTEXT_TOKENS:]) if self.decode is not None else None)
+                               prompt_context(request.prompt_tokens)) if self.decode is not None else None)
         except Exception as error:
             self._answer_unrun(request, deliver, f"error: {error}", is_refused=True)
             return

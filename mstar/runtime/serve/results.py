@@ -154,11 +154,11 @@ class ResultWriter:
         first stop string that ends past the text of its first `min_tokens` tokens."""
         if self.tokenizer is None or not all(isinstance(t, int) for t in tokens):
             return None
+        from mstar.runtime.conductor.text_context import prompt_context, text_after
         from mstar.runtime.serve.tokenizer import stop_text_index
-        from mstar.runtime.conductor.text_context import CONTEXT_TOKENS, text_after
 
         stops, min_tokens = request.stop_strings, request.min_tokens
-        context = [t for t in request.prompt_tokens[-CONTEXT_TOKENS:] if isinstance(t, int)]
+        context = [t for t in prompt_context(request.prompt_tokens) if isinstance(t, int)]
         text = text_after(self.tokenizer.decode, context, tokens)
         after = len(text_after(self.tokenizer.decode, context, tokens[:min_tokens])) if min_tokens and stops else 0
         cut = stop_text_index(text, stops, after=after)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from mstar.runtime.conductor.text_context import text_after
 from mstar.runtime.serve.tokenizer import stop_text_index
 
 INCOMPLETE = "\ufffd"  # what a decoder gives for a byte sequence cut inside a character
@@ -49,8 +50,8 @@ class TextStream:
         """The new text that can be shown after these tokens ('' when it must wait)."""
         self._ids.extend(ids)
         if self._after is None and len(self._ids) - self._start >= self._min_tokens:
-            head = self._ids[:self._start + self._min_tokens]
-            self._after = len(self._decode(head)) - len(self._decode(head[:self._start]))
+            first = self._ids[self._start:self._start + self._min_tokens]
+            self._after = len(text_after(self._decode, self._ids[:self._start], first))
         before = self._decode(self._ids[self._prefix:self._read])
         after = self._decode(self._ids[self._prefix:])
         if len(after) > len(before) and not after.endswith(INCOMPLETE):
