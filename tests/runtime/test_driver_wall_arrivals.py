@@ -1,11 +1,16 @@
 """On a wall clock, requests that arrive while a step runs are admitted before that step's results
 are applied, as on the simulated clock: an online server then schedules the same steps as
 `mstar run` on the same arrivals (docs/serve.md, "Against `mstar run` on the same workload")."""
+import threading
+import time
 from typing import Optional
+
+import pytest
 
 from mstar.runtime.conductor.conductor import Conductor
 from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.serve.driver import Driver, Workload
+from mstar.runtime.serve.online import Observer, OnlineLoop
 from mstar.runtime.serve.paced import PacedEngine
 from mstar.runtime.serve.workload import generate
 
@@ -86,3 +91,67 @@ def test_the_first_runs_start_up_collection_does_not_delay_the_workloads_arrival
     driver.run(Workload(_requests()[:2]))
     for record in driver.conductor.records.values():
         assert record.arrival_s - driver.origin_s < 1.0
+
+
+class _FirstStepSlow(PacedEngine):
+    """The first step takes `FIRST_STEP_S` of wall time; the others none."""
+
+    def __init__(self, plan):
+        super().__init__(SimEngine(plan), pace=0.0)
+        self.num_waits = 0
+
+    def wait(self, handle):
+        self.num_waits += 1
+        if self.num_waits == 1:
+            time.sleep(FIRST_STEP_S)
+        return super().wait(handle)
+
+
+FIRST_STEP_S = 0.2
+
+
+def _two_requests():
+    first, second = generate(2, prompt_len=(8, 8), output_len=(4, 4), seed=0).requests
+    first.arrival_s, second.arrival_s = 0.0, 0.01  # the second while the first's step runs
+    return first, second
+
+
+def test_a_request_that_arrived_during_a_step_counts_its_wait_in_its_ttft():
+    """On a wall clock the driver hands an arrival to the conductor only after the step then running:
+    the request's record keeps when it arrived (its TTFT counted from the hand-over said a few ms
+    where its client waited for the whole step)."""
+    plan = generated("llama")
+    driver = Driver(plan, _FirstStepSlow(plan))
+    first, second = _two_requests()
+    driver.run(Workload([first, second]))
+    record = driver.conductor.records[second.id]
+    assert record.arrival_s == pytest.approx(driver.origin_s + 0.01)
+    assert record.admit_s - record.arrival_s > FIRST_STEP_S / 2
+    assert record.first_token_s - record.arrival_s > FIRST_STEP_S / 2
+
+
+def test_the_servers_ttft_counts_the_wait_in_its_inbox():
+    """A request queued while the driver thread is inside a step: the server's TTFT (its
+    observer's, `mstar_time_to_first_token_seconds`) counts from `submit`, not from when the
+    driver thread took it after the step."""
+    plan = generated("llama")
+    first_outputs: dict[str, float] = {}
+    ended = threading.Event()
+
+    class Recorder(Observer):
+        def on_first_output(self, seconds: float) -> None:
+            first_outputs[f"r{len(first_outputs)}"] = seconds
+
+    loop = OnlineLoop(plan, _FirstStepSlow(plan), observer=Recorder())
+    loop.start()
+    first, second = _two_requests()
+    try:
+        loop.submit(first, lambda delta: None)
+        time.sleep(0.05)  # the driver thread is inside the first step now
+        submitted = time.monotonic()
+        loop.submit(second, lambda delta: ended.set() if delta.finish_reason else None)
+        assert ended.wait(10)
+        waited = time.monotonic() - submitted
+    finally:
+        loop.close(5)
+    assert FIRST_STEP_S / 2 < first_outputs["r1"] <= waited

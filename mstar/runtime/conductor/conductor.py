@@ -213,11 +213,14 @@ class Conductor:
 
     # ------------------------------------------------------------ requests in
 
-    def submit(self, request: Request) -> RequestRecord:
-        """A request arrives now; it is admitted at once or waits (FIFO)."""
+    def submit(self, request: Request, arrival_s: Optional[float] = None) -> RequestRecord:
+        """A request is handed over now; it is admitted at once or waits (FIFO). arrival_s: when it
+        arrived on the run clock, if before now (an arrival due while a step ran is handed over
+        after it: its TTFT counts that wait); None: now."""
         if request.id in self.records:
             raise RouteError(f"request id {request.id!r} was submitted twice")
-        record = RequestRecord(request=request, arrival_s=self.clock())
+        now = self.clock()
+        record = RequestRecord(request=request, arrival_s=now if arrival_s is None else min(arrival_s, now))
         self.records[request.id] = record
         self.waiting.append(record)
         self._admit()

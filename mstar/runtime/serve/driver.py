@@ -136,7 +136,8 @@ class _Arrivals:
                 self.num_sent += 1
         else:
             while pending and self.origin + pending[0].arrival_s <= now:
-                conductor.submit(pending.popleft())
+                request = pending.popleft()
+                conductor.submit(request, self.origin + request.arrival_s)
                 self.num_sent += 1
         while self.cancels and self.cancels[0][0] <= now:
             conductor.cancel(self.cancels.popleft()[1])

@@ -144,12 +144,13 @@ class _Tracked:
 
     __slots__ = ("request", "deliver", "cursor", "text", "submit_s", "last_output_s", "is_started")
 
-    def __init__(self, request: Request, deliver: Callable[[Delta], None], text: Optional[TextStream]):
+    def __init__(self, request: Request, deliver: Callable[[Delta], None], text: Optional[TextStream],
+                 submit_s: float):
         self.request = request
         self.deliver = deliver
         self.cursor = 0  # emissions already delivered
         self.text = text
-        self.submit_s = time.monotonic()
+        self.submit_s = submit_s  # time.monotonic() when `submit` queued it (not when the driver took it)
         self.last_output_s: Optional[float] = None
         self.is_started = False  # admitted by the conductor (or ended)
 
@@ -202,7 +203,7 @@ class OnlineLoop:
                                  f"({self.max_in_flight}); retry later")
             self._num_in_flight += 1
             self._num_put += 1
-            self._inbox.append(("submit", (request, deliver)))
+            self._inbox.append(("submit", (request, deliver, time.monotonic())))
         self._wake.set()
 
     def cancel(self, request_id: str) -> None:
@@ -260,7 +261,7 @@ class OnlineLoop:
             kind, payload = self._inbox.popleft()
             if kind == "submit":
                 self._num_taken += 1
-                request, deliver = payload
+                request, deliver, _ = payload
                 self._answer_unrun(request, deliver, reason)
 
     # ------------------------------------------------------------ the driver's source
@@ -280,10 +281,13 @@ class OnlineLoop:
                         self._finish(request_id)  # (cancelled while waiting, no on_finish would come for it)
         self._check_unstarted()
 
-    def _admit_one(self, conductor: Conductor, request: Request, deliver: Callable[[Delta], None]) -> None:
+    def _admit_one(self, conductor: Conductor, request: Request, deliver: Callable[[Delta], None],
+                   submit_s: float) -> None:
         """Track and submit one request; one the loop cannot take (its id already in flight, stop
         strings of the wrong kind) is refused alone, and the loop goes on (such a request killed
-        the run loop, and every later call found it closed)."""
+        the run loop, and every later call found it closed). submit_s: when `submit` queued it; a
+        request queued while a step ran arrived then, so its TTFT counts the wait (on a simulated
+        clock, whose time the inbox's wall time is not, it arrives now)."""
         try:
             if request.id in self._tracked or request.id in conductor.records:
                 raise ValueError(f"request id {request.id!r} is already in flight")
@@ -292,9 +296,10 @@ class OnlineLoop:
         except Exception as error:
             self._answer_unrun(request, deliver, f"error: {error}", is_refused=True)
             return
-        self._tracked[request.id] = _Tracked(request, deliver, text)
+        self._tracked[request.id] = _Tracked(request, deliver, text, submit_s)
         self._unstarted.append(request.id)
-        conductor.submit(request)
+        clock = self.driver.clock
+        conductor.submit(request, None if clock.can_jump_ahead else clock() - (time.monotonic() - submit_s))
 
     def wake_times(self) -> list[float]:
         return []
