@@ -96,8 +96,11 @@ def _check_args(args: argparse.Namespace) -> None:
         if given:
             raise BenchInputError(f"{', '.join(given)}: options of generated requests; --dataset's file holds its "
                                   "own (leave them out)")
-    if _extra_body(args.extra_body).get("stream", True) is not True:
+    extra = _extra_body(args.extra_body)
+    if extra.get("stream", True) is not True:
         raise BenchInputError("--extra-body sets stream: the bench times streamed answers (first token, gaps)")
+    if extra.get("n", 1) != 1:  # its choices' chunks interleave in one stream: their gaps are not a choice's
+        raise BenchInputError("--extra-body sets n: the bench times one choice a request (its first token and gaps)")
     if args.dataset is None:
         from mstar.runtime.serve.workload import WorkloadError, parse_range
 

@@ -47,6 +47,7 @@ class StepLog:
         self.is_captured: list[bool] = []
         self.is_oom: list[bool] = []  # some row failed allocation
         self.num_held_rows: list[int] = []  # rows that failed allocation (held and retried)
+        self.held_requests: set[str] = set()  # the requests any of those rows was of
         # host seconds around the step (Launch.launch_s, wait_s) and the collector's passes the
         # run loop made since the step logged before it (Driver._collect)
         self.launch_s: list[float] = []
@@ -77,6 +78,7 @@ class StepLog:
         self.is_captured.append(batch.padded_batch > 0)
         self.is_oom.append(bool(launch.result.allocation_failed))
         self.num_held_rows.append(len(launch.result.allocation_failed))
+        self.held_requests.update(launch.result.allocation_failed)
         self.launch_s.append(launch.launch_s)
         self.wait_s.append(launch.wait_s)
         self.gc_s.append(gc_s)
@@ -91,6 +93,11 @@ def _percentiles(values: Iterable[float], scale: float) -> dict[str, Optional[fl
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(array.mean() * scale)}
 
 
+def _of_leaders(values: list[float], is_follower: list[bool]) -> list[float]:
+    """The values of the steps that are not TP follower copies."""
+    return [value for value, follows in zip(values, is_follower) if not follows]
+
+
 def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float) -> dict[str, Any]:
     records = list(records)
     finished = [r for r in records if r.is_finished]
@@ -98,7 +105,9 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
     start = min((r.arrival_s for r in records), default=0.0)
     end = max((r.finish_s for r in finished if r.finish_s is not None), default=start)
     duration = max(end - start, 1e-9)
-    num_tokens = sum(r.num_output_tokens for r in records)
+    # The finished requests' tokens: an interrupted run's unfinished ones are not in its outputs,
+    # and their tokens came after `end`.
+    num_tokens = sum(r.num_output_tokens for r in finished)
     ttfts = (r.first_token_s - r.arrival_s for r in records if r.first_token_s is not None)
     gaps: list[float] = []
     for record in records:
@@ -140,12 +149,15 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
         "num_follower_steps": int(sum(log.is_follower)),
         "num_oom_steps": int(sum(log.is_oom)),
         "num_oom_rows": int(sum(log.num_held_rows)),
+        "num_held_requests": len(log.held_requests),
         "scheduler_us_per_step": _percentiles(log.sched_s, 1e6),
-        "postprocess_us_per_step": _percentiles(log.post_s, 1e6),
+        # The host's times of the steps it ran itself: a TP follower's copy is logged with none
+        # (its leader's post-process covers it), which pulled these percentiles down.
+        "postprocess_us_per_step": _percentiles(_of_leaders(log.post_s, log.is_follower), 1e6),
         # the host around the engine (StepLog.launch_s, wait_s, gc_s): a run whose launch is near
         # its inter-token time is the host's, one whose wait is, the device's
-        "launch_us_per_step": _percentiles(log.launch_s, 1e6),
-        "wait_us_per_step": _percentiles(log.wait_s, 1e6),
+        "launch_us_per_step": _percentiles(_of_leaders(log.launch_s, log.is_follower), 1e6),
+        "wait_us_per_step": _percentiles(_of_leaders(log.wait_s, log.is_follower), 1e6),
         "collector_ms": float(sum(log.gc_s) * 1e3),
         "step_composition": dict(sorted(composition.items())),
         **_prefix_figures(records),
@@ -219,7 +231,7 @@ def render_table(summary: dict[str, Any]):
         f"{summary['num_oom_steps']})",
     )
     table.add_row(
-        "rows held out of memory", f"{summary['num_oom_rows']}",
+        "rows held out of memory (requests)", f"{summary['num_oom_rows']} ({summary['num_held_requests']})",
     )
     if summary["num_prefix_lookups"]:
         table.add_row("prefix cache hits (lookups, cached tokens)",
