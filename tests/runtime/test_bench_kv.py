@@ -186,3 +186,14 @@ def test_prefix_rounds_alternate_the_order_and_pool_every_run(monkeypatch):
     assert len(figures["round_ratios"]) == 3
     low, _, high = figures["ttft_cached_range_ms"]
     assert low - 1e-3 <= figures["ttft_cached_ms"] <= high + 1e-3  # the range is rounded to 3 places
+
+
+def test_on_a_wall_clock_the_slowest_steps_hold_the_whole_prompts_step(capsys):
+    """On the torch engine a step's logged end comes after its post-processing, past the long prompt's
+    first token: the whole prompt's step, the window's largest gap, was left out of the list."""
+    assert bench_kv.main(["--engine", "torch", "--scenario", "chunk", "--decode-rows", "4", "--prompt-len", "512",
+                          "--budget", "128", "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)["whole"]
+    steps = whole["slowest_steps_during"]
+    assert any(step["walk_rows"].get("prefill") for step in steps)
+    assert steps[0]["gap_ms"] >= 0.9 * whole["itl_max_during_ms"]

@@ -232,19 +232,21 @@ def _ttft(driver: Driver, rid: str) -> float:
 
 
 def slowest_steps(driver: Driver, start: float, end: float, num: int = 5) -> list[dict]:
-    """The `num` steps ending in [start, end] (seconds from the run's origin) that came longest after
+    """The `num` steps overlapping [start, end] (seconds from the run's origin) that came longest after
     the step before them: a p99 over a few dozen steps that every decode row shares is about the
     slowest of them, so these say which step set it. Each: `gap_ms` (end after the previous step's
     end), `run_ms` (launch to end), its tokens, rows and walks, whether it was speculated, the
     scheduler's and post-processing's ms, the host's ms in the engine's launch with the launch
     ahead after it and in the wait for the step, the collector's passes since the step before
-    (`StepLog.gc_s`), and its index among the window's steps."""
+    (`StepLog.gc_s`), and its index among the window's steps. Overlapping, not ending inside: a
+    step's logged end comes after its post-processing, so the step that gave the window's last
+    token (the long prompt's first, on a wall clock) ends just past the window."""
     log, origin = driver.log, driver.origin_s
     found: list[dict[str, Any]] = []
     previous_end: Optional[float] = None
     for i in range(len(log)):
         end_s = log.end_s[i] - origin
-        if previous_end is not None and start <= end_s <= end:
+        if previous_end is not None and start <= end_s and log.start_s[i] - origin <= end:
             found.append({"index": len(found), "gap_ms": (end_s - previous_end) * 1e3,
                           "run_ms": (log.end_s[i] - log.start_s[i]) * 1e3, "tokens": log.num_tokens[i],
                           "rows": log.num_rows[i], "walk_rows": dict(log.walk_rows[i]),
