@@ -19,6 +19,18 @@ def test_prints_both_variants_and_bytecodes(capsys):
     assert "bytecodes/row" in out and "rows launched ahead claimed" in out
 
 
+def test_no_ratio_where_no_row_ran_ahead(capsys):
+    """One client with two tokens launches nothing ahead: both variants ran the same path, and a
+    ratio of their times (1.07x) read as a difference."""
+    argv = ["bench", "runner", "--plan", str(PLAN), "--clients", "1", "--output-len", "2", "--rounds", "1",
+            "--no-bytecodes"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["variants"]["ahead"]["rows_launched_ahead"] == 0 and result["ahead_over_no_ahead"] is None
+    assert main(argv) == 0
+    assert "none (no row ran ahead: both ran the same path)" in capsys.readouterr().out
+
+
 def test_json_counts_every_part_and_run_ahead_claims_rows(capsys):
     assert main(["bench", "runner", *SMALL, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -26,6 +38,7 @@ def test_json_counts_every_part_and_run_ahead_claims_rows(capsys):
     assert all(ahead["bytecodes_per_row"][part] > 0 for part in ("launch", "wait", "launch_ahead"))
     assert serial["bytecodes_per_row"]["launch_ahead"] == 0  # nothing launched ahead without run-ahead
     assert ahead["rows_claimed"] > 0 and serial["rows_launched_ahead"] == 0
+    assert result["ahead_over_no_ahead"] > 0
     slow = ahead["total_us_per_step"]
     assert 0 < ahead["p50_us_per_step"]["total"] <= slow["p90"] <= slow["largest"]
 

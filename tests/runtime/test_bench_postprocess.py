@@ -47,3 +47,22 @@ def test_bytecodes_counts_every_part_and_post_process_is_not_free(capsys):
     # every part of the simulated run executes Python per row; a part counted as zero would mean
     # the tracer missed it
     assert all(per_row[part] > 0 for part in ("step building", "engine call", "post-process"))
+
+
+def test_the_next_steps_speculation_is_the_schedulers_time(capsys, monkeypatch):
+    """`cover.speculate`, called after each launch, picks the next step: it was counted in "run loop
+    rest" (about 20 us a step), not "scheduler"."""
+    import time
+
+    from mstar.runtime.serve.speculation_cover import SpeculationCover
+
+    speculate = SpeculationCover.speculate
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.002)
+        return speculate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpeculationCover, "speculate", slow)
+    assert main(["bench", "postprocess", *SMALL, "--json"]) == 0
+    split = json.loads(capsys.readouterr().out)["variants"]["columnar"]["split_us_per_step"]
+    assert split["scheduler"] > 1500 > split["run loop rest"]

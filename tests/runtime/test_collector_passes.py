@@ -152,7 +152,7 @@ def test_a_process_that_froze_its_start_up_exits_without_leak_reports():
 
     child = ("import triton, triton.language\n"
              "from mstar.runtime.serve import driver\n"
-             "driver._freeze_start_up()\n")
+             "driver.freeze_start_up()\n")
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "leaked" not in done.stderr

@@ -380,7 +380,10 @@ def measure(args) -> dict[str, Any]:
                     entries[variant]["chunk_steps"] = entry
         result["variants" if is_columnar or not args.compare else "per_row_variants"] = entries
     ahead, serial = (result["variants"][v]["p50_us_per_step"]["total"] for v in VARIANTS)
-    result["ahead_over_no_ahead"] = ahead / serial if serial else None
+    # No row launched ahead (one client with two tokens, say): both variants ran the same path, and
+    # their ratio would be noise read as a difference.
+    ran_ahead = result["variants"]["ahead"]["rows_launched_ahead"] > 0
+    result["ahead_over_no_ahead"] = ahead / serial if serial and ran_ahead else None
     if args.compare:
         result["columns_over_per_row"] = {variant: {kind: _ratios(_of_kind(result["variants"][variant], kind),
                                                                    _of_kind(result["per_row_variants"][variant], kind))
@@ -450,9 +453,10 @@ def render(result: dict[str, Any]) -> str:
             if "chunk_steps" in entry:
                 lines += _render_entry(f"{variant} {mode} chunk", entry["chunk_steps"])
     ahead = result["variants"]["ahead"]
+    ratio = result["ahead_over_no_ahead"]
     lines.append(f"run ahead: {ahead['rows_claimed']} of {ahead['rows_launched_ahead']} rows launched ahead "
-                 f"claimed (last round); ahead / no-ahead host time per decode step: "
-                 f"{result['ahead_over_no_ahead']:.2f}x")
+                 "claimed (last round); ahead / no-ahead host time per decode step: "
+                 + (f"{ratio:.2f}x" if ratio is not None else "none (no row ran ahead: both ran the same path)"))
     for variant, by_kind in result.get("columns_over_per_row", {}).items():
         lines.append(f"columns / per-row, {variant}: " + "; ".join(
             f"{kind} steps {ratios['us_p50']:.2f}x host time p50"

@@ -24,7 +24,7 @@ from typing import Any
 def refreeze() -> None:
     """For a process that builds another engine after its first run (the benchmarks run each
     workload on a fresh engine): the driver moves what exists at its first run out of the
-    collector's reach once a process (`driver._freeze_start_up`), so a later engine's objects
+    collector's reach once a process (`driver.freeze_start_up`), so a later engine's objects
     (thousands of tensors, graphs, wrappers, its request tables) stay in the young generations,
     where the run's middle passes scan them: on the H200 one such pass took 2.66 ms in the
     middle of `mstar bench kv`'s chunk scenario and set its inter-token p99 (docs/runtime.md),

@@ -163,7 +163,7 @@ class _Arrivals:
 _is_start_up_frozen = False
 
 
-def _freeze_start_up() -> None:
+def freeze_start_up() -> None:
     """Once a process: what exists when the first run starts (plan tables, models, the engine's
     buffers) lives for the whole run, so it is moved out of the collector's reach (`gc.freeze`) and
     its full passes stop scanning it. Measured with the sim engine at 64 rows (docs/runtime.md,
@@ -439,13 +439,13 @@ class Driver:
         cancellation times are seconds from the start of the run (`origin_s` on the run clock)."""
         # Before the origin: the first run's collection would otherwise delay every arrival of
         # the workload against its schedule (by 0.1-0.2 s with a spec-size model).
-        _freeze_start_up()
+        freeze_start_up()
         origin = self.origin_s = self._last_progress_s = self.clock()
         self.run_source(_Arrivals(workload, origin))
 
     def run_source(self, source: Source) -> None:
         """Run until the source is done and every request it sent has ended (or `stop()`)."""
-        _freeze_start_up()
+        freeze_start_up()
         try:
             with self.collector:
                 self._loop(source)
