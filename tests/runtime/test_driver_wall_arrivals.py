@@ -107,12 +107,13 @@ class _FirstStepSlow(PacedEngine):
         return super().wait(handle)
 
 
-FIRST_STEP_S = 0.2
+FIRST_STEP_S = 0.4
+SECOND_ARRIVES_S = 0.1  # after the first step's launch, even on a slow start (40 ms seen after other tests)
 
 
 def _two_requests():
     first, second = generate(2, prompt_len=(8, 8), output_len=(4, 4), seed=0).requests
-    first.arrival_s, second.arrival_s = 0.0, 0.01  # the second while the first's step runs
+    first.arrival_s, second.arrival_s = 0.0, SECOND_ARRIVES_S  # the second while the first's step runs
     return first, second
 
 
@@ -125,7 +126,7 @@ def test_a_request_that_arrived_during_a_step_counts_its_wait_in_its_ttft():
     first, second = _two_requests()
     driver.run(Workload([first, second]))
     record = driver.conductor.records[second.id]
-    assert record.arrival_s == pytest.approx(driver.origin_s + 0.01)
+    assert record.arrival_s == pytest.approx(driver.origin_s + SECOND_ARRIVES_S)
     assert record.admit_s - record.arrival_s > FIRST_STEP_S / 2
     assert record.first_token_s - record.arrival_s > FIRST_STEP_S / 2
 
@@ -147,7 +148,7 @@ def test_the_servers_ttft_counts_the_wait_in_its_inbox():
     first, second = _two_requests()
     try:
         loop.submit(first, lambda delta: None)
-        time.sleep(0.05)  # the driver thread is inside the first step now
+        time.sleep(SECOND_ARRIVES_S)  # the driver thread is inside the first step now
         submitted = time.monotonic()
         loop.submit(second, lambda delta: ended.set() if delta.finish_reason else None)
         assert ended.wait(10)
