@@ -235,3 +235,19 @@ def test_error_lines_are_one_line_each_deduplicated_and_capped():
     assert len(lines) == 6 and lines[-1].startswith("and 2 more")
     assert all("\n" not in line for line in lines)
     assert error_lines([record("c", "length")]) == []
+
+
+def test_the_timelines_composition_averages_each_keys_steps_apart():
+    """A bin holding a 27-row decode step of one key and a 3-row step of another: 27 + 3 stacked,
+    not 13.5 + 1.5 (averaged over both keys' steps); a long step counts in every bin it overlaps."""
+    from mstar.runtime.serve.timeline import _binned
+
+    steps = [(0.0, 0.1, "LLM", {"decode": 27}), (0.05, 0.1, "codec", {"chunk": 3}),
+             (0.25, 0.7, "LLM", {"prefill": 8}), (0.8, 1.0, "codec", {"chunk": 2})]
+    series = [("LLM", "decode"), ("LLM", "prefill"), ("codec", "chunk")]
+    centers, means = _binned(steps, series)
+    assert len(centers) == 4
+    assert means["LLM", "decode"][0] == 27 and means["codec", "chunk"][0] == 3
+    # the 0.45 s prefill step shows in each bin it ran through, not in its first bin alone
+    assert means["LLM", "prefill"] == [0, 8, 8, 0] and means["LLM", "decode"][1:] == [0, 0, 0]
+    assert means["codec", "chunk"] == [3, 0, 0, 2]

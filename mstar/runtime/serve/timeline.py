@@ -1,7 +1,9 @@
 """`--timeline FILE.png`: step composition and latency over the run, drawn with matplotlib (Agg).
 
-Top: mean rows per step over time, stacked by walk (steps binned by start time; TP follower
-copies left out).
+Top: rows per step over time, for each scheduling key its steps' mean rows by walk, the keys'
+stacked (a step counts in every time bin it overlaps; TP follower copies left out). Each key's mean
+is over its own steps: averaged over every step in a bin, a 27-row decode step beside a 3-row codec
+step read as 13.5 + 1.5 rows, a step that never ran.
 Bottom: each request's TTFT (at its first token) and the mean inter-token gap (at its finish).
 The x axis is seconds since the run started (`origin_s`, the run clock at the start: 0 under the
 simulated engine, a monotonic reading under a real one).
@@ -44,15 +46,18 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    walks = sorted({walk for rows in log.walk_rows for walk in rows})
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    steps = [(t - origin_s, rows) for t, rows, f in zip(log.start_s, log.walk_rows, log.is_follower) if not f]
-    if steps and walks:
-        centers, means = _binned(steps, walks)
-        top.stackplot(centers, [means[walk] for walk in walks], labels=walks, step="mid")
-        top.legend(loc="upper right", fontsize="small", ncol=min(len(walks), 4))
-    top.set_ylabel("mean rows per step")
-    top.set_title("step composition (rows per walk, averaged over time bins)")
+    steps = [(start - origin_s, end - origin_s, key, rows)
+             for start, end, key, rows, follows in zip(log.start_s, log.end_s, log.key, log.walk_rows, log.is_follower)
+             if not follows]
+    series = sorted({(key, walk) for _, _, key, rows in steps for walk in rows})
+    if series:
+        centers, means = _binned(steps, series)
+        top.stackplot(centers, [means[one] for one in series], labels=[f"{walk} ({key})" for key, walk in series],
+                      step="mid")
+        top.legend(loc="upper right", fontsize="small", ncol=min(len(series), 4))
+    top.set_ylabel("rows per step")
+    top.set_title("step composition (each key's mean rows per step by walk, over time bins; keys stacked)")
     ttft = [(r.first_token_s - origin_s, (r.first_token_s - r.arrival_s) * 1000.0)
             for r in records if r.first_token_s is not None]
     itl = []
@@ -77,18 +82,24 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     write_output_file(path, buffer.getvalue())
 
 
-def _binned(steps: list[tuple[float, dict[str, int]]], walks: list[str]) -> tuple[list[float], dict[str, list[float]]]:
-    """Mean rows of each walk per step, in up to NUM_BINS equal time bins (empty bins: 0)."""
-    start, end = steps[0][0], max(t for t, _ in steps)
+def _binned(steps: list[tuple[float, float, str, dict[str, int]]], series: list[tuple[str, str]]
+            ) -> tuple[list[float], dict[tuple[str, str], list[float]]]:
+    """For each (key, walk) of `series`, in up to NUM_BINS equal time bins: the walk's mean rows
+    over the key's steps that overlap the bin (0 where none does)."""
+    start = min(begin for begin, _, _, _ in steps)
+    end = max(finish for _, finish, _, _ in steps)
     num_bins = min(NUM_BINS, len(steps))
     width = max((end - start) / num_bins, 1e-9)
-    sums = {walk: [0.0] * num_bins for walk in walks}
-    counts = [0] * num_bins
-    for t, rows in steps:
-        index = min(int((t - start) / width), num_bins - 1)
-        counts[index] += 1
-        for walk, num in rows.items():
-            sums[walk][index] += num
+    sums = {one: [0.0] * num_bins for one in series}
+    counts: dict[str, list[int]] = {key: [0] * num_bins for key, _ in series}
+    for begin, finish, key, rows in steps:
+        first = min(int((begin - start) / width), num_bins - 1)
+        last = min(int((finish - start) / width), num_bins - 1)
+        for index in range(first, last + 1):
+            counts[key][index] += 1
+            for walk, num in rows.items():
+                sums[key, walk][index] += num
     centers = [start + (i + 0.5) * width for i in range(num_bins)]
-    means = {walk: [s / c if c else 0.0 for s, c in zip(sums[walk], counts)] for walk in walks}
+    means = {(key, walk): [total / count if count else 0.0 for total, count in zip(sums[key, walk], counts[key])]
+             for key, walk in series}
     return centers, means
