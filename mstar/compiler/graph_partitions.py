@@ -111,10 +111,29 @@ def _client_outputs(spec: ast.Spec) -> dict[str, list[str]]:
     return found
 
 
+def _start_lines(partition: PartitionPlan) -> list[str]:
+    """Where a request starts the partition: the first walk of the first stage that is not optional
+    (a request's default), and those it may ask for instead (an optional stage before it, another
+    alternative). The plan's `initial_walk` is the first stage's first walk, which for BAGEL is its
+    optional `prefill_vae`: "starts at prefill_vae" said what a default request never does."""
+    if partition.initial_walk is None:
+        return ["started by its streams"]
+    asked: list[str] = []
+    for stage in partition.stages:
+        as_written = ast.Stage(walks=stage.walks, is_optional=stage.is_optional,
+                               sequence_lengths=stage.sequence_lengths)
+        firsts = [walks[0] for walks in ast.alternatives(as_written)]
+        if stage.is_optional:
+            asked += firsts
+            continue
+        others = [walk for walk in asked + firsts[1:] if walk != firsts[0]]
+        return [f"starts at {firsts[0]}"] + ([f"or asked: {' / '.join(others)}"] if others else [])
+    return ["starts at the stage asked:", " / ".join(asked)]
+
+
 def _box_lines(partition: PartitionPlan, outputs: list[str]) -> list[str]:
     """What a partition's box says under its name: stages, how it starts, what the client gets."""
-    trigger = "started by its streams" if partition.initial_walk is None else f"starts at {partition.initial_walk}"
-    lines = _stage_lines(partition, 10, BOX_W - 12) + [trigger]
+    lines = _stage_lines(partition, 10, BOX_W - 12) + [_fit(line, 10, BOX_W - 12) for line in _start_lines(partition)]
     if partition.repeat is not None:  # the spec's `repeat while VALUE max=N`
         lines.append(_fit(f"repeats while {partition.repeat.value} (at most {partition.repeat.max_rounds})", 10,
                           BOX_W - 12))

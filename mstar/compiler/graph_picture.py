@@ -139,7 +139,9 @@ def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
     num_cols, _ = _place(walk.body, 0, 0, 0, layout)
     parts = [_text(MARGIN, top + 18, f"walk {walk.name}  (partition {walk.partition})", 15, weight="bold")]
     for frame in sorted(layout.frames, key=lambda f: f.depth):
-        parts.extend(_loop_frame(frame, top))
+        reach = max((_reach(b, layout) for b in layout.boxes if frame.first_col <= b.col <= frame.last_col),
+                    default=0.0)
+        parts.extend(_loop_frame(frame, top, reach))
     for box in layout.boxes:
         parts.extend(_call_box(box, layout, top))
     height = TITLE_H + layout.num_rows * ROW_H + 10
@@ -147,8 +149,9 @@ def _walk_panel(walk: WalkTree, top: float) -> tuple[list[str], float, float]:
     return parts, height, width
 
 
-def _loop_frame(frame, top: float) -> list[str]:
-    """A loop's dashed frame around its calls, with its bound and flags."""
+def _loop_frame(frame, top: float, reach: float) -> list[str]:
+    """A loop's dashed frame around its calls (`reach`: how far right their drawings go), with its
+    bound and flags."""
     pad = 14 - 4 * frame.depth
     x0 = MARGIN + frame.first_col * COL_W - pad
     x1: float = MARGIN + frame.last_col * COL_W + BOX_W + pad
@@ -157,7 +160,7 @@ def _loop_frame(frame, top: float) -> list[str]:
     loop = frame.loop
     label = f"loop {loop.name} max={loop.max_iters}" + (" stop" if loop.has_stop else "") + (
         " on-device" if loop.is_on_device else "")
-    x1 = max(x1, x0 + _text_width(label, 11) + 12)
+    x1 = max(x1, x0 + _text_width(label, 11) + 12, reach + pad)
     return [f"<rect x='{x0:.0f}' y='{y0:.0f}' width='{x1 - x0:.0f}' height='{y1 - y0:.0f}' "
             "fill='none' stroke='#7a5195' stroke-dasharray='6 4' rx='8'/>",
             _text(x0 + 6, y1 - 5, label, 11)]
@@ -174,19 +177,39 @@ def _call_box(box, layout, top: float) -> list[str]:
     for i, line in enumerate(_wrap(f"({', '.join(call.inputs)})", 9, BOX_W - 8, 2)):
         parts.append(_text(x + BOX_W / 2, y + 29 + i * 11, line, 9, "middle"))
     targets = [(e, _target(layout.boxes, box, e) if e.dest_kind == "node" else None) for e in call.edges]
-    listed = [e for e, target in targets if target is None]
-    for row, edge in enumerate(listed):
-        dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
-        if edge.dest_kind == "stream":
-            dest = f"{edge.dest} (stream to {edge.stream_partition})"
-        parts.append(_text(x, y + BOX_H + 14 + row * LINE_H, f"-> {edge.name}: {dest}{_flags(edge)}", 10))
-    parts.extend(_edge_arrows(x, y, [(e, t) for e, t in targets if t is not None], len(listed), top))
+    listed = _listed_labels(box, layout)
+    for row, label in enumerate(listed):
+        parts.append(_text(x, y + BOX_H + 14 + row * LINE_H, label, 10))
+    listed_width = max((_text_width(label, 10) for label in listed), default=0.0)
+    parts.extend(_edge_arrows(x, y, [(e, t) for e, t in targets if t is not None], len(listed), listed_width, top))
     return parts
 
 
-def _edge_arrows(x: float, y: float, targets: list, num_listed: int, top: float) -> list[str]:
-    """Arrows from the box at (x, y) to the boxes its edges reach: loop-backs curve below the
-    edges listed under the box, forward edges are straight with labels stacked per target."""
+def _listed_labels(box: _Box, layout: _Layout) -> list[str]:
+    """The edges a box lists below itself (those reaching no box drawn: the client, the conductor,
+    a stream, a node not drawn), one label each."""
+    labels = []
+    for edge in box.call.edges:
+        if edge.dest_kind == "node" and _target(layout.boxes, box, edge) is not None:
+            continue
+        dest = {"conductor": "conductor", "client": "client"}.get(edge.dest_kind, edge.dest)
+        if edge.dest_kind == "stream":
+            dest = f"{edge.dest} (stream to {edge.stream_partition})"
+        labels.append(f"-> {edge.name}: {dest}{_flags(edge)}")
+    return labels
+
+
+def _reach(box: _Box, layout: _Layout) -> float:
+    """How far right a box's drawing goes: its box, the edges it lists, and room for two loop-backs
+    around them (`_edge_arrows`)."""
+    widths = [_text_width(label, 10) for label in _listed_labels(box, layout)]
+    return box.x + max([BOX_W, *widths]) + 26
+
+
+def _edge_arrows(x: float, y: float, targets: list, num_listed: int, listed_width: float, top: float) -> list[str]:
+    """Arrows from the box at (x, y) to the boxes its edges reach: loop-backs go around the edges
+    listed under the box (`listed_width` wide), forward edges are straight with labels stacked per
+    target."""
     parts: list[str] = []
     num_curves = 0
     num_forward: dict[int, int] = {}  # target box -> forward edges drawn to it so far
@@ -194,15 +217,16 @@ def _edge_arrows(x: float, y: float, targets: list, num_listed: int, top: float)
         tx, ty = target.x, target.y(top)
         dash = " stroke-dasharray='4 3'" if edge.is_device else ""
         if edge.is_loop_back:
-            # From the source's right side, under the edges listed below the box, into the
-            # target's left side (for a self edge: around the box's bottom).
+            # From the source's right side out past the edges listed below the box, under them, and
+            # into the target's left side (for a self edge: around the box and its list). A curve
+            # between the two sides crossed the listed edges' text where it ran past the box.
             sx, sy = x + BOX_W, y + BOX_H * 0.75
             ex, ey = tx, ty + BOX_H * 0.75
             drop = BOX_H * 0.25 + 18 + LINE_H * num_listed + 16 * num_curves
+            right = x + max(BOX_W, listed_width) + 10 + 8 * num_curves
+            left = ex - 10 - 8 * num_curves
             num_curves += 1
-            control_y = sy + drop / 0.75  # a cubic with both controls at c reaches 3/4 of c
-            path = (f"M{sx:.0f},{sy:.0f} C{sx + 60:.0f},{control_y:.0f} {ex - 60:.0f},{control_y:.0f} "
-                    f"{ex:.0f},{ey:.0f}")
+            path = (f"M{sx:.0f},{sy:.0f} H{right:.0f} V{sy + drop:.0f} H{left:.0f} V{ey:.0f} H{ex:.0f}")
             parts.append(f"<path d='{path}' fill='none' stroke='#c0392b'{dash} marker-end='url(#arrow-back)'/>")
             parts.append(_text((sx + ex) / 2, sy + drop + 12, f"{edge.name}{_flags(edge)} (loop-back)", 10,
                                "middle"))

@@ -102,3 +102,33 @@ def test_stage_text_matches_the_formatter():
         [partition] = lower_partitions(spec)
         drawn = " -> ".join(stage_text(stage) for stage in partition.stages)
         assert f"partition P = {drawn}" in format_spec(spec), (line, drawn)
+
+
+def test_a_partition_says_where_a_default_request_starts(tmp_path):
+    """BAGEL's first stages are optional: a request starts at prefill_text unless it asks for the
+    image stages (its box said "starts at prefill_vae", the plan's first walk)."""
+    out = tmp_path / "bagel.svg"
+    assert main(["graph", str(ROOT / "specs" / "bagel.mw"), "-o", str(out)]) == 0
+    text = _boxes_and_streams(out)[2]
+    assert "starts at prefill_text or asked: prefill_vae / prefill_vit" in text
+    assert "starts at prefill_vae" not in text
+    orpheus = tmp_path / "orpheus.svg"
+    assert main(["graph", str(ROOT / "specs" / "orpheus.mw"), "-o", str(orpheus)]) == 0
+    assert "starts at prefill " in _boxes_and_streams(orpheus)[2] + " "
+
+
+def test_a_loop_back_goes_around_the_edges_listed_under_its_box(tmp_path):
+    """Orpheus's decode lists its stream edge under the LLM box and loops back to it: the loop-back
+    leaves past the listed text's right end, runs under it and comes back in on the left (a curve
+    between the box's sides crossed the text), and the loop's frame holds it."""
+    out = tmp_path / "orpheus.svg"
+    assert main(["graph", str(ROOT / "specs" / "orpheus.mw"), "-o", str(out)]) == 0
+    elements = list(ElementTree.parse(out).getroot().iter())
+    listed = next(e for e in elements if e.tag == f"{SVG}text" and (e.text or "").startswith("-> new_token: snac"))
+    path = next(e for e in elements if e.tag == f"{SVG}path" and e.get("marker-end") == "url(#arrow-back)")
+    moves = path.get("d").split()
+    right, bottom = float(moves[1][1:]), float(moves[2][1:])
+    text_x, text_y = float(listed.get("x")), float(listed.get("y"))
+    assert right >= text_x + len(listed.text) * 10 * 0.62 and bottom > text_y
+    frame = next(e for e in elements if e.tag == f"{SVG}rect" and e.get("stroke-dasharray") == "6 4")
+    assert float(frame.get("x")) + float(frame.get("width")) > right
