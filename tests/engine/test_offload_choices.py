@@ -62,3 +62,32 @@ def test_an_ended_request_gives_back_its_host_pages_and_is_forgotten():
     offload.forget("b")  # ended without being offloaded
     assert offload.num_free_host_pages == 6 and not offload.is_offloaded("a")
     assert offload.last_run == {}
+
+
+def test_both_engines_move_out_the_least_recently_run():
+    """The same steps on the simulated and the torch engine (8 pages): A ran at step 1, B at steps 2
+    and 3, then C needs 4 pages with 3 free. Both move A out; the torch engine never told its host
+    pool which requests ran, and moved B out (the most pages), which had just run."""
+    from engine_plans import step
+    from mstar.plan.io import load_plan
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.sim import SimEngine
+    from mstar.runtime.engine.torch_engine import TorchEngine
+    from mstar.runtime.step import StepRow
+
+    plan = load_plan("generated/llama_chunked.plan", verify=False)  # a host pool
+    prompts = {"A": list(range(1, 21)), "B": list(range(100, 140)), "C": list(range(200, 260))}
+    max_tokens = {"A": 12, "B": 8, "C": 4}  # budgets: A 2 pages, B 3, C 4
+
+    def prefill(request_id):
+        return StepRow(request_id, "prefill", len(prompts[request_id]), 0, {"text_inputs": prompts[request_id]})
+
+    for engine in (SimEngine(plan, num_pages=8), TorchEngine(plan, dims="tiny", num_pages=8)):
+        for request_id, prompt in prompts.items():
+            assert engine.add_request(request_id, Request(id=request_id, prompt_tokens=prompt,
+                                                          max_tokens=max_tokens[request_id])) is None
+        for rows in ([prefill("A")], [prefill("B")], [StepRow("B", "decode", 1, 40, {"text_inputs": [5]})]):
+            engine.run_step(step(plan, "LLM", rows))
+        result = engine.run_step(step(plan, "LLM", [prefill("C")]))
+        offload = engine.pools["LLM"].offload if isinstance(engine, SimEngine) else engine.runners["LLM"].offload
+        assert result.allocation_failed == [] and sorted(offload.offloaded) == ["A"], type(engine).__name__

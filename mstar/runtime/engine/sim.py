@@ -307,15 +307,24 @@ class SimEngine(RunsAtLaunch):
         if short and not self.runs_partial_steps:
             return short
         failed = set(short)
-        is_keyed = pages.cache is not None
+        # As the torch engine does: every row's pages reserved, then (the KV written) every row's
+        # tokens committed, in step order, keying full pages. Reserved and committed row by row, a
+        # later row's reservation could evict a page an earlier row had just keyed, and the two
+        # engines then cached different pages; a steady row (a prompt chunk within its pages)
+        # committed without its tokens stopped keying its sequence.
+        written: dict[str, int] = {}
         for row, num_new, need in needs:
             if need.request_id not in failed:
                 pool.admission.grant(need)
-                key = (row.request_id, SEQUENCE)
-                pages.reserve(key, num_new)
-                pages.commit(key, num_new, _prompt_tokens(row, num_new) if is_keyed else None)
-        for row, num_new in steady:
-            pages.commit((row.request_id, SEQUENCE), num_new)
+                pages.reserve((row.request_id, SEQUENCE), num_new)
+                written[row.request_id] = num_new
+        written.update((row.request_id, num_new) for row, num_new in steady)
+        is_keyed = pages.cache is not None
+        for row in step.rows:
+            num_written = written.get(row.request_id)
+            if num_written is not None:
+                pages.commit((row.request_id, SEQUENCE), num_written,
+                             _prompt_tokens(row, num_written) if is_keyed else None)
         return short
 
     def _budget_pages(self, pool: _KvPool, request_id: str) -> int:

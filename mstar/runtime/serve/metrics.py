@@ -98,6 +98,24 @@ def _of_leaders(values: list[float], is_follower: list[bool]) -> list[float]:
     return [value for value, follows in zip(values, is_follower) if not follows]
 
 
+def _composition(log: StepLog) -> dict[str, dict[str, Any]]:
+    """Per scheduling key: its steps (TP follower copies left out), mean rows, mean rows per walk."""
+    composition: dict[str, dict[str, Any]] = {}
+    for key, num_rows, walk_rows, is_follower in zip(log.key, log.num_rows, log.walk_rows, log.is_follower):
+        if is_follower:
+            continue
+        entry = composition.setdefault(key, {"steps": 0, "rows": 0, "walk_rows": Counter()})
+        entry["steps"] += 1
+        entry["rows"] += num_rows
+        entry["walk_rows"].update(walk_rows)
+    for entry in composition.values():
+        steps = entry["steps"]
+        entry["mean_rows"] = entry["rows"] / steps
+        entry["mean_rows_per_walk"] = {w: n / steps for w, n in sorted(entry.pop("walk_rows").items())}
+        del entry["rows"]
+    return composition
+
+
 def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float) -> dict[str, Any]:
     records = list(records)
     finished = [r for r in records if r.is_finished]
@@ -113,19 +131,7 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
     for record in records:
         times = record.token_times_s
         gaps.extend(b - a for a, b in zip(times, times[1:]))
-    composition: dict[str, dict[str, Any]] = {}
-    for key, num_rows, walk_rows, is_follower in zip(log.key, log.num_rows, log.walk_rows, log.is_follower):
-        if is_follower:
-            continue
-        entry = composition.setdefault(key, {"steps": 0, "rows": 0, "walk_rows": Counter()})
-        entry["steps"] += 1
-        entry["rows"] += num_rows
-        entry["walk_rows"].update(walk_rows)
-    for entry in composition.values():
-        steps = entry["steps"]
-        entry["mean_rows"] = entry["rows"] / steps
-        entry["mean_rows_per_walk"] = {w: n / steps for w, n in sorted(entry.pop("walk_rows").items())}
-        del entry["rows"]
+    composition = _composition(log)
     reasons = Counter(r.finish_reason or "unfinished" for r in records)
     kinds: Counter = Counter()
     for reason, count in reasons.items():

@@ -491,6 +491,8 @@ class GpuDecoderRunner(DecoderRunner):
             return super().start(rows, is_partial_ok, route, decode_walks, worker, bucket)
         self.step_rows = rows
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
+        if self.offload is not None:
+            self.note_step(rows)
         return start_steady(self, steady, rows, is_partial_ok, worker)
 
     def _forward(self, ready: list[_Item]) -> list[RowResult]:  # type: ignore[override]

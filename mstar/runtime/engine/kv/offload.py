@@ -73,8 +73,10 @@ class Offload:
             held = pool.num_pages_held(rid)
             if held > room:
                 continue
-            # moving it frees its pages and what its budget may still claim
-            freed += held + max(0, admission.budgets[rid] - admission.held[rid])
+            # Moving it frees its pages but those another sequence shares (a prefix a waiting
+            # request claimed: counted, a request moved out for nothing), and what its budget may
+            # still claim.
+            freed += pool.num_pages_freed_by(rid) + max(0, admission.budgets[rid] - admission.held[rid])
             room -= held
             chosen.append(rid)
         return chosen if freed >= num_short else []

@@ -85,6 +85,13 @@ class PagePool:
         """Pages held by every sequence of the request."""
         return sum(len(seq.pages) for key, seq in self._seqs.items() if key[0] == request_id)
 
+    def num_pages_freed_by(self, request_id: str) -> int:
+        """Pages that freeing the request would make available: its private pages and its cached
+        ones no other sequence holds (a shared prefix page stays held by the others)."""
+        cache = self.cache
+        return sum(1 for key, seq in self._seqs.items() if key[0] == request_id for page in seq.pages
+                   if cache is None or page not in cache or cache.refs[page] == 1)
+
     def num_new_pages(self, key: SeqKey, num_new_tokens: int) -> int:
         """Pages the sequence must gain to hold `num_new_tokens` more positions."""
         seq = self._seqs.get(key, _Sequence())

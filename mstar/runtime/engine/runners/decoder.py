@@ -87,6 +87,9 @@ class _Prepared:
     # a not-started request's page need, counted by `_room_problem` in this step before any grant
     # (the pool and the budgets are as admission then finds them): `_shortfall` takes it as is
     start_need: Optional[PageNeed] = None
+    # it feeds a token the engine kept on the device (an on-device loop-back): its pages are not
+    # keyed for the prefix cache, as on the GPU runner and the simulated engine (docs/runtime.md)
+    is_token_kept: bool = False
 
     def keys(self) -> list[tuple[str, str]]:
         return [(self.row.request_id, label) for label in self.writes]
@@ -269,7 +272,10 @@ class DecoderRunner:
             raise RouteError(f"node {self.node.name}: attention route decode takes one token a row, but "
                              f"request {long.row.request_id} feeds {long.embeds.shape[0]}")
         self._route, self._decode_walks, self._step_bucket = route, decode_walks, bucket
-        on_host = self._move_back(ready) if self.offload is not None else []
+        on_host: list[str] = []
+        if self.offload is not None:
+            self.note_step(rows)
+            on_host = self._move_back(ready)
         asked = self._within_length(ready, results, on_host)
         ready, failed = self._admit(asked, on_host, is_partial_ok)
         if failed and not is_partial_ok:
@@ -389,6 +395,13 @@ class DecoderRunner:
         """The requests with a row in the step being started (`step_rows`) or among `ready`."""
         return {row.request_id for row, _, _ in self.step_rows} | {item.row.request_id for item in ready}
 
+    def note_step(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> None:
+        """The step's requests ran last now: the host pool's victims are the least recently run
+        (kv/offload.py), as the simulated engine chooses them (it was never told here, and moved out
+        the request with the most pages, one that had just run)."""
+        assert self.offload is not None
+        self.offload.note_step([row.request_id for row, _, _ in rows])
+
     def _move_out(self, step_ids: set[str], needs: list[PageNeed], short: list[str]) -> bool:
         """Copy the pages of started requests with no row in this step to the host pool and free
         them, until the short rows' pages fit; True when any moved."""
@@ -439,11 +452,12 @@ class DecoderRunner:
         tokens_fed: list[int] = []
         states: list[torch.Tensor] = []  # media states for the prompt's placeholders (`media_token`)
         prompt: Optional[tuple[int, torch.Tensor]] = None  # (index in parts, the whole prompt's ids)
+        is_token_kept = False
         for name in call.inputs:
             raw = row.inputs.get(name)
             if raw is None and name in self._device_loop_backs(call):
                 # An on-device loop-back the conductor never saw: the engine kept the token.
-                raw = request.last_token.get(self.node.name)
+                raw, is_token_kept = request.last_token.get(self.node.name), True
             if call.input_roles.get(name) in ("mask", "signal"):
                 continue  # read by no model here
             value = classify_for_row(row, request.cut_inputs, self.node.name, name, raw)
@@ -470,7 +484,8 @@ class DecoderRunner:
         is_guided = self.is_guided(request)
         writes = self.guidance.written(row.walk, is_guided)
         reads = () if writes else self.guidance.read(row.walk, is_guided)  # a read-only KV walk
-        return _Prepared(row, call, request, embeds, tokens_fed, writes=writes, reads=reads)
+        return _Prepared(row, call, request, embeds, tokens_fed, writes=writes, reads=reads,
+                         is_token_kept=is_token_kept)
 
     def _prepare_flow(self, row: StepRow, call: CallInfo, request: RequestState) -> _Prepared:
         if self.dims.has_linear_layers:
@@ -613,7 +628,8 @@ class DecoderRunner:
             num_new = item.embeds.shape[0]
             # fed tokens key the pages for the prefix cache; a sub-model's KV is not the node's model's,
             # so its pages are never shared
-            fed = item.tokens_fed if len(item.tokens_fed) == num_new and model is self.model else None
+            fed = (item.tokens_fed if len(item.tokens_fed) == num_new and model is self.model and not item.is_token_kept
+                   else None)
             for key in item.keys():
                 self.pool.commit(key, num_new, fed)
         return results
