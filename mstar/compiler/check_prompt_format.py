@@ -22,6 +22,7 @@ from mstar.compiler import codes
 from mstar.compiler.resolve import iter_calls
 from mstar.lang import ast
 from mstar.lang.diagnostics import Diagnostics
+from mstar.plan.request_fields import REQUEST_FIELDS
 
 # The template field the request's text fills; every other field is a request field or a default.
 PROMPT_FIELD = "prompt"
@@ -71,6 +72,10 @@ def _check_format(node: ast.NodeDecl, decl: ast.PromptFormat, diags: Diagnostics
         return
     if PROMPT_FIELD not in fields:
         refuse("prompt_format's template has no `{prompt}`: the request's text would be dropped")
+    taken = [field for field in fields if field != PROMPT_FIELD and field in REQUEST_FIELDS]
+    if taken:
+        refuse(f"prompt_format's field `{taken[0]}` is named like a request's own field (a prompts line's or the "
+               f"speech body's `{taken[0]}`), so a request's `{taken[0]}` would be read both ways; name it otherwise")
     vocab = next((a.value for a in node.args if a.name == "vocab" and isinstance(a.value, int)), None)
     for arg in decl.args:
         if arg.name in TOKEN_LIST_ARGS:

@@ -168,7 +168,9 @@ explain = {
  "MW140": "A node's `prompt_format` must be able to frame a text prompt: it sits on the node whose input takes the "
           "text prompt, its template has a `{prompt}` field and otherwise only plain named fields (`{voice}`; no "
           "positional, dotted or formatted ones), `before` and `after` are token lists inside the node's vocabulary, "
-          "and each default is text for a field of the template. docs/language.md \"Prompt formats\".",
+          "each default is text for a field of the template, and no field but `{prompt}` is named like a request's "
+          "own field (`seed`, `max_tokens`, `route`, the speech body's `model`...: `mstar/plan/request_fields.py`; a "
+          "request's `seed` would be read both ways). docs/language.md \"Prompt formats\".",
  "MW141": "A stream's `keep LOW..HIGH` drops the items outside the range before the stream is cut into chunks; the "
           "range must keep something (LOW <= HIGH, and LOW below the producing node's `vocab`: with no token "
           "passing, the consumer never gets a chunk and the media it makes never come) and the stream must carry "

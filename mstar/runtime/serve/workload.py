@@ -55,6 +55,7 @@ from mstar.arg_types import INTEGER, read_int, shown, shown_path
 from mstar.files import MAX_PROMPTS_BYTES, InputFileError, read_bytes_bounded
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem
+from mstar.plan.request_fields import LINE_FIELDS
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
@@ -295,11 +296,6 @@ def _check_id(request_id: str, where: str) -> None:
                             f"(it names the request's output files), got {bad!r} in {request_id[:40]!r}")
 
 
-# the fields a prompts line may hold (beside the plan's prompt format fields)
-LINE_FIELDS = frozenset({"id", "prompt_tokens", "prompt", "messages", "stop", "max_tokens", "temperature", "top_k",
-                         "top_p", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_tokens",
-                         "route", "guidance", "audio", "loop_counts", "logprobs", "prompt_logprobs",
-                         "logit_bias", "ignore_eos", "min_tokens"})
 
 
 def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
