@@ -27,7 +27,7 @@ def interpreted():
 def test_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library, so the kernels run
     under the interpreter in a process of their own: this file again, with the variable set."""
-    run_child(__file__, "53 passed")
+    run_child(__file__, "54 passed")
 
 
 @pytest.mark.parametrize("is_zero_centred", [False, True])
@@ -444,6 +444,21 @@ def test_fused_forward_matches_the_torch_forward(interpreted, is_hybrid, is_deco
     torch.testing.assert_close(fused_cache, cache, rtol=1e-4, atol=1e-4)
     for got, expected in zip(fused_recurrent, recurrent):  # every slot's conv window and state
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_keeping_every_positions_states_leaves_the_steps_logits(interpreted):
+    """A step that keeps every position's final states (a prompt's log-probabilities) gives the
+    logits of a step that does not, and its kept rows at the rows' last positions are the states the
+    logits come from: the fused norm of every position moves x on in place, and the last positions'
+    norm added the residual again (logits of norm(x + 2 delta), a wrong token on the GPU)."""
+    dims = decoder_dims(llm_plan().nodes[0], "spec")
+    plain, _, _ = two_row_step(*fused_forward(dims, False, True), False)
+    forward, kv, states = fused_forward(dims, False, True)
+    forward.keep_hidden = True
+    kept, _, _ = two_row_step(forward, kv, states, False)
+    torch.testing.assert_close(kept, plain, rtol=1e-5, atol=1e-5)
+    last = torch.tensor([2, 4])  # the two prompts' (3 and 2 tokens) last positions
+    torch.testing.assert_close(forward.lm_logits(forward.hidden[last]), plain, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("vocab", [10_000, 4096, 37])

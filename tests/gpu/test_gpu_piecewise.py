@@ -26,16 +26,17 @@ FI_DIMS = dict(LLM_DIMS, head_dim=64, hidden=256, qo_heads=8, kv_heads=2, interm
 FAMILY = "LLM:mixed"
 
 
-def _executor(num_pages=256, is_whole=False):
+def _executor(num_pages=256, is_whole=False, keeps_hidden=False):
     """is_whole: the family captured whole (a graph per batch size 1, 4, 8, token bucket and
-    attention route), not piecewise."""
+    attention route), not piecewise; keeps_hidden: the piecewise graphs keep every position's final
+    hidden state (a node giving prompts' log-probabilities)."""
     plan = llm_plan(FI_DIMS)
     dims = decoder_dims(plan.nodes[0], "spec")
     device = torch.device("cuda")
     model = build_decoder(dims, device, torch.bfloat16, position=0, seed=0)
     kv = PagedKv(dims.num_full_layers, num_pages, 16, dims.num_kv_heads, dims.head_dim, torch.bfloat16, device)
     kv.data.normal_()
-    packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8)
+    packed = PackedFamilies(frozenset({FAMILY}), [32, 64, 128], max_rows=8, keeps_hidden=keeps_hidden)
     if is_whole:
         whole = WholePacked(FAMILY, (0, 1, 4, 4, 4, 8, 8, 8, 8), (1, 4, 8), (32, 64, 128),
                             frozenset({"packed", "split"}))
@@ -55,14 +56,16 @@ def _steps():
     return [(first, 32), (second, 64)]
 
 
-@pytest.mark.parametrize("graphs", ["piecewise", "whole", "whole_flashinfer_packed"])
+@pytest.mark.parametrize("graphs", ["piecewise", "piecewise_keeping_hidden", "whole", "whole_flashinfer_packed"])
 def test_packed_graph_steps_match_eager_steps_and_write_the_same_kv(graphs, monkeypatch):
     """whole: the whole graphs' packed keys on the Triton prefill kernel (the default), with no
     FlashInfer wrapper and no host plan; whole_flashinfer_packed: on FlashInfer's graph-mode prefill
-    (`packed_graphs.set_triton_packed(False)`)."""
-    is_whole = graphs != "piecewise"
+    (`packed_graphs.set_triton_packed(False)`); piecewise_keeping_hidden: piecewise graphs that also
+    write every position's final state (their logits were norm(x + 2 delta): the fused norm of every
+    position moves x on in place)."""
+    is_whole = not graphs.startswith("piecewise")
     monkeypatch.setattr(packed_graphs, "_triton_packed", graphs == "whole")
-    executor = _executor(is_whole=is_whole)
+    executor = _executor(is_whole=is_whole, keeps_hidden=graphs == "piecewise_keeping_hidden")
     executor.capture()
     if is_whole:
         keys = executor.packed_graphs.graphs

@@ -35,9 +35,10 @@ def test_the_greedy_tail_of_a_prompt_has_the_samplers_logprobs_on_the_gpu(plan, 
         for on_pieces in (True, False) if keeps else (False,):
             executor.scores_on_pieces = on_pieces
             for head in (HEAD, long_head):
-                drawn = llm.generate([head], SamplingParams(max_tokens=8, logprobs=1))[0]
+                drawn = llm.generate([head], SamplingParams(max_tokens=9, logprobs=1))[0]
                 pieces, eager = executor.num_piecewise_steps, executor.num_eager_steps
-                out = llm.generate([head + drawn.token_ids], SamplingParams(max_tokens=2, prompt_logprobs=1))[0]
+                out = llm.generate([head + drawn.token_ids[:8]],
+                                   SamplingParams(max_tokens=2, logprobs=1, prompt_logprobs=1))[0]
                 more_pieces, more_eager = executor.num_piecewise_steps - pieces, executor.num_eager_steps - eager
                 if on_pieces:
                     assert (more_pieces, more_eager) == (1, 0)
@@ -48,10 +49,13 @@ def test_the_greedy_tail_of_a_prompt_has_the_samplers_logprobs_on_the_gpu(plan, 
 
 def _check(out, head, drawn):
     assert out.finish_reason == "length"
+    # The scoring step's own sampled token: the next of the greedy continuation, with its
+    # log-probability (the step that kept every position's states sampled from norm(x + 2 delta)).
+    assert out.logprobs[0][0] == pytest.approx(drawn.logprobs[8][0], abs=TOLERANCE), len(head)
     found = out.prompt_logprobs
     assert len(found) == len(head) + 8 and found[0] is None
     assert all(entry is not None and entry[0] <= 1e-6 and len(entry[1]) == 1 for entry in found[1:])
-    for position, (own, _) in enumerate(drawn.logprobs, start=len(head)):
+    for position, (own, _) in enumerate(drawn.logprobs[:8], start=len(head)):
         got_own, got_top = found[position]
         assert got_own == pytest.approx(own, abs=TOLERANCE), (len(head), position)
         assert got_own >= got_top[0][1] - TOLERANCE  # the drawn token is the argmax, up to bf16's noise

@@ -294,10 +294,20 @@ class DecoderForward:
             if probes:
                 launch_probe.after_layer(x)
         assert delta is not None or self.folds_norms, "a decoder has at least one layer"
-        if self.keep_hidden or self.hidden_into is not None:  # for a prompt's log-probabilities
-            self.hidden = self._final_norm(x, delta, out=self.hidden_into)
-        last = self._final_norm(x, delta, rows=last_index)  # the rows' last positions only
+        last = self._final_states(x, delta, last_index)
         return model.gather_vocab(F.linear(last, model.lm_head.weight))
+
+    def _final_states(self, x: torch.Tensor, delta: Optional[torch.Tensor], last_index: torch.Tensor) -> torch.Tensor:
+        """The final norm of the rows' last positions, and of every position into `hidden` where a
+        prompt's log-probabilities want them (`keep_hidden`, `hidden_into`)."""
+        if self.keep_hidden or self.hidden_into is not None:
+            self.hidden = self._final_norm(x, delta, out=self.hidden_into)
+            if self.is_fused:
+                # The fused kernel moved the residual stream on in place (x += delta) as it normed
+                # every position: adding delta again put the logits at norm(x + 2 delta), a wrong
+                # token for every step that kept its states.
+                delta = None
+        return self._final_norm(x, delta, rows=last_index)  # the rows' last positions only
 
     def _final_norm(self, x: torch.Tensor, delta: Optional[torch.Tensor], rows: Optional[torch.Tensor] = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
