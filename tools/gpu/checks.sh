@@ -47,10 +47,11 @@
 #          --penalties torch the torch ops): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
 #          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
 #          mixed workload both ways (sampling's, without its tests); about 300 s
-#   prompts a prompt's own log-probabilities on the fast path: what asking costs a lone 1,024-token
-#          prompt (the Python API, alternated with plain ones, scored on the piecewise graphs and
-#          eagerly; first, as it is the figure least often reached), tests/gpu/test_prompt_logprobs_gpu.py (llama and llama_chunked at spec dims), the
-#          piecewise graphs' and the fast path's GPU tests with KEEP_HIDDEN_ON_PIECES on, two plain workloads
+#   prompts a prompt's own log-probabilities on the fast path: tests/gpu/test_prompt_logprobs_gpu.py
+#          (llama and llama_chunked at spec dims) and the piecewise graphs' and the fast path's GPU
+#          tests with KEEP_HIDDEN_ON_PIECES on (first: the code has not run on a GPU, and a read found
+#          a wrong step there), then what asking costs a lone 1,024-token prompt (the Python API,
+#          alternated with plain ones, scored on the piecewise graphs and eagerly), two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts}
@@ -76,8 +77,15 @@ case $part in
     in_time "the fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
   prompts)
-    echo "== what a scored prompt costs (t=0 s)"
-    python3 - <<'PY'
+    python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
+    # the piecewise graphs' and the fast path's tests with the switch on (what its default would be)
+    in_time "the piecewise and fast path tests, keeping hidden states" && python3 -c "
+import sys, pytest
+from mstar.runtime.engine.gpu import setup
+setup.KEEP_HIDDEN_ON_PIECES = True
+sys.exit(pytest.main(['-q', 'tests/gpu/test_gpu_piecewise.py', 'tests/gpu/test_gpu_fast_path.py']))"
+    in_time "what a scored prompt costs" && echo "== what a scored prompt costs (t=$(( $(date +%s) - t0 )) s)" \
+      && python3 - <<'PY'
 import statistics, time
 from mstar.runtime.engine.gpu import setup
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
@@ -104,13 +112,6 @@ with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
     print("capture bytes measured", executor.capture_bytes, "the plan's estimates",
           {f.name: f.memory_bytes for w in llm.plan.workers for k in w.keys for f in k.captures})
 PY
-    in_time "the GPU test" && python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
-    # the piecewise graphs' and the fast path's tests with the switch on (what its default would be)
-    in_time "the piecewise and fast path tests, keeping hidden states" && python3 -c "
-import sys, pytest
-from mstar.runtime.engine.gpu import setup
-setup.KEEP_HIDDEN_ON_PIECES = True
-sys.exit(pytest.main(['-q', 'tests/gpu/test_gpu_piecewise.py', 'tests/gpu/test_gpu_fast_path.py']))"
     in_time "the plain workloads" && NO_BENCH=1 RUNS="plain plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras ;;
   penalties)
     python3 -m pytest -q tests/gpu/test_gpu_fast_path.py -k "device_penalties or penal"
