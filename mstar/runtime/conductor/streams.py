@@ -128,15 +128,18 @@ class StreamBuffer:
             return None
         start, end, next_pos = self._next_span()
         if end <= len(self._items):
+            # (the items are read before `_take`, which may drop the stream's start: a chunk taken
+            # as the read position passed 4096 items came back empty)
+            items = self._items[start:end]
             self._take(start, end, next_pos)
-            return Chunk(self._items[start:end], is_final=False)
+            return Chunk(items, is_final=False)
         if not self.is_producer_done:
             return None
         if self._policy.is_continue_after_done:
             if self._pos < len(self._items):
-                start = self._pos
-                self._take(start, len(self._items), len(self._items))
-                return Chunk(self._items[start:], is_final=False)
+                items = self._items[self._pos:]
+                self._take(self._pos, len(self._items), len(self._items))
+                return Chunk(items, is_final=False)
             return Chunk([], is_final=False)
         self.is_finished = True
         if self._covered >= len(self._items):
