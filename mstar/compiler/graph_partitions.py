@@ -44,12 +44,16 @@ def stage_text(stage: StagePlan) -> str:
     sequence, so a sequence's arrows never read as the partition's own stages."""
     if len(stage.walks) == 1:
         return stage.walks[0] + ("?" if stage.is_optional else "")
-    as_written = ast.Stage(walks=stage.walks, is_optional=stage.is_optional,
-                           sequence_lengths=stage.sequence_lengths)
-    choices = " | ".join(" -> ".join(walks) for walks in ast.alternatives(as_written))
+    choices = " | ".join(" -> ".join(walks) for walks in _alternatives(stage))
     if stage.sequence_lengths or stage.is_optional:
         return f"({choices})" + ("?" if stage.is_optional else "")
     return choices
+
+
+def _alternatives(stage: StagePlan) -> list[list[str]]:
+    """The stage's alternatives, each its walks in order (the language's reading of the plan's stage)."""
+    return ast.alternatives(ast.Stage(walks=stage.walks, is_optional=stage.is_optional,
+                                      sequence_lengths=stage.sequence_lengths))
 
 
 def _text(x: float, y: float, text: str, size: int = 11, anchor: str = "start", weight: str = "normal") -> str:
@@ -120,9 +124,7 @@ def _start_lines(partition: PartitionPlan) -> list[str]:
         return ["started by its streams"]
     asked: list[str] = []
     for stage in partition.stages:
-        as_written = ast.Stage(walks=stage.walks, is_optional=stage.is_optional,
-                               sequence_lengths=stage.sequence_lengths)
-        firsts = [walks[0] for walks in ast.alternatives(as_written)]
+        firsts = [walks[0] for walks in _alternatives(stage)]
         if stage.is_optional:
             asked += firsts
             continue

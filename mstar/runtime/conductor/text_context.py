@@ -8,7 +8,7 @@ and text-generation-inference's prefix offset) and the context's own text taken 
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 CONTEXT_TOKENS = 5  # tokens before an output decoded with it (enough for a space or a split character)
 
@@ -18,9 +18,16 @@ def text_after(decode: Callable[[list[int]], str], context: Sequence[int], ids: 
     prefix of the whole (a decoder that rewrites across the boundary)."""
     if not context:
         return decode(list(ids))
-    before = decode(list(context))
+    found = read_after(decode, context, decode(list(context)), ids)
+    return found if found is not None else decode(list(ids))
+
+
+def read_after(decode: Callable[[list[int]], str], context: Sequence[int], before: str,
+               ids: Sequence[int]) -> Optional[str]:
+    """What `ids` add to the text after `context`, whose text is `before` (decoded once by a caller
+    reading several candidates after one context); None where `before` is not a prefix of the whole."""
     whole = decode([*context, *ids])
-    return whole[len(before):] if whole.startswith(before) else decode(list(ids))
+    return whole[len(before):] if whole.startswith(before) else None
 
 
 def prompt_context(prompt: Sequence[int]) -> list[int]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from mstar.runtime.conductor.text_context import CONTEXT_TOKENS
+from mstar.runtime.conductor.text_context import CONTEXT_TOKENS, read_after
 
 
 LOWEST = -9999.0
@@ -57,9 +57,7 @@ class Offsets:
         before = tokenizer.decode(context)
 
         def read(candidate: int) -> str:
-            whole = tokenizer.decode([*context, candidate])
-            text = whole[len(before):] if whole.startswith(before) else ""
-            return text or tokenizer.token_text(candidate)
+            return read_after(tokenizer.decode, context, before, [candidate]) or tokenizer.token_text(candidate)
 
         self.context = [*context, token][-CONTEXT_TOKENS:]
         return read(token), [read(other) for other in others]
