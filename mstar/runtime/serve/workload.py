@@ -296,8 +296,6 @@ def _check_id(request_id: str, where: str) -> None:
                             f"(it names the request's output files), got {bad!r} in {request_id[:40]!r}")
 
 
-
-
 def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     """temperature, top_k, top_p, seed and the penalties of a prompt line, checked."""
     temperature = _field(obj, "temperature", (int, float), where, is_required=False)
