@@ -49,9 +49,9 @@
 #          mixed workload both ways (sampling's, without its tests); about 300 s
 #   prompts a prompt's own log-probabilities on the fast path: tests/gpu/test_prompt_logprobs_gpu.py
 #          (llama and llama_chunked at spec dims) and the piecewise graphs' and the fast path's GPU
-#          tests with KEEP_HIDDEN_ON_PIECES on (first: the code has not run on a GPU, and a read found
-#          a wrong step there), then what asking costs a lone 1,024-token prompt (the Python API,
-#          alternated with plain ones, scored on the piecewise graphs and eagerly), two plain workloads
+#          tests, then what asking costs a lone 1,024-token prompt (the Python API, alternated with
+#          plain ones, scored on the piecewise graphs and eagerly), what KEEP_HIDDEN_ON_PIECES costs a
+#          plain one (an engine each way, twice), two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
 part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts}
@@ -78,19 +78,15 @@ case $part in
       tests/gpu/test_gpu_fast_path_hybrid.py tests/gpu/test_bench_gdn_gpu.py ;;
   prompts)
     python3 -m pytest -q tests/gpu/test_prompt_logprobs_gpu.py
-    # the piecewise graphs' and the fast path's tests with the switch on (what its default would be)
-    in_time "the piecewise and fast path tests, keeping hidden states" && python3 -c "
-import sys, pytest
-from mstar.runtime.engine.gpu import setup
-setup.KEEP_HIDDEN_ON_PIECES = True
-sys.exit(pytest.main(['-q', 'tests/gpu/test_gpu_piecewise.py', 'tests/gpu/test_gpu_fast_path.py']))"
+    # the piecewise graphs' and the fast path's tests (KEEP_HIDDEN_ON_PIECES on: the default)
+    in_time "the piecewise and fast path tests" && python3 -m pytest -q tests/gpu/test_gpu_piecewise.py \
+      tests/gpu/test_gpu_fast_path.py
     in_time "what a scored prompt costs" && echo "== what a scored prompt costs (t=$(( $(date +%s) - t0 )) s)" \
       && python3 - <<'PY'
 import statistics, time
 from mstar.runtime.engine.gpu import setup
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.serve.api import LLM, SamplingParams
-setup.KEEP_HIDDEN_ON_PIECES = True  # (off by default until measured: gpu/setup.py)
 begun = time.perf_counter()
 with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
     print(f"the engine built in {time.perf_counter() - begun:.1f} s", flush=True)
@@ -111,6 +107,26 @@ with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
           "piecewise steps", executor.num_piecewise_steps, "eager steps", executor.num_eager_steps)
     print("capture bytes measured", executor.capture_bytes, "the plan's estimates",
           {f.name: f.memory_bytes for w in llm.plan.workers for k in w.keys for f in k.captures})
+PY
+    in_time "what keeping the states costs a plain prompt" && echo "== a plain prompt's cost of the switch" \
+      && python3 - <<'PY'
+import statistics, time
+from mstar.runtime.engine.gpu import setup
+from mstar.runtime.serve.api import LLM, SamplingParams
+found = {False: [], True: []}
+for keeps in (False, True, False, True):  # an engine each (the switch decides the capture)
+    setup.KEEP_HIDDEN_ON_PIECES = keeps
+    with LLM("generated/llama.plan", device="cuda", dims="spec") as llm:
+        times = []
+        for index in range(12):
+            prompt = [(31 * index + 7 * i + keeps) % 5000 + 100 for i in range(1024)]
+            started = time.perf_counter()
+            llm.generate([prompt], SamplingParams(max_tokens=1))
+            times.append((time.perf_counter() - started) * 1000)
+        found[keeps].append(statistics.median(times[2:]))
+print("a lone plain 1,024-token prompt to its one token, ms (medians of 10, two engines each):",
+      {("keeping" if keeps else "plain graphs"): [round(t, 2) for t in ts] for keeps, ts in found.items()},
+      "ratio", round(statistics.mean(found[True]) / statistics.mean(found[False]), 3))
 PY
     in_time "the plain workloads" && NO_BENCH=1 RUNS="plain plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) "$0" extras ;;
   penalties)

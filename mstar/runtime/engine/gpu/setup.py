@@ -35,11 +35,10 @@ from mstar.runtime.engine.tp.layout import ShardLayout
 
 # A node that gives prompt log-probabilities captures piecewise graphs that keep every position's
 # final hidden state, so its scoring steps replay them rather than run eagerly
-# (`PackedFamilies.keeps_hidden`, docs/engine.md "A prompt's own log-probabilities"). Off until it
-# has run on a GPU: written in a session whose device starts were refused, and it changes the
-# capture of the piecewise graphs every long prompt replays. `tools/gpu/checks.sh prompts` and the
-# GPU test turn it on.
-KEEP_HIDDEN_ON_PIECES = False
+# (`PackedFamilies.keeps_hidden`, docs/engine.md "A prompt's own log-probabilities"). On since its
+# first GPU run (2026-12-07, an H100: its tests passed, and a lone scored 1,024-token prompt took
+# 13.1 ms on the pieces against 17.2 eagerly, 7.1 plain); False captures the plain piecewise graphs.
+KEEP_HIDDEN_ON_PIECES = True
 
 
 def fast_runner(plan: Plan, node: NodePlan, dims: DecoderDims, calls: dict[tuple[str, str], CallInfo],
