@@ -198,7 +198,7 @@ def test_a_chat_token_limit_error_names_the_field_sent(llama, field, value, word
     client did not send."""
     import json
 
-    content = "hello " * 8190 if long_prompt else "hi"
+    content = "hello " * 8180 if long_prompt else "hi"  # 8,184 tokens framed: room, but not for 16
     body = {"model": "llama", "messages": [{"role": "user", "content": content}], field: value}
     status, error = _raw_post(llama[2], "chat/completions", json.dumps(body).encode())
     assert status == 400 and words.format(field) in error["message"], error
@@ -223,6 +223,35 @@ def test_an_endpoint_the_plan_does_not_serve_is_404_with_a_message(llama):
 
 def _raw_post(client, path: str, data: bytes) -> tuple[int, dict]:
     return post_json(f"{client.base_url}{path}", data)
+
+
+@pytest.mark.parametrize("path, body, param, words", [
+    ("completions", {"prompt": []}, "prompt", "the prompt is empty"),
+    ("completions", {"prompt": [-1]}, "prompt", "non-negative"),
+    ("completions", {"prompt": [1] * 8192, "max_tokens": 1}, "prompt", "leaves no room to generate"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hello " * 8190}]}, "messages",
+     "leaves no room to generate"),
+], ids=["empty", "negative_id", "no_room", "chat_no_room"])
+def test_a_refused_prompt_names_the_bodys_prompt_field(llama, path, body, param, words):
+    """An empty prompt or a negative id was a 400 with `param: null`, and a prompt with no room
+    left blamed max_tokens, which no value of could fix (an audit)."""
+    import json
+
+    status, error = _raw_post(llama[2], path, json.dumps({"model": "llama", **body}).encode())
+    assert status == 400 and error["param"] == param and words in error["message"], error
+
+
+def test_a_seed_whose_choices_pass_64_bits_is_refused_as_sent(llama):
+    """With n > 1, choice j samples with seed + j: a seed of 2**63 - 1 was refused as "seed must be
+    a 64-bit integer, got 9223372036854775808", a number the client never sent."""
+    import json
+
+    body = {"model": "llama", "prompt": [1], "n": 2, "seed": 2**63 - 1, "temperature": 1, "max_tokens": 1}
+    status, error = _raw_post(llama[2], "completions", json.dumps(body).encode())
+    assert status == 400 and error["param"] == "seed", error
+    assert error["message"].startswith(f"seed {2**63 - 1} with n 2: choice j samples with seed + j"), error
+    status, _ = _raw_post(llama[2], "completions", json.dumps({**body, "n": 1}).encode())
+    assert status == 200
 
 
 @pytest.mark.parametrize("body, message, param", [

@@ -332,8 +332,11 @@ def test_the_token_limit_is_max_seq_len_inclusive(llama):
     assert limit == llm.plan.deployment.max_seq_len
     assert len(llm.request([1] * (limit - 1), SamplingParams(max_tokens=1)).prompt_tokens) == limit - 1
     with pytest.raises(PromptError) as refused:
+        llm.request([1] * (limit - 1), SamplingParams(max_tokens=2))
+    assert refused.value.param == "max_tokens"  # room for one token: max_tokens is what to change
+    with pytest.raises(PromptError) as refused:
         llm.request([1] * limit, SamplingParams(max_tokens=1))
-    assert refused.value.param == "max_tokens"
+    assert refused.value.param == "prompt"  # no room at all: the prompt is
 
 
 def test_a_request_carries_every_sampling_value(llama):

@@ -177,3 +177,33 @@ def test_null_speech_fields_ask_for_their_defaults(orpheus):
     assert _speech(url, {**body, "response_format": None}) == plain
     status, wav = _speech(url, {**body, "voice": None, "max_tokens": None})
     assert status == 200 and wav[:4] == b"RIFF"
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"voice": "\ud800"}, "voice", "'voice' is not valid Unicode"),
+    ({"input": "hi " * 140000}, "input", "leaves no room to generate"),  # past max_seq_len 131072
+], ids=["a_bad_voice", "an_input_with_no_room"])
+def test_a_refused_speech_prompt_names_the_field_at_fault(orpheus, fields, param, words):
+    """A voice that is not valid Unicode was a 400 with `param: null`, and an input too long for
+    the plan blamed a `max_tokens` the client never sent (the endpoint's default): an audit."""
+    _, url, _ = orpheus
+    body = {"model": "orpheus", "voice": "leo", "input": "hi", **fields}
+    status, error = post_json(f"{url}/audio/speech", json.dumps(body).encode())
+    assert status == 400 and error["param"] == param and words in error["message"], error
+
+
+def test_tokenize_takes_the_prompt_formats_fields_as_speech_does(orpheus, tmp_path):
+    """/tokenize on Orpheus ignored `voice` (the count was the default voice's, not the speech
+    request's) and any misspelt field; vLLM's `add_special_tokens: false` was ignored too (an audit)."""
+    _, url, _ = orpheus
+    base = url[:-len("/v1")]
+    with LLM(ORPHEUS, tokenizer=str(write_tokenizer(tmp_path))) as llm:
+        for voice in ("leo", "the cat sat on"):
+            status, answer = post_json(f"{base}/tokenize", json.dumps({"model": "orpheus", "prompt": TEXT,
+                                                                       "voice": voice}).encode())
+            assert status == 200 and answer["tokens"] == llm.prompt_tokens({"prompt": TEXT, "voice": voice})
+        assert answer["tokens"] != llm.prompt_tokens(TEXT)  # (the default voice's)
+    for extra, param in (({"vocie": "leo"}, "vocie"), ({"add_special_tokens": False}, "add_special_tokens")):
+        status, error = post_json(f"{base}/tokenize", json.dumps({"model": "orpheus", "prompt": TEXT,
+                                                                  **extra}).encode())
+        assert status == 400 and error["param"] == param, error

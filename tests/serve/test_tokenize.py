@@ -39,6 +39,8 @@ def test_tokenize_gives_the_ids_a_request_sends(served):
     ("/tokenize", {"model": "llama"}, 400, "prompt"),
     ("/tokenize", {"model": "llama", "prompt": "a", "messages": MESSAGES}, 400, "prompt"),
     ("/tokenize", {"model": "gpt", "prompt": "a"}, 404, "model"),
+    ("/tokenize", {"model": "llama", "prompt": "a", "voice": "leo"}, 400, "voice"),  # no prompt format here
+    ("/tokenize", {"model": "llama", "messages": MESSAGES, "add_special_tokens": False}, 400, "add_special_tokens"),
     ("/detokenize", {"model": "llama", "tokens": [1, 200000]}, 400, "tokens"),
     ("/detokenize", {"model": "llama", "tokens": [-1]}, 400, "tokens"),
 ])

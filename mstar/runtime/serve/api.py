@@ -74,7 +74,8 @@ _ROOM_WAIT_S = 0.05
 class PromptError(ValueError):
     """A prompt this LLM cannot take (text without a tokenizer, an empty or bad prompt, a token id
     outside the vocabulary, one too long for the plan). `param`: the sampling field the refusal is
-    also about (max_tokens, for a prompt + max_tokens past the plan's max_seq_len), else None."""
+    also about (max_tokens, for a prompt + max_tokens past the plan's max_seq_len; prompt, for a
+    prompt that alone leaves no room), else None: the prompt itself."""
 
     def __init__(self, message: str, param: Optional[str] = None):
         super().__init__(message)
@@ -296,8 +297,10 @@ class LLM:
                 ids = self.tokenizer.encode_chat(_messages(prompt.get("messages")))
             else:
                 ids = _token_ids(prompt)
-        except (TokenizerError, PromptFormatError) as error:
+        except TokenizerError as error:
             raise PromptError(str(error)) from None
+        except PromptFormatError as error:  # (a format field's own fault names it: Orpheus's voice)
+            raise PromptError(str(error), param=error.field) from None
         if not ids:
             raise PromptError("the prompt is empty")
         if not all(t >= 0 for t in ids):
@@ -389,6 +392,9 @@ class LLM:
         if outside is not None:
             raise PromptError(outside)
         limit, bound = self.token_limit()
+        if len(ids) + min(max_tokens, 1) > limit:  # no max_tokens would do: the prompt is what to change
+            raise PromptError(f"the prompt is {len(ids)} tokens, which leaves no room to generate within the plan's "
+                              f"{bound}; shorten the prompt", param="prompt")
         if len(ids) + max_tokens > limit:
             raise PromptError(f"the prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) is "
                               f"{len(ids) + max_tokens} tokens, more than the plan's {bound}", param="max_tokens")

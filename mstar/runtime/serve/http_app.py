@@ -106,7 +106,8 @@ class Service:
                            param=param)
 
     async def request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool = False,
-                      media: Optional[dict[str, Any]] = None, limit_field: Optional[str] = "max_tokens") -> Request:
+                      media: Optional[dict[str, Any]] = None, limit_field: Optional[str] = "max_tokens",
+                      prompt_field: str = "prompt") -> Request:
         """The runtime request (400 for a bad prompt or values). A text or chat prompt is made on
         a worker thread: a long one takes the tokenizer seconds (about 0.7 s a megabyte), which the
         event loop spends on the other clients; token ids are checked here (the hop costs about
@@ -114,13 +115,17 @@ class Service:
         prompt, at most what its walks make. media: by modality; with media the prompt may be empty
         token ids. limit_field: the body's field that gave max_tokens, named in its errors (chat's
         `max_completion_tokens`); None where the body has none (images: the server's own count),
-        so a prompt too long for it is refused by the prompt's length (`param: "prompt"`)."""
+        so a prompt too long for it is refused by the prompt's length (`param: "prompt"`).
+        prompt_field: the body's field holding the prompt (chat's `messages`, speech's `input`),
+        the `param` of a refusal of the prompt itself."""
+        fields = (limit_field, prompt_field)
         if isinstance(prompt, (str, dict)):
-            return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media, limit_field)
-        return self._request(prompt, sampling, default_to_rest, media, limit_field)
+            return await asyncio.to_thread(self._request, prompt, sampling, default_to_rest, media, fields)
+        return self._request(prompt, sampling, default_to_rest, media, fields)
 
     def _request(self, prompt: Any, sampling: SamplingParams, default_to_rest: bool,
-                 media: Optional[dict[str, Any]], limit_field: Optional[str]) -> Request:
+                 media: Optional[dict[str, Any]], fields: tuple[Optional[str], str]) -> Request:
+        limit_field, prompt_field = fields
         try:
             ids = [] if media and prompt == [] else self.llm.prompt_tokens(prompt)
             if default_to_rest:
@@ -133,7 +138,7 @@ class Service:
                 self._check_prompt_room(len(ids), sampling.max_tokens)
             return self.llm.request(ids, sampling, media)
         except (PromptError, SamplingError) as error:  # each names its field (max_tokens past max_seq_len)
-            raise _named_error(error, limit_field or "max_tokens") from None
+            raise _named_error(error, limit_field or "max_tokens", prompt_field) from None
 
     def _check_prompt_room(self, num_prompt: int, num_kept: int) -> None:
         """PromptError (`prompt`) for a prompt that leaves fewer than `num_kept` tokens (a count the
@@ -218,13 +223,16 @@ async def _until_disconnected(http: HttpRequest) -> None:
         pass
 
 
-def _named_error(error: PromptError | SamplingError, limit_field: str) -> ApiError:
+def _named_error(error: PromptError | SamplingError, limit_field: str, prompt_field: str) -> ApiError:
     """The 400 of a refused prompt or value. The Python API calls the token limit `max_tokens`; a
     body that gave it by another field (chat's `max_completion_tokens`) gets that field's name, in
-    the message and as `param`."""
+    the message and as `param`. A refused prompt names the body's prompt field (`param` was null
+    for an empty prompt or a negative token id)."""
     message, param = str(error), error.param
     if param == "max_tokens" and limit_field != "max_tokens":
         message, param = re.sub(r"\bmax_tokens\b", limit_field, message), limit_field
+    elif isinstance(error, PromptError) and param in (None, "prompt"):
+        param = prompt_field
     return ApiError(400, message, param=param)
 
 
@@ -440,7 +448,8 @@ def _text_routes(app: FastAPI, service: Service) -> None:
         service.check_tokenizer("chat messages need a tokenizer with a chat template", "messages",
                                 "; or send the prompt as token ids to /v1/completions")
         choices = await _choices(service, body, prompt, 0, 1 if limit is None else limit,
-                                 default_to_rest=limit is None, limit_field=body.token_limit_field())
+                                 default_to_rest=limit is None, limit_field=body.token_limit_field(),
+                                 prompt_field="messages")
         return await _text_answer(service, http, choices, body.stream,
                                   lambda started: sse.chat_events(service, choices, body, started),
                                   lambda answers: sse.chat_body(service, choices, answers))
@@ -485,7 +494,8 @@ def _token_routes(app: FastAPI, service: Service) -> None:
     async def tokenize(body: TokenizeBody) -> JSONResponse:
         service.check_model(body.model)
         service.check_tokenizer("/tokenize needs a tokenizer", "prompt")
-        prompt = body.prompt_value()
+        form = service.llm.prompt_format
+        prompt = body.prompt_value(form.fields if form is not None else [])
         try:
             ids = await asyncio.to_thread(service.llm.prompt_tokens, prompt)
         except PromptError as error:
@@ -515,7 +525,8 @@ def _media_routes(app: FastAPI, service: Service) -> None:
         if "max_tokens" not in body.model_fields_set:
             sampling.max_tokens = service.default_tokens(sampling.max_tokens)
         form = service.llm.prompt_format
-        request = await service.request(body.prompt(form.fields if form is not None else []), sampling)
+        request = await service.request(body.prompt(form.fields if form is not None else []), sampling,
+                                        prompt_field="input")
         async with cancelled_when_gone(service, http, [request]):
             stream, first = await service.start(request)
             if body.stream_format == "sse":

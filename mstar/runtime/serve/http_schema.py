@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from mstar.arg_types import shown, shown_text
 from mstar.runtime.serve.api import PromptError, SamplingParams, flat_message
-from mstar.runtime.step import MAX_LOGPROBS
+from mstar.runtime.step import MAX_LOGPROBS, SEED_RANGE
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_SPEECH_TOKENS = 1200  # about 14 s of Orpheus audio (86 tokens a second)
@@ -126,6 +126,12 @@ class _Body(BaseModel):
                 raise ApiError(400, f"{name} is not supported", param=name)
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise ApiError(400, f"n must be between 1 and {MAX_CHOICES}, got {shown(self.n)}", param="n")
+        last = self.num_choices - 1
+        if self.seed is not None and last and SEED_RANGE[0] <= self.seed < SEED_RANGE[1] <= self.seed + last:
+            # (choice j samples with seed + j: the sampler's range check would name seed + j, a
+            # number the client never sent)
+            raise ApiError(400, f"seed {self.seed} with n {self.num_choices}: choice j samples with seed + j, and "
+                                f"seed + {last} is past a 64-bit integer (at most 2**63 - 1)", param="seed")
 
     @property
     def num_choices(self) -> int:
@@ -258,19 +264,33 @@ def _flat_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 class TokenizeBody(BaseModel):
-    """vLLM's /tokenize: a prompt as /v1/completions takes it (`prompt` text), or chat `messages`."""
-    model_config = ConfigDict(strict=True)
+    """vLLM's /tokenize: a prompt as /v1/completions takes it (`prompt` text), or chat `messages`;
+    beside `prompt`, values for the plan's prompt format fields, as speech takes them (Orpheus's
+    `voice`). Other fields are refused by name: a misspelt `vocie` was ignored, and the count was
+    the default voice's."""
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     prompt: Optional[str] = None
     messages: Optional[list[dict[str, Any]]] = None
+    add_special_tokens: Optional[bool] = None  # vLLM's; only true (the ids a request sends)
 
-    def prompt_value(self) -> Union[str, dict[str, Any]]:
+    def prompt_value(self, format_fields: Sequence[str]) -> Union[str, dict[str, Any]]:
         if (self.prompt is None) == (self.messages is None):
             raise ApiError(400, "give exactly one of prompt (text) or messages (chat)", param="prompt")
+        if self.add_special_tokens is False:
+            raise ApiError(400, "add_special_tokens false is not supported: /tokenize gives the ids a request sends, "
+                                "special tokens included", param="add_special_tokens")
+        fields = dict(self.model_extra or {})
+        takes = format_fields if self.prompt is not None else []
+        for name in fields:
+            if name not in takes:
+                beside = f"{', '.join(takes)} beside prompt" if takes else "no field beside prompt or messages"
+                raise ApiError(400, f"{shown_text(name, 100)} is not supported: /tokenize takes {beside}",
+                               param=shown_text(name, 100))
         if self.messages is not None:
             return {"messages": [_flat_message(m) for m in self.messages]}
-        return cast(str, self.prompt)
+        return {**fields, "prompt": self.prompt} if fields else cast(str, self.prompt)
 
 
 class DetokenizeBody(BaseModel):

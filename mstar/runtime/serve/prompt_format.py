@@ -15,7 +15,12 @@ from mstar.runtime.serve.tokenizer import unicode_problem
 
 
 class PromptFormatError(Exception):
-    """A request that the plan's prompt format cannot frame; the message says which field."""
+    """A request that the plan's prompt format cannot frame; the message says which field, and
+    `field` names a format field at fault (None: the text, or the plan)."""
+
+    def __init__(self, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
 
 
 def prompt_format_of(plan: Any) -> Optional[PromptFormatPlan]:
@@ -36,18 +41,18 @@ def format_prompt(form: PromptFormatPlan, tokenizer: Any, text: str, values: Map
         value = values.get(field, form.defaults.get(field))
         if value is None:
             raise PromptFormatError(f"this model's prompt format needs '{field}' (its template is "
-                                    f"{form.template!r}) and the request gives none")
+                                    f"{form.template!r}) and the request gives none", field)
         if not isinstance(value, str) or not value:
-            raise PromptFormatError(f"'{field}' must be non-empty text")
-        filled[field] = _unicode(value, f"'{field}'")
+            raise PromptFormatError(f"'{field}' must be non-empty text", field)
+        filled[field] = _unicode(value, f"'{field}'", field)
     return list(form.before) + tokenizer.encode(form.template.format(**filled)) + list(form.after)
 
 
-def _unicode(value: str, what: str) -> str:
+def _unicode(value: str, what: str, field: Optional[str] = None) -> str:
     """`value` when it is valid Unicode, checked before the template frames it: the tokenizer's own
     check would count the position of a lone surrogate from the framed text (Orpheus's voice and
     colon before the prompt), not from what the client sent."""
     problem = unicode_problem(value)
     if problem is not None:
-        raise PromptFormatError(f"{what} is not valid Unicode: {problem}")
+        raise PromptFormatError(f"{what} is not valid Unicode: {problem}", field)
     return value
