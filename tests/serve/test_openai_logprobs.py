@@ -131,7 +131,7 @@ def test_logit_bias_reaches_the_engine_on_both_endpoints(llama):
                                          ({"7": -100, "07": 100}, "logit_bias names token 7 twice")])
 def test_a_bad_logit_bias_is_a_400_naming_it(llama, bias, words):
     """Each names `logit_bias` in `param` and no request id: a token outside the vocabulary was
-    refused at the engine's admission ("request req-7 cannot run: node LLM: ...", param null),
+    refused at the engine's admission ("request req-7 cannot run: node LLM: ...", param null; the id is no longer said),
     and one named twice ("7" and "07") took the later bias, lifting the ban silently."""
     _, client = llama
     with pytest.raises(openai.BadRequestError) as refused:

@@ -449,20 +449,23 @@ class TorchEngine:
     # ------------------------------------------------------------------ Engine protocol
 
     def add_request(self, request_id: str, request: Any) -> Optional[str]:
+        """None, or why the request can never run. The reason names no request id, as the simulated
+        engine's: the caller has it (outputs.jsonl's `id`), and a server's client saw the run
+        loop's internal one ("request req-0 cannot run: ...")."""
         try:
             state = RequestState.from_request(request_id, request)
         except (SamplingError, GuidanceError, TypeError, ValueError, ArithmeticError) as error:
-            return f"request {request_id}: {error}"
+            return str(error)
         unknown = unknown_label_problem(self.plan, state.guidance.scales)
         if unknown:
-            return f"request {request_id}: {unknown}"
+            return unknown
         problem, scorer = self._prompt_logprobs_runner() if state.params.prompt_logprobs is not None else (None, None)
         if problem:
-            return f"request {request_id} cannot run: prompt_logprobs: {problem}"
+            return f"cannot run: prompt_logprobs: {problem}"
         for runner in self.runners.values():
             reason = runner.refusal(state)
             if reason:
-                return f"request {request_id} cannot run: {reason}"  # the reason says why (memory: "can never fit")
+                return f"cannot run: {reason}"  # the reason says why (memory: "can never fit")
         if scorer is not None:
             scorer.scoring.add(request_id)
         self.requests[request_id] = state
