@@ -433,7 +433,10 @@ class _Signals:
     def __enter__(self) -> "_Signals":
         if threading.current_thread() is threading.main_thread():  # handlers can only be set there
             for signum in self.HANDLED:
-                self._previous[signum] = signal.signal(signum, self._handle)
+                # A signal the parent set to be ignored stays ignored: `nohup mstar run` was stopped
+                # by the hangup, and a script's background run by its Ctrl-C.
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -168,3 +168,19 @@ def test_a_second_signal_before_a_finished_requests_line_is_written_keeps_the_li
     assert [line["id"] for line in lines] == forgotten[:3]
     assert "3 requests finished, 17 not; kept 3 in " in err and "Traceback" not in err
     assert all(line["finish_reason"] == "length" and line["output_tokens"] for line in lines)
+
+
+def test_a_signal_the_parent_ignores_stays_ignored():
+    """`nohup mstar run` was stopped by the hangup (exit 129, "interrupted by SIGHUP"): the run put
+    its handler over the SIG_IGN it inherited. The signals it inherited handled are still its own."""
+    from mstar.cli import mstar as mstar_cli
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with mstar_cli._Signals() as signals:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGINT) == signals._handle
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) != signals._handle
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -159,6 +159,9 @@ def test_prompt_lines_take_stop_tokens_and_repetition_penalty():
         ('"stop_tokens": 5', "field 'stop_tokens' must be list"),
         ('"repetition_penalty": 0', "'repetition_penalty' must be > 0"),
         ('"repetition_penalty": "x"', "field 'repetition_penalty' must be int or float"),
+        # the engines' own ranges: the simulated engine ran past them with exit 0 (an audit)
+        ('"repetition_penalty": 1e-300', "f:1: repetition_penalty must be in [0.0001, 10000] (1 is none), got 1e-300"),
+        ('"temperature": 10001', "f:1: temperature must be at most 10000"),
     ]:
         with pytest.raises(WorkloadError, match=re.escape(message)):
             parse_prompt_line('{"id": "a", "prompt_tokens": [1], "max_tokens": 3, ' + text + '}', "f:1")

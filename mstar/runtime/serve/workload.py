@@ -59,7 +59,7 @@ from mstar.plan.request_fields import LINE_FIELDS
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.step import MAX_LOGPROBS, OUTPUT_PENALTY_RANGE, SEED_RANGE
+from mstar.runtime.step import MAX_LOGPROBS, OUTPUT_PENALTY_RANGE, SEED_RANGE, sampling_range_problem
 
 ARRIVALS = ("poisson", "staggered", "closed")
 VOCAB_SIZE = 1000
@@ -319,6 +319,12 @@ def _sampling_fields(obj: dict, where: str) -> dict[str, Any]:
     seed = _field(obj, "seed", (int,), where, is_required=False)
     if seed is not None and not SEED_RANGE[0] <= seed < SEED_RANGE[1]:  # the engines' sampler holds int64
         raise WorkloadError(f"{where}: 'seed' must be a 64-bit integer (-2**63 to 2**63 - 1), got {shown(seed)}")
+    # The rest of the ranges the engines take (temperature at most 10,000, repetition_penalty within
+    # [1e-4, 1e4]): the simulated engine samples nothing and ran past them with exit 0.
+    problem = sampling_range_problem(temperature, top_k, top_p, seed, penalty, output_penalties["presence_penalty"],
+                                     output_penalties["frequency_penalty"], show=shown)
+    if problem is not None:
+        raise WorkloadError(f"{where}: {problem}")
     return {
         "temperature": float(temperature) if temperature is not None else None,
         "top_k": top_k,
