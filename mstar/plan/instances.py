@@ -24,7 +24,7 @@ def call_instances(workers: list[WorkerPlan]) -> dict[tuple[str, str], list[list
     instances: dict[tuple[str, str], list[list[int]]] = {}
     for worker in workers:
         for placement in worker.placements:
-            node, walk = placement.split("/", 1)
+            node, _, walk = placement.partition("/")  # (a placement without one: reference_problems says so)
             group = tp_group_for(worker, node, walk)
             instance = [worker.rank] if group is None else [group.leader] + [r for r in group.ranks
                                                                               if r != group.leader]

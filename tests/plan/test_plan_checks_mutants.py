@@ -256,6 +256,9 @@ REFUSED = {
                                      "worker 0: placement 'LLM/ghost' names an unknown node or walk"),
     "placement of an unknown node": ("orpheus", lambda d: d["workers"][0]["placements"].append("ghost/decode"),
                                      "worker 0: placement 'ghost/decode' names an unknown node or walk"),
+    # (no "/": the rank checks' split raised ValueError, an internal error from mstar run and mstarc)
+    "placement without a walk": ("llama", lambda d: d["workers"][0]["placements"].__setitem__(0, "zz"),
+                                 "worker 0: placement 'zz' names an unknown node or walk"),
     "placement keyed to a key of another walk": ("bagel", lambda d: d["workers"][1]["walk_to_key"].update(
                                                      {"LLM/decode": "LLM:image_gen"}),
                                                  "walk_to_key[LLM/decode] is key LLM:image_gen, which does not run "
