@@ -1,7 +1,7 @@
 """Pass 4, check the deployment: every (node, walk) placed once, sharding rules of the reference.
 
 In:  a `Spec` that passed resolve, a loaded `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW310-MW325 diagnostics, located in the deployment YAML (with notes into the
+Out: nothing; adds MW310-MW326 diagnostics, located in the deployment YAML (with notes into the
      spec where that helps).
 
 Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's own keys):
@@ -14,7 +14,8 @@ Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's
 - the ranks of all groups are 0 to N-1, none skipped: the runtime starts a process per rank up
   to the highest (`ranks: [15]` started 15 idle ones);
 - tp_size or sp_size > 1 only for nodes marked `tp`; at most one lockstep (tp x sp > 1) node
-  per worker;
+  per worker; a kv node's tp_size splits its query heads, kv heads (or is split by them), MLP
+  width and gated delta-net heads, as the runtime's shard layout needs (`plan.dims.tp_split_problem`);
 - a node with a stream input runs all its walks on the same ranks (its stream buffers live
   there), and a lockstep such node is not restricted to some walks;
 - a kv node's walks share one world size (the KV cache moves between them: PD split needs equal
@@ -26,6 +27,9 @@ Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
 from mstar.compiler import codes
 from mstar.compiler.chunking import offload_host_pages
 from mstar.compiler.memory_bounds import MAX_NODE_BYTES, format_bytes, kv_pool_bytes, recurrent_slot_bytes
@@ -34,6 +38,8 @@ from mstar.compiler.resolve import iter_calls, suggestion, walk_nodes
 from mstar.lang import ast
 from mstar.lang.ast import Span
 from mstar.lang.diagnostics import Diagnostics, Note
+from mstar.plan.dims import DecoderDims, DimsError, decoder_dims, tp_split_problem
+from mstar.plan.schema import RecurrentState
 
 
 def spec_pairs(spec: ast.Spec) -> list[tuple[str, str]]:
@@ -114,6 +120,43 @@ def _check_groups(deployment: Deployment, nodes: dict[str, ast.NodeDecl], diags:
                     diags.error(codes.SHARDING_NOT_ALLOWED,
                                 f"{key} {getattr(group, key)} for node {name}, which is not marked `tp`",
                                 group.item_span("node_names", i), Note("the node", node.span))
+                elif node is not None and node.engine == "kv" and group.tp_size > 1:
+                    _check_tp_split(node, group, diags)
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """A kv node's dims as the runtime reads them (`plan.dims.DimsSource`), from its declaration."""
+    name: str
+    dims: Mapping[str, Any]
+    recurrent: Optional[RecurrentState]
+
+
+def _spec_dims(node: ast.NodeDecl) -> Optional[DecoderDims]:
+    """The decoder dims the runtime builds a kv node at (`--dims spec`); None where its arguments
+    are bad (check_args says why)."""
+    args = {a.name: a.value for a in node.args}
+    state = next((s for s in node.states if s.kind == "recurrent"), None)
+    try:
+        recurrent = None
+        if state is not None:
+            values = {a.name: a.value for a in state.args}
+            recurrent = RecurrentState.model_validate({
+                "num_layers": values.get("layers", 0), "num_heads": values.get("heads", 0),
+                "key_dim": values.get("key_dim", 0), "value_dim": values.get("value_dim", 0), "num_slots": 1})
+        return decoder_dims(_Declared(node.name, args, recurrent), "spec")
+    except (DimsError, ValueError, TypeError):  # (pydantic's ValidationError is a ValueError)
+        return None
+
+
+def _check_tp_split(node: ast.NodeDecl, group: NodeGroup, diags: Diagnostics) -> None:
+    """MW326: the runtime shards a kv node's heads and widths over its TP group and refuses at
+    start-up what does not divide (qo_heads=32 over tp_size 3 passed mstarc)."""
+    dims = _spec_dims(node)
+    problem = tp_split_problem(dims, group.tp_size) if dims is not None else ""
+    if problem:
+        diags.error(codes.TP_SPLIT_IMPOSSIBLE, f"tp_size {group.tp_size} cannot split node {node.name}: {problem}",
+                    group.span_of("tp_size"), Note("the node", node.span))
 
 
 def _check_placement(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[str, str]],

@@ -100,6 +100,7 @@ KV_POOL_TOO_SMALL = "MW322"
 KV_POOL_TOO_LARGE = "MW323"
 RANKS_NOT_CONTIGUOUS = "MW324"
 RECURRENT_SLOTS_TOO_FEW = "MW325"
+TP_SPLIT_IMPOSSIBLE = "MW326"
 
 # ---------------------------------------------------------------- check_combine (MW4xx)
 NOT_A_WALK_OF_NODE = "MW401"
@@ -209,6 +210,7 @@ TITLES: dict[str, str] = {
     KV_POOL_TOO_LARGE: "KV pool, offload host pool or recurrent state past what the runtime can allocate",
     RANKS_NOT_CONTIGUOUS: "ranks not numbered 0 to N-1",
     RECURRENT_SLOTS_TOO_FEW: "fewer recurrent state slots than max_concurrent_requests",
+    TP_SPLIT_IMPOSSIBLE: "tp_size does not split the kv node's heads or widths",
     NOT_A_WALK_OF_NODE: "combined walk, cap or capture for a walk that does not run the node",
     WALK_IN_TWO_COMBINES: "walk in two combined walks of one node",
     CAPTURE_KEY_SPLIT: "capture-key split",

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from typing import Any, Literal, Mapping, Optional, Protocol
 
 from mstar.plan.node_args import DECODER_STYLES, MLP_WIDTH_PER_HIDDEN, layer_is_full
-from mstar.plan.schema import NodePlan
+from mstar.plan.schema import RecurrentState
 
 DimsMode = Literal["tiny", "spec"]
 DIMS_MODES: tuple[DimsMode, ...] = ("tiny", "spec")
@@ -174,14 +174,28 @@ class ImageDecoderDims:
         return math.isqrt(self.latent_tokens) * self.upscale
 
 
-def _int(node: NodePlan, key: str, default: int) -> int:
+class DimsSource(Protocol):
+    """What a node's dims are read from: a plan's `NodePlan`, or the compiler's reading of a
+    declaration before there is a plan (check_deployment's TP split check)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dims(self) -> Mapping[str, Any]: ...
+
+    @property
+    def recurrent(self) -> Optional[RecurrentState]: ...
+
+
+def _int(node: DimsSource, key: str, default: int) -> int:
     value = node.dims.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise DimsError(f"node {node.name}: dims {key}={value!r} must be a positive integer")
     return value
 
 
-def _float(node: NodePlan, key: str, default: float) -> float:
+def _float(node: DimsSource, key: str, default: float) -> float:
     value = node.dims.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise DimsError(f"node {node.name}: dims {key}={value!r} must be a positive number")
@@ -200,7 +214,7 @@ def attention_flops_per_key(qo_width: int, num_full_layers: int) -> int:
     return 4 * qo_width * num_full_layers
 
 
-def layer_pattern(node: NodePlan, num_layers: int) -> tuple[bool, ...]:
+def layer_pattern(node: DimsSource, num_layers: int) -> tuple[bool, ...]:
     """Per-layer `is_full` flags (the rule is node_args.layer_is_full, shared with the compiler)."""
     pattern = node.dims.get("layer_pattern")
     flags = layer_is_full(pattern, num_layers, node.recurrent is not None)
@@ -211,7 +225,7 @@ def layer_pattern(node: NodePlan, num_layers: int) -> tuple[bool, ...]:
     return flags
 
 
-def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
+def decoder_dims(node: DimsSource, mode: DimsMode) -> DecoderDims:
     """Dims of a kv node's decoder. `tiny` keeps the head ratio and one unit of the layer pattern."""
     num_layers = _int(node, "layers", 2)
     num_kv_heads = _int(node, "kv_heads", 1)
@@ -259,7 +273,7 @@ def decoder_dims(node: NodePlan, mode: DimsMode) -> DecoderDims:
     return dims if mode == "spec" else _tiny_decoder_dims(node, dims)
 
 
-def _tiny_decoder_dims(node: NodePlan, dims: DecoderDims) -> DecoderDims:
+def _tiny_decoder_dims(node: DimsSource, dims: DecoderDims) -> DecoderDims:
     """`tiny` dims: the head ratio and one unit of the layer pattern kept, every width small."""
     unit = _pattern_unit(dims.layer_is_full)
     ratio = dims.num_qo_heads // dims.num_kv_heads
@@ -291,7 +305,7 @@ def _pattern_unit(full: tuple[bool, ...]) -> tuple[bool, ...]:
     return full
 
 
-def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
+def codec_dims(node: DimsSource, mode: DimsMode) -> CodecDims:
     """Dims of an audio codec; `tiny` makes few samples per token and a narrow network."""
     keep_frame = node.dims.get("keep_frame", 1)
     dims = CodecDims(
@@ -308,7 +322,7 @@ def codec_dims(node: NodePlan, mode: DimsMode) -> CodecDims:
                    num_quantizers=min(dims.num_quantizers, TINY_QUANTIZERS), samples_per_token=32)
 
 
-def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:
+def encoder_dims(node: DimsSource, mode: DimsMode, is_audio: bool) -> EncoderDims:
     """Dims of a vision or audio encoder."""
     # Defaults that always fit each other: hidden 1024 (or 64 per head when only `heads` is given),
     # heads 16 (or the largest count below it that divides `hidden`). The compiler checks `hidden`
@@ -330,7 +344,7 @@ def encoder_dims(node: NodePlan, mode: DimsMode, is_audio: bool) -> EncoderDims:
     return replace(dims, hidden=32, num_layers=1, num_heads=2, feature_dim=16 if is_audio else 48, num_tokens=8)
 
 
-def image_decoder_dims(node: NodePlan, mode: DimsMode, latent: Optional[DecoderDims]) -> ImageDecoderDims:
+def image_decoder_dims(node: DimsSource, mode: DimsMode, latent: Optional[DecoderDims]) -> ImageDecoderDims:
     """Dims of a latents-to-image decoder; the latent shape follows the producing LLM's flow head."""
     dims = ImageDecoderDims(
         latent_channels=latent.latent_channels if latent else _int(node, "latent_channels", 16),
@@ -344,3 +358,22 @@ def image_decoder_dims(node: NodePlan, mode: DimsMode, latent: Optional[DecoderD
     if mode == "spec":
         return dims
     return replace(dims, hidden=16, upscale=8)
+
+
+def tp_split_problem(d: DecoderDims, size: int) -> str:
+    """Why a decoder of dims `d` cannot be split over `size` tensor-parallel ranks ("" when it
+    can): the runtime's shard layout (engine/tp/layout.py) and the compiler's check (MW326) both ask."""
+    if size < 1:
+        return "the group size must be at least 1"
+    if d.num_full_layers and d.num_qo_heads % size:
+        return f"qo_heads={d.num_qo_heads} is not a multiple of {size}"
+    kv = d.num_kv_heads
+    if d.num_full_layers and kv % size and size % kv:
+        return (f"kv_heads={kv}: each rank needs whole kv heads, so kv_heads must be a multiple of {size} "
+                f"(split) or divide it (each kv head replicated on {size} // kv_heads ranks)")
+    if d.intermediate % size:
+        return f"intermediate={d.intermediate} is not a multiple of {size}"
+    if d.has_linear_layers and (d.num_linear_heads % size or d.num_linear_value_heads % size):
+        return (f"the gated delta-net's {d.num_linear_heads} q/k heads and {d.num_linear_value_heads} value "
+                f"heads must both be multiples of {size}")
+    return ""

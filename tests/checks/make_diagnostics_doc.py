@@ -285,6 +285,11 @@ explain = {
  "MW325": "Each request holds one recurrent state slot of a node with `state recurrent(...)` from its first step to "
           "its end, so `recurrent_state_slots` must be at least `max_concurrent_requests` (the runtime refuses to "
           "start otherwise). Left out, it defaults to `max_concurrent_requests`.",
+ "MW326": "A kv node run tensor-parallel is sharded over its `tp_size` ranks: each rank takes whole query heads "
+          "(`qo_heads` a multiple of `tp_size`), whole kv heads (`kv_heads` a multiple of `tp_size`, or dividing it: "
+          "each kv head then replicated), an equal part of the MLP (`intermediate`) and of the gated delta-net heads. "
+          "The check reads the node's dims as `--dims spec` builds them (their defaults included); the runtime "
+          "refused such a split only at start-up.",
  "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must "
           "hold at least one request of the pool's `max_seq_len` tokens (`kv_cache.max_seq_len` when given, else "
           "`max_seq_len`).",

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-from mstar.plan.dims import DecoderDims, DimsError
+from mstar.plan.dims import DecoderDims, DimsError, tp_split_problem
 
 Range = tuple[int, int]
 
@@ -64,7 +64,7 @@ class ShardLayout:
     node: str = "decoder"  # for messages only
 
     def __post_init__(self) -> None:
-        problem = _split_problem(self.dims, self.size)
+        problem = tp_split_problem(self.dims, self.size)
         if problem:
             raise TpError(f"node {self.node}: cannot split the model over {self.size} tensor-parallel ranks: "
                           f"{problem}")
@@ -174,21 +174,3 @@ class ShardLayout:
             pad[shard.axis] = missing
             out = torch.cat([out, out.new_zeros(pad)], dim=shard.axis)
         return out
-
-
-def _split_problem(d: DecoderDims, size: int) -> str:
-    """Why `d` cannot be split over `size` ranks ("" when it can)."""
-    if size < 1:
-        return "the group size must be at least 1"
-    if d.num_full_layers and d.num_qo_heads % size:
-        return f"qo_heads={d.num_qo_heads} is not a multiple of {size}"
-    kv = d.num_kv_heads
-    if d.num_full_layers and kv % size and size % kv:
-        return (f"kv_heads={kv}: each rank needs whole kv heads, so kv_heads must be a multiple of {size} "
-                f"(split) or divide it (each kv head replicated on {size} // kv_heads ranks)")
-    if d.intermediate % size:
-        return f"intermediate={d.intermediate} is not a multiple of {size}"
-    if d.has_linear_layers and (d.num_linear_heads % size or d.num_linear_value_heads % size):
-        return (f"the gated delta-net's {d.num_linear_heads} q/k heads and {d.num_linear_value_heads} value "
-                f"heads must both be multiples of {size}")
-    return ""
