@@ -12,6 +12,7 @@ as slices: each rank's tensors are its part of the one-process model, and no sha
 read whole. Without processes: the split rules, the refusals, and the plan's TP groups.
 """
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,17 @@ def _randomise(model):
         for name, param in model.named_parameters():
             if param.dim() >= 2:
                 param.normal_(0, param[0].numel() ** -0.5)
-            elif "norm" in name:
+            elif "norm" in name or name.endswith(".bias"):  # (transformers makes biases zero)
                 param.normal_(0, 0.1)
 
 
-def llama_checkpoint(path):
+def llama_checkpoint(path, has_biases=False):
+    """has_biases: `attention_bias` and `mlp_bias` (q/k/v and gate/up biases cut with their
+    columns; o_proj's and down_proj's held by rank 0 alone, the other ranks' zeros, so the
+    all-reduce adds them once)."""
     config = transformers.LlamaConfig(vocab_size=251, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2)
+                                      num_attention_heads=4, num_key_value_heads=2, attention_bias=has_biases,
+                                      mlp_bias=has_biases)
     torch.manual_seed(6)
     model = transformers.LlamaForCausalLM(config).eval()
     _randomise(model)
@@ -79,6 +84,7 @@ def qwen3_5_checkpoint(path):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     return {"llama_ckpt": (llm_plan(), llama_checkpoint(tmp_path_factory.mktemp("tp_llama"))),
+            "llama_bias_ckpt": (llm_plan(), llama_checkpoint(tmp_path_factory.mktemp("tp_llama_bias"), True)),
             "qwen3_5_ckpt": (hybrid_plan(), qwen3_5_checkpoint(tmp_path_factory.mktemp("tp_qwen3_5")))}
 
 
@@ -108,7 +114,7 @@ def test_each_rank_holds_about_half_the_parameter_bytes(tp2, name):
         assert 0.5 * whole <= tp2[rank][name + "/bytes"] <= 0.53 * whole
 
 
-@pytest.mark.parametrize("name", ["llama_ckpt", "qwen3_5_ckpt"])
+@pytest.mark.parametrize("name", ["llama_ckpt", "llama_bias_ckpt", "qwen3_5_ckpt"])
 def test_checkpoint_loads_as_slices(tp2, checkpoints, name):
     plan, path = checkpoints[name]
     engine = TorchEngine(plan, weights_dir=str(path))
@@ -141,22 +147,27 @@ def _numel(path, key):
 
 def test_shards_of_all_ranks_rebuild_every_parameter():
     """Rank parts put back together (cuts concatenated in head order, first-rank biases summed)
-    give each full tensor, for every parameter of both decoder styles and 1, 2 and 4 ranks."""
-    cases = [(llm_plan(dict(LLM_DIMS, kv_heads=4, qo_heads=8)), (1, 2, 4)), (hybrid_plan(), (1, 2))]
-    for plan, sizes in cases:
-        dims = decoder_dims(plan.nodes[0], "tiny")
+    give each full tensor, for every parameter of both decoder styles (Llama's with and without
+    its biases) and 1, 2 and 4 ranks."""
+    llama = decoder_dims(llm_plan(dict(LLM_DIMS, kv_heads=4, qo_heads=8)).nodes[0], "tiny")
+    cases = [(llama, (1, 2, 4)), (replace(llama, has_qkv_bias=True, has_o_bias=True, has_mlp_bias=True), (2, 4)),
+             (decoder_dims(hybrid_plan().nodes[0], "tiny"), (1, 2))]
+    kinds = set()
+    for dims, sizes in cases:
         for size in sizes:
             layouts = [ShardLayout(dims, rank, size) for rank in range(size)]
             for name, shape in full_shapes(layouts[0]).items():
                 full = torch.randn(shape)
                 parts = [layout.take(name, full, shape) for layout in layouts]
                 shard = layouts[0].shard_of(name)
+                kinds.add(shard.kind)
                 if shard.kind == "whole":
                     assert all(torch.equal(part, full) for part in parts), name
                 elif shard.kind == "first_rank":
                     assert torch.equal(sum(parts), full), name
                 else:
                     assert torch.equal(_unsplit(parts, layouts, name, shape), full), name
+    assert kinds == {"whole", "cut", "first_rank"}  # (no case had a first-rank bias before)
 
 
 def _unsplit(parts, layouts, name, shape):

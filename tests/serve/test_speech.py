@@ -19,7 +19,8 @@ from mstar.runtime.step import RowResult
 from serve_harness import ORPHEUS, Gate, make_service, post_json, running, write_tokenizer
 
 openai = pytest.importorskip("openai")
-httpx2 = pytest.importorskip("httpx2")  # the openai client's HTTP library
+import httpx2  # noqa: E402  (the openai client's HTTP library: pyproject's test extra)
+
 NUM_TOKENS = 42  # 28-token windows every 7 tokens: 3 windows, then a final partial one
 
 
