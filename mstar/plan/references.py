@@ -61,6 +61,8 @@ class _WalkIndices:
         for name, indices, size in (("call", then.calls, self.num_calls), ("join", then.joins, self.num_joins),
                                     ("loop", then.loops, self.num_loops)):
             yield from (f"{where}: {what} names {name} {i}, which the walk lacks" for i in indices if not 0 <= i < size)
+            # (a call started twice ran twice: the walk's state refused it mid-run, an internal error)
+            yield from (f"{where}: {what} names {name} {i} twice" for i, count in Counter(indices).items() if count > 1)
         target_size = {"join": self.num_joins, "loop_end": self.num_loops}.get(then.kind)
         if target_size is not None and (then.target is None or not 0 <= then.target < target_size):
             yield f"{where}: {what} ends {then.kind} {then.target}, which the walk lacks"

@@ -256,6 +256,8 @@ REFUSED = {
                                      "worker 0: placement 'LLM/ghost' names an unknown node or walk"),
     "placement of an unknown node": ("orpheus", lambda d: d["workers"][0]["placements"].append("ghost/decode"),
                                      "worker 0: placement 'ghost/decode' names an unknown node or walk"),
+    "a call started twice": ("llama", lambda d: d["walks"][0]["start"].__setitem__("calls", [0, 0]),
+                             "its start names call 0 twice"),
     # (no "/": the rank checks' split raised ValueError, an internal error from mstar run and mstarc)
     "placement without a walk": ("llama", lambda d: d["workers"][0]["placements"].__setitem__(0, "zz"),
                                  "worker 0: placement 'zz' names an unknown node or walk"),

@@ -107,6 +107,18 @@ def test_a_prompts_seed_past_64_bits_names_its_line(tmp_path, capsys, seed):
     assert "requests/s" not in text
 
 
+@pytest.mark.parametrize("engine", ["sim", "torch"])
+def test_a_prompts_stop_token_past_the_vocabulary_names_its_line(tmp_path, capsys, engine):
+    """The Python API refuses such a stop token id; a prompts line ran with it, on either engine."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2,
+                                   "stop_tokens": [5, 99999999999]}) + "\n")
+    status, text = _call(mstar_cli.main, ["run", "--plan", LLAMA, "--engine", engine, "--prompts", prompts,
+                                          "--no-progress"], capsys)
+    assert status == 1 and "p.jsonl:1: 'stop_tokens' holds token id 99999999999, outside the plan's vocabulary" \
+        in text, text
+
+
 def test_a_prompts_seed_at_the_64_bit_ends_runs(tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"s{i}", "prompt_tokens": [1, 2], "max_tokens": 2, "seed": seed})

@@ -47,3 +47,19 @@ def text_prompt_vocab(plan: Any) -> Optional[int]:
     vocabs = [node.dims.get("vocab") for node in plan.nodes if takes_text_prompt(node)]
     known = [v for v in vocabs if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     return min(known) if known else None
+
+def stop_vocab(plan: Any) -> Optional[int]:
+    """The largest vocabulary of the plan's kv nodes (a stop token id must be below it), None when
+    none states one."""
+    vocabs = [v for node in plan.nodes if node.engine == "kv"
+              for v in [node.dims.get("vocab")] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return max(vocabs) if vocabs else None
+
+
+def stop_token_problem(vocab: Optional[int], stop_token_ids: Any, field: str) -> Optional[str]:
+    """A stop token id no kv node of the plan can sample (`field`: the name the caller's input
+    gives the list), else None."""
+    bad = next((t for t in stop_token_ids if vocab is not None and t >= vocab), None)
+    if bad is None:
+        return None
+    return f"{field} holds token id {bad}, outside the plan's vocabulary [0, {vocab})"

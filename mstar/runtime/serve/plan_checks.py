@@ -20,7 +20,9 @@ from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
 from mstar.runtime.engine.models.kinds import call_table, prompt_logprob_calls
-from mstar.runtime.engine.prompt_limits import logit_bias_problem, prompt_limit_problem, takes_text_prompt
+from mstar.runtime.engine.prompt_limits import (
+    logit_bias_problem, prompt_limit_problem, stop_token_problem, stop_vocab, takes_text_prompt,
+)
 from mstar.runtime.serve.workload import route_name_problem, route_names, starting_partitions
 
 
@@ -46,9 +48,7 @@ class PlanChecks:
         self.prompt_vocabs = [(node.name, node.dims.get("vocab", 0)) for node in plan.nodes
                               if node.engine == "kv" and takes_text_prompt(node)]
         # the largest vocabulary of a kv node: a stop id at or past it is no token any node samples
-        vocabs = [v for node in plan.nodes if node.engine == "kv"
-                  for v in [node.dims.get("vocab")] if isinstance(v, int) and not isinstance(v, bool) and v > 0]
-        self.stop_vocab: Optional[int] = max(vocabs) if vocabs else None
+        self.stop_vocab: Optional[int] = stop_vocab(plan)
         self.partitions = {part.name: part for part in plan.partitions}
         self.route_names = route_names(plan)  # {partition: the walks of its stages}
         self.starters = starting_partitions(plan)  # the partitions a request starts (not from streams)
@@ -73,11 +73,7 @@ class PlanChecks:
         return excess_tokens_problem("max_tokens", max_tokens, self.most_tokens)
 
     def stop_problem(self, stop_token_ids: list[int]) -> Optional[str]:
-        vocab = self.stop_vocab
-        bad = next((t for t in stop_token_ids if vocab is not None and t >= vocab), None)
-        if bad is None:
-            return None
-        return f"stop_token_ids holds token id {bad}, outside the plan's vocabulary [0, {vocab})"
+        return stop_token_problem(self.stop_vocab, stop_token_ids, "stop_token_ids")
 
     def logit_bias_problem(self, pairs: list[tuple[int, float]]) -> Optional[str]:
         """A biased token id outside a text prompt node's vocabulary (the engines refused it at
@@ -112,3 +108,4 @@ class PlanChecks:
 
     def guidance_problem(self, guidance: dict[str, float]) -> Optional[str]:
         return unknown_label_problem(self.plan, guidance)
+

@@ -59,6 +59,7 @@ from mstar.plan.request_fields import LINE_FIELDS
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.prompt_limits import stop_token_problem, stop_vocab
 from mstar.runtime.step import MAX_LOGPROBS, OUTPUT_PENALTY_RANGE, SEED_RANGE, sampling_range_problem
 
 ARRIVALS = ("poisson", "staggered", "closed")
@@ -538,12 +539,14 @@ def _logprobs(obj: dict, where: str, name: str = "logprobs", beside: str = "each
 
 def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = None) -> Optional[str]:
     """A request's guidance label the plan does not declare (the torch engine's admission check;
-    the sim ran it, exit 0) or loop count the plan does not take (a name no loop counts by, or a
-    count past its loop's max: the conductor's admission check), else None. `counts`: the plan's
-    `LoopCounts`, built once per file."""
+    the sim ran it, exit 0), loop count the plan does not take (a name no loop counts by, or a
+    count past its loop's max: the conductor's admission check) or stop token id no kv node can
+    sample, else None. `counts`: the plan's `LoopCounts`, built once per file."""
     problem = unknown_label_problem(plan, request.guidance)
     if problem is None and request.loop_counts:
         problem = (counts or LoopCounts(plan)).problem(request.loop_counts)
+    if problem is None and request.stop_tokens:  # (the Python API refuses it; the file's line ran)
+        problem = stop_token_problem(stop_vocab(plan), request.stop_tokens, "'stop_tokens'")
     return problem
 
 
