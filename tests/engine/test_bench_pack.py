@@ -35,3 +35,25 @@ def test_host_pack_refuses_a_plan_whose_steps_are_not_its_cases(capsys):
     err = capsys.readouterr().err
     assert "node decoder's steps are not the decode and prompt steps this bench packs" in err
     assert "Traceback" not in err
+
+
+def test_host_pack_refuses_a_hybrid_decoder(capsys):
+    """Qwen3.5's steps are packed by numpy alone on the GPU: the bench printed a glue column and a
+    ratio of a path the engine never takes for it (a bench audit)."""
+    assert main(["bench", "engine", "--host-pack", "--plan", "generated/qwen3_5.plan", "--iters", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "hybrid decoder, whose steps the engine packs with numpy only" in captured.err and captured.out == ""
+
+
+def test_the_engine_benchs_attention_share_counts_the_attention_kernels():
+    """`mstar bench engine`'s attention share: the Triton splits' merge kernel was left out (it
+    named neither "prefill" nor "decode") and the gated delta-net's recurrence counted in (a bench audit)."""
+    from mstar.runtime.engine.gpu.bench import is_attention_kernel
+
+    attention = ["_decode_split_kernel", "_prefill_kernel", "_merge_kernel",
+                 "void flashinfer::BatchPrefillWithPagedKVCacheKernel<...>",
+                 "void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>",
+                 "void flashinfer::PersistentVariableLengthMergeStatesKernel<...>"]
+    others = ["_decode_step_kernel", "_recurrent_step_kernel", "_add_rmsnorm_kernel", "_rope_write_kv_kernel",
+              "sm90_xmma_gemm_bf16bf16_bf16f32", "_pack_step_llm_mixed_kernel"]
+    assert all(map(is_attention_kernel, attention)) and not any(map(is_attention_kernel, others))

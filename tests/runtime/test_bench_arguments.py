@@ -27,6 +27,9 @@ from mstar.cli.mstarc import main as mstarc_main
     # each ran for ever on any machine (--host-pack needs no GPU)
     (["bench", "engine", "--host-pack", "--iters", "1000000000000"], "argument --iters: must be between 1 and 100000"),
     (["bench", "attention", "--context", "10000000000"], "argument --context: must be between 1 and 1048576"),
+    # --decode's options without it were ignored, and its --iters past 100 cut to 100, unsaid (a bench audit)
+    (["bench", "attention", "--context", "512", "--spread"], "--context, --spread: options of --decode, which was"),
+    (["bench", "attention", "--decode", "--iters", "500"], "--decode: --iters is at most 100 graph replays, got 500"),
 ])
 def test_an_option_out_of_range_is_one_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:

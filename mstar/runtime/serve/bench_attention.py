@@ -99,22 +99,32 @@ def run(iters: int, head_dim: int, qo_heads: int, kv_heads: int) -> dict:
     }
 
 
+MAX_DECODE_REPLAYS = 100
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="mstar bench attention", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object and nothing else")
-    parser.add_argument("--iters", type=ITERS, default=200, help="timed FlashInfer calls (torch: a tenth)")
+    parser.add_argument("--iters", type=ITERS, help="timed FlashInfer calls (torch: a tenth; default 200); --decode: "
+                                                    "graph replays, at most 100 (the default)")
     parser.add_argument("--head-dim", type=int_range(64, 256), default=128, choices=(64, 128, 256))
     parser.add_argument("--qo-heads", type=int_range(1, 256), default=32)
     parser.add_argument("--kv-heads", type=int_range(1, 256), default=8)
     parser.add_argument("--decode", action="store_true",
                         help="the decode graphs' attention: the Triton decode kernel against FlashInfer's, at 1 to "
                              "64 rows (--iters: graph replays)")
-    parser.add_argument("--context", type=int_range(1, 1 << 20), default=1024, help="--decode: positions a row")
+    parser.add_argument("--context", type=int_range(1, 1 << 20), help="--decode: positions a row (default 1024)")
     parser.add_argument("--spread", action="store_true",
                         help="--decode: rows of unequal length, a quarter of --context to four times it")
     parser.add_argument("--split-what-ifs", action="store_true",
                         help="--decode: also time the Triton kernel at half and twice the graph's split count")
     args = parser.parse_args(argv)
+    decode_only = [flag for flag, given in (("--context", args.context is not None), ("--spread", args.spread),
+                                            ("--split-what-ifs", args.split_what_ifs)) if given]
+    if decode_only and not args.decode:  # (they were accepted and ignored)
+        parser.error(f"{', '.join(decode_only)}: options of --decode, which was not given")
+    if args.decode and args.iters is not None and args.iters > MAX_DECODE_REPLAYS:  # (it was cut to 100 unsaid)
+        parser.error(f"--decode: --iters is at most {MAX_DECODE_REPLAYS} graph replays, got {args.iters}")
     if args.qo_heads % args.kv_heads:
         parser.error(f"--qo-heads ({args.qo_heads}) must be a multiple of --kv-heads ({args.kv_heads})")
     from mstar.runtime.engine.attention.flashinfer_paged import unavailable_reason
@@ -126,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     if args.decode:
         return _decode(args)
-    result = run(args.iters, args.head_dim, args.qo_heads, args.kv_heads)
+    result = run(args.iters or 200, args.head_dim, args.qo_heads, args.kv_heads)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
@@ -148,7 +158,8 @@ def _decode(args: argparse.Namespace) -> int:
         print(f"mstar bench attention --decode: the Triton decode kernel does not serve {heads[0]}/{heads[1]} heads "
               f"x {heads[2]} (decode_attention.supports)", file=sys.stderr)
         return 1
-    result = bench_decode_attention.run(min(args.iters, 100), args.context, heads, args.spread, args.split_what_ifs)
+    result = bench_decode_attention.run(args.iters or MAX_DECODE_REPLAYS, args.context or 1024, heads, args.spread,
+                                        args.split_what_ifs)
     print(json.dumps(result, sort_keys=True) if args.json else bench_decode_attention.table(result))
     return 0
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from mstar.arg_types import ITERS, int_range, path_arg, shown_path
-from mstar.plan.dims import DecoderDims
+from mstar.plan.dims import DecoderDims, decoder_dims
 from mstar.runtime.engine.glue_reference import KeyGlue
 from mstar.runtime.engine.gpu import decode_attention, graph_what_ifs, launch_probe
 from mstar.runtime.engine.gpu.attention import DECODE_KERNELS
@@ -277,7 +277,6 @@ def build(plan, node, decode_kernel="auto", glue=None, shared=None) -> tuple:
     """glue: a KeyGlue to pack with (the executor's `bench_glue`), None for the numpy packing.
     shared: (dims, model, kv) of an executor built before: a second executor over the same model
     and pages (the numpy variant)."""
-    from mstar.plan.dims import decoder_dims
     from mstar.runtime.engine.gpu.device_model import build_decoder
     from mstar.runtime.engine.gpu.forward import DecoderForward, PagedKv
     from mstar.runtime.engine.gpu.runner import decode_family, packed_families
@@ -434,10 +433,19 @@ def _packed_steps(out: dict, plan, node, executor, page_size: int, iters: int, s
                                                                     bucket[:2] + ("packed",)), 3)
 
 
+def is_attention_kernel(name: str) -> bool:
+    """Whether a profiled kernel is attention: FlashInfer's prefill, decode and merge-states
+    kernels, and the Triton ones that run by default (`_decode_split_kernel`, `_prefill_kernel`
+    and their splits' `_merge_kernel`, which the words "prefill" and "decode" missed), not the
+    gated delta-net's recurrence (`_decode_step_kernel`, which "decode" counted)."""
+    lowered = name.lower()
+    return lowered != "_decode_step_kernel" and any(word in lowered for word in ("prefill", "decode", "merge"))
+
+
 def _kernel_ms(step: Callable[[], object], num_steps: int = 5) -> tuple[float, float]:
     """(all kernels, attention kernels) in device ms per step, summed over each step's kernels
     under the torch profiler (so not wall time: gaps between kernels are not in it). Attention
-    kernels are FlashInfer's prefill and decode kernels, told by their names."""
+    kernels are told by their names (`is_attention_kernel`)."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -448,7 +456,7 @@ def _kernel_ms(step: Callable[[], object], num_steps: int = 5) -> tuple[float, f
         torch.cuda.synchronize()
     events = prof.key_averages()
     total = sum(e.self_device_time_total for e in events)
-    attention = sum(e.self_device_time_total for e in events if "prefill" in e.key.lower() or "decode" in e.key.lower())
+    attention = sum(e.self_device_time_total for e in events if is_attention_kernel(e.key))
     return total / num_steps / 1e3, attention / num_steps / 1e3
 
 
@@ -681,6 +689,11 @@ def _host_pack(args: argparse.Namespace) -> int:
     glue = bench_glue(glue_module, node)
     if glue is None:
         print(f"mstar bench engine: {shown_path(args.plan)} has no kv node with generated glue", file=sys.stderr)
+        return 1
+    if decoder_dims(node, "spec").has_linear_layers:  # (the figures were of a path that never runs)
+        print(f"mstar bench engine: --host-pack: node {node.name} is a hybrid decoder, whose steps the engine packs "
+              "with numpy only (its linear layers read that layout: build's rule), so there is no glue packing "
+              "to compare", file=sys.stderr)
         return 1
     try:
         result = bench_pack.host_pack(glue, args.iters)

@@ -120,11 +120,15 @@ def run(shapes: list[ProductShape], rows: Sequence[int], iters: int, device: Opt
         measured.append({"roles": list(shape.roles), "in": shape.in_features, "out": shape.out_features,
                          "per_step": shape.per_step, "floor_us": round(shape.weight_bytes / rate * 1e6, 3),
                          "rows": cases})
-    # a step's sum in each variant; a product the skinny kernel does not take (the LM head, more rows
-    # than it holds) counts at cuBLAS's [in, out] time there, as the engine runs it
+    # a step's sum in each variant; a product the skinny kernel does not take counts there as the
+    # engine runs it: the LM head on the modules' [out, in] (F.linear; it was counted at the [in, out]
+    # time), a product of more rows than the kernel holds at cuBLAS's [in, out] time
+    def fallback(m: dict, case: dict) -> float:
+        return case["module_us"] if "lm_head" in m["roles"] else case["stored_us"]
+
     def step_sum(rows_key: str, layout: str) -> float:
-        cases = [(m["per_step"], m["rows"][rows_key]) for m in measured]
-        return round(sum(count * case.get(f"{layout}_us", case["stored_us"]) for count, case in cases), 1)
+        cases = [(m["per_step"], m, m["rows"][rows_key]) for m in measured]
+        return round(sum(count * case.get(f"{layout}_us", fallback(m, case)) for count, m, case in cases), 1)
 
     step = {str(r): {layout: step_sum(str(r), layout) for layout in LAYOUTS} for r in rows}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)

@@ -118,7 +118,7 @@ def _beside_the_draw(logits: torch.Tensor, iters: int, device: torch.device) -> 
             request.sampled["LLM"].append(request.history["LLM"][-1])
             request.history["LLM"].append(request.sampled["LLM"][-1])
         penalised = penalty_table.rows([(row, request, ()) for row, request in enumerate(requests)], "LLM")
-        return penalise(logits.float(), penalised, penalty_table, is_fused=is_fused)
+        return penalise(logits, penalised, penalty_table, is_fused=is_fused)  # (bf16, as the executor passes them)
 
     tokens = logits.argmax(-1)
     figures = {"penalise_torch_us": round(_timed_us(partial(step, PenaltyTable(device), False), iters, device), 2)}
