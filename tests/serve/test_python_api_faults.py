@@ -224,6 +224,61 @@ def test_close_with_a_timeout_frees_the_pages_of_what_it_cut():
     assert all(in_use == 0 for in_use, _ in engine.kv_pages().values())
 
 
+def test_close_during_a_step_past_its_grace_frees_the_pages_once_the_step_returns():
+    """A step that outlasts close's timeout and grace: close answers the client at once and the
+    run loop's thread, once the step returns, ends the request in the conductor (the engine kept
+    the request and its pages for good: a concurrency audit)."""
+    llm = LLM(LLAMA, engine="sim", sim_pace=100.0)  # a 6,000-token prefill takes seconds of wall time
+    engine = llm.engine
+    outputs: list = []
+    worker = threading.Thread(target=lambda: outputs.extend(llm.generate([7] * 6000, SamplingParams(max_tokens=4))))
+    worker.start()
+    assert wait_until(lambda: any(in_use for in_use, _ in engine.kv_pages().values()))
+    llm.close(0.1)
+    worker.join(30)
+    assert outputs[0].finish_reason == "error: the server stopped while a step was still running"
+    llm.loop._thread.join(60)  # the step returns; the thread ends what close cut off
+    assert not llm.loop._thread.is_alive()
+    assert all(in_use == 0 for in_use, _ in engine.kv_pages().values())
+    assert not engine.inner.requests
+
+
+def test_streams_of_threads_on_their_own_event_loops_register_their_loops_at_once():
+    """Each thread's `asyncio.run` is a new event loop: registering one swept the closed loops while
+    another thread added its own ("dictionary changed size during iteration", one stream in a few
+    thousand; here forced by a loop whose `is_closed` is slow)."""
+    import time
+
+    class SlowLoop(asyncio.SelectorEventLoop):
+        def is_closed(self):
+            time.sleep(0.05)
+            return super().is_closed()
+
+    async def one(llm):
+        async for _ in llm.stream([1, 2, 3], SamplingParams(max_tokens=1)):
+            pass
+
+    with LLM(LLAMA, engine="sim") as llm:
+        slow = SlowLoop()
+        slow.run_until_complete(one(llm))  # registered, and left open
+        errors: list = []
+
+        def run_one():
+            try:
+                asyncio.run(one(llm))
+            except RuntimeError as error:
+                errors.append(str(error))
+
+        threads = [threading.Thread(target=run_one) for _ in range(2)]
+        threads[0].start()
+        time.sleep(0.01)
+        threads[1].start()
+        for thread in threads:
+            thread.join(30)
+        slow.close()
+        assert errors == []
+
+
 @pytest.mark.parametrize("plan, prompt", [("whisper", []), ("qwen3_asr", [151676])])  # its audio placeholder
 def test_a_plan_that_transcribes_refuses_a_request_without_audio(plan, prompt):
     with LLM(str(ROOT / "generated" / f"{plan}.plan"), engine="sim") as llm:

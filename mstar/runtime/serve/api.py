@@ -246,6 +246,9 @@ class LLM:
         self._used_lock = threading.Lock()
         self._room = threading.Condition()  # notified when a request of this LLM ends (generate waits on it)
         self._handoffs: dict[asyncio.AbstractEventLoop, _Handoff] = {}
+        # streams of several threads, each on its own event loop, register their loops at once (one
+        # thread's sweep of closed loops raised "dictionary changed size during iteration")
+        self._handoffs_lock = threading.Lock()
         # The prompt media the default route takes (a request without them is refused, _check_media).
         self.default_media = default_route_media(self.plan)
         # The prompt media any route takes, and whether its audio is a waveform (media_values.py)
@@ -544,12 +547,13 @@ class LLM:
                 self._used.pop(id(request), None)
 
     def _handoff(self, event_loop: asyncio.AbstractEventLoop) -> _Handoff:
-        handoff = self._handoffs.get(event_loop)
-        if handoff is None:
-            for closed in [loop for loop in self._handoffs if loop.is_closed()]:
-                self._handoffs.pop(closed, None)
-            handoff = self._handoffs[event_loop] = _Handoff(event_loop)
-        return handoff
+        with self._handoffs_lock:
+            handoff = self._handoffs.get(event_loop)
+            if handoff is None:
+                for closed in [loop for loop in self._handoffs if loop.is_closed()]:
+                    self._handoffs.pop(closed, None)
+                handoff = self._handoffs[event_loop] = _Handoff(event_loop)
+            return handoff
 
     async def stream(self, prompt: Union[Prompt, Request],
                      sampling: Optional[SamplingParams] = None) -> AsyncIterator[Delta]:

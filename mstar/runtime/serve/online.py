@@ -257,8 +257,11 @@ class OnlineLoop:
         for request_id, item in list(self._tracked.items()):
             if self._tracked.pop(request_id, None) is not None:
                 self._answer_unrun(item.request, item.deliver, reason)
-        while self._inbox:
-            kind, payload = self._inbox.popleft()
+        while True:
+            try:  # (two closes at once, mstar serve's and its shutdown's, empty the inbox together)
+                kind, payload = self._inbox.popleft()
+            except IndexError:
+                break
             if kind == "submit":
                 self._num_taken += 1
                 request, deliver, _ = payload
@@ -322,6 +325,14 @@ class OnlineLoop:
         except BaseException as error:  # a bug: every waiting client gets an answer, none hangs
             self.error = f"error: the run loop failed ({type(error).__name__}: {error})"
             self._fail_all(self.error)
+            return
+        if self.driver.is_stopped:
+            # `close` stopped the driver; where a step outlasted its grace, close answered the
+            # clients and left the conductor to this thread, which owns the engine: the requests
+            # cut off are ended here once the step has returned (their KV pages stayed held in an
+            # engine the caller may use again). After a step that returned in time, close's own
+            # `_fail_all` finds nothing left.
+            self._end_in_conductor("error: the server stopped before the request finished")
 
     def _on_step(self, launch: Launch) -> None:
         step = launch.step
