@@ -24,7 +24,8 @@ def plan_path(tmp_path_factory):
         second = llm.generate([PROMPT], SamplingParams(max_tokens=2))[0].token_ids[1]
     folder = tmp_path_factory.mktemp("stops")
     spec = folder / "llama.mw"
-    spec.write_text((ROOT / "specs" / "llama.mw").read_text().replace("stop_tokens=[128001, 128008, 128009]", f"stop_token={second}"))
+    text = (ROOT / "specs" / "llama.mw").read_text()
+    spec.write_text(text.replace("stop_tokens=[128001, 128008, 128009]", f"stop_token={second}"))
     return str(compiled(spec, ROOT / "configs" / "llama.yaml", folder)), second
 
 

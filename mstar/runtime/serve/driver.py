@@ -224,6 +224,9 @@ class Driver:
         # Python's collector runs where the device is busy (AutomaticPasses: where it falls)
         self.collector: PassesWhenBusy | AutomaticPasses = PassesWhenBusy()
         self._collected_s = 0.0  # the collector's passes since the log's last step
+        # on_finish's time inside a step's post-process (mstar run's outputs.jsonl and media
+        # writes): the caller's, not the post-process's (`--out` doubled its p90)
+        self._callback_s = 0.0
         self._seq = 0
 
     # ------------------------------------------------------------ conductor outputs
@@ -268,7 +271,9 @@ class Driver:
             for scheduler in self.schedulers.values():
                 scheduler.wake_holds()
         if ended and self.on_finish is not None:
+            began = time.perf_counter()
             self.on_finish(ended)
+            self._callback_s += time.perf_counter() - began
 
     # ------------------------------------------------------------ steps
 
@@ -403,6 +408,7 @@ class Driver:
 
     def _postprocess(self, launch: Launch) -> None:
         started = time.perf_counter()
+        self._callback_s = 0.0
         self._busy.discard(launch.worker)
         assert launch.step is not None
         if len(launch.result.allocation_failed) < len(launch.step.rows):
@@ -415,7 +421,7 @@ class Driver:
             self._fail_step(launch.worker, [row.request_id for row in launch.step.rows],
                             f"the step's results could not be applied: {_said(error)}")
         self._drain()
-        self.log.add(launch, time.perf_counter() - started, self.clock(), self._collected_s)
+        self.log.add(launch, time.perf_counter() - started - self._callback_s, self.clock(), self._collected_s)
         self._collected_s = 0.0
         if self.on_step is not None:
             self.conductor.sync_lanes()  # the records hold the step's tokens for the callback

@@ -99,10 +99,12 @@ def _of_leaders(values: list[float], is_follower: list[bool]) -> list[float]:
 
 
 def _composition(log: StepLog) -> dict[str, dict[str, Any]]:
-    """Per scheduling key: its steps (TP follower copies left out), mean rows, mean rows per walk."""
+    """Per scheduling key: its steps that ran a row (TP follower copies left out, and steps whose
+    every row was short of memory: `num_oom_steps` counts them; they pulled the mean down), mean
+    rows, mean rows per walk."""
     composition: dict[str, dict[str, Any]] = {}
     for key, num_rows, walk_rows, is_follower in zip(log.key, log.num_rows, log.walk_rows, log.is_follower):
-        if is_follower:
+        if is_follower or not num_rows:
             continue
         entry = composition.setdefault(key, {"steps": 0, "rows": 0, "walk_rows": Counter()})
         entry["steps"] += 1
@@ -126,9 +128,11 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
     # The finished requests' tokens: an interrupted run's unfinished ones are not in its outputs,
     # and their tokens came after `end`.
     num_tokens = sum(r.num_output_tokens for r in finished)
-    ttfts = (r.first_token_s - r.arrival_s for r in records if r.first_token_s is not None)
+    # Latencies of the finished requests too: an interrupted run's report gave them over requests
+    # its outputs.jsonl does not hold.
+    ttfts = (r.first_token_s - r.arrival_s for r in finished if r.first_token_s is not None)
     gaps: list[float] = []
-    for record in records:
+    for record in finished:
         times = record.token_times_s
         gaps.extend(b - a for a, b in zip(times, times[1:]))
     composition = _composition(log)

@@ -47,9 +47,10 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     import matplotlib.pyplot as plt
 
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    # (a step whose every row was short of memory ran none: it pulled its key's mean rows down)
     steps = [(start - origin_s, end - origin_s, key, rows)
              for start, end, key, rows, follows in zip(log.start_s, log.end_s, log.key, log.walk_rows, log.is_follower)
-             if not follows]
+             if not follows and rows]
     series = sorted({(key, walk) for _, _, key, rows in steps for walk in rows})
     if series:
         centers, means = _binned(steps, series)
