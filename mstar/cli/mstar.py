@@ -63,6 +63,9 @@ class CliError(Exception):
     """A user-facing failure: printed as `mstar: error: <message>`, exit 1."""
 
 
+DEFAULT_RATE = 100.0  # mstar run --rate: requests/s of a poisson or staggered workload
+
+
 def _run_parser(sub: Any) -> None:
     run = sub.add_parser("run", help="run a compiled plan on a workload and print its metrics",
                          description="Run a compiled plan on a generated workload or a prompts file.")
@@ -76,8 +79,8 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--prompt-len", default="8..32", help="prompt length range A..B (default 8..32)")
     run.add_argument("--output-len", default="32..64", help="max output tokens range A..B (default 32..64)")
     run.add_argument("--arrival", choices=ARRIVALS, default="closed", help="arrival process (default closed)")
-    run.add_argument("--rate", type=float_range(0, MAX_RATE, is_low_open=True), default=100.0,
-                     help=f"requests/s for poisson and staggered, in (0, {MAX_RATE:g}] (default 100)")
+    run.add_argument("--rate", type=float_range(0, MAX_RATE, is_low_open=True),
+                     help=f"requests/s for poisson and staggered, in (0, {MAX_RATE:g}] (default {DEFAULT_RATE:g})")
     run.add_argument("--seed", type=int_range(-SEED_BOUND, SEED_BOUND), default=0,
                      help="workload and engine seed (default 0; within +-2**43: request i's seed is "
                           "seed x 1000003 + i, a 64-bit integer)")
@@ -238,7 +241,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
                 max_seq_len=max_request_tokens(plan),  # as the server bounds them
                 arrival=args.arrival,
                 concurrency=args.concurrency,
-                rate=args.rate,
+                rate=DEFAULT_RATE if args.rate is None else args.rate,
                 seed=args.seed,
             )
     except WorkloadError as error:
@@ -606,6 +609,10 @@ def _serve_rank(args: argparse.Namespace, plan: Any) -> int:
 
 def _run(args: argparse.Namespace, signals: _Signals) -> int:
     _check_paths_given(args)
+    if args.rate is not None and (args.prompts or args.arrival == "closed"):  # (it was ignored, exit 0)
+        raise CliError("--rate sets the arrivals of --arrival poisson or staggered; this run's are "
+                       + ("the prompts file's" if args.prompts else "closed (the default: each client sends its next "
+                                                                    "request when its last ends)"))
     plan = _load_plan(args.plan)
     mode = _ranks_mode(args, plan)
     if mode == "inproc" and args.rank_timeout is not None:  # (it was ignored)

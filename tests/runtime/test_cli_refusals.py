@@ -46,6 +46,8 @@ def _error(capsys) -> str:
     (["run", "--plan", LLAMA, "--engine", "sim", "--dims", "spec"], "--dims chooses the torch engine's model"),
     # no rank process to wait for: it was ignored
     (["run", "--plan", ORPHEUS_TP2, "--engine", "sim", "--rank-timeout", "3"], "--rank-timeout bounds the wait"),
+    # closed arrivals (the default) or a prompts file: --rate was ignored, exit 0 (a report audit)
+    (["run", "--plan", LLAMA, "--engine", "sim", "--rate", "5"], "--rate sets the arrivals of --arrival poisson"),
     (["run", "--plan", LLAMA, "--requests", "2", "--rank-timeout", "3"], "this run has none"),
     # a generated workload has no audio: every request failed on the torch engine
     (["run", "--plan", str(ROOT / "generated" / "qwen3_asr.plan"), "--requests", "2"],
