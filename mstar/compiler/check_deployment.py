@@ -33,6 +33,7 @@ from typing import Any, Mapping, Optional
 from mstar.compiler import codes
 from mstar.compiler.chunking import offload_host_pages
 from mstar.compiler.memory_bounds import MAX_NODE_BYTES, format_bytes, kv_pool_bytes, recurrent_slot_bytes
+from mstar.compiler.node_decl import arg_values, recurrent_state
 from mstar.compiler.deployment import Deployment, NodeGroup
 from mstar.compiler.resolve import iter_calls, suggestion, walk_nodes
 from mstar.lang import ast
@@ -121,7 +122,7 @@ def _check_groups(deployment: Deployment, nodes: dict[str, ast.NodeDecl], diags:
                                 f"{key} {getattr(group, key)} for node {name}, which is not marked `tp`",
                                 group.item_span("node_names", i), Note("the node", node.span))
                 elif node is not None and node.engine == "kv" and group.tp_size > 1:
-                    _check_tp_split(node, group, diags)
+                    _check_tp_split(node, group, deployment, diags)
 
 
 @dataclass(frozen=True)
@@ -132,27 +133,19 @@ class _Declared:
     recurrent: Optional[RecurrentState]
 
 
-def _spec_dims(node: ast.NodeDecl) -> Optional[DecoderDims]:
-    """The decoder dims the runtime builds a kv node at (`--dims spec`); None where its arguments
-    are bad (check_args says why)."""
-    args = {a.name: a.value for a in node.args}
-    state = next((s for s in node.states if s.kind == "recurrent"), None)
+def _spec_dims(node: ast.NodeDecl, deployment: Deployment) -> Optional[DecoderDims]:
+    """The decoder dims the runtime builds a kv node at (`--dims spec`), from the values lowering
+    puts in its plan (node_decl.py); None where its arguments are bad (check_args says why)."""
     try:
-        recurrent = None
-        if state is not None:
-            values = {a.name: a.value for a in state.args}
-            recurrent = RecurrentState.model_validate({
-                "num_layers": values.get("layers", 0), "num_heads": values.get("heads", 0),
-                "key_dim": values.get("key_dim", 0), "value_dim": values.get("value_dim", 0), "num_slots": 1})
-        return decoder_dims(_Declared(node.name, args, recurrent), "spec")
+        return decoder_dims(_Declared(node.name, arg_values(node.args), recurrent_state(node, deployment)), "spec")
     except (DimsError, ValueError, TypeError):  # (pydantic's ValidationError is a ValueError)
         return None
 
 
-def _check_tp_split(node: ast.NodeDecl, group: NodeGroup, diags: Diagnostics) -> None:
+def _check_tp_split(node: ast.NodeDecl, group: NodeGroup, deployment: Deployment, diags: Diagnostics) -> None:
     """MW326: the runtime shards a kv node's heads and widths over its TP group and refuses at
     start-up what does not divide (qo_heads=32 over tp_size 3 passed mstarc)."""
-    dims = _spec_dims(node)
+    dims = _spec_dims(node, deployment)
     problem = tp_split_problem(dims, group.tp_size) if dims is not None else ""
     if problem:
         diags.error(codes.TP_SPLIT_IMPOSSIBLE, f"tp_size {group.tp_size} cannot split node {node.name}: {problem}",

@@ -35,6 +35,7 @@ from mstar.compiler.deployment import Deployment
 from mstar.compiler.lower_tables import lower_walk_tables
 from mstar.compiler.lower_walks import lower_partitions, lower_walks
 from mstar.compiler.lower_workers import lower_workers
+from mstar.compiler.node_decl import arg_values, recurrent_state
 from mstar.lang import ast
 from mstar.plan.instances import call_instances
 from mstar.plan.schema import (
@@ -49,29 +50,8 @@ from mstar.plan.schema import (
     OutputPlan,
     Plan,
     PromptFormatPlan,
-    RecurrentState,
     SubModelPlan,
 )
-
-
-def _args(args: list[ast.Arg]) -> dict:
-    return {a.name: (list(a.value) if isinstance(a.value, list) else a.value) for a in args}
-
-
-def _recurrent(node: ast.NodeDecl, deployment: Deployment) -> RecurrentState | None:
-    for state in node.states:
-        if state.kind != "recurrent":
-            continue
-        args = _args(state.args)
-        num_requests = deployment.recurrent_slots()
-        return RecurrentState(
-            num_layers=int(args.get("layers", 0)),
-            num_heads=int(args.get("heads", 0)),
-            key_dim=int(args.get("key_dim", 0)),
-            value_dim=int(args.get("value_dim", 0)),
-            num_slots=num_requests + 1,
-        )
-    return None
 
 
 def _kv_access(spec: ast.Spec, node: ast.NodeDecl, labels: list[str]) -> list[KvAccessPlan]:
@@ -111,7 +91,7 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
         kind = model_kind(node)
         # check_roles refused a node without a model kind or an input without a role
         assert kind is not None and all(i.role is not None for i in node.inputs)
-        args = _args(node.args)
+        args = arg_values(node.args)
         labels = list(node.kv_sequences.labels) if node.kv_sequences else [DEFAULT_KV_SEQUENCE]
         nodes.append(
             NodePlan(
@@ -125,7 +105,7 @@ def lower_nodes(spec: ast.Spec, deployment) -> list[NodePlan]:
                           for c in node.cross_kv],
                 guidance=[GuidancePlan(label=g.label, drops=g.drops, scale=g.scale) for g in node.guidance],
                 bidirectional_walks=sorted(set(node.bidirectional.walks)) if node.bidirectional else [],
-                recurrent=_recurrent(node, deployment),
+                recurrent=recurrent_state(node, deployment),
                 submodels=[SubModelPlan(name=sub.name, dims=dict(sorted((a.name, a.value) for a in sub.args)),
                                         walks=sorted(set(sub.walks)), samples=sub.samples, depth=sub.depth)
                            for sub in node.submodels],
