@@ -24,7 +24,7 @@ Field names and meanings follow OpenAI's API; extensions (documented in docs/ser
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Sequence, Union, cast
+from typing import Any, Iterable, Literal, Optional, Sequence, Union, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -283,14 +283,19 @@ class TokenizeBody(BaseModel):
                                 "special tokens included", param="add_special_tokens")
         fields = dict(self.model_extra or {})
         takes = format_fields if self.prompt is not None else []
-        for name in fields:
-            if name not in takes:
-                beside = f"{', '.join(takes)} beside prompt" if takes else "no field beside prompt or messages"
-                raise ApiError(400, f"{shown_text(name, 100)} is not supported: /tokenize takes {beside}",
-                               param=shown_text(name, 100))
+        _refuse_other_fields(fields, takes, "/tokenize takes " + (f"{', '.join(takes)} beside prompt" if takes
+                                                                 else "no field beside prompt or messages"))
         if self.messages is not None:
             return {"messages": [_flat_message(m) for m in self.messages]}
         return {**fields, "prompt": self.prompt} if fields else cast(str, self.prompt)
+
+
+def _refuse_other_fields(fields: Iterable[str], takes: Sequence[str], says: str) -> None:
+    """A 400 naming (in `param`) the first of a body's `fields` that is not one of the plan's
+    prompt format fields it `takes`; `says`: what the endpoint takes instead."""
+    for name in fields:
+        if name not in takes:
+            raise ApiError(400, f"{shown_text(name, 100)} is not supported: {says}", param=shown_text(name, 100))
 
 
 class DetokenizeBody(BaseModel):
@@ -359,12 +364,9 @@ class SpeechBody(BaseModel):
             fields["voice"] = self.voice
         if self.instructions:
             fields["instructions"] = self.instructions
-        for name in fields:
-            if name not in format_fields:
-                takes = (f"takes {', '.join(format_fields)} beside input (its prompt format's fields)"
-                         if format_fields else "takes no field beside input (it has no prompt format)")
-                raise ApiError(400, f"{shown_text(name, 100)} is not supported: this model's speech {takes}",
-                               param=shown_text(name, 100))
+        _refuse_other_fields(fields, format_fields, "this model's speech " + (
+            f"takes {', '.join(format_fields)} beside input (its prompt format's fields)" if format_fields
+            else "takes no field beside input (it has no prompt format)"))
         return {**fields, "prompt": self.input}
 
     def sampling(self) -> SamplingParams:
