@@ -48,6 +48,7 @@ def text_prompt_vocab(plan: Any) -> Optional[int]:
     known = [v for v in vocabs if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     return min(known) if known else None
 
+
 def stop_vocab(plan: Any) -> Optional[int]:
     """The largest vocabulary of the plan's kv nodes (a stop token id must be below it), None when
     none states one."""

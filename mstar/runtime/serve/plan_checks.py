@@ -108,4 +108,3 @@ class PlanChecks:
 
     def guidance_problem(self, guidance: dict[str, float]) -> Optional[str]:
         return unknown_label_problem(self.plan, guidance)
-
