@@ -119,10 +119,50 @@ def test_draws_stay_in_the_nucleus_and_the_top_k(stream, step_index, top_p, top_
     probs = torch.softmax(logits, -1)
     sorted_probs, order = torch.sort(probs, descending=True)
     limit = top_k or len(order)
-    kept = {int(order[i]) for i in range(len(order)) if float(sorted_probs[:i].sum()) < top_p and i < limit}
+    top_k_mass = float(sorted_probs[:limit].sum())  # top_p applies to the top k's renormalised mass
+    kept = {int(order[i]) for i in range(limit) if float(sorted_probs[:i].sum()) < top_p * top_k_mass}
     token = one(logits, SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k), stream=stream,
                 step_index=step_index)
     assert token in kept
+
+
+def _transformers_kept(logits, top_k, top_p):
+    """The tokens transformers' top-k then top-p warpers leave finite (its generate's order)."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    scores = logits.unsqueeze(0).clone()
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return {int(i) for i in torch.isfinite(scores[0]).nonzero().flatten()}
+
+
+@given(st.lists(st.integers(-32, 32), min_size=6, max_size=6, unique=True), st.integers(0, 6),
+       st.floats(0.05, 1.0))
+def test_the_nucleus_is_transformers_top_k_then_top_p(quarters, top_k, top_p):
+    """With both, top_p applies to the top k's renormalised distribution (transformers' and vLLM's
+    order): every draw is among the tokens transformers' warpers keep, and over many draws each of
+    them comes up (the nucleus is neither larger nor smaller)."""
+    logits = torch.tensor(quarters) / 4  # (no ties: transformers keeps every token tied with the k-th)
+    kept = _transformers_kept(logits, top_k, top_p)
+    params = SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k)
+    # a kept token of probability p is missed by 400 draws with chance (1 - p)^400; skip those that
+    # 400 draws may miss (the property is the set, not the draws' luck)
+    probs = torch.softmax(logits, -1)
+    drawn = {one(logits, params, stream=s) for s in range(400)}
+    assert drawn <= kept
+    assert {t for t in kept if float(probs[t]) > 0.05} <= drawn
+
+
+def test_top_k_then_top_p_renormalises_over_the_top_k():
+    """Probabilities 0.4, 0.35, 0.25: top_k 2 leaves 0.75 of mass, so top_p 0.5 keeps the tokens whose
+    heavier ones weigh less than 0.375: the first alone (of the whole distribution, 0.5 would have
+    kept the second too, 0.4 < 0.5)."""
+    logits = torch.tensor([0.4, 0.35, 0.25]).log()
+    params = SamplingParams(temperature=1.0, top_p=0.5, top_k=2)
+    assert {one(logits, params, stream=s) for s in range(200)} == {0}
+    assert {one(logits, SamplingParams(temperature=1.0, top_p=0.6, top_k=2), stream=s) for s in range(200)} == {0, 1}
 
 
 def test_top_k_one_is_greedy_and_draws_cover_the_top_k():

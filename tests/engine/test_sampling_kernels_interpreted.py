@@ -24,7 +24,7 @@ def interpreted():
 def test_sampling_kernels_under_the_interpreter():
     """Triton reads TRITON_INTERPRET when it first decorates its own library: this file again, in a
     process with the variable set."""
-    run_child(__file__, "14 passed")
+    run_child(__file__, "15 passed")
 
 
 @pytest.mark.parametrize("vocab", [1, 4095, 4097])
@@ -90,6 +90,23 @@ def test_draws_stay_in_the_nucleus_and_ties_at_its_edge_are_kept(interpreted):
                                (0.45, 1, {7})):
         drawn = interpreted.nucleus_draw(logits, ones, ones * top_p, torch.full((n,), top_k), seeds, counters)
         assert set(drawn.tolist()) == kept, (top_p, top_k)
+
+
+def test_top_p_applies_to_the_top_ks_renormalised_mass(interpreted):
+    """Probabilities 0.4, 0.35, 0.25: top_k 2 leaves 0.75 of mass, so top_p 0.5 keeps the first token
+    alone (its 0.4 is past 0.5 x 0.75), and 0.6 the first two; the CPU sampler's rule (sampling.py),
+    vLLM's and transformers'. Rows without a top_k beside them keep top_p of the whole row."""
+    row = torch.full((3000,), -1e4)
+    row[[5, 2100, 2999]] = torch.log(torch.tensor([0.4, 0.35, 0.25]))
+    n = 24
+    logits, ones = row.repeat(n, 1), torch.ones(n)
+    seeds, counters = torch.full((n,), 11), torch.arange(n)
+    for top_p, top_k, kept in ((0.5, 2, {5}), (0.6, 2, {5, 2100}), (0.5, 0, {5, 2100}), (1.0, 2, {5, 2100})):
+        drawn = interpreted.nucleus_draw(logits, ones, ones * top_p, torch.full((n,), top_k), seeds, counters)
+        assert set(drawn.tolist()) == kept, (top_p, top_k)
+    mixed_k = torch.tensor([2, 0] * (n // 2))
+    drawn = interpreted.nucleus_draw(logits, ones, ones * 0.5, mixed_k, seeds, counters)
+    assert set(drawn[0::2].tolist()) == {5} and set(drawn[1::2].tolist()) == {5, 2100}
 
 
 def test_ties_take_the_first_column_and_no_rows_give_none(interpreted):

@@ -39,3 +39,20 @@ def test_the_sampler_bench_times_both_variants():
             assert case[kind]["fused_us"] > 0 and case[kind]["fused_same_rows"] == 1.0, (kind, case)
             assert kind == "temperature" or case[kind]["search_same_rows"] >= 0.9, (kind, case)
     assert "ratio" in bench_sampler.table(result)
+
+
+@pytest.mark.parametrize("nucleus", ["sort", "search"])
+def test_top_p_applies_to_the_top_ks_renormalised_mass(nucleus):
+    """Probabilities 0.4, 0.35, 0.25: top_k 2 then top_p 0.5 keeps the first token alone (0.4 is past
+    0.5 of the top two's 0.75), top_p 0.6 the first two; rows without a top_k beside them keep top_p
+    0.5 of the whole row (the first two)."""
+    row = torch.full((128256,), -1e4)
+    row[[5, 70000, 128255]] = torch.log(torch.tensor([0.4, 0.35, 0.25]))
+    n = 64
+    logits, ones = row.repeat(n, 1).cuda(), torch.ones(n).cuda()
+    seeds, counters = torch.full((n,), 11).cuda(), torch.arange(n).cuda()
+    top_k = torch.tensor([2, 0] * (n // 2)).cuda()
+    for top_p, kept_with_k, kept_without in ((0.5, {5}, {5, 70000}), (0.6, {5, 70000}, {5, 70000})):
+        drawn = sampler.sample(logits, ones, ones * top_p, seeds, counters, top_k, is_fused=True, nucleus=nucleus,
+                               has_both=True)
+        assert set(drawn[0::2].tolist()) == kept_with_k and set(drawn[1::2].tolist()) == kept_without, top_p

@@ -16,7 +16,10 @@ Each row's random draw is a counter-based hash of (stream, step), so it depends 
 seed and step, never on which rows share the step or in what order (batch invariance on the CPU).
 Every other operation is row-wise. `temperature` None or 0 means greedy (argmax after the
 penalties, the repetition penalty first), and so does one below MIN_TEMPERATURE; `top_k` 0 and
-`top_p` 1 keep every token, and every row keeps its most likely token whatever its `top_p`.
+`top_p` 1 keep every token, and every row keeps its most likely token whatever its `top_p`. With
+both, `top_k` applies first and `top_p` to the top k's renormalised distribution (vLLM's and
+transformers' order: the nucleus is the top k tokens whose more probable ones among them weigh less
+than top_p of the top k's mass).
 """
 from __future__ import annotations
 
@@ -277,11 +280,16 @@ def sample_tokens(logits: torch.Tensor, params: list[SamplingParams], histories:
     vocab = logits.shape[1]
     top_k = torch.tensor([p.top_k or vocab for p in params]).unsqueeze(1)
     top_p = torch.tensor([p.top_p for p in params], dtype=sorted_probs.dtype).unsqueeze(1)
-    # Keep the top_k most likely and, of those, the smallest prefix whose mass reaches top_p; always
-    # the top token (a top_p of 1e-300 is 0 in fp32: nothing was kept, and the gather below failed
-    # the whole step).
+    # Keep the top_k most likely and, of those, the smallest prefix whose mass reaches top_p of the
+    # top k's own mass (top_k first, then top_p over its renormalised distribution, as vLLM and
+    # transformers); always the top token (a top_p of 1e-300 is 0 in fp32: nothing was kept, and
+    # the gather below failed the whole step).
     rank = torch.arange(vocab).unsqueeze(0)
-    is_kept = ((rank < top_k) & ((torch.cumsum(sorted_probs, dim=1) - sorted_probs) < top_p)) | (rank == 0)
+    in_top_k = rank < top_k
+    # (a row without a top_k keeps its mass 1, not the sum's rounding of it: as before)
+    top_k_mass = torch.where(top_k < vocab, (sorted_probs * in_top_k).sum(dim=1, keepdim=True), 1.0)
+    heavier = torch.cumsum(sorted_probs, dim=1) - sorted_probs
+    is_kept = (in_top_k & (heavier < top_p * top_k_mass)) | (rank == 0)
     kept = sorted_probs * is_kept
     cdf = torch.cumsum(kept / kept.sum(dim=1, keepdim=True), dim=1)
     draw = uniforms(torch.tensor(streams, dtype=torch.long), torch.tensor(steps, dtype=torch.long))

@@ -1,7 +1,8 @@
 """`mstar bench sampler`: what the device sampler (`sampler.sample`) costs a step, per kind of
 request, at 1, 8 and 64 rows of a vocabulary (default 128,256: Llama-3.2-1B's, llama.plan's):
 greedy rows (the executor's argmax, no sampler), temperature alone (the whole-vocabulary draw), a
-top_p of 0.9 and a top_k of 50 (the sorted nucleus), each with the torch ops and with the Triton
+top_p of 0.9, a top_k of 50 and both (the sorted nucleus; with both, top_p of the top 50's mass),
+each with the torch ops and with the Triton
 draws (`sampling_kernels.py`) where they run ("fused": the whole draw, or a nucleus by torch's sort
 with the kernels' noise; "search": a nucleus by `nucleus_draw`'s search, `sampler.NUCLEUS`), their
 ratios measured in the same run. Each figure is the median of `--iters` eager calls (the executor
@@ -37,7 +38,8 @@ from mstar.runtime.engine.gpu.sampler import sample
 
 LLAMA_VOCAB = 128256
 # kind -> (temperature, top_p, top_k) of every row
-KINDS = {"temperature": (1.0, 1.0, 0), "top_p": (0.9, 0.9, 0), "top_k": (1.0, 1.0, 50)}
+KINDS = {"temperature": (1.0, 1.0, 0), "top_p": (0.9, 0.9, 0), "top_k": (1.0, 1.0, 50),
+         "top_k_top_p": (1.0, 0.9, 50)}  # (both: the search finds the top k, then top_p of its mass)
 
 
 def _timed_us(call: Callable[[], torch.Tensor], iters: int, device: torch.device) -> float:
@@ -76,8 +78,8 @@ def run(vocab: int, rows_list: Sequence[int], iters: int, device: torch.device) 
             variants: dict[str, dict] = {"torch": {"is_fused": False}}
             if has_kernels:  # the whole draw, or a nucleus by torch's sort with the kernels' noise; and by search
                 variants["fused"] = {"is_fused": True, "nucleus": "sort"}
-                if not is_whole:
-                    variants["search"] = {"is_fused": True, "nucleus": "search"}
+                if not is_whole:  # (has_both as the executor tells it)
+                    variants["search"] = {"is_fused": True, "nucleus": "search", "has_both": bool(top_k) and top_p < 1}
             figures = {f"{name}_us": round(_timed_us(partial(sample, *args, is_whole=is_whole, **options), iters,
                                                      device), 2) for name, options in variants.items()}
             expected = sample(*args, is_whole=is_whole, is_fused=False)

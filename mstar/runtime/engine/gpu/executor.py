@@ -636,7 +636,10 @@ class StepExecutor:
             tokens = greedy if rows_logits is logits else rows_logits.float().argmax(-1)
         else:
             temperature, top_p, seeds, counters, top_k = self._sampling_tensors(sampling)
-            tokens = sample(rows_logits, temperature, top_p, seeds, counters, top_k, is_whole=sampling.is_whole)
+            # (the nucleus search finds the top k first only where a row also has a top_p)
+            has_both = bool(((sampling.top_k > 0) & (sampling.top_p < 1.0)).any())
+            tokens = sample(rows_logits, temperature, top_p, seeds, counters, top_k, is_whole=sampling.is_whole,
+                            has_both=has_both)
         logprobs = self._logprobs(logits, tokens, sampling.logprobs) if sampling.logprobs is not None else None
         return tokens, logprobs
 

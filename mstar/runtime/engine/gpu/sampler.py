@@ -5,7 +5,8 @@ In: logits `[R, vocab]` (any float dtype; the arithmetic is fp32), per row a tem
 below `sampling.MIN_TEMPERATURE` = greedy), top_p (the top token is always kept), seed and counter
 (the number of tokens the request has sampled on the node), and top_k (0: no limit), kept together
 with top_p as the CPU sampler (`sampling.sample_tokens`) keeps them: the top_k most likely tokens
-and, of those, the smallest prefix whose mass (of the whole distribution) reaches top_p.
+and, of those, the smallest prefix whose mass reaches top_p of the top k's mass (top_k first, then
+top_p over its renormalised distribution, as vLLM and transformers).
 Out: token ids `[R]` (int64), on the device.
 
 A step whose rows all limit nothing (top_p 1, no top_k) skips the sort: `is_whole`. On a GPU the
@@ -71,20 +72,23 @@ def set_nucleus(name: str) -> None:
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, seeds: torch.Tensor,
            counters: torch.Tensor, top_k: Optional[torch.Tensor] = None, is_whole: bool = False,
-           is_fused: Optional[bool] = None, nucleus: Optional[str] = None) -> torch.Tensor:
+           is_fused: Optional[bool] = None, nucleus: Optional[str] = None,
+           has_both: Optional[bool] = None) -> torch.Tensor:
     """Token ids `[R]` (module docstring); rows with temperature 0 take the argmax. top_k: `[R]`
     int64, 0 for no limit (None: no row has one). is_whole: no row limits its tokens (every top_p
     1, no top_k; the caller knows it on the host): the draw is Gumbel-max over the whole
     vocabulary, without the sort a nucleus needs (what the sort keeps then is every token, but
     those whose probability the cumulative sum's rounding loses past 1, a few ulps). is_fused:
     draw with `sampling_kernels` (None: where they run, a GPU with Triton; False: the torch ops,
-    `mstar bench sampler`'s baseline). nucleus: how the kernels find a nucleus (None: NUCLEUS)."""
+    `mstar bench sampler`'s baseline). nucleus: how the kernels find a nucleus (None: NUCLEUS).
+    has_both: whether some row has both a top_k and a top_p below 1 (the host knows it; False spares
+    the nucleus search its count-only search first; None: assume so wherever a top_k is given)."""
     if is_fused is None:
         is_fused = kernels.available(logits.device)
     if is_fused and is_whole:
         return sampling_kernels.draw_rows(logits, temperature, seeds, counters)
     if is_fused and (nucleus or NUCLEUS) == "search":
-        return sampling_kernels.nucleus_draw(logits, temperature, top_p, top_k, seeds, counters)
+        return sampling_kernels.nucleus_draw(logits, temperature, top_p, top_k, seeds, counters, has_both)
     logits = logits.float()  # bf16 from a GPU step (forward.py): exact, and a no-op on fp32
     greedy = logits.argmax(-1)
     is_sampled = temperature >= MIN_TEMPERATURE
@@ -95,12 +99,20 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
         return torch.where(is_sampled, (scaled + gumbel).argmax(-1), greedy)
     probs = torch.softmax(scaled, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    # Keep the smallest prefix whose mass reaches top_p, and always the top token (a top_p that is 0
-    # in fp32 kept nothing).
-    is_kept_sorted = (torch.cumsum(sorted_probs, -1) - sorted_probs) < top_p.unsqueeze(1)
+    # Keep the top_k and, of those, the smallest prefix whose mass reaches top_p of the top k's mass
+    # (top_k first, then top_p over its renormalised distribution, as the CPU sampler), and always
+    # the top token (a top_p that is 0 in fp32 kept nothing).
+    limit = top_p.unsqueeze(1)
+    in_top_k = None
     if top_k is not None:  # (a top_k was ignored here: the GPU sampled the whole nucleus)
-        limit = torch.where(top_k > 0, top_k, torch.full_like(top_k, logits.shape[1]))
-        is_kept_sorted &= torch.arange(logits.shape[1], device=logits.device).unsqueeze(0) < limit.unsqueeze(1)
+        vocab = logits.shape[1]
+        in_top_k = (torch.arange(vocab, device=logits.device).unsqueeze(0)
+                    < torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1))
+        top_k_mass = torch.where(top_k.unsqueeze(1) > 0, (sorted_probs * in_top_k).sum(-1, keepdim=True), 1.0)
+        limit = limit * top_k_mass
+    is_kept_sorted = (torch.cumsum(sorted_probs, -1) - sorted_probs) < limit
+    if in_top_k is not None:
+        is_kept_sorted &= in_top_k
     is_kept_sorted[:, 0] = True
     is_kept = torch.zeros_like(is_kept_sorted).scatter_(1, order, is_kept_sorted)
     drawn = torch.where(is_kept, scaled + gumbel, torch.full_like(scaled, float("-inf"))).argmax(-1)

@@ -8,10 +8,11 @@
 - `gumbel_noise(seeds, counters, vocab)`: `[R, V]` fp32, that noise, for a nucleus that torch's
   sort finds (`mstar run --nucleus sort`; the search below is the default, `sampler.NUCLEUS`).
 - `nucleus_draw(logits, temperature, top_p, top_k, seeds, counters)`: the same draw over each
-  row's nucleus: the tokens whose strictly more probable tokens weigh less than top_p and number
-  fewer than top_k (0: no limit), of the whole distribution, as the CPU sampler keeps them; tokens
-  tied with the nucleus' least probable are all kept (the torch sampler's sort keeps a prefix of
-  them, in its own order).
+  row's nucleus: its top k (the tokens whose strictly more probable tokens number fewer than top_k;
+  0: no limit) and, of those, the tokens whose strictly more probable tokens weigh less than top_p
+  of the top k's mass (top_k first, then top_p over its renormalised distribution, as the CPU
+  sampler keeps them); tokens tied with the nucleus' least probable are all kept (the torch
+  sampler's sort keeps a prefix of them, in its own order).
 
 The nucleus without a sort: every row is cut in chunks of ARGMAX_CHUNK columns, a program each.
 The chunks' largest logits give each row m, its largest scaled logit; each chunk writes its
@@ -20,8 +21,11 @@ bits, so the least weight inside the nucleus is found by a search over the keys 
 each pass weighs NUCLEUS_WAYS candidate keys (every chunk sums the mass and counts the tokens
 strictly heavier than each), and the next pass's programs read those partials and narrow the
 row's (lo, hi) alike, about four bits a pass, NUCLEUS_PASSES launches in all; the draw then keeps
-the tokens at or above hi. (A first version searched in one program a row: 1.85-1.95 ms a call on
-an H100 at any row count, each pass bound by the latency of its block reads; docs/engine.md.)
+the tokens at or above hi. Where a row has a top_k, a first search on the count alone finds its top
+k, a kernel sums their weights a chunk, and the top_p search runs against that mass instead of the
+row's total: twice the passes, in steps where some row has both only. (A first version searched in
+one program a row: 1.85-1.95 ms a call on an H100 at any row count, each pass bound by the latency
+of its block reads; docs/engine.md.)
 
 Why: the torch sampler wrote its noise through about twenty elementwise kernels over `[R, V]`
 int64 and float64 tensors (splitmix64's mixes, the shifts, the logs): at 64 rows of a 128k
@@ -167,6 +171,38 @@ if triton is not None:
                BLOCK, SUB, WAYS)
 
     @triton.jit
+    def _first_weigh_kernel(weights_ptr, state_ptr, mass_ptr, count_ptr, vocab, num_chunks, ONE_KEY: tl.constexpr,
+                            BLOCK: tl.constexpr, SUB: tl.constexpr, WAYS: tl.constexpr):
+        """A search's first pass over weights written already (`_weights_kernel`'s, without them):
+        the second search of a row with a top_k."""
+        row = tl.program_id(0).to(tl.int64)
+        lo = row * 0
+        if tl.program_id(1) == 0:
+            tl.store(state_ptr + row * 2, lo)
+            tl.store(state_ptr + row * 2 + 1, lo + ONE_KEY)
+        _weigh(weights_ptr, mass_ptr, count_ptr, row, vocab, num_chunks, _candidates(lo, lo + ONE_KEY, WAYS),
+               BLOCK, SUB, WAYS)
+
+    @triton.jit
+    def _top_k_mass_kernel(weights_ptr, totals_ptr, ones_ptr, top_k_ptr, state_ptr, mass_ptr, count_ptr, vocab,
+                           num_chunks, top_k_mass_ptr, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                           CHUNKS: tl.constexpr, WAYS: tl.constexpr):
+        """The chunk's mass of its row's top k (the tokens at or above the count-only search's last
+        hi; every token where the row has no top_k), into the partials the second search reads as
+        the row's total."""
+        row = tl.program_id(0).to(tl.int64)
+        chunk = tl.program_id(1)
+        unused_lo, threshold = _narrowed(state_ptr, mass_ptr, count_ptr, totals_ptr, ones_ptr, top_k_ptr, row,
+                                         num_chunks, CHUNKS, WAYS)
+        threshold = tl.where(tl.load(top_k_ptr + row) > 0, threshold, -1)
+        total = 0.0
+        for start in range(0, BLOCK, SUB):
+            cols = chunk * BLOCK + start + tl.arange(0, SUB)
+            weight = tl.load(weights_ptr + row * vocab + cols, mask=cols < vocab, other=0.0)
+            total += tl.sum(tl.where(weight.to(tl.int32, bitcast=True) >= threshold, weight, 0.0), 0)
+        tl.store(top_k_mass_ptr + row * num_chunks + chunk, total)
+
+    @triton.jit
     def _search_kernel(weights_ptr, totals_ptr, top_p_ptr, top_k_ptr, state_ptr, mass_ptr, count_ptr, vocab,
                        num_chunks, num_rows, BLOCK: tl.constexpr, SUB: tl.constexpr, CHUNKS: tl.constexpr,
                        WAYS: tl.constexpr):
@@ -242,14 +278,17 @@ NUCLEUS_PASSES = _search_passes(NUCLEUS_WAYS)
 
 
 def nucleus_draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: Optional[torch.Tensor],
-                 seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+                 seeds: torch.Tensor, counters: torch.Tensor, has_both: Optional[bool] = None) -> torch.Tensor:
     """`[R, V]` (columns contiguous) -> `[R]` int64: each sampled row's Gumbel-max draw over its
-    nucleus (module docstring), greedy rows' argmax; top_k None: no row has one."""
+    nucleus (module docstring), greedy rows' argmax; top_k None: no row has one. has_both: whether
+    some row has a top_k and a top_p below 1, which the caller knows on the host (False skips the
+    count-only search; None: whenever a top_k is given)."""
     n, vocab = logits.shape
     if n == 0 or logits.stride(1) != 1:
         return chunked_argmax(logits, lambda grid, best, index: None)  # (its own answer or refusal)
     device, num_chunks = logits.device, triton.cdiv(vocab, ARGMAX_CHUNK)
     temperature, top_p = temperature.float().contiguous(), top_p.float().contiguous()
+    has_top_k = top_k is not None and has_both is not False
     top_k = torch.zeros(n, dtype=torch.long, device=device) if top_k is None else top_k.long().contiguous()
     seeds, counters = seeds.long().contiguous(), counters.long().contiguous()
     maxima, totals = (torch.empty((n, num_chunks), dtype=torch.float32, device=device) for _ in range(2))
@@ -264,10 +303,19 @@ def nucleus_draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
     _weights_kernel[grid](logits, logits.stride(0), temperature, maxima, weights, totals, state, mass, count, vocab,
                           num_chunks, MIN_TEMPERATURE, ONE_KEY=ONE_KEY, BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, **sizes,
                           num_warps=8)
-    for p in range(1, NUCLEUS_PASSES):
-        _search_kernel[grid](weights, totals, top_p, top_k, state[p - 1], mass[p - 1], count[p - 1], vocab, num_chunks,
-                             n, BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, **sizes, num_warps=8)
     last = NUCLEUS_PASSES - 1
+    if has_top_k:
+        # top_k first: a search on the count alone finds each row's top k, whose mass then stands
+        # for the row's total in the top_p search (top_p over the top k's renormalised distribution)
+        ones = torch.ones_like(top_p)
+        _search_passes_over(weights, totals, ones, top_k, state, mass, count, vocab, num_chunks, n, grid, sizes)
+        top_k_mass = torch.empty_like(totals)
+        _top_k_mass_kernel[grid](weights, totals, ones, top_k, state[last], mass[last], count[last], vocab, num_chunks,
+                                 top_k_mass, BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, **sizes, num_warps=8)
+        totals = top_k_mass
+        _first_weigh_kernel[grid](weights, state[0], mass[0], count[0], vocab, num_chunks, ONE_KEY=ONE_KEY,
+                                  BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, WAYS=NUCLEUS_WAYS, num_warps=8)
+    _search_passes_over(weights, totals, top_p, top_k, state, mass, count, vocab, num_chunks, n, grid, sizes)
 
     def first_pass(grid: tuple[int, int], best: torch.Tensor, index: torch.Tensor) -> None:
         _chunk_nucleus_draw_kernel[grid](logits, logits.stride(0), temperature, seeds, counters, maxima, weights,
@@ -275,6 +323,16 @@ def nucleus_draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.T
                                          index, num_chunks, MIN_TEMPERATURE, BLOCK=ARGMAX_CHUNK, **sizes, num_warps=8)
 
     return chunked_argmax(logits, first_pass)
+
+
+def _search_passes_over(weights: torch.Tensor, totals: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                        state: torch.Tensor, mass: torch.Tensor, count: torch.Tensor, vocab: int, num_chunks: int,
+                        n: int, grid: tuple[int, int], sizes: dict) -> None:
+    """The search's passes after its first (whose partials are `state[0]`, `mass[0]`, `count[0]`),
+    each narrowing by the last one's partials against top_p of `totals`' sums and top_k."""
+    for p in range(1, NUCLEUS_PASSES):
+        _search_kernel[grid](weights, totals, top_p, top_k, state[p - 1], mass[p - 1], count[p - 1], vocab, num_chunks,
+                             n, BLOCK=ARGMAX_CHUNK, SUB=NUCLEUS_SUB, **sizes, num_warps=8)
 
 
 NOISE_BLOCK = 2048
