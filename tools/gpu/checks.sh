@@ -47,6 +47,10 @@
 #          --penalties torch the torch ops): their GPU tests against the CPU's torch ops, `penalise` timed both ways at 1, 8
 #          and 64 rows, the penalised workload both ways between plain ones (extras' RUNS), and the
 #          mixed workload both ways (sampling's, without its tests); about 300 s
+#   topk   top_k first, then top_p over the top k's mass (the nucleus search's count-only search
+#          first where a row has both): the sampler's GPU tests, `mstar bench sampler` (its
+#          top_k_top_p kind), the plain, top_p and top_k + top_p workloads (extras'), then where the
+#          decode (`bench engine` on llama) and the prefix scenario stand
 #   prompts a prompt's own log-probabilities on the fast path: tests/gpu/test_prompt_logprobs_gpu.py
 #          (llama and llama_chunked at spec dims) and the piecewise graphs' and the fast path's GPU
 #          tests, then what asking costs a lone 1,024-token prompt (the Python API, alternated with
@@ -54,7 +58,7 @@
 #          plain one (an engine each way, twice), two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -167,6 +171,7 @@ for d in ('penalties', 'penalties_torch')); print('same tokens by the torch ops 
 import json
 kinds = {"plain": {}, "logprobs": {"logprobs": 1}, "bias": {"logit_bias": {"13": -100}},
          "temperature": {"temperature": 1.0, "seed": 1}, "top_p": {"temperature": 0.7, "top_p": 0.9, "seed": 1},
+         "top_k_top_p": {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "seed": 1},
          "penalty": {"repetition_penalty": 1.1, "presence_penalty": 0.5}}
 for name, extra in kinds.items():
     with open(f"/tmp/{name}.jsonl", "w") as f:
@@ -189,6 +194,13 @@ PY
     in_time "the GPU tests" && python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
     in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       -k "logprobs or logit_bias or penal" ;;
+  topk)
+    timeout 200 python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
+    in_time "bench sampler" && timeout 150 python3 -m mstar.cli.mstar bench sampler --iters 20
+    in_time "the workloads" && NO_BENCH=1 RUNS="plain top_p top_k_top_p plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) \
+      bash "$0" extras
+    in_time "bench engine" && engine llama
+    in_time "the prefix scenario" && kv --scenario prefix ;;
   llama)
     for flags in "" "--extra-launches 2" "--fold-norms --decode-merge-in-kernel" "" "--fold-norms" \
                  "--decode-merge-in-kernel" "--extra-launches 2"; do
