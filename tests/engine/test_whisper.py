@@ -316,6 +316,26 @@ def test_long_form_matches_transformers_generate(long_form):
     assert record.finish_reason == "stop"
 
 
+def test_a_long_clips_features_are_computed_once(long_form, monkeypatch):
+    """Each window is cut from the clip's features computed at its first window (a window each, the
+    whole clip's features were computed again: the square of its length), dropped when it ends."""
+    from mstar.runtime.engine.runners import whisper as whisper_runners
+
+    directory, heard, expected, windows, _ = long_form
+    calls = []
+    original = whisper_runners.log_mel_frames
+    monkeypatch.setattr(whisper_runners, "log_mel_frames", lambda *args: calls.append(1) or original(*args))
+    plan = load_plan(str(directory / "windows1000" / "whisper.plan"))
+    engine = TorchEngine(plan, weights_dir=str(directory / "checkpoint"))
+    driver = Driver(plan, engine)
+    driver.run(Workload([Request(id="a", prompt_tokens=[], max_tokens=10_000,
+                                 media={"audio": torch.from_numpy(heard)})]))
+    assert driver.conductor.records["a"].output_tokens == expected
+    assert len(calls) == 1 and len(windows) >= 3
+    encoders = [r for r in engine.runners.values() if isinstance(r, whisper_runners.WhisperEncoderRunner)]
+    assert encoders and all(not runner._clip_features for runner in encoders)
+
+
 @pytest.mark.parametrize("max_windows", [1, 2])
 def test_the_repeat_bound_stops_after_its_windows(long_form, max_windows):
     """`repeat while audio_left max=max_windows`: the partition runs at most that many windows."""

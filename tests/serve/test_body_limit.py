@@ -73,6 +73,14 @@ def test_a_multipart_body_is_left_to_the_transcription_route_alone(url):
         assert status == 413 and f"larger than {LIMIT} bytes" in answer["error"]["message"]
 
 
+def test_a_multipart_type_is_read_whatever_its_case(url):
+    """Media types are case-insensitive: `Multipart/Form-Data` got the JSON bodies' cap, a 413 for an
+    upload the transcription route takes."""
+    status, _ = _post(url, b"x" * (2 * LIMIT), content_type="Multipart/Form-Data; boundary=b",
+                      path="/v1/audio/transcriptions")
+    assert status == 404  # llama's plan does not transcribe: refused for what it is, not its size
+
+
 def test_the_bound_follows_the_plans_sequence_length(monkeypatch):
     monkeypatch.setattr(body_limit, "MAX_JSON_BODY_BYTES", 32 << 20)  # as shipped (the fixture lowers it)
     assert body_limit.json_body_limit(8192) == body_limit.MIN_JSON_BODY_BYTES  # 512 kB of tokens: the floor

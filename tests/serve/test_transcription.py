@@ -241,6 +241,54 @@ def test_a_body_without_a_length_is_counted_as_it_arrives():
     assert caught.value.status == 413 and sum(sent) <= MAX_AUDIO_BYTES + 2 * len(chunk)
 
 
+def test_a_client_that_aborts_its_upload_ends_quietly():
+    """A disconnect mid-upload was starlette's ClientDisconnect, uncaught: a traceback in the server's
+    log for a client's abort; now an answer nobody reads, not counted as a bad request."""
+    from starlette.requests import Request
+
+    from mstar.runtime.serve.transcription import read_form
+
+    messages = iter([{"type": "http.request", "body": b'--b\r\nContent-Disposition: form-data; name="file"; '
+                                                     b'filename="a.wav"\r\n\r\nRIFF', "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(messages)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [
+        (b"content-type", b"multipart/form-data; boundary=b")]}
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(read_form(Request(scope, receive)))
+    assert caught.value.status == 400 and caught.value.is_counted and "disconnected" in str(caught.value)
+
+
+def test_a_clip_too_long_is_refused_from_its_header_before_decoding(monkeypatch):
+    """Qwen3-ASR takes one 30 s window: a 40 s upload is refused from the WAV header's count, its
+    samples never decoded (a 64 MiB 8-bit upload took 0.9 GB to decode before its refusal)."""
+    from mstar.runtime.serve import wav
+    from mstar.runtime.serve.audio_input import audio_input_of
+    from mstar.runtime.serve.transcription import TranscriptionForm, samples
+
+    audio = audio_input_of(load_plan(str(ROOT / "generated" / "qwen3_asr.plan")))
+    monkeypatch.setattr(wav, "_decode", lambda *args: pytest.fail("decoded a clip refused by its length"))
+    form = TranscriptionForm(model="qwen3_asr", data=wav_bytes(40.0), filename="long.wav")
+    with pytest.raises(ApiError) as caught:
+        samples(form, audio)
+    assert caught.value.status == 400 and "40.00 s of audio; this model transcribes at most 30 s" in str(caught.value)
+
+
+def test_8_bit_samples_decode_to_their_centred_values():
+    header = wav_bytes(0.0)  # 16-bit mono at 16 kHz, no samples: rewritten as 8-bit below
+    raw = bytes([0, 64, 128, 192, 255])
+    fmt = header[:20] + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (16000).to_bytes(4, "little") \
+        + (16000).to_bytes(4, "little") + (1).to_bytes(2, "little") + (8).to_bytes(2, "little")
+    data = fmt + b"data" + len(raw).to_bytes(4, "little") + raw
+    data = data[:4] + (len(data) - 8).to_bytes(4, "little") + data[8:]
+    from mstar.runtime.serve.wav import decode_wav
+
+    assert decode_wav(data, "x").tolist() == [-1.0, -0.5, 0.0, 0.5, 127 / 128]
+
+
 def test_a_plan_that_cannot_transcribe_says_what_it_serves():
     with running(make_service(LLM(LLAMA, engine="sim"))) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)

@@ -45,7 +45,8 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if scope.get("path") in UPLOAD_PATHS and headers.get(b"content-type", b"").startswith(b"multipart/"):
+        # (a media type is case-insensitive: `Multipart/Form-Data` got the JSON bodies' 1 MiB cap)
+        if scope.get("path") in UPLOAD_PATHS and headers.get(b"content-type", b"").lower().startswith(b"multipart/"):
             await self.app(scope, receive, send)
             return
         length = headers.get(b"content-length", b"")

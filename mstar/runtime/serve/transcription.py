@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 from fastapi import Request as HttpRequest
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from mstar.arg_types import shown
 from mstar.files import MAX_AUDIO_BYTES
@@ -88,6 +89,8 @@ async def read_form(http: HttpRequest) -> TranscriptionForm:
             filename = upload.filename or "file"
     except StarletteHTTPException as error:  # a body starlette cannot parse as a form: answered and counted as ours
         raise ApiError(error.status_code, f"the body is not a form this endpoint reads: {error.detail}") from None
+    except ClientDisconnect:  # (uncaught, the server logged a traceback for a client's abort; not a bad request)
+        raise ApiError(400, "the client disconnected before its upload ended", is_counted=True) from None
     return _checked(fields, data, filename)
 
 
@@ -166,22 +169,25 @@ def _flag(fields: dict[str, str], name: str) -> bool:
 
 def samples(form: TranscriptionForm, audio: AudioInput) -> Any:
     """The file's samples at the plan's rate (400 for a bad, empty or too long one)."""
-    from mstar.runtime.serve.wav import WavError, decode_wav
+    from mstar.runtime.serve.wav import WavError, WavTooLong, decode_wav
 
     try:
-        decoded = decode_wav(form.data, f"file {form.filename!r}", audio.sample_rate)
+        decoded = decode_wav(form.data, f"file {form.filename!r}", audio.sample_rate, audio.max_samples)
+    except WavTooLong as error:  # (from the header: a refused file is not decoded first)
+        raise _too_long(form, audio, error.num_samples) from None
     except WavError as error:
         raise ApiError(400, str(error), param="file") from None
-    num_samples = int(decoded.shape[0])
-    if num_samples == 0:
+    if int(decoded.shape[0]) == 0:
         raise ApiError(400, f"file {form.filename!r}: the WAV file holds no samples", param="file")
-    if num_samples > audio.max_samples:
-        raise ApiError(400, f"file {form.filename!r}: {num_samples / audio.sample_rate:.2f} s of audio; this "
-                            f"model transcribes at most {audio.max_seconds:g} s"
-                            + (" (one window of its front end)" if audio.max_samples == audio.window_samples
-                               else f" ({audio.max_samples // audio.window_samples} windows of its front end)"),
-                       param="file")
     return decoded
+
+
+def _too_long(form: TranscriptionForm, audio: AudioInput, num_samples: int) -> ApiError:
+    return ApiError(400, f"file {form.filename!r}: {num_samples / audio.sample_rate:.2f} s of audio; this "
+                         f"model transcribes at most {audio.max_seconds:g} s"
+                         + (" (one window of its front end)" if audio.max_samples == audio.window_samples
+                            else f" ({audio.max_samples // audio.window_samples} windows of its front end)"),
+                    param="file")
 
 
 def start_sequence(plan: Plan, tokenizer: Any, language: Optional[str]) -> Union[list[int], str]:

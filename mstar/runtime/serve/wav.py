@@ -12,6 +12,7 @@ a chunk running past the end of the file is refused.
 from __future__ import annotations
 
 import struct
+from typing import Optional
 
 import numpy as np
 import torch
@@ -27,6 +28,14 @@ class WavError(ValueError):
     """A WAV file that cannot be read as 16 kHz audio (the message names the file)."""
 
 
+class WavTooLong(WavError):
+    """A WAV file whose header holds more samples than the caller takes, refused before decoding."""
+
+    def __init__(self, where: str, num_samples: int):
+        super().__init__(f"{where}: {num_samples} samples, more than taken")
+        self.num_samples = num_samples
+
+
 def read_wav(path: str) -> torch.Tensor:
     try:
         data = read_bytes_bounded(path, max_bytes=MAX_AUDIO_BYTES, what="audio file")
@@ -35,9 +44,12 @@ def read_wav(path: str) -> torch.Tensor:
     return decode_wav(data, f"audio file {path}")
 
 
-def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE,
+               max_samples: Optional[int] = None) -> torch.Tensor:
     """The samples of a WAV file's bytes; `where` starts every message ("audio file x.wav");
-    `sample_rate`: the rate the audio input takes (another is refused, never resampled)."""
+    `sample_rate`: the rate the audio input takes (another is refused, never resampled);
+    `max_samples`: past it, `WavTooLong` from the header's count, before any decoding (a 64 MiB
+    8-bit upload refused as too long took 0.9 GB to decode first)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         raise WavError(f"{where}: not a WAV file (no RIFF/WAVE header)")
     chunks = _chunks(data, where)
@@ -53,6 +65,9 @@ def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE) -> torch
         raise WavError(f"{where}: {rate} Hz; the audio input takes {sample_rate} Hz (resample it first)")
     if channels < 1 or block != channels * (bits // 8) or bits % 8:
         raise WavError(f"{where}: inconsistent fmt chunk ({channels} channels, {bits} bits, block {block})")
+    num_samples = len(chunks["data"]) // block
+    if max_samples is not None and num_samples > max_samples:
+        raise WavTooLong(where, num_samples)
     samples = _decode(chunks["data"], kind, bits, where)
     usable = samples.shape[0] - samples.shape[0] % channels
     frames = samples[:usable].reshape(-1, channels)
@@ -90,7 +105,9 @@ def _decode(raw: bytes, kind: int, bits: int, where: str) -> np.ndarray:
     width = bits // 8
     raw = raw[:len(raw) - len(raw) % width]
     if bits == 8:
-        return _scaled(np.frombuffer(raw, dtype=np.uint8).astype(np.float64) - 128.0, 128.0)
+        centred = np.frombuffer(raw, dtype=np.uint8).astype(np.float64)
+        centred -= 128.0  # (in place: `- 128.0` made a second float64 copy of the clip)
+        return _scaled(centred, 128.0)
     if bits == 24:
         triples = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
         packed = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)

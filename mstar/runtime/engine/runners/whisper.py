@@ -42,6 +42,13 @@ class WhisperEncoderRunner(StatelessRunner):
     def __init__(self, node: NodePlan, model: WhisperEncoder, position: int = 0):
         super().__init__(node, position)
         self.model = model
+        # a long clip's log-mel features, computed at its first window and cut for each later one
+        # (computed a window each, a clip's windows cost the square of its length: 1,200 s took 53 s
+        # of features alone, inside the steps every other request waits for), until the request ends
+        self._clip_features: dict[str, torch.Tensor] = {}
+
+    def end_request(self, request_id: str) -> None:
+        self._clip_features.pop(request_id, None)
 
     def row_outputs(self, row: StepRow, call: CallInfo, request: RequestState) -> dict[str, object]:
         """The window's states under `hidden`/`embeddings` outputs, the window itself
@@ -75,7 +82,10 @@ class WhisperEncoderRunner(StatelessRunner):
         bins = self.model.dims.num_mel_bins
         if not window.is_long_form:
             return self.model(log_mel(samples, bins)), window
-        features = log_mel_frames(samples, bins)[:, window.start_frame:window.start_frame + window.num_frames]
+        clip = self._clip_features.get(row.request_id)
+        if clip is None or clip.shape[1] != window.total_frames:  # (another clip under the same request)
+            clip = self._clip_features[row.request_id] = log_mel_frames(samples, bins)
+        features = clip[:, window.start_frame:window.start_frame + window.num_frames]
         padded = torch.nn.functional.pad(features, (0, NUM_FRAMES - window.num_frames))
         return self.model(padded), window
 
