@@ -68,6 +68,35 @@ def test_injected_out_of_memory_is_retried():
     assert sum(driver.log.is_oom) > 0
 
 
+def test_an_injected_failure_writes_nothing_before_its_retry(monkeypatch):
+    """A row a test fails (`inject_oom`) is neither reserved nor committed: it was committed, then
+    reported failed, so its retried prompt was written twice (20 tokens, then the rest of the
+    budget's 3, and the decode rows wrote none)."""
+    from mstar.runtime.engine.kv import pages
+
+    plan = generated("llama_chunked")
+    commits = []
+    commit = pages.PagePool.commit
+
+    def recorded(self, key, num_tokens, tokens=None):
+        commits.append((self._seqs[key].num_tokens, num_tokens))
+        return commit(self, key, num_tokens, tokens)
+
+    monkeypatch.setattr(pages.PagePool, "commit", recorded)
+    fired = []
+
+    def first_prefill(step):
+        if not fired and any(row.walk == "prefill" for row in step.rows):
+            fired.append(step.rows[0].request_id)
+            return fired[:1]
+        return []
+
+    driver = run(plan, Workload([Request(id="a", prompt_tokens=list(range(1, 21)), max_tokens=3)],
+                                closed_concurrency=1), inject_oom=first_prefill)
+    assert fired and driver.conductor.records["a"].finish_reason == "length"
+    assert commits == [(0, 20), (20, 1), (21, 1)]
+
+
 def test_oversized_request_fails_alone_with_a_reason():
     plan = generated("orpheus")
     requests = [Request(id=f"r{i}", prompt_tokens=[1] * 10, max_tokens=20) for i in range(5)]

@@ -617,12 +617,15 @@ class Conductor:
         """A call that takes the prompt became ready on a node with a prefix cache: when nothing of
         the request ran there yet, the engine starts its KV on the cached prefix, and the row feeds
         only the rest (as a chunk after the KV present). A request asking for its prompt's
-        log-probabilities claims nothing: cached tokens are fed again, as their logits are needed."""
+        log-probabilities claims nothing: cached tokens are fed again, as their logits are needed.
+        Nor does one guided there: its row writes the guidance sequences too, which no cached page
+        holds (the claim started the first alone, and the others got the uncached tail at position
+        0: a second identical guided image came out different)."""
         node, record = call.node, state.record
         tokens = next((v for v in call.inputs.values() if isinstance(v, list) and v), None)
         if state.context.get(node, 0) or call.num_fed or tokens is None or not isinstance(tokens[0], int):
             return
-        if record.request.prompt_logprobs is not None:
+        if record.request.prompt_logprobs is not None or self.requires_guidance(record.request.id, node):
             return
         num_cached = self.engine.claim_prefix(record.request.id, node, tokens)
         record.num_prefix_lookups += 1

@@ -255,16 +255,17 @@ class SimEngine(RunsAtLaunch):
         self.num_steps += 1
         node = step.node
         pool = self.pools.get(node)
+        # A test's injected failures are known before the pool is touched: their rows are neither
+        # reserved nor committed (committed first, a retried prompt was written twice)
+        injected = list(self.inject_oom(step)) if self.inject_oom is not None else []
+        if injected and not self.runs_partial_steps:
+            return StepResult(rows=[], allocation_failed=injected, elapsed_s=CAPTURED_LAUNCH_S)
         short: list[str] = []
         if pool is not None:
-            short = self._reserve(step, pool)
+            short = self._reserve(step, pool, set(injected))
             if short and not self.runs_partial_steps:
                 return StepResult(rows=[], allocation_failed=short, elapsed_s=CAPTURED_LAUNCH_S)
-        if self.inject_oom is not None:
-            injected = [rid for rid in self.inject_oom(step) if rid not in short]
-            if injected and not self.runs_partial_steps:
-                return StepResult(rows=[], allocation_failed=injected, elapsed_s=CAPTURED_LAUNCH_S)
-            short.extend(injected)
+        short.extend(rid for rid in injected if rid not in short)
         if not short:
             results, token_ids, stop_rows = self._row_results(step.node, step.rows)
             return StepResult(rows=results, elapsed_s=self.step_time(step),
@@ -288,18 +289,20 @@ class SimEngine(RunsAtLaunch):
     def _pages_for(pool: _KvPool, num_tokens: int) -> int:
         return math.ceil(min(num_tokens, pool.max_seq_len) / pool.page_size)
 
-    def _reserve(self, step: Step, pool: _KvPool) -> list[str]:
+    def _reserve(self, step: Step, pool: _KvPool, injected: frozenset[str] | set[str] = frozenset()) -> list[str]:
         """Take the pages each row's tokens add, by the admission policy, rows in step order;
         returns the rows the pool is short for. All or nothing per step without
         runs_partial_steps (then nothing is taken). With a host pool, rows of offloaded requests
-        move back first, and started requests with no row here move out when rows are short."""
+        move back first, and started requests with no row here move out when rows are short.
+        injected: requests whose rows a test fails (`inject_oom`), left out."""
         pages = pool.pages
         on_host: list[str] = []
+        rows = [row for row in step.rows if row.request_id not in injected] if injected else step.rows
         if pool.offload is not None:
-            pool.offload.note_step([row.request_id for row in step.rows])
-            on_host = self._move_back(step.rows, pool)
-        needs, steady = self._page_needs([row for row in step.rows if row.request_id not in on_host]
-                                         if on_host else step.rows, pool)
+            pool.offload.note_step([row.request_id for row in rows])
+            on_host = self._move_back(rows, pool)
+        needs, steady = self._page_needs([row for row in rows if row.request_id not in on_host]
+                                         if on_host else rows, pool)
         short = pool.admission.shortfall([need for _, _, need in needs], pages.num_free_pages) if needs else []
         if short and pool.offload is not None and self._move_out(step, pool, [n for _, _, n in needs], short):
             short = pool.admission.shortfall([need for _, _, need in needs], pages.num_free_pages)
@@ -320,7 +323,7 @@ class SimEngine(RunsAtLaunch):
                 written[row.request_id] = num_new
         written.update((row.request_id, num_new) for row, num_new in steady)
         is_keyed = pages.cache is not None
-        for row in step.rows:
+        for row in rows:
             num_written = written.get(row.request_id)
             if num_written is not None:
                 pages.commit((row.request_id, SEQUENCE), num_written,
