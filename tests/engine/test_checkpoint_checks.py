@@ -57,18 +57,33 @@ def _load(path: Path) -> None:
     load_checkpoint_weights(Decoder(dims), str(path), dims.is_tied_embeddings)
 
 
-def test_a_good_checkpoint_loads(tmp_path):
-    _load(_checkpoint(tmp_path / "ck"))
+def _load_as_the_device_path(path: Path) -> Decoder:
+    """The GPU fast path's loader (`device_model.build_decoder`, reading onto the device), on the CPU."""
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+
+    dims = read_checkpoint_config(str(path))
+    return build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0, weights_dir=str(path))
+
+
+@pytest.fixture(params=["reference", "device_path"])
+def load(request):
+    """Each loader refuses alike: the device path's globbed every file (the first name winning a
+    tensor two held, a stale shard read), took NaN weights and any layer count."""
+    return _load if request.param == "reference" else _load_as_the_device_path
+
+
+def test_a_good_checkpoint_loads(load, tmp_path):
+    load(_checkpoint(tmp_path / "ck"))
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-def test_a_non_finite_value_in_one_weight_is_refused_with_file_and_tensor(tmp_path, value):
+def test_a_non_finite_value_in_one_weight_is_refused_with_file_and_tensor(load, tmp_path, value):
     state = _state(CONFIG)
     state["model.layers.1.mlp.up_proj.weight"][3, 5] = value
     path = _checkpoint(tmp_path / "ck", state=state)
     with pytest.raises(WeightsError, match=r"model\.safetensors: tensor model\.layers\.1\.mlp\.up_proj\.weight "
                                            r"holds 1 NaN or infinite value\(s\) of 2048"):
-        _load(path)
+        load(path)
 
 
 def test_a_nan_checkpoint_fails_the_run_not_the_tokens(tmp_path, capsys):
@@ -121,11 +136,11 @@ def test_the_bad_config_values_of_the_audit_are_messages_in_mstar_run(tmp_path, 
 
 
 @pytest.mark.parametrize("num_layers", [1, 3])
-def test_a_layer_count_other_than_the_checkpoints_is_refused(tmp_path, num_layers):
+def test_a_layer_count_other_than_the_checkpoints_is_refused(load, tmp_path, num_layers):
     path = _checkpoint(tmp_path / "ck")
     (path / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": num_layers}))
     with pytest.raises(WeightsError, match=f"num_hidden_layers is {num_layers} but the checkpoint holds 2 layers"):
-        _load(path)
+        load(path)
 
 
 def _sharded(path: Path) -> tuple[Path, dict[str, str]]:
@@ -144,17 +159,17 @@ def _sharded(path: Path) -> tuple[Path, dict[str, str]]:
     return path, weight_map
 
 
-def test_a_sharded_checkpoint_with_its_index_loads(tmp_path):
+def test_a_sharded_checkpoint_with_its_index_loads(load, tmp_path):
     path, _ = _sharded(tmp_path / "ck")
-    _load(path)
+    load(path)
 
 
-def test_a_stale_file_the_index_does_not_list_is_refused(tmp_path):
+def test_a_stale_file_the_index_does_not_list_is_refused(load, tmp_path):
     """The stale file sorts last: it used to win, overwriting every tensor it holds."""
     path, _ = _sharded(tmp_path / "ck")
     save_file(_state(CONFIG), str(path / "model-stale.safetensors"))
     with pytest.raises(WeightsError, match="model-stale.safetensors not listed in model.safetensors.index.json"):
-        _load(path)
+        load(path)
 
 
 def test_the_index_decides_which_file_a_tensor_comes_from(tmp_path):
@@ -180,7 +195,7 @@ def test_the_index_decides_which_file_a_tensor_comes_from(tmp_path):
     ("no_weight_map", "no weight_map object"),
     ("path_in_index", "lists '../x.safetensors', which is not a file in"),
 ])
-def test_a_broken_index_is_refused(tmp_path, damage, fragment):
+def test_a_broken_index_is_refused(load, tmp_path, damage, fragment):
     path, weight_map = _sharded(tmp_path / "ck")
     index = path / "model.safetensors.index.json"
     if damage == "missing_file":
@@ -192,16 +207,16 @@ def test_a_broken_index_is_refused(tmp_path, damage, fragment):
     else:
         index.write_text(json.dumps({"weight_map": {**weight_map, "lm_head.weight": "../x.safetensors"}}))
     with pytest.raises(WeightsError, match=fragment):
-        _load(path)
+        load(path)
 
 
-def test_without_an_index_a_tensor_in_two_files_is_refused(tmp_path):
+def test_without_an_index_a_tensor_in_two_files_is_refused(load, tmp_path):
     path = _checkpoint(tmp_path / "ck")
     save_file({"model.norm.weight": torch.ones(32)}, str(path / "old.safetensors"))
     either_order = ("tensor model.norm.weight is in both model.safetensors and old.safetensors"
                     "|tensor model.norm.weight is in both old.safetensors and model.safetensors")
     with pytest.raises(WeightsError, match=either_order):
-        _load(path)
+        load(path)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])

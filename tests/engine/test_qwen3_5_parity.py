@@ -140,3 +140,21 @@ def test_published_config_gives_its_dims(tmp_path):
     del config["text_config"]["layer_types"]  # then the interval decides, as in transformers
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert read_checkpoint_config(str(tmp_path)).layer_is_full == dims.layer_is_full
+
+
+def test_the_device_paths_loader_reads_the_real_layout_as_the_reference(real_layout):
+    """The GPU fast path's loader (run on the CPU) takes the text model from under
+    `model.language_model.`, the tied head from the embedding, and skips the vision tower and the
+    MTP tensors, as the reference loader does: the same parameters."""
+    from mstar.runtime.engine.gpu.device_model import build_decoder
+    from mstar.runtime.engine.models.decoder import Decoder
+    from mstar.runtime.engine.weights import load_decoder, read_checkpoint_config
+
+    path, _ = real_layout
+    dims = read_checkpoint_config(str(path))
+    reference = load_decoder(lambda: Decoder(dims), str(path), dims.is_tied_embeddings)
+    device = build_decoder(dims, torch.device("cpu"), torch.float32, position=0, seed=0, weights_dir=str(path))
+    expected = dict(reference.named_parameters())
+    for name, param in device.named_parameters():
+        if not name.startswith("flow."):
+            assert torch.equal(param, expected.get(name, expected["model.embed_tokens.weight"])), name

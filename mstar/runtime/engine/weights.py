@@ -141,7 +141,7 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
         model.lm_head.weight = model.model.embed_tokens.weight
     params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
     wanted = {name for name in params if not name.startswith("flow.")}
-    _check_layer_count(weights_dir, set(index), wanted)
+    check_layer_count(weights_dir, set(index), wanted)
     missing = sorted(wanted - set(index))
     if missing:
         raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
@@ -166,7 +166,7 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
     return set(params) - wanted
 
 
-def _check_layer_count(weights_dir: str, tensor_names: set[str], param_names: set[str]) -> None:
+def check_layer_count(weights_dir: str, tensor_names: set[str], param_names: set[str]) -> None:
     num_layers = len(layer_indices(param_names))
     found = layer_indices(tensor_names)
     if found and len(found) != num_layers:

@@ -27,7 +27,8 @@ from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
 from mstar.runtime.engine.models.layers import RMSNorm
-from mstar.runtime.engine.weights import WeightsError, param_seed, random_matrix
+from mstar.runtime.engine.checkpoint_files import check_finite, tensor_index
+from mstar.runtime.engine.weights import WeightsError, check_layer_count, param_seed, random_matrix
 
 __all__ = ["build_decoder", "unsupported_reason"]
 
@@ -125,34 +126,35 @@ def _draw_on_host(draws: list[tuple[torch.Tensor, str, bool]], seed: int, positi
 
 
 def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: torch.device) -> None:
-    """Copy checkpoint tensors, read onto the device, into the model by name (shapes checked)."""
+    """Copy checkpoint tensors, read onto the device, into the model by name (shapes checked), by the
+    CPU loader's rules (`weights.load_checkpoint_weights`): the files `checkpoint_files.tensor_index`
+    names (the safetensors index honoured, stale and duplicate files refused), the layer count
+    config.json's, NaN and infinite values refused. (It globbed every file, the first name winning a
+    tensor two held, and took NaN weights: a stale shard or a damaged tensor ran on the GPU only.)"""
     from safetensors import SafetensorError, safe_open
 
-    files = sorted(Path(weights_dir).glob("*.safetensors"))
-    if not files:
-        raise WeightsError(f"--weights {shown_path(weights_dir)}: no *.safetensors files")
+    index = tensor_index(weights_dir)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
-    prefix = "model.language_model."
-    found: set[str] = set()
-    with torch.no_grad():
-        for file in files:
-            try:
-                with safe_open(str(file), framework="pt", device=str(device)) as handle:
-                    for key in handle.keys():
-                        name = "model." + key[len(prefix):] if key.startswith(prefix) else key
-                        targets = [name]
-                        if is_tied and name == "model.embed_tokens.weight":
-                            targets.append("lm_head.weight")
-                        for target in targets:
-                            if target in params and target not in found:
-                                _copy(params[target], handle.get_tensor(key), target, weights_dir)
-                                found.add(target)
-            except (SafetensorError, OSError) as error:
-                raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
-    missing = sorted(set(params) - found)
+    check_layer_count(weights_dir, set(index), set(params))
+    if is_tied and "lm_head.weight" not in index and "model.embed_tokens.weight" in index:
+        index["lm_head.weight"] = index["model.embed_tokens.weight"]  # (a tied head takes the embedding's)
+    missing = sorted(set(params) - set(index))
     if missing:
         raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
                            + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+    by_file: dict[Path, list[str]] = {}
+    for name in sorted(params):
+        by_file.setdefault(index[name][0], []).append(name)
+    with torch.no_grad():
+        for file, names in by_file.items():
+            try:
+                with safe_open(str(file), framework="pt", device=str(device)) as handle:
+                    for name in names:
+                        key = index[name][1]
+                        _copy(params[name], handle.get_tensor(key), name, weights_dir)
+                        check_finite(weights_dir, file, key, params[name])
+            except (SafetensorError, OSError) as error:
+                raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, weights_dir: str) -> None:
