@@ -59,3 +59,47 @@ def test_the_tokenizer_says_which_file_failed(tmp_path):
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{% for %}"}))
     with pytest.raises(TokenizerError, match="chat_template is not a valid template"):
         load_tokenizer(str(directory)).render_chat(MESSAGES)
+
+
+@pytest.mark.parametrize("source", [
+    # a string doubled in a loop by `~`: each step within every per-operation bound
+    "{% set ns = namespace(v='x' * 4000000) %}{% for i in range(40) %}{% set ns.v = ns.v ~ ns.v %}{% endfor %}"
+    "{{ ns.v[:5] }}",
+    "{{ '{:>999999999}'.format(1) }}",  # a width in a format spec
+    "{{ (['x' * 4000000] * 4000000) | join }}",  # one 4 MB string, referenced 4 million times, joined
+    "{{ '%0999999999d' % 1 }}",  # folded when the template compiles
+])
+def test_a_template_that_grows_past_the_workers_memory_fails_alone(source):
+    """Each took a host's memory past 6 GB in this process; in the worker each fails with its
+    address space's MemoryError (or its rendered text's bound), and the next template renders."""
+    with pytest.raises(ChatTemplateError, match=r"tokenizer_config.json: .*MemoryError \(past the 512 MiB"):
+        compile_template(source, "tok/tokenizer_config.json").render(messages=MESSAGES)
+    assert compile_template("{{ messages[0]['content'] }}", "t").render(messages=MESSAGES) == "hello"
+
+
+def test_a_render_past_its_time_is_killed_and_the_next_gets_a_fresh_worker(monkeypatch):
+    from mstar.runtime.serve import chat_template
+
+    monkeypatch.setattr(chat_template, "RENDER_TIMEOUT_S", 1.0)
+    # 2**40 macro calls, each within every bound: only the time stops it
+    slow = "{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(40) }}"
+    with pytest.raises(ChatTemplateError, match="ran past 1 s"):
+        compile_template(slow, "tok/tokenizer_config.json").render(messages=MESSAGES)
+    assert compile_template("{{ 2 + 2 }}", "t").render() == "4"
+
+
+def test_the_worker_runs_isolated_from_the_working_directory(tmp_path, monkeypatch):
+    """A module planted in the working directory (or named by PYTHONPATH) is not what the worker
+    imports."""
+    from mstar.runtime.serve import chat_template
+
+    (tmp_path / "jinja2").mkdir()
+    (tmp_path / "jinja2" / "__init__.py").write_text("raise SystemExit('planted')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    worker = chat_template.TemplateWorker()
+    monkeypatch.setattr(chat_template, "_the_worker", worker)
+    try:
+        assert compile_template("{{ 'ok' }}", "t").render() == "ok"
+    finally:
+        worker.close()
