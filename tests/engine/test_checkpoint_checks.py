@@ -117,6 +117,8 @@ def test_a_nan_checkpoint_fails_the_run_not_the_tokens(tmp_path, capsys):
     ({"rms_norm_eps": 0.0}, "rms_norm_eps must be a finite positive number, got 0.0"),
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor must be in (0, 1], got 1.5"),
     ({"rope_parameters": [1, 2]}, "rope_parameters [1, 2] is not an object"),
+    # (2**62 overflowed the memory probe's sizes: "internal error ... a bug in mstar")
+    ({"vocab_size": 2**62}, "vocab_size is 4611686018427387904, past any model's (2147483647)"),
 ])
 def test_bad_config_values_are_refused(tmp_path, patch, fragment):
     (tmp_path / "config.json").write_text(json.dumps({**CONFIG, **patch}))
@@ -133,6 +135,20 @@ def test_the_bad_config_values_of_the_audit_are_messages_in_mstar_run(tmp_path, 
                        "--requests", "1", "--no-progress"])
         err = capsys.readouterr().err
         assert status == 1 and err.startswith(f"mstar: error: {path / 'config.json'}: "), err
+
+
+def test_a_layer_count_is_checked_before_the_model_is_built(tmp_path, capsys, monkeypatch):
+    """config.json's 20,000 layers for a 2-layer checkpoint: `mstar run` took 30 s and 1.4 GB
+    building them before the loader refused; the engine now asks the files' headers first."""
+    from mstar.runtime.engine.models import decoder
+
+    path = _checkpoint(tmp_path / "ck")
+    (path / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": 20000}))
+    monkeypatch.setattr(decoder.Decoder, "__init__", lambda *args, **kwargs: pytest.fail("built a model"))
+    status = main(["run", "--plan", str(ROOT / "generated" / "llama.plan"), "--weights", str(path), "--requests", "1",
+                   "--no-progress"])
+    err = capsys.readouterr().err
+    assert status == 1 and "num_hidden_layers is 20000 but the checkpoint holds 2 layers" in err, err
 
 
 @pytest.mark.parametrize("num_layers", [1, 3])

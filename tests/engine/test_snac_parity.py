@@ -83,10 +83,23 @@ def test_plain_convs_without_noise_match_snac(tmp_path):
     ({"attn_window_size": 32}, "local attention .* not supported"),
     ({"vq_strides": [4, 3, 1]}, "every vq stride divide the first"),
     ({"decoder_rates": "x"}, "missing or bad field"),
+    # each was a C++ stack trace from a rank, or a message naming no file
+    ({"decoder_rates": [1e308, 1e308]}, "sizes, rates and strides of at most 1048576"),
+    ({"sampling_rate": float("inf")}, "missing or bad field"),
 ])
 def test_bad_config_is_refused(change, message, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(CONFIG, **change)))
     with pytest.raises(WeightsError, match=message):
+        read_snac_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000, "not JSON the engine can read"),
+    ('{"decoder_dim": ' + "9" * 5000 + "}", "not JSON the engine can read"),
+])
+def test_unreadable_config_json_is_refused_naming_it(text, message, tmp_path):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(WeightsError, match=f"config.json: {message}"):
         read_snac_config(str(tmp_path))
 
 

@@ -38,3 +38,25 @@ def test_a_refused_rank_exits_quietly_when_rank_0_cannot_take_the_message(monkey
     with pytest.raises(SystemExit) as exited:
         launch.run_rank(load_plan("generated/orpheus.plan"), 1, 1, RankOptions(), lambda peer: None)
     assert exited.value.code == 1
+
+
+def test_a_refused_rank_tells_rank_0_one_line(monkeypatch):
+    """A torch error's message carries its C++ frames: rank 0 printed them all, twice."""
+    sent = []
+
+    class Heard:
+        def __init__(self, _problem):
+            pass
+
+        def send(self, _dst, kind, body=None, **_kwargs):
+            sent.append((kind, body))
+
+    def refuse(*_args):
+        raise TypeError("empty(): argument 'size' failed to unpack\nException raised from THPUtils_unpackLong\n"
+                        "frame #0: c10::Error::Error")
+
+    monkeypatch.setattr(launch, "Channel", Heard)
+    monkeypatch.setattr(launch, "tp_comms", lambda *args: None)
+    monkeypatch.setattr(launch, "build_executor", refuse)
+    launch.run_rank(load_plan("generated/orpheus.plan"), 1, 1, RankOptions(), lambda peer: None)
+    assert sent[-1] == ("fatal", {"message": "cannot start its engine: empty(): argument 'size' failed to unpack"})

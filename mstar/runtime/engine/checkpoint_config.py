@@ -51,6 +51,7 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "qwen3_5"),  # its text model; the vision tower is skipped
 }
 # dims that must be positive integers: always, and when present (None: derived from the others)
+MAX_DIM = 2**31 - 1  # the largest size a config.json dimension may give (a tensor index's range)
 POSITIVE_DIMS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 OPTIONAL_POSITIVE_DIMS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 QWEN3_5_POSITIVE_DIMS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
@@ -125,6 +126,8 @@ def _check_values(config: dict, style: str, path: Path) -> None:
             raise WeightsError(f"{path}: missing field {name!r}")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise WeightsError(f"{path}: {name} must be a positive integer, got {_shown(value)}")
+        if value > MAX_DIM:  # (a vocab_size of 2**62 overflowed the memory probe's sizes: "a bug in mstar")
+            raise WeightsError(f"{path}: {name} is {_shown(value)}, past any model's ({MAX_DIM})")
     num_kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
     if config["num_attention_heads"] % num_kv_heads:
         raise WeightsError(f"{path}: num_attention_heads {config['num_attention_heads']} is not a multiple of "

@@ -15,13 +15,12 @@ file (CVE-2025-32434), and pyproject allows torch 2.4, so there a .bin is refuse
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
 
-from mstar.runtime.engine.checkpoint_config import WeightsError
+from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_object
 from mstar.plan.dims import SnacDims
 from mstar.runtime.engine.models.snac import SnacDecoder, load_snac_state
 
@@ -29,6 +28,8 @@ from mstar.runtime.engine.models.snac import SnacDecoder, load_snac_state
 SNAC_DEFAULTS = {"sampling_rate": 44100, "encoder_dim": 64, "encoder_rates": [3, 3, 7, 7], "latent_dim": None,
                  "decoder_dim": 1536, "decoder_rates": [7, 7, 3, 3], "attn_window_size": 32, "codebook_size": 4096,
                  "codebook_dim": 8, "vq_strides": [8, 4, 2, 1], "noise": True, "depthwise": True}
+MAX_SNAC_SIZE = 1 << 20  # any size, rate or stride a SNAC config may give (a rate of 1e308 overflowed a tensor size)
+MAX_SNAC_STAGES = 16  # decoder rates or vq strides (the published models have 4)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # safetensors first (module docstring)
 SAFE_TORCH_LOAD = (2, 6)  # the first torch whose torch.load(weights_only=True) runs no code from the file
 
@@ -43,12 +44,7 @@ def read_snac_config(directory: str) -> SnacDims:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise WeightsError(f"SNAC checkpoint {directory}: no config.json there")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise WeightsError(f"{path}: not valid JSON ({error})") from None
-    if not isinstance(raw, dict):
-        raise WeightsError(f"{path}: not a JSON object")
+    raw = read_json_object(path, "SNAC config")  # (bounded; a number too long or nesting too deep refused)
     config = {**SNAC_DEFAULTS, **raw}
     if config["attn_window_size"] is not None:
         raise WeightsError(f"{path}: attn_window_size={config['attn_window_size']}: SNAC decoders with local "
@@ -62,12 +58,15 @@ def read_snac_config(directory: str) -> SnacDims:
                         decoder_dim=int(config["decoder_dim"]), decoder_rates=rates,
                         codebook_size=int(config["codebook_size"]), codebook_dim=int(config["codebook_dim"]),
                         vq_strides=strides, has_noise=bool(config["noise"]), is_depthwise=bool(config["depthwise"]))
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:  # (OverflowError: a rate of 1e308 or Infinity)
         raise WeightsError(f"{path}: missing or bad field ({error})") from None
     numbers = (dims.sampling_rate, dims.latent_dim, dims.decoder_dim, dims.codebook_size, dims.codebook_dim,
                *rates, *strides)
     if not rates or not strides or min(numbers) <= 0:
         raise WeightsError(f"{path}: sizes, rates and strides must be positive, with at least one of each")
+    if max(numbers) > MAX_SNAC_SIZE or len(rates) > MAX_SNAC_STAGES or len(strides) > MAX_SNAC_STAGES:
+        raise WeightsError(f"{path}: sizes, rates and strides of at most {MAX_SNAC_SIZE} and at most "
+                           f"{MAX_SNAC_STAGES} rates and strides are read (the 24 kHz model's largest is 24000)")
     if dims.decoder_dim % 2 ** len(rates) or any(strides[0] % s for s in strides):
         raise WeightsError(f"{path}: decoder_dim must halve {len(rates)} times and every vq stride divide the "
                            f"first ({strides[0]})")

@@ -71,8 +71,9 @@ from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.step import AheadChunks, EngineCaps, RowResult, Step, StepHandle, StepResult, StepRow
+from mstar.runtime.engine.checkpoint_files import tensor_index
 from mstar.runtime.engine.weights import (
-    WeightsError, init_random, load_decoder, read_checkpoint_config,
+    WeightsError, check_layer_count, init_random, load_decoder, read_checkpoint_config,
 )
 
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,
@@ -317,6 +318,9 @@ class TorchEngine:
             kinds = {"llama": "a plain Llama decoder", "qwen3_5": "a Qwen3.5 gated delta-net hybrid"}
             raise WeightsError(f"--weights {shown_path(weights_dir)}: the checkpoint is {kinds[checkpoint.style]} but "
                                f"node {node.name} is {kinds[dims.style]}")
+        # before any model is built: 20,000 layers for a 2-layer checkpoint took 30 s and 1.4 GB to build
+        # before the loader refused them
+        check_layer_count(weights_dir, set(tensor_index(weights_dir)), checkpoint.num_layers)
         return checkpoint
 
     def _decoder_model(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str],

@@ -141,7 +141,7 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
         model.lm_head.weight = model.model.embed_tokens.weight
     params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
     wanted = {name for name in params if not name.startswith("flow.")}
-    check_layer_count(weights_dir, set(index), wanted)
+    check_layer_count(weights_dir, set(index), len(layer_indices(wanted)))
     missing = sorted(wanted - set(index))
     if missing:
         raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
@@ -166,8 +166,9 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
     return set(params) - wanted
 
 
-def check_layer_count(weights_dir: str, tensor_names: set[str], param_names: set[str]) -> None:
-    num_layers = len(layer_indices(param_names))
+def check_layer_count(weights_dir: str, tensor_names: set[str], num_layers: int) -> None:
+    """config.json's layer count against the checkpoint's `model.layers.K.` tensors (from the files'
+    headers: the engine asks before it builds a model, whose layers a wrong count multiplies)."""
     found = layer_indices(tensor_names)
     if found and len(found) != num_layers:
         raise WeightsError(f"--weights {shown_path(weights_dir)}: config.json's num_hidden_layers is {num_layers} "

@@ -27,7 +27,7 @@ from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
 from mstar.runtime.engine.models.layers import RMSNorm
-from mstar.runtime.engine.checkpoint_files import check_finite, tensor_index
+from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
 from mstar.runtime.engine.weights import WeightsError, check_layer_count, param_seed, random_matrix
 
 __all__ = ["build_decoder", "unsupported_reason"]
@@ -135,7 +135,7 @@ def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: to
 
     index = tensor_index(weights_dir)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
-    check_layer_count(weights_dir, set(index), set(params))
+    check_layer_count(weights_dir, set(index), len(layer_indices(params)))
     if is_tied and "lm_head.weight" not in index and "model.embed_tokens.weight" in index:
         index["lm_head.weight"] = index["model.embed_tokens.weight"]  # (a tied head takes the embedding's)
     missing = sorted(set(params) - set(index))

@@ -111,7 +111,9 @@ def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_
         executor = build_executor(plan, rank, options, channel, device, comms)
     except Exception as error:  # a refused engine: rank 0 reports it and stops
         try:
-            channel.send(0, "fatal", {"message": f"cannot start its engine: {error}"}, timeout_s=10.0)
+            # (one line: a torch error's message carries its C++ frames)
+            message = " ".join(str(error).splitlines()[0].split()) if str(error) else type(error).__name__
+            channel.send(0, "fatal", {"message": f"cannot start its engine: {message}"}, timeout_s=10.0)
         except RankFailure:  # rank 0 is still building its own engine: it sees this rank exit instead
             raise SystemExit(1) from None
         return
