@@ -50,7 +50,8 @@
 #   topk   top_k first, then top_p over the top k's mass (the nucleus search's count-only search
 #          first where a row has both): the sampler's GPU tests, `mstar bench sampler` (its
 #          top_k_top_p kind), the plain, top_p and top_k + top_p workloads (extras'), then where the
-#          decode (`bench engine` on llama) and the prefix scenario stand
+#          decode (`bench engine` on llama) and the prefix scenario stand; with Qwen3-ASR's GPU tests
+#          (a checkpoint through the device path's loader, now on the reference loader's rules)
 #   prompts a prompt's own log-probabilities on the fast path: tests/gpu/test_prompt_logprobs_gpu.py
 #          (llama and llama_chunked at spec dims) and the piecewise graphs' and the fast path's GPU
 #          tests, then what asking costs a lone 1,024-token prompt (the Python API, alternated with
@@ -195,7 +196,7 @@ PY
     in_time "the fast path's GPU tests" && python3 -m pytest -q tests/gpu/test_gpu_fast_path.py \
       -k "logprobs or logit_bias or penal" ;;
   topk)
-    timeout 200 python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py
+    timeout 200 python3 -m pytest -q tests/gpu/test_sampling_kernels_gpu.py tests/gpu/test_qwen3_asr_gpu.py
     in_time "bench sampler" && timeout 150 python3 -m mstar.cli.mstar bench sampler --iters 20
     in_time "the workloads" && NO_BENCH=1 RUNS="plain top_p top_k_top_p plain" LIMIT_S=$(( limit - $(date +%s) + t0 )) \
       bash "$0" extras
