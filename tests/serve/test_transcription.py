@@ -275,6 +275,10 @@ def test_a_clip_too_long_is_refused_from_its_header_before_decoding(monkeypatch)
     with pytest.raises(ApiError) as caught:
         samples(form, audio)
     assert caught.value.status == 400 and "40.00 s of audio; this model transcribes at most 30 s" in str(caught.value)
+    one_past = wav_bytes(0.0)[:40] + (960002).to_bytes(4, "little") + bytes(960002)  # 480,001 16-bit samples
+    one_past = one_past[:4] + (len(one_past) - 8).to_bytes(4, "little") + one_past[8:]
+    with pytest.raises(ApiError, match="30.000062 s of audio"):  # (it read "30.00 s", as if within 30 s)
+        samples(TranscriptionForm(model="qwen3_asr", data=one_past, filename="a.wav"), audio)
 
 
 def test_8_bit_samples_decode_to_their_centred_values():

@@ -183,7 +183,10 @@ def samples(form: TranscriptionForm, audio: AudioInput) -> Any:
 
 
 def _too_long(form: TranscriptionForm, audio: AudioInput, num_samples: int) -> ApiError:
-    return ApiError(400, f"file {form.filename!r}: {num_samples / audio.sample_rate:.2f} s of audio; this "
+    seconds = f"{num_samples / audio.sample_rate:.2f}"
+    if float(seconds) <= audio.max_seconds:  # (480,001 samples read "30.00 s", as if within 30 s)
+        seconds = f"{num_samples / audio.sample_rate:.6f}"
+    return ApiError(400, f"file {form.filename!r}: {seconds} s of audio; this "
                          f"model transcribes at most {audio.max_seconds:g} s"
                          + (" (one window of its front end)" if audio.max_samples == audio.window_samples
                             else f" ({audio.max_samples // audio.window_samples} windows of its front end)"),
