@@ -120,6 +120,37 @@ def test_interval_and_written_sequences():
     assert guidance.written("prefill_text", is_guided=False) == ("main",)
     assert guidance.read("image_gen", is_guided=True) == ("main", "cfg_text", "cfg_img")
     assert guidance.defaults == (4.0, 1.0)
+    # a row never writes a sequence whose guidance drops what it feeds (the spec's lines already
+    # leave those out for BAGEL: the same sequences either way)
+    assert guidance.written("prefill_text", is_guided=True, fed=frozenset({"text"})) == ("main", "cfg_img")
+    assert guidance.written("prefill_vit", is_guided=True, fed=frozenset({"image", "audio"})) == ("main", "cfg_text")
+
+
+def cosmos3():
+    plan = load_plan(str(GENERATED / "cosmos3.plan"))
+    return plan, NodeGuidance.of(next(node for node in plan.nodes if node.name == "dit"))
+
+
+def test_a_sequence_that_drops_text_is_not_written_by_a_text_row():
+    """Cosmos3's `uncond` drops text, and its text prefill says `writes main uncond`: the text went
+    into both, so the unconditioned branch held the prompt and every scale gave the same image."""
+    _, guidance = cosmos3()
+    assert guidance.written("prefill", is_guided=True, fed=frozenset({"text"})) == ("main",)
+    assert guidance.written("prefill", is_guided=True) == ("main", "uncond")  # (nothing fed: the spec's line)
+
+
+def test_cosmos3s_guidance_scale_changes_the_image():
+    plan, _ = cosmos3()
+    route = {"Cosmos": ["prefill", "image_gen"]}
+    images = {}
+    for scale in (None, 1.0, 2.0, 7.0):
+        driver = Driver(plan, TorchEngine(plan))
+        guidance = {} if scale is None else {"uncond": scale}
+        driver.run(Workload([Request(id="c", prompt_tokens=[1, 5, 9, 13, 17], max_tokens=1, route=route, seed=3,
+                                     guidance=guidance)]))
+        images[scale] = image_of(driver.conductor.records["c"])
+    assert torch.equal(images[None], images[7.0])  # the spec's default scale
+    assert not torch.equal(images[1.0], images[2.0]) and not torch.equal(images[2.0], images[7.0])
 
 
 def test_bad_scales_are_refused():

@@ -482,7 +482,10 @@ class DecoderRunner:
         for part in parts:
             embeds[:part.shape[0]] += part
         is_guided = self.is_guided(request)
-        writes = self.guidance.written(row.walk, is_guided)
+        # what the row feeds: text (token ids), media (embeddings: an image's or audio's states)
+        is_media_fed = bool(states) or len(parts) > (prompt is not None)
+        fed = frozenset((["text"] if tokens_fed else []) + (["image", "audio"] if is_media_fed else []))
+        writes = self.guidance.written(row.walk, is_guided, fed)
         reads = () if writes else self.guidance.read(row.walk, is_guided)  # a read-only KV walk
         return _Prepared(row, call, request, embeds, tokens_fed, writes=writes, reads=reads,
                          is_token_kept=is_token_kept)

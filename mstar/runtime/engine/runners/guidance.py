@@ -8,7 +8,9 @@ Out: `NodeGuidance`, which answers per walk which sequences a row writes or read
 The first KV sequence holds the whole prompt; each guidance sequence is kept without part of it
 (BAGEL, reference section 1.2: `cfg_text` drops the text and sees the images only, `cfg_img` drops
 the images and sees the text only), so each walk writes the sequences its spec line names (a text
-row `main cfg_img`, an image row `main cfg_text`). An image-flow row reads its walk's `reads` and
+row `main cfg_img`, an image row `main cfg_text`), less any whose guidance drops what the row feeds
+(Cosmos3's `uncond` drops text: its text prefill, `writes main uncond`, writes `main` alone, and the
+unconditioned branch attends over no text, as `_needed_pages` budgets it). An image-flow row reads its walk's `reads` and
 combines the velocities in guidance order, as BAGEL does:
 
     v = v_first
@@ -69,6 +71,7 @@ class NodeGuidance:
     # walks whose rows attend over the sequences without extending any (their kv access writes
     # none of the node's sequences: an image flow, a read-only KV walk)
     read_only_walks: frozenset[str] = frozenset()
+    drops: dict[str, str] = field(default_factory=dict)  # guidance label -> the prompt part it is kept without
 
     @classmethod
     def of(cls, node: NodePlan) -> "NodeGuidance":
@@ -80,16 +83,22 @@ class NodeGuidance:
             writes={a.walk: tuple(a.writes) for a in node.kv_access},
             reads={a.walk: tuple(a.reads) for a in node.kv_access},
             read_only_walks=frozenset(a.walk for a in node.kv_access if set(a.writes).isdisjoint(node.kv_sequences)),
+            drops={g.label: g.drops for g in node.guidance},
         )
 
     def scales(self, params: GuidanceParams) -> tuple[float, ...]:
         return tuple(params.scales.get(label, default) for label, default in zip(self.labels, self.defaults))
 
-    def written(self, walk: str, is_guided: bool) -> tuple[str, ...]:
-        """The KV sequences a row of `walk` extends (none for a read-only walk)."""
+    def written(self, walk: str, is_guided: bool, fed: frozenset[str] = frozenset()) -> tuple[str, ...]:
+        """The KV sequences a row of `walk` extends (none for a read-only walk): its walk's, less a
+        guidance sequence kept without a part of the prompt the row feeds (`fed`: "text", "image").
+        (Cosmos3's text prefill wrote its text into `uncond`, which drops text: the unconditioned
+        branch held the prompt, and every guidance scale gave the same image.)"""
         if walk in self.read_only_walks:
             return ()
-        return (self.writes.get(walk) or (self.first,)) if is_guided else (self.first,)
+        if not is_guided:
+            return (self.first,)
+        return tuple(label for label in self.writes.get(walk) or (self.first,) if self.drops.get(label) not in fed)
 
     def read(self, walk: str, is_guided: bool) -> tuple[str, ...]:
         """The KV sequences a read-only row of `walk` attends over (the first one first)."""
