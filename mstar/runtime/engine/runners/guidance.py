@@ -10,8 +10,8 @@ The first KV sequence holds the whole prompt; each guidance sequence is kept wit
 the images and sees the text only), so each walk writes the sequences its spec line names (a text
 row `main cfg_img`, an image row `main cfg_text`), less any whose guidance drops what the row feeds
 (Cosmos3's `uncond` drops text: its text prefill, `writes main uncond`, writes `main` alone, and the
-unconditioned branch attends over no text, as `_needed_pages` budgets it). An image-flow row reads its walk's `reads` and
-combines the velocities in guidance order, as BAGEL does:
+unconditioned branch attends over no text, as `_needed_pages` budgets it). An image-flow row reads
+its walk's `reads` and combines the velocities in guidance order, as BAGEL does:
 
     v = v_first
     v = v_g + scale_g * (v - v_g)         for each guidance label g (a later one only when scale_g > 1)
