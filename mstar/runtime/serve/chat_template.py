@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 import select
 import subprocess
 import sys
@@ -113,6 +114,7 @@ class TemplateWorker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._process: Optional[subprocess.Popen] = None
+        self.owner_pid = os.getpid()  # (a forked child starts its own: two writers on one pipe would interleave)
 
     def ask(self, request: dict[str, Any], where: str) -> str:
         """The worker's text for `request`, or ChatTemplateError naming `where` (its compile or
@@ -172,7 +174,7 @@ _worker_lock = threading.Lock()
 def _worker() -> TemplateWorker:
     global _the_worker
     with _worker_lock:
-        if _the_worker is None:
+        if _the_worker is None or _the_worker.owner_pid != os.getpid():
             _the_worker = TemplateWorker()
         return _the_worker
 
