@@ -22,6 +22,24 @@ import pytest
 from plan_variants import compiled
 from runtime_plans import ROOT
 
+ORPHEUS_PD_TP_SWAPPED = """model: "orpheus"
+max_seq_len: 131072
+node_groups:
+  - node_names: [LLM]
+    ranks: [0, 1]
+    tp_size: 2
+    graph_walks: [prefill]
+  - node_names: [LLM]
+    ranks: [3, 2]
+    tp_size: 2
+    graph_walks: [decode]
+  - node_names: [snac_decoder]
+    ranks: [0]
+    graph_walks: [snac_chunk]
+kv_pool:
+  page_size: 16
+  num_pages: 16384
+"""
 START_TIMEOUT_S = 240.0  # interpreters and torch start-up, several processes, a busy 2-core machine
 RUN = ["--requests", "3", "--output-len", "8..8", "--no-progress"]
 # The most a run may take to stop after losing a rank before the test calls it a hang: the run
@@ -131,6 +149,19 @@ kv_pool:
   page_size: 16
   num_pages: 8192
 """
+
+
+def test_kv_moves_between_tp_groups_listed_out_of_order_by_shard(tmp_path, one_process):
+    """Prefill on TP group [0, 1], decode on a group listed [3, 2]: a rank's shard is its place in
+    its group's ranks in ascending order, and the KV move paired ranks by their place in the plan's
+    list (rank 0's shard 0 went to rank 3, which holds shard 1): decode read other heads' KV, every
+    token past the first was wrong, and the run exited 0."""
+    deployment = tmp_path / "orpheus_pd_tp.yaml"
+    deployment.write_text(ORPHEUS_PD_TP_SWAPPED)
+    plan = compiled(ROOT / "specs" / "orpheus.mw", deployment, tmp_path)
+    found, report = _run(tmp_path, plan, "processes")
+    assert report["ranks"]["num_kv_moves"] == 3
+    assert found == one_process["orpheus_colocated"]
 
 
 def test_log_probabilities_cross_ranks_as_one_process_gives_them(tmp_path):

@@ -261,11 +261,14 @@ class RankEngines:
         return result
 
     def _move(self, request_id: str, node: str, src: Instance, dst: Instance) -> None:
-        """Each rank of the instance holding the KV sends its shard to the rank at the same place."""
+        """Each rank of the instance holding the KV sends its shard to the rank holding the same shard
+        there: a rank's shard is its place among its group's ranks in ascending order (tp/build.py),
+        not in the plan's list (a group listed [3, 2] paired rank 0's shard 0 with rank 3's shard 1:
+        decode read other heads' KV, and the run exited 0)."""
         if len(src) != len(dst):
             raise RemoteStepError(f"request {request_id}: its KV on {node} lives on ranks {list(src)} and cannot move "
                                   f"to ranks {list(dst)} (a different tensor-parallel size)")
-        for sender, receiver in zip(src, dst):
+        for sender, receiver in zip(sorted(src), sorted(dst)):
             if receiver != 0:
                 self._send(receiver, "kv_recv", {"request_id": request_id, "node": node, "src": sender})
             if sender != 0:
