@@ -97,3 +97,30 @@ def test_no_offload_figures_from_a_lost_run_or_mid_step(tmp_path):
     engines.lost = "rank 1 exited"
     assert engines.offload_figures() is None
     assert channel.sent == []
+
+
+class _Answers(_Channel):
+    def __init__(self, answer: Message):
+        super().__init__({})
+        self.answer = answer
+
+    def recv(self, src, timeout_s=None, what="answering"):
+        return self.answer
+
+
+@pytest.mark.parametrize("local, answer, says", [
+    (RuntimeError("Timed out waiting 3000ms for recv"), Message("step_error", {"message": "pair closure"}),
+     "rank 1 failed a tensor-parallel step, which leaves its group's collectives out of step: pair closure"),
+    (RuntimeError("Timed out waiting 3000ms for recv"), Message("done", {}),
+     "rank 0 failed a tensor-parallel step, .*: RuntimeError: Timed out waiting 3000ms"),
+])
+def test_a_failed_tensor_parallel_step_loses_the_run(tmp_path, local, answer, says):
+    """A rank paused past --rank-timeout: rank 0's collective timed out, gloo closed the group's
+    connections, and as an ordinary step failure every later step failed with the transport's
+    message while the run exited 0."""
+    from mstar.runtime.step import StepHandle
+
+    engines = _engines(_plan(tmp_path, "orpheus_tp2"), _Local(0), _Answers(answer))
+    with pytest.raises(RankFailure, match=says):
+        engines.wait(StepHandle(step=None, pending=((0, 1), [], local)))
+    assert engines.lost is not None and engines.add_request("s", None).startswith("not run: rank")

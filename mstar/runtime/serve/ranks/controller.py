@@ -26,9 +26,9 @@ requests alone, as in one process.
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any, Optional
 
+from mstar.arg_types import shown_error
 from mstar.plan.prefix_walks import prefix_walk_pairs
 from mstar.plan.schema import Plan
 from mstar.runtime.serve.ranks.channel import Channel, Message, RankFailure
@@ -243,11 +243,18 @@ class RankEngines:
             if rank != 0:
                 answers[rank] = self._recv(rank, "result" if rank == instance[0] else "done")
                 self.running.discard(rank)
+        errors = [(rank, m.body["message"]) for rank, m in answers.items() if m.kind == "step_error"]
+        if len(instance) > 1 and (isinstance(local, Exception) or errors):
+            # A tensor-parallel group's step that failed on a rank left its collectives out of step
+            # (gloo closes the group's connections after a timeout): as an ordinary step failure,
+            # every later step of the run failed with the transport's message, and the run exited 0.
+            rank, said = errors[0] if errors else (0, shown_error(local))
+            raise self._lose(RankFailure(rank, f"failed a tensor-parallel step, which leaves its group's collectives "
+                                               f"out of step: {said}"))
         if isinstance(local, Exception):
             raise local
-        errors = [m.body["message"] for m in answers.values() if m.kind == "step_error"]
         if errors:
-            raise RemoteStepError(errors[0])
+            raise RemoteStepError(errors[0][1])
         if instance[0] == 0:
             result, imported = local
         else:
