@@ -538,13 +538,14 @@ def run_command(args: argparse.Namespace) -> int:
             _say(f"mstar: interrupted by {signal.Signals(stop.signum).name} before the run started; "
                  "nothing was written")
             return 128 + stop.signum
-    if getattr(args, "lost_rank", False):
+    if getattr(args, "lost_rank", False) or getattr(args, "is_abandoned_mid_step", False):
         _exit_without_teardown(code)
     return code
 
 
 def _exit_without_teardown(code: int) -> None:
-    """End the process now, after a rank process was lost. Everything the run writes (outputs, the
+    """End the process now, after a rank process was lost (or killed by a second signal while its
+    step's answer was due). Everything the run writes (outputs, the
     report, the error lines) is written and the rank processes are gone, but a wait on the lost
     rank's connection may still sit in the process group's transport, and tearing that down at
     exit aborted the process about one run in four on a loaded 2-core machine ("terminate called
@@ -598,11 +599,11 @@ def _rank_options(args: argparse.Namespace) -> Any:
 
 def _serve_rank(args: argparse.Namespace, plan: Any) -> int:
     """A rank other than 0 under torchrun: serve rank 0 until it stops the run."""
-    from mstar.runtime.serve.ranks.launch import serve_torchrun
+    from mstar.runtime.serve.ranks.launch import LaunchError, serve_torchrun
 
     try:
         serve_torchrun(plan, _rank_options(args))
-    except ValueError as error:
+    except (LaunchError, ValueError) as error:  # (LaunchError: rank 0 gone, a rendezvous that failed)
         raise CliError(str(error)) from None
     return 0
 
@@ -738,8 +739,11 @@ def _drive(args: argparse.Namespace, signals: _Signals, driver: Any, workload: A
         if writer is not None:
             writer.close()
         raise CliError(str(error)) from None
-    except _Interrupted:
-        pass  # a second signal: the step in progress is abandoned; what finished is kept
+    except _Interrupted:  # a second signal: the step in progress is abandoned; what finished is kept
+        abandon = getattr(driver.engine, "abandon", None)  # ranks as processes (serve/ranks/controller.py)
+        if abandon is not None:
+            abandon()  # nothing more to the ranks: they are killed, and the process ends without teardown
+            args.is_abandoned_mid_step = True
     except EngineLost as error:  # a rank process is gone: its requests fail, the run stops
         signals.is_lost = True
         driver.fail_active(str(error))

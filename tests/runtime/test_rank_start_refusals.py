@@ -60,3 +60,37 @@ def test_a_refused_rank_tells_rank_0_one_line(monkeypatch):
     monkeypatch.setattr(launch, "build_executor", refuse)
     launch.run_rank(load_plan("generated/orpheus.plan"), 1, 1, RankOptions(), lambda peer: None)
     assert sent[-1] == ("fatal", {"message": "cannot start its engine: empty(): argument 'size' failed to unpack"})
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_torchrun_rendezvous_nobody_answers_is_refused_within_the_start_timeout(monkeypatch, rank):
+    """Rank 1 given a port nobody listens on, or rank 0 whose rank 1 never comes: env:// waited the
+    group's 2-hour timeout inside C++, where Ctrl-C and SIGTERM did not reach Python."""
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a free port, closed again: nobody listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(launch, "START_TIMEOUT_S", 2.0)
+    began = time.monotonic()
+    with pytest.raises(launch.LaunchError, match=f"the torchrun rendezvous at 127.0.0.1:{port} did not complete"):
+        launch.join_env_group()
+    assert time.monotonic() - began < 60
+
+
+def test_a_torchrun_rank_whose_rank_0_is_gone_says_so(monkeypatch):
+    """It was `mstar: internal error (RankFailure: rank 0 closed its connection ...); this is a bug`."""
+    def gone(*_args):
+        raise RankFailure(0, "closed its connection ([gloo/pair.cc:553] Connection closed by peer)\nmore")
+
+    monkeypatch.setattr(launch, "join_env_group", lambda: None)
+    monkeypatch.setattr(launch.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(launch.dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(launch, "run_rank", gone)
+    with pytest.raises(launch.LaunchError, match=r"^rank 0 is gone, so this rank stops \(rank 0 closed its connection"):
+        launch.serve_torchrun(load_plan("generated/orpheus.plan"), RankOptions())

@@ -68,6 +68,7 @@ class RankEngines:
         # (rank 0's engine runs nothing ahead for steps it sends to other ranks)
         self.caps = dataclasses.replace(local.engine.caps, can_launch_ahead=False) if local else EngineCaps()
         self.lost: Optional[str] = None
+        self.is_abandoned = False  # `abandon`: no message to the ranks from now on
         self.num_steps = 0
         self.last_step: dict[int, str] = {}  # rank -> its latest step, for a failure's message
         self.running: set[int] = set()  # ranks with a step whose answer has not come back
@@ -193,6 +194,16 @@ class RankEngines:
                     total[name] += value
         return totals
 
+    def abandon(self) -> None:
+        """A second signal ended the run inside a step (`mstar run`): where each rank stands is not
+        known (one may be computing a step nobody will read, or waiting on KV pages rank 0 never
+        sent), so nothing more is sent to the ranks, and `RankProcesses.close` kills them at once.
+        (A rank blocked that way took no more messages: the next one waited out the rank timeout,
+        7-9 s after the second Ctrl-C, and the teardown then aborted the process one time in five.)"""
+        self.is_abandoned = True
+        if self.lost is None:
+            self.lost = "was abandoned mid-step by a second signal"
+
     def stop(self) -> None:
         """Tell every rank the run is over (it exits); a rank already gone is ignored."""
         for rank in self.remote:
@@ -226,8 +237,8 @@ class RankEngines:
         for rank in instance:
             self.last_step[rank] = f"step {self.num_steps} ({step.key}, {len(step.rows)} rows)"
             if rank != 0:
+                self.running.add(rank)  # (first: a signal between the two left a sent step unaccounted)
                 self._send(rank, "step", body, tensors)
-                self.running.add(rank)
         local: Any = None
         if 0 in instance and self.local is not None:
             try:

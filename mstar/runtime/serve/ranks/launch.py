@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Optional
@@ -40,6 +41,7 @@ from mstar.runtime.serve.ranks.worker import RankOptions, build_executor, serve
 
 GROUP_TIMEOUT = timedelta(hours=2)  # hangs are the rank timeout's to catch, not gloo's
 START_TIMEOUT_S = 600.0  # building a rank's models at spec dims takes a while
+RENDEZVOUS_POLL_S = 0.2  # how often the main thread looks up from a torchrun rendezvous (signals run then)
 PR_SET_PDEATHSIG = 1
 
 
@@ -106,8 +108,9 @@ def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_
         channel.send(0, "hello", {"plan": plan.header.content_sha256, "options": options.shared()})
     except RankFailure:  # rank 0 is gone: it reports the run's end itself
         raise SystemExit(1) from None
-    comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo", options.timeout_s)
     try:
+        # (its groups too: a plan's refused sp_size raised here, outside the try, as a traceback)
+        comms = tp_comms(plan, rank, "nccl" if device.startswith("cuda") else "gloo", options.timeout_s)
         executor = build_executor(plan, rank, options, channel, device, comms)
     except Exception as error:  # a refused engine: rank 0 reports it and stops
         try:
@@ -164,7 +167,7 @@ class RankProcesses:
 
     def _start(self) -> None:
         if self.is_torchrun:
-            dist.init_process_group("gloo", init_method="env://", timeout=GROUP_TIMEOUT)
+            join_env_group()
         else:
             self._spawn()
         device = rank_device(self.options.device, int(os.environ.get("LOCAL_RANK", "0")))
@@ -235,9 +238,11 @@ class RankProcesses:
         return message
 
     def close(self) -> None:
-        """Stop every rank: ask (a run that ended well), then terminate, then kill; leave the
-        process group."""
-        if self.engine is not None and self.engine.lost is None:
+        """Stop every rank: ask (a run that ended well), then kill; leave the process group. Ranks
+        of a run abandoned mid-step (`RankEngines.abandon`) or with a step's answer still due are
+        killed at once: one blocked sending that answer took no ask (2 s), then no join (5 s)."""
+        is_mid_step = self.engine is not None and (self.engine.is_abandoned or bool(self.engine.running))
+        if self.engine is not None and self.engine.lost is None and not is_mid_step:
             self.engine.stop()
             for child in self.children.values():
                 child.join(timeout=5.0)
@@ -245,17 +250,47 @@ class RankProcesses:
             if child.exitcode is None:  # a rank ignores SIGTERM (child_main): kill it
                 child.kill()
                 child.join()
-        if dist.is_initialized():
+        if dist.is_initialized() and not is_mid_step:  # (mid-step: the command exits without teardown)
             dist.destroy_process_group()
 
 
 def serve_torchrun(plan: Plan, options: RankOptions) -> None:
-    """A rank other than 0 of a torchrun launch: serve rank 0 until it stops."""
-    dist.init_process_group("gloo", init_method="env://", timeout=GROUP_TIMEOUT)
+    """A rank other than 0 of a torchrun launch: serve rank 0 until it stops. Rank 0 gone (killed,
+    or stopped refusing this rank) is a LaunchError naming it, not an internal error."""
+    join_env_group()
     try:
         run_rank(plan, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")), options, lambda peer: None)
+    except (RankFailure, dist.DistError) as error:
+        raise LaunchError(f"rank 0 is gone, so this rank stops ({' '.join(str(error).splitlines()[0].split())})"
+                          ) from None
     finally:
         dist.destroy_process_group()
+
+
+def join_env_group() -> None:
+    """The world group of a torchrun launch (env:// from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+    its rendezvous bounded by START_TIMEOUT_S and waited for on a helper thread: `init_method=env://`
+    gave the rendezvous the group's 2-hour timeout, so a wrong port or a rank that never came waited
+    2 hours inside C++, where neither Ctrl-C nor SIGTERM reached Python."""
+    found: list[Any] = []
+
+    def rendezvous() -> None:
+        try:
+            found.append(next(dist.rendezvous("env://", timeout=timedelta(seconds=START_TIMEOUT_S))))
+        except Exception as error:  # (a timeout, a refused address: said below)
+            found.append(error)
+
+    thread = threading.Thread(target=rendezvous, name="mstar-rendezvous", daemon=True)
+    thread.start()
+    while thread.is_alive():  # (the main thread takes signals between polls)
+        thread.join(RENDEZVOUS_POLL_S)
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    if isinstance(found[0], Exception):
+        said = " ".join(str(found[0]).splitlines()[0].split()) if str(found[0]) else type(found[0]).__name__
+        raise LaunchError(f"the torchrun rendezvous at {where} did not complete within {START_TIMEOUT_S:.0f} s "
+                          f"or failed ({said[:300]})")
+    store, rank, size = found[0]
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT)
 
 
 def _has_key(store: Any, key: str) -> bool:
