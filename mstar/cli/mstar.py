@@ -562,6 +562,12 @@ def _ranks_mode(args: argparse.Namespace, plan: Any) -> str:
     """How the plan's ranks run: `inproc` (one process), `spawn` (one child per rank) or
     `torchrun` (this process is one rank of a torchrun launch)."""
     num_ranks = max(worker.rank for worker in plan.workers) + 1
+    is_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and os.environ["WORLD_SIZE"] != "1"
+    if is_torchrun and (args.ranks == "inproc" or args.engine == "sim"):
+        # (each of torchrun's processes ran the whole workload, writing over the others' --out)
+        raise CliError(f"torchrun started {os.environ['WORLD_SIZE']} processes, one a rank, but "
+                       f"{'--engine sim' if args.engine == 'sim' else '--ranks inproc'} runs every rank in one "
+                       "process: run it without torchrun")
     if args.ranks == "inproc":
         return "inproc"
     if args.engine == "sim":

@@ -94,3 +94,15 @@ def test_a_torchrun_rank_whose_rank_0_is_gone_says_so(monkeypatch):
     monkeypatch.setattr(launch, "run_rank", gone)
     with pytest.raises(launch.LaunchError, match=r"^rank 0 is gone, so this rank stops \(rank 0 closed its connection"):
         launch.serve_torchrun(load_plan("generated/orpheus.plan"), RankOptions())
+
+
+@pytest.mark.parametrize("flags, says", [(["--engine", "sim"], "--engine sim"),
+                                         (["--ranks", "inproc"], "--ranks inproc")])
+def test_torchrun_with_a_one_process_run_is_refused(monkeypatch, capsys, flags, says):
+    """Each of torchrun's processes ran the whole workload, writing over the others' --out."""
+    from mstar.cli.mstar import main
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["run", "--plan", "generated/orpheus_tp2.plan", "--requests", "1", "--no-progress", *flags]) == 1
+    assert f"but {says} runs every rank in one process: run it without torchrun" in capsys.readouterr().err
