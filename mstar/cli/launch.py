@@ -11,9 +11,11 @@ command's last line (`exit_by_signals`)."""
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import sys
 from importlib import import_module
+from typing import Callable
 
 
 def _launch(module: str, name: str) -> int:
@@ -22,9 +24,32 @@ def _launch(module: str, name: str) -> int:
     except KeyboardInterrupt:
         print(f"{name}: interrupted before the command started; nothing was written", file=sys.stderr)
         return 128 + signal.SIGINT
-    code = command()
-    exit_by_signals()
+    return finish(command)
+
+
+def finish(command: Callable[[], int]) -> int:
+    """Run the command, then `exit_by_signals`. The command says every interrupt of its own; a
+    KeyboardInterrupt that reaches here came after its outcome was said (between the command's
+    handlers going and `exit_by_signals`: a traceback after `mstar run`'s last line), so the
+    process ends by SIGINT, as the module docstring says."""
+    try:
+        code = command()
+        exit_by_signals()
+    except KeyboardInterrupt:
+        die_by_sigint()
     return code
+
+
+def die_by_sigint() -> None:
+    """End the process by SIGINT's default action (a shell sees 130), with no traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(128 + signal.SIGINT)  # (not reached: the signal ends the process)
 
 
 def exit_by_signals() -> None:

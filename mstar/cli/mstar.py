@@ -431,6 +431,7 @@ class _Signals:
         self.is_abandonable = False
         self._num_holding = 0
         self._is_held = False
+        self._has_raised = False  # an _Interrupted was raised: later signals are only the first's echo
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_Signals":
@@ -447,8 +448,9 @@ class _Signals:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.is_reported:  # (the engine's teardown after the run: a second Ctrl-C there said
-            return            # "before the run started; nothing was written")
+        if self.is_reported or self._has_raised:  # (the engine's teardown after the run: a second Ctrl-C
+            return  # there said "before the run started; nothing was written"; one _Interrupted is raised at
+            # most: a second, while the command said the first, was a traceback and exit 1)
         if self.is_lost and not self.is_lost_signalled:  # (it marked the report "interrupted: SIGTERM")
             self.is_lost_signalled = True
             return
@@ -458,6 +460,7 @@ class _Signals:
         if self.is_writing:
             self.is_ending = self.is_ending or not is_first
             if self.is_ending and self.is_abandonable:
+                self._has_raised = True
                 raise _Interrupted(first_signum)
             return
         if is_first and self.driver is not None:
@@ -466,7 +469,14 @@ class _Signals:
         if self._num_holding:
             self._is_held = True
             return
+        self._has_raised = True
         raise _Interrupted(first_signum)
+
+    def begin_writing(self) -> None:
+        """The run is over (however it ended): what finished is written now; a signal from here on
+        follows `is_writing`'s rules (an _Interrupted the run raised is caught by now)."""
+        self.is_writing = True
+        self._has_raised = False
 
     @contextlib.contextmanager
     def held(self) -> Any:
@@ -479,6 +489,7 @@ class _Signals:
             self._num_holding -= 1
         if self._is_held and not self._num_holding:
             self._is_held = False
+            self._has_raised = True
             raise _Interrupted(self.signum or signal.SIGINT)
 
     @contextlib.contextmanager
@@ -486,6 +497,7 @@ class _Signals:
         """The report and timeline: a second signal, during them or noted since the run ended,
         abandons them (`_Interrupted`)."""
         if self.is_ending:
+            self._has_raised = True
             raise _Interrupted(self.signum or signal.SIGINT)
         self.is_abandonable = True
         try:
@@ -756,7 +768,7 @@ def _drive(args: argparse.Namespace, signals: _Signals, driver: Any, workload: A
         problems.append(str(error))
         args.lost_rank = True  # run_command ends the process without the transport's teardown
     finally:
-        signals.is_writing = True
+        signals.begin_writing()
 
 
 def _write_unwritten(writer: Any, driver: Any, problems: list[str]) -> None:
@@ -921,6 +933,8 @@ def _guarded(command: Callable[[], int]) -> int:
     except KeyboardInterrupt:  # before `mstar run` set its own handlers
         print("mstar: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+    except _Interrupted as stop:  # (a backstop: `_Signals` raises one at most, and its command says it)
+        return 128 + stop.signum
     except MemoryError:
         print("mstar: error: out of memory (a pool or an input larger than this machine holds)", file=sys.stderr)
         return 1
@@ -934,8 +948,6 @@ def _guarded(command: Callable[[], int]) -> int:
 
 
 if __name__ == "__main__":
-    from mstar.cli.launch import exit_by_signals
+    from mstar.cli.launch import finish
 
-    status = main()
-    exit_by_signals()
-    sys.exit(status)
+    sys.exit(finish(main))

@@ -80,3 +80,40 @@ def test_an_interrupt_while_the_interpreter_exits_ends_it_by_sigint_without_a_tr
                           env={**os.environ, "PYTHONPATH": str(root)})
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
     assert done.returncode == -signal.SIGINT
+
+
+def test_an_interrupt_between_the_command_and_its_exit_ends_by_sigint_without_a_traceback(tmp_path):
+    """After the command returned (its outcome said) and before `exit_by_signals` took over, a
+    Ctrl-C was a KeyboardInterrupt outside every guard: a traceback after `mstar run`'s last line."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import os, signal\n"
+        "from mstar.cli import launch\n"
+        "def command():\n"
+        "    print('the outcome', flush=True)\n"
+        "    return 0\n"
+        "def late():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # Python's handler raises at the next bytecode\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "launch.exit_by_signals = late\n"
+        "launch.finish(command)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGINT and done.stdout == "the outcome\n", done
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_second_signal_while_the_first_is_said_is_ignored(capsys):
+    """Two Ctrl-Cs 1 ms apart while `mstar run` started: the second raised another _Interrupted
+    while the command said the first, a traceback and exit 1 (the handler raises one at most)."""
+    from mstar.cli.mstar import _Interrupted, _Signals
+
+    with _Signals() as signals:
+        with pytest.raises(_Interrupted):
+            signals._handle(signal.SIGINT, None)
+        signals._handle(signal.SIGINT, None)  # the echo: nothing raised
+        signals.begin_writing()  # the run's end: a later signal follows the writing rules again
+        signals._handle(signal.SIGINT, None)
+        assert signals.is_ending

@@ -254,3 +254,24 @@ def test_the_timelines_composition_averages_each_keys_steps_apart():
     # the 0.45 s prefill step shows in each bin it ran through, not in its first bin alone
     assert means["LLM", "prefill"] == [0, 8, 8, 0] and means["LLM", "decode"][1:] == [0, 0, 0]
     assert means["codec", "chunk"] == [3, 0, 0, 2]
+
+
+def test_the_timelines_latency_holds_finished_requests_only(tmp_path, monkeypatch):
+    """An interrupted run drew the TTFT of requests that outputs.jsonl and the report leave out."""
+    from types import SimpleNamespace
+
+    import matplotlib.axes
+
+    from mstar.runtime.serve import timeline
+    from mstar.runtime.serve.metrics import StepLog
+
+    drawn = []
+    scatter = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter",
+                        lambda self, x, y, **kw: drawn.append((kw.get("label"), len(x))) or scatter(self, x, y, **kw))
+    finished = SimpleNamespace(is_finished=True, first_token_s=1.0, arrival_s=0.5, token_times_s=[1.0, 1.1],
+                               finish_s=1.1)
+    cut = SimpleNamespace(is_finished=False, first_token_s=2.0, arrival_s=1.5, token_times_s=[2.0, 2.1, 2.2],
+                          finish_s=None)
+    timeline.draw(StepLog(), [finished, cut], str(tmp_path / "t.png"))
+    assert drawn == [("TTFT (at first token)", 1), ("mean inter-token (at finish)", 1)]

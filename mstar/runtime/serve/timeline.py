@@ -59,8 +59,10 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
         top.legend(loc="upper right", fontsize="small", ncol=min(len(series), 4))
     top.set_ylabel("rows per step")
     top.set_title("step composition (each key's mean rows per step by walk, over time bins; keys stacked)")
+    # finished requests only, as the report's figures and outputs.jsonl (an interrupted run drew the
+    # TTFT of requests neither holds)
     ttft = [(r.first_token_s - origin_s, (r.first_token_s - r.arrival_s) * 1000.0)
-            for r in records if r.first_token_s is not None]
+            for r in records if r.is_finished and r.first_token_s is not None]
     itl = []
     for record in records:
         times_s = record.token_times_s
