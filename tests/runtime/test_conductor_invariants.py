@@ -39,6 +39,24 @@ def test_a_stop_string_longer_than_the_search_window_is_found():
     assert (record.num_output_tokens, record.finish_reason) == (20, "stop"), text
 
 
+def test_a_stop_string_split_by_many_tokens_without_text_is_found():
+    """Tokens that decode to nothing (special tokens, skipped) between a stop string's characters:
+    with more of them than the 16-token window, the text shown was cut at the stop string while the
+    request ran on to max_tokens, finishing `length`. The window doubles until its text holds it."""
+    plan = generated("llama")
+    output = _run(plan).output_tokens
+    assert len(set(output[:30])) == 30  # (the sim's tokens: each decodes to its own text below)
+    spoken = {output[2]: "x", output[25]: "y"}  # 22 tokens of no text between them
+
+    def decode(tokens):
+        return "".join(spoken.get(t, "") for t in tokens)
+
+    driver = Driver(plan, SimEngine(plan), decode=decode)
+    driver.run(Workload([Request(id="r", prompt_tokens=[1, 2, 3], max_tokens=40, stop_strings=["xy"])]))
+    record = driver.conductor.records["r"]
+    assert (record.num_output_tokens, record.finish_reason) == (26, "stop")
+
+
 def test_a_prompts_last_chunk_leaves_the_rest_of_the_budget_to_the_next_prompt():
     """Two 600-token prompts, a budget and chunk of 512: the third step holds both prompts' last
     chunks (88 + 88); a cut row made ready again with the whole prompt's tokens, not those left,

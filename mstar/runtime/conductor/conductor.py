@@ -73,9 +73,12 @@ log = logging.getLogger(__name__)
 
 # A stop string of N characters is looked for in the text of the last max(MIN, N * PER_CHAR)
 # tokens: a token decodes to at least one character except special tokens (skipped) and byte
-# pieces of one character, so the window holds any stop string just completed.
+# pieces of one character, so the window holds any stop string just completed; one whose tokens
+# decode to fewer characters than that (many special tokens) is doubled until it does
+# (`has_stop_string`).
 STOP_TAIL_TOKENS = 4
 MIN_STOP_TAIL_TOKENS = 16
+STOP_TAIL_SLACK = 2  # characters a token's text alone may differ from its text in context (a leading space)
 
 
 _lane_of = attrgetter("lane")
@@ -536,14 +539,23 @@ class Conductor:
         output = record.output_tokens
         if len(output) <= min_tokens:  # (vLLM's: no stop string before min_tokens tokens)
             return False
-        tail = max(MIN_STOP_TAIL_TOKENS, STOP_TAIL_TOKENS * max(map(len, stops)))
-        start = max(0, len(output) - tail)
-        tokens = output[start:]
-        if not all(isinstance(t, int) for t in tokens):
-            return False  # frames of codes, not text
-        # read after the tokens before the tail, as the text shown is (text_context.py)
-        context = [t for t in context_before(request.prompt_tokens, output, start) if isinstance(t, int)]
-        text = text_after(self.decode, context, tokens)
+        longest = max(map(len, stops))
+        tail = max(MIN_STOP_TAIL_TOKENS, STOP_TAIL_TOKENS * longest)
+        while True:
+            start = max(0, len(output) - tail)
+            tokens = output[start:]
+            if not all(isinstance(t, int) for t in tokens):
+                return False  # frames of codes, not text
+            # read after the tokens before the tail, as the text shown is (text_context.py)
+            context = [t for t in context_before(request.prompt_tokens, output, start) if isinstance(t, int)]
+            text = text_after(self.decode, context, tokens)
+            # A stop string just completed ends in the newest token's text and starts at most
+            # `longest - 1` characters before it: the window holds that unless its tokens decode to
+            # little (special tokens skipped: 19 of them inside "a on" hid it, and the request ran
+            # to max_tokens with its text cut at the stop). Then the window doubles.
+            if start == 0 or len(text) - len(self.decode([output[-1]])) - STOP_TAIL_SLACK >= longest - 1:
+                break
+            tail *= 2
         if not min_tokens:
             return any(stop in text for stop in stops)
         # a stop string counts where it ends past the first min_tokens tokens' text (in the tail)
