@@ -23,9 +23,9 @@ the delta's token ids (an extension; without a tokenizer the text is empty and t
 output). A request that fails mid-stream ends the stream with an `{"error": {...}}` event before
 `[DONE]`, and the other choices' requests are cancelled. A choice whose request asked for
 log-probabilities carries them in `logprobs`, per chunk for the chunk's tokens
-(serve/logprobs_format.py); null otherwise. `stream_options.include_usage` adds
-OpenAI's separate usage chunk (empty `choices`); the last chunk with a finish reason has usage
-either way. Usage counts each prompt's tokens once (and its first choice's cached tokens), every
+(serve/logprobs_format.py); null otherwise. The usage goes on the last chunk with a finish
+reason, or with `stream_options.include_usage` on OpenAI's separate usage chunk (empty `choices`)
+alone. Usage counts each prompt's tokens once (and its first choice's cached tokens), every
 choice's output tokens.
 """
 from __future__ import annotations
@@ -288,8 +288,9 @@ def _joined_logprobs(choice: Choice, deltas: Sequence[Delta]) -> Optional[list[A
 async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: Any, started: Sequence[Started],
                          choice: Any) -> AsyncIterator[str]:
     """A chunk per delta of any choice (`choice(index, delta)` its entry), the usage of them all on
-    the chunk that ends the last choice (and in its own chunk with `include_usage`), then [DONE]; a
-    failed choice's error event ends the stream."""
+    the chunk that ends the last choice, or with `include_usage` in its own chunk after it alone (on
+    both, a client that adds up usage chunk by chunk counted the request twice; OpenAI's other
+    chunks carry none), then [DONE]; a failed choice's error event ends the stream."""
     finals: dict[int, Delta] = {}
     async with contextlib.aclosing(merged(started)) as deltas:  # leaving cancels the choices still running
         async for position, delta in deltas:
@@ -301,11 +302,12 @@ async def _choice_events(head: dict[str, Any], choices: Sequence[Choice], body: 
             if delta.is_final:
                 finals[position] = delta
             is_last = len(finals) == len(choices) and delta.is_final
-            if is_last:
-                chunk["usage"] = usage(choices, [finals[p] for p in range(len(choices))])
+            totals = usage(choices, [finals[p] for p in range(len(choices))]) if is_last else None
+            if totals is not None and not body.include_usage:
+                chunk["usage"] = totals
             yield f"data: {dumps(chunk)}\n\n"
-            if is_last and body.include_usage:
-                yield f"data: {dumps({**head, 'choices': [], 'usage': chunk['usage']})}\n\n"
+            if totals is not None and body.include_usage:
+                yield f"data: {dumps({**head, 'choices': [], 'usage': totals})}\n\n"
     yield "data: [DONE]\n\n"
 
 
