@@ -337,6 +337,19 @@ def _stream_events(client, body: dict) -> list:
     return [json.loads(line[len("data: "):]) for line in lines[:-1]]
 
 
+@pytest.mark.parametrize("stream", [False, None])
+def test_stream_options_without_a_stream_are_refused(llama, stream):
+    """OpenAI's and vLLM's rule (it was taken and ignored)."""
+    import json
+
+    body = {"model": "llama", "prompt": [1, 2], "max_tokens": 2, "stream_options": {"include_usage": True}}
+    if stream is not None:
+        body["stream"] = stream
+    status, error = _raw_post(llama[2], "completions", json.dumps(body).encode())
+    assert (status, error["param"]) == (400, "stream_options")
+    assert "only allowed when stream is true" in error["message"]
+
+
 @pytest.mark.parametrize("options, has_usage_chunk", [
     (None, False), ({}, False), ({"include_usage": None}, False), ({"include_usage": False}, False),
     ({"include_usage": True}, True),

@@ -124,6 +124,8 @@ class _Body(BaseModel):
         for name in UNSUPPORTED_FIELDS:
             if extra.get(name) is not None:
                 raise ApiError(400, f"{name} is not supported", param=name)
+        if self.stream_options is not None and not self.stream:  # (OpenAI's and vLLM's rule; it was ignored)
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             raise ApiError(400, f"n must be between 1 and {MAX_CHOICES}, got {shown(self.n)}", param="n")
         last = self.num_choices - 1
