@@ -104,6 +104,33 @@ def tensor_index(weights_dir: str) -> dict[str, tuple[Path, str]]:
     return index
 
 
+def check_layer_count(weights_dir: str, tensor_names: Iterable[str], num_layers: int) -> None:
+    """config.json's layer count against the checkpoint's `model.layers.K.` tensors (from the files'
+    headers: the engine asks before it builds a model, whose layers a wrong count multiplies)."""
+    found = layer_indices(tensor_names)
+    if found and len(found) != num_layers:
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: config.json's num_hidden_layers is {num_layers} "
+                           f"but the checkpoint holds {len(found)} layers (model.layers.{min(found)} to "
+                           f"model.layers.{max(found)}); fix num_hidden_layers")
+
+
+def wanted_by_file(weights_dir: str, index: dict[str, tuple[Path, str]], wanted: Iterable[str]
+                   ) -> dict[Path, list[str]]:
+    """The parameters `wanted` grouped by the file that holds each (`tensor_index`'s), each loader
+    reading a file once; refused first: a layer count other than the checkpoint's, a parameter no
+    file holds."""
+    names = sorted(wanted)
+    check_layer_count(weights_dir, index, len(layer_indices(names)))
+    missing = [name for name in names if name not in index]
+    if missing:
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
+                           + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(index[name][0], []).append(name)
+    return by_file
+
+
 def check_finite(weights_dir: str, file: Path, key: str, tensor: torch.Tensor) -> None:
     """Refuse a tensor holding NaN or infinite values (checked after the copy into the model's
     dtype, so a value that overflows that dtype is caught too)."""

@@ -71,9 +71,9 @@ from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.step import AheadChunks, EngineCaps, RowResult, Step, StepHandle, StepResult, StepRow
-from mstar.runtime.engine.checkpoint_files import tensor_index
+from mstar.runtime.engine.checkpoint_files import check_layer_count, tensor_index
 from mstar.runtime.engine.weights import (
-    WeightsError, check_layer_count, init_random, load_decoder, read_checkpoint_config,
+    WeightsError, init_random, load_decoder, read_checkpoint_config,
 )
 
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,

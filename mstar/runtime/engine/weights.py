@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -31,7 +30,7 @@ from torch import nn
 
 from mstar.arg_types import shown, shown_path
 from mstar.runtime.engine.checkpoint_config import WeightsError, read_checkpoint_config
-from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
+from mstar.runtime.engine.checkpoint_files import check_finite, tensor_index, wanted_by_file
 from mstar.runtime.engine.models.decoder import Decoder
 
 _CPU = torch.device("cpu")  # the default device (a module constant: one object, not a call per signature)
@@ -141,14 +140,7 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
         model.lm_head.weight = model.model.embed_tokens.weight
     params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
     wanted = {name for name in params if not name.startswith("flow.")}
-    check_layer_count(weights_dir, set(index), len(layer_indices(wanted)))
-    missing = sorted(wanted - set(index))
-    if missing:
-        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
-                           + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(wanted):
-        by_file.setdefault(index[name][0], []).append(name)
+    by_file = wanted_by_file(weights_dir, index, wanted)
     with torch.no_grad():
         for file, names in by_file.items():
             try:
@@ -164,13 +156,3 @@ def load_checkpoint_weights(model: Decoder, weights_dir: str, is_tied: bool) -> 
             except (SafetensorError, OSError) as error:
                 raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
     return set(params) - wanted
-
-
-def check_layer_count(weights_dir: str, tensor_names: set[str], num_layers: int) -> None:
-    """config.json's layer count against the checkpoint's `model.layers.K.` tensors (from the files'
-    headers: the engine asks before it builds a model, whose layers a wrong count multiplies)."""
-    found = layer_indices(tensor_names)
-    if found and len(found) != num_layers:
-        raise WeightsError(f"--weights {shown_path(weights_dir)}: config.json's num_hidden_layers is {num_layers} "
-                           f"but the checkpoint holds {len(found)} layers (model.layers.{min(found)} to "
-                           f"model.layers.{max(found)}); fix num_hidden_layers")

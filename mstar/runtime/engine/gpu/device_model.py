@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -27,8 +26,8 @@ from mstar.plan.dims import DecoderDims
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.models.gdn import GateNormWeight, GatedDeltaNet
 from mstar.runtime.engine.models.layers import RMSNorm
-from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
-from mstar.runtime.engine.weights import WeightsError, check_layer_count, param_seed, random_matrix
+from mstar.runtime.engine.checkpoint_files import check_finite, tensor_index, wanted_by_file
+from mstar.runtime.engine.weights import WeightsError, param_seed, random_matrix
 
 __all__ = ["build_decoder", "unsupported_reason"]
 
@@ -135,16 +134,9 @@ def _load_checkpoint(model: Decoder, weights_dir: str, is_tied: bool, device: to
 
     index = tensor_index(weights_dir)
     params = {name: p for name, p in model.named_parameters() if not name.startswith("flow.")}
-    check_layer_count(weights_dir, set(index), len(layer_indices(params)))
     if is_tied and "lm_head.weight" not in index and "model.embed_tokens.weight" in index:
         index["lm_head.weight"] = index["model.embed_tokens.weight"]  # (a tied head takes the embedding's)
-    missing = sorted(set(params) - set(index))
-    if missing:
-        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
-                           + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(params):
-        by_file.setdefault(index[name][0], []).append(name)
+    by_file = wanted_by_file(weights_dir, index, params)
     with torch.no_grad():
         for file, names in by_file.items():
             try:

@@ -22,7 +22,7 @@ from torch import nn
 
 from mstar.arg_types import shown_path
 from mstar.runtime.engine.checkpoint_config import WeightsError
-from mstar.runtime.engine.checkpoint_files import check_finite, layer_indices, tensor_index
+from mstar.runtime.engine.checkpoint_files import check_finite, tensor_index, wanted_by_file
 from mstar.runtime.engine.models.decoder import Decoder
 from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.engine.weights import random_matrix
@@ -60,18 +60,7 @@ def load_checkpoint_shard(model: Decoder, layout: ShardLayout, weights_dir: str,
         model.lm_head.weight = model.model.embed_tokens.weight
     params = dict(model.named_parameters())  # a tied head is listed once, as the embedding
     wanted = {name for name in params if not name.startswith("flow.")}
-    found = layer_indices(index)
-    if found and len(found) != len(layer_indices(wanted)):
-        raise WeightsError(f"--weights {shown_path(weights_dir)}: config.json's num_hidden_layers is "
-                           f"{len(layer_indices(wanted))} but the checkpoint holds {len(found)} layers; fix "
-                           "num_hidden_layers")
-    missing = sorted(wanted - set(index))
-    if missing:
-        raise WeightsError(f"--weights {shown_path(weights_dir)}: missing tensors {', '.join(missing[:4])}"
-                           + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(wanted):
-        by_file.setdefault(index[name][0], []).append(name)
+    by_file = wanted_by_file(weights_dir, index, wanted)
     shapes = full_shapes(layout)
     for file, names in by_file.items():
         _read_file(weights_dir, file, [(name, index[name][1], params[name]) for name in names], layout, shapes)
