@@ -54,6 +54,20 @@ def test_a_body_the_json_reader_fails_on_is_named_and_counted(server, body, mess
     assert _invalid_count(server) == before + 1
 
 
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "/v1/models/nope", b""),
+    ("POST", "/tokenize", b'{"model": "nope", "prompt": "hi"}'),
+    ("POST", "/detokenize", b'{"model": "llama", "tokens": [999999999]}'),
+    ("POST", "/tokenize", b'{"model": "llama", "prompt": '),  # (a body the JSON reader fails on)
+])
+def test_a_refused_call_that_is_no_request_is_not_counted(server, method, path, body):
+    """A model card, /tokenize or /detokenize refused with a 4xx counted as an `invalid` request,
+    inflating that share with metadata and tokenizer calls (the same calls answered 200 count nothing)."""
+    before = _invalid_count(server)
+    status, _, _ = _ask(server, method, path, body or None)
+    assert 400 <= status < 500 and _invalid_count(server) == before
+
+
 def test_an_unknown_model_is_echoed_clipped(server):
     body = json.dumps({"model": "m" * 100_000, "prompt": [1, 2]}).encode()
     status, _, answer = _ask(server, "POST", "/v1/completions", body)

@@ -122,8 +122,9 @@ def test_a_bad_prompt_among_several_refuses_the_body_before_any_runs(llama):
 
 
 def test_choices_past_the_queue_are_a_429_and_leave_nothing_running():
-    """Two choices where the loop has room for one: the one submitted is cancelled, its pages
-    freed, and the answer is the 429 a single request past the queue gets."""
+    """Two choices where the loop has room for one: room for both is asked at once, so none runs
+    (the first ran, its TTFT counted, and was cancelled: /metrics held a `cancelled` request and a
+    TTFT sample for each 429 body), and the answer is the 429 a single request past the queue gets."""
     plan = load(LLAMA)
     plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"max_concurrent_requests": 1})})
     llm = LLM(plan, engine=Gate(build_engine(plan, "torch")), max_waiting=0)
@@ -131,10 +132,13 @@ def test_choices_past_the_queue_are_a_429_and_leave_nothing_running():
     start = llm.engine.kv_pages()
     with running(service) as url:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError, match="these 2 would pass the most this server queues"):
             client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=50, n=2)
         assert wait_until(lambda: llm.loop.num_in_flight == 0)
         assert llm.engine.kv_pages() == start
+        outcomes = {s.labels["outcome"]: s.value for s in service.metrics.requests.collect()[0].samples
+                    if s.name.endswith("_total")}
+        assert outcomes == {"overloaded": 1.0}, outcomes
         answer = client.completions.create(model="llama", prompt=[1, 2, 3], max_tokens=3)
         assert answer.choices[0].finish_reason == "length"
 

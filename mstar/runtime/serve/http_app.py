@@ -157,7 +157,24 @@ class Service:
     async def start_all(self, requests: Sequence[Request]) -> list[sse.Started]:
         """Submit every request (all before waiting for any first delta, so n choices share their
         steps); each one's stream and first delta. Where one cannot start (429 full queue, 503
-        closing, 400 refused), the others are cancelled and that is the answer."""
+        closing, 400 refused), the others are cancelled and that is the answer. Room for them all
+        is reserved first, so a full queue refuses the body before any of it runs."""
+        ids = [request.id for request in requests]
+        if len(requests) > 1:
+            try:
+                self.llm.loop.reserve(ids)
+            except Overloaded as full:
+                self.metrics.refused("overloaded")
+                raise ApiError(429, str(full), kind="rate_limit_error") from None
+            except Closed as closed:
+                raise ApiError(503, str(closed), kind="server_error") from None
+        try:
+            return await self._start_reserved(requests)
+        finally:
+            if len(requests) > 1:
+                self.llm.loop.unreserve(ids)  # (what a submit did not take: a choice that never started)
+
+    async def _start_reserved(self, requests: Sequence[Request]) -> list[sse.Started]:
         streams = [self.llm.stream(request) for request in requests]
         firsts = await _first_deltas(streams)
         started = [(stream, first) for stream, first in zip(streams, firsts) if isinstance(first, Delta)]
@@ -298,19 +315,21 @@ def build_app(service: Service) -> FastAPI:
 
 def _error_handlers(app: FastAPI, service: Service) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(_: HttpRequest, error: ApiError) -> JSONResponse:
-        if error.status != 429 and 400 <= error.status < 500 and not error.is_counted:
+    async def api_error(http: HttpRequest, error: ApiError) -> JSONResponse:
+        if (error.status != 429 and 400 <= error.status < 500 and not error.is_counted
+                and http.url.path in GENERATION_PATHS):
             service.metrics.refused("invalid")
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(RequestValidationError)
-    async def bad_body(_: HttpRequest, error: RequestValidationError) -> JSONResponse:
-        service.metrics.refused("invalid")
+    async def bad_body(http: HttpRequest, error: RequestValidationError) -> JSONResponse:
+        if http.url.path in GENERATION_PATHS:
+            service.metrics.refused("invalid")
         message, where = _body_problem(error.errors()[0] if error.errors() else {})
         return JSONResponse(ApiError(400, message, param=where).body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: HttpRequest, error: StarletteHTTPException) -> JSONResponse:
+    async def http_error(http: HttpRequest, error: StarletteHTTPException) -> JSONResponse:
         """Starlette's and FastAPI's own errors (an unknown path or method, a body FastAPI could not
         parse, the body bound's 413) as OpenAI errors, with their headers (a 405's `Allow` was
         dropped). A 400 here is a body FastAPI could not parse: named and counted `invalid` as every
@@ -318,7 +337,8 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
         message = str(error.detail)
         if error.status_code == 400:
-            service.metrics.refused("invalid")
+            if http.url.path in GENERATION_PATHS:
+                service.metrics.refused("invalid")
             message = _unparsed_body(error.__cause__) or message
         return JSONResponse(ApiError(error.status_code, message, kind=kind).body(), status_code=error.status_code,
                             headers=error.headers)
@@ -396,16 +416,22 @@ def _info_routes(app: FastAPI, service: Service) -> None:
         return Response(text, media_type=CONTENT_TYPE)
 
 
+# The routes whose bodies are requests (what `mstar_requests_total` counts): a refused model card,
+# /tokenize or /detokenize call is not a request, and counted `invalid` it inflated that share
+GENERATION_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat completions",
+                    "/v1/audio/speech": "speech", "/v1/images/generations": "image generation",
+                    "/v1/audio/transcriptions": "transcription"}
+
+
 def _unserved_routes(app: FastAPI, service: Service) -> None:
     """An endpoint the plan does not serve answers 404 naming what it serves, whatever its body
     (its route validated the body first: a malformed one got a 400 on a plan that cannot serve it)."""
     endpoints = service.endpoints
-    for path, what, is_served in (("/v1/completions", "completions", endpoints.can_text),
-                                  ("/v1/chat/completions", "chat completions", endpoints.can_text),
-                                  ("/v1/audio/speech", "speech", endpoints.can_speech),
-                                  ("/v1/images/generations", "image generation", endpoints.can_images),
-                                  ("/v1/audio/transcriptions", "transcription", endpoints.can_transcribe)):
-        if not is_served:
+    served = {"completions": endpoints.can_text, "chat completions": endpoints.can_text,
+              "speech": endpoints.can_speech, "image generation": endpoints.can_images,
+              "transcription": endpoints.can_transcribe}
+    for path, what in GENERATION_PATHS.items():
+        if not served[what]:
             app.add_api_route(path, _unserved_handler(service, what), methods=["POST"])
 
 

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.conductor import Conductor
@@ -177,6 +177,7 @@ class OnlineLoop:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._num_in_flight = 0
+        self._reserved: set[str] = set()  # request ids a body reserved room for (`reserve`), not yet submitted
         self._tracked: dict[str, _Tracked] = {}  # driver thread only
         # Submitted, not yet seen admitted, in submission order (driver thread only): the conductor
         # admits FIFO, so only a prefix of it can have started since the last look.
@@ -193,12 +194,33 @@ class OnlineLoop:
         self._thread = threading.Thread(target=self._run, name="mstar-run-loop", daemon=True)
         self._thread.start()
 
+    def reserve(self, request_ids: Sequence[str]) -> None:
+        """Room for several requests at once (a body's n choices or prompts), or Overloaded for all
+        of them: the first choices ran, their TTFT counted, then a later one was refused and they
+        were cancelled (an extra `cancelled` and TTFT sample for each 429 body). Each id's `submit`
+        takes its room; `unreserve` gives back what none took."""
+        with self._lock:
+            if self.is_closed or self.error is not None:
+                raise Closed(self.error or "the server is shutting down")
+            taken = self._num_in_flight + len(self._reserved)
+            if self.max_in_flight is not None and taken + len(request_ids) > self.max_in_flight:
+                raise Overloaded(f"{taken} requests in flight, and these {len(request_ids)} would pass the most this "
+                                 f"server queues ({self.max_in_flight}); retry later")
+            self._reserved.update(request_ids)
+
+    def unreserve(self, request_ids: Sequence[str]) -> None:
+        with self._lock:
+            self._reserved.difference_update(request_ids)
+
     def submit(self, request: Request, deliver: Callable[[Delta], None]) -> None:
         """Queue a request; its deltas go to `deliver` (driver thread)."""
         with self._lock:
             if self.is_closed or self.error is not None:
                 raise Closed(self.error or "the server is shutting down")
-            if self.max_in_flight is not None and self._num_in_flight >= self.max_in_flight:
+            if request.id in self._reserved:
+                self._reserved.discard(request.id)
+            elif (self.max_in_flight is not None
+                  and self._num_in_flight + len(self._reserved) >= self.max_in_flight):
                 raise Overloaded(f"{self._num_in_flight} requests in flight, the most this server queues "
                                  f"({self.max_in_flight}); retry later")
             self._num_in_flight += 1
