@@ -88,3 +88,18 @@ def test_a_method_a_route_does_not_take_is_a_405_naming_those_it_takes(server):
         status, headers, body = _ask(server, method, path)
         assert status == 405 and set(headers["allow"].split(", ")) == allowed  # (starlette's order varies)
         assert json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_an_answer_while_the_loop_is_closed_is_counted_unavailable():
+    """A closed (or dead) run loop answers 503, which counted nothing: /metrics stayed flat while
+    every request failed."""
+    llm = LLM(LLAMA, engine="sim", sim_pace=0)
+    service = make_service(llm)
+    with running(service) as url:
+        address = url.removeprefix("http://").removesuffix("/v1")
+        llm.loop.close(5)  # what mstar serve's drain does first
+        for _ in range(2):
+            status, _, _ = _ask(address, "POST", "/v1/completions", b'{"model": "llama", "prompt": [1, 2]}')
+            assert status == 503
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=30).read().decode()
+    assert 'mstar_requests_total{outcome="unavailable"} 2.0' in text

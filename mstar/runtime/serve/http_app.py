@@ -167,6 +167,7 @@ class Service:
                 self.metrics.refused("overloaded")
                 raise ApiError(429, str(full), kind="rate_limit_error") from None
             except Closed as closed:
+                self.metrics.refused("unavailable")
                 raise ApiError(503, str(closed), kind="server_error") from None
         try:
             return await self._start_reserved(requests)
@@ -185,7 +186,8 @@ class Service:
         if isinstance(failed, Overloaded):
             self.metrics.refused("overloaded")
             raise ApiError(429, str(failed), kind="rate_limit_error") from None
-        if isinstance(failed, Closed):
+        if isinstance(failed, Closed):  # (counted: a dead run loop's 503s left /metrics flat)
+            self.metrics.refused("unavailable")
             raise ApiError(503, str(failed), kind="server_error") from None
         if failed is not None:
             raise failed

@@ -6,7 +6,8 @@ queue and the engine's KV pools. Out: `render()`, the text exposition format for
 
     mstar_requests_total{outcome}            requests by how they ended: stop, length, cancelled,
                                              error, refused (the engine or route refused it: 400),
-                                             invalid (the HTTP layer refused it: 4xx), overloaded (429)
+                                             invalid (the HTTP layer refused it: 4xx), overloaded (429),
+                                             unavailable (503: the run loop closing, or dead)
     mstar_time_to_first_token_seconds        submission to the first output delivered (histogram)
     mstar_inter_token_latency_seconds        between two outputs of one request (histogram)
     mstar_queue_depth                        requests waiting for admission (submitted ones in the loop's
