@@ -9,6 +9,7 @@ Hypothesis runs a few examples by default and many more under `HYPOTHESIS_PROFIL
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -224,3 +225,26 @@ def test_a_host_pool_that_cannot_be_allocated_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch, "empty", refuse)
     with pytest.raises(KvCacheError, match=r"host pool of 1000 pages \(.*GiB\).*cpu_offload_pages"):
         HostKv(1000, pages)
+
+
+def test_a_host_pool_with_fewer_state_slots_than_requests_does_not_stall(tmp_path):
+    """Qwen3.5 with a host pool and 70 recurrent state slots for 120 requests: rows refused for a
+    slot moved other requests' pages out (which frees no slot), the moved requests then queued
+    behind waiters that could never start, and every request ended `stalled`. Only rows that pages
+    can start move anything now."""
+    import yaml
+
+    from mstar.cli.mstar import main
+    from plan_variants import compiled
+
+    config = yaml.safe_load((ROOT / "configs" / "qwen3_5.yaml").read_text())
+    config.update(max_seq_len=64, recurrent_state_slots=70, kv_cache={"cpu_offload_pages": 400})
+    config["kv_pool"]["num_pages"] = 80
+    deployment = tmp_path / "qwen3_5_offload.yaml"
+    deployment.write_text(yaml.safe_dump(config))
+    plan = compiled(ROOT / "specs" / "qwen3_5.mw", deployment, tmp_path)
+    report = tmp_path / "report.json"
+    assert main(["run", "--plan", str(plan), "--requests", "120", "--arrival", "staggered", "--rate", "1000000",
+                 "--prompt-len", "6..26", "--output-len", "12..12", "--no-progress", "--report", str(report)]) == 0
+    summary = json.loads(report.read_text())
+    assert summary["num_completed"] == 120 and not summary["failed_requests"]
