@@ -248,3 +248,27 @@ def test_a_host_pool_with_fewer_state_slots_than_requests_does_not_stall(tmp_pat
                  "--prompt-len", "6..26", "--output-len", "12..12", "--no-progress", "--report", str(report)]) == 0
     summary = json.loads(report.read_text())
     assert summary["num_completed"] == 120 and not summary["failed_requests"]
+
+
+def test_the_simulator_holds_rows_for_state_slots_as_the_torch_engine_does(tmp_path):
+    """Qwen3.5 with 2 recurrent state slots for 8 requests at once: the torch engine runs two at a
+    time; the simulator, which had no slots, started all 8 together (10 steps against 40), so its
+    what-ifs of a hybrid's steps, throughput and offload choices were not the real ones."""
+    import yaml
+
+    from plan_variants import compiled
+
+    config = yaml.safe_load((ROOT / "configs" / "qwen3_5.yaml").read_text())
+    config["recurrent_state_slots"] = 2
+    deployment = tmp_path / "qwen3_5_two_slots.yaml"
+    deployment.write_text(yaml.safe_dump(config))
+    plan = load_plan(str(compiled(ROOT / "specs" / "qwen3_5.mw", deployment, tmp_path)))
+
+    def steps(engine) -> list[tuple[str, int, int]]:
+        driver = Driver(plan, engine)
+        driver.run(Workload([Request(id=f"q{i}", prompt_tokens=[(13 * i + 7 * j) % 500 + 1 for j in range(6 + 3 * i)],
+                                     max_tokens=10) for i in range(8)]))
+        assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
+        return list(zip(driver.log.key, driver.log.num_rows, driver.log.num_held_rows))
+
+    assert steps(SimEngine(plan)) == steps(TorchEngine(plan, dims="tiny"))

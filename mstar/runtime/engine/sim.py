@@ -50,6 +50,7 @@ from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.claims import claim_cached_prefix
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
+from mstar.runtime.engine.kv.slots import SlotPool, node_slot_pool
 from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
@@ -91,6 +92,9 @@ class _KvPool:
     admission: Admission = field(init=False)  # over this pool's pages (which waiting requests are reachable)
     claimed: dict[str, int] = field(default_factory=dict)  # request -> cached pages it started on
     sampled: dict[str, int] = field(default_factory=dict)  # request -> tokens sampled on this node
+    # a node with recurrent state (`NodePlan.recurrent`): its slots, one a started request, as the
+    # torch engine holds them (the simulator started every row a slot would have held back)
+    slots: Optional[SlotPool] = None
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.pages.num_pages)
@@ -100,6 +104,8 @@ class _KvPool:
         walk on this node)."""
         self.admission.release(request_id)
         self.pages.free_request(request_id)
+        if self.slots is not None:
+            self.slots.release(request_id)
         self.claimed.pop(request_id, None)
         if self.offload is not None:
             self.offload.forget(request_id)
@@ -154,6 +160,9 @@ class SimEngine(RunsAtLaunch):
         for node in plan.nodes:
             if node.engine == "kv" and node.name not in self.pools:
                 self.pools[node.name] = _KvPool(PagePool(1 << 30, 16), plan.deployment.max_seq_len)
+            if node.engine == "kv" and node.recurrent is not None:
+                self.pools[node.name].slots = node_slot_pool(node.name, node.recurrent.num_slots,
+                                                             plan.deployment.max_concurrent_requests)
         self.cost = StepCost(plan)
         # per kv node: (name, the spec's vocabulary, whether it takes the text prompt, the tokens a
         # request may reach: max_seq_len a round of a repeating partition, as serve/api.py bounds them)
@@ -303,9 +312,12 @@ class SimEngine(RunsAtLaunch):
             on_host = self._move_back(rows, pool)
         needs, steady = self._page_needs([row for row in rows if row.request_id not in on_host]
                                          if on_host else rows, pool)
-        short = pool.admission.shortfall([need for _, _, need in needs], pages.num_free_pages) if needs else []
-        if short and pool.offload is not None and self._move_out(step, pool, [n for _, _, n in needs], short):
-            short = pool.admission.shortfall([need for _, _, need in needs], pages.num_free_pages)
+        row_needs = [need for _, _, need in needs]
+        short = self._refused(pool, row_needs) if needs else []
+        movable = (pool.admission.startable_by_pages(row_needs, short, self._free_slots(pool))
+                   if short and pool.offload is not None else [])
+        if movable and self._move_out(step, pool, row_needs, movable):
+            short = self._refused(pool, row_needs)
         short = on_host + short
         if short and not self.runs_partial_steps:
             return short
@@ -321,6 +333,8 @@ class SimEngine(RunsAtLaunch):
                 pool.admission.grant(need)
                 pages.reserve((row.request_id, SEQUENCE), num_new)
                 written[row.request_id] = num_new
+                if need.needs_slot and pool.slots is not None:
+                    pool.slots.acquire(row.request_id)
         written.update((row.request_id, num_new) for row, num_new in steady)
         is_keyed = pages.cache is not None
         for row in rows:
@@ -329,6 +343,14 @@ class SimEngine(RunsAtLaunch):
                 pages.commit((row.request_id, SEQUENCE), num_written,
                              _prompt_tokens(row, num_written) if is_keyed else None)
         return short
+
+    @staticmethod
+    def _free_slots(pool: _KvPool) -> int:
+        return pool.slots.num_free_slots if pool.slots is not None else 0
+
+    def _refused(self, pool: _KvPool, needs: list[PageNeed]) -> list[str]:
+        """The requests of `needs` the admission policy refuses with the pages and state slots free now."""
+        return pool.admission.shortfall(needs, pool.pages.num_free_pages, self._free_slots(pool))
 
     def _budget_pages(self, pool: _KvPool, request_id: str) -> int:
         """Pages the request may need on the node: min(prompt + max_tokens, max_seq_len) tokens' worth
@@ -357,7 +379,9 @@ class SimEngine(RunsAtLaunch):
             if num_pages == 0 and request_id in started:
                 steady.append((row, num_new))
             else:
-                needs.append((row, num_new, PageNeed(request_id, num_pages, self._budget_pages(pool, request_id))))
+                needs_slot = pool.slots is not None and pool.slots.slot_of(request_id) is None
+                needs.append((row, num_new, PageNeed(request_id, num_pages, self._budget_pages(pool, request_id),
+                                                     needs_slot)))
         return needs, steady
 
     def _move_out(self, step: Step, pool: _KvPool, needs: list[PageNeed], short: list[str]) -> bool:

@@ -120,6 +120,25 @@ class Admission:
             num_free_slots -= need.needs_slot
         return failed
 
+    @staticmethod
+    def startable_by_pages(needs: list[PageNeed], failed: list[str], num_free_slots: int) -> list[str]:
+        """The refused requests of `needs` that pages moved to a host pool could start: those that
+        need no recurrent state slot, or would get one of the `num_free_slots` (in `failed`'s
+        order). Moving out frees pages, never a slot (a slot stays its request's), so moving for a
+        row short of a slot only took the moved request out of the started ones, behind waiters
+        that could never start (Qwen3.5 with a host pool and fewer slots than requests: every
+        request ended `stalled`). Both engines ask this before they move anything out."""
+        by_id = {need.request_id: need for need in needs}
+        startable = []
+        for request_id in failed:
+            need = by_id.get(request_id)
+            if need is not None and need.needs_slot:
+                if num_free_slots <= 0:
+                    continue
+                num_free_slots -= 1
+            startable.append(request_id)
+        return startable
+
     def grant(self, need: PageNeed) -> None:
         """The row runs: its request starts (when new) and holds `num_pages` more pages."""
         request_id = need.request_id

@@ -382,28 +382,11 @@ class DecoderRunner:
             counted = iter(needs)
             needs = [next(counted) if item.start_need is None else item.start_need for item in ready]
         failed = self.refused(needs)
-        movable = self._short_of_pages_only(needs, failed) if failed and self.offload is not None else []
+        movable = (self.admission.startable_by_pages(needs, failed, self.slots.num_free_slots if self.slots else 0)
+                   if failed and self.offload is not None else [])
         if movable and self._move_out(self._step_ids(ready), needs, movable):
             failed = self.refused(needs)
         return needs, failed
-
-    def _short_of_pages_only(self, needs: list[PageNeed], failed: list[str]) -> list[str]:
-        """The refused rows that pages moved to the host pool could start: those that need no
-        recurrent state slot, or would get one of those free. Moving out frees pages, never a slot
-        (a slot stays its request's), so for a row short of a slot it only took the moved request
-        out of the started ones, behind waiters that could never start: with more requests than
-        slots every request ended `stalled` (Qwen3.5 with a host pool)."""
-        free_slots = self.slots.num_free_slots if self.slots else 0
-        by_id = {need.request_id: need for need in needs}
-        movable = []
-        for request_id in failed:
-            need = by_id.get(request_id)
-            if need is not None and need.needs_slot:
-                if free_slots <= 0:
-                    continue
-                free_slots -= 1
-            movable.append(request_id)
-        return movable
 
     def refused(self, needs: list[PageNeed]) -> list[str]:
         """The requests of `needs` the admission policy refuses with the pages and state slots free now."""
