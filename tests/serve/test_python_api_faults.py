@@ -103,11 +103,29 @@ def test_one_request_streamed_twice_refuses_the_second_alone(llm):
 def test_a_request_with_an_id_in_flight_fails_alone(llm):
     """A Request built by hand with the id of one in flight (the LLM cannot know it): the run loop
     fails it alone and goes on."""
-    first = llm.request([1, 2, 3], SamplingParams(max_tokens=20))
+    first = Request(id="mine", prompt_tokens=[1, 2, 3], max_tokens=20)
     twin = Request(id=first.id, prompt_tokens=[1, 2, 3], max_tokens=20)
     outputs = llm.generate([first, twin])
     assert {o.finish_reason for o in outputs} == {"length", f"error: request id {first.id!r} is already in flight"}
     assert llm.loop.error is None and wait_until(lambda: _idle(llm))
+    # given again at once, the id's tombstone still in force: a clear error (its rows were dropped
+    # as the ended request's, and it stalled); once the loop has moved on, the id is free again
+    again = llm.generate(Request(id="mine", prompt_tokens=[1, 2, 3], max_tokens=3))[0].finish_reason
+    assert again in ("length", "error: request id 'mine' belongs to a request that has just ended; give each "
+                               "request an id of its own (llm.request(...) makes one)"), again
+
+
+def test_ids_of_the_form_llm_request_gives_are_its_own(llm):
+    """A copy of a request `llm.request` made, or a hand-built one with an id it hands out later:
+    its run stalled, and so did the later plain generate() that got that id."""
+    import copy
+
+    made = llm.request([1, 2, 3], SamplingParams(max_tokens=3))
+    assert llm.generate(made)[0].finish_reason == "length"
+    for twin in (copy.copy(made), Request(id=f"req-{int(made.id.split('-')[1]) + 1}", prompt_tokens=[1], max_tokens=2)):
+        with pytest.raises(PromptError, match=r"is of the form llm.request\(...\) gives its own requests"):
+            llm.generate(twin)
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=3))[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("fields, error, words", [

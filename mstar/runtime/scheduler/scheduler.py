@@ -403,6 +403,11 @@ class WorkerScheduler:
         """Nothing ready, held or queued to follow."""
         return not self._follow and not self._holds and self.num_ready() == 0
 
+    def holds_tombstone(self, request_id: str) -> bool:
+        """Whether a removal tombstone of `request_id` is in force: a new request under that id
+        would have its rows dropped as the ended one's (it stalled)."""
+        return request_id in self._removed
+
     def num_tracked(self) -> dict[str, int]:
         """How many request ids each per-request structure holds: `present` (requests with a
         ready or held row, summed over keys), `classes` (batch classes of rows of walks with

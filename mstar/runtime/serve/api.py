@@ -43,6 +43,7 @@ import math
 import numbers
 import operator
 import os
+import re
 import threading
 import weakref
 from collections import deque
@@ -65,6 +66,10 @@ __all__ = ["LLM", "SamplingParams", "Output", "PromptError", "SamplingError", "O
 # Request ids are unique in the process, not per LLM: a request made by one LLM and run on another
 # would otherwise reuse an id the other's run loop had spent (its schedulers remember removed ids).
 _REQUEST_IDS = itertools.count()
+_MADE_ID = re.compile(r"req-\d+")  # the ids `LLM.request` gives
+# the requests any LLM's `request` made in this process (weakly, by id()): ids of the form req-N
+# are theirs alone (a request made by one LLM runs on another)
+_MADE_REQUESTS: "weakref.WeakValueDictionary[int, Request]" = weakref.WeakValueDictionary()
 _REQUEST_IDS_LOCK = threading.Lock()
 # `generate` waiting for room in a full loop looks again at least this often (the final delta of
 # a request of this LLM wakes it sooner; this covers room freed any other way).
@@ -376,17 +381,20 @@ class LLM:
         with _REQUEST_IDS_LOCK:
             request_id = f"req-{next(_REQUEST_IDS)}"
         seed = sampling.seed if sampling.seed is not None else self._next_unseeded()
-        return Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
-                       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                       seed=seed, repetition_penalty=sampling.repetition_penalty,
-                        presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                       logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs,
-                       logit_bias=sampling.bias_pairs(), ignore_eos=sampling.ignore_eos,
-                       min_tokens=sampling.min_tokens,
-                       stop_tokens=list(sampling.stop_token_ids),
-                       stop_strings=list(sampling.stop),
-                       route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
-                       media=dict(media or {}))
+        request = Request(id=request_id, prompt_tokens=ids, max_tokens=sampling.max_tokens,
+                          temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                          seed=seed, repetition_penalty=sampling.repetition_penalty,
+                          presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+                          logprobs=sampling.logprobs, prompt_logprobs=sampling.prompt_logprobs,
+                          logit_bias=sampling.bias_pairs(), ignore_eos=sampling.ignore_eos,
+                          min_tokens=sampling.min_tokens,
+                          stop_tokens=list(sampling.stop_token_ids),
+                          stop_strings=list(sampling.stop),
+                          route={k: list(v) for k, v in sampling.route.items()}, guidance=dict(sampling.guidance),
+                          media=dict(media or {}))
+        with _REQUEST_IDS_LOCK:
+            _MADE_REQUESTS[id(request)] = request
+        return request
 
     def _check_room(self, ids: list[int], max_tokens: int) -> None:
         """PromptError for a prompt id outside the vocabulary, or a prompt and max_tokens past the
@@ -537,6 +545,11 @@ class LLM:
                 if self._used.get(id(request)) is request or id(request) in seen:
                     raise PromptError(f"request id {request.id!r} was already given to this LLM, and a request "
                                       "runs once: make a new one with llm.request(...)")
+                if _MADE_ID.fullmatch(request.id) and _MADE_REQUESTS.get(id(request)) is not request:
+                    # (a copy of one, or a hand-built id that llm.request() hands out later: its
+                    # second run stalled, or a later plain generate() did)
+                    raise PromptError(f"request id {request.id!r} is of the form llm.request(...) gives its own "
+                                      "requests (req-N); a copy or a hand-built request takes another id")
                 seen.add(id(request))
             for request in requests:
                 self._used[id(request)] = request

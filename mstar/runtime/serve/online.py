@@ -316,6 +316,10 @@ class OnlineLoop:
         try:
             if request.id in self._tracked or request.id in conductor.records:
                 raise ValueError(f"request id {request.id!r} is already in flight")
+            if any(scheduler.holds_tombstone(request.id) for scheduler in self.driver.schedulers.values()):
+                # (its rows would be dropped as the ended request's until two steps pass: it stalled)
+                raise ValueError(f"request id {request.id!r} belongs to a request that has just ended; give each "
+                                 "request an id of its own (llm.request(...) makes one)")
             text = (TextStream(self.decode, request.stop_strings, request.min_tokens,
                                prompt_context(request.prompt_tokens)) if self.decode is not None else None)
         except Exception as error:
