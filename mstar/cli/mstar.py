@@ -324,20 +324,9 @@ def _probe_writable(option: str, path: str, folder: str) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Check --out, --report and --timeline before the run, so a bad path costs no run time."""
-    if args.out:
-        if os.path.exists(args.out) and not os.path.isdir(args.out):
-            raise CliError(f"--out {shown_path(args.out)} exists and is not a directory")
-        try:
-            make_dirs(args.out)
-        except OSError as error:
-            raise CliError(f"--out {shown_path(args.out)}: cannot create directory: {error.strerror}") from None
-        _probe_writable("--out", args.out, args.out)
-    for option, path in (("--report", args.report), ("--timeline", args.timeline),
-                         ("--gpu-profile", args.gpu_profile)):
-        if path:
-            _check_file_target(option, path)
-    _check_distinct_files(args)
+    """Check --out, --report and --timeline before the run, so a bad path costs no run time; the
+    options that need no file first, then the paths, so a refused command creates no directory (a
+    sim run given a torch option, or a --report on outputs.jsonl, left its new --out behind)."""
     is_on_gpu = args.engine == "torch" and args.device.startswith("cuda")
     if args.gpu_profile and not is_on_gpu:
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
@@ -359,6 +348,19 @@ def _check_outputs(args: argparse.Namespace) -> None:
         problem = format_problem(args.timeline)
         if problem:
             raise CliError(f"--timeline {shown_path(args.timeline)}: {problem}")
+    _check_distinct_files(args)
+    if args.out:
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise CliError(f"--out {shown_path(args.out)} exists and is not a directory")
+        try:
+            make_dirs(args.out)
+        except OSError as error:
+            raise CliError(f"--out {shown_path(args.out)}: cannot create directory: {error.strerror}") from None
+        _probe_writable("--out", args.out, args.out)
+    for option, path in (("--report", args.report), ("--timeline", args.timeline),
+                         ("--gpu-profile", args.gpu_profile)):
+        if path:
+            _check_file_target(option, path)
 
 
 def _check_paths_given(args: argparse.Namespace) -> None:

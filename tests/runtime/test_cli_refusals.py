@@ -68,8 +68,8 @@ def _error(capsys) -> str:
     # os.access said yes as root, and the run failed at its end: refused before it now
     (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--report", "/proc/mstar-report.json"],
      "--report /proc/mstar-report.json is not writable"),
-    (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--timeline", "/proc/mstar-timeline.json"],
-     "--timeline /proc/mstar-timeline.json is not writable"),
+    (["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--timeline", "/proc/mstar-timeline.png"],
+     "--timeline /proc/mstar-timeline.png is not writable"),
 ])
 def test_a_refusal_is_one_line_and_exit_1(capsys, argv, words):
     assert main([*argv, "--no-progress"] if argv[0] == "run" else argv) == 1
@@ -232,3 +232,13 @@ def test_missing_gpu_is_refused_before_the_spec_dims_wait_is_announced(capsys, m
     assert main(["run", "--plan", LLAMA, "--device", "cuda", "--dims", "spec", "--requests", "1"]) == 1
     err = _error(capsys)
     assert "no CUDA GPU" in err and "building the models" not in err
+
+
+def test_a_refused_run_creates_no_out_directory(tmp_path, capsys):
+    """A sim run given a torch option, or a --report on the run's own outputs.jsonl: refused, but
+    the --out directory the checks had already created stayed behind."""
+    out = tmp_path / "new"
+    for extra in (["--dims", "spec"], ["--report", str(out / "outputs.jsonl")]):
+        assert main(["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--out", str(out), *extra]) == 1
+        assert not out.exists(), extra
+    capsys.readouterr()
