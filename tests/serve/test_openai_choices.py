@@ -241,3 +241,22 @@ def test_a_handler_cancelled_while_its_choices_start_leaves_none_running():
 def _after(decode, prompt, ids):
     """The text a completion adds to its prompt's: the whole decoded, the prompt's own taken off."""
     return decode(prompt + ids)[len(decode(prompt)):]
+
+
+def test_a_body_refused_for_one_of_its_prompts_counts_its_others_refused():
+    """Two prompts, one that can never fit the pool: the body's answer is the refusal, and the other
+    prompt, started and then cancelled, counted `cancelled` (a request nobody asked to cancel)."""
+    plan = load(LLAMA)
+    pools = [pool.model_copy(update={"num_pages": 4}) for pool in plan.deployment.kv_pools]
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": pools})})
+    llm = LLM(plan, engine=Gate(build_engine(plan, "sim", sim_pace=0), limit=1), max_waiting=4)
+    service = make_service(llm)
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="can never fit"):
+            client.completions.create(model="llama", prompt=[[1, 2, 3], [1] + [5] * 300], max_tokens=20)
+        llm.engine.release()
+        assert wait_until(lambda: llm.loop.num_in_flight == 0)
+        outcomes = {s.labels["outcome"]: s.value for s in service.metrics.requests.collect()[0].samples
+                    if s.name.endswith("_total")}
+    assert outcomes == {"refused": 2.0}, outcomes

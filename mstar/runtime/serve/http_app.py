@@ -181,6 +181,9 @@ class Service:
         started = [(stream, first) for stream, first in zip(streams, firsts) if isinstance(first, Delta)]
         failed = next((first for first in firsts if not isinstance(first, Delta)), None)
         refused = next((first for _, first in started if first.is_final and first.is_refused), None)
+        if failed is None and refused is not None:  # the body's answer is the refusal: its other
+            for request in requests:                # prompts count `refused` with it, not `cancelled`
+                self.llm.loop.cancel_refused(request.id)
         if failed is not None or refused is not None:
             await sse.close_all(started)
         if isinstance(failed, Overloaded):

@@ -142,7 +142,7 @@ class _Guarded(Observer):
 class _Tracked:
     """A request in flight, as the driver thread sees it."""
 
-    __slots__ = ("request", "deliver", "cursor", "text", "submit_s", "last_output_s", "is_started")
+    __slots__ = ("request", "deliver", "cursor", "text", "submit_s", "last_output_s", "is_started", "is_body_refused")
 
     def __init__(self, request: Request, deliver: Callable[[Delta], None], text: Optional[TextStream],
                  submit_s: float):
@@ -153,6 +153,7 @@ class _Tracked:
         self.submit_s = submit_s  # time.monotonic() when `submit` queued it (not when the driver took it)
         self.last_output_s: Optional[float] = None
         self.is_started = False  # admitted by the conductor (or ended)
+        self.is_body_refused = False  # cancelled because its body was refused (`cancel_refused`): counted so
 
 
 class OnlineLoop:
@@ -232,6 +233,13 @@ class OnlineLoop:
         self._inbox.append(("cancel", request_id))
         self._wake.set()
 
+    def cancel_refused(self, request_id: str) -> None:
+        """Cancel a request whose body was refused for another of its prompts (the engine refused
+        that one at admission): counted `refused` as the body's answer is, not `cancelled` (each
+        such body counted a cancelled request a sibling)."""
+        self._inbox.append(("cancel_refused", request_id))
+        self._wake.set()
+
     def cancel_all(self) -> None:
         """Cancel every request in flight (a drain running out of time): each ends `cancelled`, so a
         stream ends with its error event and [DONE] instead of being cut by the server's exit."""
@@ -300,6 +308,9 @@ class OnlineLoop:
                 self._admit_one(conductor, *payload)
             else:
                 for request_id in (list(self._tracked) if kind == "cancel_all" else [payload]):
+                    item = self._tracked.get(request_id)
+                    if kind == "cancel_refused" and item is not None:
+                        item.is_body_refused = True
                     conductor.cancel(request_id)
                     record = conductor.records.get(request_id)
                     if record is not None and record.is_finished:
@@ -401,7 +412,8 @@ class OnlineLoop:
             return
         with self._lock:
             self._num_in_flight -= 1
-        self.observer.on_finish(record.finish_reason or "error", record.is_refused, record.is_input_fault)
+        self.observer.on_finish(record.finish_reason or "error", record.is_refused or item.is_body_refused,
+                                record.is_input_fault)
         if record.num_prefix_lookups:
             self.observer.on_prefix_lookups(record.num_prefix_lookups, record.num_cached_tokens)
         self._push(item, record, True, time.monotonic())
