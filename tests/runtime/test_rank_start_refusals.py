@@ -106,3 +106,16 @@ def test_torchrun_with_a_one_process_run_is_refused(monkeypatch, capsys, flags, 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["run", "--plan", "generated/orpheus_tp2.plan", "--requests", "1", "--no-progress", *flags]) == 1
     assert f"but {says} runs every rank in one process: run it without torchrun" in capsys.readouterr().err
+
+
+def test_an_error_without_text_is_named_by_its_type(monkeypatch):
+    """An empty message made the one-line summary raise IndexError where rank 0's loss was said."""
+    def gone(*_args):
+        raise launch.dist.DistError()
+
+    monkeypatch.setattr(launch, "join_env_group", lambda: None)
+    monkeypatch.setattr(launch.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(launch.dist, "destroy_process_group", lambda: None)
+    monkeypatch.setattr(launch, "run_rank", gone)
+    with pytest.raises(launch.LaunchError, match=r"^rank 0 is gone, so this rank stops \(DistError\)$"):
+        launch.serve_torchrun(load_plan("generated/orpheus.plan"), RankOptions())

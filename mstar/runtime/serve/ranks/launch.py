@@ -114,9 +114,7 @@ def run_rank(plan: Plan, rank: int, local_rank: int, options: RankOptions, peer_
         executor = build_executor(plan, rank, options, channel, device, comms)
     except Exception as error:  # a refused engine: rank 0 reports it and stops
         try:
-            # (one line: a torch error's message carries its C++ frames)
-            message = " ".join(str(error).splitlines()[0].split()) if str(error) else type(error).__name__
-            channel.send(0, "fatal", {"message": f"cannot start its engine: {message}"}, timeout_s=10.0)
+            channel.send(0, "fatal", {"message": f"cannot start its engine: {_first_line(error)}"}, timeout_s=10.0)
         except RankFailure:  # rank 0 is still building its own engine: it sees this rank exit instead
             raise SystemExit(1) from None
         return
@@ -261,8 +259,7 @@ def serve_torchrun(plan: Plan, options: RankOptions) -> None:
     try:
         run_rank(plan, dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0")), options, lambda peer: None)
     except (RankFailure, dist.DistError) as error:
-        raise LaunchError(f"rank 0 is gone, so this rank stops ({' '.join(str(error).splitlines()[0].split())})"
-                          ) from None
+        raise LaunchError(f"rank 0 is gone, so this rank stops ({_first_line(error)})") from None
     finally:
         dist.destroy_process_group()
 
@@ -286,11 +283,18 @@ def join_env_group() -> None:
         thread.join(RENDEZVOUS_POLL_S)
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     if isinstance(found[0], Exception):
-        said = " ".join(str(found[0]).splitlines()[0].split()) if str(found[0]) else type(found[0]).__name__
         raise LaunchError(f"the torchrun rendezvous at {where} did not complete within {START_TIMEOUT_S:.0f} s "
-                          f"or failed ({said[:300]})")
+                          f"or failed ({_first_line(found[0])[:300]})")
     store, rank, size = found[0]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT)
+
+
+def _first_line(error: BaseException) -> str:
+    """An error's first line, its spaces collapsed, for a one-line message (a torch error's text
+    carries its C++ frames after it); its type's name where it has no text (an empty message made
+    `splitlines()[0]` raise IndexError where rank 0's loss was said)."""
+    lines = str(error).splitlines()
+    return " ".join(lines[0].split()) if lines else type(error).__name__
 
 
 def _has_key(store: Any, key: str) -> bool:
