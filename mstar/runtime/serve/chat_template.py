@@ -44,6 +44,8 @@ MAX_RANGE_ITEMS = 100_000  # items `range` may give in one render, all calls tog
 PADDING = {"ljust", "rjust", "center", "zfill", "expandtabs"}
 WORKER_MEMORY_BYTES = 512 * 1024 * 1024  # the worker's address space (Python with jinja2: about 25 MB)
 RENDER_TIMEOUT_S = 10.0  # a render past this is killed with its worker (real templates take under a ms)
+_PAST_MEMORY = ("the chat template failed on these messages: MemoryError (past the "
+                f"{WORKER_MEMORY_BYTES >> 20} MiB a render may take)")
 
 
 class ChatTemplateError(Exception):
@@ -193,8 +195,7 @@ def serve_requests() -> None:
         try:
             answer = _answer(compiled, source, request.get("variables"))
         except MemoryError:
-            answer = {"error": "the chat template failed on these messages: MemoryError (past the "
-                               f"{WORKER_MEMORY_BYTES >> 20} MiB a render may take)"}
+            answer = {"error": _PAST_MEMORY}
         sys.stdout.write(json.dumps(answer, ensure_ascii=True) + "\n")
         sys.stdout.flush()
 
@@ -213,8 +214,7 @@ def _answer(compiled: dict[str, Any], source: str, variables: Optional[dict[str,
     try:
         text = template.render(range=_RangeBudget(), **variables)
     except MemoryError:
-        return {"error": "the chat template failed on these messages: MemoryError (past the "
-                         f"{WORKER_MEMORY_BYTES >> 20} MiB a render may take)"}
+        return {"error": _PAST_MEMORY}
     except Exception as error:  # a template's own: jinja's, a ZeroDivisionError, a RecursionError, ...
         said = str(error) if isinstance(error, jinja2.TemplateError) else f"{type(error).__name__}: {error}"
         return {"error": f"the chat template failed on these messages: {said}"}

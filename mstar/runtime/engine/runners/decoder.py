@@ -382,7 +382,7 @@ class DecoderRunner:
             counted = iter(needs)
             needs = [next(counted) if item.start_need is None else item.start_need for item in ready]
         failed = self.refused(needs)
-        movable = (self.admission.startable_by_pages(needs, failed, self.slots.num_free_slots if self.slots else 0)
+        movable = (self.admission.startable_by_pages(needs, failed, self._num_free_slots())
                    if failed and self.offload is not None else [])
         if movable and self._move_out(self._step_ids(ready), needs, movable):
             failed = self.refused(needs)
@@ -390,8 +390,10 @@ class DecoderRunner:
 
     def refused(self, needs: list[PageNeed]) -> list[str]:
         """The requests of `needs` the admission policy refuses with the pages and state slots free now."""
-        return self.admission.shortfall(needs, self.pool.num_free_pages,
-                                        self.slots.num_free_slots if self.slots else 0)
+        return self.admission.shortfall(needs, self.pool.num_free_pages, self._num_free_slots())
+
+    def _num_free_slots(self) -> int:
+        return self.slots.num_free_slots if self.slots else 0
 
     def _step_ids(self, ready: list[_Prepared]) -> set[str]:
         """The requests with a row in the step being started (`step_rows`) or among `ready`."""
