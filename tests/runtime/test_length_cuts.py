@@ -42,6 +42,24 @@ def test_speech_cut_at_max_tokens_frames_ends_length(engine_name):
     assert records["a"].num_output_tokens == 0 and any(e.modality == "audio" for e in records["a"].emissions)
 
 
+@pytest.mark.parametrize("engine_name", ["sim", "torch"])
+@pytest.mark.parametrize("plan_name,sampling_walks", [("qwen3_tts", ("talker_prefill", "talker_decode")),
+                                                      ("qwen3_omni", ("talker_last_prefill", "talker_decode"))])
+def test_a_talker_samples_max_tokens_frames_also_when_its_prefill_makes_the_last(plan_name, sampling_walks,
+                                                                                 engine_name):
+    """The Talker's prefill samples a frame outside any loop and counts nothing toward max_tokens
+    (its frames go to the codec's stream): at max_tokens 1 its limit there ends the partition
+    (PartitionState.stop_before_later_loops). Before, the decode loop ran once more: two frames."""
+    for max_tokens in (1, 2, 3):
+        plan = load_plan(GENERATED / f"{plan_name}.plan")
+        engine = SimEngine(plan) if engine_name == "sim" else TorchEngine(plan, seed=0)
+        driver = Driver(plan, engine)
+        driver.run(Workload([Request(id="a", prompt_tokens=[5, 6, 7, 8], max_tokens=max_tokens)]))
+        frames = sum(rows.get(walk, 0) for rows in driver.log.walk_rows for walk in sampling_walks)
+        assert frames == max_tokens
+        assert driver.conductor.records["a"].finish_reason == "length"
+
+
 def test_a_thinker_that_stops_with_a_talker_cut_ends_length_and_one_that_ends_stop():
     """Qwen3-Omni on the torch engine: the Thinker's third token made a stop token, so its text ends
     `stop`; the Talker's frames are cut at max_tokens, so the request ends `length`. Without

@@ -468,6 +468,8 @@ class Conductor:
             logprobs = result.logprobs
             since = len(state.record.emission_values) if logprobs is not None else 0
             run.complete(node, outputs, result.is_stop, result.is_length)
+            if result.is_stop and not counted and active_call.call.loop is None:
+                ps.stop_before_later_loops(node, result.is_length)
             if logprobs is not None:
                 state.record.attach_logprobs(logprobs, since)
             if counted:

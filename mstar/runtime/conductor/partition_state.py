@@ -58,6 +58,7 @@ class PartitionState:
         self.max_tokens = record.request.max_tokens
         self.is_done = not walks
         self.is_length = False  # ended by max_tokens, or a walk's stop-conditioned loop by its limit
+        self.ends_after_run = False  # a stop outside loops ended the route (stop_before_later_loops)
         self.other_stores: list[dict[str, Any]] = []  # the request's other partitions' stores
         self.owner: Any = None  # the conductor's state of the request (set by the conductor)
 
@@ -89,6 +90,9 @@ class PartitionState:
             self.run.cancel()  # a call still active in a finished walk never runs (nor is ready)
         self.run = None
         self.stage += 1
+        if self.ends_after_run:
+            self.is_done = True
+            return
         # A one-stage stream consumer re-runs its walk per chunk (SNAC, Code2Wav) until its
         # streams are exhausted; a partition with a repeat rule runs its stages again while the
         # rule holds (Whisper's windows); any other partition is done after its last stage (Talker).
@@ -142,6 +146,19 @@ class PartitionState:
         if self.is_done or self.can_run_again():
             return False
         return self.may_count_more()
+
+    def stop_before_later_loops(self, node: str, is_length: bool) -> None:
+        """A call of `node` outside loops that counts nothing sampled a stop: a stop token, or the
+        request's max_tokens-th sample (`is_length`). Where a later stage of the route loops until
+        that node stops, the partition ends after the current walk, cut where the stop was a limit:
+        that loop would sample past the stop (Qwen3-TTS's Talker: its prefill's frame, then a
+        decode frame, two frames for max_tokens 1). Counted calls end by their counts
+        (`stops_outside_loops`, `may_count_more`); a partition that runs again reads its own rule."""
+        if self.is_done or self.can_run_again():
+            return
+        if any(node in walk.stopping_nodes for walk in self.walks[self.stage + 1:]):
+            self.ends_after_run = True
+            self.is_length = self.is_length or is_length
 
     def can_run_again(self) -> bool:
         """Whether the partition may start its walks again after the last: it repeats its stages

@@ -189,7 +189,7 @@ class RunCall:
 
 class RunWalk:
     __slots__ = ("name", "partition", "calls", "loops", "joins", "start", "num_slots", "plan", "max_limits",
-                 "has_counts", "counts_output", "counts_once", "stop_ends_counts")
+                 "has_counts", "counts_output", "counts_once", "stop_ends_counts", "stopping_nodes")
 
     def __init__(self, plan: WalkPlan):
         self.plan = plan
@@ -204,6 +204,8 @@ class RunWalk:
         self.has_counts = any(loop.count_param is not None for loop in self.loops)
         counting = [index for index, call in enumerate(plan.calls) if call.counted]
         self.counts_output = bool(counting)  # some call's outputs count toward max_tokens
+        # The nodes whose stop ends one of the walk's loops (PartitionState.stop_before_later_loops).
+        self.stopping_nodes = frozenset(call.node for call in plan.calls if call.stop_loop is not None)
         # One counting call outside every loop: once its output is counted the run counts no more
         # (PartitionState.may_count_more: BAGEL's prefill_text before image_gen).
         self.counts_once = len(counting) == 1 and plan.calls[counting[0]].loop is None
