@@ -46,11 +46,12 @@ class InputFileError(Exception):
         self.what, self.path, self.reason = what, path, reason
 
 
-def make_dirs(path: PathLike, mode: int = 0o777) -> None:
+def make_dirs(path: PathLike, mode: int = 0o777) -> list[Path]:
     """os.makedirs(path, exist_ok=True) without recursion: os.makedirs and Path.mkdir(parents=True)
     recurse once a missing level, so a valid path more than about 1,000 levels deep (2,200
     characters of "d/") raised RecursionError, an internal error. Missing levels are made from
-    the top down; one that exists, as a directory, is left as it is."""
+    the top down; one that exists, as a directory, is left as it is. Returns the levels it made,
+    top down (`remove_empty_dirs` takes them back where a command then fails)."""
     missing = []
     folder = Path(path)
     while not os.path.lexists(folder):  # a file in the way stops the walk: making below it raises ENOTDIR
@@ -60,12 +61,26 @@ def make_dirs(path: PathLike, mode: int = 0o777) -> None:
         folder = folder.parent
     if not missing and not folder.is_dir():
         raise FileExistsError(errno.EEXIST, "File exists", str(folder))
+    made = []
     for level in reversed(missing):
         try:
             level.mkdir(mode=mode)
+            made.append(level)
         except FileExistsError:  # made meanwhile by another process
             if not level.is_dir():
                 raise
+    return made
+
+
+def remove_empty_dirs(made: list[Path]) -> None:
+    """Remove the directories `make_dirs` made (top down), deepest first, while they are empty: a
+    command refused after it made its output folder leaves nothing behind; one that wrote there
+    keeps it."""
+    for level in reversed(made):
+        try:
+            level.rmdir()
+        except OSError:  # not empty (or gone): it and the levels above it stay
+            return
 
 
 def _open_regular(path: Path, what: str) -> tuple[int, int]:

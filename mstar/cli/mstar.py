@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 from mstar.arg_types import (
     float_range, int_range, integer, os_error_text, path_problem, shown_error, shown_path, weights_list_problem,
 )
-from mstar.files import make_dirs
+from mstar.files import make_dirs, remove_empty_dirs
 from mstar.cli.common import global_parser, take_global_options
 from mstar.plan.output_bound import most_counted_tokens
 from mstar.plan.rounds import max_request_tokens
@@ -295,13 +295,13 @@ def _lay_out_audio(plan: Any, workload: Any) -> None:
             raise CliError(f"--prompts: request {request.id}: {error}") from None
 
 
-def _check_file_target(option: str, path: str) -> None:
+def _check_file_target(option: str, path: str, made_dirs: list) -> None:
     """Refuse a file output that cannot be written: a directory, or an unwritable place."""
     if os.path.isdir(path):
         raise CliError(f"{option} {shown_path(path)} is a directory")
     parent = os.path.dirname(os.path.abspath(path))
     try:
-        make_dirs(parent)
+        made_dirs.extend(make_dirs(parent))
     except OSError as error:
         raise CliError(f"{option} {shown_path(path)}: cannot create directory {shown_path(parent)}: "
                        f"{error.strerror}") from None
@@ -323,10 +323,11 @@ def _probe_writable(option: str, path: str, folder: str) -> None:
         raise CliError(f"{option} {shown_path(path)} is not writable ({error.strerror})") from None
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
+def _check_outputs(args: argparse.Namespace, made_dirs: list) -> None:
     """Check --out, --report and --timeline before the run, so a bad path costs no run time; the
     options that need no file first, then the paths, so a refused command creates no directory (a
-    sim run given a torch option, or a --report on outputs.jsonl, left its new --out behind)."""
+    sim run given a torch option, or a --report on outputs.jsonl, left its new --out behind). The
+    directories made go to `made_dirs`: a refusal after this (weights, the device) removes them."""
     is_on_gpu = args.engine == "torch" and args.device.startswith("cuda")
     if args.gpu_profile and not is_on_gpu:
         raise CliError("--gpu-profile traces the GPU: it needs --engine torch --device cuda[:N]")
@@ -353,14 +354,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if os.path.exists(args.out) and not os.path.isdir(args.out):
             raise CliError(f"--out {shown_path(args.out)} exists and is not a directory")
         try:
-            make_dirs(args.out)
+            made_dirs.extend(make_dirs(args.out))
         except OSError as error:
             raise CliError(f"--out {shown_path(args.out)}: cannot create directory: {error.strerror}") from None
         _probe_writable("--out", args.out, args.out)
     for option, path in (("--report", args.report), ("--timeline", args.timeline),
                          ("--gpu-profile", args.gpu_profile)):
         if path:
-            _check_file_target(option, path)
+            _check_file_target(option, path, made_dirs)
 
 
 def _check_paths_given(args: argparse.Namespace) -> None:
@@ -643,13 +644,20 @@ def _run(args: argparse.Namespace, signals: _Signals) -> int:
         return _serve_rank(args, plan)
     tokenizer = _tokenizer(plan, args)
     workload = _workload(args, plan, tokenizer)
-    _check_outputs(args)
-    problem = kv_pages_option_problem(args.kv_pages)  # either engine's, before it is built
-    if problem is not None:
-        raise CliError(problem)
-    with contextlib.ExitStack() as stack:
-        engine = _engine(plan, args) if mode == "inproc" else _rank_engine(plan, args, mode, stack)
-        return _run_engine(args, signals, plan, tokenizer, workload, engine, mode)
+    made_dirs: list = []
+    try:
+        _check_outputs(args, made_dirs)
+        problem = kv_pages_option_problem(args.kv_pages)  # either engine's, before it is built
+        if problem is not None:
+            raise CliError(problem)
+        with contextlib.ExitStack() as stack:
+            engine = _engine(plan, args) if mode == "inproc" else _rank_engine(plan, args, mode, stack)
+            return _run_engine(args, signals, plan, tokenizer, workload, engine, mode)
+    except BaseException:
+        # Refused after the output folders were made (--weights without config.json, --device cuda
+        # without a GPU): the new, still empty folders went with it. One the run wrote to stays.
+        remove_empty_dirs(made_dirs)
+        raise
 
 
 def _run_engine(args: argparse.Namespace, signals: _Signals, plan: Any, tokenizer: Any, workload: Any,

@@ -242,3 +242,24 @@ def test_a_refused_run_creates_no_out_directory(tmp_path, capsys):
         assert main(["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--out", str(out), *extra]) == 1
         assert not out.exists(), extra
     capsys.readouterr()
+
+
+def test_a_run_refused_after_its_output_folders_were_made_removes_them(tmp_path, capsys, monkeypatch):
+    """Refusals found after the output paths were checked (and their folders made): weights without
+    a config.json, `--device cuda` without a GPU. The new, empty folders (every level made, --out's
+    and --report's) left with the refusal; a folder that was there stays, and a run that wrote keeps
+    its own."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "kept").mkdir()
+    out, report = tmp_path / "kept" / "a" / "b", tmp_path / "r" / "s" / "report.json"
+    for extra, words in ((["--weights", str(tmp_path / "kept")], "no config.json"), (["--device", "cuda"], "no CUDA")):
+        assert main(["run", "--plan", LLAMA, "--requests", "1", "--out", str(out), "--report", str(report),
+                     *extra]) == 1
+        assert words in _error(capsys)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"] and not any((tmp_path / "kept").iterdir())
+    assert main(["run", "--plan", LLAMA, "--engine", "sim", "--requests", "1", "--out", str(out),
+                 "--report", str(report), "--no-progress"]) == 0
+    assert (out / "outputs.jsonl").exists() and report.exists()
+    capsys.readouterr()
