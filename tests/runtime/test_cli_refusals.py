@@ -263,3 +263,20 @@ def test_a_run_refused_after_its_output_folders_were_made_removes_them(tmp_path,
                  "--report", str(report), "--no-progress"]) == 0
     assert (out / "outputs.jsonl").exists() and report.exists()
     capsys.readouterr()
+
+
+def test_a_tensor_parallel_group_the_tiny_model_cannot_split_says_so(tmp_path, capsys):
+    """Orpheus's 24 query heads split over 4 ranks; `--dims tiny`'s 6 do not. The refusal named
+    qo_heads=6 as if the spec said it; now it says it is the tiny model's and what runs instead."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from plan_variants import compiled
+
+    config = (ROOT / "configs" / "orpheus_tp2.yaml").read_text()
+    config = config.replace("ranks: [0, 1]", "ranks: [0, 1, 2, 3]").replace("tp_size: 2", "tp_size: 4")
+    (tmp_path / "orpheus_tp4.yaml").write_text(config)
+    plan = compiled(ROOT / "specs" / "orpheus.mw", tmp_path / "orpheus_tp4.yaml", tmp_path)
+    assert main(["run", "--plan", str(plan), "--requests", "1", "--no-progress"]) == 1
+    err = _error(capsys)
+    assert "the tiny model of --dims tiny cannot be split over 4" in err and "--dims spec" in err

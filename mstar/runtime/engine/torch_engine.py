@@ -42,6 +42,7 @@ from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.schema import NodePlan, Plan
 from mstar.plan.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
+    tp_split_problem,
 )
 from mstar.runtime.engine import qwen3_asr_setup, whisper_setup
 from mstar.runtime.engine.gpu.decode_columns import TokenRows
@@ -86,6 +87,17 @@ MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and a
 
 class EngineError(ValueError):
     """The engine cannot start for this plan and these options (the message says why)."""
+
+
+def _check_tiny_splits(node: str, dims: DecoderDims, size: int) -> None:
+    """`--dims tiny` keeps at most 2 kv heads and a head ratio of at most 4, which a group the
+    spec's own heads split over may not split (Orpheus's 24 query heads over 4 ranks: tiny's 6).
+    The shard layout's refusal named those numbers as if they were the spec's."""
+    problem = tp_split_problem(dims, size)
+    if problem:
+        raise DimsError(f"node {node}: the tiny model of --dims tiny cannot be split over {size} tensor-parallel "
+                        f"ranks ({problem}; tiny keeps at most 2 kv heads and a head ratio of at most 4): run "
+                        f"with --dims spec or --weights")
 
 
 class TorchEngine:
@@ -273,6 +285,8 @@ class TorchEngine:
         dims = self.decoder_dims[node.name] = self._decoder_dims(node, mode, weights_dir)
         comm = self.tp_comms.get(node.name)
         is_sharded = comm is not None and comm.size > 1
+        if is_sharded and mode == "tiny" and weights_dir is None:
+            _check_tiny_splits(node.name, dims, comm.size)
         if is_sharded and any(sub.samples is not None for sub in node.submodels):
             raise DimsError(f"node {node.name}: a node with a depth model does not run tensor-parallel yet")
         if not node.submodels:  # the GPU fast path runs one model
