@@ -285,7 +285,7 @@ class TorchEngine:
         dims = self.decoder_dims[node.name] = self._decoder_dims(node, mode, weights_dir)
         comm = self.tp_comms.get(node.name)
         is_sharded = comm is not None and comm.size > 1
-        if is_sharded and mode == "tiny" and weights_dir is None:
+        if comm is not None and is_sharded and mode == "tiny" and weights_dir is None:
             _check_tiny_splits(node.name, dims, comm.size)
         if is_sharded and any(sub.samples is not None for sub in node.submodels):
             raise DimsError(f"node {node.name}: a node with a depth model does not run tensor-parallel yet")
