@@ -64,7 +64,7 @@ from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import OUTSIDE_LOOPS, RunWalk, model_stop_loop
-from mstar.runtime.conductor.text_context import context_before, text_after
+from mstar.runtime.conductor.text_context import MAX_CHARACTER_BYTES, character_start, context_before, text_after
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
 
@@ -545,11 +545,13 @@ class Conductor:
         tail = max(MIN_STOP_TAIL_TOKENS, STOP_TAIL_TOKENS * longest)
         while True:
             start = max(0, len(output) - tail)
-            tokens = output[start:]
-            if not all(isinstance(t, int) for t in tokens):
+            if not all(isinstance(t, int) for t in output[max(0, start - MAX_CHARACTER_BYTES):]):
                 return False  # frames of codes, not text
-            # read after the tokens before the tail, as the text shown is (text_context.py)
-            context = [t for t in context_before(request.prompt_tokens, output, start) if isinstance(t, int)]
+            # read from a character's start, after the tokens before it, as the text shown is
+            # (text_context.py: a window inside a byte-fallback emoji read as U+FFFD throughout)
+            start = character_start(self.decode, output, start) if start else 0
+            tokens = output[start:]
+            context = context_before(request.prompt_tokens, output, start, self.decode)
             text = text_after(self.decode, context, tokens)
             # A stop string just completed ends in the newest token's text and starts at most
             # `longest - 1` characters before it: the window holds that unless its tokens decode to

@@ -332,7 +332,7 @@ class OnlineLoop:
                 raise ValueError(f"request id {request.id!r} belongs to a request that has just ended; give each "
                                  "request an id of its own (llm.request(...) makes one)")
             text = (TextStream(self.decode, request.stop_strings, request.min_tokens,
-                               prompt_context(request.prompt_tokens)) if self.decode is not None else None)
+                               prompt_context(request.prompt_tokens, self.decode)) if self.decode is not None else None)
         except Exception as error:
             self._answer_unrun(request, deliver, f"error: {error}", is_refused=True)
             return

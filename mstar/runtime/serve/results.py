@@ -158,7 +158,7 @@ class ResultWriter:
         from mstar.runtime.serve.tokenizer import stop_text_index
 
         stops, min_tokens = request.stop_strings, request.min_tokens
-        context = [t for t in prompt_context(request.prompt_tokens) if isinstance(t, int)]
+        context = prompt_context(request.prompt_tokens, self.tokenizer.decode)
         text = text_after(self.tokenizer.decode, context, tokens)
         after = len(text_after(self.tokenizer.decode, context, tokens[:min_tokens])) if min_tokens and stops else 0
         cut = stop_text_index(text, stops, after=after)
