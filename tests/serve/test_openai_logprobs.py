@@ -225,6 +225,14 @@ def test_echo_with_max_tokens_zero_answers_the_prompt_alone(llama):
     assert stream[-1].usage.completion_tokens == 0
     text = client.completions.create(model="llama", prompt="hello world", max_tokens=0, echo=True)
     assert text.choices[0].text == "hello world" and text.usage.completion_tokens == 0
+    # the hidden token a stop token: the answer still ends `length` (it said `stop`)
+    first = llm.generate([PROMPT], SamplingParams(max_tokens=1, temperature=0))[0].token_ids[0]
+    hidden = client.completions.create(model="llama", prompt=PROMPT, max_tokens=0, echo=True, temperature=0,
+                                       extra_body={"stop_token_ids": [first]})
+    assert hidden.choices[0].finish_reason == "length"
+    streamed = list(client.completions.create(model="llama", prompt=PROMPT, max_tokens=0, echo=True, temperature=0,
+                                              stream=True, extra_body={"stop_token_ids": [first]}))
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "length"
     with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
         client.completions.create(model="llama", prompt=PROMPT, max_tokens=0)
     # a prompt filling max_seq_len has no room for the token its request samples: refused by its

@@ -75,6 +75,11 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
     ({"n": 0}, "n", "n must be between 1 and 128, got 0"),
     ({"n": 129}, "n", "n must be between 1 and 128, got 129"),
     ({"prompt": [[1, 2]] * 5, "n": 26}, "prompt", "5 prompts x n 26 is 130 choices, more than the 128"),
+    # vLLM's text fields at a value this server does not give (each was accepted and ignored)
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "other than false is not supported"),
+    ({"skip_special_tokens": False}, "skip_special_tokens", "other than true is not supported"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "other than true"),
+    ({"best_of": 1, "n": 2}, "best_of", "best_of must be at least n, got n=2 and best_of=1"),
 ])
 def test_a_completion_option_the_server_does_not_take_is_a_400(llama, fields, param, words):
     url, _, _ = llama
@@ -84,7 +89,8 @@ def test_a_completion_option_the_server_does_not_take_is_a_400(llama, fields, pa
 
 
 @pytest.mark.parametrize("fields", [{"best_of": 1}, {"presence_penalty": 0}, {"frequency_penalty": 0.0},
-                                    {"echo": None}, {"n": 1}, {"tools": None}])
+                                    {"echo": None}, {"n": 1}, {"tools": None}, {"include_stop_str_in_output": False},
+                                    {"skip_special_tokens": True}, {"spaces_between_special_tokens": None}])
 def test_a_completion_option_at_its_neutral_value_is_taken(llama, fields):
     url, _, _ = llama
     status, answer = _completion(url, **fields)
@@ -147,6 +153,18 @@ def test_vllms_chat_echo_and_prompt_logprobs_are_refused(llama, fields, param):
     assert status == 400 and error["param"] == param and "not supported on chat completions" in error["message"]
     status, _ = _post(url, "/chat/completions", {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
                                                  "max_tokens": 2, "echo": False})
+    assert status == 200
+
+
+@pytest.mark.parametrize("fields, param", [({"best_of": 3}, "best_of"), ({"skip_special_tokens": False},
+                                                                          "skip_special_tokens")])
+def test_a_chat_option_the_server_does_not_take_is_a_400(llama, fields, param):
+    """vLLM's chat `best_of` and text fields were accepted and ignored; at their neutral value they are taken."""
+    url, _, _ = llama
+    body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, error = _post(url, "/chat/completions", {**body, **fields})
+    assert status == 400 and error["param"] == param and "not supported" in error["message"], error
+    status, _ = _post(url, "/chat/completions", {**body, "best_of": 1, "skip_special_tokens": True})
     assert status == 200
 
 

@@ -62,6 +62,13 @@ UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "par
                       "web_search_options")
 
 
+# vLLM's fields that shape an answer's text, with the one value this server gives: another value
+# is refused by name (each was accepted and ignored: `include_stop_str_in_output: true` still cut
+# the stop string off, `skip_special_tokens: false` still dropped the special tokens' text).
+TEXT_FIELDS_AS_GIVEN = {"include_stop_str_in_output": False, "skip_special_tokens": True,
+                        "spaces_between_special_tokens": True}
+
+
 class StreamOptions(BaseModel):
     """`stream_options`: as strict as the body (`"include_usage": "no"` is a 400 naming
     `stream_options.include_usage`; it was read as true). Other keys are ignored, as unknown fields
@@ -124,6 +131,9 @@ class _Body(BaseModel):
         for name in UNSUPPORTED_FIELDS:
             if extra.get(name) is not None:
                 raise ApiError(400, f"{name} is not supported", param=name)
+        for name, given in TEXT_FIELDS_AS_GIVEN.items():
+            if extra.get(name) not in (None, given):
+                raise ApiError(400, f"{name} other than {str(given).lower()} is not supported", param=name)
         if self.stream_options is not None and not self.stream:  # (OpenAI's and vLLM's rule; it was ignored)
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
@@ -206,6 +216,9 @@ class CompletionBody(_Body):
         for name, value, ok in (("best_of", self.best_of, 1), ("suffix", self.suffix, None)):
             if value is not None and value != ok:
                 raise ApiError(400, f"{name} is not supported", param=name)
+        if self.best_of is not None and self.best_of < self.num_choices:  # (OpenAI's and vLLM's rule)
+            raise ApiError(400, f"best_of must be at least n, got n={self.num_choices} and best_of={self.best_of}",
+                           param="best_of")
         prompt = self.prompt
         is_list = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
         prompts = cast(list[Union[str, list[int]]], list(prompt) if is_list else [prompt])
@@ -235,6 +248,9 @@ class ChatBody(_Body):
             if (self.model_extra or {}).get(name) not in (None, False):
                 raise ApiError(400, f"{name} is not supported on chat completions (a completion's `echo` with "
                                "`logprobs: N` gives a prompt's text and log-probabilities)", param=name)
+        best_of = (self.model_extra or {}).get("best_of")
+        if best_of not in (None, 1):  # (vLLM's; it was accepted and ignored: one sample, n answers)
+            raise ApiError(400, "best_of is not supported", param="best_of")
         _check_logprobs_count("top_logprobs", self.top_logprobs)
         if self.top_logprobs and not self.logprobs:  # (0 asks for nothing: some clients send it always)
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")

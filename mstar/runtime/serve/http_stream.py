@@ -93,11 +93,14 @@ def usage(choices: Sequence[Choice], finals: Sequence[Delta]) -> dict[str, Any]:
 
 def as_answered(choice: Choice, delta: Delta) -> Delta:
     """The delta as the choice's answer shows it: an echo-only choice's without its sampled token
-    (no ids, text or log-probabilities, none counted; its prompt's log-probabilities kept)."""
+    (no ids, text or log-probabilities, none counted; its prompt's log-probabilities kept), and
+    ended `length` where that hidden token ended it `stop` (a stop token or string: its max_tokens
+    of 0 is what ended the answer, as vLLM says)."""
     if not choice.is_echo_only:
         return delta
+    reason = "length" if delta.finish_reason == "stop" else delta.finish_reason
     return dataclasses.replace(delta, token_ids=[], text="", logprobs=None if delta.logprobs is None else [],
-                               num_output_tokens=0)
+                               num_output_tokens=0, finish_reason=reason)
 
 
 def finish_reason(delta: Delta) -> Optional[str]:
