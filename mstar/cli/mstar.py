@@ -26,6 +26,7 @@ import importlib
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -929,6 +930,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return _guarded(lambda: run_command(args))
 
 
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll says POLLERR on its writing end),
+    so a BrokenPipeError came from the reader of the command's own output going away."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, a closed one, no poll on this system
+        return False
+
+
 def _guarded(command: Callable[[], int]) -> int:
     """Run a command; what it did not turn into an error line of its own becomes one here, never a
     traceback (each bench and `mstar serve` say their own errors; this catches what they missed)."""
@@ -936,6 +948,12 @@ def _guarded(command: Callable[[], int]) -> int:
         return command()
     except CliError as error:
         print(f"mstar: error: {error}", file=sys.stderr)
+        return 1
+    except BrokenPipeError as error:
+        if _stdout_reader_gone():  # `mstar bench ... | head`: nothing left to say, to anyone (as mstarc)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return 0
+        print(f"mstar: error: {os_error_text(error)}", file=sys.stderr)  # another pipe: a --report FIFO
         return 1
     except OSError as error:  # str(error) held "[Errno N]" and the whole file name (5,000 characters)
         print(f"mstar: error: {os_error_text(error)}", file=sys.stderr)

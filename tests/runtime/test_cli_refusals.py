@@ -280,3 +280,18 @@ def test_a_tensor_parallel_group_the_tiny_model_cannot_split_says_so(tmp_path, c
     assert main(["run", "--plan", str(plan), "--requests", "1", "--no-progress"]) == 1
     err = _error(capsys)
     assert "the tiny model of --dims tiny cannot be split over 4" in err and "--dims spec" in err
+
+
+def test_a_bench_whose_reader_goes_away_ends_quietly():
+    """`mstar bench scheduler | head -1`: "mstar: error: Broken pipe" and exit 1 before; now exit 0
+    and nothing said, as mstarc does (a --report FIFO whose reader leaves is still an error)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "mstar.cli.mstar", "bench", "scheduler", "--iters", "10"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.readline()
+    process.stdout.close()
+    assert process.wait(timeout=300) == 0
+    assert process.stderr.read() == b""
