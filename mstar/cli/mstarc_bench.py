@@ -71,7 +71,9 @@ def measure(root: Path, runs: int) -> dict:
         "pairs": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for spec, config in pairs:
+        for index, (spec, config) in enumerate(pairs):
+            # progress on stderr: the figures come at the end (a minute with the defaults)
+            print(f"mstarc bench: {index + 1}/{len(pairs)} {config.stem}", file=sys.stderr, flush=True)
             out = Path(tmp) / f"{config.stem}.plan"
             argv = [python, "-m", "mstar.cli.mstarc", "compile", str(spec), "--config", str(config), "-o", str(out)]
             # warm-up (grammar load, template cache), and pairs with errors are left out

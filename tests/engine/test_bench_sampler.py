@@ -18,7 +18,11 @@ def test_every_kind_is_timed_at_every_row_count(capsys):
         assert case["greedy_us"] > 0
         assert all(case[kind]["torch_us"] > 0 and "fused_us" not in case[kind] for kind in bench_sampler.KINDS)
         assert case["penalise_torch_us"] > 0 and "penalise_us" not in case and case["logprobs_us"] > 0
-    assert "the torch ops alone were timed" in bench_sampler.table(result)
+    table = bench_sampler.table(result)
+    assert "the torch ops alone were timed" in table
+    # the torch ops' penalise figure once, named, not again as if a kernel's (it was printed twice)
+    one = result["rows"]["1"]["penalise_torch_us"]
+    assert f"1 rows {one:.1f} (torch ops) and" in table and f"(torch ops {one:.1f})" not in table
 
 
 @pytest.mark.parametrize("argv, words", [(["--rows", "0"], "between 1 and 4096"), (["--vocab", "1"], "between 2 and"),

@@ -30,6 +30,9 @@ from mstar.cli.mstarc import main as mstarc_main
     # --decode's options without it were ignored, and its --iters past 100 cut to 100, unsaid (a bench audit)
     (["bench", "attention", "--context", "512", "--spread"], "--context, --spread: options of --decode, which was"),
     (["bench", "attention", "--decode", "--iters", "500"], "--decode: --iters is at most 100 graph replays, got 500"),
+    # the device's options beside --host-pack were ignored: its table, exit 0
+    (["bench", "engine", "--host-pack", "--capture-only", "--decode-kernel", "cuda", "--no-pdl"],
+     "--host-pack times the host's packing alone; --decode-kernel, --capture-only, --no-pdl time the device"),
 ])
 def test_an_option_out_of_range_is_one_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:

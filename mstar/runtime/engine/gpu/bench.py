@@ -587,6 +587,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _flag(parser: argparse.ArgumentParser, dest: str) -> str:
+    """The option string of the parser's argument stored under `dest`."""
+    return next(action.option_strings[0] for action in parser._actions if action.dest == dest)
+
+
 def _set_what_ifs(args: argparse.Namespace):
     """The what-if switches, set before the engine is built; returns `blas_edges` (its count of
     edges made programmatic is read after the run)."""
@@ -601,9 +606,20 @@ def _set_what_ifs(args: argparse.Namespace):
     return blas_edges
 
 
+# What `--host-pack` reads; every other option times the device and is a usage error beside it.
+HOST_PACK_OPTIONS = ("plan", "node", "json", "iters", "host_pack")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.host_pack:
+        given = [name for name, value in vars(args).items()
+                 if name not in HOST_PACK_OPTIONS and value != parser.get_default(name)]
+        if given:  # (each was ignored: the host-pack table, exit 0)
+            flags = ", ".join(_flag(parser, name) for name in given)
+            parser.error(f"--host-pack times the host's packing alone; {flags} time the device: give them without "
+                         "--host-pack")
         return _host_pack(args)
     reason = _unavailable()
     if reason is not None:

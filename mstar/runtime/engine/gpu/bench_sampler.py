@@ -7,7 +7,7 @@ draws (`sampling_kernels.py`) where they run ("fused": the whole draw, or a nucl
 with the kernels' noise; "search": a nucleus by `nucleus_draw`'s search, `sampler.NUCLEUS`), their
 ratios measured in the same run. Each figure is the median of `--iters` eager calls (the executor
 calls the sampler eagerly, after the step's graph), timed with CUDA events on a GPU; on the CPU the
-torch ops alone, by the clock (ratios only: absolute times count on a GPU). Beside the draws, what
+torch ops alone, by the clock (no kernels there, so no ratios; absolute times count on a GPU). Beside the draws, what
 the step's other sampling work costs: `penalise` (a repetition and a presence penalty, 1,000
 tokens seen and 64 sampled a row held in a `PenaltyTable`, a step adding one of each: the host's
 update built and applied, then the rules: by the Triton kernels of `penalty_kernels.py` where they
@@ -151,12 +151,19 @@ def table(result: dict) -> str:
     lines.append(f"besides the draw: penalise (repetition and presence penalties, {SEEN_TOKENS} tokens seen and "
                  f"{SAMPLED_TOKENS} sampled a row in the table, one more of each a step) "
                  f"and the log-probabilities (one alternative), us: "
-                 + "; ".join(f"{rows} rows {case.get('penalise_us', case['penalise_torch_us']):.1f} "
-                             f"(torch ops {case['penalise_torch_us']:.1f}) and {case['logprobs_us']:.1f}"
+                 + "; ".join(f"{rows} rows {_penalise(case)} and {case['logprobs_us']:.1f}"
                              for rows, case in result["rows"].items()))
     if not result["has_kernels"]:
         lines.append("(no Triton draws here: they run on a CUDA GPU; the torch ops alone were timed)")
     return "\n".join(lines)
+
+
+def _penalise(case: dict) -> str:
+    """`penalise`'s figure: the kernels' beside the torch ops' where both ran, else the torch ops'
+    alone (the CPU printed that one twice, as if the kernels had been timed)."""
+    if "penalise_us" not in case:
+        return f"{case['penalise_torch_us']:.1f} (torch ops)"
+    return f"{case['penalise_us']:.1f} (torch ops {case['penalise_torch_us']:.1f})"
 
 
 def _fused_variants(result: dict, kind: str) -> list[str]:
