@@ -63,6 +63,9 @@ def measure(root: Path, runs: int) -> dict:
 
     diags = Diagnostics()
     pairs = regen.config_pairs(root, diags)
+    if diags.has_errors:  # configs that do not load, or name no spec: said, not silently left out
+        print(diags.render(), file=sys.stderr)
+        print("mstarc bench: the configs above are left out", file=sys.stderr)
     python = sys.executable
     report: dict[str, Any] = {
         "runs": runs,
@@ -142,7 +145,9 @@ def run_bench(root: Path, runs: int, as_json: bool) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return 1
-    report = measure(root, runs)
+    # absolute: the compile processes run in `root`, so a relative --root's spec paths named nothing
+    # there (a CalledProcessError, an internal error)
+    report = measure(Path(os.path.abspath(root)), runs)
     if as_json:
         print(json.dumps(report, indent=1, sort_keys=True))
     else:

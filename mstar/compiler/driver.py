@@ -254,6 +254,11 @@ def compile_spec(
     plan_path = Path(plan_path)
     if plan_path.is_dir():  # `-o generated/`: the default name inside that folder
         plan_path = plan_path / f"{checked.config_path.stem}.plan"
+    if plan_path.is_symlink():
+        # The plan is written through the link (as shell redirection does), so its glue goes beside
+        # the file it lands in, named after it: beside the link, the plan named "../lnk/x_glue.py"
+        # and every run refused it. The runtime finds the glue beside the plan's real file.
+        plan_path = Path(os.path.realpath(plan_path))
     glue_path = glue_path_for(plan_path)
     header = _header(spec, checked.spec_path, checked.config_path, plan_path, glue_path,
                      checked.spec_bytes, checked.config_bytes)

@@ -233,6 +233,11 @@ class AstBuilder(Transformer):
                              f"invalid quoted string: {reason}; strings use JSON escapes such as \\\" and \\n",
                              self._token_span(token))
             value = ""
+        if any("\ud800" <= char <= "\udfff" for char in value):  # JSON takes "\ud800" alone: compile crashed
+            self.diags.error(codes.INVALID_STRING,
+                             "invalid quoted string: an unpaired surrogate escape (\\udXXX) is not a character; "
+                             "write the character itself or both halves of its pair", self._token_span(token))
+            value = ""
         return value
 
     def prompt_format(self, children):

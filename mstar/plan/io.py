@@ -124,11 +124,14 @@ def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
     """`mstarc compile SPEC --config CONFIG -o PLAN` with paths as the user would type them; an
     input the header's path does not find (a plan moved away from its inputs: the paths are
     relative to the plan's directory) stays the placeholder rather than a path that is not there."""
-    base = Path(plan_path).parent
+    base = Path(os.path.realpath(plan_path)).parent if "\0" not in str(plan_path) else Path(plan_path).parent
 
     def shown(key: str, placeholder: str) -> str:
         named = header.get(key)
-        if not isinstance(named, str) or "\0" in named or not (base / named).is_file():
+        try:
+            if not isinstance(named, str) or "\0" in named or not (base / named).is_file():
+                return placeholder
+        except (OSError, ValueError):  # a name the OS cannot take (ENAMETOOLONG, a lone surrogate)
             return placeholder
         return _display(base / named)
 
@@ -217,7 +220,7 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             actual = sha256_file(file, _INPUT_LIMITS[what], what)
         except InputFileError as e:
             shown = e.path if "\0" in str(file) else shown_path(_display(file))  # e.path: the repr of a NUL path
-            moved = ("" if what == "glue" or "\0" in str(file) or file.exists() else
+            moved = ("" if what == "glue" or "\0" in str(file) or _may_exist(file) else
                      " (the plan names its inputs relative to its own directory: a plan moved or copied away "
                      "from them no longer finds them)")
             raise PlanError(
@@ -231,6 +234,14 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             )
 
 
+def _may_exist(path: Path) -> bool:
+    """path.exists(), true where the OS cannot say (a name it cannot take: ENAMETOOLONG raised)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return True
+
+
 def _is_glue_name(name: str) -> bool:
     """A glue path as mstarc writes it: a bare file name, NAME_glue.py, beside the plan. The
     runtime imports the glue as Python, so a plan edited to name a file elsewhere (its hash
@@ -240,8 +251,10 @@ def _is_glue_name(name: str) -> bool:
 
 def input_paths(plan_path: str | os.PathLike, plan: Plan) -> dict[str, Path]:
     """The plan's inputs on disk: {"spec", "deployment", "glue"} -> path (header paths are
-    relative to the plan's directory). The runtime imports the glue from `["glue"]`."""
-    base = Path(plan_path).parent
+    relative to the directory of the plan's real file, as mstarc wrote them: a plan reached through
+    a symbolic link finds its glue beside the file it names). The runtime imports the glue from
+    `["glue"]`."""
+    base = Path(os.path.realpath(plan_path)).parent
     header = plan.header
     return {
         "spec": base / header.spec_path,
@@ -261,7 +274,13 @@ def load_plan(path: str | os.PathLike, verify: bool = True) -> Plan:
     data = _read_json(path)
     _check_versions(path, data["header"])
     plan = _validate(path, data)
-    if plan.header.content_sha256 != content_hash(plan):
+    try:
+        actual = content_hash(plan)
+    except UnicodeEncodeError:  # a "\ud800" escape in the JSON: an internal error of every command before
+        raise PlanError(f"plan {shown_path(path)} holds a string with an unpaired surrogate (a \\udXXX escape), "
+                        "which mstarc never writes: it was edited by hand. Recompile: "
+                        f"{recompile_command(path, data['header'])}") from None
+    if plan.header.content_sha256 != actual:
         raise PlanError(
             f"plan {shown_path(path)} was edited after it was compiled (content hash mismatch); "
             f"recompile: {recompile_command(path, data['header'])}"
