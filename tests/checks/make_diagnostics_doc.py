@@ -71,7 +71,10 @@ lang_cases = {
  "MW021": (HEAD + NODE % "    capture decode batched tokens_per_row=2\n",
      "Every capture lists its batch sizes with `batch=[...]`."),
  "MW022": (HEAD + "param x = 99999999999999999999999\n", "Numbers must fit a signed 64-bit integer."),
- "MW023": (HEAD + 'node LLM kv(name="a\\q") {\n    in text_inputs\n}\n', "Quoted strings use JSON escapes."),
+ "MW023": (HEAD + 'node LLM kv(name="a\\q") {\n    in text_inputs\n}\n',
+           "Quoted strings use JSON escapes. A surrogate escape must come with its other half "
+              "(`\\ud83d\\ude00` is one character); one alone (`\"\\ud800\"`) is not a character and is refused too "
+              "(`mstarc check` took it and `mstarc compile` failed with an internal error)."),
 }
 lang_no_example = {"MW024": "Blocks nested more than 100 deep; every pass walks the tree recursively.", "MW099":
     "An unexpected failure inside the parser. This is a bug in mstar, never a problem of the input: please report it "
