@@ -381,6 +381,13 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+def _tag_name(tag: str) -> str:
+    """A tag as the file wrote it: `!!set` for YAML's own, else as it is (cut to 40 characters)."""
+    own = "tag:yaml.org,2002:"
+    name = "!!" + tag[len(own):] if tag.startswith(own) else tag
+    return name if len(name) <= 40 else name[:40] + "..."
+
+
 def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_ids: set[int]) -> int:
     """How many values `node` becomes once every alias is expanded, computed on the composed
     graph (each distinct node once), so a billion-laughs file is measured, never expanded. A
@@ -459,6 +466,11 @@ class _Reader:
         return value
 
     def _collection(self, node: yaml.Node, path: tuple) -> Any:
+        plain = "tag:yaml.org,2002:map" if isinstance(node, yaml.MappingNode) else "tag:yaml.org,2002:seq"
+        if node.tag != plain:  # `!!set {x}`, `!!omap [...]`, `!foo [0]`: read as plain ones before
+            self._error(codes.DEPLOYMENT_BAD_VALUE, f"unsupported value: the tag '{_tag_name(node.tag)}' (a deployment "
+                        "holds plain YAML lists and mappings)", node)
+            return None
         if isinstance(node, yaml.MappingNode):
             out: dict[str, Any] = {}
             for key_node, value_node in node.value:

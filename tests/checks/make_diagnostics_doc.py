@@ -48,7 +48,9 @@ lang_cases = {
  "MW009": (HEAD + "walk w {\n    loop max=4 {\n        LLM(text_inputs)\n}\n",
      "A block is still open when the declaration (or the file) ends; the note shows where it was opened."),
  "MW010": (HEAD + "walk w {\n    loop(x) -> y: client text\n}\n",
-     "Keywords (`loop`, `walk`, `stream`, `client`, ...) cannot be used as names."),
+     "A keyword is read as a plain name wherever only a name can stand (a node or walk named `stream` is "
+     "fine), but not where the keyword itself may start something: a node named `loop` cannot be called in a "
+     "walk, where `loop` starts a loop (docs/language.md). Avoid keywords as names."),
  "MW011": ("param x = 1\nmodel m\n", "A spec starts with exactly one `model NAME` line."),
  "MW012": (HEAD + NODE % "    capture decode bucketed batch=[1, 2]\n",
      "A capture family is `batched` (fixed tokens per row) or `packed` (batch x token buckets)."),
@@ -92,7 +94,7 @@ explain = {
  "MW107": "Params, nodes, walks and partitions each have their own namespace, in which a name is declared once; so are "
           "a node's inputs, caps, capture replays and combined walks, and the named loops of a walk. (A walk may "
           "have several `capture` lines: MW414.)",
- "MW108": "`conductor` is an edge destination, so no node may take that name.",
+ "MW108": "`conductor` and `client` are edge destinations, so no node may take either name.",
  "MW109": "A node's header (or its `state recurrent(...)`) gives an argument the runtime does not read for that "
           "engine. Without this check a typo such as `kv_head=8` would silently fall back to a default. The known "
           "names are listed in the note and in docs/language.md (Node arguments); an argument given twice is MW107.",

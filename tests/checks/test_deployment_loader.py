@@ -132,3 +132,16 @@ def test_any_text_gives_diagnostics_never_an_exception(pieces, noise):
     dep, diags = _load_text("".join(pieces) + noise)
     assert (dep is None) == diags.has_errors
     diags.render()
+
+
+@pytest.mark.parametrize("value, tag", [("!!set {x, y}", "!!set"), ("!foo [0]", "!foo"), ("!!omap [{a: 1}]", "!!omap"),
+                                        ("!!python/tuple [1]", "!!python/tuple")])
+def test_a_tagged_list_or_mapping_is_refused_like_a_tagged_scalar(value, tag):
+    """docs/limits.md: sets and tags mstar does not read are MW304; only a scalar's tag was checked, so a
+    tagged list or mapping under a free-form key (`model_kwargs`) loaded as a plain one."""
+    base = "model: m\nmax_seq_len: 8\nnode_groups:\n  - node_names: [A]\n    ranks: [0]\n"
+    dep, diags = _load_text(base + f"model_kwargs: {{a: {value}}}\n")
+    assert dep is None and [d.code for d in diags.items] == ["MW304"]
+    assert f"the tag '{tag}'" in diags.items[0].message
+    dep, diags = _load_text(base + "model_kwargs: {a: !!map {b: 1}, c: !!seq [1]}\n")
+    assert dep is not None and not diags.items

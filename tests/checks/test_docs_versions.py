@@ -20,3 +20,27 @@ def test_the_docs_quote_the_plan_schema_version(doc, pattern):
     assert quoted, f"docs/{doc} no longer quotes /{pattern}/: update this test"
     assert set(quoted) == {str(SCHEMA_VERSION)}, (
         f"docs/{doc} quotes schema version {quoted}, the code is at {SCHEMA_VERSION}")
+
+
+@pytest.mark.parametrize("doc, pattern", [
+    ("cli.md", r"\(compiler (\d+\.\d+\.\d+), plan schema"),
+    ("plan.md", r"this is mstarc (\d+\.\d+\.\d+); recompile"),
+    ("plan.md", r'"compiler_version": "(\d+\.\d+\.\d+)"'),
+])
+def test_the_docs_quote_the_compiler_version(doc, pattern):
+    from mstar.plan.schema import COMPILER_VERSION
+
+    quoted = re.findall(pattern, (DOCS / doc).read_text(encoding="utf-8"))
+    assert quoted and set(quoted) == {COMPILER_VERSION}, f"docs/{doc} quotes compiler version {quoted}"
+
+
+def test_the_header_example_holds_the_orpheus_plans_hashes():
+    """docs/plan.md's header excerpt, its hashes cut to 8 digits, is generated/orpheus.plan's (its
+    content hash went stale with a compiler version bump)."""
+    import json
+
+    header = json.loads((DOCS.parent / "generated" / "orpheus.plan").read_text())["header"]
+    text = (DOCS / "plan.md").read_text(encoding="utf-8")
+    shown = dict(re.findall(r'"(content_sha256|deployment|glue|spec)": "([0-9a-f]{8})\.\.\."', text))
+    actual = {"content_sha256": header["content_sha256"], **header["hashes"]}
+    assert shown == {key: value[:8] for key, value in actual.items()}

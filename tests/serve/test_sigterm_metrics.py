@@ -155,7 +155,9 @@ def test_serve_refuses_a_bad_plan_in_one_line(tmp_path):
                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     assert process.returncode == 1
     assert process.stderr.startswith("mstar serve: error: ") and "Traceback" not in process.stderr
-    assert main(["serve", "--plan", LLAMA, "--port", "70000"]) == 1
+    with pytest.raises(SystemExit) as usage:  # a usage error, as every number option out of its range
+        main(["serve", "--plan", LLAMA, "--port", "70000"])
+    assert usage.value.code == 2
 
 
 def test_serve_refuses_a_port_in_use_or_a_bad_host_in_one_line(capsys):

@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"sim engine: wall seconds per modelled second, in [0, {MAX_SIM_PACE:g}] (default 1; 0: as "
                         "fast as the host goes)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=integer, default=8000, help="port, 0..65535 (default 8000; 0: one the system picks)")
+    p.add_argument("--port", type=int_range(0, 65535), default=8000,
+                   help="port, 0..65535 (default 8000; 0: one the system picks)")
     p.add_argument("--model", type=model_name, help="the model name clients send (default: the plan's model name)")
     p.add_argument("--max-waiting", type=int_range(0, MAX_WAITING), default=256,
                    help="requests that may wait beyond the plan's max_concurrent_requests before 429 "
