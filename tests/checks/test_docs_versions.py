@@ -1,37 +1,27 @@
 """Version numbers the docs quote are the code's: docs/cli.md's `--version` line, docs/plan.md's
-schema-version message and header example (they read 3, 10 and 7 while the schema was at 12)."""
+version messages and header example (they read 3, 10 and 7 while the schema was at 12)."""
 import re
 from pathlib import Path
 
 import pytest
 
-from mstar.plan.schema import SCHEMA_VERSION
+from mstar.plan.schema import COMPILER_VERSION, SCHEMA_VERSION
 
 DOCS = Path(__file__).parents[2] / "docs"
 
 
-@pytest.mark.parametrize("doc, pattern", [
-    ("cli.md", r"plan schema (\d+)\)"),
-    ("plan.md", r"this mstar reads version (\d+)"),
-    ("plan.md", r'"schema_version": (\d+)'),
+@pytest.mark.parametrize("doc, pattern, version", [
+    ("cli.md", r"plan schema (\d+)\)", str(SCHEMA_VERSION)),
+    ("plan.md", r"this mstar reads version (\d+)", str(SCHEMA_VERSION)),
+    ("plan.md", r'"schema_version": (\d+)', str(SCHEMA_VERSION)),
+    ("cli.md", r"\(compiler (\d+\.\d+\.\d+), plan schema", COMPILER_VERSION),
+    ("plan.md", r"this is mstarc (\d+\.\d+\.\d+); recompile", COMPILER_VERSION),
+    ("plan.md", r'"compiler_version": "(\d+\.\d+\.\d+)"', COMPILER_VERSION),
 ])
-def test_the_docs_quote_the_plan_schema_version(doc, pattern):
+def test_the_docs_quote_the_plan_schema_and_compiler_versions(doc, pattern, version):
     quoted = re.findall(pattern, (DOCS / doc).read_text(encoding="utf-8"))
     assert quoted, f"docs/{doc} no longer quotes /{pattern}/: update this test"
-    assert set(quoted) == {str(SCHEMA_VERSION)}, (
-        f"docs/{doc} quotes schema version {quoted}, the code is at {SCHEMA_VERSION}")
-
-
-@pytest.mark.parametrize("doc, pattern", [
-    ("cli.md", r"\(compiler (\d+\.\d+\.\d+), plan schema"),
-    ("plan.md", r"this is mstarc (\d+\.\d+\.\d+); recompile"),
-    ("plan.md", r'"compiler_version": "(\d+\.\d+\.\d+)"'),
-])
-def test_the_docs_quote_the_compiler_version(doc, pattern):
-    from mstar.plan.schema import COMPILER_VERSION
-
-    quoted = re.findall(pattern, (DOCS / doc).read_text(encoding="utf-8"))
-    assert quoted and set(quoted) == {COMPILER_VERSION}, f"docs/{doc} quotes compiler version {quoted}"
+    assert set(quoted) == {version}, f"docs/{doc} quotes {quoted}, the code is at {version}"
 
 
 def test_the_header_example_holds_the_orpheus_plans_hashes():

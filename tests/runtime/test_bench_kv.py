@@ -167,11 +167,9 @@ def test_the_cached_first_steps_need_device_events():
     assert dict(figures["cached_host_timeline_ms"])["first token"] > 0
 
 
-def test_prefix_rounds_alternate_the_order_and_pool_every_run(monkeypatch):
-    """Three rounds: cached first, uncached first, cached first; the pooled TTFTs hold every run's
-    requests after the first, and each round's ratio is its own runs' means."""
-    from mstar.plan.io import load_plan
-
+@pytest.fixture
+def prefix_run_order(monkeypatch) -> list[str]:
+    """The prefix scenario's runs in order, each "cached" or "uncached"."""
     order: list[str] = []
     real = bench_kv._one_after_another
 
@@ -180,6 +178,15 @@ def test_prefix_rounds_alternate_the_order_and_pool_every_run(monkeypatch):
         return real(plan, built, requests)
 
     monkeypatch.setattr(bench_kv, "_one_after_another", recorded)
+    return order
+
+
+def test_prefix_rounds_alternate_the_order_and_pool_every_run(prefix_run_order):
+    """Three rounds: cached first, uncached first, cached first; the pooled TTFTs hold every run's
+    requests after the first, and each round's ratio is its own runs' means."""
+    from mstar.plan.io import load_plan
+
+    order = prefix_run_order
     plan = load_plan("generated/llama_chunked.plan")
     figures = bench_kv.prefix_scenario(plan, bench_kv.EngineChoice("sim"), 3, 64, rounds=3)
     assert order == ["cached", "uncached", "uncached", "cached", "cached", "uncached"]
@@ -199,20 +206,13 @@ def test_on_a_wall_clock_the_slowest_steps_hold_the_whole_prompts_step(capsys):
     assert steps[0]["gap_ms"] >= 0.9 * whole["itl_max_during_ms"]
 
 
-def test_the_torch_engine_runs_each_prefix_run_once_uncounted_first(monkeypatch, capsys):
+def test_the_torch_engine_runs_each_prefix_run_once_uncounted_first(prefix_run_order, monkeypatch, capsys):
     """A process's first runs pay its one-time costs: on the CPU with a 256-token prefix the first
     round's uncached TTFTs were 2-3x the later ones'. One cached and one uncached run now come
     first, not counted (each run says so on stderr); the sim, whose clock is simulated, runs none."""
     from mstar.plan.io import load_plan
 
-    order: list[str] = []
-    real = bench_kv._one_after_another
-
-    def recorded(plan, built, requests):
-        order.append("cached" if any(p.prefix_cache == "pages" for p in plan.deployment.kv_pools) else "uncached")
-        return real(plan, built, requests)
-
-    monkeypatch.setattr(bench_kv, "_one_after_another", recorded)
+    order = prefix_run_order
     monkeypatch.setattr(bench_kv, "_cached_first_steps", lambda *_args: {})
     plan = load_plan("generated/llama_chunked.plan")
     figures = bench_kv.prefix_scenario(plan, bench_kv.EngineChoice("torch", "cpu", "tiny"), 2, 32, rounds=1)
