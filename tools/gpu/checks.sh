@@ -52,6 +52,10 @@
 #          top_k_top_p kind), the plain, top_p and top_k + top_p workloads (extras'), then where the
 #          decode (`bench engine` on llama) and the prefix scenario stand; with Qwen3-ASR's GPU tests
 #          (a checkpoint through the device path's loader, now on the reference loader's rules)
+#   warmup bench kv's torch runs, each variant and prefix run once uncounted first (a process's first
+#          runs paid its one-time costs): the prefix scenario twice, beside the GPU tests of the
+#          conductor and the glue's loading, Qwen3-TTS at max_tokens 1 and 2 (one frame, two) and
+#          `bench engine` on llama
 #   prompts a prompt's own log-probabilities on the fast path: tests/gpu/test_prompt_logprobs_gpu.py
 #          (llama and llama_chunked at spec dims) and the piecewise graphs' and the fast path's GPU
 #          tests, then what asking costs a lone 1,024-token prompt (the Python API, alternated with
@@ -59,7 +63,7 @@
 #          plain one (an engine each way, twice), two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk|warmup}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -243,5 +247,16 @@ PY
     in_time "the tight Qwen3-Omni run" && timeout 100 python3 -m mstar.cli.mstar run \
       --plan generated/qwen3_omni.plan --device cuda --ranks inproc --kv-pages 24 --requests 12 --concurrency 6 \
       --no-progress ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling or extras"; exit 2 ;;
+  warmup)  # bench kv's uncounted first runs (2026-12-07, the sixth session), with the GPU tests near its changes
+    timeout 240 python3 -m pytest -q tests/gpu/test_gpu_engine.py tests/gpu/test_glue_step_path_gpu.py \
+      tests/gpu/test_bench_kv_gpu.py
+    in_time "Qwen3-TTS at max_tokens 1 and 2" && printf '%s\n' '{"id":"a","prompt_tokens":[1,2,3],"max_tokens":1}' \
+      '{"id":"b","prompt_tokens":[1,2,3],"max_tokens":2}' > /tmp/tts.jsonl && timeout 120 python3 -m mstar.cli.mstar \
+      run --plan generated/qwen3_tts.plan --device cuda --prompts /tmp/tts.jsonl --out /tmp/tts --no-progress \
+      > /dev/null && python3 -c "import wave, glob; print([(f, wave.open(f).getnframes()) for f in sorted(glob.glob('/tmp/tts/*.wav'))])"
+    in_time "bench engine" && engine llama
+    for round in 1 2; do
+      kv --scenario prefix || break
+    done ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling, extras or warmup"; exit 2 ;;
 esac
