@@ -213,6 +213,32 @@ def test_sim_offloads_and_finishes_every_request():
     assert engine.num_pages_held() == 0
 
 
+def test_the_device_never_waits_with_the_pool_free_while_requests_do():
+    """Poisson arrivals on 64 pages with a host pool (the sim): moving requests out never leaves every
+    request held with the pool free. The rows short behind older reservations asked too few pages
+    (kv/admission.py `pages_short`), every request ended up held, and the device waited out the holds'
+    backoff: 0.41 s idle of a 1.82 s run, slower than the same run with no host pool at all."""
+    import random
+
+    rng = random.Random(1)
+    arrival, reqs = 0.0, []
+    for index in range(300):
+        arrival += rng.expovariate(800)
+        reqs.append(Request(id=f"r{index}", prompt_tokens=[rng.randrange(1, 500) for _ in range(rng.randint(8, 40))],
+                            max_tokens=rng.randint(8, 60), arrival_s=arrival))
+    plan = load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
+    pool = plan.deployment.kv_pools[0].model_copy(update={"host_pages": 4096})
+    plan = plan.model_copy(update={"deployment": plan.deployment.model_copy(update={"kv_pools": [pool]})})
+    driver = run(plan, SimEngine(plan, num_pages=64), reqs, 0)
+    assert {r.finish_reason for r in driver.conductor.records.values()} == {"length"}
+    spans = sorted(zip(driver.log.start_s, driver.log.end_s))
+    idle, reached = 0.0, spans[0][1]
+    for start, end in spans[1:]:
+        idle += max(0.0, start - reached)
+        reached = max(reached, end)
+    assert idle < 0.005, idle
+
+
 def test_a_host_pool_that_cannot_be_allocated_is_a_clear_error(monkeypatch):
     """A host pool too large for the machine: `KvCacheError` (a start-up refusal with its size and
     the key to lower), not torch's RuntimeError."""

@@ -91,3 +91,15 @@ def test_both_engines_move_out_the_least_recently_run():
         result = engine.run_step(step(plan, "LLM", [prefill("C")]))
         offload = engine.pools["LLM"].offload if isinstance(engine, SimEngine) else engine.runners["LLM"].offload
         assert result.allocation_failed == [] and sorted(offload.offloaded) == ["A"], type(engine).__name__
+
+
+def test_rows_short_behind_older_reservations_want_those_too():
+    """Older waiting requests reserve more than is free (room below zero): the refused start wants
+    its pages and that deficit. Clamped at zero, the pages moved out went to the reservations, the
+    start was refused anyway, and a run could hold every request with the pool free."""
+    admission = Admission(16)
+    admission.grant(PageNeed("running", 8, 12))  # holds 8, may claim 4 more
+    for request_id in ("old", "new"):
+        admission.join(request_id, 6)  # both wait: "old" first
+    short = admission.pages_short([PageNeed("new", 6, 6)], {"new"}, num_free_pages=8)
+    assert short == 6 - (8 - 4 - 6) == 8  # the room left by "running"'s claim and "old"'s 6 is -2
