@@ -64,7 +64,7 @@ def test_budget_fit_matches_the_row_by_row_rule(rows, budget, chunk, decode_cap,
        st.integers(1, 64), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 4)))
 def test_whole_rows_keep_to_the_budget_and_one_too_large_runs_alone(rows, budget, decode_cap, prefill_limit):
     """A walk whose prompts are never cut (no chunk size) under a step budget, down to budgets
-    smaller than one prompt: whole rows join while they fit (decode rows first), a row larger than
+    smaller than one prompt: whole rows join while they fit (oldest first), a row larger than
     the whole budget runs alone (the only way it can run), a step the budget leaves with one walk
     keeps that walk's own cap, and every row runs; as the row-by-row baseline decides."""
     rows = [(walk, 1 if walk == "decode" else tokens) for walk, tokens in rows]
@@ -256,3 +256,24 @@ def test_a_chain_yields_past_a_last_chunk_and_behind_a_waiting_prompt():
     spec = sched.speculate(step, decode, cut=[("p", 27)])
     assert spec is not None
     assert list(zip(spec.request_ids, spec.num_tokens)) == [("d0", 1), ("d1", 1), ("d2", 1), ("p", 13)]
+
+
+@MORE
+@given(st.integers(1, 8), st.integers(2, 40), st.integers(1, 3))
+def test_without_cut_prompts_the_oldest_ready_row_is_in_every_step(num_decode, num_prompts, prompt_tokens):
+    """llama's key lists prefill before decode. Its prompts uncut under a budget, whole rows were
+    fitted in walk order: prompts that arrived after the decode rows filled every step while they
+    kept coming (a sim run: decode stopped for 1.8 s, 999 steps). Oldest first, the decode rows
+    that became ready before the prompts run in the next step, as the starvation bound says."""
+    key = build_key("LLM", ["prefill", "decode"], {"prefill": 8, "decode": 8}, "mixed", 16, {},
+                    mixed_capture=([1, 4, 8, 16], [16, 64]))
+    key = key.model_copy(update={"token_budget": 4})
+    specs = [SpeculationPlan(node="LLM", walk=w, can_speculate=False, mixes_walks=False) for w in key.walks]
+    worker = assemble_worker(0, [key], specs, [])
+    for make in (WorkerScheduler, BaselineScheduler):
+        sched = make(worker, DeploymentPlan(max_seq_len=4096, kv_pools=[]), lambda: 0.0)
+        decode = [f"d{i}" for i in range(num_decode)]
+        sched.add_ready_many(decode, "LLM", "decode", [1] * num_decode)
+        sched.add_ready_many([f"p{i}" for i in range(num_prompts)], "LLM", "prefill", [prompt_tokens] * num_prompts)
+        batch = sched.next_batch()
+        assert batch is not None and "d0" in batch.request_ids, make

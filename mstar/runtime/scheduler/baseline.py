@@ -134,24 +134,30 @@ class BaselineScheduler:
         return None
 
     def _fit_budget(self, key: KeyPlan, chosen: list[_Row], already: list[_Row]) -> tuple[list[_Row], dict[str, int]]:
-        """The step token budget, row by row: whole rows of walks never cut first (walk order,
-        FIFO; one too large for any step runs alone), then a chunk of each row of a cut walk
-        while the budget lasts; a one-walk step keeps that walk's cap. Returns the rows kept and
-        the chunk of each cut row."""
+        """The step token budget, row by row: whole rows of walks never cut first (oldest first
+        across those walks, a walk closed at its first row that does not fit; one too large for any
+        step runs alone), then a chunk of each row of a cut walk while the budget lasts; a one-walk
+        step keeps that walk's cap. Returns the rows kept and the chunk of each cut row."""
         if key.token_budget is None and not key.chunk_sizes:
             return chosen, {}
         left = (key.token_budget if key.token_budget is not None else 1 << 62) - sum(r.num_tokens for r in already)
         kept: list[_Row] = []
         chunks: dict[str, int] = {}
+        closed: set[str] = set()
+        for row in sorted((r for r in chosen if r.walk not in key.chunk_sizes), key=lambda r: r.seq):
+            if row.walk in closed or left <= 0:
+                continue
+            if row.num_tokens <= left or (not already and not kept):
+                kept.append(row)
+                left -= row.num_tokens
+            else:
+                closed.add(row.walk)
         for walk in key.walks:
-            rows = [row for row in chosen if row.walk == walk]
             size = key.chunk_sizes.get(walk)
-            for row in rows:
-                if size is None and (row.num_tokens <= left or (not already and not kept)):
-                    kept.append(row)
-                    left -= row.num_tokens
-                elif size is not None and (cut := chunk_within(left, row.num_tokens, size, row.context,
-                                                               key.chunk_context_scale or 0))[0] > 0:
+            if size is None:
+                continue
+            for row in (row for row in chosen if row.walk == walk):
+                if (cut := chunk_within(left, row.num_tokens, size, row.context, key.chunk_context_scale or 0))[0] > 0:
                     chunks[row.request_id] = cut[0]
                     kept.append(row)
                     left -= cut[1]
