@@ -22,6 +22,11 @@ Out: nothing; adds
   or with N above the largest batch size (a step of one N-token prompt needs N rows).
 - MW434: a stream into a kv node whose chunks hold more items than a batched capture of a walk
   taking them holds tokens a row (each item is a position the row feeds).
+- MW435 (a warning): a batched capture of a walk whose calls of the node, outside loops, take a
+  text prompt input: its rows feed the prompt, any number of tokens, and a batched family holds
+  `tokens_per_row` a row, so the runtime runs every step with a longer row eagerly (before, the
+  scheduler padded such steps to the family and the engine refused every one of them). Not with
+  `unroll_prompts=N`, where the author replays prompt rows of at most N tokens as one-token rows.
 - MW427 (a warning): a packed capture held whole (no `piecewise`) on a node with a recurrent state.
   Its gated delta-net layers' conv and chunked rule take their grids and indices from the rows'
   lengths, which a whole graph would fix at capture, so the runtime runs those steps eagerly;
@@ -46,6 +51,7 @@ def check_node(spec: ast.Spec, node: ast.NodeDecl, runs: dict[str, set[str]], di
     _check_mergeable(node, diags)
     if node.engine == "kv":
         _check_stream_rows(spec, node, diags)
+        _check_prompt_rows(spec, node, diags)
     _check_unroll(node, diags)
     _check_whole_recurrent(node, diags)
     if not node.capture_replays:
@@ -166,6 +172,36 @@ def _check_stream_rows(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -
                             f"{capture.tokens_per_row} token{'s' if capture.tokens_per_row != 1 else ''} a row: "
                             "cut chunks of at most that many, or capture the walk with tokens_per_row of at least "
                             f"{items} (or packed)", source.policy.span, Note("the capture", capture.span))
+
+
+def _check_prompt_rows(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -> None:
+    """MW435 (a warning): a batched capture of a walk whose rows feed a text prompt (module docstring)."""
+    prompts = {d.name for d in node.inputs if d.prompt == "text"}
+    walks = {w.name: w for w in spec.walks}
+    families = [*((c.walk, c) for c in node.captures),
+                *((walk, c.capture) for c in node.combines if c.capture is not None for walk in c.walks)]
+    for walk_name, capture in families:
+        walk = walks.get(walk_name or "")
+        if capture.family != "batched" or walk is None or capture.unroll_prompts:
+            continue  # (unroll_prompts: the author replays short prompt rows as one-token rows)
+        taken = sorted({i for call in _calls_outside_loops(walk.body) if call.node == node.name for i in call.inputs}
+                       & prompts)
+        if taken:
+            per_row = f"{capture.tokens_per_row} token{'s' if capture.tokens_per_row != 1 else ''} a row"
+            diags.warning(codes.PROMPT_ROW_PAST_BATCHED,
+                          f"walk {walk_name}'s rows feed {node.name} the request's text prompt ({taken[0]}), any "
+                          "number of tokens up to max_seq_len (a chunk with chunking), but a batched capture holds "
+                          f"{per_row}: every step with a longer row runs eagerly; capture {walk_name} packed (with "
+                          "token buckets) to replay its prompt steps", capture.span)
+
+
+def _calls_outside_loops(body: list[ast.Section]):
+    """The calls of a walk body that no loop encloses (a loop's calls feed what its loop-backs bring)."""
+    for section in body:
+        if isinstance(section, ast.Call):
+            yield section
+        elif not isinstance(section, ast.Loop) and hasattr(section, "body"):
+            yield from _calls_outside_loops(section.body)
 
 
 def _most_items(policy: ast.ChunkPolicy) -> int:

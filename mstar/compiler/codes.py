@@ -137,6 +137,7 @@ PREFIX_CACHE_UNUSED = "MW431"
 ZERO_ROWS = "MW432"
 BAD_CAPTURE_SIZES = "MW433"
 STREAM_CHUNK_PAST_ROW = "MW434"
+PROMPT_ROW_PAST_BATCHED = "MW435"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -245,4 +246,5 @@ TITLES: dict[str, str] = {
     ZERO_ROWS: "cap or rows limit of no rows",
     BAD_CAPTURE_SIZES: "capture batch sizes or token buckets that are empty, zero or repeated",
     STREAM_CHUNK_PAST_ROW: "a stream's chunks feed more tokens a row than a batched capture of the walk holds",
+    PROMPT_ROW_PAST_BATCHED: "a walk whose rows feed a text prompt has a batched capture",
 }

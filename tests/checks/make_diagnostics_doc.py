@@ -237,6 +237,13 @@ explain = {
           "replay (the engines refused each at run time: `StepContractError: ... feeds 2 tokens, past the 1 "
           "tokens a row of batched capture ...`). Cut smaller chunks, or capture the walk with `tokens_per_row` "
           "of at least the chunk's items (or packed).",
+ "MW435": "A warning: a walk whose calls of a kv node, outside loops, take the request's text prompt feeds a whole "
+          "prompt (or a chunk of one) a row, any number of tokens, while a batched capture holds `tokens_per_row` "
+          "tokens a row. The runtime runs each step with a longer row eagerly (the scheduler padded such steps to "
+          "the batched family before, and the engines refused every one: `StepContractError: ... feeds 20 tokens, "
+          "past the 1 tokens a row of batched capture LLM:prefill`, 20 of 20 requests failed). Capture the walk "
+          "packed, with token buckets, to replay its prompt steps. A capture with `unroll_prompts=N` is left "
+          "alone: its author replays prompt rows of at most N tokens as one-token rows.",
  "MW218": "A `continue_after_done` stream never ends: once drained it answers each ask for a chunk with an empty "
           "one, for consumers whose stages each run once (Qwen3-Omni's Talker). A partition fed by streams whose "
           "route can be a single walk re-runs that walk per chunk until its streams end (SNAC, Code2Wav), so such a "

@@ -155,3 +155,46 @@ def test_several_captures_and_replays_round_trip_through_the_formatter(text):
     spec = parse(text, "m.mw", Diagnostics())
     assert spec is not None and format_spec(spec) == text
     assert [(r.walk, r.source) for r in spec.nodes[0].capture_replays] == [("b", "a"), ("c", "a")]
+
+
+PROMPTS_BATCHED = """model prompts_batched
+node LLM kv(layers=2, kv_heads=2, qo_heads=2, head_dim=8, hidden=16, vocab=64) {
+    in text_inputs: tokens prompt text
+    out text_inputs: tokens
+    out new_token: tokens
+    capture prefill batched batch=[1, 2, 4]
+    capture decode batched batch=[1, 2, 4]
+}
+walk prefill {
+    LLM(text_inputs) -> new_token: client text persist
+}
+walk decode {
+    loop decode_loop max=8 stop {
+        LLM(text_inputs)
+            -> new_token: client text
+            -> text_inputs: LLM device
+    }
+}
+partition P = prefill -> decode
+"""
+
+
+def test_prompt_rows_past_a_batched_capture_run_eagerly(tmp_path):
+    """A batched capture of a walk whose rows feed prompts (MW435 warns): the scheduler padded such
+    steps to the family and the engine refused every one (`StepContractError: ... feeds 20 tokens,
+    past the 1 tokens a row`; 20 of 20 requests failed). They run eagerly now, on both engines."""
+    from mstar.runtime.engine.sim import SimEngine
+    from mstar.runtime.serve.driver import Driver, Workload
+
+    plan = plan_of(tmp_path, PROMPTS_BATCHED, "model: prompts_batched\nmax_seq_len: 64\nnode_groups:\n"
+                                               "  - node_names: [LLM]\n    ranks: [0]\n")
+    key = next(k for k in plan.workers[0].keys if "prefill" in k.walks)
+    tables = KeyTables.from_plan(0, key, False)
+    prefill = 1 << key.walks.index("prefill")
+    assert tables.pick_capture(prefill, 2, [5, 1]).capture is None  # eager
+    assert tables.pick_capture(prefill, 2, [1, 1]).capture is not None
+    requests = [Request(id=f"r{i}", prompt_tokens=[3 + i] * (4 + i), max_tokens=4) for i in range(4)]
+    assert {r.finish_reason for r in run(plan, requests).values()} == {"length"}
+    driver = Driver(plan, SimEngine(plan))
+    driver.run(Workload(requests))
+    assert {r.finish_reason for r in driver.conductor.records.values()} == {"length"}

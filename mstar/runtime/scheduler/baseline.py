@@ -227,8 +227,8 @@ class BaselineScheduler:
             buckets = [t for t in family.token_buckets if t >= sum(tokens)]
             if not sizes or (family.kind == "packed" and not buckets):
                 continue
-            if family.kind == "batched" and len(names) > 1 and max(tokens) > family.tokens_per_row:
-                continue
+            if family.kind == "batched" and max(tokens) > family.tokens_per_row:
+                continue  # a row past its tokens a row fits no graph of it (one family or several)
             size = min(buckets) if family.kind == "packed" else min(sizes) * family.tokens_per_row
             if best is None or (size, min(sizes)) < best:
                 best = (size, min(sizes))

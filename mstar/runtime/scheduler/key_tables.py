@@ -145,6 +145,11 @@ class KeyTables:
         if padded == 0:
             return EAGER
         if family.kind == "batched":
+            # a row past the family's tokens a row (a prompt on a batched capture of its walk) fits
+            # no graph of it: eager, as pick_smallest says (it padded to the family, and the engine
+            # refused every such step: StepContractError)
+            if max(num_tokens, default=0) > family.tokens_per_row:
+                return EAGER
             return CapturePick(family.name, padded, 0)
         buckets = family.token_buckets
         at = bisect_left(buckets, sum(num_tokens))
