@@ -1,7 +1,7 @@
 """Pass 4, check the deployment: every (node, walk) placed once, sharding rules of the reference.
 
 In:  a `Spec` that passed resolve, a loaded `Deployment`, the run's `Diagnostics`.
-Out: nothing; adds MW310-MW326 diagnostics, located in the deployment YAML (with notes into the
+Out: nothing; adds MW310-MW327 diagnostics, located in the deployment YAML (with notes into the
      spec where that helps).
 
 Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's own keys):
@@ -15,7 +15,11 @@ Rules (reference section 1.12, "deployment rules enforced in code", plus mstar's
   to the highest (`ranks: [15]` started 15 idle ones);
 - tp_size or sp_size > 1 only for nodes marked `tp`; at most one lockstep (tp x sp > 1) node
   per worker; a kv node's tp_size splits its query heads, kv heads (or is split by them), MLP
-  width and gated delta-net heads, as the runtime's shard layout needs (`plan.dims.tp_split_problem`);
+  width and gated delta-net heads, as the runtime's shard layout needs (`plan.dims.tp_split_problem`),
+  and so does each of its sub-models' widths (they are sharded as the node is); a depth model does
+  not run tensor-parallel (MW326: each passed mstarc and the engines refused it at start-up);
+- sp_size is 1: the engines run no sequence parallelism (MW327; the sim ran such a plan, every
+  engine refused it);
 - a node with a stream input runs all its walks on the same ranks (its stream buffers live
   there), and a lockstep such node is not restricted to some walks;
 - a kv node's walks share one world size (the KV cache moves between them: PD split needs equal
@@ -113,6 +117,11 @@ def _check_groups(deployment: Deployment, nodes: dict[str, ast.NodeDecl], diags:
                         f"{len(group.ranks)} ranks cannot form instances of tp_size x sp_size = "
                         f"{group.tp_size} x {group.sp_size} = {group.world_size}",
                         group.span_of("ranks"))
+        if group.sp_size > 1:  # (the sim ran such a plan; every engine refused it at start-up)
+            diags.error(codes.SEQUENCE_PARALLEL_UNSUPPORTED,
+                        f"sp_size {group.sp_size}: mstar's engines run no sequence parallelism (the reference's "
+                        "sp-enabled nodes); shard the node with tp_size, or list its ranks as replicas",
+                        group.span_of("sp_size"))
         if group.world_size > 1:
             for i, name in enumerate(group.node_names):
                 node = nodes.get(name)
@@ -150,6 +159,23 @@ def _check_tp_split(node: ast.NodeDecl, group: NodeGroup, deployment: Deployment
     if problem:
         diags.error(codes.TP_SPLIT_IMPOSSIBLE, f"tp_size {group.tp_size} cannot split node {node.name}: {problem}",
                     group.span_of("tp_size"), Note("the node", node.span))
+        return
+    for sub in node.submodels:  # sharded as the node is (engine/submodels.py); its widths must split too
+        if sub.samples is not None:
+            diags.error(codes.TP_SPLIT_IMPOSSIBLE, f"tp_size {group.tp_size}: node {node.name}'s depth model "
+                        f"{sub.name} does not run tensor-parallel", group.span_of("tp_size"),
+                        Note("the depth model", sub.span))
+            continue
+        merged = _Declared(f"{node.name}.{sub.name}", {**arg_values(node.args), **arg_values(sub.args)},
+                           recurrent_state(node, deployment))
+        try:
+            sub_problem = tp_split_problem(decoder_dims(merged, "spec"), group.tp_size)
+        except (DimsError, ValueError, TypeError):  # bad arguments: check_args says why
+            continue
+        if sub_problem:
+            diags.error(codes.TP_SPLIT_IMPOSSIBLE, f"tp_size {group.tp_size} cannot split node {node.name}'s "
+                        f"sub-model {sub.name}: {sub_problem}", group.span_of("tp_size"),
+                        Note("the sub-model", sub.span))
 
 
 def _check_placement(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[str, str]],

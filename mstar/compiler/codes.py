@@ -101,6 +101,7 @@ KV_POOL_TOO_LARGE = "MW323"
 RANKS_NOT_CONTIGUOUS = "MW324"
 RECURRENT_SLOTS_TOO_FEW = "MW325"
 TP_SPLIT_IMPOSSIBLE = "MW326"
+SEQUENCE_PARALLEL_UNSUPPORTED = "MW327"
 
 # ---------------------------------------------------------------- check_combine (MW4xx)
 NOT_A_WALK_OF_NODE = "MW401"
@@ -212,6 +213,7 @@ TITLES: dict[str, str] = {
     RANKS_NOT_CONTIGUOUS: "ranks not numbered 0 to N-1",
     RECURRENT_SLOTS_TOO_FEW: "fewer recurrent state slots than max_concurrent_requests",
     TP_SPLIT_IMPOSSIBLE: "tp_size does not split the kv node's heads or widths",
+    SEQUENCE_PARALLEL_UNSUPPORTED: "sp_size > 1: the runtime runs no sequence parallelism",
     NOT_A_WALK_OF_NODE: "combined walk, cap or capture for a walk that does not run the node",
     WALK_IN_TWO_COMBINES: "walk in two combined walks of one node",
     CAPTURE_KEY_SPLIT: "capture-key split",

@@ -301,7 +301,12 @@ explain = {
           "(`qo_heads` a multiple of `tp_size`), whole kv heads (`kv_heads` a multiple of `tp_size`, or dividing it: "
           "each kv head then replicated), an equal part of the MLP (`intermediate`) and of the gated delta-net heads. "
           "The check reads the node's dims as `--dims spec` builds them (their defaults included); the runtime "
-          "refused such a split only at start-up.",
+          "refused such a split only at start-up. A node's sub-models are sharded with it, so their widths must "
+          "split too, and a depth model does not run tensor-parallel (each passed mstarc and failed at start-up).",
+ "MW327": "`sp_size` above 1 asks for the reference's sequence parallelism, which mstar's engines do not run: the "
+          "simulated engine ran such a plan and every engine refused it at start-up (`sequence parallelism "
+          "(sp_size=2) is not supported`). Shard the node with `tp_size`, or list its ranks as data-parallel "
+          "replicas.",
  "MW322": "A kv node's pool (`kv_pool`, its per-node override, else `kv_cache`, else 2048 pages of 128 tokens) must "
           "hold at least one request of the pool's `max_seq_len` tokens (`kv_cache.max_seq_len` when given, else "
           "`max_seq_len`).",
