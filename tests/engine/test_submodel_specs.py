@@ -69,3 +69,35 @@ def test_cosmos3_towers_run_alone_and_tensor_parallel(tmp_path):
     assert alone.keys() == sharded.keys() and all(r["bytes"] for r in alone.values())
     for rid, record in alone.items():
         assert record["bytes"] == sharded[rid]["bytes"], rid  # the TP ranks' shards give the same image
+
+
+def test_the_vae_decoder_takes_the_generation_towers_latents(tmp_path):
+    """Cosmos3's generation tower makes 1024-token latents (its sub-model's `latent_tokens`), the dit
+    node's own default is 4096: the VAE decoder was sized from the node's, and at spec dims every image
+    request failed ("latents of shape (1024, 16); the decoder takes (4096, 16)"). Here at spec dims of a
+    small dit (the VAE takes the dims of the model that runs the flow)."""
+    import shutil
+
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.serve.driver import Driver, Workload
+    from plan_variants import compiled
+
+    source = (ROOT / "specs" / "cosmos3.mw").read_text()
+    header = "node dit kv(layers=36, kv_heads=8, qo_heads=32, head_dim=128, hidden=4096, vocab=151936) tp"
+    small = source.replace(header, "node dit kv(layers=2, kv_heads=2, qo_heads=4, head_dim=16, hidden=64, "
+                                   "intermediate=128, vocab=512) tp")
+    tower = "submodel generation_tower("
+    small = small.replace(tower + "hidden=4096,", tower + "hidden=64, intermediate=128,")
+    assert small.count("hidden=64") == 2
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "specs" / "cosmos3.mw").write_text(small)
+    shutil.copy(ROOT / "configs" / "cosmos3.yaml", tmp_path / "configs")
+    plan = load_plan(compiled(tmp_path / "specs" / "cosmos3.mw", tmp_path / "configs" / "cosmos3.yaml", tmp_path))
+    engine = TorchEngine(plan, dims="spec")
+    driver = Driver(plan, engine)
+    route = {"Cosmos": ["prefill", "image_gen"]}
+    driver.run(Workload([Request(id="a", prompt_tokens=[5, 6, 7], max_tokens=1, route=route)]))
+    record = driver.conductor.records["a"]
+    assert record.finish_reason in ("stop", "length"), record.finish_reason
+    assert any(e.modality == "image" for e in record.emissions)

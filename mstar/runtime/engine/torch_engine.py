@@ -51,7 +51,7 @@ from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.kv.pool_size import pool_size
 from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
-from mstar.runtime.engine.submodels import build_depth_models, build_submodels
+from mstar.runtime.engine.submodels import build_depth_models, build_submodels, submodel_dims
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.stateless import CodecRunner, EncoderRunner, ImageDecoderRunner, SnacRunner
 from mstar.runtime.engine.attention.flashinfer_paged import FlashInferAttention, unavailable_reason
@@ -252,7 +252,7 @@ class TorchEngine:
             encoder = self._new(node.name, lambda: MediaEncoder(dims, list(widths.values())))
             init_random(encoder, seed, self.positions[node.name])
             return EncoderRunner(node, self._place(encoder), self.positions[node.name])
-        latent_source = self._latent_source()
+        latent_source = self._latent_source(mode)
         image_dims = image_decoder_dims(node, mode, latent_source)
         self.image_sizes[node.name] = (image_dims.image_side, image_dims.image_side)
         image_decoder = self._new(node.name, lambda: ImageDecoder(image_dims))
@@ -457,11 +457,17 @@ class TorchEngine:
                     return stream.policy
         return None
 
-    def _latent_source(self) -> Optional[DecoderDims]:
-        """Dims of the decoder that runs an image flow (a call taking `latents`), if any."""
-        for (name, _), call in self.calls.items():
+    def _latent_source(self, mode: DimsMode) -> Optional[DecoderDims]:
+        """Dims of the model that runs an image flow (a call taking `latents`), if any: the node's
+        sub-model for that walk where it has one (Cosmos 3's generation tower, whose latents are its
+        own: 1024 tokens where the node's default is 4096, and every image request failed on a VAE
+        decoder sized by the node's), else the node's decoder."""
+        nodes = {node.name: node for node in self.plan.nodes}
+        for (name, walk), call in self.calls.items():
             if call.is_image_flow and name in self.decoder_dims:
-                return self.decoder_dims[name]
+                node = nodes[name]
+                sub = next((sub for sub in node.submodels if walk in sub.walks and sub.samples is None), None)
+                return submodel_dims(node, sub, mode) if sub is not None else self.decoder_dims[name]
         return None
 
     # ------------------------------------------------------------------ Engine protocol
