@@ -139,6 +139,7 @@ ZERO_ROWS = "MW432"
 BAD_CAPTURE_SIZES = "MW433"
 STREAM_CHUNK_PAST_ROW = "MW434"
 PROMPT_ROW_PAST_BATCHED = "MW435"
+MIXED_CAP_THROTTLES = "MW436"
 
 TITLES: dict[str, str] = {
     UNKNOWN_NODE: "unknown node",
@@ -249,4 +250,5 @@ TITLES: dict[str, str] = {
     BAD_CAPTURE_SIZES: "capture batch sizes or token buckets that are empty, zero or repeated",
     STREAM_CHUNK_PAST_ROW: "a stream's chunks feed more tokens a row than a batched capture of the walk holds",
     PROMPT_ROW_PAST_BATCHED: "a walk whose rows feed a text prompt has a batched capture",
+    MIXED_CAP_THROTTLES: "a combined walk without a cap throttles its larger walk's rows",
 }

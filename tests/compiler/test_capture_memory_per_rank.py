@@ -59,3 +59,12 @@ def test_a_combined_key_exists_where_two_of_its_walks_run():
     assert [(c.name, members) for c, members in placed_combines(llm, ["decode", "prefill"])] == [
         ("mixed", ["prefill", "decode"])]  # the combine's order, not the worker's
     assert placed_combines(llm, ["decode"]) == []  # its partner runs on another rank
+
+
+def test_a_combined_walk_without_a_cap_is_warned_of_only_where_its_mixed_steps_are_built():
+    """MW436: TTS_SPEC's combine has no cap, so a mixed step takes prefill's 8 where decode alone takes
+    32. Colocated, a rank builds those steps: warned. Under a prefill/decode split no rank does."""
+    for config, codes in ((COLOCATED, ["MW436"]), (PD_SPLIT, [])):
+        diags = Diagnostics()
+        check_combine.run(spec_from(TTS_SPEC), deployment_from(config), diags)
+        assert [d.code for d in diags.items] == codes, config
