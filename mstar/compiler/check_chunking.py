@@ -158,7 +158,8 @@ def _key_walks(node: ast.NodeDecl, walk: ast.Walk, walks: list[ast.Walk]) -> lis
 def _check_fixed_rows(node: ast.NodeDecl, walk: ast.Walk, budget: int, is_chunked: bool, chunking: NodeChunking,
                       diags: Diagnostics) -> None:
     """MW421 for a walk whose node call sits in a loop (rows of a fixed size, never cut): a full
-    step of them (the walk's cap, or a combined walk's own cap when larger) fits the budget and,
+    step of them (the walk's cap, or a combined walk's own cap less the one row of another walk
+    that makes a step mixed, when larger) fits the budget and,
     when the node's prompts are cut, leaves at least one token for a chunk (else a prompt could
     wait behind full decode steps for ever)."""
     if not any(is_in_loop for _, is_in_loop in node_calls(walk.body, node.name)):
@@ -166,7 +167,9 @@ def _check_fixed_rows(node: ast.NodeDecl, walk: ast.Walk, budget: int, is_chunke
     cap = walk_cap(node, walk.name, 0)
     if cap == 0:
         return  # no cap or capture bounds the walk: the fallback cap is not the author's to fix here
-    cap = max([cap] + [c.cap for c in node.combines if walk.name in c.walks and c.cap is not None])
+    # a mixed step holds at least one row of another walk: at most its cap - 1 of this one (the
+    # combine's cap itself refused a budget that held a full mixed step exactly)
+    cap = max([cap] + [c.cap - 1 for c in node.combines if walk.name in c.walks and c.cap is not None])
     batched = [c for c in walk_captures(node, walk.name) if c.family == "batched"]
     per_row = max((c.tokens_per_row for c in batched), default=1)
     if cap * per_row > budget or (is_chunked and cap * per_row == budget):

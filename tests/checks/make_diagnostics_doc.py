@@ -397,7 +397,8 @@ explain = {
           "`kv_pool.nodes.NODE.max_step_tokens`): the scheduler cuts a prompt into chunks that fit a step beside its "
           "decode rows, so a chunk above the budget could never be fed whole.",
  "MW421": "Rows of a walk whose node runs inside a loop (a decode iteration) are never cut: a full step of them, the "
-          "walk's cap (or a larger cap of a combined walk holding it) times its tokens a row, must fit the step token "
+          "walk's cap (or a combined walk's larger cap less the one row of another walk that makes its step mixed) "
+          "times its tokens a row, must fit the step token "
           "budget, or decode rows alone would break it; when the node's prompts are cut it must also leave at least "
           "one token of the budget, or a prompt could wait behind full decode steps for ever. Only where such rows "
           "may share a key with prompt rows (a combined walk): a key of loop rows alone carries no budget "

@@ -35,6 +35,14 @@ def _edit(old: str, new: str) -> str:
     (_edit("    cap decode 16\n    capture decode batched batch=[1, 2, 4, 8, 16]\n",
            "    cap decode 8\n    capture decode batched batch=[1, 2, 4, 8]\n"),
      "max_step_tokens: 12\n", [("MW421", "m.yaml", 6)]),
+    # ... as its cap less the one row of another walk that makes a step mixed: 15 decode rows and a
+    # token of a chunk fit 16 (the combine's 16 rows were counted, and 16 refused)
+    (_edit("    cap decode 16\n    capture decode batched batch=[1, 2, 4, 8, 16]\n",
+           "    cap decode 8\n    capture decode batched batch=[1, 2, 4, 8]\n"),
+     "max_step_tokens: 16\nscheduler_owns_chunking: true\n", []),
+    (_edit("    cap decode 16\n    capture decode batched batch=[1, 2, 4, 8, 16]\n",
+           "    cap decode 8\n    capture decode batched batch=[1, 2, 4, 8]\n"),
+     "max_step_tokens: 15\nscheduler_owns_chunking: true\n", [("MW421", "m.yaml", 6)]),
     # a budget without chunking cuts no prompt: the packed captures need no bucket of it
     (BASE, "max_step_tokens: 512\n", []),
     # chunking without a budget: the packed captures need a bucket of one chunk
