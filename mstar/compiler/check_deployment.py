@@ -289,10 +289,16 @@ def _check_kv_nodes(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[st
 
 
 def _pool_span(node: ast.NodeDecl, deployment: Deployment) -> Span:
-    """Where a node's KV pool is set: its kv_pool.nodes entry, else kv_pool, else max_seq_len."""
+    """Where a node's KV pool is set: its kv_pool.nodes entry, else kv_pool, else the reference's
+    kv_cache.max_num_pages (it pointed at max_seq_len when the pages came from there), else
+    max_seq_len."""
     if node.name in deployment.kv_pool.nodes:
         return deployment.kv_pool.span_of(f"nodes.{node.name}")
-    return deployment.span_of("kv_pool" if "kv_pool" in deployment.model_fields_set else "max_seq_len")
+    if "kv_pool" in deployment.model_fields_set:
+        return deployment.span_of("kv_pool")
+    if deployment.kv_cache.max_num_pages is not None:
+        return deployment.kv_cache.span_of("max_num_pages")
+    return deployment.span_of("max_seq_len")
 
 
 def _check_kv_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostics) -> None:

@@ -58,3 +58,11 @@ def test_a_cross_attending_node_has_no_host_pool_to_overflow():
         "  max_num_pages: 128\n", "  max_num_pages: 128\n  cpu_offload_pages: 2000000000\n")
     diags = check_texts((ROOT / "specs" / "whisper.mw").read_text(), config)
     assert [(d.code, d.severity) for d in diags.sorted()] == [("MW430", "warning")]
+
+
+def test_a_pool_too_small_points_at_where_its_pages_come_from():
+    """MW322 pointed at max_seq_len when the pages came from the reference's kv_cache.max_num_pages."""
+    config = BASE_OK.replace("kv_pool: {page_size: 16, num_pages: 256}\n",
+                             "kv_cache:\n  page_size: 16\n  max_num_pages: 100\n")
+    assert config != BASE_OK
+    assert _found(BASE, config) == [("MW322", "m.yaml", 11, 3)]  # the max_num_pages line
