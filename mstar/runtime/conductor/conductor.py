@@ -64,7 +64,9 @@ from mstar.runtime.conductor.partition_state import PartitionState
 from mstar.runtime.conductor.request import Request, RequestRecord, count_elements
 from mstar.runtime.conductor.streams import StreamBuffer, stream_keeps
 from mstar.runtime.conductor.tables import OUTSIDE_LOOPS, RunWalk, model_stop_loop
-from mstar.runtime.conductor.text_context import MAX_CHARACTER_BYTES, character_start, context_before, text_after
+from mstar.runtime.conductor.text_context import (
+    INCOMPLETE, MAX_CHARACTER_BYTES, character_start, context_before, text_after,
+)
 from mstar.runtime.conductor.walk_run import ActiveCall, WalkRun, WalkStateError
 from mstar.runtime.step import Engine, EngineLost, RowResult, StepRow
 
@@ -547,12 +549,16 @@ class Conductor:
             start = max(0, len(output) - tail)
             if not all(isinstance(t, int) for t in output[max(0, start - MAX_CHARACTER_BYTES):]):
                 return False  # frames of codes, not text
-            # read from a character's start, after the tokens before it, as the text shown is
-            # (text_context.py: a window inside a byte-fallback emoji read as U+FFFD throughout)
-            start = character_start(self.decode, output, start) if start else 0
+            # read after the tokens before the window, as the text shown is (text_context.py)
             tokens = output[start:]
-            context = context_before(request.prompt_tokens, output, start, self.decode)
+            context = context_before(request.prompt_tokens, output, start)
             text = text_after(self.decode, context, tokens)
+            if INCOMPLETE in text:  # a window or a context starting inside a character (a byte-fallback
+                # emoji read as U+FFFD throughout), or a character not yet whole: from a character's start
+                start = character_start(self.decode, output, start) if start else 0
+                tokens = output[start:]
+                context = context_before(request.prompt_tokens, output, start, self.decode)
+                text = text_after(self.decode, context, tokens)
             # A stop string just completed ends in the newest token's text and starts at most
             # `longest - 1` characters before it: the window holds that unless its tokens decode to
             # little (special tokens skipped: 19 of them inside "a on" hid it, and the request ran
