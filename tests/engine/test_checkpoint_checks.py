@@ -261,3 +261,41 @@ def test_kv_pages_of_2_63_in_mstar_run(capsys):
     err = capsys.readouterr().err
     assert status == 1 and "mstar: error: cannot allocate a KV cache of 9223372036854775807 pages" in err, err
     assert "GiB" in err and "internal error" not in err
+
+
+def test_a_checkpoint_of_another_vocabulary_is_said_and_its_ids_bound_prompts(tmp_path, caplog):
+    """llama.plan's spec says 128,256 tokens; a 128-token checkpoint loads (its dims replace the
+    spec's) with a warning that the plan's stop tokens and prompt checks are the spec's, and a
+    prompt id past the checkpoint's vocabulary is refused (the embedding took it modulo 128, so
+    [5, 200, 7] ran as [5, 72, 7])."""
+    import logging
+
+    from mstar.plan.io import load_plan
+    from mstar.runtime.conductor.request import Request
+    from mstar.runtime.engine.torch_engine import TorchEngine
+
+    plan = load_plan(ROOT / "generated" / "llama.plan")
+    with caplog.at_level(logging.WARNING):
+        engine = TorchEngine(plan, weights_dir=str(_checkpoint(tmp_path / "ck")))
+    assert "the checkpoint's vocabulary is 128 tokens, node LLM's spec says 128256" in caplog.text
+    refused = engine.add_request("a", Request(id="a", prompt_tokens=[5, 200, 7], max_tokens=2))
+    assert refused is not None and "prompt token id 200 is outside the checkpoint's vocabulary [0, 128)" in refused
+    assert engine.add_request("b", Request(id="b", prompt_tokens=[5, 100, 7], max_tokens=2)) is None
+
+
+@pytest.mark.parametrize("plan_name, refused", [("llama", False), ("llama_chunked", True)])
+def test_dynamic_rope_is_refused_where_a_prompt_may_run_in_several_steps(tmp_path, plan_name, refused):
+    """Dynamic NTK RoPE scales by the length each step sees, and the KV keeps keys rotated at their
+    step's scale: chunked prompts and a prefix cache changed the tokens (transformers' on the whole
+    prompt came out of llama.plan, other ones out of llama_chunked.plan)."""
+    from mstar.plan.io import load_plan
+    from mstar.runtime.engine.torch_engine import EngineError, TorchEngine
+
+    config = {**CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}, "max_position_embeddings": 64}
+    weights = str(_checkpoint(tmp_path / "ck", config))
+    plan = load_plan(ROOT / "generated" / f"{plan_name}.plan")
+    if not refused:
+        TorchEngine(plan, weights_dir=weights)
+        return
+    with pytest.raises(EngineError, match="dynamic NTK RoPE .* chunked prompts on node LLM"):
+        TorchEngine(plan, weights_dir=weights)

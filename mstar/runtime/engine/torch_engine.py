@@ -26,6 +26,7 @@ at the runner boundary) and kv nodes plan FlashInfer per step where it can run
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import os
 import time
@@ -49,6 +50,7 @@ from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.kv.pool_size import pool_size
+from mstar.runtime.engine.prompt_limits import takes_text_prompt
 from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.submodels import build_depth_models, build_submodels, submodel_dims
@@ -80,6 +82,8 @@ from mstar.runtime.engine.weights import (
 Runner = Union[DecoderRunner, CodecRunner, SnacRunner, EncoderRunner, ImageDecoderRunner, WhisperDecoderRunner,
                WhisperEncoderRunner, Qwen3AsrEncoderRunner]
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+LOG = logging.getLogger(__name__)
+
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
 _walk_of, _request_id_of = attrgetter("walk"), attrgetter("request_id")
 MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and activations need the rest)
@@ -87,6 +91,22 @@ MEMORY_FRACTION = 0.6  # of physical memory the weights may take (KV pages and a
 
 class EngineError(ValueError):
     """The engine cannot start for this plan and these options (the message says why)."""
+
+
+def _refuse_dynamic_rope_split(plan: Plan, node: NodePlan, checkpoint: DecoderDims, weights_dir: str) -> None:
+    """Dynamic NTK RoPE where a prompt's tokens may run in more than one step (chunks, a prefix
+    cache) is refused: its theta follows the length each step sees and the KV keeps keys rotated at
+    their own step's, so the tokens changed with the chunking and with which requests ran before."""
+    if checkpoint.rope.kind != "dynamic":
+        return
+    chunked = any(key.chunk_sizes for worker in plan.workers for key in worker.keys if key.node == node.name)
+    cached = any(pool.node == node.name and pool.prefix_cache == "pages" for pool in plan.deployment.kv_pools)
+    if chunked or cached:
+        raise WeightsError(f"--weights {shown_path(weights_dir)}: dynamic NTK RoPE scales by the length each step "
+                           "sees and the KV keeps keys rotated at their own step's scale, so "
+                           + ("chunked prompts" if chunked else "a prefix cache") + f" on node {node.name} would give "
+                           "other tokens than one whole prompt; run it on a plan without "
+                           + ("max_prefill_chunk_size or a step token budget" if chunked else "prefix_cache"))
 
 
 def _check_tiny_splits(node: str, dims: DecoderDims, size: int) -> None:
@@ -146,6 +166,7 @@ class TorchEngine:
         self.positions = {node.name: index for index, node in enumerate(plan.nodes)}
         self.requests: dict[str, RequestState] = {}
         self.decoder_dims: dict[str, DecoderDims] = {}
+        self.checkpoint_vocabs: dict[str, int] = {}  # node -> the vocabulary of the checkpoint it loaded
         self._num_weight_bytes = 0
         self.runners: dict[str, Runner] = {}
         try:
@@ -335,7 +356,21 @@ class TorchEngine:
         # before any model is built: 20,000 layers for a 2-layer checkpoint took 30 s and 1.4 GB to build
         # before the loader refused them
         check_layer_count(weights_dir, set(tensor_index(weights_dir)), checkpoint.num_layers)
+        self._note_checkpoint_vocab(node, checkpoint, weights_dir)
+        _refuse_dynamic_rope_split(self.plan, node, checkpoint, weights_dir)
         return checkpoint
+
+    def _note_checkpoint_vocab(self, node: NodePlan, checkpoint: DecoderDims, weights_dir: str) -> None:
+        """A checkpoint of another vocabulary than the spec's: the plan's stop tokens and prompt check
+        are the spec's, so say so once (llama.plan with a Qwen3 checkpoint stopped on Llama's end of
+        turn, an ordinary token there, and never on Qwen's own); and keep the checkpoint's size, past
+        which a prompt id is refused (`add_request`: it wrapped around the embedding)."""
+        vocab = node.dims.get("vocab")
+        if isinstance(vocab, int) and vocab != checkpoint.vocab:
+            LOG.warning("--weights %s: the checkpoint's vocabulary is %d tokens, node %s's spec says %d: the plan's "
+                        "stop tokens and prompt checks are the spec's; for this checkpoint's own, write its spec "
+                        "with `mstarc init`", shown_path(weights_dir), checkpoint.vocab, node.name, vocab)
+        self.checkpoint_vocabs[node.name] = checkpoint.vocab
 
     def _decoder_model(self, node: NodePlan, dims: DecoderDims, weights_dir: Optional[str],
                        seed: int) -> tuple[Decoder, DecoderDims]:
@@ -490,9 +525,25 @@ class TorchEngine:
             reason = runner.refusal(state)
             if reason:
                 return f"cannot run: {reason}"  # the reason says why (memory: "can never fit")
+        reason = self._checkpoint_vocab_refusal(state)
+        if reason:
+            return f"cannot run: {reason}"
         if scorer is not None:
             scorer.scoring.add(request_id)
         self.requests[request_id] = state
+        return None
+
+    def _checkpoint_vocab_refusal(self, state: RequestState) -> Optional[str]:
+        """A prompt id past the vocabulary of a checkpoint that a node taking the text prompt loaded
+        (the plan's check is the spec's vocabulary; the embedding took ids modulo the checkpoint's)."""
+        tokens = state.prompt_tokens
+        if not self.checkpoint_vocabs or not tokens:
+            return None
+        for node in self.plan.nodes:
+            vocab = self.checkpoint_vocabs.get(node.name)
+            if vocab is not None and takes_text_prompt(node) and max(tokens) >= vocab:
+                bad = next(t for t in tokens if t >= vocab)
+                return f"node {node.name}: prompt token id {bad} is outside the checkpoint's vocabulary [0, {vocab})"
         return None
 
     def run_step(self, step: Step) -> StepResult:
