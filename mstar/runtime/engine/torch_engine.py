@@ -152,9 +152,7 @@ class TorchEngine:
         self.attention = attention
         self.tp_comms: Mapping[str, TpComm] = tp_comms or {}
         self.is_tiny = dims == "tiny"
-        if dims == "tiny":
-            # Tiny matrices gain nothing from threads, and on a busy 2-core machine oneDNN's thread
-            # pool turns a 10 us matmul into tens of ms. Process-wide, by torch's design.
+        if dims == "tiny":  # (tiny matrices gain nothing from threads: docs/engine.md "Dims")
             torch.set_num_threads(1)
         self.plan, self.glue, self.run_ahead = plan, glue, run_ahead  # a hybrid's runner sizes its states by run_ahead
         self.runs_partial_steps = runs_partial_steps
