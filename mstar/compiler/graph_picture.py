@@ -98,12 +98,16 @@ def _flags(edge: TreeEdge) -> str:
 
 
 def _target(boxes: list[_Box], source: _Box, edge: TreeEdge) -> _Box | None:
-    """The box an edge points at: for a loop-back the earliest call of that node at or before
-    the source, else the next call of that node after it."""
+    """The box an edge points at, among the calls of its node that take the edge's input (any call
+    of the node where none does): for a loop-back the earliest at or before the source inside the
+    source's loop (as deep as it), else the next one after the source. (Without the input and the
+    loop, wan22's loop-backs pointed at a call outside the loop that takes neither.)"""
     same = [b for b in boxes if b.call.node == edge.dest]
+    same = [b for b in same if edge.name in b.call.inputs] or same
     if edge.is_loop_back:
         earlier = [b for b in same if b.col <= source.col]
-        return earlier[0] if earlier else None
+        inside = [b for b in earlier if b.loop_depth >= source.loop_depth]
+        return (inside or earlier or [None])[0]
     later = [b for b in same if b.col > source.col]
     return later[0] if later else None
 
