@@ -89,3 +89,32 @@ def test_the_postprocess_time_leaves_out_the_callers_finish_callback():
     driver.run(generate(8, prompt_len=(4, 8), output_len=(2, 4), concurrency=8, arrival="closed", seed=0))
     summary = summarize(driver.conductor.records.values(), driver.log, 0.0)
     assert summary["num_completed"] == 8 and max(driver.log.post_s) < 0.01  # (every finish slept 10 ms)
+
+
+def test_a_run_with_nothing_finished_spans_its_steps():
+    """Stopped before any request finished: its run time was a made-up 1e-9 s beside its steps; it
+    is the run clock's span from the first arrival to the last step."""
+    plan = generated("llama")
+    driver = Driver(plan, SimEngine(plan))
+    workload = generate(4, prompt_len=(4, 20), output_len=(200, 200), concurrency=4, arrival="closed", seed=0)
+    steps = {"num": 0}
+
+    def stop_soon(launch):
+        steps["num"] += 1
+        if steps["num"] == 20:
+            driver.stop()
+
+    driver.on_step = stop_soon
+    driver.run(workload)
+    records = list(driver.conductor.records.values())
+    assert not any(r.is_finished for r in records)
+    summary = summarize(records, driver.log, 0.0)
+    assert summary["duration_s"] == max(driver.log.end_s) - min(r.arrival_s for r in records) > 0
+    assert summary["requests_per_s"] == summary["tokens_per_s"] == 0.0
+
+
+def test_a_walk_that_ran_is_never_shown_as_none_per_step():
+    """One prefill row in 64 steps read "prefill 0.0" in the table (the JSON had 0.0156)."""
+    from mstar.runtime.serve.metrics import _rows
+
+    assert (_rows(0.0156), _rows(0.0), _rows(0.05), _rows(6.34)) == ("<0.1", "0.0", "0.1", "6.3")

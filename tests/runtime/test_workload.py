@@ -248,8 +248,8 @@ def test_the_timelines_composition_averages_each_keys_steps_apart():
     steps = [(0.0, 0.1, "LLM", {"decode": 27}), (0.05, 0.1, "codec", {"chunk": 3}),
              (0.25, 0.7, "LLM", {"prefill": 8}), (0.8, 1.0, "codec", {"chunk": 2})]
     series = [("LLM", "decode"), ("LLM", "prefill"), ("codec", "chunk")]
-    centers, means = _binned(steps, series)
-    assert len(centers) == 4
+    edges, means = _binned(steps, series)
+    assert edges == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])  # the first step's start to the last one's end
     assert means["LLM", "decode"][0] == 27 and means["codec", "chunk"][0] == 3
     # the 0.45 s prefill step shows in each bin it ran through, not in its first bin alone
     assert means["LLM", "prefill"] == [0, 8, 8, 0] and means["LLM", "decode"][1:] == [0, 0, 0]
@@ -275,3 +275,25 @@ def test_the_timelines_latency_holds_finished_requests_only(tmp_path, monkeypatc
                           finish_s=None)
     timeline.draw(StepLog(), [finished, cut], str(tmp_path / "t.png"))
     assert drawn == [("TTFT (at first token)", 1), ("mean inter-token (at finish)", 1)]
+
+
+def test_a_timeline_of_one_step_fills_its_bin(monkeypatch, tmp_path):
+    """One step: its composition spans the step, not a zero-width point at the bin's centre (the
+    panel was empty); the legends sit beside the axes (inside, six series ran off the figure)."""
+    import matplotlib.pyplot as plt
+
+    from mstar.runtime.serve import timeline
+
+    plan = generated("llama")
+    driver = Driver(plan, SimEngine(plan))
+    driver.run(generate(1, prompt_len=(4, 4), output_len=(1, 1)))
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    timeline.draw(driver.log, list(driver.conductor.records.values()), str(tmp_path / "t.png"),
+                  origin_s=driver.origin_s)
+    top = figures[0].axes[0]
+    (filled,) = top.collections
+    x0, x1 = filled.get_paths()[0].vertices[:, 0].min(), filled.get_paths()[0].vertices[:, 0].max()
+    assert x1 - x0 == pytest.approx(driver.log.end_s[0] - driver.log.start_s[0])
+    legend = top.get_legend()
+    assert legend is not None and legend.get_bbox_to_anchor().x0 > top.get_window_extent().x1 - 1

@@ -123,8 +123,11 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
     finished = [r for r in records if r.is_finished]
     failed = [r for r in finished if r.is_failed]
     start = min((r.arrival_s for r in records), default=0.0)
-    end = max((r.finish_s for r in finished if r.finish_s is not None), default=start)
-    duration = max(end - start, 1e-9)
+    # the run clock's span from the first arrival to the last finish or step: with nothing finished
+    # (all failed, or interrupted) it was a made-up 1e-9 s beside a thousand steps
+    end = max([r.finish_s for r in finished if r.finish_s is not None] + list(log.end_s), default=start)
+    duration = max(end - start, 0.0)
+    per_s = 1.0 / duration if duration > 0 else 0.0
     # The finished requests' tokens: an interrupted run's unfinished ones are not in its outputs,
     # and their tokens came after `end`.
     num_tokens = sum(r.num_output_tokens for r in finished)
@@ -149,9 +152,9 @@ def summarize(records: Iterable[RequestRecord], log: StepLog, host_wall_s: float
         "failed_requests": {r.request.id: r.finish_reason for r in failed},
         "duration_s": duration,
         "host_wall_s": host_wall_s,
-        "requests_per_s": (len(finished) - len(failed)) / duration,
+        "requests_per_s": (len(finished) - len(failed)) * per_s,
         "output_tokens": num_tokens,
-        "tokens_per_s": num_tokens / duration,
+        "tokens_per_s": num_tokens * per_s,
         "ttft_ms": _percentiles(ttfts, 1000.0),
         "itl_ms": _percentiles(gaps, 1000.0),
         "num_steps": len(log),
@@ -251,6 +254,12 @@ def render_table(summary: dict[str, Any]):
         table.add_row(f"KV pages offloaded / restored {node}",
                       f"{moved['offloaded_pages']} / {moved['restored_pages']}")
     for key, entry in summary["step_composition"].items():
-        walks = ", ".join(f"{w} {n:.1f}" for w, n in entry["mean_rows_per_walk"].items())
-        table.add_row(f"rows/step {key}", f"{entry['mean_rows']:.1f} ({walks})")
+        walks = ", ".join(f"{w} {_rows(n)}" for w, n in entry["mean_rows_per_walk"].items())
+        table.add_row(f"rows/step {key}", f"{_rows(entry['mean_rows'])} ({walks})")
     return table
+
+
+def _rows(mean: float) -> str:
+    """Mean rows a step to one decimal, "<0.1" for a walk that ran but rounds to none (one prefill
+    row in 64 steps read "prefill 0.0", as if it had not run)."""
+    return "<0.1" if 0 < mean < 0.05 else f"{mean:.1f}"

@@ -46,17 +46,19 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(13, 7), sharex=True)
     # (a step whose every row was short of memory ran none: it pulled its key's mean rows down)
     steps = [(start - origin_s, end - origin_s, key, rows)
              for start, end, key, rows, follows in zip(log.start_s, log.end_s, log.key, log.walk_rows, log.is_follower)
              if not follows and rows]
     series = sorted({(key, walk) for _, _, key, rows in steps for walk in rows})
     if series:
-        centers, means = _binned(steps, series)
-        top.stackplot(centers, [means[one] for one in series], labels=[f"{walk} ({key})" for key, walk in series],
-                      step="mid")
-        top.legend(loc="upper right", fontsize="small", ncol=min(len(series), 4))
+        edges, means = _binned(steps, series)
+        # each bin's value over its whole width, the last one's too (step="mid" over bin centres
+        # dropped half a bin at each end, and a run of one step drew nothing)
+        top.stackplot(edges, [means[one] + means[one][-1:] for one in series],
+                      labels=[f"{walk} ({key})" for key, walk in series], step="post")
+        _legend_beside(top)
     top.set_ylabel("rows per step")
     top.set_title("step composition (each key's mean rows per step by walk, over time bins; keys stacked)")
     # finished requests only, as the report's figures and outputs.jsonl (an interrupted run drew the
@@ -76,7 +78,7 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     bottom.set_ylabel("ms")
     bottom.set_title("latency")
     if ttft or itl:
-        bottom.legend(loc="upper right", fontsize="small")
+        _legend_beside(bottom)
     figure.tight_layout()
     # no suffix: a PNG at exactly `path` (matplotlib would otherwise write `path`.png)
     buffer = io.BytesIO()
@@ -85,10 +87,17 @@ def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> 
     write_output_file(path, buffer.getvalue())
 
 
+def _legend_beside(axes: Any) -> None:
+    """The legend to the right of the axes, one entry a line: inside them (upper right, in up to
+    four columns) it ran off the figure's left edge with six series and covered the latest points."""
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0.0)
+
+
 def _binned(steps: list[tuple[float, float, str, dict[str, int]]], series: list[tuple[str, str]]
             ) -> tuple[list[float], dict[tuple[str, str], list[float]]]:
-    """For each (key, walk) of `series`, in up to NUM_BINS equal time bins: the walk's mean rows
-    over the key's steps that overlap the bin (0 where none does)."""
+    """The edges of up to NUM_BINS equal time bins from the first step's start to the last step's
+    end, and for each (key, walk) of `series` per bin the walk's mean rows over the key's steps that
+    overlap the bin (0 where none does)."""
     start = min(begin for begin, _, _, _ in steps)
     end = max(finish for _, finish, _, _ in steps)
     num_bins = min(NUM_BINS, len(steps))
@@ -102,7 +111,7 @@ def _binned(steps: list[tuple[float, float, str, dict[str, int]]], series: list[
             counts[key][index] += 1
             for walk, num in rows.items():
                 sums[key, walk][index] += num
-    centers = [start + (i + 0.5) * width for i in range(num_bins)]
+    edges = [start + i * width for i in range(num_bins + 1)]
     means = {(key, walk): [total / count if count else 0.0 for total, count in zip(sums[key, walk], counts[key])]
              for key, walk in series}
-    return centers, means
+    return edges, means
