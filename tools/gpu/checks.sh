@@ -56,6 +56,8 @@
 #          runs paid its one-time costs): the prefix scenario twice, beside the GPU tests of the
 #          conductor and the glue's loading, Qwen3-TTS at max_tokens 1 and 2 (one frame, two) and
 #          `bench engine` on llama
+#   offload the device path's KV offload and shared prefix pages after the admission's pages_short lost
+#          its clamp at zero (the fast path's GPU tests of offload, prefix pages, budgets and chunks)
 #   prompts a prompt's own log-probabilities on the fast path: tests/gpu/test_prompt_logprobs_gpu.py
 #          (llama and llama_chunked at spec dims) and the piecewise graphs' and the fast path's GPU
 #          tests, then what asking costs a lone 1,024-token prompt (the Python API, alternated with
@@ -63,7 +65,7 @@
 #          plain one (an engine each way, twice), two plain workloads
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk|warmup}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk|warmup|offload}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -258,5 +260,9 @@ PY
     for round in 1 2; do
       kv --scenario prefix || break
     done ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling, extras or warmup"; exit 2 ;;
+  offload)  # the admission's pages_short without its clamp, on the device path's offload (2026-12-07, sixth session)
+    timeout 420 python3 -m pytest -q tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_shared_prefix_pages.py \
+      tests/gpu/test_gpu_fast_path.py -k "offload or prefix or pages or budget or chunk" ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling, extras, warmup or offload"
+     exit 2 ;;
 esac
