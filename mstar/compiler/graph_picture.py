@@ -107,7 +107,8 @@ def _target(boxes: list[_Box], source: _Box, edge: TreeEdge) -> _Box | None:
     if edge.is_loop_back:
         earlier = [b for b in same if b.col <= source.col]
         inside = [b for b in earlier if b.loop_depth >= source.loop_depth]
-        return (inside or earlier or [None])[0]
+        found = inside or earlier
+        return found[0] if found else None
     later = [b for b in same if b.col > source.col]
     return later[0] if later else None
 
