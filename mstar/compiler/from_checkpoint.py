@@ -185,6 +185,16 @@ def read_checkpoint(directory: str, name: str) -> InitFiles:
                      decoder.architecture)
 
 
+def _refuse_unsupported(config: dict, path: Path) -> None:
+    """What the engine's decoder refuses to load (runtime/engine/checkpoint_config.py, which the
+    compiler does not import), refused here too: `init` wrote and compiled a spec and plan for them,
+    and only `mstar run --weights` said no."""
+    if config.get("hidden_act", "silu") != "silu":
+        raise InitError(f"{shown_path(path)}: hidden_act={config['hidden_act']!r}; the engine's decoder uses silu")
+    if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
+        raise InitError(f"{shown_path(path)}: sliding-window attention is not supported by the engine's decoder")
+
+
 def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> DecoderArgs:
     """The decoder of the checkpoint in `directory`; `eos_ids` replace the checkpoint's own stop
     tokens when given (a TTS model stops on its end of speech, not on end of text)."""
@@ -195,6 +205,7 @@ def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> Decoder
     outer = read_json(path, "checkpoint config")
     style, architecture = _style(outer, path)
     config = outer["text_config"] if isinstance(outer.get("text_config"), dict) else outer
+    _refuse_unsupported(config, path)
     sources = [(outer, path)] + ([(config, path)] if config is not outer else [])
     generation = Path(directory) / "generation_config.json"
     if generation.exists():

@@ -132,6 +132,9 @@ def test_default_paths_name_and_existing_files(tmp_path, monkeypatch, capsys):
      "max_position_embeddings must be a positive integer, got 0"),
     ({"architectures": ["LlamaForCausalLM"], **SIZES, "max_position_embeddings": "x"},
      "max_position_embeddings must be a positive integer, got 'x'"),
+    # what the engine refuses to load: init wrote and compiled a spec for them
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ({"architectures": ["Qwen3ForCausalLM"], **SIZES, "use_sliding_window": True}, "sliding-window attention"),
 ])
 def test_unsupported_or_broken_config_is_refused(tmp_path, capsys, config, message):
     (tmp_path / "config.json").write_text(json.dumps(config))
