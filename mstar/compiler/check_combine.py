@@ -319,7 +319,8 @@ def _check_tp_groups(node: ast.NodeDecl, deployment: Deployment, diags: Diagnost
                 f"(world size {g.world_size})" for i, g in sorted(groups.items()))
             diags.error(codes.COMBINE_TP_GROUPS,
                         f"on rank {rank} the walks of {node.name}'s combined walk {combine.name} run "
-                        f"in different TP groups: {described}; a mixed step needs one lockstep group",
+                        f"in different TP groups: {described}; a mixed step needs one lockstep group: list "
+                        "those walks in one node group, or run them on different ranks (a prefill/decode split)",
                         name_span(combine.span, combine.name, diags),
                         *(Note(f"node group {i}", g.span) for i, g in sorted(groups.items())))
 

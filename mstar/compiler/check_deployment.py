@@ -277,7 +277,8 @@ def _check_kv_nodes(spec: ast.Spec, deployment: Deployment, pairs: list[tuple[st
             low, high = min(sizes), max(sizes)
             diags.error(codes.KV_HANDOFF_TP_MISMATCH,
                         f"{node.name}'s walks run at world sizes {low} and {high}; its KV cache "
-                        f"cannot move between different TP world sizes", sizes[high].span,
+                        f"cannot move between different TP world sizes: give its node groups one tp_size",
+                        sizes[high].span,
                         Note(f"world size {low} here", sizes[low].span))
         if not any(n == node.name for n, _ in pairs):
             continue
@@ -319,7 +320,8 @@ def _check_kv_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostic
         diags.error(codes.KV_POOL_TOO_SMALL,
                     f"KV pool of {node.name} holds {pool.num_pages} pages x {pool.page_size} = "
                     f"{pool.num_pages * pool.page_size} tokens, less than one {which} "
-                    f"{max_seq_len} request", span)
+                    f"{max_seq_len} request: give it at least {-(-max_seq_len // pool.page_size)} pages "
+                    f"or a {which} of at most {pool.num_pages * pool.page_size}", span)
 
 
 def _check_host_pool(node: ast.NodeDecl, deployment: Deployment, diags: Diagnostics) -> None:
