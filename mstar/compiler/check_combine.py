@@ -40,6 +40,8 @@ Per worker (deployment):
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -379,5 +381,6 @@ def _check_memory(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) ->
         diags.error(codes.CAPTURE_MEMORY_OVER_BUDGET,
                     f"capture memory estimate on rank {rank} is {capture_memory.format_mib(total)}, "
                     f"over capture_memory_budget_mb {deployment.capture_memory_budget_mb:g} "
-                    f"({parts})", largest.capture.span,
+                    f"({parts}): raise the budget to at least {math.ceil(total / 2**20)}, or capture fewer "
+                    "batch sizes or token buckets (this one is the largest)", largest.capture.span,
                     Note("the budget", deployment.span_of("capture_memory_budget_mb")))
