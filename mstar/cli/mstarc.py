@@ -19,6 +19,7 @@ by the commands that need them, and torch never.
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import re
 import signal
@@ -235,7 +236,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_fmt(args) -> int:
-    from mstar.files import MAX_SPEC_BYTES, InputFileError, atomic_write_text, read_text_bounded
+    from mstar.files import MAX_SPEC_BYTES, InputFileError, atomic_write_text, read_bytes_bounded
     from mstar.lang.diagnostics import Diagnostics
     from mstar.lang.fmt import format_spec
     from mstar.lang.parser import parse
@@ -243,15 +244,21 @@ def cmd_fmt(args) -> int:
     diags = Diagnostics()
     path = Path(args.spec)
     try:
-        text = read_text_bounded(path, max_bytes=MAX_SPEC_BYTES, what="spec")
+        raw = read_bytes_bounded(path, max_bytes=MAX_SPEC_BYTES, what="spec")
+        text = raw.decode("utf-8-sig")
     except InputFileError as e:
         sys.stderr.write(f"mstarc: cannot read {e}\n")
+        return EXIT_INPUT
+    except UnicodeDecodeError as e:
+        sys.stderr.write(f"mstarc: spec {shown_path(path)} is not UTF-8 text (byte {e.start})\n")
         return EXIT_INPUT
     spec = parse(text, str(path), diags)
     if spec is None or diags.has_errors:
         _report(diags)
         return EXIT_INPUT
     formatted = format_spec(spec)
+    if raw.startswith(codecs.BOM_UTF8):  # the canonical form has none: `--check` passed it, `--write` kept it
+        text = "\ufeff" + text
     if args.check:
         if formatted != text:
             sys.stderr.write(f"mstarc: {shown_path(path)} is not in canonical form (run mstarc fmt --write "

@@ -111,6 +111,19 @@ def test_fmt_check_and_write(repo, capsys):
     assert main(["fmt", str(repo / "specs" / "missing.mw")]) == 1
 
 
+def test_fmt_drops_a_byte_order_mark(repo, capsys):
+    """The canonical form has no BOM (the readers drop one): `--check` called a spec with one
+    canonical, and `--write` kept it."""
+    spec = repo / "specs" / "llama.mw"
+    assert main(["fmt", "--write", str(spec)]) == 0
+    canonical = spec.read_bytes()
+    spec.write_bytes(b"\xef\xbb\xbf" + canonical)
+    assert main(["fmt", "--check", str(spec)]) == 1
+    assert main(["fmt", "--write", str(spec)]) == 0 and spec.read_bytes() == canonical
+    spec.write_bytes(b"\xff\xfe" + canonical)
+    assert main(["fmt", str(spec)]) == 1 and "is not UTF-8 text (byte 0)" in capsys.readouterr().err
+
+
 def test_regen_check_write_and_orphans(repo, capsys):
     assert main(["regen", "--check", "--root", str(repo)]) == 1
     assert "stale: " in capsys.readouterr().err
