@@ -172,9 +172,19 @@ def cmd_init(args) -> int:
     if status != EXIT_OK:  # values the compiler refuses (a size past its limits): leave nothing behind
         _restore(previous)
         sys.stderr.write(f"mstarc: {shown_path(args.from_checkpoint)}: the spec and deployment written from it do "
-                         f"not compile (above); {' and '.join(map(shown_path, previous))} were "
-                         f"{'restored' if any(previous.values()) else 'removed'}\n")
+                         f"not compile (above); {_undone(previous)}\n")
     return status
+
+
+def _undone(previous: dict[Path, Optional[bytes]]) -> str:
+    """What `_restore` did, file by file: one that was there is restored, a new one removed (the
+    message said "X and Y were restored" when only one of them had been there)."""
+    def said(paths: list[Path], verb: str) -> str:
+        return f"{' and '.join(map(shown_path, paths))} {'was' if len(paths) == 1 else 'were'} {verb}"
+
+    restored = [path for path, data in previous.items() if data is not None]
+    removed = [path for path, data in previous.items() if data is None]
+    return "; ".join(said(paths, verb) for paths, verb in ((restored, "restored"), (removed, "removed")) if paths)
 
 
 def _inside_checkpoint(outputs: list[Path], checkpoints: list[Optional[str]]) -> Optional[str]:
