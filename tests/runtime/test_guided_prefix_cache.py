@@ -62,3 +62,19 @@ def test_the_sim_claims_as_the_torch_engine_does(cached_plan):
     unguided = _run(cached_plan, SimEngine(cached_plan), {"uncond": 1.0})
     assert [r.num_cached_tokens for r in guided] == [0, 0]
     assert [r.num_cached_tokens for r in unguided] == [0, 32]
+
+
+def test_a_guidance_scale_that_makes_the_latents_non_finite_fails_its_request_alone():
+    """BAGEL at a text guidance scale of 1e39 (finite, so admitted): the flow's latents came out NaN
+    and the PNG garbage, ending `stop`; the image decoder now fails that request, naming why, and
+    the request beside it makes its image."""
+    plan = load_plan(ROOT / "generated" / "bagel.plan")
+    route = {"LLM": ["prefill_text", "image_gen"]}
+    requests = [Request(id="huge", prompt_tokens=[1], max_tokens=2, route=route, guidance={"cfg_text": 1e39}),
+                Request(id="plain", prompt_tokens=[1], max_tokens=2, route=route)]
+    driver = Driver(plan, TorchEngine(plan))
+    driver.run(Workload(requests))
+    huge, plain = driver.conductor.records["huge"], driver.conductor.records["plain"]
+    assert "the flow's latents are not finite" in (huge.finish_reason or "")
+    assert not any(e.modality == "image" for e in huge.emissions)
+    assert plain.finish_reason == "stop" and any(e.modality == "image" for e in plain.emissions)

@@ -100,3 +100,12 @@ def test_a_lines_prompt_logprobs_reach_its_output_line(tmp_path, capsys):
     status, _ = _run(tmp_path / "bad", [dict(line, prompt_logprobs=-1)])
     assert status == 1 and "prompts.jsonl:1: 'prompt_logprobs' (the alternatives beside each prompt token) must be " \
         "in [0, 20], got -1" in capsys.readouterr().err
+
+
+def test_a_bias_of_hundreds_of_digits_is_refused_naming_it():
+    """float() of a 400-digit integer raised OverflowError: `mstar run` ended with an internal error."""
+    from mstar.runtime.engine.sampling import SamplingError, logit_bias_pairs
+
+    with pytest.raises(SamplingError, match=r"logit_bias of token 5 must be a number in \[-100, 100\], got 1000.*"
+                                            r"\(401 digits\)"):
+        logit_bias_pairs({"5": 10 ** 400})

@@ -332,3 +332,18 @@ def test_a_body_that_is_not_a_form_is_answered_and_counted_as_invalid(whisper):
         status, answer = post(whisper["url"], body, kind)
         assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
     assert _invalid_count(whisper["url"]) == before + 3
+
+
+def test_a_fmt_chunk_of_zero_bits_is_refused_not_divided_by():
+    """0 bits a sample and a block of 0 bytes passed the fmt check (0 == 1 x 0 // 8), then the
+    sample count divided by the block: a ZeroDivisionError, an internal error of `mstar run`."""
+    from mstar.runtime.serve.wav import WavError, decode_wav
+
+    header = wav_bytes(0.0)
+    raw = bytes(8)
+    fmt = header[:20] + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + (16000).to_bytes(4, "little") \
+        + (0).to_bytes(4, "little") + (0).to_bytes(2, "little") + (0).to_bytes(2, "little")
+    data = fmt + b"data" + len(raw).to_bytes(4, "little") + raw
+    data = data[:4] + (len(data) - 8).to_bytes(4, "little") + data[8:]
+    with pytest.raises(WavError, match="inconsistent fmt chunk .1 channels, 0 bits, block 0"):
+        decode_wav(data, "x")

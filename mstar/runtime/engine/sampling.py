@@ -140,8 +140,8 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
         if token in pairs:
             raise SamplingError(f"logit_bias names token {token} twice")
         if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
-                LOGIT_BIAS_RANGE[0] <= float(bias) <= LOGIT_BIAS_RANGE[1]):
-            raise SamplingError(f"logit_bias of token {token} must be a number in [-100, 100], got {bias!r}")
+                LOGIT_BIAS_RANGE[0] <= bias <= LOGIT_BIAS_RANGE[1]):  # (float() of a 400-digit int raised)
+            raise SamplingError(f"logit_bias of token {token} must be a number in [-100, 100], got {shown(bias)}")
         pairs[token] = float(bias)
     if len(pairs) > MAX_LOGIT_BIAS:
         raise SamplingError(f"logit_bias has {len(pairs)} entries, more than the {MAX_LOGIT_BIAS} a request may carry")

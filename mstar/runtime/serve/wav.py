@@ -63,7 +63,8 @@ def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE,
         kind = struct.unpack("<H", fmt[24:26])[0]  # the sub-format GUID starts with the format code
     if rate != sample_rate:
         raise WavError(f"{where}: {rate} Hz; the audio input takes {sample_rate} Hz (resample it first)")
-    if channels < 1 or block != channels * (bits // 8) or bits % 8:
+    # (0 bits and block 0 passed the rest: a ZeroDivisionError below)
+    if channels < 1 or bits < 8 or block != channels * (bits // 8) or bits % 8:
         raise WavError(f"{where}: inconsistent fmt chunk ({channels} channels, {bits} bits, block {block})")
     num_samples = len(chunks["data"]) // block
     if max_samples is not None and num_samples > max_samples:

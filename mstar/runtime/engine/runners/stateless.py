@@ -208,4 +208,7 @@ class ImageDecoderRunner(StatelessRunner):
             latents = self._stand_in(request, call, "flow_latents", shape)
         if tuple(latents.shape) != shape:
             raise InputError(f"latents of shape {tuple(latents.shape)}; the decoder takes {shape}")
+        if not bool(torch.isfinite(latents).all()):  # (a guidance scale of 1e39: a garbage PNG, `stop`)
+            raise InputError("the flow's latents are not finite (a guidance scale too large for them?), so no "
+                             "image can be drawn from them")
         return self.model(latents)
