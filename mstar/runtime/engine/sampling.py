@@ -139,8 +139,9 @@ def logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
             raise SamplingError(f"logit_bias token id must be >= 0, got {token}")
         if token in pairs:
             raise SamplingError(f"logit_bias names token {token} twice")
+        # an int compared as it is: float() of a 400-digit one raised OverflowError
         if isinstance(bias, bool) or not isinstance(bias, numbers.Real) or not (
-                LOGIT_BIAS_RANGE[0] <= bias <= LOGIT_BIAS_RANGE[1]):  # (float() of a 400-digit int raised)
+                LOGIT_BIAS_RANGE[0] <= (bias if isinstance(bias, int) else float(bias)) <= LOGIT_BIAS_RANGE[1]):
             raise SamplingError(f"logit_bias of token {token} must be a number in [-100, 100], got {shown(bias)}")
         pairs[token] = float(bias)
     if len(pairs) > MAX_LOGIT_BIAS:
