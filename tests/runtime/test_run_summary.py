@@ -16,6 +16,22 @@ def _run(plan_name, workload, **engine_kw):
     return driver, summarize(driver.conductor.records.values(), driver.log, 0.0)
 
 
+def _stopped_run(workload, num_steps: int) -> Driver:
+    """llama on the sim, the run stopped after `num_steps` steps (as an interrupt stops it)."""
+    plan = generated("llama")
+    driver = Driver(plan, SimEngine(plan))
+    steps = {"num": 0}
+
+    def stop_there(launch):
+        steps["num"] += 1
+        if steps["num"] == num_steps:
+            driver.stop()
+
+    driver.on_step = stop_there
+    driver.run(workload)
+    return driver
+
+
 def test_host_times_per_step_leave_out_tp_follower_copies():
     """A follower's copy is logged with no post-process, launch or wait time of its own: counted, it
     pulled the host's percentiles down (orpheus_tp2: p50 13.4 against 28.7 us)."""
@@ -41,18 +57,8 @@ def test_rows_held_out_of_memory_count_each_hold_and_the_requests_apart():
 def test_output_tokens_are_the_finished_requests():
     """An interrupted run's unfinished requests are not in its outputs file; their tokens are not
     counted in its output tokens (nor in tokens/s over the finished requests' span)."""
-    plan = generated("llama")
-    driver = Driver(plan, SimEngine(plan))
-    workload = generate(12, prompt_len=(4, 20), output_len=(20, 40), concurrency=4, arrival="closed", seed=0)
-    stops = {"steps": 0}
-
-    def stop_after_some(launch):
-        stops["steps"] += 1
-        if stops["steps"] == 60:
-            driver.stop()
-
-    driver.on_step = stop_after_some
-    driver.run(workload)
+    driver = _stopped_run(generate(12, prompt_len=(4, 20), output_len=(20, 40), concurrency=4, arrival="closed",
+                                   seed=0), 60)
     records = list(driver.conductor.records.values())
     finished = [r for r in records if r.is_finished]
     assert 0 < len(finished) < len(records) and any(r.num_output_tokens for r in records if not r.is_finished)
@@ -94,18 +100,8 @@ def test_the_postprocess_time_leaves_out_the_callers_finish_callback():
 def test_a_run_with_nothing_finished_spans_its_steps():
     """Stopped before any request finished: its run time was a made-up 1e-9 s beside its steps; it
     is the run clock's span from the first arrival to the last step."""
-    plan = generated("llama")
-    driver = Driver(plan, SimEngine(plan))
-    workload = generate(4, prompt_len=(4, 20), output_len=(200, 200), concurrency=4, arrival="closed", seed=0)
-    steps = {"num": 0}
-
-    def stop_soon(launch):
-        steps["num"] += 1
-        if steps["num"] == 20:
-            driver.stop()
-
-    driver.on_step = stop_soon
-    driver.run(workload)
+    driver = _stopped_run(generate(4, prompt_len=(4, 20), output_len=(200, 200), concurrency=4, arrival="closed",
+                                   seed=0), 20)
     records = list(driver.conductor.records.values())
     assert not any(r.is_finished for r in records)
     summary = summarize(records, driver.log, 0.0)
