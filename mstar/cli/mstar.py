@@ -229,7 +229,7 @@ def _workload(args: argparse.Namespace, plan: Any, tokenizer: Any = None) -> Any
             workload = read_prompts(args.prompts, concurrency=args.concurrency, names=names, tokenizer=tokenizer,
                                     form=form, max_output_len=most_counted_tokens(plan),
                                     takes_wav=takes_waveform(plan), plan=plan, seed=args.seed)
-            _lay_out_audio(plan, workload)
+            _lay_out_audio(plan, workload, args.prompts)
         else:
             _check_generated_fits(args, plan)
             vocab = text_prompt_vocab(plan)
@@ -279,8 +279,9 @@ def _check_generated_fits(args: argparse.Namespace, plan: Any) -> None:
                        "WAV per line, or --engine sim")
 
 
-def _lay_out_audio(plan: Any, workload: Any) -> None:
-    """Repeat each prompt's audio placeholder once per state of its clip (serve/audio_prompt.py)."""
+def _lay_out_audio(plan: Any, workload: Any, prompts_path: str) -> None:
+    """Repeat each prompt's audio placeholder once per state of its clip (serve/audio_prompt.py);
+    a prompt that cannot take its clip is refused as `FILE:LINE:`, as every bad line is."""
     from mstar.runtime.serve.audio_prompt import AudioPromptError, audio_layout_of, expand
 
     try:
@@ -293,7 +294,23 @@ def _lay_out_audio(plan: Any, workload: Any) -> None:
             if layout is not None and audio is not None:
                 request.prompt_tokens = expand(layout, list(request.prompt_tokens), int(audio.shape[0]))
         except AudioPromptError as error:
-            raise CliError(f"--prompts: request {request.id}: {error}") from None
+            raise CliError(f"{shown_path(prompts_path)}:{_line_of(prompts_path, request.id)}: {error}") from None
+
+
+def _line_of(path: str, request_id: str) -> str:
+    """The line of the prompts file holding `request_id` (read again: only a refusal asks), "?"
+    where it cannot be found (a file changed meanwhile)."""
+    try:
+        with open(path, encoding="utf-8-sig") as lines:
+            for number, line in enumerate(lines, 1):
+                try:
+                    if line.strip() and json.loads(line).get("id") == request_id:
+                        return str(number)
+                except (ValueError, AttributeError, RecursionError):
+                    continue
+    except OSError:
+        pass
+    return "?"
 
 
 def _check_file_target(option: str, path: str, made_dirs: list) -> None:

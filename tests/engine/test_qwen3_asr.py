@@ -140,11 +140,15 @@ def test_a_prompt_without_the_placeholder_is_refused(checkpoint, tmp_path, capsy
     directory, _ = checkpoint
     write_wav(tmp_path / "a.wav", clip(1.0))
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "x", "audio": "a.wav", "prompt_tokens": [1, 2], "max_tokens": 4}) + "\n")
+    good = {"id": "w", "audio": "a.wav", "prompt_tokens": [1, AUDIO_PAD, 2], "max_tokens": 4}
+    prompts.write_text(json.dumps(good) + "\n\n" + json.dumps({"id": "x", "audio": "a.wav", "prompt_tokens": [1, 2],
+                                                              "max_tokens": 4}) + "\n")
     status = main(["run", "--plan", str(PLAN), "--weights", str(directory), "--prompts", str(prompts),
                    "--out", str(tmp_path / "out")])
     assert status != 0
-    assert f"request x: the prompt must hold the audio placeholder (token {AUDIO_PAD}) once" in capsys.readouterr().err
+    # named by its line, as every bad line is (it said "--prompts: request x: ...")
+    assert f"prompts.jsonl:3: the prompt must hold the audio placeholder (token {AUDIO_PAD}) once" in \
+        capsys.readouterr().err
 
 
 def test_a_checkpoint_whose_chunks_differ_from_the_front_end_is_refused(tmp_path):
