@@ -124,7 +124,7 @@ def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
     """`mstarc compile SPEC --config CONFIG -o PLAN` with paths as the user would type them; an
     input the header's path does not find (a plan moved away from its inputs: the paths are
     relative to the plan's directory) stays the placeholder rather than a path that is not there."""
-    base = Path(os.path.realpath(plan_path)).parent if "\0" not in str(plan_path) else Path(plan_path).parent
+    base = _inputs_base(plan_path)
 
     def shown(key: str, placeholder: str) -> str:
         named = header.get(key)
@@ -152,11 +152,7 @@ def _display(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        is_missing = "\0" not in str(path) and not path.exists()
-    except OSError:  # a name the OS cannot take (ENAMETOOLONG raised here): the read below says so
-        is_missing = False
-    if is_missing:
+    if "\0" not in str(path) and not _may_exist(path):  # (a name the OS cannot take may: the read below says so)
         raise PlanError(f"plan {shown_path(path)} does not exist; compile one with `mstarc compile SPEC`")
     try:
         text = read_text_bounded(path, max_bytes=MAX_PLAN_BYTES, what="plan")
@@ -234,6 +230,13 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             )
 
 
+def _inputs_base(plan_path: str | os.PathLike) -> Path:
+    """The directory the header's input paths are relative to: the plan's real file's, as mstarc
+    wrote them (a plan reached through a symbolic link finds its glue beside the file it names);
+    the path's own for one the OS cannot resolve (a NUL)."""
+    return Path(os.path.realpath(plan_path)).parent if "\0" not in str(plan_path) else Path(plan_path).parent
+
+
 def _may_exist(path: Path) -> bool:
     """path.exists(), true where the OS cannot say (a name it cannot take: ENAMETOOLONG raised)."""
     try:
@@ -251,10 +254,8 @@ def _is_glue_name(name: str) -> bool:
 
 def input_paths(plan_path: str | os.PathLike, plan: Plan) -> dict[str, Path]:
     """The plan's inputs on disk: {"spec", "deployment", "glue"} -> path (header paths are
-    relative to the directory of the plan's real file, as mstarc wrote them: a plan reached through
-    a symbolic link finds its glue beside the file it names). The runtime imports the glue from
-    `["glue"]`."""
-    base = Path(os.path.realpath(plan_path)).parent
+    relative to `_inputs_base`). The runtime imports the glue from `["glue"]`."""
+    base = _inputs_base(plan_path)
     header = plan.header
     return {
         "spec": base / header.spec_path,

@@ -47,7 +47,7 @@ def prompt_context(prompt: Sequence[int], decode: Optional[Callable[[list[int]],
     that are not token ids (a prompt's media) are left out."""
     if decode is None:
         return list(prompt[-CONTEXT_TOKENS:])
-    return safe_context(decode, [t for t in prompt[-MAX_CONTEXT_TOKENS:] if isinstance(t, int)])
+    return context_before(prompt, (), 0, decode)
 
 
 def safe_context(decode: Callable[[list[int]], str], before: Sequence[int]) -> list[int]:

@@ -14,15 +14,24 @@ def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, toke
     if isinstance(vocab, int) and vocab and takes_text_prompt:
         # The spec's vocabulary, not the (tiny) model's: a prompt written for the real model
         # still runs under --dims tiny, where ids are folded into the smaller vocabulary.
-        # min and max run in C; the offending id is looked for only when there is one (a
-        # generator over a 1,040-token prompt was 30 us of a cached request's admission).
-        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
-            bad = next(t for t in tokens if not 0 <= t < vocab)
-            return f"node {node}: prompt token id {bad} is outside the vocabulary [0, {vocab})"
+        problem = token_ids_problem(node, vocab, tokens)
+        if problem is not None:
+            return problem
     num_tokens = len(tokens) + (max_tokens or 0)
     if num_tokens > max_seq_len:
         return (f"node {node}: prompt ({len(tokens)}) + max_tokens ({max_tokens}) = {num_tokens} tokens "
                 f"exceeds max_seq_len {max_seq_len}")
+    return None
+
+
+def token_ids_problem(node: str, vocab: int, tokens: list[int], vocabulary: str = "the vocabulary") -> Optional[str]:
+    """A prompt token id outside [0, vocab) (`vocabulary` names which: the spec's, or the checkpoint's
+    a node loaded, torch_engine.py), or None. min and max run in C; the offending id is looked for
+    only when there is one (a generator over a 1,040-token prompt was 30 us of a cached request's
+    admission)."""
+    if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+        bad = next(t for t in tokens if not 0 <= t < vocab)
+        return f"node {node}: prompt token id {bad} is outside {vocabulary} [0, {vocab})"
     return None
 
 

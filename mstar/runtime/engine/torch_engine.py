@@ -50,7 +50,7 @@ from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.kv.pool_size import pool_size
-from mstar.runtime.engine.prompt_limits import takes_text_prompt
+from mstar.runtime.engine.prompt_limits import takes_text_prompt, token_ids_problem
 from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.submodels import build_depth_models, build_submodels, submodel_dims
@@ -539,9 +539,10 @@ class TorchEngine:
             return None
         for node in self.plan.nodes:
             vocab = self.checkpoint_vocabs.get(node.name)
-            if vocab is not None and takes_text_prompt(node) and max(tokens) >= vocab:
-                bad = next(t for t in tokens if t >= vocab)
-                return f"node {node.name}: prompt token id {bad} is outside the checkpoint's vocabulary [0, {vocab})"
+            if vocab is not None and takes_text_prompt(node):
+                problem = token_ids_problem(node.name, vocab, tokens, "the checkpoint's vocabulary")
+                if problem is not None:
+                    return problem
         return None
 
     def run_step(self, step: Step) -> StepResult:
