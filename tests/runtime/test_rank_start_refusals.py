@@ -83,17 +83,23 @@ def test_a_torchrun_rendezvous_nobody_answers_is_refused_within_the_start_timeou
     assert time.monotonic() - began < 60
 
 
-def test_a_torchrun_rank_whose_rank_0_is_gone_says_so(monkeypatch):
-    """It was `mstar: internal error (RankFailure: rank 0 closed its connection ...); this is a bug`."""
+def _serve_torchrun_losing_rank_0(monkeypatch, error: Exception) -> None:
+    """`serve_torchrun` on rank 1 of a torchrun launch whose rank loop raises `error` (rank 0 gone)."""
     def gone(*_args):
-        raise RankFailure(0, "closed its connection ([gloo/pair.cc:553] Connection closed by peer)\nmore")
+        raise error
 
     monkeypatch.setattr(launch, "join_env_group", lambda: None)
     monkeypatch.setattr(launch.dist, "get_rank", lambda: 1)
     monkeypatch.setattr(launch.dist, "destroy_process_group", lambda: None)
     monkeypatch.setattr(launch, "run_rank", gone)
+    launch.serve_torchrun(load_plan("generated/orpheus.plan"), RankOptions())
+
+
+def test_a_torchrun_rank_whose_rank_0_is_gone_says_so(monkeypatch):
+    """It was `mstar: internal error (RankFailure: rank 0 closed its connection ...); this is a bug`."""
+    lost = RankFailure(0, "closed its connection ([gloo/pair.cc:553] Connection closed by peer)\nmore")
     with pytest.raises(launch.LaunchError, match=r"^rank 0 is gone, so this rank stops \(rank 0 closed its connection"):
-        launch.serve_torchrun(load_plan("generated/orpheus.plan"), RankOptions())
+        _serve_torchrun_losing_rank_0(monkeypatch, lost)
 
 
 @pytest.mark.parametrize("flags, says", [(["--engine", "sim"], "--engine sim"),
@@ -110,12 +116,5 @@ def test_torchrun_with_a_one_process_run_is_refused(monkeypatch, capsys, flags, 
 
 def test_an_error_without_text_is_named_by_its_type(monkeypatch):
     """An empty message made the one-line summary raise IndexError where rank 0's loss was said."""
-    def gone(*_args):
-        raise launch.dist.DistError()
-
-    monkeypatch.setattr(launch, "join_env_group", lambda: None)
-    monkeypatch.setattr(launch.dist, "get_rank", lambda: 1)
-    monkeypatch.setattr(launch.dist, "destroy_process_group", lambda: None)
-    monkeypatch.setattr(launch, "run_rank", gone)
     with pytest.raises(launch.LaunchError, match=r"^rank 0 is gone, so this rank stops \(DistError\)$"):
-        launch.serve_torchrun(load_plan("generated/orpheus.plan"), RankOptions())
+        _serve_torchrun_losing_rank_0(monkeypatch, launch.dist.DistError())
