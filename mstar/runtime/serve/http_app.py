@@ -163,17 +163,22 @@ class Service:
         if len(requests) > 1:
             try:
                 self.llm.loop.reserve(ids)
-            except Overloaded as full:
-                self.metrics.refused("overloaded")
-                raise ApiError(429, str(full), kind="rate_limit_error") from None
-            except Closed as closed:
-                self.metrics.refused("unavailable")
-                raise ApiError(503, str(closed), kind="server_error") from None
+            except (Overloaded, Closed) as refused:
+                raise self._loop_refusal(refused) from None
         try:
             return await self._start_reserved(requests)
         finally:
             if len(requests) > 1:
                 self.llm.loop.unreserve(ids)  # (what a submit did not take: a choice that never started)
+
+    def _loop_refusal(self, refused: Exception) -> ApiError:
+        """The answer to a body the run loop cannot take, counted: a full queue's 429 (`Overloaded`),
+        a closing or dead loop's 503 (`Closed`: a dead run loop's 503s left /metrics flat)."""
+        if isinstance(refused, Overloaded):
+            self.metrics.refused("overloaded")
+            return ApiError(429, str(refused), kind="rate_limit_error")
+        self.metrics.refused("unavailable")
+        return ApiError(503, str(refused), kind="server_error")
 
     async def _start_reserved(self, requests: Sequence[Request]) -> list[sse.Started]:
         streams = [self.llm.stream(request) for request in requests]
@@ -186,12 +191,8 @@ class Service:
                 self.llm.loop.cancel_refused(request.id)
         if failed is not None or refused is not None:
             await sse.close_all(started)
-        if isinstance(failed, Overloaded):
-            self.metrics.refused("overloaded")
-            raise ApiError(429, str(failed), kind="rate_limit_error") from None
-        if isinstance(failed, Closed):  # (counted: a dead run loop's 503s left /metrics flat)
-            self.metrics.refused("unavailable")
-            raise ApiError(503, str(failed), kind="server_error") from None
+        if isinstance(failed, (Overloaded, Closed)):
+            raise self._loop_refusal(failed) from None
         if failed is not None:
             raise failed
         if refused is not None:  # the run loop counted it `refused`
