@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Optional
 
 from mstar.compiler import codes
+from mstar.compiler.chunking import node_calls
 from mstar.compiler.lower_keys import single_attention
 from mstar.compiler.lower_walks import lower_walks
 from mstar.compiler.resolve import iter_calls, iter_sections, name_span
@@ -156,9 +157,7 @@ def _check_stream_rows(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -
     streamed = {d.name for d in node.inputs if d.is_stream}
     walks = {w.name: w for w in spec.walks}
     part_of = {walk: p for p in spec.partitions for stage in p.stages for walk in stage.walks}
-    families = [*((c.walk, c) for c in node.captures),
-                *((walk, c.capture) for c in node.combines if c.capture is not None for walk in c.walks)]
-    for walk_name, capture in families:
+    for walk_name, capture in _walks_captures(node):
         walk, partition = walks.get(walk_name or ""), part_of.get(walk_name or "")
         if capture.family != "batched" or walk is None or partition is None:
             continue
@@ -178,14 +177,12 @@ def _check_prompt_rows(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -
     """MW435 (a warning): a batched capture of a walk whose rows feed a text prompt (module docstring)."""
     prompts = {d.name for d in node.inputs if d.prompt == "text"}
     walks = {w.name: w for w in spec.walks}
-    families = [*((c.walk, c) for c in node.captures),
-                *((walk, c.capture) for c in node.combines if c.capture is not None for walk in c.walks)]
-    for walk_name, capture in families:
+    for walk_name, capture in _walks_captures(node):
         walk = walks.get(walk_name or "")
         if capture.family != "batched" or walk is None or capture.unroll_prompts:
             continue  # (unroll_prompts: the author replays short prompt rows as one-token rows)
-        taken = sorted({i for call in _calls_outside_loops(walk.body) if call.node == node.name for i in call.inputs}
-                       & prompts)
+        taken = sorted({i for call, is_in_loop in node_calls(walk.body, node.name) if not is_in_loop
+                        for i in call.inputs} & prompts)
         if taken:
             per_row = f"{capture.tokens_per_row} token{'s' if capture.tokens_per_row != 1 else ''} a row"
             diags.warning(codes.PROMPT_ROW_PAST_BATCHED,
@@ -195,13 +192,11 @@ def _check_prompt_rows(spec: ast.Spec, node: ast.NodeDecl, diags: Diagnostics) -
                           "token buckets) to replay its prompt steps", capture.span)
 
 
-def _calls_outside_loops(body: list[ast.Section]):
-    """The calls of a walk body that no loop encloses (a loop's calls feed what its loop-backs bring)."""
-    for section in body:
-        if isinstance(section, ast.Call):
-            yield section
-        elif not isinstance(section, ast.Loop) and hasattr(section, "body"):
-            yield from _calls_outside_loops(section.body)
+def _walks_captures(node: ast.NodeDecl) -> list[tuple[Optional[str], ast.CaptureDecl]]:
+    """(walk, capture) for each capture line of the node and, for each walk of a combined walk, the
+    combine's capture: the families a step of that walk may replay."""
+    return [*((c.walk, c) for c in node.captures),
+            *((walk, c.capture) for c in node.combines if c.capture is not None for walk in c.walks)]
 
 
 def _most_items(policy: ast.ChunkPolicy) -> int:
