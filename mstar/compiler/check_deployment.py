@@ -142,11 +142,16 @@ class _Declared:
     recurrent: Optional[RecurrentState]
 
 
-def _spec_dims(node: ast.NodeDecl, deployment: Deployment) -> Optional[DecoderDims]:
-    """The decoder dims the runtime builds a kv node at (`--dims spec`), from the values lowering
-    puts in its plan (node_decl.py); None where its arguments are bad (check_args says why)."""
+def _spec_dims(node: ast.NodeDecl, deployment: Deployment, sub: Optional[ast.SubModelDecl] = None
+               ) -> Optional[DecoderDims]:
+    """The decoder dims the runtime builds a kv node at (`--dims spec`), or its sub-model `sub` at
+    (the node's values with the sub-model's over them, as engine/submodels.py builds it), from the
+    values lowering puts in its plan (node_decl.py); None where its arguments are bad (check_args
+    says why)."""
+    values = arg_values(node.args) if sub is None else {**arg_values(node.args), **arg_values(sub.args)}
+    name = node.name if sub is None else f"{node.name}.{sub.name}"
     try:
-        return decoder_dims(_Declared(node.name, arg_values(node.args), recurrent_state(node, deployment)), "spec")
+        return decoder_dims(_Declared(name, values, recurrent_state(node, deployment)), "spec")
     except (DimsError, ValueError, TypeError):  # (pydantic's ValidationError is a ValueError)
         return None
 
@@ -166,12 +171,8 @@ def _check_tp_split(node: ast.NodeDecl, group: NodeGroup, deployment: Deployment
                         f"{sub.name} does not run tensor-parallel", group.span_of("tp_size"),
                         Note("the depth model", sub.span))
             continue
-        merged = _Declared(f"{node.name}.{sub.name}", {**arg_values(node.args), **arg_values(sub.args)},
-                           recurrent_state(node, deployment))
-        try:
-            sub_problem = tp_split_problem(decoder_dims(merged, "spec"), group.tp_size)
-        except (DimsError, ValueError, TypeError):  # bad arguments: check_args says why
-            continue
+        sub_dims = _spec_dims(node, deployment, sub)
+        sub_problem = tp_split_problem(sub_dims, group.tp_size) if sub_dims is not None else ""
         if sub_problem:
             diags.error(codes.TP_SPLIT_IMPOSSIBLE, f"tp_size {group.tp_size} cannot split node {node.name}'s "
                         f"sub-model {sub.name}: {sub_problem}", group.span_of("tp_size"),
