@@ -3,6 +3,7 @@ answers, streams and refusals alike) and for no other; without the option there 
 malformed origin is a usage error."""
 from __future__ import annotations
 
+import json
 import urllib.request
 
 import pytest
@@ -24,13 +25,18 @@ def _served(origins):
 
 
 def _ask(url: str, method: str = "GET", origin: str = ALLOWED, body: bytes = b"", **headers: str):
+    return _answer(url, method, origin, body, **headers)[:2]
+
+
+def _answer(url: str, method: str = "GET", origin: str = ALLOWED, body: bytes = b"", **headers: str):
+    """(status, headers, body bytes)."""
     request = urllib.request.Request(url, data=body or None, method=method,
                                      headers={"Origin": origin, "Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, dict(answer.headers)
+            return answer.status, dict(answer.headers), answer.read()
     except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers)
+        return error.code, dict(error.headers), error.read()
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +65,29 @@ def test_another_origin_gets_none(cors):
     status, _ = _ask(cors + "/completions", "OPTIONS", origin="http://evil.example",
                      **{"Access-Control-Request-Method": "POST"})
     assert status == 400  # the preflight is refused
+
+
+@pytest.mark.parametrize("origin, method, refused", [
+    ("http://evil.example", "POST", "the origin 'http://evil.example' is not one this server allows"),
+    (ALLOWED, "DELETE", "the method 'DELETE' is not allowed (only GET, HEAD, POST)"),
+    ("http://evil.example", "PUT", "the origin 'http://evil.example' is not one this server allows"),
+])
+def test_a_refused_preflight_is_an_openai_error(cors, origin, method, refused):
+    """Every other error of the server is OpenAI-style JSON; a refused preflight was starlette's
+    plain text "Disallowed CORS origin"."""
+    status, headers, body = _answer(cors + "/completions", "OPTIONS", origin=origin,
+                                    **{"Access-Control-Request-Method": method})
+    assert status == 400 and headers["content-type"] == "application/json"
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] is None and error["code"] is None
+    assert error["message"].startswith("CORS preflight refused: ") and refused in error["message"]
+    assert "access-control-allow-methods" in headers  # the preflight's own headers stay
+    assert ("access-control-allow-origin" in headers) == (origin == ALLOWED)
+
+
+def test_an_allowed_preflight_is_still_starlettes(cors):
+    status, headers, body = _answer(cors + "/completions", "OPTIONS", **{"Access-Control-Request-Method": "POST"})
+    assert status == 200 and body == b"OK" and headers["access-control-allow-origin"] == ALLOWED
 
 
 def test_without_the_option_no_answer_has_cors_headers():

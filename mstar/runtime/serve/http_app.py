@@ -303,10 +303,9 @@ def build_app(service: Service) -> FastAPI:
     app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len),
                        on_refused=lambda: service.metrics.refused("invalid"))
     if service.cors_origins:  # added last, so outermost: a refusal (413, 429, 500) carries its headers too
-        from fastapi.middleware.cors import CORSMiddleware
+        from mstar.runtime.serve.cors import JsonCors
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(service.cors_origins),
-                           allow_methods=["GET", "HEAD", "POST"], allow_headers=["*"])
+        app.add_middleware(JsonCors, origins=list(service.cors_origins))
     _error_handlers(app, service)
     _info_routes(app, service)
     _unserved_routes(app, service)  # first: a path's first route answers
