@@ -116,6 +116,20 @@ def test_a_plan_that_gives_none_refuses_the_request_before_it_runs(plan):
         assert refused.value.param == "prompt_logprobs"
 
 
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_a_plan_without_text_tokens_refuses_both_kinds_of_log_probabilities(field):
+    """Orpheus's LLM sends audio codes: `logprobs` ran and gave `Output.logprobs == []` (the torch
+    engine; nothing said why), while `prompt_logprobs` was refused. Both are refused now, before
+    the request runs, naming the field."""
+    from mstar.runtime.serve.api import SamplingError
+
+    with LLM(str(GENERATED / "orpheus.plan")) as llm:
+        with pytest.raises(SamplingError, match=f"^{field} asks for what this plan does not give") as refused:
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, **{field: 1}))
+        assert refused.value.param == field
+        assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].logprobs is None
+
+
 def test_a_hybrid_decoders_fast_path_gives_what_the_cpu_engine_gives():
     """The qwen3_5 plan (gated delta-net layers beside full attention; tiny dims): the scored
     prompt step runs eagerly with its linear layers' layout, on the fast path's runner on the CPU."""

@@ -2,7 +2,7 @@
 which the HTTP server calls too): prompt token ids inside the vocabulary of the nodes that take the
 text prompt, stop token ids some kv node of the plan can sample, a route through the plan's
 partitions and stages, guidance labels the plan declares, max_tokens within what the plan's walks
-can make (plan/output_bound.py).
+can make (plan/output_bound.py), log-probabilities (output or prompt) only of a plan that gives them.
 
 Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
 the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
@@ -52,7 +52,11 @@ class PlanChecks:
         self.partitions = {part.name: part for part in plan.partitions}
         self.route_names = route_names(plan)  # {partition: the walks of its stages}
         self.starters = starting_partitions(plan)  # the partitions a request starts (not from streams)
-        self.gives_prompt_logprobs = bool(prompt_logprob_calls(plan, call_table(plan)))
+        calls = call_table(plan)
+        # log-probabilities are of the tokens a call sends the client as text: a plan without such a
+        # call (Orpheus's LLM sends audio codes) has none to give
+        self.gives_logprobs = any(call.sends_text_tokens for call in calls.values())
+        self.gives_prompt_logprobs = bool(prompt_logprob_calls(plan, calls))
         # the most counted tokens a request can get, from the walks' loops and stages; None: the
         # plan states no size for some counted output (plan/output_bound.py)
         self.most_tokens = most_counted_tokens(plan)
@@ -83,6 +87,14 @@ class PlanChecks:
             if problem is not None:
                 return problem
         return None
+
+    def logprobs_problem(self, logprobs: Optional[int]) -> Optional[str]:
+        """Output log-probabilities asked of a plan that sends the client no text tokens (the request
+        ran and its `Output.logprobs` came back `[]`, while `prompt_logprobs` was refused)."""
+        if logprobs is None or self.gives_logprobs:
+            return None
+        return ("logprobs asks for what this plan does not give: none of its walks sends text tokens to the client, "
+                "so there are no output tokens to give log-probabilities of")
 
     def prompt_logprobs_problem(self, prompt_logprobs: Optional[int]) -> Optional[str]:
         """Prompt log-probabilities asked of a plan that gives none (the engine answered an error
