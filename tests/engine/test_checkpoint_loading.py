@@ -39,6 +39,31 @@ def test_sharded_checkpoint_matches_transformers(tmp_path):
     assert generate(TorchEngine(llm_plan(), weights_dir=str(tmp_path)), {"r": prompt}, 8)["r"] == expected
 
 
+def test_an_engine_reads_each_header_once(tmp_path, monkeypatch):
+    """Start-up read every file's header twice: the layer-count check before the model is built,
+    then the loader. Within one start-up each is read once; the next start-up reads them again."""
+    from collections import Counter
+
+    from mstar.runtime.engine import checkpoint_files
+
+    tiny_llama(tmp_path, is_tied=False)
+    files = sorted(path.name for path in tmp_path.glob("*.safetensors"))
+    assert len(files) > 2
+    reads: Counter = Counter()
+    real = checkpoint_files.read_header_keys
+
+    def counted(file):
+        reads[file.name] += 1
+        return real(file)
+
+    monkeypatch.setattr(checkpoint_files, "read_header_keys", counted)
+    engine = TorchEngine(llm_plan(), weights_dir=str(tmp_path))
+    assert reads == Counter(files)
+    assert generate(engine, {"r": [3, 1, 4]}, 2)["r"]  # the weights were loaded from those names
+    TorchEngine(llm_plan(), weights_dir=str(tmp_path))
+    assert reads == Counter({name: 2 for name in files})
+
+
 def test_tied_head_shares_storage_and_dtype_is_the_target(tmp_path):
     reference = tiny_llama(tmp_path, is_tied=True)
     dims = read_checkpoint_config(str(tmp_path))

@@ -11,7 +11,11 @@ Which files:
   file that is missing and a tensor the index names but its file lacks;
 - without an index: every *.safetensors file; a tensor found in two of them is refused (which
   copy won would depend on the file names).
-Only regular files are read (a FIFO named `x.safetensors` is refused, not waited on).
+Only regular files are read (a FIFO named `x.safetensors` is refused, not waited on). Within
+`headers_read_once()` (an engine's start-up: the layer-count check before a model is built, then
+its loader; Whisper's encoder and decoder from one directory) each file's header is read once
+(`read_header_keys`) and its tensor names kept for the next `tensor_index` of the same file; it was
+read once per `tensor_index`, twice per checkpoint at start-up.
 
 `check_finite(dir, file, name, tensor)`: a tensor holding NaN or infinite values is refused with
 its file and name (one NaN in one weight turns every token to garbage while the run reports
@@ -22,8 +26,10 @@ from __future__ import annotations
 
 import re
 import stat
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -32,6 +38,23 @@ from mstar.runtime.engine.checkpoint_config import WeightsError, read_json_objec
 
 INDEX_NAME = "model.safetensors.index.json"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# Within `headers_read_once`: the tensor names of each file read so far, by the file's path and
+# identity (device, inode, size, modification time); None outside it: every header is read.
+_HEADER_KEYS: ContextVar[Optional[dict[tuple, list[str]]]] = ContextVar("checkpoint_header_keys", default=None)
+
+
+@contextmanager
+def headers_read_once() -> Iterator[None]:
+    """Within it each file's header is read once (module docstring); nested, the outer one keeps
+    them. On leaving, what was read is dropped: a later load reads the files again."""
+    if _HEADER_KEYS.get() is not None:
+        yield
+        return
+    token = _HEADER_KEYS.set({})
+    try:
+        yield
+    finally:
+        _HEADER_KEYS.reset(token)
 
 
 def decoder_name(name: str) -> str:
@@ -67,15 +90,30 @@ def _files(weights_dir: Path) -> tuple[list[Path], Optional[dict[str, str]]]:
     return [weights_dir / name for name in listed], weight_map
 
 
+def read_header_keys(file: Path) -> list[str]:
+    """The tensor names in one file's header, read from the file (safetensors' errors raised)."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as shard:
+        return list(shard.keys())
+
+
 def _keys(weights_dir: Path, file: Path) -> list[str]:
-    """The tensor names in one file's header."""
-    from safetensors import SafetensorError, safe_open
+    """The tensor names in one file's header (read once within `headers_read_once`)."""
+    from safetensors import SafetensorError
 
     try:
-        if not stat.S_ISREG(file.stat().st_mode):
+        status = file.stat()
+        if not stat.S_ISREG(status.st_mode):
             raise WeightsError(f"--weights {shown_path(weights_dir)}: {file.name} is not a regular file")
-        with safe_open(str(file), framework="pt") as shard:
-            return list(shard.keys())
+        known = _HEADER_KEYS.get()
+        identity = (str(file), status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+        if known is not None and identity in known:
+            return list(known[identity])
+        keys = read_header_keys(file)
+        if known is not None:
+            known[identity] = keys
+        return list(keys)
     except (SafetensorError, OSError) as error:  # a truncated, corrupt or unreadable file
         raise WeightsError(f"--weights {shown_path(weights_dir)}: cannot read {file.name}: {error}") from None
 

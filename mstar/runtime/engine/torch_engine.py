@@ -74,7 +74,7 @@ from mstar.runtime.engine.tp.build import build_sharded_decoder
 from mstar.runtime.engine.tp.comm import SINGLE_RANK, TpComm
 from mstar.runtime.engine.tp.layout import ShardLayout
 from mstar.runtime.step import AheadChunks, EngineCaps, RowResult, Step, StepHandle, StepResult, StepRow
-from mstar.runtime.engine.checkpoint_files import check_layer_count, tensor_index
+from mstar.runtime.engine.checkpoint_files import check_layer_count, headers_read_once, tensor_index
 from mstar.runtime.engine.weights import (
     WeightsError, init_random, load_decoder, read_checkpoint_config,
 )
@@ -214,12 +214,14 @@ class TorchEngine:
         plan = self.plan
         self.image_sizes: dict[str, tuple[int, int]] = {}  # image decoder node -> (width, height)
         checkpoints = whisper_setup.checkpoints_by_node(plan.nodes, weights_dir)
-        # Decoders first: encoders size their heads and image decoders their latents after them.
-        for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
-            if nodes is None or node.name in nodes:
-                self.runners[node.name] = self._build(node, mode, checkpoints.get(node.name), seed, num_pages)
-            elif node.model_kind == "decoder":
-                self.decoder_dims[node.name] = self._decoder_dims(node, mode, checkpoints.get(node.name))
+        # Decoders first: encoders size their heads and image decoders their latents after them. A
+        # checkpoint's headers are read once (the layer-count check, then the loader: checkpoint_files.py).
+        with headers_read_once():
+            for node in sorted(plan.nodes, key=lambda n: n.model_kind != "decoder"):
+                if nodes is None or node.name in nodes:
+                    self.runners[node.name] = self._build(node, mode, checkpoints.get(node.name), seed, num_pages)
+                elif node.model_kind == "decoder":
+                    self.decoder_dims[node.name] = self._decoder_dims(node, mode, checkpoints.get(node.name))
         self._count_media_tokens(mode)
 
     def _count_media_tokens(self, mode: DimsMode) -> None:
