@@ -207,6 +207,13 @@ class EngineCaps:
     image_sizes:        node -> (width, height) of every image its client image outputs carry,
                         for the nodes this engine knows it of (the server refuses an image
                         request's `size` that no such node makes); a node left out: unknown.
+    rerun_nodes:        the nodes whose step, when it raises (not `EngineLost`), leaves each of
+                        its rows' requests as it was before the step, or as a second run of the
+                        row makes it again alike (KV written again at the same positions): the
+                        run loop then runs each row of a failed step of several rows again in a
+                        step of its own, and fails only the requests whose own step raises. A
+                        node left out (recurrent state, which moves a token a run; a device
+                        that runs steps ahead): a failed step fails all its requests.
     """
 
     is_simulated: bool = False
@@ -216,6 +223,7 @@ class EngineCaps:
     vocab_sizes: dict[str, int] = field(default_factory=dict)
     can_launch_ahead: bool = False
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    rerun_nodes: frozenset[str] = frozenset()
 
 
 class EngineLost(Exception):

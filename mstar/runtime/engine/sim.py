@@ -147,7 +147,10 @@ class SimEngine(RunsAtLaunch):
         self.clock = SimClock()
         self.caps = EngineCaps(is_simulated=True, runs_partial_steps=runs_partial_steps, can_run_followers=True,
                                clock=self.clock,
-                               vocab_sizes={n.name: SIM_VOCAB for n in plan.nodes if n.engine == "kv"})
+                               vocab_sizes={n.name: SIM_VOCAB for n in plan.nodes if n.engine == "kv"},
+                               # a step raises only in its check against the plan row, before any
+                               # pool or count moves; a node with recurrent state is left out as on torch
+                               rerun_nodes=frozenset(n.name for n in plan.nodes if n.recurrent is None))
         self.seed = seed
         self.inject_oom = inject_oom
         self.inject_error = dict(inject_error or {})

@@ -178,7 +178,8 @@ class TorchEngine:
                 planned[node.name] = vocab
         # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
         self.caps = dataclasses.replace(self.caps, image_sizes=self.image_sizes, vocab_sizes={
-            name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)})
+            name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)},
+            rerun_nodes=frozenset(name for name, runner in self.runners.items() if _reruns_failed_steps(runner)))
         self._set_run_ahead(run_ahead)
 
     def _prompt_logprobs_runner(self) -> tuple[Optional[str], Optional[DecoderRunner]]:
@@ -665,6 +666,18 @@ class TorchEngine:
             elif isinstance(runner, WhisperDecoderRunner):  # reserved, not paged (kv/reserved_pages.py)
                 pages[name] = (runner.pages.num_held, runner.pages.num_pages)
         return pages
+
+
+def _reruns_failed_steps(runner: Any) -> bool:
+    """Whether the run loop may run the rows of a step of the runner's node that raised again
+    (EngineCaps.rerun_nodes): a decoder that puts its requests back as they were (DecoderRunner
+    `rewinds_failed_steps`; not the GPU fast path's) and keeps no recurrent state, whose state
+    moves a token a run; or an encoder or an image decoder, whose rows change nothing of their
+    requests. Not a codec (its requests count the stream items it decoded, row by row) nor
+    Whisper's decoder (its windows' state)."""
+    if isinstance(runner, DecoderRunner):
+        return runner.rewinds_failed_steps and runner.slots is None and runner.node.recurrent is None
+    return isinstance(runner, (EncoderRunner, ImageDecoderRunner, WhisperEncoderRunner, Qwen3AsrEncoderRunner))
 
 
 def _token_columns(step_rows: list[StepRow], rows: list[RowResult]) -> tuple[Optional[np.ndarray], list[int]]:

@@ -30,6 +30,9 @@ Event loop (one process drives every worker of the plan):
   results are post-processed only once every follower ran its copy;
 - a step whose engine call raises fails the requests of that step alone, except `EngineLost`
   (a rank process is gone): it leaves `run`, and the caller fails what is left (`fail_active`).
+  On a node of `EngineCaps.rerun_nodes` (outside TP groups) a failed step of several rows fails
+  nothing yet: each row runs again in a step of its own, and only those whose own step raises
+  fail (`_isolate`; docs/runtime.md "Failures and cancellation").
 When nothing runs and nothing can, the clock jumps to the next arrival or hold deadline; if
 requests remain with no way forward they fail with "error: stalled" (never a hang). Held rows
 that keep failing to get memory while no row of any step runs for NO_PROGRESS_LIMIT_S (run
@@ -55,6 +58,7 @@ runs and nothing can.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 
 import heapq
@@ -76,7 +80,7 @@ from mstar.runtime.serve.metrics import StepLog
 from mstar.runtime.serve.outcome import ran_part, settle
 from mstar.runtime.serve.routing import Routing, RoutingError
 from mstar.runtime.serve.speculation_cover import SpeculationCover
-from mstar.runtime.serve.steps import Launch, follower_step, sub_batch, to_step
+from mstar.runtime.serve.steps import Launch, follower_step, recompose, sub_batch, to_step
 from mstar.runtime.step import AheadChunks, Engine, EngineLost, LaunchesAhead, Step, StepResult, StepRow
 
 # Held rows retried this long (run clock) while no row of any step ran: the memory they wait for
@@ -228,6 +232,8 @@ class Driver:
         # writes): the caller's, not the post-process's (`--out` doubled its p90)
         self._callback_s = 0.0
         self._seq = 0
+        # rank -> the rows of its failed steps still to run again, one a step (`_isolate`)
+        self._alone: dict[int, deque[Batch]] = {}
 
     # ------------------------------------------------------------ conductor outputs
 
@@ -277,11 +283,21 @@ class Driver:
 
     # ------------------------------------------------------------ steps
 
+    def _next_batch(self, rank: int) -> tuple[Optional[Batch], set[str], bool]:
+        """The worker's next batch, the rows a speculation already covers, and whether it is a row of
+        a failed step run alone (`_isolate`): those first, then the speculated batch, else the
+        scheduler's next."""
+        alone = self._alone.get(rank)
+        if alone:
+            return alone.popleft(), set(), True
+        spec = self.cover.take(rank)
+        batch, continuing = spec if spec is not None else (self.schedulers[rank].next_batch(), set())
+        return batch, continuing, False
+
     def _launch(self, rank: int) -> bool:
         """Start the worker's next step; False when it has none to run now."""
         started = time.perf_counter()
-        spec = self.cover.take(rank)
-        batch, continuing = spec if spec is not None else (self.schedulers[rank].next_batch(), set())
+        batch, continuing, is_alone = self._next_batch(rank)
         sched_s = time.perf_counter() - started
         if batch is None:
             return False
@@ -291,11 +307,14 @@ class Driver:
         step, loop_rows, lane_rows = to_step(self.conductor, self._keys, rank, batch)
         if step is None:
             return True  # every row went stale; the worker looks again
+        if is_alone:
+            recompose(self._keys[(rank, step.key)], step, self.conductor.requires_guidance)
         try:
             launched = time.perf_counter()
             handle = self.engine.launch(step)
-            # The host composes step N+1 while N runs.
-            self.cover.speculate(rank, batch, loop_rows, self._cut_rows(batch, step) if self._cut_walks else None)
+            # The host composes step N+1 while N runs (not after a row run alone: its step is its own).
+            if not is_alone:
+                self.cover.speculate(rank, batch, loop_rows, self._cut_rows(batch, step) if self._cut_walks else None)
             if self.caps.can_launch_ahead:
                 self._launch_ahead(rank)
             waited = time.perf_counter()
@@ -304,7 +323,7 @@ class Driver:
         except EngineLost:  # no step can run any more: the caller stops the run (fail_active)
             raise
         except Exception as error:  # the engine failed this step: its requests fail alone
-            self._fail_step(rank, [row.request_id for row in step.rows], f"engine failed the step: {_said(error)}")
+            self._step_failed(rank, batch, step, error, is_alone)
             return True
         if result.allocation_failed:
             # Its rows come back through the conductor (ran) or the hold (failed), never a chain.
@@ -378,6 +397,28 @@ class Driver:
         # of requests failed here are left out when it settles
         self._start(Launch(rank, batch, None, result, now, sched_s))
         return True
+
+    def _step_failed(self, rank: int, batch: Batch, step: Step, error: Exception, is_alone: bool) -> None:
+        """The engine raised in `step`: on a node whose failed steps may run again
+        (`EngineCaps.rerun_nodes`), a step of several rows outside a TP group fails no request yet
+        (`_isolate`); else, or for a row that ran alone, its requests fail."""
+        if (not is_alone and len(step.rows) > 1 and step.node in self.caps.rerun_nodes
+                and (rank, step.node) not in self.lockstep.followers):
+            self._isolate(rank, batch, step)
+            return
+        self._fail_step(rank, [row.request_id for row in step.rows], f"engine failed the step: {_said(error)}")
+
+    def _isolate(self, rank: int, batch: Batch, step: Step) -> None:
+        """A failed step of several rows: each row runs again in a step of its own, eagerly, before
+        the worker's next batch (`_next_batch`), and only a row whose own step raises fails its
+        request; the others go on as if the step had not failed (the engine left them as before it).
+        The step speculated after it is dropped, as when its requests fail."""
+        self.cover.cancel(rank)
+        alone = self._alone.setdefault(rank, deque())
+        ids = batch.request_ids
+        for row in step.rows:
+            one = sub_batch(batch, [request_id == row.request_id for request_id in ids])
+            alone.append(dataclasses.replace(one, capture=None, padded_batch=0, token_bucket=0, is_speculative=False))
 
     def _fail_step(self, rank: int, request_ids: list[str], reason: str) -> None:
         """A step the engine failed, or whose results could not be applied: its requests end with

@@ -213,6 +213,9 @@ class GpuDecoderRunner(DecoderRunner):
     # The fast path lays the KV pages out its own way (`_new_cache`) and overrides every base
     # method that touches them; the base's single-KvCache typing cannot say so.
     cache: PagedKv  # type: ignore[assignment]
+    # its steps run ahead on the device and keep state there (lanes, the step launched ahead): a
+    # failed step is not run again (EngineCaps.rerun_nodes leaves its node out)
+    rewinds_failed_steps = False
 
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, seed: int, placement: Placement, family: Optional[CaptureFamily],

@@ -98,6 +98,10 @@ class _Prepared:
 class DecoderRunner:
     # why this runner cannot compute a prompt's log-probabilities; None: it can (`_prompt_logprobs`)
     prompt_logprobs_refusal: Optional[str] = None
+    # A step that raises leaves its requests as before it (`start` rewinds what the forward changed
+    # of them; KV written again at the same positions is the same), so the run loop may run the
+    # rows again (EngineCaps.rerun_nodes) where the node keeps no recurrent state.
+    rewinds_failed_steps = True
 
     def __init__(self, node: NodePlan, dims: DecoderDims, model: Decoder, page_size: int, num_pages: int,
                  max_seq_len: int, slots: Optional[SlotPool], seed: int,
@@ -282,7 +286,19 @@ class DecoderRunner:
             return results, failed, list  # nothing ran: the run loop holds the whole step
         if failed:
             failed = self._past_pool(asked, failed, results)
-        return results, failed, self._start_forward(ready, worker) if ready else list
+        return results, failed, self._start_rewound(ready, worker) if ready else list
+
+    def _start_rewound(self, ready: list[_Prepared], worker: int) -> Callable[[], list[RowResult]]:
+        """`_start_forward`, its requests put back as they were when it raises (RequestState.rewind):
+        rows run again after a failed step then feed and sample as if it had never run."""
+        node = self.node.name
+        marks = [(item.request, item.request.mark(node)) for item in ready]
+        try:
+            return self._start_forward(ready, worker)
+        except Exception:
+            for request, mark in reversed(marks):
+                request.rewind(node, mark)
+            raise
 
     def _items(self, rows: list[tuple[StepRow, CallInfo, RequestState]]) -> tuple[list[RowResult], list[_Prepared]]:
         """Each row's item, in step order, and an error result for each row whose inputs the node

@@ -65,6 +65,26 @@ class RequestState:
             self.sampled.setdefault(node, []).append(token)
         return num_sampled
 
+    def mark(self, node: str) -> tuple[Any, ...]:
+        """What a step of `node` may change of this request, before it runs (`rewind` puts it back)."""
+        return (len(self.history.get(node, ())), self.num_sampled.get(node), len(self.sampled.get(node, ())),
+                self.last_token.get(node), len(self.cut_hidden.get(node, ())), self.prompt_tails.get(node))
+
+    def rewind(self, node: str, mark: tuple[Any, ...]) -> None:
+        """Back to `mark`: a step of `node` that raised part-way left the request as before it, so
+        the run loop may run its row again (EngineCaps.rerun_nodes) with its history, counts and
+        draws as if the step had never run (a retried row saw its fed tokens twice)."""
+        num_fed, num_sampled, num_kept, last_token, num_hidden, tail = mark
+        for lists, length in ((self.history, num_fed), (self.sampled, num_kept), (self.cut_hidden, num_hidden)):
+            if node in lists:
+                del lists[node][length:]
+        for values, value in ((self.num_sampled, num_sampled), (self.last_token, last_token),
+                              (self.prompt_tails, tail)):
+            if value is None:
+                values.pop(node, None)
+            else:
+                values[node] = value
+
     @classmethod
     def from_request(cls, request_id: str, request: Any) -> "RequestState":
         get = request.get if isinstance(request, dict) else (lambda name, default=None: getattr(request, name, default))

@@ -66,7 +66,9 @@ class RankEngines:
         self.homes = KvHomes(plan)
         # rank 0's engine reads every decoder's dims (its own nodes or not), so its caps hold for all ranks
         # (rank 0's engine runs nothing ahead for steps it sends to other ranks)
-        self.caps = dataclasses.replace(local.engine.caps, can_launch_ahead=False) if local else EngineCaps()
+        # (a failed step on a rank of its own is not run again: rerun_nodes is rank 0's engine's only)
+        self.caps = (dataclasses.replace(local.engine.caps, can_launch_ahead=False, rerun_nodes=frozenset())
+                     if local else EngineCaps())
         self.lost: Optional[str] = None
         self.is_abandoned = False  # `abandon`: no message to the ranks from now on
         self.num_steps = 0
