@@ -119,14 +119,17 @@ def _decode(data: bytes, path: Path, what: str, diags: Diagnostics) -> str | Non
 
 def _header(spec: Spec, spec_path: Path, config_path: Path, plan_path: Path, glue_path: Path,
             spec_bytes: bytes, config_bytes: bytes) -> Header:
-    base = plan_path.resolve().parent
+    # Relative to the plan's directory as named, not resolved: a symbolic link among the folders
+    # (generated/ or specs/ linked elsewhere) changed the paths, so the plan's bytes and its hash,
+    # and `mstarc regen --check` called every plan stale. The runtime reads them so (plan/io.py).
+    base = Path(os.path.abspath(plan_path)).parent
     return Header(
         compiler_version=COMPILER_VERSION,
         model=spec.model,
         deployment=config_path.stem,
-        spec_path=os.path.relpath(spec_path.resolve(), base),
-        deployment_path=os.path.relpath(config_path.resolve(), base),
-        glue_path=os.path.relpath(glue_path.resolve(), base),
+        spec_path=os.path.relpath(spec_path, base),
+        deployment_path=os.path.relpath(config_path, base),
+        glue_path=os.path.relpath(glue_path, base),
         hashes=Hashes(spec=sha256_bytes(spec_bytes), deployment=sha256_bytes(config_bytes), glue=""),
     )
 

@@ -14,7 +14,7 @@ compiler version; one that fails schema validation; one whose text was edited by
 (content hash); and, with `verify`, one whose spec, deployment or glue file on disk no longer has
 the sha256 recorded in the header (each read bounded: a regular file of at most its kind's
 size, so a path edited to /dev/zero or a FIFO fails at once). Header paths are relative to the
-plan file's directory.
+plan file's directory as named, its folders' symbolic links not resolved (`_inputs_bases`).
 
 This package is shared by the compiler and the runtime and imports neither of them.
 """
@@ -124,16 +124,14 @@ def recompile_command(plan_path: str | os.PathLike, header: dict) -> str:
     """`mstarc compile SPEC --config CONFIG -o PLAN` with paths as the user would type them; an
     input the header's path does not find (a plan moved away from its inputs: the paths are
     relative to the plan's directory) stays the placeholder rather than a path that is not there."""
-    base = _inputs_base(plan_path)
-
     def shown(key: str, placeholder: str) -> str:
         named = header.get(key)
         try:
-            if not isinstance(named, str) or "\0" in named or not (base / named).is_file():
+            if not isinstance(named, str) or "\0" in named or not _input_path(plan_path, named).is_file():
                 return placeholder
         except (OSError, ValueError):  # a name the OS cannot take (ENAMETOOLONG, a lone surrogate)
             return placeholder
-        return _display(base / named)
+        return _display(_input_path(plan_path, named))
 
     return (f"mstarc compile {shown('spec_path', 'SPEC')} --config {shown('deployment_path', 'CONFIG')} "
             f"-o {shown_path(_display(Path(plan_path)))}")
@@ -230,11 +228,31 @@ def _check_inputs(path: Path, plan: Plan) -> None:
             )
 
 
-def _inputs_base(plan_path: str | os.PathLike) -> Path:
-    """The directory the header's input paths are relative to: the plan's real file's, as mstarc
-    wrote them (a plan reached through a symbolic link finds its glue beside the file it names);
-    the path's own for one the OS cannot resolve (a NUL)."""
-    return Path(os.path.realpath(plan_path)).parent if "\0" not in str(plan_path) else Path(plan_path).parent
+def _inputs_bases(plan_path: str | os.PathLike) -> list[Path]:
+    """The directories the header's input paths may be relative to, as mstarc wrote them: the
+    plan's directory as named (a symbolic link among its folders not resolved: mstarc writes the
+    same paths with or without one), or for a plan that is itself a symbolic link the directory of
+    the file it names (mstarc writes through the link, the glue beside that file); after the named
+    one, the real one (a plan written by an mstarc that resolved the folders' links); the path's
+    own for one the OS cannot resolve (a NUL)."""
+    if "\0" in str(plan_path):
+        return [Path(plan_path).parent]
+    real = Path(os.path.realpath(plan_path)).parent
+    try:
+        if Path(plan_path).is_symlink():
+            return [real]
+    except (OSError, ValueError):  # a name the OS cannot take (ENAMETOOLONG)
+        return [real]
+    named = Path(os.path.abspath(plan_path)).parent
+    return [named] if named == real else [named, real]
+
+
+def _input_path(plan_path: str | os.PathLike, name: str) -> Path:
+    """A header's input path `name` joined to the first of `_inputs_bases` where it may exist
+    (else the first), its `..` folded as mstarc made them: by the names, not through a linked
+    folder (`generated/../specs` with generated/ a link is the specs/ beside that link)."""
+    found = [Path(os.path.normpath(base / name)) for base in _inputs_bases(plan_path)]
+    return next((path for path in found if _may_exist(path)), found[0])
 
 
 def _may_exist(path: Path) -> bool:
@@ -254,13 +272,12 @@ def _is_glue_name(name: str) -> bool:
 
 def input_paths(plan_path: str | os.PathLike, plan: Plan) -> dict[str, Path]:
     """The plan's inputs on disk: {"spec", "deployment", "glue"} -> path (header paths are
-    relative to `_inputs_base`). The runtime imports the glue from `["glue"]`."""
-    base = _inputs_base(plan_path)
+    relative to `_inputs_bases`). The runtime imports the glue from `["glue"]`."""
     header = plan.header
     return {
-        "spec": base / header.spec_path,
-        "deployment": base / header.deployment_path,
-        "glue": base / header.glue_path,
+        "spec": _input_path(plan_path, header.spec_path),
+        "deployment": _input_path(plan_path, header.deployment_path),
+        "glue": _input_path(plan_path, header.glue_path),
     }
 
 
