@@ -137,13 +137,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve a plan over an OpenAI-compatible HTTP API (mstar serve --help)")
     bench = sub.add_parser("bench", help="benchmarks")
     bench.add_argument("what", choices=("scheduler", "postprocess", "runner", "lone", "attention", "load", "engine",
-                                         "kv", "serve", "gdn", "products", "sampler"),
+                                         "kv", "offload", "serve", "gdn", "products", "sampler"),
                        help="scheduler: host time per step decision; postprocess: host time to post-process "
                             "a step, per step and per row; runner: the GPU fast path's host work per decode "
                             "step (device stubbed, any machine); lone: the host's path of a lone request to its first "
                             "token (device stubbed, any machine); attention: FlashInfer vs torch on a GPU; "
                             "load: checkpoint load time; engine: engine steps against the floor on a GPU; "
-                            "kv: decode latency beside a long prompt, chunked or whole; "
+                            "kv: decode latency beside a long prompt, chunked or whole; offload: a load with "
+                            "and without a KV host pool on the simulated engine; "
                             "serve: load an OpenAI-compatible server over HTTP; gdn: the gated delta-net decode "
                             "kernel's value parts against other widths on a GPU; products: a decoder step's "
                             "matrix products, weights [in, out] against the modules' [out, in], on a GPU; sampler: the "
@@ -931,7 +932,8 @@ def _kept(args: argparse.Namespace, writer: Any, records: list[Any], num_unfinis
 BENCHES = {"scheduler": "mstar.runtime.serve.bench_scheduler", "postprocess": "mstar.runtime.serve.bench_postprocess",
            "runner": "mstar.runtime.serve.bench_runner", "lone": "mstar.runtime.serve.bench_lone",
            "attention": "mstar.runtime.serve.bench_attention", "load": "mstar.runtime.serve.bench_load",
-           "kv": "mstar.runtime.serve.bench_kv", "serve": "mstar.runtime.serve.bench_serve",
+           "kv": "mstar.runtime.serve.bench_kv", "offload": "mstar.runtime.serve.bench_offload",
+           "serve": "mstar.runtime.serve.bench_serve",
            "gdn": "mstar.runtime.engine.gpu.bench_gdn", "products": "mstar.runtime.engine.gpu.bench_products",
            "engine": "mstar.runtime.engine.gpu.bench", "sampler": "mstar.runtime.engine.gpu.bench_sampler"}
 

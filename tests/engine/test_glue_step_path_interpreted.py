@@ -13,6 +13,7 @@ The cases run in a child pytest with TRITON_INTERPRET=1 (Triton reads it when fi
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 from importlib.metadata import version
@@ -70,13 +71,14 @@ def _engine(is_glue: bool, can_run_ahead: bool, num_pages: int = 96, host_pages:
     return engine
 
 
-def _run(engine: TorchEngine, num: int) -> dict[str, tuple]:
+def _run(engine: TorchEngine, num: int, clock=None) -> dict[str, tuple]:
+    """clock: the run's (default: the wall clock)."""
     # Prompts of 5 to 20 tokens and up to 21 outputs cross page boundaries (16 tokens a page);
     # every third request samples (seeded); arrivals staggered so rows join and leave mid-chain.
     requests = [Request(id=f"r{i}", prompt_tokens=[(3 + 7 * i + 5 * t) % 500 for t in range(5 + (3 * i) % 16)],
                         max_tokens=4 + (7 * i) % 18, arrival_s=0.0, temperature=0.9 if i % 3 == 1 else None, seed=i)
                 for i in range(num)]
-    driver = Driver(engine.plan, engine)
+    driver = Driver(engine.plan, engine, clock=clock)
     driver.run(Workload(requests))
     return {rid: (r.finish_reason, list(r.output_tokens)) for rid, r in driver.conductor.records.items()}
 
@@ -113,9 +115,13 @@ def test_glue_runner_with_kv_offload_resends_the_page_tables_it_moves():
     """Six pages and a host pool: requests are moved out and back to other pages, and the mirror
     must send a restored request's page table again (`GpuDecoderRunner._move_back`); the tokens
     are those of the numpy runner, which holds rows instead."""
-    expected = _numpy_run(9, 96, 2)
+    expected = _numpy_run(12, 96, 2)
     engine = _engine(True, True, num_pages=6, host_pages=64, cap=2)
-    assert _run(engine, 9) == expected
+    # A clock that ticks a call, so which steps find rows short (and move pages) does not depend on
+    # the machine's speed: a move must start more requests than it moves out (kv/offload.py), which
+    # these requests' budgets allow only at some steps.
+    ticks = itertools.count()
+    assert _run(engine, 12, clock=lambda: next(ticks) * 1e-4) == expected
     runner = engine.runners["LLM"]
     assert runner.offload.num_restored_pages > 0 and runner.pool.num_free_pages == 6
 

@@ -9,6 +9,7 @@ Hypothesis runs a few examples by default and many more under `HYPOTHESIS_PROFIL
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -74,19 +75,33 @@ def test_victims_fit_the_host_pool_and_free_enough_or_none_move():
     offload = Offload(num_host_pages=3)
     for request_id in ("c", "a", "b"):  # c ran longest ago, b last
         offload.note_step([request_id])
-    assert offload.victims(pool, admission, {"b"}, 3) == ["a"]  # c's 4 pages do not fit the host's 3
-    assert offload.victims(pool, admission, set(), 2) == ["a"]
-    assert offload.victims(pool, admission, {"a"}, 2) == ["b"]  # a is in the step, c too large
-    assert offload.victims(pool, admission, {"b"}, 5) == []  # a's 3 pages alone are not enough
+    assert offload.victims(pool, admission, {"b"}, 3, 9) == ["a"]  # c's 4 pages do not fit the host's 3
+    assert offload.victims(pool, admission, set(), 2, 9) == ["a"]
+    assert offload.victims(pool, admission, {"a"}, 2, 9) == ["b"]  # a is in the step, c too large
+    assert offload.victims(pool, admission, {"b"}, 5, 9) == []  # a's 3 pages alone are not enough
     moved = offload.take("a", [("main", 12, 3)])
     assert offload.num_free_host_pages == 0 and len(set(moved[0].host_pages)) == 3
-    assert offload.victims(pool, admission, {"a"}, 1) == []  # no host page left for anyone
+    assert offload.victims(pool, admission, {"a"}, 1, 9) == []  # no host page left for anyone
     assert offload.restore("a") == moved and offload.num_free_host_pages == 3
     roomier = Offload(num_host_pages=5)
     for request_id in ("c", "a", "b"):
         roomier.note_step([request_id])
-    assert roomier.victims(pool, admission, {"c"}, 5) == ["a", "b"]  # together within the 5
-    assert roomier.victims(pool, admission, set(), 9) == []  # c's 4 leave room for neither a nor b
+    assert roomier.victims(pool, admission, {"c"}, 5, 9) == ["a", "b"]  # together within the 5
+    assert roomier.victims(pool, admission, set(), 9, 9) == []  # c's 4 leave room for neither a nor b
+    # Fewer victims than the requests their pages start, or none: two moved out to start two only
+    # swaps who runs and pays the copies both ways.
+    assert roomier.victims(pool, admission, {"c"}, 5, 3) == ["a", "b"]
+    assert roomier.victims(pool, admission, {"c"}, 5, 2) == []
+    assert roomier.victims(pool, admission, {"c"}, 3, 2) == ["a"]
+    assert roomier.victims(pool, admission, {"c"}, 3, 1) == []
+    # A parked request (its KV went to another rank; it runs no more here) goes first and does not
+    # count: moving it out for one start stops nobody.
+    roomier.park("b")
+    assert roomier.victims(pool, admission, {"c"}, 2, 1) == ["b"]
+    assert roomier.victims(pool, admission, {"c"}, 5, 1) == []  # a, which runs, would be moved for one start
+    assert roomier.victims(pool, admission, {"c"}, 5, 2) == ["b", "a"]
+    roomier.forget("b")
+    assert roomier.victims(pool, admission, {"c"}, 2, 1) == []
 
 def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache: bool = False):
     """llama_chunked with every step capped at `cap` rows and a pool of `num_pages` pages of 16
@@ -108,25 +123,32 @@ def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache:
 
 
 def requests(num: int) -> list[Request]:
-    return [Request(id=f"q{i}", prompt_tokens=[(13 * i + j) % 500 for j in range(20)], max_tokens=12)
-            for i in range(num)]
+    """Every third request long (a 5-page budget of 16-token pages), the others 2 pages: a long one
+    started holds 2 pages and reserves 3 more, so moving it out can start two short ones (a move
+    must start more requests than it moves out, kv/offload.py)."""
+    return [Request(id=f"q{i}", prompt_tokens=[(13 * i + j) % 500 for j in range(20)],
+                    max_tokens=60 if i % 3 == 0 else 12) for i in range(num)]
 
 
 def run(plan, engine, reqs, concurrency) -> Driver:
-    """concurrency: closed-loop clients; 0: every request arrives at once."""
-    driver = Driver(plan, engine)
+    """concurrency: closed-loop clients; 0: every request arrives at once. The torch engine's runs
+    read a clock that ticks a call, so which steps find rows short (and move pages) does not depend
+    on the machine's speed: a move must start more requests than it moves out (kv/offload.py),
+    which the requests' budgets allow only at some steps."""
+    ticks = itertools.count()
+    driver = Driver(plan, engine, clock=None if engine.caps.is_simulated else lambda: next(ticks) * 1e-4)
     driver.run(Workload(reqs, closed_concurrency=concurrency or None))
     return driver
 
 
 def test_offload_keeps_the_greedy_tokens_torch():
     roomy = small_pool_plan(64, 0)
-    tight = small_pool_plan(6, 64)  # 3 requests' worth of pages (2 each), 5 clients
-    reqs = requests(7)
-    want = {r: list(x.output_tokens) for r, x in run(roomy, TorchEngine(roomy, dims="tiny"), reqs, 5)
+    tight = small_pool_plan(9, 64)  # 2-row steps; a long request and two short ones fill the pool; 6 clients
+    reqs = requests(12)
+    want = {r: list(x.output_tokens) for r, x in run(roomy, TorchEngine(roomy, dims="tiny"), reqs, 6)
             .conductor.records.items()}
     engine = TorchEngine(tight, dims="tiny")
-    driver = run(tight, engine, reqs, 5)
+    driver = run(tight, engine, reqs, 6)
     got = {r: list(x.output_tokens) for r, x in driver.conductor.records.items()}
     assert got == want
     offload = engine.runners["LLM"].offload
@@ -144,14 +166,14 @@ def _fast_path_engine(plan, num_pages: int, host_pages: int, can_run_ahead: bool
 
 
 @pytest.mark.parametrize("can_run_ahead", [False, True], ids=["serial", "run_ahead"])
-@pytest.mark.parametrize("num_pages, cap, clients", [(6, 2, 5), (9, 4, 6)])
+@pytest.mark.parametrize("num_pages, cap, clients", [(9, 2, 6), (12, 3, 8)])
 def test_offload_on_the_fast_path_keeps_the_greedy_tokens(can_run_ahead, num_pages, cap, clients):
     """The GPU fast path's runner (gpu/runner.py, here on the CPU) offloads through its own page
     layout (`PagedKv`: `_page_tensors`) and gives the tokens of a pool that holds every request,
     with steps launched ahead and decode rows in columns as on a GPU (no step launched ahead moves
     pages out, and no step's own request is moved out: `step_rows`)."""
     roomy, tight = small_pool_plan(64, 0, cap), small_pool_plan(num_pages, 64, cap)
-    reqs = requests(9)
+    reqs = requests(12)
     want = {r: list(x.output_tokens) for r, x in run(roomy, _fast_path_engine(roomy, 64, 0), reqs, clients)
             .conductor.records.items()}
     engine = _fast_path_engine(tight, num_pages, 64, can_run_ahead)

@@ -7,6 +7,7 @@ an ended request leaves behind there, beside `test_offload.py`'s choices:
   still claim (moving it out gives that claim up too): no victim more than needed;
 - an ended request's host pages all come back, and the request is forgotten (the bookkeeping
   stays bounded by the live requests).
+(`num_starts` 9 below: more starts than any of these moves, so the count rule does not bind.)
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def test_of_requests_that_ran_equally_long_ago_the_largest_moves_first():
     started(pool, admission, "small", 2, 2)
     started(pool, admission, "large", 4, 4)
     offload = Offload(num_host_pages=8)
-    assert offload.victims(pool, admission, set(), 2) == ["large"]  # neither ran yet
+    assert offload.victims(pool, admission, set(), 2, 9) == ["large"]  # neither ran yet
     offload.note_step(["small", "large"])
-    assert offload.victims(pool, admission, set(), 2) == ["large"]  # both ran in the same step
+    assert offload.victims(pool, admission, set(), 2, 9) == ["large"]  # both ran in the same step
 
 
 def test_victims_stop_once_the_pages_asked_for_are_freed():
@@ -40,8 +41,8 @@ def test_victims_stop_once_the_pages_asked_for_are_freed():
     offload = Offload(num_host_pages=9)
     for request_id in ("a", "b", "c"):  # a ran longest ago
         offload.note_step([request_id])
-    assert offload.victims(pool, admission, set(), 3) == ["a"]  # a's 3 pages are exactly enough
-    assert offload.victims(pool, admission, set(), 4) == ["a", "b"]
+    assert offload.victims(pool, admission, set(), 3, 9) == ["a"]  # a's 3 pages are exactly enough
+    assert offload.victims(pool, admission, set(), 4, 9) == ["a", "b"]
 
 
 def test_a_victims_budget_left_counts_as_freed():
@@ -49,8 +50,8 @@ def test_a_victims_budget_left_counts_as_freed():
     pool, admission = PagePool(16, PAGE), Admission(16)
     started(pool, admission, "x", 1, 4)
     offload = Offload(num_host_pages=4)
-    assert offload.victims(pool, admission, set(), 4) == ["x"]
-    assert offload.victims(pool, admission, set(), 5) == []
+    assert offload.victims(pool, admission, set(), 4, 9) == ["x"]
+    assert offload.victims(pool, admission, set(), 5, 9) == []
 
 
 def test_an_ended_request_gives_back_its_host_pages_and_is_forgotten():
@@ -66,8 +67,9 @@ def test_an_ended_request_gives_back_its_host_pages_and_is_forgotten():
 
 def test_both_engines_move_out_the_least_recently_run():
     """The same steps on the simulated and the torch engine (8 pages): A ran at step 1, B at steps 2
-    and 3, then C needs 4 pages with 3 free. Both move A out; the torch engine never told its host
-    pool which requests ran, and moved B out (the most pages), which had just run."""
+    and 3, then C and D need 5 pages with 3 free. Both move A out; the torch engine never told its
+    host pool which requests ran, and moved B out (the most pages), which had just run. (Two starts:
+    a move must start more requests than it moves out.)"""
     from engine_plans import step
     from mstar.plan.io import load_plan
     from mstar.runtime.conductor.request import Request
@@ -76,8 +78,9 @@ def test_both_engines_move_out_the_least_recently_run():
     from mstar.runtime.step import StepRow
 
     plan = load_plan("generated/llama_chunked.plan", verify=False)  # a host pool
-    prompts = {"A": list(range(1, 21)), "B": list(range(100, 140)), "C": list(range(200, 260))}
-    max_tokens = {"A": 12, "B": 8, "C": 4}  # budgets: A 2 pages, B 3, C 4
+    prompts = {"A": list(range(1, 21)), "B": list(range(100, 140)), "C": list(range(200, 260)),
+               "D": list(range(300, 308))}
+    max_tokens = {"A": 12, "B": 8, "C": 4, "D": 4}  # budgets: A 2 pages, B 3, C 4, D 1
 
     def prefill(request_id):
         return StepRow(request_id, "prefill", len(prompts[request_id]), 0, {"text_inputs": prompts[request_id]})
@@ -88,8 +91,12 @@ def test_both_engines_move_out_the_least_recently_run():
                                                           max_tokens=max_tokens[request_id])) is None
         for rows in ([prefill("A")], [prefill("B")], [StepRow("B", "decode", 1, 40, {"text_inputs": [5]})]):
             engine.run_step(step(plan, "LLM", rows))
-        result = engine.run_step(step(plan, "LLM", [prefill("C")]))
         offload = engine.pools["LLM"].offload if isinstance(engine, SimEngine) else engine.runners["LLM"].offload
+        # C alone: moving A (or B) out would start one request for one that runs again: nobody moves
+        # and C waits (under an overload such swaps made a host pool slower than none).
+        result = engine.run_step(step(plan, "LLM", [prefill("C")]))
+        assert result.allocation_failed == ["C"] and not offload.offloaded, type(engine).__name__
+        result = engine.run_step(step(plan, "LLM", [prefill("C"), prefill("D")]))
         assert result.allocation_failed == [] and sorted(offload.offloaded) == ["A"], type(engine).__name__
 
 

@@ -171,13 +171,14 @@ def test_mstar_run_refuses_a_path_the_os_cannot_name(in_tmp, capsys, option, val
     (["bench", "runner", "--plan", LONG], "--plan"),
     (["bench", "postprocess", "--plan", LONG], "--plan"),
     (["bench", "lone", "--plan", LONG], "--plan"),
+    (["bench", "offload", "--plan", LONG], "--plan"),
     (["bench", "engine", "--plan", LONG], "--plan"),  # "needs a CUDA GPU" first
     (["bench", "gdn", "--plan", LONG], "--plan"),
     (["bench", "products", "--plan", LONG], "--plan"),
     (["bench", "load", "--dir", LONG], "--dir"),
     (["bench", "serve", "--base-url", "http://127.0.0.1:1", "--dataset", LONG], "--dataset"),
 ], ids=["serve-plan", "serve-tokenizer", "serve-weights", "serve-weights-node", "kv", "runner", "postprocess",
-        "lone", "engine", "gdn", "products", "load", "serve-dataset"])
+        "lone", "offload", "engine", "gdn", "products", "load", "serve-dataset"])
 def test_a_path_option_refuses_a_path_the_os_cannot_name(in_tmp, capsys, argv, option):
     status, text = _call(mstar_cli.main, argv, capsys)
     value = argv[argv.index(option) + 1]

@@ -134,12 +134,13 @@ def test_bench_load_times_no_import(tmp_path):
 def test_a_run_short_of_kv_pages_reports_the_pages_it_offloaded(capsys, tmp_path):
     """llama_chunked sizes a host pool (kv_cache.cpu_offload_pages): with a small device pool
     (`--kv-pages`) the run moves pages out and back, and the table and the report say how many;
-    a plan without a host pool reports none."""
+    a plan without a host pool reports none. (Prompts of 8 to 400 tokens: a long request moved out
+    starts several short ones, as a move must start more requests than it moves out.)"""
     report = tmp_path / "r.json"
     for engine in ("sim", "torch"):
         assert main(["run", "--plan", str(ROOT / "generated" / "llama_chunked.plan"), "--engine", engine,
-                     "--kv-pages", "64", "--requests", "20", "--concurrency", "20", "--prompt-len", "100..300",
-                     "--output-len", "20..40", "--no-progress", "--report", str(report)]) == 0
+                     "--kv-pages", "64", "--requests", "40", "--concurrency", "40", "--prompt-len", "8..400",
+                     "--output-len", "8..40", "--no-progress", "--report", str(report)]) == 0
         moved = json.loads(report.read_text())["kv_offload"]["LLM"]
         assert moved["offloaded_pages"] > 0 and moved["restored_pages"] == moved["offloaded_pages"]
         assert "KV pages offloaded / restored LLM" in capsys.readouterr().out

@@ -392,7 +392,8 @@ class SimEngine(RunsAtLaunch):
         the short rows' pages fit; True when any moved."""
         assert pool.offload is not None
         num_short = pool.admission.pages_short(needs, set(short), pool.pages.num_free_pages)
-        victims = pool.offload.victims(pool.pages, pool.admission, {r.request_id for r in step.rows}, num_short)
+        victims = pool.offload.victims(pool.pages, pool.admission, {r.request_id for r in step.rows}, num_short,
+                                        len(short))
         for request_id in victims:
             sequences = pool.pages.sequences_of(request_id)
             pool.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])

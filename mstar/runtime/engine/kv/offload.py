@@ -4,10 +4,14 @@ copies the pages' contents; the simulated engine copies nothing) and is shared b
 
 In: the device `PagePool`, the node's `Admission`, the ids of the rows of the step being built.
 Out:
-- `victims(pool, admission, step_ids, num_short)`: started requests to move to the host so that
-  `num_short` more pages fit beside what started requests may still claim: least recently run
-  first (ties: most pages first), never one with a row in this step, only while the host pool
-  has room for all of a victim's pages;
+- `victims(pool, admission, step_ids, num_short, num_starts)`: started requests to move to the host
+  so that `num_short` more pages fit beside what started requests may still claim, for the
+  `num_starts` requests those pages would start: least recently run first (ties: most pages
+  first), never one with a row in this step, only while the host pool has room for all of a
+  victim's pages, and only fewer victims than starts (a move must raise the number of started
+  requests) but for parked ones, which go first;
+- `park(request_id)`: the request runs no more on this node (its KV was sent to another rank and
+  waits there to be dropped): moving it out stops no request that would run;
 - `take(request_id, sequences)`: record a victim's sequences (label, tokens, device pages) and give
   host pages for them, in order; the engine copies device -> host and then frees the device pages
   and the victim's admission (it is no longer started: it starts again when it runs);
@@ -37,6 +41,7 @@ class Offload:
         self._free = FreeIds(0, num_host_pages)
         self.offloaded: dict[str, list[HostSequence]] = {}
         self.last_run: dict[str, int] = {}  # request -> step number it last ran in
+        self.parked: set[str] = set()  # requests that run no more here (`park`)
         self.num_steps = 0
         self.num_offloaded_pages = 0  # pages moved to the host so far (for the report)
         self.num_restored_pages = 0
@@ -62,10 +67,25 @@ class Offload:
     def is_offloaded(self, request_id: str) -> bool:
         return request_id in self.offloaded
 
-    def victims(self, pool: PagePool, admission: Admission, step_ids: set[str], num_short: int) -> list[str]:
-        """Started requests whose pages, moved to the host, leave `num_short` more pages for others."""
+    def park(self, request_id: str) -> None:
+        """The request will not run on this node again (its KV went to another rank, which drops
+        it here once it runs there): a victim that stops nothing, so one started request may take
+        its pages (the count rule of `victims` leaves it out). Without it, a prefill rank's pool
+        full of requests waiting for their transfer started no new prompt."""
+        self.parked.add(request_id)
+
+    def victims(self, pool: PagePool, admission: Admission, step_ids: set[str], num_short: int,
+                num_starts: int) -> list[str]:
+        """Started requests whose pages, moved to the host, leave `num_short` more pages for the
+        `num_starts` requests they would start; none unless fewer of them would run again here than
+        that (parked requests go first and do not count). A move of as many running requests as it
+        starts only swaps who runs and pays the copies both ways: under a steady overload the
+        victims had run a step or two before (they missed only a prompt-only step), each came
+        straight back, and the run took 1.27-1.40x as long as with no host pool; 1.15-1.17x now
+        (`mstar bench offload`, docs/runtime.md "KV offload")."""
         candidates = [rid for rid in admission.budgets if rid not in step_ids and pool.num_pages_held(rid)]
-        candidates.sort(key=lambda rid: (self.last_run.get(rid, 0), -pool.num_pages_held(rid)))
+        parked = self.parked
+        candidates.sort(key=lambda rid: (rid not in parked, self.last_run.get(rid, 0), -pool.num_pages_held(rid)))
         chosen, room, freed = [], self.num_free_host_pages, 0
         for rid in candidates:
             if freed >= num_short:
@@ -79,7 +99,8 @@ class Offload:
             freed += pool.num_pages_freed_by(rid) + max(0, admission.budgets[rid] - admission.held[rid])
             room -= held
             chosen.append(rid)
-        return chosen if freed >= num_short else []
+        num_running = sum(rid not in parked for rid in chosen)
+        return chosen if freed >= num_short and num_running < num_starts else []
 
     def take(self, request_id: str, sequences: list[tuple[str, int, int]]) -> list[HostSequence]:
         """Host pages for each (label, tokens, device pages) of a victim, recorded as offloaded."""
@@ -105,3 +126,4 @@ class Offload:
             for seq in self.offloaded.pop(request_id):
                 self._free.give_back(reversed(seq.host_pages))
         self.last_run.pop(request_id, None)
+        self.parked.discard(request_id)

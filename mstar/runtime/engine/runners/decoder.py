@@ -427,7 +427,7 @@ class DecoderRunner:
         them, until the short rows' pages fit; True when any moved."""
         assert self.offload is not None and self.host is not None
         num_short = self.admission.pages_short(needs, set(short), self.pool.num_free_pages)
-        victims = self.offload.victims(self.pool, self.admission, step_ids, num_short)
+        victims = self.offload.victims(self.pool, self.admission, step_ids, num_short, len(short))
         for request_id in victims:
             sequences = self.pool.sequences_of(request_id)
             moved = self.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])

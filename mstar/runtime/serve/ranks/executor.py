@@ -94,9 +94,13 @@ class RankExecutor:
 
     def kv_send(self, request_id: str, node: str, dst: int) -> None:
         try:
-            header, tensors = export_kv(self._runner(node), self.engine.requests[request_id])
+            runner = self._runner(node)
+            header, tensors = export_kv(runner, self.engine.requests[request_id])
         except TransferError as error:
             header, tensors = {"error": str(error)}, []
+        else:
+            if runner.offload is not None:  # it runs on the receiver from now on; kept here until kv_drop
+                runner.offload.park(request_id)
         self.channel.send(dst, "kv", header, tensors, timeout_s=self.timeout_s)
 
     def kv_recv(self, request_id: str, node: str, src: int) -> None:
