@@ -174,6 +174,10 @@ def test_an_empty_path_arg_is_the_only_one_refused():
     ("wan22", {"loop_counts": {"num_inference_step": 2}}, "did you mean 'num_inference_steps'?"),
     ("wan22", {"loop_counts": {"num_inference_steps": 101}}, "p.jsonl:1: loop_counts num_inference_steps=101 is "
                                                              "outside 1..100"),
+    # Orpheus sends no text tokens: logprobs came back [] and prompt_logprobs failed the request
+    # once it ran (the Python API refused both before it ran)
+    ("orpheus", {"logprobs": 1}, "p.jsonl:1: logprobs asks for what this plan does not give"),
+    ("orpheus", {"prompt_logprobs": 0}, "p.jsonl:1: prompt_logprobs asks for what this plan does not give"),
 ])
 def test_a_prompts_line_the_plan_does_not_take_names_its_line(tmp_path, capsys, plan, field, words):
     prompts = tmp_path / "p.jsonl"
@@ -190,7 +194,8 @@ def test_a_prompts_line_the_plan_takes_is_read(tmp_path):
 
     prompts = tmp_path / "p.jsonl"
     for plan, field in (("bagel", {"guidance": {"cfg_text": 4, "cfg_img": 0}}),
-                        ("wan22", {"loop_counts": {"num_inference_steps": 100}})):
+                        ("wan22", {"loop_counts": {"num_inference_steps": 100}}),
+                        ("llama", {"logprobs": 2, "prompt_logprobs": 1})):
         prompts.write_text(json.dumps({"id": "a", "prompt_tokens": [1, 2], "max_tokens": 2, **field}) + "\n")
         workload = read_prompts(str(prompts), plan=load_plan(str(ROOT / "generated" / f"{plan}.plan")))
         assert len(workload.requests) == 1

@@ -19,7 +19,7 @@ from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
-from mstar.runtime.engine.models.kinds import call_table, prompt_logprob_calls
+from mstar.runtime.engine.logprob_offer import LogprobOffer
 from mstar.runtime.engine.prompt_limits import (
     logit_bias_problem, prompt_limit_problem, stop_token_problem, stop_vocab, takes_text_prompt,
 )
@@ -52,11 +52,9 @@ class PlanChecks:
         self.partitions = {part.name: part for part in plan.partitions}
         self.route_names = route_names(plan)  # {partition: the walks of its stages}
         self.starters = starting_partitions(plan)  # the partitions a request starts (not from streams)
-        calls = call_table(plan)
-        # log-probabilities are of the tokens a call sends the client as text: a plan without such a
-        # call (Orpheus's LLM sends audio codes) has none to give
-        self.gives_logprobs = any(call.sends_text_tokens for call in calls.values())
-        self.gives_prompt_logprobs = bool(prompt_logprob_calls(plan, calls))
+        # the log-probabilities it gives (a prompts file's lines ask the same, workload.py)
+        offer = LogprobOffer(plan)
+        self.logprobs_problem, self.prompt_logprobs_problem = offer.logprobs_problem, offer.prompt_logprobs_problem
         # the most counted tokens a request can get, from the walks' loops and stages; None: the
         # plan states no size for some counted output (plan/output_bound.py)
         self.most_tokens = most_counted_tokens(plan)
@@ -87,22 +85,6 @@ class PlanChecks:
             if problem is not None:
                 return problem
         return None
-
-    def logprobs_problem(self, logprobs: Optional[int]) -> Optional[str]:
-        """Output log-probabilities asked of a plan that sends the client no text tokens (the request
-        ran and its `Output.logprobs` came back `[]`, while `prompt_logprobs` was refused)."""
-        if logprobs is None or self.gives_logprobs:
-            return None
-        return ("logprobs asks for what this plan does not give: none of its walks sends text tokens to the client, "
-                "so there are no output tokens to give log-probabilities of")
-
-    def prompt_logprobs_problem(self, prompt_logprobs: Optional[int]) -> Optional[str]:
-        """Prompt log-probabilities asked of a plan that gives none (the engine answered an error
-        output once the request ran; the message is the engine's)."""
-        if prompt_logprobs is None or self.gives_prompt_logprobs:
-            return None
-        return ("prompt_logprobs asks for what this plan does not give: none of its walks has a call outside "
-                "loops that takes the text prompt and sends text tokens to the client")
 
     def route_problem(self, route: dict[str, list[str]]) -> Optional[str]:
         """The route's names and whether it leaves every partition out, in the words of `mstar

@@ -59,6 +59,7 @@ from mstar.plan.request_fields import LINE_FIELDS
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.logprob_offer import LogprobOffer
 from mstar.runtime.engine.prompt_limits import stop_token_problem, stop_vocab
 from mstar.runtime.step import MAX_LOGPROBS, OUTPUT_PENALTY_RANGE, SEED_RANGE, sampling_range_problem
 
@@ -537,17 +538,30 @@ def _logprobs(obj: dict, where: str, name: str = "logprobs", beside: str = "each
     return logprobs
 
 
-def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = None) -> Optional[str]:
+def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = None,
+                 offer: Optional[LogprobOffer] = None) -> Optional[str]:
     """A request's guidance label the plan does not declare (the torch engine's admission check;
     the sim ran it, exit 0), loop count the plan does not take (a name no loop counts by, or a
-    count past its loop's max: the conductor's admission check) or stop token id no kv node can
-    sample, else None. `counts`: the plan's `LoopCounts`, built once per file."""
+    count past its loop's max: the conductor's admission check), stop token id no kv node can
+    sample, or log-probabilities the plan does not give (on Orpheus `logprobs` came back `[]` and
+    `prompt_logprobs` failed the request once it ran), else None. `counts`, `offer`: the plan's
+    `LoopCounts` and `LogprobOffer`, built once per file."""
     problem = unknown_label_problem(plan, request.guidance)
     if problem is None and request.loop_counts:
         problem = (counts or LoopCounts(plan)).problem(request.loop_counts)
     if problem is None and request.stop_tokens:  # (the Python API refuses it; the file's line ran)
         problem = stop_token_problem(stop_vocab(plan), request.stop_tokens, "'stop_tokens'")
+    if problem is None and (request.logprobs is not None or request.prompt_logprobs is not None):
+        offer = offer or LogprobOffer(plan)
+        problem = offer.logprobs_problem(request.logprobs) or offer.prompt_logprobs_problem(request.prompt_logprobs)
     return problem
+
+
+def _check_audio(request: Request, where: str, takes_wav: bool) -> None:
+    if "audio" in request.media and not takes_wav:
+        raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
+                            "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
+                            "takes a waveform (Whisper, Qwen3-ASR) read one")
 
 
 def read_prompts(
@@ -565,7 +579,8 @@ def read_prompts(
     torch engine: its encoder takes feature frames); seed: a line without its own `seed` samples
     with seed x 1000003 + i, i its request's place in the file (as a generated workload's request
     i; with one seed for all, two lines of one prompt sampled the same tokens)."""
-    counts, starters = (LoopCounts(plan), starting_partitions(plan)) if plan is not None else (None, set())
+    counts, offer, starters = ((LoopCounts(plan), LogprobOffer(plan), starting_partitions(plan)) if plan is not None
+                               else (None, None, set()))
     named = shown_path(path)  # as messages name it
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {shown(concurrency)}")
@@ -589,13 +604,10 @@ def read_prompts(
             continue
         where = f"{named}:{number}"
         request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
-        if "audio" in request.media and not takes_wav:
-            raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
-                                "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
-                                "takes a waveform (Whisper, Qwen3-ASR) read one")
+        _check_audio(request, where, takes_wav)
         if names is not None:
             check_route(request.route, names, where, starters)
-        problem = plan_problem(request, plan, counts) if plan is not None else None
+        problem = plan_problem(request, plan, counts, offer) if plan is not None else None
         if problem is not None:
             raise WorkloadError(f"{where}: {problem}")
         excess = excess_tokens_problem("'max_tokens'", request.max_tokens, max_output_len)
