@@ -391,17 +391,10 @@ class SimEngine(RunsAtLaunch):
         """Move started requests with no row in the step to the host pool (kv/offload.py) so that
         the short rows' pages fit; True when any moved."""
         assert pool.offload is not None
-        num_short = pool.admission.pages_short(needs, set(short), pool.pages.num_free_pages)
-        victims = pool.offload.victims(pool.pages, pool.admission, {r.request_id for r in step.rows}, num_short,
-                                        len(short))
-        for request_id in victims:
-            sequences = pool.pages.sequences_of(request_id)
-            pool.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])
-            self.num_moved_pages += sum(len(table) for _, _, table in sequences)
-            pool.pages.free_request(request_id)
-            pool.admission.release(request_id)
-            pool.claimed.pop(request_id, None)
-        return bool(victims)
+        num_moved = pool.offload.move_out(pool.pages, pool.admission, pool.claimed, {r.request_id for r in step.rows},
+                                          needs, short)
+        self.num_moved_pages += num_moved
+        return num_moved > 0
 
     def _move_back(self, rows: list[StepRow], pool: _KvPool) -> list[str]:
         """Rows of requests on the host pool: moved back when their budget fits (they start again),

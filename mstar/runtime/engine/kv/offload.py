@@ -22,8 +22,9 @@ Out:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
-from mstar.runtime.engine.kv.admission import Admission
+from mstar.runtime.engine.kv.admission import Admission, PageNeed
 from mstar.runtime.engine.kv.free_ids import FreeIds
 from mstar.runtime.engine.kv.pages import PagePool
 
@@ -101,6 +102,27 @@ class Offload:
             chosen.append(rid)
         num_running = sum(rid not in parked for rid in chosen)
         return chosen if freed >= num_short and num_running < num_starts else []
+
+    def move_out(self, pool: PagePool, admission: Admission, claimed: dict, step_ids: set[str],
+                 needs: list[PageNeed], short: list[str],
+                 copy_out: Optional[Callable[[list[int], list[int]], None]] = None) -> int:
+        """Both engines' move of a step whose `short` rows lack pages: each of the `victims`' sequences
+        recorded on host pages (`copy_out(device pages, host pages)` copies their contents where the
+        engine holds any), its device pages freed, its admission released and its prefix claim
+        dropped from `claimed`. The pages moved (0: nobody moved)."""
+        num_short = admission.pages_short(needs, set(short), pool.num_free_pages)
+        num_moved = 0
+        for request_id in self.victims(pool, admission, step_ids, num_short, len(short)):
+            sequences = pool.sequences_of(request_id)
+            moved = self.take(request_id, [(label, num, len(table)) for label, num, table in sequences])
+            if copy_out is not None:
+                for (_, _, table), host in zip(sequences, moved):
+                    copy_out(table, host.host_pages)
+            num_moved += sum(len(table) for _, _, table in sequences)
+            pool.free_request(request_id)
+            admission.release(request_id)
+            claimed.pop(request_id, None)
+        return num_moved
 
     def take(self, request_id: str, sequences: list[tuple[str, int, int]]) -> list[HostSequence]:
         """Host pages for each (label, tokens, device pages) of a victim, recorded as offloaded."""

@@ -426,17 +426,8 @@ class DecoderRunner:
         """Copy the pages of started requests with no row in this step to the host pool and free
         them, until the short rows' pages fit; True when any moved."""
         assert self.offload is not None and self.host is not None
-        num_short = self.admission.pages_short(needs, set(short), self.pool.num_free_pages)
-        victims = self.offload.victims(self.pool, self.admission, step_ids, num_short, len(short))
-        for request_id in victims:
-            sequences = self.pool.sequences_of(request_id)
-            moved = self.offload.take(request_id, [(label, num, len(table)) for label, num, table in sequences])
-            for (_, _, table), host in zip(sequences, moved):
-                self.host.copy_out(table, host.host_pages)
-            self.pool.free_request(request_id)
-            self.admission.release(request_id)
-            self.claimed.pop(request_id, None)
-        return bool(victims)
+        return self.offload.move_out(self.pool, self.admission, self.claimed, step_ids, needs, short,
+                                     self.host.copy_out) > 0
 
     def _move_back(self, ready: list[_Prepared]) -> list[str]:
         """Rows of requests whose pages are on the host: copied back to fresh device pages when the
