@@ -55,6 +55,7 @@ from mstar.runtime.serve.http_schema import (
 )
 from mstar.runtime.serve.online import Closed, Delta, Overloaded
 from mstar.runtime.serve.prom import CONTENT_TYPE, ServerMetrics
+from mstar.runtime.serve.upload_cut import UploadCut, Uploads
 from mstar.runtime.serve import http_stream as sse
 
 DEFAULT_IMAGE_TOKENS = 1024
@@ -75,6 +76,8 @@ class Service:
         self.cors_origins = tuple(cors_origins)
         self.endpoints = endpoints_of(llm.plan)
         self.created = int(time.time())
+        # request bodies still arriving, which the drain cuts (serve/upload_cut.py)
+        self.uploads = Uploads()
 
     def default_tokens(self, max_tokens: int) -> int:
         """A max_tokens the client did not give, no more than the plan's walks make (a larger one
@@ -302,6 +305,7 @@ def build_app(service: Service) -> FastAPI:
     app = FastAPI(title="mstar", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=json_body_limit(service.llm.plan.deployment.max_seq_len),
                        on_refused=lambda: service.metrics.refused("invalid"))
+    app.add_middleware(UploadCut, uploads=service.uploads)
     if service.cors_origins:  # added last, so outermost: a refusal (413, 429, 500) carries its headers too
         from mstar.runtime.serve.cors import JsonCors
 
@@ -336,11 +340,14 @@ def _error_handlers(app: FastAPI, service: Service) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(http: HttpRequest, error: StarletteHTTPException) -> JSONResponse:
         """Starlette's and FastAPI's own errors (an unknown path or method, a body FastAPI could not
-        parse, the body bound's 413) as OpenAI errors, with their headers (a 405's `Allow` was
-        dropped). A 400 here is a body FastAPI could not parse: named and counted `invalid` as every
-        other bad body (it said "There was an error parsing the body" and was not counted)."""
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        parse, the body bound's 413, the drain's 503 for a body still arriving) as OpenAI errors, with
+        their headers (a 405's `Allow` was dropped). A 400 here is a body FastAPI could not parse:
+        named and counted `invalid` as every other bad body (it said "There was an error parsing the
+        body" and was not counted)."""
+        kind = {404: "not_found_error", 503: "server_error"}.get(error.status_code, "invalid_request_error")
         message = str(error.detail)
+        if error.status_code == 503 and http.url.path in GENERATION_PATHS:  # a body the drain cut
+            service.metrics.refused("unavailable")
         if error.status_code == 400:
             if http.url.path in GENERATION_PATHS:
                 service.metrics.refused("invalid")

@@ -7,8 +7,9 @@ In: the options below. Out: a server (serve/http_app.py) until SIGTERM or SIGINT
 accepting connections, lets the requests in flight finish for at most `--drain-timeout` seconds
 (uvicorn's graceful shutdown; those still running half a second before it ends are cancelled,
 which frees their pages and ends their streams with a `cancelled` error event, and those a long
-step keeps past the timeout are answered by closing the run loop; a second signal cancels them at
-once, a third is uvicorn's force exit), stops the run loop and exits 0. Exit 1
+step keeps past the timeout are answered by closing the run loop, and bodies still arriving then
+are answered 503; a second signal cancels them at once, a third is uvicorn's force exit), stops
+the run loop and exits 0. Exit 1
 with one `mstar serve: error: ...` line for a plan, tokenizer or engine that cannot start, or a
 port that cannot be bound; 2 for bad usage.
 """
@@ -165,16 +166,23 @@ def graceful_timeout_s(drain_s: float) -> int:
     return math.ceil(_drain_times(drain_s)[1] + STOP_GRACE_S) + 1
 
 
-def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
+def _draining_server(config: Any, loop: Any, drain_s: float, uploads: Any = None) -> Any:
     """uvicorn's server, whose shutdown cancels the requests still in flight shortly before the
     drain timeout: they end `cancelled` (a stream with its error event and [DONE]) where uvicorn's
     own timeout cancelled their handlers, cutting the streams and logging CancelledError tracebacks.
     Those a long step keeps past the timeout are answered then by closing the run loop without
     waiting for the step (`OnlineLoop.close(0)`: the stream's error event, a JSON 500); before,
-    uvicorn's timeout cut them as above. (uvicorn is imported here: `import mstar` stays light.)"""
+    uvicorn's timeout cut them as above. Bodies still arriving then (`uploads`, serve/upload_cut.py)
+    are cut with them: a JSON 503, where uvicorn's timeout answered a plain-text 500 and logged a
+    traceback. (uvicorn is imported here: `import mstar` stays light.)"""
     import asyncio
 
     import uvicorn
+
+    def cancel_all() -> None:
+        loop.cancel_all()
+        if uploads is not None:
+            uploads.cut()
 
     class DrainingServer(uvicorn.Server):
         is_cancelling = False
@@ -195,7 +203,7 @@ def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
             signal is uvicorn's force exit."""
             if self.should_exit and not self.is_cancelling:
                 self.is_cancelling = True
-                loop.cancel_all()
+                cancel_all()
                 return
             super().handle_exit(sig, frame)
 
@@ -208,7 +216,7 @@ def _draining_server(config: Any, loop: Any, drain_s: float) -> Any:
             self.drain_started_s = time.monotonic()
             event_loop = asyncio.get_running_loop()
             cancel_s, close_s = _drain_times(drain_s)
-            timers = [event_loop.call_later(cancel_s, loop.cancel_all),
+            timers = [event_loop.call_later(cancel_s, cancel_all),
                       event_loop.call_later(close_s, lambda: event_loop.run_in_executor(None, loop.close, 0.0))]
             try:
                 await super().shutdown(sockets)
@@ -239,7 +247,7 @@ def serve(service: Any, listener: socket.socket, drain_s: float, log_level: str 
     host, port = listener.getsockname()[:2]
     config = uvicorn.Config(build_app(service), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=graceful_timeout_s(drain_s), lifespan="off")
-    server = _draining_server(config, service.llm.loop, drain_s)
+    server = _draining_server(config, service.llm.loop, drain_s, service.uploads)
     noted: list[int] = []
     # uvicorn restores the handlers it found and raises the signal again once it has shut down:
     # these note it, so a drained server exits 0 instead of dying by the signal.

@@ -38,6 +38,7 @@ from mstar.files import MAX_AUDIO_BYTES
 from mstar.plan.schema import Plan
 from mstar.runtime.serve.audio_input import AudioInput
 from mstar.runtime.serve.http_schema import ApiError
+from mstar.runtime.serve.upload_cut import UploadCutError
 
 FORM_SLACK = 1 << 20  # the form's other fields and part headers, beside the file
 MAX_FORM_FIELDS = 32
@@ -87,6 +88,8 @@ async def read_form(http: HttpRequest) -> TranscriptionForm:
             if len(data) > MAX_AUDIO_BYTES:
                 raise _too_large(limit)
             filename = upload.filename or "file"
+    except UploadCutError:  # the drain cut the upload: its 503 as it is
+        raise
     except StarletteHTTPException as error:  # a body starlette cannot parse as a form: answered and counted as ours
         raise ApiError(error.status_code, f"the body is not a form this endpoint reads: {error.detail}") from None
     except ClientDisconnect:  # (uncaught, the server logged a traceback for a client's abort; not a bad request)
