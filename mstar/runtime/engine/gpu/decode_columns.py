@@ -346,6 +346,7 @@ def _launch(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
                      repeat(walk_index.get(walk, 0))))
     requests = list(pick(steady.requests))
     calls = [steady.call] * len(requests)
+    fed: Optional[list[list[int]]] = None  # a steady row's fed token is among its samples
     if fresh_items:
         pool, label = runner.pool, runner.guidance.first
         other_specs = [RowSpec(None if item.is_loop_back else item.tokens_fed,
@@ -357,7 +358,9 @@ def _launch(runner: "GpuDecoderRunner", step: _Step, worker: int) -> None:
         specs, step.places = _merged(specs, fresh_at, other_specs, other_at)
         requests, _ = _merged(requests, fresh_at, [items[k].request for k in fresh_items], other_at)
         calls, _ = _merged(calls, fresh_at, [items[k].call for k in fresh_items], other_at)
-    step.pending = runner.executor.launch(specs, sampling_of(runner, requests, calls),
+        # a prompt row's repetition penalty counts the tokens it feeds, as on the per-row path
+        fed, _ = _merged([[] for _ in fresh_at], fresh_at, [items[k].tokens_fed for k in fresh_items], other_at)
+    step.pending = runner.executor.launch(specs, sampling_of(runner, requests, calls, fed=fed),
                                           *runner._step_bucket, route=runner._route, glue=key_glue)
 
 
@@ -470,14 +473,17 @@ def _take(steady: SteadyRows, pick: list[bool]) -> SteadyRows:
 
 
 def sampling_of(runner: "GpuDecoderRunner", requests: list[RequestState], calls: list[CallInfo],
-                num_uncollected: int = 0, pending_slots: Optional[list[int]] = None):
+                num_uncollected: int = 0, pending_slots: Optional[list[int]] = None,
+                fed: Optional[list[list[int]]] = None):
     """`runner._sampling`, with the all-greedy answer (None) found without Python work per row
     (calls: each row's, where its logit additions apply; pending_slots: a step launched ahead's
-    rows' token table slots, for their penalties)."""
+    rows' token table slots, for their penalties; fed: each row's tokens fed this step, which a
+    prompt row's repetition penalty counts: a mixed step's prompt rows gave none, so a penalised
+    prompt run beside steady decode rows sampled as if its prompt were not there)."""
     if (not any(map(_temperature_of, map(_params_of, requests))) and not any(map(_has_penalty, requests))
             and not any(map(_has_biases, requests)) and not any(map(_wants_logprobs, requests))):
         return None
-    return runner._sampling(requests, num_uncollected, calls=calls, pending_slots=pending_slots)
+    return runner._sampling(requests, num_uncollected, fed=fed, calls=calls, pending_slots=pending_slots)
 
 
 def _token_outputs(runner: "GpuDecoderRunner", steady: SteadyRows, tokens: np.ndarray) -> TokenRows:
