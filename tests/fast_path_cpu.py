@@ -10,7 +10,6 @@ run loop and returns the conductor's records by id (r0, r1, ...).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import torch
@@ -39,8 +38,7 @@ def fast_path_engine(plan, num_pages: int, *, node: Optional[str] = None, max_se
     runner = GpuDecoderRunner(node_plan, reference.dims, model, reference.pool.page_size, num_pages,
                               max_seq_len or reference.max_seq_len, 0, CPU, family, is_flashinfer=False,
                               can_run_ahead=can_run_ahead, **runner_options)
-    engine.runners[name] = runner
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=can_run_ahead)
+    engine.replace_runner(name, runner)  # its caps follow: can_launch_ahead, rerun_nodes (this runner rewinds nothing)
     return engine, runner
 
 

@@ -179,8 +179,18 @@ class TorchEngine:
         # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
         self.caps = dataclasses.replace(self.caps, image_sizes=self.image_sizes, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)},
-            rerun_nodes=frozenset(name for name, runner in self.runners.items() if _reruns_failed_steps(runner)))
+            rerun_nodes=_rerun_nodes(self.runners))
         self._set_run_ahead(run_ahead)
+
+    def replace_runner(self, name: str, runner: Runner) -> None:
+        """Run node `name` on `runner` from now on (a bench or test puts the GPU fast path's runner
+        in place of the reference one on the CPU), the caps that read the runners following it:
+        `rerun_nodes` (swapped in after the caps were made, the fast path's node stayed in them, so a
+        failed step of its rows ran again alone, each row one token on: its runner rewinds nothing)
+        and `can_launch_ahead`."""
+        self.runners[name] = runner
+        self.caps = dataclasses.replace(self.caps, rerun_nodes=_rerun_nodes(self.runners), can_launch_ahead=any(
+            isinstance(each, DecoderRunner) and each.can_run_ahead for each in self.runners.values()))
 
     def _prompt_logprobs_runner(self) -> tuple[Optional[str], Optional[DecoderRunner]]:
         """(why a request asking for prompt log-probabilities cannot run here, or None; the runner
@@ -666,6 +676,11 @@ class TorchEngine:
             elif isinstance(runner, WhisperDecoderRunner):  # reserved, not paged (kv/reserved_pages.py)
                 pages[name] = (runner.pages.num_held, runner.pages.num_pages)
         return pages
+
+
+def _rerun_nodes(runners: Mapping[str, Any]) -> frozenset[str]:
+    """EngineCaps.rerun_nodes of an engine running `runners` (node -> runner)."""
+    return frozenset(name for name, runner in runners.items() if _reruns_failed_steps(runner))
 
 
 def _reruns_failed_steps(runner: Any) -> bool:

@@ -162,8 +162,7 @@ def build_engine(plan: Plan, can_run_ahead: bool, num_pages: int, is_columnar: b
     token = next(t for t in range(1, 1 << 20) if t not in runner.stop_tokens)
     runner.executor = StubExecutor(runner.executor.max_rows, token)  # type: ignore[assignment]
     runner.is_columnar = is_columnar
-    engine.runners[name] = runner
-    engine.caps = dataclasses.replace(engine.caps, can_launch_ahead=runner.can_run_ahead)
+    engine.replace_runner(name, runner)
     return engine, runner
 
 
