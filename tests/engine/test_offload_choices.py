@@ -110,3 +110,22 @@ def test_rows_short_behind_older_reservations_want_those_too():
         admission.join(request_id, 6)  # both wait: "old" first
     short = admission.pages_short([PageNeed("new", 6, 6)], {"new"}, num_free_pages=8)
     assert short == 6 - (8 - 4 - 6) == 8  # the room left by "running"'s claim and "old"'s 6 is -2
+
+
+def test_a_victim_with_pages_reserved_past_its_tokens_comes_back_with_matching_pages():
+    """A step that reserved a request's pages and failed before writing them (its rows then run
+    again alone) leaves pages past the tokens written. Moved out, only the pages holding tokens are
+    copied and recorded: the move back reserves the pages of its tokens, and pairing every reserved
+    page with them gave the copy back lists of two lengths."""
+    pool, admission = PagePool(4, PAGE), Admission(4)
+    started(pool, admission, "x", 3, 4)  # 3 of the 4 pages reserved
+    pool.commit(("x", "main"), 5)  # 5 tokens written: 2 pages hold them
+    offload = Offload(num_host_pages=8)
+    copies: list[tuple[list[int], list[int]]] = []
+    moved = offload.move_out(pool, admission, {}, set(), [PageNeed("y", 4, 4)], ["y", "z"],
+                             lambda device, host: copies.append((device, host)))
+    assert moved == 2 and [len(device) for device, _ in copies] == [2] == [len(host) for _, host in copies]
+    assert pool.num_free_pages == 4
+    (back,) = offload.restore("x")
+    assert pool.restore(("x", back.label), back.num_tokens)
+    assert len(pool.page_table(("x", back.label))) == len(back.host_pages) == 2

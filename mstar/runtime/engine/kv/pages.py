@@ -187,8 +187,13 @@ class PagePool:
         return self.cache.chain(ROOT, label, tuple(tokens), self.page_size, (len(tokens) - 1) // self.page_size)
 
     def sequences_of(self, request_id: str) -> list[tuple[str, int, list[int]]]:
-        """(label, tokens, page table) of each sequence of the request (what offload moves)."""
-        return [(key[1], seq.num_tokens, list(seq.pages)) for key, seq in self._seqs.items() if key[0] == request_id]
+        """(label, tokens, the pages holding them) of each sequence of the request (what offload
+        moves). Pages reserved past the tokens written (a step that reserved them and then failed
+        before writing) are left out: their contents mean nothing, and `restore` gives the
+        sequence back the pages of its tokens only, so a copy back of every reserved page paired
+        lists of two lengths."""
+        return [(key[1], seq.num_tokens, seq.pages[:self.pages_for(seq.num_tokens)])
+                for key, seq in self._seqs.items() if key[0] == request_id]
 
     def restore(self, key: SeqKey, num_tokens: int) -> bool:
         """A sequence moved back from the host: `num_tokens` positions on fresh private pages
