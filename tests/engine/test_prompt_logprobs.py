@@ -130,6 +130,23 @@ def test_a_plan_without_text_tokens_refuses_both_kinds_of_log_probabilities(fiel
         assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].logprobs is None
 
 
+@pytest.mark.parametrize("field, value, words", [
+    ("logit_bias", {"5": 3.0}, "logit_bias would change nothing on this plan"),
+    ("ignore_eos", True, "ignore_eos would change nothing on this plan"),
+])
+def test_a_plan_without_text_tokens_refuses_what_acts_on_text_tokens_only(field, value, words):
+    """A logit bias and ignore_eos act on the calls that send text tokens (docs/engine.md): on
+    Orpheus they were taken and the request ran as if it had not asked. Refused now, naming the
+    field; ignore_eos false asks nothing and runs."""
+    from mstar.runtime.serve.api import SamplingError
+
+    with LLM(str(GENERATED / "orpheus.plan"), engine="sim") as llm:
+        with pytest.raises(SamplingError, match=f"^{words}") as refused:
+            llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, **{field: value}))
+        assert refused.value.param == field
+        assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=False))[0].finish_reason == "length"
+
+
 def test_a_hybrid_decoders_fast_path_gives_what_the_cpu_engine_gives():
     """The qwen3_5 plan (gated delta-net layers beside full attention; tiny dims): the scored
     prompt step runs eagerly with its linear layers' layout, on the fast path's runner on the CPU."""

@@ -452,14 +452,16 @@ class LLM:
         """SamplingError for max_tokens past what the plan's walks make (the request ended at that
         count, `length`), a stop token id no node of the plan samples, a biased token id outside
         the vocabulary of a node taking the text prompt, output or prompt log-probabilities of a plan
-        that gives none (no call sends the client text tokens: Orpheus's), a route the plan's
+        that gives none (no call sends the client text tokens: Orpheus's), a logit_bias or ignore_eos
+        such a plan would ignore (engine/text_offer.py), a route the plan's
         partitions and stages do not take, a guidance label the plan does not declare (these once
         ran and ended `error: ...`, and the simulated engine ignored an unknown guidance label)."""
         for problem in (self.checks.max_tokens_problem(sampling.max_tokens),
                         self.checks.stop_problem(list(sampling.stop_token_ids)),
                         self.checks.logit_bias_problem(sampling.bias_pairs()),
-                        self.checks.logprobs_problem(sampling.logprobs),
-                        self.checks.prompt_logprobs_problem(sampling.prompt_logprobs),
+                        self.checks.text.logprobs_problem(sampling.logprobs),
+                        self.checks.text.prompt_logprobs_problem(sampling.prompt_logprobs),
+                        self.checks.text.text_only_problem(sampling.bias_pairs(), sampling.ignore_eos),
                         self.checks.route_problem(sampling.route),
                         self.checks.guidance_problem(sampling.guidance)):
             if problem is not None:

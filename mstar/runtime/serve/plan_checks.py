@@ -19,7 +19,7 @@ from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
-from mstar.runtime.engine.logprob_offer import LogprobOffer
+from mstar.runtime.engine.text_offer import TextOffer
 from mstar.runtime.engine.prompt_limits import (
     logit_bias_problem, prompt_limit_problem, stop_token_problem, stop_vocab, takes_text_prompt,
 )
@@ -52,9 +52,8 @@ class PlanChecks:
         self.partitions = {part.name: part for part in plan.partitions}
         self.route_names = route_names(plan)  # {partition: the walks of its stages}
         self.starters = starting_partitions(plan)  # the partitions a request starts (not from streams)
-        # the log-probabilities it gives (a prompts file's lines ask the same, workload.py)
-        offer = LogprobOffer(plan)
-        self.logprobs_problem, self.prompt_logprobs_problem = offer.logprobs_problem, offer.prompt_logprobs_problem
+        # what it does with text-token settings (a prompts file's lines ask the same, workload.py)
+        self.text = TextOffer(plan)
         # the most counted tokens a request can get, from the walks' loops and stages; None: the
         # plan states no size for some counted output (plan/output_bound.py)
         self.most_tokens = most_counted_tokens(plan)

@@ -59,7 +59,7 @@ from mstar.plan.request_fields import LINE_FIELDS
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
 from mstar.runtime.conductor.request import Request
-from mstar.runtime.engine.logprob_offer import LogprobOffer
+from mstar.runtime.engine.text_offer import TextOffer
 from mstar.runtime.engine.prompt_limits import stop_token_problem, stop_vocab
 from mstar.runtime.step import MAX_LOGPROBS, OUTPUT_PENALTY_RANGE, SEED_RANGE, sampling_range_problem
 
@@ -539,21 +539,23 @@ def _logprobs(obj: dict, where: str, name: str = "logprobs", beside: str = "each
 
 
 def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = None,
-                 offer: Optional[LogprobOffer] = None) -> Optional[str]:
+                 offer: Optional[TextOffer] = None) -> Optional[str]:
     """A request's guidance label the plan does not declare (the torch engine's admission check;
     the sim ran it, exit 0), loop count the plan does not take (a name no loop counts by, or a
     count past its loop's max: the conductor's admission check), stop token id no kv node can
     sample, or log-probabilities the plan does not give (on Orpheus `logprobs` came back `[]` and
-    `prompt_logprobs` failed the request once it ran), else None. `counts`, `offer`: the plan's
-    `LoopCounts` and `LogprobOffer`, built once per file."""
+    `prompt_logprobs` failed the request once it ran) or a logit_bias or ignore_eos it would ignore,
+    else None. `counts`, `offer`: the plan's `LoopCounts` and `TextOffer`, built once per file."""
     problem = unknown_label_problem(plan, request.guidance)
     if problem is None and request.loop_counts:
         problem = (counts or LoopCounts(plan)).problem(request.loop_counts)
     if problem is None and request.stop_tokens:  # (the Python API refuses it; the file's line ran)
         problem = stop_token_problem(stop_vocab(plan), request.stop_tokens, "'stop_tokens'")
-    if problem is None and (request.logprobs is not None or request.prompt_logprobs is not None):
-        offer = offer or LogprobOffer(plan)
-        problem = offer.logprobs_problem(request.logprobs) or offer.prompt_logprobs_problem(request.prompt_logprobs)
+    if problem is None and (request.logprobs is not None or request.prompt_logprobs is not None
+                            or request.logit_bias or request.ignore_eos):
+        offer = offer or TextOffer(plan)
+        problem = (offer.logprobs_problem(request.logprobs) or offer.prompt_logprobs_problem(request.prompt_logprobs)
+                   or offer.text_only_problem(request.logit_bias, request.ignore_eos))
     return problem
 
 
@@ -579,7 +581,7 @@ def read_prompts(
     torch engine: its encoder takes feature frames); seed: a line without its own `seed` samples
     with seed x 1000003 + i, i its request's place in the file (as a generated workload's request
     i; with one seed for all, two lines of one prompt sampled the same tokens)."""
-    counts, offer, starters = ((LoopCounts(plan), LogprobOffer(plan), starting_partitions(plan)) if plan is not None
+    counts, offer, starters = ((LoopCounts(plan), TextOffer(plan), starting_partitions(plan)) if plan is not None
                                else (None, None, set()))
     named = shown_path(path)  # as messages name it
     if concurrency is not None and concurrency < 1:
