@@ -274,6 +274,10 @@ def test_a_seed_whose_choices_pass_64_bits_is_refused_as_sent(llama):
     # one message a field, not the union's branch (it said "prompt.str" and "stop.str")
     (b'{"model": "llama", "prompt": [1, "a"]}', "prompt: must be a string, a list of token ids", "prompt"),
     (b'{"model": "llama", "prompt": [1, 2], "stop": 5}', "stop: must be a string or a list of strings", "stop"),
+    # an empty stop string as sent (it read "stop must be a list of non-empty strings, got ['']")
+    (b'{"model": "llama", "prompt": [1, 2], "stop": ""}', "stop: a stop string must not be empty (it would end "
+     "every answer at once), got ''", "stop"),
+    (b'{"model": "llama", "prompt": [1, 2], "stop": ["a", ""]}', "stop: a stop string must not be empty", "stop"),
     # the body itself (a JSON error's offset read as a field: "26: JSON decode error", param "26")
     (b'{"model": "llama", "prompt":', "the request body is not valid JSON", None),
     (b"", "the request body is missing", None),

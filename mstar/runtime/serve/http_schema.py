@@ -106,8 +106,11 @@ class _Body(BaseModel):
     @field_validator("stop", mode="plain")
     @classmethod
     def _stop(cls, value: Any) -> Any:
-        """One message for what stop may be (a union's error named the branch tried: `stop.str`)."""
+        """One message for what stop may be (a union's error named the branch tried: `stop.str`);
+        an empty string refused as sent (wrapped in a list first, `"stop": ""` read "got ['']")."""
         is_strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if value == "" or (is_strings and "" in value):
+            raise ValueError(f"a stop string must not be empty (it would end every answer at once), got {value!r}")
         if value is None or isinstance(value, str) or is_strings:
             return value
         raise ValueError("must be a string or a list of strings")
