@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 
 from hypothesis import given, settings, strategies as st
 
-from mstar.plan.io import load_plan
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.gpu.runner import GpuDecoderRunner
 from mstar.runtime.engine.runners.decoder import DecoderRunner
@@ -35,6 +34,7 @@ from mstar.runtime.engine.sim import SimEngine
 from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
 from fast_path_cpu import fast_path_engine
+from test_offload import small_pool_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 IS_LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
@@ -47,19 +47,7 @@ def plan_of(num_pages: int, host_pages: int, cap: int, prefix_cache: bool, chunk
     """llama_chunked with eager steps of at most `cap` rows, prompts cut into chunks of `chunk`
     tokens within steps of `budget` tokens, a pool of `num_pages` pages of 16 and a host pool of
     `host_pages` (its prefix cache on or off)."""
-    plan = load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
-    workers = []
-    for worker in plan.workers:
-        keys = [key.model_copy(update={
-            "captures": [], "token_budget": budget, "chunk_sizes": {walk: chunk for walk in key.chunk_sizes},
-            "mixtures": [m.model_copy(update={"cap": min(m.cap, cap), "capture": None, "also_captures": []})
-                         for m in key.mixtures]}) for key in worker.keys]
-        workers.append(worker.model_copy(update={"keys": keys}))
-    pools = [p.model_copy(update={"num_pages": num_pages, "host_pages": host_pages,
-                                  "prefix_cache": "pages" if prefix_cache else "off"})
-             for p in plan.deployment.kv_pools]
-    deployment = plan.deployment.model_copy(update={"kv_pools": pools})
-    return plan.model_copy(update={"workers": workers, "deployment": deployment})
+    return small_pool_plan(num_pages, host_pages, cap, prefix_cache, chunk, budget)
 
 
 # ----------------------------------------------------------------------------- the doubles

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -103,16 +104,19 @@ def test_victims_fit_the_host_pool_and_free_enough_or_none_move():
     roomier.forget("b")
     assert roomier.victims(pool, admission, {"c"}, 2, 1) == []
 
-def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache: bool = False):
+
+def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache: bool = False,
+                    chunk: Optional[int] = None, budget: Optional[int] = None):
     """llama_chunked with every step capped at `cap` rows and a pool of `num_pages` pages of 16
-    (its prefix cache off unless asked for)."""
+    (its prefix cache off unless asked for); with `chunk` and `budget`, prompts cut into chunks of
+    `chunk` tokens within steps of `budget` tokens (else the plan's)."""
     plan = load_plan(ROOT / "generated" / "llama_chunked.plan", verify=False)
     workers = []
     for worker in plan.workers:
         # steps of at most `cap` rows, eager (no capture family holds them)
         keys = [key.model_copy(update={"captures": [], "mixtures": [
             m.model_copy(update={"cap": min(m.cap, cap), "capture": None, "also_captures": []})
-            for m in key.mixtures]})
+            for m in key.mixtures], **_chunking(key, chunk, budget)})
             for key in worker.keys]
         workers.append(worker.model_copy(update={"keys": keys}))
     pools = [p.model_copy(update={"num_pages": num_pages, "host_pages": host_pages,
@@ -120,6 +124,12 @@ def small_pool_plan(num_pages: int, host_pages: int, cap: int = 2, prefix_cache:
              for p in plan.deployment.kv_pools]
     deployment = plan.deployment.model_copy(update={"kv_pools": pools})
     return plan.model_copy(update={"workers": workers, "deployment": deployment})
+
+
+def _chunking(key, chunk: Optional[int], budget: Optional[int]) -> dict:
+    if chunk is None or budget is None:
+        return {}
+    return {"token_budget": budget, "chunk_sizes": {walk: chunk for walk in key.chunk_sizes}}
 
 
 def requests(num: int) -> list[Request]:
