@@ -50,8 +50,10 @@ def test_a_pool_too_small_for_one_request_is_one_line(capsys):
 
 
 def test_bad_arguments_are_usage_errors(capsys):
-    for argv, said in ((["--seeds", "a"], "--seeds: expected integers"), (["--prompt-len", "0..3"], "need 1 <= A"),
-                       (["--rate", "0"], "--rate"), (["--kv-pages", "0"], "--kv-pages")):
+    for argv, said in ((["--seeds", "a"], "--seeds: 'a': each must be an integer"),
+                       (["--seeds", ",".join(map(str, range(101)))], "--seeds: at most 100 seeds, got 101"),
+                       (["--prompt-len", "0..3"], "need 1 <= A"), (["--rate", "0"], "--rate"),
+                       (["--kv-pages", "0"], "--kv-pages")):
         try:
             status = mstar_cli.main(["bench", "offload", *argv])
         except SystemExit as stop:

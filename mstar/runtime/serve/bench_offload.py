@@ -19,7 +19,7 @@ import sys
 from statistics import median
 from typing import Any, Optional
 
-from mstar.arg_types import float_range, int_range, path_arg
+from mstar.arg_types import float_range, int_list, int_range, path_arg
 from mstar.plan.io import load_plan
 from mstar.plan.schema import Plan
 from mstar.runtime.serve.bench_runner import BenchError, measure_and_print
@@ -101,12 +101,9 @@ def _range(what: str):
 
 
 def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text[:40]!r}") from None
-    if not 1 <= len(seeds) <= 100 or any(abs(seed) > 2**31 for seed in seeds):
-        raise argparse.ArgumentTypeError("1 to 100 seeds, each within +-2**31")
+    seeds = int_list(-2**31, 2**31)(text)
+    if len(seeds) > 100:
+        raise argparse.ArgumentTypeError(f"at most 100 seeds, got {len(seeds)}")
     return seeds
 
 

@@ -2,7 +2,8 @@
 which the HTTP server calls too): prompt token ids inside the vocabulary of the nodes that take the
 text prompt, stop token ids some kv node of the plan can sample, a route through the plan's
 partitions and stages, guidance labels the plan declares, max_tokens within what the plan's walks
-can make (plan/output_bound.py), log-probabilities (output or prompt) only of a plan that gives them.
+can make (plan/output_bound.py), log-probabilities (output or prompt), a logit bias and ignore_eos
+only on a plan that acts on them (engine/text_offer.py).
 
 Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
 the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
