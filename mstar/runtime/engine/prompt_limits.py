@@ -2,10 +2,14 @@
 the spec's vocabulary (of a node that takes the text prompt), or prompt + max_tokens past the
 node's max_seq_len. Shared by the torch engine's decoders (`DecoderRunner.refusal`) and the
 simulated engine (`SimEngine.add_request`), so a what-if run refuses what a real one does.
+
+`EmptyPrompt`: an empty prompt on a route whose walks give a node the request's text prompt,
+refused by both engines (a hand-built Request reached the model with no token to embed and ran on
+a zero embedding), as the Python API and a prompts file refuse it before it is made.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 
 def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, tokens: list[int],
@@ -73,3 +77,50 @@ def stop_token_problem(vocab: Optional[int], stop_token_ids: Any, field: str) ->
     if bad is None:
         return None
     return f"{field} holds token id {bad}, outside the plan's vocabulary [0, {vocab})"
+
+
+def starts_own_prompt(node: Any) -> bool:
+    """Whether the node makes its own prompt when the request's is empty: a Whisper decoder begins
+    its start sequence (runners/whisper_rules.py), so an empty prompt is a request it can run."""
+    return node.dims.get("style") == "whisper"
+
+
+def default_walks(part: Any) -> list[str]:
+    """The walks a request takes in a partition its route does not name: the first alternative (a
+    walk, or a sequence of walks) of every stage that is not optional."""
+    return [walk for stage in part.stages if not stage.is_optional
+            for walk in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]]
+
+
+class EmptyPrompt:
+    """The plan's walks that give a node the request's text prompt (an input `tokens prompt text`
+    of a node that does not make its own), read once: `problem` runs at every admission."""
+
+    def __init__(self, plan: Any):
+        own = {node.name for node in plan.nodes if starts_own_prompt(node)}
+        # walk -> the first node it gives the text prompt to
+        self.takers: dict[str, str] = {}
+        for walk in plan.walks:
+            node = next((call.node for call in walk.calls if call.node not in own
+                         for source in call.inputs if source.source == "prompt" and source.prompt == "text"), None)
+            if node is not None:
+                self.takers[walk.name] = node
+        self.defaults = {part.name: default_walks(part) for part in plan.partitions}
+
+    def problem(self, request: Any) -> Optional[str]:
+        """Why `request` (a Request, or its fields as a dict) cannot run for an empty prompt, or None:
+        a request with media may leave the prompt empty (the Python API's rule: Whisper's decoder,
+        a plan that lays out audio placeholders), and a route that gives no node the text prompt
+        (V-JEPA 2's encoder-only walk) needs none."""
+        get = request.get if isinstance(request, dict) else (lambda name: getattr(request, name, None))
+        if get("prompt_tokens") or get("media") or not self.takers:
+            return None
+        route = get("route")
+        route = route if isinstance(route, Mapping) else {}
+        for part, walks in self.defaults.items():
+            for walk in route.get(part, walks):
+                node = self.takers.get(walk) if isinstance(walk, str) else None
+                if node is not None:
+                    return (f"the prompt is empty, but walk {walk} feeds the request's text prompt to node {node}: "
+                            "give at least one prompt token")
+        return None

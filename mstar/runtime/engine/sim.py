@@ -51,7 +51,7 @@ from mstar.runtime.engine.kv.claims import claim_cached_prefix
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.slots import SlotPool, node_slot_pool
-from mstar.runtime.engine.prompt_limits import prompt_limit_problem, takes_text_prompt
+from mstar.runtime.engine.prompt_limits import EmptyPrompt, prompt_limit_problem, takes_text_prompt
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
@@ -172,6 +172,7 @@ class SimEngine(RunsAtLaunch):
         self.prompt_limits = [(node.name, node.dims.get("vocab", 0), takes_text_prompt(node),
                                self.pools[node.name].max_seq_len * max_rounds(plan, [node.name]))
                               for node in plan.nodes if node.engine == "kv"]
+        self.empty_prompt = EmptyPrompt(plan)
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
         tables = _CallTables(plan)
@@ -191,7 +192,7 @@ class SimEngine(RunsAtLaunch):
             return ("logprobs, prompt_logprobs and logit_bias need a model's logits, and the simulated engine draws "
                     "its tokens without any")
         need_tokens = len(spec.prompt_tokens) + spec.max_tokens
-        reason = self._refusal(spec.prompt_tokens, spec.max_tokens)
+        reason = self._refusal(spec)
         if reason is not None:
             return reason
         for node, pool in self.pools.items():
@@ -206,14 +207,17 @@ class SimEngine(RunsAtLaunch):
         self.budget_tokens[request_id] = need_tokens
         return None
 
-    def _refusal(self, tokens: list[int], max_tokens: int) -> Optional[str]:
-        """What the torch engine's decoders refuse too (prompt_limits.py: a token id outside the
-        vocabulary, prompt + max_tokens past max_seq_len; before, the simulated engine ran both)."""
+    def _refusal(self, spec: Any) -> Optional[str]:
+        """What the torch engine refuses too (prompt_limits.py: a token id outside the vocabulary,
+        prompt + max_tokens past max_seq_len, an empty prompt a walk gives a node; before, the
+        simulated engine ran them)."""
         for node, vocab, is_text_prompt, max_seq_len in self.prompt_limits:
-            problem = prompt_limit_problem(node, vocab, is_text_prompt, tokens, max_tokens, max_seq_len)
+            problem = prompt_limit_problem(node, vocab, is_text_prompt, spec.prompt_tokens, spec.max_tokens,
+                                           max_seq_len)
             if problem is not None:
                 return f"cannot run: {problem}"
-        return None
+        empty = self.empty_prompt.problem(spec)
+        return f"cannot run: {empty}" if empty else None
 
     def end_request(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

@@ -50,7 +50,7 @@ from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.kv.pool_size import pool_size
-from mstar.runtime.engine.prompt_limits import takes_text_prompt, token_ids_problem
+from mstar.runtime.engine.prompt_limits import EmptyPrompt, takes_text_prompt, token_ids_problem
 from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
 from mstar.runtime.engine.submodels import build_depth_models, build_submodels, submodel_dims
@@ -158,7 +158,7 @@ class TorchEngine:
         self.runs_partial_steps = runs_partial_steps
         # One engine serves every worker: a TP follower's copy of a step has nothing to run here.
         self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
-        self.checker = StepChecker(plan)
+        self.checker, self.empty_prompt = StepChecker(plan), EmptyPrompt(plan)  # each step's and request's checks
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         # A node's position in the plan seeds its random weights (a name never does).
         self.positions = {node.name: index for index, node in enumerate(plan.nodes)}
@@ -529,6 +529,9 @@ class TorchEngine:
         unknown = unknown_label_problem(self.plan, state.guidance.scales)
         if unknown:
             return unknown
+        empty = self.empty_prompt.problem(request)
+        if empty:
+            return f"cannot run: {empty}"
         problem, scorer = self._prompt_logprobs_runner() if state.params.prompt_logprobs is not None else (None, None)
         if problem:
             return f"cannot run: prompt_logprobs: {problem}"

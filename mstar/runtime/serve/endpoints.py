@@ -23,6 +23,7 @@ from typing import Iterator, Mapping, Optional
 from mstar.arg_types import shown
 from mstar.plan.client_images import image_outputs
 from mstar.plan.schema import EdgePlan, Plan, WalkPlan
+from mstar.runtime.engine.prompt_limits import default_walks
 from mstar.runtime.serve.audio_input import takes_waveform
 
 
@@ -122,10 +123,7 @@ def route_media(plan: Plan, route: dict[str, list[str]]) -> set[str]:
     """The prompt media the calls of a request's route take: the walks it names for a partition,
     the default (the first alternative of every required stage) for the others."""
     walks = {walk.name: walk for walk in plan.walks}
-    taken = [name for part in plan.partitions
-             for name in (route[part.name] if part.name in route else
-                          [w for stage in part.stages if not stage.is_optional
-                           for w in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]])]
+    taken = [name for part in plan.partitions for name in route.get(part.name, default_walks(part))]
     return {source.prompt for name in taken if name in walks for call in walks[name].calls
             for source in call.inputs if source.source == "prompt" and source.prompt not in (None, "text")}
 
