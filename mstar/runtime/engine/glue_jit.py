@@ -28,6 +28,8 @@ import triton
 from triton import knobs
 from triton.runtime import driver
 
+import mstar.runtime.engine.triton_defaults  # noqa: F401  (FP fusion stated before a glue kernel compiles)
+
 CAN_SKIP_ALIGNMENT = "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters
 
 
