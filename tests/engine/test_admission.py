@@ -107,6 +107,28 @@ def test_a_request_refused_a_start_keeps_its_place_before_later_ones():
     assert not admission.waiting and admission.num_reserved == 0
 
 
+
+def test_a_request_moved_to_a_host_pool_waits_again_where_it_first_came():
+    """A request whose pages moved to a host pool (kv/offload.py releases it with `keep_place`)
+    starts again in the order of its first contact: before the requests that came after it, not
+    behind every one that arrived while it ran (under a steady overload it then waited for the
+    queue to drain: `mstar bench offload`'s latency p99 1.28-1.32x the run without a host pool)."""
+    admission = Admission(num_pages=8)
+    assert admission.shortfall([PageNeed("a", 2, 4)], num_free_pages=8) == []  # a's first contact; it starts
+    admission.grant(PageNeed("a", 2, 4))
+    assert admission.shortfall([PageNeed("b", 1, 6)], num_free_pages=6) == ["b"]  # b waits
+    assert admission.release("a", keep_place=True) == 2  # a's pages go to the host
+    assert admission.shortfall([PageNeed("c", 1, 3)], num_free_pages=8) == ["c"]  # came after both; 3 > 8 - 6
+    assert list(admission.waiting) == ["b", "c"]
+    assert admission.shortfall([PageNeed("a", 2, 4)], num_free_pages=8) == ["a"]  # back, behind b's 6
+    assert list(admission.waiting) == ["a", "b", "c"]
+    assert admission.reserved_before("a") == 0 and admission.reserved_before("c") == 4 + 6
+    # ended rather than moved, a request keeps no place: the same id later is a new request
+    admission.grant(PageNeed("c", 1, 3))
+    admission.release("c")
+    admission.join("c", 3)
+    assert list(admission.waiting) == ["a", "b", "c"]
+
 def test_rows_passed_in_a_step_that_ran_nothing_keep_their_place():
     """A step run all or nothing grants no row when one is short: the rows that passed joined the
     waiting ones before the short one (step order), so they are not behind it next time."""

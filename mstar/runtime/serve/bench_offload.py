@@ -3,10 +3,12 @@
 The same poisson workload runs twice per seed on the simulated engine (its admission and offload
 are the torch engines' code, kv/admission.py and kv/offload.py), on `--kv-pages` device pages a kv
 node: without a host pool and with `--host-pages` (default: the plan's, else 4096). Per run: the
-simulated span (first arrival to the last step's end), the TTFT median and p90 (simulated seconds),
-the pages moved to the host, and the host pool's span and TTFT as ratios of the same seed's run
-without it. The sim charges `sim.PAGE_MOVE_S` a page moved; its step times are its roofline
-(docs/runtime.md, "Simulated engine"), so the figures say what the policy does, not what a GPU takes.
+simulated span (first arrival to the last step's end), the TTFT median and p90, the request latency
+(arrival to finish) p99 and most (simulated seconds: a request a host pool moved out and kept
+waiting shows there, not in the TTFT), the pages moved to the host, and the host pool's span, TTFT
+and latency p99 as ratios of the same seed's run without it. The sim charges `sim.PAGE_MOVE_S` a
+page moved; its step times are its roofline (docs/runtime.md, "Simulated engine"), so the figures
+say what the policy does, not what a GPU takes.
 
 Usage: mstar bench offload [--plan generated/llama_chunked.plan] [--requests 2000] [--rate 2000]
                            [--kv-pages 256] [--host-pages N] [--prompt-len 8..40]
@@ -36,7 +38,8 @@ def with_host_pages(plan: Plan, host_pages: int) -> Plan:
 
 
 def one_run(plan: Plan, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """One simulated run of the seed's workload: span, TTFT median and p90, pages moved out."""
+    """One simulated run of the seed's workload: span, TTFT median and p90, request latency p99 and
+    most, pages moved out."""
     from mstar.runtime.engine.sim import SimEngine
 
     try:
@@ -53,9 +56,16 @@ def one_run(plan: Plan, args: argparse.Namespace, seed: int) -> dict[str, Any]:
         raise BenchError(f"{len(failed)} requests produced no token ({failed[0]}: {records[0].finish_reason}); "
                          "a pool too small for one request measures nothing: raise --kv-pages")
     ttfts = sorted(r.first_token_s - r.arrival_s for r in records if r.first_token_s is not None)
+    latencies = sorted(r.finish_s - r.arrival_s for r in records if r.finish_s is not None)
     moved = sum(pool.offload.num_offloaded_pages for pool in engine.pools.values() if pool.offload is not None)
     return {"span_s": round(max(driver.log.end_s) - driver.origin_s, 4), "ttft_p50_s": round(median(ttfts), 4),
-            "ttft_p90_s": round(ttfts[int(0.9 * (len(ttfts) - 1))], 4), "pages_moved": moved}
+            "ttft_p90_s": round(_quantile(ttfts, 0.9), 4), "latency_p99_s": round(_quantile(latencies, 0.99), 4),
+            "latency_max_s": round(latencies[-1], 4), "pages_moved": moved}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted values, the nearest rank below."""
+    return values[int(q * (len(values) - 1))]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,7 +80,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         with_pool = one_run(with_host_pages(plan, host_pages), args, seed)
         runs.append({"seed": seed, "no_host_pool": without, "host_pool": with_pool,
                      "span_ratio": round(with_pool["span_s"] / without["span_s"], 3),
-                     "ttft_p50_ratio": round(with_pool["ttft_p50_s"] / without["ttft_p50_s"], 3)})
+                     "ttft_p50_ratio": round(with_pool["ttft_p50_s"] / without["ttft_p50_s"], 3),
+                     "latency_p99_ratio": round(with_pool["latency_p99_s"] / without["latency_p99_s"], 3)})
     return {"plan": str(args.plan), "requests": args.requests, "rate": args.rate, "kv_pages": args.kv_pages,
             "host_pages": host_pages, "prompt_len": list(args.prompt_len), "output_len": list(args.output_len),
             "runs": runs}
@@ -81,13 +92,16 @@ def render(result: dict[str, Any]) -> str:
              f"{'..'.join(map(str, result['prompt_len']))} tokens, outputs {'..'.join(map(str, result['output_len']))}"
              f"; {result['kv_pages']} device pages, host pool {result['host_pages']} pages; the simulated engine "
              "(simulated seconds)",
-             f"  {'seed':>4}  {'host pool':<9}  {'span s':>8}  {'TTFT p50':>9}  {'TTFT p90':>9}  {'pages moved':>11}"]
+             f"  {'seed':>4}  {'host pool':<9}  {'span s':>8}  {'TTFT p50':>9}  {'TTFT p90':>9}  {'latency p99':>11}  "
+             f"{'latency max':>11}  {'pages moved':>11}"]
     for run in result["runs"]:
         for name, key in (("none", "no_host_pool"), ("on", "host_pool")):
             figures = run[key]
             lines.append(f"  {run['seed']:>4}  {name:<9}  {figures['span_s']:>8.3f}  {figures['ttft_p50_s']:>9.3f}  "
-                         f"{figures['ttft_p90_s']:>9.3f}  {figures['pages_moved']:>11}")
-        lines.append(f"  {run['seed']:>4}  on / none  {run['span_ratio']:>7.3f}x  {run['ttft_p50_ratio']:>8.3f}x")
+                         f"{figures['ttft_p90_s']:>9.3f}  {figures['latency_p99_s']:>11.3f}  "
+                         f"{figures['latency_max_s']:>11.3f}  {figures['pages_moved']:>11}")
+        lines.append(f"  {run['seed']:>4}  on / none  {run['span_ratio']:>7.3f}x  {run['ttft_p50_ratio']:>8.3f}x  "
+                     f"{'':>9}  {run['latency_p99_ratio']:>10.3f}x")
     return "\n".join(lines)
 
 

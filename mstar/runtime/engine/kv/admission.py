@@ -20,7 +20,9 @@ budget is reserved: a request may start only when its budget fits beside the sta
 claims and the budgets of the requests that waited before it, and a prefix claim takes no free page
 those need (`room_to_start`). Without that, small newcomers took each page a finishing request
 freed, and a large request waited until the workload drained (a 63-page request behind 1,600 small
-ones in a 64-page pool started after all of them). A request stops waiting when it starts or ends.
+ones in a 64-page pool started after all of them). A request stops waiting when it starts or ends;
+one whose pages moved to a host pool (kv/offload.py) starts again later and waits, once more, where
+its first contact put it, before the requests that came after it.
 
 Pages that requests not yet started hold (their prefix claims: a claim of pages another request
 holds needs no free page, and keeps them when that one ends) are not freed by any started request
@@ -75,6 +77,10 @@ class Admission:
         self.num_outstanding = 0  # sum over started requests of max(0, budget - held)
         self.waiting: dict[str, int] = {}  # not started -> its budget, in the order of first contact
         self.claims: dict[str, Sequence[int]] = {}  # waiting request -> the pages its prefix claim holds
+        # live request -> the number of its first contact (the waiting order), kept while its pages
+        # are on a host pool (`release(keep_place=True)`) so it waits again where it first came
+        self._contact: dict[str, int] = {}
+        self._num_contacts = 0
         # the distinct pages of the claims, and each waiting request's room, built when asked (a lone
         # cached request's 64 claimed pages would otherwise be counted in and out on its admission's path)
         self._claimed: Optional[frozenset[int]] = frozenset()
@@ -167,10 +173,13 @@ class Admission:
         self.num_outstanding -= len(request_ids)
         return True
 
-    def release(self, request_id: str) -> int:
-        """The request ended (or its pages moved to the host); returns the pages it held (the engine
-        frees them in its pool)."""
+    def release(self, request_id: str, keep_place: bool = False) -> int:
+        """The request ended, or with `keep_place` its pages moved to a host pool (it starts again
+        when it comes back, waiting where its first contact put it); returns the pages it held (the
+        engine frees them in its pool)."""
         self._stop_waiting(request_id)
+        if not keep_place:
+            self._contact.pop(request_id, None)
         budget = self.budgets.pop(request_id, None)
         if budget is None:
             return 0
@@ -266,13 +275,32 @@ class Admission:
         many waiting requests share them); a started request does not wait."""
         if request_id in self.budgets:
             return
-        if self.waiting.get(request_id) != budget:  # `shortfall` joins every waiting row each step, mostly unchanged
+        if request_id not in self.waiting:
+            self._wait_in_contact_order(request_id, budget)
+        elif self.waiting[request_id] != budget:  # `shortfall` joins every waiting row each step, mostly unchanged
             self.waiting[request_id] = budget
             self._rooms = None
         if claimed_pages:
             self._drop_claim(request_id)
             self.claims[request_id] = claimed_pages
             self._claimed = None
+
+    def _wait_in_contact_order(self, request_id: str, budget: int) -> None:
+        """The request waits from now, in the order of first contact: last, unless it came before
+        (a request whose pages moved to a host pool, back for its turn). It went last before, behind
+        every request that arrived while it ran, so under a steady overload a moved request waited
+        for the queue to drain and the host pool made runs slower than none (`mstar bench
+        offload`: 1.15-1.17x the span, now 0.91-0.92x; docs/runtime.md "KV offload")."""
+        contact = self._contact.setdefault(request_id, self._num_contacts)
+        self._num_contacts += contact == self._num_contacts
+        waiting, order = self.waiting, self._contact
+        if waiting and order[next(reversed(waiting))] > contact:
+            ordered = sorted([*waiting.items(), (request_id, budget)], key=lambda item: order[item[0]])
+            waiting.clear()
+            waiting.update(ordered)
+        else:
+            waiting[request_id] = budget
+        self._rooms = None
 
     def _stop_waiting(self, request_id: str) -> None:
         if self.waiting.pop(request_id, None) is not None:

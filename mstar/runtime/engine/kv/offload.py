@@ -14,7 +14,8 @@ Out:
   waits there to be dropped): moving it out stops no request that would run;
 - `take(request_id, sequences)`: record a victim's sequences (label, tokens, device pages) and give
   host pages for them, in order; the engine copies device -> host and then frees the device pages
-  and the victim's admission (it is no longer started: it starts again when it runs);
+  and the victim's admission (it is no longer started: it starts again when it runs, in the
+  admission's order where its first contact put it, `Admission.release(keep_place=True)`);
 - `restore(request_id)`: the host pages of an offloaded request's sequences, released; the engine
   reserves device pages through the admission policy first (a request that cannot get them is
   held, as any row short of memory), copies host -> device, and commits the tokens.
@@ -82,7 +83,8 @@ class Offload:
         that (parked requests go first and do not count). A move of as many running requests as it
         starts only swaps who runs and pays the copies both ways: under a steady overload the
         victims had run a step or two before (they missed only a prompt-only step), each came
-        straight back, and the run took 1.27-1.40x as long as with no host pool; 1.15-1.17x now
+        straight back, and the run took 1.27-1.40x as long as with no host pool; 1.15-1.17x with
+        this rule, 0.91-0.92x once moved requests kept their place in the admission's order
         (`mstar bench offload`, docs/runtime.md "KV offload")."""
         candidates = [rid for rid in admission.budgets if rid not in step_ids and pool.num_pages_held(rid)]
         parked = self.parked
@@ -120,7 +122,7 @@ class Offload:
                     copy_out(table, host.host_pages)
             num_moved += sum(len(table) for _, _, table in sequences)
             pool.free_request(request_id)
-            admission.release(request_id)
+            admission.release(request_id, keep_place=True)
             claimed.pop(request_id, None)
         return num_moved
 
