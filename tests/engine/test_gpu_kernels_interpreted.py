@@ -267,8 +267,9 @@ def test_eager_gates_and_gated_norm_match_the_torch_ops(interpreted, dtype):
 
 def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     """A decode-only step of a gated delta-net layer on the fused path is three launches: the
-    in-projection, the one Triton kernel, out_proj (counted by `launch_count`); the step's first
-    linear layer also zeroes the kernel's arrival counters, which the second reuses."""
+    in-projection, the one Triton kernel, out_proj (counted by `launch_count`); the forward's first
+    step also zeroes the kernel's arrival counters, which every later layer and step reuses (the
+    kernel leaves them zero): no allocation or memset in a decode graph."""
     from launch_count import count_launches
 
     from mstar.runtime.engine.gpu import gdn_kernels
@@ -283,6 +284,10 @@ def test_decode_step_forward_launches_three_kernels_a_layer(interpreted):
     assert launches == {"aten.mm": 2, "_decode_step_kernel": 1, "aten.zeros": 1}, launches
     launches = count_launches(lambda: forward(0, h, step), [gdn_kernels])
     assert launches == {"aten.mm": 2, "_decode_step_kernel": 1}, launches
+    later = LinearStep.of(torch.tensor([2, 0, 0]), states)  # a later step, fewer rows: the same counters
+    launches = count_launches(lambda: forward(0, h[:3], later), [gdn_kernels])
+    assert launches == {"aten.mm": 2, "_decode_step_kernel": 1}, launches
+    assert later.counts.data_ptr() == step.counts.data_ptr() and not later.counts.any() and not step.counts.any()
 
 
 @pytest.mark.parametrize("cu, expected, again", [

@@ -144,8 +144,8 @@ class LinearStep:
     #                     padding rows: slot 0, the sink)
     write: torch.Tensor  # int64 [R]: the row it writes (`read` with one version)
     eager: Optional[EagerRows] = None
-    # The fused decode kernel's arrival counters (`gdn_kernels.decode_step`), zeroed once a step (in
-    # a decode graph, once a replay) on the first linear layer's call; each layer leaves them zero.
+    # The fused decode kernel's arrival counters (`gdn_kernels.decode_step`), `GdnForward`'s own,
+    # taken on the first linear layer's call; each layer leaves them zero.
     counts: Optional[torch.Tensor] = None
 
     @functools.cached_property
@@ -228,6 +228,8 @@ class GdnForward:
         self.kernels = fla_kernels(device)
         self.rule_graphs = PromptRuleGraphs()  # used only with fla's kernels (on a CUDA device)
         self.is_fused = gdn_kernels.available(device)  # the Triton kernels (else torch ops)
+        self._counts = torch.zeros(0, dtype=torch.int32, device=device)  # `decode_counts`
+        self._retired_counts: list[torch.Tensor] = []
 
     def takes_row_norm(self, step: "LinearStep | LinearCut") -> bool:
         """Whether a step's layers run as the fused decode kernel, which can take the layer's input
@@ -249,7 +251,7 @@ class GdnForward:
             assert isinstance(step, LinearStep)
             # one kernel from the projection to out_proj's input (gdn_kernels.py)
             if step.counts is None:
-                step.counts = torch.zeros(h.shape[0] * layer.num_heads, dtype=torch.int32, device=h.device)
+                step.counts = self.decode_counts(h.shape[0] * layer.num_heads)
             gated = gdn_kernels.decode_step(mixed, z, b, a, self.states.conv[index], layer.conv1d.weight[:, 0, :],
                                             layer.A_log, layer.dt_bias, self.states.ssm[index], step.read,
                                             layer.norm.weight, layer.eps, layer.num_heads, counts=step.counts,
@@ -271,6 +273,18 @@ class GdnForward:
         normed = out32 * torch.rsqrt(out32.pow(2).mean(-1, keepdim=True) + layer.eps)
         gated = layer.norm.weight * normed.to(h.dtype) * F.silu(z.view_as(out).float()).to(h.dtype)
         return self._out(index, gated.reshape(h.shape[0], value_width), into)
+
+    def decode_counts(self, num: int) -> torch.Tensor:
+        """`num` arrival counters of the fused decode kernel, zero: one buffer for every step, which
+        each kernel leaves zero (a (row, head)'s last part sets its counter back). Zeroed once a step
+        before, a decode graph held an allocation and a memset node for them, and with a hybrid's
+        piecewise graphs captured its replay took 60-75 us longer at every batch size (docs/engine.md,
+        "A cost to the decode graphs"). A graph's warm-up runs before its capture, so the buffer grows
+        outside every graph; a buffer outgrown stays alive for the graphs that hold it."""
+        if self._counts.numel() < num:
+            self._retired_counts.append(self._counts)
+            self._counts = torch.zeros(num, dtype=torch.int32, device=self._counts.device)
+        return self._counts[:num]
 
     def _out(self, index: int, gated: torch.Tensor, into: Optional[torch.Tensor]) -> torch.Tensor:
         """out_proj of linear layer `index`, added into `into` when given."""
