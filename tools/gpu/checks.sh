@@ -63,9 +63,12 @@
 #          tests, then what asking costs a lone 1,024-token prompt (the Python API, alternated with
 #          plain ones, scored on the piecewise graphs and eagerly), what KEEP_HIDDEN_ON_PIECES costs a
 #          plain one (an engine each way, twice), two plain workloads
+#   counters the hybrid decode graphs' arrival counters kept out of the graphs and the host pool's moved
+#          requests keeping their admission place (the eighth session of 2026-12-07, no device came):
+#          their GPU tests, then Qwen3.5's decode with and without the piecewise graphs captured
 # A part stops starting variants once LIMIT_S (default 540) seconds have gone, so what ran comes back.
 set -uo pipefail
-part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk|warmup|offload}
+part=${1:?usage: checks.sh tests|llama|qwen|kv|chunk|launch|persist|nodes|sampling|extras|penalties|prompts|topk|warmup|offload|counters}
 limit=${LIMIT_S:-540}
 t0=$(date +%s)
 in_time() { [ $(( $(date +%s) - t0 )) -lt "$limit" ] || { echo "== time limit: stopped before $*"; return 1; }; }
@@ -263,6 +266,18 @@ PY
   offload)  # the admission's pages_short without its clamp, on the device path's offload (2026-12-07, sixth session)
     timeout 420 python3 -m pytest -q tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_shared_prefix_pages.py \
       tests/gpu/test_gpu_fast_path.py -k "offload or prefix or pages or budget or chunk" ;;
-  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling, extras, warmup or offload"
+  counters)  # 2026-12-07, eighth session, no device came: the hybrid decode graphs' arrival counters
+    # (gdn_forward.GdnForward.decode_counts, no memset node a replay) and the host pool's moved requests
+    # keeping their admission place (kv/admission.py): the hybrid decode-graph tests and the offload
+    # tests, then Qwen3.5's decode with the piecewise graphs captured against `--decode-graphs-only`,
+    # alternated (their 60-75 us a replay apart before, docs/engine.md "A cost to the decode graphs")
+    timeout 200 python3 -m pytest -q tests/gpu/test_gpu_fast_path_hybrid.py \
+      -k "counts or decode_graph_replay or qwen3_5_plan_runs or runs_ahead"
+    timeout 200 python3 -m pytest -q tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_fast_path.py -k offload
+    for flags in "" --decode-graphs-only "" --decode-graphs-only; do
+      engine qwen3_5 --iters 5 $flags | tail -1 | python3 -c "import json, sys; d = json.load(sys.stdin)['decode']
+print(' '.join(f'{r}: {d[r][\"chain_ms\"]} chained, {d[r].get(\"replay_ms\")} replay' for r in ('1', '8', '64')))"
+    done ;;
+  *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling, extras, warmup, offload or counters"
      exit 2 ;;
 esac
