@@ -261,6 +261,20 @@ def test_speech_body_without_a_voice_gives_the_format_no_voice():
     assert SpeechBody.model_validate({"model": "m", "input": "hi"}).prompt([]) == {"prompt": "hi"}
 
 
+def test_a_voice_the_plan_does_not_take_says_how_a_client_sends_none():
+    """OpenAI's client cannot leave `voice` out: on a plan with no voice field the 400 names the
+    empty voice, which such a plan takes (the refusal alone left an SDK user no way through)."""
+    for fields in ([], ["instructions"]):
+        with pytest.raises(ApiError) as refused:
+            SpeechBody.model_validate({"model": "m", "input": "hi", "voice": "alloy"}).prompt(fields)
+        assert refused.value.status == 400 and refused.value.param == "voice"
+        assert refused.value.message.endswith('a client that must name a voice may send "voice": ""'), refused.value
+        assert SpeechBody.model_validate({"model": "m", "input": "hi", "voice": ""}).prompt(fields) == {"prompt": "hi"}
+    with pytest.raises(ApiError) as refused:  # a plan that takes a voice says nothing of an empty one
+        SpeechBody.model_validate({"model": "m", "input": "hi", "voice": "a", "n": 2}).prompt(["voice"])
+    assert refused.value.param == "n" and '"voice": ""' not in refused.value.message
+
+
 # ------------------------------------------------------------ speech
 
 

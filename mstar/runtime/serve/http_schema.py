@@ -385,9 +385,13 @@ class SpeechBody(BaseModel):
             fields["voice"] = self.voice
         if self.instructions:
             fields["instructions"] = self.instructions
-        _refuse_other_fields(fields, format_fields, "this model's speech " + (
+        says = "this model's speech " + (
             f"takes {', '.join(format_fields)} beside input (its prompt format's fields)" if format_fields
-            else "takes no field beside input (it has no prompt format)"))
+            else "takes no field beside input (it has no prompt format)")
+        if "voice" not in format_fields:
+            # OpenAI's client requires a voice (`audio.speech.create(voice=...)`): say how to send none
+            says += '; a client that must name a voice may send "voice": ""'
+        _refuse_other_fields(fields, format_fields, says)
         return {**fields, "prompt": self.input}
 
     def sampling(self) -> SamplingParams:
