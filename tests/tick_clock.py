@@ -4,11 +4,12 @@ from __future__ import annotations
 
 
 class TickClock:
-    def __init__(self) -> None:
+    def __init__(self, tick: float = 1e-5) -> None:
         self.time = 0.0
+        self.tick = tick
 
     def now(self) -> float:
-        self.time += 1e-5
+        self.time += self.tick
         return self.time
 
     def sleep(self, seconds: float) -> None:
