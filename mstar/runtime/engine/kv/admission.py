@@ -291,9 +291,11 @@ class Admission:
         every request that arrived while it ran, so under a steady overload a moved request waited
         for the queue to drain and the host pool made runs slower than none (`mstar bench
         offload`: 1.15-1.17x the span, now 0.91-0.92x; docs/runtime.md "KV offload")."""
-        contact = self._contact.setdefault(request_id, self._num_contacts)
-        self._num_contacts += contact == self._num_contacts
-        waiting, order = self.waiting, self._contact
+        order = self._contact
+        if request_id not in order:  # a first contact; a moved request keeps its number
+            order[request_id] = self._num_contacts
+            self._num_contacts += 1
+        contact, waiting = order[request_id], self.waiting
         if waiting and order[next(reversed(waiting))] > contact:
             ordered = sorted([*waiting.items(), (request_id, budget)], key=lambda item: order[item[0]])
             waiting.clear()
