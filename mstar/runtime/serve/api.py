@@ -456,12 +456,13 @@ class LLM:
         such a plan would ignore (engine/text_offer.py), a route the plan's
         partitions and stages do not take, a guidance label the plan does not declare (these once
         ran and ended `error: ...`, and the simulated engine ignored an unknown guidance label)."""
+        bias = sampling.bias_pairs()
         for problem in (self.checks.max_tokens_problem(sampling.max_tokens),
                         self.checks.stop_problem(list(sampling.stop_token_ids)),
-                        self.checks.logit_bias_problem(sampling.bias_pairs()),
+                        self.checks.logit_bias_problem(bias),
                         self.checks.text.logprobs_problem(sampling.logprobs),
                         self.checks.text.prompt_logprobs_problem(sampling.prompt_logprobs),
-                        self.checks.text.text_only_problem(sampling.bias_pairs(), sampling.ignore_eos),
+                        self.checks.text.text_only_problem(bias, sampling.ignore_eos),
                         self.checks.route_problem(sampling.route),
                         self.checks.guidance_problem(sampling.guidance)):
             if problem is not None:
