@@ -50,6 +50,7 @@ from mstar.runtime.engine.gpu.decode_columns import TokenRows
 from mstar.runtime.engine.runners.decoder import DecoderRunner
 from mstar.runtime.engine.runners.qwen3_asr import Qwen3AsrEncoderRunner
 from mstar.runtime.engine.kv.pool_size import pool_size
+from mstar.runtime.engine.media_placeholders import MediaPlaceholders
 from mstar.runtime.engine.prompt_limits import EmptyPrompt, takes_text_prompt, token_ids_problem
 from mstar.runtime.engine.kv.reserved_pages import ReservedPages
 from mstar.runtime.engine.runners.whisper import WhisperDecoderRunner, WhisperEncoderRunner
@@ -159,6 +160,7 @@ class TorchEngine:
         # One engine serves every worker: a TP follower's copy of a step has nothing to run here.
         self.caps = EngineCaps(runs_partial_steps=runs_partial_steps)
         self.checker, self.empty_prompt = StepChecker(plan), EmptyPrompt(plan)  # each step's and request's checks
+        self.media_placeholders = MediaPlaceholders()  # filled once the runners are built
         self.calls: dict[tuple[str, str], CallInfo] = call_table(plan)
         # A node's position in the plan seeds its random weights (a name never does).
         self.positions = {node.name: index for index, node in enumerate(plan.nodes)}
@@ -171,11 +173,7 @@ class TorchEngine:
             self._build_runners(dims, weights_dir, seed, num_pages, nodes)
         except (DimsError, SlotPoolError, WeightsError) as error:
             raise EngineError(str(error)) from None
-        planned: dict[str, int] = {}
-        for node in plan.nodes:
-            vocab = node.dims.get("vocab")
-            if isinstance(vocab, int):
-                planned[node.name] = vocab
+        planned = {node.name: vocab for node in plan.nodes if isinstance(vocab := node.dims.get("vocab"), int)}
         # a stand-in (tiny dims) samples from fewer ids than the plan's vocabulary
         self.caps = dataclasses.replace(self.caps, image_sizes=self.image_sizes, vocab_sizes={
             name: dims.vocab for name, dims in self.decoder_dims.items() if dims.vocab < planned.get(name, 0)},
@@ -236,8 +234,12 @@ class TorchEngine:
         self._count_media_tokens(mode)
 
     def _count_media_tokens(self, mode: DimsMode) -> None:
-        """Tell each decoder how many tokens its encoders may feed a request (for start budgets)."""
+        """Tell each decoder how many tokens its encoders may feed a request (for start budgets), and
+        which encoders' states fill the placeholders of a decoder with a media_token (checked when a
+        request arrives, media_placeholders.py)."""
         kinds = {node.name: node for node in self.plan.nodes if node.model_kind in ("vision_encoder", "audio_encoder")}
+        counters: dict[str, set[str]] = {}  # decoder with a media_token -> the encoders whose states it places
+        counts_states = Qwen3AsrEncoderRunner  # the encoder whose states per clip are known before it runs
         for (name, _), call in self.calls.items():
             if name in kinds:
                 num_tokens = encoder_dims(kinds[name], mode, kinds[name].model_kind == "audio_encoder").num_tokens
@@ -247,6 +249,13 @@ class TorchEngine:
                     # a node with a media_token holds the states inside its prompt: counted there
                     if isinstance(target, DecoderRunner) and target.media_token is None:
                         target.num_media_tokens += num_tokens
+                    elif isinstance(target, DecoderRunner) and isinstance(self.runners.get(name), counts_states):
+                        counters.setdefault(dest, set()).add(name)  # the encoder's states fill its placeholders
+        for dest, encoders in counters.items():
+            decoder, counting = self.runners[dest], [self.runners[name] for name in sorted(encoders)]
+            assert isinstance(decoder, DecoderRunner) and decoder.media_token is not None
+            self.media_placeholders.add(dest, decoder.media_token,
+                                        [runner for runner in counting if isinstance(runner, Qwen3AsrEncoderRunner)])
 
     # ------------------------------------------------------------------ start-up
 
@@ -532,6 +541,10 @@ class TorchEngine:
         empty = self.empty_prompt.problem(request)
         if empty:
             return f"cannot run: {empty}"
+        media = request.get("media") if isinstance(request, dict) else getattr(request, "media", None)
+        misplaced = self.media_placeholders.problem(state.prompt_tokens, media if isinstance(media, Mapping) else {})
+        if misplaced:
+            return f"cannot run: {misplaced}"
         problem, scorer = self._prompt_logprobs_runner() if state.params.prompt_logprobs is not None else (None, None)
         if problem:
             return f"cannot run: prompt_logprobs: {problem}"

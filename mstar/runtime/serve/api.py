@@ -421,6 +421,7 @@ class LLM:
         if not _is_list_of(ids, lambda t: is_integer(t) and t >= 0) or not (ids or request.media):
             raise PromptError(f"request {shown(request.id)}: prompt_tokens must be a non-empty list of token ids "
                               f"(integers >= 0), got {shown(ids)}")
+        self._check_audio_layout(request)
         if not _is_list_of(request.logit_bias, lambda pair: isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise SamplingError(f"logit_bias must be (token id, bias) pairs, got {shown(request.logit_bias)}")
         sampling = SamplingParams(
@@ -436,6 +437,20 @@ class LLM:
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and none is loaded; use stop_token_ids")
         self._check_room(ids, sampling.max_tokens)
+
+    def _check_audio_layout(self, request: Request) -> None:
+        """A hand-built request's prompt must hold its clip's placeholders already (`request` lays
+        them out): the engine refused it only when it arrived in the loop, as a failed output."""
+        shape = getattr((request.media or {}).get("audio"), "shape", None)
+        if self.audio_layout is None or shape is None or len(shape) != 1:
+            return
+        num_states = self.audio_layout.num_states(int(shape[0]))
+        num_held = request.prompt_tokens.count(self.audio_layout.placeholder)
+        if num_held != num_states:
+            raise PromptError(f"request {shown(request.id)}: the prompt holds the audio placeholder (token "
+                              f"{self.audio_layout.placeholder}) {num_held} times, and the clip makes {num_states} "
+                              "states: give it once per state, or build the request with llm.request(prompt, "
+                              "sampling, media), which lays the prompt out", param="prompt")
 
     def _next_unseeded(self) -> int:
         with self._unseeded_lock:

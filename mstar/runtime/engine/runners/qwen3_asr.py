@@ -9,6 +9,8 @@ states (the spec's bound, 390 for 30 s) per request.
 """
 from __future__ import annotations
 
+from typing import Any, Mapping, Optional
+
 import torch
 
 from mstar.plan.schema import NodePlan
@@ -36,8 +38,24 @@ class Qwen3AsrEncoderRunner(StatelessRunner):
         if samples.dim() != 1 or samples.numel() == 0:
             raise input_error(call, name, f"audio must be a non-empty 1-D tensor of 16 kHz samples, got shape "
                                           f"{tuple(samples.shape)}")
-        count = num_states(samples.numel())
-        if self.max_states is not None and count > self.max_states:
-            raise input_error(call, name, f"{samples.numel() / 16000:.2f} s of audio gives {count} states, past "
-                                          f"the node's num_tokens={self.max_states}")
+        too_long = self.media_problem({"audio": samples})  # refused at admission (media_placeholders.py)
+        if too_long is not None:
+            raise input_error(call, name, too_long)
         return self.model(samples)
+
+    def states_of(self, media: Mapping[str, Any]) -> Optional[int]:
+        """The states this encoder makes of a request's media (its audio clip), None without a clip it
+        could take: the engine checks at admission that the prompt holds that many placeholders."""
+        audio = media.get("audio")
+        shape = getattr(audio, "shape", None)
+        if shape is None or len(shape) != 1 or not shape[0]:
+            return None  # `compute` says what is wrong with it, as before
+        return num_states(int(shape[0]))
+
+    def media_problem(self, media: Mapping[str, Any]) -> Optional[str]:
+        """Why the request's clip can never run here (longer than the node's bound), or None."""
+        count = self.states_of(media)
+        if count is None or self.max_states is None or count <= self.max_states:
+            return None
+        seconds = int(media["audio"].shape[0]) / 16000
+        return f"{seconds:.2f} s of audio gives {count} states, past the node's num_tokens={self.max_states}"
