@@ -21,6 +21,7 @@ from typing import Optional
 from mstar.arg_types import shown
 from mstar.plan.loop_nesting import loops_around_calls
 from mstar.plan.schema import NodePlan, PartitionPlan, Plan, StagePlan, WalkPlan
+from mstar.plan.stages import alternatives
 
 # a kv node's sampled output: one token a row a call (a call with one samples; the sim engine reads this too)
 SAMPLED_ROLES = ("tokens", "transcript")
@@ -60,12 +61,9 @@ def partition_bound(plan: Plan, partition: PartitionPlan) -> Optional[int]:
 
 
 def _stage_bound(stage: StagePlan, walks: dict[str, WalkPlan], nodes: dict[str, NodePlan]) -> Optional[int]:
-    """The largest alternative: one walk each, or `sequence_lengths` walks each in order."""
-    lengths = stage.sequence_lengths or [1] * len(stage.walks)
-    best, start = 0, 0
-    for length in lengths:
-        alternative = stage.walks[start:start + length]
-        start += length
+    """The largest alternative: one walk each, or a sequence of walks each in order."""
+    best = 0
+    for alternative in alternatives(stage):
         bounds = [walk_bound(walks[name], nodes) for name in alternative]
         if any(b is None for b in bounds):
             return None

@@ -55,7 +55,8 @@ import numpy as np
 
 from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.prefix_walks import prefix_walk_pairs
-from mstar.plan.schema import PartitionPlan, Plan, StagePlan
+from mstar.plan.schema import PartitionPlan, Plan
+from mstar.plan.stages import alternatives, default_walks
 from mstar.runtime.conductor.lane_pass import advance_step
 from mstar.runtime.conductor.lanes import LaneRows, Lanes
 from mstar.runtime.conductor.loop_counts import LoopCounts
@@ -110,17 +111,6 @@ class _RequestState:
         self.lanes: list[ActiveCall] = []  # its calls that hold a decode lane (conductor/lanes.py)
 
 
-def _alternatives(stage: StagePlan) -> list[list[str]]:
-    """A stage's alternatives, each the sequence of walks it runs (StagePlan.sequence_lengths)."""
-    if not stage.sequence_lengths:
-        return [[walk] for walk in stage.walks]
-    found, at = [], 0
-    for length in stage.sequence_lengths:
-        found.append(stage.walks[at:at + length])
-        at += length
-    return found
-
-
 def partition_kv_nodes(plan: Plan, kv_nodes: set[str]) -> dict[str, frozenset[str]]:
     """Partition -> the kv nodes its walks (every alternative of every stage) call."""
     walk_nodes = {walk.name: {call.node for call in walk.calls if call.node in kv_nodes} for walk in plan.walks}
@@ -134,7 +124,7 @@ def follow_stages(part: PartitionPlan, wanted: list[str]) -> list[str]:
     empty: the partition is left out)."""
     index = 0
     for stage in part.stages:
-        sequence = next((seq for seq in _alternatives(stage) if wanted[index:index + len(seq)] == seq), None)
+        sequence = next((seq for seq in alternatives(stage) if wanted[index:index + len(seq)] == seq), None)
         if sequence is not None:
             index += len(sequence)
         elif not (stage.is_optional or not wanted):
@@ -243,9 +233,7 @@ class Conductor:
         routes = {}
         for part in self.plan.partitions:
             if part.name not in request.route:
-                # the first alternative (a walk, or a sequence of walks) of every stage not optional
-                routes[part.name] = [self.walks[w] for st in part.stages if not st.is_optional
-                                     for w in _alternatives(st)[0]]
+                routes[part.name] = [self.walks[w] for w in default_walks(part)]
                 continue
             routes[part.name] = [self.walks[w] for w in follow_stages(part, request.route[part.name])]
         return routes

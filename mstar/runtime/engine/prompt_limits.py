@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from mstar.plan.stages import default_walks
+
 
 def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, tokens: list[int],
                          max_tokens: Optional[int], max_seq_len: int) -> Optional[str]:
@@ -83,13 +85,6 @@ def starts_own_prompt(node: Any) -> bool:
     """Whether the node makes its own prompt when the request's is empty: a Whisper decoder begins
     its start sequence (runners/whisper_rules.py), so an empty prompt is a request it can run."""
     return node.dims.get("style") == "whisper"
-
-
-def default_walks(part: Any) -> list[str]:
-    """The walks a request takes in a partition its route does not name: the first alternative (a
-    walk, or a sequence of walks) of every stage that is not optional."""
-    return [walk for stage in part.stages if not stage.is_optional
-            for walk in stage.walks[:stage.sequence_lengths[0] if stage.sequence_lengths else 1]]
 
 
 class EmptyPrompt:

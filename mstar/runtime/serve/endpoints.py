@@ -23,7 +23,7 @@ from typing import Iterator, Mapping, Optional
 from mstar.arg_types import shown
 from mstar.plan.client_images import image_outputs
 from mstar.plan.schema import EdgePlan, Plan, WalkPlan
-from mstar.runtime.engine.prompt_limits import default_walks
+from mstar.plan.stages import default_walks
 from mstar.runtime.serve.audio_input import takes_waveform
 
 
