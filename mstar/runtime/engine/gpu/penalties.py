@@ -30,6 +30,7 @@ import torch
 
 from mstar.runtime.engine.gpu import kernels, penalty_kernels
 from mstar.runtime.engine.gpu_switches import PENALTIES_CHOICES
+from mstar.runtime.engine.runners.values import is_out_of_memory
 from mstar.runtime.engine.sampling import output_rule, repetition_rule
 
 _FIRST_CAPACITY = 8  # table rows at first use; doubled when penalised requests outnumber them
@@ -170,6 +171,27 @@ class PenaltyTable:
         return PenaltyRows(np.array(places, dtype=np.int64), columns[0], columns[1], columns[2],
                            np.array(slots, dtype=np.int64), update, pending)
 
+    def reserve(self, request_id: str, vocab: int) -> Optional[str]:
+        """The request's row taken and the table grown to hold it, at its first step before that
+        step launches (gpu/runner.py): None, or why the device has no memory for it, and the request
+        fails alone. (Grown inside `penalise`, a failed allocation failed every row of the step.)"""
+        if request_id in self._slot_of:
+            return None
+        was_free = bool(self._free)
+        slot = self._free.pop() if was_free else len(self._slot_of)
+        try:
+            self._grow(slot + 1, vocab)
+        except Exception as error:
+            if was_free:
+                self._free.append(slot)
+            if not is_out_of_memory(error):
+                raise
+            return (f"the device has no memory left for the penalty table's row of this request ({5 * vocab} "
+                    f"bytes: int32 counts and a uint8 mask over the vocabulary of {vocab}; {len(self._slot_of)} "
+                    "penalised requests hold one now)")
+        self._slot_of[request_id] = slot
+        return None
+
     def forget(self, request_id: str) -> None:
         """The request's row freed for the next penalised request (which empties it first)."""
         slot = self._slot_of.pop(request_id, None)
@@ -194,16 +216,25 @@ class PenaltyTable:
         self._held.update(update.held)
 
     def _grow(self, need: int, vocab: int) -> None:
+        """At least `need` rows: twice the rows held (at least _FIRST_CAPACITY), else, where the
+        device has no room for that, exactly `need`."""
         if self.counts is not None and self.counts.shape[0] >= need:
             return
         have = 0 if self.counts is None else self.counts.shape[0]
-        capacity = max(_FIRST_CAPACITY, 2 * have, need)
-        counts = torch.zeros(capacity, vocab, dtype=torch.int32, device=self.device)
-        seen = torch.zeros(capacity, vocab, dtype=torch.uint8, device=self.device)
+        try:
+            counts, seen = self._allocate(max(_FIRST_CAPACITY, 2 * have, need), vocab)
+        except Exception as error:
+            if not is_out_of_memory(error) or max(_FIRST_CAPACITY, 2 * have) <= need:
+                raise
+            counts, seen = self._allocate(need, vocab)
         if self.counts is not None and self.seen is not None:
             counts[:have] = self.counts
             seen[:have] = self.seen
         self.counts, self.seen = counts, seen
+
+    def _allocate(self, capacity: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.zeros(capacity, vocab, dtype=torch.int32, device=self.device),
+                torch.zeros(capacity, vocab, dtype=torch.uint8, device=self.device))
 
 
 def penalise(logits: torch.Tensor, rows: PenaltyRows, table: PenaltyTable,

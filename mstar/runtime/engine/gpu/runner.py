@@ -369,6 +369,9 @@ class GpuDecoderRunner(DecoderRunner):
         if length > self.max_seq_len:
             return (f"node {self.node.name}: sequence {self.guidance.first} would grow to {length} tokens, past "
                     f"max_seq_len {self.max_seq_len}")
+        if item.request.has_penalty:  # its table row made before the step launches (penalties.py `reserve`)
+            problem = self.executor.penalty_table.reserve(item.row.request_id, self.dims.vocab)
+            return f"node {self.node.name}: {problem}" if problem else None
         return None
 
     def _admit(self, ready: list[_Prepared], on_host: list[str],
