@@ -13,11 +13,11 @@ The cases run in a child pytest with TRITON_INTERPRET=1 (Triton reads it when fi
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 from importlib.metadata import version
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -36,6 +36,7 @@ from mstar.runtime.engine.torch_engine import TorchEngine
 from mstar.runtime.serve.driver import Driver, Workload
 from fast_path_cpu import fast_path_engine
 from interpreter_child import run_child
+from tick_clock import TickClock
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN = REPO / "generated" / "llama.plan"
@@ -119,9 +120,11 @@ def test_glue_runner_with_kv_offload_resends_the_page_tables_it_moves():
     engine = _engine(True, True, num_pages=6, host_pages=64, cap=2)
     # A clock that ticks a call, so which steps find rows short (and move pages) does not depend on
     # the machine's speed: a move must start more requests than it moves out (kv/offload.py), which
-    # these requests' budgets allow only at some steps.
-    ticks = itertools.count()
-    assert _run(engine, 12, clock=lambda: next(ticks) * 1e-4) == expected
+    # these requests' budgets allow only at some steps. An idle wait (rows held for pages) jumps it,
+    # as test_offload.py's runs: the host's sleep passed real time while the clock stood still.
+    clock = TickClock(1e-4)
+    with mock.patch("time.sleep", clock.sleep):
+        assert _run(engine, 12, clock=clock.now) == expected
     runner = engine.runners["LLM"]
     assert runner.offload.num_restored_pages > 0 and runner.pool.num_free_pages == 6
 
