@@ -50,6 +50,25 @@ def _hang_guard():
     signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.fixture
+def ordinary_signals():
+    """SIGINT, SIGTERM and SIGHUP as an ordinary foreground run has them, for the test and the
+    processes it starts, where this process inherited them ignored: under `nohup` (SIGHUP) or as a
+    background job of a non-interactive shell (SIGINT), `mstar run` keeps a signal it finds ignored
+    (as `nohup mstar run` asks), so a test that signals it saw the run finish with exit 0. The
+    modules that send signals take it (`pytestmark`); the dispositions are restored after."""
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+                signal.SIGHUP: signal.SIG_DFL}
+    previous = {signum: signal.getsignal(signum) for signum in defaults}
+    for signum, handler in defaults.items():
+        if previous[signum] is signal.SIG_IGN:
+            signal.signal(signum, handler)
+    yield
+    for signum, handler in previous.items():
+        if handler is signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
 @pytest.fixture(autouse=True)
 def _seeded_torch():
     """Every test starts from torch's default generator seeded the same way: a test's unseeded

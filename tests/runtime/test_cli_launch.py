@@ -8,6 +8,8 @@ import pytest
 
 from mstar.cli import launch
 
+pytestmark = pytest.mark.usefixtures("ordinary_signals")  # conftest.py: signals not inherited ignored
+
 
 @pytest.mark.parametrize("script, name", [(launch.mstar, "mstar"), (launch.mstarc, "mstarc")])
 def test_an_interrupt_while_the_command_loads_is_one_line(capsys, monkeypatch, script, name):

@@ -13,6 +13,8 @@ from mstar.plan.io import load_plan
 from mstar.runtime.engine.prompt_limits import text_prompt_vocab
 from mstar.runtime.serve.workload import generate
 
+pytestmark = pytest.mark.usefixtures("ordinary_signals")  # conftest.py: signals not inherited ignored
+
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = str(ROOT / "generated" / "llama.plan")
 ORPHEUS_TP2 = str(ROOT / "generated" / "orpheus_tp2.plan")

@@ -22,6 +22,8 @@ import pytest
 from plan_variants import compiled
 from runtime_plans import ROOT
 
+pytestmark = pytest.mark.usefixtures("ordinary_signals")  # conftest.py: signals not inherited ignored
+
 ORPHEUS_PD_TP_SWAPPED = """model: "orpheus"
 max_seq_len: 131072
 node_groups:

@@ -16,6 +16,8 @@ import pytest
 
 from runtime_plans import ROOT
 
+pytestmark = pytest.mark.usefixtures("ordinary_signals")  # conftest.py: signals not inherited ignored
+
 START_TIMEOUT_S = 180.0  # interpreter and torch start-up on a busy 2-core machine
 MIN_FINISHED = 3
 

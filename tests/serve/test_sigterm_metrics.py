@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from mstar.runtime.serve.api import LLM
 from serve_harness import LLAMA, ROOT, free_port, make_service, running
 
+pytestmark = pytest.mark.usefixtures("ordinary_signals")  # conftest.py: signals not inherited ignored
+
 openai = pytest.importorskip("openai")
 
 
