@@ -3,9 +3,10 @@ calls only, offsets from each window's start as medians, a label's later stamps 
 points of their own; and on the CPU torch engine, `mstar bench kv --scenario prefix` reports the
 cached requests' path in order, within their TTFT."""
 import json
+from types import SimpleNamespace
 
 from mstar.runtime.serve import bench_kv
-from mstar.runtime.serve.host_timeline import HostTimeline
+from mstar.runtime.serve.host_timeline import HostTimeline, watch_lone_path
 
 
 class Ticking:
@@ -62,3 +63,25 @@ def test_bench_kv_reports_a_cached_requests_host_path_on_the_cpu_torch_engine(ca
     assert all(point in points for point in order), points
     assert [points[p] for p in order] == sorted(points[p] for p in order)
     assert points["admitted"] >= 0
+
+
+def test_the_lone_path_watches_a_fast_path_executors_glue_packer():
+    class Calls:
+        def __init__(self, *names: str) -> None:
+            for name in names:
+                setattr(self, name, lambda *args, **kwargs: None)
+
+    clock = Ticking()
+    packer = Calls("host_step", "launch")
+    executor = Calls("launch", "_stage", "_mark_replay")
+    executor.packer = packer
+    engine = Calls("launch", "wait")
+    engine.runners = {"LLM": SimpleNamespace(executor=executor)}
+    driver = Calls("_postprocess")
+    driver.clock, driver.conductor = clock, Calls("submit", "build_step")
+    timeline = watch_lone_path(driver, engine)
+    for label, call in (("glue host step", packer.host_step), ("glue launch", packer.launch),
+                        ("replay", executor._mark_replay)):
+        clock.now += 0.001
+        call()
+        assert timeline.stamps[-1] == (clock.now, label)

@@ -24,6 +24,9 @@ CONDUCTOR_POINTS = (("submit", "admitted", True), ("build_step", "step built", F
 ENGINE_POINTS = (("launch", "engine launch", False), ("wait", "waiting for the device", False))
 EXECUTOR_POINTS = (("launch", "executor launch", False), ("_stage", "inputs staged", False),
                    ("_mark_replay", "replay", False))
+# the generated glue's packer of an executor that has one (`gpu/glue_packing.py`): its host array,
+# then its kernel's launch (entered after the staged copy)
+PACKER_POINTS = (("host_step", "glue host step", False), ("launch", "glue launch", False))
 DRIVER_POINTS = (("_postprocess", "tokens back", False),)
 
 
@@ -69,13 +72,17 @@ class HostTimeline:
 
 def watch_lone_path(driver: Any, engine: Any) -> HostTimeline:
     """A timeline on the driver's clock over its conductor, the engine, each of the engine's
-    device fast-path executors (`gpu/executor.py`'s `StepExecutor`) and the driver's post-processing."""
+    device fast-path executors (`gpu/executor.py`'s `StepExecutor`) and their glue packers, and the
+    driver's post-processing."""
     timeline = HostTimeline(driver.clock)
     watched = [(driver.conductor, CONDUCTOR_POINTS), (engine, ENGINE_POINTS), (driver, DRIVER_POINTS)]
     for runner in getattr(engine, "runners", {}).values():
         executor = getattr(runner, "executor", None)
         if executor is not None and all(callable(getattr(executor, point[0], None)) for point in EXECUTOR_POINTS):
             watched.append((executor, EXECUTOR_POINTS))
+            packer = getattr(executor, "packer", None)
+            if packer is not None and all(callable(getattr(packer, point[0], None)) for point in PACKER_POINTS):
+                watched.append((packer, PACKER_POINTS))
     for target, points in watched:
         for method, label, on_return in points:
             timeline.watch(target, method, label, on_return)
