@@ -273,11 +273,14 @@ PY
     # alternated (their 60-75 us a replay apart before, docs/engine.md "A cost to the decode graphs")
     timeout 200 python3 -m pytest -q tests/gpu/test_gpu_fast_path_hybrid.py \
       -k "counts or decode_graph_replay or qwen3_5_plan_runs or runs_ahead"
-    timeout 200 python3 -m pytest -q tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_fast_path.py -k offload
+    # (the ninth session: the penalised rows' table reserved before the step, gpu/penalties.py `reserve`)
+    timeout 200 python3 -m pytest -q tests/gpu/test_gpu_offload.py tests/gpu/test_gpu_fast_path.py -k "offload or penal"
     for flags in "" --decode-graphs-only "" --decode-graphs-only; do
       engine qwen3_5 --iters 5 $flags | tail -1 | python3 -c "import json, sys; d = json.load(sys.stdin)['decode']
 print(' '.join(f'{r}: {d[r][\"chain_ms\"]} chained, {d[r].get(\"replay_ms\")} replay' for r in ('1', '8', '64')))"
-    done ;;
+    done
+    # the cached request's host path with the glue packer's points (serve/host_timeline.py)
+    kv --scenario prefix --prefix-rounds 1 ;;
   *) echo "unknown part $part: tests, llama, qwen, kv, chunk, launch, persist, nodes, sampling, extras, warmup, offload or counters"
      exit 2 ;;
 esac
