@@ -238,8 +238,9 @@ class TorchEngine:
         which encoders' states fill the placeholders of a decoder with a media_token (checked when a
         request arrives, media_placeholders.py)."""
         kinds = {node.name: node for node in self.plan.nodes if node.model_kind in ("vision_encoder", "audio_encoder")}
-        counters: dict[str, set[str]] = {}  # decoder with a media_token -> the encoders whose states it places
-        counts_states = Qwen3AsrEncoderRunner  # the encoder whose states per clip are known before it runs
+        # decoder with a media_token -> the encoders whose states fill its placeholders, counted from a
+        # request's media before they run (Qwen3-ASR's: the clip's length says it)
+        counters: dict[str, list[Qwen3AsrEncoderRunner]] = {}
         for (name, _), call in self.calls.items():
             if name in kinds:
                 num_tokens = encoder_dims(kinds[name], mode, kinds[name].model_kind == "audio_encoder").num_tokens
@@ -249,13 +250,14 @@ class TorchEngine:
                     # a node with a media_token holds the states inside its prompt: counted there
                     if isinstance(target, DecoderRunner) and target.media_token is None:
                         target.num_media_tokens += num_tokens
-                    elif isinstance(target, DecoderRunner) and isinstance(self.runners.get(name), counts_states):
-                        counters.setdefault(dest, set()).add(name)  # the encoder's states fill its placeholders
+                    elif isinstance(target, DecoderRunner) and isinstance(encoder := self.runners.get(name),
+                                                                          Qwen3AsrEncoderRunner):
+                        if encoder not in counters.setdefault(dest, []):
+                            counters[dest].append(encoder)
         for dest, encoders in counters.items():
-            decoder, counting = self.runners[dest], [self.runners[name] for name in sorted(encoders)]
+            decoder = self.runners[dest]
             assert isinstance(decoder, DecoderRunner) and decoder.media_token is not None
-            self.media_placeholders.add(dest, decoder.media_token,
-                                        [runner for runner in counting if isinstance(runner, Qwen3AsrEncoderRunner)])
+            self.media_placeholders.add(dest, decoder.media_token, encoders)
 
     # ------------------------------------------------------------------ start-up
 
