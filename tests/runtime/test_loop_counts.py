@@ -73,3 +73,16 @@ def test_count_round_trips_through_the_formatter():
     assert "loop gen_loop max=8 count=steps {" in text
     again = parse(text, "again.mw", Diagnostics())
     assert again is not None and format_spec(again) == text and again.walks[0].body[0].count == "steps"
+
+
+@pytest.mark.parametrize("counts, message", [
+    (None, "loop_counts must map a loop's count param to its iterations ({'steps': 4}; {} for the defaults), got None"),
+    ([("steps", 3)], "loop_counts must map a loop's count param to its iterations"),
+    ({5: 3}, "loop_counts names 5, which no loop of this plan counts by (counts: steps)"),
+])
+def test_loop_counts_of_the_wrong_kind_fail_the_request_alone(plan, counts, message):
+    # (a hand-built Request's None raised AttributeError in admission: the run failed, every request)
+    records = run(plan, [Request(id="bad", prompt_tokens=[1], max_tokens=20, loop_counts=counts),
+                         Request(id="good", prompt_tokens=[1], max_tokens=20)])
+    assert records["bad"].finish_reason.startswith("error: " + message)
+    assert records["good"].finish_reason in ("done", "stop")

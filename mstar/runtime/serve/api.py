@@ -437,6 +437,9 @@ class LLM:
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and none is loaded; use stop_token_ids")
         self._check_room(ids, sampling.max_tokens)
+        counts = self.checks.loop_counts.problem(request.loop_counts)  # (None failed the run loop, every request)
+        if counts is not None:
+            raise SamplingError(counts)
 
     def _check_audio_layout(self, request: Request) -> None:
         """A hand-built request's prompt must hold its clip's placeholders already (`request` lays

@@ -3,7 +3,8 @@ which the HTTP server calls too): prompt token ids inside the vocabulary of the 
 text prompt, stop token ids some kv node of the plan can sample, a route through the plan's
 partitions and stages, guidance labels the plan declares, max_tokens within what the plan's walks
 can make (plan/output_bound.py), log-probabilities (output or prompt), a logit bias and ignore_eos
-only on a plan that acts on them (engine/text_offer.py).
+only on a plan that acts on them (engine/text_offer.py), a hand-built Request's loop counts (the
+conductor's own `LoopCounts`).
 
 Each check reads the plan's own tables and the run loop's or engine's own rule, never a second copy:
 the vocabulary check is `prompt_limit_problem` (engine/prompt_limits.py, what the torch and simulated
@@ -20,6 +21,7 @@ from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.output_bound import excess_tokens_problem, most_counted_tokens
 from mstar.plan.schema import PartitionPlan, Plan
 from mstar.runtime.conductor.conductor import RouteError, follow_stages
+from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.engine.text_offer import TextOffer
 from mstar.runtime.engine.prompt_limits import (
     logit_bias_problem, prompt_limit_problem, stop_token_problem, stop_vocab, takes_text_prompt,
@@ -58,6 +60,7 @@ class PlanChecks:
         # the most counted tokens a request can get, from the walks' loops and stages; None: the
         # plan states no size for some counted output (plan/output_bound.py)
         self.most_tokens = most_counted_tokens(plan)
+        self.loop_counts = LoopCounts(plan)  # a hand-built Request's loop_counts (the conductor's check)
         self.plan = plan
 
     def prompt_problem(self, ids: list[int]) -> Optional[str]:
