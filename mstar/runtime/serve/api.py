@@ -421,7 +421,6 @@ class LLM:
         if not _is_list_of(ids, lambda t: is_integer(t) and t >= 0) or not (ids or request.media):
             raise PromptError(f"request {shown(request.id)}: prompt_tokens must be a non-empty list of token ids "
                               f"(integers >= 0), got {shown(ids)}")
-        self._check_audio_layout(request)
         if not _is_list_of(request.logit_bias, lambda pair: isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise SamplingError(f"logit_bias must be (token id, bias) pairs, got {shown(request.logit_bias)}")
         sampling = SamplingParams(
@@ -440,6 +439,24 @@ class LLM:
         counts = self.checks.loop_counts.problem(request.loop_counts)  # (None failed the run loop, every request)
         if counts is not None:
             raise SamplingError(counts)
+        self._check_given_media(request)
+        self._check_audio_layout(request)
+
+    def _check_given_media(self, request: Request) -> None:
+        """A hand-built request's media checked as `request` checks them (PromptError, param media),
+        and made the float32 tensors `request` makes of them: a file name failed in its step with
+        the engine's TypeError, NaN, int16 or 1e20 samples, `None` and a modality the plan takes none
+        of ran without a word (on noise, or on nothing), and a route's missing media too."""
+        media = request.media
+        if not isinstance(media, dict):
+            raise PromptError(f"request {shown(request.id)}: media must map modalities to values "
+                              f"({{'audio': samples}}), got {shown(media)}", param="media")
+        try:
+            checked = media_tensors(media, self.media_modalities, self.takes_waveform) if media else {}
+        except MediaError as error:
+            raise PromptError(f"request {shown(request.id)}: {error}", param="media") from None
+        self._check_media(checked, request.route)
+        request.media = checked
 
     def _check_audio_layout(self, request: Request) -> None:
         """A hand-built request's prompt must hold its clip's placeholders already (`request` lays
