@@ -1,8 +1,9 @@
 """A request's own media of a shape the stateless stand-in encoder cannot take (Qwen3-Omni's audio
 feature frames 7 wide where the tiny dims take 16, one frame of 10 values, a 3-D array) is the
-client's fault: the request fails alone, flagged `is_input_fault`, and the server answers it 400
-`invalid_request_error`, counted once as `invalid`; the requests beside it finish. It was a plain
-`InputError` (the deployment's fault): the Python API's delta unflagged and the server's 500.
+client's fault: the torch engine refuses the request when it arrives (`EncoderRunner.media_refusal`;
+it failed at its encoder step, flagged `is_input_fault`), and the server answers it 400
+`invalid_request_error`, counted once as `refused`; the requests beside it finish. Before that it
+was a plain `InputError` (the deployment's fault): the Python API's delta unflagged and the server's 500.
 Which inputs hold the request's own media is the plan's to say (`CallInfo.request_inputs`,
 tests/engine/test_node_kinds.py has the plan where another node's value feeds the input)."""
 from __future__ import annotations
@@ -24,8 +25,8 @@ from serve_harness import ROOT, make_service, post_json, running
 OMNI = str(ROOT / "generated" / "qwen3_omni.plan")
 AUDIO_ROUTE = {"Thinker": ["prefill_text", "prefill_audio", "thinker_decode"]}  # the route that takes audio
 BAD_SHAPES = [(10, 7), (10,), (2, 3, 16)]
-SAYS = {(10, 7): "media features of shape (10, 7)", (10,): "media features of shape (1, 10)",
-        (2, 3, 16): "a float tensor of shape (2, 3, 16)"}
+SAYS = {shape: f"the request's audio media (shape {list(shape)}) are not features this encoder takes: give a float "
+               "array [n, 16] of n <= 4096 feature rows" for shape in BAD_SHAPES}
 
 
 def _request(llm: LLM, shape: tuple[int, ...]) -> Any:
@@ -40,7 +41,7 @@ def test_bad_media_fails_its_request_alone_flagged_as_the_clients_through_the_py
         assert outputs[0].finish_reason == outputs[-1].finish_reason == "length"  # the others finish
         for shape, output in zip(BAD_SHAPES, outputs[1:-1]):
             reason = output.finish_reason
-            assert reason.startswith("error: node audio_encoder: ") and SAYS[shape] in reason
+            assert reason.startswith("error: cannot run: node audio_encoder: ") and SAYS[shape] in reason
 
         async def last_deltas():
             async def last(request):
@@ -49,7 +50,8 @@ def test_bad_media_fails_its_request_alone_flagged_as_the_clients_through_the_py
 
         good, *bad = asyncio.run(last_deltas())
         assert good.finish_reason == "length" and not good.is_input_fault
-        assert all(delta.finish_reason.startswith("error") and delta.is_input_fault for delta in bad)
+        # refused when it arrives (it failed at its encoder step, flagged is_input_fault)
+        assert all(delta.finish_reason.startswith("error: cannot run: ") and not delta.is_input_fault for delta in bad)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,8 @@ def test_bad_media_is_a_400_through_the_server_and_the_requests_beside_it_finish
     assert text[0] == 200 and text[1]["choices"][0]["finish_reason"] == "length"
     for shape, (status, error) in zip(BAD_SHAPES, bad):
         assert status == 400 and error["type"] == "invalid_request_error", (status, error)
-        assert error["message"].startswith("node audio_encoder: ") and SAYS[shape] in error["message"]
+        assert error["message"].startswith("cannot run: node audio_encoder: ") and SAYS[shape] in error["message"]
     after = _outcomes(service)
-    assert after.get("invalid", 0) - before.get("invalid", 0) == len(BAD_SHAPES)  # counted once each
-    assert after.get("error", 0) == before.get("error", 0)
+    # refused at admission, counted once each as `refused` (they failed mid-run, counted `invalid`)
+    assert after.get("refused", 0) - before.get("refused", 0) == len(BAD_SHAPES)
+    assert after.get("error", 0) == before.get("error", 0) and after.get("invalid", 0) == before.get("invalid", 0)

@@ -41,6 +41,7 @@ import torch
 from mstar.arg_types import shown_path
 from mstar.plan.guidance_mode import unknown_label_problem
 from mstar.plan.schema import NodePlan, Plan
+from mstar.plan.stages import default_walks
 from mstar.plan.dims import (
     DIMS_MODES, DecoderDims, DimsError, DimsMode, codec_dims, decoder_dims, encoder_dims, image_decoder_dims,
     tp_split_problem,
@@ -544,7 +545,8 @@ class TorchEngine:
         if empty:
             return f"cannot run: {empty}"
         media = request.get("media") if isinstance(request, dict) else getattr(request, "media", None)
-        misplaced = self.media_placeholders.problem(state.prompt_tokens, media if isinstance(media, Mapping) else {})
+        media = media if isinstance(media, Mapping) else {}
+        misplaced = self.media_placeholders.problem(state.prompt_tokens, media) or self._media_refusal(request, media)
         if misplaced:
             return f"cannot run: {misplaced}"
         problem, scorer = self._prompt_logprobs_runner() if state.params.prompt_logprobs is not None else (None, None)
@@ -560,6 +562,24 @@ class TorchEngine:
         if scorer is not None:
             scorer.scoring.add(request_id)
         self.requests[request_id] = state
+        return None
+
+    def _media_refusal(self, request: Any, media: Mapping[str, Any]) -> Optional[str]:
+        """The request's prompt media that an encoder on its route (the walks it names in a
+        partition, the plan's default elsewhere) cannot take as features, said with what it takes
+        (`EncoderRunner.media_refusal`); an image of another shape failed the request at its first
+        encoder step, after it had taken KV pages."""
+        if not media:
+            return None
+        route = request.get("route") if isinstance(request, dict) else getattr(request, "route", None)
+        route = route if isinstance(route, Mapping) else {}
+        walks = {name for part in self.plan.partitions for name in route.get(part.name, default_walks(part))}
+        nodes = {call.node for walk in self.plan.walks if walk.name in walks for call in walk.calls}
+        for node in sorted(nodes):
+            runner = self.runners.get(node)
+            problem = runner.media_refusal(media) if isinstance(runner, EncoderRunner) else None
+            if problem:
+                return problem
         return None
 
     def _checkpoint_vocab_refusal(self, state: RequestState) -> Optional[str]:

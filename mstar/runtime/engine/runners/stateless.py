@@ -20,14 +20,14 @@ are seeded by the node's and the input's positions, never by a name.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
 from mstar.plan.schema import ChunkPolicyPlan, NodePlan
 from mstar.runtime.engine.runners.request_state import RequestState
 from mstar.runtime.engine.runners.values import (
-    InputError, classify_input, failed_row, input_error, out_of_memory_row, synthesise,
+    InputError, classify, classify_input, failed_row, input_error, out_of_memory_row, synthesise,
 )
 from mstar.runtime.engine.models.codec import CodecDecoder
 from mstar.runtime.engine.models.snac_codec import SnacCodec
@@ -37,6 +37,7 @@ from mstar.runtime.engine.models.kinds import CallInfo
 from mstar.runtime.step import RowResult, StepRow
 
 Rows = list[tuple[StepRow, CallInfo, RequestState]]
+MAX_FEATURE_ROWS = 4096  # the most feature rows a media encoder takes from one request
 
 
 class StatelessRunner:
@@ -188,11 +189,32 @@ class EncoderRunner(StatelessRunner):
         name, features = self._first_input(row, call, "media", "embeddings")
         if features is None:
             return self._stand_in(request, call, "media", (dims.num_tokens, dims.feature_dim))
-        if features.shape[1] != dims.feature_dim or features.shape[0] > 4096:
+        if features.shape[1] != dims.feature_dim or features.shape[0] > MAX_FEATURE_ROWS:
             # the request's own media (a 400), or a value another node made (the deployment's fault)
             raise input_error(call, name, f"media features of shape {tuple(features.shape)}; the encoder takes "
-                                          f"[n <= 4096, {dims.feature_dim}]")
+                                          f"[n <= {MAX_FEATURE_ROWS}, {dims.feature_dim}]")
         return features
+
+    def media_refusal(self, media: Mapping[str, Any]) -> Optional[str]:
+        """Why the request's own media for an input of this encoder that the spec marks `prompt
+        image` (or `audio`) cannot be its features, else None: the step's rule (`_features`), at
+        admission (such media failed the request at its encoder step, after it took KV pages)."""
+        width = self.model.dims.feature_dim
+        for role in self.node.input_roles:
+            value = media.get(role.prompt) if role.role == "media" and role.prompt is not None else None
+            if value is None:
+                continue
+            shape = tuple(getattr(value, "shape", ()))
+            try:
+                kind = classify(role.name, value).kind
+            except InputError:
+                kind = None
+            if kind != "embeddings" or len(shape) not in (1, 2) or shape[-1] != width or (
+                    len(shape) == 2 and not 1 <= shape[0] <= MAX_FEATURE_ROWS):
+                got = f"shape {list(shape)}" if shape else type(value).__name__
+                return (f"node {self.node.name}: the request's {role.prompt} media ({got}) are not features this "
+                        f"encoder takes: give a float array [n, {width}] of n <= {MAX_FEATURE_ROWS} feature rows")
+        return None
 
 
 class ImageDecoderRunner(StatelessRunner):
