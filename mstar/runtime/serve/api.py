@@ -432,6 +432,10 @@ class LLM:
             logit_bias=dict(request.logit_bias) or None, logprobs=request.logprobs,
             prompt_logprobs=request.prompt_logprobs)
         sampling.check()
+        # the shapes `request` makes: a tuple of walks never matched a stage's list (the route was
+        # refused on arrival as not taking a stage it named), numpy ints were not token ids there
+        request.route = sampling.route = {part: list(walks) for part, walks in request.route.items()}
+        request.prompt_tokens = ids = [int(token) for token in ids]
         self._check_against_plan(sampling)
         if sampling.stop and self.tokenizer is None:
             raise SamplingError("stop strings need a tokenizer, and none is loaded; use stop_token_ids")
