@@ -1,7 +1,9 @@
 """What makes a request impossible on a kv node whatever its pool holds: a prompt token id outside
 the spec's vocabulary (of a node that takes the text prompt), or prompt + max_tokens past the
 node's max_seq_len. Shared by the torch engine's decoders (`DecoderRunner.refusal`) and the
-simulated engine (`SimEngine.add_request`), so a what-if run refuses what a real one does.
+simulated engine (`SimEngine.add_request`), so a what-if run refuses what a real one does. Where a
+partition repeats, a prompt that alone fills one round's sequence (`round_prompt_problem`: the
+simulated engine's and the Python API's check of what the torch engine's Whisper decoder refuses).
 
 `EmptyPrompt`: an empty prompt on a route whose walks give a node the request's text prompt,
 refused by both engines (a hand-built Request reached the model with no token to embed and ran on
@@ -28,6 +30,18 @@ def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, toke
         return (f"node {node}: prompt ({len(tokens)}) + max_tokens ({max_tokens}) = {num_tokens} tokens "
                 f"exceeds max_seq_len {max_seq_len}")
     return None
+
+
+def round_prompt_problem(node: str, tokens: list[int], sequence_len: int) -> Optional[str]:
+    """A prompt that fills a whole sequence of `node` (`sequence_len`: its max_seq_len, one round's),
+    else None. Each round of a repeating partition starts a new sequence holding the prompt, so a
+    prompt + max_tokens within max_seq_len x rounds may still leave a round nothing to generate in
+    (the torch engine's Whisper decoder refuses it; the simulated engine ran it)."""
+    if len(tokens) < sequence_len:
+        return None
+    return (f"node {node}: the prompt ({len(tokens)} tokens) leaves none of a sequence's {sequence_len} positions to "
+            f"generate in (each round starts a new sequence holding the prompt); give at most {sequence_len - 1} "
+            "prompt tokens")
 
 
 def token_ids_problem(node: str, vocab: int, tokens: list[int], vocabulary: str = "the vocabulary") -> Optional[str]:

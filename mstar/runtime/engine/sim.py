@@ -51,7 +51,9 @@ from mstar.runtime.engine.kv.claims import claim_cached_prefix
 from mstar.runtime.engine.kv.offload import Offload
 from mstar.runtime.engine.kv.pages import PagePool
 from mstar.runtime.engine.kv.slots import SlotPool, node_slot_pool
-from mstar.runtime.engine.prompt_limits import EmptyPrompt, prompt_limit_problem, takes_text_prompt
+from mstar.runtime.engine.prompt_limits import (
+    EmptyPrompt, prompt_limit_problem, round_prompt_problem, takes_text_prompt,
+)
 from mstar.runtime.engine.sim_cost import CAPTURED_LAUNCH_S, StepCost
 from mstar.runtime.engine.step_check import StepChecker
 from mstar.runtime.step import EngineCaps, RowResult, RunsAtLaunch, Step, StepResult, StepRow
@@ -168,10 +170,11 @@ class SimEngine(RunsAtLaunch):
                                                              plan.deployment.max_concurrent_requests)
         self.cost = StepCost(plan)
         # per kv node: (name, the spec's vocabulary, whether it takes the text prompt, the tokens a
-        # request may reach: max_seq_len a round of a repeating partition, as serve/api.py bounds them)
+        # request may reach: max_seq_len a round of a repeating partition, as serve/api.py bounds them,
+        # and one round's max_seq_len, which the prompt alone must leave room in)
         self.prompt_limits = [(node.name, node.dims.get("vocab", 0), takes_text_prompt(node),
-                               self.pools[node.name].max_seq_len * max_rounds(plan, [node.name]))
-                              for node in plan.nodes if node.engine == "kv"]
+                               self.pools[node.name].max_seq_len * max_rounds(plan, [node.name]),
+                               self.pools[node.name].max_seq_len) for node in plan.nodes if node.engine == "kv"]
         self.empty_prompt = EmptyPrompt(plan)
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
@@ -209,11 +212,17 @@ class SimEngine(RunsAtLaunch):
 
     def _refusal(self, spec: Any) -> Optional[str]:
         """What the torch engine refuses too (prompt_limits.py: a token id outside the vocabulary,
-        prompt + max_tokens past max_seq_len, an empty prompt a walk gives a node; before, the
-        simulated engine ran them)."""
-        for node, vocab, is_text_prompt, max_seq_len in self.prompt_limits:
+        prompt + max_tokens past max_seq_len, a prompt that alone fills one round's sequence of a
+        repeating partition, an empty prompt a walk gives a node; before, the simulated engine ran
+        them)."""
+        for node, vocab, is_text_prompt, max_seq_len, _ in self.prompt_limits:
             problem = prompt_limit_problem(node, vocab, is_text_prompt, spec.prompt_tokens, spec.max_tokens,
                                            max_seq_len)
+            if problem is not None:
+                return f"cannot run: {problem}"
+        for node, _, is_text_prompt, _, sequence_len in self.prompt_limits:
+            # (the torch engine's Whisper decoder refuses it: each round's sequence holds the prompt)
+            problem = round_prompt_problem(node, spec.prompt_tokens, sequence_len) if is_text_prompt else None
             if problem is not None:
                 return f"cannot run: {problem}"
         empty = self.empty_prompt.problem(spec)

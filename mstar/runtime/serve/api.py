@@ -397,11 +397,18 @@ class LLM:
         return request
 
     def _check_room(self, ids: list[int], max_tokens: int) -> None:
-        """PromptError for a prompt id outside the vocabulary, or a prompt and max_tokens past the
-        plan's max_seq_len (its rounds')."""
+        """PromptError for a prompt id outside the vocabulary, a prompt and max_tokens past the
+        plan's max_seq_len (its rounds'), or a prompt that alone fills one round's max_seq_len where a
+        partition repeats (the torch engine's Whisper decoder refused it at admission; the simulated
+        engine ran it)."""
         outside = self.checks.prompt_problem(ids)
         if outside is not None:
             raise PromptError(outside)
+        length = self.plan.deployment.max_seq_len
+        if self.max_rounds > 1 and len(ids) >= length:  # each round's new sequence holds the prompt
+            raise PromptError(f"the prompt is {len(ids)} tokens, which leaves no room to generate within the plan's "
+                              f"max_seq_len {length}: each of its rounds starts a new sequence holding the prompt; "
+                              f"give at most {length - 1} prompt tokens", param="prompt")
         limit, bound = self.token_limit()
         if len(ids) + min(max_tokens, 1) > limit:  # no max_tokens would do: the prompt is what to change
             raise PromptError(f"the prompt is {len(ids)} tokens, which leaves no room to generate within the plan's "
