@@ -20,7 +20,8 @@ KV pool (per kv node, pages of page_size tokens): the torch engine's page bookke
 (`kv/pages.py`, with its prefix cache when the plan turns it on: `claim_prefix` finds a prompt's
 cached pages as the torch engine does) and its admission policy (`kv/admission.py`): a request
 starts on a node only when its budget, the pages of min(prompt + max_tokens, max_seq_len) tokens
-(less a cached prefix it holds), fits beside what started requests may still claim; each step a
+(less a cached prefix it holds; a guided request's guidance sequences too, `guidance_pages`), fits
+beside what started requests may still claim; each step a
 row takes the pages its tokens add (a simulated sequence holds at most its budget's tokens: media
 tokens are not modelled), rows in step order. Rows the pool is short for are named in
 allocation_failed (nothing ran for them, the scheduler holds them) and, with `runs_partial_steps`
@@ -43,6 +44,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from mstar.plan.client_images import image_outputs
+from mstar.plan.guidance_mode import GuidanceRule
 from mstar.plan.output_bound import SAMPLED_ROLES, frame_depths
 from mstar.plan.rounds import max_rounds
 from mstar.plan.schema import Plan
@@ -81,6 +83,13 @@ class SimClock:
             self.now = when
 
 
+def guidance_rules(plan: Plan) -> dict[str, tuple[GuidanceRule, tuple[str, ...]]]:
+    """kv node -> (its guidance rule, what each of its guidance sequences drops), for the nodes that
+    keep guidance sequences (none on a node with recurrent state, as on the torch engine)."""
+    return {node.name: (GuidanceRule.of(node), tuple(g.drops for g in node.guidance)) for node in plan.nodes
+            if node.engine == "kv" and node.guidance and node.recurrent is None}
+
+
 def media_tokens(plan: Plan) -> dict[str, int]:
     """{node: its `media_token`} for the nodes whose prompts hold media placeholders."""
     return {n.name: token for n in plan.nodes if isinstance(token := n.dims.get("media_token"), int)}
@@ -97,6 +106,9 @@ class _KvPool:
     # a node with recurrent state (`NodePlan.recurrent`): its slots, one a started request, as the
     # torch engine holds them (the simulator started every row a slot would have held back)
     slots: Optional[SlotPool] = None
+    # request -> pages its guidance sequences may need here (a guided request's, as the torch engine
+    # budgets them beside its own sequence; `guidance_pages`)
+    guided: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.pages.num_pages)
@@ -112,6 +124,7 @@ class _KvPool:
         if self.offload is not None:
             self.offload.forget(request_id)
         self.sampled.pop(request_id, None)
+        self.guided.pop(request_id, None)
 
     @property
     def page_size(self) -> int:
@@ -175,7 +188,7 @@ class SimEngine(RunsAtLaunch):
         self.prompt_limits = [(node.name, node.dims.get("vocab", 0), takes_text_prompt(node),
                                self.pools[node.name].max_seq_len * max_rounds(plan, [node.name]),
                                self.pools[node.name].max_seq_len) for node in plan.nodes if node.engine == "kv"]
-        self.empty_prompt = EmptyPrompt(plan)
+        self.empty_prompt, self.guidance = EmptyPrompt(plan), guidance_rules(plan)
         # the torch engine's step contract: a step it would refuse (StepContractError) fails here too
         self.checker = StepChecker(plan) if check_steps else None
         tables = _CallTables(plan)
@@ -198,17 +211,33 @@ class SimEngine(RunsAtLaunch):
         reason = self._refusal(spec)
         if reason is not None:
             return reason
+        guided = self.guidance_pages(spec, need_tokens)
         for node, pool in self.pools.items():
-            pages = self._pages_for(pool, need_tokens)
+            pages = self._pages_for(pool, need_tokens) + guided.get(node, 0)
             if pages > pool.num_pages:
+                sequences = " with its guidance sequences" if node in guided else ""
                 return (
-                    f"can never fit: needs {pages} KV pages of {pool.page_size} tokens on {node} "
+                    f"can never fit: needs {pages} KV pages of {pool.page_size} tokens on {node}{sequences} "
                     f"(prompt {len(spec.prompt_tokens)} + max_tokens {spec.max_tokens}), "
                     f"the pool has {pool.num_pages}"
                 )
         self.requests[request_id] = spec
         self.budget_tokens[request_id] = need_tokens
+        for node, pages in guided.items():
+            self.pools[node].guided[request_id] = pages
         return None
+
+    def guidance_pages(self, spec: Any, need_tokens: int) -> dict[str, int]:
+        """kv node -> the pages a guided request's guidance sequences may need there, as the torch
+        engine budgets them (`DecoderRunner._needed_pages`): the prompt + max_tokens for a sequence
+        that drops the media, the media for one that drops the text (0 here: the media tokens an
+        encoder feeds are not modelled). Empty for a request no node guides (GuidanceRule)."""
+        scales = getattr(spec, "guidance", None) or {}
+        route = getattr(spec, "route", None) or {}
+        route_walks = frozenset(walk for walks in route.values() for walk in walks)
+        return {node: sum(self._pages_for(self.pools[node], 0 if drops == "text" else need_tokens) for drops in dropped)
+                for node, (rule, dropped) in self.guidance.items()
+                if node in self.pools and rule.requires(scales, route_walks)}
 
     def _refusal(self, spec: Any) -> Optional[str]:
         """What the torch engine refuses too (prompt_limits.py: a token id outside the vocabulary,
@@ -370,8 +399,10 @@ class SimEngine(RunsAtLaunch):
 
     def _budget_pages(self, pool: _KvPool, request_id: str) -> int:
         """Pages the request may need on the node: min(prompt + max_tokens, max_seq_len) tokens' worth
-        (a simulated sequence never holds more), less a cached prefix it started on."""
-        return self._pages_for(pool, self.budget_tokens[request_id]) - pool.claimed.get(request_id, 0)
+        (a simulated sequence never holds more) and its guidance sequences' (a guided request's),
+        less a cached prefix it started on."""
+        return (self._pages_for(pool, self.budget_tokens[request_id]) + pool.guided.get(request_id, 0)
+                - pool.claimed.get(request_id, 0))
 
     def _page_needs(self, rows: list[StepRow], pool: _KvPool
                     ) -> tuple[list[tuple[StepRow, int, PageNeed]], list[tuple[StepRow, int]]]:
