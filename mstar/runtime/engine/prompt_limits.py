@@ -32,16 +32,17 @@ def prompt_limit_problem(node: str, vocab: object, takes_text_prompt: bool, toke
     return None
 
 
-def round_prompt_problem(node: str, tokens: list[int], sequence_len: int) -> Optional[str]:
-    """A prompt that fills a whole sequence of `node` (`sequence_len`: its max_seq_len, one round's),
-    else None. Each round of a repeating partition starts a new sequence holding the prompt, so a
-    prompt + max_tokens within max_seq_len x rounds may still leave a round nothing to generate in
-    (the torch engine's Whisper decoder refuses it; the simulated engine ran it)."""
+def round_prompt_problem(tokens: list[int], sequence_len: int) -> Optional[str]:
+    """A prompt that fills a whole sequence (`sequence_len`: a node's max_seq_len, one round's), else
+    None; the caller names the node where it has one. Each round of a repeating partition starts a
+    new sequence holding the prompt, so a prompt + max_tokens within max_seq_len x rounds may still
+    leave a round nothing to generate in (the torch engine's Whisper decoder refuses it; the
+    simulated engine ran it, and the Python API passed it)."""
     if len(tokens) < sequence_len:
         return None
-    return (f"node {node}: the prompt ({len(tokens)} tokens) leaves none of a sequence's {sequence_len} positions to "
-            f"generate in (each round starts a new sequence holding the prompt); give at most {sequence_len - 1} "
-            "prompt tokens")
+    return (f"the prompt ({len(tokens)} tokens) leaves none of a sequence's {sequence_len} positions to generate "
+            f"in (each round starts a new sequence holding the prompt); give at most {sequence_len - 1} prompt "
+            "tokens")
 
 
 def token_ids_problem(node: str, vocab: int, tokens: list[int], vocabulary: str = "the vocabulary") -> Optional[str]:

@@ -251,9 +251,9 @@ class SimEngine(RunsAtLaunch):
                 return f"cannot run: {problem}"
         for node, _, is_text_prompt, _, sequence_len in self.prompt_limits:
             # (the torch engine's Whisper decoder refuses it: each round's sequence holds the prompt)
-            problem = round_prompt_problem(node, spec.prompt_tokens, sequence_len) if is_text_prompt else None
+            problem = round_prompt_problem(spec.prompt_tokens, sequence_len) if is_text_prompt else None
             if problem is not None:
-                return f"cannot run: {problem}"
+                return f"cannot run: node {node}: {problem}"
         empty = self.empty_prompt.problem(spec)
         return f"cannot run: {empty}" if empty else None
 

@@ -54,6 +54,7 @@ from mstar.arg_types import shown
 from mstar.plan.rounds import kv_rounds
 from mstar.plan.schema import Plan
 from mstar.runtime.conductor.request import Request
+from mstar.runtime.engine.prompt_limits import round_prompt_problem
 from mstar.runtime.serve.engine_setup import SetupError, is_integer, is_real
 from mstar.runtime.serve.media_values import MediaError, media_tensors
 from mstar.runtime.serve.online import Closed, Delta, Observer, OnlineLoop, Overloaded
@@ -404,11 +405,9 @@ class LLM:
         outside = self.checks.prompt_problem(ids)
         if outside is not None:
             raise PromptError(outside)
-        length = self.plan.deployment.max_seq_len
-        if self.max_rounds > 1 and len(ids) >= length:  # each round's new sequence holds the prompt
-            raise PromptError(f"the prompt is {len(ids)} tokens, which leaves no room to generate within the plan's "
-                              f"max_seq_len {length}: each of its rounds starts a new sequence holding the prompt; "
-                              f"give at most {length - 1} prompt tokens", param="prompt")
+        fills_round = round_prompt_problem(ids, self.plan.deployment.max_seq_len) if self.max_rounds > 1 else None
+        if fills_round is not None:  # (the engines' rule: each round's new sequence holds the prompt)
+            raise PromptError(fills_round, param="prompt")
         limit, bound = self.token_limit()
         if len(ids) + min(max_tokens, 1) > limit:  # no max_tokens would do: the prompt is what to change
             raise PromptError(f"the prompt is {len(ids)} tokens, which leaves no room to generate within the plan's "
