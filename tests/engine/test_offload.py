@@ -339,9 +339,11 @@ def test_the_simulator_holds_rows_for_state_slots_as_the_torch_engine_does(tmp_p
     plan = load_plan(str(compiled(ROOT / "specs" / "qwen3_5.mw", deployment, tmp_path)))
 
     def steps(engine) -> list[tuple[str, int, int]]:
-        driver = Driver(plan, engine)
-        driver.run(Workload([Request(id=f"q{i}", prompt_tokens=[(13 * i + 7 * j) % 500 + 1 for j in range(6 + 3 * i)],
-                                     max_tokens=10) for i in range(8)]))
+        # The torch run reads a clock that ticks a call (as `run` above): on the wall clock, when a
+        # held row is retried depended on the machine's load, and so did which step it joined.
+        reqs = [Request(id=f"q{i}", prompt_tokens=[(13 * i + 7 * j) % 500 + 1 for j in range(6 + 3 * i)],
+                        max_tokens=10) for i in range(8)]
+        driver = run(plan, engine, reqs, 0)
         assert all(r.finish_reason == "length" for r in driver.conductor.records.values())
         return list(zip(driver.log.key, driver.log.num_rows, driver.log.num_held_rows))
 
