@@ -80,6 +80,17 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
     ({"skip_special_tokens": False}, "skip_special_tokens", "other than true is not supported"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "other than true"),
     ({"best_of": 1, "n": 2}, "best_of", "best_of must be at least n, got n=2 and best_of=1"),
+    # more of vLLM's fields that change the answer (each was accepted and ignored: guided_json answered
+    # free text, min_p sampled without its floor, add_special_tokens: false still began with BOS)
+    ({"guided_json": {"type": "object"}}, "guided_json", "guided_json is not supported"),
+    ({"guided_choice": ["yes", "no"]}, "guided_choice", "guided_choice is not supported"),
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs", "structured_outputs is not supported"),
+    ({"truncate_prompt_tokens": 2}, "truncate_prompt_tokens", "truncate_prompt_tokens is not supported"),
+    ({"allowed_token_ids": [5]}, "allowed_token_ids", "allowed_token_ids is not supported"),
+    ({"bad_words": ["cat"]}, "bad_words", "bad_words is not supported"),
+    ({"min_p": 0.1}, "min_p", "min_p other than 0 is not supported"),
+    ({"use_beam_search": True}, "use_beam_search", "use_beam_search other than false"),
+    ({"add_special_tokens": False}, "add_special_tokens", "add_special_tokens other than true"),
 ])
 def test_a_completion_option_the_server_does_not_take_is_a_400(llama, fields, param, words):
     url, _, _ = llama
@@ -90,7 +101,9 @@ def test_a_completion_option_the_server_does_not_take_is_a_400(llama, fields, pa
 
 @pytest.mark.parametrize("fields", [{"best_of": 1}, {"presence_penalty": 0}, {"frequency_penalty": 0.0},
                                     {"echo": None}, {"n": 1}, {"tools": None}, {"include_stop_str_in_output": False},
-                                    {"skip_special_tokens": True}, {"spaces_between_special_tokens": None}])
+                                    {"skip_special_tokens": True}, {"spaces_between_special_tokens": None},
+                                    {"min_p": 0.0}, {"use_beam_search": False}, {"add_special_tokens": True},
+                                    {"guided_json": None}, {"return_tokens_as_token_ids": False}])
 def test_a_completion_option_at_its_neutral_value_is_taken(llama, fields):
     url, _, _ = llama
     status, answer = _completion(url, **fields)
@@ -156,15 +169,25 @@ def test_vllms_chat_echo_and_prompt_logprobs_are_refused(llama, fields, param):
     assert status == 200
 
 
-@pytest.mark.parametrize("fields, param", [({"best_of": 3}, "best_of"), ({"skip_special_tokens": False},
-                                                                          "skip_special_tokens")])
+@pytest.mark.parametrize("fields, param", [
+    ({"best_of": 3}, "best_of"), ({"skip_special_tokens": False}, "skip_special_tokens"),
+    # vLLM's chat fields that change the prompt or the answer, each accepted and ignored before (the
+    # assistant's turn opened anyway, the checkpoint's template rendered instead of the one sent)
+    ({"add_generation_prompt": False}, "add_generation_prompt"),
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"add_special_tokens": True}, "add_special_tokens"),
+    ({"chat_template": "{{ messages[0]['content'] }}"}, "chat_template"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"guided_regex": "[a-z]+"}, "guided_regex"), ({"min_p": 0.05}, "min_p")])
 def test_a_chat_option_the_server_does_not_take_is_a_400(llama, fields, param):
     """vLLM's chat `best_of` and text fields were accepted and ignored; at their neutral value they are taken."""
     url, _, _ = llama
     body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     status, error = _post(url, "/chat/completions", {**body, **fields})
     assert status == 400 and error["param"] == param and "not supported" in error["message"], error
-    status, _ = _post(url, "/chat/completions", {**body, "best_of": 1, "skip_special_tokens": True})
+    status, _ = _post(url, "/chat/completions", {**body, "best_of": 1, "skip_special_tokens": True,
+                                                 "add_generation_prompt": True, "continue_final_message": False,
+                                                 "add_special_tokens": False, "chat_template": None, "min_p": 0})
     assert status == 200
 
 

@@ -24,7 +24,7 @@ Field names and meanings follow OpenAI's API; extensions (documented in docs/ser
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Optional, Sequence, Union, cast
+from typing import Any, ClassVar, Iterable, Literal, Optional, Sequence, Union, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
@@ -67,6 +67,18 @@ UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "par
 # the stop string off, `skip_special_tokens: false` still dropped the special tokens' text).
 TEXT_FIELDS_AS_GIVEN = {"include_stop_str_in_output": False, "skip_special_tokens": True,
                         "spaces_between_special_tokens": True}
+# More of vLLM's fields that change an answer, accepted and ignored before (`guided_json` answered
+# free text, `min_p` sampled without its floor, chat's `add_generation_prompt: false` still opened
+# the assistant's turn): at the value this server gives, taken; another refused by name.
+SAMPLING_FIELDS_AS_GIVEN = {"min_p": 0, "use_beam_search": False, "return_tokens_as_token_ids": False}
+CHAT_FIELDS_AS_GIVEN = {"add_generation_prompt": True, "continue_final_message": False,
+                        "add_special_tokens": False}  # (vLLM's chat default: the template places them)
+COMPLETION_FIELDS_AS_GIVEN = {"add_special_tokens": True}
+# ... and those of no value this server gives: refused unless null.
+VLLM_UNSUPPORTED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag",
+                           "structured_outputs", "truncate_prompt_tokens", "allowed_token_ids", "bad_words",
+                           "logits_processors")
+CHAT_UNSUPPORTED_FIELDS = ("chat_template", "chat_template_kwargs", "documents")
 
 
 class StreamOptions(BaseModel):
@@ -84,6 +96,9 @@ def _is_token_ids(value: Any) -> bool:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # model_extra: the fields refused by name below
+    # this endpoint's fields refused unless null, and those refused at another value than the one given
+    refused_fields: ClassVar[tuple[str, ...]] = UNSUPPORTED_FIELDS + VLLM_UNSUPPORTED_FIELDS
+    fields_as_given: ClassVar[dict[str, Any]] = {**TEXT_FIELDS_AS_GIVEN, **SAMPLING_FIELDS_AS_GIVEN}
 
     model: str
     # sampling, shared
@@ -131,10 +146,10 @@ class _Body(BaseModel):
 
     def common_checks(self) -> None:
         extra = self.model_extra or {}
-        for name in UNSUPPORTED_FIELDS:
+        for name in self.refused_fields:
             if extra.get(name) is not None:
                 raise ApiError(400, f"{name} is not supported", param=name)
-        for name, given in TEXT_FIELDS_AS_GIVEN.items():
+        for name, given in self.fields_as_given.items():
             if extra.get(name) not in (None, given):
                 raise ApiError(400, f"{name} other than {str(given).lower()} is not supported", param=name)
         if self.stream_options is not None and not self.stream:  # (OpenAI's and vLLM's rule; it was ignored)
@@ -180,6 +195,8 @@ class _Body(BaseModel):
 
 
 class CompletionBody(_Body):
+    fields_as_given: ClassVar[dict[str, Any]] = {**_Body.fields_as_given, **COMPLETION_FIELDS_AS_GIVEN}
+
     prompt: Union[str, list[int], list[str], list[list[int]]]
     max_tokens: Optional[int] = DEFAULT_COMPLETION_TOKENS
     logprobs: Optional[int] = None
@@ -239,6 +256,9 @@ class CompletionBody(_Body):
 
 
 class ChatBody(_Body):
+    refused_fields: ClassVar[tuple[str, ...]] = _Body.refused_fields + CHAT_UNSUPPORTED_FIELDS
+    fields_as_given: ClassVar[dict[str, Any]] = {**_Body.fields_as_given, **CHAT_FIELDS_AS_GIVEN}
+
     messages: list[dict[str, Any]]
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
