@@ -71,6 +71,8 @@ def _completion(url: str, **fields: Any) -> tuple[int, dict]:
     ({"prediction": {"type": "content", "content": "x"}}, "prediction", "prediction is not supported"),
     # a refused field is refused whatever its value but null (an empty list asks for tools too)
     ({"tools": []}, "tools", "tools is not supported"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "response_format is not supported"),
+    ({"modalities": ["text", "audio"]}, "modalities", "modalities is not supported"),
     ({"stop": [5]}, "stop", "must be a string or a list of strings"),
     ({"n": 0}, "n", "n must be between 1 and 128, got 0"),
     ({"n": 129}, "n", "n must be between 1 and 128, got 129"),
@@ -103,7 +105,9 @@ def test_a_completion_option_the_server_does_not_take_is_a_400(llama, fields, pa
                                     {"echo": None}, {"n": 1}, {"tools": None}, {"include_stop_str_in_output": False},
                                     {"skip_special_tokens": True}, {"spaces_between_special_tokens": None},
                                     {"min_p": 0.0}, {"use_beam_search": False}, {"add_special_tokens": True},
-                                    {"guided_json": None}, {"return_tokens_as_token_ids": False}])
+                                    {"guided_json": None}, {"return_tokens_as_token_ids": False},
+                                    # OpenAI's defaults, plain text (a 400 before): another value is still refused
+                                    {"response_format": {"type": "text"}}, {"modalities": ["text"]}])
 def test_a_completion_option_at_its_neutral_value_is_taken(llama, fields):
     url, _, _ = llama
     status, answer = _completion(url, **fields)

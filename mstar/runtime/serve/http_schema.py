@@ -60,6 +60,9 @@ class ApiError(Exception):
 UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls",
                       "response_format", "modalities", "audio", "prediction",
                       "web_search_options")
+# ... but taken at the value that asks for what this server answers anyway, OpenAI's default (a client
+# sending `response_format: {"type": "text"}` on every request got a 400 for asking for plain text).
+UNSUPPORTED_FIELDS_TAKEN_AT = {"response_format": {"type": "text"}, "modalities": ["text"]}
 
 
 # vLLM's fields that shape an answer's text, with the one value this server gives: another value
@@ -147,7 +150,7 @@ class _Body(BaseModel):
     def common_checks(self) -> None:
         extra = self.model_extra or {}
         for name in self.refused_fields:
-            if extra.get(name) is not None:
+            if extra.get(name) is not None and extra[name] != UNSUPPORTED_FIELDS_TAKEN_AT.get(name):
                 raise ApiError(400, f"{name} is not supported", param=name)
         for name, given in self.fields_as_given.items():
             if extra.get(name) not in (None, given):
