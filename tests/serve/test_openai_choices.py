@@ -199,7 +199,7 @@ def test_a_failed_choice_cancels_the_choices_still_running_at_once(is_streamed):
         if not is_streamed:
             return await asyncio.wait_for(collect_all(started), 5)
         choices = [sse.Choice(Request(id=name, prompt_tokens=[1], max_tokens=1)) for name in "ab"]
-        service, body = SimpleNamespace(model_name="m"), SimpleNamespace(include_usage=False)
+        service, body = SimpleNamespace(model_name="m", id_tag="t"), SimpleNamespace(include_usage=False)
         return [event async for event in sse.completion_events(service, choices, body, started)]
 
     if is_streamed:
@@ -260,3 +260,21 @@ def test_a_body_refused_for_one_of_its_prompts_counts_its_others_refused():
         outcomes = {s.labels["outcome"]: s.value for s in service.metrics.requests.collect()[0].samples
                     if s.name.endswith("_total")}
     assert outcomes == {"refused": 2.0}, outcomes
+
+
+def test_response_ids_carry_the_servers_own_tag(tmp_path):
+    """Request ids count from req-0 in every process, and response ids were `cmpl-` + the request's
+    id: a restarted server answered `cmpl-req-0` again. Each server now draws a tag of its own; a
+    stream's chunks all carry the one id."""
+    from serve_harness import write_tokenizer
+
+    llm = LLM(LLAMA, tokenizer=str(write_tokenizer(tmp_path)))
+    service = make_service(llm)
+    assert service.id_tag != make_service(llm).id_tag
+    with running(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        answer = client.completions.create(model="llama", prompt=[1, 9, 10], max_tokens=2)
+        assert answer.id.startswith(f"cmpl-{service.id_tag}-req-")
+        chunks = list(client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=3, stream=True))
+        assert len({chunk.id for chunk in chunks}) == 1 and chunks[0].id.startswith(f"chatcmpl-{service.id_tag}-req-")

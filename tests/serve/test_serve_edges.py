@@ -44,7 +44,7 @@ def test_a_chat_streams_last_chunk_without_text_has_an_empty_delta():
 
     async def events():
         choices = [_choice("r", 0, [1, 2])]
-        service = SimpleNamespace(model_name="m", llm=SimpleNamespace(tokenizer=None))
+        service = SimpleNamespace(model_name="m", id_tag="t", llm=SimpleNamespace(tokenizer=None))
         body = SimpleNamespace(include_usage=False)
         started = [(deltas(), Delta("r", token_ids=[7], text=" hi", num_output_tokens=1))]
         return [event async for event in sse.chat_events(service, choices, body, started)]

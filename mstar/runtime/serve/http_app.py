@@ -36,6 +36,7 @@ import asyncio
 import base64
 import dataclasses
 import re
+import secrets
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
@@ -76,6 +77,7 @@ class Service:
         self.cors_origins = tuple(cors_origins)
         self.endpoints = endpoints_of(llm.plan)
         self.created = int(time.time())
+        self.id_tag = secrets.token_hex(6)  # in every response id: unique across restarts (http_stream.response_id)
         # request bodies still arriving, which the drain cuts (serve/upload_cut.py)
         self.uploads = Uploads()
 

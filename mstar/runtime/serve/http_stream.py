@@ -178,6 +178,14 @@ async def merged(started: Sequence[Started]) -> AsyncGenerator[tuple[int, Delta]
 # ---------------------------------------------------------------- completions
 
 
+def response_id(service: Any, kind: str, choices: Sequence[Choice]) -> str:
+    """A response's id: the server's own tag (random, drawn when it started) and its first choice's
+    request id. Request ids count from req-0 in every process, so without the tag a restarted server
+    answered `cmpl-req-0` again, where OpenAI's ids are unique; the request id stays in it, the one
+    the server's logs name."""
+    return f"{kind}-{service.id_tag}-{choices[0].request.id}"
+
+
 def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[Delta]]) -> dict[str, Any]:
     tokenizer = _tokenizer(service, choices)
     answers = [[as_answered(choice, delta) for delta in deltas] for choice, deltas in zip(choices, answers)]
@@ -189,13 +197,13 @@ def completion_body(service: Any, choices: Sequence[Choice], answers: Sequence[l
                        "logprobs": completion_logprobs(tokenizer, echoed + token_ids, logprobs,
                                                        _offsets(choices[index], echoed)),
                        "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
-    return {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
+    return {"id": response_id(service, "cmpl", choices), "object": "text_completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
 
 async def completion_events(service: Any, choices: Sequence[Choice], body: Any,
                             started: Sequence[Started]) -> AsyncIterator[str]:
-    head = {"id": f"cmpl-{choices[0].request.id}", "object": "text_completion", "created": int(time.time()),
+    head = {"id": response_id(service, "cmpl", choices), "object": "text_completion", "created": int(time.time()),
             "model": service.model_name}
 
     tokenizer = _tokenizer(service, choices)
@@ -227,13 +235,13 @@ def chat_body(service: Any, choices: Sequence[Choice], answers: Sequence[list[De
                        "logprobs": chat_logprobs(tokenizer, token_ids, _joined_logprobs(choices[index], deltas),
                                                  _offsets(choices[index], [])),
                        "finish_reason": finish_reason(deltas[-1]), "token_ids": token_ids})
-    return {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion", "created": int(time.time()),
+    return {"id": response_id(service, "chatcmpl", choices), "object": "chat.completion", "created": int(time.time()),
             "model": service.model_name, "choices": bodies, "usage": usage(choices, [a[-1] for a in answers])}
 
 
 async def chat_events(service: Any, choices: Sequence[Choice], body: Any,
                       started: Sequence[Started]) -> AsyncIterator[str]:
-    head = {"id": f"chatcmpl-{choices[0].request.id}", "object": "chat.completion.chunk",
+    head = {"id": response_id(service, "chatcmpl", choices), "object": "chat.completion.chunk",
             "created": int(time.time()), "model": service.model_name}
     openings = [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None} for index in range(len(choices))]
