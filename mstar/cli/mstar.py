@@ -194,7 +194,7 @@ def _tokenizer(plan: Any, args: argparse.Namespace) -> Any:
     from mstar.runtime.serve.tokenizer import TokenizerError, load_tokenizer, tokenizer_dir
 
     checkpoints: dict[str, str] = {}
-    if args.weights and args.tokenizer is None:
+    if args.weights:  # (also beside --tokenizer: tokenizer_dir checks every --weights directory)
         from mstar.runtime.engine.weights import WeightsError, weights_by_node
 
         try:

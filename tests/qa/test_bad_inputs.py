@@ -294,7 +294,7 @@ def test_zero_requests(capsys):
 
 
 def test_bad_weights_dirs(tmp_path, capsys):
-    mstar([*RUN, "--weights", tmp_path / "nope"], capsys, 1, "no config.json there")
+    mstar([*RUN, "--weights", tmp_path / "nope"], capsys, 1, "nope: no such directory")
     (tmp_path / "config.json").write_text("not json")
     mstar([*RUN, "--weights", tmp_path], capsys, 1, "config.json: not valid JSON")
     (tmp_path / "config.json").write_text('{"vocab_size": 10}')

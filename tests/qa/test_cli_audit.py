@@ -85,6 +85,29 @@ def test_mstar_run_refuses_an_empty_path(capsys, argv, words):
     assert "requests/s" not in text  # refused before the run
 
 
+@pytest.mark.parametrize("engine", ["sim", "torch"])
+@pytest.mark.parametrize("tokenizer", [False, True])
+def test_mstar_run_refuses_a_weights_directory_that_is_not_there(tmp_path, capsys, engine, tokenizer):
+    """The sim engine reads --weights for its tokenizer only: a mistyped directory ran with exit 0
+    and no text (and beside --tokenizer it was not looked at on either engine before the build)."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    extra = ["--tokenizer", str(tmp_path / "tok")] if tokenizer else []
+    status, text = _call(mstar_cli.main, ["run", "--plan", LLAMA, "--engine", engine, "--weights",
+                                          str(tmp_path / "nope"), *extra, "--requests", "1", "--no-progress"], capsys)
+    assert status == 1 and "--weights " + str(tmp_path / "nope") + ": no such directory" in text, text
+    assert "requests/s" not in text
+
+
+def test_serve_and_the_python_api_refuse_a_weights_file(tmp_path):
+    """`mstar serve` and `LLM(...)` take their tokenizer from engine_setup.build_tokenizer."""
+    from mstar.runtime.serve.engine_setup import SetupError, build_tokenizer, load
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SetupError, match="is not a directory"):
+        build_tokenizer(load(LLAMA), [str(tmp_path / "f")], None)
+
+
 def test_bench_load_refuses_an_empty_dir(capsys):
     """`--dir ""` was taken for no --dir: a checkpoint written to a temporary folder, exit 0."""
     status, text = _call(mstar_cli.main, ["bench", "load", "--dir", "", "--layers", "1", "--hidden", "256",

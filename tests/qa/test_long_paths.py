@@ -239,7 +239,8 @@ def test_the_tokenizer_lookup_takes_any_path():
     assert not has_tokenizer("x" * 10_000)  # Path.is_file raised ENAMETOOLONG
     with pytest.raises(TokenizerError, match=r"^--tokenizer needs a path shorter than 4096 bytes"):
         tokenizer_dir(load_plan(LLAMA), {}, "x" * 10_000)
-    assert tokenizer_dir(load_plan(LLAMA), {"LLM": "x" * 10_000}, None) is None
+    with pytest.raises(TokenizerError, match=r"^--weights x{90}\.\.\.x{90} \(10000 characters\): no such directory"):
+        tokenizer_dir(load_plan(LLAMA), {"LLM": "x" * 10_000}, None)  # (os.path.isdir: False, never raising)
 
 
 def test_a_plan_path_past_the_limits_is_a_plan_error():

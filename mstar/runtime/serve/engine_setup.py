@@ -57,7 +57,7 @@ def build_tokenizer(plan: Plan, weights: Optional[list[str]], tokenizer: Optiona
     check_paths(weights, tokenizer)
     try:
         checkpoints: dict[str, str] = {}
-        if weights and tokenizer is None:
+        if weights:  # (also beside a tokenizer: tokenizer_dir checks every weights directory)
             from mstar.runtime.engine.weights import weights_by_node  # brings torch: only with weights
             from mstar.runtime.engine.whisper_setup import has_checkpoint_encoder
 

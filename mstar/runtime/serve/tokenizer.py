@@ -188,6 +188,10 @@ def text_prompt_nodes(plan: Any) -> list[str]:
 def tokenizer_dir(plan: Any, checkpoints: dict[str, str], override: Optional[str]) -> Optional[str]:
     """The directory to read the tokenizer from, or None when there is none (module docstring).
     `checkpoints`: {node: directory} from the `--weights` entries."""
+    for directory in checkpoints.values():  # checked here for the sim engine too, which reads no weights:
+        if not os.path.isdir(directory):  # a mistyped --weights there went unnoticed, exit 0, no text
+            what = "is not a directory" if os.path.exists(directory) else "no such directory"
+            raise TokenizerError(f"--weights {shown_path(directory)}: {what} (expected a checkpoint directory)")
     if override is not None:
         problem = path_problem(override)
         if problem is not None:  # a path the OS cannot name: has_tokenizer would call it empty
