@@ -12,7 +12,10 @@ from mstar.runtime.engine.gpu import bench_sampler
 def test_every_kind_is_timed_at_every_row_count(capsys):
     assert main(["bench", "sampler", "--device", "cpu", "--vocab", "300", "--rows", "1,3", "--iters", "2",
                  "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    # a line of progress a row count on stderr (the defaults took about a minute on the CPU without a word)
+    assert err.splitlines() == ["mstar bench sampler: 1 rows (1/2)", "mstar bench sampler: 3 rows (2/2)"]
     assert result["vocab"] == 300 and not result["has_kernels"] and set(result["rows"]) == {"1", "3"}
     for case in result["rows"].values():
         assert case["greedy_us"] > 0

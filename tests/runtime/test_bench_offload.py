@@ -18,7 +18,10 @@ SMALL = ["--plan", PLAN, "--requests", "120", "--rate", "600", "--kv-pages", "24
 
 def test_the_figures_are_the_runs_own(capsys):
     assert mstar_cli.main(["bench", "offload", *SMALL, "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    # a line of progress a seed on stderr (the defaults' runs took about 30 s without a word)
+    assert err.splitlines() == ["mstar bench offload: seed 1 (1/2)", "mstar bench offload: seed 4 (2/2)"]
     assert (result["kv_pages"], result["host_pages"], result["requests"]) == (24, 4096, 120)
     assert [run["seed"] for run in result["runs"]] == [1, 4]
     for run in result["runs"]:
@@ -60,7 +63,8 @@ def test_the_table_shows_each_seed_with_and_without_the_pool(capsys):
 def test_a_pool_too_small_for_one_request_is_one_line(capsys):
     assert mstar_cli.main(["bench", "offload", "--plan", PLAN, "--requests", "5", "--kv-pages", "1",
                            "--seeds", "1"]) == 1
-    err = capsys.readouterr().err
+    progress, err = capsys.readouterr().err.split("\n", 1)
+    assert progress == "mstar bench offload: seed 1 (1/1)"
     assert err.startswith("mstar bench offload: 5 requests produced no token") and "raise --kv-pages" in err
     assert err.count("\n") == 1
 

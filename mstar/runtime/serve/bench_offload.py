@@ -75,7 +75,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     host_pages = args.host_pages if args.host_pages is not None else (
         max(pool.host_pages for pool in plan.deployment.kv_pools) or DEFAULT_HOST_PAGES)
     runs = []
-    for seed in args.seeds:
+    for done, seed in enumerate(args.seeds):
+        # a line of progress on stderr: the defaults' runs took about 30 s, silent
+        print(f"mstar bench offload: seed {seed} ({done + 1}/{len(args.seeds)})", file=sys.stderr, flush=True)
         without = one_run(with_host_pages(plan, 0), args, seed)
         with_pool = one_run(with_host_pages(plan, host_pages), args, seed)
         runs.append({"seed": seed, "no_host_pool": without, "host_pool": with_pool,

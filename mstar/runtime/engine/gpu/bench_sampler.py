@@ -65,7 +65,9 @@ def _timed_us(call: Callable[[], torch.Tensor], iters: int, device: torch.device
 def run(vocab: int, rows_list: Sequence[int], iters: int, device: torch.device) -> dict:
     has_kernels = kernels.available(device)
     cases: dict[str, dict] = {}
-    for rows in rows_list:
+    for done, rows in enumerate(rows_list):
+        # a line of progress on stderr: the torch ops on the CPU took about a minute, silent, at the defaults
+        print(f"mstar bench sampler: {rows} rows ({done + 1}/{len(rows_list)})", file=sys.stderr, flush=True)
         generator = torch.Generator().manual_seed(rows)
         logits = (torch.randn(rows, vocab, generator=generator) * 3).to(device, torch.bfloat16)
         seeds = torch.arange(rows, dtype=torch.long, device=device) * 7919
