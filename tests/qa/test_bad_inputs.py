@@ -492,6 +492,7 @@ def test_timeline_in_a_format_matplotlib_cannot_write(tmp_path, capsys):
     text = mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t.pgf"], capsys, 1,
                  "cannot draw a .pgf file; name it .png")
     assert "requests/s" not in text
+    assert text.count(".png") == 1, text  # the list of the other formats named .png again
     # no suffix: a PNG at exactly that path (matplotlib alone would write t.png)
     mstar([*RUN, "--engine", "sim", "--requests", 1, "--timeline", tmp_path / "t"], capsys, 0, "1 (1 ok")
     assert (tmp_path / "t").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "t.png").exists()

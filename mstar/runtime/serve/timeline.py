@@ -35,7 +35,8 @@ def format_problem(path: str) -> Optional[str]:
     formats = set(FigureCanvasBase.get_supported_filetypes()) - NEEDS_LATEX
     if suffix in formats:
         return None
-    return f"cannot draw a .{suffix} file; name it .png (or .{', .'.join(sorted(formats))})"
+    # (.png first, then the others: the list named .png twice)
+    return f"cannot draw a .{suffix} file; name it .png (or .{', .'.join(sorted(formats - {'png'}))})"
 
 
 def draw(log: StepLog, records: list[Any], path: str, origin_s: float = 0.0) -> None:
