@@ -151,7 +151,10 @@ def _display(path: Path) -> str:
 
 def _read_json(path: Path) -> dict:
     if "\0" not in str(path) and not _may_exist(path):  # (a name the OS cannot take may: the read below says so)
-        raise PlanError(f"plan {shown_path(path)} does not exist; compile one with `mstarc compile SPEC`")
+        # a relative path says where it was looked for: a bench's default plan (generated/...) run
+        # outside the repository root was "does not exist" with no hint that the folder was the cause
+        where = "" if Path(path).is_absolute() else f" (looked for under {shown_path(os.getcwd())})"
+        raise PlanError(f"plan {shown_path(path)} does not exist{where}; compile one with `mstarc compile SPEC`")
     try:
         text = read_text_bounded(path, max_bytes=MAX_PLAN_BYTES, what="plan")
     except InputFileError as e:

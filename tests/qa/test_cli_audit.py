@@ -380,3 +380,12 @@ def test_bench_runner_long_prompt_on_an_unchunked_plan_words_what_was_given(caps
     status, text = _call(mstar_cli.main, ["bench", "runner", "--plan", LLAMA, "--long-prompt", "100", *argv], capsys)
     assert status == 1 and words in text, text
     assert argv or "--budget" not in text
+
+
+def test_a_bench_default_plan_missing_outside_the_repository_says_where_it_looked(tmp_path, monkeypatch, capsys):
+    """`mstar bench offload` from another folder: its default plan (generated/llama_chunked.plan, a
+    path relative to the working directory) was "does not exist" with no word of where it looked."""
+    monkeypatch.chdir(tmp_path)
+    status, text = _call(mstar_cli.main, ["bench", "offload"], capsys)
+    assert status == 1 and "generated/llama_chunked.plan does not exist (looked for under " in text, text
+    assert str(tmp_path) in text
