@@ -5,10 +5,12 @@ grammar. Out: one (code, message, span) per error. Common mistakes (a missing `{
 `<=` in `rows`, a missing `->` before an edge, an unknown engine kind / capture family / attention
 route / chunk policy / state kind / edge flag, a `cap` without a number, a reserved word used as a
 name, a misplaced `model` line) get their own code and message; anything else is MW001-MW003 with
-the list of what the grammar expected there.
+the list of what the grammar expected there, and a "did you mean" where a name is close to a
+keyword the grammar would take there.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,6 +35,15 @@ _REGEX_WORDS = {
 }
 
 _EDGE_FLAGS = "persist, stream, device, count_tokens"
+_MODALITIES = {"text", "audio", "image", "action", "latents"}
+# Words that start a statement only inside a block: found between declarations, the block most
+# likely closed early (or a fragment was pasted outside it).
+_BODY_WORDS = {**dict.fromkeys(("IN", "OUT", "PROMPT_FORMAT", "KV_SEQUENCES", "CROSS_KV", "GUIDANCE", "KV",
+                                "BIDIRECTIONAL", "STATE", "SUBMODEL", "CAP", "BATCHING", "CAPTURE", "COMBINE"),
+                               "node"),
+               **dict.fromkeys(("LOOP", "PARALLEL", "SEQUENTIAL"), "walk")}
+# Words that start a section of a walk besides a call; a misspelt one reads as a node's name.
+_SECTION_WORDS = ("loop", "parallel", "sequential")
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,11 @@ class ErrorExplainer:
 
         if token.type == "$END":
             return self._explain_end(expected, stack, span, file, is_last)
+        if _is_ellipsis(token, text):
+            return SyntaxProblem(codes.UNEXPECTED_TOKEN,
+                                 "`...` stands for text left out in the docs' examples and is not part of the "
+                                 "language: write out what it stands for (specs/ holds complete examples)",
+                                 span.model_copy(update={"end_col": span.col + 3}))
         known = self._explain_known_mistake(token, expected, stack, span, where, file)
         if known is not None:
             return known
@@ -124,7 +140,17 @@ class ErrorExplainer:
             return SyntaxProblem(codes.MISSING_LBRACE,
                                  f"missing `{{` at the end of line {previous.end_line if previous else 1}: "
                                  f"{plain}", span)
-        return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain, span)
+        return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain + self._keyword_hint(token, expected), span)
+
+    def _keyword_hint(self, token: Token, expected: set[str]) -> str:
+        """`; did you mean `partition`?` when a name stands where a keyword close to it was expected
+        (a misspelt keyword lexes as a name), else an empty string."""
+        if token.type != "NAME":
+            return ""
+        words = sorted(text for name, text in self.terminals.items() if name in expected and name in self.keywords
+                       and text is not None)
+        close = difflib.get_close_matches(str(token), words, n=1, cutoff=0.6)
+        return f"; did you mean `{close[0]}`?" if close else ""
 
     def _explain_end(self, expected: set[str], stack: list, span: ast.Span, file: str, is_last: bool) -> SyntaxProblem:
         """The declaration or the file ended early: an unclosed block, else what was expected."""
@@ -152,6 +178,21 @@ class ErrorExplainer:
             named = self._explain_unknown_word(token, expected)
             if named is not None:
                 return SyntaxProblem(named[0], named[1], span)
+        if token.type in _BODY_WORDS and {"NODE", "WALK"} <= expected:
+            return SyntaxProblem(codes.UNEXPECTED_TOKEN,
+                                 f"`{token}` is a statement of a {_BODY_WORDS[token.type]}'s body, here outside "
+                                 f"every declaration: it goes inside the {_BODY_WORDS[token.type]}'s `{{ }}` (does "
+                                 f"a `}}` above close the block early?)", span)
+        if expected == {"MAX"}:
+            return SyntaxProblem(codes.UNEXPECTED_TOKEN,
+                                 f"a loop needs the most iterations it runs: `loop [NAME] max=N|PARAM [count=PARAM] "
+                                 f"[stop] {{`; found {where}", span)
+        section = _misspelt_section_word(stack, expected)
+        if section is not None:
+            return SyntaxProblem(codes.UNEXPECTED_TOKEN,
+                                 f"unknown word `{stack[-1]}`: a walk's section is a call `NODE(INPUTS)`, "
+                                 f"`parallel {{`, `sequential {{` or `loop`; did you mean `{section}`?",
+                                 _token_span(stack[-1], file))
         if "RBRACE" in expected and token.type in {"NODE", "WALK", "PARTITION", "PARAM"}:
             brace = _last_token(stack, "LBRACE")
             if brace is not None:
@@ -180,9 +221,7 @@ class ErrorExplainer:
                                  span)
         flag = _stray_flag(stack)
         if flag is not None and "LPAR" in expected:
-            return SyntaxProblem(codes.UNKNOWN_EDGE_FLAG,
-                                 f"unknown edge flag `{flag}`; edge flags are {_EDGE_FLAGS}, and a client "
-                                 f"edge is written `-> NAME: client MODALITY`", _token_span(flag, file))
+            return _explain_stray_flag(flag, stack, file)
         if stack and isinstance(stack[-1], Token) and stack[-1].type == "CLIENT" and "NAME" in expected:
             return SyntaxProblem(codes.CLIENT_WITHOUT_MODALITY,
                                  "a client edge names what it carries: `-> NAME: client MODALITY` "
@@ -213,6 +252,40 @@ class ErrorExplainer:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+def _explain_stray_flag(flag: Token, stack: list, file: str) -> SyntaxProblem:
+    """A word after an edge that is no flag: a misspelt flag, or the modality of a misspelt
+    `client` (`-> x: clinet text` reads as an edge to a node `clinet` and a flag `text`)."""
+    dest = _final_token(stack[-2]) if isinstance(stack[-2], Tree) else None
+    client = difflib.get_close_matches(str(dest), ["client"], n=1, cutoff=0.6) if dest is not None else []
+    if str(flag) in _MODALITIES and dest is not None and dest.type == "NAME" and client:
+        return SyntaxProblem(codes.UNKNOWN_EDGE_FLAG,
+                             f"`{dest} {flag}` is an edge to a node `{dest}` and an unknown edge flag `{flag}`; a "
+                             f"client edge is written `-> NAME: client MODALITY`: did you mean `client`?",
+                             _token_span(dest, file))
+    close = difflib.get_close_matches(str(flag), _EDGE_FLAGS.split(", "), n=1, cutoff=0.6)
+    hint = f"; did you mean `{close[0]}`?" if close else ""
+    return SyntaxProblem(codes.UNKNOWN_EDGE_FLAG,
+                         f"unknown edge flag `{flag}`; edge flags are {_EDGE_FLAGS}, and a client "
+                         f"edge is written `-> NAME: client MODALITY`{hint}", _token_span(flag, file))
+
+
+def _is_ellipsis(token: Token, text: str) -> bool:
+    """Whether the token is the start of a `...` (lexed as `..` then `.`), as the docs write elisions."""
+    start = token.start_pos
+    return str(token) == ".." and isinstance(start, int) and text[start:start + 3] == "..."
+
+
+def _misspelt_section_word(stack: list, expected: set[str]) -> Optional[str]:
+    """The section keyword a name just taken as a call's node most likely misspells (`lop`,
+    `paralel`: the parser then wants the call's `(`), or None."""
+    if expected != {"LPAR"} or not stack or not _is_name(stack[-1]):
+        return None
+    if len(stack) >= 2 and isinstance(stack[-2], Token) and stack[-2].type.lstrip("_") == "SUBMODEL":
+        return None
+    close = difflib.get_close_matches(str(stack[-1]), _SECTION_WORDS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
 
 def _normalised(token: Token) -> Token:
     """The token with the `_` of filtered keyword terminals dropped from its type."""

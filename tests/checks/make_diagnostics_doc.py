@@ -33,7 +33,10 @@ lang_cases = {
      "A character that no token of the language starts with. Remove it; comments start with `#`."),
  "MW002": (HEAD + "param x = 1 2\n", "The parser found a token it cannot use here; the message lists what it expected. "
                                      "Common mistakes (missing braces, arrows, `<=`, unknown words) have their own "
-                                     "codes below."),
+                                     "codes below. A name close to a keyword expected there gets a \"did you "
+                                     "mean\" (`partiton`, or `paralel {` and `lop` in a walk), and a loop without "
+                                     "`max=`, a node or walk statement between declarations and a `...` copied "
+                                     "from the docs each get a message of their own."),
  "MW003": (HEAD + "param x =", "The file ends in the middle of a declaration."),
  "MW004": (HEAD + "walk w\n    LLM(text_inputs)\n}\n", "A `node`, `walk`, `parallel`, `sequential`, `loop` or "
                                                        "`combine` header must be followed by `{`."),

@@ -120,7 +120,7 @@ CASES = [
         'MW015',
         'model m\nwalk w {\n    L(x) -> y: L persit\n    L(y)\n}\n',
         'bad.mw:3:18: error[MW015]: unknown edge flag `persit`; edge flags are persist, stream, device, count_tokens, '
-        'and a client edge is written `-> NAME: client MODALITY`\n'
+        'and a client edge is written `-> NAME: client MODALITY`; did you mean `persist`?\n'
         '    3 |     L(x) -> y: L persit\n'
         '      |                  ^^^^^^\n',
     ),
@@ -282,3 +282,60 @@ def test_deep_nesting_in_one_declaration_of_a_broken_file():
     diags = Diagnostics()
     assert parse(source, "bad.mw", diags) is None
     assert [d.code for d in diags.sorted()] == [codes.UNEXPECTED_END, codes.NESTING_TOO_DEEP]
+
+
+def _only_message(source: str) -> tuple[str, int, int, str]:
+    diags = Diagnostics()
+    assert parse(source, "bad.mw", diags) is None
+    (diagnostic,) = diags.items
+    return diagnostic.code, diagnostic.span.line, diagnostic.span.col, diagnostic.message
+
+
+@pytest.mark.parametrize("source, line, col, word", [
+    ("model m\npartiton P = w\n", 2, 1, "partition"),
+    ("model m\nnode L kv {\n    capure d batched batch=[1]\n}\n", 3, 5, "capture"),
+    ("model m\nnode L kv {\n    in x: tokens promt text\n}\n", 3, 18, "prompt"),
+])
+def test_a_misspelt_keyword_names_the_keyword(source, line, col, word):
+    code, got_line, got_col, message = _only_message(source)
+    assert (code, got_line, got_col) == (codes.UNEXPECTED_TOKEN, line, col)
+    assert message.endswith(f"; did you mean `{word}`?")
+
+
+@pytest.mark.parametrize("section, word", [("lop max=4 {", "loop"), ("paralel {", "parallel"),
+                                           ("sequentail {", "sequential")])
+def test_a_misspelt_section_word_is_named_not_taken_for_a_call(section, word):
+    # `lop` lexes as a node's name, so the parser wanted the call's `(` after it.
+    code, line, col, message = _only_message(f"model m\nwalk w {{\n    {section}\n        L(x)\n    }}\n}}\n")
+    assert (code, line, col) == (codes.UNEXPECTED_TOKEN, 3, 5)
+    assert message.endswith(f"did you mean `{word}`?")
+
+
+def test_a_loop_without_max_says_what_a_loop_needs():
+    code, line, col, message = _only_message("model m\nwalk w {\n    loop l stop {\n        L(x)\n    }\n}\n")
+    assert (code, line, col) == (codes.UNEXPECTED_TOKEN, 3, 12)
+    assert "a loop needs the most iterations it runs: `loop [NAME] max=N|PARAM" in message
+
+
+def test_a_misspelt_client_is_named_not_its_modality():
+    code, line, col, message = _only_message("model m\nwalk w {\n    L(x) -> y: clinet text\n}\n")
+    assert (code, line, col) == (codes.UNKNOWN_EDGE_FLAG, 3, 16)
+    assert message.endswith("did you mean `client`?")
+
+
+def test_an_ellipsis_copied_from_the_docs_is_named():
+    diags = Diagnostics()
+    assert parse("model m\nnode L kv(...) {\n}\n", "bad.mw", diags) is None
+    (diagnostic,) = diags.items
+    assert (diagnostic.span.line, diagnostic.span.col, diagnostic.span.end_col) == (2, 11, 14)
+    assert diagnostic.message.startswith("`...` stands for text left out in the docs' examples")
+
+
+@pytest.mark.parametrize("source, word, block", [
+    ("model m\nnode L kv {\n    in x: tokens\n}\n    cap w 4\n", "cap", "node"),
+    ("model m\nwalk w {\n    L(x)\n}\n    loop max=2 {\n        L(x)\n    }\n}\n", "loop", "walk"),
+])
+def test_a_body_statement_between_declarations_says_where_it_belongs(source, word, block):
+    code, line, col, message = _only_message(source)
+    assert (code, line, col) == (codes.UNEXPECTED_TOKEN, 5, 5)
+    assert message.startswith(f"`{word}` is a statement of a {block}'s body, here outside every declaration")
