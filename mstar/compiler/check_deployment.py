@@ -68,6 +68,17 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
     _check_kv_nodes(spec, deployment, pairs, diags)
 
 
+def _combine_hint(name: str, nodes: dict[str, ast.NodeDecl]) -> str:
+    """Why a combined walk's name is no walk here: the deployment places walks, and a group that
+    runs a combined walk's walks runs its mixed steps (a user lists `mixed` as one more walk)."""
+    for node in nodes.values():
+        for combine in node.combines:
+            if combine.name == name:
+                return (f": it is node {node.name}'s combined walk of {' + '.join(combine.walks)}; list those "
+                        f"walks instead: a group that runs more than one of them runs their mixed steps")
+    return ""
+
+
 def _check_names(deployment: Deployment, nodes: dict[str, ast.NodeDecl], walks: set[str],
                  runs: set[tuple[str, str]], diags: Diagnostics) -> None:
     def node_known(name: str, span) -> bool:
@@ -81,7 +92,7 @@ def _check_names(deployment: Deployment, nodes: dict[str, ast.NodeDecl], walks: 
         if name in walks:
             return True
         diags.error(codes.DEPLOYMENT_UNKNOWN_WALK,
-                    f"unknown walk '{name}'{suggestion(name, walks)}", span)
+                    f"unknown walk '{name}'{suggestion(name, walks) or _combine_hint(name, nodes)}", span)
         return False
 
     for group in deployment.node_groups:

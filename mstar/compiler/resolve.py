@@ -239,8 +239,20 @@ def _resolve_call(call: ast.Call, nodes: dict[str, ast.NodeDecl], diags: Diagnos
         elif edge.name not in {i.name for i in dest.inputs}:
             diags.error(codes.UNKNOWN_INPUT,
                         f"edge '{edge.name}' is not an input of node {dest.name}"
-                        f"{suggestion(edge.name, [i.name for i in dest.inputs])}",
+                        f"{_input_hint(edge.name, dest)}",
                         name_span(edge.span, edge.name, diags))
+
+
+def _input_hint(name: str, dest: ast.NodeDecl) -> str:
+    """A did-you-mean, else what the node takes: an edge's one name is both the output it carries
+    and the input it feeds, which a user naming them apart (`-> new_token: codec` into `in codes`)
+    does not guess from 'not an input'."""
+    hint = suggestion(name, [i.name for i in dest.inputs])
+    if hint:
+        return hint
+    takes = ", ".join(i.name for i in dest.inputs) or "no input"
+    return (f" (it takes {takes}); an edge's name is both the output it carries and the input it feeds: "
+            f"name the input '{name}' or use the input's name for the output")
 
 
 def _resolve_partitions(spec: ast.Spec, walks: set[str], diags: Diagnostics) -> None:
