@@ -325,7 +325,7 @@ def parse_deployment(text: str, file: str, diags: Diagnostics) -> Optional[Deplo
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         span = _mark_span(file, mark, mark) if mark is not None else Span(file=file)
         problem = getattr(err, "problem", None) or str(err)
-        diags.error(codes.DEPLOYMENT_SYNTAX, f"not valid YAML: {problem}", span)
+        diags.error(codes.DEPLOYMENT_SYNTAX, f"not valid YAML: {problem}{_yaml_hint(err)}", span)
         return None
     if root is None:
         diags.error(codes.DEPLOYMENT_MISSING_KEY, "the deployment file is empty", Span(file=file))
@@ -407,6 +407,25 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_ids: set[int]) -
 
 def _count(number: int) -> str:
     return f"{number:,}" if number < 10**15 else f"about 10**{len(str(number)) - 1}"
+
+
+def _yaml_hint(err: yaml.YAMLError) -> str:
+    """What a user most likely wrote, for the PyYAML messages of common slips: PyYAML speaks of its
+    own tokens ('expected <block end>, but found '?''), which name neither indentation nor brackets."""
+    problem = str(getattr(err, "problem", "") or "")
+    context = str(getattr(err, "context", "") or "")
+    opened = getattr(err, "context_mark", None)
+    if "'\\t'" in problem:  # PyYAML writes the character as repr() does
+        return "; YAML indents with spaces, never tabs"
+    if problem.startswith("expected <block end>") and opened is not None:
+        return (f"; the line's indentation does not continue the block begun at line {opened.line + 1}: give "
+                f"each key of a mapping, and each `-` item of a list, the indentation of the one before it")
+    if problem == "mapping values are not allowed here":
+        return "; is this `key:` indented further than the key above it (or a value with a `:` not in quotes)?"
+    if context.startswith("while parsing a flow") and opened is not None:
+        closer, what = ("]", "list") if "sequence" in context else ("}", "mapping")
+        return f"; is the `{closer}` of the {what} opened at line {opened.line + 1} missing?"
+    return ""
 
 
 def _mark_span(file: str, start: yaml.Mark, end: yaml.Mark) -> Span:

@@ -89,6 +89,22 @@ def test_malformed_yaml():
     assert diags.items[0].span.line == 2
 
 
+@pytest.mark.parametrize("text, line, col, hint", [
+    # a key indented as its list item's `-` (PyYAML: "expected <block end>, but found '?'")
+    ("model: m\nnode_groups:\n  - node_names: [A]\n  ranks: [0]\n", 4, 3,
+     "the line's indentation does not continue the block begun at line 3"),
+    ("model: m\n  max_seq_len: 3\n", 2, 14, "is this `key:` indented further than the key above it"),
+    ("model: m\nnode_groups:\n\t- node_names: [A]\n", 3, 1, "YAML indents with spaces, never tabs"),
+    ("model: m\nnode_groups:\n  - node_names: [A\n    ranks: [0]\n", 4, 10,
+     "is the `]` of the list opened at line 3 missing?"),
+])
+def test_malformed_yaml_says_what_the_user_most_likely_wrote(text, line, col, hint):
+    _, diags = _load_text(text)
+    (diagnostic,) = diags.items
+    assert (diagnostic.code, diagnostic.span.line, diagnostic.span.col) == ("MW302", line, col)
+    assert diagnostic.message.startswith("not valid YAML: ") and hint in diagnostic.message
+
+
 def test_missing_and_empty():
     _, diags = _load_text("")
     assert [d.code for d in diags.items] == ["MW305"]
