@@ -68,6 +68,11 @@ def run(spec: ast.Spec, deployment: Deployment, diags: Diagnostics) -> None:
     _check_kv_nodes(spec, deployment, pairs, diags)
 
 
+def _engine_words(node: ast.NodeDecl) -> str:
+    """The engine as the node's header writes it: `kv`, or `stateless` and the model kind."""
+    return node.engine if node.model_kind is None else f"{node.engine} {node.model_kind}"
+
+
 def _combine_hint(name: str, nodes: dict[str, ast.NodeDecl]) -> str:
     """Why a combined walk's name is no walk here: the deployment places walks, and a group that
     runs a combined walk's walks runs its mixed steps (a user lists `mixed` as one more walk)."""
@@ -139,7 +144,9 @@ def _check_groups(deployment: Deployment, nodes: dict[str, ast.NodeDecl], diags:
                 if node is not None and not node.is_tp:
                     key = "tp_size" if group.tp_size > 1 else "sp_size"
                     diags.error(codes.SHARDING_NOT_ALLOWED,
-                                f"{key} {getattr(group, key)} for node {name}, which is not marked `tp`",
+                                f"{key} {getattr(group, key)} for node {name}, which is not marked `tp`: give "
+                                f"the group {key} 1 (its ranks are then replicas), or mark the node `tp` after "
+                                f"its engine (`node {name} {_engine_words(node)}(...) tp {{`)",
                                 group.item_span("node_names", i), Note("the node", node.span))
                 elif node is not None and node.engine == "kv" and group.tp_size > 1:
                     _check_tp_split(node, group, deployment, diags)

@@ -14,7 +14,9 @@ def test_sp_size_for_a_node_not_marked_tp_is_refused():
                              "  - node_names: [codec]\n    ranks: [0, 1]\n    sp_size: 2\n")
     assert config != BASE_OK
     found = [(d.code, d.message) for d in check_texts(BASE, config).sorted()]
-    assert ("MW316", "sp_size 2 for node codec, which is not marked `tp`") in found, found
+    assert ("MW316", "sp_size 2 for node codec, which is not marked `tp`: give the group sp_size 1 (its ranks are "
+                     "then replicas), or mark the node `tp` after its engine (`node codec stateless audio_codec(...) "
+                     "tp {`)") in found, found
 
 
 def test_sp_size_above_one_is_refused_for_any_node():
