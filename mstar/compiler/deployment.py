@@ -574,11 +574,26 @@ def _inner_model(annotation: Any) -> Any:
     return None
 
 
+def _suggested_keys(errors: list) -> set[tuple]:
+    """The locations an unknown key's "did you mean" names: a misspelt required key is reported
+    once, as that (MW303), not a second time as missing (MW305)."""
+    suggested: set[tuple] = set()
+    for item in errors:
+        loc = tuple(item["loc"])
+        owner = _model_at(loc[:-1]) if item["type"] == "extra_forbidden" else None
+        if owner is not None:
+            close = difflib.get_close_matches(str(loc[-1]), owner.model_fields, n=1)
+            suggested.update(loc[:-1] + (key,) for key in close)
+    return suggested
+
+
 def _report_validation(err: ValidationError, reader: _Reader, diags: Diagnostics) -> None:
     seen: set[tuple] = set()
-    for item in err.errors():
+    errors = err.errors()
+    suggested = _suggested_keys(errors)
+    for item in errors:
         loc = tuple(item["loc"])
-        if loc in seen:
+        if loc in seen or (item["type"] == "missing" and loc in suggested):
             continue
         seen.add(loc)
         kind = item["type"]

@@ -2,6 +2,8 @@
 import shutil
 from pathlib import Path
 
+import pytest
+
 from mstar.compiler.driver import compile_spec, default_config_path, default_plan_path, glue_path_for
 from mstar.lang.diagnostics import Diagnostics
 from mstar.plan.io import sha256_file
@@ -61,3 +63,16 @@ def test_deployment_errors_come_after_spec_checks(tmp_path):
     assert compile_spec(spec, None, diags) is None
     assert [d.code for d in diags.items] == ["MW303"]
     assert "configs/llama.yaml:" in diags.render()
+
+
+@pytest.mark.parametrize("old, new", [("max_seq_len:", "max_seq_length:"), ("  - node_names:", "  - node_name:")])
+def test_a_misspelt_required_key_is_one_error_not_two(tmp_path, old, new):
+    """A required key misspelt was reported twice: MW303 'unknown key ...; did you mean' and MW305
+    'missing required key' for the key it names (a user's audit). The one error says both."""
+    spec = _repo(tmp_path)
+    config = tmp_path / "configs" / "llama.yaml"
+    config.write_text(config.read_text().replace(old, new, 1))
+    diags = Diagnostics()
+    assert compile_spec(spec, None, diags) is None
+    assert [d.code for d in diags.items] == ["MW303"], diags.render()
+    assert f"did you mean '{old.strip(' -:')}'" in diags.render()
