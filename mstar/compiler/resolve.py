@@ -103,7 +103,7 @@ def run(spec: ast.Spec, diags: Diagnostics) -> None:
             diags.error(codes.RESERVED_NAME,
                         f"'{node.name}' is a reserved edge destination and cannot name a node",
                         name_span(node.span, node.name, diags))
-        _resolve_node(node, walks, diags)
+        _resolve_node(node, walks, {w.name for w in spec.walks if node.name in walk_nodes(w)}, diags)
     for walk in spec.walks:
         _resolve_walk(walk, nodes, params, diags)
     _resolve_partitions(spec, walks, diags)
@@ -136,7 +136,17 @@ def _resolve_repeat(spec: ast.Spec, partition: ast.Partition, repeat: ast.Repeat
                     name_span(repeat.span, repeat.value, diags))
 
 
-def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> None:
+def _walk_hint(walk: str, node: ast.NodeDecl, own: set[str]) -> str:
+    """A did-you-mean among the walks that run `node` (a walk that never calls it is no fix for a
+    misspelt one: `cap encode` on an encoder suggested `decode`), else which walks run it."""
+    hint = suggestion(walk, own)
+    if hint or not own:
+        return hint
+    return f"; node {node.name} runs in {', '.join(sorted(own))}"
+
+
+def _resolve_node(node: ast.NodeDecl, walks: set[str], own: set[str], diags: Diagnostics) -> None:
+    """`own`: the walks that call the node."""
     what = f"in node {node.name}"
     _duplicates(node.inputs, lambda i: i.name, f"input of node {node.name}", diags)
     _duplicates(node.outputs, lambda o: o.name, f"output of node {node.name}", diags)
@@ -165,12 +175,12 @@ def _resolve_node(node: ast.NodeDecl, walks: set[str], diags: Diagnostics) -> No
         refs += [(r.walk, r.span) for r in combine.rows]
     for walk, span, skip in [(w, s, 0) for w, s in refs] + replay_refs:
         if walk not in walks:
-            diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{suggestion(walk, walks)}",
+            diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{_walk_hint(walk, node, own)}",
                         name_span(span, walk, diags, skip=skip))
     for sub in node.submodels:
         for walk in sub.walks:
             if walk not in walks:  # `submodel NAME(...) for WALK`: skip NAME when the walk is spelled alike
-                diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{suggestion(walk, walks)}",
+                diags.error(codes.UNKNOWN_WALK, f"unknown walk '{walk}'{_walk_hint(walk, node, own)}",
                             name_span(sub.span, walk, diags, skip=1 if walk == sub.name else 0))
 
 

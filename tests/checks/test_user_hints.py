@@ -30,3 +30,12 @@ def test_a_combined_walk_in_graph_walks_names_its_walks():
         "MW314", 6, 36,
         "unknown walk 'mixed': it is node LLM's combined walk of prefill + decode; list those walks instead: a "
         "group that runs more than one of them runs their mixed steps")]
+
+
+def test_an_unknown_walk_of_a_node_suggests_only_walks_that_run_it():
+    """`cap encode 4` on an encoder suggested `decode`, a walk that never calls it (a user's audit):
+    the did-you-mean is among the node's own walks, else the message names them."""
+    near_own = BASE.replace("capture codec_chunk batched", "capture codec_chnk batched")
+    assert [m[3] for m in _messages(near_own, BASE_OK)] == ["unknown walk 'codec_chnk'; did you mean 'codec_chunk'?"]
+    near_other = BASE.replace("capture codec_chunk batched", "capture decod batched")
+    assert [m[3] for m in _messages(near_other, BASE_OK)] == ["unknown walk 'decod'; node codec runs in codec_chunk"]
