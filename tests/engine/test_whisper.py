@@ -209,11 +209,14 @@ def test_mstar_run_transcribes_a_wav(tmp_path, capsys):
     ("44100 Hz; the audio input takes 16000 Hz", "rate"),
     ("not a WAV file", b"RIFX...."),
     ("runs past the end of the file", "truncated"),
+    ("holds no samples", "empty"),  # it ran, and the request failed in the audio encoder
 ])
 def test_a_bad_wav_is_refused_with_its_reason(tmp_path, problem, data):
     path = tmp_path / "bad.wav"
     if data == "rate":
         write_wav(path, clip(0.5), rate=44100)
+    elif data == "empty":
+        write_wav(path, clip(0.5)[:0])
     elif data == "truncated":
         write_wav(path, clip(0.5))
         path.write_bytes(path.read_bytes()[:-100])

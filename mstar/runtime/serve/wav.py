@@ -7,7 +7,8 @@ tensor in [-1, 1], channels averaged, or a `WavError` naming the file and the pr
 RIFF/WAVE with PCM integer samples of 8 (unsigned), 16, 24 or 32 bits, or IEEE float of 32 or 64
 bits (also inside WAVE_FORMAT_EXTENSIBLE), at 16000 Hz (what Whisper's front end takes; another
 rate is refused rather than resampled silently). Chunks other than `fmt ` and `data` are skipped;
-a chunk running past the end of the file is refused.
+a chunk running past the end of the file is refused, and so is a file of no samples (`read_wav`;
+an upload's caller says so in its own words).
 """
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def read_wav(path: str) -> torch.Tensor:
         data = read_bytes_bounded(path, max_bytes=MAX_AUDIO_BYTES, what="audio file")
     except InputFileError as error:
         raise WavError(str(error)) from None
-    return decode_wav(data, f"audio file {path}")
+    samples = decode_wav(data, f"audio file {path}")
+    if not samples.numel():  # (a prompts line's empty clip ran and failed in the audio encoder, its line unnamed)
+        raise WavError(f"audio file {path}: the WAV file holds no samples")
+    return samples
 
 
 def decode_wav(data: bytes, where: str, sample_rate: int = SAMPLE_RATE,
