@@ -157,3 +157,7 @@ def test_a_prompt_dict_key_the_prompt_does_not_take_is_refused(tmp_path):
         assert llm.request({"prompt": "hello", "voice": "leo"}, SamplingParams(max_tokens=3)).prompt_tokens
         with pytest.raises(PromptError, match="'extra', which it does not take"):
             llm.request({"messages": [{"role": "user", "content": "hi"}], "extra": 1}, SamplingParams(max_tokens=3))
+        # without either key the dict is neither kind: a misspelt "promt" was told the prompt takes messages only
+        for neither in ({"promt": "hello"}, {}):
+            with pytest.raises(PromptError, match=r"needs 'prompt' \(text, with voice\) or 'messages'"):
+                llm.request(neither, SamplingParams(max_tokens=3))

@@ -321,6 +321,9 @@ class LLM:
         `"vocie"`) silently took the default voice. A text prompt takes `prompt` and the plan's
         prompt format fields; a chat prompt `messages`."""
         fields = self.prompt_format.fields if self.prompt_format is not None else []
+        if "prompt" not in prompt and "messages" not in prompt:  # (a misspelt "promt" was told it takes messages)
+            raise PromptError(f"a prompt dict needs 'prompt' (text{', with ' + ', '.join(fields) if fields else ''}) "
+                              f"or 'messages' (chat), got {sorted(str(key) for key in prompt) or 'neither'}")
         known = ["prompt", *fields] if "prompt" in prompt else ["messages"]
         unknown = sorted(str(key) for key in prompt if key not in known)
         if unknown:
