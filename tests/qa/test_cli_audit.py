@@ -204,6 +204,9 @@ def test_an_empty_path_arg_is_the_only_one_refused():
     # and took a logit_bias or ignore_eos that act on text tokens only, running as if not asked
     ("orpheus", {"logit_bias": {"5": 3}}, "p.jsonl:1: logit_bias would change nothing on this plan"),
     ("orpheus", {"ignore_eos": True}, "p.jsonl:1: ignore_eos would change nothing on this plan"),
+    # Whisper sends text, its transcript: the reason said its walks send the client no text tokens
+    ("whisper", {"logprobs": 1}, "sampled tokens as text, one by one (a transcript's tokens, sent once final, are "
+                                 "not)"),
 ])
 def test_a_prompts_line_the_plan_does_not_take_names_its_line(tmp_path, capsys, plan, field, words):
     prompts = tmp_path / "p.jsonl"

@@ -18,7 +18,9 @@ from typing import Any, Optional, Sequence
 
 from mstar.runtime.engine.models.kinds import call_table, prompt_logprob_calls
 
-NO_TEXT = "none of its walks sends text tokens to the client"
+# (Whisper's plan sends the client a transcript, text: "sends no text tokens" read as false there)
+NO_TEXT = ("none of its walks sends the client its sampled tokens as text, one by one (a transcript's tokens, "
+           "sent once final, are not)")
 
 
 class TextOffer:
