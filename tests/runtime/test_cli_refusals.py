@@ -195,6 +195,21 @@ def test_a_wav_for_a_plan_whose_audio_input_takes_feature_frames_is_refused_at_l
         in _error(capsys)
 
 
+def test_a_wav_for_a_plan_without_an_audio_prompt_says_so(capsys, tmp_path):
+    """Llama's plan takes no audio at all: it was told its audio input takes feature frames."""
+    import wave
+
+    with wave.open(str(tmp_path / "a.wav"), "wb") as clip:
+        clip.setnchannels(1)
+        clip.setsampwidth(2)
+        clip.setframerate(16000)
+        clip.writeframes(bytes(3200))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "x", "prompt_tokens": [1, 2], "audio": "a.wav", "max_tokens": 3}) + "\n")
+    assert main(["run", "--plan", LLAMA, "--engine", "sim", "--prompts", str(prompts), "--no-progress"]) == 1
+    assert f"{prompts}:1: 'audio': this plan takes no audio prompt (its prompt media: none)" in _error(capsys)
+
+
 def test_a_signal_right_after_a_lost_rank_does_not_relabel_the_run(capsys, monkeypatch, tmp_path):
     """Under torchrun the agent sends SIGTERM to rank 0 once a rank died: the report said
     `interrupted: SIGTERM` and the exit was 143, where the lost rank is the run's outcome (exit 1)."""

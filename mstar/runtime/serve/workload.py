@@ -58,6 +58,7 @@ from mstar.plan.output_bound import excess_tokens_problem
 from mstar.plan.request_fields import LINE_FIELDS
 from mstar.runtime.conductor.loop_counts import LoopCounts
 from mstar.runtime.serve.driver import Workload
+from mstar.runtime.serve.endpoints import prompt_modalities
 from mstar.runtime.conductor.request import Request
 from mstar.runtime.engine.text_offer import TextOffer
 from mstar.runtime.engine.prompt_limits import stop_token_problem, stop_vocab
@@ -559,9 +560,14 @@ def plan_problem(request: Request, plan: Any, counts: Optional[LoopCounts] = Non
     return problem
 
 
-def _check_audio(request: Request, where: str, takes_wav: bool) -> None:
-    if "audio" in request.media and not takes_wav:
-        raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
+def _check_audio(request: Request, where: str, takes_wav: bool, media: Optional[frozenset[str]]) -> None:
+    """`media`: the prompt media the plan takes (None: unknown, no plan given)."""
+    if "audio" not in request.media or takes_wav:
+        return
+    if media is not None and "audio" not in media:  # (Llama's plan was told its audio input takes feature frames)
+        raise WorkloadError(f"{where}: 'audio': this plan takes no audio prompt (its prompt media: "
+                            f"{', '.join(sorted(media)) or 'none'})")
+    raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
                             "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
                             "takes a waveform (Whisper, Qwen3-ASR) read one")
 
@@ -583,6 +589,7 @@ def read_prompts(
     i; with one seed for all, two lines of one prompt sampled the same tokens)."""
     counts, offer, starters = ((LoopCounts(plan), TextOffer(plan), starting_partitions(plan)) if plan is not None
                                else (None, None, set()))
+    media = prompt_modalities(plan) - {"text"} if plan is not None else None
     named = shown_path(path)  # as messages name it
     if concurrency is not None and concurrency < 1:
         raise WorkloadError(f"--concurrency must be >= 1, got {shown(concurrency)}")
@@ -606,7 +613,7 @@ def read_prompts(
             continue
         where = f"{named}:{number}"
         request = parse_prompt_line(line, where, tokenizer, form, os.path.dirname(path) or ".")
-        _check_audio(request, where, takes_wav)
+        _check_audio(request, where, takes_wav, media)
         if names is not None:
             check_route(request.route, names, where, starters)
         problem = plan_problem(request, plan, counts, offer) if plan is not None else None
