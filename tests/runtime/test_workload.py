@@ -38,6 +38,8 @@ def test_parse_route():
     assert parse_route(["LLM=prefill_text, image_gen", "Talker="]) == expected
     with pytest.raises(WorkloadError):
         parse_route(["=x"])
+    with pytest.raises(WorkloadError, match="partition 'LLM' is given twice"):  # the last one was taken
+        parse_route(["LLM=prefill,decode", " LLM =prefill"])
 
 
 def test_closed_loop_keeps_at_most_c_requests_in_flight():

@@ -132,6 +132,9 @@ def parse_route(items: list[str]) -> dict[str, list[str]]:
         partition, sep, walks = item.partition("=")
         if not sep or not partition.strip():
             raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {shown(item)}")
+        if partition.strip() in route:  # (the last one was taken, the first silently dropped)
+            raise WorkloadError(f"--route: partition {shown(partition.strip())} is given twice; give its walks once, "
+                                "PARTITION=WALK,WALK")
         route[partition.strip()] = [w.strip() for w in walks.split(",") if w.strip()]
     return route
 
