@@ -4,7 +4,9 @@ audio. Media are written with mstar.runtime.serve.media as `mstar run --out` doe
 import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from mstar.plan.io import load_plan
 from mstar.runtime.serve.driver import Driver, Workload
@@ -60,6 +62,12 @@ def test_bagel_writes_png(tmp_path):
     images = emitted(records["img"], "image")
     assert len(images) == 1 and is_image(images[0])
     assert write_png(tmp_path / "img.png", images[0]) == (32, 32)
+    from PIL import Image
+
+    with Image.open(tmp_path / "img.png") as png:  # RGB, as generated (matplotlib's imsave added an alpha channel)
+        assert png.mode == "RGB" and png.size == (32, 32)
+        want = (images[0].permute(1, 2, 0) if images[0].shape[0] == 3 else images[0]).clamp(0, 1) * 255
+        assert (torch.tensor(np.asarray(png), dtype=torch.float32) - want.float()).abs().max() <= 0.5 + 1e-3
     assert (tmp_path / "img.png").read_bytes()[:4] == b"\x89PNG"
     assert emitted(records["txt"], "text")
 

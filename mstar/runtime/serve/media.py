@@ -58,10 +58,7 @@ def write_wav(path: str | Path, chunks: Iterable[Any], sample_rate: int = DEFAUL
 
 def png_bytes(image: Any) -> tuple[bytes, tuple[int, int]]:
     """An RGB image in [0, 1] (`[3, H, W]` or `[H, W, 3]`) as PNG bytes, and its (height, width)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import image as mpimg
+    from PIL import Image  # (matplotlib's imsave wrote RGBA: an alpha channel no image of ours has)
 
     array = image.detach().cpu().float().numpy() if isinstance(image, torch.Tensor) else np.asarray(image, dtype=float)
     if array.ndim == 3 and array.shape[0] == 3 and array.shape[-1] != 3:
@@ -69,7 +66,7 @@ def png_bytes(image: Any) -> tuple[bytes, tuple[int, int]]:
     if array.ndim != 3 or array.shape[-1] != 3:
         raise ValueError(f"an image must be [3, H, W] or [H, W, 3], got shape {array.shape}")
     buffer = io.BytesIO()
-    mpimg.imsave(buffer, (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8), format="png")
+    Image.fromarray((np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)).save(buffer, format="png")
     return buffer.getvalue(), (int(array.shape[0]), int(array.shape[1]))
 
 
