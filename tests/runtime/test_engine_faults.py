@@ -160,7 +160,7 @@ def test_close_returns_while_a_step_does_not():
     caller.join(10)
     release.set()
     assert took < 5  # it waited for the step before (30 s here)
-    assert len(answers) == 1 and answers[0].finish_reason.startswith("error: the server stopped")
+    assert len(answers) == 1 and answers[0].finish_reason.startswith("error: the LLM stopped")
 
 
 def test_a_signal_after_the_run_is_reported_changes_nothing():

@@ -238,7 +238,7 @@ def test_close_with_a_timeout_frees_the_pages_of_what_it_cut():
     assert wait_until(lambda: any(in_use for in_use, _ in engine.kv_pages().values()))
     llm.close(0.2)
     worker.join(30)
-    assert outputs and outputs[0].finish_reason == "error: the server stopped before the request finished"
+    assert outputs and outputs[0].finish_reason == "error: the LLM stopped before the request finished"
     assert all(in_use == 0 for in_use, _ in engine.kv_pages().values())
 
 
@@ -254,7 +254,7 @@ def test_close_during_a_step_past_its_grace_frees_the_pages_once_the_step_return
     assert wait_until(lambda: any(in_use for in_use, _ in engine.kv_pages().values()))
     llm.close(0.1)
     worker.join(30)
-    assert outputs[0].finish_reason == "error: the server stopped while a step was still running"
+    assert outputs[0].finish_reason == "error: the LLM stopped while a step was still running"
     llm.loop._thread.join(60)  # the step returns; the thread ends what close cut off
     assert not llm.loop._thread.is_alive()
     assert all(in_use == 0 for in_use, _ in engine.kv_pages().values())

@@ -70,6 +70,7 @@ class Service:
 
     def __init__(self, llm: LLM, model_name: str, metrics: ServerMetrics, cors_origins: Sequence[str] = ()):
         self.llm = llm
+        llm.loop.owner = "the server"  # (its refusals and cut-off requests are the server's to the clients)
         self.model_name = model_name
         self.metrics = metrics
         # browser origins allowed to call the API (`mstar serve --cors-origin`; "*": any); none:

@@ -187,6 +187,9 @@ class OnlineLoop:
                           for m in key.mixtures}
         self.is_closed = False
         self.error: Optional[str] = None  # why the driver thread died, if it did
+        # who its refusals and cut-off requests name: the Python API's LLM, or the HTTP server that
+        # serves one (its Service sets this); the API said "the server is shutting down" of an LLM
+        self.owner = "the LLM"
         self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------ any thread
@@ -202,11 +205,11 @@ class OnlineLoop:
         takes its room; `unreserve` gives back what none took."""
         with self._lock:
             if self.is_closed or self.error is not None:
-                raise Closed(self.error or "the server is shutting down")
+                raise Closed(self.error or f"{self.owner} is shutting down")
             taken = self._num_in_flight + len(self._reserved)
             if self.max_in_flight is not None and taken + len(request_ids) > self.max_in_flight:
                 raise Overloaded(f"{taken} requests in flight, and these {len(request_ids)} would pass the most this "
-                                 f"server queues ({self.max_in_flight}); retry later")
+                                 f"{self.owner.removeprefix('the ')} queues ({self.max_in_flight}); retry later")
             self._reserved.update(request_ids)
 
     def unreserve(self, request_ids: Sequence[str]) -> None:
@@ -217,14 +220,15 @@ class OnlineLoop:
         """Queue a request; its deltas go to `deliver` (driver thread)."""
         with self._lock:
             if self.is_closed or self.error is not None:
-                raise Closed(self.error or "the server is shutting down")
+                raise Closed(self.error or f"{self.owner} is shutting down")
             # the room bodies reserved counts as in flight, in the message too (a 429 said "374 requests
             # in flight, the most this server queues (512)": 138 were reserved)
             taken = self._num_in_flight + len(self._reserved)
             if request.id in self._reserved:
                 self._reserved.discard(request.id)
             elif self.max_in_flight is not None and taken >= self.max_in_flight:
-                raise Overloaded(f"{taken} requests in flight, the most this server queues ({self.max_in_flight}); "
+                raise Overloaded(f"{taken} requests in flight, the most this {self.owner.removeprefix('the ')} queues "
+                                 f"({self.max_in_flight}); "
                                  "retry later")
             self._num_in_flight += 1
             self._num_put += 1
@@ -278,9 +282,9 @@ class OnlineLoop:
             self._wake.set()
             thread.join(None if timeout_s is None else STOP_GRACE_S)
         if thread.is_alive():  # inside a step that does not return: answer every client, leave the driver be
-            self._answer_all("error: the server stopped while a step was still running")
+            self._answer_all(f"error: {self.owner} stopped while a step was still running")
             return
-        self._fail_all("error: the server stopped before the request finished")
+        self._fail_all(f"error: {self.owner} stopped before the request finished")
 
     def _answer_all(self, reason: str) -> None:
         """End every tracked request and those still in the inbox with `reason`, without touching
@@ -371,7 +375,7 @@ class OnlineLoop:
             # cut off are ended here once the step has returned (their KV pages stayed held in an
             # engine the caller may use again). After a step that returned in time, close's own
             # `_fail_all` finds nothing left.
-            self._end_in_conductor("error: the server stopped before the request finished")
+            self._end_in_conductor(f"error: {self.owner} stopped before the request finished")
 
     def _on_step(self, launch: Launch) -> None:
         step = launch.step
