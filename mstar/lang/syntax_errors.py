@@ -35,7 +35,6 @@ _REGEX_WORDS = {
 }
 
 _EDGE_FLAGS = "persist, stream, device, count_tokens"
-_MODALITIES = {"text", "audio", "image", "action", "latents"}
 # Words that start a statement only inside a block: found between declarations, the block most
 # likely closed early (or a fragment was pasted outside it).
 _BODY_WORDS = {**dict.fromkeys(("IN", "OUT", "PROMPT_FORMAT", "KV_SEQUENCES", "CROSS_KV", "GUIDANCE", "KV",
@@ -258,7 +257,7 @@ def _explain_stray_flag(flag: Token, stack: list, file: str) -> SyntaxProblem:
     `client` (`-> x: clinet text` reads as an edge to a node `clinet` and a flag `text`)."""
     dest = _final_token(stack[-2]) if isinstance(stack[-2], Tree) else None
     client = difflib.get_close_matches(str(dest), ["client"], n=1, cutoff=0.6) if dest is not None else []
-    if str(flag) in _MODALITIES and dest is not None and dest.type == "NAME" and client:
+    if str(flag) in ast.CLIENT_MODALITIES and dest is not None and dest.type == "NAME" and client:
         return SyntaxProblem(codes.UNKNOWN_EDGE_FLAG,
                              f"`{dest} {flag}` is an edge to a node `{dest}` and an unknown edge flag `{flag}`; a "
                              f"client edge is written `-> NAME: client MODALITY`: did you mean `client`?",
