@@ -139,7 +139,22 @@ class ErrorExplainer:
             return SyntaxProblem(codes.MISSING_LBRACE,
                                  f"missing `{{` at the end of line {previous.end_line if previous else 1}: "
                                  f"{plain}", span)
+        closer = self._unclosed_list(token, expected, previous)
+        if closer is not None:
+            return SyntaxProblem(codes.UNEXPECTED_TOKEN, f"missing `{closer}` at the end of line "
+                                 f"{previous.end_line if previous else 1}: {plain}", span)
         return SyntaxProblem(codes.UNEXPECTED_TOKEN, plain + self._keyword_hint(token, expected), span)
+
+    def _unclosed_list(self, token: Token, expected: set[str], previous: Optional[Token]) -> Optional[str]:
+        """The `]` or `)` a list or argument list left open at the end of its line, where the next
+        line starts a statement (a keyword or a brace: no item of the list), or None. The error was
+        reported at the next line's first word only, as 'expected one of `,`, `]`'."""
+        if previous is None or (previous.end_line or 1) >= (token.line or 1):
+            return None
+        if token.type not in self.keywords and token.type not in ("RBRACE", "LBRACE", "$END"):
+            return None
+        return next((text for name, text in sorted(self.terminals.items()) if name in expected
+                     and text in ("]", ")")), None)
 
     def _keyword_hint(self, token: Token, expected: set[str]) -> str:
         """`; did you mean `partition`?` when a name stands where a keyword close to it was expected

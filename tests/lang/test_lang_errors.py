@@ -339,3 +339,17 @@ def test_a_body_statement_between_declarations_says_where_it_belongs(source, wor
     code, line, col, message = _only_message(source)
     assert (code, line, col) == (codes.UNEXPECTED_TOKEN, 5, 5)
     assert message.startswith(f"`{word}` is a statement of a {block}'s body, here outside every declaration")
+
+
+@pytest.mark.parametrize("tail, closer", [("    capture d batched batch=[1, 2\n    cap d 4\n}\n", "]"),
+                                          ("    capture d batched batch=[1, 2\n}\n", "]")])
+def test_a_list_left_open_at_the_end_of_its_line_names_the_missing_bracket(tail, closer):
+    # It was reported at the next line's first word only ("unexpected `cap`; expected one of `,`, `]`").
+    code, line, col, message = _only_message(f"model m\nnode L kv {{\n{tail}")
+    assert (code, line) == (codes.UNEXPECTED_TOKEN, 4)
+    assert message.startswith(f"missing `{closer}` at the end of line 3: unexpected")
+
+
+def test_a_list_item_on_the_next_line_without_its_comma_is_not_called_an_open_list():
+    code, line, col, message = _only_message("model m\nnode L kv {\n    capture d batched batch=[1\n 2]\n}\n")
+    assert (code, line) == (codes.UNEXPECTED_TOKEN, 4) and not message.startswith("missing")
