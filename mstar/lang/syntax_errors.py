@@ -139,6 +139,11 @@ class ErrorExplainer:
             return SyntaxProblem(codes.MISSING_LBRACE,
                                  f"missing `{{` at the end of line {previous.end_line if previous else 1}: "
                                  f"{plain}", span)
+        if previous is not None and str(previous).lstrip("-").isdigit() and str(token)[:2].startswith(".") \
+                and str(token)[1:2].isdigit():  # (`param n = 512.0`: "unexpected `.0`; expected `node`, ...")
+            fix = f": write `{previous}`" if set(str(token)[1:]) == {"0"} else ""
+            return SyntaxProblem(codes.UNEXPECTED_TOKEN, f"`{previous}{token}` is not a whole number, and a whole "
+                                 f"number stands here{fix}", span)
         closer = self._unclosed_list(token, expected, previous)
         if closer is not None:
             return SyntaxProblem(codes.UNEXPECTED_TOKEN, f"missing `{closer}` at the end of line "

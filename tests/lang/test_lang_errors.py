@@ -353,3 +353,14 @@ def test_a_list_left_open_at_the_end_of_its_line_names_the_missing_bracket(tail,
 def test_a_list_item_on_the_next_line_without_its_comma_is_not_called_an_open_list():
     code, line, col, message = _only_message("model m\nnode L kv {\n    capture d batched batch=[1\n 2]\n}\n")
     assert (code, line) == (codes.UNEXPECTED_TOKEN, 4) and not message.startswith("missing")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("model m\nparam max_output_tokens = 512.0\n",
+     "`512.0` is not a whole number, and a whole number stands here: write `512`"),
+    ("model m\nnode L kv {\n    capture d batched batch=[1, 2.5]\n}\n",
+     "`2.5` is not a whole number, and a whole number stands here"),
+])
+def test_a_decimal_where_a_whole_number_stands_says_so(source, message):
+    # It read "unexpected `.0`; expected one of `node`, `param`, ..." (a user's audit).
+    assert _only_message(source)[3] == message
