@@ -314,8 +314,9 @@ def _pool_span(node: ast.NodeDecl, deployment: Deployment) -> Span:
     max_seq_len."""
     if node.name in deployment.kv_pool.nodes:
         return deployment.kv_pool.span_of(f"nodes.{node.name}")
-    if "kv_pool" in deployment.model_fields_set:
-        return deployment.span_of("kv_pool")
+    if "kv_pool" in deployment.model_fields_set:  # (at its num_pages, the value to change, where given)
+        pool = deployment.kv_pool
+        return pool.span_of("num_pages") if "num_pages" in pool.model_fields_set else deployment.span_of("kv_pool")
     if deployment.kv_cache.max_num_pages is not None:
         return deployment.kv_cache.span_of("max_num_pages")
     return deployment.span_of("max_seq_len")
