@@ -290,6 +290,9 @@ def node_header(start: str, args: list[str]) -> str:
 def _spec_text(name: str, source: str, args: list[str], state: Optional[str]) -> str:
     header = node_header("node LLM kv(", args)
     state_line = f"    {state}\n" if state else ""
+    # a recurrent layer's kernels follow each step's row lengths, so a packed step is captured around them
+    # (held whole, it would run eagerly: warning MW427)
+    packed = " piecewise" if state else ""
     return f"""# Written by `mstarc init` from {source}.
 # A decoder whose prompt rows and decode rows may share one step (the combined walk `mixed`).
 # The checkpoint's config.json gives the dims again when `mstar run --weights DIR` loads it.
@@ -305,11 +308,11 @@ param max_output_tokens = 2048
 {state_line}    cap prefill 16
     cap decode 64
     capture decode batched batch=[1, 2, 4, 8, 16, 32, 64]
-    capture prefill packed batch=[1, 2, 4, 8, 16] tokens=[32, 64, 128, 256, 512, 1024]
+    capture prefill packed batch=[1, 2, 4, 8, 16] tokens=[32, 64, 128, 256, 512, 1024]{packed}
     combine mixed = prefill + decode {{
         cap 64
         rows prefill <= 4
-        capture packed batch=[1, 4, 16, 64] tokens=[128, 256, 512, 1024, 2048, 4096, 8192]
+        capture packed batch=[1, 4, 16, 64] tokens=[128, 256, 512, 1024, 2048, 4096, 8192]{packed}
         attention split
     }}
 }}

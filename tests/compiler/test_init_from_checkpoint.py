@@ -74,7 +74,10 @@ def test_init_compiles_and_runs_like_transformers(arch, tmp_path, capsys):
     spec, config, plan = tmp_path / "specs" / "m.mw", tmp_path / "configs" / "m.yaml", tmp_path / "out" / "m.plan"
     status = mstarc_main(["init", "--from-checkpoint", str(checkpoint), "--name", "m", "-o", str(spec),
                           "--config-out", str(config), "--plan-out", str(plan)])
-    assert status == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert status == 0, err
+    # the spec init writes compiles without a warning (Qwen3.5's packed captures held whole: MW427)
+    assert "warning" not in err, err
     text = spec.read_text()
     assert "in text_inputs: tokens prompt text" in text and "model m\n" in text
     for arg in EXPECTED_ARGS[arch]:
