@@ -30,6 +30,7 @@ from typing import Any, Optional
 from mstar.arg_types import shown_path
 from mstar.files import MAX_JSON_CONFIG_BYTES, InputFileError, read_text_bounded
 from mstar.compiler.memory_bounds import MAX_LAYERS
+from mstar.plan.dims import ROPE_KINDS
 
 # architecture -> decoder style of the spec
 ARCHITECTURES = {
@@ -193,6 +194,15 @@ def _refuse_unsupported(config: dict, path: Path) -> None:
         raise InitError(f"{shown_path(path)}: hidden_act={config['hidden_act']!r}; the engine's decoder uses silu")
     if config.get("use_sliding_window") or "sliding_attention" in (config.get("layer_types") or []):
         raise InitError(f"{shown_path(path)}: sliding-window attention is not supported by the engine's decoder")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise InitError(f"{shown_path(path)}: rope_parameters must be an object, got {rope!r}")
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if set(rope) & {"full_attention", "sliding_attention"}:
+        raise InitError(f"{shown_path(path)}: RoPE parameters per layer type are not supported by the engine's decoder")
+    if kind not in ROPE_KINDS:
+        raise InitError(f"{shown_path(path)}: rope_type {kind!r} is not supported (the engine has "
+                        f"{', '.join(ROPE_KINDS)})")
 
 
 def read_decoder(directory: str, eos_ids: Optional[list[int]] = None) -> DecoderArgs:

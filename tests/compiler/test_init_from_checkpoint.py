@@ -138,6 +138,14 @@ def test_default_paths_name_and_existing_files(tmp_path, monkeypatch, capsys):
     # what the engine refuses to load: init wrote and compiled a spec for them
     ({"architectures": ["LlamaForCausalLM"], **SIZES, "hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"architectures": ["Qwen3ForCausalLM"], **SIZES, "use_sliding_window": True}, "sliding-window attention"),
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+     "rope_type 'longrope' is not supported (the engine has default, linear, dynamic, yarn, llama3)"),
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "rope_scaling": {"type": "su", "factor": 2.0}},
+     "rope_type 'su' is not supported"),
+    ({"architectures": ["LlamaForCausalLM"], **SIZES,
+      "rope_parameters": {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default"}}},
+     "RoPE parameters per layer type are not supported"),
+    ({"architectures": ["LlamaForCausalLM"], **SIZES, "rope_parameters": "yarn"}, "rope_parameters must be an object"),
 ])
 def test_unsupported_or_broken_config_is_refused(tmp_path, capsys, config, message):
     (tmp_path / "config.json").write_text(json.dumps(config))
