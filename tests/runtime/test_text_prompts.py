@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mstar.cli.mstar import main
-from mstar.runtime.serve.tokenizer import load_tokenizer
+from mstar.runtime.serve.tokenizer import TokenizerError, load_tokenizer
 from mstar.runtime.serve.workload import WorkloadError, read_prompts
 
 transformers = pytest.importorskip("transformers")
@@ -199,6 +199,23 @@ def test_messages_without_chat_template_are_refused(checkpoint, tmp_path):
     prompts.write_text(json.dumps({"id": "a", "messages": MESSAGES, "max_tokens": 1}) + "\n")
     with pytest.raises(WorkloadError, match="no chat_template"):
         read_prompts(str(prompts), tokenizer=load_tokenizer(str(directory)))
+
+
+def test_chat_template_jinja_file(checkpoint, tmp_path):
+    """transformers (4.50 on) saves a tokenizer's template in chat_template.jinja and none in
+    tokenizer_config.json: 'messages' was refused ("no chat_template") for such a checkpoint. That
+    file's template wins over tokenizer_config.json's, as transformers loads it."""
+    saved = tmp_path / "saved"
+    transformers.AutoTokenizer.from_pretrained(str(checkpoint[0])).save_pretrained(str(saved))
+    config = json.loads((saved / "tokenizer_config.json").read_text())
+    assert "chat_template" not in config and (saved / "chat_template.jinja").exists()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(saved))
+    rendered = hf_tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    assert load_tokenizer(str(saved)).render_chat(MESSAGES) == rendered
+    (saved / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "ignored {{ bos_token }}"}))
+    (saved / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}{{ undefined_call() }}")
+    with pytest.raises(TokenizerError, match="chat_template.jinja: the chat template failed"):  # its own file named
+        load_tokenizer(str(saved)).render_chat(MESSAGES)
 
 
 def test_bad_tokenizer_files_are_named(tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 In: a directory holding `tokenizer.json` (read by the `tokenizers` library) and, optionally,
 `tokenizer_config.json` (its `chat_template`, and the special tokens a template may name:
-`bos_token`, `eos_token`, ...). Out: a `TextTokenizer` with
+`bos_token`, `eos_token`, ...) and `chat_template.jinja` (the template as transformers 4.50 and later
+save it, taking the place of tokenizer_config.json's, as transformers loads it). Out: a `TextTokenizer` with
 - `encode(text)`: token ids of a plain text prompt, with the special tokens the tokenizer's
   post-processor adds (a Llama BOS), as transformers' `tokenizer(text)` gives;
 - `encode_chat(messages)`: the chat template rendered with `add_generation_prompt=True`, then
@@ -31,6 +32,8 @@ from typing import Any, Optional, Sequence
 from mstar.arg_types import path_problem, shown_path
 from mstar.files import MAX_JSON_CONFIG_BYTES, MAX_TOKENIZER_BYTES, InputFileError, read_text_bounded
 
+CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
 HOW_TO_ADD = ("pass --weights DIR with a checkpoint directory that holds tokenizer.json, "
               "or --tokenizer DIR (a directory with tokenizer.json and, for chat messages, "
               "tokenizer_config.json with a chat_template)")
@@ -43,10 +46,11 @@ class TokenizerError(Exception):
 class TextTokenizer:
     """Text <-> token ids through one directory's tokenizer (module docstring)."""
 
-    def __init__(self, directory: str, backend: Any, config: dict[str, Any]):
+    def __init__(self, directory: str, backend: Any, config: dict[str, Any], template_file: str = CONFIG_FILE):
         self.directory = directory
         self._backend = backend
         self._config = config
+        self._template_file = template_file  # the file the chat template came from, for messages
         self._template: Any = None
 
     def encode(self, text: str) -> list[int]:
@@ -90,14 +94,15 @@ class TextTokenizer:
         return self._ids(self.render_chat(messages), add_special_tokens=False)
 
     def _config_path(self) -> str:
-        return shown_path(Path(self.directory) / "tokenizer_config.json")  # for messages: clipped
+        return shown_path(Path(self.directory) / self._template_file)  # for messages: clipped
 
     def _compiled(self) -> Any:
         if self._template is None:
             source = _chat_template(self._config)
             if source is None:
-                raise TokenizerError(f"{self._config_path()}: no chat_template, so 'messages' cannot be "
-                                     "rendered; give the prompt as 'prompt' text or 'prompt_tokens'")
+                raise TokenizerError(f"{self._config_path()}: no chat_template (nor a {TEMPLATE_FILE} beside it), "
+                                     "so 'messages' cannot be rendered; give the prompt as 'prompt' text or "
+                                     "'prompt_tokens'")
             from mstar.runtime.serve.chat_template import ChatTemplateError, compile_template
 
             try:
@@ -164,19 +169,32 @@ def load_tokenizer(directory: str) -> TextTokenizer:
     except Exception as error:  # the Rust side raises its own exception type
         raise TokenizerError(f"tokenizer {shown_path(path)}: not a tokenizer.json the tokenizers library reads "
                              f"({error})") from None
-    config: dict[str, Any] = {}
-    config_path = Path(directory) / "tokenizer_config.json"
-    if os.path.exists(config_path):  # (Path.exists raised past PATH_MAX, 7 bytes beyond tokenizer.json's)
-        try:
-            config = json.loads(read_text_bounded(config_path, max_bytes=MAX_JSON_CONFIG_BYTES,
-                                                  what="tokenizer config"))
-        except InputFileError as error:
-            raise TokenizerError(f"cannot read {error}") from None
-        except ValueError as error:
-            raise TokenizerError(f"tokenizer config {shown_path(config_path)}: not valid JSON ({error})") from None
-        if not isinstance(config, dict):
-            raise TokenizerError(f"tokenizer config {shown_path(config_path)}: expected a JSON object")
-    return TextTokenizer(str(directory), backend, config)
+    config = _read_config(Path(directory) / CONFIG_FILE)
+    template_path = Path(directory) / TEMPLATE_FILE
+    if not os.path.exists(template_path):
+        return TextTokenizer(str(directory), backend, config)
+    # transformers (4.50 on) saves the template here and not in tokenizer_config.json; when both hold one,
+    # transformers renders this file's, so it wins here too
+    try:
+        template = read_text_bounded(template_path, max_bytes=MAX_JSON_CONFIG_BYTES, what="chat template")
+    except InputFileError as error:
+        raise TokenizerError(f"cannot read {error}") from None
+    return TextTokenizer(str(directory), backend, {**config, "chat_template": template}, TEMPLATE_FILE)
+
+
+def _read_config(config_path: Path) -> dict[str, Any]:
+    """tokenizer_config.json's object, or {} where the directory has none."""
+    if not os.path.exists(config_path):  # (Path.exists raised past PATH_MAX, 7 bytes beyond tokenizer.json's)
+        return {}
+    try:
+        config = json.loads(read_text_bounded(config_path, max_bytes=MAX_JSON_CONFIG_BYTES, what="tokenizer config"))
+    except InputFileError as error:
+        raise TokenizerError(f"cannot read {error}") from None
+    except ValueError as error:
+        raise TokenizerError(f"tokenizer config {shown_path(config_path)}: not valid JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise TokenizerError(f"tokenizer config {shown_path(config_path)}: expected a JSON object")
+    return config
 
 
 def text_prompt_nodes(plan: Any) -> list[str]:
