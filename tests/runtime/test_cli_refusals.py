@@ -175,16 +175,21 @@ def test_a_plan_admitting_no_request_is_refused_at_load():
         DeploymentPlan(max_seq_len=16, max_concurrent_requests=0)
 
 
-def test_a_wav_for_a_plan_whose_audio_input_takes_feature_frames_is_refused_at_load(capsys, tmp_path):
-    """Qwen3-Omni's audio encoder (a stand-in) takes feature frames: each such request failed in the
-    torch engine ("media features of shape (1, 80000)")."""
+def _silent_wav(path) -> None:
+    """0.1 s of 16 kHz mono silence, 16-bit."""
     import wave
 
-    with wave.open(str(tmp_path / "a.wav"), "wb") as clip:
+    with wave.open(str(path), "wb") as clip:
         clip.setnchannels(1)
         clip.setsampwidth(2)
         clip.setframerate(16000)
         clip.writeframes(bytes(3200))
+
+
+def test_a_wav_for_a_plan_whose_audio_input_takes_feature_frames_is_refused_at_load(capsys, tmp_path):
+    """Qwen3-Omni's audio encoder (a stand-in) takes feature frames: each such request failed in the
+    torch engine ("media features of shape (1, 80000)")."""
+    _silent_wav(tmp_path / "a.wav")
     prompts = tmp_path / "p.jsonl"
     route = {"Thinker": ["prefill_text", "prefill_audio", "thinker_decode"]}
     prompts.write_text(json.dumps({"id": "x", "prompt_tokens": [1, 2, 3], "audio": "a.wav", "max_tokens": 4,
@@ -197,13 +202,7 @@ def test_a_wav_for_a_plan_whose_audio_input_takes_feature_frames_is_refused_at_l
 
 def test_a_wav_for_a_plan_without_an_audio_prompt_says_so(capsys, tmp_path):
     """Llama's plan takes no audio at all: it was told its audio input takes feature frames."""
-    import wave
-
-    with wave.open(str(tmp_path / "a.wav"), "wb") as clip:
-        clip.setnchannels(1)
-        clip.setsampwidth(2)
-        clip.setframerate(16000)
-        clip.writeframes(bytes(3200))
+    _silent_wav(tmp_path / "a.wav")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "x", "prompt_tokens": [1, 2], "audio": "a.wav", "max_tokens": 3}) + "\n")
     assert main(["run", "--plan", LLAMA, "--engine", "sim", "--prompts", str(prompts), "--no-progress"]) == 1

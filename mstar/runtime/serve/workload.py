@@ -130,12 +130,13 @@ def parse_route(items: list[str]) -> dict[str, list[str]]:
     route: dict[str, list[str]] = {}
     for item in items:
         partition, sep, walks = item.partition("=")
-        if not sep or not partition.strip():
+        partition = partition.strip()
+        if not sep or not partition:
             raise WorkloadError(f"--route: expected PARTITION=WALK,WALK, got {shown(item)}")
-        if partition.strip() in route:  # (the last one was taken, the first silently dropped)
-            raise WorkloadError(f"--route: partition {shown(partition.strip())} is given twice; give its walks once, "
+        if partition in route:  # (the last one was taken, the first silently dropped)
+            raise WorkloadError(f"--route: partition {shown(partition)} is given twice; give its walks once, "
                                 "PARTITION=WALK,WALK")
-        route[partition.strip()] = [w.strip() for w in walks.split(",") if w.strip()]
+        route[partition] = [w.strip() for w in walks.split(",") if w.strip()]
     return route
 
 
@@ -571,8 +572,8 @@ def _check_audio(request: Request, where: str, takes_wav: bool, media: Optional[
         raise WorkloadError(f"{where}: 'audio': this plan takes no audio prompt (its prompt media: "
                             f"{', '.join(sorted(media)) or 'none'})")
     raise WorkloadError(f"{where}: 'audio' is a WAV file of 16 kHz samples, and this plan's audio input takes "
-                            "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
-                            "takes a waveform (Whisper, Qwen3-ASR) read one")
+                        "feature frames (a stand-in encoder), not samples; only plans whose audio encoder "
+                        "takes a waveform (Whisper, Qwen3-ASR) read one")
 
 
 def read_prompts(
